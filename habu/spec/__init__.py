@@ -1,0 +1,1 @@
+"""The language: what a model computes (never how)."""

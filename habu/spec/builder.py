@@ -1,0 +1,231 @@
+"""Collecting equation nodes into a `Model`: reads, writes, intermediates, obligations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from habu.spec.ir import (
+    Equation,
+    Expr,
+    Gather,
+    IndexExpr,
+    IndexVar,
+    Load,
+    Model,
+    Obligation,
+    Op,
+    Reduce,
+    Size,
+    TensorDecl,
+    gathers,
+    index_subexprs,
+    loads,
+    walk,
+)
+from habu.spec.lexer import Token
+from habu.spec.program import Program
+
+
+class GraphBuilder:
+    """Accumulates the nodes a model's words or equation produce."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.nodes: list[Equation] = []
+        self.intermediates: dict[str, TensorDecl] = {}
+        self.reads: dict[str, TensorDecl] = {}
+        self.written: dict[str, TensorDecl] = {}
+        self.obligations: list[Obligation] = []
+        self._vars: dict[str, int] = {}
+
+    # -- names
+    def fresh_var(self, extent: str) -> IndexVar:
+        """A program-wide fresh index variable (for definition-time placeholders)."""
+        n = self._vars.get(extent, 0)
+        self._vars[extent] = n + 1
+        base = extent.lower()
+        return IndexVar(base if n == 0 else f"{base}{n}", extent)
+
+    def new_intermediate(self, extents: tuple[str, ...]) -> str:
+        name = f"%{len(self.intermediates) + 1}"
+        self.intermediates[name] = TensorDecl(name, extents, None)
+        return name
+
+    def oblige(self, ob: Obligation) -> None:
+        if ob not in self.obligations:
+            self.obligations.append(ob)
+
+    # -- nodes
+    def _declared(self, name: str) -> TensorDecl | None:
+        dt = self.program.tensors.get(name)
+        return dt.decl if dt else None
+
+    def _register_reads(self, eq: Equation, tok: Token) -> None:
+        names: list[str] = []
+        for ld in loads(eq.rhs):
+            names.append(ld.tensor)
+            for ix in ld.indices:
+                names.extend(g.tensor for g in index_subexprs(ix) if isinstance(g, Gather))
+        for name in names:
+            if name in self.intermediates:
+                continue
+            if name in self.written:
+                raise tok.error(f"{name} is read after it is written in this model; "
+                                "write the new value to another tensor")
+            decl = self._declared(name)
+            if decl is not None:
+                self.reads.setdefault(name, decl)
+
+    def add_node(self, eq: Equation, tok: Token) -> None:
+        self._register_reads(eq, tok)
+        self.nodes.append(eq)
+
+    def store(self, decl: TensorDecl, eq: Equation, tok: Token) -> None:
+        """A node that defines a declared tensor (an output of the model)."""
+        if decl.name in self.written:
+            raise tok.error(f"{decl.name} is written twice in this model")
+        if decl.is_index:
+            raise tok.error(f"{decl.name} is an index tensor; models read index tensors, never write them")
+        for ld in loads(eq.rhs):
+            if ld.tensor == decl.name and ld.indices != eq.lhs:
+                raise tok.error(f"{decl.name} is read at other elements than the ones being written "
+                                "(an in-place update must read each element it writes, and no other)")
+        self._register_reads(eq, tok)
+        self.nodes.append(eq)
+        self.written[decl.name] = decl
+
+    def rename(self, old: str, new: str) -> None:
+        """Give an intermediate the name of the declared output it turned out to be."""
+        self.intermediates.pop(old)
+        self.nodes = [_rename_eq(eq, old, new) for eq in self.nodes]
+
+    # -- the model
+    def finish(self, name: str, form: str, outputs: list[TensorDecl], words: tuple[str, ...] = ()) -> Model:
+        out_names = {o.name for o in outputs}
+        nodes = _fold_copies(_prune_dead(self.nodes, out_names), set(self.intermediates))
+        live = {eq.target for eq in nodes}
+        read_names: list[str] = []
+        for eq in nodes:
+            for t in _tensors_in(eq.rhs):
+                if t not in read_names:
+                    read_names.append(t)
+        inputs = tuple(self.reads[n] for n in read_names if n in self.reads)
+        intermediates = tuple(d for n, d in self.intermediates.items() if n in live)
+        used_extents: list[str] = []
+
+        def use(ext: str) -> None:
+            if ext not in used_extents:
+                used_extents.append(ext)
+
+        for t in (*inputs, *outputs, *intermediates):
+            for e in t.extents:
+                use(e)
+            if t.range:
+                use(t.range)
+        for eq in nodes:
+            for v in eq.lhs:
+                use(v.extent)
+            for e in walk(eq.rhs):
+                if isinstance(e, Size):
+                    use(e.extent)
+                if isinstance(e, Reduce):
+                    for v in e.vars:
+                        use(v.extent)
+        order = list(self.program.extents)
+        used_extents.sort(key=lambda e: order.index(e) if e in order else len(order))
+        extents = tuple(self.program.extents[e].extent for e in used_extents)
+        obligations = list(self.obligations)
+        for eq in nodes:
+            for g in gathers(eq.rhs):
+                decl = self.reads.get(g.tensor) or self._declared(g.tensor)
+                assert decl is not None and decl.range is not None
+                ext = self.program.extents[decl.range].extent
+                top = str(ext.size - 1) if ext.size is not None else f"#{ext.name}-1"
+                ob = Obligation("index-range", f"every value of {g.tensor} is in 0..{top} "
+                                f"(an index into #{decl.range}); checked at run time unless proven",
+                                tensor=g.tensor, extent=decl.range)
+                if ob not in obligations:
+                    obligations.append(ob)
+        for ext in extents:
+            if not ext.is_static:
+                obligations.append(Obligation("runtime-extent", f"{ext.describe()}", extent=ext.name))
+        return Model(name, form, extents, inputs, tuple(outputs), intermediates, tuple(nodes),
+                     tuple(obligations), words)
+
+
+class VarNamer:
+    """Index variables for one node: `b`, `h`, then `b2` for a second variable over #B."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+
+    def __call__(self, extent: str) -> IndexVar:
+        n = self.count.get(extent, 0) + 1
+        self.count[extent] = n
+        base = extent.lower()
+        return IndexVar(base if n == 1 else f"{base}{n}", extent)
+
+
+def _tensors_in(expr: Expr) -> list[str]:
+    out: list[str] = []
+    for ld in loads(expr):
+        if ld.tensor not in out:
+            out.append(ld.tensor)
+        for ix in ld.indices:
+            for g in index_subexprs(ix):
+                if isinstance(g, Gather) and g.tensor not in out:
+                    out.append(g.tensor)
+    return out
+
+
+def _fold_copies(nodes: list[Equation], intermediates: set[str]) -> list[Equation]:
+    """`T[v] = %k[v]` where %k is read by nothing else: define T directly (no copy node)."""
+    out = list(nodes)
+    changed = True
+    while changed:
+        changed = False
+        for i, eq in enumerate(out):
+            rhs = eq.rhs
+            if not (isinstance(rhs, Load) and rhs.tensor in intermediates and rhs.indices == eq.lhs):
+                continue
+            readers = [e for e in out if rhs.tensor in _tensors_in(e.rhs)]
+            producer = next((j for j, e in enumerate(out) if e.target == rhs.tensor), None)
+            if len(readers) != 1 or producer is None or eq.target in _tensors_in(out[producer].rhs):
+                continue
+            src = out[producer]
+            renamed = _rename_eq(src, rhs.tensor, eq.target)
+            out[producer] = renamed
+            del out[i]
+            changed = True
+            break
+    return out
+
+
+def _prune_dead(nodes: list[Equation], outputs: set[str]) -> list[Equation]:
+    needed = set(outputs)
+    keep: list[Equation] = []
+    for eq in reversed(nodes):
+        if eq.target in needed:
+            keep.append(eq)
+            needed |= set(_tensors_in(eq.rhs))
+    return list(reversed(keep))
+
+
+def _rename_ix(ix: IndexExpr, old: str, new: str) -> IndexExpr:
+    if isinstance(ix, Gather):
+        return Gather(new if ix.tensor == old else ix.tensor, tuple(_rename_ix(i, old, new) for i in ix.indices))
+    return ix
+
+
+def _rename_expr(e: Expr, old: str, new: str) -> Expr:
+    if isinstance(e, Load):
+        return Load(new if e.tensor == old else e.tensor, tuple(_rename_ix(i, old, new) for i in e.indices))
+    if isinstance(e, Op):
+        return Op(e.fn, tuple(_rename_expr(a, old, new) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.vars, _rename_expr(e.body, old, new))
+    return e
+
+
+def _rename_eq(eq: Equation, old: str, new: str) -> Equation:
+    return replace(eq, target=new if eq.target == old else eq.target, rhs=_rename_expr(eq.rhs, old, new))

@@ -1,0 +1,59 @@
+"""Element types a tensor can be stored in: one table, one row each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    """A storage element type."""
+
+    name: str
+    bits: int
+    kind: str  # "float" or "int"
+    cuda: str  # the C++ type the emitter uses
+    numpy: str | None  # numpy dtype name, where numpy has one
+    mantissa_bits: int = 0  # explicit fraction bits (floats): sets golden-check tolerances
+
+    @property
+    def bytes(self) -> int:
+        return self.bits // 8
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def unit_roundoff(self) -> float:
+        """2^-(p) where p is the fraction bits + 1: the relative rounding error of one store."""
+        return 2.0 ** -(self.mantissa_bits + 1) if self.is_float else 0.0
+
+    def __str__(self) -> str:
+        return self.name
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("f64", 64, "float", "double", "float64", 52),
+        DType("f32", 32, "float", "float", "float32", 23),
+        DType("tf32", 32, "float", "float", "float32", 10),
+        DType("f16", 16, "float", "__half", "float16", 10),
+        DType("bf16", 16, "float", "__nv_bfloat16", None, 7),
+        DType("f8e4m3", 8, "float", "__nv_fp8_e4m3", None, 3),
+        DType("f8e5m2", 8, "float", "__nv_fp8_e5m2", None, 2),
+        DType("i8", 8, "int", "int8_t", "int8"),
+        DType("i16", 16, "int", "int16_t", "int16"),
+        DType("i32", 32, "int", "int32_t", "int32"),
+        DType("i64", 64, "int", "int64_t", "int64"),
+    )
+}
+
+DEFAULT_TENSOR_DTYPE = DTYPES["f32"]
+DEFAULT_INDEX_DTYPE = DTYPES["i32"]
+INDEX_DTYPES = ("i16", "i32", "i64")
+
+
+def dtype_named(name: str) -> DType | None:
+    return DTYPES.get(name.lower())

@@ -1,0 +1,239 @@
+"""Evaluating a model's equations over a number domain: float64 (the reference) or GF(p).
+
+One walker serves both domains. An expression evaluates to a *labelled array*: data whose axes are
+named by index variables. Loads through plain index variables are views; gathers use advanced
+indexing; a sum over a product of factors is a contraction (einsum / BLAS), so a 4096³ GEMM
+reference costs one matrix product, not a 4096³ temporary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+import numpy as np
+
+from habu.errors import HabuError
+from habu.spec.ir import (
+    Const,
+    Equation,
+    Expr,
+    Gather,
+    IndexConst,
+    IndexExpr,
+    IndexVar,
+    Load,
+    Model,
+    Op,
+    Reduce,
+    Size,
+)
+
+
+class EvalError(HabuError):
+    """The inputs break an obligation of the model (an index out of range, a division by zero)."""
+
+
+class Domain(Protocol):
+    """The arithmetic an evaluation runs in."""
+
+    name: str
+
+    def from_input(self, name: str, data: np.ndarray) -> np.ndarray: ...
+    def const(self, value: Fraction) -> np.ndarray: ...
+    def op(self, fn: str, args: list[np.ndarray]) -> np.ndarray: ...
+    def reduce(self, op: str, data: np.ndarray, axes: tuple[int, ...]) -> np.ndarray: ...
+    def repeat_sum(self, data: np.ndarray, count: int) -> np.ndarray: ...
+    def repeat_max(self, data: np.ndarray, count: int) -> np.ndarray: ...
+    def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray: ...
+
+
+@dataclass
+class Labelled:
+    data: np.ndarray
+    labels: tuple[IndexVar, ...]
+
+
+def _align(x: Labelled, labels: tuple[IndexVar, ...]) -> np.ndarray:
+    """x's data with its axes ordered as `labels` (size-1 axes where x does not vary)."""
+    order = [x.labels.index(v) for v in labels if v in x.labels]
+    data = np.transpose(x.data, order) if order != list(range(len(order))) else x.data
+    shape = []
+    it = iter(data.shape)
+    for v in labels:
+        shape.append(next(it) if v in x.labels else 1)
+    return data.reshape(shape)
+
+
+def _union(*groups: tuple[IndexVar, ...]) -> tuple[IndexVar, ...]:
+    out: list[IndexVar] = []
+    for g in groups:
+        for v in g:
+            if v not in out:
+                out.append(v)
+    return tuple(out)
+
+
+class Evaluator:
+    """Evaluates a model's nodes in order over one domain."""
+
+    def __init__(self, model: Model, sizes: dict[str, int], domain: Domain):
+        self.model = model
+        self.sizes = sizes
+        self.domain = domain
+        self.env: dict[str, np.ndarray] = {}
+        self.index_env: dict[str, np.ndarray] = {}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for t in self.model.inputs:
+            if t.is_index:
+                self.index_env[t.name] = np.asarray(inputs[t.name], dtype=np.int64)
+            else:
+                self.env[t.name] = self.domain.from_input(t.name, inputs[t.name])
+        for eq in self.model.nodes:
+            self.env[eq.target] = self.node(eq)
+        return {t.name: self.env[t.name] for t in self.model.outputs}
+
+    def node(self, eq: Equation) -> np.ndarray:
+        val = self.expr(eq.rhs)
+        data = _align(val, eq.lhs)
+        shape = tuple(self.sizes[v.extent] for v in eq.lhs)
+        return np.ascontiguousarray(np.broadcast_to(data, shape))
+
+    # -- index expressions: integer arrays labelled by the variables they depend on
+    def index(self, ix: IndexExpr) -> Labelled:
+        if isinstance(ix, IndexVar):
+            return Labelled(np.arange(self.sizes[ix.extent]), (ix,))
+        if isinstance(ix, IndexConst):
+            return Labelled(np.asarray(ix.value), ())
+        table = self.index_env[ix.tensor]
+        decl = self.model.tensor(ix.tensor)
+        subs = [self.index(i) for i in ix.indices]
+        labels = _union(*(s.labels for s in subs))
+        idx = tuple(_align(s, labels) for s in subs)
+        values = table[idx] if idx else table
+        assert decl.range is not None
+        limit = self.sizes[decl.range]
+        bad = (values < 0) | (values >= limit)
+        if np.any(bad):
+            where = tuple(int(w[0]) for w in np.nonzero(np.broadcast_to(bad, np.shape(values))))
+            v = int(np.broadcast_to(values, np.shape(bad))[where])
+            raise EvalError(f"{ix.tensor}{list(where)} = {v} is outside #{decl.range} "
+                            f"(values must be in 0..{limit - 1})")
+        return Labelled(np.asarray(values), labels)
+
+    # -- value expressions
+    def expr(self, e: Expr) -> Labelled:
+        if isinstance(e, Const):
+            return Labelled(self.domain.const(e.value), ())
+        if isinstance(e, Size):
+            return Labelled(self.domain.const(Fraction(self.sizes[e.extent])), ())
+        if isinstance(e, Load):
+            return self.load(e)
+        if isinstance(e, Op):
+            args = [self.expr(a) for a in e.args]
+            labels = _union(*(a.labels for a in args))
+            return Labelled(self.domain.op(e.fn, [_align(a, labels) for a in args]), labels)
+        return self.reduction(e)
+
+    def load(self, e: Load) -> Labelled:
+        data = self.env[e.tensor]
+        if all(isinstance(i, IndexVar) for i in e.indices) and len(set(e.indices)) == len(e.indices):
+            return Labelled(data, tuple(e.indices))  # type: ignore[arg-type]
+        subs = [self.index(i) for i in e.indices]
+        labels = _union(*(s.labels for s in subs))
+        idx = tuple(_align(s, labels) for s in subs)
+        return Labelled(np.asarray(data[idx]), labels)
+
+    def reduction(self, e: Reduce) -> Labelled:
+        if e.op == "sum":
+            factors = _factors(e.body)
+            if len(factors) > 1:
+                return self.contraction(e, factors)
+        body = self.expr(e.body)
+        axes = tuple(body.labels.index(v) for v in e.vars if v in body.labels)
+        keep = tuple(v for v in body.labels if v not in e.vars)
+        data = self.domain.reduce(e.op, body.data, axes) if axes else body.data
+        # a body constant along a reduced variable: sum multiplies by the count, max is unchanged
+        missing = [v for v in e.vars if v not in body.labels]
+        count = 1
+        for v in missing:
+            count *= self.sizes[v.extent]
+        if count > 1:
+            data = self.domain.repeat_sum(data, count) if e.op == "sum" else self.domain.repeat_max(data, count)
+        return Labelled(data, keep)
+
+    def contraction(self, e: Reduce, factors: list[Expr]) -> Labelled:
+        vals = [self.expr(f) for f in factors]
+        letters: dict[IndexVar, str] = {}
+        for v in _union(*(x.labels for x in vals), e.vars):
+            letters[v] = chr(ord("a") + len(letters)) if len(letters) < 26 else chr(ord("A") + len(letters) - 26)
+        out = tuple(v for v in _union(*(x.labels for x in vals)) if v not in e.vars)
+        subs = ",".join("".join(letters[v] for v in x.labels) for x in vals) + "->" + \
+            "".join(letters[v] for v in out)
+        data = self.domain.contract([x.data for x in vals], subs)
+        missing = [v for v in e.vars if not any(v in x.labels for x in vals)]
+        count = 1
+        for v in missing:
+            count *= self.sizes[v.extent]
+        if count > 1:
+            data = self.domain.repeat_sum(data, count)
+        return Labelled(data, out)
+
+
+def _factors(e: Expr) -> list[Expr]:
+    if isinstance(e, Op) and e.fn == "mul":
+        return _factors(e.args[0]) + _factors(e.args[1])
+    return [e]
+
+
+# ----------------------------------------------------------------------------- binding inputs
+
+
+def bind_inputs(model: Model, inputs: dict[str, np.ndarray], where: str = "input",
+                fixed: dict[str, int] | None = None) -> dict[str, int]:
+    """Check inputs against the model's declarations; return the size of every extent.
+
+    Runtime extents take their size from `fixed` or from the arrays, and every array must agree."""
+    sizes: dict[str, int] = {e.name: e.size for e in model.extents if e.size is not None}
+    origin: dict[str, str] = {}
+    for name, n in (fixed or {}).items():
+        sizes[name] = n
+        origin[name] = "--shape"
+    missing = [t.name for t in model.inputs if t.name not in inputs]
+    if missing:
+        raise EvalError(f"the {where} lacks {', '.join(missing)} (model {model.name} reads "
+                        f"{', '.join(t.name for t in model.inputs)})")
+    for t in model.inputs:
+        arr = np.asarray(inputs[t.name])
+        want = " ".join(f"#{e}" for e in t.extents)
+        if t.is_index:
+            if arr.dtype.kind not in "iu":
+                raise EvalError(f"{t.name} is an index tensor and needs integers, got {arr.dtype}")
+        elif arr.dtype.kind not in "fiu":
+            raise EvalError(f"{t.name} needs real numbers, got {arr.dtype}")
+        if arr.ndim != len(t.extents):
+            raise EvalError(f"{t.name} should have shape ( {want} ) = {_shape_text(model, t.extents, sizes)}, "
+                            f"got {tuple(arr.shape)}")
+        for k, ext in enumerate(t.extents):
+            n = int(arr.shape[k])
+            e = model.extent(ext)
+            if ext in sizes and sizes[ext] != n:
+                src = origin.get(ext, "its declaration")
+                raise EvalError(f"{t.name} should have shape ( {want} ) = "
+                                f"{_shape_text(model, t.extents, sizes)}, got {tuple(arr.shape)}",
+                                notes=(f"#{ext} = {sizes[ext]} from {src}",))
+            if not e.admits(n):
+                raise EvalError(f"{t.name}: #{ext} = {n} is outside its declared range ({e.describe()})")
+            sizes[ext] = n
+            origin.setdefault(ext, t.name)
+    for e in model.extents:
+        if e.name not in sizes:
+            raise EvalError(f"the size of runtime extent #{e.name} is not fixed by any input; give it with "
+                            f"--shape {e.name}=N")
+    return sizes
+
+
+def _shape_text(model: Model, extents: tuple[str, ...], sizes: dict[str, int]) -> str:
+    return "(" + ", ".join(str(sizes.get(e, "?")) for e in extents) + ("," if len(extents) == 1 else "") + ")"

@@ -1,0 +1,232 @@
+"""The semantics of a model over the prime field GF(p), for the finite-field verifier.
+
+Values are int64 arrays of residues in [0, p). With p = 2^31 − 1 (the default; any prime below
+2^31 works) a product of two residues fits in int64, and contractions run exactly in float64 BLAS
+by splitting each residue into 16-bit limbs.
+
+What each operation means here (see `habu.spec.functions` and docs/VERIFY.md):
+- + − · are the field operations; a / b is a · b⁻¹ (b ≡ 0 is reported, with probability ≈ 1/p);
+- constants are exact rationals mapped into the field; #D is the extent's size;
+- exp, rsqrt, sqrt, tanh, erf, sigmoid, log, abs are uninterpreted: keyed pseudo-random functions
+  (splitmix64 of the residue and a per-trial, per-function key); max and min are symmetric
+  keyed functions of their two arguments;
+- a sum reduction is the field sum; a max reduction is prod(r − x) with a fresh r per trial,
+  which depends only on the multiset reduced and splits into partial products.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+from habu.spec.evaluate import EvalError, Evaluator, bind_inputs
+from habu.spec.functions import FUNCTIONS
+from habu.spec.ir import Model
+
+DEFAULT_PRIME = 2**31 - 1
+_LIMB = 16
+_EXACT_TERMS = 2**21  # sums of this many limb products stay below 2^53
+
+
+@lru_cache(maxsize=4)
+def galois_field(p: int):
+    """galois's GF(p) (used for inverses and to check that p is prime)."""
+    import galois
+
+    if not galois.is_prime(p):
+        raise ValueError(f"{p} is not prime")
+    return galois.GF(p)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x += np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _key(seed: int, name: str) -> np.uint64:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return np.uint64(int.from_bytes(digest[:8], "little"))
+
+
+class PrimeField:
+    """GF(p) arithmetic for one trial: the keys of the uninterpreted functions come from `seed`."""
+
+    def __init__(self, p: int = DEFAULT_PRIME, seed: int = 0):
+        if p >= 2**31:
+            raise ValueError("the prime must be below 2^31 so that products fit in int64")
+        self.p = p
+        self.seed = seed
+        self.name = f"GF({p})"
+        self.gf = galois_field(p)
+        self.max_point = int(_key(seed, "max-reduction-point")) % p
+
+    # -- conversions
+    def from_input(self, name: str, data: np.ndarray) -> np.ndarray:
+        arr = np.asarray(data, dtype=np.int64)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.p):
+            raise EvalError(f"{name}: field inputs must be residues in 0..{self.p - 1}")
+        return arr
+
+    def const(self, value: Fraction) -> np.ndarray:
+        num = value.numerator % self.p
+        den = value.denominator % self.p
+        if den == 0:
+            raise EvalError(f"the constant {value} has no value in GF({self.p})")
+        return np.asarray(num * pow(den, -1, self.p) % self.p, dtype=np.int64)
+
+    def random(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        return rng.integers(0, self.p, size=shape, dtype=np.int64)
+
+    # -- elementwise
+    def inverse(self, b: np.ndarray) -> np.ndarray:
+        if np.any(b == 0):
+            raise EvalError(f"division by zero in GF({self.p}) (probability about 1/p per division; "
+                            "rerun with another seed)")
+        return np.asarray(np.reciprocal(self.gf(b.astype(np.int64))), dtype=np.int64)
+
+    def op(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
+        p = self.p
+        f = FUNCTIONS[fn]
+        if f.field == "add":
+            return (args[0] + args[1]) % p
+        if f.field == "sub":
+            return (args[0] - args[1]) % p
+        if f.field == "mul":
+            return (args[0] * args[1]) % p
+        if f.field == "neg":
+            return (-args[0]) % p
+        if f.field == "div":
+            a, b = np.broadcast_arrays(args[0], args[1])
+            return (a * self.inverse(np.asarray(b))) % p
+        return self.oracle(fn, args)
+
+    def oracle(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
+        key = _key(self.seed, fn)
+        if len(args) == 1:
+            h = _mix(args[0].astype(np.uint64) ^ key)
+        else:
+            # max and min are symmetric: order the pair by residue first
+            a, b = np.broadcast_arrays(*args)
+            lo, hi = np.minimum(a, b), np.maximum(a, b)
+            with np.errstate(over="ignore"):
+                h = _mix(_mix(lo.astype(np.uint64) ^ key) + hi.astype(np.uint64))
+        return (h % np.uint64(self.p)).astype(np.int64)
+
+    # -- reductions
+    def reduce(self, op: str, data: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        if op == "sum":
+            out = data
+            for ax in sorted(axes, reverse=True):
+                out = self.sum_axis(out, ax)
+            return out
+        moved = np.moveaxis(data, axes, tuple(range(data.ndim - len(axes), data.ndim)))
+        flat = moved.reshape(*moved.shape[: data.ndim - len(axes)], -1)
+        return self.product_last((self.max_point - flat) % self.p)
+
+    def sum_axis(self, data: np.ndarray, axis: int) -> np.ndarray:
+        n = data.shape[axis]
+        if n < 2**32:
+            return data.sum(axis=axis) % self.p
+        chunks = [np.take(data, range(i, min(n, i + 2**31)), axis=axis).sum(axis=axis) % self.p
+                  for i in range(0, n, 2**31)]
+        return np.sum(chunks, axis=0) % self.p
+
+    def product_last(self, x: np.ndarray) -> np.ndarray:
+        """The product mod p along the last axis, as a tree of pairwise products."""
+        p = self.p
+        while x.shape[-1] > 1:
+            if x.shape[-1] % 2:
+                x = np.concatenate([x, np.ones_like(x[..., :1])], axis=-1)
+            x = (x[..., 0::2] * x[..., 1::2]) % p
+        return x[..., 0]
+
+    def repeat_sum(self, data: np.ndarray, count: int) -> np.ndarray:
+        return (data * (count % self.p)) % self.p
+
+    def repeat_max(self, data: np.ndarray, count: int) -> np.ndarray:
+        # prod(r − x) over `count` copies of x: (r − x)^count
+        out = np.ones_like(data)
+        base = (self.max_point - data) % self.p
+        e = count
+        while e:
+            if e & 1:
+                out = (out * base) % self.p
+            base = (base * base) % self.p
+            e >>= 1
+        return out
+
+    # -- contractions
+    def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray:
+        ins_text, out = subscripts.split("->")
+        ins = ins_text.split(",")
+        ops = list(operands)
+        while len(ops) > 2:
+            union = "".join(dict.fromkeys(ins[0] + ins[1]))
+            prod = np.einsum(f"{ins[0]},{ins[1]}->{union}", ops[0], ops[1]) % self.p  # no sum: exact
+            ops = [prod, *ops[2:]]
+            ins = [union, *ins[2:]]
+        if len(ops) == 1:
+            return self.reduce("sum", ops[0], tuple(i for i, c in enumerate(ins[0]) if c not in out)) \
+                if any(c not in out for c in ins[0]) else ops[0]
+        return self.contract2(ops[0], ops[1], ins[0], ins[1], out)
+
+    def contract2(self, a: np.ndarray, b: np.ndarray, ia: str, ib: str, out: str) -> np.ndarray:
+        sizes = dict(zip(ia, a.shape, strict=True)) | dict(zip(ib, b.shape, strict=True))
+        summed = [c for c in dict.fromkeys(ia + ib) if c not in out]
+        terms = 1
+        for c in summed:
+            terms *= sizes[c]
+        if terms > _EXACT_TERMS:
+            # split the longest summed axis so that each partial contraction stays exact
+            c = max(summed, key=lambda s: sizes[s])
+            step = max(1, _EXACT_TERMS // (terms // sizes[c]))
+            total = None
+            for lo in range(0, sizes[c], step):
+                sa = _slice_axis(a, ia, c, lo, lo + step)
+                sb = _slice_axis(b, ib, c, lo, lo + step)
+                part = self.contract2(sa, sb, ia, ib, out)
+                total = part if total is None else (total + part) % self.p
+            assert total is not None
+            return total
+        mask = (1 << _LIMB) - 1
+        a_lo, a_hi = (a & mask).astype(np.float64), (a >> _LIMB).astype(np.float64)
+        b_lo, b_hi = (b & mask).astype(np.float64), (b >> _LIMB).astype(np.float64)
+        subs = f"{ia},{ib}->{out}"
+
+        def exact(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return np.rint(np.einsum(subs, x, y, optimize=True)).astype(np.int64) % self.p
+
+        p = self.p
+        ll = exact(a_lo, b_lo)
+        mid = (exact(a_lo, b_hi) + exact(a_hi, b_lo)) % p
+        hh = exact(a_hi, b_hi)
+        s16 = (1 << _LIMB) % p
+        s32 = (1 << (2 * _LIMB)) % p
+        return (ll + mid * s16 % p + hh * s32 % p) % p
+
+
+def _slice_axis(x: np.ndarray, labels: str, c: str, lo: int, hi: int) -> np.ndarray:
+    if c not in labels:
+        return x
+    k = labels.index(c)
+    idx = [slice(None)] * x.ndim
+    idx[k] = slice(lo, hi)
+    return x[tuple(idx)]
+
+
+def evaluate_field(model: Model, inputs: dict[str, np.ndarray], field: PrimeField,
+                   sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """The model's outputs over GF(p): inputs are residues (index tensors stay integers)."""
+    bound = bind_inputs(model, inputs, where="field input", fixed=sizes)
+    return Evaluator(model, bound, field).run(inputs)

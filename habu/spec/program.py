@@ -1,0 +1,105 @@
+"""A parsed program: its declarations (extents, tensors), its words and its models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from habu.errors import HabuError, Span
+from habu.spec.dtypes import DType
+from habu.spec.equation import TensorType
+from habu.spec.ir import Expr, Extent, Model, TensorDecl
+
+if TYPE_CHECKING:
+    from habu.spec.words import Word
+
+
+@dataclass
+class DeclaredExtent:
+    extent: Extent
+    span: Span
+
+
+@dataclass
+class DeclaredTensor:
+    decl: TensorDecl
+    span: Span
+
+
+@dataclass
+class Program:
+    """Everything a file declares, on top of the prelude's words."""
+
+    extents: dict[str, DeclaredExtent] = field(default_factory=dict)
+    tensors: dict[str, DeclaredTensor] = field(default_factory=dict)
+    words: dict[str, Word] = field(default_factory=dict)
+    models: dict[str, Model] = field(default_factory=dict)
+    model_spans: dict[str, Span] = field(default_factory=dict)
+    path: str = "<input>"
+
+    # -- lookups shared by equations and words
+    def find_tensor(self, name: str) -> DeclaredTensor | None:
+        """By exact name, then by a unique case-insensitive match (`x` binds to `X`)."""
+        if name in self.tensors:
+            return self.tensors[name]
+        matches = [t for n, t in self.tensors.items() if n.lower() == name.lower()]
+        return matches[0] if len(matches) == 1 else None
+
+    def extent_for_index(self, name: str) -> str | None:
+        """The extent an index variable base name ranges over: `m` -> `M`."""
+        for ext_name in self.extents:
+            if ext_name.lower() == name.lower() and (name == name.lower() or name == ext_name):
+                return ext_name
+        return None
+
+    def find_word(self, name: str) -> Word | None:
+        if name in self.words:
+            return self.words[name]
+        return self.words.get(name.upper())
+
+    def model(self, name: str) -> Model:
+        if name in self.models:
+            return self.models[name]
+        for n, m in self.models.items():
+            if n.lower() == name.lower():
+                return m
+        known = ", ".join(self.models) or "none"
+        raise HabuError(f"no model named {name} in {self.path} (models: {known})")
+
+    def extent_objects(self) -> dict[str, Extent]:
+        return {n: d.extent for n, d in self.extents.items()}
+
+
+class ModelScope:
+    """Equation name resolution against a program's declarations."""
+
+    def __init__(self, program: Program):
+        self.program = program
+
+    def extent_of_index(self, name: str) -> str | None:
+        return self.program.extent_for_index(name)
+
+    def tensor(self, name: str) -> TensorType | None:
+        dt = self.program.find_tensor(name)
+        if dt is None:
+            return None
+        d = dt.decl
+        return TensorType(d.name, d.name, d.extents, d.range)
+
+    def extent(self, name: str) -> str | None:
+        bare = name.lstrip("#")
+        return bare if bare in self.program.extents else None
+
+    def extent_size(self, extent: str) -> int | None:
+        return self.program.extents[extent].extent.size
+
+    def show_extent(self, extent: str) -> str:
+        return f"#{extent}"
+
+    def scalar(self, name: str) -> Expr | None:
+        return None
+
+
+def dtype_of(program: Program, name: str) -> DType | None:
+    dt = program.find_tensor(name)
+    return dt.decl.dtype if dt else None
