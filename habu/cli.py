@@ -100,6 +100,7 @@ def eval_(
 
     program = load_program(file)
     m = pick_model(program, model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])
     try:
         with np.load(inputs, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -110,7 +111,6 @@ def eval_(
     extra = sorted(set(arrays) - {t.name for t in m.inputs})
     if extra:
         print(f"habu: warning: {inputs} has arrays the model does not read: {', '.join(extra)}", file=sys.stderr)
-    sizes = parse_shape(shape, [e.name for e in m.extents])
     result = evaluate(m, arrays, sizes)
     np.savez(output, **result)
     for name, arr in result.items():

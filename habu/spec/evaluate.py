@@ -19,7 +19,6 @@ from habu.spec.ir import (
     Const,
     Equation,
     Expr,
-    Gather,
     IndexConst,
     IndexExpr,
     IndexVar,

@@ -13,7 +13,6 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Union
 
 from habu.spec.dtypes import DType
 
@@ -104,7 +103,7 @@ class Gather:
     indices: tuple[IndexExpr, ...]
 
 
-IndexExpr = Union[IndexVar, IndexConst, Gather]
+IndexExpr = IndexVar | IndexConst | Gather
 
 
 # ----------------------------------------------------------------------------- value expressions
@@ -149,7 +148,7 @@ class Reduce:
     body: Expr
 
 
-Expr = Union[Const, Size, Load, Op, Reduce]
+Expr = Const | Size | Load | Op | Reduce
 
 
 @dataclass(frozen=True)

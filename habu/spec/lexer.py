@@ -143,7 +143,9 @@ class Reader:
         while True:
             tok = self.next_word()
             if tok is None:
-                raise opener.error(f"{what} has no closing ;")
+                glued = [w.text for w in words if w.text.endswith(";")]
+                notes = (f"put a space before ; in {glued[0]!r}",) if glued else ()
+                raise opener.error(f"{what} has no closing ;", *notes)
             if tok.text == ";":
                 return words, tok
             words.append(tok)

@@ -228,8 +228,8 @@ class TopLevel:
         group_span, words = self.reader.read_group("signature", name)
         sig = parse_effect(group_span, words, f"MODEL {name.text}")
         if sig.params:
-            raise HabuError(f"a model's signature lists its inputs and outputs only; its parameters are its "
-                            f"inputs after the first", group_span)
+            raise HabuError("a model's signature lists its inputs and outputs only; its parameters are its "
+                            "inputs after the first", group_span)
         body, end = self.reader.read_body(f"MODEL {name.text}", tok)
         inputs = [self.signature_tensor(item, "input") for item in sig.inputs]
         outputs = [self.signature_tensor(item, "output") for item in sig.outputs]
@@ -317,6 +317,7 @@ class TopLevel:
         frame = Frame(":" + word.name, words=word.env)
         for p in word.effect.params:
             frame.named[p.name] = UnknownValue(Token(p.name, p.span), f"parameter {p.name}")
+            frame.queue.append((p.name, frame.named[p.name]))
         it.frames.append(frame)
         for item in word.effect.inputs:
             it.push(_placeholder(item, builder, self.program))

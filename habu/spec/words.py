@@ -399,11 +399,17 @@ class ColonWord(Word):
         for item in self.effect.params:
             v = it.take_param(tok, self.name, item)
             frame.named[item.name] = v
+            frame.queue.append((item.name, v))
         it.frames.append(frame)
         floor = len(it.stack) - self.n_in
         try:
             it.run(self.body)
         except HabuError as err:
+            if err.span is not None and err.span.source is not tok.span.source:
+                # inside a library word: report it where the user's file uses the word
+                inner = f"{err.span.source.path}:{err.span.line}:{err.span.col}"
+                raise HabuError(f"in {self.name}: {err.message}", tok.span,
+                                (f"{self.name} is defined at {inner}", *err.notes)) from None
             if err.span is not None and err.span != tok.span:
                 err.notes = (*err.notes, f"in {self.name}, used at {_at(tok)}")
             raise

@@ -1,0 +1,3 @@
+from habu.cli import main
+
+main()

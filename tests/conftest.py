@@ -1,0 +1,48 @@
+"""Shared helpers: parse text, expect an error, check the error format."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from habu.errors import HabuError
+from habu.spec.parser import parse_text
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.habu"))
+SEEDS = ROOT / "tests" / "seed"
+SHARED_SEED = ROOT.parent / "shared" / "seeds" / "000_b86b16e3bdc72b89.txt"
+
+ERROR_HEAD = re.compile(r"^(?P<path>[^\n]+):(?P<line>\d+):(?P<col>\d+): error: (?P<msg>.+)$")
+
+
+def parse(text: str, path: str = "t.habu"):
+    return parse_text(text, path)
+
+
+def error_of(text: str, path: str = "t.habu") -> HabuError:
+    with pytest.raises(HabuError) as info:
+        parse_text(text, path)
+    return info.value
+
+
+def assert_error_format(err: HabuError, path: str = "t.habu") -> re.Match:
+    """`FILE:LINE:COL: error: message`, then the source line, then a caret under the column."""
+    lines = err.render().split("\n")
+    m = ERROR_HEAD.match(lines[0])
+    assert m, f"bad first line: {lines[0]!r}"
+    assert m.group("path") == path
+    assert len(lines) >= 3, err.render()
+    col = int(m.group("col"))
+    caret = lines[2]
+    assert caret.lstrip(" \t").startswith("^"), err.render()
+    assert len(caret) - len(caret.lstrip(" \t")) == col - 1, err.render()
+    assert "Traceback" not in err.render()
+    return m
+
+
+def where(err: HabuError) -> tuple[int, int]:
+    assert err.span is not None
+    return err.span.line, err.span.col

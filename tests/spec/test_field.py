@@ -1,0 +1,114 @@
+"""The semantics over GF(p): exact field arithmetic, exact contractions, uninterpreted functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from habu.spec.evaluate import EvalError
+from habu.spec.field import DEFAULT_PRIME, PrimeField, evaluate_field
+from tests.conftest import parse
+
+P = DEFAULT_PRIME
+
+
+def as_obj(a):
+    return np.asarray(a).astype(object)
+
+
+def test_prime_is_at_least_2_31_minus_1():
+    assert P >= 2**31 - 1
+    with pytest.raises(ValueError):
+        PrimeField(2**31 - 3)  # not prime
+
+
+def test_contraction_is_exact_against_python_integers():
+    program = parse("""96 EXTENT: #M 80 EXTENT: #N 300 EXTENT: #K
+        TENSOR: A ( #M #K ) TENSOR: B ( #N #K ) TENSOR: O ( #M #N ) ITENSOR: IX ( #M #M )
+        MODEL: G O[m n] = Σ k A[IX[m] k] · B[n k] ;""")
+    f = PrimeField(seed=3)
+    rng = np.random.default_rng(0)
+    a, b, ix = f.random(rng, (96, 300)), f.random(rng, (80, 300)), rng.integers(0, 96, 96)
+    got = evaluate_field(program.models["G"], {"A": a, "B": b, "IX": ix}, f)["O"]
+    expect = (as_obj(a)[ix].dot(as_obj(b).T)) % P
+    assert (got == expect.astype(np.int64)).all()
+
+
+def test_long_contractions_are_split_and_stay_exact():
+    f = PrimeField(seed=1)
+    rng = np.random.default_rng(1)
+    a, b = f.random(rng, (1, 2_200_000)), f.random(rng, (2, 2_200_000))  # > 2^21 terms
+    got = f.contract([a, b], "ak,bk->ab")
+    expect = (as_obj(a).dot(as_obj(b).T)) % P
+    assert (got == expect.astype(np.int64)).all()
+
+
+def test_three_factor_contraction():
+    f = PrimeField(seed=2)
+    rng = np.random.default_rng(2)
+    a, b, c = f.random(rng, (4, 5)), f.random(rng, (5,)), f.random(rng, (6, 5))
+    got = f.contract([a, b, c], "ak,k,ck->ac")
+    expect = np.einsum("ak,k,ck->ac", as_obj(a), as_obj(b), as_obj(c)) % P
+    assert (got == expect.astype(np.int64)).all()
+
+
+def test_division_is_multiplication_by_the_inverse():
+    f = PrimeField()
+    a, b = np.asarray([5, 7, 123456789]), np.asarray([3, 11, 987654321])
+    q = f.op("div", [a, b])
+    assert ((q * b) % P == a).all()
+    with pytest.raises(EvalError, match="division by zero"):
+        f.op("div", [a, np.asarray([1, 0, 1])])
+
+
+def test_constants_are_exact_rationals():
+    from fractions import Fraction
+
+    f = PrimeField()
+    half = int(f.const(Fraction(1, 2)))
+    assert (half * 2) % P == 1
+    assert int(f.const(Fraction("0.000001"))) * 1_000_000 % P == 1
+
+
+def test_uninterpreted_functions_are_deterministic_per_seed_and_differ_across_seeds():
+    x = np.arange(1000, dtype=np.int64)
+    f1, f2 = PrimeField(seed=1), PrimeField(seed=2)
+    assert (f1.op("exp", [x]) == PrimeField(seed=1).op("exp", [x])).all()
+    assert (f1.op("exp", [x]) != f2.op("exp", [x])).mean() > 0.99
+    assert (f1.op("exp", [x]) != f1.op("tanh", [x])).mean() > 0.99
+    assert len(set(f1.op("exp", [x]).tolist())) > 990  # no structure: distinct arguments, distinct values
+
+
+def test_max_is_symmetric_and_max_reduction_is_order_free():
+    f = PrimeField(seed=5)
+    rng = np.random.default_rng(5)
+    a, b = f.random(rng, (100,)), f.random(rng, (100,))
+    assert (f.op("max", [a, b]) == f.op("max", [b, a])).all()
+    x = f.random(rng, (3, 64))
+    whole = f.reduce("max", x, (1,))
+    perm = x[:, rng.permutation(64)]
+    assert (f.reduce("max", perm, (1,)) == whole).all()
+    # two partial reductions combine by multiplication
+    left, right = f.reduce("max", x[:, :20], (1,)), f.reduce("max", x[:, 20:], (1,))
+    assert ((left * right) % P == whole).all()
+    # and dropping one element changes the value
+    assert (f.reduce("max", x[:, 1:], (1,)) != whole).all()
+
+
+def test_softmax_model_evaluates_over_the_field():
+    program = parse("""4 EXTENT: #R 16 EXTENT: #C TENSOR: X ( #R #C ) TENSOR: Y ( #R #C )
+        MODEL: S ( x -- y ) SOFTMAX ;""")
+    f = PrimeField(seed=9)
+    x = f.random(np.random.default_rng(9), (4, 16))
+    y = evaluate_field(program.models["S"], {"X": x}, f)["Y"]
+    assert y.shape == (4, 16) and y.dtype == np.int64 and ((y >= 0) & (y < P)).all()
+    # a row's outputs sum to 1 over the field too: exp(x-m)/Σexp(x-m) is exactly normalised
+    assert (y.sum(axis=1) % P == 1).all()
+
+
+def test_out_of_range_gather_is_reported():
+    program = parse("""4 EXTENT: #M 3 EXTENT: #K TENSOR: A ( #M #K ) TENSOR: O ( #M #K ) ITENSOR: IX ( #M #M )
+        MODEL: G O[m k] = A[IX[m] k] ;""")
+    f = PrimeField()
+    with pytest.raises(EvalError, match=r"IX\[2\] = 9 is outside #M"):
+        evaluate_field(program.models["G"], {"A": np.ones((4, 3), np.int64), "IX": np.array([0, 1, 9, 2])}, f)

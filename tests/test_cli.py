@@ -1,0 +1,112 @@
+"""The command line: check, eval, words, --version; errors exit 1 without a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import EXAMPLES, ROOT
+
+
+def habu(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "habu", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_version_and_help():
+    r = habu("--version")
+    assert r.returncode == 0 and r.stdout.startswith("habu ")
+    r = habu("--help")
+    assert r.returncode == 0 and "check" in r.stdout and "eval" in r.stdout
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_check_runs_on_every_example(path):
+    r = habu("check", str(path.relative_to(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert "MODEL " in r.stdout and "obligations" in r.stdout and "dataflow" in r.stdout
+
+
+def test_check_prints_extents_dataflow_and_obligations_for_ggemm():
+    r = habu("check", "examples/ggemm.habu")
+    out = r.stdout
+    assert "#M = 4096" in out and "#K = 4096" in out
+    assert "A[IX[m] k]   (index 1 gathered through IX[m])" in out
+    assert "every value of IX is in 0..4095" in out
+    assert "A ( #M #K ) bf16" in out and "O ( #M #N ) f32" in out
+
+
+def test_user_error_exits_1_with_location_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.habu"
+    bad.write_text("4 EXTENT: #M\nTENSOR: A ( #M #Q )\n")
+    r = habu("check", str(bad))
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"{bad}:2:16: error: unknown extent #Q")
+    assert "Traceback" not in r.stderr and "^" in r.stderr
+
+
+def test_missing_file_is_a_clean_error():
+    r = habu("check", "no/such/file.habu")
+    assert r.returncode == 1 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_round_trip(tmp_path):
+    src = tmp_path / "g.habu"
+    src.write_text((ROOT / "tests" / "seed" / "ggemm.habu").read_text())
+    rng = np.random.default_rng(0)
+    a, b, ix = rng.standard_normal((128, 32)), rng.standard_normal((64, 32)), rng.integers(0, 128, 128).astype(np.int32)
+    np.savez(tmp_path / "in.npz", A=a.astype(np.float32), B=b.astype(np.float32), IX=ix)
+    r = habu("eval", str(src), "--model", "GGEMM", "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"))
+    assert r.returncode == 0, r.stderr
+    out = np.load(tmp_path / "out.npz")["O"]
+    np.testing.assert_allclose(out, a.astype(np.float32)[ix].astype(np.float64) @ b.astype(np.float32).T.astype(np.float64),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_eval_shape_mismatch_names_the_tensor_and_both_shapes(tmp_path):
+    src = tmp_path / "g.habu"
+    src.write_text((ROOT / "tests" / "seed" / "ggemm.habu").read_text())
+    np.savez(tmp_path / "in.npz", A=np.ones((128, 31)), B=np.ones((64, 32)), IX=np.zeros(128, np.int32))
+    r = habu("eval", str(src), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "A should have shape ( #M #K ) = (128, 32), got (128, 31)" in r.stderr
+
+
+def test_eval_dtype_and_range_errors(tmp_path):
+    src = tmp_path / "g.habu"
+    src.write_text((ROOT / "tests" / "seed" / "ggemm.habu").read_text())
+    np.savez(tmp_path / "in.npz", A=np.ones((128, 32)), B=np.ones((64, 32)), IX=np.zeros(128))
+    r = habu("eval", str(src), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz"))
+    assert r.returncode == 1 and "IX is an index tensor and needs integers, got float64" in r.stderr
+    ix = np.zeros(128, np.int64)
+    ix[5] = 130
+    np.savez(tmp_path / "in.npz", A=np.ones((128, 32)), B=np.ones((64, 32)), IX=ix)
+    r = habu("eval", str(src), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "o.npz"))
+    assert r.returncode == 1 and "IX[5] = 130 is outside #M" in r.stderr
+
+
+def test_eval_runtime_extent_comes_from_the_input(tmp_path):
+    x = np.random.default_rng(1).standard_normal((8192, 256))
+    np.savez(tmp_path / "x.npz", X=x)
+    r = habu("eval", "examples/rmsnorm.habu", "--model", "RMSNORM-ROWS", "--inputs", str(tmp_path / "x.npz"),
+             "-o", str(tmp_path / "y.npz"))
+    assert r.returncode == 0, r.stderr
+    y = np.load(tmp_path / "y.npz")["Y"]
+    np.testing.assert_allclose(y, x / np.sqrt((x * x).mean(1, keepdims=True) + 1e-6), rtol=1e-12)
+    np.savez(tmp_path / "x.npz", X=x[:, :100])
+    r = habu("eval", "examples/rmsnorm.habu", "--model", "RMSNORM-ROWS", "--inputs", str(tmp_path / "x.npz"),
+             "-o", str(tmp_path / "y.npz"))
+    assert r.returncode == 1 and "#D = 100 is outside its declared range" in r.stderr
+
+
+def test_words_lists_the_library():
+    r = habu("words")
+    assert r.returncode == 0
+    assert "LINEAR" in r.stdout and "( x -- y | w b )" in r.stdout and "RMSNORM" in r.stdout
+
+
+def test_bad_shape_option():
+    r = habu("eval", "examples/gemm.habu", "--inputs", "x.npz", "-o", "y.npz", "--shape", "Q=3")
+    assert r.returncode == 1 and "#Q" in r.stderr
