@@ -117,6 +117,64 @@ def eval_(
         print(f"{name}: shape {tuple(arr.shape)} float64 -> {output}")
 
 
+TargetOpt = Annotated[str, typer.Option("--target", help="GPU architecture: sm_90a, sm_80, sm_100a.")]
+PinOpt = Annotated[list[str] | None, typer.Option("--pin", help="Fix a plan choice: tile=128x128x64, mma=wgmma, "
+                                                                 "stages=4, B=tma, A=cp.async, split_k=2, ...")]
+
+
+@app.command()
+def compile(
+    file: FileArg,
+    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
+    shape: ShapeOpt = None,
+    target: TargetOpt = "sm_90a",
+    pin: PinOpt = None,
+    out: Annotated[Path, typer.Option("-o", "--out", help="Directory for the plan and the report.")] = Path("out"),
+    trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
+) -> None:
+    """Pick the default plan (or the pinned choices), prove it, write the plan and its report."""
+    from habu.compile import compile_model, write_outputs
+    from habu.search.space import parse_pins
+    from habu.spec.parser import load_program
+    from habu.target import target_named
+
+    program = load_program(file)
+    m = pick_model(program, model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])
+    compiled = compile_model(program, m.name, sizes, target_named(target), parse_pins(pin or []), trials)
+    files = write_outputs(out, compiled.model, compiled)
+    for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):
+        guard = f" where {' and '.join(plan.guards)}" if plan.guards else ""
+        print(f"plan {plan.key}{guard}: {len(proof.obligations)} obligations proved or checked at run time; "
+              f"finite field: {proof.certificate.summary() if proof.certificate else 'not run'}")
+    print("wrote " + ", ".join(str(f) for f in files))
+
+
+@app.command()
+def verify(
+    file: FileArg,
+    plan: Annotated[Path, typer.Option("--plan", help="A plan written by habu compile (or edited by hand).")],
+    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
+    shape: ShapeOpt = None,
+    trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
+) -> None:
+    """Re-check a stored or hand-edited plan: the hardware rules and the finite-field check."""
+    from habu.compile import plan_error, verify_file
+    from habu.spec.parser import load_program
+
+    program = load_program(file)
+    m = pick_model(program, model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])
+    bound, proof = verify_file(program, m.name, plan, sizes, trials)
+    if proof.violations:
+        raise plan_error(program, bound, proof.violations[0])
+    c = proof.certificate
+    assert c is not None
+    if not c.passed:
+        raise HabuError(f"{plan} does not compute {m.name}: {c.failure}", program.model_spans.get(m.name))
+    print(f"{plan}: {len(proof.obligations)} obligations hold; finite field: {c.summary()}")
+
+
 def pick_model(program, name: str | None):
     if name is not None:
         return program.model(name)

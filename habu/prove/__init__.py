@@ -1,0 +1,55 @@
+"""Proofs about plans: hardware rules (z3) and equivalence with the model (finite-field check)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from habu.prove.rules import Obligation, failures, guards, obligations
+from habu.prove.verify import Certificate, verify_plan
+from habu.search.plan import Plan
+from habu.spec.ir import Model
+
+
+@dataclass
+class Proof:
+    plan: Plan
+    obligations: list[Obligation]
+    certificate: Certificate | None  # None when a rule already failed
+
+    @property
+    def violations(self) -> list[Obligation]:
+        return failures(self.obligations)
+
+    @property
+    def guards(self) -> list[Obligation]:
+        return guards(self.obligations)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and self.certificate is not None and self.certificate.passed
+
+
+def prove(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None, trials: int = 3,
+          seeds: list[int] | None = None, witness: bool | None = None) -> Proof:
+    """Rules first (cheap); the finite-field check only for a plan that breaks none."""
+    obs = obligations(model, plan, sizes)
+    if failures(obs):
+        return Proof(plan, obs, None)
+    check_sizes = dict(sizes or {})
+    for e in model.extents:
+        if e.name not in check_sizes and e.name not in dict(plan.shape):
+            check_sizes[e.name] = witness_size_for_runtime(e)
+    cert = verify_plan(model, plan, check_sizes, trials=trials, seeds=seeds, witness=witness)
+    return Proof(plan, obs, cert)
+
+
+def witness_size_for_runtime(extent) -> int:
+    """A size to run the finite-field check at for a runtime extent: a ragged one near the middle."""
+    lo, hi, mult = extent.lo, extent.hi, extent.multiple
+    target = min(hi, max(lo, 3 * 128 + 17))
+    n = target - target % mult if mult > 1 else target
+    return max(lo, n)
+
+
+__all__ = ["Certificate", "Obligation", "Proof", "prove", "verify_plan"]

@@ -74,35 +74,75 @@ def _union(*groups: tuple[IndexVar, ...]) -> tuple[IndexVar, ...]:
     return tuple(out)
 
 
-class Evaluator:
-    """Evaluates a model's nodes in order over one domain."""
+class BoxTensor:
+    """A tensor known only on a box: a set of indices per dimension (the elements a check needs).
 
-    def __init__(self, model: Model, sizes: dict[str, int], domain: Domain):
+    Indexing it like an array with integer arrays of global indices reads those elements; reading
+    outside the box is an error (the demand analysis forgot an element)."""
+
+    def __init__(self, data: np.ndarray, coords: tuple[np.ndarray, ...], full_shape: tuple[int, ...]):
+        self.data = data
+        self.coords = coords
+        self.shape = full_shape
+        self._local = []
+        for c, n in zip(coords, full_shape, strict=True):
+            table = np.full(n, -1, dtype=np.int64)
+            table[c] = np.arange(len(c))
+            self._local.append(table)
+
+    def __getitem__(self, idx: tuple) -> np.ndarray:
+        local = tuple(t[np.asarray(i)] for t, i in zip(self._local, idx, strict=True))
+        if any(np.any(x < 0) for x in local):
+            raise KeyError("read outside the evaluated box")
+        return self.data[local]
+
+
+class Evaluator:
+    """Evaluates a model's nodes in order over one domain.
+
+    `boxes` restricts a node to some indices per dimension of its target (a BoxTensor results);
+    inputs may be arrays or lazily computed tensors that support integer-array indexing."""
+
+    def __init__(self, model: Model, sizes: dict[str, int], domain: Domain,
+                 boxes: dict[str, tuple[np.ndarray, ...]] | None = None):
         self.model = model
         self.sizes = sizes
         self.domain = domain
         self.env: dict[str, np.ndarray] = {}
         self.index_env: dict[str, np.ndarray] = {}
+        self.boxes = boxes or {}
+        self.var_values: dict[IndexVar, np.ndarray] = {}
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for t in self.model.inputs:
+            data = inputs[t.name]
+            lazy = not isinstance(data, np.ndarray | int | float | list)
             if t.is_index:
-                self.index_env[t.name] = np.asarray(inputs[t.name], dtype=np.int64)
+                self.index_env[t.name] = data if lazy else np.asarray(data, dtype=np.int64)
             else:
-                self.env[t.name] = self.domain.from_input(t.name, inputs[t.name])
+                self.env[t.name] = data if lazy else self.domain.from_input(t.name, data)
         for eq in self.model.nodes:
+            if self.boxes and eq.target not in self.boxes:
+                continue  # no checked element depends on it
             self.env[eq.target] = self.node(eq)
-        return {t.name: self.env[t.name] for t in self.model.outputs}
+        return {t.name: self.env[t.name] for t in self.model.outputs if t.name in self.env}
 
-    def node(self, eq: Equation) -> np.ndarray:
+    def node(self, eq: Equation):
+        box = self.boxes.get(eq.target)
+        self.var_values = {v: box[i] for i, v in enumerate(eq.lhs)} if box is not None else {}
         val = self.expr(eq.rhs)
         data = _align(val, eq.lhs)
-        shape = tuple(self.sizes[v.extent] for v in eq.lhs)
-        return np.ascontiguousarray(np.broadcast_to(data, shape))
+        full = tuple(self.sizes[v.extent] for v in eq.lhs)
+        if box is None:
+            return np.ascontiguousarray(np.broadcast_to(data, full))
+        shape = tuple(len(c) for c in box)
+        return BoxTensor(np.ascontiguousarray(np.broadcast_to(data, shape)), box, full)
 
     # -- index expressions: integer arrays labelled by the variables they depend on
     def index(self, ix: IndexExpr) -> Labelled:
         if isinstance(ix, IndexVar):
+            if ix in self.var_values:
+                return Labelled(self.var_values[ix], (ix,))
             return Labelled(np.arange(self.sizes[ix.extent]), (ix,))
         if isinstance(ix, IndexConst):
             return Labelled(np.asarray(ix.value), ())
@@ -138,11 +178,14 @@ class Evaluator:
 
     def load(self, e: Load) -> Labelled:
         data = self.env[e.tensor]
-        if all(isinstance(i, IndexVar) for i in e.indices) and len(set(e.indices)) == len(e.indices):
+        plain = all(isinstance(i, IndexVar) and i not in self.var_values for i in e.indices)
+        if plain and isinstance(data, np.ndarray) and len(set(e.indices)) == len(e.indices):
             return Labelled(data, tuple(e.indices))  # type: ignore[arg-type]
         subs = [self.index(i) for i in e.indices]
         labels = _union(*(s.labels for s in subs))
         idx = tuple(_align(s, labels) for s in subs)
+        if not idx:
+            return Labelled(np.asarray(data[()]), labels)
         return Labelled(np.asarray(data[idx]), labels)
 
     def reduction(self, e: Reduce) -> Labelled:

@@ -112,3 +112,12 @@ def test_out_of_range_gather_is_reported():
     f = PrimeField()
     with pytest.raises(EvalError, match=r"IX\[2\] = 9 is outside #M"):
         evaluate_field(program.models["G"], {"A": np.ones((4, 3), np.int64), "IX": np.array([0, 1, 9, 2])}, f)
+
+
+def test_inverse_agrees_with_galois():
+    import galois
+
+    gf = galois.GF(P)
+    rng = np.random.default_rng(11)
+    b = rng.integers(1, P, 200)
+    assert (PrimeField().inverse(b) == np.asarray(np.reciprocal(gf(b)), dtype=np.int64)).all()

@@ -1,0 +1,35 @@
+"""The one lowering: plans become loop bounds, masks, offsets and index widths.
+
+The finite-field interpreter (`habu.prove.interp`), the rule checker (`habu.prove.rules`) and the
+CUDA emitter (`habu.emit_cuda`) all read these objects, so what is proven is what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from habu.lower.contraction import ContractionLowering, lower_contraction
+from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
+from habu.search.plan import ContractionKernel, Kernel, MapKernel, Plan, RowKernel
+from habu.spec.ir import Model
+
+Lowering = ContractionLowering | RowLowering | MapLowering
+
+
+def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None) -> Lowering:
+    """Lower one kernel; `storage` gives the element type of intermediates (the plan's storage)."""
+    if isinstance(kernel, ContractionKernel):
+        return lower_contraction(model, kernel, storage)
+    if isinstance(kernel, RowKernel):
+        return lower_rows(model, kernel, storage)
+    if isinstance(kernel, MapKernel):
+        return lower_map(model, kernel, storage)
+    raise TypeError(kernel)
+
+
+def lower_plan(model: Model, plan: Plan) -> list[Lowering]:
+    storage = dict(plan.storage)
+    return [lower(model, k, storage) for k in plan.kernels]
+
+
+__all__ = ["ContractionLowering", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan"]

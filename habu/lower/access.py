@@ -1,0 +1,122 @@
+"""Memory accesses of a lowered kernel: which coordinate feeds each index position, the strides,
+the masks. Sizes stay symbolic (extent names), so the same access is evaluated with integers by
+the finite-field interpreter, with z3 variables by the rule checker, and printed as C by the
+emitter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from habu.spec.ir import IndexConst, IndexExpr, IndexVar, TensorDecl
+
+
+@dataclass(frozen=True)
+class Position:
+    """One index position of an access: a kernel axis, a gather through an index tensor, or a constant."""
+
+    kind: str  # "axis", "gather", "const"
+    axis: str = ""  # the kernel axis ("m", "n", "k", "r", "c", "e0", ...)
+    table: str = ""  # gather: the index tensor, read at [axis]
+    value: int = 0  # const
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The predicate `axis < size(extent)` (`<=` only in planted bugs)."""
+
+    axis: str
+    extent: str
+    inclusive: bool = False
+
+
+@dataclass(frozen=True)
+class Access:
+    """A load or store of one tensor inside a kernel."""
+
+    tensor: str
+    dtype: str
+    extents: tuple[str, ...]
+    positions: tuple[Position, ...]
+    strides: tuple[tuple[str, ...], ...]  # stride of each position: the product of these extents' sizes
+    masks: tuple[Bound, ...]
+
+    def numel(self, sizes: Mapping[str, Any]) -> Any:
+        n: Any = 1
+        for e in self.extents:
+            n = n * sizes[e]
+        return n
+
+    def stride(self, pos: int, sizes: Mapping[str, Any]) -> Any:
+        s: Any = 1
+        for e in self.strides[pos]:
+            s = s * sizes[e]
+        return s
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(p.axis for p in self.positions if p.kind in ("axis", "gather"))
+
+
+def row_major_strides(extents: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(extents[i + 1 :]) for i in range(len(extents)))
+
+
+def access_for(decl: TensorDecl, indices: tuple[IndexExpr, ...], axis_of: Mapping[IndexVar, str],
+               extent_of_axis: Mapping[str, str], storage: Mapping[str, str] | None = None) -> Access:
+    """The access of `decl[indices]`, where each index variable maps to a kernel axis."""
+    from habu.spec.ir import Gather
+
+    positions: list[Position] = []
+    masks: list[Bound] = []
+    for ix in indices:
+        if isinstance(ix, IndexVar):
+            axis = axis_of[ix]
+            positions.append(Position("axis", axis))
+        elif isinstance(ix, IndexConst):
+            positions.append(Position("const", value=ix.value))
+            continue
+        elif isinstance(ix, Gather) and len(ix.indices) == 1 and isinstance(ix.indices[0], IndexVar):
+            axis = axis_of[ix.indices[0]]
+            positions.append(Position("gather", axis, table=ix.tensor))
+        else:
+            raise NotImplementedError(f"access {decl.name}[...] with index {ix} is not lowered yet")
+        bound = Bound(axis, extent_of_axis[axis])
+        if bound not in masks:
+            masks.append(bound)
+    dtype = decl.dtype.name if decl.dtype else (storage or {}).get(decl.name, "f32")
+    return Access(decl.name, dtype, decl.extents, tuple(positions),
+                  row_major_strides(decl.extents), tuple(masks))
+
+
+def _concrete(x: Any) -> bool:
+    import numpy as np
+
+    return isinstance(x, int | np.integer | np.ndarray)
+
+
+def cdiv(a: Any, b: Any) -> Any:
+    """Ceiling division for ints, numpy arrays and z3 integer expressions alike (b > 0)."""
+    if _concrete(a) and _concrete(b):
+        return -(-a // b)
+    return (a + b - 1) / b  # z3: integer division on Int sorts
+
+
+def floordiv(a: Any, b: Any) -> Any:
+    if _concrete(a) and _concrete(b):
+        return a // b
+    return a / b
+
+
+def minimum(a: Any, b: Any) -> Any:
+    import numpy as np
+
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    if _concrete(a) and _concrete(b):
+        return np.minimum(a, b)
+    import z3
+
+    return z3.If(a < b, a, b)

@@ -1,0 +1,194 @@
+"""Lowering a contraction kernel: the grid, the raster order, the k loop, every access.
+
+    block b -> (split s, tile tm, tile tn)            by the raster order (and persistence)
+    m0 = tm·BM, n0 = tn·BN
+    k tiles of split s: [s·KPS, min((s+1)·KPS, ⌈K/BK⌉)),  KPS = ⌈⌈K/BK⌉ / split⌉
+    for each of them, k0 = s·KPS·BK + j·k_step:
+        a[i, kk] = A at (m = m0+i, k = k0+kk)   if m < M and k < K, else 0
+        b[j, kk] = B at (n = n0+j, k = k0+kk)   if n < N and k < K, else 0
+        acc += a · bᵀ
+    out at (m0+i, n0+j) = epilogue(acc)         if m < M and n < N  (added atomically when split > 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from habu.lower.access import Access, Bound, access_for, cdiv, floordiv, minimum
+from habu.search.patterns import Contraction, as_contraction
+from habu.search.plan import ContractionKernel
+from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce
+
+ACC = "%acc"  # the accumulator, as the epilogue expression names it
+
+
+@dataclass(frozen=True)
+class ContractionLowering:
+    kernel: ContractionKernel
+    m: str  # extent of the m axis
+    n: str
+    k: str
+    a: Access  # positions over axes "m" and "k"
+    b: Access  # positions over axes "n" and "k"
+    out: Access  # positions over "m" and "n"
+    epilogue: Expr  # over Load(ACC, ()) and the loads in epi_loads
+    epi_loads: tuple[tuple[Load, Access], ...]
+    k_step: int  # how far k0 advances per iteration (= tile_k)
+    split_mode: str  # "none", or "atomic" when split_k > 1
+    index_width: int
+    tables: tuple[str, ...]  # index tensors read (gathers)
+
+    @property
+    def bm(self) -> int:
+        return self.kernel.tile_m
+
+    @property
+    def bn(self) -> int:
+        return self.kernel.tile_n
+
+    @property
+    def bk(self) -> int:
+        return self.kernel.tile_k
+
+    # -- the grid (sizes may be ints or z3 terms)
+    def tiles_m(self, s: Mapping[str, Any]) -> Any:
+        return cdiv(s[self.m], self.bm)
+
+    def tiles_n(self, s: Mapping[str, Any]) -> Any:
+        return cdiv(s[self.n], self.bn)
+
+    def k_tiles(self, s: Mapping[str, Any]) -> Any:
+        return cdiv(s[self.k], self.bk)
+
+    def k_tiles_per_split(self, s: Mapping[str, Any]) -> Any:
+        return cdiv(self.k_tiles(s), self.kernel.split_k)
+
+    def tiles(self, s: Mapping[str, Any]) -> Any:
+        return self.tiles_m(s) * self.tiles_n(s) * self.kernel.split_k
+
+    def grid(self, s: Mapping[str, Any], sm_count: int) -> Any:
+        """Blocks launched: one per tile, or at most a few per SM when persistent."""
+        t = self.tiles(s)
+        if self.kernel.persistent and isinstance(t, int):
+            return min(t, sm_count)
+        return t
+
+    def tile_of(self, linear: Any, s: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+        """The (tm, tn, split) a linear tile index stands for, by the raster order."""
+        tm_count, tn_count = self.tiles_m(s), self.tiles_n(s)
+        per_split = tm_count * tn_count
+        split = floordiv(linear, per_split)
+        pid = linear - split * per_split
+        g = self.kernel.group_m
+        if self.kernel.raster == "column":
+            tm_count, tn_count = tn_count, tm_count
+        if g > 1:
+            width = g * tn_count
+            group = floordiv(pid, width)
+            first = group * g
+            size = minimum(tm_count - first, g)
+            within = pid - group * width
+            a = first + within - floordiv(within, size) * size
+            b = floordiv(within, size)
+        else:
+            a = floordiv(pid, tn_count)
+            b = pid - a * tn_count
+        if self.kernel.raster == "column":
+            return b, a, split
+        return a, b, split
+
+    def k_range(self, split: Any, s: Mapping[str, Any]) -> tuple[Any, Any]:
+        """The k tiles [begin, end) summed by a split."""
+        kps = self.k_tiles_per_split(s)
+        begin = split * kps
+        end = minimum(begin + kps, self.k_tiles(s))
+        return begin, end
+
+
+def _substitute_acc(expr: Expr, target: str, replacement: Expr) -> Expr:
+    if isinstance(expr, Load):
+        return replacement if expr.tensor == target else expr
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(_substitute_acc(a, target, replacement) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.vars, _substitute_acc(expr.body, target, replacement))
+    return expr
+
+
+def _rename_vars(expr: Expr, mapping: dict[IndexVar, IndexVar]) -> Expr:
+    from habu.spec.ir import Gather
+
+    def ix(i):
+        if isinstance(i, IndexVar):
+            return mapping.get(i, i)
+        if isinstance(i, Gather):
+            return Gather(i.tensor, tuple(ix(j) for j in i.indices))
+        return i
+
+    if isinstance(expr, Load):
+        return Load(expr.tensor, tuple(ix(i) for i in expr.indices))
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(_rename_vars(a, mapping) for a in expr.args))
+    return expr
+
+
+def lower_contraction(model: Model, kernel: ContractionKernel,
+                      storage: Mapping[str, str] | None = None) -> ContractionLowering:
+    nodes = [next(eq for eq in model.nodes if eq.target == t) for t in kernel.nodes]
+    c: Contraction | None = as_contraction(nodes[0])
+    if c is None:
+        raise ValueError(f"{kernel.nodes[0]} is not a contraction")
+    m_var, n_var, k_var = c.m, c.n, c.k
+    axis_m = IndexVar("m", m_var.extent)
+    axis_n = IndexVar("n", n_var.extent)
+    extent_of_axis = {"m": m_var.extent, "n": n_var.extent, "k": k_var.extent}
+    axis_of = {m_var: "m", n_var: "n", k_var: "k"}
+    a = access_for(model.tensor(c.a.load.tensor), c.a.load.indices, axis_of, extent_of_axis, storage)
+    b = access_for(model.tensor(c.b.load.tensor), c.b.load.indices, axis_of, extent_of_axis, storage)
+    # the epilogue: the accumulator (times the product's constant factors), then each fused node
+    epilogue: Expr = Load(ACC, ())
+    if c.scale is not None:
+        epilogue = Op("mul", (epilogue, c.scale))
+    prev = nodes[0]
+    pos_axes = [axis_m if v == m_var else axis_n for v in prev.lhs]
+    for eq in nodes[1:]:
+        mapping = {v: pos_axes[i] for i, v in enumerate(eq.lhs)}
+        body = _rename_vars(eq.rhs, mapping)
+        epilogue = _substitute_acc(body, prev.target, epilogue)
+        prev = eq
+    epi_loads: list[tuple[Load, Access]] = []
+    axis_of_epi = {axis_m: "m", axis_n: "n"}
+    from habu.spec.ir import loads as all_loads
+
+    for ld in all_loads(epilogue):
+        if ld.tensor == ACC or any(ld == e for e, _ in epi_loads):
+            continue
+        epi_loads.append((ld, access_for(model.tensor(ld.tensor), ld.indices, axis_of_epi, extent_of_axis,
+                                                storage)))
+    last: Equation = nodes[-1]
+    out_decl = model.tensor(last.target)
+    out_axes = {v: ("m" if i == _pos(nodes[0], m_var) else "n") for i, v in enumerate(last.lhs)}
+    out = access_for(out_decl, last.lhs, out_axes, extent_of_axis, storage)
+    tables = tuple(t for t in (c.a.gather, c.b.gather) if t)
+    return ContractionLowering(
+        kernel=kernel, m=m_var.extent, n=n_var.extent, k=k_var.extent, a=a, b=b, out=out,
+        epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k,
+        split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width, tables=tables,
+    )
+
+
+def _pos(eq: Equation, var: IndexVar) -> int:
+    return eq.lhs.index(var)
+
+
+def epilogue_is_linear(lowering: ContractionLowering) -> bool:
+    """Split-K adds partial results, so the epilogue must be acc · constant (or acc itself)."""
+    e = lowering.epilogue
+    while isinstance(e, Op) and e.fn == "mul":
+        e = e.args[0]
+    return isinstance(e, Load) and e.tensor == ACC and not lowering.epi_loads
+
+
+__all__ = ["ACC", "Bound", "ContractionLowering", "epilogue_is_linear", "lower_contraction"]

@@ -1,0 +1,126 @@
+"""Lowering row kernels and map kernels.
+
+Row kernel: block b owns rows r = b·R_B + i (i < R_B, masked r < R); each row's columns are visited
+in chunks of threads·vector (masked c < C). Reductions over c add only unmasked columns; the
+region's nodes are evaluated row by row on chip and only the last is stored.
+
+Map kernel: lane e = (block·threads + t)·vector + v over the output's elements in row-major order,
+masked e < numel; each element's coordinates feed every access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from habu.lower.access import Access, access_for
+from habu.search.plan import MapKernel, RowKernel
+from habu.spec.ir import Equation, Expr, Gather, IndexVar, Load, Model, Op, Reduce, walk
+
+
+@dataclass(frozen=True)
+class RowLowering:
+    kernel: RowKernel
+    r: str
+    c: str
+    nodes: tuple[Equation, ...]  # lhs renamed to r, c; reduction variables keep their names
+    loads: tuple[tuple[Load, Access], ...]  # reads of tensors the region does not compute
+    out: Access
+    reduce_mask: bool  # reductions skip columns c >= C (dropped only in planted bugs)
+    index_width: int
+
+    @property
+    def chunk(self) -> int:
+        return self.kernel.threads * self.kernel.vector
+
+
+@dataclass(frozen=True)
+class MapLowering:
+    kernel: MapKernel
+    extents: tuple[str, ...]  # the output's shape; axis e{i} runs over extents[i]
+    nodes: tuple[Equation, ...]
+    loads: tuple[tuple[Load, Access], ...]
+    out: Access
+    index_width: int
+
+    @property
+    def per_block(self) -> int:
+        return self.kernel.threads * self.kernel.vector
+
+
+def _rename(expr: Expr, mapping: dict[IndexVar, IndexVar]) -> Expr:
+    def ix(i):
+        if isinstance(i, IndexVar):
+            return mapping.get(i, i)
+        if isinstance(i, Gather):
+            return Gather(i.tensor, tuple(ix(j) for j in i.indices))
+        return i
+
+    if isinstance(expr, Load):
+        return Load(expr.tensor, tuple(ix(i) for i in expr.indices))
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(_rename(a, mapping) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, tuple(mapping.get(v, v) for v in expr.vars), _rename(expr.body, mapping))
+    return expr
+
+
+def _region(model: Model, names: tuple[str, ...]) -> list[Equation]:
+    return [next(eq for eq in model.nodes if eq.target == t) for t in names]
+
+
+def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | None = None) -> RowLowering:
+    nodes = _region(model, kernel.nodes)
+    r_ext, c_ext = nodes[-1].lhs[0].extent, nodes[-1].lhs[1].extent
+    rv, cv = IndexVar("r", r_ext), IndexVar("c", c_ext)
+    renamed: list[Equation] = []
+    for eq in nodes:
+        mapping = {eq.lhs[0]: rv, eq.lhs[1]: cv}
+        renamed.append(Equation(eq.target, (rv, cv), _rename(eq.rhs, mapping)))
+    defined: set[str] = set()
+    loads: list[tuple[Load, Access]] = []
+    extent_of_axis = {"r": r_ext, "c": c_ext}
+    for eq in renamed:
+        for x in walk(eq.rhs):
+            if not isinstance(x, Load) or x.tensor in defined or any(x == ld for ld, _ in loads):
+                continue
+            axis_of = {v: ("r" if v == rv else "c") for v in _vars(x)}
+            loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
+        defined.add(eq.target)
+    out = access_for(model.tensor(renamed[-1].target), (rv, cv), {rv: "r", cv: "c"}, extent_of_axis, storage)
+    return RowLowering(kernel, r_ext, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width)
+
+
+def _vars(ld: Load) -> list[IndexVar]:
+    out: list[IndexVar] = []
+    for i in ld.indices:
+        if isinstance(i, IndexVar):
+            out.append(i)
+        elif isinstance(i, Gather):
+            out.extend(j for j in i.indices if isinstance(j, IndexVar))
+    return out
+
+
+def lower_map(model: Model, kernel: MapKernel, storage: Mapping[str, str] | None = None) -> MapLowering:
+    nodes = _region(model, kernel.nodes)
+    last = nodes[-1]
+    extents = tuple(v.extent for v in last.lhs)
+    axes = [IndexVar(f"e{i}", e) for i, e in enumerate(extents)]
+    renamed: list[Equation] = []
+    for eq in nodes:
+        if tuple(v.extent for v in eq.lhs) != extents:
+            raise ValueError(f"map kernel nodes must share one shape; {eq.target} differs")
+        mapping = dict(zip(eq.lhs, axes, strict=True))
+        renamed.append(Equation(eq.target, tuple(axes), _rename(eq.rhs, mapping)))
+    defined: set[str] = set()
+    extent_of_axis = {f"e{i}": e for i, e in enumerate(extents)}
+    loads: list[tuple[Load, Access]] = []
+    for eq in renamed:
+        for x in walk(eq.rhs):
+            if not isinstance(x, Load) or x.tensor in defined or any(x == ld for ld, _ in loads):
+                continue
+            axis_of = {v: v.name for v in _vars(x)}
+            loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
+        defined.add(eq.target)
+    out = access_for(model.tensor(last.target), tuple(axes), {v: v.name for v in axes}, extent_of_axis, storage)
+    return MapLowering(kernel, extents, tuple(renamed), tuple(loads), out, kernel.index_width)

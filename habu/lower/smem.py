@@ -1,0 +1,72 @@
+"""Shared-memory layout of a contraction kernel: one function, read by the rule checker (sizes,
+alignment) and the emitter (offsets), so the alignment that is proven is the one that is used.
+
+Buffers: A and B tiles for each pipeline stage, then one mbarrier pair per stage (TMA and
+warp-specialised pipelines). A TMA or wgmma tile with a 128-byte swizzle must start at a multiple of
+1024 bytes (tilelang #2379); other tiles at 128. Tiles fed to ldmatrix without a swizzle get rows
+padded by 16 bytes to spread rows over the 32 banks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from habu.search.plan import ContractionKernel
+from habu.spec.dtypes import DTYPES
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str  # "A0", "B0", ..., "bar"
+    offset: int  # bytes from the start of dynamic shared memory
+    size: int
+    align: int  # the alignment the hardware needs of `offset`
+    rows: int  # tile rows (0 for barriers)
+    row_elems: int  # elements per row, padding included
+
+
+@dataclass(frozen=True)
+class SmemLayout:
+    buffers: tuple[Buffer, ...]
+    total: int
+    a_row: int  # elements per row of an A tile (BK plus padding)
+    b_row: int
+
+
+def tile_alignment(kernel: ContractionKernel, move: str) -> int:
+    if kernel.swizzle == 128:
+        return 1024
+    if kernel.swizzle:
+        return 8 * kernel.swizzle
+    return 128
+
+
+def _round(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str) -> SmemLayout:
+    ea, eb = DTYPES[a_dtype].bytes, DTYPES[b_dtype].bytes
+    if kernel.mma == "fma":
+        ea = eb = 4  # the SIMT path converts to f32 as it stages
+    pad = 8 if (kernel.mma == "mma.sync" and kernel.swizzle == 0) else 0
+    a_row = kernel.tile_k + pad
+    b_row = kernel.tile_k + pad
+    a_size = kernel.tile_m * a_row * ea
+    b_size = kernel.tile_n * b_row * eb
+    align_a = tile_alignment(kernel, kernel.a_move)
+    align_b = tile_alignment(kernel, kernel.b_move)
+    buffers: list[Buffer] = []
+    off = 0
+    for s in range(kernel.stages):
+        off = _round(off, align_a)
+        buffers.append(Buffer(f"A{s}", off, a_size, align_a, kernel.tile_m, a_row))
+        off += a_size
+        off = _round(off, align_b)
+        buffers.append(Buffer(f"B{s}", off, b_size, align_b, kernel.tile_n, b_row))
+        off += b_size
+    if "tma" in kernel.a_move or "tma" in kernel.b_move or kernel.warp_specialized:
+        off = _round(off, 8)
+        buffers.append(Buffer("bar", off, 16 * kernel.stages, 8, 0, 0))
+        off += 16 * kernel.stages
+    return SmemLayout(tuple(buffers), off, a_row, b_row)

@@ -1,0 +1,377 @@
+"""Executing a lowered plan over GF(p), block by block, exactly as its kernels would.
+
+Every load computes its offset from the lowering's strides in the plan's index width (int32
+arithmetic wraps as on the GPU), applies the lowering's masks, and reads a virtual input or what an
+earlier kernel wrote; every store goes to memory the same way. Reading out of bounds, reading
+memory no kernel wrote, writing outside the tile a block owns, or writing one element twice
+without accumulating is a fault, reported with the element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
+from habu.lower.access import Access
+from habu.lower.contraction import ACC
+from habu.prove.virtual import VirtualTensor, WrittenTensor
+from habu.spec.field import PrimeField
+from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
+
+
+class PlanFault(Exception):
+    """The plan's kernels do something no correct kernel does (out-of-bounds access, a race...)."""
+
+
+def wrap(x: np.ndarray, width: int) -> np.ndarray:
+    """Two's-complement wrap-around of int64 values to `width` bits."""
+    if width >= 64:
+        return x
+    half = np.int64(1) << np.int64(width - 1)
+    return ((x + half) % (2 * half)) - half
+
+
+POISON = np.uint64(0x5EED_BAD_F00D)
+
+
+class Memory:
+    """The inputs (virtual) and the tensors kernels have written, by name.
+
+    A faulty access does not stop the run: it is recorded, an out-of-bounds or never-written read
+    yields poison (values unrelated to any input), and the run goes on so that the check can also
+    say which output elements the fault spoiled."""
+
+    def __init__(self, inputs: Mapping[str, VirtualTensor], field: PrimeField, sizes: Mapping[str, int]):
+        self.inputs = dict(inputs)
+        self.written: dict[str, WrittenTensor] = {}
+        self.field = field
+        self.sizes = sizes
+        self.faults: list[str] = []
+
+    def fault(self, text: str) -> None:
+        if len(self.faults) < 8 and text not in self.faults:
+            self.faults.append(text)
+
+    def poison(self, offsets: np.ndarray) -> np.ndarray:
+        from habu.spec.field import _mix
+
+        h = _mix(np.asarray(offsets, dtype=np.int64).astype(np.uint64) ^ POISON)
+        return (h % np.uint64(self.field.p)).astype(np.int64)
+
+    def value(self, kernel: str, access: Access, offsets: np.ndarray, mask: np.ndarray,
+              oob: np.ndarray | None = None) -> np.ndarray:
+        bad = oob if oob is not None else np.zeros(mask.shape, bool)
+        ok = mask & ~bad
+        safe = np.where(ok, offsets, 0)
+        if access.tensor in self.written:
+            vals, found = self.written[access.tensor].read(safe)
+            missing = ok & ~found
+            if np.any(missing):
+                o = int(safe[missing].flat[0])
+                self.fault(f"{kernel} reads {_coords(access, o, self.sizes)}, which no earlier kernel wrote")
+                vals = np.where(missing, self.poison(safe), vals)
+        elif access.tensor in self.inputs:
+            vals = self.inputs[access.tensor].at(safe)
+        else:
+            raise PlanFault(f"{kernel} reads {access.tensor}, which is neither an input nor written before it")
+        vals = np.where(bad & mask, self.poison(offsets), vals)
+        return np.where(mask, vals, 0)
+
+    def table(self, name: str) -> VirtualTensor:
+        return self.inputs[name]
+
+
+def _coords(access: Access, offset: int, sizes: Mapping[str, int]) -> str:
+    dims = [sizes[e] for e in access.extents]
+    out = []
+    for d in reversed(dims):
+        out.append(offset % d if d else 0)
+        offset //= d if d else 1
+    return f"{access.tensor}[{', '.join(str(x) for x in reversed(out))}]"
+
+
+Where = "Callable[[np.ndarray], str] | None"
+
+
+def _offsets(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: Mapping[str, int],
+             mem: Memory, width: int, what: str, where=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, mask, out-of-bounds lanes) of an access at the given axis coordinates, as the kernel
+    computes them."""
+    arrays = [np.asarray(coords[b.axis]) for b in access.masks] + \
+             [np.asarray(coords[p.axis]) for p in access.positions if p.kind != "const"]
+    shape = np.broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
+    mask = np.ones(shape, dtype=bool)
+    for b in access.masks:
+        c = coords[b.axis]
+        lim = sizes[b.extent]
+        mask = mask & ((c <= lim) if b.inclusive else (c < lim))
+    offset = np.zeros(shape, dtype=np.int64)
+    for pos, p in enumerate(access.positions):
+        if p.kind == "const":
+            v = np.int64(p.value)
+        elif p.kind == "axis":
+            v = np.asarray(coords[p.axis], dtype=np.int64)
+        else:
+            t = np.asarray(coords[p.axis], dtype=np.int64)
+            t_mask = np.broadcast_to(mask, np.broadcast_shapes(t.shape, mask.shape))
+            table = mem.table(p.table)
+            safe = np.where(t_mask, np.broadcast_to(t, t_mask.shape), 0)
+            outside = t_mask & ((safe < 0) | (safe >= table.numel))
+            if np.any(outside):
+                o = int(safe[outside].flat[0])
+                mem.fault(f"{_computing(where, outside)}{kernel} reads index tensor {p.table} out of bounds "
+                          f"(at {o}, outside 0..{table.numel - 1})")
+            v = np.where(outside, 0, table.at(np.where(outside, 0, safe)))
+        term = wrap(wrap(v, width) * np.int64(access.stride(pos, sizes)), width)
+        offset = wrap(offset + term, width)
+    numel = access.numel(sizes)
+    bad = mask & ((offset < 0) | (offset >= numel))
+    if np.any(bad):
+        o = int(offset[bad].flat[0])
+        mem.fault(f"{_computing(where, bad)}{kernel} {what} {access.tensor} out of bounds: offset {o} is "
+                  f"outside 0..{numel - 1}")
+    return offset, mask, bad
+
+
+def _computing(where, bad: np.ndarray) -> str:
+    return f"while computing {where(bad)}, " if where is not None else ""
+
+
+def read(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: Mapping[str, int],
+         mem: Memory, width: int, where=None) -> np.ndarray:
+    offsets, mask, bad = _offsets(kernel, access, coords, sizes, mem, width, "reads", where)
+    return mem.value(kernel, access, offsets, mask, bad)
+
+
+def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values: np.ndarray,
+          sizes: Mapping[str, int], mem: Memory, width: int, accumulate: bool,
+          owned: np.ndarray | None = None, where=None) -> None:
+    offsets, mask, bad = _offsets(kernel, access, coords, sizes, mem, width, "writes", where)
+    mask = mask & ~bad  # a store outside the tensor never lands in it
+    values = np.broadcast_to(values, mask.shape)
+    if access.tensor not in mem.written:
+        mem.written[access.tensor] = WrittenTensor(access.tensor, int(access.numel(sizes)), mem.field.p, accumulate)
+    if owned is not None:
+        # the element each lane writes must be the one its coordinates name (no overrun into a neighbour)
+        true_off = np.zeros(mask.shape, dtype=np.int64)
+        for pos, p in enumerate(access.positions):
+            v = np.int64(p.value) if p.kind == "const" else np.asarray(coords[p.axis], dtype=np.int64)
+            true_off = true_off + v * np.int64(access.stride(pos, sizes))
+        strays = mask & ((offsets != true_off) | ~np.broadcast_to(owned, mask.shape))
+        if np.any(strays):
+            o = int(offsets[strays].flat[0])
+            mem.fault(f"{_computing(where, strays)}{kernel} writes {_coords(access, o, sizes)}, outside the "
+                      "elements its block computes (a store past the tile's edge or through a wrong stride)")
+    mem.written[access.tensor].write(offsets[mask], values[mask])
+
+
+# ----------------------------------------------------------------------------- pointwise expressions
+
+
+def eval_pointwise(expr: Expr, leaf, field: PrimeField, sizes: Mapping[str, int]) -> np.ndarray:
+    """Evaluate an expression without reductions; `leaf(load)` gives each load's values."""
+    if isinstance(expr, Const):
+        return field.const(expr.value)
+    if isinstance(expr, Size):
+        from fractions import Fraction
+
+        return field.const(Fraction(sizes[expr.extent]))
+    if isinstance(expr, Load):
+        return leaf(expr)
+    if isinstance(expr, Op):
+        args = [eval_pointwise(a, leaf, field, sizes) for a in expr.args]
+        args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
+        return field.op(expr.fn, [np.asarray(a) for a in args])
+    raise PlanFault(f"a reduction inside a pointwise expression: {expr}")
+
+
+# ----------------------------------------------------------------------------- the kernels
+
+
+@dataclass
+class Selection:
+    """Which blocks of a kernel the check executes."""
+
+    blocks: np.ndarray  # linear block (tile) ids
+    description: str
+
+
+def _local(t: int, tile: int, keep: np.ndarray | None) -> tuple[int, ...]:
+    """The lanes of tile t that the check computes: all, or those whose coordinate is kept."""
+    lanes = np.arange(tile)
+    if keep is None:
+        return tuple(lanes.tolist())
+    return tuple(lanes[np.isin(t * tile + lanes, keep)].tolist())
+
+
+def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Memory,
+                    tiles: list[tuple[int, int, int]], rows: np.ndarray | None = None,
+                    cols: np.ndarray | None = None) -> None:
+    """Execute the given blocks; `rows`/`cols` restrict them to the lanes a later check needs (a
+    block's output rows and columns do not depend on one another)."""
+    f = mem.field
+    bm, bn, bk = lw.bm, lw.bn, lw.bk
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for tm, tn, s in tiles:
+        key = (s, _local(tm, bm, rows), _local(tn, bn, cols))
+        if key[1] and key[2]:
+            groups.setdefault(key, []).append((tm, tn))
+    accumulate = lw.split_mode == "atomic"
+    for (split, lrows, lcols), mn in sorted(groups.items()):
+        tms = np.array([t[0] for t in mn], dtype=np.int64)
+        tns = np.array([t[1] for t in mn], dtype=np.int64)
+        mc = tms[:, None] * bm + np.array(lrows)[None, :]  # (blocks, rows computed)
+        nc = tns[:, None] * bn + np.array(lcols)[None, :]
+        acc = np.zeros((len(mn), len(lrows), len(lcols)), dtype=np.int64)
+        begin, end = lw.k_range(split, sizes)
+
+        def where(bad: np.ndarray, mc=mc, nc=nc) -> str:
+            b = int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0]) if bad.ndim else 0
+            first = {lw.m: int(mc[b, 0]), lw.n: int(nc[b, 0])}
+            at = ", ".join(str(first.get(e, 0)) for e in lw.out.extents)
+            return f"{lw.out.tensor}[{at}] and the rest of its {lw.bm}x{lw.bn} tile"
+        # every k tile is loaded exactly as the kernel loads it (its own k0, masks and offsets);
+        # the products of up to 64 tiles are then summed in one exact contraction, which over
+        # GF(p) equals accumulating them one by one
+        a_tiles: list[np.ndarray] = []
+        b_tiles: list[np.ndarray] = []
+        steps = max(0, int(end) - int(begin))
+        for j in range(steps):
+            k0 = int(begin) * bk + j * lw.k_step
+            kk = (k0 + np.arange(bk))[None, None, :]
+            a_tiles.append(read(name, lw.a, {"m": mc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
+            b_tiles.append(read(name, lw.b, {"n": nc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
+            if len(a_tiles) == 64 or j == steps - 1:
+                a = np.concatenate(a_tiles, axis=-1)
+                b = np.concatenate(b_tiles, axis=-1)
+                acc = (acc + f.contract([a, b], "xmk,xnk->xmn")) % f.p
+                a_tiles, b_tiles = [], []
+        coords = {"m": mc[:, :, None], "n": nc[:, None, :]}
+        loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
+                 for ld, acc_access in lw.epi_loads}
+
+        def leaf(ld: Load, acc=acc, loads=loads) -> np.ndarray:
+            return acc if ld.tensor == ACC else loads[ld]
+
+        value = eval_pointwise(lw.epilogue, leaf, f, sizes)
+        owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
+        write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, owned, where)
+
+
+def check_raster(name: str, lw: ContractionLowering, sizes: Mapping[str, int]) -> None:
+    """Every tile of the grid is computed by exactly one block (per split)."""
+    total = int(lw.tiles(sizes))
+    ids = np.arange(total, dtype=np.int64)
+    tm, tn, s = lw.tile_of(ids, sizes)
+    tm_n, tn_n = int(lw.tiles_m(sizes)), int(lw.tiles_n(sizes))
+    inside = (tm >= 0) & (tm < tm_n) & (tn >= 0) & (tn < tn_n) & (s >= 0) & (s < lw.kernel.split_k)
+    if not np.all(inside):
+        i = int(np.nonzero(~inside)[0][0])
+        raise PlanFault(f"{name}: block {i} maps to tile ({int(tm[i])}, {int(tn[i])}, split {int(s[i])}), "
+                        "outside the grid")
+    flat = (s * tm_n + tm) * tn_n + tn
+    counts = np.bincount(flat, minlength=total)
+    if np.any(counts != 1):
+        missing = int(np.nonzero(counts == 0)[0][0]) if np.any(counts == 0) else None
+        raise PlanFault(f"{name}: the raster order computes some tiles twice"
+                        + (f" and never tile {divmod(missing % (tm_n * tn_n), tn_n)}" if missing is not None else ""))
+
+
+def tile_ids(lw: ContractionLowering, sizes: Mapping[str, int], wanted: set[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """The (tm, tn, split) of every block that computes one of the wanted output tiles."""
+    total = int(lw.tiles(sizes))
+    ids = np.arange(total, dtype=np.int64)
+    tm, tn, s = lw.tile_of(ids, sizes)
+    out = []
+    for a, b, c in zip(tm.tolist(), tn.tolist(), s.tolist(), strict=True):
+        if (a, b) in wanted:
+            out.append((a, b, c))
+    return out
+
+
+def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
+             keep: np.ndarray | None = None) -> None:
+    f = mem.field
+    rb = lw.kernel.rows_per_block
+    rows = (blocks[:, None] * rb + np.arange(rb)[None, :]).ravel()
+    if keep is not None:
+        rows = rows[np.isin(rows, keep)]
+    C = sizes[lw.c]
+    padded = -(-C // lw.chunk) * lw.chunk
+    cols = np.arange(padded, dtype=np.int64)
+    coords = {"r": rows[:, None], "c": cols[None, :]}
+    loads = {ld: acc for ld, acc in lw.loads}
+    env: dict[str, np.ndarray] = {}
+    col_mask = (cols < C)[None, :] if lw.reduce_mask else np.ones((1, padded), bool)
+
+    def where(bad: np.ndarray) -> str:
+        b = np.broadcast_to(bad, (len(rows), padded))
+        r = int(rows[np.nonzero(b.any(axis=1))[0][0]])
+        return f"row {r} of {lw.out.tensor}"
+
+    def ev(e: Expr) -> np.ndarray:
+        if isinstance(e, Reduce):
+            body = np.broadcast_to(ev(e.body), (len(rows), padded))
+            if e.op == "sum":
+                return (np.where(col_mask, body, 0).sum(axis=1, keepdims=True)) % f.p
+            factors = np.where(col_mask, (f.max_point - body) % f.p, 1)
+            return f.product_last(factors)[:, None]
+        if isinstance(e, Load):
+            if e.tensor in env:
+                return env[e.tensor]
+            return read(name, loads[e], coords, sizes, mem, lw.index_width, where)
+        if isinstance(e, Op):
+            args = [ev(a) for a in e.args]
+            args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
+            return f.op(e.fn, [np.asarray(a) for a in args])
+        return eval_pointwise(e, None, f, sizes)
+
+    for eq in lw.nodes:
+        env[eq.target] = np.broadcast_to(ev(eq.rhs), (len(rows), padded))
+    owned = (rows[:, None] < sizes[lw.r]) & (cols[None, :] < C)
+    write(name, lw.out, coords, env[lw.nodes[-1].target], sizes, mem, lw.index_width, False, owned, where)
+
+
+def run_map(name: str, lw: MapLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
+            keep: np.ndarray | None = None) -> None:
+    f = mem.field
+    per = lw.per_block
+    lanes = (blocks[:, None] * per + np.arange(per)[None, :]).ravel().astype(np.int64)
+    if keep is not None:
+        lanes = lanes[np.isin(lanes, keep)]
+    dims = [sizes[e] for e in lw.extents]
+    coords: dict[str, np.ndarray] = {}
+    rest = lanes
+    for i in reversed(range(len(dims))):
+        coords[f"e{i}"] = rest % dims[i] if i > 0 else rest
+        rest = rest // dims[i]
+    loads = {ld: acc for ld, acc in lw.loads}
+    env: dict[str, np.ndarray] = {}
+
+    def where(bad: np.ndarray) -> str:
+        lane = int(lanes[np.nonzero(np.broadcast_to(bad, lanes.shape))[0][0]])
+        return f"element {lane} (flat) of {lw.out.tensor}, in block {lane // per}"
+
+    def leaf(ld: Load) -> np.ndarray:
+        if ld.tensor in env:
+            return env[ld.tensor]
+        return read(name, loads[ld], coords, sizes, mem, lw.index_width, where)
+
+    for eq in lw.nodes:
+        env[eq.target] = eval_pointwise(eq.rhs, leaf, f, sizes)
+    numel = int(np.prod(dims)) if dims else 1
+    write(name, lw.out, coords, env[lw.nodes[-1].target], sizes, mem, lw.index_width, False, lanes < numel, where)
+
+
+def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, selection, keep=None) -> None:
+    """Run the selected blocks; `keep` (per kernel family) limits them to the lanes needed later."""
+    if isinstance(lw, ContractionLowering):
+        rows, cols = keep if keep is not None else (None, None)
+        run_contraction(name, lw, sizes, mem, selection, rows, cols)
+    elif isinstance(lw, RowLowering):
+        run_rows(name, lw, sizes, mem, selection, keep)
+    else:
+        run_map(name, lw, sizes, mem, selection, keep)

@@ -1,0 +1,158 @@
+"""Planted bugs: correct lowerings with one bookkeeping mistake of the kind that has shipped in real
+kernels. The finite-field check must reject every one, naming an output element that differs.
+
+`run_suite()` returns one row per mutant; `python -m habu.prove.mutants` prints the kill rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower.access import Access, Bound, Position
+from habu.prove.verify import Certificate, verify_plan
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _drop_mask(acc: Access, axis: str) -> Access:
+    return replace(acc, masks=tuple(b for b in acc.masks if b.axis != axis))
+
+
+def _inclusive(acc: Access, axis: str) -> Access:
+    return replace(acc, masks=tuple(Bound(b.axis, b.extent, True) if b.axis == axis else b for b in acc.masks))
+
+
+def _stride(acc: Access, pos: int, extents: tuple[str, ...]) -> Access:
+    strides = list(acc.strides)
+    strides[pos] = extents
+    return replace(acc, strides=tuple(strides))
+
+
+def _ungather(acc: Access) -> Access:
+    return replace(acc, positions=tuple(Position("axis", p.axis) if p.kind == "gather" else p for p in acc.positions))
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str  # what shipped, and where
+    example: str
+    model: str
+    shape: dict[str, int]
+    mutate: Callable[[Lowering], Lowering]
+    pins: dict[str, str] | None = None
+    kernel: int = 0
+    index_width: int | None = None  # force the plan's index width (the int32 wrap mutant)
+
+
+def _c(f: Callable[[ContractionLowering], ContractionLowering]) -> Callable[[Lowering], Lowering]:
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, ContractionLowering)
+        return f(lw)
+    return g
+
+
+def _r(f: Callable[[RowLowering], RowLowering]) -> Callable[[Lowering], Lowering]:
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, RowLowering)
+        return f(lw)
+    return g
+
+
+def _m(f: Callable[[MapLowering], MapLowering]) -> Callable[[Lowering], Lowering]:
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, MapLowering)
+        return f(lw)
+    return g
+
+
+GG = {"M": 300, "N": 200, "K": 511}
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("k-tail-mask-missing", "the ragged last k tile reads past K (vLLM #52576)", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, a=_drop_mask(lw.a, "k"), b=_drop_mask(lw.b, "k")))),
+    Mutant("k-tail-mask-on-one-operand", "only B is masked on k; A's tail reads the next row (flashinfer PR #5108)",
+           "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, a=_drop_mask(lw.a, "k")))),
+    Mutant("k-mask-off-by-one", "k <= K instead of k < K", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, a=_inclusive(lw.a, "k"), b=_inclusive(lw.b, "k")))),
+    Mutant("m-mask-off-by-one", "m <= M on A's rows: the gather reads IX[M]", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, a=_inclusive(lw.a, "m")))),
+    Mutant("wrong-stride", "B's row stride taken from #N instead of #K", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("N",))))),
+    Mutant("k-offset-never-advances", "the k tile offset is not advanced (pytorch #186241)", "ggemm.habu", "GGEMM",
+           GG, _c(lambda lw: replace(lw, k_step=0))),
+    Mutant("k-offset-advances-twice", "the k tile offset advances by 2·BK", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, k_step=2 * lw.bk))),
+    Mutant("split-k-partial-lost", "split-K partials stored instead of added: one is lost", "ggemm.habu", "GGEMM",
+           {"M": 256, "N": 256, "K": 4096}, _c(lambda lw: replace(lw, split_mode="none")), {"split_k": "2"}),
+    Mutant("gather-wrong-index", "A's rows read at m instead of IX[m]", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, a=_ungather(lw.a)))),
+    Mutant("store-overruns-n", "the store is not masked on n: the last tile writes past N", "ggemm.habu", "GGEMM",
+           GG, _c(lambda lw: replace(lw, out=_drop_mask(lw.out, "n")))),
+    Mutant("store-overruns-m", "the store is not masked on m", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, out=_drop_mask(lw.out, "m")))),
+    Mutant("store-transposed", "the output is stored at [n, m]", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, out=replace(lw.out, positions=tuple(reversed(lw.out.positions)))))),
+    Mutant("int32-offset-wraps", "32-bit offsets at 600000 × 4096 elements wrap (Liger #1246, vLLM PR #34279)",
+           "ggemm.habu", "GGEMM", {"M": 600_000, "N": 64, "K": 4096}, lambda lw: lw, index_width=32),
+    Mutant("bias-broadcast-wrong-axis", "the epilogue bias is read along m instead of n", "ffn_skip.habu",
+           "FFN-SKIP", {"B": 40, "D": 48, "H": 72},
+           _c(lambda lw: replace(lw, epi_loads=tuple(
+               (ld, replace(acc, positions=tuple(Position("axis", "m") if p.axis == "n" else p for p in acc.positions),
+                            masks=tuple(Bound("m", lw.m) if b.axis == "n" else b for b in acc.masks)))
+               if ld.tensor.startswith("B") else (ld, acc) for ld, acc in lw.epi_loads)))),
+    Mutant("reduce-mask-missing", "the ragged last column chunk joins the softmax sum", "softmax.habu",
+           "SOFTMAX-ROWS", {"R": 8, "C": 1000}, _r(lambda lw: replace(lw, reduce_mask=False))),
+    Mutant("column-mask-missing", "row loads are not masked on columns (the last row reads past the end)",
+           "softmax.habu", "SOFTMAX-ROWS", {"R": 8, "C": 1000},
+           _r(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
+    Mutant("row-stride-wrong", "rows strided by #R instead of #D", "rmsnorm.habu", "RMSNORM-ROWS",
+           {"R": 8, "D": 768},
+           _r(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 0, ("R",))) for ld, acc in lw.loads)))),
+    Mutant("map-tail-unmasked", "the elementwise kernel's last block is not masked", "fused.habu", "AXPY-RELU",
+           {"N": 1000}, _m(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "e0")) for ld, acc in lw.loads),
+                                                  out=_drop_mask(lw.out, "e0")))),
+)
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    killed: bool
+    message: str
+    seconds: float
+
+
+def run_mutant(m: Mutant, trials: int = 2, seeds: list[int] | None = None) -> Outcome:
+    program = load_program(EXAMPLES / m.example)
+    model = program.models[m.model].with_sizes(m.shape)
+    plan = default_plan(model, TARGETS["sm_90a"], m.shape, m.pins)
+    if m.index_width is not None:
+        plan = replace(plan, kernels=tuple(replace(k, index_width=m.index_width) for k in plan.kernels))
+    lowerings = lower_plan(model, plan)
+    lowerings[m.kernel] = m.mutate(lowerings[m.kernel])
+    cert: Certificate = verify_plan(model, plan, m.shape, trials=trials, seeds=seeds or [1, 2][:trials],
+                                    lowerings=lowerings, witness=False)
+    return Outcome(m, not cert.passed, cert.failure or "passed (the mutant survived)", cert.seconds)
+
+
+def run_suite(trials: int = 2) -> list[Outcome]:
+    return [run_mutant(m, trials) for m in MUTANTS]
+
+
+def main() -> None:
+    rows = run_suite()
+    killed = sum(o.killed for o in rows)
+    for o in rows:
+        print(f"{'killed  ' if o.killed else 'SURVIVED'} {o.mutant.name:<28} {o.seconds:5.2f}s  {o.message[:150]}")
+    print(f"kill rate: {killed}/{len(rows)} = {100 * killed / len(rows):.0f}%")
+
+
+if __name__ == "__main__":
+    main()

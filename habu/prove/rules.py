@@ -1,0 +1,478 @@
+"""The hardware rules a lowered plan must satisfy, as z3 obligations, one table per target.
+
+Each rule produces obligations: a statement, a z3 formula over the extents (static ones fixed,
+runtime ones free within their declared range) and the tensor it concerns. An obligation is
+*proved* when z3 finds no extents that violate it; *violated* when it does (the counterexample is
+kept); a violation that depends on a runtime extent becomes a *guard* — the plan is then valid only
+where the formula holds, one member of a checked set of kernels dispatched by shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower.access import Access, cdiv
+from habu.lower.smem import contraction_smem
+from habu.search.plan import Plan
+from habu.spec.dtypes import DTYPES
+from habu.spec.ir import Model
+from habu.target import Target, target_named
+
+INT31 = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    summary: str
+    source: str
+
+
+@dataclass
+class Obligation:
+    rule: Rule
+    kernel: str
+    tensor: str | None
+    statement: str  # what must hold, in words
+    formula: Any  # z3 BoolRef, or a Python bool for purely structural facts
+    detail: str = ""  # the offending value, in words, when it fails
+    status: str = "open"  # proved, violated, guarded, runtime-check
+    counterexample: dict[str, int] | None = None
+    how: str = ""
+
+    def describe(self) -> str:
+        who = f" ({self.tensor})" if self.tensor else ""
+        return f"[{self.rule.name}] {self.kernel}{who}: {self.statement}"
+
+
+@dataclass
+class Context:
+    model: Model
+    plan: Plan
+    target: Target
+    ext: dict[str, Any]  # extent name -> z3 Int (or int)
+    domain: list[Any]  # constraints on runtime extents
+    storage: dict[str, str] = field(default_factory=dict)
+
+    def dtype_bytes(self, access: Access) -> int:
+        return DTYPES[access.dtype].bytes
+
+
+# ----------------------------------------------------------------------------- the rules
+
+R = {r.name: r for r in (
+    Rule("bounds", "every access is in bounds under its mask", "T16; vLLM #52576, flashinfer PR #5108"),
+    Rule("index-range", "gathered indices lie in their range extent", "kernels-community #1153 (checked at run time)"),
+    Rule("int32-offsets", "offsets and partial products fit the index width", "T15: vLLM PR #34279, Liger #1246, Triton #6346"),
+    Rule("k-tail-masked", "a ragged k tile contributes zero from every operand", "T16: vLLM #52576"),
+    Rule("k-advance", "the k loop advances its tile offset every iteration", "T19: pytorch #186241, CUTLASS #2944"),
+    Rule("smem-budget", "shared memory fits the block's limit", "cudaFuncSetAttribute limits (CUDA guide)"),
+    Rule("register-budget", "accumulators fit the register file without spilling", "PTX ISA: 255 registers per thread"),
+    Rule("threads", "threads per block within the limit", "CUDA guide: 1024 threads per block"),
+    Rule("mma-shape", "the MMA instruction's shape is legal for the dtype and target", "T18: PTX ISA; tilelang #2593"),
+    Rule("cp.async-size", "cp.async copies 4, 8 or 16 bytes from addresses aligned to that size", "T13: PTX ISA cp.async"),
+    Rule("vector-align", "vector loads are aligned to their width", "T13: PTX ISA ld.global.v*"),
+    Rule("tma-rank", "a TMA descriptor has rank 1..5", "T1: cuTensorMapEncodeTiled"),
+    Rule("tma-base-align", "a TMA global address is 16-byte aligned", "T2: cuTensorMapEncodeTiled (checked at launch)"),
+    Rule("tma-dims", "TMA global dims are 1..2^32", "T3: cuTensorMapEncodeTiled"),
+    Rule("tma-stride-16B", "every TMA global stride but the innermost is a multiple of 16 bytes, below 2^40",
+         "T4: Triton #10927 (bf16 K=511: 1022-byte stride, 96% wrong on B200)"),
+    Rule("tma-box", "TMA box dims 1..256, inner box bytes a multiple of 16", "T6: cuTensorMapEncodeTiled"),
+    Rule("tma-swizzle", "the swizzle span covers the inner box bytes", "T7: cuTensorMapEncodeTiled"),
+    Rule("tma-smem-align", "TMA shared destinations are 128-byte aligned (1024 with 128B swizzle)", "T10: tilelang #2379"),
+    Rule("tma-gather", "plain TMA cannot gather rows; gather4 only on sm_100+, 2-D, one-row box",
+         "T11: PTX ISA cp.async.bulk.tensor gather4; ptxas rejects it on sm_90a"),
+    Rule("target-feature", "the target has the instruction the plan uses", "PTX ISA target requirements"),
+    Rule("split-k-linear", "split-K partial sums only pass through a linear epilogue into f32", "atomicAdd semantics"),
+)}
+
+COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
+          "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
+          "split-k-linear")
+TMA_RULES = ("tma-rank", "tma-base-align", "tma-dims", "tma-stride-16B", "tma-box", "tma-swizzle",
+             "tma-smem-align", "tma-gather")
+
+# one table per target: the rules that apply there
+TARGET_RULES: dict[str, tuple[str, ...]] = {
+    "sm_80": COMMON,
+    "sm_90a": COMMON + TMA_RULES,
+    "sm_100a": COMMON + TMA_RULES,
+}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _offset_terms(access: Access, coord: Mapping[str, Any], ctx: Context, table_value: Any) -> list[Any]:
+    terms = []
+    for pos, p in enumerate(access.positions):
+        stride = access.stride(pos, ctx.ext)
+        if p.kind == "const":
+            terms.append(p.value * stride)
+        elif p.kind == "axis":
+            terms.append(coord[p.axis] * stride)
+        else:
+            terms.append(table_value[p.table] * stride)
+    return terms
+
+
+def _coords_in_tile(axes: Mapping[str, tuple[Any, int]], names: list[str]) -> tuple[dict[str, Any], list[Any]]:
+    """Symbolic coordinates: for each axis a tile origin (multiple of the tile) plus a lane."""
+    coord: dict[str, Any] = {}
+    cons: list[Any] = []
+    for a in names:
+        size, tile = axes[a]
+        t = z3.Int(f"tile_{a}")
+        i = z3.Int(f"lane_{a}")
+        cons += [t >= 0, t < cdiv(size, tile), i >= 0, i < tile]
+        coord[a] = t * tile + i
+    return coord, cons
+
+
+def _access_obligations(name: str, access: Access, axes: Mapping[str, tuple[Any, int]], ctx: Context,
+                        width: int, what: str) -> Iterator[Obligation]:
+    used = [a for a in dict.fromkeys(access.axes)]
+    coord, cons = _coords_in_tile(axes, used)
+    tables: dict[str, Any] = {}
+    for p in access.positions:
+        if p.kind == "gather":
+            v = z3.Int(f"value_{p.table}")
+            decl = ctx.model.tensor(p.table)
+            assert decl.range is not None
+            cons += [v >= 0, v < ctx.ext[decl.range]]
+            tables[p.table] = v
+    mask = [coord[b.axis] < ctx.ext[b.extent] if not b.inclusive else coord[b.axis] <= ctx.ext[b.extent]
+            for b in access.masks]
+    terms = _offset_terms(access, coord, ctx, tables)
+    offset = sum(terms) if terms else 0
+    numel = access.numel(ctx.ext)
+    inside = z3.And(offset >= 0, offset < numel)
+    yield Obligation(R["bounds"], name, access.tensor,
+                     f"{what} of {access.tensor} stays in 0..numel-1 wherever its mask holds",
+                     z3.Implies(z3.And(*cons, *mask), inside) if cons or mask else inside,
+                     detail="an element outside the tensor is accessed")
+    if width == 32:
+        # every partial product and the sum, for every lane of the tile (masked or not: the
+        # kernel computes the address before it predicates the access)
+        fits = [z3.And(t >= -INT31 - 1, t <= INT31) for t in (*terms, offset)]
+        yield Obligation(R["int32-offsets"], name, access.tensor,
+                         f"32-bit offsets of {access.tensor} do not wrap (every coordinate·stride ≤ 2^31−1)",
+                         z3.Implies(z3.And(*cons), z3.And(*fits)) if cons else z3.And(*fits),
+                         detail="an offset exceeds 2^31 − 1; use 64-bit indices")
+    for p in access.positions:
+        if p.kind == "gather":
+            decl = ctx.model.tensor(p.table)
+            yield Obligation(R["index-range"], name, p.table,
+                             f"values of {p.table} are in 0..#{decl.range}-1 (checked before launch)", True,
+                             status="runtime-check", how="checked by the runtime before every launch")
+
+
+def _row_stride_bytes(access: Access, ctx: Context, inner_pos: int) -> Any:
+    """Bytes between consecutive rows of the 2-D view a tile load walks (the outer position's stride)."""
+    outer = [i for i in range(len(access.positions)) if i != inner_pos]
+    return access.stride(outer[0], ctx.ext) * ctx.dtype_bytes(access) if outer else 0
+
+
+# ----------------------------------------------------------------------------- per kernel family
+
+
+def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obligation]:
+    k = lw.kernel
+    t = ctx.target
+    s = ctx.ext
+    axes = {"m": (s[lw.m], k.tile_m), "n": (s[lw.n], k.tile_n), "k": (s[lw.k], k.tile_k)}
+    yield from _access_obligations(name, lw.a, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.b, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    for _ld, acc in lw.epi_loads:
+        yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
+
+    # ragged k: both operands masked on k whenever K is not a multiple of BK
+    for acc in (lw.a, lw.b):
+        masked = any(b.axis == "k" and not b.inclusive for b in acc.masks)
+        yield Obligation(R["k-tail-masked"], name, acc.tensor,
+                         f"{acc.tensor} is masked on k (k < #{lw.k}) for the ragged last k tile",
+                         z3.Or(s[lw.k] % k.tile_k == 0, masked),
+                         detail=f"{acc.tensor}'s k mask is {'missing' if not masked else 'k <= K'}")
+    yield Obligation(R["k-advance"], name, None, f"k0 advances by tile_k = {k.tile_k} each iteration",
+                     lw.k_step == k.tile_k, detail=f"k0 advances by {lw.k_step}")
+
+    # the instruction and its shape
+    a_dt, b_dt = lw.a.dtype, lw.b.dtype
+    tc_dtypes = {"bf16", "f16"}
+    if k.mma == "wgmma":
+        consumers = k.warps - (4 if k.warp_specialized else 0)
+        wgs = max(1, consumers // 4)
+        ok = (t.wgmma and a_dt == b_dt and a_dt in tc_dtypes and k.warps % 4 == 0 and consumers >= 4
+              and k.tile_m % (64 * wgs) == 0 and k.tile_n % 16 == 0 and 16 <= k.tile_n <= 256
+              and k.tile_k % 16 == 0)
+        yield Obligation(R["mma-shape"], name, None,
+                         f"wgmma m64n{k.tile_n}k16 with {wgs} consumer warpgroup(s) over a {k.tile_m}-row tile "
+                         f"(N a multiple of 16, not ≡ 8 mod 16; bf16/f16 operands; sm_90a)", ok,
+                         detail=f"{a_dt}/{b_dt} operands, tile {k.tile_m}x{k.tile_n}x{k.tile_k}, {k.warps} warps "
+                                f"on {t.name}")
+    elif k.mma == "mma.sync":
+        wm = 2 if k.warps >= 4 else 1
+        wn = k.warps // wm
+        ok = (t.mma_sync and a_dt == b_dt and a_dt in tc_dtypes and k.tile_m % (16 * wm) == 0
+              and k.tile_n % (8 * wn) == 0 and k.tile_k % 16 == 0 and k.warps in (1, 2, 4, 8))
+        yield Obligation(R["mma-shape"], name, None,
+                         f"mma.sync m16n8k16 over a {wm}x{wn} warp grid (bf16/f16 operands)", ok,
+                         detail=f"{a_dt}/{b_dt} operands, tile {k.tile_m}x{k.tile_n}x{k.tile_k}, {k.warps} warps")
+    else:
+        ok = (k.tile_m * k.tile_n) % (32 * k.warps) == 0
+        yield Obligation(R["mma-shape"], name, None, "SIMT FMA: the tile divides evenly over the threads", ok,
+                         detail=f"tile {k.tile_m}x{k.tile_n} over {32 * k.warps} threads")
+    threads = 32 * k.warps
+    yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {t.max_threads_per_block}",
+                     threads <= t.max_threads_per_block, detail=f"{threads} threads")
+    consumers = k.warps - (4 if k.warp_specialized else 0)
+    acc_regs = (k.tile_m * k.tile_n) // (32 * max(1, consumers))
+    budget = 232 if k.mma == "wgmma" else 160
+    yield Obligation(R["register-budget"], name, None,
+                     f"{acc_regs} accumulator registers per thread ≤ {budget} (room for addresses and fragments)",
+                     acc_regs <= budget, detail=f"{acc_regs} accumulator registers per thread")
+    layout = contraction_smem(k, a_dt, b_dt)
+    yield Obligation(R["smem-budget"], name, None,
+                     f"{layout.total} bytes of shared memory ≤ {t.smem_per_block}",
+                     layout.total <= t.smem_per_block, detail=f"{layout.total} bytes")
+    if k.split_k > 1:
+        from habu.lower.contraction import epilogue_is_linear
+
+        ok = epilogue_is_linear(lw) and lw.out.dtype == "f32"
+        yield Obligation(R["split-k-linear"], name, lw.out.tensor,
+                         "split-K adds partials atomically: the epilogue is linear and the output f32", ok,
+                         detail=f"output {lw.out.dtype}, epilogue {'linear' if epilogue_is_linear(lw) else 'nonlinear'}")
+
+    # data movement per operand
+    for side, acc, move, vec in (("A", lw.a, k.a_move, k.a_vector), ("B", lw.b, k.b_move, k.b_vector)):
+        yield from _movement(name, side, acc, move, vec, lw, ctx, layout)
+
+
+def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: ContractionLowering, ctx: Context,
+              layout) -> Iterator[Obligation]:
+    k = lw.kernel
+    t = ctx.target
+    s = ctx.ext
+    e = ctx.dtype_bytes(acc)
+    k_pos = next(i for i, p in enumerate(acc.positions) if p.kind == "axis" and p.axis == "k")
+    k_contiguous = k_pos == len(acc.positions) - 1
+    _row_stride_bytes(acc, ctx, k_pos if k_contiguous else len(acc.positions) - 1)
+    gathered = any(p.kind == "gather" for p in acc.positions)
+    feature = {"ldg": True, "cp.async": t.cp_async, "tma": t.tma, "tma-gather4": t.tma_gather4}[move]
+    yield Obligation(R["target-feature"], name, acc.tensor, f"{move} exists on {t.name}", feature,
+                     detail=f"{t.name} has no {move}")
+    if move in ("ldg", "cp.async"):
+        size = vec * e
+        if move == "cp.async":
+            yield Obligation(R["cp.async-size"], name, acc.tensor, f"cp.async of {size} bytes is 4, 8 or 16 bytes",
+                             size in (4, 8, 16), detail=f"{vec} × {e} = {size} bytes")
+        if vec > 1:
+            rule = R["cp.async-size"] if move == "cp.async" else R["vector-align"]
+            last = acc.positions[-1]
+            tile_along = {"m": k.tile_m, "n": k.tile_n, "k": k.tile_k}.get(last.axis, 0)
+            contiguous = last.kind == "axis" and len(acc.positions) == 2
+            stride_bytes = _row_stride_bytes(acc, ctx, len(acc.positions) - 1)
+            # every vector starts at a multiple of its size: rows start aligned, tiles step by vectors
+            aligned = z3.And(stride_bytes % size == 0, tile_along % vec == 0) if contiguous else False
+            yield Obligation(rule, name, acc.tensor,
+                             f"{size}-byte vectors of {acc.tensor} along {last.axis} are {size}-byte aligned "
+                             f"(row stride {_fmt(acc, len(acc.positions) - 1, ctx)} bytes)", aligned,
+                             detail=f"row stride of {acc.tensor} is {_fmt(acc, len(acc.positions) - 1, ctx)} bytes, "
+                                    f"not a multiple of {size}" if contiguous else
+                                    f"{acc.tensor}'s innermost index is not a plain axis")
+        return
+    # TMA
+    yield Obligation(R["tma-rank"], name, acc.tensor, f"rank {len(acc.extents)} descriptor",
+                     1 <= len(acc.extents) <= 5, detail=f"rank {len(acc.extents)}")
+    yield Obligation(R["tma-base-align"], name, acc.tensor, f"{acc.tensor}'s base address is 16-byte aligned",
+                     True, status="runtime-check", how="checked by the runtime before every launch")
+    dims_ok = z3.And(*[z3.And(s[x] >= 1, s[x] <= 2**32) for x in acc.extents])
+    yield Obligation(R["tma-dims"], name, acc.tensor, "every global dim is 1..2^32", dims_ok,
+                     detail="a dimension exceeds 2^32")
+    strides = [acc.stride(i, s) * e for i in range(len(acc.positions) - 1)]
+    stride_ok = z3.And(*[z3.And(x % 16 == 0, x < 2**40) for x in strides]) if strides else True
+    yield Obligation(R["tma-stride-16B"], name, acc.tensor,
+                     f"row stride of {acc.tensor} ({_fmt(acc, len(acc.positions) - 1, ctx)} bytes) is a multiple "
+                     "of 16 and below 2^40", stride_ok,
+                     detail=f"the row stride of {acc.tensor} is {_fmt(acc, len(acc.positions) - 1, ctx)} bytes, "
+                            "not a multiple of 16")
+    rows = k.tile_m if side == "A" else k.tile_n
+    inner = k.tile_k if k_contiguous else rows
+    outer = (1 if move == "tma-gather4" else rows) if k_contiguous else k.tile_k
+    box_ok = 1 <= inner <= 256 and 1 <= outer <= 256 and (inner * e) % 16 == 0
+    yield Obligation(R["tma-box"], name, acc.tensor,
+                     f"box {inner}x{outer}: dims 1..256, inner {inner * e} bytes a multiple of 16", box_ok,
+                     detail=f"box {inner}x{outer} of {e}-byte elements")
+    if k.swizzle:
+        yield Obligation(R["tma-swizzle"], name, acc.tensor,
+                         f"{k.swizzle}-byte swizzle covers the {inner * e}-byte inner box", inner * e <= k.swizzle,
+                         detail=f"inner box {inner * e} bytes > swizzle {k.swizzle}")
+    for b in layout.buffers:
+        if b.name.startswith(side):
+            need = 1024 if k.swizzle == 128 else 128
+            yield Obligation(R["tma-smem-align"], name, acc.tensor,
+                             f"shared tile {b.name} at byte {b.offset} is {need}-byte aligned", b.offset % need == 0,
+                             detail=f"{b.name} starts at byte {b.offset}")
+    if gathered and move == "tma":
+        yield Obligation(R["tma-gather"], name, acc.tensor,
+                         f"{acc.tensor}'s rows are gathered; plain TMA loads boxes, not gathered rows", False,
+                         detail=f"{acc.tensor} is gathered; {t.name} "
+                                + ("needs tma-gather4" if t.tma_gather4 else "has no TMA gather (sm_100+ only)"))
+    if move == "tma-gather4":
+        idx = next(ctx.model.tensor(p.table) for p in acc.positions if p.kind == "gather") if gathered else None
+        ok = (gathered and t.tma_gather4 and len(acc.extents) == 2 and k_contiguous and rows % 4 == 0
+              and (k.tile_k * e * 8) >= 256 and idx is not None and idx.dtype is not None
+              and idx.dtype.name in ("i16", "i32"))
+        yield Obligation(R["tma-gather"], name, acc.tensor,
+                         "gather4: sm_100+, 2-D, one-row boxes, rows in fours, ≥256-bit rows, i16/i32 indices", ok,
+                         detail=f"{acc.tensor} on {t.name}, rank {len(acc.extents)}")
+
+
+def _fmt(acc: Access, inner_pos: int, ctx: Context) -> str:
+    val = _row_stride_bytes(acc, ctx, inner_pos)
+    if isinstance(val, int):
+        return str(val)
+    simp = z3.simplify(val)
+    return str(simp.as_long()) if z3.is_int_value(simp) else str(simp)
+
+
+def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
+    k = lw.kernel
+    s = ctx.ext
+    axes = {"r": (s[lw.r], k.rows_per_block), "c": (s[lw.c], lw.chunk)}
+    for _ld, acc in lw.loads:
+        yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
+        if k.vector > 1:
+            e = ctx.dtype_bytes(acc)
+            c_last = acc.positions and acc.positions[-1].kind == "axis" and acc.positions[-1].axis == "c"
+            aligned = z3.And(s[lw.c] % k.vector == 0) if c_last else True
+            yield Obligation(R["vector-align"], name, acc.tensor,
+                             f"{k.vector * e}-byte vectors of {acc.tensor} are aligned (#{lw.c} a multiple of {k.vector})",
+                             aligned, detail=f"#{lw.c} is not a multiple of {k.vector}")
+    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    threads = k.threads * k.rows_per_block
+    yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {ctx.target.max_threads_per_block}",
+                     threads <= ctx.target.max_threads_per_block, detail=f"{threads} threads")
+    if k.cache_row:
+        cached = 4 * s[lw.c] * k.rows_per_block
+        yield Obligation(R["smem-budget"], name, None,
+                         f"the cached row (4·#{lw.c}·{k.rows_per_block} bytes) fits in {ctx.target.smem_per_block} bytes",
+                         cached <= ctx.target.smem_per_block, detail="the row does not fit in shared memory")
+
+
+def map_obligations(name: str, lw: MapLowering, ctx: Context) -> Iterator[Obligation]:
+    s = ctx.ext
+    axes = {f"e{i}": (s[e], 1) for i, e in enumerate(lw.extents)}
+    for _ld, acc in lw.loads:
+        yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    if lw.kernel.vector > 1 and lw.extents:
+        inner = s[lw.extents[-1]]
+        yield Obligation(R["vector-align"], name, lw.out.tensor,
+                         f"{lw.kernel.vector}-element vectors stay aligned (#{lw.extents[-1]} a multiple of "
+                         f"{lw.kernel.vector})", inner % lw.kernel.vector == 0,
+                         detail=f"#{lw.extents[-1]} is not a multiple of {lw.kernel.vector}")
+    yield Obligation(R["threads"], name, None, f"{lw.kernel.threads} threads per block",
+                     lw.kernel.threads <= ctx.target.max_threads_per_block, detail=f"{lw.kernel.threads} threads")
+
+
+FAMILY: dict[type, Callable[[str, Any, Context], Iterator[Obligation]]] = {
+    ContractionLowering: contraction_obligations,
+    RowLowering: rows_obligations,
+    MapLowering: map_obligations,
+}
+
+
+# ----------------------------------------------------------------------------- discharging
+
+
+def context(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) -> Context:
+    ext: dict[str, Any] = {}
+    domain: list[Any] = []
+    given = dict(plan.shape) | dict(sizes or {})
+    for e in model.extents:
+        if e.name in given:
+            ext[e.name] = int(given[e.name])
+        else:
+            v = z3.Int(e.name)
+            ext[e.name] = v
+            domain += [v >= e.lo, v <= e.hi]
+            if e.multiple > 1:
+                domain.append(v % e.multiple == 0)
+    return Context(model, plan, target_named(plan.target), ext, domain, dict(plan.storage))
+
+
+def discharge(ob: Obligation, ctx: Context) -> Obligation:
+    if ob.status == "runtime-check":
+        return ob
+    f = ob.formula
+    if isinstance(f, bool):
+        ob.status = "proved" if f else "violated"
+        ob.how = "by construction" if f else "fails"
+        return ob
+    start = time.perf_counter()
+    solver = z3.Solver()
+    solver.set("timeout", 10_000)
+    solver.add(*ctx.domain)
+    solver.add(z3.Not(f))
+    result = solver.check()
+    ms = (time.perf_counter() - start) * 1000
+    if result == z3.unsat:
+        ob.status, ob.how = "proved", f"z3: no counterexample ({ms:.0f} ms)"
+        return ob
+    if result == z3.unknown:
+        ob.status, ob.how = "violated", f"z3 could not decide it within 10 s: {solver.reason_unknown()}"
+        return ob
+    model = solver.model()
+    runtime = {e.name for e in ctx.model.extents if not isinstance(ctx.ext[e.name], int)}
+    cex = {}
+    for d in model.decls():
+        v = model[d]
+        if z3.is_int_value(v):
+            cex[d.name()] = v.as_long()
+    ob.counterexample = cex
+    if runtime & set(cex):
+        # does some size in the range satisfy it? then it is a guard of a checked kernel set
+        probe = z3.Solver()
+        probe.add(*ctx.domain, f)
+        if probe.check() == z3.sat:
+            ob.status = "guarded"
+            ob.how = "holds only for some runtime sizes: the plan is valid where it holds"
+            return ob
+    shown = {k: v for k, v in cex.items() if k in runtime}
+    ob.status = "violated"
+    ob.how = ("z3: counterexample " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))) if shown else \
+        "z3: violated at this shape"
+    return ob
+
+
+def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) -> list[Obligation]:
+    """Every obligation of every kernel of the plan, discharged."""
+    ctx = context(model, plan, sizes)
+    table = set(TARGET_RULES[ctx.target.name])
+    out: list[Obligation] = []
+    for i, (k, lw) in enumerate(zip(plan.kernels, lower_plan(model, plan), strict=True)):
+        name = f"kernel {i} ({'+'.join(k.nodes)})"
+        for ob in FAMILY[type(lw)](name, lw, ctx):
+            if ob.rule.name in table:
+                out.append(discharge(ob, ctx))
+    return out
+
+
+def failures(obs: list[Obligation]) -> list[Obligation]:
+    return [o for o in obs if o.status == "violated"]
+
+
+def guards(obs: list[Obligation]) -> list[Obligation]:
+    return [o for o in obs if o.status == "guarded"]
+
+
+def lowering_of(plan: Plan, model: Model) -> list[Lowering]:
+    return lower_plan(model, plan)

@@ -1,0 +1,356 @@
+"""The finite-field check of a plan against its model.
+
+For each trial (a fresh seed from a real generator, recorded in the certificate):
+1. draw every input as a virtual random tensor over GF(p) (index tensors: random indices in range);
+2. pick the blocks to execute: for the kernel that writes an output, the first, second and last
+   tile along each grid dimension (every tile class: the first, an interior one, the ragged last),
+   all of their split-K slices; for earlier kernels, every block whose result those read;
+3. run the lowered kernels on those blocks (`habu.prove.interp`);
+4. evaluate the model's GF(p) semantics on the same elements and compare every one.
+
+Why the chosen tiles stand for all: within a kernel, a block's code depends on its tile index only
+through the affine offsets m0 = tm·BM, n0 = tn·BN and through the masks, so two tiles with the same
+mask pattern run the same arithmetic on different addresses. `tile_classes_covered` proves with z3
+that every tile of the grid has the mask pattern of a checked tile. Address arithmetic at the full
+shape (the int32 wrap included) is executed for real on the checked tiles, whose offsets include the
+largest ones (the last tile), and proven for all tiles by the rule checker.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
+from habu.prove.interp import Memory, PlanFault, check_raster, run_kernel, tile_ids
+from habu.prove.virtual import VirtualTensor, key_for
+from habu.search.plan import Plan
+from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
+from habu.spec.field import DEFAULT_PRIME, PrimeField
+from habu.spec.ir import Gather, IndexConst, IndexVar, Model, Reduce, loads, walk
+
+DEFAULT_TRIALS = 3
+
+
+@dataclass
+class Mismatch:
+    tensor: str
+    element: tuple[int, ...]
+    got: int | None  # None: never written
+    expected: int
+    trial: int
+    count: int  # how many checked elements differ
+
+    def describe(self, p: int) -> str:
+        where = f"{self.tensor}[{', '.join(map(str, self.element))}]"
+        if self.got is None:
+            return f"{where} was never written (trial {self.trial}; {self.count} checked elements differ)"
+        return (f"{where} differs: the plan gives {self.got}, the model {self.expected} over GF({p}) "
+                f"(trial {self.trial}; {self.count} checked elements differ)")
+
+
+@dataclass
+class Certificate:
+    """What a finite-field check did and what it shows."""
+
+    passed: bool
+    prime: int
+    trials: int
+    seeds: list[int]
+    shape: dict[str, int]
+    checked: dict[str, int]  # output -> elements compared per trial
+    blocks: dict[str, str]  # kernel -> which blocks ran
+    degree: int
+    bound: float  # probability that a wrong plan passes all trials (at the checked elements)
+    seconds: float
+    failure: str | None = None
+    notes: list[str] = field(default_factory=list)
+    witness: dict[str, int] | None = None  # the reduced shape checked, when not the full one
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+    def summary(self) -> str:
+        if not self.passed:
+            return f"FAILED: {self.failure}"
+        at = "" if self.witness is None else \
+            " at witness " + ", ".join(f"{k}={v}" for k, v in self.witness.items() if self.shape.get(k) != v)
+        return (f"passed {self.trials} trials over GF({self.prime}){at}, seeds {self.seeds}; "
+                f"{sum(self.checked.values())} output elements per trial; a wrong plan passes with "
+                f"probability at most {self.bound:.1e} (degree {self.degree}); {self.seconds:.2f} s")
+
+
+# ----------------------------------------------------------------------------- which elements
+
+
+def _classes(count: int) -> list[int]:
+    return sorted({0, min(1, count - 1), count - 1})
+
+
+def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
+    return b if a is None else np.union1d(a, b)
+
+
+def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int]
+           ) -> dict[str, tuple[np.ndarray, ...]]:
+    """The elements of every intermediate that the given output elements depend on (a box per tensor)."""
+    boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
+    for eq in reversed(model.nodes):
+        if eq.target not in boxes:
+            continue
+        var_sets = {v: boxes[eq.target][i] for i, v in enumerate(eq.lhs)}
+        for ld in loads(eq.rhs):
+            decl = model.tensor(ld.tensor)
+            if decl.name not in {t.name for t in model.intermediates}:
+                continue
+            dims = []
+            for pos, ix in enumerate(ld.indices):
+                if isinstance(ix, IndexVar) and ix in var_sets:
+                    dims.append(var_sets[ix])
+                elif isinstance(ix, IndexConst):
+                    dims.append(np.array([ix.value]))
+                else:
+                    dims.append(np.arange(sizes[decl.extents[pos]]))
+            old = boxes.get(ld.tensor)
+            boxes[ld.tensor] = tuple(_union(old[i] if old else None, d) for i, d in enumerate(dims))
+    return boxes
+
+
+def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """Blocks of a kernel whose output is a model output, and the output box they cover."""
+    if isinstance(lw, ContractionLowering):
+        tms, tns = _classes(int(lw.tiles_m(sizes))), _classes(int(lw.tiles_n(sizes)))
+        wanted = {(a, b) for a in tms for b in tns}
+        rows = np.unique(np.concatenate([np.arange(t * lw.bm, min((t + 1) * lw.bm, sizes[lw.m])) for t in tms]))
+        cols = np.unique(np.concatenate([np.arange(t * lw.bn, min((t + 1) * lw.bn, sizes[lw.n])) for t in tns]))
+        extents = lw.out.extents  # the output's own dims (not the lowering's, which a planted bug may permute)
+        box = tuple(rows if e == lw.m else cols for e in extents)
+        return wanted, box, f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s)"
+    if isinstance(lw, RowLowering):
+        rb = lw.kernel.rows_per_block
+        nblocks = -(-sizes[lw.r] // rb)
+        blocks = np.array(_classes(nblocks), dtype=np.int64)
+        rows = np.unique((blocks[:, None] * rb + np.arange(rb)).ravel())
+        rows = rows[rows < sizes[lw.r]]
+        return blocks, (rows, np.arange(sizes[lw.c])), f"row blocks {blocks.tolist()} of {nblocks}"
+    assert isinstance(lw, MapLowering)
+    dims = [sizes[e] for e in lw.extents]
+    numel = int(np.prod(dims)) if dims else 1
+    nblocks = -(-numel // lw.per_block)
+    blocks = np.array(_classes(nblocks), dtype=np.int64)
+    flat = (blocks[:, None] * lw.per_block + np.arange(lw.per_block)).ravel()
+    flat = flat[flat < numel]
+    coords = np.unravel_index(flat, dims) if dims else ()
+    box = tuple(np.unique(c) for c in coords)
+    return blocks, box, f"blocks {blocks.tolist()} of {nblocks}"
+
+
+def _selection_for_box(lw, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
+    """Blocks of an intermediate-producing kernel that cover a demanded box, and the lanes of those
+    blocks that the box needs (the rest of each block is skipped: its lanes are independent)."""
+    if isinstance(lw, ContractionLowering):
+        by_axis = {p.axis: box[i] for i, p in enumerate(lw.out.positions)}
+        tms = np.unique(by_axis["m"] // lw.bm).tolist()
+        tns = np.unique(by_axis["n"] // lw.bn).tolist()
+        tiles = {(a, b) for a in tms for b in tns}
+        return tiles, (by_axis["m"], by_axis["n"]), (f"{len(tms)}×{len(tns)} tiles, "
+                                                     f"{len(by_axis['m'])}×{len(by_axis['n'])} of their elements")
+    if isinstance(lw, RowLowering):
+        blocks = np.unique(box[0] // lw.kernel.rows_per_block)
+        return blocks, box[0], f"{len(blocks)} row blocks"
+    dims = [sizes[e] for e in lw.extents]
+    grids = np.meshgrid(*box, indexing="ij")
+    flat = np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
+    blocks = np.unique(flat // lw.per_block)
+    return blocks, flat, f"{len(blocks)} blocks"
+
+
+# ----------------------------------------------------------------------------- degree
+
+
+def degree(model: Model, sizes: Mapping[str, int]) -> int:
+    """A bound on the degree of every output as a polynomial in the inputs and the values of the
+    uninterpreted functions, plus the degrees of those functions' arguments (Schwartz–Zippel)."""
+    deg: dict[str, int] = {}
+    extra = 0
+
+    def d(e) -> int:
+        nonlocal extra
+        from habu.spec.functions import FUNCTIONS
+        from habu.spec.ir import Const, Load, Op, Size
+
+        if isinstance(e, Const | Size):
+            return 0
+        if isinstance(e, Load):
+            return deg.get(e.tensor, 1)
+        if isinstance(e, Op):
+            ds = [d(a) for a in e.args]
+            kind = FUNCTIONS[e.fn].field
+            if kind in ("add", "sub"):
+                return max(ds)
+            if kind in ("mul", "div"):
+                return sum(ds)
+            if kind == "neg":
+                return ds[0]
+            extra += sum(ds)  # the argument must agree first
+            return 1
+        assert isinstance(e, Reduce)
+        body = d(e.body)
+        if e.op == "sum":
+            return body
+        n = 1
+        for v in e.vars:
+            n *= sizes[v.extent]
+        return n * max(body, 1)
+
+    for eq in model.nodes:
+        deg[eq.target] = d(eq.rhs)
+    return max(1, max((deg[t.name] for t in model.outputs), default=1) + extra)
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, seed: int) -> dict[str, VirtualTensor]:
+    out = {}
+    for t in model.inputs:
+        shape = tuple(sizes[e] for e in t.extents)
+        modulus = sizes[t.range] if t.is_index else field.p
+        out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name))
+    return out
+
+
+def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None, trials: int = DEFAULT_TRIALS,
+                seeds: list[int] | None = None, prime: int = DEFAULT_PRIME,
+                witness: bool | None = None, lowerings: list | None = None) -> Certificate:
+    """Run the finite-field check; never raises for a wrong plan (the certificate says why).
+
+    `witness`: check on a reduced shape with every tile class (see habu.prove.witness). The default
+    does so for plans of several kernels, whose earlier kernels must otherwise be run in full;
+    a single kernel is checked at the full shape (only its sample tiles run)."""
+    start = time.perf_counter()
+    full = dict(plan.shape)
+    if sizes:
+        full.update(sizes)
+    missing = [e.name for e in model.extents if e.name not in full]
+    if missing:
+        raise ValueError(f"verify_plan needs sizes for {missing}")
+    seeds = list(seeds) if seeds else [secrets.randbits(63) for _ in range(trials)]
+    lowerings = lowerings if lowerings is not None else lower_plan(model, plan)
+    names = [f"kernel {i} ({'+'.join(k.nodes)})" for i, k in enumerate(plan.kernels)]
+    s = full
+    coverage: list[str] = []
+    if witness or (witness is None and len(plan.kernels) > 1):
+        from habu.prove.witness import prove_coverage, tiled_axes, witness_sizes
+
+        w = witness_sizes(model, names, lowerings, full)
+        if w != full:
+            coverage = prove_coverage(tiled_axes(names, lowerings), full, w)
+            s = w
+    outputs = {t.name for t in model.outputs}
+    blocks_text: dict[str, str] = {}
+    out_boxes: dict[str, tuple[np.ndarray, ...]] = {}
+    selections: dict[int, object] = {}
+    keeps: dict[int, object] = {}
+    deg = degree(model, s)
+    cert = Certificate(True, prime, len(seeds), seeds, dict(full), {}, blocks_text, deg, 1.0, 0.0)
+    if s != full:
+        cert.witness = dict(s)
+        cert.notes.extend(coverage)
+    try:
+        for i, lw in enumerate(lowerings):
+            if isinstance(lw, ContractionLowering):
+                check_raster(names[i], lw, s)
+            if lw.out.tensor in outputs:
+                sel, box, text = _final_selection(lw, s)
+                selections[i] = sel
+                out_boxes[lw.out.tensor] = box
+                blocks_text[names[i]] = text
+        boxes = demand(model, out_boxes, s)
+        for i, lw in enumerate(lowerings):
+            if i in selections:
+                continue
+            if lw.out.tensor not in boxes:
+                blocks_text[names[i]] = "none (no checked output depends on it)"
+                selections[i] = None
+                continue
+            sel, keep, text = _selection_for_box(lw, boxes[lw.out.tensor], s)
+            selections[i] = sel
+            keeps[i] = keep
+            blocks_text[names[i]] = text
+        for tensor, box in out_boxes.items():
+            cert.checked[tensor] = int(np.prod([len(b) for b in box]))
+        for trial, seed in enumerate(seeds):
+            field_ = PrimeField(prime, seed)
+            inputs = virtual_inputs(model, s, field_, seed)
+            mem = Memory(inputs, field_, s)
+            for i, lw in enumerate(lowerings):
+                sel = selections[i]
+                if sel is None:
+                    continue
+                if isinstance(lw, ContractionLowering):
+                    sel = tile_ids(lw, s, sel)  # type: ignore[arg-type]
+                run_kernel(names[i], lw, s, mem, sel, keeps.get(i))
+            for i, lw in enumerate(lowerings):
+                wt = mem.written.get(lw.out.tensor)
+                if wt is not None and not wt.accumulate:
+                    dup, counts = wt.multiply_written()
+                    if len(dup):
+                        mem.fault(f"{names[i]} writes {lw.out.tensor} at offset {int(dup[0])} "
+                                  f"{int(counts[0])} times (a race between blocks: the last write wins)")
+            ref = Evaluator(model, s, field_, boxes).run(inputs)
+            bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
+            if bad is not None or mem.faults:
+                cert.passed = False
+                parts = [bad.describe(prime)] if bad is not None else \
+                    ["the checked values agree, but a kernel faults"]
+                parts += mem.faults[:3]
+                cert.failure = "; ".join(parts)
+                break
+    except PlanFault as fault:
+        cert.passed = False
+        cert.failure = str(fault)
+    except EvalError as err:
+        cert.passed = False
+        cert.failure = f"the reference could not be evaluated: {err.message}"
+    cert.bound = min(1.0, deg / prime) ** len(seeds) if cert.passed else 1.0
+    cert.seconds = time.perf_counter() - start
+    return cert
+
+
+def _compare(model: Model, out_boxes, ref, mem: Memory, sizes, trial: int) -> Mismatch | None:
+    for tensor, box in out_boxes.items():
+        expected = ref[tensor]
+        data = expected.data if isinstance(expected, BoxTensor) else expected[np.ix_(*box)]
+        grids = np.meshgrid(*box, indexing="ij")
+        decl = model.tensor(tensor)
+        dims = [sizes[e] for e in decl.extents]
+        flat = np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
+        wt = mem.written.get(tensor)
+        if wt is None:
+            got, found = np.zeros(flat.shape, np.int64), np.zeros(flat.shape, bool)
+        else:
+            got, found = wt.read(flat)
+        exp = np.asarray(data).ravel()
+        wrong = ~found | (got != exp)
+        if np.any(wrong):
+            k = int(np.nonzero(wrong)[0][0])
+            element = tuple(int(g.ravel()[k]) for g in grids)
+            return Mismatch(tensor, element, int(got[k]) if found[k] else None, int(exp[k]), trial,
+                            int(wrong.sum()))
+    return None
+
+
+def gathers_in(model: Model) -> list[str]:
+    out = []
+    for eq in model.nodes:
+        for x in walk(eq.rhs):
+            if hasattr(x, "indices"):
+                for ix in x.indices:  # type: ignore[attr-defined]
+                    if isinstance(ix, Gather) and ix.tensor not in out:
+                        out.append(ix.tensor)
+    return out

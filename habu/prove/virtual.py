@@ -1,0 +1,101 @@
+"""Random inputs that are never materialised, and the memory kernels write into.
+
+A virtual tensor's element at flat offset o is H(key, o) mod p, where H is splitmix64 and the key
+comes from the trial's seed (a counter-based random generator: any element can be drawn on its
+own). Inputs of any size — 2^32 elements and more — cost nothing until read, so the interpreter
+can execute the real kernel's address arithmetic, int32 wrap-around included, at the real shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from habu.spec.field import _mix
+
+
+def key_for(seed: int, name: str) -> np.uint64:
+    digest = hashlib.sha256(f"input:{seed}:{name}".encode()).digest()
+    return np.uint64(int.from_bytes(digest[:8], "little"))
+
+
+class VirtualTensor:
+    """An input tensor with random residues (or, for index tensors, random indices in range)."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], modulus: int, key: np.uint64):
+        self.name = name
+        self.shape = shape
+        self.modulus = modulus
+        self.key = key
+        self.numel = int(np.prod(shape, dtype=object)) if shape else 1
+        self.strides = tuple(int(np.prod(shape[i + 1:], dtype=object)) for i in range(len(shape)))
+
+    def at(self, offsets: np.ndarray) -> np.ndarray:
+        """Values at flat offsets (int64, already bounds-checked)."""
+        h = _mix(np.asarray(offsets, dtype=np.int64).astype(np.uint64) ^ self.key)
+        return (h % np.uint64(self.modulus)).astype(np.int64)
+
+    def __getitem__(self, idx: tuple) -> np.ndarray:
+        if not self.shape:
+            return self.at(np.zeros((), dtype=np.int64))
+        arrays = np.broadcast_arrays(*[np.asarray(i, dtype=np.int64) for i in idx])
+        off = np.zeros(arrays[0].shape, dtype=np.int64)
+        for a, s in zip(arrays, self.strides, strict=True):
+            off = off + a * s
+        return self.at(off)
+
+    def materialize(self) -> np.ndarray:
+        return self.at(np.arange(self.numel, dtype=np.int64)).reshape(self.shape)
+
+
+class WrittenTensor:
+    """A tensor a kernel writes: which flat offsets hold which values (sparse), with write counts."""
+
+    def __init__(self, name: str, numel: int, p: int, accumulate: bool):
+        self.name = name
+        self.numel = numel
+        self.p = p
+        self.accumulate = accumulate
+        self.offsets: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+        self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def write(self, offsets: np.ndarray, values: np.ndarray) -> None:
+        self.offsets.append(np.asarray(offsets, dtype=np.int64).ravel())
+        self.values.append(np.asarray(values, dtype=np.int64).ravel())
+        self._index = None
+
+    def _build(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._index is None:
+            if self.offsets:
+                off = np.concatenate(self.offsets)
+                val = np.concatenate(self.values)
+            else:
+                off = np.zeros(0, np.int64)
+                val = np.zeros(0, np.int64)
+            uniq, inverse, counts = np.unique(off, return_inverse=True, return_counts=True)
+            sums = np.zeros(len(uniq), dtype=np.int64)
+            if self.accumulate:
+                np.add.at(sums, inverse, val)
+                sums %= self.p
+            else:
+                sums[inverse] = val  # the last writer wins, as in memory
+            self._index = (uniq, sums, counts)
+        return self._index
+
+    def read(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(values, written?) at flat offsets."""
+        uniq, sums, _ = self._build()
+        off = np.asarray(offsets, dtype=np.int64)
+        pos = np.searchsorted(uniq, off)
+        pos_c = np.minimum(pos, max(len(uniq) - 1, 0))
+        found = (len(uniq) > 0) & (uniq[pos_c] == off) if len(uniq) else np.zeros(off.shape, bool)
+        vals = np.where(found, sums[pos_c] if len(uniq) else 0, 0)
+        return vals, found
+
+    def multiply_written(self) -> tuple[np.ndarray, np.ndarray]:
+        """Offsets written more than once, and how often (a race unless accumulating)."""
+        uniq, _, counts = self._build()
+        mask = counts > 1
+        return uniq[mask], counts[mask]

@@ -1,0 +1,129 @@
+"""A smaller shape on which the finite-field check sees every tile class of the full shape.
+
+Along an extent E that kernels tile by sizes T1, T2, … (tiles, k steps, row chunks, vector widths,
+the extent's declared multiple), let L = lcm(T1, T2, …). Every tile of every kernel along E then has
+one of these classes: the first tile, an interior full tile, and the last tile with E mod Ti valid
+lanes. The witness size E' = (E mod L) + q·L with q ≥ 3 has all of them (the first, interior ones,
+the same ragged last tile), so the check at E' executes every class. `prove_coverage` asks z3 for a
+tile of the full shape whose class no tile of the witness has; unsat is the proof.
+
+Sizes keep their equalities (if K = N at the full shape, K' = N' in the witness, and if K ≠ N then
+K' ≠ N'), so a stride or bound taken from the wrong extent shows as it would at full size.
+Extents are never reduced where it would hide something: those of a tensor whose offsets pass
+2^31 − 1 (the int32 wrap must be executed), k with split-K (split boundaries), and the extents of a
+map kernel (its lanes run over the flattened shape).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import z3
+
+from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
+from habu.spec.ir import Model
+
+Q = 3  # full tiles kept: the first, an interior one, and one before the ragged end
+INT31 = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TileAxis:
+    """One tiled loop of a kernel along an extent, for the coverage proof."""
+
+    kernel: str
+    axis: str
+    extent: str
+    tile: int
+
+
+def tiled_axes(names: list[str], lowerings: list[Lowering]) -> list[TileAxis]:
+    out: list[TileAxis] = []
+    for name, lw in zip(names, lowerings, strict=True):
+        if isinstance(lw, ContractionLowering):
+            out += [TileAxis(name, "m", lw.m, lw.bm), TileAxis(name, "n", lw.n, lw.bn),
+                    TileAxis(name, "k", lw.k, lw.bk)]
+        elif isinstance(lw, RowLowering):
+            out += [TileAxis(name, "r", lw.r, lw.kernel.rows_per_block), TileAxis(name, "c", lw.c, lw.chunk)]
+    return out
+
+
+def _frozen(model: Model, lowerings: list[Lowering], sizes: Mapping[str, int]) -> set[str]:
+    frozen: set[str] = set()
+    for lw in lowerings:
+        if isinstance(lw, ContractionLowering) and lw.kernel.split_k > 1:
+            frozen.add(lw.k)
+        if isinstance(lw, MapLowering):
+            frozen.update(lw.extents)
+    for t in (*model.inputs, *model.outputs, *model.intermediates):
+        n = 1
+        for e in t.extents:
+            n *= sizes[e]
+        if n > INT31:
+            frozen.update(t.extents)
+    return frozen
+
+
+def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
+                  sizes: Mapping[str, int]) -> dict[str, int]:
+    lcm: dict[str, int] = {e.name: max(1, e.multiple) for e in model.extents}
+    for ax in tiled_axes(names, lowerings):
+        lcm[ax.extent] = math.lcm(lcm[ax.extent], ax.tile)
+    frozen = _frozen(model, lowerings, sizes)
+    out = dict(sizes)
+    taken: set[int] = set()
+    by_size: dict[int, list[str]] = {}
+    for e in model.extents:
+        by_size.setdefault(sizes[e.name], []).append(e.name)
+    for full in sorted(by_size):  # frozen and unreduced sizes first keep their values
+        if any(g in frozen for g in by_size[full]):
+            taken.add(full)
+    for full in sorted(by_size):
+        group = by_size[full]
+        w = full
+        if not any(g in frozen for g in group):
+            L = math.lcm(*(lcm[g] for g in group))
+            r, q = full % L, Q
+            w = r + q * L
+            while w in taken or (w in by_size and w != full):  # distinct sizes stay distinct
+                q += 1
+                w = r + q * L
+            ext = [model.extent(g) for g in group]
+            if w >= full or any(not x.is_static and not x.admits(w) for x in ext):
+                w = full
+        taken.add(w)
+        for g in group:
+            out[g] = w
+    return out
+
+
+def _classes(size: int, tile: int) -> set[tuple[bool, bool, int]]:
+    count = -(-size // tile)
+    return {(t == 0, t == count - 1, min(tile, size - t * tile)) for t in range(count)} if count <= 8 else \
+        {(t == 0, t == count - 1, min(tile, size - t * tile)) for t in (0, 1, 2, count - 2, count - 1)}
+
+
+def prove_coverage(axes: list[TileAxis], full: Mapping[str, int], witness: Mapping[str, int]) -> list[str]:
+    """For every tiled loop, z3 proves each tile of the full shape has the class of a witness tile.
+    Returns one line per loop; raises AssertionError if some class is missing."""
+    lines = []
+    for ax in axes:
+        size, tile = full[ax.extent], ax.tile
+        count = -(-size // tile)
+        have = _classes(witness[ax.extent], tile)
+        t = z3.Int("t")
+        first, last = t == 0, t == count - 1
+        valid = z3.If(size - t * tile < tile, size - t * tile, tile)
+        s = z3.Solver()
+        s.add(t >= 0, t < count)
+        for f, lst, v in have:
+            s.add(z3.Not(z3.And(first == f, last == lst, valid == v)))
+        if s.check() == z3.sat:
+            bad = s.model()[t]
+            raise AssertionError(f"{ax.kernel}: tile {bad} along {ax.axis} (#{ax.extent}) has a class the "
+                                 "witness lacks")
+        lines.append(f"{ax.kernel} {ax.axis}: {count} tiles of {tile} over #{ax.extent} = {size}; "
+                     f"witness {witness[ax.extent]} has all {len(have)} classes (z3: unsat)")
+    return lines

@@ -1,0 +1,220 @@
+"""Which kernel family can compute which equation nodes: the analysis plans are built on.
+
+- a *contraction*: `T[m n] = Σ k A[..m..k..] · B[..n..k..]` (rows of A may be gathered), with the
+  elementwise nodes that consume only its result fused after it as an epilogue;
+- a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
+  reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
+- a *map* region: elementwise nodes over one shape.
+
+Every node of a model belongs to exactly one region; `default_regions` gives the greedy partition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from habu.spec.ir import (
+    Const,
+    Equation,
+    Expr,
+    Gather,
+    IndexConst,
+    IndexExpr,
+    IndexVar,
+    Load,
+    Model,
+    Op,
+    Reduce,
+    Size,
+    walk,
+)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One factor of a contraction: which index position carries the row/col axis and which k."""
+
+    load: Load
+    axis_var: IndexVar  # m for A, n for B
+    axis_pos: int  # index position that carries the axis (directly or through a gather)
+    k_pos: int  # index position that carries k
+    gather: str | None  # index tensor the axis goes through (A[IX[m] k]), or None
+
+
+@dataclass(frozen=True)
+class Contraction:
+    node: Equation
+    m: IndexVar
+    n: IndexVar
+    k: IndexVar
+    a: Operand
+    b: Operand
+    scale: Expr | None  # constant factors of the product, if any
+
+
+@dataclass(frozen=True)
+class Region:
+    """A fusion region: the nodes one kernel computes, in order; `output` is what it stores."""
+
+    kind: str  # "contraction", "rows", "map"
+    nodes: tuple[str, ...]  # targets, in model order
+
+    @property
+    def output(self) -> str:
+        return self.nodes[-1]
+
+
+def _factors(e: Expr) -> list[Expr]:
+    if isinstance(e, Op) and e.fn == "mul":
+        return _factors(e.args[0]) + _factors(e.args[1])
+    return [e]
+
+
+def _is_constant(e: Expr) -> bool:
+    return all(isinstance(x, Const | Size) or (isinstance(x, Op) and x.fn in ("mul", "div", "add", "sub", "neg"))
+               for x in walk(e))
+
+
+def _operand(ld: Load, axis: IndexVar, k: IndexVar) -> Operand | None:
+    axis_pos = k_pos = -1
+    gather = None
+    for pos, ix in enumerate(ld.indices):
+        if ix == k:
+            if k_pos >= 0:
+                return None
+            k_pos = pos
+        elif ix == axis:
+            if axis_pos >= 0:
+                return None
+            axis_pos = pos
+        elif isinstance(ix, Gather) and ix.indices == (axis,):
+            if axis_pos >= 0:
+                return None
+            axis_pos, gather = pos, ix.tensor
+        else:
+            return None
+    if axis_pos < 0 or k_pos < 0 or len(ld.indices) != 2:
+        return None
+    return Operand(ld, axis, axis_pos, k_pos, gather)
+
+
+def as_contraction(eq: Equation) -> Contraction | None:
+    """Recognise `T[m n] = Σ k A[m k] · B[n k]` (any index order, A's rows possibly gathered)."""
+    rhs = eq.rhs
+    if len(eq.lhs) != 2 or not isinstance(rhs, Reduce) or rhs.op != "sum" or len(rhs.vars) != 1:
+        return None
+    k = rhs.vars[0]
+    factors = _factors(rhs.body)
+    loads = [f for f in factors if isinstance(f, Load)]
+    consts = [f for f in factors if not isinstance(f, Load)]
+    if len(loads) != 2 or not all(_is_constant(c) for c in consts):
+        return None
+    v0, v1 = eq.lhs
+    for m, n in ((v0, v1), (v1, v0)):
+        a = _operand(loads[0], m, k)
+        b = _operand(loads[1], n, k)
+        if a and b:
+            scale = None
+            for c in consts:
+                scale = c if scale is None else Op("mul", (scale, c))
+            return Contraction(eq, m, n, k, a, b, scale)
+    return None
+
+
+def _reads(e: Expr) -> list[Load]:
+    return [x for x in walk(e) if isinstance(x, Load)]
+
+
+def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
+    """`eq` reads `producer`'s result only at the element it writes, and reduces nothing."""
+    if any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+        return False
+    if len(eq.lhs) != len(producer.lhs):
+        return False
+    exts = [v.extent for v in eq.lhs]
+    if exts != [v.extent for v in producer.lhs]:
+        return False
+    for ld in _reads(eq.rhs):
+        if ld.tensor == producer.target and ld.indices != eq.lhs:
+            return False
+        for ix in ld.indices:
+            if isinstance(ix, Gather):
+                return False
+    return True
+
+
+def row_local(eq: Equation) -> tuple[str, str] | None:
+    """(row extent, column extent) when every access of the node stays in the row it writes."""
+    if len(eq.lhs) != 2:
+        return None
+    r, c = eq.lhs
+    for x in walk(eq.rhs):
+        if isinstance(x, Reduce) and any(v.extent != c.extent for v in x.vars):
+            return None
+        if isinstance(x, Load):
+            for _pos, ix in enumerate(x.indices):
+                if isinstance(ix, Gather):
+                    return None
+            if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)):
+                return None
+            if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
+                return None
+    return r.extent, c.extent
+
+
+def _is_col_var(ix: IndexExpr, c: IndexVar) -> bool:
+    return isinstance(ix, IndexVar) and ix.extent == c.extent
+
+
+def consumers(model: Model, target: str) -> list[Equation]:
+    return [eq for eq in model.nodes if any(ld.tensor == target for ld in _reads(eq.rhs))]
+
+
+def default_regions(model: Model) -> tuple[Region, ...]:
+    """Greedy fusion: a contraction takes the elementwise chain after it; row-local and elementwise
+    nodes group with their neighbours of the same shape."""
+    outputs = {t.name for t in model.outputs}
+    regions: list[Region] = []
+    nodes = list(model.nodes)
+    i = 0
+    while i < len(nodes):
+        eq = nodes[i]
+        c = as_contraction(eq)
+        if c is not None:
+            group = [eq.target]
+            last = eq
+            while i + 1 < len(nodes):
+                nxt = nodes[i + 1]
+                users = consumers(model, last.target)
+                if last.target in outputs or users != [nxt] or not is_elementwise_on(nxt, last):
+                    break
+                group.append(nxt.target)
+                last = nxt
+                i += 1
+            regions.append(Region("contraction", tuple(group)))
+        elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+            if row_local(eq) is None:
+                raise NotImplementedError(f"no kernel family computes {eq.target} yet")
+            _merge_or_add(regions, Region("rows", (eq.target,)), model)
+        else:
+            kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
+            _merge_or_add(regions, Region(kind, (eq.target,)), model)
+        i += 1
+    return tuple(regions)
+
+
+def _merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
+    """Fuse a row/map node into the previous region when they share the shape and the previous
+    region's result is read by nothing else."""
+    if regions:
+        prev = regions[-1]
+        prev_eq = next(e for e in model.nodes if e.target == prev.output)
+        new_eq = next(e for e in model.nodes if e.target == new.output)
+        outputs = {t.name for t in model.outputs}
+        same_shape = [v.extent for v in prev_eq.lhs] == [v.extent for v in new_eq.lhs]
+        only_reader = consumers(model, prev.output) == [new_eq] and prev.output not in outputs
+        if prev.kind in ("rows", "map") and same_shape and only_reader:
+            kind = "rows" if "rows" in (prev.kind, new.kind) else "map"
+            regions[-1] = Region(kind, prev.nodes + new.nodes)
+            return
+    regions.append(new)

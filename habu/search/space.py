@@ -1,0 +1,374 @@
+"""The plan space: a good default without search (`default_plan`), every candidate (`enumerate_plans`),
+and user pins (`--pin tile=128x128x64 --pin B=tma`).
+
+The default is analytic: tensor cores where the element type allows, TMA where a descriptor is legal
+(16-byte row strides, no gather on sm_90a), cp.async with the widest aligned vector otherwise,
+split-K only when the output grid cannot fill the GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import fields, replace
+
+from habu.errors import UsageError
+from habu.search.patterns import Region, as_contraction, default_regions
+from habu.search.plan import MMAS, MOVEMENTS, RASTERS, ContractionKernel, Kernel, MapKernel, Plan, RowKernel
+from habu.spec.ir import Equation, Model
+from habu.target import Target
+
+TENSOR_CORE_DTYPES = ("bf16", "f16")
+INT31 = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def node_of(model: Model, target: str) -> Equation:
+    return next(eq for eq in model.nodes if eq.target == target)
+
+
+def storage_dtypes(model: Model) -> dict[str, str]:
+    """Intermediates are stored in the inputs' 16-bit float type when they all share one, else f32."""
+    floats = {t.dtype.name for t in model.inputs if t.dtype is not None and not t.is_index}
+    dt = next(iter(floats)) if len(floats) == 1 and floats <= {"bf16", "f16"} else "f32"
+    return {t.name: dt for t in model.intermediates}
+
+
+def dtype_of(model: Model, tensor: str) -> str:
+    d = model.tensor(tensor).dtype
+    return d.name if d else storage_dtypes(model).get(tensor, "f32")
+
+
+def dtype_bytes(model: Model, tensor: str) -> int:
+    from habu.spec.dtypes import DTYPES
+
+    return DTYPES[dtype_of(model, tensor)].bytes
+
+
+def concrete_sizes(model: Model, sizes: dict[str, int] | None = None) -> dict[str, int]:
+    """Every extent's size: the declared one, the given one, or a runtime extent's upper bound."""
+    out: dict[str, int] = {}
+    for e in model.extents:
+        if sizes and e.name in sizes:
+            out[e.name] = sizes[e.name]
+        elif e.size is not None:
+            out[e.name] = e.size
+        else:
+            out[e.name] = e.hi - e.hi % e.multiple
+    return out
+
+
+def max_vector(row_elems: int | None, elem_bytes: int, multiple: int = 1, limit_bytes: int = 16) -> int:
+    """The widest vector (elements) whose accesses stay aligned: row length and 16 bytes divide it."""
+    v = max(1, limit_bytes // elem_bytes)
+    while v > 1:
+        if row_elems is not None and row_elems % v == 0:
+            return v
+        if row_elems is None and multiple % v == 0:
+            return v
+        v //= 2
+    return 1
+
+
+def needs_64bit(model: Model, sizes: dict[str, int]) -> bool:
+    for t in (*model.inputs, *model.outputs, *model.intermediates):
+        n = 1
+        for e in t.extents:
+            n *= sizes[e]
+        if n > INT31:
+            return True
+    return False
+
+
+# ----------------------------------------------------------------------------- defaults per kernel family
+
+
+def default_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ContractionKernel:
+    c = as_contraction(node_of(model, region.nodes[0]))
+    assert c is not None
+    a_t, b_t = c.a.load.tensor, c.b.load.tensor
+    a_dt, b_dt = dtype_of(model, a_t), dtype_of(model, b_t)
+    tensor_cores = a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt
+    M, N, K = sizes[c.m.extent], sizes[c.n.extent], sizes[c.k.extent]
+    if tensor_cores and target.wgmma:
+        mma, tile, warps, stages = "wgmma", (128, 128, 64), 8, 4
+    elif tensor_cores and target.mma_sync:
+        mma, tile, warps, stages = "mma.sync", (128, 128, 32), 8, 3
+    else:
+        mma, tile, warps, stages = "fma", (64, 64, 16), 4, 2
+
+    def movement(op, tile_along_inner: int) -> tuple[str, int]:
+        decl = model.tensor(op.load.tensor)
+        eb = dtype_bytes(model, op.load.tensor)
+        inner = sizes[decl.extents[-1]]  # row length in elements (row-major storage)
+        contiguous_k = op.k_pos == len(op.load.indices) - 1
+        vec = max_vector(inner, eb)
+        while tile_along_inner % vec:
+            vec //= 2
+        if op.gather is None and target.tma and (inner * eb) % 16 == 0 and mma != "fma" and contiguous_k:
+            return "tma", vec
+        if target.cp_async and vec * eb >= 4 and mma != "fma":
+            return "cp.async", vec
+        return "ldg", vec
+
+    inner_tile = {"a": tile[2] if c.a.k_pos == 1 else tile[0], "b": tile[2] if c.b.k_pos == 1 else tile[1]}
+    a_move, a_vec = movement(c.a, inner_tile["a"])
+    b_move, b_vec = movement(c.b, inner_tile["b"])
+    tiles = -(-M // tile[0]) * -(-N // tile[1])
+    split = 1
+    out_dt = model.tensor(region.output).dtype
+    if len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32":
+        while tiles * split * 2 <= target.sm_count and -(-K // tile[2]) >= 8 * split * 2:
+            split *= 2
+    eb = max(dtype_bytes(model, a_t), dtype_bytes(model, b_t))
+    swizzle = 128 if tile[2] * eb >= 128 else (64 if tile[2] * eb >= 64 else 0)
+    return ContractionKernel(
+        nodes=region.nodes, tile_m=tile[0], tile_n=tile[1], tile_k=tile[2], warps=warps, stages=stages,
+        mma=mma, a_move=a_move, b_move=b_move, a_vector=a_vec, b_vector=b_vec, split_k=split,
+        raster="row", group_m=8, persistent=False, warp_specialized=False,
+        swizzle=swizzle if "tma" in (a_move, b_move) or mma == "wgmma" else 0,
+        accumulator="f32", index_width=64 if needs_64bit(model, sizes) else 32,
+    )
+
+
+def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, int],
+                 multiples: dict[str, int]) -> RowKernel:
+    last = node_of(model, region.output)
+    c_ext = last.lhs[1].extent
+    eb = max(dtype_bytes(model, t.name) for t in model.inputs if c_ext in t.extents) if model.inputs else 4
+    static = next(e for e in model.extents if e.name == c_ext).size
+    vec = max_vector(static, eb, multiples.get(c_ext, 1))
+    cols = sizes[c_ext]
+    threads = 32
+    while threads < 1024 and threads * vec * 4 < cols:
+        threads *= 2
+    return RowKernel(nodes=region.nodes, rows_per_block=1, threads=threads, vector=vec,
+                     cache_row=cols * 4 <= 64 * 1024, index_width=64 if needs_64bit(model, sizes) else 32)
+
+
+def default_map(model: Model, region: Region, target: Target, sizes: dict[str, int],
+                multiples: dict[str, int]) -> MapKernel:
+    last = node_of(model, region.output)
+    inner = last.lhs[-1].extent if last.lhs else None
+    static = next((e.size for e in model.extents if e.name == inner), None) if inner else 1
+    vec = max_vector(static, 4, multiples.get(inner, 1) if inner else 1) if last.lhs else 1
+    return MapKernel(nodes=region.nodes, threads=256, vector=vec,
+                     index_width=64 if needs_64bit(model, sizes) else 32)
+
+
+def _multiples(model: Model) -> dict[str, int]:
+    return {e.name: (e.size if e.size is not None else e.multiple) for e in model.extents}
+
+
+def default_kernels(model: Model, target: Target, sizes: dict[str, int],
+                    regions: tuple[Region, ...] | None = None) -> tuple[Kernel, ...]:
+    regions = regions or default_regions(model)
+    out: list[Kernel] = []
+    mult = _multiples(model)
+    for r in regions:
+        if r.kind == "contraction":
+            out.append(default_contraction(model, r, target, sizes))
+        elif r.kind == "rows":
+            out.append(default_rows(model, r, target, sizes, mult))
+        else:
+            out.append(default_map(model, r, target, sizes, mult))
+    return tuple(out)
+
+
+def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: dict[str, int]) -> Plan:
+    shape = tuple((e.name, sizes[e.name]) for e in model.extents if e.name in sizes)
+    stored = {k.nodes[-1] for k in kernels}
+    dtypes = storage_dtypes(model)
+    storage = tuple((t.name, dtypes[t.name]) for t in model.intermediates if t.name in stored)
+    return Plan(model=model.name, model_hash=model.canonical_hash(), target=target.name, shape=shape,
+                kernels=kernels, storage=storage)
+
+
+def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = None,
+                 pins: dict[str, str] | None = None) -> Plan:
+    """A good plan without search (an analytic heuristic), with the user's pins applied."""
+    s = concrete_sizes(model, sizes)
+    kernels = default_kernels(model, target, s)
+    if pins:
+        kernels = tuple(apply_pins(model, k, pins, target) for k in kernels)
+    return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)})
+
+
+def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
+    e = model.extent(extent)
+    return e.is_static or bool(sizes and extent in sizes)
+
+
+# ----------------------------------------------------------------------------- pins
+
+
+PIN_KEYS = ("tile", "mma", "stages", "warps", "split_k", "raster", "group_m", "persistent", "index",
+            "vector", "threads", "swizzle", "ws", "rows", "cache_row")
+
+
+def parse_pins(items: list[str]) -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise UsageError(f"--pin takes KEY=VALUE, got {item!r} (keys: {', '.join(PIN_KEYS)}, or an "
+                             "operand tensor's name with a movement: ldg, cp.async, tma, tma-gather4)")
+        pins[key.strip().replace("-", "_") if key.strip().lower() in ("split-k",) else key.strip()] = value.strip()
+    return pins
+
+
+def _pin_int(key: str, value: str, allowed: tuple[int, ...] | None = None) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise UsageError(f"--pin {key}={value}: expected a whole number") from None
+    if v < 1 or (allowed and v not in allowed):
+        raise UsageError(f"--pin {key}={value}: expected one of {', '.join(map(str, allowed or ()))}")
+    return v
+
+
+def _pin_bool(key: str, value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"--pin {key}={value}: expected true or false")
+
+
+def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Target | None = None) -> Kernel:
+    changes: dict[str, object] = {}
+    names = {f.name for f in fields(kernel)}
+    operands: dict[str, str] = {}
+    gathered: set[str] = set()
+    if isinstance(kernel, ContractionKernel):
+        c = as_contraction(node_of(model, kernel.nodes[0]))
+        assert c is not None
+        operands = {c.a.load.tensor: "a", c.b.load.tensor: "b"}
+        gathered = {side for side, op in (("a", c.a), ("b", c.b)) if op.gather}
+    for key, value in pins.items():
+        k = key.lower()
+        if key in operands or (k in ("a", "b") and isinstance(kernel, ContractionKernel) and key not in model_tensors(model)):
+            side = operands.get(key, k)
+            if value not in MOVEMENTS:
+                raise UsageError(f"--pin {key}={value}: a movement is one of {', '.join(MOVEMENTS)}")
+            if value == "tma" and side in gathered and target is not None and target.tma_gather4:
+                value = "tma-gather4"  # TMA on gathered rows is the gather4 form, where the target has it
+            changes[f"{side}_move"] = value
+            continue
+        if key in model_tensors(model):
+            raise UsageError(f"--pin {key}=...: {key} is not an operand of a contraction in this model")
+        if k == "tile" and "tile_m" in names:
+            parts = value.lower().split("x")
+            if len(parts) != 3:
+                raise UsageError(f"--pin tile={value}: expected BMxBNxBK, e.g. 128x128x64")
+            changes.update(tile_m=_pin_int(k, parts[0]), tile_n=_pin_int(k, parts[1]), tile_k=_pin_int(k, parts[2]))
+        elif k == "mma" and "mma" in names:
+            if value not in MMAS:
+                raise UsageError(f"--pin mma={value}: expected one of {', '.join(MMAS)}")
+            changes["mma"] = value
+        elif k in ("stages", "warps", "group_m", "threads") and k in names:
+            changes[k] = _pin_int(k, value)
+        elif k in ("split_k", "splitk") and "split_k" in names:
+            changes["split_k"] = _pin_int(k, value)
+        elif k == "raster" and "raster" in names:
+            if value not in RASTERS:
+                raise UsageError(f"--pin raster={value}: expected one of {', '.join(RASTERS)}")
+            changes["raster"] = value
+        elif k == "persistent" and "persistent" in names:
+            changes["persistent"] = _pin_bool(k, value)
+        elif k == "ws" and "warp_specialized" in names:
+            changes["warp_specialized"] = _pin_bool(k, value)
+        elif k == "cache_row" and "cache_row" in names:
+            changes["cache_row"] = _pin_bool(k, value)
+        elif k in ("index", "index_width"):
+            changes["index_width"] = _pin_int(k, value, (32, 64))
+        elif k == "swizzle" and "swizzle" in names:
+            changes["swizzle"] = int(value) if value.isdigit() and int(value) in (0, 32, 64, 128) else \
+                _pin_int(k, value, (32, 64, 128))
+        elif k == "vector" and "vector" in names:
+            changes["vector"] = _pin_int(k, value)
+        elif k == "vector" and "a_vector" in names:
+            changes["a_vector"] = changes["b_vector"] = _pin_int(k, value)
+        elif k == "rows" and "rows_per_block" in names:
+            changes["rows_per_block"] = _pin_int(k, value)
+        elif k not in PIN_KEYS:
+            raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
+    return replace(kernel, **changes) if changes else kernel
+
+
+def model_tensors(model: Model) -> set[str]:
+    return {t.name for t in (*model.inputs, *model.outputs)}
+
+
+# ----------------------------------------------------------------------------- the space
+
+
+def contraction_space(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Iterator[ContractionKernel]:
+    base = default_contraction(model, region, target, sizes)
+    c = as_contraction(node_of(model, region.nodes[0]))
+    assert c is not None
+    tc = base.mma != "fma"
+    mmas = [m for m in MMAS if (m == "fma") or (tc and m == "mma.sync" and target.mma_sync)
+            or (tc and m == "wgmma" and target.wgmma)]
+    moves = [m for m in MOVEMENTS if m == "ldg" or (m == "cp.async" and target.cp_async)
+             or (m == "tma" and target.tma) or (m == "tma-gather4" and target.tma_gather4)]
+    tiles_mn = (64, 128, 256)
+    tiles_k = (16, 32, 64)
+    vec_a, vec_b = base.a_vector, base.b_vector
+    for mma, bm, bn, bk, warps, stages, am, bmv, split, raster, group, persistent in itertools.product(
+            mmas, tiles_mn, tiles_mn, tiles_k, (4, 8), (2, 3, 4, 5), moves, moves, (1, 2, 4), RASTERS,
+            (1, 8), (False, True)):
+        if mma == "fma" and (bm > 128 or bn > 128 or am in ("tma", "tma-gather4")):
+            continue
+        if (am == "tma-gather4" and c.a.gather is None) or (bmv == "tma-gather4" and c.b.gather is None):
+            continue
+        yield replace(base, mma=mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
+                      a_move=am, b_move=bmv, a_vector=vec_a,
+                      b_vector=vec_b, split_k=split, raster=raster, group_m=group, persistent=persistent,
+                      warp_specialized=(mma == "wgmma" and "tma" in (am, bmv) and warps == 8))
+
+
+def rows_space(base: RowKernel) -> Iterator[RowKernel]:
+    for threads, cache in itertools.product((64, 128, 256, 512, 1024), (True, False)):
+        yield replace(base, threads=threads, cache_row=cache)
+
+
+def map_space(base: MapKernel) -> Iterator[MapKernel]:
+    for threads in (128, 256, 512, 1024):
+        for vec in sorted({1, base.vector}):
+            yield replace(base, threads=threads, vector=vec)
+
+
+def region_space(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Iterator[Kernel]:
+    """Every candidate kernel for one fusion region, in canonical order."""
+    mult = _multiples(model)
+    if region.kind == "contraction":
+        yield from contraction_space(model, region, target, sizes)
+    elif region.kind == "rows":
+        yield from rows_space(default_rows(model, region, target, sizes, mult))
+    else:
+        yield from map_space(default_map(model, region, target, sizes, mult))
+
+
+def enumerate_plans(model: Model, target: Target, sizes: dict[str, int] | None = None) -> Iterator[Plan]:
+    """Candidate plans for the default fusion, in a fixed canonical order, each once.
+
+    Kernels of different regions run as separate launches, so their times add: the space is walked
+    one region at a time with the other regions at their defaults (the search tunes each region on
+    its own). Candidates are not yet proven: `habu.prove` rejects those that break a rule."""
+    s = concrete_sizes(model, sizes)
+    regions = default_regions(model)
+    defaults = default_kernels(model, target, s, regions)
+    fixed = {k: v for k, v in s.items() if _fixed(model, k, sizes)}
+    yield make_plan(model, target, defaults, fixed)
+    for i, r in enumerate(regions):
+        for k in region_space(model, r, target, s):
+            if k == defaults[i]:
+                continue
+            kernels = (*defaults[:i], k, *defaults[i + 1:])
+            yield make_plan(model, target, kernels, fixed)
+
+
+__all__ = ["apply_pins", "concrete_sizes", "default_plan", "enumerate_plans", "parse_pins", "region_space"]

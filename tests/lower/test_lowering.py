@@ -1,0 +1,73 @@
+"""The lowering: raster orders are bijections, k ranges partition k, accesses follow the model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from habu.lower import lower_plan
+from habu.lower.access import Bound, Position
+from habu.prove.interp import PlanFault, check_raster
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+SIZES = {"M": 1000, "N": 700, "K": 511}
+
+
+def ggemm_lowering(**changes):
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"].with_sizes(SIZES)
+    plan = default_plan(m, TARGETS["sm_90a"], SIZES)
+    plan = replace(plan, kernels=(replace(plan.kernels[0], **changes),))
+    return lower_plan(m, plan)[0]
+
+
+@pytest.mark.parametrize("raster, group, split", [("row", 1, 1), ("column", 1, 1), ("row", 8, 1), ("column", 8, 3),
+                                                  ("row", 3, 2)])
+def test_raster_orders_cover_every_tile_once(raster, group, split):
+    lw = ggemm_lowering(raster=raster, group_m=group, split_k=split)
+    check_raster("k", lw, SIZES)  # raises on a duplicate or a missing tile
+
+
+def test_a_broken_raster_is_caught():
+    lw = ggemm_lowering()
+
+    class Broken(type(lw)):  # type: ignore[misc]
+        def tile_of(self, linear, s):
+            tm, tn, sp = super().tile_of(linear, s)
+            return np.minimum(tm, 2), tn, sp
+
+    bad = Broken(**{f: getattr(lw, f) for f in lw.__dataclass_fields__})
+    with pytest.raises(PlanFault, match="twice"):
+        check_raster("k", bad, SIZES)
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 5])
+def test_k_ranges_partition_the_k_tiles(split):
+    lw = ggemm_lowering(split_k=split)
+    covered = []
+    for s in range(split):
+        b, e = lw.k_range(s, SIZES)
+        covered += list(range(b, max(b, e)))
+    assert covered == list(range(lw.k_tiles(SIZES)))
+
+
+def test_gathered_operand_access():
+    lw = ggemm_lowering()
+    assert lw.a.positions == (Position("gather", "m", table="IX"), Position("axis", "k"))
+    assert set(lw.a.masks) == {Bound("m", "M"), Bound("k", "K")}
+    assert lw.a.strides == (("K",), ())
+    assert lw.b.positions == (Position("axis", "n"), Position("axis", "k"))
+    assert lw.out.masks == (Bound("m", "M"), Bound("n", "N"))
+
+
+def test_epilogue_of_a_fused_region():
+    m = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
+    lw = lower_plan(m, default_plan(m, TARGETS["sm_90a"]))[0]
+    from habu.spec.equation import format_expr
+
+    assert format_expr(lw.epilogue) == "0.5 · (%acc + B1[0 n]) · (1 + erf((%acc + B1[0 n]) · 0.7071067811865476))"
+    assert [ld.tensor for ld, _ in lw.epi_loads] == ["B1"]

@@ -1,0 +1,103 @@
+"""The z3 rule tables: Triton #10927 and the other shipped bugs, as compile-time rejections."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.prove.rules import TARGET_RULES, failures, guards, obligations
+from habu.search.space import default_plan
+from habu.spec.parser import load_program, parse_text
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+
+def ggemm(**sizes):
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    return m.with_sizes(sizes) if sizes else m
+
+
+def failed(model, target="sm_90a", sizes=None, pins=None):
+    plan = default_plan(model, TARGETS[target], sizes, pins)
+    return failures(obligations(model, plan, sizes)), plan
+
+
+def test_triton_10927_tma_stride_rule_rejects_k511_on_sm90a():
+    bad, _ = failed(ggemm(K=511), sizes={"K": 511}, pins={"B": "tma"})
+    assert [(o.rule.name, o.tensor) for o in bad] == [("tma-stride-16B", "B")]
+    assert "1022 bytes" in bad[0].detail
+    assert "Triton #10927" in bad[0].rule.source
+
+
+def test_triton_10927_gather4_on_sm100a_rejects_k511():
+    bad, plan = failed(ggemm(K=511), "sm_100a", {"K": 511}, {"A": "tma"})
+    assert plan.kernels[0].a_move == "tma-gather4"
+    assert [(o.rule.name, o.tensor) for o in bad] == [("tma-stride-16B", "A")]
+
+
+def test_k512_with_tma_passes():
+    bad, _ = failed(ggemm(K=512), sizes={"K": 512}, pins={"B": "tma"})
+    assert bad == []
+
+
+def test_gather_cannot_use_plain_tma_on_sm90a():
+    bad, _ = failed(ggemm(), pins={"A": "tma"})
+    assert [o.rule.name for o in bad] == ["tma-gather"]
+    assert "sm_100+" in bad[0].detail
+
+
+def test_gather4_rows_pass_at_k512_on_sm100a():
+    bad, _ = failed(ggemm(K=512), "sm_100a", {"K": 512}, {"A": "tma"})
+    assert bad == []
+
+
+def test_runtime_extent_gets_a_guard_with_a_counterexample():
+    src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
+    model = parse_text(src).models["GGEMM"]
+    plan = default_plan(model, TARGETS["sm_90a"], None, {"B": "tma"})
+    obs = obligations(model, plan)
+    assert not failures(obs)
+    g = {o.rule.name: o for o in guards(obs)}
+    assert "tma-stride-16B" in g
+    k = g["tma-stride-16B"].counterexample["K"]
+    assert (2 * k) % 16 != 0
+
+
+def test_int32_offsets_rule_catches_a_wrap():
+    from dataclasses import replace
+
+    m = ggemm(M=600_000, N=64)
+    plan = default_plan(m, TARGETS["sm_90a"], {"M": 600_000, "N": 64})
+    assert plan.kernels[0].index_width == 64  # the default already widens
+    forced = replace(plan, kernels=(replace(plan.kernels[0], index_width=32),))
+    bad = failures(obligations(m, forced, {"M": 600_000, "N": 64}))
+    assert "int32-offsets" in {o.rule.name for o in bad}
+
+
+@pytest.mark.parametrize("pins, rule", [
+    ({"tile": "128x136x64"}, "mma-shape"),  # wgmma N ≡ 8 mod 16 (tilelang #2593)
+    ({"tile": "256x256x64", "stages": "6"}, "smem-budget"),
+    ({"tile": "256x256x64", "warps": "4"}, "register-budget"),
+    ({"A": "cp.async", "vector": "16"}, "cp.async-size"),
+    ({"B": "tma", "tile": "64x512x64"}, "tma-box"),  # a 512-row box: TMA boxes are at most 256
+])
+def test_rule_violations(pins, rule):
+    bad, _ = failed(ggemm(), pins=pins)
+    assert rule in {o.rule.name for o in bad}, [o.describe() for o in bad]
+
+
+def test_cp_async_alignment_at_k511():
+    bad, _ = failed(ggemm(K=511), sizes={"K": 511}, pins={"A": "cp.async", "vector": "8"})
+    assert "cp.async-size" in {o.rule.name for o in bad}
+
+
+def test_every_target_has_a_rule_table():
+    assert set(TARGET_RULES) == set(TARGETS)
+    assert "tma-stride-16B" not in TARGET_RULES["sm_80"]
+
+
+def test_default_plans_of_every_example_break_no_rule():
+    for path in sorted((ROOT / "examples").glob("*.habu")):
+        for m in load_program(path).models.values():
+            for t in TARGETS:
+                bad, _ = failed(m, t)
+                assert bad == [], (path.name, m.name, t, [o.describe() for o in bad])

@@ -1,0 +1,71 @@
+"""Plans: frozen, hashable, JSON round trip, clear errors for bad plan files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from habu.errors import HabuError
+from habu.search.plan import Plan, field_docs
+from habu.search.space import default_plan, enumerate_plans, parse_pins
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import EXAMPLES, ROOT
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_json_round_trip_and_hash(path):
+    for m in load_program(path).models.values():
+        plan = default_plan(m, TARGETS["sm_90a"])
+        again = Plan.from_json(json.loads(plan.dumps()))
+        assert again == plan and hash(again) == hash(plan) and again.key == plan.key
+        with pytest.raises(AttributeError):
+            plan.kernels[0].nodes = ()  # type: ignore[misc]
+
+
+def test_every_field_has_a_doc_line():
+    m = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
+    plan = default_plan(m, TARGETS["sm_90a"])
+    for obj in (plan, *plan.kernels):
+        for name, _value, doc in field_docs(obj):
+            assert doc, f"{type(obj).__name__}.{name} has no doc"
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: d.pop("kernels"), "missing field 'kernels'"),
+    (lambda d: d["kernels"][0].update(tile_m="big"), "tile_m must be an integer"),
+    (lambda d: d["kernels"][0].update(kind="magic"), "unknown kind 'magic'"),
+    (lambda d: d["kernels"][0].update(extra=1), "unknown field(s) extra"),
+    (lambda d: d.update(format=99), "unknown plan format"),
+])
+def test_bad_plan_files_give_clear_errors(edit, fragment):
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    data = default_plan(m, TARGETS["sm_90a"]).to_json()
+    edit(data)
+    with pytest.raises(HabuError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        Plan.from_json(data, "p.json")
+
+
+def test_enumeration_is_canonical_and_has_no_duplicates():
+    m = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
+    import itertools
+
+    a = list(itertools.islice(enumerate_plans(m, TARGETS["sm_90a"]), 3000))
+    b = list(itertools.islice(enumerate_plans(m, TARGETS["sm_90a"]), 3000))
+    assert a == b
+    assert len(set(a)) == len(a)
+
+
+def test_pins_apply_and_bad_pins_are_clear():
+    m = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    plan = default_plan(m, TARGETS["sm_90a"], None, parse_pins(["tile=64x256x32", "mma=mma.sync", "stages=3",
+                                                               "B=cp.async", "split_k=2", "persistent=true"]))
+    k = plan.kernels[0]
+    assert (k.tile_m, k.tile_n, k.tile_k, k.mma, k.stages, k.b_move, k.split_k, k.persistent) == \
+        (64, 256, 32, "mma.sync", 3, "cp.async", 2, True)
+    from habu.errors import UsageError
+
+    for bad in (["tile=12"], ["mma=tensorcore"], ["B=teleport"], ["stages=many"], ["frob=1"], ["nokey"]):
+        with pytest.raises(UsageError):
+            default_plan(m, TARGETS["sm_90a"], None, parse_pins(bad))

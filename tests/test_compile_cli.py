@@ -1,0 +1,74 @@
+"""habu compile / habu verify: plans, reports, and the K = 511 negative compile tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def habu(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "habu", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_k511_with_tma_on_b_is_rejected_citing_the_16_byte_rule(tmp_path):
+    r = habu("compile", "examples/ggemm.habu", "--shape", "K=511", "--pin", "B=tma", "-o", str(tmp_path))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("examples/ggemm.habu:14:8: error: the plan for GGEMM breaks rule tma-stride-16B")
+    assert "the row stride of B is 1022 bytes, not a multiple of 16" in r.stderr
+    assert "Triton #10927" in r.stderr
+
+
+def test_k511_gather4_on_sm100a_is_rejected(tmp_path):
+    r = habu("compile", "examples/ggemm.habu", "--shape", "K=511", "--target", "sm_100a", "--pin", "A=tma",
+             "-o", str(tmp_path))
+    assert r.returncode == 1 and "tma-stride-16B" in r.stderr and "row stride of A is 1022 bytes" in r.stderr
+
+
+def test_k512_with_tma_compiles_and_verifies(tmp_path):
+    r = habu("compile", "examples/ggemm.habu", "--shape", "K=512", "--pin", "B=tma", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["kernels"][0]["b_move"] == "tma" and plan["shape"]["K"] == 512
+    report = (tmp_path / "report.md").read_text()
+    assert "tma-stride-16B" in report and "| proved |" in report and "finite-field certificate" in report
+    r = habu("verify", "examples/ggemm.habu", "--plan", str(tmp_path / "plan.json"), "--trials", "1")
+    assert r.returncode == 0 and "obligations hold" in r.stdout
+
+
+def test_verify_rejects_a_hand_edited_plan_that_breaks_a_rule(tmp_path):
+    r = habu("compile", "examples/ggemm.habu", "--shape", "K=512", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "plan.json").read_text())
+    data["kernels"][0]["a_move"] = "tma"  # TMA cannot gather A's rows on sm_90a
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    r = habu("verify", "examples/ggemm.habu", "--plan", str(tmp_path / "bad.json"))
+    assert r.returncode == 1 and "tma-gather" in r.stderr
+    data["model_hash"] = "0" * 64
+    (tmp_path / "other.json").write_text(json.dumps(data))
+    r = habu("verify", "examples/ggemm.habu", "--plan", str(tmp_path / "other.json"))
+    assert r.returncode == 1 and "made for another computation" in r.stderr
+    (tmp_path / "junk.json").write_text("{nope")
+    r = habu("verify", "examples/ggemm.habu", "--plan", str(tmp_path / "junk.json"))
+    assert r.returncode == 1 and "is not JSON" in r.stderr
+
+
+def test_runtime_extent_compiles_to_a_checked_set(tmp_path):
+    src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
+    f = tmp_path / "g.habu"
+    f.write_text(src)
+    r = habu("compile", str(f), "--pin", "B=tma", "-o", str(tmp_path / "out"), "--trials", "1")
+    assert r.returncode == 0, r.stderr
+    p1 = json.loads((tmp_path / "out" / "plan1.json").read_text())
+    p2 = json.loads((tmp_path / "out" / "plan2.json").read_text())
+    assert p1["guards"] and not p2["guards"]
+    assert p2["kernels"][0]["b_move"] == "ldg"
+
+
+def test_bad_pin_and_target_are_usage_errors(tmp_path):
+    r = habu("compile", "examples/ggemm.habu", "--pin", "tile=12", "-o", str(tmp_path))
+    assert r.returncode == 1 and "expected BMxBNxBK" in r.stderr
+    r = habu("compile", "examples/ggemm.habu", "--target", "sm_75", "-o", str(tmp_path))
+    assert r.returncode == 1 and "unknown target" in r.stderr
