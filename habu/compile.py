@@ -52,7 +52,7 @@ def fallback(plan: Plan, proof: Proof) -> Plan:
             bad = {o.tensor for o in proof.guards if o.kernel.startswith(f"kernel {plan.kernels.index(k)} ")}
             changes = {}
             if bad:
-                changes = {"a_move": "ldg", "a_vector": 1, "b_move": "ldg", "b_vector": 1, "swizzle": 0}
+                changes = {"a_move": "ldg", "a_vector": 1, "b_move": "ldg", "b_vector": 1}
             kernels.append(replace(k, **changes))
         else:
             kernels.append(replace(k, vector=1) if hasattr(k, "vector") else k)

@@ -113,6 +113,10 @@ def floordiv(a: Any, b: Any) -> Any:
 def minimum(a: Any, b: Any) -> Any:
     import numpy as np
 
+    if hasattr(a, "__habu_min__"):
+        return a.__habu_min__(b)
+    if hasattr(b, "__habu_min__"):
+        return b.__habu_min__(a)
     if isinstance(a, int) and isinstance(b, int):
         return min(a, b)
     if _concrete(a) and _concrete(b):

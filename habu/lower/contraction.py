@@ -75,21 +75,25 @@ class ContractionLowering:
             return min(t, sm_count)
         return t
 
-    def tile_of(self, linear: Any, s: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-        """The (tm, tn, split) a linear tile index stands for, by the raster order."""
-        tm_count, tn_count = self.tiles_m(s), self.tiles_n(s)
-        per_split = tm_count * tn_count
-        split = floordiv(linear, per_split)
-        pid = linear - split * per_split
+    def tile_of(self, linear: Any, s: Mapping[str, Any], let: Any = None) -> tuple[Any, Any, Any]:
+        """The (tm, tn, split) a linear tile index stands for, by the raster order.
+
+        `let(name, value)` names intermediate values (the emitter turns them into C constants)."""
+        let = let or (lambda _name, value: value)
+        tm_count = let("tiles_m", self.tiles_m(s))
+        tn_count = let("tiles_n", self.tiles_n(s))
+        per_split = let("tiles_per_split", tm_count * tn_count)
+        split = let("split", floordiv(linear, per_split))
+        pid = let("pid", linear - split * per_split)
         g = self.kernel.group_m
         if self.kernel.raster == "column":
             tm_count, tn_count = tn_count, tm_count
         if g > 1:
             width = g * tn_count
-            group = floordiv(pid, width)
-            first = group * g
-            size = minimum(tm_count - first, g)
-            within = pid - group * width
+            group = let("group", floordiv(pid, width))
+            first = let("group_first", group * g)
+            size = let("group_rows", minimum(tm_count - first, g))
+            within = let("within", pid - group * width)
             a = first + within - floordiv(within, size) * size
             b = floordiv(within, size)
         else:
@@ -181,6 +185,19 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
 
 def _pos(eq: Equation, var: IndexVar) -> int:
     return eq.lhs.index(var)
+
+
+def fma_thread_grid(kernel: ContractionKernel) -> tuple[int, int, int, int] | None:
+    """How the SIMT path spreads a tile over threads: (TX threads along n, TY along m, TN, TM outputs
+    per thread), or None when the tile does not divide evenly."""
+    threads = 32 * kernel.warps
+    tx = 16
+    while tx > 1 and (kernel.tile_n % tx or threads % tx):
+        tx //= 2
+    ty = threads // tx
+    if kernel.tile_n % tx or kernel.tile_m % ty:
+        return None
+    return tx, ty, kernel.tile_n // tx, kernel.tile_m // ty
 
 
 def epilogue_is_linear(lowering: ContractionLowering) -> bool:

@@ -45,15 +45,21 @@ def _round(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str) -> SmemLayout:
+def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
+    """`b_kmajor`: B is contiguous along k in memory (its tiles are [BN][BK]; otherwise [BK][BN])."""
     ea, eb = DTYPES[a_dtype].bytes, DTYPES[b_dtype].bytes
     if kernel.mma == "fma":
-        ea = eb = 4  # the SIMT path converts to f32 as it stages
+        # the SIMT path stages one k tile as f32, transposed to [k][row] with one float of padding
+        a = Buffer("A0", 0, kernel.tile_k * (kernel.tile_m + 1) * 4, 16, kernel.tile_k, kernel.tile_m + 1)
+        off = _round(a.size, 16)
+        b = Buffer("B0", off, kernel.tile_k * (kernel.tile_n + 1) * 4, 16, kernel.tile_k, kernel.tile_n + 1)
+        return SmemLayout((a, b), off + b.size, kernel.tile_m + 1, kernel.tile_n + 1)
     pad = 8 if (kernel.mma == "mma.sync" and kernel.swizzle == 0) else 0
-    a_row = kernel.tile_k + pad
-    b_row = kernel.tile_k + pad
+    # tiles TMA writes are dense (a box has no padding)
+    a_row = kernel.tile_k + (0 if "tma" in kernel.a_move else pad)
+    b_row = (kernel.tile_k if b_kmajor else kernel.tile_n) + (0 if "tma" in kernel.b_move else pad)
     a_size = kernel.tile_m * a_row * ea
-    b_size = kernel.tile_n * b_row * eb
+    b_size = (kernel.tile_n if b_kmajor else kernel.tile_k) * b_row * eb
     align_a = tile_alignment(kernel, kernel.a_move)
     align_b = tile_alignment(kernel, kernel.b_move)
     buffers: list[Buffer] = []
@@ -63,10 +69,13 @@ def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str) -> S
         buffers.append(Buffer(f"A{s}", off, a_size, align_a, kernel.tile_m, a_row))
         off += a_size
         off = _round(off, align_b)
-        buffers.append(Buffer(f"B{s}", off, b_size, align_b, kernel.tile_n, b_row))
+        buffers.append(Buffer(f"B{s}", off, b_size, align_b, kernel.tile_n if b_kmajor else kernel.tile_k, b_row))
         off += b_size
     if "tma" in kernel.a_move or "tma" in kernel.b_move or kernel.warp_specialized:
         off = _round(off, 8)
         buffers.append(Buffer("bar", off, 16 * kernel.stages, 8, 0, 0))
         off += 16 * kernel.stages
-    return SmemLayout(tuple(buffers), off, a_row, b_row)
+    # dynamic shared memory is only 16-byte aligned: the kernel rounds its base up to the largest
+    # alignment a tile needs, so the request includes that much slack
+    slack = max(b.align for b in buffers) - 16 if max(b.align for b in buffers) > 16 else 0
+    return SmemLayout(tuple(buffers), off + slack, a_row, b_row)

@@ -90,11 +90,12 @@ R = {r.name: r for r in (
          "T11: PTX ISA cp.async.bulk.tensor gather4; ptxas rejects it on sm_90a"),
     Rule("target-feature", "the target has the instruction the plan uses", "PTX ISA target requirements"),
     Rule("split-k-linear", "split-K partial sums only pass through a linear epilogue into f32", "atomicAdd semantics"),
+    Rule("supported-path", "Habu's emitter has a code path for this combination", "habu/emit_cuda"),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear")
+          "split-k-linear", "supported-path")
 TMA_RULES = ("tma-rank", "tma-base-align", "tma-dims", "tma-stride-16B", "tma-box", "tma-swizzle",
              "tma-smem-align", "tma-gather")
 
@@ -203,6 +204,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     yield Obligation(R["k-advance"], name, None, f"k0 advances by tile_k = {k.tile_k} each iteration",
                      lw.k_step == k.tile_k, detail=f"k0 advances by {lw.k_step}")
 
+    yield from _supported(name, lw, ctx)
     # the instruction and its shape
     a_dt, b_dt = lw.a.dtype, lw.b.dtype
     tc_dtypes = {"bf16", "f16"}
@@ -226,8 +228,12 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
                          f"mma.sync m16n8k16 over a {wm}x{wn} warp grid (bf16/f16 operands)", ok,
                          detail=f"{a_dt}/{b_dt} operands, tile {k.tile_m}x{k.tile_n}x{k.tile_k}, {k.warps} warps")
     else:
-        ok = (k.tile_m * k.tile_n) % (32 * k.warps) == 0
-        yield Obligation(R["mma-shape"], name, None, "SIMT FMA: the tile divides evenly over the threads", ok,
+        from habu.lower.contraction import fma_thread_grid
+
+        grid = fma_thread_grid(k)
+        ok = grid is not None and grid[2] * grid[3] <= 64
+        yield Obligation(R["mma-shape"], name, None,
+                         "SIMT FMA: the tile divides evenly over the threads, at most 64 outputs each", ok,
                          detail=f"tile {k.tile_m}x{k.tile_n} over {32 * k.warps} threads")
     threads = 32 * k.warps
     yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {t.max_threads_per_block}",
@@ -238,7 +244,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     yield Obligation(R["register-budget"], name, None,
                      f"{acc_regs} accumulator registers per thread ≤ {budget} (room for addresses and fragments)",
                      acc_regs <= budget, detail=f"{acc_regs} accumulator registers per thread")
-    layout = contraction_smem(k, a_dt, b_dt)
+    layout = contraction_smem(k, a_dt, b_dt, lw.b.positions[-1].axis == "k")
     yield Obligation(R["smem-budget"], name, None,
                      f"{layout.total} bytes of shared memory ≤ {t.smem_per_block}",
                      layout.total <= t.smem_per_block, detail=f"{layout.total} bytes")
@@ -253,6 +259,31 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     # data movement per operand
     for side, acc, move, vec in (("A", lw.a, k.a_move, k.a_vector), ("B", lw.b, k.b_move, k.b_vector)):
         yield from _movement(name, side, acc, move, vec, lw, ctx, layout)
+
+
+def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obligation]:
+    """What Habu's emitter can generate (not a hardware rule: a plan outside it cannot be built)."""
+    k = lw.kernel
+    reasons = []
+    k_major = all(acc.positions[-1].kind == "axis" and acc.positions[-1].axis == "k" for acc in (lw.a, lw.b))
+    if k.mma == "wgmma":
+        e = ctx.dtype_bytes(lw.a)
+        if not k.warp_specialized:
+            reasons.append("the wgmma path is warp-specialised")
+        if k.tile_k * e != 128 or k.swizzle != 128:
+            reasons.append("wgmma k tiles are 128 bytes with the 128-byte swizzle")
+        if not k_major:
+            reasons.append("wgmma operands must be contiguous along k")
+        if k.warps % 4 or k.warps < 8 or k.tile_m % (64 * max(1, k.warps // 4 - 1)):
+            reasons.append("warps = 4 × (1 producer + consumer warpgroups of 64-row slabs)")
+        if "tma-gather4" in (k.a_move, k.b_move):
+            reasons.append("gather4 (sm_100a) is emitted in the mma.sync path, not the wgmma path")
+    if k.mma == "mma.sync" and ("tma" in (k.a_move, k.b_move) or k.b_move == "tma-gather4"):
+        reasons.append("the mma.sync path stages with cp.async or ldg (and gather4 for A on sm_100a)")
+    if k.mma == "fma" and any(m not in ("ldg",) for m in (k.a_move, k.b_move)):
+        reasons.append("the SIMT path loads with ldg")
+    yield Obligation(R["supported-path"], name, None, f"the {k.mma} path supports this plan", not reasons,
+                     detail="; ".join(reasons))
 
 
 def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: ContractionLowering, ctx: Context,

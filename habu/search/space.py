@@ -85,19 +85,31 @@ def needs_64bit(model: Model, sizes: dict[str, int]) -> bool:
 # ----------------------------------------------------------------------------- defaults per kernel family
 
 
-def default_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ContractionKernel:
+def default_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int],
+                        mma: str | None = None) -> ContractionKernel:
+    """The analytic default; `mma` forces the instruction (and the defaults that go with it)."""
     c = as_contraction(node_of(model, region.nodes[0]))
     assert c is not None
     a_t, b_t = c.a.load.tensor, c.b.load.tensor
     a_dt, b_dt = dtype_of(model, a_t), dtype_of(model, b_t)
     tensor_cores = a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt
     M, N, K = sizes[c.m.extent], sizes[c.n.extent], sizes[c.k.extent]
-    if tensor_cores and target.wgmma:
-        mma, tile, warps, stages = "wgmma", (128, 128, 64), 8, 4
-    elif tensor_cores and target.mma_sync:
-        mma, tile, warps, stages = "mma.sync", (128, 128, 32), 8, 3
+    a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1
+    b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
+    if mma is None:
+        if tensor_cores and target.wgmma and a_kmajor and b_kmajor and K >= 64:
+            mma = "wgmma"
+        elif tensor_cores and target.mma_sync:
+            mma = "mma.sync"
+        else:
+            mma = "fma"
+    if mma == "wgmma":
+        wide = 256 if N >= 2048 and M >= 1024 else 128
+        tile, warps, stages = (128, wide, 64), 12, 4 if wide == 256 else 5
+    elif mma == "mma.sync":
+        tile, warps, stages = (128, 128, 32), 8, 3
     else:
-        mma, tile, warps, stages = "fma", (64, 64, 16), 4, 2
+        tile, warps, stages = (64, 64, 16), 4, 1
 
     def movement(op, tile_along_inner: int) -> tuple[str, int]:
         decl = model.tensor(op.load.tensor)
@@ -107,11 +119,11 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
         vec = max_vector(inner, eb)
         while tile_along_inner % vec:
             vec //= 2
-        if op.gather is None and target.tma and (inner * eb) % 16 == 0 and mma != "fma" and contiguous_k:
+        if op.gather is None and target.tma and (inner * eb) % 16 == 0 and mma == "wgmma" and contiguous_k:
             return "tma", vec
-        if target.cp_async and vec * eb >= 4 and mma != "fma":
+        if target.cp_async and vec * eb >= 4 and mma != "fma" and (contiguous_k or mma != "wgmma"):
             return "cp.async", vec
-        return "ldg", vec
+        return "ldg", vec if mma != "fma" else 1
 
     inner_tile = {"a": tile[2] if c.a.k_pos == 1 else tile[0], "b": tile[2] if c.b.k_pos == 1 else tile[1]}
     a_move, a_vec = movement(c.a, inner_tile["a"])
@@ -127,7 +139,7 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
     return ContractionKernel(
         nodes=region.nodes, tile_m=tile[0], tile_n=tile[1], tile_k=tile[2], warps=warps, stages=stages,
         mma=mma, a_move=a_move, b_move=b_move, a_vector=a_vec, b_vector=b_vec, split_k=split,
-        raster="row", group_m=8, persistent=False, warp_specialized=False,
+        raster="row", group_m=8, persistent=False, warp_specialized=mma == "wgmma",
         swizzle=swizzle if "tma" in (a_move, b_move) or mma == "wgmma" else 0,
         accumulator="f32", index_width=64 if needs_64bit(model, sizes) else 32,
     )
@@ -192,6 +204,12 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     s = concrete_sizes(model, sizes)
     kernels = default_kernels(model, target, s)
     if pins:
+        regions = default_regions(model)
+        if "mma" in pins:
+            if pins["mma"] not in MMAS:
+                raise UsageError(f"--pin mma={pins['mma']}: expected one of {', '.join(MMAS)}")
+            kernels = tuple(default_contraction(model, r, target, s, pins["mma"]) if r.kind == "contraction" else k
+                            for r, k in zip(regions, kernels, strict=True))
         kernels = tuple(apply_pins(model, k, pins, target) for k in kernels)
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)})
 
@@ -314,20 +332,28 @@ def contraction_space(model: Model, region: Region, target: Target, sizes: dict[
             or (tc and m == "wgmma" and target.wgmma)]
     moves = [m for m in MOVEMENTS if m == "ldg" or (m == "cp.async" and target.cp_async)
              or (m == "tma" and target.tma) or (m == "tma-gather4" and target.tma_gather4)]
-    tiles_mn = (64, 128, 256)
-    tiles_k = (16, 32, 64)
     vec_a, vec_b = base.a_vector, base.b_vector
-    for mma, bm, bn, bk, warps, stages, am, bmv, split, raster, group, persistent in itertools.product(
-            mmas, tiles_mn, tiles_mn, tiles_k, (4, 8), (2, 3, 4, 5), moves, moves, (1, 2, 4), RASTERS,
-            (1, 8), (False, True)):
-        if mma == "fma" and (bm > 128 or bn > 128 or am in ("tma", "tma-gather4")):
-            continue
-        if (am == "tma-gather4" and c.a.gather is None) or (bmv == "tma-gather4" and c.b.gather is None):
-            continue
-        yield replace(base, mma=mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
-                      a_move=am, b_move=bmv, a_vector=vec_a,
-                      b_vector=vec_b, split_k=split, raster=raster, group_m=group, persistent=persistent,
-                      warp_specialized=(mma == "wgmma" and "tma" in (am, bmv) and warps == 8))
+    # per instruction: (tile_m, tile_n, tile_k, warps, stages) choices its emitter supports
+    shapes = {
+        "fma": [(bm, bn, bk, w, 1) for bm in (32, 64, 128) for bn in (32, 64, 128) for bk in (8, 16, 32)
+                for w in (4, 8)],
+        "mma.sync": [(bm, bn, bk, w, st) for bm in (64, 128, 256) for bn in (64, 128, 256) for bk in (32, 64)
+                     for w in (4, 8) for st in (2, 3, 4, 5)],
+        "wgmma": [(bm, bn, 64, 4 * (1 + bm // (64 * slabs)), st) for bm in (64, 128, 256)
+                  for bn in (64, 96, 128, 192, 256) for slabs in (1, 2) if bm % (64 * slabs) == 0
+                  for st in (2, 3, 4, 5, 6)],
+    }
+    movements = {"fma": [("ldg", "ldg")],
+                 "mma.sync": [(a, b) for a in ("ldg", "cp.async") for b in ("ldg", "cp.async")],
+                 "wgmma": [(a, b) for a in moves if a != "tma-gather4" for b in moves if b != "tma-gather4"]}
+    for mma in mmas:
+        for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent in itertools.product(
+                shapes[mma], movements[mma], (1, 2, 4), RASTERS, (1, 8), (False, True)):
+            yield replace(base, mma=mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
+                          a_move=am, b_move=bmv, a_vector=vec_a if am != "ldg" or mma != "fma" else 1,
+                          b_vector=vec_b if bmv != "ldg" or mma != "fma" else 1, split_k=split,
+                          raster=raster, group_m=group, persistent=persistent,
+                          warp_specialized=mma == "wgmma", swizzle=128 if mma == "wgmma" else 0)
 
 
 def rows_space(base: RowKernel) -> Iterator[RowKernel]:

@@ -1,0 +1,170 @@
+"""What every emitter shares: kernel parameters, offsets and masks of an access, float expressions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.kernel import Param, TmaSpec
+from habu.lower.access import Access
+from habu.spec.functions import FUNCTIONS
+from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size
+
+CTYPE = {"bf16": "habu::bf16", "f16": "habu::f16", "f32": "float", "f64": "double", "i32": "int",
+         "i64": "long long", "i16": "short", "i8": "signed char"}
+LOAD = {"bf16": "habu::load_bf16", "f16": "habu::load_f16", "f32": "habu::load_f", "f64": "habu::load_f"}
+STORE = {"bf16": "habu::store_bf16", "f16": "habu::store_f16", "f32": "habu::store_f"}
+
+
+@dataclass
+class Signature:
+    """The parameters of one kernel, collected while its body is emitted."""
+
+    model: Model
+    params: list[Param] = field(default_factory=list)
+    static: dict[str, int] = field(default_factory=dict)  # extents fixed at compile time
+
+    def pointer(self, tensor: str, dtype: str, writes: bool = False) -> str:
+        name = f"p_{_ident(tensor)}"
+        for i, p in enumerate(self.params):
+            if p.kind == "ptr" and p.tensor == tensor:
+                if writes and not p.writes:
+                    self.params[i] = Param(p.name, "ptr", tensor, dtype, writes=True)
+                return name
+        self.params.append(Param(name, "ptr", tensor, dtype, writes=writes))
+        return name
+
+    def size(self, extent: str) -> Any:
+        """An extent's size: a literal when static, a kernel parameter when known only at run time."""
+        if extent in self.static:
+            return self.static[extent]
+        name = f"s_{extent}"
+        if not any(p.kind == "size" and p.extent == extent for p in self.params):
+            self.params.append(Param(name, "size", extent=extent))
+        return CExpr(name)
+
+    def sizes(self) -> SizeView:
+        return SizeView(self)
+
+    def tensormap(self, spec: TmaSpec) -> str:
+        name = f"tm_{_ident(spec.tensor)}"
+        if not any(p.kind == "tensormap" and p.tensor == spec.tensor for p in self.params):
+            self.params.append(Param(name, "tensormap", spec.tensor, spec.dtype, tma=spec))
+        return name
+
+    def declaration(self) -> str:
+        out = []
+        for p in self.params:
+            if p.kind == "ptr":
+                const = "" if p.writes else "const "
+                out.append(f"{const}{CTYPE[p.dtype or 'f32']}* __restrict__ {p.name}")
+            elif p.kind == "size":
+                out.append(f"long long {p.name}")
+            else:
+                out.append(f"const __grid_constant__ habu::TensorMap {p.name}")
+        return ", ".join(out)
+
+
+class SizeView(Mapping[str, Any]):
+    """Extent sizes for the lowering's formulas: ints where static, C names where not."""
+
+    def __init__(self, sig: Signature):
+        self.sig = sig
+
+    def __getitem__(self, key: str) -> Any:
+        return self.sig.size(key)
+
+    def __iter__(self):
+        return iter(e.name for e in self.sig.model.extents)
+
+    def __len__(self) -> int:
+        return len(self.sig.model.extents)
+
+
+def _ident(name: str) -> str:
+    return "t" + name[1:] if name.startswith("%") else name
+
+
+def index_type(width: int) -> str:
+    return "int" if width == 32 else "long long"
+
+
+def access_offset(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any], width: int,
+                  table: Callable[[str, str], str]) -> str:
+    """The element offset of an access, computed in the plan's index width, from axis coordinates.
+    `table(name, coordinate)` gives the C expression of an index tensor's value at a coordinate."""
+    it = index_type(width)
+    terms = []
+    for pos, p in enumerate(access.positions):
+        stride = access.stride(pos, sizes)
+        if p.kind == "const":
+            if p.value == 0:
+                continue
+            value = str(p.value)
+        elif p.kind == "axis":
+            value = coord[p.axis]
+        else:
+            value = table(p.table, coord[p.axis])
+        if isinstance(stride, int) and stride == 1:
+            terms.append(f"({it})({value})")
+        else:
+            terms.append(f"({it})({value}) * ({it})({c(stride)})")
+    return " + ".join(terms) if terms else "0"
+
+
+def access_mask(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any]) -> str:
+    parts = []
+    for b in access.masks:
+        op = "<=" if b.inclusive else "<"
+        parts.append(f"({coord[b.axis]}) {op} {c(sizes[b.extent])}")
+    return " && ".join(parts) if parts else "true"
+
+
+def float_literal(v: Fraction) -> str:
+    f = float(v)
+    text = repr(f)
+    if "e" not in text and "." not in text and "inf" not in text:
+        text += ".0"
+    return text + "f"
+
+
+def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
+               reduce: Callable[[Reduce], str] | None = None) -> str:
+    """An IR expression as C float arithmetic; `leaf` renders loads, `reduce` reductions."""
+    if isinstance(e, Const):
+        return float_literal(e.value)
+    if isinstance(e, Size):
+        return f"(float)({c(sizes[e.extent])})"
+    if isinstance(e, Load):
+        return leaf(e)
+    if isinstance(e, Reduce):
+        if reduce is None:
+            raise ValueError("a reduction where none is expected")
+        return reduce(e)
+    assert isinstance(e, Op)
+    args = [float_expr(a, leaf, sizes, reduce) for a in e.args]
+    infix = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+    if e.fn in infix:
+        return f"({args[0]} {infix[e.fn]} {args[1]})"
+    if e.fn == "neg":
+        return f"(-{args[0]})"
+    assert e.fn in FUNCTIONS
+    return f"habu::f_{e.fn}({', '.join(args)})"
+
+
+def load_value(dtype: str, pointer: str, offset: str) -> str:
+    if dtype in LOAD:
+        return f"{LOAD[dtype]}({pointer} + ({offset}))"
+    return f"(float)({pointer}[{offset}])"
+
+
+def store_value(dtype: str, pointer: str, offset: str, value: str) -> str:
+    return f"{STORE[dtype]}({pointer} + ({offset}), {value});"
+
+
+def header(title: str, lines: list[str]) -> str:
+    body = "\n".join(f"// {ln}" for ln in lines)
+    return f"// {title}\n{body}\n#include \"habu/habu.cuh\"\n"

@@ -1,0 +1,50 @@
+"""From a proven plan to CUDA: one kernel per fusion region, each from its lowering."""
+
+from __future__ import annotations
+
+from habu.emit_cuda.emit_fma import emit_fma
+from habu.emit_cuda.emit_rows import emit_map, emit_rows
+from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
+from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
+from habu.search.plan import Plan
+from habu.spec.ir import Model
+from habu.target import Target
+
+
+def kernel_name(model: Model, plan: Plan, i: int) -> str:
+    base = "".join(ch if ch.isalnum() else "_" for ch in model.name.lower())
+    return f"habu_{base}_{plan.key[:8]}_k{i}"
+
+
+def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
+    static = {name: size for name, size in plan.shape}
+    for e in model.extents:
+        if e.is_static and e.name not in static:
+            static[e.name] = e.size  # type: ignore[assignment]
+    kernels: list[CudaKernel] = []
+    for i, lw in enumerate(lower_plan(model, plan)):
+        name = kernel_name(model, plan, i)
+        if isinstance(lw, ContractionLowering):
+            kernels.append(emit_contraction(name, model, lw, static, target))
+        elif isinstance(lw, RowLowering):
+            kernels.append(emit_rows(name, model, lw, static))
+        else:
+            assert isinstance(lw, MapLowering)
+            kernels.append(emit_map(name, model, lw, static))
+    storage = dict(plan.storage)
+    inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
+                  if t.name in storage)
+    return EmittedPlan(tuple(kernels), inter)
+
+
+def emit_contraction(name: str, model: Model, lw: ContractionLowering, static: dict[str, int],
+                     target: Target) -> CudaKernel:
+    if lw.kernel.mma == "fma":
+        return emit_fma(name, model, lw, static)
+    if lw.kernel.mma == "mma.sync":
+        from habu.emit_cuda.emit_mma import emit_mma
+
+        return emit_mma(name, model, lw, static)
+    from habu.emit_cuda.emit_wgmma import emit_wgmma
+
+    return emit_wgmma(name, model, lw, static)

@@ -1,0 +1,163 @@
+"""The SIMT contraction: one thread computes a small block of outputs with FMAs.
+
+It exists for every element type and every target, so it is the fallback of every checked set.
+Each k tile is loaded cooperatively (predicated global loads, converted to f32) into shared
+memory transposed to [k][row], then every thread accumulates its TM × TN outputs.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    CTYPE,
+    Signature,
+    access_mask,
+    access_offset,
+    float_expr,
+    header,
+    index_type,
+    load_value,
+    store_value,
+)
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
+from habu.lower.smem import contraction_smem
+from habu.spec.ir import Load, Model
+
+
+def tile_setup(lw: ContractionLowering, sizes, it: str, indent: str = "    ") -> str:
+    """The C that turns `lin` into the tile, split and k range: the lowering's own formulas."""
+    lines: list[str] = []
+
+    def let(name: str, value):
+        if isinstance(value, int):
+            return value
+        lines.append(f"const long long {name} = {c(value)};")
+        return CExpr(name)
+
+    tm, tn, split = lw.tile_of(CExpr("lin"), sizes, let)
+    begin, end = lw.k_range(CExpr("split"), sizes)
+    lines += [f"const long long tm = {c(tm)};", f"const long long tn = {c(tn)};",
+              f"const {it} m0 = ({it})(tm * {lw.bm});", f"const {it} n0 = ({it})(tn * {lw.bn});",
+              f"const long long kt_begin = {c(begin)};", f"const long long kt_end = {c(end)};"]
+    if "const long long split" not in "".join(lines):
+        lines.insert(0, f"const long long split = {c(split)};")
+    return "".join(indent + ln + "\n" for ln in lines)
+
+
+def table_reader(sig: Signature, model: Model, it: str):
+    def table(name: str, coord: str) -> str:
+        p = sig.pointer(name, model.tensor(name).dtype.name)  # type: ignore[union-attr]
+        return f"({it}){p}[{coord}]"
+    return table
+
+
+def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
+                  acc: str) -> str:
+    """`value = epilogue(acc)` for output element (m, n), then the masked store (or atomic add)."""
+    coord = {"m": m, "n": n}
+    table = table_reader(sig, model, it)
+
+    def leaf(ld: Load) -> str:
+        if ld.tensor == ACC:
+            return acc
+        access = next(a for x, a in lw.epi_loads if x == ld)
+        p = sig.pointer(access.tensor, access.dtype)
+        return load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))
+
+    value = float_expr(lw.epilogue, leaf, sizes)
+    out = lw.out
+    p = sig.pointer(out.tensor, out.dtype, writes=True)
+    off = access_offset(out, coord, sizes, lw.index_width, table)
+    if lw.split_mode == "atomic":
+        store = f"habu::atomic_add_f({p} + ({off}), {value});"
+    else:
+        store = store_value(out.dtype, p, off, value)
+    return f"if ({access_mask(out, coord, sizes)}) {{ {store} }}"
+
+
+def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
+    k = lw.kernel
+    grid = fma_thread_grid(k)
+    if grid is None:
+        raise ValueError(f"tile {k.tile_m}x{k.tile_n} does not divide over {32 * k.warps} threads")
+    tx, ty, tn_per, tm_per = grid
+    threads = 32 * k.warps
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
+    bm, bn, bk = lw.bm, lw.bn, lw.bk
+
+    def tile_load(side: str, rows: int, row_axis: str, ld: int) -> str:
+        access = lw.a if side == "A" else lw.b
+        p = sig.pointer(access.tensor, access.dtype)
+        coord = {row_axis: "r", "k": "kk"}
+        k_fast = access.positions[-1].axis == "k"
+        # walk the tile so that consecutive threads touch consecutive addresses
+        idx = ("const int i = e / BK; const int kx = e % BK;" if k_fast else
+               "const int i = e % ROWS; const int kx = e / ROWS;").replace("ROWS", str(rows)).replace("BK", str(bk))
+        value = load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))
+        return f"""      for (int e = tid; e < {rows * bk}; e += {threads}) {{
+        {idx}
+        const {it} r = {row_axis}0 + i;
+        const {it} kk = k0 + kx;
+        float v = 0.0f;
+        if ({access_mask(access, coord, sizes)}) v = {value};
+        s{side}[kx * {ld} + i] = v;
+      }}
+"""
+
+    loop = "for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x)"
+    body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* sA = reinterpret_cast<float*>(smem + {layout.buffers[0].offset});  // [BK][BM+1]
+  float* sB = reinterpret_cast<float*>(smem + {layout.buffers[1].offset});  // [BK][BN+1]
+  const int tid = threadIdx.x;
+  const int tx = tid % {tx};
+  const int ty = tid / {tx};
+  const long long tiles = {c(lw.tiles(sizes))};
+  {loop} {{
+{tile_setup(lw, sizes, it)}    float acc[{tm_per}][{tn_per}];
+#pragma unroll
+    for (int i = 0; i < {tm_per}; ++i)
+#pragma unroll
+      for (int j = 0; j < {tn_per}; ++j) acc[i][j] = 0.0f;
+    for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+      const {it} k0 = ({it})(kt_begin * {bk} + (kt - kt_begin) * {lw.k_step});
+{tile_load("A", bm, "m", layout.a_row)}{tile_load("B", bn, "n", layout.b_row)}      __syncthreads();
+#pragma unroll 4
+      for (int kx = 0; kx < {bk}; ++kx) {{
+        float a[{tm_per}], b[{tn_per}];
+#pragma unroll
+        for (int i = 0; i < {tm_per}; ++i) a[i] = sA[kx * {layout.a_row} + ty + i * {ty}];
+#pragma unroll
+        for (int j = 0; j < {tn_per}; ++j) b[j] = sB[kx * {layout.b_row} + tx + j * {tx}];
+#pragma unroll
+        for (int i = 0; i < {tm_per}; ++i)
+#pragma unroll
+          for (int j = 0; j < {tn_per}; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+      }}
+      __syncthreads();
+    }}
+#pragma unroll
+    for (int i = 0; i < {tm_per}; ++i)
+#pragma unroll
+      for (int j = 0; j < {tn_per}; ++j) {{
+        const {it} m = m0 + ty + i * {ty};
+        const {it} n = n0 + tx + j * {tx};
+        {epilogue_code(lw, sig, model, sizes, it, "m", "n", "acc[i][j]")}
+      }}
+  }}
+}}
+"""
+    # the A/B loaders may be emitted before the epilogue registers its pointers: declare last
+    src = header(f"{name}: SIMT contraction {bm}x{bn}x{bk}, {threads} threads, {tm_per}x{tn_per} outputs each",
+                 [f"computes {', '.join(k.nodes)}; split_k={k.split_k}, index width {lw.index_width}"])
+    src += body.replace("SIGNATURE", sig.declaration())
+    zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
+    return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero)
+
+
+__all__ = ["CTYPE", "emit_fma", "epilogue_code", "tile_setup"]

@@ -1,0 +1,207 @@
+"""The Ampere contraction: mma.sync m16n8k16 fed by ldmatrix, operands staged by a multi-stage
+cp.async pipeline (or predicated loads), for sm_80 and later.
+
+Warps form a 2 × (warps/2) grid over the tile. Shared tiles keep the global contiguity: A as
+[BM][BK+8] (k contiguous); B as [BN][BK+8] when k is contiguous in memory, [BK][BN+8] otherwise
+(read with ldmatrix.trans). Rows are padded by 16 bytes so ldmatrix's eight row addresses fall in
+different banks.
+
+    prologue: fill stages 0..S-2
+    for each k tile: wait for its stage, barrier, start loading tile kt+S-1 into the stage freed
+    last iteration, then multiply the tile from shared memory.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import c
+from habu.emit_cuda.common import Signature, access_mask, access_offset, header, index_type
+from habu.emit_cuda.emit_fma import epilogue_code, table_reader, tile_setup
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.contraction import ContractionLowering
+from habu.lower.smem import contraction_smem
+from habu.spec.dtypes import DTYPES
+from habu.spec.ir import Model
+
+
+def _gather4_load(lw: ContractionLowering, sig: Signature, sizes, it: str, model: Model, stage_bytes: int) -> str:
+    """sm_100a: one thread gathers A's rows four at a time with TMA; rows past #M get an out-of-bounds
+    coordinate, which TMA fills with zeros (as it does the ragged k tail)."""
+    from habu.emit_cuda.kernel import TmaSpec
+
+    acc = lw.a
+    tmap = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, tuple(reversed(acc.extents)), (lw.bk, 1), 0))
+    table = next(p.table for p in acc.positions if p.kind == "gather")
+    ix = sig.pointer(table, model.tensor(table).dtype.name)  # type: ignore[union-attr]
+    rows_total = sizes[acc.extents[0]]
+    e = DTYPES[acc.dtype].bytes
+    M = sizes[lw.m]
+    rows = ", ".join(f"(m0 + 4 * g + {i} < {c(M)}) ? (int){ix}[m0 + 4 * g + {i}] : (int){c(rows_total)}"
+                     for i in range(4))
+    return f"""      if (threadIdx.x == 0) {{
+        habu::mbar_arrive_expect_tx(s_bar + 8 * st, {lw.bm * lw.bk * e});
+        for (int g = 0; g < {lw.bm // 4}; ++g) {{
+          int rows[4] = {{{rows}}};
+          habu::tma_gather4(s_a + (habu::u32)(st * {stage_bytes}) + (habu::u32)(g * 4 * {lw.bk * e}), &{tmap},
+                            s_bar + 8 * st, (int)k0, rows[0], rows[1], rows[2], rows[3]);
+        }}
+      }}
+"""
+
+
+def _stage_load(side: str, lw: ContractionLowering, sig: Signature, sizes, it: str, model: Model,
+                threads: int, k_major: bool, rows: int, row_axis: str, stage_bytes: int) -> str:
+    k = lw.kernel
+    access = lw.a if side == "A" else lw.b
+    e = DTYPES[access.dtype].bytes
+    move = k.a_move if side == "A" else k.b_move
+    if move == "tma-gather4":
+        return _gather4_load(lw, sig, sizes, it, model, stage_bytes)
+    vec = (k.a_vector if side == "A" else k.b_vector) if move == "cp.async" else 1
+    p = sig.pointer(access.tensor, access.dtype)
+    table = table_reader(sig, model, it)
+    coord = {row_axis: "r", "k": "kk"}
+    off = access_offset(access, coord, sizes, lw.index_width, table)
+    mask = access_mask(access, coord, sizes)
+    if k_major:
+        inner, outer, ld = lw.bk, rows, lw.bk + 8
+        idx = f"const int i = e / {inner // vec}; const int x = (e % {inner // vec}) * {vec};"
+        pos = f"const {it} r = {row_axis}0 + i; const {it} kk = k0 + x;"
+        smem_off = f"(i * {ld} + x) * {e}"
+    else:
+        inner, outer, ld = rows, lw.bk, rows + 8
+        idx = f"const int x = e / {inner // vec}; const int i = (e % {inner // vec}) * {vec};"
+        pos = f"const {it} r = {row_axis}0 + i; const {it} kk = k0 + x;"
+        smem_off = f"(x * {ld} + i) * {e}"
+    total = inner * outer // vec
+    dst = f"s_{side.lower()} + (habu::u32)(st * {stage_bytes}) + (habu::u32)({smem_off})"
+    if move == "cp.async":
+        copy = f"habu::cp_async<{vec * e}>({dst}, ok ? (const void*)({p} + ({off})) : (const void*){p}, ok);"
+    else:
+        copy = (f"*reinterpret_cast<unsigned short*>(smem + ({dst} - s_base)) = "
+                f"habu::load2_or_zero(ok ? (const void*)({p} + ({off})) : (const void*){p}, ok);")
+    return f"""      for (int e = threadIdx.x; e < {total}; e += {threads}) {{
+        {idx}
+        {pos}
+        const bool ok = {mask};
+        {copy}
+      }}
+"""
+
+
+def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
+    k = lw.kernel
+    dt = lw.a.dtype
+    if dt != lw.b.dtype or dt not in ("bf16", "f16"):
+        raise ValueError("mma.sync needs bf16 or f16 operands of one type")
+    if lw.a.positions[-1].axis != "k":
+        raise ValueError("the mma.sync path needs A contiguous along k")
+    b_kmajor = lw.b.positions[-1].axis == "k"
+    wm = 2
+    wn = k.warps // wm
+    WM, WN = lw.bm // wm, lw.bn // wn
+    MI, NI = WM // 16, WN // 8
+    if WM % 16 or WN % 8 or lw.bk % 16 or k.stages < 2:
+        raise ValueError(f"tile {lw.bm}x{lw.bn}x{lw.bk} does not split into m16n8k16 over {k.warps} warps")
+    threads = 32 * k.warps
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    e = DTYPES[dt].bytes
+    layout = contraction_smem(k, dt, dt, b_kmajor)
+    off = {b.name: b.offset for b in layout.buffers}
+    stride = off["A1"] - off["A0"]  # stages are laid out A0 B0 A1 B1 ...
+    gather4 = k.a_move == "tma-gather4"
+    a_ld = layout.a_row
+    if a_ld != lw.bk + (0 if gather4 else 8) or layout.b_row != (lw.bk if b_kmajor else lw.bn) + 8:
+        raise ValueError("the mma.sync path pads shared rows by 16 bytes (swizzle 0)")
+    load_a = _stage_load("A", lw, sig, sizes, it, model, threads, True, lw.bm, "m", stride)
+    load_b = _stage_load("B", lw, sig, sizes, it, model, threads, b_kmajor, lw.bn, "n", stride)
+    a_bytes = b_bytes = stride
+    mma_fn = "habu::mma_bf16_16816" if dt == "bf16" else "habu::mma_f16_16816"
+    if b_kmajor:
+        b_frag = f"""habu::ldmatrix_x2(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((wn_ * {WN} + ni * 8 + (lane % 8)) * {lw.bk + 8} + ks * 16 + ((lane / 8) % 2) * 8) * {e}));"""
+    else:
+        b_frag = f"""habu::ldmatrix_x2_trans(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((ks * 16 + (lane % 16)) * {lw.bn + 8} + wn_ * {WN} + ni * 8) * {e}));"""
+    epi = epilogue_code(lw, sig, model, sizes, it, "m", "n", "acc[mi][ni][q]")
+    body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
+  extern __shared__ __align__(128) unsigned char smem[];
+  const habu::u32 s_base = habu::smem_addr(smem);
+  const habu::u32 s_a = s_base + {off["A0"]}u;  // stage st of A at s_a + st * {stride}: [{lw.bm}][{lw.bk + 8}]
+  const habu::u32 s_b = s_base + {off["B0"]}u;  // stage st of B at s_b + st * {stride}
+  const habu::u32 s_bar = s_base + {layout.total if gather4 else 0}u;  // gather4: one mbarrier per stage
+{"  if (threadIdx.x == 0) { for (int s = 0; s < " + str(k.stages) + "; ++s) habu::mbar_init(s_bar + 8 * s, 1); habu::fence_barrier_init(); }" + chr(10) + "  __syncthreads();" if gather4 else ""}
+  long long uses = 0;  // k tiles consumed so far (the parity of a stage's mbarrier)
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int wm_ = warp % {wm};
+  const int wn_ = warp / {wm};
+  const long long tiles = {c(lw.tiles(sizes))};
+  for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{tile_setup(lw, sizes, it)}    float acc[{MI}][{NI}][4];
+#pragma unroll
+    for (int mi = 0; mi < {MI}; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < {NI}; ++ni)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+    const long long steps = kt_end > kt_begin ? kt_end - kt_begin : 0;
+    // prologue: the first {k.stages - 1} k tiles
+    for (int pst = 0; pst < {k.stages - 1}; ++pst) {{
+      const int st = (int)((uses + pst) % {k.stages});  // stages continue across tiles (mbarrier parity)
+      if (pst < steps) {{
+        const {it} k0 = ({it})(kt_begin * {lw.bk} + pst * {lw.k_step});
+{load_a}{load_b}      }}
+      habu::cp_async_commit();
+    }}
+    for (long long j = 0; j < steps; ++j) {{
+      habu::cp_async_wait<{k.stages - 2}>();
+{"      habu::mbar_wait(s_bar + 8 * (int)((uses + j) % " + str(k.stages) + "), (habu::u32)(((uses + j) / " + str(k.stages) + ") & 1));" if gather4 else ""}
+      __syncthreads();
+      {{  // refill the stage the previous iteration finished with
+        const long long jn = j + {k.stages - 1};
+        const int st = (int)((uses + jn) % {k.stages});
+        if (jn < steps) {{
+          const {it} k0 = ({it})(kt_begin * {lw.bk} + jn * {lw.k_step});
+{load_a}{load_b}        }}
+        habu::cp_async_commit();
+      }}
+      const int st = (int)((uses + j) % {k.stages});
+#pragma unroll
+      for (int ks = 0; ks < {lw.bk // 16}; ++ks) {{
+        habu::u32 af[{MI}][4];
+        habu::u32 bf[{NI}][2];
+#pragma unroll
+        for (int mi = 0; mi < {MI}; ++mi)
+          habu::ldmatrix_x4(af[mi], s_a + (habu::u32)(st * {a_bytes}) + (habu::u32)(((wm_ * {WM} + mi * 16 + (lane % 16)) * {a_ld} + ks * 16 + (lane / 16) * 8) * {e}));
+#pragma unroll
+        for (int ni = 0; ni < {NI}; ++ni)
+          {b_frag}
+#pragma unroll
+        for (int mi = 0; mi < {MI}; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < {NI}; ++ni) {mma_fn}(acc[mi][ni], af[mi], bf[ni]);
+      }}
+    }}
+    habu::cp_async_wait<0>();
+    __syncthreads();
+    uses += steps;
+#pragma unroll
+    for (int mi = 0; mi < {MI}; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < {NI}; ++ni)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {{
+          const {it} m = m0 + ({it})(wm_ * {WM} + mi * 16 + lane / 4 + 8 * (q / 2));
+          const {it} n = n0 + ({it})(wn_ * {WN} + ni * 8 + 2 * (lane % 4) + (q % 2));
+          {epi}
+        }}
+  }}
+}}
+"""
+    src = header(f"{name}: mma.sync m16n8k16 contraction {lw.bm}x{lw.bn}x{lw.bk}, {k.stages} stages, "
+                 f"{k.warps} warps ({wm}x{wn})",
+                 [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move} "
+                  f"({'k' if b_kmajor else 'n'}-contiguous); split_k={k.split_k}"])
+    src += body.replace("SIGNATURE", sig.declaration())
+    zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
+    return CudaKernel(name, src, tuple(sig.params), threads, layout.total + (8 * k.stages if gather4 else 0), lw, zero)

@@ -1,0 +1,232 @@
+"""The Hopper contraction: a producer warpgroup fills a ring of shared-memory stages, consumer
+warpgroups multiply with wgmma.
+
+    warpgroup 0 (producer, 40 registers): for each k tile, wait until stage s is free, then fill it:
+        TMA operands: one thread posts the byte count and issues the tensor-map loads;
+        cp.async operands (gathered rows): all 128 threads copy 16-byte chunks into the swizzled layout;
+        ldg operands (misaligned rows): all 128 threads load, store, fence the async proxy;
+      every path completes on the stage's `full` mbarrier.
+    warpgroups 1..C (consumers, 232 registers): wait for `full`, issue 4 wgmma k16 steps per 64-row
+      slab, keep one group in flight, release the previous stage on its `empty` mbarrier; then the
+      epilogue evaluates the fused nodes in registers and stores with the lowering's masks.
+
+Tiles are K-major with rows of 128 bytes (BK = 64 two-byte elements) in the 128-byte swizzle that
+TMA writes and wgmma reads; the other producers write the same pattern (`habu::swizzle128`).
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import c
+from habu.emit_cuda.common import CTYPE, Signature, access_mask, access_offset, header, index_type
+from habu.emit_cuda.emit_fma import epilogue_code, table_reader, tile_setup
+from habu.emit_cuda.kernel import CudaKernel, TmaSpec
+from habu.emit_cuda.wgmma import wgmma_function
+from habu.lower.access import Access
+from habu.lower.contraction import ContractionLowering
+from habu.lower.smem import contraction_smem
+from habu.spec.dtypes import DTYPES
+from habu.spec.ir import Model
+
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+
+
+def wgmma_layout(lw: ContractionLowering) -> tuple[int, int]:
+    """(consumer warpgroups, 64-row slabs per consumer) of a warp-specialised wgmma kernel."""
+    k = lw.kernel
+    consumers = k.warps // 4 - 1
+    if consumers < 1 or k.tile_m % (64 * consumers):
+        raise ValueError(f"{k.warps} warps cannot split a {k.tile_m}-row tile into 64-row wgmma slabs")
+    return consumers, k.tile_m // (64 * consumers)
+
+
+def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it: str, model: Model,
+                   move: str, vec: int, rows: int, row_axis: str) -> str:
+    """C for 128 producer threads copying one operand tile into stage `stage` (non-TMA paths)."""
+    access: Access = lw.a if side == "A" else lw.b
+    e = DTYPES[access.dtype].bytes
+    per_row = lw.bk // vec  # vectors per 128-byte row
+    total = rows * per_row
+    p = sig.pointer(access.tensor, access.dtype)
+    table = table_reader(sig, model, it)
+    coord = {row_axis: "r", "k": "kk"}
+    off = access_offset(access, coord, sizes, lw.index_width, table)
+    mask = access_mask(access, coord, sizes)
+    base = f"{side.lower()}_stage"
+    if move == "cp.async":
+        return f"""        for (int e = ptid; e < {total}; e += 128) {{
+          const int i = e / {per_row};
+          const int v = e % {per_row};
+          const {it} r = {row_axis}0 + i;
+          const {it} kk = k0 + v * {vec};
+          const bool ok = {mask};
+          const {CTYPE[access.dtype]}* src = ok ? {p} + ({off}) : {p};
+          const habu::u32 byte = (habu::u32)(v * {vec * e});
+          habu::cp_async<{vec * e}>({base} + habu::swizzle128((habu::u32)i, byte >> 4) + (byte & 15u), src, ok);
+        }}
+"""
+    # ldg: predicated scalar loads, stored into the swizzled layout
+    return f"""        for (int e = ptid; e < {rows * lw.bk}; e += 128) {{
+          const int i = e / {lw.bk};
+          const int x = e % {lw.bk};
+          const {it} r = {row_axis}0 + i;
+          const {it} kk = k0 + x;
+          const bool ok = {mask};
+          const unsigned short v = habu::load2_or_zero(ok ? (const void*)({p} + ({off})) : (const void*){p}, ok);
+          const habu::u32 byte = (habu::u32)(x * {e});
+          *reinterpret_cast<unsigned short*>(smem + ({base} - smem_base) + habu::swizzle128((habu::u32)i, byte >> 4) + (byte & 15u)) = v;
+        }}
+"""
+
+
+def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
+    k = lw.kernel
+    if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
+        raise ValueError("wgmma needs bf16 or f16 operands of one type")
+    if k.tile_k * DTYPES[lw.a.dtype].bytes != 128 or k.swizzle != 128:
+        raise ValueError("the wgmma emitter stages k tiles of 128 bytes with the 128-byte swizzle")
+    for acc in (lw.a, lw.b):
+        if acc.positions[-1].axis != "k":
+            raise ValueError(f"the wgmma emitter needs {acc.tensor} contiguous along k (K-major)")
+    consumers, slabs = wgmma_layout(lw)
+    threads = 128 * (consumers + 1)
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
+    bn, bm = lw.bn, lw.bm
+    dtype = lw.a.dtype
+    off = {b.name: b.offset for b in layout.buffers}
+    stride = off["A1"] - off["A0"] if k.stages > 1 else 0
+    if any(off[f"A{s}"] != off["A0"] + s * stride or off[f"B{s}"] != off["B0"] + s * stride for s in range(k.stages)):
+        raise ValueError("stages are not evenly spaced in shared memory")
+    moves = {"A": k.a_move, "B": k.b_move}
+    vecs = {"A": k.a_vector, "B": k.b_vector}
+    tma_bytes = sum((bm if s == "A" else bn) * 128 for s in "AB" if moves[s] == "tma")
+    all_tma = all(m == "tma" for m in moves.values())
+    full_count = 1 if all_tma else 128
+    maps: dict[str, str] = {}
+    for side, acc, rows in (("A", lw.a, bm), ("B", lw.b, bn)):
+        if moves[side] == "tma":
+            dims = tuple(reversed(acc.extents))
+            maps[side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, (lw.bk, rows), 128))
+        elif moves[side] not in ("cp.async", "ldg"):
+            raise ValueError(f"the wgmma emitter has no {moves[side]} producer")
+    tma_issue = []
+    for side, rows_axis in (("A", "m0"), ("B", "n0")):
+        if moves[side] == "tma":
+            tma_issue.append(f"habu::tma_load_2d({side.lower()}_stage, &{maps[side]}, full, (int)k0, (int){rows_axis});")
+    producer_copies = "".join(
+        _producer_copy(side, lw, sig, sizes, it, model, moves[side], vecs[side] if moves[side] == "cp.async" else 1,
+                       bm if side == "A" else bn, "m" if side == "A" else "n")
+        for side in "AB" if moves[side] != "tma")
+    if all_tma:
+        producer_fill = f"""        if (ptid == 0) {{
+          habu::mbar_arrive_expect_tx(full, {tma_bytes});
+          {' '.join(tma_issue)}
+        }}
+"""
+    else:
+        expect = ""
+        if tma_issue:
+            expect = f"""        if (ptid == 0) {{
+          habu::mbar_expect_tx(full, {tma_bytes});
+          {' '.join(tma_issue)}
+        }}
+"""
+        uses_cp = any(moves[s] == "cp.async" for s in "AB")
+        arrive = ("habu::cp_async_arrive(full);" if uses_cp else "habu::fence_proxy_async(); habu::mbar_arrive(full);")
+        if uses_cp and any(moves[s] == "ldg" for s in "AB"):
+            arrive = "habu::fence_proxy_async(); habu::cp_async_arrive(full);"
+        producer_fill = expect + producer_copies + f"        {arrive}\n"
+    regs = bn // 2
+    wg_fn = wgmma_function(bn, dtype)
+    slab_mma = "\n".join(
+        f"""          habu_wgmma_m64n{bn}_{dtype}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {slabs} + {s}) * 64 * 128) + kk * 32), habu::wgmma_desc_sw128(b_stage + kk * 32), 1);"""
+        for s in range(slabs))
+    epi = epilogue_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h + q]")
+    body = f"""{wg_fn}
+extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 raw_base = habu::smem_addr(smem_raw);
+  const habu::u32 smem_base = (raw_base + 1023u) & ~1023u;  // 128-byte swizzled tiles need 1024-byte alignment
+  unsigned char* smem = smem_raw + (smem_base - raw_base);
+  const habu::u32 bars = smem_base + {off['bar']};
+  const int wg = threadIdx.x / 128;
+  const long long tiles = {c(lw.tiles(sizes))};
+  if (threadIdx.x == 0) {{
+    for (int s = 0; s < {k.stages}; ++s) {{
+      habu::mbar_init(bars + 16 * s, {full_count});          // full: the stage holds a k tile
+      habu::mbar_init(bars + 16 * s + 8, {consumers});      // empty: every consumer is done with it
+    }}
+    habu::fence_barrier_init();
+  }}
+  __syncthreads();
+  // stage s: A at smem_base + {off['A0']} + s * {stride}, B at smem_base + {off['B0']} + s * {stride}
+  int stage = 0;
+  habu::u32 phase = 0;
+  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+    habu::setmaxnreg_dec<{PRODUCER_REGS}>();
+    const int ptid = threadIdx.x;
+    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{tile_setup(lw, sizes, it, "      ")}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+        const {it} k0 = ({it})(kt_begin * {lw.bk} + (kt - kt_begin) * {lw.k_step});
+        const habu::u32 full = bars + 16 * stage;
+        habu::mbar_wait(bars + 16 * stage + 8, phase ^ 1u);
+        const habu::u32 a_stage = smem_base + {off['A0']}u + (habu::u32)stage * {stride}u;
+        const habu::u32 b_stage = smem_base + {off['B0']}u + (habu::u32)stage * {stride}u;
+{producer_fill}        if (++stage == {k.stages}) {{ stage = 0; phase ^= 1u; }}
+      }}
+    }}
+  }} else {{  // --------------------------------------------------------------------- consumers
+    habu::setmaxnreg_inc<{CONSUMER_REGS}>();
+    const int cw = wg - 1;
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x % 128) / 32;
+    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{tile_setup(lw, sizes, it, "      ")}      float acc[{slabs}][{regs}];
+#pragma unroll
+      for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+        for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
+      int held = -1;  // the stage whose wgmma may still be reading it
+      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+        habu::mbar_wait(bars + 16 * stage, phase);
+        const habu::u32 a_stage = smem_base + {off['A0']}u + (habu::u32)stage * {stride}u;
+        const habu::u32 b_stage = smem_base + {off['B0']}u + (habu::u32)stage * {stride}u;
+        habu::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {{
+{slab_mma}
+        }}
+        habu::wgmma_commit();
+        habu::wgmma_wait<1>();
+        if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);
+        held = stage;
+        if (++stage == {k.stages}) {{ stage = 0; phase ^= 1u; }}
+      }}
+      habu::wgmma_wait<0>();
+      if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);
+#pragma unroll
+      for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+        for (int j = 0; j < {bn // 8}; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {{
+              const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + warp * 16 + lane / 4 + 8 * h);
+              const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4) + q);
+              {epi}
+            }}
+    }}
+  }}
+}}
+"""
+    src = header(f"{name}: warp-specialised wgmma contraction {bm}x{bn}x{lw.bk}, {k.stages} stages, "
+                 f"{consumers} consumer warpgroup(s)",
+                 [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move}; split_k={k.split_k}; "
+                  f"index width {lw.index_width}"])
+    src += body.replace("SIGNATURE", sig.declaration())
+    zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
+    return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero)

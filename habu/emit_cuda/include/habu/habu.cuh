@@ -1,0 +1,12 @@
+/** @brief Habu's device header: everything generated kernels call. No CUDA system headers. */
+#pragma once
+#include "types.cuh"
+#include "math.cuh"
+#include "memory/global.cuh"
+#include "memory/async.cuh"
+#include "sync/mbarrier.cuh"
+#include "mma/sync.cuh"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include "memory/tma.cuh"
+#include "mma/wgmma.cuh"
+#endif

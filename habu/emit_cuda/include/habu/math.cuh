@@ -1,0 +1,27 @@
+/** @brief The functions equations use, in float32: exp, erf, rsqrt, tanh, sigmoid, max/min. */
+#pragma once
+
+namespace habu {
+
+__device__ __forceinline__ float f_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float f_log(float x) { return __logf(x); }
+__device__ __forceinline__ float f_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ float f_rsqrt(float x) { return rsqrtf(x); }
+__device__ __forceinline__ float f_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float f_erf(float x) { return erff(x); }
+__device__ __forceinline__ float f_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float f_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ float f_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float f_min(float a, float b) { return fminf(a, b); }
+
+/** @brief Warp-wide sum and max with shuffles. */
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace habu

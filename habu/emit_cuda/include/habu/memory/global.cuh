@@ -1,0 +1,39 @@
+/** @brief Global memory: loads of any element type as float, predicated vector loads, stores, atomics. */
+#pragma once
+#include "../types.cuh"
+
+namespace habu {
+
+__device__ __forceinline__ float load_f(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float load_f(const double* p) { return (float)__ldg(p); }
+__device__ __forceinline__ float load_bf16(const bf16* p) { return bf16_to_float(__ldg(p)); }
+__device__ __forceinline__ float load_f16(const f16* p) { return f16_to_float(__ldg(p)); }
+
+__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_bf16(bf16* p, float v) { *p = float_to_bf16(v); }
+__device__ __forceinline__ void store_f16(f16* p, float v) { *p = float_to_f16(v); }
+__device__ __forceinline__ void atomic_add_f(float* p, float v) { atomicAdd(p, v); }
+
+/** @brief 16 bytes from global memory, or zeros when `pred` is false (no access is made then). */
+__device__ __forceinline__ uint4 load16_or_zero(const void* p, bool pred) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  if (pred) r = __ldg(reinterpret_cast<const uint4*>(p));
+  return r;
+}
+__device__ __forceinline__ uint2 load8_or_zero(const void* p, bool pred) {
+  uint2 r = make_uint2(0u, 0u);
+  if (pred) r = __ldg(reinterpret_cast<const uint2*>(p));
+  return r;
+}
+__device__ __forceinline__ u32 load4_or_zero(const void* p, bool pred) {
+  u32 r = 0u;
+  if (pred) r = __ldg(reinterpret_cast<const u32*>(p));
+  return r;
+}
+__device__ __forceinline__ unsigned short load2_or_zero(const void* p, bool pred) {
+  unsigned short r = 0;
+  if (pred) r = __ldg(reinterpret_cast<const unsigned short*>(p));
+  return r;
+}
+
+}  // namespace habu

@@ -1,0 +1,30 @@
+/** @brief Warpgroup tensor cores (sm_90a): shared-memory descriptors and the fence/commit/wait protocol.
+ *  The m64nNk16 instructions themselves are generated per N by habu/emit_cuda/wgmma.py. */
+#pragma once
+#include "../types.cuh"
+
+namespace habu {
+
+/** @brief Descriptor of a K-major tile with 128-byte swizzle: rows of 128 bytes, 8-row atoms of 1024 bytes. */
+__device__ __forceinline__ u64 wgmma_desc_sw128(u32 smem_byte_addr) {
+  u64 d = 0;
+  d |= (u64)((smem_byte_addr & 0x3FFFF) >> 4);
+  d |= (u64)1 << 16;                  // leading byte offset (unused for swizzled K-major): 16 bytes
+  d |= (u64)(1024 >> 4) << 32;        // stride byte offset: one 8-row atom
+  d |= (u64)1 << 62;                  // swizzle mode: 128 bytes
+  return d;
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(Regs)); }
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(Regs)); }
+
+/** @brief Byte offset of element (row, 16-byte chunk) in a tile of 128-byte rows stored with the 128B swizzle
+ *  (the pattern TMA writes and wgmma reads): chunk ^= row % 8. */
+__device__ __forceinline__ u32 swizzle128(u32 row, u32 chunk) { return row * 128u + ((chunk ^ (row & 7u)) << 4); }
+
+}  // namespace habu

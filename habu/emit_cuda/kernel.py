@@ -1,0 +1,83 @@
+"""What the emitter hands to the compiler and the runtime: a kernel's source and its launch contract.
+
+A `CudaKernel` is one `extern "C" __global__` function. Its parameters, in order, are described by
+`Param`s: device pointers to tensors, sizes of runtime extents, and TMA descriptors (passed by
+value as `const __grid_constant__ CUtensorMap`). The grid comes from the lowering, so the runtime
+launches exactly the blocks the finite-field check reasoned about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TmaSpec:
+    """How the host encodes a tensor map (cuTensorMapEncodeTiled) for one operand."""
+
+    tensor: str
+    dtype: str
+    dims: tuple[str, ...]  # extent names, innermost first
+    box: tuple[int, ...]  # box size per dim, innermost first
+    swizzle: int  # 0, 32, 64, 128 bytes
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter."""
+
+    name: str
+    kind: str  # "ptr", "size" (an extent's size, int64), "tensormap"
+    tensor: str | None = None  # ptr / tensormap: the tensor
+    dtype: str | None = None  # ptr: element type
+    extent: str | None = None  # size: which extent
+    writes: bool = False  # ptr: the kernel writes this tensor
+    tma: TmaSpec | None = None
+
+
+@dataclass(frozen=True)
+class CudaKernel:
+    """One kernel: its source, entry point, parameters and launch configuration."""
+
+    name: str  # the extern "C" entry point
+    source: str  # complete CUDA C++ (includes Habu's device header only)
+    params: tuple[Param, ...]
+    threads: int  # threads per block
+    smem: int  # dynamic shared memory bytes
+    lowering: Any = field(repr=False, compare=False)  # the lowering it was emitted from
+    zero: tuple[str, ...] = ()  # outputs the runtime zero-fills first (split-K adds into them)
+    max_registers: int | None = None  # __launch_bounds__ cap, if any
+    smem_per: tuple[str, int] | None = None  # extra dynamic smem: bytes × size of a runtime extent
+
+    def dynamic_smem(self, sizes: Mapping[str, int]) -> int:
+        """Dynamic shared memory for concrete sizes (a cached row grows with a runtime width)."""
+        if self.smem_per is None:
+            return self.smem
+        extent, per = self.smem_per
+        return self.smem + per * int(sizes[extent])
+
+    def grid(self, sizes: Mapping[str, int], sm_count: int) -> tuple[int, int, int]:
+        """Blocks to launch for concrete sizes: what the lowering says."""
+        from habu.lower import ContractionLowering, MapLowering, RowLowering
+
+        lw = self.lowering
+        if isinstance(lw, ContractionLowering):
+            return (int(lw.grid(sizes, sm_count)), 1, 1)
+        if isinstance(lw, RowLowering):
+            rb = lw.kernel.rows_per_block
+            return (-(-sizes[lw.r] // rb), 1, 1)
+        assert isinstance(lw, MapLowering)
+        numel = 1
+        for e in lw.extents:
+            numel *= sizes[e]
+        return (max(1, -(-numel // lw.per_block)), 1, 1)
+
+
+@dataclass(frozen=True)
+class EmittedPlan:
+    """The kernels of a plan, in launch order, and the tensors between them."""
+
+    kernels: tuple[CudaKernel, ...]
+    intermediates: tuple[tuple[str, str, tuple[str, ...]], ...]  # (name, dtype, extents) allocated by the runtime
