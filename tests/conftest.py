@@ -46,3 +46,16 @@ def assert_error_format(err: HabuError, path: str = "t.habu") -> re.Match:
 def where(err: HabuError) -> tuple[int, int]:
     assert err.span is not None
     return err.span.line, err.span.col
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip tests marked `gpu` when this machine has no CUDA device."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    from habu.emit_cuda.driver import device_count
+
+    if device_count() == 0:
+        skip = pytest.mark.skip(reason="needs a CUDA device (cuInit/cuDeviceGetCount found none)")
+        for item in gpu:
+            item.add_marker(skip)

@@ -238,12 +238,22 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     threads = 32 * k.warps
     yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {t.max_threads_per_block}",
                      threads <= t.max_threads_per_block, detail=f"{threads} threads")
+    # registers: the compiler may use at most 65536 / threads per thread (launch bounds), 255 at most
+    cap = min(255, (65536 // threads) // 8 * 8)
     consumers = k.warps - (4 if k.warp_specialized else 0)
     acc_regs = (k.tile_m * k.tile_n) // (32 * max(1, consumers))
-    budget = 232 if k.mma == "wgmma" else 160
+    if k.mma == "wgmma":
+        need = acc_regs + 36  # descriptors, addresses, the epilogue's indices
+    elif k.mma == "mma.sync":
+        wn = max(1, k.warps // 2)
+        mi, ni = k.tile_m // 2 // 16, k.tile_n // wn // 8
+        need = acc_regs + 4 * mi + 2 * ni + 32
+    else:
+        need = acc_regs + 48
     yield Obligation(R["register-budget"], name, None,
-                     f"{acc_regs} accumulator registers per thread ≤ {budget} (room for addresses and fragments)",
-                     acc_regs <= budget, detail=f"{acc_regs} accumulator registers per thread")
+                     f"about {need} registers per thread ({acc_regs} accumulators) ≤ {cap} "
+                     f"(65536 over {threads} threads)", need <= cap,
+                     detail=f"{acc_regs} accumulator registers per thread, {cap} available")
     layout = contraction_smem(k, a_dt, b_dt, lw.b.positions[-1].axis == "k")
     yield Obligation(R["smem-budget"], name, None,
                      f"{layout.total} bytes of shared memory ≤ {t.smem_per_block}",

@@ -1,0 +1,141 @@
+"""The GPU benchmark table (docs/PERF.md): Habu's plans against torch/cuBLAS in the same run.
+
+    python -m habu.bench.gpu_bench [--quick] [--json OUT.json] [--only NAME]
+
+Every timed plan is golden-checked first (fresh inputs, poisoned outputs, float64 reference).
+Timing: CUDA events, 5 warm-ups, median of 30, inputs rotated over enough sets to exceed the L2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from pathlib import Path
+
+from habu.bench.harness import (
+    compare,
+    copy_bandwidth,
+    make_inputs,
+    poisoned_outputs,
+    reference,
+    time_cuda,
+    tolerance,
+    torch,
+)
+from habu.bench.run import build
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+L2_BYTES = 60 << 20
+
+
+def sets_for(nbytes: int) -> int:
+    return max(2, min(8, -(-3 * L2_BYTES // max(1, nbytes))))
+
+
+def torch_ggemm(inputs, out_key):
+    t = torch()
+    a, b, ix = inputs["A" if "A" in inputs else "X"], inputs["B" if "B" in inputs else "W1"], inputs["IX"]
+    return lambda: t.matmul(a[ix.long()], b.t())
+
+
+def run_case(name, path, model, sizes, pins, baseline, golden_check=True, flops=None, bytes_moved=None):
+    t = torch()
+    row = {"case": name, "example": path, "model": model, "shape": sizes, "pins": pins}
+    built = build(str(EX / path), model, sizes, pins, check_indices=False)
+    row["plan"] = built.plan.to_json()["kernels"]
+    full = built.sizes
+    in_bytes = sum(v.numel() * v.element_size() for v in make_inputs(built.model, full, 0).values())
+    nsets = sets_for(in_bytes)
+    sets = [make_inputs(built.model, full, 100 + i) for i in range(nsets)]
+    outs = [poisoned_outputs(built.model, full) for _ in range(nsets)]
+    if golden_check:
+        ref = reference(built.model, sets[0], full)
+        res = built.compiled(**sets[0], **outs[0])
+        t.cuda.synchronize()
+        res = res if isinstance(res, dict) else {built.model.outputs[0].name: res}
+        tol = tolerance(built.model, dict(built.plan.storage))
+        goldens = {k: compare(v, ref[k], tol) for k, v in res.items()}
+        row["golden"] = {k: {"rel_error": g.rel_error, "tol": g.tol, "unwritten": g.unwritten, "ok": g.ok}
+                         for k, g in goldens.items()}
+        if not all(g.ok for g in goldens.values()):
+            row["error"] = "golden check failed"
+            return row
+    row["habu"] = time_cuda(lambda i: built.compiled(**sets[i], **outs[i]), nsets)
+    if baseline is not None:
+        fns = [baseline(s) for s in sets]
+        row["baseline"] = time_cuda(lambda i: fns[i](), nsets)
+        row["ratio"] = row["baseline"]["median_us"] / row["habu"]["median_us"]
+    if flops:
+        row["tflops"] = flops / (row["habu"]["median_us"] * 1e-6) / 1e12
+    if bytes_moved:
+        row["bytes"] = bytes_moved
+        row["gbps"] = bytes_moved / (row["habu"]["median_us"] * 1e-6) / 1e9
+    return row
+
+
+def cases(quick: bool):
+    t = torch()
+    gg = lambda M, N, K: 2 * M * N * K  # noqa: E731
+    out = [
+        ("ggemm-4096", "ggemm.habu", "GGEMM", {}, {}, lambda s: torch_ggemm(s, "O"), gg(4096, 4096, 4096), None),
+        ("ggemm-4096-n128", "ggemm.habu", "GGEMM", {}, {"tile": "128x128x64", "stages": "5"},
+         lambda s: torch_ggemm(s, "O"), gg(4096, 4096, 4096), None),
+        ("ggemm-k511", "ggemm.habu", "GGEMM", {"K": 511}, {}, lambda s: torch_ggemm(s, "O"), gg(4096, 4096, 511), None),
+        ("moe-8192x14336x4096", "moe_gather.habu", "MOE-UP", {}, {},
+         lambda s: (lambda: t.matmul(s["X"][s["IX"].long()], s["W1"].t())), gg(8192, 14336, 4096), None),
+        ("gemm-8192", "gemm.habu", "GEMM", {}, {}, lambda s: (lambda: t.matmul(s["A"], s["B"].t())),
+         gg(8192, 8192, 8192), None),
+    ]
+    for D in ([4096] if quick else [4096, 16384, 65536]):
+        out.append((f"rmsnorm-8192x{D}", "rmsnorm.habu", "RMSNORM-ROWS", {"D": D}, {},
+                    lambda s: (lambda: s["X"] * t.rsqrt((s["X"].float() ** 2).mean(-1, keepdim=True) + 1e-6).to(s["X"].dtype)),
+                    None, 2 * 2 * 8192 * D))
+        out.append((f"softmax-8192x{D}", "softmax.habu", "SOFTMAX-ROWS", {"C": D}, {},
+                    lambda s: (lambda: t.softmax(s["X"], dim=-1)), None, 2 * 2 * 8192 * D))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--no-golden", action="store_true")
+    args = ap.parse_args()
+    t = torch()
+    name = t.cuda.get_device_name()
+    bw = copy_bandwidth()
+    rows = [{"device": name, "date": time.strftime("%Y-%m-%d"), "copy_gbps": bw / 1e9}]
+    print(f"# {name}, {time.strftime('%Y-%m-%d')}: device copy {bw / 1e12:.2f} TB/s", flush=True)
+    for case in cases(args.quick):
+        cname = case[0]
+        if args.only and args.only not in cname:
+            continue
+        t0 = time.time()
+        try:
+            row = run_case(*case[:6], golden_check=not args.no_golden, flops=case[6], bytes_moved=case[7])
+        except Exception as exc:  # one failing case must not hide the others
+            row = {"case": cname, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+        row["seconds"] = time.time() - t0
+        if "gbps" in row:
+            row["copy_fraction"] = row["gbps"] * 1e9 / bw
+        rows.append(row)
+        h = row.get("habu", {}).get("median_us")
+        b = row.get("baseline", {}).get("median_us")
+        extra = f" {row['tflops']:.0f} TFLOP/s" if "tflops" in row else ""
+        extra += f" {row['copy_fraction'] * 100:.0f}% of copy" if "copy_fraction" in row else ""
+        g = row.get("golden")
+        gtxt = " golden " + ",".join(f"{k}:{v['rel_error']:.1e}" for k, v in g.items()) if g else ""
+        if "error" in row:
+            print(f"{cname:<24} ERROR {row['error'][:300]}", flush=True)
+        else:
+            print(f"{cname:<24} habu {h:9.1f} us  torch {b if b else float('nan'):9.1f} us  "
+                  f"ratio {row.get('ratio', float('nan')):5.2f}{extra}{gtxt}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

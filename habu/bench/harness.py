@@ -1,0 +1,128 @@
+"""Measuring a compiled model on the GPU the way METHOD.md asks: fresh random inputs for every
+check, poisoned outputs, a float64 reference, dtype-aware tolerances, CUDA-event timing with
+warm-up, the median of many runs, and inputs rotated so the L2 cache does not flatter.
+
+torch is used here (and only here and in the baselines) to make GPU arrays; the core never needs it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from habu.spec.ir import Model
+
+TORCH_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32",
+               "i64": "int64", "i16": "int16"}
+
+
+def torch():
+    import torch as t
+
+    return t
+
+
+def make_inputs(model: Model, sizes: Mapping[str, int], seed: int, index: str = "random",
+                device: str = "cuda") -> dict[str, Any]:
+    """Random inputs (never zeros): N(0,1) floats; index tensors random with duplicates, a
+    permutation, or all-duplicate ("dup"), as asked."""
+    t = torch()
+    g = t.Generator(device="cpu").manual_seed(seed)
+    out = {}
+    for decl in model.inputs:
+        shape = tuple(sizes[e] for e in decl.extents)
+        if decl.is_index:
+            hi = sizes[decl.range]  # type: ignore[index]
+            n = int(np.prod(shape)) if shape else 1
+            if index == "perm" and n <= hi:
+                v = t.randperm(hi, generator=g)[:n]
+            elif index == "dup":
+                v = t.randint(0, max(1, min(hi, 7)), (n,), generator=g)
+            else:
+                v = t.randint(0, hi, (n,), generator=g)
+            out[decl.name] = v.reshape(shape).to(getattr(t, TORCH_DTYPE[decl.dtype.name])).to(device)
+        else:
+            dt = getattr(t, TORCH_DTYPE[decl.dtype.name if decl.dtype else "f32"])
+            out[decl.name] = t.randn(shape, generator=g, dtype=t.float32).to(dt).to(device)
+    return out
+
+
+def poisoned_outputs(model: Model, sizes: Mapping[str, int], device: str = "cuda") -> dict[str, Any]:
+    """Output buffers full of NaN: an element the kernel never writes stays NaN and fails the check."""
+    t = torch()
+    out = {}
+    for decl in model.outputs:
+        shape = tuple(sizes[e] for e in decl.extents)
+        dt = getattr(t, TORCH_DTYPE[decl.dtype.name if decl.dtype else "f32"])
+        out[decl.name] = t.full(shape, float("nan"), dtype=dt, device=device)
+    return out
+
+
+def reference(model: Model, inputs: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """The model's float64 semantics on the same (rounded) inputs."""
+    from habu.spec.reference import evaluate
+
+    host = {k: v.detach().to("cpu").double().numpy() if v.is_floating_point() else v.to("cpu").numpy()
+            for k, v in inputs.items()}
+    return evaluate(model, host, dict(sizes))
+
+
+def tolerance(model: Model, storage: Mapping[str, str]) -> float:
+    """Relative error allowed: 16-bit stages round at 2^-8..2^-11; float32 pipelines accumulate ~1e-6."""
+    stages = [t.dtype.name for t in model.outputs if t.dtype] + list(storage.values())
+    if any(s in ("bf16",) for s in stages):
+        return 2e-2
+    if any(s in ("f16",) for s in stages):
+        return 5e-3
+    return 1e-4
+
+
+@dataclass
+class Golden:
+    rel_error: float
+    tol: float
+    unwritten: int
+
+    @property
+    def ok(self) -> bool:
+        return self.unwritten == 0 and np.isfinite(self.rel_error) and self.rel_error <= self.tol
+
+
+def compare(out: Any, ref: np.ndarray, tol: float) -> Golden:
+    got = out.detach().to("cpu").double().numpy()
+    unwritten = int(np.isnan(got).sum())
+    diff = np.linalg.norm((np.nan_to_num(got) - ref).ravel())
+    norm = np.linalg.norm(ref.ravel()) or 1.0
+    return Golden(float(diff / norm), tol, unwritten)
+
+
+def time_cuda(fn: Callable[[int], Any], sets: int, warmup: int = 5, reps: int = 30) -> dict[str, float]:
+    """Median, p20 and p80 of `reps` timed calls (microseconds), cycling through `sets` input sets."""
+    t = torch()
+    for i in range(warmup):
+        fn(i % sets)
+    t.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i % sets)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    times.sort()
+    return {"median_us": statistics.median(times), "p20_us": times[len(times) // 5],
+            "p80_us": times[(4 * len(times)) // 5]}
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + written), measured now."""
+    t = torch()
+    src = t.empty(nbytes // 2, dtype=t.uint8, device="cuda")
+    dst = t.empty_like(src)
+    r = time_cuda(lambda i: dst.copy_(src), sets=1, warmup=3, reps=20)
+    return 2 * src.numel() / (r["median_us"] * 1e-6)

@@ -1,0 +1,53 @@
+"""Build a model's plan into a callable on the current GPU: prove, emit, compile, load."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from habu.emit_cuda.emit import emit_plan
+from habu.emit_cuda.runtime import CompiledModel
+from habu.prove import prove
+from habu.search.plan import Plan
+from habu.search.space import default_plan
+from habu.spec.ir import Model
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+
+
+@dataclass
+class Built:
+    model: Model
+    plan: Plan
+    compiled: CompiledModel
+    sizes: dict[str, int]
+
+
+def device_target() -> str:
+    from cuda.bindings import driver
+
+    driver.cuInit(0)
+    _, dev = driver.cuDeviceGet(0)
+    _, major = driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    _, minor = driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    return {(9, 0): "sm_90a", (8, 0): "sm_80", (10, 0): "sm_100a"}.get((major, minor), f"sm_{major}{minor}")
+
+
+def build(path: str, model_name: str, sizes: Mapping[str, int] | None = None, pins: Mapping[str, str] | None = None,
+          trials: int = 1, plan: Plan | None = None, check_indices: bool = True) -> Built:
+    """Prove (rules + a finite-field trial), emit and load a plan; raises if the plan is not proven."""
+    target = TARGETS[device_target()]
+    base = load_program(path).models[model_name]
+    sizes = dict(sizes or {})
+    for e in base.extents:
+        if not e.is_static and e.name not in sizes:
+            raise ValueError(f"give a size for runtime extent #{e.name}")
+    model = base.with_sizes(sizes)
+    plan = plan or default_plan(model, target, sizes, dict(pins or {}))
+    proof = prove(model, plan, sizes, trials=trials)
+    if not proof.ok:
+        why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
+        raise AssertionError(f"plan not proven: {why}")
+    compiled = CompiledModel(model, emit_plan(model, plan, target), arch=target.name, check_indices=check_indices)
+    full = {e.name: e.size for e in model.extents}
+    return Built(model, plan, compiled, full)  # type: ignore[arg-type]

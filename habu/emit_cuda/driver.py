@@ -1,0 +1,366 @@
+"""The CUDA driver API, as the runtime uses it: devices, modules, tensor maps, launches, memory.
+
+Every call goes through `check`, which turns a failing CUresult into a DriverError carrying the
+error's name. Kernel arguments are passed to cuLaunchKernel as a ctypes array of pointers, one
+per parameter, each pointing at the parameter's bytes: a 64-bit address, an int64 size, or the
+128-byte CUtensorMap encoded on the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from habu.emit_cuda.arrays import ELEMENT_BYTES, ArgumentError, ArrayInfo, row_major
+from habu.emit_cuda.kernel import CudaKernel, TmaSpec
+from habu.errors import HabuError
+
+DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
+NUMPY_STORAGE = {"bf16": "uint16", "f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8",
+                 "i16": "int16", "i32": "int32", "i64": "int64"}
+
+
+class DriverError(HabuError):
+    """A CUDA driver call failed."""
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise DriverError(f"cuda-python is not installed ({exc}): `pip install cuda-python`") from None
+    return driver
+
+
+def _text(b: Any) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else str(b)
+
+
+def check(result: Any, what: str) -> Any:
+    """The values a driver call returned after its CUresult; DriverError when it is not CUDA_SUCCESS."""
+    d = _driver()
+    err, values = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+    if err != d.CUresult.CUDA_SUCCESS:
+        name, text = d.cuGetErrorName(err)[1], d.cuGetErrorString(err)[1]
+        raise DriverError(f"{what} failed: {_text(name)} ({_text(text)})")
+    return values[0] if len(values) == 1 else (values or None)
+
+
+def init() -> Any:
+    """cuInit; DriverError when the driver library is missing or has no usable device."""
+    d = _driver()
+    try:
+        result = d.cuInit(0)
+    except Exception as exc:  # the driver library itself cannot be loaded
+        raise DriverError(f"the CUDA driver cannot be loaded: {exc}") from None
+    check(result, "cuInit")
+    return d
+
+
+def device_count() -> int:
+    """CUDA devices visible here; 0 when there is no driver or no device."""
+    try:
+        d = init()
+        return int(check(d.cuDeviceGetCount(), "cuDeviceGetCount"))
+    except Exception:
+        return 0
+
+
+def arch_for(major: int, minor: int) -> str:
+    """The Habu target whose cubins run on a compute capability."""
+    if major == 8:
+        return "sm_80"  # sm_80 SASS runs on every 8.x part
+    if (major, minor) == (9, 0):
+        return "sm_90a"
+    if (major, minor) == (10, 0):
+        return "sm_100a"
+    raise DriverError(f"no Habu target runs on compute capability {major}.{minor} "
+                      "(targets: sm_80, sm_90a, sm_100a)")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A CUDA device and its primary context."""
+
+    ordinal: int
+    handle: Any
+    context: Any
+    arch: str
+    sm_count: int
+
+
+@cache
+def device(ordinal: int = 0) -> Device:
+    """Device `ordinal`: its primary context (retained for the process), its target and SM count."""
+    d = init()
+    dev = check(d.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+
+    def attribute(name: str) -> int:
+        value = getattr(d.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+        return int(check(d.cuDeviceGetAttribute(value, dev), f"cuDeviceGetAttribute({name})"))
+
+    ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    arch = arch_for(attribute("COMPUTE_CAPABILITY_MAJOR"), attribute("COMPUTE_CAPABILITY_MINOR"))
+    return Device(ordinal, dev, ctx, arch, attribute("MULTIPROCESSOR_COUNT"))
+
+
+@contextmanager
+def current(dev: Device) -> Iterator[Device]:
+    """Make the device's primary context current for the block (torch and cupy use the same one)."""
+    d = _driver()
+    check(d.cuCtxPushCurrent(dev.context), "cuCtxPushCurrent")
+    try:
+        yield dev
+    finally:
+        check(d.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+
+def pointer_device(ptr: int) -> int:
+    """The ordinal of the device a pointer's memory lives on."""
+    d = init()
+    attr = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    return int(check(d.cuPointerGetAttribute(attr, d.CUdeviceptr(ptr)), f"cuPointerGetAttribute({ptr:#x})"))
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class Module:
+    """A cubin loaded into the current context, and its functions."""
+
+    def __init__(self, image: bytes):
+        d = _driver()
+        self.handle = check(d.cuModuleLoadData(image), "cuModuleLoadData")
+        self._functions: dict[str, Any] = {}
+
+    def function(self, name: str) -> Any:
+        """The entry point `name`."""
+        if name not in self._functions:
+            d = _driver()
+            self._functions[name] = check(d.cuModuleGetFunction(self.handle, name.encode()),
+                                          f"cuModuleGetFunction({name})")
+        return self._functions[name]
+
+
+_smem_opted_in: dict[int, int] = {}  # CUfunction -> dynamic smem bytes it may use
+
+
+def allow_smem(function: Any, nbytes: int, what: str) -> None:
+    """Opt a function in to `nbytes` of dynamic shared memory where that is above the 48 KiB default."""
+    if nbytes <= max(DEFAULT_SMEM_LIMIT, _smem_opted_in.get(int(function), 0)):
+        return
+    d = _driver()
+    attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check(d.cuFuncSetAttribute(function, attr, nbytes), f"cuFuncSetAttribute({what}, {nbytes} B dynamic smem)")
+    _smem_opted_in[int(function)] = nbytes
+
+
+PARAM_BYTES = {"ptr": 8, "size": 8, "tensormap": 128}
+
+
+def param_sizes(function: Any) -> list[int] | None:
+    """Byte sizes of a compiled kernel's parameters (cuFuncGetParamInfo, CUDA 12.4+); None where the
+    driver cannot say."""
+    d = _driver()
+    sizes: list[int] = []
+    while len(sizes) < 4096:
+        try:
+            err, _, size = d.cuFuncGetParamInfo(function, len(sizes))
+        except Exception:  # bindings or driver without it
+            return None
+        if err == d.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return sizes  # past the last parameter
+        if err != d.CUresult.CUDA_SUCCESS:
+            return None
+        sizes.append(int(size))
+    return None
+
+
+def check_params(kernel: CudaKernel, function: Any) -> None:
+    """The compiled signature must match the kernel's Params, or the launch would pass garbage."""
+    compiled = param_sizes(function)
+    expected = [PARAM_BYTES.get(p.kind, 0) for p in kernel.params]
+    if compiled and compiled != expected:  # an empty answer is indistinguishable from no answer
+        raise DriverError(f"kernel {kernel.name}: its compiled parameters are {compiled} bytes, but its Params "
+                          f"({', '.join(p.name for p in kernel.params)}) say {expected}")
+
+
+def load_cubin(cubin: Any) -> Module:
+    """Load a cubin (bytes, or a `Cubin`) into the current context."""
+    return Module(bytes(getattr(cubin, "cubin", cubin)))
+
+
+# ----------------------------------------------------------------------------- tensor maps
+
+TMA_DTYPES = {"bf16": "BFLOAT16", "f16": "FLOAT16", "f32": "FLOAT32", "tf32": "FLOAT32", "f64": "FLOAT64",
+              "i32": "INT32", "i64": "INT64", "i16": "UINT16", "i8": "UINT8"}
+SWIZZLES = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
+
+
+@dataclass(frozen=True)
+class TensorMapArgs:
+    """The arguments of cuTensorMapEncodeTiled for one operand, innermost dimension first."""
+
+    dtype: str  # CU_TENSOR_MAP_DATA_TYPE_<dtype>
+    address: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]  # bytes, dims 1.. (dim 0 is contiguous)
+    box: tuple[int, ...]
+    swizzle: str  # CU_TENSOR_MAP_SWIZZLE_<swizzle>
+
+
+def tensormap_args(spec: TmaSpec, info: ArrayInfo, sizes: Mapping[str, int]) -> TensorMapArgs:
+    """What to encode for `spec` over the argument `info` (row-major, checked before)."""
+    rank = len(spec.dims)
+    if len(info.shape) != rank or tuple(sizes[e] for e in reversed(spec.dims)) != info.shape:
+        raise DriverError(f"{spec.tensor}: the TMA descriptor spans {spec.dims}, "
+                          f"but the array has shape {info.shape}")
+    elt = ELEMENT_BYTES[spec.dtype]
+    strides = tuple(info.strides[rank - 1 - i] * elt for i in range(1, rank))
+    for i, s in enumerate(strides, start=1):
+        if s % 16:
+            raise ArgumentError(f"{spec.tensor}: TMA needs every row stride to be a multiple of 16 bytes; "
+                                f"the stride along #{spec.dims[i]} is {s} B")
+    if spec.swizzle not in SWIZZLES:
+        raise DriverError(f"{spec.tensor}: swizzle {spec.swizzle} B is not one of {tuple(SWIZZLES)}")
+    return TensorMapArgs(TMA_DTYPES[spec.dtype], info.ptr, tuple(sizes[e] for e in spec.dims), strides,
+                         spec.box, SWIZZLES[spec.swizzle])
+
+
+def encode_tensormap(args: TensorMapArgs) -> Any:
+    """A CUtensorMap: element strides 1, no interleave, L2 promotion 128 B, out-of-bounds reads zero."""
+    d = _driver()
+    rank = len(args.dims)
+    return check(d.cuTensorMapEncodeTiled(
+        getattr(d.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{args.dtype}"), rank, args.address,
+        [d.cuuint64_t(n) for n in args.dims], [d.cuuint64_t(s) for s in args.strides],
+        [d.cuuint32_t(b) for b in args.box], [d.cuuint32_t(1)] * rank,
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(d.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{args.swizzle}"),
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE fills zeros
+    ), f"cuTensorMapEncodeTiled({args})")
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+class KernelArgs:
+    """The `void*[]` cuLaunchKernel reads, and the storage its pointers point into."""
+
+    def __init__(self, values: list[Any]):
+        self.values = values  # ctypes scalars, or CUtensorMap objects (getPtr() is their address)
+        addresses = [v.getPtr() if hasattr(v, "getPtr") else ctypes.addressof(v) for v in values]
+        self.array = (ctypes.c_void_p * max(1, len(values)))(*addresses)
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.array)
+
+
+def pack_args(kernel: CudaKernel, arrays: Mapping[str, ArrayInfo], sizes: Mapping[str, int]) -> KernelArgs:
+    """One value per kernel parameter, in order: pointers, int64 sizes and encoded tensor maps."""
+    values: list[Any] = []
+    for p in kernel.params:
+        if p.kind == "ptr":
+            values.append(ctypes.c_uint64(arrays[p.tensor or ""].ptr))
+        elif p.kind == "size":
+            values.append(ctypes.c_int64(sizes[p.extent or ""]))
+        elif p.kind == "tensormap" and p.tma is not None:
+            values.append(encode_tensormap(tensormap_args(p.tma, arrays[p.tma.tensor], sizes)))
+        else:
+            raise DriverError(f"kernel {kernel.name}: parameter {p.name} has unknown kind {p.kind!r}")
+    return KernelArgs(values)
+
+
+def launch(kernel: CudaKernel, function: Any, arrays: Mapping[str, ArrayInfo], sizes: Mapping[str, int],
+           grid: tuple[int, int, int], stream: int = 0) -> None:
+    """Launch `function` (the kernel's entry point) on `stream` (0: the legacy default stream), with the
+    kernel's dynamic shared memory for these sizes (opting in above 48 KiB)."""
+    if min(grid) <= 0:
+        return  # nothing to compute (an empty output)
+    d = _driver()
+    smem = kernel.dynamic_smem(sizes)
+    allow_smem(function, smem, kernel.name)
+    args = pack_args(kernel, arrays, sizes)
+    check(d.cuLaunchKernel(function, *grid, kernel.threads, 1, 1, smem, d.CUstream(stream), args.address, 0),
+          f"cuLaunchKernel({kernel.name}, grid {grid}, {kernel.threads} threads, {smem} B smem)")
+
+
+def memset_zero(ptr: int, nbytes: int, stream: int = 0) -> None:
+    d = _driver()
+    check(d.cuMemsetD8Async(d.CUdeviceptr(ptr), 0, nbytes, d.CUstream(stream)), "cuMemsetD8Async")
+
+
+def copy_to_host(info: ArrayInfo, stream: int = 0) -> np.ndarray:
+    """The array's contents as numpy (bf16 as its uint16 bits), after the stream's prior work."""
+    d = _driver()
+    out = np.empty(info.shape, dtype=NUMPY_STORAGE[info.dtype])
+    if out.nbytes:
+        check(d.cuMemcpyDtoHAsync(out.ctypes.data, d.CUdeviceptr(info.ptr), out.nbytes, d.CUstream(stream)),
+              "cuMemcpyDtoHAsync")
+        check(d.cuStreamSynchronize(d.CUstream(stream)), "cuStreamSynchronize")
+    return out
+
+
+# ----------------------------------------------------------------------------- device memory
+
+
+class DeviceArray:
+    """Device memory from cuMemAlloc, freed when dropped; readable by cupy/numba/torch through CAI."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, dev: Device):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, dev
+        self.nbytes = ELEMENT_BYTES[dtype] * int(np.prod(shape, dtype=np.int64))
+        d = _driver()
+        with current(dev):
+            self.ptr = int(check(d.cuMemAlloc(max(1, self.nbytes)), f"cuMemAlloc({self.nbytes} B)"))
+
+    @property
+    def info(self) -> ArrayInfo:
+        return ArrayInfo(self.ptr, self.shape, row_major(self.shape), self.dtype, self.device.ordinal)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        typestr = "<V2" if self.dtype == "bf16" else np.dtype(NUMPY_STORAGE[self.dtype]).str
+        return {"version": 3, "shape": self.shape, "typestr": typestr, "data": (self.ptr, False),
+                "strides": None, "stream": None}
+
+    def copy_from_host(self, values: Any) -> None:
+        """Fill from a host array of the same size (synchronous)."""
+        src = np.ascontiguousarray(values, dtype=NUMPY_STORAGE[self.dtype])
+        if src.nbytes != self.nbytes:
+            raise ArgumentError(f"copy of {src.nbytes} B into a device array of {self.nbytes} B")
+        d = _driver()
+        with current(self.device):
+            check(d.cuMemcpyHtoD(d.CUdeviceptr(self.ptr), src.ctypes.data, src.nbytes), "cuMemcpyHtoD")
+
+    def to_host(self) -> np.ndarray:
+        """A numpy copy, after all work on the legacy default stream."""
+        with current(self.device):
+            return copy_to_host(self.info)
+
+    def __del__(self) -> None:
+        ptr, self.ptr = getattr(self, "ptr", 0), 0
+        if ptr:
+            try:
+                d = _driver()
+                with current(self.device):
+                    d.cuMemFree(d.CUdeviceptr(ptr))
+            except Exception:
+                pass  # interpreter shutdown: the driver frees everything with the context
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.shape}, {self.dtype}, device {self.device.ordinal}, {self.ptr:#x})"
+
+
+__all__ = ["Device", "DeviceArray", "DriverError", "KernelArgs", "Module", "TensorMapArgs", "allow_smem",
+           "arch_for", "check", "check_params", "copy_to_host", "current", "device", "device_count",
+           "encode_tensormap", "init", "launch", "load_cubin", "memset_zero", "pack_args", "param_sizes",
+           "pointer_device", "tensormap_args"]

@@ -1,0 +1,79 @@
+"""Emission on the CPU: every example's default plan and a seeded sample of 200+ legal plans from
+the enumerator compile with NVRTC for sm_90a and sm_80, without spills where registers allow."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from habu.emit_cuda.emit import emit_plan
+from habu.emit_cuda.nvrtc import compile_cuda
+from habu.prove.rules import failures, obligations
+from habu.search.space import default_plan, enumerate_plans
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import EXAMPLES
+
+ARCHS = ("sm_90a", "sm_80")
+
+
+def runtime_sizes(model):
+    return {e.name: 4096 for e in model.extents if not e.is_static} or None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_default_plan_of_every_example_compiles(path, arch):
+    for model in load_program(path).models.values():
+        sizes = runtime_sizes(model)
+        plan = default_plan(model, TARGETS[arch], sizes)
+        assert not failures(obligations(model, plan, sizes))
+        for kernel in emit_plan(model, plan, TARGETS[arch]).kernels:
+            cubin = compile_cuda(kernel.source, kernel.name, arch)
+            res = cubin.resources
+            assert res.registers > 0 and not res.spills, (kernel.name, res.describe())
+
+
+def _sample(n_per_model: int, seed: int):
+    rng = random.Random(seed)
+    out = []
+    for path in EXAMPLES:
+        for model in load_program(path).models.values():
+            sizes = runtime_sizes(model)
+            for arch in ARCHS:
+                plans = list(itertools.islice(enumerate_plans(model, TARGETS[arch], sizes), 0, 200_000, 53))
+                rng.shuffle(plans)
+                taken = 0
+                for plan in plans:
+                    if taken >= n_per_model:
+                        break
+                    if failures(obligations(model, plan, sizes)):
+                        continue
+                    out.append((model, plan, arch))
+                    taken += 1
+    return out
+
+
+def test_a_seeded_sample_of_legal_plans_compiles_for_sm90a_and_sm80():
+    sample = _sample(25, 20261130)
+    assert len(sample) >= 200, len(sample)
+    paths = set()
+    for model, plan, arch in sample:
+        for kernel, k in zip(emit_plan(model, plan, TARGETS[arch]).kernels, plan.kernels, strict=True):
+            compile_cuda(kernel.source, kernel.name, arch)
+            paths.add((arch, k.kind, getattr(k, "mma", ""), getattr(k, "a_move", ""), getattr(k, "b_move", "")))
+    kinds = {p[1:3] for p in paths}
+    assert {("contraction", "wgmma"), ("contraction", "mma.sync"), ("contraction", "fma"), ("rows", ""),
+            ("map", "")} <= kinds, kinds
+
+
+def test_gather4_compiles_for_sm100a():
+    model = load_program(EXAMPLES[[p.name for p in EXAMPLES].index("ggemm.habu")]).models["GGEMM"]
+    plan = default_plan(model, TARGETS["sm_100a"], None, {"A": "tma"})
+    assert plan.kernels[0].a_move == "tma-gather4"
+    (kernel,) = emit_plan(model, plan, TARGETS["sm_100a"]).kernels
+    assert "habu::tma_gather4" in kernel.source
+    cubin = compile_cuda(kernel.source, kernel.name, "sm_100a")
+    assert cubin.resources.registers > 0

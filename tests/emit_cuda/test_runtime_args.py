@@ -1,0 +1,193 @@
+"""Argument checks before a launch: shapes, extents, dtypes, devices, layout, alignment, index values."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from habu.emit_cuda.arrays import ArgumentError, array_info
+from habu.emit_cuda.checks import check_arguments, check_index_range, contract_of
+from habu.emit_cuda.kernel import CudaKernel, EmittedPlan, Param
+from habu.lower.access import Access, Position
+from tests.emit_cuda.fakes import BASE, FakeCAI, gemm_arrays, gemm_model, gemm_plan, info
+
+
+@pytest.fixture
+def contract():
+    return contract_of(gemm_model(), gemm_plan())
+
+
+def fails(contract, arrays, match: str) -> str:
+    with pytest.raises(ArgumentError) as exc:
+        check_arguments(contract, arrays)
+    msg = exc.value.message
+    assert re.search(match, msg), msg
+    assert "Traceback" not in exc.value.render()
+    return msg
+
+
+def test_sizes_are_bound_from_the_arrays(contract):
+    assert check_arguments(contract, gemm_arrays(k=512, n=96, s=7)) == {"M": 4096, "K": 512, "N": 96, "S": 7}
+
+
+def test_outputs_may_be_given(contract):
+    arrays = {**gemm_arrays(n=64), "C": info((4096, 64), "f32", BASE + 0x400000)}
+    assert check_arguments(contract, arrays)["N"] == 64
+
+
+def test_contract_alignment_comes_from_the_params(contract):
+    need = {t.name: (t.align, t.align_why) for t in contract.tensors}
+    assert need["A"] == (16, "the plan loads A with TMA")
+    assert need["B"] == (16, "the plan loads B with 8-element vectors")  # 8 × bf16
+    assert need["IX"] == (4, "")
+    assert need["C"] == (4, "")
+    roles = {t.name: t.role for t in contract.tensors}
+    assert roles == {"A": "input", "B": "input", "IX": "input", "C": "output", "T": "intermediate"}
+
+
+def test_static_extent_mismatch(contract):
+    arrays = {**gemm_arrays(), "A": info((4095, 512), "bf16")}
+    msg = fails(contract, arrays, r"^A: expected shape \(4096, 512\) \( #M #K \), got \(4095, 512\)$")
+    assert msg
+
+
+def test_runtime_extent_must_agree_between_arrays(contract):
+    arrays = {**gemm_arrays(k=512), "B": info((511, 64), "bf16", BASE + 0x100000)}
+    fails(contract, arrays, r"^B: expected shape \(512, 64\) \( #K #N \), got \(511, 64\) \(#K = 512 from A\)$")
+
+
+def test_runtime_extent_outside_its_range(contract):
+    fails(contract, gemm_arrays(k=520), r"^A: size 520 along #K is outside its declared range "
+                                        r"\(#K in 16\.\.65536, multiple of 16 \(runtime\)\)$")
+    fails(contract, gemm_arrays(k=65536 + 16), r"outside its declared range")
+
+
+def test_rank_mismatch(contract):
+    fails(contract, {**gemm_arrays(), "IX": info((4, 8), "i32")}, r"^IX: expected 1 dimensions \( #S \)")
+
+
+def test_dtype(contract):
+    fails(contract, {**gemm_arrays(), "A": info((4096, 512), "f32")}, r"^A: expected bf16, got f32$")
+
+
+def test_missing_input(contract):
+    arrays = gemm_arrays()
+    del arrays["B"]
+    fails(contract, arrays, r"^B: missing \(an input of gemm: bf16 \( #K #N \)\)$")
+
+
+def test_unknown_and_intermediate_names(contract):
+    fails(contract, {**gemm_arrays(), "D": info((1,))}, r"^D: not a tensor of gemm \(pass: A, B, IX, C\)$")
+    fails(contract, {**gemm_arrays(), "T": info((4096, 64))}, r"^T: an intermediate the runtime allocates")
+
+
+def test_tma_alignment(contract):
+    arrays = {**gemm_arrays(), "A": info((4096, 512), "bf16", BASE + 2)}
+    fails(contract, arrays, r"^A: base address 0x7f0000000002 is not 16-byte aligned \(the plan loads A with TMA\)$")
+
+
+def test_vector_alignment(contract):
+    arrays = {**gemm_arrays(), "B": info((512, 64), "bf16", BASE + 8)}
+    fails(contract, arrays, r"^B: base address 0x7f0000000008 is not 16-byte aligned "
+                            r"\(the plan loads B with 8-element vectors\)$")
+
+
+def test_element_alignment(contract):
+    fails(contract, {**gemm_arrays(), "IX": info((32,), "i32", BASE + 2)}, r"^IX: base address .* 4-byte aligned$")
+
+
+def test_alignment_can_be_left_out_for_kernel_sets(contract):
+    arrays = {**gemm_arrays(), "A": info((4096, 512), "bf16", BASE + 2)}
+    assert check_arguments(contract.without_alignment(), arrays)["K"] == 512
+
+
+def test_strides_must_be_row_major(contract):
+    transposed = info((4096, 512), "bf16", strides=(1, 4096))
+    fails(contract, {**gemm_arrays(), "A": transposed},
+          r"^A: expected contiguous row-major strides \(512, 1\), got \(1, 4096\)")
+    padded = info((4096, 512), "bf16", strides=(520, 1))
+    fails(contract, {**gemm_arrays(), "A": padded}, r"row-major")
+
+
+def test_strides_of_unit_dimensions_do_not_matter(contract):
+    model = replace(gemm_model(), extents=(*gemm_model().extents[:3], replace(gemm_model().extents[3], lo=1)))
+    c = contract_of(model, gemm_plan())
+    assert check_arguments(c, {**gemm_arrays(n=1), "B": info((512, 1), "bf16", BASE, strides=(1, 77))})["N"] == 1
+
+
+def test_devices(contract):
+    fails(contract, {**gemm_arrays(), "B": info((512, 64), "bf16", device=1)},
+          r"^B: is on CUDA device 1, but A is on device 0; all arrays must be on one device$")
+    host = array_info(np.zeros((4096, 512), np.float32))
+    fails(contract, {**gemm_arrays(), "A": replace(host, dtype="bf16")}, r"^A: is in cpu memory, not on a CUDA device$")
+
+
+def test_readonly_output(contract):
+    fails(contract, {**gemm_arrays(), "C": info((4096, 64), readonly=True)}, r"^C: is read-only, but the plan writes it$")
+
+
+def test_sizes_given_explicitly(contract):
+    assert check_arguments(contract, gemm_arrays(), {"K": 512})["K"] == 512
+    with pytest.raises(ArgumentError, match="outside its range"):
+        check_arguments(contract, gemm_arrays(), {"K": 7})
+
+
+def test_unbound_extent():
+    plan = EmittedPlan((CudaKernel("k", "", (Param("p", "ptr", "A", "bf16"),), 32, 0, None),), ())
+    arrays = gemm_arrays()
+    del arrays["B"]  # unused by this plan, but the only array with #N, which the output C needs
+    fails(contract_of(gemm_model(), plan), arrays, r"^cannot tell the size of #N from the arrays given")
+
+
+def test_arrays_from_cuda_array_interface(contract):
+    arrays = {"A": FakeCAI((4096, 512), "<V2"), "B": FakeCAI((512, 64), "<V2", BASE + 0x1000),
+              "IX": FakeCAI((32,), "<i4", BASE + 0x2000)}
+    infos = {k: replace(array_info(v, k), device=0) for k, v in arrays.items()}
+    assert check_arguments(contract, infos)["K"] == 512
+    infos["A"] = replace(array_info(FakeCAI((4096, 512), "<f2"), "A"), device=0)
+    fails(contract, infos, r"^A: expected bf16, got f16$")
+
+
+# ----------------------------------------------------------------------------- index values
+
+
+def test_index_range_ok():
+    check_index_range("IX", np.arange(4096, dtype=np.int32), 4096, "M")
+
+
+def test_index_range_reports_the_first_bad_value():
+    values = np.zeros(32, np.int32)
+    values[17], values[20] = 5000, -1
+    with pytest.raises(ArgumentError) as exc:
+        check_index_range("IX", values, 4096, "M")
+    assert exc.value.message == "IX: values must be in 0..4095 (an index into #M): found 5000 at IX[17]"
+
+
+def test_index_range_negative_and_multidimensional():
+    values = np.zeros((3, 4), np.int64)
+    values[2, 1] = -3
+    with pytest.raises(ArgumentError) as exc:
+        check_index_range("IX", values, 10)
+    assert exc.value.message == "IX: values must be in 0..9: found -3 at IX[2, 1]"
+
+
+# ----------------------------------------------------------------------------- vectors of row and map kernels
+
+
+def _access(tensor: str, axes: tuple[str, ...]) -> Access:
+    return Access(tensor, "f16", axes, tuple(Position("axis", a) for a in axes), (), ())
+
+
+def test_row_kernel_vectors_apply_along_the_row():
+    model = gemm_model()
+    lowering = SimpleNamespace(kernel=SimpleNamespace(vector=4), c="N",
+                               loads=((None, _access("A", ("r", "c"))), (None, _access("IX", ("r",)))),
+                               out=_access("C", ("r", "c")))
+    k = CudaKernel("rows", "", (Param("p_A", "ptr", "A", "bf16"), Param("p_IX", "ptr", "IX", "i32"),
+                                Param("p_C", "ptr", "C", "f32", writes=True)), 128, 0, lowering)
+    need = {t.name: t.align for t in contract_of(model, EmittedPlan((k,), ())).tensors}
+    assert need == {"A": 8, "B": 1, "IX": 4, "C": 16}  # IX is read along r, not the vectorised c
