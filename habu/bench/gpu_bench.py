@@ -51,7 +51,7 @@ def run_case(name, path, model, sizes, pins, baseline, golden_check=True, flops=
     sets = [make_inputs(built.model, full, 100 + i) for i in range(nsets)]
     outs = [poisoned_outputs(built.model, full) for _ in range(nsets)]
     if golden_check:
-        ref = reference(built.model, sets[0], full)
+        ref = reference(built.model, sets[0], full)  # before the run: in-place models overwrite inputs
         res = built.compiled(**sets[0], **outs[0])
         t.cuda.synchronize()
         res = res if isinstance(res, dict) else {built.model.outputs[0].name: res}

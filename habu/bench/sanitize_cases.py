@@ -32,10 +32,10 @@ def main() -> None:
         built = build(str(EX / path), model, sizes, pins)
         inputs = make_inputs(built.model, built.sizes, 5)
         outs = poisoned_outputs(built.model, built.sizes)
+        ref = reference(built.model, inputs, built.sizes)
         res = built.compiled(**inputs, **outs)
         t.cuda.synchronize()
         res = res if isinstance(res, dict) else {built.model.outputs[0].name: res}
-        ref = reference(built.model, inputs, built.sizes)
         tol = tolerance(built.model, dict(built.plan.storage))
         verdict = {k: compare(v, ref[k], tol) for k, v in res.items()}
         ok = all(g.ok for g in verdict.values())

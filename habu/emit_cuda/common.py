@@ -85,7 +85,12 @@ class SizeView(Mapping[str, Any]):
 
 
 def _ident(name: str) -> str:
-    return "t" + name[1:] if name.startswith("%") else name
+    """A C identifier for a tensor name: %3 (an intermediate) -> t3, @A (a staged copy) -> staged_A."""
+    if name.startswith("%"):
+        return "t" + name[1:]
+    if name.startswith("@"):
+        return "staged_" + name[1:]
+    return name
 
 
 def index_type(width: int) -> str:
@@ -93,12 +98,15 @@ def index_type(width: int) -> str:
 
 
 def access_offset(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any], width: int,
-                  table: Callable[[str, str], str]) -> str:
+                  table: Callable[[str, str], str], axes: tuple[str, ...] | None = None) -> str:
     """The element offset of an access, computed in the plan's index width, from axis coordinates.
-    `table(name, coordinate)` gives the C expression of an index tensor's value at a coordinate."""
+    `table(name, coordinate)` gives the C expression of an index tensor's value at a coordinate.
+    With `axes`, only the terms of positions driven by those axes (a partial offset to hoist)."""
     it = index_type(width)
     terms = []
     for pos, p in enumerate(access.positions):
+        if axes is not None and (p.kind == "const" or p.axis not in axes):
+            continue
         stride = access.stride(pos, sizes)
         if p.kind == "const":
             if p.value == 0:

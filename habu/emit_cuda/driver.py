@@ -218,7 +218,8 @@ class TensorMapArgs:
 def tensormap_args(spec: TmaSpec, info: ArrayInfo, sizes: Mapping[str, int]) -> TensorMapArgs:
     """What to encode for `spec` over the argument `info` (row-major, checked before)."""
     rank = len(spec.dims)
-    if len(info.shape) != rank or tuple(sizes[e] for e in reversed(spec.dims)) != info.shape:
+    # the descriptor may span less than the array (a staged buffer's rows are padded)
+    if len(info.shape) != rank or any(sizes[e] > n for e, n in zip(reversed(spec.dims), info.shape, strict=True)):
         raise DriverError(f"{spec.tensor}: the TMA descriptor spans {spec.dims}, "
                           f"but the array has shape {info.shape}")
     elt = ELEMENT_BYTES[spec.dtype]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from habu.emit_cuda.emit_fma import emit_fma
+from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.emit_rows import emit_map, emit_rows
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
@@ -22,9 +23,13 @@ def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
         if e.is_static and e.name not in static:
             static[e.name] = e.size  # type: ignore[assignment]
     kernels: list[CudaKernel] = []
+    staged: list[tuple[str, str, tuple[str, ...]]] = []
     for i, lw in enumerate(lower_plan(model, plan)):
         name = kernel_name(model, plan, i)
         if isinstance(lw, ContractionLowering):
+            for j, stage in enumerate(lw.pre):
+                kernels.append(emit_stage(f"{name}_stage{j}", model, stage, lw.index_width, static))
+                staged.append((stage.dst.tensor, stage.dst.dtype, stage.dst.extents))
             kernels.append(emit_contraction(name, model, lw, static, target))
         elif isinstance(lw, RowLowering):
             kernels.append(emit_rows(name, model, lw, static))
@@ -33,7 +38,7 @@ def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
             kernels.append(emit_map(name, model, lw, static))
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
-                  if t.name in storage)
+                  if t.name in storage) + tuple(staged)
     return EmittedPlan(tuple(kernels), inter)
 
 

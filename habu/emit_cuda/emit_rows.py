@@ -50,11 +50,23 @@ def _subst_vars(expr: Expr, mapping: dict) -> Expr:
     return expr
 
 
+def _canon(e: Expr, depth: int = 0) -> Expr:
+    """`e` with bound variables renamed by nesting depth: reductions equal up to their names compare equal."""
+    if isinstance(e, Reduce):
+        mapping = {v: IndexVar(f"_b{depth}_{i}", v.extent) for i, v in enumerate(e.vars)}
+        return Reduce(e.op, tuple(mapping.values()), _canon(_subst_vars(e.body, mapping), depth + 1))
+    if isinstance(e, Op):
+        return Op(e.fn, tuple(_canon(a, depth) for a in e.args))
+    return e
+
+
 def _reductions(expr: Expr) -> list[Reduce]:
-    """Reductions, innermost first, each once."""
+    """Reductions, innermost first, each once (SOFTMAX's two `max` over n' and n'' are one pass)."""
     out: list[Reduce] = []
+    seen: set[Expr] = set()
     for x in reversed(list(walk(expr))):
-        if isinstance(x, Reduce) and x not in out:
+        if isinstance(x, Reduce) and _canon(x) not in seen:
+            seen.add(_canon(x))
             out.append(x)
     return out
 
@@ -68,112 +80,122 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     it = index_type(lw.index_width)
     threads, vec = k.threads, k.vector
     defs = {eq.target: eq for eq in lw.nodes[:-1]}
-    final = lw.nodes[-1]
-    expr = _inline(final.rhs, defs)
+    expr = _inline(lw.nodes[-1].rhs, defs)
     loads = dict(lw.loads)
     reds = _reductions(expr)
     C = sizes[lw.c]
-    # a row read by several passes: keep it in shared memory as f32 (one read of global memory)
+    # a row read by several passes is kept in shared memory in its own element type
     row_loads = [x for x in walk(expr) if isinstance(x, Load) and x in loads
                  and [p.kind for p in loads[x].positions] == ["axis", "axis"]]
-    cached_tensor = row_loads[0].tensor if (k.cache_row and row_loads and len(reds) >= 1
-                                           and len({x.tensor for x in row_loads}) == 1) else None
+    cached = row_loads[0].tensor if (k.cache_row and row_loads and reds
+                                     and len({x.tensor for x in row_loads}) == 1) else None
+    cache_acc = loads[row_loads[0]] if cached else None
+    cache_dt = cache_acc.dtype if cache_acc else "f32"
+    e_in = DTYPES[cache_dt].bytes
+    # vector mode: 16-byte loads and stores, the cache permuted so lane q of chunk g sits at q·G + g
+    # (consecutive threads touch consecutive words: no bank conflicts)
+    vector_mode = cached is not None and vec * e_in == 16 and cache_dt in ("bf16", "f16", "f32")
+    G = C / vec if not isinstance(C, int) else C // vec  # chunks per row (vector mode: #C is a multiple)
 
-    def leaf_at(col: str):
+    def leaf_at(col: str, slot: str):
         def leaf(ld: Load) -> str:
             acc = loads[ld]
-            if cached_tensor is not None and ld.tensor == cached_tensor and \
-                    [p.kind for p in acc.positions] == ["axis", "axis"]:
-                return f"row_cache[{col}]"
+            if cached is not None and ld.tensor == cached and [p.kind for p in acc.positions] == ["axis", "axis"]:
+                raw = f"row_cache[{slot}]"
+                return {"bf16": f"habu::bf16_to_float({raw})", "f16": f"habu::f16_to_float({raw})"}.get(cache_dt, raw)
             coord = {"r": "r", "c": col}
             p = sig.pointer(acc.tensor, acc.dtype)
             off = access_offset(acc, coord, sizes, lw.index_width, lambda t, x: "0")
-            mask = access_mask(acc, coord, sizes)
-            return f"(({mask}) ? {load_value(acc.dtype, p, off)} : 0.0f)"
+            return f"(({access_mask(acc, coord, sizes)}) ? {load_value(acc.dtype, p, off)} : 0.0f)"
         return leaf
 
-    red_names = {r: f"red{i}" for i, r in enumerate(reds)}
+    red_names = {_canon(r): f"red{i}" for i, r in enumerate(reds)}
 
-    def render(e: Expr, col: str) -> str:
-        return float_expr(e, leaf_at(col), sizes, lambda r: red_names[r])
+    def render(e: Expr, col: str, slot: str) -> str:
+        return float_expr(e, leaf_at(col, slot), sizes, lambda r: red_names[_canon(r)])
+
+    def column_loop(body: str) -> str:
+        """`body` for every column of the row; `col` is the column, `slot` its place in the cache."""
+        if vector_mode:
+            return f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
+#pragma unroll
+    for (int q = 0; q < {vec}; ++q) {{
+      const {it} col = g * {vec} + q;
+      const {it} slot = ({it})q * {c(G)} + g;
+      {body}
+    }}
+  }}"""
+        return f"""  for ({it} col = tid; col < {c(C)}; col += {threads}) {{
+    const {it} slot = col;
+    {body}
+  }}"""
 
     passes = []
-    if cached_tensor is not None:
-        acc = next(loads[x] for x in row_loads)
+    if cached is not None:
+        acc = cache_acc
+        assert acc is not None
         p = sig.pointer(acc.tensor, acc.dtype)
-        off = access_offset(acc, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
-        vec_bytes = vec * DTYPES[acc.dtype].bytes
-        if vec_bytes == 16 and acc.dtype in ("bf16", "f16", "f32"):
-            # one 16-byte load per lane (the rules proved #C a multiple of the vector, rows aligned)
-            unpack = {"bf16": "habu::bf16_to_float(h[q])", "f16": "habu::f16_to_float(h[q])",
-                      "f32": "__uint_as_float(w[q])"}[acc.dtype]
-            elems = "const unsigned short* h = reinterpret_cast<const unsigned short*>(&raw);" \
-                if acc.dtype != "f32" else "const unsigned int* w = reinterpret_cast<const unsigned int*>(&raw);"
-            passes.append(f"""  for ({it} col = ({it})tid * {vec}; col < {c(C)}; col += {threads * vec}) {{
+        if vector_mode:
+            off = access_offset(acc, {"r": "r", "c": "g * " + str(vec)}, sizes, lw.index_width, lambda t, x: "0")
+            word = "unsigned short" if e_in == 2 else "float"
+            passes.append(f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
     const uint4 raw = habu::load16_or_zero({p} + ({off}), true);
-    {elems}
+    const {word}* w = reinterpret_cast<const {word}*>(&raw);
 #pragma unroll
-    for (int q = 0; q < {vec}; ++q) row_cache[col + q] = {unpack};
+    for (int q = 0; q < {vec}; ++q) row_cache[({it})q * {c(G)} + g] = w[q];
   }}
   __syncthreads();""")
         else:
-            passes.append(f"""  for ({it} col = tid; col < {c(C)}; col += {threads}) row_cache[col] = {load_value(acc.dtype, p, off)};
+            off = access_offset(acc, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
+            passes.append(f"""  for ({it} col = tid; col < {c(C)}; col += {threads}) row_cache[col] = {p}[{off}];
   __syncthreads();""")
     for r in reds:
         init = "0.0f" if r.op == "sum" else "-3.402823466e38f"
-        combine = "+" if r.op == "sum" else "max"
-        body = render(r.body, "col")
         update = "part += v;" if r.op == "sum" else "part = fmaxf(part, v);"
-        block_reduce = "habu::warp_sum" if r.op == "sum" else "habu::warp_max"
-        passes.append(f"""  {{  // {combine}-reduction over the row
+        reduce_fn = "habu::warp_sum" if r.op == "sum" else "habu::warp_max"
+        guard = f"col < {c(C)}" if lw.reduce_mask else "true"
+        loop = column_loop(f"if ({guard}) {{ const float v = {render(r.body, 'col', 'slot')}; {update} }}")
+        passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[_canon(r)]}
     float part = {init};
-    for ({it} base = ({it})tid * {vec}; base < {c(C)}; base += {threads * vec}) {{
-#pragma unroll
-      for (int v_ = 0; v_ < {vec}; ++v_) {{
-        const {it} col = base + v_;
-        if ({f"col < {c(C)}" if lw.reduce_mask else "true"}) {{ const float v = {body}; {update} }}
-      }}
-    }}
-    part = {block_reduce}(part);
+{loop}
+    part = {reduce_fn}(part);
     if (lane == 0) scratch[warp] = part;
     __syncthreads();
     if (warp == 0) {{
       float w = lane < {threads // 32} ? scratch[lane] : {init};
-      w = {block_reduce}(w);
+      w = {reduce_fn}(w);
       if (lane == 0) scratch[32] = w;
     }}
     __syncthreads();
-    {red_names[r]} = scratch[32];
+    {red_names[_canon(r)]} = scratch[32];
     __syncthreads();
   }}""")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
-    out_off = access_offset(out, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
-    final_value = render(expr, "col")
-    out_vec_bytes = vec * DTYPES[out.dtype].bytes
-    if out_vec_bytes == 16 and out.dtype in ("bf16", "f16") and cached_tensor is not None:
+    if vector_mode and vec * DTYPES[out.dtype].bytes == 16 and out.dtype in ("bf16", "f16"):
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
-        base_off = access_offset(out, {"r": "r", "c": "base"}, sizes, lw.index_width, lambda t, x: "0")
-        final_loop = f"""  for ({it} base = ({it})tid * {vec}; base < {c(C)}; base += {threads * vec}) {{
+        base_off = access_offset(out, {"r": "r", "c": f"g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
+        value = render(expr, "col", "slot")
+        final_loop = f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
     float y[{vec}];
 #pragma unroll
-    for (int v_ = 0; v_ < {vec}; ++v_) {{ const {it} col = base + v_; y[v_] = {final_value}; }}
+    for (int q = 0; q < {vec}; ++q) {{
+      const {it} col = g * {vec} + q;
+      const {it} slot = ({it})q * {c(G)} + g;
+      y[q] = {value};
+    }}
     uint4 packed;
     packed.x = {pack}(y[0], y[1]); packed.y = {pack}(y[2], y[3]);
     packed.z = {pack}(y[4], y[5]); packed.w = {pack}(y[6], y[7]);
     *reinterpret_cast<uint4*>({p_out} + ({base_off})) = packed;
   }}"""
     else:
-        final_loop = f"""  for ({it} base = ({it})tid * {vec}; base < {c(C)}; base += {threads * vec}) {{
-#pragma unroll
-    for (int v_ = 0; v_ < {vec}; ++v_) {{
-      const {it} col = base + v_;
-      if (col < {c(C)}) {store_value(out.dtype, p_out, out_off, final_value)}
-    }}
-  }}"""
+        out_off = access_offset(out, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
+        final_loop = column_loop(f"if (col < {c(C)}) {store_value(out.dtype, p_out, out_off, render(expr, 'col', 'slot'))}")
     red_decl = "\n".join(f"  float {n} = 0.0f;" for n in red_names.values())
+    cache_type = {"bf16": "unsigned short", "f16": "unsigned short"}.get(cache_dt, "float")
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
-  extern __shared__ __align__(16) float row_cache[];
+  extern __shared__ __align__(16) {cache_type} row_cache[];
   __shared__ float scratch[33];
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -187,13 +209,13 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
 """
     src = header(f"{name}: row kernel, {threads} threads per row, {vec} elements per access",
                  [f"computes {', '.join(k.nodes)}: {len(reds)} reduction pass(es)"
-                  + (f", row of {cached_tensor} cached in shared memory" if cached_tensor else "")])
+                  + (f", row of {cached} kept in shared memory as {cache_dt}" if cached else "")])
     src += body.replace("SIGNATURE", sig.declaration())
-    if not cached_tensor:
+    if not cached:
         return CudaKernel(name, src, tuple(sig.params), threads, 0, lw)
     if lw.c in static:
-        return CudaKernel(name, src, tuple(sig.params), threads, 4 * static[lw.c], lw)
-    return CudaKernel(name, src, tuple(sig.params), threads, 0, lw, smem_per=(lw.c, 4))
+        return CudaKernel(name, src, tuple(sig.params), threads, e_in * static[lw.c], lw)
+    return CudaKernel(name, src, tuple(sig.params), threads, 0, lw, smem_per=(lw.c, e_in))
 
 
 def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -> CudaKernel:

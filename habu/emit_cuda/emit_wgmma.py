@@ -54,6 +54,26 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
     mask = access_mask(access, coord, sizes)
     base = f"{side.lower()}_stage"
     if move == "cp.async":
+        if 128 % per_row == 0:
+            # each thread copies the same vector column of the same rows at every k step: their row
+            # offsets (through the gather) were computed once per tile (`rows_setup`)
+            step = 128 // per_row
+            koff = access_offset(access, coord, sizes, lw.index_width, table, ("k",))
+            kmask = " && ".join(f"(kk) {'<=' if b.inclusive else '<'} {c(sizes[b.extent])}"
+                                for b in access.masks if b.axis == "k") or "true"
+            return f"""        {{
+          const {it} kk = k0 + (ptid % {per_row}) * {vec};
+          const bool k_ok = {kmask};
+#pragma unroll
+          for (int j = 0; j < {total // 128}; ++j) {{
+            const int i = ptid / {per_row} + {step} * j;
+            const bool ok = {side.lower()}_row_off[j] >= 0 && k_ok;
+            const {CTYPE[access.dtype]}* src = ok ? {p} + {side.lower()}_row_off[j] + ({koff}) : {p};
+            const habu::u32 byte = (habu::u32)((ptid % {per_row}) * {vec * e});
+            habu::cp_async<{vec * e}>({base} + habu::swizzle128((habu::u32)i, byte >> 4) + (byte & 15u), src, ok);
+          }}
+        }}
+"""
         return f"""        for (int e = ptid; e < {total}; e += 128) {{
           const int i = e / {per_row};
           const int v = e % {per_row};
@@ -79,6 +99,28 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
 """
 
 
+def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: str, model: Model, vec: int,
+                rows: int, row_axis: str) -> str:
+    """Per tile, before the k loop: the row part of each cp.async source offset and its mask."""
+    access: Access = lw.a if side == "A" else lw.b
+    per_row = lw.bk // vec
+    if 128 % per_row:
+        return ""
+    count = rows * per_row // 128
+    table = table_reader(sig, model, it)
+    roff = access_offset(access, {row_axis: "r", "k": "0"}, sizes, lw.index_width, table, (row_axis,))
+    rmask = " && ".join(f"(r) {'<=' if b.inclusive else '<'} {c(sizes[b.extent])}"
+                        for b in access.masks if b.axis == row_axis) or "true"
+    s = side.lower()
+    return f"""      {it} {s}_row_off[{count}];  // -1: the row is past the edge (masked)
+#pragma unroll
+      for (int j = 0; j < {count}; ++j) {{
+        const {it} r = {row_axis}0 + ({it})(ptid / {per_row} + {128 // per_row} * j);
+        {s}_row_off[j] = ({rmask}) ? ({roff}) : ({it})-1;
+      }}
+"""
+
+
 def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
     if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
@@ -100,15 +142,19 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     stride = off["A1"] - off["A0"] if k.stages > 1 else 0
     if any(off[f"A{s}"] != off["A0"] + s * stride or off[f"B{s}"] != off["B0"] + s * stride for s in range(k.stages)):
         raise ValueError("stages are not evenly spaced in shared memory")
-    moves = {"A": k.a_move, "B": k.b_move}
+    # a staged operand is read from its aligned buffer with TMA
+    moves = {side: ("tma" if m == "staged" else m) for side, m in (("A", k.a_move), ("B", k.b_move))}
     vecs = {"A": k.a_vector, "B": k.b_vector}
+    if any(a.tensor.startswith("@") for a in (lw.a, lw.b)):
+        pass  # staged buffers are pointers of the kernel like any tensor (Signature registers them)
     tma_bytes = sum((bm if s == "A" else bn) * 128 for s in "AB" if moves[s] == "tma")
     all_tma = all(m == "tma" for m in moves.values())
     full_count = 1 if all_tma else 128
     maps: dict[str, str] = {}
     for side, acc, rows in (("A", lw.a, bm), ("B", lw.b, bn)):
         if moves[side] == "tma":
-            dims = tuple(reversed(acc.extents))
+            logical = tuple(e.split("^")[0] for e in acc.extents)  # a staged buffer's rows are padded
+            dims = tuple(reversed(logical))
             maps[side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, (lw.bk, rows), 128))
         elif moves[side] not in ("cp.async", "ldg"):
             raise ValueError(f"the wgmma emitter has no {moves[side]} producer")
@@ -120,6 +166,9 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         _producer_copy(side, lw, sig, sizes, it, model, moves[side], vecs[side] if moves[side] == "cp.async" else 1,
                        bm if side == "A" else bn, "m" if side == "A" else "n")
         for side in "AB" if moves[side] != "tma")
+    rows_setup = "".join(
+        _rows_setup(side, lw, sig, sizes, it, model, vecs[side], bm if side == "A" else bn, "m" if side == "A" else "n")
+        for side in "AB" if moves[side] == "cp.async")
     if all_tma:
         producer_fill = f"""        if (ptid == 0) {{
           habu::mbar_arrive_expect_tx(full, {tma_bytes});
@@ -169,7 +218,7 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
     habu::setmaxnreg_dec<{PRODUCER_REGS}>();
     const int ptid = threadIdx.x;
     for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, sizes, it, "      ")}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+{tile_setup(lw, sizes, it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
         const {it} k0 = ({it})(kt_begin * {lw.bk} + (kt - kt_begin) * {lw.k_step});
         const habu::u32 full = bars + 16 * stage;
         habu::mbar_wait(bars + 16 * stage + 8, phase ^ 1u);

@@ -61,8 +61,11 @@ class CudaKernel:
     def grid(self, sizes: Mapping[str, int], sm_count: int) -> tuple[int, int, int]:
         """Blocks to launch for concrete sizes: what the lowering says."""
         from habu.lower import ContractionLowering, MapLowering, RowLowering
+        from habu.lower.contraction import StageLowering
 
         lw = self.lowering
+        if isinstance(lw, StageLowering):
+            return (max(1, int(lw.grid(sizes))), 1, 1)
         if isinstance(lw, ContractionLowering):
             return (int(lw.grid(sizes, sm_count)), 1, 1)
         if isinstance(lw, RowLowering):

@@ -12,6 +12,8 @@ caller's stream.
 from __future__ import annotations
 
 import sys
+
+from habu.lower.access import with_derived
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -148,6 +150,7 @@ class CompiledModel:
                 arrays[name] = replace(info, device=driver.pointer_device(info.ptr))
         member, sizes = self.check(arrays)
         contract, plan = self.contracts[member], self.kernel_set.members[member][1]
+        sizes = with_derived(sizes, [e for t in contract.tensors for e in t.extents])  # "K^8": padded rows
         ordinal = next((a.device for a in arrays.values() if a.device is not None), 0)
         dev = driver.device(ordinal)
         torch_like = any(is_torch_tensor(t) for t in tensors.values())

@@ -32,6 +32,25 @@ class Bound:
     inclusive: bool = False
 
 
+def size_of(token: str, sizes: Mapping[str, Any]) -> Any:
+    """An extent's size, or a derived one: "K^8" is #K rounded up to a multiple of 8 (the row
+    length of a buffer whose rows start 16 bytes apart)."""
+    if "^" in token:
+        name, multiple = token.split("^")
+        m = int(multiple)
+        return cdiv(sizes[name], m) * m
+    return sizes[token]
+
+
+def with_derived(sizes: Mapping[str, int], tokens) -> dict[str, int]:
+    """`sizes` plus the derived sizes ("K^8") that `tokens` name."""
+    out = dict(sizes)
+    for t in tokens:
+        if "^" in t and t not in out:
+            out[t] = size_of(t, sizes)
+    return out
+
+
 @dataclass(frozen=True)
 class Access:
     """A load or store of one tensor inside a kernel."""
@@ -46,13 +65,13 @@ class Access:
     def numel(self, sizes: Mapping[str, Any]) -> Any:
         n: Any = 1
         for e in self.extents:
-            n = n * sizes[e]
+            n = n * size_of(e, sizes)
         return n
 
     def stride(self, pos: int, sizes: Mapping[str, Any]) -> Any:
         s: Any = 1
         for e in self.strides[pos]:
-            s = s * sizes[e]
+            s = s * size_of(e, sizes)
         return s
 
     @property

@@ -24,6 +24,25 @@ from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce
 ACC = "%acc"  # the accumulator, as the epilogue expression names it
 
 
+STAGE_ALIGN = 8  # elements: staged rows start at multiples of 16 bytes for 2-byte types
+
+
+@dataclass(frozen=True)
+class StageLowering:
+    """A pre-pass: dst[row, k] = src at (row, k) for row < rows, k < K (the gather happens here).
+
+    dst's rows are STAGE_ALIGN-rounded, so the contraction can load it with TMA at any #K."""
+
+    src: Access  # over axes "row" and "k"
+    dst: Access
+    rows: str  # extent of the rows
+    k: str
+    threads: int = 256
+
+    def grid(self, s: Mapping[str, Any], sm_count: int = 0) -> Any:
+        return cdiv(s[self.rows] * s[self.k], self.threads)
+
+
 @dataclass(frozen=True)
 class ContractionLowering:
     kernel: ContractionKernel
@@ -39,6 +58,7 @@ class ContractionLowering:
     split_mode: str  # "none", or "atomic" when split_k > 1
     index_width: int
     tables: tuple[str, ...]  # index tensors read (gathers)
+    pre: tuple[StageLowering, ...] = ()  # staging passes run before the contraction
 
     @property
     def bm(self) -> int:
@@ -176,11 +196,30 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     out_axes = {v: ("m" if i == _pos(nodes[0], m_var) else "n") for i, v in enumerate(last.lhs)}
     out = access_for(out_decl, last.lhs, out_axes, extent_of_axis, storage)
     tables = tuple(t for t in (c.a.gather, c.b.gather) if t)
+    pre: list[StageLowering] = []
+    if kernel.a_move == "staged":
+        a, stage = _staged(a, "m", m_var.extent, k_var.extent)
+        pre.append(stage)
+    if kernel.b_move == "staged":
+        b, stage = _staged(b, "n", n_var.extent, k_var.extent)
+        pre.append(stage)
     return ContractionLowering(
         kernel=kernel, m=m_var.extent, n=n_var.extent, k=k_var.extent, a=a, b=b, out=out,
         epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k,
         split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width, tables=tables,
+        pre=tuple(pre),
     )
+
+
+def _staged(src: Access, axis: str, rows: str, k: str) -> tuple[Access, StageLowering]:
+    """Stage an operand: the pass reads it as the contraction did (gather included) and writes
+    @name[row, k] with rows STAGE_ALIGN elements apart; the contraction then reads @name plainly."""
+    from habu.lower.access import Position
+
+    padded = f"{k}^{STAGE_ALIGN}"
+    dst = Access(f"@{src.tensor}", src.dtype, (rows, padded), (Position("axis", axis), Position("axis", "k")),
+                 ((padded,), ()), (Bound(axis, rows), Bound("k", k)))
+    return dst, StageLowering(src, dst, rows, k)
 
 
 def _pos(eq: Equation, var: IndexVar) -> int:

@@ -85,7 +85,9 @@ class Memory:
 
 
 def _coords(access: Access, offset: int, sizes: Mapping[str, int]) -> str:
-    dims = [sizes[e] for e in access.extents]
+    from habu.lower.access import size_of
+
+    dims = [size_of(e, sizes) for e in access.extents]
     out = []
     for d in reversed(dims):
         out.append(offset % d if d else 0)
@@ -220,6 +222,13 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         if key[1] and key[2]:
             groups.setdefault(key, []).append((tm, tn))
     accumulate = lw.split_mode == "atomic"
+    for stage in lw.pre:  # staging passes: every row the chosen tiles read, all of k
+        tile = bm if stage.dst.positions[0].axis == "m" else bn
+        picked = {t[0] if stage.dst.positions[0].axis == "m" else t[1] for t in tiles}
+        keep = rows if stage.dst.positions[0].axis == "m" else cols
+        need = np.unique(np.concatenate([t * tile + np.array(_local(t, tile, keep), dtype=np.int64)
+                                         for t in sorted(picked)] or [np.zeros(0, np.int64)]))
+        run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
     for (split, lrows, lcols), mn in sorted(groups.items()):
         tms = np.array([t[0] for t in mn], dtype=np.int64)
         tns = np.array([t[1] for t in mn], dtype=np.int64)
@@ -259,6 +268,16 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         value = eval_pointwise(lw.epilogue, leaf, f, sizes)
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, owned, where)
+
+
+def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.ndarray, width: int) -> None:
+    """A staging pass: copy the given rows (all of k) from the operand to its aligned buffer."""
+    axis = stage.dst.positions[0].axis
+    ks = np.arange(sizes[stage.k], dtype=np.int64)
+    coords = {axis: rows[:, None], "k": ks[None, :]}
+    values = read(name, stage.src, coords, sizes, mem, width)
+    owned = (rows[:, None] < sizes[stage.rows]) & (ks[None, :] < sizes[stage.k])
+    write(name, stage.dst, coords, values, sizes, mem, width, False, owned)
 
 
 def check_raster(name: str, lw: ContractionLowering, sizes: Mapping[str, int]) -> None:

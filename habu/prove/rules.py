@@ -17,7 +17,7 @@ from typing import Any
 import z3
 
 from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
-from habu.lower.access import Access, cdiv
+from habu.lower.access import Access, cdiv, size_of
 from habu.lower.smem import contraction_smem
 from habu.search.plan import Plan
 from habu.spec.dtypes import DTYPES
@@ -193,6 +193,11 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     for _ld, acc in lw.epi_loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
+    for stage in lw.pre:
+        row_axis = stage.dst.positions[0].axis
+        stage_axes = {row_axis: (s[stage.rows], 1), "k": (s[stage.k], 1)}
+        yield from _access_obligations(f"{name} staging", stage.src, stage_axes, ctx, lw.index_width, "every load")
+        yield from _access_obligations(f"{name} staging", stage.dst, stage_axes, ctx, lw.index_width, "every store")
 
     # ragged k: both operands masked on k whenever K is not a multiple of BK
     for acc in (lw.a, lw.b):
@@ -290,6 +295,8 @@ def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obl
             reasons.append("gather4 (sm_100a) is emitted in the mma.sync path, not the wgmma path")
     if k.mma == "mma.sync" and ("tma" in (k.a_move, k.b_move) or k.b_move == "tma-gather4"):
         reasons.append("the mma.sync path stages with cp.async or ldg (and gather4 for A on sm_100a)")
+    if "staged" in (k.a_move, k.b_move) and k.mma != "wgmma":
+        reasons.append("staged operands feed the wgmma path")
     if k.mma == "fma" and any(m not in ("ldg",) for m in (k.a_move, k.b_move)):
         reasons.append("the SIMT path loads with ldg")
     yield Obligation(R["supported-path"], name, None, f"the {k.mma} path supports this plan", not reasons,
@@ -306,7 +313,8 @@ def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: Contra
     k_contiguous = k_pos == len(acc.positions) - 1
     _row_stride_bytes(acc, ctx, k_pos if k_contiguous else len(acc.positions) - 1)
     gathered = any(p.kind == "gather" for p in acc.positions)
-    feature = {"ldg": True, "cp.async": t.cp_async, "tma": t.tma, "tma-gather4": t.tma_gather4}[move]
+    feature = {"ldg": True, "cp.async": t.cp_async, "tma": t.tma, "tma-gather4": t.tma_gather4,
+               "staged": t.tma}[move]
     yield Obligation(R["target-feature"], name, acc.tensor, f"{move} exists on {t.name}", feature,
                      detail=f"{t.name} has no {move}")
     if move in ("ldg", "cp.async"):
@@ -334,7 +342,7 @@ def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: Contra
                      1 <= len(acc.extents) <= 5, detail=f"rank {len(acc.extents)}")
     yield Obligation(R["tma-base-align"], name, acc.tensor, f"{acc.tensor}'s base address is 16-byte aligned",
                      True, status="runtime-check", how="checked by the runtime before every launch")
-    dims_ok = z3.And(*[z3.And(s[x] >= 1, s[x] <= 2**32) for x in acc.extents])
+    dims_ok = z3.And(*[z3.And(size_of(x, s) >= 1, size_of(x, s) <= 2**32) for x in acc.extents])
     yield Obligation(R["tma-dims"], name, acc.tensor, "every global dim is 1..2^32", dims_ok,
                      detail="a dimension exceeds 2^32")
     strides = [acc.stride(i, s) * e for i in range(len(acc.positions) - 1)]
@@ -402,9 +410,10 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
     yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {ctx.target.max_threads_per_block}",
                      threads <= ctx.target.max_threads_per_block, detail=f"{threads} threads")
     if k.cache_row:
-        cached = 4 * s[lw.c] * k.rows_per_block
+        e = max((ctx.dtype_bytes(a) for _, a in lw.loads), default=4)
+        cached = e * s[lw.c] * k.rows_per_block
         yield Obligation(R["smem-budget"], name, None,
-                         f"the cached row (4·#{lw.c}·{k.rows_per_block} bytes) fits in {ctx.target.smem_per_block} bytes",
+                         f"the cached row ({e}·#{lw.c}·{k.rows_per_block} bytes) fits in {ctx.target.smem_per_block} bytes",
                          cached <= ctx.target.smem_per_block, detail="the row does not fit in shared memory")
 
 

@@ -22,7 +22,7 @@ def doc(text: str, default: Any = MISSING) -> Any:
     return field(default=default, metadata={"doc": text})
 
 
-MOVEMENTS = ("ldg", "cp.async", "tma", "tma-gather4")
+MOVEMENTS = ("ldg", "cp.async", "tma", "tma-gather4", "staged")
 MMAS = ("fma", "mma.sync", "wgmma")
 RASTERS = ("row", "column")
 
@@ -39,7 +39,8 @@ class ContractionKernel:
     warps: int = doc("warps per block (with warp specialisation, one warpgroup of them loads)")
     stages: int = doc("shared-memory pipeline depth: k tiles in flight")
     mma: str = doc("the multiply instruction: fma (SIMT), mma.sync (m16n8k16) or wgmma (m64nNk16)")
-    a_move: str = doc("how A's tiles reach shared memory: ldg (predicated loads), cp.async, tma, tma-gather4")
+    a_move: str = doc("how A's tiles reach shared memory: ldg (predicated loads), cp.async, tma, tma-gather4, "
+                      "staged (a pre-pass copies the rows, gathered, to 16-byte-aligned rows read with TMA)")
     b_move: str = doc("how B's tiles reach shared memory")
     a_vector: int = doc("elements per global access of A (ldg / cp.async)")
     b_vector: int = doc("elements per global access of B (ldg / cp.async)")

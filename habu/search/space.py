@@ -121,6 +121,9 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
             vec //= 2
         if op.gather is None and target.tma and (inner * eb) % 16 == 0 and mma == "wgmma" and contiguous_k:
             return "tma", vec
+        if mma == "wgmma" and target.tma and contiguous_k and (inner * eb) % 16:
+            # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
+            return "staged", vec
         if target.cp_async and vec * eb >= 4 and mma != "fma" and (contiguous_k or mma != "wgmma"):
             return "cp.async", vec
         return "ldg", vec if mma != "fma" else 1
@@ -156,8 +159,10 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
     threads = 32
     while threads < 1024 and threads * vec * 4 < cols:
         threads *= 2
+    hi = next(e for e in model.extents if e.name == c_ext).hi  # the widest row a runtime extent allows
     return RowKernel(nodes=region.nodes, rows_per_block=1, threads=threads, vector=vec,
-                     cache_row=cols * 4 <= 64 * 1024, index_width=64 if needs_64bit(model, sizes) else 32)
+                     cache_row=max(cols, hi if static is None else cols) * eb <= 200 * 1024,
+                     index_width=64 if needs_64bit(model, sizes) else 32)
 
 
 def default_map(model: Model, region: Region, target: Target, sizes: dict[str, int],
@@ -345,7 +350,8 @@ def contraction_space(model: Model, region: Region, target: Target, sizes: dict[
     }
     movements = {"fma": [("ldg", "ldg")],
                  "mma.sync": [(a, b) for a in ("ldg", "cp.async") for b in ("ldg", "cp.async")],
-                 "wgmma": [(a, b) for a in moves if a != "tma-gather4" for b in moves if b != "tma-gather4"]}
+                 "wgmma": [(a, b) for a in [*moves, "staged"] if a != "tma-gather4"
+                           for b in [*moves, "staged"] if b != "tma-gather4"]}
     for mma in mmas:
         for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent in itertools.product(
                 shapes[mma], movements[mma], (1, 2, 4), RASTERS, (1, 8), (False, True)):

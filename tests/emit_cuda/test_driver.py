@@ -73,10 +73,13 @@ def test_tensormap_row_stride_must_be_16_bytes():
         tensormap_args(spec, info((4096, 511), "bf16"), {"M": 4096, "K": 511})
 
 
-def test_tensormap_shape_must_match():
+def test_tensormap_may_span_less_than_the_array_but_not_more():
     spec = TmaSpec("A", "bf16", ("K", "M"), (64, 128), 128)
     with pytest.raises(DriverError, match="spans"):
-        tensormap_args(spec, info((4096, 512), "bf16"), {"M": 4096, "K": 256})
+        tensormap_args(spec, info((4096, 512), "bf16"), {"M": 4096, "K": 1024})
+    # a staged buffer: K = 511 logical columns in rows of 512
+    args = tensormap_args(spec, info((4096, 512), "bf16"), {"M": 4096, "K": 511})
+    assert args.dims == (511, 4096) and args.strides == (1024,)
 
 
 @pytest.mark.parametrize("cc, arch", [((8, 0), "sm_80"), ((8, 6), "sm_80"), ((8, 9), "sm_80"), ((9, 0), "sm_90a"),

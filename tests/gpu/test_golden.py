@@ -41,9 +41,9 @@ def golden(path, model, sizes, pins=None, index="random", seed=0):
     full = built.sizes
     inputs = make_inputs(built.model, full, seed, index)
     outs = poisoned_outputs(built.model, full)
+    ref = reference(built.model, inputs, full)  # before the run: a model may update an input in place
     result = built.compiled(**inputs, **outs)
     torch.cuda.synchronize()
-    ref = reference(built.model, inputs, full)
     tol = tolerance(built.model, dict(built.plan.storage))
     results = result if isinstance(result, dict) else {built.model.outputs[0].name: result}
     for name, out in results.items():

@@ -21,6 +21,7 @@ SIZES = {"M": 1000, "N": 700, "K": 511}
 def ggemm_lowering(**changes):
     m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"].with_sizes(SIZES)
     plan = default_plan(m, TARGETS["sm_90a"], SIZES)
+    changes = {"a_move": "ldg", "b_move": "ldg", **changes}  # the direct paths (K = 511 is staged by default)
     plan = replace(plan, kernels=(replace(plan.kernels[0], **changes),))
     return lower_plan(m, plan)[0]
 
@@ -71,3 +72,11 @@ def test_epilogue_of_a_fused_region():
 
     assert format_expr(lw.epilogue) == "0.5 · (%acc + B1[0 n]) · (1 + erf((%acc + B1[0 n]) · 0.7071067811865476))"
     assert [ld.tensor for ld, _ in lw.epi_loads] == ["B1"]
+
+
+def test_staged_operands_read_aligned_buffers():
+    lw = ggemm_lowering(a_move="staged", b_move="staged")
+    assert [st.dst.tensor for st in lw.pre] == ["@A", "@B"]
+    assert lw.a.tensor == "@A" and lw.a.strides == (("K^8",), ()) and lw.a.extents == ("M", "K^8")
+    assert lw.pre[0].src.positions[0] == Position("gather", "m", table="IX")  # the gather moved to the pass
+    assert lw.a.stride(0, SIZES) == 512
