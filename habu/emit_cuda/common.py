@@ -89,7 +89,7 @@ def _ident(name: str) -> str:
     if name.startswith("%"):
         return "t" + name[1:]
     if name.startswith("@"):
-        return "staged_" + name[1:]
+        return "staged_" + _ident(name[1:])
     return name
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from habu.emit_cuda.emit_fma import emit_fma
-from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.emit_rows import emit_map, emit_rows
+from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
 from habu.search.plan import Plan

@@ -12,8 +12,6 @@ caller's stream.
 from __future__ import annotations
 
 import sys
-
-from habu.lower.access import with_derived
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +33,7 @@ from habu.emit_cuda.driver import DeviceArray, DriverError, launch, load_cubin, 
 from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.emit_cuda.nvrtc import INCLUDE_DIR, Cubin
+from habu.lower.access import with_derived
 from habu.spec.ir import Model
 
 _TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}  # Habu dtype -> torch attribute

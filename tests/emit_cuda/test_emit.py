@@ -61,8 +61,9 @@ def test_a_seeded_sample_of_legal_plans_compiles_for_sm90a_and_sm80():
     assert len(sample) >= 200, len(sample)
     paths = set()
     for model, plan, arch in sample:
-        for kernel, k in zip(emit_plan(model, plan, TARGETS[arch]).kernels, plan.kernels, strict=True):
+        for kernel in emit_plan(model, plan, TARGETS[arch]).kernels:  # staging passes add kernels
             compile_cuda(kernel.source, kernel.name, arch)
+        for k in plan.kernels:
             paths.add((arch, k.kind, getattr(k, "mma", ""), getattr(k, "a_move", ""), getattr(k, "b_move", "")))
     kinds = {p[1:3] for p in paths}
     assert {("contraction", "wgmma"), ("contraction", "mma.sync"), ("contraction", "fma"), ("rows", ""),
