@@ -164,12 +164,13 @@ def allow_smem(function: Any, nbytes: int, what: str) -> None:
 PARAM_BYTES = {"ptr": 8, "size": 8, "tensormap": 128}
 
 
-def param_sizes(function: Any) -> list[int] | None:
-    """Byte sizes of a compiled kernel's parameters (cuFuncGetParamInfo, CUDA 12.4+); None where the
-    driver cannot say."""
+def param_sizes(function: Any, count: int = 4096) -> list[int] | None:
+    """Byte sizes of a compiled kernel's first `count` parameters (cuFuncGetParamInfo, CUDA 12.4+);
+    None where the driver cannot say. Asking past the last parameter is an API error that
+    compute-sanitizer reports, so callers that know the count pass it."""
     d = _driver()
     sizes: list[int] = []
-    while len(sizes) < 4096:
+    while len(sizes) < count:
         try:
             err, _, size = d.cuFuncGetParamInfo(function, len(sizes))
         except Exception:  # bindings or driver without it
@@ -184,8 +185,8 @@ def param_sizes(function: Any) -> list[int] | None:
 
 def check_params(kernel: CudaKernel, function: Any) -> None:
     """The compiled signature must match the kernel's Params, or the launch would pass garbage."""
-    compiled = param_sizes(function)
     expected = [PARAM_BYTES.get(p.kind, 0) for p in kernel.params]
+    compiled = param_sizes(function, len(expected))
     if compiled and compiled != expected:  # an empty answer is indistinguishable from no answer
         raise DriverError(f"kernel {kernel.name}: its compiled parameters are {compiled} bytes, but its Params "
                           f"({', '.join(p.name for p in kernel.params)}) say {expected}")

@@ -76,6 +76,52 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
     return f"if ({access_mask(out, coord, sizes)}) {{ {store} }}"
 
 
+def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
+                       acc0: str, acc1: str) -> str:
+    """The epilogue for the adjacent outputs (m, n) and (m, n+1): one 8-byte (f32) or 4-byte (16-bit)
+    store when both are inside and the pair is aligned, the element-wise store otherwise."""
+    out = lw.out
+    contiguous = out.positions[-1].kind == "axis" and out.positions[-1].axis == "n"
+    if lw.split_mode == "atomic" or not contiguous or out.dtype not in ("f32", "bf16", "f16"):
+        return (epilogue_code(lw, sig, model, sizes, it, m, n, acc0) + "\n" +
+                epilogue_code(lw, sig, model, sizes, it, m, f"({n} + 1)", acc1))
+    table = table_reader(sig, model, it)
+
+    def value(col: str, acc: str) -> str:
+        coord = {"m": m, "n": col}
+
+        def leaf(ld: Load) -> str:
+            if ld.tensor == ACC:
+                return acc
+            access = next(a for x, a in lw.epi_loads if x == ld)
+            p = sig.pointer(access.tensor, access.dtype)
+            inside = access_mask(access, coord, sizes)
+            return f"(({inside}) ? {load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))} : 0.0f)"
+
+        return float_expr(lw.epilogue, leaf, sizes)
+
+    p = sig.pointer(out.tensor, out.dtype, writes=True)
+    off = access_offset(out, {"m": m, "n": n}, sizes, lw.index_width, table)
+    both = access_mask(out, {"m": m, "n": f"({n} + 1)"}, sizes)
+    if out.dtype == "f32":
+        vstore = f"*reinterpret_cast<float2*>({p} + off) = make_float2(v0, v1);"
+    else:
+        pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
+        vstore = f"*reinterpret_cast<habu::u32*>({p} + off) = {pack}(v0, v1);"
+    single0 = store_value(out.dtype, p, "off", "v0")
+    single1 = store_value(out.dtype, p, "off + 1", "v1")
+    return f"""{{
+              const {it} off = {off};
+              const float v0 = {value(n, acc0)};
+              const float v1 = {value(f"({n} + 1)", acc1)};
+              if (({both}) && (off & 1) == 0) {{ {vstore} }}
+              else {{
+                if ({access_mask(out, {"m": m, "n": n}, sizes)}) {{ {single0} }}
+                if ({both}) {{ {single1} }}
+              }}
+            }}"""
+
+
 def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
     grid = fma_thread_grid(k)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from habu.emit_cuda.cexpr import c
 from habu.emit_cuda.common import Signature, access_mask, access_offset, header, index_type
-from habu.emit_cuda.emit_fma import epilogue_code, table_reader, tile_setup
+from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.smem import contraction_smem
@@ -122,7 +122,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
         b_frag = f"""habu::ldmatrix_x2(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((wn_ * {WN} + ni * 8 + (lane % 8)) * {lw.bk + 8} + ks * 16 + ((lane / 8) % 2) * 8) * {e}));"""
     else:
         b_frag = f"""habu::ldmatrix_x2_trans(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((ks * 16 + (lane % 16)) * {lw.bn + 8} + wn_ * {WN} + ni * 8) * {e}));"""
-    epi = epilogue_code(lw, sig, model, sizes, it, "m", "n", "acc[mi][ni][q]")
+    epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[mi][ni][2 * h]", "acc[mi][ni][2 * h + 1]")
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
   extern __shared__ __align__(128) unsigned char smem[];
   const habu::u32 s_base = habu::smem_addr(smem);
@@ -190,9 +190,9 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
 #pragma unroll
       for (int ni = 0; ni < {NI}; ++ni)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {{
-          const {it} m = m0 + ({it})(wm_ * {WM} + mi * 16 + lane / 4 + 8 * (q / 2));
-          const {it} n = n0 + ({it})(wn_ * {WN} + ni * 8 + 2 * (lane % 4) + (q % 2));
+        for (int h = 0; h < 2; ++h) {{  // fragment rows lane/4 and lane/4 + 8, two adjacent columns each
+          const {it} m = m0 + ({it})(wm_ * {WM} + mi * 16 + lane / 4 + 8 * h);
+          const {it} n = n0 + ({it})(wn_ * {WN} + ni * 8 + 2 * (lane % 4));
           {epi}
         }}
   }}

@@ -73,8 +73,10 @@ def _reductions(expr: Expr) -> list[Reduce]:
 
 def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
-    if k.rows_per_block != 1:
-        raise ValueError("the row emitter handles one row per block")
+    warp_rows = k.threads == 32  # a warp per row, `rows_per_block` rows per block: shuffles only
+    if k.rows_per_block != 1 and not warp_rows:
+        raise ValueError("several rows per block need a warp (32 threads) per row")
+    rows_per = k.rows_per_block
     sig = Signature(model, static=static)
     sizes = sig.sizes()
     it = index_type(lw.index_width)
@@ -131,6 +133,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
   }}"""
 
     passes = []
+    sync = "__syncwarp();" if warp_rows else "__syncthreads();"
     if cached is not None:
         acc = cache_acc
         assert acc is not None
@@ -144,17 +147,24 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
 #pragma unroll
     for (int q = 0; q < {vec}; ++q) row_cache[({it})q * {c(G)} + g] = w[q];
   }}
-  __syncthreads();""")
+  {sync}""")
         else:
             off = access_offset(acc, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
             passes.append(f"""  for ({it} col = tid; col < {c(C)}; col += {threads}) row_cache[col] = {p}[{off}];
-  __syncthreads();""")
+  {sync}""")
     for r in reds:
         init = "0.0f" if r.op == "sum" else "-3.402823466e38f"
         update = "part += v;" if r.op == "sum" else "part = fmaxf(part, v);"
         reduce_fn = "habu::warp_sum" if r.op == "sum" else "habu::warp_max"
         guard = f"col < {c(C)}" if lw.reduce_mask else "true"
         loop = column_loop(f"if ({guard}) {{ const float v = {render(r.body, 'col', 'slot')}; {update} }}")
+        if warp_rows:
+            passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[_canon(r)]} (this warp's row)
+    float part = {init};
+{loop}
+    {red_names[_canon(r)]} = {reduce_fn}(part);
+  }}""")
+            continue
         passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[_canon(r)]}
     float part = {init};
 {loop}
@@ -194,13 +204,15 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         final_loop = column_loop(f"if (col < {c(C)}) {store_value(out.dtype, p_out, out_off, render(expr, 'col', 'slot'))}")
     red_decl = "\n".join(f"  float {n} = 0.0f;" for n in red_names.values())
     cache_type = {"bf16": "unsigned short", "f16": "unsigned short"}.get(cache_dt, "float")
-    body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
-  extern __shared__ __align__(16) {cache_type} row_cache[];
-  __shared__ float scratch[33];
-  const int tid = threadIdx.x;
-  const int lane = tid % 32;
-  const int warp = tid / 32;
-  const {it} r = ({it})blockIdx.x;
+    cache_len = c(C)
+    block_decls = "" if warp_rows else ("  __shared__ float scratch[33];  // block reductions: one partial per warp\n"
+                                        "  const int lane = threadIdx.x % 32;\n  const int warp = threadIdx.x / 32;\n")
+    body = f"""extern "C" __global__ void __launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
+  extern __shared__ __align__(16) {cache_type} row_cache_all[];
+{block_decls}  const int tid = threadIdx.x % {threads};  // this thread's lane within its row
+  const int row_slot = threadIdx.x / {threads};
+  {cache_type}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
+  const {it} r = ({it})blockIdx.x * {rows_per} + row_slot;
   if (!(r < {c(sizes[lw.r])})) return;
 {red_decl}
 {chr(10).join(passes)}
@@ -211,11 +223,12 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
                  [f"computes {', '.join(k.nodes)}: {len(reds)} reduction pass(es)"
                   + (f", row of {cached} kept in shared memory as {cache_dt}" if cached else "")])
     src += body.replace("SIGNATURE", sig.declaration())
+    block = threads * rows_per
     if not cached:
-        return CudaKernel(name, src, tuple(sig.params), threads, 0, lw)
+        return CudaKernel(name, src, tuple(sig.params), block, 0, lw)
     if lw.c in static:
-        return CudaKernel(name, src, tuple(sig.params), threads, e_in * static[lw.c], lw)
-    return CudaKernel(name, src, tuple(sig.params), threads, 0, lw, smem_per=(lw.c, e_in))
+        return CudaKernel(name, src, tuple(sig.params), block, e_in * static[lw.c] * rows_per, lw)
+    return CudaKernel(name, src, tuple(sig.params), block, 0, lw, smem_per=(lw.c, e_in * rows_per))
 
 
 def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -> CudaKernel:

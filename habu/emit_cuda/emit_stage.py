@@ -21,12 +21,10 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
     src = sig.pointer(stage.src.tensor, stage.src.dtype)
     dst = sig.pointer(stage.dst.tensor, stage.dst.dtype, writes=True)
     K = sizes[stage.k]
-    total = sizes[stage.rows] * K
     body = f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
-  const long long e = (long long)blockIdx.x * {stage.threads} + threadIdx.x;
-  if (e >= (long long){c(total)}) return;
-  const {it} row = ({it})(e / {c(K)});
-  const {it} kk = ({it})(e % {c(K)});
+  // grid: x over k in blocks of {stage.threads}, y over rows
+  const {it} row = ({it})blockIdx.y;
+  const {it} kk = ({it})blockIdx.x * {stage.threads} + threadIdx.x;
   if ({access_mask(stage.src, coord, sizes)} && {access_mask(stage.dst, coord, sizes)}) {{
     {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = {src}[{access_offset(stage.src, coord, sizes, width, table)}];
   }}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from habu.emit_cuda.cexpr import c
 from habu.emit_cuda.common import CTYPE, Signature, access_mask, access_offset, header, index_type
-from habu.emit_cuda.emit_fma import epilogue_code, table_reader, tile_setup
+from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function
 from habu.lower.access import Access
@@ -193,7 +193,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     slab_mma = "\n".join(
         f"""          habu_wgmma_m64n{bn}_{dtype}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {slabs} + {s}) * 64 * 128) + kk * 32), habu::wgmma_desc_sw128(b_stage + kk * 32), 1);"""
         for s in range(slabs))
-    epi = epilogue_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h + q]")
+    epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]", "acc[s][4 * j + 2 * h + 1]")
     body = f"""{wg_fn}
 extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -261,13 +261,11 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 #pragma unroll
         for (int j = 0; j < {bn // 8}; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {{
-              const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + warp * 16 + lane / 4 + 8 * h);
-              const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4) + q);
-              {epi}
-            }}
+          for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
+            const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + warp * 16 + lane / 4 + 8 * h);
+            const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4));
+            {epi}
+          }}
     }}
   }}
 }}

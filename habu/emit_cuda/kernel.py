@@ -65,7 +65,8 @@ class CudaKernel:
 
         lw = self.lowering
         if isinstance(lw, StageLowering):
-            return (max(1, int(lw.grid(sizes))), 1, 1)
+            along_k, rows = lw.grid(sizes)
+            return (max(1, int(along_k)), max(1, int(rows)), 1)
         if isinstance(lw, ContractionLowering):
             return (int(lw.grid(sizes, sm_count)), 1, 1)
         if isinstance(lw, RowLowering):

@@ -39,8 +39,9 @@ class StageLowering:
     k: str
     threads: int = 256
 
-    def grid(self, s: Mapping[str, Any], sm_count: int = 0) -> Any:
-        return cdiv(s[self.rows] * s[self.k], self.threads)
+    def grid(self, s: Mapping[str, Any], sm_count: int = 0) -> tuple[Any, Any]:
+        """(blocks along k, rows): one block covers `threads` columns of one row."""
+        return cdiv(s[self.k], self.threads), s[self.rows]
 
 
 @dataclass(frozen=True)

@@ -159,8 +159,11 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
     threads = 32
     while threads < 1024 and threads * vec * 4 < cols:
         threads *= 2
+    rows = 1
+    if cols <= 8192:  # short rows: a warp per row, four rows per block, no block-wide barriers
+        threads, rows = 32, 4
     hi = next(e for e in model.extents if e.name == c_ext).hi  # the widest row a runtime extent allows
-    return RowKernel(nodes=region.nodes, rows_per_block=1, threads=threads, vector=vec,
+    return RowKernel(nodes=region.nodes, rows_per_block=rows, threads=threads, vector=vec,
                      cache_row=max(cols, hi if static is None else cols) * eb <= 200 * 1024,
                      index_width=64 if needs_64bit(model, sizes) else 32)
 
@@ -364,7 +367,9 @@ def contraction_space(model: Model, region: Region, target: Target, sizes: dict[
 
 def rows_space(base: RowKernel) -> Iterator[RowKernel]:
     for threads, cache in itertools.product((64, 128, 256, 512, 1024), (True, False)):
-        yield replace(base, threads=threads, cache_row=cache)
+        yield replace(base, threads=threads, cache_row=cache, rows_per_block=1)
+    for rows, cache in itertools.product((1, 2, 4, 8), (True, False)):  # a warp per row
+        yield replace(base, threads=32, cache_row=cache, rows_per_block=rows)
 
 
 def map_space(base: MapKernel) -> Iterator[MapKernel]:

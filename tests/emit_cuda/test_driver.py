@@ -106,11 +106,11 @@ def test_no_driver_is_a_clear_error():
 def test_compiled_signature_must_match_the_params(monkeypatch):
     k = CudaKernel("k", "", (Param("p_X", "ptr", "X", "f32"), Param("tm_A", "tensormap", "A"),
                              Param("s_N", "size", extent="N")), 128, 0, None)
-    monkeypatch.setattr(driver, "param_sizes", lambda fn: [8, 128, 8])
+    monkeypatch.setattr(driver, "param_sizes", lambda fn, count=4096: [8, 128, 8])
     driver.check_params(k, None)
     monkeypatch.setattr(driver, "param_sizes", lambda fn: None)  # the driver cannot say
     driver.check_params(k, None)
-    monkeypatch.setattr(driver, "param_sizes", lambda fn: [8, 8])
+    monkeypatch.setattr(driver, "param_sizes", lambda fn, count=4096: [8, 8])
     with pytest.raises(DriverError, match=r"kernel k: its compiled parameters are \[8, 8\] bytes, but its Params "
                                           r"\(p_X, tm_A, s_N\) say \[8, 128, 8\]"):
         driver.check_params(k, None)

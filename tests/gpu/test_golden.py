@@ -26,6 +26,8 @@ GG_PATHS = {
     "fma-split3": {"mma": "fma", "split_k": "3"},
     "wgmma-persistent": {"persistent": "true", "tile": "128x128x64", "stages": "5"},
     "wgmma-split2": {"split_k": "2", "tile": "128x128x64"},
+    "wgmma-staged": {"A": "staged", "B": "staged"},
+    "wgmma-staged-persistent": {"A": "staged", "persistent": "true"},
 }
 GG_SHAPES = [
     {"M": 1000, "N": 777, "K": 511},
