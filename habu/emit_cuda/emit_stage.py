@@ -3,7 +3,6 @@ whose rows start 16 bytes apart, so the contraction can load it with TMA whateve
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import c
 from habu.emit_cuda.common import Signature, access_mask, access_offset, header, index_type
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.kernel import CudaKernel
@@ -20,7 +19,7 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
     table = table_reader(sig, model, it)
     src = sig.pointer(stage.src.tensor, stage.src.dtype)
     dst = sig.pointer(stage.dst.tensor, stage.dst.dtype, writes=True)
-    K = sizes[stage.k]
+    sizes[stage.k]
     body = f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
   // grid: x over k in blocks of {stage.threads}, y over rows
   const {it} row = ({it})blockIdx.y;
