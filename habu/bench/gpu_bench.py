@@ -109,19 +109,36 @@ def cases(quick: bool):
     return out
 
 
+SWEEP = [{"stages": "3"}, {"stages": "5", "tile": "128x192x64"}, {"group_m": "4"}, {"group_m": "16"},
+         {"tile": "256x128x64", "warps": "12"}, {"raster": "column"}]
+
+
+def sweep_cases():
+    t = torch()
+    gg = 2 * 4096 ** 3
+    out = []
+    for pins in SWEEP:
+        tag = ",".join(f"{k}={v}" for k, v in pins.items())
+        out.append((f"ggemm-4096[{tag}]", "ggemm.habu", "GGEMM", {}, pins, lambda s: torch_ggemm(s, "O"), gg, None))
+        out.append((f"moe[{tag}]", "moe_gather.habu", "MOE-UP", {}, pins,
+                    lambda s: (lambda: t.matmul(s["X"][s["IX"].long()], s["W1"].t())), 2 * 8192 * 14336 * 4096, None))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-golden", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="only the GGEMM/MoE schedule variants")
     args = ap.parse_args()
     t = torch()
     name = t.cuda.get_device_name()
     bw = copy_bandwidth()
     rows = [{"device": name, "date": time.strftime("%Y-%m-%d"), "copy_gbps": bw / 1e9}]
     print(f"# {name}, {time.strftime('%Y-%m-%d')}: device copy {bw / 1e12:.2f} TB/s", flush=True)
-    for case in cases(args.quick):
+    for case in (sweep_cases() if args.sweep else cases(args.quick)):
         cname = case[0]
         if args.only and args.only not in cname:
             continue

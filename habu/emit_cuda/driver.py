@@ -183,9 +183,23 @@ def param_sizes(function: Any, count: int = 4096) -> list[int] | None:
     return None
 
 
+def param_count(function: Any) -> int | None:
+    """How many parameters the compiled kernel takes (cuFuncGetParamCount), None where unknown."""
+    d = _driver()
+    try:
+        err, count = d.cuFuncGetParamCount(function)
+    except Exception:  # bindings or driver without it
+        return None
+    return int(count) if err == d.CUresult.CUDA_SUCCESS else None
+
+
 def check_params(kernel: CudaKernel, function: Any) -> None:
     """The compiled signature must match the kernel's Params, or the launch would pass garbage."""
     expected = [PARAM_BYTES.get(p.kind, 0) for p in kernel.params]
+    count = param_count(function) if function is not None else None
+    if count is not None and count != len(expected):
+        raise DriverError(f"kernel {kernel.name}: its compiled parameters are {count} values, but its Params "
+                          f"({', '.join(p.name for p in kernel.params)}) are {len(expected)}")
     compiled = param_sizes(function, len(expected))
     if compiled and compiled != expected:  # an empty answer is indistinguishable from no answer
         raise DriverError(f"kernel {kernel.name}: its compiled parameters are {compiled} bytes, but its Params "

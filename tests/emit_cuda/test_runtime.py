@@ -164,7 +164,12 @@ def test_params_that_do_not_match_the_source_are_refused(tmp_path):
     x = driver.DeviceArray((64,), "f32", dev)
     plan = twice_plan()
     bad = replace(plan, kernels=(replace(plan.kernels[0], params=plan.kernels[0].params[:2]),))
-    with pytest.raises(driver.DriverError, match="compiled parameters"):
+    with driver.current(dev):
+        probe = driver.load_cubin(CompiledModel(twice_model(), plan, cache_dir=tmp_path).compile(dev.arch)[0][0])
+        if driver.param_count(probe.function(plan.kernels[0].name)) is None:
+            pytest.skip("this driver has no cuFuncGetParamCount: a shorter Param list cannot be told apart "
+                        "without an out-of-range query, which compute-sanitizer reports as an error")
+    with pytest.raises(driver.DriverError, match="compiled parameters are"):
         CompiledModel(twice_model(), bad, cache_dir=tmp_path)(X=x)
 
 
