@@ -75,6 +75,13 @@ def run_case(name, path, model, sizes, pins, baseline, golden_check=True, flops=
     return row
 
 
+def triton_seed(use_td: bool):
+    from habu.bench.triton_seed import build
+
+    run = build()
+    return lambda s: (lambda: run(s["A"], s["B"], s["IX"], use_td))
+
+
 def cases(quick: bool):
     t = torch()
     gg = lambda M, N, K: 2 * M * N * K  # noqa: E731
@@ -89,6 +96,11 @@ def cases(quick: bool):
         ("ggemm-4096-staged-pers", "ggemm.habu", "GGEMM", {}, {"A": "staged", "persistent": "true"},
          lambda s: torch_ggemm(s, "O"), gg(4096, 4096, 4096), None),
         ("ggemm-k511", "ggemm.habu", "GGEMM", {"K": 511}, {}, lambda s: torch_ggemm(s, "O"), gg(4096, 4096, 511), None),
+        ("ggemm-4096-vs-seed-triton", "ggemm.habu", "GGEMM", {}, {}, triton_seed(False), gg(4096, 4096, 4096), None),
+        ("ggemm-k511-vs-seed-triton", "ggemm.habu", "GGEMM", {"K": 511}, {}, triton_seed(False),
+         gg(4096, 4096, 511), None),
+        ("ggemm-k511-vs-seed-triton-td", "ggemm.habu", "GGEMM", {"K": 511}, {}, triton_seed(True),
+         gg(4096, 4096, 511), None),
         ("ggemm-k511-n128", "ggemm.habu", "GGEMM", {"K": 511}, {"tile": "128x128x64", "stages": "4"},
          lambda s: torch_ggemm(s, "O"), gg(4096, 4096, 511), None),
         ("moe-8192x14336x4096", "moe_gather.habu", "MOE-UP", {}, {},
