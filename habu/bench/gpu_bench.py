@@ -64,9 +64,12 @@ def run_case(name, path, model, sizes, pins, baseline, golden_check=True, flops=
             return row
     row["habu"] = time_cuda(lambda i: built.compiled(**sets[i], **outs[i]), nsets)
     if baseline is not None:
-        fns = [baseline(s) for s in sets]
-        row["baseline"] = time_cuda(lambda i: fns[i](), nsets)
-        row["ratio"] = row["baseline"]["median_us"] / row["habu"]["median_us"]
+        try:
+            fns = [baseline(s) for s in sets]
+            row["baseline"] = time_cuda(lambda i: fns[i](), nsets)
+            row["ratio"] = row["baseline"]["median_us"] / row["habu"]["median_us"]
+        except Exception as exc:  # a baseline that cannot run here (the seed's TMA gather on Hopper)
+            row["baseline_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
     if flops:
         row["tflops"] = flops / (row["habu"]["median_us"] * 1e-6) / 1e12
     if bytes_moved:
@@ -171,6 +174,8 @@ def main() -> None:
         gtxt = " golden " + ",".join(f"{k}:{v['rel_error']:.1e}" for k, v in g.items()) if g else ""
         if "error" in row:
             print(f"{cname:<24} ERROR {row['error'][:300]}", flush=True)
+        elif "baseline_error" in row:
+            print(f"{cname:<24} habu {h:9.1f} us  baseline failed: {row['baseline_error']}", flush=True)
         else:
             print(f"{cname:<24} habu {h:9.1f} us  torch {b if b else float('nan'):9.1f} us  "
                   f"ratio {row.get('ratio', float('nan')):5.2f}{extra}{gtxt}", flush=True)
