@@ -141,13 +141,40 @@ def compile(
     program = load_program(file)
     m = pick_model(program, model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
-    compiled = compile_model(program, m.name, sizes, target_named(target), parse_pins(pin or []), trials)
-    files = write_outputs(out, compiled.model, compiled)
+    tgt = target_named(target)
+    compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials)
+    files = write_outputs(out, compiled.model, compiled, tgt)
     for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):
         guard = f" where {' and '.join(plan.guards)}" if plan.guards else ""
         print(f"plan {plan.key}{guard}: {len(proof.obligations)} obligations proved or checked at run time; "
               f"finite field: {proof.certificate.summary() if proof.certificate else 'not run'}")
     print("wrote " + ", ".join(str(f) for f in files))
+
+
+@app.command()
+def emit(
+    file: FileArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the CUDA source.")],
+    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
+    shape: ShapeOpt = None,
+    target: TargetOpt = "sm_90a",
+    pin: PinOpt = None,
+) -> None:
+    """Write the CUDA source of the default (or pinned) plan, after proving it."""
+    from habu.compile import compile_model, cuda_source
+    from habu.search.space import parse_pins
+    from habu.spec.parser import load_program
+    from habu.target import target_named
+
+    program = load_program(file)
+    m = pick_model(program, model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])
+    tgt = target_named(target)
+    compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
+    sources = [cuda_source(compiled.model, plan, tgt)[0] for plan in compiled.plans]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join(sources))
+    print(f"wrote {output}: {sum(s.count('__global__') for s in sources)} kernel(s) for {tgt.name}")
 
 
 @app.command()

@@ -115,6 +115,21 @@ def verify_file(program: Program, model_name: str, plan_path: Path, shape: dict[
 # ----------------------------------------------------------------------------- the report
 
 
+def resource_report(built: list[dict], target: Target) -> str:
+    out = ["", f"## Kernels ({target.name}, {built[0]['cubin'].compiler if built else ''})", "",
+           "| plan | kernel | threads | dynamic smem | registers | spills | static smem | stack |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for i, b in enumerate(built):
+        for k in b["kernels"]:
+            r = b["resources"].get(k.name)
+            if r is None:
+                continue
+            spill = f"**{r.spill_stores} B stored / {r.spill_loads} B loaded: this kernel spills**" if r.spills else "0"
+            out.append(f"| {i + 1} | `{k.name}` | {k.threads} | {k.smem} B | {r.registers} | {spill} | {r.smem} B | "
+                       f"{r.stack} B |")
+    return "\n".join(out) + "\n"
+
+
 def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
     out = [f"# Compilation report: {model.name}", ""]
     out.append(f"model hash `{model.canonical_hash()}`")
@@ -146,15 +161,49 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_outputs(out_dir: Path, model: Model, compiled: Compiled) -> list[Path]:
+def cuda_source(model: Model, plan: Plan, target: Target) -> tuple[str, list]:
+    """One .cu with every kernel of the plan (staging passes included), and the kernels."""
+    from habu.emit_cuda.emit import emit_plan
+
+    emitted = emit_plan(model, plan, target)
+    return "\n".join(k.source for k in emitted.kernels), list(emitted.kernels)
+
+
+def build_kernels(model: Model, compiled: Compiled, target: Target) -> list[dict]:
+    """Emit and compile every member: the source, the cubin and each kernel's resources."""
+    from habu.emit_cuda.cache import compile_cached
+    from habu.emit_cuda.nvrtc import resources_of
+
+    out = []
+    for plan in compiled.plans:
+        source, kernels = cuda_source(model, plan, target)
+        cubin, _hit = compile_cached(source, f"habu_{model.name.lower()}", target.name)
+        resources = {k.name: resources_of(cubin.log, k.name) for k in kernels}
+        out.append({"plan": plan, "source": source, "cubin": cubin, "resources": resources, "kernels": kernels})
+    return out
+
+
+def write_outputs(out_dir: Path, model: Model, compiled: Compiled, target: Target | None = None) -> list[Path]:
+    """plan.json, report.md and certificate.json; with a target also the .cu and its cubin."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    built = build_kernels(model, compiled, target) if target is not None else []
     for i, plan in enumerate(compiled.plans):
-        p = out_dir / ("plan.json" if len(compiled.plans) == 1 else f"plan{i + 1}.json")
+        stem = "plan" if len(compiled.plans) == 1 else f"plan{i + 1}"
+        p = out_dir / f"{stem}.json"
         p.write_text(plan.dumps() + "\n")
         written.append(p)
+        if built and target is not None:
+            cu = out_dir / f"{stem}.cu"
+            cu.write_text(built[i]["source"])
+            cb = out_dir / f"{stem}.{target.name}.cubin"
+            cb.write_bytes(built[i]["cubin"].cubin)
+            written += [cu, cb]
     rp = out_dir / "report.md"
-    rp.write_text(report(model, compiled.plans, compiled.proofs))
+    text = report(model, compiled.plans, compiled.proofs)
+    if built and target is not None:
+        text += resource_report(built, target)
+    rp.write_text(text)
     written.append(rp)
     cert = out_dir / "certificate.json"
     cert.write_text(json.dumps([pr.certificate.to_json() if pr.certificate else None for pr in compiled.proofs],

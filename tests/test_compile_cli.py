@@ -72,3 +72,19 @@ def test_bad_pin_and_target_are_usage_errors(tmp_path):
     assert r.returncode == 1 and "expected BMxBNxBK" in r.stderr
     r = habu("compile", "examples/ggemm.habu", "--target", "sm_75", "-o", str(tmp_path))
     assert r.returncode == 1 and "unknown target" in r.stderr
+
+
+def test_compile_writes_source_cubin_and_resources(tmp_path):
+    r = habu("compile", "examples/ggemm.habu", "--shape", "K=511", "-o", str(tmp_path), "--trials", "1")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plan.cu").read_text().count("__global__") == 3
+    assert (tmp_path / "plan.sm_90a.cubin").read_bytes()[:4] == b"\x7fELF"
+    report = (tmp_path / "report.md").read_text()
+    assert "## Kernels (sm_90a" in report and "| registers |" in report.replace(" registers ", " registers ")
+
+
+def test_emit_writes_the_source_alone(tmp_path):
+    r = habu("emit", "examples/ffn_skip.habu", "-o", str(tmp_path / "ffn.cu"), "--target", "sm_80")
+    assert r.returncode == 0, r.stderr
+    src = (tmp_path / "ffn.cu").read_text()
+    assert (src.count("__global__") == 3 and "mma.sync" in src) or "habu::mma_bf16_16816" in src
