@@ -98,12 +98,18 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     # (consecutive threads touch consecutive words: no bank conflicts)
     vector_mode = cached is not None and vec * e_in == 16 and cache_dt in ("bf16", "f16", "f32")
     G = C / vec if not isinstance(C, int) else C // vec  # chunks per row (vector mode: #C is a multiple)
+    # register mode: a static row that splits evenly into at most 16 chunks per thread stays in
+    # registers (all its loads in flight at once, no shared memory)
+    per_thread = C // (threads * vec) if isinstance(C, int) and vector_mode and C % (threads * vec) == 0 else 0
+    reg_cap = min(255, 65536 // (threads * rows_per))  # what launch bounds leave each thread
+    in_regs = vector_mode and 0 < per_thread <= 16 and 4 * per_thread + 40 <= reg_cap
+    word = "unsigned short" if e_in == 2 else "float"
 
     def leaf_at(col: str, slot: str):
         def leaf(ld: Load) -> str:
             acc = loads[ld]
             if cached is not None and ld.tensor == cached and [p.kind for p in acc.positions] == ["axis", "axis"]:
-                raw = f"row_cache[{slot}]"
+                raw = f"(reinterpret_cast<const {word}*>(&regs[i]))[q]" if in_regs else f"row_cache[{slot}]"
                 return {"bf16": f"habu::bf16_to_float({raw})", "f16": f"habu::f16_to_float({raw})"}.get(cache_dt, raw)
             coord = {"r": "r", "c": col}
             p = sig.pointer(acc.tensor, acc.dtype)
@@ -118,6 +124,16 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
 
     def column_loop(body: str) -> str:
         """`body` for every column of the row; `col` is the column, `slot` its place in the cache."""
+        if in_regs:
+            return f"""#pragma unroll
+  for (int i = 0; i < {per_thread}; ++i) {{
+    const {it} g = tid + {threads} * i;
+#pragma unroll
+    for (int q = 0; q < {vec}; ++q) {{
+      const {it} col = g * {vec} + q;
+      {body}
+    }}
+  }}"""
         if vector_mode:
             return f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
 #pragma unroll
@@ -138,9 +154,16 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         acc = cache_acc
         assert acc is not None
         p = sig.pointer(acc.tensor, acc.dtype)
-        if vector_mode:
+        if in_regs:
             off = access_offset(acc, {"r": "r", "c": "g * " + str(vec)}, sizes, lw.index_width, lambda t, x: "0")
-            word = "unsigned short" if e_in == 2 else "float"
+            passes.append(f"""  uint4 regs[{per_thread}];  // this thread's chunks of the row, loaded together
+#pragma unroll
+  for (int i = 0; i < {per_thread}; ++i) {{
+    const {it} g = tid + {threads} * i;
+    regs[i] = habu::load16_or_zero({p} + ({off}), true);
+  }}""")
+        elif vector_mode:
+            off = access_offset(acc, {"r": "r", "c": "g * " + str(vec)}, sizes, lw.index_width, lambda t, x: "0")
             passes.append(f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
     const uint4 raw = habu::load16_or_zero({p} + ({off}), true);
     const {word}* w = reinterpret_cast<const {word}*>(&raw);
@@ -186,12 +209,14 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         base_off = access_offset(out, {"r": "r", "c": f"g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
         value = render(expr, "col", "slot")
-        final_loop = f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
+        loop_head = (f"#pragma unroll\n  for (int i = 0; i < {per_thread}; ++i) {{\n    const {it} g = tid + {threads} * i;"
+                     if in_regs else f"  for ({it} g = tid; g < {c(G)}; g += {threads}) {{")
+        final_loop = f"""{loop_head}
     float y[{vec}];
 #pragma unroll
     for (int q = 0; q < {vec}; ++q) {{
       const {it} col = g * {vec} + q;
-      const {it} slot = ({it})q * {c(G)} + g;
+      {"" if in_regs else f"const {it} slot = ({it})q * {c(G)} + g;"}
       y[q] = {value};
     }}
     uint4 packed;
@@ -221,10 +246,11 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
 """
     src = header(f"{name}: row kernel, {threads} threads per row, {vec} elements per access",
                  [f"computes {', '.join(k.nodes)}: {len(reds)} reduction pass(es)"
-                  + (f", row of {cached} kept in shared memory as {cache_dt}" if cached else "")])
+                  + (f", row of {cached} kept in {'registers' if in_regs else 'shared memory'} as {cache_dt}"
+                     if cached else "")])
     src += body.replace("SIGNATURE", sig.declaration())
     block = threads * rows_per
-    if not cached:
+    if not cached or in_regs:
         return CudaKernel(name, src, tuple(sig.params), block, 0, lw)
     if lw.c in static:
         return CudaKernel(name, src, tuple(sig.params), block, e_in * static[lw.c] * rows_per, lw)
