@@ -24,7 +24,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import MapLowering, RowLowering
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, walk
+from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
 
 
 def _inline(expr: Expr, defs: dict[str, Equation]) -> Expr:
@@ -32,7 +32,7 @@ def _inline(expr: Expr, defs: dict[str, Equation]) -> Expr:
     if isinstance(expr, Load) and expr.tensor in defs:
         eq = defs[expr.tensor]
         mapping = dict(zip(eq.lhs, expr.indices, strict=True))
-        return _inline(_subst_vars(eq.rhs, mapping), defs)
+        return _inline(rename_vars(eq.rhs, mapping), defs)
     if isinstance(expr, Op):
         return Op(expr.fn, tuple(_inline(a, defs) for a in expr.args))
     if isinstance(expr, Reduce):
@@ -40,21 +40,11 @@ def _inline(expr: Expr, defs: dict[str, Equation]) -> Expr:
     return expr
 
 
-def _subst_vars(expr: Expr, mapping: dict) -> Expr:
-    if isinstance(expr, Load):
-        return Load(expr.tensor, tuple(mapping.get(i, i) for i in expr.indices))
-    if isinstance(expr, Op):
-        return Op(expr.fn, tuple(_subst_vars(a, mapping) for a in expr.args))
-    if isinstance(expr, Reduce):
-        return Reduce(expr.op, expr.vars, _subst_vars(expr.body, mapping))
-    return expr
-
-
 def _canon(e: Expr, depth: int = 0) -> Expr:
     """`e` with bound variables renamed by nesting depth: reductions equal up to their names compare equal."""
     if isinstance(e, Reduce):
         mapping = {v: IndexVar(f"_b{depth}_{i}", v.extent) for i, v in enumerate(e.vars)}
-        return Reduce(e.op, tuple(mapping.values()), _canon(_subst_vars(e.body, mapping), depth + 1))
+        return Reduce(e.op, tuple(mapping.values()), _canon(rename_vars(e.body, mapping), depth + 1))
     if isinstance(e, Op):
         return Op(e.fn, tuple(_canon(a, depth) for a in e.args))
     return e

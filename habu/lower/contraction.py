@@ -19,7 +19,7 @@ from typing import Any
 from habu.lower.access import Access, Bound, access_for, cdiv, floordiv, minimum
 from habu.search.patterns import Contraction, as_contraction
 from habu.search.plan import ContractionKernel
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce
+from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
 
 ACC = "%acc"  # the accumulator, as the epilogue expression names it
 
@@ -142,23 +142,6 @@ def _substitute_acc(expr: Expr, target: str, replacement: Expr) -> Expr:
     return expr
 
 
-def _rename_vars(expr: Expr, mapping: dict[IndexVar, IndexVar]) -> Expr:
-    from habu.spec.ir import Gather
-
-    def ix(i):
-        if isinstance(i, IndexVar):
-            return mapping.get(i, i)
-        if isinstance(i, Gather):
-            return Gather(i.tensor, tuple(ix(j) for j in i.indices))
-        return i
-
-    if isinstance(expr, Load):
-        return Load(expr.tensor, tuple(ix(i) for i in expr.indices))
-    if isinstance(expr, Op):
-        return Op(expr.fn, tuple(_rename_vars(a, mapping) for a in expr.args))
-    return expr
-
-
 def lower_contraction(model: Model, kernel: ContractionKernel,
                       storage: Mapping[str, str] | None = None) -> ContractionLowering:
     nodes = [next(eq for eq in model.nodes if eq.target == t) for t in kernel.nodes]
@@ -180,7 +163,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     pos_axes = [axis_m if v == m_var else axis_n for v in prev.lhs]
     for eq in nodes[1:]:
         mapping = {v: pos_axes[i] for i, v in enumerate(eq.lhs)}
-        body = _rename_vars(eq.rhs, mapping)
+        body = rename_vars(eq.rhs, mapping)
         epilogue = _substitute_acc(body, prev.target, epilogue)
         prev = eq
     epi_loads: list[tuple[Load, Access]] = []

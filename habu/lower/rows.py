@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from habu.lower.access import Access, access_for
 from habu.search.plan import MapKernel, RowKernel
-from habu.spec.ir import Equation, Expr, Gather, IndexVar, Load, Model, Op, Reduce, walk
+from habu.spec.ir import Equation, Gather, IndexVar, Load, Model, rename_vars, walk
 
 
 @dataclass(frozen=True)
@@ -48,23 +48,6 @@ class MapLowering:
         return self.kernel.threads * self.kernel.vector
 
 
-def _rename(expr: Expr, mapping: dict[IndexVar, IndexVar]) -> Expr:
-    def ix(i):
-        if isinstance(i, IndexVar):
-            return mapping.get(i, i)
-        if isinstance(i, Gather):
-            return Gather(i.tensor, tuple(ix(j) for j in i.indices))
-        return i
-
-    if isinstance(expr, Load):
-        return Load(expr.tensor, tuple(ix(i) for i in expr.indices))
-    if isinstance(expr, Op):
-        return Op(expr.fn, tuple(_rename(a, mapping) for a in expr.args))
-    if isinstance(expr, Reduce):
-        return Reduce(expr.op, tuple(mapping.get(v, v) for v in expr.vars), _rename(expr.body, mapping))
-    return expr
-
-
 def _region(model: Model, names: tuple[str, ...]) -> list[Equation]:
     return [next(eq for eq in model.nodes if eq.target == t) for t in names]
 
@@ -76,7 +59,7 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     renamed: list[Equation] = []
     for eq in nodes:
         mapping = {eq.lhs[0]: rv, eq.lhs[1]: cv}
-        renamed.append(Equation(eq.target, (rv, cv), _rename(eq.rhs, mapping)))
+        renamed.append(Equation(eq.target, (rv, cv), rename_vars(eq.rhs, mapping)))
     defined: set[str] = set()
     loads: list[tuple[Load, Access]] = []
     extent_of_axis = {"r": r_ext, "c": c_ext}
@@ -111,7 +94,7 @@ def lower_map(model: Model, kernel: MapKernel, storage: Mapping[str, str] | None
         if tuple(v.extent for v in eq.lhs) != extents:
             raise ValueError(f"map kernel nodes must share one shape; {eq.target} differs")
         mapping = dict(zip(eq.lhs, axes, strict=True))
-        renamed.append(Equation(eq.target, tuple(axes), _rename(eq.rhs, mapping)))
+        renamed.append(Equation(eq.target, tuple(axes), rename_vars(eq.rhs, mapping)))
     defined: set[str] = set()
     extent_of_axis = {f"e{i}": e for i, e in enumerate(extents)}
     loads: list[tuple[Load, Access]] = []

@@ -300,6 +300,26 @@ def tensors_read(expr: Expr) -> set[str]:
     return out
 
 
+def rename_vars(expr: Expr, mapping: dict[IndexVar, IndexExpr]) -> Expr:
+    """`expr` with index variables replaced (in loads, gathers and reductions' bound variables)."""
+
+    def ix(i: IndexExpr) -> IndexExpr:
+        if isinstance(i, IndexVar):
+            return mapping.get(i, i)
+        if isinstance(i, Gather):
+            return Gather(i.tensor, tuple(ix(j) for j in i.indices))
+        return i
+
+    if isinstance(expr, Load):
+        return Load(expr.tensor, tuple(ix(i) for i in expr.indices))
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(rename_vars(a, mapping) for a in expr.args))
+    if isinstance(expr, Reduce):
+        bound = tuple(mapping.get(v, v) for v in expr.vars)
+        return Reduce(expr.op, bound, rename_vars(expr.body, mapping))  # type: ignore[arg-type]
+    return expr
+
+
 # ----------------------------------------------------------------------------- canonicalisation
 
 
