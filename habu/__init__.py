@@ -8,3 +8,10 @@ def build(*args, **kwargs):
     from habu.api import build as _build
 
     return _build(*args, **kwargs)
+
+
+def load(*args, **kwargs):
+    """The tuned plan from the plan database, compiled (see `habu.api.load`)."""
+    from habu.api import load as _load
+
+    return _load(*args, **kwargs)

@@ -17,12 +17,9 @@ from habu.target import DEFAULT_TARGET, target_named
 
 def current_target() -> str:
     """The target of GPU 0, or the default when there is no GPU."""
-    try:
-        from habu.bench.run import device_target
+    from habu.gpu_info import current_arch
 
-        return device_target()
-    except Exception:
-        return DEFAULT_TARGET
+    return current_arch() or DEFAULT_TARGET
 
 
 def build(path: str | Path, model: str | None = None, *, target: str | None = None,
@@ -41,3 +38,60 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials)
     members = [(plan.guards, emit_plan(compiled.model, plan, tgt)) for plan in compiled.plans]
     return CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
+
+
+_warned: set[str] = set()
+
+
+def load(path: str | Path, model: str | None = None, *, db: str | Path | None = None, **shape: int):
+    """The best plan the database holds for this model, shape, GPU and toolchain, compiled.
+
+    On a miss it uses the default plan and warns once per model and shape; it never tunes at run
+    time (`habu search` does). Entries made on another GPU or with other versions are never used."""
+    import sys
+
+    from habu.cli import pick_model
+    from habu.compile import bind_shape
+    from habu.db import PlanDB, Record
+    from habu.emit_cuda.emit import emit_plan
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.search.plan import Plan
+    from habu.spec.parser import load_program
+
+    program = load_program(path)
+    m = bind_shape(pick_model(program, model), dict(shape))
+    tgt = target_named(current_target())
+    with PlanDB(db) as plans:
+        key = lookup_key(m, tgt)
+        entry, stale = plans.lookup(key)
+    best: Record | None = entry.records[0] if entry and entry.records else None
+    if best is None:
+        tag = f"{m.name}{dict(shape)}"
+        if tag not in _warned:
+            _warned.add(tag)
+            extra = f" ({len(stale)} entries for other GPUs or versions exist, not used)" if stale else ""
+            print(f"habu: warning: no tuned plan for {m.name} {dict(shape) or ''} on {key.target.gpu}{extra}; "
+                  f"using the default plan (run habu search to tune it)", file=sys.stderr)
+        return build(path, m.name, target=tgt.name, **shape)
+    plan = Plan.from_json(best.plan)
+    return CompiledModel(m, emit_plan(m, plan, tgt), arch=tgt.name)
+
+
+def lookup_key(model, target):
+    """The database key a search on this machine would have stored under."""
+    from habu import __version__
+    from habu.db import Key, Versions
+    from habu.db import Target as DbTarget
+    from habu.emit_cuda.nvrtc import compiler_version
+    from habu.gpu_info import device_info
+
+    info = device_info() or {}
+    shape = tuple((e.name, e.size) for e in model.extents)
+    dtypes = tuple((t.name, t.dtype.name if t.dtype else "f32") for t in (*model.inputs, *model.outputs))
+    try:
+        nvrtc = compiler_version()
+    except Exception:
+        nvrtc = "unavailable"
+    return Key(model.canonical_hash(), model.name, shape, dtypes,
+               DbTarget(target.name, info.get("gpu", "none"), int(info.get("sm_count", 0))),
+               Versions(__version__, nvrtc, info.get("driver", "none")))

@@ -202,6 +202,202 @@ def verify(
     print(f"{plan}: {len(proof.obligations)} obligations hold; finite field: {c.summary()}")
 
 
+DbOpt = Annotated[Path | None, typer.Option("--db", help="The plan database (default: $HABU_DB or the cache dir).")]
+
+
+@app.command()
+def search(
+    file: FileArg,
+    budget: Annotated[str, typer.Option("--budget", help="Wall clock (90s, 10m, 1h) or a number of candidates.")] = "90s",
+    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
+    shape: ShapeOpt = None,
+    target: Annotated[str | None, typer.Option("--target", help="GPU architecture (default: this GPU's).")] = None,
+    db: DbOpt = None,
+    top_k: Annotated[int, typer.Option("--top-k", help="Plans kept per entry.")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the finite-field trials and inputs.")] = 0,
+    no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not time: rank by the cost model.")] = False,
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,
+) -> None:
+    """Search the plan space within a budget; keep the best verified plans in the plan database."""
+    from rich.console import Console
+
+    from habu.api import current_target
+    from habu.bench.worker import GpuTimer
+    from habu.compile import Compiled, bind_shape, write_outputs
+    from habu.db import PlanDB
+    from habu.prove import prove
+    from habu.search.cost import CEILINGS, Ceilings
+    from habu.search.loop import Budget, Search
+    from habu.search.report import Progress, roofline_plot, top_table
+    from habu.spec.parser import load_program
+    from habu.target import target_named
+
+    console = Console(stderr=True)
+    program = load_program(file)
+    m = pick_model(program, model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])
+    missing = [e.name for e in m.extents if not e.is_static and e.name not in sizes]
+    if missing:
+        raise UsageError(f"search tunes one shape: give the runtime extents with --shape ({', '.join(missing)})")
+    bound = bind_shape(m, sizes)
+    plan_budget = Budget.parse(budget)
+    tgt = target_named(target or current_target())
+    timer = None
+    if not no_gpu:
+        timer = GpuTimer(str(file), m.name, sizes)
+        console.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
+        if timer.start() is None:
+            console.print(f"[yellow]no GPU ({getattr(timer, 'unavailable', 'none found')}): nothing will be timed; "
+                          "candidates are ranked by the cost model and the winner is stored as unmeasured[/]")
+            timer = None
+        else:
+            console.print(f"timing on {timer.info['gpu']} ({timer.info['sm_count']} SMs)", highlight=False)
+    with PlanDB(db) as plans, Progress(plan_budget, console) as progress:
+        s = Search(str(file), bound, tgt, sizes, plans, plan_budget, timer, top_k, seed, progress)
+        result = s.run()
+        progress(result.stats)
+    st = result.stats
+    console.print(top_table(result.records, st.roofline_us))
+    measured = "measured" if result.measured else "UNMEASURED (no GPU: ranked by the cost model)"
+    console.print(f"winner: plan {result.best.key}, {measured}; stored in {plans.path} as entry "
+                  f"{result.key.digest()}; first verified candidate after "
+                  f"{st.first_verified_s:.1f} s; {st.verified} verified in {st.elapsed:.0f} s "
+                  f"({st.verified / max(st.elapsed, 1e-9):.2f} per second)", highlight=False)
+    out_dir = out or Path("out") / "search" / m.name.lower()
+    proof = prove(bound, result.best, sizes, trials=3)
+    compiled = Compiled(bound, [result.best], [proof])
+    files = write_outputs(out_dir, bound, compiled, tgt)
+    best = result.records[0] if result.records else None
+    extra = ""
+    if best is not None and best.median_us and st.roofline_us:
+        extra = (f"\n\n## Measured\n\nmedian {best.median_us:.1f} µs (p20 {best.p20_us:.1f}, p80 {best.p80_us:.1f}); "
+                 f"roofline {st.roofline_us:.1f} µs: {100 * st.roofline_us / best.median_us:.0f}% of it\n")
+    (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
+    c = CEILINGS.get(tgt.name, Ceilings())
+    png = roofline_plot(result, out_dir / "roofline.png", c.wgmma_flops or c.mma_sync_flops, c.bandwidth)
+    console.print("wrote " + ", ".join(str(f) for f in [*files, *( [png] if png else [])]), highlight=False)
+
+
+plans_app = typer.Typer(help="The plan database: list, show, remove, export and import tuned plans.",
+                        no_args_is_help=True)
+app.add_typer(plans_app, name="plans")
+
+
+@plans_app.command("ls")
+def plans_ls(db: DbOpt = None) -> None:
+    """Every entry: model, shape, GPU, best time, and whether it matches this Habu and compiler."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from habu.db import PlanDB
+    from habu.search.report import plan_summary
+
+    with PlanDB(db) as plans:
+        entries = plans.entries()
+        table = Table(title=str(plans.path))
+    for col in ("id", "model", "shape", "target", "best", "plan", "updated"):
+        table.add_column(col)
+    import time as _t
+
+    for e in entries:
+        best = e.records[0] if e.records else None
+        when = _t.strftime("%Y-%m-%d %H:%M", _t.localtime(e.updated))
+        status = (f"{best.median_us:.1f} µs" if best and best.median_us else
+                  ("unmeasured" if best else "failures only"))
+        table.add_row(e.digest[:12], e.key.model, " ".join(f"{k}={v}" for k, v in e.key.shape),
+                      f"{e.key.target.arch} {e.key.target.gpu}", status, plan_summary(best.plan) if best else "",
+                      when)
+    Console().print(table)
+
+
+@plans_app.command("show")
+def plans_show(entry: Annotated[str, typer.Argument(help="An entry id (or its start).")], db: DbOpt = None) -> None:
+    """One entry: its key, its plans with timings and certificates, its failures."""
+    import json as _json
+    from dataclasses import asdict
+
+    from habu.db import PlanDB
+
+    with PlanDB(db) as plans:
+        e = plans.find(entry)
+    print(_json.dumps({"id": e.digest, "key": asdict(e.key), "records": [asdict(r) for r in e.records],
+                       "failures": e.failures}, indent=1))
+
+
+@plans_app.command("rm")
+def plans_rm(entry: Annotated[str, typer.Argument(help="An entry id (or its start).")], db: DbOpt = None) -> None:
+    """Remove an entry."""
+    from habu.db import PlanDB
+
+    with PlanDB(db) as plans:
+        plans.find(entry)
+        n = plans.remove(entry)
+    print(f"removed {n} entr{'y' if n == 1 else 'ies'}")
+
+
+@plans_app.command("export")
+def plans_export(file: Annotated[Path, typer.Argument(help="The file to write (JSON).")],
+                 entries: Annotated[list[str] | None, typer.Argument(help="Entry ids (default: all).")] = None,
+                 db: DbOpt = None) -> None:
+    """Write entries to a portable file a team can share."""
+    from habu.db import PlanDB
+
+    with PlanDB(db) as plans:
+        n = plans.export(file, entries)
+    print(f"exported {n} entries to {file}")
+
+
+@plans_app.command("import")
+def plans_import(file: Annotated[Path, typer.Argument(help="A file written by habu plans export.")],
+                 db: DbOpt = None) -> None:
+    """Merge an exported file into the database (keeping the best plans of both)."""
+    from habu.db import PlanDB
+
+    with PlanDB(db) as plans:
+        n = plans.import_(file)
+    print(f"imported {n} entries into {plans.path}")
+
+
+@app.command()
+def run(
+    file: FileArg,
+    inputs: Annotated[Path, typer.Option("--inputs", help="An .npz with one array per input tensor.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the outputs (.npz).")],
+    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
+    shape: ShapeOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Run a model on the GPU with its tuned plan from the database (the default plan on a miss)."""
+    import numpy as np
+
+    from habu.api import load
+    from habu.emit_cuda.driver import DeviceArray, device
+    from habu.gpu_info import device_info
+    from habu.spec.parser import load_program
+
+    if device_info() is None:
+        raise UsageError("habu run needs a CUDA GPU (habu eval evaluates on the CPU in float64)")
+    program = load_program(file)
+    m = pick_model(program, model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])
+    compiled = load(file, m.name, db=db, **sizes)
+    with np.load(inputs, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    dev = device(0)
+    gpu = {}
+    for t in compiled.model.inputs:
+        if t.name not in arrays:
+            raise UsageError(f"{inputs} has no array {t.name}")
+        dtype = t.dtype.name if t.dtype else "f32"
+        arr = DeviceArray(arrays[t.name].shape, dtype, dev)
+        arr.copy_from_host(arrays[t.name])
+        gpu[t.name] = arr
+    result = compiled(**gpu)
+    result = result if isinstance(result, dict) else {compiled.model.outputs[0].name: result}
+    np.savez(output, **{k: v.to_host() for k, v in result.items()})
+    print(f"wrote {', '.join(result)} to {output}")
+
+
 def pick_model(program, name: str | None):
     if name is not None:
         return program.model(name)

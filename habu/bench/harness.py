@@ -119,7 +119,7 @@ def time_cuda(fn: Callable[[int], Any], sets: int, warmup: int = 5, reps: int = 
         times.append(start.elapsed_time(end) * 1000.0)
     times.sort()
     return {"median_us": statistics.median(times), "p20_us": times[len(times) // 5],
-            "p80_us": times[(4 * len(times)) // 5]}
+            "p80_us": times[(4 * len(times)) // 5], "samples": times}
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
@@ -59,6 +59,7 @@ class Context:
     ext: dict[str, Any]  # extent name -> z3 Int (or int)
     domain: list[Any]  # constraints on runtime extents
     storage: dict[str, str] = field(default_factory=dict)
+    quick: bool = False  # structural rules only: skip building the solver's access formulas
 
     def dtype_bytes(self, access: Access) -> int:
         return DTYPES[access.dtype].bytes
@@ -138,6 +139,8 @@ def _coords_in_tile(axes: Mapping[str, tuple[Any, int]], names: list[str]) -> tu
 
 def _access_obligations(name: str, access: Access, axes: Mapping[str, tuple[Any, int]], ctx: Context,
                         width: int, what: str) -> Iterator[Obligation]:
+    if ctx.quick:
+        return
     used = [a for a in dict.fromkeys(access.axes)]
     coord, cons = _coords_in_tile(axes, used)
     tables: dict[str, Any] = {}
@@ -503,12 +506,38 @@ def discharge(ob: Obligation, ctx: Context) -> Obligation:
     return ob
 
 
-def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) -> list[Obligation]:
-    """Every obligation of every kernel of the plan, discharged."""
+def _kernels(model: Model, plan: Plan, only: set[int] | None):
+    storage = dict(plan.storage)
+    from habu.lower import lower
+
+    for i, k in enumerate(plan.kernels):
+        if only is None or i in only:
+            yield i, k, lower(model, k, storage)
+
+
+def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
+                 only: set[int] | None = None) -> Obligation | None:
+    """The first structural rule the plan breaks (those that need no solver), or None: a cheap
+    filter the search runs before the z3 obligations. `only`: check these kernels alone."""
+    ctx = replace(context(model, plan, sizes), quick=True)
+    table = set(TARGET_RULES[ctx.target.name])
+    for i, k, lw in _kernels(model, plan, only):
+        name = f"kernel {i} ({'+'.join(k.nodes)})"
+        for ob in FAMILY[type(lw)](name, lw, ctx):
+            if ob.rule.name in table and isinstance(ob.formula, bool) and not ob.formula \
+                    and ob.status != "runtime-check":
+                ob.status, ob.how = "violated", "fails"
+                return ob
+    return None
+
+
+def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
+                only: set[int] | None = None) -> list[Obligation]:
+    """Every obligation of every kernel of the plan (or of the kernels in `only`), discharged."""
     ctx = context(model, plan, sizes)
     table = set(TARGET_RULES[ctx.target.name])
     out: list[Obligation] = []
-    for i, (k, lw) in enumerate(zip(plan.kernels, lower_plan(model, plan), strict=True)):
+    for i, k, lw in _kernels(model, plan, only):
         name = f"kernel {i} ({'+'.join(k.nodes)})"
         for ob in FAMILY[type(lw)](name, lw, ctx):
             if ob.rule.name in table:

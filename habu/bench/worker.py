@@ -1,0 +1,182 @@
+"""Timing candidates in a separate process, so that a kernel that faults or hangs costs only itself.
+
+`GpuTimer` starts a worker (multiprocessing, spawn) that owns the GPU: it makes the inputs once
+(fresh random data, never zeros), computes the float64 reference on a sample of output elements
+(the edges and random rows/columns of every output), and for each plan it is sent it emits,
+compiles and loads the kernels, runs them once on NaN-poisoned outputs, compares the sampled
+elements with dtype-aware tolerances, and only then times them (CUDA events, warm-up, median over
+rotated input sets). A CUDA fault poisons the worker's context: it reports and exits, and the next
+plan starts a fresh worker. A plan that does not answer within the timeout is a hang: the worker is
+killed and the plan recorded as failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Measurement:
+    ok: bool
+    reason: str = ""
+    median_us: float | None = None
+    p20_us: float | None = None
+    p80_us: float | None = None
+    samples_us: list[float] | None = None
+    golden: dict | None = None
+    resources: dict | None = None
+
+
+class GpuTimer:
+    """A client for the timing worker of one model and shape."""
+
+    def __init__(self, path: str, model: str, sizes: dict[str, int], timeout_s: float = 120.0, reps: int = 20,
+                 seed: int = 0):
+        self.args = (path, model, dict(sizes), reps, seed)
+        self.timeout_s = timeout_s
+        self.proc: Any = None
+        self.conn: Any = None
+        self.info: dict | None = None
+
+    def start(self) -> dict | None:
+        """Start the worker; the GPU's description, or None when there is no usable GPU."""
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, *self.args), daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        if not parent.poll(600):
+            self.close()
+            return None
+        msg = parent.recv()
+        if msg.get("kind") != "ready":
+            self.close()
+            self.info = None
+            self.unavailable = msg.get("reason", "no GPU")
+            return None
+        self.info = msg["info"]
+        return self.info
+
+    def measure(self, plan_json: dict) -> Measurement:
+        if (self.proc is None or not self.proc.is_alive()) and self.start() is None:
+            return Measurement(False, "the timing worker could not start: " + getattr(self, "unavailable", "?"))
+        assert self.conn is not None
+        try:
+            self.conn.send({"kind": "plan", "plan": plan_json})
+            if not self.conn.poll(self.timeout_s):
+                self.close()
+                return Measurement(False, f"timed out after {self.timeout_s:.0f} s (a hung kernel?); worker restarted")
+            msg = self.conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            self.close()
+            return Measurement(False, "the timing worker died (a kernel fault?); worker restarted")
+        if msg.get("fatal"):
+            self.close()
+        return Measurement(**{k: v for k, v in msg.items() if k not in ("kind", "fatal")})
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self.conn.send({"kind": "stop"})
+        if self.proc is not None:
+            self.proc.join(timeout=2)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(timeout=5)
+        self.proc = self.conn = None
+
+
+# ----------------------------------------------------------------------------- the worker
+
+
+def sample_boxes(model, sizes: dict[str, int], rng: np.random.Generator, per_dim: int = 48) -> dict:
+    """For every output: the first and last index and random ones along each dimension."""
+    boxes = {}
+    for t in model.outputs:
+        dims = []
+        for e in t.extents:
+            n = sizes[e]
+            pick = {0, n - 1} | set(rng.integers(0, n, size=min(n, per_dim)).tolist())
+            dims.append(np.array(sorted(pick), dtype=np.int64))
+        boxes[t.name] = tuple(dims)
+    return boxes
+
+
+def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], reps: int, seed: int) -> None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            conn.send({"kind": "unavailable", "reason": "torch sees no CUDA device"})
+            return
+        from habu.bench.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
+        from habu.bench.run import device_target
+        from habu.emit_cuda.emit import emit_plan
+        from habu.emit_cuda.runtime import CompiledModel
+        from habu.prove.verify import demand
+        from habu.search.plan import Plan
+        from habu.spec.evaluate import BoxTensor, Evaluator
+        from habu.spec.parser import load_program
+        from habu.spec.reference import Float64
+        from habu.target import TARGETS
+
+        target = TARGETS[device_target()]
+        model = load_program(path).models[model_name].with_sizes(sizes)
+        full = {e.name: e.size for e in model.extents}
+        sets = [make_inputs(model, full, seed + i) for i in range(3)]
+        outs = [poisoned_outputs(model, full) for _ in sets]
+        host = {k: (v.detach().cpu().double().numpy() if v.is_floating_point() else v.cpu().numpy())
+                for k, v in sets[0].items()}
+        boxes = sample_boxes(model, full, np.random.default_rng(seed))
+        ref = Evaluator(model, full, Float64(), demand(model, boxes, full)).run(host)
+        from habu.gpu_info import device_info
+
+        info = dict(device_info() or {}) | {"torch": torch.__version__}
+        conn.send({"kind": "ready", "info": info})
+    except Exception as exc:  # no GPU, no torch, or the model does not build: say so once
+        conn.send({"kind": "unavailable", "reason": f"{type(exc).__name__}: {exc}"})
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg.get("kind") != "plan":
+            return
+        try:
+            plan = Plan.from_json(msg["plan"])
+            emitted = emit_plan(model, plan, target)
+            compiled = CompiledModel(model, emitted, arch=target.name, check_indices=False)
+            result = compiled(**sets[0], **outs[0])
+            torch.cuda.synchronize()
+            result = result if isinstance(result, dict) else {model.outputs[0].name: result}
+            tol = tolerance(model, dict(plan.storage))
+            golden = {}
+            for name, out in result.items():
+                got = out.detach().double().cpu().numpy()[np.ix_(*boxes[name])]
+                expect = ref[name].data if isinstance(ref[name], BoxTensor) else ref[name][np.ix_(*boxes[name])]
+                unwritten = int(np.isnan(got).sum())
+                err = float(np.linalg.norm((np.nan_to_num(got) - expect).ravel()) /
+                            (np.linalg.norm(expect.ravel()) or 1.0))
+                golden[name] = {"rel_error": err, "tol": tol, "unwritten": unwritten,
+                                "ok": unwritten == 0 and err <= tol}
+            if not all(g["ok"] for g in golden.values()):
+                conn.send({"kind": "result", "ok": False, "reason": f"wrong output: {golden}", "golden": golden})
+                continue
+            t = time_cuda(lambda i, run=compiled: run(**sets[i], **outs[i]), len(sets), warmup=3, reps=reps)
+            samples = t.pop("samples", None)
+            conn.send({"kind": "result", "ok": True, **t, "samples_us": samples, "golden": golden})
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            fatal = "CUDA_ERROR" in text or "illegal" in text.lower() or "cudaError" in text
+            conn.send({"kind": "result", "ok": False, "reason": text[:1500] + ("" if not fatal else
+                       " (the GPU context is lost; the worker restarts)"), "fatal": fatal,
+                       "golden": None})
+            if fatal:
+                return

@@ -1,0 +1,300 @@
+"""The plan database: the best plans found for a model, a shape, a GPU and a toolchain.
+
+SQLite in WAL mode (several processes may read while one writes; writers serialise on a
+transaction). One *entry* per key:
+
+    model hash · shape (or runtime-extent guards) · dtypes · target arch · GPU name · SM count ·
+    Habu version · NVRTC version · driver version
+
+Each entry keeps its top-k plans with their timing distribution (median, p20, p80, samples), the
+finite-field certificate, the compiler's resource report and provenance (host, GPU, clocks, seed,
+timestamp), plus the candidates that failed and why. A lookup only ever returns plans whose key
+matches exactly; entries for the same model and shape made on another GPU or with other versions
+are reported as stale, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from habu import __version__
+from habu.errors import HabuError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where plans run: the architecture and the exact part."""
+
+    arch: str
+    gpu: str  # e.g. "NVIDIA H200", or "none" for a search without a GPU
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class Versions:
+    habu: str
+    nvrtc: str
+    driver: str
+
+
+@dataclass(frozen=True)
+class Key:
+    model_hash: str
+    model: str  # the model's name (for listings; the hash is what matches)
+    shape: tuple[tuple[str, int], ...]
+    dtypes: tuple[tuple[str, str], ...]
+    target: Target
+    versions: Versions
+
+    def digest(self) -> str:
+        d = asdict(self)
+        d.pop("model")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:24]
+
+    def same_problem(self) -> str:
+        """What identifies the computation regardless of GPU and versions (for stale reports)."""
+        return hashlib.sha256(json.dumps([self.model_hash, self.shape, self.dtypes], sort_keys=True)
+                              .encode()).hexdigest()[:24]
+
+
+@dataclass
+class Record:
+    """One stored plan."""
+
+    rank: int
+    plan: dict
+    status: str  # "measured" or "unmeasured" (ranked by the cost model only)
+    median_us: float | None = None
+    p20_us: float | None = None
+    p80_us: float | None = None
+    samples_us: list[float] = field(default_factory=list)
+    predicted_us: float | None = None
+    certificate: dict | None = None
+    resources: dict | None = None
+    golden: dict | None = None
+    provenance: dict = field(default_factory=dict)
+
+
+@dataclass
+class Entry:
+    key: Key
+    digest: str
+    created: float
+    updated: float
+    records: list[Record]
+    failures: list[dict]
+
+
+def default_path() -> Path:
+    env = os.environ.get("HABU_DB")
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "habu" / "plans.sqlite"
+
+
+def provenance(seed: int | None = None, **extra: Any) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "seed": seed, "time": time.time(),
+            "habu": __version__, **extra}
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    digest TEXT PRIMARY KEY,
+    problem TEXT NOT NULL,
+    key_json TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_problem ON entries(problem);
+CREATE TABLE IF NOT EXISTS plans (
+    digest TEXT NOT NULL REFERENCES entries(digest) ON DELETE CASCADE,
+    rank INTEGER NOT NULL,
+    record_json TEXT NOT NULL,
+    PRIMARY KEY (digest, rank)
+);
+CREATE TABLE IF NOT EXISTS failures (
+    digest TEXT NOT NULL REFERENCES entries(digest) ON DELETE CASCADE,
+    plan_key TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+
+class PlanDB:
+    """A handle on one database file; cheap to open, safe to use from several processes."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA foreign_keys=ON")
+            self.conn.execute("PRAGMA busy_timeout=30000")
+            self.conn.executescript(SCHEMA)
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as exc:
+            raise HabuError(f"{self.path} is not a usable Habu plan database: {exc}") from None
+        version = self.conn.execute("SELECT value FROM meta WHERE name='schema'").fetchone()[0]
+        if int(version) != SCHEMA_VERSION:
+            raise HabuError(f"{self.path} has plan-database schema {version}; this Habu reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> PlanDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: one writer at a time; a crash mid-write leaves the last commit intact."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- writing
+    def store(self, key: Key, records: list[Record], keep: int = 5) -> Entry:
+        """Merge `records` into the key's top-k (by median time, then predicted time), atomically."""
+        digest = key.digest()
+        now = time.time()
+        with self.transaction() as c:
+            row = c.execute("SELECT created FROM entries WHERE digest=?", (digest,)).fetchone()
+            old = [Record(**json.loads(r[0])) for r in
+                   c.execute("SELECT record_json FROM plans WHERE digest=? ORDER BY rank", (digest,))]
+            merged: dict[str, Record] = {}
+            for r in old + records:
+                pk = plan_key(r.plan)
+                if pk not in merged or _better(r, merged[pk]):
+                    merged[pk] = r
+            best = sorted(merged.values(), key=_order)[:keep]
+            for i, r in enumerate(best):
+                r.rank = i
+            if row is None:
+                c.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?)",
+                          (digest, key.same_problem(), json.dumps(asdict(key)), now, now))
+            else:
+                c.execute("UPDATE entries SET updated=? WHERE digest=?", (now, digest))
+            c.execute("DELETE FROM plans WHERE digest=?", (digest,))
+            c.executemany("INSERT INTO plans VALUES (?, ?, ?)",
+                          [(digest, r.rank, json.dumps(asdict(r))) for r in best])
+        entry = self.get(key)
+        assert entry is not None
+        return entry
+
+    def record_failure(self, key: Key, plan: dict, reason: str) -> None:
+        digest = key.digest()
+        now = time.time()
+        with self.transaction() as c:
+            if c.execute("SELECT 1 FROM entries WHERE digest=?", (digest,)).fetchone() is None:
+                c.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?)",
+                          (digest, key.same_problem(), json.dumps(asdict(key)), now, now))
+            c.execute("INSERT INTO failures VALUES (?, ?, ?, ?)", (digest, plan_key(plan), reason[:2000], now))
+
+    def remove(self, digest_prefix: str) -> int:
+        with self.transaction() as c:
+            rows = c.execute("SELECT digest FROM entries WHERE digest LIKE ?", (digest_prefix + "%",)).fetchall()
+            for (d,) in rows:
+                c.execute("DELETE FROM entries WHERE digest=?", (d,))
+        return len(rows)
+
+    # -- reading
+    def get(self, key: Key) -> Entry | None:
+        return self._entry(key.digest())
+
+    def _entry(self, digest: str) -> Entry | None:
+        row = self.conn.execute("SELECT key_json, created, updated FROM entries WHERE digest=?", (digest,)).fetchone()
+        if row is None:
+            return None
+        records = [Record(**json.loads(r[0])) for r in
+                   self.conn.execute("SELECT record_json FROM plans WHERE digest=? ORDER BY rank", (digest,))]
+        failures = [{"plan": p, "reason": r, "at": a} for p, r, a in
+                    self.conn.execute("SELECT plan_key, reason, at FROM failures WHERE digest=? ORDER BY at",
+                                      (digest,))]
+        return Entry(key_from_json(json.loads(row[0])), digest, row[1], row[2], records, failures)
+
+    def lookup(self, key: Key) -> tuple[Entry | None, list[Entry]]:
+        """The entry for exactly this key, and the stale ones (same problem, other GPU or versions)."""
+        exact = self.get(key)
+        stale = [e for e in self.entries() if e.key.same_problem() == key.same_problem() and e.digest != key.digest()]
+        return exact, stale
+
+    def entries(self) -> list[Entry]:
+        digests = [r[0] for r in self.conn.execute("SELECT digest FROM entries ORDER BY updated DESC")]
+        return [e for d in digests if (e := self._entry(d)) is not None]
+
+    def find(self, digest_prefix: str) -> Entry:
+        rows = self.conn.execute("SELECT digest FROM entries WHERE digest LIKE ?", (digest_prefix + "%",)).fetchall()
+        if not rows:
+            raise HabuError(f"no entry {digest_prefix!r} in {self.path}")
+        if len(rows) > 1:
+            raise HabuError(f"{digest_prefix!r} matches {len(rows)} entries; give more of the id")
+        entry = self._entry(rows[0][0])
+        assert entry is not None
+        return entry
+
+    # -- sharing
+    def export(self, path: Path, digests: list[str] | None = None) -> int:
+        entries = [e for e in self.entries() if not digests or any(e.digest.startswith(d) for d in digests)]
+        data = {"habu_plans": SCHEMA_VERSION, "exported": time.time(),
+                "entries": [{"key": asdict(e.key), "created": e.created, "updated": e.updated,
+                             "records": [asdict(r) for r in e.records], "failures": e.failures} for e in entries]}
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+        return len(entries)
+
+    def import_(self, path: Path) -> int:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise HabuError(f"no such file: {path}") from None
+        except json.JSONDecodeError as exc:
+            raise HabuError(f"{path} is not a Habu plan export: {exc.msg}") from None
+        if not isinstance(data, dict) or data.get("habu_plans") != SCHEMA_VERSION:
+            raise HabuError(f"{path} is not a Habu plan export (or of another version)")
+        n = 0
+        for e in data["entries"]:
+            key = key_from_json(e["key"])
+            self.store(key, [Record(**r) for r in e["records"]])
+            n += 1
+        return n
+
+
+def key_from_json(d: Mapping[str, Any]) -> Key:
+    return Key(d["model_hash"], d["model"], tuple(tuple(x) for x in d["shape"]),  # type: ignore[misc]
+               tuple(tuple(x) for x in d["dtypes"]), Target(**d["target"]), Versions(**d["versions"]))  # type: ignore[misc]
+
+
+def plan_key(plan: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _order(r: Record) -> tuple:
+    measured = r.status == "measured" and r.median_us is not None
+    return (0 if measured else 1, r.median_us if measured else (r.predicted_us or float("inf")))
+
+
+def _better(a: Record, b: Record) -> bool:
+    return _order(a) < _order(b)

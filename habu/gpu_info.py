@@ -1,0 +1,39 @@
+"""What GPU this is, through the driver API (no torch): the part of a plan-database key that
+says where plans were measured."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from habu.target import DEFAULT_TARGET
+
+
+@cache
+def device_info(ordinal: int = 0) -> dict | None:
+    """{gpu, sm_count, arch, driver} of a CUDA device, or None when there is none."""
+    try:
+        from cuda.bindings import driver as d
+
+        (err,) = d.cuInit(0)
+        if err != d.CUresult.CUDA_SUCCESS:
+            return None
+        err, count = d.cuDeviceGetCount()
+        if err != d.CUresult.CUDA_SUCCESS or count <= ordinal:
+            return None
+        _, dev = d.cuDeviceGet(ordinal)
+        _, name = d.cuDeviceGetName(256, dev)
+        attr = d.CUdevice_attribute
+        _, sms = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+        _, major = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        _, minor = d.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        _, version = d.cuDriverGetVersion()
+    except Exception:
+        return None
+    arch = {(9, 0): "sm_90a", (8, 0): "sm_80", (10, 0): "sm_100a"}.get((major, minor), f"sm_{major}{minor}")
+    gpu = name.decode(errors="replace").rstrip("\x00").strip() if isinstance(name, bytes) else str(name)
+    return {"gpu": gpu, "sm_count": int(sms), "arch": arch, "driver": f"{version // 1000}.{(version % 1000) // 10}"}
+
+
+def current_arch() -> str:
+    info = device_info()
+    return info["arch"] if info else DEFAULT_TARGET

@@ -1,0 +1,129 @@
+"""An analytic cost model: a roofline of each kernel's FLOPs and bytes against the target's measured
+ceilings, with the few efficiency terms the H200 measurements showed to matter. It orders what the
+search compiles and times; it never decides alone what is kept when a GPU is there.
+
+Ceilings (H200, 2026-11-30, this project's runs): bf16 wgmma ~760 TFLOP/s (cuBLAS 8192³), device
+copy 4.2 TB/s. mma.sync and SIMT FMA are fractions of that, from the same machine's datasheet
+ratios (the mma.sync path has not been timed against wgmma here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower.access import Access, size_of
+from habu.search.plan import Plan
+from habu.spec.dtypes import DTYPES
+from habu.spec.ir import Model, Reduce, walk
+from habu.target import Target
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    wgmma_flops: float = 760e12
+    mma_sync_flops: float = 380e12
+    fma_flops: float = 50e12
+    bandwidth: float = 4.2e12  # bytes/s, read + write
+    launch_s: float = 4e-6  # per kernel, prepared launches
+
+
+CEILINGS: dict[str, Ceilings] = {
+    "sm_90a": Ceilings(),
+    "sm_80": Ceilings(wgmma_flops=0.0, mma_sync_flops=280e12, fma_flops=19e12, bandwidth=1.8e12),
+    "sm_100a": Ceilings(wgmma_flops=0.0, mma_sync_flops=600e12, fma_flops=75e12, bandwidth=7e12),
+}
+
+
+@dataclass
+class KernelCost:
+    flops: float
+    bytes: float
+    seconds: float
+    bound: str  # "compute" or "memory"
+
+    @property
+    def roofline_seconds(self) -> float:
+        return self.seconds
+
+
+def _bytes(acc: Access, sizes: Mapping[str, int]) -> float:
+    n = 1
+    for e in acc.extents:
+        n *= size_of(e, sizes)
+    return float(n * DTYPES[acc.dtype].bytes)
+
+
+def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: Target, c: Ceilings) -> KernelCost:
+    k = lw.kernel
+    M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
+    flops = 2.0 * M * N * K
+    out_bytes = M * N * DTYPES[lw.out.dtype].bytes
+    moved = _bytes(lw.a, sizes) + _bytes(lw.b, sizes) + out_bytes
+    moved += sum(_bytes(a, sizes) for _, a in lw.epi_loads)
+    staging = sum(2 * _bytes(st.dst, sizes) for st in lw.pre)
+    if k.split_k > 1:
+        moved += (k.split_k - 1) * M * N * 4
+    peak = {"wgmma": c.wgmma_flops, "mma.sync": c.mma_sync_flops, "fma": c.fma_flops}[k.mma] or c.fma_flops
+    # operand feeds: a scalar-load producer cannot keep tensor cores busy; a cp.async gather costs a little
+    feed = 1.0
+    for move in (k.a_move, k.b_move):
+        feed *= {"ldg": 3.0 if k.mma != "fma" else 1.0, "cp.async": 1.15, "tma": 1.0, "staged": 1.0,
+                 "tma-gather4": 1.05}[move]
+    # smaller tiles reuse less and issue more: measured 128x256 > 128x128 by ~15% on the H200
+    tile_eff = min(1.0, (k.tile_m * k.tile_n / (128 * 256)) ** 0.25)
+    stage_eff = min(1.0, 0.7 + 0.1 * k.stages)
+    # the last wave of tiles runs with idle SMs
+    tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k
+    waves = tiles / target.sm_count
+    wave_eff = waves / max(1.0, -(-tiles // target.sm_count)) if waves >= 1 else waves
+    compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed
+    memory = moved / c.bandwidth
+    # staging copies 2-byte elements one per thread: measured ~1.4 TB/s (a third of the copy
+    # bandwidth) for A = 4096 x 4096 bf16 on the H200
+    seconds = max(compute, memory) + staging / (c.bandwidth / 3) + c.launch_s * (1 + len(lw.pre))
+    return KernelCost(flops, moved + staging, seconds, "compute" if compute >= memory else "memory")
+
+
+def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
+    R, C = sizes[lw.r], sizes[lw.c]
+    reads = sum(_bytes(a, sizes) for _, a in lw.loads)
+    writes = _bytes(lw.out, sizes)
+    passes = sum(1 for eq in lw.nodes for x in walk(eq.rhs) if isinstance(x, Reduce))
+    reread = 1.0 if lw.kernel.cache_row else float(1 + passes)
+    flops = 10.0 * R * C * (1 + passes)
+    # per-row setup and barriers: short rows reach a smaller fraction of the bandwidth (measured:
+    # 52% at 4096 columns, 82% at 65536)
+    eff = min(0.85, 0.35 + 0.12 * max(0.0, (C.bit_length() - 10)))
+    seconds = (reads * reread + writes) / (c.bandwidth * eff) + c.launch_s
+    return KernelCost(flops, reads * reread + writes, seconds, "memory")
+
+
+def map_cost(lw: MapLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
+    moved = sum(_bytes(a, sizes) for _, a in lw.loads) + _bytes(lw.out, sizes)
+    n = 1
+    for e in lw.extents:
+        n *= sizes[e]
+    return KernelCost(4.0 * n, moved, moved / (c.bandwidth * 0.8) + c.launch_s, "memory")
+
+
+def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> KernelCost:
+    c = CEILINGS.get(target.name, Ceilings())
+    if isinstance(lw, ContractionLowering):
+        return contraction_cost(lw, sizes, target, c)
+    if isinstance(lw, RowLowering):
+        return rows_cost(lw, sizes, c)
+    return map_cost(lw, sizes, c)
+
+
+def plan_cost(model: Model, plan: Plan, target: Target, sizes: Mapping[str, int] | None = None) -> list[KernelCost]:
+    s = dict(plan.shape) | dict(sizes or {})
+    return [kernel_cost(lw, s, target) for lw in lower_plan(model, plan)]
+
+
+def roofline_seconds(costs: list[KernelCost], target: Target) -> float:
+    """The floor: every kernel at the ceilings (FLOPs at the best instruction, bytes at full bandwidth)."""
+    c = CEILINGS.get(target.name, Ceilings())
+    peak = c.wgmma_flops or c.mma_sync_flops
+    return sum(max(k.flops / peak, k.bytes / c.bandwidth) for k in costs)

@@ -1,0 +1,305 @@
+"""The budgeted search: generate, prune by rules, verify over GF(p), order by the cost model,
+compile, golden-check and time, keep the best — anytime.
+
+Each fusion region is a separate kernel launch, so the regions are tuned one at a time, in the
+order of their predicted share of the run time, each with its share of the budget. Within a region,
+candidates are visited cheapest-first by the cost model; each must pass the z3 rule table, then the
+finite-field check, then (with a GPU) the golden check in the timing worker, before its time counts.
+Every new best plan is written to the database at once: Ctrl-C, the end of the budget or a kill at
+any moment leaves the best verified plan so far saved. Without a GPU, nothing is timed: candidates
+are ranked by the cost model and the winner is stored as "unmeasured".
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from habu.db import Key, PlanDB, Record, Versions, provenance
+from habu.db import Target as DbTarget
+from habu.errors import UsageError
+from habu.lower import lower_plan
+from habu.prove.rules import failures, obligations, quick_reject
+from habu.prove.verify import verify_plan
+from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
+from habu.search.patterns import Region, default_regions
+from habu.search.plan import Kernel, Plan
+from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
+from habu.spec.ir import Model
+from habu.target import Target
+
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: float | None = None
+    trials: int | None = None  # candidates proven (rules + finite field)
+
+    @staticmethod
+    def parse(text: str) -> Budget:
+        t = text.strip().lower().replace(" ", "")
+        if t.isdigit():
+            return Budget(trials=int(t))
+        if t.endswith("trials") and t[:-6].isdigit():
+            return Budget(trials=int(t[:-6]))
+        m = _DURATION.match(t)
+        if not t or not m or not any(m.groups()):
+            raise UsageError(f"--budget takes a duration (90s, 10m, 1h, 1h30m) or a number of candidates, got {text!r}")
+        h, mi, s = (int(x) if x else 0 for x in m.groups())
+        return Budget(seconds=float(3600 * h + 60 * mi + s))
+
+    def describe(self) -> str:
+        return f"{self.seconds:.0f} s" if self.seconds is not None else f"{self.trials} candidates"
+
+
+@dataclass
+class Stats:
+    generated: int = 0
+    pruned_rules: int = 0
+    pruned_field: int = 0
+    verified: int = 0
+    compiled: int = 0
+    timed: int = 0
+    failed: int = 0
+    best_us: float | None = None  # measured, the whole plan
+    best_predicted_us: float | None = None
+    roofline_us: float | None = None
+    first_verified_s: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    region: str = ""
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass
+class Scored:
+    kernel: Kernel
+    predicted_s: float
+    measured_us: float | None = None
+    measurement: dict | None = None
+    certificate: dict | None = None
+    resources: dict | None = None
+
+
+@dataclass
+class SearchResult:
+    best: Plan
+    records: list[Record]
+    stats: Stats
+    key: Key
+    measured: bool
+    timeline: list[dict]  # every candidate that reached the GPU: for the roofline plot
+
+
+class Search:
+    def __init__(self, path: str, model: Model, target: Target, sizes: dict[str, int], db: PlanDB,
+                 budget: Budget, timer=None, top_k: int = 5, seed: int = 0,
+                 progress: Callable[[Stats], None] | None = None):
+        self.path, self.model, self.target, self.db = path, model, target, db
+        self.sizes = concrete_sizes(model, sizes)
+        self.fixed = dict(self.sizes)  # the model is bound to one shape: every extent is fixed
+        self.budget, self.timer, self.top_k, self.seed = budget, timer, top_k, seed
+        self.progress = progress or (lambda s: None)
+        self.stats = Stats()
+        self.timeline: list[dict] = []
+        self.gpu = timer.info if timer is not None else None
+        self.key = self._key()
+        self.measured: dict[str, dict] = {}  # plan key -> its measurement (never time a plan twice)
+
+    # -- keys
+    def _key(self) -> Key:
+        from habu.emit_cuda.nvrtc import compiler_version
+
+        try:
+            nvrtc = compiler_version()
+        except Exception:
+            nvrtc = "unavailable"
+        gpu = self.gpu or {}
+        tgt = DbTarget(self.target.name, gpu.get("gpu", "none"), int(gpu.get("sm_count", 0)))
+        shape = tuple((e.name, self.sizes[e.name]) for e in self.model.extents)
+        dtypes = tuple((t.name, t.dtype.name if t.dtype else "f32") for t in (*self.model.inputs, *self.model.outputs))
+        from habu import __version__
+
+        return Key(self.model.canonical_hash(), self.model.name, shape, dtypes, tgt,
+                   Versions(__version__, nvrtc, gpu.get("driver", "none")))
+
+    # -- budget
+    def _left(self) -> bool:
+        if self.budget.seconds is not None and self.stats.elapsed >= self.budget.seconds:
+            return False
+        verified = self.stats.verified + self.stats.pruned_field
+        return not (self.budget.trials is not None and verified >= self.budget.trials)
+
+    # -- one candidate
+    def _try(self, kernels: tuple[Kernel, ...], region: int, scored: Scored) -> bool:
+        """Prove a candidate plan and, with a GPU, time it. True when it was kept."""
+        plan = make_plan(self.model, self.target, kernels, self.fixed)
+        only = None if region < 0 else {region}  # the other kernels were proven already
+        if quick_reject(self.model, plan, self.fixed, only) is not None or \
+                failures(obligations(self.model, plan, self.fixed, only)):
+            self.stats.pruned_rules += 1
+            return False
+        # one trial on a witness shape per candidate (every tile class, z3-checked); the winner is
+        # proven again at the full shape with three trials before it is reported
+        cert = verify_plan(self.model, plan, self.fixed, trials=1, seeds=[self.seed + self.stats.verified + 1],
+                           witness=True)
+        if not cert.passed:
+            self.stats.pruned_field += 1
+            self.db.record_failure(self.key, plan.to_json(), f"finite-field check: {cert.failure}")
+            return False
+        self.stats.verified += 1
+        if self.stats.first_verified_s is None:
+            self.stats.first_verified_s = self.stats.elapsed
+        scored.certificate = cert.to_json()
+        if self.timer is None:
+            return True
+        m = self.timer.measure(plan.to_json())
+        self.stats.compiled += 1
+        if not m.ok:
+            self.stats.failed += 1
+            self.db.record_failure(self.key, plan.to_json(), m.reason)
+            return False
+        self.stats.timed += 1
+        scored.measured_us = m.median_us
+        scored.measurement = {"median_us": m.median_us, "p20_us": m.p20_us, "p80_us": m.p80_us,
+                              "samples_us": m.samples_us, "golden": m.golden}
+        self.measured[plan.key] = scored.measurement
+        costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
+        self.timeline.append({"region": region, "kernel": scored.kernel, "median_us": m.median_us,
+                              "flops": sum(c.flops for c in costs), "bytes": sum(c.bytes for c in costs)})
+        return True
+
+    # -- the whole search
+    def run(self) -> SearchResult:
+        regions = default_regions(self.model)
+        best: list[Kernel] = list(default_kernels(self.model, self.target, self.sizes, regions))
+        ranked: list[list[Scored]] = [[] for _ in regions]
+        base_plan = make_plan(self.model, self.target, tuple(best), self.fixed)
+        base_costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, base_plan)]
+        self.stats.roofline_us = roofline_seconds(base_costs, self.target) * 1e6
+        self.stats.best_predicted_us = sum(c.seconds for c in base_costs) * 1e6
+        order = sorted(range(len(regions)), key=lambda i: -base_costs[i].seconds)
+        total = sum(c.seconds for c in base_costs) or 1.0
+        # the score of each region's current best kernel: predicted seconds, or the measured plan time
+        self.best_score: list[float] = [c.seconds for c in base_costs]
+        try:
+            # the default plan first: a verified answer as early as possible
+            first = Scored(best[0], sum(c.seconds for c in base_costs))
+            if self._try(tuple(best), -1, first):
+                if first.measured_us is not None:
+                    self.best_score = [first.measured_us] * len(regions)
+                self._store(best, ranked, default=first)
+            for i in order:
+                if not self._left():
+                    break
+                share = base_costs[i].seconds / total
+                deadline = None
+                if self.budget.seconds is not None:
+                    deadline = time.monotonic() + share * max(0.0, self.budget.seconds - self.stats.elapsed)
+                self._tune_region(i, regions[i], best, ranked, deadline)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if self.timer is not None:
+                self.timer.close()
+        records = self._store(best, ranked)
+        plan = make_plan(self.model, self.target, tuple(best), self.fixed)
+        return SearchResult(plan, records, self.stats, self.key, self.timer is not None, self.timeline)
+
+    def _tune_region(self, i: int, region: Region, best: list[Kernel], ranked: list[list[Scored]],
+                     deadline: float | None) -> None:
+        self.stats.region = f"{region.kind} {'+'.join(region.nodes)}"
+        plan = make_plan(self.model, self.target, tuple(best), self.fixed)
+        base_lw = lower_plan(self.model, plan)[i]
+        candidates: list[tuple[float, Kernel]] = []
+        for k in region_space(self.model, region, self.target, self.sizes):
+            self.stats.generated += 1
+            try:
+                lw = replace(base_lw, kernel=k) if hasattr(base_lw, "kernel") else base_lw
+                cost = kernel_cost(_relower(self.model, plan, i, k, lw), self.sizes, self.target).seconds
+            except Exception:
+                continue
+            candidates.append((cost, k))
+        candidates.sort(key=lambda c: c[0])
+        seen = {best[i]}
+        for cost, k in candidates:
+            if not self._left() or (deadline is not None and time.monotonic() > deadline):
+                break
+            if k in seen:
+                continue
+            seen.add(k)
+            kernels = (*tuple(best[:i]), k, *tuple(best[i + 1:]))
+            scored = Scored(k, cost)
+            if self._try(kernels, i, scored):
+                ranked[i].append(scored)
+                if self._improves(i, scored, ranked):
+                    best[i] = k
+                    self._store(best, ranked)
+            self.progress(self.stats)
+
+    def _improves(self, i: int, scored: Scored, ranked: list[list[Scored]]) -> bool:
+        """Better than region i's current best (measured plan time with a GPU, predicted without)."""
+        score = scored.measured_us if self.timer is not None else scored.predicted_s
+        if score is None or score >= self.best_score[i]:
+            return False
+        self.best_score[i] = score
+        return True
+
+    def _store(self, best: list[Kernel], ranked: list[list[Scored]], default: Scored | None = None) -> list[Record]:
+        """Write the best plan (and the runners-up of each region) to the database now."""
+        plans: list[tuple[Plan, Scored | None]] = [(make_plan(self.model, self.target, tuple(best), self.fixed), None)]
+        key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: s.predicted_s)
+        for i, pool in enumerate(ranked):
+            for s in sorted(pool, key=key)[1: self.top_k]:
+                kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))
+                plans.append((make_plan(self.model, self.target, kernels, self.fixed), s))
+        records = []
+        for plan, s in plans[: self.top_k]:
+            costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
+            predicted = sum(c.seconds for c in costs) * 1e6
+            measured = None
+            meas: dict = {}
+            if self.timer is not None:
+                if plan.key not in self.measured:
+                    m = self.timer.measure(plan.to_json())
+                    if m.ok:
+                        self.measured[plan.key] = {"median_us": m.median_us, "p20_us": m.p20_us,
+                                                   "p80_us": m.p80_us, "samples_us": m.samples_us or [],
+                                                   "golden": m.golden}
+                if plan.key in self.measured:
+                    meas = self.measured[plan.key]
+                    measured = meas["median_us"]
+            cert = (s.certificate if s else None) or (default.certificate if default else None)
+            records.append(Record(rank=0, plan=plan.to_json(), status="measured" if measured else "unmeasured",
+                                  median_us=measured, p20_us=meas.get("p20_us"), p80_us=meas.get("p80_us"),
+                                  samples_us=meas.get("samples_us") or [], predicted_us=predicted,
+                                  certificate=cert, golden=meas.get("golden"),
+                                  provenance=provenance(self.seed, gpu=self.gpu or {}, source=self.path)))
+            if plan is plans[0][0]:
+                self.stats.best_predicted_us = predicted
+                if measured:
+                    self.stats.best_us = measured if self.stats.best_us is None else min(self.stats.best_us, measured)
+        entry = self.db.store(self.key, records, keep=self.top_k)
+        return entry.records
+
+
+def _relower(model: Model, plan: Plan, i: int, k: Kernel, fallback):
+    """The lowering of kernel `k` in region i (cheap enough to cost every candidate)."""
+    from habu.lower import lower
+
+    try:
+        return lower(model, k, dict(plan.storage))
+    except Exception:
+        return fallback
+
+
+def ceilings(target: Target) -> Ceilings:
+    return CEILINGS.get(target.name, Ceilings())
+
+
+__all__ = ["Budget", "KernelCost", "Search", "SearchResult", "Stats"]

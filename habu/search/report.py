@@ -1,0 +1,120 @@
+"""What a search shows: the live progress line, the table of top plans, the roofline plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from habu.db import Record
+from habu.search.loop import Budget, SearchResult, Stats
+
+
+def progress_text(stats: Stats, budget: Budget) -> str:
+    if budget.seconds is not None:
+        left = f"{max(0.0, budget.seconds - stats.elapsed):5.0f} s left"
+    else:
+        left = f"{max(0, (budget.trials or 0) - stats.verified - stats.pruned_field)} candidates left"
+    best = f"{stats.best_us:.1f} µs" if stats.best_us else (
+        f"~{stats.best_predicted_us:.1f} µs predicted" if stats.best_predicted_us else "—")
+    roof = ""
+    if stats.best_us and stats.roofline_us:
+        roof = f" ({100 * stats.roofline_us / stats.best_us:.0f}% of roofline)"
+    return (f"{stats.elapsed:5.0f}s ({left}) gen {stats.generated} rules-pruned {stats.pruned_rules} "
+            f"field-pruned {stats.pruned_field} verified {stats.verified} compiled {stats.compiled} "
+            f"timed {stats.timed} failed {stats.failed} best {best}{roof}")
+
+
+class Progress:
+    """A one-line live display (rich) of the search's counters."""
+
+    def __init__(self, budget: Budget, console: Console | None = None):
+        self.budget = budget
+        self.console = console or Console(stderr=True)
+        self.live: Any = None
+        self.last = 0.0
+
+    def __enter__(self) -> Progress:
+        from rich.live import Live
+
+        if self.console.is_terminal:
+            self.live = Live("", console=self.console, refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __call__(self, stats: Stats) -> None:
+        text = progress_text(stats, self.budget)
+        if self.live is not None:
+            self.live.update(text)
+        elif stats.elapsed - self.last >= 5.0:  # a log line every few seconds when not on a terminal
+            self.last = stats.elapsed
+            self.console.print(text, highlight=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+
+def plan_summary(plan: dict) -> str:
+    parts = []
+    for k in plan["kernels"]:
+        if k["kind"] == "contraction":
+            parts.append(f"{k['mma']} {k['tile_m']}x{k['tile_n']}x{k['tile_k']} s{k['stages']} A:{k['a_move']} "
+                         f"B:{k['b_move']}" + (f" split{k['split_k']}" if k["split_k"] > 1 else "")
+                         + (" persistent" if k["persistent"] else "") + f" g{k['group_m']}")
+        elif k["kind"] == "rows":
+            parts.append(f"rows {k['threads']}x{k['rows_per_block']} v{k['vector']}"
+                         + (" cached" if k["cache_row"] else ""))
+        else:
+            parts.append(f"map {k['threads']} v{k['vector']}")
+    return "; ".join(parts)
+
+
+def top_table(records: list[Record], roofline_us: float | None) -> Table:
+    table = Table(title="best plans")
+    for col in ("#", "plan", "status", "median µs", "p20–p80 µs", "predicted µs", "% of roofline", "key"):
+        table.add_column(col)
+    for r in records:
+        from habu.search.plan import Plan
+
+        pct = f"{100 * roofline_us / r.median_us:.0f}%" if roofline_us and r.median_us else "—"
+        table.add_row(str(r.rank + 1), plan_summary(r.plan), r.status,
+                      f"{r.median_us:.1f}" if r.median_us else "—",
+                      f"{r.p20_us:.1f}–{r.p80_us:.1f}" if r.p20_us and r.p80_us else "—",
+                      f"{r.predicted_us:.1f}" if r.predicted_us else "—", pct, Plan.from_json(r.plan).key)
+    return table
+
+
+def roofline_plot(result: SearchResult, path: Path, peak_flops: float, bandwidth: float) -> Path | None:
+    """Every timed candidate on the roofline (achieved FLOP/s against arithmetic intensity)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    pts = [(t["flops"] / max(1.0, t["bytes"]), t["flops"] / (t["median_us"] * 1e-6)) for t in result.timeline
+           if t.get("median_us")]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    if pts:
+        xs = [p[0] for p in pts]
+        lo, hi = min(xs) / 4, max(xs) * 4
+    else:
+        lo, hi = 0.1, 1e4
+    import numpy as np
+
+    x = np.logspace(np.log10(max(lo, 1e-3)), np.log10(hi), 200)
+    ax.loglog(x, np.minimum(peak_flops, x * bandwidth), "k-", label="roofline")
+    if pts:
+        ax.loglog([p[0] for p in pts], [p[1] for p in pts], "o", alpha=0.6, label="timed candidates")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(f"{result.key.model} on {result.key.target.gpu}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

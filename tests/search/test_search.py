@@ -1,0 +1,130 @@
+"""The search without a GPU (and with a stand-in timer): budgets, anytime saving, faults, kills."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from habu.bench.worker import Measurement
+from habu.db import PlanDB
+from habu.errors import UsageError
+from habu.search.loop import Budget, Search
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import EXAMPLES, ROOT
+
+
+def model_of(path, sizes=None):
+    program = load_program(path)
+    m = next(iter(program.models.values()))
+    runtime = {e.name: 4096 for e in m.extents if not e.is_static}
+    sizes = (sizes or {}) | runtime
+    return m.with_sizes(sizes), sizes
+
+
+@pytest.mark.parametrize("text, seconds, trials", [("90s", 90, None), ("10m", 600, None), ("1h", 3600, None),
+                                                   ("1h30m", 5400, None), ("25", None, 25)])
+def test_budget_parsing(text, seconds, trials):
+    b = Budget.parse(text)
+    assert b.seconds == seconds and b.trials == trials
+
+
+def test_bad_budget():
+    with pytest.raises(UsageError, match="--budget"):
+        Budget.parse("soon")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_first_verified_candidate_within_10_seconds(path, tmp_path):
+    model, sizes = model_of(path)
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=3)).run()
+        assert result.stats.first_verified_s is not None and result.stats.first_verified_s < 10.0
+        assert not result.measured and result.records[0].status == "unmeasured"
+        assert db.get(result.key).records[0].plan == result.best.to_json()
+
+
+class FakeTimer:
+    """Stands in for the GPU worker: times plans by a formula, fails or hangs some."""
+
+    info = {"gpu": "Fake GPU", "sm_count": 132, "arch": "sm_90a", "driver": "13.0"}
+
+    def __init__(self):
+        self.calls = 0
+
+    def measure(self, plan):
+        self.calls += 1
+        k = plan["kernels"][0]
+        if self.calls % 4 == 2:
+            return Measurement(False, "timed out after 120 s (a hung kernel?); worker restarted")
+        if self.calls % 4 == 3:
+            return Measurement(False, "the timing worker died (a kernel fault?); worker restarted")
+        t = 100.0 + k["stages"] + (k["tile_n"] != 256) * 10
+        return Measurement(True, median_us=t, p20_us=t - 1, p80_us=t + 1, samples_us=[t], golden={"O": {"ok": True}})
+
+    def close(self):
+        pass
+
+
+def test_faults_are_recorded_and_the_search_goes_on(tmp_path):
+    path = ROOT / "examples" / "ggemm.habu"
+    model, sizes = model_of(path, {"M": 512, "N": 512, "K": 512})
+    timer = FakeTimer()
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=12), timer=timer).run()
+        entry = db.get(result.key)
+        assert result.measured and entry.records[0].status == "measured"
+        assert entry.key.target.gpu == "Fake GPU"
+        reasons = " ".join(f["reason"] for f in entry.failures)
+        assert "timed out" in reasons and "worker died" in reasons
+        times = [r.median_us for r in entry.records if r.median_us]
+        assert times == sorted(times)
+
+
+def test_ctrl_c_keeps_the_best_plan(tmp_path):
+    path = ROOT / "examples" / "ggemm.habu"
+    model, sizes = model_of(path, {"M": 512, "N": 512, "K": 512})
+    seen = []
+
+    def interrupt(stats):
+        seen.append(stats.verified)
+        if stats.verified >= 2:
+            raise KeyboardInterrupt
+
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=300),
+                        progress=interrupt).run()
+        assert result.stats.verified >= 2 and result.stats.elapsed < 200
+        assert db.get(result.key).records
+
+
+def test_a_search_killed_mid_run_leaves_its_best_plan(tmp_path):
+    dbpath = tmp_path / "db.sqlite"
+    env = dict(os.environ, HABU_DB=str(dbpath))
+    proc = subprocess.Popen([sys.executable, "-m", "habu", "search", "examples/ggemm.habu", "--budget", "120s",
+                             "--no-gpu", "--shape", "M=512,N=512,K=512", "-o", str(tmp_path / "out")],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait until the first plan is stored
+        time.sleep(0.5)
+        if dbpath.exists():
+            try:
+                with PlanDB(dbpath) as db:
+                    if any(e.records for e in db.entries()):
+                        break
+            except Exception:
+                pass
+    time.sleep(3)  # mid-search
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    with PlanDB(dbpath) as db:
+        (entry,) = db.entries()
+        assert entry.records and entry.records[0].certificate
+    import sqlite3
+
+    assert sqlite3.connect(dbpath).execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,0 +1,118 @@
+"""The plan database: keys that never cross GPUs or versions, top-k, sharing, and writers that
+run at once or die mid-write."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from habu.db import Key, PlanDB, Record, Target, Versions
+from habu.errors import HabuError
+
+
+def key(gpu="NVIDIA H200", nvrtc="13.5", shape=(("M", 4096),), model_hash="h" * 64) -> Key:
+    return Key(model_hash, "G", shape, (("A", "bf16"),), Target("sm_90a", gpu, 132), Versions("0.1.0", nvrtc, "13.0"))
+
+
+def rec(t, name="p", status="measured") -> Record:
+    return Record(0, {"model": name, "t": t}, status, median_us=t if status == "measured" else None, predicted_us=t)
+
+
+def test_top_k_keeps_the_fastest_and_merges(tmp_path):
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        db.store(key(), [rec(30, "a"), rec(10, "b")], keep=2)
+        e = db.store(key(), [rec(20, "c"), rec(5, "d", status="unmeasured")], keep=2)
+        assert [r.plan["model"] for r in e.records] == ["b", "c"]  # measured first, by median
+        assert [r.rank for r in e.records] == [0, 1]
+
+
+def test_lookup_never_returns_another_gpu_or_version(tmp_path):
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        db.store(key(gpu="NVIDIA H100"), [rec(1)])
+        db.store(key(nvrtc="12.9"), [rec(1)])
+        exact, stale = db.lookup(key())
+        assert exact is None and len(stale) == 2
+        db.store(key(), [rec(2)])
+        exact, stale = db.lookup(key())
+        assert exact is not None and exact.records[0].median_us == 2 and len(stale) == 2
+        other_shape, _ = db.lookup(key(shape=(("M", 1),)))
+        assert other_shape is None
+
+
+def test_export_import_remove(tmp_path):
+    with PlanDB(tmp_path / "a.sqlite") as a:
+        a.store(key(), [rec(3)])
+        a.record_failure(key(), {"x": 1}, "compile failed: boom")
+        assert a.export(tmp_path / "plans.json") == 1
+    with PlanDB(tmp_path / "b.sqlite") as b:
+        assert b.import_(tmp_path / "plans.json") == 1
+        (e,) = b.entries()
+        assert e.records[0].median_us == 3
+        assert b.remove(e.digest[:8]) == 1 and b.entries() == []
+        with pytest.raises(HabuError, match="not a Habu plan export"):
+            (tmp_path / "junk.json").write_text("{}")
+            b.import_(tmp_path / "junk.json")
+    with PlanDB(tmp_path / "a.sqlite") as a:
+        assert a.entries()[0].failures[0]["reason"] == "compile failed: boom"
+
+
+def test_not_a_database(tmp_path):
+    (tmp_path / "x.sqlite").write_text("this is not sqlite" * 100)
+    with pytest.raises(HabuError, match="not a usable Habu plan database"):
+        PlanDB(tmp_path / "x.sqlite")
+
+
+def _writer(path: str, worker: int, n: int) -> None:
+    with PlanDB(path) as db:
+        for i in range(n):
+            db.store(key(shape=(("M", worker % 3),)), [rec(float(worker * 100 + i), f"w{worker}-{i}")], keep=5)
+
+
+def test_several_processes_write_at_once(tmp_path):
+    path = str(tmp_path / "db.sqlite")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, w, 25)) for w in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with PlanDB(path) as db:
+        entries = db.entries()
+        assert len(entries) == 3
+        for e in entries:
+            assert len(e.records) == 5
+            times = [r.median_us for r in e.records]
+            assert times == sorted(times)
+        assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def _hold_a_write(path: str, ready) -> None:
+    db = PlanDB(path)
+    db.conn.execute("BEGIN IMMEDIATE")
+    db.conn.execute("DELETE FROM plans")  # half a rewrite, never committed
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_writer_killed_mid_transaction_loses_nothing(tmp_path):
+    path = str(tmp_path / "db.sqlite")
+    with PlanDB(path) as db:
+        db.store(key(), [rec(7)])
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=_hold_a_write, args=(path, ready))
+    p.start()
+    assert ready.wait(60)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    with PlanDB(path) as db:  # the database recovers and still has the committed plan
+        (e,) = db.entries()
+        assert e.records[0].median_us == 7
+        db.store(key(), [rec(6)])
+        assert db.get(key()).records[0].median_us == 6
