@@ -24,7 +24,7 @@ from habu.lower import lower_plan
 from habu.prove.rules import failures, obligations, quick_reject
 from habu.prove.verify import verify_plan
 from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
-from habu.search.patterns import Region, default_regions
+from habu.search.patterns import Region, default_regions, partitions
 from habu.search.plan import Kernel, Plan
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.spec.ir import Model
@@ -58,6 +58,7 @@ class Budget:
 @dataclass
 class Stats:
     generated: int = 0
+    partitions: int = 0  # fusion partitions tried
     pruned_rules: int = 0
     pruned_field: int = 0
     verified: int = 0
@@ -178,14 +179,10 @@ class Search:
     def run(self) -> SearchResult:
         regions = default_regions(self.model)
         best: list[Kernel] = list(default_kernels(self.model, self.target, self.sizes, regions))
-        ranked: list[list[Scored]] = [[] for _ in regions]
-        base_plan = make_plan(self.model, self.target, tuple(best), self.fixed)
-        base_costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, base_plan)]
+        base_costs = self._costs(best)
         self.stats.roofline_us = roofline_seconds(base_costs, self.target) * 1e6
         self.stats.best_predicted_us = sum(c.seconds for c in base_costs) * 1e6
-        order = sorted(range(len(regions)), key=lambda i: -base_costs[i].seconds)
-        total = sum(c.seconds for c in base_costs) or 1.0
-        # the score of each region's current best kernel: predicted seconds, or the measured plan time
+        ranked: list[list[Scored]] = [[] for _ in regions]
         self.best_score: list[float] = [c.seconds for c in base_costs]
         try:
             # the default plan first: a verified answer as early as possible
@@ -194,6 +191,17 @@ class Search:
                 if first.measured_us is not None:
                     self.best_score = [first.measured_us] * len(regions)
                 self._store(best, ranked, default=first)
+            # then the other partitions into kernels (the fusion choice), at their default schedules
+            chosen = self._choose_partition(regions, best, first)
+            if chosen is not None:
+                regions, best, score = chosen
+                ranked = [[] for _ in regions]
+                base_costs = self._costs(best)
+                self.best_score = [score] * len(regions) if self.timer is not None else \
+                    [c.seconds for c in base_costs]
+                self._store(best, ranked)
+            order = sorted(range(len(regions)), key=lambda i: -base_costs[i].seconds)
+            total = sum(c.seconds for c in base_costs) or 1.0
             for i in order:
                 if not self._left():
                     break
@@ -210,6 +218,49 @@ class Search:
         records = self._store(best, ranked)
         plan = make_plan(self.model, self.target, tuple(best), self.fixed)
         return SearchResult(plan, records, self.stats, self.key, self.timer is not None, self.timeline)
+
+    def _costs(self, kernels: list[Kernel]) -> list[KernelCost]:
+        plan = make_plan(self.model, self.target, tuple(kernels), self.fixed)
+        return [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
+
+    def _choose_partition(self, regions: tuple[Region, ...], best: list[Kernel], first: Scored
+                          ) -> tuple[tuple[Region, ...], list[Kernel], float] | None:
+        """Try the other fusion partitions (cheapest predicted first), each at its default schedule:
+        measured with a GPU, else by the cost model, where only a predicted gain is proven. A
+        partition must pass the rules and the finite-field check like any candidate. At most a
+        fifth of a time budget goes here. Returns the better partition, or None to keep the greedy one."""
+        others = partitions(self.model)[1:]
+        if not others:
+            return None
+        deadline = None if self.budget.seconds is None else time.monotonic() + self.budget.seconds / 5
+        current = first.measured_us if self.timer is not None else first.predicted_s
+        if current is None:
+            current = float("inf")
+        candidates = []
+        for p in others:
+            try:
+                kernels = list(default_kernels(self.model, self.target, self.sizes, p))
+                predicted = sum(c.seconds for c in self._costs(kernels))
+            except Exception:  # a partition no kernel family lowers: not a candidate
+                continue
+            self.stats.generated += 1
+            candidates.append((predicted, p, kernels))
+        candidates.sort(key=lambda c: c[0])
+        chosen = None
+        self.stats.region = "fusion partitions"
+        for predicted, p, kernels in candidates:
+            if not self._left() or (deadline is not None and time.monotonic() > deadline):
+                break
+            if self.timer is None and predicted >= current:
+                break  # sorted: no later partition is predicted faster either
+            scored = Scored(kernels[0], predicted)
+            self.stats.partitions += 1
+            if self._try(tuple(kernels), -1, scored):
+                score = scored.measured_us if self.timer is not None else predicted
+                if score is not None and score < current:
+                    current, chosen = score, (p, kernels, score)
+            self.progress(self.stats)
+        return chosen
 
     def _tune_region(self, i: int, region: Region, best: list[Kernel], ranked: list[list[Scored]],
                      deadline: float | None) -> None:

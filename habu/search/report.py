@@ -22,7 +22,8 @@ def progress_text(stats: Stats, budget: Budget) -> str:
     roof = ""
     if stats.best_us and stats.roofline_us:
         roof = f" ({100 * stats.roofline_us / stats.best_us:.0f}% of roofline)"
-    return (f"{stats.elapsed:5.0f}s ({left}) gen {stats.generated} rules-pruned {stats.pruned_rules} "
+    where = f"[{stats.region}] " if stats.region else ""
+    return (f"{stats.elapsed:5.0f}s ({left}) {where}gen {stats.generated} rules-pruned {stats.pruned_rules} "
             f"field-pruned {stats.pruned_field} verified {stats.verified} compiled {stats.compiled} "
             f"timed {stats.timed} failed {stats.failed} best {best}{roof}")
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_first_verified_candidate_within_10_seconds(path, tmp_path):
 class FakeTimer:
     """Stands in for the GPU worker: times plans by a formula, fails or hangs some."""
 
-    info = {"gpu": "Fake GPU", "sm_count": 132, "arch": "sm_90a", "driver": "13.0"}
+    info: ClassVar[dict] = {"gpu": "Fake GPU", "sm_count": 132, "arch": "sm_90a", "driver": "13.0"}
 
     def __init__(self):
         self.calls = 0
@@ -128,3 +129,39 @@ def test_a_search_killed_mid_run_leaves_its_best_plan(tmp_path):
     import sqlite3
 
     assert sqlite3.connect(dbpath).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+class KernelCountTimer:
+    """Times a plan by its number of launches: `per_kernel` µs each (negative: more kernels win)."""
+
+    info: ClassVar[dict] = {"gpu": "Fake GPU", "sm_count": 132, "arch": "sm_90a", "driver": "13.0"}
+
+    def __init__(self, per_kernel: float):
+        self.per_kernel = per_kernel
+
+    def measure(self, plan):
+        t = 100.0 + self.per_kernel * len(plan["kernels"])
+        return Measurement(True, median_us=t, p20_us=t, p80_us=t, samples_us=[t], golden={"y": {"ok": True}})
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("per_kernel, kernels", [(10.0, 1), (-10.0, 3)])
+def test_the_search_picks_the_fastest_fusion_partition(tmp_path, per_kernel, kernels):
+    path = ROOT / "examples" / "fused.habu"
+    model, sizes = model_of(path, {"N": 4096})
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=30),
+                        timer=KernelCountTimer(per_kernel)).run()
+        assert result.stats.partitions == 3
+        assert len(result.best.kernels) == kernels
+        assert db.get(result.key).records[0].plan == result.best.to_json()
+
+
+def test_without_a_gpu_the_cost_model_keeps_the_fused_partition(tmp_path):
+    path = ROOT / "examples" / "fused.habu"
+    model, sizes = model_of(path, {"N": 4096})
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=5)).run()
+        assert len(result.best.kernels) == 1  # every cut adds a round trip through global memory
