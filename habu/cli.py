@@ -247,7 +247,7 @@ def search(
         timer = GpuTimer(str(file), m.name, sizes)
         console.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
         if timer.start() is None:
-            console.print(f"[yellow]no GPU ({getattr(timer, 'unavailable', 'none found')}): nothing will be timed; "
+            console.print(f"[yellow]nothing will be timed: {getattr(timer, 'unavailable', 'no GPU found')}; "
                           "candidates are ranked by the cost model and the winner is stored as unmeasured[/]")
             timer = None
         else:
@@ -257,7 +257,12 @@ def search(
         result = s.run()
         progress(result.stats)
     st = result.stats
-    console.print(top_table(result.records, st.roofline_us))
+    console.print(top_table(result.records, st.roofline_us, st.baseline_us))
+    if st.baseline_us:
+        console.print(f"baseline: {st.baseline}, {st.baseline_us:.1f} µs in this run", highlight=False)
+    elif result.measured:
+        console.print("baseline: none for this model (only single contractions have an automatic one)",
+                      highlight=False)
     measured = "measured" if result.measured else "UNMEASURED (no GPU: ranked by the cost model)"
     console.print(f"winner: plan {result.best.key}, {measured}; stored in {plans.path} as entry "
                   f"{result.key.digest()}; first verified candidate after "
@@ -272,6 +277,9 @@ def search(
     if best is not None and best.median_us and st.roofline_us:
         extra = (f"\n\n## Measured\n\nmedian {best.median_us:.1f} µs (p20 {best.p20_us:.1f}, p80 {best.p80_us:.1f}); "
                  f"roofline {st.roofline_us:.1f} µs: {100 * st.roofline_us / best.median_us:.0f}% of it\n")
+        if st.baseline_us:
+            extra += (f"\nbaseline {st.baseline}: {st.baseline_us:.1f} µs in the same run; the plan is "
+                      f"{st.baseline_us / best.median_us:.2f}× its speed\n")
     (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
     c = CEILINGS.get(tgt.name, Ceilings())
     png = roofline_plot(result, out_dir / "roofline.png", c.wgmma_flops or c.mma_sync_flops, c.bandwidth)

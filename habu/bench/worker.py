@@ -80,6 +80,25 @@ class GpuTimer:
             self.close()
         return Measurement(**{k: v for k, v in msg.items() if k not in ("kind", "fatal")})
 
+    def baseline(self) -> tuple[str, Measurement] | None:
+        """The torch equivalent of the model timed like a plan (golden-checked too), or None."""
+        if (self.proc is None or not self.proc.is_alive()) and self.start() is None:
+            return None
+        assert self.conn is not None
+        try:
+            self.conn.send({"kind": "baseline"})
+            if not self.conn.poll(self.timeout_s):
+                self.close()
+                return None
+            msg = self.conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            self.close()
+            return None
+        if msg.get("kind") != "baseline" or msg.get("name") is None:
+            return None
+        name = msg.pop("name")
+        return name, Measurement(**{k: v for k, v in msg.items() if k not in ("kind", "fatal")})
+
     def close(self) -> None:
         if self.conn is not None:
             with contextlib.suppress(BrokenPipeError, OSError):
@@ -110,10 +129,19 @@ def sample_boxes(model, sizes: dict[str, int], rng: np.random.Generator, per_dim
 
 def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], reps: int, seed: int) -> None:
     try:
-        import torch
+        from habu.gpu_info import device_info
 
+        if device_info() is None:
+            conn.send({"kind": "unavailable", "reason": "no CUDA device (cuInit/cuDeviceGetCount found none)"})
+            return
+        try:
+            import torch
+        except ImportError:
+            conn.send({"kind": "unavailable", "reason": "the timing worker makes its GPU arrays with torch, "
+                                                        "which is not installed (pip install torch)"})
+            return
         if not torch.cuda.is_available():
-            conn.send({"kind": "unavailable", "reason": "torch sees no CUDA device"})
+            conn.send({"kind": "unavailable", "reason": "torch sees no CUDA device (a CPU-only torch build?)"})
             return
         from habu.bench.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
         from habu.bench.run import device_target
@@ -121,7 +149,7 @@ def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], r
         from habu.emit_cuda.runtime import CompiledModel
         from habu.prove.verify import demand
         from habu.search.plan import Plan
-        from habu.spec.evaluate import BoxTensor, Evaluator
+        from habu.spec.evaluate import Evaluator
         from habu.spec.parser import load_program
         from habu.spec.reference import Float64
         from habu.target import TARGETS
@@ -135,8 +163,6 @@ def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], r
                 for k, v in sets[0].items()}
         boxes = sample_boxes(model, full, np.random.default_rng(seed))
         ref = Evaluator(model, full, Float64(), demand(model, boxes, full)).run(host)
-        from habu.gpu_info import device_info
-
         info = dict(device_info() or {}) | {"torch": torch.__version__}
         conn.send({"kind": "ready", "info": info})
     except Exception as exc:  # no GPU, no torch, or the model does not build: say so once
@@ -147,6 +173,9 @@ def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], r
             msg = conn.recv()
         except EOFError:
             return
+        if msg.get("kind") == "baseline":
+            conn.send(_time_baseline(model, sets, ref, boxes, reps))
+            continue
         if msg.get("kind") != "plan":
             return
         try:
@@ -157,15 +186,7 @@ def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], r
             torch.cuda.synchronize()
             result = result if isinstance(result, dict) else {model.outputs[0].name: result}
             tol = tolerance(model, dict(plan.storage))
-            golden = {}
-            for name, out in result.items():
-                got = out.detach().double().cpu().numpy()[np.ix_(*boxes[name])]
-                expect = ref[name].data if isinstance(ref[name], BoxTensor) else ref[name][np.ix_(*boxes[name])]
-                unwritten = int(np.isnan(got).sum())
-                err = float(np.linalg.norm((np.nan_to_num(got) - expect).ravel()) /
-                            (np.linalg.norm(expect.ravel()) or 1.0))
-                golden[name] = {"rel_error": err, "tol": tol, "unwritten": unwritten,
-                                "ok": unwritten == 0 and err <= tol}
+            golden = _golden(result, ref, boxes, tol)
             if not all(g["ok"] for g in golden.values()):
                 conn.send({"kind": "result", "ok": False, "reason": f"wrong output: {golden}", "golden": golden})
                 continue
@@ -180,3 +201,40 @@ def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], r
                        "golden": None})
             if fatal:
                 return
+
+
+def _golden(result: dict, ref: dict, boxes: dict, tol: float) -> dict:
+    """Each output's sampled elements against the float64 reference: relative error, NaNs left."""
+    from habu.spec.evaluate import BoxTensor
+
+    golden = {}
+    for name, out in result.items():
+        got = out.detach().double().cpu().numpy()[np.ix_(*boxes[name])]
+        expect = ref[name].data if isinstance(ref[name], BoxTensor) else ref[name][np.ix_(*boxes[name])]
+        unwritten = int(np.isnan(got).sum())
+        err = float(np.linalg.norm((np.nan_to_num(got) - expect).ravel()) / (np.linalg.norm(expect.ravel()) or 1.0))
+        golden[name] = {"rel_error": err, "tol": tol, "unwritten": unwritten, "ok": unwritten == 0 and err <= tol}
+    return golden
+
+
+def _time_baseline(model, sets: list, ref: dict, boxes: dict, reps: int) -> dict:
+    import torch
+
+    from habu.bench.baselines import torch_baseline
+    from habu.bench.harness import time_cuda, tolerance
+
+    try:
+        found = torch_baseline(model, sets[0])
+        if found is None:
+            return {"kind": "baseline", "name": None}
+        name, fn = found
+        out = fn(sets[0])
+        torch.cuda.synchronize()
+        golden = _golden({model.outputs[0].name: out}, ref, boxes, tolerance(model, {}))
+        t = time_cuda(lambda i: fn(sets[i]), len(sets), warmup=3, reps=reps)
+        samples = t.pop("samples", None)
+        ok = all(g["ok"] for g in golden.values())
+        return {"kind": "baseline", "name": name, "ok": ok, **t, "samples_us": samples, "golden": golden,
+                "reason": "" if ok else f"the baseline's output is off: {golden}"}
+    except Exception as exc:
+        return {"kind": "baseline", "name": None, "reason": f"{type(exc).__name__}: {exc}"}

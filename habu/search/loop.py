@@ -68,6 +68,8 @@ class Stats:
     best_us: float | None = None  # measured, the whole plan
     best_predicted_us: float | None = None
     roofline_us: float | None = None
+    baseline: str | None = None  # what the baseline is ("torch A[IX] @ B.T"), timed in the same run
+    baseline_us: float | None = None
     first_verified_s: float | None = None
     started: float = field(default_factory=time.monotonic)
     region: str = ""
@@ -185,6 +187,7 @@ class Search:
         ranked: list[list[Scored]] = [[] for _ in regions]
         self.best_score: list[float] = [c.seconds for c in base_costs]
         try:
+            self._time_baseline()
             # the default plan first: a verified answer as early as possible
             first = Scored(best[0], sum(c.seconds for c in base_costs))
             if self._try(tuple(best), -1, first):
@@ -218,6 +221,19 @@ class Search:
         records = self._store(best, ranked)
         plan = make_plan(self.model, self.target, tuple(best), self.fixed)
         return SearchResult(plan, records, self.stats, self.key, self.timer is not None, self.timeline)
+
+    def _time_baseline(self) -> None:
+        """Time what an expert would call instead (when the model has one), in this run."""
+        if self.timer is None or not hasattr(self.timer, "baseline"):
+            return
+        found = self.timer.baseline()
+        if found is not None and found[1].ok:
+            self.stats.baseline, self.stats.baseline_us = found[0], found[1].median_us
+
+    def _baseline_note(self) -> dict:
+        if self.stats.baseline_us is None:
+            return {}
+        return {"baseline": self.stats.baseline, "baseline_us": self.stats.baseline_us}
 
     def _costs(self, kernels: list[Kernel]) -> list[KernelCost]:
         plan = make_plan(self.model, self.target, tuple(kernels), self.fixed)
@@ -330,7 +346,8 @@ class Search:
                                   median_us=measured, p20_us=meas.get("p20_us"), p80_us=meas.get("p80_us"),
                                   samples_us=meas.get("samples_us") or [], predicted_us=predicted,
                                   certificate=cert, golden=meas.get("golden"),
-                                  provenance=provenance(self.seed, gpu=self.gpu or {}, source=self.path)))
+                                  provenance=provenance(self.seed, gpu=self.gpu or {}, source=self.path)
+                                  | self._baseline_note()))
             if plan is plans[0][0]:
                 self.stats.best_predicted_us = predicted
                 if measured:

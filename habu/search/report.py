@@ -23,6 +23,8 @@ def progress_text(stats: Stats, budget: Budget) -> str:
     if stats.best_us and stats.roofline_us:
         roof = f" ({100 * stats.roofline_us / stats.best_us:.0f}% of roofline)"
     where = f"[{stats.region}] " if stats.region else ""
+    if stats.best_us and stats.baseline_us:
+        roof += f" {stats.baseline_us / stats.best_us:.2f}× baseline"
     return (f"{stats.elapsed:5.0f}s ({left}) {where}gen {stats.generated} rules-pruned {stats.pruned_rules} "
             f"field-pruned {stats.pruned_field} verified {stats.verified} compiled {stats.compiled} "
             f"timed {stats.timed} failed {stats.failed} best {best}{roof}")
@@ -73,9 +75,9 @@ def plan_summary(plan: dict) -> str:
     return "; ".join(parts)
 
 
-def top_table(records: list[Record], roofline_us: float | None) -> Table:
+def top_table(records: list[Record], roofline_us: float | None, baseline_us: float | None = None) -> Table:
     table = Table(title="best plans")
-    for col in ("#", "plan", "status", "median µs", "p20–p80 µs", "predicted µs", "% of roofline", "key"):
+    for col in ("#", "plan", "status", "median µs", "p20–p80 µs", "predicted µs", "% of roofline", "× baseline", "key"):
         table.add_column(col)
     for r in records:
         from habu.search.plan import Plan
@@ -84,7 +86,9 @@ def top_table(records: list[Record], roofline_us: float | None) -> Table:
         table.add_row(str(r.rank + 1), plan_summary(r.plan), r.status,
                       f"{r.median_us:.1f}" if r.median_us else "—",
                       f"{r.p20_us:.1f}–{r.p80_us:.1f}" if r.p20_us and r.p80_us else "—",
-                      f"{r.predicted_us:.1f}" if r.predicted_us else "—", pct, Plan.from_json(r.plan).key)
+                      f"{r.predicted_us:.1f}" if r.predicted_us else "—", pct,
+                      f"{baseline_us / r.median_us:.2f}×" if baseline_us and r.median_us else "—",
+                      Plan.from_json(r.plan).key)
     return table
 
 

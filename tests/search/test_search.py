@@ -165,3 +165,22 @@ def test_without_a_gpu_the_cost_model_keeps_the_fused_partition(tmp_path):
     with PlanDB(tmp_path / "db.sqlite") as db:
         result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=5)).run()
         assert len(result.best.kernels) == 1  # every cut adds a round trip through global memory
+
+
+class BaselineTimer(KernelCountTimer):
+    def baseline(self):
+        return "torch A[IX] @ B.T", Measurement(True, median_us=150.0, p20_us=149.0, p80_us=151.0)
+
+
+def test_the_baseline_is_timed_in_the_same_run_and_kept_with_the_plans(tmp_path):
+    path = ROOT / "examples" / "fused.habu"
+    model, sizes = model_of(path, {"N": 4096})
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=3),
+                        timer=BaselineTimer(10.0)).run()
+        assert result.stats.baseline_us == 150.0
+        record = db.get(result.key).records[0]
+        assert record.provenance["baseline"] == "torch A[IX] @ B.T" and record.provenance["baseline_us"] == 150.0
+        from habu.search.report import progress_text
+
+        assert "1.36× baseline" in progress_text(result.stats, Budget(trials=3))  # 150 / 110

@@ -1,0 +1,16 @@
+"""Which models get an automatic baseline (the torch equivalent is checked on the GPU, tests/gpu)."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.bench.baselines import torch_baseline
+from habu.spec.parser import load_program
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("example", ["rmsnorm.habu", "softmax.habu", "ffn_skip.habu", "rmsnorm_linear.habu",
+                                     "fused.habu"])
+def test_models_that_are_not_one_contraction_have_no_automatic_baseline(example):
+    for model in load_program(ROOT / "examples" / example).models.values():
+        assert torch_baseline(model, {}) is None
