@@ -260,6 +260,8 @@ def search(
     console.print(top_table(result.records, st.roofline_us, st.baseline_us))
     if st.baseline_us:
         console.print(f"baseline: {st.baseline}, {st.baseline_us:.1f} µs in this run", highlight=False)
+    elif st.baseline_failure:
+        console.print(f"[yellow]baseline not timed: {st.baseline_failure}[/]", highlight=False)
     elif result.measured:
         console.print("baseline: none for this model (only single contractions have an automatic one)",
                       highlight=False)

@@ -30,8 +30,14 @@ def device_info(ordinal: int = 0) -> dict | None:
     except Exception:
         return None
     arch = {(9, 0): "sm_90a", (8, 0): "sm_80", (10, 0): "sm_100a"}.get((major, minor), f"sm_{major}{minor}")
-    gpu = name.decode(errors="replace").rstrip("\x00").strip() if isinstance(name, bytes) else str(name)
+    gpu = device_name(name)
     return {"gpu": gpu, "sm_count": int(sms), "arch": arch, "driver": f"{version // 1000}.{(version % 1000) // 10}"}
+
+
+def device_name(raw: bytes | str) -> str:
+    """cuDeviceGetName fills a fixed buffer: the name ends at the first NUL (then padding)."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes | bytearray) else str(raw)
+    return text.split("\x00", 1)[0].strip()
 
 
 def current_arch() -> str:

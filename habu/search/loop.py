@@ -70,6 +70,7 @@ class Stats:
     roofline_us: float | None = None
     baseline: str | None = None  # what the baseline is ("torch A[IX] @ B.T"), timed in the same run
     baseline_us: float | None = None
+    baseline_failure: str | None = None  # why there is no baseline figure ("none" when the model has none)
     first_verified_s: float | None = None
     started: float = field(default_factory=time.monotonic)
     region: str = ""
@@ -227,8 +228,12 @@ class Search:
         if self.timer is None or not hasattr(self.timer, "baseline"):
             return
         found = self.timer.baseline()
-        if found is not None and found[1].ok:
+        if found is None:
+            self.stats.baseline_failure = "the timing worker did not answer"
+        elif found[1].ok:
             self.stats.baseline, self.stats.baseline_us = found[0], found[1].median_us
+        elif found[1].reason:
+            self.stats.baseline_failure = f"{found[0]}: {found[1].reason}"
 
     def _baseline_note(self) -> dict:
         if self.stats.baseline_us is None:
