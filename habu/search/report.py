@@ -66,7 +66,9 @@ def plan_summary(plan: dict) -> str:
         if k["kind"] == "contraction":
             parts.append(f"{k['mma']} {k['tile_m']}x{k['tile_n']}x{k['tile_k']} s{k['stages']} A:{k['a_move']} "
                          f"B:{k['b_move']}" + (f" split{k['split_k']}" if k["split_k"] > 1 else "")
-                         + (" persistent" if k["persistent"] else "") + f" g{k['group_m']}")
+                         + (" persistent" if k["persistent"] else "") + f" g{k['group_m']}"
+                         + (f" {k['raster']}-raster" if k.get("raster", "row") != "row" else "")
+                         + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         elif k["kind"] == "rows":
             parts.append(f"rows {k['threads']}x{k['rows_per_block']} v{k['vector']}"
                          + (" cached" if k["cache_row"] else ""))

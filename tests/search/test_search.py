@@ -184,3 +184,13 @@ def test_the_baseline_is_timed_in_the_same_run_and_kept_with_the_plans(tmp_path)
         from habu.search.report import progress_text
 
         assert "1.36× baseline" in progress_text(result.stats, Budget(trials=3))  # 150 / 110
+
+
+def test_plans_that_differ_only_in_raster_order_read_differently_in_the_table():
+    from habu.search.report import plan_summary
+    from habu.search.space import default_plan
+
+    model, sizes = model_of(ROOT / "examples" / "ggemm.habu", {"M": 512, "N": 512, "K": 512})
+    plan = default_plan(model, TARGETS["sm_90a"], sizes).to_json()
+    column = {**plan, "kernels": [{**plan["kernels"][0], "raster": "column"}]}
+    assert plan_summary(plan) != plan_summary(column) and "column-raster" in plan_summary(column)
