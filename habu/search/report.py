@@ -22,7 +22,7 @@ def progress_text(stats: Stats, budget: Budget) -> str:
     roof = ""
     if stats.best_us and stats.roofline_us:
         roof = f" ({100 * stats.roofline_us / stats.best_us:.0f}% of roofline)"
-    where = f"[{stats.region}] " if stats.region else ""
+    where = f"{stats.region}: " if stats.region else ""
     if stats.best_us and stats.baseline_us:
         roof += f" {stats.baseline_us / stats.best_us:.2f}× baseline"
     return (f"{stats.elapsed:5.0f}s ({left}) {where}gen {stats.generated} rules-pruned {stats.pruned_rules} "
