@@ -219,7 +219,6 @@ def search(
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,
 ) -> None:
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
-    from rich.console import Console
 
     from habu.api import current_target
     from habu.bench.worker import GpuTimer
@@ -232,7 +231,7 @@ def search(
     from habu.spec.parser import load_program
     from habu.target import target_named
 
-    console = Console(stderr=True)
+    console = output_console(stderr=True)
     program = load_program(file)
     m = pick_model(program, model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
@@ -296,7 +295,6 @@ app.add_typer(plans_app, name="plans")
 @plans_app.command("ls")
 def plans_ls(db: DbOpt = None) -> None:
     """Every entry: model, shape, GPU, best time, and whether it matches this Habu and compiler."""
-    from rich.console import Console
     from rich.table import Table
 
     from habu.db import PlanDB
@@ -306,7 +304,7 @@ def plans_ls(db: DbOpt = None) -> None:
         entries = plans.entries()
         table = Table(title=str(plans.path))
     for col in ("id", "model", "shape", "target", "best", "plan", "updated"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("id", "shape"))
     import time as _t
 
     for e in entries:
@@ -317,7 +315,7 @@ def plans_ls(db: DbOpt = None) -> None:
         table.add_row(e.digest[:12], e.key.model, " ".join(f"{k}={v}" for k, v in e.key.shape),
                       f"{e.key.target.arch} {e.key.target.gpu}", status, plan_summary(best.plan) if best else "",
                       when)
-    Console().print(table)
+    output_console().print(table)
 
 
 @plans_app.command("show")
@@ -406,6 +404,20 @@ def run(
     result = result if isinstance(result, dict) else {compiled.model.outputs[0].name: result}
     np.savez(output, **{k: v.to_host() for k, v in result.items()})
     print(f"wrote {', '.join(result)} to {output}")
+
+
+def output_console(stderr: bool = False):
+    """A rich console; piped or redirected output gets wide lines instead of an 80-column wrap,
+    so ids and plans stay on one line for grep and scripts."""
+    import os
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty() or "COLUMNS" in os.environ:
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=240)
 
 
 def pick_model(program, name: str | None):
