@@ -402,7 +402,10 @@ def run(
         gpu[t.name] = arr
     result = compiled(**gpu)
     result = result if isinstance(result, dict) else {compiled.model.outputs[0].name: result}
-    np.savez(output, **{k: v.to_host() for k, v in result.items()})
+    from habu.emit_cuda.driver import bf16_bits_to_float
+
+    host = {k: bf16_bits_to_float(v.to_host()) if v.dtype == "bf16" else v.to_host() for k, v in result.items()}
+    np.savez(output, **host)  # bf16 outputs as float32 (exact), never as raw bits
     print(f"wrote {', '.join(result)} to {output}")
 
 

@@ -328,6 +328,31 @@ def copy_to_host(info: ArrayInfo, stream: int = 0) -> np.ndarray:
 # ----------------------------------------------------------------------------- device memory
 
 
+def float_to_bf16_bits(values: Any) -> np.ndarray:
+    """float32 values as bf16 bits, rounded to nearest with ties to even (NaN stays a quiet NaN)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    return np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x40), rounded).astype(np.uint16)
+
+
+def bf16_bits_to_float(bits: Any) -> np.ndarray:
+    """bf16 bits (uint16) as float32 values (exact)."""
+    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def host_storage(values: Any, dtype: str) -> np.ndarray:
+    """A host array in the device layout of `dtype`: bf16 as bits, never a float cast to uint16."""
+    arr = np.asarray(values)
+    if dtype == "bf16":
+        if arr.dtype == np.uint16:
+            return np.ascontiguousarray(arr)
+        if arr.dtype.kind not in "fiub":
+            raise ArgumentError(f"cannot store {arr.dtype} values as bf16")
+        return float_to_bf16_bits(arr.astype(np.float32))
+    return np.ascontiguousarray(arr, dtype=NUMPY_STORAGE[dtype])
+
+
 class DeviceArray:
     """Device memory from cuMemAlloc, freed when dropped; readable by cupy/numba/torch through CAI."""
 
@@ -349,8 +374,9 @@ class DeviceArray:
                 "strides": None, "stream": None}
 
     def copy_from_host(self, values: Any) -> None:
-        """Fill from a host array of the same size (synchronous)."""
-        src = np.ascontiguousarray(values, dtype=NUMPY_STORAGE[self.dtype])
+        """Fill from a host array of the same size (synchronous). For bf16, floating-point values
+        are rounded to bf16 (to nearest, ties to even); uint16 values are taken as bf16 bits."""
+        src = host_storage(values, self.dtype)
         if src.nbytes != self.nbytes:
             raise ArgumentError(f"copy of {src.nbytes} B into a device array of {self.nbytes} B")
         d = _driver()
@@ -376,7 +402,31 @@ class DeviceArray:
         return f"DeviceArray({self.shape}, {self.dtype}, device {self.device.ordinal}, {self.ptr:#x})"
 
 
-__all__ = ["Device", "DeviceArray", "DriverError", "KernelArgs", "Module", "TensorMapArgs", "allow_smem",
-           "arch_for", "check", "check_params", "copy_to_host", "current", "device", "device_count",
-           "encode_tensormap", "init", "launch", "load_cubin", "memset_zero", "pack_args", "param_sizes",
-           "pointer_device", "tensormap_args"]
+__all__ = [
+    "Device",
+    "DeviceArray",
+    "DriverError",
+    "KernelArgs",
+    "Module",
+    "TensorMapArgs",
+    "allow_smem",
+    "arch_for",
+    "bf16_bits_to_float",
+    "check",
+    "check_params",
+    "copy_to_host",
+    "current",
+    "device",
+    "device_count",
+    "encode_tensormap",
+    "float_to_bf16_bits",
+    "host_storage",
+    "init",
+    "launch",
+    "load_cubin",
+    "memset_zero",
+    "pack_args",
+    "param_sizes",
+    "pointer_device",
+    "tensormap_args",
+]
