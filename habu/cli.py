@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -216,18 +217,21 @@ def search(
     top_k: Annotated[int, typer.Option("--top-k", help="Plans kept per entry.")] = 5,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the finite-field trials and inputs.")] = 0,
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not time: rank by the cost model.")] = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Local processes proving and compiling "
+                                                                  "(default: one per CPU; 1: in this process).")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", help="Run on a Ray cluster: auto (the one this machine "
+                                                          "joined), an address, or local.")] = None,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,
 ) -> None:
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
 
     from habu.api import current_target
-    from habu.bench.worker import GpuTimer
-    from habu.compile import Compiled, bind_shape, write_outputs
+    from habu.compile import bind_shape
     from habu.db import PlanDB
-    from habu.prove import prove
-    from habu.search.cost import CEILINGS, Ceilings
     from habu.search.loop import Budget, Search
-    from habu.search.report import Progress, roofline_plot, top_table
+    from habu.search.pool import local_executor
+    from habu.search.report import Progress
+    from habu.search.tasks import Job
     from habu.spec.parser import load_program
     from habu.target import target_named
 
@@ -238,23 +242,86 @@ def search(
     missing = [e.name for e in m.extents if not e.is_static and e.name not in sizes]
     if missing:
         raise UsageError(f"search tunes one shape: give the runtime extents with --shape ({', '.join(missing)})")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs takes a positive number, got {jobs}")
     bound = bind_shape(m, sizes)
     plan_budget = Budget.parse(budget)
-    tgt = target_named(target or current_target())
-    timer = None
-    if not no_gpu:
-        timer = GpuTimer(str(file), m.name, sizes)
-        console.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
-        if timer.start() is None:
-            console.print(f"[yellow]nothing will be timed: {getattr(timer, 'unavailable', 'no GPU found')}; "
-                          "candidates are ranked by the cost model and the winner is stored as unmeasured[/]")
-            timer = None
-        else:
-            console.print(f"timing on {timer.info['gpu']} ({timer.info['sm_count']} SMs)", highlight=False)
-    with PlanDB(db) as plans, Progress(plan_budget, console) as progress:
-        s = Search(str(file), bound, tgt, sizes, plans, plan_budget, timer, top_k, seed, progress)
-        result = s.run()
-        progress(result.stats)
+    job = Job.of(str(file), bound, {e.name: e.size for e in bound.extents}, target or current_target())
+    if ray is not None:
+        executor, runs, cleanup = _ray_runs(console, ray, job, target, no_gpu)
+    else:
+        executor, cleanup = local_executor(jobs), None
+        runs = [(target_named(target or current_target()), None if no_gpu else _local_timer(console, file, m, sizes))]
+    try:
+        share = Budget(plan_budget.seconds / len(runs), None) if plan_budget.seconds and len(runs) > 1 else plan_budget
+        for tgt, timer in runs:
+            with PlanDB(db) as plans, Progress(share, console) as progress:
+                s = Search(str(file), bound, tgt, sizes, plans, share, timer, top_k, seed, progress, executor)
+                result = s.run()
+                progress(result.stats)
+                _report_search(console, result, plans.path, bound, sizes, tgt,
+                               out or Path("out") / "search" / m.name.lower(), executor.name, len(runs) > 1)
+    finally:
+        executor.close()
+        if cleanup is not None:
+            cleanup()
+
+
+def _local_timer(console, file: Path, m, sizes):
+    """The timing worker on this machine's GPU, or None (said plainly) when there is none."""
+    from habu.bench.worker import GpuTimer
+
+    timer = GpuTimer(str(file), m.name, sizes)
+    console.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
+    if timer.start() is None:
+        console.print(f"[yellow]nothing will be timed: {getattr(timer, 'unavailable', 'no GPU found')}; "
+                      "candidates are ranked by the cost model and the winner is stored as unmeasured[/]")
+        return None
+    console.print(f"timing on {timer.info['gpu']} ({timer.info['sm_count']} SMs)", highlight=False)
+    return timer
+
+
+def _ray_runs(console, address: str, job, target: str | None, no_gpu: bool):
+    """The Ray executor and one (target, GPU pool) run per kind of GPU in the cluster."""
+    from habu.cluster.ray_pool import RayExecutor, connect, gpu_pools, ray_module
+    from habu.target import TARGETS, target_named
+
+    connect(address)
+    ray = ray_module()
+    executor = RayExecutor()
+    resources = ray.cluster_resources()
+    console.print(f"Ray cluster: {len(ray.nodes())} node(s), {int(resources.get('CPU', 0))} CPUs, "
+                  f"{int(resources.get('GPU', 0))} GPUs", highlight=False)
+    pools, problems = ([], []) if no_gpu else gpu_pools(job)
+    for p in problems:
+        console.print(f"[yellow]a GPU actor could not start: {p}[/]", highlight=False)
+    runs = []
+    for pool in pools:
+        arch = pool.info.get("arch")
+        if (target is not None and arch != target) or arch not in TARGETS:
+            console.print(f"[yellow]skipping {len(pool.actors)} {pool.info.get('gpu')} GPU(s): they run {arch}, "
+                          f"the search is for {target or 'a known target'}[/]", highlight=False)
+            pool.close()
+            continue
+        console.print(f"timing on {len(pool.actors)} × {pool.info['gpu']} ({pool.info['sm_count']} SMs)",
+                      highlight=False)
+        runs.append((target_named(arch), pool))
+    if not runs:
+        if not no_gpu:
+            console.print("[yellow]nothing will be timed: the cluster has no usable GPU; candidates are ranked by "
+                          "the cost model and the winner is stored as unmeasured[/]")
+        runs = [(target_named(job.target), None)]
+    return executor, runs, ray.shutdown
+
+
+def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, executor: str,
+                   per_gpu: bool = False) -> None:
+    """The table of the best plans, the winner's report, CUDA and roofline plot."""
+    from habu.compile import Compiled, write_outputs
+    from habu.prove import prove
+    from habu.search.cost import CEILINGS, Ceilings
+    from habu.search.report import roofline_plot, top_table
+
     st = result.stats
     console.print(top_table(result.records, st.roofline_us, st.baseline_us))
     if st.baseline_us:
@@ -265,11 +332,13 @@ def search(
         console.print("baseline: none for this model (only single contractions have an automatic one)",
                       highlight=False)
     measured = "measured" if result.measured else "UNMEASURED (no GPU: ranked by the cost model)"
-    console.print(f"winner: plan {result.best.key}, {measured}; stored in {plans.path} as entry "
-                  f"{result.key.digest()}; first verified candidate after "
-                  f"{st.first_verified_s:.1f} s; {st.verified} verified in {st.elapsed:.0f} s "
-                  f"({st.verified / max(st.elapsed, 1e-9):.2f} per second)", highlight=False)
-    out_dir = out or Path("out") / "search" / m.name.lower()
+    first = f"{st.first_verified_s:.1f} s" if st.first_verified_s is not None else "never"
+    console.print(f"winner: plan {result.best.key}, {measured}; stored in {db_path} as entry "
+                  f"{result.key.digest()}; first verified candidate after {first}; {st.verified} verified "
+                  f"in {st.elapsed:.0f} s ({st.verified / max(st.elapsed, 1e-9):.2f} per second, {executor})",
+                  highlight=False)
+    if per_gpu:  # several kinds of GPU tuned at once: a directory for each
+        out_dir = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "-", result.key.target.gpu)
     proof = prove(bound, result.best, sizes, trials=3)
     compiled = Compiled(bound, [result.best], [proof])
     files = write_outputs(out_dir, bound, compiled, tgt)
@@ -284,7 +353,7 @@ def search(
     (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
     c = CEILINGS.get(tgt.name, Ceilings())
     png = roofline_plot(result, out_dir / "roofline.png", c.wgmma_flops or c.mma_sync_flops, c.bandwidth)
-    console.print("wrote " + ", ".join(str(f) for f in [*files, *( [png] if png else [])]), highlight=False)
+    console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else [])]), highlight=False)
 
 
 plans_app = typer.Typer(help="The plan database: list, show, remove, export and import tuned plans.",

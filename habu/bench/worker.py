@@ -36,8 +36,11 @@ class GpuTimer:
     """A client for the timing worker of one model and shape."""
 
     def __init__(self, path: str, model: str, sizes: dict[str, int], timeout_s: float = 120.0, reps: int = 20,
-                 seed: int = 0):
-        self.args = (path, model, dict(sizes), reps, seed)
+                 seed: int = 0, source: str | None = None):
+        from pathlib import Path
+
+        text = source if source is not None else Path(path).read_text()
+        self.args = (text, str(path), model, dict(sizes), reps, seed)
         self.timeout_s = timeout_s
         self.proc: Any = None
         self.conn: Any = None
@@ -63,12 +66,14 @@ class GpuTimer:
         self.info = msg["info"]
         return self.info
 
-    def measure(self, plan_json: dict) -> Measurement:
+    def measure(self, plan_json: dict, cubins: list | None = None) -> Measurement:
+        """Golden-check and time one plan; `cubins`: its kernels compiled elsewhere (else it
+        compiles them here)."""
         if (self.proc is None or not self.proc.is_alive()) and self.start() is None:
             return Measurement(False, "the timing worker could not start: " + getattr(self, "unavailable", "?"))
         assert self.conn is not None
         try:
-            self.conn.send({"kind": "plan", "plan": plan_json})
+            self.conn.send({"kind": "plan", "plan": plan_json, "cubins": cubins})
             if not self.conn.poll(self.timeout_s):
                 self.close()
                 return Measurement(False, f"timed out after {self.timeout_s:.0f} s (a hung kernel?); worker restarted")
@@ -127,7 +132,8 @@ def sample_boxes(model, sizes: dict[str, int], rng: np.random.Generator, per_dim
     return boxes
 
 
-def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], reps: int, seed: int) -> None:
+def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict[str, int], reps: int,
+                 seed: int) -> None:
     try:
         from habu.gpu_info import device_info
 
@@ -149,13 +155,14 @@ def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], r
         from habu.emit_cuda.runtime import CompiledModel
         from habu.prove.verify import demand
         from habu.search.plan import Plan
+        from habu.search.tasks import prefill_cache
         from habu.spec.evaluate import Evaluator
-        from habu.spec.parser import load_program
+        from habu.spec.parser import parse_text
         from habu.spec.reference import Float64
         from habu.target import TARGETS
 
         target = TARGETS[device_target()]
-        model = load_program(path).models[model_name].with_sizes(sizes)
+        model = parse_text(source, path).models[model_name].with_sizes(sizes)
         full = {e.name: e.size for e in model.extents}
         sets = [make_inputs(model, full, seed + i) for i in range(3)]
         outs = [poisoned_outputs(model, full) for _ in sets]
@@ -179,6 +186,7 @@ def _worker_main(conn: Any, path: str, model_name: str, sizes: dict[str, int], r
         if msg.get("kind") != "plan":
             return
         try:
+            prefill_cache(msg.get("cubins"))
             plan = Plan.from_json(msg["plan"])
             emitted = emit_plan(model, plan, target)
             compiled = CompiledModel(model, emitted, arch=target.name, check_indices=False)

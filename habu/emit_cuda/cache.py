@@ -86,15 +86,24 @@ def compile_cached(source: str, name: str, arch: str, include_dirs: Sequence[str
                    extra_options: Sequence[str] = (),
                    directory: str | Path | None = None) -> tuple[Cubin, bool]:
     """`compile_cuda`, through the cache: the cubin, and whether it came from the cache."""
+    _key, cubin, hit = compile_entry(source, name, arch, include_dirs, extra_options, directory)
+    return cubin, hit
+
+
+def compile_entry(source: str, name: str, arch: str, include_dirs: Sequence[str | Path] = (INCLUDE_DIR,),
+                  extra_options: Sequence[str] = (),
+                  directory: str | Path | None = None) -> tuple[str, Cubin, bool]:
+    """`compile_cached` with the cache key: a cubin compiled on one machine can be stored under its
+    key in another machine's cache (`store`), where the same compile then finds it."""
     root = Path(directory) if directory is not None else cache_dir()
     opts = options(arch, (), extra_options)  # include paths enter the key by their contents
     key = cache_key(source, name, arch, compiler_version(), opts, include_dirs)
     hit = load(root, key)
     if hit is not None:
-        return hit, True
+        return key, hit, True
     cubin = compile_cuda(source, name, arch, include_dirs, extra_options)
     store(root, key, cubin)
-    return cubin, False
+    return key, cubin, False
 
 
-__all__ = ["cache_dir", "cache_key", "compile_cached", "load", "store"]
+__all__ = ["cache_dir", "cache_key", "compile_cached", "compile_entry", "load", "store"]

@@ -21,12 +21,13 @@ from habu.db import Key, PlanDB, Record, Versions, provenance
 from habu.db import Target as DbTarget
 from habu.errors import UsageError
 from habu.lower import lower_plan
-from habu.prove.rules import failures, obligations, quick_reject
-from habu.prove.verify import verify_plan
+from habu.prove.rules import quick_reject
 from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
 from habu.search.patterns import Region, default_regions, partitions
 from habu.search.plan import Kernel, Plan
+from habu.search.pool import Executor, InlineExecutor
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
+from habu.search.tasks import Job
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -103,8 +104,10 @@ class SearchResult:
 class Search:
     def __init__(self, path: str, model: Model, target: Target, sizes: dict[str, int], db: PlanDB,
                  budget: Budget, timer=None, top_k: int = 5, seed: int = 0,
-                 progress: Callable[[Stats], None] | None = None):
+                 progress: Callable[[Stats], None] | None = None, executor: Executor | None = None):
         self.path, self.model, self.target, self.db = path, model, target, db
+        self.executor: Executor = executor or InlineExecutor()
+        self.sequence = 0  # candidates sent to be proven: each gets seed + its number
         self.sizes = concrete_sizes(model, sizes)
         self.fixed = dict(self.sizes)  # the model is bound to one shape: every extent is fixed
         self.budget, self.timer, self.top_k, self.seed = budget, timer, top_k, seed
@@ -113,6 +116,7 @@ class Search:
         self.timeline: list[dict] = []
         self.gpu = timer.info if timer is not None else None
         self.key = self._key()
+        self.job = Job.of(path, model, self.sizes, target.name)
         self.measured: dict[str, dict] = {}  # plan key -> its measurement (never time a plan twice)
 
     # -- keys
@@ -139,44 +143,89 @@ class Search:
         verified = self.stats.verified + self.stats.pruned_field
         return not (self.budget.trials is not None and verified >= self.budget.trials)
 
-    # -- one candidate
+    # -- candidates, a batch at a time
+    def _batch_size(self) -> int:
+        """How many candidates go out at once: enough to keep every worker busy, never more than
+        the trials budget has left (so every executor checks exactly the same candidates)."""
+        n = max(1, self.executor.parallelism)
+        if self.budget.trials is not None:
+            n = min(n, self.budget.trials - self.stats.verified - self.stats.pruned_field)
+        return max(1, n)
+
+    def _try_batch(self, batch: list[tuple[tuple[Kernel, ...], int, Scored]]) -> list[bool]:
+        """Prove a batch of candidates (in the executor: in parallel, perhaps on other machines)
+        and, with a GPU, time the proven ones (in parallel on the timer's GPUs). The results are
+        applied in the batch's order, whichever finished first. True for each candidate kept."""
+        kept = [False] * len(batch)
+        plans = [make_plan(self.model, self.target, kernels, self.fixed) for kernels, _, _ in batch]
+        compile_kernels = self.timer is not None and self.executor.parallelism > 1
+        items, where = [], []
+        for j, (plan, (_, region, _)) in enumerate(zip(plans, batch, strict=True)):
+            only = None if region < 0 else {region}  # the other kernels were proven already
+            if quick_reject(self.model, plan, self.fixed, only) is not None:
+                self.stats.pruned_rules += 1
+                continue
+            self.sequence += 1
+            items.append((plan.to_json(), self.seed + self.sequence, None if only is None else tuple(only),
+                          compile_kernels))
+            where.append(j)
+        results = self.executor.check(self.job, items) if items else []
+        to_time: list[tuple[int, list | None]] = []
+        for j, res in zip(where, results, strict=True):
+            plan, (_, region, scored) = plans[j], batch[j]
+            status = res["status"]
+            if status == "rules":
+                self.stats.pruned_rules += 1
+                continue
+            if status == "field":
+                self.stats.pruned_field += 1
+                self.db.record_failure(self.key, plan.to_json(), res["reason"])
+                continue
+            if status == "lost":
+                self.stats.failed += 1
+                self.db.record_failure(self.key, plan.to_json(), res["reason"])
+                continue
+            self.stats.verified += 1
+            if self.stats.first_verified_s is None:
+                self.stats.first_verified_s = self.stats.elapsed
+            scored.certificate = res.get("certificate")
+            if status == "compile":
+                self.stats.failed += 1
+                self.db.record_failure(self.key, plan.to_json(), res["reason"])
+                continue
+            if self.timer is None:
+                kept[j] = True
+                continue
+            to_time.append((j, res.get("cubins")))
+        for (j, _), m in zip(to_time, self._measure([(plans[j].to_json(), c) for j, c in to_time]), strict=True):
+            plan, (_, region, scored) = plans[j], batch[j]
+            self.stats.compiled += 1
+            if not m.ok:
+                self.stats.failed += 1
+                self.db.record_failure(self.key, plan.to_json(), m.reason)
+                continue
+            self.stats.timed += 1
+            scored.measured_us = m.median_us
+            scored.measurement = {"median_us": m.median_us, "p20_us": m.p20_us, "p80_us": m.p80_us,
+                                  "samples_us": m.samples_us, "golden": m.golden}
+            self.measured[plan.key] = scored.measurement
+            costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
+            self.timeline.append({"region": region, "kernel": scored.kernel, "median_us": m.median_us,
+                                  "flops": sum(c.flops for c in costs), "bytes": sum(c.bytes for c in costs)})
+            kept[j] = True
+        return kept
+
+    def _measure(self, plans: list[tuple[dict, list | None]]) -> list:
+        """Time plans on the timer's GPUs (all at once when it has several), in order."""
+        if not plans:
+            return []
+        if hasattr(self.timer, "measure_many"):
+            return self.timer.measure_many(plans)
+        return [self.timer.measure(p) if c is None else self.timer.measure(p, cubins=c) for p, c in plans]
+
     def _try(self, kernels: tuple[Kernel, ...], region: int, scored: Scored) -> bool:
-        """Prove a candidate plan and, with a GPU, time it. True when it was kept."""
-        plan = make_plan(self.model, self.target, kernels, self.fixed)
-        only = None if region < 0 else {region}  # the other kernels were proven already
-        if quick_reject(self.model, plan, self.fixed, only) is not None or \
-                failures(obligations(self.model, plan, self.fixed, only)):
-            self.stats.pruned_rules += 1
-            return False
-        # one trial on a witness shape per candidate (every tile class, z3-checked); the winner is
-        # proven again at the full shape with three trials before it is reported
-        cert = verify_plan(self.model, plan, self.fixed, trials=1, seeds=[self.seed + self.stats.verified + 1],
-                           witness=True)
-        if not cert.passed:
-            self.stats.pruned_field += 1
-            self.db.record_failure(self.key, plan.to_json(), f"finite-field check: {cert.failure}")
-            return False
-        self.stats.verified += 1
-        if self.stats.first_verified_s is None:
-            self.stats.first_verified_s = self.stats.elapsed
-        scored.certificate = cert.to_json()
-        if self.timer is None:
-            return True
-        m = self.timer.measure(plan.to_json())
-        self.stats.compiled += 1
-        if not m.ok:
-            self.stats.failed += 1
-            self.db.record_failure(self.key, plan.to_json(), m.reason)
-            return False
-        self.stats.timed += 1
-        scored.measured_us = m.median_us
-        scored.measurement = {"median_us": m.median_us, "p20_us": m.p20_us, "p80_us": m.p80_us,
-                              "samples_us": m.samples_us, "golden": m.golden}
-        self.measured[plan.key] = scored.measurement
-        costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
-        self.timeline.append({"region": region, "kernel": scored.kernel, "median_us": m.median_us,
-                              "flops": sum(c.flops for c in costs), "bytes": sum(c.bytes for c in costs)})
-        return True
+        """One candidate (the default plan)."""
+        return self._try_batch([(kernels, region, scored)])[0]
 
     # -- the whole search
     def run(self) -> SearchResult:
@@ -219,6 +268,7 @@ class Search:
         finally:
             if self.timer is not None:
                 self.timer.close()
+            self.executor.close()
         records = self._store(best, ranked)
         plan = make_plan(self.model, self.target, tuple(best), self.fixed)
         return SearchResult(plan, records, self.stats, self.key, self.timer is not None, self.timeline)
@@ -267,19 +317,22 @@ class Search:
             self.stats.generated += 1
             candidates.append((predicted, p, kernels))
         candidates.sort(key=lambda c: c[0])
+        if self.timer is None:  # ranked by the cost model: only a predicted gain is worth proving
+            candidates = [c for c in candidates if c[0] < current]
         chosen = None
         self.stats.region = "fusion partitions"
-        for predicted, p, kernels in candidates:
-            if not self._left() or (deadline is not None and time.monotonic() > deadline):
-                break
-            if self.timer is None and predicted >= current:
-                break  # sorted: no later partition is predicted faster either
-            scored = Scored(kernels[0], predicted)
-            self.stats.partitions += 1
-            if self._try(tuple(kernels), -1, scored):
-                score = scored.measured_us if self.timer is not None else predicted
-                if score is not None and score < current:
+        while candidates and self._left() and (deadline is None or time.monotonic() <= deadline):
+            n = self._batch_size()
+            batch, candidates = candidates[:n], candidates[n:]
+            scored = [Scored(kernels[0], predicted) for predicted, _, kernels in batch]
+            self.stats.partitions += len(batch)
+            kept = self._try_batch([(tuple(k), -1, sc) for (_, _, k), sc in zip(batch, scored, strict=True)])
+            for (predicted, p, kernels), sc, ok in zip(batch, scored, kept, strict=True):
+                score = sc.measured_us if self.timer is not None else predicted
+                if ok and score is not None and score < current:
                     current, chosen = score, (p, kernels, score)
+            if chosen is not None and self.timer is None:
+                break  # the cheapest predicted partition that proves: no later one is predicted faster
             self.progress(self.stats)
         return chosen
 
@@ -299,19 +352,23 @@ class Search:
             candidates.append((cost, k))
         candidates.sort(key=lambda c: c[0])
         seen = {best[i]}
-        for cost, k in candidates:
-            if not self._left() or (deadline is not None and time.monotonic() > deadline):
-                break
-            if k in seen:
-                continue
-            seen.add(k)
-            kernels = (*tuple(best[:i]), k, *tuple(best[i + 1:]))
-            scored = Scored(k, cost)
-            if self._try(kernels, i, scored):
-                ranked[i].append(scored)
-                if self._improves(i, scored, ranked):
-                    best[i] = k
-                    self._store(best, ranked)
+        queue = []
+        for _cost, k in candidates:
+            if k not in seen:
+                seen.add(k)
+                queue.append((_cost, k))
+        while queue and self._left() and (deadline is None or time.monotonic() <= deadline):
+            n = self._batch_size()
+            batch, queue = queue[:n], queue[n:]
+            scored = [Scored(k, cost) for cost, k in batch]
+            kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, k in batch]
+            kept = self._try_batch([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])
+            for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
+                if ok:
+                    ranked[i].append(sc)
+                    if self._improves(i, sc, ranked):
+                        best[i] = k
+                        self._store(best, ranked)
             self.progress(self.stats)
 
     def _improves(self, i: int, scored: Scored, ranked: list[list[Scored]]) -> bool:

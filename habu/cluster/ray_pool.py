@@ -1,0 +1,238 @@
+"""The search on a Ray cluster: CPU tasks prove and compile candidates, one actor per GPU times them.
+
+The driver (the `habu search` process) generates candidates, applies the cheap structural rules and
+sends the rest out as Ray tasks (`check_candidate`: the z3 obligations, the finite-field check and,
+when the plan will be timed, the NVRTC compile). Proven plans go, with their cubins, to `GpuActor`s
+(`num_gpus=1`), each of which owns a `GpuTimer`: a worker process that golden-checks and times on
+that actor's GPU and is restarted when a kernel faults or hangs. Results come back to the driver,
+the only process that writes the plan database.
+
+Faults: a task whose worker or node dies is retried by Ray (`max_retries`); an actor that dies is
+restarted (`max_restarts`) and its call retried (`max_task_retries`); a candidate that still fails is
+recorded as lost and the search goes on. A pool is homogeneous: actors are grouped by GPU name, SM
+count, architecture, driver and Habu version, each group tunes its own database entry, and a
+measurement that comes back from another kind of GPU (a node replaced under the same actor) is
+refused rather than mixed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from habu.bench.worker import GpuTimer, Measurement
+from habu.errors import UsageError
+from habu.search.pool import Item
+from habu.search.tasks import Job, check_candidate
+
+# what makes two GPUs interchangeable for timing (and one database entry)
+IDENTITY = ("gpu", "sm_count", "arch", "driver", "habu")
+
+
+def ray_module():
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--ray needs Ray: pip install 'ray[default]'") from None
+    return ray
+
+
+def connect(address: str, **init: Any) -> None:
+    """Join the Ray cluster at `address` ("auto": the one this machine belongs to; "local": start
+    one on this machine for this run)."""
+    ray = ray_module()
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False} | init
+    try:
+        if address == "local":
+            ray.init(**kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+    except ConnectionError as exc:
+        raise UsageError(f"--ray {address}: no Ray cluster there ({exc}); start one with cluster/start-head.sh, "
+                         "or use --ray local") from None
+
+
+def identity(info: dict) -> tuple:
+    return tuple(info.get(k) for k in IDENTITY)
+
+
+def _check_remote():
+    ray = ray_module()
+    # Ray re-runs a task whose worker process or node died; a Python exception is a real answer
+    return ray.remote(max_retries=3, retry_exceptions=False)(check_candidate)
+
+
+class RayExecutor:
+    """Proofs and compiles as Ray tasks, one CPU each, across the cluster."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        ray = ray_module()
+        self.parallelism = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._remote = _check_remote()
+        self._job: tuple[Job, Any] | None = None
+
+    def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
+        ray = ray_module()
+        if self._job is None or self._job[0] != job:
+            self._job = (job, ray.put(job))
+        job_ref = self._job[1]
+        refs = [self._remote.remote(job_ref, *item) for item in items]
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayError as exc:  # retries spent: the worker or node kept dying
+                out.append({"status": "lost", "reason": f"lost on the cluster after retries: {type(exc).__name__}: "
+                                                        f"{str(exc).splitlines()[0][:300]}"})
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class GpuActor:
+    """Owns one GPU of the cluster (Ray sets CUDA_VISIBLE_DEVICES) through a GpuTimer worker."""
+
+    def __init__(self, job: Job, timeout_s: float = 120.0, reps: int = 20):
+        from habu import __version__
+
+        self.timer = GpuTimer(job.source_name, job.model, dict(job.sizes), timeout_s=timeout_s, reps=reps,
+                              source=job.source)
+        started = self.timer.start()
+        self.info = None if started is None else dict(started) | {"habu": __version__}
+        self.reason = getattr(self.timer, "unavailable", "")
+
+    def describe(self) -> dict:
+        import os
+        import socket
+
+        where = {"node": socket.gethostname(), "pid": os.getpid()}
+        return (self.info | where) if self.info else {"unavailable": self.reason} | where
+
+    def measure(self, plan_json: dict, cubins: list | None) -> dict:
+        m = self.timer.measure(plan_json, cubins)
+        return {"measurement": asdict(m), "info": self.info}
+
+    def baseline(self) -> tuple[str, dict] | None:
+        found = self.timer.baseline()
+        return None if found is None else (found[0], asdict(found[1]))
+
+    def close(self) -> None:
+        self.timer.close()
+
+
+def gpu_actor_class(num_gpus: float = 1):
+    ray = ray_module()
+    return ray.remote(num_gpus=num_gpus, max_restarts=3, max_task_retries=2)(GpuActor)
+
+
+class GpuPool:
+    """Several interchangeable GPUs used as one timer by the search (`measure_many` keeps every
+    actor busy; results come back in the order asked)."""
+
+    def __init__(self, actors: list[Any], info: dict):
+        self.actors = list(actors)
+        self.info = {k: v for k, v in info.items() if k not in ("node", "pid")}
+        self.lost: list[str] = []  # actors given up on, and why
+
+    def measure_many(self, plans: Sequence[tuple[dict, list | None]]) -> list[Measurement]:
+        ray = ray_module()
+        results: list[Measurement | None] = [None] * len(plans)
+        queue = list(range(len(plans)))
+        running: dict[Any, tuple[int, Any]] = {}
+        free = list(self.actors)
+        while queue or running:
+            while queue and free:
+                i = queue.pop(0)
+                actor = free.pop(0)
+                running[actor.measure.remote(*plans[i])] = (i, actor)
+            if not running:  # every actor is gone
+                for i in queue:
+                    results[i] = Measurement(False, "no GPU actor is left in the pool: " + "; ".join(self.lost))
+                break
+            done, _ = ray.wait(list(running), num_returns=1)
+            i, actor = running.pop(done[0])
+            try:
+                answer = ray.get(done[0])
+            except ray.exceptions.RayActorError as exc:  # restarts spent: drop the actor
+                self.lost.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                self.actors = [a for a in self.actors if a is not actor]
+                queue.insert(0, i)  # the candidate runs on another actor
+                continue
+            free.append(actor)
+            results[i] = self._accept(answer)
+        return [r if r is not None else Measurement(False, "not measured") for r in results]
+
+    def _accept(self, answer: dict) -> Measurement:
+        info = answer.get("info") or {}
+        if identity(info) != identity(self.info):
+            got = f"{info.get('gpu')} ({info.get('sm_count')} SMs, driver {info.get('driver')})"
+            want = f"{self.info.get('gpu')} ({self.info.get('sm_count')} SMs, driver {self.info.get('driver')})"
+            return Measurement(False, f"refused: timed on {got}, but this entry is for {want}; "
+                                      "timings from different GPUs are never mixed")
+        return Measurement(**answer["measurement"])
+
+    def measure(self, plan_json: dict, cubins: list | None = None) -> Measurement:
+        return self.measure_many([(plan_json, cubins)])[0]
+
+    def baseline(self) -> tuple[str, Measurement] | None:
+        ray = ray_module()
+        for actor in self.actors:
+            try:
+                found = ray.get(actor.baseline.remote())
+            except ray.exceptions.RayActorError:
+                continue
+            return None if found is None else (found[0], Measurement(**found[1]))
+        return None
+
+    def close(self) -> None:
+        ray = ray_module()
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # an actor already gone has nothing to close
+                ray.get(actor.close.remote(), timeout=30)
+            ray.kill(actor)
+        self.actors = []
+
+
+def gpu_pools(job: Job, actor_class: Any = None, count: int | None = None,
+              wait_s: float = 600.0) -> tuple[list[GpuPool], list[str]]:
+    """One actor per GPU of the cluster, grouped into homogeneous pools; and the actors that could
+    not start (with why)."""
+    ray = ray_module()
+    n = count if count is not None else int(ray.cluster_resources().get("GPU", 0))
+    if n == 0:
+        return [], []
+    cls = actor_class or gpu_actor_class()
+    return group_actors([cls.remote(job) for _ in range(n)], wait_s)
+
+
+def group_actors(actors: list[Any], wait_s: float = 600.0) -> tuple[list[GpuPool], list[str]]:
+    """Ask each actor what GPU it has; one pool per kind; actors without a usable GPU are dropped."""
+    ray = ray_module()
+    deadline = time.monotonic() + wait_s
+    infos = []
+    problems = []
+    for a in actors:
+        try:
+            infos.append(ray.get(a.describe.remote(), timeout=max(1.0, deadline - time.monotonic())))
+        except Exception as exc:
+            infos.append({"unavailable": f"{type(exc).__name__}: {exc}"})
+    groups: dict[tuple, list[tuple[Any, dict]]] = {}
+    for a, info in zip(actors, infos, strict=True):
+        if "unavailable" in info:
+            problems.append(f"{info.get('node', '?')}: {info['unavailable']}")
+            ray.kill(a)
+            continue
+        groups.setdefault(identity(info), []).append((a, info))
+    pools = [GpuPool([a for a, _ in members], members[0][1]) for members in groups.values()]
+    return pools, problems
+
+
+__all__ = ["GpuActor", "GpuPool", "RayExecutor", "connect", "gpu_actor_class", "gpu_pools", "group_actors", "identity"]

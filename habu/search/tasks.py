@@ -1,0 +1,99 @@
+"""The work one candidate needs away from the search driver: the z3 obligations, the finite-field
+check and (when it will be timed) the NVRTC compile. Pure functions of picklable arguments, so a
+thread, a local process pool or a Ray task on another machine runs the same code and gives the same
+answer; the driver alone decides what is kept and writes the plan database.
+
+A `Job` carries the model as source text (a remote worker has no copy of the user's file) with its
+sizes; each worker parses it once and keeps it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from habu.search.plan import Plan
+from habu.spec.ir import Model
+
+
+@dataclass(frozen=True)
+class Job:
+    """One search: the model (source text, name, sizes) and the target its plans are for."""
+
+    source: str
+    source_name: str  # the file name, for messages
+    model: str
+    sizes: tuple[tuple[str, int], ...]  # every extent, bound
+    target: str
+
+    @staticmethod
+    def of(path: str, model: Model, sizes: dict[str, int], target: str) -> Job:
+        from pathlib import Path
+
+        text = Path(path).read_text()
+        return Job(text, str(path), model.name, tuple(sorted((k, int(v)) for k, v in sizes.items())), target)
+
+
+@functools.lru_cache(maxsize=8)
+def bound_model(job: Job) -> Model:
+    from habu.spec.parser import parse_text
+
+    program = parse_text(job.source, job.source_name)
+    return program.models[job.model].with_sizes(dict(job.sizes))
+
+
+def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
+                    compile_kernels: bool = False) -> dict[str, Any]:
+    """Prove one plan; compile it when asked and proven. Never raises for a bad plan: the result's
+    `status` is "verified", "rules" (a z3 obligation fails), "field" (the finite-field check
+    fails) or "compile" (NVRTC refuses it), with the reason."""
+    from habu.prove.rules import failures, obligations
+    from habu.prove.verify import verify_plan
+
+    model = bound_model(job)
+    sizes = dict(job.sizes)
+    plan = Plan.from_json(plan_json)
+    broken = failures(obligations(model, plan, sizes, set(only) if only is not None else None))
+    if broken:
+        b = broken[0]
+        return {"status": "rules", "reason": f"{b.describe()}: {b.how}"}
+    # one trial on a witness shape (every tile class, z3-checked coverage); the winner is proven
+    # again at the full shape with three trials before it is reported
+    cert = verify_plan(model, plan, sizes, trials=1, seeds=[seed], witness=True)
+    if not cert.passed:
+        return {"status": "field", "reason": f"finite-field check: {cert.failure}"}
+    out: dict[str, Any] = {"status": "verified", "certificate": cert.to_json()}
+    if compile_kernels:
+        try:
+            out["cubins"] = compile_plan(model, plan)
+        except Exception as exc:  # NVRTC's log says why
+            return {"status": "compile", "reason": f"{type(exc).__name__}: {str(exc)[:1500]}",
+                    "certificate": cert.to_json()}
+    return out
+
+
+def compile_plan(model: Model, plan: Plan) -> list[tuple[str, Any]]:
+    """Every kernel of the plan compiled (through this machine's cache): (cache key, Cubin) pairs
+    that a GPU machine stores in its own cache, so it loads instead of compiling."""
+    from habu.emit_cuda.cache import compile_entry
+    from habu.emit_cuda.emit import emit_plan
+    from habu.target import target_named
+
+    emitted = emit_plan(model, plan, target_named(plan.target))
+    return [compile_entry(k.source, k.name, plan.target)[:2] for k in emitted.kernels]
+
+
+def prefill_cache(cubins: list[tuple[str, Any]] | None) -> None:
+    """Store cubins compiled elsewhere in this machine's compile cache."""
+    if not cubins:
+        return
+    from habu.emit_cuda.cache import cache_dir, load, store
+
+    root = cache_dir()
+    for key, cubin in cubins:
+        if load(root, key) is None:
+            store(root, key, cubin)
+
+
+__all__ = ["Job", "bound_model", "check_candidate", "compile_plan", "prefill_cache"]
