@@ -71,6 +71,7 @@ class RayExecutor:
     """Proofs and compiles as Ray tasks, one CPU each, across the cluster."""
 
     name = "ray"
+    concurrent = True
 
     def __init__(self) -> None:
         ray = ray_module()
@@ -78,23 +79,36 @@ class RayExecutor:
         self._remote = _check_remote()
         self._job: tuple[Job, Any] | None = None
 
-    def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
+    def submit(self, job: Job, items: Sequence[Item]) -> _RayBatch:
         ray = ray_module()
         if self._job is None or self._job[0] != job:
             self._job = (job, ray.put(job))
         job_ref = self._job[1]
-        refs = [self._remote.remote(job_ref, *item) for item in items]
+        return _RayBatch([self._remote.remote(job_ref, *item) for item in items])
+
+    def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
+        return self.submit(job, items).result()
+
+    def close(self) -> None:
+        pass
+
+
+class _RayBatch:
+    """Check tasks running on the cluster."""
+
+    def __init__(self, refs: list[Any]):
+        self.refs = refs
+
+    def result(self) -> list[dict]:
+        ray = ray_module()
         out = []
-        for ref in refs:
+        for ref in self.refs:
             try:
                 out.append(ray.get(ref))
             except ray.exceptions.RayError as exc:  # retries spent: the worker or node kept dying
                 out.append({"status": "lost", "reason": f"lost on the cluster after retries: {type(exc).__name__}: "
                                                         f"{str(exc).splitlines()[0][:300]}"})
         return out
-
-    def close(self) -> None:
-        pass
 
 
 class GpuActor:

@@ -25,7 +25,7 @@ from habu.prove.rules import quick_reject
 from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
 from habu.search.patterns import Region, default_regions, partitions
 from habu.search.plan import Kernel, Plan
-from habu.search.pool import Executor, InlineExecutor
+from habu.search.pool import Executor, InlineExecutor, Pending
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
 from habu.spec.ir import Model
@@ -101,6 +101,17 @@ class SearchResult:
     timeline: list[dict]  # every candidate that reached the GPU: for the roofline plot
 
 
+@dataclass
+class _Sent:
+    """A batch whose proofs are running: the candidates, their plans, which were sent (the rest
+    failed the cheap rules here) and the executor's handle."""
+
+    batch: list
+    plans: list[Plan]
+    where: list[int]
+    pending: Pending | None
+
+
 class Search:
     def __init__(self, path: str, model: Model, target: Target, sizes: dict[str, int], db: PlanDB,
                  budget: Budget, timer=None, top_k: int = 5, seed: int = 0,
@@ -156,7 +167,10 @@ class Search:
         """Prove a batch of candidates (in the executor: in parallel, perhaps on other machines)
         and, with a GPU, time the proven ones (in parallel on the timer's GPUs). The results are
         applied in the batch's order, whichever finished first. True for each candidate kept."""
-        kept = [False] * len(batch)
+        return self._receive(self._send(batch))
+
+    def _send(self, batch: list[tuple[tuple[Kernel, ...], int, Scored]]) -> _Sent:
+        """Apply the cheap rules here and send the rest to be proven (not waiting for them)."""
         plans = [make_plan(self.model, self.target, kernels, self.fixed) for kernels, _, _ in batch]
         compile_kernels = self.timer is not None and self.executor.parallelism > 1
         items, where = [], []
@@ -169,7 +183,13 @@ class Search:
             items.append((plan.to_json(), self.seed + self.sequence, None if only is None else tuple(only),
                           compile_kernels))
             where.append(j)
-        results = self.executor.check(self.job, items) if items else []
+        return _Sent(batch, plans, where, self.executor.submit(self.job, items) if items else None)
+
+    def _receive(self, sent: _Sent) -> list[bool]:
+        """Wait for a sent batch's proofs, time the proven plans, and keep the results."""
+        batch, plans, where = sent.batch, sent.plans, sent.where
+        kept = [False] * len(batch)
+        results = sent.pending.result() if sent.pending is not None else []
         to_time: list[tuple[int, list | None]] = []
         for j, res in zip(where, results, strict=True):
             plan, (_, region, scored) = plans[j], batch[j]
@@ -210,7 +230,8 @@ class Search:
                                   "samples_us": m.samples_us, "golden": m.golden}
             self.measured[plan.key] = scored.measurement
             costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
-            self.timeline.append({"region": region, "kernel": scored.kernel, "median_us": m.median_us,
+            self.timeline.append({"t": round(self.stats.elapsed, 3), "region": region, "kernel": scored.kernel,
+                                  "median_us": m.median_us,
                                   "flops": sum(c.flops for c in costs), "bytes": sum(c.bytes for c in costs)})
             kept[j] = True
         return kept
@@ -357,12 +378,34 @@ class Search:
             if k not in seen:
                 seen.add(k)
                 queue.append((_cost, k))
-        while queue and self._left() and (deadline is None or time.monotonic() <= deadline):
+
+        def in_time() -> bool:
+            return self._left() and (deadline is None or time.monotonic() <= deadline)
+
+        def more() -> bool:
+            return bool(queue) and in_time()
+
+        def send_next() -> tuple[list[tuple[float, Kernel]], list[Scored], _Sent]:
+            nonlocal queue
             n = self._batch_size()
             batch, queue = queue[:n], queue[n:]
             scored = [Scored(k, cost) for cost, k in batch]
             kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, k in batch]
-            kept = self._try_batch([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])
+            return batch, scored, self._send([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])
+
+        # With a time budget and workers of its own, the executor proves the next batch while this
+        # one is timed, so the GPUs never wait for proofs (a batch sent ahead when the time runs
+        # out is dropped).
+        ahead = self.budget.trials is None and getattr(self.executor, "concurrent", False)
+        upcoming = send_next() if more() else None
+        while upcoming is not None:
+            batch, scored, sent = upcoming
+            upcoming = send_next() if ahead and more() else None
+            kept = self._receive(sent)
+            if not in_time():
+                upcoming = None
+            if upcoming is None and more():
+                upcoming = send_next()
             for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
                 if ok:
                     ranked[i].append(sc)

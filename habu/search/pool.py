@@ -21,13 +21,31 @@ from habu.search.tasks import Job, check_candidate
 Item = tuple[dict, int, "tuple[int, ...] | None", bool]
 
 
+class Pending(Protocol):
+    """Candidates sent out and being checked; `result()` waits for them (in the order sent)."""
+
+    def result(self) -> list[dict]: ...
+
+
 class Executor(Protocol):
     name: str
     parallelism: int
 
+    def submit(self, job: Job, items: Sequence[Item]) -> Pending: ...
+
     def check(self, job: Job, items: Sequence[Item]) -> list[dict]: ...
 
     def close(self) -> None: ...
+
+
+class _Later:
+    """A batch checked only when its result is asked for (the driver has no one else to run it)."""
+
+    def __init__(self, job: Job, items: Sequence[Item]):
+        self.job, self.items = job, list(items)
+
+    def result(self) -> list[dict]:
+        return [check_candidate(self.job, *item) for item in self.items]
 
 
 class InlineExecutor:
@@ -35,9 +53,13 @@ class InlineExecutor:
 
     name = "inline"
     parallelism = 1
+    concurrent = False  # nothing runs while the driver times: sending ahead gains nothing
+
+    def submit(self, job: Job, items: Sequence[Item]) -> Pending:
+        return _Later(job, items)
 
     def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
-        return [check_candidate(job, *item) for item in items]
+        return self.submit(job, items).result()
 
     def close(self) -> None:
         pass
@@ -47,6 +69,7 @@ class ProcessExecutor:
     """A pool of local worker processes (spawned: no CUDA or z3 state is inherited)."""
 
     name = "processes"
+    concurrent = True
 
     def __init__(self, workers: int | None = None, retries: int = 3):
         self.parallelism = max(1, workers or os.cpu_count() or 1)
@@ -64,32 +87,25 @@ class ProcessExecutor:
         procs = getattr(self._pool, "_processes", None) or {}
         return [p.pid for p in procs.values() if p.is_alive()]
 
+    def submit(self, job: Job, items: Sequence[Item]) -> Pending:
+        return _PoolBatch(self, job, items)
+
     def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
-        results: list[dict | None] = [None] * len(items)
-        for attempt in range(self.retries + 1):
-            todo = [i for i, r in enumerate(results) if r is None]
-            if not todo:
-                break
-            pool = self._ensure()
-            try:
-                futures = {i: pool.submit(check_candidate, job, *items[i]) for i in todo}
-            except BrokenProcessPool:
-                futures = {}
-            broken = not futures
-            for i, fut in futures.items():
-                try:
-                    results[i] = fut.result()
-                except BrokenProcessPool:
-                    broken = True  # a worker died: this candidate runs again in a new pool
-            if broken:
-                self.restarts += 1
-                self._discard()
-                if attempt == self.retries:
-                    for i in todo:
-                        if results[i] is None:
-                            results[i] = {"status": "lost", "reason": f"a worker process died {self.retries + 1} "
-                                                                      "times while checking it"}
-        return [r for r in results if r is not None]
+        return self.submit(job, items).result()
+
+    def _send(self, job: Job, items: Sequence[Item], todo: list[int]
+              ) -> tuple[cf.ProcessPoolExecutor, dict[int, cf.Future] | None]:
+        pool = self._ensure()
+        try:
+            return pool, {i: pool.submit(check_candidate, job, *items[i]) for i in todo}
+        except BrokenProcessPool:
+            return pool, None
+
+    def _broken(self, pool: cf.ProcessPoolExecutor) -> None:
+        """`pool` lost a worker: start a new one (once, however many batches were running in it)."""
+        if self._pool is pool:
+            self.restarts += 1
+            self._discard()
 
     def _discard(self) -> None:
         if self._pool is not None:
@@ -102,10 +118,42 @@ class ProcessExecutor:
             self._pool = None
 
 
+class _PoolBatch:
+    """A batch running in the process pool. A worker that dies breaks the pool: it is rebuilt and
+    the batch's unfinished candidates are sent again, up to the executor's `retries`."""
+
+    def __init__(self, executor: ProcessExecutor, job: Job, items: Sequence[Item]):
+        self.executor, self.job, self.items = executor, job, list(items)
+        self.results: list[dict | None] = [None] * len(self.items)
+        self.sent = executor._send(job, self.items, list(range(len(self.items))))
+
+    def result(self) -> list[dict]:
+        ex = self.executor
+        for attempt in range(ex.retries + 1):
+            todo = [i for i, r in enumerate(self.results) if r is None]
+            if not todo:
+                break
+            pool, futures = self.sent if attempt == 0 else ex._send(self.job, self.items, todo)
+            broken = futures is None
+            for i, fut in (futures or {}).items():
+                try:
+                    self.results[i] = fut.result()
+                except (BrokenProcessPool, cf.CancelledError):
+                    broken = True  # a worker died: this candidate runs again in a new pool
+            if broken:
+                ex._broken(pool)
+                if attempt == ex.retries:
+                    for i in todo:
+                        if self.results[i] is None:
+                            self.results[i] = {"status": "lost", "reason": f"a worker process died {ex.retries + 1} "
+                                                                           "times while checking it"}
+        return [r for r in self.results if r is not None]
+
+
 def local_executor(jobs: int | None) -> InlineExecutor | ProcessExecutor:
     """`--jobs 1`: in the driver; more: a process pool of that size (default: one per CPU)."""
     n = jobs if jobs is not None else (os.cpu_count() or 1)
     return InlineExecutor() if n <= 1 else ProcessExecutor(n)
 
 
-__all__ = ["Executor", "InlineExecutor", "ProcessExecutor", "local_executor"]
+__all__ = ["Executor", "InlineExecutor", "Pending", "ProcessExecutor", "local_executor"]

@@ -61,3 +61,72 @@ def test_a_pool_worker_killed_mid_task_costs_nothing(tmp_path):
     t.join(5)
     assert killed and pool.restarts >= 1
     assert result.best == one.best and plans == one_plans and result.stats.failed == 0
+
+
+class RecordingExecutor:
+    """A concurrent executor (checks run in the driver, lazily) that logs when batches are sent."""
+
+    name = "recording"
+    parallelism = 4
+    concurrent = True
+
+    def __init__(self, log: list[str]):
+        self.log, self.inner, self.sent = log, InlineExecutor(), 0
+
+    def submit(self, job, items):
+        self.sent += 1
+        self.log.append(f"send {self.sent}")
+        return self.inner.submit(job, items)
+
+    def check(self, job, items):
+        return self.submit(job, items).result()
+
+    def close(self):
+        pass
+
+
+class LoggingTimer:
+    info = {"gpu": "Fake GPU", "sm_count": 132, "arch": "sm_90a", "driver": "13.0"}  # noqa: RUF012
+
+    def __init__(self, log: list[str]):
+        self.log = log
+
+    def measure(self, plan, cubins=None):
+        from habu.bench.worker import Measurement
+
+        self.log.append("time")
+        k = plan["kernels"][0]
+        t = 100.0 + k["stages"]
+        return Measurement(True, median_us=t, p20_us=t, p80_us=t, samples_us=[t], golden={"O": {"ok": True}})
+
+    def close(self):
+        pass
+
+
+def test_the_next_batch_is_proven_while_this_one_is_timed(tmp_path):
+    model, sizes = model_of(GGEMM, {"M": 512, "N": 512, "K": 384})
+    log: list[str] = []
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=8), timer=LoggingTimer(log),
+               executor=RecordingExecutor(log)).run()
+    # the default plan alone (send 1, time), then region tuning: batch 3 goes out before any of
+    # batch 2 is timed, and batch n + 1 before the rest of batch n
+    assert log[:4] == ["send 1", "time", "send 2", "send 3"], log[:10]
+    assert log[4] == "time" and log.count("time") > 4
+
+
+def test_with_a_time_budget_the_pool_tunes_like_one_process(tmp_path):
+    """Sending ahead must not change what is found: the same candidates, in the same order."""
+    model, sizes = model_of(GGEMM, {"M": 512, "N": 512, "K": 384})
+    found = []
+    for executor in (RecordingExecutor([]), ProcessExecutor(2)):
+        log: list[str] = []
+        with PlanDB(tmp_path / f"{executor.name}.sqlite") as db:
+            timer = LoggingTimer(log)
+            result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=20), timer=timer,
+                            executor=executor).run()
+            found.append(result.timeline)
+    ta, tb = found
+    n = min(len(ta), len(tb))
+    assert n >= 4
+    assert [e["kernel"] for e in ta[:n]] == [e["kernel"] for e in tb[:n]]
