@@ -45,8 +45,18 @@ def one_run(path: str, gpus: int, budget_s: float, seed: int) -> dict:
         target = target_named(pool.info["arch"])
         job_ready = time.monotonic() - started
         with PlanDB(work / "plans.sqlite") as db:
+            last = [0.0]
+
+            def progress(st) -> None:
+                if time.monotonic() - last[0] >= 10:
+                    last[0] = time.monotonic()
+                    print(f"  [{gpus} GPU] {st.elapsed:5.0f} s: {st.timed} timed, {st.verified} verified, "
+                          f"{st.failed} failed, {st.pruned_rules} rule-pruned, best {st.best_us}", flush=True)
+
+            print(f"[{gpus} GPU] ready after {job_ready:.1f} s: {len(pool.actors)} actor(s) on {pool.info['gpu']}, "
+                  f"{executor.parallelism} CPUs", flush=True)
             search = Search(path, bound, target, sizes, db, Budget(budget_s, None), pool, seed=seed,
-                            executor=executor)
+                            progress=progress, executor=executor)
             result = search.run()
     finally:
         ray.shutdown()
@@ -75,6 +85,8 @@ def main() -> None:
         r = one_run(args.file, n, args.budget, args.seed)
         runs.append(r)
         print(json.dumps(r), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(runs, indent=2))
     base = runs[0]
     for r in runs[1:]:
         for k in ("timed_per_min", "tuning_timed_per_min"):
