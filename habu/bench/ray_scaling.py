@@ -42,6 +42,16 @@ def one_run(path: str, gpus: int, budget_s: float, seed: int) -> dict:
         if len(pools) != 1 or len(pools[0].actors) != gpus:
             raise SystemExit(f"wanted one pool of {gpus} GPU(s), got {[len(p.actors) for p in pools]}: {problems}")
         pool = pools[0]
+        measure_many = pool.measure_many
+
+        def logged(plans):  # say which plans failed on the GPU, and why
+            out = measure_many(plans)
+            for (plan, _), m in zip(plans, out, strict=True):
+                if not m.ok:
+                    print(f"  [{gpus} GPU] failed: {m.reason[:300]} :: {json.dumps(plan['kernels'])[:600]}", flush=True)
+            return out
+
+        pool.measure_many = logged
         target = target_named(pool.info["arch"])
         job_ready = time.monotonic() - started
         with PlanDB(work / "plans.sqlite") as db:

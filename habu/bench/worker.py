@@ -35,7 +35,7 @@ class Measurement:
 class GpuTimer:
     """A client for the timing worker of one model and shape."""
 
-    def __init__(self, path: str, model: str, sizes: dict[str, int], timeout_s: float = 120.0, reps: int = 20,
+    def __init__(self, path: str, model: str, sizes: dict[str, int], timeout_s: float = 30.0, reps: int = 20,
                  seed: int = 0, source: str | None = None):
         from pathlib import Path
 

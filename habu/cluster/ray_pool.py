@@ -114,7 +114,7 @@ class _RayBatch:
 class GpuActor:
     """Owns one GPU of the cluster (Ray sets CUDA_VISIBLE_DEVICES) through a GpuTimer worker."""
 
-    def __init__(self, job: Job, timeout_s: float = 120.0, reps: int = 20):
+    def __init__(self, job: Job, timeout_s: float = 30.0, reps: int = 20):
         from habu import __version__
 
         self.timer = GpuTimer(job.source_name, job.model, dict(job.sizes), timeout_s=timeout_s, reps=reps,
