@@ -156,6 +156,11 @@ class GpuPool:
         self.info = {k: v for k, v in info.items() if k not in ("node", "pid")}
         self.lost: list[str] = []  # actors given up on, and why
 
+    @property
+    def width(self) -> int:
+        """How many plans are timed at once."""
+        return len(self.actors)
+
     def measure_many(self, plans: Sequence[tuple[dict, list | None]]) -> list[Measurement]:
         ray = ray_module()
         results: list[Measurement | None] = [None] * len(plans)

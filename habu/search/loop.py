@@ -12,6 +12,7 @@ are ranked by the cost model and the winner is stored as "unmeasured".
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -119,6 +120,7 @@ class Search:
         self.path, self.model, self.target, self.db = path, model, target, db
         self.executor: Executor = executor or InlineExecutor()
         self.sequence = 0  # candidates sent to be proven: each gets seed + its number
+        self.taken = self.survived = 0  # candidates batched, and those proven (to size the batches)
         self.sizes = concrete_sizes(model, sizes)
         self.fixed = dict(self.sizes)  # the model is bound to one shape: every extent is fixed
         self.budget, self.timer, self.top_k, self.seed = budget, timer, top_k, seed
@@ -159,6 +161,12 @@ class Search:
         """How many candidates go out at once: enough to keep every worker busy, never more than
         the trials budget has left (so every executor checks exactly the same candidates)."""
         n = max(1, self.executor.parallelism)
+        if getattr(self.executor, "concurrent", False) and self.budget.trials is None:
+            # most candidates fail the rules in the workers: send enough that about four proven
+            # plans per GPU come back from each batch, so the GPUs are never idle
+            gpus = max(1, int(getattr(self.timer, "width", 1)))
+            survive = (self.survived + 1) / (self.taken + 1)
+            n = max(n, min(16 * n, math.ceil(4 * gpus / survive)))
         if self.budget.trials is not None:
             n = min(n, self.budget.trials - self.stats.verified - self.stats.pruned_field)
         return max(1, n)
@@ -172,6 +180,7 @@ class Search:
     def _send(self, batch: list[tuple[tuple[Kernel, ...], int, Scored]]) -> _Sent:
         """Apply the cheap rules here and send the rest to be proven (not waiting for them)."""
         plans = [make_plan(self.model, self.target, kernels, self.fixed) for kernels, _, _ in batch]
+        self.taken += len(batch)
         compile_kernels = self.timer is not None and self.executor.parallelism > 1
         items, where = [], []
         for j, (plan, (_, region, _)) in enumerate(zip(plans, batch, strict=True)):
@@ -206,6 +215,7 @@ class Search:
                 self.db.record_failure(self.key, plan.to_json(), res["reason"])
                 continue
             self.stats.verified += 1
+            self.survived += 1
             if self.stats.first_verified_s is None:
                 self.stats.first_verified_s = self.stats.elapsed
             scored.certificate = res.get("certificate")
