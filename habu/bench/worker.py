@@ -133,8 +133,21 @@ def sample_boxes(model, sizes: dict[str, int], rng: np.random.Generator, per_dim
     return boxes
 
 
+def _die_with_parent() -> None:
+    """Linux: this worker is killed when the process that started it dies (a Ray actor killed
+    because it hung must not leave its worker holding the GPU)."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict[str, int], reps: int,
                  seed: int) -> None:
+    _die_with_parent()
     try:
         from habu.gpu_info import device_info
 

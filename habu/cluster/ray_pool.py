@@ -73,8 +73,9 @@ class RayExecutor:
     name = "ray"
     concurrent = True
 
-    def __init__(self) -> None:
+    def __init__(self, task_timeout_s: float = 900.0) -> None:
         ray = ray_module()
+        self.task_timeout_s = task_timeout_s
         self.parallelism = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._remote = _check_remote()
         self._job: tuple[Job, Any] | None = None
@@ -84,7 +85,7 @@ class RayExecutor:
         if self._job is None or self._job[0] != job:
             self._job = (job, ray.put(job))
         job_ref = self._job[1]
-        return _RayBatch([self._remote.remote(job_ref, *item) for item in items])
+        return _RayBatch([self._remote.remote(job_ref, *item) for item in items], self.task_timeout_s)
 
     def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
         return self.submit(job, items).result()
@@ -94,17 +95,23 @@ class RayExecutor:
 
 
 class _RayBatch:
-    """Check tasks running on the cluster."""
+    """Check tasks running on the cluster. A task still running `timeout_s` after it was sent
+    (z3 or a compile stuck) is cancelled and its candidate recorded as lost."""
 
-    def __init__(self, refs: list[Any]):
-        self.refs = refs
+    def __init__(self, refs: list[Any], timeout_s: float):
+        self.refs, self.deadline = refs, time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
 
     def result(self) -> list[dict]:
         ray = ray_module()
+        ray.wait(self.refs, num_returns=len(self.refs), timeout=max(0.0, self.deadline - time.monotonic()))
         out = []
         for ref in self.refs:
             try:
-                out.append(ray.get(ref))
+                out.append(ray.get(ref, timeout=0.5))
+            except ray.exceptions.GetTimeoutError:
+                ray.cancel(ref, force=True)
+                out.append({"status": "lost", "reason": f"no answer from the cluster in {self.timeout_s:.0f} s"})
             except ray.exceptions.RayError as exc:  # retries spent: the worker or node kept dying
                 out.append({"status": "lost", "reason": f"lost on the cluster after retries: {type(exc).__name__}: "
                                                         f"{str(exc).splitlines()[0][:300]}"})
@@ -151,8 +158,11 @@ class GpuPool:
     """Several interchangeable GPUs used as one timer by the search (`measure_many` keeps every
     actor busy; results come back in the order asked)."""
 
-    def __init__(self, actors: list[Any], info: dict):
+    def __init__(self, actors: list[Any], info: dict, hang_s: float = 120.0, start_s: float = 600.0,
+                 retries: int = 2, poll_s: float = 5.0):
         self.actors = list(actors)
+        # the actor's own worker times a plan out after 30 s; this catches an actor that hangs itself
+        self.hang_s, self.start_s, self.retries, self.poll_s = hang_s, start_s, retries, poll_s
         self.info = {k: v for k, v in info.items() if k not in ("node", "pid")}
         self.lost: list[str] = []  # actors given up on, and why
 
@@ -162,32 +172,78 @@ class GpuPool:
         return len(self.actors)
 
     def measure_many(self, plans: Sequence[tuple[dict, list | None]]) -> list[Measurement]:
+        """Time each plan on some actor of the pool. An actor that dies mid-plan is restarted by
+        Ray and the plan tried again (on whichever actor is free first, `retries` times); an
+        actor that does not answer within `hang_s` is killed and restarted by us, and that plan
+        is recorded as failed (a hang is not retried); an actor whose restarts are spent leaves
+        the pool."""
         ray = ray_module()
         results: list[Measurement | None] = [None] * len(plans)
+        attempts = [0] * len(plans)
         queue = list(range(len(plans)))
-        running: dict[Any, tuple[int, Any]] = {}
+        # call -> (plan index, or None for an actor coming back after a restart; actor; when sent)
+        running: dict[Any, tuple[int | None, Any, float]] = {}
         free = list(self.actors)
         while queue or running:
             while queue and free:
                 i = queue.pop(0)
                 actor = free.pop(0)
-                running[actor.measure.remote(*plans[i])] = (i, actor)
+                call = actor.measure.options(max_task_retries=0).remote(*plans[i])
+                running[call] = (i, actor, time.monotonic())
             if not running:  # every actor is gone
                 for i in queue:
                     results[i] = Measurement(False, "no GPU actor is left in the pool: " + "; ".join(self.lost))
                 break
-            done, _ = ray.wait(list(running), num_returns=1)
-            i, actor = running.pop(done[0])
+            done, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_s)
+            if not done:
+                self._kill_hung(running, results)
+                continue
+            i, actor, _ = running.pop(done[0])
             try:
                 answer = ray.get(done[0])
-            except ray.exceptions.RayActorError as exc:  # restarts spent: drop the actor
-                self.lost.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                self.actors = [a for a in self.actors if a is not actor]
-                queue.insert(0, i)  # the candidate runs on another actor
+            except ray.exceptions.RayActorError as exc:
+                if i is None:  # it did not come back: its restarts are spent
+                    self._drop(actor, exc)
+                    continue
+                attempts[i] += 1
+                if attempts[i] > self.retries:
+                    results[i] = Measurement(False, f"the GPU actor died {attempts[i]} times while timing it")
+                else:
+                    queue.insert(0, i)  # the candidate runs again, on another actor or this one restarted
+                self._revive(actor, running)
                 continue
             free.append(actor)
-            results[i] = self._accept(answer)
+            if i is not None:
+                results[i] = self._accept(answer)
         return [r if r is not None else Measurement(False, "not measured") for r in results]
+
+    def _revive(self, actor: Any, running: dict) -> None:
+        """Wait (without blocking the others) for Ray to restart `actor`: it is free again when it answers."""
+        running[actor.describe.options(max_task_retries=-1).remote()] = (None, actor, time.monotonic())
+
+    def _drop(self, actor: Any, exc: BaseException | str) -> None:
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        self.lost.append(why)
+        self.actors = [a for a in self.actors if a is not actor]
+        with contextlib.suppress(Exception):
+            ray_module().kill(actor)
+
+    def _kill_hung(self, running: dict, results: list) -> None:
+        """Kill the actors that sat on one plan longer than `hang_s` (a hung kernel, a wedged
+        GPU): Ray restarts them; the plan is recorded as failed. An actor that takes longer than
+        `start_s` to come back leaves the pool."""
+        ray = ray_module()
+        now = time.monotonic()
+        for call, (i, actor, sent) in list(running.items()):
+            if i is not None and now - sent > self.hang_s:
+                del running[call]
+                results[i] = Measurement(False, f"no answer from the GPU actor in {self.hang_s:.0f} s (a hung "
+                                                "kernel?); the actor was killed and restarted")
+                ray.kill(actor, no_restart=False)
+                self._revive(actor, running)
+            elif i is None and now - sent > self.start_s:
+                del running[call]
+                self._drop(actor, f"did not come back within {self.start_s:.0f} s of a restart")
 
     def _accept(self, answer: dict) -> Measurement:
         info = answer.get("info") or {}

@@ -106,6 +106,8 @@ class FakeGpu:
         return os.getpid()
 
     def measure(self, plan_json, cubins):
+        if plan_json.get("hang"):
+            time.sleep(3600)  # a kernel that never finishes, holding the actor
         time.sleep(self.sleep)
         k = plan_json["kernels"][0]
         t = 100.0 + k["stages"] + (k["tile_n"] != 256) * 10
@@ -176,6 +178,26 @@ def test_an_actor_killed_mid_measurement_is_restarted_and_nothing_is_lost(cluste
     assert ray.get(actors[0].pid.remote()) != victim  # restarted in a new process
 
 
+def test_a_hung_actor_is_killed_and_restarted_and_the_search_goes_on(cluster):
+    cls = fake_actor()
+    j = job()
+    actors = [cls.remote(j, "Fake H200", 0.2) for _ in range(2)]
+    (pool,), _ = group_actors(actors)
+    pool.hang_s, pool.poll_s = 3.0, 0.2
+    before = {ray.get(a.pid.remote()) for a in actors}
+    plan = {"kernels": [{"stages": 4, "tile_n": 256}]}
+    t0 = time.monotonic()
+    out = pool.measure_many([(plan | {"hang": True}, None)] + [(plan, None)] * 5)
+    assert time.monotonic() - t0 < 60
+    assert not out[0].ok and "no answer from the GPU actor in 3 s" in out[0].reason
+    assert all(m.ok and m.median_us == 104.0 for m in out[1:])
+    assert len(pool.actors) == 2  # the hung one came back
+    after = {ray.get(a.pid.remote()) for a in actors}
+    assert len(before & after) == 1  # exactly one actor was restarted in a new process
+    again = pool.measure_many([(plan, None)] * 4)
+    assert all(m.ok for m in again)
+
+
 def test_habu_search_ray_local_stores_unmeasured_plans_without_a_gpu(tmp_path):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", HABU_DB=str(tmp_path / "db.sqlite"))
     r = subprocess.run([sys.executable, "-m", "habu", "search", str(GGEMM), "--shape", "M=512,N=512,K=384",
@@ -192,3 +214,18 @@ def test_gpu_pool_with_no_actor_left_says_so():
     pool = GpuPool([], {"gpu": "x"})
     (m,) = pool.measure_many([({"kernels": []}, None)])
     assert not m.ok and "no GPU actor is left" in m.reason
+
+
+def test_a_check_task_that_never_answers_is_cancelled_and_recorded_as_lost(cluster):
+    from habu.cluster.ray_pool import _RayBatch
+
+    @ray.remote
+    def stuck(seconds):
+        time.sleep(seconds)
+        return {"status": "verified"}
+
+    t0 = time.monotonic()
+    out = _RayBatch([stuck.remote(0.1), stuck.remote(3600)], timeout_s=3.0).result()
+    assert time.monotonic() - t0 < 30
+    assert out[0]["status"] == "verified"
+    assert out[1]["status"] == "lost" and "no answer from the cluster in 3 s" in out[1]["reason"]
