@@ -46,6 +46,8 @@ class GpuTimer:
         self.proc: Any = None
         self.conn: Any = None
         self.info: dict | None = None
+        self.failed_starts = 0  # in a row: after `max_failed_starts`, plans fail at once
+        self.max_failed_starts = 2
 
     def start(self) -> dict | None:
         """Start the worker; the GPU's description, or None when there is no usable GPU."""
@@ -57,21 +59,33 @@ class GpuTimer:
         self.conn = parent
         if not parent.poll(self.start_timeout_s):
             self.close()
+            self.unavailable = (f"the timing worker was not ready after {self.start_timeout_s:.0f} s "
+                                "(a kernel that hung may have wedged the GPU)")
+            self.failed_starts += 1
             return None
-        msg = parent.recv()
+        try:
+            msg = parent.recv()
+        except EOFError:
+            msg = {"kind": "unavailable", "reason": "the timing worker died while starting"}
         if msg.get("kind") != "ready":
             self.close()
             self.info = None
             self.unavailable = msg.get("reason", "no GPU")
+            self.failed_starts += 1
             return None
+        self.failed_starts = 0
         self.info = msg["info"]
         return self.info
 
     def measure(self, plan_json: dict, cubins: list | None = None) -> Measurement:
         """Golden-check and time one plan; `cubins`: its kernels compiled elsewhere (else it
         compiles them here)."""
-        if (self.proc is None or not self.proc.is_alive()) and self.start() is None:
-            return Measurement(False, "the timing worker could not start: " + getattr(self, "unavailable", "?"))
+        if self.proc is None or not self.proc.is_alive():
+            if self.failed_starts >= self.max_failed_starts:
+                return Measurement(False, f"not timed: the timing worker failed to start {self.failed_starts} "
+                                          f"times in a row (the last: {getattr(self, 'unavailable', '?')})")
+            if self.start() is None:
+                return Measurement(False, "the timing worker could not start: " + getattr(self, "unavailable", "?"))
         assert self.conn is not None
         try:
             self.conn.send({"kind": "plan", "plan": plan_json, "cubins": cubins})
