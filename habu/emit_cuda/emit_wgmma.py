@@ -23,12 +23,10 @@ from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering
+from habu.lower.registers import warp_specialized_split
 from habu.lower.smem import contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
-
-PRODUCER_REGS = 40
-CONSUMER_REGS = 232
 
 
 def wgmma_layout(lw: ContractionLowering) -> tuple[int, int]:
@@ -189,6 +187,9 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
             arrive = "habu::fence_proxy_async(); habu::cp_async_arrive(full);"
         producer_fill = expect + producer_copies + f"        {arrive}\n"
     regs = bn // 2
+    split = warp_specialized_split(k.warps)
+    if not split.fits:  # the rules refuse such a plan first; never emit a kernel that would hang
+        raise ValueError(f"setmaxnreg would wait forever: {split.describe()}")
     wg_fn = wgmma_function(bn, dtype)
     slab_mma = "\n".join(
         f"""          habu_wgmma_m64n{bn}_{dtype}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {slabs} + {s}) * 64 * 128) + kk * 32), habu::wgmma_desc_sw128(b_stage + kk * 32), 1);"""
@@ -215,7 +216,7 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
   int stage = 0;
   habu::u32 phase = 0;
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
-    habu::setmaxnreg_dec<{PRODUCER_REGS}>();
+    habu::setmaxnreg_dec<{split.producer}>();
     const int ptid = threadIdx.x;
     for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, sizes, it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
@@ -228,7 +229,7 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
       }}
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
-    habu::setmaxnreg_inc<{CONSUMER_REGS}>();
+    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
     const int cw = wg - 1;
     const int lane = threadIdx.x % 32;
     const int warp = (threadIdx.x % 128) / 32;
@@ -276,4 +277,5 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
                   f"index width {lw.index_width}"])
     src += body.replace("SIGNATURE", sig.declaration())
     zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
-    return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero)
+    return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero,
+                      register_demand=warp_specialized_split(k.warps).demand)

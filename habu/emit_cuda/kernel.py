@@ -50,6 +50,15 @@ class CudaKernel:
     zero: tuple[str, ...] = ()  # outputs the runtime zero-fills first (split-K adds into them)
     max_registers: int | None = None  # __launch_bounds__ cap, if any
     smem_per: tuple[str, int] | None = None  # extra dynamic smem: bytes × size of a runtime extent
+    register_demand: int | None = None  # registers the setmaxnreg requests need from the CTA's pool
+
+    def check_registers(self, registers: int) -> None:
+        """After ptxas: a warp-specialised kernel whose setmaxnreg requests exceed the registers it
+        launches with would wait forever in setmaxnreg.inc. Refuse it rather than hang a GPU."""
+        if self.register_demand is not None and registers and self.threads * registers < self.register_demand:
+            raise ValueError(f"{self.name}: setmaxnreg asks {self.register_demand} registers but the CTA starts "
+                             f"with {self.threads} threads × {registers} = {self.threads * registers}; "
+                             "the kernel would hang")
 
     def dynamic_smem(self, sizes: Mapping[str, int]) -> int:
         """Dynamic shared memory for concrete sizes (a cached row grows with a runtime width)."""

@@ -96,7 +96,9 @@ class CompiledModel:
         return [[self._cubin(k, arch) for k in plan.kernels] for _, plan in self.kernel_set.members]
 
     def _cubin(self, kernel: CudaKernel, arch: str) -> Cubin:
-        return compile_cached(kernel.source, kernel.name, arch, self.include_dirs, (), self.cache_dir)[0]
+        cubin = compile_cached(kernel.source, kernel.name, arch, self.include_dirs, (), self.cache_dir)[0]
+        kernel.check_registers(cubin.resources.registers)
+        return cubin
 
     def _functions(self, member: int, dev: driver.Device) -> list[Any]:
         key = (member, dev.ordinal)

@@ -75,6 +75,8 @@ R = {r.name: r for r in (
     Rule("k-advance", "the k loop advances its tile offset every iteration", "T19: pytorch #186241, CUTLASS #2944"),
     Rule("smem-budget", "shared memory fits the block's limit", "cudaFuncSetAttribute limits (CUDA guide)"),
     Rule("register-budget", "accumulators fit the register file without spilling", "PTX ISA: 255 registers per thread"),
+    Rule("setmaxnreg-pool", "a warp-specialised kernel's setmaxnreg requests fit the CTA's register pool",
+         "PTX ISA setmaxnreg: .inc blocks until the pool has the registers (a 20-warp kernel hung on the H200)"),
     Rule("threads", "threads per block within the limit", "CUDA guide: 1024 threads per block"),
     Rule("mma-shape", "the MMA instruction's shape is legal for the dtype and target", "T18: PTX ISA; tilelang #2593"),
     Rule("cp.async-size", "cp.async copies 4, 8 or 16 bytes from addresses aligned to that size", "T13: PTX ISA cp.async"),
@@ -99,12 +101,13 @@ COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance"
           "split-k-linear", "supported-path")
 TMA_RULES = ("tma-rank", "tma-base-align", "tma-dims", "tma-stride-16B", "tma-box", "tma-swizzle",
              "tma-smem-align", "tma-gather")
+SETMAXNREG_RULES = ("setmaxnreg-pool",)  # sm_90a and later: warp-specialised register splits
 
 # one table per target: the rules that apply there
 TARGET_RULES: dict[str, tuple[str, ...]] = {
     "sm_80": COMMON,
-    "sm_90a": COMMON + TMA_RULES,
-    "sm_100a": COMMON + TMA_RULES,
+    "sm_90a": COMMON + TMA_RULES + SETMAXNREG_RULES,
+    "sm_100a": COMMON + TMA_RULES + SETMAXNREG_RULES,
 }
 
 
@@ -258,9 +261,16 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
         need = acc_regs + 4 * mi + 2 * ni + 32
     else:
         need = acc_regs + 48
+    if k.mma == "wgmma" and k.warp_specialized:
+        from habu.lower.registers import warp_specialized_split
+
+        split = warp_specialized_split(k.warps)
+        cap = split.consumer  # what each consumer thread gets after setmaxnreg
+        yield Obligation(R["setmaxnreg-pool"], name, None, split.describe(), split.fits,
+                         detail=f"{split.demand} registers asked of a {split.pool}-register pool")
     yield Obligation(R["register-budget"], name, None,
                      f"about {need} registers per thread ({acc_regs} accumulators) ≤ {cap} "
-                     f"(65536 over {threads} threads)", need <= cap,
+                     f"({65536} over {threads} threads)", need <= cap,
                      detail=f"{acc_regs} accumulator registers per thread, {cap} available")
     layout = contraction_smem(k, a_dt, b_dt, lw.b.positions[-1].axis == "k")
     yield Obligation(R["smem-budget"], name, None,

@@ -81,7 +81,12 @@ def compile_plan(model: Model, plan: Plan) -> list[tuple[str, Any]]:
     from habu.target import target_named
 
     emitted = emit_plan(model, plan, target_named(plan.target))
-    return [compile_entry(k.source, k.name, plan.target)[:2] for k in emitted.kernels]
+    out = []
+    for k in emitted.kernels:
+        key, cubin, _hit = compile_entry(k.source, k.name, plan.target)
+        k.check_registers(cubin.resources.registers)
+        out.append((key, cubin))
+    return out
 
 
 def prefill_cache(cubins: list[tuple[str, Any]] | None) -> None:

@@ -101,3 +101,57 @@ def test_default_plans_of_every_example_break_no_rule():
             for t in TARGETS:
                 bad, _ = failed(m, t)
                 assert bad == [], (path.name, m.name, t, [o.describe() for o in bad])
+
+
+# -- regression: the 20-warp wgmma kernel that hung on the H200 (2026-11-30) ---------------------
+
+def moe_20_warp_plan():
+    from habu.search.plan import with_fields
+    from habu.search.space import concrete_sizes, make_plan
+
+    m = load_program(ROOT / "examples" / "moe_gather.habu").models["MOE-UP"]
+    sizes = concrete_sizes(m, {})
+    base = default_plan(m, TARGETS["sm_90a"], sizes)
+    k = with_fields(base.kernels[0], tile_m=256, tile_n=96, warps=20, stages=3, split_k=2, group_m=1)
+    return m, sizes, make_plan(m, TARGETS["sm_90a"], (k,), sizes)
+
+
+def test_regression_setmaxnreg_hang_20_warps_asked_more_registers_than_the_cta_has():
+    from habu.lower.registers import RegisterSplit, warp_specialized_split
+
+    # what the emitter used to write for every warp count: 40 + 4 × 232 per thread of a warpgroup
+    old = RegisterSplit(threads=640, consumers=4, at_launch=96, producer=40, consumer=232)
+    assert not old.fits and old.demand == 123904 and old.pool == 61440
+    new = warp_specialized_split(20)
+    assert new.fits and (new.producer, new.consumer) == (40, 104)
+    # the splits timed on the H200 are unchanged
+    assert (warp_specialized_split(12).consumer, warp_specialized_split(8).consumer) == (232, 232)
+    for warps in range(8, 33, 4):
+        assert warp_specialized_split(warps).fits, warps
+
+
+def test_regression_setmaxnreg_hang_20_warps_emits_what_the_rule_checked():
+    from habu.emit_cuda.emit import emit_plan
+
+    m, sizes, plan = moe_20_warp_plan()
+    assert failures(obligations(m, plan, sizes)) == []
+    pool = [o for o in obligations(m, plan, sizes) if o.rule.name == "setmaxnreg-pool"]
+    assert len(pool) == 1 and pool[0].formula is True and "4 × consumer 104" in pool[0].statement
+    (kernel,) = emit_plan(m, plan, TARGETS["sm_90a"]).kernels
+    assert "setmaxnreg_inc<104>" in kernel.source and "setmaxnreg_dec<40>" in kernel.source
+
+
+def test_regression_setmaxnreg_hang_20_warps_compiled_kernel_has_the_registers():
+    """ptxas decides how many registers the CTA starts with: checked after every compile."""
+    import dataclasses
+
+    from habu.emit_cuda.emit import emit_plan
+    from habu.search.tasks import compile_plan
+
+    m, _sizes, plan = moe_20_warp_plan()
+    ((_key, cubin),) = compile_plan(m, plan)  # checks threads × registers ≥ the demand
+    (kernel,) = emit_plan(m, plan, TARGETS["sm_90a"]).kernels
+    assert kernel.threads * cubin.resources.registers >= kernel.register_demand == 58368
+    greedy = dataclasses.replace(kernel, register_demand=128 * (40 + 4 * 232))
+    with pytest.raises(ValueError, match="the kernel would hang"):
+        greedy.check_registers(cubin.resources.registers)
