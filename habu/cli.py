@@ -218,7 +218,7 @@ def search(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the finite-field trials and inputs.")] = 0,
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not time: rank by the cost model.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Local processes proving and compiling "
-                                                                  "(default: one per CPU; 1: in this process).")] = None,
+                                                                  "(default: one per CPU but one; 1: in this process).")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="Run on a Ray cluster: auto (the one this machine "
                                                           "joined), an address, or local.")] = None,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,

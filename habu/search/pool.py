@@ -151,8 +151,10 @@ class _PoolBatch:
 
 
 def local_executor(jobs: int | None) -> InlineExecutor | ProcessExecutor:
-    """`--jobs 1`: in the driver; more: a process pool of that size (default: one per CPU)."""
-    n = jobs if jobs is not None else (os.cpu_count() or 1)
+    """`--jobs 1`: in the driver; more: a process pool of that size. The default leaves one CPU
+    to the driver (on a 2-core machine the driver alone is faster: 1.05 against 0.86 verified
+    candidates per second for GGEMM)."""
+    n = jobs if jobs is not None else (os.cpu_count() or 1) - 1
     return InlineExecutor() if n <= 1 else ProcessExecutor(n)
 
 
