@@ -81,6 +81,22 @@ def test_moe_gather_reduced():
     golden("moe_gather.habu", "MOE-UP", {"T": 4096, "R": 1000, "N": 1536, "K": 4096})
 
 
+@pytest.mark.parametrize("pins", [
+    {"tile": "256x96x64", "warps": "20", "stages": "3", "split_k": "2"},  # 4 consumer warpgroups
+    {"tile": "192x128x64", "warps": "16", "stages": "3"},  # 3 consumer warpgroups
+], ids=["20-warps", "16-warps"])
+def test_regression_setmaxnreg_hang_many_consumer_warpgroups(pins):
+    """With 40/232 for every warp count, 20 warps asked setmaxnreg.inc for more registers than the
+    CTA has and hung the H200 (2026-11-30). Runs in a subprocess with a timeout: a hang fails."""
+    import subprocess
+    import sys
+
+    code = ("from tests.gpu.test_golden import golden; "
+            f"golden('moe_gather.habu', 'MOE-UP', {{'T': 4096, 'R': 1000, 'N': 1536, 'K': 4096}}, {pins!r})")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_gemm_default():
     golden("gemm.habu", "GEMM", {"M": 2048, "N": 2048, "K": 2048})
 
