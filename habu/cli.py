@@ -274,7 +274,7 @@ def _local_timer(console, file: Path, m, sizes):
     timer = GpuTimer(str(file), m.name, sizes)
     console.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
     if timer.start() is None:
-        console.print(f"[yellow]nothing will be timed: {getattr(timer, 'unavailable', 'no GPU found')}; "
+        console.print(f"[yellow]nothing will be timed: {timer.unavailable or 'no GPU found'}; "
                       "candidates are ranked by the cost model and the winner is stored as unmeasured[/]")
         return None
     console.print(f"timing on {timer.info['gpu']} ({timer.info['sm_count']} SMs)", highlight=False)

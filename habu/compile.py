@@ -179,6 +179,8 @@ def build_kernels(model: Model, compiled: Compiled, target: Target) -> list[dict
         source, kernels = cuda_source(model, plan, target)
         cubin, _hit = compile_cached(source, f"habu_{model.name.lower()}", target.name)
         resources = {k.name: resources_of(cubin.log, k.name) for k in kernels}
+        for k in kernels:
+            k.check_registers(resources[k.name].registers)
         out.append({"plan": plan, "source": source, "cubin": cubin, "resources": resources, "kernels": kernels})
     return out
 

@@ -46,6 +46,7 @@ class GpuTimer:
         self.proc: Any = None
         self.conn: Any = None
         self.info: dict | None = None
+        self.unavailable = ""  # why the worker could not start, when it could not
         self.failed_starts = 0  # in a row: after `max_failed_starts`, plans fail at once
         self.max_failed_starts = 2
 
@@ -83,9 +84,9 @@ class GpuTimer:
         if self.proc is None or not self.proc.is_alive():
             if self.failed_starts >= self.max_failed_starts:
                 return Measurement(False, f"not timed: the timing worker failed to start {self.failed_starts} "
-                                          f"times in a row (the last: {getattr(self, 'unavailable', '?')})")
+                                          f"times in a row (the last: {self.unavailable})")
             if self.start() is None:
-                return Measurement(False, "the timing worker could not start: " + getattr(self, "unavailable", "?"))
+                return Measurement(False, "the timing worker could not start: " + self.unavailable)
         assert self.conn is not None
         try:
             self.conn.send({"kind": "plan", "plan": plan_json, "cubins": cubins})

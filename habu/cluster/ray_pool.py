@@ -128,7 +128,7 @@ class GpuActor:
                               source=job.source)
         started = self.timer.start()
         self.info = None if started is None else dict(started) | {"habu": __version__}
-        self.reason = getattr(self.timer, "unavailable", "")
+        self.reason = self.timer.unavailable
 
     def describe(self) -> dict:
         import os

@@ -261,16 +261,17 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
         need = acc_regs + 4 * mi + 2 * ni + 32
     else:
         need = acc_regs + 48
+    where = f"65536 over {threads} threads"
     if k.mma == "wgmma" and k.warp_specialized:
         from habu.lower.registers import warp_specialized_split
 
         split = warp_specialized_split(k.warps)
-        cap = split.consumer  # what each consumer thread gets after setmaxnreg
+        cap, where = split.consumer, "a consumer thread's share after setmaxnreg"
         yield Obligation(R["setmaxnreg-pool"], name, None, split.describe(), split.fits,
                          detail=f"{split.demand} registers asked of a {split.pool}-register pool")
     yield Obligation(R["register-budget"], name, None,
                      f"about {need} registers per thread ({acc_regs} accumulators) ≤ {cap} "
-                     f"({65536} over {threads} threads)", need <= cap,
+                     f"({where})", need <= cap,
                      detail=f"{acc_regs} accumulator registers per thread, {cap} available")
     layout = contraction_smem(k, a_dt, b_dt, lw.b.positions[-1].axis == "k")
     yield Obligation(R["smem-budget"], name, None,

@@ -161,7 +161,7 @@ class Search:
         """How many candidates go out at once: enough to keep every worker busy, never more than
         the trials budget has left (so every executor checks exactly the same candidates)."""
         n = max(1, self.executor.parallelism)
-        if self.timer is not None and getattr(self.executor, "concurrent", False) and self.budget.trials is None:
+        if self.timer is not None and self.executor.concurrent and self.budget.trials is None:
             # most candidates fail the rules in the workers: send enough that about four proven
             # plans per GPU come back from each batch, so the GPUs are never idle
             gpus = max(1, int(getattr(self.timer, "width", 1)))
@@ -406,7 +406,7 @@ class Search:
         # With a time budget and workers of its own, the executor proves the next batch while this
         # one is timed, so the GPUs never wait for proofs (a batch sent ahead when the time runs
         # out is dropped).
-        ahead = self.budget.trials is None and getattr(self.executor, "concurrent", False)
+        ahead = self.budget.trials is None and self.executor.concurrent
         upcoming = send_next() if more() else None
         while upcoming is not None:
             batch, scored, sent = upcoming

@@ -30,6 +30,7 @@ class Pending(Protocol):
 class Executor(Protocol):
     name: str
     parallelism: int
+    concurrent: bool  # do sent batches run while the driver does other work (times the last one)?
 
     def submit(self, job: Job, items: Sequence[Item]) -> Pending: ...
 
