@@ -513,17 +513,32 @@ def main() -> None:
     except KeyboardInterrupt:
         print("habu: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click's own usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # click's own usage errors (typer >= 0.29 vendors its own click)
+        usage_errors, aborts = _click_error_types()
+        if isinstance(exc, usage_errors):
             exc.show()
             sys.exit(exc.exit_code if exc.exit_code else 2)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, aborts):
             print("habu: aborted", file=sys.stderr)
             sys.exit(1)
         raise
 
+
+def _click_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """Click's usage-error and abort classes, from click itself and from the copy typer vendors."""
+    import importlib
+
+    usage: list[type] = []
+    aborts: list[type] = []
+    for name in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        usage.append(mod.ClickException)
+        if hasattr(mod, "Abort"):
+            aborts.append(mod.Abort)
+    return tuple(usage), tuple(aborts)
 
 if __name__ == "__main__":
     main()

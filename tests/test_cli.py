@@ -52,6 +52,18 @@ def test_missing_file_is_a_clean_error():
     assert r.returncode == 1 and "no such file" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (("show", "examples/ggemm.habu"), "No such command 'show'"),
+    (("check", "--bogus", "examples/ggemm.habu"), "No such option: --bogus"),
+    (("search",), "Missing argument"),
+])
+def test_regression_click_usage_error_printed_a_traceback(args, says):
+    """typer 0.29 raises its vendored click's UsageError, which `main` did not recognise."""
+    r = habu(*args)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
+
+
 def test_eval_round_trip(tmp_path):
     src = tmp_path / "g.habu"
     src.write_text((ROOT / "tests" / "seed" / "ggemm.habu").read_text())
