@@ -26,7 +26,7 @@ from typing import Any
 from habu.bench.worker import GpuTimer, Measurement
 from habu.errors import UsageError
 from habu.search.pool import Item
-from habu.search.tasks import Job, check_candidate
+from habu.search.tasks import Job, check_candidate_niced
 
 # what makes two GPUs interchangeable for timing (and one database entry)
 IDENTITY = ("gpu", "sm_count", "arch", "driver", "habu")
@@ -64,7 +64,7 @@ def identity(info: dict) -> tuple:
 def _check_remote():
     ray = ray_module()
     # Ray re-runs a task whose worker process or node died; a Python exception is a real answer
-    return ray.remote(max_retries=3, retry_exceptions=False)(check_candidate)
+    return ray.remote(max_retries=3, retry_exceptions=False)(check_candidate_niced)
 
 
 class RayExecutor:

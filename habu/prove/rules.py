@@ -535,11 +535,33 @@ def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = Non
     for i, k, lw in _kernels(model, plan, only):
         name = f"kernel {i} ({'+'.join(k.nodes)})"
         for ob in FAMILY[type(lw)](name, lw, ctx):
-            if ob.rule.name in table and isinstance(ob.formula, bool) and not ob.formula \
-                    and ob.status != "runtime-check":
+            if ob.rule.name in table and ob.status != "runtime-check" and _ground_false(ob.formula):
                 ob.status, ob.how = "violated", "fails"
                 return ob
     return None
+
+
+def _ground_false(formula: Any) -> bool:
+    """The formula is False: a Python bool, or a z3 formula over constants alone (a stride at a
+    fixed shape) that simplifies to false. A formula with a free variable is left to the solver."""
+    if isinstance(formula, bool):
+        return not formula
+    if isinstance(formula, z3.BoolRef) and not _has_free_constants(formula):
+        return z3.is_false(z3.simplify(formula))
+    return False
+
+
+def _has_free_constants(e: Any) -> bool:
+    todo, seen = [e], set()
+    while todo:
+        x = todo.pop()
+        if x.get_id() in seen:
+            continue
+        seen.add(x.get_id())
+        if z3.is_const(x) and x.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+            return True
+        todo.extend(x.children())
+    return False
 
 
 def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,

@@ -22,11 +22,11 @@ from habu.db import Key, PlanDB, Record, Versions, provenance
 from habu.db import Target as DbTarget
 from habu.errors import UsageError
 from habu.lower import lower_plan
-from habu.prove.rules import quick_reject
 from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
 from habu.search.patterns import Region, default_regions, partitions
 from habu.search.plan import Kernel, Plan
 from habu.search.pool import Executor, InlineExecutor, Pending
+from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
 from habu.spec.ir import Model
@@ -123,6 +123,7 @@ class Search:
         self.taken = self.survived = 0  # candidates batched, and those proven (to size the batches)
         self.sizes = concrete_sizes(model, sizes)
         self.fixed = dict(self.sizes)  # the model is bound to one shape: every extent is fixed
+        self.pruner = QuickPruner(model, self.fixed)
         self.budget, self.timer, self.top_k, self.seed = budget, timer, top_k, seed
         self.progress = progress or (lambda s: None)
         self.stats = Stats()
@@ -185,7 +186,7 @@ class Search:
         items, where = [], []
         for j, (plan, (_, region, _)) in enumerate(zip(plans, batch, strict=True)):
             only = None if region < 0 else {region}  # the other kernels were proven already
-            if quick_reject(self.model, plan, self.fixed, only) is not None:
+            if self.pruner.reject(plan, only) is not None:
                 self.stats.pruned_rules += 1
                 continue
             self.sequence += 1
@@ -392,13 +393,15 @@ class Search:
         def in_time() -> bool:
             return self._left() and (deadline is None or time.monotonic() <= deadline)
 
+        at = 0  # the next candidate of the queue to send
+
         def more() -> bool:
-            return bool(queue) and in_time()
+            return at < len(queue) and in_time()
 
         def send_next() -> tuple[list[tuple[float, Kernel]], list[Scored], _Sent]:
-            nonlocal queue
+            nonlocal at
             n = self._batch_size()
-            batch, queue = queue[:n], queue[n:]
+            batch, at = queue[at:at + n], at + n
             scored = [Scored(k, cost) for cost, k in batch]
             kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, k in batch]
             return batch, scored, self._send([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])

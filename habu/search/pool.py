@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
 
-from habu.search.tasks import Job, check_candidate
+from habu.search.tasks import Job, check_candidate, lower_priority
 
 # one candidate to check: (plan JSON, seed, the kernels to prove (None: all), compile it for timing?)
 Item = tuple[dict, int, "tuple[int, ...] | None", bool]
@@ -80,7 +80,8 @@ class ProcessExecutor:
 
     def _ensure(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(self.parallelism, mp_context=mp.get_context("spawn"))
+            self._pool = cf.ProcessPoolExecutor(self.parallelism, mp_context=mp.get_context("spawn"),
+                                                initializer=lower_priority)
         return self._pool
 
     def worker_pids(self) -> list[int]:
@@ -114,9 +115,18 @@ class ProcessExecutor:
             self._pool = None
 
     def close(self) -> None:
+        """Stop at once: proofs still running (a batch sent ahead when the budget ran out) are
+        killed, not waited for."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+            pool, self._pool = self._pool, None
+            procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+            pool.shutdown(wait=False, cancel_futures=True)
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
+            for proc in procs:
+                proc.join(timeout=5)
+            pool.shutdown(wait=True)
 
 
 class _PoolBatch:

@@ -101,4 +101,30 @@ def prefill_cache(cubins: list[tuple[str, Any]] | None) -> None:
             store(root, key, cubin)
 
 
-__all__ = ["Job", "bound_model", "check_candidate", "compile_plan", "prefill_cache"]
+__all__ = ["Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan", "lower_priority",
+           "prefill_cache"]
+
+
+def lower_priority() -> None:
+    """Run this worker process below the driver and the GPU timing workers (nice 10): proofs and
+    compiles fill every CPU, and a timing process that waits for a CPU leaves gaps in the GPU's
+    queue that its events would count."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(10)
+
+
+def check_candidate_niced(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
+                          compile_kernels: bool = False) -> dict:
+    """`check_candidate` in a worker process of its own (a Ray task), at lower priority."""
+    global _NICED
+    if not _NICED:
+        lower_priority()
+        _NICED = True
+    return check_candidate(job, plan_json, seed, only, compile_kernels)
+
+
+_NICED = False
+

@@ -130,3 +130,36 @@ def test_with_a_time_budget_the_pool_tunes_like_one_process(tmp_path):
     n = min(len(ta), len(tb))
     assert n >= 4
     assert [e["kernel"] for e in ta[:n]] == [e["kernel"] for e in tb[:n]]
+
+
+def test_regression_closing_the_pool_waited_for_proofs_still_running():
+    """`habu search --budget 5m` on the H200 printed its winner at 316 s and was still closing
+    at 330 s: the pool's shutdown waited for the batch sent ahead. Its workers also run niced,
+    below the driver and the timing worker."""
+    import os
+    import time
+
+    import pytest
+
+    from habu.search.pool import ProcessExecutor
+
+    ex = ProcessExecutor(2)
+    pool = ex._ensure()
+    futures = [pool.submit(time.sleep, 60) for _ in range(4)]
+    deadline = time.monotonic() + 30
+
+    def niced() -> bool:
+        pids = ex.worker_pids()
+        return len(pids) == 2 and all(os.getpriority(os.PRIO_PROCESS, pid) >= 10 for pid in pids)
+
+    while not niced() and time.monotonic() < deadline:  # the initializer runs as each worker starts
+        time.sleep(0.1)
+    assert niced()
+    pids = ex.worker_pids()
+    started = time.monotonic()
+    ex.close()
+    assert time.monotonic() - started < 10
+    assert len(futures) == 4
+    for pid in pids:  # killed, not left running their proofs
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
