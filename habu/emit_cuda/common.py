@@ -87,10 +87,11 @@ class SizeView(Mapping[str, Any]):
 def _ident(name: str) -> str:
     """A C identifier for a tensor name: %3 (an intermediate) -> t3, @A (a staged copy) -> staged_A."""
     if name.startswith("%"):
-        return "t" + name[1:]
+        return "t" + _ident(name[1:])
     if name.startswith("@"):
         return "staged_" + _ident(name[1:])
-    return name
+    # anything else that C does not allow (Y.scale, made by a rewrite) is spelt by its code: Y_2e_scale
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch == "_") else f"_{ord(ch):x}_" for ch in name)
 
 
 def index_type(width: int) -> str:

@@ -18,13 +18,17 @@ def kernel_name(model: Model, plan: Plan, i: int) -> str:
 
 
 def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
+    from habu.search.rewrite import planned_model
+
+    lowerings = lower_plan(model, plan)
+    model = planned_model(model, plan)  # the nodes and intermediates the kernels compute
     static = {name: size for name, size in plan.shape}
     for e in model.extents:
         if e.is_static and e.name not in static:
             static[e.name] = e.size  # type: ignore[assignment]
     kernels: list[CudaKernel] = []
     staged: list[tuple[str, str, tuple[str, ...]]] = []
-    for i, lw in enumerate(lower_plan(model, plan)):
+    for i, lw in enumerate(lowerings):
         name = kernel_name(model, plan, i)
         if isinstance(lw, ContractionLowering):
             for j, stage in enumerate(lw.pre):

@@ -195,7 +195,15 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
   }}""")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
-    if vector_mode and vec * DTYPES[out.dtype].bytes == 16 and out.dtype in ("bf16", "f16"):
+    if lw.per_row:  # a row statistic: the row's first thread stores its one value
+        out_off = access_offset(out, {"r": "r"}, sizes, lw.index_width, lambda t, x: "0")
+        final_loop = f"""  if (tid == 0) {{
+    const {it} col = 0;
+    const {it} slot = 0;
+    (void)col; (void)slot;
+    {store_value(out.dtype, p_out, out_off, render(expr, 'col', 'slot'))}
+  }}"""
+    elif vector_mode and vec * DTYPES[out.dtype].bytes == 16 and out.dtype in ("bf16", "f16"):
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         base_off = access_offset(out, {"r": "r", "c": f"g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
         value = render(expr, "col", "slot")

@@ -28,6 +28,10 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
 
 
 def lower_plan(model: Model, plan: Plan) -> list[Lowering]:
+    """Lower every kernel of a plan of `model` (as written: the plan's rewrites are applied here)."""
+    from habu.search.rewrite import planned_model
+
+    model = planned_model(model, plan)
     storage = dict(plan.storage)
     return [lower(model, k, storage) for k in plan.kernels]
 

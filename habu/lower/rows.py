@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from habu.lower.access import Access, access_for
+from habu.search.patterns import row_local
 from habu.search.plan import MapKernel, RowKernel
 from habu.spec.ir import Equation, Gather, IndexVar, Load, Model, rename_vars, walk
 
@@ -32,6 +33,11 @@ class RowLowering:
     @property
     def chunk(self) -> int:
         return self.kernel.threads * self.kernel.vector
+
+    @property
+    def per_row(self) -> bool:
+        """The kernel stores one value per row (a row statistic), not a row."""
+        return len(self.nodes[-1].lhs) == 1
 
 
 @dataclass(frozen=True)
@@ -54,12 +60,19 @@ def _region(model: Model, names: tuple[str, ...]) -> list[Equation]:
 
 def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | None = None) -> RowLowering:
     nodes = _region(model, kernel.nodes)
-    r_ext, c_ext = nodes[-1].lhs[0].extent, nodes[-1].lhs[1].extent
+    axes = row_local(nodes[-1])
+    if axes is None:
+        raise ValueError(f"{nodes[-1].target} is not row-local")
+    r_ext, c_ext = axes
     rv, cv = IndexVar("r", r_ext), IndexVar("c", c_ext)
     renamed: list[Equation] = []
     for eq in nodes:
-        mapping = {eq.lhs[0]: rv, eq.lhs[1]: cv}
-        renamed.append(Equation(eq.target, (rv, cv), rename_vars(eq.rhs, mapping)))
+        if len(eq.lhs) == 1 and eq is not nodes[-1]:
+            raise ValueError(f"a row statistic ({eq.target}) can only end a row kernel")
+        mapping: dict[IndexVar, IndexVar] = {eq.lhs[0]: rv}
+        if len(eq.lhs) == 2:
+            mapping[eq.lhs[1]] = cv
+        renamed.append(Equation(eq.target, tuple(mapping.values()), rename_vars(eq.rhs, mapping)))
     defined: set[str] = set()
     loads: list[tuple[Load, Access]] = []
     extent_of_axis = {"r": r_ext, "c": c_ext}
@@ -70,7 +83,9 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
             axis_of = {v: ("r" if v == rv else "c") for v in _vars(x)}
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
         defined.add(eq.target)
-    out = access_for(model.tensor(renamed[-1].target), (rv, cv), {rv: "r", cv: "c"}, extent_of_axis, storage)
+    out_vars = renamed[-1].lhs
+    out = access_for(model.tensor(renamed[-1].target), out_vars, {v: ("r" if v == rv else "c") for v in out_vars},
+                     extent_of_axis, storage)
     return RowLowering(kernel, r_ext, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width)
 
 

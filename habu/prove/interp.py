@@ -350,6 +350,11 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
 
     for eq in lw.nodes:
         env[eq.target] = np.broadcast_to(ev(eq.rhs), (len(rows), padded))
+    if lw.per_row:  # a row statistic: one value per row, stored once
+        owned = rows[:, None] < sizes[lw.r]
+        write(name, lw.out, {"r": rows[:, None]}, env[lw.nodes[-1].target][:, :1], sizes, mem, lw.index_width,
+              False, owned, where)
+        return
     owned = (rows[:, None] < sizes[lw.r]) & (cols[None, :] < C)
     write(name, lw.out, coords, env[lw.nodes[-1].target], sizes, mem, lw.index_width, False, owned, where)
 

@@ -470,7 +470,9 @@ def context(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) ->
             domain += [v >= e.lo, v <= e.hi]
             if e.multiple > 1:
                 domain.append(v % e.multiple == 0)
-    return Context(model, plan, target_named(plan.target), ext, domain, dict(plan.storage))
+    from habu.search.rewrite import planned_model
+
+    return Context(planned_model(model, plan), plan, target_named(plan.target), ext, domain, dict(plan.storage))
 
 
 def discharge(ob: Obligation, ctx: Context) -> Obligation:
@@ -520,6 +522,9 @@ def discharge(ob: Obligation, ctx: Context) -> Obligation:
 def _kernels(model: Model, plan: Plan, only: set[int] | None):
     storage = dict(plan.storage)
     from habu.lower import lower
+    from habu.search.rewrite import planned_model
+
+    model = planned_model(model, plan)
 
     for i, k in enumerate(plan.kernels):
         if only is None or i in only:

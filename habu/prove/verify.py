@@ -241,13 +241,16 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         raise ValueError(f"verify_plan needs sizes for {missing}")
     seeds = list(seeds) if seeds else [secrets.randbits(63) for _ in range(trials)]
     lowerings = lowerings if lowerings is not None else lower_plan(model, plan)
+    from habu.search.rewrite import planned_model
+
+    graph = planned_model(model, plan)  # what the kernels compute; the reference evaluates `model`
     names = [f"kernel {i} ({'+'.join(k.nodes)})" for i, k in enumerate(plan.kernels)]
     s = full
     coverage: list[str] = []
     if witness or (witness is None and len(plan.kernels) > 1):
         from habu.prove.witness import prove_coverage, tiled_axes, witness_sizes
 
-        w = witness_sizes(model, names, lowerings, full)
+        w = witness_sizes(graph, names, lowerings, full)
         if w != full:
             coverage = prove_coverage(tiled_axes(names, lowerings), full, w)
             s = w
@@ -270,7 +273,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 selections[i] = sel
                 out_boxes[lw.out.tensor] = box
                 blocks_text[names[i]] = text
-        boxes = demand(model, out_boxes, s)
+        boxes = demand(graph, out_boxes, s)
+        ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
         for i, lw in enumerate(lowerings):
             if i in selections:
                 continue
@@ -302,7 +306,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                     if len(dup):
                         mem.fault(f"{names[i]} writes {lw.out.tensor} at offset {int(dup[0])} "
                                   f"{int(counts[0])} times (a race between blocks: the last write wins)")
-            ref = Evaluator(model, s, field_, boxes).run(inputs)
+            ref = Evaluator(model, s, field_, ref_boxes).run(inputs)
             bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
             if bad is not None or mem.faults:
                 cert.passed = False

@@ -27,6 +27,7 @@ from habu.search.patterns import Region, default_regions, partitions
 from habu.search.plan import Kernel, Plan
 from habu.search.pool import Executor, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
+from habu.search.rewrite import apply_rewrites, rewrite_sets
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
 from habu.spec.ir import Model
@@ -90,6 +91,7 @@ class Scored:
     measurement: dict | None = None
     certificate: dict | None = None
     resources: dict | None = None
+    rewrites: tuple[str, ...] = ()  # the algebraic rewrites the candidate's kernels are built on
 
 
 @dataclass
@@ -124,6 +126,8 @@ class Search:
         self.sizes = concrete_sizes(model, sizes)
         self.fixed = dict(self.sizes)  # the model is bound to one shape: every extent is fixed
         self.pruner = QuickPruner(model, self.fixed)
+        self.rewrites: tuple[str, ...] = ()  # the rewrites of the chosen kernel graph
+        self.graph = model  # the model after them: what the kernels compute
         self.budget, self.timer, self.top_k, self.seed = budget, timer, top_k, seed
         self.progress = progress or (lambda s: None)
         self.stats = Stats()
@@ -132,6 +136,7 @@ class Search:
         self.key = self._key()
         self.job = Job.of(path, model, self.sizes, target.name)
         self.measured: dict[str, dict] = {}  # plan key -> its measurement (never time a plan twice)
+        self.certificates: dict[str, dict] = {}  # plan key -> its finite-field certificate
 
     # -- keys
     def _key(self) -> Key:
@@ -180,7 +185,7 @@ class Search:
 
     def _send(self, batch: list[tuple[tuple[Kernel, ...], int, Scored]]) -> _Sent:
         """Apply the cheap rules here and send the rest to be proven (not waiting for them)."""
-        plans = [make_plan(self.model, self.target, kernels, self.fixed) for kernels, _, _ in batch]
+        plans = [make_plan(self.model, self.target, kernels, self.fixed, sc.rewrites) for kernels, _, sc in batch]
         self.taken += len(batch)
         compile_kernels = self.timer is not None and self.executor.parallelism > 1
         items, where = [], []
@@ -220,6 +225,8 @@ class Search:
             if self.stats.first_verified_s is None:
                 self.stats.first_verified_s = self.stats.elapsed
             scored.certificate = res.get("certificate")
+            if scored.certificate is not None:
+                self.certificates[plan.key] = scored.certificate
             if status == "compile":
                 self.stats.failed += 1
                 self.db.record_failure(self.key, plan.to_json(), res["reason"])
@@ -279,7 +286,8 @@ class Search:
             # then the other partitions into kernels (the fusion choice), at their default schedules
             chosen = self._choose_partition(regions, best, first)
             if chosen is not None:
-                regions, best, score = chosen
+                (self.rewrites, regions), best, score = chosen
+                self.graph = apply_rewrites(self.model, self.rewrites) if self.rewrites else self.model
                 ranked = [[] for _ in regions]
                 base_costs = self._costs(best)
                 self.best_score = [score] * len(regions) if self.timer is not None else \
@@ -302,7 +310,7 @@ class Search:
                 self.timer.close()
             self.executor.close()
         records = self._store(best, ranked)
-        plan = make_plan(self.model, self.target, tuple(best), self.fixed)
+        plan = make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)
         return SearchResult(plan, records, self.stats, self.key, self.timer is not None, self.timeline)
 
     def _time_baseline(self) -> None:
@@ -322,17 +330,20 @@ class Search:
             return {}
         return {"baseline": self.stats.baseline, "baseline_us": self.stats.baseline_us}
 
-    def _costs(self, kernels: list[Kernel]) -> list[KernelCost]:
-        plan = make_plan(self.model, self.target, tuple(kernels), self.fixed)
+    def _costs(self, kernels: list[Kernel], rewrites: tuple[str, ...] | None = None) -> list[KernelCost]:
+        rewrites = self.rewrites if rewrites is None else rewrites
+        plan = make_plan(self.model, self.target, tuple(kernels), self.fixed, rewrites)
         return [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
 
     def _choose_partition(self, regions: tuple[Region, ...], best: list[Kernel], first: Scored
-                          ) -> tuple[tuple[Region, ...], list[Kernel], float] | None:
+                          ) -> tuple[tuple[tuple[str, ...], tuple[Region, ...]], list[Kernel], float] | None:
         """Try the other fusion partitions (cheapest predicted first), each at its default schedule:
         measured with a GPU, else by the cost model, where only a predicted gain is proven. A
         partition must pass the rules and the finite-field check like any candidate. At most a
         fifth of a time budget goes here. Returns the better partition, or None to keep the greedy one."""
-        others = partitions(self.model)[1:]
+        others = [(rw, p) for rw in rewrite_sets(self.model)
+                  for p in partitions(apply_rewrites(self.model, rw) if rw else self.model)]
+        others = [(rw, p) for rw, p in others if rw or p != regions]
         if not others:
             return None
         deadline = None if self.budget.seconds is None else time.monotonic() + self.budget.seconds / 5
@@ -340,14 +351,15 @@ class Search:
         if current is None:
             current = float("inf")
         candidates = []
-        for p in others:
+        for rw, p in others:
             try:
-                kernels = list(default_kernels(self.model, self.target, self.sizes, p))
-                predicted = sum(c.seconds for c in self._costs(kernels))
+                graph = apply_rewrites(self.model, rw) if rw else self.model
+                kernels = list(default_kernels(graph, self.target, self.sizes, p))
+                predicted = sum(c.seconds for c in self._costs(kernels, rw))
             except Exception:  # a partition no kernel family lowers: not a candidate
                 continue
             self.stats.generated += 1
-            candidates.append((predicted, p, kernels))
+            candidates.append((predicted, (rw, p), kernels))
         candidates.sort(key=lambda c: c[0])
         if self.timer is None:  # ranked by the cost model: only a predicted gain is worth proving
             candidates = [c for c in candidates if c[0] < current]
@@ -356,7 +368,7 @@ class Search:
         while candidates and self._left() and (deadline is None or time.monotonic() <= deadline):
             n = self._batch_size()
             batch, candidates = candidates[:n], candidates[n:]
-            scored = [Scored(kernels[0], predicted) for predicted, _, kernels in batch]
+            scored = [Scored(kernels[0], predicted, rewrites=rw) for predicted, (rw, _), kernels in batch]
             self.stats.partitions += len(batch)
             kept = self._try_batch([(tuple(k), -1, sc) for (_, _, k), sc in zip(batch, scored, strict=True)])
             for (predicted, p, kernels), sc, ok in zip(batch, scored, kept, strict=True):
@@ -371,14 +383,14 @@ class Search:
     def _tune_region(self, i: int, region: Region, best: list[Kernel], ranked: list[list[Scored]],
                      deadline: float | None) -> None:
         self.stats.region = f"{region.kind} {'+'.join(region.nodes)}"
-        plan = make_plan(self.model, self.target, tuple(best), self.fixed)
+        plan = make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)
         base_lw = lower_plan(self.model, plan)[i]
         candidates: list[tuple[float, Kernel]] = []
-        for k in region_space(self.model, region, self.target, self.sizes):
+        for k in region_space(self.graph, region, self.target, self.sizes):
             self.stats.generated += 1
             try:
                 lw = replace(base_lw, kernel=k) if hasattr(base_lw, "kernel") else base_lw
-                cost = kernel_cost(_relower(self.model, plan, i, k, lw), self.sizes, self.target).seconds
+                cost = kernel_cost(_relower(self.graph, plan, i, k, lw), self.sizes, self.target).seconds
             except Exception:
                 continue
             candidates.append((cost, k))
@@ -402,7 +414,7 @@ class Search:
             nonlocal at
             n = self._batch_size()
             batch, at = queue[at:at + n], at + n
-            scored = [Scored(k, cost) for cost, k in batch]
+            scored = [Scored(k, cost, rewrites=self.rewrites) for cost, k in batch]
             kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, k in batch]
             return batch, scored, self._send([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])
 
@@ -437,12 +449,13 @@ class Search:
 
     def _store(self, best: list[Kernel], ranked: list[list[Scored]], default: Scored | None = None) -> list[Record]:
         """Write the best plan (and the runners-up of each region) to the database now."""
-        plans: list[tuple[Plan, Scored | None]] = [(make_plan(self.model, self.target, tuple(best), self.fixed), None)]
+        plans: list[tuple[Plan, Scored | None]] = [(make_plan(self.model, self.target, tuple(best), self.fixed,
+                                                             self.rewrites), None)]
         key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: s.predicted_s)
         for i, pool in enumerate(ranked):
             for s in sorted(pool, key=key)[1: self.top_k]:
                 kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))
-                plans.append((make_plan(self.model, self.target, kernels, self.fixed), s))
+                plans.append((make_plan(self.model, self.target, kernels, self.fixed, self.rewrites), s))
         records = []
         for plan, s in plans[: self.top_k]:
             costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
@@ -459,7 +472,8 @@ class Search:
                 if plan.key in self.measured:
                     meas = self.measured[plan.key]
                     measured = meas["median_us"]
-            cert = (s.certificate if s else None) or (default.certificate if default else None)
+            cert = self.certificates.get(plan.key) or (s.certificate if s else None) or \
+                (default.certificate if default else None)
             records.append(Record(rank=0, plan=plan.to_json(), status="measured" if measured else "unmeasured",
                                   median_us=measured, p20_us=meas.get("p20_us"), p80_us=meas.get("p80_us"),
                                   samples_us=meas.get("samples_us") or [], predicted_us=predicted,

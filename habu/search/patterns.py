@@ -145,7 +145,11 @@ def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
 
 
 def row_local(eq: Equation) -> tuple[str, str] | None:
-    """(row extent, column extent) when every access of the node stays in the row it writes."""
+    """(row extent, column extent) when every access of the node stays in the row it writes. A
+    one-dimensional node is a row statistic (`s[r] = f(Σ c ...)`): its columns are the ones it
+    reduces over."""
+    if len(eq.lhs) == 1:
+        return _row_statistic(eq)
     if len(eq.lhs) != 2:
         return None
     r, c = eq.lhs
@@ -161,6 +165,27 @@ def row_local(eq: Equation) -> tuple[str, str] | None:
             if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
                 return None
     return r.extent, c.extent
+
+
+def _row_statistic(eq: Equation) -> tuple[str, str] | None:
+    r = eq.lhs[0]
+    reductions = [x for x in walk(eq.rhs) if isinstance(x, Reduce)]
+    columns = {v.extent for x in reductions for v in x.vars}
+    if len(columns) != 1:
+        return None
+    c_ext = next(iter(columns))
+    for x in walk(eq.rhs):
+        if isinstance(x, Load):
+            if any(isinstance(ix, Gather) for ix in x.indices):
+                return None
+            if len(x.indices) == 2 and (x.indices[0] not in (r, IndexConst(0))
+                                        or not _is_col_var(x.indices[1], IndexVar("", c_ext))):
+                return None
+            if len(x.indices) == 1 and x.indices[0] != r:
+                return None
+            if len(x.indices) > 2:
+                return None
+    return r.extent, c_ext
 
 
 def _is_col_var(ix: IndexExpr, c: IndexVar) -> bool:

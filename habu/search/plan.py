@@ -93,10 +93,12 @@ class Plan:
     kernels: tuple[Kernel, ...] = doc("the kernels, in launch order; each computes one fusion region")
     storage: tuple[tuple[str, str], ...] = doc("element type of each intermediate written between kernels", ())
     guards: tuple[str, ...] = doc("conditions on runtime extents under which this plan is valid", ())
+    rewrites: tuple[str, ...] = doc("algebraic rewrites applied to the model before it is cut into kernels "
+                                    "(inline:P, factor:T); the kernels name the rewritten model's nodes", ())
 
     # -- JSON
     def to_json(self) -> dict:
-        return {
+        out = {
             "format": PLAN_FORMAT,
             "model": self.model,
             "model_hash": self.model_hash,
@@ -106,6 +108,9 @@ class Plan:
             "storage": {k: v for k, v in self.storage},
             "guards": list(self.guards),
         }
+        if self.rewrites:  # absent when none, so plans without rewrites keep their keys
+            out["rewrites"] = list(self.rewrites)
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
@@ -137,10 +142,17 @@ class Plan:
                 kernels=tuple(kernels),
                 storage=tuple((str(k), str(v)) for k, v in data.get("storage", {}).items()),
                 guards=tuple(str(g) for g in data.get("guards", [])),
+                rewrites=_strings(data.get("rewrites", []), "rewrites"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise HabuError(f"{where}: not a valid Habu plan: {what}") from None
+
+
+def _strings(v: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise TypeError(f"{what} must be a list of strings, got {v!r}")
+    return tuple(v)
 
 
 def _kernel_dict(k: Kernel) -> dict:

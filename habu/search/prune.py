@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from habu.prove.rules import Obligation, quick_reject
 from habu.search.patterns import as_contraction
 from habu.search.plan import ContractionKernel, Plan
+from habu.search.rewrite import apply_rewrites
 from habu.spec.ir import Model
 
 # rules whose verdict reads only one operand's access, movement, vector width, the tile and the target
@@ -30,32 +31,39 @@ class QuickPruner:
         self.model, self.fixed = model, dict(fixed)
         self.known: dict[tuple, Obligation] = {}  # operand signature -> the rule it broke
         self.remembered = 0  # candidates pruned from memory
+        self.graphs: dict[tuple[str, ...], Model] = {}  # the model after each set of rewrites
 
-    def _operands(self, kernel: ContractionKernel) -> dict[str, tuple]:
+    def _operands(self, graph: Model, kernel: ContractionKernel) -> dict[str, tuple]:
         """Each operand tensor's signature in this kernel (none when both operands are one tensor)."""
-        c = as_contraction(next(eq for eq in self.model.nodes if eq.target == kernel.nodes[0]))
+        c = as_contraction(next(eq for eq in graph.nodes if eq.target == kernel.nodes[0]))
         if c is None or c.a.load.tensor == c.b.load.tensor:
             return {}
         tile = (kernel.tile_m, kernel.tile_n, kernel.tile_k)
         return {c.a.load.tensor: ("A", c.a.load.tensor, kernel.a_move, kernel.a_vector, *tile),
                 c.b.load.tensor: ("B", c.b.load.tensor, kernel.b_move, kernel.b_vector, *tile)}
 
+    def _graph(self, rewrites: tuple[str, ...]) -> Model:
+        if rewrites not in self.graphs:
+            self.graphs[rewrites] = apply_rewrites(self.model, rewrites) if rewrites else self.model
+        return self.graphs[rewrites]
+
     def reject(self, plan: Plan, only: set[int] | None = None) -> Obligation | None:
         """The first structural rule `plan` breaks (in the kernels `only`, else all), or None."""
         sigs: dict[str, tuple] = {}
+        graph = self._graph(plan.rewrites)
         for i, k in enumerate(plan.kernels):
             if isinstance(k, ContractionKernel) and (only is None or i in only):
-                for tensor, sig in self._operands(k).items():
+                for tensor, sig in self._operands(graph, k).items():
                     sigs[f"{i}:{tensor}"] = sig
-                    if sig in self.known:
+                    if (plan.rewrites, *sig) in self.known:
                         self.remembered += 1
-                        return self.known[sig]
+                        return self.known[(plan.rewrites, *sig)]
         ob = quick_reject(self.model, plan, self.fixed, only)
         if ob is not None and ob.rule.name in OPERAND_LOCAL_RULES and ob.tensor is not None:
             kernel_index = _kernel_index(ob.kernel)
             sig = sigs.get(f"{kernel_index}:{ob.tensor}")
             if sig is not None:
-                self.known[sig] = ob
+                self.known[(plan.rewrites, *sig)] = ob
         return ob
 
 

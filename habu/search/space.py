@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
-from habu.search.patterns import Region, as_contraction, default_regions
+from habu.search.patterns import Region, as_contraction, default_regions, row_local
 from habu.search.plan import MMAS, MOVEMENTS, RASTERS, ContractionKernel, Kernel, MapKernel, Plan, RowKernel
 from habu.spec.ir import Equation, Model
 from habu.target import Target
@@ -33,7 +33,8 @@ def storage_dtypes(model: Model) -> dict[str, str]:
     """Intermediates are stored in the inputs' 16-bit float type when they all share one, else f32."""
     floats = {t.dtype.name for t in model.inputs if t.dtype is not None and not t.is_index}
     dt = next(iter(floats)) if len(floats) == 1 and floats <= {"bf16", "f16"} else "f32"
-    return {t.name: dt for t in model.intermediates}
+    # a vector (a row statistic such as a normalisation's scale) is small: it keeps f32
+    return {t.name: dt if len(t.extents) > 1 else "f32" for t in model.intermediates}
 
 
 def dtype_of(model: Model, tensor: str) -> str:
@@ -154,7 +155,8 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
 def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, int],
                  multiples: dict[str, int]) -> RowKernel:
     last = node_of(model, region.output)
-    c_ext = last.lhs[1].extent
+    axes = row_local(last)
+    c_ext = axes[1] if axes else last.lhs[-1].extent
     eb = max(dtype_bytes(model, t.name) for t in model.inputs if c_ext in t.extents) if model.inputs else 4
     static = next(e for e in model.extents if e.name == c_ext).size
     vec = max_vector(static, eb, multiples.get(c_ext, 1))
@@ -200,13 +202,18 @@ def default_kernels(model: Model, target: Target, sizes: dict[str, int],
     return tuple(out)
 
 
-def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: dict[str, int]) -> Plan:
+def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: dict[str, int],
+              rewrites: tuple[str, ...] = ()) -> Plan:
+    """A plan of `model` (as written); `kernels` compute the nodes of `model` after `rewrites`."""
+    from habu.search.rewrite import apply_rewrites
+
+    graph = apply_rewrites(model, rewrites) if rewrites else model
     shape = tuple((e.name, sizes[e.name]) for e in model.extents if e.name in sizes)
     stored = {k.nodes[-1] for k in kernels}
-    dtypes = storage_dtypes(model)
-    storage = tuple((t.name, dtypes[t.name]) for t in model.intermediates if t.name in stored)
+    dtypes = storage_dtypes(graph)
+    storage = tuple((t.name, dtypes[t.name]) for t in graph.intermediates if t.name in stored)
     return Plan(model=model.name, model_hash=model.canonical_hash(), target=target.name, shape=shape,
-                kernels=kernels, storage=storage)
+                kernels=kernels, storage=storage, rewrites=tuple(rewrites))
 
 
 def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = None,

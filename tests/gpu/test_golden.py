@@ -38,8 +38,8 @@ GG_SHAPES = [
 ]
 
 
-def golden(path, model, sizes, pins=None, index="random", seed=0):
-    built = build(str(EX / path), model, sizes, pins)
+def golden(path, model, sizes, pins=None, index="random", seed=0, plan=None):
+    built = build(str(EX / path), model, sizes, pins, plan=plan)
     full = built.sizes
     inputs = make_inputs(built.model, full, seed, index)
     outs = poisoned_outputs(built.model, full)
@@ -117,6 +117,27 @@ def test_softmax(C):
 
 def test_rmsnorm_linear():
     golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 300, "D": 1024, "N": 520})
+
+
+@pytest.mark.parametrize("sizes", [{"T": 300, "D": 1024, "N": 520}, {"T": 2048, "D": 4096, "N": 4096}],
+                         ids=["ragged", "example"])
+def test_rmsnorm_linear_with_the_row_scale_after_the_contraction(sizes):
+    """The factor:Y rewrite (a row-statistic kernel, then the contraction over X with the scale in
+    its epilogue), every partition of it, against the float64 reference of the model as written."""
+    from habu.bench.run import device_target
+    from habu.search.patterns import partitions
+    from habu.search.rewrite import apply_rewrites
+    from habu.search.space import concrete_sizes, default_kernels, make_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    target = TARGETS[device_target()]
+    m = load_program(EX / "rmsnorm_linear.habu").models["RMSNORM-LINEAR"].with_sizes(sizes)
+    s = concrete_sizes(m)
+    g = apply_rewrites(m, ("factor:Y",))
+    for parts in partitions(g):
+        plan = make_plan(m, target, default_kernels(g, target, s, parts), s, ("factor:Y",))
+        golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", sizes, plan=plan)
 
 
 def test_fused_axpy_relu():

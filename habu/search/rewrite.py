@@ -1,0 +1,233 @@
+"""Algebraic rewrites of a model's equation graph: the same values, computed another way.
+
+A plan names the rewrites it was built on (`Plan.rewrites`); every consumer of the plan (the
+lowering, the rules, the finite-field check, the emitter) applies them to the model first, while
+the float64 and finite-field references keep evaluating the model as written. So a rewrite is kept
+only when the finite-field check of the rewritten plan against the original model passes.
+
+- `inline:P` hoists a copy into the contraction that reads it: `P[r k] = X[IX[r] k]` followed by
+  `T = Σ k P[m k]·B[n k]` becomes `T = Σ k X[IX[m] k]·B[n k]` (the gather moves into the operand
+  load; P is never written).
+- `factor:T` moves a row scale out of a contraction (Mirage's RMSNorm + Linear rewrite): with
+  `P[r k] = X[r k] · s(r)` and `T[m n] = Σ k P[m k]·B[k n]`, since s does not depend on k,
+  `T[m n] = s(m) · Σ k X[m k]·B[k n]`: a row statistic `T.scale[m] = s(m)` (one read of X, one
+  number per row), the contraction over X itself, and the scale applied in its epilogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import combinations
+
+from habu.errors import HabuError
+from habu.search.patterns import _factors, as_contraction, consumers
+from habu.spec.ir import (
+    Equation,
+    Expr,
+    IndexVar,
+    Load,
+    Model,
+    Op,
+    Reduce,
+    TensorDecl,
+    free_vars,
+    rename_vars,
+    walk,
+)
+
+
+class RewriteError(HabuError):
+    """A plan names a rewrite that does not apply to the model."""
+
+
+def _node(model: Model, target: str) -> Equation | None:
+    return next((eq for eq in model.nodes if eq.target == target), None)
+
+
+def _is_intermediate(model: Model, name: str) -> bool:
+    return any(t.name == name for t in model.intermediates)
+
+
+def _readers(model: Model, name: str) -> list[Equation]:
+    return consumers(model, name)
+
+
+# ----------------------------------------------------------------------------- inline:P
+
+
+def _inline_ok(model: Model, name: str) -> bool:
+    eq = _node(model, name)
+    if eq is None or not _is_intermediate(model, name) or not isinstance(eq.rhs, Load):
+        return False
+    readers = _readers(model, name)
+    return bool(readers) and all(as_contraction(r) is not None and _inlined(r, eq) is not None for r in readers)
+
+
+def _substitute(expr: Expr, eq: Equation) -> Expr:
+    """`expr` with every load of eq's target replaced by eq's right-hand side at that load's indices."""
+    if isinstance(expr, Load):
+        if expr.tensor != eq.target:
+            return expr
+        mapping = dict(zip(eq.lhs, expr.indices, strict=True))
+        return rename_vars(eq.rhs, mapping)
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(_substitute(a, eq) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.vars, _substitute(expr.body, eq))
+    return expr
+
+
+def _inlined(reader: Equation, eq: Equation) -> Equation | None:
+    """The reader with eq inlined, if it is still a contraction Habu's kernels compute."""
+    for ld in walk(reader.rhs):
+        if isinstance(ld, Load) and ld.tensor == eq.target and not all(isinstance(ix, IndexVar) for ix in ld.indices):
+            return None  # a load of P through a gather: composing the gathers is not supported
+    new = Equation(reader.target, reader.lhs, _substitute(reader.rhs, eq))
+    return new if as_contraction(new) is not None else None
+
+
+def _apply_inline(model: Model, name: str) -> Model:
+    eq = _node(model, name)
+    assert eq is not None
+    nodes = []
+    for n in model.nodes:
+        if n.target == name:
+            continue
+        nodes.append(_inlined(n, eq) or n if any(ld.tensor == name for ld in walk(n.rhs) if isinstance(ld, Load))
+                     else n)
+    return replace(model, nodes=tuple(nodes), intermediates=tuple(t for t in model.intermediates if t.name != name))
+
+
+# ----------------------------------------------------------------------------- factor:T
+
+
+def _factor_parts(model: Model, target: str) -> tuple[Equation, Expr, Expr, str] | None:
+    """For contraction `target` reading an intermediate P whose value is (k-free factors) · (the rest):
+    (P's equation, the row scale over P's row variable, the rest, "a" or "b")."""
+    eq = _node(model, target)
+    c = as_contraction(eq) if eq is not None else None
+    if c is None:
+        return None
+    for side, op in (("a", c.a), ("b", c.b)):
+        if op.gather is not None or not _is_intermediate(model, op.load.tensor):
+            continue
+        p = _node(model, op.load.tensor)
+        if p is None or _readers(model, p.target) != [eq] or len(p.lhs) != 2:
+            continue
+        row_var, col_var = p.lhs[op.axis_pos], p.lhs[op.k_pos]
+        scale, rest = [], []
+        for f in _factors(p.rhs):
+            (rest if col_var in free_vars(f) else scale).append(f)
+        if not scale or not rest or not any(row_var in free_vars(f) for f in scale):
+            continue
+        if any(free_vars(f) - {row_var} for f in scale):
+            continue
+        return p, _product(scale), _product(rest), side
+    return None
+
+
+def _product(factors: list[Expr]) -> Expr:
+    out = factors[0]
+    for f in factors[1:]:
+        out = Op("mul", (out, f))
+    return out
+
+
+def _apply_factor(model: Model, target: str) -> Model:
+    found = _factor_parts(model, target)
+    assert found is not None
+    p, scale, rest, side = found
+    eq = _node(model, target)
+    c = as_contraction(eq)
+    assert eq is not None and c is not None
+    op = c.a if side == "a" else c.b
+    row_var = p.lhs[op.axis_pos]
+    scale_name, sum_name = f"{target}.scale", f"{target}.sum"
+    # the row statistic, over P's row variable
+    stat = Equation(scale_name, (row_var,), scale)
+    # the contraction over the rest, read where it read P
+    rest_eq = Equation(p.target, p.lhs, rest)
+    summed = Equation(sum_name, eq.lhs, _substitute(eq.rhs, rest_eq))
+    if as_contraction(summed) is None:  # the rest is not a plain load: keep it as its own node
+        summed = Equation(sum_name, eq.lhs, eq.rhs)
+        kept_p = [rest_eq]
+    else:
+        kept_p = []
+    axis = c.m if side == "a" else c.n
+    apply = Equation(target, eq.lhs, Op("mul", (Load(sum_name, eq.lhs), Load(scale_name, (axis,)))))
+    nodes: list[Equation] = []
+    for n in model.nodes:
+        if n.target == p.target:
+            nodes += [stat, *kept_p]
+        elif n.target == target:
+            nodes += [summed, apply]
+        else:
+            nodes.append(n)
+    out_decl = model.tensor(target)
+    p_decl = model.tensor(p.target)
+    row_extent = p_decl.extents[op.axis_pos]
+    inter: list[TensorDecl] = []
+    for t in model.intermediates:
+        if t.name == p.target:
+            inter.append(TensorDecl(scale_name, (row_extent,), None))
+            if kept_p:
+                inter.append(t)
+        else:
+            inter.append(t)
+    inter.append(TensorDecl(sum_name, out_decl.extents, None))
+    return replace(model, nodes=tuple(nodes), intermediates=tuple(inter))
+
+
+# ----------------------------------------------------------------------------- the catalogue
+
+KINDS = {"inline": (_inline_ok, _apply_inline),
+         "factor": (lambda m, t: _factor_parts(m, t) is not None, _apply_factor)}
+
+
+def applicable(model: Model) -> list[str]:
+    """Every rewrite that applies to the model as it stands, in model order."""
+    out = []
+    for eq in model.nodes:
+        for kind, (ok, _) in KINDS.items():
+            if ok(model, eq.target):
+                out.append(f"{kind}:{eq.target}")
+    return out
+
+
+def apply_rewrites(model: Model, names: tuple[str, ...]) -> Model:
+    """The model with the rewrites applied in order; a rewrite that does not apply is an error."""
+    for name in names:
+        kind, _, target = name.partition(":")
+        if kind not in KINDS:
+            raise RewriteError(f"unknown rewrite {name!r} (known: {', '.join(f'{k}:NODE' for k in KINDS)})")
+        ok, apply = KINDS[kind]
+        if not ok(model, target):
+            raise RewriteError(f"rewrite {name!r} does not apply to model {model.name}")
+        model = apply(model, target)
+    return model
+
+
+def rewrite_sets(model: Model, limit: int = 16) -> list[tuple[str, ...]]:
+    """The rewrite sequences to try: none first, then each applicable rewrite alone, then pairs
+    and so on (each applied to the result of the previous), each set once, at most `limit`."""
+    out: list[tuple[str, ...]] = [()]
+    first = applicable(model)
+    for size in range(1, len(first) + 1):
+        for combo in combinations(first, size):
+            try:
+                apply_rewrites(model, combo)
+            except RewriteError:
+                continue
+            out.append(combo)
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def planned_model(model: Model, plan) -> Model:
+    """The model a plan's kernels compute: `model` with the plan's rewrites applied."""
+    rewrites = getattr(plan, "rewrites", ())
+    return apply_rewrites(model, rewrites) if rewrites else model
+
+
+__all__ = ["RewriteError", "applicable", "apply_rewrites", "planned_model", "rewrite_sets"]
