@@ -537,21 +537,23 @@ def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = Non
     filter the search runs before the z3 obligations. `only`: check these kernels alone."""
     ctx = replace(context(model, plan, sizes), quick=True)
     table = set(TARGET_RULES[ctx.target.name])
+    fixed = all(isinstance(v, int) for v in ctx.ext.values())  # no free extent: every formula is ground
     for i, k, lw in _kernels(model, plan, only):
         name = f"kernel {i} ({'+'.join(k.nodes)})"
         for ob in FAMILY[type(lw)](name, lw, ctx):
-            if ob.rule.name in table and ob.status != "runtime-check" and _ground_false(ob.formula):
+            if ob.rule.name in table and ob.status != "runtime-check" and _ground_false(ob.formula, fixed):
                 ob.status, ob.how = "violated", "fails"
                 return ob
     return None
 
 
-def _ground_false(formula: Any) -> bool:
+def _ground_false(formula: Any, fixed: bool = False) -> bool:
     """The formula is False: a Python bool, or a z3 formula over constants alone (a stride at a
-    fixed shape) that simplifies to false. A formula with a free variable is left to the solver."""
+    fixed shape) that simplifies to false. A formula with a free variable is left to the solver.
+    `fixed`: every extent has a size, so no formula has a free variable."""
     if isinstance(formula, bool):
         return not formula
-    if isinstance(formula, z3.BoolRef) and not _has_free_constants(formula):
+    if isinstance(formula, z3.BoolRef) and (fixed or not _has_free_constants(formula)):
         return z3.is_false(z3.simplify(formula))
     return False
 

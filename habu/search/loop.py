@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -32,6 +33,8 @@ from habu.search.space import concrete_sizes, default_kernels, make_plan, region
 from habu.search.tasks import Job
 from habu.spec.ir import Model
 from habu.target import Target
+
+IN_FLIGHT = 3  # batches being proven at once under a time budget (the one being timed included)
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -418,19 +421,22 @@ class Search:
             kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, k in batch]
             return batch, scored, self._send([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])
 
-        # With a time budget and workers of its own, the executor proves the next batch while this
-        # one is timed, so the GPUs never wait for proofs (a batch sent ahead when the time runs
-        # out is dropped).
-        ahead = self.budget.trials is None and self.executor.concurrent
-        upcoming = send_next() if more() else None
-        while upcoming is not None:
-            batch, scored, sent = upcoming
-            upcoming = send_next() if ahead and more() else None
+        # With a time budget and workers of its own, the executor proves the next batches while
+        # this one is timed, so the GPUs never wait for proofs: a batch's results come back when
+        # its slowest proof does, so several are kept in flight (those still in flight when the
+        # time runs out are dropped). With a trials budget, one batch at a time (the same
+        # candidates for every executor).
+        depth = IN_FLIGHT if self.budget.trials is None and self.executor.concurrent else 1
+        in_flight: deque = deque([send_next()] if more() else [])
+        while in_flight:
+            batch, scored, sent = in_flight.popleft()
+            while len(in_flight) < depth - 1 and more():
+                in_flight.append(send_next())
             kept = self._receive(sent)
             if not in_time():
-                upcoming = None
-            if upcoming is None and more():
-                upcoming = send_next()
+                in_flight.clear()
+            if not in_flight and more():
+                in_flight.append(send_next())
             for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
                 if ok:
                     ranked[i].append(sc)

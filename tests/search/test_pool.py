@@ -109,10 +109,13 @@ def test_the_next_batch_is_proven_while_this_one_is_timed(tmp_path):
     with PlanDB(tmp_path / "db.sqlite") as db:
         Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=8), timer=LoggingTimer(log),
                executor=RecordingExecutor(log)).run()
-    # the default plan alone (send 1, time), then region tuning: batch 3 goes out before any of
-    # batch 2 is timed, and batch n + 1 before the rest of batch n
-    assert log[:4] == ["send 1", "time", "send 2", "send 3"], log[:10]
-    assert log[4] == "time" and log.count("time") > 4
+    # the default plan alone (send 1, time), then region tuning: batches 3 and 4 go out before any
+    # of batch 2 is timed (IN_FLIGHT batches at once), and batch n + IN_FLIGHT - 1 before batch n
+    from habu.search.loop import IN_FLIGHT
+
+    assert IN_FLIGHT == 3
+    assert log[:5] == ["send 1", "time", "send 2", "send 3", "send 4"], log[:10]
+    assert log[5] == "time" and log.count("time") > 4
 
 
 def test_with_a_time_budget_the_pool_tunes_like_one_process(tmp_path):
