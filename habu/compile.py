@@ -138,6 +138,13 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
         out += ["", f"## Plan {i + 1} of {len(plans)} (`{plan.key}`)" + (
             f" — valid where {' and '.join(plan.guards)}" if plan.guards else "")]
         out += ["", f"target {plan.target}", ""]
+        if plan.rewrites:
+            from habu.search.rewrite import apply_rewrites
+            from habu.spec.equation import format_equation
+
+            graph = apply_rewrites(model, plan.rewrites)
+            out += [f"rewrites {', '.join(plan.rewrites)}: the kernels compute the model as", ""]
+            out += [f"    {format_equation(eq)}" for eq in graph.nodes] + [""]
         for j, k in enumerate(plan.kernels):
             out += [f"### kernel {j}: {k.kind} computing {', '.join(k.nodes)}", "", "| field | value | meaning |",
                     "| --- | --- | --- |"]

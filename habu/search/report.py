@@ -74,7 +74,8 @@ def plan_summary(plan: dict) -> str:
                          + (" cached" if k["cache_row"] else ""))
         else:
             parts.append(f"map {k['threads']} v{k['vector']}")
-    return "; ".join(parts)
+    rewrites = plan.get("rewrites") or []
+    return ("[" + ", ".join(rewrites) + "] " if rewrites else "") + "; ".join(parts)
 
 
 def top_table(records: list[Record], roofline_us: float | None, baseline_us: float | None = None) -> Table:

@@ -134,3 +134,17 @@ def test_the_search_on_cpu_picks_the_factored_graph_for_rmsnorm_linear(tmp_path)
         stored = db.get(result.key).records[0]
     assert result.best.rewrites == ("factor:Y",)
     assert stored.plan["rewrites"] == ["factor:Y"] and stored.certificate["passed"]
+
+
+def test_the_report_and_the_table_say_which_rewrites_a_plan_uses():
+    from habu.compile import report
+    from habu.prove import prove
+    from habu.search.report import plan_summary
+
+    m = rmsnorm_linear({"T": 64, "D": 64, "N": 64})
+    s = concrete_sizes(m)
+    g = apply_rewrites(m, ("factor:Y",))
+    plan = make_plan(m, SM90, default_kernels(g, SM90, s), s, ("factor:Y",))
+    assert plan_summary(plan.to_json()).startswith("[factor:Y] rows ")
+    text = report(m, [plan], [prove(m, plan, s, trials=1)])
+    assert "rewrites factor:Y" in text and "Y[t n] = Y.sum[t n] · Y.scale[t]" in text
