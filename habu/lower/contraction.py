@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from habu.lower.access import Access, Bound, access_for, cdiv, floordiv, minimum
@@ -60,6 +60,8 @@ class ContractionLowering:
     index_width: int
     tables: tuple[str, ...]  # index tensors read (gathers)
     pre: tuple[StageLowering, ...] = ()  # staging passes run before the contraction
+    a_src: Access | None = None  # the operands as the model reads them (before any staging)
+    b_src: Access | None = None
 
     @property
     def bm(self) -> int:
@@ -180,19 +182,29 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     out_axes = {v: ("m" if i == _pos(nodes[0], m_var) else "n") for i, v in enumerate(last.lhs)}
     out = access_for(out_decl, last.lhs, out_axes, extent_of_axis, storage)
     tables = tuple(t for t in (c.a.gather, c.b.gather) if t)
+    unscheduled = ContractionLowering(
+        kernel=kernel, m=m_var.extent, n=n_var.extent, k=k_var.extent, a=a, b=b, out=out,
+        epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k, split_mode="none",
+        index_width=kernel.index_width, tables=tables, a_src=a, b_src=b,
+    )
+    return with_kernel(unscheduled, kernel)
+
+
+def with_kernel(lw: ContractionLowering, kernel: ContractionKernel) -> ContractionLowering:
+    """The lowering of the same region under another schedule: only the schedule's parts change
+    (the search costs tens of thousands of candidates of one region this way)."""
+    assert lw.a_src is not None and lw.b_src is not None
+    a, b = lw.a_src, lw.b_src
     pre: list[StageLowering] = []
     if kernel.a_move == "staged":
-        a, stage = _staged(a, "m", m_var.extent, k_var.extent)
+        a, stage = _staged(a, "m", lw.m, lw.k)
         pre.append(stage)
     if kernel.b_move == "staged":
-        b, stage = _staged(b, "n", n_var.extent, k_var.extent)
+        b, stage = _staged(b, "n", lw.n, lw.k)
         pre.append(stage)
-    return ContractionLowering(
-        kernel=kernel, m=m_var.extent, n=n_var.extent, k=k_var.extent, a=a, b=b, out=out,
-        epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k,
-        split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width, tables=tables,
-        pre=tuple(pre),
-    )
+    return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
+                   split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
+                   pre=tuple(pre))
 
 
 def _staged(src: Access, axis: str, rows: str, k: str) -> tuple[Access, StageLowering]:
@@ -231,4 +243,4 @@ def epilogue_is_linear(lowering: ContractionLowering) -> bool:
     return isinstance(e, Load) and e.tensor == ACC and not lowering.epi_loads
 
 
-__all__ = ["ACC", "Bound", "ContractionLowering", "epilogue_is_linear", "lower_contraction"]
+__all__ = ["ACC", "Bound", "ContractionLowering", "epilogue_is_linear", "lower_contraction", "with_kernel"]

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field, replace
 from habu.db import Key, PlanDB, Record, Versions, provenance
 from habu.db import Target as DbTarget
 from habu.errors import UsageError
-from habu.lower import lower_plan
+from habu.lower import ContractionLowering, lower_plan
+from habu.lower.contraction import with_kernel
 from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
 from habu.search.patterns import Region, default_regions, partitions
-from habu.search.plan import Kernel, Plan
+from habu.search.plan import ContractionKernel, Kernel, Plan
 from habu.search.pool import Executor, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
 from habu.search.rewrite import apply_rewrites, rewrite_sets
@@ -392,8 +393,11 @@ class Search:
         for k in region_space(self.graph, region, self.target, self.sizes):
             self.stats.generated += 1
             try:
-                lw = replace(base_lw, kernel=k) if hasattr(base_lw, "kernel") else base_lw
-                cost = kernel_cost(_relower(self.graph, plan, i, k, lw), self.sizes, self.target).seconds
+                if isinstance(base_lw, ContractionLowering) and isinstance(k, ContractionKernel):
+                    lw = with_kernel(base_lw, k)
+                else:
+                    lw = _relower(self.graph, plan, i, k, replace(base_lw, kernel=k))
+                cost = kernel_cost(lw, self.sizes, self.target).seconds
             except Exception:
                 continue
             candidates.append((cost, k))
