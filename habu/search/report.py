@@ -75,7 +75,8 @@ def plan_summary(plan: dict) -> str:
         else:
             parts.append(f"map {k['threads']} v{k['vector']}")
     rewrites = plan.get("rewrites") or []
-    return ("[" + ", ".join(rewrites) + "] " if rewrites else "") + "; ".join(parts)
+    # no square brackets: the table is rich text, where "[factor:Y]" would be read as markup
+    return (", ".join(rewrites) + " → " if rewrites else "") + "; ".join(parts)
 
 
 def top_table(records: list[Record], roofline_us: float | None, baseline_us: float | None = None) -> Table:

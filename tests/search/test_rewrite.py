@@ -145,6 +145,15 @@ def test_the_report_and_the_table_say_which_rewrites_a_plan_uses():
     s = concrete_sizes(m)
     g = apply_rewrites(m, ("factor:Y",))
     plan = make_plan(m, SM90, default_kernels(g, SM90, s), s, ("factor:Y",))
-    assert plan_summary(plan.to_json()).startswith("[factor:Y] rows ")
+    assert plan_summary(plan.to_json()).startswith("factor:Y → rows ")
+    # regression: "[factor:Y]" vanished from the best-plans table (rich read it as markup)
+    from rich.console import Console
+
+    from habu.db import Record
+    from habu.search.report import top_table
+
+    console = Console(width=300, record=True)
+    console.print(top_table([Record(rank=0, plan=plan.to_json(), status="unmeasured")], None))
+    assert "factor:Y → rows" in console.export_text()
     text = report(m, [plan], [prove(m, plan, s, trials=1)])
     assert "rewrites factor:Y" in text and "Y[t n] = Y.sum[t n] · Y.scale[t]" in text
