@@ -120,7 +120,7 @@ def eval_(
 
 TargetOpt = Annotated[str, typer.Option("--target", help="GPU architecture: sm_90a, sm_80, sm_100a.")]
 PinOpt = Annotated[list[str] | None, typer.Option("--pin", help="Fix a plan choice: tile=128x128x64, mma=wgmma, "
-                                                                 "stages=4, B=tma, A=cp.async, split_k=2, ...")]
+                                                                 "stages=4, B=tma, A=cp.async, split_k=2, rewrite=factor:Y, ...")]
 
 
 @app.command()

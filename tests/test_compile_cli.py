@@ -88,3 +88,26 @@ def test_emit_writes_the_source_alone(tmp_path):
     assert r.returncode == 0, r.stderr
     src = (tmp_path / "ffn.cu").read_text()
     assert (src.count("__global__") == 3 and "mma.sync" in src) or "habu::mma_bf16_16816" in src
+
+
+def test_pin_rewrite_compiles_the_factored_rmsnorm_linear(tmp_path):
+    r = habu("compile", "examples/rmsnorm_linear.habu", "--pin", "rewrite=factor:Y", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["rewrites"] == ["factor:Y"] and [k["nodes"] for k in plan["kernels"]] == [["Y.scale"], ["Y.sum", "Y"]]
+    assert "rewrites factor:Y" in (tmp_path / "report.md").read_text()
+
+
+def test_pin_rewrite_that_does_not_apply_names_those_that_do():
+    r = habu("compile", "examples/rmsnorm_linear.habu", "--pin", "rewrite=inline:Y")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "rewrites that apply to RMSNORM-LINEAR: factor:Y" in r.stderr
+
+
+def test_regression_a_movement_pin_failed_on_the_row_kernel_of_a_two_kernel_model(tmp_path):
+    """`--pin B=staged` on RMSNorm + Linear was applied to the row kernel too: 'unknown key'."""
+    r = habu("compile", "examples/rmsnorm_linear.habu", "--pin", "B=staged", "--pin", "mma=wgmma",
+             "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    kernels = json.loads((tmp_path / "plan.json").read_text())["kernels"]
+    assert kernels[1]["b_move"] == "staged" and kernels[1]["mma"] == "wgmma"

@@ -220,16 +220,38 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
                  pins: dict[str, str] | None = None) -> Plan:
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
-    kernels = default_kernels(model, target, s)
+    rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"))
+    graph = model
+    if rewrites:
+        from habu.search.rewrite import apply_rewrites
+
+        graph = apply_rewrites(model, rewrites)
+    kernels = default_kernels(graph, target, s)
     if pins:
-        regions = default_regions(model)
+        regions = default_regions(graph)
         if "mma" in pins:
             if pins["mma"] not in MMAS:
                 raise UsageError(f"--pin mma={pins['mma']}: expected one of {', '.join(MMAS)}")
-            kernels = tuple(default_contraction(model, r, target, s, pins["mma"]) if r.kind == "contraction" else k
+            kernels = tuple(default_contraction(graph, r, target, s, pins["mma"]) if r.kind == "contraction" else k
                             for r, k in zip(regions, kernels, strict=True))
-        kernels = tuple(apply_pins(model, k, pins, target) for k in kernels)
-    return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)})
+        kernels = tuple(apply_pins(graph, k, pins, target) for k in kernels)
+    return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
+
+
+def _pinned_rewrites(model: Model, value: str | None) -> tuple[str, ...]:
+    """`--pin rewrite=factor:Y` (several joined with +), checked against what applies to the model."""
+    if not value:
+        return ()
+    from habu.search.rewrite import RewriteError, applicable, apply_rewrites
+
+    names = tuple(v.strip() for v in value.split("+") if v.strip())
+    try:
+        apply_rewrites(model, names)
+    except RewriteError as err:
+        offered = ", ".join(applicable(model)) or "none"
+        raise UsageError(f"--pin rewrite={value}: {err.message} (rewrites that apply to {model.name}: {offered})"
+                         ) from None
+    return names
 
 
 def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
@@ -241,7 +263,7 @@ def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
 
 
 PIN_KEYS = ("tile", "mma", "stages", "warps", "split_k", "raster", "group_m", "persistent", "index",
-            "vector", "threads", "swizzle", "ws", "rows", "cache_row")
+            "vector", "threads", "swizzle", "ws", "rows", "cache_row", "rewrite")
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
@@ -285,6 +307,8 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
         gathered = {side for side, op in (("a", c.a), ("b", c.b)) if op.gather}
     for key, value in pins.items():
         k = key.lower()
+        if not isinstance(kernel, ContractionKernel) and (key in model_tensors(model) or k in ("a", "b")):
+            continue  # a movement pin: it is for the model's contraction, not for this row or map kernel
         if key in operands or (k in ("a", "b") and isinstance(kernel, ContractionKernel) and key not in model_tensors(model)):
             side = operands.get(key, k)
             if value not in MOVEMENTS:
