@@ -38,7 +38,7 @@ def main() -> None:
     sets = [make_inputs(model, s, seed) for seed in range(3)]
     rows = []
     for rw in rewrite_sets(model):
-        graph = apply_rewrites(model, rw) if rw else model
+        graph = apply_rewrites(model, rw)
         plan = make_plan(model, target, default_kernels(graph, target, s), s, rw)
         built = build(args.file, model.name, {}, plan=plan)
         fresh = make_inputs(model, s, 100)

@@ -519,16 +519,15 @@ def discharge(ob: Obligation, ctx: Context) -> Obligation:
     return ob
 
 
-def _kernels(model: Model, plan: Plan, only: set[int] | None):
+def _kernels(graph: Model, plan: Plan, only: set[int] | None):
+    """The plan's kernels (those in `only`, else all), lowered over `graph`: the model after the
+    plan's rewrites (a context's model)."""
     storage = dict(plan.storage)
     from habu.lower import lower
-    from habu.search.rewrite import planned_model
-
-    model = planned_model(model, plan)
 
     for i, k in enumerate(plan.kernels):
         if only is None or i in only:
-            yield i, k, lower(model, k, storage)
+            yield i, k, lower(graph, k, storage)
 
 
 def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
@@ -537,38 +536,22 @@ def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = Non
     filter the search runs before the z3 obligations. `only`: check these kernels alone."""
     ctx = replace(context(model, plan, sizes), quick=True)
     table = set(TARGET_RULES[ctx.target.name])
-    fixed = all(isinstance(v, int) for v in ctx.ext.values())  # no free extent: every formula is ground
-    for i, k, lw in _kernels(model, plan, only):
+    for i, k, lw in _kernels(ctx.model, plan, only):
         name = f"kernel {i} ({'+'.join(k.nodes)})"
         for ob in FAMILY[type(lw)](name, lw, ctx):
-            if ob.rule.name in table and ob.status != "runtime-check" and _ground_false(ob.formula, fixed):
+            if ob.rule.name in table and ob.status != "runtime-check" and _surely_false(ob.formula):
                 ob.status, ob.how = "violated", "fails"
                 return ob
     return None
 
 
-def _ground_false(formula: Any, fixed: bool = False) -> bool:
-    """The formula is False: a Python bool, or a z3 formula over constants alone (a stride at a
-    fixed shape) that simplifies to false. A formula with a free variable is left to the solver.
-    `fixed`: every extent has a size, so no formula has a free variable."""
+def _surely_false(formula: Any) -> bool:
+    """The formula is False: a Python bool, or a z3 formula that simplifies to false (a TMA stride
+    at a fixed shape is a z3 term over constants). A formula false for every value of its free
+    variables is violated whatever they are; anything less certain is left to the solver."""
     if isinstance(formula, bool):
         return not formula
-    if isinstance(formula, z3.BoolRef) and (fixed or not _has_free_constants(formula)):
-        return z3.is_false(z3.simplify(formula))
-    return False
-
-
-def _has_free_constants(e: Any) -> bool:
-    todo, seen = [e], set()
-    while todo:
-        x = todo.pop()
-        if x.get_id() in seen:
-            continue
-        seen.add(x.get_id())
-        if z3.is_const(x) and x.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-            return True
-        todo.extend(x.children())
-    return False
+    return isinstance(formula, z3.BoolRef) and z3.is_false(z3.simplify(formula))
 
 
 def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
@@ -577,7 +560,7 @@ def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     ctx = context(model, plan, sizes)
     table = set(TARGET_RULES[ctx.target.name])
     out: list[Obligation] = []
-    for i, k, lw in _kernels(model, plan, only):
+    for i, k, lw in _kernels(ctx.model, plan, only):
         name = f"kernel {i} ({'+'.join(k.nodes)})"
         for ob in FAMILY[type(lw)](name, lw, ctx):
             if ob.rule.name in table:

@@ -291,7 +291,7 @@ class Search:
             chosen = self._choose_partition(regions, best, first)
             if chosen is not None:
                 (self.rewrites, regions), best, score = chosen
-                self.graph = apply_rewrites(self.model, self.rewrites) if self.rewrites else self.model
+                self.graph = apply_rewrites(self.model, self.rewrites)
                 ranked = [[] for _ in regions]
                 base_costs = self._costs(best)
                 self.best_score = [score] * len(regions) if self.timer is not None else \
@@ -345,9 +345,8 @@ class Search:
         measured with a GPU, else by the cost model, where only a predicted gain is proven. A
         partition must pass the rules and the finite-field check like any candidate. At most a
         fifth of a time budget goes here. Returns the better partition, or None to keep the greedy one."""
-        others = [(rw, p) for rw in rewrite_sets(self.model)
-                  for p in partitions(apply_rewrites(self.model, rw) if rw else self.model)]
-        others = [(rw, p) for rw, p in others if rw or p != regions]
+        graphs = {rw: apply_rewrites(self.model, rw) for rw in rewrite_sets(self.model)}
+        others = [(rw, p) for rw, graph in graphs.items() for p in partitions(graph) if rw or p != regions]
         if not others:
             return None
         deadline = None if self.budget.seconds is None else time.monotonic() + self.budget.seconds / 5
@@ -357,8 +356,7 @@ class Search:
         candidates = []
         for rw, p in others:
             try:
-                graph = apply_rewrites(self.model, rw) if rw else self.model
-                kernels = list(default_kernels(graph, self.target, self.sizes, p))
+                kernels = list(default_kernels(graphs[rw], self.target, self.sizes, p))
                 predicted = sum(c.seconds for c in self._costs(kernels, rw))
             except Exception:  # a partition no kernel family lowers: not a candidate
                 continue

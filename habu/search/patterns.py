@@ -148,42 +148,26 @@ def row_local(eq: Equation) -> tuple[str, str] | None:
     """(row extent, column extent) when every access of the node stays in the row it writes. A
     one-dimensional node is a row statistic (`s[r] = f(Σ c ...)`): its columns are the ones it
     reduces over."""
-    if len(eq.lhs) == 1:
-        return _row_statistic(eq)
-    if len(eq.lhs) != 2:
-        return None
-    r, c = eq.lhs
-    for x in walk(eq.rhs):
-        if isinstance(x, Reduce) and any(v.extent != c.extent for v in x.vars):
+    if len(eq.lhs) == 2:
+        r, c_ext = eq.lhs[0], eq.lhs[1].extent
+    elif len(eq.lhs) == 1:
+        r = eq.lhs[0]
+        columns = {v.extent for x in walk(eq.rhs) if isinstance(x, Reduce) for v in x.vars}
+        if len(columns) != 1:
             return None
-        if isinstance(x, Load):
-            for _pos, ix in enumerate(x.indices):
-                if isinstance(ix, Gather):
-                    return None
-            if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)):
-                return None
-            if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
-                return None
-    return r.extent, c.extent
-
-
-def _row_statistic(eq: Equation) -> tuple[str, str] | None:
-    r = eq.lhs[0]
-    reductions = [x for x in walk(eq.rhs) if isinstance(x, Reduce)]
-    columns = {v.extent for x in reductions for v in x.vars}
-    if len(columns) != 1:
+        c_ext = next(iter(columns))
+    else:
         return None
-    c_ext = next(iter(columns))
+    c = IndexVar("c", c_ext)
     for x in walk(eq.rhs):
+        if isinstance(x, Reduce) and any(v.extent != c_ext for v in x.vars):
+            return None
         if isinstance(x, Load):
             if any(isinstance(ix, Gather) for ix in x.indices):
                 return None
-            if len(x.indices) == 2 and (x.indices[0] not in (r, IndexConst(0))
-                                        or not _is_col_var(x.indices[1], IndexVar("", c_ext))):
+            if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)):
                 return None
-            if len(x.indices) == 1 and x.indices[0] != r:
-                return None
-            if len(x.indices) > 2:
+            if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
                 return None
     return r.extent, c_ext
 

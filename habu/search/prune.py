@@ -44,7 +44,7 @@ class QuickPruner:
 
     def _graph(self, rewrites: tuple[str, ...]) -> Model:
         if rewrites not in self.graphs:
-            self.graphs[rewrites] = apply_rewrites(self.model, rewrites) if rewrites else self.model
+            self.graphs[rewrites] = apply_rewrites(self.model, rewrites)
         return self.graphs[rewrites]
 
     def reject(self, plan: Plan, only: set[int] | None = None) -> Obligation | None:

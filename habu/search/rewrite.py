@@ -17,6 +17,7 @@ only when the finite-field check of the rewritten plan against the original mode
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from itertools import combinations
 
 from habu.errors import HabuError
@@ -48,10 +49,6 @@ def _is_intermediate(model: Model, name: str) -> bool:
     return any(t.name == name for t in model.intermediates)
 
 
-def _readers(model: Model, name: str) -> list[Equation]:
-    return consumers(model, name)
-
-
 # ----------------------------------------------------------------------------- inline:P
 
 
@@ -59,7 +56,7 @@ def _inline_ok(model: Model, name: str) -> bool:
     eq = _node(model, name)
     if eq is None or not _is_intermediate(model, name) or not isinstance(eq.rhs, Load):
         return False
-    readers = _readers(model, name)
+    readers = consumers(model, name)
     return bool(readers) and all(as_contraction(r) is not None and _inlined(r, eq) is not None for r in readers)
 
 
@@ -112,7 +109,7 @@ def _factor_parts(model: Model, target: str) -> tuple[Equation, Expr, Expr, str]
         if op.gather is not None or not _is_intermediate(model, op.load.tensor):
             continue
         p = _node(model, op.load.tensor)
-        if p is None or _readers(model, p.target) != [eq] or len(p.lhs) != 2:
+        if p is None or consumers(model, p.target) != [eq] or len(p.lhs) != 2:
             continue
         row_var, col_var = p.lhs[op.axis_pos], p.lhs[op.k_pos]
         scale, rest = [], []
@@ -195,7 +192,14 @@ def applicable(model: Model) -> list[str]:
 
 
 def apply_rewrites(model: Model, names: tuple[str, ...]) -> Model:
-    """The model with the rewrites applied in order; a rewrite that does not apply is an error."""
+    """The model with the rewrites applied in order (the model itself for none); a rewrite that
+    does not apply is an error. Models are immutable, so the result is remembered: the search asks
+    for the same graph for every candidate of a region."""
+    return _apply_rewrites(model, tuple(names))
+
+
+@lru_cache(maxsize=64)
+def _apply_rewrites(model: Model, names: tuple[str, ...]) -> Model:
     for name in names:
         kind, _, target = name.partition(":")
         if kind not in KINDS:
@@ -226,8 +230,7 @@ def rewrite_sets(model: Model, limit: int = 16) -> list[tuple[str, ...]]:
 
 def planned_model(model: Model, plan) -> Model:
     """The model a plan's kernels compute: `model` with the plan's rewrites applied."""
-    rewrites = getattr(plan, "rewrites", ())
-    return apply_rewrites(model, rewrites) if rewrites else model
+    return apply_rewrites(model, getattr(plan, "rewrites", ()))
 
 
 __all__ = ["RewriteError", "applicable", "apply_rewrites", "planned_model", "rewrite_sets"]

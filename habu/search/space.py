@@ -207,7 +207,7 @@ def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: 
     """A plan of `model` (as written); `kernels` compute the nodes of `model` after `rewrites`."""
     from habu.search.rewrite import apply_rewrites
 
-    graph = apply_rewrites(model, rewrites) if rewrites else model
+    graph = apply_rewrites(model, rewrites)
     shape = tuple((e.name, sizes[e.name]) for e in model.extents if e.name in sizes)
     stored = {k.nodes[-1] for k in kernels}
     dtypes = storage_dtypes(graph)
@@ -221,11 +221,9 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
     rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"))
-    graph = model
-    if rewrites:
-        from habu.search.rewrite import apply_rewrites
+    from habu.search.rewrite import apply_rewrites
 
-        graph = apply_rewrites(model, rewrites)
+    graph = apply_rewrites(model, rewrites)
     kernels = default_kernels(graph, target, s)
     if pins:
         regions = default_regions(graph)

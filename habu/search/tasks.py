@@ -112,19 +112,13 @@ def lower_priority() -> None:
     import contextlib
     import os
 
-    with contextlib.suppress(OSError, AttributeError):
-        os.nice(10)
+    with contextlib.suppress(OSError, AttributeError):  # absolute, so calling it again changes nothing
+        os.setpriority(os.PRIO_PROCESS, 0, max(10, os.getpriority(os.PRIO_PROCESS, 0)))
 
 
 def check_candidate_niced(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
                           compile_kernels: bool = False) -> dict:
     """`check_candidate` in a worker process of its own (a Ray task), at lower priority."""
-    global _NICED
-    if not _NICED:
-        lower_priority()
-        _NICED = True
+    lower_priority()
     return check_candidate(job, plan_json, seed, only, compile_kernels)
-
-
-_NICED = False
 

@@ -15,24 +15,21 @@ ray = pytest.importorskip("ray")
 
 from habu.cluster.ray_pool import RayExecutor  # noqa: E402
 from habu.search.pool import InlineExecutor  # noqa: E402
-from tests.cluster.test_ray import search  # noqa: E402
+from tests.cluster.test_ray import _task_workers, search  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 
 def _busy_on(node) -> bool:
-    """A check task is running on the node now: a worker process of its raylet named after the task."""
+    """A check task is running on the node now: a task worker whose parent is the node's raylet."""
     raylet = node.all_processes["raylet"][0].process.pid
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if cmd.startswith(b"ray::check_candidate") and ppid == raylet:
-            return True
-    return False
+    return any(_parent(pid) == raylet for pid in _task_workers())
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _running(pid: int) -> bool:

@@ -60,7 +60,7 @@ def test_every_partition_of_the_rewritten_model_proves(sizes):
         assert cert.passed, cert.failure
 
 
-def test_a_wrong_rewrite_fails_the_finite_field_check(monkeypatch):
+def test_a_wrong_rewrite_fails_the_finite_field_check(monkeypatch, request):
     """The scale applied along the output's columns instead of its rows: the finite-field check
     of the rewritten plan against the model as written must catch it."""
     import habu.search.rewrite as rw
@@ -80,6 +80,8 @@ def test_a_wrong_rewrite_fails_the_finite_field_check(monkeypatch):
         return replace(g, nodes=tuple(nodes))
 
     monkeypatch.setitem(rw.KINDS, "factor", (rw.KINDS["factor"][0], wrong))
+    rw._apply_rewrites.cache_clear()  # rewritten models are remembered: none made with the wrong
+    request.addfinalizer(rw._apply_rewrites.cache_clear)  # rewrite may outlive this test
     g = apply_rewrites(m, ("factor:Y",))
     plan = make_plan(m, SM90, default_kernels(g, SM90, s), s, ("factor:Y",))
     cert = verify_plan(m, plan, s, trials=1)
