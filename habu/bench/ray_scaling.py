@@ -82,7 +82,8 @@ def one_run(path: str, gpus: int, budget_s: float, seed: int) -> dict:
             "verified": st.verified, "failed": st.failed, "pruned_rules": st.pruned_rules,
             "timed_per_min": round(st.timed / st.elapsed * 60, 1),
             "tuning_timed_per_min": None if steady is None else round(steady, 1),
-            "winner_us": st.best_us, "winner": result.best.key, "baseline_us": st.baseline_us}
+            "winner_us": st.best_us, "winner": result.best.key, "baseline_us": st.baseline_us,
+            "spent_s": {k: round(v, 2) for k, v in sorted(st.spent.items())}}
 
 
 def main() -> None:

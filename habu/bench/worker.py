@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class Measurement:
     samples_us: list[float] | None = None
     golden: dict | None = None
     resources: dict | None = None
+    seconds: dict | None = None  # the timing worker's wall time per step (load, check, time)
 
 
 class GpuTimer:
@@ -215,21 +217,28 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         if msg.get("kind") != "plan":
             return
         try:
+            began = time.perf_counter()
             prefill_cache(msg.get("cubins"))
             plan = Plan.from_json(msg["plan"])
             emitted = emit_plan(model, plan, target)
             compiled = CompiledModel(model, emitted, arch=target.name, check_indices=False)
+            loaded = time.perf_counter()
             result = compiled(**sets[0], **outs[0])
             torch.cuda.synchronize()
             result = result if isinstance(result, dict) else {model.outputs[0].name: result}
             tol = tolerance(model, dict(plan.storage))
             golden = _golden(result, ref, boxes, tol)
+            checked = time.perf_counter()
+            seconds = {"load": loaded - began, "check": checked - loaded}
             if not all(g["ok"] for g in golden.values()):
-                conn.send({"kind": "result", "ok": False, "reason": f"wrong output: {golden}", "golden": golden})
+                conn.send({"kind": "result", "ok": False, "reason": f"wrong output: {golden}", "golden": golden,
+                           "seconds": seconds})
                 continue
             t = time_cuda(lambda i, run=compiled: run(**sets[i], **outs[i]), len(sets), warmup=3, reps=reps)
+            seconds["time"] = time.perf_counter() - checked
             samples = t.pop("samples", None)
-            conn.send({"kind": "result", "ok": True, **t, "samples_us": samples, "golden": golden})
+            conn.send({"kind": "result", "ok": True, **t, "samples_us": samples, "golden": golden,
+                       "seconds": seconds})
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             fatal = "CUDA_ERROR" in text or "illegal" in text.lower() or "cudaError" in text

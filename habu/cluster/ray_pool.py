@@ -102,6 +102,13 @@ class _RayBatch:
         self.refs, self.deadline = refs, time.monotonic() + timeout_s
         self.timeout_s = timeout_s
 
+    def done(self) -> bool:
+        """Every task answered (or the batch's time is up): `result()` will not wait."""
+        if time.monotonic() >= self.deadline:
+            return True
+        ready, _ = ray_module().wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
     def result(self) -> list[dict]:
         ray = ray_module()
         ray.wait(self.refs, num_returns=len(self.refs), timeout=max(0.0, self.deadline - time.monotonic()))
@@ -165,6 +172,13 @@ class GpuPool:
         self.hang_s, self.start_s, self.retries, self.poll_s = hang_s, start_s, retries, poll_s
         self.info = {k: v for k, v in info.items() if k not in ("node", "pid")}
         self.lost: list[str] = []  # actors given up on, and why
+        # the stream: plans by id(token) -> (token, plan); queued ids; calls running -> (plan id, or
+        # None for an actor coming back after a restart; actor; when sent); actors free
+        self._plans: dict[int, tuple[Any, tuple[dict, list | None]]] = {}
+        self._attempts: dict[int, int] = {}
+        self._queue: list[int] = []
+        self._running: dict[Any, tuple[int | None, Any, float]] = {}
+        self._free: list[Any] = list(self.actors)
 
     @property
     def width(self) -> int:
@@ -172,78 +186,125 @@ class GpuPool:
         return len(self.actors)
 
     def measure_many(self, plans: Sequence[tuple[dict, list | None]]) -> list[Measurement]:
-        """Time each plan on some actor of the pool. An actor that dies mid-plan is restarted by
-        Ray and the plan tried again (on whichever actor is free first, `retries` times); an
-        actor that does not answer within `hang_s` is killed and restarted by us, and that plan
-        is recorded as failed (a hang is not retried); an actor whose restarts are spent leaves
-        the pool."""
+        """Time each plan on some actor of the pool, all at once; results in the order asked."""
+        tokens = [object() for _ in plans]
+        self.submit(list(zip(tokens, plans, strict=True)))
+        got: dict[int, Measurement] = {}
+        while len(got) < len(tokens) and self.busy:
+            for token, m in self.collect(self.poll_s):
+                got[id(token)] = m
+        return [got.get(id(t), Measurement(False, "not measured")) for t in tokens]
+
+    # -- streaming: plans are queued as they are proven, results collected as they land
+    @property
+    def busy(self) -> bool:
+        """Plans queued or being timed."""
+        return bool(self._queue or any(i is not None for i, _, _ in self._running.values()))
+
+    @property
+    def backlog(self) -> int:
+        """Plans queued or being timed (the search keeps a few per GPU ahead)."""
+        return len(self._queue) + sum(1 for i, _, _ in self._running.values() if i is not None)
+
+    def submit(self, items: Sequence[tuple[Any, tuple[dict, list | None]]]) -> None:
+        """Queue (token, (plan_json, cubins)) pairs; they start on actors as soon as one is free."""
+        for token, plan in items:
+            self._plans[id(token)] = (token, plan)
+            self._attempts[id(token)] = 0
+            self._queue.append(id(token))
+        self._dispatch()
+
+    def drop_queued(self) -> list[Any]:
+        """Forget the plans not started yet (the budget ran out); their tokens."""
+        dropped = [self._plans.pop(i)[0] for i in self._queue]
+        for t in dropped:
+            self._attempts.pop(id(t), None)
+        self._queue.clear()
+        return dropped
+
+    def collect(self, wait_s: float) -> list[tuple[Any, Measurement]]:
+        """The (token, Measurement) pairs finished now, waiting up to `wait_s` for the first.
+
+        An actor that dies mid-plan is restarted by Ray and the plan tried again (on whichever
+        actor is free first, `retries` times); an actor that does not answer within `hang_s` is
+        killed and restarted by us, and that plan is recorded as failed (a hang is not retried); an
+        actor whose restarts are spent leaves the pool."""
         ray = ray_module()
-        results: list[Measurement | None] = [None] * len(plans)
-        attempts = [0] * len(plans)
-        queue = list(range(len(plans)))
-        # call -> (plan index, or None for an actor coming back after a restart; actor; when sent)
-        running: dict[Any, tuple[int | None, Any, float]] = {}
-        free = list(self.actors)
-        while queue or running:
-            while queue and free:
-                i = queue.pop(0)
-                actor = free.pop(0)
-                call = actor.measure.options(max_task_retries=0).remote(*plans[i])
-                running[call] = (i, actor, time.monotonic())
-            if not running:  # every actor is gone
-                for i in queue:
-                    results[i] = Measurement(False, "no GPU actor is left in the pool: " + "; ".join(self.lost))
-                break
-            done, _ = ray.wait(list(running), num_returns=1, timeout=self.poll_s)
-            if not done:
-                self._kill_hung(running, results)
-                continue
-            i, actor, _ = running.pop(done[0])
+        out: list[tuple[Any, Measurement]] = []
+        self._dispatch()
+        if not self._running:  # every actor is gone
+            for i in self._queue:
+                out.append((self._plans.pop(i)[0], Measurement(False, "no GPU actor is left in the pool: "
+                                                                       + "; ".join(self.lost))))
+            self._queue.clear()
+            return out
+        done, _ = ray.wait(list(self._running), num_returns=1, timeout=wait_s)
+        if not done:
+            out += self._kill_hung()
+            return out
+        done, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=0)
+        for call in done:
+            i, actor, sent = self._running.pop(call)
             try:
-                answer = ray.get(done[0])
+                answer = ray.get(call)
             except ray.exceptions.RayActorError as exc:
                 if i is None:  # it did not come back: its restarts are spent
                     self._drop(actor, exc)
                     continue
-                attempts[i] += 1
-                if attempts[i] > self.retries:
-                    results[i] = Measurement(False, f"the GPU actor died {attempts[i]} times while timing it")
+                self._attempts[i] += 1
+                if self._attempts[i] > self.retries:
+                    out.append((self._plans.pop(i)[0],
+                                Measurement(False, f"the GPU actor died {self._attempts[i]} times while timing it")))
                 else:
-                    queue.insert(0, i)  # the candidate runs again, on another actor or this one restarted
-                self._revive(actor, running)
+                    self._queue.insert(0, i)  # the candidate runs again, on another actor or this one restarted
+                self._revive(actor)
                 continue
-            free.append(actor)
+            self._free.append(actor)
             if i is not None:
-                results[i] = self._accept(answer)
-        return [r if r is not None else Measurement(False, "not measured") for r in results]
+                m = self._accept(answer)
+                m.seconds = (m.seconds or {}) | {"actor": time.monotonic() - sent}  # the call, Ray's part included
+                out.append((self._plans.pop(i)[0], m))
+        self._dispatch()
+        return out
 
-    def _revive(self, actor: Any, running: dict) -> None:
+    def _dispatch(self) -> None:
+        while self._queue and self._free:
+            i = self._queue.pop(0)
+            actor = self._free.pop(0)
+            call = actor.measure.options(max_task_retries=0).remote(*self._plans[i][1])
+            self._running[call] = (i, actor, time.monotonic())
+
+    def _revive(self, actor: Any) -> None:
         """Wait (without blocking the others) for Ray to restart `actor`: it is free again when it answers."""
-        running[actor.describe.options(max_task_retries=-1).remote()] = (None, actor, time.monotonic())
+        self._running[actor.describe.options(max_task_retries=-1).remote()] = (None, actor, time.monotonic())
 
     def _drop(self, actor: Any, exc: BaseException | str) -> None:
         why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         self.lost.append(why)
         self.actors = [a for a in self.actors if a is not actor]
+        self._free = [a for a in self._free if a is not actor]
         with contextlib.suppress(Exception):
             ray_module().kill(actor)
 
-    def _kill_hung(self, running: dict, results: list) -> None:
+    def _kill_hung(self) -> list[tuple[Any, Measurement]]:
         """Kill the actors that sat on one plan longer than `hang_s` (a hung kernel, a wedged
         GPU): Ray restarts them; the plan is recorded as failed. An actor that takes longer than
         `start_s` to come back leaves the pool."""
         ray = ray_module()
         now = time.monotonic()
-        for call, (i, actor, sent) in list(running.items()):
+        out = []
+        for call, (i, actor, sent) in list(self._running.items()):
             if i is not None and now - sent > self.hang_s:
-                del running[call]
-                results[i] = Measurement(False, f"no answer from the GPU actor in {self.hang_s:.0f} s (a hung "
-                                                "kernel?); the actor was killed and restarted")
+                del self._running[call]
+                out.append((self._plans.pop(i)[0],
+                            Measurement(False, f"no answer from the GPU actor in {self.hang_s:.0f} s (a hung "
+                                               "kernel?); the actor was killed and restarted")))
                 ray.kill(actor, no_restart=False)
-                self._revive(actor, running)
+                self._revive(actor)
             elif i is None and now - sent > self.start_s:
-                del running[call]
+                del self._running[call]
                 self._drop(actor, f"did not come back within {self.start_s:.0f} s of a restart")
+        return out
 
     def _accept(self, answer: dict) -> Measurement:
         info = answer.get("info") or {}

@@ -137,7 +137,8 @@ class Outcome:
     seconds: float
 
 
-def run_mutant(m: Mutant, trials: int = 2, seeds: list[int] | None = None) -> Outcome:
+def run_mutant(m: Mutant, trials: int = 2, seeds: list[int] | None = None, witness: bool = False) -> Outcome:
+    """`witness`: check on the reduced shape the search checks candidates at (habu.prove.witness)."""
     program = load_program(EXAMPLES / m.example)
     model = program.models[m.model].with_sizes(m.shape)
     plan = default_plan(model, TARGETS["sm_90a"], m.shape, m.pins)
@@ -146,7 +147,7 @@ def run_mutant(m: Mutant, trials: int = 2, seeds: list[int] | None = None) -> Ou
     lowerings = lower_plan(model, plan)
     lowerings[m.kernel] = m.mutate(lowerings[m.kernel])
     cert: Certificate = verify_plan(model, plan, m.shape, trials=trials, seeds=seeds or [1, 2][:trials],
-                                    lowerings=lowerings, witness=False)
+                                    lowerings=lowerings, witness=witness)
     return Outcome(m, not cert.passed, cert.failure or "passed (the mutant survived)", cert.seconds)
 
 

@@ -220,7 +220,7 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
     for t in model.inputs:
         shape = tuple(sizes[e] for e in t.extents)
         modulus = sizes[t.range] if t.is_index else field.p
-        out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name))
+        out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index)
     return out
 
 
@@ -248,11 +248,12 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     s = full
     coverage: list[str] = []
     if witness or (witness is None and len(plan.kernels) > 1):
-        from habu.prove.witness import prove_coverage, tiled_axes, witness_sizes
+        from habu.prove.witness import prove_coverage, split_coverage, tiled_axes, witness_sizes
 
         w = witness_sizes(graph, names, lowerings, full)
         if w != full:
-            coverage = prove_coverage(tiled_axes(names, lowerings), full, w)
+            coverage = prove_coverage(tiled_axes(names, lowerings), full, w) + \
+                split_coverage(names, lowerings, full, w)
             s = w
     outputs = {t.name for t in model.outputs}
     blocks_text: dict[str, str] = {}

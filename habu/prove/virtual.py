@@ -21,20 +21,29 @@ def key_for(seed: int, name: str) -> np.uint64:
 
 
 class VirtualTensor:
-    """An input tensor with random residues (or, for index tensors, random indices in range)."""
+    """An input tensor with random residues (or, for index tensors, random indices in range).
 
-    def __init__(self, name: str, shape: tuple[int, ...], modulus: int, key: np.uint64):
+    An index tensor's values are weighted towards the ends of their range: one in 16 is the first
+    index and one in 16 the last, so a checked tile always gathers the last row (where a read past
+    a row's end leaves the tensor: a fault the check reports) as well as random ones."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], modulus: int, key: np.uint64, index: bool = False):
         self.name = name
         self.shape = shape
         self.modulus = modulus
         self.key = key
+        self.index = index
         self.numel = int(np.prod(shape, dtype=object)) if shape else 1
         self.strides = tuple(int(np.prod(shape[i + 1:], dtype=object)) for i in range(len(shape)))
 
     def at(self, offsets: np.ndarray) -> np.ndarray:
         """Values at flat offsets (int64, already bounds-checked)."""
         h = _mix(np.asarray(offsets, dtype=np.int64).astype(np.uint64) ^ self.key)
-        return (h % np.uint64(self.modulus)).astype(np.int64)
+        values = (h % np.uint64(self.modulus)).astype(np.int64)
+        if not self.index:
+            return values
+        end = (h >> np.uint64(40)) & np.uint64(15)  # independent of the low bits the value came from
+        return np.where(end == 0, 0, np.where(end == 1, self.modulus - 1, values))
 
     def __getitem__(self, idx: tuple) -> np.ndarray:
         if not self.shape:

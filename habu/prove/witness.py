@@ -10,8 +10,10 @@ tile of the full shape whose class no tile of the witness has; unsat is the proo
 Sizes keep their equalities (if K = N at the full shape, K' = N' in the witness, and if K ≠ N then
 K' ≠ N'), so a stride or bound taken from the wrong extent shows as it would at full size.
 Extents are never reduced where it would hide something: those of a tensor whose offsets pass
-2^31 − 1 (the int32 wrap must be executed), k with split-K (split boundaries), and the extents of a
-map kernel (its lanes run over the flattened shape).
+2^31 − 1 (the int32 wrap must be executed) and the extents of a map kernel (its lanes run over the
+flattened shape). Under split-K, k is reduced only to a size whose splits have every class the full
+shape's splits have (first, last, empty, holding fewer k tiles than the others, holding the ragged
+last k tile); there are few splits, so both sides are enumerated (`split_coverage`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,6 @@ def tiled_axes(names: list[str], lowerings: list[Lowering]) -> list[TileAxis]:
 def _frozen(model: Model, lowerings: list[Lowering], sizes: Mapping[str, int]) -> set[str]:
     frozen: set[str] = set()
     for lw in lowerings:
-        if isinstance(lw, ContractionLowering) and lw.kernel.split_k > 1:
-            frozen.add(lw.k)
         if isinstance(lw, MapLowering):
             frozen.update(lw.extents)
     for t in (*model.inputs, *model.outputs, *model.intermediates):
@@ -87,7 +87,9 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
             L = math.lcm(*(lcm[g] for g in group))
             r, q = full % L, Q
             w = r + q * L
-            while w in taken or (w in by_size and w != full):  # distinct sizes stay distinct
+            # distinct sizes stay distinct; split-K's splits keep their classes
+            while w < full and (w in taken or (w in by_size and w != full)
+                                or not _same_splits(lowerings, group, full, w)):
                 q += 1
                 w = r + q * L
             ext = [model.extent(g) for g in group]
@@ -97,6 +99,47 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
         for g in group:
             out[g] = w
     return out
+
+
+def _split_kernels(lowerings: list[Lowering]) -> list[ContractionLowering]:
+    return [lw for lw in lowerings if isinstance(lw, ContractionLowering) and lw.kernel.split_k > 1]
+
+
+def split_classes(size: int, tile: int, splits: int) -> set[tuple[bool, bool, str, bool]]:
+    """Each split's class along k: (first split, last split, how many k tiles it sums — "none",
+    "fewer" or "all" of the per-split count — and whether it holds the ragged last k tile)."""
+    k_tiles = -(-size // tile)
+    per = -(-k_tiles // splits)
+    out = set()
+    for s in range(splits):
+        count = max(0, min(per, k_tiles - s * per))
+        holds_last = s * per < k_tiles <= (s + 1) * per
+        out.add((s == 0, s == splits - 1, "none" if count == 0 else "all" if count == per else "fewer",
+                 holds_last and size % tile != 0))
+    return out
+
+
+def _same_splits(lowerings: list[Lowering], group: list[str], full: int, w: int) -> bool:
+    return all(split_classes(full, lw.bk, lw.kernel.split_k) <= split_classes(w, lw.bk, lw.kernel.split_k)
+               for lw in _split_kernels(lowerings) if lw.k in group)
+
+
+def split_coverage(names: list[str], lowerings: list[Lowering], full: Mapping[str, int],
+                   witness: Mapping[str, int]) -> list[str]:
+    """For every split-K kernel: each split class of the full shape is one the witness has (both
+    sets enumerated; a kernel has a handful of splits). Raises AssertionError otherwise."""
+    lines = []
+    for name, lw in zip(names, lowerings, strict=True):
+        if not isinstance(lw, ContractionLowering) or lw.kernel.split_k <= 1:
+            continue
+        size, small, splits = full[lw.k], witness[lw.k], lw.kernel.split_k
+        want, have = split_classes(size, lw.bk, splits), split_classes(small, lw.bk, splits)
+        if not want <= have:
+            raise AssertionError(f"{name}: a split of k at #{lw.k} = {size} has a class the witness "
+                                 f"({small}) lacks: {sorted(want - have)}")
+        lines.append(f"{name} split-K: {splits} splits of k tiles of {lw.bk} over #{lw.k} = {size}; witness "
+                     f"{small} has all {len(want)} split classes (enumerated)")
+    return lines
 
 
 def _classes(size: int, tile: int) -> set[tuple[bool, bool, int]]:

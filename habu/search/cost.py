@@ -63,8 +63,11 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     moved = _bytes(lw.a, sizes) + _bytes(lw.b, sizes) + out_bytes
     moved += sum(_bytes(a, sizes) for _, a in lw.epi_loads)
     staging = sum(2 * _bytes(st.dst, sizes) for st in lw.pre)
+    # split-K (atomic): the output is zeroed first, and each split's tile ends in f32 atomic adds
+    # (a read and a write per element) while its tensor cores idle: not hidden behind the main loop
+    reduction = 0.0
     if k.split_k > 1:
-        moved += (k.split_k - 1) * M * N * 4
+        reduction = M * N * 4 + k.split_k * M * N * 8
     peak = {"wgmma": c.wgmma_flops, "mma.sync": c.mma_sync_flops, "fma": c.fma_flops}[k.mma] or c.fma_flops
     # operand feeds: a scalar-load producer cannot keep tensor cores busy; a cp.async gather costs a little
     feed = 1.0
@@ -82,8 +85,9 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     memory = moved / c.bandwidth
     # staging copies 2-byte elements one per thread: measured ~1.4 TB/s (a third of the copy
     # bandwidth) for A = 4096 x 4096 bf16 on the H200
-    seconds = max(compute, memory) + staging / (c.bandwidth / 3) + c.launch_s * (1 + len(lw.pre))
-    return KernelCost(flops, moved + staging, seconds, "compute" if compute >= memory else "memory")
+    seconds = max(compute, memory) + staging / (c.bandwidth / 3) + reduction / c.bandwidth \
+        + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1))
+    return KernelCost(flops, moved + staging + reduction, seconds, "compute" if compute >= memory else "memory")
 
 
 def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:

@@ -81,6 +81,14 @@ class Stats:
     first_verified_s: float | None = None
     started: float = field(default_factory=time.monotonic)
     region: str = ""
+    # where the time went, in seconds: the driver's own steps ("driver send", "driver waits for
+    # proofs", "driver waits for GPUs") and the summed steps of the proof tasks ("proof rules",
+    # "proof field", "proof compile") and of the GPU timing ("gpu load", "gpu check", "gpu time")
+    spent: dict[str, float] = field(default_factory=dict)
+
+    def add(self, what: str, seconds: float | None) -> None:
+        if seconds is not None:
+            self.spent[what] = self.spent.get(what, 0.0) + seconds
 
     @property
     def elapsed(self) -> float:
@@ -189,6 +197,7 @@ class Search:
 
     def _send(self, batch: list[tuple[tuple[Kernel, ...], int, Scored]]) -> _Sent:
         """Apply the cheap rules here and send the rest to be proven (not waiting for them)."""
+        began = time.monotonic()
         plans = [make_plan(self.model, self.target, kernels, self.fixed, sc.rewrites) for kernels, _, sc in batch]
         self.taken += len(batch)
         compile_kernels = self.timer is not None and self.executor.parallelism > 1
@@ -202,17 +211,34 @@ class Search:
             items.append((plan.to_json(), self.seed + self.sequence, None if only is None else tuple(only),
                           compile_kernels))
             where.append(j)
-        return _Sent(batch, plans, where, self.executor.submit(self.job, items) if items else None)
+        sent = _Sent(batch, plans, where, self.executor.submit(self.job, items) if items else None)
+        self.stats.add("driver send", time.monotonic() - began)
+        return sent
 
     def _receive(self, sent: _Sent) -> list[bool]:
         """Wait for a sent batch's proofs, time the proven plans, and keep the results."""
+        kept, to_time = self._proven(sent)
+        began = time.monotonic()
+        measured = self._measure([(sent.plans[j].to_json(), c) for j, c in to_time])
+        self.stats.add("driver waits for GPUs", time.monotonic() - began if to_time else None)
+        for (j, _), m in zip(to_time, measured, strict=True):
+            kept[j] = self._timed(sent.plans[j], sent.batch[j][1], sent.batch[j][2], m)
+        return kept
+
+    def _proven(self, sent: _Sent) -> tuple[list[bool], list[tuple[int, list | None]]]:
+        """Wait for a sent batch's proofs and record them: which candidates are kept as they are
+        (no GPU), and which (with their cubins) are to be timed."""
         batch, plans, where = sent.batch, sent.plans, sent.where
         kept = [False] * len(batch)
+        began = time.monotonic()
         results = sent.pending.result() if sent.pending is not None else []
+        self.stats.add("driver waits for proofs", time.monotonic() - began)
         to_time: list[tuple[int, list | None]] = []
         for j, res in zip(where, results, strict=True):
-            plan, (_, region, scored) = plans[j], batch[j]
+            plan, (_, _, scored) = plans[j], batch[j]
             status = res["status"]
+            for step, seconds in (res.get("seconds") or {}).items():
+                self.stats.add(f"proof {step}", seconds)
             if status == "rules":
                 self.stats.pruned_rules += 1
                 continue
@@ -239,24 +265,27 @@ class Search:
                 kept[j] = True
                 continue
             to_time.append((j, res.get("cubins")))
-        for (j, _), m in zip(to_time, self._measure([(plans[j].to_json(), c) for j, c in to_time]), strict=True):
-            plan, (_, region, scored) = plans[j], batch[j]
-            self.stats.compiled += 1
-            if not m.ok:
-                self.stats.failed += 1
-                self.db.record_failure(self.key, plan.to_json(), m.reason)
-                continue
-            self.stats.timed += 1
-            scored.measured_us = m.median_us
-            scored.measurement = {"median_us": m.median_us, "p20_us": m.p20_us, "p80_us": m.p80_us,
-                                  "samples_us": m.samples_us, "golden": m.golden}
-            self.measured[plan.key] = scored.measurement
-            costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
-            self.timeline.append({"t": round(self.stats.elapsed, 3), "region": region, "kernel": scored.kernel,
-                                  "median_us": m.median_us,
-                                  "flops": sum(c.flops for c in costs), "bytes": sum(c.bytes for c in costs)})
-            kept[j] = True
-        return kept
+        return kept, to_time
+
+    def _timed(self, plan: Plan, region: int, scored: Scored, m) -> bool:
+        """Record a plan's measurement; True when it counts (golden-checked and timed)."""
+        self.stats.compiled += 1
+        for step, seconds in (m.seconds or {}).items():
+            self.stats.add(f"gpu {step}", seconds)
+        if not m.ok:
+            self.stats.failed += 1
+            self.db.record_failure(self.key, plan.to_json(), m.reason)
+            return False
+        self.stats.timed += 1
+        scored.measured_us = m.median_us
+        scored.measurement = {"median_us": m.median_us, "p20_us": m.p20_us, "p80_us": m.p80_us,
+                              "samples_us": m.samples_us, "golden": m.golden}
+        self.measured[plan.key] = scored.measurement
+        costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
+        self.timeline.append({"t": round(self.stats.elapsed, 3), "region": region, "kernel": scored.kernel,
+                              "median_us": m.median_us,
+                              "flops": sum(c.flops for c in costs), "bytes": sum(c.bytes for c in costs)})
+        return True
 
     def _measure(self, plans: list[tuple[dict, list | None]]) -> list:
         """Time plans on the timer's GPUs (all at once when it has several), in order."""
@@ -428,6 +457,9 @@ class Search:
         # its slowest proof does, so several are kept in flight (those still in flight when the
         # time runs out are dropped). With a trials budget, one batch at a time (the same
         # candidates for every executor).
+        if self.budget.trials is None and self.executor.concurrent and hasattr(self.timer, "submit"):
+            self._stream(i, best, ranked, send_next, more, in_time)
+            return
         depth = IN_FLIGHT if self.budget.trials is None and self.executor.concurrent else 1
         in_flight: deque = deque([send_next()] if more() else [])
         while in_flight:
@@ -445,6 +477,53 @@ class Search:
                     if self._improves(i, sc, ranked):
                         best[i] = k
                         self._store(best, ranked)
+            self.progress(self.stats)
+
+    def _stream(self, i: int, best: list[Kernel], ranked: list[list[Scored]], send_next, more, in_time) -> None:
+        """Region i's tuning as a stream, for a timer of several GPUs (a Ray pool): proven plans
+        are queued on the GPUs as each batch's proofs land, and each measurement is taken as it
+        comes back, so no GPU waits for the slowest plan of a batch or for the driver. Batches are
+        proven ahead while a few plans per GPU are queued. When the time is up, the proofs in flight
+        and the plans not started are dropped and those being timed are waited for."""
+        timer = self.timer
+        ahead = 2 * max(1, timer.width)  # plans queued or running per pool before the driver waits on proofs
+        proofs: deque = deque()
+
+        def keep(k: Kernel, sc: Scored) -> None:
+            ranked[i].append(sc)
+            if self._improves(i, sc, ranked):
+                best[i] = k
+                self._store(best, ranked)
+
+        def take(wait_s: float) -> None:
+            began = time.monotonic()
+            for (k, sc, plan), m in timer.collect(wait_s):
+                if self._timed(plan, i, sc, m):
+                    keep(k, sc)
+            self.stats.add("driver waits for GPUs", time.monotonic() - began if wait_s else None)
+
+        while True:
+            while len(proofs) < IN_FLIGHT and more():
+                proofs.append(send_next())
+            take(0.0)
+            if not in_time():
+                timer.drop_queued()
+                while timer.busy:
+                    take(1.0)
+                break
+            oldest_done = proofs and getattr(proofs[0][2].pending, "done", lambda: True)()
+            if proofs and (oldest_done or timer.backlog < ahead):
+                batch, scored, sent = proofs.popleft()
+                kept, to_time = self._proven(sent)
+                for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
+                    if ok:
+                        keep(k, sc)
+                timer.submit([((batch[j][1], scored[j], sent.plans[j]), (sent.plans[j].to_json(), c))
+                              for j, c in to_time])
+            elif timer.busy:
+                take(0.05 if proofs else 1.0)
+            elif not proofs:
+                break
             self.progress(self.stats)
 
     def _improves(self, i: int, scored: Scored, ranked: list[list[Scored]]) -> bool:

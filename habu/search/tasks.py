@@ -48,28 +48,43 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
     """Prove one plan; compile it when asked and proven. Never raises for a bad plan: the result's
     `status` is "verified", "rules" (a z3 obligation fails), "field" (the finite-field check
     fails) or "compile" (NVRTC refuses it), with the reason."""
+    import time
+
     from habu.prove.rules import failures, obligations
     from habu.prove.verify import verify_plan
+
+    seconds: dict[str, float] = {}  # each step's wall time, for the search's account of where time goes
+    began = time.perf_counter()
+
+    def lap(step: str) -> dict[str, float]:
+        nonlocal began
+        now = time.perf_counter()
+        seconds[step] = now - began
+        began = now
+        return seconds
 
     model = bound_model(job)
     sizes = dict(job.sizes)
     plan = Plan.from_json(plan_json)
     broken = failures(obligations(model, plan, sizes, set(only) if only is not None else None))
+    lap("rules")
     if broken:
         b = broken[0]
-        return {"status": "rules", "reason": f"{b.describe()}: {b.how}"}
+        return {"status": "rules", "reason": f"{b.describe()}: {b.how}", "seconds": seconds}
     # one trial on a witness shape (every tile class, z3-checked coverage); the winner is proven
     # again at the full shape with three trials before it is reported
     cert = verify_plan(model, plan, sizes, trials=1, seeds=[seed], witness=True)
+    lap("field")
     if not cert.passed:
-        return {"status": "field", "reason": f"finite-field check: {cert.failure}"}
-    out: dict[str, Any] = {"status": "verified", "certificate": cert.to_json()}
+        return {"status": "field", "reason": f"finite-field check: {cert.failure}", "seconds": seconds}
+    out: dict[str, Any] = {"status": "verified", "certificate": cert.to_json(), "seconds": seconds}
     if compile_kernels:
         try:
             out["cubins"] = compile_plan(model, plan)
         except Exception as exc:  # NVRTC's log says why
             return {"status": "compile", "reason": f"{type(exc).__name__}: {str(exc)[:1500]}",
-                    "certificate": cert.to_json()}
+                    "certificate": cert.to_json(), "seconds": lap("compile")}
+        lap("compile")
     return out
 
 

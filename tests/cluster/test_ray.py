@@ -148,6 +148,30 @@ def test_gpus_of_different_kinds_are_tuned_into_separate_entries(cluster, tmp_pa
         assert len(db.entries()) == 2
 
 
+def test_the_stream_keeps_every_gpu_busy_and_keeps_the_fastest_plan(cluster, tmp_path):
+    """Under a time budget, proven plans stream to the pool's actors as each batch lands and are
+    taken as they come back; the winner is the fastest plan timed, and the run ends on time."""
+    cls = fake_actor()
+    j = job()
+    (pool,), _ = group_actors([cls.remote(j, "Fake H200", 0.05) for _ in range(2)])
+    submitted: list[int] = []
+    submit = pool.submit
+    pool.submit = lambda items: (submitted.append(len(items)), submit(items))[1]
+    model, sizes = model_of(GGEMM, SHAPE)
+    t0 = time.monotonic()
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=12.0), timer=pool,
+                        executor=RayExecutor()).run()
+        stored = db.get(result.key).records
+    assert time.monotonic() - t0 < 12.0 + 20.0
+    st = result.stats
+    assert submitted and st.timed >= 5 and st.failed == 0, st
+    assert len(result.timeline) == st.timed
+    fastest = min(e["median_us"] for e in result.timeline)
+    assert st.best_us == fastest and stored[0].median_us == fastest
+    assert st.spent.get("gpu actor", 0) > 0 and "driver waits for proofs" in st.spent
+
+
 def test_a_measurement_from_another_gpu_is_refused(cluster):
     cls = fake_actor()
     j = job()

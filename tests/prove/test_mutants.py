@@ -23,3 +23,11 @@ def test_the_unmutated_plans_pass():
     for m in MUTANTS:
         outcome = run_mutant(replace(m, mutate=lambda lw: lw, index_width=None))
         assert not outcome.killed, f"{m.name}'s base plan fails: {outcome.message}"
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_mutant_is_killed_at_the_witness_shape_the_search_checks(mutant):
+    """The search checks each candidate once, on the reduced witness shape: every planted bug must
+    show there too (one trial)."""
+    outcome = run_mutant(mutant, trials=1, witness=True)
+    assert outcome.killed, f"{mutant.name} survived at the witness shape: {outcome.message}"

@@ -10,10 +10,11 @@ import pytest
 
 from habu.lower import lower_plan
 from habu.prove import prove
+from habu.prove.mutants import MUTANTS, run_mutant
 from habu.prove.rules import failures, obligations
 from habu.prove.verify import verify_plan
 from habu.prove.virtual import VirtualTensor, key_for
-from habu.prove.witness import prove_coverage, tiled_axes, witness_sizes
+from habu.prove.witness import prove_coverage, split_classes, split_coverage, tiled_axes, witness_sizes
 from habu.search.space import default_plan, enumerate_plans
 from habu.spec.parser import load_program
 from habu.target import TARGETS
@@ -74,8 +75,21 @@ def test_virtual_tensors_are_random_access_and_in_range():
     v = t.at(offs)
     assert ((v >= 0) & (v < 2**31 - 1)).all() and len(set(v.tolist())) == 4
     assert (t.at(offs) == v).all()
-    idx = VirtualTensor("IX", (1000,), 37, key_for(5, "IX")).materialize()
+    idx = VirtualTensor("IX", (1000,), 37, key_for(5, "IX"), index=True).materialize()
     assert idx.min() >= 0 and idx.max() < 37 and len(np.unique(idx)) < 1000  # duplicates occur
+    # the ends of the range are drawn often (1 in 16 each), the rest uniformly
+    assert 30 < (idx == 36).sum() < 110 and 30 < (idx == 0).sum() < 110 and len(np.unique(idx)) == 37
+
+
+def test_one_sided_k_mask_is_caught_in_every_trial():
+    """Regression: A's unmasked k tail reads the next row, times B's masked zero: over GF(p) only
+    the last row's read (past the tensor's end) shows, and a uniform random IX pointed at the last
+    row of A in about 63% of trials, so the mutant survived seed 1."""
+    mutant = next(x for x in MUTANTS if x.name == "k-tail-mask-on-one-operand")
+    for seed in range(1, 9):
+        out = run_mutant(mutant, trials=1, seeds=[seed])
+        assert out.killed, (seed, out.message)
+        assert "out of bounds" in out.message
 
 
 def test_witness_keeps_tile_classes_and_z3_proves_it():
@@ -96,6 +110,31 @@ def test_witness_keeps_distinct_sizes_distinct():
     lws = lower_plan(m, plan)
     w = witness_sizes(m, ["k0"], lws, {"M": 4096, "N": 4000, "K": 511})
     assert len({w["M"], w["N"], w["K"]}) == 3
+
+
+def test_split_k_witness_reduces_k_and_keeps_every_split_class():
+    """Regression: split-K froze k at its full size, so each split-K candidate of the MoE search
+    was checked over all of K = 4096 (about 1 s of the driver's proofs each, against 30 ms)."""
+    m = model_of("ggemm.habu", "GGEMM", M=256, N=256, K=4160)
+    shape = {"M": 256, "N": 256, "K": 4160}
+    plan = default_plan(m, TARGETS["sm_90a"], shape, {"split_k": "4"})
+    lws = lower_plan(m, plan)
+    w = witness_sizes(m, ["k0"], lws, shape)
+    assert w["K"] < 4160
+    # 65 k tiles in splits of 17, 17, 17, 14: the last sums fewer; the witness keeps that class
+    assert split_classes(4160, 64, 4) <= split_classes(w["K"], 64, 4)
+    assert "split classes" in split_coverage(["k0"], lws, shape, w)[0]
+    with pytest.raises(AssertionError, match="split of k"):  # 4 k tiles, one per split: none sums fewer
+        split_coverage(["k0"], lws, shape, w | {"K": 256})
+    cert = verify_plan(m, plan, shape, trials=1, seeds=[3], witness=True)
+    assert cert.passed and cert.witness["K"] == w["K"], cert.failure
+    assert any("split-K" in note for note in cert.notes)
+
+
+def test_split_k_mutant_is_killed_at_the_witness_shape():
+    mutant = next(x for x in MUTANTS if x.name == "split-k-partial-lost")
+    out = run_mutant(mutant, trials=1, witness=True)
+    assert out.killed, out.message
 
 
 def test_a_wrong_witness_fails_the_coverage_proof():
