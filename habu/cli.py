@@ -320,7 +320,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     from habu.compile import Compiled, write_outputs
     from habu.prove import prove
     from habu.search.cost import CEILINGS, Ceilings
-    from habu.search.report import roofline_plot, top_table
+    from habu.search.report import roofline_plot, time_account, top_table
 
     st = result.stats
     console.print(top_table(result.records, st.roofline_us, st.baseline_us))
@@ -337,6 +337,8 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
                   f"{result.key.digest()}; first verified candidate after {first}; {st.verified} verified "
                   f"in {st.elapsed:.0f} s ({st.verified / max(st.elapsed, 1e-9):.2f} per second, {executor})",
                   highlight=False)
+    if st.spent:
+        console.print(f"time: {time_account(st)}", highlight=False)
     if per_gpu:  # several kinds of GPU tuned at once: a directory for each
         out_dir = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "-", result.key.target.gpu)
     proof = prove(bound, result.best, sizes, trials=3)

@@ -127,3 +127,22 @@ def roofline_plot(result: SearchResult, path: Path, peak_flops: float, bandwidth
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def time_account(stats) -> str:
+    """One line on where the search's time went: each proof and GPU step per candidate that reached
+    it, and how long the driver waited for each side (the side it waits for is the bottleneck)."""
+    spent = stats.spent
+    proven = stats.verified + stats.pruned_field
+    parts = []
+    steps = [(k.removeprefix("proof "), v) for k, v in spent.items() if k.startswith("proof ")]
+    if steps and proven:
+        parts.append("proofs " + ", ".join(f"{name} {v:.1f} s" for name, v in steps) + " in all")
+    gpu = [(k.removeprefix("gpu "), v) for k, v in spent.items() if k.startswith("gpu ") and k != "gpu actor"]
+    if gpu and stats.compiled:
+        per = sum(v for _, v in gpu) / stats.compiled
+        parts.append(f"GPU {per * 1e3:.0f} ms a plan (" + ", ".join(f"{n} {v:.1f} s" for n, v in gpu) + ")")
+    waits = [(k.removeprefix("driver waits for "), v) for k, v in spent.items() if k.startswith("driver waits")]
+    if waits:
+        parts.append("the driver waited " + ", ".join(f"{v:.1f} s for {n}" for n, v in waits))
+    return "; ".join(parts) if parts else "nothing recorded"

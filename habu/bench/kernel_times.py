@@ -1,0 +1,68 @@
+"""Where a stored plan's time goes on the GPU: each of its kernels timed on its own (the device
+time the CUDA profiler records for it), next to the whole plan and, for RMSNorm + Linear, torch's
+parts. The plan is the best one the database holds for the file's model.
+
+    python -m habu.bench.kernel_times examples/rmsnorm_linear.habu --db plans.sqlite --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+
+def kernel_device_times(fn, reps: int = 20) -> dict[str, float]:
+    """Mean device time (µs) per kernel name over `reps` calls of `fn`, from torch's profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            total[ev.name] += ev.device_time
+    return {name: t / reps for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
+
+
+def main() -> None:
+    from habu.bench.harness import make_inputs, poisoned_outputs, time_cuda
+    from habu.bench.rewrite_bench import torch_rmsnorm_linear
+    from habu.bench.run import build
+    from habu.db import PlanDB
+    from habu.search.plan import Plan
+    from habu.spec.parser import load_program
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--db", type=Path, required=True)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    model = next(iter(load_program(Path(args.file)).models.values()))
+    with PlanDB(args.db) as db:
+        entry = next((e for e in db.entries() if e.records), None)
+        if entry is None:
+            raise SystemExit(f"{args.db}: no stored plan")
+        plan = Plan.from_json(entry.records[0].plan)
+    built = build(args.file, model.name, {}, plan=plan)
+    s = built.sizes
+    inputs, outs = make_inputs(model, s, 7), poisoned_outputs(model, s)
+    whole = time_cuda(lambda i: built.compiled(**inputs, **outs), 1, reps=50)
+    parts = kernel_device_times(lambda: built.compiled(**inputs, **outs))
+    out = {"plan": plan.key, "whole_us": whole["median_us"], "kernels_us": parts}
+    if model.name == "RMSNORM-LINEAR":
+        out["torch_us"] = time_cuda(lambda i: torch_rmsnorm_linear(inputs), 1, reps=50)["median_us"]
+        out["torch_kernels_us"] = kernel_device_times(lambda: torch_rmsnorm_linear(inputs))
+    print(json.dumps(out, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
