@@ -3,7 +3,7 @@ whose rows start 16 bytes apart, so the contraction can load it with TMA whateve
 
 from __future__ import annotations
 
-from habu.emit_cuda.common import Signature, access_mask, access_offset, header, index_type
+from habu.emit_cuda.common import CTYPE, Signature, access_mask, access_offset, header, index_type
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import StageLowering
@@ -19,8 +19,47 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
     table = table_reader(sig, model, it)
     src = sig.pointer(stage.src.tensor, stage.src.dtype)
     dst = sig.pointer(stage.dst.tensor, stage.dst.dtype, writes=True)
-    sizes[stage.k]
-    body = f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
+    if stage.tile:
+        body = _tiled(name, stage, sizes, it, width, table, src, dst)
+    else:
+        body = _rows(name, stage, sizes, it, width, table, src, dst, coord)
+    src_text = header(f"{name}: staging pass for {stage.src.tensor}",
+                      [f"{stage.dst.tensor}[row, k] = {stage.src.tensor} as the contraction reads it, rows padded "
+                       "to 16 bytes"])
+    src_text += body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src_text, tuple(sig.params), stage.threads, 0, stage)
+
+
+def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str) -> str:
+    """A T x T tile through shared memory: the loads run along the rows (src's contiguous
+    dimension), the stores along k; each element's mask and offsets are the lowering's."""
+    t = stage.tile
+    step = stage.threads // t
+    axis = stage.dst.positions[0].axis
+    coord = {axis: "row", "k": "kk"}
+    ok = f"{access_mask(stage.src, coord, sizes)} && {access_mask(stage.dst, coord, sizes)}"
+    return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
+  // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts
+  __shared__ {CTYPE[stage.src.dtype]} tile[{t}][{t + 1}];
+  const int tx = threadIdx.x % {t}, ty = threadIdx.x / {t};
+  const {it} k0 = ({it})blockIdx.x * {t}, r0 = ({it})blockIdx.y * {t};
+  #pragma unroll
+  for (int j = 0; j < {t}; j += {step}) {{
+    const {it} row = r0 + tx, kk = k0 + ty + j;
+    if ({ok}) tile[ty + j][tx] = {src}[{access_offset(stage.src, coord, sizes, width, table)}];
+  }}
+  __syncthreads();
+  #pragma unroll
+  for (int j = 0; j < {t}; j += {step}) {{
+    const {it} row = r0 + ty + j, kk = k0 + tx;
+    if ({ok}) {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = tile[tx][ty + j];
+  }}
+}}
+"""
+
+
+def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
+    return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
   // grid: x over k in blocks of {stage.threads}, y over rows
   const {it} row = ({it})blockIdx.y;
   const {it} kk = ({it})blockIdx.x * {stage.threads} + threadIdx.x;
@@ -29,8 +68,3 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
   }}
 }}
 """
-    src_text = header(f"{name}: staging pass for {stage.src.tensor}",
-                      [f"{stage.dst.tensor}[row, k] = {stage.src.tensor} as the contraction reads it, rows padded "
-                       "to 16 bytes"])
-    src_text += body.replace("SIGNATURE", sig.declaration())
-    return CudaKernel(name, src_text, tuple(sig.params), stage.threads, 0, stage)

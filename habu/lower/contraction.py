@@ -38,9 +38,15 @@ class StageLowering:
     rows: str  # extent of the rows
     k: str
     threads: int = 256
+    # 0: a block copies `threads` columns of one row; T: a block copies a T x T tile through shared
+    # memory, reading along the rows and writing along k (src is contiguous along its rows: a
+    # transposing copy, such as a (K, N) weight staged K-major)
+    tile: int = 0
 
     def grid(self, s: Mapping[str, Any], sm_count: int = 0) -> tuple[Any, Any]:
-        """(blocks along k, rows): one block covers `threads` columns of one row."""
+        """(blocks along k, blocks along the rows)."""
+        if self.tile:
+            return cdiv(s[self.k], self.tile), cdiv(s[self.rows], self.tile)
         return cdiv(s[self.k], self.threads), s[self.rows]
 
 
@@ -215,7 +221,12 @@ def _staged(src: Access, axis: str, rows: str, k: str) -> tuple[Access, StageLow
     padded = f"{k}^{STAGE_ALIGN}"
     dst = Access(f"@{src.tensor}", src.dtype, (rows, padded), (Position("axis", axis), Position("axis", "k")),
                  ((padded,), ()), (Bound(axis, rows), Bound("k", k)))
-    return dst, StageLowering(src, dst, rows, k)
+    last = src.positions[-1]
+    transposing = last.kind == "axis" and last.axis == axis  # src's rows are its contiguous dimension
+    return dst, StageLowering(src, dst, rows, k, tile=TRANSPOSE_TILE if transposing else 0)
+
+
+TRANSPOSE_TILE = 32  # a transposing staging pass moves 32 x 32 tiles (256 threads, 4 elements each)
 
 
 def _pos(eq: Equation, var: IndexVar) -> int:

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from habu.bench.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
 from habu.bench.run import build  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT, winner_plan  # noqa: E402
 
 EX = ROOT / "examples"
 
@@ -138,6 +138,27 @@ def test_rmsnorm_linear_with_the_row_scale_after_the_contraction(sizes):
     for parts in partitions(g):
         plan = make_plan(m, target, default_kernels(g, target, s, parts), s, ("factor:Y",))
         golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", sizes, plan=plan)
+
+
+@pytest.mark.parametrize("sizes", [{"T": 300, "D": 1000, "N": 520}, {"T": 2048, "D": 4096, "N": 4096}],
+                         ids=["ragged", "example"])
+def test_rmsnorm_linear_with_w_staged_k_major_through_the_tiled_transpose(sizes):
+    """The search's winner for RMSNorm + Linear: factor:Y, then wgmma with W (stored D x N) copied
+    K-major by the staging pass, which moves 32 x 32 tiles through shared memory (the rows of the
+    tiles are ragged here: 520 and 1000 are not multiples of 32)."""
+    from habu.bench.run import device_target
+    from habu.search.space import concrete_sizes
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    target = TARGETS[device_target()]
+    m = load_program(EX / "rmsnorm_linear.habu").models["RMSNORM-LINEAR"].with_sizes(sizes)
+    s = concrete_sizes(m)
+    plan = winner_plan(m, target, s)
+    built = golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", sizes, plan=plan)
+    ((_, emitted),) = built.compiled.kernel_set.members
+    (stage,) = [k for k in emitted.kernels if "stage" in k.name]
+    assert stage.lowering.tile == 32
 
 
 def test_fused_axpy_relu():

@@ -25,3 +25,4 @@ def test_time_account_without_records_says_so():
     st = Stats()
     st.add("gpu time", None)  # a step that did not happen adds nothing
     assert st.spent == {}
+
