@@ -66,6 +66,9 @@ class InlineExecutor:
         pass
 
 
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 class ProcessExecutor:
     """A pool of local worker processes (spawned: no CUDA or z3 state is inherited)."""
 
@@ -80,6 +83,13 @@ class ProcessExecutor:
 
     def _ensure(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
+            # one BLAS thread per worker (the workers are the parallelism): left alone, each of 15
+            # workers on a 16-core machine runs numpy with 16 OpenBLAS threads (the likely reason
+            # a multi-kernel finite-field check took about 9 s on the H200's host, against 0.9 s
+            # in one process). The workers are spawned, so they start with this environment; a
+            # value the user set is kept.
+            for var in BLAS_THREAD_VARS:
+                os.environ.setdefault(var, "1")
             self._pool = cf.ProcessPoolExecutor(self.parallelism, mp_context=mp.get_context("spawn"),
                                                 initializer=lower_priority)
         return self._pool

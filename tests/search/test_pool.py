@@ -166,3 +166,20 @@ def test_regression_closing_the_pool_waited_for_proofs_still_running():
     for pid in pids:  # killed, not left running their proofs
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_workers_run_numpy_with_one_blas_thread(monkeypatch):
+    """Regression: each worker ran OpenBLAS with a thread per core, so 15 workers on 16 cores
+    oversubscribed the CPU tenfold and the finite-field check of RMSNorm + Linear took ~9 s."""
+    import os
+
+    from habu.search.pool import BLAS_THREAD_VARS, ProcessExecutor
+
+    for var in BLAS_THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    ex = ProcessExecutor(workers=1)
+    try:
+        got = [ex._ensure().submit(os.getenv, var).result(timeout=120) for var in BLAS_THREAD_VARS]
+    finally:
+        ex.close()
+    assert got == ["1"] * len(BLAS_THREAD_VARS)
