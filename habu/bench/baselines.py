@@ -2,8 +2,9 @@
 
 For a model that is one contraction (GEMM, gathered GEMM, MoE up-projection) the baseline is torch:
 `A[IX] @ B.T` (cuBLAS after a gather), in the storage dtype, with the result converted to the
-output's dtype. Other models have no automatic baseline yet; `docs/PERF.md` names the hand-written
-ones used there (Triton seeds, torch compositions).
+output's dtype. Other models have no automatic baseline yet: `habu.bench.torch_eager` runs any
+model as torch ops, equation by equation, and is checked for correctness on the GPU, but its speed
+against hand-written torch is not settled; `docs/PERF.md` names the hand-written baselines used.
 """
 
 from __future__ import annotations
