@@ -15,9 +15,11 @@ are reported as stale, never used.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import random
 import socket
 import sqlite3
 import time
@@ -31,6 +33,7 @@ from habu import __version__
 from habu.errors import HabuError
 
 SCHEMA_VERSION = 1
+OPEN_TIMEOUT_S = 60.0  # how long opening waits out other processes creating the same database
 
 
 @dataclass(frozen=True)
@@ -141,18 +144,34 @@ class PlanDB:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA foreign_keys=ON")
-            self.conn.execute("PRAGMA busy_timeout=30000")
-            self.conn.executescript(SCHEMA)
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        except sqlite3.DatabaseError as exc:
-            raise HabuError(f"{self.path} is not a usable Habu plan database: {exc}") from None
+        # Processes opening a new database at once race to switch it to WAL and create the
+        # schema; SQLite answers some of them "database is locked" at once, without waiting on the
+        # busy timeout (12 processes on a fresh file: 3 of 5 rounds lost one). They try again.
+        deadline = time.monotonic() + OPEN_TIMEOUT_S
+        while True:
+            try:
+                self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+                self._prepare()
+                break
+            except sqlite3.OperationalError as exc:
+                with contextlib.suppress(Exception):
+                    self.conn.close()
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                    raise HabuError(f"{self.path} is not a usable Habu plan database: {exc}") from None
+                time.sleep(random.uniform(0.01, 0.1))
+            except sqlite3.DatabaseError as exc:
+                raise HabuError(f"{self.path} is not a usable Habu plan database: {exc}") from None
         version = self.conn.execute("SELECT value FROM meta WHERE name='schema'").fetchone()[0]
         if int(version) != SCHEMA_VERSION:
             raise HabuError(f"{self.path} has plan-database schema {version}; this Habu reads {SCHEMA_VERSION}")
+
+    def _prepare(self) -> None:
+        if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self.conn.execute("PRAGMA busy_timeout=30000")
+        self.conn.executescript(SCHEMA)
+        self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self.conn.close()
