@@ -15,9 +15,10 @@ model says, so a bf16 intermediate is rounded where the model rounds it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from habu.bench.harness import TORCH_DTYPE
+from habu.spec.evaluate import Labelled, _factors, _union
 from habu.spec.ir import (
     Const,
     Equation,
@@ -33,9 +34,6 @@ from habu.spec.ir import (
     Size,
 )
 
-TORCH_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "i32": "int32",
-               "i64": "int64"}
-
 
 def _functions(torch: Any) -> dict[str, Callable[..., Any]]:
     return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
@@ -44,45 +42,14 @@ def _functions(torch: Any) -> dict[str, Callable[..., Any]]:
             "min": torch.minimum}
 
 
-@dataclass
-class Named:
-    data: Any  # a torch tensor
-    names: tuple[IndexVar, ...]
-
-
-def _union(*groups: tuple[IndexVar, ...]) -> tuple[IndexVar, ...]:
-    out: list[IndexVar] = []
-    for g in groups:
-        out += [v for v in g if v not in out]
-    return tuple(out)
-
-
-def _align(x: Named, names: tuple[IndexVar, ...]) -> Any:
+def _align(x: Labelled, names: tuple[IndexVar, ...]) -> Any:
     """x's data with its dimensions in `names` order (size 1 where x does not vary)."""
-    order = [x.names.index(v) for v in names if v in x.names]
+    order = [x.labels.index(v) for v in names if v in x.labels]
     data = x.data.permute(*order) if order != list(range(len(order))) else x.data
     shape, it = [], iter(data.shape)
     for v in names:
-        shape.append(next(it) if v in x.names else 1)
+        shape.append(next(it) if v in x.labels else 1)
     return data.reshape(shape)
-
-
-def _factors(e: Expr) -> list[Expr]:
-    if isinstance(e, Op) and e.fn == "mul":
-        return _factors(e.args[0]) + _factors(e.args[1])
-    return [e]
-
-
-@dataclass(frozen=True)
-class _Ready:
-    """A value already computed, standing in an expression (the product a reduction sums)."""
-
-    data: Any
-    names: tuple[IndexVar, ...]
-
-    @property
-    def value(self) -> Named:
-        return Named(self.data, self.names)
 
 
 class TorchEager:
@@ -114,17 +81,17 @@ class TorchEager:
         full = tuple(self.sizes[v.extent] for v in eq.lhs)
         return _align(val, eq.lhs).to(self.dtype(eq.target)).expand(full).contiguous()
 
-    def index(self, ix: IndexExpr) -> Named:
+    def index(self, ix: IndexExpr) -> Labelled:
         t = self.torch
         if isinstance(ix, IndexVar):
-            return Named(t.arange(self.sizes[ix.extent], device=self._device()), (ix,))
+            return Labelled(t.arange(self.sizes[ix.extent], device=self._device()), (ix,))
         if isinstance(ix, IndexConst):
-            return Named(t.zeros((), dtype=t.int64, device=self._device()) + ix.value, ())
+            return Labelled(t.zeros((), dtype=t.int64, device=self._device()) + ix.value, ())
         subs = [self.index(i) for i in ix.indices]
-        names = _union(*(s.names for s in subs))
+        names = _union(*(s.labels for s in subs))
         idx = tuple(_align(s, names).long() for s in subs)
         table = self.env[ix.tensor]
-        return Named(table[idx].long() if idx else table.long(), names)
+        return Labelled(table[idx].long() if idx else table.long(), names)
 
     def scalar(self, value: float) -> Any:
         """A float32 constant on the device, made once: a host-to-device copy on every call would
@@ -137,10 +104,10 @@ class TorchEager:
     def _device(self) -> Any:
         return next(iter(v for v in self.env.values() if hasattr(v, "device"))).device
 
-    def load(self, e: Load) -> Named:
+    def load(self, e: Load) -> Labelled:
         data = self.env[e.tensor]
         if all(isinstance(i, IndexVar) for i in e.indices) and len(set(e.indices)) == len(e.indices):
-            return Named(data, tuple(e.indices))  # type: ignore[arg-type]
+            return Labelled(data, tuple(e.indices))  # type: ignore[arg-type]
         gathers = [p for p, i in enumerate(e.indices) if isinstance(i, Gather)]
         if len(gathers) == 1 and all(isinstance(i, IndexVar) or p in gathers for p, i in enumerate(e.indices)):
             p = gathers[0]
@@ -148,69 +115,71 @@ class TorchEager:
             assert isinstance(g, Gather)
             rows = self.index(g)
             plain = [i for i in e.indices if isinstance(i, IndexVar)]
-            if len(rows.names) == 1 and rows.names[0] not in plain and len(set(plain)) == len(plain):
+            if len(rows.labels) == 1 and rows.labels[0] not in plain and len(set(plain)) == len(plain):
                 picked = data.index_select(p, rows.data.reshape(-1))  # one gather kernel, like torch users write
-                names = tuple(rows.names[0] if q == p else i for q, i in enumerate(e.indices))
-                return Named(picked, names)  # type: ignore[arg-type]
+                names = tuple(rows.labels[0] if q == p else i for q, i in enumerate(e.indices))
+                return Labelled(picked, names)  # type: ignore[arg-type]
         subs = [self.index(i) for i in e.indices]
-        names = _union(*(s.names for s in subs))
-        return Named(data[tuple(_align(s, names) for s in subs)], names)
+        names = _union(*(s.labels for s in subs))
+        return Labelled(data[tuple(_align(s, names) for s in subs)], names)
 
-    def expr(self, e: Expr) -> Named:
+    def expr(self, e: Expr) -> Labelled:
         if isinstance(e, Const):
-            return Named(self.scalar(float(e.value)), ())
+            return Labelled(self.scalar(float(e.value)), ())
         if isinstance(e, Size):
-            return Named(self.scalar(float(self.sizes[e.extent])), ())
+            return Labelled(self.scalar(float(self.sizes[e.extent])), ())
         if isinstance(e, Load):
             return self.load(e)
         if isinstance(e, Op):
             args = [self.expr(a) for a in e.args]
-            names = _union(*(a.names for a in args))
-            return Named(self.fns[e.fn](*[_align(a, names).float() for a in args]), names)
+            names = _union(*(a.labels for a in args))
+            return Labelled(self.fns[e.fn](*[_align(a, names).float() for a in args]), names)
         assert isinstance(e, Reduce)
         return self.reduction(e)
 
-    def reduction(self, e: Reduce) -> Named:
+    def reduction(self, e: Reduce) -> Labelled:
         if e.op == "sum" and len(_factors(e.body)) > 1:
             return self.contraction(e, _factors(e.body))
-        body = e.body.value if isinstance(e.body, _Ready) else self.expr(e.body)
-        dims = [body.names.index(v) for v in e.vars if v in body.names]
-        keep = tuple(v for v in body.names if v not in e.vars)
+        return self._reduce(e.op, e.vars, self.expr(e.body))
+
+    def _reduce(self, op: str, over: tuple[IndexVar, ...], body: Labelled) -> Labelled:
+        dims = [body.labels.index(v) for v in over if v in body.labels]
         data = body.data.float()
         if dims:
-            data = data.sum(dim=dims) if e.op == "sum" else data.amax(dim=dims)
-        count = 1
-        for v in e.vars:
-            if v not in body.names:
-                count *= self.sizes[v.extent]
-        if count > 1 and e.op == "sum":
+            data = data.sum(dim=dims) if op == "sum" else data.amax(dim=dims)
+        count = self._absent(over, [body])
+        if count > 1 and op == "sum":
             data = data * count
-        return Named(data, keep)
+        return Labelled(data, tuple(v for v in body.labels if v not in over))
 
-    def contraction(self, e: Reduce, factors: list[Expr]) -> Named:
+    def _absent(self, over: tuple[IndexVar, ...], vals: list[Labelled]) -> int:
+        """How many terms a sum over `over` adds that no value varies along (a repeated term)."""
+        count = 1
+        for v in over:
+            if not any(v in x.labels for x in vals):
+                count *= self.sizes[v.extent]
+        return count
+
+    def contraction(self, e: Reduce, factors: list[Expr]) -> Labelled:
         t = self.torch
         vals = [self.expr(f) for f in factors]
-        out_names = tuple(v for v in _union(*(x.names for x in vals)) if v not in e.vars)
-        if all(all(v in x.names for x in vals) for v in out_names):
+        names = _union(*(x.labels for x in vals))
+        out = tuple(v for v in names if v not in e.vars)
+        if all(all(v in x.labels for x in vals) for v in out):
             # no output dimension belongs to one factor alone (Σ d x·x per row): not a matrix
             # product; einsum would run it as a batch of 1 x 1 matmuls (2 ms for 2048 x 4096)
-            names = _union(*(x.names for x in vals))
             prod = _align(vals[0], names).float()
             for x in vals[1:]:
                 prod = prod * _align(x, names).float()
-            return self.reduction(Reduce("sum", e.vars, _Ready(prod, names)))  # type: ignore[arg-type]
-        letters = {v: chr(ord("a") + i) for i, v in enumerate(_union(*(x.names for x in vals), e.vars))}
-        out = tuple(v for v in _union(*(x.names for x in vals)) if v not in e.vars)
-        spec = ",".join("".join(letters[v] for v in x.names) for x in vals) + "->" + "".join(letters[v] for v in out)
+            return self._reduce("sum", e.vars, Labelled(prod, names))
+        letters = {v: chr(ord("a") + i) for i, v in enumerate(_union(names, e.vars))}
+        spec = ",".join("".join(letters[v] for v in x.labels) for x in vals) + "->" + "".join(letters[v] for v in out)
         dtypes = {x.data.dtype for x in vals}
         # 16-bit factors of one dtype go to cuBLAS as they are (fp32 accumulation); otherwise fp32
         common = dtypes.pop() if len(dtypes) == 1 and next(iter(dtypes)) in (t.bfloat16, t.float16) else t.float32
         data = t.einsum(spec, *[x.data.to(common) for x in vals])
-        count = 1
-        for v in e.vars:
-            if not any(v in x.names for x in vals):
-                count *= self.sizes[v.extent]
-        return Named(data.float() * count if count > 1 else data, out)
+        count = self._absent(e.vars, vals)
+        return Labelled(data.float() * count if count > 1 else data, out)
 
 
 def eager_baseline(model: Model, sizes: dict[str, int]) -> tuple[str, Callable[[dict[str, Any]], Any]]:

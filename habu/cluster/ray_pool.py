@@ -198,8 +198,7 @@ class GpuPool:
     # -- streaming: plans are queued as they are proven, results collected as they land
     @property
     def busy(self) -> bool:
-        """Plans queued or being timed."""
-        return bool(self._queue or any(i is not None for i, _, _ in self._running.values()))
+        return self.backlog > 0
 
     @property
     def backlog(self) -> int:
@@ -216,11 +215,14 @@ class GpuPool:
 
     def drop_queued(self) -> list[Any]:
         """Forget the plans not started yet (the budget ran out); their tokens."""
-        dropped = [self._plans.pop(i)[0] for i in self._queue]
-        for t in dropped:
-            self._attempts.pop(id(t), None)
+        dropped = [self._finish(i) for i in self._queue]
         self._queue.clear()
         return dropped
+
+    def _finish(self, i: int) -> Any:
+        """Forget plan i (answered, failed or dropped); its token."""
+        self._attempts.pop(i, None)
+        return self._plans.pop(i)[0]
 
     def collect(self, wait_s: float) -> list[tuple[Any, Measurement]]:
         """The (token, Measurement) pairs finished now, waiting up to `wait_s` for the first.
@@ -234,8 +236,8 @@ class GpuPool:
         self._dispatch()
         if not self._running:  # every actor is gone
             for i in self._queue:
-                out.append((self._plans.pop(i)[0], Measurement(False, "no GPU actor is left in the pool: "
-                                                                       + "; ".join(self.lost))))
+                out.append((self._finish(i), Measurement(False, "no GPU actor is left in the pool: "
+                                                                 + "; ".join(self.lost))))
             self._queue.clear()
             return out
         done, _ = ray.wait(list(self._running), num_returns=1, timeout=wait_s)
@@ -253,8 +255,8 @@ class GpuPool:
                     continue
                 self._attempts[i] += 1
                 if self._attempts[i] > self.retries:
-                    out.append((self._plans.pop(i)[0],
-                                Measurement(False, f"the GPU actor died {self._attempts[i]} times while timing it")))
+                    died = self._attempts[i]
+                    out.append((self._finish(i), Measurement(False, f"the GPU actor died {died} times while timing it")))
                 else:
                     self._queue.insert(0, i)  # the candidate runs again, on another actor or this one restarted
                 self._revive(actor)
@@ -263,7 +265,7 @@ class GpuPool:
             if i is not None:
                 m = self._accept(answer)
                 m.seconds = (m.seconds or {}) | {"actor": time.monotonic() - sent}  # the call, Ray's part included
-                out.append((self._plans.pop(i)[0], m))
+                out.append((self._finish(i), m))
         self._dispatch()
         return out
 
@@ -296,7 +298,7 @@ class GpuPool:
         for call, (i, actor, sent) in list(self._running.items()):
             if i is not None and now - sent > self.hang_s:
                 del self._running[call]
-                out.append((self._plans.pop(i)[0],
+                out.append((self._finish(i),
                             Measurement(False, f"no answer from the GPU actor in {self.hang_s:.0f} s (a hung "
                                                "kernel?); the actor was killed and restarted")))
                 ray.kill(actor, no_restart=False)

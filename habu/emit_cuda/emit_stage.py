@@ -20,7 +20,7 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
     src = sig.pointer(stage.src.tensor, stage.src.dtype)
     dst = sig.pointer(stage.dst.tensor, stage.dst.dtype, writes=True)
     if stage.tile:
-        body = _tiled(name, stage, sizes, it, width, table, src, dst)
+        body = _tiled(name, stage, sizes, it, width, table, src, dst, coord)
     else:
         body = _rows(name, stage, sizes, it, width, table, src, dst, coord)
     src_text = header(f"{name}: staging pass for {stage.src.tensor}",
@@ -30,13 +30,11 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
     return CudaKernel(name, src_text, tuple(sig.params), stage.threads, 0, stage)
 
 
-def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str) -> str:
+def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
     """A T x T tile through shared memory: the loads run along the rows (src's contiguous
     dimension), the stores along k; each element's mask and offsets are the lowering's."""
     t = stage.tile
     step = stage.threads // t
-    axis = stage.dst.positions[0].axis
-    coord = {axis: "row", "k": "kk"}
     ok = f"{access_mask(stage.src, coord, sizes)} && {access_mask(stage.dst, coord, sizes)}"
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
   // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts

@@ -101,8 +101,8 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
     return out
 
 
-def _split_kernels(lowerings: list[Lowering]) -> list[ContractionLowering]:
-    return [lw for lw in lowerings if isinstance(lw, ContractionLowering) and lw.kernel.split_k > 1]
+def _split(lw: Lowering) -> bool:
+    return isinstance(lw, ContractionLowering) and lw.kernel.split_k > 1
 
 
 def split_classes(size: int, tile: int, splits: int) -> set[tuple[bool, bool, str, bool]]:
@@ -121,7 +121,7 @@ def split_classes(size: int, tile: int, splits: int) -> set[tuple[bool, bool, st
 
 def _same_splits(lowerings: list[Lowering], group: list[str], full: int, w: int) -> bool:
     return all(split_classes(full, lw.bk, lw.kernel.split_k) <= split_classes(w, lw.bk, lw.kernel.split_k)
-               for lw in _split_kernels(lowerings) if lw.k in group)
+               for lw in lowerings if _split(lw) and lw.k in group)
 
 
 def split_coverage(names: list[str], lowerings: list[Lowering], full: Mapping[str, int],
@@ -130,7 +130,7 @@ def split_coverage(names: list[str], lowerings: list[Lowering], full: Mapping[st
     sets enumerated; a kernel has a handful of splits). Raises AssertionError otherwise."""
     lines = []
     for name, lw in zip(names, lowerings, strict=True):
-        if not isinstance(lw, ContractionLowering) or lw.kernel.split_k <= 1:
+        if not _split(lw):
             continue
         size, small, splits = full[lw.k], witness[lw.k], lw.kernel.split_k
         want, have = split_classes(size, lw.bk, splits), split_classes(small, lw.bk, splits)

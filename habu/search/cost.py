@@ -65,7 +65,8 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     # staging copies: a row copy (gathered) moves 2-byte elements one per thread, measured ~1.4 TB/s
     # (a third of the copy bandwidth) for A = 4096 x 4096 bf16 on the H200; the tiled transpose
     # (W staged K-major) 2.8 TB/s for 4096 x 4096 bf16 (2026-11-30)
-    staging = sum(2 * _bytes(st.dst, sizes) * (1.5 if st.tile else 3.0) for st in lw.pre)
+    copied = [2 * _bytes(st.dst, sizes) for st in lw.pre]
+    staging_s = sum(b * (1.5 if st.tile else 3.0) for b, st in zip(copied, lw.pre, strict=True)) / c.bandwidth
     # split-K (atomic): the output is zeroed first, and each split's tile ends in f32 atomic adds
     # (a read and a write per element) while its tensor cores idle: not hidden behind the main loop
     reduction = 0.0
@@ -86,10 +87,9 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     wave_eff = waves / max(1.0, -(-tiles // target.sm_count)) if waves >= 1 else waves
     compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed
     memory = moved / c.bandwidth
-    seconds = max(compute, memory) + staging / c.bandwidth + reduction / c.bandwidth \
+    seconds = max(compute, memory) + staging_s + reduction / c.bandwidth \
         + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1))
-    copied = sum(2 * _bytes(st.dst, sizes) for st in lw.pre)
-    return KernelCost(flops, moved + copied + reduction, seconds, "compute" if compute >= memory else "memory")
+    return KernelCost(flops, moved + sum(copied) + reduction, seconds, "compute" if compute >= memory else "memory")
 
 
 def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:

@@ -473,11 +473,15 @@ class Search:
                 in_flight.append(send_next())
             for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
                 if ok:
-                    ranked[i].append(sc)
-                    if self._improves(i, sc, ranked):
-                        best[i] = k
-                        self._store(best, ranked)
+                    self._keep(i, k, sc, best, ranked)
             self.progress(self.stats)
+
+    def _keep(self, i: int, k: Kernel, sc: Scored, best: list[Kernel], ranked: list[list[Scored]]) -> None:
+        """A candidate of region i that counts: ranked, and stored at once when it is the best."""
+        ranked[i].append(sc)
+        if self._improves(i, sc, ranked):
+            best[i] = k
+            self._store(best, ranked)
 
     def _stream(self, i: int, best: list[Kernel], ranked: list[list[Scored]], send_next, more, in_time) -> None:
         """Region i's tuning as a stream, for a timer of several GPUs (a Ray pool): proven plans
@@ -489,17 +493,11 @@ class Search:
         ahead = 2 * max(1, timer.width)  # plans queued or running per pool before the driver waits on proofs
         proofs: deque = deque()
 
-        def keep(k: Kernel, sc: Scored) -> None:
-            ranked[i].append(sc)
-            if self._improves(i, sc, ranked):
-                best[i] = k
-                self._store(best, ranked)
-
         def take(wait_s: float) -> None:
             began = time.monotonic()
             for (k, sc, plan), m in timer.collect(wait_s):
                 if self._timed(plan, i, sc, m):
-                    keep(k, sc)
+                    self._keep(i, k, sc, best, ranked)
             self.stats.add("driver waits for GPUs", time.monotonic() - began if wait_s else None)
 
         while True:
@@ -517,7 +515,7 @@ class Search:
                 kept, to_time = self._proven(sent)
                 for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
                     if ok:
-                        keep(k, sc)
+                        self._keep(i, k, sc, best, ranked)
                 timer.submit([((batch[j][1], scored[j], sent.plans[j]), (sent.plans[j].to_json(), c))
                               for j, c in to_time])
             elif timer.busy:

@@ -130,13 +130,13 @@ def roofline_plot(result: SearchResult, path: Path, peak_flops: float, bandwidth
 
 
 def time_account(stats) -> str:
-    """One line on where the search's time went: each proof and GPU step per candidate that reached
-    it, and how long the driver waited for each side (the side it waits for is the bottleneck)."""
+    """One line on where the search's time went: each proof step summed over the workers, the GPU's
+    time per plan, and how long the driver waited for each side (the side it waits for is the
+    bottleneck)."""
     spent = stats.spent
-    proven = stats.verified + stats.pruned_field
     parts = []
     steps = [(k.removeprefix("proof "), v) for k, v in spent.items() if k.startswith("proof ")]
-    if steps and proven:
+    if steps:
         parts.append("proofs " + ", ".join(f"{name} {v:.1f} s" for name, v in steps) + " in all")
     gpu = [(k.removeprefix("gpu "), v) for k, v in spent.items() if k.startswith("gpu ") and k != "gpu actor"]
     if gpu and stats.compiled:
