@@ -44,7 +44,10 @@ def test_a_node_lost_mid_search_costs_only_the_candidates_in_flight(tmp_path):
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    local, local_plans = search(tmp_path / "a", "local", InlineExecutor())
+    # enough candidates that tasks are still running on the second node when the remover looks
+    # (with 6 the proofs were fast enough that a clean-clone CI run once found none there)
+    trials = 24
+    local, local_plans = search(tmp_path / "a", "local", InlineExecutor(), trials=trials)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                             "object_store_memory": 100 << 20})
     doomed = cluster.add_node(num_cpus=2, object_store_memory=100 << 20)
@@ -63,12 +66,12 @@ def test_a_node_lost_mid_search_costs_only_the_candidates_in_flight(tmp_path):
                     return
             except Exception:
                 pass
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     try:
         t = threading.Thread(target=remover, daemon=True)
         t.start()
-        remote, remote_plans = search(tmp_path / "b", "ray", RayExecutor())
+        remote, remote_plans = search(tmp_path / "b", "ray", RayExecutor(), trials=trials)
         t.join(10)
     finally:
         ray.shutdown()
