@@ -329,8 +329,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     elif st.baseline_failure:
         console.print(f"[yellow]baseline not timed: {st.baseline_failure}[/]", highlight=False)
     elif result.measured:
-        console.print("baseline: none for this model (only single contractions have an automatic one)",
-                      highlight=False)
+        console.print("baseline: none for this model", highlight=False)
     measured = "measured" if result.measured else "UNMEASURED (no GPU: ranked by the cost model)"
     first = f"{st.first_verified_s:.1f} s" if st.first_verified_s is not None else "never"
     console.print(f"winner: plan {result.best.key}, {measured}; stored in {db_path} as entry "

@@ -1,10 +1,10 @@
 """What an expert would call instead of Habu, timed in the same run: the ratio every figure quotes.
 
 For a model that is one contraction (GEMM, gathered GEMM, MoE up-projection) the baseline is torch:
-`A[IX] @ B.T` (cuBLAS after a gather), in the storage dtype, with the result converted to the
-output's dtype. Other models have no automatic baseline yet: `habu.bench.torch_eager` runs any
-model as torch ops, equation by equation, and is checked for correctness on the GPU, but its speed
-against hand-written torch is not settled; `docs/PERF.md` names the hand-written baselines used.
+`A[IX] @ B.T` (cuBLAS after a gather). An f32 output of 16-bit operands is written by cuBLAS itself
+(`torch.mm(..., out_dtype=torch.float32)`, torch >= 2.8), not rounded to 16 bits and converted.
+Any other model runs as torch eager ops (`habu.bench.torch_eager`), with the library's words as
+their expert calls (`F.rms_norm`, `torch.softmax`, `F.gelu`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from habu.spec.ir import Const, Model
 
 def torch_baseline(model: Model, inputs: dict[str, Any]) -> tuple[str, Callable[[dict[str, Any]], Any]] | None:
     """(a description, a function of the inputs) for the torch equivalent, or None."""
-    if len(model.nodes) != 1:
-        return None
-    c = as_contraction(model.nodes[0])
+    c = as_contraction(model.nodes[0]) if len(model.nodes) == 1 else None
     if c is None or (c.scale is not None and not isinstance(c.scale, Const)):
-        return None
+        from habu.bench.torch_eager import eager_baseline
+
+        return eager_baseline(model, _sizes(model, inputs))
     import torch
 
     out_decl = model.tensor(c.node.target)
@@ -37,13 +37,41 @@ def torch_baseline(model: Model, inputs: dict[str, Any]) -> tuple[str, Callable[
             x = x.index_select(op.axis_pos, args[op.gather].reshape(-1).long())
         return x if op.axis_pos == 0 else x.t()  # rows: the axis, columns: k
 
+    operand_dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16"}.get(
+        model.tensor(c.a.load.tensor).dtype.name if model.tensor(c.a.load.tensor).dtype else "f32", "float32"))
+    cublas_f32 = out_dtype == torch.float32 and operand_dtype in (torch.bfloat16, torch.float16) and _has_out_dtype()
+
     def run(args: dict[str, Any]) -> Any:
-        y = operand(c.a, args) @ operand(c.b, args).t()
+        a, b = operand(c.a, args), operand(c.b, args).t()
+        y = torch.mm(a, b, out_dtype=torch.float32) if cublas_f32 else a @ b
         if scale is not None:
             y = y * scale
         y = y.t() if transpose_out else y
         return y.to(out_dtype)
 
     a, b = c.a.load.tensor, c.b.load.tensor
-    text = f"torch {a}{'[' + c.a.gather + ']' if c.a.gather else ''} @ {b}.T"
+    gathered = f"{a}{'[' + c.a.gather + ']' if c.a.gather else ''}"
+    text = f"torch mm({gathered}, {b}.T, out_dtype=float32)" if cublas_f32 else f"torch {gathered} @ {b}.T"
     return text, run
+
+
+def _has_out_dtype() -> bool:
+    """Whether this torch's mm takes out_dtype (2.8 and later)."""
+    import torch
+
+    try:
+        x = torch.zeros(1, 1, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
+        torch.mm(x, x, out_dtype=torch.float32)
+    except (TypeError, RuntimeError):
+        return False
+    return True
+
+
+def _sizes(model: Model, inputs: dict[str, Any]) -> dict[str, int]:
+    """Every extent's size: the model's, or read off an input's shape for a runtime extent."""
+    sizes = {e.name: e.size for e in model.extents if e.size is not None}
+    for t in model.inputs:
+        if t.name in inputs:
+            for ext, n in zip(t.extents, inputs[t.name].shape, strict=False):
+                sizes.setdefault(ext, int(n))
+    return sizes

@@ -1,6 +1,6 @@
 """Where a stored plan's time goes on the GPU: each of its kernels timed on its own (the device
-time the CUDA profiler records for it), next to the whole plan and, for RMSNorm + Linear, torch's
-parts. The plan is the best one the database holds for the file's model.
+time the CUDA profiler records for it), next to the whole plan and the search's torch baseline,
+kernel by kernel too. The plan is the best one the database holds for the file's model.
 
     python -m habu.bench.kernel_times examples/rmsnorm_linear.habu --db plans.sqlite --json out.json
 """
@@ -32,8 +32,8 @@ def kernel_device_times(fn, reps: int = 20) -> dict[str, float]:
 
 
 def main() -> None:
+    from habu.bench.baselines import torch_baseline
     from habu.bench.harness import make_inputs, poisoned_outputs, time_cuda
-    from habu.bench.rewrite_bench import torch_rmsnorm_linear
     from habu.bench.run import build
     from habu.db import PlanDB
     from habu.search.plan import Plan
@@ -56,9 +56,12 @@ def main() -> None:
     whole = time_cuda(lambda i: built.compiled(**inputs, **outs), 1, reps=50)
     parts = kernel_device_times(lambda: built.compiled(**inputs, **outs))
     out = {"plan": plan.key, "whole_us": whole["median_us"], "kernels_us": parts}
-    if model.name == "RMSNORM-LINEAR":
-        out["torch_us"] = time_cuda(lambda i: torch_rmsnorm_linear(inputs), 1, reps=50)["median_us"]
-        out["torch_kernels_us"] = kernel_device_times(lambda: torch_rmsnorm_linear(inputs))
+    base = torch_baseline(built.model, inputs)
+    if base is not None:
+        text, fn = base
+        out["torch"] = text
+        out["torch_us"] = time_cuda(lambda i: fn(inputs), 1, reps=50)["median_us"]
+        out["torch_kernels_us"] = kernel_device_times(lambda: fn(inputs))
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -1,6 +1,6 @@
 """Does a rewrite pay on the GPU? Every rewrite set of a model at its default plan (greedy fusion,
 analytic schedule), each golden-checked against float64 on fresh inputs, then timed in one process
-against a torch baseline written by hand for the model.
+against the search's torch baseline (`habu.bench.baselines`).
 
     python -m habu.bench.rewrite_bench examples/rmsnorm_linear.habu --json out.json
 """
@@ -12,15 +12,8 @@ import json
 from pathlib import Path
 
 
-def torch_rmsnorm_linear(inputs: dict):
-    import torch
-
-    x, w = inputs["X"], inputs["W"]
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) @ w
-
-
 def main() -> None:
+    from habu.bench.baselines import torch_baseline
     from habu.bench.harness import compare, make_inputs, poisoned_outputs, reference, time_cuda, tolerance
     from habu.bench.run import build, device_target
     from habu.search.rewrite import apply_rewrites, rewrite_sets
@@ -54,9 +47,11 @@ def main() -> None:
                      "median_us": t["median_us"], "p20_us": t["p20_us"], "p80_us": t["p80_us"],
                      "golden_rel_error": g.rel_error, "golden_ok": g.ok})
     baseline = None
-    if model.name == "RMSNORM-LINEAR":
-        base = time_cuda(lambda i: torch_rmsnorm_linear(sets[i]), len(sets), reps=50)
-        baseline = {"name": "torch eager: (x·rsqrt(mean(x²)+eps)).bf16 @ W", "median_us": base["median_us"]}
+    found = torch_baseline(model, sets[0])
+    if found is not None:
+        name, fn = found
+        base = time_cuda(lambda i: fn(sets[i]), len(sets), reps=50)
+        baseline = {"name": name, "median_us": base["median_us"]}
         for r in rows:
             r["vs_baseline"] = base["median_us"] / r["median_us"]
     for r in rows:

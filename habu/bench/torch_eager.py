@@ -1,15 +1,16 @@
-"""Any model run as torch eager ops, equation by equation: what a user writes by hand before reaching
-for a kernel (RMSNorm + Linear, softmax, fused elementwise chains).
-
-Not yet the search's automatic baseline: its speed against hand-written torch has not been measured
-since the fixes below (the first measurement, 1.6 ms against 0.2 ms for RMSNorm + Linear, came from
-an fp32 GEMM and host-to-device constant copies; see `dtype` and `scalar`).
+"""Any model run as torch eager ops, equation by equation: what an expert writes in torch for it
+(RMSNorm + Linear, softmax, an FFN block), the baseline the search quotes for models that are not one
+contraction.
 
 Each equation becomes torch operations over tensors whose dimensions are named by the equation's
-index variables: loads (gathers by `index_select` or advanced indexing), elementwise functions in
-float32, reductions (`sum`, `amax`), and sums of products as one `einsum`, which torch hands to
-cuBLAS when the factors are 16-bit. Every result is stored at its tensor's declared dtype, as the
-model says, so a bf16 intermediate is rounded where the model rounds it.
+index variables. An expression that is one of the library's words runs as the word's expert call
+(`F.rms_norm`, `torch.softmax`, `F.gelu`: `habu.bench.experts`); the rest is built from parts:
+loads (gathers by `index_select` or advanced indexing), elementwise functions in float32, reductions
+(`sum`, `amax`), and sums of products as one `einsum`, which torch hands to cuBLAS when the factors
+are 16-bit. Every result is stored at its tensor's declared dtype, as the model says, so a bf16
+intermediate is rounded where the model rounds it.
+
+`python -m habu.bench.eager_speed` times this runner against hand-written torch for every example.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from habu.bench.experts import EXPERT_CALLS, Match, expert_call, find, patterns
 from habu.bench.harness import TORCH_DTYPE
 from habu.spec.evaluate import Labelled, _factors, _union
 from habu.spec.ir import (
@@ -61,6 +63,8 @@ class TorchEager:
         self.torch, self.model, self.sizes = torch, model, dict(sizes)
         self.fns = _functions(torch)
         self.constants: dict[tuple[float, str], Any] = {}
+        self.matches: dict[int, Match | None] = {}  # by id: the model's expressions live as long as it
+        self.used: list[str] = []  # the expert calls taken, in order
 
     def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         self.env = dict(inputs)
@@ -130,12 +134,24 @@ class TorchEager:
             return Labelled(self.scalar(float(self.sizes[e.extent])), ())
         if isinstance(e, Load):
             return self.load(e)
+        if id(e) not in self.matches:
+            self.matches[id(e)] = find(e) if isinstance(e, (Op, Reduce)) else None
+        match = self.matches[id(e)]
+        if match is not None:
+            return self.expert(match)
         if isinstance(e, Op):
             args = [self.expr(a) for a in e.args]
             names = _union(*(a.labels for a in args))
             return Labelled(self.fns[e.fn](*[_align(a, names).float() for a in args]), names)
         assert isinstance(e, Reduce)
         return self.reduction(e)
+
+    def expert(self, match: Match) -> Labelled:
+        pattern = next(p for p in patterns() if p.word == match.word)
+        data, labels = expert_call(match, pattern.lhs, {k: self.expr(v) for k, v in match.wild.items()}, self.torch)
+        if match.word not in self.used:
+            self.used.append(match.word)
+        return Labelled(data, labels)
 
     def reduction(self, e: Reduce) -> Labelled:
         if e.op == "sum" and len(_factors(e.body)) > 1:
@@ -182,9 +198,36 @@ class TorchEager:
         return Labelled(data.float() * count if count > 1 else data, out)
 
 
+def experts_in(model: Model) -> list[str]:
+    """The library words the runner will run as expert calls, in the order it meets them."""
+    used: list[str] = []
+
+    def walk(e: Expr) -> None:
+        m = find(e) if isinstance(e, (Op, Reduce)) else None
+        if m is not None:
+            used.append(m.word)
+            for sub in m.wild.values():
+                walk(sub)
+        elif isinstance(e, Op):
+            for a in e.args:
+                walk(a)
+        elif isinstance(e, Reduce):
+            walk(e.body)
+
+    for eq in model.nodes:
+        walk(eq.rhs)
+    return list(dict.fromkeys(used))
+
+
 def eager_baseline(model: Model, sizes: dict[str, int]) -> tuple[str, Callable[[dict[str, Any]], Any]]:
     """(a description, a function of the inputs giving the first output) for the baseline timer."""
     run = TorchEager(model, sizes)
     first = model.outputs[0].name
-    words = len(model.nodes)
-    return f"torch eager ({words} equation{'s' if words != 1 else ''} as torch ops)", lambda args: run(args)[first]
+    return describe(model), lambda args: run(args)[first]
+
+
+def describe(model: Model) -> str:
+    """`torch eager (2 equations; RMSNORM as F.rms_norm)`: what the baseline runs."""
+    n = len(model.nodes)
+    calls = "; ".join(f"{w} as {EXPERT_CALLS[w]}" for w in experts_in(model))
+    return f"torch eager ({n} equation{'s' if n != 1 else ''}{'; ' + calls if calls else ''})"

@@ -11,7 +11,10 @@ warpgroups multiply with wgmma.
       epilogue evaluates the fused nodes in registers and stores with the lowering's masks.
 
 Tiles are K-major with rows of 128 bytes (BK = 64 two-byte elements) in the 128-byte swizzle that
-TMA writes and wgmma reads; the other producers write the same pattern (`habu::swizzle128`).
+TMA writes and wgmma reads; the other producers write the same pattern (`habu::swizzle128`). A B
+stored contiguous along n (a (K, N) weight) is loaded by TMA as BN/64 boxes of 64 columns by BK rows,
+each its own 128-byte-swizzled block, and wgmma reads the blocks with its transpose bit: no staging
+copy to K-major.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ from habu.emit_cuda.cexpr import c
 from habu.emit_cuda.common import CTYPE, Signature, access_mask, access_offset, header, index_type
 from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
-from habu.emit_cuda.wgmma import wgmma_function
+from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering
 from habu.lower.registers import warp_specialized_split
 from habu.lower.smem import contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
+
+MN_BLOCK = 64  # columns of an MN-major B box: one 128-byte swizzle span of 16-bit elements
 
 
 def wgmma_layout(lw: ContractionLowering) -> tuple[int, int]:
@@ -125,9 +130,13 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         raise ValueError("wgmma needs bf16 or f16 operands of one type")
     if k.tile_k * DTYPES[lw.a.dtype].bytes != 128 or k.swizzle != 128:
         raise ValueError("the wgmma emitter stages k tiles of 128 bytes with the 128-byte swizzle")
-    for acc in (lw.a, lw.b):
-        if acc.positions[-1].axis != "k":
-            raise ValueError(f"the wgmma emitter needs {acc.tensor} contiguous along k (K-major)")
+    if lw.a.positions[-1].axis != "k":
+        raise ValueError(f"the wgmma emitter needs {lw.a.tensor} contiguous along k (K-major)")
+    # B contiguous along n (a (K, N) weight): TMA loads 64-column boxes, wgmma reads them transposed
+    b_mn = lw.b.positions[-1].axis == "n"
+    if lw.b.positions[-1].axis != "k" and not (b_mn and k.b_move == "tma" and lw.bn % MN_BLOCK == 0):
+        raise ValueError(f"the wgmma emitter needs {lw.b.tensor} contiguous along k, or along n loaded by TMA "
+                         f"in {MN_BLOCK}-column boxes")
     consumers, slabs = wgmma_layout(lw)
     threads = 128 * (consumers + 1)
     sig = Signature(model, static=static)
@@ -153,12 +162,16 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         if moves[side] == "tma":
             logical = tuple(e.split("^")[0] for e in acc.extents)  # a staged buffer's rows are padded
             dims = tuple(reversed(logical))
-            maps[side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, (lw.bk, rows), 128))
+            box = (MN_BLOCK, lw.bk) if side == "B" and b_mn else (lw.bk, rows)
+            maps[side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, 128))
         elif moves[side] not in ("cp.async", "ldg"):
             raise ValueError(f"the wgmma emitter has no {moves[side]} producer")
     tma_issue = []
     for side, rows_axis in (("A", "m0"), ("B", "n0")):
-        if moves[side] == "tma":
+        if moves[side] == "tma" and side == "B" and b_mn:
+            tma_issue += [f"habu::tma_load_2d(b_stage + {j * MN_BLOCK * 2 * lw.bk}u, &{maps[side]}, full, "
+                          f"(int)(n0 + {j * MN_BLOCK}), (int)k0);" for j in range(bn // MN_BLOCK)]
+        elif moves[side] == "tma":
             tma_issue.append(f"habu::tma_load_2d({side.lower()}_stage, &{maps[side]}, full, (int)k0, (int){rows_axis});")
     producer_copies = "".join(
         _producer_copy(side, lw, sig, sizes, it, model, moves[side], vecs[side] if moves[side] == "cp.async" else 1,
@@ -188,9 +201,12 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         producer_fill = expect + producer_copies + f"        {arrive}\n"
     regs = bn // 2
     split = warp_specialized_split(k.warps)
-    wg_fn = wgmma_function(bn, dtype)
+    wg_fn = wgmma_function(bn, dtype, b_mn)
+    # a k16 step is 32 bytes along a K-major row, or 16 rows of 128 bytes down an MN-major block
+    b_desc = (f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if b_mn
+              else "habu::wgmma_desc_sw128(b_stage + kk * 32)")
     slab_mma = "\n".join(
-        f"""          habu_wgmma_m64n{bn}_{dtype}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {slabs} + {s}) * 64 * 128) + kk * 32), habu::wgmma_desc_sw128(b_stage + kk * 32), 1);"""
+        f"""          {wgmma_name(bn, dtype, b_mn)}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {slabs} + {s}) * 64 * 128) + kk * 32), {b_desc}, 1);"""
         for s in range(slabs))
     epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]", "acc[s][4 * j + 2 * h + 1]")
     body = f"""{wg_fn}

@@ -294,15 +294,19 @@ def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obl
     """What Habu's emitter can generate (not a hardware rule: a plan outside it cannot be built)."""
     k = lw.kernel
     reasons = []
-    k_major = all(acc.positions[-1].kind == "axis" and acc.positions[-1].axis == "k" for acc in (lw.a, lw.b))
     if k.mma == "wgmma":
         e = ctx.dtype_bytes(lw.a)
         if not k.warp_specialized:
             reasons.append("the wgmma path is warp-specialised")
         if k.tile_k * e != 128 or k.swizzle != 128:
             reasons.append("wgmma k tiles are 128 bytes with the 128-byte swizzle")
-        if not k_major:
-            reasons.append("wgmma operands must be contiguous along k")
+        if not _contiguous_along(lw.a, "k"):
+            reasons.append("wgmma's A must be contiguous along k")
+        # wgmma transposes a 16-bit B read from shared memory N-major, in 64-column (128-byte) boxes
+        n_major_ok = k.b_move == "tma" and e == 2 and k.tile_n % 64 == 0 and _contiguous_along(lw.b, "n")
+        if not _contiguous_along(lw.b, "k") and not n_major_ok:
+            reasons.append("wgmma's B is contiguous along k, or along n when loaded by TMA in 64-column "
+                           "boxes (16-bit types)")
         if k.warps % 4 or k.warps < 8 or k.tile_m % (64 * max(1, k.warps // 4 - 1)):
             reasons.append("warps = 4 × (1 producer + consumer warpgroups of 64-row slabs)")
         if "tma-gather4" in (k.a_move, k.b_move):
@@ -315,6 +319,11 @@ def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obl
         reasons.append("the SIMT path loads with ldg")
     yield Obligation(R["supported-path"], name, None, f"the {k.mma} path supports this plan", not reasons,
                      detail="; ".join(reasons))
+
+
+def _contiguous_along(acc: Access, axis: str) -> bool:
+    last = acc.positions[-1]
+    return last.kind == "axis" and last.axis == axis
 
 
 def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: ContractionLowering, ctx: Context,
@@ -367,12 +376,15 @@ def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: Contra
                      detail=f"the row stride of {acc.tensor} is {_fmt(acc, len(acc.positions) - 1, ctx)} bytes, "
                             "not a multiple of 16")
     rows = k.tile_m if side == "A" else k.tile_n
-    inner = k.tile_k if k_contiguous else rows
+    # a tile contiguous along its rows (an N-major B) is loaded as boxes one swizzle span wide
+    inner = k.tile_k if k_contiguous else (min(rows, k.swizzle // e) if k.swizzle else rows)
     outer = (1 if move == "tma-gather4" else rows) if k_contiguous else k.tile_k
-    box_ok = 1 <= inner <= 256 and 1 <= outer <= 256 and (inner * e) % 16 == 0
+    box_ok = 1 <= inner <= 256 and 1 <= outer <= 256 and (inner * e) % 16 == 0 and (k_contiguous or rows % inner == 0)
+    boxes = "" if k_contiguous else f", {rows // max(inner, 1)} per tile of {rows}"
     yield Obligation(R["tma-box"], name, acc.tensor,
-                     f"box {inner}x{outer}: dims 1..256, inner {inner * e} bytes a multiple of 16", box_ok,
-                     detail=f"box {inner}x{outer} of {e}-byte elements")
+                     f"box {inner}x{outer}{boxes}: dims 1..256, inner {inner * e} bytes a multiple of 16", box_ok,
+                     detail=f"box {inner}x{outer} of {e}-byte elements" + ("" if k_contiguous or rows % inner == 0
+                                                                           else f"; {rows} is not a multiple of {inner}"))
     if k.swizzle:
         yield Obligation(R["tma-swizzle"], name, acc.tensor,
                          f"{k.swizzle}-byte swizzle covers the {inner * e}-byte inner box", inner * e <= k.swizzle,

@@ -97,8 +97,12 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
     M, N, K = sizes[c.m.extent], sizes[c.n.extent], sizes[c.k.extent]
     a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1
     b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
+    b_decl = model.tensor(b_t)
+    # a B contiguous along n (a (K, N) weight) feeds wgmma directly: TMA boxes read transposed
+    b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 and target.tma
+                     and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
     if mma is None:
-        if tensor_cores and target.wgmma and a_kmajor and b_kmajor and K >= 64:
+        if tensor_cores and target.wgmma and a_kmajor and (b_kmajor or b_n_major_tma) and K >= 64:
             mma = "wgmma"
         elif tensor_cores and target.mma_sync:
             mma = "mma.sync"
@@ -121,6 +125,8 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
         while tile_along_inner % vec:
             vec //= 2
         if op.gather is None and target.tma and (inner * eb) % 16 == 0 and mma == "wgmma" and contiguous_k:
+            return "tma", vec
+        if op is c.b and mma == "wgmma" and b_n_major_tma:
             return "tma", vec
         if mma == "wgmma" and target.tma and contiguous_k and (inner * eb) % 16:
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA

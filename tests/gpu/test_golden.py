@@ -161,6 +161,55 @@ def test_rmsnorm_linear_with_w_staged_k_major_through_the_tiled_transpose(sizes)
     assert stage.lowering.tile == 32
 
 
+@pytest.mark.parametrize("sizes", [{"T": 300, "D": 1000, "N": 520}, {"T": 2048, "D": 4096, "N": 4096}],
+                         ids=["ragged", "example"])
+def test_rmsnorm_linear_winner_with_w_read_n_major_by_wgmma(sizes):
+    """The winner's schedule with W (stored D x N, contiguous along n) loaded by TMA in 64-column boxes
+    and read by wgmma with its transpose bit: no staging pass (520 is not a multiple of 64: the last
+    box is cut by the tensor map's bounds)."""
+    from habu.bench.run import device_target
+    from habu.search.plan import Plan
+    from habu.search.space import concrete_sizes
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    target = TARGETS[device_target()]
+    m = load_program(EX / "rmsnorm_linear.habu").models["RMSNORM-LINEAR"].with_sizes(sizes)
+    s = concrete_sizes(m)
+    plan = winner_plan(m, target, s)
+    plan = Plan.from_json(plan.to_json() | {"kernels": [
+        dict(k, b_move="tma") if k["kind"] == "contraction" else k for k in plan.to_json()["kernels"]]})
+    built = golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", sizes, plan=plan)
+    ((_, emitted),) = built.compiled.kernel_set.members
+    assert not [k for k in emitted.kernels if "stage" in k.name]
+    assert any("_bt(acc" in k.source for k in emitted.kernels)
+
+
+GEMM_KN = """
+1000 EXTENT: #M
+ 776 EXTENT: #N
+ 511 EXTENT: #K
+bf16 TENSOR: A ( #M #K )
+bf16 TENSOR: B ( #K #N )
+f32  TENSOR: C ( #M #N )
+MODEL: GEMM-KN  C[m n] = Σ k A[m k] · B[k n] ;
+"""
+
+
+@pytest.mark.parametrize("pins", [{}, {"tile": "128x128x64", "stages": "5", "persistent": "true"},
+                                  {"tile": "128x64x64", "split_k": "2"}, {"tile": "256x192x64", "warps": "12", "stages": "3"}],
+                         ids=["default", "128x128-persistent", "128x64-split2", "256x192"])
+@pytest.mark.parametrize("sizes", [{}, {"M": 64, "N": 64, "K": 64}, {"M": 129, "N": 200, "K": 4100}],
+                         ids=["1000x776x511", "64x64x64", "129x200x4100"])
+def test_gemm_with_b_contiguous_along_n_on_wgmma(tmp_path, pins, sizes):
+    """B stored (K, N): TMA boxes of 64 columns, wgmma's transposed B, ragged in every dimension."""
+    path = tmp_path / "gemm_kn.habu"
+    path.write_text(GEMM_KN)
+    built = golden(str(path), "GEMM-KN", sizes, pins)
+    (k,) = built.plan.kernels
+    assert (k.mma, k.b_move) == ("wgmma", "tma"), built.plan.kernels
+
+
 def test_fused_axpy_relu():
     golden("fused.habu", "AXPY-RELU", {"N": 1 << 20})
 

@@ -155,3 +155,41 @@ def test_regression_setmaxnreg_hang_20_warps_compiled_kernel_has_the_registers()
     greedy = dataclasses.replace(kernel, register_demand=128 * (40 + 4 * 232))
     with pytest.raises(ValueError, match="the kernel would hang"):
         greedy.check_registers(cubin.resources.registers)
+
+
+GEMM_KN = """
+1000 EXTENT: #M
+ 776 EXTENT: #N
+ 512 EXTENT: #K
+bf16 TENSOR: A ( #M #K )
+bf16 TENSOR: B ( #K #N )
+f32  TENSOR: C ( #M #N )
+MODEL: GEMM-KN  C[m n] = Σ k A[m k] · B[k n] ;
+"""
+
+
+def gemm_kn(n: int = 776):
+    return parse_text(GEMM_KN.replace(" 776 EXTENT", f"{n} EXTENT")).models["GEMM-KN"]
+
+
+def test_a_b_contiguous_along_n_feeds_wgmma_through_tma_boxes_of_64_columns():
+    bad, plan = failed(gemm_kn())
+    (k,) = plan.kernels
+    assert (k.mma, k.b_move, bad) == ("wgmma", "tma", [])
+    box = next(o for o in obligations(gemm_kn(), plan) if o.rule.name == "tma-box" and o.tensor == "B")
+    assert "box 64x64, 2 per tile of 128" in box.statement
+
+
+@pytest.mark.parametrize("pins,reason", [({"B": "cp.async", "mma": "wgmma"}, "along n when loaded by TMA"),
+                                         ({"tile": "128x96x64", "mma": "wgmma"}, "along n when loaded by TMA")])
+def test_wgmma_refuses_an_n_major_b_it_cannot_read(pins, reason):
+    bad, _ = failed(gemm_kn(), pins=pins)
+    (path,) = [o for o in bad if o.rule.name == "supported-path"]
+    assert reason in path.detail
+
+
+def test_an_n_major_b_with_rows_off_the_16_byte_rule_is_not_read_by_tma():
+    bad, plan = failed(gemm_kn(777))  # rows of 1554 bytes
+    assert plan.kernels[0].b_move != "tma" and bad == []
+    bad, _ = failed(gemm_kn(777), pins={"B": "tma", "mma": "wgmma"})
+    assert [o.rule.name for o in bad] == ["tma-stride-16B"]

@@ -14,6 +14,17 @@ __device__ __forceinline__ u64 wgmma_desc_sw128(u32 smem_byte_addr) {
   d |= (u64)1 << 62;                  // swizzle mode: 128 bytes
   return d;
 }
+/** @brief Descriptor of an MN-major tile with 128-byte swizzle, stored as column blocks: each block is 64
+ *  16-bit elements of N (one 128-byte row) by the tile's k rows, `block_bytes` apart; 8-row atoms of
+ *  1024 bytes along k. The instruction reads it with its transpose bit set. */
+__device__ __forceinline__ u64 wgmma_desc_sw128_mn(u32 smem_byte_addr, u32 block_bytes) {
+  u64 d = 0;
+  d |= (u64)((smem_byte_addr & 0x3FFFF) >> 4);
+  d |= (u64)((block_bytes & 0x3FFFF) >> 4) << 16;  // leading byte offset: from one 64-column block to the next
+  d |= (u64)(1024 >> 4) << 32;                      // stride byte offset: from 8 k rows to the next 8
+  d |= (u64)1 << 62;                                // swizzle mode: 128 bytes
+  return d;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
