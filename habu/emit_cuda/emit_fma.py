@@ -76,6 +76,24 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
     return f"if ({access_mask(out, coord, sizes)}) {{ {store} }}"
 
 
+def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
+                   acc: str) -> str:
+    """The C float expression of the epilogue at output (m, n), the accumulator being `acc`; the
+    epilogue's own loads read zero outside their tensors."""
+    table = table_reader(sig, model, it)
+    coord = {"m": m, "n": n}
+
+    def leaf(ld: Load) -> str:
+        if ld.tensor == ACC:
+            return acc
+        access = next(a for x, a in lw.epi_loads if x == ld)
+        p = sig.pointer(access.tensor, access.dtype)
+        inside = access_mask(access, coord, sizes)
+        return f"(({inside}) ? {load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))} : 0.0f)"
+
+    return float_expr(lw.epilogue, leaf, sizes)
+
+
 def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
                        acc0: str, acc1: str) -> str:
     """The epilogue for the adjacent outputs (m, n) and (m, n+1): one 8-byte (f32) or 4-byte (16-bit)
@@ -88,17 +106,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
     table = table_reader(sig, model, it)
 
     def value(col: str, acc: str) -> str:
-        coord = {"m": m, "n": col}
-
-        def leaf(ld: Load) -> str:
-            if ld.tensor == ACC:
-                return acc
-            access = next(a for x, a in lw.epi_loads if x == ld)
-            p = sig.pointer(access.tensor, access.dtype)
-            inside = access_mask(access, coord, sizes)
-            return f"(({inside}) ? {load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))} : 0.0f)"
-
-        return float_expr(lw.epilogue, leaf, sizes)
+        return epilogue_value(lw, sig, model, sizes, it, m, col, acc)
 
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, {"m": m, "n": n}, sizes, lw.index_width, table)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from habu.emit_cuda.cexpr import c
 from habu.emit_cuda.common import CTYPE, Signature, access_mask, access_offset, header, index_type
-from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
+from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
@@ -124,6 +124,65 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
 """
 
 
+def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, slabs: int,
+                        consumers: int, off: dict[str, int]) -> str:
+    """C for one consumer warpgroup's epilogue through shared memory: per 64-row slab, per box of one
+    128-byte swizzle span of columns, the threads write their values (the fused epilogue applied)
+    into one of two swizzled buffers, and one thread stores the box with TMA. The store runs while
+    the warpgroup fills the other buffer, and the last ones while it starts its next tile; the
+    tensor map's bounds clip the rows and columns past the output's edges."""
+    out = lw.out
+    e = DTYPES[out.dtype].bytes
+    width = 128 // e
+    bn = lw.bn
+    if bn % width:
+        raise ValueError(f"TMA stores write boxes of {width} columns: {bn} is not a multiple")
+    logical = tuple(x.split("^")[0] for x in out.extents)
+    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(logical)), (width, 64), 128))
+    base = off["E0.0"]
+    other = off["E0.1"] - base
+    per_wg = off["E1.0"] - base if consumers > 1 else 0
+    if any(off[f"E{c}.{j}"] != base + c * per_wg + j * other for c in range(consumers) for j in (0, 1)):
+        raise ValueError("epilogue buffers are not evenly spaced in shared memory")
+    if out.dtype == "f32":
+        put = "*reinterpret_cast<float2*>(dst) = make_float2(v0, v1);"
+    else:
+        pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
+        put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
+    v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]")
+    v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", "acc[s][4 * j + 2 * h + 1]")
+    return f"""#pragma unroll
+      for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+        for (int b = 0; b < {bn // width}; ++b) {{  // boxes of {width} columns
+          const habu::u32 buf = smem_base + {base}u + (habu::u32)cw * {per_wg}u + (habu::u32)(boxes_stored & 1) * {other}u;
+          if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();  // buf's last store has read it
+          habu::named_barrier_sync(1 + cw, 128);
+#pragma unroll
+          for (int jj = 0; jj < {width // 8}; ++jj)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
+              const int j = b * {width // 8} + jj;
+              const int row = warp * 16 + lane / 4 + 8 * h;
+              const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + row);
+              const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4));
+              const float v0 = {v0};
+              const float v1 = {v1};
+              const habu::u32 byte = (habu::u32)((8 * jj + 2 * (lane % 4)) * {e});
+              unsigned char* dst = smem + (buf - smem_base) + habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u);
+              {put}
+            }}
+          habu::fence_proxy_async();  // the threads' writes, visible to the TMA store
+          habu::named_barrier_sync(1 + cw, 128);
+          if (threadIdx.x % 128 == 0) {{
+            habu::tma_store_2d(&{out_map}, buf, (int)(n0 + b * {width}), (int)(m0 + (cw * {slabs} + s) * 64));
+            habu::bulk_commit_group();
+          }}
+          ++boxes_stored;
+        }}
+"""
+
+
 def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
     if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
@@ -208,7 +267,24 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     slab_mma = "\n".join(
         f"""          {wgmma_name(bn, dtype, b_mn)}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {slabs} + {s}) * 64 * 128) + kk * 32), {b_desc}, 1);"""
         for s in range(slabs))
-    epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]", "acc[s][4 * j + 2 * h + 1]")
+    if k.store == "tma":
+        epilogue = _tma_store_epilogue(lw, sig, model, sizes, it, slabs, consumers, off)
+        drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
+    else:
+        epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]",
+                                 "acc[s][4 * j + 2 * h + 1]")
+        epilogue = f"""#pragma unroll
+      for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+        for (int j = 0; j < {bn // 8}; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
+            const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + warp * 16 + lane / 4 + 8 * h);
+            const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4));
+            {epi}
+          }}
+"""
+        drain = ""
     body = f"""{wg_fn}
 extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -247,7 +323,7 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
     const int cw = wg - 1;
     const int lane = threadIdx.x % 32;
     const int warp = (threadIdx.x % 128) / 32;
-    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{"    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)" + chr(10) if k.store == "tma" else ""}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, sizes, it, "      ")}      float acc[{slabs}][{regs}];
 #pragma unroll
       for (int s = 0; s < {slabs}; ++s)
@@ -271,18 +347,8 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
       }}
       habu::wgmma_wait<0>();
       if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);
-#pragma unroll
-      for (int s = 0; s < {slabs}; ++s)
-#pragma unroll
-        for (int j = 0; j < {bn // 8}; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
-            const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + warp * 16 + lane / 4 + 8 * h);
-            const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4));
-            {epi}
-          }}
-    }}
-  }}
+{epilogue}    }}
+{drain}  }}
 }}
 """
     src = header(f"{name}: warp-specialised wgmma contraction {bm}x{bn}x{lw.bk}, {k.stages} stages, "

@@ -41,6 +41,9 @@ def tile_alignment(kernel: ContractionKernel, move: str) -> int:
     return 128
 
 
+EPILOGUE_BOX_BYTES = 64 * 128  # a TMA-store box: 64 output rows of one 128-byte swizzle span
+
+
 def _round(x: int, a: int) -> int:
     return -(-x // a) * a
 
@@ -71,6 +74,14 @@ def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_km
         off = _round(off, align_b)
         buffers.append(Buffer(f"B{s}", off, b_size, align_b, kernel.tile_n if b_kmajor else kernel.tile_k, b_row))
         off += b_size
+    if kernel.store == "tma":
+        # per consumer warpgroup, two boxes of 64 rows x 128 bytes (128-byte swizzle) that the epilogue
+        # fills in turn while TMA stores the other
+        for c in range(max(1, kernel.warps // 4 - 1)):
+            for j in range(2):
+                off = _round(off, 1024)
+                buffers.append(Buffer(f"E{c}.{j}", off, EPILOGUE_BOX_BYTES, 1024, 64, 128))
+                off += EPILOGUE_BOX_BYTES
     if "tma" in kernel.a_move or "tma" in kernel.b_move or kernel.warp_specialized:
         off = _round(off, 8)
         buffers.append(Buffer("bar", off, 16 * kernel.stages, 8, 0, 0))

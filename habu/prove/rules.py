@@ -288,6 +288,36 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     # data movement per operand
     for side, acc, move, vec in (("A", lw.a, k.a_move, k.a_vector), ("B", lw.b, k.b_move, k.b_vector)):
         yield from _movement(name, side, acc, move, vec, lw, ctx, layout)
+    if k.store == "tma":
+        yield from _tma_store(name, lw, ctx, layout)
+
+
+def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iterator[Obligation]:
+    """The output leaves through shared memory as TMA boxes of 64 rows by one 128-byte swizzle span."""
+    out, t, s = lw.out, ctx.target, ctx.ext
+    e = ctx.dtype_bytes(out)
+    yield Obligation(R["target-feature"], name, out.tensor, f"TMA stores exist on {t.name}", t.tma,
+                     detail=f"{t.name} has no TMA")
+    yield Obligation(R["tma-base-align"], name, out.tensor, f"{out.tensor}'s base address is 16-byte aligned",
+                     True, status="runtime-check", how="checked by the runtime before every launch")
+    dims_ok = z3.And(*[z3.And(size_of(x, s) >= 1, size_of(x, s) <= 2**32) for x in out.extents])
+    yield Obligation(R["tma-dims"], name, out.tensor, "every global dim is 1..2^32", dims_ok,
+                     detail="a dimension exceeds 2^32")
+    stride = out.stride(0, s) * e if len(out.positions) == 2 else 0
+    yield Obligation(R["tma-stride-16B"], name, out.tensor,
+                     f"row stride of {out.tensor} ({_fmt(out, len(out.positions) - 1, ctx)} bytes) is a multiple "
+                     "of 16 and below 2^40", z3.And(stride % 16 == 0, stride < 2**40) if len(out.positions) == 2 else False,
+                     detail=f"the row stride of {out.tensor} is {_fmt(out, len(out.positions) - 1, ctx)} bytes, "
+                            "not a multiple of 16")
+    width = 128 // e
+    yield Obligation(R["tma-box"], name, out.tensor,
+                     f"store box {width}x64, {lw.bn // width} per tile of {lw.bn}: inner 128 bytes",
+                     lw.bn % width == 0, detail=f"{lw.bn} columns are not a multiple of {width}")
+    for b in layout.buffers:
+        if b.name.startswith("E"):
+            yield Obligation(R["tma-smem-align"], name, out.tensor,
+                             f"shared box {b.name} at byte {b.offset} is 1024-byte aligned", b.offset % 1024 == 0,
+                             detail=f"{b.name} starts at byte {b.offset}")
 
 
 def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obligation]:
@@ -311,6 +341,16 @@ def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obl
             reasons.append("warps = 4 × (1 producer + consumer warpgroups of 64-row slabs)")
         if "tma-gather4" in (k.a_move, k.b_move):
             reasons.append("gather4 (sm_100a) is emitted in the mma.sync path, not the wgmma path")
+    if k.store == "tma":
+        out = lw.out
+        plain = (len(out.positions) == 2 and all(p.kind == "axis" for p in out.positions)
+                 and out.positions[0].axis == "m" and out.positions[1].axis == "n")
+        if k.mma != "wgmma":
+            reasons.append("TMA stores are emitted in the wgmma path")
+        if k.split_k > 1:
+            reasons.append("split-K adds its partial sums atomically, not by TMA stores")
+        if not plain or out.dtype not in ("f32", "bf16", "f16"):
+            reasons.append("TMA stores write a 2-D f32/bf16/f16 output stored row-major over (m, n)")
     if k.mma == "mma.sync" and ("tma" in (k.a_move, k.b_move) or k.b_move == "tma-gather4"):
         reasons.append("the mma.sync path stages with cp.async or ldg (and gather4 for A on sm_100a)")
     if "staged" in (k.a_move, k.b_move) and k.mma != "wgmma":

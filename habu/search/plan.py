@@ -25,6 +25,7 @@ def doc(text: str, default: Any = MISSING) -> Any:
 MOVEMENTS = ("ldg", "cp.async", "tma", "tma-gather4", "staged")
 MMAS = ("fma", "mma.sync", "wgmma")
 RASTERS = ("row", "column")
+STORES = ("direct", "tma")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class ContractionKernel:
     swizzle: int = doc("shared-memory swizzle span in bytes (0, 32, 64, 128) for TMA / wgmma tiles")
     accumulator: str = doc("accumulator element type", "f32")
     index_width: int = doc("bits of the integers offsets are computed in: 32 (proved not to wrap) or 64", 32)
+    store: str = doc("how the output tile reaches global memory: direct (each thread stores its registers) or tma "
+                     "(through shared memory in boxes, bulk tensor stores that drain while the next tile runs)",
+                     "direct")
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,8 @@ def _strings(v: Any, what: str) -> tuple[str, ...]:
 def _kernel_dict(k: Kernel) -> dict:
     d = asdict(k)
     d["nodes"] = list(k.nodes)
+    if d.get("store") == "direct":
+        del d["store"]  # the default, absent so plans from before the field keep their keys
     return d
 
 

@@ -68,6 +68,7 @@ def plan_summary(plan: dict) -> str:
                          f"B:{k['b_move']}" + (f" split{k['split_k']}" if k["split_k"] > 1 else "")
                          + (" persistent" if k["persistent"] else "") + f" g{k['group_m']}"
                          + (f" {k['raster']}-raster" if k.get("raster", "row") != "row" else "")
+                         + (f" store:{k['store']}" if k.get("store", "direct") != "direct" else "")
                          + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         elif k["kind"] == "rows":
             parts.append(f"rows {k['threads']}x{k['rows_per_block']} v{k['vector']}"

@@ -78,3 +78,20 @@ def test_gather4_compiles_for_sm100a():
     assert "habu::tma_gather4" in kernel.source
     cubin = compile_cuda(kernel.source, kernel.name, "sm_100a")
     assert cubin.resources.registers > 0
+
+
+@pytest.mark.parametrize("path,model,pins", [("ggemm.habu", "GGEMM", {"store": "tma", "persistent": "true"}),
+                                             ("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"store": "tma"}),
+                                             ("gemm.habu", "GEMM", {"store": "tma", "tile": "256x128x64",
+                                                                    "warps": "12", "stages": "3"})])
+def test_tma_store_epilogue_compiles_and_drains_before_the_block_exits(path, model, pins):
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / path).models[model]
+    target = TARGETS["sm_90a"]
+    plan = default_plan(m, target, None, pins)
+    assert not failures(obligations(m, plan))
+    (k,) = [k for k in emit_plan(m, plan, target).kernels if k.lowering.__class__.__name__ == "ContractionLowering"]
+    assert k.source.count("habu::tma_store_2d(") == 1 and "habu::bulk_wait_group<0>()" in k.source
+    assert any(p.kind == "tensormap" and p.tensor == m.outputs[0].name for p in k.params)
+    compile_cuda(k.source, k.name, "sm_90a")

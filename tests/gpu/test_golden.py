@@ -28,6 +28,9 @@ GG_PATHS = {
     "wgmma-split2": {"split_k": "2", "tile": "128x128x64"},
     "wgmma-staged": {"A": "staged", "B": "staged"},
     "wgmma-staged-persistent": {"A": "staged", "persistent": "true"},
+    "wgmma-store-tma": {"store": "tma"},
+    "wgmma-persistent-store-tma": {"persistent": "true", "store": "tma", "tile": "128x256x64", "stages": "4", "group_m": "1",
+                                   "raster": "column"},
 }
 GG_SHAPES = [
     {"M": 1000, "N": 777, "K": 511},
@@ -35,6 +38,7 @@ GG_SHAPES = [
     {"M": 257, "N": 130, "K": 1},
     {"M": 1000, "N": 777, "K": 4095},
     {"M": 4096, "N": 4096, "K": 512},
+    {"M": 1000, "N": 776, "K": 511},  # f32 rows of 3104 bytes: TMA can store them (776 is not a multiple of 32)
 ]
 
 
@@ -163,7 +167,8 @@ def test_rmsnorm_linear_with_w_staged_k_major_through_the_tiled_transpose(sizes)
 
 @pytest.mark.parametrize("sizes", [{"T": 300, "D": 1000, "N": 520}, {"T": 2048, "D": 4096, "N": 4096}],
                          ids=["ragged", "example"])
-def test_rmsnorm_linear_winner_with_w_read_n_major_by_wgmma(sizes):
+@pytest.mark.parametrize("store", ["direct", "tma"])
+def test_rmsnorm_linear_winner_with_w_read_n_major_by_wgmma(sizes, store):
     """The winner's schedule with W (stored D x N, contiguous along n) loaded by TMA in 64-column boxes
     and read by wgmma with its transpose bit: no staging pass (520 is not a multiple of 64: the last
     box is cut by the tensor map's bounds)."""
@@ -178,7 +183,7 @@ def test_rmsnorm_linear_winner_with_w_read_n_major_by_wgmma(sizes):
     s = concrete_sizes(m)
     plan = winner_plan(m, target, s)
     plan = Plan.from_json(plan.to_json() | {"kernels": [
-        dict(k, b_move="tma") if k["kind"] == "contraction" else k for k in plan.to_json()["kernels"]]})
+        dict(k, b_move="tma", store=store) if k["kind"] == "contraction" else k for k in plan.to_json()["kernels"]]})
     built = golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", sizes, plan=plan)
     ((_, emitted),) = built.compiled.kernel_set.members
     assert not [k for k in emitted.kernels if "stage" in k.name]
@@ -208,6 +213,16 @@ def test_gemm_with_b_contiguous_along_n_on_wgmma(tmp_path, pins, sizes):
     built = golden(str(path), "GEMM-KN", sizes, pins)
     (k,) = built.plan.kernels
     assert (k.mma, k.b_move) == ("wgmma", "tma"), built.plan.kernels
+
+
+@pytest.mark.parametrize("sizes", [{"M": 300, "N": 520, "K": 100}, {"M": 64, "N": 64, "K": 64}],
+                         ids=["300x520x100", "64x64x64"])
+def test_gemm_tma_store_with_two_slabs_per_consumer(sizes):
+    """256-row tiles, two 64-row slabs per consumer warpgroup, each stored in boxes through the two
+    buffers in turn; a bf16 output whose last box is cut at 520 columns and at 300 rows."""
+    built = golden("gemm.habu", "GEMM", sizes, {"tile": "256x128x64", "warps": "12", "stages": "3", "store": "tma"})
+    (k,) = built.plan.kernels
+    assert k.store == "tma"
 
 
 def test_fused_axpy_relu():

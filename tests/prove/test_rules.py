@@ -112,7 +112,7 @@ def moe_20_warp_plan():
     m = load_program(ROOT / "examples" / "moe_gather.habu").models["MOE-UP"]
     sizes = concrete_sizes(m, {})
     base = default_plan(m, TARGETS["sm_90a"], sizes)
-    k = with_fields(base.kernels[0], tile_m=256, tile_n=96, warps=20, stages=3, split_k=2, group_m=1)
+    k = with_fields(base.kernels[0], tile_m=256, tile_n=96, warps=20, stages=3, split_k=2, group_m=1, store="direct")
     return m, sizes, make_plan(m, TARGETS["sm_90a"], (k,), sizes)
 
 
@@ -193,3 +193,19 @@ def test_an_n_major_b_with_rows_off_the_16_byte_rule_is_not_read_by_tma():
     assert plan.kernels[0].b_move != "tma" and bad == []
     bad, _ = failed(gemm_kn(777), pins={"B": "tma", "mma": "wgmma"})
     assert [o.rule.name for o in bad] == ["tma-stride-16B"]
+
+
+@pytest.mark.parametrize("pins,sizes,rule", [({"store": "tma", "split_k": "2"}, {}, "supported-path"),
+                                             ({"store": "tma", "mma": "mma.sync"}, {}, "supported-path"),
+                                             ({"store": "tma"}, {"N": 777}, "tma-stride-16B"),
+                                             ({"store": "tma", "stages": "5"}, {}, "smem-budget")])
+def test_tma_stores_are_refused_where_they_cannot_run(pins, sizes, rule):
+    bad, _ = failed(ggemm(**sizes), sizes=sizes or None, pins=pins)
+    assert rule in [o.rule.name for o in bad]
+
+
+def test_tma_stores_pass_at_the_example_shape_with_two_buffers_per_consumer():
+    bad, plan = failed(ggemm(), pins={"store": "tma"})
+    assert bad == []
+    obs = [o for o in obligations(ggemm(), plan) if o.rule.name == "tma-smem-align" and o.tensor == "O"]
+    assert len(obs) == 4  # two consumer warpgroups, two boxes each

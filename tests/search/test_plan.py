@@ -69,3 +69,22 @@ def test_pins_apply_and_bad_pins_are_clear():
     for bad in (["tile=12"], ["mma=tensorcore"], ["B=teleport"], ["stages=many"], ["frob=1"], ["nokey"]):
         with pytest.raises(UsageError):
             default_plan(m, TARGETS["sm_90a"], None, parse_pins(bad))
+
+
+def test_a_plan_with_register_stores_keeps_its_key_from_before_the_store_field():
+    """`store` defaults to direct and is left out of the JSON then, so stored plans and their keys
+    from before the field are still the same plans."""
+    from habu.search.plan import Plan
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    direct = default_plan(m, TARGETS["sm_90a"], None, {"store": "direct"})
+    tma = default_plan(m, TARGETS["sm_90a"], None, {"store": "tma"})
+    assert "store" not in direct.to_json()["kernels"][0]
+    assert tma.to_json()["kernels"][0]["store"] == "tma"
+    assert Plan.from_json(tma.to_json()) == tma and tma.key != direct.key
+    old = direct.to_json()
+    assert Plan.from_json(old).kernels[0].store == "direct"

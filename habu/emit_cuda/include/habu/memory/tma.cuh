@@ -13,6 +13,20 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TensorMap* map, u32 b
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
       :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
+/** @brief Store the shared-memory box at src to (c0 innermost, c1) of a 2-D tensor map; the map's bounds clip
+ *  what falls outside the tensor. Asynchronous: commit it to a bulk group and wait on the group before src is
+ *  written again or the block exits. Writes made by threads are made visible to TMA first (fence_proxy_async). */
+__device__ __forceinline__ void tma_store_2d(const TensorMap* map, u32 src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+               :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/** @brief Wait until at most N of this thread's bulk groups still read shared memory. */
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory"); }
+/** @brief Wait until at most N of this thread's bulk groups are incomplete (their writes done). */
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() { asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory"); }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 /** @brief Gather four rows (r0..r3) of a 2-D tensor map, each a box of the map's inner width at column c0. */
 __device__ __forceinline__ void tma_gather4(u32 dst, const TensorMap* map, u32 bar, int c0, int r0, int r1, int r2, int r3) {

@@ -27,6 +27,10 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
       "}\n" :: "r"(bar), "r"(phase));
 }
 /** @brief Make this thread's ordinary shared-memory stores visible to the async proxy (TMA, wgmma). */
+/** @brief Barrier over `count` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is __syncthreads). */
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
