@@ -80,3 +80,16 @@ def winner_plan(model, target, sizes):
     plan = make_plan(model, target, default_kernels(g, target, sizes), sizes, ("factor:Y",)).to_json()
     plan["kernels"] = [RMSNORM_LINEAR_WINNER if k["kind"] == "contraction" else k for k in plan["kernels"]]
     return Plan.from_json(plan)
+
+
+def gemm_kn_source(m: int = 1000, n: int = 776, k: int = 511) -> str:
+    """A GEMM whose B is stored (K, N), contiguous along n (a weight as x @ W reads it), f32 out."""
+    return f"""
+{m} EXTENT: #M
+{n} EXTENT: #N
+{k} EXTENT: #K
+bf16 TENSOR: A ( #M #K )
+bf16 TENSOR: B ( #K #N )
+f32  TENSOR: C ( #M #N )
+MODEL: GEMM-KN  C[m n] = Σ k A[m k] · B[k n] ;
+"""

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from habu.bench.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
 from habu.bench.run import build  # noqa: E402
-from tests.conftest import ROOT, winner_plan  # noqa: E402
+from tests.conftest import ROOT, gemm_kn_source, winner_plan  # noqa: E402
 
 EX = ROOT / "examples"
 
@@ -190,15 +190,6 @@ def test_rmsnorm_linear_winner_with_w_read_n_major_by_wgmma(sizes, store):
     assert any("_bt(acc" in k.source for k in emitted.kernels)
 
 
-GEMM_KN = """
-1000 EXTENT: #M
- 776 EXTENT: #N
- 511 EXTENT: #K
-bf16 TENSOR: A ( #M #K )
-bf16 TENSOR: B ( #K #N )
-f32  TENSOR: C ( #M #N )
-MODEL: GEMM-KN  C[m n] = Σ k A[m k] · B[k n] ;
-"""
 
 
 @pytest.mark.parametrize("pins", [{}, {"tile": "128x128x64", "stages": "5", "persistent": "true"},
@@ -209,7 +200,7 @@ MODEL: GEMM-KN  C[m n] = Σ k A[m k] · B[k n] ;
 def test_gemm_with_b_contiguous_along_n_on_wgmma(tmp_path, pins, sizes):
     """B stored (K, N): TMA boxes of 64 columns, wgmma's transposed B, ragged in every dimension."""
     path = tmp_path / "gemm_kn.habu"
-    path.write_text(GEMM_KN)
+    path.write_text(gemm_kn_source())
     built = golden(str(path), "GEMM-KN", sizes, pins)
     (k,) = built.plan.kernels
     assert (k.mma, k.b_move) == ("wgmma", "tma"), built.plan.kernels

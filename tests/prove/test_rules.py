@@ -8,7 +8,7 @@ from habu.prove.rules import TARGET_RULES, failures, guards, obligations
 from habu.search.space import default_plan
 from habu.spec.parser import load_program, parse_text
 from habu.target import TARGETS
-from tests.conftest import ROOT
+from tests.conftest import ROOT, gemm_kn_source
 
 
 def ggemm(**sizes):
@@ -157,19 +157,8 @@ def test_regression_setmaxnreg_hang_20_warps_compiled_kernel_has_the_registers()
         greedy.check_registers(cubin.resources.registers)
 
 
-GEMM_KN = """
-1000 EXTENT: #M
- 776 EXTENT: #N
- 512 EXTENT: #K
-bf16 TENSOR: A ( #M #K )
-bf16 TENSOR: B ( #K #N )
-f32  TENSOR: C ( #M #N )
-MODEL: GEMM-KN  C[m n] = Σ k A[m k] · B[k n] ;
-"""
-
-
 def gemm_kn(n: int = 776):
-    return parse_text(GEMM_KN.replace(" 776 EXTENT", f"{n} EXTENT")).models["GEMM-KN"]
+    return parse_text(gemm_kn_source(n=n, k=512)).models["GEMM-KN"]
 
 
 def test_a_b_contiguous_along_n_feeds_wgmma_through_tma_boxes_of_64_columns():
