@@ -18,6 +18,7 @@ largest ones (the last tile), and proven for all tiles by the rule checker.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import Mapping
@@ -222,6 +223,31 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
         modulus = sizes[t.range] if t.is_index else field.p
         out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index)
     return out
+
+
+# what the finite-field check reads of a contraction's schedule (the lowering's methods: tiles, k
+# range, raster, grid); the rest of the lowering (accesses, masks, staging passes, epilogue) is
+# compared whole. Pipeline depth, warps, the instruction, how tiles travel (TMA, cp.async) and how
+# the output leaves (store) are emission: they change no element any lane reads or writes.
+FIELD_CHECK_FIELDS = ("nodes", "tile_m", "tile_n", "tile_k", "split_k", "raster", "group_m", "persistent",
+                      "index_width")
+
+
+def field_key(model: Model, plan: Plan, sizes: Mapping[str, int], lowerings: list | None = None) -> str:
+    """Plans with the same key run the same finite-field check: the same model, shape, rewrites,
+    storage and lowered accesses, tile for tile. The search checks one plan per key."""
+    from dataclasses import replace
+
+    lowerings = lowerings if lowerings is not None else lower_plan(model, plan)
+    parts: list[object] = [model.canonical_hash(), sorted(dict(plan.shape).items()), sorted(dict(sizes).items()),
+                           plan.rewrites, plan.storage]
+    for lw in lowerings:
+        if isinstance(lw, ContractionLowering):
+            k = lw.kernel
+            parts.append((tuple(getattr(k, f) for f in FIELD_CHECK_FIELDS), repr(replace(lw, kernel=None))))
+        else:
+            parts.append(repr(lw))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None, trials: int = DEFAULT_TRIALS,

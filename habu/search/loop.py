@@ -85,6 +85,8 @@ class Stats:
     # proofs", "driver waits for GPUs") and the summed steps of the proof tasks ("proof rules",
     # "proof field", "proof compile") and of the GPU timing ("gpu load", "gpu check", "gpu time")
     spent: dict[str, float] = field(default_factory=dict)
+    field_checks: int = 0  # finite-field checks run; the other candidates shared one (same lowering)
+    field_shared: int = 0
 
     def add(self, what: str, seconds: float | None) -> None:
         if seconds is not None:
@@ -239,6 +241,9 @@ class Search:
             status = res["status"]
             for step, seconds in (res.get("seconds") or {}).items():
                 self.stats.add(f"proof {step}", seconds)
+            if "field_shared" in res:
+                self.stats.field_shared += bool(res["field_shared"])
+                self.stats.field_checks += not res["field_shared"]
             if status == "rules":
                 self.stats.pruned_rules += 1
                 continue

@@ -43,6 +43,16 @@ def bound_model(job: Job) -> Model:
     return program.models[job.model].with_sizes(dict(job.sizes))
 
 
+FIELD_CHECKS: dict[str, dict[str, Any]] = {}  # field key -> certificate (JSON), in this process
+FIELD_CHECKS_KEPT = 20000
+
+
+def _remember(key: str, cert_json: dict[str, Any]) -> None:
+    if len(FIELD_CHECKS) >= FIELD_CHECKS_KEPT:
+        FIELD_CHECKS.pop(next(iter(FIELD_CHECKS)))  # the oldest
+    FIELD_CHECKS[key] = cert_json
+
+
 def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
                     compile_kernels: bool = False) -> dict[str, Any]:
     """Prove one plan; compile it when asked and proven. Never raises for a bad plan: the result's
@@ -51,7 +61,7 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
     import time
 
     from habu.prove.rules import failures, obligations
-    from habu.prove.verify import verify_plan
+    from habu.prove.verify import field_key, verify_plan
 
     seconds: dict[str, float] = {}  # each step's wall time, for the search's account of where time goes
     began = time.perf_counter()
@@ -72,12 +82,25 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
         b = broken[0]
         return {"status": "rules", "reason": f"{b.describe()}: {b.how}", "seconds": seconds}
     # one trial on a witness shape (every tile class, z3-checked coverage); the winner is proven
-    # again at the full shape with three trials before it is reported
-    cert = verify_plan(model, plan, sizes, trials=1, seeds=[seed], witness=True)
+    # again at the full shape with three trials before it is reported. Plans that differ only in
+    # what the check does not read (stages, warps, the instruction, TMA or cp.async, the store)
+    # share one check in this process
+    key = field_key(model, plan, sizes)
+    cert_json = FIELD_CHECKS.get(key)
+    shared = cert_json is not None
+    if cert_json is None:
+        cert = verify_plan(model, plan, sizes, trials=1, seeds=[seed], witness=True)
+        cert_json = cert.to_json()
+        _remember(key, cert_json)
+    else:
+        cert_json = {**cert_json, "notes": [*cert_json.get("notes", []),
+                                            "the same check as an earlier plan with this lowering (field key "
+                                            f"{key[:12]})"]}
     lap("field")
-    if not cert.passed:
-        return {"status": "field", "reason": f"finite-field check: {cert.failure}", "seconds": seconds}
-    out: dict[str, Any] = {"status": "verified", "certificate": cert.to_json(), "seconds": seconds}
+    if not cert_json["passed"]:
+        return {"status": "field", "reason": f"finite-field check: {cert_json['failure']}", "seconds": seconds,
+                "field_shared": shared}
+    out: dict[str, Any] = {"status": "verified", "certificate": cert_json, "seconds": seconds, "field_shared": shared}
     if compile_kernels:
         try:
             out["cubins"] = compile_plan(model, plan)

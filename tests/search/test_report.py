@@ -25,3 +25,9 @@ def test_time_account_without_records_says_so():
     st.add("gpu time", None)  # a step that did not happen adds nothing
     assert st.spent == {}
 
+
+
+def test_time_account_says_how_many_plans_shared_a_field_check():
+    st = Stats(verified=8, field_checks=3, field_shared=5)
+    st.add("proof field", 1.0)
+    assert "field 1.0 s (3 checks, 5 plans sharing one) in all" in time_account(st)

@@ -1,0 +1,83 @@
+"""One finite-field check per lowering: plans that differ only in emission share it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from habu.prove.verify import FIELD_CHECK_FIELDS, field_key
+from habu.search.plan import ContractionKernel
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+
+
+def ggemm(**sizes):
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    return m.with_sizes(sizes) if sizes else m
+
+
+def with_kernel(plan, **changes):
+    return replace(plan, kernels=(replace(plan.kernels[0], **changes),))
+
+
+def key(plan, model=None, sizes=None):
+    return field_key(model or ggemm(), plan, sizes or {})
+
+
+@pytest.mark.parametrize("change", [{"stages": 3}, {"warps": 8}, {"store": "direct"}, {"a_move": "ldg"},
+                                    {"b_move": "cp.async"}, {"swizzle": 0}, {"mma": "mma.sync"}])
+def test_emission_choices_share_one_check(change):
+    base = default_plan(ggemm(), T, None, {})
+    assert key(with_kernel(base, **change)) == key(base)
+
+
+@pytest.mark.parametrize("change", [{"tile_m": 64}, {"tile_n": 128}, {"tile_k": 32}, {"split_k": 2},
+                                    {"raster": "column"}, {"group_m": 1}, {"index_width": 64},
+                                    {"a_move": "staged"}, {"persistent": True}])
+def test_what_the_check_reads_gives_another_check(change):
+    base = default_plan(ggemm(), T, None, {})
+    assert key(with_kernel(base, **change)) != key(base)
+
+
+def test_another_shape_or_model_gives_another_check():
+    base = default_plan(ggemm(), T, None, {})
+    assert key(base, ggemm(K=511), {"K": 511}) != key(base)
+
+
+def test_the_field_check_reads_no_other_schedule_field():
+    """The modules the check runs (and the lowering's methods it calls) read only the fields in
+    FIELD_CHECK_FIELDS of a contraction's schedule; staging (a_move/b_move = staged) shows in the
+    lowering itself, and warps only in the SIMT path's thread grid (emission). A new field read
+    there must join the key, or plans that differ in it would share a check."""
+    read: set[str] = set()
+    for path in ("habu/prove/interp.py", "habu/prove/verify.py", "habu/prove/witness.py", "habu/prove/virtual.py",
+                 "habu/lower/contraction.py"):
+        read |= set(re.findall(r"kernel\.([a-z_]+)", (ROOT / path).read_text()))
+    contraction_fields = {f for f in ContractionKernel.__dataclass_fields__}
+    assert (read & contraction_fields) - set(FIELD_CHECK_FIELDS) == {"a_move", "b_move", "warps"}
+
+
+def test_a_search_task_checks_a_lowering_once(monkeypatch):
+    import habu.prove.verify as verify
+    from habu.search import tasks
+
+    calls = []
+    real = verify.verify_plan
+    monkeypatch.setattr(verify, "verify_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(tasks, "FIELD_CHECKS", {})
+    m = ggemm(M=256, N=256, K=128)
+    sizes = {"M": 256, "N": 256, "K": 128}
+    job = tasks.Job.of(str(ROOT / "examples" / "ggemm.habu"), m, sizes, "sm_90a")
+    base = default_plan(m, T, sizes, {})
+    first = tasks.check_candidate(job, base.to_json(), seed=1)
+    again = tasks.check_candidate(job, with_kernel(base, stages=3).to_json(), seed=2)
+    other = tasks.check_candidate(job, with_kernel(base, tile_n=base.kernels[0].tile_n // 2).to_json(), seed=3)
+    assert [r["status"] for r in (first, again, other)] == ["verified"] * 3
+    assert len(calls) == 2
+    assert "the same check as an earlier plan" in again["certificate"]["notes"][-1]
