@@ -535,6 +535,26 @@ def discharge(ob: Obligation, ctx: Context) -> Obligation:
         ob.status = "proved" if f else "violated"
         ob.how = "by construction" if f else "fails"
         return ob
+    key = (f.sexpr(), tuple(d.sexpr() for d in ctx.domain))
+    known = _DISCHARGED.get(key)
+    if known is not None:  # the same formula over the same domain, decided for an earlier plan
+        ob.status, how, cex = known
+        ob.how, ob.counterexample = f"{how} (the same formula as an earlier plan's)", dict(cex) if cex else None
+        return ob
+    _solve(ob, f, ctx)
+    if len(_DISCHARGED) >= DISCHARGED_KEPT:
+        _DISCHARGED.pop(next(iter(_DISCHARGED)))  # the oldest
+    _DISCHARGED[key] = (ob.status, ob.how, dict(ob.counterexample) if ob.counterexample else None)
+    return ob
+
+
+# z3's answers by (formula, domain) as text: a search asks the same bounds of many plans that share
+# a lowering; the text is the key, so equal keys are the same question
+_DISCHARGED: dict[tuple[str, tuple[str, ...]], tuple[str, str, dict[str, int] | None]] = {}
+DISCHARGED_KEPT = 50_000
+
+
+def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     start = time.perf_counter()
     solver = z3.Solver()
     solver.set("timeout", 10_000)

@@ -198,3 +198,22 @@ def test_tma_stores_pass_at_the_example_shape_with_two_buffers_per_consumer():
     assert bad == []
     obs = [o for o in obligations(ggemm(), plan) if o.rule.name == "tma-smem-align" and o.tensor == "O"]
     assert len(obs) == 4  # two consumer warpgroups, two boxes each
+
+
+def test_a_formula_asked_again_is_answered_from_z3s_earlier_answer():
+    """A search asks the same bounds of many plans that share a lowering: each formula goes to z3
+    once per process. The answer, counterexample included, is the same as the first."""
+    from habu.prove import rules
+
+    src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
+    model = parse_text(src).models["GGEMM"]
+    plan = default_plan(model, TARGETS["sm_90a"], None, {"B": "tma"})
+    rules._DISCHARGED.clear()
+    first = {(o.rule.name, o.tensor, o.statement): o for o in obligations(model, plan)}
+    solved = len(rules._DISCHARGED)
+    again = {(o.rule.name, o.tensor, o.statement): o for o in obligations(model, plan)}
+    assert solved and len(rules._DISCHARGED) == solved
+    for k, o in again.items():
+        assert (o.status, o.counterexample) == (first[k].status, first[k].counterexample)
+    stride = next(o for o in again.values() if o.rule.name == "tma-stride-16B")
+    assert stride.status == "guarded" and "the same formula as an earlier plan's" in stride.how
