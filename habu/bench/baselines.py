@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from habu.bench.harness import TORCH_DTYPE
 from habu.search.patterns import Operand, as_contraction
+from habu.search.space import dtype_of
 from habu.spec.ir import Const, Model
 
 
@@ -25,9 +27,7 @@ def torch_baseline(model: Model, inputs: dict[str, Any]) -> tuple[str, Callable[
         return eager_baseline(model, _sizes(model, inputs))
     import torch
 
-    out_decl = model.tensor(c.node.target)
-    out_dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}.get(
-        out_decl.dtype.name if out_decl.dtype else "f32", "float32"))
+    out_dtype = getattr(torch, TORCH_DTYPE[dtype_of(model, c.node.target)])
     scale = float(c.scale.value) if isinstance(c.scale, Const) else None
     transpose_out = c.node.lhs[0] != c.m
 
@@ -37,9 +37,8 @@ def torch_baseline(model: Model, inputs: dict[str, Any]) -> tuple[str, Callable[
             x = x.index_select(op.axis_pos, args[op.gather].reshape(-1).long())
         return x if op.axis_pos == 0 else x.t()  # rows: the axis, columns: k
 
-    operand_dtype = getattr(torch, {"bf16": "bfloat16", "f16": "float16"}.get(
-        model.tensor(c.a.load.tensor).dtype.name if model.tensor(c.a.load.tensor).dtype else "f32", "float32"))
-    cublas_f32 = out_dtype == torch.float32 and operand_dtype in (torch.bfloat16, torch.float16) and _has_out_dtype()
+    cublas_f32 = (out_dtype == torch.float32 and dtype_of(model, c.a.load.tensor) in ("bf16", "f16")
+                  and _has_out_dtype())
 
     def run(args: dict[str, Any]) -> Any:
         a, b = operand(c.a, args), operand(c.b, args).t()

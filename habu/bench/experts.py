@@ -64,10 +64,14 @@ class Pattern:
 class Match:
     """What a pattern's placeholders and index variables stand for in the matched expression."""
 
-    word: str
+    pattern: Pattern
     wild: dict[str, Expr]  # placeholder tensor -> the subexpression (a load, for row words)
     vars: dict[str, IndexVar]  # pattern variable name -> the expression's variable
     extents: dict[str, str]  # pattern extent -> the expression's
+
+    @property
+    def word(self) -> str:
+        return self.pattern.word
 
 
 @cache
@@ -85,15 +89,15 @@ def patterns() -> tuple[Pattern, ...]:
 def find(e: Expr) -> Match | None:
     """The first library word that `e` is, or None."""
     for p in patterns():
-        m = Match(p.word, {}, {}, {})
-        if _unify(p.rhs, e, m, p):
+        m = Match(p, {}, {}, {})
+        if _unify(p.rhs, e, m):
             return m
     return None
 
 
-def _unify(p: Expr, e: Expr, m: Match, pat: Pattern) -> bool:
+def _unify(p: Expr, e: Expr, m: Match) -> bool:
     if isinstance(p, Load) and p.tensor in _WILD:
-        return _bind(p, e, m, pat)
+        return _bind(p, e, m)
     if type(p) is not type(e):
         return False
     if isinstance(p, Const):
@@ -107,19 +111,19 @@ def _unify(p: Expr, e: Expr, m: Match, pat: Pattern) -> bool:
     if isinstance(p, Op):
         assert isinstance(e, Op)
         return p.fn == e.fn and len(p.args) == len(e.args) and all(
-            _unify(a, b, m, pat) for a, b in zip(p.args, e.args, strict=True))
+            _unify(a, b, m) for a, b in zip(p.args, e.args, strict=True))
     assert isinstance(p, Reduce) and isinstance(e, Reduce)
     return (p.op == e.op and len(p.vars) == len(e.vars)
             and all(_same_var(a, b, m) for a, b in zip(p.vars, e.vars, strict=True))
-            and _unify(p.body, e.body, m, pat))
+            and _unify(p.body, e.body, m))
 
 
-def _bind(p: Load, e: Expr, m: Match, pat: Pattern) -> bool:
+def _bind(p: Load, e: Expr, m: Match) -> bool:
     """A placeholder load X[i j]: a row word needs the model to load a tensor with plain, distinct
     variables (its axes are then known); an elementwise word takes any subexpression, the same one
     at every occurrence."""
-    if pat.elementwise:
-        if p.indices != pat.lhs:
+    if m.pattern.elementwise:
+        if p.indices != m.pattern.lhs:
             return False
         seen = m.wild.setdefault(p.tensor, e)
         return seen == e
@@ -164,8 +168,7 @@ def _same_index(a: Any, b: Any, m: Match) -> bool:
             and all(_same_index(x, y, m) for x, y in zip(a.indices, b.indices, strict=True)))
 
 
-def expert_call(match: Match, pat_lhs: tuple[IndexVar, ...], args: dict[str, Labelled], torch: Any
-                ) -> tuple[Any, tuple[IndexVar, ...]]:
+def expert_call(match: Match, args: dict[str, Labelled], torch: Any) -> tuple[Any, tuple[IndexVar, ...]]:
     """(the word's result as torch computes it, its variables in the expression's names)."""
     import torch.nn.functional as F
 
@@ -175,7 +178,7 @@ def expert_call(match: Match, pat_lhs: tuple[IndexVar, ...], args: dict[str, Lab
         fn: dict[str, Callable[[Any], Any]] = {
             "GELU": lambda v: F.gelu(v), "GELU-TANH": lambda v: F.gelu(v, approximate="tanh"), "SILU": F.silu}
         return fn[word](x.data), x.labels  # a 16-bit input stays 16-bit, as an expert passes it
-    r, d = (match.vars[v.name] for v in pat_lhs)
+    r, d = (match.vars[v.name] for v in match.pattern.lhs)
     x = args["X"]
     data = x.data.permute(x.labels.index(r), x.labels.index(d)) if x.labels != (r, d) else x.data
     width = data.shape[-1]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from habu.bench.experts import EXPERT_CALLS, Match, expert_call, find, patterns
+from habu.bench.experts import EXPERT_CALLS, Match, expert_call, find
 from habu.bench.harness import TORCH_DTYPE
 from habu.spec.evaluate import Labelled, _factors, _union
 from habu.spec.ir import (
@@ -64,7 +64,6 @@ class TorchEager:
         self.fns = _functions(torch)
         self.constants: dict[tuple[float, str], Any] = {}
         self.matches: dict[int, Match | None] = {}  # by id: the model's expressions live as long as it
-        self.used: list[str] = []  # the expert calls taken, in order
 
     def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         self.env = dict(inputs)
@@ -147,10 +146,7 @@ class TorchEager:
         return self.reduction(e)
 
     def expert(self, match: Match) -> Labelled:
-        pattern = next(p for p in patterns() if p.word == match.word)
-        data, labels = expert_call(match, pattern.lhs, {k: self.expr(v) for k, v in match.wild.items()}, self.torch)
-        if match.word not in self.used:
-            self.used.append(match.word)
+        data, labels = expert_call(match, {k: self.expr(v) for k, v in match.wild.items()}, self.torch)
         return Labelled(data, labels)
 
     def reduction(self, e: Reduce) -> Labelled:

@@ -269,6 +269,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         for s in range(slabs))
     if k.store == "tma":
         epilogue = _tma_store_epilogue(lw, sig, model, sizes, it, slabs, consumers, off)
+        store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
         drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
     else:
         epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]",
@@ -284,7 +285,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
             {epi}
           }}
 """
-        drain = ""
+        store_state = drain = ""
     body = f"""{wg_fn}
 extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -323,7 +324,7 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
     const int cw = wg - 1;
     const int lane = threadIdx.x % 32;
     const int warp = (threadIdx.x % 128) / 32;
-{"    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)" + chr(10) if k.store == "tma" else ""}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{store_state}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, sizes, it, "      ")}      float acc[{slabs}][{regs}];
 #pragma unroll
       for (int s = 0; s < {slabs}; ++s)

@@ -138,9 +138,8 @@ def time_account(stats) -> str:
     parts = []
     steps = [(k.removeprefix("proof "), v) for k, v in spent.items() if k.startswith("proof ")]
     if steps:
-        shared = getattr(stats, "field_shared", 0)
-        checks = getattr(stats, "field_checks", 0)
-        field_note = f" ({checks} checks, {shared} plans sharing one)" if shared else ""
+        field_note = (f" ({stats.field_checks} checks, {stats.field_shared} plans sharing one)"
+                      if stats.field_shared else "")
         parts.append("proofs " + ", ".join(f"{name} {v:.1f} s" + (field_note if name == "field" else "")
                                            for name, v in steps) + " in all")
     gpu = [(k.removeprefix("gpu "), v) for k, v in spent.items() if k.startswith("gpu ") and k != "gpu actor"]

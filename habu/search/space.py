@@ -156,15 +156,14 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
             split *= 2
     eb = max(dtype_bytes(model, a_t), dtype_bytes(model, b_t))
     swizzle = 128 if tile[2] * eb >= 128 else (64 if tile[2] * eb >= 64 else 0)
-    # TMA stores where the output is a plain row-major (m, n) matrix with 16-byte rows (H200, 4096³:
-    # bf16 GEMM 0.90 -> 0.99x cuBLAS, f32 GGEMM 184.5 -> 181.1 µs)
+    # TMA stores where the output is a plain row-major (m, n) matrix with 16-byte rows and the
+    # schedule leaves room (H200, 4096³: bf16 GEMM 0.90 -> 0.99x cuBLAS, f32 GGEMM 184.5 -> 181.1 µs)
     first, last = node_of(model, region.nodes[0]), node_of(model, region.output)
     out_decl = model.tensor(region.output)
     out_e = dtype_bytes(model, region.output)
-    store = "tma" if (mma == "wgmma" and target.tma and split == 1 and first.lhs[:1] == (c.m,) and len(last.lhs) == 2
-                      and len(out_decl.extents) == 2 and out_e in (2, 4)
-                      and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0 and tile[1] % (128 // out_e) == 0) else "direct"
-    return ContractionKernel(
+    plain_out = (target.tma and first.lhs[:1] == (c.m,) and len(last.lhs) == 2 and len(out_decl.extents) == 2
+                 and out_e in (2, 4) and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
+    kernel = ContractionKernel(
         nodes=region.nodes, tile_m=tile[0], tile_n=tile[1], tile_k=tile[2], warps=warps, stages=stages,
         mma=mma, a_move=a_move, b_move=b_move, a_vector=a_vec, b_vector=b_vec, split_k=split,
         # grouped raster: 16 tile rows share B in L2 on tall problems (H200, 2026-11-30, MoE 8192x14336x4096:
@@ -172,8 +171,9 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
         raster="row", group_m=16 if -(-M // tile[0]) >= 64 else 8, persistent=False,
         warp_specialized=mma == "wgmma",
         swizzle=swizzle if "tma" in (a_move, b_move) or mma == "wgmma" else 0,
-        accumulator="f32", index_width=64 if needs_64bit(model, sizes) else 32, store=store,
+        accumulator="f32", index_width=64 if needs_64bit(model, sizes) else 32,
     )
+    return replace(kernel, store="tma") if plain_out and _tma_store_fits(model, kernel, target) else kernel
 
 
 def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, int],
@@ -248,7 +248,7 @@ def _tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
     c = as_contraction(node_of(model, k.nodes[0]))
     assert c is not None
     out_e = dtype_bytes(model, k.nodes[-1])
-    layout = contraction_smem(k, dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor))
+    layout = contraction_smem(replace(k, store="tma"), dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor))
     return (k.mma == "wgmma" and k.split_k == 1 and k.tile_n % (128 // out_e) == 0
             and layout.total <= target.smem_per_block)
 

@@ -60,6 +60,7 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
     fails) or "compile" (NVRTC refuses it), with the reason."""
     import time
 
+    from habu.lower import lower_plan
     from habu.prove.rules import failures, obligations
     from habu.prove.verify import field_key, verify_plan
 
@@ -85,11 +86,12 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
     # again at the full shape with three trials before it is reported. Plans that differ only in
     # what the check does not read (stages, warps, the instruction, TMA or cp.async, the store)
     # share one check in this process
-    key = field_key(model, plan, sizes)
+    lowerings = lower_plan(model, plan)
+    key = field_key(model, plan, sizes, lowerings)
     cert_json = FIELD_CHECKS.get(key)
     shared = cert_json is not None
     if cert_json is None:
-        cert = verify_plan(model, plan, sizes, trials=1, seeds=[seed], witness=True)
+        cert = verify_plan(model, plan, sizes, trials=1, seeds=[seed], witness=True, lowerings=lowerings)
         cert_json = cert.to_json()
         _remember(key, cert_json)
     else:

@@ -129,6 +129,6 @@ def test_regression_each_word_takes_its_own_expert_call(word, call, kwargs, monk
     m = find(pattern.rhs)
     assert m is not None and m.word == word
     args = {k: Labelled(_Data((4, 8)), pattern.lhs) for k in m.wild}
-    expert_call(m, pattern.lhs, args, fake)
+    expert_call(m, args, fake)
     ((name, got),) = fake.calls
     assert name == call and {k: v for k, v in got.items() if k != "weight"} == kwargs

@@ -28,7 +28,7 @@ GG_PATHS = {
     "wgmma-split2": {"split_k": "2", "tile": "128x128x64"},
     "wgmma-staged": {"A": "staged", "B": "staged"},
     "wgmma-staged-persistent": {"A": "staged", "persistent": "true"},
-    "wgmma-store-tma": {"store": "tma"},
+    "wgmma-store-direct": {"store": "direct"},  # the default stores by TMA where the rules allow it
     "wgmma-persistent-store-tma": {"persistent": "true", "store": "tma", "tile": "128x256x64", "stages": "4", "group_m": "1",
                                    "raster": "column"},
 }
