@@ -1,6 +1,6 @@
 """The GPU benchmark table (docs/PERF.md): Habu's plans against torch/cuBLAS in the same run.
 
-    python -m habu.bench.gpu_bench [--quick] [--json OUT.json] [--only NAME]
+    python -m habu.bench.gpu_bench [--quick] [--json OUT.json] [--only PART[,PART...]]
 
 Every timed plan is golden-checked first (fresh inputs, poisoned outputs, float64 reference).
 Timing: CUDA events, 5 warm-ups, median of 30, inputs rotated over enough sets to exceed the L2.
@@ -109,6 +109,18 @@ def cases(quick: bool):
          torch_ggemm_f32, gg(4096, 4096, 4096), None),
         ("gemm-4096-store-tma", "gemm.habu", "GEMM", {"M": 4096, "N": 4096, "K": 4096}, {"store": "tma", "persistent": "true"},
          lambda s: (lambda: t.matmul(s["A"], s["B"].t())), gg(4096, 4096, 4096), None),
+        # clusters of 2 along m sharing B's tile by TMA multicast, against the same schedules without
+        ("ggemm-4096-winner-cluster2", "ggemm.habu", "GGEMM", {}, GGEMM_WINNER_PINS | {"store": "tma", "cluster": "2"},
+         torch_ggemm_f32, gg(4096, 4096, 4096), None),
+        ("ggemm-4096-winner-s3-store-tma", "ggemm.habu", "GGEMM", {}, GGEMM_WINNER_PINS | {"store": "tma", "stages": "3"},
+         torch_ggemm_f32, gg(4096, 4096, 4096), None),
+        ("ggemm-4096-winner-s3-cluster2", "ggemm.habu", "GGEMM", {},
+         GGEMM_WINNER_PINS | {"store": "tma", "stages": "3", "cluster": "2"}, torch_ggemm_f32, gg(4096, 4096, 4096), None),
+        ("gemm-4096-store-tma-cluster2", "gemm.habu", "GEMM", {"M": 4096, "N": 4096, "K": 4096},
+         {"store": "tma", "persistent": "true", "cluster": "2"},
+         lambda s: (lambda: t.matmul(s["A"], s["B"].t())), gg(4096, 4096, 4096), None),
+        ("gemm-8192-cluster2", "gemm.habu", "GEMM", {}, {"persistent": "true", "cluster": "2"},
+         lambda s: (lambda: t.matmul(s["A"], s["B"].t())), gg(8192, 8192, 8192), None),
         ("gemm-4096", "gemm.habu", "GEMM", {"M": 4096, "N": 4096, "K": 4096}, {"persistent": "true"},
          lambda s: (lambda: t.matmul(s["A"], s["B"].t())), gg(4096, 4096, 4096), None),
         ("ggemm-4096-n128", "ggemm.habu", "GGEMM", {}, {"tile": "128x128x64", "stages": "5"},
@@ -176,7 +188,7 @@ def main() -> None:
     print(f"# {name}, {time.strftime('%Y-%m-%d')}: device copy {bw / 1e12:.2f} TB/s", flush=True)
     for case in (sweep_cases() if args.sweep else cases(args.quick)):
         cname = case[0]
-        if args.only and args.only not in cname:
+        if args.only and not any(part in cname for part in args.only.split(",")):
             continue
         t0 = time.time()
         try:

@@ -5,9 +5,9 @@ contraction.
 Each equation becomes torch operations over tensors whose dimensions are named by the equation's
 index variables. An expression that is one of the library's words runs as the word's expert call
 (`F.rms_norm`, `torch.softmax`, `F.gelu`: `habu.bench.experts`); the rest is built from parts:
-loads (gathers by `index_select` or advanced indexing), elementwise functions in float32, reductions
-(`sum`, `amax`), and sums of products as one `einsum`, which torch hands to cuBLAS when the factors
-are 16-bit. Every result is stored at its tensor's declared dtype, as the model says, so a bf16
+loads (gathers by `index_select` or advanced indexing), elementwise functions (in the 16-bit type
+their tensor operands share, else float32), reductions (`sum`, `amax`), and sums of products as one
+`einsum`, which torch hands to cuBLAS when the factors are 16-bit. Every result is stored at its tensor's declared dtype, as the model says, so a bf16
 intermediate is rounded where the model rounds it.
 
 `python -m habu.bench.eager_speed` times this runner against hand-written torch for every example.
@@ -141,9 +141,22 @@ class TorchEager:
         if isinstance(e, Op):
             args = [self.expr(a) for a in e.args]
             names = _union(*(a.labels for a in args))
-            return Labelled(self.fns[e.fn](*[_align(a, names).float() for a in args]), names)
+            common = self.elementwise_dtype(args)
+            return Labelled(self.fns[e.fn](*[_align(a, names).to(common) for a in args]), names)
         assert isinstance(e, Reduce)
         return self.reduction(e)
+
+    def elementwise_dtype(self, args: list[Labelled]) -> Any:
+        """The type an elementwise op runs in: the 16-bit type its tensor operands share (a bias add
+        on a bf16 matmul result is one bf16 kernel in an expert's code: `x @ w + b`), else float32.
+        Scalars (the model's constants, 0-dimensional) do not count: torch keeps the tensor's type.
+        Upcasting every operand ran FFN-SKIP's bias and residual adds as cast and f32 kernels, and
+        its baseline took 1.75x the hand-written torch (H200, 2026-11-30)."""
+        t = self.torch
+        kinds = {a.data.dtype for a in args if a.data.dim() > 0}
+        if len(kinds) == 1 and (k := kinds.pop()) in (t.bfloat16, t.float16):
+            return k
+        return t.float32
 
     def expert(self, match: Match) -> Labelled:
         data, labels = expert_call(match, {k: self.expr(v) for k, v in match.wild.items()}, self.torch)

@@ -264,6 +264,33 @@ def encode_tensormap(args: TensorMapArgs) -> Any:
     ), f"cuTensorMapEncodeTiled({args})")
 
 
+_resident: dict[tuple[int, int], int] = {}  # (CUfunction, dynamic smem) -> blocks resident at once
+
+
+def resident_blocks(kernel: CudaKernel, function: Any, smem: int, dev: Device) -> int:
+    """How many blocks of the kernel the GPU runs at once, for a persistent grid: one per SM, or,
+    for a cluster kernel, the blocks of the clusters that fit together (an SM left over in a GPC
+    holds no cluster of 2; a grid sized by SMs alone would run its last clusters in a second wave)."""
+    if kernel.cluster <= 1:
+        return dev.sm_count
+    key = (int(function), smem)
+    if key not in _resident:
+        d = _driver()
+        allow_smem(function, smem, kernel.name)
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = kernel.cluster * dev.sm_count, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = kernel.threads, 1, 1
+        config.sharedMemBytes = smem
+        config.numAttrs = 0
+        clusters = int(check(d.cuOccupancyMaxActiveClusters(function, config),
+                             f"cuOccupancyMaxActiveClusters({kernel.name})"))
+        if clusters < 1:
+            raise DriverError(f"kernel {kernel.name}: no cluster of {kernel.cluster} blocks with {smem} bytes of "
+                              "shared memory each fits on this GPU")
+        _resident[key] = clusters * kernel.cluster
+    return _resident[key]
+
+
 # ----------------------------------------------------------------------------- launching
 
 

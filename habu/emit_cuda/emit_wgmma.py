@@ -217,7 +217,10 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     all_tma = all(m == "tma" for m in moves.values())
     full_count = 1 if all_tma else 128
     maps: dict[str, str] = {}
-    for side, acc, rows in (("A", lw.a, bm), ("B", lw.b, bn)):
+    cluster = k.cluster_m
+    if cluster > 1 and (moves["B"] != "tma" or k.split_k > 1):
+        raise ValueError("a cluster multicasts B's tile by TMA, without split-K")
+    for side, acc, rows in (("A", lw.a, bm), ("B", lw.b, bn // cluster)):
         if moves[side] == "tma":
             logical = tuple(e.split("^")[0] for e in acc.extents)  # a staged buffer's rows are padded
             dims = tuple(reversed(logical))
@@ -226,8 +229,21 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         elif moves[side] not in ("cp.async", "ldg"):
             raise ValueError(f"the wgmma emitter has no {moves[side]} producer")
     tma_issue = []
+    everyone = (1 << cluster) - 1  # the multicast mask: every block of the cluster
     for side, rows_axis in (("A", "m0"), ("B", "n0")):
-        if moves[side] == "tma" and side == "B" and b_mn:
+        if moves[side] == "tma" and side == "B" and cluster > 1 and b_mn:
+            # block r loads the 64-column boxes j ≡ r (mod cluster) and multicasts them
+            per = bn // MN_BLOCK // cluster
+            tma_issue.append(f"for (int j = (int)crank; j < {bn // MN_BLOCK}; j += {cluster}) "
+                             f"habu::tma_load_2d_multicast(b_stage + (habu::u32)j * {MN_BLOCK * 2 * lw.bk}u, "
+                             f"&{maps[side]}, full, (int)(n0 + j * {MN_BLOCK}), (int)k0, {everyone});  "
+                             f"// {per} box(es) per block")
+        elif moves[side] == "tma" and side == "B" and cluster > 1:
+            # block r loads rows [r·BN/c, (r+1)·BN/c) of B's tile and multicasts them
+            part = bn // cluster
+            tma_issue.append(f"habu::tma_load_2d_multicast(b_stage + crank * {part * 128}u, &{maps[side]}, full, "
+                             f"(int)k0, (int)(n0 + crank * {part}), {everyone});")
+        elif moves[side] == "tma" and side == "B" and b_mn:
             tma_issue += [f"habu::tma_load_2d(b_stage + {j * MN_BLOCK * 2 * lw.bk}u, &{maps[side]}, full, "
                           f"(int)(n0 + {j * MN_BLOCK}), (int)k0);" for j in range(bn // MN_BLOCK)]
         elif moves[side] == "tma":
@@ -286,8 +302,22 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
           }}
 """
         store_state = drain = ""
+    if cluster > 1:
+        # a stage is free again when the consumers of every block have read it: each block's
+        # producer writes its part of B into all of them
+        # (thread r of the warpgroup tells block r, in parallel)
+        release = "habu::mbar_arrive_cluster(bars + 16 * held + 8, (habu::u32)(threadIdx.x % 128));"
+        release_who = f"threadIdx.x % 128 < {cluster}"
+        sync_start = "habu::cluster_sync();  // the peers' barriers are initialised before anyone multicasts"
+        sync_end = "  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
+        attrs = f"__cluster_dims__({cluster}, 1, 1) "
+        rank_decl = "    const habu::u32 crank = habu::cluster_ctarank();\n"
+    else:
+        release = "habu::mbar_arrive(bars + 16 * held + 8);"
+        release_who = "threadIdx.x % 128 == 0"
+        sync_start, sync_end, attrs, rank_decl = "__syncthreads();", "", "", ""
     body = f"""{wg_fn}
-extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
+extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const habu::u32 raw_base = habu::smem_addr(smem_raw);
   const habu::u32 smem_base = (raw_base + 1023u) & ~1023u;  // 128-byte swizzled tiles need 1024-byte alignment
@@ -298,18 +328,18 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
   if (threadIdx.x == 0) {{
     for (int s = 0; s < {k.stages}; ++s) {{
       habu::mbar_init(bars + 16 * s, {full_count});          // full: the stage holds a k tile
-      habu::mbar_init(bars + 16 * s + 8, {consumers});      // empty: every consumer is done with it
+      habu::mbar_init(bars + 16 * s + 8, {consumers * cluster});      // empty: every consumer (of every block of the cluster) is done with it
     }}
     habu::fence_barrier_init();
   }}
-  __syncthreads();
+  {sync_start}
   // stage s: A at smem_base + {off['A0']} + s * {stride}, B at smem_base + {off['B0']} + s * {stride}
   int stage = 0;
   habu::u32 phase = 0;
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
     habu::setmaxnreg_dec<{split.producer}>();
     const int ptid = threadIdx.x;
-    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{rank_decl}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, sizes, it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
         const {it} k0 = ({it})(kt_begin * {lw.bk} + (kt - kt_begin) * {lw.k_step});
         const habu::u32 full = bars + 16 * stage;
@@ -342,21 +372,22 @@ extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
         }}
         habu::wgmma_commit();
         habu::wgmma_wait<1>();
-        if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);
+        if (held >= 0 && {release_who}) {release}
         held = stage;
         if (++stage == {k.stages}) {{ stage = 0; phase ^= 1u; }}
       }}
       habu::wgmma_wait<0>();
-      if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);
+      if (held >= 0 && {release_who}) {release}
 {epilogue}    }}
 {drain}  }}
-}}
+{sync_end}}}
 """
     src = header(f"{name}: warp-specialised wgmma contraction {bm}x{bn}x{lw.bk}, {k.stages} stages, "
                  f"{consumers} consumer warpgroup(s)",
                  [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move}; split_k={k.split_k}; "
-                  f"index width {lw.index_width}"])
+                  f"index width {lw.index_width}"
+                  + (f"; clusters of {cluster} blocks along m share B's tile by TMA multicast" if cluster > 1 else "")])
     src += body.replace("SIGNATURE", sig.declaration())
     zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
     return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero,
-                      register_demand=split.demand)
+                      register_demand=split.demand, cluster=cluster)

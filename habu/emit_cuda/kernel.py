@@ -51,6 +51,7 @@ class CudaKernel:
     max_registers: int | None = None  # __launch_bounds__ cap, if any
     smem_per: tuple[str, int] | None = None  # extra dynamic smem: bytes × size of a runtime extent
     register_demand: int | None = None  # registers the setmaxnreg requests need from the CTA's pool
+    cluster: int = 1  # blocks per thread-block cluster (the source's __cluster_dims__)
 
     def check_registers(self, registers: int) -> None:
         """After ptxas: a warp-specialised kernel whose setmaxnreg requests exceed the registers it

@@ -29,7 +29,7 @@ from habu.emit_cuda.arrays import (
 )
 from habu.emit_cuda.cache import compile_cached
 from habu.emit_cuda.checks import Contract, TensorContract, check_arguments, check_index_range, contract_of
-from habu.emit_cuda.driver import DeviceArray, DriverError, launch, load_cubin, memset_zero
+from habu.emit_cuda.driver import DeviceArray, DriverError, launch, load_cubin, memset_zero, resident_blocks
 from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.emit_cuda.nvrtc import INCLUDE_DIR, Cubin
@@ -182,7 +182,7 @@ class CompiledModel:
                     if t.role == "intermediate" and t.used:
                         arrays[t.name] = prepared.keep(t, sizes, dev)
                 for kernel, fn in zip(plan.kernels, functions, strict=True):
-                    prepared.add(kernel, fn, arrays, sizes, kernel.grid(sizes, dev.sm_count))
+                    prepared.add(kernel, fn, arrays, sizes, kernel.grid(sizes, self._slots(kernel, fn, sizes, dev)))
                 self._prepared[key] = prepared
                 prepared.launch_all()
                 return prepared.results(tensors)
@@ -195,12 +195,17 @@ class CompiledModel:
                 for kernel, fn in zip(plan.kernels, functions, strict=True):
                     for z in kernel.zero:
                         memset_zero(arrays[z].ptr, arrays[z].nbytes, handle)
-                    launch(kernel, fn, arrays, sizes, kernel.grid(sizes, dev.sm_count), handle)
+                    launch(kernel, fn, arrays, sizes, kernel.grid(sizes, self._slots(kernel, fn, sizes, dev)), handle)
             finally:
                 scratch.free()
         outputs = [t.name for t in contract.tensors if t.role == "output"]
         return results[outputs[0]] if len(outputs) == 1 else {n: results[n] for n in outputs}
 
+
+    @staticmethod
+    def _slots(kernel: CudaKernel, function: Any, sizes: Mapping[str, int], dev: Any) -> int:
+        """Blocks resident at once: what a persistent kernel's grid is sized by."""
+        return resident_blocks(kernel, function, kernel.dynamic_smem(sizes), dev)
 
     def _key(self, arrays: Mapping[str, ArrayInfo], stream: Any, tensors: Mapping[str, Any]) -> tuple | None:
         try:

@@ -1,6 +1,8 @@
 """Lowering a contraction kernel: the grid, the raster order, the k loop, every access.
 
-    block b -> (split s, tile tm, tile tn)            by the raster order (and persistence)
+    block b -> (split s, tile tm, tile tn)            by the raster order (and persistence); in a
+                                                      cluster of c along m, b's c blocks take tiles
+                                                      tm = c·pm + rank of one raster step (pm, tn)
     m0 = tm·BM, n0 = tn·BN
     k tiles of split s: [s·KPS, min((s+1)·KPS, ⌈K/BK⌉)),  KPS = ⌈⌈K/BK⌉ / split⌉
     for each of them, k0 = s·KPS·BK + j·k_step:
@@ -98,10 +100,13 @@ class ContractionLowering:
         return self.tiles_m(s) * self.tiles_n(s) * self.kernel.split_k
 
     def grid(self, s: Mapping[str, Any], sm_count: int) -> Any:
-        """Blocks launched: one per tile, or at most a few per SM when persistent."""
+        """Blocks launched: one per tile, or, when persistent, one per block the GPU holds at once
+        (`sm_count`: for a cluster kernel, the blocks of the clusters that fit), a multiple of the
+        cluster so both blocks of a cluster walk the same pairs of tiles."""
         t = self.tiles(s)
         if self.kernel.persistent and isinstance(t, int):
-            return min(t, sm_count)
+            c = self.kernel.cluster_m
+            return max(c, min(t, sm_count) // c * c)
         return t
 
     def tile_of(self, linear: Any, s: Mapping[str, Any], let: Any = None) -> tuple[Any, Any, Any]:
@@ -114,6 +119,13 @@ class ContractionLowering:
         per_split = let("tiles_per_split", tm_count * tn_count)
         split = let("split", floordiv(linear, per_split))
         pid = let("pid", linear - split * per_split)
+        c = self.kernel.cluster_m
+        if c > 1:
+            # a cluster's blocks take consecutive indices: index i is block i % c of the pair of tiles
+            # i / c, which the raster walks over a grid of tile rows / c (the rules prove it divides)
+            rank = let("cluster_rank", pid - floordiv(pid, c) * c)
+            pid = let("pair", floordiv(pid, c))
+            tm_count = let("pairs_m", floordiv(tm_count, c))
         g = self.kernel.group_m
         if self.kernel.raster == "column":
             tm_count, tn_count = tn_count, tm_count
@@ -128,9 +140,10 @@ class ContractionLowering:
         else:
             a = floordiv(pid, tn_count)
             b = pid - a * tn_count
-        if self.kernel.raster == "column":
-            return b, a, split
-        return a, b, split
+        tm, tn = (b, a) if self.kernel.raster == "column" else (a, b)
+        if c > 1:
+            tm = tm * c + rank
+        return tm, tn, split
 
     def k_range(self, split: Any, s: Mapping[str, Any]) -> tuple[Any, Any]:
         """The k tiles [begin, end) summed by a split."""

@@ -94,11 +94,13 @@ R = {r.name: r for r in (
     Rule("target-feature", "the target has the instruction the plan uses", "PTX ISA target requirements"),
     Rule("split-k-linear", "split-K partial sums only pass through a linear epilogue into f32", "atomicAdd semantics"),
     Rule("supported-path", "Habu's emitter has a code path for this combination", "habu/emit_cuda"),
+    Rule("cluster-tiles", "a cluster's blocks share one step of the raster: the tile rows divide among them",
+         "CUDA guide: thread-block clusters; PTX ISA multicast::cluster"),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear", "supported-path")
+          "split-k-linear", "supported-path", "cluster-tiles")
 TMA_RULES = ("tma-rank", "tma-base-align", "tma-dims", "tma-stride-16B", "tma-box", "tma-swizzle",
              "tma-smem-align", "tma-gather")
 SETMAXNREG_RULES = ("setmaxnreg-pool",)  # sm_90a and later: warp-specialised register splits
@@ -290,6 +292,22 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
         yield from _movement(name, side, acc, move, vec, lw, ctx, layout)
     if k.store == "tma":
         yield from _tma_store(name, lw, ctx, layout)
+    if k.cluster_m > 1:
+        yield from _cluster(name, lw, ctx)
+
+
+def _cluster(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obligation]:
+    """Blocks of a cluster along m compute tiles (c·pm + rank, tn) together and multicast B's tile."""
+    k, t, s = lw.kernel, ctx.target, ctx.ext
+    c = k.cluster_m
+    yield Obligation(R["target-feature"], name, lw.b.tensor,
+                     f"thread-block clusters and TMA multicast exist on {t.name}", t.tma,
+                     detail=f"{t.name} has no clusters")
+    yield Obligation(R["cluster-tiles"], name, lw.out.tensor,
+                     f"the {k.tile_m}-row tiles of #{lw.m} come in whole groups of {c} (⌈#{lw.m}/{k.tile_m}⌉ "
+                     f"a multiple of {c})", cdiv(s[lw.m], k.tile_m) % c == 0,
+                     detail=f"⌈#{lw.m}/{k.tile_m}⌉ is not a multiple of {c}: a cluster's last block would "
+                            "have no tile")
 
 
 def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iterator[Obligation]:
@@ -341,6 +359,22 @@ def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obl
             reasons.append("warps = 4 × (1 producer + consumer warpgroups of 64-row slabs)")
         if "tma-gather4" in (k.a_move, k.b_move):
             reasons.append("gather4 (sm_100a) is emitted in the mma.sync path, not the wgmma path")
+    if k.cluster_m > 1:
+        c = k.cluster_m
+        # each block loads 1/c of B's tile and multicasts it: K-major, a box of tile_n/c rows (whole
+        # 8-row swizzle atoms); N-major, whole 64-column boxes
+        b_parts_ok = (k.tile_n % (8 * c) == 0 if _contiguous_along(lw.b, "k")
+                      else (k.tile_n // 64) % c == 0 and k.tile_n % 64 == 0)
+        if k.mma != "wgmma" or not k.warp_specialized:
+            reasons.append("clusters are emitted in the warp-specialised wgmma path")
+        if k.b_move not in ("tma", "staged"):
+            reasons.append("a cluster shares B's tile by TMA multicast: B moves by tma (or staged, then tma)")
+        if k.split_k > 1:
+            reasons.append("clusters and split-K are not emitted together")
+        if not b_parts_ok:
+            reasons.append(f"B's tile of {k.tile_n} splits into {c} whole parts (8-row atoms, or 64-column boxes)")
+        if c not in (1, 2):
+            reasons.append("clusters of 2 blocks")
     if k.store == "tma":
         out = lw.out
         plain = (len(out.positions) == 2 and all(p.kind == "axis" for p in out.positions)
@@ -418,6 +452,8 @@ def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: Contra
     rows = k.tile_m if side == "A" else k.tile_n
     # a tile contiguous along its rows (an N-major B) is loaded as boxes one swizzle span wide
     inner = k.tile_k if k_contiguous else (min(rows, k.swizzle // e) if k.swizzle else rows)
+    if side == "B" and k.cluster_m > 1 and k_contiguous:
+        rows //= k.cluster_m  # each block of the cluster loads its part of B's rows
     outer = (1 if move == "tma-gather4" else rows) if k_contiguous else k.tile_k
     box_ok = 1 <= inner <= 256 and 1 <= outer <= 256 and (inner * e) % 16 == 0 and (k_contiguous or rows % inner == 0)
     boxes = "" if k_contiguous else f", {rows // max(inner, 1)} per tile of {rows}"

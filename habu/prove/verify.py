@@ -230,7 +230,7 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
 # compared whole. Pipeline depth, warps, the instruction, how tiles travel (TMA, cp.async) and how
 # the output leaves (store) are emission: they change no element any lane reads or writes.
 FIELD_CHECK_FIELDS = ("nodes", "tile_m", "tile_n", "tile_k", "split_k", "raster", "group_m", "persistent",
-                      "index_width")
+                      "index_width", "cluster_m")
 
 
 def field_key(model: Model, plan: Plan, sizes: Mapping[str, int], lowerings: list | None = None) -> str:

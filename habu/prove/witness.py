@@ -1,7 +1,7 @@
 """A smaller shape on which the finite-field check sees every tile class of the full shape.
 
 Along an extent E that kernels tile by sizes T1, T2, … (tiles, k steps, row chunks, vector widths,
-the extent's declared multiple), let L = lcm(T1, T2, …). Every tile of every kernel along E then has
+the extent's declared multiple, the rows a cluster's blocks take together), let L = lcm(T1, T2, …). Every tile of every kernel along E then has
 one of these classes: the first tile, an interior full tile, and the last tile with E mod Ti valid
 lanes. The witness size E' = (E mod L) + q·L with q ≥ 3 has all of them (the first, interior ones,
 the same ragged last tile), so the check at E' executes every class. `prove_coverage` asks z3 for a
@@ -47,6 +47,10 @@ def tiled_axes(names: list[str], lowerings: list[Lowering]) -> list[TileAxis]:
         if isinstance(lw, ContractionLowering):
             out += [TileAxis(name, "m", lw.m, lw.bm), TileAxis(name, "n", lw.n, lw.bn),
                     TileAxis(name, "k", lw.k, lw.bk)]
+            if lw.kernel.cluster_m > 1:
+                # a cluster's blocks take c tiles of m together: the witness keeps ⌈M/BM⌉ a multiple
+                # of c (its size is ≡ M modulo BM·c) and every class of the clusters' row groups
+                out.append(TileAxis(name, "m (clusters)", lw.m, lw.bm * lw.kernel.cluster_m))
         elif isinstance(lw, RowLowering):
             out += [TileAxis(name, "r", lw.r, lw.kernel.rows_per_block), TileAxis(name, "c", lw.c, lw.chunk)]
     return out

@@ -26,6 +26,7 @@ MOVEMENTS = ("ldg", "cp.async", "tma", "tma-gather4", "staged")
 MMAS = ("fma", "mma.sync", "wgmma")
 RASTERS = ("row", "column")
 STORES = ("direct", "tma")
+CLUSTERS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class ContractionKernel:
     store: str = doc("how the output tile reaches global memory: direct (each thread stores its registers) or tma "
                      "(through shared memory in boxes, bulk tensor stores that drain while the next tile runs)",
                      "direct")
+    cluster_m: int = doc("blocks of a thread-block cluster along m: they compute vertically adjacent tiles and "
+                         "share B's tile, each loading a part and multicasting it to all (1: no cluster)", 1)
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,8 @@ def _kernel_dict(k: Kernel) -> dict:
     d["nodes"] = list(k.nodes)
     if d.get("store") == "direct":
         del d["store"]  # the default, absent so plans from before the field keep their keys
+    if d.get("cluster_m") == 1:
+        del d["cluster_m"]  # likewise
     return d
 
 

@@ -15,6 +15,7 @@ from dataclasses import fields, replace
 from habu.errors import UsageError
 from habu.search.patterns import Region, as_contraction, default_regions, row_local
 from habu.search.plan import (
+    CLUSTERS,
     MMAS,
     MOVEMENTS,
     RASTERS,
@@ -300,7 +301,7 @@ def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
 # ----------------------------------------------------------------------------- pins
 
 
-PIN_KEYS = ("tile", "mma", "stages", "warps", "split_k", "raster", "group_m", "persistent", "store", "index",
+PIN_KEYS = ("tile", "mma", "stages", "warps", "split_k", "raster", "group_m", "persistent", "store", "cluster", "index",
             "vector", "threads", "swizzle", "ws", "rows", "cache_row", "rewrite")
 
 
@@ -380,6 +381,8 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             if value not in STORES:
                 raise UsageError(f"--pin store={value}: expected one of {', '.join(STORES)}")
             changes["store"] = value
+        elif k in ("cluster", "cluster_m") and "cluster_m" in names:
+            changes["cluster_m"] = _pin_int(k, value, CLUSTERS)
         elif k == "ws" and "warp_specialized" in names:
             changes["warp_specialized"] = _pin_bool(k, value)
         elif k == "cache_row" and "cache_row" in names:
@@ -433,13 +436,18 @@ def contraction_space(model: Model, region: Region, target: Target, sizes: dict[
                            for b in [*moves, "staged"] if b != "tma-gather4"]}
     for mma in mmas:
         stores = STORES if mma == "wgmma" and target.tma else ("direct",)
-        for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store in itertools.product(
-                shapes[mma], movements[mma], (1, 2, 4), RASTERS, (1, 8), (False, True), stores):
+        clusters = CLUSTERS if mma == "wgmma" and target.tma else (1,)
+        for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store, cluster in \
+                itertools.product(shapes[mma], movements[mma], (1, 2, 4), RASTERS, (1, 8), (False, True), stores,
+                                  clusters):
+            if cluster > 1 and (bmv not in ("tma", "staged") or split > 1):
+                continue  # a cluster multicasts B by TMA, without split-K (the rules say so of pins)
             yield replace(base, mma=mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
                           a_move=am, b_move=bmv, a_vector=vec_a if am != "ldg" or mma != "fma" else 1,
                           b_vector=vec_b if bmv != "ldg" or mma != "fma" else 1, split_k=split,
                           raster=raster, group_m=group, persistent=persistent,
-                          warp_specialized=mma == "wgmma", swizzle=128 if mma == "wgmma" else 0, store=store)
+                          warp_specialized=mma == "wgmma", swizzle=128 if mma == "wgmma" else 0, store=store,
+                          cluster_m=cluster)
 
 
 def rows_space(base: RowKernel) -> Iterator[RowKernel]:

@@ -153,3 +153,28 @@ def test_launch_passes_sizes_dependent_smem_and_opts_in_once(monkeypatch):
     assert launch_args[:8] == (fn, 3, 1, 1, 128, 1, 1, 32 * 1024 + 4096)
     assert int(launch_args[8]) == 0x77 and isinstance(launch_args[9], int) and launch_args[10] == 0
     assert fake.calls[1][1][2] == 32 * 1024 + 4 * 16384
+
+
+def test_a_persistent_cluster_grid_counts_the_clusters_that_fit(monkeypatch):
+    """A GPC with an odd SM count leaves one SM without a partner: a grid of sm_count blocks in
+    clusters of 2 would run its last cluster in a second wave. The driver's occupancy says how many."""
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver as real
+
+    asked = []
+
+    def occupancy(function, config):
+        asked.append((config.blockDimX, config.sharedMemBytes))
+        return real.CUresult.CUDA_SUCCESS, 62
+    fake = SimpleNamespace(CUlaunchConfig=real.CUlaunchConfig, cuOccupancyMaxActiveClusters=occupancy,
+                           CUresult=real.CUresult)
+    monkeypatch.setattr(driver, "_driver", lambda: fake)
+    monkeypatch.setattr(driver, "allow_smem", lambda *a: None)
+    dev = SimpleNamespace(sm_count=132)
+    plain = CudaKernel("k1", "", (), 384, 200_000, None)
+    clustered = CudaKernel("k2", "", (), 384, 200_000, None, cluster=2)
+    assert driver.resident_blocks(plain, 7, 200_000, dev) == 132 and not asked
+    assert driver.resident_blocks(clustered, 8, 200_000, dev) == 124
+    assert asked == [(384, 200_000)]
+    assert driver.resident_blocks(clustered, 8, 200_000, dev) == 124 and len(asked) == 1  # kept per function

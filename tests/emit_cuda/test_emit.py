@@ -95,3 +95,37 @@ def test_tma_store_epilogue_compiles_and_drains_before_the_block_exits(path, mod
     assert k.source.count("habu::tma_store_2d(") == 1 and "habu::bulk_wait_group<0>()" in k.source
     assert any(p.kind == "tensormap" and p.tensor == m.outputs[0].name for p in k.params)
     compile_cuda(k.source, k.name, "sm_90a")
+
+
+@pytest.mark.parametrize("path,model,pins", [
+    ("ggemm.habu", "GGEMM", {"cluster": "2", "tile": "128x256x64", "stages": "3", "persistent": "true"}),
+    ("gemm.habu", "GEMM", {"cluster": "2", "tile": "128x128x64", "stages": "4", "store": "direct"})])
+def test_a_cluster_kernel_multicasts_b_and_frees_a_stage_in_every_block(path, model, pins):
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / path).models[model]
+    target = TARGETS["sm_90a"]
+    plan = default_plan(m, target, None, pins)
+    assert not failures(obligations(m, plan))
+    (k,) = emit_plan(m, plan, target).kernels
+    assert k.cluster == 2 and "__cluster_dims__(2, 1, 1)" in k.source
+    assert k.source.count("habu::tma_load_2d_multicast(") == 1  # B's part; A (gathered or not) stays local
+    assert "habu::mbar_arrive_cluster(" in k.source and k.source.count("habu::cluster_sync();") == 2
+    consumers = k.threads // 128 - 1
+    assert f"habu::mbar_init(bars + 16 * s + 8, {2 * consumers});" in k.source
+    compile_cuda(k.source, k.name, "sm_90a")
+
+
+def test_a_cluster_kernel_with_an_n_major_b_multicasts_alternate_boxes(tmp_path):
+    from tests.conftest import gemm_kn_source
+
+    path = tmp_path / "gemm_kn.habu"
+    path.write_text(gemm_kn_source())
+    m = load_program(path).models["GEMM-KN"]
+    target = TARGETS["sm_90a"]
+    plan = default_plan(m, target, None, {"cluster": "2", "tile": "128x256x64", "stages": "3", "B": "tma",
+                                           "mma": "wgmma"})
+    assert not failures(obligations(m, plan))
+    (k,) = [k for k in emit_plan(m, plan, target).kernels if k.cluster == 2]  # after any staging pass
+    assert "j += 2) habu::tma_load_2d_multicast(" in k.source
+    compile_cuda(k.source, k.name, "sm_90a")

@@ -31,6 +31,12 @@ GG_PATHS = {
     "wgmma-store-direct": {"store": "direct"},  # the default stores by TMA where the rules allow it
     "wgmma-persistent-store-tma": {"persistent": "true", "store": "tma", "tile": "128x256x64", "stages": "4", "group_m": "1",
                                    "raster": "column"},
+    # clusters of 2 along m: B's tile multicast by TMA (the rules skip shapes with an odd tile-row count)
+    "wgmma-cluster2": {"cluster": "2", "tile": "128x256x64", "stages": "3"},
+    "wgmma-persistent-cluster2": {"cluster": "2", "persistent": "true", "tile": "128x256x64", "stages": "4",
+                                  "group_m": "1", "raster": "column"},
+    "wgmma-cluster2-n128-direct": {"cluster": "2", "persistent": "true", "tile": "128x128x64", "stages": "4",
+                                   "store": "direct"},
 }
 GG_SHAPES = [
     {"M": 1000, "N": 777, "K": 511},
@@ -67,7 +73,8 @@ def test_ggemm_paths_and_ragged_shapes(path, sizes):
         golden("ggemm.habu", "GGEMM", sizes, pins, seed=hash((path, tuple(sizes.values()))) % 1000)
     except AssertionError as err:
         if "plan not proven" in str(err) and ("cp.async-size" in str(err) or "tma" in str(err)
-                                              or "supported-path" in str(err) or "vector-align" in str(err)):
+                                              or "supported-path" in str(err) or "vector-align" in str(err)
+                                              or "cluster-tiles" in str(err)):
             pytest.skip(f"the rules reject {path} at this shape: {err}")
         raise
 
@@ -193,14 +200,19 @@ def test_rmsnorm_linear_winner_with_w_read_n_major_by_wgmma(sizes, store):
 
 
 @pytest.mark.parametrize("pins", [{}, {"tile": "128x128x64", "stages": "5", "persistent": "true"},
-                                  {"tile": "128x64x64", "split_k": "2"}, {"tile": "256x192x64", "warps": "12", "stages": "3"}],
-                         ids=["default", "128x128-persistent", "128x64-split2", "256x192"])
+                                  {"tile": "128x64x64", "split_k": "2"}, {"tile": "256x192x64", "warps": "12", "stages": "3"},
+                                  {"tile": "128x256x64", "stages": "3", "cluster": "2", "persistent": "true",
+                                   "split_k": "1"}],
+                         ids=["default", "128x128-persistent", "128x64-split2", "256x192", "cluster2"])
 @pytest.mark.parametrize("sizes", [{}, {"M": 64, "N": 64, "K": 64}, {"M": 129, "N": 200, "K": 4100}],
                          ids=["1000x776x511", "64x64x64", "129x200x4100"])
 def test_gemm_with_b_contiguous_along_n_on_wgmma(tmp_path, pins, sizes):
-    """B stored (K, N): TMA boxes of 64 columns, wgmma's transposed B, ragged in every dimension."""
+    """B stored (K, N): TMA boxes of 64 columns, wgmma's transposed B, ragged in every dimension (a
+    cluster multicasts alternate boxes from each block)."""
     path = tmp_path / "gemm_kn.habu"
     path.write_text(gemm_kn_source())
+    if pins.get("cluster") == "2" and -(-sizes.get("M", 1000) // 128) % 2:
+        pytest.skip("an odd number of 128-row tiles: the cluster-tiles rule rejects clusters of 2")
     built = golden(str(path), "GEMM-KN", sizes, pins)
     (k,) = built.plan.kernels
     assert (k.mma, k.b_move) == ("wgmma", "tma"), built.plan.kernels
@@ -214,6 +226,20 @@ def test_gemm_tma_store_with_two_slabs_per_consumer(sizes):
     built = golden("gemm.habu", "GEMM", sizes, {"tile": "256x128x64", "warps": "12", "stages": "3", "store": "tma"})
     (k,) = built.plan.kernels
     assert k.store == "tma"
+
+
+@pytest.mark.parametrize("sizes", [{"M": 512, "N": 520, "K": 300}, {"M": 4096, "N": 4096, "K": 4096}],
+                         ids=["512x520x300", "4096"])
+def test_gemm_cluster_of_two_shares_b_by_multicast(sizes):
+    """Clusters of 2 blocks along m, each loading half of B's 256 rows and multicasting it to both; the
+    stage is free again only when the consumers of both blocks released it. Persistent, so the grid
+    is sized by the clusters that fit (cuOccupancyMaxActiveClusters)."""
+    built = golden("gemm.habu", "GEMM", sizes, {"tile": "128x256x64", "stages": "4", "persistent": "true",
+                                                "cluster": "2", "store": "tma"})
+    (k,) = built.plan.kernels
+    assert k.cluster_m == 2
+    ((_, emitted),) = built.compiled.kernel_set.members
+    assert "__cluster_dims__(2, 1, 1)" in emitted.kernels[0].source
 
 
 def test_fused_axpy_relu():

@@ -80,3 +80,29 @@ def test_staged_operands_read_aligned_buffers():
     assert lw.a.tensor == "@A" and lw.a.strides == (("K^8",), ()) and lw.a.extents == ("M", "K^8")
     assert lw.pre[0].src.positions[0] == Position("gather", "m", table="IX")  # the gather moved to the pass
     assert lw.a.stride(0, SIZES) == 512
+
+
+@pytest.mark.parametrize("raster, group", [("row", 1), ("column", 1), ("row", 8), ("column", 8), ("row", 3)])
+def test_a_cluster_takes_vertically_adjacent_tiles_of_one_raster_step(raster, group):
+    """Clusters of 2 along m: indices 2i and 2i+1 are tiles (2pm, tn) and (2pm + 1, tn), and the
+    raster still computes every tile once (1000 rows: 8 tiles of 128, an even count)."""
+    lw = ggemm_lowering(raster=raster, group_m=group, cluster_m=2, tile_m=128)
+    check_raster("k", lw, SIZES)
+    ids = np.arange(int(lw.tiles(SIZES)), dtype=np.int64)
+    tm, tn, _ = lw.tile_of(ids, SIZES)
+    assert np.array_equal(tm[0::2] % 2, np.zeros(len(ids) // 2)) and np.array_equal(tm[1::2], tm[0::2] + 1)
+    assert np.array_equal(tn[0::2], tn[1::2])
+
+
+def test_a_cluster_over_an_odd_count_of_tile_rows_misses_tiles_and_the_check_says_so():
+    sizes = {**SIZES, "M": 300}  # 3 tiles of 128 rows: the cluster-tiles rule rejects it first
+    lw = ggemm_lowering(cluster_m=2, tile_m=128)
+    with pytest.raises(PlanFault):
+        check_raster("k", lw, sizes)
+
+
+def test_a_persistent_cluster_grid_is_a_whole_number_of_clusters():
+    lw = ggemm_lowering(cluster_m=2, tile_m=128, tile_n=128, persistent=True)
+    big = {**SIZES, "M": 4096, "N": 4096}
+    assert lw.grid(big, 131) == 130 and lw.grid(big, 132) == 132
+    assert lw.grid({**SIZES, "N": 64}, 132) == 8  # 8 tiles in all

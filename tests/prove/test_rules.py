@@ -217,3 +217,44 @@ def test_a_formula_asked_again_is_answered_from_z3s_earlier_answer():
         assert (o.status, o.counterexample) == (first[k].status, first[k].counterexample)
     stride = next(o for o in again.values() if o.rule.name == "tma-stride-16B")
     assert stride.status == "guarded" and "the same formula as an earlier plan's" in stride.how
+
+
+WINNER = {"tile": "128x256x64", "stages": "4", "persistent": "true", "group_m": "1", "raster": "column"}
+
+
+@pytest.mark.parametrize("pins,sizes,rule", [({"cluster": "2", "stages": "3"}, {"M": 300}, "cluster-tiles"),
+                                             ({"cluster": "2", "B": "cp.async"}, {}, "supported-path"),
+                                             ({"cluster": "2", "split_k": "2"}, {}, "supported-path"),
+                                             ({"cluster": "2", "mma": "mma.sync"}, {}, "supported-path"),
+                                             ({"cluster": "2", "tile": "128x200x64"}, {}, "supported-path")])
+def test_clusters_are_refused_where_they_cannot_run(pins, sizes, rule):
+    bad, _ = failed(ggemm(**sizes), sizes=sizes or None, pins=pins)
+    assert rule in [o.rule.name for o in bad], bad
+
+
+def test_an_odd_count_of_tile_rows_fails_the_cluster_rule_with_the_reason():
+    bad, _ = failed(ggemm(M=300), sizes={"M": 300}, pins=WINNER | {"cluster": "2", "stages": "3"})
+    assert [o.rule.name for o in bad] == ["cluster-tiles"]
+    assert "not a multiple of 2" in bad[0].detail
+
+
+def test_clusters_on_sm80_name_the_missing_feature():
+    bad, _ = failed(ggemm(), "sm_80", pins={"cluster": "2", "mma": "mma.sync"})
+    assert "target-feature" in [o.rule.name for o in bad]
+
+
+def test_the_winner_with_a_cluster_passes_every_rule_and_halves_b_boxes():
+    model = ggemm()
+    bad, plan = failed(model, pins=WINNER | {"cluster": "2", "store": "tma", "stages": "3"})
+    assert bad == [] and plan.kernels[0].cluster_m == 2
+    box = [o for o in obligations(model, plan) if o.rule.name == "tma-box" and o.tensor == "B"]
+    assert box and "64x128" in box[0].statement  # each block loads half of B's 256 rows
+
+
+def test_a_runtime_m_gets_a_cluster_guard():
+    src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #M", "1..65536 EXTENT: #M")
+    model = parse_text(src).models["GGEMM"]
+    plan = default_plan(model, TARGETS["sm_90a"], None, {"cluster": "2", "tile": "128x256x64", "stages": "3"})
+    obs = obligations(model, plan)
+    assert not failures(obs)
+    assert "cluster-tiles" in {o.rule.name for o in guards(obs)}

@@ -143,3 +143,13 @@ def test_a_wrong_witness_fails_the_coverage_proof():
     lws = lower_plan(m, plan)
     with pytest.raises(AssertionError, match="class the witness lacks"):
         prove_coverage(tiled_axes(["k0"], lws), {"M": 300, "N": 200, "K": 511}, {"M": 256, "N": 200, "K": 511})
+
+
+def test_witness_keeps_an_even_count_of_tile_rows_for_a_cluster():
+    """RMSNorm + Linear with clusters of 2 along m: T = 2048 was reduced to 384 (3 tiles of 128), where
+    the raster check failed a correct plan; the cluster's 256 rows join the witness's lcm."""
+    m = model_of("rmsnorm_linear.habu", "RMSNORM-LINEAR")
+    plan = default_plan(m, TARGETS["sm_90a"], None, {"tile": "128x256x64", "stages": "3", "cluster": "2"})
+    cert = verify_plan(m, plan, trials=1, seeds=[5])
+    assert cert.passed, cert.failure
+    assert cert.witness and -(-cert.witness["T"] // 128) % 2 == 0

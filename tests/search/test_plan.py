@@ -88,3 +88,17 @@ def test_a_plan_with_register_stores_keeps_its_key_from_before_the_store_field()
     assert Plan.from_json(tma.to_json()) == tma and tma.key != direct.key
     old = direct.to_json()
     assert Plan.from_json(old).kernels[0].store == "direct"
+
+
+def test_a_plan_without_a_cluster_keeps_its_key_from_before_the_cluster_field():
+    from habu.errors import UsageError
+    from habu.search.plan import Plan
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    plain = default_plan(m, TARGETS["sm_90a"], None, {})
+    pair = default_plan(m, TARGETS["sm_90a"], None, parse_pins(["cluster=2"]))
+    assert "cluster_m" not in plain.to_json()["kernels"][0]
+    assert pair.to_json()["kernels"][0]["cluster_m"] == 2 and pair.key != plain.key
+    assert Plan.from_json(pair.to_json()) == pair
+    with pytest.raises(UsageError, match="cluster=3"):
+        default_plan(m, TARGETS["sm_90a"], None, parse_pins(["cluster=3"]))

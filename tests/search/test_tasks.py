@@ -39,7 +39,7 @@ def test_emission_choices_share_one_check(change):
 
 @pytest.mark.parametrize("change", [{"tile_m": 64}, {"tile_n": 128}, {"tile_k": 32}, {"split_k": 2},
                                     {"raster": "column"}, {"group_m": 1}, {"index_width": 64},
-                                    {"a_move": "staged"}, {"persistent": True}])
+                                    {"a_move": "staged"}, {"persistent": True}, {"cluster_m": 2}])
 def test_what_the_check_reads_gives_another_check(change):
     base = default_plan(ggemm(), T, None, {})
     assert key(with_kernel(base, **change)) != key(base)

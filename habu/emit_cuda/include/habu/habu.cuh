@@ -8,5 +8,6 @@
 #include "mma/sync.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "memory/tma.cuh"
+#include "sync/cluster.cuh"
 #include "mma/wgmma.cuh"
 #endif
