@@ -111,6 +111,12 @@ class TorchEager:
         data = self.env[e.tensor]
         if all(isinstance(i, IndexVar) for i in e.indices) and len(set(e.indices)) == len(e.indices):
             return Labelled(data, tuple(e.indices))  # type: ignore[arg-type]
+        plain = [i for i in e.indices if isinstance(i, IndexVar)]
+        if all(isinstance(i, (IndexVar, IndexConst)) for i in e.indices) and len(set(plain)) == len(plain):
+            # constant positions (a bias row B[0 h]) select a view: no index kernels, as an expert
+            # writes `x + b` (as a gather, each call ran an arange, a fill and an indexing kernel)
+            view = data[tuple(i.value if isinstance(i, IndexConst) else slice(None) for i in e.indices)]
+            return Labelled(view, tuple(plain))
         gathers = [p for p, i in enumerate(e.indices) if isinstance(i, Gather)]
         if len(gathers) == 1 and all(isinstance(i, IndexVar) or p in gathers for p, i in enumerate(e.indices)):
             p = gathers[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from habu.lower.access import Access, Bound, access_for, cdiv, floordiv, minimum
@@ -226,6 +227,7 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel) -> Contracti
                    pre=tuple(pre))
 
 
+@cache
 def _staged(src: Access, axis: str, rows: str, k: str) -> tuple[Access, StageLowering]:
     """Stage an operand: the pass reads it as the contraction did (gather included) and writes
     @name[row, k] with rows STAGE_ALIGN elements apart; the contraction then reads @name plainly."""

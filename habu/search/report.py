@@ -69,6 +69,7 @@ def plan_summary(plan: dict) -> str:
                          + (" persistent" if k["persistent"] else "") + f" g{k['group_m']}"
                          + (f" {k['raster']}-raster" if k.get("raster", "row") != "row" else "")
                          + (f" store:{k['store']}" if k.get("store", "direct") != "direct" else "")
+                         + (f" cluster:{k['cluster_m']}" if k.get("cluster_m", 1) > 1 else "")
                          + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         elif k["kind"] == "rows":
             parts.append(f"rows {k['threads']}x{k['rows_per_block']} v{k['vector']}"

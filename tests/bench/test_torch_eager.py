@@ -33,3 +33,19 @@ def test_mixed_or_f32_operands_run_in_f32():
     assert run.elementwise_dtype([_tensor("bf16", 2), _tensor("f32", 1)]) == "f32"  # e.g. a row's rsqrt
     assert run.elementwise_dtype([_tensor("bf16", 2), _tensor("f16", 2)]) == "f32"
     assert run.elementwise_dtype([_tensor("f32", 0)]) == "f32"
+
+
+def test_a_bias_row_is_read_as_a_view_not_gathered():
+    """Regression: B1[0 h] went through the gather path, three small kernels (arange, fill,
+    indexing) per call of the FFN-SKIP baseline; a constant position now selects a view."""
+    import numpy as np
+
+    from habu.spec.ir import IndexConst, IndexVar, Load
+
+    run = _runner()
+    bias = np.arange(12.0).reshape(2, 6)
+    run.env = {"B1": bias}
+    h = IndexVar("h", "H")
+    got = run.load(Load("B1", (IndexConst(1), h)))
+    assert got.labels == (h,) and np.shares_memory(got.data, bias)
+    assert got.data.tolist() == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]

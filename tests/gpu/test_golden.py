@@ -239,7 +239,7 @@ def test_gemm_cluster_of_two_shares_b_by_multicast(sizes):
     (k,) = built.plan.kernels
     assert k.cluster_m == 2
     ((_, emitted),) = built.compiled.kernel_set.members
-    assert "__cluster_dims__(2, 1, 1)" in emitted.kernels[0].source
+    assert "__cluster_dims__(2, 1, 1)" in emitted.kernels[-1].source  # after the staging passes (K = 300)
 
 
 def test_fused_axpy_relu():

@@ -31,3 +31,17 @@ def test_time_account_says_how_many_plans_shared_a_field_check():
     st = Stats(verified=8, field_checks=3, field_shared=5)
     st.add("proof field", 1.0)
     assert "field 1.0 s (3 checks, 5 plans sharing one) in all" in time_account(st)
+
+
+def test_the_plan_summary_names_a_cluster_and_leaves_out_the_defaults():
+    from habu.search.report import plan_summary
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    one = default_plan(m, TARGETS["sm_90a"], None, {"store": "direct"})
+    two = default_plan(m, TARGETS["sm_90a"], None, {"cluster": "2", "persistent": "true"})
+    assert "cluster" not in plan_summary(one.to_json()) and "store" not in plan_summary(one.to_json())
+    assert plan_summary(two.to_json()).endswith("store:tma cluster:2")
