@@ -319,7 +319,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     """The table of the best plans, the winner's report, CUDA and roofline plot."""
     from habu.compile import Compiled, write_outputs
     from habu.prove import prove
-    from habu.search.cost import CEILINGS, Ceilings
+    from habu.search.cost import CEILINGS, Ceilings, compute_peak
     from habu.search.report import roofline_plot, time_account, top_table
 
     st = result.stats
@@ -353,7 +353,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
                       f"{st.baseline_us / best.median_us:.2f}× its speed\n")
     (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
     c = CEILINGS.get(tgt.name, Ceilings())
-    png = roofline_plot(result, out_dir / "roofline.png", c.wgmma_flops or c.mma_sync_flops, c.bandwidth)
+    png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
     console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else [])]), highlight=False)
 
 
