@@ -3,8 +3,8 @@
 A persistent kernel (one block per SM, two consumer warpgroups of one 64-row slab each, like Habu's
 128 x 256 wgmma plans) runs exactly the wgmma instructions a tiled M x N x K GEMM would issue: the
 tiles of the grid walked `lin += gridDim.x`, per tile K/64 k steps of 4 m64n256k16 per warpgroup,
-one group in flight, from shared memory filled once with random bf16 made in place (a hash). No loads, no barriers, no
-epilogue: its time is a floor for any kernel of that tiling on this GPU, and its TFLOP/s a ceiling
+one group in flight, from shared memory filled once with random bf16 made in place (a hash). No
+loads, no barriers, no epilogue: its time is a floor for any kernel of that tiling on this GPU, and its TFLOP/s a ceiling
 (random operands, so the tensor cores draw the power a real GEMM's would). Block 0 reads the SM
 clock and the global timer at both ends, so the probe also reports the clock the GPU ran at.
 

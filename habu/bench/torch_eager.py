@@ -7,8 +7,9 @@ index variables. An expression that is one of the library's words runs as the wo
 (`F.rms_norm`, `torch.softmax`, `F.gelu`: `habu.bench.experts`); the rest is built from parts:
 loads (gathers by `index_select` or advanced indexing), elementwise functions (in the 16-bit type
 their tensor operands share, else float32), reductions (`sum`, `amax`), and sums of products as one
-`einsum`, which torch hands to cuBLAS when the factors are 16-bit. Every result is stored at its tensor's declared dtype, as the model says, so a bf16
-intermediate is rounded where the model rounds it.
+`einsum`, which torch hands to cuBLAS when the factors are 16-bit. Every result is stored at its
+tensor's declared dtype, as the model says, so a bf16 intermediate is rounded where the model rounds
+it.
 
 `python -m habu.bench.eager_speed` times this runner against hand-written torch for every example.
 """

@@ -328,7 +328,7 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
   if (threadIdx.x == 0) {{
     for (int s = 0; s < {k.stages}; ++s) {{
       habu::mbar_init(bars + 16 * s, {full_count});          // full: the stage holds a k tile
-      habu::mbar_init(bars + 16 * s + 8, {consumers * cluster});      // empty: every consumer (of every block of the cluster) is done with it
+      habu::mbar_init(bars + 16 * s + 8, {consumers * cluster});      // empty: every consumer of the cluster is done
     }}
     habu::fence_barrier_init();
   }}

@@ -201,7 +201,6 @@ class CompiledModel:
         outputs = [t.name for t in contract.tensors if t.role == "output"]
         return results[outputs[0]] if len(outputs) == 1 else {n: results[n] for n in outputs}
 
-
     @staticmethod
     def _slots(kernel: CudaKernel, function: Any, sizes: Mapping[str, int], dev: Any) -> int:
         """Blocks resident at once: what a persistent kernel's grid is sized by."""

@@ -1,11 +1,12 @@
 """A smaller shape on which the finite-field check sees every tile class of the full shape.
 
 Along an extent E that kernels tile by sizes T1, T2, … (tiles, k steps, row chunks, vector widths,
-the extent's declared multiple, the rows a cluster's blocks take together), let L = lcm(T1, T2, …). Every tile of every kernel along E then has
-one of these classes: the first tile, an interior full tile, and the last tile with E mod Ti valid
-lanes. The witness size E' = (E mod L) + q·L with q ≥ 3 has all of them (the first, interior ones,
-the same ragged last tile), so the check at E' executes every class. `prove_coverage` asks z3 for a
-tile of the full shape whose class no tile of the witness has; unsat is the proof.
+the extent's declared multiple, the rows a cluster's blocks take together), let L = lcm(T1, T2, …).
+Every tile of every kernel along E then has one of these classes: the first tile, an interior full
+tile, and the last tile with E mod Ti valid lanes. The witness size E' = (E mod L) + q·L with q ≥ 3
+has all of them (the first, interior ones, the same ragged last tile), so the check at E' executes
+every class. `prove_coverage` asks z3 for a tile of the full shape whose class no tile of the
+witness has; unsat is the proof.
 
 Sizes keep their equalities (if K = N at the full shape, K' = N' in the witness, and if K ≠ N then
 K' ≠ N'), so a stride or bound taken from the wrong extent shows as it would at full size.
