@@ -174,6 +174,15 @@ def store_value(dtype: str, pointer: str, offset: str, value: str) -> str:
     return f"{STORE[dtype]}({pointer} + ({offset}), {value});"
 
 
+# programmatic dependent launch: every kernel lets the plan's next kernel begin launching at once, and
+# waits for the previous kernel of its stream before it reads or writes global memory (the runtime
+# launches a plan's later kernels with the attribute that lets them start early; the first kernel of
+# a plan is launched after the caller's work, as usual). The wgmma kernel may start its main loop first
+# when no earlier kernel of the plan writes its operands (`emit_wgmma`).
+GRID_LAUNCH = "  habu::grid_dependency_launch();  // the plan's next kernel may begin launching\n"
+GRID_WAIT = "  habu::grid_dependency_wait();  // what the plan's earlier kernels wrote is visible from here\n"
+
+
 def header(title: str, lines: list[str]) -> str:
     body = "\n".join(f"// {ln}" for ln in lines)
     return f"// {title}\n{body}\n#include \"habu/habu.cuh\"\n"

@@ -323,17 +323,46 @@ def pack_args(kernel: CudaKernel, arrays: Mapping[str, ArrayInfo], sizes: Mappin
 
 
 def launch(kernel: CudaKernel, function: Any, arrays: Mapping[str, ArrayInfo], sizes: Mapping[str, int],
-           grid: tuple[int, int, int], stream: int = 0) -> None:
+           grid: tuple[int, int, int], stream: int = 0, early: bool = False) -> bool:
     """Launch `function` (the kernel's entry point) on `stream` (0: the legacy default stream), with the
-    kernel's dynamic shared memory for these sizes (opting in above 48 KiB)."""
+    kernel's dynamic shared memory for these sizes (opting in above 48 KiB). `early`: see
+    `launch_function`. False when there was nothing to launch (an empty output)."""
     if min(grid) <= 0:
-        return  # nothing to compute (an empty output)
-    d = _driver()
+        return False
     smem = kernel.dynamic_smem(sizes)
     allow_smem(function, smem, kernel.name)
-    args = pack_args(kernel, arrays, sizes)
-    check(d.cuLaunchKernel(function, *grid, kernel.threads, 1, 1, smem, d.CUstream(stream), args.address, 0),
-          f"cuLaunchKernel({kernel.name}, grid {grid}, {kernel.threads} threads, {smem} B smem)")
+    launch_function(function, grid, kernel.threads, smem, stream, pack_args(kernel, arrays, sizes), kernel.name,
+                    early)
+    return True
+
+
+def launch_function(function: Any, grid: tuple[int, int, int], threads: int, smem: int, stream: int,
+                    args: KernelArgs, name: str, early: bool = False) -> None:
+    """One launch. `early`: with programmatic stream serialization, so the kernel may start once every
+    block of the previous kernel in the stream has let it (griddepcontrol.launch_dependents) and waits
+    for that kernel itself (griddepcontrol.wait); only for kernels whose source does (sm_90+)."""
+    d = _driver()
+    what = f"{name}, grid {grid}, {threads} threads, {smem} B smem"
+    if not early:
+        check(d.cuLaunchKernel(function, *grid, threads, 1, 1, smem, d.CUstream(stream), args.address, 0),
+              f"cuLaunchKernel({what})")
+        return
+    config = d.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = smem
+    config.hStream = d.CUstream(stream)
+    attribute = d.CUlaunchAttribute()
+    attribute.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    check(d.cuLaunchKernelEx(config, function, args.address, 0), f"cuLaunchKernelEx({what}, early)")
+
+
+def overlaps_launches(dev: Device) -> bool:
+    """Programmatic dependent launch: sm_90 and later."""
+    return dev.arch != "sm_80"
 
 
 def memset_zero(ptr: int, nbytes: int, stream: int = 0) -> None:

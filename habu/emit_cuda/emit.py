@@ -28,26 +28,36 @@ def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
             static[e.name] = e.size  # type: ignore[assignment]
     kernels: list[CudaKernel] = []
     staged: list[tuple[str, str, tuple[str, ...]]] = []
+    written: set[str] = set()  # what the plan's earlier kernels write
     for i, lw in enumerate(lowerings):
         name = kernel_name(model, plan, i)
         if isinstance(lw, ContractionLowering):
             for j, stage in enumerate(lw.pre):
                 kernels.append(emit_stage(f"{name}_stage{j}", model, stage, lw.index_width, static))
                 staged.append((stage.dst.tensor, stage.dst.dtype, stage.dst.extents))
-            kernels.append(emit_contraction(name, model, lw, static, target))
+                written.add(stage.dst.tensor)
+            early = not (main_loop_reads(lw) & written)
+            kernels.append(emit_contraction(name, model, lw, static, target, early))
         elif isinstance(lw, RowLowering):
             kernels.append(emit_rows(name, model, lw, static))
         else:
             assert isinstance(lw, MapLowering)
             kernels.append(emit_map(name, model, lw, static))
+        written.add(lw.out.tensor)
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
                   if t.name in storage) + tuple(staged)
     return EmittedPlan(tuple(kernels), inter)
 
 
+def main_loop_reads(lw: ContractionLowering) -> set[str]:
+    """The tensors a contraction's main loop reads: its operands and the index tensors they gather by."""
+    return {lw.a.tensor, lw.b.tensor} | {p.table for acc in (lw.a, lw.b) for p in acc.positions
+                                         if p.kind == "gather"}
+
+
 def emit_contraction(name: str, model: Model, lw: ContractionLowering, static: dict[str, int],
-                     target: Target) -> CudaKernel:
+                     target: Target, early_main_loop: bool = False) -> CudaKernel:
     if lw.kernel.mma == "fma":
         return emit_fma(name, model, lw, static)
     if lw.kernel.mma == "mma.sync":
@@ -56,4 +66,4 @@ def emit_contraction(name: str, model: Model, lw: ContractionLowering, static: d
         return emit_mma(name, model, lw, static)
     from habu.emit_cuda.emit_wgmma import emit_wgmma
 
-    return emit_wgmma(name, model, lw, static)
+    return emit_wgmma(name, model, lw, static, early_main_loop)

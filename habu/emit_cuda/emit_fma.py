@@ -10,6 +10,8 @@ from __future__ import annotations
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
     CTYPE,
+    GRID_LAUNCH,
+    GRID_WAIT,
     Signature,
     access_mask,
     access_offset,
@@ -165,7 +167,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
 
     loop = "for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x)"
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
-  extern __shared__ __align__(16) unsigned char smem[];
+{GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) unsigned char smem[];
   float* sA = reinterpret_cast<float*>(smem + {layout.buffers[0].offset});  // [BK][BM+1]
   float* sB = reinterpret_cast<float*>(smem + {layout.buffers[1].offset});  // [BK][BN+1]
   const int tid = threadIdx.x;

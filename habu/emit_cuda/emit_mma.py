@@ -14,7 +14,15 @@ different banks.
 from __future__ import annotations
 
 from habu.emit_cuda.cexpr import c
-from habu.emit_cuda.common import Signature, access_mask, access_offset, header, index_type
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    header,
+    index_type,
+)
 from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
@@ -124,7 +132,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
         b_frag = f"""habu::ldmatrix_x2_trans(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((ks * 16 + (lane % 16)) * {lw.bn + 8} + wn_ * {WN} + ni * 8) * {e}));"""
     epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[mi][ni][2 * h]", "acc[mi][ni][2 * h + 1]")
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
-  extern __shared__ __align__(128) unsigned char smem[];
+{GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(128) unsigned char smem[];
   const habu::u32 s_base = habu::smem_addr(smem);
   const habu::u32 s_a = s_base + {off["A0"]}u;  // stage st of A at s_a + st * {stride}: [{lw.bm}][{lw.bk + 8}]
   const habu::u32 s_b = s_base + {off["B0"]}u;  // stage st of B at s_b + st * {stride}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from habu.emit_cuda.cexpr import c
 from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
     Signature,
     access_mask,
     access_offset,
@@ -231,7 +233,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     block_decls = "" if warp_rows else ("  __shared__ float scratch[33];  // block reductions: one partial per warp\n"
                                         "  const int lane = threadIdx.x % 32;\n  const int warp = threadIdx.x / 32;\n")
     body = f"""extern "C" __global__ void __launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
-  extern __shared__ __align__(16) {cache_type} row_cache_all[];
+{GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) {cache_type} row_cache_all[];
 {block_decls}  const int tid = threadIdx.x % {threads};  // this thread's lane within its row
   const int row_slot = threadIdx.x / {threads};
   {cache_type}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
@@ -292,7 +294,7 @@ def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -
     for d in dims:
         numel = numel * d
     body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
-  const {it} first = (({it})blockIdx.x * {k.threads} + threadIdx.x) * {k.vector};
+{GRID_LAUNCH}{GRID_WAIT}  const {it} first = (({it})blockIdx.x * {k.threads} + threadIdx.x) * {k.vector};
 #pragma unroll
   for (int v_ = 0; v_ < {k.vector}; ++v_) {{
     const {it} e = first + v_;

@@ -3,7 +3,16 @@ whose rows start 16 bytes apart, so the contraction can load it with TMA whateve
 
 from __future__ import annotations
 
-from habu.emit_cuda.common import CTYPE, Signature, access_mask, access_offset, header, index_type
+from habu.emit_cuda.common import (
+    CTYPE,
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    header,
+    index_type,
+)
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import StageLowering
@@ -37,7 +46,7 @@ def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, s
     step = stage.threads // t
     ok = f"{access_mask(stage.src, coord, sizes)} && {access_mask(stage.dst, coord, sizes)}"
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
-  // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts
+{GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts
   __shared__ {CTYPE[stage.src.dtype]} tile[{t}][{t + 1}];
   const int tx = threadIdx.x % {t}, ty = threadIdx.x / {t};
   const {it} k0 = ({it})blockIdx.x * {t}, r0 = ({it})blockIdx.y * {t};
@@ -58,7 +67,7 @@ def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, s
 
 def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
-  // grid: x over k in blocks of {stage.threads}, y over rows
+{GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in blocks of {stage.threads}, y over rows
   const {it} row = ({it})blockIdx.y;
   const {it} kk = ({it})blockIdx.x * {stage.threads} + threadIdx.x;
   if ({access_mask(stage.src, coord, sizes)} && {access_mask(stage.dst, coord, sizes)}) {{

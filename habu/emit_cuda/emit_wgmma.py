@@ -20,7 +20,16 @@ copy to K-major.
 from __future__ import annotations
 
 from habu.emit_cuda.cexpr import c
-from habu.emit_cuda.common import CTYPE, Signature, access_mask, access_offset, header, index_type
+from habu.emit_cuda.common import (
+    CTYPE,
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    header,
+    index_type,
+)
 from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
@@ -183,7 +192,12 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
 """
 
 
-def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
+def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int],
+               early_main_loop: bool = False) -> CudaKernel:
+    """`early_main_loop`: no earlier kernel of the plan writes what the main loop reads (the operands
+    and their index tensors), so the kernel runs its main loop while the previous kernel may still be
+    running, and its consumers wait for it (griddepcontrol.wait) only before each epilogue; otherwise
+    every thread waits first."""
     k = lw.kernel
     if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
         raise ValueError("wgmma needs bf16 or f16 operands of one type")
@@ -302,6 +316,8 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
           }}
 """
         store_state = drain = ""
+    # the epilogue reads and writes what the plan's previous kernel may still be writing or reading
+    epilogue_wait = "    " + GRID_WAIT if early_main_loop else ""
     if cluster > 1:
         # a stage is free again when the consumers of every block have read it: each block's
         # producer writes its part of B into all of them
@@ -323,7 +339,7 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
   const habu::u32 smem_base = (raw_base + 1023u) & ~1023u;  // 128-byte swizzled tiles need 1024-byte alignment
   unsigned char* smem = smem_raw + (smem_base - raw_base);
   const habu::u32 bars = smem_base + {off['bar']};
-  const int wg = threadIdx.x / 128;
+{GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
   const long long tiles = {c(lw.tiles(sizes))};
   if (threadIdx.x == 0) {{
     for (int s = 0; s < {k.stages}; ++s) {{
@@ -378,7 +394,7 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
       }}
       habu::wgmma_wait<0>();
       if (held >= 0 && {release_who}) {release}
-{epilogue}    }}
+{epilogue_wait}{epilogue}    }}
 {drain}  }}
 {sync_end}}}
 """

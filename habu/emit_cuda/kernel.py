@@ -53,6 +53,12 @@ class CudaKernel:
     register_demand: int | None = None  # registers the setmaxnreg requests need from the CTA's pool
     cluster: int = 1  # blocks per thread-block cluster (the source's __cluster_dims__)
 
+    @property
+    def waits_for_previous(self) -> bool:
+        """The source waits for the previous kernel of its stream (griddepcontrol.wait) before it
+        touches what that kernel wrote: it may be launched before the previous one completes."""
+        return "habu::grid_dependency_wait();" in self.source
+
     def check_registers(self, registers: int) -> None:
         """After ptxas: a warp-specialised kernel whose setmaxnreg requests exceed the registers it
         launches with would wait forever in setmaxnreg.inc. Refuse it rather than hang a GPU."""

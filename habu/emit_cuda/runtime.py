@@ -192,10 +192,14 @@ class CompiledModel:
                     if t.role == "intermediate" and t.used:
                         nbytes = ELEMENT_BYTES[t.dtype] * _numel(tuple(sizes[e] for e in t.extents))
                         arrays[t.name] = scratch.alloc(t, sizes, nbytes)
+                after_kernel = False  # the stream's last operation was this plan's previous kernel
                 for kernel, fn in zip(plan.kernels, functions, strict=True):
                     for z in kernel.zero:
                         memset_zero(arrays[z].ptr, arrays[z].nbytes, handle)
-                    launch(kernel, fn, arrays, sizes, kernel.grid(sizes, self._slots(kernel, fn, sizes, dev)), handle)
+                        after_kernel = False
+                    early = after_kernel and kernel.waits_for_previous and driver.overlaps_launches(dev)
+                    grid = kernel.grid(sizes, self._slots(kernel, fn, sizes, dev))
+                    after_kernel = launch(kernel, fn, arrays, sizes, grid, handle, early) or after_kernel
             finally:
                 scratch.free()
         outputs = [t.name for t in contract.tensors if t.role == "output"]
@@ -241,15 +245,19 @@ class _Prepared:
         self.launches.append((kernel, fn, grid, smem, driver.pack_args(kernel, arrays, sizes), zeros))
 
     def launch_all(self) -> None:
-        d = driver.init()
-        stream = d.CUstream(self.stream)
+        """The plan's kernels in order; each one after the first launched early where its source waits
+        for the previous one (and no memset came between)."""
+        overlap = driver.overlaps_launches(self.dev)
+        after_kernel = False
         for kernel, fn, grid, smem, args, zeros in self.launches:
             for ptr, nbytes in zeros:
                 memset_zero(ptr, nbytes, self.stream)
+                after_kernel = False
             if min(grid) <= 0:
                 continue
-            driver.check(d.cuLaunchKernel(fn, *grid, kernel.threads, 1, 1, smem, stream, args.address, 0),
-                         f"cuLaunchKernel({kernel.name})")
+            early = after_kernel and kernel.waits_for_previous and overlap
+            driver.launch_function(fn, grid, kernel.threads, smem, self.stream, args, kernel.name, early)
+            after_kernel = True
 
     def results(self, tensors: Mapping[str, Any]) -> Any:
         outputs = [t.name for t in self.contract.tensors if t.role == "output"]

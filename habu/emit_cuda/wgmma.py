@@ -25,7 +25,10 @@ def wgmma_function(n: int, dtype: str, b_mn_major: bool = False) -> str:
     outs = ", ".join(f"%{i}" for i in range(regs))
     constraints = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     t = PTX_TYPE[dtype]
-    return f"""__device__ __forceinline__ void {wgmma_name(n, dtype, b_mn_major)}(float (&d)[{regs}], habu::u64 desc_a, habu::u64 desc_b, int accumulate) {{
+    guard = wgmma_name(n, dtype, b_mn_major).upper()  # kernels of one plan share a translation unit
+    return f"""#ifndef {guard}
+#define {guard}
+__device__ __forceinline__ void {wgmma_name(n, dtype, b_mn_major)}(float (&d)[{regs}], habu::u64 desc_a, habu::u64 desc_b, int accumulate) {{
   asm volatile(
       "{{\\n"
       ".reg .pred p;\\n"
@@ -36,4 +39,5 @@ def wgmma_function(n: int, dtype: str, b_mn_major: bool = False) -> str:
       : {constraints}
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }}
+#endif
 """

@@ -57,7 +57,21 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
                     compile_kernels: bool = False) -> dict[str, Any]:
     """Prove one plan; compile it when asked and proven. Never raises for a bad plan: the result's
     `status` is "verified", "rules" (a z3 obligation fails), "field" (the finite-field check
-    fails) or "compile" (NVRTC refuses it), with the reason."""
+    fails), "compile" (NVRTC refuses it) or "lost" (Habu itself failed on it), with the reason."""
+    try:
+        return _check_candidate(job, plan_json, seed, only, compile_kernels)
+    except Exception as exc:  # a defect in Habu, not in the plan: reported with the plan, the search goes on
+        import traceback
+
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"status": "lost", "seconds": {},
+                "reason": f"internal error while checking this plan: {type(exc).__name__}: {str(exc)[:500]} "
+                          f"(at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}; a Habu defect: please report "
+                          "it with the plan)"}
+
+
+def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None,
+                     compile_kernels: bool) -> dict[str, Any]:
     import time
 
     from habu.lower import lower_plan
@@ -108,7 +122,7 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
             out["cubins"] = compile_plan(model, plan)
         except Exception as exc:  # NVRTC's log says why
             return {"status": "compile", "reason": f"{type(exc).__name__}: {str(exc)[:1500]}",
-                    "certificate": cert.to_json(), "seconds": lap("compile")}
+                    "certificate": cert_json, "seconds": lap("compile"), "field_shared": shared}
         lap("compile")
     return out
 

@@ -155,6 +155,23 @@ def test_launch_passes_sizes_dependent_smem_and_opts_in_once(monkeypatch):
     assert fake.calls[1][1][2] == 32 * 1024 + 4 * 16384
 
 
+def test_an_early_launch_asks_for_programmatic_stream_serialization(monkeypatch):
+    fake = _RecordingDriver()
+    monkeypatch.setattr(driver, "_driver", lambda: fake)
+    monkeypatch.setattr(driver, "_smem_opted_in", {})
+    k = CudaKernel("k", "", (Param("p_X", "ptr", "X", "f32"),), 256, 1024, None)
+    fn = fake.CUfunction(0xF00D)
+    assert driver.launch(k, fn, {"X": info((10,), ptr=BASE)}, {}, (7, 2, 1), stream=0x77, early=True)
+    ((name, args),) = fake.calls
+    config = args[0]
+    assert name == "cuLaunchKernelEx" and args[1] is fn and isinstance(args[2], int) and args[3] == 0
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX) == (7, 2, 1, 256)
+    assert config.sharedMemBytes == 1024 and int(config.hStream) == 0x77 and config.numAttrs == 1
+    attr = config.attrs[0]
+    assert attr.id == fake.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attr.value.programmaticStreamSerializationAllowed == 1
+
+
 def test_a_persistent_cluster_grid_counts_the_clusters_that_fit(monkeypatch):
     """A GPC with an odd SM count leaves one SM without a partner: a grid of sm_count blocks in
     clusters of 2 would run its last cluster in a second wave. The driver's occupancy says how many."""

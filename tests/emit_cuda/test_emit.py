@@ -36,6 +36,22 @@ def test_default_plan_of_every_example_compiles(path, arch):
             assert res.registers > 0 and not res.spills, (kernel.name, res.describe())
 
 
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_regression_a_plans_kernels_compile_as_one_translation_unit(path):
+    """`habu compile` writes a plan's kernels into one plan.cu: FFN-SKIP's two wgmma kernels each
+    defined the same m64n128 helper, and NVRTC refused the file ('has already been defined')."""
+    from habu.compile import cuda_source
+    from habu.emit_cuda.nvrtc import resources_of
+
+    for model in load_program(path).models.values():
+        sizes = runtime_sizes(model)
+        plan = default_plan(model, TARGETS["sm_90a"], sizes)
+        source, kernels = cuda_source(model, plan, TARGETS["sm_90a"])
+        cubin = compile_cuda(source, f"habu_{model.name.lower()}", "sm_90a")
+        for k in kernels:
+            assert resources_of(cubin.log, k.name).registers > 0, (model.name, k.name)
+
+
 def _sample(n_per_model: int, seed: int):
     rng = random.Random(seed)
     out = []
@@ -78,6 +94,33 @@ def test_gather4_compiles_for_sm100a():
     assert "habu::tma_gather4" in kernel.source
     cubin = compile_cuda(kernel.source, kernel.name, "sm_100a")
     assert cubin.resources.registers > 0
+
+
+@pytest.mark.parametrize("pins, early", [({}, False), ({"rewrite": "factor:Y"}, True)],
+                         ids=["normalised-x-read-by-the-main-loop", "scale-read-by-the-epilogue"])
+def test_a_plans_kernels_wait_for_the_previous_one_before_touching_its_output(pins, early):
+    """Programmatic dependent launch: every kernel lets the next begin launching and waits for the
+    previous one before it reads what that one wrote. The contraction starts its main loop early only
+    when no earlier kernel writes what the main loop reads (factor:Y: X and W; the scale is read in the
+    epilogue, after the consumers' wait)."""
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "rmsnorm_linear.habu").models["RMSNORM-LINEAR"]
+    target = TARGETS["sm_90a"]
+    plan = default_plan(m, target, None, pins)
+    rows, gemm = emit_plan(m, plan, target).kernels
+    for k in (rows, gemm):
+        assert k.waits_for_previous and "habu::grid_dependency_launch();" in k.source
+    body = rows.source[rows.source.index("__global__"):]
+    assert body.index("grid_dependency_wait") < body.index("(p_X + ")
+    body = gemm.source[gemm.source.index("__global__"):]
+    wait = body.index("habu::grid_dependency_wait();")
+    if early:
+        assert body.count("habu::grid_dependency_wait();") == 1
+        assert body.index("----- consumers") < body.index("wgmma_wait<0>") < wait < body.index("tma_store_2d")
+    else:
+        assert wait < body.index("if (wg == 0)")
+    compile_cuda(gemm.source, gemm.name, "sm_90a")
 
 
 @pytest.mark.parametrize("path,model,pins", [("ggemm.habu", "GGEMM", {"store": "tma", "persistent": "true"}),

@@ -81,3 +81,45 @@ def test_a_search_task_checks_a_lowering_once(monkeypatch):
     assert [r["status"] for r in (first, again, other)] == ["verified"] * 3
     assert len(calls) == 2
     assert "the same check as an earlier plan" in again["certificate"]["notes"][-1]
+
+
+def test_regression_compile_failure_after_a_shared_field_check_is_reported(monkeypatch):
+    """A plan whose field check was shared with an earlier one, then refused by NVRTC, named a
+    certificate it never made (UnboundLocalError) instead of reporting the compile failure."""
+    from habu.search import tasks
+
+    monkeypatch.setattr(tasks, "FIELD_CHECKS", {})
+    m = ggemm(M=256, N=256, K=128)
+    sizes = {"M": 256, "N": 256, "K": 128}
+    job = tasks.Job.of(str(ROOT / "examples" / "ggemm.habu"), m, sizes, "sm_90a")
+    base = default_plan(m, T, sizes, {})
+    assert tasks.check_candidate(job, base.to_json(), seed=1)["status"] == "verified"
+
+    def refuse(model, plan):
+        raise RuntimeError("NVRTC: error: something the compiler refused")
+
+    monkeypatch.setattr(tasks, "compile_plan", refuse)
+    for plan, seed in ((with_kernel(base, stages=3), 2), (with_kernel(base, tile_n=base.kernels[0].tile_n // 2), 3)):
+        out = tasks.check_candidate(job, plan.to_json(), seed=seed, compile_kernels=True)
+        assert out["status"] == "compile" and "something the compiler refused" in out["reason"]
+        assert out["certificate"]["passed"] and "compile" in out["seconds"]
+
+
+def test_a_defect_while_checking_one_plan_is_reported_not_raised(monkeypatch):
+    """An exception inside Habu while checking a candidate fails that candidate with the reason
+    (the search records it and goes on) instead of ending the search."""
+    import habu.lower as lower
+    from habu.search import tasks
+
+    def broken(model, plan):
+        raise KeyError("an axis the lowering forgot")
+
+    monkeypatch.setattr(tasks, "FIELD_CHECKS", {})
+    monkeypatch.setattr(lower, "lower_plan", broken)
+    m = ggemm(M=256, N=256, K=128)
+    sizes = {"M": 256, "N": 256, "K": 128}
+    job = tasks.Job.of(str(ROOT / "examples" / "ggemm.habu"), m, sizes, "sm_90a")
+    out = tasks.check_candidate(job, default_plan(m, T, sizes, {}).to_json(), seed=1)
+    assert out["status"] == "lost"
+    assert "internal error while checking this plan: KeyError" in out["reason"]
+    assert "an axis the lowering forgot" in out["reason"] and "test_tasks.py" in out["reason"]

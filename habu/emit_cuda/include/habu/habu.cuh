@@ -5,6 +5,7 @@
 #include "memory/global.cuh"
 #include "memory/async.cuh"
 #include "sync/mbarrier.cuh"
+#include "sync/grid.cuh"
 #include "mma/sync.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "memory/tma.cuh"
