@@ -1,6 +1,8 @@
 """Where a stored plan's time goes on the GPU: each of its kernels timed on its own (the device
 time the CUDA profiler records for it), next to the whole plan and the search's torch baseline,
-kernel by kernel too. The plan is the best one the database holds for the file's model.
+kernel by kernel too. Each kernel's own time is read with the plan's launches serialised (a kernel
+launched early also counts the time it waits for the previous one). The plan is the best one the
+database holds for the file's model.
 
     python -m habu.bench.kernel_times examples/rmsnorm_linear.habu --db plans.sqlite --json out.json
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -29,6 +33,19 @@ def kernel_device_times(fn, reps: int = 20) -> dict[str, float]:
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             total[ev.name] += ev.device_time
     return {name: t / reps for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
+
+
+@contextmanager
+def serial_launches() -> Iterator[None]:
+    """Within the block, each kernel of a plan starts after the previous one completed (no early launch)."""
+    from habu.emit_cuda import driver
+
+    real = driver.overlaps_launches
+    driver.overlaps_launches = lambda dev: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        driver.overlaps_launches = real  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -55,7 +72,13 @@ def main() -> None:
     inputs, outs = make_inputs(model, s, 7), poisoned_outputs(model, s)
     whole = time_cuda(lambda i: built.compiled(**inputs, **outs), 1, reps=50)
     parts = kernel_device_times(lambda: built.compiled(**inputs, **outs))
-    out = {"plan": plan.key, "whole_us": whole["median_us"], "kernels_us": parts}
+    with serial_launches():
+        serial = time_cuda(lambda i: built.compiled(**inputs, **outs), 1, reps=50)
+        alone = kernel_device_times(lambda: built.compiled(**inputs, **outs))
+    # a kernel launched early counts the time its blocks wait for the previous one: each kernel's own
+    # time is read with the plan's launches serialised
+    out = {"plan": plan.key, "whole_us": whole["median_us"], "whole_serial_us": serial["median_us"],
+           "kernels_us": alone, "kernels_overlapped_us": parts}
     base = torch_baseline(built.model, inputs)
     if base is not None:
         text, fn = base

@@ -97,6 +97,15 @@ def needs_64bit(model: Model, sizes: dict[str, int]) -> bool:
 # ----------------------------------------------------------------------------- defaults per kernel family
 
 
+def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:
+    """The default warps and pipeline depth of a wgmma tile: a producer warpgroup and consumer
+    warpgroups of one or two 64-row slabs; as many 64-deep stages as fit beside the epilogue."""
+    warps = 8 if tile_m == 64 else 12 if tile_m in (128, 256) else 4 * (1 + tile_m // 64)
+    area = tile_m * tile_n
+    stages = 6 if area <= 128 * 64 else 5 if area <= 128 * 128 else 4 if area <= 128 * 256 else 3
+    return warps, stages
+
+
 def default_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int],
                         mma: str | None = None) -> ContractionKernel:
     """The analytic default; `mma` forces the instruction (and the defaults that go with it)."""
@@ -122,6 +131,12 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
     if mma == "wgmma":
         wide = 256 if N >= 2048 and M >= 1024 else 128
         tile, warps, stages = (128, wide, 64), 12, 4 if wide == 256 else 5
+        # a skinny problem (128 tokens through a 4096-wide layer) leaves most SMs idle with 128-wide
+        # tiles: narrow them, then shorten them, until the tiles cover half the SMs (H200, 2026-12-01,
+        # FFN-SKIP's second GEMM 128x4096x14336: 32 tiles of 128x128; the search's winner took 64x64)
+        while -(-M // tile[0]) * -(-N // tile[1]) < target.sm_count // 2 and max(tile[:2]) > 64:
+            tile = (tile[0], tile[1] // 2, 64) if tile[1] > 64 else (64, tile[1], 64)
+            warps, stages = wgmma_warps_stages(tile[0], tile[1])
     elif mma == "mma.sync":
         tile, warps, stages = (128, 128, 32), 8, 3
     else:
@@ -400,6 +415,11 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             changes["rows_per_block"] = _pin_int(k, value)
         elif k not in PIN_KEYS:
             raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
+    if "tile_m" in changes and changes.get("mma", getattr(kernel, "mma", None)) == "wgmma":
+        # a pinned tile brings its own warps and depth unless they are pinned too
+        warps, stages = wgmma_warps_stages(int(changes["tile_m"]), int(changes["tile_n"]))  # type: ignore[call-overload]
+        changes.setdefault("warps", warps)
+        changes.setdefault("stages", stages)
     return replace(kernel, **changes) if changes else kernel
 
 

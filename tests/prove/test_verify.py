@@ -54,7 +54,7 @@ def test_default_plan_of_every_example_is_proven(path):
 
 def test_certificate_records_seeds_and_bound():
     m = model_of("ggemm.habu", "GGEMM", M=300, N=200, K=511)
-    plan = default_plan(m, TARGETS["sm_90a"], {"M": 300, "N": 200, "K": 511})
+    plan = default_plan(m, TARGETS["sm_90a"], {"M": 300, "N": 200, "K": 511}, {"tile": "128x128x64"})
     cert = verify_plan(m, plan, {"M": 300, "N": 200, "K": 511}, trials=3, seeds=[11, 12, 13])
     assert cert.passed and cert.seeds == [11, 12, 13] and cert.prime == 2**31 - 1
     assert cert.degree == 2 and cert.bound <= (2 / (2**31 - 1)) ** 3

@@ -102,3 +102,25 @@ def test_a_plan_without_a_cluster_keeps_its_key_from_before_the_cluster_field():
     assert Plan.from_json(pair.to_json()) == pair
     with pytest.raises(UsageError, match="cluster=3"):
         default_plan(m, TARGETS["sm_90a"], None, parse_pins(["cluster=3"]))
+
+
+def test_a_skinny_problem_gets_wgmma_tiles_that_cover_half_the_sms():
+    """FFN-SKIP at 128 tokens: 128x128 tiles gave its second GEMM (128x4096, K 14336) 32 blocks on
+    132 SMs (113 µs on the H200, the expert 99); narrower, then shorter tiles cover half the SMs."""
+    m = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
+    first, second, _norm = default_plan(m, TARGETS["sm_90a"]).kernels
+    assert (first.tile_m, first.tile_n, first.warps, first.stages) == (128, 128, 12, 5)  # 112 tiles
+    assert (second.tile_m, second.tile_n, second.warps, second.stages) == (64, 64, 8, 6)  # 128 tiles
+    ggemm = default_plan(load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"], TARGETS["sm_90a"])
+    assert (ggemm.kernels[0].tile_m, ggemm.kernels[0].tile_n) == (128, 256)  # a large problem keeps them
+
+
+def test_a_pinned_wgmma_tile_brings_its_warps_and_depth_unless_they_are_pinned():
+    m = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    small = default_plan(m, TARGETS["sm_90a"], None, parse_pins(["tile=64x64x64", "mma=wgmma"])).kernels[0]
+    assert (small.warps, small.stages) == (8, 6)
+    wide = default_plan(m, TARGETS["sm_90a"], None, parse_pins(["tile=128x256x64", "mma=wgmma"])).kernels[0]
+    assert (wide.warps, wide.stages) == (12, 4)
+    pinned = default_plan(m, TARGETS["sm_90a"], None,
+                          parse_pins(["tile=128x256x64", "mma=wgmma", "stages=3"])).kernels[0]
+    assert (pinned.warps, pinned.stages) == (12, 3)
