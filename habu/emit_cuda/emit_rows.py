@@ -10,6 +10,8 @@ Map kernel: each lane computes `vector` consecutive elements of the output.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from habu.emit_cuda.cexpr import c
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
@@ -25,8 +27,12 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import MapLowering, RowLowering
+from habu.lower.rows import register_row_chunks, registers_per_thread
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
+from habu.spec.ir import Const, Equation, Expr, IndexVar, Load, Model, Op, Reduce, Size, rename_vars, walk
+
+# registers a row kernel may spend keeping a pass's per-column values for the final pass
+HELD_REGISTER_CAP = 160
 
 
 def _inline(expr: Expr, defs: dict[str, Equation]) -> Expr:
@@ -63,6 +69,62 @@ def _reductions(expr: Expr) -> list[Reduce]:
     return out
 
 
+def _row_only(e: Expr) -> bool:
+    """`e` has one value per row: constants, sizes and reductions over the row, no column's load."""
+    if isinstance(e, (Const, Size, Reduce)):
+        return True
+    return isinstance(e, Op) and all(_row_only(a) for a in e.args)
+
+
+class _RowConstants:
+    """Row constants hoisted out of the column loops: each distinct one is computed once per row,
+    after the reductions it reads, and a division by one becomes a product with its reciprocal
+    (RMSNorm's rsqrt of the mean square, softmax's 1 / sum). A float rounding choice, like `__expf`:
+    the finite-field proof is about the values, the golden check about their rounding."""
+
+    def __init__(self, render) -> None:
+        self._render = render
+        self._names: dict[str, str] = {}
+        self._pending: list[str] = []
+
+    def hoist(self, e: Expr) -> Expr:
+        if not isinstance(e, Op):
+            return e
+        if e.fn == "div" and _row_only(e.args[1]) and not _row_only(e.args[0]):
+            return Op("mul", (self.hoist(e.args[0]), self._constant(Op("div", (Const(Fraction(1)), e.args[1])))))
+        if _row_only(e):
+            return self._constant(e)
+        return Op(e.fn, tuple(self.hoist(a) for a in e.args))
+
+    def _constant(self, e: Expr) -> Load:
+        text = self._render(e)
+        if text not in self._names:
+            self._names[text] = f"rc{len(self._names)}"
+            self._pending.append(f"  const float {self._names[text]} = {text};  // once per row")
+        return Load(ROW_CONSTANT + self._names[text], ())
+
+    def take(self) -> str:
+        """The declarations of the constants hoisted since the last call."""
+        out, self._pending = self._pending, []
+        return "".join(line + "\n" for line in out)
+
+
+ROW_CONSTANT = "@row:"  # a marker load: a hoisted row constant
+HELD = "@held:"  # a marker load: a value an earlier pass kept in registers for this column
+
+
+def _reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: int) -> Expr:
+    """`e` with the subexpressions an earlier pass computed per column (the same C) replaced by its
+    kept values, while `room` more are allowed."""
+    if not isinstance(e, Op):
+        return e
+    i = bodies.get(render(e))
+    if i is not None and (i in used or len(used) < room):
+        used.add(i)
+        return Load(f"{HELD}{i}", ())
+    return Op(e.fn, tuple(_reuse_held(a, render, bodies, used, room) for a in e.args))
+
+
 def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
     warp_rows = k.threads == 32  # a warp per row, `rows_per_block` rows per block: shuffles only
@@ -92,13 +154,16 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     G = C / vec if not isinstance(C, int) else C // vec  # chunks per row (vector mode: #C is a multiple)
     # register mode: a static row that splits evenly into at most 16 chunks per thread stays in
     # registers (all its loads in flight at once, no shared memory)
-    per_thread = C // (threads * vec) if isinstance(C, int) and vector_mode and C % (threads * vec) == 0 else 0
-    reg_cap = min(255, 65536 // (threads * rows_per))  # what launch bounds leave each thread
-    in_regs = vector_mode and 0 < per_thread <= 16 and 4 * per_thread + 40 <= reg_cap
+    per_thread = register_row_chunks(C, threads, vec, rows_per, e_in) if vector_mode else 0
+    in_regs = per_thread > 0
     word = "unsigned short" if e_in == 2 else "float"
 
     def leaf_at(col: str, slot: str):
         def leaf(ld: Load) -> str:
+            if ld.tensor.startswith(ROW_CONSTANT):
+                return ld.tensor[len(ROW_CONSTANT):]
+            if ld.tensor.startswith(HELD):
+                return f"held{ld.tensor[len(HELD):]}[i][q]"
             acc = loads[ld]
             if cached is not None and ld.tensor == cached and [p.kind for p in acc.positions] == ["axis", "axis"]:
                 raw = f"(reinterpret_cast<const {word}*>(&regs[i]))[q]" if in_regs else f"row_cache[{slot}]"
@@ -140,6 +205,21 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     {body}
   }}"""
 
+    consts = _RowConstants(lambda e: render(e, "col", "slot"))
+    bodies = []  # each reduction's body with its row constants hoisted, and their declarations
+    for r in reds:
+        body = consts.hoist(r.body)
+        bodies.append((body, consts.take()))
+    final_expr = consts.hoist(expr)
+    final_consts = consts.take()
+    # a pass's per-column value that the final pass needs again (softmax's exp(x - max)) is kept in
+    # registers when the row is, instead of computed twice
+    held: set[int] = set()
+    if in_regs and not lw.per_row:
+        room = (min(registers_per_thread(threads, rows_per), HELD_REGISTER_CAP) - 4 * per_thread - 40) \
+            // (per_thread * vec)
+        computed = {render(b, "col", "slot"): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
+        final_expr = _reuse_held(final_expr, lambda e: render(e, "col", "slot"), computed, held, max(0, room))
     passes = []
     sync = "__syncwarp();" if warp_rows else "__syncthreads();"
     if cached is not None:
@@ -167,12 +247,18 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
             off = access_offset(acc, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
             passes.append(f"""  for ({it} col = tid; col < {c(C)}; col += {threads}) row_cache[col] = {p}[{off}];
   {sync}""")
-    for r in reds:
+    for index, (r, (body, declarations)) in enumerate(zip(reds, bodies, strict=True)):
+        if declarations:
+            passes.append(declarations.rstrip("\n"))
+        keep = ""
+        if index in held:
+            passes.append(f"  float held{index}[{per_thread}][{vec}];  // this pass's values, for the last pass")
+            keep = f" held{index}[i][q] = v;"
         init = "0.0f" if r.op == "sum" else "-3.402823466e38f"
         update = "part += v;" if r.op == "sum" else "part = fmaxf(part, v);"
         reduce_fn = "habu::warp_sum" if r.op == "sum" else "habu::warp_max"
         guard = f"col < {c(C)}" if lw.reduce_mask else "true"
-        loop = column_loop(f"if ({guard}) {{ const float v = {render(r.body, 'col', 'slot')}; {update} }}")
+        loop = column_loop(f"if ({guard}) {{ const float v = {render(body, 'col', 'slot')};{keep} {update} }}")
         if warp_rows:
             passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[_canon(r)]} (this warp's row)
     float part = {init};
@@ -184,16 +270,15 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     float part = {init};
 {loop}
     part = {reduce_fn}(part);
-    if (lane == 0) scratch[warp] = part;
+    if (lane == 0) scratch[{33 * index} + warp] = part;
     __syncthreads();
     if (warp == 0) {{
-      float w = lane < {threads // 32} ? scratch[lane] : {init};
+      float w = lane < {threads // 32} ? scratch[{33 * index} + lane] : {init};
       w = {reduce_fn}(w);
-      if (lane == 0) scratch[32] = w;
+      if (lane == 0) scratch[{33 * index + 32}] = w;
     }}
     __syncthreads();
-    {red_names[_canon(r)]} = scratch[32];
-    __syncthreads();
+    {red_names[_canon(r)]} = scratch[{33 * index + 32}];  // each pass has its own scratch: no third barrier
   }}""")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
@@ -203,12 +288,12 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     const {it} col = 0;
     const {it} slot = 0;
     (void)col; (void)slot;
-    {store_value(out.dtype, p_out, out_off, render(expr, 'col', 'slot'))}
+    {store_value(out.dtype, p_out, out_off, render(final_expr, 'col', 'slot'))}
   }}"""
     elif vector_mode and vec * DTYPES[out.dtype].bytes == 16 and out.dtype in ("bf16", "f16"):
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         base_off = access_offset(out, {"r": "r", "c": f"g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
-        value = render(expr, "col", "slot")
+        value = render(final_expr, "col", "slot")
         loop_head = (f"#pragma unroll\n  for (int i = 0; i < {per_thread}; ++i) {{\n    const {it} g = tid + {threads} * i;"
                      if in_regs else f"  for ({it} g = tid; g < {c(G)}; g += {threads}) {{")
         final_loop = f"""{loop_head}
@@ -226,11 +311,13 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
   }}"""
     else:
         out_off = access_offset(out, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
-        final_loop = column_loop(f"if (col < {c(C)}) {store_value(out.dtype, p_out, out_off, render(expr, 'col', 'slot'))}")
+        final_loop = column_loop(f"if (col < {c(C)}) "
+                                 f"{store_value(out.dtype, p_out, out_off, render(final_expr, 'col', 'slot'))}")
     red_decl = "\n".join(f"  float {n} = 0.0f;" for n in red_names.values())
     cache_type = {"bf16": "unsigned short", "f16": "unsigned short"}.get(cache_dt, "float")
     cache_len = c(C)
-    block_decls = "" if warp_rows else ("  __shared__ float scratch[33];  // block reductions: one partial per warp\n"
+    block_decls = "" if warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(reds))}];  "
+                                        "// block reductions: one partial per warp, per pass\n"
                                         "  const int lane = threadIdx.x % 32;\n  const int warp = threadIdx.x / 32;\n")
     body = f"""extern "C" __global__ void __launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) {cache_type} row_cache_all[];
@@ -241,7 +328,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
   if (!(r < {c(sizes[lw.r])})) return;
 {red_decl}
 {chr(10).join(passes)}
-{final_loop}
+{final_consts}{final_loop}
 }}
 """
     src = header(f"{name}: row kernel, {threads} threads per row, {vec} elements per access",

@@ -18,6 +18,25 @@ from habu.search.patterns import row_local
 from habu.search.plan import MapKernel, RowKernel
 from habu.spec.ir import Equation, Gather, IndexVar, Load, Model, rename_vars, walk
 
+# a thread keeps at most this many 16-byte chunks of its row in registers (all loads in flight at once)
+MAX_REGISTER_CHUNKS = 16
+
+
+def registers_per_thread(threads: int, rows_per_block: int) -> int:
+    """What `__launch_bounds__(threads·rows)` leaves each thread of a row kernel (64 K registers per SM)."""
+    return min(255, 65536 // (threads * rows_per_block))
+
+
+def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int) -> int:
+    """The 16-byte chunks of its row each thread keeps in registers, or 0 when the row does not stay in
+    registers: the row (static `cols`) splits evenly into at most 16 chunks per thread, and the
+    chunks (4 registers each) and about 40 more registers fit what the launch bounds leave."""
+    if not isinstance(cols, int) or vector * elem_bytes != 16 or cols % (threads * vector):
+        return 0
+    chunks = cols // (threads * vector)
+    fits = 0 < chunks <= MAX_REGISTER_CHUNKS and 4 * chunks + 40 <= registers_per_thread(threads, rows_per_block)
+    return chunks if fits else 0
+
 
 @dataclass(frozen=True)
 class RowLowering:

@@ -509,6 +509,9 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
                              aligned, detail=f"#{lw.c} is not a multiple of {k.vector}")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     threads = k.threads * k.rows_per_block
+    yield Obligation(R["threads"], name, None, "several rows per block are a warp (32 threads) each",
+                     k.rows_per_block == 1 or k.threads == 32,
+                     detail=f"{k.rows_per_block} rows per block of {k.threads} threads each")
     yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {ctx.target.max_threads_per_block}",
                      threads <= ctx.target.max_threads_per_block, detail=f"{threads} threads")
     if k.cache_row:

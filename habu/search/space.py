@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
+from habu.lower.rows import register_row_chunks
 from habu.search.patterns import Region, as_contraction, default_regions, row_local
 from habu.search.plan import (
     CLUSTERS,
@@ -201,12 +202,19 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
     static = next(e for e in model.extents if e.name == c_ext).size
     vec = max_vector(static, eb, multiples.get(c_ext, 1))
     cols = sizes[c_ext]
-    threads = 32
+    threads = 32  # enough threads that each holds about four 16-byte chunks of the row
     while threads < 1024 and threads * vec * 4 < cols:
         threads *= 2
-    rows = 1
-    if cols <= 8192:  # short rows: a warp per row, four rows per block, no block-wide barriers
-        threads, rows = 32, 4
+    # fewer threads, if that keeps the row in registers (H200, 2026-12-01: RMSNorm 8192x65536 535 µs
+    # with 512 threads in registers, 598 with 1024 through shared memory)
+    fewer = threads
+    while fewer > 32 and not register_row_chunks(cols, fewer, vec, 1, eb):
+        fewer //= 2
+    if register_row_chunks(cols, fewer, vec, 1, eb) and not register_row_chunks(cols, threads, vec, 1, eb):
+        threads = fewer
+    # short rows: a warp per row, four rows per block, no block-wide barriers (softmax at 4096 columns
+    # took 59.5 µs this way, 37.6 with 128 threads per row: only rows of at most 32 chunks)
+    rows = 4 if threads == 32 else 1
     hi = next(e for e in model.extents if e.name == c_ext).hi  # the widest row a runtime extent allows
     return RowKernel(nodes=region.nodes, rows_per_block=rows, threads=threads, vector=vec,
                      cache_row=max(cols, hi if static is None else cols) * eb <= 200 * 1024,
@@ -415,6 +423,11 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             changes["rows_per_block"] = _pin_int(k, value)
         elif k not in PIN_KEYS:
             raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
+    # a block of more than a warp works on one row: a pinned thread count brings one row per block
+    if isinstance(kernel, RowKernel) and changes.get("threads", 32) != 32 \
+            and changes.setdefault("rows_per_block", 1) != 1:
+        raise UsageError(f"--pin rows={changes['rows_per_block']} needs threads=32: several rows per block "
+                             "are a warp each")
     if "tile_m" in changes and changes.get("mma", getattr(kernel, "mma", None)) == "wgmma":
         # a pinned tile brings its own warps and depth unless they are pinned too
         warps, stages = wgmma_warps_stages(int(changes["tile_m"]), int(changes["tile_n"]))  # type: ignore[call-overload]

@@ -126,6 +126,35 @@ def test_softmax(C):
     golden("softmax.habu", "SOFTMAX-ROWS", {"R": 64, "C": C})
 
 
+ROW_VARIANTS = {
+    "warp-per-row": {"threads": "32", "rows": "4"},
+    "warp-per-row-uncached": {"threads": "32", "rows": "1", "cache_row": "false"},
+    "128": {"threads": "128"},
+    "512": {"threads": "512"},
+    "1024": {"threads": "1024"},
+    "256-uncached": {"threads": "256", "cache_row": "false"},
+}
+
+
+@pytest.mark.parametrize("cols", [1000, 4096, 16384, 65536])
+@pytest.mark.parametrize("variant", list(ROW_VARIANTS))
+@pytest.mark.parametrize("example, model, key", [("softmax.habu", "SOFTMAX-ROWS", "C"),
+                                                  ("rmsnorm.habu", "RMSNORM-ROWS", "D")], ids=["softmax", "rmsnorm"])
+def test_row_kernel_variants(example, model, key, variant, cols):
+    """Registers (with softmax's exp kept between passes), shared memory and uncached rows; a warp
+    or a block per row; ragged rows (1000 columns) and rows too long for registers."""
+    if variant.startswith("warp-per-row") and cols > 4096:
+        pytest.skip("a warp per row is for short rows")
+    golden(example, model, {"R": 64, key: cols}, ROW_VARIANTS[variant])
+
+
+def test_layernorm(tmp_path):
+    src = tmp_path / "ln.habu"
+    src.write_text("64 EXTENT: #R\n4096 EXTENT: #D\nbf16 TENSOR: X ( #R #D )\nbf16 TENSOR: Y ( #R #D )\n"
+                   "MODEL: LN ( x -- y ) LAYERNORM ;\n")
+    golden(str(src), "LN", {})
+
+
 def test_rmsnorm_linear():
     golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 300, "D": 1024, "N": 520})
 

@@ -1,0 +1,111 @@
+"""Row kernels on the CPU: what each pass computes per column and per row, and the default thread
+counts (the emitted kernels run against the float64 reference in tests/gpu/test_golden.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.emit_cuda.emit import emit_plan
+from habu.emit_cuda.nvrtc import compile_cuda
+from habu.lower.rows import register_row_chunks
+from habu.search.space import default_plan, parse_pins
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+
+
+def rows_kernel(example: str, model: str, sizes: dict[str, int], pins: list[str] = ()):
+    m = load_program(ROOT / "examples" / example).models[model].with_sizes(sizes)
+    plan = default_plan(m, T, sizes, parse_pins(list(pins)))
+    (kernel,) = emit_plan(m, plan, T).kernels
+    return plan.kernels[0], kernel
+
+
+def body_of(kernel) -> str:
+    return kernel.source[kernel.source.index("__global__"):]
+
+
+def test_softmax_with_its_row_in_registers_computes_each_exp_once():
+    """The sum pass keeps exp(x - max) per column for the final pass, which multiplies it by the
+    reciprocal of the sum (before: exp twice per column and a division)."""
+    _plan_kernel, k = rows_kernel("softmax.habu", "SOFTMAX-ROWS", {"C": 4096})
+    body = body_of(k)
+    assert body.count("habu::f_exp(") == 1 and "held1[i][q] = v;" in body
+    assert "(1.0f / red1)" in body and "/ red1)" not in body.replace("(1.0f / red1)", "")
+    res = compile_cuda(k.source, k.name, "sm_90a").resources
+    assert not res.spills, res.describe()
+
+
+def test_softmax_through_shared_memory_computes_exp_in_both_passes():
+    """Rows too long for registers keep nothing per column between passes."""
+    _plan, k = rows_kernel("softmax.habu", "SOFTMAX-ROWS", {"C": 65536}, ["threads=1024"])
+    body = body_of(k)
+    assert "row_cache[" in body and "held" not in body and body.count("habu::f_exp(") == 2
+
+
+def test_row_constants_are_computed_once_per_row():
+    """RMSNorm's rsqrt of the mean square is a row constant: computed after the reduction, outside
+    the column loop; LayerNorm's mean and inverse deviation too."""
+    _plan, k = rows_kernel("rmsnorm.habu", "RMSNORM-ROWS", {"D": 4096})
+    body = body_of(k)
+    (line,) = [ln for ln in body.splitlines() if "habu::f_rsqrt(" in ln]
+    assert line.strip().startswith("const float rc") and "once per row" in line
+
+
+def test_layernorm_hoists_its_scale_and_divides_by_its_width_once(tmp_path):
+    src = tmp_path / "ln.habu"
+    src.write_text("8192 EXTENT: #R\n4096 EXTENT: #D\nbf16 TENSOR: X ( #R #D )\nbf16 TENSOR: Y ( #R #D )\n"
+                   "MODEL: LN ( x -- y ) LAYERNORM ;\n")
+    m = load_program(src).models["LN"]
+    (k,) = emit_plan(m, default_plan(m, T), T).kernels
+    body = body_of(k)
+    (rsqrt,) = [ln for ln in body.splitlines() if "habu::f_rsqrt(" in ln]
+    assert "once per row" in rsqrt
+    assert "/ (float)(4096)" not in body.replace("(1.0f / (float)(4096))", "")  # 1/#D once, then products
+    assert not compile_cuda(k.source, k.name, "sm_90a").resources.spills
+
+
+@pytest.mark.parametrize("cols, threads, rows", [(1024, 32, 4), (4096, 128, 1), (16384, 512, 1),
+                                                 (32768, 1024, 1), (65536, 512, 1)])
+def test_default_row_threads_keep_the_row_in_registers(cols, threads, rows):
+    """About four 16-byte chunks per thread, fewer threads where that keeps the row in registers
+    (65536 columns: 512 threads with 16 chunks each, not 1024 through shared memory), a warp per
+    row only for rows of at most 32 chunks (H200, 2026-12-01: softmax at 4096 columns 59.5 µs with
+    a warp per row, 37.6 with 128 threads)."""
+    for example, model, key in (("softmax.habu", "SOFTMAX-ROWS", "C"), ("rmsnorm.habu", "RMSNORM-ROWS", "D")):
+        kernel, _k = rows_kernel(example, model, {key: cols})
+        assert (kernel.threads, kernel.rows_per_block) == (threads, rows)
+        assert register_row_chunks(cols, kernel.threads, kernel.vector, kernel.rows_per_block, 2)
+
+
+def test_register_row_chunks_needs_whole_16_byte_chunks_and_room():
+    assert register_row_chunks(4096, 128, 8, 1, 2) == 4
+    assert register_row_chunks(4000, 128, 8, 1, 2) == 0  # a ragged row
+    assert register_row_chunks(4096, 128, 4, 1, 2) == 0  # 8-byte vectors
+    assert register_row_chunks(65536, 1024, 8, 1, 2) == 0  # 8 chunks, but 64 registers a thread
+    assert register_row_chunks(65536, 256, 8, 1, 2) == 0  # 32 chunks
+    assert register_row_chunks(None, 128, 8, 1, 2) == 0  # a runtime width
+
+
+def test_regression_a_pinned_block_size_on_a_short_row_brings_one_row_per_block():
+    """Softmax at 1000 columns defaults to a warp per row, four rows per block; `--pin threads=128`
+    kept the four rows and the emitter raised ValueError (found by the GPU row-variant tests)."""
+    kernel, _k = rows_kernel("softmax.habu", "SOFTMAX-ROWS", {"C": 1000}, ["threads=128"])
+    assert (kernel.threads, kernel.rows_per_block) == (128, 1)
+    from habu.errors import UsageError
+
+    with pytest.raises(UsageError, match="rows=4 needs threads=32"):
+        rows_kernel("softmax.habu", "SOFTMAX-ROWS", {"C": 1000}, ["threads=128", "rows=4"])
+
+
+def test_a_plan_file_with_several_rows_of_a_block_each_fails_its_rules():
+    from dataclasses import replace
+
+    from habu.prove.rules import failures, obligations
+
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+    plan = default_plan(m, T)
+    bad = replace(plan, kernels=(replace(plan.kernels[0], threads=128, rows_per_block=4),))
+    assert any("several rows per block" in o.statement for o in failures(obligations(m, bad)))
