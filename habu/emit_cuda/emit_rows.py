@@ -27,6 +27,7 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import MapLowering, RowLowering
+from habu.lower.access import Access
 from habu.lower.rows import register_row_chunks, registers_per_thread
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Const, Equation, Expr, IndexVar, Load, Model, Op, Reduce, Size, rename_vars, walk
@@ -125,6 +126,26 @@ def _reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: i
     return Op(e.fn, tuple(_reuse_held(a, render, bodies, used, room) for a in e.args))
 
 
+class _RowLoads(dict):
+    """The region's loads and their accesses, found by what they read: a load inlined from an
+    earlier node of the region (RMSNORM RMSNORM: the second reads the first's x[r d'] under its own
+    reduction variable) reads the same access as the load the lowering recorded."""
+
+    def __init__(self, lw: RowLowering) -> None:
+        super().__init__((self.key(ld), acc) for ld, acc in lw.loads)
+
+    @staticmethod
+    def key(ld: Load) -> tuple:
+        # the row variable is `r`; every other index variable walks the row's columns
+        return (ld.tensor, tuple(("r" if i.name == "r" else "c") if isinstance(i, IndexVar) else i for i in ld.indices))
+
+    def __contains__(self, ld: object) -> bool:
+        return isinstance(ld, Load) and super().__contains__(self.key(ld))
+
+    def __getitem__(self, ld: Load) -> Access:
+        return super().__getitem__(self.key(ld))
+
+
 def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
     warp_rows = k.threads == 32  # a warp per row, `rows_per_block` rows per block: shuffles only
@@ -137,7 +158,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     threads, vec = k.threads, k.vector
     defs = {eq.target: eq for eq in lw.nodes[:-1]}
     expr = _inline(lw.nodes[-1].rhs, defs)
-    loads = dict(lw.loads)
+    loads = _RowLoads(lw)
     reds = _reductions(expr)
     C = sizes[lw.c]
     # a row read by several passes is kept in shared memory in its own element type

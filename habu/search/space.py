@@ -17,6 +17,7 @@ from habu.lower.rows import register_row_chunks
 from habu.search.patterns import Region, as_contraction, default_regions, row_local
 from habu.search.plan import (
     CLUSTERS,
+    KERNEL_KINDS,
     MMAS,
     MOVEMENTS,
     RASTERS,
@@ -294,10 +295,33 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
             kernels = tuple(default_contraction(graph, r, target, s, pins["mma"]) if r.kind == "contraction" else k
                             for r, k in zip(regions, kernels, strict=True))
         kernels = tuple(apply_pins(graph, k, pins, target) for k in kernels)
+        _check_pins_apply(pins, kernels)
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
             kernels = tuple(replace(k, store="direct") if isinstance(k, ContractionKernel) and k.store == "tma"
                             and not _tma_store_fits(graph, k, target) else k for k in kernels)
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
+
+
+# the kernel field each plan-choice pin sets (operand movements and rewrites are checked where they apply)
+PIN_FIELDS = {"tile": ("tile_m",), "mma": ("mma",), "stages": ("stages",), "warps": ("warps",),
+              "split_k": ("split_k",), "splitk": ("split_k",), "raster": ("raster",), "group_m": ("group_m",),
+              "persistent": ("persistent",), "store": ("store",), "cluster": ("cluster_m",),
+              "cluster_m": ("cluster_m",), "index": ("index_width",), "index_width": ("index_width",),
+              "vector": ("vector", "a_vector"), "threads": ("threads",), "swizzle": ("swizzle",),
+              "ws": ("warp_specialized",), "rows": ("rows_per_block",), "cache_row": ("cache_row",)}
+
+
+def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
+    """A pin no kernel of the plan has a field for is a mistake, not something to ignore silently
+    (`--pin threads=64` on a GEMM: threads are a row or map kernel's choice)."""
+    for key in pins:
+        wanted = PIN_FIELDS.get(key.lower())
+        if wanted and not any(f in {x.name for x in fields(k)} for k in kernels for f in wanted):
+            kinds = ", ".join(sorted({k.kind for k in kernels}))
+            owners = sorted({kind for kind, cls in KERNEL_KINDS.items() if any(f in {x.name for x in fields(cls)}
+                                                                                for f in wanted)})
+            raise UsageError(f"--pin {key}: no kernel of this plan has that choice (it is a choice of "
+                             f"{' or '.join(owners)} kernels; this plan's kernels: {kinds})")
 
 
 def _pinned_rewrites(model: Model, value: str | None) -> tuple[str, ...]:

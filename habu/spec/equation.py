@@ -134,7 +134,7 @@ class EquationParser:
                 var = self.index_var(tok)
                 if var is None:
                     raise tok.error(f"{tok.text!r} is not an index variable: the left side names each "
-                                    f"element of {tt.shown} by index variables")
+                                    f"element of {tt.shown} by index variables", *self._index_hint(tt, len(lhs)))
                 if var.name in self.bound:
                     raise tok.error(f"index {var.name} appears twice on the left side")
                 pos = len(lhs)
@@ -394,6 +394,18 @@ class EquationParser:
         have = self.scope.show_extent(got) if got else "?"
         return tok.error(f"{tt.shown}'s index {pos + 1} is over {want}, but {tok.text} ranges over {have}",
                          f"{tt.shown} is declared ( {self._shape(tt)} )")
+
+    def _index_hint(self, tt: TensorType, pos: int) -> tuple[str, ...]:
+        """A note naming a variable for index `pos` of `tt`: variables are named after their extent."""
+        if pos >= len(tt.extents):
+            return ()
+        ext = tt.extents[pos]
+        base = ext.lower()
+        if self.scope.extent_of_index(base) != ext:
+            return ()
+        names = f"{base}" if base not in self.bound else f"{base}' or {base}2"
+        return (f"an index variable is named after its extent: index {pos + 1} of {tt.shown} is over "
+                f"{self.scope.show_extent(ext)}, so {names} would do",)
 
     def _shape(self, tt: TensorType) -> str:
         return " ".join(self.scope.show_extent(e) for e in tt.extents)

@@ -109,3 +109,25 @@ def test_a_plan_file_with_several_rows_of_a_block_each_fails_its_rules():
     plan = default_plan(m, T)
     bad = replace(plan, kernels=(replace(plan.kernels[0], threads=128, rows_per_block=4),))
     assert any("several rows per block" in o.statement for o in failures(obligations(m, bad)))
+
+
+CHAINED_ROWS = """64 EXTENT: #M
+{cols} EXTENT: #K
+bf16 TENSOR: A ( #M #K )
+bf16 TENSOR: Y ( #M #K )
+MODEL: X ( a -- y ) RMSNORM RMSNORM SOFTMAX ;
+"""
+
+
+@pytest.mark.parametrize("cols", [64, 4096])
+def test_regression_row_words_in_a_row_inline_each_others_loads(tmp_path, cols):
+    """RMSNORM RMSNORM SOFTMAX in one row kernel: the second RMSNORM reads the first's x[r d'] under
+    its own reduction variable, a load the lowering had recorded under another name, and emission
+    raised KeyError (`habu compile` printed a traceback)."""
+    src = tmp_path / "chain.habu"
+    src.write_text(CHAINED_ROWS.format(cols=cols))
+    m = load_program(src).models["X"]
+    (k,) = emit_plan(m, default_plan(m, T), T).kernels
+    body = body_of(k)
+    assert body.count("-reduction over the row") == 4
+    assert not compile_cuda(k.source, k.name, "sm_90a").resources.spills

@@ -155,6 +155,16 @@ def test_layernorm(tmp_path):
     golden(str(src), "LN", {})
 
 
+@pytest.mark.parametrize("cols", [64, 4096])
+def test_regression_row_words_in_a_row(tmp_path, cols):
+    """RMSNORM RMSNORM SOFTMAX fused into one row kernel (emission raised KeyError before)."""
+    from tests.emit_cuda.test_emit_rows import CHAINED_ROWS
+
+    src = tmp_path / "chain.habu"
+    src.write_text(CHAINED_ROWS.format(cols=cols))
+    golden(str(src), "X", {})
+
+
 def test_rmsnorm_linear():
     golden("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 300, "D": 1024, "N": 520})
 

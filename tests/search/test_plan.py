@@ -124,3 +124,18 @@ def test_a_pinned_wgmma_tile_brings_its_warps_and_depth_unless_they_are_pinned()
     pinned = default_plan(m, TARGETS["sm_90a"], None,
                           parse_pins(["tile=128x256x64", "mma=wgmma", "stages=3"])).kernels[0]
     assert (pinned.warps, pinned.stages) == (12, 3)
+
+
+def test_a_pin_that_no_kernel_of_the_plan_takes_is_an_error():
+    """`--pin threads=64` on a GEMM was silently ignored: threads are a row or map kernel's choice."""
+    from habu.errors import UsageError
+
+    gemm = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    with pytest.raises(UsageError, match="--pin threads: no kernel of this plan has that choice"):
+        default_plan(gemm, TARGETS["sm_90a"], None, parse_pins(["threads=64"]))
+    softmax = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+    with pytest.raises(UsageError, match="a choice of contraction kernels"):
+        default_plan(softmax, TARGETS["sm_90a"], None, parse_pins(["stages=3"]))
+    ffn = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
+    plan = default_plan(ffn, TARGETS["sm_90a"], None, parse_pins(["threads=256", "stages=3"]))  # both kinds here
+    assert plan.kernels[-1].threads == 256 and plan.kernels[0].stages == 3

@@ -132,3 +132,15 @@ def test_gather_through_gather_evaluates():
     a, p, q = rng.standard_normal((8, 4)), rng.permutation(8), rng.integers(0, 8, 8)
     out = evaluate(program.models["G"], {"A": a, "P": p, "Q": q})["O"]
     np.testing.assert_array_equal(out, a[p[q]])
+
+
+def test_a_left_side_index_not_named_after_an_extent_gets_a_name_that_would_do():
+    """`O ( #M #M )` indexed `O[m n]` with no #N declared: the note says how index variables are
+    named and offers one for that position."""
+    decls = "128 EXTENT: #M\n32 EXTENT: #K\nTENSOR: A ( #M #K )\nTENSOR: G ( #M #M )\n"
+    err = error_of(decls + "MODEL: T G[m n] = Σ k A[m k] · A[n k] ;\n")
+    assert "'n' is not an index variable" in err.message
+    assert "index 2 of G is over #M, so m' or m2 would do" in err.render()
+    assert_error_format(err)
+    first = error_of(decls + "MODEL: T G[x m] = 1 ;\n")
+    assert "index 1 of G is over #M, so m would do" in first.render()
