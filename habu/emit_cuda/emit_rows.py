@@ -28,46 +28,18 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import MapLowering, RowLowering
 from habu.lower.access import Access
-from habu.lower.rows import register_row_chunks, registers_per_thread
+from habu.lower.rows import (
+    canonical_reduction,
+    inline_region,
+    reduction_passes,
+    register_row_chunks,
+    registers_per_thread,
+)
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Const, Equation, Expr, IndexVar, Load, Model, Op, Reduce, Size, rename_vars, walk
+from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size, walk
 
 # registers a row kernel may spend keeping a pass's per-column values for the final pass
 HELD_REGISTER_CAP = 160
-
-
-def _inline(expr: Expr, defs: dict[str, Equation]) -> Expr:
-    """Replace loads of region-internal tensors by their definitions (they are elementwise in c)."""
-    if isinstance(expr, Load) and expr.tensor in defs:
-        eq = defs[expr.tensor]
-        mapping = dict(zip(eq.lhs, expr.indices, strict=True))
-        return _inline(rename_vars(eq.rhs, mapping), defs)
-    if isinstance(expr, Op):
-        return Op(expr.fn, tuple(_inline(a, defs) for a in expr.args))
-    if isinstance(expr, Reduce):
-        return Reduce(expr.op, expr.vars, _inline(expr.body, defs))
-    return expr
-
-
-def _canon(e: Expr, depth: int = 0) -> Expr:
-    """`e` with bound variables renamed by nesting depth: reductions equal up to their names compare equal."""
-    if isinstance(e, Reduce):
-        mapping = {v: IndexVar(f"_b{depth}_{i}", v.extent) for i, v in enumerate(e.vars)}
-        return Reduce(e.op, tuple(mapping.values()), _canon(rename_vars(e.body, mapping), depth + 1))
-    if isinstance(e, Op):
-        return Op(e.fn, tuple(_canon(a, depth) for a in e.args))
-    return e
-
-
-def _reductions(expr: Expr) -> list[Reduce]:
-    """Reductions, innermost first, each once (SOFTMAX's two `max` over n' and n'' are one pass)."""
-    out: list[Reduce] = []
-    seen: set[Expr] = set()
-    for x in reversed(list(walk(expr))):
-        if isinstance(x, Reduce) and _canon(x) not in seen:
-            seen.add(_canon(x))
-            out.append(x)
-    return out
 
 
 def _row_only(e: Expr) -> bool:
@@ -157,9 +129,9 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     it = index_type(lw.index_width)
     threads, vec = k.threads, k.vector
     defs = {eq.target: eq for eq in lw.nodes[:-1]}
-    expr = _inline(lw.nodes[-1].rhs, defs)
+    expr = inline_region(lw.nodes[-1].rhs, defs)
     loads = _RowLoads(lw)
-    reds = _reductions(expr)
+    reds = reduction_passes(expr)
     C = sizes[lw.c]
     # a row read by several passes is kept in shared memory in its own element type
     row_loads = [x for x in walk(expr) if isinstance(x, Load) and x in loads
@@ -195,10 +167,10 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
             return f"(({access_mask(acc, coord, sizes)}) ? {load_value(acc.dtype, p, off)} : 0.0f)"
         return leaf
 
-    red_names = {_canon(r): f"red{i}" for i, r in enumerate(reds)}
+    red_names = {canonical_reduction(r): f"red{i}" for i, r in enumerate(reds)}
 
     def render(e: Expr, col: str, slot: str) -> str:
-        return float_expr(e, leaf_at(col, slot), sizes, lambda r: red_names[_canon(r)])
+        return float_expr(e, leaf_at(col, slot), sizes, lambda r: red_names[canonical_reduction(r)])
 
     def column_loop(body: str) -> str:
         """`body` for every column of the row; `col` is the column, `slot` its place in the cache."""
@@ -281,13 +253,13 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         guard = f"col < {c(C)}" if lw.reduce_mask else "true"
         loop = column_loop(f"if ({guard}) {{ const float v = {render(body, 'col', 'slot')};{keep} {update} }}")
         if warp_rows:
-            passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[_canon(r)]} (this warp's row)
+            passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[canonical_reduction(r)]} (this warp's row)
     float part = {init};
 {loop}
-    {red_names[_canon(r)]} = {reduce_fn}(part);
+    {red_names[canonical_reduction(r)]} = {reduce_fn}(part);
   }}""")
             continue
-        passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[_canon(r)]}
+        passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[canonical_reduction(r)]}
     float part = {init};
 {loop}
     part = {reduce_fn}(part);
@@ -299,7 +271,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
       if (lane == 0) scratch[{33 * index + 32}] = w;
     }}
     __syncthreads();
-    {red_names[_canon(r)]} = scratch[{33 * index + 32}];  // each pass has its own scratch: no third barrier
+    {red_names[canonical_reduction(r)]} = scratch[{33 * index + 32}];  // each pass has its own scratch: no third barrier
   }}""")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
@@ -373,7 +345,7 @@ def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -
     loads = dict(lw.loads)
     defs = {eq.target: eq for eq in lw.nodes[:-1]}
     final = lw.nodes[-1]
-    expr = _inline(final.rhs, defs)
+    expr = inline_region(final.rhs, defs)
     dims = [sizes[e] for e in lw.extents]
     coord_lines = []
     rest = "e"

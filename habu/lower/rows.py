@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from habu.lower.access import Access, access_for
 from habu.search.patterns import row_local
 from habu.search.plan import MapKernel, RowKernel
-from habu.spec.ir import Equation, Gather, IndexVar, Load, Model, rename_vars, walk
+from habu.spec.ir import Equation, Expr, Gather, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
 
 # a thread keeps at most this many 16-byte chunks of its row in registers (all loads in flight at once)
 MAX_REGISTER_CHUNKS = 16
@@ -38,6 +38,40 @@ def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block:
     return chunks if fits else 0
 
 
+def inline_region(expr: Expr, defs: dict[str, Equation]) -> Expr:
+    """Replace loads of region-internal tensors by their definitions (they are elementwise in c)."""
+    if isinstance(expr, Load) and expr.tensor in defs:
+        eq = defs[expr.tensor]
+        mapping = dict(zip(eq.lhs, expr.indices, strict=True))
+        return inline_region(rename_vars(eq.rhs, mapping), defs)
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(inline_region(a, defs) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.vars, inline_region(expr.body, defs))
+    return expr
+
+
+def canonical_reduction(e: Expr, depth: int = 0) -> Expr:
+    """`e` with bound variables renamed by nesting depth: reductions equal up to their names compare equal."""
+    if isinstance(e, Reduce):
+        mapping = {v: IndexVar(f"_b{depth}_{i}", v.extent) for i, v in enumerate(e.vars)}
+        return Reduce(e.op, tuple(mapping.values()), canonical_reduction(rename_vars(e.body, mapping), depth + 1))
+    if isinstance(e, Op):
+        return Op(e.fn, tuple(canonical_reduction(a, depth) for a in e.args))
+    return e
+
+
+def reduction_passes(expr: Expr) -> list[Reduce]:
+    """Reductions, innermost first, each once (SOFTMAX's two `max` over n' and n'' are one pass)."""
+    out: list[Reduce] = []
+    seen: set[Expr] = set()
+    for x in reversed(list(walk(expr))):
+        if isinstance(x, Reduce) and canonical_reduction(x) not in seen:
+            seen.add(canonical_reduction(x))
+            out.append(x)
+    return out
+
+
 @dataclass(frozen=True)
 class RowLowering:
     kernel: RowKernel
@@ -52,6 +86,10 @@ class RowLowering:
     @property
     def chunk(self) -> int:
         return self.kernel.threads * self.kernel.vector
+
+    def expression(self) -> Expr:
+        """The stored value as one expression of the row: the region's earlier nodes inlined."""
+        return inline_region(self.nodes[-1].rhs, {eq.target: eq for eq in self.nodes[:-1]})
 
     @property
     def per_row(self) -> bool:

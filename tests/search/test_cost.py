@@ -61,3 +61,25 @@ def test_the_roofline_is_the_tensor_cores_measured_ceiling_not_the_cost_models_r
     gemm = KernelCost(flops=2.0 * 4096**3, bytes=4096 * 4096 * 8.0, seconds=0.0, bound="compute")
     assert abs(roofline_seconds([gemm], TARGETS["sm_90a"]) * 1e6 - 153.0) < 1.0
     assert compute_peak(CEILINGS["sm_80"]) == CEILINGS["sm_80"].mma_sync_flops  # no wgmma there
+
+
+def test_regression_a_row_kernel_reads_each_tensor_once():
+    """SOFTMAX's equation reads x three times (x, max n' x, Σ exp(x - max n'' x)); the model
+    charged each read as the whole tensor and predicted 94 µs for 8192x4096 (H200, 2026-12-01:
+    36.8 µs measured, 86% of copy). A cached row is read once; an uncached one once per pass."""
+    from habu.compile import bind_shape
+    from habu.lower import lower_plan
+    from habu.search.cost import kernel_cost
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    t = TARGETS["sm_90a"]
+    m = bind_shape(load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"], {"C": 4096})
+    sizes = {e.name: e.size for e in m.extents}
+    cached = kernel_cost(lower_plan(m, default_plan(m, t))[0], sizes, t)
+    assert cached.bytes == 2 * 8192 * 4096 * 2  # x read once, y written once
+    assert 30e-6 < cached.seconds < 45e-6
+    uncached = kernel_cost(lower_plan(m, default_plan(m, t, None, {"cache_row": "false"}))[0], sizes, t)
+    assert uncached.bytes == (3 + 1) * 8192 * 4096 * 2  # two passes and the last one read x; y written
