@@ -133,6 +133,11 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     loads = _RowLoads(lw)
     reds = reduction_passes(expr)
     C = sizes[lw.c]
+    share = k.cluster  # blocks sharing the row: block `rank` visits columns [rank·CL, (rank+1)·CL)
+    if share > 1 and (warp_rows or not isinstance(C, int) or C % (share * vec)):
+        raise ValueError(f"a cluster of {share} shares a static row of whole vectors, one row per block")
+    CL = C // share if share > 1 else C  # the columns this block visits
+    cb = "cbase + " if share > 1 else ""  # a column's offset: this block's first column, then its own
     # a row read by several passes is kept in shared memory in its own element type
     row_loads = [x for x in walk(expr) if isinstance(x, Load) and x in loads
                  and [p.kind for p in loads[x].positions] == ["axis", "axis"]]
@@ -144,10 +149,10 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     # vector mode: 16-byte loads and stores, the cache permuted so lane q of chunk g sits at q·G + g
     # (consecutive threads touch consecutive words: no bank conflicts)
     vector_mode = cached is not None and vec * e_in == 16 and cache_dt in ("bf16", "f16", "f32")
-    G = C / vec if not isinstance(C, int) else C // vec  # chunks per row (vector mode: #C is a multiple)
+    G = CL / vec if not isinstance(CL, int) else CL // vec  # chunks per row (vector mode: #C is a multiple)
     # register mode: a static row that splits evenly into at most 16 chunks per thread stays in
     # registers (all its loads in flight at once, no shared memory)
-    per_thread = register_row_chunks(C, threads, vec, rows_per, e_in) if vector_mode else 0
+    per_thread = register_row_chunks(CL, threads, vec, rows_per, e_in) if vector_mode else 0
     in_regs = per_thread > 0
     word = "unsigned short" if e_in == 2 else "float"
 
@@ -180,7 +185,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     const {it} g = tid + {threads} * i;
 #pragma unroll
     for (int q = 0; q < {vec}; ++q) {{
-      const {it} col = g * {vec} + q;
+      const {it} col = {cb}g * {vec} + q;
       {body}
     }}
   }}"""
@@ -188,13 +193,13 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
             return f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
 #pragma unroll
     for (int q = 0; q < {vec}; ++q) {{
-      const {it} col = g * {vec} + q;
+      const {it} col = {cb}g * {vec} + q;
       const {it} slot = ({it})q * {c(G)} + g;
       {body}
     }}
   }}"""
-        return f"""  for ({it} col = tid; col < {c(C)}; col += {threads}) {{
-    const {it} slot = col;
+        return f"""  for ({it} slot = tid; slot < {c(CL)}; slot += {threads}) {{
+    const {it} col = {cb}slot;
     {body}
   }}"""
 
@@ -213,6 +218,26 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
             // (per_thread * vec)
         computed = {render(b, "col", "slot"): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
         final_expr = _reuse_held(final_expr, lambda e: render(e, "col", "slot"), computed, held, max(0, room))
+    def combine(r: Reduce, index: int, reduce_fn: str, init: str) -> str:
+        """The row's value of a reduction from each block's partial (each pass has its own scratch
+        words: no third barrier); a cluster's blocks read each other's through distributed shared
+        memory, all in rank order, so every block has the same value."""
+        name = red_names[canonical_reduction(r)]
+        if share == 1:
+            return f"    {name} = scratch[{33 * index + 32}];\n"
+        op = "w += v;" if r.op == "sum" else "w = fmaxf(w, v);"
+        return f"""    habu::cluster_sync();  // every block of the row's cluster has its partial in its scratch
+    {{
+      float w = {init};
+#pragma unroll
+      for (int j = 0; j < {share}; ++j) {{
+        const float v = habu::ld_shared_cluster_f32(habu::smem_addr(&scratch[{33 * index + 32}]), (habu::u32)j);
+        {op}
+      }}
+      {name} = w;
+    }}
+"""
+
     passes = []
     sync = "__syncwarp();" if warp_rows else "__syncthreads();"
     if cached is not None:
@@ -220,7 +245,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         assert acc is not None
         p = sig.pointer(acc.tensor, acc.dtype)
         if in_regs:
-            off = access_offset(acc, {"r": "r", "c": "g * " + str(vec)}, sizes, lw.index_width, lambda t, x: "0")
+            off = access_offset(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
             passes.append(f"""  uint4 regs[{per_thread}];  // this thread's chunks of the row, loaded together
 #pragma unroll
   for (int i = 0; i < {per_thread}; ++i) {{
@@ -228,7 +253,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     regs[i] = habu::load16_or_zero({p} + ({off}), true);
   }}""")
         elif vector_mode:
-            off = access_offset(acc, {"r": "r", "c": "g * " + str(vec)}, sizes, lw.index_width, lambda t, x: "0")
+            off = access_offset(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
             passes.append(f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
     const uint4 raw = habu::load16_or_zero({p} + ({off}), true);
     const {word}* w = reinterpret_cast<const {word}*>(&raw);
@@ -237,8 +262,8 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
   }}
   {sync}""")
         else:
-            off = access_offset(acc, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
-            passes.append(f"""  for ({it} col = tid; col < {c(C)}; col += {threads}) row_cache[col] = {p}[{off}];
+            off = access_offset(acc, {"r": "r", "c": f"({cb}slot)"}, sizes, lw.index_width, lambda t, x: "0")
+            passes.append(f"""  for ({it} slot = tid; slot < {c(CL)}; slot += {threads}) row_cache[slot] = {p}[{off}];
   {sync}""")
     for index, (r, (body, declarations)) in enumerate(zip(reds, bodies, strict=True)):
         if declarations:
@@ -271,8 +296,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
       if (lane == 0) scratch[{33 * index + 32}] = w;
     }}
     __syncthreads();
-    {red_names[canonical_reduction(r)]} = scratch[{33 * index + 32}];  // each pass has its own scratch: no third barrier
-  }}""")
+{combine(r, index, reduce_fn, init)}  }}""")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     if lw.per_row:  # a row statistic: the row's first thread stores its one value
@@ -285,7 +309,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
   }}"""
     elif vector_mode and vec * DTYPES[out.dtype].bytes == 16 and out.dtype in ("bf16", "f16"):
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
-        base_off = access_offset(out, {"r": "r", "c": f"g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
+        base_off = access_offset(out, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
         value = render(final_expr, "col", "slot")
         loop_head = (f"#pragma unroll\n  for (int i = 0; i < {per_thread}; ++i) {{\n    const {it} g = tid + {threads} * i;"
                      if in_regs else f"  for ({it} g = tid; g < {c(G)}; g += {threads}) {{")
@@ -293,7 +317,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     float y[{vec}];
 #pragma unroll
     for (int q = 0; q < {vec}; ++q) {{
-      const {it} col = g * {vec} + q;
+      const {it} col = {cb}g * {vec} + q;
       {"" if in_regs else f"const {it} slot = ({it})q * {c(G)} + g;"}
       y[q] = {value};
     }}
@@ -308,32 +332,40 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
                                  f"{store_value(out.dtype, p_out, out_off, render(final_expr, 'col', 'slot'))}")
     red_decl = "\n".join(f"  float {n} = 0.0f;" for n in red_names.values())
     cache_type = {"bf16": "unsigned short", "f16": "unsigned short"}.get(cache_dt, "float")
-    cache_len = c(C)
+    cache_len = c(CL)
     block_decls = "" if warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(reds))}];  "
                                         "// block reductions: one partial per warp, per pass\n"
                                         "  const int lane = threadIdx.x % 32;\n  const int warp = threadIdx.x / 32;\n")
-    body = f"""extern "C" __global__ void __launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
+    attrs = f"__cluster_dims__({share}, 1, 1) " if share > 1 else ""
+    row_of = f"({it})(blockIdx.x / {share})" if share > 1 else f"({it})blockIdx.x * {rows_per} + row_slot"
+    cluster_decl = (f"  const {it} cbase = ({it})habu::cluster_ctarank() * {CL};  // this block's first column\n"
+                    if share > 1 else "")
+    # no block of the cluster leaves while a peer may still read its scratch
+    cluster_end = "  habu::cluster_sync();\n" if share > 1 else ""
+    body = f"""extern "C" __global__ void {attrs}__launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) {cache_type} row_cache_all[];
 {block_decls}  const int tid = threadIdx.x % {threads};  // this thread's lane within its row
   const int row_slot = threadIdx.x / {threads};
   {cache_type}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
-  const {it} r = ({it})blockIdx.x * {rows_per} + row_slot;
-  if (!(r < {c(sizes[lw.r])})) return;
-{red_decl}
+  const {it} r = {row_of};
+  if (!(r < {c(sizes[lw.r])})) return;  // (the blocks of a cluster share r: they leave together)
+{cluster_decl}{red_decl}
 {chr(10).join(passes)}
 {final_consts}{final_loop}
-}}
+{cluster_end}}}
 """
-    src = header(f"{name}: row kernel, {threads} threads per row, {vec} elements per access",
+    src = header(f"{name}: row kernel, {threads} threads per row"
+                 + (f" in each of a cluster of {share} blocks" if share > 1 else "") + f", {vec} elements per access",
                  [f"computes {', '.join(k.nodes)}: {len(reds)} reduction pass(es)"
                   + (f", row of {cached} kept in {'registers' if in_regs else 'shared memory'} as {cache_dt}"
                      if cached else "")])
     src += body.replace("SIGNATURE", sig.declaration())
     block = threads * rows_per
     if not cached or in_regs:
-        return CudaKernel(name, src, tuple(sig.params), block, 0, lw)
+        return CudaKernel(name, src, tuple(sig.params), block, 0, lw, cluster=share)
     if lw.c in static:
-        return CudaKernel(name, src, tuple(sig.params), block, e_in * static[lw.c] * rows_per, lw)
+        return CudaKernel(name, src, tuple(sig.params), block, e_in * (static[lw.c] // share) * rows_per, lw,
+                          cluster=share)
     return CudaKernel(name, src, tuple(sig.params), block, 0, lw, smem_per=(lw.c, e_in * rows_per))
 
 

@@ -87,7 +87,7 @@ class CudaKernel:
             return (int(lw.grid(sizes, sm_count)), 1, 1)
         if isinstance(lw, RowLowering):
             rb = lw.kernel.rows_per_block
-            return (-(-sizes[lw.r] // rb), 1, 1)
+            return (-(-sizes[lw.r] // rb) * lw.kernel.cluster, 1, 1)  # a cluster of blocks per row
         assert isinstance(lw, MapLowering)
         numel = 1
         for e in lw.extents:

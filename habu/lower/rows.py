@@ -87,6 +87,17 @@ class RowLowering:
     def chunk(self) -> int:
         return self.kernel.threads * self.kernel.vector
 
+    def part(self, sizes: Mapping[str, int]) -> int:
+        """Columns each block of a row's cluster owns: block `rank` owns [rank·part, (rank+1)·part)."""
+        return -(-sizes[self.c] // self.kernel.cluster)
+
+    def lanes(self, sizes: Mapping[str, int]) -> int:
+        """Columns each block's loops visit: whole chunks of threads·vector over the row, the last one
+        masked at #C, for a block per row; exactly its part for a block of a cluster (each part is
+        whole vectors, and the loops end at it)."""
+        part = self.part(sizes)
+        return part if self.kernel.cluster > 1 else -(-part // self.chunk) * self.chunk
+
     def expression(self) -> Expr:
         """The stored value as one expression of the row: the region's earlier nodes inlined."""
         return inline_region(self.nodes[-1].rhs, {eq.target: eq for eq in self.nodes[:-1]})

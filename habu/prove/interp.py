@@ -319,12 +319,18 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
     if keep is not None:
         rows = rows[np.isin(rows, keep)]
     C = sizes[lw.c]
-    padded = -(-C // lw.chunk) * lw.chunk
-    cols = np.arange(padded, dtype=np.int64)
+    # the blocks of a row's cluster each visit their part of the columns in chunks (the last chunk
+    # of a part ragged); their partial reductions combine into the row's
+    part = lw.part(sizes)
+    per_block = lw.lanes(sizes)
+    local = np.tile(np.arange(per_block, dtype=np.int64), lw.kernel.cluster)
+    cols = np.repeat(np.arange(lw.kernel.cluster, dtype=np.int64), per_block) * part + local
+    padded = len(cols)
     coords = {"r": rows[:, None], "c": cols[None, :]}
     loads = {ld: acc for ld, acc in lw.loads}
     env: dict[str, np.ndarray] = {}
-    col_mask = (cols < C)[None, :] if lw.reduce_mask else np.ones((1, padded), bool)
+    in_part = local < part
+    col_mask = ((cols < C) & in_part)[None, :] if lw.reduce_mask else np.ones((1, padded), bool)
 
     def where(bad: np.ndarray) -> str:
         b = np.broadcast_to(bad, (len(rows), padded))
@@ -355,7 +361,7 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
         write(name, lw.out, {"r": rows[:, None]}, env[lw.nodes[-1].target][:, :1], sizes, mem, lw.index_width,
               False, owned, where)
         return
-    owned = (rows[:, None] < sizes[lw.r]) & (cols[None, :] < C)
+    owned = (rows[:, None] < sizes[lw.r]) & ((cols < C) & in_part)[None, :]
     write(name, lw.out, coords, env[lw.nodes[-1].target], sizes, mem, lw.index_width, False, owned, where)
 
 

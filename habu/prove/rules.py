@@ -19,7 +19,7 @@ import z3
 from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.smem import contraction_smem
-from habu.search.plan import Plan
+from habu.search.plan import ROW_CLUSTERS, Plan
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target, target_named
@@ -516,10 +516,30 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
                      threads <= ctx.target.max_threads_per_block, detail=f"{threads} threads")
     if k.cache_row:
         e = max((ctx.dtype_bytes(a) for _, a in lw.loads), default=4)
-        cached = e * s[lw.c] * k.rows_per_block
+        cached = e * s[lw.c] * k.rows_per_block / k.cluster
+        part = f"/{k.cluster}" if k.cluster > 1 else ""
         yield Obligation(R["smem-budget"], name, None,
-                         f"the cached row ({e}·#{lw.c}·{k.rows_per_block} bytes) fits in {ctx.target.smem_per_block} bytes",
+                         f"the cached row ({e}·#{lw.c}{part}·{k.rows_per_block} bytes) fits in "
+                         f"{ctx.target.smem_per_block} bytes",
                          cached <= ctx.target.smem_per_block, detail="the row does not fit in shared memory")
+    if k.cluster > 1:
+        yield from _row_cluster(name, lw, ctx)
+
+
+def _row_cluster(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
+    """The blocks of a cluster share one row: block `rank` owns columns [rank·#C/n, (rank+1)·#C/n)."""
+    k, t, s = lw.kernel, ctx.target, ctx.ext
+    n = k.cluster
+    yield Obligation(R["target-feature"], name, None, f"thread-block clusters exist on {t.name}", t.tma,
+                     detail=f"{t.name} has no clusters")
+    yield Obligation(R["supported-path"], name, None,
+                     f"a cluster of {n} shares one row: a portable cluster size (1, 2, 4, 8), one row per block",
+                     n in ROW_CLUSTERS and k.rows_per_block == 1,
+                     detail=f"cluster of {n}, {k.rows_per_block} rows per block")
+    yield Obligation(R["vector-align"], name, None,
+                     f"each block's part of a row starts on a {k.vector}-element vector (#{lw.c} a multiple of "
+                     f"{n}·{k.vector})", s[lw.c] % (n * k.vector) == 0,
+                     detail=f"#{lw.c} is not a multiple of {n * k.vector}")
 
 
 def map_obligations(name: str, lw: MapLowering, ctx: Context) -> Iterator[Obligation]:

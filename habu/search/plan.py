@@ -27,6 +27,7 @@ MMAS = ("fma", "mma.sync", "wgmma")
 RASTERS = ("row", "column")
 STORES = ("direct", "tma")
 CLUSTERS = (1, 2)
+ROW_CLUSTERS = (1, 2, 4, 8)  # blocks of a cluster that share one row (portable cluster sizes)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class RowKernel:
     vector: int = doc("elements per global access")
     cache_row: bool = doc("keep the row in registers/shared memory between passes (one read of x)")
     index_width: int = doc("bits of the integers offsets are computed in", 32)
+    cluster: int = doc("blocks of a thread-block cluster that share one row, each a contiguous 1/cluster of its "
+                       "columns; they combine their reductions through distributed shared memory", 1)
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ def _kernel_dict(k: Kernel) -> dict:
         del d["store"]  # the default, absent so plans from before the field keep their keys
     if d.get("cluster_m") == 1:
         del d["cluster_m"]  # likewise
+    if isinstance(k, RowKernel) and k.cluster == 1:
+        del d["cluster"]  # likewise
     return d
 
 

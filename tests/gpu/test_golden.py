@@ -133,6 +133,10 @@ ROW_VARIANTS = {
     "512": {"threads": "512"},
     "1024": {"threads": "1024"},
     "256-uncached": {"threads": "256", "cache_row": "false"},
+    # a cluster of blocks shares each row, combining reductions through distributed shared memory
+    "cluster2-512": {"threads": "512", "row_cluster": "2", "cache_row": "true"},
+    "cluster4-256": {"threads": "256", "row_cluster": "4", "cache_row": "true"},
+    "cluster8-128-uncached": {"threads": "128", "row_cluster": "8", "cache_row": "false"},
 }
 
 
@@ -141,11 +145,22 @@ ROW_VARIANTS = {
 @pytest.mark.parametrize("example, model, key", [("softmax.habu", "SOFTMAX-ROWS", "C"),
                                                   ("rmsnorm.habu", "RMSNORM-ROWS", "D")], ids=["softmax", "rmsnorm"])
 def test_row_kernel_variants(example, model, key, variant, cols):
-    """Registers (with softmax's exp kept between passes), shared memory and uncached rows; a warp
-    or a block per row; ragged rows (1000 columns) and rows too long for registers."""
+    """Registers (with softmax's exp kept between passes), shared memory and uncached rows; a warp,
+    a block or a cluster of blocks per row; ragged rows (1000 columns) and rows too long for registers."""
     if variant.startswith("warp-per-row") and cols > 4096:
         pytest.skip("a warp per row is for short rows")
+    share = int(ROW_VARIANTS[variant].get("row_cluster", "1"))
+    if cols % (share * 8):
+        with pytest.raises(AssertionError, match="vector-align"):
+            golden(example, model, {"R": 64, key: cols}, ROW_VARIANTS[variant])
+        return  # each block's part of the row must start on a 16-byte vector: the rules reject it
     golden(example, model, {"R": 64, key: cols}, ROW_VARIANTS[variant])
+
+
+def test_a_row_too_long_for_one_block_by_default():
+    """131072 columns: the default shares each row among a cluster of 4 blocks."""
+    built = golden("softmax.habu", "SOFTMAX-ROWS", {"R": 16, "C": 131072})
+    assert built.plan.kernels[0].cluster == 4
 
 
 def test_layernorm(tmp_path):

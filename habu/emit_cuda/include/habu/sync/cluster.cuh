@@ -30,6 +30,18 @@ __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
       "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
       "}\n" :: "r"(bar), "r"(cta) : "memory");
 }
+/** @brief The f32 at the same shared-memory offset as `addr` in block `cta` of the cluster (distributed
+ *  shared memory); order it after the peer's store with a cluster barrier. */
+__device__ __forceinline__ float ld_shared_cluster_f32(u32 addr, u32 cta) {
+  float v;
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %1, %2;\n"
+      "ld.shared::cluster.f32 %0, [remote];\n"
+      "}\n" : "=f"(v) : "r"(addr), "r"(cta) : "memory");
+  return v;
+}
 /** @brief Load the box at (c0 innermost, c1) of a 2-D tensor map into `dst` of every block in `cta_mask`, each
  *  completing the bytes on its own mbarrier at the offset of `bar`. */
 __device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const TensorMap* map, u32 bar, int c0, int c1,
