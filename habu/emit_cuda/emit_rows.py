@@ -34,6 +34,7 @@ from habu.lower.rows import (
     reduction_passes,
     register_row_chunks,
     registers_per_thread,
+    row_registers,
 )
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size, walk
@@ -128,8 +129,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     sizes = sig.sizes()
     it = index_type(lw.index_width)
     threads, vec = k.threads, k.vector
-    defs = {eq.target: eq for eq in lw.nodes[:-1]}
-    expr = inline_region(lw.nodes[-1].rhs, defs)
+    expr = lw.expression()
     loads = _RowLoads(lw)
     reds = reduction_passes(expr)
     C = sizes[lw.c]
@@ -203,7 +203,10 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     {body}
   }}"""
 
-    consts = _RowConstants(lambda e: render(e, "col", "slot"))
+    def render_here(e: Expr) -> str:
+        return render(e, "col", "slot")
+
+    consts = _RowConstants(render_here)
     bodies = []  # each reduction's body with its row constants hoisted, and their declarations
     for r in reds:
         body = consts.hoist(r.body)
@@ -214,15 +217,15 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     # registers when the row is, instead of computed twice
     held: set[int] = set()
     if in_regs and not lw.per_row:
-        room = (min(registers_per_thread(threads, rows_per), HELD_REGISTER_CAP) - 4 * per_thread - 40) \
+        room = (min(registers_per_thread(threads, rows_per), HELD_REGISTER_CAP) - row_registers(per_thread)) \
             // (per_thread * vec)
-        computed = {render(b, "col", "slot"): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
-        final_expr = _reuse_held(final_expr, lambda e: render(e, "col", "slot"), computed, held, max(0, room))
-    def combine(r: Reduce, index: int, reduce_fn: str, init: str) -> str:
-        """The row's value of a reduction from each block's partial (each pass has its own scratch
-        words: no third barrier); a cluster's blocks read each other's through distributed shared
-        memory, all in rank order, so every block has the same value."""
-        name = red_names[canonical_reduction(r)]
+        computed = {render_here(b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
+        final_expr = _reuse_held(final_expr, render_here, computed, held, max(0, room))
+
+    def combine(r: Reduce, name: str, index: int, init: str) -> str:
+        """The row's value `name` of a reduction from each block's partial (each pass has its own
+        scratch words: no third barrier); a cluster's blocks read each other's through distributed
+        shared memory, all in rank order, so every block has the same value."""
         if share == 1:
             return f"    {name} = scratch[{33 * index + 32}];\n"
         op = "w += v;" if r.op == "sum" else "w = fmaxf(w, v);"
@@ -272,19 +275,20 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         if index in held:
             passes.append(f"  float held{index}[{per_thread}][{vec}];  // this pass's values, for the last pass")
             keep = f" held{index}[i][q] = v;"
+        red = red_names[canonical_reduction(r)]
         init = "0.0f" if r.op == "sum" else "-3.402823466e38f"
         update = "part += v;" if r.op == "sum" else "part = fmaxf(part, v);"
         reduce_fn = "habu::warp_sum" if r.op == "sum" else "habu::warp_max"
         guard = f"col < {c(C)}" if lw.reduce_mask else "true"
         loop = column_loop(f"if ({guard}) {{ const float v = {render(body, 'col', 'slot')};{keep} {update} }}")
         if warp_rows:
-            passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[canonical_reduction(r)]} (this warp's row)
+            passes.append(f"""  {{  // {r.op}-reduction over the row: {red} (this warp's row)
     float part = {init};
 {loop}
-    {red_names[canonical_reduction(r)]} = {reduce_fn}(part);
+    {red} = {reduce_fn}(part);
   }}""")
             continue
-        passes.append(f"""  {{  // {r.op}-reduction over the row: {red_names[canonical_reduction(r)]}
+        passes.append(f"""  {{  // {r.op}-reduction over the row: {red}
     float part = {init};
 {loop}
     part = {reduce_fn}(part);
@@ -296,7 +300,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
       if (lane == 0) scratch[{33 * index + 32}] = w;
     }}
     __syncthreads();
-{combine(r, index, reduce_fn, init)}  }}""")
+{combine(r, red, index, init)}  }}""")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     if lw.per_row:  # a row statistic: the row's first thread stores its one value

@@ -27,14 +27,20 @@ def registers_per_thread(threads: int, rows_per_block: int) -> int:
     return min(255, 65536 // (threads * rows_per_block))
 
 
+def row_registers(chunks: int) -> int:
+    """Registers a row kernel's thread needs with `chunks` 16-byte chunks in registers (4 each) and
+    about 40 more for addresses, reductions and the epilogue."""
+    return 4 * chunks + 40
+
+
 def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int) -> int:
     """The 16-byte chunks of its row each thread keeps in registers, or 0 when the row does not stay in
-    registers: the row (static `cols`) splits evenly into at most 16 chunks per thread, and the
-    chunks (4 registers each) and about 40 more registers fit what the launch bounds leave."""
+    registers: the row (static `cols`) splits evenly into at most 16 chunks per thread, and
+    `row_registers` fit what the launch bounds leave."""
     if not isinstance(cols, int) or vector * elem_bytes != 16 or cols % (threads * vector):
         return 0
     chunks = cols // (threads * vector)
-    fits = 0 < chunks <= MAX_REGISTER_CHUNKS and 4 * chunks + 40 <= registers_per_thread(threads, rows_per_block)
+    fits = 0 < chunks <= MAX_REGISTER_CHUNKS and row_registers(chunks) <= registers_per_thread(threads, rows_per_block)
     return chunks if fits else 0
 
 

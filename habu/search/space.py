@@ -29,7 +29,7 @@ from habu.search.plan import (
     Plan,
     RowKernel,
 )
-from habu.spec.ir import Equation, Model
+from habu.spec.ir import Equation, Extent, Model
 from habu.target import Target
 
 TENSOR_CORE_DTYPES = ("bf16", "f16")
@@ -195,13 +195,23 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
     return replace(kernel, store="tma") if plain_out and _tma_store_fits(model, kernel, target) else kernel
 
 
-def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, int],
-                 multiples: dict[str, int]) -> RowKernel:
+# a row of at most this many bytes is cached in one block's shared memory by default
+ROW_CACHE_BYTES = 200 * 1024
+
+
+def _row_extent(model: Model, region: Region) -> Extent:
+    """The extent a row region's rows run along (its columns)."""
     last = node_of(model, region.output)
     axes = row_local(last)
     c_ext = axes[1] if axes else last.lhs[-1].extent
+    return next(e for e in model.extents if e.name == c_ext)
+
+
+def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, int],
+                 multiples: dict[str, int]) -> RowKernel:
+    extent = _row_extent(model, region)
+    c_ext, static = extent.name, extent.size
     eb = max(dtype_bytes(model, t.name) for t in model.inputs if c_ext in t.extents) if model.inputs else 4
-    static = next(e for e in model.extents if e.name == c_ext).size
     vec = max_vector(static, eb, multiples.get(c_ext, 1))
     cols = sizes[c_ext]
     threads = 32  # enough threads that each holds about four 16-byte chunks of the row
@@ -217,8 +227,8 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
     # short rows: a warp per row, four rows per block, no block-wide barriers (softmax at 4096 columns
     # took 59.5 µs this way, 37.6 with 128 threads per row: only rows of at most 32 chunks)
     rows = 4 if threads == 32 else 1
-    hi = next(e for e in model.extents if e.name == c_ext).hi  # the widest row a runtime extent allows
-    cache = max(cols, hi if static is None else cols) * eb <= 200 * 1024
+    # a runtime width is cached when its widest row (the extent's `hi`) fits
+    cache = max(cols, extent.hi if static is None else cols) * eb <= ROW_CACHE_BYTES
     share = 1
     # a static row too long for one block is shared by a cluster of blocks, about 32768 columns and
     # 512 threads each, its part kept in registers (H200, 2026-12-01, 2048 x 131072 bf16: softmax
@@ -227,7 +237,7 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
         share = 2
         while share < 8 and static // share > 32768:
             share *= 2
-        if static % (share * vec) == 0 and static // share * eb <= 200 * 1024:
+        if static % (share * vec) == 0 and static // share * eb <= ROW_CACHE_BYTES:
             threads, rows, cache = 512, 1, True
         else:
             share = 1
@@ -467,7 +477,7 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     if isinstance(kernel, RowKernel) and changes.get("threads", 32) != 32 \
             and changes.setdefault("rows_per_block", 1) != 1:
         raise UsageError(f"--pin rows={changes['rows_per_block']} needs threads=32: several rows per block "
-                             "are a warp each")
+                         "are a warp each")
     if "tile_m" in changes and changes.get("mma", getattr(kernel, "mma", None)) == "wgmma":
         # a pinned tile brings its own warps and depth unless they are pinned too
         warps, stages = wgmma_warps_stages(int(changes["tile_m"]), int(changes["tile_n"]))  # type: ignore[call-overload]
@@ -539,14 +549,6 @@ def rows_space(base: RowKernel, cols: int | None = None, clusters: bool = False)
                 yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=share)
 
 
-def _row_width(model: Model, region: Region) -> int | None:
-    """The static column count of a row region (None for a runtime width)."""
-    last = node_of(model, region.output)
-    axes = row_local(last)
-    c_ext = axes[1] if axes else last.lhs[-1].extent
-    return next(e for e in model.extents if e.name == c_ext).size
-
-
 def map_space(base: MapKernel) -> Iterator[MapKernel]:
     for threads in (128, 256, 512, 1024):
         for vec in sorted({1, base.vector}):
@@ -560,8 +562,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         yield from contraction_space(model, region, target, sizes)
     elif region.kind == "rows":
         base = default_rows(model, region, target, sizes, mult)
-        cols = _row_width(model, region)
-        yield from rows_space(base, cols, clusters=target.tma)
+        yield from rows_space(base, _row_extent(model, region).size, clusters=target.tma)
     else:
         yield from map_space(default_map(model, region, target, sizes, mult))
 
