@@ -270,13 +270,24 @@ _resident: dict[tuple[int, int], int] = {}  # (CUfunction, dynamic smem) -> bloc
 def resident_blocks(kernel: CudaKernel, function: Any, smem: int, dev: Device) -> int:
     """How many blocks of the kernel the GPU runs at once, for a persistent grid: one per SM, or,
     for a cluster kernel, the blocks of the clusters that fit together (an SM left over in a GPC
-    holds no cluster of 2; a grid sized by SMs alone would run its last clusters in a second wave)."""
-    if kernel.cluster <= 1:
+    holds no cluster of 2; a grid sized by SMs alone would run its last clusters in a second wave).
+    A persistent row kernel fills every SM with as many blocks as fit at once."""
+    rows = getattr(kernel.lowering, "kernel", None)
+    several = bool(getattr(rows, "prefetch", False))
+    if kernel.cluster <= 1 and not several:
         return dev.sm_count
     key = (int(function), smem)
     if key not in _resident:
         d = _driver()
         allow_smem(function, smem, kernel.name)
+        if kernel.cluster <= 1:
+            per_sm = int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, kernel.threads, smem),
+                               f"cuOccupancyMaxActiveBlocksPerMultiprocessor({kernel.name})"))
+            if per_sm < 1:
+                raise DriverError(f"kernel {kernel.name}: no block of {kernel.threads} threads with {smem} bytes of "
+                                  "shared memory fits on an SM")
+            _resident[key] = per_sm * dev.sm_count
+            return _resident[key]
         config = d.CUlaunchConfig()
         config.gridDimX, config.gridDimY, config.gridDimZ = kernel.cluster * dev.sm_count, 1, 1
         config.blockDimX, config.blockDimY, config.blockDimZ = kernel.threads, 1, 1

@@ -27,12 +27,11 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import MapLowering, RowLowering
-from habu.lower.access import Access
 from habu.lower.rows import (
+    RowLoads,
     canonical_reduction,
     inline_region,
     reduction_passes,
-    register_row_chunks,
     registers_per_thread,
     row_registers,
 )
@@ -99,26 +98,6 @@ def _reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: i
     return Op(e.fn, tuple(_reuse_held(a, render, bodies, used, room) for a in e.args))
 
 
-class _RowLoads(dict):
-    """The region's loads and their accesses, found by what they read: a load inlined from an
-    earlier node of the region (RMSNORM RMSNORM: the second reads the first's x[r d'] under its own
-    reduction variable) reads the same access as the load the lowering recorded."""
-
-    def __init__(self, lw: RowLowering) -> None:
-        super().__init__((self.key(ld), acc) for ld, acc in lw.loads)
-
-    @staticmethod
-    def key(ld: Load) -> tuple:
-        # the row variable is `r`; every other index variable walks the row's columns
-        return (ld.tensor, tuple(("r" if i.name == "r" else "c") if isinstance(i, IndexVar) else i for i in ld.indices))
-
-    def __contains__(self, ld: object) -> bool:
-        return isinstance(ld, Load) and super().__contains__(self.key(ld))
-
-    def __getitem__(self, ld: Load) -> Access:
-        return super().__getitem__(self.key(ld))
-
-
 def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
     warp_rows = k.threads == 32  # a warp per row, `rows_per_block` rows per block: shuffles only
@@ -130,7 +109,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     it = index_type(lw.index_width)
     threads, vec = k.threads, k.vector
     expr = lw.expression()
-    loads = _RowLoads(lw)
+    loads = RowLoads(lw)
     reds = reduction_passes(expr)
     C = sizes[lw.c]
     share = k.cluster  # blocks sharing the row: block `rank` visits columns [rank·CL, (rank+1)·CL)
@@ -138,23 +117,24 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         raise ValueError(f"a cluster of {share} shares a static row of whole vectors, one row per block")
     CL = C // share if share > 1 else C  # the columns this block visits
     cb = "cbase + " if share > 1 else ""  # a column's offset: this block's first column, then its own
-    # a row read by several passes is kept in shared memory in its own element type
-    row_loads = [x for x in walk(expr) if isinstance(x, Load) and x in loads
-                 and [p.kind for p in loads[x].positions] == ["axis", "axis"]]
-    cached = row_loads[0].tensor if (k.cache_row and row_loads and reds
-                                     and len({x.tensor for x in row_loads}) == 1) else None
-    cache_acc = loads[row_loads[0]] if cached else None
+    # a row read by several passes is kept on chip in its own element type
+    cache_acc = lw.kept_row()
+    cached = cache_acc.tensor if cache_acc else None
     cache_dt = cache_acc.dtype if cache_acc else "f32"
     e_in = DTYPES[cache_dt].bytes
     # vector mode: 16-byte loads and stores, the cache permuted so lane q of chunk g sits at q·G + g
     # (consecutive threads touch consecutive words: no bank conflicts)
-    vector_mode = cached is not None and vec * e_in == 16 and cache_dt in ("bf16", "f16", "f32")
+    vector_mode = lw.vector_row()
     G = CL / vec if not isinstance(CL, int) else CL // vec  # chunks per row (vector mode: #C is a multiple)
     # register mode: a static row that splits evenly into at most 16 chunks per thread stays in
     # registers (all its loads in flight at once, no shared memory)
-    per_thread = register_row_chunks(CL, threads, vec, rows_per, e_in) if vector_mode else 0
+    per_thread = lw.register_chunks(sizes)
     in_regs = per_thread > 0
     word = "unsigned short" if e_in == 2 else "float"
+    # persistent blocks copy their next row to shared memory while they compute this one in registers
+    prefetch = k.prefetch
+    if prefetch and not (in_regs and rows_per == 1):
+        raise ValueError("prefetching the next row needs the row kept in registers, one row per block")
 
     def leaf_at(col: str, slot: str):
         def leaf(ld: Load) -> str:
@@ -247,7 +227,12 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         acc = cache_acc
         assert acc is not None
         p = sig.pointer(acc.tensor, acc.dtype)
-        if in_regs:
+        if prefetch:
+            passes.append(f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
+  uint4 regs[{per_thread}];  // this thread's chunks of the row: the ones it copied itself
+#pragma unroll
+  for (int i = 0; i < {per_thread}; ++i) regs[i] = next_row[tid + {threads} * i];""")
+        elif in_regs:
             off = access_offset(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
             passes.append(f"""  uint4 regs[{per_thread}];  // this thread's chunks of the row, loaded together
 #pragma unroll
@@ -268,6 +253,30 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
             off = access_offset(acc, {"r": "r", "c": f"({cb}slot)"}, sizes, lw.index_width, lambda t, x: "0")
             passes.append(f"""  for ({it} slot = tid; slot < {c(CL)}; slot += {threads}) row_cache[slot] = {p}[{off}];
   {sync}""")
+    def copy_row(row: str) -> str:
+        """This thread's chunks of row `row` copied into shared memory (cp.async), one group."""
+        acc = cache_acc
+        assert acc is not None
+        p = sig.pointer(acc.tensor, acc.dtype)
+        off = access_offset(acc, {"r": row, "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
+        return f"""#pragma unroll
+    for (int i = 0; i < {per_thread}; ++i) {{
+      const {it} g = tid + {threads} * i;
+      habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({off}), true);
+    }}
+    habu::cp_async_commit();
+"""
+
+    issue_next = ""
+    if prefetch:
+        issue_next = f"""    if (r + row_step < {c(sizes[lw.r])}) {{  // the block's next row: its copy lands while this one is computed
+      const {it} r_next = r + row_step;
+    {copy_row("r_next")}    }}
+"""
+    # the copy overwrites the chunks this thread read: issued once the first pass has used every one
+    # of them (its values are in registers), or after the last pass
+    first_reads_row = bool(bodies) and any(isinstance(x, Load) and x in loads and x.tensor == cached
+                                           for x in walk(bodies[0][0]))
     for index, (r, (body, declarations)) in enumerate(zip(reds, bodies, strict=True)):
         if declarations:
             passes.append(declarations.rstrip("\n"))
@@ -281,6 +290,9 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         reduce_fn = "habu::warp_sum" if r.op == "sum" else "habu::warp_max"
         guard = f"col < {c(C)}" if lw.reduce_mask else "true"
         loop = column_loop(f"if ({guard}) {{ const float v = {render(body, 'col', 'slot')};{keep} {update} }}")
+        if index == 0 and first_reads_row and issue_next:
+            loop += "\n" + issue_next.rstrip("\n")
+            issue_next = ""
         if warp_rows:
             passes.append(f"""  {{  // {r.op}-reduction over the row: {red} (this warp's row)
     float part = {init};
@@ -346,11 +358,26 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
                     if share > 1 else "")
     # no block of the cluster leaves while a peer may still read its scratch
     cluster_end = "  habu::cluster_sync();\n" if share > 1 else ""
-    body = f"""extern "C" __global__ void {attrs}__launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
+    head = f"""extern "C" __global__ void {attrs}__launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) {cache_type} row_cache_all[];
 {block_decls}  const int tid = threadIdx.x % {threads};  // this thread's lane within its row
   const int row_slot = threadIdx.x / {threads};
-  {cache_type}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
+"""
+    if prefetch:
+        first = f"  {{  // the first row's copy\n  {copy_row('r')}  }}\n"
+        body = f"""{head}  uint4* next_row = reinterpret_cast<uint4*>(row_cache_all);  // the row in flight
+  const {it} row_step = ({it})(gridDim.x / {share});  // persistent: the block walks rows r, r + step, ...
+  {it} r = {row_of};
+  if (!(r < {c(sizes[lw.r])})) return;  // (the blocks of a cluster share r: they leave together)
+{cluster_decl}{first}  for (; r < {c(sizes[lw.r])}; r += row_step) {{
+{red_decl}
+{chr(10).join(passes)}
+{final_consts}{final_loop}
+{issue_next}{cluster_end}  }}
+}}
+"""
+    else:
+        body = f"""{head}  {cache_type}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
   const {it} r = {row_of};
   if (!(r < {c(sizes[lw.r])})) return;  // (the blocks of a cluster share r: they leave together)
 {cluster_decl}{red_decl}
@@ -365,6 +392,8 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
                      if cached else "")])
     src += body.replace("SIGNATURE", sig.declaration())
     block = threads * rows_per
+    if prefetch:  # the next row's part, in flight
+        return CudaKernel(name, src, tuple(sig.params), block, e_in * CL, lw, cluster=share)
     if not cached or in_regs:
         return CudaKernel(name, src, tuple(sig.params), block, 0, lw, cluster=share)
     if lw.c in static:

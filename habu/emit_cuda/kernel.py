@@ -86,8 +86,7 @@ class CudaKernel:
         if isinstance(lw, ContractionLowering):
             return (int(lw.grid(sizes, sm_count)), 1, 1)
         if isinstance(lw, RowLowering):
-            rb = lw.kernel.rows_per_block
-            return (-(-sizes[lw.r] // rb) * lw.kernel.cluster, 1, 1)  # a cluster of blocks per row
+            return (int(lw.grid(sizes, sm_count)), 1, 1)
         assert isinstance(lw, MapLowering)
         numel = 1
         for e in lw.extents:

@@ -16,10 +16,16 @@ from dataclasses import dataclass
 from habu.lower.access import Access, access_for
 from habu.search.patterns import row_local
 from habu.search.plan import MapKernel, RowKernel
+from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, Gather, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
 
 # a thread keeps at most this many 16-byte chunks of its row in registers (all loads in flight at once)
 MAX_REGISTER_CHUNKS = 16
+# ... or this many when several passes read the row: ptxas then keeps each chunk's converted floats
+# live between the passes, twice its packed registers (softmax at 65536 columns, 512 threads with 16
+# chunks each: 128 registers and 600 bytes spilled, 793.9 µs on the H200; 1024 threads through shared
+# memory 736.0 µs. RMSNorm's one pass spills 72 bytes there and is faster in registers, 2026-12-01)
+MAX_REGISTER_CHUNKS_REREAD = 8
 
 
 def registers_per_thread(threads: int, rows_per_block: int) -> int:
@@ -33,14 +39,16 @@ def row_registers(chunks: int) -> int:
     return 4 * chunks + 40
 
 
-def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int) -> int:
+def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int,
+                        passes: int = 1) -> int:
     """The 16-byte chunks of its row each thread keeps in registers, or 0 when the row does not stay in
-    registers: the row (static `cols`) splits evenly into at most 16 chunks per thread, and
-    `row_registers` fit what the launch bounds leave."""
+    registers: the row (static `cols`) splits evenly into at most 16 chunks per thread (8 when
+    `passes` > 1 read it), and `row_registers` fit what the launch bounds leave."""
     if not isinstance(cols, int) or vector * elem_bytes != 16 or cols % (threads * vector):
         return 0
     chunks = cols // (threads * vector)
-    fits = 0 < chunks <= MAX_REGISTER_CHUNKS and row_registers(chunks) <= registers_per_thread(threads, rows_per_block)
+    most = MAX_REGISTER_CHUNKS if passes <= 1 else MAX_REGISTER_CHUNKS_REREAD
+    fits = 0 < chunks <= most and row_registers(chunks) <= registers_per_thread(threads, rows_per_block)
     return chunks if fits else 0
 
 
@@ -78,6 +86,26 @@ def reduction_passes(expr: Expr) -> list[Reduce]:
     return out
 
 
+class RowLoads(dict):
+    """The region's loads and their accesses, found by what they read: a load inlined from an
+    earlier node of the region (RMSNORM RMSNORM: the second reads the first's x[r d'] under its own
+    reduction variable) reads the same access as the load the lowering recorded."""
+
+    def __init__(self, lw: RowLowering) -> None:
+        super().__init__((self.key(ld), acc) for ld, acc in lw.loads)
+
+    @staticmethod
+    def key(ld: Load) -> tuple:
+        # the row variable is `r`; every other index variable walks the row's columns
+        return (ld.tensor, tuple(("r" if i.name == "r" else "c") if isinstance(i, IndexVar) else i for i in ld.indices))
+
+    def __contains__(self, ld: object) -> bool:
+        return isinstance(ld, Load) and super().__contains__(self.key(ld))
+
+    def __getitem__(self, ld: Load) -> Access:
+        return super().__getitem__(self.key(ld))
+
+
 @dataclass(frozen=True)
 class RowLowering:
     kernel: RowKernel
@@ -104,9 +132,56 @@ class RowLowering:
         part = self.part(sizes)
         return part if self.kernel.cluster > 1 else -(-part // self.chunk) * self.chunk
 
+    def row_groups(self, sizes: Mapping[str, int]) -> int:
+        """Groups of `rows_per_block` rows: the interpreter's blocks, each computed on its own."""
+        return -(-sizes[self.r] // self.kernel.rows_per_block)
+
+    def grid(self, sizes: Mapping[str, int], slots: int) -> int:
+        """Blocks launched: a cluster of blocks per row group; with `prefetch`, only the clusters that are
+        resident at once (`slots` blocks), cluster j walking groups j, j + G, j + 2G, ... (G clusters
+        launched), so every group is computed once, by one cluster, as without it."""
+        groups, n = self.row_groups(sizes), self.kernel.cluster
+        if self.kernel.prefetch:
+            return max(1, min(groups, slots // n)) * n
+        return groups * n
+
     def expression(self) -> Expr:
         """The stored value as one expression of the row: the region's earlier nodes inlined."""
         return inline_region(self.nodes[-1].rhs, {eq.target: eq for eq in self.nodes[:-1]})
+
+    def kept_row(self) -> Access | None:
+        """With `cache_row`: the one tensor whose row the passes read again (x of softmax, RMSNorm),
+        kept on chip between them, as the load reads it; None when nothing is kept."""
+        expr = self.expression()
+        if not self.kernel.cache_row or not reduction_passes(expr):
+            return None
+        loads = RowLoads(self)
+        rows = [x for x in walk(expr) if isinstance(x, Load) and x in loads
+                and [p.kind for p in loads[x].positions] == ["axis", "axis"]]
+        return loads[rows[0]] if rows and len({x.tensor for x in rows}) == 1 else None
+
+    def vector_row(self) -> bool:
+        """The kept row moves in 16-byte vectors of bf16, f16 or f32."""
+        acc = self.kept_row()
+        return acc is not None and acc.dtype in ("bf16", "f16", "f32") \
+            and self.kernel.vector * DTYPES[acc.dtype].bytes == 16
+
+    def register_chunks(self, sizes: Mapping[str, object]) -> int:
+        """16-byte chunks of the kept row each thread holds in registers (0: the row is not in
+        registers): a static part of a row that splits evenly and fits (`register_row_chunks`)."""
+        acc = self.kept_row()
+        cols = sizes[self.c]
+        if acc is None or not self.vector_row() or not isinstance(cols, int):
+            return 0
+        part = cols // self.kernel.cluster
+        return register_row_chunks(part, self.kernel.threads, self.kernel.vector, self.kernel.rows_per_block,
+                                   DTYPES[acc.dtype].bytes, len(reduction_passes(self.expression())))
+
+    def one_block_per_sm(self, sizes: Mapping[str, object]) -> bool:
+        """A block keeping its row in registers takes more than half of an SM's registers (64 K): no
+        second block shares the SM to load while this one computes."""
+        chunks = self.register_chunks(sizes)
+        return chunks > 0 and self.kernel.threads * self.kernel.rows_per_block * row_registers(chunks) > 32768
 
     @property
     def per_row(self) -> bool:

@@ -18,6 +18,7 @@ import z3
 
 from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, cdiv, size_of
+from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.smem import contraction_smem
 from habu.search.plan import ROW_CLUSTERS, Plan
 from habu.spec.dtypes import DTYPES
@@ -524,6 +525,25 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
                          cached <= ctx.target.smem_per_block, detail="the row does not fit in shared memory")
     if k.cluster > 1:
         yield from _row_cluster(name, lw, ctx)
+    if k.prefetch:
+        yield from _row_prefetch(name, lw, ctx)
+
+
+def _row_prefetch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
+    """Persistent blocks copy their next row to shared memory (cp.async) while they compute this one
+    from registers: each thread copies, and later reads back, only its own chunks."""
+    k, t = lw.kernel, ctx.target
+    yield Obligation(R["target-feature"], name, None, f"cp.async exists on {t.name}", t.cp_async,
+                     detail=f"{t.name} has no cp.async")
+    chunks = lw.register_chunks(ctx.ext)
+    yield Obligation(R["supported-path"], name, None,
+                     "a block that prefetches its next row keeps this one in registers: one row per block, a "
+                     "static row of 16-byte vectors, whole chunks per thread, at most "
+                     f"{MAX_REGISTER_CHUNKS} each ({MAX_REGISTER_CHUNKS_REREAD} when several passes read it), within "
+                     f"the registers {k.threads} threads have",
+                     chunks > 0 and k.rows_per_block == 1,
+                     detail=f"{k.rows_per_block} row(s) per block of {k.threads} threads; the row does not stay in "
+                            "registers")
 
 
 def _row_cluster(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:

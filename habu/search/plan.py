@@ -75,6 +75,8 @@ class RowKernel:
     index_width: int = doc("bits of the integers offsets are computed in", 32)
     cluster: int = doc("blocks of a thread-block cluster that share one row, each a contiguous 1/cluster of its "
                        "columns; they combine their reductions through distributed shared memory", 1)
+    prefetch: bool = doc("persistent blocks (one per resident slot) walk the rows, each copying its next row "
+                         "into shared memory (cp.async) while it computes this one from registers", False)
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,8 @@ def _kernel_dict(k: Kernel) -> dict:
         del d["cluster_m"]  # likewise
     if isinstance(k, RowKernel) and k.cluster == 1:
         del d["cluster"]  # likewise
+    if isinstance(k, RowKernel) and not k.prefetch:
+        del d["prefetch"]  # likewise
     return d
 
 

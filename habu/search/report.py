@@ -73,7 +73,9 @@ def plan_summary(plan: dict) -> str:
                          + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         elif k["kind"] == "rows":
             parts.append(f"rows {k['threads']}x{k['rows_per_block']} v{k['vector']}"
-                         + (" cached" if k["cache_row"] else ""))
+                         + (" cached" if k["cache_row"] else "")
+                         + (f" cluster:{k['cluster']}" if k.get("cluster", 1) > 1 else "")
+                         + (" prefetch" if k.get("prefetch") else ""))
         else:
             parts.append(f"map {k['threads']} v{k['vector']}")
     rewrites = plan.get("rewrites") or []

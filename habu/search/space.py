@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
-from habu.lower.rows import register_row_chunks
+from habu.lower.rows import lower_rows, reduction_passes
 from habu.search.patterns import Region, as_contraction, default_regions, row_local
 from habu.search.plan import (
     CLUSTERS,
@@ -214,15 +214,24 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
     eb = max(dtype_bytes(model, t.name) for t in model.inputs if c_ext in t.extents) if model.inputs else 4
     vec = max_vector(static, eb, multiples.get(c_ext, 1))
     cols = sizes[c_ext]
+    index_width = 64 if needs_64bit(model, sizes) else 32
+
+    def kernel(threads: int, rows: int = 1, cache: bool = True, share: int = 1, prefetch: bool = False) -> RowKernel:
+        return RowKernel(nodes=region.nodes, rows_per_block=rows, threads=threads, vector=vec, cache_row=cache,
+                         index_width=index_width, cluster=share, prefetch=prefetch)
+
+    def in_registers(threads: int, share: int = 1) -> bool:
+        return lower_rows(model, kernel(threads, share=share)).register_chunks(sizes) > 0
+
     threads = 32  # enough threads that each holds about four 16-byte chunks of the row
     while threads < 1024 and threads * vec * 4 < cols:
         threads *= 2
     # fewer threads, if that keeps the row in registers (H200, 2026-12-01: RMSNorm 8192x65536 535 µs
     # with 512 threads in registers, 598 with 1024 through shared memory)
     fewer = threads
-    while fewer > 32 and not register_row_chunks(cols, fewer, vec, 1, eb):
+    while fewer > 32 and not in_registers(fewer):
         fewer //= 2
-    if register_row_chunks(cols, fewer, vec, 1, eb) and not register_row_chunks(cols, threads, vec, 1, eb):
+    if in_registers(fewer) and not in_registers(threads):
         threads = fewer
     # short rows: a warp per row, four rows per block, no block-wide barriers (softmax at 4096 columns
     # took 59.5 µs this way, 37.6 with 128 threads per row: only rows of at most 32 chunks)
@@ -241,8 +250,15 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
             threads, rows, cache = 512, 1, True
         else:
             share = 1
-    return RowKernel(nodes=region.nodes, rows_per_block=rows, threads=threads, vector=vec, cache_row=cache,
-                     index_width=64 if needs_64bit(model, sizes) else 32, cluster=share)
+    # a block whose row in registers fills the SM's registers, and which reduces it more than once,
+    # loads its next row while it computes this one (H200, 2026-12-01, 8192 rows: softmax at 32768
+    # columns 320.9 -> 294.4 µs. It lost where the SM holds two blocks, which overlap by themselves:
+    # softmax at 16384 138.1 -> 151.9, and for RMSNorm's one pass: 32768 columns 264.5 -> 284.0)
+    prefetch = False
+    if static is not None and share == 1 and rows == 1 and cache and target.cp_async:
+        lw = lower_rows(model, kernel(threads))
+        prefetch = lw.one_block_per_sm(sizes) and len(reduction_passes(lw.expression())) > 1
+    return kernel(threads, rows, cache, share, prefetch)
 
 
 def default_map(model: Model, region: Region, target: Target, sizes: dict[str, int],
@@ -332,7 +348,7 @@ PIN_FIELDS = {"tile": ("tile_m",), "mma": ("mma",), "stages": ("stages",), "warp
               "cluster_m": ("cluster_m",), "index": ("index_width",), "index_width": ("index_width",),
               "vector": ("vector", "a_vector"), "threads": ("threads",), "swizzle": ("swizzle",),
               "ws": ("warp_specialized",), "rows": ("rows_per_block",), "cache_row": ("cache_row",),
-              "row_cluster": ("cluster",)}
+              "row_cluster": ("cluster",), "row_prefetch": ("prefetch",)}
 
 
 def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
@@ -373,7 +389,8 @@ def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
 
 
 PIN_KEYS = ("tile", "mma", "stages", "warps", "split_k", "raster", "group_m", "persistent", "store", "cluster", "index",
-            "vector", "threads", "swizzle", "ws", "rows", "cache_row", "row_cluster", "rewrite")
+            "vector", "threads", "swizzle", "ws", "rows", "cache_row", "row_cluster",
+            "row_prefetch", "rewrite")
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
@@ -456,6 +473,8 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             changes["cluster_m"] = _pin_int(k, value, CLUSTERS)
         elif k == "row_cluster" and "cluster" in names:
             changes["cluster"] = _pin_int(k, value, ROW_CLUSTERS)
+        elif k == "row_prefetch" and "prefetch" in names:
+            changes["prefetch"] = _pin_bool(k, value)
         elif k == "ws" and "warp_specialized" in names:
             changes["warp_specialized"] = _pin_bool(k, value)
         elif k == "cache_row" and "cache_row" in names:
@@ -540,13 +559,18 @@ def rows_space(base: RowKernel, cols: int | None = None, clusters: bool = False)
     """Threads per row (a block, or a warp with several rows a block), the row cached or not; for
     a long static row (`cols`) on a target with clusters, a cluster of blocks sharing each row."""
     for threads, cache in itertools.product((64, 128, 256, 512, 1024), (True, False)):
-        yield replace(base, threads=threads, cache_row=cache, rows_per_block=1, cluster=1)
+        yield replace(base, threads=threads, cache_row=cache, rows_per_block=1, cluster=1, prefetch=False)
     for rows, cache in itertools.product((1, 2, 4, 8), (True, False)):  # a warp per row
-        yield replace(base, threads=32, cache_row=cache, rows_per_block=rows, cluster=1)
+        yield replace(base, threads=32, cache_row=cache, rows_per_block=rows, cluster=1, prefetch=False)
     if clusters and cols is not None and cols >= 16384:
         for share, threads in itertools.product((2, 4, 8), (256, 512, 1024)):
             if cols % (share * base.vector) == 0:
                 yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=share)
+    # persistent blocks that copy their next row while they compute this one (in registers); not in
+    # a cluster, where it lost everywhere (H200, 2026-12-01: softmax 2048x131072 433.7 -> 720.0 µs)
+    if cols is not None and cols >= 8192:
+        for threads in (256, 512, 1024):
+            yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=True)
 
 
 def map_space(base: MapKernel) -> Iterator[MapKernel]:

@@ -68,16 +68,91 @@ def test_layernorm_hoists_its_scale_and_divides_by_its_width_once(tmp_path):
 
 
 @pytest.mark.parametrize("cols, threads, rows", [(1024, 32, 4), (4096, 128, 1), (16384, 512, 1),
-                                                 (32768, 1024, 1), (65536, 512, 1)])
+                                                 (32768, 1024, 1)])
 def test_default_row_threads_keep_the_row_in_registers(cols, threads, rows):
-    """About four 16-byte chunks per thread, fewer threads where that keeps the row in registers
-    (65536 columns: 512 threads with 16 chunks each, not 1024 through shared memory), a warp per
-    row only for rows of at most 32 chunks (H200, 2026-12-01: softmax at 4096 columns 59.5 µs with
-    a warp per row, 37.6 with 128 threads)."""
+    """About four 16-byte chunks per thread, fewer threads where that keeps the row in registers, a
+    warp per row only for rows of at most 32 chunks (H200, 2026-12-01: softmax at 4096 columns
+    59.5 µs with a warp per row, 37.6 with 128 threads)."""
     for example, model, key in (("softmax.habu", "SOFTMAX-ROWS", "C"), ("rmsnorm.habu", "RMSNORM-ROWS", "D")):
         kernel, _k = rows_kernel(example, model, {key: cols})
         assert (kernel.threads, kernel.rows_per_block) == (threads, rows)
         assert register_row_chunks(cols, kernel.threads, kernel.vector, kernel.rows_per_block, 2)
+
+
+def test_rmsnorm_keeps_a_row_of_65536_in_registers_with_512_threads():
+    """One pass over the row: 16 chunks per thread in registers (535 µs on the H200 at 8192 rows),
+    not 1024 threads through shared memory (598 µs)."""
+    kernel, k = rows_kernel("rmsnorm.habu", "RMSNORM-ROWS", {"D": 65536})
+    assert (kernel.threads, kernel.cache_row) == (512, True) and "uint4 regs[16]" in body_of(k)
+
+
+def test_regression_softmax_at_65536_columns_spilled_its_row_from_registers():
+    """The default kept softmax's row of 65536 in registers, 16 chunks for each of 512 threads: ptxas
+    keeps every chunk's 8 converted floats live between the passes, and the kernel used 128 registers
+    and spilled 600 bytes (793.9 µs on the H200). A row read by several passes keeps at most 8 chunks
+    per thread; here it goes through shared memory with 1024 threads (736.0 µs)."""
+    kernel, k = rows_kernel("softmax.habu", "SOFTMAX-ROWS", {"C": 65536})
+    assert (kernel.threads, kernel.prefetch) == (1024, False) and "row_cache[" in body_of(k)
+    assert not compile_cuda(k.source, k.name, "sm_90a").resources.spills
+    assert register_row_chunks(65536, 512, 8, 1, 2, passes=1) == 16
+    assert register_row_chunks(65536, 512, 8, 1, 2, passes=2) == 0
+
+
+def test_a_block_that_fills_the_sm_prefetches_its_next_row():
+    """Softmax at 32768 columns: 1024 threads keep the row in registers and fill the SM's registers,
+    so the default makes the blocks persistent, each copying its next row into shared memory
+    (cp.async) while it computes this one. Each thread copies and later reads only its own chunks,
+    and issues the copy once the first pass has used them."""
+    from habu.prove.verify import verify_plan
+
+    kernel, k = rows_kernel("softmax.habu", "SOFTMAX-ROWS", {"C": 32768})
+    assert (kernel.threads, kernel.prefetch) == (1024, True)
+    body = body_of(k)
+    assert body.count("habu::cp_async<16>(habu::smem_addr(&next_row[g])") == 2  # the first row, then each next
+    first_pass_end = body.index("part = fmaxf(part, v);")
+    assert first_pass_end < body.index("r_next = r + row_step") < body.index("__syncthreads()")
+    assert "for (; r < 8192; r += row_step)" in body and k.smem == 2 * 32768
+    # the grid is what the GPU holds at once, at most one block per row
+    assert k.grid({"R": 8192, "C": 32768}, 132) == (132, 1, 1) and k.grid({"R": 100, "C": 32768}, 132) == (100, 1, 1)
+    assert not compile_cuda(k.source, k.name, "sm_90a").resources.spills
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"].with_sizes({"R": 64, "C": 32768})
+    plan = default_plan(m, T, {"R": 64, "C": 32768})
+    assert plan.kernels[0].prefetch and verify_plan(m, plan, {"R": 64}, trials=1).passed
+
+
+@pytest.mark.parametrize("example, model, key, cols", [("softmax.habu", "SOFTMAX-ROWS", "C", 16384),
+                                                       ("rmsnorm.habu", "RMSNORM-ROWS", "D", 32768),
+                                                       ("softmax.habu", "SOFTMAX-ROWS", "C", 65536),
+                                                       ("softmax.habu", "SOFTMAX-ROWS", "C", 131072)])
+def test_prefetch_is_not_the_default_where_it_lost(example, model, key, cols):
+    """Two blocks to an SM overlap by themselves (softmax at 16384: 138.1 µs without, 151.9 with);
+    RMSNorm's single pass reaches 95% of copy without it at 32768 (264.5 against 284.0); a row not in
+    registers cannot; clusters lost (softmax 2048x131072: 433.7 against 720.0)."""
+    kernel, _k = rows_kernel(example, model, {key: cols})
+    assert not kernel.prefetch
+
+
+def test_prefetch_rules_need_the_row_in_registers_and_one_row_per_block():
+    from habu.prove.rules import failures, obligations
+
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+
+    def failed(cols: int, pins: list[str]) -> set[str]:
+        mm = m.with_sizes({"C": cols})
+        plan = default_plan(mm, T, {"C": cols}, parse_pins(pins))
+        return {o.rule.name for o in failures(obligations(mm, plan))}
+
+    assert failed(16384, ["threads=512", "row_prefetch=true"]) == set()
+    assert "supported-path" in failed(65536, ["threads=1024", "row_prefetch=true"])  # 8 chunks, 64 registers
+    assert "supported-path" in failed(1000, ["threads=128", "row_prefetch=true"])  # a ragged row
+    assert "supported-path" in failed(16384, ["threads=512", "row_prefetch=true", "cache_row=false"])
+    assert "supported-path" in failed(4096, ["threads=32", "rows=4", "row_prefetch=true"])
+
+
+def test_a_runtime_width_never_prefetches():
+    """RMSNorm's width is known at run time (256..65536): the row is not in registers, so no prefetch."""
+    m = load_program(ROOT / "examples" / "rmsnorm.habu").models["RMSNORM-ROWS"]
+    assert not default_plan(m, T).kernels[0].prefetch
 
 
 def test_register_row_chunks_needs_whole_16_byte_chunks_and_room():

@@ -157,6 +157,28 @@ def test_row_kernel_variants(example, model, key, variant, cols):
     golden(example, model, {"R": 64, key: cols}, ROW_VARIANTS[variant])
 
 
+PREFETCH_CASES = {
+    "softmax-4096-512": ("softmax.habu", "SOFTMAX-ROWS", "C", 4096, {"threads": "512"}),  # one chunk a thread
+    "softmax-16384-512": ("softmax.habu", "SOFTMAX-ROWS", "C", 16384, {"threads": "512"}),  # two blocks an SM
+    "softmax-16384-1024": ("softmax.habu", "SOFTMAX-ROWS", "C", 16384, {"threads": "1024"}),
+    "softmax-32768-default": ("softmax.habu", "SOFTMAX-ROWS", "C", 32768, {}),
+    "rmsnorm-16384-256": ("rmsnorm.habu", "RMSNORM-ROWS", "D", 16384, {"threads": "256"}),
+    "rmsnorm-65536-512": ("rmsnorm.habu", "RMSNORM-ROWS", "D", 65536, {"threads": "512"}),  # 16 chunks a thread
+    # persistent clusters: each cluster walks rows, combining through distributed shared memory
+    "softmax-65536-cluster2": ("softmax.habu", "SOFTMAX-ROWS", "C", 65536, {"threads": "512", "row_cluster": "2"}),
+    "rmsnorm-65536-cluster4": ("rmsnorm.habu", "RMSNORM-ROWS", "D", 65536, {"threads": "512", "row_cluster": "4"}),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFETCH_CASES))
+def test_persistent_blocks_that_prefetch_their_next_row(case):
+    """More rows (1500) than blocks the GPU holds at once: each block walks several rows, computing
+    one from registers while its next is copied into shared memory."""
+    example, model, key, cols, pins = PREFETCH_CASES[case]
+    built = golden(example, model, {"R": 1500, key: cols}, pins | {"row_prefetch": "true", "cache_row": "true"})
+    assert built.plan.kernels[0].prefetch
+
+
 def test_a_row_too_long_for_one_block_by_default():
     """131072 columns: the default shares each row among a cluster of 4 blocks."""
     built = golden("softmax.habu", "SOFTMAX-ROWS", {"R": 16, "C": 131072})

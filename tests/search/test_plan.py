@@ -104,6 +104,17 @@ def test_a_plan_without_a_cluster_keeps_its_key_from_before_the_cluster_field():
         default_plan(m, TARGETS["sm_90a"], None, parse_pins(["cluster=3"]))
 
 
+def test_a_row_kernel_without_prefetch_keeps_its_key_from_before_the_prefetch_field():
+    from habu.search.plan import Plan
+
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"].with_sizes({"C": 16384})
+    plain = default_plan(m, TARGETS["sm_90a"], {"C": 16384}, {})
+    ahead = default_plan(m, TARGETS["sm_90a"], {"C": 16384}, parse_pins(["row_prefetch=true"]))
+    assert "prefetch" not in plain.to_json()["kernels"][0]
+    assert ahead.to_json()["kernels"][0]["prefetch"] is True and ahead.key != plain.key
+    assert Plan.from_json(ahead.to_json()) == ahead
+
+
 def test_a_skinny_problem_gets_wgmma_tiles_that_cover_half_the_sms():
     """FFN-SKIP at 128 tokens: 128x128 tiles gave its second GEMM (128x4096, K 14336) 32 blocks on
     132 SMs (113 µs on the H200, the expert 99); narrower, then shorter tiles cover half the SMs."""

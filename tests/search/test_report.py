@@ -45,3 +45,17 @@ def test_the_plan_summary_names_a_cluster_and_leaves_out_the_defaults():
     two = default_plan(m, TARGETS["sm_90a"], None, {"cluster": "2", "persistent": "true"})
     assert "cluster" not in plan_summary(one.to_json()) and "store" not in plan_summary(one.to_json())
     assert plan_summary(two.to_json()).endswith("store:tma cluster:2")
+
+
+def test_the_plan_summary_names_a_row_cluster_and_a_prefetch():
+    from habu.search.report import plan_summary
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+    plain = plan_summary(default_plan(m.with_sizes({"C": 16384}), TARGETS["sm_90a"], {"C": 16384}).to_json())
+    long = plan_summary(default_plan(m.with_sizes({"C": 131072}), TARGETS["sm_90a"], {"C": 131072}).to_json())
+    ahead = plan_summary(default_plan(m.with_sizes({"C": 32768}), TARGETS["sm_90a"], {"C": 32768}).to_json())
+    assert plain == "rows 512x1 v8 cached" and long.endswith("cluster:4") and ahead.endswith("prefetch")
