@@ -52,6 +52,23 @@ def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block:
     return chunks if fits else 0
 
 
+# functions the SM's special-function units compute, a few per clock (softmax's exp)
+SPECIAL_FUNCTIONS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid"})
+
+
+def _per_column(e: Expr) -> bool:
+    """`e` has a value per column: it reads a load outside any reduction (a reduction is a row value)."""
+    if isinstance(e, Load):
+        return True
+    return isinstance(e, Op) and any(_per_column(a) for a in e.args)
+
+
+def column_functions(expr: Expr) -> int:
+    """Special functions applied to each column, in every pass (softmax: exp in its sum and its
+    output; RMSNorm and LayerNorm: none, their rsqrt is once per row)."""
+    return sum(1 for x in walk(expr) if isinstance(x, Op) and x.fn in SPECIAL_FUNCTIONS and _per_column(x))
+
+
 def inline_region(expr: Expr, defs: dict[str, Equation]) -> Expr:
     """Replace loads of region-internal tensors by their definitions (they are elementwise in c)."""
     if isinstance(expr, Load) and expr.tensor in defs:

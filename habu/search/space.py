@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
-from habu.lower.rows import lower_rows, reduction_passes
+from habu.lower.rows import column_functions, lower_rows
 from habu.search.patterns import Region, as_contraction, default_regions, row_local
 from habu.search.plan import (
     CLUSTERS,
@@ -250,14 +250,15 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
             threads, rows, cache = 512, 1, True
         else:
             share = 1
-    # a block whose row in registers fills the SM's registers, and which reduces it more than once,
-    # loads its next row while it computes this one (H200, 2026-12-01, 8192 rows: softmax at 32768
-    # columns 320.9 -> 294.4 µs. It lost where the SM holds two blocks, which overlap by themselves:
-    # softmax at 16384 138.1 -> 151.9, and for RMSNorm's one pass: 32768 columns 264.5 -> 284.0)
+    # a block whose row in registers fills the SM's registers, and which computes a special function
+    # of every column, loads its next row while it computes this one (H200, 2026-12-01, 8192 rows:
+    # softmax at 32768 columns 322.9 -> 296.4 µs, LayerNorm 284.6 -> 287.2; it lost where the SM
+    # holds two blocks, which overlap by themselves: softmax at 16384 138.1 -> 151.9, and for RMSNorm
+    # at 32768 columns 264.5 -> 284.0)
     prefetch = False
     if static is not None and share == 1 and rows == 1 and cache and target.cp_async:
         lw = lower_rows(model, kernel(threads))
-        prefetch = lw.one_block_per_sm(sizes) and len(reduction_passes(lw.expression())) > 1
+        prefetch = lw.one_block_per_sm(sizes) and column_functions(lw.expression()) > 0
     return kernel(threads, rows, cache, share, prefetch)
 
 
