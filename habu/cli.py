@@ -320,7 +320,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     from habu.compile import Compiled, write_outputs
     from habu.prove import prove
     from habu.search.cost import CEILINGS, Ceilings, compute_peak
-    from habu.search.report import roofline_plot, time_account, top_table
+    from habu.search.report import roofline_plot, time_account, top_table, write_candidates
 
     st = result.stats
     console.print(top_table(result.records, st.roofline_us, st.baseline_us))
@@ -354,7 +354,8 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
     c = CEILINGS.get(tgt.name, Ceilings())
     png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
-    console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else [])]), highlight=False)
+    timed = [write_candidates(result, out_dir / "candidates.csv")] if result.measured else []
+    console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else []), *timed]), highlight=False)
 
 
 plans_app = typer.Typer(help="The plan database: list, show, remove, export and import tuned plans.",

@@ -288,7 +288,8 @@ class Search:
         self.measured[plan.key] = scored.measurement
         costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
         self.timeline.append({"t": round(self.stats.elapsed, 3), "region": region, "kernel": scored.kernel,
-                              "median_us": m.median_us,
+                              "plan": plan.to_json(), "predicted_us": scored.predicted_s * 1e6,
+                              "median_us": m.median_us, "p20_us": m.p20_us, "p80_us": m.p80_us,
                               "flops": sum(c.flops for c in costs), "bytes": sum(c.bytes for c in costs)})
         return True
 

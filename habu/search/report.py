@@ -153,3 +153,27 @@ def time_account(stats) -> str:
     if waits:
         parts.append("the driver waited " + ", ".join(f"{v:.1f} s for {n}" for n, v in waits))
     return "; ".join(parts) if parts else "nothing recorded"
+
+
+CANDIDATE_COLUMNS = ("seconds_in", "region", "plan_key", "plan", "predicted_us", "median_us", "p20_us", "p80_us",
+                     "gflop", "mbytes")
+
+
+def write_candidates(result: SearchResult, path: Path) -> Path:
+    """Every candidate the search timed, in the order it was timed: when, which region it tuned, the
+    plan, the cost model's prediction and the measurement (a spreadsheet's or pandas' input)."""
+    import csv
+
+    from habu.search.plan import Plan
+
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(CANDIDATE_COLUMNS)
+        for t in result.timeline:
+            if t.get("median_us") is None or "plan" not in t:
+                continue
+            out.writerow([f"{t['t']:.3f}", t["region"], Plan.from_json(t["plan"]).key, plan_summary(t["plan"]),
+                          f"{t['predicted_us']:.1f}", f"{t['median_us']:.2f}", f"{t['p20_us']:.2f}",
+                          f"{t['p80_us']:.2f}", f"{t['flops'] / 1e9:.3f}", f"{t['bytes'] / 1e6:.3f}"])
+    return path
+

@@ -87,6 +87,25 @@ def test_faults_are_recorded_and_the_search_goes_on(tmp_path):
         assert times == sorted(times)
 
 
+def test_every_timed_candidate_is_written_with_its_prediction_and_time(tmp_path):
+    """`habu search -o DIR` writes candidates.csv: one row per candidate the GPU timed (failures are
+    recorded in the database instead), with the cost model's prediction beside the measurement."""
+    import csv
+
+    from habu.search.report import CANDIDATE_COLUMNS, write_candidates
+
+    path = ROOT / "examples" / "ggemm.habu"
+    model, sizes = model_of(path, {"M": 512, "N": 512, "K": 512})
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=12), timer=FakeTimer()).run()
+    rows = list(csv.DictReader(write_candidates(result, tmp_path / "candidates.csv").open()))
+    assert rows and tuple(rows[0]) == CANDIDATE_COLUMNS and len(rows) == result.stats.timed
+    assert {r["plan_key"] for r in rows} >= {result.best.key}
+    for r in rows:  # the fake timer's formula, and the model's own prediction
+        assert float(r["median_us"]) in {100.0 + s + n for s in range(1, 9) for n in (0, 10)}
+        assert float(r["predicted_us"]) > 0 and r["plan"].split()[0] in ("wgmma", "mma.sync", "fma")
+
+
 def test_ctrl_c_keeps_the_best_plan(tmp_path):
     path = ROOT / "examples" / "ggemm.habu"
     model, sizes = model_of(path, {"M": 512, "N": 512, "K": 512})
