@@ -35,6 +35,7 @@ class Ceilings:
     fma_flops: float = 50e12
     bandwidth: float = 4.2e12  # bytes/s, read + write
     launch_s: float = 4e-6  # per kernel, prepared launches
+    cp_async_bandwidth: float = 5.5e12  # bytes/s, L2 to shared memory by cp.async, all SMs
 
 
 CEILINGS: dict[str, Ceilings] = {
@@ -63,6 +64,11 @@ def _bytes(acc: Access, sizes: Mapping[str, int]) -> float:
     return float(n * DTYPES[acc.dtype].bytes)
 
 
+# operand bytes in flight per SM that keep wgmma fed (fitted: 1715 GGEMM plans timed on the H200, rank
+# correlation of predicted and measured time 0.40 before the in-flight and refill terms, 0.79 after)
+IN_FLIGHT_BYTES = 131072
+
+
 def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: Target, c: Ceilings) -> KernelCost:
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
@@ -89,12 +95,28 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     # smaller tiles reuse less and issue more: measured 128x256 > 128x128 by ~15% on the H200
     tile_eff = min(1.0, (k.tile_m * k.tile_n / (128 * 256)) ** 0.25)
     stage_eff = min(1.0, 0.7 + 0.1 * k.stages)
+    ea, eb = DTYPES[lw.a.dtype].bytes, DTYPES[lw.b.dtype].bytes
+    if k.mma == "wgmma":
+        # wgmma needs about 128 KB of operand tiles in flight per SM (H200, GGEMM 4096³, 2026-12-01:
+        # 128x128 tiles 209 µs with 6 stages (192 KB), 220 with 4, 268 with 3; 128x256 184 with 4
+        # stages, 278 with 2)
+        in_flight = k.stages * (k.tile_m * ea + k.tile_n * eb) * k.tile_k
+        stage_eff = min(1.0, in_flight / IN_FLIGHT_BYTES)
     # the last wave of tiles runs with idle SMs
     tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k
     waves = tiles / target.sm_count
     wave_eff = waves / max(1.0, -(-tiles // target.sm_count)) if waves >= 1 else waves
     compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed
     memory = moved / c.bandwidth
+    # operand tiles copied by cp.async (a gathered A) refill shared memory from L2 at about 5.5 TB/s
+    # in all, once per tile of the other operand (same runs: 256x64 tiles copy 2.1 GB of A, 409 µs;
+    # 256x96 1.4 GB, 328; 256x128 1.1 GB, 236; 128x256 0.5 GB, 184, bound by the multiplies)
+    refill = 0.0
+    if k.a_move == "cp.async":
+        refill += _bytes(lw.a, sizes) * -(-N // k.tile_n)
+    if k.b_move == "cp.async":
+        refill += _bytes(lw.b, sizes) * -(-M // k.tile_m)
+    compute = max(compute, refill / c.cp_async_bandwidth)
     # the epilogue's stores, after each tile's main loop: from registers they are not hidden (pairs
     # of 16-bit values go out 4 bytes a thread, at half the rate); TMA stores drain while the next
     # tile runs. H200, 4096³: bf16 GEMM 189.5 µs direct, 171.1 µs TMA; f32 GGEMM 184.5 and 181.1 µs,

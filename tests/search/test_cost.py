@@ -83,3 +83,29 @@ def test_regression_a_row_kernel_reads_each_tensor_once():
     assert 30e-6 < cached.seconds < 45e-6
     uncached = kernel_cost(lower_plan(m, default_plan(m, t, None, {"cache_row": "false"}))[0], sizes, t)
     assert uncached.bytes == (3 + 1) * 8192 * 4096 * 2  # two passes and the last one read x; y written
+
+
+def test_regression_the_cost_model_ignored_pipeline_depth_and_the_gathered_operands_refills():
+    """1715 GGEMM 4096³ plans timed on the H200 (2026-12-01) ranked against their predictions with a
+    rank correlation of 0.40: the model gave 3 and 6 stages the same time (128x128 tiles: 268 against
+    209 µs measured) and 256x64 tiles the time of 128x256 (409 against 184 µs: A, gathered by
+    cp.async, is copied again for every tile column). It counts the bytes in flight and the refills."""
+    from habu.lower import lower_plan
+    from habu.search.cost import kernel_cost
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    t = TARGETS["sm_90a"]
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    s = {e.name: e.size for e in m.extents}
+
+    def cost(**pins: str) -> float:
+        plan = default_plan(m, t, None, {"A": "cp.async", "store": "direct"} | pins)
+        return kernel_cost(lower_plan(m, plan)[0], s, t).seconds
+
+    assert cost(tile="128x128x64", stages="3") > 1.2 * cost(tile="128x128x64", stages="6")
+    assert cost(tile="128x256x64", stages="2") > 1.2 * cost(tile="128x256x64", stages="4")
+    assert cost(tile="256x64x64", stages="4", warps="12") > 1.5 * cost(tile="128x256x64", stages="4")
+    assert cost(tile="128x256x64", stages="4") <= cost(tile="256x128x64", stages="4", warps="12")
