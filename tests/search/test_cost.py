@@ -109,3 +109,25 @@ def test_regression_the_cost_model_ignored_pipeline_depth_and_the_gathered_opera
     assert cost(tile="128x256x64", stages="2") > 1.2 * cost(tile="128x256x64", stages="4")
     assert cost(tile="256x64x64", stages="4", warps="12") > 1.5 * cost(tile="128x256x64", stages="4")
     assert cost(tile="128x256x64", stages="4") <= cost(tile="256x128x64", stages="4", warps="12")
+
+
+def test_regression_a_gathered_operands_refill_counts_the_gathered_rows_not_the_table():
+    """The MoE up-projection gathers 8192 of X's 32768 rows: the first refill term counted all 32768
+    per tile column and predicted its winner (A gathered by cp.async, 1312 µs on the H200) at 2793
+    µs, behind every plan that stages A first (1432 µs and slower)."""
+    from habu.compile import bind_shape
+    from habu.lower import lower_plan
+    from habu.search.cost import kernel_cost, plan_cost
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    t = TARGETS["sm_90a"]
+    m = bind_shape(load_program(ROOT / "examples" / "moe_gather.habu").models["MOE-UP"], {})
+    s = {e.name: e.size for e in m.extents}
+    winner = default_plan(m, t, None, {"tile": "128x256x64", "stages": "4", "A": "cp.async", "group_m": "16"})
+    staged = default_plan(m, t, None, {"tile": "128x256x64", "stages": "4", "A": "staged", "persistent": "true"})
+    gathered = kernel_cost(lower_plan(m, winner)[0], s, t).seconds
+    assert gathered < sum(c.seconds for c in plan_cost(m, staged, t))
+    assert gathered < 1.2 * 2 * 8192 * 14336 * 4096 / 810e12
