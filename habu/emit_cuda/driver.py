@@ -281,24 +281,21 @@ def resident_blocks(kernel: CudaKernel, function: Any, smem: int, dev: Device) -
         d = _driver()
         allow_smem(function, smem, kernel.name)
         if kernel.cluster <= 1:
-            per_sm = int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, kernel.threads, smem),
-                               f"cuOccupancyMaxActiveBlocksPerMultiprocessor({kernel.name})"))
-            if per_sm < 1:
-                raise DriverError(f"kernel {kernel.name}: no block of {kernel.threads} threads with {smem} bytes of "
-                                  "shared memory fits on an SM")
-            _resident[key] = per_sm * dev.sm_count
-            return _resident[key]
-        config = d.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = kernel.cluster * dev.sm_count, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = kernel.threads, 1, 1
-        config.sharedMemBytes = smem
-        config.numAttrs = 0
-        clusters = int(check(d.cuOccupancyMaxActiveClusters(function, config),
-                             f"cuOccupancyMaxActiveClusters({kernel.name})"))
-        if clusters < 1:
-            raise DriverError(f"kernel {kernel.name}: no cluster of {kernel.cluster} blocks with {smem} bytes of "
-                              "shared memory each fits on this GPU")
-        _resident[key] = clusters * kernel.cluster
+            what = f"no block of {kernel.threads} threads"
+            fits = int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, kernel.threads, smem),
+                             f"cuOccupancyMaxActiveBlocksPerMultiprocessor({kernel.name})")) * dev.sm_count
+        else:
+            what = f"no cluster of {kernel.cluster} blocks"
+            config = d.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = kernel.cluster * dev.sm_count, 1, 1
+            config.blockDimX, config.blockDimY, config.blockDimZ = kernel.threads, 1, 1
+            config.sharedMemBytes = smem
+            config.numAttrs = 0
+            fits = int(check(d.cuOccupancyMaxActiveClusters(function, config),
+                             f"cuOccupancyMaxActiveClusters({kernel.name})")) * kernel.cluster
+        if fits < 1:
+            raise DriverError(f"kernel {kernel.name}: {what} with {smem} bytes of shared memory each fits on this GPU")
+        _resident[key] = fits
     return _resident[key]
 
 

@@ -195,3 +195,35 @@ def test_a_persistent_cluster_grid_counts_the_clusters_that_fit(monkeypatch):
     assert driver.resident_blocks(clustered, 8, 200_000, dev) == 124
     assert asked == [(384, 200_000)]
     assert driver.resident_blocks(clustered, 8, 200_000, dev) == 124 and len(asked) == 1  # kept per function
+
+
+def test_a_persistent_row_grid_counts_the_blocks_an_sm_holds(monkeypatch):
+    """Row kernels that prefetch their next row are persistent: their grid is every block the GPU
+    holds at once (two of 512 threads an SM for softmax at 16384 columns), not one per SM; and a
+    kernel no SM can hold is an error, not a grid of zero blocks."""
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver as real
+
+    from habu.emit_cuda.emit import emit_plan
+    from habu.search.space import default_plan, parse_pins
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    per_sm = [2]
+
+    def occupancy(function, threads, smem):
+        return real.CUresult.CUDA_SUCCESS, per_sm[0]
+    fake = SimpleNamespace(cuOccupancyMaxActiveBlocksPerMultiprocessor=occupancy, CUresult=real.CUresult)
+    monkeypatch.setattr(driver, "_driver", lambda: fake)
+    monkeypatch.setattr(driver, "allow_smem", lambda *a: None)
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"].with_sizes({"C": 16384})
+    plan = default_plan(m, TARGETS["sm_90a"], {"C": 16384}, parse_pins(["threads=512", "row_prefetch=true"]))
+    (k,) = emit_plan(m, plan, TARGETS["sm_90a"]).kernels
+    dev = SimpleNamespace(sm_count=132)
+    slots = driver.resident_blocks(k, 11, k.smem, dev)
+    assert slots == 264 and k.grid({"R": 8192, "C": 16384}, slots) == (264, 1, 1)
+    per_sm[0] = 0
+    with pytest.raises(driver.DriverError, match="no block of 512 threads"):
+        driver.resident_blocks(k, 12, k.smem, dev)
