@@ -39,17 +39,32 @@ def row_registers(chunks: int) -> int:
     return 4 * chunks + 40
 
 
-def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int,
-                        passes: int = 1) -> int:
-    """The 16-byte chunks of its row each thread keeps in registers, or 0 when the row does not stay in
-    registers: the row (static `cols`) splits evenly into at most 16 chunks per thread (8 when
-    `passes` > 1 read it), and `row_registers` fit what the launch bounds leave."""
-    if not isinstance(cols, int) or vector * elem_bytes != 16 or cols % (threads * vector):
-        return 0
+def register_row_fit(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int,
+                     passes: int = 1) -> tuple[int, str]:
+    """The 16-byte chunks of its row each thread keeps in registers, and "", or 0 and why the row
+    does not stay in registers: the row (static `cols`) splits evenly into at most 16 chunks per
+    thread (8 when `passes` > 1 read it), and `row_registers` fit what the launch bounds leave."""
+    if not isinstance(cols, int):
+        return 0, "the row's width is known only at run time"
+    if vector * elem_bytes != 16:
+        return 0, f"the row moves in {vector * elem_bytes}-byte vectors, not 16-byte ones"
+    if cols % (threads * vector):
+        return 0, f"{cols} columns are not whole chunks of {threads} threads × {vector} elements"
     chunks = cols // (threads * vector)
     most = MAX_REGISTER_CHUNKS if passes <= 1 else MAX_REGISTER_CHUNKS_REREAD
-    fits = 0 < chunks <= most and row_registers(chunks) <= registers_per_thread(threads, rows_per_block)
-    return chunks if fits else 0
+    if chunks > most:
+        reread = " (several passes read the row)" if passes > 1 else ""
+        return 0, f"{chunks} chunks of 16 bytes a thread, more than {most}{reread}"
+    need, have = row_registers(chunks), registers_per_thread(threads, rows_per_block)
+    if need > have:
+        return 0, f"{chunks} chunks a thread need about {need} registers; {threads} threads have {have} each"
+    return chunks, ""
+
+
+def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int,
+                        passes: int = 1) -> int:
+    """The 16-byte chunks of its row each thread keeps in registers, or 0 (`register_row_fit`)."""
+    return register_row_fit(cols, threads, vector, rows_per_block, elem_bytes, passes)[0]
 
 
 # functions the SM's special-function units compute, a few per clock (softmax's exp)
@@ -185,14 +200,20 @@ class RowLowering:
 
     def register_chunks(self, sizes: Mapping[str, object]) -> int:
         """16-byte chunks of the kept row each thread holds in registers (0: the row is not in
-        registers): a static part of a row that splits evenly and fits (`register_row_chunks`)."""
+        registers): a static part of a row that splits evenly and fits (`register_row_fit`)."""
+        return self.register_fit(sizes)[0]
+
+    def register_fit(self, sizes: Mapping[str, object]) -> tuple[int, str]:
+        """`register_chunks`, and why the row is not in registers when it is not."""
         acc = self.kept_row()
+        if acc is None:
+            return 0, "no row is kept on chip (cache_row is off, or no pass reduces the row)"
+        if acc.dtype not in ("bf16", "f16", "f32"):
+            return 0, f"the row is {acc.dtype}"
         cols = sizes[self.c]
-        if acc is None or not self.vector_row() or not isinstance(cols, int):
-            return 0
-        part = cols // self.kernel.cluster
-        return register_row_chunks(part, self.kernel.threads, self.kernel.vector, self.kernel.rows_per_block,
-                                   DTYPES[acc.dtype].bytes, len(reduction_passes(self.expression())))
+        part = cols // self.kernel.cluster if isinstance(cols, int) else cols
+        return register_row_fit(part, self.kernel.threads, self.kernel.vector, self.kernel.rows_per_block,
+                                DTYPES[acc.dtype].bytes, len(reduction_passes(self.expression())))
 
     def one_block_per_sm(self, sizes: Mapping[str, object]) -> bool:
         """A block keeping its row in registers takes more than half of an SM's registers (64 K): no

@@ -535,15 +535,15 @@ def _row_prefetch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligati
     k, t = lw.kernel, ctx.target
     yield Obligation(R["target-feature"], name, None, f"cp.async exists on {t.name}", t.cp_async,
                      detail=f"{t.name} has no cp.async")
-    chunks = lw.register_chunks(ctx.ext)
+    chunks, why = lw.register_fit(ctx.ext)
     yield Obligation(R["supported-path"], name, None,
                      "a block that prefetches its next row keeps this one in registers: one row per block, a "
                      "static row of 16-byte vectors, whole chunks per thread, at most "
                      f"{MAX_REGISTER_CHUNKS} each ({MAX_REGISTER_CHUNKS_REREAD} when several passes read it), within "
                      f"the registers {k.threads} threads have",
                      chunks > 0 and k.rows_per_block == 1,
-                     detail=f"{k.rows_per_block} row(s) per block of {k.threads} threads; the row does not stay in "
-                            "registers")
+                     detail=(f"{k.rows_per_block} rows per block" if k.rows_per_block != 1
+                             else f"the row does not stay in registers: {why}"))
 
 
 def _row_cluster(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:

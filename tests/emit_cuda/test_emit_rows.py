@@ -260,3 +260,18 @@ def test_a_row_too_long_for_one_block_defaults_to_a_cluster(cols, share):
     sm80 = default_plan(load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"].with_sizes(
         {"C": cols}), TARGETS["sm_80"], {"C": cols}).kernels[0]
     assert sm80.cluster == 1  # no clusters before Hopper
+
+
+@pytest.mark.parametrize("cols, pins, why", [
+    (65536, ["threads=1024"], "8 chunks a thread need about 72 registers; 1024 threads have 64 each"),
+    (65536, ["threads=512"], "16 chunks of 16 bytes a thread, more than 8 (several passes read the row)"),
+    (1000, ["threads=128"], "1000 columns are not whole chunks of 128 threads × 8 elements"),
+    (16384, ["threads=512", "cache_row=false"], "no row is kept on chip"),
+])
+def test_a_refused_prefetch_says_why_the_row_is_not_in_registers(cols, pins, why):
+    from habu.prove.rules import failures, obligations
+
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"].with_sizes({"C": cols})
+    plan = default_plan(m, T, {"C": cols}, parse_pins([*pins, "row_prefetch=true"]))
+    (bad,) = [o for o in failures(obligations(m, plan)) if o.rule.name == "supported-path"]
+    assert why in bad.detail
