@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from habu.lower.access import Access, access_for
 from habu.search.patterns import row_local
@@ -66,6 +67,9 @@ def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block:
     """The 16-byte chunks of its row each thread keeps in registers, or 0 (`register_row_fit`)."""
     return register_row_fit(cols, threads, vector, rows_per_block, elem_bytes, passes)[0]
 
+
+# element types a kept row moves in 16-byte vectors of (bf16 and f16 as 8, f32 as 4)
+VECTOR_ROW_DTYPES = ("bf16", "f16", "f32")
 
 # functions the SM's special-function units compute, a few per clock (softmax's exp)
 SPECIAL_FUNCTIONS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid"})
@@ -179,11 +183,19 @@ class RowLowering:
 
     def expression(self) -> Expr:
         """The stored value as one expression of the row: the region's earlier nodes inlined."""
+        return self._inlined
+
+    @cached_property
+    def _inlined(self) -> Expr:
         return inline_region(self.nodes[-1].rhs, {eq.target: eq for eq in self.nodes[:-1]})
 
     def kept_row(self) -> Access | None:
         """With `cache_row`: the one tensor whose row the passes read again (x of softmax, RMSNorm),
         kept on chip between them, as the load reads it; None when nothing is kept."""
+        return self._kept
+
+    @cached_property
+    def _kept(self) -> Access | None:
         expr = self.expression()
         if not self.kernel.cache_row or not reduction_passes(expr):
             return None
@@ -195,7 +207,7 @@ class RowLowering:
     def vector_row(self) -> bool:
         """The kept row moves in 16-byte vectors of bf16, f16 or f32."""
         acc = self.kept_row()
-        return acc is not None and acc.dtype in ("bf16", "f16", "f32") \
+        return acc is not None and acc.dtype in VECTOR_ROW_DTYPES \
             and self.kernel.vector * DTYPES[acc.dtype].bytes == 16
 
     def register_chunks(self, sizes: Mapping[str, object]) -> int:
@@ -208,7 +220,7 @@ class RowLowering:
         acc = self.kept_row()
         if acc is None:
             return 0, "no row is kept on chip (cache_row is off, or no pass reduces the row)"
-        if acc.dtype not in ("bf16", "f16", "f32"):
+        if acc.dtype not in VECTOR_ROW_DTYPES:
             return 0, f"the row is {acc.dtype}"
         cols = sizes[self.c]
         part = cols // self.kernel.cluster if isinstance(cols, int) else cols

@@ -220,8 +220,8 @@ def default_rows(model: Model, region: Region, target: Target, sizes: dict[str, 
         return RowKernel(nodes=region.nodes, rows_per_block=rows, threads=threads, vector=vec, cache_row=cache,
                          index_width=index_width, cluster=share, prefetch=prefetch)
 
-    def in_registers(threads: int, share: int = 1) -> bool:
-        return lower_rows(model, kernel(threads, share=share)).register_chunks(sizes) > 0
+    def in_registers(threads: int) -> bool:
+        return lower_rows(model, kernel(threads)).register_chunks(sizes) > 0
 
     threads = 32  # enough threads that each holds about four 16-byte chunks of the row
     while threads < 1024 and threads * vec * 4 < cols:
