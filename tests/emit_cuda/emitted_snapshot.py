@@ -1,0 +1,74 @@
+"""The emitted CUDA of every example's default plan and of a seeded sample of legal plans, hashed.
+
+`python -m tests.emit_cuda.emitted_snapshot --write` records the hashes in
+tests/data/emitted_sources.json; `test_emitted_sources.py` compares the current emitter with them, so a
+refactor that changes a kernel's text (on purpose or not) shows up as a named plan whose source moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+import sys
+from pathlib import Path
+
+from tests.conftest import EXAMPLES, ROOT
+
+SNAPSHOT = ROOT / "tests" / "data" / "emitted_sources.json"
+ARCHS = ("sm_90a", "sm_80")
+SEED = 20261201
+PER_MODEL = 20
+
+
+def _runtime_sizes(model):
+    return {e.name: 4096 for e in model.extents if not e.is_static} or None
+
+
+def cases():
+    """(id, model, plan, arch) for every example's default plan and a seeded sample of legal plans."""
+    from habu.emit_cuda.emit import emit_plan  # noqa: F401  (import errors surface here, not mid-loop)
+    from habu.prove.rules import failures, obligations
+    from habu.search.space import default_plan, enumerate_plans
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    rng = random.Random(SEED)
+    for path in EXAMPLES:
+        for model in load_program(path).models.values():
+            sizes = _runtime_sizes(model)
+            for arch in ARCHS:
+                yield f"{path.name}:{model.name}:{arch}:default", model, default_plan(model, TARGETS[arch], sizes), arch
+                plans = list(itertools.islice(enumerate_plans(model, TARGETS[arch], sizes), 0, 200_000, 53))
+                rng.shuffle(plans)
+                taken = 0
+                for plan in plans:
+                    if taken >= PER_MODEL:
+                        break
+                    if failures(obligations(model, plan, sizes)):
+                        continue
+                    taken += 1
+                    yield f"{path.name}:{model.name}:{arch}:{plan.key}", model, plan, arch
+
+
+def digest(model, plan, arch) -> str:
+    from habu.emit_cuda.emit import emit_plan
+    from habu.target import TARGETS
+
+    h = hashlib.sha256()
+    for kernel in emit_plan(model, plan, TARGETS[arch]).kernels:
+        h.update(kernel.name.encode() + b"\0" + kernel.source.encode() + b"\0")
+    return h.hexdigest()
+
+
+def current() -> dict[str, dict]:
+    return {cid: {"plan": plan.to_json(), "sha256": digest(model, plan, arch)} for cid, model, plan, arch in cases()}
+
+
+if __name__ == "__main__":
+    if "--write" not in sys.argv:
+        sys.exit("usage: python -m tests.emit_cuda.emitted_snapshot --write")
+    data = current()
+    Path(SNAPSHOT).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"{len(data)} emitted plans recorded in {SNAPSHOT}")
