@@ -1,6 +1,8 @@
 """Habu: a superoptimizer for GPU machine-learning kernels."""
 
-__version__ = "0.1.0"
+from habu.version import __version__
+
+__all__ = ["__version__", "build", "load"]
 
 
 def build(*args, **kwargs):

@@ -25,7 +25,6 @@ def current_target() -> str:
 def build(path: str | Path, model: str | None = None, *, target: str | None = None,
           pins: dict[str, str] | None = None, trials: int = 3, **shape: int):
     """Prove the default (or pinned) plan for `model`, emit it and return a `CompiledModel`."""
-    from habu.cli import pick_model
     from habu.compile import compile_model
     from habu.emit_cuda.emit import emit_plan
     from habu.emit_cuda.guards import KernelSet
@@ -33,7 +32,7 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     from habu.spec.parser import load_program
 
     program = load_program(path)
-    m = pick_model(program, model)
+    m = program.pick(model)
     tgt = target_named(target or current_target())
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials)
     members = [(plan.guards, emit_plan(compiled.model, plan, tgt)) for plan in compiled.plans]
@@ -50,16 +49,15 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
     time (`habu search` does). Entries made on another GPU or with other versions are never used."""
     import sys
 
-    from habu.cli import pick_model
     from habu.compile import bind_shape
     from habu.db import PlanDB, Record
     from habu.emit_cuda.emit import emit_plan
     from habu.emit_cuda.runtime import CompiledModel
-    from habu.search.plan import Plan
+    from habu.plan.plan import Plan
     from habu.spec.parser import load_program
 
     program = load_program(path)
-    m = bind_shape(pick_model(program, model), dict(shape))
+    m = bind_shape(program.pick(model), dict(shape))
     tgt = target_named(current_target())
     with PlanDB(db) as plans:
         key = lookup_key(m, tgt)
@@ -79,11 +77,11 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
 
 def lookup_key(model, target):
     """The database key a search on this machine would have stored under."""
-    from habu import __version__
     from habu.db import Key, Versions
     from habu.db import Target as DbTarget
     from habu.emit_cuda.nvrtc import compiler_version
     from habu.gpu_info import device_info
+    from habu.version import __version__
 
     info = device_info() or {}
     shape = tuple((e.name, e.size) for e in model.extents)

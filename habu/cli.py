@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from habu import __version__
 from habu.errors import HabuError, UsageError
+from habu.version import __version__
 
 app = typer.Typer(
     name="habu",
@@ -100,7 +100,7 @@ def eval_(
     from habu.spec.reference import evaluate
 
     program = load_program(file)
-    m = pick_model(program, model)
+    m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     try:
         with np.load(inputs, allow_pickle=False) as data:
@@ -140,7 +140,7 @@ def compile(
     from habu.target import target_named
 
     program = load_program(file)
-    m = pick_model(program, model)
+    m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     tgt = target_named(target)
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials)
@@ -168,7 +168,7 @@ def emit(
     from habu.target import target_named
 
     program = load_program(file)
-    m = pick_model(program, model)
+    m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     tgt = target_named(target)
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
@@ -191,7 +191,7 @@ def verify(
     from habu.spec.parser import load_program
 
     program = load_program(file)
-    m = pick_model(program, model)
+    m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     bound, proof = verify_file(program, m.name, plan, sizes, trials)
     if proof.violations:
@@ -237,7 +237,7 @@ def search(
 
     console = output_console(stderr=True)
     program = load_program(file)
-    m = pick_model(program, model)
+    m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     missing = [e.name for e in m.extents if not e.is_static and e.name not in sizes]
     if missing:
@@ -269,7 +269,7 @@ def search(
 
 def _local_timer(console, file: Path, m, sizes):
     """The timing worker on this machine's GPU, or None (said plainly) when there is none."""
-    from habu.bench.worker import GpuTimer
+    from habu.timing.worker import GpuTimer
 
     timer = GpuTimer(str(file), m.name, sizes)
     console.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
@@ -457,7 +457,7 @@ def run(
     if device_info() is None:
         raise UsageError("habu run needs a CUDA GPU (habu eval evaluates on the CPU in float64)")
     program = load_program(file)
-    m = pick_model(program, model)
+    m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     compiled = load(file, m.name, db=db, **sizes)
     with np.load(inputs, allow_pickle=False) as data:
@@ -492,16 +492,6 @@ def output_console(stderr: bool = False):
     if stream.isatty() or "COLUMNS" in os.environ:
         return Console(stderr=stderr)
     return Console(stderr=stderr, width=240)
-
-
-def pick_model(program, name: str | None):
-    if name is not None:
-        return program.model(name)
-    if len(program.models) == 1:
-        return next(iter(program.models.values()))
-    if not program.models:
-        raise UsageError(f"{program.path} defines no MODEL")
-    raise UsageError(f"{program.path} defines several models ({', '.join(program.models)}): pick one with --model")
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from habu.errors import HabuError, Span, UsageError
+from habu.plan.plan import ContractionKernel, Plan, field_docs
 from habu.prove import Proof, prove
 from habu.prove.rules import Obligation
-from habu.search.plan import ContractionKernel, Plan, field_docs
 from habu.search.space import default_plan
 from habu.spec.ir import Model
 from habu.spec.program import Program
@@ -139,7 +139,7 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
             f" — valid where {' and '.join(plan.guards)}" if plan.guards else "")]
         out += ["", f"target {plan.target}", ""]
         if plan.rewrites:
-            from habu.search.rewrite import apply_rewrites
+            from habu.plan.rewrite import apply_rewrites
             from habu.spec.equation import format_equation
 
             graph = apply_rewrites(model, plan.rewrites)

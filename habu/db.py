@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from habu import __version__
 from habu.errors import HabuError
+from habu.version import __version__
 
 SCHEMA_VERSION = 1
 OPEN_TIMEOUT_S = 60.0  # how long opening waits out other processes creating the same database

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from habu.target import DEFAULT_TARGET
+from habu.target import DEFAULT_TARGET, target_for_capability
 
 
 @cache
@@ -29,7 +29,7 @@ def device_info(ordinal: int = 0) -> dict | None:
         _, version = d.cuDriverGetVersion()
     except Exception:
         return None
-    arch = {(9, 0): "sm_90a", (8, 0): "sm_80", (10, 0): "sm_100a"}.get((major, minor), f"sm_{major}{minor}")
+    arch = target_for_capability(int(major), int(minor))
     gpu = device_name(name)
     return {"gpu": gpu, "sm_count": int(sms), "arch": arch, "driver": f"{version // 1000}.{(version % 1000) // 10}"}
 

@@ -46,6 +46,15 @@ TARGETS: dict[str, Target] = {
 DEFAULT_TARGET = "sm_90a"
 
 
+def target_for_capability(major: int, minor: int) -> str:
+    """The target name a device of this compute capability is built for (sm_MAJOR MINOR when Habu has
+    no description of it, which `target_named` then refuses)."""
+    for t in TARGETS.values():
+        if t.compute_capability == (major, minor):
+            return t.name
+    return f"sm_{major}{minor}"
+
+
 def target_named(name: str) -> Target:
     t = TARGETS.get(name) or TARGETS.get(name.lower())
     if t is None:

@@ -72,8 +72,8 @@ RMSNORM_LINEAR_WINNER = {"kind": "contraction", "nodes": ["Y.sum", "Y"], "tile_m
 def winner_plan(model, target, sizes):
     """RMSNorm + Linear as the search's winner computes it: factor:Y, a row-statistic kernel, then
     wgmma with W staged K-major, at the given shape."""
-    from habu.search.plan import Plan
-    from habu.search.rewrite import apply_rewrites
+    from habu.plan.plan import Plan
+    from habu.plan.rewrite import apply_rewrites
     from habu.search.space import default_kernels, make_plan
 
     g = apply_rewrites(model, ("factor:Y",))

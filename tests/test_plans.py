@@ -10,8 +10,8 @@ from dataclasses import replace
 import habu
 from habu.api import _warned, lookup_key
 from habu.db import PlanDB
+from habu.plan.plan import Plan
 from habu.search.loop import Budget, Search
-from habu.search.plan import Plan
 from habu.spec.parser import load_program
 from habu.target import TARGETS
 from tests.conftest import ROOT

@@ -1,4 +1,4 @@
-"""Is `habu.bench.torch_eager` a fair baseline? Each example model that is not one contraction, run
+"""Is `habu.timing.torch_eager` a fair baseline? Each example model that is not one contraction, run
 as torch eager ops equation by equation, timed in one process against what an expert writes by hand
 for it (`torch.softmax`, `F.rms_norm`, ...), with both outputs compared to the float64 reference.
 
@@ -49,10 +49,10 @@ CASES = [("rmsnorm_linear.habu", "RMSNORM-LINEAR", {}), ("rmsnorm.habu", "RMSNOR
 
 
 def measure(path: str, name: str, sizes: dict[str, int]) -> dict[str, Any]:
-    from habu.bench.harness import compare, make_inputs, reference, time_cuda, tolerance
-    from habu.bench.torch_eager import TorchEager
     from habu.search.space import concrete_sizes
     from habu.spec.parser import load_program
+    from habu.timing.harness import compare, make_inputs, reference, time_cuda, tolerance
+    from habu.timing.torch_eager import TorchEager
 
     model = load_program(EX / path).models[name].with_sizes(sizes)
     full = concrete_sizes(model)

@@ -14,7 +14,8 @@ import time
 import traceback
 from pathlib import Path
 
-from habu.bench.harness import (
+from habu.bench.run import build
+from habu.timing.harness import (
     compare,
     copy_bandwidth,
     make_inputs,
@@ -24,7 +25,6 @@ from habu.bench.harness import (
     tolerance,
     torch,
 )
-from habu.bench.run import build
 
 EX = Path(__file__).resolve().parents[2] / "examples"
 L2_BYTES = 60 << 20

@@ -49,12 +49,12 @@ def serial_launches() -> Iterator[None]:
 
 
 def main() -> None:
-    from habu.bench.baselines import torch_baseline
-    from habu.bench.harness import make_inputs, poisoned_outputs, time_cuda
     from habu.bench.run import build
     from habu.db import PlanDB
-    from habu.search.plan import Plan
+    from habu.plan.plan import Plan
     from habu.spec.parser import load_program
+    from habu.timing.baselines import torch_baseline
+    from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")

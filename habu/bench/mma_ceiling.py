@@ -95,9 +95,9 @@ def tile_count(m: int, n: int) -> int:
 
 def measure(m: int, n: int, k: int, reps: int = 30) -> dict[str, Any]:
     """Time the probe for an m x n x k GEMM's tiles, and torch's bf16 matmul of that size."""
-    from habu.bench.harness import time_cuda, torch
     from habu.emit_cuda import driver
     from habu.emit_cuda.nvrtc import compile_cuda
+    from habu.timing.harness import time_cuda, torch
 
     t = torch()
     t.cuda.init()

@@ -1,6 +1,6 @@
 """Does a rewrite pay on the GPU? Every rewrite set of a model at its default plan (greedy fusion,
 analytic schedule), each golden-checked against float64 on fresh inputs, then timed in one process
-against the search's torch baseline (`habu.bench.baselines`).
+against the search's torch baseline (`habu.timing.baselines`).
 
     python -m habu.bench.rewrite_bench examples/rmsnorm_linear.habu --json out.json
 """
@@ -13,13 +13,13 @@ from pathlib import Path
 
 
 def main() -> None:
-    from habu.bench.baselines import torch_baseline
-    from habu.bench.harness import compare, make_inputs, poisoned_outputs, reference, time_cuda, tolerance
     from habu.bench.run import build, device_target
-    from habu.search.rewrite import apply_rewrites, rewrite_sets
+    from habu.plan.rewrite import apply_rewrites, rewrite_sets
     from habu.search.space import concrete_sizes, default_kernels, make_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS
+    from habu.timing.baselines import torch_baseline
+    from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, time_cuda, tolerance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from habu.emit_cuda.emit import emit_plan
 from habu.emit_cuda.runtime import CompiledModel
+from habu.gpu_info import current_arch
+from habu.plan.plan import Plan
 from habu.prove import prove
-from habu.search.plan import Plan
 from habu.search.space import default_plan
 from habu.spec.ir import Model
 from habu.spec.parser import load_program
@@ -24,13 +25,8 @@ class Built:
 
 
 def device_target() -> str:
-    from cuda.bindings import driver
-
-    driver.cuInit(0)
-    _, dev = driver.cuDeviceGet(0)
-    _, major = driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-    _, minor = driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-    return {(9, 0): "sm_90a", (8, 0): "sm_80", (10, 0): "sm_100a"}.get((major, minor), f"sm_{major}{minor}")
+    """The target of CUDA device 0 (the default target when there is none)."""
+    return current_arch()
 
 
 def build(path: str, model_name: str, sizes: Mapping[str, int] | None = None, pins: Mapping[str, str] | None = None,

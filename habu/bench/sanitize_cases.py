@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from habu.bench.harness import compare, make_inputs, poisoned_outputs, reference, tolerance, torch
 from habu.bench.run import build
+from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance, torch
 
 EX = Path(__file__).resolve().parents[2] / "examples"
 

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from habu.bench.harness import time_cuda, torch
+from habu.timing.harness import time_cuda, torch
 
 
 def measure(m: int, n: int, k: int, sets: int = 4, reps: int = 50) -> dict[str, float]:

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from habu.bench.worker import GpuTimer, Measurement
 from habu.errors import UsageError
 from habu.search.pool import Item
 from habu.search.tasks import Job, check_candidate_niced
+from habu.timing.worker import GpuTimer, Measurement
 
 # what makes two GPUs interchangeable for timing (and one database entry)
 IDENTITY = ("gpu", "sm_count", "arch", "driver", "habu")
@@ -129,7 +129,7 @@ class GpuActor:
     """Owns one GPU of the cluster (Ray sets CUDA_VISIBLE_DEVICES) through a GpuTimer worker."""
 
     def __init__(self, job: Job, timeout_s: float = 30.0, reps: int = 20):
-        from habu import __version__
+        from habu.version import __version__
 
         self.timer = GpuTimer(job.source_name, job.model, dict(job.sizes), timeout_s=timeout_s, reps=reps,
                               source=job.source)

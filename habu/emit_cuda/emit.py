@@ -7,7 +7,7 @@ from habu.emit_cuda.emit_rows import emit_map, emit_rows
 from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
-from habu.search.plan import Plan
+from habu.plan.plan import Plan
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -18,7 +18,7 @@ def kernel_name(model: Model, plan: Plan, i: int) -> str:
 
 
 def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
-    from habu.search.rewrite import planned_model
+    from habu.plan.rewrite import planned_model
 
     lowerings = lower_plan(model, plan)
     model = planned_model(model, plan)  # the nodes and intermediates the kernels compute

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from habu.lower.contraction import ContractionLowering, lower_contraction
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
-from habu.search.plan import ContractionKernel, Kernel, MapKernel, Plan, RowKernel
+from habu.plan.plan import ContractionKernel, Kernel, MapKernel, Plan, RowKernel
 from habu.spec.ir import Model
 
 Lowering = ContractionLowering | RowLowering | MapLowering
@@ -29,7 +29,7 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
 
 def lower_plan(model: Model, plan: Plan) -> list[Lowering]:
     """Lower every kernel of a plan of `model` (as written: the plan's rewrites are applied here)."""
-    from habu.search.rewrite import planned_model
+    from habu.plan.rewrite import planned_model
 
     model = planned_model(model, plan)
     storage = dict(plan.storage)

@@ -20,8 +20,8 @@ from functools import cache
 from typing import Any
 
 from habu.lower.access import Access, Bound, access_for, cdiv, floordiv, minimum
-from habu.search.patterns import Contraction, as_contraction
-from habu.search.plan import ContractionKernel
+from habu.plan.patterns import Contraction, as_contraction
+from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
 
 ACC = "%acc"  # the accumulator, as the epilogue expression names it

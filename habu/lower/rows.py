@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from habu.lower.access import Access, access_for
-from habu.search.patterns import row_local
-from habu.search.plan import MapKernel, RowKernel
+from habu.plan.patterns import row_local
+from habu.plan.plan import MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, Gather, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
 

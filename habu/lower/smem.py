@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from habu.search.plan import ContractionKernel
+from habu.plan.plan import ContractionKernel
 from habu.spec.dtypes import DTYPES
 
 

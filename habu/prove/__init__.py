@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from habu.plan.plan import Plan
 from habu.prove.rules import Obligation, failures, guards, obligations
 from habu.prove.verify import Certificate, verify_plan
-from habu.search.plan import Plan
 from habu.spec.ir import Model
 
 

@@ -20,7 +20,7 @@ from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, 
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.smem import contraction_smem
-from habu.search.plan import ROW_CLUSTERS, Plan
+from habu.plan.plan import ROW_CLUSTERS, Plan
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target, target_named
@@ -601,7 +601,7 @@ def context(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) ->
             domain += [v >= e.lo, v <= e.hi]
             if e.multiple > 1:
                 domain.append(v % e.multiple == 0)
-    from habu.search.rewrite import planned_model
+    from habu.plan.rewrite import planned_model
 
     return Context(planned_model(model, plan), plan, target_named(plan.target), ext, domain, dict(plan.storage))
 

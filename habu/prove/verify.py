@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
+from habu.plan.plan import Plan
 from habu.prove.interp import Memory, PlanFault, check_raster, run_kernel, tile_ids
 from habu.prove.virtual import VirtualTensor, key_for
-from habu.search.plan import Plan
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
 from habu.spec.ir import Gather, IndexConst, IndexVar, Model, Reduce, loads, walk
@@ -267,7 +267,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         raise ValueError(f"verify_plan needs sizes for {missing}")
     seeds = list(seeds) if seeds else [secrets.randbits(63) for _ in range(trials)]
     lowerings = lowerings if lowerings is not None else lower_plan(model, plan)
-    from habu.search.rewrite import planned_model
+    from habu.plan.rewrite import planned_model
 
     graph = planned_model(model, plan)  # what the kernels compute; the reference evaluates `model`
     names = [f"kernel {i} ({'+'.join(k.nodes)})" for i, k in enumerate(plan.kernels)]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, size_of
 from habu.lower.rows import reduction_passes
-from habu.search.plan import Plan
+from habu.plan.plan import Plan
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target

@@ -24,12 +24,12 @@ from habu.db import Target as DbTarget
 from habu.errors import UsageError
 from habu.lower import ContractionLowering, lower_plan
 from habu.lower.contraction import with_kernel
+from habu.plan.patterns import Region, default_regions, partitions
+from habu.plan.plan import ContractionKernel, Kernel, Plan
+from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
-from habu.search.patterns import Region, default_regions, partitions
-from habu.search.plan import ContractionKernel, Kernel, Plan
 from habu.search.pool import Executor, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
-from habu.search.rewrite import apply_rewrites, rewrite_sets
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
 from habu.spec.ir import Model
@@ -164,7 +164,7 @@ class Search:
         tgt = DbTarget(self.target.name, gpu.get("gpu", "none"), int(gpu.get("sm_count", 0)))
         shape = tuple((e.name, self.sizes[e.name]) for e in self.model.extents)
         dtypes = tuple((t.name, t.dtype.name if t.dtype else "f32") for t in (*self.model.inputs, *self.model.outputs))
-        from habu import __version__
+        from habu.version import __version__
 
         return Key(self.model.canonical_hash(), self.model.name, shape, dtypes, tgt,
                    Versions(__version__, nvrtc, gpu.get("driver", "none")))

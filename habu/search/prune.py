@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from habu.plan.patterns import as_contraction
+from habu.plan.plan import ContractionKernel, Plan
+from habu.plan.rewrite import apply_rewrites
 from habu.prove.rules import Obligation, quick_reject
-from habu.search.patterns import as_contraction
-from habu.search.plan import ContractionKernel, Plan
-from habu.search.rewrite import apply_rewrites
 from habu.spec.ir import Model
 
 # rules whose verdict reads only one operand's access, movement, vector width, the tile and the target

@@ -88,7 +88,7 @@ def top_table(records: list[Record], roofline_us: float | None, baseline_us: flo
     for col in ("#", "plan", "status", "median µs", "p20–p80 µs", "predicted µs", "% of roofline", "× baseline", "key"):
         table.add_column(col)
     for r in records:
-        from habu.search.plan import Plan
+        from habu.plan.plan import Plan
 
         pct = f"{100 * roofline_us / r.median_us:.0f}%" if roofline_us and r.median_us else "—"
         table.add_row(str(r.rank + 1), plan_summary(r.plan), r.status,
@@ -164,7 +164,7 @@ def write_candidates(result: SearchResult, path: Path) -> Path:
     plan, the cost model's prediction and the measurement (a spreadsheet's or pandas' input)."""
     import csv
 
-    from habu.search.plan import Plan
+    from habu.plan.plan import Plan
 
     with path.open("w", newline="") as f:
         out = csv.writer(f)

@@ -14,8 +14,8 @@ from dataclasses import fields, replace
 
 from habu.errors import UsageError
 from habu.lower.rows import column_functions, lower_rows
-from habu.search.patterns import Region, as_contraction, default_regions, row_local
-from habu.search.plan import (
+from habu.plan.patterns import Region, as_contraction, default_regions, row_local
+from habu.plan.plan import (
     CLUSTERS,
     KERNEL_KINDS,
     MMAS,
@@ -294,7 +294,7 @@ def default_kernels(model: Model, target: Target, sizes: dict[str, int],
 def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: dict[str, int],
               rewrites: tuple[str, ...] = ()) -> Plan:
     """A plan of `model` (as written); `kernels` compute the nodes of `model` after `rewrites`."""
-    from habu.search.rewrite import apply_rewrites
+    from habu.plan.rewrite import apply_rewrites
 
     graph = apply_rewrites(model, rewrites)
     shape = tuple((e.name, sizes[e.name]) for e in model.extents if e.name in sizes)
@@ -323,7 +323,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
     rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"))
-    from habu.search.rewrite import apply_rewrites
+    from habu.plan.rewrite import apply_rewrites
 
     graph = apply_rewrites(model, rewrites)
     kernels = default_kernels(graph, target, s)
@@ -369,7 +369,7 @@ def _pinned_rewrites(model: Model, value: str | None) -> tuple[str, ...]:
     """`--pin rewrite=factor:Y` (several joined with +), checked against what applies to the model."""
     if not value:
         return ()
-    from habu.search.rewrite import RewriteError, applicable, apply_rewrites
+    from habu.plan.rewrite import RewriteError, applicable, apply_rewrites
 
     names = tuple(v.strip() for v in value.split("+") if v.strip())
     try:

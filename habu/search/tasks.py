@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from habu.search.plan import Plan
+from habu.plan.plan import Plan
 from habu.spec.ir import Model
 
 

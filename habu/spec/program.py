@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from habu.errors import HabuError, Span
+from habu.errors import HabuError, Span, UsageError
 from habu.spec.dtypes import DType
 from habu.spec.equation import TensorType
 from habu.spec.ir import Expr, Extent, Model, TensorDecl
@@ -65,6 +65,16 @@ class Program:
                 return m
         known = ", ".join(self.models) or "none"
         raise HabuError(f"no model named {name} in {self.path} (models: {known})")
+
+    def pick(self, name: str | None) -> Model:
+        """The model named `name`, or the file's only model when no name is given."""
+        if name is not None:
+            return self.model(name)
+        if len(self.models) == 1:
+            return next(iter(self.models.values()))
+        if not self.models:
+            raise UsageError(f"{self.path} defines no MODEL")
+        raise UsageError(f"{self.path} defines several models ({', '.join(self.models)}): pick one with --model")
 
     def extent_objects(self) -> dict[str, Extent]:
         return {n: d.extent for n, d in self.extents.items()}

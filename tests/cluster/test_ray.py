@@ -17,14 +17,14 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from habu import __version__  # noqa: E402
-from habu.bench.worker import Measurement  # noqa: E402
 from habu.cluster.ray_pool import GpuPool, RayExecutor, group_actors  # noqa: E402
 from habu.db import PlanDB  # noqa: E402
 from habu.search.loop import Budget, Search  # noqa: E402
 from habu.search.pool import InlineExecutor  # noqa: E402
 from habu.search.tasks import Job  # noqa: E402
 from habu.target import TARGETS  # noqa: E402
+from habu.timing.worker import Measurement  # noqa: E402
+from habu.version import __version__  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.search.test_search import model_of  # noqa: E402
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from habu.search.plan import Plan
+from habu.plan.plan import Plan
 from habu.spec.parser import load_program
 from tests.conftest import ROOT
 from tests.emit_cuda.emitted_snapshot import SNAPSHOT, digest

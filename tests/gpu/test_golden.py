@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch", reason="GPU tests use torch to make device 
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
 
-from habu.bench.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
 from habu.bench.run import build  # noqa: E402
+from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
 from tests.conftest import ROOT, gemm_kn_source, winner_plan  # noqa: E402
 
 EX = ROOT / "examples"
@@ -212,8 +212,8 @@ def test_rmsnorm_linear_with_the_row_scale_after_the_contraction(sizes):
     """The factor:Y rewrite (a row-statistic kernel, then the contraction over X with the scale in
     its epilogue), every partition of it, against the float64 reference of the model as written."""
     from habu.bench.run import device_target
-    from habu.search.patterns import partitions
-    from habu.search.rewrite import apply_rewrites
+    from habu.plan.patterns import partitions
+    from habu.plan.rewrite import apply_rewrites
     from habu.search.space import concrete_sizes, default_kernels, make_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS
@@ -256,7 +256,7 @@ def test_rmsnorm_linear_winner_with_w_read_n_major_by_wgmma(sizes, store):
     and read by wgmma with its transpose bit: no staging pass (520 is not a multiple of 64: the last
     box is cut by the tensor map's bounds)."""
     from habu.bench.run import device_target
-    from habu.search.plan import Plan
+    from habu.plan.plan import Plan
     from habu.search.space import concrete_sizes
     from habu.spec.parser import load_program
     from habu.target import TARGETS

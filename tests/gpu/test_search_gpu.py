@@ -11,14 +11,14 @@ torch = pytest.importorskip("torch", reason="GPU tests use torch to make device 
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
 
-from habu.bench.baselines import torch_baseline  # noqa: E402
-from habu.bench.harness import make_inputs  # noqa: E402
-from habu.bench.worker import GpuTimer  # noqa: E402
 from habu.db import PlanDB  # noqa: E402
 from habu.search.loop import Budget, Search  # noqa: E402
 from habu.spec.parser import load_program  # noqa: E402
 from habu.spec.reference import evaluate  # noqa: E402
 from habu.target import TARGETS  # noqa: E402
+from habu.timing.baselines import torch_baseline  # noqa: E402
+from habu.timing.harness import make_inputs  # noqa: E402
+from habu.timing.worker import GpuTimer  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch", reason="GPU tests use torch to make device 
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
 
-from habu.bench.harness import compare, make_inputs, reference, tolerance  # noqa: E402
-from habu.bench.torch_eager import eager_baseline  # noqa: E402
 from habu.spec.parser import load_program  # noqa: E402
+from habu.timing.harness import compare, make_inputs, reference, tolerance  # noqa: E402
+from habu.timing.torch_eager import eager_baseline  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 CASES = [
@@ -61,8 +61,8 @@ MODEL: M-SOFTMAX-GELU ( x -- y ) GELU SOFTMAX ;
 
 @pytest.mark.parametrize("name", ["M-RMSNORM-W", "M-LAYERNORM", "M-GELU-TANH", "M-SILU", "M-SOFTMAX-GELU"])
 def test_each_expert_call_computes_its_library_word(name):
-    from habu.bench.baselines import torch_baseline
     from habu.spec.parser import parse_text
+    from habu.timing.baselines import torch_baseline
 
     model = parse_text(WORDS, "words.habu").models[name]
     full = {e.name: e.size for e in model.extents}
@@ -78,7 +78,7 @@ def test_each_expert_call_computes_its_library_word(name):
 
 
 def test_the_gathered_gemm_baseline_writes_f32_through_cublas():
-    from habu.bench.baselines import torch_baseline
+    from habu.timing.baselines import torch_baseline
 
     model = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"].with_sizes({"M": 256, "N": 384, "K": 520})
     full = {e.name: e.size for e in model.extents}

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from habu.lower.contraction import lower_contraction, with_kernel
-from habu.search.patterns import default_regions
+from habu.plan.patterns import default_regions
 from habu.search.space import concrete_sizes, default_kernels, region_space
 from habu.spec.parser import load_program
 from habu.target import TARGETS

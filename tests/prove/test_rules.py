@@ -106,7 +106,7 @@ def test_default_plans_of_every_example_break_no_rule():
 # -- regression: the 20-warp wgmma kernel that hung on the H200 (2026-11-30) ---------------------
 
 def moe_20_warp_plan():
-    from habu.search.plan import with_fields
+    from habu.plan.plan import with_fields
     from habu.search.space import concrete_sizes, make_plan
 
     m = load_program(ROOT / "examples" / "moe_gather.habu").models["MOE-UP"]

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
+from habu.bench.mutants import MUTANTS, run_mutant
 from habu.lower import lower_plan
 from habu.prove import prove
-from habu.prove.mutants import MUTANTS, run_mutant
 from habu.prove.rules import failures, obligations
 from habu.prove.verify import verify_plan
 from habu.prove.virtual import VirtualTensor, key_for

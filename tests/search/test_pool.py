@@ -90,7 +90,7 @@ class LoggingTimer:
         self.log = log
 
     def measure(self, plan, cubins=None):
-        from habu.bench.worker import Measurement
+        from habu.timing.worker import Measurement
 
         self.log.append("time")
         k = plan["kernels"][0]

@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from habu.db import PlanDB
+from habu.plan.patterns import default_regions
 from habu.prove.rules import quick_reject
 from habu.search.loop import Budget, Search
-from habu.search.patterns import default_regions
 from habu.search.pool import InlineExecutor
 from habu.search.prune import QuickPruner
 from habu.search.space import make_plan, region_space

@@ -11,12 +11,12 @@ from typing import ClassVar
 
 import pytest
 
-from habu.bench.worker import Measurement
 from habu.db import PlanDB
 from habu.errors import UsageError
 from habu.search.loop import Budget, Search
 from habu.spec.parser import load_program
 from habu.target import TARGETS
+from habu.timing.worker import Measurement
 from tests.conftest import EXAMPLES, ROOT
 
 

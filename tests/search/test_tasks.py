@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from habu.plan.plan import ContractionKernel
 from habu.prove.verify import FIELD_CHECK_FIELDS, field_key
-from habu.search.plan import ContractionKernel
 from habu.search.space import default_plan
 from habu.spec.parser import load_program
 from habu.target import TARGETS

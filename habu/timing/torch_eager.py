@@ -4,7 +4,7 @@ contraction.
 
 Each equation becomes torch operations over tensors whose dimensions are named by the equation's
 index variables. An expression that is one of the library's words runs as the word's expert call
-(`F.rms_norm`, `torch.softmax`, `F.gelu`: `habu.bench.experts`); the rest is built from parts:
+(`F.rms_norm`, `torch.softmax`, `F.gelu`: `habu.timing.experts`); the rest is built from parts:
 loads (gathers by `index_select` or advanced indexing), elementwise functions (in the 16-bit type
 their tensor operands share, else float32), reductions (`sum`, `amax`), and sums of products as one
 `einsum`, which torch hands to cuBLAS when the factors are 16-bit. Every result is stored at its
@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from habu.bench.experts import EXPERT_CALLS, Match, expert_call, find
-from habu.bench.harness import TORCH_DTYPE
 from habu.spec.evaluate import Labelled, _factors, _union
 from habu.spec.ir import (
     Const,
@@ -36,6 +34,8 @@ from habu.spec.ir import (
     Reduce,
     Size,
 )
+from habu.timing.experts import EXPERT_CALLS, Match, expert_call, find
+from habu.timing.harness import TORCH_DTYPE
 
 
 def _functions(torch: Any) -> dict[str, Callable[..., Any]]:

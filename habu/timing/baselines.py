@@ -3,7 +3,7 @@
 For a model that is one contraction (GEMM, gathered GEMM, MoE up-projection) the baseline is torch:
 `A[IX] @ B.T` (cuBLAS after a gather). An f32 output of 16-bit operands is written by cuBLAS itself
 (`torch.mm(..., out_dtype=torch.float32)`, torch >= 2.8), not rounded to 16 bits and converted.
-Any other model runs as torch eager ops (`habu.bench.torch_eager`), with the library's words as
+Any other model runs as torch eager ops (`habu.timing.torch_eager`), with the library's words as
 their expert calls (`F.rms_norm`, `torch.softmax`, `F.gelu`).
 """
 
@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from habu.bench.harness import TORCH_DTYPE
-from habu.search.patterns import Operand, as_contraction
+from habu.plan.patterns import Operand, as_contraction
 from habu.search.space import dtype_of
 from habu.spec.ir import Const, Model
+from habu.timing.harness import TORCH_DTYPE
 
 
 def torch_baseline(model: Model, inputs: dict[str, Any]) -> tuple[str, Callable[[dict[str, Any]], Any]] | None:
     """(a description, a function of the inputs) for the torch equivalent, or None."""
     c = as_contraction(model.nodes[0]) if len(model.nodes) == 1 else None
     if c is None or (c.scale is not None and not isinstance(c.scale, Const)):
-        from habu.bench.torch_eager import eager_baseline
+        from habu.timing.torch_eager import eager_baseline
 
         return eager_baseline(model, _sizes(model, inputs))
     import torch

@@ -1,6 +1,6 @@
 """The torch call an expert writes for a library word, found inside any model's equations.
 
-The eager runner (`habu.bench.torch_eager`) turns an equation into torch ops one operation at a
+The eager runner (`habu.timing.torch_eager`) turns an equation into torch ops one operation at a
 time: an RMSNorm becomes a square, a sum, a divide, an rsqrt and a product, each a kernel over f32
 data, 16x slower than `F.rms_norm` on the H200 (678 against 43 µs for 8192 x 4096). A baseline that
 slow flatters every plan. So before the runner builds an expression from its parts, it asks here
@@ -78,7 +78,7 @@ class Match:
 def patterns() -> tuple[Pattern, ...]:
     from habu.spec.parser import parse_text
 
-    program = parse_text(_PATTERNS_SOURCE, "<habu.bench.experts>")
+    program = parse_text(_PATTERNS_SOURCE, "<habu.timing.experts>")
     out = []
     for word in (*ROW_WORDS, *ELEMENTWISE_WORDS):
         (eq,) = program.models[word].nodes

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from habu.bench.torch_eager import TorchEager
 from habu.spec.evaluate import Labelled
+from habu.timing.torch_eager import TorchEager
 
 TORCH = SimpleNamespace(bfloat16="bf16", float16="f16", float32="f32")
 

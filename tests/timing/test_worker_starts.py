@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from habu.bench.worker import GpuTimer
+from habu.timing.worker import GpuTimer
 from tests.conftest import ROOT
 
 

@@ -1,7 +1,7 @@
 """Planted bugs: correct lowerings with one bookkeeping mistake of the kind that has shipped in real
 kernels. The finite-field check must reject every one, naming an output element that differs.
 
-`run_suite()` returns one row per mutant; `python -m habu.prove.mutants` prints the kill rate.
+`run_suite()` returns one row per mutant; `python -m habu.bench.mutants` prints the kill rate.
 """
 
 from __future__ import annotations

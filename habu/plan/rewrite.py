@@ -21,7 +21,7 @@ from functools import lru_cache
 from itertools import combinations
 
 from habu.errors import HabuError
-from habu.search.patterns import _factors, as_contraction, consumers
+from habu.plan.patterns import _factors, as_contraction, consumers
 from habu.spec.ir import (
     Equation,
     Expr,

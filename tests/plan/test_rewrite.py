@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
+from habu.plan.patterns import default_regions, partitions
+from habu.plan.plan import Plan
+from habu.plan.rewrite import RewriteError, applicable, apply_rewrites, rewrite_sets
 from habu.prove.rules import failures, obligations
 from habu.prove.verify import verify_plan
-from habu.search.patterns import default_regions, partitions
-from habu.search.plan import Plan
-from habu.search.rewrite import RewriteError, applicable, apply_rewrites, rewrite_sets
 from habu.search.space import concrete_sizes, default_kernels, make_plan
 from habu.spec.ir import Equation, Gather, IndexVar, Load, Op, Reduce, TensorDecl
 from habu.spec.parser import load_program
@@ -63,7 +63,7 @@ def test_every_partition_of_the_rewritten_model_proves(sizes):
 def test_a_wrong_rewrite_fails_the_finite_field_check(monkeypatch, request):
     """The scale applied along the output's columns instead of its rows: the finite-field check
     of the rewritten plan against the model as written must catch it."""
-    import habu.search.rewrite as rw
+    import habu.plan.rewrite as rw
 
     m = rmsnorm_linear({"T": 64, "D": 64, "N": 64})
     s = concrete_sizes(m)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from habu.bench.experts import _eps, find, patterns
-from habu.bench.torch_eager import describe, experts_in
+from habu.timing.experts import _eps, find, patterns
+from habu.timing.torch_eager import describe, experts_in
 from tests.conftest import ROOT, parse
 
 HEAD = """
@@ -118,8 +118,8 @@ def test_regression_each_word_takes_its_own_expert_call(word, call, kwargs, monk
     """SOFTMAX asked for an epsilon it does not have (ValueError on the H200, 2026-11-30)."""
     import sys
 
-    from habu.bench.experts import expert_call
     from habu.spec.evaluate import Labelled
+    from habu.timing.experts import expert_call
 
     fake = _Recorder()
     monkeypatch.setitem(sys.modules, "torch", fake)

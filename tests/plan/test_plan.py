@@ -7,7 +7,7 @@ import json
 import pytest
 
 from habu.errors import HabuError
-from habu.search.plan import Plan, field_docs
+from habu.plan.plan import Plan, field_docs
 from habu.search.space import default_plan, enumerate_plans, parse_pins
 from habu.spec.parser import load_program
 from habu.target import TARGETS
@@ -74,7 +74,7 @@ def test_pins_apply_and_bad_pins_are_clear():
 def test_a_plan_with_register_stores_keeps_its_key_from_before_the_store_field():
     """`store` defaults to direct and is left out of the JSON then, so stored plans and their keys
     from before the field are still the same plans."""
-    from habu.search.plan import Plan
+    from habu.plan.plan import Plan
     from habu.search.space import default_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS
@@ -92,7 +92,7 @@ def test_a_plan_with_register_stores_keeps_its_key_from_before_the_store_field()
 
 def test_a_plan_without_a_cluster_keeps_its_key_from_before_the_cluster_field():
     from habu.errors import UsageError
-    from habu.search.plan import Plan
+    from habu.plan.plan import Plan
 
     m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
     plain = default_plan(m, TARGETS["sm_90a"], None, {})
@@ -105,7 +105,7 @@ def test_a_plan_without_a_cluster_keeps_its_key_from_before_the_cluster_field():
 
 
 def test_a_row_kernel_without_prefetch_keeps_its_key_from_before_the_prefetch_field():
-    from habu.search.plan import Plan
+    from habu.plan.plan import Plan
 
     m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"].with_sizes({"C": 16384})
     plain = default_plan(m, TARGETS["sm_90a"], {"C": 16384}, {})

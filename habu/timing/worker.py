@@ -180,17 +180,17 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         if not torch.cuda.is_available():
             conn.send({"kind": "unavailable", "reason": "torch sees no CUDA device (a CPU-only torch build?)"})
             return
-        from habu.bench.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
-        from habu.bench.run import device_target
         from habu.emit_cuda.emit import emit_plan
         from habu.emit_cuda.runtime import CompiledModel
+        from habu.gpu_info import current_arch as device_target
+        from habu.plan.plan import Plan
         from habu.prove.verify import demand
-        from habu.search.plan import Plan
         from habu.search.tasks import prefill_cache
         from habu.spec.evaluate import Evaluator
         from habu.spec.parser import parse_text
         from habu.spec.reference import Float64
         from habu.target import TARGETS
+        from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
 
         target = TARGETS[device_target()]
         model = parse_text(source, path).models[model_name].with_sizes(sizes)
@@ -275,8 +275,8 @@ def _torch_index(idx: np.ndarray, device: Any) -> Any:
 def _time_baseline(model, sets: list, ref: dict, boxes: dict, reps: int) -> dict:
     import torch
 
-    from habu.bench.baselines import torch_baseline
-    from habu.bench.harness import time_cuda, tolerance
+    from habu.timing.baselines import torch_baseline
+    from habu.timing.harness import time_cuda, tolerance
 
     try:
         found = torch_baseline(model, sets[0])

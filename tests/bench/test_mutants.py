@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from habu.prove.mutants import MUTANTS, run_mutant
+from habu.bench.mutants import MUTANTS, run_mutant
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
