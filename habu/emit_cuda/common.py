@@ -98,38 +98,50 @@ def index_type(width: int) -> str:
     return "int" if width == 32 else "long long"
 
 
+class CIndex:
+    """Index arithmetic as C text, for `Access.offset` and `Access.mask` (the lowering's one definition)."""
+
+    def __init__(self, width: int, table: Callable[[str, str], str] | None = None):
+        self.type = index_type(width)
+        self._table = table
+
+    def cast(self, x: Any) -> str:
+        return f"({self.type})({x if isinstance(x, str) else c(x) if isinstance(x, CExpr) else str(x)})"
+
+    def mul(self, a: str, b: str) -> str:
+        return f"{a} * {b}"
+
+    def add(self, a: str, b: str) -> str:
+        return f"{a} + {b}"
+
+    def zero(self) -> str:
+        return "0"
+
+    def table(self, name: str, coordinate: str) -> str:
+        if self._table is None:
+            raise ValueError(f"a gather through {name} where no index tensor is read")
+        return self._table(name, coordinate)
+
+    def lt(self, a: str, b: Any) -> str:
+        return f"({a}) < {c(b)}"
+
+    def le(self, a: str, b: Any) -> str:
+        return f"({a}) <= {c(b)}"
+
+    def all(self, parts: list[str]) -> str:
+        return " && ".join(parts) if parts else "true"
+
+
 def access_offset(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any], width: int,
                   table: Callable[[str, str], str], axes: tuple[str, ...] | None = None) -> str:
-    """The element offset of an access, computed in the plan's index width, from axis coordinates.
-    `table(name, coordinate)` gives the C expression of an index tensor's value at a coordinate.
-    With `axes`, only the terms of positions driven by those axes (a partial offset to hoist)."""
-    it = index_type(width)
-    terms = []
-    for pos, p in enumerate(access.positions):
-        if axes is not None and (p.kind == "const" or p.axis not in axes):
-            continue
-        stride = access.stride(pos, sizes)
-        if p.kind == "const":
-            if p.value == 0:
-                continue
-            value = str(p.value)
-        elif p.kind == "axis":
-            value = coord[p.axis]
-        else:
-            value = table(p.table, coord[p.axis])
-        if isinstance(stride, int) and stride == 1:
-            terms.append(f"({it})({value})")
-        else:
-            terms.append(f"({it})({value}) * ({it})({c(stride)})")
-    return " + ".join(terms) if terms else "0"
+    """The element offset of an access as C, printed from the lowering's `Access.offset`.
+    `table(name, coordinate)` gives the C expression of an index tensor's value at a coordinate."""
+    return access.offset(coord, sizes, CIndex(width, table), axes)
 
 
 def access_mask(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any]) -> str:
-    parts = []
-    for b in access.masks:
-        op = "<=" if b.inclusive else "<"
-        parts.append(f"({coord[b.axis]}) {op} {c(sizes[b.extent])}")
-    return " && ".join(parts) if parts else "true"
+    """The access's bounds predicate as C, printed from the lowering's `Access.mask`."""
+    return access.mask(coord, sizes, CIndex(32))
 
 
 def float_literal(v: Fraction) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from habu.spec.ir import IndexConst, IndexExpr, IndexVar, TensorDecl
 
@@ -77,6 +77,54 @@ class Access:
     @property
     def axes(self) -> tuple[str, ...]:
         return tuple(p.axis for p in self.positions if p.kind in ("axis", "gather"))
+
+    def offset(self, coord: Mapping[str, Any], sizes: Mapping[str, Any], arith: IndexArith,
+               axes: tuple[str, ...] | None = None) -> Any:
+        """The element offset at axis coordinates `coord`, as the kernel computes it: each position's
+        value and stride cast to the index width, multiplied, and summed in that width. The one
+        definition: the emitter prints it (C text), the finite-field interpreter runs it (wrapping
+        int32 arrays). With `axes`, only the terms of positions driven by those axes (a partial offset
+        to hoist out of a loop)."""
+        total: Any = None
+        for pos, p in enumerate(self.positions):
+            if axes is not None and (p.kind == "const" or p.axis not in axes):
+                continue
+            if p.kind == "const":
+                if p.value == 0:
+                    continue
+                value: Any = p.value
+            elif p.kind == "axis":
+                value = coord[p.axis]
+            else:
+                value = arith.table(p.table, coord[p.axis])
+            stride = self.stride(pos, sizes)
+            if isinstance(stride, int) and stride == 1:
+                term = arith.cast(value)
+            else:
+                term = arith.mul(arith.cast(value), arith.cast(stride))
+            total = term if total is None else arith.add(total, term)
+        return arith.zero() if total is None else total
+
+    def mask(self, coord: Mapping[str, Any], sizes: Mapping[str, Any], arith: IndexArith) -> Any:
+        """Whether the access at `coord` is inside the tensor: every bound `axis < size` (`<=` only in
+        planted bugs), conjoined. Printed by the emitter and run by the interpreter, from this one place."""
+        parts = [arith.le(coord[b.axis], sizes[b.extent]) if b.inclusive else arith.lt(coord[b.axis], sizes[b.extent])
+                 for b in self.masks]
+        return arith.all(parts)
+
+
+class IndexArith(Protocol):
+    """The integer arithmetic an access's offset and mask are evaluated in: C text for the emitter
+    (`habu.emit_cuda.common.CIndex`), wrapping numpy arrays for the interpreter (`habu.prove.interp`)."""
+
+    def cast(self, x: Any) -> Any: ...  # a value in the kernel's index type (int32 wraps)
+    def mul(self, a: Any, b: Any) -> Any: ...
+    def add(self, a: Any, b: Any) -> Any: ...
+    def zero(self) -> Any: ...
+    def table(self, name: str, coordinate: Any) -> Any: ...  # an index tensor's value at a coordinate
+    def lt(self, a: Any, b: Any) -> Any: ...
+    def le(self, a: Any, b: Any) -> Any: ...
+    def all(self, parts: list[Any]) -> Any: ...
 
 
 def row_major_strides(extents: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:

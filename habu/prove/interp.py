@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -98,37 +99,62 @@ def _coords(access: Access, offset: int, sizes: Mapping[str, int]) -> str:
 Where = "Callable[[np.ndarray], str] | None"
 
 
+class _NumpyIndex:
+    """Index arithmetic on int64 arrays that wrap at the kernel's index width, as the GPU's do, for
+    `Access.offset` and `Access.mask` (the definitions the emitter prints). A gather reads the index
+    tensor only where the access's mask holds, and faults when an index lies outside it."""
+
+    def __init__(self, width: int, mem: Memory, kernel: str, mask: np.ndarray | None = None, where=None):
+        self.width, self.mem, self.kernel, self.mask, self.where = width, mem, kernel, mask, where
+
+    def cast(self, x: Any) -> np.ndarray:
+        return wrap(np.asarray(x, dtype=np.int64), self.width)
+
+    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return wrap(a * b, self.width)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return wrap(a + b, self.width)
+
+    def zero(self) -> np.ndarray:
+        return np.zeros((), dtype=np.int64)
+
+    def table(self, name: str, coordinate: Any) -> np.ndarray:
+        t = np.asarray(coordinate, dtype=np.int64)
+        mask = self.mask if self.mask is not None else np.ones((), bool)
+        t_mask = np.broadcast_to(mask, np.broadcast_shapes(t.shape, mask.shape))
+        table = self.mem.table(name)
+        safe = np.where(t_mask, np.broadcast_to(t, t_mask.shape), 0)
+        outside = t_mask & ((safe < 0) | (safe >= table.numel))
+        if np.any(outside):
+            o = int(safe[outside].flat[0])
+            self.mem.fault(f"{_computing(self.where, outside)}{self.kernel} reads index tensor {name} out of "
+                           f"bounds (at {o}, outside 0..{table.numel - 1})")
+        return np.where(outside, 0, table.at(np.where(outside, 0, safe)))
+
+    def lt(self, a: Any, b: Any) -> np.ndarray:
+        return np.asarray(a) < b
+
+    def le(self, a: Any, b: Any) -> np.ndarray:
+        return np.asarray(a) <= b
+
+    def all(self, parts: list[np.ndarray]) -> np.ndarray:
+        out = np.ones((), dtype=bool)
+        for p in parts:
+            out = out & p
+        return out
+
+
 def _offsets(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: Mapping[str, int],
              mem: Memory, width: int, what: str, where=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(offsets, mask, out-of-bounds lanes) of an access at the given axis coordinates, as the kernel
-    computes them."""
+    computes them: the lowering's `Access.mask` and `Access.offset`, run on wrapping integer arrays."""
     arrays = [np.asarray(coords[b.axis]) for b in access.masks] + \
              [np.asarray(coords[p.axis]) for p in access.positions if p.kind != "const"]
     shape = np.broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
-    mask = np.ones(shape, dtype=bool)
-    for b in access.masks:
-        c = coords[b.axis]
-        lim = sizes[b.extent]
-        mask = mask & ((c <= lim) if b.inclusive else (c < lim))
-    offset = np.zeros(shape, dtype=np.int64)
-    for pos, p in enumerate(access.positions):
-        if p.kind == "const":
-            v = np.int64(p.value)
-        elif p.kind == "axis":
-            v = np.asarray(coords[p.axis], dtype=np.int64)
-        else:
-            t = np.asarray(coords[p.axis], dtype=np.int64)
-            t_mask = np.broadcast_to(mask, np.broadcast_shapes(t.shape, mask.shape))
-            table = mem.table(p.table)
-            safe = np.where(t_mask, np.broadcast_to(t, t_mask.shape), 0)
-            outside = t_mask & ((safe < 0) | (safe >= table.numel))
-            if np.any(outside):
-                o = int(safe[outside].flat[0])
-                mem.fault(f"{_computing(where, outside)}{kernel} reads index tensor {p.table} out of bounds "
-                          f"(at {o}, outside 0..{table.numel - 1})")
-            v = np.where(outside, 0, table.at(np.where(outside, 0, safe)))
-        term = wrap(wrap(v, width) * np.int64(access.stride(pos, sizes)), width)
-        offset = wrap(offset + term, width)
+    mask = np.broadcast_to(access.mask(coords, sizes, _NumpyIndex(width, mem, kernel)), shape)
+    arith = _NumpyIndex(width, mem, kernel, mask, where)
+    offset = np.broadcast_to(access.offset(coords, sizes, arith), shape).astype(np.int64)
     numel = access.numel(sizes)
     bad = mask & ((offset < 0) | (offset >= numel))
     if np.any(bad):
