@@ -348,12 +348,13 @@ class ExactResult:
                 "mismatch": self.mismatch.as_dict() if self.mismatch else None, "damage": list(self.damage)}
 
 
-def compare_outputs(expected: Mapping[str, np.ndarray], got_bits: Mapping[str, np.ndarray],
+def compare_outputs(want_bits: Mapping[str, np.ndarray], got_bits: Mapping[str, np.ndarray],
                     dtypes: Mapping[str, str]) -> Mismatch | None:
-    """The first wrong element over all outputs (in the model's output order), or None."""
-    for name, want in expected.items():
+    """The first wrong element over all outputs (in the model's output order), or None; both sides
+    are bit patterns (`to_bits` of the exact reference, and the device's bytes)."""
+    for name, want in want_bits.items():
         dt = dtypes[name]
-        found = first_mismatch(name, got_bits[name], to_bits(want, dt), dt, POISON_BITS.get(dt))
+        found = first_mismatch(name, got_bits[name], want, dt, POISON_BITS.get(dt))
         if found is not None:
             return found
     return None

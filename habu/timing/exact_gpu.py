@@ -49,7 +49,7 @@ class DeviceFloat64(Float64):
 
     def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray:
         t = torch()
-        ops = [t.from_numpy(np.ascontiguousarray(o, dtype=np.float64)).to(self.device) for o in operands]
+        ops = [t.from_numpy(np.asarray(o, dtype=np.float64, order="C").copy()).to(self.device) for o in operands]
         return t.einsum(subscripts, *ops).cpu().numpy()
 
 
@@ -82,7 +82,9 @@ class Witness:
 
     value_range: int
     inputs: dict[str, np.ndarray]
-    expected: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]  # float64, by output
+    input_bytes: dict[str, Any]  # each input in its dtype, as a flat uint8 device tensor
+    expected_bits: dict[str, np.ndarray]  # each output's reference in its dtype, as unsigned bit patterns
 
 
 def _dtype(decl: Any) -> str:
@@ -98,9 +100,16 @@ class ExactChecker:
 
     def witness(self, value_range: int) -> Witness:
         if value_range not in self._witnesses:
+            t = torch()
             inputs = integer_inputs(self.model, self.sizes, value_range, self.seed)
             expected = exact_reference(self.model, self.sizes, inputs, DeviceFloat64(self.device))
-            self._witnesses[value_range] = Witness(value_range, inputs, expected)
+            as_bytes = {}
+            for decl in self.model.inputs:
+                typed = t.from_numpy(inputs[decl.name]).to(getattr(t, TORCH_DTYPE[_dtype(decl)]))
+                as_bytes[decl.name] = typed.to(self.device).reshape(-1).view(t.uint8)
+            dtypes = {d.name: _dtype(d) for d in self.model.outputs}
+            bits = {name: to_bits(v, dtypes[name]) for name, v in expected.items()}
+            self._witnesses[value_range] = Witness(value_range, inputs, expected, as_bytes, bits)
         return self._witnesses[value_range]
 
     def prepare(self, storage: Mapping[str, str] | None = None) -> None:
@@ -120,7 +129,7 @@ class ExactChecker:
         buffers: dict[str, GuardedTensor] = {}
         for decl in self.model.inputs:
             g = GuardedTensor(decl.name, tuple(self.sizes[e] for e in decl.extents), _dtype(decl), self.device)
-            g.tensor.copy_(t.from_numpy(w.inputs[decl.name]).to(g.tensor.dtype))
+            g.buffer[g.layout.inner].copy_(w.input_bytes[decl.name])
             buffers[decl.name] = g
         for decl in self.model.outputs:
             if decl.name not in inputs:  # an output updated in place is its input's buffer
@@ -136,21 +145,16 @@ class ExactChecker:
         damage = [d for g in buffers.values() for d in g.damage()]
         outputs = {d.name for d in self.model.outputs}
         for decl in self.model.inputs:
-            if decl.name not in outputs and not np.array_equal(buffers[decl.name].bits(), self._input_bits(decl, w)):
+            g = buffers[decl.name]
+            if decl.name not in outputs and not t.equal(g.buffer[g.layout.inner], w.input_bytes[decl.name]):
                 damage.append(f"{decl.name}: the input was modified")
         dtypes = {d.name: _dtype(d) for d in self.model.outputs}
         got = {name: buffers[name].bits() for name in w.expected}
-        mismatch = compare_outputs(w.expected, got, dtypes)
+        mismatch = compare_outputs(w.expected_bits, got, dtypes)
         result = ExactResult(mismatch is None and not damage, True, found.describe(), mismatch, damage)
         if not result.ok:
             result.summary = result.reason()
         return result
-
-    def _input_bits(self, decl: Any, w: Witness) -> np.ndarray:
-        data = w.inputs[decl.name]
-        if decl.is_index:
-            return data.astype(f"<i{ELEMENT_BYTES[_dtype(decl)]}").view(f"<u{ELEMENT_BYTES[_dtype(decl)]}")
-        return to_bits(data.astype(np.float64), _dtype(decl))
 
 
 def check_built(compiled: Any, model: Model, storages: list[Mapping[str, str]], timeout_s: float = 60.0,

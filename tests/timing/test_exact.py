@@ -185,7 +185,7 @@ def test_an_unwritten_element_says_so():
     want = np.full((2, 2), 7.0)
     got = to_bits(want, "bf16").copy()
     got[0, 1] = POISON_BITS["bf16"]
-    found = compare_outputs({"Y": want}, {"Y": got}, {"Y": "bf16"})
+    found = compare_outputs({"Y": to_bits(want, "bf16")}, {"Y": got}, {"Y": "bf16"})
     assert found is not None
     assert found.describe() == "Y[0, 1]: never written (still the NaN poison), want 7; 1 elements differ, 1 never written"
     result = ExactResult(False, True, "", found)
@@ -196,10 +196,11 @@ def test_an_unwritten_element_says_so():
 def test_outputs_are_compared_in_order_and_a_correct_one_passes():
     a, b = np.ones((2, 3)), np.arange(4.0)
     bits = {"A": to_bits(a, "bf16"), "B": to_bits(b, "f32")}
-    assert compare_outputs({"A": a, "B": b}, bits, {"A": "bf16", "B": "f32"}) is None
+    want = {"A": to_bits(a, "bf16"), "B": to_bits(b, "f32")}
+    assert compare_outputs(want, bits, {"A": "bf16", "B": "f32"}) is None
     bits["B"] = bits["B"].copy()
     bits["B"][3] ^= 1  # one ulp off
-    found = compare_outputs({"A": a, "B": b}, bits, {"A": "bf16", "B": "f32"})
+    found = compare_outputs(want, bits, {"A": "bf16", "B": "f32"})
     assert found is not None and found.output == "B" and found.index == (3,)
 
 
