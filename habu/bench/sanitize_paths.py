@@ -84,11 +84,13 @@ def run_case(name: str) -> str:
 
 
 ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, \d+ warnings?\)")
 
 
 def sanitizer_errors(output: str) -> int | None:
-    """The error count compute-sanitizer printed, or None when it printed no summary."""
-    found = ERROR_SUMMARY.findall(output)
+    """The error count compute-sanitizer printed (its ERROR SUMMARY, else racecheck's summary), or
+    None when it printed no summary."""
+    found = ERROR_SUMMARY.findall(output) or RACECHECK_SUMMARY.findall(output)
     return sum(int(n) for n in found) if found else None
 
 

@@ -11,6 +11,7 @@ def test_the_error_summary_is_read():
     assert sanitizer_errors("========= ERROR SUMMARY: 0 errors\n") == 0
     assert sanitizer_errors("========= Invalid __global__ write\n========= ERROR SUMMARY: 3 errors\n") == 3
     assert sanitizer_errors("========= ERROR SUMMARY: 1 error\n") == 1
+    assert sanitizer_errors("========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n") == 1
     assert sanitizer_errors("Traceback (most recent call last): ...") is None  # no summary: counted as failed
 
 
