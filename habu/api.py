@@ -44,9 +44,10 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     members = [(plan.guards, emit_plan(compiled.model, plan, tgt)) for plan in compiled.plans]
     built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
     if check and _runs_here(tgt.name):
+        from habu.timing.exact import kept_types
         from habu.timing.exact_gpu import check_built
 
-        check_built(built, compiled.model, [dict(p.storage) for p in compiled.plans])
+        check_built(built, compiled.model, [kept_types(p) for p in compiled.plans])
     return built
 
 

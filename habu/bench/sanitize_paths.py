@@ -59,12 +59,13 @@ def example_path(name: str) -> str:
 def run_case(name: str) -> str:
     """Build and run one case once; a line saying how it was checked. Raises when it is wrong."""
     from habu.bench.run import build
+    from habu.timing.exact import kept_types
     from habu.timing.exact_gpu import ExactChecker
     from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance, torch
 
     path, model, sizes, pins = CASES[name]
     built = build(example_path(path), model, sizes, pins)
-    result = ExactChecker(built.model, built.sizes).check(built.compiled, dict(built.plan.storage))
+    result = ExactChecker(built.model, built.sizes).check(built.compiled, kept_types(built.plan))
     if not result.ok:
         raise AssertionError(f"{name}: {result.reason()}")
     if result.applicable:

@@ -146,6 +146,17 @@ def _overflow(bounds: Mapping[str, int], storage: Mapping[str, str]) -> str | No
     return None
 
 
+def kept_types(plan) -> dict[str, str]:
+    """Where a plan keeps values, and in which type: its stored intermediates, and each contraction
+    kernel's accumulator (named `<accumulator of kernel N>`: any partial sum lands there)."""
+    kept = dict(plan.storage)
+    for i, k in enumerate(plan.kernels):
+        acc = getattr(k, "accumulator", None)
+        if acc is not None and acc != "f32":
+            kept[f"<accumulator of kernel {i}>"] = acc
+    return kept
+
+
 def applicability(model: Model, sizes: Mapping[str, int], storage: Mapping[str, str] | None = None) -> Applicability:
     """Can this model be checked exactly at these sizes? `storage`: the plan's element type of each
     intermediate written between kernels (it must hold that intermediate's integers exactly)."""

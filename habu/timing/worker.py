@@ -193,6 +193,7 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         from habu.spec.parser import parse_text
         from habu.spec.reference import Float64
         from habu.target import TARGETS
+        from habu.timing.exact import kept_types
         from habu.timing.exact_gpu import ExactChecker
         from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
 
@@ -229,7 +230,7 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
             emitted = emit_plan(model, plan, target)
             compiled = CompiledModel(model, emitted, arch=target.name, check_indices=False)
             loaded = time.perf_counter()
-            verdict = exact.check(compiled, dict(plan.storage))
+            verdict = exact.check(compiled, kept_types(plan))
             exact_done = time.perf_counter()
             if not verdict.ok:
                 conn.send({"kind": "result", "ok": False, "reason": verdict.reason(), "exact": verdict.as_dict(),

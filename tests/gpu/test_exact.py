@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 import habu  # noqa: E402
 from habu.bench.run import build  # noqa: E402
 from habu.bench.sanitize_paths import CASES, example_path, run_case  # noqa: E402
-from habu.timing.exact import ExactCheckError, ExactTimeout  # noqa: E402
+from habu.timing.exact import ExactCheckError, ExactTimeout, kept_types  # noqa: E402
 from habu.timing.exact_gpu import ExactChecker, check_built  # noqa: E402
 from habu.timing.worker import GpuTimer  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
@@ -39,7 +39,7 @@ DEFAULTS = {  # every example model, at a shape that keeps the test short
 def test_every_example_default_plan_passes_the_exact_check(case):
     path, model, sizes, exact = DEFAULTS[case]
     built = build(str(EX / path), model, sizes)
-    result = ExactChecker(built.model, built.sizes, seed=3).check(built.compiled, dict(built.plan.storage))
+    result = ExactChecker(built.model, built.sizes, seed=3).check(built.compiled, kept_types(built.plan))
     assert result.ok, result.reason()
     assert result.applicable == exact, result.summary
     if not exact:
@@ -69,7 +69,7 @@ def test_pinned_paths_pass_the_exact_check(path, k):
         if "plan not proven" in str(err):
             pytest.skip(f"the rules reject {path} at K={k}: {err}")
         raise
-    result = ExactChecker(built.model, built.sizes, seed=k).check(built.compiled, dict(built.plan.storage))
+    result = ExactChecker(built.model, built.sizes, seed=k).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
 
 
@@ -82,7 +82,7 @@ def test_the_row_and_map_paths_are_checked_exactly():
     for case in ("rows-sum", "rows-max", "map"):
         path, model, sizes, pins = CASES[case]
         built = build(example_path(path), model, sizes, pins)
-        result = ExactChecker(built.model, built.sizes).check(built.compiled, dict(built.plan.storage))
+        result = ExactChecker(built.model, built.sizes).check(built.compiled, kept_types(built.plan))
         assert result.ok and result.applicable, (case, result.summary)
 
 

@@ -25,6 +25,7 @@ from habu.timing.exact import (
     first_mismatch,
     from_bits,
     integer_inputs,
+    kept_types,
     tensor_bounds,
     to_bits,
     wait_for,
@@ -145,6 +146,23 @@ def test_a_16_bit_intermediate_must_hold_its_integers():
     assert applicability(m.with_sizes({"K": 64}), {"M": 64, "N": 64, "K": 64}, {"C": "bf16"}).value_range == 2
     tiny = {"M": 64, "N": 64, "K": 28}  # 9 · 28 = 252: ±3 fits a bf16 intermediate
     assert applicability(m.with_sizes(tiny), tiny, {"C": "bf16"}).value_range == 3
+
+
+def test_a_16_bit_accumulator_counts_like_a_stored_intermediate():
+    from dataclasses import replace
+
+    from habu.search.space import default_plan
+    from habu.target import TARGETS
+
+    m = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    sizes = {"M": 256, "N": 256, "K": 512}
+    plan = default_plan(m.with_sizes(sizes), TARGETS["sm_90a"], sizes, {})
+    assert kept_types(plan) == dict(plan.storage)  # f32 accumulators keep every partial sum
+    f16 = replace(plan, kernels=tuple(replace(k, accumulator="f16") for k in plan.kernels))
+    assert applicability(m.with_sizes(sizes), sizes, kept_types(f16)).value_range == 2  # 4 · 512 = 2048 fits f16
+    big = {"M": 256, "N": 256, "K": 4096}
+    found = applicability(m.with_sizes(big), big, kept_types(f16))
+    assert not found.exact and "<accumulator of kernel 0> is stored in f16" in found.reason
 
 
 def test_bounds_of_a_fused_axpy_relu():
