@@ -302,3 +302,36 @@ def test_a_member_no_size_selects_is_left_out():
     model = parse(src).models["RMSNORM-ROWS"]
     found = witness_sizes(model, lambda s: 0 if s["D"] <= 4096 else 2, 3)
     assert set(found) == {0, 2} and found[0]["D"] == 512 and found[2]["D"] > 4096
+
+
+# ----------------------------------------------------------------------------- the claim, simulated
+
+
+def _round_to_bf16(v: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even to 8 significant bits, computed arithmetically (independent of to_bits)."""
+    out = np.zeros_like(v, dtype=np.float64)
+    nz = v != 0
+    e = np.floor(np.log2(np.abs(v[nz])))
+    ulp = 2.0 ** (e - 7)
+    out[nz] = np.round(v[nz] / ulp) * ulp  # numpy rounds halves to even
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 6000), out=st.sampled_from(["bf16", "f32"]), split=st.integers(1, 7), seed=st.integers(0, 999))
+def test_a_float32_kernel_matches_bit_for_bit_in_any_summation_order(k, out, split, seed):
+    """A stand-in kernel: float32 partial sums over a shuffled split of K, added in float32, rounded
+    once to the output type. The exact check must pass it whatever the order."""
+    model, sizes = gemm(k, "bf16", out, m=3, n=4)
+    found = applicability(model, sizes)
+    inputs = integer_inputs(model, sizes, found.value_range, seed)
+    want = {"C": to_bits(exact_reference(model, sizes, inputs)["C"], out)}
+    order = np.random.default_rng(seed).permutation(k)
+    acc = np.zeros((3, 4), dtype=np.float32)
+    for chunk in np.array_split(order, split):
+        acc += inputs["A"][:, chunk].astype(np.float32) @ inputs["B"][:, chunk].astype(np.float32).T
+    stored = _round_to_bf16(acc.astype(np.float64)) if out == "bf16" else acc
+    got = {"C": to_bits(np.asarray(stored, dtype=np.float64), out)}
+    assert compare_outputs(want, got, {"C": out}) is None
+    got["C"][2, 1] ^= 1 << 3  # one flipped bit in one element is named
+    assert compare_outputs(want, got, {"C": out}).index == (2, 1)
