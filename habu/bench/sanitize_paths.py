@@ -112,6 +112,15 @@ def sanitize(name: str, tool: str, sanitizer: str = "compute-sanitizer", timeout
     return errors, text
 
 
+def find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, else in the CUDA toolkit's usual place."""
+    for candidate in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer",
+                      *sorted(map(str, Path("/usr/local").glob("cuda-*/bin/compute-sanitizer")), reverse=True)):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--case", choices=sorted(CASES))
@@ -121,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:
         print(run_case(args.case), flush=True)
         return 0
-    sanitizer = shutil.which("compute-sanitizer")
+    sanitizer = find_sanitizer()
     if sanitizer is None:
-        print("habu: error: compute-sanitizer is not on PATH (it ships with the CUDA toolkit)", file=sys.stderr)
+        print("habu: error: compute-sanitizer is not on PATH nor in /usr/local/cuda*/bin (it ships with the CUDA "
+              "toolkit)", file=sys.stderr)
         return 1
     cases = args.only or list(CASES)
     for name in cases:  # compile into the cache, and check, outside the sanitizer

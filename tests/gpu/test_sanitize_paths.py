@@ -3,20 +3,18 @@ through the device tool; slow: each case starts Python under the sanitizer)."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from habu.bench.sanitize_paths import CASES, TOOLS, run_case, sanitize
+from habu.bench.sanitize_paths import CASES, TOOLS, find_sanitizer, run_case, sanitize
 
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
-SANITIZER = shutil.which("compute-sanitizer")
+SANITIZER = find_sanitizer()
 if SANITIZER is None:  # pragma: no cover
-    pytest.skip("compute-sanitizer is not on PATH", allow_module_level=True)
+    pytest.skip("compute-sanitizer is not installed", allow_module_level=True)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
