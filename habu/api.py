@@ -23,8 +23,14 @@ def current_target() -> str:
 
 
 def build(path: str | Path, model: str | None = None, *, target: str | None = None,
-          pins: dict[str, str] | None = None, trials: int = 3, **shape: int):
-    """Prove the default (or pinned) plan for `model`, emit it and return a `CompiledModel`."""
+          pins: dict[str, str] | None = None, trials: int = 3, check: bool = True, **shape: int):
+    """Prove the default (or pinned) plan for `model`, emit it and return a `CompiledModel`.
+
+    `check`: when this machine has a GPU of the target's kind, first run every member of the set
+    once on small-integer inputs and compare each output element bit for bit with the exact
+    reference, with guard bytes around every buffer (habu.timing.exact; models that use exp,
+    rsqrt, division... are not integer-exact and are not checked). A failure raises
+    ExactCheckError. Needs torch; `check=False` skips it."""
     from habu.compile import compile_model
     from habu.emit_cuda.emit import emit_plan
     from habu.emit_cuda.guards import KernelSet
@@ -36,7 +42,20 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     tgt = target_named(target or current_target())
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials)
     members = [(plan.guards, emit_plan(compiled.model, plan, tgt)) for plan in compiled.plans]
-    return CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
+    built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
+    if check and _runs_here(tgt.name):
+        from habu.timing.exact import kept_types
+        from habu.timing.exact_gpu import check_built
+
+        check_built(built, compiled.model, [kept_types(p) for p in compiled.plans])
+    return built
+
+
+def _runs_here(target: str) -> bool:
+    """True when GPU 0 runs `target`'s code (the exact check can launch the plan here)."""
+    from habu.gpu_info import current_arch, device_info
+
+    return device_info() is not None and current_arch() == target
 
 
 _warned: set[str] = set()

@@ -205,6 +205,10 @@ class CompiledModel:
         outputs = [t.name for t in contract.tensors if t.role == "output"]
         return results[outputs[0]] if len(outputs) == 1 else {n: results[n] for n in outputs}
 
+    def release_prepared(self) -> None:
+        """Forget the launches packed for earlier calls' arrays (and the intermediates kept with them)."""
+        self._prepared.clear()
+
     @staticmethod
     def _slots(kernel: CudaKernel, function: Any, sizes: Mapping[str, int], dev: Any) -> int:
         """Blocks resident at once: what a persistent kernel's grid is sized by."""

@@ -3,8 +3,10 @@
 `GpuTimer` starts a worker (multiprocessing, spawn) that owns the GPU: it makes the inputs once
 (fresh random data, never zeros), computes the float64 reference on a sample of output elements
 (the edges and random rows/columns of every output), and for each plan it is sent it emits,
-compiles and loads the kernels, runs them once on NaN-poisoned outputs, compares the sampled
-elements with dtype-aware tolerances, and only then times them (CUDA events, warm-up, median over
+compiles and loads the kernels, runs the exact check (habu.timing.exact: small-integer inputs in
+red-zoned buffers, every output element compared bit for bit, where the model is integer-exact),
+runs them once on NaN-poisoned outputs, compares the sampled elements with dtype-aware
+tolerances, and only then times them (CUDA events, warm-up, median over
 rotated input sets). A CUDA fault poisons the worker's context: it reports and exits, and the next
 plan starts a fresh worker. A plan that does not answer within the timeout is a hang: the worker is
 killed and the plan recorded as failed.
@@ -31,7 +33,8 @@ class Measurement:
     samples_us: list[float] | None = None
     golden: dict | None = None
     resources: dict | None = None
-    seconds: dict | None = None  # the timing worker's wall time per step (load, check, time)
+    seconds: dict | None = None  # the timing worker's wall time per step (load, exact, check, time)
+    exact: dict | None = None  # the exact check's verdict (habu.timing.exact.ExactResult.as_dict)
 
 
 class GpuTimer:
@@ -190,6 +193,8 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         from habu.spec.parser import parse_text
         from habu.spec.reference import Float64
         from habu.target import TARGETS
+        from habu.timing.exact import kept_types
+        from habu.timing.exact_gpu import ExactChecker
         from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
 
         target = TARGETS[device_target()]
@@ -201,6 +206,8 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
                 for k, v in sets[0].items()}
         boxes = sample_boxes(model, full, np.random.default_rng(seed))
         ref = Evaluator(model, full, Float64(), demand(model, boxes, full)).run(host)
+        exact = ExactChecker(model, full, seed)
+        exact.prepare()  # the witness and its exact reference, outside any plan's timeout
         info = dict(device_info() or {}) | {"torch": torch.__version__}
         conn.send({"kind": "ready", "info": info})
     except Exception as exc:  # no GPU, no torch, or the model does not build: say so once
@@ -223,25 +230,32 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
             emitted = emit_plan(model, plan, target)
             compiled = CompiledModel(model, emitted, arch=target.name, check_indices=False)
             loaded = time.perf_counter()
+            verdict = exact.check(compiled, kept_types(plan))
+            exact_done = time.perf_counter()
+            if not verdict.ok:
+                conn.send({"kind": "result", "ok": False, "reason": verdict.reason(), "exact": verdict.as_dict(),
+                           "seconds": {"load": loaded - began, "exact": exact_done - loaded}})
+                continue
             result = compiled(**sets[0], **outs[0])
             torch.cuda.synchronize()
             result = result if isinstance(result, dict) else {model.outputs[0].name: result}
             tol = tolerance(model, dict(plan.storage))
             golden = _golden(result, ref, boxes, tol)
             checked = time.perf_counter()
-            seconds = {"load": loaded - began, "check": checked - loaded}
+            seconds = {"load": loaded - began, "exact": exact_done - loaded, "check": checked - exact_done}
             if not all(g["ok"] for g in golden.values()):
                 conn.send({"kind": "result", "ok": False, "reason": f"wrong output: {golden}", "golden": golden,
-                           "seconds": seconds})
+                           "exact": verdict.as_dict(), "seconds": seconds})
                 continue
             t = time_cuda(lambda i, run=compiled: run(**sets[i], **outs[i]), len(sets), warmup=3, reps=reps)
             seconds["time"] = time.perf_counter() - checked
             samples = t.pop("samples", None)
             conn.send({"kind": "result", "ok": True, **t, "samples_us": samples, "golden": golden,
-                       "seconds": seconds})
+                       "exact": verdict.as_dict(), "seconds": seconds})
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
-            fatal = "CUDA_ERROR" in text or "illegal" in text.lower() or "cudaError" in text
+            fatal = ("CUDA_ERROR" in text or "illegal" in text.lower() or "cudaError" in text
+                     or type(exc).__name__ == "ExactTimeout")  # a kernel still running holds the GPU
             conn.send({"kind": "result", "ok": False, "reason": text[:1500] + ("" if not fatal else
                        " (the GPU context is lost; the worker restarts)"), "fatal": fatal,
                        "golden": None})

@@ -1,5 +1,6 @@
 """Golden checks on the GPU (run through the device tool): every code path against the float64
-reference, with fresh random inputs, poisoned outputs and shapes that break tile assumptions."""
+reference, with fresh random inputs, poisoned outputs and shapes that break tile assumptions; and,
+where the model is integer-exact, the exact check (every element bit for bit, red zones)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
 
 from habu.bench.run import build  # noqa: E402
+from habu.timing.exact import kept_types  # noqa: E402
+from habu.timing.exact_gpu import ExactChecker  # noqa: E402
 from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
 from tests.conftest import ROOT, gemm_kn_source, winner_plan  # noqa: E402
 
@@ -62,6 +65,8 @@ def golden(path, model, sizes, pins=None, index="random", seed=0, plan=None):
         g = compare(out, ref[name], tol)
         assert g.unwritten == 0, f"{name}: {g.unwritten} elements never written"
         assert g.ok, f"{name}: relative error {g.rel_error:.2e} > {tol:.0e} ({built.plan.kernels})"
+    exact = ExactChecker(built.model, full, seed).check(built.compiled, kept_types(built.plan))
+    assert exact.ok, f"{exact.reason()} ({built.plan.kernels})"
     return built
 
 

@@ -1,0 +1,153 @@
+"""One small plan per emitter path under compute-sanitizer's memcheck, racecheck and synccheck.
+
+    python -m habu.bench.sanitize_paths                  # every path, every tool: a table; exit 1 on any error
+    python -m habu.bench.sanitize_paths --case fma       # one path, once (what the sanitizer runs)
+
+Each case is built (proved, emitted, compiled), run once in red-zoned buffers and checked exactly
+(habu.timing.exact) where the model is integer-exact, else against the float64 reference with the
+tolerance golden. The driver first runs every case without a sanitizer (compiling the kernels into
+the cache), then once per case and tool under `compute-sanitizer --tool TOOL`, and counts the
+errors the sanitizer reports ("ERROR SUMMARY: N errors").
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+
+# an integer-exact row model: a row reduction and an elementwise epilogue in one row kernel
+ROWS_SOURCE = """64 EXTENT: #R
+1000 EXTENT: #C
+bf16 TENSOR: X ( #R #C )
+bf16 TENSOR: Y ( #R #C )
+MODEL: ROW-SUM  Y[r c] = X[r c] + Σ c2 X[r c2] ;
+MODEL: ROW-MAX  Y[r c] = X[r c] - max c2 X[r c2] ;
+"""
+
+GG = {"M": 300, "N": 200, "K": 512}
+CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
+    "fma": ("ggemm.habu", "GGEMM", {"M": 130, "N": 70, "K": 33}, {"mma": "fma"}),
+    "fma-split-k": ("ggemm.habu", "GGEMM", {"M": 130, "N": 70, "K": 33}, {"mma": "fma", "split_k": "2"}),
+    "mma.sync": ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 520}, {"mma": "mma.sync"}),
+    "wgmma-tma": ("gemm.habu", "GEMM", {"M": 256, "N": 384, "K": 512}, {"A": "tma", "B": "tma"}),
+    "wgmma-cp.async": ("ggemm.habu", "GGEMM", GG, {"B": "cp.async"}),
+    "wgmma-staged": ("ggemm.habu", "GGEMM", GG, {"A": "staged", "B": "staged"}),
+    "wgmma-ragged-k": ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}),
+    "rows-sum": ("<rows>", "ROW-SUM", {}, {}),
+    "rows-max": ("<rows>", "ROW-MAX", {}, {}),
+    "rows-softmax": ("softmax.habu", "SOFTMAX-ROWS", {"R": 16, "C": 1000}, {}),
+    "map": ("fused.habu", "AXPY-RELU", {"N": 4100}, {}),
+}
+TOOLS = ("memcheck", "racecheck", "synccheck")
+
+
+def example_path(name: str) -> str:
+    if name != "<rows>":
+        return str(EX / name)
+    path = Path(tempfile.gettempdir()) / "habu_sanitize_rows.habu"
+    path.write_text(ROWS_SOURCE)
+    return str(path)
+
+
+def run_case(name: str) -> str:
+    """Build and run one case once; a line saying how it was checked. Raises when it is wrong."""
+    from habu.bench.run import build
+    from habu.timing.exact import kept_types
+    from habu.timing.exact_gpu import ExactChecker
+    from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance, torch
+
+    path, model, sizes, pins = CASES[name]
+    built = build(example_path(path), model, sizes, pins)
+    result = ExactChecker(built.model, built.sizes).check(built.compiled, kept_types(built.plan))
+    if not result.ok:
+        raise AssertionError(f"{name}: {result.reason()}")
+    if result.applicable:
+        return f"{name}: {result.summary}"
+    inputs = make_inputs(built.model, built.sizes, 5)
+    outs = poisoned_outputs(built.model, built.sizes)
+    ref = reference(built.model, inputs, built.sizes)
+    res = built.compiled(**inputs, **outs)
+    torch().cuda.synchronize()
+    res = res if isinstance(res, dict) else {built.model.outputs[0].name: res}
+    tol = tolerance(built.model, dict(built.plan.storage))
+    for k, v in res.items():
+        g = compare(v, ref[k], tol)
+        if not g.ok:
+            raise AssertionError(f"{name}: {k} relative error {g.rel_error:.1e} > {tol:.0e}, {g.unwritten} unwritten")
+    return f"{name}: {result.summary}; golden within {tol:.0e}"
+
+
+ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, \d+ warnings?\)")
+
+
+def sanitizer_errors(output: str) -> int | None:
+    """The error count compute-sanitizer printed (its ERROR SUMMARY, else racecheck's summary), or
+    None when it printed no summary."""
+    found = ERROR_SUMMARY.findall(output) or RACECHECK_SUMMARY.findall(output)
+    return sum(int(n) for n in found) if found else None
+
+
+def sanitize(name: str, tool: str, sanitizer: str = "compute-sanitizer", timeout_s: float = 900.0) -> tuple[int, str]:
+    """Run one case under one tool: (errors, the sanitizer's output). A run that fails without a
+    summary counts as one error."""
+    cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable, "-m", "habu.bench.sanitize_paths",
+           "--case", name]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                           cwd=Path(__file__).resolve().parents[2])
+    except subprocess.TimeoutExpired as exc:
+        return 1, f"timed out after {timeout_s:.0f} s: {exc}"
+    text = r.stdout + r.stderr
+    errors = sanitizer_errors(text)
+    if errors is None or (errors == 0 and r.returncode != 0):
+        return max(1, errors or 0), text
+    return errors, text
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, else in the CUDA toolkit's usual place."""
+    for candidate in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer",
+                      *sorted(map(str, Path("/usr/local").glob("cuda-*/bin/compute-sanitizer")), reverse=True)):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", choices=sorted(CASES))
+    ap.add_argument("--tool", action="append", choices=TOOLS, help="default: all three")
+    ap.add_argument("--only", action="append", choices=sorted(CASES), help="cases to sanitize (default: all)")
+    args = ap.parse_args(argv)
+    if args.case:
+        print(run_case(args.case), flush=True)
+        return 0
+    sanitizer = find_sanitizer()
+    if sanitizer is None:
+        print("habu: error: compute-sanitizer is not on PATH nor in /usr/local/cuda*/bin (it ships with the CUDA "
+              "toolkit)", file=sys.stderr)
+        return 1
+    cases = args.only or list(CASES)
+    for name in cases:  # compile into the cache, and check, outside the sanitizer
+        print(run_case(name), flush=True)
+    failed = 0
+    for name in cases:
+        for tool in args.tool or TOOLS:
+            errors, text = sanitize(name, tool, sanitizer)
+            print(f"{'ok  ' if errors == 0 else 'FAIL'} {tool:9s} {name}: {errors} errors", flush=True)
+            if errors:
+                failed += 1
+                print(text[-4000:], flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

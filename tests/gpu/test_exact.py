@@ -1,0 +1,208 @@
+"""The exact differential check on the GPU (run through the device tool): every example's default plan
+and the emitter paths compared bit for bit on small-integer inputs in red-zoned buffers; a wrong
+element, an unwritten element, a red-zone write and a hang are each caught and named."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+import habu  # noqa: E402
+from habu.bench.run import build  # noqa: E402
+from habu.bench.sanitize_paths import CASES, example_path, run_case  # noqa: E402
+from habu.timing.exact import ExactCheckError, ExactTimeout, kept_types  # noqa: E402
+from habu.timing.exact_gpu import ExactChecker, check_built  # noqa: E402
+from habu.timing.worker import GpuTimer  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+EX = ROOT / "examples"
+
+DEFAULTS = {  # every example model, at a shape that keeps the test short
+    "ggemm": ("ggemm.habu", "GGEMM", {"M": 1000, "N": 777, "K": 511}, True),
+    "gemm": ("gemm.habu", "GEMM", {"M": 1024, "N": 768, "K": 2048}, True),
+    "moe": ("moe_gather.habu", "MOE-UP", {"T": 4096, "R": 1000, "N": 1536, "K": 4096}, True),
+    "fused": ("fused.habu", "AXPY-RELU", {"N": 100003}, True),
+    "softmax": ("softmax.habu", "SOFTMAX-ROWS", {"R": 64, "C": 1000}, False),
+    "rmsnorm": ("rmsnorm.habu", "RMSNORM-ROWS", {"R": 64, "D": 4096}, False),
+    "rmsnorm-eq": ("rmsnorm.habu", "RMSNORM-EQ", {"R": 64, "D": 4096}, False),
+    "rmsnorm-linear": ("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 256, "D": 512, "N": 384}, False),
+    "ffn-skip": ("ffn_skip.habu", "FFN-SKIP", {"B": 40, "D": 256, "H": 320}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(DEFAULTS))
+def test_every_example_default_plan_passes_the_exact_check(case):
+    path, model, sizes, exact = DEFAULTS[case]
+    built = build(str(EX / path), model, sizes)
+    result = ExactChecker(built.model, built.sizes, seed=3).check(built.compiled, kept_types(built.plan))
+    assert result.ok, result.reason()
+    assert result.applicable == exact, result.summary
+    if not exact:
+        assert result.summary.startswith("exact: not applicable (uses ")
+
+
+PINNED = {  # the emitter paths, pinned, on ggemm at ragged and aligned shapes
+    "wgmma": {},
+    "wgmma-a-ldg": {"A": "ldg"},
+    "wgmma-b-cp.async": {"B": "cp.async"},
+    "wgmma-staged": {"A": "staged", "B": "staged"},
+    "wgmma-split2": {"split_k": "2", "tile": "128x128x64"},
+    "wgmma-persistent": {"persistent": "true", "tile": "128x128x64", "stages": "5"},
+    "wgmma-store-tma": {"store": "tma"},
+    "mma.sync": {"mma": "mma.sync"},
+    "fma": {"mma": "fma"},
+    "fma-split3": {"mma": "fma", "split_k": "3"},
+}
+
+
+@pytest.mark.parametrize("k", [511, 512])
+@pytest.mark.parametrize("path", list(PINNED))
+def test_pinned_paths_pass_the_exact_check(path, k):
+    try:
+        built = build(str(EX / "ggemm.habu"), "GGEMM", {"M": 1000, "N": 776, "K": k}, PINNED[path])
+    except AssertionError as err:
+        if "plan not proven" in str(err):
+            pytest.skip(f"the rules reject {path} at K={k}: {err}")
+        raise
+    result = ExactChecker(built.model, built.sizes, seed=k).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_sanitizer_cases_pass_outside_the_sanitizer(case):
+    assert run_case(case).startswith(case)
+
+
+def test_the_row_and_map_paths_are_checked_exactly():
+    for case in ("rows-sum", "rows-max", "map"):
+        path, model, sizes, pins = CASES[case]
+        built = build(example_path(path), model, sizes, pins)
+        result = ExactChecker(built.model, built.sizes).check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, (case, result.summary)
+
+
+# ----------------------------------------------------------------------------- wrong kernels are caught
+
+
+def _ggemm():
+    return build(str(EX / "ggemm.habu"), "GGEMM", {"M": 300, "N": 200, "K": 512})
+
+
+def test_a_corrupted_element_fails_with_the_element_named():
+    built = _ggemm()
+
+    def wrong(**tensors):
+        out = built.compiled(**tensors)
+        out[7, 11] += 1.0  # on the device, after the launch, before the check reads it
+        return out
+
+    result = ExactChecker(built.model, built.sizes).check(wrong, {})
+    assert not result.ok and result.mismatch is not None
+    assert result.mismatch.output == "O" and result.mismatch.index == (7, 11)
+    assert result.mismatch.got == result.mismatch.want + 1.0 and result.mismatch.differing == 1
+    assert result.reason().startswith("exact check: O[7, 11]: got ")
+
+
+def test_an_unwritten_element_fails():
+    built = _ggemm()
+
+    def partial(**tensors):
+        out = built.compiled(**tensors)
+        out[299, 199] = float("nan")  # as if the last tile's corner were never stored
+        return out
+
+    result = ExactChecker(built.model, built.sizes).check(partial, {})
+    assert not result.ok and result.mismatch.index == (299, 199)
+    assert "never written" in result.reason()
+
+
+def test_a_write_into_the_red_zone_is_caught():
+    built = _ggemm()
+
+    def overruns(**tensors):
+        out = built.compiled(**tensors)
+        flat = out.reshape(-1)
+        torch.as_strided(flat, (flat.numel() + 3,), (1,))[-1] = 1.0  # 8 bytes past the last element
+        a = tensors["A"].reshape(-1)
+        torch.as_strided(a, (1,), (1,), a.storage_offset() - 1)[0] = 2.0  # just before A's first element
+        return out
+
+    result = ExactChecker(built.model, built.sizes).check(overruns, {})
+    assert not result.ok and result.mismatch is None
+    assert "O: 4 guard bytes overwritten after the buffer (first 8 bytes past its end)" in result.damage
+    assert "A: 2 guard bytes overwritten before the buffer (nearest 1 bytes before element 0)" in result.damage
+
+
+def test_a_modified_input_is_caught():
+    built = _ggemm()
+
+    def clobbers(**tensors):
+        out = built.compiled(**tensors)
+        tensors["B"][0, 0] = 0.0
+        return out
+
+    result = ExactChecker(built.model, built.sizes).check(clobbers, {})
+    assert not result.ok and "B: the input was modified" in result.damage
+
+
+def test_a_launch_that_does_not_finish_times_out():
+    built = _ggemm()
+
+    def hangs(**tensors):
+        torch.cuda._sleep(int(5 * 2.0e9))  # ~5 s of GPU cycles ahead of the plan's kernels
+        return built.compiled(**tensors)
+
+    with pytest.raises(ExactTimeout, match=r"did not finish within 0\.5 s"):
+        ExactChecker(built.model, built.sizes).check(hangs, {}, timeout_s=0.5)
+    torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- habu.build and the worker
+
+
+def test_habu_build_runs_the_exact_check():
+    model = habu.build(EX / "ggemm.habu", trials=1, M=300, N=200, K=511)
+    assert model.kernel_set.members
+    a = torch.ones((300, 511), dtype=torch.bfloat16, device="cuda")
+    b = torch.ones((200, 511), dtype=torch.bfloat16, device="cuda")
+    ix = torch.arange(300, dtype=torch.int32, device="cuda")
+    assert float(model(A=a, B=b, IX=ix)[5, 6]) == 511.0
+
+
+def test_check_built_raises_naming_the_element(monkeypatch):
+    model = habu.build(EX / "fused.habu", trials=1, check=False, N=4100)
+    real = model.__call__
+
+    class Wrong:
+        kernel_set = model.kernel_set
+
+        def __call__(self, **tensors):
+            out = real(**tensors)
+            out[17] = -1.0
+            return out
+
+        def release_prepared(self):
+            model.release_prepared()
+
+    with pytest.raises(ExactCheckError, match=r"fails the exact check at N=4100: exact check: y\[17\]"):
+        check_built(Wrong(), model.model, [{}] * len(model.kernel_set.members))
+
+
+def test_the_timing_worker_reports_the_exact_check():
+    path = EX / "ggemm.habu"
+    sizes = {"M": 512, "N": 256, "K": 511}
+    built = build(str(path), "GGEMM", sizes)
+    timer = GpuTimer(str(path), "GGEMM", sizes)
+    try:
+        assert timer.start() is not None, timer.unavailable
+        m = timer.measure(built.plan.to_json())
+        assert m.ok, m.reason
+        assert m.exact and m.exact["ok"] and m.exact["applicable"]
+        assert "exact" in (m.seconds or {})
+    finally:
+        timer.close()

@@ -1,0 +1,337 @@
+"""The exact differential check's pure parts on the CPU: which models are integer-exact, inputs
+whose sums stay exact, the exact reference, bit comparison naming the first wrong element, red-zone
+bookkeeping, the bounded wait and the shapes a kernel set is checked at. The device side runs in
+tests/gpu/test_exact.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from habu.spec.parser import load_program
+from habu.timing.exact import (
+    F32_EXACT,
+    GUARD_BYTES,
+    GUARD_PATTERN,
+    POISON_BITS,
+    VALUE_RANGES,
+    ExactResult,
+    GuardedLayout,
+    applicability,
+    compare_outputs,
+    exact_reference,
+    first_mismatch,
+    from_bits,
+    integer_inputs,
+    kept_types,
+    tensor_bounds,
+    to_bits,
+    wait_for,
+    witness_sizes,
+)
+from tests.conftest import ROOT, parse
+
+
+def gemm(k: int, dtype: str = "bf16", out: str = "f32", m: int = 2, n: int = 3) -> tuple:
+    text = (f"{m} EXTENT: #M\n{n} EXTENT: #N\n{k} EXTENT: #K\n{dtype} TENSOR: A ( #M #K )\n"
+            f"{dtype} TENSOR: B ( #N #K )\n{out} TENSOR: C ( #M #N )\n"
+            "MODEL: G  C[m n] = Σ k A[m k] · B[n k] ;\n")
+    model = parse(text).models["G"]
+    return model, {e.name: e.size for e in model.extents}
+
+
+# ----------------------------------------------------------------------------- inputs keep sums exact
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 2**22), dtype=st.sampled_from(["bf16", "f16", "f32"]))
+def test_the_chosen_range_keeps_every_k_long_sum_exact_in_f32(k, dtype):
+    model, sizes = gemm(k, dtype)
+    found = applicability(model, sizes)
+    if not found.exact:
+        assert k > F32_EXACT // (min(VALUE_RANGES) ** 2)  # even ±1 would overflow 2^24
+        assert "2^24" in found.reason
+        return
+    r = found.value_range
+    assert r * r * k <= F32_EXACT  # the worst-case partial sum, in any order, is a float32 integer
+    assert found.peak == r * r * k
+    assert r == max(VALUE_RANGES) or (r + 1) ** 2 * k > F32_EXACT  # the widest range that fits
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(1, 3000), dtype=st.sampled_from(["bf16", "f16", "f32"]), seed=st.integers(0, 2**16))
+def test_inputs_are_nonzero_small_integers_and_the_reference_is_exact(k, dtype, seed):
+    model, sizes = gemm(k, dtype)
+    found = applicability(model, sizes)
+    inputs = integer_inputs(model, sizes, found.value_range, seed)
+    for name in ("A", "B"):
+        v = inputs[name]
+        assert np.all(v == np.round(v)) and np.all(v != 0) and np.all(np.abs(v) <= found.value_range)
+        assert np.array_equal(v.astype(np.float64), from_bits(to_bits(v.astype(np.float64), dtype), dtype))
+    ref = exact_reference(model, sizes, inputs)
+    exact = inputs["A"].astype(np.int64) @ inputs["B"].astype(np.int64).T
+    assert np.array_equal(ref["C"], exact.astype(np.float64))
+
+
+def test_index_tensors_are_in_range_with_duplicates():
+    model = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    sizes = {"M": 50, "N": 8, "K": 16}
+    ix = integer_inputs(model.with_sizes(sizes), sizes, 3, seed=1)["IX"]
+    assert ix.shape == (50,) and ix.min() >= 0 and ix.max() < 50
+    assert len(np.unique(ix)) < len(ix)  # at least one duplicate
+
+
+# ----------------------------------------------------------------------------- which models are exact
+
+EXPECTED = {
+    ("ffn_skip.habu", "FFN-SKIP"): "uses erf, rsqrt",
+    ("fused.habu", "AXPY-RELU"): None,
+    ("gemm.habu", "GEMM"): None,
+    ("ggemm.habu", "GGEMM"): None,
+    ("moe_gather.habu", "MOE-UP"): None,
+    ("rmsnorm.habu", "RMSNORM-ROWS"): "uses rsqrt",
+    ("rmsnorm.habu", "RMSNORM-EQ"): "uses rsqrt",
+    ("rmsnorm_linear.habu", "RMSNORM-LINEAR"): "uses rsqrt",
+    ("softmax.habu", "SOFTMAX-ROWS"): "uses exp",
+}
+
+
+def test_every_example_model_is_classified():
+    found = {(p.name, m) for p in sorted((ROOT / "examples").glob("*.habu"))
+             for m in load_program(p).models}
+    assert found == set(EXPECTED)
+
+
+@pytest.mark.parametrize("example, model", list(EXPECTED), ids=lambda x: str(x))
+def test_applicability_of_the_example_models(example, model):
+    m = load_program(ROOT / "examples" / example).models[model]
+    sizes = {e.name: e.size or e.lo for e in m.extents}
+    found = applicability(m, sizes)
+    why = EXPECTED[(example, model)]
+    if why is None:
+        assert found.exact and found.describe().startswith("exact: inputs in ±1..±")
+    else:
+        assert not found.exact and found.describe() == f"exact: not applicable ({why})"
+
+
+def test_gemm_with_a_bf16_output_is_compared_after_one_rounding():
+    m = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    found = applicability(m, {"M": 8192, "N": 8192, "K": 8192})
+    assert found.exact and found.rounded == ("C",) and found.peak == 9 * 8192
+    small = applicability(m.with_sizes({"K": 16}), {"M": 8192, "N": 8192, "K": 16})
+    assert small.exact and small.rounded == ()  # 9 · 16 = 144 is a bf16 integer
+
+
+def test_max_relu_and_a_residual_add_stay_exact():
+    text = ("4 EXTENT: #M\n4 EXTENT: #N\n64 EXTENT: #K\nbf16 TENSOR: A ( #M #K )\nbf16 TENSOR: B ( #N #K )\n"
+            "bf16 TENSOR: R ( #M #N )\nf32 TENSOR: C ( #M #N )\n"
+            "MODEL: G  C[m n] = max( Σ k A[m k] · B[n k] + R[m n] , 0 ) ;\n"
+            "MODEL: H  C[m n] = max k' A[m k'] · R[m n] ;\n")
+    program = parse(text)
+    for name, peak in (("G", 9 * 64 + 3), ("H", 9)):
+        m = program.models[name]
+        found = applicability(m, {e.name: e.size for e in m.extents})
+        assert found.exact and found.peak == peak, found
+
+
+def test_a_16_bit_intermediate_must_hold_its_integers():
+    m = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    sizes = {"M": 64, "N": 64, "K": 300}
+    assert applicability(m.with_sizes(sizes), sizes, {"C": "f32"}).exact
+    found = applicability(m.with_sizes(sizes), sizes, {"C": "bf16"})
+    assert not found.exact
+    assert found.reason == "the intermediate C is stored in bf16, exact only up to 256, and reaches 300 even with inputs in ±1"
+    assert applicability(m.with_sizes({"K": 64}), {"M": 64, "N": 64, "K": 64}, {"C": "bf16"}).value_range == 2
+    tiny = {"M": 64, "N": 64, "K": 28}  # 9 · 28 = 252: ±3 fits a bf16 intermediate
+    assert applicability(m.with_sizes(tiny), tiny, {"C": "bf16"}).value_range == 3
+
+
+def test_a_16_bit_accumulator_counts_like_a_stored_intermediate():
+    from dataclasses import replace
+
+    from habu.search.space import default_plan
+    from habu.target import TARGETS
+
+    m = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    sizes = {"M": 256, "N": 256, "K": 512}
+    plan = default_plan(m.with_sizes(sizes), TARGETS["sm_90a"], sizes, {})
+    assert kept_types(plan) == dict(plan.storage)  # f32 accumulators keep every partial sum
+    f16 = replace(plan, kernels=tuple(replace(k, accumulator="f16") for k in plan.kernels))
+    assert applicability(m.with_sizes(sizes), sizes, kept_types(f16)).value_range == 2  # 4 · 512 = 2048 fits f16
+    big = {"M": 256, "N": 256, "K": 4096}
+    found = applicability(m.with_sizes(big), big, kept_types(f16))
+    assert not found.exact and "<accumulator of kernel 0> is stored in f16" in found.reason
+
+
+def test_bounds_of_a_fused_axpy_relu():
+    m = load_program(ROOT / "examples" / "fused.habu").models["AXPY-RELU"]
+    bounds = tensor_bounds(m, {"N": 16}, 3)
+    assert bounds["%1"] == 9 and bounds["%2"] == 12 and bounds["y"] == 12
+
+
+# ----------------------------------------------------------------------------- bits and comparison
+
+
+def test_bf16_rounding_is_round_to_nearest_even():
+    values = np.array([1.0, 257.0, 259.0, -259.0, 73727.0, 0.0, -3.0])
+    assert list(from_bits(to_bits(values, "bf16"), "bf16")) == [1.0, 256.0, 260.0, -260.0, 73728.0, 0.0, -3.0]
+    assert to_bits(np.array(1.0), "bf16") == 0x3F80 and to_bits(np.array(1.0), "bf16").shape == ()
+    assert list(from_bits(to_bits(np.array([2049.0, 2051.0]), "f16"), "f16")) == [2048.0, 2052.0]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "f64"])
+def test_the_poison_byte_is_a_nan_in_every_output_dtype(dtype):
+    assert np.isnan(from_bits(np.array([POISON_BITS[dtype]]), dtype)[0])
+    assert POISON_BITS[dtype] == int("FF" * (len(hex(POISON_BITS[dtype])) // 2 - 1), 16)
+
+
+def test_the_first_wrong_element_is_named():
+    want = np.arange(12, dtype=np.float64).reshape(3, 4)
+    got = to_bits(want, "f32").copy()
+    assert first_mismatch("O", got, to_bits(want, "f32"), "f32", POISON_BITS["f32"]) is None
+    got[1, 2] = to_bits(np.array(5.0), "f32")
+    got[2, 3] = POISON_BITS["f32"]
+    found = first_mismatch("O", got, to_bits(want, "f32"), "f32", POISON_BITS["f32"])
+    assert found is not None and found.index == (1, 2) and found.got == 5.0 and found.want == 6.0
+    assert found.describe() == "O[1, 2]: got 5, want 6; 2 elements differ, 1 never written"
+    assert found.as_dict()["index"] == [1, 2]
+
+
+def test_an_unwritten_element_says_so():
+    want = np.full((2, 2), 7.0)
+    got = to_bits(want, "bf16").copy()
+    got[0, 1] = POISON_BITS["bf16"]
+    found = compare_outputs({"Y": to_bits(want, "bf16")}, {"Y": got}, {"Y": "bf16"})
+    assert found is not None
+    assert found.describe() == "Y[0, 1]: never written (still the NaN poison), want 7; 1 elements differ, 1 never written"
+    result = ExactResult(False, True, "", found)
+    assert result.reason().startswith("exact check: Y[0, 1]: never written")
+    assert result.as_dict()["mismatch"]["got"] == "nan"
+
+
+def test_outputs_are_compared_in_order_and_a_correct_one_passes():
+    a, b = np.ones((2, 3)), np.arange(4.0)
+    bits = {"A": to_bits(a, "bf16"), "B": to_bits(b, "f32")}
+    want = {"A": to_bits(a, "bf16"), "B": to_bits(b, "f32")}
+    assert compare_outputs(want, bits, {"A": "bf16", "B": "f32"}) is None
+    bits["B"] = bits["B"].copy()
+    bits["B"][3] ^= 1  # one ulp off
+    found = compare_outputs(want, bits, {"A": "bf16", "B": "f32"})
+    assert found is not None and found.output == "B" and found.index == (3,)
+
+
+# ----------------------------------------------------------------------------- red zones
+
+
+def _buffer(layout: GuardedLayout) -> np.ndarray:
+    """Host memory standing in for a guarded device allocation."""
+    buf = np.full(layout.total, GUARD_PATTERN, dtype=np.uint8)
+    buf[layout.inner] = 0xFF
+    return buf
+
+
+def test_untouched_guards_report_nothing_and_data_writes_are_inside():
+    layout = GuardedLayout("O", 12 * 4)
+    assert layout.guard == GUARD_BYTES and GUARD_BYTES % 16 == 0  # the data keeps TMA's 16-byte alignment
+    buf = _buffer(layout)
+    buf[layout.inner].view(np.float32)[:] = np.arange(12)  # every element written, nothing else
+    assert layout.damage(*layout.guards(buf)) == []
+
+
+def test_a_write_past_the_end_is_caught():
+    layout = GuardedLayout("O", 10 * 2)  # 20 bytes: an out-of-bounds store may land in padding
+    buf = _buffer(layout)
+    buf[layout.guard + layout.nbytes + 2: layout.guard + layout.nbytes + 4] = 0
+    assert layout.damage(*layout.guards(buf)) == [
+        "O: 2 guard bytes overwritten after the buffer (first 2 bytes past its end)"]
+
+
+def test_a_write_before_the_start_is_caught():
+    layout = GuardedLayout("A", 64)
+    buf = _buffer(layout)
+    buf[layout.guard - 4: layout.guard] = 1  # element -1 of an f32 tensor
+    buf[0] = 7
+    assert layout.damage(*layout.guards(buf)) == [
+        "A: 5 guard bytes overwritten before the buffer (nearest 1 bytes before element 0)"]
+
+
+# ----------------------------------------------------------------------------- the bounded wait
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_a_launch_that_never_finishes_times_out():
+    clock = FakeClock()
+    assert not wait_for(lambda: False, 2.0, clock, clock.sleep)
+    assert 2.0 <= clock.now < 2.1
+
+
+def test_a_launch_that_finishes_returns_at_once():
+    clock = FakeClock()
+    polls = iter([False, False, True])
+    assert wait_for(lambda: next(polls), 2.0, clock, clock.sleep)
+    assert clock.now < 0.01
+
+
+# ----------------------------------------------------------------------------- shapes a kernel set is checked at
+
+
+def test_every_member_of_a_runtime_set_gets_a_shape_it_runs_at():
+    src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
+    model = parse(src).models["GGEMM"]
+    found = witness_sizes(model, lambda s: 0 if s["K"] % 8 == 0 else 1, 2)
+    assert found[0] == {"M": 4096, "N": 4096, "K": 512}
+    assert found[1]["K"] % 8 and found[1]["M"] == 4096
+    static = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    assert witness_sizes(static, lambda s: 0, 1) == {0: {"M": 8192, "N": 8192, "K": 8192}}
+
+
+def test_a_member_no_size_selects_is_left_out():
+    src = (ROOT / "examples" / "rmsnorm.habu").read_text()
+    model = parse(src).models["RMSNORM-ROWS"]
+    found = witness_sizes(model, lambda s: 0 if s["D"] <= 4096 else 2, 3)
+    assert set(found) == {0, 2} and found[0]["D"] == 512 and found[2]["D"] > 4096
+
+
+# ----------------------------------------------------------------------------- the claim, simulated
+
+
+def _round_to_bf16(v: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even to 8 significant bits, computed arithmetically (independent of to_bits)."""
+    out = np.zeros_like(v, dtype=np.float64)
+    nz = v != 0
+    e = np.floor(np.log2(np.abs(v[nz])))
+    ulp = 2.0 ** (e - 7)
+    out[nz] = np.round(v[nz] / ulp) * ulp  # numpy rounds halves to even
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 6000), out=st.sampled_from(["bf16", "f32"]), split=st.integers(1, 7), seed=st.integers(0, 999))
+def test_a_float32_kernel_matches_bit_for_bit_in_any_summation_order(k, out, split, seed):
+    """A stand-in kernel: float32 partial sums over a shuffled split of K, added in float32, rounded
+    once to the output type. The exact check must pass it whatever the order."""
+    model, sizes = gemm(k, "bf16", out, m=3, n=4)
+    found = applicability(model, sizes)
+    inputs = integer_inputs(model, sizes, found.value_range, seed)
+    want = {"C": to_bits(exact_reference(model, sizes, inputs)["C"], out)}
+    order = np.random.default_rng(seed).permutation(k)
+    acc = np.zeros((3, 4), dtype=np.float32)
+    for chunk in np.array_split(order, split):
+        acc += inputs["A"][:, chunk].astype(np.float32) @ inputs["B"][:, chunk].astype(np.float32).T
+    stored = _round_to_bf16(acc.astype(np.float64)) if out == "bf16" else acc
+    got = {"C": to_bits(np.asarray(stored, dtype=np.float64), out)}
+    assert compare_outputs(want, got, {"C": out}) is None
+    got["C"][2, 1] ^= 1 << 3  # one flipped bit in one element is named
+    assert compare_outputs(want, got, {"C": out}).index == (2, 1)
