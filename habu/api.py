@@ -32,7 +32,7 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     rsqrt, division... are not integer-exact and are not checked). A failure raises
     ExactCheckError. Needs torch; `check=False` skips it."""
     from habu.compile import compile_model
-    from habu.emit_cuda.emit import emit_plan
+    from habu.emit_cuda.emit import emit
     from habu.emit_cuda.guards import KernelSet
     from habu.emit_cuda.runtime import CompiledModel
     from habu.spec.parser import load_program
@@ -41,7 +41,7 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     m = program.pick(model)
     tgt = target_named(target or current_target())
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials)
-    members = [(plan.guards, emit_plan(compiled.model, plan, tgt)) for plan in compiled.plans]
+    members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
     built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
     if check and _runs_here(tgt.name):
         from habu.timing.exact import kept_types

@@ -172,7 +172,7 @@ def emit(
     sizes = parse_shape(shape, [e.name for e in m.extents])
     tgt = target_named(target)
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
-    sources = [cuda_source(compiled.model, plan, tgt)[0] for plan in compiled.plans]
+    sources = [cuda_source(proof, tgt)[0] for proof in compiled.proofs]
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(sources))
     print(f"wrote {output}: {sum(s.count('__global__') for s in sources)} kernel(s) for {tgt.name}")

@@ -168,11 +168,11 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
     return "\n".join(out) + "\n"
 
 
-def cuda_source(model: Model, plan: Plan, target: Target) -> tuple[str, list]:
-    """One .cu with every kernel of the plan (staging passes included), and the kernels."""
-    from habu.emit_cuda.emit import emit_plan
+def cuda_source(proof: Proof, target: Target) -> tuple[str, list]:
+    """One .cu with every kernel of a proven plan (staging passes included), and the kernels."""
+    from habu.emit_cuda.emit import emit
 
-    emitted = emit_plan(model, plan, target)
+    emitted = emit(proof, target)
     return "\n".join(k.source for k in emitted.kernels), list(emitted.kernels)
 
 
@@ -182,8 +182,8 @@ def build_kernels(model: Model, compiled: Compiled, target: Target) -> list[dict
     from habu.emit_cuda.nvrtc import resources_of
 
     out = []
-    for plan in compiled.plans:
-        source, kernels = cuda_source(model, plan, target)
+    for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):
+        source, kernels = cuda_source(proof, target)
         cubin, _hit = compile_cached(source, f"habu_{model.name.lower()}", target.name)
         resources = {k.name: resources_of(cubin.log, k.name) for k in kernels}
         for k in kernels:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from habu.emit_cuda.emit import emit_plan
+from habu.emit_cuda.emit import emit
 from habu.emit_cuda.runtime import CompiledModel
 from habu.gpu_info import current_arch
 from habu.plan.plan import Plan
@@ -44,6 +44,6 @@ def build(path: str, model_name: str, sizes: Mapping[str, int] | None = None, pi
     if not proof.ok:
         why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
         raise AssertionError(f"plan not proven: {why}")
-    compiled = CompiledModel(model, emit_plan(model, plan, target), arch=target.name, check_indices=check_indices)
+    compiled = CompiledModel(model, emit(proof, target), arch=target.name, check_indices=check_indices)
     full = {e.name: e.size for e in model.extents}
     return Built(model, plan, compiled, full)  # type: ignore[arg-type]

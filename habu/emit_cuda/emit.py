@@ -1,4 +1,8 @@
-"""From a proven plan to CUDA: one kernel per fusion region, each from its lowering."""
+"""From a proven plan to CUDA: one kernel per fusion region, each printed from its lowering.
+
+`emit(proof)` is the way in for everything that runs a kernel (compile, build, the search): it takes
+a `Proof` and prints from the lowering that proof's rules and finite-field check read. `emit_plan`
+lowers and emits a plan that was not proven: for tests and tools that only look at the source."""
 
 from __future__ import annotations
 
@@ -6,8 +10,10 @@ from habu.emit_cuda.emit_fma import emit_fma
 from habu.emit_cuda.emit_rows import emit_map, emit_rows
 from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
-from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
+from habu.errors import HabuError
+from habu.lower import ContractionLowering, LoweredPlan, MapLowering, RowLowering, lower_whole
 from habu.plan.plan import Plan
+from habu.prove import Proof
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -17,11 +23,29 @@ def kernel_name(model: Model, plan: Plan, i: int) -> str:
     return f"habu_{base}_{plan.key[:8]}_k{i}"
 
 
-def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
-    from habu.plan.rewrite import planned_model
+def emit(proof: Proof, target: Target) -> EmittedPlan:
+    """The CUDA of a proven plan, printed from the lowering its proof checked. A proof that failed,
+    or that has no finite-field certificate, is refused."""
+    if proof.lowered is None or proof.certificate is None or not proof.ok:
+        why = (proof.violations[0].describe() if proof.violations else
+               proof.certificate.failure if proof.certificate is not None and not proof.certificate.passed else
+               "it was not checked over the finite field")
+        raise HabuError(f"refusing to emit plan {proof.plan.key} of {proof.plan.model}: {why}")
+    if proof.lowered.plan.kernels != proof.plan.kernels:
+        raise HabuError(f"refusing to emit plan {proof.plan.key}: its kernels are not the ones proven")
+    return emit_lowered(proof.lowered, proof.plan, target)
 
-    lowerings = lower_plan(model, plan)
-    model = planned_model(model, plan)  # the nodes and intermediates the kernels compute
+
+def emit_plan(model: Model, plan: Plan, target: Target) -> EmittedPlan:
+    """The CUDA of a plan that has not been proven (tests, tools that read the source)."""
+    return emit_lowered(lower_whole(model, plan), plan, target)
+
+
+def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPlan:
+    """One kernel per lowered kernel (after any staging passes), named by `plan` (a guarded member of
+    a kernel set has its own key)."""
+    lowerings = lowered.kernels
+    model = lowered.model  # the nodes and intermediates the kernels compute
     static = {name: size for name, size in plan.shape}
     for e in model.extents:
         if e.is_static and e.name not in static:

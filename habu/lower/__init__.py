@@ -7,6 +7,7 @@ CUDA emitter (`habu.emit_cuda`) all read these objects, so what is proven is wha
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from habu.lower.contraction import ContractionLowering, lower_contraction
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
@@ -36,4 +37,25 @@ def lower_plan(model: Model, plan: Plan) -> list[Lowering]:
     return [lower(model, k, storage) for k in plan.kernels]
 
 
-__all__ = ["ContractionLowering", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan"]
+@dataclass(frozen=True)
+class LoweredPlan:
+    """A plan lowered once, for everything downstream: the z3 rules and the finite-field check read
+    these kernels, the proof keeps them, and the emitter prints the CUDA from the same objects."""
+
+    source: Model  # the model as written (what the finite-field check's reference evaluates)
+    model: Model  # the model as the plan computes it (its rewrites applied)
+    plan: Plan
+    kernels: tuple[Lowering, ...]
+
+
+def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
+    """`plan` of `model` lowered, kernel by kernel, over the model its rewrites make."""
+    from habu.plan.rewrite import planned_model
+
+    graph = planned_model(model, plan)
+    storage = dict(plan.storage)
+    return LoweredPlan(model, graph, plan, tuple(lower(graph, k, storage) for k in plan.kernels))
+
+
+__all__ = ["ContractionLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
+           "lower_whole"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from habu.lower import LoweredPlan, lower_whole
 from habu.plan.plan import Plan
 from habu.prove.rules import Obligation, failures, guards, obligations
 from habu.prove.verify import Certificate, verify_plan
@@ -13,9 +14,14 @@ from habu.spec.ir import Model
 
 @dataclass
 class Proof:
+    """What was proven about one plan: its rule obligations, its finite-field certificate and the
+    lowering both read. The emitter takes a Proof (`habu.emit_cuda.emit.emit`) and prints from
+    `lowered`, so the CUDA is printed from the objects that were checked."""
+
     plan: Plan
     obligations: list[Obligation]
     certificate: Certificate | None  # None when a rule already failed
+    lowered: LoweredPlan | None = None
 
     @property
     def violations(self) -> list[Obligation]:
@@ -33,15 +39,17 @@ class Proof:
 def prove(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None, trials: int = 3,
           seeds: list[int] | None = None, witness: bool | None = None) -> Proof:
     """Rules first (cheap); the finite-field check only for a plan that breaks none."""
-    obs = obligations(model, plan, sizes)
+    lowered = lower_whole(model, plan)
+    obs = obligations(model, plan, sizes, lowered=lowered)
     if failures(obs):
-        return Proof(plan, obs, None)
+        return Proof(plan, obs, None, lowered)
     check_sizes = dict(sizes or {})
     for e in model.extents:
         if e.name not in check_sizes and e.name not in dict(plan.shape):
             check_sizes[e.name] = witness_size_for_runtime(e)
-    cert = verify_plan(model, plan, check_sizes, trials=trials, seeds=seeds, witness=witness)
-    return Proof(plan, obs, cert)
+    cert = verify_plan(model, plan, check_sizes, trials=trials, seeds=seeds, witness=witness,
+                       lowerings=list(lowered.kernels))
+    return Proof(plan, obs, cert, lowered)
 
 
 def witness_size_for_runtime(extent) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import z3
 
-from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower import ContractionLowering, LoweredPlan, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.smem import contraction_smem
@@ -670,15 +670,15 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     return ob
 
 
-def _kernels(graph: Model, plan: Plan, only: set[int] | None):
+def _kernels(graph: Model, plan: Plan, only: set[int] | None, lowered: LoweredPlan | None = None):
     """The plan's kernels (those in `only`, else all), lowered over `graph`: the model after the
-    plan's rewrites (a context's model)."""
+    plan's rewrites (a context's model); `lowered`: the plan already lowered (by `prove`)."""
     storage = dict(plan.storage)
     from habu.lower import lower
 
     for i, k in enumerate(plan.kernels):
         if only is None or i in only:
-            yield i, k, lower(graph, k, storage)
+            yield i, k, lowered.kernels[i] if lowered is not None else lower(graph, k, storage)
 
 
 def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
@@ -706,12 +706,14 @@ def _surely_false(formula: Any) -> bool:
 
 
 def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
-                only: set[int] | None = None) -> list[Obligation]:
-    """Every obligation of every kernel of the plan (or of the kernels in `only`), discharged."""
+                only: set[int] | None = None, lowered: LoweredPlan | None = None) -> list[Obligation]:
+    """Every obligation of every kernel of the plan (or of the kernels in `only`), discharged.
+    `lowered`: the plan's lowering when the caller has it (the proof then rules on the very objects
+    the emitter prints)."""
     ctx = context(model, plan, sizes)
     table = set(TARGET_RULES[ctx.target.name])
     out: list[Obligation] = []
-    for i, k, lw in _kernels(ctx.model, plan, only):
+    for i, k, lw in _kernels(ctx.model, plan, only, lowered):
         name = f"kernel {i} ({'+'.join(k.nodes)})"
         for ob in FAMILY[type(lw)](name, lw, ctx):
             if ob.rule.name in table:

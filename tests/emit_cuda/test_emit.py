@@ -42,11 +42,12 @@ def test_regression_a_plans_kernels_compile_as_one_translation_unit(path):
     defined the same m64n128 helper, and NVRTC refused the file ('has already been defined')."""
     from habu.compile import cuda_source
     from habu.emit_cuda.nvrtc import resources_of
+    from habu.prove import prove
 
     for model in load_program(path).models.values():
         sizes = runtime_sizes(model)
         plan = default_plan(model, TARGETS["sm_90a"], sizes)
-        source, kernels = cuda_source(model, plan, TARGETS["sm_90a"])
+        source, kernels = cuda_source(prove(model, plan, sizes, trials=1), TARGETS["sm_90a"])
         cubin = compile_cuda(source, f"habu_{model.name.lower()}", "sm_90a")
         for k in kernels:
             assert resources_of(cubin.log, k.name).registers > 0, (model.name, k.name)
@@ -172,3 +173,28 @@ def test_a_cluster_kernel_with_an_n_major_b_multicasts_alternate_boxes(tmp_path)
     (k,) = [k for k in emit_plan(m, plan, target).kernels if k.cluster == 2]  # after any staging pass
     assert "j += 2) habu::tma_load_2d_multicast(" in k.source
     compile_cuda(k.source, k.name, "sm_90a")
+
+
+def test_the_emitter_refuses_a_proof_that_failed_and_prints_from_the_proven_lowering():
+    """emit(proof) prints from the lowering the proof's rules and finite-field check read; a plan
+    whose proof failed (a rule, or the finite-field check) is not emitted."""
+    from dataclasses import replace
+
+    from habu.emit_cuda.emit import emit
+    from habu.errors import HabuError
+    from habu.prove import prove
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    target = TARGETS["sm_90a"]
+    plan = default_plan(m, target, None)
+    proof = prove(m, plan, None, trials=1)
+    assert proof.ok and proof.lowered is not None and proof.lowered.plan == plan
+    assert [k.source for k in emit(proof, target).kernels] == [k.source for k in emit_plan(m, plan, target).kernels]
+    with pytest.raises(HabuError, match="refusing to emit"):
+        emit(replace(proof, certificate=replace(proof.certificate, passed=False, failure="planted")), target)
+    with pytest.raises(HabuError, match="not checked over the finite field"):
+        emit(replace(proof, certificate=None), target)
+    other = replace(plan, kernels=(replace(plan.kernels[0], tile_k=plan.kernels[0].tile_k * 2),))
+    with pytest.raises(HabuError, match="not the ones proven"):
+        emit(replace(proof, plan=other), target)
