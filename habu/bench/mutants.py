@@ -117,6 +117,10 @@ MUTANTS: tuple[Mutant, ...] = (
                                           *lw.pre[1:]))), {"A": "staged", "B": "staged"}),
     Mutant("reduce-mask-missing", "the ragged last column chunk joins the softmax sum", "softmax.habu",
            "SOFTMAX-ROWS", {"R": 8, "C": 1000}, _r(lambda lw: replace(lw, reduce_mask=False))),
+    Mutant("reduction-drops-last-warp", "the block reduction combines one warp's partial too few (the emitter "
+           "read `lane < threads/32` partials: a partial last warp was lost, audit of 402788a)", "softmax.habu",
+           "SOFTMAX-ROWS", {"R": 8, "C": 1000}, _r(lambda lw: replace(lw, combined_warps=lw.combined_warps - 1)),
+           {"threads": "128"}),
     Mutant("column-mask-missing", "row loads are not masked on columns (the last row reads past the end)",
            "softmax.habu", "SOFTMAX-ROWS", {"R": 8, "C": 1000},
            _r(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),

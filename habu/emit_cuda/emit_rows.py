@@ -307,7 +307,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     if (lane == 0) scratch[{33 * index} + warp] = part;
     __syncthreads();
     if (warp == 0) {{
-      float w = lane < {threads // 32} ? scratch[{33 * index} + lane] : {init};
+      float w = lane < {lw.combined_warps} ? scratch[{33 * index} + lane] : {init};
       w = {reduce_fn}(w);
       if (lane == 0) scratch[{33 * index + 32}] = w;
     }}

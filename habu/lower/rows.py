@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from habu.lower.access import Access, access_for
 from habu.plan.patterns import row_local
@@ -152,6 +153,14 @@ class RowLowering:
     out: Access
     reduce_mask: bool  # reductions skip columns c >= C (dropped only in planted bugs)
     index_width: int
+    # warps whose partials a block reduction combines: every warp that has a thread (the emitter
+    # prints `lane < combined_warps`; the interpreter drops the columns of any other warp's threads)
+    combined_warps: int
+
+    def thread_of(self, local_col: Any) -> Any:
+        """The thread whose column loop visits column `local_col` of its block's part: thread t
+        visits chunks g = t + threads·i, columns g·vector .. g·vector + vector − 1."""
+        return (local_col // self.kernel.vector) % self.kernel.threads
 
     @property
     def chunk(self) -> int:
@@ -285,7 +294,8 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     out_vars = renamed[-1].lhs
     out = access_for(model.tensor(renamed[-1].target), out_vars, {v: ("r" if v == rv else "c") for v in out_vars},
                      extent_of_axis, storage)
-    return RowLowering(kernel, r_ext, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width)
+    return RowLowering(kernel, r_ext, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width,
+                       -(-kernel.threads // 32))
 
 
 def _vars(ld: Load) -> list[IndexVar]:

@@ -357,6 +357,9 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
     env: dict[str, np.ndarray] = {}
     in_part = local < part
     col_mask = ((cols < C) & in_part)[None, :] if lw.reduce_mask else np.ones((1, padded), bool)
+    # a block reduction combines the partials of the first `combined_warps` warps only: the columns
+    # of a thread in any later warp are lost from every reduction (sum and max alike)
+    col_mask = col_mask & (lw.thread_of(local) // 32 < lw.combined_warps)[None, :]
 
     def where(bad: np.ndarray) -> str:
         b = np.broadcast_to(bad, (len(rows), padded))
