@@ -105,7 +105,7 @@ class ExactChecker:
             expected = exact_reference(self.model, self.sizes, inputs, DeviceFloat64(self.device))
             as_bytes = {}
             for decl in self.model.inputs:
-                typed = t.from_numpy(inputs[decl.name]).to(getattr(t, TORCH_DTYPE[_dtype(decl)]))
+                typed = t.from_numpy(np.ascontiguousarray(inputs[decl.name])).to(getattr(t, TORCH_DTYPE[_dtype(decl)]))
                 as_bytes[decl.name] = typed.to(self.device).reshape(-1).view(t.uint8)
             dtypes = {d.name: _dtype(d) for d in self.model.outputs}
             bits = {name: to_bits(v, dtypes[name]) for name, v in expected.items()}

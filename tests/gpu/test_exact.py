@@ -154,8 +154,9 @@ def test_a_launch_that_does_not_finish_times_out():
     built = _ggemm()
 
     def hangs(**tensors):
-        torch.cuda._sleep(int(5 * 2.0e9))  # ~5 s of GPU cycles ahead of the plan's kernels
-        return built.compiled(**tensors)
+        out = built.compiled(**tensors)  # (GGEMM's launch checks its indices on the host: it synchronises)
+        torch.cuda._sleep(int(5 * 2.0e9))  # then ~5 s of GPU cycles before the check's event
+        return out
 
     with pytest.raises(ExactTimeout, match=r"did not finish within 0\.5 s"):
         ExactChecker(built.model, built.sizes).check(hangs, {}, timeout_s=0.5)
