@@ -55,25 +55,13 @@ class Contract:
 
 
 def _vector_needs(kernel: CudaKernel) -> dict[str, tuple[int, str]]:
-    """Elements per vector access of each tensor, read from the kernel's lowering where it has one."""
-    lw, out = kernel.lowering, {}
-    plan = getattr(lw, "kernel", None)
-    if plan is None:
-        return out
-    if hasattr(plan, "a_vector"):  # a contraction
-        for side, access in (("a", getattr(lw, "a", None)), ("b", getattr(lw, "b", None))):
-            vec, move = getattr(plan, f"{side}_vector", 1), getattr(plan, f"{side}_move", "ldg")
-            if access is not None and vec > 1 and move in ("ldg", "cp.async"):
-                out[access.tensor] = (vec, f"the plan loads {access.tensor} with {vec}-element vectors")
-        return out
-    vec = getattr(plan, "vector", 1)
-    if vec <= 1:
-        return out
-    axis = "c" if hasattr(lw, "c") else f"e{len(getattr(lw, 'extents', ())) - 1}"
-    accesses = [a for _, a in getattr(lw, "loads", ())] + [getattr(lw, "out", None)]
-    for a in accesses:
-        if a is not None and a.positions and a.positions[-1].kind == "axis" and a.positions[-1].axis == axis:
-            out[a.tensor] = (vec, f"the plan accesses {a.tensor} with {vec}-element vectors")
+    """Elements per vector access of each tensor: the lowering's list of the vector loads and stores
+    the kernel makes (`vector_accesses`), the one the emitter prints them from."""
+    out: dict[str, tuple[int, str]] = {}
+    listed = getattr(kernel.lowering, "vector_accesses", None)
+    for v in listed() if listed is not None else ():
+        if v.elements > out.get(v.tensor, (1, ""))[0]:
+            out[v.tensor] = (v.elements, v.why)
     return out
 
 

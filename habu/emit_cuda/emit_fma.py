@@ -101,8 +101,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
     """The epilogue for the adjacent outputs (m, n) and (m, n+1): one 8-byte (f32) or 4-byte (16-bit)
     store when both are inside and the pair is aligned, the element-wise store otherwise."""
     out = lw.out
-    contiguous = out.positions[-1].kind == "axis" and out.positions[-1].axis == "n"
-    if lw.split_mode == "atomic" or not contiguous or out.dtype not in ("f32", "bf16", "f16"):
+    if not lw.epilogue_pairs:
         return (epilogue_code(lw, sig, model, sizes, it, m, n, acc0) + "\n" +
                 epilogue_code(lw, sig, model, sizes, it, m, f"({n} + 1)", acc1))
     table = table_reader(sig, model, it)

@@ -323,7 +323,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     (void)col; (void)slot;
     {store_value(out.dtype, p_out, out_off, render(final_expr, 'col', 'slot'))}
   }}"""
-    elif vector_mode and vec * DTYPES[out.dtype].bytes == 16 and out.dtype in ("bf16", "f16"):
+    elif lw.vector_store():
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         base_off = access_offset(out, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
         value = render(final_expr, "col", "slot")

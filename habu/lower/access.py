@@ -52,6 +52,16 @@ def with_derived(sizes: Mapping[str, int], tokens) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class VectorAccess:
+    """A vector load or store the kernel makes of a tensor: `elements` consecutive elements at once,
+    which needs the tensor's base address aligned to that many elements (the launch checks it)."""
+
+    tensor: str
+    elements: int
+    why: str
+
+
+@dataclass(frozen=True)
 class Access:
     """A load or store of one tensor inside a kernel."""
 

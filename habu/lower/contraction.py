@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from habu.lower.access import Access, Bound, access_for, cdiv, floordiv, minimum
+from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -145,6 +145,32 @@ class ContractionLowering:
         if c > 1:
             tm = tm * c + rank
         return tm, tn, split
+
+    @property
+    def epilogue_pairs(self) -> bool:
+        """The epilogue stores the adjacent outputs (m, n), (m, n+1) as one 2-element vector when both
+        are inside and the pair's element offset is even: the mma.sync and wgmma direct-store epilogues
+        (their fragments hold column pairs), not under split-K's atomic adds, and only along a
+        contiguous n in f32/bf16/f16."""
+        k, out = self.kernel, self.out
+        if k.mma == "fma" or (k.mma == "wgmma" and k.store == "tma"):
+            return False
+        contiguous = out.positions[-1].kind == "axis" and out.positions[-1].axis == "n"
+        return self.split_mode != "atomic" and contiguous and out.dtype in ("f32", "bf16", "f16")
+
+    def vector_accesses(self) -> tuple[VectorAccess, ...]:
+        """Every vector access the kernel makes of global memory (not TMA's, which the emitted tensor
+        maps declare): the operands' ldg/cp.async vectors and the epilogue's pair stores. The launch
+        checks each tensor's base alignment from this list."""
+        out: list[VectorAccess] = []
+        k = self.kernel
+        for access, vec, move in ((self.a, k.a_vector, k.a_move), (self.b, k.b_vector, k.b_move)):
+            if vec > 1 and move in ("ldg", "cp.async"):
+                out.append(VectorAccess(access.tensor, vec, f"the plan loads {access.tensor} with {vec}-element vectors"))
+        if self.epilogue_pairs:
+            out.append(VectorAccess(self.out.tensor, 2,
+                                    f"the epilogue stores pairs of adjacent {self.out.tensor} elements as one vector"))
+        return tuple(out)
 
     def k_range(self, split: Any, s: Mapping[str, Any]) -> tuple[Any, Any]:
         """The k tiles [begin, end) summed by a split."""

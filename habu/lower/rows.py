@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from habu.lower.access import Access, access_for
+from habu.lower.access import Access, VectorAccess, access_for
 from habu.plan.patterns import row_local
 from habu.plan.plan import MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
@@ -219,6 +219,25 @@ class RowLowering:
         return acc is not None and acc.dtype in VECTOR_ROW_DTYPES \
             and self.kernel.vector * DTYPES[acc.dtype].bytes == 16
 
+    def vector_store(self) -> bool:
+        """The output row is stored in 16-byte vectors (vector mode, a 16-bit output, a full row)."""
+        return self.vector_row() and not self.per_row and self.out.dtype in ("bf16", "f16") \
+            and self.kernel.vector * DTYPES[self.out.dtype].bytes == 16
+
+    def vector_accesses(self) -> tuple[VectorAccess, ...]:
+        """The vector loads and stores of global memory the kernel makes: the kept row's 16-byte
+        chunks (loads, and the next row's cp.async copies) and, with them, the output's 16-byte
+        stores. The launch checks each tensor's base alignment from this list."""
+        out: list[VectorAccess] = []
+        kept = self.kept_row()
+        if kept is not None and self.vector_row():
+            out.append(VectorAccess(kept.tensor, self.kernel.vector,
+                                    f"the plan reads {kept.tensor}'s rows in 16-byte vectors"))
+        if self.vector_store():
+            out.append(VectorAccess(self.out.tensor, self.kernel.vector,
+                                    f"the plan stores {self.out.tensor}'s rows in 16-byte vectors"))
+        return tuple(out)
+
     def register_chunks(self, sizes: Mapping[str, object]) -> int:
         """16-byte chunks of the kept row each thread holds in registers (0: the row is not in
         registers): a static part of a row that splits evenly and fits (`register_row_fit`)."""
@@ -260,6 +279,10 @@ class MapLowering:
     @property
     def per_block(self) -> int:
         return self.kernel.threads * self.kernel.vector
+
+    def vector_accesses(self) -> tuple[VectorAccess, ...]:
+        """None: a lane reads and writes its `vector` consecutive elements one by one."""
+        return ()
 
 
 def _region(model: Model, names: tuple[str, ...]) -> list[Equation]:

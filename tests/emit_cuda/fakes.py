@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from habu.emit_cuda.arrays import ArrayInfo, row_major
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan, Param, TmaSpec
+from habu.lower.access import VectorAccess
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Extent, Model, TensorDecl
 
@@ -37,9 +38,8 @@ def gemm_model() -> Model:
 def gemm_plan() -> EmittedPlan:
     """A loads through TMA, B with 8-element vectors (from a stand-in lowering), C and T plainly."""
     tma = TmaSpec("A", "bf16", ("K", "M"), (64, 128), 128)
-    lowering = SimpleNamespace(
-        kernel=SimpleNamespace(a_vector=8, a_move="tma", b_vector=8, b_move="cp.async"),
-        a=SimpleNamespace(tensor="A"), b=SimpleNamespace(tensor="B"))
+    lowering = SimpleNamespace(  # what ContractionLowering.vector_accesses lists for such a plan
+        vector_accesses=lambda: (VectorAccess("B", 8, "the plan loads B with 8-element vectors"),))
     k0 = CudaKernel("k0", "", (Param("tm_A", "tensormap", "A", "bf16", tma=tma), Param("p_B", "ptr", "B", "bf16"),
                                Param("p_T", "ptr", "T", "f32", writes=True), Param("p_IX", "ptr", "IX", "i32"),
                                Param("s_K", "size", extent="K"), Param("s_N", "size", extent="N")),

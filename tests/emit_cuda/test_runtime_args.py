@@ -182,12 +182,50 @@ def _access(tensor: str, axes: tuple[str, ...]) -> Access:
     return Access(tensor, "f16", axes, tuple(Position("axis", a) for a in axes), (), ())
 
 
-def test_row_kernel_vectors_apply_along_the_row():
-    model = gemm_model()
-    lowering = SimpleNamespace(kernel=SimpleNamespace(vector=4), c="N",
-                               loads=((None, _access("A", ("r", "c"))), (None, _access("IX", ("r",)))),
-                               out=_access("C", ("r", "c")))
-    k = CudaKernel("rows", "", (Param("p_A", "ptr", "A", "bf16"), Param("p_IX", "ptr", "IX", "i32"),
-                                Param("p_C", "ptr", "C", "f32", writes=True)), 128, 0, lowering)
-    need = {t.name: t.align for t in contract_of(model, EmittedPlan((k,), ())).tensors}
-    assert need == {"A": 8, "B": 1, "IX": 4, "C": 16}  # IX is read along r, not the vectorised c
+def test_row_kernel_vectors_come_from_the_row_lowering():
+    """A row kernel in vector mode reads its kept row and stores a 16-bit output row in 16-byte
+    vectors: both tensors need 16-byte bases; the map kernel's lanes read element by element."""
+    from habu.emit_cuda.emit import emit_plan
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+    plan = default_plan(m, TARGETS["sm_90a"], None)
+    emitted = emit_plan(m, plan, TARGETS["sm_90a"])
+    (k,) = emitted.kernels
+    assert k.lowering.vector_row() and "habu::load16_or_zero" in k.source
+    need = {t.name: (t.align, t.align_why) for t in contract_of(m, emitted).tensors}
+    assert need["X"] == (16, "the plan reads X's rows in 16-byte vectors")
+    assert need["Y"][0] == (16 if k.lowering.vector_store() else 2)
+    f = load_program(ROOT / "examples" / "fused.habu").models["AXPY-RELU"]
+    fe = emit_plan(f, default_plan(f, TARGETS["sm_90a"], None), TARGETS["sm_90a"])
+    assert fe.kernels[0].lowering.vector_accesses() == ()  # and its source makes no vector access:
+    assert not any(v in fe.kernels[0].source for v in ("reinterpret_cast", "load16", "load8", "uint4", "float2"))
+
+
+@pytest.mark.parametrize("k", [17, 1])
+def test_regression_an_mma_sync_ggemm_whose_o_is_4_bytes_off_8_byte_alignment_is_refused(k):
+    """The K = 17 and K = 1 mma.sync GGEMM plans store O's column pairs as one float2 but declared 4-byte
+    alignment for O (the check counted only A and B's vectors): an O 4 bytes off 8-byte alignment
+    passed and the kernel died with 'misaligned address', losing the CUDA context. The lowering lists
+    the pair stores (vector_accesses), and the launch check is generated from that list."""
+    from habu.emit_cuda.emit import emit_plan
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"].with_sizes({"K": k})
+    plan = default_plan(m, TARGETS["sm_80"], {"K": k}, {"mma": "mma.sync"})
+    assert plan.kernels[0].mma == "mma.sync"
+    emitted = emit_plan(m, plan, TARGETS["sm_80"])
+    assert "reinterpret_cast<float2*>" in emitted.kernels[-1].source
+    c = contract_of(m, emitted)
+    assert (c.tensor("O").align, c.tensor("O").align_why) == (8, "the epilogue stores pairs of adjacent O elements as one vector")
+    M, N = m.extent("M").size, m.extent("N").size
+    arrays = {"A": info((M, k), "bf16", BASE), "B": info((N, k), "bf16", BASE + 0x4000000),
+              "IX": info((M,), "i32", BASE + 0x8000000), "O": info((M, N), "f32", BASE + 0xC000004)}
+    fails(c, arrays, r"^O: base address 0x[0-9a-f]+ is not 8-byte aligned \(the epilogue stores pairs")
+    check_arguments(c, {**arrays, "O": info((M, N), "f32", BASE + 0xC000008)})
