@@ -180,7 +180,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
 #pragma unroll
       for (int j = 0; j < {tn_per}; ++j) acc[i][j] = 0.0f;
     for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-      const {it} k0 = ({it})(kt_begin * {bk} + (kt - kt_begin) * {lw.k_step});
+      const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
 {tile_load("A", bm, "m", layout.a_row)}{tile_load("B", bn, "n", layout.b_row)}      __syncthreads();
 #pragma unroll 4
       for (int kx = 0; kx < {bk}; ++kx) {{

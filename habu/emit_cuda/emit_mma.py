@@ -13,7 +13,7 @@ different banks.
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import c
+from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
@@ -37,7 +37,7 @@ def _gather4_load(lw: ContractionLowering, sig: Signature, sizes, it: str, model
     from habu.emit_cuda.kernel import TmaSpec
 
     acc = lw.a
-    tmap = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, tuple(reversed(acc.extents)), (lw.bk, 1), 0))
+    tmap = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, tuple(reversed(acc.bounded_extents())), (lw.bk, 1), 0))
     table = next(p.table for p in acc.positions if p.kind == "gather")
     ix = sig.pointer(table, model.tensor(table).dtype.name)  # type: ignore[union-attr]
     rows_total = sizes[acc.extents[0]]
@@ -157,7 +157,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     for (int pst = 0; pst < {k.stages - 1}; ++pst) {{
       const int st = (int)((uses + pst) % {k.stages});  // stages continue across tiles (mbarrier parity)
       if (pst < steps) {{
-        const {it} k0 = ({it})(kt_begin * {lw.bk} + pst * {lw.k_step});
+        const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('pst')))};
 {load_a}{load_b}      }}
       habu::cp_async_commit();
     }}
@@ -169,7 +169,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
         const long long jn = j + {k.stages - 1};
         const int st = (int)((uses + jn) % {k.stages});
         if (jn < steps) {{
-          const {it} k0 = ({it})(kt_begin * {lw.bk} + jn * {lw.k_step});
+          const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('jn')))};
 {load_a}{load_b}        }}
         habu::cp_async_commit();
       }}

@@ -234,16 +234,18 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
   for (int i = 0; i < {per_thread}; ++i) regs[i] = next_row[tid + {threads} * i];""")
         elif in_regs:
             off = access_offset(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
+            chunk_mask = access_mask(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes)  # whole chunks: #C is a multiple
             passes.append(f"""  uint4 regs[{per_thread}];  // this thread's chunks of the row, loaded together
 #pragma unroll
   for (int i = 0; i < {per_thread}; ++i) {{
     const {it} g = tid + {threads} * i;
-    regs[i] = habu::load16_or_zero({p} + ({off}), true);
+    regs[i] = habu::load16_or_zero({p} + ({off}), {chunk_mask});
   }}""")
         elif vector_mode:
             off = access_offset(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
+            chunk_mask = access_mask(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes)
             passes.append(f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
-    const uint4 raw = habu::load16_or_zero({p} + ({off}), true);
+    const uint4 raw = habu::load16_or_zero({p} + ({off}), {chunk_mask});
     const {word}* w = reinterpret_cast<const {word}*>(&raw);
 #pragma unroll
     for (int q = 0; q < {vec}; ++q) row_cache[({it})q * {c(G)} + g] = w[q];
@@ -262,7 +264,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         return f"""#pragma unroll
     for (int i = 0; i < {per_thread}; ++i) {{
       const {it} g = tid + {threads} * i;
-      habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({off}), true);
+      habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({off}), {access_mask(acc, {"r": row, "c": f"{cb}g * {vec}"}, sizes)});
     }}
     habu::cp_async_commit();
 """
@@ -435,16 +437,21 @@ def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     out_off = access_offset(out, coord, sizes, lw.index_width, lambda t, x: "0")
-    numel = 1
-    for d in dims:
-        numel = numel * d
+    # the lowering's masks of every access, printed as the lane's guard: lanes run over consecutive
+    # elements, so only the outermost coordinate can pass its extent, and once one lane does, the rest do
+    guards: list[str] = []
+    for acc in (out, *(a for _, a in lw.loads)):
+        m = access_mask(acc, coord, sizes)
+        if m != "true" and m not in guards:
+            guards.append(m)
+    guard = " && ".join(f"({g})" for g in guards) or "true"
     body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  const {it} first = (({it})blockIdx.x * {k.threads} + threadIdx.x) * {k.vector};
 #pragma unroll
   for (int v_ = 0; v_ < {k.vector}; ++v_) {{
     const {it} e = first + v_;
-    if (!(e < ({it}){c(numel)})) break;
     {chr(10).join('    ' + ln for ln in coord_lines).strip()}
+    if (!({guard})) break;  // every access's mask (lanes past the last element: the rest are too)
     {store_value(out.dtype, p_out, out_off, value)}
   }}
 }}

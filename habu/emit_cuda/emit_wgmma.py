@@ -19,7 +19,7 @@ copy to K-major.
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import c
+from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
     CTYPE,
     GRID_LAUNCH,
@@ -146,8 +146,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
     bn = lw.bn
     if bn % width:
         raise ValueError(f"TMA stores write boxes of {width} columns: {bn} is not a multiple")
-    logical = tuple(x.split("^")[0] for x in out.extents)
-    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(logical)), (width, 64), 128))
+    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())), (width, 64), 128))
     base = off["E0.0"]
     other = off["E0.1"] - base
     per_wg = off["E1.0"] - base if consumers > 1 else 0
@@ -158,6 +157,10 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
     else:
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
+    # the box's coordinates, innermost first, in the order of the output's positions (the rules
+    # require [m, n]: the box holds rows of m, each a run of contiguous n)
+    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64"}
+    box_origin = ", ".join(f"(int)({axis_origin[p.axis]})" for p in reversed(out.positions))
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]")
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", "acc[s][4 * j + 2 * h + 1]")
     return f"""#pragma unroll
@@ -184,7 +187,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
           habu::fence_proxy_async();  // the threads' writes, visible to the TMA store
           habu::named_barrier_sync(1 + cw, 128);
           if (threadIdx.x % 128 == 0) {{
-            habu::tma_store_2d(&{out_map}, buf, (int)(n0 + b * {width}), (int)(m0 + (cw * {slabs} + s) * 64));
+            habu::tma_store_2d(&{out_map}, buf, {box_origin});
             habu::bulk_commit_group();
           }}
           ++boxes_stored;
@@ -236,8 +239,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         raise ValueError("a cluster multicasts B's tile by TMA, without split-K")
     for side, acc, rows in (("A", lw.a, bm), ("B", lw.b, bn // cluster)):
         if moves[side] == "tma":
-            logical = tuple(e.split("^")[0] for e in acc.extents)  # a staged buffer's rows are padded
-            dims = tuple(reversed(logical))
+            dims = tuple(reversed(acc.bounded_extents()))  # TMA's zero fill past them is the access's mask
             box = (MN_BLOCK, lw.bk) if side == "B" and b_mn else (lw.bk, rows)
             maps[side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, 128))
         elif moves[side] not in ("cp.async", "ldg"):
@@ -357,7 +359,7 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
     const int ptid = threadIdx.x;
 {rank_decl}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, sizes, it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-        const {it} k0 = ({it})(kt_begin * {lw.bk} + (kt - kt_begin) * {lw.k_step});
+        const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
         const habu::u32 full = bars + 16 * stage;
         habu::mbar_wait(bars + 16 * stage + 8, phase ^ 1u);
         const habu::u32 a_stage = smem_base + {off['A0']}u + (habu::u32)stage * {stride}u;

@@ -88,6 +88,18 @@ class Access:
     def axes(self) -> tuple[str, ...]:
         return tuple(p.axis for p in self.positions if p.kind in ("axis", "gather"))
 
+    def bounded_extents(self) -> tuple[str, ...]:
+        """Per tensor dimension (outermost first), the extent the access stays below: its mask's bound
+        where a mask bounds that position's axis, else the tensor's own extent (a staged buffer's
+        padded "K^8" without the padding). A TMA tensor map takes these as its global dims, so the
+        zeros TMA fills past them are this access's mask: the masked ragged k tail of a TMA operand
+        is printed from here, not assumed."""
+        out = []
+        for ext, p in zip(self.extents, self.positions, strict=True):
+            bound = next((b for b in self.masks if p.kind != "const" and b.axis == p.axis), None)
+            out.append(bound.extent if bound is not None else ext.split("^")[0])
+        return tuple(out)
+
     def offset(self, coord: Mapping[str, Any], sizes: Mapping[str, Any], arith: IndexArith,
                axes: tuple[str, ...] | None = None) -> Any:
         """The element offset at axis coordinates `coord`, as the kernel computes it: each position's

@@ -172,6 +172,11 @@ class ContractionLowering:
                                     f"the epilogue stores pairs of adjacent {self.out.tensor} elements as one vector"))
         return tuple(out)
 
+    def k_origin(self, begin: Any, step: Any) -> Any:
+        """k0 of the `step`-th k tile of a split whose tiles begin at tile `begin`: the first column of k
+        its loads read. The interpreter loads each tile from here and the emitter prints it."""
+        return begin * self.bk + step * self.k_step
+
     def k_range(self, split: Any, s: Mapping[str, Any]) -> tuple[Any, Any]:
         """The k tiles [begin, end) summed by a split."""
         kps = self.k_tiles_per_split(s)

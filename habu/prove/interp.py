@@ -275,7 +275,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         b_tiles: list[np.ndarray] = []
         steps = max(0, int(end) - int(begin))
         for j in range(steps):
-            k0 = int(begin) * bk + j * lw.k_step
+            k0 = lw.k_origin(int(begin), j)
             kk = (k0 + np.arange(bk))[None, None, :]
             a_tiles.append(read(name, lw.a, {"m": mc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
             b_tiles.append(read(name, lw.b, {"n": nc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))

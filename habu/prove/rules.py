@@ -329,6 +329,10 @@ def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iter
                      detail=f"the row stride of {out.tensor} is {_fmt(out, len(out.positions) - 1, ctx)} bytes, "
                             "not a multiple of 16")
     width = 128 // e
+    order = [p.axis if p.kind == "axis" else p.kind for p in out.positions]
+    yield Obligation(R["tma-box"], name, out.tensor,
+                     f"the store box holds {out.tensor}[m, n] rows of contiguous n", order == ["m", "n"],
+                     detail=f"{out.tensor} is stored at [{', '.join(order)}]")
     yield Obligation(R["tma-box"], name, out.tensor,
                      f"store box {width}x64, {lw.bn // width} per tile of {lw.bn}: inner 128 bytes",
                      lw.bn % width == 0, detail=f"{lw.bn} columns are not a multiple of {width}")

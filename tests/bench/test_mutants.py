@@ -31,3 +31,38 @@ def test_mutant_is_killed_at_the_witness_shape_the_search_checks(mutant):
     show there too (one trial)."""
     outcome = run_mutant(mutant, trials=1, witness=True)
     assert outcome.killed, f"{mutant.name} survived at the witness shape: {outcome.message}"
+
+
+# Mutants the emitted CUDA cannot show: planted in the plan rather than the lowering (the same plan is
+# printed on both sides of the comparison).
+NOT_PRINTED = {
+    "int32-offset-wraps": "planted in the plan (its index width), not in the lowering",
+}
+
+
+@pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.name)
+def test_every_mutant_the_interpreter_kills_is_in_the_emitted_cuda(m):
+    """The finite-field check runs the lowering; the emitter prints the CUDA from the same lowering.
+    A mutant planted in the lowering must therefore change the printed CUDA: then the same bug planted
+    in what the emitter prints is what the check ran, and is caught on the CPU."""
+    from dataclasses import replace
+
+    from habu.bench.mutants import EXAMPLES
+    from habu.emit_cuda.emit import emit_lowered
+    from habu.lower import lower_whole
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    target = TARGETS["sm_90a"]
+    model = load_program(EXAMPLES / m.example).models[m.model].with_sizes(m.shape)
+    plan = default_plan(model, target, m.shape, m.pins)
+    lowered = lower_whole(model, plan)
+    kernels = list(lowered.kernels)
+    kernels[m.kernel] = m.mutate(kernels[m.kernel])
+    before = [k.source for k in emit_lowered(lowered, plan, target).kernels]
+    after = [k.source for k in emit_lowered(replace(lowered, kernels=tuple(kernels)), plan, target).kernels]
+    if m.name in NOT_PRINTED:
+        assert before == after, f"{m.name} is printed now: take it off NOT_PRINTED"
+    else:
+        assert before != after, f"{m.name} changes what the interpreter runs but not the CUDA"
