@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from habu.lower import LoweredPlan
 from habu.plan.plan import Plan
 from habu.spec.ir import Model
 
@@ -74,7 +75,7 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
                      compile_kernels: bool) -> dict[str, Any]:
     import time
 
-    from habu.lower import lower_plan
+    from habu.lower import lower_whole
     from habu.prove.rules import failures, obligations
     from habu.prove.verify import field_key, verify_plan
 
@@ -91,7 +92,8 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
     model = bound_model(job)
     sizes = dict(job.sizes)
     plan = Plan.from_json(plan_json)
-    broken = failures(obligations(model, plan, sizes, set(only) if only is not None else None))
+    lowered = lower_whole(model, plan)  # one lowering: the rules and the field check read it, the emitter prints it
+    broken = failures(obligations(model, plan, sizes, set(only) if only is not None else None, lowered))
     lap("rules")
     if broken:
         b = broken[0]
@@ -100,7 +102,7 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
     # again at the full shape with three trials before it is reported. Plans that differ only in
     # what the check does not read (stages, warps, the instruction, TMA or cp.async, the store)
     # share one check in this process
-    lowerings = lower_plan(model, plan)
+    lowerings = list(lowered.kernels)
     key = field_key(model, plan, sizes, lowerings)
     cert_json = FIELD_CHECKS.get(key)
     shared = cert_json is not None
@@ -119,7 +121,7 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
     out: dict[str, Any] = {"status": "verified", "certificate": cert_json, "seconds": seconds, "field_shared": shared}
     if compile_kernels:
         try:
-            out["cubins"] = compile_plan(model, plan)
+            out["cubins"] = compile_plan(model, plan, lowered)
         except Exception as exc:  # NVRTC's log says why
             return {"status": "compile", "reason": f"{type(exc).__name__}: {str(exc)[:1500]}",
                     "certificate": cert_json, "seconds": lap("compile"), "field_shared": shared}
@@ -127,14 +129,16 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
     return out
 
 
-def compile_plan(model: Model, plan: Plan) -> list[tuple[str, Any]]:
+def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -> list[tuple[str, Any]]:
     """Every kernel of the plan compiled (through this machine's cache): (cache key, Cubin) pairs
-    that a GPU machine stores in its own cache, so it loads instead of compiling."""
+    that a GPU machine stores in its own cache, so it loads instead of compiling. `lowered`: the
+    lowering the candidate's rules and finite-field check read, printed as is."""
     from habu.emit_cuda.cache import compile_entry
-    from habu.emit_cuda.emit import emit_plan
+    from habu.emit_cuda.emit import emit_lowered
+    from habu.lower import lower_whole
     from habu.target import target_named
 
-    emitted = emit_plan(model, plan, target_named(plan.target))
+    emitted = emit_lowered(lowered or lower_whole(model, plan), plan, target_named(plan.target))
     out = []
     for k in emitted.kernels:
         key, cubin, _hit = compile_entry(k.source, k.name, plan.target)

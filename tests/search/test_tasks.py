@@ -95,7 +95,7 @@ def test_regression_compile_failure_after_a_shared_field_check_is_reported(monke
     base = default_plan(m, T, sizes, {})
     assert tasks.check_candidate(job, base.to_json(), seed=1)["status"] == "verified"
 
-    def refuse(model, plan):
+    def refuse(model, plan, lowered=None):
         raise RuntimeError("NVRTC: error: something the compiler refused")
 
     monkeypatch.setattr(tasks, "compile_plan", refuse)
