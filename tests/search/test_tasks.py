@@ -115,7 +115,7 @@ def test_a_defect_while_checking_one_plan_is_reported_not_raised(monkeypatch):
         raise KeyError("an axis the lowering forgot")
 
     monkeypatch.setattr(tasks, "FIELD_CHECKS", {})
-    monkeypatch.setattr(lower, "lower_plan", broken)
+    monkeypatch.setattr(lower, "lower_whole", broken)
     m = ggemm(M=256, N=256, K=128)
     sizes = {"M": 256, "N": 256, "K": 128}
     job = tasks.Job.of(str(ROOT / "examples" / "ggemm.habu"), m, sizes, "sm_90a")
