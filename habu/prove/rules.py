@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import z3
@@ -21,57 +21,17 @@ from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.smem import contraction_smem
 from habu.plan.plan import ROW_CLUSTERS, Plan
-from habu.spec.dtypes import DTYPES
+from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
+from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.spec.ir import Model
-from habu.target import Target, target_named
-
-INT31 = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    summary: str
-    source: str
-
-
-@dataclass
-class Obligation:
-    rule: Rule
-    kernel: str
-    tensor: str | None
-    statement: str  # what must hold, in words
-    formula: Any  # z3 BoolRef, or a Python bool for purely structural facts
-    detail: str = ""  # the offending value, in words, when it fails
-    status: str = "open"  # proved, violated, guarded, runtime-check
-    counterexample: dict[str, int] | None = None
-    how: str = ""
-
-    def describe(self) -> str:
-        who = f" ({self.tensor})" if self.tensor else ""
-        return f"[{self.rule.name}] {self.kernel}{who}: {self.statement}"
-
-
-@dataclass
-class Context:
-    model: Model
-    plan: Plan
-    target: Target
-    ext: dict[str, Any]  # extent name -> z3 Int (or int)
-    domain: list[Any]  # constraints on runtime extents
-    storage: dict[str, str] = field(default_factory=dict)
-    quick: bool = False  # structural rules only: skip building the solver's access formulas
-
-    def dtype_bytes(self, access: Access) -> int:
-        return DTYPES[access.dtype].bytes
-
+from habu.target import target_named
 
 # ----------------------------------------------------------------------------- the rules
 
 R = {r.name: r for r in (
     Rule("bounds", "every access is in bounds under its mask", "T16; vLLM #52576, flashinfer PR #5108"),
     Rule("index-range", "gathered indices lie in their range extent", "kernels-community #1153 (checked at run time)"),
-    Rule("int32-offsets", "offsets and partial products fit the index width", "T15: vLLM PR #34279, Liger #1246, Triton #6346"),
+    INT32_OFFSETS,
     Rule("k-tail-masked", "a ragged k tile contributes zero from every operand", "T16: vLLM #52576"),
     Rule("k-advance", "the k loop advances its tile offset every iteration", "T19: pytorch #186241, CUTLASS #2944"),
     Rule("smem-budget", "shared memory fits the block's limit", "cudaFuncSetAttribute limits (CUDA guide)"),
@@ -97,11 +57,12 @@ R = {r.name: r for r in (
     Rule("supported-path", "Habu's emitter has a code path for this combination", "habu/emit_cuda"),
     Rule("cluster-tiles", "a cluster's blocks share one step of the raster: the tile rows divide among them",
          "CUDA guide: thread-block clusters; PTX ISA multicast::cluster"),
+    *FIELD_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear", "supported-path", "cluster-tiles")
+          "split-k-linear", "supported-path", "cluster-tiles", *FIELD_RULES)
 TMA_RULES = ("tma-rank", "tma-base-align", "tma-dims", "tma-stride-16B", "tma-box", "tma-swizzle",
              "tma-smem-align", "tma-gather")
 SETMAXNREG_RULES = ("setmaxnreg-pool",)  # sm_90a and later: warp-specialised register splits
@@ -670,15 +631,24 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     return ob
 
 
-def _kernels(graph: Model, plan: Plan, only: set[int] | None):
-    """The plan's kernels (those in `only`, else all), lowered over `graph`: the model after the
-    plan's rewrites (a context's model)."""
+def _kernel_obligations(ctx: Context, plan: Plan, only: set[int] | None) -> Iterator[Obligation]:
+    """Every obligation of the plan's kernels (those in `only`, else all), undischarged: first the
+    kernel's fields (a kernel with a field outside its values is not lowered), then its family's
+    rules and its launches, lowered over the context's model (the model after the plan's rewrites)."""
     storage = dict(plan.storage)
     from habu.lower import lower
 
     for i, k in enumerate(plan.kernels):
-        if only is None or i in only:
-            yield i, k, lower(graph, k, storage)
+        if only is not None and i not in only:
+            continue
+        name = f"kernel {i} ({'+'.join(k.nodes)})"
+        fields = field_obligations(name, k)
+        yield from fields
+        if not fields_allowed(fields):
+            continue
+        lw = lower(ctx.model, k, storage)
+        yield from FAMILY[type(lw)](name, lw, ctx)
+        yield from launch_obligations(name, lw, ctx)
 
 
 def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
@@ -687,12 +657,10 @@ def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = Non
     filter the search runs before the z3 obligations. `only`: check these kernels alone."""
     ctx = replace(context(model, plan, sizes), quick=True)
     table = set(TARGET_RULES[ctx.target.name])
-    for i, k, lw in _kernels(ctx.model, plan, only):
-        name = f"kernel {i} ({'+'.join(k.nodes)})"
-        for ob in FAMILY[type(lw)](name, lw, ctx):
-            if ob.rule.name in table and ob.status != "runtime-check" and _surely_false(ob.formula):
-                ob.status, ob.how = "violated", "fails"
-                return ob
+    for ob in _kernel_obligations(ctx, plan, only):
+        if ob.rule.name in table and ob.status != "runtime-check" and _surely_false(ob.formula):
+            ob.status, ob.how = "violated", "fails"
+            return ob
     return None
 
 
@@ -710,13 +678,7 @@ def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     """Every obligation of every kernel of the plan (or of the kernels in `only`), discharged."""
     ctx = context(model, plan, sizes)
     table = set(TARGET_RULES[ctx.target.name])
-    out: list[Obligation] = []
-    for i, k, lw in _kernels(ctx.model, plan, only):
-        name = f"kernel {i} ({'+'.join(k.nodes)})"
-        for ob in FAMILY[type(lw)](name, lw, ctx):
-            if ob.rule.name in table:
-                out.append(discharge(ob, ctx))
-    return out
+    return [discharge(ob, ctx) for ob in _kernel_obligations(ctx, plan, only) if ob.rule.name in table]
 
 
 def failures(obs: list[Obligation]) -> list[Obligation]:

@@ -157,8 +157,10 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
             return "tma", vec
         if op is c.b and mma == "wgmma" and b_n_major_tma:
             return "tma", vec
-        if mma == "wgmma" and target.tma and contiguous_k and (inner * eb) % 16:
+        rows = sizes[(c.m if op is c.a else c.n).extent]
+        if mma == "wgmma" and target.tma and contiguous_k and (inner * eb) % 16 and rows <= target.max_grid_yz:
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
+            # (the staging pass launches a block row per row: grid.y, at most 65535)
             return "staged", vec
         if target.cp_async and vec * eb >= 4 and mma != "fma" and (contiguous_k or mma != "wgmma"):
             return "cp.async", vec
