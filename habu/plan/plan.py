@@ -1,7 +1,10 @@
 """Plans: how a model is computed. Frozen, hashable, printed and stored as JSON.
 
 A plan is a list of kernels, one per fusion region of the model, each with its schedule. Every
-field carries a one-line doc (`field_docs`) so the compilation report can explain the plan.
+field carries a one-line doc (`field_docs`) so the compilation report can explain the plan; every
+schedule field also carries its allowed values, what reads it and its pin keys (`choice`, see
+habu/plan/fields.py): JSON reading, pins, the plan-fields rule and the finite-field key derive
+from that one table.
 """
 
 from __future__ import annotations

@@ -401,13 +401,14 @@ def parse_pins(items: list[str]) -> dict[str, str]:
     return pins
 
 
-def _pin_value(kernel: Kernel, name: str, key: str, value: str) -> object:
-    """A pin's value of one field of `kernel`, parsed and checked by the field table."""
+def _pin_value(kernel: Kernel, name: str, key: str, value: str, part: str | None = None) -> object:
+    """A pin's value (or `part` of it) of one field of `kernel`, parsed and checked by the field table."""
     kf = next(f for f in kernel_fields(type(kernel)) if f.name == name)
     try:
-        return kf.parse(value)
+        return kf.parse(value if part is None else part)
     except FieldError as err:
-        raise UsageError(f"--pin {key}={value}: {err} ({kernel.kind} kernel field {name})") from None
+        what = f"{name} = {part}: " if part is not None else ""
+        raise UsageError(f"--pin {key}={value}: {what}{err} ({kernel.kind} kernel field {name})") from None
 
 
 def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Target | None = None) -> Kernel:
@@ -438,7 +439,7 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             if len(parts) != 3:
                 raise UsageError(f"--pin tile={value}: expected BMxBNxBK, e.g. 128x128x64")
             for part, name in zip(parts, ("tile_m", "tile_n", "tile_k"), strict=True):
-                changes[name] = _pin_value(kernel, name, k, part)
+                changes[name] = _pin_value(kernel, name, key, value, part)
         elif k in PIN_FIELDS:
             for name in PIN_FIELDS[k]:
                 if name in names:

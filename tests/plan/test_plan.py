@@ -230,7 +230,7 @@ def test_a_kernel_built_with_an_unknown_vocabulary_word_is_an_error():
 
 @pytest.mark.parametrize("pin, message", [
     ("stages=0", "--pin stages=0: expected a whole number ≥ 1"),
-    ("tile=128x128x0", "--pin tile=0: expected a whole number ≥ 1"),
+    ("tile=128x128x0", "--pin tile=128x128x0: tile_k = 0: expected a whole number ≥ 1"),
     ("warps=0", "--pin warps=0: expected a whole number ≥ 1"),
     ("split_k=0", "--pin split_k=0: expected a whole number ≥ 1"),
     ("group_m=0", "--pin group_m=0: expected a whole number ≥ 1"),
