@@ -270,3 +270,23 @@ def test_the_pin_keys_come_from_the_field_table():
                 assert kf.name in PIN_FIELDS[key] and key in PIN_KEYS
     assert PIN_FIELDS["split_k"] == PIN_FIELDS["splitk"] == ("split_k",)
     assert set(PIN_FIELDS["vector"]) == {"a_vector", "b_vector", "vector"}
+
+
+def test_every_schedule_field_is_in_the_table():
+    """Every kernel field but `nodes` has a spec: a doc, what reads it, its allowed values; a field
+    left out of JSON at its default has one, and the table's text matches the JSON check's."""
+    from dataclasses import MISSING
+
+    from habu.plan.fields import Reader, kernel_fields
+    from habu.plan.plan import KERNEL_KINDS
+
+    for cls in KERNEL_KINDS.values():
+        for kf in kernel_fields(cls):
+            if kf.name == "nodes":
+                assert kf.spec is None
+                continue
+            assert kf.spec is not None and kf.spec.doc and isinstance(kf.spec.reader, Reader), kf.name
+            assert kf.describe(), kf.name
+            assert not kf.spec.json_optional or kf.default is not MISSING, kf.name
+            if kf.default is not MISSING:
+                assert kf.problem(kf.default) is None, kf.name
