@@ -26,6 +26,8 @@ class Target:
     wgmma: bool  # wgmma.mma_async (sm_90a only)
     tma_gather4: bool  # cp.async.bulk.tensor.2d.tile::gather4 (sm_100+)
     description: str = ""
+    max_grid_x: int = 2**31 - 1  # blocks along a grid's x (CUDA guide: every compute capability since 3.0)
+    max_grid_yz: int = 65535  # ... and along its y and z
 
 
 TARGETS: dict[str, Target] = {

@@ -88,10 +88,7 @@ class CudaKernel:
         if isinstance(lw, RowLowering):
             return (int(lw.grid(sizes, sm_count)), 1, 1)
         assert isinstance(lw, MapLowering)
-        numel = 1
-        for e in lw.extents:
-            numel *= sizes[e]
-        return (max(1, -(-numel // lw.per_block)), 1, 1)
+        return (max(1, int(lw.grid(sizes))), 1, 1)
 
 
 @dataclass(frozen=True)

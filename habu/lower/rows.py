@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from habu.lower.access import Access, VectorAccess, access_for
+from habu.lower.access import Access, VectorAccess, access_for, cdiv
 from habu.plan.patterns import row_local
 from habu.plan.plan import MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
@@ -177,9 +177,9 @@ class RowLowering:
         part = self.part(sizes)
         return part if self.kernel.cluster > 1 else -(-part // self.chunk) * self.chunk
 
-    def row_groups(self, sizes: Mapping[str, int]) -> int:
+    def row_groups(self, sizes: Mapping[str, Any]) -> Any:
         """Groups of `rows_per_block` rows: the interpreter's blocks, each computed on its own."""
-        return -(-sizes[self.r] // self.kernel.rows_per_block)
+        return cdiv(sizes[self.r], self.kernel.rows_per_block)
 
     def grid(self, sizes: Mapping[str, int], slots: int) -> int:
         """Blocks launched: a cluster of blocks per row group; with `prefetch`, only the clusters that are
@@ -283,6 +283,16 @@ class MapLowering:
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """None: a lane reads and writes its `vector` consecutive elements one by one."""
         return ()
+
+    def numel(self, sizes: Mapping[str, Any]) -> Any:
+        n: Any = 1
+        for e in self.extents:
+            n = n * sizes[e]
+        return n
+
+    def grid(self, sizes: Mapping[str, Any]) -> Any:
+        """Blocks launched: one per `per_block` elements (sizes may be ints or z3 terms)."""
+        return cdiv(self.numel(sizes), self.per_block)
 
 
 def _region(model: Model, names: tuple[str, ...]) -> list[Equation]:

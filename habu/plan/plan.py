@@ -1,17 +1,33 @@
 """Plans: how a model is computed. Frozen, hashable, printed and stored as JSON.
 
 A plan is a list of kernels, one per fusion region of the model, each with its schedule. Every
-field carries a one-line doc (`field_docs`) so the compilation report can explain the plan.
+field carries a one-line doc (`field_docs`) so the compilation report can explain the plan; every
+schedule field also carries its allowed values, what reads it and its pin keys (`choice`, see
+habu/plan/fields.py): JSON reading, pins, the plan-fields rule and the finite-field key derive
+from that one table.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from habu.errors import HabuError
+from habu.plan.fields import (
+    Accumulator,
+    FieldError,
+    Mma,
+    Move,
+    Raster,
+    Reader,
+    Store,
+    choice,
+    coerce_enums,
+    kernel_fields,
+)
 
 PLAN_FORMAT = 1
 
@@ -22,12 +38,16 @@ def doc(text: str, default: Any = MISSING) -> Any:
     return field(default=default, metadata={"doc": text})
 
 
-MOVEMENTS = ("ldg", "cp.async", "tma", "tma-gather4", "staged")
-MMAS = ("fma", "mma.sync", "wgmma")
-RASTERS = ("row", "column")
-STORES = ("direct", "tma")
+MOVEMENTS = tuple(Move)
+MMAS = tuple(Mma)
+RASTERS = tuple(Raster)
+STORES = tuple(Store)
 CLUSTERS = (1, 2)
 ROW_CLUSTERS = (1, 2, 4, 8)  # blocks of a cluster that share one row (portable cluster sizes)
+SWIZZLES = (0, 32, 64, 128)
+INDEX_WIDTHS = (32, 64)
+
+P, L, E = Reader.PROOF, Reader.LOWERING, Reader.EMISSION
 
 
 @dataclass(frozen=True)
@@ -36,30 +56,44 @@ class ContractionKernel:
 
     kind: ClassVar[str] = "contraction"
     nodes: tuple[str, ...] = doc("the model's nodes this kernel computes: the contraction, then its epilogue")
-    tile_m: int = doc("rows of the output tile one block computes")
-    tile_n: int = doc("columns of the output tile one block computes")
-    tile_k: int = doc("depth of one step of the k loop")
-    warps: int = doc("warps per block (with warp specialisation, one warpgroup of them loads)")
-    stages: int = doc("shared-memory pipeline depth: k tiles in flight")
-    mma: str = doc("the multiply instruction: fma (SIMT), mma.sync (m16n8k16) or wgmma (m64nNk16)")
-    a_move: str = doc("how A's tiles reach shared memory: ldg (predicated loads), cp.async, tma, tma-gather4, "
-                      "staged (a pre-pass copies the rows, gathered, to 16-byte-aligned rows read with TMA)")
-    b_move: str = doc("how B's tiles reach shared memory")
-    a_vector: int = doc("elements per global access of A (ldg / cp.async)")
-    b_vector: int = doc("elements per global access of B (ldg / cp.async)")
-    split_k: int = doc("blocks sharing one output tile, each summing a slice of k (partials added atomically)")
-    raster: str = doc("order in which blocks walk the tile grid: row (n fastest) or column (m fastest)")
-    group_m: int = doc("grouped rasterisation: tile rows walked together so B tiles stay in L2 (1: none)")
-    persistent: bool = doc("one block per SM looping over tiles, instead of one block per tile")
-    warp_specialized: bool = doc("a producer warpgroup issues loads while consumer warpgroups multiply")
-    swizzle: int = doc("shared-memory swizzle span in bytes (0, 32, 64, 128) for TMA / wgmma tiles")
-    accumulator: str = doc("accumulator element type", "f32")
-    index_width: int = doc("bits of the integers offsets are computed in: 32 (proved not to wrap) or 64", 32)
-    store: str = doc("how the output tile reaches global memory: direct (each thread stores its registers) or tma "
-                     "(through shared memory in boxes, bulk tensor stores that drain while the next tile runs)",
-                     "direct")
-    cluster_m: int = doc("blocks of a thread-block cluster along m: they compute vertically adjacent tiles and "
-                         "share B's tile, each loading a part and multicasting it to all (1: no cluster)", 1)
+    tile_m: int = choice("rows of the output tile one block computes", P, lo=1)
+    tile_n: int = choice("columns of the output tile one block computes", P, lo=1)
+    tile_k: int = choice("depth of one step of the k loop", P, lo=1)
+    warps: int = choice("warps per block (with warp specialisation, one warpgroup of them loads)", E, lo=1,
+                        pins=("warps",))
+    stages: int = choice("shared-memory pipeline depth: k tiles in flight (at least 2 where a ring of them "
+                         "is pipelined: mma.sync, wgmma)", E, lo=1, pins=("stages",))
+    mma: Mma = choice("the multiply instruction: fma (SIMT), mma.sync (m16n8k16) or wgmma (m64nNk16)", E,
+                      pins=("mma",))
+    a_move: Move = choice("how A's tiles reach shared memory: ldg (predicated loads), cp.async, tma, tma-gather4, "
+                          "staged (a pre-pass copies the rows, gathered, to 16-byte-aligned rows read with TMA)", L)
+    b_move: Move = choice("how B's tiles reach shared memory", L)
+    a_vector: int = choice("elements per global access of A (ldg / cp.async)", E, lo=1, pins=("vector",))
+    b_vector: int = choice("elements per global access of B (ldg / cp.async)", E, lo=1, pins=("vector",))
+    split_k: int = choice("blocks sharing one output tile, each summing a slice of k (partials added atomically)",
+                          P, lo=1, pins=("split_k", "splitk"))
+    raster: Raster = choice("order in which blocks walk the tile grid: row (n fastest) or column (m fastest)", P,
+                            pins=("raster",))
+    group_m: int = choice("grouped rasterisation: tile rows walked together so B tiles stay in L2 (1: none)", P,
+                          lo=1, pins=("group_m",))
+    persistent: bool = choice("one block per SM looping over tiles, instead of one block per tile", P,
+                              pins=("persistent",))
+    warp_specialized: bool = choice("a producer warpgroup issues loads while consumer warpgroups multiply", E,
+                                    pins=("ws",))
+    swizzle: int = choice("shared-memory swizzle span in bytes (0, 32, 64, 128) for TMA / wgmma tiles", E,
+                          allowed=SWIZZLES, pins=("swizzle",))
+    accumulator: Accumulator = choice("accumulator element type", E, default=Accumulator.F32)
+    index_width: int = choice("bits of the integers offsets are computed in: 32 (proved not to wrap) or 64", P,
+                              default=32, allowed=INDEX_WIDTHS, pins=("index", "index_width"))
+    store: Store = choice("how the output tile reaches global memory: direct (each thread stores its registers) or "
+                          "tma (through shared memory in boxes, bulk tensor stores that drain while the next tile "
+                          "runs)", E, default=Store.DIRECT, pins=("store",), json_optional=True)
+    cluster_m: int = choice("blocks of a thread-block cluster along m: they compute vertically adjacent tiles and "
+                            "share B's tile, each loading a part and multicasting it to all (1: no cluster)", P,
+                            default=1, allowed=CLUSTERS, pins=("cluster", "cluster_m"), json_optional=True)
+
+    def __post_init__(self) -> None:
+        coerce_enums(self)
 
 
 @dataclass(frozen=True)
@@ -68,15 +102,21 @@ class RowKernel:
 
     kind: ClassVar[str] = "rows"
     nodes: tuple[str, ...] = doc("the model's nodes this kernel computes, in order")
-    rows_per_block: int = doc("rows one block owns (one warp-group of threads per row)")
-    threads: int = doc("threads working on one row")
-    vector: int = doc("elements per global access")
-    cache_row: bool = doc("keep the row in registers/shared memory between passes (one read of x)")
-    index_width: int = doc("bits of the integers offsets are computed in", 32)
-    cluster: int = doc("blocks of a thread-block cluster that share one row, each a contiguous 1/cluster of its "
-                       "columns; they combine their reductions through distributed shared memory", 1)
-    prefetch: bool = doc("persistent blocks (one per resident slot) walk the rows, each copying its next row "
-                         "into shared memory (cp.async) while it computes this one from registers", False)
+    rows_per_block: int = choice("rows one block owns (one warp-group of threads per row)", P, lo=1, pins=("rows",))
+    # whole warps: the block reduction combines one partial per warp (a partial warp's would be lost)
+    threads: int = choice("threads working on one row (whole warps)", P, lo=32, hi=1024, multiple=32,
+                          pins=("threads",))
+    vector: int = choice("elements per global access", P, lo=1, pins=("vector",))
+    cache_row: bool = choice("keep the row in registers/shared memory between passes (one read of x)", L,
+                             pins=("cache_row",))
+    index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
+                              pins=("index", "index_width"))
+    cluster: int = choice("blocks of a thread-block cluster that share one row, each a contiguous 1/cluster of its "
+                          "columns; they combine their reductions through distributed shared memory", P, default=1,
+                          allowed=ROW_CLUSTERS, pins=("row_cluster",), json_optional=True)
+    prefetch: bool = choice("persistent blocks (one per resident slot) walk the rows, each copying its next row "
+                            "into shared memory (cp.async) while it computes this one from registers", E,
+                            default=False, pins=("row_prefetch",), json_optional=True)
 
 
 @dataclass(frozen=True)
@@ -85,9 +125,11 @@ class MapKernel:
 
     kind: ClassVar[str] = "map"
     nodes: tuple[str, ...] = doc("the model's nodes this kernel computes, in order")
-    threads: int = doc("threads per block")
-    vector: int = doc("elements per access (a lane handles this many consecutive elements)")
-    index_width: int = doc("bits of the integers offsets are computed in", 32)
+    threads: int = choice("threads per block", E, lo=1, hi=1024, pins=("threads",))
+    vector: int = choice("elements per access (a lane handles this many consecutive elements)", E, lo=1,
+                         pins=("vector",))
+    index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
+                              pins=("index", "index_width"))
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel
@@ -168,16 +210,15 @@ def _strings(v: Any, what: str) -> tuple[str, ...]:
 
 
 def _kernel_dict(k: Kernel) -> dict:
-    d = asdict(k)
-    d["nodes"] = list(k.nodes)
-    if d.get("store") == "direct":
-        del d["store"]  # the default, absent so plans from before the field keep their keys
-    if d.get("cluster_m") == 1:
-        del d["cluster_m"]  # likewise
-    if isinstance(k, RowKernel) and k.cluster == 1:
-        del d["cluster"]  # likewise
-    if isinstance(k, RowKernel) and not k.prefetch:
-        del d["prefetch"]  # likewise
+    d: dict[str, Any] = {}
+    for kf in kernel_fields(type(k)):
+        value = getattr(k, kf.name)
+        if kf.spec is None:
+            d[kf.name] = list(value)
+        elif kf.spec.json_optional and value == kf.default:
+            continue  # a field added after format 1, absent at its default so older plans keep their keys
+        else:
+            d[kf.name] = value.value if isinstance(value, enum.Enum) else value
     return d
 
 
@@ -188,29 +229,32 @@ def _int(v: Any, what: str) -> int:
 
 
 def _kernel_from(cls: type, kd: dict, where: str) -> Kernel:
+    """A kernel from its JSON object: every field checked against the field table."""
     kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in kd:
-            if f.default is not MISSING:
+    for kf in kernel_fields(cls):
+        if kf.name not in kd:
+            if kf.default is not MISSING:
                 continue
-            raise ValueError(f"{where}: missing field {f.name!r}")
-        v = kd[f.name]
-        if f.name == "nodes":
+            raise ValueError(f"{where}: missing field {kf.name!r}")
+        v = kd[kf.name]
+        if kf.spec is None:  # nodes
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise TypeError(f"{where}: nodes must be a list of node names")
             v = tuple(v)
-        elif f.type in ("int",):
-            v = _int(v, f"{where}: {f.name}")
-        elif f.type in ("bool",):
-            if not isinstance(v, bool):
-                raise TypeError(f"{where}: {f.name} must be true or false, got {v!r}")
-        elif f.type in ("str",) and not isinstance(v, str):
-            raise TypeError(f"{where}: {f.name} must be a string, got {v!r}")
-        kwargs[f.name] = v
-    extra = set(kd) - {f.name for f in fields(cls)} - {"kind"}
+        elif isinstance(kf.kind, enum.EnumMeta):
+            if not isinstance(v, str) or v not in kf.spec.allowed_values(kf.kind):
+                raise ValueError(f"{where}: {kf.name} must be {kf.describe()}, got {v!r}")
+            v = kf.kind(v)
+        elif kf.problem(v):
+            raise ValueError(f"{where}: {kf.name} must be {kf.describe()}, got {v!r}")
+        kwargs[kf.name] = v
+    extra = set(kd) - {kf.name for kf in kernel_fields(cls)} - {"kind"}
     if extra:
         raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except FieldError as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 def field_docs(obj: Any) -> list[tuple[str, Any, str]]:

@@ -9,9 +9,8 @@ where the formula holds, one member of a checked set of kernels dispatched by sh
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import z3
@@ -21,57 +20,25 @@ from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.smem import contraction_smem
 from habu.plan.plan import ROW_CLUSTERS, Plan
-from habu.spec.dtypes import DTYPES
+from habu.prove.obligation import (
+    INT31,
+    INT32_OFFSETS,
+    Context,
+    Obligation,
+    Rule,
+    _surely_false,
+    context,
+    discharge,
+)
+from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.spec.ir import Model
-from habu.target import Target, target_named
-
-INT31 = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    summary: str
-    source: str
-
-
-@dataclass
-class Obligation:
-    rule: Rule
-    kernel: str
-    tensor: str | None
-    statement: str  # what must hold, in words
-    formula: Any  # z3 BoolRef, or a Python bool for purely structural facts
-    detail: str = ""  # the offending value, in words, when it fails
-    status: str = "open"  # proved, violated, guarded, runtime-check
-    counterexample: dict[str, int] | None = None
-    how: str = ""
-
-    def describe(self) -> str:
-        who = f" ({self.tensor})" if self.tensor else ""
-        return f"[{self.rule.name}] {self.kernel}{who}: {self.statement}"
-
-
-@dataclass
-class Context:
-    model: Model
-    plan: Plan
-    target: Target
-    ext: dict[str, Any]  # extent name -> z3 Int (or int)
-    domain: list[Any]  # constraints on runtime extents
-    storage: dict[str, str] = field(default_factory=dict)
-    quick: bool = False  # structural rules only: skip building the solver's access formulas
-
-    def dtype_bytes(self, access: Access) -> int:
-        return DTYPES[access.dtype].bytes
-
 
 # ----------------------------------------------------------------------------- the rules
 
 R = {r.name: r for r in (
     Rule("bounds", "every access is in bounds under its mask", "T16; vLLM #52576, flashinfer PR #5108"),
     Rule("index-range", "gathered indices lie in their range extent", "kernels-community #1153 (checked at run time)"),
-    Rule("int32-offsets", "offsets and partial products fit the index width", "T15: vLLM PR #34279, Liger #1246, Triton #6346"),
+    INT32_OFFSETS,
     Rule("k-tail-masked", "a ragged k tile contributes zero from every operand", "T16: vLLM #52576"),
     Rule("k-advance", "the k loop advances its tile offset every iteration", "T19: pytorch #186241, CUTLASS #2944"),
     Rule("smem-budget", "shared memory fits the block's limit", "cudaFuncSetAttribute limits (CUDA guide)"),
@@ -97,11 +64,12 @@ R = {r.name: r for r in (
     Rule("supported-path", "Habu's emitter has a code path for this combination", "habu/emit_cuda"),
     Rule("cluster-tiles", "a cluster's blocks share one step of the raster: the tile rows divide among them",
          "CUDA guide: thread-block clusters; PTX ISA multicast::cluster"),
+    *FIELD_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear", "supported-path", "cluster-tiles")
+          "split-k-linear", "supported-path", "cluster-tiles", *FIELD_RULES)
 TMA_RULES = ("tma-rank", "tma-base-align", "tma-dims", "tma-stride-16B", "tma-box", "tma-swizzle",
              "tma-smem-align", "tma-gather")
 SETMAXNREG_RULES = ("setmaxnreg-pool",)  # sm_90a and later: warp-specialised register splits
@@ -589,100 +557,26 @@ FAMILY: dict[type, Callable[[str, Any, Context], Iterator[Obligation]]] = {
 }
 
 
-# ----------------------------------------------------------------------------- discharging
-
-
-def context(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) -> Context:
-    ext: dict[str, Any] = {}
-    domain: list[Any] = []
-    given = dict(plan.shape) | dict(sizes or {})
-    for e in model.extents:
-        if e.name in given:
-            ext[e.name] = int(given[e.name])
-        else:
-            v = z3.Int(e.name)
-            ext[e.name] = v
-            domain += [v >= e.lo, v <= e.hi]
-            if e.multiple > 1:
-                domain.append(v % e.multiple == 0)
-    from habu.plan.rewrite import planned_model
-
-    return Context(planned_model(model, plan), plan, target_named(plan.target), ext, domain, dict(plan.storage))
-
-
-def discharge(ob: Obligation, ctx: Context) -> Obligation:
-    if ob.status == "runtime-check":
-        return ob
-    f = ob.formula
-    if isinstance(f, bool):
-        ob.status = "proved" if f else "violated"
-        ob.how = "by construction" if f else "fails"
-        return ob
-    key = (f.sexpr(), tuple(d.sexpr() for d in ctx.domain))
-    known = _DISCHARGED.get(key)
-    if known is not None:  # the same formula over the same domain, decided for an earlier plan
-        ob.status, how, cex = known
-        ob.how, ob.counterexample = f"{how} (the same formula as an earlier plan's)", dict(cex) if cex else None
-        return ob
-    _solve(ob, f, ctx)
-    if len(_DISCHARGED) >= DISCHARGED_KEPT:
-        _DISCHARGED.pop(next(iter(_DISCHARGED)))  # the oldest
-    _DISCHARGED[key] = (ob.status, ob.how, dict(ob.counterexample) if ob.counterexample else None)
-    return ob
-
-
-# z3's answers by (formula, domain) as text: a search asks the same bounds of many plans that share
-# a lowering; the text is the key, so equal keys are the same question
-_DISCHARGED: dict[tuple[str, tuple[str, ...]], tuple[str, str, dict[str, int] | None]] = {}
-DISCHARGED_KEPT = 50_000
-
-
-def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
-    start = time.perf_counter()
-    solver = z3.Solver()
-    solver.set("timeout", 10_000)
-    solver.add(*ctx.domain)
-    solver.add(z3.Not(f))
-    result = solver.check()
-    ms = (time.perf_counter() - start) * 1000
-    if result == z3.unsat:
-        ob.status, ob.how = "proved", f"z3: no counterexample ({ms:.0f} ms)"
-        return ob
-    if result == z3.unknown:
-        ob.status, ob.how = "violated", f"z3 could not decide it within 10 s: {solver.reason_unknown()}"
-        return ob
-    model = solver.model()
-    runtime = {e.name for e in ctx.model.extents if not isinstance(ctx.ext[e.name], int)}
-    cex = {}
-    for d in model.decls():
-        v = model[d]
-        if z3.is_int_value(v):
-            cex[d.name()] = v.as_long()
-    ob.counterexample = cex
-    if runtime & set(cex):
-        # does some size in the range satisfy it? then it is a guard of a checked kernel set
-        probe = z3.Solver()
-        probe.add(*ctx.domain, f)
-        if probe.check() == z3.sat:
-            ob.status = "guarded"
-            ob.how = "holds only for some runtime sizes: the plan is valid where it holds"
-            return ob
-    shown = {k: v for k, v in cex.items() if k in runtime}
-    ob.status = "violated"
-    ob.how = ("z3: counterexample " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))) if shown else \
-        "z3: violated at this shape"
-    return ob
-
-
-def _kernels(graph: Model, plan: Plan, only: set[int] | None, lowered: LoweredPlan | None = None):
-    """The plan's kernels (those in `only`, else all), lowered over `graph`: the model after the
-    plan's rewrites (a context's model); `lowered`: the plan already lowered (by `prove`)."""
+def _kernel_obligations(ctx: Context, plan: Plan, only: set[int] | None,
+                        lowered: LoweredPlan | None = None) -> Iterator[Obligation]:
+    """Every obligation of the plan's kernels (those in `only`, else all), undischarged: first the
+    kernel's fields (a kernel with a field outside its values is not lowered), then its family's
+    rules and its launches, lowered over the context's model (the model after the plan's rewrites);
+    `lowered`: the plan already lowered (by `prove`), ruled on as is."""
     storage = dict(plan.storage)
     from habu.lower import lower
 
     for i, k in enumerate(plan.kernels):
-        if only is None or i in only:
-            yield i, k, lowered.kernels[i] if lowered is not None else lower(graph, k, storage)
+        if only is not None and i not in only:
+            continue
+        name = f"kernel {i} ({'+'.join(k.nodes)})"
+        fields = field_obligations(name, k)
+        yield from fields
+        if not fields_allowed(fields):
+            continue
+        lw = lowered.kernels[i] if lowered is not None else lower(ctx.model, k, storage)
+        yield from FAMILY[type(lw)](name, lw, ctx)
+        yield from launch_obligations(name, lw, ctx)
 
 
 def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
@@ -691,22 +585,11 @@ def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = Non
     filter the search runs before the z3 obligations. `only`: check these kernels alone."""
     ctx = replace(context(model, plan, sizes), quick=True)
     table = set(TARGET_RULES[ctx.target.name])
-    for i, k, lw in _kernels(ctx.model, plan, only):
-        name = f"kernel {i} ({'+'.join(k.nodes)})"
-        for ob in FAMILY[type(lw)](name, lw, ctx):
-            if ob.rule.name in table and ob.status != "runtime-check" and _surely_false(ob.formula):
-                ob.status, ob.how = "violated", "fails"
-                return ob
+    for ob in _kernel_obligations(ctx, plan, only):
+        if ob.rule.name in table and ob.status != "runtime-check" and _surely_false(ob.formula):
+            ob.status, ob.how = "violated", "fails"
+            return ob
     return None
-
-
-def _surely_false(formula: Any) -> bool:
-    """The formula is False: a Python bool, or a z3 formula that simplifies to false (a TMA stride
-    at a fixed shape is a z3 term over constants). A formula false for every value of its free
-    variables is violated whatever they are; anything less certain is left to the solver."""
-    if isinstance(formula, bool):
-        return not formula
-    return isinstance(formula, z3.BoolRef) and z3.is_false(z3.simplify(formula))
 
 
 def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
@@ -716,13 +599,7 @@ def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     the emitter prints)."""
     ctx = context(model, plan, sizes)
     table = set(TARGET_RULES[ctx.target.name])
-    out: list[Obligation] = []
-    for i, k, lw in _kernels(ctx.model, plan, only, lowered):
-        name = f"kernel {i} ({'+'.join(k.nodes)})"
-        for ob in FAMILY[type(lw)](name, lw, ctx):
-            if ob.rule.name in table:
-                out.append(discharge(ob, ctx))
-    return out
+    return [discharge(ob, ctx) for ob in _kernel_obligations(ctx, plan, only, lowered) if ob.rule.name in table]
 
 
 def failures(obs: list[Obligation]) -> list[Obligation]:

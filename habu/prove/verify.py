@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
-from habu.plan.plan import Plan
+from habu.plan.fields import Reader, fields_read_by
+from habu.plan.plan import ContractionKernel, Plan
 from habu.prove.interp import Memory, PlanFault, check_raster, run_kernel, tile_ids
 from habu.prove.virtual import VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
@@ -226,11 +227,11 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
 
 
 # what the finite-field check reads of a contraction's schedule (the lowering's methods: tiles, k
-# range, raster, grid); the rest of the lowering (accesses, masks, staging passes, epilogue) is
-# compared whole. Pipeline depth, warps, the instruction, how tiles travel (TMA, cp.async) and how
-# the output leaves (store) are emission: they change no element any lane reads or writes.
-FIELD_CHECK_FIELDS = ("nodes", "tile_m", "tile_n", "tile_k", "split_k", "raster", "group_m", "persistent",
-                      "index_width", "cluster_m")
+# range, raster, grid): the fields the field table (habu/plan/plan.py) marks as read by the proof.
+# The rest of the lowering (accesses, masks, staging passes, epilogue) is compared whole. Pipeline
+# depth, warps, the instruction, how tiles travel (TMA, cp.async) and how the output leaves (store)
+# are emission: they change no element any lane reads or writes.
+FIELD_CHECK_FIELDS = fields_read_by(ContractionKernel, Reader.PROOF)
 
 
 def field_key(model: Model, plan: Plan, sizes: Mapping[str, int], lowerings: list | None = None) -> str:

@@ -14,6 +14,7 @@ from dataclasses import fields, replace
 
 from habu.errors import UsageError
 from habu.lower.rows import column_functions, lower_rows
+from habu.plan.fields import FieldError, Move, kernel_fields, pin_table
 from habu.plan.patterns import Region, as_contraction, default_regions, row_local
 from habu.plan.plan import (
     CLUSTERS,
@@ -21,7 +22,6 @@ from habu.plan.plan import (
     MMAS,
     MOVEMENTS,
     RASTERS,
-    ROW_CLUSTERS,
     STORES,
     ContractionKernel,
     Kernel,
@@ -157,8 +157,10 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
             return "tma", vec
         if op is c.b and mma == "wgmma" and b_n_major_tma:
             return "tma", vec
-        if mma == "wgmma" and target.tma and contiguous_k and (inner * eb) % 16:
+        rows = sizes[(c.m if op is c.a else c.n).extent]
+        if mma == "wgmma" and target.tma and contiguous_k and (inner * eb) % 16 and rows <= target.max_grid_yz:
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
+            # (the staging pass launches a block row per row: grid.y, at most 65535)
             return "staged", vec
         if target.cp_async and vec * eb >= 4 and mma != "fma" and (contiguous_k or mma != "wgmma"):
             return "cp.async", vec
@@ -331,7 +333,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
         regions = default_regions(graph)
         if "mma" in pins:
             if pins["mma"] not in MMAS:
-                raise UsageError(f"--pin mma={pins['mma']}: expected one of {', '.join(MMAS)}")
+                raise UsageError(f"--pin mma={pins['mma']}: expected one of {', '.join(MMAS)} "
+                                 "(contraction kernel field mma)")
             kernels = tuple(default_contraction(graph, r, target, s, pins["mma"]) if r.kind == "contraction" else k
                             for r, k in zip(regions, kernels, strict=True))
         kernels = tuple(apply_pins(graph, k, pins, target) for k in kernels)
@@ -342,14 +345,9 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
 
 
-# the kernel field each plan-choice pin sets (operand movements and rewrites are checked where they apply)
-PIN_FIELDS = {"tile": ("tile_m",), "mma": ("mma",), "stages": ("stages",), "warps": ("warps",),
-              "split_k": ("split_k",), "splitk": ("split_k",), "raster": ("raster",), "group_m": ("group_m",),
-              "persistent": ("persistent",), "store": ("store",), "cluster": ("cluster_m",),
-              "cluster_m": ("cluster_m",), "index": ("index_width",), "index_width": ("index_width",),
-              "vector": ("vector", "a_vector"), "threads": ("threads",), "swizzle": ("swizzle",),
-              "ws": ("warp_specialized",), "rows": ("rows_per_block",), "cache_row": ("cache_row",),
-              "row_cluster": ("cluster",), "row_prefetch": ("prefetch",)}
+# the kernel fields each plan-choice pin sets, from the field table (operand movements and rewrites
+# are checked where they apply; `tile` sets tile_m, tile_n and tile_k at once)
+PIN_FIELDS = {"tile": ("tile_m", "tile_n", "tile_k"), **pin_table(tuple(KERNEL_KINDS.values()))}
 
 
 def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
@@ -389,9 +387,7 @@ def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
 # ----------------------------------------------------------------------------- pins
 
 
-PIN_KEYS = ("tile", "mma", "stages", "warps", "split_k", "raster", "group_m", "persistent", "store", "cluster", "index",
-            "vector", "threads", "swizzle", "ws", "rows", "cache_row", "row_cluster",
-            "row_prefetch", "rewrite")
+PIN_KEYS = (*PIN_FIELDS, "rewrite")
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
@@ -405,22 +401,14 @@ def parse_pins(items: list[str]) -> dict[str, str]:
     return pins
 
 
-def _pin_int(key: str, value: str, allowed: tuple[int, ...] | None = None) -> int:
+def _pin_value(kernel: Kernel, name: str, key: str, value: str, part: str | None = None) -> object:
+    """A pin's value (or `part` of it) of one field of `kernel`, parsed and checked by the field table."""
+    kf = next(f for f in kernel_fields(type(kernel)) if f.name == name)
     try:
-        v = int(value)
-    except ValueError:
-        raise UsageError(f"--pin {key}={value}: expected a whole number") from None
-    if v < 1 or (allowed and v not in allowed):
-        raise UsageError(f"--pin {key}={value}: expected one of {', '.join(map(str, allowed or ()))}")
-    return v
-
-
-def _pin_bool(key: str, value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise UsageError(f"--pin {key}={value}: expected true or false")
+        return kf.parse(value if part is None else part)
+    except FieldError as err:
+        what = f"{name} = {part}: " if part is not None else ""
+        raise UsageError(f"--pin {key}={value}: {what}{err} ({kernel.kind} kernel field {name})") from None
 
 
 def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Target | None = None) -> Kernel:
@@ -439,11 +427,10 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             continue  # a movement pin: it is for the model's contraction, not for this row or map kernel
         if key in operands or (k in ("a", "b") and isinstance(kernel, ContractionKernel) and key not in model_tensors(model)):
             side = operands.get(key, k)
-            if value not in MOVEMENTS:
-                raise UsageError(f"--pin {key}={value}: a movement is one of {', '.join(MOVEMENTS)}")
-            if value == "tma" and side in gathered and target is not None and target.tma_gather4:
-                value = "tma-gather4"  # TMA on gathered rows is the gather4 form, where the target has it
-            changes[f"{side}_move"] = value
+            move = _pin_value(kernel, f"{side}_move", key, value)
+            if move == Move.TMA and side in gathered and target is not None and target.tma_gather4:
+                move = Move.TMA_GATHER4  # TMA on gathered rows is the gather4 form, where the target has it
+            changes[f"{side}_move"] = move
             continue
         if key in model_tensors(model):
             raise UsageError(f"--pin {key}=...: {key} is not an operand of a contraction in this model")
@@ -451,47 +438,13 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             parts = value.lower().split("x")
             if len(parts) != 3:
                 raise UsageError(f"--pin tile={value}: expected BMxBNxBK, e.g. 128x128x64")
-            changes.update(tile_m=_pin_int(k, parts[0]), tile_n=_pin_int(k, parts[1]), tile_k=_pin_int(k, parts[2]))
-        elif k == "mma" and "mma" in names:
-            if value not in MMAS:
-                raise UsageError(f"--pin mma={value}: expected one of {', '.join(MMAS)}")
-            changes["mma"] = value
-        elif k in ("stages", "warps", "group_m", "threads") and k in names:
-            changes[k] = _pin_int(k, value)
-        elif k in ("split_k", "splitk") and "split_k" in names:
-            changes["split_k"] = _pin_int(k, value)
-        elif k == "raster" and "raster" in names:
-            if value not in RASTERS:
-                raise UsageError(f"--pin raster={value}: expected one of {', '.join(RASTERS)}")
-            changes["raster"] = value
-        elif k == "persistent" and "persistent" in names:
-            changes["persistent"] = _pin_bool(k, value)
-        elif k == "store" and "store" in names:
-            if value not in STORES:
-                raise UsageError(f"--pin store={value}: expected one of {', '.join(STORES)}")
-            changes["store"] = value
-        elif k in ("cluster", "cluster_m") and "cluster_m" in names:
-            changes["cluster_m"] = _pin_int(k, value, CLUSTERS)
-        elif k == "row_cluster" and "cluster" in names:
-            changes["cluster"] = _pin_int(k, value, ROW_CLUSTERS)
-        elif k == "row_prefetch" and "prefetch" in names:
-            changes["prefetch"] = _pin_bool(k, value)
-        elif k == "ws" and "warp_specialized" in names:
-            changes["warp_specialized"] = _pin_bool(k, value)
-        elif k == "cache_row" and "cache_row" in names:
-            changes["cache_row"] = _pin_bool(k, value)
-        elif k in ("index", "index_width"):
-            changes["index_width"] = _pin_int(k, value, (32, 64))
-        elif k == "swizzle" and "swizzle" in names:
-            changes["swizzle"] = int(value) if value.isdigit() and int(value) in (0, 32, 64, 128) else \
-                _pin_int(k, value, (32, 64, 128))
-        elif k == "vector" and "vector" in names:
-            changes["vector"] = _pin_int(k, value)
-        elif k == "vector" and "a_vector" in names:
-            changes["a_vector"] = changes["b_vector"] = _pin_int(k, value)
-        elif k == "rows" and "rows_per_block" in names:
-            changes["rows_per_block"] = _pin_int(k, value)
-        elif k not in PIN_KEYS:
+            for part, name in zip(parts, ("tile_m", "tile_n", "tile_k"), strict=True):
+                changes[name] = _pin_value(kernel, name, key, value, part)
+        elif k in PIN_FIELDS:
+            for name in PIN_FIELDS[k]:
+                if name in names:
+                    changes[name] = _pin_value(kernel, name, key, value)
+        elif k != "rewrite":
             raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
     # a block of more than a warp works on one row: a pinned thread count brings one row per block
     if isinstance(kernel, RowKernel) and changes.get("threads", 32) != 32 \

@@ -84,17 +84,23 @@ class BoxTensor:
         self.data = data
         self.coords = coords
         self.shape = full_shape
-        self._local = []
-        for c, n in zip(coords, full_shape, strict=True):
-            table = np.full(n, -1, dtype=np.int64)
-            table[c] = np.arange(len(c))
-            self._local.append(table)
+        # per dimension, the box's indices sorted and where each sits in the box: a lookup that
+        # needs memory for the box only, not for the whole extent (#N = 2^31 needed 16 GiB)
+        self._sorted: list[tuple[np.ndarray, np.ndarray]] = []
+        for c in coords:
+            c = np.asarray(c, dtype=np.int64)
+            order = np.argsort(c, kind="stable")
+            self._sorted.append((c[order], order))
 
     def __getitem__(self, idx: tuple) -> np.ndarray:
-        local = tuple(t[np.asarray(i)] for t, i in zip(self._local, idx, strict=True))
-        if any(np.any(x < 0) for x in local):
-            raise KeyError("read outside the evaluated box")
-        return self.data[local]
+        local = []
+        for (keys, order), i in zip(self._sorted, idx, strict=True):
+            i = np.asarray(i)
+            pos = np.minimum(np.searchsorted(keys, i), max(len(keys) - 1, 0))
+            if len(keys) == 0 or np.any(keys[pos] != i):
+                raise KeyError("read outside the evaluated box")
+            local.append(order[pos])
+        return self.data[tuple(local)]
 
 
 class Evaluator:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -34,7 +35,7 @@ def test_every_field_has_a_doc_line():
 
 @pytest.mark.parametrize("edit, fragment", [
     (lambda d: d.pop("kernels"), "missing field 'kernels'"),
-    (lambda d: d["kernels"][0].update(tile_m="big"), "tile_m must be an integer"),
+    (lambda d: d["kernels"][0].update(tile_m="big"), "kernel 0: tile_m must be a whole number ≥ 1, got 'big'"),
     (lambda d: d["kernels"][0].update(kind="magic"), "unknown kind 'magic'"),
     (lambda d: d["kernels"][0].update(extra=1), "unknown field(s) extra"),
     (lambda d: d.update(format=99), "unknown plan format"),
@@ -150,3 +151,142 @@ def test_a_pin_that_no_kernel_of_the_plan_takes_is_an_error():
     ffn = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
     plan = default_plan(ffn, TARGETS["sm_90a"], None, parse_pins(["threads=256", "stages=3"]))  # both kinds here
     assert plan.kernels[-1].threads == 256 and plan.kernels[0].stages == 3
+
+
+# ----------------------------------------------------------------------------- the field table
+
+
+def _json(path: str, model: str, sizes: dict | None = None) -> dict:
+    m = load_program(ROOT / "examples" / path).models[model]
+    return default_plan(m, TARGETS["sm_90a"], sizes).to_json()
+
+
+GGEMM_BAD = [
+    ("mma", "tensorcore", "kernel 0: mma must be one of fma, mma.sync, wgmma, got 'tensorcore'"),
+    ("a_move", "teleport", "kernel 0: a_move must be one of ldg, cp.async, tma, tma-gather4, staged"),
+    ("b_move", 3, "kernel 0: b_move must be one of ldg"),
+    ("raster", "diagonal", "kernel 0: raster must be one of row, column, got 'diagonal'"),
+    ("store", "mail", "kernel 0: store must be one of direct, tma, got 'mail'"),
+    ("accumulator", "f16", "kernel 0: accumulator must be one of f32, got 'f16'"),
+    ("stages", 0, "kernel 0: stages must be a whole number ≥ 1, got 0"),
+    ("tile_k", 0, "kernel 0: tile_k must be a whole number ≥ 1, got 0"),
+    ("tile_m", -64, "kernel 0: tile_m must be a whole number ≥ 1, got -64"),
+    ("warps", 0, "kernel 0: warps must be a whole number ≥ 1, got 0"),
+    ("split_k", 0, "kernel 0: split_k must be a whole number ≥ 1, got 0"),
+    ("group_m", 0, "kernel 0: group_m must be a whole number ≥ 1, got 0"),
+    ("cluster_m", 0, "kernel 0: cluster_m must be one of 1, 2, got 0"),
+    ("index_width", 48, "kernel 0: index_width must be one of 32, 64, got 48"),
+    ("swizzle", 100, "kernel 0: swizzle must be one of 0, 32, 64, 128, got 100"),
+    ("persistent", 1, "kernel 0: persistent must be true or false, got 1"),
+    ("a_vector", True, "kernel 0: a_vector must be a whole number ≥ 1, got True"),
+]
+
+
+@pytest.mark.parametrize("name, value, message", GGEMM_BAD, ids=[f"{n}={v}" for n, v, _ in GGEMM_BAD])
+def test_a_plan_file_with_a_field_outside_its_values_is_refused_naming_kernel_field_and_values(name, value, message):
+    data = _json("ggemm.habu", "GGEMM")
+    data["kernels"][0][name] = value
+    with pytest.raises(HabuError) as err:
+        Plan.from_json(data, "p.json")
+    assert "p.json: not a valid Habu plan: " + message in err.value.message
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("threads", 48, "kernel 0: threads must be a whole number in 32..1024, a multiple of 32, got 48"),
+    ("threads", 2048, "kernel 0: threads must be a whole number in 32..1024"),
+    ("rows_per_block", 0, "kernel 0: rows_per_block must be a whole number ≥ 1, got 0"),
+    ("vector", 0, "kernel 0: vector must be a whole number ≥ 1, got 0"),
+    ("cluster", 3, "kernel 0: cluster must be one of 1, 2, 4, 8, got 3"),
+])
+def test_a_row_kernel_field_outside_its_values_is_refused(name, value, message):
+    data = _json("softmax.habu", "SOFTMAX-ROWS")
+    data["kernels"][0][name] = value
+    with pytest.raises(HabuError, match=re.escape(message)):
+        Plan.from_json(data, "p.json")
+
+
+def test_plan_json_keeps_its_strings_and_reads_back_enums():
+    """The closed vocabularies are str enums: JSON holds the same strings as before, a plan read
+    back holds the enum members, and both compare and hash as the strings."""
+    from habu.plan.fields import Mma, Move
+
+    data = _json("ggemm.habu", "GGEMM")
+    assert json.loads(json.dumps(data)) == data
+    k = Plan.from_json(data).kernels[0]
+    assert type(k.mma) is Mma and k.mma == data["kernels"][0]["mma"] and type(k.a_move) is Move
+    assert type(json.dumps(data)) is str and '"mma": "wgmma"' in json.dumps(data)
+
+
+def test_a_kernel_built_with_an_unknown_vocabulary_word_is_an_error():
+    from habu.plan.fields import FieldError
+    from habu.plan.plan import with_fields
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    k = default_plan(m, TARGETS["sm_90a"]).kernels[0]
+    assert with_fields(k, mma="mma.sync").mma == "mma.sync"
+    with pytest.raises(FieldError, match=re.escape("mma must be one of fma, mma.sync, wgmma, got 'tensorcore'")):
+        with_fields(k, mma="tensorcore")
+
+
+@pytest.mark.parametrize("pin, message", [
+    ("stages=0", "--pin stages=0: expected a whole number ≥ 1"),
+    ("tile=128x128x0", "--pin tile=128x128x0: tile_k = 0: expected a whole number ≥ 1"),
+    ("warps=0", "--pin warps=0: expected a whole number ≥ 1"),
+    ("split_k=0", "--pin split_k=0: expected a whole number ≥ 1"),
+    ("group_m=0", "--pin group_m=0: expected a whole number ≥ 1"),
+    ("index=48", "--pin index=48: expected one of 32, 64"),
+    ("raster=diagonal", "--pin raster=diagonal: expected one of row, column"),
+    ("store=mail", "--pin store=mail: expected one of direct, tma"),
+    ("B=teleport", "--pin B=teleport: expected one of ldg, cp.async, tma, tma-gather4, staged"),
+    ("persistent=maybe", "--pin persistent=maybe: expected true or false"),
+])
+def test_pins_are_parsed_and_checked_by_the_field_table(pin, message):
+    from habu.errors import UsageError
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    with pytest.raises(UsageError, match=re.escape(message)):
+        default_plan(m, TARGETS["sm_90a"], None, parse_pins([pin]))
+
+
+def test_regression_row_threads_48_pin_is_refused():
+    """`--pin threads=48` on a 64x1000 softmax was certified and wrong on the GPU: the block
+    reduction combines one partial per whole warp and dropped the partial warp's."""
+    from habu.errors import UsageError
+
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+    with pytest.raises(UsageError, match=re.escape("--pin threads=48: expected a whole number in 32..1024, a "
+                                                   "multiple of 32")):
+        default_plan(m, TARGETS["sm_90a"], {"R": 64, "C": 1000}, parse_pins(["threads=48"]))
+
+
+def test_the_pin_keys_come_from_the_field_table():
+    from habu.plan.fields import kernel_fields
+    from habu.plan.plan import KERNEL_KINDS
+    from habu.search.space import PIN_FIELDS, PIN_KEYS
+
+    for cls in KERNEL_KINDS.values():
+        for kf in kernel_fields(cls):
+            for key in kf.spec.pins if kf.spec else ():
+                assert kf.name in PIN_FIELDS[key] and key in PIN_KEYS
+    assert PIN_FIELDS["split_k"] == PIN_FIELDS["splitk"] == ("split_k",)
+    assert set(PIN_FIELDS["vector"]) == {"a_vector", "b_vector", "vector"}
+
+
+def test_every_schedule_field_is_in_the_table():
+    """Every kernel field but `nodes` has a spec: a doc, what reads it, its allowed values; a field
+    left out of JSON at its default has one, and the table's text matches the JSON check's."""
+    from dataclasses import MISSING
+
+    from habu.plan.fields import Reader, kernel_fields
+    from habu.plan.plan import KERNEL_KINDS
+
+    for cls in KERNEL_KINDS.values():
+        for kf in kernel_fields(cls):
+            if kf.name == "nodes":
+                assert kf.spec is None
+                continue
+            assert kf.spec is not None and kf.spec.doc and isinstance(kf.spec.reader, Reader), kf.name
+            assert kf.describe(), kf.name
+            assert not kf.spec.json_optional or kf.default is not MISSING, kf.name
+            if kf.default is not MISSING:
+                assert kf.problem(kf.default) is None, kf.name

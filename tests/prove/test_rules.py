@@ -203,7 +203,7 @@ def test_tma_stores_pass_at_the_example_shape_with_two_buffers_per_consumer():
 def test_a_formula_asked_again_is_answered_from_z3s_earlier_answer():
     """A search asks the same bounds of many plans that share a lowering: each formula goes to z3
     once per process. The answer, counterexample included, is the same as the first."""
-    from habu.prove import rules
+    from habu.prove import obligation as rules  # the solver's answers are kept there
 
     src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
     model = parse_text(src).models["GGEMM"]
@@ -258,3 +258,101 @@ def test_a_runtime_m_gets_a_cluster_guard():
     obs = obligations(model, plan)
     assert not failures(obs)
     assert "cluster-tiles" in {o.rule.name for o in guards(obs)}
+
+
+# ----------------------------------------------------------------------------- fields and launches
+
+
+def _rules_broken(model, plan, sizes=None):
+    return [(o.rule.name, o.detail) for o in failures(obligations(model, plan, sizes))]
+
+
+def _with_kernel(plan, i=0, **changes):
+    from habu.plan.plan import with_fields
+
+    kernels = list(plan.kernels)
+    kernels[i] = with_fields(kernels[i], **changes)
+    return plan.__class__(**{**plan.__dict__, "kernels": tuple(kernels)})
+
+
+def test_regression_ggemm_k511_one_stage_pin_is_refused():
+    """`habu compile examples/ggemm.habu --shape M=300,N=200,K=511 --pin stages=1` was certified:
+    a one-stage mbarrier ring deadlocks the wgmma consumers."""
+    sizes = {"M": 300, "N": 200, "K": 511}
+    m = ggemm(**sizes)
+    plan = default_plan(m, TARGETS["sm_90a"], sizes, {"stages": "1"})
+    assert plan.kernels[0].mma == "wgmma"
+    assert ("pipeline-stages", "stages = 1") in _rules_broken(m, plan, sizes)
+    sync = default_plan(m, TARGETS["sm_90a"], sizes, {"mma": "mma.sync", "stages": "1"})
+    assert [r for r, _ in _rules_broken(m, sync, sizes)] == ["pipeline-stages"]
+    fma = default_plan(m, TARGETS["sm_90a"], sizes, {"mma": "fma", "stages": "1"})
+    assert _rules_broken(m, fma, sizes) == []  # the SIMT path does not pipeline
+
+
+@pytest.mark.parametrize("path, model, sizes, threads", [
+    ("softmax.habu", "SOFTMAX-ROWS", {"R": 64, "C": 1000}, 48),
+    ("rmsnorm.habu", "RMSNORM-ROWS", {"D": 1024}, 40),
+])
+def test_regression_row_kernel_of_a_partial_warp_built_in_python_is_refused(path, model, sizes, threads):
+    """threads=48 on a 64x1000 softmax, 40 on RMSNorm were certified and wrong on the GPU: the
+    block reduction keeps one partial per whole warp. A plan built in Python is refused by rule."""
+    m = load_program(ROOT / "examples" / path).models[model].with_sizes(sizes)
+    plan = _with_kernel(default_plan(m, TARGETS["sm_90a"], sizes), threads=threads)
+    assert _rules_broken(m, plan, sizes) == [
+        ("plan-fields", f"threads = {threads}: expected a whole number in 32..1024, a multiple of 32")]
+
+
+@pytest.mark.parametrize("change", [{"tile_k": 0}, {"tile_m": 0}, {"tile_n": 0}, {"warps": 0}, {"stages": 0},
+                                    {"split_k": 0}, {"group_m": 0}, {"cluster_m": 0}, {"index_width": 48},
+                                    {"a_vector": 0}, {"swizzle": 48}])
+def test_a_contraction_field_out_of_range_is_refused_by_rule_not_a_zero_division(change):
+    """tile_k = 0 or warps = 0 raised ZeroDivisionError in the rules; now the field rule refuses the
+    kernel before it is lowered (quick_reject too)."""
+    from habu.prove.rules import quick_reject
+
+    m = ggemm()
+    plan = _with_kernel(default_plan(m, TARGETS["sm_90a"]), **change)
+    (name, _), = change.items()
+    broken = _rules_broken(m, plan)
+    assert broken[0][0] == "plan-fields" and broken[0][1].startswith(f"{name} = ")
+    assert {r for r, _ in broken} <= {"plan-fields", "pipeline-stages"}  # stages = 0 is both
+    assert quick_reject(m, plan).rule.name == "plan-fields"
+
+
+@pytest.mark.parametrize("change", [{"rows_per_block": 0}, {"vector": 0}, {"cluster": 3}, {"index_width": 16}])
+def test_a_row_field_out_of_range_is_refused_by_rule(change):
+    m = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+    plan = _with_kernel(default_plan(m, TARGETS["sm_90a"]), **change)
+    assert [r for r, _ in _rules_broken(m, plan)] == ["plan-fields"]
+
+
+def test_regression_staged_ggemm_at_m100000_grid_y_is_refused():
+    """A staged GGEMM at M = 100000 was certified with a staging grid.y of 100000 (the limit is
+    65535); the default no longer stages so many rows."""
+    sizes = {"M": 100000, "K": 511}
+    m = ggemm(**sizes)
+    staged = default_plan(m, TARGETS["sm_90a"], sizes, {"A": "staged"})
+    assert ("grid-dims", "grid.y = 100000 (blocks along the rows (#M)) exceeds 65535 blocks") \
+        in _rules_broken(m, staged, sizes)
+    default = default_plan(m, TARGETS["sm_90a"], sizes)
+    assert default.kernels[0].a_move != "staged" and _rules_broken(m, default, sizes) == []
+
+
+def test_regression_fused_n2147483644_threads96_lane_index_wraps():
+    """`habu compile examples/fused.habu --shape N=2147483644 --pin threads=96` was certified; the
+    map lane index (blockIdx.x*96+threadIdx.x)*4 wraps negative in 32 bits."""
+    sizes = {"N": 2147483644}
+    m = load_program(ROOT / "examples" / "fused.habu").models["AXPY-RELU"].with_sizes(sizes)
+    bad = default_plan(m, TARGETS["sm_90a"], sizes, {"threads": "96"})
+    broken = _rules_broken(m, bad, sizes)
+    assert [r for r, _ in broken] == ["int32-offsets"] and "(blockIdx.x·96 + threadIdx.x)·4" in broken[0][1]
+    assert _rules_broken(m, default_plan(m, TARGETS["sm_90a"], sizes, {"threads": "96", "index": "64"}), sizes) == []
+    assert _rules_broken(m, default_plan(m, TARGETS["sm_90a"], sizes), sizes) == []  # 256·4 divides 2^31
+
+
+def test_the_map_lane_rule_guards_a_runtime_extent():
+    src = (ROOT / "examples" / "fused.habu").read_text().replace("16777216 EXTENT: #N", "1..2147483647 EXTENT: #N")
+    m = parse_text(src).models["AXPY-RELU"]
+    plan = default_plan(m, TARGETS["sm_90a"], None, {"threads": "96"})
+    lanes = [o for o in guards(obligations(m, plan)) if o.rule.name == "int32-offsets" and "lane" in o.statement]
+    assert len(lanes) == 1 and lanes[0].counterexample["N"] > 2**31 - 384

@@ -51,16 +51,36 @@ def test_another_shape_or_model_gives_another_check():
 
 
 def test_the_field_check_reads_no_other_schedule_field():
-    """The modules the check runs (and the lowering's methods it calls) read only the fields in
-    FIELD_CHECK_FIELDS of a contraction's schedule; staging (a_move/b_move = staged) shows in the
-    lowering itself, and warps only in the SIMT path's thread grid (emission). A new field read
-    there must join the key, or plans that differ in it would share a check."""
+    """The modules the check runs (and the lowering's methods it calls) read only the fields the
+    field table marks as read by the proof (FIELD_CHECK_FIELDS) or as changing the lowering, which
+    the key compares whole (staging: a_move/b_move = staged); warps only in the SIMT path's thread
+    grid (emission). A new field read there must be marked so, and then joins the key."""
+    from habu.plan.fields import Reader, fields_read_by
+
     read: set[str] = set()
     for path in ("habu/prove/interp.py", "habu/prove/verify.py", "habu/prove/witness.py", "habu/prove/virtual.py",
                  "habu/lower/contraction.py"):
         read |= set(re.findall(r"kernel\.([a-z_]+)", (ROOT / path).read_text()))
     contraction_fields = {f for f in ContractionKernel.__dataclass_fields__}
-    assert (read & contraction_fields) - set(FIELD_CHECK_FIELDS) == {"a_move", "b_move", "warps"}
+    marked = set(FIELD_CHECK_FIELDS) | set(fields_read_by(ContractionKernel, Reader.LOWERING))
+    assert (read & contraction_fields) - marked == {"warps"}
+
+
+def test_every_field_the_proof_reads_keys_the_check():
+    """FIELD_CHECK_FIELDS is derived from the field table: a field marked as read by the proof
+    cannot be missing from the key (two plans differing in it would share one certificate)."""
+    from habu.plan.fields import Reader, fields_read_by, kernel_fields
+
+    assert set(FIELD_CHECK_FIELDS) == set(fields_read_by(ContractionKernel, Reader.PROOF))
+    base = default_plan(ggemm(), T, None, {})
+    k = base.kernels[0]
+    for kf in kernel_fields(ContractionKernel):
+        if kf.spec is None or kf.spec.reader is not Reader.PROOF:
+            continue
+        value = getattr(k, kf.name)
+        others = [v for v in kf.spec.allowed_values(kf.kind) if v != value] or \
+            ([not value] if kf.kind is bool else [value // 2 if value > 1 else 2])
+        assert key(with_kernel(base, **{kf.name: others[0]})) != key(base), kf.name
 
 
 def test_a_search_task_checks_a_lowering_once(monkeypatch):

@@ -1,0 +1,107 @@
+"""Rules about a plan's fields and the launches they make.
+
+- `plan-fields`: every schedule field holds one of the values the field table allows (the same
+  check `Plan.from_json` makes; here a plan built in Python is refused too, before its lowering
+  divides by a zero tile).
+- `pipeline-stages`: a pipelined k loop (mma.sync, wgmma) keeps at least two stages.
+- `grid-dims`: every grid the lowering launches is within the launch limits.
+- `int32-offsets`: the thread and lane indices a kernel computes in 32 bits before any access
+  (a map kernel's `(blockIdx.x·T + threadIdx.x)·V`, a staging pass's columns, a prefetching row
+  kernel's next row) do not wrap; the offsets themselves are the access obligations' (rules.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
+from habu.lower.contraction import StageLowering
+from habu.plan.fields import Mma, field_problems
+from habu.plan.plan import ContractionKernel, Kernel
+from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
+
+FIELD_RULES = {r.name: r for r in (
+    Rule("plan-fields", "every schedule field holds one of the values the plan's field table allows",
+         "habu/plan/plan.py (tile_k = 0 divided by zero; a row kernel of 48 threads lost its partial warp's "
+         "share of the block reduction)"),
+    Rule("pipeline-stages", "a pipelined k loop keeps at least two stages in flight",
+         "wgmma consumers release a stage only once the next has arrived: a one-stage mbarrier ring deadlocks "
+         "(ggemm K=511 with --pin stages=1 was certified); mma.sync waits for cp.async groups stages−2 behind"),
+    Rule("grid-dims", "grid dimensions are within the launch limits: x ≤ 2^31−1, y and z ≤ 65535",
+         "CUDA guide: maximum grid dimensions (a staged GGEMM at M = 100000 launched grid.y = 100000)"),
+)}
+
+
+def field_obligations(name: str, kernel: Kernel) -> list[Obligation]:
+    """The kernel's fields against the field table; structural facts, before any lowering."""
+    rule = FIELD_RULES["plan-fields"]
+    bad = field_problems(kernel)
+    out = [Obligation(rule, name, None, f"{kf.name} is {kf.describe()}", False,
+                      detail=f"{kf.name} = {value!r}: {why}") for kf, value, why in bad]
+    if not bad:
+        out.append(Obligation(rule, name, None, f"every field of the {kernel.kind} kernel is within its allowed "
+                                                "values", True))
+    if isinstance(kernel, ContractionKernel) and kernel.mma in (Mma.MMA_SYNC, Mma.WGMMA):
+        out.append(Obligation(FIELD_RULES["pipeline-stages"], name, None,
+                              f"the {kernel.mma} k loop pipelines {kernel.stages} stage(s): at least 2",
+                              kernel.stages >= 2, detail=f"stages = {kernel.stages}"))
+    return out
+
+
+def fields_allowed(obs: list[Obligation]) -> bool:
+    """No field is outside its values: the kernel can be lowered."""
+    return not any(o.rule.name == "plan-fields" and o.formula is False for o in obs)
+
+
+def launch_obligations(name: str, lw: Lowering, ctx: Context) -> Iterator[Obligation]:
+    """The grid of each launch the lowering makes, and the 32-bit lane indices it computes."""
+    s = ctx.ext
+    if isinstance(lw, ContractionLowering):
+        if not lw.kernel.persistent:  # a persistent grid is the blocks resident at once
+            yield _grid(name, "x", "one block per tile (and split)", lw.tiles(s), ctx.target.max_grid_x)
+        for stage in lw.pre:
+            yield from _stage(f"{name} staging", stage, lw.index_width, ctx)
+    elif isinstance(lw, RowLowering):
+        k = lw.kernel
+        groups = lw.row_groups(s)
+        yield _grid(name, "x", f"a cluster of {k.cluster} per group of {k.rows_per_block} row(s)"
+                    if k.cluster > 1 else f"one block per group of {k.rows_per_block} row(s)",
+                    groups * k.cluster, ctx.target.max_grid_x)
+        if k.prefetch and lw.index_width == 32:
+            # r += row_step (the clusters launched, at most the groups) after the last row
+            yield _lanes(name, f"the row index r + row_step after a block's last row (≤ #{lw.r} − 1 + "
+                               f"⌈#{lw.r}/{k.rows_per_block}⌉)", s[lw.r] - 1 + groups)
+    elif isinstance(lw, MapLowering):
+        k = lw.kernel
+        yield _grid(name, "x", f"one block per {lw.per_block} elements", lw.grid(s), ctx.target.max_grid_x)
+        if lw.index_width == 32:
+            yield _lanes(name, f"the lane's first element (blockIdx.x·{k.threads} + threadIdx.x)·{k.vector} "
+                               f"+ v, up to ⌈numel/{lw.per_block}⌉·{lw.per_block} − 1",
+                         lw.grid(s) * lw.per_block - 1)
+
+
+def _stage(name: str, stage: StageLowering, width: int, ctx: Context) -> Iterator[Obligation]:
+    s = ctx.ext
+    along_k, rows = stage.grid(s)
+    yield _grid(name, "x", f"blocks along #{stage.k}", along_k, ctx.target.max_grid_x)
+    yield _grid(name, "y", f"blocks along the rows (#{stage.rows})", rows, ctx.target.max_grid_yz)
+    if width == 32:
+        step = stage.tile or stage.threads
+        yield _lanes(name, f"the column kk = blockIdx.x·{step} + threadIdx.x, up to ⌈#{stage.k}/{step}⌉·{step} − 1",
+                     along_k * step - 1)
+        if stage.tile:
+            yield _lanes(name, f"the row r0 + tx, up to ⌈#{stage.rows}/{stage.tile}⌉·{stage.tile} − 1",
+                         rows * stage.tile - 1)
+
+
+def _grid(name: str, dim: str, what: str, blocks: Any, most: int) -> Obligation:
+    shown = f"grid.{dim} = {blocks}" if isinstance(blocks, int) else f"grid.{dim}"
+    return Obligation(FIELD_RULES["grid-dims"], name, None,
+                      f"grid.{dim} ({what}) ≤ {most}", blocks <= most,
+                      detail=f"{shown} ({what}) exceeds {most} blocks")
+
+
+def _lanes(name: str, what: str, largest: Any) -> Obligation:
+    return Obligation(INT32_OFFSETS, name, None, f"32-bit {what} ≤ 2^31−1", largest <= INT31,
+                      detail=f"{what} exceeds 2^31 − 1 in 32 bits; use 64-bit indices (--pin index=64)")
