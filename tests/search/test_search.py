@@ -303,3 +303,32 @@ def test_plans_that_differ_only_in_raster_order_read_differently_in_the_table():
     plan = default_plan(model, TARGETS["sm_90a"], sizes).to_json()
     column = {**plan, "kernels": [{**plan["kernels"][0], "raster": "column"}]}
     assert plan_summary(plan) != plan_summary(column) and "column-raster" in plan_summary(column)
+
+
+def test_habu_search_that_verifies_no_plan_says_so_exits_1_and_stores_none(tmp_path, monkeypatch, capsys):
+    from habu.cli import main
+    from habu.prove import verify
+    from habu.search import tasks
+
+    real = verify.verify_plan
+
+    def wrong(*args, **kwargs):
+        cert = real(*args, **kwargs)
+        cert.passed, cert.failure = False, "O[0, 0] differs (planted)"
+        return cert
+
+    monkeypatch.setattr(verify, "verify_plan", wrong)
+    tasks.FIELD_CHECKS.clear()
+    db = tmp_path / "db.sqlite"
+    monkeypatch.setattr(sys, "argv", ["habu", "search", str(ROOT / "examples" / "ggemm.habu"), "--budget", "2",
+                                      "--no-gpu", "--jobs", "1", "--shape", "M=512,N=512,K=256", "--db", str(db),
+                                      "-o", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    tasks.FIELD_CHECKS.clear()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "error: the search verified no plan for GGEMM" in err
+    assert "nothing stored" in err.replace("\n", " ")
+    with PlanDB(db) as plans:
+        assert all(not e.records for e in plans.entries())
+    assert not (tmp_path / "out").exists()
