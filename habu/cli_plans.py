@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from habu.errors import HabuError
+
+if TYPE_CHECKING:
+    from habu.db import Entry, Key, Record
+    from habu.spec.ir import Model
+    from habu.spec.program import Program
 
 DbOpt = Annotated[Path | None, typer.Option("--db", help="The plan database (default: $HABU_DB or the cache dir).")]
 
@@ -44,7 +49,7 @@ def this_machine() -> dict[str, str]:
             "nvrtc": nvrtc, "driver": info.get("driver", "none")}
 
 
-def staleness(entry, here: dict[str, str]) -> str:
+def staleness(entry: Entry, here: dict[str, str]) -> str:
     """'current', or why a lookup on this machine would not use the entry."""
     k = entry.key
     if k.digest() != entry.digest:
@@ -146,16 +151,16 @@ class ImportCheck:
     def __init__(self, export: Path, sources: list[Path]):
         self.export = export
         self.sources = sources
-        self.programs: dict[Path, object] = {}
+        self.programs: dict[Path, Program] = {}
 
-    def _program(self, path: Path):
+    def _program(self, path: Path) -> Program:
         from habu.spec.parser import load_program
 
         if path not in self.programs:
             self.programs[path] = load_program(path)
         return self.programs[path]
 
-    def model_for(self, key, record):
+    def model_for(self, key: Key, record: Record) -> Model | None:
         """The model, bound to the key's shape, whose canonical hash is the key's; None if no source has it."""
         from habu.compile import bind_shape
 
@@ -174,7 +179,7 @@ class ImportCheck:
                     return bound
         return None
 
-    def __call__(self, key, record) -> None:
+    def __call__(self, key: Key, record: Record) -> None:
         from habu.api import checked_plan
 
         where = f"{self.export}: {key.model} {' '.join(f'{k}={v}' for k, v in key.shape)}"

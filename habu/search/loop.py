@@ -151,7 +151,7 @@ class Search:
         self.key = self._key()
         self.job = Job.of(path, model, self.sizes, target.name)
         self.measured: dict[str, dict] = {}  # plan key -> its measurement (never time a plan twice)
-        self.certificates: dict[str, dict] = {}  # plan key -> its certificate: the plans verified in this run
+        self.certificates: dict[str, dict] = {}  # plan key -> certificate, for the plans verified in this run
         self.stored_best: Plan | None = None  # the best plan _store last wrote
 
     # -- keys
@@ -543,9 +543,8 @@ class Search:
 
     def _store(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Record]:
         """Write the best plan (and the runners-up of each region) to the database now: only plans
-        verified in this run (rules and finite field), each with its own certificate. A runner-up
-        of one region combined with another region's later best was never proven as a whole, and
-        is left out. With none verified, nothing is written and the answer is []."""
+        verified in this run, each with its own certificate (a runner-up combined with another
+        region's later best was never proven whole). None verified: nothing written, []."""
         plans: list[Plan] = [make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)]
         key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: s.predicted_s)
         for i, pool in enumerate(ranked):
