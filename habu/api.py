@@ -65,14 +65,14 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
     """The best plan the database holds for this model, shape, GPU and toolchain, compiled.
 
     On a miss it uses the default plan and warns once per model and shape; it never tunes at run
-    time (`habu search` does). Entries made on another GPU or with other versions are never used."""
+    time (`habu search` does). Entries made on another GPU or with other versions are never used, and
+    the stored plan is proven again (once per process) before it is compiled: see `checked_plan`."""
     import sys
 
     from habu.compile import bind_shape
     from habu.db import PlanDB, Record
-    from habu.emit_cuda.emit import emit_plan
+    from habu.emit_cuda.emit import emit
     from habu.emit_cuda.runtime import CompiledModel
-    from habu.plan.plan import Plan
     from habu.spec.parser import load_program
 
     program = load_program(path)
@@ -90,8 +90,43 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
             print(f"habu: warning: no tuned plan for {m.name} {dict(shape) or ''} on {key.target.gpu}{extra}; "
                   f"using the default plan (run habu search to tune it)", file=sys.stderr)
         return build(path, m.name, target=tgt.name, **shape)
-    plan = Plan.from_json(best.plan)
-    return CompiledModel(m, emit_plan(m, plan, tgt), arch=tgt.name)
+    proof = checked_plan(m, key, best)
+    return CompiledModel(m, emit(proof, tgt), arch=tgt.name)
+
+
+def checked_plan(model, key, record):
+    """The proof of a stored record's plan, proven again before it is used: the rules and a one-trial
+    finite-field check at the key's shape (kept in this process: a plan is re-proven once), its
+    guards compared with the ones its rules produce, and its certificate bound to this plan, this
+    model and the Habu version of its key. A `PlanRefused` error (naming the rule and the kernel)
+    otherwise."""
+    from habu.plan.plan import Plan
+    from habu.prove.trust import PlanRefused, check_certificate, reprove
+
+    plan = Plan.from_json(record.plan, f"the stored plan for {model.name}")
+    if plan.target != key.target.arch:
+        raise PlanRefused(f"plan {plan.key} is built for {plan.target}, but is filed under {key.target.arch}")
+    shape = dict(key.shape)
+    if dict(plan.shape) != {k: v for k, v in shape.items() if k in dict(plan.shape)}:
+        raise PlanRefused(f"plan {plan.key} was made for the shape {dict(plan.shape)}, but is filed under {shape}")
+    proof = reprove(model, plan, shape, trials=1, holds=guard_holds(shape))
+    if record.certificate is None:
+        raise PlanRefused(f"plan {plan.key} is stored without a finite-field certificate: it was never verified")
+    check_certificate(record.certificate, plan, model, version=key.versions.habu)
+    return proof
+
+
+def guard_holds(sizes):
+    """Whether a guard holds at these sizes (False for one Habu does not evaluate)."""
+    from habu.emit_cuda.guards import GuardError, eval_guard
+
+    def holds(guard: str) -> bool:
+        try:
+            return eval_guard(guard, sizes)
+        except GuardError:
+            return False
+
+    return holds
 
 
 def lookup_key(model, target):

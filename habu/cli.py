@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from habu.cli_plans import DbOpt, output_console, plans_app
 from habu.errors import HabuError, UsageError
 from habu.version import __version__
 
@@ -196,14 +197,19 @@ def verify(
     bound, proof = verify_file(program, m.name, plan, sizes, trials)
     if proof.violations:
         raise plan_error(program, bound, proof.violations[0])
+    from habu.api import guard_holds
+    from habu.prove.trust import guard_mismatch
+
+    wrong_guards = guard_mismatch(proof.plan, proof, guard_holds(dict(proof.plan.shape) | sizes))
+    if wrong_guards:
+        raise HabuError(f"{plan}: {wrong_guards}", program.model_spans.get(m.name),
+                        ("a member of a checked kernel set runs only where its guards hold: they must be "
+                         "exactly the conditions its rules need",))
     c = proof.certificate
     assert c is not None
     if not c.passed:
         raise HabuError(f"{plan} does not compute {m.name}: {c.failure}", program.model_spans.get(m.name))
     print(f"{plan}: {len(proof.obligations)} obligations hold; finite field: {c.summary()}")
-
-
-DbOpt = Annotated[Path | None, typer.Option("--db", help="The plan database (default: $HABU_DB or the cache dir).")]
 
 
 @app.command()
@@ -252,6 +258,7 @@ def search(
     else:
         executor, cleanup = local_executor(jobs), None
         runs = [(target_named(target or current_target()), None if no_gpu else _local_timer(console, file, m, sizes))]
+    unverified: list[str] = []
     try:
         share = Budget(plan_budget.seconds / len(runs), None) if plan_budget.seconds and len(runs) > 1 else plan_budget
         for tgt, timer in runs:
@@ -259,12 +266,26 @@ def search(
                 s = Search(str(file), bound, tgt, sizes, plans, share, timer, top_k, seed, progress, executor)
                 result = s.run()
                 progress(result.stats)
-                _report_search(console, result, plans.path, bound, sizes, tgt,
-                               out or Path("out") / "search" / m.name.lower(), executor.name, len(runs) > 1)
+                if result.best is None:
+                    why = "interrupted before any plan was verified" if result.interrupted else \
+                        f"no plan was verified within the budget ({plan_budget.describe()})"
+                    console.print(f"[yellow]{why}: nothing stored in {plans.path} for {m.name} on {tgt.name}[/]",
+                                  highlight=False)
+                    unverified.append(tgt.name)
+                else:
+                    _report_search(console, result, plans.path, bound, sizes, tgt,
+                                   out or Path("out") / "search" / m.name.lower(), executor.name, len(runs) > 1)
+            if result.interrupted:
+                stored = " (the plans verified so far are stored)" if result.best is not None else ""
+                console.print(f"habu: interrupted{stored}", highlight=False)
+                raise typer.Exit(130)
     finally:
         executor.close()
         if cleanup is not None:
             cleanup()
+    if unverified:
+        raise HabuError(f"the search verified no plan for {m.name} on {', '.join(unverified)}; nothing was stored "
+                        "(give it a larger --budget)")
 
 
 def _local_timer(console, file: Path, m, sizes):
@@ -358,83 +379,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else []), *timed]), highlight=False)
 
 
-plans_app = typer.Typer(help="The plan database: list, show, remove, export and import tuned plans.",
-                        no_args_is_help=True)
 app.add_typer(plans_app, name="plans")
-
-
-@plans_app.command("ls")
-def plans_ls(db: DbOpt = None) -> None:
-    """Every entry: model, shape, GPU, best time, and whether it matches this Habu and compiler."""
-    from rich.table import Table
-
-    from habu.db import PlanDB
-    from habu.search.report import plan_summary
-
-    with PlanDB(db) as plans:
-        entries = plans.entries()
-        table = Table(title=str(plans.path))
-    for col in ("id", "model", "shape", "target", "best", "plan", "updated"):
-        table.add_column(col, no_wrap=col in ("id", "shape"))
-    import time as _t
-
-    for e in entries:
-        best = e.records[0] if e.records else None
-        when = _t.strftime("%Y-%m-%d %H:%M", _t.localtime(e.updated))
-        status = (f"{best.median_us:.1f} µs" if best and best.median_us else
-                  ("unmeasured" if best else "failures only"))
-        table.add_row(e.digest[:12], e.key.model, " ".join(f"{k}={v}" for k, v in e.key.shape),
-                      f"{e.key.target.arch} {e.key.target.gpu}", status, plan_summary(best.plan) if best else "",
-                      when)
-    output_console().print(table)
-
-
-@plans_app.command("show")
-def plans_show(entry: Annotated[str, typer.Argument(help="An entry id (or its start).")], db: DbOpt = None) -> None:
-    """One entry: its key, its plans with timings and certificates, its failures."""
-    import json as _json
-    from dataclasses import asdict
-
-    from habu.db import PlanDB
-
-    with PlanDB(db) as plans:
-        e = plans.find(entry)
-    print(_json.dumps({"id": e.digest, "key": asdict(e.key), "records": [asdict(r) for r in e.records],
-                       "failures": e.failures}, indent=1))
-
-
-@plans_app.command("rm")
-def plans_rm(entry: Annotated[str, typer.Argument(help="An entry id (or its start).")], db: DbOpt = None) -> None:
-    """Remove an entry."""
-    from habu.db import PlanDB
-
-    with PlanDB(db) as plans:
-        plans.find(entry)
-        n = plans.remove(entry)
-    print(f"removed {n} entr{'y' if n == 1 else 'ies'}")
-
-
-@plans_app.command("export")
-def plans_export(file: Annotated[Path, typer.Argument(help="The file to write (JSON).")],
-                 entries: Annotated[list[str] | None, typer.Argument(help="Entry ids (default: all).")] = None,
-                 db: DbOpt = None) -> None:
-    """Write entries to a portable file a team can share."""
-    from habu.db import PlanDB
-
-    with PlanDB(db) as plans:
-        n = plans.export(file, entries)
-    print(f"exported {n} entries to {file}")
-
-
-@plans_app.command("import")
-def plans_import(file: Annotated[Path, typer.Argument(help="A file written by habu plans export.")],
-                 db: DbOpt = None) -> None:
-    """Merge an exported file into the database (keeping the best plans of both)."""
-    from habu.db import PlanDB
-
-    with PlanDB(db) as plans:
-        n = plans.import_(file)
-    print(f"imported {n} entries into {plans.path}")
 
 
 @app.command()
@@ -480,23 +425,9 @@ def run(
     print(f"wrote {', '.join(result)} to {output}")
 
 
-def output_console(stderr: bool = False):
-    """A rich console; piped or redirected output gets wide lines instead of an 80-column wrap,
-    so ids and plans stay on one line for grep and scripts."""
-    import os
-    import sys
-
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    if stream.isatty() or "COLUMNS" in os.environ:
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=240)
-
-
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        status = app(standalone_mode=False)  # click answers typer.Exit(n) by returning n here
     except HabuError as err:
         print(err.render(), file=sys.stderr)
         sys.exit(1)
@@ -511,9 +442,14 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code if exc.exit_code else 2)
         if isinstance(exc, aborts):
+            if isinstance(exc.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+                print("habu: interrupted", file=sys.stderr)
+                sys.exit(130)
             print("habu: aborted", file=sys.stderr)
             sys.exit(1)
         raise
+    if isinstance(status, int) and status:
+        sys.exit(status)
 
 
 def _click_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:

@@ -71,10 +71,12 @@ def compile_model(program: Program, model_name: str, shape: dict[str, int], targ
                         program.model_spans.get(model.name))
     plans, proofs = [plan], [proof]
     if proof.guards:
-        import z3
+        from habu.prove.trust import guard_texts
 
-        plans[0] = replace(plan, guards=tuple(str(z3.simplify(o.formula)) for o in proof.guards))
-        proofs[0] = replace(proof, plan=plans[0])
+        plans[0] = replace(plan, guards=guard_texts(proof.obligations))
+        # the same kernels, valid only where the guards hold: the check is the guarded plan's
+        cert = proof.certificate.bound_to(plans[0]) if proof.certificate is not None else None
+        proofs[0] = replace(proof, plan=plans[0], certificate=cert)
         fb = fallback(plan, proof)
         fb_proof = prove(model, fb, shape, trials=trials)
         if fb_proof.violations or fb_proof.guards or not fb_proof.ok:

@@ -23,16 +23,18 @@ import random
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from habu.db_export import EXPORT_FORMAT
 from habu.errors import HabuError
 from habu.version import __version__
 
 SCHEMA_VERSION = 1
+APPLICATION_ID = 0x48616275  # "Habu": `PRAGMA application_id` of every plan database
 OPEN_TIMEOUT_S = 60.0  # how long opening waits out other processes creating the same database
 
 
@@ -160,18 +162,56 @@ class PlanDB:
                     raise HabuError(f"{self.path} is not a usable Habu plan database: {exc}") from None
                 time.sleep(random.uniform(0.01, 0.1))
             except sqlite3.DatabaseError as exc:
+                with contextlib.suppress(Exception):
+                    self.conn.close()
                 raise HabuError(f"{self.path} is not a usable Habu plan database: {exc}") from None
+            except HabuError:
+                with contextlib.suppress(Exception):
+                    self.conn.close()
+                raise
         version = self.conn.execute("SELECT value FROM meta WHERE name='schema'").fetchone()[0]
         if int(version) != SCHEMA_VERSION:
             raise HabuError(f"{self.path} has plan-database schema {version}; this Habu reads {SCHEMA_VERSION}")
 
     def _prepare(self) -> None:
+        self.conn.execute("PRAGMA busy_timeout=30000")
+        if not self._is_plan_database():  # checked before anything is written to the file
+            raise HabuError(f"{self.path} is not a Habu plan database (it is another SQLite file; "
+                            "give habu a new file or its own database with --db or $HABU_DB)")
         if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA foreign_keys=ON")
-        self.conn.execute("PRAGMA busy_timeout=30000")
-        self.conn.executescript(SCHEMA)
-        self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        if self.conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
+            return
+        # a new file (or one from before the application id): created at once, in one transaction
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            if not self._is_plan_database():  # another process made it something else meanwhile
+                raise HabuError(f"{self.path} is not a Habu plan database")
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    self.conn.execute(statement)
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            self.conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def _is_plan_database(self) -> bool:
+        """A Habu plan database (by its application id, or its meta table for one made before the id
+        was set) or an empty file; never an unrelated SQLite file that Habu would add tables to."""
+        app = self.conn.execute("PRAGMA application_id").fetchone()[0]
+        if app == APPLICATION_ID:
+            return True
+        if app != 0:
+            return False
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            return True
+        if not {"meta", "entries", "plans", "failures"} <= tables:
+            return False
+        return self.conn.execute("SELECT 1 FROM meta WHERE name='schema'").fetchone() is not None
 
     def close(self) -> None:
         self.conn.close()
@@ -196,28 +236,8 @@ class PlanDB:
     # -- writing
     def store(self, key: Key, records: list[Record], keep: int = 5) -> Entry:
         """Merge `records` into the key's top-k (by median time, then predicted time), atomically."""
-        digest = key.digest()
-        now = time.time()
         with self.transaction() as c:
-            row = c.execute("SELECT created FROM entries WHERE digest=?", (digest,)).fetchone()
-            old = [Record(**json.loads(r[0])) for r in
-                   c.execute("SELECT record_json FROM plans WHERE digest=? ORDER BY rank", (digest,))]
-            merged: dict[str, Record] = {}
-            for r in old + records:
-                pk = plan_key(r.plan)
-                if pk not in merged or _better(r, merged[pk]):
-                    merged[pk] = r
-            best = sorted(merged.values(), key=_order)[:keep]
-            for i, r in enumerate(best):
-                r.rank = i
-            if row is None:
-                c.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?)",
-                          (digest, key.same_problem(), json.dumps(asdict(key)), now, now))
-            else:
-                c.execute("UPDATE entries SET updated=? WHERE digest=?", (now, digest))
-            c.execute("DELETE FROM plans WHERE digest=?", (digest,))
-            c.executemany("INSERT INTO plans VALUES (?, ?, ?)",
-                          [(digest, r.rank, json.dumps(asdict(r))) for r in best])
+            _merge(c, key, records, keep)
         entry = self.get(key)
         assert entry is not None
         return entry
@@ -240,18 +260,28 @@ class PlanDB:
 
     # -- reading
     def get(self, key: Key) -> Entry | None:
-        return self._entry(key.digest())
+        """The entry stored under exactly this key. An entry whose stored key is not the key asked
+        for (its row edited, or a digest collision) is never returned."""
+        entry = self._entry(key.digest())
+        if entry is None or entry.key.digest() != key.digest() or entry.key != replace(key, model=entry.key.model):
+            return None
+        return entry
 
     def _entry(self, digest: str) -> Entry | None:
         row = self.conn.execute("SELECT key_json, created, updated FROM entries WHERE digest=?", (digest,)).fetchone()
         if row is None:
             return None
-        records = [Record(**json.loads(r[0])) for r in
-                   self.conn.execute("SELECT record_json FROM plans WHERE digest=? ORDER BY rank", (digest,))]
         failures = [{"plan": p, "reason": r, "at": a} for p, r, a in
                     self.conn.execute("SELECT plan_key, reason, at FROM failures WHERE digest=? ORDER BY at",
                                       (digest,))]
-        return Entry(key_from_json(json.loads(row[0])), digest, row[1], row[2], records, failures)
+        try:
+            key = key_from_json(json.loads(row[0]))
+            records = [Record(**json.loads(r[0])) for r in
+                       self.conn.execute("SELECT record_json FROM plans WHERE digest=? ORDER BY rank", (digest,))]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HabuError(f"entry {digest[:12]} of {self.path} is unreadable ({exc}); "
+                            "remove it with habu plans rm") from None
+        return Entry(key, digest, row[1], row[2], records, failures)
 
     def lookup(self, key: Key) -> tuple[Entry | None, list[Entry]]:
         """The entry for exactly this key, and the stale ones (same problem, other GPU or versions)."""
@@ -276,7 +306,7 @@ class PlanDB:
     # -- sharing
     def export(self, path: Path, digests: list[str] | None = None) -> int:
         entries = [e for e in self.entries() if not digests or any(e.digest.startswith(d) for d in digests)]
-        data = {"habu_plans": SCHEMA_VERSION, "exported": time.time(),
+        data = {"habu_plans": EXPORT_FORMAT, "exported": time.time(),
                 "entries": [{"key": asdict(e.key), "created": e.created, "updated": e.updated,
                              "records": [asdict(r) for r in e.records], "failures": e.failures} for e in entries]}
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -284,21 +314,54 @@ class PlanDB:
         os.replace(tmp, path)
         return len(entries)
 
-    def import_(self, path: Path) -> int:
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise HabuError(f"no such file: {path}") from None
-        except json.JSONDecodeError as exc:
-            raise HabuError(f"{path} is not a Habu plan export: {exc.msg}") from None
-        if not isinstance(data, dict) or data.get("habu_plans") != SCHEMA_VERSION:
-            raise HabuError(f"{path} is not a Habu plan export (or of another version)")
-        n = 0
-        for e in data["entries"]:
-            key = key_from_json(e["key"])
-            self.store(key, [Record(**r) for r in e["records"]])
-            n += 1
-        return n
+    def import_(self, path: Path, check: Callable[[Key, Record], None] | None = None, keep: int = 5) -> int:
+        """Merge an export into the database, all of it or nothing: the file is checked against
+        the export schema, every key and record is read and passed to `check` (which raises to
+        refuse it: the CLI proves each plan again), and only then is it written, in one transaction."""
+        from habu.db_export import parse_export
+
+        data = parse_export(path)
+        entries: list[tuple[Key, list[Record]]] = []
+        for i, e in enumerate(data["entries"]):
+            try:
+                key = key_from_json(e["key"])
+                records = [Record(**r) for r in e["records"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise HabuError(f"{path}: entry {i} is not a Habu plan entry: {exc}") from None
+            for r in records:
+                if check is not None:
+                    check(key, r)
+            entries.append((key, records))
+        with self.transaction() as c:
+            for key, records in entries:
+                _merge(c, key, records, keep)
+        return len(entries)
+
+
+def _merge(c: sqlite3.Connection, key: Key, records: list[Record], keep: int) -> None:
+    """Merge `records` into the key's top-k (by median time, then predicted time), in the caller's
+    transaction. The entry's stored key is written again: it is the key it is filed under."""
+    digest = key.digest()
+    now = time.time()
+    row = c.execute("SELECT created FROM entries WHERE digest=?", (digest,)).fetchone()
+    old = [Record(**json.loads(r[0])) for r in
+           c.execute("SELECT record_json FROM plans WHERE digest=? ORDER BY rank", (digest,))]
+    merged: dict[str, Record] = {}
+    for r in old + records:
+        pk = plan_key(r.plan)
+        if pk not in merged or _better(r, merged[pk]):
+            merged[pk] = r
+    best = sorted(merged.values(), key=_order)[:keep]
+    for i, r in enumerate(best):
+        r.rank = i
+    if row is None:
+        c.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?)",
+                  (digest, key.same_problem(), json.dumps(asdict(key)), now, now))
+    else:
+        c.execute("UPDATE entries SET updated=?, key_json=?, problem=? WHERE digest=?",
+                  (now, json.dumps(asdict(key)), key.same_problem(), digest))
+    c.execute("DELETE FROM plans WHERE digest=?", (digest,))
+    c.executemany("INSERT INTO plans VALUES (?, ?, ?)", [(digest, r.rank, json.dumps(asdict(r))) for r in best])
 
 
 def key_from_json(d: Mapping[str, Any]) -> Key:

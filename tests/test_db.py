@@ -145,3 +145,83 @@ def test_regression_many_processes_opening_a_new_database_at_once(tmp_path):
         for p in procs:
             p.join(60)
         assert answers == ["ok"] * 12, [a for a in answers if a != "ok"]
+
+
+def test_regression_editing_only_key_json_does_not_make_a_lookup_use_the_entry(tmp_path):
+    """An entry filed under one key whose stored key was edited to another is never returned."""
+    import json
+    from dataclasses import asdict
+
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        db.store(key(gpu="NVIDIA H100"), [rec(1)])
+        edited = asdict(key(gpu="NVIDIA H100"))
+        edited["shape"] = [["M", 8192]]
+        db.conn.execute("UPDATE entries SET key_json=?", (json.dumps(edited),))
+        assert db.get(key(gpu="NVIDIA H100")) is None
+        assert db.lookup(key(gpu="NVIDIA H100"))[0] is None
+
+
+def test_regression_plans_ls_on_an_unrelated_sqlite_file_refuses_it_and_adds_no_tables(tmp_path):
+    import hashlib
+    import subprocess
+    import sys
+
+    other = tmp_path / "notes.sqlite"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.execute("INSERT INTO notes VALUES ('mine')")
+    conn.commit()
+    conn.close()
+    before = hashlib.sha256(other.read_bytes()).hexdigest()
+    r = subprocess.run([sys.executable, "-m", "habu", "plans", "ls", "--db", str(other)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "error:" in r.stderr and "is not a Habu plan database" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert hashlib.sha256(other.read_bytes()).hexdigest() == before
+    tables = [t for (t,) in sqlite3.connect(other).execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert tables == ["notes"]
+    with pytest.raises(HabuError, match="not a Habu plan database"):
+        PlanDB(other)
+
+
+def test_a_database_made_before_the_application_id_is_still_read(tmp_path):
+    from habu.db import APPLICATION_ID, SCHEMA, SCHEMA_VERSION
+
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA)
+    conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+    conn.commit()
+    conn.close()
+    with PlanDB(path) as db:
+        db.store(key(), [rec(1)])
+        assert db.conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    with PlanDB(path) as db:
+        assert db.get(key()).records[0].median_us == 1
+
+
+def test_an_import_is_one_transaction_a_bad_fourth_entry_commits_nothing(tmp_path):
+    import json
+
+    with PlanDB(tmp_path / "a.sqlite") as a:
+        for m in range(4):
+            a.store(key(shape=(("M", m + 1),)), [rec(m + 1)])
+        a.export(tmp_path / "four.json")
+    data = json.loads((tmp_path / "four.json").read_text())
+    data["entries"][3]["records"][0]["median_us"] = -5  # schema: refused before anything is written
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with PlanDB(tmp_path / "b.sqlite") as b:
+        with pytest.raises(HabuError, match=r"entries\[3\]\.records\[0\]\.median_us"):
+            b.import_(tmp_path / "bad.json")
+        assert b.entries() == []
+        seen = []
+
+        def refuse_the_fourth(k, r):  # a plan that fails its re-proof, after three that pass
+            seen.append(k)
+            if len(seen) == 4:
+                raise HabuError("refused")
+
+        with pytest.raises(HabuError, match="refused"):
+            b.import_(tmp_path / "four.json", refuse_the_fourth)
+        assert b.entries() == []
+        assert b.import_(tmp_path / "four.json") == 4 and len(b.entries()) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,8 +22,9 @@ SHAPE = {"M": 512, "N": 512, "K": 256}
 
 
 def habu_cli(*args: str, db) -> subprocess.CompletedProcess:
+    # wide enough for every column of plans ls on one line (pytest sets COLUMNS=80)
     return subprocess.run([sys.executable, "-m", "habu", *args, "--db", str(db)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+                          cwd=ROOT, timeout=300, env={**os.environ, "COLUMNS": "320"})
 
 
 def searched(db_path) -> Plan:
@@ -95,3 +97,83 @@ def test_load_never_uses_a_plan_made_for_another_gpu(tmp_path, capsys):
     habu.load(GGEMM, model="GGEMM", db=db, **SHAPE)
     err = capsys.readouterr().err
     assert "no tuned plan" in err and "1 entries for other GPUs or versions exist, not used" in err
+
+
+def test_regression_load_refuses_a_stored_plan_with_32_bit_offsets_at_600000_rows(tmp_path):
+    """A plan habu verify rejects, filed under this machine's key (as an import used to file it):
+    habu.load (and habu run, which calls it) proves it again and refuses it before compiling."""
+    import pytest
+
+    from habu.prove.trust import PlanRefused
+    from tests.test_plan_import import ggemm_entry
+
+    sizes = {"M": 600000, "N": 512, "K": 4096}
+    _, records = ggemm_entry(sizes, wide_offsets=False)
+    model = next(iter(load_program(GGEMM).models.values())).with_sizes(sizes)
+    db = tmp_path / "plans.sqlite"
+    with PlanDB(db) as plans:
+        plans.store(lookup_key(model, TARGETS["sm_90a"]), records)
+    with pytest.raises(PlanRefused, match=r"breaks rule int32-offsets in kernel \d"):
+        habu.load(GGEMM, model="GGEMM", db=db, **sizes)
+
+
+def test_regression_load_ignores_an_entry_whose_key_json_was_edited(tmp_path, capsys):
+    _warned.clear()
+    db = tmp_path / "plans.sqlite"
+    searched(db)
+    with PlanDB(db) as plans:
+        assert len(plans.entries()) == 1
+        edited = json.loads(plans.conn.execute("SELECT key_json FROM entries").fetchone()[0])
+        edited["dtypes"] = [[name, "f32"] for name, _ in edited["dtypes"]]
+        plans.conn.execute("UPDATE entries SET key_json=?", (json.dumps(edited),))
+    habu.load(GGEMM, model="GGEMM", db=db, **SHAPE)
+    assert "no tuned plan for GGEMM" in capsys.readouterr().err
+    r = habu_cli("plans", "ls", db=db)
+    assert r.returncode == 0 and "CORRUPT" in r.stdout
+
+
+def test_load_refuses_a_stored_plan_whose_certificate_is_another_plans(tmp_path):
+    import pytest
+
+    from habu.prove.trust import PlanRefused
+
+    db = tmp_path / "plans.sqlite"
+    searched(db)
+    with PlanDB(db) as plans:
+        digest, rank, text = plans.conn.execute("SELECT digest, rank, record_json FROM plans WHERE rank=0").fetchone()
+        record = json.loads(text)
+        record["certificate"]["plan_key"] = "0" * 16
+        plans.conn.execute("UPDATE plans SET record_json=? WHERE digest=? AND rank=?",
+                           (json.dumps(record), digest, rank))
+    with pytest.raises(PlanRefused, match="proves nothing about this plan"):
+        habu.load(GGEMM, model="GGEMM", db=db, **SHAPE)
+
+
+def test_load_proves_a_stored_plan_again_once_per_process(tmp_path, monkeypatch):
+    from habu.prove import trust
+
+    db = tmp_path / "plans.sqlite"
+    best = searched(db)
+    proofs = []
+    real = trust.prove
+    monkeypatch.setattr(trust, "prove", lambda *a, **k: proofs.append(k.get("trials")) or real(*a, **k))
+    trust._REPROVEN.clear()
+    for _ in range(2):
+        compiled = habu.load(GGEMM, model="GGEMM", db=db, **SHAPE)
+        assert all(best.key[:8] in name for name in kernel_names(compiled))
+    assert proofs == [1]  # the rules and one finite-field trial, once
+
+
+def test_plans_ls_marks_stale_entries_and_shows_versions(tmp_path):
+    db = tmp_path / "plans.sqlite"
+    searched(db)
+    with PlanDB(db) as plans:
+        (entry,) = plans.entries()
+        other = replace(entry.key, target=replace(entry.key.target, gpu="NVIDIA B200", sm_count=148),
+                        versions=replace(entry.key.versions, driver="999.1"))
+        plans.store(other, entry.records)
+    r = habu_cli("plans", "ls", db=db)
+    assert r.returncode == 0
+    rows = {line.split()[1]: line for line in r.stdout.splitlines() if "GGEMM" in line}
+    assert rows[other.digest()[:12]].count("STALE: gpu NVIDIA B200, sm_count 148, driver 999.1") == 1
+    assert "current" in rows[entry.digest[:12]] and entry.key.versions.nvrtc in rows[entry.digest[:12]]

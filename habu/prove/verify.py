@@ -34,6 +34,7 @@ from habu.prove.virtual import VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
 from habu.spec.ir import Gather, IndexConst, IndexVar, Model, Reduce, loads, walk
+from habu.version import __version__
 
 DEFAULT_TRIALS = 3
 
@@ -72,9 +73,21 @@ class Certificate:
     failure: str | None = None
     notes: list[str] = field(default_factory=list)
     witness: dict[str, int] | None = None  # the reduced shape checked, when not the full one
+    # what the certificate is about (habu.prove.trust refuses it for anything else): the plan's key,
+    # the model's canonical hash and the Habu version that made it
+    plan_key: str | None = None
+    model_hash: str | None = None
+    habu_version: str | None = None
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
+
+    def bound_to(self, plan: Plan) -> Certificate:
+        """The same check, bound to `plan`: only for a plan the check is the same for (the same
+        kernels with guards added, or the same field key)."""
+        from dataclasses import replace
+
+        return replace(self, plan_key=plan.key)
 
     def summary(self) -> str:
         if not self.passed:
@@ -288,7 +301,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     selections: dict[int, object] = {}
     keeps: dict[int, object] = {}
     deg = degree(model, s)
-    cert = Certificate(True, prime, len(seeds), seeds, dict(full), {}, blocks_text, deg, 1.0, 0.0)
+    cert = Certificate(True, prime, len(seeds), seeds, dict(full), {}, blocks_text, deg, 1.0, 0.0,
+                       plan_key=plan.key, model_hash=model.canonical_hash(), habu_version=__version__)
     if s != full:
         cert.witness = dict(s)
         cert.notes.extend(coverage)

@@ -110,12 +110,13 @@ class Scored:
 
 @dataclass
 class SearchResult:
-    best: Plan
+    best: Plan | None  # the best verified plan; None when no plan was verified (nothing was stored)
     records: list[Record]
     stats: Stats
     key: Key
     measured: bool
     timeline: list[dict]  # every candidate that reached the GPU: for the roofline plot
+    interrupted: bool = False  # stopped by Ctrl-C (what was verified by then is stored)
 
 
 @dataclass
@@ -150,7 +151,8 @@ class Search:
         self.key = self._key()
         self.job = Job.of(path, model, self.sizes, target.name)
         self.measured: dict[str, dict] = {}  # plan key -> its measurement (never time a plan twice)
-        self.certificates: dict[str, dict] = {}  # plan key -> its finite-field certificate
+        self.certificates: dict[str, dict] = {}  # plan key -> certificate, for the plans verified in this run
+        self.stored_best: Plan | None = None  # the best plan _store last wrote
 
     # -- keys
     def _key(self) -> Key:
@@ -260,12 +262,12 @@ class Search:
             if self.stats.first_verified_s is None:
                 self.stats.first_verified_s = self.stats.elapsed
             scored.certificate = res.get("certificate")
-            if scored.certificate is not None:
-                self.certificates[plan.key] = scored.certificate
             if status == "compile":
                 self.stats.failed += 1
                 self.db.record_failure(self.key, plan.to_json(), res["reason"])
                 continue
+            if scored.certificate is not None:  # proven: the only plans _store writes
+                self.certificates[plan.key] = scored.certificate
             if self.timer is None:
                 kept[j] = True
                 continue
@@ -314,6 +316,7 @@ class Search:
         self.stats.best_predicted_us = sum(c.seconds for c in base_costs) * 1e6
         ranked: list[list[Scored]] = [[] for _ in regions]
         self.best_score: list[float] = [c.seconds for c in base_costs]
+        interrupted = False
         try:
             self._time_baseline()
             # the default plan first: a verified answer as early as possible
@@ -321,7 +324,7 @@ class Search:
             if self._try(tuple(best), -1, first):
                 if first.measured_us is not None:
                     self.best_score = [first.measured_us] * len(regions)
-                self._store(best, ranked, default=first)
+                self._store(best, ranked)
             # then the other partitions into kernels (the fusion choice), at their default schedules
             chosen = self._choose_partition(regions, best, first)
             if chosen is not None:
@@ -342,15 +345,15 @@ class Search:
                 if self.budget.seconds is not None:
                     deadline = time.monotonic() + share * max(0.0, self.budget.seconds - self.stats.elapsed)
                 self._tune_region(i, regions[i], best, ranked, deadline)
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # Ctrl-C: keep what was verified, and say so (the CLI exits 130)
+            interrupted = True
         finally:
             if self.timer is not None:
                 self.timer.close()
             self.executor.close()
         records = self._store(best, ranked)
-        plan = make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)
-        return SearchResult(plan, records, self.stats, self.key, self.timer is not None, self.timeline)
+        return SearchResult(self.stored_best, records, self.stats, self.key, self.timer is not None, self.timeline,
+                            interrupted)
 
     def _time_baseline(self) -> None:
         """Time what an expert would call instead (when the model has one), in this run."""
@@ -538,17 +541,22 @@ class Search:
         self.best_score[i] = score
         return True
 
-    def _store(self, best: list[Kernel], ranked: list[list[Scored]], default: Scored | None = None) -> list[Record]:
-        """Write the best plan (and the runners-up of each region) to the database now."""
-        plans: list[tuple[Plan, Scored | None]] = [(make_plan(self.model, self.target, tuple(best), self.fixed,
-                                                             self.rewrites), None)]
+    def _store(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Record]:
+        """Write the best plan (and the runners-up of each region) to the database now: only plans
+        verified in this run, each with its own certificate (a runner-up combined with another
+        region's later best was never proven whole). None verified: nothing written, []."""
+        plans: list[Plan] = [make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)]
         key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: s.predicted_s)
         for i, pool in enumerate(ranked):
             for s in sorted(pool, key=key)[1: self.top_k]:
                 kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))
-                plans.append((make_plan(self.model, self.target, kernels, self.fixed, self.rewrites), s))
+                plans.append(make_plan(self.model, self.target, kernels, self.fixed, self.rewrites))
+        plans = [p for p in plans if p.key in self.certificates][: self.top_k]
+        if not plans:
+            return []
+        self.stored_best = plans[0]
         records = []
-        for plan, s in plans[: self.top_k]:
+        for plan in plans:
             costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
             predicted = sum(c.seconds for c in costs) * 1e6
             measured = None
@@ -563,15 +571,14 @@ class Search:
                 if plan.key in self.measured:
                     meas = self.measured[plan.key]
                     measured = meas["median_us"]
-            cert = self.certificates.get(plan.key) or (s.certificate if s else None) or \
-                (default.certificate if default else None)
+            cert = self.certificates[plan.key]
             records.append(Record(rank=0, plan=plan.to_json(), status="measured" if measured else "unmeasured",
                                   median_us=measured, p20_us=meas.get("p20_us"), p80_us=meas.get("p80_us"),
                                   samples_us=meas.get("samples_us") or [], predicted_us=predicted,
                                   certificate=cert, golden=meas.get("golden"),
                                   provenance=provenance(self.seed, gpu=self.gpu or {}, source=self.path)
                                   | self._baseline_note()))
-            if plan is plans[0][0]:
+            if plan is plans[0]:
                 self.stats.best_predicted_us = predicted
                 if measured:
                     self.stats.best_us = measured if self.stats.best_us is None else min(self.stats.best_us, measured)

@@ -111,7 +111,8 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
         cert_json = cert.to_json()
         _remember(key, cert_json)
     else:
-        cert_json = {**cert_json, "notes": [*cert_json.get("notes", []),
+        # the check of a plan with the same field key is this plan's check too: bound to this plan
+        cert_json = {**cert_json, "plan_key": plan.key, "notes": [*cert_json.get("notes", []),
                                             "the same check as an earlier plan with this lowering (field key "
                                             f"{key[:12]})"]}
     lap("field")

@@ -153,3 +153,31 @@ def test_witness_keeps_an_even_count_of_tile_rows_for_a_cluster():
     cert = verify_plan(m, plan, trials=1, seeds=[5])
     assert cert.passed, cert.failure
     assert cert.witness and -(-cert.witness["T"] // 128) % 2 == 0
+
+
+def test_regression_habu_verify_accepts_a_kernel_set_member_with_its_guards_deleted(tmp_path):
+    """A member of a checked kernel set (runtime #K, B by TMA: valid only where K keeps B's rows
+    16-byte aligned) verified with its guards deleted or altered: refused, naming the guards."""
+    import json
+    import subprocess
+    import sys
+
+    from habu.compile import compile_model
+    from habu.spec.parser import load_program as load
+
+    src = tmp_path / "runtime_k.habu"
+    src.write_text((ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K"))
+    compiled = compile_model(load(src), "GGEMM", {}, TARGETS["sm_90a"], {"B": "tma"}, trials=1)
+    member = compiled.plans[0].to_json()
+    assert member["guards"]
+    cases = {"intact": member["guards"], "deleted": [], "altered": [g.replace("8", "4") for g in member["guards"]]}
+    for name, guards in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**member, "guards": guards}))
+        r = subprocess.run([sys.executable, "-m", "habu", "verify", str(src), "--plan", str(path), "--trials", "1"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300)
+        if name == "intact":
+            assert r.returncode == 0, r.stderr
+        else:
+            assert r.returncode == 1 and "error:" in r.stderr and "guards are not the ones its rules produce" in r.stderr
+            assert "Traceback" not in r.stderr
