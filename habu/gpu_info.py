@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from habu.errors import UsageError
 from habu.target import DEFAULT_TARGET, target_for_capability
 
 
@@ -29,7 +30,10 @@ def device_info(ordinal: int = 0) -> dict | None:
         _, version = d.cuDriverGetVersion()
     except Exception:
         return None
-    arch = target_for_capability(int(major), int(minor))
+    try:
+        arch = target_for_capability(int(major), int(minor))
+    except UsageError:  # no description of this part: its sm_XY name, which `target_named` explains
+        arch = f"sm_{major}{minor}"
     gpu = device_name(name)
     return {"gpu": gpu, "sm_count": int(sms), "arch": arch, "driver": f"{version // 1000}.{(version % 1000) // 10}"}
 
