@@ -1,8 +1,8 @@
 """The GPU targets Habu knows: one file each in this package, registered here.
 
-Adding a target is one new file (a copy of `sm_80.py` with what differs) and one line in `BUILT_IN`
-below; everything else (the rules, the search, the cost model, NVRTC, the capability map) reads the
-`Target` object. `register` adds one at run time (a test's toy target does).
+Adding a target is one new file (a copy of `sm_80.py` with what differs) and its name in
+`BUILT_IN_FILES` below; everything else (the rules, the search, the cost model, NVRTC, the capability
+map) reads the `Target` object. `register` adds one at run time (a test's toy target does).
 
 Compute capabilities without a description (decision of issue 18): a device maps to the target whose
 `compute_capability` is its own, and to nothing else. In particular 8.6 and 8.9 (RTX 30xx/40xx, A10,
@@ -14,16 +14,14 @@ a device with a message that says what to do (add `sm_86.py` with its limits) in
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from habu.errors import UsageError
-from habu.targets import sm_80, sm_90a, sm_100a
 from habu.targets.description import SETMAXNREG_RULES, TMA_RULES, Ceilings, Target
 
-# the registration list: one line per target file
-BUILT_IN: tuple[Target, ...] = (
-    sm_80.TARGET,
-    sm_90a.TARGET,
-    sm_100a.TARGET,
-)
+# the registration list: the target files (modules of this package, each defining TARGET), in order
+BUILT_IN_FILES = ("sm_80", "sm_90a", "sm_100a")
+BUILT_IN: tuple[Target, ...] = tuple(import_module(f"habu.targets.{f}").TARGET for f in BUILT_IN_FILES)
 
 DEFAULT_TARGET = "sm_90a"
 
@@ -104,6 +102,6 @@ def compile_archs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for t in TARGETS.values() for n in (t.name, t.nvrtc_arch)))
 
 
-__all__ = ["BUILT_IN", "DEFAULT_TARGET", "NOT_DESCRIBED", "SETMAXNREG_RULES", "TARGETS", "TMA_RULES", "Ceilings",
+__all__ = ["BUILT_IN", "BUILT_IN_FILES", "DEFAULT_TARGET", "NOT_DESCRIBED", "SETMAXNREG_RULES", "TARGETS", "TMA_RULES", "Ceilings",
            "Target", "compile_archs", "nvrtc_arch", "register", "target_for_capability", "target_named",
            "unregister"]

@@ -1,5 +1,5 @@
 """sm_80: Ampere, the A100. Also the pattern for a new target: copy this file, change what differs,
-and add one line to `BUILT_IN` in `habu/targets/__init__.py` (docs/ARCHITECTURE.md, "Adding a target").
+and add its name to `BUILT_IN_FILES` in `habu/targets/__init__.py` (docs/ARCHITECTURE.md, "Adding a target").
 
 Limits: CUDA C++ Programming Guide, compute capability 8.0. Not for 8.6/8.9 parts (RTX 30xx/40xx,
 A10, L4, L40): their blocks get 99 KB of shared memory, not 163 KB (see `habu/targets/__init__.py`).
