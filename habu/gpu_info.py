@@ -30,12 +30,18 @@ def device_info(ordinal: int = 0) -> dict | None:
         _, version = d.cuDriverGetVersion()
     except Exception:
         return None
-    try:
-        arch = target_for_capability(int(major), int(minor))
-    except UsageError:  # no description of this part: its sm_XY name, which `target_named` explains
-        arch = f"sm_{major}{minor}"
+    arch = device_arch(int(major), int(minor))
     gpu = device_name(name)
     return {"gpu": gpu, "sm_count": int(sms), "arch": arch, "driver": f"{version // 1000}.{(version % 1000) // 10}"}
+
+
+def device_arch(major: int, minor: int) -> str:
+    """The target of a compute capability; for a part Habu has no description of, its sm_XY name
+    (GPU pools skip it; `target_named` says why and what to do)."""
+    try:
+        return target_for_capability(major, minor)
+    except UsageError:
+        return f"sm_{major}{minor}"
 
 
 def device_name(raw: bytes | str) -> str:
