@@ -11,6 +11,7 @@ import typer
 
 from habu.cli_plans import DbOpt, output_console, plans_app
 from habu.errors import HabuError, UsageError
+from habu.targets import DEFAULT_TARGET, TARGETS
 from habu.version import __version__
 
 app = typer.Typer(
@@ -119,7 +120,7 @@ def eval_(
         print(f"{name}: shape {tuple(arr.shape)} float64 -> {output}")
 
 
-TargetOpt = Annotated[str, typer.Option("--target", help="GPU architecture: sm_90a, sm_80, sm_100a.")]
+TargetOpt = Annotated[str, typer.Option("--target", help=f"GPU target: {', '.join(TARGETS)} (habu/targets/).")]
 PinOpt = Annotated[list[str] | None, typer.Option("--pin", help="Fix a plan choice: tile=128x128x64, mma=wgmma, "
                                                                  "stages=4, B=tma, A=cp.async, split_k=2, rewrite=factor:Y, ...")]
 
@@ -129,7 +130,7 @@ def compile(
     file: FileArg,
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
-    target: TargetOpt = "sm_90a",
+    target: TargetOpt = DEFAULT_TARGET,
     pin: PinOpt = None,
     out: Annotated[Path, typer.Option("-o", "--out", help="Directory for the plan and the report.")] = Path("out"),
     trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
@@ -159,7 +160,7 @@ def emit(
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the CUDA source.")],
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
-    target: TargetOpt = "sm_90a",
+    target: TargetOpt = DEFAULT_TARGET,
     pin: PinOpt = None,
 ) -> None:
     """Write the CUDA source of the default (or pinned) plan, after proving it."""
@@ -340,7 +341,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     """The table of the best plans, the winner's report, CUDA and roofline plot."""
     from habu.compile import Compiled, write_outputs
     from habu.prove import prove
-    from habu.search.cost import CEILINGS, Ceilings, compute_peak
+    from habu.search.cost import compute_peak
     from habu.search.report import roofline_plot, time_account, top_table, write_candidates
 
     st = result.stats
@@ -373,7 +374,7 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
             extra += (f"\nbaseline {st.baseline}: {st.baseline_us:.1f} µs in the same run; the plan is "
                       f"{st.baseline_us / best.median_us:.2f}× its speed\n")
     (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
-    c = CEILINGS.get(tgt.name, Ceilings())
+    c = tgt.ceilings
     png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
     timed = [write_candidates(result, out_dir / "candidates.csv")] if result.measured else []
     console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else []), *timed]), highlight=False)

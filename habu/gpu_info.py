@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from habu.errors import UsageError
 from habu.target import DEFAULT_TARGET, target_for_capability
 
 
@@ -29,9 +30,18 @@ def device_info(ordinal: int = 0) -> dict | None:
         _, version = d.cuDriverGetVersion()
     except Exception:
         return None
-    arch = target_for_capability(int(major), int(minor))
+    arch = device_arch(int(major), int(minor))
     gpu = device_name(name)
     return {"gpu": gpu, "sm_count": int(sms), "arch": arch, "driver": f"{version // 1000}.{(version % 1000) // 10}"}
+
+
+def device_arch(major: int, minor: int) -> str:
+    """The target of a compute capability; for a part Habu has no description of, its sm_XY name
+    (GPU pools skip it; `target_named` says why and what to do)."""
+    try:
+        return target_for_capability(major, minor)
+    except UsageError:
+        return f"sm_{major}{minor}"
 
 
 def device_name(raw: bytes | str) -> str:

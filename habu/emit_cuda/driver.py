@@ -19,7 +19,8 @@ import numpy as np
 
 from habu.emit_cuda.arrays import ELEMENT_BYTES, ArgumentError, ArrayInfo, row_major
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
-from habu.errors import HabuError
+from habu.errors import HabuError, UsageError
+from habu.targets import target_for_capability, target_named
 
 DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 NUMPY_STORAGE = {"bf16": "uint16", "f16": "float16", "f32": "float32", "f64": "float64", "i8": "int8",
@@ -73,15 +74,12 @@ def device_count() -> int:
 
 
 def arch_for(major: int, minor: int) -> str:
-    """The Habu target whose cubins run on a compute capability."""
-    if major == 8:
-        return "sm_80"  # sm_80 SASS runs on every 8.x part
-    if (major, minor) == (9, 0):
-        return "sm_90a"
-    if (major, minor) == (10, 0):
-        return "sm_100a"
-    raise DriverError(f"no Habu target runs on compute capability {major}.{minor} "
-                      "(targets: sm_80, sm_90a, sm_100a)")
+    """The Habu target of a device's compute capability (`habu.targets.target_for_capability`: 8.6
+    is not sm_80, whose shared-memory limit it does not have)."""
+    try:
+        return target_for_capability(major, minor)
+    except UsageError as exc:
+        raise DriverError(exc.message) from None
 
 
 @dataclass(frozen=True)
@@ -369,8 +367,8 @@ def launch_function(function: Any, grid: tuple[int, int, int], threads: int, sme
 
 
 def overlaps_launches(dev: Device) -> bool:
-    """Programmatic dependent launch: sm_90 and later."""
-    return dev.arch != "sm_80"
+    """Programmatic dependent launch (griddepcontrol): where the device's target has it."""
+    return target_named(dev.arch).programmatic_launch
 
 
 def memset_zero(ptr: int, nbytes: int, stream: int = 0) -> None:

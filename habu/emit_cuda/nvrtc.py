@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from habu.errors import HabuError
+from habu.targets import compile_archs, nvrtc_arch
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
-ARCHS = ("sm_80", "sm_90a", "sm_100a")
 LOG_LINES = 40  # lines of the compiler log a CompileError shows
 
 
@@ -106,10 +106,12 @@ def resources_of(log: str, name: str) -> Resources:
 
 
 def options(arch: str, include_dirs: Sequence[str | Path], extra: Sequence[str] = ()) -> list[str]:
-    """NVRTC command-line options (nvcc accepts the same spellings)."""
-    if arch not in ARCHS:
-        raise HabuError(f"cannot compile for {arch!r} (architectures: {', '.join(ARCHS)})")
-    opts = [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", "-lineinfo"]
+    """NVRTC command-line options (nvcc accepts the same spellings). `arch`: a target's name or its
+    NVRTC arch (habu/targets/)."""
+    gpu_arch = nvrtc_arch(arch)
+    if gpu_arch is None:
+        raise HabuError(f"cannot compile for {arch!r} (architectures: {', '.join(compile_archs())})")
+    opts = [f"--gpu-architecture={gpu_arch}", "-std=c++17", "--ptxas-options=-v", "-lineinfo"]
     opts += [f"--include-path={d}" for d in include_dirs]
     return opts + list(extra)
 
@@ -216,5 +218,5 @@ def compile_cuda(source: str, name: str, arch: str, include_dirs: Sequence[str |
     return Cubin(image, arch, log, resources_of(log, name), compiler)
 
 
-__all__ = ["ARCHS", "INCLUDE_DIR", "CompileError", "CompilerUnavailable", "Cubin", "Resources",
+__all__ = ["INCLUDE_DIR", "CompileError", "CompilerUnavailable", "Cubin", "Resources",
            "compile_cuda", "compiler_version", "options", "parse_ptxas", "resources_of"]

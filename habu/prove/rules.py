@@ -1,4 +1,5 @@
-"""The hardware rules a lowered plan must satisfy, as z3 obligations, one table per target.
+"""The hardware rules a lowered plan must satisfy, as z3 obligations: COMMON on every target, and the
+families a target's file names (`Target.rules`, habu/targets/).
 
 Each rule produces obligations: a statement, a z3 formula over the extents (static ones fixed,
 runtime ones free within their declared range) and the tensor it concerns. An obligation is
@@ -32,6 +33,7 @@ from habu.prove.obligation import (
 )
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.spec.ir import Model
+from habu.target import Target
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -70,16 +72,11 @@ R = {r.name: r for r in (
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
           "split-k-linear", "supported-path", "cluster-tiles", *FIELD_RULES)
-TMA_RULES = ("tma-rank", "tma-base-align", "tma-dims", "tma-stride-16B", "tma-box", "tma-swizzle",
-             "tma-smem-align", "tma-gather")
-SETMAXNREG_RULES = ("setmaxnreg-pool",)  # sm_90a and later: warp-specialised register splits
 
-# one table per target: the rules that apply there
-TARGET_RULES: dict[str, tuple[str, ...]] = {
-    "sm_80": COMMON,
-    "sm_90a": COMMON + TMA_RULES + SETMAXNREG_RULES,
-    "sm_100a": COMMON + TMA_RULES + SETMAXNREG_RULES,
-}
+
+def checked_rules(target: Target) -> frozenset[str]:
+    """The rules that apply on a target: COMMON, and the families its file names (`Target.rules`)."""
+    return frozenset(COMMON) | frozenset(target.rules)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -270,7 +267,7 @@ def _cluster(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Oblig
     k, t, s = lw.kernel, ctx.target, ctx.ext
     c = k.cluster_m
     yield Obligation(R["target-feature"], name, lw.b.tensor,
-                     f"thread-block clusters and TMA multicast exist on {t.name}", t.tma,
+                     f"thread-block clusters and TMA multicast exist on {t.name}", t.clusters and t.tma,
                      detail=f"{t.name} has no clusters")
     yield Obligation(R["cluster-tiles"], name, lw.out.tensor,
                      f"the {k.tile_m}-row tiles of #{lw.m} come in whole groups of {c} (⌈#{lw.m}/{k.tile_m}⌉ "
@@ -522,7 +519,7 @@ def _row_cluster(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligatio
     """The blocks of a cluster share one row: block `rank` owns columns [rank·#C/n, (rank+1)·#C/n)."""
     k, t, s = lw.kernel, ctx.target, ctx.ext
     n = k.cluster
-    yield Obligation(R["target-feature"], name, None, f"thread-block clusters exist on {t.name}", t.tma,
+    yield Obligation(R["target-feature"], name, None, f"thread-block clusters exist on {t.name}", t.clusters,
                      detail=f"{t.name} has no clusters")
     yield Obligation(R["supported-path"], name, None,
                      f"a cluster of {n} shares one row: a portable cluster size (1, 2, 4, 8), one row per block",
@@ -584,7 +581,7 @@ def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = Non
     """The first structural rule the plan breaks (those that need no solver), or None: a cheap
     filter the search runs before the z3 obligations. `only`: check these kernels alone."""
     ctx = replace(context(model, plan, sizes), quick=True)
-    table = set(TARGET_RULES[ctx.target.name])
+    table = checked_rules(ctx.target)
     for ob in _kernel_obligations(ctx, plan, only):
         if ob.rule.name in table and ob.status != "runtime-check" and _surely_false(ob.formula):
             ob.status, ob.how = "violated", "fails"
@@ -598,7 +595,7 @@ def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     `lowered`: the plan's lowering when the caller has it (the proof then rules on the very objects
     the emitter prints)."""
     ctx = context(model, plan, sizes)
-    table = set(TARGET_RULES[ctx.target.name])
+    table = checked_rules(ctx.target)
     return [discharge(ob, ctx) for ob in _kernel_obligations(ctx, plan, only, lowered) if ob.rule.name in table]
 
 

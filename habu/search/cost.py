@@ -2,15 +2,9 @@
 ceilings, with the few efficiency terms the H200 measurements showed to matter. It orders what the
 search compiles and times; it never decides alone what is kept when a GPU is there.
 
-Ceilings (H200, 2026-11-30, this project's runs): bf16 wgmma ~810 TFLOP/s for the cost model, what
-real kernels reach (cuBLAS 4096³ 807, Habu's own GEMM with TMA stores 803); device copy 4.2 TB/s.
-mma.sync and SIMT FMA are fractions of that, from the same machine's datasheet ratios (the mma.sync
-path has not been timed against wgmma here).
-
-The roofline is the hardware's bound, not the cost model's: the tensor cores' own ceiling, 898
-TFLOP/s, what wgmma alone sustains with no memory traffic (`habu.bench.mma_ceiling` at 8192³, 96% of
-the peak at the 1726 MHz it ran at). With 810 as the roofline, plans were quoted at 94% of it while
-the instructions alone ran 11% faster.
+The ceilings are the target's (`Target.ceilings`, in its file under habu/targets/, with where each
+figure was measured). The roofline is the hardware's bound, not the cost model's: `wgmma_peak`, what
+wgmma alone sustains, above `wgmma_flops`, what real kernels reach.
 """
 
 from __future__ import annotations
@@ -25,24 +19,7 @@ from habu.plan.plan import Plan
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    wgmma_flops: float = 810e12
-    wgmma_peak: float = 898e12  # the roofline's compute bound (wgmma alone, measured)
-    mma_sync_flops: float = 380e12
-    fma_flops: float = 50e12
-    bandwidth: float = 4.2e12  # bytes/s, read + write
-    launch_s: float = 4e-6  # per kernel, prepared launches
-    cp_async_bandwidth: float = 5.5e12  # bytes/s, L2 to shared memory by cp.async, all SMs
-
-
-CEILINGS: dict[str, Ceilings] = {
-    "sm_90a": Ceilings(),
-    "sm_80": Ceilings(wgmma_flops=0.0, wgmma_peak=0.0, mma_sync_flops=280e12, fma_flops=19e12, bandwidth=1.8e12),
-    "sm_100a": Ceilings(wgmma_flops=0.0, wgmma_peak=0.0, mma_sync_flops=600e12, fma_flops=75e12, bandwidth=7e12),
-}
+from habu.targets import Ceilings
 
 
 @dataclass
@@ -157,7 +134,7 @@ def map_cost(lw: MapLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCo
 
 
 def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> KernelCost:
-    c = CEILINGS.get(target.name, Ceilings())
+    c = target.ceilings
     if isinstance(lw, ContractionLowering):
         return contraction_cost(lw, sizes, target, c)
     if isinstance(lw, RowLowering):
@@ -172,7 +149,7 @@ def plan_cost(model: Model, plan: Plan, target: Target, sizes: Mapping[str, int]
 
 def roofline_seconds(costs: list[KernelCost], target: Target) -> float:
     """The floor: every kernel at the ceilings (FLOPs at the best instruction, bytes at full bandwidth)."""
-    c = CEILINGS.get(target.name, Ceilings())
+    c = target.ceilings
     return sum(max(k.flops / compute_peak(c), k.bytes / c.bandwidth) for k in costs)
 
 

@@ -27,7 +27,7 @@ from habu.lower.contraction import with_kernel
 from habu.plan.patterns import Region, default_regions, partitions
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
-from habu.search.cost import CEILINGS, Ceilings, KernelCost, kernel_cost, roofline_seconds
+from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds
 from habu.search.pool import Executor, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
@@ -597,7 +597,7 @@ def _relower(model: Model, plan: Plan, i: int, k: Kernel, fallback):
 
 
 def ceilings(target: Target) -> Ceilings:
-    return CEILINGS.get(target.name, Ceilings())
+    return target.ceilings
 
 
 __all__ = ["Budget", "KernelCost", "Search", "SearchResult", "Stats"]

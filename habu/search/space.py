@@ -190,7 +190,7 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
         # grouped raster: 16 tile rows share B in L2 on tall problems (H200, 2026-11-30, MoE 8192x14336x4096:
         # 701 TFLOP/s with 16, 684 with 8), 8 otherwise
         raster="row", group_m=16 if -(-M // tile[0]) >= 64 else 8, persistent=False,
-        warp_specialized=mma == "wgmma",
+        warp_specialized=mma == "wgmma" and target.setmaxnreg,
         swizzle=swizzle if "tma" in (a_move, b_move) or mma == "wgmma" else 0,
         accumulator="f32", index_width=64 if needs_64bit(model, sizes) else 32,
     )
@@ -492,7 +492,7 @@ def contraction_space(model: Model, region: Region, target: Target, sizes: dict[
                            for b in [*moves, "staged"] if b != "tma-gather4"]}
     for mma in mmas:
         stores = STORES if mma == "wgmma" and target.tma else ("direct",)
-        clusters = CLUSTERS if mma == "wgmma" and target.tma else (1,)
+        clusters = CLUSTERS if mma == "wgmma" and target.clusters and target.tma else (1,)
         for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store, cluster in \
                 itertools.product(shapes[mma], movements[mma], (1, 2, 4), RASTERS, (1, 8), (False, True), stores,
                                   clusters):
@@ -505,7 +505,7 @@ def contraction_space(model: Model, region: Region, target: Target, sizes: dict[
                           a_move=am, b_move=bmv, a_vector=vec_a if am != "ldg" or mma != "fma" else 1,
                           b_vector=vec_b if bmv != "ldg" or mma != "fma" else 1, split_k=split,
                           raster=raster, group_m=group, persistent=persistent,
-                          warp_specialized=mma == "wgmma", swizzle=128 if mma == "wgmma" else 0, store=store,
+                          warp_specialized=mma == "wgmma" and target.setmaxnreg, swizzle=128 if mma == "wgmma" else 0, store=store,
                           cluster_m=cluster)
 
 
@@ -540,7 +540,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         yield from contraction_space(model, region, target, sizes)
     elif region.kind == "rows":
         base = default_rows(model, region, target, sizes, mult)
-        yield from rows_space(base, _row_extent(model, region).size, clusters=target.tma)
+        yield from rows_space(base, _row_extent(model, region).size, clusters=target.clusters)
     else:
         yield from map_space(default_map(model, region, target, sizes, mult))
 

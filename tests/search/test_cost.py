@@ -53,14 +53,15 @@ def test_the_roofline_is_the_tensor_cores_measured_ceiling_not_the_cost_models_r
     """The roofline bounds what any kernel can do: on sm_90a, wgmma alone at 898 TFLOP/s (the
     mma_ceiling probe), above the 810 the cost model predicts real kernels with. At 810 the search
     quoted the GGEMM winner at 94% of the roofline while the instructions alone ran 11% faster."""
-    from habu.search.cost import CEILINGS, KernelCost, compute_peak, roofline_seconds
+    from habu.search.cost import KernelCost, compute_peak, roofline_seconds
     from habu.target import TARGETS
 
-    c = CEILINGS["sm_90a"]
+    c = TARGETS["sm_90a"].ceilings
     assert compute_peak(c) == c.wgmma_peak > c.wgmma_flops
     gemm = KernelCost(flops=2.0 * 4096**3, bytes=4096 * 4096 * 8.0, seconds=0.0, bound="compute")
     assert abs(roofline_seconds([gemm], TARGETS["sm_90a"]) * 1e6 - 153.0) < 1.0
-    assert compute_peak(CEILINGS["sm_80"]) == CEILINGS["sm_80"].mma_sync_flops  # no wgmma there
+    sm80 = TARGETS["sm_80"].ceilings
+    assert compute_peak(sm80) == sm80.mma_sync_flops  # no wgmma there
 
 
 def test_regression_a_row_kernel_reads_each_tensor_once():
