@@ -4,6 +4,7 @@ Skipped where torch is not installed (CI); the CUDA kernel is tested in tests/gp
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -130,13 +131,16 @@ def test_cpu_kernel_is_the_float64_reference(rmsnorm, ggemm):
 
 
 def test_ops_are_registered_once_per_compiled_model(ggemm):
-    assert ggemm.qualname == "habu::ggemm" and ggemm.inputs == ("A", "IX", "B") and ggemm.outputs == ("O",)
+    # habu::ggemm, or habu::ggemm_2... where this process registered a GGEMM before (the GPU tests)
+    assert re.fullmatch(r"habu::ggemm(_\d+)?", ggemm.qualname)
+    assert ggemm.inputs == ("A", "IX", "B") and ggemm.outputs == ("O",)
     assert as_op(ggemm.compiled) is ggemm
-    assert torch.ops.habu.ggemm.default is not None
+    name = ggemm.qualname.removeprefix("habu::")
+    assert getattr(torch.ops.habu, name).default is not None
     again = as_op(habu.build(EX / "ggemm.habu", M=64, N=32, K=16))  # another shape: another op
-    assert again.qualname == "habu::ggemm_2"
+    assert re.fullmatch(r"habu::ggemm_\d+", again.qualname) and again.qualname != ggemm.qualname
     with pytest.raises(UsageError, match="already registered"):
-        as_op(habu.build(EX / "ggemm.habu", M=64, N=32, K=16), name="ggemm")
+        as_op(habu.build(EX / "ggemm.habu", M=64, N=32, K=16), name=name)
 
 
 def test_call_by_name_errors(ggemm):
