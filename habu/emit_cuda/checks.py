@@ -132,9 +132,29 @@ def _bind_shape(c: Contract, t: TensorContract, info: ArrayInfo, sizes: dict[str
                             f"got {info.shape}{note}")
 
 
+INDEX_TYPES = ("i16", "i32", "i64")  # what an index tensor may be given as (converted when not the kernel's)
+
+
+def converts_index(t: TensorContract, info: ArrayInfo) -> bool:
+    """True when an index tensor comes in another integer type than the kernel reads (torch's int64
+    where the kernel loads i32): the runtime checks its values and hands the kernel a converted copy."""
+    return t.index_range is not None and info.dtype != t.dtype and info.dtype in INDEX_TYPES
+
+
+def index_values_for_kernel(t: TensorContract, values: Any, range_size: int) -> np.ndarray:
+    """An index tensor's host values, checked to lie in 0..range_size-1 (ArgumentError naming the
+    tensor otherwise, before any narrowing could wrap them), in the type the kernel reads."""
+    assert t.index_range is not None
+    check_index_range(t.name, values, range_size, t.index_range)
+    return np.ascontiguousarray(values, dtype=np.dtype(f"int{ELEMENT_BYTES[t.dtype] * 8}"))
+
+
 def _check_layout(t: TensorContract, info: ArrayInfo, device: list[tuple[int, str]]) -> None:
-    if info.dtype != t.dtype:
-        raise ArgumentError(f"{t.name}: expected {t.dtype}, got {info.dtype}")
+    converted = converts_index(t, info)
+    if info.dtype != t.dtype and not converted:
+        also = " (or i16/i32/i64: index tensors are converted after their values are checked)" \
+            if t.index_range is not None else ""
+        raise ArgumentError(f"{t.name}: expected {t.dtype}{also}, got {info.dtype}")
     if not info.on_cuda:
         raise ArgumentError(f"{t.name}: is in {info.device_type} memory, not on a CUDA device")
     if info.device is not None:
@@ -148,7 +168,7 @@ def _check_layout(t: TensorContract, info: ArrayInfo, device: list[tuple[int, st
                             "(pass a contiguous copy)")
     if t.role == "output" and info.readonly:
         raise ArgumentError(f"{t.name}: is read-only, but the plan writes it")
-    if t.align > 1 and info.ptr % t.align:
+    if t.align > 1 and info.ptr % t.align and not converted:  # a converted copy is freshly allocated
         why = f" ({t.align_why})" if t.align_why else ""
         raise ArgumentError(f"{t.name}: base address {info.ptr:#x} is not {t.align}-byte aligned{why}")
 
@@ -209,4 +229,5 @@ def check_index_range(name: str, values: Any, range_size: int, range_extent: str
                         f"found {v[at]} at {name}[{where}]")
 
 
-__all__ = ["Contract", "TensorContract", "check_arguments", "check_index_range", "contract_of"]
+__all__ = ["INDEX_TYPES", "Contract", "TensorContract", "check_arguments", "check_index_range", "contract_of",
+           "converts_index", "index_values_for_kernel"]

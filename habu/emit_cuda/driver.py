@@ -387,6 +387,15 @@ def copy_to_host(info: ArrayInfo, stream: int = 0) -> np.ndarray:
     return out
 
 
+def copy_from_host_async(ptr: int, values: np.ndarray, stream: int = 0) -> None:
+    """Copy a contiguous host array to device memory in `stream`'s order. From pageable memory the
+    call returns once the driver has staged the bytes, so `values` may be dropped afterwards."""
+    if values.nbytes:
+        d = _driver()
+        check(d.cuMemcpyHtoDAsync(d.CUdeviceptr(ptr), values.ctypes.data, values.nbytes, d.CUstream(stream)),
+              "cuMemcpyHtoDAsync")
+
+
 # ----------------------------------------------------------------------------- device memory
 
 

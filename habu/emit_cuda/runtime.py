@@ -5,8 +5,9 @@
 
 Every precondition the proof assumed (shapes within the declared extents, dtypes, one CUDA
 device, row-major layout, aligned base addresses, index values in range) is checked before the
-first launch; a failure raises ArgumentError and launches nothing. Kernels run in order on the
-caller's stream.
+first launch; a failure raises ArgumentError and launches nothing. Index tensors may come as i16,
+i32 or i64 (torch's int64): one not of the kernel's type is checked and converted on the way in.
+Kernels run in order on the caller's stream.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from habu.emit_cuda import driver
 from habu.emit_cuda.arrays import (
@@ -28,7 +31,15 @@ from habu.emit_cuda.arrays import (
     row_major,
 )
 from habu.emit_cuda.cache import compile_cached
-from habu.emit_cuda.checks import Contract, TensorContract, check_arguments, check_index_range, contract_of
+from habu.emit_cuda.checks import (
+    Contract,
+    TensorContract,
+    check_arguments,
+    check_index_range,
+    contract_of,
+    converts_index,
+    index_values_for_kernel,
+)
 from habu.emit_cuda.driver import DeviceArray, DriverError, launch, load_cubin, memset_zero, resident_blocks
 from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
@@ -73,6 +84,10 @@ class CompiledModel:
     contract); `arch` is the target the plan was made for (None: the device's own).
     `check_indices` copies every index tensor to the host before the launch to check its values
     are in range: one device-to-host copy and a stream synchronisation per index tensor per call.
+    An index tensor given in another integer type than the kernel reads (torch's default int64 where
+    the kernel loads i32) is accepted: its values are always copied to the host and checked (so a
+    value that narrowing would wrap is refused, naming the tensor), and the kernels read a converted
+    copy uploaded in stream order: one more host-to-device copy per such tensor per call.
     """
 
     def __init__(self, model: Model, plan: EmittedPlan | KernelSet[EmittedPlan], arch: str | None = None,
@@ -124,12 +139,25 @@ class CompiledModel:
         member = self.kernel_set.index(sizes)
         return member, check_arguments(self.contracts[member], arrays)
 
-    def _check_index_values(self, contract: Contract, arrays: Mapping[str, ArrayInfo], sizes: Mapping[str, int],
-                            stream: int) -> None:
+    def _index_values(self, contract: Contract, arrays: Mapping[str, ArrayInfo], sizes: Mapping[str, int],
+                      stream: int) -> dict[str, np.ndarray]:
+        """Check the index tensors' values on the host (each one copied after the stream's prior work).
+        Every index tensor is checked when `check_indices` is set; one given in another integer type
+        than the kernel reads (torch's int64 for an i32 index) is checked always, since it is narrowed:
+        its values, in the kernel's type, are returned by name for the launch to upload."""
+        converted: dict[str, np.ndarray] = {}
         for t in contract.tensors:
-            if t.index_range is not None and t.name in arrays:
-                values = driver.copy_to_host(arrays[t.name], stream)
-                check_index_range(t.name, values, sizes[t.index_range], t.index_range)
+            info = arrays.get(t.name)
+            if t.index_range is None or info is None:
+                continue
+            convert = converts_index(t, info)
+            if convert or self.check_indices:
+                values = driver.copy_to_host(info, stream)
+                if convert:
+                    converted[t.name] = index_values_for_kernel(t, values, sizes[t.index_range])
+                else:
+                    check_index_range(t.name, values, sizes[t.index_range], t.index_range)
+        return converted
 
     # -- allocating
     def _allocate(self, t: TensorContract, sizes: Mapping[str, int], dev: driver.Device, torch_like: bool,
@@ -166,8 +194,7 @@ class CompiledModel:
         torch_stream = stream if torch_like and hasattr(stream, "cuda_stream") else None
         with driver.current(dev):
             functions = self._functions(member, dev)
-            if self.check_indices:
-                self._check_index_values(contract, arrays, sizes, handle)
+            converted = self._index_values(contract, arrays, sizes, handle)
             results: dict[str, Any] = {}
             for t in contract.tensors:
                 if t.role == "output" and t.name not in arrays:
@@ -178,6 +205,8 @@ class CompiledModel:
             if key is not None and outputs_given:
                 # keep the intermediates allocated with the prepared launch (reused by later calls)
                 prepared = _Prepared(handle, contract, sizes, arrays, dev)
+                for name, values in converted.items():
+                    arrays[name] = prepared.keep_index(contract, name, values)
                 for t in contract.tensors:
                     if t.role == "intermediate" and t.used:
                         arrays[t.name] = prepared.keep(t, sizes, dev)
@@ -188,6 +217,8 @@ class CompiledModel:
                 return prepared.results(tensors)
             scratch = _Scratch(handle)
             try:
+                for name, values in converted.items():
+                    arrays[name] = scratch.upload(contract, name, values)
                 for t in contract.tensors:
                     if t.role == "intermediate" and t.used:
                         nbytes = ELEMENT_BYTES[t.dtype] * _numel(tuple(sizes[e] for e in t.extents))
@@ -226,12 +257,14 @@ class CompiledModel:
 
 class _Prepared:
     """Launches whose arguments were checked and packed once: later identical calls only launch.
-    Index-tensor values are re-checked every call when the model checks them (they may change)."""
+    Index-tensor values are re-checked every call when the model checks them (they may change); an
+    index tensor given in another integer type is re-checked and re-converted into its kept copy."""
 
     def __init__(self, stream: int, contract: Contract, sizes: Mapping[str, int], arrays: Mapping[str, ArrayInfo],
                  dev: driver.Device):
         self.stream, self.contract, self.sizes, self.dev = stream, contract, dict(sizes), dev
         self.arrays = dict(arrays)
+        self.given = dict(arrays)  # the arrays as the caller passed them (index tensors unconverted)
         self.launches: list[tuple[CudaKernel, Any, tuple[int, int, int], int, Any, list[tuple[int, int]]]] = []
         self.kept: list[DeviceArray] = []
 
@@ -240,6 +273,14 @@ class _Prepared:
         self.kept.append(arr)
         self.arrays[t.name] = arr.info
         return arr.info
+
+    def keep_index(self, contract: Contract, name: str, values: np.ndarray) -> ArrayInfo:
+        """A kept device copy of a converted index tensor, filled with `values`."""
+        t = contract.tensor(name)
+        assert t is not None
+        info = self.keep(t, self.sizes, self.dev)
+        driver.copy_from_host_async(info.ptr, values, self.stream)
+        return info
 
     def add(self, kernel: CudaKernel, fn: Any, arrays: Mapping[str, ArrayInfo], sizes: Mapping[str, int],
             grid: tuple[int, int, int]) -> None:
@@ -269,8 +310,8 @@ class _Prepared:
 
     def run(self, model: CompiledModel, tensors: Mapping[str, Any]) -> Any:
         with driver.current(self.dev):
-            if model.check_indices:
-                model._check_index_values(self.contract, self.arrays, self.sizes, self.stream)
+            for name, values in model._index_values(self.contract, self.given, self.sizes, self.stream).items():
+                driver.copy_from_host_async(self.arrays[name].ptr, values, self.stream)
             self.launch_all()
         return self.results(tensors)
 
@@ -281,13 +322,22 @@ class _Scratch:
     def __init__(self, stream: int):
         self.stream, self.ptrs = stream, []
 
-    def alloc(self, t: TensorContract, sizes: Mapping[str, int], nbytes: int) -> ArrayInfo:
+    def alloc(self, t: TensorContract, sizes: Mapping[str, int], nbytes: int,
+              shape: tuple[int, ...] | None = None) -> ArrayInfo:
         d = driver.init()
         ptr = int(driver.check(d.cuMemAllocAsync(max(1, nbytes), d.CUstream(self.stream)),
                                f"cuMemAllocAsync({nbytes} B for {t.name})"))
         self.ptrs.append(ptr)
-        shape = tuple(sizes[e] for e in t.extents)
+        shape = tuple(sizes[e] for e in t.extents) if shape is None else shape
         return ArrayInfo(ptr, shape, row_major(shape), t.dtype, None)
+
+    def upload(self, contract: Contract, name: str, values: np.ndarray) -> ArrayInfo:
+        """A converted index tensor's values in a stream-ordered allocation."""
+        t = contract.tensor(name)
+        assert t is not None
+        info = self.alloc(t, {}, values.nbytes, tuple(values.shape))
+        driver.copy_from_host_async(info.ptr, values, self.stream)
+        return info
 
     def free(self) -> None:
         if not self.ptrs:

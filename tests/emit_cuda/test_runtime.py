@@ -90,6 +90,24 @@ def test_kernel_set_members_are_chosen_by_guard_then_checked_strictly():
         model.check(misaligned)
 
 
+def test_regression_int64_index_is_checked_and_converted_even_without_check_indices(monkeypatch):
+    host = {"IX": np.array([3, 0, 4095], np.int64)}
+    monkeypatch.setattr(driver, "copy_to_host", lambda info, stream=0: host["IX"])
+    for check_indices in (True, False):
+        model = CompiledModel(gemm_model(), gemm_plan(), check_indices=check_indices)
+        contract = model.contracts[0]
+        arrays = {**gemm_arrays(s=3), "IX": info((3,), "i64", BASE + 0x200000)}
+        converted = model._index_values(contract, arrays, {"M": 4096, "S": 3}, 0)
+        assert list(converted) == ["IX"] and converted["IX"].dtype == np.int32
+        assert converted["IX"].tolist() == [3, 0, 4095]
+    host["IX"] = np.array([3, -1, 4095], np.int64)
+    with pytest.raises(ArgumentError, match=r"IX: values must be in 0\.\.4095 \(an index into #M\): found -1 at IX\[1\]"):
+        model._index_values(contract, arrays, {"M": 4096, "S": 3}, 0)
+    # an i32 index is not copied at all when the model does not check indices
+    monkeypatch.setattr(driver, "copy_to_host", lambda info, stream=0: pytest.fail("copied"))
+    assert model._index_values(contract, gemm_arrays(s=3), {"M": 4096, "S": 3}, 0) == {}
+
+
 def test_compile_needs_no_gpu(tmp_path):
     model = CompiledModel(twice_model(), twice_plan(), cache_dir=tmp_path)
     ((cubin,),) = model.compile("sm_90a")

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from habu.emit_cuda.arrays import ArgumentError, array_info
-from habu.emit_cuda.checks import check_arguments, check_index_range, contract_of
+from habu.emit_cuda.checks import (
+    check_arguments,
+    check_index_range,
+    contract_of,
+    converts_index,
+    index_values_for_kernel,
+)
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan, Param
 from habu.lower.access import Access, Position
 from tests.emit_cuda.fakes import BASE, FakeCAI, gemm_arrays, gemm_model, gemm_plan, info
@@ -172,6 +178,32 @@ def test_index_range_negative_and_multidimensional():
     with pytest.raises(ArgumentError) as exc:
         check_index_range("IX", values, 10)
     assert exc.value.message == "IX: values must be in 0..9: found -3 at IX[2, 1]"
+
+
+def test_regression_int64_index_tensor_is_accepted(contract):
+    # torch's default integer type is int64; the kernel loads i32: the runtime converts a checked copy
+    arrays = {**gemm_arrays(), "IX": info((32,), "i64", BASE + 0x200000)}
+    assert check_arguments(contract, arrays)["S"] == 32
+    assert converts_index(contract.tensor("IX"), arrays["IX"])
+    assert not converts_index(contract.tensor("IX"), gemm_arrays()["IX"])
+    # the converted copy is allocated afresh: the given array's alignment does not matter
+    assert check_arguments(contract, {**arrays, "IX": info((32,), "i16", BASE + 2)})["S"] == 32
+
+
+def test_index_tensor_of_a_float_type_is_still_refused(contract):
+    fails(contract, {**gemm_arrays(), "IX": info((32,), "f32", BASE + 0x200000)},
+          r"^IX: expected i32 \(or i16/i32/i64: index tensors are converted after their values are checked\), got f32$")
+    fails(contract, {**gemm_arrays(), "A": info((4096, 512), "i64")}, r"^A: expected bf16, got i64$")
+
+
+def test_int64_index_values_are_checked_before_narrowing(contract):
+    ix = contract.tensor("IX")
+    got = index_values_for_kernel(ix, np.array([0, 4095, 7], np.int64), 4096)
+    assert got.dtype == np.int32 and got.tolist() == [0, 4095, 7]
+    wraps = np.array([0, 2**32 + 5, 7], np.int64)  # int32(2**32 + 5) == 5 would pass a check made after narrowing
+    with pytest.raises(ArgumentError) as exc:
+        index_values_for_kernel(ix, wraps, 4096)
+    assert exc.value.message == "IX: values must be in 0..4095 (an index into #M): found 4294967301 at IX[1]"
 
 
 # ----------------------------------------------------------------------------- vectors of row and map kernels
