@@ -1,0 +1,190 @@
+"""How much of the emitted CUDA is printed from the lowering: the share of code lines that change when
+the lowering changes.
+
+A kernel line is *lowering-derived* when its text moves under at least one perturbation of the lowering
+the finite-field check runs: a mask dropped or made inclusive, a stride taken from another extent, an
+access's positions reversed, the k step doubled, the k loop shortened, the split mode, the combined
+warps of a row reduction. (Not the index width: it changes the type of nearly every line, not the
+arithmetic in it.) Such a line is computed from objects the proof executed; a
+line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
+arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
+counted.
+
+    python -m habu.bench.derived_lines            # a table per path, over each example's default plan
+                                                  # and pinned paths
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from habu.lower import ContractionLowering, LoweredPlan, RowLowering, lower_whole
+from habu.lower.access import Access, Bound
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# (path label, example, model, shape, pins, target)
+CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
+    ("wgmma tma", "gemm.habu", "GEMM", {}, {}, "sm_90a"),
+    ("wgmma gather cp.async + tma", "ggemm.habu", "GGEMM", {}, {}, "sm_90a"),
+    ("wgmma ldg, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {"A": "ldg", "B": "ldg"}, "sm_90a"),
+    ("wgmma staged, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}, "sm_90a"),
+    ("mma.sync", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 520}, {"mma": "mma.sync"}, "sm_80"),
+    ("fma split-k", "ggemm.habu", "GGEMM", {"M": 130, "N": 70, "K": 33}, {"mma": "fma", "split_k": "2"}, "sm_80"),
+    ("rows softmax", "softmax.habu", "SOFTMAX-ROWS", {}, {}, "sm_90a"),
+    ("rows rmsnorm", "rmsnorm.habu", "RMSNORM-ROWS", {"D": 4096}, {}, "sm_90a"),
+    ("map", "fused.habu", "AXPY-RELU", {}, {}, "sm_90a"),
+)
+
+_NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
+# a line of index arithmetic: an integer declared or assigned, an address formed from a pointer, a TMA
+# coordinate, a loop bound or a predicate on coordinates
+_INDEX = re.compile(r"\b(int|long long|habu::u32|unsigned|u32)\s+\w+(\[\w*\])?\s*=|\bp_\w+ \+ |\btma_(load|store|gather)"
+                    r"|\bfor \(|\bif \(.*[<>]|\? .*:|\bscratch\[|\bsmem \+|swizzle")
+
+
+@dataclass
+class Measure:
+    label: str
+    lines: int  # code lines of the plan's kernels
+    derived: int  # of them, lines that change when the lowering changes
+    index_lines: int  # code lines of index arithmetic (integers, addresses, coordinates, bounds, predicates)
+    index_derived: int  # of them, lines that change when the lowering changes
+    refused: int  # perturbations the emitter refused (it reads those fields)
+
+    @property
+    def share(self) -> float:
+        return self.derived / self.lines if self.lines else 0.0
+
+    @property
+    def index_share(self) -> float:
+        return self.index_derived / self.index_lines if self.index_lines else 0.0
+
+
+def _access_variants(acc: Access) -> Iterator[Access]:
+    for i, b in enumerate(acc.masks):
+        yield replace(acc, masks=acc.masks[:i] + acc.masks[i + 1:])
+        yield replace(acc, masks=(*acc.masks[:i], Bound(b.axis, b.extent, not b.inclusive), *acc.masks[i + 1:]))
+    for i, s in enumerate(acc.strides):
+        other = tuple(e for e in acc.extents if e not in s)[:1] or ("__X",)
+        yield replace(acc, strides=(*acc.strides[:i], s + other, *acc.strides[i + 1:]))
+    if len(acc.positions) > 1:
+        yield replace(acc, positions=tuple(reversed(acc.positions)))
+
+
+def _variants(obj: Any) -> Iterator[Any]:
+    """Every one-step perturbation of a lowering object (recursing into its accesses and stages)."""
+    if isinstance(obj, Access):
+        yield from _access_variants(obj)
+        return
+    if isinstance(obj, tuple):
+        for i, item in enumerate(obj):
+            for v in _variants(item):
+                yield (*obj[:i], v, *obj[i + 1:])
+        return
+    if not is_dataclass(obj) or isinstance(obj, type):
+        return
+    for f in fields(obj):
+        if f.name == "kernel":
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, Access | tuple) or (is_dataclass(value) and not isinstance(value, type)):
+            for v in _variants(value):
+                yield replace(obj, **{f.name: v})
+    if isinstance(obj, ContractionLowering):
+        # the raster order and grouping: the lowering's tile_of turns a block index into a tile with them
+        other = "column" if obj.kernel.raster == "row" else "row"
+        yield replace(obj, kernel=replace(obj.kernel, raster=type(obj.kernel.raster)(other)))
+        yield replace(obj, kernel=replace(obj.kernel, group_m=1 if obj.kernel.group_m > 1 else 8))
+        yield replace(obj, k_step=2 * obj.k_step)
+        yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
+        yield _shortened(obj)
+    if isinstance(obj, RowLowering):
+        yield replace(obj, combined_warps=obj.combined_warps + 1)
+        yield replace(obj, reduce_mask=not obj.reduce_mask)
+
+
+def _shortened(lw: ContractionLowering) -> ContractionLowering:
+    class Shortened(type(lw)):  # type: ignore[misc]
+        def k_range(self, split, s):
+            begin, end = super().k_range(split, s)
+            return begin, end - 1
+
+    return Shortened(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _code_lines(sources: list[str]) -> list[str]:
+    return [ln for src in sources for ln in src.splitlines() if not _NOT_CODE.match(ln)]
+
+
+def measure(lowered: LoweredPlan, emit: Callable[[LoweredPlan], list[str]], label: str) -> Measure:
+    base = emit(lowered)
+    lines = _code_lines(base)
+    derived: set[int] = set()
+    refused = 0
+    for i, k in enumerate(lowered.kernels):
+        for v in _variants(k):
+            kernels = (*lowered.kernels[:i], v, *lowered.kernels[i + 1:])
+            try:
+                other = _code_lines(emit(replace(lowered, kernels=kernels)))
+            except Exception:  # a perturbation the emitter refuses: it reads that field, but no line shows it
+                refused += 1
+                continue
+            if len(other) != len(lines):
+                derived.update(_moved(lines, other))
+            else:
+                derived.update(j for j, (a, b) in enumerate(zip(lines, other, strict=True)) if a != b)
+    index = {j for j, ln in enumerate(lines) if _INDEX.search(ln)}
+    return Measure(label, len(lines), len(derived), len(index), len(index & derived), refused)
+
+
+def _moved(lines: list[str], other: list[str]) -> set[int]:
+    """Lines of `lines` that are not in `other` at the same place (a diff's deletions)."""
+    import difflib
+
+    out: set[int] = set()
+    for tag, i1, i2, _j1, _j2 in difflib.SequenceMatcher(a=lines, b=other, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            out.update(range(i1, i2))
+    return out
+
+
+def run() -> list[Measure]:
+    from habu.emit_cuda.emit import emit_lowered
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    out = []
+    for label, example, model_name, shape, pins, target_name in CASES:
+        target = TARGETS[target_name]
+        model = load_program(EXAMPLES / example).models[model_name]
+        model = model.with_sizes(shape) if shape else model
+        plan = default_plan(model, target, shape or None, pins)
+        lowered = lower_whole(model, plan)
+
+        def emit(lw: LoweredPlan, plan=plan, target=target) -> list[str]:
+            return [k.source for k in emit_lowered(lw, plan, target).kernels]
+
+        out.append(measure(lowered, emit, label))
+    return out
+
+
+def main() -> None:
+    rows = run()
+    print("| path | code lines | from the lowering | index-arithmetic lines | from the lowering |")
+    print("|---|---|---|---|---|")
+    for m in rows:
+        print(f"| {m.label} | {m.lines} | {m.derived} ({100 * m.share:.0f}%) | {m.index_lines} | "
+              f"{m.index_derived} ({100 * m.index_share:.0f}%) |")
+    t, d = sum(m.lines for m in rows), sum(m.derived for m in rows)
+    ti, di = sum(m.index_lines for m in rows), sum(m.index_derived for m in rows)
+    print(f"| all | {t} | {d} ({100 * d / t:.0f}%) | {ti} | {di} ({100 * di / ti:.0f}%) |")
+
+
+if __name__ == "__main__":
+    main()

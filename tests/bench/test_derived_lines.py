@@ -1,0 +1,17 @@
+"""The share of emitted lines printed from the lowering is measured, not assumed: a line counts only if
+a perturbation of the lowering moves it."""
+
+from __future__ import annotations
+
+from habu.bench.derived_lines import CASES, run
+
+
+def test_every_path_prints_some_of_its_index_arithmetic_from_the_lowering():
+    rows = {m.label: m for m in run()}
+    assert set(rows) == {c[0] for c in CASES}
+    for m in rows.values():
+        assert 0 < m.index_derived <= m.index_lines <= m.lines, m
+    # floors as measured on 2026-12-01 (docs/VERIFY.md): a change that prints less from the lowering fails here
+    assert rows["map"].index_share >= 0.33
+    assert rows["rows softmax"].index_share >= 0.18
+    assert sum(m.index_derived for m in rows.values()) >= 116
