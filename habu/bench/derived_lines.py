@@ -101,6 +101,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, kernel=replace(obj.kernel, raster=type(obj.kernel.raster)(other)))
         yield replace(obj, kernel=replace(obj.kernel, group_m=1 if obj.kernel.group_m > 1 else 8))
         yield replace(obj, k_step=2 * obj.k_step)
+        yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
+                                            lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
     if isinstance(obj, RowLowering):

@@ -118,6 +118,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("tma-store-transposed", "the TMA-stored output's boxes are written at [n, m]", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: replace(lw, out=replace(lw.out, positions=tuple(reversed(lw.out.positions))))),
            {**DIRECT, "store": "tma"}),
+    Mutant("tma-store-fragment-rows-swapped", "the TMA-store epilogue puts a register's second row at lane/4 - 8 "
+           "instead of lane/4 + 8 (audit of 402788a: fragment rows swapped in the emitter passed the proof)",
+           "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, fragment=replace(lw.fragment, row_step=-8))),
+           {**DIRECT, "store": "tma"}),
+    Mutant("mma-fragment-columns-swapped", "the mma.sync epilogue reads a lane's column pair from lane % 2",
+           "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, fragment=replace(lw.fragment, lanes_per_row=2))),
+           {**DIRECT, "mma": "mma.sync"}),
     Mutant("int32-offset-wraps", "32-bit offsets at 600000 × 4096 elements wrap (Liger #1246, vLLM PR #34279)",
            "ggemm.habu", "GGEMM", {"M": 600_000, "N": 64, "K": 4096}, lambda lw: lw, index_width=32),
     Mutant("bias-broadcast-wrong-axis", "the epilogue bias is read along m instead of n", "ffn_skip.habu",

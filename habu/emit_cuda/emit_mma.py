@@ -130,7 +130,8 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
         b_frag = f"""habu::ldmatrix_x2(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((wn_ * {WN} + ni * 8 + (lane % 8)) * {lw.bk + 8} + ks * 16 + ((lane / 8) % 2) * 8) * {e}));"""
     else:
         b_frag = f"""habu::ldmatrix_x2_trans(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((ks * 16 + (lane % 16)) * {lw.bn + 8} + wn_ * {WN} + ni * 8) * {e}));"""
-    epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[mi][ni][2 * h]", "acc[mi][ni][2 * h + 1]")
+    epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", f"acc[mi][ni][{lw.fragment.register_in_group(0)}]",
+                             f"acc[mi][ni][{lw.fragment.register_in_group(1)}]")
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(128) unsigned char smem[];
   const habu::u32 s_base = habu::smem_addr(smem);
@@ -199,8 +200,8 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
       for (int ni = 0; ni < {NI}; ++ni)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {{  // fragment rows lane/4 and lane/4 + 8, two adjacent columns each
-          const {it} m = m0 + ({it})(wm_ * {WM} + mi * 16 + lane / 4 + 8 * h);
-          const {it} n = n0 + ({it})(wn_ * {WN} + ni * 8 + 2 * (lane % 4));
+          const {it} m = m0 + ({it})(wm_ * {WM} + mi * 16 + {lw.fragment.row_in_warp()});
+          const {it} n = n0 + ({it})(wn_ * {WN} + ni * 8 + {lw.fragment.col_in_group()});
           {epi}
         }}
   }}

@@ -161,8 +161,9 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
     # require [m, n]: the box holds rows of m, each a run of contiguous n)
     axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64"}
     box_origin = ", ".join(f"(int)({axis_origin[p.axis]})" for p in reversed(out.positions))
-    v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]")
-    v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", "acc[s][4 * j + 2 * h + 1]")
+    frag = lw.fragment
+    v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]")
+    v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]")
     return f"""#pragma unroll
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
@@ -175,12 +176,12 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
 #pragma unroll
             for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
               const int j = b * {width // 8} + jj;
-              const int row = warp * 16 + lane / 4 + 8 * h;
+              const int row = {frag.row_in_warpgroup()};
               const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + row);
-              const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4));
+              const {it} n = n0 + ({it})({frag.col()});
               const float v0 = {v0};
               const float v1 = {v1};
-              const habu::u32 byte = (habu::u32)((8 * jj + 2 * (lane % 4)) * {e});
+              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
               unsigned char* dst = smem + (buf - smem_base) + habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u);
               {put}
             }}
@@ -304,16 +305,17 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
         drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
     else:
-        epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "acc[s][4 * j + 2 * h]",
-                                 "acc[s][4 * j + 2 * h + 1]")
+        frag = lw.fragment
+        epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]",
+                                 f"acc[s][{frag.register(1)}]")
         epilogue = f"""#pragma unroll
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
         for (int j = 0; j < {bn // 8}; ++j)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
-            const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + warp * 16 + lane / 4 + 8 * h);
-            const {it} n = n0 + ({it})(8 * j + 2 * (lane % 4));
+            const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + {frag.row_in_warpgroup()});
+            const {it} n = n0 + ({it})({frag.col()});
             {epi}
           }}
 """

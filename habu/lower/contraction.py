@@ -20,6 +20,7 @@ from functools import cache
 from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
+from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -71,6 +72,9 @@ class ContractionLowering:
     pre: tuple[StageLowering, ...] = ()  # staging passes run before the contraction
     a_src: Access | None = None  # the operands as the model reads them (before any staging)
     b_src: Access | None = None
+    # which output element each accumulator register holds, as the mma.sync and wgmma epilogues read
+    # them (printed by the emitters; run against the instruction's layout by the finite-field check)
+    fragment: AccumulatorFragment = ACCUMULATOR
 
     @property
     def bm(self) -> int:

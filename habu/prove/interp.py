@@ -18,6 +18,7 @@ import numpy as np
 from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
+from habu.prove.fragments import fragment_mismatch
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
@@ -241,6 +242,10 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     """Execute the given blocks; `rows`/`cols` restrict them to the lanes a later check needs (a
     block's output rows and columns do not depend on one another)."""
     f = mem.field
+    if lw.kernel.mma in ("mma.sync", "wgmma"):  # the epilogue reads each register where the instruction put it
+        moved = fragment_mismatch(lw.kernel.mma, lw.fragment, max(1, lw.bn // 8))
+        if moved:
+            mem.fault(f"{name}: {moved}")
     bm, bn, bk = lw.bm, lw.bn, lw.bk
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for tm, tn, s in tiles:

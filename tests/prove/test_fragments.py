@@ -1,0 +1,41 @@
+"""The epilogues' accumulator fragment map (printed by the emitters) against the PTX ISA's layouts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from habu.lower.fragments import ACCUMULATOR
+from habu.prove.fragments import fragment_mismatch
+
+
+@pytest.mark.parametrize("instruction", ["mma.sync", "wgmma"])
+def test_the_epilogues_fragment_map_is_the_instructions_layout(instruction):
+    assert fragment_mismatch(instruction, ACCUMULATOR, 32) is None
+
+
+@pytest.mark.parametrize("change", [{"row_step": 4}, {"lanes_per_row": 8}, {"pair": 1}, {"warp_rows": 8},
+                                    {"col_step": 16}])
+def test_a_fragment_map_off_the_layout_is_caught_naming_the_register(change):
+    bad = fragment_mismatch("wgmma", replace(ACCUMULATOR, **change), 32)
+    assert bad is not None and "accumulator register" in bad and "tile[" in bad
+
+
+def test_the_emitters_print_the_fragment_map_from_the_lowering():
+    from habu.emit_cuda.emit import emit_lowered
+    from habu.lower import lower_whole
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    for arch, pins in (("sm_90a", {"store": "tma"}), ("sm_90a", {"store": "direct"}), ("sm_80", {"mma": "mma.sync"})):
+        plan = default_plan(m, TARGETS[arch], None, pins)
+        lowered = lower_whole(m, plan)
+        moved = replace(lowered, kernels=tuple(replace(k, fragment=replace(k.fragment, row_step=4))
+                                               for k in lowered.kernels))
+        a = emit_lowered(lowered, plan, TARGETS[arch]).kernels[-1].source
+        b = emit_lowered(moved, plan, TARGETS[arch]).kernels[-1].source
+        assert "+ 8 * h" in a and "+ 4 * h" in b and "+ 8 * h" not in b, (arch, pins)
