@@ -305,15 +305,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
         passes.append(f"""  {{  // {r.op}-reduction over the row: {red}
     float part = {init};
 {loop}
-    part = {reduce_fn}(part);
-    if (lane == 0) scratch[{33 * index} + warp] = part;
-    __syncthreads();
-    if (warp == 0) {{
-      float w = lane < {lw.combined_warps} ? scratch[{33 * index} + lane] : {init};
-      w = {reduce_fn}(w);
-      if (lane == 0) scratch[{33 * index + 32}] = w;
-    }}
-    __syncthreads();
+    habu::block_reduce<{"true" if r.op == "max" else "false"}>(part, scratch + {33 * index}, {lw.combined_warps}, {init});
 {combine(r, red, index, init)}  }}""")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
@@ -352,8 +344,7 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     cache_type = {"bf16": "unsigned short", "f16": "unsigned short"}.get(cache_dt, "float")
     cache_len = c(CL)
     block_decls = "" if warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(reds))}];  "
-                                        "// block reductions: one partial per warp, per pass\n"
-                                        "  const int lane = threadIdx.x % 32;\n  const int warp = threadIdx.x / 32;\n")
+                                        "// block reductions (habu::block_reduce): one partial per warp, per pass\n")
     attrs = f"__cluster_dims__({share}, 1, 1) " if share > 1 else ""
     row_of = f"({it})(blockIdx.x / {share})" if share > 1 else f"({it})blockIdx.x * {rows_per} + row_slot"
     cluster_decl = (f"  const {it} cbase = ({it})habu::cluster_ctarank() * {CL};  // this block's first column\n"

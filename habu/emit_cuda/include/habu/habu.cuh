@@ -2,6 +2,7 @@
 #pragma once
 #include "types.cuh"
 #include "math.cuh"
+#include "reduce/block.cuh"
 #include "memory/global.cuh"
 #include "memory/async.cuh"
 #include "sync/mbarrier.cuh"
