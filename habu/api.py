@@ -130,20 +130,8 @@ def guard_holds(sizes):
 
 
 def lookup_key(model, target):
-    """The database key a search on this machine would have stored under."""
-    from habu.db import Key, Versions
-    from habu.db import Target as DbTarget
-    from habu.emit_cuda.nvrtc import compiler_version
+    """The database key a search on this machine would have stored under (`habu.search.keys`)."""
     from habu.gpu_info import device_info
-    from habu.version import __version__
+    from habu.search.keys import database_key
 
-    info = device_info() or {}
-    shape = tuple((e.name, e.size) for e in model.extents)
-    dtypes = tuple((t.name, t.dtype.name if t.dtype else "f32") for t in (*model.inputs, *model.outputs))
-    try:
-        nvrtc = compiler_version()
-    except Exception:
-        nvrtc = "unavailable"
-    return Key(model.canonical_hash(), model.name, shape, dtypes,
-               DbTarget(target.name, info.get("gpu", "none"), int(info.get("sm_count", 0))),
-               Versions(__version__, nvrtc, info.get("driver", "none")))
+    return database_key(model, {e.name: e.size for e in model.extents}, target, device_info())

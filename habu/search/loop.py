@@ -19,8 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from habu.db import Key, PlanDB, Record, Versions, provenance
-from habu.db import Target as DbTarget
+from habu.db import Key, PlanDB, Record, provenance
 from habu.errors import UsageError
 from habu.lower import ContractionLowering, lower_plan
 from habu.lower.contraction import with_kernel
@@ -156,20 +155,9 @@ class Search:
 
     # -- keys
     def _key(self) -> Key:
-        from habu.emit_cuda.nvrtc import compiler_version
+        from habu.search.keys import database_key
 
-        try:
-            nvrtc = compiler_version()
-        except Exception:
-            nvrtc = "unavailable"
-        gpu = self.gpu or {}
-        tgt = DbTarget(self.target.name, gpu.get("gpu", "none"), int(gpu.get("sm_count", 0)))
-        shape = tuple((e.name, self.sizes[e.name]) for e in self.model.extents)
-        dtypes = tuple((t.name, t.dtype.name if t.dtype else "f32") for t in (*self.model.inputs, *self.model.outputs))
-        from habu.version import __version__
-
-        return Key(self.model.canonical_hash(), self.model.name, shape, dtypes, tgt,
-                   Versions(__version__, nvrtc, gpu.get("driver", "none")))
+        return database_key(self.model, self.sizes, self.target, self.gpu)
 
     # -- budget
     def _left(self) -> bool:
