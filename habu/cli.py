@@ -157,27 +157,72 @@ def compile(
 @app.command()
 def emit(
     file: FileArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the CUDA source.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the CUDA source (a .cu file); "
+                                                                "its launch geometry goes beside it as .json.")],
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
     target: TargetOpt = DEFAULT_TARGET,
     pin: PinOpt = None,
 ) -> None:
-    """Write the CUDA source of the default (or pinned) plan, after proving it."""
-    from habu.compile import compile_model, cuda_source
+    """Write the CUDA of the default (or pinned) plan, after proving it: one .cu that compiles alone
+    (Habu's headers inlined, the launch geometry in a comment) and the geometry as JSON beside it."""
+    from habu.cli_paths import output_file
+    from habu.compile import compile_model
+    from habu.emit_cuda.standalone import geometry_json
+    from habu.export import standalone
     from habu.search.space import parse_pins
     from habu.spec.parser import load_program
     from habu.target import target_named
 
+    output_file(output, "-o", suffix=".cu")
+    geometry = output.with_suffix(".json")
+    if geometry == output:
+        raise UsageError(f"-o {output}: the launch geometry is written beside the source as {geometry}; "
+                         "give the source another name (kernel.cu)")
+    output_file(geometry, "-o", what="launch geometry")
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     tgt = target_named(target)
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
-    sources = [cuda_source(proof, tgt)[0] for proof in compiled.proofs]
+    source, description = standalone(compiled, tgt)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("\n".join(sources))
-    print(f"wrote {output}: {sum(s.count('__global__') for s in sources)} kernel(s) for {tgt.name}")
+    output.write_text(source)
+    geometry.write_text(geometry_json(description))
+    count = sum(len(member["kernels"]) for member in description["members"])
+    print(f"wrote {output} ({count} kernel(s) for {tgt.name}, compiles alone: nvcc -cubin -arch={tgt.name} "
+          f"{output.name}) and {geometry}")
+
+
+@app.command()
+def export(
+    file: FileArg,
+    out: Annotated[Path, typer.Option("-o", "--out", help="Directory for the bundle.")],
+    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
+    shape: ShapeOpt = None,
+    target: TargetOpt = DEFAULT_TARGET,
+    pin: PinOpt = None,
+    trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
+) -> None:
+    """Ahead-of-time bundle: the cubins, a C header and a C launcher over the CUDA driver API."""
+    from habu.cli_paths import output_dir
+    from habu.compile import compile_model
+    from habu.export import bundle_stem, export_bundle
+    from habu.search.space import parse_pins
+    from habu.spec.parser import load_program
+    from habu.target import target_named
+
+    output_dir(out, "-o")
+    program = load_program(file)
+    m = program.pick(model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])
+    tgt = target_named(target)
+    compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials)
+    files = export_bundle(compiled, tgt, out)
+    stem = bundle_stem(m.name)
+    print("wrote " + ", ".join(str(f) for f in files))
+    print(f"build: gcc -c {out / stem}.c -I<cuda>/include; link with -lcuda; call habu_{stem}(...) "
+          f"declared in {out / stem}.h")
 
 
 @app.command()
