@@ -62,6 +62,8 @@ def parse_shape(text: str | None, known: list[str] | None = None) -> dict[str, i
                 raise UsageError(f"--shape names extent #{name}, which the model does not have "
                                  f"(it has {', '.join('#' + k for k in known)})")
             name = match[0]
+        if name in sizes:
+            raise UsageError(f"--shape gives #{name} twice ({name}={sizes[name]} and {name}={n})")
         sizes[name] = n
     return sizes
 
@@ -95,15 +97,19 @@ def eval_(
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
 ) -> None:
-    """Evaluate a model in float64 on the arrays of an .npz file."""
+    """Evaluate a model in float64 on the arrays of an .npz file (--shape fixes extents' sizes, as for compile)."""
     import numpy as np
 
+    from habu.cli_paths import output_file
+    from habu.compile import bind_shape
     from habu.spec.parser import load_program
     from habu.spec.reference import evaluate
 
+    output_file(output, "--output", suffix=".npz")
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
+    m = bind_shape(m, sizes)
     try:
         with np.load(inputs, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -136,11 +142,13 @@ def compile(
     trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
 ) -> None:
     """Pick the default plan (or the pinned choices), prove it, write the plan and its report."""
+    from habu.cli_paths import output_dir
     from habu.compile import compile_model, write_outputs
     from habu.search.space import parse_pins
     from habu.spec.parser import load_program
     from habu.target import target_named
 
+    output_dir(out, "-o")
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
@@ -242,7 +250,8 @@ def verify(
     sizes = parse_shape(shape, [e.name for e in m.extents])
     bound, proof = verify_file(program, m.name, plan, sizes, trials)
     if proof.violations:
-        raise plan_error(program, bound, proof.violations[0])
+        raise plan_error(program, bound, proof.violations[0],
+                         "edit the plan's fields, or give a shape that satisfies the rule")
     from habu.api import guard_holds
     from habu.prove.trust import guard_mismatch
 
@@ -278,6 +287,7 @@ def search(
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
 
     from habu.api import current_target
+    from habu.cli_paths import output_dir
     from habu.compile import bind_shape
     from habu.db import PlanDB
     from habu.search.loop import Budget, Search
@@ -287,7 +297,8 @@ def search(
     from habu.spec.parser import load_program
     from habu.target import target_named
 
-    console = output_console(stderr=True)
+    console = output_console(stderr=True)  # progress and logs; the results go to stdout
+    results = output_console()
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
@@ -298,6 +309,12 @@ def search(
         raise UsageError(f"--jobs takes a positive number, got {jobs}")
     bound = bind_shape(m, sizes)
     plan_budget = Budget.parse(budget)
+    if (plan_budget.seconds is not None and plan_budget.seconds <= 0) or \
+            (plan_budget.trials is not None and plan_budget.trials <= 0):
+        raise UsageError(f"--budget {budget}: the search needs a positive budget (90s, 10m, 1h or a number of "
+                         "candidates)")
+    out_dir = out or Path("out") / "search" / m.name.lower()
+    output_dir(out_dir, "-o")
     job = Job.of(str(file), bound, {e.name: e.size for e in bound.extents}, target or current_target())
     if ray is not None:
         executor, runs, cleanup = _ray_runs(console, ray, job, target, no_gpu)
@@ -319,8 +336,8 @@ def search(
                                   highlight=False)
                     unverified.append(tgt.name)
                 else:
-                    _report_search(console, result, plans.path, bound, sizes, tgt,
-                                   out or Path("out") / "search" / m.name.lower(), executor.name, len(runs) > 1)
+                    _report_search(results, result, plans.path, bound, sizes, tgt, out_dir, executor.name,
+                                   len(runs) > 1, console)
             if result.interrupted:
                 stored = " (the plans verified so far are stored)" if result.best is not None else ""
                 console.print(f"habu: interrupted{stored}", highlight=False)
@@ -382,8 +399,10 @@ def _ray_runs(console, address: str, job, target: str | None, no_gpu: bool):
 
 
 def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, executor: str,
-                   per_gpu: bool = False) -> None:
-    """The table of the best plans, the winner's report, CUDA and roofline plot."""
+                   per_gpu: bool = False, log=None) -> None:
+    """The table of the best plans, the winner's report, CUDA and roofline plot, on `console` (stdout);
+    notes about what was not made on `log` (stderr)."""
+    log = log or console
     from habu.compile import Compiled, write_outputs
     from habu.prove import prove
     from habu.search.cost import compute_peak
@@ -420,7 +439,13 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
                       f"{st.baseline_us / best.median_us:.2f}× its speed\n")
     (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
     c = tgt.ceilings
-    png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
+    png = None
+    if not result.measured:
+        log.print("no roofline.png: nothing was timed (no GPU), so there is nothing to plot", highlight=False)
+    else:
+        png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
+        if png is None:
+            log.print("no roofline.png: matplotlib is not installed (pip install matplotlib)", highlight=False)
     timed = [write_candidates(result, out_dir / "candidates.csv")] if result.measured else []
     console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else []), *timed]), highlight=False)
 
@@ -441,10 +466,12 @@ def run(
     import numpy as np
 
     from habu.api import load
+    from habu.cli_paths import output_file
     from habu.emit_cuda.driver import DeviceArray, device
     from habu.gpu_info import device_info
     from habu.spec.parser import load_program
 
+    output_file(output, "--output", suffix=".npz")
     if device_info() is None:
         raise UsageError("habu run needs a CUDA GPU (habu eval evaluates on the CPU in float64)")
     program = load_program(file)

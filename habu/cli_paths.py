@@ -22,8 +22,9 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def _creatable(path: Path, option: str, what: str) -> None:
-    """The directories that `path` needs can be created: its nearest existing ancestor is a writable directory."""
-    base = _nearest_existing(path.parent if not path.exists() else path)
+    """`path` can be made in its directory: the nearest existing ancestor of that directory is a
+    writable directory (the missing directories between are created by the command)."""
+    base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise UsageError(f"{option} {path}: cannot write the {what} there: {base} is a file, not a directory")
     if not os.access(base, os.W_OK | os.X_OK):

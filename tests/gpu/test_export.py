@@ -89,7 +89,7 @@ def prepare(case, tmp: Path):
 
 def _numel_c(extents, desc) -> str:
     static = desc["static_extents"]
-    return " * ".join(f"(size_t){static[e] if e in static else e}" for e in extents) or "(size_t)1"
+    return " * ".join(f"(size_t){static.get(e, e)}" for e in extents) or "(size_t)1"
 
 
 def driver_program(desc) -> str:
