@@ -208,11 +208,12 @@ def export(
     out: Annotated[Path, typer.Option("-o", "--out", help="Directory for the bundle.")],
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
-    target: TargetOpt = DEFAULT_TARGET,
+    target: Annotated[list[str] | None, typer.Option(
+        "--target", help=f"GPU target, repeatable: {', '.join(TARGETS)} (default {DEFAULT_TARGET}).")] = None,
     pin: PinOpt = None,
     trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
 ) -> None:
-    """Ahead-of-time bundle: the cubins, a C header and a C launcher over the CUDA driver API."""
+    """Ahead-of-time bundle: the cubins per target, a C header and a C launcher over the CUDA driver API."""
     from habu.cli_paths import output_dir
     from habu.compile import compile_model
     from habu.export import bundle_stem, export_bundle
@@ -224,9 +225,10 @@ def export(
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
-    tgt = target_named(target)
-    compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials)
-    files = export_bundle(compiled, tgt, out)
+    targets = [target_named(t) for t in dict.fromkeys(target or [DEFAULT_TARGET])]
+    pins = parse_pins(pin or [])
+    builds = [(compile_model(program, m.name, sizes, tgt, pins, trials), tgt) for tgt in targets]
+    files = export_bundle(builds, out)
     stem = bundle_stem(m.name)
     print("wrote " + ", ".join(str(f) for f in files))
     print(f"build: gcc -c {out / stem}.c -I<cuda>/include; link with -lcuda; call habu_{stem}(...) "

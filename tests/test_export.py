@@ -173,7 +173,7 @@ def test_exported_launcher_compiles_against_cuda_h(tmp_path, example, shape, pin
     include = cuda_include()
     if include is None or shutil.which("gcc") is None or _nvrtc() is None:
         pytest.skip("needs cuda.h, gcc and NVRTC")
-    files = export_bundle(compiled(example, shape, pins), SM90, tmp_path)
+    files = export_bundle([(compiled(example, shape, pins), SM90)], tmp_path)
     c_file = next(f for f in files if f.suffix == ".c")
     h_file = next(f for f in files if f.suffix == ".h")
     assert any(f.suffix == ".cubin" and f.stat().st_size for f in files)
@@ -206,3 +206,20 @@ def test_guards_in_c_decide_as_the_runtime_does(tmp_path):
     for k in (1, 3, 8, 15, 16, 21, 101, 103, 1000):
         out = subprocess.run([str(tmp_path / "g"), str(k)], capture_output=True, text=True, check=True).stdout.split()
         assert out == [str(int(eval_guard(g, {"K": k}))) for g in guards], k
+
+
+def test_regression_export_for_two_targets_is_one_launcher_that_picks_by_capability(tmp_path):
+    include = cuda_include()
+    if include is None or shutil.which("gcc") is None or _nvrtc() is None:
+        pytest.skip("needs cuda.h, gcc and NVRTC")
+    r = habu("export", "examples/rmsnorm_linear.habu", "--target", "sm_90a", "--target", "sm_80", "--trials", "1",
+             "--shape", "T=128,D=256,N=256", "-o", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    b = tmp_path / "b"
+    for t in ("sm_90a", "sm_80"):
+        assert (b / f"rmsnorm_linear.{t}.m0.cubin").stat().st_size and (b / f"rmsnorm_linear.{t}.json").is_file()
+    text = (b / "rmsnorm_linear.c").read_text()
+    assert "major == 9 && minor == 0" in text and "major == 8 && minor == 0" in text
+    assert "CUDA_ERROR_NO_BINARY_FOR_GPU" in text
+    r = _gcc(["-std=c99", "-Wall", "-Wextra", "-Werror", "-c", "rmsnorm_linear.c", f"-I{include}", "-o", "l.o"], b)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from habu.emit_cuda.arrays import ELEMENT_BYTES
@@ -107,16 +108,19 @@ def signature(desc: Mapping[str, Any], named: bool = True) -> str:
     return ", ".join([*parts, "CUstream stream"])
 
 
-def header(desc: Mapping[str, Any]) -> str:
-    """The C header of an exported model."""
+def header(descs: Sequence[Mapping[str, Any]]) -> str:
+    """The C header of an exported model (one description per target, same tensors)."""
+    desc = descs[0]
     fn = c_name(desc["model"])
     guard = fn.upper() + "_H"
-    doc = [f"{fn}: {desc['model']} on {desc['target']} (Habu export).", "",
+    doc = [f"{fn}: {desc['model']} on {', '.join(d['target'] for d in descs)} (Habu export; the part for the",
+           "current device's compute capability runs, CUDA_ERROR_NO_BINARY_FOR_GPU elsewhere).", "",
            "Arguments, in order: device pointers to the tensors (row-major, contiguous),"]
-    for t in desc["tensors"]:
+    for i, t in enumerate(desc["tensors"]):
         dims = " ".join(f"#{e}" for e in t["extents"])
         extra = f", values in 0..#{t['index_range']}-1" if t["index_range"] else ""
-        doc.append(f"  {t['name']}: {t['role']}, {t['dtype']} ( {dims} ){extra}, base aligned to {t['align']} B")
+        align = max(d["tensors"][i]["align"] for d in descs)
+        doc.append(f"  {t['name']}: {t['role']}, {t['dtype']} ( {dims} ){extra}, base aligned to {align} B")
     if desc["runtime_extents"]:
         doc.append("then the runtime extents: " + ", ".join(desc["runtime_extents"]) + ",")
     doc.append("then the stream. The CUDA context of the pointers must be current. Returns CUDA_SUCCESS,")
@@ -242,21 +246,30 @@ def _kernel(k: Mapping[str, Any], fn: str, extents_of: Mapping[str, Sequence[str
     return out
 
 
-def source(desc: Mapping[str, Any], cubins: Sequence[bytes], header_name: str, programmatic_launch: bool) -> str:
-    """The C launcher: embedded cubins, one static function per member, the public entry point."""
-    fn = c_name(desc["model"])
+@dataclass(frozen=True)
+class TargetBuild:
+    """One target's part of a bundle: its launch description, each member's cubin, whether its kernels
+    may launch early (programmatic dependent launch) and the compute capability it runs on."""
+
+    desc: Mapping[str, Any]
+    cubins: tuple[bytes, ...]
+    programmatic_launch: bool
+    capability: tuple[int, int]
+
+
+def _section(build: TargetBuild, fn: str) -> list[str]:
+    """One target's embedded cubins, modules, member launches and its member choice `{fn}` (the guards)."""
+    desc = build.desc
     static = desc["static_extents"]
-    out = [f"/* {fn}: the launcher of {desc['model']} on {desc['target']}, written by `habu export`. */",
-           "#include <string.h>", f'#include "{header_name}"', "", _PRELUDE]
-    for i, data in enumerate(cubins):
+    out = [f"/* ---- {desc['target']} (compute capability {build.capability[0]}.{build.capability[1]}) */", ""]
+    for i, data in enumerate(build.cubins):
         out.append(_bytes_array(f"{fn}_cubin{i}", data))
-    n_kernels = [len(m["kernels"]) for m in desc["members"]]
-    for i, n in enumerate(n_kernels):
+    for i, member in enumerate(desc["members"]):
         out.append(f"static CUmodule {fn}_module{i} = NULL;")
-        out.append(f"static CUfunction {fn}_functions{i}[{n}];")
+        out.append(f"static CUfunction {fn}_functions{i}[{len(member['kernels'])}];")
     out.append("")
-    out.append(f"void {fn}_unload(void) {{")
-    for i in range(len(n_kernels)):
+    out.append(f"static void {fn}_unload(void) {{")
+    for i in range(len(desc["members"])):
         out.append(f"  if ({fn}_module{i}) {{ cuModuleUnload({fn}_module{i}); {fn}_module{i} = NULL; }}")
     out += ["}", ""]
     for i, member in enumerate(desc["members"]):
@@ -267,7 +280,7 @@ def source(desc: Mapping[str, Any], cubins: Sequence[bytes], header_name: str, p
         out.append("  " + " ".join(f"(void){a};" for a in _call_args(desc, member)))
         for j, k in enumerate(member["kernels"]):
             out += ["  " + line for line in _kernel(k, f"{fn}_functions{i}[{j}]", extents_of, dtype_of, static,
-                                                     programmatic_launch)]
+                                                     build.programmatic_launch)]
         out += ["  (void)after_kernel;", "  return CUDA_SUCCESS;", "}", ""]
         out.append(f"static CUresult {fn}_member{i}({signature(desc, named=False)}) {{")
         for t in desc["tensors"]:
@@ -290,20 +303,48 @@ def source(desc: Mapping[str, Any], cubins: Sequence[bytes], header_name: str, p
             out.append(f"  {{ CUresult e = cuMemFreeAsync({ptr(t['name'])}, stream); "
                        "if (status == CUDA_SUCCESS) status = e; }")
         out += ["  return status;", "}", ""]
-    out.append(f"CUresult {fn}({signature(desc, named=False)}) {{")
-    checks = []
-    for name in desc["runtime_extents"]:
-        e = desc["extent_ranges"][name]
-        cond = f"{name} < {e['lo']}LL || {name} > {e['hi']}LL"
-        if e["multiple"] > 1:
-            cond += f" || {name} % {e['multiple']} != 0"
-        checks.append(f"  if ({cond}) return CUDA_ERROR_INVALID_VALUE;")
-    out += checks
+    out.append(f"static CUresult {fn}({signature(desc, named=False)}) {{")
     call = ", ".join([ptr(t["name"]) for t in desc["tensors"]] + list(desc["runtime_extents"]) + ["stream"])
     for i, member in enumerate(desc["members"]):
         cond = " && ".join(guard_c(g, static) for g in member["guards"]) or "1"
         out.append(f"  if ({cond}) return {fn}_member{i}({call});")
     out += ["  return CUDA_ERROR_INVALID_VALUE;  /* no member of the kernel set accepts these sizes */", "}", ""]
+    return out
+
+
+def _target_suffix(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def source(builds: Sequence[TargetBuild], header_name: str) -> str:
+    """The C launcher: each target's embedded cubins and members, and the public entry point, which
+    checks the runtime extents and runs the part for the current device's compute capability."""
+    desc = builds[0].desc
+    fn = c_name(desc["model"])
+    targets = ", ".join(b.desc["target"] for b in builds)
+    out = [f"/* {fn}: the launcher of {desc['model']} on {targets}, written by `habu export`. */",
+           "#include <string.h>", f'#include "{header_name}"', "", _PRELUDE]
+    for b in builds:
+        out += _section(b, f"{fn}_{_target_suffix(b.desc['target'])}")
+    out.append(f"void {fn}_unload(void) {{")
+    out += [f"  {fn}_{_target_suffix(b.desc['target'])}_unload();" for b in builds]
+    out += ["}", ""]
+    out.append(f"CUresult {fn}({signature(desc, named=False)}) {{")
+    for name in desc["runtime_extents"]:
+        e = desc["extent_ranges"][name]
+        cond = f"{name} < {e['lo']}LL || {name} > {e['hi']}LL"
+        if e["multiple"] > 1:
+            cond += f" || {name} % {e['multiple']} != 0"
+        out.append(f"  if ({cond}) return CUDA_ERROR_INVALID_VALUE;")
+    out += ["  CUdevice device;", "  int major = 0, minor = 0;", "  HABU_CHECK(cuCtxGetDevice(&device));",
+            "  HABU_CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device));",
+            "  HABU_CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device));"]
+    call = ", ".join([ptr(t["name"]) for t in desc["tensors"]] + list(desc["runtime_extents"]) + ["stream"])
+    for b in builds:
+        major, minor = b.capability
+        out.append(f"  if (major == {major} && minor == {minor}) "
+                   f"return {fn}_{_target_suffix(b.desc['target'])}({call});")
+    out += [f"  return CUDA_ERROR_NO_BINARY_FOR_GPU;  /* exported for {targets} only */", "}", ""]
     return "\n".join(out)
 
 
@@ -318,4 +359,4 @@ def _call_args(desc: Mapping[str, Any], member: Mapping[str, Any]) -> list[str]:
             + list(desc["runtime_extents"]) + ["stream", "sm_count"])
 
 
-__all__ = ["c_name", "guard_c", "header", "signature", "source"]
+__all__ = ["TargetBuild", "c_name", "guard_c", "header", "signature", "source"]

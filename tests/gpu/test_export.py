@@ -79,7 +79,7 @@ def prepare(case, tmp: Path):
     target = target_named("sm_90a")
     compiled = compile_model(program, m.name, shape, target, pins, trials=1)
     bundle = tmp / "bundle"
-    files = export_bundle(compiled, target, bundle)
+    files = export_bundle([(compiled, target)], bundle)
     import json
 
     desc = json.loads(next(f for f in files if f.suffix == ".json").read_text())
