@@ -9,9 +9,11 @@ from typing import Annotated
 
 import typer
 
+from habu.cli_kernels import emit, export
+from habu.cli_options import FileArg, PinOpt, ShapeOpt, TargetOpt, parse_shape
 from habu.cli_plans import DbOpt, output_console, plans_app
 from habu.errors import HabuError, UsageError
-from habu.targets import DEFAULT_TARGET, TARGETS
+from habu.targets import DEFAULT_TARGET
 from habu.version import __version__
 
 app = typer.Typer(
@@ -35,37 +37,6 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Habu: write the equation, get a proven, benchmarked GPU kernel."""
-
-
-FileArg = Annotated[Path, typer.Argument(help="A .habu file.", show_default=False)]
-ShapeOpt = Annotated[str | None, typer.Option("--shape", help="Extent sizes, e.g. K=511,M=256.")]
-
-
-def parse_shape(text: str | None, known: list[str] | None = None) -> dict[str, int]:
-    """`K=511,M=256` (or `#K=511`) into {'K': 511, 'M': 256}."""
-    sizes: dict[str, int] = {}
-    if not text:
-        return sizes
-    for part in text.replace(" ", ",").split(","):
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip().lstrip("#")
-        if not sep or not name or not value.strip().lstrip("-").isdigit():
-            raise UsageError(f"--shape takes NAME=SIZE pairs separated by commas, got {part!r}")
-        n = int(value)
-        if n < 1 or n > 2**40:
-            raise UsageError(f"--shape {name}={n}: a size must be between 1 and 2^40")
-        if known is not None:
-            match = [k for k in known if k == name] or [k for k in known if k.lower() == name.lower()]
-            if not match:
-                raise UsageError(f"--shape names extent #{name}, which the model does not have "
-                                 f"(it has {', '.join('#' + k for k in known)})")
-            name = match[0]
-        if name in sizes:
-            raise UsageError(f"--shape gives #{name} twice ({name}={sizes[name]} and {name}={n})")
-        sizes[name] = n
-    return sizes
 
 
 @app.command()
@@ -126,11 +97,6 @@ def eval_(
         print(f"{name}: shape {tuple(arr.shape)} float64 -> {output}")
 
 
-TargetOpt = Annotated[str, typer.Option("--target", help=f"GPU target: {', '.join(TARGETS)} (habu/targets/).")]
-PinOpt = Annotated[list[str] | None, typer.Option("--pin", help="Fix a plan choice: tile=128x128x64, mma=wgmma, "
-                                                                 "stages=4, B=tma, A=cp.async, split_k=2, rewrite=factor:Y, ...")]
-
-
 @app.command()
 def compile(
     file: FileArg,
@@ -160,79 +126,6 @@ def compile(
         print(f"plan {plan.key}{guard}: {len(proof.obligations)} obligations proved or checked at run time; "
               f"finite field: {proof.certificate.summary() if proof.certificate else 'not run'}")
     print("wrote " + ", ".join(str(f) for f in files))
-
-
-@app.command()
-def emit(
-    file: FileArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the CUDA source (a .cu file); "
-                                                                "its launch geometry goes beside it as .json.")],
-    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
-    shape: ShapeOpt = None,
-    target: TargetOpt = DEFAULT_TARGET,
-    pin: PinOpt = None,
-) -> None:
-    """Write the CUDA of the default (or pinned) plan, after proving it: one .cu that compiles alone
-    (Habu's headers inlined, the launch geometry in a comment) and the geometry as JSON beside it."""
-    from habu.cli_paths import output_file
-    from habu.compile import compile_model
-    from habu.emit_cuda.standalone import geometry_json
-    from habu.export import standalone
-    from habu.search.space import parse_pins
-    from habu.spec.parser import load_program
-    from habu.target import target_named
-
-    output_file(output, "-o", suffix=".cu")
-    geometry = output.with_suffix(".json")
-    if geometry == output:
-        raise UsageError(f"-o {output}: the launch geometry is written beside the source as {geometry}; "
-                         "give the source another name (kernel.cu)")
-    output_file(geometry, "-o", what="launch geometry")
-    program = load_program(file)
-    m = program.pick(model)
-    sizes = parse_shape(shape, [e.name for e in m.extents])
-    tgt = target_named(target)
-    compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
-    source, description = standalone(compiled, tgt)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(source)
-    geometry.write_text(geometry_json(description))
-    count = sum(len(member["kernels"]) for member in description["members"])
-    print(f"wrote {output} ({count} kernel(s) for {tgt.name}, compiles alone: nvcc -cubin -arch={tgt.name} "
-          f"{output.name}) and {geometry}")
-
-
-@app.command()
-def export(
-    file: FileArg,
-    out: Annotated[Path, typer.Option("-o", "--out", help="Directory for the bundle.")],
-    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
-    shape: ShapeOpt = None,
-    target: Annotated[list[str] | None, typer.Option(
-        "--target", help=f"GPU target, repeatable: {', '.join(TARGETS)} (default {DEFAULT_TARGET}).")] = None,
-    pin: PinOpt = None,
-    trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
-) -> None:
-    """Ahead-of-time bundle: the cubins per target, a C header and a C launcher over the CUDA driver API."""
-    from habu.cli_paths import output_dir
-    from habu.compile import compile_model
-    from habu.export import bundle_stem, export_bundle
-    from habu.search.space import parse_pins
-    from habu.spec.parser import load_program
-    from habu.target import target_named
-
-    output_dir(out, "-o")
-    program = load_program(file)
-    m = program.pick(model)
-    sizes = parse_shape(shape, [e.name for e in m.extents])
-    targets = [target_named(t) for t in dict.fromkeys(target or [DEFAULT_TARGET])]
-    pins = parse_pins(pin or [])
-    builds = [(compile_model(program, m.name, sizes, tgt, pins, trials), tgt) for tgt in targets]
-    files = export_bundle(builds, out)
-    stem = bundle_stem(m.name)
-    print("wrote " + ", ".join(str(f) for f in files))
-    print(f"build: gcc -c {out / stem}.c -I<cuda>/include; link with -lcuda; call habu_{stem}(...) "
-          f"declared in {out / stem}.h")
 
 
 @app.command()
@@ -452,6 +345,8 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
     console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else []), *timed]), highlight=False)
 
 
+app.command()(emit)
+app.command()(export)
 app.add_typer(plans_app, name="plans")
 
 

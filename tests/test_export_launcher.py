@@ -135,7 +135,8 @@ def _params_table(kernels) -> str:
 ADDRESS = 0x100000000  # tensor i lives at ADDRESS * (i + 1): aligned for every need
 
 
-def run_launcher(tmp: Path, compiled, sizes: dict[str, int]) -> tuple[list[str], dict]:
+def run_launcher(tmp: Path, compiled, sizes: dict[str, int], offsets: dict[str, int] | None = None
+                 ) -> tuple[list[str], dict]:
     include = _toolchain()
     files = export_bundle([(compiled, SM90)], tmp)
     import json
@@ -148,7 +149,8 @@ def run_launcher(tmp: Path, compiled, sizes: dict[str, int]) -> tuple[list[str],
                                              "static void print_params(const char* name, void** params);\n")
                                 + _params_table(kernels) + "\n")
     fn = c_name(desc["model"])
-    args = [f"(CUdeviceptr){ADDRESS * (i + 1)}ULL" for i in range(len(desc["tensors"]))]
+    args = [f"(CUdeviceptr){ADDRESS * (i + 1) + (offsets or {}).get(t['name'], 0)}ULL"
+            for i, t in enumerate(desc["tensors"])]
     args += [str(sizes[e]) for e in desc["runtime_extents"]] + ["(CUstream)0"]
     (tmp / "main.c").write_text(f'#include <stdio.h>\n#include "{fn[5:]}.h"\nint main(void) {{\n'
                                 f'  printf("status %d\\n", (int){fn}({", ".join(args)}));\n  return 0;\n}}\n')
@@ -267,3 +269,12 @@ def test_launcher_refuses_sizes_outside_the_extent(tmp_path):
     compiled = compile_model(parse_text(RUNTIME_K, "g.habu"), "GGEMM", {}, SM90, {"B": "tma"}, trials=1)
     lines, _ = run_launcher(tmp_path, compiled, {"K": 65537})
     assert lines == ["status 1"]  # CUDA_ERROR_INVALID_VALUE, nothing launched
+
+
+def test_launcher_refuses_a_pointer_the_chosen_member_cannot_use(tmp_path):
+    """B loaded by TMA needs a 16-byte aligned base: the guarded member refuses B at +8 bytes (as the
+    runtime's contract does), and nothing is launched."""
+    compiled = compile_model(parse_text(RUNTIME_K, "g.habu"), "GGEMM", {}, SM90, {"B": "tma"}, trials=1)
+    lines, desc = run_launcher(tmp_path, compiled, {"K": 512}, {"B": 8})
+    assert next(t["member_align"] for t in desc["tensors"] if t["name"] == "B")[0] == 16
+    assert lines == ["status 1"]

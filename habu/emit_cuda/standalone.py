@@ -177,8 +177,8 @@ def _comment(members: Sequence[dict[str, Any]], target: str) -> str:
                          + (f", SLOTS by {k['slots']}" if k["slots"] else ""))
             lines.append("    args: " + ", ".join(f"{p['name']} ({p['kind']})" for p in k["params"]))
             for t in k["tensor_maps"]:
-                lines.append(f"    tensor map {t['param']}: {t['tensor']} {t['dtype']} dims {t['dims']} "
-                             f"(innermost first) box {t['box']} swizzle {t['swizzle']} B")
+                lines.append(f"    tensor map {t['param']}: {t['tensor']} {t['dtype']}, dims ({', '.join(t['dims'])}) "
+                             f"innermost first, box ({', '.join(map(str, t['box']))}), swizzle {t['swizzle']} B")
             if k["zero_first"]:
                 lines.append(f"    zero-fill first: {', '.join(k['zero_first'])}")
             if k["programmatic_launch"]:
