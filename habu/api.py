@@ -40,7 +40,8 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     program = load_program(path)
     m = program.pick(model)
     tgt = target_named(target or current_target())
-    compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials)
+    compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials,
+                             hint="choose other plan fields with pins={...}, or a shape that satisfies the rule")
     members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
     built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
     if check and _runs_here(tgt.name):

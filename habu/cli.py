@@ -9,9 +9,11 @@ from typing import Annotated
 
 import typer
 
+from habu.cli_kernels import emit, export
+from habu.cli_options import FileArg, PinOpt, ShapeOpt, TargetOpt, parse_shape
 from habu.cli_plans import DbOpt, output_console, plans_app
 from habu.errors import HabuError, UsageError
-from habu.targets import DEFAULT_TARGET, TARGETS
+from habu.targets import DEFAULT_TARGET
 from habu.version import __version__
 
 app = typer.Typer(
@@ -35,35 +37,6 @@ def _root(
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Habu: write the equation, get a proven, benchmarked GPU kernel."""
-
-
-FileArg = Annotated[Path, typer.Argument(help="A .habu file.", show_default=False)]
-ShapeOpt = Annotated[str | None, typer.Option("--shape", help="Extent sizes, e.g. K=511,M=256.")]
-
-
-def parse_shape(text: str | None, known: list[str] | None = None) -> dict[str, int]:
-    """`K=511,M=256` (or `#K=511`) into {'K': 511, 'M': 256}."""
-    sizes: dict[str, int] = {}
-    if not text:
-        return sizes
-    for part in text.replace(" ", ",").split(","):
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip().lstrip("#")
-        if not sep or not name or not value.strip().lstrip("-").isdigit():
-            raise UsageError(f"--shape takes NAME=SIZE pairs separated by commas, got {part!r}")
-        n = int(value)
-        if n < 1 or n > 2**40:
-            raise UsageError(f"--shape {name}={n}: a size must be between 1 and 2^40")
-        if known is not None:
-            match = [k for k in known if k == name] or [k for k in known if k.lower() == name.lower()]
-            if not match:
-                raise UsageError(f"--shape names extent #{name}, which the model does not have "
-                                 f"(it has {', '.join('#' + k for k in known)})")
-            name = match[0]
-        sizes[name] = n
-    return sizes
 
 
 @app.command()
@@ -95,15 +68,19 @@ def eval_(
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
 ) -> None:
-    """Evaluate a model in float64 on the arrays of an .npz file."""
+    """Evaluate a model in float64 on the arrays of an .npz file (--shape fixes extents' sizes, as for compile)."""
     import numpy as np
 
+    from habu.cli_paths import output_file
+    from habu.compile import bind_shape
     from habu.spec.parser import load_program
     from habu.spec.reference import evaluate
 
+    output_file(output, "--output", suffix=".npz")
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
+    m = bind_shape(m, sizes)
     try:
         with np.load(inputs, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -120,11 +97,6 @@ def eval_(
         print(f"{name}: shape {tuple(arr.shape)} float64 -> {output}")
 
 
-TargetOpt = Annotated[str, typer.Option("--target", help=f"GPU target: {', '.join(TARGETS)} (habu/targets/).")]
-PinOpt = Annotated[list[str] | None, typer.Option("--pin", help="Fix a plan choice: tile=128x128x64, mma=wgmma, "
-                                                                 "stages=4, B=tma, A=cp.async, split_k=2, rewrite=factor:Y, ...")]
-
-
 @app.command()
 def compile(
     file: FileArg,
@@ -136,11 +108,13 @@ def compile(
     trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
 ) -> None:
     """Pick the default plan (or the pinned choices), prove it, write the plan and its report."""
+    from habu.cli_paths import output_dir
     from habu.compile import compile_model, write_outputs
     from habu.search.space import parse_pins
     from habu.spec.parser import load_program
     from habu.target import target_named
 
+    output_dir(out, "-o")
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
@@ -152,32 +126,6 @@ def compile(
         print(f"plan {plan.key}{guard}: {len(proof.obligations)} obligations proved or checked at run time; "
               f"finite field: {proof.certificate.summary() if proof.certificate else 'not run'}")
     print("wrote " + ", ".join(str(f) for f in files))
-
-
-@app.command()
-def emit(
-    file: FileArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the CUDA source.")],
-    model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
-    shape: ShapeOpt = None,
-    target: TargetOpt = DEFAULT_TARGET,
-    pin: PinOpt = None,
-) -> None:
-    """Write the CUDA source of the default (or pinned) plan, after proving it."""
-    from habu.compile import compile_model, cuda_source
-    from habu.search.space import parse_pins
-    from habu.spec.parser import load_program
-    from habu.target import target_named
-
-    program = load_program(file)
-    m = program.pick(model)
-    sizes = parse_shape(shape, [e.name for e in m.extents])
-    tgt = target_named(target)
-    compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
-    sources = [cuda_source(proof, tgt)[0] for proof in compiled.proofs]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("\n".join(sources))
-    print(f"wrote {output}: {sum(s.count('__global__') for s in sources)} kernel(s) for {tgt.name}")
 
 
 @app.command()
@@ -197,7 +145,8 @@ def verify(
     sizes = parse_shape(shape, [e.name for e in m.extents])
     bound, proof = verify_file(program, m.name, plan, sizes, trials)
     if proof.violations:
-        raise plan_error(program, bound, proof.violations[0])
+        raise plan_error(program, bound, proof.violations[0],
+                         "edit the plan's fields, or give a shape that satisfies the rule")
     from habu.api import guard_holds
     from habu.prove.trust import guard_mismatch
 
@@ -233,6 +182,7 @@ def search(
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
 
     from habu.api import current_target
+    from habu.cli_paths import output_dir
     from habu.compile import bind_shape
     from habu.db import PlanDB
     from habu.search.loop import Budget, Search
@@ -242,7 +192,8 @@ def search(
     from habu.spec.parser import load_program
     from habu.target import target_named
 
-    console = output_console(stderr=True)
+    console = output_console(stderr=True)  # progress and logs; the results go to stdout
+    results = output_console()
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
@@ -253,6 +204,12 @@ def search(
         raise UsageError(f"--jobs takes a positive number, got {jobs}")
     bound = bind_shape(m, sizes)
     plan_budget = Budget.parse(budget)
+    if (plan_budget.seconds is not None and plan_budget.seconds <= 0) or \
+            (plan_budget.trials is not None and plan_budget.trials <= 0):
+        raise UsageError(f"--budget {budget}: the search needs a positive budget (90s, 10m, 1h or a number of "
+                         "candidates)")
+    out_dir = out or Path("out") / "search" / m.name.lower()
+    output_dir(out_dir, "-o")
     job = Job.of(str(file), bound, {e.name: e.size for e in bound.extents}, target or current_target())
     if ray is not None:
         executor, runs, cleanup = _ray_runs(console, ray, job, target, no_gpu)
@@ -274,8 +231,8 @@ def search(
                                   highlight=False)
                     unverified.append(tgt.name)
                 else:
-                    _report_search(console, result, plans.path, bound, sizes, tgt,
-                                   out or Path("out") / "search" / m.name.lower(), executor.name, len(runs) > 1)
+                    _report_search(results, result, plans.path, bound, sizes, tgt, out_dir, executor.name,
+                                   len(runs) > 1, console)
             if result.interrupted:
                 stored = " (the plans verified so far are stored)" if result.best is not None else ""
                 console.print(f"habu: interrupted{stored}", highlight=False)
@@ -337,8 +294,10 @@ def _ray_runs(console, address: str, job, target: str | None, no_gpu: bool):
 
 
 def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, executor: str,
-                   per_gpu: bool = False) -> None:
-    """The table of the best plans, the winner's report, CUDA and roofline plot."""
+                   per_gpu: bool = False, log=None) -> None:
+    """The table of the best plans, the winner's report, CUDA and roofline plot, on `console` (stdout);
+    notes about what was not made on `log` (stderr)."""
+    log = log or console
     from habu.compile import Compiled, write_outputs
     from habu.prove import prove
     from habu.search.cost import compute_peak
@@ -375,11 +334,19 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
                       f"{st.baseline_us / best.median_us:.2f}× its speed\n")
     (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
     c = tgt.ceilings
-    png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
+    png = None
+    if not result.measured:
+        log.print("no roofline.png: nothing was timed (no GPU), so there is nothing to plot", highlight=False)
+    else:
+        png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
+        if png is None:
+            log.print("no roofline.png: matplotlib is not installed (pip install matplotlib)", highlight=False)
     timed = [write_candidates(result, out_dir / "candidates.csv")] if result.measured else []
     console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else []), *timed]), highlight=False)
 
 
+app.command()(emit)
+app.command()(export)
 app.add_typer(plans_app, name="plans")
 
 
@@ -396,10 +363,12 @@ def run(
     import numpy as np
 
     from habu.api import load
+    from habu.cli_paths import output_file
     from habu.emit_cuda.driver import DeviceArray, device
     from habu.gpu_info import device_info
     from habu.spec.parser import load_program
 
+    output_file(output, "--output", suffix=".npz")
     if device_info() is None:
         raise UsageError("habu run needs a CUDA GPU (habu eval evaluates on the CPU in float64)")
     program = load_program(file)

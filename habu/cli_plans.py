@@ -60,6 +60,21 @@ def staleness(entry: Entry, here: dict[str, str]) -> str:
     return "current" if not differ else "STALE: " + ", ".join(differ)
 
 
+def existing_db(db: Path | None) -> Path | None:
+    """The database a reading command opens, or None where there is none yet: reading never creates
+    the file or its directories."""
+    from habu.db import default_path
+
+    path = Path(db) if db else default_path()
+    return path if path.is_file() else None
+
+
+def missing_db(db: Path | None) -> HabuError:
+    from habu.db import default_path
+
+    return HabuError(f"no plan database at {Path(db) if db else default_path()} (habu search creates it)")
+
+
 @plans_app.command("ls")
 def plans_ls(db: DbOpt = None) -> None:
     """Every entry: model, shape, GPU, versions, best time, and whether this machine would use it
@@ -71,7 +86,15 @@ def plans_ls(db: DbOpt = None) -> None:
     from habu.db import PlanDB
     from habu.search.report import plan_summary
 
-    with PlanDB(db) as plans:
+    path = existing_db(db)
+    if path is None:
+        import sys
+
+        from habu.db import default_path
+
+        print(f"no plan database at {Path(db) if db else default_path()}: nothing stored yet", file=sys.stderr)
+        return
+    with PlanDB(path) as plans:
         entries = plans.entries()
         table = Table(title=str(plans.path))
     here = this_machine()
@@ -97,7 +120,10 @@ def plans_show(entry: Annotated[str, typer.Argument(help="An entry id (or its st
 
     from habu.db import PlanDB
 
-    with PlanDB(db) as plans:
+    path = existing_db(db)
+    if path is None:
+        raise missing_db(db)
+    with PlanDB(path) as plans:
         e = plans.find(entry)
     print(json.dumps({"id": e.digest, "key": asdict(e.key), "records": [asdict(r) for r in e.records],
                       "failures": e.failures}, indent=1))
@@ -108,7 +134,10 @@ def plans_rm(entry: Annotated[str, typer.Argument(help="An entry id (or its star
     """Remove an entry."""
     from habu.db import PlanDB
 
-    with PlanDB(db) as plans:
+    path = existing_db(db)
+    if path is None:
+        raise missing_db(db)
+    with PlanDB(path) as plans:
         plans.find(entry)
         n = plans.remove(entry)
     print(f"removed {n} entr{'y' if n == 1 else 'ies'}")
@@ -119,9 +148,14 @@ def plans_export(file: Annotated[Path, typer.Argument(help="The file to write (J
                  entries: Annotated[list[str] | None, typer.Argument(help="Entry ids (default: all).")] = None,
                  db: DbOpt = None) -> None:
     """Write entries to a portable file a team can share."""
+    from habu.cli_paths import output_file
     from habu.db import PlanDB
 
-    with PlanDB(db) as plans:
+    output_file(file, "habu plans export", suffix=".json")
+    path = existing_db(db)
+    if path is None:
+        raise missing_db(db)
+    with PlanDB(path) as plans:
         n = plans.export(file, entries)
     print(f"exported {n} entries to {file}")
 

@@ -24,14 +24,23 @@ class Compiled:
 
 
 def bind_shape(model: Model, shape: dict[str, int]) -> Model:
+    known = [e.name for e in model.extents]
     for name, n in shape.items():
+        if name not in known:
+            raise UsageError(f"{model.name} has no extent #{name} (its extents: "
+                             f"{', '.join('#' + k for k in known)})")
         e = model.extent(name)
         if not e.is_static and not e.admits(n):
             raise UsageError(f"--shape {name}={n} is outside #{name}'s declared range ({e.describe()})")
     return model.with_sizes(shape)
 
 
-def plan_error(program: Program, model: Model, ob: Obligation) -> HabuError:
+PIN_HINT = "choose another data movement with --pin, or a shape that satisfies the rule"
+
+
+def plan_error(program: Program, model: Model, ob: Obligation, hint: str | None = PIN_HINT) -> HabuError:
+    """A rule the plan breaks, as an error at the model. `hint`: what the caller can change (the
+    commands with --pin suggest it; `habu verify` and the Python API pass their own, or None)."""
     span: Span | None = program.model_spans.get(model.name)
     cex = ""
     if ob.counterexample:
@@ -41,7 +50,7 @@ def plan_error(program: Program, model: Model, ob: Obligation) -> HabuError:
             cex = " (counterexample: " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) + ")"
     return HabuError(f"the plan for {model.name} breaks rule {ob.rule.name} in {ob.kernel}: {ob.detail}{cex}",
                      span, (f"rule {ob.rule.name}: {ob.rule.summary} — {ob.rule.source}",
-                            "choose another data movement with --pin, or a shape that satisfies the rule"))
+                            *([hint] if hint else [])))
 
 
 def fallback(plan: Plan, proof: Proof) -> Plan:
@@ -60,12 +69,13 @@ def fallback(plan: Plan, proof: Proof) -> Plan:
 
 
 def compile_model(program: Program, model_name: str, shape: dict[str, int], target: Target,
-                  pins: dict[str, str], trials: int = 3) -> Compiled:
+                  pins: dict[str, str], trials: int = 3, hint: str | None = PIN_HINT) -> Compiled:
+    """The default (or pinned) plan, proven; `hint` is what a refusal suggests (see `plan_error`)."""
     model = bind_shape(program.model(model_name), shape)
     plan = default_plan(model, target, shape, pins)
     proof = prove(model, plan, shape, trials=trials)
     if proof.violations:
-        raise plan_error(program, model, proof.violations[0])
+        raise plan_error(program, model, proof.violations[0], hint)
     if proof.certificate is not None and not proof.certificate.passed:
         raise HabuError(f"the plan for {model.name} computes something else: {proof.certificate.failure}",
                         program.model_spans.get(model.name))

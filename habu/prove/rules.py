@@ -244,7 +244,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     layout = contraction_smem(k, a_dt, b_dt, lw.b.positions[-1].axis == "k")
     yield Obligation(R["smem-budget"], name, None,
                      f"{layout.total} bytes of shared memory ≤ {t.smem_per_block}",
-                     layout.total <= t.smem_per_block, detail=f"{layout.total} bytes")
+                     layout.total <= t.smem_per_block,
+                     detail=f"{layout.total} bytes of shared memory; the target has {t.smem_per_block}")
     if k.split_k > 1:
         from habu.lower.contraction import epilogue_is_linear
 
@@ -491,7 +492,9 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
         yield Obligation(R["smem-budget"], name, None,
                          f"the cached row ({e}·#{lw.c}{part}·{k.rows_per_block} bytes) fits in "
                          f"{ctx.target.smem_per_block} bytes",
-                         cached <= ctx.target.smem_per_block, detail="the row does not fit in shared memory")
+                         cached <= ctx.target.smem_per_block,
+                         detail=f"the cached row needs {cached:g} bytes of shared memory; the target has "
+                                f"{ctx.target.smem_per_block}")
     if k.cluster > 1:
         yield from _row_cluster(name, lw, ctx)
     if k.prefetch:

@@ -1,0 +1,46 @@
+"""The options the `habu` commands share, and the --shape parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from habu.errors import UsageError
+from habu.targets import TARGETS
+
+FileArg = Annotated[Path, typer.Argument(help="A .habu file.", show_default=False)]
+ShapeOpt = Annotated[str | None, typer.Option("--shape", help="Extent sizes, e.g. K=511,M=256.")]
+
+
+def parse_shape(text: str | None, known: list[str] | None = None) -> dict[str, int]:
+    """`K=511,M=256` (or `#K=511`) into {'K': 511, 'M': 256}."""
+    sizes: dict[str, int] = {}
+    if not text:
+        return sizes
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip().lstrip("#")
+        if not sep or not name or not value.strip().lstrip("-").isdigit():
+            raise UsageError(f"--shape takes NAME=SIZE pairs separated by commas, got {part!r}")
+        n = int(value)
+        if n < 1 or n > 2**40:
+            raise UsageError(f"--shape {name}={n}: a size must be between 1 and 2^40")
+        if known is not None:
+            match = [k for k in known if k == name] or [k for k in known if k.lower() == name.lower()]
+            if not match:
+                raise UsageError(f"--shape names extent #{name}, which the model does not have "
+                                 f"(it has {', '.join('#' + k for k in known)})")
+            name = match[0]
+        if name in sizes:
+            raise UsageError(f"--shape gives #{name} twice ({name}={sizes[name]} and {name}={n})")
+        sizes[name] = n
+    return sizes
+
+
+TargetOpt = Annotated[str, typer.Option("--target", help=f"GPU target: {', '.join(TARGETS)} (habu/targets/).")]
+PinOpt = Annotated[list[str] | None, typer.Option("--pin", help="Fix a plan choice: tile=128x128x64, mma=wgmma, "
+                                                                 "stages=4, B=tma, A=cp.async, split_k=2, rewrite=factor:Y, ...")]
