@@ -122,3 +122,26 @@ def test_words_lists_the_library():
 def test_bad_shape_option():
     r = habu("eval", "examples/gemm.habu", "--inputs", "x.npz", "-o", "y.npz", "--shape", "Q=3")
     assert r.returncode == 1 and "#Q" in r.stderr
+
+
+@pytest.mark.parametrize("n", [500, 5000])
+def test_regression_flat_chain_of_500_terms_check_and_eval_gave_recursion_error(tmp_path, n):
+    src = tmp_path / "chain.habu"
+    src.write_text("8 EXTENT: #M\nTENSOR: X ( #M )\nTENSOR: Y ( #M )\nMODEL: M Y[m] = X[m]" + " + 1" * n + " ;\n")
+    r = habu("check", str(src))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "Y[m] <- X[m]" in r.stdout
+    np.savez(tmp_path / "in.npz", X=np.arange(8.0))
+    r = habu("eval", str(src), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert np.array_equal(np.load(tmp_path / "out.npz")["Y"], np.arange(8.0) + n)
+
+
+def test_regression_doubling_words_check_ran_56_seconds(tmp_path):
+    src = tmp_path / "w16.habu"
+    src.write_text("8 EXTENT: #M\nTENSOR: X ( #M )\nTENSOR: Y ( #M )\n: W0 ( x -- y ) GELU ;\n"
+                   + "".join(f": W{i} ( x -- y ) W{i - 1} W{i - 1} ;\n" for i in range(1, 17))
+                   + "MODEL: M ( X -- Y ) W16 ;\n")
+    r = habu("check", str(src))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"{src}:19:3: error: W15 would expand to 98,302 words (at most 50,000)")

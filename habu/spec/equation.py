@@ -25,6 +25,7 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
+    fold_ops,
     free_vars,
     index_free_vars,
 )
@@ -456,30 +457,43 @@ def format_const(v: Fraction) -> str:
 
 
 def format_expr(e: Expr, prec: int = 0) -> str:
+    """`e` in the equation language, parenthesised where precedence needs it (iterative over
+    operator chains: a chain of any length prints)."""
+    text, binds = fold_ops(e, _format_leaf, _format_op)
+    return f"({text})" if binds < prec else text
+
+
+_ATOM = 9  # the binding strength of a name, a number or a call: never parenthesised
+
+
+def _wrap(part: tuple[str, int], prec: int) -> str:
+    text, binds = part
+    return f"({text})" if binds < prec else text
+
+
+def _format_leaf(e: Expr) -> tuple[str, int]:
+    """The text of a non-operation and how strongly it binds (0: parenthesised under any operator)."""
     if isinstance(e, Const):
-        text = format_const(e.value)
-        return f"({text})" if e.value < 0 and prec > 0 else text
+        return format_const(e.value), (0 if e.value < 0 else _ATOM)
     if isinstance(e, Size):
-        return f"#{e.extent}"
+        return f"#{e.extent}", _ATOM
     if isinstance(e, Load):
         if not e.indices:
-            return e.tensor
-        return f"{e.tensor}[{' '.join(format_index(i) for i in e.indices)}]"
-    if isinstance(e, Reduce):
-        sym = "Σ" if e.op == "sum" else "max"
-        text = f"{sym} {' '.join(v.name for v in e.vars)} {format_expr(e.body, 2)}"
-        return f"({text})" if prec > 0 else text
+            return e.tensor, _ATOM
+        return f"{e.tensor}[{' '.join(format_index(i) for i in e.indices)}]", _ATOM
+    assert isinstance(e, Reduce)
+    sym = "Σ" if e.op == "sum" else "max"
+    return f"{sym} {' '.join(v.name for v in e.vars)} {format_expr(e.body, 2)}", 0
+
+
+def _format_op(e: Op, args: list[tuple[str, int]]) -> tuple[str, int]:
     fn = FUNCTIONS[e.fn]
     if fn.infix is None:
-        return f"{e.fn}({', '.join(format_expr(a) for a in e.args)})"
+        return f"{e.fn}({', '.join(_wrap(a, 0) for a in args)})", _ATOM
     p = _PREC[e.fn]
     if e.fn == "neg":
-        text = f"−{format_expr(e.args[0], 3)}"
-    else:
-        left = format_expr(e.args[0], p)
-        right = format_expr(e.args[1], p + 1)
-        text = f"{left} {fn.infix} {right}"
-    return f"({text})" if p < prec else text
+        return f"−{_wrap(args[0], 3)}", p
+    return f"{_wrap(args[0], p)} {fn.infix} {_wrap(args[1], p + 1)}", p
 
 
 def format_equation(eq: Equation) -> str:
