@@ -145,3 +145,16 @@ def test_regression_doubling_words_check_ran_56_seconds(tmp_path):
     r = habu("check", str(src))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"{src}:19:3: error: W15 would expand to 98,302 words (at most 50,000)")
+
+
+def test_regression_compile_of_f8e4m3_and_i8_to_i32_gave_key_error(tmp_path):
+    for x, y, says in [("f8e4m3", "f32", "tensor X cannot be f8e4m3"), ("i8", "i32", "Y is i32, and kernels store only")]:
+        src = tmp_path / "d.habu"
+        src.write_text(f"128 EXTENT: #M\n{x} TENSOR: X ( #M )\n{y} TENSOR: Y ( #M )\nMODEL: M Y[m] = X[m] + 1 ;\n")
+        r = habu("compile", str(src), "-o", str(tmp_path / "out"))
+        assert r.returncode == 1 and "Traceback" not in r.stderr and says in r.stderr, r.stderr[-2000:]
+
+
+def test_words_lists_the_element_types():
+    r = habu("words")
+    assert r.returncode == 0 and "element types: f64 f32 bf16 f16 i8 i16 i32 i64" in r.stdout

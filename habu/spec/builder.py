@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from habu.spec.dtypes import WRITABLE_DTYPES
 from habu.spec.ir import (
     MAX_NESTING,
     Equation,
@@ -88,6 +89,12 @@ class GraphBuilder:
             if decl is not None:
                 self.reads.setdefault(name, decl)
 
+    def check_writable(self, decl: TensorDecl, tok: Token) -> None:
+        """Refuse to write a tensor whose element type no kernel can store."""
+        if decl.dtype is not None and decl.dtype.name not in WRITABLE_DTYPES:
+            raise tok.error(f"{decl.name} is {decl.dtype.name}, and kernels store only "
+                            f"{', '.join(WRITABLE_DTYPES)}: declare the output as one of those")
+
     def check_size(self, eq: Equation, tok: Token) -> None:
         """Refuse an expression too large for the later stages (before anything walks it)."""
         size = expr_size(eq.rhs)
@@ -112,6 +119,7 @@ class GraphBuilder:
             raise tok.error(f"{decl.name} is written twice in this model")
         if decl.is_index:
             raise tok.error(f"{decl.name} is an index tensor; models read index tensors, never write them")
+        self.check_writable(decl, tok)
         self.check_size(eq, tok)
         for ld in loads(eq.rhs):
             if ld.tensor == decl.name and ld.indices != eq.lhs:

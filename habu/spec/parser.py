@@ -22,7 +22,15 @@ from pathlib import Path
 
 from habu.errors import HabuError, Source, Span
 from habu.spec.builder import GraphBuilder, VarNamer
-from habu.spec.dtypes import DEFAULT_INDEX_DTYPE, DEFAULT_TENSOR_DTYPE, INDEX_DTYPES, DType, dtype_named
+from habu.spec.dtypes import (
+    DEFAULT_INDEX_DTYPE,
+    DEFAULT_TENSOR_DTYPE,
+    INDEX_DTYPES,
+    READABLE_DTYPES,
+    WRITABLE_DTYPES,
+    DType,
+    dtype_named,
+)
 from habu.spec.effects import Effect, parse_effect
 from habu.spec.equation import EquationParser
 from habu.spec.functions import FUNCTIONS, REDUCTIONS
@@ -168,6 +176,10 @@ class TopLevel:
                                                   f"not {dtype.name}")
         name = self.name_after(tok, "a tensor name")
         self.check_tensor_name(name)
+        if dtype.name not in READABLE_DTYPES:
+            raise (lit.tok if lit else tok).error(
+                f"tensor {name.text} cannot be {dtype.name}: no kernel reads or writes {dtype.name} yet",
+                f"tensors hold {', '.join(READABLE_DTYPES)}; models write {', '.join(WRITABLE_DTYPES)}")
         group_span, words = self.reader.read_group("extents", name)
         extents: list[str] = []
         for w in words:
@@ -295,6 +307,7 @@ class TopLevel:
             raise end.error(f"the result bound to {item.name} has extents ( {have} ) but {decl.name} is "
                             f"declared ( {want} )", f"the result is {v.describe()}, from {_at(v.origin.span)}")
         if v.tensor in builder.intermediates:
+            builder.check_writable(decl, end)
             builder.rename(v.tensor, decl.name)
             builder.written[decl.name] = decl
         else:
