@@ -144,7 +144,7 @@ def test_regression_doubling_words_check_ran_56_seconds(tmp_path):
                    + "MODEL: M ( X -- Y ) W16 ;\n")
     r = habu("check", str(src))
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.startswith(f"{src}:19:3: error: W15 would expand to 98,302 words (at most 50,000)")
+    assert r.stderr.startswith(f"{src}:17:3: error: W13 would expand to 24,574 words (at most 20,000)")
 
 
 def test_regression_compile_of_f8e4m3_and_i8_to_i32_gave_key_error(tmp_path):

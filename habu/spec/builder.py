@@ -139,18 +139,16 @@ class GraphBuilder:
         out_names = {o.name for o in outputs}
         nodes = _fold_copies(_prune_dead(self.nodes, out_names), set(self.intermediates))
         live = {eq.target for eq in nodes}
-        read_names: list[str] = []
+        read_names: dict[str, None] = {}  # in order of first read
         for eq in nodes:
             for t in _tensors_in(eq.rhs):
-                if t not in read_names:
-                    read_names.append(t)
+                read_names.setdefault(t)
         inputs = tuple(self.reads[n] for n in read_names if n in self.reads)
         intermediates = tuple(d for n, d in self.intermediates.items() if n in live)
-        used_extents: list[str] = []
+        used: dict[str, None] = {}  # in order of first use
 
         def use(ext: str) -> None:
-            if ext not in used_extents:
-                used_extents.append(ext)
+            used.setdefault(ext)
 
         for t in (*inputs, *outputs, *intermediates):
             for e in t.extents:
@@ -166,8 +164,8 @@ class GraphBuilder:
                 if isinstance(e, Reduce):
                     for v in e.vars:
                         use(v.extent)
-        order = list(self.program.extents)
-        used_extents.sort(key=lambda e: order.index(e) if e in order else len(order))
+        order = {name: k for k, name in enumerate(self.program.extents)}
+        used_extents = sorted(used, key=lambda e: order.get(e, len(order)))
         extents = tuple(self.program.extents[e].extent for e in used_extents)
         obligations = list(self.obligations)
         for eq in nodes:

@@ -7,6 +7,7 @@ index position of a tensor has an extent type, and an index of another extent do
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Protocol
@@ -34,6 +35,15 @@ from habu.spec.lexer import Token
 MAX_DEPTH = 100  # nesting of parentheses, calls and reductions
 MAX_POWER = 16
 MAX_CONST = Fraction(10) ** 38
+MAX_EXPONENT = 400  # `1e99999999` would take minutes to make exact; 1e-400 is still exact and small
+_EXPONENT = re.compile(r"[eE]([+-]?\d+)$")
+
+
+def decimal_exponent(text: str) -> int | None:
+    """The exponent written in a number like `1.5e-3` (None when there is none), read without
+    making the number (its digit count is bounded by the token length)."""
+    m = _EXPONENT.search(text)
+    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -281,6 +291,9 @@ class EquationParser:
         raise t.error(f"unknown name {t.text}", *self._did_you_mean_tensor())
 
     def number(self, t: Token) -> Const:
+        exponent = decimal_exponent(t.text)
+        if exponent is not None and abs(exponent) > MAX_EXPONENT:
+            raise t.error(f"number {t.text} is out of range (a decimal exponent is at most {MAX_EXPONENT})")
         try:
             value = Fraction(t.text.replace("_", ""))
         except (ValueError, ZeroDivisionError):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from habu.errors import HabuError, Span
 from habu.spec.builder import GraphBuilder, VarNamer
 from habu.spec.effects import Effect, EffectItem
-from habu.spec.equation import TensorType, format_expr
+from habu.spec.equation import MAX_EXPONENT, TensorType, decimal_exponent, format_expr
 from habu.spec.ir import (
     Const,
     Equation,
@@ -57,8 +57,8 @@ from habu.spec.values import (
 MAX_EXPANSION_DEPTH = 64  # nesting of word calls inside word calls
 # Words executed while expanding one model or one definition. A definition's size is known before it
 # runs (`expansion_size`), so `: W1 ( x -- y ) W0 W0 ;` ... `W16` is refused where it is defined
-# instead of running 2^16 words. 50,000 words expand in a few seconds; real models use hundreds.
-MAX_EXPANSION = 50_000
+# instead of running 2^16 words. 20,000 words (at most as many nodes) check in seconds; real models use hundreds.
+MAX_EXPANSION = 20_000
 MAX_STEPS = MAX_EXPANSION
 
 
@@ -203,6 +203,9 @@ def parse_number(text: str):
 
     if not text or not (text[0].isdigit() or (text[0] in "+-." and len(text) > 1 and
                                               (text[1].isdigit() or text[1] == "."))):
+        return None
+    exponent = decimal_exponent(text)
+    if exponent is not None and abs(exponent) > MAX_EXPONENT:
         return None
     try:
         value = Fraction(text.replace("_", ""))

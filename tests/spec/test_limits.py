@@ -96,10 +96,10 @@ def test_regression_doubling_words_to_w16_ran_56_seconds():
     start = time.process_time()
     err = error_of(doubling_words(16))
     assert time.process_time() - start < 15
-    assert err.message == f"W15 would expand to 98,302 words (at most {MAX_EXPANSION:,})", err.message
-    assert any("W14 alone runs 49,151 words" in n for n in err.notes)
+    assert err.message == f"W13 would expand to 24,574 words (at most {MAX_EXPANSION:,})", err.message
+    assert any("W12 alone runs 12,287 words" in n for n in err.notes)
     assert_error_format(err)
-    assert err.span is not None and (err.span.line, err.span.col) == (19, 3)
+    assert err.span is not None and (err.span.line, err.span.col) == (17, 3)
 
 
 def test_regression_expansion_bound_equals_the_words_the_interpreter_runs(monkeypatch):
@@ -119,10 +119,10 @@ def test_regression_expansion_bound_equals_the_words_the_interpreter_runs(monkey
 
 
 def test_regression_model_body_is_bounded_before_it_runs():
-    body = "W12 " * 5
-    text = doubling_words(12).replace("MODEL: M ( X -- Y ) W12 ;", f"MODEL: M ( X -- Y ) {body};")
+    body = "W11 " * 5
+    text = doubling_words(11).replace("MODEL: M ( X -- Y ) W11 ;", f"MODEL: M ( X -- Y ) {body};")
     err = error_of(text)
-    assert "MODEL M would expand to" in err.message and "W12 alone runs" in " ".join(err.notes)
+    assert "MODEL M would expand to" in err.message and "W11 alone runs 6,143 words" in " ".join(err.notes)
 
 
 def test_regression_32k_extent_lines_took_39_seconds():
