@@ -15,6 +15,7 @@ from typing import Protocol
 from habu.errors import HabuError
 from habu.spec.functions import CALLABLE, FUNCTIONS
 from habu.spec.ir import (
+    MAX_NESTING,
     Const,
     Equation,
     Expr,
@@ -453,12 +454,16 @@ def check_index_vars_used(eq: Equation) -> set[IndexVar]:
 _PREC = {"add": 1, "sub": 1, "mul": 2, "div": 2, "neg": 3}
 
 
-def format_index(ix: IndexExpr) -> str:
+def format_index(ix: IndexExpr, depth: int = 0) -> str:
+    """`ix` as written; gathers nested deeper than `MAX_NESTING` (only words can build them, and a
+    model refuses them) print as `…`."""
     if isinstance(ix, IndexVar):
         return ix.name
     if isinstance(ix, IndexConst):
         return str(ix.value)
-    return f"{ix.tensor}[{' '.join(format_index(i) for i in ix.indices)}]"
+    if depth >= MAX_NESTING:
+        return "…"
+    return f"{ix.tensor}[{' '.join(format_index(i, depth + 1) for i in ix.indices)}]"
 
 
 def format_const(v: Fraction) -> str:

@@ -162,3 +162,36 @@ def test_regression_long_line_error_keeps_the_caret_under_its_column(k):
     assert len(shown) <= 160 and shown[len(caret) - 1] == "@"
     assert shown.startswith("…") == (k > 0) and shown.endswith("…") == (k < 9_999)
     assert_error_format(err)
+
+
+@pytest.mark.parametrize("literal, where", [("1e99999999", "equation"), ("1e-99999999", "equation"),
+                                             ("1e99999999", "word")])
+def test_regression_huge_decimal_exponent_hung_making_the_fraction(literal, where):
+    start = time.process_time()
+    if where == "equation":
+        err = error_of(HEAD + f"MODEL: M Y[m] = X[m] + {literal} ;\n")
+        assert "a decimal exponent is at most 400" in err.message
+    else:
+        err = error_of(HEAD + f"MODEL: M ( X -- Y ) {literal} ADD ;\n")
+        assert f"unknown word {literal}" in err.message
+    assert time.process_time() - start < 2
+    assert_error_format(err)
+
+
+def test_exponent_400_is_still_exact():
+    model = parse(HEAD + "MODEL: M Y[m] = X[m] · 1e-400 + 1e38 ;\n").models["M"]
+    from fractions import Fraction
+
+    rhs = model.nodes[0].rhs
+    assert isinstance(rhs, Op) and isinstance(rhs.args[0], Op)
+    assert rhs.args[0].args[1] == Const(Fraction(1, 10**400)) and rhs.args[1] == Const(Fraction(10**38))
+
+
+@pytest.mark.parametrize("body, says", [
+    ("m X@ m " + "IX@ " * 3000 + "SUM-OVER", "got the index IX[IX["),
+    ("m X@ " + "1 + " * 3000 + "X@", "got the element value X[m] + 1 + 1"),
+])
+def test_regression_error_describing_a_deep_value_recursed_and_echoed_all_of_it(body, says):
+    err = error_of(HEAD + "ITENSOR: IX ( #M #M )\nMODEL: M ( -- ) " + body + " m Y! ;\n")
+    assert says in err.message and len(err.message) < 200, err.message
+    assert_error_format(err)
