@@ -136,10 +136,22 @@ class Load:
 
 @dataclass(frozen=True)
 class Op:
-    """An elementwise function applied to its arguments (see `habu.spec.functions`)."""
+    """An elementwise function applied to its arguments (see `habu.spec.functions`).
+
+    Its hash is computed once, from its arguments' (cached) hashes: hashing a 5,000-term operator
+    chain neither recurses nor takes time proportional to its size."""
 
     fn: str
     args: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.fn, self.args)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple:
+        return (Op, (self.fn, self.args))  # the hash is recomputed where it is unpickled
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,15 @@ class Reduce:
     op: str
     vars: tuple[IndexVar, ...]
     body: Expr
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.op, self.vars, self.body)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple:
+        return (Reduce, (self.op, self.vars, self.body))
 
 
 Expr = Const | Size | Load | Op | Reduce

@@ -195,3 +195,14 @@ def test_regression_error_describing_a_deep_value_recursed_and_echoed_all_of_it(
     err = error_of(HEAD + "ITENSOR: IX ( #M #M )\nMODEL: M ( -- ) " + body + " m Y! ;\n")
     assert says in err.message and len(err.message) < 200, err.message
     assert_error_format(err)
+
+
+def test_regression_hashing_a_5000_term_chain_recursed_in_the_dataclass_hash():
+    import pickle
+
+    a = parse(chain(5000)).models["M"].nodes[0].rhs
+    b = parse(chain(5000)).models["M"].nodes[0].rhs
+    assert a is not b and hash(a) == hash(b)  # (== on two distinct 5,000-deep trees still recurses)
+    small = parse(chain(3)).models["M"].nodes[0].rhs
+    again = pickle.loads(pickle.dumps(small))  # the cached hash is recomputed, not unpickled
+    assert again == small and hash(again) == hash(small)
