@@ -51,13 +51,16 @@ def check(file: FileArg) -> None:
 
 @app.command()
 def words(file: Annotated[Path | None, typer.Argument(help="Also list this file's words.")] = None) -> None:
-    """List the word library: each word's stack effect and meaning."""
+    """List the word library: each word's stack effect and meaning, then the element types."""
     from habu.spec.parser import load_program, prelude
 
     program = load_program(file) if file else prelude()
     width = max(len(w) for w in program.words)
     for name, w in program.words.items():
         print(f"{name:<{width}}  {w.effect_text():<36} {w.meaning()}")
+    from habu.spec.dtypes import dtype_summary
+
+    print(dtype_summary())
 
 
 @app.command("eval")

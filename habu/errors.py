@@ -7,6 +7,7 @@ prints `err.render()` and exits 1; a Python traceback reaching a user is a bug.
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field
 
 
@@ -19,10 +20,7 @@ class Source:
     _line_starts: list[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        starts = [0]
-        for i, ch in enumerate(self.text):
-            if ch == "\n":
-                starts.append(i + 1)
+        starts = [0, *(m.end() for m in re.finditer("\n", self.text))]
         object.__setattr__(self, "_line_starts", starts)
 
     @staticmethod
@@ -91,7 +89,7 @@ class HabuError(Exception):
             src = self.span.source
             line, col = src.line_col(self.span.offset)
             lines.append(f"{src.path}:{line}:{col}: error: {self.message}")
-            text = src.line_text(line)
+            text, col = _window(src.line_text(line), col)
             lines.append(text)
             # keep tabs so the caret lines up under tab-indented code
             pad = "".join("\t" if ch == "\t" else " " for ch in text[: col - 1])
@@ -102,6 +100,24 @@ class HabuError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+SHOWN_LINE = 160  # an error shows at most this many characters of its source line
+
+
+def _window(text: str, col: int) -> tuple[str, int]:
+    """At most `SHOWN_LINE` characters of a source line around 1-based column `col`, with `…` where
+    the line is cut, and the column of the same character in what is shown."""
+    if len(text) <= SHOWN_LINE:
+        return text, col
+    start = max(0, min(col - 1 - SHOWN_LINE // 3, len(text) - SHOWN_LINE))
+    end = start + SHOWN_LINE
+    shown = text[start:end]
+    if start > 0:
+        shown, col = "…" + shown[1:], col - start
+    if end < len(text):
+        shown = shown[:-1] + "…"
+    return shown, col
 
 
 class UsageError(HabuError):

@@ -122,3 +122,39 @@ def test_words_lists_the_library():
 def test_bad_shape_option():
     r = habu("eval", "examples/gemm.habu", "--inputs", "x.npz", "-o", "y.npz", "--shape", "Q=3")
     assert r.returncode == 1 and "#Q" in r.stderr
+
+
+@pytest.mark.parametrize("n", [500, 5000])
+def test_regression_flat_chain_of_500_terms_check_and_eval_gave_recursion_error(tmp_path, n):
+    src = tmp_path / "chain.habu"
+    src.write_text("8 EXTENT: #M\nTENSOR: X ( #M )\nTENSOR: Y ( #M )\nMODEL: M Y[m] = X[m]" + " + 1" * n + " ;\n")
+    r = habu("check", str(src))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "Y[m] <- X[m]" in r.stdout
+    np.savez(tmp_path / "in.npz", X=np.arange(8.0))
+    r = habu("eval", str(src), "--inputs", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert np.array_equal(np.load(tmp_path / "out.npz")["Y"], np.arange(8.0) + n)
+
+
+def test_regression_doubling_words_check_ran_56_seconds(tmp_path):
+    src = tmp_path / "w16.habu"
+    src.write_text("8 EXTENT: #M\nTENSOR: X ( #M )\nTENSOR: Y ( #M )\n: W0 ( x -- y ) GELU ;\n"
+                   + "".join(f": W{i} ( x -- y ) W{i - 1} W{i - 1} ;\n" for i in range(1, 17))
+                   + "MODEL: M ( X -- Y ) W16 ;\n")
+    r = habu("check", str(src))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"{src}:17:3: error: W13 would expand to 24,574 words (at most 20,000)")
+
+
+def test_regression_compile_of_f8e4m3_and_i8_to_i32_gave_key_error(tmp_path):
+    for x, y, says in [("f8e4m3", "f32", "tensor X cannot be f8e4m3"), ("i8", "i32", "Y is i32, and kernels store only")]:
+        src = tmp_path / "d.habu"
+        src.write_text(f"128 EXTENT: #M\n{x} TENSOR: X ( #M )\n{y} TENSOR: Y ( #M )\nMODEL: M Y[m] = X[m] + 1 ;\n")
+        r = habu("compile", str(src), "-o", str(tmp_path / "out"))
+        assert r.returncode == 1 and "Traceback" not in r.stderr and says in r.stderr, r.stderr[-2000:]
+
+
+def test_words_lists_the_element_types():
+    r = habu("words")
+    assert r.returncode == 0 and "element types: f64 f32 bf16 f16 i8 i16 i32 i64" in r.stdout

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from habu.spec.dtypes import WRITABLE_DTYPES
 from habu.spec.ir import (
+    MAX_NESTING,
     Equation,
     Expr,
     Gather,
@@ -13,17 +15,28 @@ from habu.spec.ir import (
     Load,
     Model,
     Obligation,
-    Op,
     Reduce,
     Size,
     TensorDecl,
+    expr_size,
     gathers,
     index_subexprs,
     loads,
+    map_ops,
     walk,
 )
 from habu.spec.lexer import Token
 from habu.spec.program import Program
+
+# Limits on one node's expression, so that every later stage (which walks expressions, some of them
+# recursively) stays fast and within Python's recursion limit. An operator chain of 5,000 terms is
+# accepted; `x^16^16^16` (a tree of 4,096 copies of x) is refused.
+MAX_EXPR_NODES = 100_000  # nodes, a subexpression counted at each of its uses
+MAX_EXPR_HEIGHT = 10_000  # the longest path from the root to a leaf: the length of an operator chain
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**12 else f"about 10^{len(str(n)) - 1}"
 
 
 class GraphBuilder:
@@ -76,7 +89,27 @@ class GraphBuilder:
             if decl is not None:
                 self.reads.setdefault(name, decl)
 
+    def check_writable(self, decl: TensorDecl, tok: Token) -> None:
+        """Refuse to write a tensor whose element type no kernel can store."""
+        if decl.dtype is not None and decl.dtype.name not in WRITABLE_DTYPES:
+            raise tok.error(f"{decl.name} is {decl.dtype.name}, and kernels store only "
+                            f"{', '.join(WRITABLE_DTYPES)}: declare the output as one of those")
+
+    def check_size(self, eq: Equation, tok: Token) -> None:
+        """Refuse an expression too large for the later stages (before anything walks it)."""
+        size = expr_size(eq.rhs)
+        if size.nodes > MAX_EXPR_NODES:
+            raise tok.error(f"the expression defining {eq.target} has {_count(size.nodes)} nodes "
+                            f"(at most {MAX_EXPR_NODES:,})", "split it into several equations or models")
+        if size.height > MAX_EXPR_HEIGHT:
+            raise tok.error(f"the expression defining {eq.target} is a chain of {size.height:,} operations "
+                            f"(at most {MAX_EXPR_HEIGHT:,})", "split it into several equations")
+        if size.nesting > MAX_NESTING:
+            raise tok.error(f"the expression defining {eq.target} nests reductions and gathers "
+                            f"{size.nesting} deep (at most {MAX_NESTING})")
+
     def add_node(self, eq: Equation, tok: Token) -> None:
+        self.check_size(eq, tok)
         self._register_reads(eq, tok)
         self.nodes.append(eq)
 
@@ -86,6 +119,8 @@ class GraphBuilder:
             raise tok.error(f"{decl.name} is written twice in this model")
         if decl.is_index:
             raise tok.error(f"{decl.name} is an index tensor; models read index tensors, never write them")
+        self.check_writable(decl, tok)
+        self.check_size(eq, tok)
         for ld in loads(eq.rhs):
             if ld.tensor == decl.name and ld.indices != eq.lhs:
                 raise tok.error(f"{decl.name} is read at other elements than the ones being written "
@@ -104,18 +139,16 @@ class GraphBuilder:
         out_names = {o.name for o in outputs}
         nodes = _fold_copies(_prune_dead(self.nodes, out_names), set(self.intermediates))
         live = {eq.target for eq in nodes}
-        read_names: list[str] = []
+        read_names: dict[str, None] = {}  # in order of first read
         for eq in nodes:
             for t in _tensors_in(eq.rhs):
-                if t not in read_names:
-                    read_names.append(t)
+                read_names.setdefault(t)
         inputs = tuple(self.reads[n] for n in read_names if n in self.reads)
         intermediates = tuple(d for n, d in self.intermediates.items() if n in live)
-        used_extents: list[str] = []
+        used: dict[str, None] = {}  # in order of first use
 
         def use(ext: str) -> None:
-            if ext not in used_extents:
-                used_extents.append(ext)
+            used.setdefault(ext)
 
         for t in (*inputs, *outputs, *intermediates):
             for e in t.extents:
@@ -131,8 +164,8 @@ class GraphBuilder:
                 if isinstance(e, Reduce):
                     for v in e.vars:
                         use(v.extent)
-        order = list(self.program.extents)
-        used_extents.sort(key=lambda e: order.index(e) if e in order else len(order))
+        order = {name: k for k, name in enumerate(self.program.extents)}
+        used_extents = sorted(used, key=lambda e: order.get(e, len(order)))
         extents = tuple(self.program.extents[e].extent for e in used_extents)
         obligations = list(self.obligations)
         for eq in nodes:
@@ -218,13 +251,14 @@ def _rename_ix(ix: IndexExpr, old: str, new: str) -> IndexExpr:
 
 
 def _rename_expr(e: Expr, old: str, new: str) -> Expr:
-    if isinstance(e, Load):
-        return Load(new if e.tensor == old else e.tensor, tuple(_rename_ix(i, old, new) for i in e.indices))
-    if isinstance(e, Op):
-        return Op(e.fn, tuple(_rename_expr(a, old, new) for a in e.args))
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.vars, _rename_expr(e.body, old, new))
-    return e
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, Load):
+            return Load(new if x.tensor == old else x.tensor, tuple(_rename_ix(i, old, new) for i in x.indices))
+        if isinstance(x, Reduce):
+            return Reduce(x.op, x.vars, _rename_expr(x.body, old, new))
+        return x
+
+    return map_ops(e, leaf)
 
 
 def _rename_eq(eq: Equation, old: str, new: str) -> Equation:

@@ -54,6 +54,19 @@ DEFAULT_TENSOR_DTYPE = DTYPES["f32"]
 DEFAULT_INDEX_DTYPE = DTYPES["i32"]
 INDEX_DTYPES = ("i16", "i32", "i64")
 
+# What the CUDA backend compiles (habu/emit_cuda/common.py: CTYPE for loads, STORE for stores; the
+# test tests/spec/test_dtypes.py keeps these in step with it). tf32 and the f8 types are named by
+# the language but no kernel reads or writes them yet: declaring such a tensor is an error.
+READABLE_DTYPES = ("f64", "f32", "bf16", "f16", "i8", "i16", "i32", "i64")
+WRITABLE_DTYPES = ("f32", "bf16", "f16")
+
+
+def dtype_summary() -> str:
+    """One line naming the element types and what each kind of tensor may hold (for `habu words`)."""
+    return (f"element types: {' '.join(READABLE_DTYPES)} (before TENSOR:, default {DEFAULT_TENSOR_DTYPE}); "
+            f"outputs: {' '.join(WRITABLE_DTYPES)}; index tensors: {' '.join(INDEX_DTYPES)} "
+            f"(default {DEFAULT_INDEX_DTYPE})")
+
 
 def dtype_named(name: str) -> DType | None:
     return DTYPES.get(name.lower())

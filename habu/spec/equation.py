@@ -7,6 +7,7 @@ index position of a tensor has an extent type, and an index of another extent do
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Protocol
@@ -14,6 +15,7 @@ from typing import Protocol
 from habu.errors import HabuError
 from habu.spec.functions import CALLABLE, FUNCTIONS
 from habu.spec.ir import (
+    MAX_NESTING,
     Const,
     Equation,
     Expr,
@@ -25,6 +27,7 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
+    fold_ops,
     free_vars,
     index_free_vars,
 )
@@ -33,6 +36,15 @@ from habu.spec.lexer import Token
 MAX_DEPTH = 100  # nesting of parentheses, calls and reductions
 MAX_POWER = 16
 MAX_CONST = Fraction(10) ** 38
+MAX_EXPONENT = 400  # `1e99999999` would take minutes to make exact; 1e-400 is still exact and small
+_EXPONENT = re.compile(r"[eE]([+-]?\d+)$")
+
+
+def decimal_exponent(text: str) -> int | None:
+    """The exponent written in a number like `1.5e-3` (None when there is none), read without
+    making the number (its digit count is bounded by the token length)."""
+    m = _EXPONENT.search(text)
+    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -280,6 +292,9 @@ class EquationParser:
         raise t.error(f"unknown name {t.text}", *self._did_you_mean_tensor())
 
     def number(self, t: Token) -> Const:
+        exponent = decimal_exponent(t.text)
+        if exponent is not None and abs(exponent) > MAX_EXPONENT:
+            raise t.error(f"number {t.text} is out of range (a decimal exponent is at most {MAX_EXPONENT})")
         try:
             value = Fraction(t.text.replace("_", ""))
         except (ValueError, ZeroDivisionError):
@@ -439,12 +454,16 @@ def check_index_vars_used(eq: Equation) -> set[IndexVar]:
 _PREC = {"add": 1, "sub": 1, "mul": 2, "div": 2, "neg": 3}
 
 
-def format_index(ix: IndexExpr) -> str:
+def format_index(ix: IndexExpr, depth: int = 0) -> str:
+    """`ix` as written; gathers nested deeper than `MAX_NESTING` (only words can build them, and a
+    model refuses them) print as `…`."""
     if isinstance(ix, IndexVar):
         return ix.name
     if isinstance(ix, IndexConst):
         return str(ix.value)
-    return f"{ix.tensor}[{' '.join(format_index(i) for i in ix.indices)}]"
+    if depth >= MAX_NESTING:
+        return "…"
+    return f"{ix.tensor}[{' '.join(format_index(i, depth + 1) for i in ix.indices)}]"
 
 
 def format_const(v: Fraction) -> str:
@@ -456,30 +475,43 @@ def format_const(v: Fraction) -> str:
 
 
 def format_expr(e: Expr, prec: int = 0) -> str:
+    """`e` in the equation language, parenthesised where precedence needs it (iterative over
+    operator chains: a chain of any length prints)."""
+    text, binds = fold_ops(e, _format_leaf, _format_op)
+    return f"({text})" if binds < prec else text
+
+
+_ATOM = 9  # the binding strength of a name, a number or a call: never parenthesised
+
+
+def _wrap(part: tuple[str, int], prec: int) -> str:
+    text, binds = part
+    return f"({text})" if binds < prec else text
+
+
+def _format_leaf(e: Expr) -> tuple[str, int]:
+    """The text of a non-operation and how strongly it binds (0: parenthesised under any operator)."""
     if isinstance(e, Const):
-        text = format_const(e.value)
-        return f"({text})" if e.value < 0 and prec > 0 else text
+        return format_const(e.value), (0 if e.value < 0 else _ATOM)
     if isinstance(e, Size):
-        return f"#{e.extent}"
+        return f"#{e.extent}", _ATOM
     if isinstance(e, Load):
         if not e.indices:
-            return e.tensor
-        return f"{e.tensor}[{' '.join(format_index(i) for i in e.indices)}]"
-    if isinstance(e, Reduce):
-        sym = "Σ" if e.op == "sum" else "max"
-        text = f"{sym} {' '.join(v.name for v in e.vars)} {format_expr(e.body, 2)}"
-        return f"({text})" if prec > 0 else text
+            return e.tensor, _ATOM
+        return f"{e.tensor}[{' '.join(format_index(i) for i in e.indices)}]", _ATOM
+    assert isinstance(e, Reduce)
+    sym = "Σ" if e.op == "sum" else "max"
+    return f"{sym} {' '.join(v.name for v in e.vars)} {format_expr(e.body, 2)}", 0
+
+
+def _format_op(e: Op, args: list[tuple[str, int]]) -> tuple[str, int]:
     fn = FUNCTIONS[e.fn]
     if fn.infix is None:
-        return f"{e.fn}({', '.join(format_expr(a) for a in e.args)})"
+        return f"{e.fn}({', '.join(_wrap(a, 0) for a in args)})", _ATOM
     p = _PREC[e.fn]
     if e.fn == "neg":
-        text = f"−{format_expr(e.args[0], 3)}"
-    else:
-        left = format_expr(e.args[0], p)
-        right = format_expr(e.args[1], p + 1)
-        text = f"{left} {fn.infix} {right}"
-    return f"({text})" if p < prec else text
+        return f"−{_wrap(args[0], 3)}", p
+    return f"{_wrap(args[0], p)} {fn.infix} {_wrap(args[1], p + 1)}", p
 
 
 def format_equation(eq: Equation) -> str:

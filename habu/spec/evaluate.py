@@ -27,6 +27,7 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
+    fold_ops,
 )
 
 
@@ -177,10 +178,12 @@ class Evaluator:
         if isinstance(e, Load):
             return self.load(e)
         if isinstance(e, Op):
-            args = [self.expr(a) for a in e.args]
-            labels = _union(*(a.labels for a in args))
-            return Labelled(self.domain.op(e.fn, [_align(a, labels) for a in args]), labels)
+            return fold_ops(e, self.expr, self.op, release=True)
         return self.reduction(e)
+
+    def op(self, e: Op, args: list[Labelled]) -> Labelled:
+        labels = _union(*(a.labels for a in args))
+        return Labelled(self.domain.op(e.fn, [_align(a, labels) for a in args]), labels)
 
     def load(self, e: Load) -> Labelled:
         data = self.env[e.tensor]
@@ -231,9 +234,16 @@ class Evaluator:
 
 
 def _factors(e: Expr) -> list[Expr]:
-    if isinstance(e, Op) and e.fn == "mul":
-        return _factors(e.args[0]) + _factors(e.args[1])
-    return [e]
+    """The factors of a product, left to right (iterative: a product of any length)."""
+    out: list[Expr] = []
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Op) and x.fn == "mul":
+            stack.extend(reversed(x.args))
+        else:
+            out.append(x)
+    return out
 
 
 # ----------------------------------------------------------------------------- binding inputs

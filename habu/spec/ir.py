@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import TypeVar
 
 from habu.spec.dtypes import DType
 
 INT31_MAX = 2**31 - 1
 MAX_EXTENT = 2**40  # a dimension larger than this is certainly a typo
+MAX_NESTING = 100  # reductions and gathers inside one another (the walkers recurse through these)
+T = TypeVar("T")
 
 
 # ----------------------------------------------------------------------------- extents and tensors
@@ -133,10 +136,22 @@ class Load:
 
 @dataclass(frozen=True)
 class Op:
-    """An elementwise function applied to its arguments (see `habu.spec.functions`)."""
+    """An elementwise function applied to its arguments (see `habu.spec.functions`).
+
+    Its hash is computed once, from its arguments' (cached) hashes: hashing a 5,000-term operator
+    chain neither recurses nor takes time proportional to its size."""
 
     fn: str
     args: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.fn, self.args)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple:
+        return (Op, (self.fn, self.args))  # the hash is recomputed where it is unpickled
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,15 @@ class Reduce:
     op: str
     vars: tuple[IndexVar, ...]
     body: Expr
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.op, self.vars, self.body)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple:
+        return (Reduce, (self.op, self.vars, self.body))
 
 
 Expr = Const | Size | Load | Op | Reduce
@@ -224,28 +248,158 @@ class Model:
         return canonical_form(self)
 
     def canonical_hash(self) -> str:
-        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+        return hashlib.sha256(compact_json(self.canonical()).encode()).hexdigest()
 
 
 # ----------------------------------------------------------------------------- traversal helpers
 
 
 def index_subexprs(ix: IndexExpr) -> Iterator[IndexExpr]:
-    yield ix
-    if isinstance(ix, Gather):
-        for sub in ix.indices:
-            yield from index_subexprs(sub)
+    """`ix` and every index expression inside it, parents first, left to right (iterative)."""
+    stack = [ix]
+    while stack:
+        i = stack.pop()
+        yield i
+        if isinstance(i, Gather):
+            stack.extend(reversed(i.indices))
+
+
+def children(expr: Expr) -> tuple[Expr, ...]:
+    """The value subexpressions of `expr`: an operation's arguments, a reduction's body."""
+    if isinstance(expr, Op):
+        return expr.args
+    if isinstance(expr, Reduce):
+        return (expr.body,)
+    return ()
 
 
 def walk(expr: Expr) -> Iterator[Expr]:
-    """Every subexpression, parents first."""
-    yield expr
-    if isinstance(expr, Op):
-        for a in expr.args:
-            yield from walk(a)
-    elif isinstance(expr, Reduce):
-        yield from walk(expr.body)
+    """Every subexpression, parents first, left to right (iterative: chains of any length)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        yield e
+        kids = children(e)
+        if kids:
+            stack.extend(reversed(kids))
+
+
+def fold_expr(expr: Expr, visit: Callable[[Expr, list[T]], T]) -> T:
+    """Compute bottom-up over all of `expr` without recursion: `visit(e, results of its children)`
+    (see `children`). A subexpression shared by several parents is computed once."""
+    done: dict[int, T] = {}
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    while stack:
+        e, ready = stack.pop()
+        key = id(e)
+        if key in done:
+            continue
+        kids = children(e)
+        if ready or not kids:
+            done[key] = visit(e, [done[id(k)] for k in kids])
+        else:
+            stack.append((e, True))
+            stack.extend((k, False) for k in reversed(kids))
+    return done[id(expr)]
+
+
+def fold_ops(expr: Expr, leaf: Callable[[Expr], T], op: Callable[[Op, list[T]], T], *,
+             release: bool = False) -> T:
+    """Compute bottom-up over the operations of `expr` without recursion: `leaf(e)` for every other
+    node (Const, Size, Load, Reduce) in left-to-right order, `op(e, args)` for an operation once its
+    arguments are done. A subexpression shared by several parents is computed once; with `release`,
+    a result is dropped as soon as every operation using it has run (for large values, like arrays).
+    Reductions are leaves here: a `leaf` that descends into a body recurses only as deep as
+    reductions nest (at most `MAX_NESTING` in a checked model)."""
+    if not isinstance(expr, Op):
+        return leaf(expr)
+    uses = _argument_uses(expr) if release else None
+    done: dict[int, T] = {}
+    stack: list[Expr | None] = [expr]  # None: the operation below it has its arguments done
+    while stack:
+        e = stack.pop()
+        if e is None:
+            o = stack.pop()
+            assert isinstance(o, Op)
+            args = o.args
+            done[id(o)] = op(o, [done[id(a)] for a in args])
+            if uses is not None:
+                for a in args:
+                    uses[id(a)] -= 1
+                    if not uses[id(a)]:
+                        del done[id(a)]
+            continue
+        if id(e) in done:
+            continue
+        if isinstance(e, Op):
+            stack.append(e)
+            stack.append(None)
+            stack.extend(reversed(e.args))
+        else:
+            done[id(e)] = leaf(e)
+    return done[id(expr)]
+
+
+def _argument_uses(expr: Expr) -> dict[int, int]:
+    """How many times each node of `expr` is an argument of one of its (distinct) operations."""
+    uses: dict[int, int] = {}
+    seen: set[int] = set()
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if not isinstance(e, Op) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        for a in e.args:
+            uses[id(a)] = uses.get(id(a), 0) + 1
+            stack.append(a)
+    return uses
+
+
+def map_ops(expr: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
+    """`expr` with every non-operation node replaced by `leaf(node)`, operations rebuilt (iteratively)."""
+
+    def op(e: Op, args: list[Expr]) -> Expr:
+        return e if all(a is b for a, b in zip(args, e.args, strict=True)) else Op(e.fn, tuple(args))
+
+    return fold_ops(expr, leaf, op)
+
+
+@dataclass(frozen=True)
+class ExprSize:
+    """How big an expression is as a tree: its node count (a shared subtree counted at each use), its
+    height, and how deeply reductions and gathers nest in it."""
+
+    nodes: int
+    height: int
+    nesting: int
+
+
+def index_nesting(ix: IndexExpr) -> int:
+    """How many gathers nest in `ix` (`IX[IY[m]]` is 2), level by level without recursion."""
+    depth, level = 0, [ix]
+    while any(isinstance(i, Gather) for i in level):
+        depth += 1
+        inner = {id(s): s for i in level if isinstance(i, Gather) for s in i.indices}
+        level = list(inner.values())
+    return depth
+
+
+def expr_size(expr: Expr) -> ExprSize:
+    """The `ExprSize` of `expr`, computed over its shared graph (linear in the distinct nodes)."""
+
+    def visit(e: Expr, kids: list[ExprSize]) -> ExprSize:
+        if isinstance(e, Load):
+            return ExprSize(1, 1, max((index_nesting(i) for i in e.indices), default=0))
+        if isinstance(e, Reduce):
+            body = kids[0]
+            return ExprSize(body.nodes + 1, body.height + 1, body.nesting + 1)
+        if isinstance(e, Op):
+            return ExprSize(1 + sum(k.nodes for k in kids), 1 + max(k.height for k in kids),
+                            max(k.nesting for k in kids))
+        return ExprSize(1, 1, 0)
+
+    return fold_expr(expr, visit)
 
 
 def loads(expr: Expr) -> Iterator[Load]:
@@ -263,30 +417,24 @@ def gathers(expr: Expr) -> Iterator[Gather]:
 
 
 def index_free_vars(ix: IndexExpr) -> set[IndexVar]:
-    if isinstance(ix, IndexVar):
-        return {ix}
-    if isinstance(ix, Gather):
-        out: set[IndexVar] = set()
-        for sub in ix.indices:
-            out |= index_free_vars(sub)
-        return out
-    return set()
+    return {sub for sub in index_subexprs(ix) if isinstance(sub, IndexVar)}
 
 
 def free_vars(expr: Expr) -> set[IndexVar]:
-    if isinstance(expr, Load):
-        out: set[IndexVar] = set()
-        for ix in expr.indices:
-            out |= index_free_vars(ix)
-        return out
-    if isinstance(expr, Op):
-        out = set()
-        for a in expr.args:
-            out |= free_vars(a)
-        return out
-    if isinstance(expr, Reduce):
-        return free_vars(expr.body) - set(expr.vars)
-    return set()
+    """The index variables `expr` depends on and does not reduce over (iterative)."""
+
+    def visit(e: Expr, kids: list[frozenset[IndexVar]]) -> frozenset[IndexVar]:
+        if isinstance(e, Load):
+            return frozenset(v for ix in e.indices for v in index_free_vars(ix))
+        if isinstance(e, Reduce):
+            return kids[0] - set(e.vars)
+        if not kids:
+            return frozenset()
+        if all(kids[0] >= k for k in kids[1:]):
+            return kids[0]
+        return frozenset().union(*kids)
+
+    return set(fold_expr(expr, visit))
 
 
 def tensors_read(expr: Expr) -> set[str]:
@@ -310,14 +458,15 @@ def rename_vars(expr: Expr, mapping: dict[IndexVar, IndexExpr]) -> Expr:
             return Gather(i.tensor, tuple(ix(j) for j in i.indices))
         return i
 
-    if isinstance(expr, Load):
-        return Load(expr.tensor, tuple(ix(i) for i in expr.indices))
-    if isinstance(expr, Op):
-        return Op(expr.fn, tuple(rename_vars(a, mapping) for a in expr.args))
-    if isinstance(expr, Reduce):
-        bound = tuple(mapping.get(v, v) for v in expr.vars)
-        return Reduce(expr.op, bound, rename_vars(expr.body, mapping))  # type: ignore[arg-type]
-    return expr
+    def leaf(e: Expr) -> Expr:
+        if isinstance(e, Load):
+            return Load(e.tensor, tuple(ix(i) for i in e.indices))
+        if isinstance(e, Reduce):
+            bound = tuple(mapping.get(v, v) for v in e.vars)
+            return Reduce(e.op, bound, rename_vars(e.body, mapping))  # type: ignore[arg-type]
+        return e
+
+    return map_ops(expr, leaf)
 
 
 # ----------------------------------------------------------------------------- canonicalisation
@@ -357,17 +506,19 @@ def canonical_form(model: Model) -> dict:
                 return ["const", i.value]
             return ["gather", tname(i.tensor), [ix(s) for s in i.indices]]
 
-        def ex(e: Expr) -> list:
+        def leaf(e: Expr) -> list:
             if isinstance(e, Const):
                 return ["const", str(e.value)]
             if isinstance(e, Size):
                 return ["size", ext(e.extent)]
             if isinstance(e, Load):
                 return ["load", tname(e.tensor), [ix(i) for i in e.indices]]
-            if isinstance(e, Op):
-                return ["op", e.fn, [ex(a) for a in e.args]]
+            assert isinstance(e, Reduce)
             bound = [[var(v.name), ext(v.extent)] for v in e.vars]
             return ["reduce", e.op, bound, ex(e.body)]
+
+        def ex(e: Expr) -> list:
+            return fold_ops(e, leaf, lambda o, args: ["op", o.fn, args])
 
         lhs = [[var(v.name), ext(v.extent)] for v in eq.lhs]
         return [tname(eq.target), lhs, ex(eq.rhs)]
@@ -379,3 +530,40 @@ def canonical_form(model: Model) -> dict:
         "intermediates": [decl(t) for t in model.intermediates],
         "nodes": nodes,
     }
+
+
+def compact_json(value: object) -> str:
+    """`json.dumps(value, sort_keys=True, separators=(",", ":"))`, written without recursion so that
+    the nested lists of a long operator chain do not reach Python's recursion limit."""
+    out: list[str] = []
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Text):
+            out.append(item.text)
+        elif isinstance(item, list | tuple):
+            out.append("[")
+            stack.append(_Text("]"))
+            for k, sub in enumerate(reversed(item)):
+                stack.append(sub)
+                if k < len(item) - 1:
+                    stack.append(_Text(","))
+        elif isinstance(item, dict):
+            out.append("{")
+            stack.append(_Text("}"))
+            keys = sorted(item)
+            for k, key in enumerate(reversed(keys)):
+                stack.append(item[key])
+                stack.append(_Text(json.dumps(str(key)) + ":"))
+                if k < len(keys) - 1:
+                    stack.append(_Text(","))
+        else:
+            out.append(json.dumps(item))
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Text:
+    """Literal output in `compact_json`."""
+
+    text: str

@@ -8,6 +8,7 @@ the line; outside of those groups `( ... )` is a comment.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from habu.errors import HabuError, Source, Span
@@ -41,18 +42,16 @@ class Reader:
 
     # -- raw scanning
     def _skip_space(self) -> None:
-        n = len(self.text)
-        while self.pos < n and self.text[self.pos].isspace():
-            self.pos += 1
+        m = _SPACE.match(self.text, self.pos)
+        assert m is not None
+        self.pos = m.end()
 
     def _scan_word(self) -> Token | None:
-        self._skip_space()
-        if self.pos >= len(self.text):
+        m = _SPACE_THEN_WORD.match(self.text, self.pos)
+        assert m is not None  # the pattern matches the empty string
+        start, self.pos = m.span(1)
+        if start == self.pos:
             return None
-        start = self.pos
-        n = len(self.text)
-        while self.pos < n and not self.text[self.pos].isspace():
-            self.pos += 1
         tok = Token(self.text[start : self.pos], self.span(start, self.pos))
         if len(tok.text) > MAX_TOKEN:
             raise HabuError(f"a word of {len(tok.text)} characters is too long (at most {MAX_TOKEN})",
@@ -127,6 +126,9 @@ class Reader:
             start = self.pos
             while self.pos < n and not self.text[self.pos].isspace() and self.text[self.pos] not in "()":
                 self.pos += 1
+            if self.pos - start > MAX_TOKEN:
+                raise HabuError(f"a word of {self.pos - start} characters is too long (at most {MAX_TOKEN})",
+                                Span(self.source, start, 1))
             words.append(Token(self.text[start : self.pos], self.span(start, self.pos)))
 
     def _skip_space_and_line_comments(self) -> None:
@@ -184,6 +186,8 @@ class Reader:
             tokens.append(tok)
 
 
+_SPACE = re.compile(r"\s*")
+_SPACE_THEN_WORD = re.compile(r"\s*(\S*)")
 SYMBOLS = set("[](),=+-−*·×/^²Σ")
 
 

@@ -22,7 +22,15 @@ from pathlib import Path
 
 from habu.errors import HabuError, Source, Span
 from habu.spec.builder import GraphBuilder, VarNamer
-from habu.spec.dtypes import DEFAULT_INDEX_DTYPE, DEFAULT_TENSOR_DTYPE, INDEX_DTYPES, DType, dtype_named
+from habu.spec.dtypes import (
+    DEFAULT_INDEX_DTYPE,
+    DEFAULT_TENSOR_DTYPE,
+    INDEX_DTYPES,
+    READABLE_DTYPES,
+    WRITABLE_DTYPES,
+    DType,
+    dtype_named,
+)
 from habu.spec.effects import Effect, parse_effect
 from habu.spec.equation import EquationParser
 from habu.spec.functions import FUNCTIONS, REDUCTIONS
@@ -31,6 +39,7 @@ from habu.spec.lexer import Reader, Token
 from habu.spec.program import DeclaredExtent, DeclaredTensor, ModelScope, Program
 from habu.spec.values import IndexValue, ScalarValue, TensorValue, UnknownValue, Value
 from habu.spec.words import (
+    MAX_EXPANSION,
     ColonWord,
     ElementwiseWord,
     EquationWord,
@@ -39,6 +48,7 @@ from habu.spec.words import (
     TensorLoadWord,
     TensorStoreWord,
     builtin_words,
+    expansion_size,
 )
 
 _TENSOR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -143,8 +153,8 @@ class TopLevel:
         if ext_name in self.program.extents:
             prev = self.program.extents[ext_name].span
             raise name.error(f"extent {name.text} is already declared at {_at(prev)}")
-        for other in self.program.extents:
-            if other.lower() == ext_name.lower():
+        for other in self.program.extents_like(ext_name):
+            if other != ext_name:
                 raise name.error(f"extent {name.text} differs from #{other} only in case; index variables "
                                  "would not tell them apart")
         if lit.kind == "int":
@@ -153,7 +163,7 @@ class TopLevel:
         else:
             lo, hi, mult = lit.value  # type: ignore[misc]
             extent = Extent(ext_name, None, lo, hi, mult)
-        self.program.extents[ext_name] = DeclaredExtent(extent, name.span)
+        self.program.declare_extent(ext_name, DeclaredExtent(extent, name.span))
 
     # -- TENSOR: / ITENSOR:
     def tensor(self, tok: Token, index: bool) -> None:
@@ -166,6 +176,10 @@ class TopLevel:
                                                   f"not {dtype.name}")
         name = self.name_after(tok, "a tensor name")
         self.check_tensor_name(name)
+        if dtype.name not in READABLE_DTYPES:
+            raise (lit.tok if lit else tok).error(
+                f"tensor {name.text} cannot be {dtype.name}: no kernel reads or writes {dtype.name} yet",
+                f"tensors hold {', '.join(READABLE_DTYPES)}; models write {', '.join(WRITABLE_DTYPES)}")
         group_span, words = self.reader.read_group("extents", name)
         extents: list[str] = []
         for w in words:
@@ -182,7 +196,7 @@ class TopLevel:
             decl = TensorDecl(name.text, tuple(extents[:-1]), dtype, range=extents[-1])
         else:
             decl = TensorDecl(name.text, tuple(extents), dtype)
-        self.program.tensors[name.text] = DeclaredTensor(decl, name.span)
+        self.program.declare_tensor(name.text, DeclaredTensor(decl, name.span))
         self.program.words[name.text + "@"] = TensorLoadWord(name.text + "@", decl, span=name.span)
         if not index:
             self.program.words[name.text + "!"] = TensorStoreWord(name.text + "!", decl, span=name.span)
@@ -253,6 +267,7 @@ class TopLevel:
             raise name.error(f"the words of {name.text} take {n_params} parameters but its signature has "
                              f"{len(values)} inputs")
         frame.queue = [(item.name, v) for item, v in zip(sig.inputs[n_stack:], values[n_stack:], strict=True)]
+        self.check_expansion(f"MODEL {name.text}", name, body, self.program.words, set(frame.named))
         it.frames.append(frame)
         for v in values[:n_stack]:
             it.push(v)
@@ -292,6 +307,7 @@ class TopLevel:
             raise end.error(f"the result bound to {item.name} has extents ( {have} ) but {decl.name} is "
                             f"declared ( {want} )", f"the result is {v.describe()}, from {_at(v.origin.span)}")
         if v.tensor in builder.intermediates:
+            builder.check_writable(decl, end)
             builder.rename(v.tensor, decl.name)
             builder.written[decl.name] = decl
         else:
@@ -306,9 +322,21 @@ class TopLevel:
         group_span, words = self.reader.read_group("stack effect", name)
         effect = parse_effect(group_span, words, name.text)
         body, end = self.reader.read_body(f"the definition of {name.text}", tok)
-        word = ColonWord(name.text, effect, body, span=name.span, env=dict(self.program.words))
+        env = dict(self.program.words)
+        size = self.check_expansion(f"{name.text}", name, body, env, {p.name for p in effect.params})
+        word = ColonWord(name.text, effect, body, span=name.span, env=env, expansion=size)
         self.check_colon(word, end)
         self.program.words[name.text] = word
+
+    def check_expansion(self, what: str, name: Token, body: list[Token], words: dict, names: set[str]) -> int:
+        """The number of words `body` runs, refused beyond `MAX_EXPANSION` before anything is expanded."""
+        size, worst = expansion_size(body, words, names)
+        if size > MAX_EXPANSION:
+            notes = (f"{worst.text} alone runs {size_of(worst, words):,} words",) if worst is not None else ()
+            raise name.error(f"{what} would expand to {size:,} words (at most {MAX_EXPANSION:,})", *notes,
+                             "each use of a : word runs its whole definition; a word used twice in the "
+                             "next doubles its size")
+        return size
 
     def check_colon(self, word: ColonWord, end: Token) -> None:
         """Run the body once on placeholders: arity, and every type that is already known."""
@@ -393,6 +421,11 @@ class TopLevel:
         for v in out.pattern:
             if v not in in_vars:
                 raise HabuError(f"extent {v} of {out.name} comes from no input of {name.text}", out.span)
+
+
+def size_of(tok: Token, words: dict) -> int:
+    word = words.get(tok.text) or words.get(tok.text.upper())
+    return 1 + (word.expansion if isinstance(word, ColonWord) else 0)
 
 
 def _placeholder(item, builder: GraphBuilder, program: Program) -> Value:

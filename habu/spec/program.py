@@ -36,19 +36,34 @@ class Program:
     models: dict[str, Model] = field(default_factory=dict)
     model_spans: dict[str, Span] = field(default_factory=dict)
     path: str = "<input>"
+    # the declared names by lower case, so that the case-insensitive lookups take constant time
+    _extents_by_lower: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _tensors_by_lower: dict[str, list[str]] = field(default_factory=dict, repr=False)
+
+    def declare_extent(self, name: str, declared: DeclaredExtent) -> None:
+        self.extents[name] = declared
+        self._extents_by_lower.setdefault(name.lower(), []).append(name)
+
+    def declare_tensor(self, name: str, declared: DeclaredTensor) -> None:
+        self.tensors[name] = declared
+        self._tensors_by_lower.setdefault(name.lower(), []).append(name)
+
+    def extents_like(self, name: str) -> list[str]:
+        """The declared extents whose names equal `name` but for case."""
+        return list(self._extents_by_lower.get(name.lower(), ()))
 
     # -- lookups shared by equations and words
     def find_tensor(self, name: str) -> DeclaredTensor | None:
         """By exact name, then by a unique case-insensitive match (`x` binds to `X`)."""
         if name in self.tensors:
             return self.tensors[name]
-        matches = [t for n, t in self.tensors.items() if n.lower() == name.lower()]
-        return matches[0] if len(matches) == 1 else None
+        matches = self._tensors_by_lower.get(name.lower(), [])
+        return self.tensors[matches[0]] if len(matches) == 1 else None
 
     def extent_for_index(self, name: str) -> str | None:
         """The extent an index variable base name ranges over: `m` -> `M`."""
-        for ext_name in self.extents:
-            if ext_name.lower() == name.lower() and (name == name.lower() or name == ext_name):
+        for ext_name in self._extents_by_lower.get(name.lower(), ()):
+            if name == name.lower() or name == ext_name:
                 return ext_name
         return None
 

@@ -40,7 +40,14 @@ class ScalarValue(Value):
     def describe(self) -> str:
         from habu.spec.equation import format_expr
 
-        return f"the element value {format_expr(self.expr)}"
+        return f"the element value {shorten(format_expr(self.expr))}"
+
+
+SHOWN_VALUE = 80  # characters of a value's expression that an error message shows
+
+
+def shorten(text: str) -> str:
+    return text if len(text) <= SHOWN_VALUE else text[: SHOWN_VALUE - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ class IndexValue(Value):
     def describe(self) -> str:
         from habu.spec.equation import format_index
 
-        return f"the index {format_index(self.expr)} ix<#{self.extent}>"
+        return f"the index {shorten(format_index(self.expr))} ix<#{self.extent}>"
 
 
 @dataclass(frozen=True)

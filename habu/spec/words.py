@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from habu.errors import HabuError, Span
 from habu.spec.builder import GraphBuilder, VarNamer
 from habu.spec.effects import Effect, EffectItem
-from habu.spec.equation import TensorType, format_expr
+from habu.spec.equation import MAX_EXPONENT, TensorType, decimal_exponent, format_expr
 from habu.spec.ir import (
     Const,
     Equation,
@@ -39,7 +39,9 @@ from habu.spec.ir import (
     Reduce,
     Size,
     TensorDecl,
+    fold_ops,
     free_vars,
+    map_ops,
 )
 from habu.spec.lexer import Token
 from habu.spec.program import Program
@@ -53,7 +55,11 @@ from habu.spec.values import (
 )
 
 MAX_EXPANSION_DEPTH = 64  # nesting of word calls inside word calls
-MAX_STEPS = 200_000  # words executed while expanding one model
+# Words executed while expanding one model or one definition. A definition's size is known before it
+# runs (`expansion_size`), so `: W1 ( x -- y ) W0 W0 ;` ... `W16` is refused where it is defined
+# instead of running 2^16 words. 20,000 words (at most as many nodes) check in seconds; real models use hundreds.
+MAX_EXPANSION = 20_000
+MAX_STEPS = MAX_EXPANSION
 
 
 # ----------------------------------------------------------------------------- the interpreter
@@ -124,7 +130,7 @@ class Interpreter:
         for tok in tokens:
             self.steps += 1
             if self.steps > MAX_STEPS:
-                raise tok.error(f"the model expands to more than {MAX_STEPS} words")
+                raise tok.error(f"the model expands to more than {MAX_STEPS:,} words")
             self.execute(tok)
 
     def execute(self, tok: Token) -> None:
@@ -197,6 +203,9 @@ def parse_number(text: str):
 
     if not text or not (text[0].isdigit() or (text[0] in "+-." and len(text) > 1 and
                                               (text[1].isdigit() or text[1] == "."))):
+        return None
+    exponent = decimal_exponent(text)
+    if exponent is not None and abs(exponent) > MAX_EXPONENT:
         return None
     try:
         value = Fraction(text.replace("_", ""))
@@ -358,7 +367,7 @@ class ElementwiseWord(Word):
         if not tensors:
             mapping = {"$" + item.name: v.expr for item, v in zip(self.effect.inputs, vals, strict=True)
                        if isinstance(v, ScalarValue)}
-            it.push(ScalarValue(tok, _fold(_substitute(self.body, mapping))))
+            it.push(ScalarValue(tok, _substitute_folded(self.body, mapping)))
             return
         for v in vals:
             if isinstance(v, ScalarValue) and free_vars(v.expr):
@@ -388,6 +397,7 @@ class ColonWord(Word):
     span: Span | None = None
     doc: str = ""
     env: dict[str, Word] = field(default_factory=dict, repr=False)
+    expansion: int = 0  # the words one use runs (`expansion_size` of the body), set when it is defined
 
     def meaning(self) -> str:
         return " ".join(t.text for t in self.body)
@@ -416,6 +426,23 @@ class ColonWord(Word):
         it.frames.pop()
         if len(it.stack) - floor != self.n_out:  # pragma: no cover - ruled out when it was defined
             raise tok.error(f"{self.name} left {len(it.stack) - floor} values, its effect says {self.n_out}")
+
+
+def expansion_size(body: list[Token], words: dict[str, Word], names: set[str]) -> tuple[int, Token | None]:
+    """How many words running `body` executes (each token, plus the expansion of each composition it
+    uses: the definitions' sizes are memoised on them), and the costliest token. Computed before
+    running, so an exponential definition is refused without being expanded."""
+    total, worst, worst_cost = 0, None, 0
+    for tok in body:
+        cost = 1
+        if tok.text not in names:
+            word = words.get(tok.text) or words.get(tok.text.upper())
+            if isinstance(word, ColonWord):
+                cost += word.expansion
+        total += cost
+        if cost > worst_cost:
+            worst, worst_cost = tok, cost
+    return total, worst
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -469,35 +496,42 @@ def _aligned_indices(extents: tuple[str, ...], lhs: tuple[IndexVar, ...], progra
 
 
 def _substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
-    if isinstance(e, Load):
-        if e.tensor in mapping and not e.indices:
-            return mapping[e.tensor]
-        return e
-    if isinstance(e, Op):
-        return Op(e.fn, tuple(_substitute(a, mapping) for a in e.args))
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.vars, _substitute(e.body, mapping))
-    return e
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, Load) and x.tensor in mapping and not x.indices:
+            return mapping[x.tensor]
+        if isinstance(x, Reduce):
+            return Reduce(x.op, x.vars, _substitute(x.body, mapping))
+        return x
+
+    return map_ops(e, leaf)
 
 
-def _fold(e: Expr) -> Expr:
-    """Fold operations on constants (so `2 3 +` is 5, not an expression)."""
-    if isinstance(e, Op):
-        args = tuple(_fold(a) for a in e.args)
-        if all(isinstance(a, Const) for a in args):
-            vals = [a.value for a in args]  # type: ignore[union-attr]
-            if e.fn == "add":
-                return Const(vals[0] + vals[1])
-            if e.fn == "sub":
-                return Const(vals[0] - vals[1])
-            if e.fn == "mul":
-                return Const(vals[0] * vals[1])
-            if e.fn == "neg":
-                return Const(-vals[0])
-            if e.fn == "div" and vals[1] != 0:
-                return Const(vals[0] / vals[1])
-        return Op(e.fn, args)
-    return e
+def _substitute_folded(e: Expr, mapping: dict[str, Expr]) -> Expr:
+    """`_substitute`, folding the word's own operations on constants (`2 3 +` is 5, not an expression).
+    The values substituted in are already folded: they were made by earlier words."""
+
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, Load) and x.tensor in mapping and not x.indices:
+            return mapping[x.tensor]
+        return x
+
+    return fold_ops(e, leaf, _fold_op)
+
+
+def _fold_op(e: Op, args: list[Expr]) -> Expr:
+    if all(isinstance(a, Const) for a in args):
+        vals = [a.value for a in args]  # type: ignore[union-attr]
+        if e.fn == "add":
+            return Const(vals[0] + vals[1])
+        if e.fn == "sub":
+            return Const(vals[0] - vals[1])
+        if e.fn == "mul":
+            return Const(vals[0] * vals[1])
+        if e.fn == "neg":
+            return Const(-vals[0])
+        if e.fn == "div" and vals[1] != 0:
+            return Const(vals[0] / vals[1])
+    return Op(e.fn, tuple(args))
 
 
 def _instantiate_ix(ix: IndexExpr, tensors: dict[str, str], binding: dict[str, str],
@@ -514,17 +548,18 @@ def _instantiate_ix(ix: IndexExpr, tensors: dict[str, str], binding: dict[str, s
 
 def _instantiate(e: Expr, tensors: dict[str, str], binding: dict[str, str],
                  var_map: dict[str, IndexVar], builder: VarNamer) -> Expr:
-    if isinstance(e, Load):
-        return Load(tensors.get(e.tensor, e.tensor),
-                    tuple(_instantiate_ix(i, tensors, binding, var_map, builder) for i in e.indices))
-    if isinstance(e, Op):
-        return Op(e.fn, tuple(_instantiate(a, tensors, binding, var_map, builder) for a in e.args))
-    if isinstance(e, Reduce):
-        vars_ = tuple(_instantiate_ix(v, tensors, binding, var_map, builder) for v in e.vars)
-        return Reduce(e.op, vars_, _instantiate(e.body, tensors, binding, var_map, builder))  # type: ignore[arg-type]
-    if isinstance(e, Size):
-        return Size(binding.get(e.extent, e.extent))
-    return e
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, Load):
+            return Load(tensors.get(x.tensor, x.tensor),
+                        tuple(_instantiate_ix(i, tensors, binding, var_map, builder) for i in x.indices))
+        if isinstance(x, Reduce):
+            vars_ = tuple(_instantiate_ix(v, tensors, binding, var_map, builder) for v in x.vars)
+            return Reduce(x.op, vars_, _instantiate(x.body, tensors, binding, var_map, builder))  # type: ignore[arg-type]
+        if isinstance(x, Size):
+            return Size(binding.get(x.extent, x.extent))
+        return x
+
+    return fold_ops(e, leaf, lambda o, args: Op(o.fn, tuple(args)))
 
 
 def _instantiate_eq(eq: Equation, tensors: dict[str, str], binding: dict[str, str],
