@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from habu.errors import HabuError, Span, UsageError
+from habu.plan.limits import check_nesting
 from habu.plan.plan import ContractionKernel, Plan, field_docs
 from habu.prove import Proof, prove
 from habu.prove.rules import Obligation
@@ -72,6 +73,7 @@ def compile_model(program: Program, model_name: str, shape: dict[str, int], targ
                   pins: dict[str, str], trials: int = 3, hint: str | None = PIN_HINT) -> Compiled:
     """The default (or pinned) plan, proven; `hint` is what a refusal suggests (see `plan_error`)."""
     model = bind_shape(program.model(model_name), shape)
+    check_nesting(model, program.model_spans.get(model.name))
     plan = default_plan(model, target, shape, pins)
     proof = prove(model, plan, shape, trials=trials)
     if proof.violations:

@@ -193,7 +193,8 @@ def degree(model: Model, sizes: Mapping[str, int]) -> int:
     deg: dict[str, int] = {}
     extra = 0
 
-    def d(e) -> int:
+    def node_degree(e, ds: list[int]) -> int:
+        """The degree of `e` from its children's (`ds`, in order)."""
         nonlocal extra
         from habu.spec.functions import FUNCTIONS
         from habu.spec.ir import Const, Load, Op, Size
@@ -203,7 +204,6 @@ def degree(model: Model, sizes: Mapping[str, int]) -> int:
         if isinstance(e, Load):
             return deg.get(e.tensor, 1)
         if isinstance(e, Op):
-            ds = [d(a) for a in e.args]
             kind = FUNCTIONS[e.fn].field
             if kind in ("add", "sub"):
                 return max(ds)
@@ -214,13 +214,34 @@ def degree(model: Model, sizes: Mapping[str, int]) -> int:
             extra += sum(ds)  # the argument must agree first
             return 1
         assert isinstance(e, Reduce)
-        body = d(e.body)
         if e.op == "sum":
-            return body
+            return ds[0]
         n = 1
         for v in e.vars:
             n *= sizes[v.extent]
-        return n * max(body, 1)
+        return n * max(ds[0], 1)
+
+    def d(root) -> int:
+        """`node_degree` folded over the tree bottom-up, iteratively (chains of any length)."""
+        from habu.spec.ir import Op
+
+        def children(e) -> tuple:
+            return tuple(e.args) if isinstance(e, Op) else (e.body,) if isinstance(e, Reduce) else ()
+
+        done: list[int] = []
+        stack: list[tuple[object, bool]] = [(root, False)]
+        while stack:
+            e, expanded = stack.pop()
+            kids = children(e)
+            if expanded or not kids:
+                n = len(kids)
+                ds = done[len(done) - n:] if n else []
+                del done[len(done) - n:]
+                done.append(node_degree(e, ds))
+            else:
+                stack.append((e, True))
+                stack.extend((k, False) for k in reversed(kids))
+        return done[0]
 
     for eq in model.nodes:
         deg[eq.target] = d(eq.rhs)

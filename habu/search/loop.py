@@ -23,6 +23,7 @@ from habu.db import Key, PlanDB, Record, provenance
 from habu.errors import UsageError
 from habu.lower import ContractionLowering, lower_plan
 from habu.lower.contraction import with_kernel
+from habu.plan.limits import check_nesting
 from habu.plan.patterns import Region, default_regions, partitions
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
@@ -133,6 +134,7 @@ class Search:
     def __init__(self, path: str, model: Model, target: Target, sizes: dict[str, int], db: PlanDB,
                  budget: Budget, timer=None, top_k: int = 5, seed: int = 0,
                  progress: Callable[[Stats], None] | None = None, executor: Executor | None = None):
+        check_nesting(model)  # before any plan: what the backend cannot build is refused, not crashed on
         self.path, self.model, self.target, self.db = path, model, target, db
         self.executor: Executor = executor or InlineExecutor()
         self.sequence = 0  # candidates sent to be proven: each gets seed + its number
