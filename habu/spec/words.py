@@ -25,29 +25,30 @@ from habu.errors import HabuError, Span
 from habu.spec.builder import GraphBuilder, VarNamer
 from habu.spec.effects import Effect, EffectItem
 from habu.spec.equation import MAX_EXPONENT, TensorType, decimal_exponent, format_expr
+from habu.spec.instantiate import (
+    _aligned_indices,
+    _at,
+    _instantiate_eq,
+    _substitute,
+    _substitute_folded,
+    broadcast,
+)
 from habu.spec.ir import (
     Const,
     Equation,
     Expr,
     Gather,
-    IndexConst,
     IndexExpr,
     IndexVar,
     Load,
-    Obligation,
-    Op,
-    Reduce,
     Size,
     TensorDecl,
-    fold_ops,
     free_vars,
-    map_ops,
 )
 from habu.spec.lexer import Token
 from habu.spec.program import Program
 from habu.spec.values import (
     IndexValue,
-    LaneValue,
     ScalarValue,
     TensorValue,
     UnknownValue,
@@ -448,125 +449,8 @@ def expansion_size(body: list[Token], words: dict[str, Word], names: set[str]) -
 # ----------------------------------------------------------------------------- helpers
 
 
-def _at(tok: Token) -> str:
-    return f"{tok.span.source.path}:{tok.span.line}:{tok.span.col}"
-
-
 def _untemplate(text: str) -> str:
     return text.replace("$", "").replace("#?", "#").replace("?", "")
-
-
-def broadcast(tok: Token, word: str, vals: list[TensorValue], program: Program) -> tuple[str, ...]:
-    """NumPy-style broadcasting by extent: equal extents, or a static extent of size 1."""
-    rank = max(len(v.extents) for v in vals)
-    out: list[str] = []
-    for pos in range(rank):
-        chosen: str | None = None
-        chosen_from: TensorValue | None = None
-        for v in vals:
-            k = pos - (rank - len(v.extents))
-            if k < 0:
-                continue
-            ext = v.extents[k]
-            if chosen is None or (_size_one(program, chosen) and not _size_one(program, ext)):
-                chosen, chosen_from = ext, v
-            elif ext != chosen and not _size_one(program, ext):
-                assert chosen_from is not None
-                raise tok.error(f"{word}: extents do not match: #{chosen} in {chosen_from.label} "
-                                f"against #{ext} in {v.label}",
-                                f"{chosen_from.label} was pushed at {_at(chosen_from.origin)}, "
-                                f"{v.label} at {_at(v.origin)}",
-                                "extents broadcast only when they are the same extent or one has size 1")
-        assert chosen is not None
-        out.append(chosen)
-    return tuple(out)
-
-
-def _size_one(program: Program, ext: str) -> bool:
-    return program.extents[ext].extent.size == 1
-
-
-def _aligned_indices(extents: tuple[str, ...], lhs: tuple[IndexVar, ...], program: Program) -> tuple:
-    offset = len(lhs) - len(extents)
-    out: list[IndexExpr] = []
-    for k, ext in enumerate(extents):
-        var = lhs[k + offset]
-        out.append(var if var.extent == ext else IndexConst(0))
-    return tuple(out)
-
-
-def _substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
-    def leaf(x: Expr) -> Expr:
-        if isinstance(x, Load) and x.tensor in mapping and not x.indices:
-            return mapping[x.tensor]
-        if isinstance(x, Reduce):
-            return Reduce(x.op, x.vars, _substitute(x.body, mapping))
-        return x
-
-    return map_ops(e, leaf)
-
-
-def _substitute_folded(e: Expr, mapping: dict[str, Expr]) -> Expr:
-    """`_substitute`, folding the word's own operations on constants (`2 3 +` is 5, not an expression).
-    The values substituted in are already folded: they were made by earlier words."""
-
-    def leaf(x: Expr) -> Expr:
-        if isinstance(x, Load) and x.tensor in mapping and not x.indices:
-            return mapping[x.tensor]
-        return x
-
-    return fold_ops(e, leaf, _fold_op)
-
-
-def _fold_op(e: Op, args: list[Expr]) -> Expr:
-    if all(isinstance(a, Const) for a in args):
-        vals = [a.value for a in args]  # type: ignore[union-attr]
-        if e.fn == "add":
-            return Const(vals[0] + vals[1])
-        if e.fn == "sub":
-            return Const(vals[0] - vals[1])
-        if e.fn == "mul":
-            return Const(vals[0] * vals[1])
-        if e.fn == "neg":
-            return Const(-vals[0])
-        if e.fn == "div" and vals[1] != 0:
-            return Const(vals[0] / vals[1])
-    return Op(e.fn, tuple(args))
-
-
-def _instantiate_ix(ix: IndexExpr, tensors: dict[str, str], binding: dict[str, str],
-                    var_map: dict[str, IndexVar], builder: VarNamer) -> IndexExpr:
-    if isinstance(ix, IndexVar):
-        if ix.name not in var_map:
-            var_map[ix.name] = builder(binding.get(ix.extent, ix.extent))
-        return var_map[ix.name]
-    if isinstance(ix, Gather):
-        return Gather(tensors.get(ix.tensor, ix.tensor),
-                      tuple(_instantiate_ix(i, tensors, binding, var_map, builder) for i in ix.indices))
-    return ix
-
-
-def _instantiate(e: Expr, tensors: dict[str, str], binding: dict[str, str],
-                 var_map: dict[str, IndexVar], builder: VarNamer) -> Expr:
-    def leaf(x: Expr) -> Expr:
-        if isinstance(x, Load):
-            return Load(tensors.get(x.tensor, x.tensor),
-                        tuple(_instantiate_ix(i, tensors, binding, var_map, builder) for i in x.indices))
-        if isinstance(x, Reduce):
-            vars_ = tuple(_instantiate_ix(v, tensors, binding, var_map, builder) for v in x.vars)
-            return Reduce(x.op, vars_, _instantiate(x.body, tensors, binding, var_map, builder))  # type: ignore[arg-type]
-        if isinstance(x, Size):
-            return Size(binding.get(x.extent, x.extent))
-        return x
-
-    return fold_ops(e, leaf, lambda o, args: Op(o.fn, tuple(args)))
-
-
-def _instantiate_eq(eq: Equation, tensors: dict[str, str], binding: dict[str, str],
-                    var_map: dict[str, IndexVar], builder: VarNamer) -> Equation:
-    lhs = tuple(_instantiate_ix(v, tensors, binding, var_map, builder) for v in eq.lhs)
-    rhs = _instantiate(eq.rhs, tensors, binding, var_map, builder)
-    return Equation(tensors[eq.target], lhs, rhs)  # type: ignore[arg-type]
 
 
 class WordScope:
@@ -693,145 +577,8 @@ def _check_indices(tok: Token, word: str, decl: TensorDecl, vals: list[Value]) -
     return tuple(out)
 
 
-# ----------------------------------------------------------------------------- builtins
-
-
-def _fx(text: str) -> Effect:
-    from habu.errors import Source
-    from habu.spec.effects import parse_effect
-    from habu.spec.lexer import Reader
-
-    src = Source("<builtin>", text)
-    r = Reader(src)
-    tok = Token("(", Span(src, 0, 1))
-    span, words = r.read_group("stack effect", tok)
-    return parse_effect(span, words, "a builtin")
-
-
-def _dup(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return [v[0], v[0]]
-
-
-def _drop(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return []
-
-
-def _swap(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return [v[1], v[0]]
-
-
-def _over(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return [v[0], v[1], v[0]]
-
-
-def _rot(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return [v[1], v[2], v[0]]
-
-
-def _nip(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return [v[1]]
-
-
-def _tuck(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return [v[1], v[0], v[1]]
-
-
-def _lane(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    return [LaneValue(tok)]
-
-
-VECTOR = 4
-
-
-def _load_v4(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    t, lane = v
-    if not isinstance(lane, LaneValue):
-        raise tok.error(f"LOAD-V4 takes the lane index g, got {lane.describe()}")
-    if not isinstance(t, TensorValue):
-        raise tok.error(f"LOAD-V4 takes a tensor, got {t.describe()}")
-    _check_vector_tensor(it, tok, "LOAD-V4", t)
-    return [TensorValue(tok, t.tensor, t.extents, t.dtype, t.label)]
-
-
-def _store_v4(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-    val, t, lane = v
-    if not isinstance(lane, LaneValue):
-        raise tok.error(f"STORE-V4 takes the lane index g, got {lane.describe()}")
-    if not isinstance(t, TensorValue) or t.tensor not in it.program.tensors:
-        raise tok.error(f"STORE-V4 stores into a declared tensor, got {t.describe()}")
-    if not isinstance(val, TensorValue):
-        raise tok.error(f"STORE-V4 stores a vector loaded with LOAD-V4, got {val.describe()}")
-    _check_vector_tensor(it, tok, "STORE-V4", t)
-    if val.extents != t.extents:
-        raise tok.error(f"STORE-V4: the vector is over {_shape(val.extents)} but {t.label} is over "
-                        f"{_shape(t.extents)}")
-    decl = it.program.tensors[t.tensor].decl
-    namer = VarNamer()
-    lhs = tuple(namer(e) for e in decl.extents)
-    it.builder.store(decl, Equation(decl.name, lhs, Load(val.tensor, lhs)), tok)
-    return []
-
-
-def _shape(exts: tuple[str, ...]) -> str:
-    return "( " + " ".join(f"#{e}" for e in exts) + " )"
-
-
-def _check_vector_tensor(it: Interpreter, tok: Token, word: str, t: TensorValue) -> None:
-    if len(t.extents) != 1:
-        raise tok.error(f"{word} works on vectors (one extent); {t.describe()} has {len(t.extents)}")
-    ext = it.program.extents[t.extents[0]].extent
-    if ext.size is not None:
-        if ext.size % VECTOR:
-            raise tok.error(f"{word} moves {VECTOR} elements at a time, but #{ext.name} = {ext.size} is not a "
-                            f"multiple of {VECTOR}")
-        return
-    it.builder.oblige(Obligation("divisible", f"#{ext.name} is a multiple of {VECTOR} ({word} of {t.label})",
-                                 extent=ext.name, value=VECTOR))
-
-
-def _reduce(op: str) -> Callable[[Interpreter, Token, list[Value]], list[Value]]:
-    def run(it: Interpreter, tok: Token, v: list[Value]) -> list[Value]:
-        val, ix = v
-        word = "SUM-OVER" if op == "sum" else "MAX-OVER"
-        if not isinstance(val, ScalarValue):
-            raise tok.error(f"{word} reduces an element value r, got {val.describe()}")
-        if not isinstance(ix, IndexValue) or not isinstance(ix.expr, IndexVar):
-            raise tok.error(f"{word} reduces over an index variable, got {ix.describe()}")
-        return [ScalarValue(tok, Reduce(op, (ix.expr,), val.expr))]
-
-    return run
-
-
-def _arith(word: str) -> Callable[[Interpreter, Token, list[Value]], list[Value] | None]:
-    def run(it: Interpreter, tok: Token, v: list[Value]) -> list[Value] | None:
-        target = it.program.find_word(word)
-        assert target is not None, f"the prelude defines {word}"
-        it.stack.extend(v)
-        target.apply(it, tok)
-        return None
-
-    return run
-
-
 def builtin_words() -> dict[str, Word]:
-    table: list[BuiltinWord] = [
-        BuiltinWord("DUP", _fx("( a -- a a )"), _dup, "copy the top value", accepts_unknown=True),
-        BuiltinWord("DROP", _fx("( a -- )"), _drop, "discard the top value", accepts_unknown=True),
-        BuiltinWord("SWAP", _fx("( a b -- b a )"), _swap, "exchange the top two values", accepts_unknown=True),
-        BuiltinWord("OVER", _fx("( a b -- a b a )"), _over, "copy the second value", accepts_unknown=True),
-        BuiltinWord("ROT", _fx("( a b c -- b c a )"), _rot, "rotate the third value to the top",
-                    accepts_unknown=True),
-        BuiltinWord("NIP", _fx("( a b -- b )"), _nip, "drop the second value", accepts_unknown=True),
-        BuiltinWord("TUCK", _fx("( a b -- b a b )"), _tuck, "copy the top value under the second",
-                    accepts_unknown=True),
-        BuiltinWord("g", _fx("( -- g )"), _lane, "the lane index of an element-wise kernel"),
-        BuiltinWord("LOAD-V4", _fx("( t g -- v )"), _load_v4, "the 4 elements of vector t at lane g"),
-        BuiltinWord("STORE-V4", _fx("( v t g -- )"), _store_v4, "store 4 elements of v into t at lane g"),
-        BuiltinWord("SUM-OVER", _fx("( r ix -- r )"), _reduce("sum"), "sum an element value over an index"),
-        BuiltinWord("MAX-OVER", _fx("( r ix -- r )"), _reduce("max"), "maximum of an element value over an index"),
-        BuiltinWord("+", _fx("( a b -- y )"), _arith("ADD"), "ADD", accepts_unknown=False),
-        BuiltinWord("-", _fx("( a b -- y )"), _arith("SUB"), "SUB"),
-        BuiltinWord("*", _fx("( a b -- y )"), _arith("MUL"), "MUL"),
-        BuiltinWord("/", _fx("( a b -- y )"), _arith("DIV"), "DIV"),
-    ]
-    return {w.name: w for w in table}
+    """The built-in words (`habu.spec.builtin_words`)."""
+    from habu.spec.builtin_words import builtin_words as words
+
+    return words()
