@@ -9,6 +9,7 @@ from pathlib import Path
 from habu.errors import HabuError, Span, UsageError
 from habu.plan.plan import ContractionKernel, Plan, field_docs
 from habu.prove import Proof, prove
+from habu.prove.limits import check_sizes
 from habu.prove.rules import Obligation
 from habu.search.space import default_plan
 from habu.spec.ir import Model
@@ -62,6 +63,7 @@ def fallback(plan: Plan, proof: Proof) -> Plan:
 def compile_model(program: Program, model_name: str, shape: dict[str, int], target: Target,
                   pins: dict[str, str], trials: int = 3) -> Compiled:
     model = bind_shape(program.model(model_name), shape)
+    check_sizes(model, model.sizes, target)  # before anything is proven or allocated
     plan = default_plan(model, target, shape, pins)
     proof = prove(model, plan, shape, trials=trials)
     if proof.violations:
@@ -103,6 +105,10 @@ def verify_file(program: Program, model_name: str, plan_path: Path, shape: dict[
                         f"{model.name} is {model.canonical_hash()[:12]})")
     sizes = dict(plan.shape) | shape
     model = bind_shape(model, sizes)
+    from habu.target import TARGETS
+
+    if plan.target in TARGETS:
+        check_sizes(model, model.sizes, TARGETS[plan.target])
     known = {n for k in plan.kernels for n in k.nodes}
     missing = [eq.target for eq in model.nodes if eq.target not in known]
     if missing:
