@@ -274,6 +274,9 @@ def search(
             with PlanDB(db) as plans, Progress(share, console) as progress:
                 s = Search(str(file), bound, tgt, sizes, plans, share, timer, top_k, seed, progress, executor)
                 result = s.run()
+                if result.lost is not None and cleanup is not None:
+                    cleanup()  # disconnect first: Ray's driver would end this process before the report
+                    cleanup = None
                 progress(result.stats)
                 if result.best is None:
                     why = "interrupted before any plan was verified" if result.interrupted else \
@@ -329,9 +332,16 @@ def _ray_runs(console, address: str, job, target: str | None, no_gpu: bool):
     watch = ClusterWatch.of_this_driver()  # a head or raylet lost ends the search with a message
 
     def cleanup() -> None:
+        """Leave the cluster. After a loss, at once and waiting at most 5 s: Ray's driver exits
+        (status 1, nothing said) soon after the GCS marks its node dead, unless disconnected."""
+        import threading
+
         watch.stop()
-        if watch.lost is None:  # a lost head cannot be told goodbye (ray.shutdown would wait on it)
-            ray.shutdown()
+        if not ray.is_initialized():
+            return
+        leave = threading.Thread(target=ray.shutdown, daemon=True)
+        leave.start()
+        leave.join(timeout=5.0)
 
     executor = RayExecutor()
     resources = ray.cluster_resources()

@@ -118,24 +118,37 @@ def lost_error(exc: BaseException) -> ExecutorLost:
     return ExecutorLost(f"the Ray cluster was lost ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
 
 
+LOST: list[str] = []  # why the driver's cluster is gone (set by a ClusterWatch); empty while it is there
+
+
+def check_lost() -> None:
+    """Raise `ExecutorLost` when a `ClusterWatch` found the cluster gone (every wait on Ray here
+    is sliced to a second or less and calls this between slices)."""
+    if LOST:
+        raise ExecutorLost(f"the Ray cluster was lost: {LOST[0]}")
+
+
 class ClusterWatch:
     """Watches the driver's way to the cluster: the head's GCS and this node's raylet accept a
-    connection every `interval_s`. When one has not for `misses` checks in a row, the main thread
-    gets SIGUSR1, whose handler raises `ExecutorLost` there (out of a ray.get or ray.wait too: Ray
-    checks for signals while it waits). Ray's own driver exits with status 1 and nothing said about
-    60 s after its GCS goes; the search ends first, with the best proven plan stored and its report
-    written."""
+    connection every `interval_s` (a connection a second, a few µs of work). When one has not for
+    `misses` checks in a row, `LOST` says why and the driver's next wait on Ray raises
+    `ExecutorLost`. Ray's own driver exits with status 1 and nothing said soon after its node is
+    marked dead (~15 s after its raylet dies, ~60 s after the GCS); the search ends first, with
+    the best proven plan stored and its report written. (A signal to the main thread does not do:
+    `ray.wait` does not look at signals while its raylet is gone.)"""
 
-    def __init__(self, addresses: list[str], interval_s: float = 2.0, misses: int = 3):
-        import signal
+    def __init__(self, addresses: list[str], interval_s: float = 1.0, misses: int = 3):
         import threading
 
         self.addresses, self.interval_s, self.misses = addresses, interval_s, misses
-        self.lost: str | None = None
+        LOST.clear()
         self._stop = threading.Event()
-        self._previous = signal.signal(signal.SIGUSR1, self._raise)
         self._thread = threading.Thread(target=self._run, name="habu-cluster-watch", daemon=True)
         self._thread.start()
+
+    @property
+    def lost(self) -> str | None:
+        return LOST[0] if LOST else None
 
     @staticmethod
     def of_this_driver(**kw: Any) -> ClusterWatch:
@@ -147,30 +160,19 @@ class ClusterWatch:
             addresses.append(f"{node.node_ip_address}:{node.node_manager_port}")
         return ClusterWatch(addresses, **kw)
 
-    def _raise(self, signum, frame) -> None:
-        raise ExecutorLost(f"the Ray cluster was lost: {self.lost}")
-
     def _run(self) -> None:
-        import signal
-        import threading
-
         missed: dict[str, int] = dict.fromkeys(self.addresses, 0)
         while not self._stop.wait(self.interval_s):
             for address in self.addresses:
                 why = reachable(address, timeout_s=self.interval_s)
                 missed[address] = 0 if why is None else missed[address] + 1
                 if missed[address] >= self.misses:
-                    self.lost = f"{address} stopped answering ({why}, {self.misses} checks in a row)"
-                    signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+                    LOST.append(f"{address} stopped answering ({why}, {self.misses} checks in a row)")
                     return
 
     def stop(self) -> None:
-        import signal
-
         self._stop.set()
         self._thread.join(timeout=2 * self.interval_s + 1)
-        with contextlib.suppress(ValueError, TypeError):
-            signal.signal(signal.SIGUSR1, self._previous)
 
 
 def identity(info: dict) -> tuple:
@@ -239,7 +241,12 @@ class _RayBatch:
     def result(self) -> list[dict]:
         ray = ray_module()
         try:
-            ray.wait(self.refs, num_returns=len(self.refs), timeout=max(0.0, self.deadline - time.monotonic()))
+            while True:  # in slices of a second: a lost cluster is noticed between them
+                check_lost()
+                left = self.deadline - time.monotonic()
+                ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=max(0.0, min(1.0, left)))
+                if len(ready) == len(self.refs) or left <= 1.0:
+                    break
         except Exception as exc:
             if cluster_lost(exc):
                 raise lost_error(exc) from None
@@ -371,7 +378,8 @@ class GpuPool:
             raise
 
     def _collect(self, wait_s: float) -> list[tuple[Any, Measurement]]:
-        """The (token, Measurement) pairs finished now, waiting up to `wait_s` for the first.
+        """The (token, Measurement) pairs finished now, waiting up to `wait_s` (at most a second:
+        a lost cluster is noticed between waits) for the first.
 
         An actor that dies mid-plan is restarted by Ray and the plan tried again (on whichever
         actor is free first, `retries` times); an actor that does not answer within `hang_s` is
@@ -386,7 +394,8 @@ class GpuPool:
                                                                  + "; ".join(self.lost))))
             self._queue.clear()
             return out
-        done, _ = ray.wait(list(self._running), num_returns=1, timeout=wait_s)
+        check_lost()
+        done, _ = ray.wait(list(self._running), num_returns=1, timeout=min(wait_s, 1.0))
         if not done:
             out += self._kill_hung()
             return out
@@ -521,5 +530,5 @@ def group_actors(actors: list[Any], wait_s: float = 600.0) -> tuple[list[GpuPool
     return pools, problems
 
 
-__all__ = ["ClusterWatch", "GpuActor", "GpuPool", "RayExecutor", "cluster_lost", "connect", "discovered_address",
-           "gpu_actor_class", "gpu_pools", "group_actors", "identity"]
+__all__ = ["LOST", "ClusterWatch", "GpuActor", "GpuPool", "RayExecutor", "check_lost", "cluster_lost", "connect",
+           "discovered_address", "gpu_actor_class", "gpu_pools", "group_actors", "identity"]

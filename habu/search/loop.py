@@ -356,7 +356,10 @@ class Search:
                 self._tune_region(i, regions[i], best, ranked, deadline)
         except KeyboardInterrupt:  # Ctrl-C: keep what was verified, and say so (the CLI exits 130)
             interrupted = True
-        except ExecutorLost as gone:  # the cluster is gone: keep what was verified, and say why
+        except Exception as exc:  # the cluster is gone (perhaps wrapped by Ray): keep what was verified, say why
+            gone = _lost_cause(exc)
+            if gone is None:
+                raise
             self.lost = gone.message
         finally:
             if self.lost is None:  # a lost cluster's actors and tasks cannot be closed (nor waited for)
@@ -596,6 +599,17 @@ class Search:
                     self.stats.best_us = measured if self.stats.best_us is None else min(self.stats.best_us, measured)
         entry = self.db.store(self.key, records, keep=self.top_k)
         return entry.records
+
+
+def _lost_cause(exc: BaseException | None) -> ExecutorLost | None:
+    """The `ExecutorLost` this exception is or was raised from (Ray wraps an exception that a
+    signal handler raises while it waits), or None."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ExecutorLost):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _relower(model: Model, plan: Plan, i: int, k: Kernel, fallback):

@@ -10,13 +10,21 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
 from habu.cluster import ray_pool  # noqa: E402
-from habu.cluster.ray_pool import ClusterWatch, RayExecutor, _RayBatch, connect, discovered_address  # noqa: E402
+from habu.cluster.ray_pool import (  # noqa: E402
+    ClusterWatch,
+    RayExecutor,
+    _RayBatch,
+    check_lost,
+    connect,
+    discovered_address,
+)
 from habu.db import PlanDB  # noqa: E402
 from habu.errors import UsageError  # noqa: E402
 from habu.search.loop import Budget, Search  # noqa: E402
@@ -85,21 +93,23 @@ def test_regression_ray_local_starts_its_own_cluster_never_a_running_one(monkeyp
     assert [c["address"] for c in calls] == ["local"]
 
 
-def test_a_watched_head_that_stops_answering_ends_the_wait_with_executor_lost():
+def test_a_watched_head_that_stops_answering_ends_the_next_wait_with_executor_lost():
     server = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{server.getsockname()[1]}"
     watch = ClusterWatch([address], interval_s=0.2, misses=2)
     try:
         time.sleep(0.6)
-        assert watch.lost is None  # answering: nothing happens
+        check_lost()  # answering: nothing happens
         server.close()
         t0 = time.monotonic()
-        with pytest.raises(ExecutorLost, match=f"the Ray cluster was lost: {address} stopped answering"):
-            while time.monotonic() - t0 < 10:
-                time.sleep(0.05)
+        while watch.lost is None and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
         assert time.monotonic() - t0 < 5
+        with pytest.raises(ExecutorLost, match=f"the Ray cluster was lost: {address} stopped answering"):
+            _RayBatch([], timeout_s=60).result()  # what the driver waits in
     finally:
         watch.stop()
+        ray_pool.LOST.clear()
 
 
 class LosesTheClusterAfter:
@@ -167,3 +177,54 @@ def test_a_search_whose_tasks_always_die_records_them_lost_and_goes_on(one_cpu_c
         failures = db.get(result.key).failures
         assert len(failures) == result.stats.failed
         assert all(f["reason"].startswith("lost on the cluster after retries: WorkerCrashedError") for f in failures)
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is `pid`: their command names."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        if int(rest.split()[1]) == pid:
+            out[int(stat.parent.name)] = name.split("(", 1)[1]
+    return out
+
+
+def _stored(db: Path) -> bool:
+    """Some plan is stored in the database at `db` (read as another process would)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("SELECT count(*) FROM plans").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["raylet", "gcs_server"])
+def test_regression_losing_the_head_ends_the_search_with_a_message_the_plan_and_the_report(tmp_path, victim):
+    # the head's raylet killed mid-search: exit 1, no message, no report (Ray's driver exits)
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", HABU_DB=str(tmp_path / "db.sqlite"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "habu", "search", str(GGEMM), "--shape", "M=512,N=512,K=384",
+                             "--budget", "300s", "--ray", "local", "-o", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not _stored(tmp_path / "db.sqlite"):
+            time.sleep(0.5)
+        time.sleep(2)  # a plan proven and stored, proofs running
+        (pid,) = [p for p, name in _children(proc.pid).items() if name.startswith(victim[:15])]
+        os.kill(pid, 9)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert "error: the search ended early: the Ray cluster was lost" in err
+    assert "the best plan proven so far is stored in" in err
+    assert (out / "report.md").exists() and (out / "plan.json").exists()
+    assert time.monotonic() - killed < 60
