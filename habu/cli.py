@@ -13,7 +13,7 @@ from habu.cli_kernels import emit, export
 from habu.cli_options import FileArg, PinOpt, ShapeOpt, TargetOpt, parse_shape
 from habu.cli_plans import DbOpt, output_console, plans_app
 from habu.errors import HabuError, UsageError
-from habu.targets import DEFAULT_TARGET
+from habu.targets import DEFAULT_TARGET, TARGETS
 from habu.version import __version__
 
 app = typer.Typer(
@@ -46,6 +46,10 @@ def check(file: FileArg) -> None:
     from habu.spec.report import describe_program
 
     program = load_program(file)
+    from habu.prove.limits import check_sizes
+
+    for m in program.models.values():  # sizes no target holds are refused here already
+        check_sizes(m, m.sizes, max(TARGETS.values(), key=lambda t: t.device_memory), ", the largest of any target")
     print(describe_program(program), end="")
 
 
@@ -178,8 +182,9 @@ def search(
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Do not time: rank by the cost model.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Local processes proving and compiling "
                                                                   "(default: one per CPU but one; 1: in this process).")] = None,
-    ray: Annotated[str | None, typer.Option("--ray", help="Run on a Ray cluster: auto (the one this machine "
-                                                          "joined), an address, or local.")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", help="Run on a Ray cluster: local (a new one for this run), "
+                                                          "HOST:PORT, or auto (the address in RAY_ADDRESS or "
+                                                          "/tmp/ray/ray_current_cluster).")] = None,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,
 ) -> None:
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
@@ -213,6 +218,9 @@ def search(
                          "candidates)")
     out_dir = out or Path("out") / "search" / m.name.lower()
     output_dir(out_dir, "-o")
+    from habu.prove.limits import check_sizes
+
+    check_sizes(bound, bound.sizes, target_named(target or current_target()))
     job = Job.of(str(file), bound, {e.name: e.size for e in bound.extents}, target or current_target())
     if ray is not None:
         executor, runs, cleanup = _ray_runs(console, ray, job, target, no_gpu)
@@ -226,16 +234,27 @@ def search(
             with PlanDB(db) as plans, Progress(share, console) as progress:
                 s = Search(str(file), bound, tgt, sizes, plans, share, timer, top_k, seed, progress, executor)
                 result = s.run()
+                if result.lost is not None and cleanup is not None:
+                    cleanup()  # disconnect first: Ray's driver would end this process before the report
+                    cleanup = None
                 progress(result.stats)
                 if result.best is None:
                     why = "interrupted before any plan was verified" if result.interrupted else \
                         f"no plan was verified within the budget ({plan_budget.describe()})"
+                    if result.stats.abandoned:
+                        why += f"; {result.stats.abandoned} proof(s) still running at its end were abandoned"
+                    if result.lost is not None:
+                        why = "the search ended before any plan was verified"
                     console.print(f"[yellow]{why}: nothing stored in {plans.path} for {m.name} on {tgt.name}[/]",
                                   highlight=False)
                     unverified.append(tgt.name)
                 else:
                     _report_search(results, result, plans.path, bound, sizes, tgt, out_dir, executor.name,
                                    len(runs) > 1, console)
+            if result.lost is not None:  # the report (when a plan was proven) is written above
+                stored = f"the best plan proven so far is stored in {plans.path}" if result.best is not None \
+                    else "no plan was proven by then: nothing was stored"
+                raise HabuError(f"the search ended early: {result.lost}; {stored}")
             if result.interrupted:
                 stored = " (the plans verified so far are stored)" if result.best is not None else ""
                 console.print(f"habu: interrupted{stored}", highlight=False)
@@ -265,11 +284,25 @@ def _local_timer(console, file: Path, m, sizes):
 
 def _ray_runs(console, address: str, job, target: str | None, no_gpu: bool):
     """The Ray executor and one (target, GPU pool) run per kind of GPU in the cluster."""
-    from habu.cluster.ray_pool import RayExecutor, connect, gpu_pools, ray_module
+    from habu.cluster.ray_pool import ClusterWatch, RayExecutor, connect, gpu_pools, ray_module
     from habu.target import TARGETS, target_named
 
     connect(address)
     ray = ray_module()
+    watch = ClusterWatch.of_this_driver()  # a head or raylet lost ends the search with a message
+
+    def cleanup() -> None:
+        """Leave the cluster. After a loss, at once and waiting at most 5 s: Ray's driver exits
+        (status 1, nothing said) soon after the GCS marks its node dead, unless disconnected."""
+        import threading
+
+        watch.stop()
+        if not ray.is_initialized():
+            return
+        leave = threading.Thread(target=ray.shutdown, daemon=True)
+        leave.start()
+        leave.join(timeout=5.0)
+
     executor = RayExecutor()
     resources = ray.cluster_resources()
     console.print(f"Ray cluster: {len(ray.nodes())} node(s), {int(resources.get('CPU', 0))} CPUs, "
@@ -293,7 +326,7 @@ def _ray_runs(console, address: str, job, target: str | None, no_gpu: bool):
             console.print("[yellow]nothing will be timed: the cluster has no usable GPU; candidates are ranked by "
                           "the cost model and the winner is stored as unmeasured[/]")
         runs = [(target_named(job.target), None)]
-    return executor, runs, ray.shutdown
+    return executor, runs, cleanup
 
 
 def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, executor: str,

@@ -10,6 +10,7 @@ from habu.errors import HabuError, Span, UsageError
 from habu.plan.limits import check_nesting
 from habu.plan.plan import ContractionKernel, Plan, field_docs
 from habu.prove import Proof, prove
+from habu.prove.limits import check_sizes
 from habu.prove.rules import Obligation
 from habu.search.space import default_plan
 from habu.spec.ir import Model
@@ -74,6 +75,7 @@ def compile_model(program: Program, model_name: str, shape: dict[str, int], targ
     """The default (or pinned) plan, proven; `hint` is what a refusal suggests (see `plan_error`)."""
     model = bind_shape(program.model(model_name), shape)
     check_nesting(model, program.model_spans.get(model.name))
+    check_sizes(model, model.sizes, target)  # before anything is proven or allocated
     plan = default_plan(model, target, shape, pins)
     proof = prove(model, plan, shape, trials=trials)
     if proof.violations:
@@ -115,6 +117,10 @@ def verify_file(program: Program, model_name: str, plan_path: Path, shape: dict[
                         f"{model.name} is {model.canonical_hash()[:12]})")
     sizes = dict(plan.shape) | shape
     model = bind_shape(model, sizes)
+    from habu.target import TARGETS
+
+    if plan.target in TARGETS:
+        check_sizes(model, model.sizes, TARGETS[plan.target])
     known = {n for k in plan.kernels for n in k.nodes}
     missing = [eq.target for eq in model.nodes if eq.target not in known]
     if missing:

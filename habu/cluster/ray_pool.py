@@ -18,13 +18,16 @@ refused rather than mixed in.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from habu.errors import UsageError
-from habu.search.pool import Item
+from habu.search.pool import ABANDON_GRACE_S, ABANDONED, ExecutorLost, Item, deadline_of
 from habu.search.tasks import Job, check_candidate_niced
 from habu.timing.worker import GpuTimer, Measurement
 
@@ -40,21 +43,136 @@ def ray_module():
     return ray
 
 
-def connect(address: str, **init: Any) -> None:
-    """Join the Ray cluster at `address` ("auto": the one this machine belongs to; "local": start
-    one on this machine for this run)."""
+# where `ray start --head` writes the address of the cluster it started (Ray's own convention; the
+# `RAY_ADDRESS` variable, when set, comes first)
+RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
+CONNECT_TIMEOUT_S = 5.0
+
+
+def discovered_address() -> tuple[str, str]:
+    """The address `--ray auto` joins, and where it was found: `RAY_ADDRESS`, else the file
+    `ray start --head` writes. A `UsageError` when neither names one."""
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env and env not in ("auto", "local"):
+        return env, "RAY_ADDRESS"
+    try:
+        text = RAY_CURRENT_CLUSTER.read_text().strip()
+    except OSError:
+        text = ""
+    if text:
+        return text.splitlines()[0].strip(), str(RAY_CURRENT_CLUSTER)
+    raise UsageError(f"--ray auto: no Ray cluster to join (RAY_ADDRESS is not set and {RAY_CURRENT_CLUSTER} "
+                     "does not exist); start one with cluster/start-head.sh, give its address (--ray HOST:PORT), "
+                     "or use --ray local")
+
+
+def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """None when something accepts a connection at HOST:PORT within `timeout_s`; else why not."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return f"not HOST:PORT ({address!r})"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout_s:.0f} s"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+
+
+def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, **init: Any) -> None:
+    """Start or join the Ray cluster for this search.
+
+    "local": always a new cluster on this machine for this run (`address="local"`: never one that
+    happens to run here). "auto": the address in `RAY_ADDRESS` or in the file `ray start --head`
+    writes, nothing else. HOST:PORT: that cluster. The address must accept a connection within
+    `timeout_s` (ray.init waits on a dead one, or on a stale file's, for minutes): else a
+    `UsageError` that says where the address came from."""
     ray = ray_module()
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False} | init
+    if address == "local":
+        ray.init(address="local", **kwargs)
+        return
+    where, source = (address, "--ray") if address != "auto" else discovered_address()
+    why = reachable(where, timeout_s)
+    if why is not None:
+        stale = f" (the address in {source}: a cluster that stopped leaves it behind)" if source != "--ray" else ""
+        raise UsageError(f"--ray {address}: no Ray cluster answers at {where}{stale}: {why}; start one with "
+                         "cluster/start-head.sh, or use --ray local")
     try:
-        if address == "local":
-            ray.init(**kwargs)
-        else:
-            ray.init(address=address, **kwargs)
-    except ConnectionError as exc:
-        raise UsageError(f"--ray {address}: no Ray cluster there ({exc}); start one with cluster/start-head.sh, "
-                         "or use --ray local") from None
+        ray.init(address=where, **kwargs)
+    except (ConnectionError, TimeoutError) as exc:
+        raise UsageError(f"--ray {address}: could not join the Ray cluster at {where}: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
+
+
+def cluster_lost(exc: BaseException) -> bool:
+    """Does this error mean the driver lost its cluster (its local raylet, or the head's GCS)?"""
+    ray = ray_module()
+    return isinstance(exc, (ray.exceptions.LocalRayletDiedError, ray.exceptions.RaySystemError))
+
+
+def lost_error(exc: BaseException) -> ExecutorLost:
+    return ExecutorLost(f"the Ray cluster was lost ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+
+
+LOST: list[str] = []  # why the driver's cluster is gone (set by a ClusterWatch); empty while it is there
+
+
+def check_lost() -> None:
+    """Raise `ExecutorLost` when a `ClusterWatch` found the cluster gone (every wait on Ray here
+    is sliced to a second or less and calls this between slices)."""
+    if LOST:
+        raise ExecutorLost(f"the Ray cluster was lost: {LOST[0]}")
+
+
+class ClusterWatch:
+    """Watches the driver's way to the cluster: the head's GCS and this node's raylet accept a
+    connection every `interval_s` (a connection a second, a few µs of work). When one has not for
+    `misses` checks in a row, `LOST` says why and the driver's next wait on Ray raises
+    `ExecutorLost`. Ray's own driver exits with status 1 and nothing said soon after its node is
+    marked dead (~15 s after its raylet dies, ~60 s after the GCS); the search ends first, with
+    the best proven plan stored and its report written. (A signal to the main thread does not do:
+    `ray.wait` does not look at signals while its raylet is gone.)"""
+
+    def __init__(self, addresses: list[str], interval_s: float = 1.0, misses: int = 3):
+        import threading
+
+        self.addresses, self.interval_s, self.misses = addresses, interval_s, misses
+        LOST.clear()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="habu-cluster-watch", daemon=True)
+        self._thread.start()
+
+    @property
+    def lost(self) -> str | None:
+        return LOST[0] if LOST else None
+
+    @staticmethod
+    def of_this_driver(**kw: Any) -> ClusterWatch:
+        """A watch on the connected cluster's GCS and on this node's raylet."""
+        ray = ray_module()
+        addresses = [ray.get_runtime_context().gcs_address]
+        with contextlib.suppress(Exception):  # the raylet's port: not public API, so not required
+            node = ray._private.worker.global_worker.node
+            addresses.append(f"{node.node_ip_address}:{node.node_manager_port}")
+        return ClusterWatch(addresses, **kw)
+
+    def _run(self) -> None:
+        missed: dict[str, int] = dict.fromkeys(self.addresses, 0)
+        while not self._stop.wait(self.interval_s):
+            for address in self.addresses:
+                why = reachable(address, timeout_s=self.interval_s)
+                missed[address] = 0 if why is None else missed[address] + 1
+                if missed[address] >= self.misses:
+                    LOST.append(f"{address} stopped answering ({why}, {self.misses} checks in a row)")
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2 * self.interval_s + 1)
 
 
 def identity(info: dict) -> tuple:
@@ -82,10 +200,16 @@ class RayExecutor:
 
     def submit(self, job: Job, items: Sequence[Item]) -> _RayBatch:
         ray = ray_module()
-        if self._job is None or self._job[0] != job:
-            self._job = (job, ray.put(job))
-        job_ref = self._job[1]
-        return _RayBatch([self._remote.remote(job_ref, *item) for item in items], self.task_timeout_s)
+        try:
+            if self._job is None or self._job[0] != job:
+                self._job = (job, ray.put(job))
+            job_ref = self._job[1]
+            refs = [self._remote.remote(job_ref, *item) for item in items]
+        except Exception as exc:
+            if cluster_lost(exc):
+                raise lost_error(exc) from None
+            raise
+        return _RayBatch(refs, self.task_timeout_s, deadline_of(items))
 
     def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
         return self.submit(job, items).result()
@@ -98,9 +222,14 @@ class _RayBatch:
     """Check tasks running on the cluster. A task still running `timeout_s` after it was sent
     (z3 or a compile stuck) is cancelled and its candidate recorded as lost."""
 
-    def __init__(self, refs: list[Any], timeout_s: float):
+    def __init__(self, refs: list[Any], timeout_s: float, budget_end: float | None = None):
         self.refs, self.deadline = refs, time.monotonic() + timeout_s
         self.timeout_s = timeout_s
+        # the search's time budget ends (time.time() seconds): the tasks stop their proofs then;
+        # one that does not is cancelled a little later and its candidate abandoned
+        self.budget_end = budget_end
+        if budget_end is not None:
+            self.deadline = min(self.deadline, time.monotonic() + budget_end + ABANDON_GRACE_S - time.time())
 
     def done(self) -> bool:
         """Every task answered (or the batch's time is up): `result()` will not wait."""
@@ -111,15 +240,30 @@ class _RayBatch:
 
     def result(self) -> list[dict]:
         ray = ray_module()
-        ray.wait(self.refs, num_returns=len(self.refs), timeout=max(0.0, self.deadline - time.monotonic()))
+        try:
+            while True:  # in slices of a second: a lost cluster is noticed between them
+                check_lost()
+                left = self.deadline - time.monotonic()
+                ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=max(0.0, min(1.0, left)))
+                if len(ready) == len(self.refs) or left <= 1.0:
+                    break
+        except Exception as exc:
+            if cluster_lost(exc):
+                raise lost_error(exc) from None
+            raise
         out = []
         for ref in self.refs:
             try:
                 out.append(ray.get(ref, timeout=0.5))
             except ray.exceptions.GetTimeoutError:
                 ray.cancel(ref, force=True)
-                out.append({"status": "lost", "reason": f"no answer from the cluster in {self.timeout_s:.0f} s"})
+                if self.budget_end is not None and time.time() >= self.budget_end:
+                    out.append(dict(ABANDONED))
+                else:
+                    out.append({"status": "lost", "reason": f"no answer from the cluster in {self.timeout_s:.0f} s"})
             except ray.exceptions.RayError as exc:  # retries spent: the worker or node kept dying
+                if cluster_lost(exc):  # not this task's node: the driver's own raylet or the head
+                    raise lost_error(exc) from None
                 out.append({"status": "lost", "reason": f"lost on the cluster after retries: {type(exc).__name__}: "
                                                         f"{str(exc).splitlines()[0][:300]}"})
         return out
@@ -225,7 +369,17 @@ class GpuPool:
         return self._plans.pop(i)[0]
 
     def collect(self, wait_s: float) -> list[tuple[Any, Measurement]]:
-        """The (token, Measurement) pairs finished now, waiting up to `wait_s` for the first.
+        """`_collect`; the driver's cluster lost: `ExecutorLost`."""
+        try:
+            return self._collect(wait_s)
+        except Exception as exc:
+            if cluster_lost(exc):
+                raise lost_error(exc) from None
+            raise
+
+    def _collect(self, wait_s: float) -> list[tuple[Any, Measurement]]:
+        """The (token, Measurement) pairs finished now, waiting up to `wait_s` (at most a second:
+        a lost cluster is noticed between waits) for the first.
 
         An actor that dies mid-plan is restarted by Ray and the plan tried again (on whichever
         actor is free first, `retries` times); an actor that does not answer within `hang_s` is
@@ -240,7 +394,8 @@ class GpuPool:
                                                                  + "; ".join(self.lost))))
             self._queue.clear()
             return out
-        done, _ = ray.wait(list(self._running), num_returns=1, timeout=wait_s)
+        check_lost()
+        done, _ = ray.wait(list(self._running), num_returns=1, timeout=min(wait_s, 1.0))
         if not done:
             out += self._kill_hung()
             return out
@@ -249,6 +404,8 @@ class GpuPool:
             i, actor, sent = self._running.pop(call)
             try:
                 answer = ray.get(call)
+            except (ray.exceptions.LocalRayletDiedError, ray.exceptions.RaySystemError) as exc:
+                raise lost_error(exc) from None
             except ray.exceptions.RayActorError as exc:
                 if i is None:  # it did not come back: its restarts are spent
                     self._drop(actor, exc)
@@ -373,4 +530,5 @@ def group_actors(actors: list[Any], wait_s: float = 600.0) -> tuple[list[GpuPool
     return pools, problems
 
 
-__all__ = ["GpuActor", "GpuPool", "RayExecutor", "connect", "gpu_actor_class", "gpu_pools", "group_actors", "identity"]
+__all__ = ["LOST", "ClusterWatch", "GpuActor", "GpuPool", "RayExecutor", "check_lost", "cluster_lost", "connect",
+           "discovered_address", "gpu_actor_class", "gpu_pools", "group_actors", "identity"]

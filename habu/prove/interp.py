@@ -18,6 +18,7 @@ import numpy as np
 from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
+from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
@@ -285,6 +286,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             a_tiles.append(read(name, lw.a, {"m": mc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
             b_tiles.append(read(name, lw.b, {"n": nc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
             if len(a_tiles) == 64 or j == steps - 1:
+                check_deadline(f"in {name}'s k loop")
                 a = np.concatenate(a_tiles, axis=-1)
                 b = np.concatenate(b_tiles, axis=-1)
                 acc = (acc + f.contract([a, b], "xmk,xnk->xmn")) % f.p
@@ -432,6 +434,7 @@ def run_map(name: str, lw: MapLowering, sizes: Mapping[str, int], mem: Memory, b
 
 def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, selection, keep=None) -> None:
     """Run the selected blocks; `keep` (per kernel family) limits them to the lanes needed later."""
+    check_deadline(f"before {name}")
     if isinstance(lw, ContractionLowering):
         rows, cols = keep if keep is not None else (None, None)
         run_contraction(name, lw, sizes, mem, selection, rows, cols)

@@ -29,6 +29,7 @@ import numpy as np
 from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel, Plan
+from habu.prove.deadline import check_deadline
 from habu.prove.interp import Memory, PlanFault, check_raster, run_kernel, tile_ids
 from habu.prove.virtual import VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
@@ -352,6 +353,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         for tensor, box in out_boxes.items():
             cert.checked[tensor] = int(np.prod([len(b) for b in box]))
         for trial, seed in enumerate(seeds):
+            check_deadline(f"before trial {trial + 1} of the finite-field check")
             field_ = PrimeField(prime, seed)
             inputs = virtual_inputs(model, s, field_, seed)
             mem = Memory(inputs, field_, s)
@@ -369,6 +371,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                     if len(dup):
                         mem.fault(f"{names[i]} writes {lw.out.tensor} at offset {int(dup[0])} "
                                   f"{int(counts[0])} times (a race between blocks: the last write wins)")
+            check_deadline("before the reference evaluation")
             ref = Evaluator(model, s, field_, ref_boxes).run(inputs)
             bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
             if bad is not None or mem.faults:

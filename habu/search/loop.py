@@ -28,7 +28,7 @@ from habu.plan.patterns import Region, default_regions, partitions
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds
-from habu.search.pool import Executor, InlineExecutor, Pending
+from habu.search.pool import Executor, ExecutorLost, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
@@ -85,6 +85,7 @@ class Stats:
     # proofs", "driver waits for GPUs") and the summed steps of the proof tasks ("proof rules",
     # "proof field", "proof compile") and of the GPU timing ("gpu load", "gpu check", "gpu time")
     spent: dict[str, float] = field(default_factory=dict)
+    abandoned: int = 0  # proofs the end of the time budget stopped (not waited for)
     field_checks: int = 0  # finite-field checks run; the other candidates shared one (same lowering)
     field_shared: int = 0
 
@@ -117,6 +118,7 @@ class SearchResult:
     measured: bool
     timeline: list[dict]  # every candidate that reached the GPU: for the roofline plot
     interrupted: bool = False  # stopped by Ctrl-C (what was verified by then is stored)
+    lost: str | None = None  # why the search ended early: the cluster was lost (what was verified is stored)
 
 
 @dataclass
@@ -154,6 +156,10 @@ class Search:
         self.measured: dict[str, dict] = {}  # plan key -> its measurement (never time a plan twice)
         self.certificates: dict[str, dict] = {}  # plan key -> certificate, for the plans verified in this run
         self.stored_best: Plan | None = None  # the best plan _store last wrote
+        self.lost: str | None = None  # the executor's or timer's machines are gone: nothing more is sent there
+        # when a proof still running is abandoned: the end of a time budget (time.time() seconds,
+        # which worker processes and Ray tasks on other machines read alike); None: never
+        self.deadline: float | None = None if budget.seconds is None else time.time() + budget.seconds
 
     # -- keys
     def _key(self) -> Key:
@@ -203,7 +209,7 @@ class Search:
                 continue
             self.sequence += 1
             items.append((plan.to_json(), self.seed + self.sequence, None if only is None else tuple(only),
-                          compile_kernels))
+                          compile_kernels, self.deadline))
             where.append(j)
         sent = _Sent(batch, plans, where, self.executor.submit(self.job, items) if items else None)
         self.stats.add("driver send", time.monotonic() - began)
@@ -238,6 +244,9 @@ class Search:
                 self.stats.field_checks += not res["field_shared"]
             if status == "rules":
                 self.stats.pruned_rules += 1
+                continue
+            if status == "abandoned":  # the budget ended during its proof: neither kept nor a failure
+                self.stats.abandoned += 1
                 continue
             if status == "field":
                 self.stats.pruned_field += 1
@@ -337,13 +346,19 @@ class Search:
                 self._tune_region(i, regions[i], best, ranked, deadline)
         except KeyboardInterrupt:  # Ctrl-C: keep what was verified, and say so (the CLI exits 130)
             interrupted = True
+        except Exception as exc:  # the cluster is gone (perhaps wrapped by Ray): keep what was verified, say why
+            gone = _lost_cause(exc)
+            if gone is None:
+                raise
+            self.lost = gone.message
         finally:
-            if self.timer is not None:
-                self.timer.close()
-            self.executor.close()
+            if self.lost is None:  # a lost cluster's actors and tasks cannot be closed (nor waited for)
+                if self.timer is not None:
+                    self.timer.close()
+                self.executor.close()
         records = self._store(best, ranked)
         return SearchResult(self.stored_best, records, self.stats, self.key, self.timer is not None, self.timeline,
-                            interrupted)
+                            interrupted, self.lost)
 
     def _time_baseline(self) -> None:
         """Time what an expert would call instead (when the model has one), in this run."""
@@ -552,7 +567,7 @@ class Search:
             measured = None
             meas: dict = {}
             if self.timer is not None:
-                if plan.key not in self.measured:
+                if plan.key not in self.measured and self.lost is None:
                     m = self.timer.measure(plan.to_json())
                     if m.ok:
                         self.measured[plan.key] = {"median_us": m.median_us, "p20_us": m.p20_us,
@@ -574,6 +589,17 @@ class Search:
                     self.stats.best_us = measured if self.stats.best_us is None else min(self.stats.best_us, measured)
         entry = self.db.store(self.key, records, keep=self.top_k)
         return entry.records
+
+
+def _lost_cause(exc: BaseException | None) -> ExecutorLost | None:
+    """The `ExecutorLost` this exception is or was raised from (Ray wraps an exception that a
+    signal handler raises while it waits), or None."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ExecutorLost):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _relower(model: Model, plan: Plan, i: int, k: Kernel, fallback):

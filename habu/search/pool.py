@@ -11,14 +11,37 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol
 
+from habu.errors import HabuError
 from habu.search.tasks import Job, check_candidate, lower_priority
+from habu.search.threads import BLAS_THREAD_VARS, BlasThreads
 
-# one candidate to check: (plan JSON, seed, the kernels to prove (None: all), compile it for timing?)
-Item = tuple[dict, int, "tuple[int, ...] | None", bool]
+# one candidate to check: (plan JSON, seed, the kernels to prove (None: all), compile it for timing?,
+# when its proof is abandoned (time.time() seconds; None: never))
+Item = tuple[dict, int, "tuple[int, ...] | None", bool, "float | None"]
+
+# how long past the budget's end the driver still waits for a proof that did not stop by itself
+# (the proofs look at the deadline between trials, kernels and k steps; z3 does not)
+ABANDON_GRACE_S = 2.0
+
+
+def deadline_of(items: Sequence[Item]) -> float | None:
+    """When the last of these candidates' proofs is abandoned (None: never)."""
+    ends = [item[4] if len(item) > 4 else None for item in items]
+    return None if not ends or any(e is None for e in ends) else max(e for e in ends if e is not None)
+
+
+ABANDONED = {"status": "abandoned", "reason": "the time budget ran out during its proof (the worker was stopped)",
+             "seconds": {}}
+
+
+class ExecutorLost(HabuError):
+    """The machines running the proofs (or the driver's connection to them) are gone: the search
+    ends now, keeping the plans proven so far (a Ray head or its raylet lost)."""
 
 
 class Pending(Protocol):
@@ -50,23 +73,28 @@ class _Later:
 
 
 class InlineExecutor:
-    """Everything in the driver's process, one candidate after another."""
+    """Everything in the driver's process, one candidate after another, with one BLAS thread
+    (the proofs' contractions are small: see habu.search.threads) until `close()`."""
 
     name = "inline"
     parallelism = 1
     concurrent = False  # nothing runs while the driver times: sending ahead gains nothing
 
+    def __init__(self) -> None:
+        self.blas: BlasThreads | None = None
+
     def submit(self, job: Job, items: Sequence[Item]) -> Pending:
+        if self.blas is None:
+            self.blas = BlasThreads(1)
         return _Later(job, items)
 
     def check(self, job: Job, items: Sequence[Item]) -> list[dict]:
         return self.submit(job, items).result()
 
     def close(self) -> None:
-        pass
-
-
-BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+        if self.blas is not None:
+            self.blas.restore()
+            self.blas = None
 
 
 class ProcessExecutor:
@@ -119,6 +147,11 @@ class ProcessExecutor:
             self.restarts += 1
             self._discard()
 
+    def _abandon(self, pool: cf.ProcessPoolExecutor) -> None:
+        """Stop `pool`'s workers now (a proof ran past the budget); the next batch starts a new pool."""
+        if self._pool is pool:
+            self.close()
+
     def _discard(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -150,6 +183,7 @@ class _PoolBatch:
 
     def result(self) -> list[dict]:
         ex = self.executor
+        deadline = deadline_of(self.items)
         for attempt in range(ex.retries + 1):
             todo = [i for i, r in enumerate(self.results) if r is None]
             if not todo:
@@ -157,9 +191,18 @@ class _PoolBatch:
             pool, futures = self.sent if attempt == 0 else ex._send(self.job, self.items, todo)
             broken = futures is None
             for i, fut in (futures or {}).items():
+                wait = None if deadline is None else max(0.0, deadline + ABANDON_GRACE_S - time.time())
                 try:
-                    self.results[i] = fut.result()
+                    self.results[i] = fut.result(timeout=wait)
+                except cf.TimeoutError:
+                    # past the budget and the proof did not stop by itself: abandoned, not waited
+                    # for; the pool is replaced (its workers killed) so nothing runs on
+                    self.results[i] = dict(ABANDONED)
+                    ex._abandon(pool)
                 except (BrokenProcessPool, cf.CancelledError):
+                    if deadline is not None and time.time() >= deadline:
+                        self.results[i] = dict(ABANDONED)  # its pool was stopped at the budget's end
+                        continue
                     broken = True  # a worker died: this candidate runs again in a new pool
             if broken:
                 ex._broken(pool)
@@ -179,4 +222,4 @@ def local_executor(jobs: int | None) -> InlineExecutor | ProcessExecutor:
     return InlineExecutor() if n <= 1 else ProcessExecutor(n)
 
 
-__all__ = ["Executor", "InlineExecutor", "Pending", "ProcessExecutor", "local_executor"]
+__all__ = ["Executor", "ExecutorLost", "InlineExecutor", "Pending", "ProcessExecutor", "local_executor"]

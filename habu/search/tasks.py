@@ -10,6 +10,7 @@ sizes; each worker parses it once and keeps it.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +56,23 @@ def _remember(key: str, cert_json: dict[str, Any]) -> None:
 
 
 def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
-                    compile_kernels: bool = False) -> dict[str, Any]:
+                    compile_kernels: bool = False, deadline: float | None = None) -> dict[str, Any]:
     """Prove one plan; compile it when asked and proven. Never raises for a bad plan: the result's
     `status` is "verified", "rules" (a z3 obligation fails), "field" (the finite-field check
-    fails), "compile" (NVRTC refuses it) or "lost" (Habu itself failed on it), with the reason."""
+    fails), "compile" (NVRTC refuses it), "lost" (Habu itself failed on it) or "abandoned" (the
+    search's time budget ended at `deadline`, time.time() seconds, before the proof did), with the
+    reason."""
+    from habu.prove.deadline import DeadlinePassed, proof_deadline
+
+    if deadline is not None and time.time() >= deadline:
+        return {"status": "abandoned", "reason": "the time budget ran out before its proof started", "seconds": {}}
     try:
-        return _check_candidate(job, plan_json, seed, only, compile_kernels)
+        with proof_deadline(deadline):
+            return _check_candidate(job, plan_json, seed, only, compile_kernels)
+    except DeadlinePassed as stop:
+        return {"status": "abandoned", "reason": str(stop), "seconds": {}}
+    except MemoryError as exc:  # a shape the size limits let through, but not this machine's memory
+        return {"status": "lost", "seconds": {}, "reason": f"out of memory while checking this plan: {exc}"}
     except Exception as exc:  # a defect in Habu, not in the plan: reported with the plan, the search goes on
         import traceback
 
@@ -73,8 +85,6 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
 
 def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None,
                      compile_kernels: bool) -> dict[str, Any]:
-    import time
-
     from habu.lower import lower_whole
     from habu.prove.rules import failures, obligations
     from habu.prove.verify import field_key, verify_plan
@@ -176,8 +186,8 @@ def lower_priority() -> None:
 
 
 def check_candidate_niced(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
-                          compile_kernels: bool = False) -> dict:
+                          compile_kernels: bool = False, deadline: float | None = None) -> dict:
     """`check_candidate` in a worker process of its own (a Ray task), at lower priority."""
     lower_priority()
-    return check_candidate(job, plan_json, seed, only, compile_kernels)
+    return check_candidate(job, plan_json, seed, only, compile_kernels, deadline)
 

@@ -58,6 +58,9 @@ class Target:
     # rules checked here beyond habu/prove/rules.py's COMMON (rule names, e.g. TMA_RULES)
     rules: tuple[str, ...]
     ceilings: Ceilings
+    # bytes of device memory on the largest part of this target: a tensor (or a model's tensors
+    # together) larger than this can never run, and is refused before anything is proven
+    device_memory: int
     max_grid_x: int = 2**31 - 1  # blocks along a grid's x (CUDA guide: every compute capability since 3.0)
     max_grid_yz: int = 65535  # ... and along its y and z
 

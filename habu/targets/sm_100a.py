@@ -19,6 +19,7 @@ TARGET = Target(
     regs_per_sm=65536,
     max_threads_per_block=1024,
     sm_count=148,  # B200
+    device_memory=192 * 10**9,  # B200 datasheet: 192 GB HBM3e (the largest SKU)
     cp_async=True,
     mma_sync=True,
     tma=True,

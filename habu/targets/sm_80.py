@@ -20,6 +20,7 @@ TARGET = Target(
     regs_per_sm=65536,
     max_threads_per_block=1024,
     sm_count=108,  # A100 SXM/PCIe
+    device_memory=80 * 2**30,  # A100 80GB (nvidia-smi: 81920 MiB); the 40GB part holds half
     cp_async=True,
     mma_sync=True,
     tma=False,

@@ -19,6 +19,7 @@ TARGET = Target(
     regs_per_sm=65536,
     max_threads_per_block=1024,
     sm_count=132,  # H100/H200 SXM
+    device_memory=143771 * 2**20,  # H200 (nvidia-smi: 143771 MiB); the H100 holds 80 GiB
     cp_async=True,
     mma_sync=True,
     tma=True,
