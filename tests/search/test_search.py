@@ -131,6 +131,7 @@ class InterruptedExecutor(InlineExecutor):
     """Proves the first `proofs` batches, then Ctrl-C arrives while the next is being proven."""
 
     def __init__(self, proofs: int):
+        super().__init__()
         self.proofs = proofs
 
     def submit(self, job, items):
