@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from habu.lower.registers import consumer_warpgroups
 from habu.plan.plan import ContractionKernel
 from habu.spec.dtypes import DTYPES
 
@@ -77,7 +78,7 @@ def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_km
     if kernel.store == "tma":
         # per consumer warpgroup, two boxes of 64 rows x 128 bytes (128-byte swizzle) that the epilogue
         # fills in turn while TMA stores the other
-        for c in range(max(1, kernel.warps // 4 - 1)):
+        for c in range(consumer_warpgroups(kernel.warps, kernel.warp_specialized)):
             for j in range(2):
                 off = _round(off, 1024)
                 buffers.append(Buffer(f"E{c}.{j}", off, EPILOGUE_BOX_BYTES, 1024, 64, 128))
