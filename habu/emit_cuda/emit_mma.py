@@ -102,7 +102,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     dt = lw.a.dtype
     if dt != lw.b.dtype or dt not in ("bf16", "f16"):
         raise ValueError("mma.sync needs bf16 or f16 operands of one type")
-    refused = MMA_SYNC.refusals(lw)  # what the path prints is the rules' `supported-path` (habu/lower/support.py)
+    refused = MMA_SYNC.own_refusals(lw)  # the rules' `supported-path` reads the same (habu/lower/support.py)
     if refused:
         raise ValueError(f"the mma.sync path does not print this plan: {'; '.join(refused)}")
     b_kmajor = lw.b.positions[-1].axis == "k"

@@ -205,7 +205,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     k = lw.kernel
     if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
         raise ValueError("wgmma needs bf16 or f16 operands of one type")
-    refused = WGMMA.refusals(lw)  # what the path prints is the rules' `supported-path` (habu/lower/support.py)
+    refused = WGMMA.own_refusals(lw)  # the rules' `supported-path` reads the same (habu/lower/support.py)
     if refused:
         raise ValueError(f"the wgmma path does not print this plan: {'; '.join(refused)}")
     # B contiguous along n (a (K, N) weight): TMA loads 64-column boxes, wgmma reads them transposed

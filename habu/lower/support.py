@@ -73,6 +73,8 @@ class ContractionSupport(PathSupport):
                 *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
+        """The refusals about the instruction's own layout (what its emitter checks before printing;
+        the rest concern clusters, TMA stores and movements, which the rules alone check)."""
         return []
 
     def movement_refusals(self, lw: ContractionLowering) -> list[str]:
@@ -165,13 +167,17 @@ def mma_sync_warp_grid(kernel: ContractionKernel) -> tuple[int, int]:
 class MmaSyncSupport(ContractionSupport):
     name = mma = "mma.sync"
 
-    def movement_refusals(self, lw: ContractionLowering) -> list[str]:
-        k = lw.kernel
+    def own_refusals(self, lw: ContractionLowering) -> list[str]:
         reasons = []
         if not contiguous_along(lw.a, "k"):
             reasons.append("the mma.sync path reads A contiguous along k")
-        if k.swizzle:
+        if lw.kernel.swizzle:
             reasons.append("the mma.sync path pads shared rows by 16 bytes (swizzle 0)")
+        return reasons
+
+    def movement_refusals(self, lw: ContractionLowering) -> list[str]:
+        k = lw.kernel
+        reasons = []
         if "tma" in (k.a_move, k.b_move) or k.b_move == "tma-gather4":
             reasons.append("the mma.sync path stages with cp.async or ldg (and gather4 for A on sm_100a)")
         if "staged" in (k.a_move, k.b_move):
