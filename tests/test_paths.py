@@ -15,8 +15,7 @@ from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import lower_plan
 from habu.lower.registers import warp_specialized_split
 from habu.lower.rows import MapLowering
-from habu.lower.smem import contraction_smem
-from habu.lower.support import SUPPORT, MapSupport, kernel_consumer_warpgroups, support_for
+from habu.lower.support import SUPPORT, MapSupport, contraction_smem, kernel_consumer_warpgroups, support_for
 from habu.paths import PATHS, path_for, register, unregister
 from habu.paths.emit import emit_plan
 from habu.paths.map import MapPath
@@ -152,3 +151,19 @@ def test_regression_mma_sync_swizzle_is_refused_by_the_rules_as_the_emitter_refu
     assert ob.rule.name == "supported-path" and "swizzle 0" in ob.detail
     with pytest.raises(ValueError, match="swizzle 0"):
         emit_plan(model, bad, target)
+
+
+def test_a_path_states_the_same_supported_path_obligation_as_the_rules():
+    from habu.prove.obligation import context
+
+    model = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    target = TARGETS["sm_90a"]
+    plan = default_plan(model, target)
+    bad = replace(plan, kernels=(replace(plan.kernels[0], cluster_m=2, split_k=2),))
+    for p in (plan, bad):
+        (k,) = p.kernels
+        (lw,) = lower_plan(model, p)
+        (mine,) = path_for(k).supported("kernel 0", lw, context(model, p))
+        (rules,) = [o for o in obligations(model, p) if o.rule.name == "supported-path"]
+        assert (mine.statement, mine.detail) == (rules.statement, rules.detail)
+    assert "clusters and split-K are not emitted together" in rules.detail

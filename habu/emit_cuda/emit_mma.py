@@ -26,8 +26,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
-from habu.lower.smem import contraction_smem
-from habu.lower.support import MMA_SYNC
+from habu.lower.support import MMA_SYNC, contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 

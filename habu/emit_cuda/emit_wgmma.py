@@ -36,8 +36,7 @@ from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
-from habu.lower.smem import contraction_smem
-from habu.lower.support import WGMMA
+from habu.lower.support import WGMMA, contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 

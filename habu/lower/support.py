@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid
 from habu.lower.registers import consumer_warpgroups
+from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import ContractionKernel, Kernel, MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
 from habu.target import Target
@@ -83,6 +84,9 @@ class ContractionSupport(PathSupport):
     def shape(self, lw: ContractionLowering, target: Target) -> ShapeCheck:
         raise NotImplementedError
 
+    # the shared-memory layout the rules check and the emitter prints (habu/lower/smem.py)
+    smem_layout = staticmethod(tensor_core_smem)
+
     def registers(self, kernel: ContractionKernel) -> int:
         """About how many registers a thread needs (accumulators, addresses, indices)."""
         raise NotImplementedError
@@ -141,6 +145,7 @@ _STAGED = "staged operands feed the wgmma path"
 
 class FmaSupport(ContractionSupport):
     name = mma = "fma"
+    smem_layout = staticmethod(simt_smem)
 
     def movement_refusals(self, lw: ContractionLowering) -> list[str]:
         k = lw.kernel
@@ -267,6 +272,14 @@ def register(support: PathSupport) -> None:
 
 def unregister(name: str) -> None:
     SUPPORT[:] = [s for s in SUPPORT if s.name != name]
+
+
+def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
+    """The shared-memory layout of a contraction kernel, as its path lays it out (the rules check it,
+    the emitter prints its offsets). `b_kmajor`: B is contiguous along k (tiles [BN][BK], else [BK][BN])."""
+    support = support_for(kernel)
+    assert isinstance(support, ContractionSupport)
+    return support.smem_layout(kernel, a_dtype, b_dtype, b_kmajor)
 
 
 def support_for(kernel: Kernel) -> PathSupport:

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from habu.lower.contraction import ContractionLowering
-from habu.lower.smem import contraction_smem
-from habu.lower.support import ContractionSupport
+from habu.lower.support import ContractionSupport, contraction_smem
 from habu.paths.base import KernelPath
 from habu.plan.plan import MOVEMENTS, RASTERS, ContractionKernel, Kernel
 from habu.target import Target

@@ -20,8 +20,7 @@ from habu.lower import ContractionLowering, LoweredPlan, Lowering, MapLowering, 
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.registers import warp_specialized_split
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
-from habu.lower.smem import contraction_smem
-from habu.lower.support import accumulator_registers, support_for
+from habu.lower.support import accumulator_registers, contraction_smem, support_for
 from habu.plan.plan import ROW_CLUSTERS, Plan
 from habu.prove.obligation import (
     INT31,

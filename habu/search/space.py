@@ -286,7 +286,7 @@ def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: 
 def _tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
     """Whether a schedule leaves TMA stores possible: wgmma, no split-K, whole boxes along n, and the
     two epilogue buffers per consumer within shared memory."""
-    from habu.lower.smem import contraction_smem
+    from habu.lower.support import contraction_smem
 
     c = as_contraction(node_of(model, k.nodes[0]))
     assert c is not None
