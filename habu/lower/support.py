@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid
-from habu.lower.registers import consumer_warpgroups
+from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import ContractionKernel, Kernel, MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
@@ -90,6 +90,10 @@ class ContractionSupport(PathSupport):
     def registers(self, kernel: ContractionKernel) -> int:
         """About how many registers a thread needs (accumulators, addresses, indices)."""
         raise NotImplementedError
+
+    def register_split(self, kernel: ContractionKernel) -> RegisterSplit | None:
+        """How a warp-specialised kernel splits the register file (`setmaxnreg`), or None."""
+        return None
 
 
 def accumulator_registers(kernel: ContractionKernel) -> int:
@@ -243,6 +247,9 @@ class WgmmaSupport(ContractionSupport):
 
     def registers(self, kernel: ContractionKernel) -> int:
         return accumulator_registers(kernel) + 36  # descriptors, addresses, the epilogue's indices
+
+    def register_split(self, kernel: ContractionKernel) -> RegisterSplit | None:
+        return warp_specialized_split(kernel.warps) if kernel.warp_specialized else None
 
 
 class RowsSupport(PathSupport):

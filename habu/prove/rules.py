@@ -18,7 +18,6 @@ import z3
 
 from habu.lower import ContractionLowering, LoweredPlan, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, cdiv, size_of
-from habu.lower.registers import warp_specialized_split
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.support import accumulator_registers, contraction_smem, support_for
 from habu.plan.plan import ROW_CLUSTERS, Plan
@@ -197,8 +196,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     acc_regs = accumulator_registers(k)
     need = support.registers(k)
     where = f"65536 over {threads} threads"
-    if k.mma == "wgmma" and k.warp_specialized:
-        split = warp_specialized_split(k.warps)
+    split = support.register_split(k)
+    if split is not None:
         cap, where = split.consumer, "a consumer thread's share after setmaxnreg"
         yield Obligation(R["setmaxnreg-pool"], name, None, split.describe(), split.fits,
                          detail=f"{split.demand} registers asked of a {split.pool}-register pool")
