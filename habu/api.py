@@ -32,9 +32,9 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     rsqrt, division... are not integer-exact and are not checked). A failure raises
     ExactCheckError. Needs torch; `check=False` skips it."""
     from habu.compile import compile_model
-    from habu.emit_cuda.emit import emit
     from habu.emit_cuda.guards import KernelSet
     from habu.emit_cuda.runtime import CompiledModel
+    from habu.paths.emit import emit
     from habu.spec.parser import load_program
 
     program = load_program(path)
@@ -72,8 +72,8 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
 
     from habu.compile import bind_shape
     from habu.db import PlanDB, Record
-    from habu.emit_cuda.emit import emit
     from habu.emit_cuda.runtime import CompiledModel
+    from habu.paths.emit import emit
     from habu.spec.parser import load_program
 
     program = load_program(path)

@@ -190,7 +190,7 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
 
 def cuda_source(proof: Proof, target: Target) -> tuple[str, list]:
     """One .cu with every kernel of a proven plan (staging passes included), and the kernels."""
-    from habu.emit_cuda.emit import emit
+    from habu.paths.emit import emit
 
     emitted = emit(proof, target)
     return "\n".join(k.source for k in emitted.kernels), list(emitted.kernels)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from habu.emit_cuda.emit import emit
 from habu.emit_cuda.runtime import CompiledModel
 from habu.gpu_info import current_arch
+from habu.paths.emit import emit
 from habu.plan.plan import Plan
 from habu.prove import prove
 from habu.search.space import default_plan

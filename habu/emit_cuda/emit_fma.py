@@ -23,7 +23,7 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
-from habu.lower.smem import contraction_smem
+from habu.lower.support import contraction_smem
 from habu.spec.ir import Load, Model
 
 

@@ -26,7 +26,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
-from habu.lower.smem import contraction_smem
+from habu.lower.support import MMA_SYNC, contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
@@ -101,8 +101,9 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     dt = lw.a.dtype
     if dt != lw.b.dtype or dt not in ("bf16", "f16"):
         raise ValueError("mma.sync needs bf16 or f16 operands of one type")
-    if lw.a.positions[-1].axis != "k":
-        raise ValueError("the mma.sync path needs A contiguous along k")
+    refused = MMA_SYNC.own_refusals(lw)  # the rules' `supported-path` reads the same (habu/lower/support.py)
+    if refused:
+        raise ValueError(f"the mma.sync path does not print this plan: {'; '.join(refused)}")
     b_kmajor = lw.b.positions[-1].axis == "k"
     wm = 2
     wn = k.warps // wm
@@ -120,8 +121,8 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     stride = off["A1"] - off["A0"]  # stages are laid out A0 B0 A1 B1 ...
     gather4 = k.a_move == "tma-gather4"
     a_ld = layout.a_row
-    if a_ld != lw.bk + (0 if gather4 else 8) or layout.b_row != (lw.bk if b_kmajor else lw.bn) + 8:
-        raise ValueError("the mma.sync path pads shared rows by 16 bytes (swizzle 0)")
+    assert a_ld == lw.bk + (0 if gather4 else 8) and layout.b_row == (lw.bk if b_kmajor else lw.bn) + 8, \
+        "the mma.sync path pads shared rows by 16 bytes (swizzle 0)"
     load_a = _stage_load("A", lw, sig, sizes, it, model, threads, True, lw.bm, "m", stride)
     load_b = _stage_load("B", lw, sig, sizes, it, model, threads, b_kmajor, lw.bn, "n", stride)
     a_bytes = b_bytes = stride

@@ -35,8 +35,8 @@ from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering
-from habu.lower.registers import warp_specialized_split
-from habu.lower.smem import contraction_smem
+from habu.lower.registers import consumer_warpgroups, warp_specialized_split
+from habu.lower.support import WGMMA, contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
@@ -46,8 +46,8 @@ MN_BLOCK = 64  # columns of an MN-major B box: one 128-byte swizzle span of 16-b
 def wgmma_layout(lw: ContractionLowering) -> tuple[int, int]:
     """(consumer warpgroups, 64-row slabs per consumer) of a warp-specialised wgmma kernel."""
     k = lw.kernel
-    consumers = k.warps // 4 - 1
-    if consumers < 1 or k.tile_m % (64 * consumers):
+    consumers = consumer_warpgroups(k.warps, k.warp_specialized)
+    if k.warps < 8 or k.tile_m % (64 * consumers):
         raise ValueError(f"{k.warps} warps cannot split a {k.tile_m}-row tile into 64-row wgmma slabs")
     return consumers, k.tile_m // (64 * consumers)
 
@@ -205,15 +205,11 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     k = lw.kernel
     if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
         raise ValueError("wgmma needs bf16 or f16 operands of one type")
-    if k.tile_k * DTYPES[lw.a.dtype].bytes != 128 or k.swizzle != 128:
-        raise ValueError("the wgmma emitter stages k tiles of 128 bytes with the 128-byte swizzle")
-    if lw.a.positions[-1].axis != "k":
-        raise ValueError(f"the wgmma emitter needs {lw.a.tensor} contiguous along k (K-major)")
+    refused = WGMMA.own_refusals(lw)  # the rules' `supported-path` reads the same (habu/lower/support.py)
+    if refused:
+        raise ValueError(f"the wgmma path does not print this plan: {'; '.join(refused)}")
     # B contiguous along n (a (K, N) weight): TMA loads 64-column boxes, wgmma reads them transposed
     b_mn = lw.b.positions[-1].axis == "n"
-    if lw.b.positions[-1].axis != "k" and not (b_mn and k.b_move == "tma" and lw.bn % MN_BLOCK == 0):
-        raise ValueError(f"the wgmma emitter needs {lw.b.tensor} contiguous along k, or along n loaded by TMA "
-                         f"in {MN_BLOCK}-column boxes")
     consumers, slabs = wgmma_layout(lw)
     threads = 128 * (consumers + 1)
     sig = Signature(model, static=static)

@@ -48,14 +48,21 @@ class RegisterSplit:
                 f"= {self.demand} of the CTA's {self.pool} ({self.threads} threads × {self.at_launch})")
 
 
+def consumer_warpgroups(warps: int, warp_specialized: bool) -> int:
+    """The warpgroups of a wgmma kernel that issue wgmma, the one count the rules, the shared-memory
+    layout, this split and the emitter use: its warps in fours, less the producer warpgroup of a
+    warp-specialised kernel; at least one."""
+    return max(1, (warps - (4 if warp_specialized else 0)) // 4)
+
+
 def warp_specialized_split(warps: int) -> RegisterSplit:
-    """The split for one producer warpgroup and `warps / 4 - 1` consumer warpgroups."""
+    """The split for one producer warpgroup and `consumer_warpgroups` consumer warpgroups."""
     threads = 32 * warps
-    consumers = max(1, warps // 4 - 1)
+    consumers = consumer_warpgroups(warps, warp_specialized=True)
     at_launch = min(248, REGISTER_FILE // threads // 8 * 8)
     spare = at_launch * threads - WARPGROUP * PRODUCER_REGS
     consumer = min(CONSUMER_REGS_MAX, spare // (WARPGROUP * consumers) // 8 * 8)
     return RegisterSplit(threads, consumers, at_launch, PRODUCER_REGS, consumer)
 
 
-__all__ = ["RegisterSplit", "warp_specialized_split"]
+__all__ = ["RegisterSplit", "consumer_warpgroups", "warp_specialized_split"]

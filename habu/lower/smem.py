@@ -1,5 +1,7 @@
-"""Shared-memory layout of a contraction kernel: one function, read by the rule checker (sizes,
-alignment) and the emitter (offsets), so the alignment that is proven is the one that is used.
+"""Shared-memory layouts of contraction kernels, one per kind of path (`simt_smem`,
+`tensor_core_smem`): each path names its own (`PathSupport.smem_layout`, habu/lower/support.py) and
+`contraction_smem` there is the one entry the rule checker (sizes, alignment) and the emitter
+(offsets) read, so the alignment that is proven is the one that is used.
 
 Buffers: A and B tiles for each pipeline stage, then one mbarrier pair per stage (TMA and
 warp-specialised pipelines). A TMA or wgmma tile with a 128-byte swizzle must start at a multiple of
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from habu.lower.registers import consumer_warpgroups
 from habu.plan.plan import ContractionKernel
 from habu.spec.dtypes import DTYPES
 
@@ -48,15 +51,18 @@ def _round(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
-    """`b_kmajor`: B is contiguous along k in memory (its tiles are [BN][BK]; otherwise [BK][BN])."""
+def simt_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
+    """The SIMT path stages one k tile as f32, transposed to [k][row] with one float of padding."""
+    a = Buffer("A0", 0, kernel.tile_k * (kernel.tile_m + 1) * 4, 16, kernel.tile_k, kernel.tile_m + 1)
+    off = _round(a.size, 16)
+    b = Buffer("B0", off, kernel.tile_k * (kernel.tile_n + 1) * 4, 16, kernel.tile_k, kernel.tile_n + 1)
+    return SmemLayout((a, b), off + b.size, kernel.tile_m + 1, kernel.tile_n + 1)
+
+
+def tensor_core_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
+    """Tensor-core paths: `stages` A and B tiles (rows padded by 16 bytes for ldmatrix without a
+    swizzle), TMA-store boxes per consumer warpgroup, mbarriers."""
     ea, eb = DTYPES[a_dtype].bytes, DTYPES[b_dtype].bytes
-    if kernel.mma == "fma":
-        # the SIMT path stages one k tile as f32, transposed to [k][row] with one float of padding
-        a = Buffer("A0", 0, kernel.tile_k * (kernel.tile_m + 1) * 4, 16, kernel.tile_k, kernel.tile_m + 1)
-        off = _round(a.size, 16)
-        b = Buffer("B0", off, kernel.tile_k * (kernel.tile_n + 1) * 4, 16, kernel.tile_k, kernel.tile_n + 1)
-        return SmemLayout((a, b), off + b.size, kernel.tile_m + 1, kernel.tile_n + 1)
     pad = 8 if (kernel.mma == "mma.sync" and kernel.swizzle == 0) else 0
     # tiles TMA writes are dense (a box has no padding)
     a_row = kernel.tile_k + (0 if "tma" in kernel.a_move else pad)
@@ -77,7 +83,7 @@ def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_km
     if kernel.store == "tma":
         # per consumer warpgroup, two boxes of 64 rows x 128 bytes (128-byte swizzle) that the epilogue
         # fills in turn while TMA stores the other
-        for c in range(max(1, kernel.warps // 4 - 1)):
+        for c in range(consumer_warpgroups(kernel.warps, kernel.warp_specialized)):
             for j in range(2):
                 off = _round(off, 1024)
                 buffers.append(Buffer(f"E{c}.{j}", off, EPILOGUE_BOX_BYTES, 1024, 64, 128))

@@ -15,7 +15,7 @@ from habu.spec.ir import Model
 @dataclass
 class Proof:
     """What was proven about one plan: its rule obligations, its finite-field certificate and the
-    lowering both read. The emitter takes a Proof (`habu.emit_cuda.emit.emit`) and prints from
+    lowering both read. The emitter takes a Proof (`habu.paths.emit.emit`) and prints from
     `lowered`, so the CUDA is printed from the objects that were checked."""
 
     plan: Plan

@@ -19,7 +19,7 @@ import z3
 from habu.lower import ContractionLowering, LoweredPlan, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
-from habu.lower.smem import contraction_smem
+from habu.lower.support import accumulator_registers, contraction_smem, support_for
 from habu.plan.plan import ROW_CLUSTERS, Plan
 from habu.prove.obligation import (
     INT31,
@@ -183,57 +183,21 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     yield Obligation(R["k-advance"], name, None, f"k0 advances by tile_k = {k.tile_k} each iteration",
                      lw.k_step == k.tile_k, detail=f"k0 advances by {lw.k_step}")
 
-    yield from _supported(name, lw, ctx)
+    support = support_for(k)
+    yield from supported(name, lw, ctx)
     # the instruction and its shape
-    a_dt, b_dt = lw.a.dtype, lw.b.dtype
-    tc_dtypes = {"bf16", "f16"}
-    if k.mma == "wgmma":
-        consumers = k.warps - (4 if k.warp_specialized else 0)
-        wgs = max(1, consumers // 4)
-        ok = (t.wgmma and a_dt == b_dt and a_dt in tc_dtypes and k.warps % 4 == 0 and consumers >= 4
-              and k.tile_m % (64 * wgs) == 0 and k.tile_n % 16 == 0 and 16 <= k.tile_n <= 256
-              and k.tile_k % 16 == 0)
-        yield Obligation(R["mma-shape"], name, None,
-                         f"wgmma m64n{k.tile_n}k16 with {wgs} consumer warpgroup(s) over a {k.tile_m}-row tile "
-                         f"(N a multiple of 16, not ≡ 8 mod 16; bf16/f16 operands; sm_90a)", ok,
-                         detail=f"{a_dt}/{b_dt} operands, tile {k.tile_m}x{k.tile_n}x{k.tile_k}, {k.warps} warps "
-                                f"on {t.name}")
-    elif k.mma == "mma.sync":
-        wm = 2 if k.warps >= 4 else 1
-        wn = k.warps // wm
-        ok = (t.mma_sync and a_dt == b_dt and a_dt in tc_dtypes and k.tile_m % (16 * wm) == 0
-              and k.tile_n % (8 * wn) == 0 and k.tile_k % 16 == 0 and k.warps in (1, 2, 4, 8))
-        yield Obligation(R["mma-shape"], name, None,
-                         f"mma.sync m16n8k16 over a {wm}x{wn} warp grid (bf16/f16 operands)", ok,
-                         detail=f"{a_dt}/{b_dt} operands, tile {k.tile_m}x{k.tile_n}x{k.tile_k}, {k.warps} warps")
-    else:
-        from habu.lower.contraction import fma_thread_grid
-
-        grid = fma_thread_grid(k)
-        ok = grid is not None and grid[2] * grid[3] <= 64
-        yield Obligation(R["mma-shape"], name, None,
-                         "SIMT FMA: the tile divides evenly over the threads, at most 64 outputs each", ok,
-                         detail=f"tile {k.tile_m}x{k.tile_n} over {32 * k.warps} threads")
+    shape = support.shape(lw, t)
+    yield Obligation(R["mma-shape"], name, None, shape.statement, shape.ok, detail=shape.detail)
     threads = 32 * k.warps
     yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {t.max_threads_per_block}",
                      threads <= t.max_threads_per_block, detail=f"{threads} threads")
     # registers: the compiler may use at most 65536 / threads per thread (launch bounds), 255 at most
     cap = min(255, (65536 // threads) // 8 * 8)
-    consumers = k.warps - (4 if k.warp_specialized else 0)
-    acc_regs = (k.tile_m * k.tile_n) // (32 * max(1, consumers))
-    if k.mma == "wgmma":
-        need = acc_regs + 36  # descriptors, addresses, the epilogue's indices
-    elif k.mma == "mma.sync":
-        wn = max(1, k.warps // 2)
-        mi, ni = k.tile_m // 2 // 16, k.tile_n // wn // 8
-        need = acc_regs + 4 * mi + 2 * ni + 32
-    else:
-        need = acc_regs + 48
+    acc_regs = accumulator_registers(k)
+    need = support.registers(k)
     where = f"65536 over {threads} threads"
-    if k.mma == "wgmma" and k.warp_specialized:
-        from habu.lower.registers import warp_specialized_split
-
-        split = warp_specialized_split(k.warps)
+    split = support.register_split(k)
+    if split is not None:
         cap, where = split.consumer, "a consumer thread's share after setmaxnreg"
         yield Obligation(R["setmaxnreg-pool"], name, None, split.describe(), split.fits,
                          detail=f"{split.demand} registers asked of a {split.pool}-register pool")
@@ -241,7 +205,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
                      f"about {need} registers per thread ({acc_regs} accumulators) ≤ {cap} "
                      f"({where})", need <= cap,
                      detail=f"{acc_regs} accumulator registers per thread, {cap} available")
-    layout = contraction_smem(k, a_dt, b_dt, lw.b.positions[-1].axis == "k")
+    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype, lw.b.positions[-1].axis == "k")
     yield Obligation(R["smem-budget"], name, None,
                      f"{layout.total} bytes of shared memory ≤ {t.smem_per_block}",
                      layout.total <= t.smem_per_block,
@@ -309,66 +273,13 @@ def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iter
                              detail=f"{b.name} starts at byte {b.offset}")
 
 
-def _supported(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obligation]:
-    """What Habu's emitter can generate (not a hardware rule: a plan outside it cannot be built)."""
-    k = lw.kernel
-    reasons = []
-    if k.mma == "wgmma":
-        e = ctx.dtype_bytes(lw.a)
-        if not k.warp_specialized:
-            reasons.append("the wgmma path is warp-specialised")
-        if k.tile_k * e != 128 or k.swizzle != 128:
-            reasons.append("wgmma k tiles are 128 bytes with the 128-byte swizzle")
-        if not _contiguous_along(lw.a, "k"):
-            reasons.append("wgmma's A must be contiguous along k")
-        # wgmma transposes a 16-bit B read from shared memory N-major, in 64-column (128-byte) boxes
-        n_major_ok = k.b_move == "tma" and e == 2 and k.tile_n % 64 == 0 and _contiguous_along(lw.b, "n")
-        if not _contiguous_along(lw.b, "k") and not n_major_ok:
-            reasons.append("wgmma's B is contiguous along k, or along n when loaded by TMA in 64-column "
-                           "boxes (16-bit types)")
-        if k.warps % 4 or k.warps < 8 or k.tile_m % (64 * max(1, k.warps // 4 - 1)):
-            reasons.append("warps = 4 × (1 producer + consumer warpgroups of 64-row slabs)")
-        if "tma-gather4" in (k.a_move, k.b_move):
-            reasons.append("gather4 (sm_100a) is emitted in the mma.sync path, not the wgmma path")
-    if k.cluster_m > 1:
-        c = k.cluster_m
-        # each block loads 1/c of B's tile and multicasts it: K-major, a box of tile_n/c rows (whole
-        # 8-row swizzle atoms); N-major, whole 64-column boxes
-        b_parts_ok = (k.tile_n % (8 * c) == 0 if _contiguous_along(lw.b, "k")
-                      else (k.tile_n // 64) % c == 0 and k.tile_n % 64 == 0)
-        if k.mma != "wgmma" or not k.warp_specialized:
-            reasons.append("clusters are emitted in the warp-specialised wgmma path")
-        if k.b_move not in ("tma", "staged"):
-            reasons.append("a cluster shares B's tile by TMA multicast: B moves by tma (or staged, then tma)")
-        if k.split_k > 1:
-            reasons.append("clusters and split-K are not emitted together")
-        if not b_parts_ok:
-            reasons.append(f"B's tile of {k.tile_n} splits into {c} whole parts (8-row atoms, or 64-column boxes)")
-        if c not in (1, 2):
-            reasons.append("clusters of 2 blocks")
-    if k.store == "tma":
-        out = lw.out
-        plain = (len(out.positions) == 2 and all(p.kind == "axis" for p in out.positions)
-                 and out.positions[0].axis == "m" and out.positions[1].axis == "n")
-        if k.mma != "wgmma":
-            reasons.append("TMA stores are emitted in the wgmma path")
-        if k.split_k > 1:
-            reasons.append("split-K adds its partial sums atomically, not by TMA stores")
-        if not plain or out.dtype not in ("f32", "bf16", "f16"):
-            reasons.append("TMA stores write a 2-D f32/bf16/f16 output stored row-major over (m, n)")
-    if k.mma == "mma.sync" and ("tma" in (k.a_move, k.b_move) or k.b_move == "tma-gather4"):
-        reasons.append("the mma.sync path stages with cp.async or ldg (and gather4 for A on sm_100a)")
-    if "staged" in (k.a_move, k.b_move) and k.mma != "wgmma":
-        reasons.append("staged operands feed the wgmma path")
-    if k.mma == "fma" and any(m not in ("ldg",) for m in (k.a_move, k.b_move)):
-        reasons.append("the SIMT path loads with ldg")
-    yield Obligation(R["supported-path"], name, None, f"the {k.mma} path supports this plan", not reasons,
+def supported(name: str, lw: Lowering, ctx: Context) -> Iterator[Obligation]:
+    """What Habu's emitter can generate (not a hardware rule: a plan outside it cannot be built), as
+    the kernel's path says (`refusals`, habu/lower/support.py)."""
+    support = support_for(lw.kernel)
+    reasons = support.refusals(lw)
+    yield Obligation(R["supported-path"], name, None, f"the {support.name} path supports this plan", not reasons,
                      detail="; ".join(reasons))
-
-
-def _contiguous_along(acc: Access, axis: str) -> bool:
-    last = acc.positions[-1]
-    return last.kind == "axis" and last.axis == axis
 
 
 def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: ContractionLowering, ctx: Context,
@@ -499,6 +410,7 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
         yield from _row_cluster(name, lw, ctx)
     if k.prefetch:
         yield from _row_prefetch(name, lw, ctx)
+    yield from supported(name, lw, ctx)
 
 
 def _row_prefetch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
@@ -548,12 +460,14 @@ def map_obligations(name: str, lw: MapLowering, ctx: Context) -> Iterator[Obliga
                          detail=f"#{lw.extents[-1]} is not a multiple of {lw.kernel.vector}")
     yield Obligation(R["threads"], name, None, f"{lw.kernel.threads} threads per block",
                      lw.kernel.threads <= ctx.target.max_threads_per_block, detail=f"{lw.kernel.threads} threads")
+    yield from supported(name, lw, ctx)
 
 
-FAMILY: dict[type, Callable[[str, Any, Context], Iterator[Obligation]]] = {
-    ContractionLowering: contraction_obligations,
-    RowLowering: rows_obligations,
-    MapLowering: map_obligations,
+# the rule families, by the name a kernel path gives (`PathSupport.family`, habu/lower/support.py)
+FAMILY: dict[str, Callable[[str, Any, Context], Iterator[Obligation]]] = {
+    "contraction": contraction_obligations,
+    "rows": rows_obligations,
+    "map": map_obligations,
 }
 
 
@@ -575,7 +489,7 @@ def _kernel_obligations(ctx: Context, plan: Plan, only: set[int] | None,
         if not fields_allowed(fields):
             continue
         lw = lowered.kernels[i] if lowered is not None else lower(ctx.model, k, storage)
-        yield from FAMILY[type(lw)](name, lw, ctx)
+        yield from FAMILY[support_for(k).family](name, lw, ctx)
         yield from launch_obligations(name, lw, ctx)
 
 

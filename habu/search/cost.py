@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, size_of
 from habu.lower.rows import reduction_passes
+from habu.paths import ContractionPath, path_for
 from habu.plan.plan import Plan
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
@@ -41,12 +42,6 @@ def _bytes(acc: Access, sizes: Mapping[str, int]) -> float:
     return float(n * DTYPES[acc.dtype].bytes)
 
 
-# operand bytes in flight per SM that keep wgmma fed (fitted to 1715 GGEMM plans timed on the H200:
-# with the refill term, the rank correlation of predicted and measured times went from 0.40 to 0.82;
-# on 1135 MoE plans from another search, 0.47 to 0.61)
-IN_FLIGHT_BYTES = 131072
-
-
 def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: Target, c: Ceilings) -> KernelCost:
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
@@ -64,23 +59,19 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     reduction = 0.0
     if k.split_k > 1:
         reduction = M * N * 4 + k.split_k * M * N * 8
-    peak = {"wgmma": c.wgmma_flops, "mma.sync": c.mma_sync_flops, "fma": c.fma_flops}[k.mma] or c.fma_flops
+    path = path_for(k)
+    assert isinstance(path, ContractionPath)
+    peak = path.peak_flops(c) or c.fma_flops
     # operand feeds: a scalar-load producer cannot keep tensor cores busy (what cp.async costs is its
     # refill traffic, below: a flat 15% on it ranked the MoE winner 264th of 1135 timed plans)
     feed = 1.0
     for move in (k.a_move, k.b_move):
-        feed *= {"ldg": 3.0 if k.mma != "fma" else 1.0, "cp.async": 1.0, "tma": 1.0, "staged": 1.0,
+        feed *= {"ldg": path.ldg_feed, "cp.async": 1.0, "tma": 1.0, "staged": 1.0,
                  "tma-gather4": 1.05}[move]
     # smaller tiles reuse less and issue more: measured 128x256 > 128x128 by ~15% on the H200
     tile_eff = min(1.0, (k.tile_m * k.tile_n / (128 * 256)) ** 0.25)
-    stage_eff = min(1.0, 0.7 + 0.1 * k.stages)
     ea, eb = DTYPES[lw.a.dtype].bytes, DTYPES[lw.b.dtype].bytes
-    if k.mma == "wgmma":
-        # wgmma needs about 128 KB of operand tiles in flight per SM (H200, GGEMM 4096³, 2026-12-01:
-        # 128x128 tiles 209 µs with 6 stages (192 KB), 220 with 4, 268 with 3; 128x256 184 with 4
-        # stages, 278 with 2)
-        in_flight = k.stages * (k.tile_m * ea + k.tile_n * eb) * k.tile_k
-        stage_eff = min(1.0, in_flight / IN_FLIGHT_BYTES)
+    stage_eff = path.stage_efficiency(k, ea, eb)
     # the last wave of tiles runs with idle SMs
     tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k
     waves = tiles / target.sm_count
@@ -134,12 +125,14 @@ def map_cost(lw: MapLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCo
 
 
 def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> KernelCost:
+    """The kernel's cost by its path's family (habu/paths/); a contraction path gives its own terms."""
     c = target.ceilings
-    if isinstance(lw, ContractionLowering):
-        return contraction_cost(lw, sizes, target, c)
-    if isinstance(lw, RowLowering):
-        return rows_cost(lw, sizes, c)
-    return map_cost(lw, sizes, c)
+    family = path_for(lw.kernel).family
+    if family == "contraction":
+        return contraction_cost(lw, sizes, target, c)  # type: ignore[arg-type]
+    if family == "rows":
+        return rows_cost(lw, sizes, c)  # type: ignore[arg-type]
+    return map_cost(lw, sizes, c)  # type: ignore[arg-type]
 
 
 def plan_cost(model: Model, plan: Plan, target: Target, sizes: Mapping[str, int] | None = None) -> list[KernelCost]:

@@ -8,21 +8,18 @@ split-K only when the output grid cannot fill the GPU.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
 from habu.lower.rows import column_functions, lower_rows
+from habu.paths import ContractionPath, contraction_path, path_for
+from habu.paths.wgmma import wgmma_warps_stages
 from habu.plan.fields import FieldError, Move, kernel_fields, pin_table
 from habu.plan.patterns import Region, as_contraction, default_regions, row_local
 from habu.plan.plan import (
-    CLUSTERS,
     KERNEL_KINDS,
     MMAS,
-    MOVEMENTS,
-    RASTERS,
-    STORES,
     ContractionKernel,
     Kernel,
     MapKernel,
@@ -100,15 +97,6 @@ def needs_64bit(model: Model, sizes: dict[str, int]) -> bool:
 # ----------------------------------------------------------------------------- defaults per kernel family
 
 
-def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:
-    """The default warps and pipeline depth of a wgmma tile: a producer warpgroup and consumer
-    warpgroups of one or two 64-row slabs; as many 64-deep stages as fit beside the epilogue."""
-    warps = 8 if tile_m == 64 else 12 if tile_m in (128, 256) else 4 * (1 + tile_m // 64)
-    area = tile_m * tile_n
-    stages = 6 if area <= 128 * 64 else 5 if area <= 128 * 128 else 4 if area <= 128 * 256 else 3
-    return warps, stages
-
-
 def default_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int],
                         mma: str | None = None) -> ContractionKernel:
     """The analytic default; `mma` forces the instruction (and the defaults that go with it)."""
@@ -131,19 +119,7 @@ def default_contraction(model: Model, region: Region, target: Target, sizes: dic
             mma = "mma.sync"
         else:
             mma = "fma"
-    if mma == "wgmma":
-        wide = 256 if N >= 2048 and M >= 1024 else 128
-        tile, warps, stages = (128, wide, 64), 12, 4 if wide == 256 else 5
-        # a skinny problem (128 tokens through a 4096-wide layer) leaves most SMs idle with 128-wide
-        # tiles: narrow them, then shorten them, until the tiles cover half the SMs (H200, 2026-12-01,
-        # FFN-SKIP's second GEMM 128x4096x14336: 32 tiles of 128x128; the search's winner took 64x64)
-        while -(-M // tile[0]) * -(-N // tile[1]) < target.sm_count // 2 and max(tile[:2]) > 64:
-            tile = (tile[0], tile[1] // 2, 64) if tile[1] > 64 else (64, tile[1], 64)
-            warps, stages = wgmma_warps_stages(tile[0], tile[1])
-    elif mma == "mma.sync":
-        tile, warps, stages = (128, 128, 32), 8, 3
-    else:
-        tile, warps, stages = (64, 64, 16), 4, 1
+    tile, warps, stages = contraction_path(mma).default_schedule(M, N, target)
 
     def movement(op, tile_along_inner: int) -> tuple[str, int]:
         decl = model.tensor(op.load.tensor)
@@ -310,7 +286,7 @@ def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: 
 def _tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
     """Whether a schedule leaves TMA stores possible: wgmma, no split-K, whole boxes along n, and the
     two epilogue buffers per consumer within shared memory."""
-    from habu.lower.smem import contraction_smem
+    from habu.lower.support import contraction_smem
 
     c = as_contraction(node_of(model, k.nodes[0]))
     assert c is not None
@@ -471,66 +447,10 @@ def contraction_space(model: Model, region: Region, target: Target, sizes: dict[
     c = as_contraction(node_of(model, region.nodes[0]))
     assert c is not None
     tc = base.mma != "fma"
-    mmas = [m for m in MMAS if (m == "fma") or (tc and m == "mma.sync" and target.mma_sync)
-            or (tc and m == "wgmma" and target.wgmma)]
-    moves = [m for m in MOVEMENTS if m == "ldg" or (m == "cp.async" and target.cp_async)
-             or (m == "tma" and target.tma) or (m == "tma-gather4" and target.tma_gather4)]
-    vec_a, vec_b = base.a_vector, base.b_vector
-    # per instruction: (tile_m, tile_n, tile_k, warps, stages) choices its emitter supports
-    shapes = {
-        "fma": [(bm, bn, bk, w, 1) for bm in (32, 64, 128) for bn in (32, 64, 128) for bk in (8, 16, 32)
-                for w in (4, 8)],
-        "mma.sync": [(bm, bn, bk, w, st) for bm in (64, 128, 256) for bn in (64, 128, 256) for bk in (32, 64)
-                     for w in (4, 8) for st in (2, 3, 4, 5)],
-        "wgmma": [(bm, bn, 64, 4 * (1 + bm // (64 * slabs)), st) for bm in (64, 128, 256)
-                  for bn in (64, 96, 128, 192, 256) for slabs in (1, 2) if bm % (64 * slabs) == 0
-                  for st in (2, 3, 4, 5, 6)],
-    }
-    movements = {"fma": [("ldg", "ldg")],
-                 "mma.sync": [(a, b) for a in ("ldg", "cp.async") for b in ("ldg", "cp.async")],
-                 "wgmma": [(a, b) for a in [*moves, "staged"] if a != "tma-gather4"
-                           for b in [*moves, "staged"] if b != "tma-gather4"]}
-    for mma in mmas:
-        stores = STORES if mma == "wgmma" and target.tma else ("direct",)
-        clusters = CLUSTERS if mma == "wgmma" and target.clusters and target.tma else (1,)
-        for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store, cluster in \
-                itertools.product(shapes[mma], movements[mma], (1, 2, 4), RASTERS, (1, 8), (False, True), stores,
-                                  clusters):
-            if cluster > 1 and (bmv != "tma" or split > 1 or not persistent):
-                # a cluster multicasts B by TMA, without split-K (the rules say so of pins); the
-                # search tries it on persistent plans alone: on the H200 a cluster of 2 timed the same
-                # as one block (GGEMM 4096³ 182.1 vs 183.4 µs, GEMM 8192³ 1373.7 vs 1365.2, 2026-11-30)
-                continue
-            yield replace(base, mma=mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
-                          a_move=am, b_move=bmv, a_vector=vec_a if am != "ldg" or mma != "fma" else 1,
-                          b_vector=vec_b if bmv != "ldg" or mma != "fma" else 1, split_k=split,
-                          raster=raster, group_m=group, persistent=persistent,
-                          warp_specialized=mma == "wgmma" and target.setmaxnreg, swizzle=128 if mma == "wgmma" else 0, store=store,
-                          cluster_m=cluster)
-
-
-def rows_space(base: RowKernel, cols: int | None = None, clusters: bool = False) -> Iterator[RowKernel]:
-    """Threads per row (a block, or a warp with several rows a block), the row cached or not; for
-    a long static row (`cols`) on a target with clusters, a cluster of blocks sharing each row."""
-    for threads, cache in itertools.product((64, 128, 256, 512, 1024), (True, False)):
-        yield replace(base, threads=threads, cache_row=cache, rows_per_block=1, cluster=1, prefetch=False)
-    for rows, cache in itertools.product((1, 2, 4, 8), (True, False)):  # a warp per row
-        yield replace(base, threads=32, cache_row=cache, rows_per_block=rows, cluster=1, prefetch=False)
-    if clusters and cols is not None and cols >= 16384:
-        for share, threads in itertools.product((2, 4, 8), (256, 512, 1024)):
-            if cols % (share * base.vector) == 0:
-                yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=share)
-    # persistent blocks that copy their next row while they compute this one (in registers); not in
-    # a cluster, where it lost everywhere (H200, 2026-12-01: softmax 2048x131072 433.7 -> 720.0 µs)
-    if cols is not None and cols >= 8192:
-        for threads in (256, 512, 1024):
-            yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=True)
-
-
-def map_space(base: MapKernel) -> Iterator[MapKernel]:
-    for threads in (128, 256, 512, 1024):
-        for vec in sorted({1, base.vector}):
-            yield replace(base, threads=threads, vector=vec)
+    for mma in MMAS:  # each instruction's first path (habu/paths/) gives its variants
+        path = path_for(replace(base, mma=mma))
+        if isinstance(path, ContractionPath) and path.offered(target, tc):
+            yield from path.variants(base, target)  # type: ignore[misc]
 
 
 def region_space(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Iterator[Kernel]:
@@ -540,9 +460,10 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         yield from contraction_space(model, region, target, sizes)
     elif region.kind == "rows":
         base = default_rows(model, region, target, sizes, mult)
-        yield from rows_space(base, _row_extent(model, region).size, clusters=target.clusters)
+        yield from path_for(base).variants(base, target, _row_extent(model, region).size)
     else:
-        yield from map_space(default_map(model, region, target, sizes, mult))
+        base = default_map(model, region, target, sizes, mult)
+        yield from path_for(base).variants(base, target)
 
 
 def enumerate_plans(model: Model, target: Target, sizes: dict[str, int] | None = None) -> Iterator[Plan]:

@@ -145,8 +145,8 @@ def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -
     that a GPU machine stores in its own cache, so it loads instead of compiling. `lowered`: the
     lowering the candidate's rules and finite-field check read, printed as is."""
     from habu.emit_cuda.cache import compile_entry
-    from habu.emit_cuda.emit import emit_lowered
     from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
     from habu.target import target_named
 
     emitted = emit_lowered(lowered or lower_whole(model, plan), plan, target_named(plan.target))

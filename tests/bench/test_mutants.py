@@ -48,8 +48,8 @@ def test_every_mutant_the_interpreter_kills_is_in_the_emitted_cuda(m):
     from dataclasses import replace
 
     from habu.bench.mutants import EXAMPLES
-    from habu.emit_cuda.emit import emit_lowered
     from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
     from habu.search.space import default_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS

@@ -28,7 +28,7 @@ def _runtime_sizes(model):
 
 def cases():
     """(id, model, plan, arch) for every example's default plan and a seeded sample of legal plans."""
-    from habu.emit_cuda.emit import emit_plan  # noqa: F401  (import errors surface here, not mid-loop)
+    from habu.paths.emit import emit_plan  # noqa: F401  (import errors surface here, not mid-loop)
     from habu.prove.rules import failures, obligations
     from habu.search.space import default_plan, enumerate_plans
     from habu.spec.parser import load_program
@@ -53,7 +53,7 @@ def cases():
 
 
 def digest(model, plan, arch) -> str:
-    from habu.emit_cuda.emit import emit_plan
+    from habu.paths.emit import emit_plan
     from habu.target import TARGETS
 
     h = hashlib.sha256()

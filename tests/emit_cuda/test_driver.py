@@ -213,7 +213,7 @@ def test_a_persistent_row_grid_counts_the_blocks_an_sm_holds(monkeypatch):
 
     from cuda.bindings import driver as real
 
-    from habu.emit_cuda.emit import emit_plan
+    from habu.paths.emit import emit_plan
     from habu.search.space import default_plan, parse_pins
     from habu.spec.parser import load_program
     from habu.target import TARGETS

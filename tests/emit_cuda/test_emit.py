@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from habu.emit_cuda.emit import emit_plan
 from habu.emit_cuda.nvrtc import compile_cuda
+from habu.paths.emit import emit_plan
 from habu.prove.rules import failures, obligations
 from habu.search.space import default_plan, enumerate_plans
 from habu.spec.parser import load_program
@@ -180,8 +180,8 @@ def test_the_emitter_refuses_a_proof_that_failed_and_prints_from_the_proven_lowe
     whose proof failed (a rule, or the finite-field check) is not emitted."""
     from dataclasses import replace
 
-    from habu.emit_cuda.emit import emit
     from habu.errors import HabuError
+    from habu.paths.emit import emit
     from habu.prove import prove
     from tests.conftest import ROOT
 

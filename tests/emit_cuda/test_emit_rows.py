@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from habu.emit_cuda.emit import emit_plan
 from habu.emit_cuda.nvrtc import compile_cuda
 from habu.lower.rows import register_row_chunks
+from habu.paths.emit import emit_plan
 from habu.search.space import default_plan, parse_pins
 from habu.spec.parser import load_program
 from habu.target import TARGETS

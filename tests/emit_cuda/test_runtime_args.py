@@ -216,7 +216,7 @@ def _access(tensor: str, axes: tuple[str, ...]) -> Access:
 def test_row_kernel_vectors_come_from_the_row_lowering():
     """A row kernel in vector mode reads its kept row and stores a 16-bit output row in 16-byte
     vectors: both tensors need 16-byte bases; the map kernel's lanes read element by element."""
-    from habu.emit_cuda.emit import emit_plan
+    from habu.paths.emit import emit_plan
     from habu.search.space import default_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS
@@ -242,7 +242,7 @@ def test_regression_an_mma_sync_ggemm_whose_o_is_4_bytes_off_8_byte_alignment_is
     alignment for O (the check counted only A and B's vectors): an O 4 bytes off 8-byte alignment
     passed and the kernel died with 'misaligned address', losing the CUDA context. The lowering lists
     the pair stores (vector_accesses), and the launch check is generated from that list."""
-    from habu.emit_cuda.emit import emit_plan
+    from habu.paths.emit import emit_plan
     from habu.search.space import default_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS

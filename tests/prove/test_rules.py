@@ -140,7 +140,7 @@ def test_regression_setmaxnreg_hang_20_warps_asked_more_registers_than_the_cta_h
 
 
 def test_regression_setmaxnreg_hang_20_warps_emits_what_the_rule_checked():
-    from habu.emit_cuda.emit import emit_plan
+    from habu.paths.emit import emit_plan
 
     m, sizes, plan = moe_20_warp_plan()
     assert failures(obligations(m, plan, sizes)) == []
@@ -154,7 +154,7 @@ def test_regression_setmaxnreg_hang_20_warps_compiled_kernel_has_the_registers()
     """ptxas decides how many registers the CTA starts with: checked after every compile."""
     import dataclasses
 
-    from habu.emit_cuda.emit import emit_plan
+    from habu.paths.emit import emit_plan
     from habu.search.tasks import compile_plan
 
     m, _sizes, plan = moe_20_warp_plan()

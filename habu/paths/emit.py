@@ -1,4 +1,5 @@
-"""From a proven plan to CUDA: one kernel per fusion region, each printed from its lowering.
+"""From a proven plan to CUDA: one kernel per fusion region, each printed from its lowering by its
+kernel path (`path_for(kernel).emit`, habu/paths/).
 
 `emit(proof)` is the way in for everything that runs a kernel (compile, build, the search): it takes
 a `Proof` and prints from the lowering that proof's rules and finite-field check read. `emit_plan`
@@ -6,12 +7,11 @@ lowers and emits a plan that was not proven: for tests and tools that only look 
 
 from __future__ import annotations
 
-from habu.emit_cuda.emit_fma import emit_fma
-from habu.emit_cuda.emit_rows import emit_map, emit_rows
 from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.errors import HabuError
-from habu.lower import ContractionLowering, LoweredPlan, MapLowering, RowLowering, lower_whole
+from habu.lower import ContractionLowering, LoweredPlan, lower_whole
+from habu.paths import path_for
 from habu.plan.plan import Plan
 from habu.prove import Proof
 from habu.spec.ir import Model
@@ -55,18 +55,14 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
     written: set[str] = set()  # what the plan's earlier kernels write
     for i, lw in enumerate(lowerings):
         name = kernel_name(model, plan, i)
+        early = False
         if isinstance(lw, ContractionLowering):
             for j, stage in enumerate(lw.pre):
                 kernels.append(emit_stage(f"{name}_stage{j}", model, stage, lw.index_width, static))
                 staged.append((stage.dst.tensor, stage.dst.dtype, stage.dst.extents))
                 written.add(stage.dst.tensor)
             early = not (main_loop_reads(lw) & written)
-            kernels.append(emit_contraction(name, model, lw, static, target, early))
-        elif isinstance(lw, RowLowering):
-            kernels.append(emit_rows(name, model, lw, static))
-        else:
-            assert isinstance(lw, MapLowering)
-            kernels.append(emit_map(name, model, lw, static))
+        kernels.append(path_for(lw.kernel).emit(name, model, lw, static, target, early))
         written.add(lw.out.tensor)
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
@@ -78,16 +74,3 @@ def main_loop_reads(lw: ContractionLowering) -> set[str]:
     """The tensors a contraction's main loop reads: its operands and the index tensors they gather by."""
     return {lw.a.tensor, lw.b.tensor} | {p.table for acc in (lw.a, lw.b) for p in acc.positions
                                          if p.kind == "gather"}
-
-
-def emit_contraction(name: str, model: Model, lw: ContractionLowering, static: dict[str, int],
-                     target: Target, early_main_loop: bool = False) -> CudaKernel:
-    if lw.kernel.mma == "fma":
-        return emit_fma(name, model, lw, static)
-    if lw.kernel.mma == "mma.sync":
-        from habu.emit_cuda.emit_mma import emit_mma
-
-        return emit_mma(name, model, lw, static)
-    from habu.emit_cuda.emit_wgmma import emit_wgmma
-
-    return emit_wgmma(name, model, lw, static, early_main_loop)

@@ -1,0 +1,297 @@
+"""What each kernel path can build, as pure predicates and estimates over a lowering: the part of a
+kernel path (habu/paths/) that the rules (habu/prove) and the emitters (habu/emit_cuda) read, kept
+here, below both, so that neither restates it.
+
+A `PathSupport` names its path, says which plan kernels it takes (`accepts`), which rule family
+checks them (`family`: "contraction", "rows" or "map", the families of habu/prove/rules.py), why a
+lowering is outside what its emitter prints (`refusals`: the `supported-path` rule), and, for a
+contraction, its instruction shape (`mma-shape`) and register estimate (`register-budget`).
+`SUPPORT` is the list the rules consult (`support_for`); each path object of habu/paths/ exposes
+its entry as `.support`. See docs/ARCHITECTURE.md, "Adding a kernel path".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from habu.lower.access import Access
+from habu.lower.contraction import ContractionLowering, fma_thread_grid
+from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
+from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
+from habu.plan.plan import ContractionKernel, Kernel, MapKernel, RowKernel
+from habu.spec.dtypes import DTYPES
+from habu.target import Target
+
+TENSOR_CORE_DTYPES = ("bf16", "f16")
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    """The `mma-shape` obligation of a contraction path: whether it holds and how to say so."""
+
+    ok: bool
+    statement: str
+    detail: str
+
+
+def kernel_consumer_warpgroups(kernel: ContractionKernel) -> int:
+    """A wgmma kernel's consumer warpgroups (`consumer_warpgroups`, habu/lower/registers.py)."""
+    return consumer_warpgroups(kernel.warps, kernel.warp_specialized)
+
+
+def contiguous_along(acc: Access, axis: str) -> bool:
+    last = acc.positions[-1]
+    return last.kind == "axis" and last.axis == axis
+
+
+class PathSupport:
+    """One kernel path's limits. Subclasses set `name` and `family` and override what differs."""
+
+    name: str = ""
+    family: str = ""
+
+    def accepts(self, kernel: Kernel) -> bool:
+        raise NotImplementedError
+
+    def refusals(self, lw) -> list[str]:
+        """Why the path's emitter cannot print this lowering (empty: it can)."""
+        return []
+
+
+class ContractionSupport(PathSupport):
+    """A contraction path, told apart from the others by the kernel's `mma` field."""
+
+    family = "contraction"
+    mma: str = ""
+    emits_clusters = False
+    emits_tma_stores = False
+
+    def accepts(self, kernel: Kernel) -> bool:
+        return isinstance(kernel, ContractionKernel) and kernel.mma == self.mma
+
+    def refusals(self, lw: ContractionLowering) -> list[str]:
+        return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
+                *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw)]
+
+    def own_refusals(self, lw: ContractionLowering) -> list[str]:
+        """The refusals about the instruction's own layout (what its emitter checks before printing;
+        the rest concern clusters, TMA stores and movements, which the rules alone check)."""
+        return []
+
+    def movement_refusals(self, lw: ContractionLowering) -> list[str]:
+        return []
+
+    def shape(self, lw: ContractionLowering, target: Target) -> ShapeCheck:
+        raise NotImplementedError
+
+    # the shared-memory layout the rules check and the emitter prints (habu/lower/smem.py)
+    smem_layout = staticmethod(tensor_core_smem)
+
+    def registers(self, kernel: ContractionKernel) -> int:
+        """About how many registers a thread needs (accumulators, addresses, indices)."""
+        raise NotImplementedError
+
+    def register_split(self, kernel: ContractionKernel) -> RegisterSplit | None:
+        """How a warp-specialised kernel splits the register file (`setmaxnreg`), or None."""
+        return None
+
+
+def accumulator_registers(kernel: ContractionKernel) -> int:
+    """Accumulator registers per thread of the warps that hold the output tile."""
+    consumers = kernel.warps - (4 if kernel.warp_specialized else 0)
+    return (kernel.tile_m * kernel.tile_n) // (32 * max(1, consumers))
+
+
+def _tensor_cores(lw: ContractionLowering) -> bool:
+    return lw.a.dtype == lw.b.dtype and lw.a.dtype in TENSOR_CORE_DTYPES
+
+
+def _cluster_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
+    k = lw.kernel
+    if k.cluster_m <= 1:
+        return []
+    c, reasons = k.cluster_m, []
+    # each block loads 1/c of B's tile and multicasts it: K-major, a box of tile_n/c rows (whole
+    # 8-row swizzle atoms); N-major, whole 64-column boxes
+    b_parts_ok = (k.tile_n % (8 * c) == 0 if contiguous_along(lw.b, "k")
+                  else (k.tile_n // 64) % c == 0 and k.tile_n % 64 == 0)
+    if not emitted or not k.warp_specialized:
+        reasons.append("clusters are emitted in the warp-specialised wgmma path")
+    if k.b_move not in ("tma", "staged"):
+        reasons.append("a cluster shares B's tile by TMA multicast: B moves by tma (or staged, then tma)")
+    if k.split_k > 1:
+        reasons.append("clusters and split-K are not emitted together")
+    if not b_parts_ok:
+        reasons.append(f"B's tile of {k.tile_n} splits into {c} whole parts (8-row atoms, or 64-column boxes)")
+    if c not in (1, 2):
+        reasons.append("clusters of 2 blocks")
+    return reasons
+
+
+def _tma_store_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
+    k, out = lw.kernel, lw.out
+    if k.store != "tma":
+        return []
+    reasons = []
+    plain = (len(out.positions) == 2 and all(p.kind == "axis" for p in out.positions)
+             and out.positions[0].axis == "m" and out.positions[1].axis == "n")
+    if not emitted:
+        reasons.append("TMA stores are emitted in the wgmma path")
+    if k.split_k > 1:
+        reasons.append("split-K adds its partial sums atomically, not by TMA stores")
+    if not plain or out.dtype not in ("f32", "bf16", "f16"):
+        reasons.append("TMA stores write a 2-D f32/bf16/f16 output stored row-major over (m, n)")
+    return reasons
+
+
+_STAGED = "staged operands feed the wgmma path"
+
+
+class FmaSupport(ContractionSupport):
+    name = mma = "fma"
+    smem_layout = staticmethod(simt_smem)
+
+    def movement_refusals(self, lw: ContractionLowering) -> list[str]:
+        k = lw.kernel
+        return ([_STAGED] if "staged" in (k.a_move, k.b_move) else []) + (
+            ["the SIMT path loads with ldg"] if any(m != "ldg" for m in (k.a_move, k.b_move)) else [])
+
+    def shape(self, lw: ContractionLowering, target: Target) -> ShapeCheck:
+        k = lw.kernel
+        grid = fma_thread_grid(k)
+        return ShapeCheck(grid is not None and grid[2] * grid[3] <= 64,
+                          "SIMT FMA: the tile divides evenly over the threads, at most 64 outputs each",
+                          f"tile {k.tile_m}x{k.tile_n} over {32 * k.warps} threads")
+
+    def registers(self, kernel: ContractionKernel) -> int:
+        return accumulator_registers(kernel) + 48
+
+
+def mma_sync_warp_grid(kernel: ContractionKernel) -> tuple[int, int]:
+    """The mma.sync path's warps over the tile: (along m, along n)."""
+    wm = 2 if kernel.warps >= 4 else 1
+    return wm, kernel.warps // wm
+
+
+class MmaSyncSupport(ContractionSupport):
+    name = mma = "mma.sync"
+
+    def own_refusals(self, lw: ContractionLowering) -> list[str]:
+        reasons = []
+        if not contiguous_along(lw.a, "k"):
+            reasons.append("the mma.sync path reads A contiguous along k")
+        if lw.kernel.swizzle:
+            reasons.append("the mma.sync path pads shared rows by 16 bytes (swizzle 0)")
+        return reasons
+
+    def movement_refusals(self, lw: ContractionLowering) -> list[str]:
+        k = lw.kernel
+        reasons = []
+        if "tma" in (k.a_move, k.b_move) or k.b_move == "tma-gather4":
+            reasons.append("the mma.sync path stages with cp.async or ldg (and gather4 for A on sm_100a)")
+        if "staged" in (k.a_move, k.b_move):
+            reasons.append(_STAGED)
+        return reasons
+
+    def shape(self, lw: ContractionLowering, target: Target) -> ShapeCheck:
+        k = lw.kernel
+        wm, wn = mma_sync_warp_grid(k)
+        ok = (target.mma_sync and _tensor_cores(lw) and k.tile_m % (16 * wm) == 0
+              and k.tile_n % (8 * wn) == 0 and k.tile_k % 16 == 0 and k.warps in (1, 2, 4, 8))
+        return ShapeCheck(ok, f"mma.sync m16n8k16 over a {wm}x{wn} warp grid (bf16/f16 operands)",
+                          f"{lw.a.dtype}/{lw.b.dtype} operands, tile {k.tile_m}x{k.tile_n}x{k.tile_k}, "
+                          f"{k.warps} warps")
+
+    def registers(self, kernel: ContractionKernel) -> int:
+        wn = max(1, kernel.warps // 2)
+        mi, ni = kernel.tile_m // 2 // 16, kernel.tile_n // wn // 8
+        return accumulator_registers(kernel) + 4 * mi + 2 * ni + 32
+
+
+class WgmmaSupport(ContractionSupport):
+    name = mma = "wgmma"
+    emits_clusters = emits_tma_stores = True
+
+    def own_refusals(self, lw: ContractionLowering) -> list[str]:
+        k = lw.kernel
+        e = DTYPES[lw.a.dtype].bytes
+        reasons = []
+        if not k.warp_specialized:
+            reasons.append("the wgmma path is warp-specialised")
+        if k.tile_k * e != 128 or k.swizzle != 128:
+            reasons.append("wgmma k tiles are 128 bytes with the 128-byte swizzle")
+        if not contiguous_along(lw.a, "k"):
+            reasons.append("wgmma's A must be contiguous along k")
+        # wgmma transposes a 16-bit B read from shared memory N-major, in 64-column (128-byte) boxes
+        n_major_ok = k.b_move == "tma" and e == 2 and k.tile_n % 64 == 0 and contiguous_along(lw.b, "n")
+        if not contiguous_along(lw.b, "k") and not n_major_ok:
+            reasons.append("wgmma's B is contiguous along k, or along n when loaded by TMA in 64-column "
+                           "boxes (16-bit types)")
+        if k.warps % 4 or k.warps < 8 or k.tile_m % (64 * kernel_consumer_warpgroups(k)):
+            reasons.append("warps = 4 × (1 producer + consumer warpgroups of 64-row slabs)")
+        if "tma-gather4" in (k.a_move, k.b_move):
+            reasons.append("gather4 (sm_100a) is emitted in the mma.sync path, not the wgmma path")
+        return reasons
+
+    def shape(self, lw: ContractionLowering, target: Target) -> ShapeCheck:
+        k = lw.kernel
+        consumers = k.warps - (4 if k.warp_specialized else 0)
+        wgs = kernel_consumer_warpgroups(k)
+        ok = (target.wgmma and _tensor_cores(lw) and k.warps % 4 == 0 and consumers >= 4
+              and k.tile_m % (64 * wgs) == 0 and k.tile_n % 16 == 0 and 16 <= k.tile_n <= 256
+              and k.tile_k % 16 == 0)
+        return ShapeCheck(ok, f"wgmma m64n{k.tile_n}k16 with {wgs} consumer warpgroup(s) over a {k.tile_m}-row "
+                              "tile (N a multiple of 16, not ≡ 8 mod 16; bf16/f16 operands; sm_90a)",
+                          f"{lw.a.dtype}/{lw.b.dtype} operands, tile {k.tile_m}x{k.tile_n}x{k.tile_k}, "
+                          f"{k.warps} warps on {target.name}")
+
+    def registers(self, kernel: ContractionKernel) -> int:
+        return accumulator_registers(kernel) + 36  # descriptors, addresses, the epilogue's indices
+
+    def register_split(self, kernel: ContractionKernel) -> RegisterSplit | None:
+        return warp_specialized_split(kernel.warps) if kernel.warp_specialized else None
+
+
+class RowsSupport(PathSupport):
+    name = family = "rows"
+
+    def accepts(self, kernel: Kernel) -> bool:
+        return isinstance(kernel, RowKernel)
+
+
+class MapSupport(PathSupport):
+    name = family = "map"
+
+    def accepts(self, kernel: Kernel) -> bool:
+        return isinstance(kernel, MapKernel)
+
+
+FMA, MMA_SYNC, WGMMA, ROWS, MAP = FmaSupport(), MmaSyncSupport(), WgmmaSupport(), RowsSupport(), MapSupport()
+
+# the built-in paths' limits, in the order of habu/paths/__init__.py's PATHS; `register` adds one
+SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP]
+
+
+def register(support: PathSupport) -> None:
+    """Add (first, so it wins over a built-in that takes the same kernels) or replace a path's limits."""
+    SUPPORT[:] = [support, *(s for s in SUPPORT if s.name != support.name)]
+
+
+def unregister(name: str) -> None:
+    SUPPORT[:] = [s for s in SUPPORT if s.name != name]
+
+
+def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
+    """The shared-memory layout of a contraction kernel, as its path lays it out (the rules check it,
+    the emitter prints its offsets). `b_kmajor`: B is contiguous along k (tiles [BN][BK], else [BK][BN])."""
+    support = support_for(kernel)
+    assert isinstance(support, ContractionSupport)
+    return support.smem_layout(kernel, a_dtype, b_dtype, b_kmajor)
+
+
+def support_for(kernel: Kernel) -> PathSupport:
+    """The limits of the first path that takes `kernel`."""
+    for s in SUPPORT:
+        if s.accepts(kernel):
+            return s
+    raise ValueError(f"no kernel path takes a {type(kernel).__name__} with mma={getattr(kernel, 'mma', None)}")

@@ -1,0 +1,41 @@
+"""The mma.sync contraction path (`mma = mma.sync`): m16n8k16 tensor-core MMAs over a warp grid,
+operands staged by cp.async or ldg (A by gather4 on sm_100a)."""
+
+from __future__ import annotations
+
+from habu.emit_cuda.emit_mma import emit_mma
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.contraction import ContractionLowering
+from habu.lower.support import MMA_SYNC
+from habu.paths.contraction import ContractionPath, Shape
+from habu.spec.ir import Model
+from habu.target import Target
+from habu.targets import Ceilings
+
+
+class MmaSyncPath(ContractionPath):
+    support = MMA_SYNC
+    ldg_feed = 3.0  # a scalar-load producer cannot keep tensor cores busy
+
+    def offered(self, target: Target, tensor_cores: bool) -> bool:
+        return tensor_cores and target.mma_sync
+
+    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
+        return (128, 128, 32), 8, 3
+
+    def shapes(self) -> list[Shape]:
+        return [(bm, bn, bk, w, st) for bm in (64, 128, 256) for bn in (64, 128, 256) for bk in (32, 64)
+                for w in (4, 8) for st in (2, 3, 4, 5)]
+
+    def movements(self, moves: list[str]) -> list[tuple[str, str]]:
+        return [(a, b) for a in ("ldg", "cp.async") for b in ("ldg", "cp.async")]
+
+    def peak_flops(self, c: Ceilings) -> float:
+        return c.mma_sync_flops
+
+    def emit(self, name: str, model: Model, lowering: ContractionLowering, static: dict[str, int],  # type: ignore[override]
+             target: Target, early_main_loop: bool = False) -> CudaKernel:
+        return emit_mma(name, model, lowering, static)
+
+
+PATH = MmaSyncPath()

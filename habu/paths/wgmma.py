@@ -1,0 +1,83 @@
+"""The wgmma contraction path (`mma = wgmma`, sm_90a): a producer warpgroup fills a ring of
+TMA/cp.async stages, consumer warpgroups of 64-row slabs issue wgmma; TMA stores and clusters of 2
+with B multicast."""
+
+from __future__ import annotations
+
+from habu.emit_cuda.emit_wgmma import emit_wgmma
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.contraction import ContractionLowering
+from habu.lower.support import WGMMA
+from habu.paths.contraction import ContractionPath, Shape
+from habu.plan.plan import CLUSTERS, STORES, ContractionKernel
+from habu.spec.ir import Model
+from habu.target import Target
+from habu.targets import Ceilings
+
+# operand bytes in flight per SM that keep wgmma fed (fitted to 1715 GGEMM plans timed on the H200:
+# with the refill term, the rank correlation of predicted and measured times went from 0.40 to 0.82;
+# on 1135 MoE plans from another search, 0.47 to 0.61)
+IN_FLIGHT_BYTES = 131072
+
+
+def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:
+    """The default warps and pipeline depth of a wgmma tile: a producer warpgroup and consumer
+    warpgroups of one or two 64-row slabs; as many 64-deep stages as fit beside the epilogue."""
+    warps = 8 if tile_m == 64 else 12 if tile_m in (128, 256) else 4 * (1 + tile_m // 64)
+    area = tile_m * tile_n
+    stages = 6 if area <= 128 * 64 else 5 if area <= 128 * 128 else 4 if area <= 128 * 256 else 3
+    return warps, stages
+
+
+class WgmmaPath(ContractionPath):
+    support = WGMMA
+    ldg_feed = 3.0  # a scalar-load producer cannot keep tensor cores busy
+
+    def offered(self, target: Target, tensor_cores: bool) -> bool:
+        return tensor_cores and target.wgmma
+
+    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
+        wide = 256 if n >= 2048 and m >= 1024 else 128
+        tile, warps, stages = (128, wide, 64), 12, 4 if wide == 256 else 5
+        # a skinny problem (128 tokens through a 4096-wide layer) leaves most SMs idle with 128-wide
+        # tiles: narrow them, then shorten them, until the tiles cover half the SMs (H200, 2026-12-01,
+        # FFN-SKIP's second GEMM 128x4096x14336: 32 tiles of 128x128; the search's winner took 64x64)
+        while -(-m // tile[0]) * -(-n // tile[1]) < target.sm_count // 2 and max(tile[:2]) > 64:
+            tile = (tile[0], tile[1] // 2, 64) if tile[1] > 64 else (64, tile[1], 64)
+            warps, stages = wgmma_warps_stages(tile[0], tile[1])
+        return tile, warps, stages
+
+    def shapes(self) -> list[Shape]:
+        return [(bm, bn, 64, 4 * (1 + bm // (64 * slabs)), st) for bm in (64, 128, 256)
+                for bn in (64, 96, 128, 192, 256) for slabs in (1, 2) if bm % (64 * slabs) == 0
+                for st in (2, 3, 4, 5, 6)]
+
+    def movements(self, moves: list[str]) -> list[tuple[str, str]]:
+        return [(a, b) for a in [*moves, "staged"] if a != "tma-gather4"
+                for b in [*moves, "staged"] if b != "tma-gather4"]
+
+    def stores(self, target: Target) -> tuple[str, ...]:
+        return STORES if target.tma else ("direct",)
+
+    def clusters(self, target: Target) -> tuple[int, ...]:
+        return CLUSTERS if target.clusters and target.tma else (1,)
+
+    def fixed_fields(self, target: Target) -> dict[str, object]:
+        return {"warp_specialized": target.setmaxnreg, "swizzle": 128}
+
+    def peak_flops(self, c: Ceilings) -> float:
+        return c.wgmma_flops
+
+    def stage_efficiency(self, kernel: ContractionKernel, a_bytes: int, b_bytes: int) -> float:
+        # wgmma needs about 128 KB of operand tiles in flight per SM (H200, GGEMM 4096³, 2026-12-01:
+        # 128x128 tiles 209 µs with 6 stages (192 KB), 220 with 4, 268 with 3; 128x256 184 with 4
+        # stages, 278 with 2)
+        in_flight = kernel.stages * (kernel.tile_m * a_bytes + kernel.tile_n * b_bytes) * kernel.tile_k
+        return min(1.0, in_flight / IN_FLIGHT_BYTES)
+
+    def emit(self, name: str, model: Model, lowering: ContractionLowering, static: dict[str, int],  # type: ignore[override]
+             target: Target, early_main_loop: bool = False) -> CudaKernel:
+        return emit_wgmma(name, model, lowering, static, early_main_loop)
+
+
+PATH = WgmmaPath()
