@@ -20,7 +20,7 @@ from habu.target import Target
 
 
 def _members(compiled: Compiled, target: Target) -> list[tuple[tuple[str, ...], str, Any]]:
-    from habu.emit_cuda.emit import emit
+    from habu.paths.emit import emit
 
     return [(tuple(proof.plan.guards), proof.plan.key, emit(proof, target)) for proof in compiled.proofs]
 

@@ -111,7 +111,7 @@ def test_grid_formula_is_the_grid_the_runtime_launches(example, shape, pins):
     c = compiled(example, shape, pins)
     static = {e.name: e.size for e in c.model.extents if e.size is not None}
     runtime = [e.name for e in c.model.extents if e.size is None]
-    from habu.emit_cuda.emit import emit
+    from habu.paths.emit import emit
 
     for proof in c.proofs:
         for k in emit(proof, SM90).kernels:

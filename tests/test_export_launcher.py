@@ -14,12 +14,12 @@ import pytest
 from habu.compile import compile_model
 from habu.emit_cuda.arrays import ELEMENT_BYTES, ArrayInfo, row_major
 from habu.emit_cuda.driver import tensormap_args
-from habu.emit_cuda.emit import emit
 from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.launcher_c import c_name
 from habu.emit_cuda.standalone import slots_rule
 from habu.export import export_bundle
 from habu.lower.access import with_derived
+from habu.paths.emit import emit
 from habu.spec.parser import load_program, parse_text
 from habu.target import target_named
 from tests.conftest import ROOT

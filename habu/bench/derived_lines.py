@@ -44,7 +44,7 @@ _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
 # a line of index arithmetic: an integer declared or assigned, an address formed from a pointer, a TMA
 # coordinate, a loop bound or a predicate on coordinates
 _INDEX = re.compile(r"\b(int|long long|habu::u32|unsigned|u32)\s+\w+(\[\w*\])?\s*=|\bp_\w+ \+ |\btma_(load|store|gather)"
-                    r"|\bfor \(|\bif \(.*[<>]|\? .*:|\bscratch\[|\bsmem \+|swizzle")
+                    r"|\bfor \(|\bif \(.*[<>]|\? .*:|\bscratch\[|\bblock_reduce<|\bsmem \+|swizzle")
 
 
 @dataclass
@@ -156,7 +156,7 @@ def _moved(lines: list[str], other: list[str]) -> set[int]:
 
 
 def run() -> list[Measure]:
-    from habu.emit_cuda.emit import emit_lowered
+    from habu.paths.emit import emit_lowered
     from habu.search.space import default_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS

@@ -404,7 +404,7 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
                          f"the cached row ({e}·#{lw.c}{part}·{k.rows_per_block} bytes) fits in "
                          f"{ctx.target.smem_per_block} bytes",
                          cached <= ctx.target.smem_per_block,
-                         detail=f"the cached row needs {cached:g} bytes of shared memory; the target has "
+                         detail=f"the cached row needs {_number(cached)} bytes of shared memory; the target has "
                                 f"{ctx.target.smem_per_block}")
     if k.cluster > 1:
         yield from _row_cluster(name, lw, ctx)
@@ -428,6 +428,11 @@ def _row_prefetch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligati
                      chunks > 0 and k.rows_per_block == 1,
                      detail=(f"{k.rows_per_block} rows per block" if k.rows_per_block != 1
                              else f"the row does not stay in registers: {why}"))
+
+
+def _number(x: Any) -> str:
+    """A byte count for a message: %g of a number, the formula of a z3 term (a runtime extent's)."""
+    return f"{x:g}" if isinstance(x, int | float) else str(x)
 
 
 def _row_cluster(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:

@@ -23,8 +23,8 @@ def test_a_fragment_map_off_the_layout_is_caught_naming_the_register(change):
 
 
 def test_the_emitters_print_the_fragment_map_from_the_lowering():
-    from habu.emit_cuda.emit import emit_lowered
     from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
     from habu.search.space import default_plan
     from habu.spec.parser import load_program
     from habu.target import TARGETS
