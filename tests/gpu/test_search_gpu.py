@@ -85,3 +85,35 @@ def test_habu_run_computes_the_model_from_npz_inputs(tmp_path):
     expect = evaluate(model, rounded, sizes)["O"]
     got = np.load(tmp_path / "out.npz")["O"]
     assert np.abs(got - expect).max() / np.abs(expect).max() < 1e-4
+
+
+def test_regression_a_timing_worker_killed_mid_search_is_restarted_and_the_search_goes_on(tmp_path):
+    """Issue 23: nothing tested a real timing worker dying. The worker process is killed (SIGKILL) 0.2 s
+    into the first measurement: that plan fails with the reason, a new worker starts for the next plan,
+    and the search still ends with measured plans in the database."""
+    import os
+    import signal
+    import threading
+
+    path = ROOT / "examples" / "ggemm.habu"
+    sizes = {"M": 1024, "N": 1024, "K": 511}
+    model = next(iter(load_program(path).models.values())).with_sizes(sizes)
+    timer = GpuTimer(str(path), model.name, sizes)
+    assert timer.start() is not None
+    killed: list[int] = []
+    real = timer.measure
+
+    def measure(plan_json, cubins=None):
+        if not killed:
+            pid = timer.proc.pid
+            killed.append(pid)
+            threading.Timer(0.2, lambda: os.kill(pid, signal.SIGKILL)).start()
+        return real(plan_json, cubins)
+
+    timer.measure = measure
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=6), timer=timer).run()
+        assert killed and timer.proc is not None and timer.proc.pid != killed[0]
+        assert result.measured and result.stats.timed >= 2
+        assert db.get(result.key).records[0].status == "measured"
+    timer.close()
