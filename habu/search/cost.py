@@ -98,6 +98,27 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     return KernelCost(flops, moved + sum(copied) + reduction, seconds, "compute" if compute >= memory else "memory")
 
 
+def operand_dram_bytes(lw: Lowering, sizes: Mapping[str, int], target: Target) -> float:
+    """A finer term, for ordering plans the roofline predicts equal (ties, not the time): the operand
+    bytes a contraction fetches from DRAM if the L2 holds the operand tiles of one wave of blocks. The
+    raster order and grouping decide which tiles a wave shares (grouped rasterisation walks `group_m`
+    tile rows together, so a wave reads fewer distinct B tiles). 0 for other kernels."""
+    if not isinstance(lw, ContractionLowering):
+        return 0.0
+    k = lw.kernel
+    M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
+    ea, eb = DTYPES[lw.a.dtype].bytes, DTYPES[lw.b.dtype].bytes
+    tiles_m, tiles_n = -(-M // k.tile_m), -(-N // k.tile_n)
+    tiles = tiles_m * tiles_n * k.split_k
+    wave = max(1, min(tiles, target.sm_count))
+    along, across = (tiles_n, tiles_m) if k.raster == "row" else (tiles_m, tiles_n)
+    first = min(along, -(-wave // max(1, k.group_m)))  # tiles of the fast axis a wave covers
+    second = min(across, -(-wave // first))
+    rows, cols = (second, first) if k.raster == "row" else (first, second)
+    per_wave = K / max(1, k.split_k) * (rows * k.tile_m * ea + cols * k.tile_n * eb)
+    return float(-(-tiles // wave) * per_wave)
+
+
 def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
     R, C = sizes[lw.r], sizes[lw.c]
     # each tensor once, however many times the region's words read it (SOFTMAX reads x three times)

@@ -26,7 +26,7 @@ from habu.plan.patterns import Region, default_regions, partitions
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats
-from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds
+from habu.search.cost import Ceilings, KernelCost, kernel_cost, operand_dram_bytes, roofline_seconds
 from habu.search.pool import Executor, ExecutorLost, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
@@ -345,7 +345,7 @@ class Search:
         self.stats.region = f"{region.kind} {'+'.join(region.nodes)}"
         plan = make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)
         base_lw = lower_plan(self.model, plan)[i]
-        candidates: list[tuple[float, Kernel]] = []
+        candidates: list[tuple[float, float, Kernel]] = []
         for k in region_space(self.graph, region, self.target, self.sizes):
             self.stats.generated += 1
             try:
@@ -354,16 +354,20 @@ class Search:
                 else:
                     lw = _relower(self.graph, plan, i, k, replace(base_lw, kernel=k))
                 cost = kernel_cost(lw, self.sizes, self.target).seconds
+                dram = operand_dram_bytes(lw, self.sizes, self.target)
             except Exception:
                 continue
-            candidates.append((cost, k))
-        candidates.sort(key=lambda c: c[0])
+            candidates.append((cost, dram, k))
+        # cheapest predicted first; plans the roofline predicts equal are ordered by the operand bytes
+        # they fetch from DRAM (a finer term, `operand_dram_bytes`): without a GPU, the first proven of
+        # equals is the winner, so ties are broken by it rather than by enumeration order
+        candidates.sort(key=lambda c: (c[0], c[1]))
         seen = {best[i]}
         queue = []
-        for _cost, k in candidates:
+        for _cost, _dram, k in candidates:
             if k not in seen:
                 seen.add(k)
-                queue.append((_cost, k))
+                queue.append((_cost, _dram, k))
 
         def in_time() -> bool:
             return self._left() and (deadline is None or time.monotonic() <= deadline)
@@ -373,12 +377,12 @@ class Search:
         def more() -> bool:
             return at < len(queue) and in_time()
 
-        def send_next() -> tuple[list[tuple[float, Kernel]], list[Scored], _Sent]:
+        def send_next() -> tuple[list[tuple[float, float, Kernel]], list[Scored], _Sent]:
             nonlocal at
             n = self._batch_size()
             batch, at = queue[at:at + n], at + n
-            scored = [Scored(k, cost, rewrites=self.rewrites) for cost, k in batch]
-            kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, k in batch]
+            scored = [Scored(k, cost, rewrites=self.rewrites, dram_bytes=dram) for cost, dram, k in batch]
+            kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, _, k in batch]
             return batch, scored, self._send([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])
 
         # With a time budget and workers of its own, the executor proves the next batches while
@@ -400,7 +404,7 @@ class Search:
                 in_flight.clear()
             if not in_flight and more():
                 in_flight.append(send_next())
-            for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
+            for (_, _, k), sc, ok in zip(batch, scored, kept, strict=True):
                 if ok:
                     self._keep(i, k, sc, best, ranked)
             self.progress(self.stats)
@@ -442,10 +446,10 @@ class Search:
             if proofs and (oldest_done or timer.backlog < ahead):
                 batch, scored, sent = proofs.popleft()
                 kept, to_time = self._proven(sent)
-                for (_, k), sc, ok in zip(batch, scored, kept, strict=True):
+                for (_, _, k), sc, ok in zip(batch, scored, kept, strict=True):
                     if ok:
                         self._keep(i, k, sc, best, ranked)
-                timer.submit([((batch[j][1], scored[j], sent.plans[j]), (sent.plans[j].to_json(), c))
+                timer.submit([((batch[j][2], scored[j], sent.plans[j]), (sent.plans[j].to_json(), c))
                               for j, c in to_time])
             elif timer.busy:
                 take(0.05 if proofs else 1.0)
@@ -466,7 +470,7 @@ class Search:
         verified in this run, each with its own certificate (a runner-up combined with another
         region's later best was never proven whole). None verified: nothing written, []."""
         plans: list[Plan] = [make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)]
-        key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: s.predicted_s)
+        key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: (s.predicted_s, s.dram_bytes))
         for i, pool in enumerate(ranked):
             for s in sorted(pool, key=key)[1: self.top_k]:
                 kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))
