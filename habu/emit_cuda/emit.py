@@ -7,11 +7,19 @@ lowers and emits a plan that was not proven: for tests and tools that only look 
 from __future__ import annotations
 
 from habu.emit_cuda.emit_fma import emit_fma
+from habu.emit_cuda.emit_general import emit_general
 from habu.emit_cuda.emit_rows import emit_map, emit_rows
 from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.errors import HabuError
-from habu.lower import ContractionLowering, LoweredPlan, MapLowering, RowLowering, lower_whole
+from habu.lower import (
+    ContractionLowering,
+    GeneralLowering,
+    LoweredPlan,
+    MapLowering,
+    RowLowering,
+    lower_whole,
+)
 from habu.plan.plan import Plan
 from habu.prove import Proof
 from habu.spec.ir import Model
@@ -64,6 +72,8 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
             kernels.append(emit_contraction(name, model, lw, static, target, early))
         elif isinstance(lw, RowLowering):
             kernels.append(emit_rows(name, model, lw, static))
+        elif isinstance(lw, GeneralLowering):
+            kernels.append(emit_general(name, model, lw, static))
         else:
             assert isinstance(lw, MapLowering)
             kernels.append(emit_map(name, model, lw, static))

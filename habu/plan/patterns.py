@@ -4,7 +4,9 @@
   elementwise nodes that consume only its result fused after it as an epilogue;
 - a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
   reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
-- a *map* region: elementwise nodes over one shape.
+- a *map* region: elementwise nodes over one shape;
+- a *general* region: any other single node (a thread per output element, each reduction a loop):
+  the fallback, so every equation the language accepts has a kernel.
 
 Every node of a model belongs to exactly one region; `default_regions` gives the greedy partition.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations, pairwise
 
+from habu.errors import HabuError
 from habu.spec.ir import (
     Const,
     Equation,
@@ -57,7 +60,7 @@ class Contraction:
 class Region:
     """A fusion region: the nodes one kernel computes, in order; `output` is what it stores."""
 
-    kind: str  # "contraction", "rows", "map"
+    kind: str  # "contraction", "rows", "map", "general"
     nodes: tuple[str, ...]  # targets, in model order
 
     @property
@@ -204,13 +207,26 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions.append(Region("contraction", tuple(group)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
-                raise NotImplementedError(f"no kernel family computes {eq.target} yet")
-            _merge_or_add(regions, Region("rows", (eq.target,)), model)
+                regions.append(general_region(model, eq))
+            else:
+                _merge_or_add(regions, Region("rows", (eq.target,)), model)
         else:
             kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
             _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
     return tuple(regions)
+
+
+def general_region(model: Model, eq: Equation) -> Region:
+    """The general family's region of one node, or a `HabuError` naming what no kernel can compute."""
+    if any(ld.tensor == eq.target for ld in _reads(eq.rhs)):
+        raise HabuError(f"no kernel family computes {eq.target}: it reads its own result")
+    for ld in _reads(eq.rhs):
+        for ix in ld.indices:
+            if isinstance(ix, Gather) and (len(ix.indices) != 1 or not isinstance(ix.indices[0], IndexVar)):
+                raise HabuError(f"no kernel family computes {eq.target}: the gather {ix.tensor}[...] is not "
+                                "indexed by one index variable")
+    return Region("general", (eq.target,))
 
 
 def _merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
@@ -256,7 +272,8 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                 at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
                 for lo, hi in pairwise(at):
                     piece = r.nodes[lo:hi]
-                    regions.append(Region(_piece_kind(model, piece), piece))
+                    kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
+                    regions.append(Region(kind, piece))
             p = tuple(regions)
             if p not in seen:
                 seen.add(p)

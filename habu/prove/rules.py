@@ -16,7 +16,15 @@ from typing import Any
 
 import z3
 
-from habu.lower import ContractionLowering, LoweredPlan, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower import (
+    ContractionLowering,
+    GeneralLowering,
+    LoweredPlan,
+    Lowering,
+    MapLowering,
+    RowLowering,
+    lower_plan,
+)
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.smem import contraction_smem
@@ -32,6 +40,7 @@ from habu.prove.obligation import (
     discharge,
 )
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
+from habu.prove.rules_general import general_obligations
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -551,6 +560,7 @@ FAMILY: dict[type, Callable[[str, Any, Context], Iterator[Obligation]]] = {
     ContractionLowering: contraction_obligations,
     RowLowering: rows_obligations,
     MapLowering: map_obligations,
+    GeneralLowering: general_obligations,
 }
 
 

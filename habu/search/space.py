@@ -24,6 +24,7 @@ from habu.plan.plan import (
     RASTERS,
     STORES,
     ContractionKernel,
+    GeneralKernel,
     Kernel,
     MapKernel,
     Plan,
@@ -274,6 +275,16 @@ def default_map(model: Model, region: Region, target: Target, sizes: dict[str, i
                      index_width=64 if needs_64bit(model, sizes) else 32)
 
 
+def default_general(model: Model, region: Region, sizes: dict[str, int]) -> GeneralKernel:
+    """The general family's kernel: 256 threads, one output element each."""
+    return GeneralKernel(nodes=region.nodes, threads=256, index_width=64 if needs_64bit(model, sizes) else 32)
+
+
+def general_space(base: GeneralKernel) -> Iterator[GeneralKernel]:
+    for threads in (64, 128, 256, 512, 1024):
+        yield replace(base, threads=threads)
+
+
 def _multiples(model: Model) -> dict[str, int]:
     return {e.name: (e.size if e.size is not None else e.multiple) for e in model.extents}
 
@@ -288,6 +299,8 @@ def default_kernels(model: Model, target: Target, sizes: dict[str, int],
             out.append(default_contraction(model, r, target, sizes))
         elif r.kind == "rows":
             out.append(default_rows(model, r, target, sizes, mult))
+        elif r.kind == "general":
+            out.append(default_general(model, r, sizes))
         else:
             out.append(default_map(model, r, target, sizes, mult))
     return tuple(out)
@@ -541,6 +554,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     elif region.kind == "rows":
         base = default_rows(model, region, target, sizes, mult)
         yield from rows_space(base, _row_extent(model, region).size, clusters=target.clusters)
+    elif region.kind == "general":
+        yield from general_space(default_general(model, region, sizes))
     else:
         yield from map_space(default_map(model, region, target, sizes, mult))
 
