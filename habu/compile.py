@@ -62,7 +62,12 @@ def fallback(plan: Plan, proof: Proof) -> Plan:
 def compile_model(program: Program, model_name: str, shape: dict[str, int], target: Target,
                   pins: dict[str, str], trials: int = 3) -> Compiled:
     model = bind_shape(program.model(model_name), shape)
-    plan = default_plan(model, target, shape, pins)
+    try:
+        plan = default_plan(model, target, shape, pins)
+    except HabuError as err:
+        if err.span is not None:
+            raise
+        raise HabuError(err.message, program.model_spans.get(model.name), err.notes) from None
     proof = prove(model, plan, shape, trials=trials)
     if proof.violations:
         raise plan_error(program, model, proof.violations[0])

@@ -166,8 +166,8 @@ def row_local(eq: Equation) -> tuple[str, str] | None:
         if isinstance(x, Reduce) and any(v.extent != c_ext for v in x.vars):
             return None
         if isinstance(x, Load):
-            if any(isinstance(ix, Gather) for ix in x.indices):
-                return None
+            if any(isinstance(ix, Gather) for ix in x.indices) or len(x.indices) > 2:
+                return None  # a gather, or a tensor of three or more dimensions, is no row's
             if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)):
                 return None
             if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
@@ -192,6 +192,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
     i = 0
     while i < len(nodes):
         eq = nodes[i]
+        check_gathers(eq)
         c = as_contraction(eq)
         if c is not None:
             group = [eq.target]
@@ -221,12 +222,17 @@ def general_region(model: Model, eq: Equation) -> Region:
     """The general family's region of one node, or a `HabuError` naming what no kernel can compute."""
     if any(ld.tensor == eq.target for ld in _reads(eq.rhs)):
         raise HabuError(f"no kernel family computes {eq.target}: it reads its own result")
+    return Region("general", (eq.target,))
+
+
+def check_gathers(eq: Equation) -> None:
+    """Every family reads an index tensor at one index variable (`A[IX[m] k]`): a gather through a
+    gather, or at a constant, is refused naming the node."""
     for ld in _reads(eq.rhs):
         for ix in ld.indices:
             if isinstance(ix, Gather) and (len(ix.indices) != 1 or not isinstance(ix.indices[0], IndexVar)):
                 raise HabuError(f"no kernel family computes {eq.target}: the gather {ix.tensor}[...] is not "
                                 "indexed by one index variable")
-    return Region("general", (eq.target,))
 
 
 def _merge_or_add(regions: list[Region], new: Region, model: Model) -> None:

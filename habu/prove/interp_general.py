@@ -37,6 +37,8 @@ def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: M
     arith = _NumpyIndex(lw.index_width, mem, name)
     active = np.broadcast_to(lw.lane_guard(coords, lanes, sizes, arith), lanes.shape)
     lanes = lanes[active]
+    if not len(lanes):
+        return
     chunk = max(1, CHUNK_ELEMENTS // _loop_volume(lw, sizes))
     for lo in range(0, len(lanes), chunk):
         _run_lanes(name, lw, sizes, mem, lanes[lo:lo + chunk])
@@ -79,4 +81,6 @@ def _run_lanes(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Me
 
     shape = (len(lanes),)
     value = np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)
+    if not lw.extents:  # a scalar output: only thread 0 passed its guard, and it stores at offset 0
+        value, shape = value.reshape(()), ()
     write(name, lw.out, coords, value, sizes, mem, lw.index_width, False, np.ones(shape, bool), where)
