@@ -177,6 +177,14 @@ def box_elements(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mappin
     return np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
 
 
+def general_keep(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
+    """The threads the check runs of a general kernel's selected blocks: those of the box, and every
+    thread past the last element (their guard must keep them from storing)."""
+    numel = int(lw.numel(sizes))
+    tail = np.arange(numel, -(-numel // lw.per_block) * lw.per_block, dtype=np.int64)
+    return np.union1d(box_elements(lw, box, sizes), tail)
+
+
 def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
     """A general kernel's checked output box: the first, middle and last coordinates of every extent
     (each thread is independent, so these threads stand for the others), and the blocks holding them."""
@@ -337,7 +345,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 sel, box, text = _final_selection(lw, s)
                 selections[i] = sel
                 if isinstance(lw, GeneralLowering):
-                    keeps[i] = box_elements(lw, box, s)
+                    keeps[i] = general_keep(lw, box, s)
                 out_boxes[lw.out.tensor] = box
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
