@@ -211,6 +211,8 @@ def default_regions(model: Model) -> tuple[Region, ...]:
                 regions.append(general_region(model, eq))
             else:
                 _merge_or_add(regions, Region("rows", (eq.target,)), model)
+        elif not eq.lhs:  # a scalar: the map's lanes would all store it
+            regions.append(general_region(model, eq))
         else:
             kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
             _merge_or_add(regions, Region(kind, (eq.target,)), model)

@@ -163,7 +163,10 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
     flat = flat[flat < numel]
     coords = np.unravel_index(flat, dims) if dims else ()
     box = tuple(np.unique(c) for c in coords)
-    return blocks, box, f"blocks {blocks.tolist()} of {nblocks}"
+    if dims:  # the box spans elements of other blocks where a block is not whole rows: run those too
+        grids = np.meshgrid(*box, indexing="ij")
+        blocks = np.unique(np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) // lw.per_block)
+    return blocks, box, f"blocks {blocks.tolist()[:8]} of {nblocks}"
 
 
 def _spread(n: int) -> list[int]:

@@ -150,3 +150,25 @@ def test_regression_a_node_no_family_computes_was_a_traceback():
     with pytest.raises(HabuError, match="no kernel family computes G") as info:
         compile_model(program, "SELF", {}, TARGET, {}, trials=1)
     assert info.value.render().startswith("self.habu:3:8: error:")
+
+
+def test_regression_a_scalar_elementwise_node_crashed_the_map_check():
+    """`S = X[3] · 2 + 1` (no reduction, a scalar output) went to the map family, whose lanes would
+    all store the scalar, and its check raised a numpy ValueError; one general thread computes it now."""
+    text = "4 EXTENT: #N\nf32 TENSOR: X ( #N )  f32 TENSOR: S ( )\nMODEL: SC  S = X[3] · 2 + 1 ;\n"
+    model = parse_text(text, "sc.habu").models["SC"]
+    assert [r.kind for r in default_regions(model)] == ["general"]
+    assert verify_plan(model, default_plan(model, TARGET, {}, {}), trials=1).passed
+
+
+def test_regression_a_three_dimensional_map_was_refused_as_never_written():
+    """The map's checked box was the product of the coordinates its sampled blocks touch; where a
+    block is not whole rows that box holds elements no sampled block computes, and a correct plan
+    failed ("Y[0, 0, 991] was never written"). The blocks covering the box run now."""
+    text = ("3 EXTENT: #A  1000 EXTENT: #B  999 EXTENT: #C\n"
+            "f32 TENSOR: X ( #A #B #C )  f32 TENSOR: Y ( #A #B #C )\nMODEL: M3  Y[a b c] = X[a b c] · 2 ;\n")
+    model = parse_text(text, "m3.habu").models["M3"]
+    plan = default_plan(model, TARGET, {}, {})
+    assert [k.kind for k in plan.kernels] == ["map"]
+    cert = verify_plan(model, plan, trials=1)
+    assert cert.passed, cert.failure
