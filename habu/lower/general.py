@@ -152,8 +152,9 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
     loads: list[tuple[Load, Access]] = []
     for x in walk(rhs):
         if isinstance(x, Load) and not any(x == ld for ld, _ in loads):
-            if x.tensor == eq.target:
-                raise ValueError(f"{eq.target} reads its own result")
+            if x.tensor == eq.target and x.indices != axes:
+                # an in-place update reads the element its thread writes, before writing it
+                raise ValueError(f"{eq.target} reads its own result at other elements than the one it writes")
             axis_of = {v: v.name for v in _index_vars(x)}
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
     out = access_for(model.tensor(eq.target), axes, {a: a.name for a in axes}, extent_of_axis, storage)

@@ -222,8 +222,9 @@ def default_regions(model: Model) -> tuple[Region, ...]:
 
 def general_region(model: Model, eq: Equation) -> Region:
     """The general family's region of one node, or a `HabuError` naming what no kernel can compute."""
-    if any(ld.tensor == eq.target for ld in _reads(eq.rhs)):
-        raise HabuError(f"no kernel family computes {eq.target}: it reads its own result")
+    if any(ld.tensor == eq.target and ld.indices != eq.lhs for ld in _reads(eq.rhs)):
+        raise HabuError(f"no kernel family computes {eq.target}: it reads its own result at other elements "
+                        "than the one it writes")
     return Region("general", (eq.target,))
 
 

@@ -40,20 +40,31 @@ def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: M
     if not len(lanes):
         return
     chunk = max(1, CHUNK_ELEMENTS // _loop_volume(lw, sizes))
-    for lo in range(0, len(lanes), chunk):
-        _run_lanes(name, lw, sizes, mem, lanes[lo:lo + chunk])
+    # every thread computes its value before any stores (an in-place update reads its own element)
+    values = [_values(name, lw, sizes, mem, lanes[lo:lo + chunk]) for lo in range(0, len(lanes), chunk)]
+    value = np.concatenate(values) if values else np.zeros(0, np.int64)
+    at = {a: np.asarray(v, dtype=np.int64) for a, v in lw.coordinates(lanes, sizes).items()}
+    shape: tuple[int, ...] = (len(lanes),)
+    if not lw.extents:  # a scalar output: only thread 0 passed its guard, and it stores at offset 0
+        value, shape = value.reshape(()), ()
+    write(name, lw.out, at, value, sizes, mem, lw.index_width, False, np.ones(shape, bool), _where(lw, lanes))
 
 
-def _run_lanes(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, lanes: np.ndarray) -> None:
-    f = mem.field
-    coords = {a: np.asarray(v, dtype=np.int64) for a, v in lw.coordinates(lanes, sizes).items()}
-
+def _where(lw: GeneralLowering, lanes: np.ndarray):
     def where(bad: np.ndarray) -> str:
         b = np.asarray(bad)
         b = b.reshape(b.shape[0], -1).any(axis=1) if b.ndim > 1 else b
         hit = np.nonzero(np.broadcast_to(b, lanes.shape))[0]
         lane = int(lanes[hit[0]]) if len(hit) else int(lanes[0])
         return f"element {lane} (flat) of {lw.out.tensor}, in block {lane // lw.per_block}"
+    return where
+
+
+def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, lanes: np.ndarray) -> np.ndarray:
+    f = mem.field
+    coords = {a: np.asarray(v, dtype=np.int64) for a, v in lw.coordinates(lanes, sizes).items()}
+
+    where = _where(lw, lanes)
 
     def ev(e: Expr, at: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
         if isinstance(e, Const):
@@ -80,7 +91,4 @@ def _run_lanes(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Me
         raise PlanFault(f"{name}: cannot evaluate {e}")
 
     shape = (len(lanes),)
-    value = np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)
-    if not lw.extents:  # a scalar output: only thread 0 passed its guard, and it stores at offset 0
-        value, shape = value.reshape(()), ()
-    write(name, lw.out, coords, value, sizes, mem, lw.index_width, False, np.ones(shape, bool), where)
+    return np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)

@@ -142,14 +142,26 @@ def test_regression_row_local_refuses_three_dimensional_loads():
 
 
 def test_regression_a_node_no_family_computes_was_a_traceback():
-    """`habu compile` raised NotImplementedError for a node no family took; a node still impossible
-    (it reads its own result inside a reduction) is a HabuError naming it."""
-    text = ("8 EXTENT: #R  6 EXTENT: #N\nf32 TENSOR: X ( #R #N )  f32 TENSOR: G ( #N )\n"
-            "MODEL: SELF  G[n] = Σ r G[n] · X[r n] ;\n")
-    program = parse_text(text, "self.habu")
-    with pytest.raises(HabuError, match="no kernel family computes G") as info:
-        compile_model(program, "SELF", {}, TARGET, {}, trials=1)
-    assert info.value.render().startswith("self.habu:3:8: error:")
+    """`habu compile` raised NotImplementedError for a node no family took (and the map family for a
+    gather through a gather); a node still impossible is a HabuError naming it, at the model."""
+    text = ("8 EXTENT: #M  4 EXTENT: #K\nf32 TENSOR: A ( #M #K )  f32 TENSOR: O ( #M #K )\n"
+            "ITENSOR: P ( #M #M )  ITENSOR: Q ( #M #M )\nMODEL: GG  O[m k] = A[P[Q[m]] k] ;\n")
+    program = parse_text(text, "gg.habu")
+    with pytest.raises(HabuError, match="no kernel family computes O") as info:
+        compile_model(program, "GG", {}, TARGET, {}, trials=1)
+    assert info.value.render().startswith("gg.habu:4:8: error:")
+
+
+def test_an_in_place_reduction_reads_each_element_before_its_thread_writes_it():
+    """`G[n] = Σ r G[n] · X[r n]` updates G in place: one thread per element reads G[n], then stores."""
+    text = "8 EXTENT: #R  6 EXTENT: #N\nf32 TENSOR: X ( #R #N )  f32 TENSOR: G ( #N )\n" \
+           "MODEL: SELF  G[n] = Σ r G[n] · X[r n] ;\n"
+    model = parse_text(text, "self.habu").models["SELF"]
+    assert "G" in {t.name for t in model.inputs}
+    plan = default_plan(model, TARGET, {}, {})
+    assert [k.kind for k in plan.kernels] == ["general"]
+    cert = verify_plan(model, plan, trials=2)
+    assert cert.passed, cert.failure
 
 
 def test_regression_a_scalar_elementwise_node_crashed_the_map_check():
