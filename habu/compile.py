@@ -76,7 +76,12 @@ def compile_model(program: Program, model_name: str, shape: dict[str, int], targ
     model = bind_shape(program.model(model_name), shape)
     check_nesting(model, program.model_spans.get(model.name))
     check_sizes(model, model.sizes, target)  # before anything is proven or allocated
-    plan = default_plan(model, target, shape, pins)
+    try:
+        plan = default_plan(model, target, shape, pins)
+    except HabuError as err:
+        if err.span is not None:
+            raise
+        raise HabuError(err.message, program.model_spans.get(model.name), err.notes) from None
     proof = prove(model, plan, shape, trials=trials)
     if proof.violations:
         raise plan_error(program, model, proof.violations[0], hint)

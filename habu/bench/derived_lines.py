@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from habu.lower import ContractionLowering, LoweredPlan, RowLowering, lower_whole
+from habu.lower import ContractionLowering, GeneralLowering, LoweredPlan, RowLowering, lower_whole
 from habu.lower.access import Access, Bound
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -38,6 +38,7 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("rows softmax", "softmax.habu", "SOFTMAX-ROWS", {}, {}, "sm_90a"),
     ("rows rmsnorm", "rmsnorm.habu", "RMSNORM-ROWS", {"D": 4096}, {}, "sm_90a"),
     ("map", "fused.habu", "AXPY-RELU", {}, {}, "sm_90a"),
+    ("general", "bmm.habu", "SCORES", {}, {}, "sm_90a"),
 )
 
 _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
@@ -108,6 +109,8 @@ def _variants(obj: Any) -> Iterator[Any]:
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
+    if isinstance(obj, GeneralLowering):
+        yield _loops_shortened(obj)
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:
@@ -115,6 +118,14 @@ def _shortened(lw: ContractionLowering) -> ContractionLowering:
         def k_range(self, split, s):
             begin, end = super().k_range(split, s)
             return begin, end - 1
+
+    return Shortened(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _loops_shortened(lw: GeneralLowering) -> GeneralLowering:
+    class Shortened(type(lw)):  # type: ignore[misc]
+        def loop_end(self, axis, sizes):
+            return super().loop_end(axis, sizes) - 1
 
     return Shortened(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 

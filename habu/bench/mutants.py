@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, Bound, Position
 from habu.prove.verify import Certificate, verify_plan
 from habu.search.space import default_plan
@@ -83,6 +83,24 @@ def _m(f: Callable[[MapLowering], MapLowering]) -> Callable[[Lowering], Lowering
     return g
 
 
+def _g(f: Callable[[GeneralLowering], GeneralLowering]) -> Callable[[Lowering], Lowering]:
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, GeneralLowering)
+        return f(lw)
+    return g
+
+
+def _loop_one_short(lw: GeneralLowering) -> GeneralLowering:
+    """The same lowering whose reduction loops end one iteration early (`k < K - 1`)."""
+
+    class OneShort(GeneralLowering):
+        def loop_end(self, axis, sizes):
+            return super().loop_end(axis, sizes) - 1
+
+    return OneShort(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
 GG = {"M": 300, "N": 200, "K": 511}
 DIRECT = {"A": "ldg", "B": "ldg"}  # the predicated-load paths (the default stages K = 511 operands)
 DIRECT_STORE = {**DIRECT, "store": "direct"}  # and each thread stores its own outputs (masked, offset)
@@ -155,6 +173,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("map-tail-unmasked", "the elementwise kernel's last block is not masked", "fused.habu", "AXPY-RELU",
            {"N": 1000}, _m(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "e0")) for ld, acc in lw.loads),
                                                   out=_drop_mask(lw.out, "e0")))),
+    Mutant("general-store-unmasked", "the general kernel's threads past the last element store (its guard, the "
+           "output's mask, dropped)", "bmm.habu", "SCORES", BMM, _g(lambda lw: replace(lw, out=_drop_mask(lw.out, "e0")))),
+    Mutant("general-wrong-stride", "Q's rows strided by #J instead of #D in the general kernel", "bmm.habu", "SCORES",
+           BMM, _g(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 1, ("J",)) if acc.tensor == "Q" else acc)
+                                                      for ld, acc in lw.loads)))),
+    Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
+           "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
 )
 
 

@@ -76,7 +76,7 @@ class CudaKernel:
 
     def grid(self, sizes: Mapping[str, int], sm_count: int) -> tuple[int, int, int]:
         """Blocks to launch for concrete sizes: what the lowering says."""
-        from habu.lower import ContractionLowering, MapLowering, RowLowering
+        from habu.lower import ContractionLowering, GeneralLowering, MapLowering, RowLowering
         from habu.lower.contraction import StageLowering
 
         lw = self.lowering
@@ -87,7 +87,7 @@ class CudaKernel:
             return (int(lw.grid(sizes, sm_count)), 1, 1)
         if isinstance(lw, RowLowering):
             return (int(lw.grid(sizes, sm_count)), 1, 1)
-        assert isinstance(lw, MapLowering)
+        assert isinstance(lw, MapLowering | GeneralLowering)
         return (max(1, int(lw.grid(sizes))), 1, 1)
 
 

@@ -10,11 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from habu.lower.contraction import ContractionLowering, lower_contraction
+from habu.lower.general import GeneralLowering, lower_general
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
-from habu.plan.plan import ContractionKernel, Kernel, MapKernel, Plan, RowKernel
+from habu.plan.plan import ContractionKernel, GeneralKernel, Kernel, MapKernel, Plan, RowKernel
 from habu.spec.ir import Model
 
-Lowering = ContractionLowering | RowLowering | MapLowering
+Lowering = ContractionLowering | RowLowering | MapLowering | GeneralLowering
 
 
 def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None) -> Lowering:
@@ -25,6 +26,8 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
         return lower_rows(model, kernel, storage)
     if isinstance(kernel, MapKernel):
         return lower_map(model, kernel, storage)
+    if isinstance(kernel, GeneralKernel):
+        return lower_general(model, kernel, storage)
     raise TypeError(kernel)
 
 
@@ -57,5 +60,5 @@ def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
     return LoweredPlan(model, graph, plan, tuple(lower(graph, k, storage) for k in plan.kernels))
 
 
-__all__ = ["ContractionLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
+__all__ = ["ContractionLowering", "GeneralLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
            "lower_whole"]

@@ -18,7 +18,7 @@ from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
-from habu.plan.plan import ContractionKernel, Kernel, MapKernel, RowKernel
+from habu.plan.plan import ContractionKernel, GeneralKernel, Kernel, MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
 from habu.target import Target
 
@@ -266,10 +266,20 @@ class MapSupport(PathSupport):
         return isinstance(kernel, MapKernel)
 
 
+class GeneralSupport(PathSupport):
+    """The general family: any equation node, one thread per output element (the fallback)."""
+
+    name = family = "general"
+
+    def accepts(self, kernel: Kernel) -> bool:
+        return isinstance(kernel, GeneralKernel)
+
+
 FMA, MMA_SYNC, WGMMA, ROWS, MAP = FmaSupport(), MmaSyncSupport(), WgmmaSupport(), RowsSupport(), MapSupport()
+GENERAL = GeneralSupport()
 
 # the built-in paths' limits, in the order of habu/paths/__init__.py's PATHS; `register` adds one
-SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP]
+SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP, GENERAL]
 
 
 def register(support: PathSupport) -> None:

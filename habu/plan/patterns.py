@@ -4,7 +4,9 @@
   elementwise nodes that consume only its result fused after it as an epilogue;
 - a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
   reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
-- a *map* region: elementwise nodes over one shape.
+- a *map* region: elementwise nodes over one shape;
+- a *general* region: any other single node (a thread per output element, each reduction a loop):
+  the fallback, so every equation the language accepts has a kernel.
 
 Every node of a model belongs to exactly one region; `default_regions` gives the greedy partition.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations, pairwise
 
+from habu.errors import HabuError
 from habu.spec.ir import (
     Const,
     Equation,
@@ -57,7 +60,7 @@ class Contraction:
 class Region:
     """A fusion region: the nodes one kernel computes, in order; `output` is what it stores."""
 
-    kind: str  # "contraction", "rows", "map"
+    kind: str  # "contraction", "rows", "map", "general"
     nodes: tuple[str, ...]  # targets, in model order
 
     @property
@@ -163,8 +166,8 @@ def row_local(eq: Equation) -> tuple[str, str] | None:
         if isinstance(x, Reduce) and any(v.extent != c_ext for v in x.vars):
             return None
         if isinstance(x, Load):
-            if any(isinstance(ix, Gather) for ix in x.indices):
-                return None
+            if any(isinstance(ix, Gather) for ix in x.indices) or len(x.indices) > 2:
+                return None  # a gather, or a tensor of three or more dimensions, is no row's
             if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)):
                 return None
             if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
@@ -189,6 +192,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
     i = 0
     while i < len(nodes):
         eq = nodes[i]
+        check_gathers(eq)
         c = as_contraction(eq)
         if c is not None:
             group = [eq.target]
@@ -204,13 +208,34 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions.append(Region("contraction", tuple(group)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
-                raise NotImplementedError(f"no kernel family computes {eq.target} yet")
-            _merge_or_add(regions, Region("rows", (eq.target,)), model)
+                regions.append(general_region(model, eq))
+            else:
+                _merge_or_add(regions, Region("rows", (eq.target,)), model)
+        elif not eq.lhs:  # a scalar: the map's lanes would all store it
+            regions.append(general_region(model, eq))
         else:
             kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
             _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
     return tuple(regions)
+
+
+def general_region(model: Model, eq: Equation) -> Region:
+    """The general family's region of one node, or a `HabuError` naming what no kernel can compute."""
+    if any(ld.tensor == eq.target and ld.indices != eq.lhs for ld in _reads(eq.rhs)):
+        raise HabuError(f"no kernel family computes {eq.target}: it reads its own result at other elements "
+                        "than the one it writes")
+    return Region("general", (eq.target,))
+
+
+def check_gathers(eq: Equation) -> None:
+    """Every family reads an index tensor at one index variable (`A[IX[m] k]`): a gather through a
+    gather, or at a constant, is refused naming the node."""
+    for ld in _reads(eq.rhs):
+        for ix in ld.indices:
+            if isinstance(ix, Gather) and (len(ix.indices) != 1 or not isinstance(ix.indices[0], IndexVar)):
+                raise HabuError(f"no kernel family computes {eq.target}: the gather {ix.tensor}[...] is not "
+                                "indexed by one index variable")
 
 
 def _merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
@@ -256,7 +281,8 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                 at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
                 for lo, hi in pairwise(at):
                     piece = r.nodes[lo:hi]
-                    regions.append(Region(_piece_kind(model, piece), piece))
+                    kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
+                    regions.append(Region(kind, piece))
             p = tuple(regions)
             if p not in seen:
                 seen.add(p)

@@ -132,8 +132,19 @@ class MapKernel:
                               pins=("index", "index_width"))
 
 
-Kernel = ContractionKernel | RowKernel | MapKernel
-KERNEL_KINDS: dict[str, type] = {k.kind: k for k in (ContractionKernel, RowKernel, MapKernel)}
+@dataclass(frozen=True)
+class GeneralKernel:
+    """Any one equation node: a thread per output element, each reduction a loop (the fallback family)."""
+
+    kind: ClassVar[str] = "general"
+    nodes: tuple[str, ...] = doc("the model's node this kernel computes (one)")
+    threads: int = choice("threads per block (one output element each)", P, lo=1, hi=1024, pins=("threads",))
+    index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
+                              pins=("index", "index_width"))
+
+
+Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel
+KERNEL_KINDS: dict[str, type] = {k.kind: k for k in (ContractionKernel, RowKernel, MapKernel, GeneralKernel)}
 
 
 @dataclass(frozen=True)

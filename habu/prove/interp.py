@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
+from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
 from habu.prove.deadline import check_deadline
@@ -440,5 +440,9 @@ def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, s
         run_contraction(name, lw, sizes, mem, selection, rows, cols)
     elif isinstance(lw, RowLowering):
         run_rows(name, lw, sizes, mem, selection, keep)
+    elif isinstance(lw, GeneralLowering):
+        from habu.prove.interp_general import run_general
+
+        run_general(name, lw, sizes, mem, selection, keep)
     else:
         run_map(name, lw, sizes, mem, selection, keep)

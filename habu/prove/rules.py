@@ -16,7 +16,14 @@ from typing import Any
 
 import z3
 
-from habu.lower import ContractionLowering, LoweredPlan, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower import (
+    ContractionLowering,
+    LoweredPlan,
+    Lowering,
+    MapLowering,
+    RowLowering,
+    lower_plan,
+)
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.support import accumulator_registers, contraction_smem, support_for
@@ -32,6 +39,7 @@ from habu.prove.obligation import (
     discharge,
 )
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
+from habu.prove.rules_general import general_obligations
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -473,6 +481,7 @@ FAMILY: dict[str, Callable[[str, Any, Context], Iterator[Obligation]]] = {
     "contraction": contraction_obligations,
     "rows": rows_obligations,
     "map": map_obligations,
+    "general": general_obligations,
 }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
+from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
 from habu.lower.contraction import StageLowering
 from habu.plan.fields import Mma, field_problems
 from habu.plan.plan import ContractionKernel, Kernel
@@ -79,6 +79,14 @@ def launch_obligations(name: str, lw: Lowering, ctx: Context) -> Iterator[Obliga
             yield _lanes(name, f"the lane's first element (blockIdx.x·{k.threads} + threadIdx.x)·{k.vector} "
                                f"+ v, up to ⌈numel/{lw.per_block}⌉·{lw.per_block} − 1",
                          lw.grid(s) * lw.per_block - 1)
+    elif isinstance(lw, GeneralLowering):
+        k = lw.kernel
+        yield _grid(name, "x", f"one block per {k.threads} output elements", lw.grid(s), ctx.target.max_grid_x)
+        if lw.index_width == 32:
+            yield _lanes(name, f"the thread's element blockIdx.x·{k.threads} + threadIdx.x, up to "
+                               f"⌈numel/{k.threads}⌉·{k.threads} − 1", lw.grid(s) * k.threads - 1)
+            for axis, extent in lw.loops:
+                yield _lanes(name, f"the loop counter {axis} < #{extent}, up to #{extent}", s[extent])
 
 
 def _stage(name: str, stage: StageLowering, width: int, ctx: Context) -> Iterator[Obligation]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from habu.lower import ContractionLowering, MapLowering, RowLowering, lower_plan
+from habu.lower import ContractionLowering, GeneralLowering, MapLowering, RowLowering, lower_plan
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel, Plan
 from habu.prove.deadline import check_deadline
@@ -153,6 +153,8 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
         rows = np.unique((blocks[:, None] * rb + np.arange(rb)).ravel())
         rows = rows[rows < sizes[lw.r]]
         return blocks, (rows, np.arange(sizes[lw.c])), f"row blocks {blocks.tolist()} of {nblocks}"
+    if isinstance(lw, GeneralLowering):
+        return general_selection(lw, sizes)
     assert isinstance(lw, MapLowering)
     dims = [sizes[e] for e in lw.extents]
     numel = int(np.prod(dims)) if dims else 1
@@ -162,7 +164,39 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
     flat = flat[flat < numel]
     coords = np.unravel_index(flat, dims) if dims else ()
     box = tuple(np.unique(c) for c in coords)
-    return blocks, box, f"blocks {blocks.tolist()} of {nblocks}"
+    if dims:  # the box spans elements of other blocks where a block is not whole rows: run those too
+        grids = np.meshgrid(*box, indexing="ij")
+        blocks = np.unique(np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) // lw.per_block)
+    return blocks, box, f"blocks {blocks.tolist()[:8]} of {nblocks}"
+
+
+def _spread(n: int) -> list[int]:
+    return sorted({x for x in (0, 1, 2, n // 2, n - 2, n - 1) if 0 <= x < n})
+
+
+def box_elements(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
+    """The flat indices of a box of a general kernel's output (the threads that compute it)."""
+    dims = [sizes[e] for e in lw.extents]
+    grids = np.meshgrid(*box, indexing="ij")
+    return np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
+
+
+def general_keep(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
+    """The threads the check runs of a general kernel's selected blocks: those of the box, and every
+    thread past the last element (their guard must keep them from storing)."""
+    numel = int(lw.numel(sizes))
+    tail = np.arange(numel, -(-numel // lw.per_block) * lw.per_block, dtype=np.int64)
+    return np.union1d(box_elements(lw, box, sizes), tail)
+
+
+def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """A general kernel's checked output box: the first, middle and last coordinates of every extent
+    (each thread is independent, so these threads stand for the others), and the blocks holding them."""
+    box = tuple(np.array(_spread(sizes[e]), dtype=np.int64) for e in lw.extents)
+    flat = box_elements(lw, box, sizes)
+    blocks = np.unique(flat // lw.per_block)
+    nblocks = -(-int(lw.numel(sizes)) // lw.per_block)
+    return blocks, box, f"{len(flat)} elements in blocks {blocks.tolist()[:8]} of {nblocks}"
 
 
 def _selection_for_box(lw, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
@@ -335,6 +369,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             if lw.out.tensor in outputs:
                 sel, box, text = _final_selection(lw, s)
                 selections[i] = sel
+                if isinstance(lw, GeneralLowering):
+                    keeps[i] = general_keep(lw, box, s)
                 out_boxes[lw.out.tensor] = box
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import z3
 
-from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering
+from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
 from habu.spec.ir import Model
 
 Q = 3  # full tiles kept: the first, an interior one, and one before the ragged end
@@ -60,7 +60,7 @@ def tiled_axes(names: list[str], lowerings: list[Lowering]) -> list[TileAxis]:
 def _frozen(model: Model, lowerings: list[Lowering], sizes: Mapping[str, int]) -> set[str]:
     frozen: set[str] = set()
     for lw in lowerings:
-        if isinstance(lw, MapLowering):
+        if isinstance(lw, MapLowering | GeneralLowering):
             frozen.update(lw.extents)
     for t in (*model.inputs, *model.outputs, *model.intermediates):
         n = 1

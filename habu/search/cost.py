@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from habu.lower import ContractionLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, size_of
 from habu.lower.rows import reduction_passes
 from habu.paths import ContractionPath, path_for
@@ -145,6 +145,21 @@ def map_cost(lw: MapLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCo
     return KernelCost(4.0 * n, moved, moved / (c.bandwidth * 0.8) + c.launch_s, "memory")
 
 
+def general_cost(lw: GeneralLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
+    """Every thread reads its loads once per loop iteration (from L2 at best: counted at bandwidth) and
+    does 2 FLOPs per iteration, at the SIMT (fma) rate."""
+    n = lw.numel(sizes)
+    iterations = 1
+    for _, e in lw.loops:
+        iterations *= sizes[e]
+    per = sum(DTYPES[a.dtype].bytes for _, a in lw.loads)
+    moved = n * iterations * per + _bytes(lw.out, sizes)
+    flops = 2.0 * n * iterations
+    compute = flops / c.fma_flops
+    memory = moved / c.bandwidth
+    return KernelCost(flops, moved, max(compute, memory) + c.launch_s, "compute" if compute >= memory else "memory")
+
+
 def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> KernelCost:
     """The kernel's cost by its path's family (habu/paths/); a contraction path gives its own terms."""
     c = target.ceilings
@@ -153,6 +168,8 @@ def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> Kerne
         return contraction_cost(lw, sizes, target, c)  # type: ignore[arg-type]
     if family == "rows":
         return rows_cost(lw, sizes, c)  # type: ignore[arg-type]
+    if family == "general":
+        return general_cost(lw, sizes, c)  # type: ignore[arg-type]
     return map_cost(lw, sizes, c)  # type: ignore[arg-type]
 
 

@@ -21,6 +21,7 @@ from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
     ContractionKernel,
+    GeneralKernel,
     Kernel,
     MapKernel,
     Plan,
@@ -250,6 +251,11 @@ def default_map(model: Model, region: Region, target: Target, sizes: dict[str, i
                      index_width=64 if needs_64bit(model, sizes) else 32)
 
 
+def default_general(model: Model, region: Region, sizes: dict[str, int]) -> GeneralKernel:
+    """The general family's kernel: 256 threads, one output element each."""
+    return GeneralKernel(nodes=region.nodes, threads=256, index_width=64 if needs_64bit(model, sizes) else 32)
+
+
 def _multiples(model: Model) -> dict[str, int]:
     return {e.name: (e.size if e.size is not None else e.multiple) for e in model.extents}
 
@@ -264,6 +270,8 @@ def default_kernels(model: Model, target: Target, sizes: dict[str, int],
             out.append(default_contraction(model, r, target, sizes))
         elif r.kind == "rows":
             out.append(default_rows(model, r, target, sizes, mult))
+        elif r.kind == "general":
+            out.append(default_general(model, r, sizes))
         else:
             out.append(default_map(model, r, target, sizes, mult))
     return tuple(out)
@@ -461,6 +469,9 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     elif region.kind == "rows":
         base = default_rows(model, region, target, sizes, mult)
         yield from path_for(base).variants(base, target, _row_extent(model, region).size)
+    elif region.kind == "general":
+        base = default_general(model, region, sizes)
+        yield from path_for(base).variants(base, target)
     else:
         base = default_map(model, region, target, sizes, mult)
         yield from path_for(base).variants(base, target)

@@ -1,0 +1,89 @@
+"""General kernels: one thread per output element of one equation node, each reduction a loop.
+
+Everything index-shaped is printed from the `GeneralLowering`: the thread's coordinates
+(`coordinates`), its guard (`lane_guard`, the output's mask), the loops' bounds (`loop_end`) and every
+access's offset and mask (`Access.offset`/`Access.mask` through `CIndex`); a load whose mask fails
+reads 0, as the finite-field interpreter's does. Reductions accumulate in f32.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    CIndex,
+    Signature,
+    access_mask,
+    access_offset,
+    float_expr,
+    header,
+    index_type,
+    load_value,
+    store_value,
+)
+from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.general import GeneralLowering
+from habu.spec.ir import Load, Model, Reduce
+
+MAX_INIT = "(-__int_as_float(0x7f800000))"  # -infinity: the identity of max
+
+
+def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str, int]) -> CudaKernel:
+    k = lw.kernel
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    coord = {a: a for a in (f"e{i}" for i in range(len(lw.extents)))} | {a: a for a, _ in lw.loops}
+    coord_lines = [f"  const {it} {a} = ({it})({c(v) if isinstance(v, CExpr | int) else v});"
+                   for a, v in sorted(lw.coordinates(CExpr("e"), sizes).items())]
+    guard = lw.lane_guard(coord, "e", sizes, CIndex(lw.index_width))
+    body: list[str] = []
+    counter = [0]
+
+    def leaf(ld: Load) -> str:
+        acc = lw.access(ld)
+        p = sig.pointer(acc.tensor, acc.dtype)
+        value = load_value(acc.dtype, p, access_offset(acc, coord, sizes, lw.index_width, table))
+        inside = access_mask(acc, coord, sizes)
+        return value if inside == "true" else f"(({inside}) ? {value} : 0.0f)"
+
+    def reduce(r: Reduce, lines: list[str], depth: int) -> str:
+        acc = f"acc{counter[0]}"
+        counter[0] += 1
+        pad = "  " * depth
+        lines.append(f"{pad}float {acc} = {'0.0f' if r.op == 'sum' else MAX_INIT};")
+        axes = lw.loop_axes(r)
+        for j, axis in enumerate(axes):
+            lines.append(f"{pad}{'  ' * j}for ({it} {axis} = 0; {axis} < {c(lw.loop_end(axis, sizes))}; ++{axis}) {{")
+        inner_depth = depth + len(axes)
+        inner: list[str] = []
+        value = float_expr(r.body, leaf, sizes, lambda x: reduce(x, inner, inner_depth))
+        lines.extend(inner)
+        ipad = "  " * inner_depth
+        lines.append(f"{ipad}{acc} += {value};" if r.op == "sum" else f"{ipad}{acc} = fmaxf({acc}, {value});")
+        for j in reversed(range(len(axes))):
+            lines.append(f"{pad}{'  ' * j}}}")
+        return acc
+
+    value = float_expr(lw.node.rhs, leaf, sizes, lambda r: reduce(r, body, 2))
+    out = lw.out
+    p_out = sig.pointer(out.tensor, out.dtype, writes=True)
+    out_off = access_offset(out, coord, sizes, lw.index_width, table)
+    loops = ", ".join(f"{a} < #{e}" for a, e in lw.loops) or "none"
+    src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
+{GRID_LAUNCH}{GRID_WAIT}  const {it} e = ({it})blockIdx.x * {k.threads} + threadIdx.x;  // this thread's output element
+{chr(10).join(coord_lines)}
+  if (!({guard})) return;  // the output's mask: threads past the last element compute nothing
+  {{
+{chr(10).join(body)}
+    {store_value(out.dtype, p_out, out_off, value)}
+  }}
+}}
+"""
+    src = header(f"{name}: general, {k.threads} threads, one output element each",
+                 [f"computes {', '.join(k.nodes)}", f"reduction loops: {loops}"])
+    src += src_body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)

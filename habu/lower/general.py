@@ -1,0 +1,161 @@
+"""Lowering the general kernel family: any one equation node, a thread per output element.
+
+Thread t of block b computes the output element at flat index e = b·threads + t (row-major over the
+output's extents, as the map kernel walks them): its coordinates e0, e1, ... come from `coordinates`
+(e0 is not reduced modulo its extent, so a thread past the last element fails the output's mask,
+`lane_guard`). Every reduction (Σ or max, nested or several) is a loop over its variables' extents,
+0 .. `loop_end`, accumulating in f32; every load is an `Access` (gathers at any index position,
+repeated indices), read as 0 where its mask fails. The finite-field interpreter
+(`habu.prove.interp_general`), the rules (`habu.prove.rules_general`) and the emitter
+(`habu.emit_cuda.emit_general`) read these methods, so what is proven is what is printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from habu.lower.access import Access, IndexArith, VectorAccess, access_for, cdiv
+from habu.plan.plan import GeneralKernel
+from habu.spec.ir import (
+    Const,
+    Equation,
+    Expr,
+    Gather,
+    IndexExpr,
+    IndexVar,
+    Load,
+    Model,
+    Op,
+    Reduce,
+    Size,
+    walk,
+)
+
+
+@dataclass(frozen=True)
+class GeneralLowering:
+    kernel: GeneralKernel
+    extents: tuple[str, ...]  # the output's shape; axis e{i} runs over extents[i]
+    node: Equation  # lhs renamed to e0, e1, ...; every reduction variable to its own loop axis k0, k1, ...
+    loops: tuple[tuple[str, str], ...]  # (loop axis, extent) of every reduction variable
+    loads: tuple[tuple[Load, Access], ...]  # every load of the renamed node, once
+    out: Access
+    index_width: int
+
+    @property
+    def nodes(self) -> tuple[Equation, ...]:
+        return (self.node,)
+
+    @property
+    def per_block(self) -> int:
+        """Output elements one block computes: one a thread."""
+        return self.kernel.threads
+
+    def vector_accesses(self) -> tuple[VectorAccess, ...]:
+        """None: every access moves one element."""
+        return ()
+
+    def numel(self, sizes: Mapping[str, Any]) -> Any:
+        n: Any = 1
+        for e in self.extents:
+            n = n * sizes[e]
+        return n
+
+    def grid(self, sizes: Mapping[str, Any]) -> Any:
+        """Blocks launched: one per `threads` output elements (ints, z3 terms or C expressions)."""
+        return cdiv(self.numel(sizes), self.per_block)
+
+    def coordinates(self, flat: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        """The output coordinates of flat element `flat`, row-major; e0 is the quotient left over (not
+        reduced modulo its extent), so a flat index past the last element fails e0 < #E0."""
+        out: dict[str, Any] = {}
+        rest = flat
+        for i in reversed(range(len(self.extents))):
+            if i > 0:
+                out[f"e{i}"] = rest % sizes[self.extents[i]]
+                rest = rest // sizes[self.extents[i]]
+            else:
+                out["e0"] = rest
+        return out
+
+    def lane_guard(self, coord: Mapping[str, Any], flat: Any, sizes: Mapping[str, Any], arith: IndexArith) -> Any:
+        """Whether the thread computes an element: the output's mask at its coordinates (a scalar output:
+        only flat element 0)."""
+        if not self.extents:
+            return arith.lt(flat, 1)
+        return self.out.mask(coord, sizes, arith)
+
+    def loop_end(self, axis: str, sizes: Mapping[str, Any]) -> Any:
+        """The end (exclusive) of a reduction loop: its extent's size."""
+        return sizes[dict(self.loops)[axis]]
+
+    def loop_axes(self, r: Reduce) -> tuple[str, ...]:
+        return tuple(v.name for v in r.vars)
+
+    def access(self, ld: Load) -> Access:
+        return next(a for x, a in self.loads if x == ld)
+
+
+class _Renamer:
+    """Output variables to e{i}; each reduction's variables to fresh loop axes k{j} (shadowing allowed)."""
+
+    def __init__(self) -> None:
+        self.loops: list[tuple[str, str]] = []
+
+    def index(self, ix: IndexExpr, mapping: Mapping[IndexVar, IndexVar]) -> IndexExpr:
+        if isinstance(ix, IndexVar):
+            return mapping[ix]
+        if isinstance(ix, Gather):
+            return Gather(ix.tensor, tuple(self.index(j, mapping) for j in ix.indices))
+        return ix
+
+    def expr(self, e: Expr, mapping: Mapping[IndexVar, IndexVar]) -> Expr:
+        if isinstance(e, Load):
+            return Load(e.tensor, tuple(self.index(i, mapping) for i in e.indices))
+        if isinstance(e, Op):
+            return Op(e.fn, tuple(self.expr(a, mapping) for a in e.args))
+        if isinstance(e, Reduce):
+            inner = dict(mapping)
+            new: list[IndexVar] = []
+            for v in e.vars:
+                axis = IndexVar(f"k{len(self.loops)}", v.extent)
+                self.loops.append((axis.name, v.extent))
+                inner[v] = axis
+                new.append(axis)
+            return Reduce(e.op, tuple(new), self.expr(e.body, inner))
+        assert isinstance(e, Const | Size)
+        return e
+
+
+def _index_vars(ld: Load) -> list[IndexVar]:
+    out: list[IndexVar] = []
+    for i in ld.indices:
+        if isinstance(i, IndexVar):
+            out.append(i)
+        elif isinstance(i, Gather):
+            out.extend(j for j in i.indices if isinstance(j, IndexVar))
+    return out
+
+
+def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str] | None = None) -> GeneralLowering:
+    if len(kernel.nodes) != 1:
+        raise ValueError(f"a general kernel computes one node, not {len(kernel.nodes)}")
+    eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
+    extents = tuple(v.extent for v in eq.lhs)
+    axes = tuple(IndexVar(f"e{i}", e) for i, e in enumerate(extents))
+    renamer = _Renamer()
+    rhs = renamer.expr(eq.rhs, dict(zip(eq.lhs, axes, strict=True)))
+    node = Equation(eq.target, axes, rhs)
+    extent_of_axis = {a.name: a.extent for a in axes} | dict(renamer.loops)
+    loads: list[tuple[Load, Access]] = []
+    for x in walk(rhs):
+        if isinstance(x, Load) and not any(x == ld for ld, _ in loads):
+            if x.tensor == eq.target and x.indices != axes:
+                # an in-place update reads the element its thread writes, before writing it
+                raise ValueError(f"{eq.target} reads its own result at other elements than the one it writes")
+            axis_of = {v: v.name for v in _index_vars(x)}
+            loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
+    out = access_for(model.tensor(eq.target), axes, {a: a.name for a in axes}, extent_of_axis, storage)
+    return GeneralLowering(kernel, extents, node, tuple(renamer.loops), tuple(loads), out, kernel.index_width)

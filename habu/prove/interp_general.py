@@ -1,0 +1,94 @@
+"""Executing a general kernel over GF(p): its selected blocks' threads, each reduction loop in full.
+
+Every coordinate, loop bound, guard, offset and mask comes from the `GeneralLowering` (the methods
+the emitter prints); loads and the store go through `read`/`write`, which fault on out-of-bounds
+accesses. The loops' variables become trailing array dimensions, reduced exactly over GF(p).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+
+import numpy as np
+
+from habu.lower.general import GeneralLowering
+from habu.prove.interp import Memory, PlanFault, _NumpyIndex, read, write
+from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
+
+# elements of the largest array a chunk of threads evaluates (threads × the loops' iterations)
+CHUNK_ELEMENTS = 1 << 21
+
+
+def _loop_volume(lw: GeneralLowering, sizes: Mapping[str, int]) -> int:
+    n = 1
+    for axis, _ in lw.loops:
+        n *= max(1, int(lw.loop_end(axis, sizes)))
+    return n
+
+
+def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
+                keep: np.ndarray | None = None) -> None:
+    per = lw.per_block
+    lanes = (np.asarray(blocks, dtype=np.int64)[:, None] * per + np.arange(per)[None, :]).ravel()
+    if keep is not None:
+        lanes = lanes[np.isin(lanes, keep)]
+    coords = lw.coordinates(lanes, sizes)
+    arith = _NumpyIndex(lw.index_width, mem, name)
+    active = np.broadcast_to(lw.lane_guard(coords, lanes, sizes, arith), lanes.shape)
+    lanes = lanes[active]
+    if not len(lanes):
+        return
+    chunk = max(1, CHUNK_ELEMENTS // _loop_volume(lw, sizes))
+    # every thread computes its value before any stores (an in-place update reads its own element)
+    values = [_values(name, lw, sizes, mem, lanes[lo:lo + chunk]) for lo in range(0, len(lanes), chunk)]
+    value = np.concatenate(values) if values else np.zeros(0, np.int64)
+    at = {a: np.asarray(v, dtype=np.int64) for a, v in lw.coordinates(lanes, sizes).items()}
+    shape: tuple[int, ...] = (len(lanes),)
+    if not lw.extents:  # a scalar output: only thread 0 passed its guard, and it stores at offset 0
+        value, shape = value.reshape(()), ()
+    write(name, lw.out, at, value, sizes, mem, lw.index_width, False, np.ones(shape, bool), _where(lw, lanes))
+
+
+def _where(lw: GeneralLowering, lanes: np.ndarray):
+    def where(bad: np.ndarray) -> str:
+        b = np.asarray(bad)
+        b = b.reshape(b.shape[0], -1).any(axis=1) if b.ndim > 1 else b
+        hit = np.nonzero(np.broadcast_to(b, lanes.shape))[0]
+        lane = int(lanes[hit[0]]) if len(hit) else int(lanes[0])
+        return f"element {lane} (flat) of {lw.out.tensor}, in block {lane // lw.per_block}"
+    return where
+
+
+def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, lanes: np.ndarray) -> np.ndarray:
+    f = mem.field
+    coords = {a: np.asarray(v, dtype=np.int64) for a, v in lw.coordinates(lanes, sizes).items()}
+
+    where = _where(lw, lanes)
+
+    def ev(e: Expr, at: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+        if isinstance(e, Const):
+            return f.const(e.value)
+        if isinstance(e, Size):
+            return f.const(Fraction(sizes[e.extent]))
+        if isinstance(e, Load):
+            return read(name, lw.access(e), at, sizes, mem, lw.index_width, where)
+        if isinstance(e, Op):
+            args = [np.asarray(ev(a, at, shape)) for a in e.args]
+            args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
+            return f.op(e.fn, [np.asarray(a) for a in args])
+        if isinstance(e, Reduce):
+            inner, new_shape = dict(at), shape
+            for axis in lw.loop_axes(e):
+                n = int(lw.loop_end(axis, sizes))
+                inner[axis] = np.arange(n, dtype=np.int64).reshape((1,) * len(new_shape) + (n,))
+                new_shape = (*new_shape, n)
+            inner = {a: v.reshape(v.shape + (1,) * (len(new_shape) - v.ndim)) for a, v in inner.items()}
+            body = np.broadcast_to(ev(e.body, inner, new_shape), new_shape)
+            if body.size == 0:
+                raise PlanFault(f"{name}: a reduction loop of {lw.out.tensor} runs no iteration")
+            return f.reduce(e.op, body, tuple(range(len(shape), len(new_shape))))
+        raise PlanFault(f"{name}: cannot evaluate {e}")
+
+    shape = (len(lanes),)
+    return np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)

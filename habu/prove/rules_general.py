@@ -1,0 +1,25 @@
+"""The rules of a general kernel: every load and the store in bounds and (in 32 bits) free of
+wrap-around, over every output coordinate and every reduction loop iteration; threads per block
+within the limit. Its grid and 32-bit thread index are `launch_obligations`' (habu.prove.rules_fields)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from habu.lower.general import GeneralLowering
+from habu.prove.obligation import Context, Obligation
+
+
+def general_obligations(name: str, lw: GeneralLowering, ctx: Context) -> Iterator[Obligation]:
+    from habu.prove.rules import (  # the shared access rules (rules.py imports this module)
+        R,
+        _access_obligations,
+    )
+
+    s = ctx.ext
+    axes = {f"e{i}": (s[e], 1) for i, e in enumerate(lw.extents)} | {a: (s[e], 1) for a, e in lw.loops}
+    for _ld, acc in lw.loads:
+        yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    yield Obligation(R["threads"], name, None, f"{lw.kernel.threads} threads per block",
+                     lw.kernel.threads <= ctx.target.max_threads_per_block, detail=f"{lw.kernel.threads} threads")

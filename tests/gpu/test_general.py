@@ -1,0 +1,67 @@
+"""The general kernel family on the GPU: every model of tests/data/general_corpus (and the bmm and
+bias_grad examples) built from its proven default plan, run on random inputs with NaN-poisoned
+outputs, and compared with `habu eval`'s float64 reference at the outputs' dtype tolerance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+from habu.bench.run import build  # noqa: E402
+from habu.spec.parser import load_program  # noqa: E402
+from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+CORPUS = [p for p in sorted((ROOT / "tests" / "data" / "general_corpus").glob("*.habu"))
+          if "expect-error:" not in p.read_text().splitlines()[0]]
+MODELS = [*CORPUS, ROOT / "examples" / "bmm.habu", ROOT / "examples" / "bias_grad.habu"]
+
+
+def runtime_sizes(path: Path, pick: str) -> dict[str, int]:
+    """A size for every runtime extent: its smallest admitted value, or one a few multiples above it
+    that fills no block evenly ("ragged")."""
+    (model,) = load_program(path).models.values()
+    out = {}
+    for e in model.extents:
+        if e.is_static:
+            continue
+        n = max(e.lo, e.multiple)
+        n += (-n) % e.multiple
+        if pick == "ragged":
+            n = min(e.hi - e.hi % e.multiple, n + 3 * e.multiple)
+        out[e.name] = n
+    return out
+
+
+def run_golden(path: Path, sizes: dict[str, int], seed: int) -> None:
+    (name,) = load_program(path).models
+    built = build(str(path), name, sizes)
+    full = built.sizes
+    inputs = make_inputs(built.model, full, seed, "random")
+    outs = poisoned_outputs(built.model, full)
+    ref = reference(built.model, inputs, full)
+    result = built.compiled(**inputs, **outs)
+    torch.cuda.synchronize()
+    tol = tolerance(built.model, dict(built.plan.storage))
+    results = result if isinstance(result, dict) else {built.model.outputs[0].name: result}
+    for out_name, out in results.items():
+        g = compare(out, ref[out_name], tol)
+        assert g.unwritten == 0, f"{out_name}: {g.unwritten} elements never written ({built.plan.kernels})"
+        assert g.ok, f"{out_name}: relative error {g.rel_error:.2e} > {tol:.0e} ({built.plan.kernels})"
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
+def test_general_corpus_model_matches_the_float64_reference(path):
+    run_golden(path, runtime_sizes(path, "smallest"), seed=len(path.stem))
+
+
+@pytest.mark.parametrize("path", [p for p in MODELS if runtime_sizes(p, "smallest")], ids=lambda p: p.stem)
+def test_general_corpus_model_at_ragged_runtime_sizes(path):
+    run_golden(path, runtime_sizes(path, "ragged"), seed=7)
