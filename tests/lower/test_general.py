@@ -9,11 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from habu.paths.emit import emit, emit_plan
 
 from habu.compile import compile_model
 from habu.errors import HabuError
 from habu.lower import GeneralLowering, lower_plan
+from habu.paths.emit import emit, emit_plan
 from habu.plan.patterns import default_regions, row_local
 from habu.plan.plan import GeneralKernel, Plan
 from habu.prove import prove
