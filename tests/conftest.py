@@ -52,8 +52,26 @@ def where(err: HabuError) -> tuple[int, int]:
     return err.span.line, err.span.col
 
 
+# The long tests (`slow`), in one place: CI runs everything; `pytest -m "not slow"` is the inner loop.
+# Whole files (Ray clusters, searches and process pools, NVRTC/nvcc builds of many plans, fuzzing), and
+# single tests by name.
+SLOW_FILES = ("tests/cluster/test_ray.py", "tests/cluster/test_ray_node_loss.py", "tests/cluster/test_ray_connect.py",
+              "tests/search/test_pool.py", "tests/search/test_tasks.py", "tests/search/test_prune.py",
+              "tests/search/test_limits.py", "tests/spec/test_fuzz.py", "tests/test_export.py",
+              "tests/test_export_launcher.py", "tests/lower/test_general.py", "tests/test_plans.py",
+              "tests/test_plan_import.py")
+SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_sample_of_legal_plans_compiles",
+              "test_regression_a_plans_kernels_compile_as_one_translation_unit",
+              "test_mutant_is_killed_with_the_element_it_spoils", "test_a_search_", "test_habu_search")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked `gpu` when this machine has no CUDA device."""
+    """Mark the long tests `slow`; skip tests marked `gpu` when this machine has no CUDA device."""
+    slow = pytest.mark.slow
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if path in SLOW_FILES or any(item.name.startswith(t) for t in SLOW_TESTS):
+            item.add_marker(slow)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

@@ -37,8 +37,8 @@ MODEL: GGEMM  O[m n] = Σ k A[ IX[m] k ] · B[n k] ;
 
 # (id, .habu source or example file, --shape, --pin, runtime sizes to run)
 CASES = [
-    pytest.param("ggemm-runtime-k-tma", SMALL_GGEMM, {}, {"B": "tma"}, [{"K": 512}, {"K": 511}, {"K": 64}],
-                 marks=pytest.mark.xfail(reason="on the H200 (z3 from .device-site) compile_model refused this plan "
+    pytest.param(("ggemm-runtime-k-tma", SMALL_GGEMM, {}, {"B": "tma"}, [{"K": 512}, {"K": 511}, {"K": 64}]),
+                 id="ggemm-runtime-k-tma", marks=pytest.mark.xfail(reason="on the H200 (z3 from .device-site) compile_model refused this plan "
                                                 "with rule bounds, which the local z3 proves (2026-12-01): to "
                                                 "investigate, likely a z3 unknown/timeout read as violated",
                                          strict=False)),
@@ -192,7 +192,7 @@ def check_close(name: str, got: np.ndarray, ref: np.ndarray, dtype: str) -> None
     assert err <= tol, f"{name}: max error {err:.3g} > {tol:.3g}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 def test_exported_bundle_runs_from_c(case, tmp_path):
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     if nvcc is None:
