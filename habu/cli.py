@@ -10,10 +10,10 @@ from typing import Annotated
 import typer
 
 from habu.cli_kernels import emit, export
-from habu.cli_options import FileArg, PinOpt, ShapeOpt, TargetOpt, parse_shape
+from habu.cli_options import FileArg, MachineTargetOpt, PinOpt, ShapeOpt, parse_shape
 from habu.cli_plans import DbOpt, output_console, plans_app
 from habu.errors import HabuError, UsageError
-from habu.targets import DEFAULT_TARGET, TARGETS
+from habu.targets import TARGETS
 from habu.version import __version__
 
 app = typer.Typer(
@@ -109,7 +109,7 @@ def compile(
     file: FileArg,
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
-    target: TargetOpt = DEFAULT_TARGET,
+    target: MachineTargetOpt = None,
     pin: PinOpt = None,
     out: Annotated[Path, typer.Option("-o", "--out", help="Directory for the plan and the report.")] = Path("out"),
     trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
@@ -125,7 +125,9 @@ def compile(
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
-    tgt = target_named(target)
+    from habu.api import current_target
+
+    tgt = target_named(target or current_target())
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials)
     files = write_outputs(out, compiled.model, compiled, tgt)
     for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from habu.cli_options import FileArg, PinOpt, ShapeOpt, TargetOpt, parse_shape
+from habu.cli_options import FileArg, MachineTargetOpt, PinOpt, ShapeOpt, parse_shape
 from habu.errors import UsageError
 from habu.targets import DEFAULT_TARGET, TARGETS
 
@@ -18,7 +18,7 @@ def emit(
                                                                 "its launch geometry goes beside it as .json.")],
     model: Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")] = None,
     shape: ShapeOpt = None,
-    target: TargetOpt = DEFAULT_TARGET,
+    target: MachineTargetOpt = None,
     pin: PinOpt = None,
 ) -> None:
     """Write the CUDA of the default (or pinned) plan, after proving it: one .cu that compiles alone
@@ -40,7 +40,9 @@ def emit(
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
-    tgt = target_named(target)
+    from habu.api import current_target
+
+    tgt = target_named(target or current_target())
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
     source, description = standalone(compiled, tgt)
     output.parent.mkdir(parents=True, exist_ok=True)

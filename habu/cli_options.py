@@ -42,5 +42,8 @@ def parse_shape(text: str | None, known: list[str] | None = None) -> dict[str, i
 
 
 TargetOpt = Annotated[str, typer.Option("--target", help=f"GPU target: {', '.join(TARGETS)} (habu/targets/).")]
+# compile and emit build for this machine's GPU by default, as search does (sm_90a where there is none)
+MachineTargetOpt = Annotated[str | None, typer.Option(
+    "--target", help=f"GPU target: {', '.join(TARGETS)} (habu/targets/); default: this machine's GPU, else sm_90a.")]
 PinOpt = Annotated[list[str] | None, typer.Option("--pin", help="Fix a plan choice: tile=128x128x64, mma=wgmma, "
                                                                  "stages=4, B=tma, A=cp.async, split_k=2, rewrite=factor:Y, ...")]

@@ -111,3 +111,18 @@ def test_regression_a_movement_pin_failed_on_the_row_kernel_of_a_two_kernel_mode
     assert r.returncode == 0, r.stderr
     kernels = json.loads((tmp_path / "plan.json").read_text())["kernels"]
     assert kernels[1]["b_move"] == "staged" and kernels[1]["mma"] == "wgmma"
+
+
+def test_compile_and_emit_build_for_this_machines_gpu_by_default_as_search_does(tmp_path, monkeypatch):
+    """`compile` defaulted to sm_90a while `search` built for the machine's GPU: both now take the
+    machine's architecture (sm_90a where there is no GPU), and `--target` still overrides it."""
+    import habu.api
+    from habu.cli import app
+
+    monkeypatch.setattr(habu.api, "current_target", lambda: "sm_80")
+    app(["compile", str(ROOT / "examples" / "fused.habu"), "-o", str(tmp_path / "a"), "--trials", "1"],
+        standalone_mode=False)
+    assert (tmp_path / "a" / "plan.sm_80.cubin").exists()
+    app(["compile", str(ROOT / "examples" / "fused.habu"), "-o", str(tmp_path / "b"), "--trials", "1",
+         "--target", "sm_90a"], standalone_mode=False)
+    assert (tmp_path / "b" / "plan.sm_90a.cubin").exists()
