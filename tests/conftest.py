@@ -62,7 +62,8 @@ SLOW_FILES = ("tests/cluster/test_ray.py", "tests/cluster/test_ray_node_loss.py"
               "tests/test_plan_import.py")
 SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_sample_of_legal_plans_compiles",
               "test_regression_a_plans_kernels_compile_as_one_translation_unit",
-              "test_mutant_is_killed_with_the_element_it_spoils", "test_a_search_", "test_habu_search")
+              "test_mutant_is_killed_with_the_element_it_spoils", "test_a_search_", "test_habu_search",
+              "test_the_readme_recipe")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -103,6 +103,7 @@ def test_the_readme_recipe_a_head_from_the_script_and_habu_search_ray_address(tm
                             "-o", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, env=env,
                            timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
-        assert "Ray cluster: 1 node(s), 2 CPUs" in r.stderr and "ray)" in r.stderr
+        said = r.stdout + r.stderr  # results go to stdout, progress to stderr
+        assert "Ray cluster: 1 node(s), 2 CPUs" in said and "ray)" in said
     finally:
         subprocess.run(["bash", str(CLUSTER / "stop.sh")], capture_output=True, env=env, timeout=120)

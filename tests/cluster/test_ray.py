@@ -228,7 +228,8 @@ def test_habu_search_ray_local_stores_unmeasured_plans_without_a_gpu(tmp_path):
                         "--budget", "3", "--ray", "local", "-o", str(tmp_path / "out")],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "Ray cluster: 1 node(s)" in r.stderr and "UNMEASURED" in r.stderr and "ray)" in r.stderr
+    said = r.stdout + r.stderr  # results go to stdout, progress to stderr
+    assert "Ray cluster: 1 node(s)" in said and "UNMEASURED" in said and "ray)" in said
     with PlanDB(tmp_path / "db.sqlite") as db:
         (entry,) = db.entries()
         assert entry.records[0].status == "unmeasured"
