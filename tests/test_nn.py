@@ -102,8 +102,9 @@ def _evaluate(source: str, model: str, rows: int, inputs: dict) -> np.ndarray:
 @pytest.mark.parametrize("eps", [1e-6, 1e-5, 0.0078125])
 @pytest.mark.parametrize("weighted", [True, False])
 def test_rmsnorm_source_computes_what_torch_computes(eps, weighted):
+    # (declared f32: `habu check` refuses f64 outputs no kernel can store; the reference evaluates in float64)
     x, w = torch.randn(6, 16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
-    source = hnn.rmsnorm_source(16, eps, weighted, "f64")
+    source = hnn.rmsnorm_source(16, eps, weighted, "f32")
     assert ("RMSNORM-W" if weighted else "RMSNORM") in source
     assert ("-EPS" in source) == (eps != 1e-6)  # the prelude's word where its epsilon fits
     inputs = {"X": x, "W": w.reshape(1, 16)} if weighted else {"X": x}
@@ -117,7 +118,7 @@ def test_linear_source_computes_what_torch_computes(activation, bias):
     x, w, b = (torch.randn(6, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64),
                torch.randn(8, dtype=torch.float64))
     inputs = {"X": x, "W": w, **({"B": b.reshape(1, 8)} if bias else {})}
-    got = _evaluate(hnn.linear_source(16, 8, bias, activation, "f64"), "NN-LINEAR", 6, inputs)
+    got = _evaluate(hnn.linear_source(16, 8, bias, activation, "f32"), "NN-LINEAR", 6, inputs)
     want = hnn.linear_reference(x, w, b if bias else None, activation).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
@@ -127,7 +128,7 @@ def test_ffn_source_computes_what_torch_computes():
     t = {k: torch.randn(*s, dtype=torch.float64) for k, s in
          {"X": (5, d), "W1": (h, d), "B1": (h,), "W2": (d, h), "B2": (d,)}.items()}
     inputs = {**t, "B1": t["B1"].reshape(1, h), "B2": t["B2"].reshape(1, d)}
-    got = _evaluate(hnn.ffn_source(d, h, 1e-5, "gelu", "f64"), "NN-FFN", 5, inputs)
+    got = _evaluate(hnn.ffn_source(d, h, 1e-5, "gelu", "f32"), "NN-FFN", 5, inputs)
     want = hnn.ffn_reference(t["X"], t["W1"], t["B1"], t["W2"], t["B2"], 1e-5, "gelu").numpy()
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 

@@ -243,8 +243,11 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     """Execute the given blocks; `rows`/`cols` restrict them to the lanes a later check needs (a
     block's output rows and columns do not depend on one another)."""
     f = mem.field
-    if lw.kernel.mma in ("mma.sync", "wgmma"):  # the epilogue reads each register where the instruction put it
-        moved = fragment_mismatch(lw.kernel.mma, lw.fragment, max(1, lw.bn // 8))
+    # the epilogue reads each register where the instruction put it: the lowering's fragment map is run
+    # against both tensor-core layouts whatever the plan's instruction (the check reads no emission
+    # field, so plans that differ only in `mma` may share it; the fma path does not print the map)
+    for instruction in ("mma.sync", "wgmma"):
+        moved = fragment_mismatch(instruction, lw.fragment, max(1, lw.bn // 8))
         if moved:
             mem.fault(f"{name}: {moved}")
     bm, bn, bk = lw.bm, lw.bn, lw.bk
