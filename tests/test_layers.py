@@ -1,5 +1,5 @@
-"""The layer contract: spec -> plan -> lower -> prove / emit_cuda -> search -> timing -> cluster ->
-compile/api/cli, nothing importing upward (pyproject's [tool.importlinter], checked by import-linter,
+"""The layer contract: spec -> plan -> lower -> prove -> emit_cuda -> paths -> timing -> search -> cluster
+-> compile/api/cli, nothing importing upward (pyproject's [tool.importlinter], checked by import-linter,
 which sees imports inside functions too)."""
 
 from __future__ import annotations

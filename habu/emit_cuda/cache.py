@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from habu.emit_cuda.nvrtc import INCLUDE_DIR, Cubin, Resources, compile_cuda, compiler_version, options
 
@@ -107,3 +108,13 @@ def compile_entry(source: str, name: str, arch: str, include_dirs: Sequence[str 
 
 
 __all__ = ["cache_dir", "cache_key", "compile_cached", "compile_entry", "load", "store"]
+
+
+def prefill_cache(cubins: list[tuple[str, Any]] | None) -> None:
+    """Store cubins compiled elsewhere (a pool's CPU workers) in this machine's compile cache."""
+    if not cubins:
+        return
+    root = cache_dir()
+    for key, cubin in cubins:
+        if load(root, key) is None:
+            store(root, key, cubin)

@@ -27,6 +27,7 @@ from habu.plan.plan import (
     Plan,
     RowKernel,
 )
+from habu.plan.storage import dtype_bytes, dtype_of, storage_dtypes
 from habu.spec.ir import Equation, Extent, Model
 from habu.target import Target
 
@@ -39,25 +40,6 @@ INT31 = 2**31 - 1
 
 def node_of(model: Model, target: str) -> Equation:
     return next(eq for eq in model.nodes if eq.target == target)
-
-
-def storage_dtypes(model: Model) -> dict[str, str]:
-    """Intermediates are stored in the inputs' 16-bit float type when they all share one, else f32."""
-    floats = {t.dtype.name for t in model.inputs if t.dtype is not None and not t.is_index}
-    dt = next(iter(floats)) if len(floats) == 1 and floats <= {"bf16", "f16"} else "f32"
-    # a vector (a row statistic such as a normalisation's scale) is small: it keeps f32
-    return {t.name: dt if len(t.extents) > 1 else "f32" for t in model.intermediates}
-
-
-def dtype_of(model: Model, tensor: str) -> str:
-    d = model.tensor(tensor).dtype
-    return d.name if d else storage_dtypes(model).get(tensor, "f32")
-
-
-def dtype_bytes(model: Model, tensor: str) -> int:
-    from habu.spec.dtypes import DTYPES
-
-    return DTYPES[dtype_of(model, tensor)].bytes
 
 
 def concrete_sizes(model: Model, sizes: dict[str, int] | None = None) -> dict[str, int]:

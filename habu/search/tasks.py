@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from habu.emit_cuda.cache import prefill_cache
 from habu.lower import LoweredPlan
 from habu.plan.plan import Plan
 from habu.spec.ir import Model
@@ -156,18 +157,6 @@ def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -
         k.check_registers(cubin.resources.registers)
         out.append((key, cubin))
     return out
-
-
-def prefill_cache(cubins: list[tuple[str, Any]] | None) -> None:
-    """Store cubins compiled elsewhere in this machine's compile cache."""
-    if not cubins:
-        return
-    from habu.emit_cuda.cache import cache_dir, load, store
-
-    root = cache_dir()
-    for key, cubin in cubins:
-        if load(root, key) is None:
-            store(root, key, cubin)
 
 
 __all__ = ["Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan", "lower_priority",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from habu.plan.patterns import Operand, as_contraction
-from habu.search.space import dtype_of
+from habu.plan.storage import dtype_of
 from habu.spec.ir import Const, Model
 from habu.timing.harness import TORCH_DTYPE
 

@@ -76,7 +76,7 @@ class TorchEager:
         """The declared dtype; an intermediate without one is stored as a plan stores it (the
         inputs' 16-bit type): left in f32, RMSNorm's normalised rows made the next matmul an
         fp32 GEMM, 1.6 ms against 0.2 ms for 2048 x 4096 x 4096 on the H200."""
-        from habu.search.space import dtype_of
+        from habu.plan.storage import dtype_of
 
         return getattr(self.torch, TORCH_DTYPE[dtype_of(self.model, tensor)])
 

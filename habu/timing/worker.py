@@ -183,12 +183,12 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         if not torch.cuda.is_available():
             conn.send({"kind": "unavailable", "reason": "torch sees no CUDA device (a CPU-only torch build?)"})
             return
+        from habu.emit_cuda.cache import prefill_cache
         from habu.emit_cuda.runtime import CompiledModel
         from habu.gpu_info import current_arch as device_target
         from habu.paths.emit import emit_plan
         from habu.plan.plan import Plan
         from habu.prove.verify import demand
-        from habu.search.tasks import prefill_cache
         from habu.spec.evaluate import Evaluator
         from habu.spec.parser import parse_text
         from habu.spec.reference import Float64

@@ -1,0 +1,25 @@
+"""How a plan stores what it does not keep on chip: the element type of each intermediate, and so of
+every tensor a kernel reads or writes (the search, the lowering's callers and the timing baselines ask)."""
+
+from __future__ import annotations
+
+from habu.spec.ir import Model
+
+
+def storage_dtypes(model: Model) -> dict[str, str]:
+    """Intermediates are stored in the inputs' 16-bit float type when they all share one, else f32."""
+    floats = {t.dtype.name for t in model.inputs if t.dtype is not None and not t.is_index}
+    dt = next(iter(floats)) if len(floats) == 1 and floats <= {"bf16", "f16"} else "f32"
+    # a vector (a row statistic such as a normalisation's scale) is small: it keeps f32
+    return {t.name: dt if len(t.extents) > 1 else "f32" for t in model.intermediates}
+
+
+def dtype_of(model: Model, tensor: str) -> str:
+    d = model.tensor(tensor).dtype
+    return d.name if d else storage_dtypes(model).get(tensor, "f32")
+
+
+def dtype_bytes(model: Model, tensor: str) -> int:
+    from habu.spec.dtypes import DTYPES
+
+    return DTYPES[dtype_of(model, tensor)].bytes
