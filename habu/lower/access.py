@@ -135,6 +135,24 @@ class Access:
         return arith.all(parts)
 
 
+class FlatGrid:
+    """A kernel whose blocks each take `per_block` consecutive elements of its output, flattened
+    row-major over `extents` (the map and general families)."""
+
+    extents: tuple[str, ...]
+    per_block: int
+
+    def numel(self, sizes: Mapping[str, Any]) -> Any:
+        n: Any = 1
+        for e in self.extents:
+            n = n * sizes[e]
+        return n
+
+    def grid(self, sizes: Mapping[str, Any]) -> Any:
+        """Blocks launched: one per `per_block` elements (ints, z3 terms or C expressions)."""
+        return cdiv(self.numel(sizes), self.per_block)
+
+
 class IndexArith(Protocol):
     """The integer arithmetic an access's offset and mask are evaluated in: C text for the emitter
     (`habu.emit_cuda.common.CIndex`), wrapping numpy arrays for the interpreter (`habu.prove.interp`)."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from habu.lower.access import Access, IndexArith, VectorAccess, access_for, cdiv
+from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
 from habu.plan.plan import GeneralKernel
 from habu.spec.ir import (
     Const,
@@ -35,7 +35,7 @@ from habu.spec.ir import (
 
 
 @dataclass(frozen=True)
-class GeneralLowering:
+class GeneralLowering(FlatGrid):
     kernel: GeneralKernel
     extents: tuple[str, ...]  # the output's shape; axis e{i} runs over extents[i]
     node: Equation  # lhs renamed to e0, e1, ...; every reduction variable to its own loop axis k0, k1, ...
@@ -56,16 +56,6 @@ class GeneralLowering:
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """None: every access moves one element."""
         return ()
-
-    def numel(self, sizes: Mapping[str, Any]) -> Any:
-        n: Any = 1
-        for e in self.extents:
-            n = n * sizes[e]
-        return n
-
-    def grid(self, sizes: Mapping[str, Any]) -> Any:
-        """Blocks launched: one per `threads` output elements (ints, z3 terms or C expressions)."""
-        return cdiv(self.numel(sizes), self.per_block)
 
     def coordinates(self, flat: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
         """The output coordinates of flat element `flat`, row-major; e0 is the quotient left over (not

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from habu.lower.access import Access, VectorAccess, access_for, cdiv
+from habu.lower.access import Access, FlatGrid, VectorAccess, access_for, cdiv
 from habu.plan.patterns import row_local
 from habu.plan.plan import MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
@@ -268,7 +268,7 @@ class RowLowering:
 
 
 @dataclass(frozen=True)
-class MapLowering:
+class MapLowering(FlatGrid):
     kernel: MapKernel
     extents: tuple[str, ...]  # the output's shape; axis e{i} runs over extents[i]
     nodes: tuple[Equation, ...]
@@ -283,16 +283,6 @@ class MapLowering:
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """None: a lane reads and writes its `vector` consecutive elements one by one."""
         return ()
-
-    def numel(self, sizes: Mapping[str, Any]) -> Any:
-        n: Any = 1
-        for e in self.extents:
-            n = n * sizes[e]
-        return n
-
-    def grid(self, sizes: Mapping[str, Any]) -> Any:
-        """Blocks launched: one per `per_block` elements (sizes may be ints or z3 terms)."""
-        return cdiv(self.numel(sizes), self.per_block)
 
 
 def _region(model: Model, names: tuple[str, ...]) -> list[Equation]:
