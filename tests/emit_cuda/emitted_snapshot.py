@@ -52,6 +52,21 @@ def cases():
                     yield f"{path.name}:{model.name}:{arch}:{plan.key}", model, plan, arch
 
 
+def recorded_plans():
+    """(id, model, plan, arch) of every plan recorded in the snapshot (the sampler above, run once)."""
+    import json
+
+    from habu.plan.plan import Plan
+    from habu.spec.parser import load_program
+
+    programs = {}
+    for cid, entry in json.loads(SNAPSHOT.read_text()).items():
+        example, model_name, arch, _ = cid.split(":")
+        if example not in programs:
+            programs[example] = load_program(ROOT / "examples" / example)
+        yield cid, programs[example].models[model_name], Plan.from_json(entry["plan"]), arch
+
+
 def digest(model, plan, arch) -> str:
     from habu.paths.emit import emit_plan
     from habu.target import TARGETS

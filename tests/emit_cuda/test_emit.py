@@ -3,15 +3,12 @@ the enumerator compile with NVRTC for sm_90a and sm_80, without spills where reg
 
 from __future__ import annotations
 
-import itertools
-import random
-
 import pytest
 
 from habu.emit_cuda.nvrtc import compile_cuda
 from habu.paths.emit import emit_plan
 from habu.prove.rules import failures, obligations
-from habu.search.space import default_plan, enumerate_plans
+from habu.search.space import default_plan
 from habu.spec.parser import load_program
 from habu.target import TARGETS
 from tests.conftest import EXAMPLES
@@ -53,28 +50,12 @@ def test_regression_a_plans_kernels_compile_as_one_translation_unit(path):
             assert resources_of(cubin.log, k.name).registers > 0, (model.name, k.name)
 
 
-def _sample(n_per_model: int, seed: int):
-    rng = random.Random(seed)
-    out = []
-    for path in EXAMPLES:
-        for model in load_program(path).models.values():
-            sizes = runtime_sizes(model)
-            for arch in ARCHS:
-                plans = list(itertools.islice(enumerate_plans(model, TARGETS[arch], sizes), 0, 200_000, 53))
-                rng.shuffle(plans)
-                taken = 0
-                for plan in plans:
-                    if taken >= n_per_model:
-                        break
-                    if failures(obligations(model, plan, sizes)):
-                        continue
-                    out.append((model, plan, arch))
-                    taken += 1
-    return out
-
-
 def test_a_seeded_sample_of_legal_plans_compiles_for_sm90a_and_sm80():
-    sample = _sample(25, 20261130)
+    """The seeded sample of legal plans the emitted-source snapshot records (tests/emit_cuda/emitted_snapshot.py
+    draws it once, every plan passing the rules), each compiled with NVRTC."""
+    from tests.emit_cuda.emitted_snapshot import recorded_plans
+
+    sample = [(model, plan, arch) for _, model, plan, arch in recorded_plans()]
     assert len(sample) >= 200, len(sample)
     paths = set()
     for model, plan, arch in sample:

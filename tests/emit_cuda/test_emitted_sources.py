@@ -7,22 +7,11 @@ from __future__ import annotations
 
 import json
 
-from habu.plan.plan import Plan
-from habu.spec.parser import load_program
-from tests.conftest import ROOT
-from tests.emit_cuda.emitted_snapshot import SNAPSHOT, digest
+from tests.emit_cuda.emitted_snapshot import SNAPSHOT, digest, recorded_plans
 
 
 def test_every_recorded_plan_emits_the_recorded_source():
     recorded = json.loads(SNAPSHOT.read_text())
     assert len(recorded) >= 200
-    programs = {}
-    moved = []
-    for cid, entry in recorded.items():
-        example, model_name, arch, _ = cid.split(":")
-        if example not in programs:
-            programs[example] = load_program(ROOT / "examples" / example)
-        model = programs[example].models[model_name]
-        if digest(model, Plan.from_json(entry["plan"]), arch) != entry["sha256"]:
-            moved.append(cid)
+    moved = [cid for cid, model, plan, arch in recorded_plans() if digest(model, plan, arch) != recorded[cid]["sha256"]]
     assert not moved, f"{len(moved)} of {len(recorded)} plans emit other sources: {moved[:8]}"
