@@ -365,3 +365,42 @@ def test_the_map_lane_rule_guards_a_runtime_extent():
     plan = default_plan(m, TARGETS["sm_90a"], None, {"threads": "96"})
     lanes = [o for o in guards(obligations(m, plan)) if o.rule.name == "int32-offsets" and "lane" in o.statement]
     assert len(lanes) == 1 and lanes[0].counterexample["N"] > 2**31 - 384
+
+
+def test_regression_z3_4_15_timed_out_on_runtime_k_tma_bounds(monkeypatch):
+    """On the H200 (z3 4.15 from .device-site) the `bounds` obligation of a runtime-K TMA GGEMM —
+    row·K + k < 256·K — timed out in z3's default integer strategy and was read as violated, so
+    `habu compile` refused a plan that z3 5.4 proves. An undecided obligation now gets nlsat's
+    second opinion. Here the default solver is made to give up, as 4.15's did."""
+    import z3
+
+    from habu.prove import obligation
+
+    real_solver = z3.Solver
+
+    class GivesUp:
+        def __init__(self):
+            self.inner = real_solver()
+
+        def set(self, *a):
+            pass
+
+        def add(self, *a):
+            self.inner.add(*a)
+
+        def check(self):
+            return z3.unknown
+
+        def reason_unknown(self):
+            return "timeout"
+
+    monkeypatch.setattr(obligation.z3, "Solver", GivesUp)
+    K, n, k = z3.Ints("K n k")
+    f = z3.Implies(z3.And(n >= 0, n < 256, k >= 0, k < K), z3.And(n * K + k >= 0, n * K + k < 256 * K))
+    ob = obligation.Obligation(obligation.INT32_OFFSETS, "kernel 0", "B", "in bounds", f)
+    ctx = obligation.Context(model=None, plan=None, target=None, ext={"K": K}, domain=[K >= 1, K <= 65536])
+    assert obligation._solve(ob, f, ctx).status == "proved"
+    # a false statement stays undecided (violated), not proved
+    wrong = z3.Implies(z3.And(n >= 0, n < 256, k >= 0, k < K), n * K + k < 255 * K)
+    ob2 = obligation.Obligation(obligation.INT32_OFFSETS, "kernel 0", "B", "in bounds", wrong)
+    assert obligation._solve(ob2, wrong, ctx).status == "violated"
