@@ -439,8 +439,8 @@ def run(
 # GGEMM plans"); ties in predicted time are ordered by the operand bytes fetched from DRAM
 PREDICTION_NOTE = ("note: nothing was timed: the ranking and the winner are the cost model's prediction (its "
                    "Spearman rank correlation with times measured on the H200: 0.82 over 1715 GGEMM plans, 0.61 "
-                   "over 1135 MoE plans; plans it predicts equal are ordered by the operand bytes they fetch "
-                   "from DRAM). Run habu search on a machine with a GPU, or with --ray and a GPU pool, to "
+                   "over 1135 MoE plans; plans it predicts equal are ordered by finer terms: pipeline depth, "
+                   "cold pipeline fills, L2 and DRAM operand traffic). Run habu search on a machine with a GPU, or with --ray and a GPU pool, to "
                    "measure them.")
 
 

@@ -81,7 +81,7 @@ class Scored:
     certificate: dict | None = None
     resources: dict | None = None
     rewrites: tuple[str, ...] = ()  # the algebraic rewrites the candidate's kernels are built on
-    dram_bytes: float = 0.0  # the finer term that orders equal predictions (`cost.operand_dram_bytes`)
+    tie_break: tuple[float, ...] = ()  # the finer terms that order equal predictions (`cost.tie_break`)
 
 
 @dataclass

@@ -119,6 +119,34 @@ def operand_dram_bytes(lw: Lowering, sizes: Mapping[str, int], target: Target) -
     return float(-(-tiles // wave) * per_wave)
 
 
+def tie_break(lw: Lowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float, float]:
+    """The order of plans the roofline predicts equal (ties, not the time), from terms it leaves out,
+    compared in this order:
+
+    1. pipeline depth, deeper first (more k tiles in flight hide more load latency);
+    2. cold pipeline fills: the operand bytes of one k step a block loads before its first multiply,
+       once per tile for a non-persistent kernel, once per SM for a persistent one;
+    3. operand bytes moved from the L2 into shared memory (a multicast operand counts once per
+       cluster);
+    4. operand bytes fetched from DRAM (`operand_dram_bytes`: raster order and grouping).
+
+    The order is the one that best ranked equal predictions of a 148-plan GGEMM 4096³ search timed
+    on the H200 (Spearman within tied groups 0.58, against 0.05 for the DRAM bytes alone), and it
+    ranked the 80 tied plans of a GEMM 8192³ search (not used to choose it) at 0.49 against 0.43
+    (2026-12-01, docs/PERF.md). Other kernels: zeros."""
+    if not isinstance(lw, ContractionLowering):
+        return (0.0, 0.0, 0.0, 0.0)
+    k = lw.kernel
+    M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
+    ea, eb = DTYPES[lw.a.dtype].bytes, DTYPES[lw.b.dtype].bytes
+    tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k
+    step = float(k.tile_k * (k.tile_m * ea + k.tile_n * eb))
+    cold = step * (min(tiles, target.sm_count) if k.persistent else tiles)
+    multicast = max(1, k.cluster_m or 1)
+    l2 = tiles * K / max(1, k.split_k) * (k.tile_m * ea + k.tile_n * eb / multicast)
+    return (-float(k.stages), cold, float(l2), operand_dram_bytes(lw, sizes, target))
+
+
 def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
     R, C = sizes[lw.r], sizes[lw.c]
     # each tensor once, however many times the region's words read it (SOFTMAX reads x three times)

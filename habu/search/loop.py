@@ -26,7 +26,7 @@ from habu.plan.patterns import Region, default_regions, partitions
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats
-from habu.search.cost import Ceilings, KernelCost, kernel_cost, operand_dram_bytes, roofline_seconds
+from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds, tie_break
 from habu.search.pool import Executor, ExecutorLost, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
@@ -354,20 +354,20 @@ class Search:
                 else:
                     lw = _relower(self.graph, plan, i, k, replace(base_lw, kernel=k))
                 cost = kernel_cost(lw, self.sizes, self.target).seconds
-                dram = operand_dram_bytes(lw, self.sizes, self.target)
+                finer = tie_break(lw, self.sizes, self.target)
             except Exception:
                 continue
-            candidates.append((cost, dram, k))
-        # cheapest predicted first; plans the roofline predicts equal are ordered by the operand bytes
-        # they fetch from DRAM (a finer term, `operand_dram_bytes`): without a GPU, the first proven of
-        # equals is the winner, so ties are broken by it rather than by enumeration order
+            candidates.append((cost, finer, k))
+        # cheapest predicted first; plans the roofline predicts equal are ordered by the cost model's
+        # finer terms (`cost.tie_break`): without a GPU, the first proven of equals is the winner, so
+        # ties are broken by them rather than by enumeration order
         candidates.sort(key=lambda c: (c[0], c[1]))
         seen = {best[i]}
         queue = []
-        for _cost, _dram, k in candidates:
+        for _cost, _finer, k in candidates:
             if k not in seen:
                 seen.add(k)
-                queue.append((_cost, _dram, k))
+                queue.append((_cost, _finer, k))
 
         def in_time() -> bool:
             return self._left() and (deadline is None or time.monotonic() <= deadline)
@@ -377,11 +377,11 @@ class Search:
         def more() -> bool:
             return at < len(queue) and in_time()
 
-        def send_next() -> tuple[list[tuple[float, float, Kernel]], list[Scored], _Sent]:
+        def send_next() -> tuple[list[tuple[float, tuple[float, ...], Kernel]], list[Scored], _Sent]:
             nonlocal at
             n = self._batch_size()
             batch, at = queue[at:at + n], at + n
-            scored = [Scored(k, cost, rewrites=self.rewrites, dram_bytes=dram) for cost, dram, k in batch]
+            scored = [Scored(k, cost, rewrites=self.rewrites, tie_break=finer) for cost, finer, k in batch]
             kernels = [(*tuple(best[:i]), k, *tuple(best[i + 1:])) for _, _, k in batch]
             return batch, scored, self._send([(ks, i, sc) for ks, sc in zip(kernels, scored, strict=True)])
 
@@ -470,7 +470,7 @@ class Search:
         verified in this run, each with its own certificate (a runner-up combined with another
         region's later best was never proven whole). None verified: nothing written, []."""
         plans: list[Plan] = [make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)]
-        key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: (s.predicted_s, s.dram_bytes))
+        key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: (s.predicted_s, s.tie_break))
         for i, pool in enumerate(ranked):
             for s in sorted(pool, key=key)[1: self.top_k]:
                 kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))

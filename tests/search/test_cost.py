@@ -132,3 +132,33 @@ def test_regression_a_gathered_operands_refill_counts_the_gathered_rows_not_the_
     gathered = kernel_cost(lower_plan(m, winner)[0], s, t).seconds
     assert gathered < sum(c.seconds for c in plan_cost(m, staged, t))
     assert gathered < 1.2 * 2 * 8192 * 14336 * 4096 / 810e12
+
+
+def test_regression_cpu_search_top5_tied_at_187us():
+    """Without a GPU the top 5 GGEMM 4096³ plans were all predicted 187.0 µs and ordered by DRAM
+    bytes alone, which cannot tell stages, persistence or clusters apart. Timed on the H200
+    (docs/PERF.md, 2026-12-01), deeper, persistent, multicast plans of the tied group were the
+    fastest: the tie-break now puts such a plan first and separates the tied group."""
+    from habu.lower import lower_plan
+    from habu.plan.patterns import default_regions
+    from habu.search.cost import kernel_cost, tie_break
+    from habu.search.space import make_plan, region_space
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+    from tests.search.test_search import model_of
+
+    model, _ = model_of(ROOT / "examples" / "ggemm.habu", {})
+    target = TARGETS["sm_90a"]
+    fixed = {e.name: e.size for e in model.extents}
+    ranked = []
+    for k in region_space(model, default_regions(model)[0], target, fixed):
+        if (k.tile_m, k.tile_n, k.store) != (128, 256, "tma"):  # the tied group's tiling (all of it)
+            continue
+        lw = lower_plan(model, make_plan(model, target, (k,), fixed))[0]
+        ranked.append((round(kernel_cost(lw, fixed, target).seconds, 9), tie_break(lw, fixed, target), k))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    top = [r for r in ranked if r[0] == ranked[0][0]]
+    assert len(top) >= 5
+    assert len({r[1] for r in top}) >= 5
+    first = top[0][2]
+    assert first.persistent and first.stages == max(r[2].stages for r in top) and (first.cluster_m or 1) > 1
