@@ -2,7 +2,7 @@
 
 from habu.version import __version__
 
-__all__ = ["__version__", "build", "load"]
+__all__ = ["__version__", "build", "load", "tune"]
 
 
 def build(*args, **kwargs):
@@ -17,3 +17,10 @@ def load(*args, **kwargs):
     from habu.api import load as _load
 
     return _load(*args, **kwargs)
+
+
+def tune(*args, **kwargs):
+    """Search the plans of a model within a budget and store the best (see `habu.api.tune`)."""
+    from habu.api import tune as _tune
+
+    return _tune(*args, **kwargs)

@@ -3,6 +3,8 @@
     import habu
     ggemm = habu.build("examples/ggemm.habu", K=511)       # prove, emit, compile (NVRTC)
     out = ggemm(A=a, B=b, IX=ix)                             # torch / cupy / any DLPack or CAI arrays
+    habu.tune("examples/ggemm.habu", budget="10m", M=4096)  # search; the best plans go to the database
+    ggemm = habu.load("examples/ggemm.habu", M=4096)        # the tuned plan
 
 A model with runtime extents becomes a checked kernel set: each member carries the guards under
 which its proof holds, and every call picks the first member whose guards hold for its shapes.
@@ -12,14 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from habu.target import DEFAULT_TARGET, target_named
-
-
-def current_target() -> str:
-    """The target of GPU 0, or the default when there is no GPU."""
-    from habu.gpu_info import current_arch
-
-    return current_arch() or DEFAULT_TARGET
+from habu.target import target_named
 
 
 def build(path: str | Path, model: str | None = None, *, target: str | None = None,
@@ -34,12 +29,13 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     from habu.compile import compile_model
     from habu.emit_cuda.guards import KernelSet
     from habu.emit_cuda.runtime import CompiledModel
+    from habu.gpu_info import current_arch
     from habu.paths.emit import emit
     from habu.spec.parser import load_program
 
     program = load_program(path)
     m = program.pick(model)
-    tgt = target_named(target or current_target())
+    tgt = target_named(target or current_arch())
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials,
                              hint="choose other plan fields with pins={...}, or a shape that satisfies the rule")
     members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
@@ -59,6 +55,21 @@ def _runs_here(target: str) -> bool:
     return device_info() is not None and current_arch() == target
 
 
+def tune(path: str | Path, model: str | None = None, *, budget: str | int = "90s", target: str | None = None,
+         db: str | Path | None = None, top_k: int = 5, seed: int = 0, no_gpu: bool = False, jobs: int | None = None,
+         ray: str | None = None, out: str | Path | None = None, log=None, **shape: int):
+    """Search `model`'s plans at this shape (every runtime extent given) within `budget` ("90s", "10m",
+    "1h" or a number of candidates) and keep the best verified ones in the plan database, where
+    `load` finds them; the winner's plan, CUDA and report go to `out` (default out/search/<model>).
+    The same run as `habu search` (see `habu.tuning.tune` for the options); returns a
+    `habu.tuning.TuneResult` (its `interrupted` is set when Ctrl-C ended it). A search that verified
+    no plan raises HabuError."""
+    from habu.tuning import tune as _tune
+
+    return _tune(path, model, shape=shape, target=target, budget=budget, db=db, top_k=top_k, seed=seed,
+                 no_gpu=no_gpu, jobs=jobs, ray=ray, out=out, log=log)
+
+
 _warned: set[str] = set()
 
 
@@ -73,12 +84,13 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
     from habu.compile import bind_shape
     from habu.db import PlanDB, Record
     from habu.emit_cuda.runtime import CompiledModel
+    from habu.gpu_info import current_arch
     from habu.paths.emit import emit
     from habu.spec.parser import load_program
 
     program = load_program(path)
     m = bind_shape(program.pick(model), dict(shape))
-    tgt = target_named(current_target())
+    tgt = target_named(current_arch())
     with PlanDB(db) as plans:
         key = lookup_key(m, tgt)
         entry, stale = plans.lookup(key)

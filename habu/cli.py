@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -125,9 +124,9 @@ def compile(
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
-    from habu.api import current_target
+    from habu.gpu_info import current_arch
 
-    tgt = target_named(target or current_target())
+    tgt = target_named(target or current_arch())
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials)
     files = write_outputs(out, compiled.model, compiled, tgt)
     for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):
@@ -190,157 +189,27 @@ def search(
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,
 ) -> None:
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
-
-    from habu.api import current_target
-    from habu.cli_paths import output_dir
-    from habu.compile import bind_shape
-    from habu.db import PlanDB
-    from habu.search.loop import Budget, Search
-    from habu.search.pool import local_executor
-    from habu.search.report import Progress
-    from habu.search.tasks import Job
     from habu.spec.parser import load_program
-    from habu.target import target_named
+    from habu.tuning import tune
 
-    console = output_console(stderr=True)  # progress and logs; the results go to stdout
-    results = output_console()
-    program = load_program(file)
-    m = program.pick(model)
-    sizes = parse_shape(shape, [e.name for e in m.extents])
-    missing = [e.name for e in m.extents if not e.is_static and e.name not in sizes]
-    if missing:
-        raise UsageError(f"search tunes one shape: give the runtime extents with --shape ({', '.join(missing)})")
-    if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs takes a positive number, got {jobs}")
-    bound = bind_shape(m, sizes)
-    plan_budget = Budget.parse(budget)
-    if (plan_budget.seconds is not None and plan_budget.seconds <= 0) or \
-            (plan_budget.trials is not None and plan_budget.trials <= 0):
-        raise UsageError(f"--budget {budget}: the search needs a positive budget (90s, 10m, 1h or a number of "
-                         "candidates)")
-    out_dir = out or Path("out") / "search" / m.name.lower()
-    output_dir(out_dir, "-o")
-    from habu.prove.limits import check_sizes
-
-    check_sizes(bound, bound.sizes, target_named(target or current_target()))
-    job = Job.of(str(file), bound, {e.name: e.size for e in bound.extents}, target or current_target())
-    if ray is not None:
-        executor, runs, cleanup = _ray_runs(console, ray, job, target, no_gpu)
-    else:
-        executor, cleanup = local_executor(jobs), None
-        runs = [(target_named(target or current_target()), None if no_gpu else _local_timer(console, file, m, sizes))]
-    unverified: list[str] = []
-    try:
-        share = Budget(plan_budget.seconds / len(runs), None) if plan_budget.seconds and len(runs) > 1 else plan_budget
-        for tgt, timer in runs:
-            with PlanDB(db) as plans, Progress(share, console) as progress:
-                s = Search(str(file), bound, tgt, sizes, plans, share, timer, top_k, seed, progress, executor)
-                result = s.run()
-                if result.lost is not None and cleanup is not None:
-                    cleanup()  # disconnect first: Ray's driver would end this process before the report
-                    cleanup = None
-                progress(result.stats)
-                if result.best is None:
-                    why = "interrupted before any plan was verified" if result.interrupted else \
-                        f"no plan was verified within the budget ({plan_budget.describe()})"
-                    if result.stats.abandoned:
-                        why += f"; {result.stats.abandoned} proof(s) still running at its end were abandoned"
-                    if result.lost is not None:
-                        why = "the search ended before any plan was verified"
-                    console.print(f"[yellow]{why}: nothing stored in {plans.path} for {m.name} on {tgt.name}[/]",
-                                  highlight=False)
-                    unverified.append(tgt.name)
-                else:
-                    _report_search(results, result, plans.path, bound, sizes, tgt, out_dir, executor.name,
-                                   len(runs) > 1, console)
-            if result.lost is not None:  # the report (when a plan was proven) is written above
-                stored = f"the best plan proven so far is stored in {plans.path}" if result.best is not None \
-                    else "no plan was proven by then: nothing was stored"
-                raise HabuError(f"the search ended early: {result.lost}; {stored}")
-            if result.interrupted:
-                stored = " (the plans verified so far are stored)" if result.best is not None else ""
-                console.print(f"habu: interrupted{stored}", highlight=False)
-                raise typer.Exit(130)
-    finally:
-        executor.close()
-        if cleanup is not None:
-            cleanup()
-    if unverified:
-        raise HabuError(f"the search verified no plan for {m.name} on {', '.join(unverified)}; nothing was stored "
-                        "(give it a larger --budget)")
+    results = output_console()  # the results; progress and notes go to stderr
+    m = load_program(file).pick(model)
+    tuned = tune(file, m.name, shape=parse_shape(shape, [e.name for e in m.extents]), target=target, budget=budget,
+                 db=db, top_k=top_k, seed=seed, no_gpu=no_gpu, jobs=jobs, ray=ray, out=out,
+                 log=output_console(stderr=True), on_tuned=lambda t: _print_tuned(results, t))
+    if tuned.interrupted:
+        stored = " (the plans verified so far are stored)" if any(t.best is not None for t in tuned.tuned) else ""
+        output_console(stderr=True).print(f"habu: interrupted{stored}", highlight=False)
+        raise typer.Exit(130)
 
 
-def _local_timer(console, file: Path, m, sizes):
-    """The timing worker on this machine's GPU, or None (said plainly) when there is none."""
-    from habu.timing.worker import GpuTimer
+def _print_tuned(console, tuned) -> None:
+    """A target's search on stdout: the table of the best plans, the baseline, the winner and what was written."""
+    from habu.search.report import time_account, top_table
 
-    timer = GpuTimer(str(file), m.name, sizes)
-    console.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
-    if timer.start() is None:
-        console.print(f"[yellow]nothing will be timed: {timer.unavailable or 'no GPU found'}; "
-                      "candidates are ranked by the cost model and the winner is stored as unmeasured[/]")
-        return None
-    console.print(f"timing on {timer.info['gpu']} ({timer.info['sm_count']} SMs)", highlight=False)
-    return timer
-
-
-def _ray_runs(console, address: str, job, target: str | None, no_gpu: bool):
-    """The Ray executor and one (target, GPU pool) run per kind of GPU in the cluster."""
-    from habu.cluster.ray_pool import ClusterWatch, RayExecutor, connect, gpu_pools, ray_module
-    from habu.target import TARGETS, target_named
-
-    connect(address)
-    ray = ray_module()
-    watch = ClusterWatch.of_this_driver()  # a head or raylet lost ends the search with a message
-
-    def cleanup() -> None:
-        """Leave the cluster. After a loss, at once and waiting at most 5 s: Ray's driver exits
-        (status 1, nothing said) soon after the GCS marks its node dead, unless disconnected."""
-        import threading
-
-        watch.stop()
-        if not ray.is_initialized():
-            return
-        leave = threading.Thread(target=ray.shutdown, daemon=True)
-        leave.start()
-        leave.join(timeout=5.0)
-
-    executor = RayExecutor()
-    resources = ray.cluster_resources()
-    console.print(f"Ray cluster: {len(ray.nodes())} node(s), {int(resources.get('CPU', 0))} CPUs, "
-                  f"{int(resources.get('GPU', 0))} GPUs", highlight=False)
-    pools, problems = ([], []) if no_gpu else gpu_pools(job)
-    for p in problems:
-        console.print(f"[yellow]a GPU actor could not start: {p}[/]", highlight=False)
-    runs = []
-    for pool in pools:
-        arch = pool.info.get("arch")
-        if (target is not None and arch != target) or arch not in TARGETS:
-            console.print(f"[yellow]skipping {len(pool.actors)} {pool.info.get('gpu')} GPU(s): they run {arch}, "
-                          f"the search is for {target or 'a known target'}[/]", highlight=False)
-            pool.close()
-            continue
-        console.print(f"timing on {len(pool.actors)} × {pool.info['gpu']} ({pool.info['sm_count']} SMs)",
-                      highlight=False)
-        runs.append((target_named(arch), pool))
-    if not runs:
-        if not no_gpu:
-            console.print("[yellow]nothing will be timed: the cluster has no usable GPU; candidates are ranked by "
-                          "the cost model and the winner is stored as unmeasured[/]")
-        runs = [(target_named(job.target), None)]
-    return executor, runs, cleanup
-
-
-def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, executor: str,
-                   per_gpu: bool = False, log=None) -> None:
-    """The table of the best plans, the winner's report, CUDA and roofline plot, on `console` (stdout);
-    notes about what was not made on `log` (stderr)."""
-    log = log or console
-    from habu.compile import Compiled, write_outputs
-    from habu.prove import prove
-    from habu.search.cost import compute_peak
-    from habu.search.report import roofline_plot, time_account, top_table, write_candidates
-
+    result = tuned.result
+    if result.best is None:
+        return
     st = result.stats
     console.print(top_table(result.records, st.roofline_us, st.baseline_us))
     if st.baseline_us:
@@ -351,38 +220,15 @@ def _report_search(console, result, db_path, bound, sizes, tgt, out_dir: Path, e
         console.print("baseline: none for this model", highlight=False)
     measured = "measured" if result.measured else "UNMEASURED (no GPU: ranked by the cost model)"
     first = f"{st.first_verified_s:.1f} s" if st.first_verified_s is not None else "never"
-    console.print(f"winner: plan {result.best.key}, {measured}; stored in {db_path} as entry "
+    console.print(f"winner: plan {result.best.key}, {measured}; stored in {tuned.db_path} as entry "
                   f"{result.key.digest()}; first verified candidate after {first}; {st.verified} verified "
-                  f"in {st.elapsed:.0f} s ({st.verified / max(st.elapsed, 1e-9):.2f} per second, {executor})",
+                  f"in {st.elapsed:.0f} s ({st.verified / max(st.elapsed, 1e-9):.2f} per second, {tuned.executor})",
                   highlight=False)
     if not result.measured:
         console.print(PREDICTION_NOTE, highlight=False)
     if st.spent:
         console.print(f"time: {time_account(st)}", highlight=False)
-    if per_gpu:  # several kinds of GPU tuned at once: a directory for each
-        out_dir = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "-", result.key.target.gpu)
-    proof = prove(bound, result.best, sizes, trials=3)
-    compiled = Compiled(bound, [result.best], [proof])
-    files = write_outputs(out_dir, bound, compiled, tgt)
-    best = result.records[0] if result.records else None
-    extra = ""
-    if best is not None and best.median_us and st.roofline_us:
-        extra = (f"\n\n## Measured\n\nmedian {best.median_us:.1f} µs (p20 {best.p20_us:.1f}, p80 {best.p80_us:.1f}); "
-                 f"roofline {st.roofline_us:.1f} µs: {100 * st.roofline_us / best.median_us:.0f}% of it\n")
-        if st.baseline_us:
-            extra += (f"\nbaseline {st.baseline}: {st.baseline_us:.1f} µs in the same run; the plan is "
-                      f"{st.baseline_us / best.median_us:.2f}× its speed\n")
-    (out_dir / "report.md").write_text((out_dir / "report.md").read_text() + extra)
-    c = tgt.ceilings
-    png = None
-    if not result.measured:
-        log.print("no roofline.png: nothing was timed (no GPU), so there is nothing to plot", highlight=False)
-    else:
-        png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
-        if png is None:
-            log.print("no roofline.png: matplotlib is not installed (pip install matplotlib)", highlight=False)
-    timed = [write_candidates(result, out_dir / "candidates.csv")] if result.measured else []
-    console.print("wrote " + ", ".join(str(f) for f in [*files, *([png] if png else []), *timed]), highlight=False)
+    console.print("wrote " + ", ".join(str(f) for f in tuned.files), highlight=False)
 
 
 app.command()(emit)

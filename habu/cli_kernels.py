@@ -40,9 +40,9 @@ def emit(
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
-    from habu.api import current_target
+    from habu.gpu_info import current_arch
 
-    tgt = target_named(target or current_target())
+    tgt = target_named(target or current_arch())
     compiled = compile_model(program, m.name, sizes, tgt, parse_pins(pin or []), trials=1)
     source, description = standalone(compiled, tgt)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -217,8 +217,35 @@ def build_kernels(model: Model, compiled: Compiled, target: Target) -> list[dict
     return out
 
 
-def write_outputs(out_dir: Path, model: Model, compiled: Compiled, target: Target | None = None) -> list[Path]:
-    """plan.json, report.md and certificate.json; with a target also the .cu and its cubin."""
+@dataclass(frozen=True)
+class Measured:
+    """What a search measured of the plan it reports: its time on the GPU, the roofline of the model at
+    this shape, and the baseline timed in the same run (when the model has one)."""
+
+    median_us: float
+    p20_us: float | None
+    p80_us: float | None
+    roofline_us: float
+    baseline: str | None = None
+    baseline_us: float | None = None
+
+
+def measured_report(m: Measured) -> str:
+    """The report's "Measured" section."""
+    p20 = f"{m.p20_us:.1f}" if m.p20_us is not None else "?"
+    p80 = f"{m.p80_us:.1f}" if m.p80_us is not None else "?"
+    text = (f"\n## Measured\n\nmedian {m.median_us:.1f} µs (p20 {p20}, p80 {p80}); "
+            f"roofline {m.roofline_us:.1f} µs: {100 * m.roofline_us / m.median_us:.0f}% of it\n")
+    if m.baseline_us:
+        text += (f"\nbaseline {m.baseline}: {m.baseline_us:.1f} µs in the same run; the plan is "
+                 f"{m.baseline_us / m.median_us:.2f}× its speed\n")
+    return text
+
+
+def write_outputs(out_dir: Path, model: Model, compiled: Compiled, target: Target | None = None,
+                  measured: Measured | None = None) -> list[Path]:
+    """plan.json, report.md and certificate.json; with a target also the .cu and its cubin; with a
+    measurement (a search's winner) the report's "Measured" section. Each file is written once."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     built = build_kernels(model, compiled, target) if target is not None else []
@@ -237,6 +264,8 @@ def write_outputs(out_dir: Path, model: Model, compiled: Compiled, target: Targe
     text = report(model, compiled.plans, compiled.proofs)
     if built and target is not None:
         text += resource_report(built, target)
+    if measured is not None:
+        text += measured_report(measured)
     rp.write_text(text)
     written.append(rp)
     cert = out_dir / "certificate.json"

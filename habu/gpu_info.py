@@ -51,5 +51,7 @@ def device_name(raw: bytes | str) -> str:
 
 
 def current_arch() -> str:
+    """The target every command and API call builds for unless told otherwise (compile, emit, search,
+    `habu.build`, `habu.load`): GPU 0's architecture, or DEFAULT_TARGET where there is no GPU."""
     info = device_info()
     return info["arch"] if info else DEFAULT_TARGET

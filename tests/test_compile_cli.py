@@ -116,10 +116,10 @@ def test_regression_a_movement_pin_failed_on_the_row_kernel_of_a_two_kernel_mode
 def test_compile_and_emit_build_for_this_machines_gpu_by_default_as_search_does(tmp_path, monkeypatch):
     """`compile` defaulted to sm_90a while `search` built for the machine's GPU: both now take the
     machine's architecture (sm_90a where there is no GPU), and `--target` still overrides it."""
-    import habu.api
+    import habu.gpu_info
     from habu.cli import app
 
-    monkeypatch.setattr(habu.api, "current_target", lambda: "sm_80")
+    monkeypatch.setattr(habu.gpu_info, "current_arch", lambda: "sm_80")
     app(["compile", str(ROOT / "examples" / "fused.habu"), "-o", str(tmp_path / "a"), "--trials", "1"],
         standalone_mode=False)
     assert (tmp_path / "a" / "plan.sm_80.cubin").exists()

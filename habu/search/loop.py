@@ -238,7 +238,7 @@ class Search:
             if self._try(tuple(best), -1, first):
                 if first.measured_us is not None:
                     self.best_score = [first.measured_us] * len(regions)
-                self._store(best, ranked)
+                self._save(best, ranked)
             # then the other partitions into kernels (the fusion choice), at their default schedules
             chosen = self._choose_partition(regions, best, first)
             if chosen is not None:
@@ -248,7 +248,7 @@ class Search:
                 base_costs = self._costs(best)
                 self.best_score = [score] * len(regions) if self.timer is not None else \
                     [c.seconds for c in base_costs]
-                self._store(best, ranked)
+                self._save(best, ranked)
             order = sorted(range(len(regions)), key=lambda i: -base_costs[i].seconds)
             total = sum(c.seconds for c in base_costs) or 1.0
             for i in order:
@@ -271,7 +271,7 @@ class Search:
                 if self.timer is not None:
                     self.timer.close()
                 self.executor.close()
-        records = self._store(best, ranked)
+        records = self._save(best, ranked)
         return SearchResult(self.stored_best, records, self.stats, self.key, self.timer is not None, self.timeline,
                             interrupted, self.lost)
 
@@ -414,7 +414,7 @@ class Search:
         ranked[i].append(sc)
         if self._improves(i, sc, ranked):
             best[i] = k
-            self._store(best, ranked)
+            self._save(best, ranked)
 
     def _stream(self, i: int, best: list[Kernel], ranked: list[list[Scored]], send_next, more, in_time) -> None:
         """Region i's tuning as a stream, for a timer of several GPUs (a Ray pool): proven plans
@@ -465,17 +465,43 @@ class Search:
         self.best_score[i] = score
         return True
 
-    def _store(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Record]:
-        """Write the best plan (and the runners-up of each region) to the database now: only plans
-        verified in this run, each with its own certificate (a runner-up combined with another
-        region's later best was never proven whole). None verified: nothing written, []."""
+    def _save(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Record]:
+        """Store the finalists now (with a GPU, the ones not measured yet are timed first)."""
+        finalists = self._finalists(best, ranked)
+        self._time_finalists(finalists)
+        return self._store(finalists)
+
+    def _finalists(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Plan]:
+        """The plans to store: the best plan and the runners-up of each region (combined with the
+        other regions' best), best first, at most top_k; only plans verified in this run, each with
+        its own certificate (a runner-up combined with another region's later best was never proven
+        whole)."""
         plans: list[Plan] = [make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)]
         key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: (s.predicted_s, s.tie_break))
         for i, pool in enumerate(ranked):
             for s in sorted(pool, key=key)[1: self.top_k]:
                 kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))
                 plans.append(make_plan(self.model, self.target, kernels, self.fixed, self.rewrites))
-        plans = [p for p in plans if p.key in self.certificates][: self.top_k]
+        return [p for p in plans if p.key in self.certificates][: self.top_k]
+
+    def _time_finalists(self, plans: list[Plan]) -> None:
+        """Time the finalists that have no measurement yet (one whose timing failed, or was dropped at
+        the end of the budget), so that what is stored is measured where it can be. Nothing is sent
+        to a timer whose machines are lost."""
+        if self.timer is None or self.lost is not None:
+            return
+        for plan in plans:
+            if plan.key in self.measured:
+                continue
+            m = self.timer.measure(plan.to_json())
+            if m.ok:
+                self.measured[plan.key] = {"median_us": m.median_us, "p20_us": m.p20_us, "p80_us": m.p80_us,
+                                           "samples_us": m.samples_us or [], "golden": m.golden}
+
+    def _store(self, plans: list[Plan]) -> list[Record]:
+        """Write `plans` (the finalists, best first) to the database as records: their predicted
+        time, their measurement when they have one, their certificate and provenance. No plans:
+        nothing written, []."""
         if not plans:
             return []
         self.stored_best = plans[0]
@@ -483,23 +509,12 @@ class Search:
         for plan in plans:
             costs = [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
             predicted = sum(c.seconds for c in costs) * 1e6
-            measured = None
-            meas: dict = {}
-            if self.timer is not None:
-                if plan.key not in self.measured and self.lost is None:
-                    m = self.timer.measure(plan.to_json())
-                    if m.ok:
-                        self.measured[plan.key] = {"median_us": m.median_us, "p20_us": m.p20_us,
-                                                   "p80_us": m.p80_us, "samples_us": m.samples_us or [],
-                                                   "golden": m.golden}
-                if plan.key in self.measured:
-                    meas = self.measured[plan.key]
-                    measured = meas["median_us"]
-            cert = self.certificates[plan.key]
+            meas: dict = self.measured.get(plan.key, {}) if self.timer is not None else {}
+            measured = meas.get("median_us")
             records.append(Record(rank=0, plan=plan.to_json(), status="measured" if measured else "unmeasured",
                                   median_us=measured, p20_us=meas.get("p20_us"), p80_us=meas.get("p80_us"),
                                   samples_us=meas.get("samples_us") or [], predicted_us=predicted,
-                                  certificate=cert, golden=meas.get("golden"),
+                                  certificate=self.certificates[plan.key], golden=meas.get("golden"),
                                   provenance=provenance(self.seed, gpu=self.gpu or {}, source=self.path)
                                   | self._baseline_note()))
             if plan is plans[0]:

@@ -121,3 +121,24 @@ def test_regression_a_timing_worker_killed_mid_search_is_restarted_and_the_searc
         assert result.measured and result.stats.timed >= 2
         assert db.get(result.key).records[0].status == "measured"
     timer.close()
+
+
+def test_habu_tune_on_the_gpu_reports_the_winners_measurement_once(tmp_path):
+    """habu/tuning.py on a GPU: the winner is timed and stored as measured, and report.md (written once,
+    never read back) has one "Measured" section with the stored record's median."""
+    import io
+
+    from rich.console import Console
+
+    from habu.tuning import tune, winner_record
+
+    out = tmp_path / "out"
+    result = tune(ROOT / "examples" / "ggemm.habu", shape={"M": 512, "N": 512, "K": 256}, budget=3, jobs=1,
+                  db=tmp_path / "db.sqlite", out=out, log=Console(file=io.StringIO()))
+    (tuned,) = result.tuned
+    record = winner_record(tuned.result)
+    assert tuned.result.measured and record is not None and record.status == "measured"
+    report = (out / "report.md").read_text()
+    assert report.count("# Compilation report") == 1 and report.count("## Measured") == 1
+    assert f"median {record.median_us:.1f} µs" in report
+    assert (out / "candidates.csv") in tuned.files

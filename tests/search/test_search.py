@@ -336,3 +336,33 @@ def test_habu_search_that_verifies_no_plan_says_so_exits_1_and_stores_none(tmp_p
     with PlanDB(db) as plans:
         assert all(not e.records for e in plans.entries())
     assert not (tmp_path / "out").exists()
+
+
+class CountingTimer(KernelCountTimer):
+    def __init__(self, per_kernel: float):
+        super().__init__(per_kernel)
+        self.calls = 0
+
+    def measure(self, plan):
+        self.calls += 1
+        return super().measure(plan)
+
+
+def test_storing_times_nothing_finalists_without_a_time_are_timed_first(tmp_path):
+    """`Search._store` timed runners-up while it wrote the database; now it only writes, and the
+    finalists with no measurement (a timing that failed or was dropped) are timed before it."""
+    path = ROOT / "examples" / "fused.habu"
+    model, sizes = model_of(path, {"N": 4096})
+    timer = CountingTimer(10.0)
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        search = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=3), timer=timer)
+        best = search.run().best
+        assert best is not None
+        search.measured.pop(best.key)  # as if its timing had failed
+        calls = timer.calls
+        search._store([best])
+        assert timer.calls == calls
+        search._time_finalists([best])
+        assert timer.calls == calls + 1 and search.measured[best.key]["median_us"] == 110.0
+        search._time_finalists([best])  # measured now: not timed again
+        assert timer.calls == calls + 1

@@ -1,0 +1,299 @@
+"""Tuning a model: the one orchestration behind `habu search` and `habu.tune`.
+
+From a .habu file to stored plans and the winner's report: check the options, choose where plans are
+proven (this process, local processes or a Ray cluster) and timed (this machine's GPU, the cluster's GPU
+pools, or nowhere), run the search once per target, prove each winner once at the full shape, and write
+its plan, CUDA, cubin, report (with what was measured), roofline plot and candidate list. What is
+printed of the result is the caller's: the command line prints the table (`habu.cli`), the Python API
+returns it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from habu.cli_paths import output_dir
+from habu.db import PlanDB, Record
+from habu.errors import HabuError, UsageError
+from habu.plan.plan import Plan
+from habu.prove import Proof
+from habu.search.budget import Budget, SearchResult
+from habu.spec.ir import Model
+from habu.target import Target, target_named
+
+
+@dataclass
+class Tuned:
+    """One target's search: its result, the winner's proof (proven once, at the full shape) and what
+    was written or not made (and why)."""
+
+    target: Target
+    result: SearchResult
+    db_path: Path
+    executor: str  # where the candidates were proven: "inline", "processes" or "ray"
+    proof: Proof | None = None  # the winner's; None when no plan was verified
+    files: list[Path] = field(default_factory=list)
+    not_made: list[str] = field(default_factory=list)  # outputs not written, each with the reason
+
+    @property
+    def best(self) -> Plan | None:
+        return self.result.best
+
+
+@dataclass
+class TuneResult:
+    """A tuning run: the model bound to its shape and one `Tuned` per target searched (one per kind of
+    GPU in a Ray cluster). `interrupted`: Ctrl-C ended it (what was verified by then is stored)."""
+
+    model: Model
+    tuned: list[Tuned]
+    interrupted: bool = False
+
+    @property
+    def best(self) -> Plan | None:
+        """The winner of the first target searched (None when none was verified)."""
+        return self.tuned[0].best if self.tuned else None
+
+
+def tune(path: str | Path, model: str | None = None, *, shape: Mapping[str, int] | None = None,
+         target: str | None = None, budget: str | int = "90s", db: str | Path | None = None, top_k: int = 5,
+         seed: int = 0, no_gpu: bool = False, jobs: int | None = None, ray: str | None = None,
+         out: str | Path | None = None, log: Any = None,
+         on_tuned: Callable[[Tuned], None] | None = None) -> TuneResult:
+    """Search the plan space of `model` at `shape` within `budget` (a duration such as "90s", "10m",
+    "1h", or a number of candidates); keep the best verified plans in the plan database `db`.
+
+    `target`: the GPU architecture (default: this machine's GPU's, `habu.gpu_info.current_arch`);
+    `no_gpu`: time nothing, rank by the cost model; `jobs`: local processes proving candidates (1: this
+    process); `ray`: a Ray cluster's address ("local", "auto" or HOST:PORT) to prove and time on;
+    `out`: the directory for the winner's files (default out/search/<model>); `log`: a rich Console
+    for progress and notes (default: stderr); `on_tuned`: called with each target's `Tuned` as soon as
+    it is written (before an error about a later one is raised).
+
+    A usage mistake raises `UsageError`; a search that verified no plan, or that lost its cluster,
+    raises `HabuError` (once every target searched was reported)."""
+    from habu.compile import bind_shape
+    from habu.gpu_info import current_arch
+    from habu.prove.limits import check_sizes
+    from habu.search.tasks import Job
+    from habu.spec.parser import load_program
+
+    if log is None:
+        from rich.console import Console
+
+        log = Console(stderr=True)
+    program = load_program(path)
+    m = program.pick(model)
+    sizes = dict(shape or {})
+    missing = [e.name for e in m.extents if not e.is_static and e.name not in sizes]
+    if missing:
+        raise UsageError(f"search tunes one shape: give the runtime extents with --shape ({', '.join(missing)})")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs takes a positive number, got {jobs}")
+    if top_k < 1:
+        raise UsageError(f"--top-k takes a positive number, got {top_k}")
+    bound = bind_shape(m, sizes)
+    plan_budget = search_budget(budget)
+    out_dir = Path(out) if out is not None else Path("out") / "search" / m.name.lower()
+    output_dir(out_dir, "-o")
+    arch = target or current_arch()
+    check_sizes(bound, bound.sizes, target_named(arch))
+    job = Job.of(str(path), bound, {e.name: e.size for e in bound.extents}, arch)
+    if ray is not None:
+        executor, runs, cleanup = _ray_runs(log, ray, job, target, no_gpu)
+    else:
+        from habu.search.pool import local_executor
+
+        executor, cleanup = local_executor(jobs), None
+        runs = [(target_named(arch), None if no_gpu else _local_timer(log, Path(path), m, sizes))]
+    share = Budget(plan_budget.seconds / len(runs), None) if plan_budget.seconds and len(runs) > 1 else plan_budget
+    done = TuneResult(bound, [])
+    unverified: list[str] = []
+
+    def leave() -> None:
+        nonlocal cleanup
+        if cleanup is not None:
+            cleanup()
+            cleanup = None
+
+    try:
+        for tgt, timer in runs:
+            result, db_path = _search(path, bound, tgt, sizes, db, share, timer, top_k, seed, log, executor,
+                                      on_lost=leave)
+            tuned = Tuned(tgt, result, db_path, executor.name)
+            if result.best is None:
+                log.print(f"[yellow]{_why_nothing(result, plan_budget)}: nothing stored in {db_path} for "
+                          f"{m.name} on {tgt.name}[/]", highlight=False)
+                unverified.append(tgt.name)
+            else:
+                where = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "-", result.key.target.gpu) if len(runs) > 1 else out_dir
+                _write_winner(tuned, bound, sizes, where, log)
+            done.tuned.append(tuned)
+            if on_tuned is not None:
+                on_tuned(tuned)
+            if result.lost is not None:  # the report (when a plan was proven) is written above
+                stored = f"the best plan proven so far is stored in {db_path}" if result.best is not None \
+                    else "no plan was proven by then: nothing was stored"
+                raise HabuError(f"the search ended early: {result.lost}; {stored}")
+            if result.interrupted:
+                done.interrupted = True
+                return done
+    finally:
+        executor.close()
+        leave()
+    if unverified:
+        raise HabuError(f"the search verified no plan for {m.name} on {', '.join(unverified)}; nothing was stored "
+                        "(give it a larger --budget)")
+    return done
+
+
+def search_budget(budget: str | int) -> Budget:
+    """A search's budget from its text (90s, 10m, 1h, 1h30m, or a number of candidates); it must be positive."""
+    parsed = Budget.parse(str(budget))
+    if (parsed.seconds is not None and parsed.seconds <= 0) or (parsed.trials is not None and parsed.trials <= 0):
+        raise UsageError(f"--budget {budget}: the search needs a positive budget (90s, 10m, 1h or a number of "
+                         "candidates)")
+    return parsed
+
+
+def _search(path, bound: Model, tgt: Target, sizes: dict[str, int], db, budget: Budget, timer, top_k: int,
+            seed: int, log, executor, on_lost: Callable[[], None]) -> tuple[SearchResult, Path]:
+    """One target's search, with its progress line; `on_lost` runs at once when the cluster is lost."""
+    from habu.search.loop import Search
+    from habu.search.report import Progress
+
+    with PlanDB(db) as plans, Progress(budget, log) as progress:
+        s = Search(str(path), bound, tgt, sizes, plans, budget, timer, top_k, seed, progress, executor)
+        result = s.run()
+        if result.lost is not None:
+            on_lost()  # disconnect first: Ray's driver would end this process before the report
+        progress(result.stats)
+        return result, plans.path
+
+
+def _why_nothing(result: SearchResult, budget: Budget) -> str:
+    """Why a search stored no plan."""
+    if result.lost is not None:
+        return "the search ended before any plan was verified"
+    why = "interrupted before any plan was verified" if result.interrupted else \
+        f"no plan was verified within the budget ({budget.describe()})"
+    if result.stats.abandoned:
+        why += f"; {result.stats.abandoned} proof(s) still running at its end were abandoned"
+    return why
+
+
+def winner_record(result: SearchResult) -> Record | None:
+    """The stored record of the search's winner (the entry may also hold plans of earlier searches,
+    ranked above it)."""
+    if result.best is None:
+        return None
+    plan = result.best.to_json()
+    return next((r for r in result.records if r.plan == plan), None)
+
+
+def _write_winner(tuned: Tuned, bound: Model, sizes: dict[str, int], out_dir: Path, log) -> None:
+    """Prove the winner once, at the full shape with three trials (the search checked each candidate
+    with one trial, on a witness shape: docs/VERIFY.md), and write its plan, CUDA, cubin, report (with
+    its measurement), certificate, roofline plot and candidate list."""
+    from habu.compile import Compiled, Measured, write_outputs
+    from habu.prove import prove
+    from habu.search.cost import compute_peak
+    from habu.search.report import roofline_plot, write_candidates
+
+    result, tgt = tuned.result, tuned.target
+    assert result.best is not None
+    proof = prove(bound, result.best, sizes, trials=3)
+    if not proof.ok:
+        why = proof.violations[0].describe() if proof.violations else \
+            proof.certificate.failure if proof.certificate is not None else "the finite-field check did not run"
+        raise HabuError(f"the winner of the search for {bound.name}, plan {result.best.key}, failed its full-shape "
+                        f"proof: {why} (a Habu defect: please report it with the plan)")
+    tuned.proof = proof
+    st, best = result.stats, winner_record(result)
+    measured = None
+    if best is not None and best.median_us and st.roofline_us:
+        measured = Measured(best.median_us, best.p20_us, best.p80_us, st.roofline_us, st.baseline, st.baseline_us)
+    tuned.files = write_outputs(out_dir, bound, Compiled(bound, [result.best], [proof]), tgt, measured)
+    if not result.measured:
+        _not_made(tuned, log, "no roofline.png: nothing was timed (no GPU), so there is nothing to plot")
+        return
+    c = tgt.ceilings
+    png = roofline_plot(result, out_dir / "roofline.png", compute_peak(c), c.bandwidth)
+    if png is None:
+        _not_made(tuned, log, "no roofline.png: matplotlib is not installed (pip install matplotlib)")
+    else:
+        tuned.files.append(png)
+    tuned.files.append(write_candidates(result, out_dir / "candidates.csv"))
+
+
+def _not_made(tuned: Tuned, log, why: str) -> None:
+    tuned.not_made.append(why)
+    log.print(why, highlight=False)
+
+
+def _local_timer(log, file: Path, m: Model, sizes: dict[str, int]):
+    """The timing worker on this machine's GPU, or None (said plainly) when there is none."""
+    from habu.timing.worker import GpuTimer
+
+    timer = GpuTimer(str(file), m.name, sizes)
+    log.print(f"starting the timing worker on the GPU for {m.name} ...", highlight=False)
+    if timer.start() is None:
+        log.print(f"[yellow]nothing will be timed: {timer.unavailable or 'no GPU found'}; "
+                  "candidates are ranked by the cost model and the winner is stored as unmeasured[/]")
+        return None
+    log.print(f"timing on {timer.info['gpu']} ({timer.info['sm_count']} SMs)", highlight=False)
+    return timer
+
+
+def _ray_runs(log, address: str, job, target: str | None, no_gpu: bool):
+    """The Ray executor, one (target, GPU pool) run per kind of GPU in the cluster, and how to leave it."""
+    from habu.cluster.ray_pool import ClusterWatch, RayExecutor, connect, gpu_pools, ray_module
+    from habu.target import TARGETS
+
+    connect(address)
+    ray = ray_module()
+    watch = ClusterWatch.of_this_driver()  # a head or raylet lost ends the search with a message
+
+    def cleanup() -> None:
+        """Leave the cluster. After a loss, at once and waiting at most 5 s: Ray's driver exits
+        (status 1, nothing said) soon after the GCS marks its node dead, unless disconnected."""
+        import threading
+
+        watch.stop()
+        if not ray.is_initialized():
+            return
+        leave = threading.Thread(target=ray.shutdown, daemon=True)
+        leave.start()
+        leave.join(timeout=5.0)
+
+    executor = RayExecutor()
+    resources = ray.cluster_resources()
+    log.print(f"Ray cluster: {len(ray.nodes())} node(s), {int(resources.get('CPU', 0))} CPUs, "
+              f"{int(resources.get('GPU', 0))} GPUs", highlight=False)
+    pools, problems = ([], []) if no_gpu else gpu_pools(job)
+    for p in problems:
+        log.print(f"[yellow]a GPU actor could not start: {p}[/]", highlight=False)
+    runs = []
+    for pool in pools:
+        arch = pool.info.get("arch")
+        if (target is not None and arch != target) or arch not in TARGETS:
+            log.print(f"[yellow]skipping {len(pool.actors)} {pool.info.get('gpu')} GPU(s): they run {arch}, "
+                      f"the search is for {target or 'a known target'}[/]", highlight=False)
+            pool.close()
+            continue
+        log.print(f"timing on {len(pool.actors)} × {pool.info['gpu']} ({pool.info['sm_count']} SMs)",
+                  highlight=False)
+        runs.append((target_named(arch), pool))
+    if not runs:
+        if not no_gpu:
+            log.print("[yellow]nothing will be timed: the cluster has no usable GPU; candidates are ranked by "
+                      "the cost model and the winner is stored as unmeasured[/]")
+        runs = [(target_named(job.target), None)]
+    return executor, runs, cleanup
+
+
+__all__ = ["TuneResult", "Tuned", "search_budget", "tune", "winner_record"]
