@@ -47,6 +47,7 @@ class Domain(Protocol):
     def repeat_sum(self, data: np.ndarray, count: int) -> np.ndarray: ...
     def repeat_max(self, data: np.ndarray, count: int) -> np.ndarray: ...
     def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray: ...
+    def scatter_add(self, target: np.ndarray, index: tuple[np.ndarray, ...], values: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -135,6 +136,8 @@ class Evaluator:
         return {t.name: self.env[t.name] for t in self.model.outputs if t.name in self.env}
 
     def node(self, eq: Equation):
+        if eq.scatter is not None:
+            return self.scatter(eq)
         box = self.boxes.get(eq.target)
         self.var_values = {v: box[i] for i, v in enumerate(eq.lhs)} if box is not None else {}
         val = self.expr(eq.rhs)
@@ -144,6 +147,20 @@ class Evaluator:
             return np.ascontiguousarray(np.broadcast_to(data, full))
         shape = tuple(len(c) for c in box)
         return BoxTensor(np.ascontiguousarray(np.broadcast_to(data, shape)), box, full)
+
+    def scatter(self, eq: Equation) -> np.ndarray:
+        """`T[IX[r] n] += rhs`: the target's prior contents plus, at every point of the domain, `rhs`
+        added at the element the left side names (duplicates accumulate, as `np.add.at`). Computed in
+        full whatever box is asked for: any point of the domain may land in it."""
+        assert eq.scatter is not None
+        self.var_values = {}
+        domain = tuple(self.sizes[v.extent] for v in eq.lhs)
+        values = np.broadcast_to(_align(self.expr(eq.rhs), eq.lhs), domain)
+        index = tuple(np.broadcast_to(_align(self.index(ix), eq.lhs), domain) for ix in eq.scatter)
+        prior = self.env[eq.target]
+        if not isinstance(prior, np.ndarray):  # a lazily drawn input (the field check's virtual tensors)
+            prior = self.domain.from_input(eq.target, prior.materialize())
+        return self.domain.scatter_add(np.array(prior, copy=True), index, values)
 
     # -- index expressions: integer arrays labelled by the variables they depend on
     def index(self, ix: IndexExpr) -> Labelled:
