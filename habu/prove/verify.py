@@ -152,7 +152,8 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
         blocks = np.array(_classes(nblocks), dtype=np.int64)
         rows = np.unique((blocks[:, None] * rb + np.arange(rb)).ravel())
         rows = rows[rows < sizes[lw.r]]
-        return blocks, (rows, np.arange(sizes[lw.c])), f"row blocks {blocks.tolist()} of {nblocks}"
+        box = (rows, np.arange(sizes[lw.c])) if len(lw.out.extents) == 2 else (rows,)  # a row statistic: one a row
+        return blocks, box, f"row blocks {blocks.tolist()} of {nblocks}"
     if isinstance(lw, GeneralLowering):
         return general_selection(lw, sizes)
     assert isinstance(lw, MapLowering)

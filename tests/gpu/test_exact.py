@@ -32,6 +32,8 @@ DEFAULTS = {  # every example model, at a shape that keeps the test short
     "rmsnorm-eq": ("rmsnorm.habu", "RMSNORM-EQ", {"R": 64, "D": 4096}, False),
     "rmsnorm-linear": ("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 256, "D": 512, "N": 384}, False),
     "ffn-skip": ("ffn_skip.habu", "FFN-SKIP", {"B": 40, "D": 256, "H": 320}, False),
+    "scatter-add": ("scatter_add.habu", "UNPERMUTE", {}, True),  # f32 atomicAdd: exact in any order
+    "accumulate": ("accumulate.habu", "GEMM-ACC", {}, True),
 }
 
 
