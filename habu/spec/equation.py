@@ -310,7 +310,7 @@ class EquationParser:
                 n = 2
             else:
                 nt = self.take()
-                if not nt.text.isdigit() or not 1 <= int(nt.text) <= MAX_POWER:
+                if not _is_whole(nt.text) or not 1 <= int(nt.text) <= MAX_POWER:
                     raise nt.error(f"^ takes a whole exponent from 1 to {MAX_POWER}")
                 n = int(nt.text)
             result = base
@@ -431,7 +431,7 @@ class EquationParser:
 
     def index_expr(self) -> tuple[IndexExpr, str | None]:
         t = self.take()
-        if t.text.isdigit():
+        if _is_whole(t.text):
             return IndexConst(int(t.text)), None
         if not _is_ident(t.text):
             raise t.error(f"expected an index, found {t.text!r}")
@@ -493,6 +493,11 @@ class EquationParser:
     def _next_is(self, text: str, k: int) -> bool:
         t = self.peek(k)
         return t is not None and t.text == text
+
+
+def _is_whole(text: str) -> bool:
+    """Decimal digits only: `'²'.isdigit()` is True in Python, but `int('²')` raises."""
+    return text.isascii() and text.isdigit()
 
 
 def _is_ident(text: str) -> bool:
