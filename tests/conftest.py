@@ -65,7 +65,8 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_samp
               "test_mutant_is_killed_with_the_element_it_spoils", "test_a_search_", "test_habu_search",
               "test_the_readme_recipe", "test_k511_every_sampled_legal_plan", "test_the_search_on_cpu_picks",
               "test_regression_many_processes_opening", "test_search_writes_results_to_stdout",
-              "test_regression_a_movement_pin_failed", "test_every_partition_of_the_rewritten_model")
+              "test_regression_a_movement_pin_failed", "test_every_partition_of_the_rewritten_model",
+              "test_the_torch_baseline_scatters_with_accumulation")
 
 
 def pytest_collection_modifyitems(config, items):
