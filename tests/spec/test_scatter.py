@@ -150,3 +150,18 @@ def test_habu_eval_adds_into_the_given_prior_contents(tmp_path):
     want = y.astype(np.float64)
     np.add.at(want, ix, w[:, None].astype(np.float64) * x)
     np.testing.assert_allclose(np.load(tmp_path / "out.npz")["Y"], want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_scatter_evaluated_on_a_box_agrees_with_the_whole_target():
+    """The field check's reference evaluates a scatter on the checked box only (its domain restricted
+    along plain positions, values landing outside the box dropped): the same elements as in full."""
+    m = model_of("Y[IX[r] n] += W[r] · X[r n]")
+    f = PrimeField()
+    rng = np.random.default_rng(3)
+    inputs = {"X": rng.integers(0, f.p, (16, 8)), "W": rng.integers(0, f.p, 16), "Y": rng.integers(0, f.p, (5, 8)),
+              "IX": rng.integers(0, 5, 16)}
+    sizes = {"R": 16, "T": 5, "N": 8}
+    whole = Evaluator(m, sizes, f).run(inputs)["Y"]
+    box = (np.array([0, 3, 4]), np.array([1, 6, 7]))  # partial along the gathered position too
+    part = Evaluator(m, sizes, f, {"Y": box}).run(inputs)["Y"]
+    np.testing.assert_array_equal(part.data, whole[np.ix_(*box)])
