@@ -12,6 +12,7 @@ from pathlib import Path
 
 from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering, lower_plan
 from habu.lower.access import Access, Bound, Position
+from habu.lower.general import Store
 from habu.prove.verify import Certificate, verify_plan
 from habu.search.space import default_plan
 from habu.spec.parser import load_program
@@ -178,6 +179,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("general-wrong-stride", "Q's rows strided by #J instead of #D in the general kernel", "bmm.habu", "SCORES",
            BMM, _g(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 1, ("J",)) if acc.tensor == "Q" else acc)
                                                       for ld, acc in lw.loads)))),
+    Mutant("scatter-plain-store", "the scatter kernel stores its value instead of adding it with atomicAdd "
+           "(duplicate indices overwrite each other, the target's prior contents are lost)", "scatter_add.habu",
+           "UNPERMUTE", {"R": 64, "T": 16, "N": 8}, _g(lambda lw: replace(lw, store=Store.WRITE))),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

@@ -24,7 +24,7 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.kernel import CudaKernel
-from habu.lower.general import GeneralLowering
+from habu.lower.general import GeneralLowering, Store
 from habu.spec.ir import Load, Model, Reduce
 
 MAX_INIT = "(-__int_as_float(0x7f800000))"  # -infinity: the identity of max
@@ -72,6 +72,11 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     out_off = access_offset(out, coord, sizes, lw.index_width, table)
+    if lw.store is Store.ATOMIC_ADD:  # a scatter: threads whose indices repeat add into one element
+        assert out.dtype == "f32", "the scatter-accumulates rule allows f32 targets only"
+        store = f"atomicAdd({p_out} + ({out_off}), {value});"
+    else:
+        store = store_value(out.dtype, p_out, out_off, value)
     loops = ", ".join(f"{a} < #{e}" for a, e in lw.loops) or "none"
     src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  const {it} e = ({it})blockIdx.x * {k.threads} + threadIdx.x;  // this thread's output element
@@ -79,11 +84,13 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
   if (!({guard})) return;  // the output's mask: threads past the last element compute nothing
   {{
 {chr(10).join(body)}
-    {store_value(out.dtype, p_out, out_off, value)}
+    {store}
   }}
 }}
 """
     src = header(f"{name}: general, {k.threads} threads, one output element each",
-                 [f"computes {', '.join(k.nodes)}", f"reduction loops: {loops}"])
+                 [f"computes {', '.join(k.nodes)}", f"reduction loops: {loops}"] +
+                 ([f"scatter: adds into {out.tensor} with atomicAdd (its prior contents are kept)"]
+                  if lw.store is Store.ATOMIC_ADD else []))
     src += src_body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)

@@ -1,7 +1,8 @@
 """Lowering the general kernel family: any one equation node, a thread per output element.
 
 Thread t of block b computes the output element at flat index e = b·threads + t (row-major over the
-output's extents, as the map kernel walks them): its coordinates e0, e1, ... come from `coordinates`
+output's extents, as the map kernel walks them; for a scatter `Y[IX[r] n] += ...`, over its domain
+(r, n), each thread adding its value into Y[IX[r] n] with f32 atomicAdd, `Store.ATOMIC_ADD`): its coordinates e0, e1, ... come from `coordinates`
 (e0 is not reduced modulo its extent, so a thread past the last element fails the output's mask,
 `lane_guard`). Every reduction (Σ or max, nested or several) is a loop over its variables' extents,
 0 .. `loop_end`, accumulating in f32; every load is an `Access` (gathers at any index position,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
@@ -34,6 +36,13 @@ from habu.spec.ir import (
 )
 
 
+class Store(Enum):
+    """How a general kernel's thread stores its value."""
+
+    WRITE = "write"  # overwrite the element (each element has one thread)
+    ATOMIC_ADD = "atomic-add"  # f32 atomicAdd (a scatter: threads may share an element)
+
+
 @dataclass(frozen=True)
 class GeneralLowering(FlatGrid):
     kernel: GeneralKernel
@@ -43,6 +52,13 @@ class GeneralLowering(FlatGrid):
     loads: tuple[tuple[Load, Access], ...]  # every load of the renamed node, once
     out: Access
     index_width: int
+    store: Store = Store.WRITE
+
+    @property
+    def scatters(self) -> bool:
+        """Whether the node is a scatter (`Y[IX[r] n] += ...`): its threads are the points of its
+        domain, and several may store to one element of its target."""
+        return self.node.scatter is not None
 
     @property
     def nodes(self) -> tuple[Equation, ...]:
@@ -89,7 +105,7 @@ class GeneralLowering(FlatGrid):
 
 
 class _Renamer:
-    """Output variables to e{i}; each reduction's variables to fresh loop axes k{j} (shadowing allowed)."""
+    """Left-side variables to e{i}; each reduction's variables to fresh loop axes k{j} (shadowing allowed)."""
 
     def __init__(self) -> None:
         self.loops: list[tuple[str, str]] = []
@@ -136,8 +152,10 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
     extents = tuple(v.extent for v in eq.lhs)
     axes = tuple(IndexVar(f"e{i}", e) for i, e in enumerate(extents))
     renamer = _Renamer()
-    rhs = renamer.expr(eq.rhs, dict(zip(eq.lhs, axes, strict=True)))
-    node = Equation(eq.target, axes, rhs)
+    rhs = renamer.expr(eq.rhs, dict(zip(eq.lhs, axes, strict=True)))  # the domain's variables to e{i}
+    mapping = dict(zip(eq.lhs, axes, strict=True))
+    scatter = None if eq.scatter is None else tuple(renamer.index(ix, mapping) for ix in eq.scatter)
+    node = Equation(eq.target, axes, rhs, scatter)
     extent_of_axis = {a.name: a.extent for a in axes} | dict(renamer.loops)
     loads: list[tuple[Load, Access]] = []
     for x in walk(rhs):
@@ -147,5 +165,7 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
                 raise ValueError(f"{eq.target} reads its own result at other elements than the one it writes")
             axis_of = {v: v.name for v in _index_vars(x)}
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
-    out = access_for(model.tensor(eq.target), axes, {a: a.name for a in axes}, extent_of_axis, storage)
-    return GeneralLowering(kernel, extents, node, tuple(renamer.loops), tuple(loads), out, kernel.index_width)
+    out = access_for(model.tensor(eq.target), node.store_indices, {a: a.name for a in axes}, extent_of_axis, storage)
+    store = Store.ATOMIC_ADD if scatter is not None else Store.WRITE
+    return GeneralLowering(kernel, extents, node, tuple(renamer.loops), tuple(loads), out, kernel.index_width,
+                           store)

@@ -5,8 +5,9 @@
 - a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
   reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
 - a *map* region: elementwise nodes over one shape;
-- a *general* region: any other single node (a thread per output element, each reduction a loop):
-  the fallback, so every equation the language accepts has a kernel.
+- a *general* region: any other single node (a thread per output element, each reduction a loop),
+  and every scatter store (`Y[IX[r] n] += ...`): the fallback, so every equation the language
+  accepts has a kernel.
 
 Every node of a model belongs to exactly one region; `default_regions` gives the greedy partition.
 """
@@ -193,8 +194,10 @@ def default_regions(model: Model) -> tuple[Region, ...]:
     while i < len(nodes):
         eq = nodes[i]
         check_gathers(eq)
-        c = as_contraction(eq)
-        if c is not None:
+        c = as_contraction(eq) if eq.scatter is None else None
+        if eq.scatter is not None:  # a scatter store: only the general family adds through an index
+            regions.append(general_region(model, eq))
+        elif c is not None:
             group = [eq.target]
             last = eq
             while i + 1 < len(nodes):

@@ -12,8 +12,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from habu.lower.general import GeneralLowering
+from habu.lower.general import GeneralLowering, Store
 from habu.prove.interp import Memory, PlanFault, _NumpyIndex, read, write
+from habu.prove.virtual import WrittenTensor
 from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
 
 # elements of the largest array a chunk of threads evaluates (threads × the loops' iterations)
@@ -47,7 +48,17 @@ def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: M
     shape: tuple[int, ...] = (len(lanes),)
     if not lw.extents:  # a scalar output: only thread 0 passed its guard, and it stores at offset 0
         value, shape = value.reshape(()), ()
-    write(name, lw.out, at, value, sizes, mem, lw.index_width, False, np.ones(shape, bool), _where(lw, lanes))
+    if lw.store is Store.ATOMIC_ADD:
+        # atomicAdd onto the target's memory, which holds its prior contents (an input of the model):
+        # every value lands, duplicates included, in any order
+        target = lw.out.tensor
+        if target not in mem.written:
+            mem.written[target] = WrittenTensor(target, int(lw.out.numel(sizes)), mem.field.p, True,
+                                                mem.inputs.get(target))
+        write(name, lw.out, at, value, sizes, mem, lw.index_width, True, None, _where(lw, lanes))
+        return
+    write(name, lw.out, at, value, sizes, mem, lw.index_width, False,
+          None if lw.scatters else np.ones(shape, bool), _where(lw, lanes))
 
 
 def _where(lw: GeneralLowering, lanes: np.ndarray):

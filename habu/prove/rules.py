@@ -70,6 +70,8 @@ R = {r.name: r for r in (
     Rule("tma-gather", "plain TMA cannot gather rows; gather4 only on sm_100+, 2-D, one-row box",
          "T11: PTX ISA cp.async.bulk.tensor gather4; ptxas rejects it on sm_90a"),
     Rule("target-feature", "the target has the instruction the plan uses", "PTX ISA target requirements"),
+    Rule("scatter-accumulates", "a store through an index tensor (a scatter) adds into an f32 target with "
+         "atomicAdd: duplicate indices accumulate, none overwrites another", "issue 19: np.add.at semantics"),
     Rule("split-k-linear", "split-K partial sums only pass through a linear epilogue into f32", "atomicAdd semantics"),
     Rule("supported-path", "Habu's emitter has a code path for this combination", "habu/emit_cuda"),
     Rule("cluster-tiles", "a cluster's blocks share one step of the raster: the tile rows divide among them",
@@ -79,7 +81,7 @@ R = {r.name: r for r in (
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear", "supported-path", "cluster-tiles", *FIELD_RULES)
+          "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *FIELD_RULES)
 
 
 def checked_rules(target: Target) -> frozenset[str]:

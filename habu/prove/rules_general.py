@@ -1,12 +1,12 @@
 """The rules of a general kernel: every load and the store in bounds and (in 32 bits) free of
-wrap-around, over every output coordinate and every reduction loop iteration; threads per block
-within the limit. Its grid and 32-bit thread index are `launch_obligations`' (habu.prove.rules_fields)."""
+wrap-around, over every output coordinate and every reduction loop iteration; a scatter adds with
+f32 atomicAdd; threads per block within the limit. Its grid and 32-bit thread index are `launch_obligations`' (habu.prove.rules_fields)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from habu.lower.general import GeneralLowering
+from habu.lower.general import GeneralLowering, Store
 from habu.prove.obligation import Context, Obligation
 
 
@@ -21,5 +21,11 @@ def general_obligations(name: str, lw: GeneralLowering, ctx: Context) -> Iterato
     for _ld, acc in lw.loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    if lw.scatters:
+        ok = lw.store is Store.ATOMIC_ADD and lw.out.dtype == "f32"
+        yield Obligation(R["scatter-accumulates"], name, lw.out.tensor,
+                         f"the scatter into {lw.out.tensor} adds each value with f32 atomicAdd",
+                         ok, detail=f"the kernel stores {lw.out.tensor} ({lw.out.dtype}) by {lw.store.value}: "
+                         "threads whose indices repeat would overwrite each other")
     yield Obligation(R["threads"], name, None, f"{lw.kernel.threads} threads per block",
                      lw.kernel.threads <= ctx.target.max_threads_per_block, detail=f"{lw.kernel.threads} threads")

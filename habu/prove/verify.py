@@ -152,7 +152,8 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
         blocks = np.array(_classes(nblocks), dtype=np.int64)
         rows = np.unique((blocks[:, None] * rb + np.arange(rb)).ravel())
         rows = rows[rows < sizes[lw.r]]
-        return blocks, (rows, np.arange(sizes[lw.c])), f"row blocks {blocks.tolist()} of {nblocks}"
+        box = (rows, np.arange(sizes[lw.c])) if len(lw.out.extents) == 2 else (rows,)  # a row statistic: one a row
+        return blocks, box, f"row blocks {blocks.tolist()} of {nblocks}"
     if isinstance(lw, GeneralLowering):
         return general_selection(lw, sizes)
     assert isinstance(lw, MapLowering)
@@ -189,14 +190,35 @@ def general_keep(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mappin
     return np.union1d(box_elements(lw, box, sizes), tail)
 
 
+def general_thread_box(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[np.ndarray, ...]:
+    """The coordinates of the general kernel's threads the check runs: the first, middle and last of
+    every extent (each thread is independent, so these threads stand for the others); for a scatter,
+    every value of a variable its store gathers through (any of them may land on a checked element)."""
+    gathered = {ix.indices[0] for ix in lw.node.scatter or () if isinstance(ix, Gather)}
+    return tuple(np.arange(sizes[e], dtype=np.int64) if v in gathered else np.array(_spread(sizes[e]), dtype=np.int64)
+                 for v, e in zip(lw.node.lhs, lw.extents, strict=True))
+
+
+def general_out_box(lw: GeneralLowering, threads: tuple[np.ndarray, ...], sizes: Mapping[str, int]
+                    ) -> tuple[np.ndarray, ...]:
+    """The output elements those threads compute: their own coordinates; for a scatter, every element
+    along a gathered position (the table sends a thread anywhere in it) and the threads' coordinates
+    along the others."""
+    if lw.node.scatter is None:
+        return threads
+    axis = {v: box for v, box in zip(lw.node.lhs, threads, strict=True)}
+    return tuple(np.arange(sizes[ext], dtype=np.int64) if isinstance(ix, Gather) else axis[ix]  # type: ignore[index]
+                 for ix, ext in zip(lw.node.scatter, lw.out.extents, strict=True))
+
+
 def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
-    """A general kernel's checked output box: the first, middle and last coordinates of every extent
-    (each thread is independent, so these threads stand for the others), and the blocks holding them."""
-    box = tuple(np.array(_spread(sizes[e]), dtype=np.int64) for e in lw.extents)
-    flat = box_elements(lw, box, sizes)
+    """A general kernel's checked output box (`general_out_box` of `general_thread_box`) and the blocks
+    holding its threads."""
+    threads = general_thread_box(lw, sizes)
+    flat = box_elements(lw, threads, sizes)
     blocks = np.unique(flat // lw.per_block)
     nblocks = -(-int(lw.numel(sizes)) // lw.per_block)
-    return blocks, box, f"{len(flat)} elements in blocks {blocks.tolist()[:8]} of {nblocks}"
+    return blocks, general_out_box(lw, threads, sizes), f"{len(flat)} elements in blocks {blocks.tolist()[:8]} of {nblocks}"
 
 
 def _selection_for_box(lw, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
@@ -370,7 +392,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 sel, box, text = _final_selection(lw, s)
                 selections[i] = sel
                 if isinstance(lw, GeneralLowering):
-                    keeps[i] = general_keep(lw, box, s)
+                    keeps[i] = general_keep(lw, general_thread_box(lw, s), s)
                 out_boxes[lw.out.tensor] = box
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)

@@ -59,13 +59,17 @@ class VirtualTensor:
 
 
 class WrittenTensor:
-    """A tensor a kernel writes: which flat offsets hold which values (sparse), with write counts."""
+    """A tensor a kernel writes: which flat offsets hold which values (sparse), with write counts.
 
-    def __init__(self, name: str, numel: int, p: int, accumulate: bool):
+    With a `base` (a scatter adding into its target's prior contents) every element holds a value:
+    the base's plus the sum of what was added there."""
+
+    def __init__(self, name: str, numel: int, p: int, accumulate: bool, base: VirtualTensor | None = None):
         self.name = name
         self.numel = numel
         self.p = p
         self.accumulate = accumulate
+        self.base = base
         self.offsets: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -101,6 +105,8 @@ class WrittenTensor:
         pos_c = np.minimum(pos, max(len(uniq) - 1, 0))
         found = (len(uniq) > 0) & (uniq[pos_c] == off) if len(uniq) else np.zeros(off.shape, bool)
         vals = np.where(found, sums[pos_c] if len(uniq) else 0, 0)
+        if self.base is not None:
+            return (vals + self.base.at(off)) % self.p, np.ones(off.shape, bool)
         return vals, found
 
     def multiply_written(self) -> tuple[np.ndarray, np.ndarray]:

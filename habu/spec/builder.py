@@ -23,6 +23,7 @@ from habu.spec.ir import (
     index_subexprs,
     loads,
     map_ops,
+    scatter_gathers,
     walk,
 )
 from habu.spec.lexer import Token
@@ -74,11 +75,9 @@ class GraphBuilder:
         return dt.decl if dt else None
 
     def _register_reads(self, eq: Equation, tok: Token) -> None:
-        names: list[str] = []
-        for ld in loads(eq.rhs):
-            names.append(ld.tensor)
-            for ix in ld.indices:
-                names.extend(g.tensor for g in index_subexprs(ix) if isinstance(g, Gather))
+        names: list[str] = _tensors_in(eq.rhs)
+        if eq.scatter is not None:  # a scatter adds to its target's prior contents
+            names.extend([eq.target, *(g.tensor for g in scatter_gathers(eq))])
         for name in names:
             if name in self.intermediates:
                 continue
@@ -121,6 +120,8 @@ class GraphBuilder:
             raise tok.error(f"{decl.name} is an index tensor; models read index tensors, never write them")
         self.check_writable(decl, tok)
         self.check_size(eq, tok)
+        if eq.scatter is not None:
+            self.check_scatter(decl, eq, tok)
         for ld in loads(eq.rhs):
             if ld.tensor == decl.name and ld.indices != eq.lhs:
                 raise tok.error(f"{decl.name} is read at other elements than the ones being written "
@@ -128,6 +129,18 @@ class GraphBuilder:
         self._register_reads(eq, tok)
         self.nodes.append(eq)
         self.written[decl.name] = decl
+
+    def check_scatter(self, decl: TensorDecl, eq: Equation, tok: Token) -> None:
+        """What a scatter store may be: an f32 target (duplicates accumulate with f32 atomicAdd) that
+        its right side does not read."""
+        if decl.dtype is not None and decl.dtype.name != "f32":
+            raise tok.error(f"{decl.name} is {decl.dtype.name}, but a scatter store adds into its target with "
+                            f"f32 atomicAdd (rule scatter-accumulates): declare {decl.name} f32",
+                            "duplicate indices accumulate in any order; a 16-bit target would round at "
+                            "every addition")
+        if any(ld.tensor == decl.name for ld in loads(eq.rhs)):
+            raise tok.error(f"the right side of a scatter into {decl.name} reads {decl.name}: which value it "
+                            "sees would depend on the order the additions land in")
 
     def rename(self, old: str, new: str) -> None:
         """Give an intermediate the name of the declared output it turned out to be."""
@@ -143,6 +156,9 @@ class GraphBuilder:
         for eq in nodes:
             for t in _tensors_in(eq.rhs):
                 read_names.setdefault(t)
+            if eq.scatter is not None:
+                for t in (eq.target, *(g.tensor for g in scatter_gathers(eq))):
+                    read_names.setdefault(t)
         inputs = tuple(self.reads[n] for n in read_names if n in self.reads)
         intermediates = tuple(d for n, d in self.intermediates.items() if n in live)
         used: dict[str, None] = {}  # in order of first use
@@ -169,7 +185,7 @@ class GraphBuilder:
         extents = tuple(self.program.extents[e].extent for e in used_extents)
         obligations = list(self.obligations)
         for eq in nodes:
-            for g in gathers(eq.rhs):
+            for g in (*gathers(eq.rhs), *scatter_gathers(eq)):
                 decl = self.reads.get(g.tensor) or self._declared(g.tensor)
                 assert decl is not None and decl.range is not None
                 ext = self.program.extents[decl.range].extent

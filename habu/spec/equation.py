@@ -127,7 +127,9 @@ class EquationParser:
         self.depth -= 1
 
     # -- the equation
-    def parse_equation(self) -> Equation:
+    def parse_equation(self, accumulate_allowed: bool = True) -> Equation:
+        """`T[lhs] = rhs`, `T[lhs] += rhs` (the target keeps its prior contents and `rhs` is added),
+        or a scatter `T[IX[r] n] += rhs` (an index tensor on the left: duplicates accumulate)."""
         target_tok = self.take()
         if not _is_ident(target_tok.text):
             raise target_tok.error(f"an equation starts with the tensor it defines, found {target_tok.text!r}")
@@ -136,40 +138,100 @@ class EquationParser:
             raise target_tok.error(f"unknown tensor {target_tok.text}", *self._did_you_mean_tensor())
         if tt.range is not None:
             raise target_tok.error(f"{tt.shown} is an index tensor; an equation cannot define it")
-        lhs: list[IndexVar] = []
+        store: list[IndexExpr] = []  # the stored element's indices, as written
+        domain: list[IndexVar] = []  # the left side's index variables, in order
+        first_gather: Token | None = None
         if self.at("["):
             self.take()
             while not self.at("]"):
                 tok = self.take()
                 if tok.text == "=" or tok.text == ";":
                     raise tok.error(f"missing ] after the indices of {tt.shown}")
+                pos = len(store)
+                if _is_ident(tok.text) and self.at("[") and self.index_var(tok) is None:
+                    store.append(self.store_gather(tok, tt, pos, domain))
+                    first_gather = first_gather or tok
+                    continue
                 var = self.index_var(tok)
                 if var is None:
                     raise tok.error(f"{tok.text!r} is not an index variable: the left side names each "
-                                    f"element of {tt.shown} by index variables", *self._index_hint(tt, len(lhs)))
+                                    f"element of {tt.shown} by index variables", *self._index_hint(tt, pos))
                 if var.name in self.bound:
                     raise tok.error(f"index {var.name} appears twice on the left side")
-                pos = len(lhs)
                 if pos < len(tt.extents) and var.extent != tt.extents[pos]:
                     raise self.extent_mismatch(tok, tt, pos, var.extent)
                 self.bound[var.name] = var
-                lhs.append(var)
+                store.append(var)
+                domain.append(var)
             self.take()
-        if len(lhs) != len(tt.extents):
+        if len(store) != len(tt.extents):
             raise target_tok.error(
                 f"{tt.shown} has {len(tt.extents)} extents ({self._shape(tt)}) but the left side gives "
-                f"{len(lhs)} indices")
-        self.expect("=", f"after {target_tok.text}[...]")
+                f"{len(store)} indices")
+        accumulate = self.assignment(target_tok, tt, first_gather, accumulate_allowed)
         rhs = self.expr()
         if self.peek() is not None:
             t = self.peek()
             assert t is not None
             raise t.error(f"unexpected {t.text!r}: expected an operator or ;")
-        for v in free_vars(rhs) - set(lhs):
+        for v in free_vars(rhs) - set(domain):
             raise self.first_use[v].error(
                 f"index {v.name} is free on the right side: sum over it (Σ {v.name} ...) or index "
                 f"{tt.shown} by it")
-        return Equation(tt.ir_name, tuple(lhs), rhs)
+        lhs = tuple(domain)
+        if first_gather is not None:
+            return Equation(tt.ir_name, lhs, rhs, scatter=tuple(store))
+        if accumulate:  # `T[v] += e` is `T[v] = T[v] + e`: an in-place update of each element
+            return Equation(tt.ir_name, lhs, Op("add", (Load(tt.ir_name, lhs), rhs)))
+        return Equation(tt.ir_name, lhs, rhs)
+
+    def store_gather(self, tok: Token, tt: TensorType, pos: int, domain: list[IndexVar]) -> Gather:
+        """`IX[r]` at position `pos` of the left side: the element stored to is IX's value there."""
+        it = self.scope.tensor(tok.text)
+        if it is None:
+            raise tok.error(f"unknown index tensor {tok.text}")
+        if it.range is None:
+            raise tok.error(f"{it.shown} is not an index tensor, so it cannot index the left side",
+                            "a scatter store names an index tensor: Y[IX[r] n] += ...")
+        inner = self.indices(tok, it)
+        if len(inner) != 1 or not isinstance(inner[0], IndexVar):
+            raise tok.error(f"the left side's gather {it.shown}[...] takes one index variable, like "
+                            f"{it.shown}[{(it.extents[0].lower() if it.extents else 'r')}]",
+                            "no kernel scatters through a gather of a gather, a constant or several indices")
+        var = inner[0]
+        if var.name in self.bound:
+            raise tok.error(f"index {var.name} appears twice on the left side")
+        if pos < len(tt.extents) and it.range != tt.extents[pos]:
+            want = self.scope.show_extent(tt.extents[pos])
+            raise tok.error(f"{tt.shown}'s index {pos + 1} is over {want}, but the values of {it.shown} "
+                            f"index {self.scope.show_extent(it.range)}",
+                            f"{tt.shown} is declared ( {self._shape(tt)} )")
+        self.bound[var.name] = var
+        domain.append(var)
+        return Gather(it.ir_name, inner)
+
+    def assignment(self, target_tok: Token, tt: TensorType, gather: Token | None, allowed: bool) -> bool:
+        """Take `=` or `+=`; True for `+=`."""
+        if gather is not None and not allowed:
+            raise gather.error(f"{self.what} defines every element of its output; a scatter store "
+                               "(an index tensor on the left side) belongs in a MODEL's equation")
+        t = self.peek()
+        if t is not None and t.text == "+" and self._next_is("=", 1):
+            plus = self.take()
+            eq = self.take()
+            if eq.span.offset != plus.span.offset + 1:
+                raise plus.error("write += without a space between + and =")
+            if not allowed:
+                raise plus.error(f"{self.what} defines its output with =; += belongs in a MODEL's equation")
+            return True
+        eq_tok = self.expect("=", f"after {target_tok.text}[...]")
+        if gather is not None:
+            name = gather.text
+            raise eq_tok.error(
+                f"a store through {name} with = is ill-defined: {name} may hold one index several times, "
+                f"and then several values would be written to one element of {tt.shown}",
+                f"write += to add every value into {tt.shown} (duplicate indices accumulate)")
+        return False
 
     def parse_scalar(self) -> Expr:
         """A bare expression (the body of an elementwise word)."""
@@ -248,7 +310,7 @@ class EquationParser:
                 n = 2
             else:
                 nt = self.take()
-                if not nt.text.isdigit() or not 1 <= int(nt.text) <= MAX_POWER:
+                if not _is_whole(nt.text) or not 1 <= int(nt.text) <= MAX_POWER:
                     raise nt.error(f"^ takes a whole exponent from 1 to {MAX_POWER}")
                 n = int(nt.text)
             result = base
@@ -369,7 +431,7 @@ class EquationParser:
 
     def index_expr(self) -> tuple[IndexExpr, str | None]:
         t = self.take()
-        if t.text.isdigit():
+        if _is_whole(t.text):
             return IndexConst(int(t.text)), None
         if not _is_ident(t.text):
             raise t.error(f"expected an index, found {t.text!r}")
@@ -431,6 +493,11 @@ class EquationParser:
     def _next_is(self, text: str, k: int) -> bool:
         t = self.peek(k)
         return t is not None and t.text == text
+
+
+def _is_whole(text: str) -> bool:
+    """Decimal digits only: `'²'.isdigit()` is True in Python, but `int('²')` raises."""
+    return text.isascii() and text.isdigit()
 
 
 def _is_ident(text: str) -> bool:
@@ -515,5 +582,7 @@ def _format_op(e: Op, args: list[tuple[str, int]]) -> tuple[str, int]:
 
 
 def format_equation(eq: Equation) -> str:
+    if eq.scatter is not None:
+        return f"{eq.target}[{' '.join(format_index(i) for i in eq.scatter)}] += {format_expr(eq.rhs)}"
     lhs = f"{eq.target}[{' '.join(v.name for v in eq.lhs)}]" if eq.lhs else eq.target
     return f"{lhs} = {format_expr(eq.rhs)}"

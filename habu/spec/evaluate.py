@@ -47,6 +47,7 @@ class Domain(Protocol):
     def repeat_sum(self, data: np.ndarray, count: int) -> np.ndarray: ...
     def repeat_max(self, data: np.ndarray, count: int) -> np.ndarray: ...
     def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray: ...
+    def scatter_add(self, target: np.ndarray, index: tuple[np.ndarray, ...], values: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -135,6 +136,8 @@ class Evaluator:
         return {t.name: self.env[t.name] for t in self.model.outputs if t.name in self.env}
 
     def node(self, eq: Equation):
+        if eq.scatter is not None:
+            return self.scatter(eq)
         box = self.boxes.get(eq.target)
         self.var_values = {v: box[i] for i, v in enumerate(eq.lhs)} if box is not None else {}
         val = self.expr(eq.rhs)
@@ -144,6 +147,39 @@ class Evaluator:
             return np.ascontiguousarray(np.broadcast_to(data, full))
         shape = tuple(len(c) for c in box)
         return BoxTensor(np.ascontiguousarray(np.broadcast_to(data, shape)), box, full)
+
+    def scatter(self, eq: Equation):
+        """`T[IX[r] n] += rhs`: the target's prior contents plus, at every point of the domain, `rhs`
+        added at the element the left side names (duplicates accumulate, as `np.add.at`). With a box
+        for the target, the domain is restricted along the positions indexed by a plain variable (the
+        box's coordinates there) and runs in full along gathered ones (any point may land in the box);
+        values landing outside the box are dropped."""
+        assert eq.scatter is not None
+        box = self.boxes.get(eq.target)
+        self.var_values = {}
+        if box is not None:
+            for pos, ix in enumerate(eq.scatter):
+                if isinstance(ix, IndexVar):
+                    self.var_values[ix] = np.asarray(box[pos], dtype=np.int64)
+        domain = tuple(len(self.var_values[v]) if v in self.var_values else self.sizes[v.extent] for v in eq.lhs)
+        values = np.broadcast_to(_align(self.expr(eq.rhs), eq.lhs), domain)
+        index = [np.broadcast_to(_align(self.index(ix), eq.lhs), domain) for ix in eq.scatter]
+        prior = self.env[eq.target]
+        full = tuple(self.sizes[e] for e in self.model.tensor(eq.target).extents)
+        if box is None:
+            if not isinstance(prior, np.ndarray):  # a lazily drawn input (the field check's virtual tensors)
+                prior = self.domain.from_input(eq.target, prior.materialize())
+            return self.domain.scatter_add(np.array(prior, copy=True), tuple(index), values)
+        local, inside = [], np.ones(domain, dtype=bool)
+        for coords, idx in zip(box, index, strict=True):  # global indices to places in the box
+            keys = np.asarray(coords, dtype=np.int64)
+            order = np.argsort(keys, kind="stable")
+            at = np.minimum(np.searchsorted(keys[order], idx), len(keys) - 1)
+            inside &= keys[order][at] == idx
+            local.append(order[at])
+        start = self.domain.from_input(eq.target, np.asarray(prior[np.ix_(*box)]))
+        data = self.domain.scatter_add(np.array(start, copy=True), tuple(i[inside] for i in local), values[inside])
+        return BoxTensor(data, box, full)
 
     # -- index expressions: integer arrays labelled by the variables they depend on
     def index(self, ix: IndexExpr) -> Labelled:

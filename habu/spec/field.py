@@ -181,6 +181,13 @@ class PrimeField:
             e >>= 1
         return out
 
+    def scatter_add(self, target: np.ndarray, index: tuple[np.ndarray, ...], values: np.ndarray) -> np.ndarray:
+        """`target` with `values` added at `index` mod p (repeated indices add every value; residues
+        below 2^31, so fewer than 2^32 additions to one element stay inside int64)."""
+        out = np.asarray(target, dtype=np.int64).copy()
+        np.add.at(out, index, np.asarray(values, dtype=np.int64))
+        return out % self.p
+
     # -- contractions
     def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray:
         ins_text, out = subscripts.split("->")

@@ -177,11 +177,37 @@ Expr = Const | Size | Load | Op | Reduce
 
 @dataclass(frozen=True)
 class Equation:
-    """`target[lhs] = rhs`: defines every element of one tensor."""
+    """`target[lhs] = rhs`: defines every element of one tensor.
+
+    A *scatter* (`Y[IX[r] n] += rhs`, `scatter` set) instead adds `rhs` at every point of its domain
+    (the variables `lhs`, in order of appearance on the left side) into the element `scatter` names;
+    indices that repeat accumulate, and the target keeps its prior contents (it is an input too)."""
 
     target: str
     lhs: tuple[IndexVar, ...]
     rhs: Expr
+    scatter: tuple[IndexExpr, ...] | None = None  # the stored element's indices (None: `lhs` itself)
+
+    @property
+    def store_indices(self) -> tuple[IndexExpr, ...]:
+        """The indices of the element each point of the domain stores to."""
+        return self.scatter if self.scatter is not None else self.lhs
+
+
+def node_reads(eq: Equation) -> set[str]:
+    """The tensors one node reads: its right side's, and for a scatter its target (the prior
+    contents it adds to) and the index tensors of its left side."""
+    out = tensors_read(eq.rhs)
+    if eq.scatter is not None:
+        out.add(eq.target)
+        for ix in eq.scatter:
+            out |= {g.tensor for g in index_subexprs(ix) if isinstance(g, Gather)}
+    return out
+
+
+def scatter_gathers(eq: Equation) -> list[Gather]:
+    """The gathers on a scatter's left side (none for an ordinary node)."""
+    return [g for ix in eq.scatter or () for g in index_subexprs(ix) if isinstance(g, Gather)]
 
 
 @dataclass(frozen=True)
@@ -521,6 +547,8 @@ def canonical_form(model: Model) -> dict:
             return fold_ops(e, leaf, lambda o, args: ["op", o.fn, args])
 
         lhs = [[var(v.name), ext(v.extent)] for v in eq.lhs]
+        if eq.scatter is not None:  # only scatters carry a fourth entry: other hashes are unchanged
+            return [tname(eq.target), lhs, ex(eq.rhs), ["scatter", [ix(i) for i in eq.scatter]]]
         return [tname(eq.target), lhs, ex(eq.rhs)]
 
     nodes = [node(eq) for eq in model.nodes]

@@ -394,7 +394,7 @@ class TopLevel:
         if effect.typed:
             self.check_patterns(effect, name)
             parser = EquationParser(tokens, end, WordScope(effect, self.program, False), f"WORD {name.text}")
-            eq = parser.parse_equation()
+            eq = parser.parse_equation(accumulate_allowed=False)
             if eq.target != "$" + effect.outputs[0].name:
                 raise tokens[0].error(f"the equation of {name.text} must define its output "
                                       f"{effect.outputs[0].name}")

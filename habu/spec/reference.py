@@ -38,6 +38,12 @@ class Float64:
     def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray:
         return np.einsum(subscripts, *operands, optimize=True)
 
+    def scatter_add(self, target: np.ndarray, index: tuple[np.ndarray, ...], values: np.ndarray) -> np.ndarray:
+        """`target` with `values` added at `index` (repeated indices add every value)."""
+        out = np.asarray(target, dtype=np.float64)
+        np.add.at(out, index, values)
+        return out
+
 
 def evaluate(model: Model, inputs: dict[str, np.ndarray], sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """The model's outputs in float64, by tensor name."""

@@ -29,7 +29,8 @@ def access_note(ld: Load) -> str:
 def dataflow_lines(model: Model) -> list[str]:
     lines: list[str] = []
     for eq in model.nodes:
-        target = f"{eq.target}[{' '.join(v.name for v in eq.lhs)}]" if eq.lhs else eq.target
+        store = eq.store_indices
+        target = f"{eq.target}[{' '.join(format_index(i) for i in store)}]" if store else eq.target
         seen: list[str] = []
         reads: list[str] = []
         for ld in loads(eq.rhs):

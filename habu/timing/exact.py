@@ -27,7 +27,7 @@ import numpy as np
 
 from habu.errors import HabuError
 from habu.spec.evaluate import Evaluator
-from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size, walk
+from habu.spec.ir import Const, Expr, Gather, Load, Model, Op, Reduce, Size, walk
 from habu.spec.reference import Float64
 
 F32_EXACT = 2**24  # every integer of magnitude up to 2^24 is a float32
@@ -108,7 +108,14 @@ def tensor_bounds(model: Model, sizes: Mapping[str, int], value_range: int) -> d
     bounds: dict[str, int] = {t.name: value_range for t in model.inputs if not t.is_index}
     peaks: list[int] = []
     for eq in model.nodes:
-        bounds[eq.target] = _expr_bound(eq.rhs, bounds, sizes, peaks)
+        value = _expr_bound(eq.rhs, bounds, sizes, peaks)
+        if eq.scatter is not None:
+            # every point of the domain whose store gathers may land on one element (all duplicates),
+            # on top of the target's prior contents; every partial sum of the atomics is within this
+            gathered = {ix.indices[0] for ix in eq.scatter if isinstance(ix, Gather)}
+            value = bounds[eq.target] + value * prod(sizes[v.extent] for v in gathered)  # type: ignore[union-attr]
+            peaks.append(value)
+        bounds[eq.target] = value
     bounds["<peak>"] = max([value_range, *peaks])
     return bounds
 

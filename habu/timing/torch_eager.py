@@ -81,6 +81,12 @@ class TorchEager:
         return getattr(self.torch, TORCH_DTYPE[dtype_of(self.model, tensor)])
 
     def node(self, eq: Equation) -> Any:
+        if eq.scatter is not None:  # Y[IX[r] n] += ...: what an expert writes, index_put_ accumulating
+            domain = tuple(self.sizes[v.extent] for v in eq.lhs)
+            target = self.env[eq.target]
+            val = _align(self.expr(eq.rhs), eq.lhs).to(target.dtype).expand(domain)
+            idx = tuple(_align(self.index(ix), eq.lhs).expand(domain) for ix in eq.scatter)
+            return target.index_put_(idx, val, accumulate=True)
         val = self.expr(eq.rhs)
         full = tuple(self.sizes[v.extent] for v in eq.lhs)
         return _align(val, eq.lhs).to(self.dtype(eq.target)).expand(full).contiguous()

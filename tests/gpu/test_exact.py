@@ -32,6 +32,8 @@ DEFAULTS = {  # every example model, at a shape that keeps the test short
     "rmsnorm-eq": ("rmsnorm.habu", "RMSNORM-EQ", {"R": 64, "D": 4096}, False),
     "rmsnorm-linear": ("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 256, "D": 512, "N": 384}, False),
     "ffn-skip": ("ffn_skip.habu", "FFN-SKIP", {"B": 40, "D": 256, "H": 320}, False),
+    "scatter-add": ("scatter_add.habu", "UNPERMUTE", {}, True),  # f32 atomicAdd: exact in any order
+    "accumulate": ("accumulate.habu", "GEMM-ACC", {}, True),
 }
 
 
@@ -205,5 +207,22 @@ def test_the_timing_worker_reports_the_exact_check():
         assert m.ok, m.reason
         assert m.exact and m.exact["ok"] and m.exact["applicable"]
         assert "exact" in (m.seconds or {})
+    finally:
+        timer.close()
+
+
+def test_regression_the_search_worker_golden_checks_every_plan_of_an_in_place_model():
+    """A scatter's (or `+=`'s) target is an input the run updates in place. The worker computed its
+    reference once from input set 0, and every plan's golden run, timing loop and the torch baseline
+    added into that set: every plan after the first was judged against stale prior contents. The
+    worker now restores the drawn contents before each golden run."""
+    path = EX / "scatter_add.habu"
+    built = build(str(path), "UNPERMUTE", {})
+    timer = GpuTimer(str(path), "UNPERMUTE", {})
+    try:
+        assert timer.start() is not None, timer.unavailable
+        for _ in range(3):  # the same plan three times: each golden run must start from the drawn Y
+            m = timer.measure(built.plan.to_json())
+            assert m.ok, m.reason
     finally:
         timer.close()

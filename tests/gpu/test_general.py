@@ -1,6 +1,9 @@
-"""The general kernel family on the GPU: every model of tests/data/general_corpus (and the bmm and
-bias_grad examples) built from its proven default plan, run on random inputs with NaN-poisoned
-outputs, and compared with `habu eval`'s float64 reference at the outputs' dtype tolerance."""
+"""The general kernel family on the GPU: every model of tests/data/general_corpus (and the bmm,
+bias_grad, scatter_add and accumulate examples) built from its proven default plan, run on random
+inputs with NaN-poisoned outputs (an output that is also an input, `+=` and scatter stores, starts
+from its random prior contents instead), and compared with `habu eval`'s float64 reference at the
+outputs' dtype tolerance. Scatter stores also run with every index in 0..6 (heavy duplicates), and
+an index out of its range is refused before the launch."""
 
 from __future__ import annotations
 
@@ -21,7 +24,10 @@ from tests.conftest import ROOT  # noqa: E402
 
 CORPUS = [p for p in sorted((ROOT / "tests" / "data" / "general_corpus").glob("*.habu"))
           if "expect-error:" not in p.read_text().splitlines()[0]]
-MODELS = [*CORPUS, ROOT / "examples" / "bmm.habu", ROOT / "examples" / "bias_grad.habu"]
+MODELS = [*CORPUS, *(ROOT / "examples" / f for f in ("bmm.habu", "bias_grad.habu", "scatter_add.habu",
+                                                     "accumulate.habu"))]
+SCATTERS = [p for p in MODELS if any(eq.scatter is not None for m in load_program(p).models.values()
+                                     for eq in m.nodes)]
 
 
 def runtime_sizes(path: Path, pick: str) -> dict[str, int]:
@@ -40,11 +46,11 @@ def runtime_sizes(path: Path, pick: str) -> dict[str, int]:
     return out
 
 
-def run_golden(path: Path, sizes: dict[str, int], seed: int) -> None:
+def run_golden(path: Path, sizes: dict[str, int], seed: int, index: str = "random") -> None:
     (name,) = load_program(path).models
     built = build(str(path), name, sizes)
     full = built.sizes
-    inputs = make_inputs(built.model, full, seed, "random")
+    inputs = make_inputs(built.model, full, seed, index)
     outs = poisoned_outputs(built.model, full)
     ref = reference(built.model, inputs, full)
     result = built.compiled(**inputs, **outs)
@@ -65,3 +71,23 @@ def test_general_corpus_model_matches_the_float64_reference(path):
 @pytest.mark.parametrize("path", [p for p in MODELS if runtime_sizes(p, "smallest")], ids=lambda p: p.stem)
 def test_general_corpus_model_at_ragged_runtime_sizes(path):
     run_golden(path, runtime_sizes(path, "ragged"), seed=7)
+
+
+@pytest.mark.parametrize("path", SCATTERS, ids=lambda p: p.stem)
+def test_scatter_model_with_heavy_duplicates_matches_the_float64_reference(path):
+    """Every index in 0..6: most rows land on a few elements, whose atomicAdds all must count."""
+    run_golden(path, runtime_sizes(path, "smallest"), seed=11, index="dup")
+
+
+def test_a_scatter_index_out_of_range_is_refused_before_the_launch():
+    from habu.emit_cuda.arrays import ArgumentError
+
+    path = ROOT / "examples" / "scatter_add.habu"
+    built = build(str(path), "UNPERMUTE", {})
+    inputs = make_inputs(built.model, built.sizes, 5, "random")
+    before = inputs["Y"].clone()
+    inputs["IX"][3] = built.sizes["T"]  # one past the last token
+    with pytest.raises(ArgumentError, match="IX"):
+        built.compiled(**inputs)
+    torch.cuda.synchronize()
+    assert torch.equal(inputs["Y"], before)  # nothing was launched

@@ -59,3 +59,17 @@ def test_the_plan_summary_names_a_row_cluster_and_a_prefetch():
     long = plan_summary(default_plan(m.with_sizes({"C": 131072}), TARGETS["sm_90a"], {"C": 131072}).to_json())
     ahead = plan_summary(default_plan(m.with_sizes({"C": 32768}), TARGETS["sm_90a"], {"C": 32768}).to_json())
     assert plain == "rows 512x1 v8 cached" and long.endswith("cluster:4") and ahead.endswith("prefetch")
+
+
+def test_regression_a_general_kernel_crashed_the_search_report():
+    """`habu search` on a model with a general kernel (bmm, a scatter) raised KeyError: 'vector' while
+    printing its table: the summary read a map kernel's fields."""
+    from habu.search.report import plan_summary
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    model = load_program(ROOT / "examples" / "scatter_add.habu").models["UNPERMUTE"]
+    plan = default_plan(model, TARGETS["sm_90a"], {}, {})
+    assert plan_summary(plan.to_json()) == f"general {plan.kernels[0].threads}"

@@ -144,3 +144,16 @@ def test_a_left_side_index_not_named_after_an_extent_gets_a_name_that_would_do()
     assert_error_format(err)
     first = error_of(decls + "MODEL: T G[x m] = 1 ;\n")
     assert "index 1 of G is over #M, so m would do" in first.render()
+
+
+@pytest.mark.parametrize("equation", ["O[m] = X[²]", "O[m] = X[m]^²"])
+def test_regression_a_superscript_two_as_an_index_or_exponent_was_a_traceback(equation):
+    """`'²'.isdigit()` is True in Python, so `X[²]` reached `int('²')` and raised ValueError (found by
+    the fuzz test); it is an error at the ² now."""
+    from habu.errors import HabuError
+    from habu.spec.parser import parse_text
+
+    text = f"8 EXTENT: #M\nf32 TENSOR: X ( #M )  f32 TENSOR: O ( #M )\nMODEL: SQ  {equation} ;\n"
+    with pytest.raises(HabuError) as info:
+        parse_text(text, "sq.habu")
+    assert info.value.render().startswith("sq.habu:3:")
