@@ -5,6 +5,8 @@
 - a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
   reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
 - a *map* region: elementwise nodes over one shape;
+- a *column* region: one reduction over the leading axis of its inputs, one value per column
+  (`G[n] = Σ r dY[r n]`, the bias gradient; `max`; elementwise bodies such as `Σ r dY[r n] · X[r n]`);
 - a *general* region: any other single node (a thread per output element, each reduction a loop):
   the fallback, so every equation the language accepts has a kernel.
 
@@ -60,7 +62,7 @@ class Contraction:
 class Region:
     """A fusion region: the nodes one kernel computes, in order; `output` is what it stores."""
 
-    kind: str  # "contraction", "rows", "map", "general"
+    kind: str  # "contraction", "rows", "map", "columns", "general"
     nodes: tuple[str, ...]  # targets, in model order
 
     @property
@@ -208,7 +210,8 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions.append(Region("contraction", tuple(group)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
-                regions.append(general_region(model, eq))
+                columns = as_column_reduction(eq)
+                regions.append(Region("columns", (eq.target,)) if columns else general_region(model, eq))
             else:
                 _merge_or_add(regions, Region("rows", (eq.target,)), model)
         elif not eq.lhs:  # a scalar: the map's lanes would all store it
@@ -218,6 +221,35 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
     return tuple(regions)
+
+
+@dataclass(frozen=True)
+class ColumnReduction:
+    """`T[n] = op r body(r, n)`: one reduction (Σ or max) over the leading axis `r` of every load that
+    reads a row, the output indexed by the trailing axis `n`. Each load of the body reads `[r n]` (a
+    row's column), `[n]` (one value per column) or `[r]` (one value per row)."""
+
+    node: Equation
+    r: IndexVar
+    n: IndexVar
+    op: str
+
+
+def as_column_reduction(eq: Equation) -> ColumnReduction | None:
+    """Recognise a column reduction (the column family's node), or None. A node that reads its own
+    result (an in-place update) is not one: row splits add into the output while others read it."""
+    rhs = eq.rhs
+    if len(eq.lhs) != 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max") or len(rhs.vars) != 1:
+        return None
+    (n,), (r,) = eq.lhs, rhs.vars
+    if r == n or any(isinstance(x, Reduce) for x in walk(rhs.body)):
+        return None
+    full = False
+    for ld in _reads(rhs.body):
+        if ld.tensor == eq.target or ld.indices not in ((r, n), (n,), (r,)):
+            return None
+        full = full or ld.indices == (r, n)
+    return ColumnReduction(eq, r, n, rhs.op) if full else None
 
 
 def general_region(model: Model, eq: Equation) -> Region:
@@ -281,7 +313,7 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                 at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
                 for lo, hi in pairwise(at):
                     piece = r.nodes[lo:hi]
-                    kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
+                    kind = r.kind if r.kind in ("general", "columns") else _piece_kind(model, piece)
                     regions.append(Region(kind, piece))
             p = tuple(regions)
             if p not in seen:

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from habu.lower import ContractionLowering, GeneralLowering, MapLowering, RowLowering, lower_plan
+from habu.lower import (
+    ColumnLowering,
+    ContractionLowering,
+    GeneralLowering,
+    MapLowering,
+    RowLowering,
+    lower_plan,
+)
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel, Plan
 from habu.prove.deadline import check_deadline
@@ -155,6 +162,9 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
         return blocks, (rows, np.arange(sizes[lw.c])), f"row blocks {blocks.tolist()} of {nblocks}"
     if isinstance(lw, GeneralLowering):
         return general_selection(lw, sizes)
+    if isinstance(lw, ColumnLowering):
+        tiles = _classes(int(lw.tiles(sizes)))
+        return column_selection(lw, tiles, sizes)
     assert isinstance(lw, MapLowering)
     dims = [sizes[e] for e in lw.extents]
     numel = int(np.prod(dims)) if dims else 1
@@ -168,6 +178,16 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
         grids = np.meshgrid(*box, indexing="ij")
         blocks = np.unique(np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) // lw.per_block)
     return blocks, box, f"blocks {blocks.tolist()[:8]} of {nblocks}"
+
+
+def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, int]
+                     ) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """A column kernel's blocks for column tiles `tiles`: every row split of each (a column's value is
+    the sum of its splits'), and the columns they cover."""
+    splits = int(lw.splits(sizes))
+    blocks = [(t, s) for t in tiles for s in range(splits)]
+    cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, sizes[lw.c])) for t in tiles]))
+    return blocks, (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
 
 
 def _spread(n: int) -> list[int]:
@@ -212,6 +232,9 @@ def _selection_for_box(lw, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
     if isinstance(lw, RowLowering):
         blocks = np.unique(box[0] // lw.kernel.rows_per_block)
         return blocks, box[0], f"{len(blocks)} row blocks"
+    if isinstance(lw, ColumnLowering):
+        blocks, _, text = column_selection(lw, np.unique(box[0] // lw.tile).tolist(), sizes)
+        return blocks, None, text
     dims = [sizes[e] for e in lw.extents]
     grids = np.meshgrid(*box, indexing="ij")
     flat = np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
