@@ -51,7 +51,7 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     G, Tc, V, U = lw.row_groups, k.column_threads, k.vector, k.unroll
 
     def where(bad: np.ndarray) -> str:
-        return f"{lw.out.tensor}'s column tile {tile} (columns {tile * lw.tile}..), row split {split}"
+        return f"{lw.out.tensor}[{tile * lw.tile}] and the rest of its column tile {tile} (row split {split})"
 
     g = np.arange(G, dtype=np.int64).reshape(G, 1, 1, 1, 1)
     i = np.arange(lw.steps, dtype=np.int64).reshape(1, -1, 1, 1, 1)
