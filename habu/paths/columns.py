@@ -43,12 +43,17 @@ def default_kernel(nodes: tuple[str, ...], rows: int, cols: int, elem_bytes: int
     while column_threads > 1 and tile // 2 >= cols:
         column_threads //= 2  # narrow outputs: fewer column threads, more row groups
         tile = column_threads * vector
-    groups = threads // column_threads
     tiles = -(-cols // tile)
-    per_loop = groups * unroll
     if op != "sum" or not out_f32:
         split = rows
+        # one split: the column tiles alone fill the GPU, so narrow them (to 4 column threads, a warp still
+        # reading 64 contiguous bytes of each of its 8 rows) until there are two blocks an SM
+        while column_threads > 4 and tiles < 2 * target.sm_count:
+            column_threads //= 2
+            tile = column_threads * vector
+            tiles = -(-cols // tile)
     else:
+        per_loop = threads // column_threads * unroll
         want = max(1, (target.sm_count * BLOCKS_PER_SM) // tiles)  # splits per column tile
         split = -(-rows // want)
         split = max(per_loop, -(-split // per_loop) * per_loop)  # whole row loops
@@ -60,15 +65,18 @@ class ColumnsPath(KernelPath):
     support = COLUMNS
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
-        """Columns per thread (the default's vector, and 1), threads (128, 256, 512) with 16 or 32 column
-        threads, unroll 2/4/8, and rows per split from an eighth of the default's to 8 times it (a max or a
-        16-bit output keeps its one split)."""
+        """Columns per thread (the default's vector, and 1), threads (128, 256, 512) with 16, 32 or 64
+        column threads (and the default's), unroll 2/4/8, and rows per split from an eighth of the
+        default's to 8 times it (a max or a 16-bit output keeps its one split)."""
         assert isinstance(base, ColumnKernel)
         one_split = base.rows_per_split == row_length if row_length is not None else False
         splits = (base.rows_per_split,) if one_split else tuple(
             sorted({max(1, base.rows_per_split * f // 8) for f in (1, 2, 4, 8, 16, 32, 64)}))
         for vec, threads, ct, unroll, rows in itertools.product(
-                sorted({1, base.vector}), (128, 256, 512), (16, 32), (2, 4, 8), splits):
+                sorted({1, base.vector}), (128, 256, 512), sorted({16, 32, 64, base.column_threads}), (2, 4, 8),
+                splits):
+            if ct > threads:
+                continue
             yield replace(base, vector=vec, threads=threads, column_threads=ct, unroll=unroll, rows_per_split=rows)
 
     def seconds(self, lw: ColumnLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float]:

@@ -272,3 +272,21 @@ def test_nvrtc_compiles_the_emitted_source(rhs, dtype, out, r, n):
     compiled = compile_cuda(kernel.source, kernel.name, "sm_90a")
     assert compiled.resources.registers > 0 and not compiled.resources.spills
     assert compiled.resources.smem == 4 * kernel.lowering.partials
+
+
+def test_regression_the_exported_grid_of_column_and_general_kernels():
+    """`grid_formula` (the standalone export's launch geometry) asserted a map kernel for anything not a
+    contraction or row kernel: a general kernel's export failed, and a column kernel needs its 2-D grid."""
+    from habu.emit_cuda.standalone import grid_formula
+
+    text = ("1..8192 EXTENT: #R  64 EXTENT: #N\nbf16 TENSOR: dY ( #R #N )  f32 TENSOR: G ( #N )\n"
+            "MODEL: RT  G[n] = Σ r dY[r n] ;\n")
+    model = parse_text(text, "rt.habu").models["RT"]
+    (kernel,) = emit_plan(model, plan_of(model), TARGET).kernels
+    gx, gy, gz = grid_formula(kernel, {"N": 64})
+    lw = kernel.lowering
+    assert gx == "1" and "R" in gy and gz == "1"  # one column tile; the row splits follow #R
+    assert kernel.grid({"R": 1000, "N": 64}, 132) == (1, -(-1000 // lw.kernel.rows_per_split), 1)
+    scores = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    (general,) = emit_plan(scores, plan_of(scores), TARGET).kernels
+    assert grid_formula(general, {e.name: e.size for e in scores.extents})[1:] == ("1", "1")
