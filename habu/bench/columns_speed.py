@@ -35,7 +35,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bias_grad.habu"
 SIZES = {"R": 8192, "N": 14336}
 COPY_TBPS = 4.22  # the H200's device-to-device copy (docs/PERF.md, 2026-11-30)
 VARIANTS = {  # pinned neighbours of the default, for the search's space and the cost model's term
-    "unroll 8": {"unroll": "8"},
+    "unroll 4": {"unroll": "4"},
     "512 threads": {"threads": "512"},
     "256 rows a split": {"rows_per_split": "256"},
 }

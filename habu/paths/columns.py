@@ -24,21 +24,22 @@ from habu.target import Target
 # ~4.8 TB/s × ~0.8 µs over 132 SMs ≈ 29 KB; a 16-byte load per thread per row in flight)
 BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 # blocks per SM the default aims the grid at: one wave of equal blocks, every block resident at once (a
-# 256-thread block of ~48 registers leaves room for 5 an SM), so no block waits for a second wave
+# 256-thread block of 64 registers leaves room for 4 an SM), so no block waits for a second wave
 BLOCKS_PER_SM = 4
-# registers a thread of the default needs, about (8 accumulators, 4 packed 16-byte loads, addresses):
-# the cost model's guess of the blocks an SM holds
-REGISTERS = 48
+# registers a thread of the default needs (8 accumulators, 8 packed 16-byte loads, addresses: ptxas
+# reports 64 for 8192 × 14336 bf16, 40 with 4 rows in flight): the cost model's guess of the blocks an SM holds
+REGISTERS = 64
 
 
 def default_kernel(nodes: tuple[str, ...], rows: int, cols: int, elem_bytes: int, out_f32: bool, op: str,
                    vector: int, target: Target, index_width: int) -> ColumnKernel:
     """The analytic default: 256 threads of `vector` adjacent columns each (16-byte loads where the row
-    length allows), 32 column threads (a warp reads 32 × 16 contiguous bytes of a row) × 8 row groups, 4
-    rows in flight a thread (256 × 4 × 16 = 16 KB a block; two blocks an SM reach BYTES_IN_FLIGHT_PER_SM),
+    length allows), 32 column threads (a warp reads 32 × 16 contiguous bytes of a row) × 8 row groups, 8
+    rows in flight a thread (256 × 8 × 16 = 32 KB a block: one block an SM reaches BYTES_IN_FLIGHT_PER_SM,
+    the 3 to 4 of the default's grid have 3 to 4 times it, for the latency of a loaded memory system),
     and the rows split so the grid is one wave of at most BLOCKS_PER_SM blocks per SM (a Σ into f32 only:
     a max, or a 16-bit output, takes one split). Narrow outputs trade column threads for row groups."""
-    threads, column_threads, unroll = 256, 32, 4
+    threads, column_threads, unroll = 256, 32, 8
     tile = column_threads * vector
     while column_threads > 1 and tile // 2 >= cols:
         column_threads //= 2  # narrow outputs: fewer column threads, more row groups

@@ -54,7 +54,7 @@ def test_bias_grad_example_compiles_to_the_column_path_by_default():
 
 def test_the_default_for_the_speed_shape_fills_one_wave_with_16_byte_loads():
     """8192 × 14336 bf16 → f32: 56 column tiles of 256 columns × 9 row splits (504 blocks, under 4 an SM of
-    the H200's 132), 4 rows of 16-byte loads in flight a thread."""
+    the H200's 132), 8 rows of 16-byte loads in flight a thread."""
     model = column_model("8192", "14336")
     (k,) = plan_of(model).kernels
     (lw,) = lower_plan(model, plan_of(model))
