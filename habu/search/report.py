@@ -76,6 +76,11 @@ def plan_summary(plan: dict) -> str:
                          + (" cached" if k["cache_row"] else "")
                          + (f" cluster:{k['cluster']}" if k.get("cluster", 1) > 1 else "")
                          + (" prefetch" if k.get("prefetch") else ""))
+        elif k["kind"] == "columns":
+            parts.append(f"columns {k['threads']}t/{k['column_threads']}c v{k['vector']} "
+                         f"split{k['rows_per_split']} u{k['unroll']}")
+        elif k["kind"] == "general":
+            parts.append(f"general {k['threads']}")
         else:
             parts.append(f"map {k['threads']} v{k['vector']}")
     rewrites = plan.get("rewrites") or []

@@ -290,3 +290,14 @@ def test_regression_the_exported_grid_of_column_and_general_kernels():
     scores = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
     (general,) = emit_plan(scores, plan_of(scores), TARGET).kernels
     assert grid_formula(general, {e.name: e.size for e in scores.extents})[1:] == ("1", "1")
+
+
+def test_regression_the_search_report_names_column_and_general_kernels():
+    """`plan_summary` (the search's table of best plans) read a `vector` every kernel but a contraction
+    or row kernel has: a general kernel's plan raised KeyError."""
+    from habu.search.report import plan_summary
+
+    model = column_model("8192", "14336")
+    assert plan_summary(plan_of(model).to_json()) == "columns 256t/32c v8 split960 u8"
+    scores = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    assert plan_summary(plan_of(scores).to_json()) == "general 256"
