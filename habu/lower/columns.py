@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv, minimum
-from habu.plan.patterns import as_column_reduction
+from habu.plan.patterns import as_column_reduction, column_node
 from habu.plan.plan import ColumnKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Reduce, rename_vars, walk
@@ -37,7 +37,7 @@ class ColumnLowering:
     r: str  # the reduced (leading) extent
     c: str  # the column extent: the output's
     op: str  # "sum" or "max"
-    node: Equation  # lhs renamed to c, the reduction variable to r
+    node: Equation  # the last node, its prologue nodes inlined; lhs renamed to c, the reduction variable to r
     loads: tuple[tuple[Load, Access], ...]  # every load of the body, once
     out: Access
     combine: str  # "atomic": row splits add into the zeroed output (f32 atomicAdd); "store": each split stores
@@ -146,9 +146,7 @@ class ColumnLowering:
 
 
 def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str] | None = None) -> ColumnLowering:
-    if len(kernel.nodes) != 1:
-        raise ValueError(f"a column kernel computes one node, not {len(kernel.nodes)}")
-    eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
+    eq = column_node(model, kernel.nodes)  # the elementwise prologue nodes inlined
     col = as_column_reduction(eq)
     if col is None:
         raise ValueError(f"{eq.target} is not a reduction over the leading axis of its inputs")

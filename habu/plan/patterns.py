@@ -32,6 +32,7 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
+    rename_vars,
     walk,
 )
 
@@ -210,8 +211,12 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions.append(Region("contraction", tuple(group)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
-                columns = as_column_reduction(eq)
-                regions.append(Region("columns", (eq.target,)) if columns else general_region(model, eq))
+                if as_column_reduction(eq) is None:
+                    regions.append(general_region(model, eq))
+                elif (fused := column_prologue(model, regions, eq)) is not None:
+                    regions[-1] = fused  # the elementwise nodes before it, inlined into its body
+                else:
+                    regions.append(Region("columns", (eq.target,)))
             else:
                 _merge_or_add(regions, Region("rows", (eq.target,)), model)
         elif not eq.lhs:  # a scalar: the map's lanes would all store it
@@ -250,6 +255,42 @@ def as_column_reduction(eq: Equation) -> ColumnReduction | None:
             return None
         full = full or ld.indices == (r, n)
     return ColumnReduction(eq, r, n, rhs.op) if full else None
+
+
+def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:
+    """`expr` with loads of the nodes `defs` replaced by their (elementwise) definitions."""
+    if isinstance(expr, Load) and expr.tensor in defs:
+        eq = defs[expr.tensor]
+        return inline_nodes(rename_vars(eq.rhs, dict(zip(eq.lhs, expr.indices, strict=True))), defs)
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(inline_nodes(a, defs) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.vars, inline_nodes(expr.body, defs))
+    return expr
+
+
+def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:
+    """The node a column region computes: its last, with the elementwise nodes before it inlined."""
+    eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
+    last = eqs[-1]
+    return Equation(last.target, last.lhs, inline_nodes(last.rhs, {e.target: e for e in eqs[:-1]}))
+
+
+def column_prologue(model: Model, regions: list[Region], eq: Equation) -> Region | None:
+    """The column region of `eq` with the previous region as its prologue, when that region is
+    elementwise (no reduction), stores nothing the model outputs, is read only by `eq`, and `eq` with it
+    inlined is still a column reduction (`Z[r n] = dY[r n] · X[r n]` then `G[n] = Σ r Z[r n]`)."""
+    if not regions or regions[-1].kind not in ("rows", "map"):
+        return None
+    prev = regions[-1]
+    eqs = [next(e for e in model.nodes if e.target == t) for t in prev.nodes]
+    outputs = {t.name for t in model.outputs}
+    if any(isinstance(x, Reduce) for e in eqs for x in walk(e.rhs)) or any(e.target in outputs for e in eqs):
+        return None
+    if consumers(model, prev.output) != [eq]:
+        return None
+    nodes = (*prev.nodes, eq.target)
+    return Region("columns", nodes) if as_column_reduction(column_node(model, nodes)) is not None else None
 
 
 def general_region(model: Model, eq: Equation) -> Region:
@@ -313,7 +354,10 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                 at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
                 for lo, hi in pairwise(at):
                     piece = r.nodes[lo:hi]
-                    kind = r.kind if r.kind in ("general", "columns") else _piece_kind(model, piece)
+                    if r.kind == "columns" and piece[-1] == r.output:  # its reduction, with what prologue is left
+                        kind = "columns" if as_column_reduction(column_node(model, piece)) else "general"
+                    else:
+                        kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
                     regions.append(Region(kind, piece))
             p = tuple(regions)
             if p not in seen:

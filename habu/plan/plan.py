@@ -149,7 +149,8 @@ class ColumnKernel:
     of adjacent columns and a split of the rows; row splits add their partials atomically."""
 
     kind: ClassVar[str] = "columns"
-    nodes: tuple[str, ...] = doc("the model's node this kernel computes (one)")
+    nodes: tuple[str, ...] = doc("the model's nodes this kernel computes: elementwise nodes inlined as a prologue, "
+                                 "then the reduction")
     threads: int = choice("threads per block (column_threads × row groups)", P, lo=1, hi=1024, pins=("threads",))
     column_threads: int = choice("threads of a block along the columns (a block's tile is column_threads × "
                                  "vector columns; threads / column_threads row groups)", P, lo=1, hi=1024,

@@ -122,13 +122,14 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
            ) -> dict[str, tuple[np.ndarray, ...]]:
     """The elements of every intermediate that the given output elements depend on (a box per tensor)."""
     boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
+    produced = {eq.target for eq in model.nodes}  # intermediates, and outputs a later node reads
     for eq in reversed(model.nodes):
         if eq.target not in boxes:
             continue
         var_sets = {v: boxes[eq.target][i] for i, v in enumerate(eq.lhs)}
         for ld in loads(eq.rhs):
             decl = model.tensor(ld.tensor)
-            if decl.name not in {t.name for t in model.intermediates}:
+            if decl.name not in produced or decl.name == eq.target:
                 continue
             dims = []
             for pos, ix in enumerate(ld.indices):
@@ -188,6 +189,10 @@ def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, i
     blocks = [(t, s) for t in tiles for s in range(splits)]
     cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, sizes[lw.c])) for t in tiles]))
     return blocks, (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
+
+
+def _wider(box: tuple[np.ndarray, ...], than: tuple[np.ndarray, ...]) -> bool:
+    return any(not np.isin(a, b).all() for a, b in zip(box, than, strict=True))
 
 
 def _spread(n: int) -> list[int]:
@@ -398,6 +403,14 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
         ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
+        for i, lw in enumerate(lowerings):
+            # an output a later kernel reads: its kernel runs every block that later kernel needs too
+            out = lw.out.tensor
+            if i in selections and out in boxes and _wider(boxes[out], out_boxes[out]):
+                sel, keep, text = _selection_for_box(lw, boxes[out], s)
+                selections[i], keeps[i] = sel, keep
+                out_boxes[out] = boxes[out]  # compared where the reference evaluates it
+                blocks_text[names[i]] = f"{text} (a later kernel reads {out})"
         for i, lw in enumerate(lowerings):
             if i in selections:
                 continue

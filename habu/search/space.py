@@ -17,7 +17,14 @@ from habu.paths import ContractionPath, contraction_path, path_for
 from habu.paths.columns import default_kernel as default_column_kernel
 from habu.paths.wgmma import wgmma_warps_stages
 from habu.plan.fields import FieldError, Move, kernel_fields, pin_table
-from habu.plan.patterns import Region, as_column_reduction, as_contraction, default_regions, row_local
+from habu.plan.patterns import (
+    Region,
+    as_column_reduction,
+    as_contraction,
+    column_node,
+    default_regions,
+    row_local,
+)
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
@@ -244,7 +251,7 @@ def default_columns(model: Model, region: Region, target: Target, sizes: dict[st
                     multiples: dict[str, int]) -> ColumnKernel:
     """The column family's kernel (habu/paths/columns.py, `default_kernel`): 16-byte loads of the widest
     row-column operand where the row length allows."""
-    col = as_column_reduction(node_of(model, region.output))
+    col = as_column_reduction(column_node(model, region.nodes))
     assert col is not None
     rows, cols = sizes[col.r.extent], sizes[col.n.extent]
     static = next((e.size for e in model.extents if e.name == col.n.extent), None)
@@ -481,7 +488,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         yield from path_for(base).variants(base, target)
     elif region.kind == "columns":
         base = default_columns(model, region, target, sizes, mult)
-        col = as_column_reduction(node_of(model, region.output))
+        col = as_column_reduction(column_node(model, region.nodes))
         assert col is not None
         yield from path_for(base).variants(base, target, sizes[col.r.extent])
     else:

@@ -80,3 +80,15 @@ def test_a_planted_emitter_bug_fails_the_exact_check_on_the_gpu(name):
     result = ExactChecker(built.model, built.sizes, seed=2).check(compiled, kept_types(built.plan))
     assert not result.ok, result.summary
 
+
+
+def test_a_fused_prologue_passes_the_exact_check(tmp_path):
+    from tests.lower.test_columns import PROLOGUE
+
+    path = tmp_path / "prologue.habu"
+    path.write_text(PROLOGUE.replace("300 EXTENT", "4000 EXTENT").replace("200 EXTENT", "1032 EXTENT"))
+    for name, kinds in (("PRO", ["columns"]), ("PRO-KEPT", ["rows", "columns"])):
+        built = build(str(path), name, {})
+        assert [k.kind for k in built.plan.kernels] == kinds
+        result = ExactChecker(built.model, built.sizes, seed=13).check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, result.reason()

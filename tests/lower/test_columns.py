@@ -301,3 +301,44 @@ def test_regression_the_search_report_names_column_and_general_kernels():
     assert plan_summary(plan_of(model).to_json()) == "columns 256t/32c v8 split960 u8"
     scores = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
     assert plan_summary(plan_of(scores).to_json()) == "general 256"
+
+
+PROLOGUE = """300 EXTENT: #R  200 EXTENT: #N
+bf16 TENSOR: A ( #R #N )  bf16 TENSOR: B ( #R #N )  f32 TENSOR: G ( #N )  f32 TENSOR: P ( #R #N )
+WORD: MUL ( a[r n] b[r n] -- y[r n] )  y[r n] = a[r n] · b[r n] ;
+WORD: COLSUM ( x[r n] -- y[n] )  y[n] = Σ r x[r n] ;
+MODEL: PRO ( a b -- g )  MUL COLSUM ;
+MODEL: PRO-KEPT ( a b -- p g )  MUL DUP COLSUM ;
+"""
+
+
+def test_an_elementwise_prologue_node_is_fused_into_the_column_kernel():
+    """`%1[r n] = A·B` then `G[n] = Σ r %1[r n]`: one column kernel reads A and B (the product is never
+    stored); cutting it gives a row kernel and a column kernel, and both plans pass."""
+    from habu.plan.patterns import partitions
+    from habu.search.space import default_kernels, make_plan
+
+    model = parse_text(PROLOGUE, "pro.habu").models["PRO"]
+    (region,) = default_regions(model)
+    assert region.kind == "columns" and len(region.nodes) == 2
+    plan = plan_of(model)
+    assert plan.storage == ()
+    (kernel,) = emit_plan(model, plan, TARGET).kernels
+    assert "habu::packed_bf16(raw0[u], v) * habu::packed_bf16(raw1[u], v)" in kernel.source
+    kinds = []
+    for regions in partitions(model):
+        cut = make_plan(model, TARGET, default_kernels(model, TARGET, {"R": 300, "N": 200}, regions), {})
+        proof = prove(model, cut, {}, trials=1)
+        assert proof.ok and proof.certificate is not None and proof.certificate.passed, proof.certificate
+        kinds.append([k.kind for k in cut.kernels])
+    assert kinds == [["columns"], ["rows", "columns"]]
+
+
+def test_regression_an_output_a_later_kernel_reads_is_checked_where_that_kernel_reads_it():
+    """A prologue the model outputs (P) is not fused, and the column kernel reads all its rows. The check
+    ran P's kernel on its sampled row blocks only and the reference raised KeyError ("read outside the
+    evaluated box"; the witness shape had hidden it, which a column kernel does not reduce): the blocks of
+    an output that a later kernel reads now cover what it reads."""
+    model = parse_text(PROLOGUE, "pro.habu").models["PRO-KEPT"]
+    assert [r.kind for r in default_regions(model)] == ["rows", "columns"]
+    assert prove(model, plan_of(model), {}, trials=1).ok
