@@ -54,6 +54,8 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
         coord = {"c": col} | ({"r": r} if r is not None else {})
         return access_mask(acc, coord, sizes)
 
+    # element v of a thread's columns (a packed load reads them adjacent from c0: checked below)
+    col_v = f"({it})({c(lw.thread_column(CExpr('tile'), CExpr('tc'), CExpr('v')))})"
     # the loads, by kind: before the loop (per column), issued per row (row-column, per row), then used
     names: dict[Load, str] = {}
     hoisted: list[str] = []
@@ -67,7 +69,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
             hoisted.append(f"""  float col{j}[{V}];  // {acc.tensor}: one value per column, read once
 #pragma unroll
   for (int v = 0; v < {V}; ++v) {{
-    const {it} cv = c0 + v;
+    const {it} cv = {col_v};
     col{j}[v] = ({mask(acc, None, "cv")}) ? {load_value(acc.dtype, p, offset(acc, None, "cv"))} : 0.0f;
   }}""")
         elif kind == "row":
@@ -76,6 +78,9 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
             issued.append(f"      row{j}[u] = (live && ({mask(acc, 'r', 'c0')})) ? "
                           f"{load_value(acc.dtype, p, offset(acc, 'r', 'c0'))} : 0.0f;")
         elif lw.vectorized(acc):
+            if any(lw.thread_column(0, 0, v) != lw.thread_column(0, 0, 0) + v for v in range(V)):
+                raise ValueError(f"{name}: a packed load reads {V} adjacent columns; the lowering's thread_column "
+                                 "does not give them")
             nbytes = V * DTYPES[acc.dtype].bytes
             names[ld] = f"habu::packed_{acc.dtype}(raw{j}[u], v)"
             declared.append(f"    habu::packed<{nbytes}>::type raw{j}[{U}];  // {acc.tensor}: {V} adjacent columns a load")
@@ -86,7 +91,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
             declared.append(f"    float el{j}[{U}][{V}];  // {acc.tensor}: element by element")
             issued.append(f"""#pragma unroll
       for (int v = 0; v < {V}; ++v) {{
-        const {it} cv = c0 + v;
+        const {it} cv = {col_v};
         el{j}[u][v] = (live && ({mask(acc, 'r', 'cv')})) ? {load_value(acc.dtype, p, offset(acc, 'r', 'cv'))} : 0.0f;
       }}""")
 
