@@ -342,3 +342,15 @@ def test_regression_an_output_a_later_kernel_reads_is_checked_where_that_kernel_
     model = parse_text(PROLOGUE, "pro.habu").models["PRO-KEPT"]
     assert [r.kind for r in default_regions(model)] == ["rows", "columns"]
     assert prove(model, plan_of(model), {}, trials=1).ok
+
+
+def test_the_launch_checks_the_alignment_of_packed_loads():
+    """The runtime's contract takes each tensor's alignment from the lowering's `vector_accesses`: 16 bytes
+    for dY's packed loads, nothing beyond its element for an element-by-element plan."""
+    from habu.emit_cuda.checks import contract_of
+
+    model = column_model("64", "4096")
+    packed = contract_of(model, emit_plan(model, plan_of(model), TARGET)).tensor("dY")
+    assert packed is not None and packed.align == 16 and "8 adjacent columns" in packed.align_why
+    single = contract_of(model, emit_plan(model, plan_of(model, {"vector": "1"}), TARGET)).tensor("dY")
+    assert single is not None and single.align == 2
