@@ -354,3 +354,17 @@ def test_the_launch_checks_the_alignment_of_packed_loads():
     assert packed is not None and packed.align == 16 and "8 adjacent columns" in packed.align_why
     single = contract_of(model, emit_plan(model, plan_of(model, {"vector": "1"}), TARGET)).tensor("dY")
     assert single is not None and single.align == 2
+
+
+def test_int32_rule_covers_the_rows_a_thread_computes_past_its_split():
+    """Every access is in bounds and its masked offsets fit 32 bits (#R·#N < 2^31), but a split's row loop
+    runs 2048 rows for 1000 (its rows past the split are masked, their offsets still computed): the last
+    split's padded rows pass 2^31 − 1, and the thread-arithmetic obligation names it."""
+    model = column_model("268435000", "8")
+    plan = plan_of(model, {"rows_per_split": "1000", "index": "32"})
+    (lw,) = lower_plan(model, plan)
+    assert lw.steps * lw.row_groups * lw.kernel.unroll == 2048
+    bad = failures(obligations(model, plan))
+    assert any(o.rule.name == "int32-offsets" and "row·#N" in o.statement for o in bad), [o.statement for o in bad]
+    assert not any(o.rule.name == "bounds" for o in bad)
+    assert not any(o.rule.name == "int32-offsets" and o.tensor == "dY" for o in bad)
