@@ -3,9 +3,9 @@ torch in the same run:
 
     python -m habu.bench.columns_speed [--json OUT.json] [--variants]
 
-The default plan of examples/bias_grad.habu at #N = 14336 (and, with --variants, a few pinned
-neighbours of it) is built and golden-checked (fresh random inputs, a NaN-poisoned output, float64
-reference), then timed with CUDA events (5 warm-ups, the median of 30) on input sets rotated past the
+The default plan of examples/bias_grad.habu at #N = 14336 (with --variants, a few pinned neighbours of
+it too), and the general family's plan (the fallback) for comparison, are built and golden-checked
+(fresh random inputs, a NaN-poisoned output, float64 reference), then timed with CUDA events (5 warm-ups, the median of 30) on input sets rotated past the
 L2 (habu.bench.gpu_bench's `sets_for`), against `dY.float().sum(0)` and `dY.sum(0, dtype=torch.float32)`
 on the same sets. Bytes moved: dY read once and G written once; GB/s and % of 4.22 TB/s (the H200's
 measured copy) and of the copy measured now are printed. Self-checking: exits 1 if a golden fails.
@@ -16,10 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from habu.bench.gpu_bench import sets_for
-from habu.bench.run import build
+from habu.bench.run import build, device_target
+from habu.plan.plan import GeneralKernel, Plan
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
 from habu.timing.harness import (
     compare,
     copy_bandwidth,
@@ -41,9 +46,17 @@ VARIANTS = {  # pinned neighbours of the default, for the search's space and the
 }
 
 
-def measure(name: str, pins: dict[str, str], baselines: bool) -> dict:
+def general_plan() -> Plan:
+    """The general family's plan of the same model (a thread per column, the rows a loop): what the
+    column family saves, next to it."""
+    model = load_program(EXAMPLE).models["BIAS-GRAD"].with_sizes(SIZES)
+    plan = default_plan(model, TARGETS[device_target()], SIZES)
+    return replace(plan, kernels=(GeneralKernel(nodes=("G",), threads=256, index_width=32),))
+
+
+def measure(name: str, pins: dict[str, str], baselines: bool, plan: Plan | None = None) -> dict:
     t = torch()
-    built = build(str(EXAMPLE), "BIAS-GRAD", SIZES, pins)
+    built = build(str(EXAMPLE), "BIAS-GRAD", SIZES, pins, plan=plan)
     (kernel,) = built.plan.kernels
     full = built.sizes
     nbytes = full["R"] * full["N"] * 2 + full["N"] * 4
@@ -69,8 +82,8 @@ def measure(name: str, pins: dict[str, str], baselines: bool) -> dict:
             t.cuda.synchronize()
             assert compare(ref_t, ref["G"], 1e-3).ok, f"{key} disagrees with the float64 reference"
             row[key + "_us"] = time_cuda(fn, nsets)["median_us"]
-    row["kernel"] = {"threads": kernel.threads, "column_threads": kernel.column_threads, "vector": kernel.vector,
-                     "rows_per_split": kernel.rows_per_split, "unroll": kernel.unroll}
+    row["kernel"] = {f: getattr(kernel, f, "-") for f in ("threads", "column_threads", "vector", "rows_per_split",
+                                                          "unroll")}
     return row
 
 
@@ -83,14 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [measure("default", {}, baselines=True)]
     if args.variants:
         rows += [measure(name, pins, baselines=False) for name, pins in VARIANTS.items()]
+    rows.append(measure("general family", {}, baselines=False, plan=general_plan()))
     print(f"column reduction G[n] = Σ r dY[r n], dY {SIZES['R']}x{SIZES['N']} bf16 -> f32; device copy now "
           f"{copy / 1e12:.2f} TB/s")
     print(f"{'case':<24} {'plan':<44} {'µs':>8} {'GB/s':>7} {'% 4.22':>7} {'% copy':>7}  golden")
     failed = False
     for row in rows:
         k = row.get("kernel", row["plan"])
-        plan = (f"{k['threads']}t/{k['column_threads']}c v{k['vector']} S{k['rows_per_split']} "
-                f"u{k['unroll']}")
+        plan = (f"{k.get('threads')}t/{k.get('column_threads', '-')}c v{k.get('vector', '-')} "
+                f"S{k.get('rows_per_split', '-')} u{k.get('unroll', '-')}")
         if "habu_us" not in row:
             failed = True
             print(f"{row['case']:<24} {plan:<44} golden FAILED {row['golden']}")
