@@ -10,7 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower import (
+    ColumnLowering,
+    ContractionLowering,
+    GeneralLowering,
+    Lowering,
+    MapLowering,
+    RowLowering,
+    lower_plan,
+)
 from habu.lower.access import Access, Bound, Position
 from habu.lower.general import Store
 from habu.prove.verify import Certificate, verify_plan
@@ -101,8 +109,57 @@ def _loop_one_short(lw: GeneralLowering) -> GeneralLowering:
     return OneShort(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
+def _col(f: Callable[[ColumnLowering], ColumnLowering]) -> Callable[[Lowering], Lowering]:
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, ColumnLowering)
+        return f(lw)
+    return g
+
+
+def _planted(lw: ColumnLowering, method: str, body: Callable) -> ColumnLowering:
+    """The same column lowering with one method replaced (planted by a subclass: methods are not fields)."""
+    cls = type(f"Planted_{method}", (ColumnLowering,), {method: body})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _partials_transposed(lw: ColumnLowering) -> ColumnLowering:
+    """Thread (g, tc) writes its column v's partial at g·W + v·column_threads + tc (the combine reads
+    g·W + tc·vector + v): a column's partials land under another column's slot."""
+    return _planted(lw, "partial_slot",
+                    lambda self, g, tc, v: g * self.tile + v * self.kernel.column_threads + tc)
+
+
+def _rows_skip_group(lw: ColumnLowering) -> ColumnLowering:
+    """The row loop steps by G·U − 1 rows: consecutive iterations overlap by one row (double-counted)."""
+    return _planted(lw, "row", lambda self, begin, i, u, g:
+                    begin + i * (self.row_groups * self.kernel.unroll - 1) + u * self.row_groups + g)
+
+
+def _split_end_past(lw: ColumnLowering) -> ColumnLowering:
+    """A split's rows end one row late (`row < begin + S + 1`): its neighbour's first row counted twice."""
+    from habu.lower.access import minimum
+
+    return _planted(lw, "row_end", lambda self, split, sizes:
+                    minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, sizes[self.r]))
+
+
+def _combine_skips(lw: ColumnLowering) -> ColumnLowering:
+    """The combining loop steps by 2·threads where a tile has more slots than threads: every other
+    round of slots is never stored."""
+    return _planted(lw, "combine_step", property(lambda self: 2 * self.kernel.threads))
+
+
+def _vector_overlap(lw: ColumnLowering) -> ColumnLowering:
+    """Column threads step by vector − 1 columns: neighbouring threads' vectors overlap (the tile's last
+    columns are never read)."""
+    return _planted(lw, "thread_column", lambda self, tile, tc, v:
+                    tile * self.tile + tc * (self.kernel.vector - 1) + v)
+
+
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
 GG = {"M": 300, "N": 200, "K": 511}
+COLS = {"R": 300, "N": 200}  # 10 row splits of 32 rows (the last ragged), one column tile with a masked tail
+RAGGED_SPLITS = {"rows_per_split": "100"}  # 4 row loops of 32 rows a split: its last one runs past the split
 DIRECT = {"A": "ldg", "B": "ldg"}  # the predicated-load paths (the default stages K = 511 operands)
 DIRECT_STORE = {**DIRECT, "store": "direct"}  # and each thread stores its own outputs (masked, offset)
 
@@ -182,6 +239,23 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("scatter-plain-store", "the scatter kernel stores its value instead of adding it with atomicAdd "
            "(duplicate indices overwrite each other, the target's prior contents are lost)", "scatter_add.habu",
            "UNPERMUTE", {"R": 64, "T": 16, "N": 8}, _g(lambda lw: replace(lw, store=Store.WRITE))),
+    Mutant("columns-split-stores", "row splits store their partial sums instead of adding them: the last split "
+           "to finish wins", "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, combine="store"))),
+    Mutant("columns-partials-transposed", "the shared-memory partials are written [v][tc] and read [tc][v]",
+           "bias_grad.habu", "BIAS-GRAD", COLS, _col(_partials_transposed)),
+    Mutant("columns-row-loop-overlaps", "the row loop advances G·U − 1 rows an iteration (a row added twice)",
+           "bias_grad.habu", "BIAS-GRAD", COLS, _col(_rows_skip_group), RAGGED_SPLITS),
+    Mutant("columns-split-end-off-by-one", "a row split runs to begin + S inclusive (its neighbour's first row "
+           "added twice)", "bias_grad.habu", "BIAS-GRAD", COLS, _col(_split_end_past), RAGGED_SPLITS),
+    Mutant("columns-combine-skips-slots", "the combining loop strides 2·threads slots: half the tile's columns "
+           "are never stored", "bias_grad.habu", "BIAS-GRAD", COLS, _col(_combine_skips), {"threads": "128"}),
+    Mutant("columns-vectors-overlap", "column threads step by vector − 1 columns (vectors overlap)",
+           "bias_grad.habu", "BIAS-GRAD", COLS, _col(_vector_overlap)),
+    Mutant("columns-column-mask-missing", "the tail tile's loads are not masked on columns (they read the next "
+           "row's first columns, and past the end)", "bias_grad.habu", "BIAS-GRAD", COLS,
+           _col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
+    Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
+           "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

@@ -44,6 +44,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "rows-max": ("<rows>", "ROW-MAX", {}, {}),
     "rows-softmax": ("softmax.habu", "SOFTMAX-ROWS", {"R": 16, "C": 1000}, {}),
     "map": ("fused.habu", "AXPY-RELU", {"N": 4100}, {}),
+    "columns-splits": ("bias_grad.habu", "BIAS-GRAD", {"R": 300, "N": 200}, {}),
+    "columns-one-split": ("bias_grad.habu", "BIAS-GRAD", {"R": 300, "N": 1001}, {"rows_per_split": "300"}),
 }
 TOOLS = ("memcheck", "racecheck", "synccheck")
 

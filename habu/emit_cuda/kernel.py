@@ -76,10 +76,13 @@ class CudaKernel:
 
     def grid(self, sizes: Mapping[str, int], sm_count: int) -> tuple[int, int, int]:
         """Blocks to launch for concrete sizes: what the lowering says."""
-        from habu.lower import ContractionLowering, GeneralLowering, MapLowering, RowLowering
+        from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, MapLowering, RowLowering
         from habu.lower.contraction import StageLowering
 
         lw = self.lowering
+        if isinstance(lw, ColumnLowering):
+            tiles, splits = lw.grid(sizes)
+            return (max(1, int(tiles)), max(1, int(splits)), 1)
         if isinstance(lw, StageLowering):
             along_k, rows = lw.grid(sizes)
             return (max(1, int(along_k)), max(1, int(rows)), 1)

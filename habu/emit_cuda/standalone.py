@@ -98,7 +98,7 @@ def _cmax(a: Any, b: Any) -> Any:
 def grid_formula(kernel: CudaKernel, static: Mapping[str, int]) -> tuple[str, str, str]:
     """The grid as C expressions of the runtime extents (and SLOTS for persistent kernels): what
     `CudaKernel.grid` computes for concrete sizes, from the same lowering functions."""
-    from habu.lower import ContractionLowering, MapLowering, RowLowering
+    from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, MapLowering, RowLowering
     from habu.lower.contraction import StageLowering
 
     s = _symbolic_sizes(kernel, static)
@@ -118,7 +118,10 @@ def grid_formula(kernel: CudaKernel, static: Mapping[str, int]) -> tuple[str, st
         if lw.kernel.prefetch:
             return _formula(_cmax(1, cmin(groups, slots // n)) * n), "1", "1"
         return _formula(groups * n), "1", "1"
-    assert isinstance(lw, MapLowering)
+    if isinstance(lw, ColumnLowering):
+        tiles, splits = lw.grid(s)
+        return _formula(_cmax(1, tiles)), _formula(_cmax(1, splits)), "1"
+    assert isinstance(lw, MapLowering | GeneralLowering)
     return _formula(_cmax(1, lw.grid(s))), "1", "1"
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from habu.lower.columns import ColumnLowering, lower_columns
 from habu.lower.contraction import ContractionLowering, lower_contraction
 from habu.lower.general import GeneralLowering, lower_general
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
-from habu.plan.plan import ContractionKernel, GeneralKernel, Kernel, MapKernel, Plan, RowKernel
+from habu.plan.plan import ColumnKernel, ContractionKernel, GeneralKernel, Kernel, MapKernel, Plan, RowKernel
 from habu.spec.ir import Model
 
-Lowering = ContractionLowering | RowLowering | MapLowering | GeneralLowering
+Lowering = ContractionLowering | RowLowering | MapLowering | GeneralLowering | ColumnLowering
 
 
 def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None) -> Lowering:
@@ -28,6 +29,8 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
         return lower_map(model, kernel, storage)
     if isinstance(kernel, GeneralKernel):
         return lower_general(model, kernel, storage)
+    if isinstance(kernel, ColumnKernel):
+        return lower_columns(model, kernel, storage)
     raise TypeError(kernel)
 
 
@@ -60,5 +63,5 @@ def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
     return LoweredPlan(model, graph, plan, tuple(lower(graph, k, storage) for k in plan.kernels))
 
 
-__all__ = ["ContractionLowering", "GeneralLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
+__all__ = ["ColumnLowering", "ContractionLowering", "GeneralLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
            "lower_whole"]

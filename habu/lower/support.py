@@ -18,7 +18,7 @@ from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
-from habu.plan.plan import ContractionKernel, GeneralKernel, Kernel, MapKernel, RowKernel
+from habu.plan.plan import ColumnKernel, ContractionKernel, GeneralKernel, Kernel, MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
 from habu.target import Target
 
@@ -275,11 +275,27 @@ class GeneralSupport(PathSupport):
         return isinstance(kernel, GeneralKernel)
 
 
+class ColumnsSupport(PathSupport):
+    """The column family: a reduction over the leading axis, blocks over column tiles × row splits."""
+
+    name = family = "columns"
+
+    def accepts(self, kernel: Kernel) -> bool:
+        return isinstance(kernel, ColumnKernel)
+
+    def refusals(self, lw) -> list[str]:
+        k = lw.kernel
+        reasons = []
+        if k.threads % k.column_threads:
+            reasons.append(f"the block's {k.threads} threads are whole row groups of {k.column_threads} column threads")
+        return reasons
+
+
 FMA, MMA_SYNC, WGMMA, ROWS, MAP = FmaSupport(), MmaSyncSupport(), WgmmaSupport(), RowsSupport(), MapSupport()
-GENERAL = GeneralSupport()
+GENERAL, COLUMNS = GeneralSupport(), ColumnsSupport()
 
 # the built-in paths' limits, in the order of habu/paths/__init__.py's PATHS; `register` adds one
-SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP, GENERAL]
+SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP, COLUMNS, GENERAL]
 
 
 def register(support: PathSupport) -> None:

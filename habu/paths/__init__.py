@@ -10,13 +10,14 @@ model (habu/search/) ask `path_for(kernel)`, the first path that takes a kernel.
 from __future__ import annotations
 
 from habu.lower import support as _support
-from habu.paths import fma, general, map, mma_sync, rows, wgmma
+from habu.paths import columns, fma, general, map, mma_sync, rows, wgmma
 from habu.paths.base import KernelPath
 from habu.paths.contraction import ContractionPath
 from habu.plan.plan import Kernel
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
-PATHS: list[KernelPath] = [fma.PATH, mma_sync.PATH, wgmma.PATH, rows.PATH, map.PATH, general.PATH]
+PATHS: list[KernelPath] = [fma.PATH, mma_sync.PATH, wgmma.PATH, rows.PATH, map.PATH, columns.PATH,
+                           general.PATH]
 
 
 def path_for(kernel: Kernel) -> KernelPath:

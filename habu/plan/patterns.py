@@ -5,6 +5,8 @@
 - a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
   reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
 - a *map* region: elementwise nodes over one shape;
+- a *column* region: one reduction over the leading axis of its inputs, one value per column
+  (`G[n] = Σ r dY[r n]`, the bias gradient; `max`; elementwise bodies such as `Σ r dY[r n] · X[r n]`);
 - a *general* region: any other single node (a thread per output element, each reduction a loop),
   and every scatter store (`Y[IX[r] n] += ...`): the fallback, so every equation the language
   accepts has a kernel.
@@ -31,6 +33,7 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
+    rename_vars,
     walk,
 )
 
@@ -61,7 +64,7 @@ class Contraction:
 class Region:
     """A fusion region: the nodes one kernel computes, in order; `output` is what it stores."""
 
-    kind: str  # "contraction", "rows", "map", "general"
+    kind: str  # "contraction", "rows", "map", "columns", "general"
     nodes: tuple[str, ...]  # targets, in model order
 
     @property
@@ -211,7 +214,12 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions.append(Region("contraction", tuple(group)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
-                regions.append(general_region(model, eq))
+                if as_column_reduction(eq) is None:
+                    regions.append(general_region(model, eq))
+                elif (fused := column_prologue(model, regions, eq)) is not None:
+                    regions[-1] = fused  # the elementwise nodes before it, inlined into its body
+                else:
+                    regions.append(Region("columns", (eq.target,)))
             else:
                 _merge_or_add(regions, Region("rows", (eq.target,)), model)
         elif not eq.lhs:  # a scalar: the map's lanes would all store it
@@ -221,6 +229,71 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
     return tuple(regions)
+
+
+@dataclass(frozen=True)
+class ColumnReduction:
+    """`T[n] = op r body(r, n)`: one reduction (Σ or max) over the leading axis `r` of every load that
+    reads a row, the output indexed by the trailing axis `n`. Each load of the body reads `[r n]` (a
+    row's column), `[n]` (one value per column) or `[r]` (one value per row)."""
+
+    node: Equation
+    r: IndexVar
+    n: IndexVar
+    op: str
+
+
+def as_column_reduction(eq: Equation) -> ColumnReduction | None:
+    """Recognise a column reduction (the column family's node), or None. A node that reads its own
+    result (an in-place update) is not one: row splits add into the output while others read it."""
+    rhs = eq.rhs
+    if len(eq.lhs) != 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max") or len(rhs.vars) != 1:
+        return None
+    (n,), (r,) = eq.lhs, rhs.vars
+    if r == n or any(isinstance(x, Reduce) for x in walk(rhs.body)):
+        return None
+    full = False
+    for ld in _reads(rhs.body):
+        if ld.tensor == eq.target or ld.indices not in ((r, n), (n,), (r,)):
+            return None
+        full = full or ld.indices == (r, n)
+    return ColumnReduction(eq, r, n, rhs.op) if full else None
+
+
+def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:
+    """`expr` with loads of the nodes `defs` replaced by their (elementwise) definitions."""
+    if isinstance(expr, Load) and expr.tensor in defs:
+        eq = defs[expr.tensor]
+        return inline_nodes(rename_vars(eq.rhs, dict(zip(eq.lhs, expr.indices, strict=True))), defs)
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(inline_nodes(a, defs) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.vars, inline_nodes(expr.body, defs))
+    return expr
+
+
+def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:
+    """The node a column region computes: its last, with the elementwise nodes before it inlined."""
+    eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
+    last = eqs[-1]
+    return Equation(last.target, last.lhs, inline_nodes(last.rhs, {e.target: e for e in eqs[:-1]}))
+
+
+def column_prologue(model: Model, regions: list[Region], eq: Equation) -> Region | None:
+    """The column region of `eq` with the previous region as its prologue, when that region is
+    elementwise (no reduction), stores nothing the model outputs, is read only by `eq`, and `eq` with it
+    inlined is still a column reduction (`Z[r n] = dY[r n] · X[r n]` then `G[n] = Σ r Z[r n]`)."""
+    if not regions or regions[-1].kind not in ("rows", "map"):
+        return None
+    prev = regions[-1]
+    eqs = [next(e for e in model.nodes if e.target == t) for t in prev.nodes]
+    outputs = {t.name for t in model.outputs}
+    if any(isinstance(x, Reduce) for e in eqs for x in walk(e.rhs)) or any(e.target in outputs for e in eqs):
+        return None
+    if consumers(model, prev.output) != [eq]:
+        return None
+    nodes = (*prev.nodes, eq.target)
+    return Region("columns", nodes) if as_column_reduction(column_node(model, nodes)) is not None else None
 
 
 def general_region(model: Model, eq: Equation) -> Region:
@@ -284,7 +357,10 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                 at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
                 for lo, hi in pairwise(at):
                     piece = r.nodes[lo:hi]
-                    kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
+                    if r.kind == "columns" and piece[-1] == r.output:  # its reduction, with what prologue is left
+                        kind = "columns" if as_column_reduction(column_node(model, piece)) else "general"
+                    else:
+                        kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
                     regions.append(Region(kind, piece))
             p = tuple(regions)
             if p not in seen:

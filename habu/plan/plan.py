@@ -143,8 +143,31 @@ class GeneralKernel:
                               pins=("index", "index_width"))
 
 
-Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel
-KERNEL_KINDS: dict[str, type] = {k.kind: k for k in (ContractionKernel, RowKernel, MapKernel, GeneralKernel)}
+@dataclass(frozen=True)
+class ColumnKernel:
+    """A reduction over the leading axis, one value per column (`G[n] = Σ r dY[r n]`): blocks own a tile
+    of adjacent columns and a split of the rows; row splits add their partials atomically."""
+
+    kind: ClassVar[str] = "columns"
+    nodes: tuple[str, ...] = doc("the model's nodes this kernel computes: elementwise nodes inlined as a prologue, "
+                                 "then the reduction")
+    threads: int = choice("threads per block (column_threads × row groups)", P, lo=1, hi=1024, pins=("threads",))
+    column_threads: int = choice("threads of a block along the columns (a block's tile is column_threads × "
+                                 "vector columns; threads / column_threads row groups)", P, lo=1, hi=1024,
+                                 pins=("column_threads",))
+    vector: int = choice("adjacent columns each thread owns (one 16-byte load of bf16/f16 is 8)", P, lo=1, hi=16,
+                         pins=("vector",))
+    rows_per_split: int = choice("rows one block reduces (the row splits: ⌈#R / rows_per_split⌉ blocks per column "
+                                 "tile, their partials added atomically)", P, lo=1, pins=("rows_per_split",))
+    unroll: int = choice("rows each thread loads before it adds them (loads in flight)", P, lo=1, hi=32,
+                         pins=("unroll",))
+    index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
+                              pins=("index", "index_width"))
+
+
+Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel
+KERNEL_KINDS: dict[str, type] = {k.kind: k for k in (ContractionKernel, RowKernel, MapKernel, GeneralKernel,
+                                                      ColumnKernel)}
 
 
 @dataclass(frozen=True)

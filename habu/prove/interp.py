@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
+from habu.lower import (
+    ColumnLowering,
+    ContractionLowering,
+    GeneralLowering,
+    Lowering,
+    MapLowering,
+    RowLowering,
+)
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
 from habu.prove.deadline import check_deadline
@@ -447,5 +454,9 @@ def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, s
         from habu.prove.interp_general import run_general
 
         run_general(name, lw, sizes, mem, selection, keep)
+    elif isinstance(lw, ColumnLowering):
+        from habu.prove.interp_columns import run_columns
+
+        run_columns(name, lw, sizes, mem, selection, keep)
     else:
         run_map(name, lw, sizes, mem, selection, keep)

@@ -38,6 +38,7 @@ from habu.prove.obligation import (
     context,
     discharge,
 )
+from habu.prove.rules_columns import COLUMN_RULES, column_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
 from habu.spec.ir import Model
@@ -77,11 +78,12 @@ R = {r.name: r for r in (
     Rule("cluster-tiles", "a cluster's blocks share one step of the raster: the tile rows divide among them",
          "CUDA guide: thread-block clusters; PTX ISA multicast::cluster"),
     *FIELD_RULES.values(),
+    *COLUMN_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *FIELD_RULES)
+          "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *FIELD_RULES, *COLUMN_RULES)
 
 
 def checked_rules(target: Target) -> frozenset[str]:
@@ -484,6 +486,7 @@ FAMILY: dict[str, Callable[[str, Any, Context], Iterator[Obligation]]] = {
     "rows": rows_obligations,
     "map": map_obligations,
     "general": general_obligations,
+    "columns": column_obligations,
 }
 
 

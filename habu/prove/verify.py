@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from habu.lower import ContractionLowering, GeneralLowering, MapLowering, RowLowering, lower_plan
+from habu.lower import (
+    ColumnLowering,
+    ContractionLowering,
+    GeneralLowering,
+    MapLowering,
+    RowLowering,
+    lower_plan,
+)
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel, Plan
 from habu.prove.deadline import check_deadline
@@ -115,13 +122,14 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
            ) -> dict[str, tuple[np.ndarray, ...]]:
     """The elements of every intermediate that the given output elements depend on (a box per tensor)."""
     boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
+    produced = {eq.target for eq in model.nodes}  # intermediates, and outputs a later node reads
     for eq in reversed(model.nodes):
         if eq.target not in boxes:
             continue
         var_sets = {v: boxes[eq.target][i] for i, v in enumerate(eq.lhs)}
         for ld in loads(eq.rhs):
             decl = model.tensor(ld.tensor)
-            if decl.name not in {t.name for t in model.intermediates}:
+            if decl.name not in produced or decl.name == eq.target:
                 continue
             dims = []
             for pos, ix in enumerate(ld.indices):
@@ -156,6 +164,9 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
         return blocks, box, f"row blocks {blocks.tolist()} of {nblocks}"
     if isinstance(lw, GeneralLowering):
         return general_selection(lw, sizes)
+    if isinstance(lw, ColumnLowering):
+        tiles = _classes(int(lw.tiles(sizes)))
+        return column_selection(lw, tiles, sizes)
     assert isinstance(lw, MapLowering)
     dims = [sizes[e] for e in lw.extents]
     numel = int(np.prod(dims)) if dims else 1
@@ -169,6 +180,20 @@ def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.nda
         grids = np.meshgrid(*box, indexing="ij")
         blocks = np.unique(np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) // lw.per_block)
     return blocks, box, f"blocks {blocks.tolist()[:8]} of {nblocks}"
+
+
+def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, int]
+                     ) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """A column kernel's blocks for column tiles `tiles`: every row split of each (a column's value is
+    the sum of its splits'), and the columns they cover."""
+    splits = int(lw.splits(sizes))
+    blocks = [(t, s) for t in tiles for s in range(splits)]
+    cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, sizes[lw.c])) for t in tiles]))
+    return blocks, (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
+
+
+def _wider(box: tuple[np.ndarray, ...], than: tuple[np.ndarray, ...]) -> bool:
+    return any(not np.isin(a, b).all() for a, b in zip(box, than, strict=True))
 
 
 def _spread(n: int) -> list[int]:
@@ -234,6 +259,9 @@ def _selection_for_box(lw, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
     if isinstance(lw, RowLowering):
         blocks = np.unique(box[0] // lw.kernel.rows_per_block)
         return blocks, box[0], f"{len(blocks)} row blocks"
+    if isinstance(lw, ColumnLowering):
+        blocks, _, text = column_selection(lw, np.unique(box[0] // lw.tile).tolist(), sizes)
+        return blocks, None, text
     dims = [sizes[e] for e in lw.extents]
     grids = np.meshgrid(*box, indexing="ij")
     flat = np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
@@ -397,6 +425,14 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
         ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
+        for i, lw in enumerate(lowerings):
+            # an output a later kernel reads: its kernel runs every block that later kernel needs too
+            out = lw.out.tensor
+            if i in selections and out in boxes and _wider(boxes[out], out_boxes[out]):
+                sel, keep, text = _selection_for_box(lw, boxes[out], s)
+                selections[i], keeps[i] = sel, keep
+                out_boxes[out] = boxes[out]  # compared where the reference evaluates it
+                blocks_text[names[i]] = f"{text} (a later kernel reads {out})"
         for i, lw in enumerate(lowerings):
             if i in selections:
                 continue

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 import z3
 
-from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
+from habu.lower import (
+    ColumnLowering,
+    ContractionLowering,
+    GeneralLowering,
+    Lowering,
+    MapLowering,
+    RowLowering,
+)
 from habu.spec.ir import Model
 
 Q = 3  # full tiles kept: the first, an interior one, and one before the ragged end
@@ -62,6 +69,8 @@ def _frozen(model: Model, lowerings: list[Lowering], sizes: Mapping[str, int]) -
     for lw in lowerings:
         if isinstance(lw, MapLowering | GeneralLowering):
             frozen.update(lw.extents)
+        elif isinstance(lw, ColumnLowering):  # its row splits and column tiles are checked at full size
+            frozen.update((lw.r, lw.c))
     for t in (*model.inputs, *model.outputs, *model.intermediates):
         n = 1
         for e in t.extents:

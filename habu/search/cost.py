@@ -12,10 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering, lower_plan
+from habu.lower import (
+    ColumnLowering,
+    ContractionLowering,
+    GeneralLowering,
+    Lowering,
+    MapLowering,
+    RowLowering,
+    lower_plan,
+)
 from habu.lower.access import Access, size_of
 from habu.lower.rows import reduction_passes
 from habu.paths import ContractionPath, path_for
+from habu.paths.columns import ColumnsPath
 from habu.plan.plan import Plan
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
@@ -188,6 +197,15 @@ def general_cost(lw: GeneralLowering, sizes: Mapping[str, int], c: Ceilings) -> 
     return KernelCost(flops, moved, max(compute, memory) + c.launch_s, "compute" if compute >= memory else "memory")
 
 
+def columns_cost(lw: ColumnLowering, sizes: Mapping[str, int], target: Target) -> KernelCost:
+    """A column reduction streams its rows once: the path's term (habu/paths/columns.py, `seconds`) from
+    its bytes in flight per SM, the grid's last wave and the splits' atomic adds."""
+    path = path_for(lw.kernel)
+    assert isinstance(path, ColumnsPath)
+    moved, seconds = path.seconds(lw, sizes, target)
+    return KernelCost(2.0 * sizes[lw.r] * sizes[lw.c], moved, seconds, "memory")
+
+
 def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> KernelCost:
     """The kernel's cost by its path's family (habu/paths/); a contraction path gives its own terms."""
     c = target.ceilings
@@ -198,6 +216,8 @@ def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> Kerne
         return rows_cost(lw, sizes, c)  # type: ignore[arg-type]
     if family == "general":
         return general_cost(lw, sizes, c)  # type: ignore[arg-type]
+    if family == "columns":
+        return columns_cost(lw, sizes, target)  # type: ignore[arg-type]
     return map_cost(lw, sizes, c)  # type: ignore[arg-type]
 
 

@@ -76,6 +76,9 @@ def plan_summary(plan: dict) -> str:
                          + (" cached" if k["cache_row"] else "")
                          + (f" cluster:{k['cluster']}" if k.get("cluster", 1) > 1 else "")
                          + (" prefetch" if k.get("prefetch") else ""))
+        elif k["kind"] == "columns":
+            parts.append(f"columns {k['threads']}t/{k['column_threads']}c v{k['vector']} "
+                         f"split{k['rows_per_split']} u{k['unroll']}")
         elif k["kind"] == "general":
             parts.append(f"general {k['threads']}" + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         else:

@@ -14,12 +14,21 @@ from dataclasses import fields, replace
 from habu.errors import UsageError
 from habu.lower.rows import column_functions, lower_rows
 from habu.paths import ContractionPath, contraction_path, path_for
+from habu.paths.columns import default_kernel as default_column_kernel
 from habu.paths.wgmma import wgmma_warps_stages
 from habu.plan.fields import FieldError, Move, kernel_fields, pin_table
-from habu.plan.patterns import Region, as_contraction, default_regions, row_local
+from habu.plan.patterns import (
+    Region,
+    as_column_reduction,
+    as_contraction,
+    column_node,
+    default_regions,
+    row_local,
+)
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
+    ColumnKernel,
     ContractionKernel,
     GeneralKernel,
     Kernel,
@@ -28,7 +37,7 @@ from habu.plan.plan import (
     RowKernel,
 )
 from habu.plan.storage import dtype_bytes, dtype_of, storage_dtypes
-from habu.spec.ir import Equation, Extent, Model
+from habu.spec.ir import Equation, Extent, Load, Model, walk
 from habu.target import Target
 
 TENSOR_CORE_DTYPES = ("bf16", "f16")
@@ -238,6 +247,27 @@ def default_general(model: Model, region: Region, sizes: dict[str, int]) -> Gene
     return GeneralKernel(nodes=region.nodes, threads=256, index_width=64 if needs_64bit(model, sizes) else 32)
 
 
+def default_columns(model: Model, region: Region, target: Target, sizes: dict[str, int],
+                    multiples: dict[str, int]) -> ColumnKernel:
+    """The column family's kernel (habu/paths/columns.py, `default_kernel`): 16-byte loads of the widest
+    row-column operand where the row length allows."""
+    col = as_column_reduction(column_node(model, region.nodes))
+    assert col is not None
+    rows, cols = sizes[col.r.extent], sizes[col.n.extent]
+    static = next((e.size for e in model.extents if e.name == col.n.extent), None)
+    wide = [dtype_bytes(model, ld.tensor) for ld in _loads(col.node) if ld.indices == (col.r, col.n)]
+    vec = max_vector(static, max(wide, default=4), multiples.get(col.n.extent, 1))
+    out_f32 = dtype_of(model, region.output) == "f32"
+    base = default_column_kernel(region.nodes, rows, cols, max(wide, default=4), out_f32, col.op, vec, target, 32)
+    wide_rows = rows + base.rows_per_split + base.threads * base.unroll  # the rows a thread computes, masked or not
+    narrow = not needs_64bit(model, sizes) and wide_rows * cols + cols <= INT31
+    return replace(base, index_width=32 if narrow else 64)
+
+
+def _loads(eq: Equation) -> list[Load]:
+    return [x for x in walk(eq.rhs) if isinstance(x, Load)]
+
+
 def _multiples(model: Model) -> dict[str, int]:
     return {e.name: (e.size if e.size is not None else e.multiple) for e in model.extents}
 
@@ -254,6 +284,8 @@ def default_kernels(model: Model, target: Target, sizes: dict[str, int],
             out.append(default_rows(model, r, target, sizes, mult))
         elif r.kind == "general":
             out.append(default_general(model, r, sizes))
+        elif r.kind == "columns":
+            out.append(default_columns(model, r, target, sizes, mult))
         else:
             out.append(default_map(model, r, target, sizes, mult))
     return tuple(out)
@@ -454,6 +486,11 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     elif region.kind == "general":
         base = default_general(model, region, sizes)
         yield from path_for(base).variants(base, target)
+    elif region.kind == "columns":
+        base = default_columns(model, region, target, sizes, mult)
+        col = as_column_reduction(column_node(model, region.nodes))
+        assert col is not None
+        yield from path_for(base).variants(base, target, sizes[col.r.extent])
     else:
         base = default_map(model, region, target, sizes, mult)
         yield from path_for(base).variants(base, target)

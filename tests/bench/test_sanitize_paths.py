@@ -24,5 +24,5 @@ def test_every_emitter_path_has_a_case():
             kinds |= {f"{getattr(k, 'mma', '')}-{m}" for m in (getattr(k, "a_move", None), getattr(k, "b_move", None)) if m}
             if getattr(k, "split_k", 1) > 1:
                 kinds.add("split-k")
-    assert {"fma", "mma.sync", "wgmma", "RowKernel", "MapKernel", "split-k", "wgmma-tma", "wgmma-cp.async",
-            "wgmma-staged"} <= kinds, kinds
+    assert {"fma", "mma.sync", "wgmma", "RowKernel", "MapKernel", "ColumnKernel", "split-k", "wgmma-tma",
+            "wgmma-cp.async", "wgmma-staged"} <= kinds, kinds

@@ -3,6 +3,7 @@
 #include "types.cuh"
 #include "math.cuh"
 #include "reduce/block.cuh"
+#include "reduce/columns.cuh"
 #include "memory/global.cuh"
 #include "memory/async.cuh"
 #include "sync/mbarrier.cuh"

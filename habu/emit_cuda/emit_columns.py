@@ -1,0 +1,159 @@
+"""Column kernels: `T[c] = op r body(r, c)` over a grid of column tiles × row splits.
+
+Everything index-shaped is printed from the `ColumnLowering`: the thread's first column
+(`thread_column`), its split's rows (`row_begin`, `row_end`) and its row loop (`row`, `steps`), the
+shared-memory partials (`partial_slot`, `combined_slot`), the combining loop (`combine_start`,
+`combine_step`), the stored column (`tile_column`), and every access's offset and mask (`Access.offset`
+/ `Access.mask` through `CIndex`). A row-column load the lowering packs (`vectorized`) is one 4-, 8- or
+16-byte load of `vector` adjacent columns, `unroll` rows of it issued before any is added; a masked load
+reads 0, as the finite-field interpreter's does. Sums and maxima accumulate in f32.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    float_expr,
+    header,
+    index_type,
+    load_value,
+    store_value,
+)
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.columns import ColumnLowering
+from habu.spec.dtypes import DTYPES
+from habu.spec.ir import Load, Model
+
+MAX_INIT = "(-__int_as_float(0x7f800000))"  # -infinity: the identity of max
+
+
+def _no_table(name: str, coordinate: str) -> str:
+    raise ValueError(f"a column kernel reads no index tensor ({name})")
+
+
+def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, int]) -> CudaKernel:
+    k = lw.kernel
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    G, Tc, V, U = lw.row_groups, k.column_threads, k.vector, k.unroll
+    is_max = "true" if lw.op == "max" else "false"
+    init = MAX_INIT if lw.op == "max" else "0.0f"
+    width = lw.index_width
+
+    def offset(acc, r: str | None, col: str) -> str:
+        coord = {"c": col} | ({"r": r} if r is not None else {})
+        return access_offset(acc, coord, sizes, width, _no_table)
+
+    def mask(acc, r: str | None, col: str) -> str:
+        coord = {"c": col} | ({"r": r} if r is not None else {})
+        return access_mask(acc, coord, sizes)
+
+    # element v of a thread's columns (a packed load reads them adjacent from c0: checked below)
+    col_v = f"({it})({c(lw.thread_column(CExpr('tile'), CExpr('tc'), CExpr('v')))})"
+    # the loads, by kind: before the loop (per column), issued per row (row-column, per row), then used
+    names: dict[Load, str] = {}
+    hoisted: list[str] = []
+    declared: list[str] = []
+    issued: list[str] = []
+    for j, (ld, acc) in enumerate(lw.loads):
+        p = sig.pointer(acc.tensor, acc.dtype)
+        kind = lw.kind_of(acc)
+        if kind == "column":
+            names[ld] = f"col{j}[v]"
+            hoisted.append(f"""  float col{j}[{V}];  // {acc.tensor}: one value per column, read once
+#pragma unroll
+  for (int v = 0; v < {V}; ++v) {{
+    const {it} cv = {col_v};
+    col{j}[v] = ({mask(acc, None, "cv")}) ? {load_value(acc.dtype, p, offset(acc, None, "cv"))} : 0.0f;
+  }}""")
+        elif kind == "row":
+            names[ld] = f"row{j}[u]"
+            declared.append(f"    float row{j}[{U}];  // {acc.tensor}: one value per row")
+            issued.append(f"      row{j}[u] = (live && ({mask(acc, 'r', 'c0')})) ? "
+                          f"{load_value(acc.dtype, p, offset(acc, 'r', 'c0'))} : 0.0f;")
+        elif lw.vectorized(acc):
+            if any(lw.thread_column(0, 0, v) != lw.thread_column(0, 0, 0) + v for v in range(V)):
+                raise ValueError(f"{name}: a packed load reads {V} adjacent columns; the lowering's thread_column "
+                                 "does not give them")
+            nbytes = V * DTYPES[acc.dtype].bytes
+            names[ld] = f"habu::packed_{acc.dtype}(raw{j}[u], v)"
+            declared.append(f"    habu::packed<{nbytes}>::type raw{j}[{U}];  // {acc.tensor}: {V} adjacent columns a load")
+            issued.append(f"      raw{j}[u] = habu::load_packed<{nbytes}>({p} + ({offset(acc, 'r', 'c0')}), "
+                          f"live && ({mask(acc, 'r', 'c0')}));")
+        else:
+            names[ld] = f"el{j}[u][v]"
+            declared.append(f"    float el{j}[{U}][{V}];  // {acc.tensor}: element by element")
+            issued.append(f"""#pragma unroll
+      for (int v = 0; v < {V}; ++v) {{
+        const {it} cv = {col_v};
+        el{j}[u][v] = (live && ({mask(acc, 'r', 'cv')})) ? {load_value(acc.dtype, p, offset(acc, 'r', 'cv'))} : 0.0f;
+      }}""")
+
+    value = float_expr(lw.body, lambda ld: names[ld], sizes)
+    tile, split = CExpr("tile"), CExpr("split")
+    first_col = lw.thread_column(tile, CExpr("tc"), 0)
+    row = lw.row(CExpr("row_begin"), CExpr("i"), CExpr("u"), CExpr("g"))
+    out = lw.out
+    p_out = sig.pointer(out.tensor, out.dtype, writes=True)
+    out_col = "col"
+    out_off = offset(out, None, out_col)
+    if lw.combine == "atomic":
+        store = f"habu::atomic_add_f({p_out} + ({out_off}), w);  // row splits add into the zeroed output"
+    else:
+        store = store_value(out.dtype, p_out, out_off, "w") + "  // one split owns the column"
+    src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
+{GRID_LAUNCH}{GRID_WAIT}  __shared__ float partials[{lw.partials}];  // each row group's partial of each column of the tile
+  const int tid = threadIdx.x;
+  const int tc = tid % {Tc};  // column thread
+  const int g = tid / {Tc};  // row group
+  const {it} tile = ({it})blockIdx.x;  // column tile
+  const {it} split = ({it})blockIdx.y;  // row split
+  const {it} c0 = ({it})({c(first_col)});  // this thread's columns: c0 .. c0 + {V - 1}
+  const {it} row_begin = ({it})({c(lw.row_begin(split))});
+  const {it} row_end = ({it})({c(lw.row_end(split, sizes))});
+  float acc[{V}];
+#pragma unroll
+  for (int v = 0; v < {V}; ++v) acc[v] = {init};
+{chr(10).join(hoisted)}
+  for (int i = 0; i < {lw.steps}; ++i) {{
+    {it} rows[{U}];
+{chr(10).join(declared)}
+#pragma unroll
+    for (int u = 0; u < {U}; ++u) {{  // issue every load of the iteration first: {U} rows in flight
+      const {it} r = ({it})({c(row)});
+      const bool live = r < row_end;
+      rows[u] = r;
+{chr(10).join(issued)}
+    }}
+#pragma unroll
+    for (int u = 0; u < {U}; ++u) {{
+      if (rows[u] < row_end) {{
+#pragma unroll
+        for (int v = 0; v < {V}; ++v) habu::accumulate<{is_max}>(acc[v], {value});
+      }}
+    }}
+  }}
+#pragma unroll
+  for (int v = 0; v < {V}; ++v) partials[{c(lw.partial_slot(CExpr("g"), CExpr("tc"), CExpr("v")))}] = acc[v];
+  __syncthreads();
+  for (int j = {c(lw.combine_start(CExpr("tid")))}; j < {lw.tile}; j += {lw.combine_step}) {{
+    float w = {init};
+#pragma unroll
+    for (int gg = 0; gg < {G}; ++gg) habu::accumulate<{is_max}>(w, partials[{c(lw.combined_slot(CExpr("gg"), CExpr("j")))}]);
+    const {it} {out_col} = ({it})({c(lw.tile_column(tile, CExpr("j")))});
+    if ({mask(out, None, out_col)}) {store}
+  }}
+}}
+"""
+    src = header(f"{name}: column reduction ({lw.op} over #{lw.r}), {k.threads} threads = {Tc} columns × {G} row "
+                 f"groups, {V} columns a thread, {k.rows_per_split} rows a split, {U} rows in flight",
+                 [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}"])
+    src += src_body.replace("SIGNATURE", sig.declaration())
+    zero = (out.tensor,) if lw.combine == "atomic" else ()
+    return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw, zero=zero)

@@ -1,0 +1,171 @@
+"""Lowering the column family: `T[c] = op r body(r, c)`, one reduction over the leading axis.
+
+Block (tile, split) = (blockIdx.x, blockIdx.y) owns the columns tile·W .. tile·W + W − 1 (W =
+column_threads · vector, the block's tile) and the rows of its split, split·S .. min(split·S + S, #R) − 1
+(S = rows_per_split). Thread t is column thread tc = t % column_threads of row group g = t / column_threads;
+it owns the `vector` adjacent columns tile·W + tc·vector + v (one 16-byte load of bf16 is 8) and visits
+rows begin + i·G·U + u·G + g (G row groups, U = unroll rows loaded before they are added), masked by the
+split's end. It accumulates in f32, writes its partials to shared memory at `partial_slot(g, tc, v)`;
+then thread t combines the tile's slots j = t, t + threads, ... over the row groups (`combined_slot(g, j)`)
+and stores column tile·W + j: directly with one split, added atomically (f32) into the zeroed output with
+several. Every one of these maps is a method here: the finite-field interpreter
+(`habu.prove.interp_columns`) runs them, the rules (`habu.prove.rules_columns`) bound them, and the
+emitter (`habu.emit_cuda.emit_columns`) prints them, so a map that skips or double-counts a row or a
+column fails the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from habu.lower.access import Access, VectorAccess, access_for, cdiv, minimum
+from habu.plan.patterns import as_column_reduction, column_node
+from habu.plan.plan import ColumnKernel
+from habu.spec.dtypes import DTYPES
+from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Reduce, rename_vars, walk
+
+# element types a row's columns are loaded as packed vectors of (4, 8 or 16 bytes)
+VECTOR_DTYPES = ("bf16", "f16", "f32")
+VECTOR_BYTES = (4, 8, 16)
+
+
+@dataclass(frozen=True)
+class ColumnLowering:
+    kernel: ColumnKernel
+    r: str  # the reduced (leading) extent
+    c: str  # the column extent: the output's
+    op: str  # "sum" or "max"
+    node: Equation  # the last node, its prologue nodes inlined; lhs renamed to c, the reduction variable to r
+    loads: tuple[tuple[Load, Access], ...]  # every load of the body, once
+    out: Access
+    combine: str  # "atomic": row splits add into the zeroed output (f32 atomicAdd); "store": each split stores
+    index_width: int
+
+    # -- shape of the block
+    @property
+    def nodes(self) -> tuple[Equation, ...]:
+        return (self.node,)
+
+    @property
+    def extents(self) -> tuple[str, ...]:
+        return (self.c,)
+
+    @property
+    def body(self) -> Expr:
+        rhs = self.node.rhs
+        assert isinstance(rhs, Reduce)
+        return rhs.body
+
+    @property
+    def row_groups(self) -> int:
+        return self.kernel.threads // self.kernel.column_threads
+
+    @property
+    def tile(self) -> int:
+        """Columns one block owns: column_threads · vector (also the shared-memory slots per row group)."""
+        return self.kernel.column_threads * self.kernel.vector
+
+    @property
+    def partials(self) -> int:
+        """Floats of shared memory a block holds: one partial per row group and column of its tile."""
+        return self.row_groups * self.tile
+
+    @property
+    def steps(self) -> int:
+        """Iterations of a thread's row loop: each loads `unroll` rows, G apart."""
+        return -(-self.kernel.rows_per_split // (self.row_groups * self.kernel.unroll))
+
+    def tiles(self, sizes: Mapping[str, Any]) -> Any:
+        return cdiv(sizes[self.c], self.tile)
+
+    def splits(self, sizes: Mapping[str, Any]) -> Any:
+        return cdiv(sizes[self.r], self.kernel.rows_per_split)
+
+    def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
+        """Blocks launched: (column tiles, row splits), grid.x and grid.y."""
+        return self.tiles(sizes), self.splits(sizes)
+
+    # -- the maps (ints, numpy arrays, z3 terms or C expressions alike)
+    def thread_column(self, tile: Any, tc: Any, v: Any) -> Any:
+        """The column of element v of column thread tc's vector in column tile `tile`."""
+        return tile * self.tile + tc * self.kernel.vector + v
+
+    def row_begin(self, split: Any) -> Any:
+        return split * self.kernel.rows_per_split
+
+    def row_end(self, split: Any, sizes: Mapping[str, Any]) -> Any:
+        """The end (exclusive) of a split's rows: S rows on, or #R for the last split."""
+        return minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split, sizes[self.r])
+
+    def row(self, begin: Any, i: Any, u: Any, g: Any) -> Any:
+        """The row row group g loads as the u-th of iteration i: begin + i·G·U + u·G + g."""
+        return begin + i * (self.row_groups * self.kernel.unroll) + u * self.row_groups + g
+
+    def partial_slot(self, g: Any, tc: Any, v: Any) -> Any:
+        """Where thread (g, tc) writes its partial of its column v in shared memory."""
+        return g * self.tile + tc * self.kernel.vector + v
+
+    def combined_slot(self, g: Any, j: Any) -> Any:
+        """Where the combining thread reads row group g's partial of its tile's column j."""
+        return g * self.tile + j
+
+    def tile_column(self, tile: Any, j: Any) -> Any:
+        """The column of slot j of column tile `tile` (where the combined value is stored)."""
+        return tile * self.tile + j
+
+    def combine_start(self, tid: Any) -> Any:
+        """Thread tid combines slots tid, tid + combine_step, ... below `tile`."""
+        return tid
+
+    @property
+    def combine_step(self) -> int:
+        return self.kernel.threads
+
+    # -- loads
+    def kind_of(self, acc: Access) -> str:
+        """"row-column" (reads [r c]), "column" (reads [c]) or "row" (reads [r])."""
+        axes = tuple(p.axis for p in acc.positions)
+        return {("r", "c"): "row-column", ("c",): "column", ("r",): "row"}[axes]
+
+    def vectorized(self, acc: Access) -> bool:
+        """A row-column load moved as one packed vector of `vector` elements (4, 8 or 16 bytes)."""
+        k = self.kernel
+        return (self.kind_of(acc) == "row-column" and k.vector > 1 and acc.dtype in VECTOR_DTYPES
+                and k.vector * DTYPES[acc.dtype].bytes in VECTOR_BYTES)
+
+    def vector_accesses(self) -> tuple[VectorAccess, ...]:
+        """The packed vector loads the kernel makes: the launch checks each tensor's base alignment."""
+        return tuple(VectorAccess(acc.tensor, self.kernel.vector,
+                                  f"the plan reads {self.kernel.vector} adjacent columns of {acc.tensor} at once")
+                     for _, acc in self.loads if self.vectorized(acc))
+
+    def access(self, ld: Load) -> Access:
+        return next(a for x, a in self.loads if x == ld)
+
+
+def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str] | None = None) -> ColumnLowering:
+    eq = column_node(model, kernel.nodes)  # the elementwise prologue nodes inlined
+    col = as_column_reduction(eq)
+    if col is None:
+        raise ValueError(f"{eq.target} is not a reduction over the leading axis of its inputs")
+    rv, cv = IndexVar("r", col.r.extent), IndexVar("c", col.n.extent)
+    rhs = eq.rhs
+    assert isinstance(rhs, Reduce)
+    mapping = {col.n: cv, col.r: rv}
+    node = Equation(eq.target, (cv,), Reduce(rhs.op, (rv,), rename_vars(rhs.body, mapping)))
+    extent_of_axis = {"r": col.r.extent, "c": col.n.extent}
+    axis_of = {rv: "r", cv: "c"}
+    loads: list[tuple[Load, Access]] = []
+    for x in walk(node.rhs):
+        if isinstance(x, Load) and not any(x == ld for ld, _ in loads):
+            loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
+    out = access_for(model.tensor(eq.target), (cv,), axis_of, extent_of_axis, storage)
+    r_size = next(e.size for e in model.extents if e.name == col.r.extent)
+    one_split = r_size is not None and -(-r_size // kernel.rows_per_split) <= 1
+    # splits add atomically where they can (a Σ into f32); elsewhere they store, and the rules then ask for
+    # one split (`row-split-combine`)
+    combine = "store" if one_split or rhs.op != "sum" or out.dtype != "f32" else "atomic"
+    return ColumnLowering(kernel, col.r.extent, col.n.extent, rhs.op, node, tuple(loads), out, combine,
+                          kernel.index_width)

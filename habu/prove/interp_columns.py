@@ -1,0 +1,114 @@
+"""Executing a column kernel over GF(p): its selected blocks, every thread, as the emitter prints them.
+
+Each block (tile, split) runs as the kernel does: every thread's columns (`thread_column`), the rows
+of its row loop (`row`, masked by `row_end`), its partials written to a modelled shared memory at
+`partial_slot` (a slot outside it, or written twice, faults), then the combining threads' slots
+(`combine_start`, `combine_step`), each reading every row group's partial at `combined_slot` (a slot
+never written reads poison and faults) and storing at `tile_column` — added into the output when the
+lowering combines splits atomically, stored otherwise (two splits storing one column are a race the
+check names). Loads and the store go through `read`/`write`, which fault out of bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from habu.lower.columns import ColumnLowering
+from habu.prove.interp import Memory, PlanFault, eval_pointwise, read, write
+from habu.spec.field import PrimeField
+from habu.spec.ir import Load
+
+
+def _reduce(f: PrimeField, op: str, values: np.ndarray, mask: np.ndarray, axes: tuple[int, ...],
+            merge: bool = False) -> np.ndarray:
+    """Σ or max over `axes` of the values where `mask` holds (the identity where none does). Over GF(p) a
+    max is the product of (point − x) over its elements (habu.spec.field), so partial maxima `merge` by
+    their product, as partial sums by their sum."""
+    values, mask = np.broadcast_arrays(values, mask)
+    keep = [a for a in range(values.ndim) if a not in axes]
+    order = keep + list(axes)
+    shape = (*(values.shape[a] for a in keep), -1)
+    flat = np.transpose(values, order).reshape(shape)
+    ok = np.transpose(mask, order).reshape(shape)
+    if op == "sum":
+        return np.where(ok, flat, 0).sum(axis=-1) % f.p
+    factors = np.where(ok, flat if merge else (f.max_point - flat) % f.p, 1)
+    return f.product_last(factors)
+
+
+def run_columns(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, blocks,
+                keep: np.ndarray | None = None) -> None:
+    """Run the blocks `blocks`, (tile, split) pairs."""
+    for tile, split in blocks:
+        _run_block(name, lw, sizes, mem, int(tile), int(split))
+
+
+def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, tile: int, split: int) -> None:
+    f = mem.field
+    k = lw.kernel
+    G, Tc, V, U = lw.row_groups, k.column_threads, k.vector, k.unroll
+
+    def where(bad: np.ndarray) -> str:
+        return f"{lw.out.tensor}[{tile * lw.tile}] and the rest of its column tile {tile} (row split {split})"
+
+    g = np.arange(G, dtype=np.int64).reshape(G, 1, 1, 1, 1)
+    i = np.arange(lw.steps, dtype=np.int64).reshape(1, -1, 1, 1, 1)
+    u = np.arange(U, dtype=np.int64).reshape(1, 1, U, 1, 1)
+    tc = np.arange(Tc, dtype=np.int64).reshape(1, 1, 1, Tc, 1)
+    v = np.arange(V, dtype=np.int64).reshape(1, 1, 1, 1, V)
+    cols = np.asarray(lw.thread_column(tile, tc, v), dtype=np.int64)
+    begin = lw.row_begin(split)
+    end = lw.row_end(split, sizes)
+    rows = np.asarray(lw.row(begin, i, u, g), dtype=np.int64)
+    in_rows = rows < end
+    coords = {"r": rows, "c": cols}
+
+    def leaf(ld: Load) -> np.ndarray:
+        return read(name, lw.access(ld), coords, sizes, mem, lw.index_width, where)
+
+    body = eval_pointwise(lw.body, leaf, f, sizes)
+    partial = _reduce(f, lw.op, body, in_rows, (1, 2))  # (G, Tc, V): each thread's partial of each column
+    partial = np.broadcast_to(partial, (G, Tc, V))
+
+    # shared memory: every thread writes its partials
+    slots = np.asarray(lw.partial_slot(g.reshape(G, 1, 1), tc.reshape(1, Tc, 1), v.reshape(1, 1, V)), dtype=np.int64)
+    slots = np.broadcast_to(slots, partial.shape)
+    smem = np.zeros(lw.partials, dtype=np.int64)
+    written = np.zeros(lw.partials, dtype=np.int64)
+    outside = (slots < 0) | (slots >= lw.partials)
+    if np.any(outside):
+        mem.fault(f"{name}: a thread writes shared-memory partial {int(slots[outside].flat[0])}, outside the "
+                  f"block's {lw.partials} ({where(outside)})")
+    inside = ~outside
+    np.add.at(written, slots[inside], 1)
+    if np.any(written > 1):
+        mem.fault(f"{name}: two threads write shared-memory partial {int(np.nonzero(written > 1)[0][0])} "
+                  f"(a race; {where(written)})")
+    smem[slots[inside]] = partial[inside]
+
+    # the combining threads: slot j of the tile, every row group's partial of it
+    tid = np.arange(k.threads, dtype=np.int64)[:, None]
+    step = lw.combine_step
+    if step <= 0:
+        raise PlanFault(f"{name}: the combine loop's step is {step}: it never ends")
+    q = np.arange(-(-lw.tile // step) + 1, dtype=np.int64)[None, :]
+    j = np.asarray(lw.combine_start(tid), dtype=np.int64) + q * step
+    j = j[(j < lw.tile) & (j >= 0)]
+    if not len(j):
+        return
+    gs = np.arange(G, dtype=np.int64)[:, None]
+    read_slots = np.asarray(lw.combined_slot(gs, j[None, :]), dtype=np.int64)
+    read_slots = np.broadcast_to(read_slots, (G, len(j)))
+    bad = (read_slots < 0) | (read_slots >= lw.partials)
+    safe = np.where(bad, 0, read_slots)
+    unwritten = bad | (written[safe] == 0)
+    if np.any(unwritten):
+        mem.fault(f"{name}: the combine reads shared-memory partial {int(read_slots[unwritten].flat[0])}, which "
+                  f"no thread wrote ({where(unwritten)})")
+    values = np.where(unwritten, mem.poison(read_slots + 7919 * tile), smem[safe])
+    combined = _reduce(f, lw.op, values, np.ones(values.shape, bool), (0,), merge=True)
+    col = np.asarray(lw.tile_column(tile, j), dtype=np.int64)
+    owned = (col >= tile * lw.tile) & (col < (tile + 1) * lw.tile) & (col < sizes[lw.c])
+    write(name, lw.out, {"c": col}, combined, sizes, mem, lw.index_width, lw.combine == "atomic", owned, where)

@@ -1,0 +1,79 @@
+"""The rules of a column kernel (habu/lower/columns.py): every load and the store in bounds and free of
+32-bit wrap-around over every row and column, the row and column indices its threads compute (masked
+or not) within 32 bits, packed vector loads aligned, its shared-memory partials within the block's
+static limit, its grid within the launch limits, and the one rule of its own, `row-split-combine`:
+row splits add their partials atomically into an f32 output, and only a Σ does (a plan whose splits
+store where they must add, or that adds a max, is refused, naming it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from habu.lower.columns import ColumnLowering
+from habu.prove.obligation import Context, Obligation, Rule
+from habu.prove.rules_fields import _grid, _lanes
+
+COLUMN_RULES = {r.name: r for r in (
+    Rule("row-split-combine", "row splits of a column reduction add their partials atomically into an f32 "
+         "output, and only a Σ does; one split stores directly",
+         "atomicAdd semantics: a split that stores overwrites the others' partials (the last write wins)"),
+)}
+
+# static shared memory a block may declare (`__shared__` arrays; more needs a dynamic opt-in)
+STATIC_SMEM = 48 * 1024
+
+
+def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[Obligation]:
+    from habu.prove.rules import (  # the shared access rules (rules.py imports this module)
+        R,
+        _access_obligations,
+        supported,
+    )
+
+    k, s, t = lw.kernel, ctx.ext, ctx.target
+    axes = {"r": (s[lw.r], 1), "c": (s[lw.c], 1)}
+    for _ld, acc in lw.loads:
+        yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    yield from supported(name, lw, ctx)
+    yield Obligation(R["threads"], name, None, f"{k.threads} threads per block ≤ {t.max_threads_per_block}",
+                     k.threads <= t.max_threads_per_block, detail=f"{k.threads} threads")
+    smem = 4 * lw.partials
+    most = min(STATIC_SMEM, t.smem_per_block)
+    yield Obligation(R["smem-budget"], name, None,
+                     f"{smem} bytes of shared partials ({lw.row_groups} row groups × {lw.tile} columns) ≤ {most}",
+                     smem <= most, detail=f"{smem} bytes of static shared memory; a block may declare {most}")
+    for _ld, acc in lw.loads:
+        if lw.vectorized(acc):
+            yield Obligation(R["vector-align"], name, acc.tensor,
+                             f"{acc.tensor}'s rows start on {k.vector}-element vectors (#{lw.c} a multiple of "
+                             f"{k.vector})", s[lw.c] % k.vector == 0,
+                             detail=f"#{lw.c} is not a multiple of {k.vector}: a row's packed loads are misaligned")
+    splits, tiles = lw.splits(s), lw.tiles(s)
+    rule = COLUMN_RULES["row-split-combine"]
+    if lw.combine == "atomic":
+        ok = lw.op == "sum" and lw.out.dtype == "f32"
+        yield Obligation(rule, name, lw.out.tensor,
+                         f"row splits add their partials of {lw.out.tensor} atomically: a Σ into f32", ok,
+                         detail=f"a {lw.op} into {lw.out.dtype}: atomicAdd adds f32 partial sums")
+    else:
+        yield Obligation(rule, name, lw.out.tensor,
+                         f"one row split stores {lw.out.tensor} (⌈#{lw.r}/{k.rows_per_split}⌉ ≤ 1): no split "
+                         "overwrites another's partial", splits <= 1,
+                         detail=f"several row splits store {lw.out.tensor} where they must add (the last write "
+                                f"wins); a {lw.op} into {lw.out.dtype} takes one split (rows_per_split ≥ #{lw.r})")
+    yield _grid(name, "x", "one block per column tile", tiles, t.max_grid_x)
+    yield _grid(name, "y", "one block per row split", splits, t.max_grid_yz)
+    if lw.index_width == 32:
+        # the indices a thread computes before any mask: its columns, up to the last tile's end, and its
+        # rows, up to the last split's begin plus a full row loop; and the row-column offset there
+        last_col = tiles * lw.tile - 1
+        last_row = lw.row_begin(splits - 1) + lw.steps * lw.row_groups * k.unroll - 1
+        yield _lanes(name, f"the thread's column tile·{lw.tile} + tc·{k.vector} + v, up to ⌈#{lw.c}/{lw.tile}⌉·"
+                           f"{lw.tile} − 1", last_col)
+        yield _lanes(name, f"the thread's row, up to the last split's begin + {lw.steps}·{lw.row_groups}·"
+                           f"{k.unroll} − 1", last_row)
+        for _ld, acc in lw.loads:
+            if lw.kind_of(acc) == "row-column":
+                yield _lanes(name, f"{acc.tensor}'s offset row·#{lw.c} + column at the last row and column a "
+                                   "thread computes (masked or not)", last_row * s[lw.c] + last_col)

@@ -1,0 +1,94 @@
+"""The column family on the GPU: default and pinned plans bit for bit against the exact reference on
+small-integer inputs in red-zoned buffers (odd column counts, one column, one row, runtime extents, max,
+elementwise bodies, a bf16 output), and a planted emitter bug caught there too."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+from habu.bench.mutants import MUTANTS  # noqa: E402
+from habu.bench.run import build, device_target  # noqa: E402
+from habu.emit_cuda.runtime import CompiledModel  # noqa: E402
+from habu.lower import ColumnLowering, lower_whole  # noqa: E402
+from habu.paths.emit import emit_lowered  # noqa: E402
+from habu.target import TARGETS  # noqa: E402
+from habu.timing.exact import kept_types  # noqa: E402
+from habu.timing.exact_gpu import ExactChecker  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+HEAD = ("{r} EXTENT: #R  {n} EXTENT: #N\n{dtype} TENSOR: dY ( #R #N )  f32 TENSOR: X ( #R #N )\n"
+        "f32 TENSOR: S ( #N )  f32 TENSOR: W ( #R )  {out} TENSOR: G ( #N )\nMODEL: COLS  G[n] = {rhs} ;\n")
+
+CASES = {  # name: (rows, columns, body, input dtype, output dtype, pins, runtime sizes)
+    "bias-grad-speed-shape": ("8192", "14336", "Σ r dY[r n]", "bf16", "f32", {}, {}),
+    "odd-columns": ("300", "1001", "Σ r dY[r n]", "bf16", "f32", {}, {}),
+    "one-column": ("517", "1", "Σ r dY[r n]", "bf16", "f32", {}, {}),
+    "one-row": ("1", "4096", "Σ r dY[r n]", "bf16", "f32", {}, {}),
+    "f16-ragged-tile": ("1000", "1000", "Σ r dY[r n]", "f16", "f32", {}, {}),
+    "f32-vectors": ("999", "4100", "Σ r dY[r n]", "f32", "f32", {}, {}),
+    "max": ("1000", "776", "max r dY[r n]", "bf16", "f32", {}, {}),
+    "product": ("1000", "776", "Σ r dY[r n] · X[r n]", "bf16", "f32", {}, {}),
+    "per-column-and-row": ("333", "776", "Σ r ( dY[r n] · S[n] + W[r] )", "bf16", "f32", {}, {}),
+    "bf16-output": ("64", "776", "Σ r dY[r n]", "bf16", "bf16", {}, {}),
+    "vector-1": ("1000", "776", "Σ r dY[r n]", "bf16", "f32", {"vector": "1"}, {}),
+    "unroll-1-ragged-splits": ("1000", "776", "Σ r dY[r n]", "bf16", "f32", {"unroll": "1", "rows_per_split": "33"}, {}),
+    "three-row-groups": ("1000", "776", "Σ r dY[r n]", "bf16", "f32", {"threads": "96", "column_threads": "32"}, {}),
+    "runtime": ("1..8192", "8..16384%8", "Σ r dY[r n]", "bf16", "f32", {}, {"R": 777, "N": 4104}),
+}
+
+
+def _file(tmp_path: Path, name: str, r: str, n: str, rhs: str, dtype: str, out: str) -> Path:
+    path = tmp_path / f"{name}.habu"
+    path.write_text(HEAD.format(r=r, n=n, rhs=rhs, dtype=dtype, out=out))
+    return path
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_column_plans_pass_the_exact_check(case, tmp_path):
+    r, n, rhs, dtype, out, pins, sizes = CASES[case]
+    built = build(str(_file(tmp_path, case, r, n, rhs, dtype, out)), "COLS", sizes, pins)
+    assert [k.kind for k in built.plan.kernels] == ["columns"]
+    result = ExactChecker(built.model, built.sizes, seed=11).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
+def test_the_bias_grad_example_passes_the_exact_check():
+    built = build(str(ROOT / "examples" / "bias_grad.habu"), "BIAS-GRAD", {})
+    result = ExactChecker(built.model, built.sizes, seed=5).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("name", ["columns-partials-transposed", "columns-split-stores"])
+def test_a_planted_emitter_bug_fails_the_exact_check_on_the_gpu(name):
+    """The mutant the finite-field check kills on the CPU, printed and run: the GPU shows it too."""
+    (m,) = [m for m in MUTANTS if m.name == name]
+    built = build(str(ROOT / "examples" / m.example), m.model, m.shape, m.pins)
+    lowered = lower_whole(built.model, built.plan)
+    assert isinstance(lowered.kernels[0], ColumnLowering)
+    bad = replace(lowered, kernels=(m.mutate(lowered.kernels[0]),))
+    target = TARGETS[device_target()]
+    compiled = CompiledModel(built.model, emit_lowered(bad, built.plan, target), arch=target.name)
+    result = ExactChecker(built.model, built.sizes, seed=2).check(compiled, kept_types(built.plan))
+    assert not result.ok, result.summary
+
+
+
+def test_a_fused_prologue_passes_the_exact_check(tmp_path):
+    from tests.lower.test_columns import PROLOGUE
+
+    path = tmp_path / "prologue.habu"
+    path.write_text(PROLOGUE.replace("300 EXTENT", "4000 EXTENT").replace("200 EXTENT", "1032 EXTENT"))
+    for name, kinds in (("PRO", ["columns"]), ("PRO-KEPT", ["rows", "columns"])):
+        built = build(str(path), name, {})
+        assert [k.kind for k in built.plan.kernels] == kinds
+        result = ExactChecker(built.model, built.sizes, seed=13).check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, result.reason()
