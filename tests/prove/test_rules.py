@@ -365,3 +365,30 @@ def test_the_map_lane_rule_guards_a_runtime_extent():
     plan = default_plan(m, TARGETS["sm_90a"], None, {"threads": "96"})
     lanes = [o for o in guards(obligations(m, plan)) if o.rule.name == "int32-offsets" and "lane" in o.statement]
     assert len(lanes) == 1 and lanes[0].counterexample["N"] > 2**31 - 384
+
+
+def test_the_int32_rule_evaluates_the_row_kernels_thread_map():
+    """A row kernel's 32-bit lane arithmetic (its row, a thread's chunk index after its loop's last
+    increment, its last column, its last cache slot) is stated from the lowering's thread map
+    (`RowLowering.chunk_loop`), at every width of a runtime row: a map whose chunks are 2^31 apart
+    breaks it, the real one does not."""
+    from dataclasses import replace
+
+    from habu.lower import lower_whole
+    from habu.prove.obligation import context, discharge
+    from habu.prove.rules_fields import launch_obligations
+
+    m = load_program(ROOT / "examples" / "rmsnorm.habu").models["RMSNORM-ROWS"]  # #D is a runtime extent
+    plan = default_plan(m, TARGETS["sm_90a"], {"D": 4096}, {"cache_row": "true", "threads": "256"})
+    (lw,) = lower_whole(m, plan).kernels
+    ctx = context(m, plan)
+
+    def lanes(lowering):
+        return [discharge(o, ctx) for o in launch_obligations("k", lowering, ctx) if o.rule.name == "int32-offsets"]
+
+    fine = lanes(lw)
+    assert {"row", "chunk index", "column"} <= {w for o in fine for w in ("row", "chunk index", "column")
+                                               if w in o.statement}
+    assert all(o.status == "proved" for o in fine), [(o.statement, o.status) for o in fine]
+    far = replace(lw, thread_map=replace(lw.thread_map, chunk_stride=2**31))
+    assert any(o.status == "violated" and "chunk index" in o.statement for o in lanes(far))
