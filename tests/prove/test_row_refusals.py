@@ -69,3 +69,18 @@ def test_the_row_plans_the_rules_accept_are_printed():
         proof = prove(m, plan, trials=1)
         assert proof.ok, [(o.rule.name, o.detail) for o in proof.violations] or proof.certificate.failure
         assert emit_lowered(proof.lowered, plan, T).kernels
+
+
+@pytest.mark.parametrize("example, model, sizes, fields", [
+    ("softmax.habu", "SOFTMAX-ROWS", {"C": 65536}, {"threads": 32, "cluster": 2}),
+    ("rmsnorm.habu", "RMSNORM-ROWS", {}, {"threads": 256, "cluster": 2}),
+], ids=["one-warp-blocks", "runtime-width"])
+def test_regression_a_row_cluster_the_rules_passed_was_refused_by_the_emitter(example, model, sizes, fields):
+    """At 8406ead a cluster of one-warp blocks, and a cluster over RMSNorm's runtime-width row, broke no
+    rule (`supported-path` asked only for a portable cluster size and one row per block) and the emitter
+    then raised ValueError: a plan the rules accepted could not be built. Now `supported-path` refuses
+    both, from the list the emitter checks."""
+    from habu.prove.rules import failures, obligations
+
+    m, plan = _plan(example, model, sizes, **fields)
+    assert "supported-path" in {o.rule.name for o in failures(obligations(m, plan))}
