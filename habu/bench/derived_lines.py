@@ -4,7 +4,8 @@ the lowering changes.
 A kernel line is *lowering-derived* when its text moves under at least one perturbation of the lowering
 the finite-field check runs: a mask dropped or made inclusive, a stride taken from another extent, an
 access's positions reversed, the k step doubled, the k loop shortened, the split mode, the combined
-warps of a row reduction. (Not the index width: it changes the type of nearly every line, not the
+warps of a row reduction, a row kernel's thread map (lanes, rows, chunk stride, tail predicate, vector),
+cache slots, pass order and register chunks, a map kernel's lane stride and vector. (Not the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
@@ -22,7 +23,14 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from habu.lower import ContractionLowering, GeneralLowering, LoweredPlan, RowLowering, lower_whole
+from habu.lower import (
+    ContractionLowering,
+    GeneralLowering,
+    LoweredPlan,
+    MapLowering,
+    RowLowering,
+    lower_whole,
+)
 from habu.lower.access import Access, Bound
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -37,6 +45,8 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("fma split-k", "ggemm.habu", "GGEMM", {"M": 130, "N": 70, "K": 33}, {"mma": "fma", "split_k": "2"}, "sm_80"),
     ("rows softmax", "softmax.habu", "SOFTMAX-ROWS", {}, {}, "sm_90a"),
     ("rows rmsnorm", "rmsnorm.habu", "RMSNORM-ROWS", {"D": 4096}, {}, "sm_90a"),
+    ("rows softmax smem, C=1000", "softmax.habu", "SOFTMAX-ROWS", {"C": 1000}, {"threads": "128"}, "sm_90a"),
+    ("rows softmax cluster", "softmax.habu", "SOFTMAX-ROWS", {"C": 131072}, {}, "sm_90a"),
     ("map", "fused.habu", "AXPY-RELU", {}, {}, "sm_90a"),
     ("general", "bmm.habu", "SCORES", {}, {}, "sm_90a"),
 )
@@ -109,6 +119,21 @@ def _variants(obj: Any) -> Iterator[Any]:
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
+        # the thread map: lanes per row, rows per block, the stride between a thread's chunks, the tail
+        m = obj.thread_map
+        yield replace(obj, thread_map=replace(m, threads=m.threads + 32))
+        yield replace(obj, thread_map=replace(m, rows=m.rows + 1))
+        yield replace(obj, thread_map=replace(m, chunk_stride=m.chunk_stride + 1))
+        yield replace(obj, thread_map=replace(m, end_inclusive=not m.end_inclusive))
+        yield replace(obj, thread_map=replace(m, vector=2 * m.vector))
+        if obj.cache is not None:  # the row cache's slots
+            yield replace(obj, cache=replace(obj.cache, permuted=not obj.cache.permuted))
+            yield replace(obj, cache=replace(obj.cache, lane_pad=obj.cache.lane_pad - 1))
+        yield replace(obj, passes=tuple(reversed(obj.passes)))
+        yield _more_register_chunks(obj)
+    if isinstance(obj, MapLowering):
+        yield replace(obj, lanes=replace(obj.lanes, lane_stride=obj.lanes.lane_stride + 1))
+        yield replace(obj, lanes=replace(obj.lanes, vector=obj.lanes.vector + 1))
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
 
@@ -120,6 +145,15 @@ def _shortened(lw: ContractionLowering) -> ContractionLowering:
             return begin, end - 1
 
     return Shortened(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _more_register_chunks(lw: RowLowering) -> RowLowering:
+    class More(type(lw)):  # type: ignore[misc]
+        def register_chunks(self, sizes):
+            n = super().register_chunks(sizes)
+            return n + 1 if n else 0
+
+    return More(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 def _loops_shortened(lw: GeneralLowering) -> GeneralLowering:

@@ -1,22 +1,32 @@
-"""Row kernels (RMSNorm, softmax, layer norm and their elementwise neighbours) and map kernels.
+"""Row kernels (RMSNorm, softmax, layer norm and their elementwise neighbours).
 
-Row kernel: one block per row. The region's nodes are inlined into one expression per column; each
-reduction over the row is a pass over the columns (in chunks of threads·vector, the ragged chunk
-masked) whose partials are combined across the block; the last pass computes and stores the output.
-With `cache_row`, a row that is read by several passes is loaded once into shared memory.
+One block (or a warp) per row. The region's nodes are inlined into one expression per column; each
+reduction over the row is a pass over the columns whose partials are combined across the block
+(`habu::block_reduce`) and, for a row shared by a cluster, across its blocks (`habu::cluster_combine`);
+the last pass computes and stores the output. With `cache_row`, a row read by several passes is loaded
+once, into registers or shared memory.
 
-Map kernel: each lane computes `vector` consecutive elements of the output.
+Every index the kernel computes is printed from the lowering (`RowLowering`, habu/lower/rows.py and
+habu/lower/lanes.py), which the finite-field interpreter executes thread by thread: the lane and row
+of a thread (`thread_map`), its column loop (`chunk_loop`: chunks, their stride, the tail predicate,
+the columns of a chunk), where the kept row sits in shared memory (`cache`), the passes and the warps
+a block reduction combines, and every access's offset and mask. The source is composed by what it does:
+the prologue (`_prologue`), the row's load (`_load_row`, `_copy_row`), the reduction passes
+(`_reduction_pass`), the epilogue's store (`_store`), assembled by `_assemble`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from habu.emit_cuda.cexpr import c
+from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
+    CIndex,
     Signature,
+    SizeView,
     access_mask,
     access_offset,
     float_expr,
@@ -26,20 +36,21 @@ from habu.emit_cuda.common import (
     store_value,
 )
 from habu.emit_cuda.kernel import CudaKernel
-from habu.lower import MapLowering, RowLowering
-from habu.lower.rows import (
-    RowLoads,
-    canonical_reduction,
-    inline_region,
-    reduction_passes,
-    registers_per_thread,
-    row_registers,
-)
+from habu.lower import RowLowering
+from habu.lower.access import Access
+from habu.lower.lanes import ChunkLoop, RowCache
+from habu.lower.rows import RowLoads, canonical_reduction, registers_per_thread, row_registers
+from habu.lower.support import ROWS
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size, walk
+from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size
 
 # registers a row kernel may spend keeping a pass's per-column values for the final pass
 HELD_REGISTER_CAP = 160
+
+ROW_CONSTANT = "@row:"  # a marker load: a hoisted row constant
+HELD = "@held:"  # a marker load: a value an earlier pass kept in registers for this column
+# the element type a kept row is stored in on chip (16-bit floats as their raw bits)
+CACHE_WORD = {"bf16": "unsigned short", "f16": "unsigned short"}
 
 
 def _row_only(e: Expr) -> bool:
@@ -82,10 +93,6 @@ class _RowConstants:
         return "".join(line + "\n" for line in out)
 
 
-ROW_CONSTANT = "@row:"  # a marker load: a hoisted row constant
-HELD = "@held:"  # a marker load: a value an earlier pass kept in registers for this column
-
-
 def _reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: int) -> Expr:
     """`e` with the subexpressions an earlier pass computed per column (the same C) replaced by its
     kept values, while `room` more are allowed."""
@@ -98,359 +105,408 @@ def _reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: i
     return Op(e.fn, tuple(_reuse_held(a, render, bodies, used, room) for a in e.args))
 
 
-def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) -> CudaKernel:
-    k = lw.kernel
-    warp_rows = k.threads == 32  # a warp per row, `rows_per_block` rows per block: shuffles only
-    if k.rows_per_block != 1 and not warp_rows:
-        raise ValueError("several rows per block need a warp (32 threads) per row")
-    rows_per = k.rows_per_block
+@dataclass
+class _Row:
+    """One row kernel being printed: the lowering at the kernel's sizes, and the names its parts share."""
+
+    lw: RowLowering
+    sig: Signature
+    sizes: SizeView
+    loop: ChunkLoop  # the column loop every pass runs
+    cache: RowCache | None  # the kept row's place in shared memory (None: in registers, or not kept)
+    kept: Access | None  # the load whose row is kept on chip
+    red_names: dict[Expr, str] = field(default_factory=dict)
+
+    @property
+    def it(self) -> str:
+        return index_type(self.lw.index_width)
+
+    @property
+    def share(self) -> int:
+        """Blocks sharing the row: block `rank` visits columns [rank·CL, (rank+1)·CL)."""
+        return self.lw.kernel.cluster
+
+    @property
+    def cb(self) -> str:
+        """A column's offset: this block's first column (in a cluster), then its own."""
+        return "cbase + " if self.share > 1 else ""
+
+    @property
+    def warp_rows(self) -> bool:
+        """A warp per row, `rows_per_block` rows a block: reductions by shuffles alone."""
+        return self.lw.thread_map.threads == 32
+
+    @property
+    def word(self) -> str:
+        return CACHE_WORD.get(self.kept.dtype if self.kept else "f32", "float")
+
+    def column(self, g: str, q: str | int) -> str:
+        """The C of the column (in the row) of element q of chunk g."""
+        return self.cb + c(self.loop.column(CExpr(g), CExpr(q) if isinstance(q, str) else q))
+
+    def slot(self, g: str, q: str | int) -> str:
+        assert self.cache is not None
+        lane = CExpr(f"({self.it}){q}") if isinstance(q, str) else q
+        return c(self.cache.slot(CExpr(g), lane, self.loop))
+
+    def offset(self, acc: Access, coord: dict[str, str]) -> str:
+        return access_offset(acc, coord, self.sizes, self.lw.index_width, lambda t, x: "0")
+
+
+def _setup(model: Model, lw: RowLowering, static: dict[str, int]) -> _Row:
     sig = Signature(model, static=static)
     sizes = sig.sizes()
-    it = index_type(lw.index_width)
-    threads, vec = k.threads, k.vector
-    expr = lw.expression()
-    loads = RowLoads(lw)
-    reds = reduction_passes(expr)
-    C = sizes[lw.c]
-    share = k.cluster  # blocks sharing the row: block `rank` visits columns [rank·CL, (rank+1)·CL)
-    if share > 1 and (warp_rows or not isinstance(C, int) or C % (share * vec)):
-        raise ValueError(f"a cluster of {share} shares a static row of whole vectors, one row per block")
-    CL = C // share if share > 1 else C  # the columns this block visits
-    cb = "cbase + " if share > 1 else ""  # a column's offset: this block's first column, then its own
-    # a row read by several passes is kept on chip in its own element type
-    cache_acc = lw.kept_row()
-    cached = cache_acc.tensor if cache_acc else None
-    cache_dt = cache_acc.dtype if cache_acc else "f32"
-    e_in = DTYPES[cache_dt].bytes
-    # vector mode: 16-byte loads and stores, the cache permuted so lane q of chunk g sits at q·G + g
-    # (consecutive threads touch consecutive words: no bank conflicts)
-    vector_mode = lw.vector_row()
-    G = CL / vec if not isinstance(CL, int) else CL // vec  # chunks per row (vector mode: #C is a multiple)
-    # register mode: a static row that splits evenly into at most 16 chunks per thread stays in
-    # registers (all its loads in flight at once, no shared memory)
-    per_thread = lw.register_chunks(sizes)
-    in_regs = per_thread > 0
-    word = "unsigned short" if e_in == 2 else "float"
-    # persistent blocks copy their next row to shared memory while they compute this one in registers
-    prefetch = k.prefetch
-    if prefetch and not (in_regs and rows_per == 1):
-        raise ValueError("prefetching the next row needs the row kept in registers, one row per block")
+    # what a row kernel cannot print is refused by the rules (`supported-path`) from the same list
+    reasons = [*ROWS.refusals(lw), *ROWS.sized_refusals(lw, sizes)]
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    row = _Row(lw, sig, sizes, lw.chunk_loop(sizes), lw.row_cache(sizes), lw.kept_row())
+    row.red_names = {r: f"red{i}" for i, r in enumerate(lw.passes)}
+    return row
 
-    def leaf_at(col: str, slot: str):
-        def leaf(ld: Load) -> str:
-            if ld.tensor.startswith(ROW_CONSTANT):
-                return ld.tensor[len(ROW_CONSTANT):]
-            if ld.tensor.startswith(HELD):
-                return f"held{ld.tensor[len(HELD):]}[i][q]"
-            acc = loads[ld]
-            if cached is not None and ld.tensor == cached and [p.kind for p in acc.positions] == ["axis", "axis"]:
-                raw = f"(reinterpret_cast<const {word}*>(&regs[i]))[q]" if in_regs else f"row_cache[{slot}]"
-                return {"bf16": f"habu::bf16_to_float({raw})", "f16": f"habu::f16_to_float({raw})"}.get(cache_dt, raw)
-            coord = {"r": "r", "c": col}
-            p = sig.pointer(acc.tensor, acc.dtype)
-            off = access_offset(acc, coord, sizes, lw.index_width, lambda t, x: "0")
-            return f"(({access_mask(acc, coord, sizes)}) ? {load_value(acc.dtype, p, off)} : 0.0f)"
-        return leaf
 
-    red_names = {canonical_reduction(r): f"red{i}" for i, r in enumerate(reds)}
+# ----------------------------------------------------------------------------- loops and values
 
-    def render(e: Expr, col: str, slot: str) -> str:
-        return float_expr(e, leaf_at(col, slot), sizes, lambda r: red_names[canonical_reduction(r)])
 
-    def column_loop(body: str) -> str:
-        """`body` for every column of the row; `col` is the column, `slot` its place in the cache."""
-        if in_regs:
-            return f"""#pragma unroll
-  for (int i = 0; i < {per_thread}; ++i) {{
-    const {it} g = tid + {threads} * i;
-#pragma unroll
-    for (int q = 0; q < {vec}; ++q) {{
-      const {it} col = {cb}g * {vec} + q;
-      {body}
-    }}
-  }}"""
-        if vector_mode:
-            return f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
-#pragma unroll
-    for (int q = 0; q < {vec}; ++q) {{
-      const {it} col = {cb}g * {vec} + q;
-      const {it} slot = ({it})q * {c(G)} + g;
-      {body}
-    }}
-  }}"""
-        return f"""  for ({it} slot = tid; slot < {c(CL)}; slot += {threads}) {{
-    const {it} col = {cb}slot;
+def _chunk_head(row: _Row, var: str = "g") -> str:
+    """The head of a thread's loop over its chunks, `var` the chunk (a row in registers: `i` its
+    index among the thread's chunks, fully unrolled)."""
+    loop, it = row.loop, row.it
+    if loop.unrolled:
+        return (f"#pragma unroll\n  for (int i = 0; i < {loop.unrolled}; ++i) {{\n"
+                f"    const {it} {var} = {c(loop.chunk(CExpr('tid'), CExpr('i')))};")
+    inside = loop.inside(CExpr(var), CIndex(row.lw.index_width))
+    return f"  for ({it} {var} = {c(loop.first(CExpr('tid')))}; {inside}; {var} += {loop.step}) {{"
+
+
+def _column_loop(row: _Row, body: str) -> str:
+    """`body` for every column this thread visits; `col` is the column, `slot` its place in the cache."""
+    it = row.it
+
+    def slot(q: str | int, indent: str) -> str:
+        return f"\n{indent}const {it} slot = {row.slot('g', q)};" if row.cache is not None else ""
+
+    if row.loop.vector == 1:
+        return f"""{_chunk_head(row)}
+    const {it} col = {row.column('g', 0)};{slot(0, '    ')}
     {body}
   }}"""
-
-    def render_here(e: Expr) -> str:
-        return render(e, "col", "slot")
-
-    consts = _RowConstants(render_here)
-    bodies = []  # each reduction's body with its row constants hoisted, and their declarations
-    for r in reds:
-        body = consts.hoist(r.body)
-        bodies.append((body, consts.take()))
-    final_expr = consts.hoist(expr)
-    final_consts = consts.take()
-    # a pass's per-column value that the final pass needs again (softmax's exp(x - max)) is kept in
-    # registers when the row is, instead of computed twice
-    held: set[int] = set()
-    if in_regs and not lw.per_row:
-        room = (min(registers_per_thread(threads, rows_per), HELD_REGISTER_CAP) - row_registers(per_thread)) \
-            // (per_thread * vec)
-        computed = {render_here(b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
-        final_expr = _reuse_held(final_expr, render_here, computed, held, max(0, room))
-
-    def combine(r: Reduce, name: str, index: int, init: str) -> str:
-        """The row's value `name` of a reduction from each block's partial (each pass has its own
-        scratch words: no third barrier); a cluster's blocks read each other's through distributed
-        shared memory, all in rank order, so every block has the same value."""
-        if share == 1:
-            return f"    {name} = scratch[{33 * index + 32}];\n"
-        op = "w += v;" if r.op == "sum" else "w = fmaxf(w, v);"
-        return f"""    habu::cluster_sync();  // every block of the row's cluster has its partial in its scratch
-    {{
-      float w = {init};
+    return f"""{_chunk_head(row)}
 #pragma unroll
-      for (int j = 0; j < {share}; ++j) {{
-        const float v = habu::ld_shared_cluster_f32(habu::smem_addr(&scratch[{33 * index + 32}]), (habu::u32)j);
-        {op}
-      }}
-      {name} = w;
+    for (int q = 0; q < {row.loop.vector}; ++q) {{
+      const {it} col = {row.column('g', 'q')};{slot('q', '      ')}
+      {body}
     }}
-"""
+  }}"""
 
-    passes = []
-    sync = "__syncwarp();" if warp_rows else "__syncthreads();"
-    if cached is not None:
-        acc = cache_acc
-        assert acc is not None
-        p = sig.pointer(acc.tensor, acc.dtype)
-        if prefetch:
-            passes.append(f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
-  uint4 regs[{per_thread}];  // this thread's chunks of the row: the ones it copied itself
+
+def _leaf(row: _Row):
+    loads = RowLoads(row.lw)
+
+    def leaf(ld: Load) -> str:
+        if ld.tensor.startswith(ROW_CONSTANT):
+            return ld.tensor[len(ROW_CONSTANT):]
+        if ld.tensor.startswith(HELD):
+            return f"held{ld.tensor[len(HELD):]}[i][q]"
+        acc = loads[ld]
+        if row.kept is not None and acc == row.kept:
+            raw = f"habu::chunk_element<{row.word}>(regs[i], q)" if row.loop.unrolled else "row_cache[slot]"
+            return {"bf16": f"habu::bf16_to_float({raw})", "f16": f"habu::f16_to_float({raw})"}.get(acc.dtype, raw)
+        coord = {"r": "r", "c": "col"}
+        p = row.sig.pointer(acc.tensor, acc.dtype)
+        return f"(({access_mask(acc, coord, row.sizes)}) ? {load_value(acc.dtype, p, row.offset(acc, coord))} : 0.0f)"
+    return leaf
+
+
+def _render(row: _Row, e: Expr) -> str:
+    return float_expr(e, _leaf(row), row.sizes, lambda r: row.red_names[canonical_reduction(r)])
+
+
+# ----------------------------------------------------------------------------- the row's load
+
+
+def _load_row(row: _Row) -> str:
+    """The kept row loaded on chip: its chunks into registers (or read back from the prefetched copy),
+    or into the shared-memory cache at the lowering's slots; empty when nothing is kept."""
+    acc, k, it = row.kept, row.lw.kernel, row.it
+    if acc is None:
+        return ""
+    p = row.sig.pointer(acc.tensor, acc.dtype)
+    at = {"r": "r", "c": row.column("g", 0)}
+    n = row.loop.unrolled
+    if k.prefetch:
+        return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
+  uint4 regs[{n}];  // this thread's chunks of the row: the ones it copied itself
 #pragma unroll
-  for (int i = 0; i < {per_thread}; ++i) regs[i] = next_row[tid + {threads} * i];""")
-        elif in_regs:
-            off = access_offset(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
-            chunk_mask = access_mask(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes)  # whole chunks: #C is a multiple
-            passes.append(f"""  uint4 regs[{per_thread}];  // this thread's chunks of the row, loaded together
+  for (int i = 0; i < {n}; ++i) regs[i] = next_row[{c(row.loop.chunk(CExpr('tid'), CExpr('i')))}];"""
+    load = f"habu::load16_or_zero({p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)})"
+    if n:
+        return f"""  uint4 regs[{n}];  // this thread's chunks of the row, loaded together
+{_chunk_head(row)}
+    regs[i] = {load};
+  }}"""
+    sync = "__syncwarp();" if row.warp_rows else "__syncthreads();"
+    if row.loop.vector > 1:
+        return f"""{_chunk_head(row)}
+    const uint4 raw = {load};
 #pragma unroll
-  for (int i = 0; i < {per_thread}; ++i) {{
-    const {it} g = tid + {threads} * i;
-    regs[i] = habu::load16_or_zero({p} + ({off}), {chunk_mask});
-  }}""")
-        elif vector_mode:
-            off = access_offset(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
-            chunk_mask = access_mask(acc, {"r": "r", "c": f"{cb}g * {vec}"}, sizes)
-            passes.append(f"""  for ({it} g = tid; g < {c(G)}; g += {threads}) {{
-    const uint4 raw = habu::load16_or_zero({p} + ({off}), {chunk_mask});
-    const {word}* w = reinterpret_cast<const {word}*>(&raw);
-#pragma unroll
-    for (int q = 0; q < {vec}; ++q) row_cache[({it})q * {c(G)} + g] = w[q];
+    for (int q = 0; q < {row.loop.vector}; ++q) row_cache[{row.slot('g', 'q')}] = habu::chunk_element<{row.word}>(raw, q);
   }}
-  {sync}""")
-        else:
-            off = access_offset(acc, {"r": "r", "c": f"({cb}slot)"}, sizes, lw.index_width, lambda t, x: "0")
-            passes.append(f"""  for ({it} slot = tid; slot < {c(CL)}; slot += {threads}) row_cache[slot] = {p}[{off}];
-  {sync}""")
-    def copy_row(row: str) -> str:
-        """This thread's chunks of row `row` copied into shared memory (cp.async), one group."""
-        acc = cache_acc
-        assert acc is not None
-        p = sig.pointer(acc.tensor, acc.dtype)
-        off = access_offset(acc, {"r": row, "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
-        return f"""#pragma unroll
-    for (int i = 0; i < {per_thread}; ++i) {{
-      const {it} g = tid + {threads} * i;
-      habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({off}), {access_mask(acc, {"r": row, "c": f"{cb}g * {vec}"}, sizes)});
+  {sync}"""
+    at = {"r": "r", "c": "col"}
+    return f"""{_chunk_head(row)}
+    const {it} col = {row.column('g', 0)};
+    row_cache[{row.slot('g', 0)}] = ({access_mask(acc, at, row.sizes)}) ? {p}[{row.offset(acc, at)}] : ({row.word})0;
+  }}
+  {sync}"""
+
+
+def _copy_row(row: _Row, r: str) -> str:
+    """This thread's chunks of row `r` copied into shared memory (cp.async), one group."""
+    acc = row.kept
+    assert acc is not None
+    p = row.sig.pointer(acc.tensor, acc.dtype)
+    at = {"r": r, "c": row.column("g", 0)}
+    return f"""{_chunk_head(row).replace(chr(10), chr(10) + '  ')}
+      habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)});
     }}
     habu::cp_async_commit();
 """
 
-    issue_next = ""
-    if prefetch:
-        issue_next = f"""    if (r + row_step < {c(sizes[lw.r])}) {{  // the block's next row: its copy lands while this one is computed
-      const {it} r_next = r + row_step;
-    {copy_row("r_next")}    }}
-"""
-    # the copy overwrites the chunks this thread read: issued once the first pass has used every one
-    # of them (its values are in registers), or after the last pass
-    first_reads_row = bool(bodies) and any(isinstance(x, Load) and x in loads and x.tensor == cached
-                                           for x in walk(bodies[0][0]))
-    for index, (r, (body, declarations)) in enumerate(zip(reds, bodies, strict=True)):
-        if declarations:
-            passes.append(declarations.rstrip("\n"))
-        keep = ""
-        if index in held:
-            passes.append(f"  float held{index}[{per_thread}][{vec}];  // this pass's values, for the last pass")
-            keep = f" held{index}[i][q] = v;"
-        red = red_names[canonical_reduction(r)]
-        init = "0.0f" if r.op == "sum" else "-3.402823466e38f"
-        update = "part += v;" if r.op == "sum" else "part = fmaxf(part, v);"
+
+# ----------------------------------------------------------------------------- the reductions
+
+
+def _combine(row: _Row, r: Reduce, index: int, init: str) -> str:
+    """The row's value of a reduction from each block's partial (each pass has its own scratch words:
+    no third barrier); a cluster's blocks read each other's (`habu::cluster_combine`)."""
+    name = row.red_names[r]
+    if row.share == 1:
+        return f"    {name} = scratch[{33 * index + 32}];\n"
+    is_max = "true" if r.op == "max" else "false"
+    return f"    {name} = habu::cluster_combine<{is_max}, {row.share}>(&scratch[{33 * index + 32}], {init});\n"
+
+
+def _reduction_pass(row: _Row, index: int, body: Expr, held: bool, after_loop: str) -> str:
+    """Pass `index`: this thread's partial over its columns, then the row's value (`after_loop`: code
+    that runs once the loop has read every chunk of the row, before the reduction's barriers)."""
+    r = row.lw.passes[index]
+    red = row.red_names[r]
+    init = "0.0f" if r.op == "sum" else "-3.402823466e38f"
+    update = "part += v;" if r.op == "sum" else "part = fmaxf(part, v);"
+    keep = f" held{index}[i][q] = v;" if held else ""
+    guard = f"col < {c(row.sizes[row.lw.c])}" if row.lw.reduce_mask else "true"
+    loop = _column_loop(row, f"if ({guard}) {{ const float v = {_render(row, body)};{keep} {update} }}")
+    loop += "\n" + after_loop.rstrip("\n") if after_loop else ""
+    if row.warp_rows:
         reduce_fn = "habu::warp_sum" if r.op == "sum" else "habu::warp_max"
-        guard = f"col < {c(C)}" if lw.reduce_mask else "true"
-        loop = column_loop(f"if ({guard}) {{ const float v = {render(body, 'col', 'slot')};{keep} {update} }}")
-        if index == 0 and first_reads_row and issue_next:
-            loop += "\n" + issue_next.rstrip("\n")
-            issue_next = ""
-        if warp_rows:
-            passes.append(f"""  {{  // {r.op}-reduction over the row: {red} (this warp's row)
+        return f"""  {{  // {r.op}-reduction over the row: {red} (this warp's row)
     float part = {init};
 {loop}
     {red} = {reduce_fn}(part);
-  }}""")
-            continue
-        passes.append(f"""  {{  // {r.op}-reduction over the row: {red}
+  }}"""
+    return f"""  {{  // {r.op}-reduction over the row: {red}
     float part = {init};
 {loop}
-    habu::block_reduce<{"true" if r.op == "max" else "false"}>(part, scratch + {33 * index}, {lw.combined_warps}, {init});
-{combine(r, red, index, init)}  }}""")
+    habu::block_reduce<{"true" if r.op == "max" else "false"}>(part, scratch + {33 * index}, {row.lw.combined_warps}, {init});
+{_combine(row, r, index, init)}  }}"""
+
+
+@dataclass
+class _Passes:
+    """The passes' bodies with their row constants hoisted, the final expression, and which passes
+    keep their per-column values in registers for the final pass (softmax's exp(x − max))."""
+
+    bodies: list[tuple[Expr, str]]
+    final: Expr
+    final_consts: str
+    held: set[int]
+
+
+def _hoist(row: _Row) -> _Passes:
+    lw = row.lw
+    consts = _RowConstants(lambda e: _render(row, e))
+    bodies = [(consts.hoist(r.body), consts.take()) for r in lw.passes]
+    final = consts.hoist(lw.expression())
+    final_consts = consts.take()
+    held: set[int] = set()
+    n, vec = row.loop.unrolled, row.loop.vector
+    if n and not lw.per_row:
+        room = (min(registers_per_thread(lw.thread_map.threads, lw.thread_map.rows), HELD_REGISTER_CAP)
+                - row_registers(n)) // (n * vec)
+        computed = {_render(row, b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
+        final = _reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
+    return _Passes(bodies, final, final_consts, held)
+
+
+def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
+    """The load and every reduction pass, and the next row's copy if no pass issued it yet."""
+    out = [s for s in (_load_row(row),) if s]
+    issue_next = _issue_next(row)
+    # the copy overwrites the chunks this thread read: issued once the first pass has used every one
+    # of them (its values are in registers), or after the last pass
+    first_reads_row = bool(hoisted.bodies) and row.kept is not None and any(
+        isinstance(x, Load) and x in RowLoads(row.lw) and RowLoads(row.lw)[x] == row.kept
+        for x in _loads(hoisted.bodies[0][0]))
+    for index, (body, declarations) in enumerate(hoisted.bodies):
+        if declarations:
+            out.append(declarations.rstrip("\n"))
+        if index in hoisted.held:
+            out.append(f"  float held{index}[{row.loop.unrolled}][{row.loop.vector}];  // this pass's values, "
+                       "for the last pass")
+        after = issue_next if index == 0 and first_reads_row else ""
+        issue_next = "" if after else issue_next
+        out.append(_reduction_pass(row, index, body, index in hoisted.held, after))
+    return out, issue_next
+
+
+def _loads(e: Expr) -> list[Load]:
+    from habu.spec.ir import walk
+
+    return [x for x in walk(e) if isinstance(x, Load)]
+
+
+def _issue_next(row: _Row) -> str:
+    if not row.lw.kernel.prefetch:
+        return ""
+    it = row.it
+    rows = c(row.sizes[row.lw.r])
+    return f"""    if (r + row_step < {rows}) {{  // the block's next row: its copy lands while this one is computed
+      const {it} r_next = r + row_step;
+    {_copy_row(row, "r_next")}    }}
+"""
+
+
+# ----------------------------------------------------------------------------- the store
+
+
+def _store(row: _Row, value: Expr) -> str:
+    """The epilogue: the output's row (or the row's one value) computed from `value` and stored."""
+    lw, it = row.lw, row.it
     out = lw.out
-    p_out = sig.pointer(out.tensor, out.dtype, writes=True)
+    p_out = row.sig.pointer(out.tensor, out.dtype, writes=True)
+    text = _render(row, value)
     if lw.per_row:  # a row statistic: the row's first thread stores its one value
-        out_off = access_offset(out, {"r": "r"}, sizes, lw.index_width, lambda t, x: "0")
-        final_loop = f"""  if (tid == 0) {{
+        return f"""  if (tid == 0) {{
     const {it} col = 0;
     const {it} slot = 0;
     (void)col; (void)slot;
-    {store_value(out.dtype, p_out, out_off, render(final_expr, 'col', 'slot'))}
+    {store_value(out.dtype, p_out, row.offset(out, {"r": "r"}), text)}
   }}"""
-    elif lw.vector_store():
-        pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
-        base_off = access_offset(out, {"r": "r", "c": f"{cb}g * {vec}"}, sizes, lw.index_width, lambda t, x: "0")
-        value = render(final_expr, "col", "slot")
-        loop_head = (f"#pragma unroll\n  for (int i = 0; i < {per_thread}; ++i) {{\n    const {it} g = tid + {threads} * i;"
-                     if in_regs else f"  for ({it} g = tid; g < {c(G)}; g += {threads}) {{")
-        final_loop = f"""{loop_head}
+    if lw.vector_store():
+        return _store_chunks(row, p_out, text)
+    at = {"r": "r", "c": "col"}
+    return _column_loop(row, f"if ({access_mask(out, at, row.sizes)}) "
+                             f"{store_value(out.dtype, p_out, row.offset(out, at), text)}")
+
+
+def _store_chunks(row: _Row, p_out: str, value: str) -> str:
+    """The output row stored in 16-byte chunks of 16-bit floats, each under the output's mask."""
+    out, it, vec = row.lw.out, row.it, row.loop.vector
+    pack = "habu::pack_bf16x8" if out.dtype == "bf16" else "habu::pack_f16x8"
+    at = {"r": "r", "c": row.column("g", 0)}
+    slot = "" if row.loop.unrolled else f"\n      const {it} slot = {row.slot('g', 'q')};"
+    return f"""{_chunk_head(row)}
     float y[{vec}];
 #pragma unroll
     for (int q = 0; q < {vec}; ++q) {{
-      const {it} col = {cb}g * {vec} + q;
-      {"" if in_regs else f"const {it} slot = ({it})q * {c(G)} + g;"}
+      const {it} col = {row.column('g', 'q')};{slot}
       y[q] = {value};
     }}
-    uint4 packed;
-    packed.x = {pack}(y[0], y[1]); packed.y = {pack}(y[2], y[3]);
-    packed.z = {pack}(y[4], y[5]); packed.w = {pack}(y[6], y[7]);
-    *reinterpret_cast<uint4*>({p_out} + ({base_off})) = packed;
+    habu::store16_if({p_out} + ({row.offset(out, at)}), {pack}(y), {access_mask(out, at, row.sizes)});
   }}"""
-    else:
-        out_off = access_offset(out, {"r": "r", "c": "col"}, sizes, lw.index_width, lambda t, x: "0")
-        final_loop = column_loop(f"if (col < {c(C)}) "
-                                 f"{store_value(out.dtype, p_out, out_off, render(final_expr, 'col', 'slot'))}")
-    red_decl = "\n".join(f"  float {n} = 0.0f;" for n in red_names.values())
-    cache_type = {"bf16": "unsigned short", "f16": "unsigned short"}.get(cache_dt, "float")
-    cache_len = c(CL)
-    block_decls = "" if warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(reds))}];  "
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+
+def _prologue(row: _Row, name: str) -> str:
+    """The kernel's signature, shared memory, and this thread's lane, row slot and row."""
+    lw, m = row.lw, row.lw.thread_map
+    threads = m.threads * m.rows
+    attrs = f"__cluster_dims__({row.share}, 1, 1) " if row.share > 1 else ""
+    scratch = "" if row.warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(lw.passes))}];  "
                                         "// block reductions (habu::block_reduce): one partial per warp, per pass\n")
-    attrs = f"__cluster_dims__({share}, 1, 1) " if share > 1 else ""
-    row_of = f"({it})(blockIdx.x / {share})" if share > 1 else f"({it})blockIdx.x * {rows_per} + row_slot"
-    cluster_decl = (f"  const {it} cbase = ({it})habu::cluster_ctarank() * {CL};  // this block's first column\n"
-                    if share > 1 else "")
-    # no block of the cluster leaves while a peer may still read its scratch
-    cluster_end = "  habu::cluster_sync();\n" if share > 1 else ""
-    head = f"""extern "C" __global__ void {attrs}__launch_bounds__({threads * rows_per}) {name}(SIGNATURE) {{
+    cache_type = CACHE_WORD.get(row.kept.dtype if row.kept else "f32", "float")
+    return f"""extern "C" __global__ void {attrs}__launch_bounds__({threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) {cache_type} row_cache_all[];
-{block_decls}  const int tid = threadIdx.x % {threads};  // this thread's lane within its row
-  const int row_slot = threadIdx.x / {threads};
+{scratch}  const int tid = {c(m.lane(CExpr('threadIdx.x')))};  // this thread's lane within its row
+  const int row_slot = {c(m.row_slot(CExpr('threadIdx.x')))};
 """
-    if prefetch:
-        first = f"  {{  // the first row's copy\n  {copy_row('r')}  }}\n"
-        body = f"""{head}  uint4* next_row = reinterpret_cast<uint4*>(row_cache_all);  // the row in flight
-  const {it} row_step = ({it})(gridDim.x / {share});  // persistent: the block walks rows r, r + step, ...
-  {it} r = {row_of};
-  if (!(r < {c(sizes[lw.r])})) return;  // (the blocks of a cluster share r: they leave together)
-{cluster_decl}{first}  for (; r < {c(sizes[lw.r])}; r += row_step) {{
+
+
+def _row_start(row: _Row) -> str:
+    """This block's row, the block leaving when it has none, and a cluster block's first column."""
+    lw, it = row.lw, row.it
+    if row.share > 1:
+        r = f"({it})(blockIdx.x / {row.share})"
+    else:
+        r = c(lw.thread_map.row(CExpr(f"({it})blockIdx.x"), CExpr("row_slot")))
+    # the output's row bound, as its mask says (the loads and stores are masked on it as well)
+    r_mask = access_mask(replace(lw.out, masks=tuple(b for b in lw.out.masks if b.axis == "r")), {"r": "r"}, row.sizes)
+    head = "" if lw.kernel.prefetch else "const "
+    out = f"  {head}{it} r = {r};\n  if (!({r_mask})) return;  // (the blocks of a cluster share r: they leave together)\n"
+    if row.share > 1:
+        out += f"  const {it} cbase = ({it})habu::cluster_ctarank() * {c(lw.columns(row.sizes))};  // this block's first column\n"
+    return out
+
+
+def _assemble(row: _Row, name: str) -> str:
+    lw, it = row.lw, row.it
+    hoisted = _hoist(row)
+    passes, issue_next = _passes(row, hoisted)
+    red_decl = "\n".join(f"  float {n} = 0.0f;" for n in row.red_names.values())
+    final_loop = _store(row, hoisted.final)
+    cluster_end = "  habu::cluster_sync();\n" if row.share > 1 else ""  # no block leaves while a peer may read
+    rows = c(row.sizes[lw.r])
+    if lw.kernel.prefetch:
+        first = f"  {{  // the first row's copy\n  {_copy_row(row, 'r')}  }}\n"
+        return f"""{_prologue(row, name)}  uint4* next_row = reinterpret_cast<uint4*>(row_cache_all);  // the row in flight
+  const {it} row_step = ({it})(gridDim.x / {row.share});  // persistent: the block walks rows r, r + step, ...
+{_row_start(row)}{first}  for (; r < {rows}; r += row_step) {{
 {red_decl}
 {chr(10).join(passes)}
-{final_consts}{final_loop}
+{hoisted.final_consts}{final_loop}
 {issue_next}{cluster_end}  }}
 }}
 """
-    else:
-        body = f"""{head}  {cache_type}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
-  const {it} r = {row_of};
-  if (!(r < {c(sizes[lw.r])})) return;  // (the blocks of a cluster share r: they leave together)
-{cluster_decl}{red_decl}
+    cache_len = c(lw.columns(row.sizes))
+    return f"""{_prologue(row, name)}  {row.word}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
+{_row_start(row)}{red_decl}
 {chr(10).join(passes)}
-{final_consts}{final_loop}
+{hoisted.final_consts}{final_loop}
 {cluster_end}}}
 """
-    src = header(f"{name}: row kernel, {threads} threads per row"
-                 + (f" in each of a cluster of {share} blocks" if share > 1 else "") + f", {vec} elements per access",
-                 [f"computes {', '.join(k.nodes)}: {len(reds)} reduction pass(es)"
-                  + (f", row of {cached} kept in {'registers' if in_regs else 'shared memory'} as {cache_dt}"
-                     if cached else "")])
-    src += body.replace("SIGNATURE", sig.declaration())
-    block = threads * rows_per
-    if prefetch:  # the next row's part, in flight
-        return CudaKernel(name, src, tuple(sig.params), block, e_in * CL, lw, cluster=share)
-    if not cached or in_regs:
-        return CudaKernel(name, src, tuple(sig.params), block, 0, lw, cluster=share)
+
+
+def _kernel(name: str, row: _Row, src: str, static: dict[str, int]) -> CudaKernel:
+    """The kernel with its launch: block size, and the dynamic shared memory of the kept row."""
+    lw, share = row.lw, row.share
+    params = tuple(row.sig.params)
+    block = lw.thread_map.threads * lw.thread_map.rows
+    e_in = DTYPES[row.kept.dtype].bytes if row.kept is not None else 4
+    if lw.kernel.prefetch:  # the next row's part, in flight
+        return CudaKernel(name, src, params, block, e_in * lw.columns(row.sizes), lw, cluster=share)
+    if row.cache is None:
+        return CudaKernel(name, src, params, block, 0, lw, cluster=share)
     if lw.c in static:
-        return CudaKernel(name, src, tuple(sig.params), block, e_in * (static[lw.c] // share) * rows_per, lw,
+        return CudaKernel(name, src, params, block, e_in * (static[lw.c] // share) * lw.thread_map.rows, lw,
                           cluster=share)
-    return CudaKernel(name, src, tuple(sig.params), block, 0, lw, smem_per=(lw.c, e_in * rows_per))
+    return CudaKernel(name, src, params, block, 0, lw, smem_per=(lw.c, e_in * lw.thread_map.rows))
 
 
-def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -> CudaKernel:
+def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) -> CudaKernel:
+    row = _setup(model, lw, static)
     k = lw.kernel
-    sig = Signature(model, static=static)
-    sizes = sig.sizes()
-    it = index_type(lw.index_width)
-    loads = dict(lw.loads)
-    defs = {eq.target: eq for eq in lw.nodes[:-1]}
-    final = lw.nodes[-1]
-    expr = inline_region(final.rhs, defs)
-    dims = [sizes[e] for e in lw.extents]
-    coord_lines = []
-    rest = "e"
-    coord: dict[str, str] = {}
-    for i in reversed(range(len(dims))):
-        name_i = f"e{i}"
-        if i > 0:
-            coord_lines.append(f"const {it} {name_i} = {rest} % ({it}){c(dims[i])};")
-            coord_lines.append(f"const {it} q{i} = {rest} / ({it}){c(dims[i])};")
-            rest = f"q{i}"
-        else:
-            coord_lines.append(f"const {it} {name_i} = {rest};")
-        coord[name_i] = name_i
-
-    def leaf(ld: Load) -> str:
-        acc = loads[ld]
-        p = sig.pointer(acc.tensor, acc.dtype)
-        off = access_offset(acc, coord, sizes, lw.index_width, lambda t, x: "0")
-        return load_value(acc.dtype, p, off)
-
-    value = float_expr(expr, leaf, sizes)
-    out = lw.out
-    p_out = sig.pointer(out.tensor, out.dtype, writes=True)
-    out_off = access_offset(out, coord, sizes, lw.index_width, lambda t, x: "0")
-    # the lowering's masks of every access, printed as the lane's guard: lanes run over consecutive
-    # elements, so only the outermost coordinate can pass its extent, and once one lane does, the rest do
-    guards: list[str] = []
-    for acc in (out, *(a for _, a in lw.loads)):
-        m = access_mask(acc, coord, sizes)
-        if m != "true" and m not in guards:
-            guards.append(m)
-    guard = " && ".join(f"({g})" for g in guards) or "true"
-    body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}  const {it} first = (({it})blockIdx.x * {k.threads} + threadIdx.x) * {k.vector};
-#pragma unroll
-  for (int v_ = 0; v_ < {k.vector}; ++v_) {{
-    const {it} e = first + v_;
-    {chr(10).join('    ' + ln for ln in coord_lines).strip()}
-    if (!({guard})) break;  // every access's mask (lanes past the last element: the rest are too)
-    {store_value(out.dtype, p_out, out_off, value)}
-  }}
-}}
-"""
-    src = header(f"{name}: elementwise, {k.threads} threads, {k.vector} elements per lane",
-                 [f"computes {', '.join(k.nodes)}"])
-    src += body.replace("SIGNATURE", sig.declaration())
-    return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)
+    kept = ""
+    if row.kept is not None:
+        kept = f", row of {row.kept.tensor} kept in {'shared memory' if row.cache else 'registers'} as {row.kept.dtype}"
+    src = header(f"{name}: row kernel, {k.threads} threads per row"
+                 + (f" in each of a cluster of {row.share} blocks" if row.share > 1 else "")
+                 + f", {k.vector} elements per access",
+                 [f"computes {', '.join(k.nodes)}: {len(lw.passes)} reduction pass(es){kept}"])
+    src += _assemble(row, name).replace("SIGNATURE", row.sig.declaration())
+    return _kernel(name, row, src, static)
 
 
-__all__ = ["IndexVar", "emit_map", "emit_rows"]
+__all__ = ["emit_rows"]

@@ -11,11 +11,12 @@ masked e < numel; each element's coordinates feed every access.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from habu.lower.access import Access, FlatGrid, VectorAccess, access_for, cdiv
+from habu.lower.access import Access, FlatGrid, VectorAccess, access_for, cdiv, floordiv
+from habu.lower.lanes import ChunkLoop, MapLanes, RowCache, RowThreads
 from habu.plan.patterns import row_local
 from habu.plan.plan import MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
@@ -156,26 +157,40 @@ class RowLowering:
     # warps whose partials a block reduction combines: every warp that has a thread (the emitter
     # prints `lane < combined_warps`; the interpreter drops the columns of any other warp's threads)
     combined_warps: int
-
-    def thread_of(self, local_col: Any) -> Any:
-        """The thread whose column loop visits column `local_col` of its block's part: thread t
-        visits chunks g = t + threads·i, columns g·vector .. g·vector + vector − 1."""
-        return (local_col // self.kernel.vector) % self.kernel.threads
+    thread_map: RowThreads  # which columns each thread visits (habu/lower/lanes.py)
+    cache: RowCache | None  # where the kept row sits in shared memory (None: nothing is kept there)
+    # the reductions over the row, one pass each, in the order the kernel runs them (a pass may read
+    # only the reductions of earlier passes); pass i keeps its partials in scratch words 33·i ..
+    passes: tuple[Reduce, ...]
 
     @property
     def chunk(self) -> int:
         return self.kernel.threads * self.kernel.vector
 
+    def columns(self, sizes: Mapping[str, Any]) -> Any:
+        """The columns of the row each block visits: its part of a cluster's row, or the whole row."""
+        cols = sizes[self.c]
+        return floordiv(cols, self.kernel.cluster) if self.kernel.cluster > 1 else cols
+
+    def chunk_loop(self, sizes: Mapping[str, Any]) -> ChunkLoop:
+        """The column loop every pass runs at these sizes: a row in registers (`register_chunks`
+        16-byte chunks a thread, unrolled), a kept row of 16-byte vectors (chunks while g < G), or
+        single columns (while the column is below the part's end)."""
+        cols, m = self.columns(sizes), self.thread_map
+        regs = self.register_chunks(sizes)
+        if regs:
+            return ChunkLoop(m, m.vector, regs, floordiv(cols, m.vector))
+        if self.vector_row():
+            return ChunkLoop(m, m.vector, 0, floordiv(cols, m.vector))
+        return ChunkLoop(m, 1, 0, cols)
+
+    def row_cache(self, sizes: Mapping[str, Any]) -> RowCache | None:
+        """The shared-memory copy of the kept row at these sizes (None: no copy; a row in registers)."""
+        return None if self.register_chunks(sizes) else self.cache
+
     def part(self, sizes: Mapping[str, int]) -> int:
         """Columns each block of a row's cluster owns: block `rank` owns [rank·part, (rank+1)·part)."""
         return -(-sizes[self.c] // self.kernel.cluster)
-
-    def lanes(self, sizes: Mapping[str, int]) -> int:
-        """Columns each block's loops visit: whole chunks of threads·vector over the row, the last one
-        masked at #C, for a block per row; exactly its part for a block of a cluster (each part is
-        whole vectors, and the loops end at it)."""
-        part = self.part(sizes)
-        return part if self.kernel.cluster > 1 else -(-part // self.chunk) * self.chunk
 
     def row_groups(self, sizes: Mapping[str, Any]) -> Any:
         """Groups of `rows_per_block` rows: the interpreter's blocks, each computed on its own."""
@@ -275,6 +290,7 @@ class MapLowering(FlatGrid):
     loads: tuple[tuple[Load, Access], ...]
     out: Access
     index_width: int
+    lanes: MapLanes  # which elements each thread computes (habu/lower/lanes.py)
 
     @property
     def per_block(self) -> int:
@@ -317,8 +333,12 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     out_vars = renamed[-1].lhs
     out = access_for(model.tensor(renamed[-1].target), out_vars, {v: ("r" if v == rv else "c") for v in out_vars},
                      extent_of_axis, storage)
-    return RowLowering(kernel, r_ext, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width,
-                       -(-kernel.threads // 32))
+    lw = RowLowering(kernel, r_ext, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width,
+                     -(-kernel.threads // 32),
+                     RowThreads(kernel.threads, kernel.rows_per_block, kernel.vector, kernel.threads), None, ())
+    passes = tuple(canonical_reduction(p) for p in reduction_passes(lw.expression()))
+    cache = RowCache(permuted=lw.vector_row()) if lw.kept_row() is not None else None
+    return replace(lw, cache=cache, passes=passes)
 
 
 def _vars(ld: Load) -> list[IndexVar]:
@@ -353,4 +373,5 @@ def lower_map(model: Model, kernel: MapKernel, storage: Mapping[str, str] | None
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
         defined.add(eq.target)
     out = access_for(model.tensor(last.target), tuple(axes), {v: v.name for v in axes}, extent_of_axis, storage)
-    return MapLowering(kernel, extents, tuple(renamed), tuple(loads), out, kernel.index_width)
+    return MapLowering(kernel, extents, tuple(renamed), tuple(loads), out, kernel.index_width,
+                       MapLanes(kernel.threads, kernel.vector, kernel.vector))

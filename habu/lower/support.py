@@ -253,10 +253,49 @@ class WgmmaSupport(ContractionSupport):
 
 
 class RowsSupport(PathSupport):
+    """What the row emitter prints: a block per row (or a warp per row, several rows a block), a
+    cluster of blocks sharing a static row of whole vectors, persistent blocks prefetching a row kept
+    in registers. The emitter checks these same lists before printing (`emit_rows`), and the rules
+    state them (`supported-path`), so a proven plan is never refused by the emitter."""
+
     name = family = "rows"
 
     def accepts(self, kernel: Kernel) -> bool:
         return isinstance(kernel, RowKernel)
+
+    def refusals(self, lw) -> list[str]:
+        """What holds at every size (the `supported-path` obligation of every row kernel)."""
+        k = lw.kernel
+        reasons = []
+        if k.rows_per_block != 1 and k.threads != 32:
+            reasons.append("several rows per block need a warp (32 threads) per row")
+        if k.cluster > 1 and (k.threads == 32 or k.rows_per_block != 1):
+            reasons.append(f"a cluster of {k.cluster} shares one row among blocks of more than one warp, one row "
+                           "per block")
+        if k.prefetch and k.rows_per_block != 1:
+            reasons.append("prefetching the next row needs one row per block")
+        return reasons
+
+    def sized_refusals(self, lw, sizes) -> list[str]:
+        """What depends on the row's width (`sizes`: ints where static; z3 terms or C names where the
+        extent is known only at run time): a cluster shares a static row of whole vectors of its
+        blocks; a prefetching block keeps its row in registers (`RowLowering.register_fit`)."""
+        k = lw.kernel
+        reasons = self.cluster_refusals(lw, sizes)
+        if k.prefetch and not lw.register_chunks(sizes):  # the rule: `_row_prefetch` (habu/prove/rules.py)
+            reasons.append(f"prefetching the next row needs this one in registers: {lw.register_fit(sizes)[1]}")
+        return reasons
+
+    def cluster_refusals(self, lw, sizes) -> list[str]:
+        """A cluster of blocks shares a row whose width is known when the kernel is compiled (each
+        block's part, `#C / cluster`, is a constant of the kernel); its vectors are `vector-align`'s."""
+        cols = sizes[lw.c]
+        if lw.kernel.cluster > 1 and not isinstance(cols, int):
+            return [f"a cluster of {lw.kernel.cluster} shares a row of static width (#{lw.c} is known only at run time)"]
+        if lw.kernel.cluster > 1 and cols % (lw.kernel.cluster * lw.kernel.vector):
+            return [f"#{lw.c} = {cols} is not whole {lw.kernel.vector}-element vectors for each of "
+                    f"{lw.kernel.cluster} blocks"]
+        return []
 
 
 class MapSupport(PathSupport):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from habu.emit_cuda.emit_rows import emit_map
+from habu.emit_cuda.emit_map import emit_map
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.rows import MapLowering
 from habu.lower.support import MAP

@@ -26,7 +26,7 @@ from habu.lower import (
 )
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
-from habu.lower.support import accumulator_registers, contraction_smem, support_for
+from habu.lower.support import ROWS, accumulator_registers, contraction_smem, support_for
 from habu.plan.plan import ROW_CLUSTERS, Plan
 from habu.prove.obligation import (
     INT31,
@@ -457,6 +457,9 @@ def _row_cluster(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligatio
                      f"a cluster of {n} shares one row: a portable cluster size (1, 2, 4, 8), one row per block",
                      n in ROW_CLUSTERS and k.rows_per_block == 1,
                      detail=f"cluster of {n}, {k.rows_per_block} rows per block")
+    static = ROWS.cluster_refusals(lw, s)
+    yield Obligation(R["supported-path"], name, None, f"a cluster of {n} shares a static row of whole vectors",
+                     not static, detail="; ".join(static))
     yield Obligation(R["vector-align"], name, None,
                      f"each block's part of a row starts on a {k.vector}-element vector (#{lw.c} a multiple of "
                      f"{n}·{k.vector})", s[lw.c] % (n * k.vector) == 0,

@@ -6,8 +6,10 @@
 - `pipeline-stages`: a pipelined k loop (mma.sync, wgmma) keeps at least two stages.
 - `grid-dims`: every grid the lowering launches is within the launch limits.
 - `int32-offsets`: the thread and lane indices a kernel computes in 32 bits before any access
-  (a map kernel's `(blockIdx.x·T + threadIdx.x)·V`, a staging pass's columns, a prefetching row
-  kernel's next row) do not wrap; the offsets themselves are the access obligations' (rules.py).
+  (a map kernel's `(blockIdx.x·T + threadIdx.x)·V`, a staging pass's columns, a row kernel's row,
+  chunk, column and cache slot, a prefetching row kernel's next row), evaluated from the lowering's
+  thread maps (habu/lower/lanes.py), do not wrap; the offsets themselves are the access obligations'
+  (rules.py).
 """
 
 from __future__ import annotations
@@ -72,13 +74,16 @@ def launch_obligations(name: str, lw: Lowering, ctx: Context) -> Iterator[Obliga
             # r += row_step (the clusters launched, at most the groups) after the last row
             yield _lanes(name, f"the row index r + row_step after a block's last row (≤ #{lw.r} − 1 + "
                                f"⌈#{lw.r}/{k.rows_per_block}⌉)", s[lw.r] - 1 + groups)
+        if lw.index_width == 32:
+            yield from _row_lanes(name, lw, ctx)
     elif isinstance(lw, MapLowering):
         k = lw.kernel
         yield _grid(name, "x", f"one block per {lw.per_block} elements", lw.grid(s), ctx.target.max_grid_x)
         if lw.index_width == 32:
-            yield _lanes(name, f"the lane's first element (blockIdx.x·{k.threads} + threadIdx.x)·{k.vector} "
-                               f"+ v, up to ⌈numel/{lw.per_block}⌉·{lw.per_block} − 1",
-                         lw.grid(s) * lw.per_block - 1)
+            lanes = lw.lanes
+            yield _lanes(name, f"the lane's element (blockIdx.x·{lanes.threads} + threadIdx.x)·{lanes.lane_stride} "
+                               f"+ v of the last lane of the last of ⌈numel/{lw.per_block}⌉ blocks",
+                         lanes.largest(lw.grid(s)))
     elif isinstance(lw, GeneralLowering):
         k = lw.kernel
         yield _grid(name, "x", f"one block per {k.threads} output elements", lw.grid(s), ctx.target.max_grid_x)
@@ -87,6 +92,24 @@ def launch_obligations(name: str, lw: Lowering, ctx: Context) -> Iterator[Obliga
                                f"⌈numel/{k.threads}⌉·{k.threads} − 1", lw.grid(s) * k.threads - 1)
             for axis, extent in lw.loops:
                 yield _lanes(name, f"the loop counter {axis} < #{extent}, up to #{extent}", s[extent])
+
+
+def _row_lanes(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
+    """The 32-bit indices of a row kernel's threads, from the lowering's thread map (`chunk_loop`): the
+    block's first row, the chunk a thread's loop reaches last (the loop variable after its last
+    increment), its last column (plus a cluster block's first column) and its last cache slot."""
+    s, m = ctx.ext, lw.thread_map
+    loop = lw.chunk_loop(s)
+    groups = lw.row_groups(s)
+    yield _lanes(name, f"the row blockIdx.x·{m.rows} + row_slot of the last block", m.row(groups - 1, m.rows - 1))
+    last = loop.last_chunk()
+    yield _lanes(name, f"a thread's chunk index g = tid + {m.chunk_stride}·i, up to its last value", last)
+    base = (lw.kernel.cluster - 1) * lw.columns(s) if lw.kernel.cluster > 1 else 0
+    yield _lanes(name, f"the column {'cbase + ' if lw.kernel.cluster > 1 else ''}g·{loop.vector} + q of a thread's last "
+                       "chunk", base + loop.column(last, loop.vector - 1))
+    cache = lw.row_cache(s)
+    if cache is not None:
+        yield _lanes(name, "the row cache's slot of a thread's last chunk", cache.last_slot(loop))
 
 
 def _stage(name: str, stage: StageLowering, width: int, ctx: Context) -> Iterator[Obligation]:

@@ -12,9 +12,11 @@ def test_every_path_prints_some_of_its_index_arithmetic_from_the_lowering():
     for m in rows.values():
         assert 0 < m.index_derived <= m.index_lines <= m.lines, m
     # floors as measured on 2026-12-01 (docs/VERIFY.md): a change that prints less from the lowering fails here
-    assert rows["map"].index_share >= 0.33
-    assert rows["rows softmax"].index_share >= 0.18
+    # the row and map kernels print their thread maps, tail predicates, cache slots, passes and lane
+    # indices from the lowering (before that, 2026-12-01: softmax 22%, rmsnorm 20%, map 33%)
+    for label in ("map", "rows softmax", "rows rmsnorm", "rows softmax smem, C=1000", "rows softmax cluster"):
+        assert rows[label].index_share >= 0.6, rows[label]
     # the general kernel (2026-12-01): its guard, loop bound, load and store offsets (the thread's
     # coordinates come from the output's extents, which no perturbation changes)
     assert rows["general"].index_share >= 0.5
-    assert sum(m.index_derived for m in rows.values()) >= 130
+    assert sum(m.index_derived for m in rows.values()) >= 160

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from habu.bench.mutants import MUTANTS, run_mutant
+from habu.bench.mutants import EQUIVALENT, MUTANTS, run_mutant
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
@@ -66,3 +66,28 @@ def test_every_mutant_the_interpreter_kills_is_in_the_emitted_cuda(m):
         assert before == after, f"{m.name} is printed now: take it off NOT_PRINTED"
     else:
         assert before != after, f"{m.name} changes what the interpreter runs but not the CUDA"
+
+
+@pytest.mark.parametrize("mutant", EQUIVALENT, ids=lambda m: m.name)
+def test_a_guard_the_row_loops_make_redundant_is_an_equivalent_mutant(mutant):
+    """The check executes the column loops the kernel runs (the lowering's thread map): each ends at its
+    part of the row, so dropping the reductions' column guard or the loads' column mask leaves the
+    kernel correct, and the check must say so (a padded picture of the loops killed these: it ran
+    columns no thread visits). The printed CUDA still changes: the guard is printed from the lowering."""
+    from dataclasses import replace
+
+    from habu.bench.mutants import EXAMPLES
+    from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    outcome = run_mutant(mutant)
+    assert not outcome.killed, outcome.message
+    target = TARGETS["sm_90a"]
+    model = load_program(EXAMPLES / mutant.example).models[mutant.model].with_sizes(mutant.shape)
+    plan = default_plan(model, target, mutant.shape, mutant.pins)
+    lowered = lower_whole(model, plan)
+    mutated = replace(lowered, kernels=(mutant.mutate(lowered.kernels[0]),))
+    assert emit_lowered(lowered, plan, target).kernels[0].source != emit_lowered(mutated, plan, target).kernels[0].source

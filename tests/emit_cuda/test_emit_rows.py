@@ -233,7 +233,7 @@ def test_a_cluster_of_blocks_shares_a_long_row():
     plan = default_plan(m, T, {"R": 64}, parse_pins(["row_cluster=2", "threads=512"]))
     (k,) = emit_plan(m, plan, T).kernels
     body = body_of(k)
-    assert k.cluster == 2 and "__cluster_dims__(2, 1, 1)" in body and body.count("ld_shared_cluster_f32") == 2
+    assert k.cluster == 2 and "__cluster_dims__(2, 1, 1)" in body and body.count("habu::cluster_combine<") == 2
     assert k.grid({"R": 64, "C": 16384}, 132) == (128, 1, 1)  # two blocks per row
     assert "uint4 regs[" in body  # 8192 columns per block, 2 chunks per thread
     assert not compile_cuda(k.source, k.name, "sm_90a").resources.spills

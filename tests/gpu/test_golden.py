@@ -162,6 +162,28 @@ def test_row_kernel_variants(example, model, key, variant, cols):
     golden(example, model, {"R": 64, key: cols}, ROW_VARIANTS[variant])
 
 
+@pytest.mark.parametrize("example, model, key, cols", [("rmsnorm.habu", "RMSNORM-ROWS", "D", 4352),
+                                                       ("softmax.habu", "SOFTMAX-ROWS", "C", 1000)],
+                         ids=["rmsnorm", "softmax"])
+def test_a_kept_row_of_8_byte_vectors_goes_through_shared_memory_column_by_column(example, model, key, cols):
+    """A kept row that does not move in 16-byte vectors (bf16 in 4-element accesses) is copied into
+    shared memory one column a thread at a time, under the load's mask, at the slots the lowering's
+    cache map gives (the emitted-source sample has no such plan; the CPU proof and NVRTC cover it)."""
+    from dataclasses import replace
+
+    from habu.bench.run import device_target
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    sizes = {"R": 64, key: cols}
+    m = load_program(EX / example).models[model].with_sizes(sizes)
+    plan = default_plan(m, TARGETS[device_target()], sizes)
+    plan = replace(plan, kernels=(replace(plan.kernels[0], vector=4, threads=128, rows_per_block=1,
+                                          cache_row=True, cluster=1, prefetch=False),))
+    golden(example, model, sizes, plan=plan)
+
+
 PREFETCH_CASES = {
     "softmax-4096-512": ("softmax.habu", "SOFTMAX-ROWS", "C", 4096, {"threads": "512"}),  # one chunk a thread
     "softmax-16384-512": ("softmax.habu", "SOFTMAX-ROWS", "C", 16384, {"threads": "512"}),  # two blocks an SM

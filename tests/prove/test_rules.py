@@ -404,3 +404,30 @@ def test_regression_z3_4_15_timed_out_on_runtime_k_tma_bounds(monkeypatch):
     wrong = z3.Implies(z3.And(n >= 0, n < 256, k >= 0, k < K), n * K + k < 255 * K)
     ob2 = obligation.Obligation(obligation.INT32_OFFSETS, "kernel 0", "B", "in bounds", wrong)
     assert obligation._solve(ob2, wrong, ctx).status == "violated"
+
+
+def test_the_int32_rule_evaluates_the_row_kernels_thread_map():
+    """A row kernel's 32-bit lane arithmetic (its row, a thread's chunk index after its loop's last
+    increment, its last column, its last cache slot) is stated from the lowering's thread map
+    (`RowLowering.chunk_loop`), at every width of a runtime row: a map whose chunks are 2^31 apart
+    breaks it, the real one does not."""
+    from dataclasses import replace
+
+    from habu.lower import lower_whole
+    from habu.prove.obligation import context, discharge
+    from habu.prove.rules_fields import launch_obligations
+
+    m = load_program(ROOT / "examples" / "rmsnorm.habu").models["RMSNORM-ROWS"]  # #D is a runtime extent
+    plan = default_plan(m, TARGETS["sm_90a"], {"D": 4096}, {"cache_row": "true", "threads": "256"})
+    (lw,) = lower_whole(m, plan).kernels
+    ctx = context(m, plan)
+
+    def lanes(lowering):
+        return [discharge(o, ctx) for o in launch_obligations("k", lowering, ctx) if o.rule.name == "int32-offsets"]
+
+    fine = lanes(lw)
+    assert {"row", "chunk index", "column"} <= {w for o in fine for w in ("row", "chunk index", "column")
+                                               if w in o.statement}
+    assert all(o.status == "proved" for o in fine), [(o.statement, o.status) for o in fine]
+    far = replace(lw, thread_map=replace(lw.thread_map, chunk_stride=2**31))
+    assert any(o.status == "violated" and "chunk index" in o.statement for o in lanes(far))

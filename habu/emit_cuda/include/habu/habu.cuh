@@ -6,11 +6,13 @@
 #include "reduce/columns.cuh"
 #include "memory/global.cuh"
 #include "memory/async.cuh"
+#include "rows/chunk.cuh"
 #include "sync/mbarrier.cuh"
 #include "sync/grid.cuh"
 #include "mma/sync.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "memory/tma.cuh"
 #include "sync/cluster.cuh"
+#include "reduce/cluster.cuh"
 #include "mma/wgmma.cuh"
 #endif

@@ -1,0 +1,127 @@
+"""Thread→element maps of the row and map kernels: which elements each thread visits, where a row
+kept in shared memory puts each element, and which element each lane of a map kernel computes.
+
+These are data of the lowering. The emitter prints its loops, lane indices, tail predicates and cache
+indices from them (as C, through `CExpr`); the finite-field interpreter (`habu.prove.interp`) runs the
+same methods on integer arrays, thread by thread and chunk by chunk, so a map that skips an element,
+visits one twice, or reads past the row fails the check; the int32 rule (`habu.prove.rules_fields`)
+evaluates them over z3 terms. Every method is written with `+`, `*`, `//` only, so it runs on ints,
+numpy arrays, z3 terms and `CExpr`s alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RowThreads:
+    """The threads of one row and the chunks each visits.
+
+    A block holds `rows` rows; thread x of the block works on row slot x / `threads` as lane
+    t = x % `threads`. Lane t's i-th chunk is g = t + `chunk_stride`·i (chunks of the block's part of
+    the row, `vector` elements each: columns g·vector + q, q < vector). A thread keeps visiting chunks
+    while g < end (the chunks of the part; `end_inclusive`: g ≤ end, only in planted bugs), or, with a
+    row kept in registers, exactly its `unrolled` chunks (`ChunkLoop`)."""
+
+    threads: int
+    rows: int
+    vector: int
+    chunk_stride: int
+    end_inclusive: bool = False
+
+    def lane(self, x: Any) -> Any:
+        """The lane within its row of block thread x."""
+        return x % self.threads
+
+    def row_slot(self, x: Any) -> Any:
+        """The row slot (0 .. rows − 1) of block thread x."""
+        return x // self.threads
+
+    def row(self, block: Any, slot: Any) -> Any:
+        """The row a block's row slot computes (a block per `rows` consecutive rows)."""
+        return block * self.rows + slot
+
+    def warp(self, t: Any) -> Any:
+        """The warp of lane t, whose partial a block reduction combines (`RowLowering.combined_warps`)."""
+        return t // 32
+
+
+@dataclass(frozen=True)
+class ChunkLoop:
+    """A thread's column loop at given sizes: `RowThreads`' chunks of `vector` columns (1: a loop
+    over single columns, for a row that does not move in 16-byte vectors), `unrolled` chunks each
+    (a row in registers) or while the chunk is below `end` (the chunks of the block's part)."""
+
+    threads: RowThreads
+    vector: int
+    unrolled: int
+    end: Any
+
+    def chunk(self, t: Any, i: Any) -> Any:
+        return t + self.threads.chunk_stride * i
+
+    def first(self, t: Any) -> Any:
+        return self.chunk(t, 0)
+
+    @property
+    def step(self) -> int:
+        """What the loop adds to g: the stride between a thread's chunks (`chunk`)."""
+        return self.threads.chunk_stride
+
+    def column(self, g: Any, q: Any) -> Any:
+        """The column (within the block's part) of element q of chunk g."""
+        return g * self.vector + q
+
+    def inside(self, g: Any, arith: Any) -> Any:
+        """The loop's tail predicate: chunk g is one of the part's (`arith`: C text, numpy arrays)."""
+        return arith.le(g, self.end) if self.threads.end_inclusive else arith.lt(g, self.end)
+
+    def last_chunk(self) -> Any:
+        """The largest value g takes: a register row's last chunk, or the loop variable after its last
+        increment (the thread's last chunk below `end`, plus the stride)."""
+        if self.unrolled:
+            return self.chunk(self.threads.threads - 1, self.unrolled - 1)
+        return self.end + self.threads.chunk_stride - (0 if self.threads.end_inclusive else 1)
+
+
+@dataclass(frozen=True)
+class RowCache:
+    """Where element q of chunk g of a block's part of the row sits in the shared-memory copy of the
+    row: `permuted` (16-byte chunks), slot q·(G + `lane_pad`) + g with G the part's chunks, so that
+    consecutive threads write consecutive words (no bank conflicts); else slot g·vector + q, the
+    column itself. `lane_pad` is nonzero only in planted bugs."""
+
+    permuted: bool
+    lane_pad: int = 0
+
+    def slot(self, g: Any, q: Any, loop: ChunkLoop) -> Any:
+        if self.permuted:
+            return q * (loop.end + self.lane_pad) + g
+        return loop.column(g, q)
+
+    def last_slot(self, loop: ChunkLoop) -> Any:
+        """The largest slot a thread's loop indexes (its last chunk's last element)."""
+        return self.slot(loop.last_chunk(), loop.vector - 1, loop)
+
+
+@dataclass(frozen=True)
+class MapLanes:
+    """A map kernel's lanes: thread x of block b starts at element (b·`threads` + x)·`lane_stride`
+    and computes `vector` consecutive elements from there (lane_stride = vector: the lanes tile the
+    output; another stride only in planted bugs)."""
+
+    threads: int
+    vector: int
+    lane_stride: int
+
+    def first(self, block: Any, x: Any) -> Any:
+        return (block * self.threads + x) * self.lane_stride
+
+    def element(self, first: Any, v: Any) -> Any:
+        return first + v
+
+    def largest(self, blocks: Any) -> Any:
+        """The largest element index a launch of `blocks` blocks computes (before its guard)."""
+        return self.element(self.first(blocks - 1, self.threads - 1), self.vector - 1)
