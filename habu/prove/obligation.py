@@ -11,6 +11,7 @@ import z3
 
 from habu.lower.access import Access
 from habu.plan.plan import Plan
+from habu.prove.deadline import DeadlinePassed, deadline_cut, solver_timeout_ms
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target, target_named
@@ -109,10 +110,14 @@ _DISCHARGED: dict[tuple[str, tuple[str, ...]], tuple[str, str, dict[str, int] | 
 DISCHARGED_KEPT = 50_000
 
 
+Z3_TIMEOUT_MS = 10_000  # one query's limit (less when the proof's deadline is nearer)
+
+
 def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     start = time.perf_counter()
     solver = z3.Solver()
-    solver.set("timeout", 10_000)
+    given = solver_timeout_ms(Z3_TIMEOUT_MS)  # the proof's deadline, when nearer, bounds z3 too
+    solver.set("timeout", given)
     solver.add(*ctx.domain)
     solver.add(z3.Not(f))
     result = solver.check()
@@ -120,8 +125,10 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     if result == z3.unsat:
         ob.status, ob.how = "proved", f"z3: no counterexample ({ms:.0f} ms)"
         return ob
+    if result == z3.unknown and deadline_cut(Z3_TIMEOUT_MS, given):
+        raise DeadlinePassed(f"the time budget ran out during a z3 query ({ob.rule.name})")
     if result == z3.unknown:
-        ob.status, ob.how = "violated", f"z3 could not decide it within 10 s: {solver.reason_unknown()}"
+        ob.status, ob.how = "violated", f"z3 could not decide it within {Z3_TIMEOUT_MS // 1000} s: {solver.reason_unknown()}"
         return ob
     model = solver.model()
     runtime = {e.name for e in ctx.model.extents if not isinstance(ctx.ext[e.name], int)}
@@ -134,8 +141,13 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     if runtime & set(cex):
         # does some size in the range satisfy it? then it is a guard of a checked kernel set
         probe = z3.Solver()
+        probe_ms = solver_timeout_ms(Z3_TIMEOUT_MS)
+        probe.set("timeout", probe_ms)
         probe.add(*ctx.domain, f)
-        if probe.check() == z3.sat:
+        answer = probe.check()
+        if answer == z3.unknown and deadline_cut(Z3_TIMEOUT_MS, probe_ms):
+            raise DeadlinePassed(f"the time budget ran out during a z3 query ({ob.rule.name})")
+        if answer == z3.sat:
             ob.status = "guarded"
             ob.how = "holds only for some runtime sizes: the plan is valid where it holds"
             return ob
