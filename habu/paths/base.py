@@ -4,8 +4,9 @@ A kernel path is one way Habu builds a kernel of a plan: the SIMT, mma.sync and 
 (told apart by the plan kernel's `mma` field), the row kernels and the elementwise maps. Each is
 one module of habu/paths/ defining one `KernelPath`; `habu/paths/__init__.py` lists them. The path
 says which plan kernels it takes, what of them its emitter can print (through its `support`, the
-pure predicates in habu/lower/support.py that the rules read), which variants the search tries,
-what shared memory and registers it needs, the cost model's terms for it, and it prints the CUDA.
+pure predicates in habu/lower/support.py that the rules read), its analytic default (asked by
+`preference`), which variants the search tries, what shared memory and registers it needs, the
+cost model's terms for it, and it prints the CUDA.
 
 Layering: this package sits above habu/emit_cuda and habu/prove (a path prints through its emitter
 and states its obligations) and below habu/search (the search space and the cost model ask it).
