@@ -94,14 +94,19 @@ def plans_ls(db: DbOpt = None) -> None:
 
         print(f"no plan database at {Path(db) if db else default_path()}: nothing stored yet", file=sys.stderr)
         return
+    problems: list[str] = []  # entries that cannot be read: listed as warnings, the others shown
     with PlanDB(path) as plans:
-        entries = plans.entries()
+        entries = plans.entries(problems)
         table = Table(title=str(plans.path))
     here = this_machine()
     for col in ("id", "model", "shape", "target", "habu nvrtc driver", "best", "plan", "updated", "status"):
         table.add_column(col, no_wrap=col in ("id", "model", "shape"))
     for e in entries:
         best = e.records[0] if e.records else None
+        why = unreadable_plan(best.plan) if best else None
+        if why:
+            problems.append(f"entry {e.digest[:12]}: its best plan is unreadable ({why}); remove it with habu plans rm")
+            continue
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.updated))
         status = (f"{best.median_us:.1f} µs" if best and best.median_us else
                   ("unmeasured" if best else "failures only"))
@@ -110,6 +115,21 @@ def plans_ls(db: DbOpt = None) -> None:
                       f"{e.key.target.arch} {e.key.target.gpu}", f"{v.habu} {v.nvrtc} {v.driver}",
                       status, plan_summary(best.plan) if best else "", when, staleness(e, here))
     output_console().print(table)
+    import sys
+
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+
+
+def unreadable_plan(plan: object) -> str | None:
+    """Why a stored plan cannot be read (not a plan, an unknown field or value), or None."""
+    from habu.plan.plan import Plan
+
+    try:
+        Plan.from_json(plan, "the plan")
+    except HabuError as err:
+        return err.message
+    return None
 
 
 @plans_app.command("show")

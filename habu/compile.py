@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from habu.errors import HabuError, Span, UsageError
+from habu.plan.fields import unguarded_changes
 from habu.plan.limits import check_nesting
-from habu.plan.plan import ContractionKernel, Plan, field_docs
+from habu.plan.plan import Plan, field_docs
 from habu.prove import Proof, prove
 from habu.prove.limits import check_sizes
 from habu.prove.rules import Obligation
@@ -56,18 +57,13 @@ def plan_error(program: Program, model: Model, ob: Obligation, hint: str | None 
 
 
 def fallback(plan: Plan, proof: Proof) -> Plan:
-    """A member with no guard: every operand whose movement needed one is loaded with scalar ldg."""
-    kernels = []
-    for k in plan.kernels:
-        if isinstance(k, ContractionKernel):
-            bad = {o.tensor for o in proof.guards if o.kernel.startswith(f"kernel {plan.kernels.index(k)} ")}
-            changes = {}
-            if bad:
-                changes = {"a_move": "ldg", "a_vector": 1, "b_move": "ldg", "b_vector": 1}
-            kernels.append(replace(k, **changes))
-        else:
-            kernels.append(replace(k, vector=1) if hasattr(k, "vector") else k)
-    return replace(plan, kernels=tuple(kernels), guards=())
+    """A member with no guard: each kernel a guard names takes every field's unguarded value (the
+    field table's `unguarded`, habu/plan/fields.py: scalar ldg loads, vector 1);
+    the other kernels hold for every size already and are kept."""
+    guarded = {i for i in range(len(plan.kernels)) for o in proof.guards if o.kernel.startswith(f"kernel {i} ")}
+    kernels = tuple(replace(k, **unguarded_changes(type(k))) if i in guarded else k
+                    for i, k in enumerate(plan.kernels))
+    return replace(plan, kernels=kernels, guards=())
 
 
 def compile_model(program: Program, model_name: str, shape: dict[str, int], target: Target,

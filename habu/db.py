@@ -292,9 +292,22 @@ class PlanDB:
         stale = [e for e in self.entries() if e.key.same_problem() == key.same_problem() and e.digest != key.digest()]
         return exact, stale
 
-    def entries(self) -> list[Entry]:
+    def entries(self, problems: list[str] | None = None) -> list[Entry]:
+        """Every entry, most recently updated first. An unreadable one (corrupt JSON, an unknown field)
+        raises a HabuError, or with `problems` is left out and said there ("entry ID: why")."""
         digests = [r[0] for r in self.conn.execute("SELECT digest FROM entries ORDER BY updated DESC")]
-        return [e for d in digests if (e := self._entry(d)) is not None]
+        out = []
+        for d in digests:
+            try:
+                entry = self._entry(d)
+            except HabuError as err:
+                if problems is None:
+                    raise
+                problems.append(f"entry {d[:12]}: {err.message}")
+                continue
+            if entry is not None:
+                out.append(entry)
+        return out
 
     def find(self, digest_prefix: str) -> Entry:
         rows = self.conn.execute("SELECT digest FROM entries WHERE digest LIKE ?", (digest_prefix + "%",)).fetchall()

@@ -225,3 +225,30 @@ def test_an_import_is_one_transaction_a_bad_fourth_entry_commits_nothing(tmp_pat
             b.import_(tmp_path / "four.json", refuse_the_fourth)
         assert b.entries() == []
         assert b.import_(tmp_path / "four.json") == 4 and len(b.entries()) == 4
+
+
+def test_regression_plans_ls_failed_whole_when_one_stored_row_was_bad(tmp_path, capsys):
+    """One corrupt record (or a plan with a field this Habu does not know) made `habu plans ls`
+    fail for the whole database: now the good entries are listed and each bad one is a warning."""
+    from habu.cli_plans import plans_ls
+    from habu.plan.plan import MapKernel, Plan
+
+    plan = Plan("G", "h" * 64, "sm_90a", (), (MapKernel(nodes=("Y",), threads=256, vector=4),)).to_json()
+    unknown = {**plan, "kernels": [{**plan["kernels"][0], "tile_order": 3}]}
+    path = tmp_path / "db.sqlite"
+    with PlanDB(path) as db:
+        good = db.store(key(shape=(("M", 1),)), [Record(0, plan, "measured", median_us=7.5)])
+        corrupt = db.store(key(shape=(("M", 2),)), [Record(0, plan, "measured", median_us=1.0)])
+        odd = db.store(key(shape=(("M", 3),)), [Record(0, unknown, "measured", median_us=2.0)])
+        with db.transaction() as c:
+            c.execute("UPDATE plans SET record_json='{not json' WHERE digest=?", (corrupt.digest,))
+        with pytest.raises(HabuError, match="unreadable"):
+            db.entries()  # without a list for the problems, still an error
+    plans_ls(db=path)
+    out, err = capsys.readouterr()
+    assert good.digest[:12] in out and "7.5 µs" in out
+    assert corrupt.digest[:12] not in out and odd.digest[:12] not in out
+    warnings = err.strip().splitlines()
+    assert len(warnings) == 2, err
+    assert any(w.startswith(f"warning: entry {corrupt.digest[:12]}: ") for w in warnings)
+    assert any(w.startswith(f"warning: entry {odd.digest[:12]}: ") and "tile_order" in w for w in warnings)

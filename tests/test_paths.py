@@ -15,10 +15,19 @@ from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import lower_plan
 from habu.lower.registers import warp_specialized_split
 from habu.lower.rows import MapLowering
-from habu.lower.support import SUPPORT, MapSupport, contraction_smem, kernel_consumer_warpgroups, support_for
-from habu.paths import PATHS, path_for, register, unregister
+from habu.lower.support import (
+    SUPPORT,
+    MapSupport,
+    MmaSyncSupport,
+    contraction_smem,
+    kernel_consumer_warpgroups,
+    support_for,
+)
+from habu.paths import PATHS, by_preference, path_for, register, unregister
+from habu.paths.contraction import ContractionFacts, Shape
 from habu.paths.emit import emit_plan
 from habu.paths.map import MapPath
+from habu.paths.mma_sync import MmaSyncPath
 from habu.plan.patterns import default_regions
 from habu.plan.plan import ContractionKernel, Kernel, MapKernel
 from habu.prove.rules import failures, obligations
@@ -27,6 +36,8 @@ from habu.search.space import default_plan, enumerate_plans, region_space
 from habu.spec.ir import Model
 from habu.spec.parser import load_program
 from habu.target import TARGETS, Target
+from habu.targets import register as register_target
+from habu.targets import unregister as unregister_target
 from tests.conftest import EXAMPLES, ROOT
 
 
@@ -167,3 +178,71 @@ def test_a_path_states_the_same_supported_path_obligation_as_the_rules():
         (rules,) = [o for o in obligations(model, p) if o.rule.name == "supported-path"]
         assert (mine.statement, mine.detail) == (rules.statement, rules.detail)
     assert "clusters and split-K are not emitted together" in rules.detail
+
+
+# ----------------------------------------------------------------------------- a toy path on a toy target
+
+
+class ToyMmaSupport(MmaSyncSupport):
+    name = "toy-mma"
+
+
+class ToyMmaPath(MmaSyncPath):
+    """mma.sync under another name that owns its own analytic default and search tables, and takes
+    contractions only on the toy target (asked before mma.sync, after wgmma)."""
+
+    support = ToyMmaSupport()
+    preference = 25
+
+    def takes(self, facts: ContractionFacts, target: Target) -> bool:
+        return target.name == "sm_toy" and super().takes(facts, target)
+
+    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
+        return (64, 64, 32), 4, 2
+
+    def shapes(self) -> list[Shape]:
+        return [(64, 64, 32, 4, 2), (64, 64, 64, 4, 3)]
+
+
+@pytest.fixture
+def toy_path_and_target():
+    """The toy path and a toy target (sm_80 under another name), registered for one test only."""
+    target = register_target(dataclasses.replace(TARGETS["sm_80"], name="sm_toy", description="a toy sm_80"))
+    register(ToyMmaPath())
+    yield target
+    unregister("toy-mma")
+    unregister_target("sm_toy")
+
+
+def test_a_toy_path_and_a_toy_target_are_picked_up_with_no_other_edit(toy_path_and_target):
+    """docs/ARCHITECTURE.md's measurement: one path object and one target registered, nothing else
+    edited; the analytic default, the search space and the rules all ask them."""
+    toy, sm_80 = toy_path_and_target, TARGETS["sm_80"]
+    model = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    # the analytic default: the toy's own schedule on the toy target, mma.sync's elsewhere
+    plan = default_plan(model, toy)
+    (k,) = plan.kernels
+    assert (k.mma, k.tile_m, k.tile_n, k.tile_k, k.warps, k.stages) == ("mma.sync", 64, 64, 32, 4, 2)
+    assert [p.name for p in by_preference("contraction")] == ["wgmma", "toy-mma", "mma.sync", "fma"]
+    (k80,) = default_plan(model, sm_80).kernels
+    assert (k80.tile_m, k80.tile_n) == (128, 128)
+    # the rules: the toy's supported-path obligation, and the toy target's rules prove the plan
+    assert path_for(k).name == support_for(k).name == "toy-mma"
+    obs = obligations(model, plan)
+    assert not failures(obs)
+    (ob,) = [o for o in obs if o.rule.name == "supported-path"]
+    assert ob.statement == "the toy-mma path supports this plan"
+    # the search space: the toy's shape table for its instruction on the toy target
+    (region,) = default_regions(model)
+    sizes = {e.name: e.size for e in model.extents}
+    space = list(region_space(model, region, toy, sizes))
+    assert {(v.tile_m, v.tile_n, v.tile_k) for v in space if v.mma == "mma.sync"} == {(64, 64, 32), (64, 64, 64)}
+    assert any(v.mma == "fma" for v in space)
+
+
+def test_unregistering_the_toy_path_gives_the_toy_target_mma_syncs_default(toy_path_and_target):
+    model = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    unregister("toy-mma")
+    (k,) = default_plan(model, toy_path_and_target).kernels
+    assert path_for(k).name == "mma.sync" and (k.tile_m, k.tile_n) == (128, 128)
+    register(ToyMmaPath())  # the fixture removes it again

@@ -2,18 +2,28 @@
 kernel path", and `KernelPath` in habu/paths/base.py).
 
 `PATHS` is the one list of paths: emission (habu/paths/emit.py), the search space and the cost
-model (habu/search/) ask `path_for(kernel)`, the first path that takes a kernel. The rules
-(habu/prove/rules.py) sit below this package and ask the same path's `support`
-(habu/lower/support.py); `register` keeps the two lists in step.
+model (habu/search/) ask `path_for(kernel)`, the first path that takes a kernel. The analytic
+default asks `default_kernel(region)`: the paths of the region's family by their `preference`, the
+first whose `default` gives a kernel on the target; `region_space` is that path's search space (for
+a contraction, every instruction's path that is offered). The rules (habu/prove/rules.py) sit below
+this package and ask the same path's `support` (habu/lower/support.py); `register` keeps the two
+lists in step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
 
 from habu.lower import support as _support
 from habu.paths import columns, fma, general, map, mma_sync, rows, wgmma
 from habu.paths.base import KernelPath
 from habu.paths.contraction import ContractionPath
-from habu.plan.plan import Kernel
+from habu.plan.fields import Mma
+from habu.plan.patterns import Region
+from habu.plan.plan import MMAS, ContractionKernel, Kernel
+from habu.spec.ir import Model
+from habu.target import Target
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
 PATHS: list[KernelPath] = [fma.PATH, mma_sync.PATH, wgmma.PATH, rows.PATH, map.PATH, columns.PATH,
@@ -33,6 +43,35 @@ def contraction_path(mma: str) -> ContractionPath:
     return next(p for p in PATHS if isinstance(p, ContractionPath) and p.mma == mma)
 
 
+def by_preference(family: str) -> list[KernelPath]:
+    """The paths of `family` in the order the analytic default asks them (higher `preference`
+    first, equal ones in the registry's order)."""
+    return sorted((p for p in PATHS if p.family == family), key=lambda p: -p.preference)
+
+
+def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Kernel:
+    """The analytic default of `region`: the first path (by preference) that builds it on `target`."""
+    for p in by_preference(region.kind):
+        kernel = p.default(model, region, target, sizes)
+        if kernel is not None:
+            return kernel
+    raise ValueError(f"no kernel path builds a {region.kind} region on {target.name}")
+
+
+def region_space(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Iterator[Kernel]:
+    """Every candidate kernel for one fusion region, in canonical order: the default's path's
+    variants; for a contraction, those of each instruction's first path that is offered on `target`."""
+    base = default_kernel(model, region, target, sizes)
+    if not isinstance(base, ContractionKernel):
+        yield from path_for(base).region_variants(model, region, base, target, sizes)
+        return
+    tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
+    for mma in MMAS:
+        path = path_for(replace(base, mma=mma))
+        if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
+            yield from path.variants(base, target)
+
+
 def path_named(name: str) -> KernelPath:
     return next(p for p in PATHS if p.name == name)
 
@@ -50,4 +89,5 @@ def unregister(name: str) -> None:
     _support.unregister(name)
 
 
-__all__ = ["PATHS", "ContractionPath", "KernelPath", "contraction_path", "path_for", "path_named", "register", "unregister"]
+__all__ = ["PATHS", "ContractionPath", "KernelPath", "by_preference", "contraction_path", "default_kernel", "path_for",
+           "path_named", "region_space", "register", "unregister"]

@@ -4,8 +4,9 @@ A kernel path is one way Habu builds a kernel of a plan: the SIMT, mma.sync and 
 (told apart by the plan kernel's `mma` field), the row kernels and the elementwise maps. Each is
 one module of habu/paths/ defining one `KernelPath`; `habu/paths/__init__.py` lists them. The path
 says which plan kernels it takes, what of them its emitter can print (through its `support`, the
-pure predicates in habu/lower/support.py that the rules read), which variants the search tries,
-what shared memory and registers it needs, the cost model's terms for it, and it prints the CUDA.
+pure predicates in habu/lower/support.py that the rules read), its analytic default (asked by
+`preference`), which variants the search tries, what shared memory and registers it needs, the
+cost model's terms for it, and it prints the CUDA.
 
 Layering: this package sits above habu/emit_cuda and habu/prove (a path prints through its emitter
 and states its obligations) and below habu/search (the search space and the cost model ask it).
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import Lowering
 from habu.lower.support import PathSupport
+from habu.plan.patterns import Region
 from habu.plan.plan import Kernel
 from habu.prove.obligation import Context, Obligation
 from habu.prove.rules import supported
@@ -30,9 +32,12 @@ from habu.target import Target
 
 class KernelPath(ABC):
     """One kernel path. Subclasses set `support` (its `name` is the path's name) and implement
-    `variants`, `smem_bytes`, `registers` and `emit`."""
+    `default`, `variants`, `smem_bytes`, `registers` and `emit`."""
 
     support: PathSupport
+    # the order in which the analytic default asks the paths of a family (higher first; equal ones in
+    # the registry's order): the first whose `default` gives a kernel builds the region
+    preference: int = 0
 
     @property
     def name(self) -> str:
@@ -53,9 +58,20 @@ class KernelPath(ABC):
         return supported(name, lowering, ctx)
 
     @abstractmethod
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Kernel | None:
+        """The analytic default for `region` (a region of this path's family) at `sizes` on `target`,
+        or None when this path does not build it there (the registry then asks the next path)."""
+
+    @abstractmethod
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """The search space: every candidate kernel of this path for a region whose analytic default
         is `base`, in canonical order. `row_length`: a row kernel's static row length (None if runtime)."""
+
+    def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
+                        sizes: dict[str, int]) -> Iterator[Kernel]:
+        """The search space of `region` whose default (this path's) is `base` (`variants`, with what
+        the path reads of the region and of its `sizes`)."""
+        return self.variants(base, target)
 
     @abstractmethod
     def smem_bytes(self, lowering: Lowering) -> int:

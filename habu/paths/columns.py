@@ -14,10 +14,13 @@ from habu.emit_cuda.emit_columns import emit_columns
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.columns import ColumnLowering
 from habu.lower.support import COLUMNS
+from habu.paths.analytic import max_vector, multiples, needs_64bit
 from habu.paths.base import KernelPath
+from habu.plan.patterns import Region, as_column_reduction, column_node
 from habu.plan.plan import ColumnKernel, Kernel
+from habu.plan.storage import dtype_bytes, dtype_of
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Model
+from habu.spec.ir import INT31_MAX, Load, Model, walk
 from habu.target import Target
 
 # bytes of loads a resident SM keeps in flight to hide DRAM latency at full bandwidth (Little's law:
@@ -64,6 +67,29 @@ def default_kernel(nodes: tuple[str, ...], rows: int, cols: int, elem_bytes: int
 
 class ColumnsPath(KernelPath):
     support = COLUMNS
+
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ColumnKernel:
+        """`default_kernel` for the region's reduction: 16-byte loads of the widest row-column operand
+        where the row length allows, 32-bit indices where every row a thread computes (masked or not)
+        stays below 2^31 elements."""
+        col = as_column_reduction(column_node(model, region.nodes))
+        assert col is not None
+        rows, cols = sizes[col.r.extent], sizes[col.n.extent]
+        static = next((e.size for e in model.extents if e.name == col.n.extent), None)
+        wide = [dtype_bytes(model, x.tensor) for x in walk(col.node.rhs)
+                if isinstance(x, Load) and x.indices == (col.r, col.n)]
+        vec = max_vector(static, max(wide, default=4), multiples(model).get(col.n.extent, 1))
+        out_f32 = dtype_of(model, region.output) == "f32"
+        base = default_kernel(region.nodes, rows, cols, max(wide, default=4), out_f32, col.op, vec, target, 32)
+        wide_rows = rows + base.rows_per_split + base.threads * base.unroll  # the rows a thread computes
+        narrow = not needs_64bit(model, sizes) and wide_rows * cols + cols <= INT31_MAX
+        return replace(base, index_width=32 if narrow else 64)
+
+    def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
+                        sizes: dict[str, int]) -> Iterator[Kernel]:
+        col = as_column_reduction(column_node(model, region.nodes))
+        assert col is not None
+        return self.variants(base, target, sizes[col.r.extent])
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Columns per thread (the default's vector, and 1), threads (128, 256, 512) with 16, 32 or 64

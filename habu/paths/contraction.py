@@ -1,16 +1,21 @@
-"""What the three contraction paths (fma, mma.sync, wgmma) share: the search space's shape of a
+"""What the three contraction paths (fma, mma.sync, wgmma) share: the analytic default (each path
+says whether it takes a contraction and how its operands move), the search space's shape of a
 contraction variant, the shared-memory layout, and the cost model's terms, each path filling in its
 own tables."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from habu.lower.contraction import ContractionLowering
-from habu.lower.support import ContractionSupport, contraction_smem
+from habu.lower.support import TENSOR_CORE_DTYPES, ContractionSupport, contraction_smem, support_for
+from habu.paths.analytic import index_width, max_vector, node_of
 from habu.paths.base import KernelPath
+from habu.plan.patterns import Contraction, Operand, Region, as_contraction
 from habu.plan.plan import MOVEMENTS, RASTERS, ContractionKernel, Kernel
+from habu.plan.storage import dtype_bytes, dtype_of
+from habu.spec.ir import Model
 from habu.target import Target
 from habu.targets import Ceilings
 
@@ -23,14 +28,122 @@ def target_moves(target: Target) -> list[str]:
             or (m == "tma" and target.tma) or (m == "tma-gather4" and target.tma_gather4)]
 
 
+@dataclass(frozen=True)
+class ContractionFacts:
+    """What the analytic defaults read of one contraction region at a shape."""
+
+    c: Contraction
+    tensor_cores: bool  # bf16/f16 operands of one type
+    m: int
+    n: int
+    k: int
+    a_kmajor: bool
+    b_kmajor: bool
+    b_n_major_tma: bool  # a B contiguous along n (a (K, N) weight) that TMA boxes can read transposed
+
+    @staticmethod
+    def of(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ContractionFacts:
+        c = as_contraction(node_of(model, region.nodes[0]))
+        assert c is not None
+        a_t, b_t = c.a.load.tensor, c.b.load.tensor
+        a_dt, b_dt = dtype_of(model, a_t), dtype_of(model, b_t)
+        b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
+        b_decl = model.tensor(b_t)
+        b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 and target.tma
+                         and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
+        return ContractionFacts(c, a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt, sizes[c.m.extent],
+                                sizes[c.n.extent], sizes[c.k.extent], c.a.k_pos == len(c.a.load.indices) - 1,
+                                b_kmajor, b_n_major_tma)
+
+
+@dataclass(frozen=True)
+class OperandFacts:
+    """What an operand's default movement depends on."""
+
+    is_b: bool
+    gathered: bool
+    contiguous_k: bool  # its rows run along k
+    row_elems: int  # its row length in elements (row-major storage)
+    elem_bytes: int
+    rows: int  # the rows of the output it feeds (#M for A, #N for B)
+
+    @property
+    def aligned_rows(self) -> bool:
+        """Rows of a 16-byte multiple (a TMA descriptor's stride)."""
+        return (self.row_elems * self.elem_bytes) % 16 == 0
+
+
 class ContractionPath(KernelPath):
     """A contraction path: subclasses give the tables below; `variants` combines them."""
 
     support: ContractionSupport
+    swizzled = False  # whether its default swizzles shared memory even without TMA operands
 
     @property
     def mma(self) -> str:
         return self.support.mma
+
+    # ------------------------------------------------------------------ the analytic default
+
+    def takes(self, facts: ContractionFacts, target: Target) -> bool:
+        """Whether the analytic default uses this path for the contraction (asked by preference)."""
+        raise NotImplementedError
+
+    def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
+                         ) -> tuple[str, int]:
+        """How the default moves an operand, and its vector (`vector`: the widest aligned one)."""
+        raise NotImplementedError
+
+    def default_warp_specialized(self, target: Target) -> bool:
+        return False
+
+    def tile_schedule(self, tile_m: int, tile_n: int) -> tuple[int, int] | None:
+        """The (warps, stages) a pinned tile brings with it, or None (the default's are kept)."""
+        return None
+
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int],
+                forced: bool = False) -> ContractionKernel | None:
+        """The analytic default with this path's instruction (`forced`: even where `takes` says no,
+        for `--pin mma=...`)."""
+        facts = ContractionFacts.of(model, region, target, sizes)
+        if not forced and not self.takes(facts, target):
+            return None
+        c = facts.c
+        tile, warps, stages = self.default_schedule(facts.m, facts.n, target)
+
+        def movement(op: Operand, tile_along_inner: int) -> tuple[str, int]:
+            decl = model.tensor(op.load.tensor)
+            eb = dtype_bytes(model, op.load.tensor)
+            inner = sizes[decl.extents[-1]]
+            vec = max_vector(inner, eb)
+            while tile_along_inner % vec:
+                vec //= 2
+            facts_op = OperandFacts(op is c.b, op.gather is not None, op.k_pos == len(op.load.indices) - 1, inner,
+                                    eb, sizes[(c.m if op is c.a else c.n).extent])
+            return self.default_movement(facts_op, vec, facts, target)
+
+        a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == 1 else tile[0])
+        b_move, b_vec = movement(c.b, tile[2] if c.b.k_pos == 1 else tile[1])
+        tiles = -(-facts.m // tile[0]) * -(-facts.n // tile[1])
+        split = 1
+        out_dt = model.tensor(region.output).dtype
+        if len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32":
+            while tiles * split * 2 <= target.sm_count and -(-facts.k // tile[2]) >= 8 * split * 2:
+                split *= 2
+        eb = max(dtype_bytes(model, c.a.load.tensor), dtype_bytes(model, c.b.load.tensor))
+        swizzle = 128 if tile[2] * eb >= 128 else (64 if tile[2] * eb >= 64 else 0)
+        kernel = ContractionKernel(
+            nodes=region.nodes, tile_m=tile[0], tile_n=tile[1], tile_k=tile[2], warps=warps, stages=stages,
+            mma=self.mma, a_move=a_move, b_move=b_move, a_vector=a_vec, b_vector=b_vec, split_k=split,
+            # grouped raster: 16 tile rows share B in L2 on tall problems (H200, 2026-11-30, MoE 8192x14336x4096:
+            # 701 TFLOP/s with 16, 684 with 8), 8 otherwise
+            raster="row", group_m=16 if -(-facts.m // tile[0]) >= 64 else 8, persistent=False,
+            warp_specialized=self.default_warp_specialized(target),
+            swizzle=swizzle if "tma" in (a_move, b_move) or self.swizzled else 0,
+            accumulator="f32", index_width=index_width(model, sizes),
+        )
+        return replace(kernel, store="tma") if plain_output(model, region, c, target, sizes) \
+            and tma_store_fits(model, kernel, target) else kernel
 
     # ------------------------------------------------------------------ the search space
 
@@ -102,3 +215,25 @@ class ContractionPath(KernelPath):
     def stage_efficiency(self, kernel: ContractionKernel, a_bytes: int, b_bytes: int) -> float:
         """The fraction of the peak the pipeline's depth allows."""
         return min(1.0, 0.7 + 0.1 * kernel.stages)
+
+
+def plain_output(model: Model, region: Region, c: Contraction, target: Target, sizes: dict[str, int]) -> bool:
+    """TMA stores where the output is a plain row-major (m, n) matrix with 16-byte rows (H200,
+    4096³: bf16 GEMM 0.90 -> 0.99x cuBLAS, f32 GGEMM 184.5 -> 181.1 µs)."""
+    first, last = node_of(model, region.nodes[0]), node_of(model, region.output)
+    out_decl = model.tensor(region.output)
+    out_e = dtype_bytes(model, region.output)
+    return (target.tma and first.lhs[:1] == (c.m,) and len(last.lhs) == 2 and len(out_decl.extents) == 2
+            and out_e in (2, 4) and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
+
+
+def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
+    """Whether a schedule leaves TMA stores possible: a path that emits them, no split-K, whole boxes
+    along n, and the two epilogue buffers per consumer within shared memory."""
+    c = as_contraction(node_of(model, k.nodes[0]))
+    assert c is not None
+    out_e = dtype_bytes(model, k.nodes[-1])
+    layout = contraction_smem(replace(k, store="tma"), dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor))
+    support = support_for(k)
+    return (isinstance(support, ContractionSupport) and support.emits_tma_stores and k.split_k == 1
+            and k.tile_n % (128 // out_e) == 0 and layout.total <= target.smem_per_block)

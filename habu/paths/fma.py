@@ -6,7 +6,7 @@ from habu.emit_cuda.emit_fma import emit_fma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.support import FMA
-from habu.paths.contraction import ContractionPath, Shape
+from habu.paths.contraction import ContractionFacts, ContractionPath, OperandFacts, Shape
 from habu.spec.ir import Model
 from habu.target import Target
 from habu.targets import Ceilings
@@ -14,6 +14,14 @@ from habu.targets import Ceilings
 
 class FmaPath(ContractionPath):
     support = FMA
+    preference = 10  # every contraction has it: asked last
+
+    def takes(self, facts: ContractionFacts, target: Target) -> bool:
+        return True
+
+    def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
+                         ) -> tuple[str, int]:
+        return "ldg", 1
 
     def offered(self, target: Target, tensor_cores: bool) -> bool:
         return True

@@ -10,7 +10,9 @@ from habu.emit_cuda.emit_general import emit_general
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.general import GeneralLowering
 from habu.lower.support import GENERAL
+from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
+from habu.plan.patterns import Region
 from habu.plan.plan import GeneralKernel, Kernel
 from habu.spec.ir import Model
 from habu.target import Target
@@ -18,6 +20,10 @@ from habu.target import Target
 
 class GeneralPath(KernelPath):
     support = GENERAL
+
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> GeneralKernel:
+        """256 threads, one output element each."""
+        return GeneralKernel(nodes=region.nodes, threads=256, index_width=index_width(model, sizes))
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         assert isinstance(base, GeneralKernel)

@@ -9,7 +9,9 @@ from habu.emit_cuda.emit_map import emit_map
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.rows import MapLowering
 from habu.lower.support import MAP
+from habu.paths.analytic import index_width, max_vector, multiples, node_of
 from habu.paths.base import KernelPath
+from habu.plan.patterns import Region
 from habu.plan.plan import Kernel, MapKernel
 from habu.spec.ir import Model
 from habu.target import Target
@@ -17,6 +19,13 @@ from habu.target import Target
 
 class MapPath(KernelPath):
     support = MAP
+
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> MapKernel:
+        last = node_of(model, region.output)
+        inner = last.lhs[-1].extent if last.lhs else None
+        static = next((e.size for e in model.extents if e.name == inner), None) if inner else 1
+        vec = max_vector(static, 4, multiples(model).get(inner, 1) if inner else 1) if last.lhs else 1
+        return MapKernel(nodes=region.nodes, threads=256, vector=vec, index_width=index_width(model, sizes))
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         assert isinstance(base, MapKernel)

@@ -7,7 +7,7 @@ from habu.emit_cuda.emit_mma import emit_mma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.support import MMA_SYNC
-from habu.paths.contraction import ContractionPath, Shape
+from habu.paths.contraction import ContractionFacts, ContractionPath, OperandFacts, Shape
 from habu.spec.ir import Model
 from habu.target import Target
 from habu.targets import Ceilings
@@ -16,6 +16,16 @@ from habu.targets import Ceilings
 class MmaSyncPath(ContractionPath):
     support = MMA_SYNC
     ldg_feed = 3.0  # a scalar-load producer cannot keep tensor cores busy
+    preference = 20
+
+    def takes(self, facts: ContractionFacts, target: Target) -> bool:
+        return facts.tensor_cores and target.mma_sync
+
+    def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
+                         ) -> tuple[str, int]:
+        if target.cp_async and vector * op.elem_bytes >= 4:
+            return "cp.async", vector
+        return "ldg", vector
 
     def offered(self, target: Target, tensor_cores: bool) -> bool:
         return tensor_cores and target.mma_sync

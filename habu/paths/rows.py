@@ -10,17 +10,89 @@ from dataclasses import replace
 
 from habu.emit_cuda.emit_rows import emit_rows
 from habu.emit_cuda.kernel import CudaKernel
-from habu.lower.rows import RowLowering
+from habu.lower.rows import RowLowering, column_functions, lower_rows
 from habu.lower.support import ROWS
+from habu.paths.analytic import index_width, max_vector, multiples, node_of
 from habu.paths.base import KernelPath
+from habu.plan.patterns import Region, row_local
 from habu.plan.plan import Kernel, RowKernel
+from habu.plan.storage import dtype_bytes
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Model
+from habu.spec.ir import Extent, Model
 from habu.target import Target
+
+# a row of at most this many bytes is cached in one block's shared memory by default
+ROW_CACHE_BYTES = 200 * 1024
+
+
+def row_extent(model: Model, region: Region) -> Extent:
+    """The extent a row region's rows run along (its columns)."""
+    last = node_of(model, region.output)
+    axes = row_local(last)
+    c_ext = axes[1] if axes else last.lhs[-1].extent
+    return next(e for e in model.extents if e.name == c_ext)
 
 
 class RowsPath(KernelPath):
     support = ROWS
+
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> RowKernel:
+        extent = row_extent(model, region)
+        c_ext, static = extent.name, extent.size
+        eb = max(dtype_bytes(model, t.name) for t in model.inputs if c_ext in t.extents) if model.inputs else 4
+        vec = max_vector(static, eb, multiples(model).get(c_ext, 1))
+        cols = sizes[c_ext]
+        width = index_width(model, sizes)
+
+        def kernel(threads: int, rows: int = 1, cache: bool = True, share: int = 1, prefetch: bool = False
+                   ) -> RowKernel:
+            return RowKernel(nodes=region.nodes, rows_per_block=rows, threads=threads, vector=vec, cache_row=cache,
+                             index_width=width, cluster=share, prefetch=prefetch)
+
+        def in_registers(threads: int) -> bool:
+            return lower_rows(model, kernel(threads)).register_chunks(sizes) > 0
+
+        threads = 32  # enough threads that each holds about four 16-byte chunks of the row
+        while threads < 1024 and threads * vec * 4 < cols:
+            threads *= 2
+        # fewer threads, if that keeps the row in registers (H200, 2026-12-01: RMSNorm 8192x65536 535 µs
+        # with 512 threads in registers, 598 with 1024 through shared memory)
+        fewer = threads
+        while fewer > 32 and not in_registers(fewer):
+            fewer //= 2
+        if in_registers(fewer) and not in_registers(threads):
+            threads = fewer
+        # short rows: a warp per row, four rows per block, no block-wide barriers (softmax at 4096 columns
+        # took 59.5 µs this way, 37.6 with 128 threads per row: only rows of at most 32 chunks)
+        rows = 4 if threads == 32 else 1
+        # a runtime width is cached when its widest row (the extent's `hi`) fits
+        cache = max(cols, extent.hi if static is None else cols) * eb <= ROW_CACHE_BYTES
+        share = 1
+        # a static row too long for one block is shared by a cluster of blocks, about 32768 columns and
+        # 512 threads each, its part kept in registers (H200, 2026-12-01, 2048 x 131072 bf16: softmax
+        # 659.5 -> 433.1 µs, RMSNorm 480.3 -> 300.5, uncached before; torch 557.5 and 427.5)
+        if not cache and static is not None and target.tma:
+            share = 2
+            while share < 8 and static // share > 32768:
+                share *= 2
+            if static % (share * vec) == 0 and static // share * eb <= ROW_CACHE_BYTES:
+                threads, rows, cache = 512, 1, True
+            else:
+                share = 1
+        # a block whose row in registers fills the SM's registers, and which computes a special function
+        # of every column, loads its next row while it computes this one (H200, 2026-12-01, 8192 rows:
+        # softmax at 32768 columns 322.9 -> 296.4 µs, LayerNorm 284.6 -> 287.2; it lost where the SM
+        # holds two blocks, which overlap by themselves: softmax at 16384 138.1 -> 151.9, and for RMSNorm
+        # at 32768 columns 264.5 -> 284.0)
+        prefetch = False
+        if static is not None and share == 1 and rows == 1 and cache and target.cp_async:
+            lw = lower_rows(model, kernel(threads))
+            prefetch = lw.one_block_per_sm(sizes) and column_functions(lw.expression()) > 0
+        return kernel(threads, rows, cache, share, prefetch)
+
+    def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
+                        sizes: dict[str, int]) -> Iterator[Kernel]:
+        return self.variants(base, target, row_extent(model, region).size)
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Threads per row (a block, or a warp with several rows a block), the row cached or not; for

@@ -8,7 +8,7 @@ from habu.emit_cuda.emit_wgmma import emit_wgmma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.support import WGMMA
-from habu.paths.contraction import ContractionPath, Shape
+from habu.paths.contraction import ContractionFacts, ContractionPath, OperandFacts, Shape
 from habu.plan.plan import CLUSTERS, STORES, ContractionKernel
 from habu.spec.ir import Model
 from habu.target import Target
@@ -32,6 +32,32 @@ def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:
 class WgmmaPath(ContractionPath):
     support = WGMMA
     ldg_feed = 3.0  # a scalar-load producer cannot keep tensor cores busy
+    preference = 30  # asked first: where it takes a contraction, it is the fastest
+    swizzled = True
+
+    def takes(self, facts: ContractionFacts, target: Target) -> bool:
+        return (facts.tensor_cores and target.wgmma and facts.a_kmajor and (facts.b_kmajor or facts.b_n_major_tma)
+                and facts.k >= 64)
+
+    def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
+                         ) -> tuple[str, int]:
+        if not op.gathered and target.tma and op.aligned_rows and op.contiguous_k:
+            return "tma", vector
+        if op.is_b and facts.b_n_major_tma:
+            return "tma", vector
+        if target.tma and op.contiguous_k and not op.aligned_rows and op.rows <= target.max_grid_yz:
+            # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
+            # (the staging pass launches a block row per row: grid.y, at most 65535)
+            return "staged", vector
+        if target.cp_async and vector * op.elem_bytes >= 4 and op.contiguous_k:
+            return "cp.async", vector
+        return "ldg", vector
+
+    def default_warp_specialized(self, target: Target) -> bool:
+        return target.setmaxnreg
+
+    def tile_schedule(self, tile_m: int, tile_n: int) -> tuple[int, int] | None:
+        return wgmma_warps_stages(tile_m, tile_n)
 
     def offered(self, target: Target, tensor_cores: bool) -> bool:
         return tensor_cores and target.wgmma

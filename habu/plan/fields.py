@@ -71,6 +71,16 @@ class FieldError(ValueError):
     """A field's value is not one it may take."""
 
 
+class _Keep(enum.Enum):
+    KEEP = "keep"
+
+
+# a field's `unguarded` value when every value it may take holds for every size of the runtime
+# extents (the fallback member of a checked kernel set keeps it)
+KEEP = _Keep.KEEP
+_UNDECLARED = object()  # `unguarded` not given: `unguarded_changes` refuses the kernel class
+
+
 @dataclass(frozen=True)
 class FieldSpec:
     """What one schedule field may hold, and who reads it."""
@@ -83,6 +93,9 @@ class FieldSpec:
     multiple: int | None = None  # integers: a multiple of this
     pins: tuple[str, ...] = ()  # `--pin KEY=VALUE` keys that set this field
     json_optional: bool = False  # left out of JSON at its default (a field added after plan format 1)
+    # the value a guarded kernel takes in the unguarded fallback member of a checked kernel set (one
+    # that needs no condition on runtime extents), or KEEP; every field must say (habu/compile.py)
+    unguarded: Any = _UNDECLARED
 
     def describe(self, kind: type) -> str:
         """The allowed values, in words: 'one of fma, mma.sync, wgmma', 'a whole number ≥ 1', ..."""
@@ -146,9 +159,9 @@ class FieldSpec:
 
 def choice(doc: str, reader: Reader, *, default: Any = MISSING, allowed: tuple[Any, ...] | None = None,
            lo: int | None = None, hi: int | None = None, multiple: int | None = None, pins: tuple[str, ...] = (),
-           json_optional: bool = False) -> Any:
+           json_optional: bool = False, unguarded: Any = _UNDECLARED) -> Any:
     """A schedule field of a kernel dataclass, with its `FieldSpec`."""
-    spec = FieldSpec(doc, reader, allowed, lo, hi, multiple, pins, json_optional)
+    spec = FieldSpec(doc, reader, allowed, lo, hi, multiple, pins, json_optional, unguarded)
     if default is MISSING:
         return field(metadata={"doc": doc, "spec": spec})
     return field(default=default, metadata={"doc": doc, "spec": spec})
@@ -219,6 +232,22 @@ def fields_read_by(cls: type, reader: Reader) -> tuple[str, ...]:
     """The fields of `cls` that `reader` reads (`nodes`, the region itself, counts as PROOF)."""
     return tuple(kf.name for kf in kernel_fields(cls)
                  if (kf.spec is None and reader is Reader.PROOF) or (kf.spec is not None and kf.spec.reader is reader))
+
+
+def unguarded_changes(cls: type) -> dict[str, Any]:
+    """The fields a guarded kernel of `cls` changes in the unguarded fallback member, and their
+    values (every field not KEEP). A field that does not declare `unguarded` is a FieldError: a new
+    field cannot be left out of the fallback by mistake."""
+    out: dict[str, Any] = {}
+    for kf in kernel_fields(cls):
+        if kf.spec is None:
+            continue
+        if kf.spec.unguarded is _UNDECLARED:
+            raise FieldError(f"{cls.__name__}.{kf.name} does not declare its unguarded value (choice(..., "
+                             "unguarded=VALUE or KEEP), habu/plan/fields.py)")
+        if kf.spec.unguarded is not KEEP:
+            out[kf.name] = kf.spec.unguarded
+    return out
 
 
 def pin_table(classes: tuple[type, ...]) -> dict[str, tuple[str, ...]]:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from habu.errors import HabuError
 from habu.plan.fields import (
+    KEEP,
     Accumulator,
     FieldError,
     Mma,
@@ -56,41 +57,41 @@ class ContractionKernel:
 
     kind: ClassVar[str] = "contraction"
     nodes: tuple[str, ...] = doc("the model's nodes this kernel computes: the contraction, then its epilogue")
-    tile_m: int = choice("rows of the output tile one block computes", P, lo=1)
-    tile_n: int = choice("columns of the output tile one block computes", P, lo=1)
-    tile_k: int = choice("depth of one step of the k loop", P, lo=1)
+    tile_m: int = choice("rows of the output tile one block computes", P, lo=1, unguarded=KEEP)
+    tile_n: int = choice("columns of the output tile one block computes", P, lo=1, unguarded=KEEP)
+    tile_k: int = choice("depth of one step of the k loop", P, lo=1, unguarded=KEEP)
     warps: int = choice("warps per block (with warp specialisation, one warpgroup of them loads)", E, lo=1,
-                        pins=("warps",))
+                        pins=("warps",), unguarded=KEEP)
     stages: int = choice("shared-memory pipeline depth: k tiles in flight (at least 2 where a ring of them "
-                         "is pipelined: mma.sync, wgmma)", E, lo=1, pins=("stages",))
+                         "is pipelined: mma.sync, wgmma)", E, lo=1, pins=("stages",), unguarded=KEEP)
     mma: Mma = choice("the multiply instruction: fma (SIMT), mma.sync (m16n8k16) or wgmma (m64nNk16)", E,
-                      pins=("mma",))
+                      pins=("mma",), unguarded=KEEP)
     a_move: Move = choice("how A's tiles reach shared memory: ldg (predicated loads), cp.async, tma, tma-gather4, "
-                          "staged (a pre-pass copies the rows, gathered, to 16-byte-aligned rows read with TMA)", L)
-    b_move: Move = choice("how B's tiles reach shared memory", L)
-    a_vector: int = choice("elements per global access of A (ldg / cp.async)", E, lo=1, pins=("vector",))
-    b_vector: int = choice("elements per global access of B (ldg / cp.async)", E, lo=1, pins=("vector",))
+                          "staged (a pre-pass copies the rows, gathered, to 16-byte-aligned rows read with TMA)", L, unguarded=Move.LDG)
+    b_move: Move = choice("how B's tiles reach shared memory", L, unguarded=Move.LDG)
+    a_vector: int = choice("elements per global access of A (ldg / cp.async)", E, lo=1, pins=("vector",), unguarded=1)
+    b_vector: int = choice("elements per global access of B (ldg / cp.async)", E, lo=1, pins=("vector",), unguarded=1)
     split_k: int = choice("blocks sharing one output tile, each summing a slice of k (partials added atomically)",
-                          P, lo=1, pins=("split_k", "splitk"))
+                          P, lo=1, pins=("split_k", "splitk"), unguarded=KEEP)
     raster: Raster = choice("order in which blocks walk the tile grid: row (n fastest) or column (m fastest)", P,
-                            pins=("raster",))
+                            pins=("raster",), unguarded=KEEP)
     group_m: int = choice("grouped rasterisation: tile rows walked together so B tiles stay in L2 (1: none)", P,
-                          lo=1, pins=("group_m",))
+                          lo=1, pins=("group_m",), unguarded=KEEP)
     persistent: bool = choice("one block per SM looping over tiles, instead of one block per tile", P,
-                              pins=("persistent",))
+                              pins=("persistent",), unguarded=KEEP)
     warp_specialized: bool = choice("a producer warpgroup issues loads while consumer warpgroups multiply", E,
-                                    pins=("ws",))
+                                    pins=("ws",), unguarded=KEEP)
     swizzle: int = choice("shared-memory swizzle span in bytes (0, 32, 64, 128) for TMA / wgmma tiles", E,
-                          allowed=SWIZZLES, pins=("swizzle",))
-    accumulator: Accumulator = choice("accumulator element type", E, default=Accumulator.F32)
+                          allowed=SWIZZLES, pins=("swizzle",), unguarded=KEEP)
+    accumulator: Accumulator = choice("accumulator element type", E, default=Accumulator.F32, unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in: 32 (proved not to wrap) or 64", P,
-                              default=32, allowed=INDEX_WIDTHS, pins=("index", "index_width"))
+                              default=32, allowed=INDEX_WIDTHS, pins=("index", "index_width"), unguarded=KEEP)
     store: Store = choice("how the output tile reaches global memory: direct (each thread stores its registers) or "
                           "tma (through shared memory in boxes, bulk tensor stores that drain while the next tile "
-                          "runs)", E, default=Store.DIRECT, pins=("store",), json_optional=True)
+                          "runs)", E, default=Store.DIRECT, pins=("store",), json_optional=True, unguarded=KEEP)
     cluster_m: int = choice("blocks of a thread-block cluster along m: they compute vertically adjacent tiles and "
                             "share B's tile, each loading a part and multicasting it to all (1: no cluster)", P,
-                            default=1, allowed=CLUSTERS, pins=("cluster", "cluster_m"), json_optional=True)
+                            default=1, allowed=CLUSTERS, pins=("cluster", "cluster_m"), json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)
@@ -102,21 +103,21 @@ class RowKernel:
 
     kind: ClassVar[str] = "rows"
     nodes: tuple[str, ...] = doc("the model's nodes this kernel computes, in order")
-    rows_per_block: int = choice("rows one block owns (one warp-group of threads per row)", P, lo=1, pins=("rows",))
+    rows_per_block: int = choice("rows one block owns (one warp-group of threads per row)", P, lo=1, pins=("rows",), unguarded=KEEP)
     # whole warps: the block reduction combines one partial per warp (a partial warp's would be lost)
     threads: int = choice("threads working on one row (whole warps)", P, lo=32, hi=1024, multiple=32,
-                          pins=("threads",))
-    vector: int = choice("elements per global access", P, lo=1, pins=("vector",))
+                          pins=("threads",), unguarded=KEEP)
+    vector: int = choice("elements per global access", P, lo=1, pins=("vector",), unguarded=1)
     cache_row: bool = choice("keep the row in registers/shared memory between passes (one read of x)", L,
-                             pins=("cache_row",))
+                             pins=("cache_row",), unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
-                              pins=("index", "index_width"))
+                              pins=("index", "index_width"), unguarded=KEEP)
     cluster: int = choice("blocks of a thread-block cluster that share one row, each a contiguous 1/cluster of its "
                           "columns; they combine their reductions through distributed shared memory", P, default=1,
-                          allowed=ROW_CLUSTERS, pins=("row_cluster",), json_optional=True)
+                          allowed=ROW_CLUSTERS, pins=("row_cluster",), json_optional=True, unguarded=KEEP)
     prefetch: bool = choice("persistent blocks (one per resident slot) walk the rows, each copying its next row "
                             "into shared memory (cp.async) while it computes this one from registers", E,
-                            default=False, pins=("row_prefetch",), json_optional=True)
+                            default=False, pins=("row_prefetch",), json_optional=True, unguarded=KEEP)
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,11 @@ class MapKernel:
 
     kind: ClassVar[str] = "map"
     nodes: tuple[str, ...] = doc("the model's nodes this kernel computes, in order")
-    threads: int = choice("threads per block", E, lo=1, hi=1024, pins=("threads",))
+    threads: int = choice("threads per block", E, lo=1, hi=1024, pins=("threads",), unguarded=KEEP)
     vector: int = choice("elements per access (a lane handles this many consecutive elements)", E, lo=1,
-                         pins=("vector",))
+                         pins=("vector",), unguarded=1)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
-                              pins=("index", "index_width"))
+                              pins=("index", "index_width"), unguarded=KEEP)
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,9 @@ class GeneralKernel:
 
     kind: ClassVar[str] = "general"
     nodes: tuple[str, ...] = doc("the model's node this kernel computes (one)")
-    threads: int = choice("threads per block (one output element each)", P, lo=1, hi=1024, pins=("threads",))
+    threads: int = choice("threads per block (one output element each)", P, lo=1, hi=1024, pins=("threads",), unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
-                              pins=("index", "index_width"))
+                              pins=("index", "index_width"), unguarded=KEEP)
 
 
 @dataclass(frozen=True)

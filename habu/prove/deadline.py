@@ -37,4 +37,27 @@ def check_deadline(where: str = "") -> None:
         raise DeadlinePassed(f"the time budget ran out{' ' + where if where else ''}")
 
 
-__all__ = ["DeadlinePassed", "check_deadline", "proof_deadline"]
+def seconds_left() -> float | None:
+    """Seconds until the current proof's deadline (None: no deadline; ≤ 0: passed)."""
+    return None if _deadline is None else _deadline - time.time()
+
+
+def solver_timeout_ms(limit_ms: int) -> int:
+    """The timeout to give a solver (z3) now: `limit_ms`, or less when the current proof's deadline
+    is nearer. `DeadlinePassed` when it has passed already (nothing is left to give it)."""
+    check_deadline("before a z3 query")
+    if _deadline is None:
+        return limit_ms
+    left = int((_deadline - time.time()) * 1000)
+    if left <= 0:
+        raise DeadlinePassed("the time budget ran out before a z3 query")
+    return max(1, min(limit_ms, left))
+
+
+def deadline_cut(limit_ms: int, given_ms: int) -> bool:
+    """Whether a solver that gave up under `given_ms` was cut short by the deadline (not by its own
+    `limit_ms`): then the answer is "abandoned", never "violated"."""
+    return given_ms < limit_ms and _deadline is not None and time.time() >= _deadline - 0.001
+
+
+__all__ = ["DeadlinePassed", "check_deadline", "deadline_cut", "proof_deadline", "seconds_left", "solver_timeout_ms"]

@@ -11,6 +11,7 @@ import z3
 
 from habu.lower.access import Access
 from habu.plan.plan import Plan
+from habu.prove.deadline import DeadlinePassed, deadline_cut, solver_timeout_ms
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target, target_named
@@ -109,10 +110,14 @@ _DISCHARGED: dict[tuple[str, tuple[str, ...]], tuple[str, str, dict[str, int] | 
 DISCHARGED_KEPT = 50_000
 
 
+Z3_TIMEOUT_MS = 10_000  # one query's limit (less when the proof's deadline is nearer)
+
+
 def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     start = time.perf_counter()
     solver = z3.Solver()
-    solver.set("timeout", 10_000)
+    given = solver_timeout_ms(Z3_TIMEOUT_MS)  # the proof's deadline, when nearer, bounds z3 too
+    solver.set("timeout", given)
     solver.add(*ctx.domain)
     solver.add(z3.Not(f))
     result = solver.check()
@@ -120,13 +125,14 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     if result == z3.unsat:
         ob.status, ob.how = "proved", f"z3: no counterexample ({ms:.0f} ms)"
         return ob
+    if result == z3.unknown and deadline_cut(Z3_TIMEOUT_MS, given):
+        raise DeadlinePassed(f"the time budget ran out during a z3 query ({ob.rule.name})")
     if result == z3.unknown:
         why = solver.reason_unknown()
-        result = _nonlinear_retry(f, ctx)
-        if result == z3.unsat:
+        if _nonlinear_retry(f, ctx, ob.rule.name) == z3.unsat:
             ob.status, ob.how = "proved", "z3 (nlsat, after the default solver gave up): no counterexample"
             return ob
-        ob.status, ob.how = "violated", f"z3 could not decide it within 10 s: {why}"
+        ob.status, ob.how = "violated", f"z3 could not decide it within {Z3_TIMEOUT_MS // 1000} s: {why}"
         return ob
     model = solver.model()
     runtime = {e.name for e in ctx.model.extents if not isinstance(ctx.ext[e.name], int)}
@@ -139,8 +145,13 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     if runtime & set(cex):
         # does some size in the range satisfy it? then it is a guard of a checked kernel set
         probe = z3.Solver()
+        probe_ms = solver_timeout_ms(Z3_TIMEOUT_MS)
+        probe.set("timeout", probe_ms)
         probe.add(*ctx.domain, f)
-        if probe.check() == z3.sat:
+        answer = probe.check()
+        if answer == z3.unknown and deadline_cut(Z3_TIMEOUT_MS, probe_ms):
+            raise DeadlinePassed(f"the time budget ran out during a z3 query ({ob.rule.name})")
+        if answer == z3.sat:
             ob.status = "guarded"
             ob.how = "holds only for some runtime sizes: the plan is valid where it holds"
             return ob
@@ -151,7 +162,7 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     return ob
 
 
-def _nonlinear_retry(f: Any, ctx: Context) -> Any:
+def _nonlinear_retry(f: Any, ctx: Context, rule: str) -> Any:
     """A second opinion when the default solver gives up: z3's nlsat procedure (complete for
     nonlinear real arithmetic) on the same question. Offsets are products of tile coordinates and
     runtime extents (`row·K + k < N·K`), which z3's default integer strategy decides in one version
@@ -159,13 +170,17 @@ def _nonlinear_retry(f: Any, ctx: Context) -> Any:
     its unsat is used: no real solution means no integer one (integer division is relaxed to real
     constraints with more solutions, not fewer). A sat or unknown leaves the obligation undecided."""
     solver = z3.Then("simplify", "qfnra-nlsat").solver()
-    solver.set("timeout", 10_000)
+    given = solver_timeout_ms(Z3_TIMEOUT_MS)
+    solver.set("timeout", given)
     solver.add(*ctx.domain)
     solver.add(z3.Not(f))
     try:
-        return solver.check()
+        result = solver.check()
     except z3.Z3Exception:  # a formula outside the fragment the tactic accepts
         return z3.unknown
+    if result == z3.unknown and deadline_cut(Z3_TIMEOUT_MS, given):
+        raise DeadlinePassed(f"the time budget ran out during a z3 query ({rule})")
+    return result
 
 
 def _surely_false(formula: Any) -> bool:

@@ -25,7 +25,8 @@ from habu.search.threads import BLAS_THREAD_VARS, BlasThreads
 Item = tuple[dict, int, "tuple[int, ...] | None", bool, "float | None"]
 
 # how long past the budget's end the driver still waits for a proof that did not stop by itself
-# (the proofs look at the deadline between trials, kernels and k steps; z3 does not)
+# (the proofs look at the deadline between trials, kernels and k steps, z3 queries get the time left,
+# and a compile is waited for until the deadline: habu.search.tasks.bounded_compile)
 ABANDON_GRACE_S = 2.0
 
 

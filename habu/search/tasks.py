@@ -10,14 +10,18 @@ sizes; each worker parses it once and keeps it.
 from __future__ import annotations
 
 import functools
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from habu.emit_cuda.cache import prefill_cache
 from habu.lower import LoweredPlan
 from habu.plan.plan import Plan
 from habu.spec.ir import Model
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
 def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None,
                      compile_kernels: bool) -> dict[str, Any]:
     from habu.lower import lower_whole
+    from habu.prove.deadline import DeadlinePassed
     from habu.prove.rules import failures, obligations
     from habu.prove.verify import field_key, verify_plan
 
@@ -133,12 +138,54 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
     out: dict[str, Any] = {"status": "verified", "certificate": cert_json, "seconds": seconds, "field_shared": shared}
     if compile_kernels:
         try:
-            out["cubins"] = compile_plan(model, plan, lowered)
-        except Exception as exc:  # NVRTC's log says why
+            out["cubins"] = bounded_compile(lambda: compile_plan(model, plan, lowered))
+        except DeadlinePassed:
+            raise  # abandoned, not a compile failure
+        except Exception as exc:  # NVRTC's log says why (or that it did not finish)
             return {"status": "compile", "reason": f"{type(exc).__name__}: {str(exc)[:1500]}",
                     "certificate": cert_json, "seconds": lap("compile"), "field_shared": shared}
         lap("compile")
     return out
+
+
+# the longest one candidate's NVRTC compiles may take (the slowest plans compile in about 20 s on a
+# loaded 2-core machine); a compile still running then is left behind, and the candidate fails
+COMPILE_TIMEOUT_S = 300.0
+
+
+class CompileTimeout(RuntimeError):
+    """NVRTC did not finish a candidate's compile in time."""
+
+
+def bounded_compile(compile_: Callable[[], T], limit_s: float | None = None) -> T:
+    """`compile_()` in a thread of its own, waited for at most `limit_s` (COMPILE_TIMEOUT_S) or until
+    the proof's deadline. NVRTC is one C call that cannot be interrupted (it releases the GIL): a
+    compile that hangs is left running in its daemon thread and the search goes on, instead of
+    waiting for it. Past the deadline: `DeadlinePassed` (the candidate is abandoned); past the limit:
+    `CompileTimeout` (the candidate failed to compile)."""
+    from habu.prove.deadline import DeadlinePassed, seconds_left
+
+    limit = COMPILE_TIMEOUT_S if limit_s is None else limit_s
+    left = seconds_left()
+    wait = limit if left is None else max(0.0, min(limit, left))
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = compile_()
+        except BaseException as exc:  # handed to the waiting thread
+            done["error"] = exc
+
+    worker = threading.Thread(target=run, name="habu-nvrtc", daemon=True)
+    worker.start()
+    worker.join(wait)
+    if worker.is_alive():
+        if left is not None and wait < limit:
+            raise DeadlinePassed("the time budget ran out during its NVRTC compile")
+        raise CompileTimeout(f"NVRTC did not finish within {limit:.0f} s (the compile was left behind)")
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -> list[tuple[str, Any]]:

@@ -35,6 +35,9 @@ class Extent:
     lo: int = 1
     hi: int = INT31_MAX
     multiple: int = 1
+    # what the source declared, kept when a shape binds the extent (`with_size`): the canonical hash
+    # reads it, so a model's hash does not change with the shape a plan is made for
+    declared: tuple[int, ...] | None = field(default=None, compare=False)
 
     @property
     def is_static(self) -> bool:
@@ -46,7 +49,13 @@ class Extent:
         return self.lo <= n <= self.hi and n % self.multiple == 0
 
     def with_size(self, n: int) -> Extent:
-        return replace(self, size=n, lo=n, hi=n, multiple=1)
+        return replace(self, size=n, lo=n, hi=n, multiple=1, declared=self.declaration())
+
+    def declaration(self) -> tuple[int, ...]:
+        """What the source declares: (size,) for a static extent, (lo, hi, multiple) for a runtime one."""
+        if self.declared is not None:
+            return self.declared
+        return (self.size,) if self.size is not None else (self.lo, self.hi, self.multiple)
 
     def describe(self) -> str:
         if self.size is not None:
@@ -552,12 +561,17 @@ def canonical_form(model: Model) -> dict:
         return [tname(eq.target), lhs, ex(eq.rhs)]
 
     nodes = [node(eq) for eq in model.nodes]
-    return {
+    out = {
         "inputs": [decl(t) for t in model.inputs],
         "outputs": [decl(t) for t in model.outputs],
         "intermediates": [decl(t) for t in model.intermediates],
         "nodes": nodes,
     }
+    # the declared sizes and ranges of the extents named above, by canonical name: two models that
+    # differ only in a static size (128 or 256 EXTENT: #K) compute different things
+    declared = {e.name: e.declaration() for e in model.extents}
+    out["extents"] = [[canon, list(declared[name])] for name, canon in ext.names.items() if name in declared]
+    return out
 
 
 def compact_json(value: object) -> str:

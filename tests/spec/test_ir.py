@@ -21,12 +21,27 @@ def test_hash_ignores_whitespace_comments_and_bound_index_names():
     assert h("MODEL: G O[m n] = sum k A[IX[m] k] * B[n k] ;") == base
 
 
-def test_hash_ignores_extent_names_and_sizes_but_not_structure():
+def test_hash_ignores_extent_names_but_not_structure():
     other = """
-    7 EXTENT: #R  5 EXTENT: #C  3 EXTENT: #Q
+    64 EXTENT: #C  32 EXTENT: #Q  128 EXTENT: #R
     bf16 TENSOR: A ( #R #Q )  bf16 TENSOR: B ( #C #Q )  TENSOR: O ( #R #C )  ITENSOR: IX ( #R #R )
     """
     assert h("MODEL: G O[r c] = Σ q A[IX[r] q] · B[c q] ;", other) == h("MODEL: G O[m n] = Σ k A[IX[m] k] · B[n k] ;")
+
+
+def test_regression_canonical_hash_ignored_static_extent_sizes():
+    """Two models differing only in a static size (128 or 256 EXTENT: #K) hashed alike, so a
+    certificate (bound to the model hash, habu/prove/trust.py) made for one was accepted for the other."""
+    gemm = "MODEL: G O[m n] = Σ k A[IX[m] k] · B[n k] ;"
+    base = h(gemm)
+    assert h(gemm, DECLS.replace("32 EXTENT: #K", "256 EXTENT: #K")) != base
+    assert h(gemm, DECLS.replace("128 EXTENT: #M", "256 EXTENT: #M")) != base
+    runtime = DECLS.replace("32 EXTENT: #K", "1..4096 EXTENT: #K")
+    assert h(gemm, runtime) != base
+    assert h(gemm, runtime) != h(gemm, DECLS.replace("32 EXTENT: #K", "1..8192 EXTENT: #K"))
+    # a shape bound for a plan does not change the hash of the model as written
+    m = parse(runtime + gemm).models["G"]
+    assert m.with_sizes({"K": 511}).canonical_hash() == m.canonical_hash() == h(gemm, runtime)
 
 
 def test_hash_changes_with_meaning():
