@@ -11,7 +11,15 @@ import pytest
 
 from habu.compile import fallback
 from habu.plan.fields import KEEP, FieldError, Reader, choice, kernel_fields, unguarded_changes
-from habu.plan.plan import KERNEL_KINDS, ContractionKernel, GeneralKernel, MapKernel, Plan, RowKernel
+from habu.plan.plan import (
+    KERNEL_KINDS,
+    ColumnKernel,
+    ContractionKernel,
+    GeneralKernel,
+    MapKernel,
+    Plan,
+    RowKernel,
+)
 
 KERNELS = {
     "contraction": ContractionKernel(nodes=("Y",), tile_m=128, tile_n=128, tile_k=64, warps=12, stages=4, mma="wgmma",
@@ -21,6 +29,7 @@ KERNELS = {
     "rows": RowKernel(nodes=("Y",), rows_per_block=1, threads=512, vector=8, cache_row=True, cluster=4),
     "map": MapKernel(nodes=("Y",), threads=256, vector=4),
     "general": GeneralKernel(nodes=("Y",), threads=256),
+    "columns": ColumnKernel(nodes=("Y",), threads=256, column_threads=32, vector=8, rows_per_split=960, unroll=8),
 }
 
 

@@ -152,18 +152,18 @@ class ColumnKernel:
     kind: ClassVar[str] = "columns"
     nodes: tuple[str, ...] = doc("the model's nodes this kernel computes: elementwise nodes inlined as a prologue, "
                                  "then the reduction")
-    threads: int = choice("threads per block (column_threads × row groups)", P, lo=1, hi=1024, pins=("threads",))
+    threads: int = choice("threads per block (column_threads × row groups)", P, lo=1, hi=1024, pins=("threads",), unguarded=KEEP)
     column_threads: int = choice("threads of a block along the columns (a block's tile is column_threads × "
                                  "vector columns; threads / column_threads row groups)", P, lo=1, hi=1024,
-                                 pins=("column_threads",))
+                                 pins=("column_threads",), unguarded=KEEP)
     vector: int = choice("adjacent columns each thread owns (one 16-byte load of bf16/f16 is 8)", P, lo=1, hi=16,
-                         pins=("vector",))
+                         pins=("vector",), unguarded=1)
     rows_per_split: int = choice("rows one block reduces (the row splits: ⌈#R / rows_per_split⌉ blocks per column "
-                                 "tile, their partials added atomically)", P, lo=1, pins=("rows_per_split",))
+                                 "tile, their partials added atomically)", P, lo=1, pins=("rows_per_split",), unguarded=KEEP)
     unroll: int = choice("rows each thread loads before it adds them (loads in flight)", P, lo=1, hi=32,
-                         pins=("unroll",))
+                         pins=("unroll",), unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
-                              pins=("index", "index_width"))
+                              pins=("index", "index_width"), unguarded=KEEP)
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel

@@ -9,7 +9,6 @@ what the model computes and the names of its input and output tensors.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -280,9 +279,13 @@ class Model:
 
     # -- canonical form
     def canonical(self) -> dict:
+        from habu.spec.canonical import canonical_form  # it reads this module's classes
+
         return canonical_form(self)
 
     def canonical_hash(self) -> str:
+        from habu.spec.canonical import compact_json
+
         return hashlib.sha256(compact_json(self.canonical()).encode()).hexdigest()
 
 
@@ -502,110 +505,3 @@ def rename_vars(expr: Expr, mapping: dict[IndexVar, IndexExpr]) -> Expr:
         return e
 
     return map_ops(expr, leaf)
-
-
-# ----------------------------------------------------------------------------- canonicalisation
-
-
-class _Namer:
-    def __init__(self, prefix: str):
-        self.prefix = prefix
-        self.names: dict[str, str] = {}
-
-    def __call__(self, name: str) -> str:
-        if name not in self.names:
-            self.names[name] = f"{self.prefix}{len(self.names)}"
-        return self.names[name]
-
-
-def canonical_form(model: Model) -> dict:
-    """A JSON-able form with every incidental name replaced by its order of first appearance."""
-    ext = _Namer("e")
-    interface = {t.name for t in (*model.inputs, *model.outputs)}
-    tens = _Namer("%")
-
-    def tname(name: str) -> str:
-        return name if name in interface else tens(name)
-
-    def decl(t: TensorDecl) -> list:
-        return [tname(t.name), [ext(e) for e in t.extents], t.dtype.name if t.dtype else None,
-                ext(t.range) if t.range else None]
-
-    def node(eq: Equation) -> list:
-        var = _Namer("v")
-
-        def ix(i: IndexExpr) -> list:
-            if isinstance(i, IndexVar):
-                return ["var", var(i.name), ext(i.extent)]
-            if isinstance(i, IndexConst):
-                return ["const", i.value]
-            return ["gather", tname(i.tensor), [ix(s) for s in i.indices]]
-
-        def leaf(e: Expr) -> list:
-            if isinstance(e, Const):
-                return ["const", str(e.value)]
-            if isinstance(e, Size):
-                return ["size", ext(e.extent)]
-            if isinstance(e, Load):
-                return ["load", tname(e.tensor), [ix(i) for i in e.indices]]
-            assert isinstance(e, Reduce)
-            bound = [[var(v.name), ext(v.extent)] for v in e.vars]
-            return ["reduce", e.op, bound, ex(e.body)]
-
-        def ex(e: Expr) -> list:
-            return fold_ops(e, leaf, lambda o, args: ["op", o.fn, args])
-
-        lhs = [[var(v.name), ext(v.extent)] for v in eq.lhs]
-        if eq.scatter is not None:  # only scatters carry a fourth entry: other hashes are unchanged
-            return [tname(eq.target), lhs, ex(eq.rhs), ["scatter", [ix(i) for i in eq.scatter]]]
-        return [tname(eq.target), lhs, ex(eq.rhs)]
-
-    nodes = [node(eq) for eq in model.nodes]
-    out = {
-        "inputs": [decl(t) for t in model.inputs],
-        "outputs": [decl(t) for t in model.outputs],
-        "intermediates": [decl(t) for t in model.intermediates],
-        "nodes": nodes,
-    }
-    # the declared sizes and ranges of the extents named above, by canonical name: two models that
-    # differ only in a static size (128 or 256 EXTENT: #K) compute different things
-    declared = {e.name: e.declaration() for e in model.extents}
-    out["extents"] = [[canon, list(declared[name])] for name, canon in ext.names.items() if name in declared]
-    return out
-
-
-def compact_json(value: object) -> str:
-    """`json.dumps(value, sort_keys=True, separators=(",", ":"))`, written without recursion so that
-    the nested lists of a long operator chain do not reach Python's recursion limit."""
-    out: list[str] = []
-    stack: list[object] = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, _Text):
-            out.append(item.text)
-        elif isinstance(item, list | tuple):
-            out.append("[")
-            stack.append(_Text("]"))
-            for k, sub in enumerate(reversed(item)):
-                stack.append(sub)
-                if k < len(item) - 1:
-                    stack.append(_Text(","))
-        elif isinstance(item, dict):
-            out.append("{")
-            stack.append(_Text("}"))
-            keys = sorted(item)
-            for k, key in enumerate(reversed(keys)):
-                stack.append(item[key])
-                stack.append(_Text(json.dumps(str(key)) + ":"))
-                if k < len(keys) - 1:
-                    stack.append(_Text(","))
-        else:
-            out.append(json.dumps(item))
-    return "".join(out)
-
-
-@dataclass(frozen=True)
-class _Text:
-    """Literal output in `compact_json`."""
-
-    text: str
