@@ -32,6 +32,7 @@ from habu.lower import (
     lower_whole,
 )
 from habu.lower.access import Access, Bound
+from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -116,6 +117,7 @@ def _variants(obj: Any) -> Iterator[Any]:
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
+    yield from _pipeline_variants(obj)
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
@@ -136,6 +138,33 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, lanes=replace(obj.lanes, vector=obj.lanes.vector + 1))
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
+
+
+def _pipeline_variants(obj: Any) -> Iterator[Any]:
+    """The k loop's pipeline: a stage more, the consumers reading the next stage, each wait's phase
+    parity inverted, the expected bytes halved, a barrier's arrival count off by one, a TMA box's k
+    coordinate not advancing or its multicast mask losing a block, the cp.async prologue and wait
+    depth off by one."""
+    from habu.bench.mutants import _reads_next_stage
+
+    if isinstance(obj, MbarrierRing):
+        yield replace(obj, stages=obj.stages + 1)
+        yield _reads_next_stage(obj)
+        yield replace(obj, producer_parity=1 - obj.producer_parity)
+        yield replace(obj, consumer_parity=1 - obj.consumer_parity)
+        yield replace(obj, expect_tx=obj.expect_tx // 2)
+        yield replace(obj, full_arrivals=obj.full_arrivals + 1)
+        yield replace(obj, empty_arrivals=obj.empty_arrivals - 1)
+        yield replace(obj, cluster=obj.cluster + 1)
+    if isinstance(obj, TmaOperandLoad):
+        yield replace(obj, k_step=0)
+        yield replace(obj, box_rows=obj.box_rows // 2, boxes=obj.boxes * 2)
+        if obj.mask:
+            yield replace(obj, mask=obj.mask >> 1)
+    if isinstance(obj, CpAsyncRing):
+        yield replace(obj, stages=obj.stages + 1)
+        yield replace(obj, prologue=obj.prologue + 1)
+        yield replace(obj, wait_groups=obj.wait_groups + 1)
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:

@@ -21,6 +21,7 @@ from habu.lower import (
 )
 from habu.lower.access import Access, Bound, Position
 from habu.lower.general import Store
+from habu.lower.pipeline import MbarrierRing
 from habu.prove.verify import Certificate, verify_plan
 from habu.search.space import default_plan
 from habu.spec.parser import load_program
@@ -76,6 +77,28 @@ def _stops_early(lw: ContractionLowering) -> ContractionLowering:
             return begin, end - 1
 
     return StopsEarly(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _ring(f: Callable[[MbarrierRing], MbarrierRing]) -> Callable[[Lowering], Lowering]:
+    """A mutant of the wgmma k loop's mbarrier ring."""
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, ContractionLowering) and isinstance(lw.pipeline, MbarrierRing)
+        return replace(lw, pipeline=f(lw.pipeline))
+    return g
+
+
+def _loads(ring: MbarrierRing, **changes) -> MbarrierRing:
+    return replace(ring, loads=tuple(replace(ld, **changes) for ld in ring.loads))
+
+
+def _reads_next_stage(ring: MbarrierRing) -> MbarrierRing:
+    """The same ring whose consumers read the stage after the one they waited for."""
+
+    class NextStage(MbarrierRing):
+        def read_slot(self, stage):
+            return (stage + 1) % self.stages
+
+    return NextStage(**{f.name: getattr(ring, f.name) for f in fields(ring)})
 
 
 def _r(f: Callable[[RowLowering], RowLowering]) -> Callable[[Lowering], Lowering]:
@@ -183,6 +206,26 @@ MUTANTS: tuple[Mutant, ...] = (
            "at 1.04% relative error)", "ggemm.habu", "GGEMM", GG, _c(_stops_early), DIRECT),
     Mutant("split-k-partial-lost", "split-K partials stored instead of added: one is lost", "ggemm.habu", "GGEMM",
            {"M": 256, "N": 256, "K": 4096}, _c(lambda lw: replace(lw, split_mode="none")), {"split_k": "2"}),
+    Mutant("ring-stage-off-by-one", "the wgmma consumers read stage s + 1 after waiting for stage s's barrier",
+           "ggemm.habu", "GGEMM", GG, _ring(_reads_next_stage)),
+    Mutant("ring-phase-inverted", "the consumers wait for the full barrier's other phase parity (they read a stage "
+           "before it is filled)", "ggemm.habu", "GGEMM", GG, _ring(lambda r: replace(r, consumer_parity=1))),
+    Mutant("ring-expect-tx-halved", "the full barrier expects half the bytes TMA brings: the phase completes with "
+           "B's box still in flight", "ggemm.habu", "GGEMM", GG,
+           _ring(lambda r: replace(r, expect_tx=r.expect_tx // 2))),
+    Mutant("ring-empty-arrivals-short", "the empty barrier counts one consumer warpgroup too few: the producer "
+           "refills a stage the last consumer still reads", "gemm.habu", "GEMM", {"M": 256, "N": 256, "K": 640},
+           _ring(lambda r: replace(r, empty_arrivals=r.empty_arrivals - 1)), {"tile": "128x256x64"}),
+    Mutant("multicast-mask-wrong", "B's slices are multicast to block 0 of the cluster only",
+           "gemm.habu", "GEMM", {"M": 512, "N": 256, "K": 256},
+           _ring(lambda r: replace(r, loads=tuple(replace(ld, mask=1) if ld.mask else ld for ld in r.loads))),
+           {"cluster": "2"}),
+    Mutant("tma-k-coordinate-not-advanced", "the TMA boxes are loaded at the split's first k tile every step",
+           "ggemm.habu", "GGEMM", GG, _ring(lambda r: _loads(r, k_step=0))),
+    Mutant("cp-async-waits-one-group-short", "the mma.sync k loop waits for all but stages-1 cp.async groups: the "
+           "tile it multiplies has not landed", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, pipeline=replace(lw.pipeline, wait_groups=lw.pipeline.wait_groups + 1))),
+           {**DIRECT, "mma": "mma.sync"}),
     Mutant("gather-wrong-index", "A's rows read at m instead of IX[m]", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: replace(lw, a=_ungather(lw.a))), DIRECT),
     Mutant("store-overruns-n", "the store is not masked on n: the last tile writes past N", "ggemm.habu", "GGEMM",

@@ -26,6 +26,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
+from habu.lower.pipeline import CpAsyncRing
 from habu.lower.support import MMA_SYNC, contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
@@ -123,6 +124,9 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     a_ld = layout.a_row
     assert a_ld == lw.bk + (0 if gather4 else 8) and layout.b_row == (lw.bk if b_kmajor else lw.bn) + 8, \
         "the mma.sync path pads shared rows by 16 bytes (swizzle 0)"
+    ring = lw.pipeline
+    if not isinstance(ring, CpAsyncRing):
+        raise ValueError("the mma.sync path runs a cp.async ring")
     load_a = _stage_load("A", lw, sig, sizes, it, model, threads, True, lw.bm, "m", stride)
     load_b = _stage_load("B", lw, sig, sizes, it, model, threads, b_kmajor, lw.bn, "n", stride)
     a_bytes = b_bytes = stride
@@ -155,27 +159,27 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
     const long long steps = kt_end > kt_begin ? kt_end - kt_begin : 0;
-    // prologue: the first {k.stages - 1} k tiles
-    for (int pst = 0; pst < {k.stages - 1}; ++pst) {{
-      const int st = (int)((uses + pst) % {k.stages});  // stages continue across tiles (mbarrier parity)
+    // prologue: the first {ring.prologue} k tiles
+    for (int pst = 0; pst < {ring.prologue}; ++pst) {{
+      const int st = (int){c(ring.stage(CExpr('(uses + pst)')))};  // stages continue across tiles (mbarrier parity)
       if (pst < steps) {{
         const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('pst')))};
 {load_a}{load_b}      }}
       habu::cp_async_commit();
     }}
     for (long long j = 0; j < steps; ++j) {{
-      habu::cp_async_wait<{k.stages - 2}>();
+      habu::cp_async_wait<{ring.wait_groups}>();
 {"      habu::mbar_wait(s_bar + 8 * (int)((uses + j) % " + str(k.stages) + "), (habu::u32)(((uses + j) / " + str(k.stages) + ") & 1));" if gather4 else ""}
       __syncthreads();
       {{  // refill the stage the previous iteration finished with
-        const long long jn = j + {k.stages - 1};
-        const int st = (int)((uses + jn) % {k.stages});
+        const long long jn = j + {ring.prologue};
+        const int st = (int){c(ring.stage(CExpr('(uses + jn)')))};
         if (jn < steps) {{
           const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('jn')))};
 {load_a}{load_b}        }}
         habu::cp_async_commit();
       }}
-      const int st = (int)((uses + j) % {k.stages});
+      const int st = (int){c(ring.stage(CExpr('(uses + j)')))};
 #pragma unroll
       for (int ks = 0; ks < {lw.bk // 16}; ++ks) {{
         habu::u32 af[{MI}][4];

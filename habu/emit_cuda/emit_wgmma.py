@@ -19,6 +19,8 @@ copy to K-major.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
     CTYPE,
@@ -35,12 +37,11 @@ from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering
+from habu.lower.pipeline import MN_BLOCK, MbarrierRing
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
 from habu.lower.support import WGMMA, contraction_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
-
-MN_BLOCK = 64  # columns of an MN-major B box: one 128-byte swizzle span of 16-bit elements
 
 
 def wgmma_layout(lw: ContractionLowering) -> tuple[int, int]:
@@ -196,191 +197,134 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
 """
 
 
-def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int],
-               early_main_loop: bool = False) -> CudaKernel:
-    """`early_main_loop`: no earlier kernel of the plan writes what the main loop reads (the operands
-    and their index tensors), so the kernel runs its main loop while the previous kernel may still be
-    running, and its consumers wait for it (griddepcontrol.wait) only before each epilogue; otherwise
-    every thread waits first."""
-    k = lw.kernel
-    if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
-        raise ValueError("wgmma needs bf16 or f16 operands of one type")
-    refused = WGMMA.own_refusals(lw)  # the rules' `supported-path` reads the same (habu/lower/support.py)
-    if refused:
-        raise ValueError(f"the wgmma path does not print this plan: {'; '.join(refused)}")
-    # B contiguous along n (a (K, N) weight): TMA loads 64-column boxes, wgmma reads them transposed
-    b_mn = lw.b.positions[-1].axis == "n"
-    consumers, slabs = wgmma_layout(lw)
-    threads = 128 * (consumers + 1)
-    sig = Signature(model, static=static)
-    sizes = sig.sizes()
-    it = index_type(lw.index_width)
-    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
-    bn, bm = lw.bn, lw.bm
-    dtype = lw.a.dtype
-    off = {b.name: b.offset for b in layout.buffers}
-    stride = off["A1"] - off["A0"] if k.stages > 1 else 0
-    if any(off[f"A{s}"] != off["A0"] + s * stride or off[f"B{s}"] != off["B0"] + s * stride for s in range(k.stages)):
-        raise ValueError("stages are not evenly spaced in shared memory")
-    # a staged operand is read from its aligned buffer with TMA
-    moves = {side: ("tma" if m == "staged" else m) for side, m in (("A", k.a_move), ("B", k.b_move))}
-    vecs = {"A": k.a_vector, "B": k.b_vector}
-    if any(a.tensor.startswith("@") for a in (lw.a, lw.b)):
-        pass  # staged buffers are pointers of the kernel like any tensor (Signature registers them)
-    tma_bytes = sum((bm if s == "A" else bn) * 128 for s in "AB" if moves[s] == "tma")
-    all_tma = all(m == "tma" for m in moves.values())
-    full_count = 1 if all_tma else 128
-    maps: dict[str, str] = {}
-    cluster = k.cluster_m
-    if cluster > 1 and (moves["B"] != "tma" or k.split_k > 1):
-        raise ValueError("a cluster multicasts B's tile by TMA, without split-K")
-    for side, acc, rows in (("A", lw.a, bm), ("B", lw.b, bn // cluster)):
-        if moves[side] == "tma":
-            dims = tuple(reversed(acc.bounded_extents()))  # TMA's zero fill past them is the access's mask
-            box = (MN_BLOCK, lw.bk) if side == "B" and b_mn else (lw.bk, rows)
-            maps[side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, 128))
-        elif moves[side] not in ("cp.async", "ldg"):
-            raise ValueError(f"the wgmma emitter has no {moves[side]} producer")
-    tma_issue = []
-    everyone = (1 << cluster) - 1  # the multicast mask: every block of the cluster
-    for side, rows_axis in (("A", "m0"), ("B", "n0")):
-        if moves[side] == "tma" and side == "B" and cluster > 1 and b_mn:
-            # block r loads the 64-column boxes j ≡ r (mod cluster) and multicasts them
-            per = bn // MN_BLOCK // cluster
-            tma_issue.append(f"for (int j = (int)crank; j < {bn // MN_BLOCK}; j += {cluster}) "
-                             f"habu::tma_load_2d_multicast(b_stage + (habu::u32)j * {MN_BLOCK * 2 * lw.bk}u, "
-                             f"&{maps[side]}, full, (int)(n0 + j * {MN_BLOCK}), (int)k0, {everyone});  "
-                             f"// {per} box(es) per block")
-        elif moves[side] == "tma" and side == "B" and cluster > 1:
-            # block r loads rows [r·BN/c, (r+1)·BN/c) of B's tile and multicasts them
-            part = bn // cluster
-            tma_issue.append(f"habu::tma_load_2d_multicast(b_stage + crank * {part * 128}u, &{maps[side]}, full, "
-                             f"(int)k0, (int)(n0 + crank * {part}), {everyone});")
-        elif moves[side] == "tma" and side == "B" and b_mn:
-            tma_issue += [f"habu::tma_load_2d(b_stage + {j * MN_BLOCK * 2 * lw.bk}u, &{maps[side]}, full, "
-                          f"(int)(n0 + {j * MN_BLOCK}), (int)k0);" for j in range(bn // MN_BLOCK)]
-        elif moves[side] == "tma":
-            tma_issue.append(f"habu::tma_load_2d({side.lower()}_stage, &{maps[side]}, full, (int)k0, (int){rows_axis});")
-    producer_copies = "".join(
-        _producer_copy(side, lw, sig, sizes, it, model, moves[side], vecs[side] if moves[side] == "cp.async" else 1,
-                       bm if side == "A" else bn, "m" if side == "A" else "n")
+@dataclass(frozen=True)
+class _Kernel:
+    """What the pieces of one wgmma kernel share: the lowering, its ring, the signature and layout."""
+
+    name: str
+    model: Model
+    lw: ContractionLowering
+    ring: MbarrierRing
+    sig: Signature
+    sizes: dict
+    it: str  # the index type
+    off: dict[str, int]  # shared-memory buffer offsets
+    stride: int  # bytes from one stage to the next
+    moves: dict[str, str]  # "tma", "cp.async" or "ldg" per operand
+    consumers: int
+    slabs: int
+    maps: dict[str, str]  # the tensor map of each TMA operand
+
+    def stage_base(self, side: str, stage: str) -> str:
+        return f"smem_base + {self.off[side + '0']}u + (habu::u32){stage} * {self.stride}u"
+
+
+def _tma_issue(kc: _Kernel) -> list[str]:
+    """The TMA loads of one k tile, from the ring's boxes: each box's shared-memory offset, its origin
+    (the k coordinate of the tile, the row of the box) and, in a cluster, the boxes this block
+    issues and the blocks they land in."""
+    out = []
+    for ld in kc.ring.loads:
+        k = ld.k_coordinate(CExpr("kt_begin"), CExpr("(kt - kt_begin)"))
+        tmap, dst, row0 = kc.maps[ld.side], f"{ld.side.lower()}_stage", CExpr(f"{'m' if ld.side == 'A' else 'n'}0")
+
+        def coords(box, ld=ld, k=k, row0=row0) -> str:
+            return ", ".join(f"(int){c(x)}" for x in ld.origin(row0, k, box))
+
+        if ld.mask and ld.boxes == ld.cluster:  # block r issues box r
+            out.append(f"habu::tma_load_2d_multicast({dst} + crank * {ld.box_bytes}u, &{tmap}, full, "
+                       f"{coords(CExpr('crank'))}, {ld.mask});")
+        elif ld.mask:  # block r issues the boxes j ≡ r (mod cluster)
+            out.append(f"for (int j = (int)crank; j < {ld.boxes}; j += {ld.cluster}) "
+                       f"habu::tma_load_2d_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
+                       f"{coords(CExpr('j'))}, {ld.mask});  // {ld.boxes // ld.cluster} box(es) per block")
+        else:
+            out += [f"habu::tma_load_2d({dst}{f' + {j * ld.box_bytes}u' if j else ''}, &{tmap}, full, {coords(j)});"
+                    for j in range(ld.boxes)]
+    return out
+
+
+def _producer_fill(kc: _Kernel, vecs: dict[str, int]) -> str:
+    """C for the producer's fill of one stage: the TMA boxes with their expected bytes, the threads'
+    copies of the other operands, and the arrivals completing the stage's `full` phase."""
+    lw, ring, moves = kc.lw, kc.ring, kc.moves
+    issue = " ".join(_tma_issue(kc))
+    if ring.producer_arrivals == 1:  # TMA only: one thread posts the bytes and arrives
+        return f"""        if (ptid == 0) {{
+          habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
+          {issue}
+        }}
+"""
+    expect = f"""        if (ptid == 0) {{
+          habu::mbar_expect_tx(full, {ring.expect_tx});
+          {issue}
+        }}
+""" if ring.loads else ""
+    copies = "".join(
+        _producer_copy(side, lw, kc.sig, kc.sizes, kc.it, kc.model, moves[side],
+                       vecs[side] if moves[side] == "cp.async" else 1, lw.bm if side == "A" else lw.bn,
+                       "m" if side == "A" else "n")
         for side in "AB" if moves[side] != "tma")
+    uses_cp = any(moves[s] == "cp.async" for s in "AB")
+    arrive = "habu::cp_async_arrive(full);" if uses_cp else "habu::fence_proxy_async(); habu::mbar_arrive(full);"
+    if uses_cp and any(moves[s] == "ldg" for s in "AB"):
+        arrive = "habu::fence_proxy_async(); habu::cp_async_arrive(full);"
+    return expect + copies + f"        {arrive}\n"
+
+
+def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
+    """The producer warpgroup: for each k tile of each of its tiles, wait until the ring's stage is
+    free (the `empty` phase the lowering names), then fill it."""
+    lw, ring = kc.lw, kc.ring
+    fill = _producer_fill(kc, vecs)  # (registers the copies' pointers before the row offsets' tables)
     rows_setup = "".join(
-        _rows_setup(side, lw, sig, sizes, it, model, vecs[side], bm if side == "A" else bn, "m" if side == "A" else "n")
-        for side in "AB" if moves[side] == "cp.async")
-    if all_tma:
-        producer_fill = f"""        if (ptid == 0) {{
-          habu::mbar_arrive_expect_tx(full, {tma_bytes});
-          {' '.join(tma_issue)}
-        }}
+        _rows_setup(side, lw, kc.sig, kc.sizes, kc.it, kc.model, vecs[side], lw.bm if side == "A" else lw.bn,
+                    "m" if side == "A" else "n")
+        for side in "AB" if kc.moves[side] == "cp.async")
+    rank = "    const habu::u32 crank = habu::cluster_ctarank();\n" if ring.cluster > 1 else ""
+    return f"""  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+    habu::setmaxnreg_dec<{producer_regs}>();
+    const int ptid = threadIdx.x;
+{rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{tile_setup(lw, kc.sizes, kc.it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+        const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
+        const habu::u32 full = bars + 16 * stage;
+        habu::mbar_wait(bars + 16 * stage + 8, {c(ring.producer_wait(CExpr('phase')))});
+        const habu::u32 a_stage = {kc.stage_base("A", "stage")};
+        const habu::u32 b_stage = {kc.stage_base("B", "stage")};
+{fill}        habu::ring_advance<{ring.stages}>(stage, phase);
+      }}
+    }}
 """
-    else:
-        expect = ""
-        if tma_issue:
-            expect = f"""        if (ptid == 0) {{
-          habu::mbar_expect_tx(full, {tma_bytes});
-          {' '.join(tma_issue)}
-        }}
-"""
-        uses_cp = any(moves[s] == "cp.async" for s in "AB")
-        arrive = ("habu::cp_async_arrive(full);" if uses_cp else "habu::fence_proxy_async(); habu::mbar_arrive(full);")
-        if uses_cp and any(moves[s] == "ldg" for s in "AB"):
-            arrive = "habu::fence_proxy_async(); habu::cp_async_arrive(full);"
-        producer_fill = expect + producer_copies + f"        {arrive}\n"
-    regs = bn // 2
-    split = warp_specialized_split(k.warps)
-    wg_fn = wgmma_function(bn, dtype, b_mn)
+
+
+def _release(ring: MbarrierRing) -> str:
+    """A consumer warpgroup frees stage `held`: one arrival on its `empty` barrier in every block of
+    the cluster (thread r of the warpgroup tells block r, in parallel), whose producers all write it."""
+    if ring.cluster > 1:
+        return (f"if (held >= 0 && threadIdx.x % 128 < {ring.cluster}) "
+                "habu::mbar_arrive_cluster(bars + 16 * held + 8, (habu::u32)(threadIdx.x % 128));")
+    return "if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);"
+
+
+def _consumer_loop(kc: _Kernel) -> str:
+    """One consumer warpgroup's k loop over a tile: wait for the stage's `full` phase, issue the
+    wgmma k16 steps of each slab, keep one group in flight, release the stage read before."""
+    lw, ring = kc.lw, kc.ring
+    b_mn = lw.b.positions[-1].axis == "n"
+    dtype = lw.a.dtype
     # a k16 step is 32 bytes along a K-major row, or 16 rows of 128 bytes down an MN-major block
     b_desc = (f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if b_mn
               else "habu::wgmma_desc_sw128(b_stage + kk * 32)")
     slab_mma = "\n".join(
-        f"""          {wgmma_name(bn, dtype, b_mn)}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {slabs} + {s}) * 64 * 128) + kk * 32), {b_desc}, 1);"""
-        for s in range(slabs))
-    if k.store == "tma":
-        epilogue = _tma_store_epilogue(lw, sig, model, sizes, it, slabs, consumers, off)
-        store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
-        drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
-    else:
-        frag = lw.fragment
-        epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]",
-                                 f"acc[s][{frag.register(1)}]")
-        epilogue = f"""#pragma unroll
-      for (int s = 0; s < {slabs}; ++s)
-#pragma unroll
-        for (int j = 0; j < {bn // 8}; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
-            const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + {frag.row_in_warpgroup()});
-            const {it} n = n0 + ({it})({frag.col()});
-            {epi}
-          }}
-"""
-        store_state = drain = ""
-    # the epilogue reads and writes what the plan's previous kernel may still be writing or reading
-    epilogue_wait = "    " + GRID_WAIT if early_main_loop else ""
-    if cluster > 1:
-        # a stage is free again when the consumers of every block have read it: each block's
-        # producer writes its part of B into all of them
-        # (thread r of the warpgroup tells block r, in parallel)
-        release = "habu::mbar_arrive_cluster(bars + 16 * held + 8, (habu::u32)(threadIdx.x % 128));"
-        release_who = f"threadIdx.x % 128 < {cluster}"
-        sync_start = "habu::cluster_sync();  // the peers' barriers are initialised before anyone multicasts"
-        sync_end = "  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
-        attrs = f"__cluster_dims__({cluster}, 1, 1) "
-        rank_decl = "    const habu::u32 crank = habu::cluster_ctarank();\n"
-    else:
-        release = "habu::mbar_arrive(bars + 16 * held + 8);"
-        release_who = "threadIdx.x % 128 == 0"
-        sync_start, sync_end, attrs, rank_decl = "__syncthreads();", "", "", ""
-    body = f"""{wg_fn}
-extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const habu::u32 raw_base = habu::smem_addr(smem_raw);
-  const habu::u32 smem_base = (raw_base + 1023u) & ~1023u;  // 128-byte swizzled tiles need 1024-byte alignment
-  unsigned char* smem = smem_raw + (smem_base - raw_base);
-  const habu::u32 bars = smem_base + {off['bar']};
-{GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
-  const long long tiles = {c(lw.tiles(sizes))};
-  if (threadIdx.x == 0) {{
-    for (int s = 0; s < {k.stages}; ++s) {{
-      habu::mbar_init(bars + 16 * s, {full_count});          // full: the stage holds a k tile
-      habu::mbar_init(bars + 16 * s + 8, {consumers * cluster});      // empty: every consumer of the cluster is done
-    }}
-    habu::fence_barrier_init();
-  }}
-  {sync_start}
-  // stage s: A at smem_base + {off['A0']} + s * {stride}, B at smem_base + {off['B0']} + s * {stride}
-  int stage = 0;
-  habu::u32 phase = 0;
-  if (wg == 0) {{  // ---------------------------------------------------------------- producer
-    habu::setmaxnreg_dec<{split.producer}>();
-    const int ptid = threadIdx.x;
-{rank_decl}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, sizes, it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-        const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
-        const habu::u32 full = bars + 16 * stage;
-        habu::mbar_wait(bars + 16 * stage + 8, phase ^ 1u);
-        const habu::u32 a_stage = smem_base + {off['A0']}u + (habu::u32)stage * {stride}u;
-        const habu::u32 b_stage = smem_base + {off['B0']}u + (habu::u32)stage * {stride}u;
-{producer_fill}        if (++stage == {k.stages}) {{ stage = 0; phase ^= 1u; }}
-      }}
-    }}
-  }} else {{  // --------------------------------------------------------------------- consumers
-    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
-    const int cw = wg - 1;
-    const int lane = threadIdx.x % 32;
-    const int warp = (threadIdx.x % 128) / 32;
-{store_state}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, sizes, it, "      ")}      float acc[{slabs}][{regs}];
-#pragma unroll
-      for (int s = 0; s < {slabs}; ++s)
-#pragma unroll
-        for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
-      int held = -1;  // the stage whose wgmma may still be reading it
+        f"""          {wgmma_name(lw.bn, dtype, b_mn)}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32), {b_desc}, 1);"""
+        for s in range(kc.slabs))
+    slot = c(ring.read_slot(CExpr("stage")))
+    return f"""      int held = -1;  // the stage whose wgmma may still be reading it
       for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-        habu::mbar_wait(bars + 16 * stage, phase);
-        const habu::u32 a_stage = smem_base + {off['A0']}u + (habu::u32)stage * {stride}u;
-        const habu::u32 b_stage = smem_base + {off['B0']}u + (habu::u32)stage * {stride}u;
+        habu::mbar_wait(bars + 16 * stage, {c(ring.consumer_wait(CExpr('phase')))});
+        const habu::u32 a_stage = {kc.stage_base("A", slot)};
+        const habu::u32 b_stage = {kc.stage_base("B", slot)};
         habu::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {{
@@ -388,22 +332,143 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
         }}
         habu::wgmma_commit();
         habu::wgmma_wait<1>();
-        if (held >= 0 && {release_who}) {release}
-        held = stage;
-        if (++stage == {k.stages}) {{ stage = 0; phase ^= 1u; }}
+        {_release(ring)}
+        held = {slot};
+        habu::ring_advance<{ring.stages}>(stage, phase);
       }}
       habu::wgmma_wait<0>();
-      if (held >= 0 && {release_who}) {release}
-{epilogue_wait}{epilogue}    }}
-{drain}  }}
-{sync_end}}}
+      {_release(ring)}
 """
-    src = header(f"{name}: warp-specialised wgmma contraction {bm}x{bn}x{lw.bk}, {k.stages} stages, "
-                 f"{consumers} consumer warpgroup(s)",
+
+
+def _direct_epilogue(kc: _Kernel) -> str:
+    """Each consumer thread stores its accumulator pairs (the fused epilogue applied) with the masks."""
+    lw, frag = kc.lw, kc.lw.fragment
+    epi = epilogue_pair_code(lw, kc.sig, kc.model, kc.sizes, kc.it, "m", "n", f"acc[s][{frag.register(0)}]",
+                             f"acc[s][{frag.register(1)}]")
+    return f"""#pragma unroll
+      for (int s = 0; s < {kc.slabs}; ++s)
+#pragma unroll
+        for (int j = 0; j < {lw.bn // 8}; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
+            const {kc.it} m = m0 + ({kc.it})((cw * {kc.slabs} + s) * 64 + {frag.row_in_warpgroup()});
+            const {kc.it} n = n0 + ({kc.it})({frag.col()});
+            {epi}
+          }}
+"""
+
+
+def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
+    """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
+    lw = kc.lw
+    if lw.kernel.store == "tma":
+        epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it, kc.slabs, kc.consumers, kc.off)
+        store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
+        drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
+    else:
+        epilogue, store_state, drain = _direct_epilogue(kc), "", ""
+    # the epilogue reads and writes what the plan's previous kernel may still be writing or reading
+    epilogue_wait = "    " + GRID_WAIT if early_main_loop else ""
+    regs = lw.bn // 2
+    return f"""  }} else {{  // --------------------------------------------------------------------- consumers
+    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
+    const int cw = wg - 1;
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x % 128) / 32;
+{store_state}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
+{tile_setup(lw, kc.sizes, kc.it, "      ")}      float acc[{kc.slabs}][{regs}];
+#pragma unroll
+      for (int s = 0; s < {kc.slabs}; ++s)
+#pragma unroll
+        for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
+{_consumer_loop(kc)}{epilogue_wait}{epilogue}    }}
+{drain}  }}
+"""
+
+
+def _setup(kc: _Kernel, early_main_loop: bool) -> str:
+    """The kernel's start: the aligned shared memory, the ring's barriers (with the arrival counts
+    the lowering gives) and, in a cluster, the barrier that makes them visible to the peers."""
+    ring = kc.ring
+    sync = ("habu::cluster_sync();  // the peers' barriers are initialised before anyone multicasts"
+            if ring.cluster > 1 else "__syncthreads();")
+    return f"""  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 raw_base = habu::smem_addr(smem_raw);
+  const habu::u32 smem_base = (raw_base + 1023u) & ~1023u;  // 128-byte swizzled tiles need 1024-byte alignment
+  unsigned char* smem = smem_raw + (smem_base - raw_base);
+  const habu::u32 bars = smem_base + {kc.off['bar']};
+{GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
+  const long long tiles = {c(kc.lw.tiles(kc.sizes))};
+  // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer of the cluster is done with it
+  if (threadIdx.x == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
+  {sync}
+  // stage s: A at smem_base + {kc.off['A0']} + s * {kc.stride}, B at smem_base + {kc.off['B0']} + s * {kc.stride}
+  int stage = 0;
+  habu::u32 phase = 0;
+"""
+
+
+def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> _Kernel:
+    """Check the plan is one this emitter prints and gather what its pieces share."""
+    k = lw.kernel
+    if lw.a.dtype != lw.b.dtype or lw.a.dtype not in ("bf16", "f16"):
+        raise ValueError("wgmma needs bf16 or f16 operands of one type")
+    refused = WGMMA.own_refusals(lw)  # the rules' `supported-path` reads the same (habu/lower/support.py)
+    if refused:
+        raise ValueError(f"the wgmma path does not print this plan: {'; '.join(refused)}")
+    if not isinstance(lw.pipeline, MbarrierRing):
+        raise ValueError("the wgmma path runs an mbarrier ring")
+    consumers, slabs = wgmma_layout(lw)
+    sig = Signature(model, static=static)
+    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
+    off = {b.name: b.offset for b in layout.buffers}
+    stride = off["A1"] - off["A0"] if k.stages > 1 else 0
+    if any(off[f"A{s}"] != off["A0"] + s * stride or off[f"B{s}"] != off["B0"] + s * stride for s in range(k.stages)):
+        raise ValueError("stages are not evenly spaced in shared memory")
+    # a staged operand is read from its aligned buffer with TMA
+    moves = {side: ("tma" if m == "staged" else str(m)) for side, m in (("A", k.a_move), ("B", k.b_move))}
+    if k.cluster_m > 1 and (moves["B"] != "tma" or k.split_k > 1):
+        raise ValueError("a cluster multicasts B's tile by TMA, without split-K")
+    for side in "AB":
+        if moves[side] not in ("tma", "cp.async", "ldg"):
+            raise ValueError(f"the wgmma emitter has no {moves[side]} producer")
+    maps = {}
+    for ld in lw.pipeline.loads:
+        acc = lw.a if ld.side == "A" else lw.b
+        dims = tuple(reversed(acc.bounded_extents()))  # TMA's zero fill past them is the access's mask
+        box = (ld.box_rows, ld.box_k) if ld.mn_major else (ld.box_k, ld.box_rows)  # innermost first
+        maps[ld.side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, 128))
+    return _Kernel(name, model, lw, lw.pipeline, sig, sig.sizes(), index_type(lw.index_width), off, stride, moves,
+                   consumers, slabs, maps)
+
+
+def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int],
+               early_main_loop: bool = False) -> CudaKernel:
+    """`early_main_loop`: no earlier kernel of the plan writes what the main loop reads (the operands
+    and their index tensors), so the kernel runs its main loop while the previous kernel may still be
+    running, and its consumers wait for it (griddepcontrol.wait) only before each epilogue; otherwise
+    every thread waits first."""
+    kc = _prepare(name, model, lw, static)
+    k, ring = lw.kernel, kc.ring
+    vecs = {"A": k.a_vector, "B": k.b_vector}
+    split = warp_specialized_split(k.warps)
+    threads = 128 * (kc.consumers + 1)
+    attrs = f"__cluster_dims__({ring.cluster}, 1, 1) " if ring.cluster > 1 else ""
+    sync_end = ("  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
+                if ring.cluster > 1 else "")
+    body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n")}
+extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
+{_setup(kc, early_main_loop)}{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}{sync_end}}}
+"""
+    src = header(f"{name}: warp-specialised wgmma contraction {lw.bm}x{lw.bn}x{lw.bk}, {ring.stages} stages, "
+                 f"{kc.consumers} consumer warpgroup(s)",
                  [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move}; split_k={k.split_k}; "
                   f"index width {lw.index_width}"
-                  + (f"; clusters of {cluster} blocks along m share B's tile by TMA multicast" if cluster > 1 else "")])
-    src += body.replace("SIGNATURE", sig.declaration())
+                  + (f"; clusters of {ring.cluster} blocks along m share B's tile by TMA multicast"
+                     if ring.cluster > 1 else "")])
+    src += body.replace("SIGNATURE", kc.sig.declaration())
     zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
-    return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero,
-                      register_demand=split.demand, cluster=cluster)
+    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
+    return CudaKernel(name, src, tuple(kc.sig.params), threads, layout.total, lw, zero,
+                      register_demand=split.demand, cluster=ring.cluster)

@@ -21,6 +21,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
+from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -75,6 +76,9 @@ class ContractionLowering:
     # which output element each accumulator register holds, as the mma.sync and wgmma epilogues read
     # them (printed by the emitters; run against the instruction's layout by the finite-field check)
     fragment: AccumulatorFragment = ACCUMULATOR
+    # the k loop's pipeline (habu/lower/pipeline.py): stages, barrier phases and counts, TMA boxes;
+    # proven per plan by the `pipeline-schedule` rule, executed by the interpreter
+    pipeline: Pipeline | None = None
 
     @property
     def bm(self) -> int:
@@ -259,7 +263,7 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel) -> Contracti
         pre.append(stage)
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
-                   pre=tuple(pre))
+                   pre=tuple(pre), pipeline=pipeline_for(kernel, a.dtype, b.positions[-1].axis))
 
 
 @cache

@@ -25,9 +25,11 @@ from habu.lower import (
 )
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
+from habu.lower.pipeline import MbarrierRing
 from habu.lower.rows import RowLoads, canonical_reduction
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
+from habu.prove.pipeline import delivered
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
@@ -258,7 +260,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         moved = fragment_mismatch(instruction, lw.fragment, max(1, lw.bn // 8))
         if moved:
             mem.fault(f"{name}: {moved}")
-    bm, bn, bk = lw.bm, lw.bn, lw.bk
+    bm, bn = lw.bm, lw.bn
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for tm, tn, s in tiles:
         key = (s, _local(tm, bm, rows), _local(tn, bn, cols))
@@ -285,17 +287,23 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             first = {lw.m: int(mc[b, 0]), lw.n: int(nc[b, 0])}
             at = ", ".join(str(first.get(e, 0)) for e in lw.out.extents)
             return f"{lw.out.tensor}[{at}] and the rest of its {lw.bm}x{lw.bn} tile"
-        # every k tile is loaded exactly as the kernel loads it (its own k0, masks and offsets);
-        # the products of up to 64 tiles are then summed in one exact contraction, which over
-        # GF(p) equals accumulating them one by one
+        # every k tile is loaded exactly as the kernel loads it (its own k0, masks and offsets, a TMA
+        # operand box by box), and the k step multiplies the tile its pipeline delivers to the stage it
+        # reads (habu.prove.pipeline); the products of up to 64 tiles are then summed in one exact
+        # contraction, which over GF(p) equals accumulating them one by one
+        steps = max(0, int(end) - int(begin))
+        ranks = tms % max(1, lw.kernel.cluster_m) if lw.pipeline is not None else np.zeros_like(tms)
+        reads = {}
+        for q in sorted(set(ranks.tolist())):
+            reads[q], fault = delivered(lw.pipeline, steps, q)
+            if fault is not None:
+                mem.fault(f"{_computing(where, np.ones((len(mn), 1), bool))}{name}'s k pipeline: {fault}")
         a_tiles: list[np.ndarray] = []
         b_tiles: list[np.ndarray] = []
-        steps = max(0, int(end) - int(begin))
         for j in range(steps):
-            k0 = lw.k_origin(int(begin), j)
-            kk = (k0 + np.arange(bk))[None, None, :]
-            a_tiles.append(read(name, lw.a, {"m": mc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
-            b_tiles.append(read(name, lw.b, {"n": nc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
+            t = np.array([-1 if reads[q][j] is None else reads[q][j] for q in ranks.tolist()], dtype=np.int64)
+            a_tiles.append(_k_tile(name, lw, "A", mc, t, ranks, begin, sizes, mem, where))
+            b_tiles.append(_k_tile(name, lw, "B", nc, t, ranks, begin, sizes, mem, where))
             if len(a_tiles) == 64 or j == steps - 1:
                 check_deadline(f"in {name}'s k loop")
                 a = np.concatenate(a_tiles, axis=-1)
@@ -312,6 +320,42 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         value = eval_pointwise(lw.epilogue, leaf, f, sizes)
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, owned, where)
+
+
+def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, tile: np.ndarray, ranks: np.ndarray,
+            begin: int, sizes: Mapping[str, int], mem: Memory, where) -> np.ndarray:
+    """The (blocks, rows, BK) values of operand `side` in the stage a k step reads: the k tile `t` of
+    each block (-1: a stage holding no tile of this output tile, poison). Without TMA the lanes load
+    the access at k0 = k_origin; a TMA operand is its boxes, each read at the origin the lowering
+    gives (box j of rows [j·box_rows, (j+1)·box_rows), at the box's k coordinate), landing in the
+    block when it issues the box or is in the box's multicast mask, and zero past the access's masks
+    (the tensor map's dims are `Access.bounded_extents`)."""
+    access = lw.a if side == "A" else lw.b
+    axis = "m" if side == "A" else "n"
+    ring = lw.pipeline
+    load = ring.load(side) if isinstance(ring, MbarrierRing) else None
+    local = rows % (lw.bm if side == "A" else lw.bn)  # rows within the tile
+    row0 = rows - local
+    kk = np.arange(lw.bk)[None, None, :]
+    t = np.maximum(tile, 0)  # a stage holding no tile: read tile 0's addresses, then poison the values
+    if load is None:
+        k0 = lw.k_origin(int(begin), t)[:, None, None]
+        coords = {axis: rows[:, :, None], "k": k0 + kk}
+        landed = np.ones(local.shape, bool)
+    else:
+        assert isinstance(ring, MbarrierRing)
+        box = local // load.box_rows
+        first = load.origin(row0, load.k_coordinate(int(begin), t)[:, None], box)
+        start, k = first if load.mn_major else (first[1], first[0])
+        coords = {axis: (start + local - box * load.box_rows)[:, :, None], "k": k[:, :, None] + kk}
+        table = np.array([[any(load.lands_in(j, q, i) for i in range(ring.cluster)) for j in range(load.boxes)]
+                          + [False] for q in range(ring.cluster)], dtype=bool)
+        landed = table[ranks[:, None] % ring.cluster, np.minimum(box, load.boxes)]
+    values = read(name, access, coords, sizes, mem, lw.index_width, where)
+    stale = (tile < 0)[:, None, None] | ~landed[:, :, None]
+    if np.any(stale):
+        values = np.where(stale, mem.poison(np.broadcast_to(rows[:, :, None] * 7919 + kk, values.shape)), values)
+    return values
 
 
 def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.ndarray, width: int) -> None:

@@ -22,6 +22,7 @@ from habu.lower.contraction import StageLowering
 from habu.plan.fields import Mma, field_problems
 from habu.plan.plan import ContractionKernel, Kernel
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
+from habu.prove.pipeline import pipeline_problem
 
 FIELD_RULES = {r.name: r for r in (
     Rule("plan-fields", "every schedule field holds one of the values the plan's field table allows",
@@ -30,6 +31,11 @@ FIELD_RULES = {r.name: r for r in (
     Rule("pipeline-stages", "a pipelined k loop keeps at least two stages in flight",
          "wgmma consumers release a stage only once the next has arrived: a one-stage mbarrier ring deadlocks "
          "(ggemm K=511 with --pin stages=1 was certified); mma.sync waits for cp.async groups stages−2 behind"),
+    Rule("pipeline-schedule", "the k loop's pipeline, executed with the mbarrier and cp.async-group semantics, "
+         "never deadlocks, every k step multiplies the stage holding exactly its tile (no copy lands in a stage "
+         "still read), and a full phase expects the bytes its TMA boxes bring",
+         "PTX ISA: mbarrier phases and try_wait.parity, cp.async.wait_group (a one-stage wgmma ring deadlocked: "
+         "ggemm K=511 --pin stages=1 was certified; habu/prove/pipeline.py)"),
     Rule("grid-dims", "grid dimensions are within the launch limits: x ≤ 2^31−1, y and z ≤ 65535",
          "CUDA guide: maximum grid dimensions (a staged GGEMM at M = 100000 launched grid.y = 100000)"),
 )}
@@ -60,6 +66,11 @@ def launch_obligations(name: str, lw: Lowering, ctx: Context) -> Iterator[Obliga
     """The grid of each launch the lowering makes, and the 32-bit lane indices it computes."""
     s = ctx.ext
     if isinstance(lw, ContractionLowering):
+        if lw.pipeline is not None:
+            problem = pipeline_problem(lw.pipeline)
+            yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
+                             f"the k loop's {type(lw.pipeline).__name__} of {lw.pipeline.stages} stage(s) delivers "
+                             "every k tile to its step", problem is None, detail=problem or "")
         if not lw.kernel.persistent:  # a persistent grid is the blocks resident at once
             yield _grid(name, "x", "one block per tile (and split)", lw.tiles(s), ctx.target.max_grid_x)
         for stage in lw.pre:

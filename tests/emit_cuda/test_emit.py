@@ -137,7 +137,10 @@ def test_a_cluster_kernel_multicasts_b_and_frees_a_stage_in_every_block(path, mo
     assert k.source.count("habu::tma_load_2d_multicast(") == 1  # B's part; A (gathered or not) stays local
     assert "habu::mbar_arrive_cluster(" in k.source and k.source.count("habu::cluster_sync();") == 2
     consumers = k.threads // 128 - 1
-    assert f"habu::mbar_init(bars + 16 * s + 8, {2 * consumers});" in k.source
+    # the empty barriers count every consumer warpgroup of the cluster (the ring's empty_arrivals)
+    ring = k.lowering.pipeline
+    assert ring.empty_arrivals == 2 * consumers
+    assert f"habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {2 * consumers});" in k.source
     compile_cuda(k.source, k.name, "sm_90a")
 
 

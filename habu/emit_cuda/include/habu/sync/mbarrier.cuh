@@ -26,12 +26,28 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
       "@!p bra WAIT_%=;\n"
       "}\n" :: "r"(bar), "r"(phase));
 }
-/** @brief Make this thread's ordinary shared-memory stores visible to the async proxy (TMA, wgmma). */
 /** @brief Barrier over `count` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is __syncthreads). */
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
+/** @brief Make this thread's ordinary shared-memory stores visible to the async proxy (TMA, wgmma). */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
+/** @brief Advance a ring of `Stages` mbarrier-guarded stages by one k tile: the stage index wraps to 0 and the
+ *  phase parity flips with it. The lowering's `MbarrierRing.stage(t)` / `phase(t)` of k tile t are what
+ *  these two registers hold (habu/lower/pipeline.py; executed by habu/prove/pipeline.py). */
+template <int Stages>
+__device__ __forceinline__ void ring_advance(int& stage, u32& phase) {
+  if (++stage == Stages) { stage = 0; phase ^= 1u; }
+}
+/** @brief Initialise the `full` and `empty` mbarriers of a ring of `stages` stages, 16 bytes apart from `bars`
+ *  (full at +0, empty at +8), with the arrival counts that complete their phases; one thread calls it. */
+__device__ __forceinline__ void ring_init(u32 bars, int stages, u32 full_arrivals, u32 empty_arrivals) {
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(bars + 16 * s, full_arrivals);
+    mbar_init(bars + 16 * s + 8, empty_arrivals);
+  }
+  fence_barrier_init();
+}
 }  // namespace habu

@@ -1,0 +1,177 @@
+"""The k loop's pipelines as lowering data: which stage holds k tile t, which barrier phase a wait
+names, how many arrivals and bytes complete a phase, where each TMA box is loaded from.
+
+The emitters print these numbers and expressions; `habu.prove.pipeline` executes them (producer and
+consumers over the k tiles, with the mbarrier and cp.async-group semantics) to prove the ring never
+deadlocks, that a consumer reads the stage holding exactly its tile, and that the bytes a phase
+expects are the bytes its boxes bring; the finite-field interpreter multiplies the k tiles the
+schedule delivers (`habu.prove.pipeline.delivered`), so a wrong stage index changes the result.
+
+    mbarrier ring (wgmma): k tile t of a block (counted over all its output tiles) uses stage
+        t mod S in phase (t div S) mod 2; the producer waits `empty[stage]` with parity
+        phase ^ producer_parity (a fresh barrier counts its phase "-1" as complete), fills the
+        stage and completes `full[stage]` (full_arrivals arrivals and expect_tx bytes); each
+        consumer warpgroup waits `full[stage]` with parity phase ^ consumer_parity and releases
+        the stage (one arrival on each block of its cluster) once its next tile is issued.
+    cp.async ring (mma.sync): the prologue commits tiles 0..P-1, iteration j waits until at
+        most W groups are in flight, then refills the stage of tile j - 1 with tile j + P.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MN_BLOCK = 64  # columns of an MN-major box: one 128-byte swizzle span of 16-bit elements
+
+
+@dataclass(frozen=True)
+class TmaOperandLoad:
+    """An operand's TMA loads per k tile: `boxes` boxes of `box_rows` rows (of m or n) by `box_k`
+    columns of k; box j covers tile rows [j·box_rows, (j+1)·box_rows) and lands at byte
+    j·box_bytes of the stage. In a cluster of `cluster` blocks sharing the tile (B multicast),
+    box j is issued by block j mod cluster into every block of `mask`; otherwise each block issues
+    all its boxes into itself (mask 0)."""
+
+    side: str  # "A" or "B"
+    mn_major: bool  # the operand's rows are contiguous (the box's inner coordinate is the row)
+    box_rows: int
+    box_k: int
+    boxes: int
+    element_bytes: int
+    cluster: int = 1
+    mask: int = 0  # multicast: the cluster ranks each box lands in (0: no multicast)
+    k_step: int = 0  # how far the box's k coordinate advances per k tile (the lowering's k_step)
+    bk: int = 0  # the k tile (k coordinate of the split's first tile: begin·bk)
+
+    @property
+    def box_bytes(self) -> int:
+        return self.box_rows * self.box_k * self.element_bytes
+
+    def issuer(self, box: Any) -> Any:
+        """The cluster rank that issues box `box` of a multicast load (without multicast every block
+        issues its own boxes)."""
+        return box % self.cluster
+
+    def lands_in(self, box: int, rank: int, issuer: int) -> bool:
+        """Box `box`, issued by the block of rank `issuer`, reaches the stage of the block of rank `rank`."""
+        if self.mask:
+            return issuer == self.issuer(box) and bool(self.mask >> rank & 1)
+        return issuer == rank
+
+    def k_coordinate(self, begin: Any, step: Any) -> Any:
+        """The k coordinate of the boxes of the `step`-th k tile of a split starting at tile `begin`."""
+        return begin * self.bk + step * self.k_step
+
+    def origin(self, row0: Any, k: Any, box: Any) -> tuple[Any, Any]:
+        """The box's coordinates in the tensor map, innermost first."""
+        row = row0 + box * self.box_rows
+        return (row, k) if self.mn_major else (k, row)
+
+    def bytes_into(self, rank: int) -> int:
+        """The bytes a k tile's boxes of this operand bring into the block of rank `rank`."""
+        if not self.mask:
+            return self.boxes * self.box_bytes
+        return sum(self.box_bytes for j in range(self.boxes) for q in range(self.cluster) if self.lands_in(j, rank, q))
+
+
+@dataclass(frozen=True)
+class MbarrierRing:
+    """The TMA/mbarrier ring of a warp-specialised wgmma kernel (see the module's docstring)."""
+
+    stages: int
+    full_arrivals: int  # arrivals completing a `full` phase: 1 (TMA only) or the 128 producer threads
+    empty_arrivals: int  # arrivals completing an `empty` phase: every consumer warpgroup of the cluster
+    consumers: int  # consumer warpgroups per block
+    cluster: int  # blocks sharing B's tile; a consumer releases a stage in each of them
+    expect_tx: int  # bytes a `full` phase expects (the TMA boxes landing in the block)
+    loads: tuple[TmaOperandLoad, ...]  # the TMA operands (others are copied by the producer threads)
+    producer_arrivals: int = 1  # arrivals the producer makes per k tile: its one TMA thread, or all 128
+    producer_parity: int = 1  # the producer waits `empty` with parity phase ^ 1
+    consumer_parity: int = 0  # the consumers wait `full` with parity phase ^ 0
+
+    def stage(self, t: Any) -> Any:
+        """The stage of the block's k tile t."""
+        return t % self.stages
+
+    def phase(self, t: Any) -> Any:
+        """The parity of the ring's pass over its stages at k tile t."""
+        return (t // self.stages) % 2
+
+    def producer_wait(self, phase: Any) -> Any:
+        return phase ^ self.producer_parity if self.producer_parity else phase
+
+    def consumer_wait(self, phase: Any) -> Any:
+        return phase ^ self.consumer_parity if self.consumer_parity else phase
+
+    def read_slot(self, stage: Any) -> Any:
+        """The stage a consumer reads when the ring is at `stage`."""
+        return stage
+
+    def load(self, side: str) -> TmaOperandLoad | None:
+        return next((ld for ld in self.loads if ld.side == side), None)
+
+
+@dataclass(frozen=True)
+class CpAsyncRing:
+    """The cp.async ring of the mma.sync path: tile t of the block's k tiles in stage t mod S; the
+    prologue commits `prologue` tiles; iteration j waits until at most `wait_groups` commit groups
+    are in flight before reading its stage."""
+
+    stages: int
+    prologue: int
+    wait_groups: int
+
+    def stage(self, t: Any) -> Any:
+        return t % self.stages
+
+
+Pipeline = MbarrierRing | CpAsyncRing
+
+
+def wgmma_ring(stages: int, consumers: int, cluster: int, bm: int, bn: int, bk: int, k_step: int,
+               moves: dict[str, str], b_mn: bool, element_bytes: int) -> MbarrierRing:
+    """The ring of the wgmma path: A by TMA in one box of BK × BM; B in one box (K-major), in BN/64
+    boxes of 64 columns (MN-major), and in a cluster split among the blocks and multicast."""
+    loads = []
+    for side, rows in (("A", bm), ("B", bn)):
+        if moves[side] != "tma":
+            continue
+        multicast = side == "B" and cluster > 1
+        if side == "B" and b_mn:
+            box_rows, box_k, boxes = MN_BLOCK, bk, bn // MN_BLOCK
+        elif multicast:
+            box_rows, box_k, boxes = bn // cluster, bk, cluster
+        else:
+            box_rows, box_k, boxes = rows, bk, 1
+        loads.append(TmaOperandLoad(side, side == "B" and b_mn, box_rows, box_k, boxes, element_bytes,
+                                    cluster if multicast else 1, (1 << cluster) - 1 if multicast else 0,
+                                    k_step, bk))
+    all_tma = all(m == "tma" for m in moves.values())
+    tx = sum(ld.bytes_into(0) for ld in loads)
+    arrivals = 1 if all_tma else 128
+    return MbarrierRing(stages, arrivals, consumers * cluster, consumers, cluster, tx, tuple(loads), arrivals)
+
+
+def cp_async_ring(stages: int) -> CpAsyncRing:
+    return CpAsyncRing(stages, stages - 1, stages - 2)
+
+
+__all__ = ["MN_BLOCK", "CpAsyncRing", "MbarrierRing", "Pipeline", "TmaOperandLoad", "cp_async_ring", "wgmma_ring"]
+
+
+def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str) -> Pipeline | None:
+    """The pipeline a contraction kernel's k loop runs: the mbarrier ring (wgmma), the cp.async ring
+    (mma.sync), or none (the SIMT path loads each tile and synchronises)."""
+    from habu.lower.registers import consumer_warpgroups
+    from habu.spec.dtypes import DTYPES
+
+    mma = str(kernel.mma)
+    if mma == "mma.sync":
+        return cp_async_ring(kernel.stages)
+    if mma != "wgmma":
+        return None
+    moves = {side: ("tma" if str(m) == "staged" else str(m)) for side, m in (("A", kernel.a_move), ("B", kernel.b_move))}
+    return wgmma_ring(kernel.stages, consumer_warpgroups(kernel.warps, kernel.warp_specialized), max(1, kernel.cluster_m),
+                      kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.tile_k, moves, b_last_axis == "n",
+                      DTYPES[a_dtype].bytes)
