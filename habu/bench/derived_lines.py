@@ -4,7 +4,8 @@ the lowering changes.
 A kernel line is *lowering-derived* when its text moves under at least one perturbation of the lowering
 the finite-field check runs: a mask dropped or made inclusive, a stride taken from another extent, an
 access's positions reversed, the k step doubled, the k loop shortened, the split mode, the combined
-warps of a row reduction. (Not the index width: it changes the type of nearly every line, not the
+warps of a row reduction, the shared-memory operand maps (swizzle, padding, ldmatrix lane maps, copy
+vectors, warp grid). (Not the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
@@ -24,6 +25,7 @@ from typing import Any
 
 from habu.lower import ContractionLowering, GeneralLowering, LoweredPlan, RowLowering, lower_whole
 from habu.lower.access import Access, Bound
+from habu.lower.layouts import FmaOperands, MmaSyncOperands
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -106,11 +108,43 @@ def _variants(obj: Any) -> Iterator[Any]:
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
+    if isinstance(obj, MmaSyncOperands):
+        yield from _operand_variants(obj)
+    if isinstance(obj, FmaOperands):
+        yield from _fma_operand_variants(obj)
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
+
+
+def _operand_variants(ops: MmaSyncOperands) -> Iterator[MmaSyncOperands]:
+    """The shared-memory operand maps perturbed: each stage tile's swizzle and padding (store and read
+    sides together), each ldmatrix lane map, the copies' vectors, the warp grid."""
+    for side in ("a", "b"):
+        tile, copy, read = getattr(ops, f"{side}_tile"), getattr(ops, f"{side}_copy"), getattr(ops, f"{side}_read")
+        for other in (replace(tile, swizzle=0 if tile.swizzle else 128), replace(tile, row_elems=tile.row_elems + 8)):
+            yield replace(ops, **{f"{side}_tile": other, f"{side}_copy": replace(copy, tile=other),
+                                  f"{side}_read": replace(read, tile=other)})
+        yield replace(ops, **{f"{side}_read": replace(read, row_lanes=read.row_lanes // 2, col_groups=2,
+                                                      col_step=read.col_step + 1)})
+        yield replace(ops, **{f"{side}_copy": replace(copy, vector=max(1, copy.vector // 2))})
+    yield replace(ops, grid=replace(ops.grid, along_m=ops.grid.along_m + 1, warp_rows=ops.grid.warp_rows + 16,
+                                    warp_cols=ops.grid.warp_cols + 8))
+
+
+def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
+    """The SIMT path's maps perturbed: each stage tile's padding and transpose (copies and reads
+    together), the copies' walk, the thread grid."""
+    for side in ("a", "b"):
+        tile, copy = getattr(ops, f"{side}_tile"), getattr(ops, f"{side}_copy")
+        for other in (replace(tile, row_elems=tile.row_elems + 1), replace(tile, k_rows=not tile.k_rows)):
+            yield replace(ops, **{f"{side}_copy": replace(copy, tile=other), f"{side}_read": other})
+        yield replace(ops, **{f"{side}_copy": replace(copy, inner=copy.outer, outer=copy.inner,
+                                                       k_inner=not copy.k_inner)})
+    g = ops.grid
+    yield replace(ops, grid=replace(g, across=g.down, down=g.across))
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:

@@ -76,6 +76,12 @@ class CExpr:
     def __mod__(self, o: Any) -> CExpr:
         return self._bin("%", o)
 
+    def __xor__(self, o: Any) -> CExpr:
+        return self._bin("^", o)
+
+    def __rxor__(self, o: Any) -> CExpr:
+        return self._bin("^", o, True)
+
     def __neg__(self) -> CExpr:
         return CExpr(f"(-{self.text})")
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
+from habu.lower.layouts import FmaOperands, MmaSyncOperands, operands_for
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -75,6 +76,9 @@ class ContractionLowering:
     # which output element each accumulator register holds, as the mma.sync and wgmma epilogues read
     # them (printed by the emitters; run against the instruction's layout by the finite-field check)
     fragment: AccumulatorFragment = ACCUMULATOR
+    # the mma.sync and fma paths' shared-memory stage tiles, their store and read maps and warp/thread grid
+    # (printed by its emitter; executed by the finite-field check, habu.prove.smem_route)
+    operands: MmaSyncOperands | FmaOperands | None = None
 
     @property
     def bm(self) -> int:
@@ -259,7 +263,7 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel) -> Contracti
         pre.append(stage)
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
-                   pre=tuple(pre))
+                   pre=tuple(pre), operands=operands_for(kernel, a, b, fma_thread_grid(kernel)))
 
 
 @cache

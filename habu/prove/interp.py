@@ -20,6 +20,7 @@ from habu.lower.access import Access
 from habu.lower.contraction import ACC
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
+from habu.prove.smem_route import Route, route_of
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
@@ -250,7 +251,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         moved = fragment_mismatch(instruction, lw.fragment, max(1, lw.bn // 8))
         if moved:
             mem.fault(f"{name}: {moved}")
-    bm, bn, bk = lw.bm, lw.bn, lw.bk
+    bm, bn = lw.bm, lw.bn
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for tm, tn, s in tiles:
         key = (s, _local(tm, bm, rows), _local(tn, bn, cols))
@@ -264,6 +265,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         need = np.unique(np.concatenate([t * tile + np.array(_local(t, tile, keep), dtype=np.int64)
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
+    route = route_of(lw)
+    for fault in route.faults:
+        mem.fault(f"{name}: {fault}")
     for (split, lrows, lcols), mn in sorted(groups.items()):
         tms = np.array([t[0] for t in mn], dtype=np.int64)
         tns = np.array([t[1] for t in mn], dtype=np.int64)
@@ -277,23 +281,31 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             first = {lw.m: int(mc[b, 0]), lw.n: int(nc[b, 0])}
             at = ", ".join(str(first.get(e, 0)) for e in lw.out.extents)
             return f"{lw.out.tensor}[{at}] and the rest of its {lw.bm}x{lw.bn} tile"
-        # every k tile is loaded exactly as the kernel loads it (its own k0, masks and offsets);
-        # the products of up to 64 tiles are then summed in one exact contraction, which over
-        # GF(p) equals accumulating them one by one
-        a_tiles: list[np.ndarray] = []
-        b_tiles: list[np.ndarray] = []
+        # every k tile is loaded exactly as the kernel loads it (its own k0, masks and offsets) and
+        # reaches each warp's product through the shared-memory operand maps (`route`); the products
+        # of up to 64 tiles are then summed in one exact contraction, which over GF(p) equals
+        # accumulating them one by one
         steps = max(0, int(end) - int(begin))
-        for j in range(steps):
-            k0 = lw.k_origin(int(begin), j)
-            kk = (k0 + np.arange(bk))[None, None, :]
-            a_tiles.append(read(name, lw.a, {"m": mc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
-            b_tiles.append(read(name, lw.b, {"n": nc[:, :, None], "k": kk}, sizes, mem, lw.index_width, where))
-            if len(a_tiles) == 64 or j == steps - 1:
-                check_deadline(f"in {name}'s k loop")
-                a = np.concatenate(a_tiles, axis=-1)
-                b = np.concatenate(b_tiles, axis=-1)
-                acc = (acc + f.contract([a, b], "xmk,xnk->xmn")) % f.p
-                a_tiles, b_tiles = [], []
+        parts = list(_warp_parts(route, bm, bn, lrows, lcols))
+        for first in range(0, steps, 64):
+            check_deadline(f"in {name}'s k loop")
+            batch = range(first, min(steps, first + 64))
+            loaded: dict[tuple, np.ndarray] = {}  # warps that read the same elements share the load
+
+            def load(side: str, mn: np.ndarray, k: np.ndarray, batch=batch, tms=tms, tns=tns, where=where, begin=begin,
+                     loaded=loaded) -> np.ndarray:
+                key = (side, mn.tobytes(), k.tobytes(), mn.shape)
+                if key not in loaded:
+                    acc_, axis, t, tile = (lw.a, "m", tms, bm) if side == "A" else (lw.b, "n", tns, bn)
+                    loaded[key] = np.concatenate(
+                        [read(name, acc_, {axis: t[:, None, None] * tile + mn[None], "k": lw.k_origin(int(begin), j)
+                                           + k[None]}, sizes, mem, lw.index_width, where) for j in batch], axis=-1)
+                return loaded[key]
+
+            for out_r, out_c, a_mn, a_k, b_mn, b_k in parts:
+                a, b = load("A", a_mn, a_k), load("B", b_mn, b_k)
+                cell = (slice(None), out_r[:, None], out_c[None, :])
+                acc[cell] = (acc[cell] + f.contract([a, b], "xmk,xnk->xmn")) % f.p
         coords = {"m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
                  for ld, acc_access in lw.epi_loads}
@@ -304,6 +316,46 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         value = eval_pointwise(lw.epilogue, leaf, f, sizes)
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, owned, where)
+
+
+def _warp_parts(route: Route, bm: int, bn: int, lrows: tuple[int, ...], lcols: tuple[int, ...]):
+    """Per warp of the route, the computed rows and columns it owns: (their places in the block's
+    accumulator, the k-tile elements its A and B operands take at each instruction k)."""
+    pos_r = np.full(bm, -1, dtype=np.int64)
+    pos_r[list(lrows)] = np.arange(len(lrows))
+    pos_c = np.full(bn, -1, dtype=np.int64)
+    pos_c[list(lcols)] = np.arange(len(lcols))
+    groups: dict[tuple, list] = {}  # warps that multiply the same A rows: one product over all their columns
+    for w in route.warps:
+        ri = np.nonzero((w.rows >= 0) & (w.rows < bm))[0]
+        ri = ri[pos_r[w.rows[ri]] >= 0]
+        ci = np.nonzero((w.cols >= 0) & (w.cols < bn))[0]
+        ci = ci[pos_c[w.cols[ci]] >= 0]
+        if len(ri) and len(ci):
+            key = (w.rows[ri].tobytes(), w.a_mn[ri].tobytes(), w.a_k[ri].tobytes())
+            groups.setdefault(key, []).append((ri, ci, w))
+    parts = []
+    for members in groups.values():
+        cols = np.concatenate([w.cols[ci] for _, ci, w in members])
+        split = members if len(np.unique(cols)) < len(cols) else [members]  # overlapping columns: one by one
+        for part in split:
+            part = part if isinstance(part, list) else [part]
+            ri, _, w0 = part[0]
+            parts.append((pos_r[w0.rows[ri]], np.concatenate([pos_c[w.cols[ci]] for _, ci, w in part]),
+                          w0.a_mn[ri], w0.a_k[ri], np.concatenate([w.b_mn[ci] for _, ci, w in part]),
+                          np.concatenate([w.b_k[ci] for _, ci, w in part])))
+    # then parts that multiply the same B columns: one product over all their rows
+    by_b: dict[tuple, list] = {}
+    for part in parts:
+        by_b.setdefault((part[1].tobytes(), part[4].tobytes(), part[5].tobytes()), []).append(part)
+    for same in by_b.values():
+        rows = np.concatenate([q[0] for q in same])
+        if len(np.unique(rows)) < len(rows):
+            yield from same
+            continue
+        first = same[0]
+        yield (rows, first[1], np.concatenate([q[2] for q in same]), np.concatenate([q[3] for q in same]),
+               first[4], first[5])
 
 
 def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.ndarray, width: int) -> None:

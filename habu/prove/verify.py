@@ -31,6 +31,7 @@ from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel, Plan
 from habu.prove.deadline import check_deadline
 from habu.prove.interp import Memory, PlanFault, check_raster, run_kernel, tile_ids
+from habu.prove.smem_route import route_key
 from habu.prove.virtual import VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
@@ -314,7 +315,10 @@ def field_key(model: Model, plan: Plan, sizes: Mapping[str, int], lowerings: lis
     for lw in lowerings:
         if isinstance(lw, ContractionLowering):
             k = lw.kernel
-            parts.append((tuple(getattr(k, f) for f in FIELD_CHECK_FIELDS), repr(replace(lw, kernel=None))))
+            # the shared-memory operand maps enter through what they route (habu.prove.smem_route):
+            # maps that multiply the plain tile product share the check, others are keyed by themselves
+            parts.append((tuple(getattr(k, f) for f in FIELD_CHECK_FIELDS), repr(replace(lw, kernel=None, operands=None)),
+                          route_key(lw)))
         else:
             parts.append(repr(lw))
     return hashlib.sha256(repr(parts).encode()).hexdigest()
