@@ -5,7 +5,7 @@ A kernel line is *lowering-derived* when its text moves under at least one pertu
 the finite-field check runs: a mask dropped or made inclusive, a stride taken from another extent, an
 access's positions reversed, the k step doubled, the k loop shortened, the split mode, the combined
 warps of a row reduction, the shared-memory operand maps (swizzle, padding, ldmatrix lane maps, copy
-vectors, warp grid). (Not the index width: it changes the type of nearly every line, not the
+vectors, warp grid; the wgmma descriptors' offsets and swizzle). (Not the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
@@ -25,7 +25,7 @@ from typing import Any
 
 from habu.lower import ContractionLowering, GeneralLowering, LoweredPlan, RowLowering, lower_whole
 from habu.lower.access import Access, Bound
-from habu.lower.layouts import FmaOperands, MmaSyncOperands
+from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -112,6 +112,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield from _operand_variants(obj)
     if isinstance(obj, FmaOperands):
         yield from _fma_operand_variants(obj)
+    if isinstance(obj, WgmmaOperands):
+        yield from _wgmma_operand_variants(obj)
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
@@ -145,6 +147,18 @@ def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
                                                        k_inner=not copy.k_inner)})
     g = ops.grid
     yield replace(ops, grid=replace(g, across=g.down, down=g.across))
+
+
+def _wgmma_operand_variants(ops: WgmmaOperands) -> Iterator[WgmmaOperands]:
+    """The wgmma path's maps perturbed: each tile's swizzle (copies and tensor maps), each descriptor's
+    SBO and its LBO/SBO swapped, the copies' vectors, the slabs' rows."""
+    for side in ("a", "b"):
+        tile, copy, desc = (getattr(ops, f"{side}_{x}") for x in ("tile", "copy", "desc"))
+        yield replace(ops, **{f"{side}_copy": replace(copy, tile=replace(tile, swizzle=64))})
+        yield replace(ops, **{f"{side}_desc": replace(desc, sbo=desc.sbo // 2)})
+        yield replace(ops, **{f"{side}_desc": replace(desc, lbo=desc.sbo, sbo=desc.lbo)})
+        yield replace(ops, **{f"{side}_copy": replace(copy, vector=max(1, copy.vector // 2))})
+    yield replace(ops, slabs=ops.slabs + 1)
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:

@@ -172,6 +172,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "wrote them BN + 1 apart (the bank-conflict padding)", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, b_read=replace(lw.operands.b_read, row_elems=lw.operands.b_read.row_elems - 1))),
            {**DIRECT, "mma": "fma"}),
+    Mutant("wgmma-descriptor-sbo-wrong", "A's wgmma descriptors step 512 bytes between 8-row atoms instead of "
+           "1024 (rows of 128 bytes)", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_desc=replace(lw.operands.a_desc, sbo=512))), DIRECT),
+    Mutant("wgmma-descriptor-lbo-sbo-swapped", "B's wgmma descriptor has its leading and stride byte offsets "
+           "swapped", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, b_desc=replace(lw.operands.b_desc, lbo=lw.operands.b_desc.sbo,
+                                                      sbo=lw.operands.b_desc.lbo))), DIRECT),
+    Mutant("wgmma-swizzle-dropped-on-copy", "the wgmma producer's ldg copies store A's tile without the 128-byte "
+           "swizzle XOR; the descriptors read it swizzled", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, swizzle=0)))),
+           DIRECT),
     Mutant("int32-offset-wraps", "32-bit offsets at 600000 × 4096 elements wrap (Liger #1246, vLLM PR #34279)",
            "ggemm.habu", "GGEMM", {"M": 600_000, "N": 64, "K": 4096}, lambda lw: lw, index_width=32),
     Mutant("bias-broadcast-wrong-axis", "the epilogue bias is read along m instead of n", "ffn_skip.habu",

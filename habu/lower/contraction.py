@@ -21,7 +21,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
-from habu.lower.layouts import FmaOperands, MmaSyncOperands, operands_for
+from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -78,7 +78,7 @@ class ContractionLowering:
     fragment: AccumulatorFragment = ACCUMULATOR
     # the mma.sync and fma paths' shared-memory stage tiles, their store and read maps and warp/thread grid
     # (printed by its emitter; executed by the finite-field check, habu.prove.smem_route)
-    operands: MmaSyncOperands | FmaOperands | None = None
+    operands: MmaSyncOperands | FmaOperands | WgmmaOperands | None = None
 
     @property
     def bm(self) -> int:

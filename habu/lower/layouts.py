@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from habu.lower.access import Access
+from habu.lower.registers import consumer_warpgroups
 from habu.lower.smem import Buffer, simt_smem, tensor_core_smem
 from habu.plan.plan import ContractionKernel
 from habu.spec.dtypes import DTYPES
@@ -64,8 +65,19 @@ class SmemTile:
             row = row + term
         return self.index(row, *col_terms)
 
+    def linear_offset(self, row: Any, *col: Any) -> Any:
+        """The byte offset of (row, col) before the swizzle (what a wgmma descriptor's start address
+        holds: the hardware swizzles the addresses it forms)."""
+        return self.index(row, *col) * self.elem_bytes
+
     def byte_offset(self, row: Any, *col: Any) -> Any:
         """The byte offset of (row, col) from the tile's start (ints, numpy arrays or CExprs), swizzled."""
+        if self.swizzle and self.row_elems * self.elem_bytes == self.swizzle and len(col) == 1:
+            # rows exactly one span long (wgmma/TMA tiles): the same XOR, written per row and chunk
+            # (row % (span/16) is the span index mod span/16 here); compiles to shifts and masks
+            byte = col[0] * self.elem_bytes
+            chunk = (byte // 16) ^ (row % (self.swizzle // 16))
+            return row * self.swizzle + chunk * 16 + byte % 16
         b = self.index(row, *col) * self.elem_bytes
         if self.swizzle:
             b = b ^ (((b // 128) % (self.swizzle // 16)) * 16)
@@ -254,6 +266,74 @@ def fma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[
                        copy(a, kernel.tile_m, a_tile), copy(b, kernel.tile_n, b_tile), a_tile, b_tile, kernel.tile_k)
 
 
+SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}  # a wgmma descriptor's bits 62-63 (PTX ISA, "Matrix Descriptor")
+
+
+@dataclass(frozen=True)
+class WgmmaDescriptor:
+    """The layout fields of a wgmma shared-memory matrix descriptor of a K-major operand: leading and
+    stride byte offsets and the swizzle span (the start address is `WgmmaOperands.a_start`/`b_start`)."""
+
+    lbo: int
+    sbo: int
+    swizzle: int
+
+    @property
+    def mode(self) -> int:
+        return SWIZZLE_MODE[self.swizzle]
+
+
+@dataclass(frozen=True)
+class WgmmaOperands:
+    """The wgmma path's K-major shared-memory operands: per operand the stage tile (rows of 128 bytes in
+    the 128-byte swizzle), how the producer fills it (a TMA box of 16-byte chunks placed by the tensor
+    map's swizzle, or the producer threads' cp.async/ldg copies), and the descriptors the consumers
+    read it with. Consumer warpgroup cw's slab s covers rows (cw·slabs + s)·64 of the tile."""
+
+    consumers: int
+    slabs: int
+    a_tile: SmemTile
+    b_tile: SmemTile
+    a_copy: StageCopy
+    b_copy: StageCopy
+    a_desc: WgmmaDescriptor
+    b_desc: WgmmaDescriptor
+    bk: int
+
+    def slab_row(self, cw: Any, s: Any) -> Any:
+        return (cw * self.slabs + s) * 64
+
+    def a_start(self, cw: Any, s: Any, kk: Any) -> tuple[Any, Any]:
+        """The descriptor start (bytes from the stage's A tile) of slab s of warpgroup cw, k step kk,
+        as (row part, k part): their sum."""
+        return self.a_tile.linear_offset(self.slab_row(cw, s)), kk * 16 * self.a_tile.elem_bytes
+
+    def b_start(self, kk: Any) -> tuple[Any, Any]:
+        return self.b_tile.linear_offset(0), kk * 16 * self.b_tile.elem_bytes
+
+
+def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[str, Buffer],
+                   consumers: int) -> WgmmaOperands | None:
+    """The wgmma path's maps for K-major A and B (None otherwise: an MN-major B's 64-column boxes are
+    printed by the emitter, not held here yet)."""
+    e = DTYPES[a.dtype].bytes
+    if (a.positions[-1].axis != "k" or b.positions[-1].axis != "k" or kernel.tile_k * e != 128
+            or kernel.swizzle != 128 or consumers < 1 or kernel.tile_m % (64 * consumers) or a.dtype != b.dtype):
+        return None
+    a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
+    b_tile = tile_of_buffer(buffers["B0"], e, kernel.swizzle, False)
+
+    def copy(move: str, vector: int, rows: int, tile: SmemTile) -> StageCopy:
+        # TMA (and a staged operand, read by TMA) writes 16-byte chunks; threads write their vectors
+        vec = 16 // e if move in ("tma", "staged") else (vector if move == "cp.async" else 1)
+        return StageCopy(kernel.tile_k, rows, vec, True, tile)
+
+    desc = WgmmaDescriptor(16, 8 * 128, kernel.swizzle)  # LBO unused by swizzled K-major; SBO: 8 rows
+    return WgmmaOperands(consumers, kernel.tile_m // (64 * consumers), a_tile, b_tile,
+                         copy(kernel.a_move, kernel.a_vector, kernel.tile_m, a_tile),
+                         copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile), desc, desc, kernel.tile_k)
+
+
 def tile_of_buffer(buffer: Buffer, elem_bytes: int, swizzle: int, k_rows: bool) -> SmemTile:
     """The stage tile a buffer of `habu.lower.smem` holds (its rows and padded row length)."""
     return SmemTile(buffer.rows, buffer.row_elems, elem_bytes, swizzle, k_rows)
@@ -285,18 +365,22 @@ def mma_sync_operands(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_k
 
 
 def operands_for(kernel: ContractionKernel, a: Access, b: Access,
-                 fma_grid: tuple[int, int, int, int] | None = None) -> MmaSyncOperands | FmaOperands | None:
+                 fma_grid: tuple[int, int, int, int] | None = None) -> MmaSyncOperands | FmaOperands | WgmmaOperands | None:
     """The shared-memory operand maps of a kernel's path (mma.sync, fma; None for wgmma, which prints
     its own yet). Kept by the fields they read: the search lowers tens of thousands of schedules."""
     b_kmajor = b.positions[-1].axis == "k"
     a_kmajor = a.positions[-1].axis == "k"
-    key = (kernel.mma, kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.warps, kernel.swizzle, kernel.a_move,
+    key = (kernel.mma, kernel.warp_specialized, kernel.stages, kernel.store, kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.warps, kernel.swizzle, kernel.a_move,
            kernel.b_move, kernel.a_vector, kernel.b_vector, a.dtype, b.dtype, a_kmajor, b_kmajor)
     if key not in _OPERANDS:
         if kernel.mma == "mma.sync":
             layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor)
             _OPERANDS[key] = mma_sync_operands(kernel, a.dtype, b.dtype, b_kmajor,
                                                {buf.name: buf for buf in layout.buffers})
+        elif kernel.mma == "wgmma":
+            layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor)
+            _OPERANDS[key] = wgmma_operands(kernel, a, b, {buf.name: buf for buf in layout.buffers},
+                                            consumer_warpgroups(kernel.warps, kernel.warp_specialized))
         elif kernel.mma == "fma":
             layout = simt_smem(kernel, a.dtype, b.dtype)
             _OPERANDS[key] = fma_operands(kernel, a, b, {buf.name: buf for buf in layout.buffers}, fma_grid)
@@ -305,7 +389,7 @@ def operands_for(kernel: ContractionKernel, a: Access, b: Access,
     return _OPERANDS[key]
 
 
-_OPERANDS: dict[tuple, MmaSyncOperands | FmaOperands | None] = {}
+_OPERANDS: dict[tuple, MmaSyncOperands | FmaOperands | WgmmaOperands | None] = {}
 
 
-__all__ = ["FmaOperands", "LdmatrixRead", "MmaSyncOperands", "SmemTile", "StageCopy", "ThreadGrid", "WarpGrid", "fma_operands", "mma_sync_operands", "operands_for"]
+__all__ = ["FmaOperands", "LdmatrixRead", "MmaSyncOperands", "SmemTile", "StageCopy", "ThreadGrid", "WarpGrid", "WgmmaDescriptor", "WgmmaOperands", "fma_operands", "mma_sync_operands", "operands_for", "wgmma_operands"]

@@ -92,4 +92,24 @@ def mma_operand_position(operand: str) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError(f"no mma.sync operand {operand}")
 
 
-__all__ = ["fragment_mismatch", "instruction_element", "ldmatrix_elements", "mma_operand_position"]
+# PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory Layout" and "Matrix Descriptor Format": a
+# K-major operand in a swizzled layout is made of 8-row atoms; row r of the atom lies `span` bytes
+# (the swizzle span, 128/64/32) after row r - 1, the atoms lie the stride byte offset (SBO) apart, and
+# the k elements of a row are contiguous from the descriptor's start address (the leading byte offset
+# is not used while an instruction's k extent, 32 bytes, fits in the span). The hardware applies the
+# swizzle to the addresses it forms: bits [4, 4 + log2(span/16)) ^= bits [7, 7 + log2(span/16))
+# (CUTLASS Swizzle<B, 4, 3>), from a tile start aligned to the pattern's period.
+
+
+def wgmma_kmajor_addresses(start: int, rows: int, k: int, sbo: int, span: int, elem_bytes: int = 2) -> np.ndarray:
+    """Byte addresses of a K-major operand's (row, k) elements, rows x k, read through a descriptor."""
+    if span not in (32, 64, 128):
+        raise ValueError(f"no K-major wgmma layout with swizzle {span}")
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    kk = np.arange(k, dtype=np.int64)[None, :]
+    a = start + (r // 8) * sbo + (r % 8) * span + kk * elem_bytes
+    return a ^ (((a >> 7) % (span // 16)) << 4)
+
+
+__all__ = ["fragment_mismatch", "instruction_element", "ldmatrix_elements", "mma_operand_position",
+           "wgmma_kmajor_addresses"]

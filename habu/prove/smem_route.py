@@ -21,8 +21,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from habu.lower.layouts import FmaOperands, MmaSyncOperands, SmemTile, StageCopy
-from habu.prove.fragments import ldmatrix_elements, mma_operand_position
+from habu.lower.layouts import FmaOperands, MmaSyncOperands, SmemTile, StageCopy, WgmmaOperands
+from habu.prove.fragments import ldmatrix_elements, mma_operand_position, wgmma_kmajor_addresses
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,44 @@ def fma_route(ops: FmaOperands) -> Route:
     return Route(tuple(warps), tuple(dict.fromkeys(faults))[:4], not faults and _is_identity(warps, bm, bn, bk))
 
 
+@lru_cache(maxsize=512)
+def wgmma_route(ops: WgmmaOperands) -> Route:
+    """The wgmma path: slab s of consumer warpgroup cw multiplies, at k step kk, the 64 x 16 A operand
+    its descriptor (start `a_start(cw, s, kk)`, SBO, swizzle) addresses and the BN x 16 B operand at
+    `b_start(kk)`, as the PTX ISA's K-major layout places them (`wgmma_kmajor_addresses`)."""
+    faults: list[str] = []
+    bk = ops.bk
+    a_smem = _fill("A", ops.a_tile, ops.a_copy, bk, faults)
+    b_smem = _fill("B", ops.b_tile, ops.b_copy, bk, faults)
+    bn = ops.b_tile.rows
+
+    def fetch(side: str, smem: np.ndarray, tile: SmemTile, addr: np.ndarray, desc) -> np.ndarray:
+        if desc.sbo % 16 or desc.lbo % 16:
+            faults.append(f"{side}'s descriptor offsets are not multiples of 16 bytes")
+        bad = (addr < 0) | (addr + tile.elem_bytes > tile.bytes) | (addr % tile.elem_bytes != 0)
+        if bad.any():
+            faults.append(f"wgmma reads {side}'s stage tile at byte {int(addr[bad].flat[0])}, outside its "
+                          f"{tile.bytes} bytes")
+        got = smem[np.where(bad, 0, addr) // tile.elem_bytes]
+        if (got < 0).any():
+            faults.append(f"wgmma reads {side}'s stage tile where no copy wrote")
+        return np.maximum(got, 0)
+
+    b_id = np.concatenate([fetch("B", b_smem, ops.b_tile, wgmma_kmajor_addresses(
+        int(sum(ops.b_start(kk))), bn, 16, ops.b_desc.sbo, ops.b_desc.swizzle, ops.b_tile.elem_bytes), ops.b_desc)
+        for kk in range(bk // 16)], axis=1)
+    warps = []
+    for cw in range(ops.consumers):
+        for s in range(ops.slabs):
+            a_id = np.concatenate([fetch("A", a_smem, ops.a_tile, wgmma_kmajor_addresses(
+                int(sum(ops.a_start(cw, s, kk))), 64, 16, ops.a_desc.sbo, ops.a_desc.swizzle, ops.a_tile.elem_bytes),
+                ops.a_desc) for kk in range(bk // 16)], axis=1)
+            rows = ops.slab_row(cw, s) + np.arange(64)
+            warps.append(WarpRoute(rows, np.arange(bn), a_id // bk, a_id % bk, b_id // bk, b_id % bk))
+    bm = ops.a_tile.rows
+    return Route(tuple(warps), tuple(dict.fromkeys(faults))[:4], not faults and _is_identity(warps, bm, bn, bk))
+
+
 def _is_identity(warps: list[WarpRoute], bm: int, bn: int, bk: int) -> bool:
     k = np.arange(bk)[None, :]
     for w in warps:
@@ -191,6 +229,8 @@ def route_of(lw) -> Route:
         return plain_route(lw.bm, lw.bn, lw.bk)
     if isinstance(lw.operands, FmaOperands):
         return fma_route(lw.operands)
+    if isinstance(lw.operands, WgmmaOperands):
+        return wgmma_route(lw.operands)
     return mma_sync_route(lw.operands)
 
 
@@ -203,4 +243,4 @@ def route_key(lw) -> str:
     return repr(lw.operands)
 
 
-__all__ = ["Route", "WarpRoute", "fma_route", "mma_sync_route", "plain_route", "route_key", "route_of"]
+__all__ = ["Route", "WarpRoute", "fma_route", "mma_sync_route", "plain_route", "route_key", "route_of", "wgmma_route"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from habu.lower import lower_plan
-from habu.lower.layouts import FmaOperands, MmaSyncOperands, SmemTile
-from habu.prove.fragments import ldmatrix_elements, mma_operand_position
+from habu.lower.layouts import FmaOperands, MmaSyncOperands, SmemTile, WgmmaOperands
+from habu.prove.fragments import ldmatrix_elements, mma_operand_position, wgmma_kmajor_addresses
 from habu.prove.smem_route import route_key, route_of
 from habu.search.space import default_plan
 from habu.spec.parser import load_program
@@ -20,9 +20,9 @@ from tests.conftest import ROOT
 GG = {"M": 300, "N": 200, "K": 520}
 
 
-def lowering(example: str, model: str, sizes: dict[str, int], pins: dict[str, str]):
+def lowering(example: str, model: str, sizes: dict[str, int], pins: dict[str, str], target: str = "sm_80"):
     m = load_program(ROOT / "examples" / example).models[model].with_sizes(sizes)
-    plan = default_plan(m, TARGETS["sm_80"], sizes, pins)
+    plan = default_plan(m, TARGETS[target], sizes, pins)
     return next(lw for lw in lower_plan(m, plan) if hasattr(lw, "operands"))
 
 
@@ -47,6 +47,15 @@ def test_ldmatrix_gives_rows_or_their_transpose():
         assert np.array_equal(trans[:, 0, h], 8 * (2 * (t % 4) + h) + t // 4)
 
 
+def test_wgmma_kmajor_addresses_are_the_128_byte_swizzled_rows():
+    """Rows of 128 bytes, 8-row atoms 1024 bytes apart, chunk ^= row % 8: what TMA writes."""
+    addr = wgmma_kmajor_addresses(32, 16, 16, 1024, 128)  # the second k step of a K-major tile
+    tile = SmemTile(16, 64, 2, 128)
+    for r in range(16):
+        for k in range(16):
+            assert addr[r, k] == tile.byte_offset(r, 16 + k)
+
+
 def test_the_128_byte_swizzle_is_the_device_header_pattern():
     """habu::swizzle128(row, chunk) = row * 128 + ((chunk ^ (row & 7)) << 4), the TMA/wgmma pattern."""
     tile = SmemTile(16, 64, 2, 128)
@@ -61,10 +70,14 @@ def test_the_128_byte_swizzle_is_the_device_header_pattern():
     ("ffn_skip.habu", "FFN-SKIP", {"B": 40, "D": 48, "H": 72}, {"mma": "mma.sync"}),  # B [k][n]: ldmatrix.trans
     ("ggemm.habu", "GGEMM", {"M": 130, "N": 70, "K": 33}, {"mma": "fma", "split_k": "2"}),
     ("ffn_skip.habu", "FFN-SKIP", {"B": 40, "D": 48, "H": 72}, {"mma": "fma"}),
-], ids=lambda c: f"{c[1]}-{'-'.join(c[3].values())}")
+    ("gemm.habu", "GEMM", {"M": 512, "N": 512, "K": 512}, {}, "sm_90a"),  # wgmma, TMA
+    ("ggemm.habu", "GGEMM", GG, {}, "sm_90a"),  # wgmma, A by cp.async (gather)
+    ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {"A": "ldg", "B": "ldg"}, "sm_90a"),
+    ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}, "sm_90a"),  # staged, then TMA
+], ids=lambda c: f"{c[1]}-{'-'.join(c[3].values()) or 'default'}-{c[4] if len(c) > 4 else 'sm_80'}")
 def test_the_emitted_maps_multiply_the_plain_tile_product(case):
     lw = lowering(*case)
-    assert isinstance(lw.operands, MmaSyncOperands | FmaOperands)
+    assert isinstance(lw.operands, MmaSyncOperands | FmaOperands | WgmmaOperands)
     route = route_of(lw)
     assert route.faults == () and route.identity
     assert route_key(lw) == "plain"
