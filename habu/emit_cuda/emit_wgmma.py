@@ -35,7 +35,7 @@ from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering
-from habu.lower.layouts import WgmmaOperands
+from habu.lower.layouts import SmemTile, StageCopy, WgmmaOperands
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
 from habu.lower.support import WGMMA, contraction_smem
 from habu.spec.dtypes import DTYPES
@@ -67,8 +67,10 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
     mask = access_mask(access, coord, sizes)
     base = f"{side.lower()}_stage"
     ops = lw.operands  # the stage tile's layout: habu/lower/layouts.py (the store map the field check runs)
-    assert isinstance(ops, WgmmaOperands), "the wgmma lowering holds its K-major operand maps"
-    copy = ops.a_copy if side == "A" else ops.b_copy
+    if isinstance(ops, WgmmaOperands):
+        copy = ops.a_copy if side == "A" else ops.b_copy
+    else:  # beside an MN-major B the lowering holds no maps yet: the same K-major layout, unchecked
+        copy = StageCopy(lw.bk, rows, vec, True, SmemTile(rows, lw.bk, e, 128))
 
     def dst(x: str) -> str:
         return f"(habu::u32)({c(copy.byte_offset(CExpr('(habu::u32)i'), CExpr(f'(habu::u32)({x})')))})"

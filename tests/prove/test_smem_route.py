@@ -112,3 +112,19 @@ def test_a_misaligned_ldmatrix_row_is_a_fault():
                    a_tile=replace(ops.a_tile, rows=ops.a_tile.rows + 2))
     route = route_of(replace(lw, operands=both))
     assert any("16-byte aligned" in f for f in route.faults), route.faults
+
+
+def test_regression_a_cp_async_a_beside_an_mn_major_b_is_emitted():
+    """wgmma with B contiguous along n (TMA boxes, no maps in the lowering) and A copied by threads: the
+    producer copy printed its offsets only from the lowering's maps and asserted they existed."""
+    from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
+
+    sizes = {"B": 256, "D": 512, "H": 1024}
+    m = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"].with_sizes(sizes)
+    plan = default_plan(m, TARGETS["sm_90a"], sizes, {"A": "cp.async"})
+    lowered = lower_whole(m, plan)
+    assert any(getattr(lw, "operands", 0) is None and lw.kernel.mma == "wgmma" and lw.kernel.a_move == "cp.async"
+               for lw in lowered.kernels)
+    sources = [k.source for k in emit_lowered(lowered, plan, TARGETS["sm_90a"]).kernels]
+    assert any("cp_async<16>(a_stage" in s for s in sources)
