@@ -5,7 +5,10 @@ A kernel line is *lowering-derived* when its text moves under at least one pertu
 the finite-field check runs: a mask dropped or made inclusive, a stride taken from another extent, an
 access's positions reversed, the k step doubled, the k loop shortened, the split mode, the combined
 warps of a row reduction, a row kernel's thread map (lanes, rows, chunk stride, tail predicate, vector),
-cache slots, pass order and register chunks, a map kernel's lane stride and vector. (Not the index width: it changes the type of nearly every line, not the
+cache slots, pass order and register chunks, a map kernel's lane stride and vector, the k loop's pipeline
+(stages, phases, arrival counts, expected bytes, TMA boxes), the shared-memory operand maps (swizzle,
+padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle). (Not
+the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
@@ -32,6 +35,7 @@ from habu.lower import (
     lower_whole,
 )
 from habu.lower.access import Access, Bound
+from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -118,6 +122,12 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
     yield from _pipeline_variants(obj)
+    if isinstance(obj, MmaSyncOperands):
+        yield from _operand_variants(obj)
+    if isinstance(obj, FmaOperands):
+        yield from _fma_operand_variants(obj)
+    if isinstance(obj, WgmmaOperands):
+        yield from _wgmma_operand_variants(obj)
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
@@ -165,6 +175,46 @@ def _pipeline_variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, stages=obj.stages + 1)
         yield replace(obj, prologue=obj.prologue + 1)
         yield replace(obj, wait_groups=obj.wait_groups + 1)
+
+
+def _operand_variants(ops: MmaSyncOperands) -> Iterator[MmaSyncOperands]:
+    """The shared-memory operand maps perturbed: each stage tile's swizzle and padding (store and read
+    sides together), each ldmatrix lane map, the copies' vectors, the warp grid."""
+    for side in ("a", "b"):
+        tile, copy, read = getattr(ops, f"{side}_tile"), getattr(ops, f"{side}_copy"), getattr(ops, f"{side}_read")
+        for other in (replace(tile, swizzle=0 if tile.swizzle else 128), replace(tile, row_elems=tile.row_elems + 8)):
+            yield replace(ops, **{f"{side}_tile": other, f"{side}_copy": replace(copy, tile=other),
+                                  f"{side}_read": replace(read, tile=other)})
+        yield replace(ops, **{f"{side}_read": replace(read, row_lanes=read.row_lanes // 2, col_groups=2,
+                                                      col_step=read.col_step + 1)})
+        yield replace(ops, **{f"{side}_copy": replace(copy, vector=max(1, copy.vector // 2))})
+    yield replace(ops, grid=replace(ops.grid, along_m=ops.grid.along_m + 1, warp_rows=ops.grid.warp_rows + 16,
+                                    warp_cols=ops.grid.warp_cols + 8))
+
+
+def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
+    """The SIMT path's maps perturbed: each stage tile's padding and transpose (copies and reads
+    together), the copies' walk, the thread grid."""
+    for side in ("a", "b"):
+        tile, copy = getattr(ops, f"{side}_tile"), getattr(ops, f"{side}_copy")
+        for other in (replace(tile, row_elems=tile.row_elems + 1), replace(tile, k_rows=not tile.k_rows)):
+            yield replace(ops, **{f"{side}_copy": replace(copy, tile=other), f"{side}_read": other})
+        yield replace(ops, **{f"{side}_copy": replace(copy, inner=copy.outer, outer=copy.inner,
+                                                       k_inner=not copy.k_inner)})
+    g = ops.grid
+    yield replace(ops, grid=replace(g, across=g.down, down=g.across))
+
+
+def _wgmma_operand_variants(ops: WgmmaOperands) -> Iterator[WgmmaOperands]:
+    """The wgmma path's maps perturbed: each tile's swizzle (copies and tensor maps), each descriptor's
+    SBO and its LBO/SBO swapped, the copies' vectors, the slabs' rows."""
+    for side in ("a", "b"):
+        tile, copy, desc = (getattr(ops, f"{side}_{x}") for x in ("tile", "copy", "desc"))
+        yield replace(ops, **{f"{side}_copy": replace(copy, tile=replace(tile, swizzle=64))})
+        yield replace(ops, **{f"{side}_desc": replace(desc, sbo=desc.sbo // 2)})
+        yield replace(ops, **{f"{side}_desc": replace(desc, lbo=desc.sbo, sbo=desc.lbo)})
+        yield replace(ops, **{f"{side}_copy": replace(copy, vector=max(1, copy.vector // 2))})
+    yield replace(ops, slabs=ops.slabs + 1)
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:

@@ -101,6 +101,12 @@ def _reads_next_stage(ring: MbarrierRing) -> MbarrierRing:
     return NextStage(**{f.name: getattr(ring, f.name) for f in fields(ring)})
 
 
+def _operands(lw: ContractionLowering, **changes) -> ContractionLowering:
+    """The lowering with its shared-memory operand maps changed (habu/lower/layouts.py)."""
+    assert lw.operands is not None
+    return replace(lw, operands=replace(lw.operands, **changes))  # type: ignore[arg-type]
+
+
 def _r(f: Callable[[RowLowering], RowLowering]) -> Callable[[Lowering], Lowering]:
     def g(lw: Lowering) -> Lowering:
         assert isinstance(lw, RowLowering)
@@ -244,6 +250,40 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("mma-fragment-columns-swapped", "the mma.sync epilogue reads a lane's column pair from lane % 2",
            "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, fragment=replace(lw.fragment, lanes_per_row=2))),
            {**DIRECT, "mma": "mma.sync"}),
+    Mutant("smem-swizzle-mismatch", "the copies write A's stage tile in the 128-byte swizzle, ldmatrix reads it "
+           "unswizzled (a swizzle XOR dropped on the read side)", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, swizzle=128)))),
+           {**DIRECT, "mma": "mma.sync"}),
+    Mutant("smem-row-stride-off-by-8", "the copies write A's rows BK elements apart; ldmatrix reads them BK + 8 "
+           "apart (the 16-byte row padding dropped on the store side)", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(
+               lw.operands.a_tile, row_elems=lw.operands.a_tile.row_elems - 8)))), {**DIRECT, "mma": "mma.sync"}),
+    Mutant("ldmatrix-lane-row-map-off", "A's ldmatrix.x4 takes row lane % 8 instead of lane % 16: matrices 1 and 3 "
+           "repeat rows 0-7", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_read=replace(lw.operands.a_read, row_lanes=8))), {**DIRECT, "mma": "mma.sync"}),
+    Mutant("warp-grid-columns-halved", "the mma.sync warps' column origins step by half a warp's columns: warps "
+           "overlap and the tile's last columns are never computed", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, grid=replace(lw.operands.grid, warp_cols=lw.operands.grid.warp_cols // 2))),
+           {**DIRECT, "mma": "mma.sync"}),
+    Mutant("fma-staging-transpose-dropped", "the SIMT path's copies store A's k tile as [row][k]; the threads read "
+           "it as [k][row]", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, k_rows=False)))),
+           {**DIRECT, "mma": "fma"}),
+    Mutant("fma-padding-dropped-on-read", "the SIMT path's threads read B's k rows BN elements apart; the copies "
+           "wrote them BN + 1 apart (the bank-conflict padding)", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, b_read=replace(lw.operands.b_read, row_elems=lw.operands.b_read.row_elems - 1))),
+           {**DIRECT, "mma": "fma"}),
+    Mutant("wgmma-descriptor-sbo-wrong", "A's wgmma descriptors step 512 bytes between 8-row atoms instead of "
+           "1024 (rows of 128 bytes)", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_desc=replace(lw.operands.a_desc, sbo=512))), DIRECT),
+    Mutant("wgmma-descriptor-lbo-sbo-swapped", "B's wgmma descriptor has its leading and stride byte offsets "
+           "swapped", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, b_desc=replace(lw.operands.b_desc, lbo=lw.operands.b_desc.sbo,
+                                                      sbo=lw.operands.b_desc.lbo))), DIRECT),
+    Mutant("wgmma-swizzle-dropped-on-copy", "the wgmma producer's ldg copies store A's tile without the 128-byte "
+           "swizzle XOR; the descriptors read it swizzled", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, swizzle=0)))),
+           DIRECT),
     Mutant("int32-offset-wraps", "32-bit offsets at 600000 × 4096 elements wrap (Liger #1246, vLLM PR #34279)",
            "ggemm.habu", "GGEMM", {"M": 600_000, "N": 64, "K": 4096}, lambda lw: lw, index_width=32),
     Mutant("bias-broadcast-wrong-axis", "the epilogue bias is read along m instead of n", "ffn_skip.habu",

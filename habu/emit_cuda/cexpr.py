@@ -79,6 +79,9 @@ class CExpr:
     def __xor__(self, o: Any) -> CExpr:
         return self._bin("^", o)
 
+    def __rxor__(self, o: Any) -> CExpr:
+        return self._bin("^", o, True)
+
     def __neg__(self) -> CExpr:
         return CExpr(f"(-{self.text})")
 

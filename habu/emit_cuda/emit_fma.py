@@ -23,6 +23,7 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
+from habu.lower.layouts import FmaOperands
 from habu.lower.support import contraction_smem
 from habu.spec.ir import Load, Model
 
@@ -136,7 +137,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     grid = fma_thread_grid(k)
     if grid is None:
         raise ValueError(f"tile {k.tile_m}x{k.tile_n} does not divide over {32 * k.warps} threads")
-    tx, ty, tn_per, tm_per = grid
+    _, _, tn_per, tm_per = grid
     threads = 32 * k.warps
     sig = Signature(model, static=static)
     sizes = sig.sizes()
@@ -144,25 +145,30 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     table = table_reader(sig, model, it)
     layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
     bm, bn, bk = lw.bm, lw.bn, lw.bk
+    ops = lw.operands  # the stage tiles, copies, reads and thread grid: habu/lower/layouts.py
+    assert isinstance(ops, FmaOperands), "the fma lowering holds its shared-memory operand maps"
+    g = ops.grid
 
-    def tile_load(side: str, rows: int, row_axis: str, ld: int) -> str:
+    def tile_load(side: str, row_axis: str) -> str:
         access = lw.a if side == "A" else lw.b
+        copy = ops.a_copy if side == "A" else ops.b_copy  # the store map
         p = sig.pointer(access.tensor, access.dtype)
         coord = {row_axis: "r", "k": "kk"}
-        k_fast = access.positions[-1].axis == "k"
         # walk the tile so that consecutive threads touch consecutive addresses
-        idx = ("const int i = e / BK; const int kx = e % BK;" if k_fast else
-               "const int i = e % ROWS; const int kx = e / ROWS;").replace("ROWS", str(rows)).replace("BK", str(bk))
+        row, col = copy.element(*copy.along(CExpr("e")))
         value = load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))
-        return f"""      for (int e = tid; e < {rows * bk}; e += {threads}) {{
-        {idx}
+        return f"""      for (int e = tid; e < {copy.count}; e += {threads}) {{
+        const int i = {c(row)}; const int kx = {c(col)};
         const {it} r = {row_axis}0 + i;
         const {it} kk = k0 + kx;
         float v = 0.0f;
         if ({access_mask(access, coord, sizes)}) v = {value};
-        s{side}[kx * {ld} + i] = v;
+        s{side}[{c(copy.index(CExpr("i"), CExpr("kx")))}] = v;
       }}
 """
+
+    def terms(values) -> str:
+        return " + ".join(c(v) if isinstance(v, CExpr) else str(v) for v in values)
 
     loop = "for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x)"
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
@@ -170,8 +176,8 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
   float* sA = reinterpret_cast<float*>(smem + {layout.buffers[0].offset});  // [BK][BM+1]
   float* sB = reinterpret_cast<float*>(smem + {layout.buffers[1].offset});  // [BK][BN+1]
   const int tid = threadIdx.x;
-  const int tx = tid % {tx};
-  const int ty = tid / {tx};
+  const int tx = {c(g.tx(CExpr("tid")))};
+  const int ty = {c(g.ty(CExpr("tid")))};
   const long long tiles = {c(lw.tiles(sizes))};
   {loop} {{
 {tile_setup(lw, sizes, it)}    float acc[{tm_per}][{tn_per}];
@@ -181,14 +187,14 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
       for (int j = 0; j < {tn_per}; ++j) acc[i][j] = 0.0f;
     for (long long kt = kt_begin; kt < kt_end; ++kt) {{
       const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
-{tile_load("A", bm, "m", layout.a_row)}{tile_load("B", bn, "n", layout.b_row)}      __syncthreads();
+{tile_load("A", "m")}{tile_load("B", "n")}      __syncthreads();
 #pragma unroll 4
       for (int kx = 0; kx < {bk}; ++kx) {{
         float a[{tm_per}], b[{tn_per}];
 #pragma unroll
-        for (int i = 0; i < {tm_per}; ++i) a[i] = sA[kx * {layout.a_row} + ty + i * {ty}];
+        for (int i = 0; i < {tm_per}; ++i) a[i] = sA[{c(ops.a_index(CExpr("kx"), CExpr("ty"), CExpr("i")))}];
 #pragma unroll
-        for (int j = 0; j < {tn_per}; ++j) b[j] = sB[kx * {layout.b_row} + tx + j * {tx}];
+        for (int j = 0; j < {tn_per}; ++j) b[j] = sB[{c(ops.b_index(CExpr("kx"), CExpr("tx"), CExpr("j")))}];
 #pragma unroll
         for (int i = 0; i < {tm_per}; ++i)
 #pragma unroll
@@ -200,8 +206,8 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     for (int i = 0; i < {tm_per}; ++i)
 #pragma unroll
       for (int j = 0; j < {tn_per}; ++j) {{
-        const {it} m = m0 + ty + i * {ty};
-        const {it} n = n0 + tx + j * {tx};
+        const {it} m = m0 + {terms(g.row_terms(CExpr("ty"), CExpr("i")))};
+        const {it} n = n0 + {terms(g.col_terms(CExpr("tx"), CExpr("j")))};
         {epilogue_code(lw, sig, model, sizes, it, "m", "n", "acc[i][j]")}
       }}
   }}

@@ -65,34 +65,32 @@ def _stage_load(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
     move = k.a_move if side == "A" else k.b_move
     if move == "tma-gather4":
         return _gather4_load(lw, sig, sizes, it, model, stage_bytes)
-    vec = (k.a_vector if side == "A" else k.b_vector) if move == "cp.async" else 1
+    ops = lw.operands
+    assert ops is not None, "the mma.sync lowering holds its shared-memory operand maps"
+    copy = ops.a_copy if side == "A" else ops.b_copy  # the store map (habu/lower/layouts.py)
+    vec = copy.vector
     p = sig.pointer(access.tensor, access.dtype)
     table = table_reader(sig, model, it)
     coord = {row_axis: "r", "k": "kk"}
     off = access_offset(access, coord, sizes, lw.index_width, table)
     mask = access_mask(access, coord, sizes)
-    if k_major:
-        inner, outer, ld = lw.bk, rows, lw.bk + 8
-        idx = f"const int i = e / {inner // vec}; const int x = (e % {inner // vec}) * {vec};"
-        pos = f"const {it} r = {row_axis}0 + i; const {it} kk = k0 + x;"
-        smem_off = f"(i * {ld} + x) * {e}"
-    else:
-        inner, outer, ld = rows, lw.bk, rows + 8
-        idx = f"const int x = e / {inner // vec}; const int i = (e % {inner // vec}) * {vec};"
-        pos = f"const {it} r = {row_axis}0 + i; const {it} kk = k0 + x;"
-        smem_off = f"(x * {ld} + i) * {e}"
-    total = inner * outer // vec
+    row, col = copy.element(*copy.along(CExpr("e")))
+    idx = (f"const int i = {c(row)}; const int x = {c(col)};" if copy.k_inner
+           else f"const int x = {c(col)}; const int i = {c(row)};")
+    pos = f"const {it} r = {row_axis}0 + i; const {it} kk = k0 + x;"
+    smem_off = c(copy.byte_offset(CExpr("i"), CExpr("x")))
+    total = copy.count
     dst = f"s_{side.lower()} + (habu::u32)(st * {stage_bytes}) + (habu::u32)({smem_off})"
     if move == "cp.async":
-        copy = f"habu::cp_async<{vec * e}>({dst}, ok ? (const void*)({p} + ({off})) : (const void*){p}, ok);"
+        put = f"habu::cp_async<{vec * e}>({dst}, ok ? (const void*)({p} + ({off})) : (const void*){p}, ok);"
     else:
-        copy = (f"*reinterpret_cast<unsigned short*>(smem + ({dst} - s_base)) = "
+        put = (f"*reinterpret_cast<unsigned short*>(smem + ({dst} - s_base)) = "
                 f"habu::load2_or_zero(ok ? (const void*)({p} + ({off})) : (const void*){p}, ok);")
     return f"""      for (int e = threadIdx.x; e < {total}; e += {threads}) {{
         {idx}
         {pos}
         const bool ok = {mask};
-        {copy}
+        {put}
       }}
 """
 
@@ -106,24 +104,20 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     if refused:
         raise ValueError(f"the mma.sync path does not print this plan: {'; '.join(refused)}")
     b_kmajor = lw.b.positions[-1].axis == "k"
-    wm = 2
-    wn = k.warps // wm
-    WM, WN = lw.bm // wm, lw.bn // wn
-    MI, NI = WM // 16, WN // 8
-    if WM % 16 or WN % 8 or lw.bk % 16 or k.stages < 2:
+    ops = lw.operands
+    if ops is None or k.stages < 2:
         raise ValueError(f"tile {lw.bm}x{lw.bn}x{lw.bk} does not split into m16n8k16 over {k.warps} warps")
+    grid = ops.grid  # the warp grid, the stage tiles and their maps: habu/lower/layouts.py
+    wm, wn = grid.along_m, k.warps // grid.along_m
+    MI, NI = grid.warp_rows // 16, grid.warp_cols // 8
     threads = 32 * k.warps
     sig = Signature(model, static=static)
     sizes = sig.sizes()
     it = index_type(lw.index_width)
-    e = DTYPES[dt].bytes
     layout = contraction_smem(k, dt, dt, b_kmajor)
     off = {b.name: b.offset for b in layout.buffers}
     stride = off["A1"] - off["A0"]  # stages are laid out A0 B0 A1 B1 ...
     gather4 = k.a_move == "tma-gather4"
-    a_ld = layout.a_row
-    assert a_ld == lw.bk + (0 if gather4 else 8) and layout.b_row == (lw.bk if b_kmajor else lw.bn) + 8, \
-        "the mma.sync path pads shared rows by 16 bytes (swizzle 0)"
     ring = lw.pipeline
     if not isinstance(ring, CpAsyncRing):
         raise ValueError("the mma.sync path runs a cp.async ring")
@@ -131,24 +125,27 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     load_b = _stage_load("B", lw, sig, sizes, it, model, threads, b_kmajor, lw.bn, "n", stride)
     a_bytes = b_bytes = stride
     mma_fn = "habu::mma_bf16_16816" if dt == "bf16" else "habu::mma_f16_16816"
-    if b_kmajor:
-        b_frag = f"""habu::ldmatrix_x2(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((wn_ * {WN} + ni * 8 + (lane % 8)) * {lw.bk + 8} + ks * 16 + ((lane / 8) % 2) * 8) * {e}));"""
-    else:
-        b_frag = f"""habu::ldmatrix_x2_trans(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)(((ks * 16 + (lane % 16)) * {lw.bn + 8} + wn_ * {WN} + ni * 8) * {e}));"""
+    # the read map: each lane's ldmatrix row address, from the lowering
+    lanes = (CExpr("ks"), CExpr("lane"))
+    a_read = c(ops.a_fragment(CExpr("wm_"), CExpr("mi"), *lanes))
+    b_read = c(ops.b_fragment(CExpr("wn_"), CExpr("ni"), *lanes))
+    b_fn = f"habu::ldmatrix_x{ops.b_read.matrices}{'_trans' if ops.b_read.trans else ''}"
+    a_fn = f"habu::ldmatrix_x{ops.a_read.matrices}{'_trans' if ops.a_read.trans else ''}"
+    b_frag = f"""{b_fn}(bf[ni], s_b + (habu::u32)(st * {b_bytes}) + (habu::u32)({b_read}));"""
     epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", f"acc[mi][ni][{lw.fragment.register_in_group(0)}]",
                              f"acc[mi][ni][{lw.fragment.register_in_group(1)}]")
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(128) unsigned char smem[];
   const habu::u32 s_base = habu::smem_addr(smem);
-  const habu::u32 s_a = s_base + {off["A0"]}u;  // stage st of A at s_a + st * {stride}: [{lw.bm}][{lw.bk + 8}]
+  const habu::u32 s_a = s_base + {off["A0"]}u;  // stage st of A at s_a + st * {stride}: [{ops.a_tile.rows}][{ops.a_tile.row_elems}]
   const habu::u32 s_b = s_base + {off["B0"]}u;  // stage st of B at s_b + st * {stride}
   const habu::u32 s_bar = s_base + {layout.total if gather4 else 0}u;  // gather4: one mbarrier per stage
 {"  if (threadIdx.x == 0) { for (int s = 0; s < " + str(k.stages) + "; ++s) habu::mbar_init(s_bar + 8 * s, 1); habu::fence_barrier_init(); }" + chr(10) + "  __syncthreads();" if gather4 else ""}
   long long uses = 0;  // k tiles consumed so far (the parity of a stage's mbarrier)
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const int wm_ = warp % {wm};
-  const int wn_ = warp / {wm};
+  const int wm_ = {c(grid.warp_m(CExpr("warp")))};
+  const int wn_ = {c(grid.warp_n(CExpr("warp")))};
   const long long tiles = {c(lw.tiles(sizes))};
   for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, sizes, it)}    float acc[{MI}][{NI}][4];
@@ -186,7 +183,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
         habu::u32 bf[{NI}][2];
 #pragma unroll
         for (int mi = 0; mi < {MI}; ++mi)
-          habu::ldmatrix_x4(af[mi], s_a + (habu::u32)(st * {a_bytes}) + (habu::u32)(((wm_ * {WM} + mi * 16 + (lane % 16)) * {a_ld} + ks * 16 + (lane / 16) * 8) * {e}));
+          {a_fn}(af[mi], s_a + (habu::u32)(st * {a_bytes}) + (habu::u32)({a_read}));
 #pragma unroll
         for (int ni = 0; ni < {NI}; ++ni)
           {b_frag}
@@ -205,8 +202,8 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
       for (int ni = 0; ni < {NI}; ++ni)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {{  // fragment rows lane/4 and lane/4 + 8, two adjacent columns each
-          const {it} m = m0 + ({it})(wm_ * {WM} + mi * 16 + {lw.fragment.row_in_warp()});
-          const {it} n = n0 + ({it})(wn_ * {WN} + ni * 8 + {lw.fragment.col_in_group()});
+          const {it} m = m0 + ({it})({c(grid.row_origin(CExpr("wm_")))} + mi * 16 + {lw.fragment.row_in_warp()});
+          const {it} n = n0 + ({it})({c(grid.col_origin(CExpr("wn_")))} + ni * 8 + {lw.fragment.col_in_group()});
           {epi}
         }}
   }}

@@ -37,6 +37,7 @@ from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering
+from habu.lower.layouts import SmemTile, StageCopy, WgmmaOperands
 from habu.lower.pipeline import MN_BLOCK, MbarrierRing
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
 from habu.lower.support import WGMMA, contraction_smem
@@ -66,6 +67,15 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
     off = access_offset(access, coord, sizes, lw.index_width, table)
     mask = access_mask(access, coord, sizes)
     base = f"{side.lower()}_stage"
+    ops = lw.operands  # the stage tile's layout: habu/lower/layouts.py (the store map the field check runs)
+    if isinstance(ops, WgmmaOperands):
+        copy = ops.a_copy if side == "A" else ops.b_copy
+    else:  # beside an MN-major B the lowering holds no maps yet: the same K-major layout, unchecked
+        copy = StageCopy(lw.bk, rows, vec, True, SmemTile(rows, lw.bk, e, 128))
+
+    def dst(x: str) -> str:
+        return f"(habu::u32)({c(copy.byte_offset(CExpr('(habu::u32)i'), CExpr(f'(habu::u32)({x})')))})"
+
     if move == "cp.async":
         if 128 % per_row == 0:
             # each thread copies the same vector column of the same rows at every k step: their row
@@ -82,32 +92,30 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
             const int i = ptid / {per_row} + {step} * j;
             const bool ok = {side.lower()}_row_off[j] >= 0 && k_ok;
             const {CTYPE[access.dtype]}* src = ok ? {p} + {side.lower()}_row_off[j] + ({koff}) : {p};
-            const habu::u32 byte = (habu::u32)((ptid % {per_row}) * {vec * e});
-            habu::cp_async<{vec * e}>({base} + habu::swizzle128((habu::u32)i, byte >> 4) + (byte & 15u), src, ok);
+            habu::cp_async<{vec * e}>({base} + {dst(f"(ptid % {per_row}) * {vec}")}, src, ok);
           }}
         }}
 """
-        return f"""        for (int e = ptid; e < {total}; e += 128) {{
-          const int i = e / {per_row};
+        return f"""        for (int e = ptid; e < {copy.count}; e += 128) {{
+          const int i = {c(copy.along(CExpr("e"))[0])};
           const int v = e % {per_row};
           const {it} r = {row_axis}0 + i;
           const {it} kk = k0 + v * {vec};
           const bool ok = {mask};
           const {CTYPE[access.dtype]}* src = ok ? {p} + ({off}) : {p};
-          const habu::u32 byte = (habu::u32)(v * {vec * e});
-          habu::cp_async<{vec * e}>({base} + habu::swizzle128((habu::u32)i, byte >> 4) + (byte & 15u), src, ok);
+          habu::cp_async<{vec * e}>({base} + {dst(f"v * {vec}")}, src, ok);
         }}
 """
     # ldg: predicated scalar loads, stored into the swizzled layout
-    return f"""        for (int e = ptid; e < {rows * lw.bk}; e += 128) {{
-          const int i = e / {lw.bk};
-          const int x = e % {lw.bk};
+    row, col = copy.element(*copy.along(CExpr("e")))
+    return f"""        for (int e = ptid; e < {copy.count}; e += 128) {{
+          const int i = {c(row)};
+          const int x = {c(col)};
           const {it} r = {row_axis}0 + i;
           const {it} kk = k0 + x;
           const bool ok = {mask};
           const unsigned short v = habu::load2_or_zero(ok ? (const void*)({p} + ({off})) : (const void*){p}, ok);
-          const habu::u32 byte = (habu::u32)(x * {e});
-          *reinterpret_cast<unsigned short*>(smem + ({base} - smem_base) + habu::swizzle128((habu::u32)i, byte >> 4) + (byte & 15u)) = v;
+          *reinterpret_cast<unsigned short*>(smem + ({base} - smem_base) + {dst("x")}) = v;
         }}
 """
 
@@ -314,10 +322,20 @@ def _consumer_loop(kc: _Kernel) -> str:
     b_mn = lw.b.positions[-1].axis == "n"
     dtype = lw.a.dtype
     # a k16 step is 32 bytes along a K-major row, or 16 rows of 128 bytes down an MN-major block
-    b_desc = (f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if b_mn
-              else "habu::wgmma_desc_sw128(b_stage + kk * 32)")
+    ops = lw.operands  # K-major operands: descriptors from the lowering (habu/lower/layouts.py)
+    if isinstance(ops, WgmmaOperands):
+        def desc(d, base: str, start) -> str:
+            row, k_part = start
+            at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
+            return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
+        b_desc = desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+        a_descs = [desc(ops.a_desc, "a_stage", ops.a_start(CExpr("cw"), s, CExpr("kk"))) for s in range(kc.slabs)]
+    else:  # an MN-major B in 64-column TMA boxes (its layout is the emitter's)
+        b_desc = f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)"
+        a_descs = [f"habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32)"
+                   for s in range(kc.slabs)]
     slab_mma = "\n".join(
-        f"""          {wgmma_name(lw.bn, dtype, b_mn)}(acc[{s}], habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32), {b_desc}, 1);"""
+        f"""          {wgmma_name(lw.bn, dtype, b_mn)}(acc[{s}], {a_descs[s]}, {b_desc}, 1);"""
         for s in range(kc.slabs))
     slot = c(ring.read_slot(CExpr("stage")))
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
@@ -438,7 +456,9 @@ def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str,
         acc = lw.a if ld.side == "A" else lw.b
         dims = tuple(reversed(acc.bounded_extents()))  # TMA's zero fill past them is the access's mask
         box = (ld.box_rows, ld.box_k) if ld.mn_major else (ld.box_k, ld.box_rows)  # innermost first
-        maps[ld.side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, 128))
+        ops = lw.operands  # a K-major tile: the tensor map writes the stage tile's swizzle
+        tile = (ops.a_tile if ld.side == "A" else ops.b_tile) if isinstance(ops, WgmmaOperands) else None
+        maps[ld.side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, tile.swizzle if tile else 128))
     return _Kernel(name, model, lw, lw.pipeline, sig, sig.sizes(), index_type(lw.index_width), off, stride, moves,
                    consumers, slabs, maps)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
+from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
 from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
@@ -79,6 +80,9 @@ class ContractionLowering:
     # the k loop's pipeline (habu/lower/pipeline.py): stages, barrier phases and counts, TMA boxes;
     # proven per plan by the `pipeline-schedule` rule, executed by the interpreter
     pipeline: Pipeline | None = None
+    # the mma.sync and fma paths' shared-memory stage tiles, their store and read maps and warp/thread grid
+    # (printed by its emitter; executed by the finite-field check, habu.prove.smem_route)
+    operands: MmaSyncOperands | FmaOperands | WgmmaOperands | None = None
 
     @property
     def bm(self) -> int:
@@ -263,7 +267,8 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel) -> Contracti
         pre.append(stage)
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
-                   pre=tuple(pre), pipeline=pipeline_for(kernel, a.dtype, b.positions[-1].axis))
+                   pre=tuple(pre), pipeline=pipeline_for(kernel, a.dtype, b.positions[-1].axis),
+                   operands=operands_for(kernel, a, b, fma_thread_grid(kernel)))
 
 
 @cache

@@ -48,4 +48,68 @@ def fragment_mismatch(instruction: str, fragment: AccumulatorFragment, column_gr
             f"fragment tile, at tile[{int(stored[0][i])}, {int(stored[1][i])}]")
 
 
-__all__ = ["fragment_mismatch", "instruction_element"]
+# ----------------------------------------------------------------------------- operands (mma.sync)
+#
+# PTX ISA, "Warp-level matrix load instruction: ldmatrix": .m8n8 loads 8x8 matrices of 16-bit elements;
+# for .x1/.x2/.x4, threads 0-7, 8-15, 16-23, 24-31 give the addresses of the 8 rows of matrix 0, 1, 2,
+# 3. Register j of each thread receives from matrix j: without .trans, row laneid / 4, elements
+# 2·(laneid % 4) and 2·(laneid % 4) + 1 of that row; with .trans, the matrix is transposed: element
+# laneid / 4 of rows 2·(laneid % 4) and 2·(laneid % 4) + 1.
+#
+# PTX ISA, "Matrix fragments for mma.m16n8k16" with .bf16/.f16 operands: groupID = laneid >> 2,
+# threadID_in_group = laneid % 4. A (16x16, row): a_i (i = 0..7, two per 32-bit register) holds row
+# groupID for i in {0, 1, 4, 5} else groupID + 8, column threadID_in_group·2 + (i & 1) for i < 4
+# else + 8. B (16x8, col): b_i (i = 0..3) holds row (k) threadID_in_group·2 + (i & 1) for i < 2
+# else + 8, column (n) groupID.
+
+
+def ldmatrix_elements(row_address: np.ndarray, matrices: int, trans: bool) -> np.ndarray:
+    """The shared-memory element each (lane, register, half) receives from ldmatrix, given the element
+    address each lane supplied (`row_address[32]`): an array [32, matrices, 2]."""
+    lane = np.arange(32)[:, None, None]
+    j = np.arange(matrices)[None, :, None]
+    half = np.arange(2)[None, None, :]
+    if trans:
+        return row_address[8 * j + 2 * (lane % 4) + half] + lane // 4
+    return row_address[8 * j + lane // 4] + 2 * (lane % 4) + half
+
+
+def mma_operand_position(operand: str) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of the m16n8k16 operand (A: m × k; B: k × n) that each (lane, register, half)
+    holds: arrays [32, registers, 2]."""
+    lane = np.arange(32)[:, None, None]
+    group, in_group = lane >> 2, lane % 4
+    half = np.arange(2)[None, None, :]
+    if operand == "A":
+        i = 2 * np.arange(4)[None, :, None] + half  # a_0 .. a_7
+        row = group + 8 * ((i >> 1) & 1)
+        col = in_group * 2 + (i & 1) + 8 * (i >> 2)
+        return row, col
+    if operand == "B":
+        i = 2 * np.arange(2)[None, :, None] + half  # b_0 .. b_3
+        k = in_group * 2 + (i & 1) + 8 * (i >> 1)
+        return k, group + 0 * i
+    raise ValueError(f"no mma.sync operand {operand}")
+
+
+# PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory Layout" and "Matrix Descriptor Format": a
+# K-major operand in a swizzled layout is made of 8-row atoms; row r of the atom lies `span` bytes
+# (the swizzle span, 128/64/32) after row r - 1, the atoms lie the stride byte offset (SBO) apart, and
+# the k elements of a row are contiguous from the descriptor's start address (the leading byte offset
+# is not used while an instruction's k extent, 32 bytes, fits in the span). The hardware applies the
+# swizzle to the addresses it forms: bits [4, 4 + log2(span/16)) ^= bits [7, 7 + log2(span/16))
+# (CUTLASS Swizzle<B, 4, 3>), from a tile start aligned to the pattern's period.
+
+
+def wgmma_kmajor_addresses(start: int, rows: int, k: int, sbo: int, span: int, elem_bytes: int = 2) -> np.ndarray:
+    """Byte addresses of a K-major operand's (row, k) elements, rows x k, read through a descriptor."""
+    if span not in (32, 64, 128):
+        raise ValueError(f"no K-major wgmma layout with swizzle {span}")
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    kk = np.arange(k, dtype=np.int64)[None, :]
+    a = start + (r // 8) * sbo + (r % 8) * span + kk * elem_bytes
+    return a ^ (((a >> 7) % (span // 16)) << 4)
+
+
+__all__ = ["fragment_mismatch", "instruction_element", "ldmatrix_elements", "mma_operand_position",
+           "wgmma_kmajor_addresses"]

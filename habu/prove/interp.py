@@ -30,6 +30,7 @@ from habu.lower.rows import RowLoads, canonical_reduction
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.pipeline import delivered
+from habu.prove.smem_route import route_of, warp_parts
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
@@ -274,6 +275,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         need = np.unique(np.concatenate([t * tile + np.array(_local(t, tile, keep), dtype=np.int64)
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
+    route = route_of(lw)
+    for fault in route.faults:
+        mem.fault(f"{name}: {fault}")
     for (split, lrows, lcols), mn in sorted(groups.items()):
         tms = np.array([t[0] for t in mn], dtype=np.int64)
         tns = np.array([t[1] for t in mn], dtype=np.int64)
@@ -288,9 +292,10 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             at = ", ".join(str(first.get(e, 0)) for e in lw.out.extents)
             return f"{lw.out.tensor}[{at}] and the rest of its {lw.bm}x{lw.bn} tile"
         # every k tile is loaded exactly as the kernel loads it (its own k0, masks and offsets, a TMA
-        # operand box by box), and the k step multiplies the tile its pipeline delivers to the stage it
-        # reads (habu.prove.pipeline); the products of up to 64 tiles are then summed in one exact
-        # contraction, which over GF(p) equals accumulating them one by one
+        # operand box by box); the k step multiplies the tile its pipeline delivers to the stage it
+        # reads (habu.prove.pipeline), and each element reaches each warp's product through the
+        # shared-memory operand maps (`route`); the products of up to 64 tiles are then summed in one
+        # exact contraction, which over GF(p) equals accumulating them one by one
         steps = max(0, int(end) - int(begin))
         ranks = tms % max(1, lw.kernel.cluster_m) if lw.pipeline is not None else np.zeros_like(tms)
         reads = {}
@@ -298,18 +303,29 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             reads[q], fault = delivered(lw.pipeline, steps, q)
             if fault is not None:
                 mem.fault(f"{_computing(where, np.ones((len(mn), 1), bool))}{name}'s k pipeline: {fault}")
-        a_tiles: list[np.ndarray] = []
-        b_tiles: list[np.ndarray] = []
-        for j in range(steps):
-            t = np.array([-1 if reads[q][j] is None else reads[q][j] for q in ranks.tolist()], dtype=np.int64)
-            a_tiles.append(_k_tile(name, lw, "A", mc, t, ranks, begin, sizes, mem, where))
-            b_tiles.append(_k_tile(name, lw, "B", nc, t, ranks, begin, sizes, mem, where))
-            if len(a_tiles) == 64 or j == steps - 1:
-                check_deadline(f"in {name}'s k loop")
-                a = np.concatenate(a_tiles, axis=-1)
-                b = np.concatenate(b_tiles, axis=-1)
-                acc = (acc + f.contract([a, b], "xmk,xnk->xmn")) % f.p
-                a_tiles, b_tiles = [], []
+        # the k tile each block's stage holds at step j (-1: none of this output tile's, poison)
+        tile_at = [np.array([-1 if reads[q][j] is None else reads[q][j] for q in ranks.tolist()], dtype=np.int64)
+                   for j in range(steps)]
+        parts = list(warp_parts(route, bm, bn, lrows, lcols))
+        for first in range(0, steps, 64):
+            check_deadline(f"in {name}'s k loop")
+            batch = range(first, min(steps, first + 64))
+            loaded: dict[tuple, np.ndarray] = {}  # warps that read the same elements share the load
+
+            def load(side: str, mn: np.ndarray, k: np.ndarray, batch=batch, tms=tms, tns=tns, ranks=ranks,
+                     tile_at=tile_at, where=where, begin=begin, loaded=loaded) -> np.ndarray:
+                key = (side, mn.tobytes(), k.tobytes(), mn.shape)
+                if key not in loaded:
+                    t, tile = (tms, bm) if side == "A" else (tns, bn)
+                    loaded[key] = np.concatenate(
+                        [_k_tile(name, lw, side, t[:, None, None] * tile + mn[None], k, tile_at[j], ranks, begin,
+                                 sizes, mem, where) for j in batch], axis=-1)
+                return loaded[key]
+
+            for out_r, out_c, a_mn, a_k, b_mn, b_k in parts:
+                a, b = load("A", a_mn, a_k), load("B", b_mn, b_k)
+                cell = (slice(None), out_r[:, None], out_c[None, :])
+                acc[cell] = (acc[cell] + f.contract([a, b], "xmk,xnk->xmn")) % f.p
         coords = {"m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
                  for ld, acc_access in lw.epi_loads}
@@ -322,39 +338,40 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, owned, where)
 
 
-def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, tile: np.ndarray, ranks: np.ndarray,
-            begin: int, sizes: Mapping[str, int], mem: Memory, where) -> np.ndarray:
-    """The (blocks, rows, BK) values of operand `side` in the stage a k step reads: the k tile `t` of
-    each block (-1: a stage holding no tile of this output tile, poison). Without TMA the lanes load
-    the access at k0 = k_origin; a TMA operand is its boxes, each read at the origin the lowering
-    gives (box j of rows [j·box_rows, (j+1)·box_rows), at the box's k coordinate), landing in the
-    block when it issues the box or is in the box's multicast mask, and zero past the access's masks
-    (the tensor map's dims are `Access.bounded_extents`)."""
+def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk: np.ndarray, tile: np.ndarray,
+            ranks: np.ndarray, begin: int, sizes: Mapping[str, int], mem: Memory, where) -> np.ndarray:
+    """The values of operand `side` a k step multiplies: `rows` (blocks, R, C) are the elements' rows
+    (m or n) and `kk` (R, C) their k within the k tile, as the shared-memory operand route gives them;
+    each block's stage holds its k tile `tile` (-1: a stage holding no tile of this output tile,
+    poison). Without TMA the lanes load the access at k0 = k_origin; a TMA operand is its boxes, each
+    read at the origin the lowering gives (box j of rows [j·box_rows, (j+1)·box_rows), at the box's k
+    coordinate), landing in the block when it issues the box or is in the box's multicast mask, and
+    zero past the access's masks (the tensor map's dims are `Access.bounded_extents`)."""
     access = lw.a if side == "A" else lw.b
     axis = "m" if side == "A" else "n"
     ring = lw.pipeline
     load = ring.load(side) if isinstance(ring, MbarrierRing) else None
     local = rows % (lw.bm if side == "A" else lw.bn)  # rows within the tile
     row0 = rows - local
-    kk = np.arange(lw.bk)[None, None, :]
+    kk = kk[None]
     t = np.maximum(tile, 0)  # a stage holding no tile: read tile 0's addresses, then poison the values
     if load is None:
         k0 = lw.k_origin(int(begin), t)[:, None, None]
-        coords = {axis: rows[:, :, None], "k": k0 + kk}
-        landed = np.ones(local.shape, bool)
+        coords = {axis: rows, "k": k0 + kk}
+        landed = np.ones(rows.shape, bool)
     else:
         assert isinstance(ring, MbarrierRing)
         box = local // load.box_rows
-        first = load.origin(row0, load.k_coordinate(int(begin), t)[:, None], box)
+        first = load.origin(row0, load.k_coordinate(int(begin), t)[:, None, None], box)
         start, k = first if load.mn_major else (first[1], first[0])
-        coords = {axis: (start + local - box * load.box_rows)[:, :, None], "k": k[:, :, None] + kk}
+        coords = {axis: start + local - box * load.box_rows, "k": k + kk}
         table = np.array([[any(load.lands_in(j, q, i) for i in range(ring.cluster)) for j in range(load.boxes)]
                           + [False] for q in range(ring.cluster)], dtype=bool)
-        landed = table[ranks[:, None] % ring.cluster, np.minimum(box, load.boxes)]
+        landed = table[ranks[:, None, None] % ring.cluster, np.minimum(box, load.boxes)]
     values = read(name, access, coords, sizes, mem, lw.index_width, where)
-    stale = (tile < 0)[:, None, None] | ~landed[:, :, None]
+    stale = (tile < 0)[:, None, None] | ~landed
     if np.any(stale):
-        values = np.where(stale, mem.poison(np.broadcast_to(rows[:, :, None] * 7919 + kk, values.shape)), values)
+        values = np.where(stale, mem.poison(np.broadcast_to(rows * 7919 + kk, values.shape)), values)
     return values
 
 

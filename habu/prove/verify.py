@@ -38,6 +38,7 @@ from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel, Plan
 from habu.prove.deadline import check_deadline
 from habu.prove.interp import Memory, PlanFault, check_raster, run_kernel, tile_ids
+from habu.prove.smem_route import route_key
 from habu.prove.virtual import VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
@@ -366,8 +367,11 @@ def field_key(model: Model, plan: Plan, sizes: Mapping[str, int], lowerings: lis
             k = lw.kernel
             # the pipeline (stages, barrier counts, boxes) is left out: every plan's own pipeline is
             # executed by the `pipeline-schedule` rule, which proves it delivers k tile t to step t (the
-            # interpreter's tiles), so plans differing only in it compute the same elements
-            parts.append((tuple(getattr(k, f) for f in FIELD_CHECK_FIELDS), repr(replace(lw, kernel=None, pipeline=None))))
+            # interpreter's tiles), so plans differing only in it compute the same elements; the
+            # shared-memory operand maps enter through what they route (habu.prove.smem_route): maps
+            # that multiply the plain tile product share the check, others are keyed by themselves
+            parts.append((tuple(getattr(k, f) for f in FIELD_CHECK_FIELDS),
+                          repr(replace(lw, kernel=None, pipeline=None, operands=None)), route_key(lw)))
         else:
             parts.append(repr(lw))
     return hashlib.sha256(repr(parts).encode()).hexdigest()

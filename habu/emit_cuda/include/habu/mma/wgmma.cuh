@@ -38,4 +38,17 @@ __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.
  *  (the pattern TMA writes and wgmma reads): chunk ^= row % 8. */
 __device__ __forceinline__ u32 swizzle128(u32 row, u32 chunk) { return row * 128u + ((chunk ^ (row & 7u)) << 4); }
 
+/** @brief Descriptor of a tile from its layout fields, as the lowering gives them (habu/lower/layouts.py,
+ *  WgmmaDescriptor): leading and stride byte offsets, swizzle mode (0 none, 1 128B, 2 64B, 3 32B). */
+template <u32 LBO, u32 SBO, u32 Mode>
+__device__ __forceinline__ u64 wgmma_desc(u32 smem_byte_addr) {
+  static_assert(LBO % 16 == 0 && SBO % 16 == 0 && Mode < 4, "descriptor fields are 16-byte units");
+  u64 d = 0;
+  d |= (u64)((smem_byte_addr & 0x3FFFF) >> 4);
+  d |= (u64)((LBO & 0x3FFFF) >> 4) << 16;
+  d |= (u64)((SBO & 0x3FFFF) >> 4) << 32;
+  d |= (u64)Mode << 62;
+  return d;
+}
+
 }  // namespace habu

@@ -1,0 +1,395 @@
+"""Shared-memory tile layouts and the maps in and out of them, as index expressions.
+
+A contraction stages each k tile of an operand in shared memory (`SmemTile`): which thread copies which
+elements there (`StageCopy`, the store side), where each lane of a warp points ldmatrix (`LdmatrixRead`,
+the read side), and which part of the tile each warp multiplies (`WarpGrid`). Every map is written
+once, over generic integer arithmetic (+, *, //, %, ^): the emitters evaluate it on `CExpr`s and print
+the C (`habu.emit_cuda.cexpr`), the finite-field interpreter evaluates it on numpy arrays
+(`habu.prove.smem_route`): it writes each stage tile through the store map, reads it back through the
+read map into the instruction's operand registers as the PTX ISA lays them out, and feeds the mma from
+them. A wrong swizzle, row stride, lane map or warp origin changes the finite-field result.
+
+    byte offset of (row, col) = swizzle((row * row_elems + col) * elem_bytes)
+    swizzle(b) = b ^ (((b / 128) % (span / 16)) * 16)      span = 32, 64, 128 bytes (0: none)
+
+The swizzle is CUTLASS's Swizzle<log2(span/16), 4, 3> and what TMA's CU_TENSOR_MAP_SWIZZLE_{32,64,128}B
+write: the 16-byte chunk index within each 128-byte row segment XOR the segment's index mod span/16
+(tiles start at multiples of the pattern's period, `habu.lower.smem.tile_alignment`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from habu.lower.access import Access
+from habu.lower.registers import consumer_warpgroups
+from habu.lower.smem import Buffer, simt_smem, tensor_core_smem
+from habu.plan.plan import ContractionKernel
+from habu.spec.dtypes import DTYPES
+
+
+@dataclass(frozen=True)
+class SmemTile:
+    """One operand's stage tile: `rows` rows of `row_elems` elements (padding included) of
+    `elem_bytes` bytes. `k_rows`: a row runs along the operand's m/n and rows follow k (B staged
+    [k][n]); otherwise a row is one m/n index, contiguous along k."""
+
+    rows: int
+    row_elems: int
+    elem_bytes: int
+    swizzle: int = 0  # 0, 32, 64 or 128 bytes
+    k_rows: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.row_elems * self.elem_bytes
+
+    def storage(self, mn: Any, k: Any) -> tuple[Any, Any]:
+        """(row, column) of the tile where the operand's element (mn, k) of this k tile is kept."""
+        return (k, mn) if self.k_rows else (mn, k)
+
+    def index(self, row: Any, *col: Any) -> Any:
+        """The element index of (row, col) in an unswizzled tile; the column may come as terms, added
+        in turn (as C would print them)."""
+        b = row * self.row_elems
+        for term in col:
+            b = b + term
+        return b
+
+    def index_of(self, mn: tuple[Any, ...], k: tuple[Any, ...]) -> Any:
+        """The element index of the operand's (sum of mn terms, sum of k terms), in storage order."""
+        row_terms, col_terms = (k, mn) if self.k_rows else (mn, k)
+        row = row_terms[0]
+        for term in row_terms[1:]:
+            row = row + term
+        return self.index(row, *col_terms)
+
+    def linear_offset(self, row: Any, *col: Any) -> Any:
+        """The byte offset of (row, col) before the swizzle (what a wgmma descriptor's start address
+        holds: the hardware swizzles the addresses it forms)."""
+        return self.index(row, *col) * self.elem_bytes
+
+    def byte_offset(self, row: Any, *col: Any) -> Any:
+        """The byte offset of (row, col) from the tile's start (ints, numpy arrays or CExprs), swizzled."""
+        if self.swizzle and self.row_elems * self.elem_bytes == self.swizzle and len(col) == 1:
+            # rows exactly one span long (wgmma/TMA tiles): the same XOR, written per row and chunk
+            # (row % (span/16) is the span index mod span/16 here); compiles to shifts and masks
+            byte = col[0] * self.elem_bytes
+            chunk = (byte // 16) ^ (row % (self.swizzle // 16))
+            return row * self.swizzle + chunk * 16 + byte % 16
+        b = self.index(row, *col) * self.elem_bytes
+        if self.swizzle:
+            b = b ^ (((b // 128) % (self.swizzle // 16)) * 16)
+        return b
+
+
+@dataclass(frozen=True)
+class StageCopy:
+    """The store side: a block's threads copy a k tile into its stage tile `vector` elements at a time,
+    copy e = thread, thread + threads, ... taking the elements at `element(e)` and the next vector - 1
+    along the operand's contiguous dimension (`k_inner`: k; else m/n), written as contiguous bytes."""
+
+    inner: int  # elements along the contiguous dimension
+    outer: int
+    vector: int
+    k_inner: bool
+    tile: SmemTile  # the layout the copies write (the stage tile's own: printed from here)
+
+    @property
+    def count(self) -> int:
+        return self.inner * self.outer // self.vector
+
+    def along(self, e: Any) -> tuple[Any, Any]:
+        """(outer, inner) index of copy e's first element."""
+        per = self.inner // self.vector
+        return e // per, (e % per) * self.vector
+
+    def element(self, outer: Any, inner: Any) -> tuple[Any, Any]:
+        """The operand's (mn, k) at (outer, inner)."""
+        return (outer, inner) if self.k_inner else (inner, outer)
+
+    def byte_offset(self, mn: Any, k: Any) -> Any:
+        """Where in the stage tile the copy of the operand's (mn, k) writes."""
+        return self.tile.byte_offset(*self.tile.storage(mn, k))
+
+    def index(self, mn: Any, k: Any) -> Any:
+        """The element index the copy of the operand's (mn, k) writes (unswizzled tiles)."""
+        return self.tile.index(*self.tile.storage(mn, k))
+
+
+@dataclass(frozen=True)
+class LdmatrixRead:
+    """The read side: `ldmatrix.m8n8.x{matrices}{.trans}` with lane l pointing at the fragment's row
+    l % row_lanes (of storage rows) and column ((l / row_lanes) % col_groups) · col_step."""
+
+    matrices: int  # 4 or 2
+    trans: bool
+    row_lanes: int
+    col_groups: int
+    tile: SmemTile  # the layout the reads assume (the stage tile's own: printed from here)
+    col_step: int = 8
+
+    def lane_offset(self, lane: Any) -> tuple[Any, Any]:
+        row = lane % self.row_lanes
+        if self.col_groups == 1:
+            return row, 0
+        group = lane // self.row_lanes
+        if self.row_lanes * self.col_groups != 32:  # (lanes are 0..31: no wrap needed where they fill the groups)
+            group = group % self.col_groups
+        return row, group * self.col_step
+
+
+@dataclass(frozen=True)
+class WarpGrid:
+    """Warps over the output tile: warp w takes rows warp_m(w)·warp_rows... and columns warp_n(w)·warp_cols...
+    (the ldmatrix reads and the epilogue print the same origins)."""
+
+    along_m: int
+    warp_rows: int
+    warp_cols: int
+
+    def warp_m(self, warp: Any) -> Any:
+        return warp % self.along_m
+
+    def warp_n(self, warp: Any) -> Any:
+        return warp // self.along_m
+
+    def row_origin(self, wm: Any) -> Any:
+        return wm * self.warp_rows
+
+    def col_origin(self, wn: Any) -> Any:
+        return wn * self.warp_cols
+
+
+@dataclass(frozen=True)
+class MmaSyncOperands:
+    """The mma.sync m16n8k16 path's shared-memory operands: per operand the stage tile (the buffer
+    `habu.lower.smem` sizes), how threads fill it, how ldmatrix reads it, and the warp grid. The copy
+    and the read each carry the layout they print: the lowering gives both the buffer's, and the
+    finite-field check runs them against each other."""
+
+    warps: int
+    grid: WarpGrid
+    a_tile: SmemTile
+    b_tile: SmemTile
+    a_copy: StageCopy
+    b_copy: StageCopy
+    a_read: LdmatrixRead
+    b_read: LdmatrixRead
+    bk: int
+
+    def a_fragment(self, wm: Any, mi: Any, ks: Any, lane: Any) -> Any:
+        """Byte offset in A's tile of the row `lane` gives ldmatrix for m16 tile mi, k step ks."""
+        return _fragment(self.a_read, (self.grid.row_origin(wm), mi * 16), ks * 16, lane)
+
+    def b_fragment(self, wn: Any, ni: Any, ks: Any, lane: Any) -> Any:
+        """Byte offset in B's tile of the row `lane` gives ldmatrix for n8 tile ni, k step ks."""
+        return _fragment(self.b_read, (self.grid.col_origin(wn), ni * 8), ks * 16, lane)
+
+
+def _fragment(read: LdmatrixRead, mn: tuple[Any, ...], k: Any, lane: Any) -> Any:
+    """The byte offset lane `lane` points ldmatrix at: the fragment's origin (mn terms, k) in storage
+    order, plus the lane's row and column."""
+    r, c = read.lane_offset(lane)
+    row_terms, cols = ((k,), mn) if read.tile.k_rows else (mn, (k,))
+    row = row_terms[0]
+    for term in row_terms[1:]:
+        row = row + term
+    return read.tile.byte_offset(row + r, *cols, c)
+
+
+
+@dataclass(frozen=True)
+class ThreadGrid:
+    """The SIMT path's threads over the output tile: thread t is (tx, ty) = (t % across, t / across) and
+    computes rows ty + i·down (i < per_thread_m) and columns tx + j·across (j < per_thread_n)."""
+
+    across: int
+    down: int
+    per_thread_m: int
+    per_thread_n: int
+
+    def tx(self, t: Any) -> Any:
+        return t % self.across
+
+    def ty(self, t: Any) -> Any:
+        return t // self.across
+
+    def row_terms(self, ty: Any, i: Any) -> tuple[Any, Any]:
+        return ty, i * self.down
+
+    def col_terms(self, tx: Any, j: Any) -> tuple[Any, Any]:
+        return tx, j * self.across
+
+
+@dataclass(frozen=True)
+class FmaOperands:
+    """The SIMT path's shared-memory operands: f32 stage tiles transposed to [k][row] with one float
+    of padding, the copies that fill them (one element each, converted to f32), and the thread grid
+    whose reads (a[i] = sA at (k, row ty + i·down)) and epilogue print the same rows and columns.
+    `a_read`/`b_read`: the layout the reads assume."""
+
+    threads: int
+    grid: ThreadGrid
+    a_tile: SmemTile
+    b_tile: SmemTile
+    a_copy: StageCopy
+    b_copy: StageCopy
+    a_read: SmemTile
+    b_read: SmemTile
+    bk: int
+
+    def a_index(self, k: Any, ty: Any, i: Any) -> Any:
+        """The element of A's stage tile thread row ty reads for its i-th row at instruction k."""
+        return self.a_read.index_of(self.grid.row_terms(ty, i), (k,))
+
+    def b_index(self, k: Any, tx: Any, j: Any) -> Any:
+        return self.b_read.index_of(self.grid.col_terms(tx, j), (k,))
+
+
+def fma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[str, Buffer],
+                 grid: tuple[int, int, int, int] | None) -> FmaOperands | None:
+    """The SIMT path's maps (`grid`: its thread grid, `fma_thread_grid`), or None where the tile does
+    not divide over the threads."""
+    if grid is None:
+        return None
+    tx, ty, tn, tm = grid
+    a_tile = tile_of_buffer(buffers["A0"], 4, 0, True)
+    b_tile = tile_of_buffer(buffers["B0"], 4, 0, True)
+
+    def copy(access: Access, rows: int, tile: SmemTile) -> StageCopy:
+        k_fast = access.positions[-1].axis == "k"  # consecutive threads touch consecutive addresses
+        return StageCopy(kernel.tile_k, rows, 1, True, tile) if k_fast else StageCopy(rows, kernel.tile_k, 1, False, tile)
+
+    return FmaOperands(32 * kernel.warps, ThreadGrid(tx, ty, tm, tn), a_tile, b_tile,
+                       copy(a, kernel.tile_m, a_tile), copy(b, kernel.tile_n, b_tile), a_tile, b_tile, kernel.tile_k)
+
+
+SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}  # a wgmma descriptor's bits 62-63 (PTX ISA, "Matrix Descriptor")
+
+
+@dataclass(frozen=True)
+class WgmmaDescriptor:
+    """The layout fields of a wgmma shared-memory matrix descriptor of a K-major operand: leading and
+    stride byte offsets and the swizzle span (the start address is `WgmmaOperands.a_start`/`b_start`)."""
+
+    lbo: int
+    sbo: int
+    swizzle: int
+
+    @property
+    def mode(self) -> int:
+        return SWIZZLE_MODE[self.swizzle]
+
+
+@dataclass(frozen=True)
+class WgmmaOperands:
+    """The wgmma path's K-major shared-memory operands: per operand the stage tile (rows of 128 bytes in
+    the 128-byte swizzle), how the producer fills it (a TMA box of 16-byte chunks placed by the tensor
+    map's swizzle, or the producer threads' cp.async/ldg copies), and the descriptors the consumers
+    read it with. Consumer warpgroup cw's slab s covers rows (cw·slabs + s)·64 of the tile."""
+
+    consumers: int
+    slabs: int
+    a_tile: SmemTile
+    b_tile: SmemTile
+    a_copy: StageCopy
+    b_copy: StageCopy
+    a_desc: WgmmaDescriptor
+    b_desc: WgmmaDescriptor
+    bk: int
+
+    def slab_row(self, cw: Any, s: Any) -> Any:
+        return (cw * self.slabs + s) * 64
+
+    def a_start(self, cw: Any, s: Any, kk: Any) -> tuple[Any, Any]:
+        """The descriptor start (bytes from the stage's A tile) of slab s of warpgroup cw, k step kk,
+        as (row part, k part): their sum."""
+        return self.a_tile.linear_offset(self.slab_row(cw, s)), kk * 16 * self.a_tile.elem_bytes
+
+    def b_start(self, kk: Any) -> tuple[Any, Any]:
+        return self.b_tile.linear_offset(0), kk * 16 * self.b_tile.elem_bytes
+
+
+def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[str, Buffer],
+                   consumers: int) -> WgmmaOperands | None:
+    """The wgmma path's maps for K-major A and B (None otherwise: an MN-major B's 64-column boxes are
+    printed by the emitter, not held here yet)."""
+    e = DTYPES[a.dtype].bytes
+    if (a.positions[-1].axis != "k" or b.positions[-1].axis != "k" or kernel.tile_k * e != 128
+            or kernel.swizzle != 128 or consumers < 1 or kernel.tile_m % (64 * consumers) or a.dtype != b.dtype):
+        return None
+    a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
+    b_tile = tile_of_buffer(buffers["B0"], e, kernel.swizzle, False)
+
+    def copy(move: str, vector: int, rows: int, tile: SmemTile) -> StageCopy:
+        # TMA (and a staged operand, read by TMA) writes 16-byte chunks; threads write their vectors
+        vec = 16 // e if move in ("tma", "staged") else (vector if move == "cp.async" else 1)
+        return StageCopy(kernel.tile_k, rows, vec, True, tile)
+
+    desc = WgmmaDescriptor(16, 8 * 128, kernel.swizzle)  # LBO unused by swizzled K-major; SBO: 8 rows
+    return WgmmaOperands(consumers, kernel.tile_m // (64 * consumers), a_tile, b_tile,
+                         copy(kernel.a_move, kernel.a_vector, kernel.tile_m, a_tile),
+                         copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile), desc, desc, kernel.tile_k)
+
+
+def tile_of_buffer(buffer: Buffer, elem_bytes: int, swizzle: int, k_rows: bool) -> SmemTile:
+    """The stage tile a buffer of `habu.lower.smem` holds (its rows and padded row length)."""
+    return SmemTile(buffer.rows, buffer.row_elems, elem_bytes, swizzle, k_rows)
+
+
+def mma_sync_operands(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool,
+                      buffers: dict[str, Buffer]) -> MmaSyncOperands | None:
+    """The mma.sync path's maps for a kernel, or None where its tile does not split into m16n8k16
+    tiles over a 2 × (warps/2) warp grid (the path refuses such a plan)."""
+    if kernel.warps < 2 or a_dtype != b_dtype or DTYPES[a_dtype].bytes != 2:
+        return None
+    e = DTYPES[a_dtype].bytes
+    wm = 2
+    wn = kernel.warps // wm
+    if kernel.tile_m % (16 * wm) or kernel.tile_n % (8 * wn) or kernel.tile_k % 16:
+        return None
+    grid = WarpGrid(wm, kernel.tile_m // wm, kernel.tile_n // wn)
+    gather4 = kernel.a_move == "tma-gather4"
+    a_vec = kernel.a_vector if kernel.a_move == "cp.async" else (kernel.tile_k if gather4 else 1)
+    b_vec = kernel.b_vector if kernel.b_move == "cp.async" else 1
+    a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
+    b_tile = tile_of_buffer(buffers["B0"], e, kernel.swizzle, not b_kmajor)
+    a_copy = StageCopy(kernel.tile_k, kernel.tile_m, a_vec, True, a_tile)
+    b_copy = (StageCopy(kernel.tile_k, kernel.tile_n, b_vec, True, b_tile) if b_kmajor
+              else StageCopy(kernel.tile_n, kernel.tile_k, b_vec, False, b_tile))
+    a_read = LdmatrixRead(4, False, 16, 2, a_tile)
+    b_read = LdmatrixRead(2, False, 8, 2, b_tile) if b_kmajor else LdmatrixRead(2, True, 16, 1, b_tile)
+    return MmaSyncOperands(kernel.warps, grid, a_tile, b_tile, a_copy, b_copy, a_read, b_read, kernel.tile_k)
+
+
+def operands_for(kernel: ContractionKernel, a: Access, b: Access,
+                 fma_grid: tuple[int, int, int, int] | None = None) -> MmaSyncOperands | FmaOperands | WgmmaOperands | None:
+    """The shared-memory operand maps of a kernel's path (mma.sync, fma; None for wgmma, which prints
+    its own yet). Kept by the fields they read: the search lowers tens of thousands of schedules."""
+    b_kmajor = b.positions[-1].axis == "k"
+    a_kmajor = a.positions[-1].axis == "k"
+    key = (kernel.mma, kernel.warp_specialized, kernel.stages, kernel.store, kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.warps, kernel.swizzle, kernel.a_move,
+           kernel.b_move, kernel.a_vector, kernel.b_vector, a.dtype, b.dtype, a_kmajor, b_kmajor)
+    if key not in _OPERANDS:
+        if kernel.mma == "mma.sync":
+            layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor)
+            _OPERANDS[key] = mma_sync_operands(kernel, a.dtype, b.dtype, b_kmajor,
+                                               {buf.name: buf for buf in layout.buffers})
+        elif kernel.mma == "wgmma":
+            layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor)
+            _OPERANDS[key] = wgmma_operands(kernel, a, b, {buf.name: buf for buf in layout.buffers},
+                                            consumer_warpgroups(kernel.warps, kernel.warp_specialized))
+        elif kernel.mma == "fma":
+            layout = simt_smem(kernel, a.dtype, b.dtype)
+            _OPERANDS[key] = fma_operands(kernel, a, b, {buf.name: buf for buf in layout.buffers}, fma_grid)
+        else:
+            _OPERANDS[key] = None
+    return _OPERANDS[key]
+
+
+_OPERANDS: dict[tuple, MmaSyncOperands | FmaOperands | WgmmaOperands | None] = {}
+
+
+__all__ = ["FmaOperands", "LdmatrixRead", "MmaSyncOperands", "SmemTile", "StageCopy", "ThreadGrid", "WarpGrid", "WgmmaDescriptor", "WgmmaOperands", "fma_operands", "mma_sync_operands", "operands_for", "wgmma_operands"]
