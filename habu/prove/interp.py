@@ -20,20 +20,18 @@ from habu.lower import (
     ContractionLowering,
     GeneralLowering,
     Lowering,
-    MapLowering,
     RowLowering,
 )
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
 from habu.lower.pipeline import MbarrierRing
-from habu.lower.rows import RowLoads, canonical_reduction
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import route_of, warp_parts
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
-from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
+from habu.spec.ir import Const, Expr, Load, Op, Size
 
 
 class PlanFault(Exception):
@@ -416,178 +414,6 @@ def tile_ids(lw: ContractionLowering, sizes: Mapping[str, int], wanted: set[tupl
     return out
 
 
-class _Visits:
-    """What one block's threads visit of its row, as the lowering's thread map says (`chunk_loop`):
-    for every (lane, chunk, element) the loop reaches, the lane t, the chunk g, the element q and the
-    column (all blocks of a cluster, each at its part's offset). A map that skips a column, visits one
-    twice or runs past the part shows here as a wrong sum, a double store or an access out of bounds."""
-
-    def __init__(self, lw: RowLowering, sizes: Mapping[str, int]):
-        loop = lw.chunk_loop(sizes)
-        m = lw.thread_map
-        if loop.unrolled:
-            iters = loop.unrolled
-        else:
-            if m.chunk_stride < 1:
-                raise PlanFault(f"a row thread's chunks are {m.chunk_stride} apart: its column loop never ends")
-            iters = -(-(int(loop.end) + 1) // m.chunk_stride)
-        t = np.arange(m.threads, dtype=np.int64)[:, None, None]
-        g = np.broadcast_to(loop.chunk(t, np.arange(iters, dtype=np.int64)[None, :, None]), (m.threads, iters, 1))
-        q = np.arange(loop.vector, dtype=np.int64)[None, None, :]
-        shape = (m.threads, iters, loop.vector)
-        inside = np.ones(shape, bool) if loop.unrolled else np.broadcast_to(loop.inside(g, _Compare()), shape)
-        self.loop = loop
-        self.t = np.broadcast_to(t, shape)[inside]
-        self.g = np.broadcast_to(g, shape)[inside]
-        self.q = np.broadcast_to(q, shape)[inside]
-        local = loop.column(self.g, self.q)
-        part = lw.columns(sizes)
-        ranks = np.arange(lw.kernel.cluster, dtype=np.int64)
-        self.cols = (ranks[:, None] * part + local[None, :]).ravel()  # block rank's columns, rank by rank
-        self.lane = np.tile(self.t, lw.kernel.cluster)
-        self.rank = np.repeat(ranks, len(local))
-        self.chunk, self.elem = np.tile(self.g, lw.kernel.cluster), np.tile(self.q, lw.kernel.cluster)
-
-
-class _Compare:
-    """Comparisons on integer arrays (a loop's tail predicate)."""
-
-    def lt(self, a: Any, b: Any) -> np.ndarray:
-        return np.asarray(a) < b
-
-    def le(self, a: Any, b: Any) -> np.ndarray:
-        return np.asarray(a) <= b
-
-
-def _through_cache(name: str, lw: RowLowering, cache, v: _Visits, values: np.ndarray, sizes: Mapping[str, int],
-                   mem: Memory) -> np.ndarray:
-    """The kept row written to the shared-memory cache at the lowering's slots by the threads that
-    loaded it, and read back at the same slots: a slot map that sends two elements to one slot (the
-    later write wins) or past the cache gives some column another column's value."""
-    length = int(lw.columns(sizes))
-    slots = np.asarray(cache.slot(v.chunk, v.elem, v.loop), dtype=np.int64)
-    outside = (slots < 0) | (slots >= length)
-    if np.any(outside):
-        mem.fault(f"{name}: the row cache's slot map puts column {int(v.cols[outside][0])} at slot "
-                  f"{int(slots[outside][0])}, outside its {length} slots")
-    where = np.where(outside, 0, v.rank * length + slots)
-    buffer = mem.poison(np.arange(lw.kernel.cluster * length, dtype=np.int64) + (1 << 40))
-    buffer = np.broadcast_to(buffer, (values.shape[0], len(buffer))).copy()
-    buffer[:, where[~outside]] = values[:, ~outside]  # the last of colliding writes wins
-    return np.where(outside[None, :], mem.poison(v.cols)[None, :], buffer[:, where])
-
-
-def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
-             keep: np.ndarray | None = None) -> None:
-    """Execute the row kernel's blocks thread by thread through the lowering's thread map: every pass
-    reduces what each thread's column loop visits (under the reduction's mask, from the warps the
-    block reduction combines), in the lowering's pass order; the kept row goes through its cache."""
-    f = mem.field
-    m = lw.thread_map
-    rows = m.row(blocks[:, None], np.arange(m.rows)[None, :]).ravel()
-    if keep is not None:
-        rows = rows[np.isin(rows, keep)]
-    C = sizes[lw.c]
-    v = _Visits(lw, sizes)
-    cols = v.cols
-    coords = {"r": rows[:, None], "c": cols[None, :]}
-    loads = RowLoads(lw)
-    kept, cache = lw.kept_row(), lw.row_cache(sizes)
-    col_mask = (cols < C)[None, :] if lw.reduce_mask else np.ones((1, len(cols)), bool)
-    # a block reduction combines the partials of the first `combined_warps` warps only: the columns
-    # of a thread in any later warp are lost from every reduction (sum and max alike)
-    col_mask = col_mask & (m.warp(v.lane) < lw.combined_warps)[None, :]
-    reduced: dict[Expr, np.ndarray] = {}
-
-    def where(bad: np.ndarray) -> str:
-        b = np.broadcast_to(bad, (len(rows), len(cols)))
-        r = int(rows[np.nonzero(b.any(axis=1))[0][0]])
-        return f"row {r} of {lw.out.tensor}"
-
-    def ev(e: Expr) -> np.ndarray:
-        if isinstance(e, Reduce):
-            key = canonical_reduction(e)
-            if key not in reduced:
-                mem.fault(f"{name} reads a reduction over the row that no earlier pass computed ({e.op})")
-                return mem.poison(np.arange(len(rows), dtype=np.int64))[:, None]
-            return reduced[key]
-        if isinstance(e, Load):
-            values = read(name, loads[e], coords, sizes, mem, lw.index_width, where)
-            if cache is not None and loads[e] == kept:
-                return _through_cache(name, lw, cache, v, np.broadcast_to(values, (len(rows), len(cols))), sizes, mem)
-            return values
-        if isinstance(e, Op):
-            args = [ev(a) for a in e.args]
-            args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
-            return f.op(e.fn, [np.asarray(a) for a in args])
-        return eval_pointwise(e, None, f, sizes)
-
-    for p in lw.passes:  # each pass reads only what earlier passes reduced
-        body = np.broadcast_to(ev(p.body), (len(rows), len(cols)))
-        if p.op == "sum":
-            reduced[p] = (np.where(col_mask, body, 0).sum(axis=1, keepdims=True)) % f.p
-        else:
-            reduced[p] = f.product_last(np.where(col_mask, (f.max_point - body) % f.p, 1))[:, None]
-    value = np.broadcast_to(ev(lw.expression()), (len(rows), len(cols)))
-    if lw.per_row:  # a row statistic: one value per row, stored once (by lane 0)
-        owned = rows[:, None] < sizes[lw.r]
-        write(name, lw.out, {"r": rows[:, None]}, value[:, :1], sizes, mem, lw.index_width, False, owned, where)
-        return
-    owned = (rows[:, None] < sizes[lw.r]) & (cols < C)[None, :]
-    write(name, lw.out, coords, value, sizes, mem, lw.index_width, False, owned, where)
-
-
-def run_map(name: str, lw: MapLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
-            keep: np.ndarray | None = None) -> None:
-    """Execute the map kernel's blocks lane by lane through the lowering's lane map: lane x of block b
-    computes elements `lanes.element(lanes.first(b, x), v)`, v < vector, until the first whose guard
-    (every access's mask) fails."""
-    f = mem.field
-    lm = lw.lanes
-    x = np.arange(lm.threads, dtype=np.int64)[None, :, None]
-    vv = np.arange(lm.vector, dtype=np.int64)[None, None, :]
-    elems = lm.element(lm.first(blocks.astype(np.int64)[:, None, None], x), vv)
-    elems = wrap(np.broadcast_to(elems, (len(blocks), lm.threads, lm.vector)).reshape(-1, lm.vector), lw.index_width)
-    dims = [sizes[e] for e in lw.extents]
-    numel = int(np.prod(dims)) if dims else 1
-    # a lane stops at its first element where the guard, every access's mask, fails
-    every = _map_coords(elems.ravel(), dims)
-    guard = np.ones(elems.size, bool)
-    for acc in (lw.out, *(a for _, a in lw.loads)):
-        guard = guard & np.broadcast_to(acc.mask(every, sizes, _NumpyIndex(lw.index_width, mem, name)), guard.shape)
-    live = np.cumprod(guard.reshape(elems.shape), axis=1).astype(bool)
-    lanes = elems[live]
-    if keep is not None:
-        lanes = lanes[np.isin(lanes, keep)]
-    coords = _map_coords(lanes, dims)
-    loads = {ld: acc for ld, acc in lw.loads}
-    env: dict[str, np.ndarray] = {}
-
-    def where(bad: np.ndarray) -> str:
-        lane = int(lanes[np.nonzero(np.broadcast_to(bad, lanes.shape))[0][0]])
-        return f"element {lane} (flat) of {lw.out.tensor}"
-
-    def leaf(ld: Load) -> np.ndarray:
-        if ld.tensor in env:
-            return env[ld.tensor]
-        return read(name, loads[ld], coords, sizes, mem, lw.index_width, where)
-
-    for eq in lw.nodes:
-        env[eq.target] = eval_pointwise(eq.rhs, leaf, f, sizes)
-    write(name, lw.out, coords, env[lw.nodes[-1].target], sizes, mem, lw.index_width, False, lanes < numel, where)
-
-
-def _map_coords(flat: np.ndarray, dims: list[int]) -> dict[str, np.ndarray]:
-    """The output coordinates of flat elements, row-major; e0 is what is left (not reduced modulo its
-    extent, as the kernel computes it)."""
-    coords: dict[str, np.ndarray] = {}
-    rest = flat
-    for i in reversed(range(len(dims))):
-        coords[f"e{i}"] = rest % dims[i] if i > 0 else rest
-        rest = rest // dims[i]
-    return coords
-
-
 def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, selection, keep=None) -> None:
     """Run the selected blocks; `keep` (per kernel family) limits them to the lanes needed later."""
     check_deadline(f"before {name}")
@@ -595,6 +421,8 @@ def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, s
         rows, cols = keep if keep is not None else (None, None)
         run_contraction(name, lw, sizes, mem, selection, rows, cols)
     elif isinstance(lw, RowLowering):
+        from habu.prove.interp_rows import run_rows
+
         run_rows(name, lw, sizes, mem, selection, keep)
     elif isinstance(lw, GeneralLowering):
         from habu.prove.interp_general import run_general
@@ -605,4 +433,6 @@ def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, s
 
         run_columns(name, lw, sizes, mem, selection, keep)
     else:
+        from habu.prove.interp_rows import run_map
+
         run_map(name, lw, sizes, mem, selection, keep)
