@@ -230,6 +230,7 @@ class Search:
         self.stats.best_predicted_us = sum(c.seconds for c in base_costs) * 1e6
         ranked: list[list[Scored]] = [[] for _ in regions]
         self.best_score: list[float] = [c.seconds for c in base_costs]
+        self.best_tie: dict[int, tuple[float, ...]] = {}  # without a GPU: region i's best's finer terms
         interrupted = False
         try:
             self._time_baseline()
@@ -345,7 +346,8 @@ class Search:
         self.stats.region = f"{region.kind} {'+'.join(region.nodes)}"
         plan = make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)
         base_lw = lower_plan(self.model, plan)[i]
-        candidates: list[tuple[float, float, Kernel]] = []
+        self.best_tie[i] = tie_break(base_lw, self.sizes, self.target)
+        candidates: list[tuple[float, tuple[float, ...], Kernel]] = []
         for k in region_space(self.graph, region, self.target, self.sizes):
             self.stats.generated += 1
             try:
@@ -458,11 +460,21 @@ class Search:
             self.progress(self.stats)
 
     def _improves(self, i: int, scored: Scored, ranked: list[list[Scored]]) -> bool:
-        """Better than region i's current best (measured plan time with a GPU, predicted without)."""
-        score = scored.measured_us if self.timer is not None else scored.predicted_s
-        if score is None or score >= self.best_score[i]:
+        """Better than region i's current best: measured plan time with a GPU; without one, the
+        predicted time, and among equal predictions the finer terms (`cost.tie_break`)."""
+        if self.timer is not None:
+            score = scored.measured_us
+            if score is None or score >= self.best_score[i]:
+                return False
+            self.best_score[i] = score
+            return True
+        score, best = scored.predicted_s, self.best_score[i]
+        tied = abs(score - best) <= 1e-9 * max(abs(best), 1e-30)
+        if not (score < best and not tied) and not (tied and i in self.best_tie and scored.tie_break
+                                                      and scored.tie_break < self.best_tie[i]):
             return False
         self.best_score[i] = score
+        self.best_tie[i] = scored.tie_break
         return True
 
     def _save(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Record]:

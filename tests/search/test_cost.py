@@ -162,3 +162,21 @@ def test_regression_cpu_search_top5_tied_at_187us():
     assert len({r[1] for r in top}) >= 5
     first = top[0][2]
     assert first.persistent and first.stages == max(r[2].stages for r in top) and (first.cluster_m or 1) > 1
+
+
+def test_regression_cpu_search_top5_tied_winner_stayed_the_default(tmp_path):
+    """The tie-break ordered the candidates, but without a GPU a candidate replaced the region's best
+    only when its predicted time was strictly lower, so the default plan (proven first) stayed the
+    winner of every CPU search among equals. Now an equal prediction with better finer terms wins."""
+    from habu.db import PlanDB
+    from habu.search.loop import Budget, Search
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+    from tests.search.test_search import model_of
+
+    path = ROOT / "examples" / "ggemm.habu"
+    model, sizes = model_of(path, {})
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=3)).run()
+    (winner,) = result.best.kernels
+    assert winner.persistent and (winner.cluster_m or 1) > 1, winner
