@@ -24,6 +24,7 @@ from habu.emit_cuda.common import (
     load_value,
     store_value,
 )
+from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.columns import ColumnLowering
 from habu.spec.dtypes import DTYPES
@@ -157,3 +158,6 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     src += src_body.replace("SIGNATURE", sig.declaration())
     zero = (out.tensor,) if lw.combine == "atomic" else ()
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw, zero=zero)
+
+
+register_geometry(ColumnLowering, GRID_2D)  # column tiles × row splits

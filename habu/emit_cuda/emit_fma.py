@@ -7,7 +7,7 @@ memory transposed to [k][row], then every thread accumulates its TM × TN output
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.cexpr import CExpr, c, cmin
 from habu.emit_cuda.common import (
     CTYPE,
     GRID_LAUNCH,
@@ -21,6 +21,7 @@ from habu.emit_cuda.common import (
     load_value,
     store_value,
 )
+from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
 from habu.lower.layouts import FmaOperands
@@ -222,3 +223,26 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
 
 
 __all__ = ["CTYPE", "emit_fma", "epilogue_code", "tile_setup"]
+
+
+# ----------------------------------------------------------------------------- the contraction kind's launch
+# (shared by the fma, mma.sync and wgmma emitters)
+
+
+def _contraction_formula(lw: ContractionLowering, s, slots) -> tuple[object, str, str]:
+    tiles = lw.tiles(s)
+    if lw.kernel.persistent:  # the blocks resident at once, whole clusters
+        cl = lw.kernel.cluster_m
+        return cmax(cl, cmin(tiles, slots) // cl * cl), "1", "1"
+    return tiles, "1", "1"
+
+
+def _contraction_slots(lw: ContractionLowering, cluster: int) -> str | None:
+    if not lw.kernel.persistent:
+        return None
+    return "clusters" if cluster > 1 else "sm_count"  # cuOccupancyMaxActiveClusters x cluster size
+
+
+register_geometry(ContractionLowering, LaunchGeometry(
+    blocks=lambda lw, sizes, slots: (int(lw.grid(sizes, slots)), 1, 1),
+    formula=_contraction_formula, slots=_contraction_slots))

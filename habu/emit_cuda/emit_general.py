@@ -23,6 +23,7 @@ from habu.emit_cuda.common import (
     store_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.geometry import FLAT_GRID, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.general import GeneralLowering, Store
 from habu.spec.ir import Load, Model, Reduce
@@ -94,3 +95,6 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
                   if lw.store is Store.ATOMIC_ADD else []))
     src += src_body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)
+
+
+register_geometry(GeneralLowering, FLAT_GRID)

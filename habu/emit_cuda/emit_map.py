@@ -20,6 +20,7 @@ from habu.emit_cuda.common import (
     load_value,
     store_value,
 )
+from habu.emit_cuda.geometry import FLAT_GRID, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import MapLowering
 from habu.lower.rows import inline_region
@@ -86,3 +87,6 @@ def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -
 
 
 __all__ = ["emit_map"]
+
+
+register_geometry(MapLowering, FLAT_GRID)

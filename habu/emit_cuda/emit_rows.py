@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.cexpr import CExpr, c, cmin
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
@@ -35,6 +35,7 @@ from habu.emit_cuda.common import (
     load_value,
     store_value,
 )
+from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import RowLowering
 from habu.lower.access import Access
@@ -510,3 +511,24 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
 
 
 __all__ = ["emit_rows"]
+
+
+# ----------------------------------------------------------------------------- the row kind's launch
+
+
+def _row_formula(lw: RowLowering, s, slots) -> tuple[object, str, str]:
+    groups, n = lw.row_groups(s), lw.kernel.cluster
+    if lw.kernel.prefetch:  # a block walks row groups: the clusters resident at once
+        return cmax(1, cmin(groups, slots // n)) * n, "1", "1"
+    return groups * n, "1", "1"
+
+
+def _row_slots(lw: RowLowering, cluster: int) -> str | None:
+    if not lw.kernel.prefetch:
+        return None
+    return "clusters" if cluster > 1 else "occupancy"  # blocks per SM x SMs
+
+
+register_geometry(RowLowering, LaunchGeometry(
+    blocks=lambda lw, sizes, slots: (int(lw.grid(sizes, slots)), 1, 1),
+    formula=_row_formula, slots=_row_slots))

@@ -14,6 +14,7 @@ from habu.emit_cuda.common import (
     index_type,
 )
 from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import StageLowering
 from habu.spec.ir import Model
@@ -75,3 +76,6 @@ def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, sr
   }}
 }}
 """
+
+
+register_geometry(StageLowering, GRID_2D)  # blocks along k × along the rows

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from habu.emit_cuda.geometry import geometry_for
+
 
 @dataclass(frozen=True)
 class TmaSpec:
@@ -76,22 +78,7 @@ class CudaKernel:
 
     def grid(self, sizes: Mapping[str, int], sm_count: int) -> tuple[int, int, int]:
         """Blocks to launch for concrete sizes: what the lowering says."""
-        from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, MapLowering, RowLowering
-        from habu.lower.contraction import StageLowering
-
-        lw = self.lowering
-        if isinstance(lw, ColumnLowering):
-            tiles, splits = lw.grid(sizes)
-            return (max(1, int(tiles)), max(1, int(splits)), 1)
-        if isinstance(lw, StageLowering):
-            along_k, rows = lw.grid(sizes)
-            return (max(1, int(along_k)), max(1, int(rows)), 1)
-        if isinstance(lw, ContractionLowering):
-            return (int(lw.grid(sizes, sm_count)), 1, 1)
-        if isinstance(lw, RowLowering):
-            return (int(lw.grid(sizes, sm_count)), 1, 1)
-        assert isinstance(lw, MapLowering | GeneralLowering)
-        return (max(1, int(lw.grid(sizes))), 1, 1)
+        return geometry_for(self.lowering).blocks(self.lowering, sizes, sm_count)
 
 
 @dataclass(frozen=True)

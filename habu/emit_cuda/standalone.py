@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from habu.emit_cuda.cexpr import CExpr, c, cmin
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.geometry import geometry_for
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.emit_cuda.nvrtc import INCLUDE_DIR
 from habu.spec.ir import Model
@@ -89,54 +90,16 @@ def _formula(x: Any) -> str:
     return c(x) if isinstance(x, CExpr | int) else str(x)
 
 
-def _cmax(a: Any, b: Any) -> Any:
-    if isinstance(a, int) and isinstance(b, int):
-        return max(a, b)
-    return CExpr(f"max((long long)({c(a)}), (long long)({c(b)}))")
-
-
 def grid_formula(kernel: CudaKernel, static: Mapping[str, int]) -> tuple[str, str, str]:
     """The grid as C expressions of the runtime extents (and SLOTS for persistent kernels): what
     `CudaKernel.grid` computes for concrete sizes, from the same lowering functions."""
-    from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, MapLowering, RowLowering
-    from habu.lower.contraction import StageLowering
-
-    s = _symbolic_sizes(kernel, static)
-    lw = kernel.lowering
-    slots = CExpr(SLOTS)
-    if isinstance(lw, StageLowering):
-        along_k, rows = lw.grid(s)
-        return _formula(_cmax(1, along_k)), _formula(_cmax(1, rows)), "1"
-    if isinstance(lw, ContractionLowering):
-        tiles = lw.tiles(s)
-        if lw.kernel.persistent:
-            cl = lw.kernel.cluster_m
-            return _formula(_cmax(cl, cmin(tiles, slots) // cl * cl)), "1", "1"
-        return _formula(tiles), "1", "1"
-    if isinstance(lw, RowLowering):
-        groups, n = lw.row_groups(s), lw.kernel.cluster
-        if lw.kernel.prefetch:
-            return _formula(_cmax(1, cmin(groups, slots // n)) * n), "1", "1"
-        return _formula(groups * n), "1", "1"
-    if isinstance(lw, ColumnLowering):
-        tiles, splits = lw.grid(s)
-        return _formula(_cmax(1, tiles)), _formula(_cmax(1, splits)), "1"
-    assert isinstance(lw, MapLowering | GeneralLowering)
-    return _formula(_cmax(1, lw.grid(s))), "1", "1"
+    x, y, z = geometry_for(kernel.lowering).formula(kernel.lowering, _symbolic_sizes(kernel, static), CExpr(SLOTS))
+    return _formula(x), _formula(y), _formula(z)
 
 
 def slots_rule(kernel: CudaKernel) -> str | None:
     """How a persistent kernel's SLOTS is found on the device (None: the grid does not use it)."""
-    from habu.lower import ContractionLowering, RowLowering
-
-    lw = kernel.lowering
-    if isinstance(lw, ContractionLowering) and lw.kernel.persistent:
-        if kernel.cluster > 1:
-            return "clusters"  # cuOccupancyMaxActiveClusters x cluster size
-        return "sm_count"
-    if isinstance(lw, RowLowering) and lw.kernel.prefetch:
-        return "clusters" if kernel.cluster > 1 else "occupancy"  # blocks per SM x SMs
-    return None
+    return geometry_for(kernel.lowering).slots(kernel.lowering, kernel.cluster)
 
 
 def launch_geometry(kernel: CudaKernel, static: Mapping[str, int]) -> dict[str, Any]:

@@ -10,25 +10,22 @@ without accumulating is a fault, reported with the element.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from habu.lower import (
-    ColumnLowering,
-    ContractionLowering,
-    GeneralLowering,
-    Lowering,
-    RowLowering,
-)
+from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
 from habu.lower.pipeline import MbarrierRing
+from habu.plan.fields import Reader, fields_read_by
+from habu.plan.plan import ContractionKernel
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
+from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
-from habu.prove.smem_route import route_of, warp_parts
+from habu.prove.smem_route import route_key, route_of, warp_parts
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Const, Expr, Load, Op, Size
@@ -415,24 +412,65 @@ def tile_ids(lw: ContractionLowering, sizes: Mapping[str, int], wanted: set[tupl
 
 
 def run_kernel(name: str, lw: Lowering, sizes: Mapping[str, int], mem: Memory, selection, keep=None) -> None:
-    """Run the selected blocks; `keep` (per kernel family) limits them to the lanes needed later."""
+    """Run the selected blocks; `keep` (per kernel kind) limits them to the lanes needed later."""
     check_deadline(f"before {name}")
-    if isinstance(lw, ContractionLowering):
-        rows, cols = keep if keep is not None else (None, None)
-        run_contraction(name, lw, sizes, mem, selection, rows, cols)
-    elif isinstance(lw, RowLowering):
-        from habu.prove.interp_rows import run_rows
+    kind_proof(lw).run(name, lw, sizes, mem, selection, keep)
 
-        run_rows(name, lw, sizes, mem, selection, keep)
-    elif isinstance(lw, GeneralLowering):
-        from habu.prove.interp_general import run_general
 
-        run_general(name, lw, sizes, mem, selection, keep)
-    elif isinstance(lw, ColumnLowering):
-        from habu.prove.interp_columns import run_columns
+# ----------------------------------------------------------------------------- the contraction kind
 
-        run_columns(name, lw, sizes, mem, selection, keep)
-    else:
-        from habu.prove.interp_rows import run_map
+# what the finite-field check reads of a contraction's schedule (the lowering's methods: tiles, k
+# range, raster, grid): the fields the field table (habu/plan/plan.py) marks as read by the proof.
+# The rest of the lowering (accesses, masks, staging passes, epilogue) is compared whole. Pipeline
+# depth, warps, the instruction, how tiles travel (TMA, cp.async) and how the output leaves (store)
+# are emission: they change no element any lane reads or writes.
+FIELD_CHECK_FIELDS = fields_read_by(ContractionKernel, Reader.PROOF)
 
-        run_map(name, lw, sizes, mem, selection, keep)
+
+def _contraction_field_key(lw: ContractionLowering) -> object:
+    # the pipeline (stages, barrier counts, boxes) is left out: every plan's own pipeline is
+    # executed by the `pipeline-schedule` rule, which proves it delivers k tile t to step t (the
+    # interpreter's tiles), so plans differing only in it compute the same elements; the
+    # shared-memory operand maps enter through what they route (habu.prove.smem_route): maps
+    # that multiply the plain tile product share the check, others are keyed by themselves
+    return (tuple(getattr(lw.kernel, f) for f in FIELD_CHECK_FIELDS),
+            repr(replace(lw, kernel=None, pipeline=None, operands=None)), route_key(lw))
+
+
+def _run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Memory, tiles, keep) -> None:
+    rows, cols = keep if keep is not None else (None, None)
+    run_contraction(name, lw, sizes, mem, tiles, rows, cols)
+
+
+def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    tms, tns = sample_tiles(int(lw.tiles_m(sizes))), sample_tiles(int(lw.tiles_n(sizes)))
+    wanted = {(a, b) for a in tms for b in tns}
+    rows = np.unique(np.concatenate([np.arange(t * lw.bm, min((t + 1) * lw.bm, sizes[lw.m])) for t in tms]))
+    cols = np.unique(np.concatenate([np.arange(t * lw.bn, min((t + 1) * lw.bn, sizes[lw.n])) for t in tns]))
+    extents = lw.out.extents  # the output's own dims (not the lowering's, which a planted bug may permute)
+    box = tuple(rows if e == lw.m else cols for e in extents)
+    return wanted, box, f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s)"
+
+
+def _contraction_for_box(lw: ContractionLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
+                         ) -> tuple[object, object, str]:
+    by_axis = {p.axis: box[i] for i, p in enumerate(lw.out.positions)}
+    tms = np.unique(by_axis["m"] // lw.bm).tolist()
+    tns = np.unique(by_axis["n"] // lw.bn).tolist()
+    tiles = {(a, b) for a in tms for b in tns}
+    return tiles, (by_axis["m"], by_axis["n"]), (f"{len(tms)}×{len(tns)} tiles, "
+                                                 f"{len(by_axis['m'])}×{len(by_axis['n'])} of their elements")
+
+
+def _contraction_axes(name: str, lw: ContractionLowering) -> list[TileAxis]:
+    out = [TileAxis(name, "m", lw.m, lw.bm), TileAxis(name, "n", lw.n, lw.bn), TileAxis(name, "k", lw.k, lw.bk)]
+    if lw.kernel.cluster_m > 1:
+        # a cluster's blocks take c tiles of m together: the witness keeps ⌈M/BM⌉ a multiple
+        # of c (its size is ≡ M modulo BM·c) and every class of the clusters' row groups
+        out.append(TileAxis(name, "m (clusters)", lw.m, lw.bm * lw.kernel.cluster_m))
+    return out
+
+
+register_kind(ContractionLowering, KindProof(
+    run=_run_contraction, final_selection=_contraction_final, box_selection=_contraction_for_box,
+    blocks=tile_ids, precheck=check_raster, tiled_axes=_contraction_axes, field_key=_contraction_field_key))

@@ -17,6 +17,7 @@ import numpy as np
 
 from habu.lower.columns import ColumnLowering
 from habu.prove.interp import Memory, PlanFault, eval_pointwise, read, write
+from habu.prove.kinds import KindProof, register_kind, sample_tiles
 from habu.spec.field import PrimeField
 from habu.spec.ir import Load
 
@@ -112,3 +113,28 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     col = np.asarray(lw.tile_column(tile, j), dtype=np.int64)
     owned = (col >= tile * lw.tile) & (col < (tile + 1) * lw.tile) & (col < sizes[lw.c])
     write(name, lw.out, {"c": col}, combined, sizes, mem, lw.index_width, lw.combine == "atomic", owned, where)
+
+
+# ----------------------------------------------------------------------------- the column kind
+
+
+def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, int]
+                     ) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """A column kernel's blocks for column tiles `tiles`: every row split of each (a column's value is
+    the sum of its splits'), and the columns they cover."""
+    splits = int(lw.splits(sizes))
+    blocks = [(t, s) for t in tiles for s in range(splits)]
+    cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, sizes[lw.c])) for t in tiles]))
+    return blocks, (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
+
+
+def _columns_for_box(lw: ColumnLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
+                     ) -> tuple[object, object, str]:
+    blocks, _, text = column_selection(lw, np.unique(box[0] // lw.tile).tolist(), sizes)
+    return blocks, None, text
+
+
+register_kind(ColumnLowering, KindProof(
+    run=run_columns, box_selection=_columns_for_box,
+    final_selection=lambda lw, sizes: column_selection(lw, sample_tiles(int(lw.tiles(sizes))), sizes),
+    frozen_extents=lambda lw: (lw.r, lw.c)))  # its row splits and column tiles are checked at full size

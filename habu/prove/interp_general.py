@@ -14,8 +14,9 @@ import numpy as np
 
 from habu.lower.general import GeneralLowering, Store
 from habu.prove.interp import Memory, PlanFault, _NumpyIndex, read, write
+from habu.prove.kinds import KindProof, flat_blocks, register_kind
 from habu.prove.virtual import WrittenTensor
-from habu.spec.ir import Const, Expr, Load, Op, Reduce, Size
+from habu.spec.ir import Const, Expr, Gather, Load, Op, Reduce, Size
 
 # elements of the largest array a chunk of threads evaluates (threads × the loops' iterations)
 CHUNK_ELEMENTS = 1 << 21
@@ -103,3 +104,62 @@ def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memor
 
     shape = (len(lanes),)
     return np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)
+
+
+# ----------------------------------------------------------------------------- the general kind (which threads run)
+
+
+def _spread(n: int) -> list[int]:
+    return sorted({x for x in (0, 1, 2, n // 2, n - 2, n - 1) if 0 <= x < n})
+
+
+def box_elements(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
+    """The flat indices of a box of a general kernel's output (the threads that compute it)."""
+    dims = [sizes[e] for e in lw.extents]
+    grids = np.meshgrid(*box, indexing="ij")
+    return np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
+
+
+def general_keep(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
+    """The threads the check runs of a general kernel's selected blocks: those of the box, and every
+    thread past the last element (their guard must keep them from storing)."""
+    numel = int(lw.numel(sizes))
+    tail = np.arange(numel, -(-numel // lw.per_block) * lw.per_block, dtype=np.int64)
+    return np.union1d(box_elements(lw, box, sizes), tail)
+
+
+def general_thread_box(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[np.ndarray, ...]:
+    """The coordinates of the general kernel's threads the check runs: the first, middle and last of
+    every extent (each thread is independent, so these threads stand for the others); for a scatter,
+    every value of a variable its store gathers through (any of them may land on a checked element)."""
+    gathered = {ix.indices[0] for ix in lw.node.scatter or () if isinstance(ix, Gather)}
+    return tuple(np.arange(sizes[e], dtype=np.int64) if v in gathered else np.array(_spread(sizes[e]), dtype=np.int64)
+                 for v, e in zip(lw.node.lhs, lw.extents, strict=True))
+
+
+def general_out_box(lw: GeneralLowering, threads: tuple[np.ndarray, ...], sizes: Mapping[str, int]
+                    ) -> tuple[np.ndarray, ...]:
+    """The output elements those threads compute: their own coordinates; for a scatter, every element
+    along a gathered position (the table sends a thread anywhere in it) and the threads' coordinates
+    along the others."""
+    if lw.node.scatter is None:
+        return threads
+    axis = {v: box for v, box in zip(lw.node.lhs, threads, strict=True)}
+    return tuple(np.arange(sizes[ext], dtype=np.int64) if isinstance(ix, Gather) else axis[ix]  # type: ignore[index]
+                 for ix, ext in zip(lw.node.scatter, lw.out.extents, strict=True))
+
+
+def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """A general kernel's checked output box (`general_out_box` of `general_thread_box`) and the blocks
+    holding its threads."""
+    threads = general_thread_box(lw, sizes)
+    flat = box_elements(lw, threads, sizes)
+    blocks = np.unique(flat // lw.per_block)
+    nblocks = -(-int(lw.numel(sizes)) // lw.per_block)
+    return blocks, general_out_box(lw, threads, sizes), f"{len(flat)} elements in blocks {blocks.tolist()[:8]} of {nblocks}"
+
+
+register_kind(GeneralLowering, KindProof(
+    run=run_general, final_selection=general_selection, box_selection=flat_blocks,
+    final_keep=lambda lw, sizes: general_keep(lw, general_thread_box(lw, sizes), sizes),
+    frozen_extents=lambda lw: lw.extents))  # each thread is independent: checked at full size

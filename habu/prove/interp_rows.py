@@ -13,6 +13,7 @@ import numpy as np
 from habu.lower import MapLowering, RowLowering
 from habu.lower.rows import RowLoads, canonical_reduction
 from habu.prove.interp import Memory, PlanFault, _NumpyIndex, eval_pointwise, read, wrap, write
+from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind, sample_tiles
 from habu.spec.ir import Expr, Load, Op, Reduce
 
 
@@ -186,3 +187,47 @@ def _map_coords(flat: np.ndarray, dims: list[int]) -> dict[str, np.ndarray]:
         coords[f"e{i}"] = rest % dims[i] if i > 0 else rest
         rest = rest // dims[i]
     return coords
+
+
+# ----------------------------------------------------------------------------- the row and map kinds
+
+
+def _rows_final(lw: RowLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    rb = lw.kernel.rows_per_block
+    nblocks = -(-sizes[lw.r] // rb)
+    blocks = np.array(sample_tiles(nblocks), dtype=np.int64)
+    rows = np.unique((blocks[:, None] * rb + np.arange(rb)).ravel())
+    rows = rows[rows < sizes[lw.r]]
+    box = (rows, np.arange(sizes[lw.c])) if len(lw.out.extents) == 2 else (rows,)  # a row statistic: one a row
+    return blocks, box, f"row blocks {blocks.tolist()} of {nblocks}"
+
+
+def _rows_for_box(lw: RowLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
+    blocks = np.unique(box[0] // lw.kernel.rows_per_block)
+    return blocks, box[0], f"{len(blocks)} row blocks"
+
+
+def _rows_axes(name: str, lw: RowLowering) -> list[TileAxis]:
+    return [TileAxis(name, "r", lw.r, lw.kernel.rows_per_block), TileAxis(name, "c", lw.c, lw.chunk)]
+
+
+def _map_final(lw: MapLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    dims = [sizes[e] for e in lw.extents]
+    numel = int(np.prod(dims)) if dims else 1
+    nblocks = -(-numel // lw.per_block)
+    blocks = np.array(sample_tiles(nblocks), dtype=np.int64)
+    flat = (blocks[:, None] * lw.per_block + np.arange(lw.per_block)).ravel()
+    flat = flat[flat < numel]
+    coords = np.unravel_index(flat, dims) if dims else ()
+    box = tuple(np.unique(c) for c in coords)
+    if dims:  # the box spans elements of other blocks where a block is not whole rows: run those too
+        grids = np.meshgrid(*box, indexing="ij")
+        blocks = np.unique(np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) // lw.per_block)
+    return blocks, box, f"blocks {blocks.tolist()[:8]} of {nblocks}"
+
+
+register_kind(RowLowering, KindProof(run=run_rows, final_selection=_rows_final, box_selection=_rows_for_box,
+                                     tiled_axes=_rows_axes))
+# a map kernel's lanes run over the flattened shape: the witness keeps its extents
+register_kind(MapLowering, KindProof(run=run_map, final_selection=_map_final, box_selection=flat_blocks,
+                                     frozen_extents=lambda lw: lw.extents))

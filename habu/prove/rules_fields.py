@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
@@ -63,46 +63,58 @@ def fields_allowed(obs: list[Obligation]) -> bool:
 
 
 def launch_obligations(name: str, lw: Lowering, ctx: Context) -> Iterator[Obligation]:
-    """The grid of each launch the lowering makes, and the 32-bit lane indices it computes."""
+    """The grid of each launch the lowering makes, and the 32-bit lane indices it computes (by its
+    kind, `LAUNCHES`; a kind not listed states them with its family's rules, as the column kernel does)."""
+    launches = next((LAUNCHES[t] for t in type(lw).__mro__ if t in LAUNCHES), None)  # a subclass is its base's
+    if launches is not None:
+        yield from launches(name, lw, ctx)
+
+
+def _contraction_launch(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obligation]:
     s = ctx.ext
-    if isinstance(lw, ContractionLowering):
-        if lw.pipeline is not None:
-            problem = pipeline_problem(lw.pipeline)
-            yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
-                             f"the k loop's {type(lw.pipeline).__name__} of {lw.pipeline.stages} stage(s) delivers "
-                             "every k tile to its step", problem is None, detail=problem or "")
-        if not lw.kernel.persistent:  # a persistent grid is the blocks resident at once
-            yield _grid(name, "x", "one block per tile (and split)", lw.tiles(s), ctx.target.max_grid_x)
-        for stage in lw.pre:
-            yield from _stage(f"{name} staging", stage, lw.index_width, ctx)
-    elif isinstance(lw, RowLowering):
-        k = lw.kernel
-        groups = lw.row_groups(s)
-        yield _grid(name, "x", f"a cluster of {k.cluster} per group of {k.rows_per_block} row(s)"
-                    if k.cluster > 1 else f"one block per group of {k.rows_per_block} row(s)",
-                    groups * k.cluster, ctx.target.max_grid_x)
-        if k.prefetch and lw.index_width == 32:
-            # r += row_step (the clusters launched, at most the groups) after the last row
-            yield _lanes(name, f"the row index r + row_step after a block's last row (≤ #{lw.r} − 1 + "
-                               f"⌈#{lw.r}/{k.rows_per_block}⌉)", s[lw.r] - 1 + groups)
-        if lw.index_width == 32:
-            yield from _row_lanes(name, lw, ctx)
-    elif isinstance(lw, MapLowering):
-        k = lw.kernel
-        yield _grid(name, "x", f"one block per {lw.per_block} elements", lw.grid(s), ctx.target.max_grid_x)
-        if lw.index_width == 32:
-            lanes = lw.lanes
-            yield _lanes(name, f"the lane's element (blockIdx.x·{lanes.threads} + threadIdx.x)·{lanes.lane_stride} "
-                               f"+ v of the last lane of the last of ⌈numel/{lw.per_block}⌉ blocks",
-                         lanes.largest(lw.grid(s)))
-    elif isinstance(lw, GeneralLowering):
-        k = lw.kernel
-        yield _grid(name, "x", f"one block per {k.threads} output elements", lw.grid(s), ctx.target.max_grid_x)
-        if lw.index_width == 32:
-            yield _lanes(name, f"the thread's element blockIdx.x·{k.threads} + threadIdx.x, up to "
-                               f"⌈numel/{k.threads}⌉·{k.threads} − 1", lw.grid(s) * k.threads - 1)
-            for axis, extent in lw.loops:
-                yield _lanes(name, f"the loop counter {axis} < #{extent}, up to #{extent}", s[extent])
+    if lw.pipeline is not None:
+        problem = pipeline_problem(lw.pipeline)
+        yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
+                         f"the k loop's {type(lw.pipeline).__name__} of {lw.pipeline.stages} stage(s) delivers "
+                         "every k tile to its step", problem is None, detail=problem or "")
+    if not lw.kernel.persistent:  # a persistent grid is the blocks resident at once
+        yield _grid(name, "x", "one block per tile (and split)", lw.tiles(s), ctx.target.max_grid_x)
+    for stage in lw.pre:
+        yield from _stage(f"{name} staging", stage, lw.index_width, ctx)
+
+
+def _row_launch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
+    s, k = ctx.ext, lw.kernel
+    groups = lw.row_groups(s)
+    yield _grid(name, "x", f"a cluster of {k.cluster} per group of {k.rows_per_block} row(s)"
+                if k.cluster > 1 else f"one block per group of {k.rows_per_block} row(s)",
+                groups * k.cluster, ctx.target.max_grid_x)
+    if k.prefetch and lw.index_width == 32:
+        # r += row_step (the clusters launched, at most the groups) after the last row
+        yield _lanes(name, f"the row index r + row_step after a block's last row (≤ #{lw.r} − 1 + "
+                           f"⌈#{lw.r}/{k.rows_per_block}⌉)", s[lw.r] - 1 + groups)
+    if lw.index_width == 32:
+        yield from _row_lanes(name, lw, ctx)
+
+
+def _map_launch(name: str, lw: MapLowering, ctx: Context) -> Iterator[Obligation]:
+    s = ctx.ext
+    yield _grid(name, "x", f"one block per {lw.per_block} elements", lw.grid(s), ctx.target.max_grid_x)
+    if lw.index_width == 32:
+        lanes = lw.lanes
+        yield _lanes(name, f"the lane's element (blockIdx.x·{lanes.threads} + threadIdx.x)·{lanes.lane_stride} "
+                           f"+ v of the last lane of the last of ⌈numel/{lw.per_block}⌉ blocks",
+                     lanes.largest(lw.grid(s)))
+
+
+def _general_launch(name: str, lw: GeneralLowering, ctx: Context) -> Iterator[Obligation]:
+    s, k = ctx.ext, lw.kernel
+    yield _grid(name, "x", f"one block per {k.threads} output elements", lw.grid(s), ctx.target.max_grid_x)
+    if lw.index_width == 32:
+        yield _lanes(name, f"the thread's element blockIdx.x·{k.threads} + threadIdx.x, up to "
+                           f"⌈numel/{k.threads}⌉·{k.threads} − 1", lw.grid(s) * k.threads - 1)
+        for axis, extent in lw.loops:
+            yield _lanes(name, f"the loop counter {axis} < #{extent}, up to #{extent}", s[extent])
 
 
 def _row_lanes(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
@@ -147,3 +159,13 @@ def _grid(name: str, dim: str, what: str, blocks: Any, most: int) -> Obligation:
 def _lanes(name: str, what: str, largest: Any) -> Obligation:
     return Obligation(INT32_OFFSETS, name, None, f"32-bit {what} ≤ 2^31−1", largest <= INT31,
                       detail=f"{what} exceeds 2^31 − 1 in 32 bits; use 64-bit indices (--pin index=64)")
+
+
+# each kind's launch obligations, by lowering type (a new kind adds its entry, or states them with its
+# family's rules: the column kernel's grid is `column_obligations`', habu/prove/rules_columns.py)
+LAUNCHES: dict[type, Callable[[str, Any, Context], Iterator[Obligation]]] = {
+    ContractionLowering: _contraction_launch,
+    RowLowering: _row_launch,
+    MapLowering: _map_launch,
+    GeneralLowering: _general_launch,
+}

@@ -26,19 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from habu.lower import (
-    ColumnLowering,
-    ContractionLowering,
-    GeneralLowering,
-    MapLowering,
-    RowLowering,
-    lower_plan,
-)
-from habu.plan.fields import Reader, fields_read_by
-from habu.plan.plan import ContractionKernel, Plan
+from habu.lower import lower_plan
+from habu.plan.plan import Plan
 from habu.prove.deadline import check_deadline
-from habu.prove.interp import Memory, PlanFault, check_raster, run_kernel, tile_ids
-from habu.prove.smem_route import route_key
+from habu.prove.interp import (
+    FIELD_CHECK_FIELDS as FIELD_CHECK_FIELDS,  # what the check reads of a contraction
+)
+from habu.prove.interp import Memory, PlanFault, run_kernel
+from habu.prove.kinds import kind_proof
 from habu.prove.virtual import VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
@@ -111,10 +106,6 @@ class Certificate:
 # ----------------------------------------------------------------------------- which elements
 
 
-def _classes(count: int) -> list[int]:
-    return sorted({0, min(1, count - 1), count - 1})
-
-
 def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
     return b if a is None else np.union1d(a, b)
 
@@ -145,129 +136,8 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
     return boxes
 
 
-def _final_selection(lw, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
-    """Blocks of a kernel whose output is a model output, and the output box they cover."""
-    if isinstance(lw, ContractionLowering):
-        tms, tns = _classes(int(lw.tiles_m(sizes))), _classes(int(lw.tiles_n(sizes)))
-        wanted = {(a, b) for a in tms for b in tns}
-        rows = np.unique(np.concatenate([np.arange(t * lw.bm, min((t + 1) * lw.bm, sizes[lw.m])) for t in tms]))
-        cols = np.unique(np.concatenate([np.arange(t * lw.bn, min((t + 1) * lw.bn, sizes[lw.n])) for t in tns]))
-        extents = lw.out.extents  # the output's own dims (not the lowering's, which a planted bug may permute)
-        box = tuple(rows if e == lw.m else cols for e in extents)
-        return wanted, box, f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s)"
-    if isinstance(lw, RowLowering):
-        rb = lw.kernel.rows_per_block
-        nblocks = -(-sizes[lw.r] // rb)
-        blocks = np.array(_classes(nblocks), dtype=np.int64)
-        rows = np.unique((blocks[:, None] * rb + np.arange(rb)).ravel())
-        rows = rows[rows < sizes[lw.r]]
-        box = (rows, np.arange(sizes[lw.c])) if len(lw.out.extents) == 2 else (rows,)  # a row statistic: one a row
-        return blocks, box, f"row blocks {blocks.tolist()} of {nblocks}"
-    if isinstance(lw, GeneralLowering):
-        return general_selection(lw, sizes)
-    if isinstance(lw, ColumnLowering):
-        tiles = _classes(int(lw.tiles(sizes)))
-        return column_selection(lw, tiles, sizes)
-    assert isinstance(lw, MapLowering)
-    dims = [sizes[e] for e in lw.extents]
-    numel = int(np.prod(dims)) if dims else 1
-    nblocks = -(-numel // lw.per_block)
-    blocks = np.array(_classes(nblocks), dtype=np.int64)
-    flat = (blocks[:, None] * lw.per_block + np.arange(lw.per_block)).ravel()
-    flat = flat[flat < numel]
-    coords = np.unravel_index(flat, dims) if dims else ()
-    box = tuple(np.unique(c) for c in coords)
-    if dims:  # the box spans elements of other blocks where a block is not whole rows: run those too
-        grids = np.meshgrid(*box, indexing="ij")
-        blocks = np.unique(np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) // lw.per_block)
-    return blocks, box, f"blocks {blocks.tolist()[:8]} of {nblocks}"
-
-
-def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, int]
-                     ) -> tuple[object, tuple[np.ndarray, ...], str]:
-    """A column kernel's blocks for column tiles `tiles`: every row split of each (a column's value is
-    the sum of its splits'), and the columns they cover."""
-    splits = int(lw.splits(sizes))
-    blocks = [(t, s) for t in tiles for s in range(splits)]
-    cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, sizes[lw.c])) for t in tiles]))
-    return blocks, (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
-
-
 def _wider(box: tuple[np.ndarray, ...], than: tuple[np.ndarray, ...]) -> bool:
     return any(not np.isin(a, b).all() for a, b in zip(box, than, strict=True))
-
-
-def _spread(n: int) -> list[int]:
-    return sorted({x for x in (0, 1, 2, n // 2, n - 2, n - 1) if 0 <= x < n})
-
-
-def box_elements(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
-    """The flat indices of a box of a general kernel's output (the threads that compute it)."""
-    dims = [sizes[e] for e in lw.extents]
-    grids = np.meshgrid(*box, indexing="ij")
-    return np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
-
-
-def general_keep(lw: GeneralLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
-    """The threads the check runs of a general kernel's selected blocks: those of the box, and every
-    thread past the last element (their guard must keep them from storing)."""
-    numel = int(lw.numel(sizes))
-    tail = np.arange(numel, -(-numel // lw.per_block) * lw.per_block, dtype=np.int64)
-    return np.union1d(box_elements(lw, box, sizes), tail)
-
-
-def general_thread_box(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[np.ndarray, ...]:
-    """The coordinates of the general kernel's threads the check runs: the first, middle and last of
-    every extent (each thread is independent, so these threads stand for the others); for a scatter,
-    every value of a variable its store gathers through (any of them may land on a checked element)."""
-    gathered = {ix.indices[0] for ix in lw.node.scatter or () if isinstance(ix, Gather)}
-    return tuple(np.arange(sizes[e], dtype=np.int64) if v in gathered else np.array(_spread(sizes[e]), dtype=np.int64)
-                 for v, e in zip(lw.node.lhs, lw.extents, strict=True))
-
-
-def general_out_box(lw: GeneralLowering, threads: tuple[np.ndarray, ...], sizes: Mapping[str, int]
-                    ) -> tuple[np.ndarray, ...]:
-    """The output elements those threads compute: their own coordinates; for a scatter, every element
-    along a gathered position (the table sends a thread anywhere in it) and the threads' coordinates
-    along the others."""
-    if lw.node.scatter is None:
-        return threads
-    axis = {v: box for v, box in zip(lw.node.lhs, threads, strict=True)}
-    return tuple(np.arange(sizes[ext], dtype=np.int64) if isinstance(ix, Gather) else axis[ix]  # type: ignore[index]
-                 for ix, ext in zip(lw.node.scatter, lw.out.extents, strict=True))
-
-
-def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
-    """A general kernel's checked output box (`general_out_box` of `general_thread_box`) and the blocks
-    holding its threads."""
-    threads = general_thread_box(lw, sizes)
-    flat = box_elements(lw, threads, sizes)
-    blocks = np.unique(flat // lw.per_block)
-    nblocks = -(-int(lw.numel(sizes)) // lw.per_block)
-    return blocks, general_out_box(lw, threads, sizes), f"{len(flat)} elements in blocks {blocks.tolist()[:8]} of {nblocks}"
-
-
-def _selection_for_box(lw, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
-    """Blocks of an intermediate-producing kernel that cover a demanded box, and the lanes of those
-    blocks that the box needs (the rest of each block is skipped: its lanes are independent)."""
-    if isinstance(lw, ContractionLowering):
-        by_axis = {p.axis: box[i] for i, p in enumerate(lw.out.positions)}
-        tms = np.unique(by_axis["m"] // lw.bm).tolist()
-        tns = np.unique(by_axis["n"] // lw.bn).tolist()
-        tiles = {(a, b) for a in tms for b in tns}
-        return tiles, (by_axis["m"], by_axis["n"]), (f"{len(tms)}×{len(tns)} tiles, "
-                                                     f"{len(by_axis['m'])}×{len(by_axis['n'])} of their elements")
-    if isinstance(lw, RowLowering):
-        blocks = np.unique(box[0] // lw.kernel.rows_per_block)
-        return blocks, box[0], f"{len(blocks)} row blocks"
-    if isinstance(lw, ColumnLowering):
-        blocks, _, text = column_selection(lw, np.unique(box[0] // lw.tile).tolist(), sizes)
-        return blocks, None, text
-    dims = [sizes[e] for e in lw.extents]
-    grids = np.meshgrid(*box, indexing="ij")
-    flat = np.ravel_multi_index(tuple(g.ravel() for g in grids), dims) if dims else np.zeros(1, np.int64)
-    blocks = np.unique(flat // lw.per_block)
-    return blocks, flat, f"{len(blocks)} blocks"
 
 
 # ----------------------------------------------------------------------------- degree
@@ -346,34 +216,14 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
     return out
 
 
-# what the finite-field check reads of a contraction's schedule (the lowering's methods: tiles, k
-# range, raster, grid): the fields the field table (habu/plan/plan.py) marks as read by the proof.
-# The rest of the lowering (accesses, masks, staging passes, epilogue) is compared whole. Pipeline
-# depth, warps, the instruction, how tiles travel (TMA, cp.async) and how the output leaves (store)
-# are emission: they change no element any lane reads or writes.
-FIELD_CHECK_FIELDS = fields_read_by(ContractionKernel, Reader.PROOF)
-
-
 def field_key(model: Model, plan: Plan, sizes: Mapping[str, int], lowerings: list | None = None) -> str:
     """Plans with the same key run the same finite-field check: the same model, shape, rewrites,
     storage and lowered accesses, tile for tile. The search checks one plan per key."""
-    from dataclasses import replace
 
     lowerings = lowerings if lowerings is not None else lower_plan(model, plan)
     parts: list[object] = [model.canonical_hash(), sorted(dict(plan.shape).items()), sorted(dict(sizes).items()),
                            plan.rewrites, plan.storage]
-    for lw in lowerings:
-        if isinstance(lw, ContractionLowering):
-            k = lw.kernel
-            # the pipeline (stages, barrier counts, boxes) is left out: every plan's own pipeline is
-            # executed by the `pipeline-schedule` rule, which proves it delivers k tile t to step t (the
-            # interpreter's tiles), so plans differing only in it compute the same elements; the
-            # shared-memory operand maps enter through what they route (habu.prove.smem_route): maps
-            # that multiply the plain tile product share the check, others are keyed by themselves
-            parts.append((tuple(getattr(k, f) for f in FIELD_CHECK_FIELDS),
-                          repr(replace(lw, kernel=None, pipeline=None, operands=None)), route_key(lw)))
-        else:
-            parts.append(repr(lw))
+    parts += [kind_proof(lw).field_key(lw) for lw in lowerings]
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -421,13 +271,11 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         cert.notes.extend(coverage)
     try:
         for i, lw in enumerate(lowerings):
-            if isinstance(lw, ContractionLowering):
-                check_raster(names[i], lw, s)
+            kind_proof(lw).precheck(names[i], lw, s)
             if lw.out.tensor in outputs:
-                sel, box, text = _final_selection(lw, s)
+                sel, box, text = kind_proof(lw).final_selection(lw, s)
                 selections[i] = sel
-                if isinstance(lw, GeneralLowering):
-                    keeps[i] = general_keep(lw, general_thread_box(lw, s), s)
+                keeps[i] = kind_proof(lw).final_keep(lw, s)
                 out_boxes[lw.out.tensor] = box
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
@@ -436,7 +284,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             # an output a later kernel reads: its kernel runs every block that later kernel needs too
             out = lw.out.tensor
             if i in selections and out in boxes and _wider(boxes[out], out_boxes[out]):
-                sel, keep, text = _selection_for_box(lw, boxes[out], s)
+                sel, keep, text = kind_proof(lw).box_selection(lw, boxes[out], s)
                 selections[i], keeps[i] = sel, keep
                 out_boxes[out] = boxes[out]  # compared where the reference evaluates it
                 blocks_text[names[i]] = f"{text} (a later kernel reads {out})"
@@ -447,7 +295,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 blocks_text[names[i]] = "none (no checked output depends on it)"
                 selections[i] = None
                 continue
-            sel, keep, text = _selection_for_box(lw, boxes[lw.out.tensor], s)
+            sel, keep, text = kind_proof(lw).box_selection(lw, boxes[lw.out.tensor], s)
             selections[i] = sel
             keeps[i] = keep
             blocks_text[names[i]] = text
@@ -462,9 +310,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 sel = selections[i]
                 if sel is None:
                     continue
-                if isinstance(lw, ContractionLowering):
-                    sel = tile_ids(lw, s, sel)  # type: ignore[arg-type]
-                run_kernel(names[i], lw, s, mem, sel, keeps.get(i))
+                run_kernel(names[i], lw, s, mem, kind_proof(lw).blocks(lw, s, sel), keeps.get(i))
             for i, lw in enumerate(lowerings):
                 wt = mem.written.get(lw.out.tensor)
                 if wt is not None and not wt.accumulate:

@@ -21,56 +21,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import z3
 
-from habu.lower import (
-    ColumnLowering,
-    ContractionLowering,
-    GeneralLowering,
-    Lowering,
-    MapLowering,
-    RowLowering,
-)
+from habu.lower import ContractionLowering, Lowering
+from habu.prove.kinds import TileAxis, kind_proof
 from habu.spec.ir import Model
 
 Q = 3  # full tiles kept: the first, an interior one, and one before the ragged end
 INT31 = 2**31 - 1
 
 
-@dataclass(frozen=True)
-class TileAxis:
-    """One tiled loop of a kernel along an extent, for the coverage proof."""
-
-    kernel: str
-    axis: str
-    extent: str
-    tile: int
-
-
 def tiled_axes(names: list[str], lowerings: list[Lowering]) -> list[TileAxis]:
-    out: list[TileAxis] = []
-    for name, lw in zip(names, lowerings, strict=True):
-        if isinstance(lw, ContractionLowering):
-            out += [TileAxis(name, "m", lw.m, lw.bm), TileAxis(name, "n", lw.n, lw.bn),
-                    TileAxis(name, "k", lw.k, lw.bk)]
-            if lw.kernel.cluster_m > 1:
-                # a cluster's blocks take c tiles of m together: the witness keeps ⌈M/BM⌉ a multiple
-                # of c (its size is ≡ M modulo BM·c) and every class of the clusters' row groups
-                out.append(TileAxis(name, "m (clusters)", lw.m, lw.bm * lw.kernel.cluster_m))
-        elif isinstance(lw, RowLowering):
-            out += [TileAxis(name, "r", lw.r, lw.kernel.rows_per_block), TileAxis(name, "c", lw.c, lw.chunk)]
-    return out
+    """Every kernel's tiled loops (its kind's `tiled_axes`)."""
+    return [ax for name, lw in zip(names, lowerings, strict=True) for ax in kind_proof(lw).tiled_axes(name, lw)]
 
 
 def _frozen(model: Model, lowerings: list[Lowering], sizes: Mapping[str, int]) -> set[str]:
     frozen: set[str] = set()
     for lw in lowerings:
-        if isinstance(lw, MapLowering | GeneralLowering):
-            frozen.update(lw.extents)
-        elif isinstance(lw, ColumnLowering):  # its row splits and column tiles are checked at full size
-            frozen.update((lw.r, lw.c))
+        frozen.update(kind_proof(lw).frozen_extents(lw))
     for t in (*model.inputs, *model.outputs, *model.intermediates):
         n = 1
         for e in t.extents:
@@ -115,7 +85,7 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
     return out
 
 
-def _split(lw: Lowering) -> bool:
+def _split(lw: Lowering) -> bool:  # split-K is the contraction kind's
     return isinstance(lw, ContractionLowering) and lw.kernel.split_k > 1
 
 

@@ -112,7 +112,7 @@ def operand_dram_bytes(lw: Lowering, sizes: Mapping[str, int], target: Target) -
     bytes a contraction fetches from DRAM if the L2 holds the operand tiles of one wave of blocks. The
     raster order and grouping decide which tiles a wave shares (grouped rasterisation walks `group_m`
     tile rows together, so a wave reads fewer distinct B tiles). 0 for other kernels."""
-    if not isinstance(lw, ContractionLowering):
+    if path_for(lw.kernel).family != "contraction":  # terms of the contraction paths only
         return 0.0
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
@@ -143,7 +143,7 @@ def tie_break(lw: Lowering, sizes: Mapping[str, int], target: Target) -> tuple[f
     on the H200 (Spearman within tied groups 0.58, against 0.05 for the DRAM bytes alone), and it
     ranked the 80 tied plans of a GEMM 8192³ search (not used to choose it) at 0.49 against 0.43
     (2026-12-01, docs/PERF.md). Other kernels: zeros."""
-    if not isinstance(lw, ContractionLowering):
+    if path_for(lw.kernel).family != "contraction":  # terms of the contraction paths only
         return (0.0, 0.0, 0.0, 0.0)
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]

@@ -22,10 +22,8 @@ from habu.plan.patterns import Region, as_contraction, default_regions
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
-    ContractionKernel,
     Kernel,
     Plan,
-    RowKernel,
 )
 from habu.plan.storage import storage_dtypes
 from habu.spec.ir import Model
@@ -86,7 +84,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
         kernels = tuple(apply_pins(graph, k, pins, target) for k in kernels)
         _check_pins_apply(pins, kernels)
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
-            kernels = tuple(replace(k, store="direct") if isinstance(k, ContractionKernel) and k.store == "tma"
+            kernels = tuple(replace(k, store="direct") if getattr(k, "store", None) == "tma"
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
 
@@ -162,16 +160,17 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     names = {f.name for f in fields(kernel)}
     operands: dict[str, str] = {}
     gathered: set[str] = set()
-    if isinstance(kernel, ContractionKernel):
+    moves_operands = "a_move" in names  # a kernel of operands whose movement a pin sets (a contraction)
+    if moves_operands:
         c = as_contraction(node_of(model, kernel.nodes[0]))
         assert c is not None
         operands = {c.a.load.tensor: "a", c.b.load.tensor: "b"}
         gathered = {side for side, op in (("a", c.a), ("b", c.b)) if op.gather}
     for key, value in pins.items():
         k = key.lower()
-        if not isinstance(kernel, ContractionKernel) and (key in model_tensors(model) or k in ("a", "b")):
+        if not moves_operands and (key in model_tensors(model) or k in ("a", "b")):
             continue  # a movement pin: it is for the model's contraction, not for this row or map kernel
-        if key in operands or (k in ("a", "b") and isinstance(kernel, ContractionKernel) and key not in model_tensors(model)):
+        if key in operands or (k in ("a", "b") and moves_operands and key not in model_tensors(model)):
             side = operands.get(key, k)
             move = _pin_value(kernel, f"{side}_move", key, value)
             if move == Move.TMA and side in gathered and target is not None and target.tma_gather4:
@@ -193,13 +192,13 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
         elif k != "rewrite":
             raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
     # a block of more than a warp works on one row: a pinned thread count brings one row per block
-    if isinstance(kernel, RowKernel) and changes.get("threads", 32) != 32 \
+    if "rows_per_block" in names and changes.get("threads", 32) != 32 \
             and changes.setdefault("rows_per_block", 1) != 1:
         raise UsageError(f"--pin rows={changes['rows_per_block']} needs threads=32: several rows per block "
                          "are a warp each")
-    if "tile_m" in changes and isinstance(kernel, ContractionKernel):
+    if "tile_m" in changes:
         # a pinned tile brings its own warps and depth (as the path says) unless they are pinned too
-        path = path_for(replace(kernel, mma=changes.get("mma", kernel.mma)))
+        path = path_for(replace(kernel, mma=changes["mma"]) if "mma" in changes else kernel)
         tile_m, tile_n = changes["tile_m"], changes["tile_n"]
         assert isinstance(tile_m, int) and isinstance(tile_n, int)
         brought = path.tile_schedule(tile_m, tile_n) if isinstance(path, ContractionPath) else None
