@@ -6,7 +6,7 @@ check, only the lowering it changes, or only the emitted code), the pin keys tha
 whether JSON leaves it out at its default. From the table come: JSON reading and validation
 (`Plan.from_json`), the pin parser (`habu.search.space.apply_pins`), the `plan-fields` rule (a plan
 built in Python is checked too) and the fields that key a shared finite-field certificate
-(`habu.prove.verify.FIELD_CHECK_FIELDS`).
+(`habu.prove.interp.FIELD_CHECK_FIELDS`).
 
 Closed vocabularies are `StrEnum`s: a member is its string (equal, same hash, same JSON), so
 plans read and print exactly as before.
