@@ -253,9 +253,12 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     return with_kernel(unscheduled, kernel)
 
 
-def with_kernel(lw: ContractionLowering, kernel: ContractionKernel) -> ContractionLowering:
+def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: bool = False) -> ContractionLowering:
     """The lowering of the same region under another schedule: only the schedule's parts change
-    (the search costs tens of thousands of candidates of one region this way)."""
+    (the search costs tens of thousands of candidates of one region this way). `costing`: only what
+    the cost model reads — no pipeline and no shared-memory operand maps (None), which the search
+    does not need to rank 100,000 candidates (they took half its enumeration time); such a lowering
+    is never proven or printed."""
     assert lw.a_src is not None and lw.b_src is not None
     a, b = lw.a_src, lw.b_src
     pre: list[StageLowering] = []
@@ -267,8 +270,9 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel) -> Contracti
         pre.append(stage)
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
-                   pre=tuple(pre), pipeline=pipeline_for(kernel, a.dtype, b.positions[-1].axis),
-                   operands=operands_for(kernel, a, b, fma_thread_grid(kernel)))
+                   pre=tuple(pre),
+                   pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis),
+                   operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)))
 
 
 @cache

@@ -347,23 +347,36 @@ class Search:
         plan = make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)
         base_lw = lower_plan(self.model, plan)[i]
         self.best_tie[i] = tie_break(base_lw, self.sizes, self.target)
-        candidates: list[tuple[float, tuple[float, ...], Kernel]] = []
+        def lowered(k: Kernel):
+            if isinstance(base_lw, ContractionLowering) and isinstance(k, ContractionKernel):
+                return with_kernel(base_lw, k, costing=True)
+            return _relower(self.graph, plan, i, k, replace(base_lw, kernel=k))
+
+        costed: list[tuple[float, Kernel]] = []
         for k in region_space(self.graph, region, self.target, self.sizes):
             self.stats.generated += 1
             try:
-                if isinstance(base_lw, ContractionLowering) and isinstance(k, ContractionKernel):
-                    lw = with_kernel(base_lw, k)
-                else:
-                    lw = _relower(self.graph, plan, i, k, replace(base_lw, kernel=k))
-                cost = kernel_cost(lw, self.sizes, self.target).seconds
-                finer = tie_break(lw, self.sizes, self.target)
+                costed.append((kernel_cost(lowered(k), self.sizes, self.target).seconds, k))
             except Exception:
                 continue
-            candidates.append((cost, finer, k))
         # cheapest predicted first; plans the roofline predicts equal are ordered by the cost model's
-        # finer terms (`cost.tie_break`): without a GPU, the first proven of equals is the winner, so
-        # ties are broken by them rather than by enumeration order
-        candidates.sort(key=lambda c: (c[0], c[1]))
+        # finer terms (`cost.tie_break`), computed for equal predictions only (a second per 100,000
+        # candidates otherwise): without a GPU, a plan replaces an equal one when its terms are better
+        costed.sort(key=lambda c: c[0])
+        candidates: list[tuple[float, tuple[float, ...], Kernel]] = []
+        start = 0
+        while start < len(costed):
+            end = start
+            while end < len(costed) and costed[end][0] == costed[start][0]:
+                end += 1
+            group = costed[start:end]
+            if len(group) > 1 or group[0][0] == self.best_score[i]:
+                finer = [tie_break(lowered(k), self.sizes, self.target) for _, k in group]
+                candidates += sorted(((c, f, k) for (c, k), f in zip(group, finer, strict=True)),
+                                     key=lambda e: e[1])
+            else:
+                candidates.append((group[0][0], (), group[0][1]))
+            start = end
         seen = {best[i]}
         queue = []
         for _cost, _finer, k in candidates:

@@ -160,10 +160,11 @@ def test_the_stream_keeps_every_gpu_busy_and_keeps_the_fastest_plan(cluster, tmp
     model, sizes = model_of(GGEMM, SHAPE)
     t0 = time.monotonic()
     with PlanDB(tmp_path / "db.sqlite") as db:
-        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=12.0), timer=pool,
+        # 20 s: the region's 115,120 candidates take 6-7 s to enumerate and cost on a 2-core machine
+        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=20.0), timer=pool,
                         executor=RayExecutor()).run()
         stored = db.get(result.key).records
-    assert time.monotonic() - t0 < 12.0 + 20.0
+    assert time.monotonic() - t0 < 20.0 + 20.0
     st = result.stats
     assert submitted and st.timed >= 5 and st.failed == 0, st
     assert len(result.timeline) == st.timed
