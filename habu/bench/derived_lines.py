@@ -54,6 +54,7 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("rows softmax cluster", "softmax.habu", "SOFTMAX-ROWS", {"C": 131072}, {}, "sm_90a"),
     ("map", "fused.habu", "AXPY-RELU", {}, {}, "sm_90a"),
     ("general", "bmm.habu", "SCORES", {}, {}, "sm_90a"),
+    ("columns", "bias_grad.habu", "BIAS-GRAD", {}, {}, "sm_90a"),
 )
 
 _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
