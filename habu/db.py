@@ -365,9 +365,12 @@ def _merge(c: sqlite3.Connection, key: Key, records: list[Record], keep: int) ->
     merged: dict[str, Record] = {}
     for r in old + records:
         pk = plan_key(r.plan)
-        if pk not in merged or _better(r, merged[pk]):
+        if pk not in merged or not _better(merged[pk], r):  # the later of equal records
             merged[pk] = r
-    best = sorted(merged.values(), key=_order)[:keep]
+    # equal figures (unmeasured plans the cost model predicts equal) keep the order of the records just
+    # given, ahead of older ones: the search orders its finalists by finer terms the records do not hold
+    given = {id(r): i for i, r in enumerate(records)}
+    best = sorted(merged.values(), key=lambda r: (_order(r), given.get(id(r), len(records))))[:keep]
     for i, r in enumerate(best):
         r.rank = i
     if row is None:
