@@ -252,3 +252,16 @@ def test_regression_plans_ls_failed_whole_when_one_stored_row_was_bad(tmp_path, 
     assert len(warnings) == 2, err
     assert any(w.startswith(f"warning: entry {corrupt.digest[:12]}: ") for w in warnings)
     assert any(w.startswith(f"warning: entry {odd.digest[:12]}: ") and "tile_order" in w for w in warnings)
+
+
+def test_regression_equal_predictions_stored_the_old_default_first(tmp_path):
+    """A CPU search stores the default plan first, then its finalists with the tie-break winner first.
+    Predicted equal, the database kept the older record ahead, so `habu.load` used the default
+    rather than the search's winner. Equal figures now keep the order just given."""
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        db.store(key(), [rec(5.0, "default", "unmeasured")])
+        entry = db.store(key(), [rec(5.0, "winner", "unmeasured"), rec(5.0, "default", "unmeasured")])
+        assert [r.plan["model"] for r in entry.records] == ["winner", "default"]
+        # a measured record still outranks any unmeasured one
+        entry = db.store(key(), [rec(9.0, "timed"), rec(1.0, "late", "unmeasured")])
+        assert entry.records[0].plan["model"] == "timed"
