@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
+from habu.lower.rows import load_index_vars
 from habu.plan.plan import GeneralKernel
 from habu.spec.ir import (
     Const,
@@ -135,16 +136,6 @@ class _Renamer:
         return e
 
 
-def _index_vars(ld: Load) -> list[IndexVar]:
-    out: list[IndexVar] = []
-    for i in ld.indices:
-        if isinstance(i, IndexVar):
-            out.append(i)
-        elif isinstance(i, Gather):
-            out.extend(j for j in i.indices if isinstance(j, IndexVar))
-    return out
-
-
 def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str] | None = None) -> GeneralLowering:
     if len(kernel.nodes) != 1:
         raise ValueError(f"a general kernel computes one node, not {len(kernel.nodes)}")
@@ -163,7 +154,7 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
             if x.tensor == eq.target and x.indices != axes:
                 # an in-place update reads the element its thread writes, before writing it
                 raise ValueError(f"{eq.target} reads its own result at other elements than the one it writes")
-            axis_of = {v: v.name for v in _index_vars(x)}
+            axis_of = {v: v.name for v in load_index_vars(x)}
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
     out = access_for(model.tensor(eq.target), node.store_indices, {a: a.name for a in axes}, extent_of_axis, storage)
     store = Store.ATOMIC_ADD if scatter is not None else Store.WRITE

@@ -327,7 +327,7 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
         for x in walk(eq.rhs):
             if not isinstance(x, Load) or x.tensor in defined or any(x == ld for ld, _ in loads):
                 continue
-            axis_of = {v: ("r" if v == rv else "c") for v in _vars(x)}
+            axis_of = {v: ("r" if v == rv else "c") for v in load_index_vars(x)}
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
         defined.add(eq.target)
     out_vars = renamed[-1].lhs
@@ -341,7 +341,8 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     return replace(lw, cache=cache, passes=passes)
 
 
-def _vars(ld: Load) -> list[IndexVar]:
+def load_index_vars(ld: Load) -> list[IndexVar]:
+    """The index variables a load reads, in order, those inside its gathers included."""
     out: list[IndexVar] = []
     for i in ld.indices:
         if isinstance(i, IndexVar):
@@ -369,7 +370,7 @@ def lower_map(model: Model, kernel: MapKernel, storage: Mapping[str, str] | None
         for x in walk(eq.rhs):
             if not isinstance(x, Load) or x.tensor in defined or any(x == ld for ld, _ in loads):
                 continue
-            axis_of = {v: v.name for v in _vars(x)}
+            axis_of = {v: v.name for v in load_index_vars(x)}
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
         defined.add(eq.target)
     out = access_for(model.tensor(last.target), tuple(axes), {v: v.name for v in axes}, extent_of_axis, storage)
