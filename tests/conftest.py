@@ -120,3 +120,21 @@ bf16 TENSOR: B ( #K #N )
 f32  TENSOR: C ( #M #N )
 MODEL: GEMM-KN  C[m n] = Σ k A[m k] · B[k n] ;
 """
+
+
+@pytest.fixture
+def every_field_check_fails(monkeypatch):
+    """Every finite-field check fails (its certificate says a planted wrong element), and the
+    checks kept from earlier tests are forgotten: a search that verifies nothing."""
+    from habu.prove import verify
+    from habu.search import tasks
+
+    real = verify.verify_plan
+
+    def wrong(*args, **kwargs):
+        cert = real(*args, **kwargs)
+        cert.passed, cert.failure = False, "O[0, 0] differs (planted)"
+        return cert
+
+    monkeypatch.setattr(verify, "verify_plan", wrong)
+    tasks.FIELD_CHECKS.clear()
