@@ -12,6 +12,7 @@ import z3
 from habu.lower.access import Access
 from habu.plan.plan import Plan
 from habu.prove.deadline import DeadlinePassed, deadline_cut, solver_timeout_ms
+from habu.prove.z3_context import check
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target, target_named
@@ -120,7 +121,7 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
     solver.set("timeout", given)
     solver.add(*ctx.domain)
     solver.add(z3.Not(f))
-    result = solver.check()
+    result = check(solver)
     ms = (time.perf_counter() - start) * 1000
     if result == z3.unsat:
         ob.status, ob.how = "proved", f"z3: no counterexample ({ms:.0f} ms)"
@@ -148,7 +149,7 @@ def _solve(ob: Obligation, f: Any, ctx: Context) -> Obligation:
         probe_ms = solver_timeout_ms(Z3_TIMEOUT_MS)
         probe.set("timeout", probe_ms)
         probe.add(*ctx.domain, f)
-        answer = probe.check()
+        answer = check(probe)
         if answer == z3.unknown and deadline_cut(Z3_TIMEOUT_MS, probe_ms):
             raise DeadlinePassed(f"the time budget ran out during a z3 query ({ob.rule.name})")
         if answer == z3.sat:
@@ -175,7 +176,7 @@ def _nonlinear_retry(f: Any, ctx: Context, rule: str) -> Any:
     solver.add(*ctx.domain)
     solver.add(z3.Not(f))
     try:
-        result = solver.check()
+        result = check(solver)
     except z3.Z3Exception:  # a formula outside the fragment the tactic accepts
         return z3.unknown
     if result == z3.unknown and deadline_cut(Z3_TIMEOUT_MS, given):

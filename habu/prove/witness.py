@@ -26,6 +26,7 @@ import z3
 
 from habu.lower import ContractionLowering, Lowering
 from habu.prove.kinds import TileAxis, kind_proof
+from habu.prove.z3_context import check
 from habu.spec.ir import Model
 
 Q = 3  # full tiles kept: the first, an interior one, and one before the ragged end
@@ -147,7 +148,7 @@ def prove_coverage(axes: list[TileAxis], full: Mapping[str, int], witness: Mappi
         s.add(t >= 0, t < count)
         for f, lst, v in have:
             s.add(z3.Not(z3.And(first == f, last == lst, valid == v)))
-        if s.check() == z3.sat:
+        if check(s) == z3.sat:
             bad = s.model()[t]
             raise AssertionError(f"{ax.kernel}: tile {bad} along {ax.axis} (#{ax.extent}) has a class the "
                                  "witness lacks")
