@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -27,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from habu.errors import UsageError
-from habu.search.pool import ABANDON_GRACE_S, ABANDONED, ExecutorLost, Item, deadline_of
+from habu.search.pool import (
+    ABANDON_GRACE_S,
+    ABANDONED,
+    ExecutorLost,
+    ExecutorLostInterrupt,
+    Item,
+    deadline_of,
+)
 from habu.search.tasks import Job, check_candidate_niced
 from habu.timing.worker import GpuTimer, Measurement
 
@@ -134,14 +142,19 @@ class ClusterWatch:
     `misses` checks in a row, `LOST` says why and the driver's next wait on Ray raises
     `ExecutorLost`. Ray's own driver exits with status 1 and nothing said soon after its node is
     marked dead (~15 s after its raylet dies, ~60 s after the GCS); the search ends first, with
-    the best proven plan stored and its report written. (A signal to the main thread does not do:
-    `ray.wait` does not look at signals while its raylet is gone.)"""
+    the best proven plan stored and its report written. (A signal alone does not do: `ray.wait`
+    does not look at signals while its raylet is gone; hence the waits in slices.) The driver may
+    also be far from its next wait, costing candidates for many seconds on a loaded machine: so,
+    while `ARMED` (from the watch's start until the executor closes), the watch also interrupts the
+    main thread (SIGUSR1, whose handler it installs) with `ExecutorLostInterrupt`."""
 
     def __init__(self, addresses: list[str], interval_s: float = 1.0, misses: int = 3):
         import threading
 
         self.addresses, self.interval_s, self.misses = addresses, interval_s, misses
         LOST.clear()
+        self._handler = _install_interrupt_handler()
+        ARMED[:] = [self._handler is not None]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="habu-cluster-watch", daemon=True)
         self._thread.start()
@@ -168,11 +181,42 @@ class ClusterWatch:
                 missed[address] = 0 if why is None else missed[address] + 1
                 if missed[address] >= self.misses:
                     LOST.append(f"{address} stopped answering ({why}, {self.misses} checks in a row)")
+                    if ARMED and ARMED[0]:
+                        import _thread
+
+                        _thread.interrupt_main(INTERRUPT_SIGNAL)
                     return
 
     def stop(self) -> None:
+        ARMED[:] = [False]
         self._stop.set()
         self._thread.join(timeout=2 * self.interval_s + 1)
+        if self._handler is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(INTERRUPT_SIGNAL, self._handler[0])
+
+
+INTERRUPT_SIGNAL = signal.SIGUSR1
+ARMED: list[bool] = []  # [True] while a watch may interrupt the main thread (the search is running)
+
+
+def _raise_lost(signum: int, frame: Any) -> None:
+    if ARMED and ARMED[0]:
+        ARMED[:] = [False]  # once: the search's own handling of the loss runs undisturbed
+        raise ExecutorLostInterrupt(f"the Ray cluster was lost: {LOST[0] if LOST else 'the watch said so'}")
+
+
+def _install_interrupt_handler() -> tuple[Any] | None:
+    """SIGUSR1 raises `ExecutorLostInterrupt` in the main thread; (the previous handler,), or None
+    when not called on the main thread (then only the waits notice a loss)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return (signal.signal(INTERRUPT_SIGNAL, _raise_lost),)
+    except ValueError:
+        return None
 
 
 def identity(info: dict) -> tuple:
@@ -215,7 +259,7 @@ class RayExecutor:
         return self.submit(job, items).result()
 
     def close(self) -> None:
-        pass
+        ARMED[:] = [False]  # the search is over: a loss found now must not interrupt its saving
 
 
 class _RayBatch:

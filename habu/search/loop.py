@@ -27,7 +27,7 @@ from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats
 from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds, tie_break
-from habu.search.pool import Executor, ExecutorLost, InlineExecutor, Pending
+from habu.search.pool import Executor, ExecutorLost, ExecutorLostInterrupt, InlineExecutor, Pending
 from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
@@ -262,6 +262,8 @@ class Search:
                 self._tune_region(i, regions[i], best, ranked, deadline)
         except KeyboardInterrupt:  # Ctrl-C: keep what was verified, and say so (the CLI exits 130)
             interrupted = True
+        except ExecutorLostInterrupt as gone:  # the cluster watch found the cluster gone mid-costing
+            self.lost = gone.message
         except Exception as exc:  # the cluster is gone (perhaps wrapped by Ray): keep what was verified, say why
             gone = _lost_cause(exc)
             if gone is None:

@@ -45,6 +45,17 @@ class ExecutorLost(HabuError):
     ends now, keeping the plans proven so far (a Ray head or its raylet lost)."""
 
 
+class ExecutorLostInterrupt(BaseException):
+    """Raised in the main thread, wherever the search is, by a watch that found the cluster gone
+    (`habu.cluster.ray_pool.ClusterWatch`): a long stretch of costing or rule checks never reaches
+    the next wait on Ray, and Ray's driver exits (status 1, nothing said) about 15 s after its
+    raylet died. A BaseException, so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
 class Pending(Protocol):
     """Candidates sent out and being checked; `result()` waits for them (in the order sent)."""
 

@@ -5,6 +5,7 @@ mid-search ends the search with a message and the best proven plan kept."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from habu.cluster.ray_pool import (  # noqa: E402
 from habu.db import PlanDB  # noqa: E402
 from habu.errors import UsageError  # noqa: E402
 from habu.search.loop import Budget, Search  # noqa: E402
-from habu.search.pool import ExecutorLost, InlineExecutor  # noqa: E402
+from habu.search.pool import ExecutorLost, ExecutorLostInterrupt, InlineExecutor  # noqa: E402
 from habu.target import TARGETS  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.search.test_search import model_of  # noqa: E402
@@ -97,6 +98,7 @@ def test_a_watched_head_that_stops_answering_ends_the_next_wait_with_executor_lo
     server = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{server.getsockname()[1]}"
     watch = ClusterWatch([address], interval_s=0.2, misses=2)
+    ray_pool.ARMED[:] = [False]  # the main-thread interrupt has its own test
     try:
         time.sleep(0.6)
         check_lost()  # answering: nothing happens
@@ -112,17 +114,55 @@ def test_a_watched_head_that_stops_answering_ends_the_next_wait_with_executor_lo
         ray_pool.LOST.clear()
 
 
+def test_regression_a_head_lost_while_the_driver_costs_candidates_interrupts_it_at_once():
+    """Under load the driver spent tens of seconds costing candidates without reaching a wait on
+    Ray; Ray's driver exited (status 1, nothing said, no report) before the search noticed the
+    loss. The watch now interrupts the main thread wherever it is."""
+    server = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    watch = ClusterWatch([address], interval_s=0.2, misses=2)
+    try:
+        time.sleep(0.6)
+        server.close()
+        t0 = time.monotonic()
+        busy = 0
+        with pytest.raises(ExecutorLostInterrupt, match=f"the Ray cluster was lost: {address} stopped answering"):
+            while time.monotonic() - t0 < 10:  # pure Python work, no wait on Ray, an except Exception inside
+                with contextlib.suppress(Exception):  # as the costing's fallbacks do: must not swallow the loss
+                    busy += sum(range(1000))
+        assert time.monotonic() - t0 < 5
+        assert not ray_pool.ARMED[0]  # once: the search's handling of the loss runs undisturbed
+        with pytest.raises(ExecutorLost):
+            check_lost()
+    finally:
+        watch.stop()
+        ray_pool.LOST.clear()
+
+
+def test_a_search_interrupted_by_the_cluster_watch_keeps_the_best_proven_plan(tmp_path):
+    model, sizes = model_of(GGEMM, SHAPE)
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=60),
+                        executor=LosesTheClusterAfter(2, ExecutorLostInterrupt("the Ray cluster was lost: "
+                                                                               "127.0.0.1:1 stopped answering"))).run()
+        assert result.lost is not None and "stopped answering" in result.lost
+        assert result.best is not None
+        assert db.get(result.key).records[0].plan == result.best.to_json()
+
+
 class LosesTheClusterAfter:
     """An executor whose cluster goes away after `n` batches (as the head's raylet dying does)."""
 
     name, parallelism, concurrent = "lost", 1, False
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, error: BaseException | None = None):
         self.inner, self.left = InlineExecutor(), n
+        self.error = error or ExecutorLost("the Ray cluster was lost (LocalRayletDiedError: the task's local raylet "
+                                           "died)")
 
     def submit(self, job, items):
         if self.left == 0:
-            raise ExecutorLost("the Ray cluster was lost (LocalRayletDiedError: the task's local raylet died)")
+            raise self.error
         self.left -= 1
         return self.inner.submit(job, items)
 
