@@ -387,9 +387,10 @@ class _Deriver:
 
     def _own_value(self, e: Expr) -> Expr:
         """`e` with the right side of the node being differentiated read from its target instead (the
-        derivative of RMSNorm's `rsqrt(z)` reads the saved rstd; of a max, the saved maximum)."""
+        derivative of RMSNorm's `rsqrt(z)` reads the saved rstd; of a max, the saved maximum). Only for
+        intermediates: the backward does not read the forward's outputs."""
         eq = self.node
-        if eq.scatter is not None or not any(x == eq.rhs for x in walk(e)):
+        if eq.scatter is not None or eq.target in self.out_names or not any(x == eq.rhs for x in walk(e)):
             return e
         value = Load(eq.target, eq.lhs)
 
@@ -408,7 +409,7 @@ class _Deriver:
     def _argmax_weight(self, r: Reduce) -> Expr:
         """The share of a max reduction's gradient an element of its body gets: 1 where it equals the
         maximum, divided by how many do (ties share evenly)."""
-        own = r == self.node.rhs and self.node.scatter is None
+        own = r == self.node.rhs and self.node.scatter is None and self.node.target not in self.out_names
         maximum = Load(self.node.target, self.node.lhs) if own else substitute(r, {}, self.fresh)
         hit = Op("sub", (ONE, Op("step", (Op("sub", (maximum, r.body)),))))
         other = tuple(self.fresh(v.extent) for v in r.vars)
