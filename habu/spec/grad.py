@@ -141,9 +141,14 @@ def mul(a: Expr, b: Expr) -> Expr:
 
 
 def add_all(terms: list[Expr]) -> Expr:
-    out: Expr | None = None
+    """The sum of `terms`, a term that appears k times once times k (x·x's two equal paths)."""
+    counts: dict[Expr, int] = {}
     for t in terms:
-        out = t if out is None else Op("add", (out, t))
+        counts[t] = counts.get(t, 0) + 1
+    out: Expr | None = None
+    for t, k in counts.items():
+        term = t if k == 1 else mul(Const(Fraction(k)), t)
+        out = term if out is None else Op("add", (out, term))
     return out if out is not None else ZERO
 
 

@@ -11,16 +11,16 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("stem,sizes", [("ffn_skip", {"B": 64, "D": 128, "H": 256}),
-                                        ("rmsnorm", {"R": 64, "D": 256}),
-                                        ("softmax", {"R": 64, "C": 256})])
-def test_habu_kernels_forward_and_backward_match_the_reference(stem, sizes):
+@pytest.mark.parametrize("stem,model,sizes", [("ffn_skip", "FFN-SKIP", {"B": 64, "D": 128, "H": 256}),
+                                        ("rmsnorm", "RMSNORM-ROWS", {"R": 64, "D": 256}),
+                                        ("softmax", "SOFTMAX-ROWS", {"R": 64, "C": 256})])
+def test_habu_kernels_forward_and_backward_match_the_reference(stem, model, sizes):
     import habu
     from habu.torch_grad import build_grad
 
     path = ROOT / "examples" / f"{stem}.habu"
-    gm = habu.build(path, grad=True, **sizes)
-    ref = build_grad(path, kernels=False, **sizes)
+    gm = habu.build(path, model, grad=True, **sizes)
+    ref = build_grad(path, model, kernels=False, **sizes)
     g = torch.Generator(device="cuda").manual_seed(0)
     xs = []
     for t in gm.model.inputs:
