@@ -221,3 +221,12 @@ def test_a_word_without_a_derivative_is_named_where_the_model_uses_it():
     assert "HARD uses step()" in err.message
     m = assert_error_format(err)
     assert (int(m.group("line")), int(m.group("col"))) == (4, 10)
+
+
+def test_regression_a_derivative_written_in_the_output_itself_does_not_read_the_forward_output():
+    # sigmoid' = sigmoid·(1 − sigmoid): the backward read the model's output Y, which it is not given
+    text = "4 EXTENT: #R 3 EXTENT: #C TENSOR: X ( #R #C ) TENSOR: Y ( #R #C )\nMODEL: T ( x -- y ) SIGMOID ;\n"
+    model = parse_text(text).models["T"]
+    bw = derive(model)
+    assert {t.name for t in bw.model.inputs} == {"X", "dY"}
+    _check(bw, model)
