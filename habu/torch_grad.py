@@ -42,9 +42,12 @@ class GradModel:
         return outs[0] if len(self.model.outputs) == 1 else outs
 
     # -- the two passes, on torch tensors
+    def on_kernels(self, tensors: tuple) -> bool:
+        return self.forward_kernels is not None and tensors[0].is_cuda
+
     def run_forward(self, tensors: tuple) -> dict[str, Any]:
         named = dict(zip(self.inputs, tensors, strict=True))
-        if self.forward_kernels is not None and tensors[0].is_cuda:
+        if self.on_kernels(tensors):
             return _as_dict(self.forward_kernels(**{k: v.contiguous() for k, v in named.items()}), self.backward.forward)
         return _reference(self.backward.forward, named, tensors[0])
 
@@ -86,7 +89,9 @@ def _function() -> Any:
             ctx.gm = gm
             ctx.save_for_backward(*tensors, *saved)
             like = next(v for d, v in zip(gm.model.inputs, tensors, strict=True) if not d.is_index)
-            results = [out[o.name].to(like.dtype) for o in gm.model.outputs]
+            # the kernels' outputs keep their declared dtypes; the float64 reference's take the inputs'
+            results = [out[o.name] if gm.on_kernels(tensors) else out[o.name].to(like.dtype)
+                       for o in gm.model.outputs]
             ctx.output_shapes = [r.shape for r in results]
             for t, d in zip(tensors, gm.model.inputs, strict=True):
                 if d.is_index:
