@@ -174,10 +174,12 @@ def test_a_gather_becomes_a_scatter_add_into_an_accumulated_gradient():
 # ----------------------------------------------------------------------------- the text form
 
 
-@pytest.mark.parametrize("stem,name", [("ffn_skip", "FFN-SKIP"), ("softmax", "SOFTMAX-ROWS"), ("ggemm", "GGEMM"),
-                                       ("scatter_add", "UNPERMUTE")])
-def test_the_text_runs_as_the_backward_model(stem, name):
-    model = load_program(EXAMPLES[0].parent / f"{stem}.habu").models[name]
+TEXT_CASES = [(str(p), n, None) for p, n in EXAMPLE_MODELS] + [(None, n, t) for n, t in LIBRARY]
+
+
+@pytest.mark.parametrize("path,name,text", TEXT_CASES, ids=[f"{'ex' if p else 'word'}-{n}" for p, n, _ in TEXT_CASES])
+def test_the_text_runs_as_the_backward_model(path, name, text):
+    model = load_program(path).models[name] if path else parse_text(text, "t.habu").models["T"]
     bw = derive(model)
     text = backward_text(bw)
     sizes = small_sizes(bw.model)
