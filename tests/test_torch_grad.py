@@ -53,3 +53,31 @@ def test_grads_match_torch_autograd_of_the_same_block():
     torch.testing.assert_close(y, ref)
     for mine, t in zip(ours, (x, w1, b1, w2, b2), strict=True):
         torch.testing.assert_close(mine, t.grad)
+
+
+def test_the_custom_ops_trace_under_torch_compile_fullgraph_and_differentiate():
+    from habu.torch_grad_ops import as_autograd_op
+
+    sizes = {"R": 3, "D": 4}
+    gm = build_grad(EX / "rmsnorm.habu", "RMSNORM-ROWS", kernels=False, **sizes)
+    norm = as_autograd_op(gm, "rmsnorm_rows_test")
+    assert as_autograd_op(gm, "rmsnorm_rows_test") is norm
+    (x,) = _inputs(gm, sizes, seed=2)
+    assert torch.autograd.gradcheck(norm, (x,), eps=1e-6, atol=1e-6)
+    step = torch.compile(lambda a: (norm(a) * norm(a)).sum(), fullgraph=True, backend="aot_eager")
+    step(x).backward()
+    ref = x.detach().clone().requires_grad_()
+    y = ref * torch.rsqrt((ref * ref).mean(-1, keepdim=True) + 1e-6)
+    (y * y).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+def test_the_custom_ops_differentiate_a_gathered_gemm_by_scatter_add():
+    from habu.torch_grad_ops import as_autograd_op
+
+    sizes = {"M": 4, "N": 3, "K": 5}
+    gm = build_grad(EX / "ggemm.habu", kernels=False, **sizes)
+    ggemm = as_autograd_op(gm, "ggemm_test")
+    a, ix, b = _inputs(gm, sizes, seed=3)
+    ix = torch.tensor([2, 2, 0, 3])  # a repeated row: its gradients accumulate
+    assert torch.autograd.gradcheck(ggemm, (a, ix, b), eps=1e-6, atol=1e-6)
