@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from habu.cli_grad import SaveOpt, WrtOpt, backward_program, grad
+from habu.cli_grad import KeepOpt, RecomputeOpt, SaveOpt, WrtOpt, backward_program, grad
 from habu.cli_kernels import emit, export
 from habu.cli_options import FileArg, MachineTargetOpt, PinOpt, ShapeOpt, parse_shape
 from habu.cli_plans import DbOpt, output_console, plans_app
@@ -117,6 +117,8 @@ def compile(
                                                               "(habu grad prints it).")] = False,
     wrt: WrtOpt = None,
     save: SaveOpt = "auto",
+    save_value: KeepOpt = None,
+    recompute_value: RecomputeOpt = None,
 ) -> None:
     """Pick the default plan (or the pinned choices), prove it, write the plan and its report."""
     from habu.cli_paths import output_dir
@@ -130,7 +132,7 @@ def compile(
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
     if backward:
-        program, name = backward_program(program, m.name, wrt, save)
+        program, name = backward_program(program, m.name, wrt, save, save_value, recompute_value)
         m = program.model(name)
     from habu.gpu_info import current_arch
 

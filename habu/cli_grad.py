@@ -16,6 +16,11 @@ WrtOpt = Annotated[list[str] | None, typer.Option(
 SaveOpt = Annotated[str, typer.Option(
     "--save", help="Which forward values the backward reads from memory: auto (those that take a reduction: "
                    "RMSNorm's rstd, contraction outputs; recompute elementwise ones), save (all), recompute (none).")]
+KeepOpt = Annotated[list[str] | None, typer.Option(
+    "--save-value", help="A forward value to save whatever --save says, named as the header of habu grad's "
+                         "output lists it (%3, %s1); repeat for several.")]
+RecomputeOpt = Annotated[list[str] | None, typer.Option(
+    "--recompute-value", help="A forward value to recompute whatever --save says (%3, %s1); repeat for several.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="The model (default: the only one).")]
 
 
@@ -43,6 +48,8 @@ def grad(
                                                                        "(a .habu file) instead of printing it.")] = None,
     wrt: WrtOpt = None,
     save: SaveOpt = "auto",
+    save_value: KeepOpt = None,
+    recompute_value: RecomputeOpt = None,
     check: Annotated[bool, typer.Option("--check", help="Also check the derivation: the dual-number identity "
                                                         "<u, J v> = <J^T u, v> over GF(p), and in float64 by "
                                                         "central differences, at small sizes.")] = False,
@@ -58,7 +65,11 @@ def grad(
         output_file(output, "-o", suffix=".habu")
     program = load_program(file)
     m = program.pick(model)
-    bw = derive_model(program, m.name, wrt_names(wrt), save_policy(save))
+    bw = derive_model(program, m.name, wrt_names(wrt), save_policy(save, save_value, recompute_value))
+    unknown = sorted((set(save_value or ()) | set(recompute_value or ())) - set(bw.choices))
+    if unknown:
+        raise UsageError(f"--save-value/--recompute-value {', '.join(unknown)}: the backward of {m.name} reads no "
+                         f"such forward value (it reads {', '.join(bw.choices) or 'none'})")
     text = backward_text(bw, str(file))
     if check:
         from habu.errors import HabuError
@@ -78,11 +89,12 @@ def grad(
           + ", ".join(f"{g} of {x}" for x, g in bw.gradients))
 
 
-def backward_program(program, model_name: str, wrt: list[str] | None, save: str):
+def backward_program(program, model_name: str, wrt: list[str] | None, save: str,
+                     save_value: list[str] | None = None, recompute_value: list[str] | None = None):
     """`program` with the backward of `model_name` added as a model; its name."""
     from habu.spec.grad_program import derive_model
 
-    bw = derive_model(program, model_name, wrt_names(wrt), save_policy(save))
+    bw = derive_model(program, model_name, wrt_names(wrt), save_policy(save, save_value, recompute_value))
     program.models[bw.model.name] = bw.model
     program.model_spans[bw.model.name] = program.model_spans[program.model(model_name).name]
     return program, bw.model.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -38,6 +39,15 @@ def test_grad_refusals_are_errors_with_a_place_and_exit_1():
     assert r.returncode == 1 and "error: --save takes auto, save, recompute" in r.stderr
     r = habu("grad", str(EX / "ggemm.habu"), "--wrt", "Q")
     assert r.returncode == 1 and "GGEMM has no input Q" in r.stderr and "Traceback" not in r.stderr
+    r = habu("grad", str(EX / "ffn_skip.habu"), "--save-value", "%9")
+    assert r.returncode == 1 and "reads no such forward value (it reads %1, %2, %3" in r.stderr
+
+
+def test_grad_saves_a_value_the_user_names():
+    r = habu("grad", str(EX / "ffn_skip.habu"), "--save-value", "%3")
+    assert r.returncode == 0, r.stderr
+    assert "%3 saved as S3" in r.stdout and "dW2[h d] = Σ b dT6[b d] · S3[b h]" in r.stdout
+    assert not re.search(r"(?<![A-Za-z])T3\[", r.stdout)  # GELU's output is read, not recomputed
 
 
 def test_compile_backward_proves_the_derived_model(tmp_path):

@@ -139,6 +139,11 @@ def backward_text(bw: Backward, source: str = "") -> str:
     if bw.saved:
         lines.append("\\ saved by the forward (habu.spec.grad: Backward.forward): " +
                      ", ".join(f"{s} (its {t})" for t, s in bw.saved))
+    if bw.choices:
+        saved = dict(bw.saved)
+        lines.append("\\ the forward values it reads (each saved or recomputed: habu grad --save, SavePolicy): " +
+                     ", ".join(f"{c} saved as {saved[c]}" if c in saved else f"{c} recomputed as {names.get(c, c)}"
+                               for c in bw.choices))
     if bw.accumulated:
         lines.append("\\ the gradients are added into " + ", ".join(bw.accumulated) +
                      " (scatters): give them zeros, or the gradients to accumulate onto")
