@@ -18,8 +18,12 @@ from habu.target import target_named
 
 
 def build(path: str | Path, model: str | None = None, *, target: str | None = None,
-          pins: dict[str, str] | None = None, trials: int = 3, check: bool = True, **shape: int):
+          pins: dict[str, str] | None = None, trials: int = 3, check: bool = True, grad: bool = False,
+          **shape: int):
     """Prove the default (or pinned) plan for `model`, emit it and return a `CompiledModel`.
+
+    `grad`: instead, the model and its derived backward (habu.spec.grad) compiled as a callable that
+    torch.autograd differentiates (`habu.torch_grad.GradModel`; the float64 reference on the CPU).
 
     `check`: when this machine has a GPU of the target's kind, first run every member of the set
     once on small-integer inputs and compare each output element bit for bit with the exact
@@ -33,6 +37,10 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     from habu.paths.emit import emit
     from habu.spec.parser import load_program
 
+    if grad:
+        from habu.torch_grad import build_grad
+
+        return build_grad(path, model, target=target, trials=trials, **shape)
     program = load_program(path)
     m = program.pick(model)
     tgt = target_named(target or current_arch())

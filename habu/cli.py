@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from habu.cli_grad import KeepOpt, RecomputeOpt, SaveOpt, WrtOpt, backward_program, grad
 from habu.cli_kernels import emit, export
 from habu.cli_options import FileArg, MachineTargetOpt, PinOpt, ShapeOpt, parse_shape
 from habu.cli_plans import DbOpt, output_console, plans_app
@@ -112,6 +113,12 @@ def compile(
     pin: PinOpt = None,
     out: Annotated[Path, typer.Option("-o", "--out", help="Directory for the plan and the report.")] = Path("out"),
     trials: Annotated[int, typer.Option("--trials", help="Finite-field trials.")] = 3,
+    backward: Annotated[bool, typer.Option("--backward", help="Compile the model's derived backward model "
+                                                              "(habu grad prints it).")] = False,
+    wrt: WrtOpt = None,
+    save: SaveOpt = "auto",
+    save_value: KeepOpt = None,
+    recompute_value: RecomputeOpt = None,
 ) -> None:
     """Pick the default plan (or the pinned choices), prove it, write the plan and its report."""
     from habu.cli_paths import output_dir
@@ -124,6 +131,9 @@ def compile(
     program = load_program(file)
     m = program.pick(model)
     sizes = parse_shape(shape, [e.name for e in m.extents])
+    if backward:
+        program, name = backward_program(program, m.name, wrt, save, save_value, recompute_value)
+        m = program.model(name)
     from habu.gpu_info import current_arch
 
     tgt = target_named(target or current_arch())
@@ -232,6 +242,7 @@ def _print_tuned(console, tuned) -> None:
 
 
 app.command()(emit)
+app.command()(grad)
 app.command()(export)
 app.add_typer(plans_app, name="plans")
 

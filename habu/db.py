@@ -62,16 +62,21 @@ class Key:
     dtypes: tuple[tuple[str, str], ...]
     target: Target
     versions: Versions
+    # "forward", or "backward": the plans of a model's derived backward model (habu.spec.grad). A forward
+    # key's digest leaves it out, so the digests of entries stored before it existed do not change.
+    direction: str = "forward"
 
     def digest(self) -> str:
         d = asdict(self)
         d.pop("model")
+        if self.direction == "forward":
+            d.pop("direction")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:24]
 
     def same_problem(self) -> str:
         """What identifies the computation regardless of GPU and versions (for stale reports)."""
-        return hashlib.sha256(json.dumps([self.model_hash, self.shape, self.dtypes], sort_keys=True)
-                              .encode()).hexdigest()[:24]
+        what = [self.model_hash, self.shape, self.dtypes] + ([self.direction] if self.direction != "forward" else [])
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -385,7 +390,8 @@ def _merge(c: sqlite3.Connection, key: Key, records: list[Record], keep: int) ->
 
 def key_from_json(d: Mapping[str, Any]) -> Key:
     return Key(d["model_hash"], d["model"], tuple(tuple(x) for x in d["shape"]),  # type: ignore[misc]
-               tuple(tuple(x) for x in d["dtypes"]), Target(**d["target"]), Versions(**d["versions"]))  # type: ignore[misc]
+               tuple(tuple(x) for x in d["dtypes"]), Target(**d["target"]), Versions(**d["versions"]),  # type: ignore[misc]
+               d.get("direction", "forward"))
 
 
 def plan_key(plan: Mapping[str, Any]) -> str:

@@ -41,6 +41,7 @@ _KEY = {
                    "properties": {"arch": _TEXT, "gpu": _TEXT, "sm_count": {"type": "integer", "minimum": 0}}},
         "versions": {"type": "object", "additionalProperties": False, "required": ["habu", "nvrtc", "driver"],
                      "properties": {"habu": _TEXT, "nvrtc": _TEXT, "driver": _TEXT}},
+        "direction": {"enum": ["forward", "backward"]},  # absent in files written before it existed
     },
 }
 

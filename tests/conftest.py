@@ -67,7 +67,9 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_samp
               "test_regression_many_processes_opening", "test_search_writes_results_to_stdout",
               "test_regression_a_movement_pin_failed", "test_every_partition_of_the_rewritten_model",
               "test_regression_cpu_search_top5_tied", "test_habu_tune_stores",
-              "test_the_torch_baseline_scatters_with_accumulation")
+              "test_the_torch_baseline_scatters_with_accumulation", "test_compile_backward_proves_the_derived_model",
+              "test_grad_prints_the_backward_and_habu_check", "test_grad_refusals_are_errors_with_a_place",
+              "test_grad_saves_a_value_the_user_names")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from habu.db import Key, PlanDB, Record, Target, Versions
+from habu.db import Key, PlanDB, Record, Target, Versions, key_from_json
 from habu.errors import HabuError
 
 
@@ -265,3 +265,21 @@ def test_regression_equal_predictions_stored_the_old_default_first(tmp_path):
         # a measured record still outranks any unmeasured one
         entry = db.store(key(), [rec(9.0, "timed"), rec(1.0, "late", "unmeasured")])
         assert entry.records[0].plan["model"] == "timed"
+
+
+def test_regression_backward_entries_are_keyed_apart_and_forward_digests_do_not_change():
+    import hashlib
+    import json
+    from dataclasses import asdict, replace
+
+    fwd = key()
+    legacy = asdict(fwd)
+    legacy.pop("model")
+    legacy.pop("direction")
+    assert fwd.digest() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:24]
+    bwd = replace(fwd, direction="backward")
+    assert bwd.digest() != fwd.digest() and bwd.same_problem() != fwd.same_problem()
+    assert key_from_json(json.loads(json.dumps(asdict(bwd)))) == bwd
+    old = asdict(fwd)
+    old.pop("direction")  # a key stored before the field existed reads as forward
+    assert key_from_json(old) == fwd

@@ -12,9 +12,11 @@ from habu.target import Target
 from habu.version import __version__
 
 
-def database_key(model: Model, sizes: Mapping[str, int], target: Target, gpu: Mapping[str, object] | None) -> Key:
+def database_key(model: Model, sizes: Mapping[str, int], target: Target, gpu: Mapping[str, object] | None,
+                 direction: str = "forward") -> Key:
     """The key: the model's canonical hash and name, its shape and dtypes, the target with the GPU's
-    name and SM count (`habu.gpu_info.device_info`, or none), and the Habu, NVRTC and driver versions."""
+    name and SM count (`habu.gpu_info.device_info`, or none), the Habu, NVRTC and driver versions, and
+    whether `model` is a forward model or a derived backward one (`direction`)."""
     from habu.emit_cuda.nvrtc import compiler_version
 
     try:
@@ -26,7 +28,7 @@ def database_key(model: Model, sizes: Mapping[str, int], target: Target, gpu: Ma
     dtypes = tuple((t.name, t.dtype.name if t.dtype else "f32") for t in (*model.inputs, *model.outputs))
     return Key(model.canonical_hash(), model.name, shape, dtypes,
                DbTarget(target.name, str(info.get("gpu", "none")), int(info.get("sm_count", 0))),  # type: ignore[arg-type]
-               Versions(__version__, nvrtc, str(info.get("driver", "none"))))
+               Versions(__version__, nvrtc, str(info.get("driver", "none"))), direction)
 
 
 __all__ = ["database_key"]

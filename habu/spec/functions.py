@@ -4,7 +4,11 @@ GF(p) and its derivative side by side.
 Over GF(p), + − · and division (by the modular inverse) are exact field operations, so a plan that
 reorders them is checked as an identity of rational functions. Every other function (exp, rsqrt,
 sqrt, tanh, erf, max, …) is *uninterpreted*: it is modelled as a keyed pseudo-random function of
-its argument(s), fresh for every trial. Two computations then agree only if they apply the same
+its argument(s), fresh for every trial.
+
+Derivatives at a tie: max(a, b) passes its gradient to b when a = b, min(a, b) to b, abs to neither
+(sign 0 at 0), so max(x, 0) (RELU) has derivative 0 at 0, as torch's relu. They are written with
+`step(x)` (1 where x > 0, else 0), which has no derivative rule of its own. Two computations then agree only if they apply the same
 function to arguments that agree — the plan may not rely on an identity of exp or of max. Reductions
 with `max` are modelled as the symmetric function prod(r − x) (fresh r per trial), which is
 order-free and splits into partial reductions combined by multiplication. docs/VERIFY.md states what
@@ -54,6 +58,10 @@ class Function:
     description: str = ""
 
 
+def _step(x: Expr) -> Op:
+    return Op("step", (x,))
+
+
 def _mul(a: Expr, b: Expr) -> Op:
     return Op("mul", (a, b))
 
@@ -76,7 +84,8 @@ FUNCTIONS: dict[str, Function] = {
         Function("sqrt", 1, np.sqrt, "oracle", None,
                  lambda a, i: Op("div", (_c(Fraction(1, 2)), Op("sqrt", a))), "square root"),
         Function("rsqrt", 1, _rsqrt, "oracle", None,
-                 lambda a, i: _mul(_c(Fraction(-1, 2)), Op("div", (Op("rsqrt", a), a[0]))), "1/√x"),
+                 lambda a, i: _mul(_c(Fraction(-1, 2)), _mul(Op("rsqrt", a), _mul(Op("rsqrt", a), Op("rsqrt", a)))),
+                 "1/√x"),  # its derivative in rsqrt alone: a backward that saved rsqrt(x) needs nothing else
         Function("tanh", 1, np.tanh, "oracle", None,
                  lambda a, i: Op("sub", (_c(1), _mul(Op("tanh", a), Op("tanh", a)))), "hyperbolic tangent"),
         Function("erf", 1, _erf, "oracle", None,
@@ -84,9 +93,19 @@ FUNCTIONS: dict[str, Function] = {
                  "error function"),
         Function("sigmoid", 1, lambda x: 1.0 / (1.0 + np.exp(-x)), "oracle", None,
                  lambda a, i: _mul(Op("sigmoid", a), Op("sub", (_c(1), Op("sigmoid", a)))), "1/(1+e^-x)"),
-        Function("abs", 1, np.abs, "oracle", None, None, "|x|"),
-        Function("max", 2, np.maximum, "oracle", None, None, "the larger of a and b"),
-        Function("min", 2, np.minimum, "oracle", None, None, "the smaller of a and b"),
+        Function("abs", 1, np.abs, "oracle", None,
+                 lambda a, i: Op("sub", (_step(a[0]), _step(Op("neg", a)))), "|x|"),
+        Function("max", 2, np.maximum, "oracle", None,
+                 lambda a, i: _step(Op("sub", a)) if i == 0 else Op("sub", (_c(1), _step(Op("sub", a)))),
+                 "the larger of a and b"),
+        Function("min", 2, np.minimum, "oracle", None,
+                 lambda a, i: _step(Op("sub", (a[1], a[0]))) if i == 0
+                 else Op("sub", (_c(1), _step(Op("sub", (a[1], a[0]))))),
+                 "the smaller of a and b"),
+        # the indicator the derivatives of abs, max and min (and of max reductions) are made of; itself
+        # piecewise constant, so it has no derivative rule: a model using it cannot be differentiated
+        Function("step", 1, lambda x: (np.asarray(x) > 0).astype(np.float64), "oracle", None, None,
+                 "1 where x > 0, else 0 (the Heaviside step; not differentiable)"),
     )
 }
 

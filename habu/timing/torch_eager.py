@@ -42,7 +42,7 @@ def _functions(torch: Any) -> dict[str, Callable[..., Any]]:
     return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
             "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "tanh": torch.tanh,
             "erf": torch.erf, "sigmoid": torch.sigmoid, "abs": torch.abs, "max": torch.maximum,
-            "min": torch.minimum}
+            "min": torch.minimum, "step": lambda x: (x > 0).to(x.dtype)}
 
 
 def _align(x: Labelled, names: tuple[IndexVar, ...]) -> Any:

@@ -1,4 +1,4 @@
-/** @brief The functions equations use, in float32: exp, erf, rsqrt, tanh, sigmoid, max/min. */
+/** @brief The functions equations use, in float32: exp, erf, rsqrt, tanh, sigmoid, max/min, step. */
 #pragma once
 
 namespace habu {
@@ -13,6 +13,7 @@ __device__ __forceinline__ float f_sigmoid(float x) { return 1.0f / (1.0f + __ex
 __device__ __forceinline__ float f_abs(float x) { return fabsf(x); }
 __device__ __forceinline__ float f_max(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ float f_min(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ float f_step(float x) { return x > 0.0f ? 1.0f : 0.0f; }
 
 /** @brief Warp-wide sum and max with shuffles. */
 __device__ __forceinline__ float warp_sum(float v) {

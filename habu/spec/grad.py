@@ -1,0 +1,546 @@
+"""Reverse-mode differentiation on the canonical IR: the backward model of a model.
+
+`derive(model, wrt, policy)` walks the forward nodes in reverse and, in each right side, every path
+from the root to a read of a tensor that needs a gradient, multiplying the upstream gradient by each
+operation's derivative rule (`habu.spec.functions`): a user's `WORD:` is already expanded into
+equation nodes, so it is differentiated through its equations. The rules for the structure:
+
+- `Σ v body`: the gradient of the body is the upstream gradient broadcast along v;
+- `max v body`: the upstream gradient times the arg-max indicator `1 − step(R − body)` (R the
+  maximum), divided by the number of elements equal to R: tied elements share it evenly, as
+  `torch.amax` does (its sum over v is the upstream gradient, a subgradient);
+- a read `S[i j]` contributes to `dS[i j]`, summed over every other variable in scope; a read through
+  a size-1 broadcast `S[0 j]` sums over the broadcast extent too; a read through a gather
+  `A[IX[m] k]` makes a scatter `dA[IX[m] k] += ...` (duplicate indices accumulate), so dA is an input
+  of the backward model as well (its prior contents, zeros for a plain gradient);
+- a scatter `Y[IX[r] n] += e` sees the upstream gradient gathered, `dY[IX[r] n]`, and passes dY
+  through unchanged to Y's prior contents.
+
+Before differentiating, every reduction whose value depends on fewer indices than its node (a row
+statistic: RMSNorm's `rsqrt(Σ x²/#d + ε)`, softmax's maximum and sum) is hoisted into a node of its
+own (`hoist_statistics`), so that it is a forward value the backward can save. Which forward values
+are saved (inputs of the backward model, extra outputs of `Backward.forward`) and which are recomputed
+(nodes of the backward model) is `SavePolicy`; see its docstring for the plan-space dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from fractions import Fraction
+
+from habu.errors import HabuError
+from habu.spec.dtypes import WRITABLE_DTYPES, dtype_named
+from habu.spec.equation import format_expr
+from habu.spec.functions import FUNCTIONS
+from habu.spec.grad_hoist import hoist_statistics
+from habu.spec.ir import (
+    Const,
+    Equation,
+    Expr,
+    Gather,
+    IndexConst,
+    IndexExpr,
+    IndexVar,
+    Load,
+    Model,
+    Op,
+    Reduce,
+    Size,
+    TensorDecl,
+    fold_ops,
+    index_subexprs,
+    loads,
+    map_ops,
+    node_reads,
+    scatter_gathers,
+    tensors_read,
+    walk,
+)
+
+ZERO = Const(Fraction(0))
+ONE = Const(Fraction(1))
+
+
+class NotDifferentiable(HabuError):
+    """A gradient flows through a function with no derivative rule (`function` names it)."""
+
+    def __init__(self, message: str, function: str):
+        super().__init__(message)
+        self.function = function
+
+
+class SaveMode(Enum):
+    AUTO = "auto"  # save the forward values that take a reduction to make; recompute elementwise ones
+    SAVE = "save"  # save every forward value the backward reads
+    RECOMPUTE = "recompute"  # save nothing: the backward recomputes from the forward inputs
+
+
+@dataclass(frozen=True)
+class SavePolicy:
+    """Which forward intermediates the backward reads from memory (saved by the forward) and which it
+    recomputes from their own inputs.
+
+    This is one dimension of the backward plan space: `Backward.choices` lists the forward values the
+    backward reads, and a search varies `save`/`recompute` over them, trading the bytes the forward
+    writes and the backward reads (save) against the work and the reads of recomputing (recompute).
+    The default, AUTO, is what Liger's kernels do by hand: RMSNorm saves only its per-row rstd,
+    softmax its per-row maximum and sum, and GELU/SwiGLU outputs are recomputed from their inputs."""
+
+    mode: SaveMode = SaveMode.AUTO
+    save: frozenset[str] = frozenset()  # forward intermediates (names as in Backward.choices) forced saved
+    recompute: frozenset[str] = frozenset()  # ... forced recomputed
+
+    def saves(self, name: str, eq: Equation) -> bool:
+        if name in self.save:
+            return True
+        if name in self.recompute:
+            return False
+        if self.mode is SaveMode.SAVE:
+            return True
+        if self.mode is SaveMode.RECOMPUTE:
+            return False
+        return eq.scatter is not None or any(isinstance(e, Reduce) for e in walk(eq.rhs))
+
+
+@dataclass(frozen=True)
+class Backward:
+    """A derived backward model and how it connects to its forward model."""
+
+    forward: Model  # the forward model with its row statistics hoisted and the saved values as outputs
+    model: Model  # the backward model: gradients from forward inputs, saved values and output gradients
+    gradients: tuple[tuple[str, str], ...]  # (forward input, its gradient in `model`)
+    cotangents: tuple[tuple[str, str], ...]  # (forward output, the gradient of the loss by it: an input)
+    saved: tuple[tuple[str, str], ...]  # (forward intermediate, its name as a saved value)
+    accumulated: tuple[str, ...]  # gradients that are also inputs (scatter targets): pass zeros
+    choices: tuple[str, ...]  # the forward intermediates the backward reads: save or recompute each
+    policy: SavePolicy = field(default_factory=SavePolicy)
+
+
+# ----------------------------------------------------------------------------- expression helpers
+
+
+def _is_const(e: Expr, value: int) -> bool:
+    return isinstance(e, Const) and e.value == value
+
+
+def mul(a: Expr, b: Expr) -> Expr:
+    """a · b, with the products by 0, 1 and −1 and of two constants folded."""
+    if _is_const(a, 0) or _is_const(b, 0):
+        return ZERO
+    if _is_const(a, 1):
+        return b
+    if _is_const(b, 1):
+        return a
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(a.value * b.value)
+    if _is_const(b, -1):
+        return Op("neg", (a,))
+    return Op("mul", (a, b))
+
+
+def add_all(terms: list[Expr]) -> Expr:
+    """The sum of `terms`, a term that appears k times once times k (x·x's two equal paths)."""
+    counts: dict[Expr, int] = {}
+    for t in terms:
+        counts[t] = counts.get(t, 0) + 1
+    out: Expr | None = None
+    for t, k in counts.items():
+        term = t if k == 1 else mul(Const(Fraction(k)), t)
+        out = term if out is None else Op("add", (out, term))
+    return out if out is not None else ZERO
+
+
+class Fresh:
+    """Index variables with names no model uses (`_g1`, …); `rename_equation` names them for printing."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, extent: str) -> IndexVar:
+        self.n += 1
+        return IndexVar(f"{extent.lower()}_g{self.n}", extent)
+
+
+def substitute(e: Expr, mapping: dict[IndexVar, IndexExpr], fresh: Fresh) -> Expr:
+    """`e` with its free index variables replaced and every reduction's bound variables renamed to
+    fresh ones (so that no binding captures or shadows a variable of the context it moves into)."""
+
+    def ix(i: IndexExpr, env: dict[IndexVar, IndexExpr]) -> IndexExpr:
+        if isinstance(i, IndexVar):
+            return env.get(i, i)
+        if isinstance(i, Gather):
+            return Gather(i.tensor, tuple(ix(j, env) for j in i.indices))
+        return i
+
+    def go(x: Expr, env: dict[IndexVar, IndexExpr]) -> Expr:
+        def leaf(y: Expr) -> Expr:
+            if isinstance(y, Load):
+                return Load(y.tensor, tuple(ix(i, env) for i in y.indices))
+            if isinstance(y, Reduce):
+                bound = tuple(fresh(v.extent) for v in y.vars)
+                inner = dict(env) | dict(zip(y.vars, bound, strict=True))
+                return Reduce(y.op, bound, go(y.body, inner))
+            return y
+
+        return map_ops(x, leaf)
+
+    return go(e, dict(mapping))
+
+
+# ----------------------------------------------------------------------------- the derivation
+
+
+@dataclass
+class Contribution:
+    """`adjoint` (an expression over `scope`) flows into the element `indices` of a tensor."""
+
+    indices: tuple[IndexExpr, ...]
+    adjoint: Expr
+    scope: tuple[IndexVar, ...]
+
+
+def _unique(base: str, taken: set[str]) -> str:
+    name = base
+    while name in taken or name.lower() in FUNCTIONS:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+def _grad_dtype(decl: TensorDecl):
+    if decl.dtype is not None and decl.dtype.name in WRITABLE_DTYPES:
+        return decl.dtype
+    return dtype_named("f32")
+
+
+def differentiable_inputs(model: Model) -> tuple[str, ...]:
+    return tuple(t.name for t in model.inputs if not t.is_index)
+
+
+def derive(model: Model, wrt: Iterable[str] | None = None, policy: SavePolicy | None = None) -> Backward:
+    """The backward model of `model` for the inputs `wrt` (default: every input that is not an index
+    tensor). Raises HabuError for an index tensor in `wrt`, an unknown name, or a gradient through a
+    function without a derivative rule (`NotDifferentiable`)."""
+    policy = policy or SavePolicy()
+    names = list(wrt) if wrt is not None else list(differentiable_inputs(model))
+    inputs = {t.name: t for t in model.inputs}
+    for n in names:
+        if n not in inputs:
+            known = ", ".join(differentiable_inputs(model)) or "none"
+            raise HabuError(f"{model.name} has no input {n} to differentiate by (its inputs: {known})")
+        if inputs[n].is_index:
+            raise HabuError(f"{n} is an index tensor (ITENSOR): its values select elements, and {model.name} "
+                            "has no gradient by it")
+    fwd = hoist_statistics(model)
+    return _Deriver(fwd, tuple(names), policy).run()
+
+
+class _Deriver:
+    def __init__(self, fwd: Model, wrt: tuple[str, ...], policy: SavePolicy):
+        self.fwd = fwd
+        self.wrt = wrt
+        self.policy = policy
+        self.fresh = Fresh()
+        self.taken = {t.name for t in (*fwd.inputs, *fwd.outputs)}
+        self.out_names = {t.name for t in fwd.outputs}
+        self.contrib: dict[str, list[Contribution]] = {}  # keyed by forward tensor ("in:" for an input)
+        self.nodes: list[Equation] = []
+        self.inter: dict[str, TensorDecl] = {}
+        self.decls: dict[str, TensorDecl] = {}  # the backward model's declared tensors, by name
+        self.accumulated: list[str] = []
+        self.active = self._active()
+
+    def _active(self) -> set[str]:
+        """The tensors whose value depends on an input in `wrt` (their gradients are needed)."""
+        act = {f"in:{n}" for n in self.wrt}
+        for eq in self.fwd.nodes:
+            reads = {self._key(t) for t in node_reads(eq)}
+            if reads & act:
+                act.add(eq.target)
+        return act
+
+    def _key(self, tensor: str) -> str:
+        """How a read of `tensor` is keyed: inputs (also in-place ones, read before they are written)
+        as "in:NAME", intermediates by name."""
+        return f"in:{tensor}" if any(t.name == tensor for t in self.fwd.inputs) else tensor
+
+    # -- the walk
+    def run(self) -> Backward:
+        cot: dict[str, str] = {}
+        for o in self.fwd.outputs:
+            cot[o.name] = _unique(f"d{o.name}", self.taken)
+            self.decls[cot[o.name]] = TensorDecl(cot[o.name], o.extents, o.dtype)
+        adjoint: dict[str, str] = {}
+        for eq in reversed(self.fwd.nodes):
+            if eq.target in self.out_names:
+                adj = cot[eq.target]
+            else:
+                if eq.target not in self.contrib:
+                    continue  # no output's gradient depends on it
+                adj = self._emit_intermediate(eq.target)
+            adjoint[eq.target] = adj
+            if eq.target not in self.active:
+                continue
+            upstream = Load(adj, eq.store_indices)
+            if eq.scatter is not None:  # the prior contents pass through
+                self._identity(eq.target, adj)
+            self.node = eq
+            self._walk(eq.rhs, upstream, tuple(eq.lhs))
+        grads: list[tuple[str, str]] = []
+        for n in self.wrt:
+            grads.append((n, self._emit_gradient(n)))
+        return self._finish(tuple(grads), tuple(cot.items()))
+
+    def _identity(self, tensor: str, adj: str) -> None:
+        if f"in:{tensor}" not in self.active:
+            return
+        decl = self.fwd.tensor(tensor)
+        vars_ = tuple(self.fresh(e) for e in decl.extents)
+        self.contrib.setdefault(f"in:{tensor}", []).append(Contribution(vars_, Load(adj, vars_), vars_))
+
+    def _walk(self, rhs: Expr, upstream: Expr, scope: tuple[IndexVar, ...]) -> None:
+        stack: list[tuple[Expr, Expr, tuple[IndexVar, ...]]] = [(rhs, upstream, scope)]
+        while stack:
+            e, adj, sc = stack.pop()
+            if _is_const(adj, 0):
+                continue
+            if isinstance(e, Load):
+                key = self._key(e.tensor)
+                if key in self.active:
+                    self.contrib.setdefault(key, []).append(Contribution(e.indices, adj, sc))
+                continue
+            if isinstance(e, Reduce):
+                if not self._depends(e.body):
+                    continue
+                if e.op == "sum":
+                    stack.append((e.body, adj, sc + e.vars))
+                else:
+                    stack.append((e.body, mul(adj, self._own_value(self._argmax_weight(e))), sc + e.vars))
+                continue
+            if isinstance(e, Op):
+                fn = FUNCTIONS[e.fn]
+                for i, a in enumerate(e.args):
+                    if not self._depends(a):
+                        continue
+                    if fn.derivative is None:
+                        raise NotDifferentiable(f"{e.fn} has no derivative, and the gradient flows through "
+                                                f"{format_expr(e)}", e.fn)
+                    stack.append((a, mul(adj, self._own_value(fn.derivative(e.args, i))), sc))
+
+    def _own_value(self, e: Expr) -> Expr:
+        """`e` with the right side of the node being differentiated read from its target instead (the
+        derivative of RMSNorm's `rsqrt(z)` reads the saved rstd; of a max, the saved maximum). Only for
+        intermediates: the backward does not read the forward's outputs."""
+        eq = self.node
+        if eq.scatter is not None or eq.target in self.out_names or not any(x == eq.rhs for x in walk(e)):
+            return e
+        value = Load(eq.target, eq.lhs)
+
+        def op(o: Op, args: list[Expr]) -> Expr:
+            rebuilt = Op(o.fn, tuple(args))
+            return value if rebuilt == eq.rhs else rebuilt
+
+        def leaf(x: Expr) -> Expr:
+            return value if x == eq.rhs else x
+
+        return fold_ops(e, leaf, op)
+
+    def _depends(self, e: Expr) -> bool:
+        return any(self._key(t) in self.active for t in tensors_read(e))
+
+    def _argmax_weight(self, r: Reduce) -> Expr:
+        """The share of a max reduction's gradient an element of its body gets: 1 where it equals the
+        maximum, divided by how many do (ties share evenly)."""
+        own = r == self.node.rhs and self.node.scatter is None and self.node.target not in self.out_names
+        maximum = Load(self.node.target, self.node.lhs) if own else substitute(r, {}, self.fresh)
+        hit = Op("sub", (ONE, Op("step", (Op("sub", (maximum, r.body)),))))
+        other = tuple(self.fresh(v.extent) for v in r.vars)
+        count = Reduce("sum", other, substitute(hit, dict(zip(r.vars, other, strict=True)), self.fresh))
+        return Op("div", (hit, count))
+
+    # -- gradients as equations
+    def _terms(self, tensor: str, extents: tuple[str, ...], lhs: tuple[IndexVar, ...],
+               contribs: list[Contribution]) -> list[Expr]:
+        terms = []
+        for c in contribs:
+            mapping: dict[IndexVar, IndexExpr] = {}
+            for pos, ix in enumerate(c.indices):
+                if isinstance(ix, IndexVar) and ix not in mapping:
+                    mapping[ix] = lhs[pos]
+                elif isinstance(ix, IndexConst) and self.fwd.extent(extents[pos]).size == 1:
+                    continue
+                else:
+                    raise HabuError(f"cannot differentiate {self.fwd.name}: {tensor} is read at a fixed or "
+                                    f"repeated index ({tensor}[...] with {ix}), which has no gradient rule yet")
+            rest = tuple(v for v in c.scope if v not in mapping)
+            bound = tuple(self.fresh(v.extent) for v in rest)
+            mapping |= dict(zip(rest, bound, strict=True))
+            body = substitute(c.adjoint, mapping, self.fresh)
+            terms.append(Reduce("sum", bound, body) if bound else body)
+        return terms
+
+    def _emit_intermediate(self, name: str) -> str:
+        decl = self.fwd.tensor(name)
+        adj = f"%d{name.lstrip('%')}"
+        lhs = tuple(self.fresh(e) for e in decl.extents)
+        contribs = self.contrib.pop(name)
+        if any(isinstance(i, Gather) for c in contribs for i in c.indices):
+            raise HabuError(f"cannot differentiate {self.fwd.name}: an intermediate is read through a gather")
+        rhs = add_all(self._terms(name, decl.extents, lhs, contribs))
+        if isinstance(rhs, Load) and rhs.indices == lhs:
+            return rhs.tensor  # the gradient of a copy (or of an addition's term) is the same tensor
+        self.nodes.append(Equation(adj, lhs, rhs))
+        self.inter[adj] = TensorDecl(adj, decl.extents, None)
+        return adj
+
+    def _emit_gradient(self, name: str) -> str:
+        decl = self.fwd.tensor(name)
+        base = f"d{name}" + ("_in" if name in self.out_names else "")
+        grad = _unique(base, self.taken)
+        contribs = self.contrib.pop(f"in:{name}", [])
+        gathered = [c for c in contribs if any(isinstance(i, Gather) for i in c.indices)]
+        if not gathered:
+            lhs = tuple(self.fresh(e) for e in decl.extents)
+            self.decls[grad] = TensorDecl(grad, decl.extents, _grad_dtype(decl))
+            self.nodes.append(Equation(grad, lhs, add_all(self._terms(name, decl.extents, lhs, contribs))))
+            return grad
+        if len(contribs) > 1:
+            raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: {name} is read through a gather "
+                            "and elsewhere too, and a gradient made of a scatter and other parts is not "
+                            "supported yet")
+        c = contribs[0]
+        store: list[IndexExpr] = []
+        domain: list[IndexVar] = []
+        mapping: dict[IndexVar, IndexExpr] = {}
+        for ix in c.indices:
+            if isinstance(ix, Gather) and len(ix.indices) == 1 and isinstance(ix.indices[0], IndexVar) \
+                    and ix.indices[0] not in mapping:
+                v = self.fresh(ix.indices[0].extent)
+                mapping[ix.indices[0]] = v
+                store.append(Gather(ix.tensor, (v,)))
+                domain.append(v)
+            elif isinstance(ix, IndexVar) and ix not in mapping:
+                v = self.fresh(ix.extent)
+                mapping[ix] = v
+                store.append(v)
+                domain.append(v)
+            else:
+                raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: its read {name}[...] has an "
+                                "index a scatter cannot store through (a gather of a gather, a constant or a "
+                                "repeated index)")
+        rest = tuple(v for v in c.scope if v not in mapping)
+        bound = tuple(self.fresh(v.extent) for v in rest)
+        mapping |= dict(zip(rest, bound, strict=True))
+        body = substitute(c.adjoint, mapping, self.fresh)
+        rhs = Reduce("sum", bound, body) if bound else body
+        self.decls[grad] = TensorDecl(grad, decl.extents, dtype_named("f32"))
+        self.nodes.append(Equation(grad, tuple(domain), rhs, scatter=tuple(store)))
+        self.accumulated.append(grad)
+        return grad
+
+    # -- saved and recomputed forward values
+    def _finish(self, grads: tuple[tuple[str, str], ...], cot: tuple[tuple[str, str], ...]) -> Backward:
+        producers = {eq.target: eq for eq in self.fwd.nodes}
+        fwd_inter = {t.name for t in self.fwd.intermediates}
+        choices: list[str] = []
+        saved: dict[str, str] = {}
+        recomputed: set[str] = set()
+        pending = [t for eq in self.nodes for t in node_reads(eq) if t in fwd_inter]
+        while pending:
+            t = pending.pop()
+            if t in saved or t in recomputed:
+                continue
+            choices.append(t)
+            if self.policy.saves(t, producers[t]):
+                saved[t] = _unique(("R" + t[2:]) if t.startswith("%s") else f"S{t.lstrip('%')}", self.taken)
+            else:
+                recomputed.add(t)
+                pending.extend(r for r in node_reads(producers[t]) if r in fwd_inter)
+        renames = dict(saved)
+        recompute_nodes = [_rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
+        nodes = recompute_nodes + [_rename_tensors(eq, renames) for eq in self.nodes]
+        for name, s in saved.items():
+            self.decls[s] = TensorDecl(s, self.fwd.tensor(name).extents, dtype_named("f32"))
+        for t in self.fwd.inputs:
+            self.decls.setdefault(t.name, t)
+        model = _assemble(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
+                          {t for t in self.fwd.intermediates if t.name in recomputed} | set(self.inter.values()),
+                          [g for _, g in grads])
+        forward = _with_saved_outputs(self.fwd, saved)
+        return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
+                        tuple(sorted(choices)), self.policy)
+
+
+def _rename_tensors(eq: Equation, renames: dict[str, str]) -> Equation:
+    if not renames:
+        return eq
+
+    def ix(i: IndexExpr) -> IndexExpr:
+        if isinstance(i, Gather):
+            return Gather(renames.get(i.tensor, i.tensor), tuple(ix(j) for j in i.indices))
+        return i
+
+    def go(e: Expr) -> Expr:
+        def leaf(x: Expr) -> Expr:
+            if isinstance(x, Load):
+                return Load(renames.get(x.tensor, x.tensor), tuple(ix(i) for i in x.indices))
+            if isinstance(x, Reduce):
+                return Reduce(x.op, x.vars, go(x.body))
+            return x
+
+        return map_ops(e, leaf)
+
+    return replace(eq, target=renames.get(eq.target, eq.target), rhs=go(eq.rhs))
+
+
+def _assemble(fwd: Model, name: str, nodes: list[Equation], decls: dict[str, TensorDecl],
+              intermediates: set[TensorDecl], outputs: list[str]) -> Model:
+    """A model from nodes: its inputs are the declared tensors it reads (in order of first read)."""
+    read: dict[str, None] = {}
+    for eq in nodes:
+        for t in _reads_in_order(eq):
+            read.setdefault(t)
+    inter_names = {t.name for t in intermediates}
+    inputs = tuple(decls[t] for t in read if t in decls and t not in inter_names)
+    outs = tuple(decls[o] for o in outputs)
+    used = {e for t in (*inputs, *outs, *intermediates) for e in (*t.extents, *((t.range,) if t.range else ()))}
+    for eq in nodes:
+        used |= {v.extent for v in eq.lhs}
+        for x in walk(eq.rhs):
+            if isinstance(x, Size):
+                used.add(x.extent)
+            if isinstance(x, Reduce):
+                used |= {v.extent for v in x.vars}
+    extents = tuple(e for e in fwd.extents if e.name in used)
+    by_name = {t.name: t for t in intermediates}
+    inter = tuple(by_name[eq.target] for eq in nodes if eq.target in by_name)
+    obligations = tuple(o for o in fwd.obligations if o.tensor in read or (o.tensor is None and o.extent in used))
+    return Model(name, "composition", extents, inputs, outs, inter, tuple(nodes), obligations)
+
+
+def _reads_in_order(eq: Equation) -> list[str]:
+    """The tensors a node reads, in order of first appearance (a scatter's target and gathers last)."""
+    out: dict[str, None] = {}
+    for ld in loads(eq.rhs):
+        out.setdefault(ld.tensor)
+        for ix in ld.indices:
+            for sub in index_subexprs(ix):
+                if isinstance(sub, Gather):
+                    out.setdefault(sub.tensor)
+    if eq.scatter is not None:
+        out.setdefault(eq.target)
+        for g in scatter_gathers(eq):
+            out.setdefault(g.tensor)
+    return list(out)
+
+
+def _with_saved_outputs(fwd: Model, saved: dict[str, str]) -> Model:
+    """The forward model, its saved intermediates renamed and made outputs (f32)."""
+    if not saved:
+        return fwd
+    nodes = tuple(_rename_tensors(eq, saved) for eq in fwd.nodes)
+    outs = fwd.outputs + tuple(TensorDecl(s, fwd.tensor(t).extents, dtype_named("f32")) for t, s in saved.items())
+    inter = tuple(t for t in fwd.intermediates if t.name not in saved)
+    return replace(fwd, nodes=nodes, outputs=outs, intermediates=inter)

@@ -1,0 +1,234 @@
+"""The backward derivation (habu/spec/grad.py): the dual-number identity over GF(p) and central differences
+in float64 for every example and every word of the library, the save/recompute policy, the text form."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from habu.errors import HabuError
+from habu.spec.functions import FUNCTIONS
+from habu.spec.grad import SaveMode, SavePolicy, derive
+from habu.spec.grad_check import adjoint_check, finite_difference_check, rule_check, small_sizes
+from habu.spec.grad_program import derive_model
+from habu.spec.grad_text import backward_text
+from habu.spec.ir import Const, Op, Reduce, walk
+from habu.spec.parser import load_program, parse_text, prelude
+from habu.spec.reference import evaluate
+from habu.spec.words import ColonWord, ElementwiseWord, EquationWord
+from tests.conftest import EXAMPLES, assert_error_format
+
+EXAMPLE_MODELS = [(p, name) for p in EXAMPLES for name in load_program(p).models]
+
+
+@pytest.mark.parametrize("fn", [f for f, x in FUNCTIONS.items() if x.derivative is not None])
+def test_every_derivative_rule_matches_central_differences(fn):
+    assert rule_check(fn) == []
+
+
+def _check(bw, model):
+    field = adjoint_check(bw, model)
+    assert field.passed, field.detail
+    f64 = finite_difference_check(bw, model)
+    assert f64.passed, f64.detail
+
+
+@pytest.mark.parametrize("path,name", EXAMPLE_MODELS, ids=[n for _, n in EXAMPLE_MODELS])
+def test_every_example_differentiates_and_passes_both_checks(path, name):
+    model = load_program(path).models[name]
+    for mode in SaveMode:
+        _check(derive(model, policy=SavePolicy(mode)), model)
+
+
+# ----------------------------------------------------------------------------- every word of the library
+
+
+def _word_program(name: str, word) -> str | None:
+    """A small model applying one library word to declared tensors (None: not a word on tensors)."""
+    if isinstance(word, ElementwiseWord):
+        ins = [i.name for i in word.effect.inputs]
+        decls = "".join(f"TENSOR: A{k} ( #R #C ) " for k in range(len(ins)))
+        sig = " ".join(f"a{k}" for k in range(len(ins)))
+        return f"4 EXTENT: #R 3 EXTENT: #C {decls} TENSOR: Y ( #R #C )\nMODEL: T ( {sig} -- y ) {name} ;\n"
+    if isinstance(word, EquationWord):
+        exts: dict[str, int] = {}
+        for item in (*word.effect.inputs, *word.effect.outputs):
+            for v in item.pattern or ():
+                exts.setdefault(v, 1 if v == "one" else 3 + len(exts))
+        text = "".join(f"{n} EXTENT: #{v.upper()} " for v, n in exts.items())
+        ins = word.effect.inputs
+        for k, item in enumerate(ins):
+            text += f"TENSOR: A{k} ( {' '.join('#' + v.upper() for v in item.pattern)} ) "
+        text += f"TENSOR: Y ( {' '.join('#' + v.upper() for v in word.effect.outputs[0].pattern)} )\n"
+        sig = " ".join(f"a{k}" for k in range(len(ins)))
+        return text + f"MODEL: T ( {sig} -- y ) {name} ;\n"
+    return None
+
+
+COMPOSED = {
+    "LINEAR": "4 EXTENT: #B 1 EXTENT: #ONE 3 EXTENT: #D 5 EXTENT: #H TENSOR: X ( #B #D ) TENSOR: W ( #D #H ) "
+              "TENSOR: C ( #ONE #H ) TENSOR: Y ( #B #H )\nMODEL: T ( x w c -- y ) LINEAR ;\n",
+    "LINEAR-NB": "4 EXTENT: #B 3 EXTENT: #D 5 EXTENT: #H TENSOR: X ( #B #D ) TENSOR: W ( #D #H ) "
+                 "TENSOR: Y ( #B #H )\nMODEL: T ( x w -- y ) LINEAR-NB ;\n",
+}
+# the builtins: stack shuffles, arithmetic on stack values, element-level reductions, vector words
+DECLS = "4 EXTENT: #M 3 EXTENT: #K TENSOR: X ( #M #K ) TENSOR: Z ( #M #K ) TENSOR: Y ( #M #K ) TENSOR: V ( #M )\n"
+BUILTINS = {
+    "shuffles": DECLS + "MODEL: T ( x z -- y ) DUP ROT OVER SWAP TUCK MUL NIP ADD SWAP DROP SQUARE ;\n",
+    "arithmetic": DECLS + "MODEL: T ( x z -- y ) OVER OVER * ROT ROT / - x + ;\n",
+    "SUM-OVER": DECLS + "MODEL: T ( -- ) m k X@ m k Z@ * k SUM-OVER m V! ;\n",
+    "MAX-OVER": DECLS + "MODEL: T ( -- ) m k X@ m k Z@ + k MAX-OVER m V! ;\n",
+}
+
+
+def _library_cases() -> list[tuple[str, str]]:
+    out = []
+    for name, word in prelude().words.items():
+        text = COMPOSED.get(name) or _word_program(name, word)
+        if text is not None:
+            out.append((name, text))
+        else:
+            assert not isinstance(word, ColonWord | EquationWord | ElementwiseWord), name
+    return out + sorted(BUILTINS.items())
+
+
+LIBRARY = _library_cases()
+
+
+@pytest.mark.parametrize("name,text", LIBRARY, ids=[n for n, _ in LIBRARY])
+def test_every_library_word_differentiates_and_passes_both_checks(name, text):
+    model = parse_text(text, f"{name}.habu").models["T"]
+    _check(derive(model), model)
+
+
+def test_the_library_cases_cover_every_prelude_word():
+    covered = {n for n, _ in LIBRARY}
+    defined = {n for n, w in prelude().words.items() if isinstance(w, ColonWord | EquationWord | ElementwiseWord)}
+    assert defined <= covered
+    assert {"DUP", "SWAP", "OVER", "ROT", "NIP", "TUCK", "DROP", "+", "-", "*", "/", "SUM-OVER", "MAX-OVER"} <= \
+        {w for _, t in BUILTINS.items() for w in t.split()}
+
+
+# ----------------------------------------------------------------------------- the checks can fail
+
+
+def test_the_checks_reject_a_wrong_backward():
+    model = load_program(EXAMPLES[0].parent / "rmsnorm.habu").models["RMSNORM-EQ"]
+    bw = derive(model)
+    last = bw.model.nodes[-1]
+    wrong = replace(last, rhs=Op("mul", (Const(2), last.rhs)))  # type: ignore[arg-type]
+    bad = replace(bw, model=replace(bw.model, nodes=(*bw.model.nodes[:-1], wrong)))
+    assert not adjoint_check(bad, model).passed
+    assert not finite_difference_check(bad, model).passed
+
+
+def test_the_field_check_rejects_a_scatter_that_drops_duplicates():
+    model = load_program(EXAMPLES[0].parent / "ggemm.habu").models["GGEMM"]
+    bw = derive(model)
+    scatter = bw.model.nodes[0]
+    assert scatter.scatter is not None
+    # dA[m k] = ... (as if IX were the identity): wrong wherever IX repeats or permutes
+    plain = replace(scatter, scatter=None)
+    bad = replace(bw, model=replace(bw.model, nodes=(plain, *bw.model.nodes[1:])))
+    assert not adjoint_check(bad, model).passed
+
+
+# ----------------------------------------------------------------------------- what is saved
+
+
+def test_rmsnorm_saves_only_the_per_row_rstd():
+    model = load_program(EXAMPLES[0].parent / "rmsnorm.habu").models["RMSNORM-ROWS"]
+    bw = derive(model)
+    assert len(bw.saved) == 1
+    (_, rstd), = bw.saved
+    assert bw.model.tensor(rstd).extents == ("R",)
+    assert {t.name for t in bw.model.inputs} == {"X", "dY", rstd}
+    # the row's Σ x² is not recomputed: the one reduction left is Σ d dY·X, which the backward needs
+    assert sum(1 for eq in bw.model.nodes for x in walk(eq.rhs) if isinstance(x, Reduce)) == 1
+
+
+def test_ffn_recomputes_gelu_and_saves_the_contractions():
+    model = load_program(EXAMPLES[0].parent / "ffn_skip.habu").models["FFN-SKIP"]
+    bw = derive(model)
+    saved = dict(bw.saved)
+    assert "%1" in saved and "%4" in saved  # X·W1 and GELU(...)·W2
+    assert "%3" not in saved and "%3" in bw.choices  # GELU's output is recomputed
+    everything = derive(model, policy=SavePolicy(SaveMode.SAVE))
+    assert set(dict(everything.saved)) == set(everything.choices)
+    nothing = derive(model, policy=SavePolicy(SaveMode.RECOMPUTE))
+    assert nothing.saved == () and nothing.forward.outputs == model.outputs
+    forced = derive(model, policy=SavePolicy(save=frozenset({"%3"})))
+    assert "%3" in dict(forced.saved)
+
+
+def test_a_gather_becomes_a_scatter_add_into_an_accumulated_gradient():
+    model = load_program(EXAMPLES[0].parent / "ggemm.habu").models["GGEMM"]
+    bw = derive(model)
+    assert bw.accumulated == ("dA",)
+    assert bw.model.nodes[0].target == "dA" and bw.model.nodes[0].scatter is not None
+    assert {t.name for t in bw.model.inputs} >= {"dA", "IX", "dO"}
+
+
+# ----------------------------------------------------------------------------- the text form
+
+
+TEXT_CASES = [(str(p), n, None) for p, n in EXAMPLE_MODELS] + [(None, n, t) for n, t in LIBRARY]
+
+
+@pytest.mark.parametrize("path,name,text", TEXT_CASES, ids=[f"{'ex' if p else 'word'}-{n}" for p, n, _ in TEXT_CASES])
+def test_the_text_runs_as_the_backward_model(path, name, text):
+    model = load_program(path).models[name] if path else parse_text(text, "t.habu").models["T"]
+    bw = derive(model)
+    text = backward_text(bw)
+    sizes = small_sizes(bw.model)
+    program = parse_text(text, "grad.habu")
+    back = bw.model.with_sizes(sizes)
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for t in back.inputs:
+        shape = tuple(sizes[e] for e in t.extents)
+        inputs[t.name] = rng.integers(0, sizes[t.range], shape) if t.is_index else rng.uniform(0.5, 1.5, shape)
+    want = evaluate(back, inputs)
+    env = dict(inputs)
+    for k in range(1, len(bw.model.nodes) + 1):
+        step = program.models[f"{bw.model.name}-{k}"]
+        step = step.with_sizes({e.name: sizes[e.name] for e in step.extents})
+        env |= evaluate(step, {t.name: env[t.name] for t in step.inputs})
+    for t in back.outputs:
+        np.testing.assert_allclose(env[t.name], want[t.name], rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_a_gradient_for_an_index_tensor_is_refused_at_the_model():
+    path = EXAMPLES[0].parent / "ggemm.habu"
+    program = load_program(path)
+    with pytest.raises(HabuError) as info:
+        derive_model(program, "GGEMM", ["IX"])
+    assert "IX is an index tensor" in info.value.message
+    assert_error_format(info.value, str(path))
+
+
+def test_a_word_without_a_derivative_is_named_where_the_model_uses_it():
+    text = ("4 EXTENT: #R 3 EXTENT: #C TENSOR: X ( #R #C ) TENSOR: Y ( #R #C )\n"
+            "WORD: HARD ( x -- y ) x · step(x) ;\n"
+            "MODEL: T ( x -- y )\n  SQUARE HARD ;\n")
+    program = parse_text(text, "t.habu")
+    with pytest.raises(HabuError) as info:
+        derive_model(program, "T")
+    err = info.value
+    assert "HARD uses step()" in err.message
+    m = assert_error_format(err)
+    assert (int(m.group("line")), int(m.group("col"))) == (4, 10)
+
+
+def test_regression_a_derivative_written_in_the_output_itself_does_not_read_the_forward_output():
+    # sigmoid' = sigmoid·(1 − sigmoid): the backward read the model's output Y, which it is not given
+    text = "4 EXTENT: #R 3 EXTENT: #C TENSOR: X ( #R #C ) TENSOR: Y ( #R #C )\nMODEL: T ( x -- y ) SIGMOID ;\n"
+    model = parse_text(text).models["T"]
+    bw = derive(model)
+    assert {t.name for t in bw.model.inputs} == {"X", "dY"}
+    _check(bw, model)

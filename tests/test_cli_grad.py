@@ -1,0 +1,57 @@
+"""`habu grad` and `habu compile --backward` from the command line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+EX = ROOT / "examples"
+
+
+def habu(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "habu", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_grad_prints_the_backward_and_habu_check_reads_what_it_writes(tmp_path):
+    r = habu("grad", str(EX / "ggemm.habu"))
+    assert r.returncode == 0, r.stderr
+    assert "MODEL: GGEMM-GRAD-1  dA[IX[m] k] += Σ n dO[m n] · B[n k] ;" in r.stdout
+    assert "MODEL: GGEMM-GRAD-2  dB[n k] = Σ m dO[m n] · A[IX[m] k] ;" in r.stdout
+    out = tmp_path / "grad.habu"
+    r = habu("grad", str(EX / "ffn_skip.habu"), "-o", str(out), "--check")
+    assert r.returncode == 0, r.stderr
+    assert "finite field: <u, J v> = <J^T u, v>" in r.stderr and "central differences" in r.stderr
+    assert "gradients dX of X, dW1 of W1, dB1 of B1, dW2 of W2, dB2 of B2" in r.stdout
+    r = habu("check", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "FFN-SKIP-GRAD-13" in r.stdout
+
+
+def test_grad_refusals_are_errors_with_a_place_and_exit_1():
+    r = habu("grad", str(EX / "ggemm.habu"), "--wrt", "IX")
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"{EX / 'ggemm.habu'}:14:8: error: IX is an index tensor"), r.stderr
+    assert "Traceback" not in r.stderr
+    r = habu("grad", str(EX / "ggemm.habu"), "--save", "sometimes")
+    assert r.returncode == 1 and "error: --save takes auto, save, recompute" in r.stderr
+    r = habu("grad", str(EX / "ggemm.habu"), "--wrt", "Q")
+    assert r.returncode == 1 and "GGEMM has no input Q" in r.stderr and "Traceback" not in r.stderr
+    r = habu("grad", str(EX / "ffn_skip.habu"), "--save-value", "%9")
+    assert r.returncode == 1 and "reads no such forward value (it reads %1, %2, %3" in r.stderr
+
+
+def test_grad_saves_a_value_the_user_names():
+    r = habu("grad", str(EX / "ffn_skip.habu"), "--save-value", "%3")
+    assert r.returncode == 0, r.stderr
+    assert "%3 saved as S3" in r.stdout and "dW2[h d] = Σ b dT6[b d] · S3[b h]" in r.stdout
+    assert not re.search(r"(?<![A-Za-z])T3\[", r.stdout)  # GELU's output is read, not recomputed
+
+
+def test_compile_backward_proves_the_derived_model(tmp_path):
+    r = habu("compile", str(EX / "bmm.habu"), "--backward", "--shape", "I=64,J=64", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "finite field: passed" in r.stdout
+    assert (tmp_path / "plan.json").exists()
