@@ -76,6 +76,7 @@ class _Launch:
     slots: list[_Slot]
     zeros: list[tuple[str, int]]  # (tensor, bytes) set to zero before the kernel runs
     maps: dict[tuple[int, int], Any]  # (slot index, pointer) -> encoded tensor map
+    empty: bool = False  # nothing to launch (an empty output)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class CallPlan:
         self.outputs = tuple(t.name for t in contract.tensors if t.role == "output")
         self.overlap = driver.overlaps_launches(dev)
         self._streams: dict[int, Any] = {}
+        self._device: Any = None  # torch.device of `dev`, made once
 
     # -- built once
     @classmethod
@@ -129,7 +131,7 @@ class CallPlan:
             zeros = [(z, infos[z].nbytes) for z in kernel.zero]
             maps = {(s.index, infos[s.tensor].ptr): args.values[s.index] for s in slots  # encoded by pack_args
                     if s.tma is not None and infos[s.tensor].ptr}
-            plan.launches.append(_Launch(kernel, fn, grid, smem, args, slots, zeros, maps))
+            plan.launches.append(_Launch(kernel, fn, grid, smem, args, slots, zeros, maps, min(grid) <= 0))
         return plan
 
     # -- every call
@@ -154,17 +156,27 @@ class CallPlan:
                 ptrs[a.name] = pointer_of(arr) if torch is not None else arr.ptr
                 if a.output:
                     results[a.name] = arr
-        with driver.current(self.dev):
-            self._launch_all(ptrs, stream)
+        d = driver._driver()
+        if self.dev.context is not None:  # the device's primary context, current for the launches
+            _ok(d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
+        try:
+            self._launch_all(d, ptrs, stream)
+        finally:
+            if self.dev.context is not None:
+                _ok(d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
         return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
 
     def _allocate(self, a: _Alloc, torch: Any) -> Any:
         if torch is not None:
-            return torch.empty(a.shape, dtype=getattr(torch, _TORCH_NAMES[a.dtype]), device=f"cuda:{self.dev.ordinal}")
+            return torch.empty(a.shape, dtype=getattr(torch, _TORCH_NAMES[a.dtype]), device=self._torch_device(torch))
         return driver.DeviceArray(a.shape, a.dtype, self.dev)
 
-    def _launch_all(self, ptrs: Mapping[str, int], stream: int) -> None:
-        d = driver._driver()
+    def _torch_device(self, torch: Any) -> Any:
+        if self._device is None:
+            self._device = torch.device("cuda", self.dev.ordinal)
+        return self._device
+
+    def _launch_all(self, d: Any, ptrs: Mapping[str, int], stream: int) -> None:
         handle = self._streams.get(stream)
         if handle is None:
             handle = self._streams[stream] = d.CUstream(stream)
@@ -175,7 +187,7 @@ class CallPlan:
                 if nbytes:
                     _ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[tensor]), 0, nbytes, handle), "cuMemsetD8Async", ln)
                 after_kernel = False
-            if min(ln.grid) <= 0:
+            if ln.empty:
                 continue
             if after_kernel and ln.kernel.waits_for_previous and self.overlap:
                 driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
@@ -209,10 +221,11 @@ class NeedsHost(Exception):
     """This layout cannot be called without the host (an index tensor to narrow outside torch)."""
 
 
-def _ok(result: Any, what: str, ln: _Launch) -> None:
+def _ok(result: Any, what: str, ln: _Launch | None) -> None:
     err = result[0] if isinstance(result, tuple) else result
     if int(err) != 0:
-        driver.check(result, f"{what}({ln.kernel.name}, grid {ln.grid}, {ln.kernel.threads} threads, {ln.smem} B smem)")
+        where = f"({ln.kernel.name}, grid {ln.grid}, {ln.kernel.threads} threads, {ln.smem} B smem)" if ln else ""
+        driver.check(result, what + where)
 
 
 __all__ = ["CallPlan", "NeedsHost", "current_stream", "layout_key", "pointer_of"]

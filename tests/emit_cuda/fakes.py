@@ -107,11 +107,17 @@ def fake_gpu(monkeypatch, runtime, driver) -> FakeCuda:
     dev = driver.Device(0, None, None, "sm_90a", 132)
     encoded: list[int] = []
     next_ptr = [BASE + 0x1000_0000]
+    buffers: dict[tuple, list[int]] = {}
 
     class FakeDeviceArray:
+        """Allocations as a caching allocator makes them in a loop: two buffers per shape, in turn."""
+
         def __init__(self, shape, dtype, dev):
-            self.ptr, self.shape, self.dtype = next_ptr[0], tuple(shape), dtype
-            next_ptr[0] += 0x100_0000
+            self.shape, self.dtype = tuple(shape), dtype
+            pair = buffers.setdefault((self.shape, dtype), [next_ptr[0], next_ptr[0] + 0x100_0000, 0])
+            next_ptr[0] += 0x200_0000 if pair[2] == 0 and pair[0] == next_ptr[0] else 0
+            self.ptr = pair[pair[2] % 2]
+            pair[2] += 1
 
         @property
         def info(self):
