@@ -29,11 +29,12 @@ _INT_LIMITS = {"i16": (-(1 << 15), (1 << 15) - 1), "i32": (-(1 << 31), (1 << 31)
 _TENSORMAP_CACHE = 64  # encoded tensor maps kept per parameter (one per pointer seen)
 
 
-def layout_key(stream: Any, tensors: Mapping[str, Any]) -> tuple | None:
+def layout_key(tensors: Mapping[str, Any]) -> tuple | None:
     """What a call's checks depend on besides the pointers: each tensor's shape, strides, dtype and
-    device (torch tensors and `ArrayInfo`s; None for other arrays, which take the checked path)."""
+    device (torch tensors and `ArrayInfo`s; None for other arrays, which take the checked path). The
+    stream is not part of it: the packed launches go to whichever stream the call names."""
     torch = sys.modules.get("torch")
-    parts: list[Any] = [stream if stream is None or isinstance(stream, int) else id(stream)]
+    parts: list[Any] = []
     for name in sorted(tensors):
         t = tensors[name]
         if torch is not None and isinstance(t, torch.Tensor):
@@ -135,7 +136,9 @@ class CallPlan:
         return plan
 
     # -- every call
-    def run(self, tensors: Mapping[str, Any], stream: int) -> Any:
+    def run(self, tensors: Mapping[str, Any], stream: int, torch_stream: Any = None) -> Any:
+        """Launch on `stream`; `torch_stream`: the torch stream object the caller named, on which
+        the outputs torch allocated here are recorded (its caching allocator must wait for it)."""
         ptrs = {name: pointer_of(t) for name, t in tensors.items()}
         for name, align, why in self.aligned:
             if ptrs[name] % align:
@@ -148,12 +151,16 @@ class CallPlan:
             for name, dtype in self.narrow:
                 lo, hi = _INT_LIMITS[dtype]
                 narrowed = tensors[name].clamp(lo, hi).to(getattr(torch, _TORCH_NAMES[dtype])).contiguous()
+                if torch_stream is not None:
+                    narrowed.record_stream(torch_stream)
                 keep.append(narrowed)
                 ptrs[name] = int(narrowed.data_ptr())
             for a in self.allocs:
                 arr = self._allocate(a, torch)
                 keep.append(arr)
                 ptrs[a.name] = pointer_of(arr) if torch is not None else arr.ptr
+                if torch_stream is not None and torch is not None:
+                    arr.record_stream(torch_stream)
                 if a.output:
                     results[a.name] = arr
         d = driver._driver()

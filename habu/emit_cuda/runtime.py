@@ -202,7 +202,7 @@ class CompiledModel:
     def __call__(self, stream: Any = None, **tensors: Any) -> Any:
         """Run the model; returns the output array, or a dict of them when the model has several."""
         if self.check_indices == "device":
-            key = layout_key(stream, tensors)
+            key = layout_key(tensors)
             if key is not None:
                 if key in self._calls:
                     call = self._calls[key]
@@ -210,10 +210,9 @@ class CompiledModel:
                     call = self._calls[key] = self._plan_call(tensors)
                 if call is not None:
                     if stream is None:
-                        handle = current_stream(call.dev.ordinal) if call.torch_like else 0
-                    else:
-                        handle = stream_handle(stream, tensors, call.dev.ordinal)
-                    return call.run(tensors, handle)
+                        return call.run(tensors, current_stream(call.dev.ordinal) if call.torch_like else 0)
+                    named = stream if call.torch_like and hasattr(stream, "cuda_stream") else None
+                    return call.run(tensors, stream_handle(stream, tensors, call.dev.ordinal), named)
         return self._call_checked(stream, tensors)
 
     def _plan_call(self, tensors: Mapping[str, Any]) -> CallPlan | None:
