@@ -65,7 +65,10 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
             return acc
         access = next(a for x, a in lw.epi_loads if x == ld)
         p = sig.pointer(access.tensor, access.dtype)
-        return load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))
+        value = load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))
+        if access.checks:  # a gathered epilogue operand: a bad index reads zero (the store's mask has no check)
+            return f"(({access_mask(access, coord, sizes, table)}) ? {value} : 0.0f)"
+        return value
 
     value = float_expr(lw.epilogue, leaf, sizes)
     out = lw.out

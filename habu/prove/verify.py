@@ -348,8 +348,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
 
 def check_index_masking(model: Model, lowerings, names, selections, keeps, sizes: Mapping[str, int], prime: int,
                         seed: int) -> tuple[str | None, str]:
-    """Run the checked blocks once more with index tensors that hold out-of-range values (one in 16 just
-    past the end, one in 16 negative): every access through them must stay inside its tensors (the
+    """Run the checked blocks once more with index tensors that hold out-of-range values (one in four:
+    just past the end, -1, a million off either way): every access through them must stay inside its tensors (the
     index checks of the lowering's masks, `Access.checks`, mask those elements and raise the kernel's
     error words). Returns (failure, note); the values are not compared (a masked gather reads zero)."""
     field_ = PrimeField(prime, seed)

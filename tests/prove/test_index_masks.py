@@ -112,3 +112,22 @@ def test_the_emitted_gather_prints_the_index_check_from_the_lowering():
             source = "".join(k.source for k in emit_plan(model, default_plan(model, TARGETS[arch], sizes),
                                                          TARGETS[arch]).kernels)
             assert "habu::index_ok((long long)p_IX[" in source, (name, arch)
+
+
+GATHERED_BIAS = r"""
+256 EXTENT: #M  256 EXTENT: #N  256 EXTENT: #K  64 EXTENT: #E
+bf16 TENSOR: A ( #M #K )  bf16 TENSOR: B ( #N #K )  f32 TENSOR: S ( #E #N )  f32 TENSOR: O ( #M #N )
+ITENSOR: IX ( #M #E )
+MODEL: GB  O[m n] = Σ k A[m k] · B[n k] + S[IX[m] n] ;
+"""
+
+
+def test_a_gathered_load_beside_a_reduction_is_masked_and_stays_inside_its_tensor():
+    from habu.spec.parser import parse_text
+
+    model = parse_text(GATHERED_BIAS).models["GB"]
+    plan = default_plan(model, TARGETS["sm_90a"], None)
+    source = "".join(k.source for k in emit_plan(model, plan, TARGETS["sm_90a"]).kernels)
+    assert "habu::index_ok((long long)p_IX[e0], (long long)(64)" in source
+    failure, note = _masking(model, plan, dict(plan.shape))
+    assert failure is None and "IX[" in note
