@@ -35,15 +35,22 @@ def layout_key(tensors: Mapping[str, Any]) -> tuple | None:
     stream is not part of it: the packed launches go to whichever stream the call names."""
     torch = sys.modules.get("torch")
     parts: list[Any] = []
-    for name in sorted(tensors):
-        t = tensors[name]
+    for name, t in tensors.items():  # in the caller's order: another order is another (equal) entry
         if torch is not None and isinstance(t, torch.Tensor):
-            parts.append((name, tuple(t.shape), t.stride(), t.dtype, t.get_device()))
+            parts.append((name, t.shape, t.stride(), t.dtype, t.get_device()))
         elif isinstance(t, ArrayInfo):
             parts.append((name, t.shape, t.strides, t.dtype, t.device, t.readonly))
         else:
             return None
     return tuple(parts)
+
+
+def narrow_index(torch: Any, values: Any, dtype: str) -> Any:
+    """An index tensor in the kernel's narrower integer type, on its device and stream: saturated, so a
+    value outside the type stays outside every index range (the kernel's check reports it), never
+    wrapped into range."""
+    lo, hi = _INT_LIMITS[dtype]
+    return values.clamp(lo, hi).to(getattr(torch, _TORCH_NAMES[dtype])).contiguous()
 
 
 def pointer_of(t: Any) -> int:
@@ -149,8 +156,7 @@ class CallPlan:
         if self.narrow or self.allocs:
             torch = sys.modules.get("torch") if self.torch_like else None
             for name, dtype in self.narrow:
-                lo, hi = _INT_LIMITS[dtype]
-                narrowed = tensors[name].clamp(lo, hi).to(getattr(torch, _TORCH_NAMES[dtype])).contiguous()
+                narrowed = narrow_index(torch, tensors[name], dtype)
                 if torch_stream is not None:
                     narrowed.record_stream(torch_stream)
                 keep.append(narrowed)

@@ -160,3 +160,13 @@ def test_check_errors_synchronises_reports_once_and_clears(monkeypatch):
     device_errors.check_errors()  # reported once: the words were cleared
     device_errors.check_errors(device=1)  # no module there: nothing to read
     assert cuda.synced == 2
+
+
+def test_regression_narrowing_an_int64_index_never_wraps_a_bad_value_into_range():
+    torch = pytest.importorskip("torch")
+    from habu.emit_cuda.call_plan import narrow_index
+
+    wide = torch.tensor([3, -1, (1 << 32) + 5, -(1 << 40), 4095], dtype=torch.int64)
+    narrow = narrow_index(torch, wide, "i32")
+    assert narrow.dtype == torch.int32
+    assert narrow.tolist() == [3, -1, (1 << 31) - 1, -(1 << 31), 4095]  # 2^32 + 5 would wrap to 5
