@@ -76,12 +76,17 @@ def _capture_replay(fn, make_inputs) -> None:
     eager = fn(**static)
     torch.cuda.synchronize()
     assert torch.isfinite(captured).all()
-    assert torch.allclose(captured.float(), eager.float(), rtol=1e-5, atol=1e-5), \
-        float((captured.float() - eager.float()).abs().max())
+    # the same kernels on the same values: equal up to the order of atomic adds (a replay that ran on
+    # the capture-time values, or did not run, would be off by the whole output)
+    assert _rel(captured, eager) <= 1e-3, _rel(captured, eager)
     graph.replay()  # a second replay gives the same result
     torch.cuda.synchronize()
-    assert torch.allclose(captured.float(), eager.float(), rtol=1e-5, atol=1e-5)
+    assert _rel(captured, eager) <= 1e-3
     habu.check_errors()
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
 
 
 def test_ggemm_is_captured_and_replayed(built):
