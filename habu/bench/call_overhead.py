@@ -78,8 +78,8 @@ def _rel_error(got: Any, want: Any) -> float:
 
 
 def cases(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any], float]]:
-    """(name, Habu call, torch call, tolerance) with their inputs bound."""
-    import habu
+    """(name, Habu call, torch call, tolerance) with their inputs bound (the default plans, proven)."""
+    from habu.bench.run import build
 
     F = torch.nn.functional
     g = torch.Generator(device="cpu").manual_seed(20)
@@ -88,13 +88,13 @@ def cases(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any], f
         return torch.randn(*shape, generator=g).to("cuda", torch.bfloat16)
 
     out = []
-    gg = habu.build(EX / "ggemm.habu", M=64, N=4096, K=4096)
+    gg = build(str(EX / "ggemm.habu"), "GGEMM", {"M": 64, "N": 4096, "K": 4096}).compiled
     a, b = randn(64, 4096), randn(4096, 4096)
     ix64 = torch.randint(0, 64, (64,), generator=g).to("cuda")
     ix32 = ix64.to(torch.int32)
     out.append(("GGEMM 64x4096x4096, IX int32", lambda: gg(A=a, B=b, IX=ix32), lambda: a[ix32] @ b.T, 2e-2))
     out.append(("GGEMM 64x4096x4096, IX int64", lambda: gg(A=a, B=b, IX=ix64), lambda: a[ix64] @ b.T, 2e-2))
-    rms = habu.build(EX / "rmsnorm.habu", "RMSNORM-ROWS", R=16, D=4096)
+    rms = build(str(EX / "rmsnorm.habu"), "RMSNORM-ROWS", {"R": 16, "D": 4096}).compiled
     x = randn(16, 4096)
     out.append(("RMSNorm 16x4096", lambda: rms(X=x), lambda: F.rms_norm(x, (4096,), eps=1e-6), 2e-2))
     return out
@@ -108,19 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    import habu
+    from habu.emit_cuda.device_errors import check_errors
 
     rows = []
     for name, ours, theirs, tol in cases(torch):
         err = _rel_error(ours(), theirs())
-        habu.check_errors()
+        check_errors()
         if not err <= tol:
             raise SystemExit(f"{name}: Habu's output differs from torch's (relative error {err:.2e} > {tol})")
         row: dict[str, Any] = {"case": name, "rel_error": err}
         for who, fn in (("habu", ours), ("torch", theirs)):
             row[who] = _loop(fn, args.calls, args.repeats, torch.cuda.synchronize)
             row[who]["device_us"] = _device_us(torch, fn)
-        habu.check_errors()
+        check_errors()
         rows.append(row)
     print(f"\n{'case':32} {'who':6} {'loop us':>8} {'host us':>8} {'spread':>7} {'device us':>9}  habu <= torch")
     for r in rows:
