@@ -170,3 +170,22 @@ def test_regression_narrowing_an_int64_index_never_wraps_a_bad_value_into_range(
     narrow = narrow_index(torch, wide, "i32")
     assert narrow.dtype == torch.int32
     assert narrow.tolist() == [3, -1, (1 << 31) - 1, -(1 << 31), 4095]  # 2^32 + 5 would wrap to 5
+
+
+GATHER_ROWS = r"""
+#include "habu/habu.cuh"
+extern "C" __global__ void gather_rows(const float* __restrict__ a, const int* __restrict__ ix, float* __restrict__ o,
+                                       long long rows, long long n) {
+  long long r = blockIdx.x, c = threadIdx.x;
+  const bool ok = r < n && habu::index_ok((long long)ix[r], rows, 0u, r);
+  o[r * 32 + c] = ok ? a[(long long)ix[r] * 32 + c] : 0.0f;
+}
+"""
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_the_index_check_compiles_and_its_module_carries_the_error_words(arch):
+    from habu.emit_cuda.nvrtc import compile_cuda
+
+    cubin = compile_cuda(GATHER_ROWS, "gather_rows", arch).cubin
+    assert device_errors.SYMBOL in cubin  # what cuModuleGetGlobal finds after loading
