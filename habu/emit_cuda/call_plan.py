@@ -236,7 +236,7 @@ class NeedsHost(Exception):
 
 def _ok(result: Any, what: str, ln: _Launch | None) -> None:
     err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
+    if err != driver._driver().CUresult.CUDA_SUCCESS:
         where = f"({ln.kernel.name}, grid {ln.grid}, {ln.kernel.threads} threads, {ln.smem} B smem)" if ln else ""
         driver.check(result, what + where)
 
