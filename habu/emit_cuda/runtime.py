@@ -52,6 +52,7 @@ from habu.lower.access import with_derived
 from habu.spec.ir import Model
 
 _TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}  # Habu dtype -> torch attribute
+_CALL_PLANS_KEPT = 1024  # argument layouts whose packed launches a CompiledModel keeps
 
 
 def stream_handle(stream: Any, tensors: Mapping[str, Any], ordinal: int) -> int:
@@ -207,6 +208,8 @@ class CompiledModel:
                 if key in self._calls:
                     call = self._calls[key]
                 else:
+                    if len(self._calls) >= _CALL_PLANS_KEPT:  # many runtime shapes: start over
+                        self._calls.clear()
                     call = self._calls[key] = self._plan_call(tensors)
                 if call is not None:
                     if stream is None:
