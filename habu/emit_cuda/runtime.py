@@ -214,8 +214,11 @@ class CompiledModel:
                 if call is not None:
                     if stream is None:
                         return call.run(tensors, current_stream(call.dev.ordinal) if call.torch_like else 0)
-                    named = stream if call.torch_like and hasattr(stream, "cuda_stream") else None
-                    return call.run(tensors, stream_handle(stream, tensors, call.dev.ordinal), named)
+                    if not call.torch_like:
+                        return call.run(tensors, stream_handle(stream, tensors, call.dev.ordinal))
+                    if hasattr(stream, "cuda_stream"):  # a torch stream: torch's allocations are recorded on it
+                        return call.run(tensors, int(stream.cuda_stream), stream)
+                    # a raw handle beside torch tensors: the checked path allocates in that stream's order
         return self._call_checked(stream, tensors)
 
     def _plan_call(self, tensors: Mapping[str, Any]) -> CallPlan | None:
