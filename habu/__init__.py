@@ -2,7 +2,7 @@
 
 from habu.version import __version__
 
-__all__ = ["__version__", "build", "load", "tune"]
+__all__ = ["__version__", "build", "check_errors", "load", "tune"]
 
 
 def build(*args, **kwargs):
@@ -24,3 +24,13 @@ def tune(*args, **kwargs):
     from habu.api import tune as _tune
 
     return _tune(*args, **kwargs)
+
+
+def check_errors(device: int | None = None) -> None:
+    """Raise the index error a Habu kernel found on the device since the last check (an index value
+    outside the axis it indexes: masked, nothing out of bounds was touched), as an ArgumentError naming
+    the tensor, the value and its position. Synchronises the devices that hold Habu kernels (or only
+    `device`); see `habu.emit_cuda.device_errors` and docs/ARCHITECTURE.md, "Index values"."""
+    from habu.emit_cuda.device_errors import check_errors as _check
+
+    _check(device)

@@ -19,6 +19,7 @@ from habu.target import target_named
 
 def build(path: str | Path, model: str | None = None, *, target: str | None = None,
           pins: dict[str, str] | None = None, trials: int = 3, check: bool = True, grad: bool = False,
+          check_indices: str = "device",
           **shape: int):
     """Prove the default (or pinned) plan for `model`, emit it and return a `CompiledModel`.
 
@@ -29,7 +30,9 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     once on small-integer inputs and compare each output element bit for bit with the exact
     reference, with guard bytes around every buffer (habu.timing.exact; models that use exp,
     rsqrt, division... are not integer-exact and are not checked). A failure raises
-    ExactCheckError. Needs torch; `check=False` skips it."""
+    ExactCheckError. Needs torch; `check=False` skips it. `check_indices`: "device" (index values checked
+    in the kernels, reported by `habu.check_errors()`; no host round trip, capturable in a CUDA graph) or
+    "host" (also copied and checked on the host before every launch, for debugging): see CompiledModel."""
     from habu.compile import compile_model
     from habu.emit_cuda.guards import KernelSet
     from habu.emit_cuda.runtime import CompiledModel
@@ -47,7 +50,7 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials,
                              hint="choose other plan fields with pins={...}, or a shape that satisfies the rule")
     members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
-    built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
+    built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name, check_indices=check_indices)
     if check and _runs_here(tgt.name):
         from habu.timing.exact import kept_types
         from habu.timing.exact_gpu import check_built
@@ -81,7 +84,8 @@ def tune(path: str | Path, model: str | None = None, *, budget: str | int = "90s
 _warned: set[str] = set()
 
 
-def load(path: str | Path, model: str | None = None, *, db: str | Path | None = None, **shape: int):
+def load(path: str | Path, model: str | None = None, *, db: str | Path | None = None, check_indices: str = "device",
+         **shape: int):
     """The best plan the database holds for this model, shape, GPU and toolchain, compiled.
 
     On a miss it uses the default plan and warns once per model and shape; it never tunes at run
@@ -110,9 +114,9 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
             extra = f" ({len(stale)} entries for other GPUs or versions exist, not used)" if stale else ""
             print(f"habu: warning: no tuned plan for {m.name} {dict(shape) or ''} on {key.target.gpu}{extra}; "
                   f"using the default plan (run habu search to tune it)", file=sys.stderr)
-        return build(path, m.name, target=tgt.name, **shape)
+        return build(path, m.name, target=tgt.name, check_indices=check_indices, **shape)
     proof = checked_plan(m, key, best)
-    return CompiledModel(m, emit(proof, tgt), arch=tgt.name)
+    return CompiledModel(m, emit(proof, tgt), arch=tgt.name, check_indices=check_indices)
 
 
 def checked_plan(model, key, record):

@@ -13,10 +13,11 @@ tensor, or a tuple of them in the model's output order (`op.outputs`) when it ha
 - CUDA: the `CompiledModel`, on torch's current stream of the inputs' device (the runtime launches
   there when its arrays are torch tensors; outputs are allocated by torch's caching allocator on that
   stream). Inputs are made contiguous first; every other precondition is the runtime's (shapes within
-  the extents, dtypes, alignment, index values in range, all checked before a launch). Index tensors
-  may be int64: the runtime checks their values and narrows them. A model with index tensors copies
-  them to the host to check them, which synchronises the stream: such an op cannot be captured in a
-  CUDA graph (`mode="reduce-overhead"`).
+  the extents, dtypes and alignment, checked before a launch; index values are checked inside the
+  kernels and reported by `habu.check_errors()`). Index tensors may be int64: the runtime narrows them
+  on the device. Nothing on the call path copies from the device or synchronises, so the op can be
+  captured in a CUDA graph (`torch.cuda.graph`, `mode="reduce-overhead"`) once it has run eagerly
+  with inputs of the same shapes.
 - CPU: the model's float64 reference (`habu.spec.reference.evaluate`), rounded to the output dtype.
   It is a slow reference, there for tests and for tracing on machines without a GPU; it runs no
   Habu kernel.

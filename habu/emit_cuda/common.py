@@ -19,6 +19,35 @@ LOAD = {"bf16": "habu::load_bf16", "f16": "habu::load_f16", "f32": "habu::load_f
 STORE = {"bf16": "habu::store_bf16", "f16": "habu::store_f16", "f32": "habu::store_f"}
 
 
+def index_code(model: Model, table: str) -> int:
+    """The bit an index tensor's out-of-range value sets in the error word: its place among the model's
+    index tensors (`habu.emit_cuda.checks.index_tensors` reads the bits back by the same order)."""
+    names = [d.name for d in model.inputs if d.is_index]
+    code = names.index(table)
+    if code >= 32:
+        raise ValueError(f"{table}: a model may check at most 32 index tensors")
+    return code
+
+
+class TableReader:
+    """An index tensor's value at a coordinate as C (`table(name, coordinate)`), and the index check of
+    an access's mask (`check`): `habu::index_ok`, which raises the module's error words
+    (`habu_index_errors`, habu/memory/index.cuh) on a value outside the indexed axis."""
+
+    def __init__(self, sig: Signature, model: Model, it: str):
+        self.sig, self.model, self.it = sig, model, it
+
+    def __call__(self, name: str, coordinate: str) -> str:
+        p = self.sig.pointer(name, self.model.tensor(name).dtype.name)  # type: ignore[union-attr]
+        return f"({self.it}){p}[{coordinate}]"
+
+    def check(self, name: str, coordinate: Any, size: Any) -> str:
+        p = self.sig.pointer(name, self.model.tensor(name).dtype.name)  # type: ignore[union-attr]
+        at = coordinate if isinstance(coordinate, str) else c(coordinate)
+        return (f"habu::index_ok((long long){p}[{at}], (long long)({c(size)}), {index_code(self.model, name)}u, "
+                f"(long long)({at}))")
+
+
 @dataclass
 class Signature:
     """The parameters of one kernel, collected while its body is emitted."""
@@ -122,6 +151,12 @@ class CIndex:
             raise ValueError(f"a gather through {name} where no index tensor is read")
         return self._table(name, coordinate)
 
+    def index_ok(self, name: str, coordinate: Any, size: Any, guard: Any) -> str:
+        check = getattr(self._table, "check", None)
+        if check is None:
+            raise ValueError(f"an index check of {name} where the emitter gave no TableReader")
+        return check(name, coordinate, size)
+
     def lt(self, a: str, b: Any) -> str:
         return f"({a}) < {c(b)}"
 
@@ -139,9 +174,11 @@ def access_offset(access: Access, coord: Mapping[str, str], sizes: Mapping[str, 
     return access.offset(coord, sizes, CIndex(width, table), axes)
 
 
-def access_mask(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any]) -> str:
-    """The access's bounds predicate as C, printed from the lowering's `Access.mask`."""
-    return access.mask(coord, sizes, CIndex(32))
+def access_mask(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any],
+                table: Callable[[str, str], str] | None = None) -> str:
+    """The access's bounds predicate as C, printed from the lowering's `Access.mask`; an access with
+    index checks (a gather or scatter) needs `table`, a `TableReader`, which prints them."""
+    return access.mask(coord, sizes, CIndex(32, table))
 
 
 def float_literal(v: Fraction) -> str:

@@ -13,6 +13,7 @@ from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
     Signature,
+    TableReader,
     access_mask,
     access_offset,
     float_expr,
@@ -49,11 +50,8 @@ def tile_setup(lw: ContractionLowering, sizes, it: str, indent: str = "    ") ->
     return "".join(indent + ln + "\n" for ln in lines)
 
 
-def table_reader(sig: Signature, model: Model, it: str):
-    def table(name: str, coord: str) -> str:
-        p = sig.pointer(name, model.tensor(name).dtype.name)  # type: ignore[union-attr]
-        return f"({it}){p}[{coord}]"
-    return table
+def table_reader(sig: Signature, model: Model, it: str) -> TableReader:
+    return TableReader(sig, model, it)
 
 
 def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
@@ -67,7 +65,10 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
             return acc
         access = next(a for x, a in lw.epi_loads if x == ld)
         p = sig.pointer(access.tensor, access.dtype)
-        return load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))
+        value = load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))
+        if access.checks:  # a gathered epilogue operand: a bad index reads zero (the store's mask has no check)
+            return f"(({access_mask(access, coord, sizes, table)}) ? {value} : 0.0f)"
+        return value
 
     value = float_expr(lw.epilogue, leaf, sizes)
     out = lw.out
@@ -77,7 +78,7 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
         store = f"habu::atomic_add_f({p} + ({off}), {value});"
     else:
         store = store_value(out.dtype, p, off, value)
-    return f"if ({access_mask(out, coord, sizes)}) {{ {store} }}"
+    return f"if ({access_mask(out, coord, sizes, table)}) {{ {store} }}"
 
 
 def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
@@ -92,7 +93,7 @@ def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes,
             return acc
         access = next(a for x, a in lw.epi_loads if x == ld)
         p = sig.pointer(access.tensor, access.dtype)
-        inside = access_mask(access, coord, sizes)
+        inside = access_mask(access, coord, sizes, table)
         return f"(({inside}) ? {load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))} : 0.0f)"
 
     return float_expr(lw.epilogue, leaf, sizes)
@@ -113,7 +114,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
 
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, {"m": m, "n": n}, sizes, lw.index_width, table)
-    both = access_mask(out, {"m": m, "n": f"({n} + 1)"}, sizes)
+    both = access_mask(out, {"m": m, "n": f"({n} + 1)"}, sizes, table)
     if out.dtype == "f32":
         vstore = f"*reinterpret_cast<float2*>({p} + off) = make_float2(v0, v1);"
     else:
@@ -127,7 +128,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
               const float v1 = {value(f"({n} + 1)", acc1)};
               if (({both}) && (off & 1) == 0) {{ {vstore} }}
               else {{
-                if ({access_mask(out, {"m": m, "n": n}, sizes)}) {{ {single0} }}
+                if ({access_mask(out, {"m": m, "n": n}, sizes, table)}) {{ {single0} }}
                 if ({both}) {{ {single1} }}
               }}
             }}"""
@@ -163,7 +164,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
         const {it} r = {row_axis}0 + i;
         const {it} kk = k0 + kx;
         float v = 0.0f;
-        if ({access_mask(access, coord, sizes)}) v = {value};
+        if ({access_mask(access, coord, sizes, table)}) v = {value};
         s{side}[{c(copy.index(CExpr("i"), CExpr("kx")))}] = v;
       }}
 """

@@ -40,7 +40,7 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
     coord = {a: a for a in (f"e{i}" for i in range(len(lw.extents)))} | {a: a for a, _ in lw.loops}
     coord_lines = [f"  const {it} {a} = ({it})({c(v) if isinstance(v, CExpr | int) else v});"
                    for a, v in sorted(lw.coordinates(CExpr("e"), sizes).items())]
-    guard = lw.lane_guard(coord, "e", sizes, CIndex(lw.index_width))
+    guard = lw.lane_guard(coord, "e", sizes, CIndex(lw.index_width, table))
     body: list[str] = []
     counter = [0]
 
@@ -48,7 +48,7 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
         acc = lw.access(ld)
         p = sig.pointer(acc.tensor, acc.dtype)
         value = load_value(acc.dtype, p, access_offset(acc, coord, sizes, lw.index_width, table))
-        inside = access_mask(acc, coord, sizes)
+        inside = access_mask(acc, coord, sizes, table)
         return value if inside == "true" else f"(({inside}) ? {value} : 0.0f)"
 
     def reduce(r: Reduce, lines: list[str], depth: int) -> str:

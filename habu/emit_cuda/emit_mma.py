@@ -73,7 +73,7 @@ def _stage_load(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
     table = table_reader(sig, model, it)
     coord = {row_axis: "r", "k": "kk"}
     off = access_offset(access, coord, sizes, lw.index_width, table)
-    mask = access_mask(access, coord, sizes)
+    mask = access_mask(access, coord, sizes, table)
     row, col = copy.element(*copy.along(CExpr("e")))
     idx = (f"const int i = {c(row)}; const int x = {c(col)};" if copy.k_inner
            else f"const int x = {c(col)}; const int i = {c(row)};")

@@ -45,7 +45,7 @@ def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, s
     dimension), the stores along k; each element's mask and offsets are the lowering's."""
     t = stage.tile
     step = stage.threads // t
-    ok = f"{access_mask(stage.src, coord, sizes)} && {access_mask(stage.dst, coord, sizes)}"
+    ok = f"{access_mask(stage.src, coord, sizes, table)} && {access_mask(stage.dst, coord, sizes, table)}"
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts
   __shared__ {CTYPE[stage.src.dtype]} tile[{t}][{t + 1}];
@@ -71,7 +71,7 @@ def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, sr
 {GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in blocks of {stage.threads}, y over rows
   const {it} row = ({it})blockIdx.y;
   const {it} kk = ({it})blockIdx.x * {stage.threads} + threadIdx.x;
-  if ({access_mask(stage.src, coord, sizes)} && {access_mask(stage.dst, coord, sizes)}) {{
+  if ({access_mask(stage.src, coord, sizes, table)} && {access_mask(stage.dst, coord, sizes, table)}) {{
     {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = {src}[{access_offset(stage.src, coord, sizes, width, table)}];
   }}
 }}

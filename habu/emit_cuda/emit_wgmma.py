@@ -65,7 +65,7 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
     table = table_reader(sig, model, it)
     coord = {row_axis: "r", "k": "kk"}
     off = access_offset(access, coord, sizes, lw.index_width, table)
-    mask = access_mask(access, coord, sizes)
+    mask = access_mask(access, coord, sizes, table)
     base = f"{side.lower()}_stage"
     ops = lw.operands  # the stage tile's layout: habu/lower/layouts.py (the store map the field check runs)
     if isinstance(ops, WgmmaOperands):
@@ -82,8 +82,7 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
             # offsets (through the gather) were computed once per tile (`rows_setup`)
             step = 128 // per_row
             koff = access_offset(access, coord, sizes, lw.index_width, table, ("k",))
-            kmask = " && ".join(f"(kk) {'<=' if b.inclusive else '<'} {c(sizes[b.extent])}"
-                                for b in access.masks if b.axis == "k") or "true"
+            kmask = access_mask(access.along("k"), {"k": "kk"}, sizes, table)
             return f"""        {{
           const {it} kk = k0 + (ptid % {per_row}) * {vec};
           const bool k_ok = {kmask};
@@ -130,8 +129,7 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
     count = rows * per_row // 128
     table = table_reader(sig, model, it)
     roff = access_offset(access, {row_axis: "r", "k": "0"}, sizes, lw.index_width, table, (row_axis,))
-    rmask = " && ".join(f"(r) {'<=' if b.inclusive else '<'} {c(sizes[b.extent])}"
-                        for b in access.masks if b.axis == row_axis) or "true"
+    rmask = access_mask(access.along(row_axis), {row_axis: "r"}, sizes, table)  # the gather's index check too
     s = side.lower()
     return f"""      {it} {s}_row_off[{count}];  // -1: the row is past the edge (masked)
 #pragma unroll

@@ -12,7 +12,8 @@ current context (cuModuleLoadData, once), allocates the intermediates in stream 
 what split-K adds into, encodes the tensor maps (cuTensorMapEncodeTiled with the runtime's settings)
 and launches every kernel in order with its grid, block and dynamic shared memory (opting in above
 48 KiB), early (programmatic stream serialization) where the runtime would. Index-tensor values are
-not read: the caller keeps them in range (the Python runtime checks them on the host).
+not read on the host: the kernels mask a value out of range and record it in their module's error
+words (`habu_index_errors`, habu/memory/index.cuh), which the caller may read with cuModuleGetGlobal.
 """
 
 from __future__ import annotations

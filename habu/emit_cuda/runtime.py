@@ -4,10 +4,13 @@
     y = model(x=x, w=w)                          # torch / cupy / any DLPack or CAI arrays
 
 Every precondition the proof assumed (shapes within the declared extents, dtypes, one CUDA
-device, row-major layout, aligned base addresses, index values in range) is checked before the
-first launch; a failure raises ArgumentError and launches nothing. Index tensors may come as i16,
-i32 or i64 (torch's int64): one not of the kernel's type is checked and converted on the way in.
-Kernels run in order on the caller's stream.
+device, row-major layout, aligned base addresses) is checked before the first launch; a failure
+raises ArgumentError and launches nothing. Index values are checked inside the kernels (their masks
+include the index checks of the lowering): a value out of range is masked, never read through or
+written through, and reported by `habu.check_errors()` (`device_errors`). Index tensors may come as
+i16, i32 or i64 (torch's int64): one not of the kernel's type is narrowed on the way in. Kernels run
+in order on the caller's stream; a call with torch tensors of a layout seen before only launches
+(`call_plan`): no copy from the device, no synchronisation, capturable in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from habu.emit_cuda import driver
+from habu.emit_cuda import device_errors, driver
 from habu.emit_cuda.arrays import (
     ELEMENT_BYTES,
     TORCH_DTYPES,
@@ -31,6 +34,7 @@ from habu.emit_cuda.arrays import (
     row_major,
 )
 from habu.emit_cuda.cache import compile_cached
+from habu.emit_cuda.call_plan import CallPlan, NeedsHost, current_stream, layout_key
 from habu.emit_cuda.checks import (
     Contract,
     TensorContract,
@@ -48,6 +52,7 @@ from habu.lower.access import with_derived
 from habu.spec.ir import Model
 
 _TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}  # Habu dtype -> torch attribute
+_CALL_PLANS_KEPT = 1024  # argument layouts whose packed launches a CompiledModel keeps
 
 
 def stream_handle(stream: Any, tensors: Mapping[str, Any], ordinal: int) -> int:
@@ -82,28 +87,35 @@ class CompiledModel:
 
     `model` is the model the plan was emitted for (its extents and tensor declarations are the
     contract); `arch` is the target the plan was made for (None: the device's own).
-    `check_indices` copies every index tensor to the host before the launch to check its values
-    are in range: one device-to-host copy and a stream synchronisation per index tensor per call.
-    An index tensor given in another integer type than the kernel reads (torch's default int64 where
-    the kernel loads i32) is accepted: its values are always copied to the host and checked (so a
-    value that narrowing would wrap is refused, naming the tensor), and the kernels read a converted
-    copy uploaded in stream order: one more host-to-device copy per such tensor per call.
+    `check_indices`: "device" (the default; True and False mean it too) checks index values only in
+    the kernels, reported by `habu.check_errors()`. "host" (for debugging) also copies every index
+    tensor to the host before each launch and refuses a bad value with ArgumentError before anything
+    runs, and raises what the device found since the last check first: a device-to-host copy and a
+    synchronisation per index tensor per call, so such a call cannot be captured in a CUDA graph.
+    An index tensor given in another integer type than the kernel reads (torch's int64 where the
+    kernel loads i32) is accepted: torch tensors are narrowed on the device, saturating (a value
+    outside i32 stays out of range for the kernel's check); other arrays' values are copied to the
+    host, checked and uploaded narrowed (a synchronisation per call: pass the kernel's type).
     """
 
     def __init__(self, model: Model, plan: EmittedPlan | KernelSet[EmittedPlan], arch: str | None = None,
-                 check_indices: bool = True, include_dirs: tuple[str | Path, ...] = (INCLUDE_DIR,),
+                 check_indices: bool | str = "device", include_dirs: tuple[str | Path, ...] = (INCLUDE_DIR,),
                  cache_dir: str | Path | None = None):
         self.model = model
         self.kernel_set: KernelSet[EmittedPlan] = (
             plan if isinstance(plan, KernelSet) else KernelSet([((), plan)]))
         self.contracts: list[Contract] = [contract_of(model, p) for _, p in self.kernel_set.members]
-        self.arch, self.check_indices = arch, check_indices
+        if check_indices not in (True, False, "device", "host"):
+            raise ArgumentError(f"check_indices: {check_indices!r} is not 'device' or 'host'")
+        self.arch, self.check_indices = arch, "host" if check_indices == "host" else "device"
         self.include_dirs, self.cache_dir = include_dirs, cache_dir
         self._loaded: dict[tuple[int, int], list[Any]] = {}  # (member, device) -> entry points
         self._modules: list[driver.Module] = []
         # calls repeated with the same arrays (pointers, shapes, strides, dtypes) on the same stream
         # skip the checks that depend only on those and relaunch the packed arguments
         self._prepared: dict[tuple, _Prepared] = {}
+        # calls with torch tensors (or ArrayInfos) of a layout checked before: packed once, then only launched
+        self._calls: dict[tuple, CallPlan | None] = {}
 
     # -- compiling
     def compile(self, arch: str) -> list[list[Cubin]]:
@@ -126,11 +138,23 @@ class CompiledModel:
             for k in self.kernel_set.members[member][1].kernels:
                 module = load_cubin(self._cubin(k, arch))
                 self._modules.append(module)
+                self._watch_errors(module, k, dev)
                 fn = module.function(k.name)
                 driver.check_params(k, fn)
                 fns.append(fn)
             self._loaded[key] = fns
         return self._loaded[key]
+
+    def _watch_errors(self, module: driver.Module, kernel: CudaKernel, dev: driver.Device) -> None:
+        """Register the module's index error words (a kernel with index checks) for `check_errors`."""
+        if "habu::index_ok(" not in kernel.source:
+            return
+        d = driver.init()
+        found = d.cuModuleGetGlobal(module.handle, device_errors.SYMBOL)
+        if found[0] != d.CUresult.CUDA_SUCCESS:
+            return
+        tables = tuple((t.name, t.range or "") for t in self.model.inputs if t.is_index)
+        device_errors.register(device_errors.ErrorWords(self.model.name, kernel.name, tables, dev, int(found[1])))
 
     # -- checking (no launch happens before all of this has passed)
     def check(self, arrays: Mapping[str, ArrayInfo]) -> tuple[int, dict[str, int]]:
@@ -142,16 +166,19 @@ class CompiledModel:
     def _index_values(self, contract: Contract, arrays: Mapping[str, ArrayInfo], sizes: Mapping[str, int],
                       stream: int) -> dict[str, np.ndarray]:
         """Check the index tensors' values on the host (each one copied after the stream's prior work).
-        Every index tensor is checked when `check_indices` is set; one given in another integer type
-        than the kernel reads (torch's int64 for an i32 index) is checked always, since it is narrowed:
-        its values, in the kernel's type, are returned by name for the launch to upload."""
+        Every index tensor is checked when `check_indices` is "host" (after raising what the device
+        found since the last check); one given in another integer type than the kernel reads (an int64
+        array the runtime does not narrow on the device) is checked always, since it is narrowed on the
+        host: its values, in the kernel's type, are returned by name for the launch to upload."""
         converted: dict[str, np.ndarray] = {}
+        if self.check_indices == "host":
+            device_errors.check_errors(next((a.device for a in arrays.values() if a.device is not None), None))
         for t in contract.tensors:
             info = arrays.get(t.name)
             if t.index_range is None or info is None:
                 continue
             convert = converts_index(t, info)
-            if convert or self.check_indices:
+            if convert or self.check_indices == "host":
                 values = driver.copy_to_host(info, stream)
                 if convert:
                     converted[t.name] = index_values_for_kernel(t, values, sizes[t.index_range])
@@ -175,6 +202,49 @@ class CompiledModel:
     # -- calling
     def __call__(self, stream: Any = None, **tensors: Any) -> Any:
         """Run the model; returns the output array, or a dict of them when the model has several."""
+        if self.check_indices == "device":
+            key = layout_key(tensors)
+            if key is not None:
+                if key in self._calls:
+                    call = self._calls[key]
+                else:
+                    if len(self._calls) >= _CALL_PLANS_KEPT:  # many runtime shapes: start over
+                        self._calls.clear()
+                    call = self._calls[key] = self._plan_call(tensors)
+                if call is not None:
+                    if stream is None:
+                        return call.run(tensors, current_stream(call.dev.ordinal) if call.torch_like else 0)
+                    if not call.torch_like:
+                        return call.run(tensors, stream_handle(stream, tensors, call.dev.ordinal))
+                    if hasattr(stream, "cuda_stream"):  # a torch stream: torch's allocations are recorded on it
+                        return call.run(tensors, int(stream.cuda_stream), stream)
+                    # a raw handle beside torch tensors: the checked path allocates in that stream's order
+        return self._call_checked(stream, tensors)
+
+    def _plan_call(self, tensors: Mapping[str, Any]) -> CallPlan | None:
+        """Check a call's arguments and pack its launches for every later call of the same layout
+        (None: this layout needs the host on every call, an int64 index tensor outside torch)."""
+        arrays = {name: array_info(obj, name) for name, obj in tensors.items()}
+        for name, info in arrays.items():
+            if info.device is None and info.on_cuda and info.ptr:
+                arrays[name] = replace(info, device=driver.pointer_device(info.ptr))
+        member, sizes = self.check(arrays)
+        contract, plan = self.contracts[member], self.kernel_set.members[member][1]
+        sizes = with_derived(sizes, [e for t in contract.tensors for e in t.extents])  # "K^8": padded rows
+        ordinal = next((a.device for a in arrays.values() if a.device is not None), 0)
+        dev = driver.device(ordinal)
+        torch_like = any(is_torch_tensor(t) for t in tensors.values())
+        with driver.current(dev):
+            functions = self._functions(member, dev)
+            kernels = [(k, fn, k.grid(sizes, self._slots(k, fn, sizes, dev)))
+                       for k, fn in zip(plan.kernels, functions, strict=True)]
+            try:
+                return CallPlan.build(contract, sizes, dev, arrays, kernels, torch_like)
+            except NeedsHost:
+                return None
+
+    def _call_checked(self, stream: Any, tensors: Mapping[str, Any]) -> Any:
+        """A call checked from scratch (arrays other than torch tensors, or `check_indices="host"`)."""
         arrays = {name: obj.info if isinstance(obj, DeviceArray) else array_info(obj, name)
                   for name, obj in tensors.items()}
         key = self._key(arrays, stream, tensors)
@@ -239,6 +309,7 @@ class CompiledModel:
     def release_prepared(self) -> None:
         """Forget the launches packed for earlier calls' arrays (and the intermediates kept with them)."""
         self._prepared.clear()
+        self._calls.clear()
 
     @staticmethod
     def _slots(kernel: CudaKernel, function: Any, sizes: Mapping[str, int], dev: Any) -> int:

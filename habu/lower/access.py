@@ -7,7 +7,7 @@ emitter.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from habu.spec.ir import IndexConst, IndexExpr, IndexVar, TensorDecl
@@ -21,6 +21,19 @@ class Position:
     axis: str = ""  # the kernel axis ("m", "n", "k", "r", "c", "e0", ...)
     table: str = ""  # gather: the index tensor, read at [axis]
     value: int = 0  # const
+
+
+@dataclass(frozen=True)
+class IndexCheck:
+    """The predicate `0 <= table[axis] < size(extent)`: a gathered (or scattered) position's index value
+    lies inside the indexed axis. Part of the access's mask, so an out-of-range index value masks the
+    element (a gathered read gives 0, a scattered write does not happen) and raises the kernel's
+    sticky error flag instead of reading or writing outside the tensor (docs/ARCHITECTURE.md, "Index
+    values")."""
+
+    table: str  # the index tensor
+    axis: str  # the kernel axis it is read at
+    extent: str  # the extent its values index into (the indexed tensor's dimension)
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,7 @@ class Access:
     positions: tuple[Position, ...]
     strides: tuple[tuple[str, ...], ...]  # stride of each position: the product of these extents' sizes
     masks: tuple[Bound, ...]
+    checks: tuple[IndexCheck, ...] = ()  # the gathered positions' index values, checked after `masks`
 
     def numel(self, sizes: Mapping[str, Any]) -> Any:
         n: Any = 1
@@ -129,10 +143,21 @@ class Access:
 
     def mask(self, coord: Mapping[str, Any], sizes: Mapping[str, Any], arith: IndexArith) -> Any:
         """Whether the access at `coord` is inside the tensor: every bound `axis < size` (`<=` only in
-        planted bugs), conjoined. Printed by the emitter and run by the interpreter, from this one place."""
+        planted bugs), then every index check `0 <= table[axis] < size` (the table is read only where
+        the bounds hold: C's `&&`, the interpreter's `guard`), conjoined. Printed by the emitter and run
+        by the interpreter, from this one place."""
         parts = [arith.le(coord[b.axis], sizes[b.extent]) if b.inclusive else arith.lt(coord[b.axis], sizes[b.extent])
                  for b in self.masks]
-        return arith.all(parts)
+        if not self.checks:
+            return arith.all(parts)
+        inside = arith.all(parts)
+        return arith.all([inside] + [arith.index_ok(x.table, coord[x.axis], sizes[x.extent], inside)
+                                     for x in self.checks])
+
+    def along(self, axis: str) -> Access:
+        """The access with only the bounds and index checks of `axis` (a mask hoisted per row or per k)."""
+        return replace(self, masks=tuple(b for b in self.masks if b.axis == axis),
+                       checks=tuple(x for x in self.checks if x.axis == axis))
 
 
 class FlatGrid:
@@ -165,6 +190,9 @@ class IndexArith(Protocol):
     def lt(self, a: Any, b: Any) -> Any: ...
     def le(self, a: Any, b: Any) -> Any: ...
     def all(self, parts: list[Any]) -> Any: ...
+    # whether the index tensor's value at `coordinate` is in 0..size-1, where `guard` holds (the table is
+    # not read elsewhere); a value outside raises the kernel's error flag (C) or is recorded (interpreter)
+    def index_ok(self, name: str, coordinate: Any, size: Any, guard: Any) -> Any: ...
 
 
 def row_major_strides(extents: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
@@ -178,7 +206,8 @@ def access_for(decl: TensorDecl, indices: tuple[IndexExpr, ...], axis_of: Mappin
 
     positions: list[Position] = []
     masks: list[Bound] = []
-    for ix in indices:
+    checks: list[IndexCheck] = []
+    for dim, ix in enumerate(indices):
         if isinstance(ix, IndexVar):
             axis = axis_of[ix]
             positions.append(Position("axis", axis))
@@ -188,6 +217,9 @@ def access_for(decl: TensorDecl, indices: tuple[IndexExpr, ...], axis_of: Mappin
         elif isinstance(ix, Gather) and len(ix.indices) == 1 and isinstance(ix.indices[0], IndexVar):
             axis = axis_of[ix.indices[0]]
             positions.append(Position("gather", axis, table=ix.tensor))
+            check = IndexCheck(ix.tensor, axis, decl.extents[dim])
+            if check not in checks:
+                checks.append(check)
         else:
             raise NotImplementedError(f"access {decl.name}[...] with index {ix} is not lowered yet")
         bound = Bound(axis, extent_of_axis[axis])
@@ -195,7 +227,7 @@ def access_for(decl: TensorDecl, indices: tuple[IndexExpr, ...], axis_of: Mappin
             masks.append(bound)
     dtype = decl.dtype.name if decl.dtype else (storage or {}).get(decl.name, "f32")
     return Access(decl.name, dtype, decl.extents, tuple(positions),
-                  row_major_strides(decl.extents), tuple(masks))
+                  row_major_strides(decl.extents), tuple(masks), tuple(checks))
 
 
 def _concrete(x: Any) -> bool:

@@ -59,6 +59,15 @@ class Memory:
         self.field = field
         self.sizes = sizes
         self.faults: list[str] = []
+        # index values outside their axis, masked as the kernel masks them (`Access.checks`): what the
+        # kernel's error words record (habu/emit_cuda/include/habu/memory/index.cuh), first ones kept
+        self.index_errors: list[tuple[str, str, int, int]] = []  # (kernel, index tensor, position, value)
+        self.index_error_count = 0
+
+    def index_error(self, kernel: str, table: str, positions: np.ndarray, values: np.ndarray) -> None:
+        self.index_error_count += int(positions.size)
+        if len(self.index_errors) < 8 and positions.size:
+            self.index_errors.append((kernel, table, int(positions.flat[0]), int(values.flat[0])))
 
     def fault(self, text: str) -> None:
         if len(self.faults) < 8 and text not in self.faults:
@@ -139,6 +148,18 @@ class _NumpyIndex:
             self.mem.fault(f"{_computing(self.where, outside)}{self.kernel} reads index tensor {name} out of "
                            f"bounds (at {o}, outside 0..{table.numel - 1})")
         return np.where(outside, 0, table.at(np.where(outside, 0, safe)))
+
+    def index_ok(self, name: str, coordinate: Any, size: Any, guard: Any) -> np.ndarray:
+        """The kernel's `habu::index_ok`: the table is read where `guard` holds; a value outside
+        0..size-1 is masked and recorded in the memory's index errors (the kernel's error words)."""
+        t = np.asarray(coordinate, dtype=np.int64)
+        g = np.broadcast_to(np.asarray(guard, dtype=bool), np.broadcast_shapes(t.shape, np.shape(guard)))
+        values = _NumpyIndex(self.width, self.mem, self.kernel, g, self.where).table(name, t)
+        ok = (values >= 0) & (values < size)
+        bad = g & ~ok
+        if np.any(bad):
+            self.mem.index_error(self.kernel, name, np.broadcast_to(t, bad.shape)[bad], values[bad])
+        return g & ok
 
     def lt(self, a: Any, b: Any) -> np.ndarray:
         return np.asarray(a) < b

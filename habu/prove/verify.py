@@ -328,6 +328,13 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 parts += mem.faults[:3]
                 cert.failure = "; ".join(parts)
                 break
+        if cert.passed and any(t.is_index for t in model.inputs):
+            check_deadline("before the out-of-range index run")
+            failure, note = check_index_masking(model, lowerings, names, selections, keeps, s, prime, seeds[0])
+            if failure:
+                cert.passed, cert.failure = False, failure
+            else:
+                cert.notes.append(note)
     except PlanFault as fault:
         cert.passed = False
         cert.failure = str(fault)
@@ -337,6 +344,39 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     cert.bound = min(1.0, deg / prime) ** len(seeds) if cert.passed else 1.0
     cert.seconds = time.perf_counter() - start
     return cert
+
+
+def check_index_masking(model: Model, lowerings, names, selections, keeps, sizes: Mapping[str, int], prime: int,
+                        seed: int) -> tuple[str | None, str]:
+    """Run the checked blocks once more with index tensors that hold out-of-range values (one in four:
+    just past the end, -1, a million off either way): every access through them must stay inside its tensors (the
+    index checks of the lowering's masks, `Access.checks`, mask those elements and raise the kernel's
+    error words). Returns (failure, note); the values are not compared (a masked gather reads zero)."""
+    field_ = PrimeField(prime, seed)
+    inputs = virtual_inputs(model, sizes, field_, seed)
+    for t in model.inputs:
+        if t.is_index:
+            v = inputs[t.name]
+            inputs[t.name] = VirtualTensor(v.name, v.shape, v.modulus, v.key, index=True, out_of_range=True)
+    mem = Memory(inputs, field_, sizes)
+    for i, lw in enumerate(lowerings):
+        sel = selections[i]
+        if sel is None:
+            continue
+        if isinstance(sel, set) and len(sel) > 2 and keeps.get(i) is None:
+            # a contraction's sampled tiles: its first and last stand for the rest here (whether a masked
+            # index is read through does not depend on the tile; the values are not compared)
+            ordered = sorted(sel)
+            sel = {ordered[0], ordered[-1]}
+        run_kernel(names[i], lw, sizes, mem, kind_proof(lw).blocks(lw, sizes, sel), keeps.get(i))
+    outside = [f for f in mem.faults if "out of bounds" in f or "outside the elements" in f]
+    if outside:
+        return ("with out-of-range index values, a kernel accesses memory outside its tensors: "
+                + "; ".join(outside[:3])), ""
+    first = mem.index_errors[0] if mem.index_errors else None
+    seen = (f"{mem.index_error_count} masked, the first {first[1]}[{first[2]}] = {first[3]} in {first[0]}"
+            if first else "none met by the checked blocks")
+    return None, f"out-of-range index values stay inside every tensor ({seen})"
 
 
 def _compare(model: Model, out_boxes, ref, mem: Memory, sizes, trial: int) -> Mismatch | None:

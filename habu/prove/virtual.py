@@ -25,9 +25,13 @@ class VirtualTensor:
 
     An index tensor's values are weighted towards the ends of their range: one in 16 is the first
     index and one in 16 the last, so a checked tile always gathers the last row (where a read past
-    a row's end leaves the tensor: a fault the check reports) as well as random ones."""
+    a row's end leaves the tensor: a fault the check reports) as well as random ones. With
+    `out_of_range`, one in four is outside the range (one past the last, -1, or a million off either
+    way): values the kernels' index checks must mask (`habu.prove.verify.check_index_masking`)."""
 
-    def __init__(self, name: str, shape: tuple[int, ...], modulus: int, key: np.uint64, index: bool = False):
+    def __init__(self, name: str, shape: tuple[int, ...], modulus: int, key: np.uint64, index: bool = False,
+                 out_of_range: bool = False):
+        self.out_of_range = out_of_range  # an index tensor: one in 16 values is `modulus`, one in 16 is -1
         self.name = name
         self.shape = shape
         self.modulus = modulus
@@ -43,7 +47,12 @@ class VirtualTensor:
         if not self.index:
             return values
         end = (h >> np.uint64(40)) & np.uint64(15)  # independent of the low bits the value came from
-        return np.where(end == 0, 0, np.where(end == 1, self.modulus - 1, values))
+        values = np.where(end == 0, 0, np.where(end == 1, self.modulus - 1, values))
+        if self.out_of_range:  # what a caller's bad routing table holds: just past the end, negative, far off
+            bad = np.select([end == 2, end == 3, end == 4, end == 5],
+                            [self.modulus, -1, self.modulus + 1_000_003, -1_000_003], 0)
+            values = np.where((end >= 2) & (end <= 5), bad, values)
+        return values
 
     def __getitem__(self, idx: tuple) -> np.ndarray:
         if not self.shape:

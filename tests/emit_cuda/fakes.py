@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from types import SimpleNamespace
 
 from habu.emit_cuda.arrays import ArrayInfo, row_major
@@ -52,3 +54,99 @@ def gemm_plan() -> EmittedPlan:
 def gemm_arrays(k: int = 512, n: int = 64, s: int = 32) -> dict[str, ArrayInfo]:
     return {"A": info((4096, k), "bf16"), "B": info((k, n), "bf16", BASE + 0x100000),
             "IX": info((s,), "i32", BASE + 0x200000)}
+
+
+class FakeCuda:
+    """The few driver entry points a packed call uses, recording what it was asked to do."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def CUstream(self, handle):
+        return ("stream", handle)
+
+    def CUdeviceptr(self, ptr):
+        return ptr
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, args, extra):
+        self.calls.append(("launch", fn, (gx, gy, gz), stream, args))
+        return (0,)
+
+    def cuMemAllocAsync(self, nbytes, stream):
+        self.calls.append(("alloc", nbytes))
+        return (0, BASE + 0x2000_0000 + 0x100_0000 * len(self.calls))
+
+    def cuMemFreeAsync(self, ptr, stream):
+        return (0,)
+
+    def cuMemsetD8Async(self, ptr, value, nbytes, stream):
+        self.calls.append(("memset", ptr, nbytes, stream))
+        return (0,)
+
+
+class FakeTensorMap:
+    """An encoded tensor map stand-in: remembers the address it was encoded for."""
+
+    def __init__(self, address: int):
+        self.address = address
+        self._bytes = (ctypes.c_uint64 * 16)()
+
+    def getPtr(self) -> int:
+        return ctypes.addressof(self._bytes)
+
+
+def fake_gpu(monkeypatch, runtime, driver) -> FakeCuda:
+    """Route a CompiledModel's calls to a FakeCuda: one 132-SM sm_90a device, kernels 'loaded' as their
+    names, output and intermediate allocations at fresh fake addresses, tensor maps recorded. Anything
+    that would copy from the device or synchronise fails the test."""
+    cuda = FakeCuda()
+    real_grid = CudaKernel.grid
+    dev = driver.Device(0, None, None, "sm_90a", 132)
+    encoded: list[int] = []
+    next_ptr = [BASE + 0x1000_0000]
+    buffers: dict[tuple, list[int]] = {}
+
+    class FakeDeviceArray:
+        """Allocations as a caching allocator makes them in a loop: two buffers per shape, in turn."""
+
+        def __init__(self, shape, dtype, dev):
+            self.shape, self.dtype = tuple(shape), dtype
+            pair = buffers.setdefault((self.shape, dtype), [next_ptr[0], next_ptr[0] + 0x100_0000, 0])
+            next_ptr[0] += 0x200_0000 if pair[2] == 0 and pair[0] == next_ptr[0] else 0
+            self.ptr = pair[pair[2] % 2]
+            pair[2] += 1
+
+        @property
+        def info(self):
+            return ArrayInfo(self.ptr, self.shape, row_major(self.shape), self.dtype, 0)
+
+    def encode(args):
+        encoded.append(args.address)
+        return FakeTensorMap(args.address)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the call path copied from the device or synchronised")
+
+    monkeypatch.setattr(driver, "_driver", lambda: cuda)
+    monkeypatch.setattr(driver, "init", lambda: cuda)
+    monkeypatch.setattr(driver, "device", lambda ordinal=0: dev)
+    monkeypatch.setattr(driver, "current", lambda d: contextlib.nullcontext(d))
+    monkeypatch.setattr(driver, "allow_smem", lambda fn, nbytes, what: None)
+    monkeypatch.setattr(driver, "overlaps_launches", lambda d: False)
+    monkeypatch.setattr(driver, "encode_tensormap", encode)
+    monkeypatch.setattr(driver, "DeviceArray", FakeDeviceArray)
+    monkeypatch.setattr(runtime, "DeviceArray", FakeDeviceArray)
+    monkeypatch.setattr(runtime, "launch", lambda kernel, fn, arrays, sizes, grid, stream=0, early=False:
+                        cuda.calls.append(("launch", fn, grid, stream, None)) or True)
+    monkeypatch.setattr(runtime, "memset_zero", lambda ptr, nbytes, stream=0: cuda.calls.append(("memset", ptr, nbytes)))
+    monkeypatch.setattr(driver, "copy_to_host", never)
+    monkeypatch.setattr(runtime, "resident_blocks", lambda kernel, fn, smem, dev: 132)
+    monkeypatch.setattr(CudaKernel, "grid", lambda self, sizes, sm_count: (4, 1, 1) if self.lowering is None
+                        or isinstance(self.lowering, SimpleNamespace) else real_grid(self, sizes, sm_count))
+    monkeypatch.setattr(runtime.CompiledModel, "_functions",
+                        lambda self, member, dev: [k.name for k in self.kernel_set.members[member][1].kernels])
+    cuda.encoded = encoded  # type: ignore[attr-defined]
+    return cuda

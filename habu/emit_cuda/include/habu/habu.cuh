@@ -6,6 +6,7 @@
 #include "reduce/columns.cuh"
 #include "memory/global.cuh"
 #include "memory/async.cuh"
+#include "memory/index.cuh"
 #include "rows/chunk.cuh"
 #include "sync/mbarrier.cuh"
 #include "sync/grid.cuh"

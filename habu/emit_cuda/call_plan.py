@@ -1,0 +1,244 @@
+"""A compiled model's call, checked once per argument layout and then only launched.
+
+The first call with arguments of a layout (every tensor's shape, strides, dtype and device) runs every
+check of `habu.emit_cuda.checks`, chooses the member, loads its kernels and packs their arguments into
+a `CallPlan`; a later call with the same layout looks the plan up by that layout, checks only what
+depends on the pointers (base-address alignment), fills the new pointers into the packed arguments
+(re-encoding a tensor map only for a pointer it has not seen), allocates the outputs and intermediates
+and launches. Nothing on this path copies from the device, synchronises, or reads device data: index
+values are checked inside the kernels (`habu.emit_cuda.device_errors`), an int64 index tensor is
+narrowed on the device in stream order (saturating, so a value outside i32 stays out of range), and
+with torch tensors every allocation comes from torch's caching allocator on the current stream — so
+the call can be captured in a CUDA graph (`torch.cuda.graph`) once it has run eagerly with that layout.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from habu.emit_cuda import driver
+from habu.emit_cuda.arrays import TORCH_DTYPES, ArgumentError, ArrayInfo, row_major
+from habu.emit_cuda.checks import Contract, converts_index
+from habu.emit_cuda.kernel import CudaKernel
+
+_TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}
+_INT_LIMITS = {"i16": (-(1 << 15), (1 << 15) - 1), "i32": (-(1 << 31), (1 << 31) - 1)}
+_TENSORMAP_CACHE = 64  # encoded tensor maps kept per parameter (one per pointer seen)
+
+
+def layout_key(tensors: Mapping[str, Any]) -> tuple | None:
+    """What a call's checks depend on besides the pointers: each tensor's shape, strides, dtype and
+    device (torch tensors and `ArrayInfo`s; None for other arrays, which take the checked path). The
+    stream is not part of it: the packed launches go to whichever stream the call names."""
+    torch = sys.modules.get("torch")
+    parts: list[Any] = []
+    for name, t in tensors.items():  # in the caller's order: another order is another (equal) entry
+        if torch is not None and isinstance(t, torch.Tensor):
+            parts.append((name, t.shape, t.stride(), t.dtype, t.get_device()))
+        elif isinstance(t, ArrayInfo):
+            parts.append((name, t.shape, t.strides, t.dtype, t.device, t.readonly))
+        else:
+            return None
+    return tuple(parts)
+
+
+def narrow_index(torch: Any, values: Any, dtype: str) -> Any:
+    """An index tensor in the kernel's narrower integer type, on its device and stream: saturated, so a
+    value outside the type stays outside every index range (the kernel's check reports it), never
+    wrapped into range."""
+    lo, hi = _INT_LIMITS[dtype]
+    return values.clamp(lo, hi).to(getattr(torch, _TORCH_NAMES[dtype])).contiguous()
+
+
+def pointer_of(t: Any) -> int:
+    return t.ptr if isinstance(t, ArrayInfo) else int(t.data_ptr())
+
+
+def current_stream(ordinal: int) -> int:
+    """torch's current stream on a device (the raw handle, without building a Stream object)."""
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(raw(ordinal)) if raw is not None else int(torch.cuda.current_stream(ordinal).cuda_stream)
+
+
+@dataclass
+class _Slot:
+    """A kernel parameter that changes with the call: a tensor's pointer, or a tensor map over it."""
+
+    index: int  # the parameter's place in the kernel's argument array
+    tensor: str
+    tma: Any = None  # the TmaSpec of a tensor-map parameter
+    info: ArrayInfo | None = None  # the tensor's checked layout (a tensor map is encoded from it)
+
+
+@dataclass
+class _Launch:
+    kernel: CudaKernel
+    function: Any
+    grid: tuple[int, int, int]
+    smem: int
+    args: driver.KernelArgs
+    slots: list[_Slot]
+    zeros: list[tuple[str, int]]  # (tensor, bytes) set to zero before the kernel runs
+    maps: dict[tuple[int, int], Any]  # (slot index, pointer) -> encoded tensor map
+    empty: bool = False  # nothing to launch (an empty output)
+
+
+@dataclass
+class _Alloc:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    output: bool
+
+
+class CallPlan:
+    """The checked, packed launches of one member for one argument layout (see the module's text)."""
+
+    def __init__(self, contract: Contract, sizes: Mapping[str, int], dev: driver.Device, torch_like: bool):
+        self.contract, self.sizes, self.dev, self.torch_like = contract, dict(sizes), dev, torch_like
+        self.launches: list[_Launch] = []
+        self.allocs: list[_Alloc] = []
+        self.narrow: list[tuple[str, str]] = []  # (index tensor, the kernel's type): narrowed on the device
+        self.aligned: list[tuple[str, int, str]] = []  # (tensor, bytes, why): base alignment, per call
+        self.outputs = tuple(t.name for t in contract.tensors if t.role == "output")
+        self.overlap = driver.overlaps_launches(dev)
+        self._streams: dict[int, Any] = {}
+        self._device: Any = None  # torch.device of `dev`, made once
+
+    # -- built once
+    @classmethod
+    def build(cls, contract: Contract, sizes: Mapping[str, int], dev: driver.Device, arrays: Mapping[str, ArrayInfo],
+              kernels: list[tuple[CudaKernel, Any, tuple[int, int, int]]], torch_like: bool) -> CallPlan:
+        """`arrays`: the checked arguments; `kernels`: (kernel, loaded function, grid) in launch order."""
+        plan = cls(contract, sizes, dev, torch_like)
+        infos = dict(arrays)
+        for t in contract.tensors:
+            info = arrays.get(t.name)
+            if info is not None and converts_index(t, info):
+                if not torch_like or t.dtype not in _INT_LIMITS:
+                    raise NeedsHost(t.name)
+                plan.narrow.append((t.name, t.dtype))
+                infos[t.name] = replace(info, dtype=t.dtype, strides=row_major(info.shape))
+            elif info is not None and t.align > 1:
+                plan.aligned.append((t.name, t.align, t.align_why))
+            if info is None and (t.role == "output" or (t.role == "intermediate" and t.used)):
+                shape = tuple(sizes[e] for e in t.extents)
+                plan.allocs.append(_Alloc(t.name, shape, t.dtype, t.role == "output"))
+                infos[t.name] = ArrayInfo(0, shape, row_major(shape), t.dtype, dev.ordinal)
+        for kernel, fn, grid in kernels:
+            smem = kernel.dynamic_smem(sizes)
+            driver.allow_smem(fn, smem, kernel.name)
+            stand_in = {n: replace(i, ptr=i.ptr or 1 << 20) for n, i in infos.items()}  # a tensor map needs an address
+            args = driver.pack_args(kernel, stand_in, sizes)
+            slots = [_Slot(i, p.tensor or "", p.tma, infos[p.tensor or ""]) for i, p in enumerate(kernel.params)
+                     if p.kind in ("ptr", "tensormap")]
+            zeros = [(z, infos[z].nbytes) for z in kernel.zero]
+            maps = {(s.index, infos[s.tensor].ptr): args.values[s.index] for s in slots  # encoded by pack_args
+                    if s.tma is not None and infos[s.tensor].ptr}
+            plan.launches.append(_Launch(kernel, fn, grid, smem, args, slots, zeros, maps, min(grid) <= 0))
+        return plan
+
+    # -- every call
+    def run(self, tensors: Mapping[str, Any], stream: int, torch_stream: Any = None) -> Any:
+        """Launch on `stream`; `torch_stream`: the torch stream object the caller named, on which
+        the outputs torch allocated here are recorded (its caching allocator must wait for it)."""
+        ptrs = {name: pointer_of(t) for name, t in tensors.items()}
+        for name, align, why in self.aligned:
+            if ptrs[name] % align:
+                note = f" ({why})" if why else ""
+                raise ArgumentError(f"{name}: base address {ptrs[name]:#x} is not {align}-byte aligned{note}")
+        keep: list[Any] = []  # what this call allocated, alive until its launches are queued
+        results = {n: tensors[n] for n in self.outputs if n in tensors}
+        if self.narrow or self.allocs:
+            torch = sys.modules.get("torch") if self.torch_like else None
+            for name, dtype in self.narrow:
+                narrowed = narrow_index(torch, tensors[name], dtype)
+                if torch_stream is not None:
+                    narrowed.record_stream(torch_stream)
+                keep.append(narrowed)
+                ptrs[name] = int(narrowed.data_ptr())
+            for a in self.allocs:
+                arr = self._allocate(a, torch)
+                keep.append(arr)
+                ptrs[a.name] = pointer_of(arr) if torch is not None else arr.ptr
+                if torch_stream is not None and torch is not None:
+                    arr.record_stream(torch_stream)
+                if a.output:
+                    results[a.name] = arr
+        d = driver._driver()
+        if self.dev.context is not None:  # the device's primary context, current for the launches
+            _ok(d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
+        try:
+            self._launch_all(d, ptrs, stream)
+        finally:
+            if self.dev.context is not None:
+                _ok(d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
+        return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
+
+    def _allocate(self, a: _Alloc, torch: Any) -> Any:
+        if torch is not None:
+            return torch.empty(a.shape, dtype=getattr(torch, _TORCH_NAMES[a.dtype]), device=self._torch_device(torch))
+        return driver.DeviceArray(a.shape, a.dtype, self.dev)
+
+    def _torch_device(self, torch: Any) -> Any:
+        if self._device is None:
+            self._device = torch.device("cuda", self.dev.ordinal)
+        return self._device
+
+    def _launch_all(self, d: Any, ptrs: Mapping[str, int], stream: int) -> None:
+        handle = self._streams.get(stream)
+        if handle is None:
+            handle = self._streams[stream] = d.CUstream(stream)
+        after_kernel = False
+        for ln in self.launches:
+            self._fill(ln, ptrs)
+            for tensor, nbytes in ln.zeros:
+                if nbytes:
+                    _ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[tensor]), 0, nbytes, handle), "cuMemsetD8Async", ln)
+                after_kernel = False
+            if ln.empty:
+                continue
+            if after_kernel and ln.kernel.waits_for_previous and self.overlap:
+                driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
+                                       ln.kernel.name, True)
+            else:
+                gx, gy, gz = ln.grid
+                _ok(d.cuLaunchKernel(ln.function, gx, gy, gz, ln.kernel.threads, 1, 1, ln.smem, handle,
+                                     ln.args.address, 0), "cuLaunchKernel", ln)
+            after_kernel = True
+
+    def _fill(self, ln: _Launch, ptrs: Mapping[str, int]) -> None:
+        """Put this call's pointers into the packed arguments (cuLaunchKernel copies them at launch)."""
+        values, array = ln.args.values, ln.args.array
+        for s in ln.slots:
+            ptr = ptrs[s.tensor]
+            if s.tma is None:
+                values[s.index].value = ptr
+                continue
+            encoded = ln.maps.get((s.index, ptr))
+            if encoded is None:
+                if len(ln.maps) >= _TENSORMAP_CACHE * len(ln.slots):
+                    ln.maps.clear()
+                assert s.info is not None
+                encoded = driver.encode_tensormap(driver.tensormap_args(s.tma, replace(s.info, ptr=ptr), self.sizes))
+                ln.maps[(s.index, ptr)] = encoded
+            values[s.index] = encoded
+            array[s.index] = encoded.getPtr()
+
+
+class NeedsHost(Exception):
+    """This layout cannot be called without the host (an index tensor to narrow outside torch)."""
+
+
+def _ok(result: Any, what: str, ln: _Launch | None) -> None:
+    err = result[0] if isinstance(result, tuple) else result
+    if err != driver._driver().CUresult.CUDA_SUCCESS:
+        where = f"({ln.kernel.name}, grid {ln.grid}, {ln.kernel.threads} threads, {ln.smem} B smem)" if ln else ""
+        driver.check(result, what + where)
+
+
+__all__ = ["CallPlan", "NeedsHost", "current_stream", "layout_key", "pointer_of"]
