@@ -1,13 +1,14 @@
 """The MoE FFN layer's speed (issue 20 §1) at the three example shapes, against torch in the same run:
 
     python -m habu.bench.moe_speed [--json OUT.json] [--tokens 16,128,4096] [--models mixtral,qwen3,deepseek]
-                                   [--habu-max-rows 8192]
+                                   [--habu-max-rows 1024]
 
 For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepseek_v3.habu), token count
 and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
 layer Y[t] += Σ over t's routed rows r of P[r] · W2[E[r]] · SwiGLU(W1[E[r]] x, W3[E[r]] x) runs as:
   - habu: the model's proven default plan (`habu.bench.run.build`: rules + a finite-field trial),
-    built once per (model, token count), skipped above --habu-max-rows routed rows;
+    built once per (model, token count), skipped above --habu-max-rows routed rows (the default plan
+    is the general family's, a thread an element: seconds a call at 4096 tokens);
   - torch loop: a Python loop over the experts with rows (gather, three bf16 matmuls, index_add_);
   - torch._grouped_mm: the gathered rows through torch's grouped GEMM (offsets = the groups' ends),
     recorded as unavailable where this torch lacks it or refuses the shapes.
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--tokens", default="16,128,4096")
     ap.add_argument("--models", default="mixtral,qwen3,deepseek")
-    ap.add_argument("--habu-max-rows", type=int, default=8192, help="time Habu only up to this many routed rows")
+    ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
     args = ap.parse_args(argv)
     rows: list[dict] = []
     for key in args.models.split(","):
