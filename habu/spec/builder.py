@@ -199,7 +199,8 @@ class GraphBuilder:
             if t.grouped:
                 obligations.append(Obligation(
                     "grouped", f"the values of {t.name} never decrease: the rows of #{t.extents[0]} come in "
-                    f"#{t.range} groups, in order (a group may be empty); checked at run time",
+                    f"#{t.range} groups, in order (a group may be empty); habu eval refuses other values (the "
+                    "general family computes the equation for any values; kernels that tile by group need it)",
                     tensor=t.name, extent=t.range))
         for ext in extents:
             if not ext.is_static:
