@@ -161,5 +161,9 @@ def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[ob
 
 register_kind(GeneralLowering, KindProof(
     run=run_general, final_selection=general_selection, box_selection=flat_blocks,
-    final_keep=lambda lw, sizes: general_keep(lw, general_thread_box(lw, sizes), sizes),
-    frozen_extents=lambda lw: lw.extents))  # each thread is independent: checked at full size
+    final_keep=lambda lw, sizes: general_keep(lw, general_thread_box(lw, sizes), sizes)))
+# A general kernel tiles nothing: each thread computes the element at its own coordinates, whatever the
+# shape, so the witness shape (habu.prove.witness: sizes keep their equalities; a tensor whose offsets
+# pass 2^31 keeps its extents) stands for the full one. The threads past the last element, which the
+# guard stops, are run at every shape (`general_keep`); the z3 rules prove bounds and int32 offsets at
+# the full shape.

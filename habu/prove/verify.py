@@ -34,7 +34,7 @@ from habu.prove.interp import (
 )
 from habu.prove.interp import Memory, PlanFault, run_kernel
 from habu.prove.kinds import kind_proof
-from habu.prove.virtual import VirtualTensor, key_for
+from habu.prove.virtual import GroupedVirtualTensor, VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
 from habu.spec.ir import Gather, IndexConst, IndexVar, Model, Reduce, loads, walk
@@ -118,7 +118,9 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
     for eq in reversed(model.nodes):
         if eq.target not in boxes:
             continue
-        var_sets = {v: boxes[eq.target][i] for i, v in enumerate(eq.lhs)}
+        # the target's box along each position its store indexes by a plain variable; a scatter's
+        # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box
+        var_sets = {ix: boxes[eq.target][i] for i, ix in enumerate(eq.store_indices) if isinstance(ix, IndexVar)}
         for ld in loads(eq.rhs):
             decl = model.tensor(ld.tensor)
             if decl.name not in produced or decl.name == eq.target:
@@ -212,7 +214,10 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
     for t in model.inputs:
         shape = tuple(sizes[e] for e in t.extents)
         modulus = sizes[t.range] if t.is_index else field.p
-        out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index)
+        if t.grouped:
+            out[t.name] = GroupedVirtualTensor(t.name, shape, modulus, key_for(seed, t.name))
+        else:
+            out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index)
     return out
 
 

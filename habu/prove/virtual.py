@@ -67,6 +67,24 @@ class VirtualTensor:
         return self.at(np.arange(self.numel, dtype=np.int64)).reshape(self.shape)
 
 
+class GroupedVirtualTensor(VirtualTensor):
+    """A grouping's values (`GROUPS: E ( #R #G )`): never decreasing, each row's group drawn at random
+    among the groups the key leaves non-empty. About one group in four is empty (the first one in some
+    trials); the last group never is, so a checked kernel reads the last group's weights."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], groups: int, key: np.uint64):
+        super().__init__(name, shape, groups, key, index=True)
+        ids = np.arange(groups, dtype=np.uint64)
+        empty = (_mix(ids ^ key ^ np.uint64(0x5DEECE66D)) & np.uint64(3)) == 0
+        empty[-1] = False
+        live = np.flatnonzero(~empty)
+        draws = _mix(np.arange(self.numel, dtype=np.uint64) ^ key) % np.uint64(len(live))
+        self.table = np.sort(live[draws.astype(np.int64)]).astype(np.int64)
+
+    def at(self, offsets: np.ndarray) -> np.ndarray:
+        return self.table[np.asarray(offsets, dtype=np.int64)]
+
+
 class WrittenTensor:
     """A tensor a kernel writes: which flat offsets hold which values (sparse), with write counts.
 

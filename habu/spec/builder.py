@@ -195,6 +195,13 @@ class GraphBuilder:
                                 tensor=g.tensor, extent=decl.range)
                 if ob not in obligations:
                     obligations.append(ob)
+        for t in inputs:
+            if t.grouped:
+                obligations.append(Obligation(
+                    "grouped", f"the values of {t.name} never decrease: the rows of #{t.extents[0]} come in "
+                    f"#{t.range} groups, in order (a group may be empty); habu eval refuses other values (the "
+                    "general family computes the equation for any values; kernels that tile by group need it)",
+                    tensor=t.name, extent=t.range))
         for ext in extents:
             if not ext.is_static:
                 obligations.append(Obligation("runtime-extent", f"{ext.describe()}", extent=ext.name))
@@ -235,8 +242,9 @@ def _fold_copies(nodes: list[Equation], intermediates: set[str]) -> list[Equatio
         changed = False
         for i, eq in enumerate(out):
             rhs = eq.rhs
-            if not (isinstance(rhs, Load) and rhs.tensor in intermediates and rhs.indices == eq.lhs):
-                continue
+            if eq.scatter is not None or not (isinstance(rhs, Load) and rhs.tensor in intermediates
+                                              and rhs.indices == eq.lhs):
+                continue  # a scatter adds where it stores: it is no copy
             readers = [e for e in out if rhs.tensor in _tensors_in(e.rhs)]
             producer = next((j for j, e in enumerate(out) if e.target == rhs.tensor), None)
             if len(readers) != 1 or producer is None or eq.target in _tensors_in(out[producer].rhs):

@@ -44,8 +44,9 @@ def canonical_form(model: Model) -> dict:
         return name if name in interface else tens(name)
 
     def decl(t: TensorDecl) -> list:
-        return [tname(t.name), [ext(e) for e in t.extents], t.dtype.name if t.dtype else None,
-                ext(t.range) if t.range else None]
+        out = [tname(t.name), [ext(e) for e in t.extents], t.dtype.name if t.dtype else None,
+               ext(t.range) if t.range else None]
+        return [*out, "grouped"] if t.grouped else out  # other hashes are unchanged
 
     def node(eq: Equation) -> list:
         var = _Namer("v")

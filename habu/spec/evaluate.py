@@ -105,6 +105,17 @@ class BoxTensor:
         return self.data[tuple(local)]
 
 
+def check_grouped(name: str, values: np.ndarray) -> None:
+    """A grouping's values never decrease (`GROUPS:`): the rows of each group are contiguous, in order."""
+    v = np.asarray(values).ravel()
+    down = np.flatnonzero(v[1:] < v[:-1])
+    if len(down):
+        r = int(down[0]) + 1
+        raise EvalError(f"{name} is a grouping (GROUPS:) and its values never decrease, but {name}[{r}] = "
+                        f"{int(v[r])} follows {name}[{r - 1}] = {int(v[r - 1])}",
+                        notes=("sort the rows by group (a stable argsort of the group of each row)",))
+
+
 class Evaluator:
     """Evaluates a model's nodes in order over one domain.
 
@@ -127,6 +138,8 @@ class Evaluator:
             lazy = not isinstance(data, np.ndarray | int | float | list)
             if t.is_index:
                 self.index_env[t.name] = data if lazy else np.asarray(data, dtype=np.int64)
+                if t.grouped and not lazy:
+                    check_grouped(t.name, self.index_env[t.name])
             else:
                 self.env[t.name] = data if lazy else self.domain.from_input(t.name, data)
         for eq in self.model.nodes:

@@ -72,12 +72,15 @@ class Extent:
 @dataclass(frozen=True)
 class TensorDecl:
     """A declared tensor. For an index tensor, `extents` is its domain and `range` the extent its
-    values index into (`ITENSOR: IX ( #M #S )` is IX over #M with values in #S)."""
+    values index into (`ITENSOR: IX ( #M #S )` is IX over #M with values in #S). A *grouping*
+    (`GROUPS: E ( #R #G )`, `grouped` set) is an index tensor over one extent whose values never
+    decrease: the rows of #R come in #G contiguous groups, in order, and a group may be empty."""
 
     name: str
     extents: tuple[str, ...]
     dtype: DType | None  # None: an intermediate whose storage type the plan chooses
     range: str | None = None
+    grouped: bool = False
 
     @property
     def is_index(self) -> bool:

@@ -4,6 +4,7 @@
     1..65536%8 EXTENT: #T          \\ a runtime extent: 1 to 65536, a multiple of 8 (? is 1..2^31-1)
     bf16 TENSOR: A ( #M #K )       \\ an element type before TENSOR: (f32 when none is given)
     ITENSOR: IX ( #M #M )          \\ an index map: IX over #M, values in #M
+    GROUPS: E ( #R #G )            \\ a grouping: E[r] is row r's group, never decreasing (empty groups)
     MODEL: GGEMM  O[m n] = Σ k A[ IX[m] k ] · B[n k] ;
     MODEL: FFN ( x w1 b1 -- y ) LINEAR GELU ;
     : WORD ( effect ) words ;
@@ -33,10 +34,11 @@ from habu.spec.dtypes import (
 )
 from habu.spec.effects import Effect, parse_effect
 from habu.spec.equation import EquationParser
+from habu.spec.equations import equations_model
 from habu.spec.functions import FUNCTIONS, REDUCTIONS
 from habu.spec.ir import INT31_MAX, MAX_EXTENT, Equation, Extent, IndexVar, Load, Model, TensorDecl
 from habu.spec.lexer import Reader, Token
-from habu.spec.program import DeclaredExtent, DeclaredTensor, ModelScope, Program
+from habu.spec.program import DeclaredExtent, DeclaredTensor, Program
 from habu.spec.values import IndexValue, ScalarValue, TensorValue, UnknownValue, Value
 from habu.spec.words import (
     MAX_EXPANSION,
@@ -54,7 +56,7 @@ from habu.spec.words import (
 _TENSOR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _EXTENT_NAME = re.compile(r"^#[A-Za-z_][A-Za-z0-9_]*$")
 _RANGE = re.compile(r"^(?:(\?)|(\d[\d_]*)\.\.(\d[\d_]*))(?:%(\d+))?$")
-DEFINERS = ("EXTENT:", "TENSOR:", "ITENSOR:", "MODEL:", ":", "WORD:")
+DEFINERS = ("EXTENT:", "TENSOR:", "ITENSOR:", "GROUPS:", "MODEL:", ":", "WORD:")
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class TopLevel:
                             Span(src, 0, 1))
         for lit in self.literals:
             raise lit.tok.error(f"{lit.tok.text} is never used: a number or element type goes before "
-                                "the defining word that takes it (EXTENT:, TENSOR:, ITENSOR:)")
+                                "the defining word that takes it (EXTENT:, TENSOR:, ITENSOR:, GROUPS:)")
         return self.program
 
     # -- the top-level words
@@ -101,6 +103,8 @@ class TopLevel:
             self.tensor(tok, index=False)
         elif upper == "ITENSOR:":
             self.tensor(tok, index=True)
+        elif upper == "GROUPS:":
+            self.tensor(tok, index=True, grouped=True)
         elif upper == "MODEL:":
             self.model(tok)
         elif text == ":":
@@ -118,7 +122,7 @@ class TopLevel:
             if self.program.find_word(text) is not None or self.program.find_tensor(text) is not None:
                 hint = ("words run inside a MODEL or a definition, not at the top level",)
             raise tok.error(f"unknown word {text} at the top level", *hint,
-                            "the top level declares: N EXTENT:, TENSOR:, ITENSOR:, MODEL:, : and WORD:")
+                            "the top level declares: N EXTENT:, TENSOR:, ITENSOR:, GROUPS:, MODEL:, : and WORD:")
 
     def take_literal(self, definer: Token, kinds: tuple[str, ...]) -> Literal | None:
         if not self.literals:
@@ -166,7 +170,7 @@ class TopLevel:
         self.program.declare_extent(ext_name, DeclaredExtent(extent, name.span))
 
     # -- TENSOR: / ITENSOR:
-    def tensor(self, tok: Token, index: bool) -> None:
+    def tensor(self, tok: Token, index: bool, grouped: bool = False) -> None:
         if self.is_prelude:
             raise tok.error("the prelude declares words only")
         lit = self.take_literal(tok, ("dtype",))
@@ -193,7 +197,11 @@ class TopLevel:
             if not extents:
                 raise HabuError(f"ITENSOR: {name.text} needs its domain extents and then the extent its "
                                 "values index into: ( #M #S )", group_span)
-            decl = TensorDecl(name.text, tuple(extents[:-1]), dtype, range=extents[-1])
+            if grouped and len(extents) != 2:
+                raise HabuError(f"GROUPS: {name.text} takes the extent of its rows and then the extent of its "
+                                f"groups: ( #R #G ), not {len(extents)} extent{'s' if len(extents) != 1 else ''}",
+                                group_span)
+            decl = TensorDecl(name.text, tuple(extents[:-1]), dtype, range=extents[-1], grouped=grouped)
         else:
             decl = TensorDecl(name.text, tuple(extents), dtype)
         self.program.declare_tensor(name.text, DeclaredTensor(decl, name.span))
@@ -231,12 +239,7 @@ class TopLevel:
         tokens, end = self.reader.equation_tokens(f"MODEL {name.text}", tok)
         if not tokens:
             raise end.error(f"MODEL {name.text} is empty: write an equation like O[m n] = Σ k A[m k] · B[k n]")
-        parser = EquationParser(tokens, end, ModelScope(self.program), f"MODEL {name.text}")
-        eq = parser.parse_equation()
-        builder = GraphBuilder(self.program)
-        decl = self.program.tensors[eq.target].decl
-        builder.store(decl, eq, tokens[0])
-        return builder.finish(name.text, "equation", [decl])
+        return equations_model(self.program, name, tokens, end)
 
     def composition(self, tok: Token, name: Token) -> Model:
         group_span, words = self.reader.read_group("signature", name)

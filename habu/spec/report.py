@@ -10,7 +10,8 @@ from habu.spec.program import Program
 def tensor_signature(t: TensorDecl) -> str:
     shape = " ".join(f"#{e}" for e in t.extents)
     if t.is_index:
-        return f"{t.name} ( {shape} -> #{t.range} ) {t.dtype}".replace("(  ->", "( ->")
+        text = f"{t.name} ( {shape} -> #{t.range} ) {t.dtype}".replace("(  ->", "( ->")
+        return text + " grouped" if t.grouped else text
     dtype = f" {t.dtype}" if t.dtype else ""
     return f"{t.name} ( {shape} ){dtype}".replace("(  )", "( )")
 

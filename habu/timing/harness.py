@@ -30,7 +30,7 @@ def torch():
 def make_inputs(model: Model, sizes: Mapping[str, int], seed: int, index: str = "random",
                 device: str = "cuda") -> dict[str, Any]:
     """Random inputs (never zeros): N(0,1) floats; index tensors random with duplicates, a
-    permutation, or all-duplicate ("dup"), as asked."""
+    permutation, or all-duplicate ("dup"), as asked; a grouping's (`GROUPS:`) sorted."""
     t = torch()
     g = t.Generator(device="cpu").manual_seed(seed)
     out = {}
@@ -45,6 +45,8 @@ def make_inputs(model: Model, sizes: Mapping[str, int], seed: int, index: str = 
                 v = t.randint(0, max(1, min(hi, 7)), (n,), generator=g)
             else:
                 v = t.randint(0, hi, (n,), generator=g)
+            if decl.grouped:  # a grouping's values never decrease (GROUPS:); unchosen groups stay empty
+                v = t.sort(v).values
             out[decl.name] = v.reshape(shape).to(getattr(t, TORCH_DTYPE[decl.dtype.name])).to(device)
         else:
             dt = getattr(t, TORCH_DTYPE[decl.dtype.name if decl.dtype else "f32"])

@@ -1,0 +1,220 @@
+"""The MoE FFN layer's speed (issue 20 §1) at the three example shapes, against torch in the same run:
+
+    python -m habu.bench.moe_speed [--json OUT.json] [--tokens 16,128,4096] [--models mixtral,qwen3,deepseek]
+                                   [--habu-max-rows 1024]
+
+For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepseek_v3.habu), token count
+and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
+layer Y[t] += Σ over t's routed rows r of P[r] · W2[E[r]] · SwiGLU(W1[E[r]] x, W3[E[r]] x) runs as:
+  - habu: the model's proven default plan (`habu.bench.run.build`: rules + a finite-field trial),
+    built once per (model, token count), skipped above --habu-max-rows routed rows (the default plan
+    is the general family's, a thread an element: seconds a call at 4096 tokens);
+  - torch loop: a Python loop over the experts with rows (gather, three bf16 matmuls, index_add_);
+  - torch._grouped_mm: the gathered rows through torch's grouped GEMM (offsets = the groups' ends),
+    recorded as unavailable where this torch lacks it or refuses the shapes.
+Every output is checked against a float64 torch loop on the GPU (fresh random inputs; Y starts from
+random prior contents; relative error ≤ 2e-2, bf16 operands), then timed with CUDA events
+(habu.timing.harness.time_cuda: warm-ups, the median of the repetitions). Self-checking: exits 1 if a
+check fails. Numbers: µs per layer call and each method's ratio to the fastest torch baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from habu.timing.harness import time_cuda, torch
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TOL = 2e-2
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    file: str
+    experts: int
+    topk: int
+    d: int
+    h: int
+
+
+SHAPES = {
+    "mixtral": Shape("Mixtral 8x7B", "moe_mixtral.habu", 8, 2, 4096, 14336),
+    "qwen3": Shape("Qwen3-30B-A3B", "moe_qwen3_30b_a3b.habu", 128, 8, 2048, 768),
+    "deepseek": Shape("DeepSeek-V3", "moe_deepseek_v3.habu", 256, 8, 7168, 2048),
+}
+
+
+def routing(tokens: int, topk: int, experts: int, kind: str, seed: int, device: str = "cuda"
+            ) -> tuple[Any, Any, Any, Any]:
+    """(IX, E, P, offsets): routed rows sorted by expert, as int32 on the GPU. `kind` "uniform": each
+    token's top-k experts uniformly; "zipf": probabilities 1/rank^1.2 over a random order of the
+    experts, a quarter of them (at least one) never chosen."""
+    t = torch()
+    g = t.Generator(device="cpu").manual_seed(seed)
+    if kind == "uniform":
+        probs = t.ones(experts)
+    else:
+        rank = t.randperm(experts, generator=g).double() + 1
+        probs = rank ** -1.2
+        dead = t.randperm(experts, generator=g)[:max(1, experts // 4)]
+        probs[dead] = 0
+        if int((probs > 0).sum()) < topk:
+            raise ValueError(f"zipf routing leaves fewer than {topk} experts")
+    choice = t.multinomial(probs.expand(tokens, experts).contiguous(), topk, replacement=False, generator=g)
+    token = t.arange(tokens).repeat_interleave(topk)
+    expert = choice.reshape(-1)
+    order = t.argsort(expert, stable=True)
+    ix, e = token[order], expert[order]
+    counts = t.bincount(e, minlength=experts)
+    offsets = t.cumsum(counts, 0)
+    p = t.rand(tokens * topk, generator=g) + 0.1
+    return ix.int().to(device), e.int().to(device), p.float().to(device), offsets.int().to(device)
+
+
+def weights(shape: Shape, seed: int) -> dict[str, Any]:
+    t = torch()
+    g = t.Generator(device="cuda").manual_seed(seed)
+    e, h, d = shape.experts, shape.h, shape.d
+    return {"W1": (t.randn((e, h, d), generator=g, device="cuda") * d ** -0.5).bfloat16(),
+            "W3": (t.randn((e, h, d), generator=g, device="cuda") * d ** -0.5).bfloat16(),
+            "W2": (t.randn((e, d, h), generator=g, device="cuda") * h ** -0.5).bfloat16()}
+
+
+def torch_loop(x, w: dict[str, Any], ix, p, offsets, y, dtype=None) -> Any:
+    """Y += the layer, one expert at a time (its rows gathered, three matmuls, index_add_): bf16
+    operands with torch's accumulation, or every operand in `dtype` (float64: the reference)."""
+    t = torch()
+    out = y.clone()
+    bounds = [0, *offsets.tolist()]
+    for g in range(len(bounds) - 1):
+        lo, hi = bounds[g], bounds[g + 1]
+        if lo == hi:
+            continue
+        rows = ix[lo:hi].long()
+        xs = x[rows] if dtype is None else x[rows].to(dtype)
+        w1, w3, w2 = ((w[k][g] if dtype is None else w[k][g].to(dtype)) for k in ("W1", "W3", "W2"))
+        gate, up = xs @ w1.T, xs @ w3.T
+        act = t.nn.functional.silu(gate) * up
+        z = act @ w2.T
+        out.index_add_(0, rows, (p[lo:hi, None].to(z.dtype) * z).to(out.dtype))
+    return out
+
+
+def grouped_mm(x, w: dict[str, Any], ix, p, offsets, y) -> Any:
+    """Y += the layer through torch._grouped_mm over the gathered rows (one launch a projection)."""
+    t = torch()
+    xs = x[ix.long()]
+    gate = t._grouped_mm(xs, w["W1"].transpose(1, 2), offs=offsets)
+    up = t._grouped_mm(xs, w["W3"].transpose(1, 2), offs=offsets)
+    act = t.nn.functional.silu(gate) * up
+    z = t._grouped_mm(act, w["W2"].transpose(1, 2), offs=offsets)
+    out = y.clone()
+    out.index_add_(0, ix.long(), (p[:, None] * z.float()))
+    return out
+
+
+def rel_error(got, ref) -> float:
+    t = torch()
+    got = got.double()
+    if t.isnan(got).any():
+        return float("nan")
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def measure(key: str, tokens: int, habu_max_rows: int, seed: int) -> list[dict]:
+    from habu.bench.run import build
+
+    shape = SHAPES[key]
+    rows_n = tokens * shape.topk
+    w = weights(shape, seed)
+    built = None
+    build_error = None
+    if rows_n <= habu_max_rows:
+        try:
+            built = build(str(EXAMPLES / shape.file), "MOE-FFN", {"T": tokens, "R": rows_n})
+        except Exception as exc:  # recorded: the table says why Habu has no number here
+            build_error = f"{type(exc).__name__}: {exc}"[:300]
+    out = []
+    for kind in ("uniform", "zipf"):
+        row = measure_routing(shape, built, w, tokens, kind, seed)
+        if built is None:
+            row["habu_error"] = build_error or f"skipped: {rows_n} rows > --habu-max-rows {habu_max_rows}"
+        out.append(row)
+    return out
+
+
+def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, kind: str, seed: int) -> dict:
+    """One row of the table: every method checked against the float64 loop, then timed."""
+    t = torch()
+    rows_n = tokens * shape.topk
+    ix, e, p, offsets = routing(tokens, shape.topk, shape.experts, kind, seed)
+    x = t.randn((tokens, shape.d), device="cuda").bfloat16()
+    y = t.randn((tokens, shape.d), device="cuda")
+    ref = torch_loop(x, w, ix, p, offsets, y.double(), dtype=t.float64)
+    empty = int((t.diff(t.cat([offsets.new_zeros(1), offsets])) == 0).sum())
+    row: dict = {"model": shape.name, "tokens": tokens, "routing": kind, "rows": rows_n, "empty_experts": empty}
+    methods = {"torch loop": lambda i: torch_loop(x, w, ix, p, offsets, y),
+               "torch._grouped_mm": lambda i: grouped_mm(x, w, ix, p, offsets, y)}
+    if built is not None:
+        methods["habu"] = lambda i: built.compiled(X=x, W1=w["W1"], W3=w["W3"], W2=w["W2"], P=p, Y=y.clone(),
+                                                   IX=ix, E=e)
+    for name, fn in methods.items():
+        try:
+            got = fn(0)
+            t.cuda.synchronize()
+        except Exception as exc:  # recorded: the table says why this method has no number
+            row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            continue
+        err = rel_error(got, ref)
+        row[name + "_rel_error"] = err
+        if not err <= TOL:
+            row[name + "_error"] = f"wrong: relative error {err:.2e} > {TOL:.0e}"
+            continue
+        slow = name == "habu" and rows_n * shape.h * shape.d > 2**36  # the general family is slow here
+        timing = time_cuda(fn, 1, warmup=1 if slow else 5, reps=3 if slow else 30)
+        row[name + "_us"] = timing["median_us"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="write every number here")
+    ap.add_argument("--tokens", default="16,128,4096")
+    ap.add_argument("--models", default="mixtral,qwen3,deepseek")
+    ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
+    args = ap.parse_args(argv)
+    rows: list[dict] = []
+    for key in args.models.split(","):
+        for tokens in (int(n) for n in args.tokens.split(",")):
+            rows += measure(key, tokens, args.habu_max_rows, seed=tokens)
+            torch().cuda.empty_cache()
+    methods = ("habu", "torch loop", "torch._grouped_mm")
+    print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
+          " ".join(f"{m + ' µs':>20}" for m in methods) + "   habu / best torch")
+    failed = False
+    for row in rows:
+        cells = []
+        for m in methods:
+            if m + "_us" in row:
+                cells.append(f"{row[m + '_us']:20.1f}")
+            else:
+                why = row.get(m + "_error", "-")
+                failed |= why.startswith("wrong")
+                cells.append(f"{why[:20]:>20}")
+        base = [row[m + "_us"] for m in methods[1:] if m + "_us" in row]
+        ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
+        print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
+              + " ".join(cells) + f"   {ratio}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
