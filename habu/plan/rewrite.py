@@ -229,8 +229,11 @@ def rewrite_sets(model: Model, limit: int = 16) -> list[tuple[str, ...]]:
 
 
 def planned_model(model: Model, plan) -> Model:
-    """The model a plan's kernels compute: `model` with the plan's rewrites applied."""
-    return apply_rewrites(model, getattr(plan, "rewrites", ()))
+    """The model a plan's kernels compute: `model` with the plan's rewrites applied, its runtime
+    extents narrowed to the plan's `ranges` (a size bucket: habu/plan/buckets.py)."""
+    from habu.plan.buckets import restricted
+
+    return apply_rewrites(restricted(model, getattr(plan, "ranges", ())), getattr(plan, "rewrites", ()))
 
 
 __all__ = ["RewriteError", "applicable", "apply_rewrites", "planned_model", "rewrite_sets"]
