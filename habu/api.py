@@ -26,8 +26,7 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     reference, with guard bytes around every buffer (habu.timing.exact; models that use exp,
     rsqrt, division... are not integer-exact and are not checked). A failure raises
     ExactCheckError. Needs torch; `check=False` skips it."""
-    from habu.compile import compile_model
-    from habu.emit_cuda.guards import KernelSet
+    from habu.compile import compile_model, kernel_set
     from habu.emit_cuda.runtime import CompiledModel
     from habu.gpu_info import current_arch
     from habu.paths.emit import emit
@@ -38,8 +37,8 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     tgt = target_named(target or current_arch())
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials,
                              hint="choose other plan fields with pins={...}, or a shape that satisfies the rule")
-    members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
-    built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name)
+    built = CompiledModel(compiled.model, kernel_set(compiled, [emit(proof, tgt) for proof in compiled.proofs]),
+                          arch=tgt.name)
     if check and _runs_here(tgt.name):
         from habu.timing.exact import kept_types
         from habu.timing.exact_gpu import check_built

@@ -145,6 +145,12 @@ def describe_ranges(ranges: Ranges) -> str:
     return ", ".join(f"#{n} in {lo}..{hi}" for n, lo, hi in ranges)
 
 
+def range_guards(ranges: Ranges) -> tuple[str, ...]:
+    """A plan's `ranges` as guards (`4352 <= D`, `D <= 8192`): the bucket choice of a launcher that
+    evaluates guards (`habu export`'s C launcher, which tries its members in order)."""
+    return tuple(g for name, lo, hi in ranges for g in (f"{lo} <= {name}", f"{name} <= {hi}"))
+
+
 def restricted(model: Model, ranges: Ranges) -> Model:
     """`model` with each named runtime extent narrowed to lo..hi (its declaration, and so the model's
     hash, kept). A static extent must lie in its range. ValueError for a range outside the declared
@@ -174,4 +180,4 @@ def restricted(model: Model, ranges: Ranges) -> Model:
 
 
 __all__ = ["LARGEST_TOP", "SMALLEST_TOP", "Bucket", "BucketGrid", "BucketMiss", "Ranges", "bucketed_extents",
-           "cell_ranges", "describe_ranges", "restricted", "size_buckets"]
+           "cell_ranges", "describe_ranges", "range_guards", "restricted", "size_buckets"]
