@@ -90,6 +90,11 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
     program = load_program(path)
     m = bind_shape(program.pick(model), dict(shape))
     tgt = target_named(current_arch())
+    from habu.plan.buckets import BucketGrid
+
+    grid = BucketGrid.of(m)
+    if grid.axes:
+        return _load_buckets(program, m, grid, tgt, db, dict(shape))
     with PlanDB(db) as plans:
         key = lookup_key(m, tgt)
         entry, stale = plans.lookup(key)
@@ -104,6 +109,43 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
         return build(path, m.name, target=tgt.name, **shape)
     proof = checked_plan(m, key, best)
     return CompiledModel(m, emit(proof, tgt), arch=tgt.name)
+
+
+def _load_buckets(program, m, grid, tgt, db, shape: dict[str, int]):
+    """`load` of a model with a bucketed runtime extent: each size bucket's best stored plan (filed
+    under the bucket's key by `habu search`), proven again for its bucket; a bucket with none gets
+    its default plan (one warning per model and shape names them)."""
+    import sys
+
+    from habu.compile import Compiled, compile_set, kernel_set
+    from habu.db import PlanDB
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.paths.emit import emit
+    from habu.plan.buckets import cell_ranges, describe_ranges
+
+    plans, proofs, missing = [], [], []
+    with PlanDB(db) as stored:
+        for cell in grid.cells():
+            ranges = cell_ranges(cell)
+            key = lookup_key(m, tgt, ranges)
+            entry, _stale = stored.lookup(key)
+            if entry is None or not entry.records:
+                missing.append(ranges)
+                p, q = compile_set(program, m, ranges, shape, tgt, {}, trials=3, hint=None)
+                plans += p
+                proofs += q
+                continue
+            proof = checked_plan(m, key, entry.records[0])
+            plans.append(proof.plan)
+            proofs.append(proof)
+    tag = f"{m.name}{shape}"
+    if missing and tag not in _warned:
+        _warned.add(tag)
+        print(f"habu: warning: no tuned plan for {m.name} {shape or ''} on {lookup_key(m, tgt).target.gpu} for "
+              f"{len(missing)} of {len(grid)} size buckets ({'; '.join(describe_ranges(r) for r in missing)}); "
+              "using their default plans (run habu search to tune them)", file=sys.stderr)
+    compiled = Compiled(m, plans, proofs, grid)
+    return CompiledModel(m, kernel_set(compiled, [emit(p, tgt) for p in proofs]), arch=tgt.name)
 
 
 def checked_plan(model, key, record):
@@ -121,6 +163,9 @@ def checked_plan(model, key, record):
     shape = dict(key.shape)
     if dict(plan.shape) != {k: v for k, v in shape.items() if k in dict(plan.shape)}:
         raise PlanRefused(f"plan {plan.key} was made for the shape {dict(plan.shape)}, but is filed under {shape}")
+    if tuple(plan.ranges) != tuple(key.ranges):
+        raise PlanRefused(f"plan {plan.key} was made for the sizes {list(plan.ranges) or 'declared'}, but is filed "
+                          f"under the size bucket {list(key.ranges) or 'of the declared ranges'}")
     proof = reprove(model, plan, shape, trials=1, holds=guard_holds(shape))
     if record.certificate is None:
         raise PlanRefused(f"plan {plan.key} is stored without a finite-field certificate: it was never verified")
@@ -141,9 +186,11 @@ def guard_holds(sizes):
     return holds
 
 
-def lookup_key(model, target):
-    """The database key a search on this machine would have stored under (`habu.search.keys`)."""
+def lookup_key(model, target, ranges=()):
+    """The database key a search on this machine would have stored under (`habu.search.keys`); with
+    `ranges`, a size bucket's (habu/plan/buckets.py)."""
     from habu.gpu_info import device_info
     from habu.search.keys import database_key
 
-    return database_key(model, {e.name: e.size for e in model.extents}, target, device_info())
+    return database_key(model, {e.name: e.size for e in model.extents if e.size is not None}, target,
+                        device_info(), ranges)

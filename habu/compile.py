@@ -80,17 +80,17 @@ def compile_model(program: Program, model_name: str, shape: dict[str, int], targ
     check_sizes(model, model.sizes, target)  # before anything is proven or allocated
     grid = BucketGrid.of(model)
     if not grid.axes:
-        plans, proofs = _compile_set(program, model, (), shape, target, pins, trials, hint)
+        plans, proofs = compile_set(program, model, (), shape, target, pins, trials, hint)
         return Compiled(model, plans, proofs)
     plans, proofs = [], []
     for cell in grid.cells():
-        p, q = _compile_set(program, model, cell_ranges(cell), shape, target, pins, trials, hint)
+        p, q = compile_set(program, model, cell_ranges(cell), shape, target, pins, trials, hint)
         plans += p
         proofs += q
     return Compiled(model, plans, proofs, grid)
 
 
-def _compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str, int], target: Target,
+def compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str, int], target: Target,
                  pins: dict[str, str], trials: int, hint: str | None) -> tuple[list[Plan], list[Proof]]:
     """The default plan for the sizes `ranges` allow (all: the declared ranges), proven; with its
     unguarded fallback when its rules hold only under guards."""

@@ -41,6 +41,10 @@ _KEY = {
                    "properties": {"arch": _TEXT, "gpu": _TEXT, "sm_count": {"type": "integer", "minimum": 0}}},
         "versions": {"type": "object", "additionalProperties": False, "required": ["habu", "nvrtc", "driver"],
                      "properties": {"habu": _TEXT, "nvrtc": _TEXT, "driver": _TEXT}},
+        "ranges": {"type": "array", "items": {"type": "array", "minItems": 3, "items": False,
+                                              "prefixItems": [{**_TEXT, "minLength": 1},
+                                                              {"type": "integer", "minimum": 1, "maximum": 2**40},
+                                                              {"type": "integer", "minimum": 1, "maximum": 2**40}]}},
     },
 }
 

@@ -91,6 +91,7 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
 def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None,
                      compile_kernels: bool) -> dict[str, Any]:
     from habu.lower import lower_whole
+    from habu.prove import field_check_sizes
     from habu.prove.deadline import DeadlinePassed
     from habu.prove.rules import failures, obligations
     from habu.prove.verify import field_key, verify_plan
@@ -119,6 +120,7 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
     # what the check does not read (stages, warps, the instruction, TMA or cp.async, the store)
     # share one check in this process
     lowerings = list(lowered.kernels)
+    sizes = field_check_sizes(model, plan, sizes)  # a size bucket's extent: a witness size within it
     key = field_key(model, plan, sizes, lowerings)
     cert_json = FIELD_CHECKS.get(key)
     shared = cert_json is not None
