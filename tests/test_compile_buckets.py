@@ -75,3 +75,41 @@ def test_report_lists_the_buckets(compiled):
     text = report(compiled.model, compiled.plans, compiled.proofs)
     assert "## Size buckets" in text and "| #D in 4352..8192 | 6 |" in text
     assert "## Plan 9 of 9" in text and "for #D in 33024..65536" in text
+
+
+def test_each_bucket_keeps_its_rows_in_registers_sized_for_its_widest(compiled):
+    for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):
+        (_, lo, hi), = plan.ranges
+        lw = proof.lowered.kernels[0]
+        assert lw.width_range == (lo, hi)
+        chunks = lw.register_chunks({"R": 8192, "D": lo})
+        assert chunks > 0 and chunks == lw.register_chunks({"R": 8192, "D": hi})  # one count for the bucket
+        assert chunks * plan.kernels[0].threads * plan.kernels[0].vector >= hi
+
+
+def test_regression_a_runtime_width_over_more_than_a_factor_of_two_is_not_kept_in_registers_at_any_size():
+    """The finite-field check (a concrete witness width) once lowered such a row into registers where the
+    witness split evenly, while the emitter (the width a symbol) printed the shared-memory row."""
+    from habu.lower.rows import lower_rows
+
+    m = load_program(RMSNORM).model("RMSNORM-ROWS")  # 256..65536: no bound
+    kernel = compile_model(load_program(RMSNORM), "RMSNORM-ROWS", {"D": 4096}, target_named("sm_90a"), {},
+                           trials=1).plans[0].kernels[0]
+    lw = lower_rows(m, kernel)
+    assert lw.width_range == (256, 65536) and lw.register_chunks({"R": 8192, "D": 4096}) == 0
+
+
+def test_a_register_row_sized_below_its_bucket_fails_the_field_check(compiled):
+    """The finite-field check reads the bound the registers are sized for: a row one chunk-block short
+    of its bucket's widest leaves columns of a wide row unread and unwritten."""
+    from dataclasses import replace
+
+    from habu.lower import lower_whole
+    from habu.prove.verify import verify_plan
+
+    plan = compiled.plans[5]  # 4352..8192, 256 threads × 8: 4 chunks a thread
+    lowered = lower_whole(compiled.model, plan)
+    short = [replace(lw, width_range=(4352, 8192 - 2048)) for lw in lowered.kernels]
+    good = verify_plan(compiled.model, plan, {"R": 64, "D": 8192}, trials=1, lowerings=list(lowered.kernels))
+    bad = verify_plan(compiled.model, plan, {"R": 64, "D": 8192}, trials=1, lowerings=short)
+    assert good.passed and not bad.passed
