@@ -3,7 +3,7 @@ at every width), RMSNorm over 8192 rows in the same run:
 
     python -m habu.bench.bucket_speed [--json OUT.json] [--widths 768,4096,...] [--rows 8192]
 
-One `habu.build` of examples/rmsnorm.habu RMSNORM-ROWS with #D left at run time (the bucketed kernel
+One build (as `habu.build` makes it) of examples/rmsnorm.habu RMSNORM-ROWS with #D left at run time (the bucketed kernel
 set, habu/plan/buckets.py) is called at every width; for each width a build with #D fixed to it is
 timed beside it, and `F.rms_norm` too. Every build is golden-checked first at each width (fresh
 random inputs, a NaN-poisoned output, the float64 reference); then each is timed with CUDA events
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from habu.bench.gpu_bench import sets_for
+from habu.bench.run import device_target
 from habu.timing.harness import (
     compare,
     copy_bandwidth,
@@ -37,12 +38,24 @@ MODEL = "RMSNORM-ROWS"
 WIDTHS = (768, 1024, 2048, 4096, 5120, 12288, 16384, 32768, 65536)
 
 
+def build(shape: dict[str, int]):
+    """The kernel set `habu.build` makes of RMSNORM-ROWS at `shape` (#D left out: the bucketed set)."""
+    from habu.compile import compile_model, kernel_set
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.paths.emit import emit
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    target = TARGETS[device_target()]
+    compiled = compile_model(load_program(EXAMPLE), MODEL, shape, target, {}, trials=1)
+    members = [emit(p, target) for p in compiled.proofs]
+    return CompiledModel(compiled.model, kernel_set(compiled, members), arch=target.name)
+
+
 def measure(width: int, rows: int, bucketed, copy_bps: float) -> dict:
     """The fixed-width build, the bucketed build and torch at one width: golden, then times."""
-    import habu
-
     t = torch()
-    fixed = habu.build(EXAMPLE, MODEL, check=False, R=rows, D=width)
+    fixed = build({"R": rows, "D": width})
     model = fixed.model
     sizes = {"R": rows, "D": width}
     nbytes = 2 * rows * width * 2
@@ -81,8 +94,6 @@ def measure(width: int, rows: int, bucketed, copy_bps: float) -> dict:
 
 
 def main() -> None:
-    import habu
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, help="write every row (times, goldens, kernels) here")
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated widths (multiples of 256)")
@@ -90,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",") if w]
     copy_bps = copy_bandwidth()
-    bucketed = habu.build(EXAMPLE, MODEL, check=False, R=args.rows)  # #D at run time: the bucketed set
+    bucketed = build({"R": args.rows})  # #D at run time: the bucketed set
     rows = [measure(w, args.rows, bucketed, copy_bps) for w in widths]
     if args.json:
         args.json.write_text(json.dumps({"copy_GBps": copy_bps / 1e9, "rows": rows}, indent=1))
