@@ -113,3 +113,24 @@ def test_a_register_row_sized_below_its_bucket_fails_the_field_check(compiled):
     good = verify_plan(compiled.model, plan, {"R": 64, "D": 8192}, trials=1, lowerings=list(lowered.kernels))
     bad = verify_plan(compiled.model, plan, {"R": 64, "D": 8192}, trials=1, lowerings=short)
     assert good.passed and not bad.passed
+
+
+def test_regression_the_exact_check_reaches_every_bucket_not_only_those_near_512(compiled):
+    """`habu.build`'s exact check looked for shapes near 512 only: six of nine buckets were reached."""
+    from habu.timing.exact import witness_sizes
+
+    ks = kernel_set(compiled, list(range(len(compiled.plans))))
+    starts = {axis[0].extent: [b.lo for b in axis] for axis in compiled.grid.axes}
+    found = witness_sizes(compiled.model, ks.index, len(ks.members), buckets=starts)
+    assert sorted(found) == list(range(9))
+    assert [found[i]["D"] for i in range(9)] == [p.ranges[0][1] for p in compiled.plans]
+    assert len(witness_sizes(compiled.model, ks.index, len(ks.members))) < 9
+
+
+def test_export_guards_each_bucket_member_by_its_range(compiled):
+    from habu.emit_cuda.launcher_c import guard_c
+    from habu.export import _members
+
+    members = _members(compiled, target_named("sm_90a"))
+    assert [m[0] for m in members] == [(f"{lo} <= D", f"D <= {hi}") for (_, lo, hi), in (p.ranges for p in compiled.plans)]
+    assert guard_c(members[5][0][0], {}) == "((4352 <= D))"
