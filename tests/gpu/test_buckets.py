@@ -70,3 +70,23 @@ def test_rmsnorm_bucketed_build_matches_the_reference_at_bucket_edges():
         torch.cuda.synchronize()
         golden = compare(got, reference(model, inputs, sizes)["Y"], tolerance(model, dict(plan.storage)))
         assert golden.ok, (d, plan.ranges, golden)
+
+
+def test_the_timing_worker_times_a_bucket_plan_as_a_runtime_width(tmp_path):
+    """A bucket search's candidates keep the width a runtime extent: the worker (its model bound to the
+    bucket's widest, 8192) emits the bucket plan for a runtime width, exact-checks and times it."""
+    from habu.timing.worker import GpuTimer
+
+    src = tmp_path / "row_scale.habu"
+    src.write_text(ROW_SCALE)
+    compiled, _ = bucketed(parse_text(ROW_SCALE, str(src)), "ROW-SCALE", {})
+    plan = compiled.plans[5]
+    assert plan.ranges == (("D", 4352, 8192),)
+    timer = GpuTimer(str(src), "ROW-SCALE", {"R": 64, "D": 8192})
+    try:
+        assert timer.start() is not None, timer.unavailable
+        m = timer.measure(plan.to_json())
+        assert m.ok, m.reason
+        assert m.exact and m.exact["ok"] and m.exact["applicable"]
+    finally:
+        timer.close()
