@@ -90,3 +90,27 @@ def test_search_without_the_width_is_refused_for_a_model_it_does_not_bucket(tmp_
     src.write_text((ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K"))
     with pytest.raises(UsageError, match=r"give the runtime extents with --shape \(K\)$"):
         tune(src, db=tmp_path / "db.sqlite", log=quiet(), no_gpu=True, shape={"M": 128, "N": 128})
+
+
+def test_regression_a_bucket_candidate_that_holds_only_under_a_guard_is_refused(tmp_path):
+    """The search stores plans without guards; a bucket's candidate whose rules hold only where a guard
+    does (16-byte vectors of a row width not a multiple of 8) would be stored and then refused by
+    `habu.load`'s re-proof. It is refused as a rules failure in the search instead."""
+    from habu.plan.buckets import restricted
+    from habu.search.space import default_plan
+    from habu.search.tasks import Job, check_candidate
+    from habu.spec.parser import parse_text
+    from habu.target import target_named
+
+    src = RMSNORM.read_text().replace("256..65536%256 EXTENT: #D", "1..65536 EXTENT: #D")
+    path = tmp_path / "rms1.habu"
+    path.write_text(src)
+    m = parse_text(src, str(path)).model("RMSNORM-ROWS").with_sizes({"R": 64})
+    ranges = (("D", 4097, 8192),)
+    plan = replace(default_plan(restricted(m, ranges), target_named("sm_90a"), {"R": 64}), ranges=ranges)
+    job = Job.of(str(path), m, {"R": 64}, "sm_90a")
+    assert check_candidate(job, plan.to_json(), 1)["status"] == "verified"
+    v8 = replace(plan, kernels=(replace(plan.kernels[0], vector=8),))
+    result = check_candidate(job, v8.to_json(), 1)
+    assert result["status"] == "rules"
+    assert "holds only where And(D%8 == 0), not at every size of #D in 4097..8192" in result["reason"]
