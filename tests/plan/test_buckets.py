@@ -106,3 +106,25 @@ def test_plan_ranges_round_trip_and_leave_other_plans_keys_alone():
     assert Plan.from_json(ranged.to_json()) == ranged and ranged.key != plan.key
     assert range_guards(ranged.ranges) == ("4352 <= D", "D <= 8192")
     assert cell_ranges((Bucket("D", 1, 2),)) == (("D", 1, 2),)
+
+
+def test_database_keys_without_ranges_keep_their_digests_and_bucket_keys_differ():
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from habu.db import Key, Target, Versions, key_from_json
+
+    key = Key("ab" * 16, "M", (("R", 64),), (("X", "bf16"),), Target("sm_90a", "NVIDIA H200", 132),
+              Versions("0.1.0", "13.5", "580"))
+    old = asdict(key)
+    old.pop("model")
+    old.pop("ranges")  # the key as stored before size buckets
+    assert key.digest() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:24]
+    a, b = replace(key, ranges=(("D", 256, 256),)), replace(key, ranges=(("D", 512, 512),))
+    assert len({key.digest(), a.digest(), b.digest()}) == 3
+    assert len({key.same_problem(), a.same_problem(), b.same_problem()}) == 3
+    assert key_from_json(json.loads(json.dumps(asdict(a)))) == a
+    legacy = asdict(key)
+    legacy.pop("ranges")
+    assert key_from_json(legacy) == key
