@@ -33,8 +33,7 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     ExactCheckError. Needs torch; `check=False` skips it. `check_indices`: "device" (index values checked
     in the kernels, reported by `habu.check_errors()`; no host round trip, capturable in a CUDA graph) or
     "host" (also copied and checked on the host before every launch, for debugging): see CompiledModel."""
-    from habu.compile import compile_model
-    from habu.emit_cuda.guards import KernelSet
+    from habu.compile import compile_model, kernel_set
     from habu.emit_cuda.runtime import CompiledModel
     from habu.gpu_info import current_arch
     from habu.paths.emit import emit
@@ -49,8 +48,8 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     tgt = target_named(target or current_arch())
     compiled = compile_model(program, m.name, dict(shape), tgt, dict(pins or {}), trials,
                              hint="choose other plan fields with pins={...}, or a shape that satisfies the rule")
-    members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
-    built = CompiledModel(compiled.model, KernelSet(members), arch=tgt.name, check_indices=check_indices)
+    built = CompiledModel(compiled.model, kernel_set(compiled, [emit(proof, tgt) for proof in compiled.proofs]),
+                          arch=tgt.name, check_indices=check_indices)
     if check and _runs_here(tgt.name):
         from habu.timing.exact import kept_types
         from habu.timing.exact_gpu import check_built
@@ -103,6 +102,11 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
     program = load_program(path)
     m = bind_shape(program.pick(model), dict(shape))
     tgt = target_named(current_arch())
+    from habu.plan.buckets import BucketGrid
+
+    grid = BucketGrid.of(m)
+    if grid.axes:
+        return _load_buckets(program, m, grid, tgt, db, dict(shape), check_indices)
     with PlanDB(db) as plans:
         key = lookup_key(m, tgt)
         entry, stale = plans.lookup(key)
@@ -117,6 +121,44 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
         return build(path, m.name, target=tgt.name, check_indices=check_indices, **shape)
     proof = checked_plan(m, key, best)
     return CompiledModel(m, emit(proof, tgt), arch=tgt.name, check_indices=check_indices)
+
+
+def _load_buckets(program, m, grid, tgt, db, shape: dict[str, int], check_indices: str = "device"):
+    """`load` of a model with a bucketed runtime extent: each size bucket's best stored plan (filed
+    under the bucket's key by `habu search`), proven again for its bucket; a bucket with none gets
+    its default plan (one warning per model and shape names them)."""
+    import sys
+
+    from habu.compile import Compiled, compile_set, kernel_set
+    from habu.db import PlanDB
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.paths.emit import emit
+    from habu.plan.buckets import cell_ranges, describe_ranges
+
+    plans, proofs, missing = [], [], []
+    with PlanDB(db) as stored:
+        for cell in grid.cells():
+            ranges = cell_ranges(cell)
+            key = lookup_key(m, tgt, ranges)
+            entry, _stale = stored.lookup(key)
+            if entry is None or not entry.records:
+                missing.append(ranges)
+                p, q = compile_set(program, m, ranges, shape, tgt, {}, trials=3, hint=None)
+                plans += p
+                proofs += q
+                continue
+            proof = checked_plan(m, key, entry.records[0])
+            plans.append(proof.plan)
+            proofs.append(proof)
+    tag = f"{m.name}{shape}"
+    if missing and tag not in _warned:
+        _warned.add(tag)
+        print(f"habu: warning: no tuned plan for {m.name} {shape or ''} on {lookup_key(m, tgt).target.gpu} for "
+              f"{len(missing)} of {len(grid)} size buckets ({'; '.join(describe_ranges(r) for r in missing)}); "
+              "using their default plans (run habu search to tune them)", file=sys.stderr)
+    compiled = Compiled(m, plans, proofs, grid)
+    return CompiledModel(m, kernel_set(compiled, [emit(p, tgt) for p in proofs]), arch=tgt.name,
+                         check_indices=check_indices)
 
 
 def checked_plan(model, key, record):
@@ -134,6 +176,9 @@ def checked_plan(model, key, record):
     shape = dict(key.shape)
     if dict(plan.shape) != {k: v for k, v in shape.items() if k in dict(plan.shape)}:
         raise PlanRefused(f"plan {plan.key} was made for the shape {dict(plan.shape)}, but is filed under {shape}")
+    if tuple(plan.ranges) != tuple(key.ranges):
+        raise PlanRefused(f"plan {plan.key} was made for the sizes {list(plan.ranges) or 'declared'}, but is filed "
+                          f"under the size bucket {list(key.ranges) or 'of the declared ranges'}")
     proof = reprove(model, plan, shape, trials=1, holds=guard_holds(shape))
     if record.certificate is None:
         raise PlanRefused(f"plan {plan.key} is stored without a finite-field certificate: it was never verified")
@@ -154,9 +199,11 @@ def guard_holds(sizes):
     return holds
 
 
-def lookup_key(model, target):
-    """The database key a search on this machine would have stored under (`habu.search.keys`)."""
+def lookup_key(model, target, ranges=()):
+    """The database key a search on this machine would have stored under (`habu.search.keys`); with
+    `ranges`, a size bucket's (habu/plan/buckets.py)."""
     from habu.gpu_info import device_info
     from habu.search.keys import database_key
 
-    return database_key(model, {e.name: e.size for e in model.extents}, target, device_info())
+    return database_key(model, {e.name: e.size for e in model.extents if e.size is not None}, target,
+                        device_info(), ranges=ranges)

@@ -111,7 +111,8 @@ def plans_ls(db: DbOpt = None) -> None:
         status = (f"{best.median_us:.1f} µs" if best and best.median_us else
                   ("unmeasured" if best else "failures only"))
         v = e.key.versions
-        table.add_row(e.digest[:12], e.key.model, " ".join(f"{k}={v}" for k, v in e.key.shape),
+        table.add_row(e.digest[:12], e.key.model, " ".join([*(f"{k}={v}" for k, v in e.key.shape),
+                                                            *(f"{k}={lo}..{hi}" for k, lo, hi in e.key.ranges)]),
                       f"{e.key.target.arch} {e.key.target.gpu}", f"{v.habu} {v.nvrtc} {v.driver}",
                       status, plan_summary(best.plan) if best else "", when, staleness(e, here))
     output_console().print(table)

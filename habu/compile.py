@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from habu.errors import HabuError, Span, UsageError
+from habu.plan.buckets import BucketGrid, Ranges, cell_ranges, describe_ranges, restricted
 from habu.plan.fields import unguarded_changes
 from habu.plan.limits import check_nesting
 from habu.plan.plan import Plan, field_docs
@@ -24,6 +25,9 @@ class Compiled:
     model: Model
     plans: list[Plan]  # the checked kernel set: guarded members first, the unguarded fallback last
     proofs: list[Proof]
+    # a bucketed runtime extent (habu/plan/buckets.py): the grid, and the plans of each bucket in turn
+    # (each plan's `ranges` name its bucket); None: one set for the declared ranges
+    grid: BucketGrid | None = None
 
 
 def bind_shape(model: Model, shape: dict[str, int]) -> Model:
@@ -68,21 +72,41 @@ def fallback(plan: Plan, proof: Proof) -> Plan:
 
 def compile_model(program: Program, model_name: str, shape: dict[str, int], target: Target,
                   pins: dict[str, str], trials: int = 3, hint: str | None = PIN_HINT) -> Compiled:
-    """The default (or pinned) plan, proven; `hint` is what a refusal suggests (see `plan_error`)."""
+    """The default (or pinned) plan, proven; `hint` is what a refusal suggests (see `plan_error`).
+    A model with a bucketed runtime extent (habu/plan/buckets.py) gets one plan per size bucket, each
+    made for its bucket's sizes and proven for them (its `ranges`), each with its guarded members."""
     model = bind_shape(program.model(model_name), shape)
     check_nesting(model, program.model_spans.get(model.name))
     check_sizes(model, model.sizes, target)  # before anything is proven or allocated
+    grid = BucketGrid.of(model)
+    if not grid.axes:
+        plans, proofs = compile_set(program, model, (), shape, target, pins, trials, hint)
+        return Compiled(model, plans, proofs)
+    plans, proofs = [], []
+    for cell in grid.cells():
+        p, q = compile_set(program, model, cell_ranges(cell), shape, target, pins, trials, hint)
+        plans += p
+        proofs += q
+    return Compiled(model, plans, proofs, grid)
+
+
+def compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str, int], target: Target,
+                 pins: dict[str, str], trials: int, hint: str | None) -> tuple[list[Plan], list[Proof]]:
+    """The default plan for the sizes `ranges` allow (all: the declared ranges), proven; with its
+    unguarded fallback when its rules hold only under guards."""
+    bucket = f" for {describe_ranges(ranges)}" if ranges else ""
     try:
-        plan = default_plan(model, target, shape, pins)
+        plan = replace(default_plan(restricted(model, ranges), target, shape, pins), ranges=ranges)
     except HabuError as err:
         if err.span is not None:
             raise
         raise HabuError(err.message, program.model_spans.get(model.name), err.notes) from None
     proof = prove(model, plan, shape, trials=trials)
     if proof.violations:
-        raise plan_error(program, model, proof.violations[0], hint)
+        err = plan_error(program, model, proof.violations[0], hint)
+        raise HabuError(err.message + bucket, err.span, err.notes) if bucket else err
     if proof.certificate is not None and not proof.certificate.passed:
-        raise HabuError(f"the plan for {model.name} computes something else: {proof.certificate.failure}",
+        raise HabuError(f"the plan for {model.name}{bucket} computes something else: {proof.certificate.failure}",
                         program.model_spans.get(model.name))
     plans, proofs = [plan], [proof]
     if proof.guards:
@@ -96,11 +120,24 @@ def compile_model(program: Program, model_name: str, shape: dict[str, int], targ
         fb_proof = prove(model, fb, shape, trials=trials)
         if fb_proof.violations or fb_proof.guards or not fb_proof.ok:
             bad = (fb_proof.violations or fb_proof.guards)[0] if (fb_proof.violations or fb_proof.guards) else None
-            raise HabuError(f"no plan for {model.name} is valid for every size of its runtime extents"
+            raise HabuError(f"no plan for {model.name} is valid for every size of its runtime extents{bucket}"
                             + (f": {bad.detail}" if bad else ""), program.model_spans.get(model.name))
         plans.append(fb)
         proofs.append(fb_proof)
-    return Compiled(model, plans, proofs)
+    return plans, proofs
+
+
+def kernel_set(compiled: Compiled, members: list):
+    """The call-time kernel set of `compiled`'s plans, `members[i]` standing for plan i (an emitted
+    plan): by bucket, a table lookup, where the model has bucketed extents; else guards alone."""
+    from habu.emit_cuda.guards import KernelSet
+
+    if compiled.grid is None:
+        return KernelSet([(p.guards, m) for p, m in zip(compiled.plans, members, strict=True)])
+    from habu.emit_cuda.buckets import BucketedKernelSet
+
+    return BucketedKernelSet(compiled.grid, [(p.ranges, p.guards, m)
+                                             for p, m in zip(compiled.plans, members, strict=True)])
 
 
 def verify_file(program: Program, model_name: str, plan_path: Path, shape: dict[str, int],
@@ -155,8 +192,16 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
     out = [f"# Compilation report: {model.name}", ""]
     out.append(f"model hash `{model.canonical_hash()}`")
     out.append("shape " + ", ".join(f"#{e.name} = {e.size}" if e.is_static else e.describe() for e in model.extents))
+    if any(p.ranges for p in plans):  # one set of plans per size bucket (habu/plan/buckets.py)
+        out += ["", "## Size buckets", "", "a call runs the plans of the bucket its sizes fall in", "",
+                "| sizes | plans |", "| --- | --- |"]
+        buckets: dict[tuple, list[int]] = {}
+        for i, p in enumerate(plans):
+            buckets.setdefault(p.ranges, []).append(i + 1)
+        out += [f"| {describe_ranges(r)} | {', '.join(map(str, n))} |" for r, n in buckets.items()]
     for i, (plan, proof) in enumerate(zip(plans, proofs, strict=True)):
         out += ["", f"## Plan {i + 1} of {len(plans)} (`{plan.key}`)" + (
+            f" — for {describe_ranges(plan.ranges)}" if plan.ranges else "") + (
             f" — valid where {' and '.join(plan.guards)}" if plan.guards else "")]
         out += ["", f"target {plan.target}", ""]
         if plan.rewrites:

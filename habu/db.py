@@ -3,8 +3,8 @@
 SQLite in WAL mode (several processes may read while one writes; writers serialise on a
 transaction). One *entry* per key:
 
-    model hash · shape (or runtime-extent guards) · dtypes · target arch · GPU name · SM count ·
-    Habu version · NVRTC version · driver version
+    model hash · shape · size bucket (a runtime extent's lo..hi, habu/plan/buckets.py) · dtypes ·
+    target arch · GPU name · SM count · Habu version · NVRTC version · driver version
 
 Each entry keeps its top-k plans with their timing distribution (median, p20, p80, samples), the
 finite-field certificate, the compiler's resource report and provenance (host, GPU, clocks, seed,
@@ -65,18 +65,27 @@ class Key:
     # "forward", or "backward": the plans of a model's derived backward model (habu.spec.grad). A forward
     # key's digest leaves it out, so the digests of entries stored before it existed do not change.
     direction: str = "forward"
+    # a size bucket's entry (habu/plan/buckets.py): each bucketed runtime extent's lo..hi, that extent
+    # left out of `shape`; empty for an entry of one shape (digests of such keys are as before buckets)
+    ranges: tuple[tuple[str, int, int], ...] = ()
 
-    def digest(self) -> str:
+    def _identity(self) -> dict:
         d = asdict(self)
         d.pop("model")
         if self.direction == "forward":
             d.pop("direction")
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:24]
+        if not self.ranges:
+            d.pop("ranges")
+        return d
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self._identity(), sort_keys=True).encode()).hexdigest()[:24]
 
     def same_problem(self) -> str:
         """What identifies the computation regardless of GPU and versions (for stale reports)."""
-        what = [self.model_hash, self.shape, self.dtypes] + ([self.direction] if self.direction != "forward" else [])
-        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+        problem = [self.model_hash, self.shape, self.dtypes] + ([self.direction] if self.direction != "forward" else [])
+        problem += [self.ranges] if self.ranges else []
+        return hashlib.sha256(json.dumps(problem, sort_keys=True).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -391,7 +400,8 @@ def _merge(c: sqlite3.Connection, key: Key, records: list[Record], keep: int) ->
 def key_from_json(d: Mapping[str, Any]) -> Key:
     return Key(d["model_hash"], d["model"], tuple(tuple(x) for x in d["shape"]),  # type: ignore[misc]
                tuple(tuple(x) for x in d["dtypes"]), Target(**d["target"]), Versions(**d["versions"]),  # type: ignore[misc]
-               d.get("direction", "forward"))
+               direction=d.get("direction", "forward"),
+               ranges=tuple((str(r[0]), int(r[1]), int(r[2])) for r in d.get("ranges", ())))
 
 
 def plan_key(plan: Mapping[str, Any]) -> str:

@@ -42,6 +42,10 @@ _KEY = {
         "versions": {"type": "object", "additionalProperties": False, "required": ["habu", "nvrtc", "driver"],
                      "properties": {"habu": _TEXT, "nvrtc": _TEXT, "driver": _TEXT}},
         "direction": {"enum": ["forward", "backward"]},  # absent in files written before it existed
+        "ranges": {"type": "array", "items": {"type": "array", "minItems": 3, "items": False,
+                                              "prefixItems": [{**_TEXT, "minLength": 1},
+                                                              {"type": "integer", "minimum": 1, "maximum": 2**40},
+                                                              {"type": "integer", "minimum": 1, "maximum": 2**40}]}},
     },
 }
 

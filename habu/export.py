@@ -20,9 +20,13 @@ from habu.target import Target
 
 
 def _members(compiled: Compiled, target: Target) -> list[tuple[tuple[str, ...], str, Any]]:
+    """Each plan's guards, key and kernels; a size bucket's plan (habu/plan/buckets.py) is guarded by
+    its bucket's range too, so the launcher runs it only for the sizes it was proven for."""
     from habu.paths.emit import emit
+    from habu.plan.buckets import range_guards
 
-    return [(tuple(proof.plan.guards), proof.plan.key, emit(proof, target)) for proof in compiled.proofs]
+    return [(range_guards(proof.plan.ranges) + tuple(proof.plan.guards), proof.plan.key, emit(proof, target))
+            for proof in compiled.proofs]
 
 
 def standalone(compiled: Compiled, target: Target) -> tuple[str, dict[str, Any]]:

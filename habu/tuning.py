@@ -19,6 +19,7 @@ from typing import Any
 from habu.cli_paths import output_dir
 from habu.db import PlanDB, Record
 from habu.errors import HabuError, UsageError
+from habu.plan.buckets import BucketGrid, cell_ranges, describe_ranges, restricted
 from habu.plan.plan import Plan
 from habu.prove import Proof
 from habu.search.budget import Budget, SearchResult
@@ -38,6 +39,7 @@ class Tuned:
     proof: Proof | None = None  # the winner's; None when no plan was verified
     files: list[Path] = field(default_factory=list)
     not_made: list[str] = field(default_factory=list)  # outputs not written, each with the reason
+    ranges: tuple[tuple[str, int, int], ...] = ()  # the size bucket searched (habu/plan/buckets.py), if any
 
     @property
     def best(self) -> Plan | None:
@@ -89,19 +91,30 @@ def tune(path: str | Path, model: str | None = None, *, shape: Mapping[str, int]
     program = load_program(path)
     m = program.pick(model)
     sizes = dict(shape or {})
-    missing = [e.name for e in m.extents if not e.is_static and e.name not in sizes]
+    grid = BucketGrid.of(bind_shape(m, sizes))
+    missing = [e.name for e in m.extents if not e.is_static and e.name not in sizes and e.name not in grid.extents]
     if missing:
-        raise UsageError(f"search tunes one shape: give the runtime extents with --shape ({', '.join(missing)})")
+        bucketed = f"; the bucketed row widths ({', '.join(grid.extents)}) may be left out: each bucket is " \
+            "searched" if grid.extents else ""
+        raise UsageError(f"search tunes one shape: give the runtime extents with --shape ({', '.join(missing)})"
+                         + bucketed)
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs takes a positive number, got {jobs}")
     if top_k < 1:
         raise UsageError(f"--top-k takes a positive number, got {top_k}")
+    if grid.axes and ray is not None:
+        raise UsageError(f"--ray searches one shape: give {', '.join(grid.extents)} with --shape, or search the "
+                         "size buckets on this machine (without --ray)")
     bound = bind_shape(m, sizes)
     plan_budget = search_budget(budget)
     out_dir = Path(out) if out is not None else Path("out") / "search" / m.name.lower()
     output_dir(out_dir, "-o")
     arch = target or current_arch()
     check_sizes(bound, bound.sizes, target_named(arch))
+    _z3_context()
+    if grid.axes:  # a runtime row width: one search per size bucket, each stored under its own key
+        return _tune_buckets(path, bound, grid, sizes, arch, plan_budget, db, top_k, seed, no_gpu, jobs, out_dir,
+                             log, on_tuned)
     job = Job.of(str(path), bound, {e.name: e.size for e in bound.extents}, arch)
     if ray is not None:
         executor, runs, cleanup = _ray_runs(log, ray, job, target, no_gpu)
@@ -151,6 +164,67 @@ def tune(path: str | Path, model: str | None = None, *, shape: Mapping[str, int]
     return done
 
 
+def _tune_buckets(path, bound: Model, grid: BucketGrid, sizes: dict[str, int], arch: str, budget: Budget, db,
+                  top_k: int, seed: int, no_gpu: bool, jobs: int | None, out_dir: Path, log,
+                  on_tuned: Callable[[Tuned], None] | None) -> TuneResult:
+    """One search per size bucket of the bucketed runtime extents (habu/plan/buckets.py), on this
+    machine, each with an equal share of the budget: its plans keep the bucket's extents runtime ones,
+    proven for the bucket's sizes (`ranges`), costed and timed at the bucket's largest size, and stored
+    under the bucket's key; the winner's files go to OUT/<extent>-<lo>-<hi>."""
+    from habu.search.pool import local_executor
+
+    cells = [cell_ranges(c) for c in grid.cells()]
+    share = Budget(budget.seconds / len(cells) if budget.seconds else None,
+                   max(1, budget.trials // len(cells)) if budget.trials else None)
+    tgt = target_named(arch)
+    done = TuneResult(bound, [])
+    unverified: list[str] = []
+    executor = local_executor(jobs)
+    try:
+        for ranges in cells:
+            at = sizes | {name: hi for name, _, hi in ranges}  # the bucket's widest: costed and timed there
+            cell_model = restricted(bound, ranges)
+            log.print(f"size bucket {describe_ranges(ranges)} (timed at "
+                      f"{', '.join(f'{n}={hi}' for n, _, hi in ranges)})", highlight=False)
+            timer = None if no_gpu else _local_timer(log, Path(path), bound, at)
+            try:
+                result, db_path = _search(path, cell_model, tgt, at, db, share, timer, top_k, seed, log, executor,
+                                          on_lost=lambda: None, ranges=ranges)
+            finally:
+                if timer is not None:
+                    timer.close()
+            tuned = Tuned(tgt, result, db_path, executor.name, ranges=ranges)
+            if result.best is None:
+                log.print(f"[yellow]{_why_nothing(result, budget)}: nothing stored in {db_path} for "
+                          f"{bound.name} {describe_ranges(ranges)}[/]", highlight=False)
+                unverified.append(describe_ranges(ranges))
+            else:
+                where = out_dir / "-".join(f"{n}{lo}-{hi}" for n, lo, hi in ranges)
+                _write_winner(tuned, cell_model, {k: v for k, v in at.items() if k in sizes}, where, log)
+            done.tuned.append(tuned)
+            if on_tuned is not None:
+                on_tuned(tuned)
+            if result.interrupted:
+                done.interrupted = True
+                return done
+    finally:
+        executor.close()
+    if unverified:
+        raise HabuError(f"the search verified no plan for {bound.name} in the size bucket(s) {'; '.join(unverified)}; "
+                        "nothing was stored for them (give it a larger --budget)")
+    return done
+
+
+def _z3_context() -> None:
+    """Make z3's context now, before any Ctrl-C is taken as the end of the search: the driver's first
+    rule check makes it otherwise, and an interrupt that landed while z3 built it left a half-made
+    context whose finaliser printed a traceback ("Exception ignored in: Context.__del__") under
+    `habu: interrupted` (tests/search/test_search.py, Ctrl-C before the first proof, failed 3 of 4)."""
+    import z3
+
+    z3.main_ctx()
+
+
 def search_budget(budget: str | int) -> Budget:
     """A search's budget from its text (90s, 10m, 1h, 1h30m, or a number of candidates); it must be positive."""
     parsed = Budget.parse(str(budget))
@@ -161,13 +235,15 @@ def search_budget(budget: str | int) -> Budget:
 
 
 def _search(path, bound: Model, tgt: Target, sizes: dict[str, int], db, budget: Budget, timer, top_k: int,
-            seed: int, log, executor, on_lost: Callable[[], None]) -> tuple[SearchResult, Path]:
-    """One target's search, with its progress line; `on_lost` runs at once when the cluster is lost."""
+            seed: int, log, executor, on_lost: Callable[[], None],
+            ranges: tuple[tuple[str, int, int], ...] = ()) -> tuple[SearchResult, Path]:
+    """One target's search (of one size bucket: `ranges`), with its progress line; `on_lost` runs at
+    once when the cluster is lost."""
     from habu.search.loop import Search
     from habu.search.report import Progress
 
     with PlanDB(db) as plans, Progress(budget, log) as progress:
-        s = Search(str(path), bound, tgt, sizes, plans, budget, timer, top_k, seed, progress, executor)
+        s = Search(str(path), bound, tgt, sizes, plans, budget, timer, top_k, seed, progress, executor, ranges)
         result = s.run()
         if result.lost is not None:
             on_lost()  # disconnect first: Ray's driver would end this process before the report

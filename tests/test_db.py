@@ -276,6 +276,7 @@ def test_regression_backward_entries_are_keyed_apart_and_forward_digests_do_not_
     legacy = asdict(fwd)
     legacy.pop("model")
     legacy.pop("direction")
+    legacy.pop("ranges")  # (a size bucket's field: empty, left out too)
     assert fwd.digest() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:24]
     bwd = replace(fwd, direction="backward")
     assert bwd.digest() != fwd.digest() and bwd.same_problem() != fwd.same_problem()

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from habu.compile import compile_model
+from habu.compile import kernel_set as compiled_kernel_set
 from habu.emit_cuda.arrays import ELEMENT_BYTES, ArrayInfo, row_major
 from habu.emit_cuda.driver import tensormap_args
-from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.launcher_c import c_name
 from habu.emit_cuda.standalone import slots_rule
 from habu.export import export_bundle
@@ -163,8 +163,7 @@ def run_launcher(tmp: Path, compiled, sizes: dict[str, int], offsets: dict[str, 
 
 def expected_calls(compiled, desc, sizes: dict[str, int]) -> list[str]:
     """What CompiledModel would do, as the stand-in prints it (allocations and intermediates aside)."""
-    members = [(p.plan.guards, emit(p, SM90)) for p in compiled.proofs]
-    kernel_set = KernelSet(members)
+    kernel_set = compiled_kernel_set(compiled, [emit(p, SM90) for p in compiled.proofs])  # by bucket too
     all_sizes = {e.name: e.size for e in compiled.model.extents if e.size is not None} | sizes
     plan = kernel_set.select(all_sizes)
     tokens = [e for t in desc["tensors"] for e in t["extents"]] + [e for k in plan.kernels for p in k.params
@@ -246,6 +245,20 @@ CASES = [
      (("row_prefetch", "true"), ("cache_row", "true"), ("threads", "256")), {}),
     ("ffn-skip", "ffn_skip.habu", (("D", 256), ("H", 512)), (), {}),
 ]
+
+
+@pytest.mark.parametrize("width", [256, 768, 4352, 8192, 65536])
+def test_launcher_runs_the_kernel_of_the_size_bucket(width, tmp_path):
+    """A bucketed runtime width (habu/plan/buckets.py): the C launcher picks the bucket's member by its
+    range guards, the member `habu.build`'s table lookup picks."""
+    program = load_program(ROOT / "examples" / "rmsnorm.habu")
+    compiled = compile_model(program, "RMSNORM-ROWS", {"R": 64}, SM90, {}, trials=1)
+    lines, desc = run_launcher(tmp_path, compiled, {"D": width})
+    assert lines[-1] == "status 0", lines
+    allocated = {int(w[1]) for w in (line.split() for line in lines) if w[0] == "alloc"}
+    assert normalise(lines, allocated) == expected_calls(compiled, desc, {"D": width})
+    bucket = next(i for i, p in enumerate(compiled.plans) if p.ranges[0][1] <= width <= p.ranges[0][2])
+    assert any(compiled.plans[bucket].key[:8] in line for line in lines if line.startswith("launch"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -136,11 +136,15 @@ class KernelSet(Generic[T]):
 
     def index(self, sizes: Mapping[str, int]) -> int:
         """The position of the first member whose guards all hold."""
-        for i, trees in enumerate(self._trees):
-            if all(_eval(t, sizes) for t in trees):
+        return self.first_holding(sizes, range(len(self._trees)))
+
+    def first_holding(self, sizes: Mapping[str, int], among: range) -> int:
+        """The position of the first member in `among` whose guards all hold, or ArgumentError."""
+        for i in among:
+            if all(_eval(t, sizes) for t in self._trees[i]):
                 return i
         shown = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
-        needs = "; ".join(f"member {i} needs {' and '.join(g)}" for i, (g, _) in enumerate(self.members))
+        needs = "; ".join(f"member {i} needs {' and '.join(self.members[i][0]) or 'nothing'}" for i in among)
         raise ArgumentError(f"no kernel in the set accepts these sizes ({shown}): {needs}")
 
     def select(self, sizes: Mapping[str, int]) -> T:

@@ -162,6 +162,10 @@ class RowLowering:
     # the reductions over the row, one pass each, in the order the kernel runs them (a pass may read
     # only the reductions of earlier passes); pass i keeps its partials in scratch words 33·i ..
     passes: tuple[Reduce, ...]
+    # a runtime row width's range lo..hi (None: a static width). Within a factor of two (a size bucket,
+    # habu/plan/buckets.py) a row kept in registers is sized for the widest, hi (the chunks past a
+    # narrower row's end are masked, as a static row's tail is); over a wider range it is not kept there
+    width_range: tuple[int, int] | None = None
 
     @property
     def chunk(self) -> int:
@@ -265,7 +269,18 @@ class RowLowering:
             return 0, "no row is kept on chip (cache_row is off, or no pass reduces the row)"
         if acc.dtype not in VECTOR_ROW_DTYPES:
             return 0, f"the row is {acc.dtype}"
-        cols = sizes[self.c]
+        cols: object = sizes[self.c]
+        if self.width_range is not None:
+            # one answer at every size of the range (the proof's witness, the emitter's runtime width,
+            # the default's widest): a bucket's widest row in whole chunks of the block, or none
+            lo, hi = self.width_range
+            if lo == hi:  # one size (a plan's shape gives it): as a static width
+                cols = hi
+            elif 2 * lo <= hi or self.kernel.cluster != 1:
+                return 0, f"the row's width is known only at run time ({lo}..{hi}, more than a factor of two)"
+            else:
+                chunk = self.kernel.threads * self.kernel.vector
+                cols = -(-hi // chunk) * chunk
         part = cols // self.kernel.cluster if isinstance(cols, int) else cols
         return register_row_fit(part, self.kernel.threads, self.kernel.vector, self.kernel.rows_per_block,
                                 DTYPES[acc.dtype].bytes, len(reduction_passes(self.expression())))
@@ -338,7 +353,9 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
                      RowThreads(kernel.threads, kernel.rows_per_block, kernel.vector, kernel.threads), None, ())
     passes = tuple(canonical_reduction(p) for p in reduction_passes(lw.expression()))
     cache = RowCache(permuted=lw.vector_row()) if lw.kept_row() is not None else None
-    return replace(lw, cache=cache, passes=passes)
+    width = model.extent(c_ext)
+    span = None if width.is_static else (width.lo, width.hi)
+    return replace(lw, cache=cache, passes=passes, width_range=span)
 
 
 def load_index_vars(ld: Load) -> list[IndexVar]:

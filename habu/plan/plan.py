@@ -184,6 +184,9 @@ class Plan:
     guards: tuple[str, ...] = doc("conditions on runtime extents under which this plan is valid", ())
     rewrites: tuple[str, ...] = doc("algebraic rewrites applied to the model before it is cut into kernels "
                                     "(inline:P, factor:T); the kernels name the rewritten model's nodes", ())
+    ranges: tuple[tuple[str, int, int], ...] = doc("the sizes lo..hi of runtime extents this plan is made and "
+                                                   "proven for (one size bucket, habu/plan/buckets.py; none: the "
+                                                   "declared ranges)", ())
 
     # -- JSON
     def to_json(self) -> dict:
@@ -199,6 +202,8 @@ class Plan:
         }
         if self.rewrites:  # absent when none, so plans without rewrites keep their keys
             out["rewrites"] = list(self.rewrites)
+        if self.ranges:  # likewise: absent for a plan of the declared ranges
+            out["ranges"] = [list(r) for r in self.ranges]
         return out
 
     def dumps(self) -> str:
@@ -232,6 +237,7 @@ class Plan:
                 storage=tuple((str(k), str(v)) for k, v in data.get("storage", {}).items()),
                 guards=tuple(str(g) for g in data.get("guards", [])),
                 rewrites=_strings(data.get("rewrites", []), "rewrites"),
+                ranges=_ranges(data.get("ranges", [])),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
@@ -242,6 +248,17 @@ def _strings(v: Any, what: str) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise TypeError(f"{what} must be a list of strings, got {v!r}")
     return tuple(v)
+
+
+def _ranges(v: Any) -> tuple[tuple[str, int, int], ...]:
+    if not isinstance(v, list):
+        raise TypeError(f"ranges must be a list of [extent, lo, hi], got {v!r}")
+    out = []
+    for r in v:
+        if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)):
+            raise TypeError(f"ranges must be a list of [extent, lo, hi], got {r!r}")
+        out.append((r[0], _int(r[1], f"range {r[0]} lo"), _int(r[2], f"range {r[0]} hi")))
+    return tuple(out)
 
 
 def _kernel_dict(k: Kernel) -> dict:

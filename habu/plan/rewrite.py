@@ -229,8 +229,16 @@ def rewrite_sets(model: Model, limit: int = 16) -> list[tuple[str, ...]]:
 
 
 def planned_model(model: Model, plan) -> Model:
-    """The model a plan's kernels compute: `model` with the plan's rewrites applied."""
-    return apply_rewrites(model, getattr(plan, "rewrites", ()))
+    """The model a plan's kernels compute: `model` with the plan's rewrites applied, its runtime
+    extents narrowed to the plan's `ranges` (a size bucket: habu/plan/buckets.py) or to the one size
+    its `shape` gives them."""
+    from habu.plan.buckets import restricted
+
+    ranges = tuple(getattr(plan, "ranges", ()))
+    ranged = {r[0] for r in ranges}
+    runtime = {e.name for e in model.extents if not e.is_static}
+    ranges += tuple((n, v, v) for n, v in getattr(plan, "shape", ()) if n in runtime and n not in ranged)
+    return apply_rewrites(restricted(model, ranges), getattr(plan, "rewrites", ()))
 
 
 __all__ = ["RewriteError", "applicable", "apply_rewrites", "planned_model", "rewrite_sets"]

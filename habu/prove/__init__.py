@@ -46,13 +46,22 @@ def prove(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None, tria
     obs = obligations(model, plan, sizes, lowered=lowered)
     if failures(obs):
         return Proof(plan, obs, None, lowered)
-    check_sizes = dict(sizes or {})
-    for e in model.extents:
-        if e.name not in check_sizes and e.name not in dict(plan.shape):
-            check_sizes[e.name] = witness_size_for_runtime(e)
+    check_sizes = field_check_sizes(model, plan, sizes)
     cert = verify_plan(model, plan, check_sizes, trials=trials, seeds=seeds, witness=witness,
                        lowerings=list(lowered.kernels))
     return Proof(plan, obs, cert, lowered)
+
+
+def field_check_sizes(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The sizes the finite-field check runs at: `sizes`, the plan's shape, and for each runtime extent
+    left a witness size within its range (the plan's `ranges` where it has them: a size bucket)."""
+    from habu.plan.buckets import restricted
+
+    out = dict(sizes or {})
+    for e in restricted(model, plan.ranges).extents:
+        if e.name not in out and e.name not in dict(plan.shape):
+            out[e.name] = witness_size_for_runtime(e)
+    return out
 
 
 def witness_size_for_runtime(extent) -> int:
@@ -63,4 +72,4 @@ def witness_size_for_runtime(extent) -> int:
     return max(lo, n)
 
 
-__all__ = ["Certificate", "Obligation", "Proof", "prove", "verify_plan"]
+__all__ = ["Certificate", "Obligation", "Proof", "field_check_sizes", "prove", "verify_plan"]

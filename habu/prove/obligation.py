@@ -70,7 +70,10 @@ def context(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) ->
     ext: dict[str, Any] = {}
     domain: list[Any] = []
     given = dict(plan.shape) | dict(sizes or {})
-    for e in model.extents:
+    from habu.plan.buckets import restricted
+    from habu.plan.rewrite import planned_model
+
+    for e in restricted(model, plan.ranges).extents:  # a size bucket's plan: its runtime extents' ranges
         if e.name in given:
             ext[e.name] = int(given[e.name])
         else:
@@ -79,8 +82,6 @@ def context(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) ->
             domain += [v >= e.lo, v <= e.hi]
             if e.multiple > 1:
                 domain.append(v % e.multiple == 0)
-    from habu.plan.rewrite import planned_model
-
     return Context(planned_model(model, plan), plan, target_named(plan.target), ext, domain, dict(plan.storage))
 
 

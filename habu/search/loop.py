@@ -50,14 +50,19 @@ class _Sent:
 class Search:
     def __init__(self, path: str, model: Model, target: Target, sizes: dict[str, int], db: PlanDB,
                  budget: Budget, timer=None, top_k: int = 5, seed: int = 0,
-                 progress: Callable[[Stats], None] | None = None, executor: Executor | None = None):
+                 progress: Callable[[Stats], None] | None = None, executor: Executor | None = None,
+                 ranges: tuple[tuple[str, int, int], ...] = ()):
+        """`ranges`: a size bucket's (habu/plan/buckets.py): its extents stay runtime extents in every plan
+        (proven for lo..hi, the plan's `ranges`), `sizes` giving the size they are costed and timed at."""
         check_nesting(model)  # before any plan: what the backend cannot build is refused, not crashed on
         self.path, self.model, self.target, self.db = path, model, target, db
         self.executor: Executor = executor or InlineExecutor()
         self.sequence = 0  # candidates sent to be proven: each gets seed + its number
         self.taken = self.survived = 0  # candidates batched, and those proven (to size the batches)
         self.sizes = concrete_sizes(model, sizes)
-        self.fixed = dict(self.sizes)  # the model is bound to one shape: every extent is fixed
+        self.ranges = tuple(ranges)
+        # the model is bound to one shape: every extent is fixed, but for a size bucket's extents
+        self.fixed = {k: v for k, v in self.sizes.items() if k not in {r[0] for r in self.ranges}}
         self.pruner = QuickPruner(model, self.fixed)
         self.rewrites: tuple[str, ...] = ()  # the rewrites of the chosen kernel graph
         self.graph = model  # the model after them: what the kernels compute
@@ -67,7 +72,7 @@ class Search:
         self.timeline: list[dict] = []
         self.gpu = timer.info if timer is not None else None
         self.key = self._key()
-        self.job = Job.of(path, model, self.sizes, target.name)
+        self.job = Job.of(path, model, self.fixed, target.name)
         self.measured: dict[str, dict] = {}  # plan key -> its measurement (never time a plan twice)
         self.certificates: dict[str, dict] = {}  # plan key -> certificate, for the plans verified in this run
         self.stored_best: Plan | None = None  # the best plan _store last wrote
@@ -76,11 +81,16 @@ class Search:
         # which worker processes and Ray tasks on other machines read alike); None: never
         self.deadline: float | None = None if budget.seconds is None else time.time() + budget.seconds
 
+    def _plan(self, kernels: tuple[Kernel, ...], rewrites: tuple[str, ...] = ()) -> Plan:
+        """A candidate of this search: its shape the fixed extents, its ranges the bucket's."""
+        plan = make_plan(self.model, self.target, tuple(kernels), self.fixed, rewrites)
+        return replace(plan, ranges=self.ranges) if self.ranges else plan
+
     # -- keys
     def _key(self) -> Key:
         from habu.search.keys import database_key
 
-        return database_key(self.model, self.sizes, self.target, self.gpu)
+        return database_key(self.model, self.sizes, self.target, self.gpu, ranges=self.ranges)
 
     # -- budget
     def _left(self) -> bool:
@@ -113,7 +123,7 @@ class Search:
     def _send(self, batch: list[tuple[tuple[Kernel, ...], int, Scored]]) -> _Sent:
         """Apply the cheap rules here and send the rest to be proven (not waiting for them)."""
         began = time.monotonic()
-        plans = [make_plan(self.model, self.target, kernels, self.fixed, sc.rewrites) for kernels, _, sc in batch]
+        plans = [self._plan(kernels, sc.rewrites) for kernels, _, sc in batch]
         self.taken += len(batch)
         compile_kernels = self.timer is not None and self.executor.parallelism > 1
         items, where = [], []
@@ -297,7 +307,7 @@ class Search:
 
     def _costs(self, kernels: list[Kernel], rewrites: tuple[str, ...] | None = None) -> list[KernelCost]:
         rewrites = self.rewrites if rewrites is None else rewrites
-        plan = make_plan(self.model, self.target, tuple(kernels), self.fixed, rewrites)
+        plan = self._plan(tuple(kernels), rewrites)
         return [kernel_cost(lw, self.sizes, self.target) for lw in lower_plan(self.model, plan)]
 
     def _choose_partition(self, regions: tuple[Region, ...], best: list[Kernel], first: Scored
@@ -346,7 +356,7 @@ class Search:
     def _tune_region(self, i: int, region: Region, best: list[Kernel], ranked: list[list[Scored]],
                      deadline: float | None) -> None:
         self.stats.region = f"{region.kind} {'+'.join(region.nodes)}"
-        plan = make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)
+        plan = self._plan(tuple(best), self.rewrites)
         base_lw = lower_plan(self.model, plan)[i]
         self.best_tie[i] = tie_break(base_lw, self.sizes, self.target)
         def lowered(k: Kernel):
@@ -503,12 +513,12 @@ class Search:
         other regions' best), best first, at most top_k; only plans verified in this run, each with
         its own certificate (a runner-up combined with another region's later best was never proven
         whole)."""
-        plans: list[Plan] = [make_plan(self.model, self.target, tuple(best), self.fixed, self.rewrites)]
+        plans: list[Plan] = [self._plan(tuple(best), self.rewrites)]
         key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: (s.predicted_s, s.tie_break))
         for i, pool in enumerate(ranked):
             for s in sorted(pool, key=key)[1: self.top_k]:
                 kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))
-                plans.append(make_plan(self.model, self.target, kernels, self.fixed, self.rewrites))
+                plans.append(self._plan(kernels, self.rewrites))
         return [p for p in plans if p.key in self.certificates][: self.top_k]
 
     def _time_finalists(self, plans: list[Plan]) -> None:

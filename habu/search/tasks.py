@@ -91,8 +91,10 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
 def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None,
                      compile_kernels: bool) -> dict[str, Any]:
     from habu.lower import lower_whole
+    from habu.plan.buckets import describe_ranges
+    from habu.prove import field_check_sizes
     from habu.prove.deadline import DeadlinePassed
-    from habu.prove.rules import failures, obligations
+    from habu.prove.rules import failures, guards, obligations
     from habu.prove.verify import field_key, verify_plan
 
     seconds: dict[str, float] = {}  # each step's wall time, for the search's account of where time goes
@@ -109,16 +111,22 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
     sizes = dict(job.sizes)
     plan = Plan.from_json(plan_json)
     lowered = lower_whole(model, plan)  # one lowering: the rules and the field check read it, the emitter prints it
-    broken = failures(obligations(model, plan, sizes, set(only) if only is not None else None, lowered))
+    obs = obligations(model, plan, sizes, set(only) if only is not None else None, lowered)
+    # a size bucket's candidate (its width a runtime extent) must hold at every size of its bucket: one
+    # that holds only under a guard is refused (the search stores plans without guards)
+    broken = failures(obs) or guards(obs)
     lap("rules")
     if broken:
         b = broken[0]
-        return {"status": "rules", "reason": f"{b.describe()}: {b.how}", "seconds": seconds}
+        why = f"holds only where {b.formula}, not at every size of {describe_ranges(plan.ranges)}" \
+            if b.status == "guarded" else b.how
+        return {"status": "rules", "reason": f"{b.describe()}: {why}", "seconds": seconds}
     # one trial on a witness shape (every tile class, z3-checked coverage); the winner is proven
     # again at the full shape with three trials before it is reported. Plans that differ only in
     # what the check does not read (stages, warps, the instruction, TMA or cp.async, the store)
     # share one check in this process
     lowerings = list(lowered.kernels)
+    sizes = field_check_sizes(model, plan, sizes)  # a size bucket's extent: a witness size within it
     key = field_key(model, plan, sizes, lowerings)
     cert_json = FIELD_CHECKS.get(key)
     shared = cert_json is not None

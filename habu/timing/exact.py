@@ -407,15 +407,19 @@ def _candidate_sizes(lo: int, hi: int, multiple: int, limit: int = 12) -> list[i
     return sorted(admitted, key=lambda n: (abs(n - 512), n))[:limit]
 
 
-def witness_sizes(model: Model, member_of, members: int, max_tries: int = 512) -> dict[int, dict[str, int]]:
+def witness_sizes(model: Model, member_of, members: int, max_tries: int = 512,
+                  buckets: Mapping[str, list[int]] | None = None) -> dict[int, dict[str, int]]:
     """For each member of a kernel set (`member_of(sizes)` picks one), sizes of the runtime extents
     at which it runs, with the static extents' sizes: the shapes the exact check runs a built set at.
-    A member no tried size selects is missing from the result."""
+    A member no tried size selects is missing from the result. `buckets`: sizes to try first for a
+    bucketed extent (each size bucket's smallest, habu/plan/buckets.py: a set whose members are
+    buckets is reached at every bucket, however far from 512)."""
     import itertools
 
     static = {e.name: e.size for e in model.extents if e.size is not None}
     runtime = [e for e in model.extents if e.size is None]
-    lists = [_candidate_sizes(e.lo, e.hi, e.multiple) for e in runtime]
+    lists = [list(dict.fromkeys([*(buckets or {}).get(e.name, []), *_candidate_sizes(e.lo, e.hi, e.multiple)]))
+             for e in runtime]
     found: dict[int, dict[str, int]] = {}
     for combo in itertools.islice(itertools.product(*lists), max_tries):
         sizes = static | {e.name: n for e, n in zip(runtime, combo, strict=True)}

@@ -169,7 +169,9 @@ def check_built(compiled: Any, model: Model, storages: list[Mapping[str, str]], 
         raise ExactCheckError("the exact check makes its device arrays with torch, which is not installed "
                               "(pip install torch), or build with check=False") from None
     members = compiled.kernel_set.members
-    found = witness_sizes(model, compiled.kernel_set.index, len(members))
+    grid = getattr(compiled.kernel_set, "grid", None)  # a bucketed set: try each bucket's smallest size
+    starts = {axis[0].extent: [b.lo for b in axis] for axis in grid.axes} if grid is not None else None
+    found = witness_sizes(model, compiled.kernel_set.index, len(members), buckets=starts)
     if model.runtime_extents and len(found) < len(members):
         import sys
 

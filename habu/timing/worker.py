@@ -198,7 +198,8 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
 
         target = TARGETS[device_target()]
-        model = parse_text(source, path).models[model_name].with_sizes(sizes)
+        declared = parse_text(source, path).models[model_name]
+        model = declared.with_sizes(sizes)
         full = {e.name: e.size for e in model.extents}
         sets = [make_inputs(model, full, seed + i) for i in range(3)]
         outs = [poisoned_outputs(model, full) for _ in sets]
@@ -231,8 +232,11 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
             began = time.perf_counter()
             prefill_cache(msg.get("cubins"))
             plan = Plan.from_json(msg["plan"])
-            emitted = emit_plan(model, plan, target)
-            compiled = CompiledModel(model, emitted, arch=target.name, check_indices=False)
+            # a size bucket's plan keeps its bucketed extents runtime ones (as habu.build emits it)
+            ranged = {name for name, _, _ in plan.ranges}
+            emit_model = declared.with_sizes({k: v for k, v in sizes.items() if k not in ranged}) if ranged else model
+            emitted = emit_plan(emit_model, plan, target)
+            compiled = CompiledModel(emit_model, emitted, arch=target.name, check_indices=False)
             loaded = time.perf_counter()
             verdict = exact.check(compiled, kept_types(plan))
             exact_done = time.perf_counter()

@@ -1,0 +1,136 @@
+"""`habu compile` of a model with a bucketed runtime extent: one plan per size bucket, each made for
+its bucket's widths and proven for exactly those (its `ranges`), dispatched from the same grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from habu.compile import compile_model, kernel_set
+from habu.emit_cuda.buckets import BucketedKernelSet
+from habu.plan.buckets import BucketGrid, cell_ranges
+from habu.prove import prove
+from habu.prove.obligation import context
+from habu.spec.parser import load_program
+from habu.target import target_named
+
+ROOT = Path(__file__).resolve().parents[1]
+RMSNORM = ROOT / "examples" / "rmsnorm.habu"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    program = load_program(RMSNORM)
+    return compile_model(program, "RMSNORM-ROWS", {}, target_named("sm_90a"), {}, trials=1)
+
+
+def test_rmsnorm_compiles_to_one_proven_plan_per_bucket(compiled):
+    grid = BucketGrid.of(compiled.model)
+    assert compiled.grid == grid and len(grid) == 9
+    assert [p.ranges for p in compiled.plans] == [cell_ranges(c) for c in grid.cells()]
+    for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):
+        assert proof.ok and proof.plan is plan and not plan.guards
+        assert "D" not in dict(plan.shape)  # the width stays a runtime extent, within the bucket
+        lo, hi = plan.ranges[0][1:]
+        assert proof.certificate is not None and proof.certificate.plan_key == plan.key
+        # the rules were proven over the bucket's widths, no others
+        domain = " ".join(d.sexpr() for d in context(compiled.model, plan).domain)
+        assert f"(>= D {lo})" in domain and f"(<= D {hi})" in domain
+    # the buckets' schedules differ: a warp per row for short rows, more threads for long ones
+    threads = [p.kernels[0].threads for p in compiled.plans]
+    assert threads[0] == 32 and threads[-1] >= 512 and len(set(threads)) >= 4
+
+
+def test_kernel_set_files_each_plan_under_its_bucket(compiled):
+    ks = kernel_set(compiled, [p.key for p in compiled.plans])
+    assert isinstance(ks, BucketedKernelSet)
+    for d, i in ((256, 0), (512, 1), (768, 2), (4096, 4), (4352, 5), (65536, 8)):
+        assert ks.select({"R": 8192, "D": d}) == compiled.plans[i].key
+
+
+def test_a_bucket_plan_is_proven_for_its_bucket_only(compiled):
+    """The widest bucket's plan (512 threads) keeps its proof within 33024..65536; proven over the
+    first bucket's widths instead, its ranges say so and the proof is another (the plan key differs)."""
+    from dataclasses import replace
+
+    wide = compiled.plans[-1]
+    moved = replace(wide, ranges=(("D", 256, 256),))
+    assert moved.key != wide.key
+    proof = prove(compiled.model, moved, trials=1)
+    assert proof.certificate is not None and proof.certificate.plan_key == moved.key
+    with pytest.raises(ValueError, match="not within its declared range"):
+        prove(compiled.model, replace(wide, ranges=(("D", 128, 256),)), trials=1)
+
+
+def test_a_given_width_compiles_one_plan_without_buckets():
+    program = load_program(RMSNORM)
+    c = compile_model(program, "RMSNORM-ROWS", {"D": 4096}, target_named("sm_90a"), {}, trials=1)
+    assert c.grid is None and len(c.plans) == 1 and not c.plans[0].ranges
+
+
+def test_report_lists_the_buckets(compiled):
+    from habu.compile import report
+
+    text = report(compiled.model, compiled.plans, compiled.proofs)
+    assert "## Size buckets" in text and "| #D in 4352..8192 | 6 |" in text
+    assert "## Plan 9 of 9" in text and "for #D in 33024..65536" in text
+
+
+def test_each_bucket_keeps_its_rows_in_registers_sized_for_its_widest(compiled):
+    for plan, proof in zip(compiled.plans, compiled.proofs, strict=True):
+        (_, lo, hi), = plan.ranges
+        lw = proof.lowered.kernels[0]
+        assert lw.width_range == (lo, hi)
+        chunks = lw.register_chunks({"R": 8192, "D": lo})
+        assert chunks > 0 and chunks == lw.register_chunks({"R": 8192, "D": hi})  # one count for the bucket
+        assert chunks * plan.kernels[0].threads * plan.kernels[0].vector >= hi
+
+
+def test_regression_a_runtime_width_over_more_than_a_factor_of_two_is_not_kept_in_registers_at_any_size():
+    """The finite-field check (a concrete witness width) once lowered such a row into registers where the
+    witness split evenly, while the emitter (the width a symbol) printed the shared-memory row."""
+    from habu.lower.rows import lower_rows
+
+    m = load_program(RMSNORM).model("RMSNORM-ROWS")  # 256..65536: no bound
+    kernel = compile_model(load_program(RMSNORM), "RMSNORM-ROWS", {"D": 4096}, target_named("sm_90a"), {},
+                           trials=1).plans[0].kernels[0]
+    lw = lower_rows(m, kernel)
+    assert lw.width_range == (256, 65536) and lw.register_chunks({"R": 8192, "D": 4096}) == 0
+
+
+def test_a_register_row_sized_below_its_bucket_fails_the_field_check(compiled):
+    """The finite-field check reads the bound the registers are sized for: a row one chunk-block short
+    of its bucket's widest leaves columns of a wide row unread and unwritten."""
+    from dataclasses import replace
+
+    from habu.lower import lower_whole
+    from habu.prove.verify import verify_plan
+
+    plan = compiled.plans[5]  # 4352..8192, 256 threads × 8: 4 chunks a thread
+    lowered = lower_whole(compiled.model, plan)
+    short = [replace(lw, width_range=(4352, 8192 - 2048)) for lw in lowered.kernels]
+    good = verify_plan(compiled.model, plan, {"R": 64, "D": 8192}, trials=1, lowerings=list(lowered.kernels))
+    bad = verify_plan(compiled.model, plan, {"R": 64, "D": 8192}, trials=1, lowerings=short)
+    assert good.passed and not bad.passed
+
+
+def test_regression_the_exact_check_reaches_every_bucket_not_only_those_near_512(compiled):
+    """`habu.build`'s exact check looked for shapes near 512 only: six of nine buckets were reached."""
+    from habu.timing.exact import witness_sizes
+
+    ks = kernel_set(compiled, list(range(len(compiled.plans))))
+    starts = {axis[0].extent: [b.lo for b in axis] for axis in compiled.grid.axes}
+    found = witness_sizes(compiled.model, ks.index, len(ks.members), buckets=starts)
+    assert sorted(found) == list(range(9))
+    assert [found[i]["D"] for i in range(9)] == [p.ranges[0][1] for p in compiled.plans]
+    assert len(witness_sizes(compiled.model, ks.index, len(ks.members))) < 9
+
+
+def test_export_guards_each_bucket_member_by_its_range(compiled):
+    from habu.emit_cuda.launcher_c import guard_c
+    from habu.export import _members
+
+    members = _members(compiled, target_named("sm_90a"))
+    assert [m[0] for m in members] == [(f"{lo} <= D", f"D <= {hi}") for (_, lo, hi), in (p.ranges for p in compiled.plans)]
+    assert guard_c(members[5][0][0], {}) == "((4352 <= D))"
