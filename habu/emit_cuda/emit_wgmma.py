@@ -36,7 +36,7 @@ from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_re
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
-from habu.lower.contraction import ContractionLowering
+from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
 from habu.lower.layouts import SmemTile, StageCopy, WgmmaOperands
 from habu.lower.pipeline import MN_BLOCK, MbarrierRing
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
@@ -129,7 +129,7 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
         return ""
     count = rows * per_row // 128
     table = table_reader(sig, model, it)
-    roff = access_offset(access, {row_axis: "r", "k": "0"}, sizes, lw.index_width, table, (row_axis,))
+    roff = access_offset(access, {row_axis: "r", "k": "0"}, sizes, lw.index_width, table, (row_axis, *lw.batch_axes))
     rmask = " && ".join(f"(r) {'<=' if b.inclusive else '<'} {c(sizes[b.extent])}"
                         for b in access.masks if b.axis == row_axis) or "true"
     s = side.lower()
@@ -235,19 +235,24 @@ def _tma_issue(kc: _Kernel) -> list[str]:
     for ld in kc.ring.loads:
         k = ld.k_coordinate(CExpr("kt_begin"), CExpr("(kt - kt_begin)"))
         tmap, dst, row0 = kc.maps[ld.side], f"{ld.side.lower()}_stage", CExpr(f"{'m' if ld.side == 'A' else 'n'}0")
+        access, row_axis = (kc.lw.a, "m") if ld.side == "A" else (kc.lw.b, "n")
+        load = f"tma_load_{len(access.positions)}d"  # a batched operand's map has its batch dimensions too
 
-        def coords(box, ld=ld, k=k, row0=row0) -> str:
-            return ", ".join(f"(int){c(x)}" for x in ld.origin(row0, k, box))
+        def coords(box, ld=ld, k=k, row0=row0, access=access, row_axis=row_axis) -> str:
+            first = ld.origin(row0, k, box)
+            row, kk = first if ld.mn_major else (first[1], first[0])
+            by_axis = {row_axis: row, "k": kk, **{a: CExpr(a) for a in kc.lw.batch_axes}}
+            return ", ".join(f"(int){c(x)}" for x in tma_coordinates(access, by_axis))
 
         if ld.mask and ld.boxes == ld.cluster:  # block r issues box r
-            out.append(f"habu::tma_load_2d_multicast({dst} + crank * {ld.box_bytes}u, &{tmap}, full, "
+            out.append(f"habu::{load}_multicast({dst} + crank * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('crank'))}, {ld.mask});")
         elif ld.mask:  # block r issues the boxes j ≡ r (mod cluster)
             out.append(f"for (int j = (int)crank; j < {ld.boxes}; j += {ld.cluster}) "
-                       f"habu::tma_load_2d_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
+                       f"habu::{load}_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('j'))}, {ld.mask});  // {ld.boxes // ld.cluster} box(es) per block")
         else:
-            out += [f"habu::tma_load_2d({dst}{f' + {j * ld.box_bytes}u' if j else ''}, &{tmap}, full, {coords(j)});"
+            out += [f"habu::{load}({dst}{f' + {j * ld.box_bytes}u' if j else ''}, &{tmap}, full, {coords(j)});"
                     for j in range(ld.boxes)]
     return out
 
@@ -455,7 +460,7 @@ def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     for ld in lw.pipeline.loads:
         acc = lw.a if ld.side == "A" else lw.b
         dims = tuple(reversed(acc.bounded_extents()))  # TMA's zero fill past them is the access's mask
-        box = (ld.box_rows, ld.box_k) if ld.mn_major else (ld.box_k, ld.box_rows)  # innermost first
+        box = tma_box(acc, "m" if ld.side == "A" else "n", ld.box_rows, ld.box_k)  # innermost first
         ops = lw.operands  # a K-major tile: the tensor map writes the stage tile's swizzle
         tile = (ops.a_tile if ld.side == "A" else ops.b_tile) if isinstance(ops, WgmmaOperands) else None
         maps[ld.side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, tile.swizzle if tile else 128))

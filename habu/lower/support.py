@@ -71,7 +71,7 @@ class ContractionSupport(PathSupport):
 
     def refusals(self, lw: ContractionLowering) -> list[str]:
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
-                *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw)]
+                *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         """The refusals about the instruction's own layout (what its emitter checks before printing;
@@ -125,6 +125,20 @@ def _cluster_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
         reasons.append(f"B's tile of {k.tile_n} splits into {c} whole parts (8-row atoms, or 64-column boxes)")
     if c not in (1, 2):
         reasons.append("clusters of 2 blocks")
+    return reasons
+
+
+def _batch_refusals(lw: ContractionLowering) -> list[str]:
+    """A batched contraction (batch indices as a grid dimension) is emitted without staging passes
+    (their buffers are 2-D) and without clusters (the multicast loads are 2-D)."""
+    k = lw.kernel
+    if not lw.batch:
+        return []
+    reasons = []
+    if "staged" in (k.a_move, k.b_move):
+        reasons.append("a batched contraction reads its operands in place (no staging pass)")
+    if k.cluster_m > 1:
+        reasons.append("a batched contraction runs without clusters")
     return reasons
 
 
