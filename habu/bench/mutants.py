@@ -332,8 +332,8 @@ MUTANTS: tuple[Mutant, ...] = (
            {"N": 1000}, _m(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "e0")) for ld, acc in lw.loads),
                                                   out=_drop_mask(lw.out, "e0")))),
     Mutant("general-store-unmasked", "the general kernel's threads past the last element store (its guard, the "
-           "output's mask, dropped)", "bmm.habu", "SCORES", BMM, _g(lambda lw: replace(lw, out=_drop_mask(lw.out, "e0")))),
-    Mutant("general-wrong-stride", "Q's rows strided by #J instead of #D in the general kernel", "bmm.habu", "SCORES",
+           "output's mask, dropped)", "weighted_scores.habu", "SCORES", BMM, _g(lambda lw: replace(lw, out=_drop_mask(lw.out, "e0")))),
+    Mutant("general-wrong-stride", "Q's rows strided by #J instead of #D in the general kernel", "weighted_scores.habu", "SCORES",
            BMM, _g(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 1, ("J",)) if acc.tensor == "Q" else acc)
                                                       for ld, acc in lw.loads)))),
     Mutant("scatter-plain-store", "the scatter kernel stores its value instead of adding it with atomicAdd "
@@ -357,7 +357,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
-           "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
+           "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
 )
 
 

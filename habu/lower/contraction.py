@@ -147,7 +147,7 @@ class ContractionLowering:
         """(batch coordinates by axis, tm, tn, split) of a linear block index: batch z = linear /
         (tiles per batch), outermost, then `tile_of` within the batch. Not batched: ({}, tile_of)."""
         if not self.batch:
-            return {}, *self.tile_of(linear, s, let)
+            return {}, *(self.tile_of(linear, s) if let is None else self.tile_of(linear, s, let))
         let = let or (lambda _name, value: value)
         per_batch = let("tiles_per_batch", self.tiles_m(s) * self.tiles_n(s) * self.kernel.split_k)
         z = let("batch", floordiv(linear, per_batch))

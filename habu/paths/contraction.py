@@ -40,6 +40,7 @@ class ContractionFacts:
     a_kmajor: bool
     b_kmajor: bool
     b_n_major_tma: bool  # a B contiguous along n (a (K, N) weight) that TMA boxes can read transposed
+    batches: int = 1  # a batched contraction's products (the grid holds this many output grids)
 
     @staticmethod
     def of(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ContractionFacts:
@@ -49,11 +50,14 @@ class ContractionFacts:
         a_dt, b_dt = dtype_of(model, a_t), dtype_of(model, b_t)
         b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
         b_decl = model.tensor(b_t)
-        b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 and target.tma
-                         and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
+        b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 + len(c.batch)
+                         and target.tma and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
+        batches = 1
+        for v in c.batch:
+            batches *= sizes[v.extent]
         return ContractionFacts(c, a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt, sizes[c.m.extent],
                                 sizes[c.n.extent], sizes[c.k.extent], c.a.k_pos == len(c.a.load.indices) - 1,
-                                b_kmajor, b_n_major_tma)
+                                b_kmajor, b_n_major_tma, batches)
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ class ContractionPath(KernelPath):
         if not forced and not self.takes(facts, target):
             return None
         c = facts.c
-        tile, warps, stages = self.default_schedule(facts.m, facts.n, target)
+        # a batched contraction's products fill the GPU together: its rows count once per batch
+        tile, warps, stages = self.default_schedule(facts.m * facts.batches, facts.n, target)
 
         def movement(op: Operand, tile_along_inner: int) -> tuple[str, int]:
             decl = model.tensor(op.load.tensor)
@@ -122,9 +127,9 @@ class ContractionPath(KernelPath):
                                     eb, sizes[(c.m if op is c.a else c.n).extent])
             return self.default_movement(facts_op, vec, facts, target)
 
-        a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == 1 else tile[0])
-        b_move, b_vec = movement(c.b, tile[2] if c.b.k_pos == 1 else tile[1])
-        tiles = -(-facts.m // tile[0]) * -(-facts.n // tile[1])
+        a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == len(c.a.load.indices) - 1 else tile[0])
+        b_move, b_vec = movement(c.b, tile[2] if c.b.k_pos == len(c.b.load.indices) - 1 else tile[1])
+        tiles = -(-facts.m // tile[0]) * -(-facts.n // tile[1]) * facts.batches
         split = 1
         out_dt = model.tensor(region.output).dtype
         if len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32":
