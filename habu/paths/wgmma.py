@@ -45,7 +45,8 @@ class WgmmaPath(ContractionPath):
             return "tma", vector
         if op.is_b and facts.b_n_major_tma:
             return "tma", vector
-        if target.tma and op.contiguous_k and not op.aligned_rows and op.rows <= target.max_grid_yz:
+        if (target.tma and op.contiguous_k and not op.aligned_rows and op.rows <= target.max_grid_yz
+                and facts.batches == 1):  # (a batched contraction reads its operands in place)
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
             # (the staging pass launches a block row per row: grid.y, at most 65535)
             return "staged", vector
