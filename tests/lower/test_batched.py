@@ -56,14 +56,14 @@ def test_two_batch_indices_and_a_gemm_without_batch():
     (model,) = parse_text(text, "heads.habu").models.values()
     c = as_contraction(model.nodes[0])
     assert c is not None and [v.name for v in c.batch] == ["b", "h"]
-    plan, _ = proven(model, {"mma": "mma.sync"})
+    proven(model, {"mma": "mma.sync"})
     gemm = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
     assert as_contraction(gemm.nodes[0]).batch == ()  # type: ignore[union-attr]
 
 
 def test_bmm_scores_default_runs_on_wgmma_with_three_dimensional_tensor_maps():
     model = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
-    plan, proof = proven(model)
+    plan, _proof = proven(model)
     (k,) = plan.kernels
     assert (k.kind, k.mma, k.a_move, k.b_move) == ("contraction", "wgmma", "tma", "tma")
     (kernel,) = emit_plan(model, plan, TARGET).kernels
@@ -94,7 +94,7 @@ def test_bmm_values_reads_v_n_major_on_tensor_cores():
 def test_odd_sizes_have_tails_in_every_dimension(pins, batch):
     """#I, #J and #D fill no tile (#D = 72: a ragged k tile of 64); batches of 1 and 3."""
     model = model_of(SCORES, B=batch, I=70, J=90, D=72, out="f32")
-    plan, proof = proven(model, pins)
+    _plan, proof = proven(model, pins)
     assert proof.certificate is not None and proof.certificate.passed
 
 
