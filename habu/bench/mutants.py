@@ -372,7 +372,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
     Mutant("batch-stride-wrong", "K's batch stride is #I·#D (Q's) instead of #J·#D: every batch after the first "
            "reads the wrong keys (a batched GEMM given the first operand's batch stride for both)", "bmm.habu",
-           "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D"))))),
+           "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),
     Mutant("batch-decode-unreduced", "a batched decode takes the tile from the block index, not from the index "
            "within its batch: the blocks of batches 1.. compute tiles past the grid", "bmm.habu", "SCORES",
            BMM_SHAPE, _c(_batch_decode_unreduced)),

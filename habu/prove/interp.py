@@ -414,8 +414,14 @@ def check_raster(name: str, lw: ContractionLowering, sizes: Mapping[str, int]) -
     inside = inside & (tm >= 0) & (tm < tm_n) & (tn >= 0) & (tn < tn_n) & (s >= 0) & (s < lw.kernel.split_k)
     if not np.all(inside):
         i = int(np.nonzero(~inside)[0][0])
+        at = ""
+        if lw.batch:  # the output element the block would start at, to name it
+            batch = lw.batch_coordinates(np.int64(z[i]), sizes)
+            first = {**{e: int(batch[a]) for e, a in zip(lw.batch, lw.batch_axes, strict=True)},
+                     lw.m: int(tm[i]) * lw.bm, lw.n: int(tn[i]) * lw.bn}
+            at = f" (it would compute {lw.out.tensor}[{', '.join(str(first.get(e, 0)) for e in lw.out.extents)}] on)"
         raise PlanFault(f"{name}: block {i} maps to tile ({int(tm[i])}, {int(tn[i])}, split {int(s[i])}"
-                        + (f", batch {int(z[i])}" if lw.batch else "") + "), outside the grid")
+                        + (f", batch {int(z[i])}" if lw.batch else "") + f"), outside the grid{at}")
     flat = ((z * lw.kernel.split_k + s) * tm_n + tm) * tn_n + tn
     counts = np.bincount(flat, minlength=total)
     if np.any(counts != 1):
