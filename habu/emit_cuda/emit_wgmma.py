@@ -325,6 +325,7 @@ def _consumer_loop(kc: _Kernel) -> str:
     wgmma k16 steps of each slab, keep one group in flight, release the stage read before."""
     lw, ring = kc.lw, kc.ring
     b_mn = lw.b.positions[-1].axis == "n"
+    a_mn = lw.a.positions[-1].axis == "m"  # A stored [k m]: MN-major boxes, read with the transpose bit
     dtype = lw.a.dtype
     # a k16 step is 32 bytes along a K-major row, or 16 rows of 128 bytes down an MN-major block
     ops = lw.operands  # K-major operands: descriptors from the lowering (habu/lower/layouts.py)
@@ -335,12 +336,16 @@ def _consumer_loop(kc: _Kernel) -> str:
             return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
         b_desc = desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
         a_descs = [desc(ops.a_desc, "a_stage", ops.a_start(CExpr("cw"), s, CExpr("kk"))) for s in range(kc.slabs)]
-    else:  # an MN-major B in 64-column TMA boxes (its layout is the emitter's)
-        b_desc = f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)"
-        a_descs = [f"habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32)"
+    else:  # an MN-major operand in 64-column TMA boxes (its layout is the emitter's)
+        b_desc = (f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if b_mn
+                  else "habu::wgmma_desc_sw128(b_stage + kk * 32)")
+        # an MN-major A: slab s of 64 rows is box (cw·slabs + s) of 64 columns of m by BK rows of k
+        a_descs = [f"habu::wgmma_desc_sw128_mn(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * {MN_BLOCK * 2 * lw.bk}) "
+                   f"+ kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if a_mn else
+                   f"habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32)"
                    for s in range(kc.slabs)]
     slab_mma = "\n".join(
-        f"""          {wgmma_name(lw.bn, dtype, b_mn)}(acc[{s}], {a_descs[s]}, {b_desc}, 1);"""
+        f"""          {wgmma_name(lw.bn, dtype, b_mn, a_mn)}(acc[{s}], {a_descs[s]}, {b_desc}, 1);"""
         for s in range(kc.slabs))
     slot = c(ring.read_slot(CExpr("stage")))
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
@@ -482,7 +487,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     attrs = f"__cluster_dims__({ring.cluster}, 1, 1) " if ring.cluster > 1 else ""
     sync_end = ("  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
                 if ring.cluster > 1 else "")
-    body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n")}
+    body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n", lw.a.positions[-1].axis == "m")}
 extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {_setup(kc, early_main_loop)}{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}{sync_end}}}
 """

@@ -234,8 +234,11 @@ class WgmmaSupport(ContractionSupport):
             reasons.append("the wgmma path is warp-specialised")
         if k.tile_k * e != 128 or k.swizzle != 128:
             reasons.append("wgmma k tiles are 128 bytes with the 128-byte swizzle")
-        if not contiguous_along(lw.a, "k"):
-            reasons.append("wgmma's A must be contiguous along k")
+        # an A stored [k m] is read like an N-major B: TMA boxes of 64 columns, the transpose bit
+        m_major_ok = k.a_move == "tma" and e == 2 and k.tile_m % 64 == 0 and contiguous_along(lw.a, "m")
+        if not contiguous_along(lw.a, "k") and not m_major_ok:
+            reasons.append("wgmma's A is contiguous along k, or along m when loaded by TMA in 64-column "
+                           "boxes (16-bit types)")
         # wgmma transposes a 16-bit B read from shared memory N-major, in 64-column (128-byte) boxes
         n_major_ok = k.b_move == "tma" and e == 2 and k.tile_n % 64 == 0 and contiguous_along(lw.b, "n")
         if not contiguous_along(lw.b, "k") and not n_major_ok:

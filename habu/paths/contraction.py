@@ -41,6 +41,7 @@ class ContractionFacts:
     b_kmajor: bool
     b_n_major_tma: bool  # a B contiguous along n (a (K, N) weight) that TMA boxes can read transposed
     batches: int = 1  # a batched contraction's products (the grid holds this many output grids)
+    a_m_major_tma: bool = False  # an A contiguous along m (stored [k m]) that TMA boxes can read transposed
 
     @staticmethod
     def of(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ContractionFacts:
@@ -55,9 +56,13 @@ class ContractionFacts:
         batches = 1
         for v in c.batch:
             batches *= sizes[v.extent]
+        a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1
+        a_decl = model.tensor(a_t)
+        a_m_major_tma = (not a_kmajor and c.a.gather is None and len(c.a.load.indices) == 2 + len(c.batch)
+                         and target.tma and dtype_bytes(model, a_t) == 2 and (sizes[a_decl.extents[-1]] * 2) % 16 == 0)
         return ContractionFacts(c, a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt, sizes[c.m.extent],
                                 sizes[c.n.extent], sizes[c.k.extent], c.a.k_pos == len(c.a.load.indices) - 1,
-                                b_kmajor, b_n_major_tma, batches)
+                                b_kmajor, b_n_major_tma, batches, a_m_major_tma)
 
 
 @dataclass(frozen=True)

@@ -82,3 +82,26 @@ def test_the_bmm_example_passes_the_exact_check():
     built = build(str(ROOT / "examples" / "bmm.habu"), "SCORES")
     result = ExactChecker(built.model, built.sizes, seed=2).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
+
+
+TRANSPOSED = """{B} EXTENT: #B  200 EXTENT: #M  136 EXTENT: #N  {K} EXTENT: #K
+bf16 TENSOR: A ( #B #K #M )  bf16 TENSOR: B ( #B #K #N )  f32 TENSOR: O ( #B #M #N )
+MODEL: AT  O[b m n] = Σ k A[b k m] · B[b k n] ;
+"""
+PLAIN_AT = """1000 EXTENT: #M  776 EXTENT: #N  {K} EXTENT: #K
+bf16 TENSOR: A ( #K #M )  bf16 TENSOR: B ( #K #N )  f32 TENSOR: O ( #M #N )
+MODEL: AT  O[m n] = Σ k A[k m] · B[k n] ;
+"""
+
+
+@pytest.mark.parametrize("k", [72, 512])
+@pytest.mark.parametrize("path", ["default", "wgmma-persistent", "fma"])
+def test_a_transposed_a_passes_the_exact_check(tmp_path, path, k):
+    """A stored [k m]: wgmma reads it in 64-column TMA boxes with its transpose bit (both operands
+    MN-major here)."""
+    exact(tmp_path, PLAIN_AT.format(K=k), "AT", PATHS[path])
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_batched_transposed_a_passes_the_exact_check(tmp_path, batch):
+    exact(tmp_path, TRANSPOSED.format(B=batch, K=136), "AT", {})
