@@ -155,7 +155,8 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
     bn = lw.bn
     if bn % width:
         raise ValueError(f"TMA stores write boxes of {width} columns: {bn} is not a multiple")
-    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())), (width, 64), 128))
+    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())),
+                                    tma_box(out, "m", 64, 0, width), 128))  # (a batched output: box 1 per batch)
     base = off["E0.0"]
     other = off["E0.1"] - base
     per_wg = off["E1.0"] - base if consumers > 1 else 0
@@ -168,7 +169,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
         put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
     # the box's coordinates, innermost first, in the order of the output's positions (the rules
     # require [m, n]: the box holds rows of m, each a run of contiguous n)
-    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64"}
+    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64", **{a: a for a in lw.batch_axes}}
     box_origin = ", ".join(f"(int)({axis_origin[p.axis]})" for p in reversed(out.positions))
     frag = lw.fragment
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]")
@@ -197,7 +198,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
           habu::fence_proxy_async();  // the threads' writes, visible to the TMA store
           habu::named_barrier_sync(1 + cw, 128);
           if (threadIdx.x % 128 == 0) {{
-            habu::tma_store_2d(&{out_map}, buf, {box_origin});
+            habu::tma_store_{len(out.positions)}d(&{out_map}, buf, {box_origin});
             habu::bulk_commit_group();
           }}
           ++boxes_stored;

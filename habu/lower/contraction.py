@@ -386,9 +386,11 @@ def tma_order(access: Access) -> tuple[str, ...]:
     return tuple(p.axis for p in reversed(access.positions))
 
 
-def tma_box(access: Access, row_axis: str, box_rows: int, box_k: int) -> tuple[int, ...]:
-    """A TMA operand's box, innermost first: `box_k` along k, `box_rows` along its rows, 1 per batch."""
-    return tuple(box_k if a == "k" else box_rows if a == row_axis else 1 for a in tma_order(access))
+def tma_box(access: Access, row_axis: str, box_rows: int, box_k: int, box_n: int = 0) -> tuple[int, ...]:
+    """A TMA box, innermost first: `box_k` along k, `box_rows` along `row_axis`, 1 per batch (and, for
+    the output's store box, `box_n` along n)."""
+    sizes = {"k": box_k, "n": box_n, row_axis: box_rows}
+    return tuple(sizes.get(a, 1) for a in tma_order(access))
 
 
 def tma_coordinates(access: Access, by_axis: Mapping[str, Any]) -> tuple[Any, ...]:

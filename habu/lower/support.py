@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from habu.lower.access import Access
-from habu.lower.contraction import ContractionLowering, fma_thread_grid
+from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import ColumnKernel, ContractionKernel, GeneralKernel, Kernel, MapKernel, RowKernel
@@ -147,14 +147,16 @@ def _tma_store_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
     if k.store != "tma":
         return []
     reasons = []
-    plain = (len(out.positions) == 2 and all(p.kind == "axis" for p in out.positions)
-             and out.positions[0].axis == "m" and out.positions[1].axis == "n")
+    # [m, n] after any batch positions (a batched output's box is 1 along each)
+    rest = [p for p in out.positions if not (p.kind == "axis" and is_batch_axis(p.axis))]
+    plain = (len(rest) == 2 and all(p.kind == "axis" for p in out.positions)
+             and rest[0].axis == "m" and rest[1].axis == "n" and out.positions[-1].axis == "n")
     if not emitted:
         reasons.append("TMA stores are emitted in the wgmma path")
     if k.split_k > 1:
         reasons.append("split-K adds its partial sums atomically, not by TMA stores")
     if not plain or out.dtype not in ("f32", "bf16", "f16"):
-        reasons.append("TMA stores write a 2-D f32/bf16/f16 output stored row-major over (m, n)")
+        reasons.append("TMA stores write an f32/bf16/f16 output stored row-major over (m, n) (after any batch)")
     return reasons
 
 

@@ -233,8 +233,10 @@ def plain_output(model: Model, region: Region, c: Contraction, target: Target, s
     first, last = node_of(model, region.nodes[0]), node_of(model, region.output)
     out_decl = model.tensor(region.output)
     out_e = dtype_bytes(model, region.output)
-    return (target.tma and first.lhs[:1] == (c.m,) and len(last.lhs) == 2 and len(out_decl.extents) == 2
-            and out_e in (2, 4) and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
+    free = tuple(v for v in first.lhs if v not in c.batch)  # (m, n) after any batch indices
+    return (target.tma and free[:1] == (c.m,) and first.lhs[-1] == c.n and len(last.lhs) == 2 + len(c.batch)
+            and len(out_decl.extents) == 2 + len(c.batch) and out_e in (2, 4)
+            and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
 
 
 def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:

@@ -272,14 +272,17 @@ def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iter
     dims_ok = z3.And(*[z3.And(size_of(x, s) >= 1, size_of(x, s) <= 2**32) for x in out.extents])
     yield Obligation(R["tma-dims"], name, out.tensor, "every global dim is 1..2^32", dims_ok,
                      detail="a dimension exceeds 2^32")
-    stride = out.stride(0, s) * e if len(out.positions) == 2 else 0
+    outer = [i for i in range(len(out.positions) - 1)]  # m's stride and a batched output's batch strides
+    plain = len([p for p in out.positions if not _batch(p)]) == 2
+    stride = out.stride(len(out.positions) - 2, s) * e if plain else 0
+    batch_ok = [out.stride(i, s) * e % 16 == 0 for i in outer if _batch(out.positions[i])]
     yield Obligation(R["tma-stride-16B"], name, out.tensor,
                      f"row stride of {out.tensor} ({_fmt(out, len(out.positions) - 1, ctx)} bytes) is a multiple "
-                     "of 16 and below 2^40", z3.And(stride % 16 == 0, stride < 2**40) if len(out.positions) == 2 else False,
+                     "of 16 and below 2^40", z3.And(stride % 16 == 0, stride < 2**40, *batch_ok) if plain else False,
                      detail=f"the row stride of {out.tensor} is {_fmt(out, len(out.positions) - 1, ctx)} bytes, "
                             "not a multiple of 16")
     width = 128 // e
-    order = [p.axis if p.kind == "axis" else p.kind for p in out.positions]
+    order = [p.axis if p.kind == "axis" else p.kind for p in out.positions if not _batch(p)]
     yield Obligation(R["tma-box"], name, out.tensor,
                      f"the store box holds {out.tensor}[m, n] rows of contiguous n", order == ["m", "n"],
                      detail=f"{out.tensor} is stored at [{', '.join(order)}]")

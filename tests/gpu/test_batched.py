@@ -33,6 +33,7 @@ PATHS = {
     "default": {},
     "wgmma-persistent": {"persistent": "true", "tile": "128x128x64", "stages": "5"},
     "wgmma-b-cp.async": {"B": "cp.async"},
+    "wgmma-store-direct": {"store": "direct"},
     "wgmma-a-ldg": {"A": "ldg"},
     "mma.sync": {"mma": "mma.sync"},
     "fma": {"mma": "fma"},
@@ -65,7 +66,7 @@ def test_bmm_scores_in_bf16_pass_the_exact_check(tmp_path, path):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("path", ["default", "wgmma-persistent", "mma.sync", "fma"])
+@pytest.mark.parametrize("path", ["default", "wgmma-persistent", "wgmma-store-direct", "mma.sync", "fma"])
 def test_bmm_values_pass_the_exact_check(tmp_path, path, batch):
     """V[b j d] is read n-major (d contiguous): TMA in 64-column boxes and wgmma's transpose bit."""
     exact(tmp_path, VALUES.format(B=batch, I=200, J=136, D=128), "VALUES", PATHS[path])

@@ -74,7 +74,12 @@ def test_bmm_scores_default_runs_on_wgmma_with_three_dimensional_tensor_maps():
     maps = {p.tensor: p.tma for p in kernel.params if p.kind == "tensormap"}
     assert maps["Q"].dims == ("D", "I", "B") and maps["Q"].box == (64, k.tile_m, 1)
     assert maps["K"].box == (64, k.tile_n, 1)
-    assert "(int)(batch0) * (int)(16384)" in src  # S's batch stride #I·#J in the epilogue's offset
+    # S leaves by TMA stores into a 3-D map, a box of 1 along the batch
+    assert k.store == "tma" and "habu::tma_store_3d(&tm_S, buf, " in src and "(int)(batch0));" in src
+    assert maps["S"].dims == ("J", "I", "B") and maps["S"].box == (32, 64, 1)
+    direct = default_plan(model, TARGET, {}, {"store": "direct"})
+    (kernel,) = emit_plan(model, direct, TARGET).kernels
+    assert "(int)(batch0) * (int)(16384)" in kernel.source  # S's batch stride #I·#J in the epilogue's offset
 
 
 def test_bmm_values_reads_v_n_major_on_tensor_cores():

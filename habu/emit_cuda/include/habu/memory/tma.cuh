@@ -33,6 +33,16 @@ __device__ __forceinline__ void tma_store_2d(const TensorMap* map, u32 src, int 
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
                :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1) : "memory");
 }
+/** @brief Store a box to (c0 innermost, c1, c2) of a 3-D tensor map (a batched output: c2 its batch). */
+__device__ __forceinline__ void tma_store_3d(const TensorMap* map, u32 src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+/** @brief Store a box to (c0 innermost, c1, c2, c3) of a 4-D tensor map (an output of two batch indices). */
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /** @brief Wait until at most N of this thread's bulk groups still read shared memory. */
 template <int N>
