@@ -42,6 +42,8 @@ VARIANTS = {  # pinned neighbours of the default from the wgmma path's search sp
     "128x128x64 6 stages": {"tile": "128x128x64", "stages": "6"},
     "128x256 persistent": {"tile": "128x256x64", "stages": "4", "persistent": "true"},
     "128x128 column raster": {"tile": "128x128x64", "stages": "5", "raster": "column"},
+    "256x128x64 4 stages": {"tile": "256x128x64", "stages": "4"},
+    "direct stores": {"store": "direct"},
 }
 
 
