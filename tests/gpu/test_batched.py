@@ -106,3 +106,14 @@ def test_a_transposed_a_passes_the_exact_check(tmp_path, path, k):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_batched_transposed_a_passes_the_exact_check(tmp_path, batch):
     exact(tmp_path, TRANSPOSED.format(B=batch, K=136), "AT", {})
+
+
+GATHERED = """3 EXTENT: #B  300 EXTENT: #R  200 EXTENT: #I  136 EXTENT: #J  64 EXTENT: #D
+bf16 TENSOR: Q ( #B #R #D )  bf16 TENSOR: K ( #B #J #D )  ITENSOR: IX ( #I #R )  f32 TENSOR: S ( #B #I #J )
+MODEL: BG  S[b i j] = Σ d Q[b IX[i] d] · K[b j d] ;
+"""
+
+
+@pytest.mark.parametrize("path", ["default", "mma.sync", "fma"])
+def test_a_batched_gathered_contraction_passes_the_exact_check(tmp_path, path):
+    exact(tmp_path, GATHERED, "BG", PATHS[path])

@@ -141,3 +141,21 @@ def test_int32_rule_counts_the_batch_stride():
     assert plan.kernels[0].index_width == 64
     narrow = replace(plan, kernels=(replace(plan.kernels[0], index_width=32),))
     assert any(o.rule.name == "int32-offsets" for o in failures(obligations(model, narrow)))
+
+
+GATHERED = """3 EXTENT: #B  100 EXTENT: #R  72 EXTENT: #I  80 EXTENT: #J  64 EXTENT: #D
+bf16 TENSOR: Q ( #B #R #D )  bf16 TENSOR: K ( #B #J #D )  ITENSOR: IX ( #I #R )  f32 TENSOR: S ( #B #I #J )
+MODEL: BG  S[b i j] = Σ d Q[b IX[i] d] · K[b j d] ;
+"""
+
+
+@pytest.mark.parametrize("pins", [{}, {"mma": "mma.sync"}, {"mma": "fma"}])
+def test_a_batched_contraction_with_gathered_rows(pins):
+    """Q's rows through an index tensor in each batch: the producer's cp.async row offsets carry the batch
+    term (hoisted per tile with the gathered row)."""
+    model = model_of(GATHERED)
+    plan, _ = proven(model, pins)
+    if not pins:
+        assert (plan.kernels[0].mma, plan.kernels[0].a_move) == ("wgmma", "cp.async")
+        (kernel,) = emit_plan(model, plan, TARGET).kernels
+        assert "a_row_off[j] = ((r) < 72) ? ((int)(batch0) * (int)(6400) + " in kernel.source
