@@ -377,7 +377,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "within its batch: the blocks of batches 1.. compute tiles past the grid", "bmm.habu", "SCORES",
            BMM_SHAPE, _c(_batch_decode_unreduced)),
     Mutant("batch-missing-on-output", "the output's batch position dropped: every batch stores into batch 0",
-           "bmm.habu", "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, out=replace(lw.out, positions=(Position("const"), *lw.out.positions[1:]))))),
+           "bmm.habu", "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, out=replace(lw.out, positions=(Position("const"), *lw.out.positions[1:])))),
+           {"store": "direct"}),  # (a TMA store's map takes the output's strides from the host array)
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
 )
