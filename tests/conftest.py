@@ -59,6 +59,7 @@ SLOW_FILES = ("tests/cluster/test_ray.py", "tests/cluster/test_ray_node_loss.py"
               "tests/search/test_pool.py", "tests/search/test_tasks.py", "tests/search/test_prune.py",
               "tests/search/test_limits.py", "tests/spec/test_fuzz.py", "tests/test_export.py",
               "tests/test_export_launcher.py", "tests/lower/test_general.py", "tests/test_plans.py",
+              "tests/lower/test_batched.py", "tests/lower/test_transposed.py",
               "tests/test_plan_import.py", "tests/search/test_search.py", "tests/test_tune_buckets.py",
               "tests/test_compile_buckets.py")
 SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_sample_of_legal_plans_compiles",

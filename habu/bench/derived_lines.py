@@ -53,7 +53,7 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("rows softmax smem, C=1000", "softmax.habu", "SOFTMAX-ROWS", {"C": 1000}, {"threads": "128"}, "sm_90a"),
     ("rows softmax cluster", "softmax.habu", "SOFTMAX-ROWS", {"C": 131072}, {}, "sm_90a"),
     ("map", "fused.habu", "AXPY-RELU", {}, {}, "sm_90a"),
-    ("general", "bmm.habu", "SCORES", {}, {}, "sm_90a"),
+    ("general", "weighted_scores.habu", "SCORES", {}, {}, "sm_90a"),
     ("columns", "bias_grad.habu", "BIAS-GRAD", {}, {}, "sm_90a"),
 )
 

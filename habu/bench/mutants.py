@@ -79,6 +79,19 @@ def _stops_early(lw: ContractionLowering) -> ContractionLowering:
     return StopsEarly(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
+def _batch_decode_unreduced(lw: ContractionLowering) -> ContractionLowering:
+    """The same lowering whose tile within the batch is decoded from the block index itself, not from
+    the index less the batch's first block (z · tiles per batch): batches after the first decode tiles
+    past the grid."""
+
+    class Unreduced(ContractionLowering):
+        def decode(self, linear, s, let=None):
+            batch, _tm, _tn, _split = super().decode(linear, s, let)
+            return batch, *self.tile_of(linear, s)
+
+    return Unreduced(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
 def _ring(f: Callable[[MbarrierRing], MbarrierRing]) -> Callable[[Lowering], Lowering]:
     """A mutant of the wgmma k loop's mbarrier ring."""
     def g(lw: Lowering) -> Lowering:
@@ -187,6 +200,7 @@ def _vector_overlap(lw: ColumnLowering) -> ColumnLowering:
 
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
 GG = {"M": 300, "N": 200, "K": 511}
+BMM_SHAPE = {"B": 3, "I": 72, "J": 80, "D": 64}  # ragged tiles along i and j, three batches
 COLS = {"R": 300, "N": 200}  # 10 row splits of 32 rows (the last ragged), one column tile with a masked tail
 RAGGED_SPLITS = {"rows_per_split": "100"}  # 4 row loops of 32 rows a split: its last one runs past the split
 DIRECT = {"A": "ldg", "B": "ldg"}  # the predicated-load paths (the default stages K = 511 operands)
@@ -332,8 +346,8 @@ MUTANTS: tuple[Mutant, ...] = (
            {"N": 1000}, _m(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "e0")) for ld, acc in lw.loads),
                                                   out=_drop_mask(lw.out, "e0")))),
     Mutant("general-store-unmasked", "the general kernel's threads past the last element store (its guard, the "
-           "output's mask, dropped)", "bmm.habu", "SCORES", BMM, _g(lambda lw: replace(lw, out=_drop_mask(lw.out, "e0")))),
-    Mutant("general-wrong-stride", "Q's rows strided by #J instead of #D in the general kernel", "bmm.habu", "SCORES",
+           "output's mask, dropped)", "weighted_scores.habu", "SCORES", BMM, _g(lambda lw: replace(lw, out=_drop_mask(lw.out, "e0")))),
+    Mutant("general-wrong-stride", "Q's rows strided by #J instead of #D in the general kernel", "weighted_scores.habu", "SCORES",
            BMM, _g(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 1, ("J",)) if acc.tensor == "Q" else acc)
                                                       for ld, acc in lw.loads)))),
     Mutant("scatter-plain-store", "the scatter kernel stores its value instead of adding it with atomicAdd "
@@ -356,8 +370,17 @@ MUTANTS: tuple[Mutant, ...] = (
            _col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
+    Mutant("batch-stride-wrong", "K's batch stride is #I·#D (Q's) instead of #J·#D: every batch after the first "
+           "reads the wrong keys (a batched GEMM given the first operand's batch stride for both)", "bmm.habu",
+           "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),
+    Mutant("batch-decode-unreduced", "a batched decode takes the tile from the block index, not from the index "
+           "within its batch: the blocks of batches 1.. compute tiles past the grid", "bmm.habu", "SCORES",
+           BMM_SHAPE, _c(_batch_decode_unreduced)),
+    Mutant("batch-missing-on-output", "the output's batch position dropped: every batch stores into batch 0",
+           "bmm.habu", "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, out=replace(lw.out, positions=(Position("const"), *lw.out.positions[1:])))),
+           {"store": "direct"}),  # (a TMA store's map takes the output's strides from the host array)
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
-           "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
+           "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
 )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.kernel import Param, TmaSpec
 from habu.lower.access import Access
+from habu.lower.contraction import is_batch_axis
 from habu.spec.functions import FUNCTIONS
 from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size
 
@@ -170,8 +171,10 @@ class CIndex:
 def access_offset(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any], width: int,
                   table: Callable[[str, str], str], axes: tuple[str, ...] | None = None) -> str:
     """The element offset of an access as C, printed from the lowering's `Access.offset`.
-    `table(name, coordinate)` gives the C expression of an index tensor's value at a coordinate."""
-    return access.offset(coord, sizes, CIndex(width, table), axes)
+    `table(name, coordinate)` gives the C expression of an index tensor's value at a coordinate. A
+    batched contraction's batch axes are read at the C constants of their names (`tile_setup`)."""
+    batch = {p.axis: p.axis for p in access.positions if p.kind == "axis" and is_batch_axis(p.axis)}
+    return access.offset({**batch, **coord} if batch else coord, sizes, CIndex(width, table), axes)
 
 
 def access_mask(access: Access, coord: Mapping[str, str], sizes: Mapping[str, Any],

@@ -40,8 +40,10 @@ def tile_setup(lw: ContractionLowering, sizes, it: str, indent: str = "    ") ->
         lines.append(f"const long long {name} = {c(value)};")
         return CExpr(name)
 
-    tm, tn, split = lw.tile_of(CExpr("lin"), sizes, let)
+    batch, tm, tn, split = lw.decode(CExpr("lin"), sizes, let)
     begin, end = lw.k_range(CExpr("split"), sizes)
+    # a batched kernel's batch coordinates, named by their axes (the accesses read them by name)
+    lines += [f"const {it} {axis} = ({it})({c(value)});" for axis, value in batch.items()]
     lines += [f"const long long tm = {c(tm)};", f"const long long tn = {c(tn)};",
               f"const {it} m0 = ({it})(tm * {lw.bm});", f"const {it} n0 = ({it})(tn * {lw.bn});",
               f"const long long kt_begin = {c(begin)};", f"const long long kt_end = {c(end)};"]

@@ -36,7 +36,7 @@ from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_re
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
-from habu.lower.contraction import ContractionLowering
+from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
 from habu.lower.layouts import SmemTile, StageCopy, WgmmaOperands
 from habu.lower.pipeline import MN_BLOCK, MbarrierRing
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
@@ -128,7 +128,7 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
         return ""
     count = rows * per_row // 128
     table = table_reader(sig, model, it)
-    roff = access_offset(access, {row_axis: "r", "k": "0"}, sizes, lw.index_width, table, (row_axis,))
+    roff = access_offset(access, {row_axis: "r", "k": "0"}, sizes, lw.index_width, table, (row_axis, *lw.batch_axes))
     rmask = access_mask(access.along(row_axis), {row_axis: "r"}, sizes, table)  # the gather's index check too
     s = side.lower()
     return f"""      {it} {s}_row_off[{count}];  // -1: the row is past the edge (masked)
@@ -153,7 +153,8 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
     bn = lw.bn
     if bn % width:
         raise ValueError(f"TMA stores write boxes of {width} columns: {bn} is not a multiple")
-    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())), (width, 64), 128))
+    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())),
+                                    tma_box(out, "m", 64, 0, width), 128))  # (a batched output: box 1 per batch)
     base = off["E0.0"]
     other = off["E0.1"] - base
     per_wg = off["E1.0"] - base if consumers > 1 else 0
@@ -166,7 +167,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
         put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
     # the box's coordinates, innermost first, in the order of the output's positions (the rules
     # require [m, n]: the box holds rows of m, each a run of contiguous n)
-    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64"}
+    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64", **{a: a for a in lw.batch_axes}}
     box_origin = ", ".join(f"(int)({axis_origin[p.axis]})" for p in reversed(out.positions))
     frag = lw.fragment
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]")
@@ -195,7 +196,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
           habu::fence_proxy_async();  // the threads' writes, visible to the TMA store
           habu::named_barrier_sync(1 + cw, 128);
           if (threadIdx.x % 128 == 0) {{
-            habu::tma_store_2d(&{out_map}, buf, {box_origin});
+            habu::tma_store_{len(out.positions)}d(&{out_map}, buf, {box_origin});
             habu::bulk_commit_group();
           }}
           ++boxes_stored;
@@ -233,19 +234,24 @@ def _tma_issue(kc: _Kernel) -> list[str]:
     for ld in kc.ring.loads:
         k = ld.k_coordinate(CExpr("kt_begin"), CExpr("(kt - kt_begin)"))
         tmap, dst, row0 = kc.maps[ld.side], f"{ld.side.lower()}_stage", CExpr(f"{'m' if ld.side == 'A' else 'n'}0")
+        access, row_axis = (kc.lw.a, "m") if ld.side == "A" else (kc.lw.b, "n")
+        load = f"tma_load_{len(access.positions)}d"  # a batched operand's map has its batch dimensions too
 
-        def coords(box, ld=ld, k=k, row0=row0) -> str:
-            return ", ".join(f"(int){c(x)}" for x in ld.origin(row0, k, box))
+        def coords(box, ld=ld, k=k, row0=row0, access=access, row_axis=row_axis) -> str:
+            first = ld.origin(row0, k, box)
+            row, kk = first if ld.mn_major else (first[1], first[0])
+            by_axis = {row_axis: row, "k": kk, **{a: CExpr(a) for a in kc.lw.batch_axes}}
+            return ", ".join(f"(int){c(x)}" for x in tma_coordinates(access, by_axis))
 
         if ld.mask and ld.boxes == ld.cluster:  # block r issues box r
-            out.append(f"habu::tma_load_2d_multicast({dst} + crank * {ld.box_bytes}u, &{tmap}, full, "
+            out.append(f"habu::{load}_multicast({dst} + crank * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('crank'))}, {ld.mask});")
         elif ld.mask:  # block r issues the boxes j ≡ r (mod cluster)
             out.append(f"for (int j = (int)crank; j < {ld.boxes}; j += {ld.cluster}) "
-                       f"habu::tma_load_2d_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
+                       f"habu::{load}_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('j'))}, {ld.mask});  // {ld.boxes // ld.cluster} box(es) per block")
         else:
-            out += [f"habu::tma_load_2d({dst}{f' + {j * ld.box_bytes}u' if j else ''}, &{tmap}, full, {coords(j)});"
+            out += [f"habu::{load}({dst}{f' + {j * ld.box_bytes}u' if j else ''}, &{tmap}, full, {coords(j)});"
                     for j in range(ld.boxes)]
     return out
 
@@ -318,6 +324,7 @@ def _consumer_loop(kc: _Kernel) -> str:
     wgmma k16 steps of each slab, keep one group in flight, release the stage read before."""
     lw, ring = kc.lw, kc.ring
     b_mn = lw.b.positions[-1].axis == "n"
+    a_mn = lw.a.positions[-1].axis == "m"  # A stored [k m]: MN-major boxes, read with the transpose bit
     dtype = lw.a.dtype
     # a k16 step is 32 bytes along a K-major row, or 16 rows of 128 bytes down an MN-major block
     ops = lw.operands  # K-major operands: descriptors from the lowering (habu/lower/layouts.py)
@@ -328,12 +335,16 @@ def _consumer_loop(kc: _Kernel) -> str:
             return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
         b_desc = desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
         a_descs = [desc(ops.a_desc, "a_stage", ops.a_start(CExpr("cw"), s, CExpr("kk"))) for s in range(kc.slabs)]
-    else:  # an MN-major B in 64-column TMA boxes (its layout is the emitter's)
-        b_desc = f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)"
-        a_descs = [f"habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32)"
+    else:  # an MN-major operand in 64-column TMA boxes (its layout is the emitter's)
+        b_desc = (f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if b_mn
+                  else "habu::wgmma_desc_sw128(b_stage + kk * 32)")
+        # an MN-major A: slab s of 64 rows is box (cw·slabs + s) of 64 columns of m by BK rows of k
+        a_descs = [f"habu::wgmma_desc_sw128_mn(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * {MN_BLOCK * 2 * lw.bk}) "
+                   f"+ kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if a_mn else
+                   f"habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32)"
                    for s in range(kc.slabs)]
     slab_mma = "\n".join(
-        f"""          {wgmma_name(lw.bn, dtype, b_mn)}(acc[{s}], {a_descs[s]}, {b_desc}, 1);"""
+        f"""          {wgmma_name(lw.bn, dtype, b_mn, a_mn)}(acc[{s}], {a_descs[s]}, {b_desc}, 1);"""
         for s in range(kc.slabs))
     slot = c(ring.read_slot(CExpr("stage")))
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
@@ -453,7 +464,7 @@ def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     for ld in lw.pipeline.loads:
         acc = lw.a if ld.side == "A" else lw.b
         dims = tuple(reversed(acc.bounded_extents()))  # TMA's zero fill past them is the access's mask
-        box = (ld.box_rows, ld.box_k) if ld.mn_major else (ld.box_k, ld.box_rows)  # innermost first
+        box = tma_box(acc, "m" if ld.side == "A" else "n", ld.box_rows, ld.box_k)  # innermost first
         ops = lw.operands  # a K-major tile: the tensor map writes the stage tile's swizzle
         tile = (ops.a_tile if ld.side == "A" else ops.b_tile) if isinstance(ops, WgmmaOperands) else None
         maps[ld.side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, tile.swizzle if tile else 128))
@@ -475,7 +486,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     attrs = f"__cluster_dims__({ring.cluster}, 1, 1) " if ring.cluster > 1 else ""
     sync_end = ("  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
                 if ring.cluster > 1 else "")
-    body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n")}
+    body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n", lw.a.positions[-1].axis == "m")}
 extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {_setup(kc, early_main_loop)}{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}{sync_end}}}
 """

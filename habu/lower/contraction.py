@@ -1,6 +1,9 @@
 """Lowering a contraction kernel: the grid, the raster order, the k loop, every access.
 
-    block b -> (split s, tile tm, tile tn)            by the raster order (and persistence); in a
+    block b -> (batch z, split s, tile tm, tile tn)   z = b / (tiles per batch) when the contraction
+                                                      is batched (z -> the batch coordinates, outermost
+                                                      first), the rest by the raster order (and
+                                                      persistence) within the batch; in a
                                                       cluster of c along m, b's c blocks take tiles
                                                       tm = c·pm + rank of one raster step (pm, tn)
     m0 = tm·BM, n0 = tn·BN
@@ -10,6 +13,10 @@
         b[j, kk] = B at (n = n0+j, k = k0+kk)   if n < N and k < K, else 0
         acc += a · bᵀ
     out at (m0+i, n0+j) = epilogue(acc)         if m < M and n < N  (added atomically when split > 1)
+
+Every access of a batched kernel reads its batch positions at the block's batch coordinates (axes
+"batch0", "batch1", ...: always inside, so unmasked); a TMA operand's tensor map keeps them as outer
+dimensions with a box of 1.
 """
 
 from __future__ import annotations
@@ -28,6 +35,15 @@ from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
 
 ACC = "%acc"  # the accumulator, as the epilogue expression names it
+
+
+def batch_axis(i: int) -> str:
+    """The kernel axis of a batched contraction's i-th batch index (outermost first)."""
+    return f"batch{i}"
+
+
+def is_batch_axis(axis: str) -> bool:
+    return axis.startswith("batch")
 
 
 STAGE_ALIGN = 8  # elements: staged rows start at multiples of 16 bytes for 2-byte types
@@ -83,6 +99,19 @@ class ContractionLowering:
     # the mma.sync and fma paths' shared-memory stage tiles, their store and read maps and warp/thread grid
     # (printed by its emitter; executed by the finite-field check, habu.prove.smem_route)
     operands: MmaSyncOperands | FmaOperands | WgmmaOperands | None = None
+    # the extents of the batch axes batch0, batch1, ... (outermost first); () when not batched
+    batch: tuple[str, ...] = ()
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        return tuple(batch_axis(i) for i in range(len(self.batch)))
+
+    def batches(self, s: Mapping[str, Any]) -> Any:
+        """How many products the kernel computes (1 when not batched)."""
+        total: Any = 1
+        for e in self.batch:
+            total = total * s[e]
+        return total
 
     @property
     def bm(self) -> int:
@@ -110,7 +139,35 @@ class ContractionLowering:
         return cdiv(self.k_tiles(s), self.kernel.split_k)
 
     def tiles(self, s: Mapping[str, Any]) -> Any:
-        return self.tiles_m(s) * self.tiles_n(s) * self.kernel.split_k
+        per_batch = self.tiles_m(s) * self.tiles_n(s) * self.kernel.split_k
+        return per_batch * self.batches(s) if self.batch else per_batch
+
+    def decode(self, linear: Any, s: Mapping[str, Any], let: Any = None
+               ) -> tuple[dict[str, Any], Any, Any, Any]:
+        """(batch coordinates by axis, tm, tn, split) of a linear block index: batch z = linear /
+        (tiles per batch), outermost, then `tile_of` within the batch. Not batched: ({}, tile_of)."""
+        if not self.batch:
+            return {}, *(self.tile_of(linear, s) if let is None else self.tile_of(linear, s, let))
+        let = let or (lambda _name, value: value)
+        per_batch = let("tiles_per_batch", self.tiles_m(s) * self.tiles_n(s) * self.kernel.split_k)
+        z = let("batch", floordiv(linear, per_batch))
+        within = let("in_batch", linear - z * per_batch)
+        return self.batch_coordinates(z, s, let), *self.tile_of(within, s, let)
+
+    def batch_coordinates(self, z: Any, s: Mapping[str, Any], let: Any = None) -> dict[str, Any]:
+        """The batch axes' coordinates of linear batch z (the last batch index varies fastest)."""
+        let = let or (lambda _name, value: value)
+        out: dict[str, Any] = {}
+        rest = z
+        for i in reversed(range(len(self.batch))):
+            axis, size = batch_axis(i), s[self.batch[i]]
+            if i == 0:
+                out[axis] = rest
+            else:
+                q = let(f"{axis}_rest", floordiv(rest, size))
+                out[axis] = let(axis, rest - q * size)
+                rest = q
+        return dict(sorted(out.items()))
 
     def grid(self, s: Mapping[str, Any], sm_count: int) -> Any:
         """Blocks launched: one per tile, or, when persistent, one per block the GPU holds at once
@@ -218,37 +275,47 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     axis_n = IndexVar("n", n_var.extent)
     extent_of_axis = {"m": m_var.extent, "n": n_var.extent, "k": k_var.extent}
     axis_of = {m_var: "m", n_var: "n", k_var: "k"}
-    a = access_for(model.tensor(c.a.load.tensor), c.a.load.indices, axis_of, extent_of_axis, storage)
-    b = access_for(model.tensor(c.b.load.tensor), c.b.load.indices, axis_of, extent_of_axis, storage)
+    batch_vars = {v: IndexVar(batch_axis(i), v.extent) for i, v in enumerate(c.batch)}
+    for v, ax in batch_vars.items():
+        axis_of[v] = ax.name
+        extent_of_axis[ax.name] = v.extent
+
+    def access(decl, indices, axes) -> Access:
+        acc = access_for(decl, indices, axes, extent_of_axis, storage)
+        # a block's batch coordinates are always inside: no mask (a TMA map keeps the full dimension)
+        return replace(acc, masks=tuple(b for b in acc.masks if not is_batch_axis(b.axis))) if batch_vars else acc
+
+    a = access(model.tensor(c.a.load.tensor), c.a.load.indices, axis_of)
+    b = access(model.tensor(c.b.load.tensor), c.b.load.indices, axis_of)
     # the epilogue: the accumulator (times the product's constant factors), then each fused node
     epilogue: Expr = Load(ACC, ())
     if c.scale is not None:
         epilogue = Op("mul", (epilogue, c.scale))
     prev = nodes[0]
-    pos_axes = [axis_m if v == m_var else axis_n for v in prev.lhs]
+    pos_axes = [batch_vars.get(v) or (axis_m if v == m_var else axis_n) for v in prev.lhs]
     for eq in nodes[1:]:
         mapping = {v: pos_axes[i] for i, v in enumerate(eq.lhs)}
         body = rename_vars(eq.rhs, mapping)
         epilogue = _substitute_acc(body, prev.target, epilogue)
         prev = eq
     epi_loads: list[tuple[Load, Access]] = []
-    axis_of_epi = {axis_m: "m", axis_n: "n"}
+    axis_of_epi = {axis_m: "m", axis_n: "n", **{ax: ax.name for ax in batch_vars.values()}}
     from habu.spec.ir import loads as all_loads
 
     for ld in all_loads(epilogue):
         if ld.tensor == ACC or any(ld == e for e, _ in epi_loads):
             continue
-        epi_loads.append((ld, access_for(model.tensor(ld.tensor), ld.indices, axis_of_epi, extent_of_axis,
-                                                storage)))
+        epi_loads.append((ld, access(model.tensor(ld.tensor), ld.indices, axis_of_epi)))
     last: Equation = nodes[-1]
     out_decl = model.tensor(last.target)
-    out_axes = {v: ("m" if i == _pos(nodes[0], m_var) else "n") for i, v in enumerate(last.lhs)}
-    out = access_for(out_decl, last.lhs, out_axes, extent_of_axis, storage)
+    first_axes = [axis_of_epi[ax] for ax in pos_axes]  # the axis of each position of the first node's lhs
+    out_axes = {v: first_axes[i] for i, v in enumerate(last.lhs)}
+    out = access(out_decl, last.lhs, out_axes)
     tables = tuple(t for t in (c.a.gather, c.b.gather) if t)
     unscheduled = ContractionLowering(
         kernel=kernel, m=m_var.extent, n=n_var.extent, k=k_var.extent, a=a, b=b, out=out,
         epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k, split_mode="none",
-        index_width=kernel.index_width, tables=tables, a_src=a, b_src=b,
+        index_width=kernel.index_width, tables=tables, a_src=a, b_src=b, batch=tuple(v.extent for v in c.batch),
     )
     return with_kernel(unscheduled, kernel)
 
@@ -271,7 +338,7 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
                    pre=tuple(pre),
-                   pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis),
+                   pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis),
                    operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)))
 
 
@@ -290,10 +357,6 @@ def _staged(src: Access, axis: str, rows: str, k: str) -> tuple[Access, StageLow
 
 
 TRANSPOSE_TILE = 32  # a transposing staging pass moves 32 x 32 tiles (256 threads, 4 elements each)
-
-
-def _pos(eq: Equation, var: IndexVar) -> int:
-    return eq.lhs.index(var)
 
 
 def fma_thread_grid(kernel: ContractionKernel) -> tuple[int, int, int, int] | None:
@@ -317,4 +380,23 @@ def epilogue_is_linear(lowering: ContractionLowering) -> bool:
     return isinstance(e, Load) and e.tensor == ACC and not lowering.epi_loads
 
 
-__all__ = ["ACC", "Bound", "ContractionLowering", "epilogue_is_linear", "lower_contraction", "with_kernel"]
+def tma_order(access: Access) -> tuple[str, ...]:
+    """The axes of a TMA operand's tensor-map dimensions, innermost first (its positions reversed):
+    (k, m) for A[m k], (n, k) for B[k n], (k, m, batch0) for Q[b i d]."""
+    return tuple(p.axis for p in reversed(access.positions))
+
+
+def tma_box(access: Access, row_axis: str, box_rows: int, box_k: int, box_n: int = 0) -> tuple[int, ...]:
+    """A TMA box, innermost first: `box_k` along k, `box_rows` along `row_axis`, 1 per batch (and, for
+    the output's store box, `box_n` along n)."""
+    sizes = {"k": box_k, "n": box_n, row_axis: box_rows}
+    return tuple(sizes.get(a, 1) for a in tma_order(access))
+
+
+def tma_coordinates(access: Access, by_axis: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A box's coordinates in the operand's tensor map, innermost first, from each axis's value."""
+    return tuple(by_axis[a] for a in tma_order(access))
+
+
+__all__ = ["ACC", "Bound", "ContractionLowering", "batch_axis", "epilogue_is_linear", "is_batch_axis",
+           "lower_contraction", "tma_box", "tma_coordinates", "tma_order", "with_kernel"]

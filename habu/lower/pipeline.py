@@ -130,21 +130,23 @@ Pipeline = MbarrierRing | CpAsyncRing
 
 
 def wgmma_ring(stages: int, consumers: int, cluster: int, bm: int, bn: int, bk: int, k_step: int,
-               moves: dict[str, str], b_mn: bool, element_bytes: int) -> MbarrierRing:
-    """The ring of the wgmma path: A by TMA in one box of BK × BM; B in one box (K-major), in BN/64
-    boxes of 64 columns (MN-major), and in a cluster split among the blocks and multicast."""
+               moves: dict[str, str], b_mn: bool, element_bytes: int, a_mn: bool = False) -> MbarrierRing:
+    """The ring of the wgmma path: A by TMA in one box of BK × BM (K-major) or in BM/64 boxes of 64
+    columns (MN-major: A stored [k m]); B in one box (K-major), in BN/64 boxes of 64 columns (MN-major),
+    and in a cluster split among the blocks and multicast."""
     loads = []
     for side, rows in (("A", bm), ("B", bn)):
         if moves[side] != "tma":
             continue
         multicast = side == "B" and cluster > 1
-        if side == "B" and b_mn:
-            box_rows, box_k, boxes = MN_BLOCK, bk, bn // MN_BLOCK
+        mn_major = b_mn if side == "B" else a_mn
+        if mn_major:
+            box_rows, box_k, boxes = MN_BLOCK, bk, rows // MN_BLOCK
         elif multicast:
             box_rows, box_k, boxes = bn // cluster, bk, cluster
         else:
             box_rows, box_k, boxes = rows, bk, 1
-        loads.append(TmaOperandLoad(side, side == "B" and b_mn, box_rows, box_k, boxes, element_bytes,
+        loads.append(TmaOperandLoad(side, mn_major, box_rows, box_k, boxes, element_bytes,
                                     cluster if multicast else 1, (1 << cluster) - 1 if multicast else 0,
                                     k_step, bk))
     all_tma = all(m == "tma" for m in moves.values())
@@ -160,7 +162,7 @@ def cp_async_ring(stages: int) -> CpAsyncRing:
 __all__ = ["MN_BLOCK", "CpAsyncRing", "MbarrierRing", "Pipeline", "TmaOperandLoad", "cp_async_ring", "wgmma_ring"]
 
 
-def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str) -> Pipeline | None:
+def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str = "k") -> Pipeline | None:
     """The pipeline a contraction kernel's k loop runs: the mbarrier ring (wgmma), the cp.async ring
     (mma.sync), or none (the SIMT path loads each tile and synchronises)."""
     from habu.lower.registers import consumer_warpgroups
@@ -174,4 +176,4 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str) -> Pipeline | None
     moves = {side: ("tma" if str(m) == "staged" else str(m)) for side, m in (("A", kernel.a_move), ("B", kernel.b_move))}
     return wgmma_ring(kernel.stages, consumer_warpgroups(kernel.warps, kernel.warp_specialized), max(1, kernel.cluster_m),
                       kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.tile_k, moves, b_last_axis == "n",
-                      DTYPES[a_dtype].bytes)
+                      DTYPES[a_dtype].bytes, a_last_axis == "m")

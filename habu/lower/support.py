@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from habu.lower.access import Access
-from habu.lower.contraction import ContractionLowering, fma_thread_grid
+from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import ColumnKernel, ContractionKernel, GeneralKernel, Kernel, MapKernel, RowKernel
@@ -71,7 +71,7 @@ class ContractionSupport(PathSupport):
 
     def refusals(self, lw: ContractionLowering) -> list[str]:
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
-                *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw)]
+                *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         """The refusals about the instruction's own layout (what its emitter checks before printing;
@@ -128,19 +128,35 @@ def _cluster_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
     return reasons
 
 
+def _batch_refusals(lw: ContractionLowering) -> list[str]:
+    """A batched contraction (batch indices as a grid dimension) is emitted without staging passes
+    (their buffers are 2-D) and without clusters (the multicast loads are 2-D)."""
+    k = lw.kernel
+    if not lw.batch:
+        return []
+    reasons = []
+    if "staged" in (k.a_move, k.b_move):
+        reasons.append("a batched contraction reads its operands in place (no staging pass)")
+    if k.cluster_m > 1:
+        reasons.append("a batched contraction runs without clusters")
+    return reasons
+
+
 def _tma_store_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
     k, out = lw.kernel, lw.out
     if k.store != "tma":
         return []
     reasons = []
-    plain = (len(out.positions) == 2 and all(p.kind == "axis" for p in out.positions)
-             and out.positions[0].axis == "m" and out.positions[1].axis == "n")
+    # [m, n] after any batch positions (a batched output's box is 1 along each)
+    rest = [p for p in out.positions if not (p.kind == "axis" and is_batch_axis(p.axis))]
+    plain = (len(rest) == 2 and all(p.kind == "axis" for p in out.positions)
+             and rest[0].axis == "m" and rest[1].axis == "n" and out.positions[-1].axis == "n")
     if not emitted:
         reasons.append("TMA stores are emitted in the wgmma path")
     if k.split_k > 1:
         reasons.append("split-K adds its partial sums atomically, not by TMA stores")
     if not plain or out.dtype not in ("f32", "bf16", "f16"):
-        reasons.append("TMA stores write a 2-D f32/bf16/f16 output stored row-major over (m, n)")
+        reasons.append("TMA stores write an f32/bf16/f16 output stored row-major over (m, n) (after any batch)")
     return reasons
 
 
@@ -220,8 +236,11 @@ class WgmmaSupport(ContractionSupport):
             reasons.append("the wgmma path is warp-specialised")
         if k.tile_k * e != 128 or k.swizzle != 128:
             reasons.append("wgmma k tiles are 128 bytes with the 128-byte swizzle")
-        if not contiguous_along(lw.a, "k"):
-            reasons.append("wgmma's A must be contiguous along k")
+        # an A stored [k m] is read like an N-major B: TMA boxes of 64 columns, the transpose bit
+        m_major_ok = k.a_move == "tma" and e == 2 and k.tile_m % 64 == 0 and contiguous_along(lw.a, "m")
+        if not contiguous_along(lw.a, "k") and not m_major_ok:
+            reasons.append("wgmma's A is contiguous along k, or along m when loaded by TMA in 64-column "
+                           "boxes (16-bit types)")
         # wgmma transposes a 16-bit B read from shared memory N-major, in 64-column (128-byte) boxes
         n_major_ok = k.b_move == "tma" and e == 2 and k.tile_n % 64 == 0 and contiguous_along(lw.b, "n")
         if not contiguous_along(lw.b, "k") and not n_major_ok:

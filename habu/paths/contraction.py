@@ -40,6 +40,8 @@ class ContractionFacts:
     a_kmajor: bool
     b_kmajor: bool
     b_n_major_tma: bool  # a B contiguous along n (a (K, N) weight) that TMA boxes can read transposed
+    batches: int = 1  # a batched contraction's products (the grid holds this many output grids)
+    a_m_major_tma: bool = False  # an A contiguous along m (stored [k m]) that TMA boxes can read transposed
 
     @staticmethod
     def of(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ContractionFacts:
@@ -49,11 +51,18 @@ class ContractionFacts:
         a_dt, b_dt = dtype_of(model, a_t), dtype_of(model, b_t)
         b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
         b_decl = model.tensor(b_t)
-        b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 and target.tma
-                         and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
+        b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 + len(c.batch)
+                         and target.tma and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
+        batches = 1
+        for v in c.batch:
+            batches *= sizes[v.extent]
+        a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1
+        a_decl = model.tensor(a_t)
+        a_m_major_tma = (not a_kmajor and c.a.gather is None and len(c.a.load.indices) == 2 + len(c.batch)
+                         and target.tma and dtype_bytes(model, a_t) == 2 and (sizes[a_decl.extents[-1]] * 2) % 16 == 0)
         return ContractionFacts(c, a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt, sizes[c.m.extent],
                                 sizes[c.n.extent], sizes[c.k.extent], c.a.k_pos == len(c.a.load.indices) - 1,
-                                b_kmajor, b_n_major_tma)
+                                b_kmajor, b_n_major_tma, batches, a_m_major_tma)
 
 
 @dataclass(frozen=True)
@@ -109,7 +118,8 @@ class ContractionPath(KernelPath):
         if not forced and not self.takes(facts, target):
             return None
         c = facts.c
-        tile, warps, stages = self.default_schedule(facts.m, facts.n, target)
+        # a batched contraction's products fill the GPU together: its rows count once per batch
+        tile, warps, stages = self.default_schedule(facts.m * facts.batches, facts.n, target)
 
         def movement(op: Operand, tile_along_inner: int) -> tuple[str, int]:
             decl = model.tensor(op.load.tensor)
@@ -122,9 +132,9 @@ class ContractionPath(KernelPath):
                                     eb, sizes[(c.m if op is c.a else c.n).extent])
             return self.default_movement(facts_op, vec, facts, target)
 
-        a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == 1 else tile[0])
-        b_move, b_vec = movement(c.b, tile[2] if c.b.k_pos == 1 else tile[1])
-        tiles = -(-facts.m // tile[0]) * -(-facts.n // tile[1])
+        a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == len(c.a.load.indices) - 1 else tile[0])
+        b_move, b_vec = movement(c.b, tile[2] if c.b.k_pos == len(c.b.load.indices) - 1 else tile[1])
+        tiles = -(-facts.m // tile[0]) * -(-facts.n // tile[1]) * facts.batches
         split = 1
         out_dt = model.tensor(region.output).dtype
         if len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32":
@@ -223,8 +233,10 @@ def plain_output(model: Model, region: Region, c: Contraction, target: Target, s
     first, last = node_of(model, region.nodes[0]), node_of(model, region.output)
     out_decl = model.tensor(region.output)
     out_e = dtype_bytes(model, region.output)
-    return (target.tma and first.lhs[:1] == (c.m,) and len(last.lhs) == 2 and len(out_decl.extents) == 2
-            and out_e in (2, 4) and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
+    free = tuple(v for v in first.lhs if v not in c.batch)  # (m, n) after any batch indices
+    return (target.tma and free[:1] == (c.m,) and first.lhs[-1] == c.n and len(last.lhs) == 2 + len(c.batch)
+            and len(out_decl.extents) == 2 + len(c.batch) and out_e in (2, 4)
+            and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
 
 
 def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:

@@ -19,7 +19,9 @@ class MmaSyncPath(ContractionPath):
     preference = 20
 
     def takes(self, facts: ContractionFacts, target: Target) -> bool:
-        return facts.tensor_cores and target.mma_sync
+        # its ldmatrix reads A contiguous along k (the rules' supported-path): an A stored [k m] goes to
+        # wgmma (MN-major boxes) or, without it, to the SIMT path
+        return facts.tensor_cores and target.mma_sync and facts.a_kmajor
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:

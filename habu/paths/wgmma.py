@@ -36,16 +36,17 @@ class WgmmaPath(ContractionPath):
     swizzled = True
 
     def takes(self, facts: ContractionFacts, target: Target) -> bool:
-        return (facts.tensor_cores and target.wgmma and facts.a_kmajor and (facts.b_kmajor or facts.b_n_major_tma)
-                and facts.k >= 64)
+        return (facts.tensor_cores and target.wgmma and (facts.a_kmajor or facts.a_m_major_tma)
+                and (facts.b_kmajor or facts.b_n_major_tma) and facts.k >= 64)
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
         if not op.gathered and target.tma and op.aligned_rows and op.contiguous_k:
             return "tma", vector
-        if op.is_b and facts.b_n_major_tma:
-            return "tma", vector
-        if target.tma and op.contiguous_k and not op.aligned_rows and op.rows <= target.max_grid_yz:
+        if (op.is_b and facts.b_n_major_tma) or (not op.is_b and facts.a_m_major_tma):
+            return "tma", vector  # read MN-major in 64-column boxes, with wgmma's transpose bit
+        if (target.tma and op.contiguous_k and not op.aligned_rows and op.rows <= target.max_grid_yz
+                and facts.batches == 1):  # (a batched contraction reads its operands in place)
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
             # (the staging pass launches a block row per row: grid.y, at most 65535)
             return "staged", vector

@@ -1,7 +1,8 @@
 """Which kernel family can compute which equation nodes: the analysis plans are built on.
 
 - a *contraction*: `T[m n] = Σ k A[..m..k..] · B[..n..k..]` (rows of A may be gathered), with the
-  elementwise nodes that consume only its result fused after it as an epilogue;
+  elementwise nodes that consume only its result fused after it as an epilogue; free indices read
+  plainly by both operands and the output are its batch (`S[b i j] = Σ d Q[b i d] · K[b j d]`);
 - a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
   reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
 - a *map* region: elementwise nodes over one shape;
@@ -58,6 +59,9 @@ class Contraction:
     a: Operand
     b: Operand
     scale: Expr | None  # constant factors of the product, if any
+    # free indices both operands and the output read plainly, in the output's order (`b` of
+    # S[b i j] = Σ d Q[b i d] · K[b j d]): a grid dimension of the kernel, one product per value
+    batch: tuple[IndexVar, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,14 @@ def _is_constant(e: Expr) -> bool:
                for x in walk(e))
 
 
-def _operand(ld: Load, axis: IndexVar, k: IndexVar) -> Operand | None:
+def _operand(ld: Load, axis: IndexVar, k: IndexVar, batch: tuple[IndexVar, ...] = ()) -> Operand | None:
     axis_pos = k_pos = -1
     gather = None
     for pos, ix in enumerate(ld.indices):
-        if ix == k:
+        if ix in batch:
+            if ld.indices.count(ix) != 1:
+                return None
+        elif ix == k:
             if k_pos >= 0:
                 return None
             k_pos = pos
@@ -101,15 +108,17 @@ def _operand(ld: Load, axis: IndexVar, k: IndexVar) -> Operand | None:
             axis_pos, gather = pos, ix.tensor
         else:
             return None
-    if axis_pos < 0 or k_pos < 0 or len(ld.indices) != 2:
+    if axis_pos < 0 or k_pos < 0 or len(ld.indices) != 2 + len(batch):
         return None
     return Operand(ld, axis, axis_pos, k_pos, gather)
 
 
 def as_contraction(eq: Equation) -> Contraction | None:
-    """Recognise `T[m n] = Σ k A[m k] · B[n k]` (any index order, A's rows possibly gathered)."""
+    """Recognise `T[m n] = Σ k A[m k] · B[n k]` (any index order, A's rows possibly gathered), and its
+    batched form `T[b.. m n] = Σ k A[b.. m k] · B[b.. n k]` (batch indices anywhere, each read plainly
+    once by both operands and written by the output)."""
     rhs = eq.rhs
-    if len(eq.lhs) != 2 or not isinstance(rhs, Reduce) or rhs.op != "sum" or len(rhs.vars) != 1:
+    if len(eq.lhs) < 2 or not isinstance(rhs, Reduce) or rhs.op != "sum" or len(rhs.vars) != 1:
         return None
     k = rhs.vars[0]
     factors = _factors(rhs.body)
@@ -117,15 +126,19 @@ def as_contraction(eq: Equation) -> Contraction | None:
     consts = [f for f in factors if not isinstance(f, Load)]
     if len(loads) != 2 or not all(_is_constant(c) for c in consts):
         return None
-    v0, v1 = eq.lhs
+    batch = tuple(v for v in eq.lhs if v in loads[0].indices and v in loads[1].indices)
+    free = [v for v in eq.lhs if v not in batch]
+    if len(free) != 2 or len(set(eq.lhs)) != len(eq.lhs):
+        return None
+    v0, v1 = free
     for m, n in ((v0, v1), (v1, v0)):
-        a = _operand(loads[0], m, k)
-        b = _operand(loads[1], n, k)
+        a = _operand(loads[0], m, k, batch)
+        b = _operand(loads[1], n, k, batch)
         if a and b:
             scale = None
             for c in consts:
                 scale = c if scale is None else Op("mul", (scale, c))
-            return Contraction(eq, m, n, k, a, b, scale)
+            return Contraction(eq, m, n, k, a, b, scale, batch)
     return None
 
 

@@ -9,6 +9,7 @@ without accumulating is a fault, reported with the element.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -265,10 +266,10 @@ def _local(t: int, tile: int, keep: np.ndarray | None) -> tuple[int, ...]:
 
 
 def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Memory,
-                    tiles: list[tuple[int, int, int]], rows: np.ndarray | None = None,
+                    tiles: list[tuple[int, int, int, int]], rows: np.ndarray | None = None,
                     cols: np.ndarray | None = None) -> None:
-    """Execute the given blocks; `rows`/`cols` restrict them to the lanes a later check needs (a
-    block's output rows and columns do not depend on one another)."""
+    """Execute the given blocks, each (tm, tn, split, batch z); `rows`/`cols` restrict them to the lanes
+    a later check needs (a block's output rows and columns do not depend on one another)."""
     f = mem.field
     # the epilogue reads each register where the instruction put it: the lowering's fragment map is run
     # against both tensor-core layouts whatever the plan's instruction (the check reads no emission
@@ -279,9 +280,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             mem.fault(f"{name}: {moved}")
     bm, bn = lw.bm, lw.bn
     groups: dict[tuple, list[tuple[int, int]]] = {}
-    for tm, tn, s in tiles:
-        key = (s, _local(tm, bm, rows), _local(tn, bn, cols))
-        if key[1] and key[2]:
+    for tm, tn, s, z in tiles:
+        key = (s, z, _local(tm, bm, rows), _local(tn, bn, cols))
+        if key[2] and key[3]:
             groups.setdefault(key, []).append((tm, tn))
     accumulate = lw.split_mode == "atomic"
     for stage in lw.pre:  # staging passes: every row the chosen tiles read, all of k
@@ -294,7 +295,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     route = route_of(lw)
     for fault in route.faults:
         mem.fault(f"{name}: {fault}")
-    for (split, lrows, lcols), mn in sorted(groups.items()):
+    for (split, z, lrows, lcols), mn in sorted(groups.items()):
+        # the blocks of one batch: every access reads the batch positions at the decoded coordinates
+        batch = {axis: np.int64(v) for axis, v in lw.batch_coordinates(np.int64(z), sizes).items()}
         tms = np.array([t[0] for t in mn], dtype=np.int64)
         tns = np.array([t[1] for t in mn], dtype=np.int64)
         mc = tms[:, None] * bm + np.array(lrows)[None, :]  # (blocks, rows computed)
@@ -302,9 +305,10 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         acc = np.zeros((len(mn), len(lrows), len(lcols)), dtype=np.int64)
         begin, end = lw.k_range(split, sizes)
 
-        def where(bad: np.ndarray, mc=mc, nc=nc) -> str:
+        def where(bad: np.ndarray, mc=mc, nc=nc, batch=batch) -> str:
             b = int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0]) if bad.ndim else 0
-            first = {lw.m: int(mc[b, 0]), lw.n: int(nc[b, 0])}
+            first = {**{e: int(batch[a]) for e, a in zip(lw.batch, lw.batch_axes, strict=True)},
+                     lw.m: int(mc[b, 0]), lw.n: int(nc[b, 0])}
             at = ", ".join(str(first.get(e, 0)) for e in lw.out.extents)
             return f"{lw.out.tensor}[{at}] and the rest of its {lw.bm}x{lw.bn} tile"
         # every k tile is loaded exactly as the kernel loads it (its own k0, masks and offsets, a TMA
@@ -323,26 +327,27 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         tile_at = [np.array([-1 if reads[q][j] is None else reads[q][j] for q in ranks.tolist()], dtype=np.int64)
                    for j in range(steps)]
         parts = list(warp_parts(route, bm, bn, lrows, lcols))
+        batch_at = batch
         for first in range(0, steps, 64):
             check_deadline(f"in {name}'s k loop")
             batch = range(first, min(steps, first + 64))
             loaded: dict[tuple, np.ndarray] = {}  # warps that read the same elements share the load
 
-            def load(side: str, mn: np.ndarray, k: np.ndarray, batch=batch, tms=tms, tns=tns, ranks=ranks,
-                     tile_at=tile_at, where=where, begin=begin, loaded=loaded) -> np.ndarray:
+            def load(side: str, mn: np.ndarray, k: np.ndarray, steps=batch, tms=tms, tns=tns, ranks=ranks,
+                     tile_at=tile_at, where=where, begin=begin, loaded=loaded, at=batch_at) -> np.ndarray:
                 key = (side, mn.tobytes(), k.tobytes(), mn.shape)
                 if key not in loaded:
                     t, tile = (tms, bm) if side == "A" else (tns, bn)
                     loaded[key] = np.concatenate(
                         [_k_tile(name, lw, side, t[:, None, None] * tile + mn[None], k, tile_at[j], ranks, begin,
-                                 sizes, mem, where) for j in batch], axis=-1)
+                                 sizes, mem, where, at) for j in steps], axis=-1)
                 return loaded[key]
 
             for out_r, out_c, a_mn, a_k, b_mn, b_k in parts:
                 a, b = load("A", a_mn, a_k), load("B", b_mn, b_k)
                 cell = (slice(None), out_r[:, None], out_c[None, :])
                 acc[cell] = (acc[cell] + f.contract([a, b], "xmk,xnk->xmn")) % f.p
-        coords = {"m": mc[:, :, None], "n": nc[:, None, :]}
+        coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
                  for ld, acc_access in lw.epi_loads}
 
@@ -355,14 +360,16 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
 
 
 def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk: np.ndarray, tile: np.ndarray,
-            ranks: np.ndarray, begin: int, sizes: Mapping[str, int], mem: Memory, where) -> np.ndarray:
+            ranks: np.ndarray, begin: int, sizes: Mapping[str, int], mem: Memory, where,
+            batch: Mapping[str, Any] | None = None) -> np.ndarray:
     """The values of operand `side` a k step multiplies: `rows` (blocks, R, C) are the elements' rows
     (m or n) and `kk` (R, C) their k within the k tile, as the shared-memory operand route gives them;
     each block's stage holds its k tile `tile` (-1: a stage holding no tile of this output tile,
     poison). Without TMA the lanes load the access at k0 = k_origin; a TMA operand is its boxes, each
     read at the origin the lowering gives (box j of rows [j·box_rows, (j+1)·box_rows), at the box's k
     coordinate), landing in the block when it issues the box or is in the box's multicast mask, and
-    zero past the access's masks (the tensor map's dims are `Access.bounded_extents`)."""
+    zero past the access's masks (the tensor map's dims are `Access.bounded_extents`). `batch`: the
+    blocks' batch coordinates (a TMA box is 1 along each)."""
     access = lw.a if side == "A" else lw.b
     axis = "m" if side == "A" else "n"
     ring = lw.pipeline
@@ -373,14 +380,14 @@ def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk:
     t = np.maximum(tile, 0)  # a stage holding no tile: read tile 0's addresses, then poison the values
     if load is None:
         k0 = lw.k_origin(int(begin), t)[:, None, None]
-        coords = {axis: rows, "k": k0 + kk}
+        coords = {**(batch or {}), axis: rows, "k": k0 + kk}
         landed = np.ones(rows.shape, bool)
     else:
         assert isinstance(ring, MbarrierRing)
         box = local // load.box_rows
         first = load.origin(row0, load.k_coordinate(int(begin), t)[:, None, None], box)
         start, k = first if load.mn_major else (first[1], first[0])
-        coords = {axis: start + local - box * load.box_rows, "k": k + kk}
+        coords = {**(batch or {}), axis: start + local - box * load.box_rows, "k": k + kk}
         table = np.array([[any(load.lands_in(j, q, i) for i in range(ring.cluster)) for j in range(load.boxes)]
                           + [False] for q in range(ring.cluster)], dtype=bool)
         landed = table[ranks[:, None, None] % ring.cluster, np.minimum(box, load.boxes)]
@@ -401,18 +408,42 @@ def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.
     write(name, stage.dst, coords, values, sizes, mem, width, False, owned)
 
 
+def _batch_index(lw: ContractionLowering, batch: Mapping[str, Any], sizes: Mapping[str, int]) -> Any:
+    """The linear batch index of batch coordinates (the last varies fastest), and 0 unbatched."""
+    z: Any = np.int64(0)
+    for axis, extent in zip(lw.batch_axes, lw.batch, strict=True):
+        z = z * sizes[extent] + batch[axis]
+    return z
+
+
+def _decode_all(lw: ContractionLowering, sizes: Mapping[str, int]) -> tuple[Any, Any, Any, Any, Any]:
+    """(tm, tn, split, batch index, inside the batch grid) of every block of the grid, by the lowering's decode."""
+    ids = np.arange(int(lw.tiles(sizes)), dtype=np.int64)
+    batch, tm, tn, s = lw.decode(ids, sizes)
+    inside = np.ones(ids.shape, bool)
+    for axis, extent in zip(lw.batch_axes, lw.batch, strict=True):
+        inside &= (batch[axis] >= 0) & (batch[axis] < sizes[extent])
+    z = _batch_index(lw, batch, sizes)
+    return tm, tn, s, np.broadcast_to(z, ids.shape), inside
+
+
 def check_raster(name: str, lw: ContractionLowering, sizes: Mapping[str, int]) -> None:
-    """Every tile of the grid is computed by exactly one block (per split)."""
+    """Every tile of the grid (of every batch) is computed by exactly one block (per split)."""
     total = int(lw.tiles(sizes))
-    ids = np.arange(total, dtype=np.int64)
-    tm, tn, s = lw.tile_of(ids, sizes)
+    tm, tn, s, z, inside = _decode_all(lw, sizes)
     tm_n, tn_n = int(lw.tiles_m(sizes)), int(lw.tiles_n(sizes))
-    inside = (tm >= 0) & (tm < tm_n) & (tn >= 0) & (tn < tn_n) & (s >= 0) & (s < lw.kernel.split_k)
+    inside = inside & (tm >= 0) & (tm < tm_n) & (tn >= 0) & (tn < tn_n) & (s >= 0) & (s < lw.kernel.split_k)
     if not np.all(inside):
         i = int(np.nonzero(~inside)[0][0])
-        raise PlanFault(f"{name}: block {i} maps to tile ({int(tm[i])}, {int(tn[i])}, split {int(s[i])}), "
-                        "outside the grid")
-    flat = (s * tm_n + tm) * tn_n + tn
+        at = ""
+        if lw.batch:  # the output element the block would start at, to name it
+            batch = lw.batch_coordinates(np.int64(z[i]), sizes)
+            first = {**{e: int(batch[a]) for e, a in zip(lw.batch, lw.batch_axes, strict=True)},
+                     lw.m: int(tm[i]) * lw.bm, lw.n: int(tn[i]) * lw.bn}
+            at = f" (it would compute {lw.out.tensor}[{', '.join(str(first.get(e, 0)) for e in lw.out.extents)}] on)"
+        raise PlanFault(f"{name}: block {i} maps to tile ({int(tm[i])}, {int(tn[i])}, split {int(s[i])}"
+                        + (f", batch {int(z[i])}" if lw.batch else "") + f"), outside the grid{at}")
+    flat = ((z * lw.kernel.split_k + s) * tm_n + tm) * tn_n + tn
     counts = np.bincount(flat, minlength=total)
     if np.any(counts != 1):
         missing = int(np.nonzero(counts == 0)[0][0]) if np.any(counts == 0) else None
@@ -420,15 +451,14 @@ def check_raster(name: str, lw: ContractionLowering, sizes: Mapping[str, int]) -
                         + (f" and never tile {divmod(missing % (tm_n * tn_n), tn_n)}" if missing is not None else ""))
 
 
-def tile_ids(lw: ContractionLowering, sizes: Mapping[str, int], wanted: set[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """The (tm, tn, split) of every block that computes one of the wanted output tiles."""
-    total = int(lw.tiles(sizes))
-    ids = np.arange(total, dtype=np.int64)
-    tm, tn, s = lw.tile_of(ids, sizes)
+def tile_ids(lw: ContractionLowering, sizes: Mapping[str, int], wanted: set[tuple[int, int, int]]
+             ) -> list[tuple[int, int, int, int]]:
+    """The (tm, tn, split, batch) of every block that computes one of the wanted (batch, tm, tn) tiles."""
+    tm, tn, s, z, _inside = _decode_all(lw, sizes)
     out = []
-    for a, b, c in zip(tm.tolist(), tn.tolist(), s.tolist(), strict=True):
-        if (a, b) in wanted:
-            out.append((a, b, c))
+    for a, b, c, d in zip(tm.tolist(), tn.tolist(), s.tolist(), z.tolist(), strict=True):
+        if (d, a, b) in wanted:
+            out.append((a, b, c, d))
     return out
 
 
@@ -465,12 +495,18 @@ def _run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int
 
 def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
     tms, tns = sample_tiles(int(lw.tiles_m(sizes))), sample_tiles(int(lw.tiles_n(sizes)))
-    wanted = {(a, b) for a in tms for b in tns}
+    # a batched kernel: the first, second and last coordinate of each batch index
+    samples = [np.array(sample_tiles(sizes[e]), dtype=np.int64) for e in lw.batch]
+    zs = sorted({int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
+                 for combo in itertools.product(*samples)})
+    wanted = {(z, a, b) for z in zs for a in tms for b in tns}
     rows = np.unique(np.concatenate([np.arange(t * lw.bm, min((t + 1) * lw.bm, sizes[lw.m])) for t in tms]))
     cols = np.unique(np.concatenate([np.arange(t * lw.bn, min((t + 1) * lw.bn, sizes[lw.n])) for t in tns]))
     extents = lw.out.extents  # the output's own dims (not the lowering's, which a planted bug may permute)
-    box = tuple(rows if e == lw.m else cols for e in extents)
-    return wanted, box, f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s)"
+    batch_dims = iter(samples)  # the output's batch dims come in the batch's order (the lhs order)
+    box = tuple(rows if e == lw.m else cols if e == lw.n else next(batch_dims) for e in extents)
+    batches = f", batches {[s.tolist() for s in samples]}" if lw.batch else ""
+    return wanted, box, f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s){batches}"
 
 
 def _contraction_for_box(lw: ContractionLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
@@ -478,7 +514,9 @@ def _contraction_for_box(lw: ContractionLowering, box: tuple[np.ndarray, ...], s
     by_axis = {p.axis: box[i] for i, p in enumerate(lw.out.positions)}
     tms = np.unique(by_axis["m"] // lw.bm).tolist()
     tns = np.unique(by_axis["n"] // lw.bn).tolist()
-    tiles = {(a, b) for a in tms for b in tns}
+    zs = {int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
+          for combo in itertools.product(*(np.unique(by_axis[a]).tolist() for a in lw.batch_axes))}
+    tiles = {(z, a, b) for z in zs for a in tms for b in tns}
     return tiles, (by_axis["m"], by_axis["n"]), (f"{len(tms)}×{len(tns)} tiles, "
                                                  f"{len(by_axis['m'])}×{len(by_axis['n'])} of their elements")
 

@@ -25,6 +25,7 @@ from habu.lower import (
     lower_plan,
 )
 from habu.lower.access import Access, cdiv, size_of
+from habu.lower.contraction import is_batch_axis
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.support import ROWS, accumulator_registers, contraction_smem, support_for
 from habu.plan.plan import ROW_CLUSTERS, Plan
@@ -160,9 +161,14 @@ def _access_obligations(name: str, access: Access, axes: Mapping[str, tuple[Any,
                              status="runtime-check", how="checked by the runtime before every launch")
 
 
+def _batch(p) -> bool:
+    """A batched contraction's batch position (an outer dimension of the operand's 2-D view)."""
+    return p.kind == "axis" and is_batch_axis(p.axis)
+
+
 def _row_stride_bytes(access: Access, ctx: Context, inner_pos: int) -> Any:
     """Bytes between consecutive rows of the 2-D view a tile load walks (the outer position's stride)."""
-    outer = [i for i in range(len(access.positions)) if i != inner_pos]
+    outer = [i for i in range(len(access.positions)) if i != inner_pos and not _batch(access.positions[i])]
     return access.stride(outer[0], ctx.ext) * ctx.dtype_bytes(access) if outer else 0
 
 
@@ -173,7 +179,9 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     k = lw.kernel
     t = ctx.target
     s = ctx.ext
-    axes = {"m": (s[lw.m], k.tile_m), "n": (s[lw.n], k.tile_n), "k": (s[lw.k], k.tile_k)}
+    axes = {"m": (s[lw.m], k.tile_m), "n": (s[lw.n], k.tile_n), "k": (s[lw.k], k.tile_k),
+            # a batched kernel's batch coordinates: 0..#B-1 (the offsets' batch strides enter int32-offsets)
+            **{a: (s[e], 1) for a, e in zip(lw.batch_axes, lw.batch, strict=True)}}
     yield from _access_obligations(name, lw.a, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.b, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
@@ -264,14 +272,17 @@ def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iter
     dims_ok = z3.And(*[z3.And(size_of(x, s) >= 1, size_of(x, s) <= 2**32) for x in out.extents])
     yield Obligation(R["tma-dims"], name, out.tensor, "every global dim is 1..2^32", dims_ok,
                      detail="a dimension exceeds 2^32")
-    stride = out.stride(0, s) * e if len(out.positions) == 2 else 0
+    outer = [i for i in range(len(out.positions) - 1)]  # m's stride and a batched output's batch strides
+    plain = len([p for p in out.positions if not _batch(p)]) == 2
+    stride = out.stride(len(out.positions) - 2, s) * e if plain else 0
+    batch_ok = [out.stride(i, s) * e % 16 == 0 for i in outer if _batch(out.positions[i])]
     yield Obligation(R["tma-stride-16B"], name, out.tensor,
                      f"row stride of {out.tensor} ({_fmt(out, len(out.positions) - 1, ctx)} bytes) is a multiple "
-                     "of 16 and below 2^40", z3.And(stride % 16 == 0, stride < 2**40) if len(out.positions) == 2 else False,
+                     "of 16 and below 2^40", z3.And(stride % 16 == 0, stride < 2**40, *batch_ok) if plain else False,
                      detail=f"the row stride of {out.tensor} is {_fmt(out, len(out.positions) - 1, ctx)} bytes, "
                             "not a multiple of 16")
     width = 128 // e
-    order = [p.axis if p.kind == "axis" else p.kind for p in out.positions]
+    order = [p.axis if p.kind == "axis" else p.kind for p in out.positions if not _batch(p)]
     yield Obligation(R["tma-box"], name, out.tensor,
                      f"the store box holds {out.tensor}[m, n] rows of contiguous n", order == ["m", "n"],
                      detail=f"{out.tensor} is stored at [{', '.join(order)}]")
@@ -317,10 +328,11 @@ def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: Contra
             rule = R["cp.async-size"] if move == "cp.async" else R["vector-align"]
             last = acc.positions[-1]
             tile_along = {"m": k.tile_m, "n": k.tile_n, "k": k.tile_k}.get(last.axis, 0)
-            contiguous = last.kind == "axis" and len(acc.positions) == 2
+            contiguous = last.kind == "axis" and len([p for p in acc.positions if not _batch(p)]) == 2
             stride_bytes = _row_stride_bytes(acc, ctx, len(acc.positions) - 1)
-            # every vector starts at a multiple of its size: rows start aligned, tiles step by vectors
-            aligned = z3.And(stride_bytes % size == 0, tile_along % vec == 0) if contiguous else False
+            # every vector starts at a multiple of its size: rows (and batches) start aligned, tiles step by vectors
+            batch_strides = [acc.stride(i, s) * e % size == 0 for i, p in enumerate(acc.positions) if _batch(p)]
+            aligned = z3.And(stride_bytes % size == 0, tile_along % vec == 0, *batch_strides) if contiguous else False
             yield Obligation(rule, name, acc.tensor,
                              f"{size}-byte vectors of {acc.tensor} along {last.axis} are {size}-byte aligned "
                              f"(row stride {_fmt(acc, len(acc.positions) - 1, ctx)} bytes)", aligned,

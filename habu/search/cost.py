@@ -54,8 +54,9 @@ def _bytes(acc: Access, sizes: Mapping[str, int]) -> float:
 def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: Target, c: Ceilings) -> KernelCost:
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
-    flops = 2.0 * M * N * K
-    out_bytes = M * N * DTYPES[lw.out.dtype].bytes
+    nb = int(lw.batches(sizes))  # a batched contraction: nb products of M x N x K
+    flops = 2.0 * M * N * K * nb
+    out_bytes = M * N * DTYPES[lw.out.dtype].bytes * nb
     moved = _bytes(lw.a, sizes) + _bytes(lw.b, sizes) + out_bytes
     moved += sum(_bytes(a, sizes) for _, a in lw.epi_loads)
     # staging copies: a row copy (gathered) moves 2-byte elements one per thread, measured ~1.4 TB/s
@@ -67,7 +68,7 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     # (a read and a write per element) while its tensor cores idle: not hidden behind the main loop
     reduction = 0.0
     if k.split_k > 1:
-        reduction = M * N * 4 + k.split_k * M * N * 8
+        reduction = (M * N * 4 + k.split_k * M * N * 8) * nb
     path = path_for(k)
     assert isinstance(path, ContractionPath)
     peak = path.peak_flops(c) or c.fma_flops
@@ -82,7 +83,7 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     ea, eb = DTYPES[lw.a.dtype].bytes, DTYPES[lw.b.dtype].bytes
     stage_eff = path.stage_efficiency(k, ea, eb)
     # the last wave of tiles runs with idle SMs
-    tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k
+    tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k * nb
     waves = tiles / target.sm_count
     wave_eff = waves / max(1.0, -(-tiles // target.sm_count)) if waves >= 1 else waves
     compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed
@@ -92,9 +93,9 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     # 256x96 1.4 GB, 328; 256x128 1.1 GB, 236; 128x256 0.5 GB, 184, bound by the multiplies)
     refill = 0.0
     if k.a_move == "cp.async":  # the rows the contraction reads (a gather reads M of them), per tile column
-        refill += M * K * ea * -(-N // k.tile_n)
+        refill += M * K * ea * -(-N // k.tile_n) * nb
     if k.b_move == "cp.async":
-        refill += N * K * eb * -(-M // k.tile_m)
+        refill += N * K * eb * -(-M // k.tile_m) * nb
     compute = max(compute, refill / c.cp_async_bandwidth)
     # the epilogue's stores, after each tile's main loop: from registers they are not hidden (pairs
     # of 16-bit values go out 4 bytes a thread, at half the rate); TMA stores drain while the next
@@ -118,7 +119,7 @@ def operand_dram_bytes(lw: Lowering, sizes: Mapping[str, int], target: Target) -
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
     ea, eb = DTYPES[lw.a.dtype].bytes, DTYPES[lw.b.dtype].bytes
     tiles_m, tiles_n = -(-M // k.tile_m), -(-N // k.tile_n)
-    tiles = tiles_m * tiles_n * k.split_k
+    tiles = tiles_m * tiles_n * k.split_k * int(lw.batches(sizes))  # (a batched grid walks one batch after another)
     wave = max(1, min(tiles, target.sm_count))
     along, across = (tiles_n, tiles_m) if k.raster == "row" else (tiles_m, tiles_n)
     first = min(along, -(-wave // max(1, k.group_m)))  # tiles of the fast axis a wave covers
@@ -148,7 +149,7 @@ def tie_break(lw: Lowering, sizes: Mapping[str, int], target: Target) -> tuple[f
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
     ea, eb = DTYPES[lw.a.dtype].bytes, DTYPES[lw.b.dtype].bytes
-    tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k
+    tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k * int(lw.batches(sizes))
     step = float(k.tile_k * (k.tile_m * ea + k.tile_n * eb))
     cold = step * (min(tiles, target.sm_count) if k.persistent else tiles)
     multicast = max(1, k.cluster_m or 1)

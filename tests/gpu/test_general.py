@@ -24,7 +24,7 @@ from tests.conftest import ROOT  # noqa: E402
 
 CORPUS = [p for p in sorted((ROOT / "tests" / "data" / "general_corpus").glob("*.habu"))
           if "expect-error:" not in p.read_text().splitlines()[0]]
-MODELS = [*CORPUS, *(ROOT / "examples" / f for f in ("bmm.habu", "bias_grad.habu", "scatter_add.habu",
+MODELS = [*CORPUS, *(ROOT / "examples" / f for f in ("weighted_scores.habu", "bias_grad.habu", "scatter_add.habu",
                                                      "accumulate.habu"))]
 SCATTERS = [p for p in MODELS if any(eq.scatter is not None for m in load_program(p).models.values()
                                      for eq in m.nodes)]

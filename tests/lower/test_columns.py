@@ -287,7 +287,7 @@ def test_regression_the_exported_grid_of_column_and_general_kernels():
     lw = kernel.lowering
     assert gx == "1" and "R" in gy and gz == "1"  # one column tile; the row splits follow #R
     assert kernel.grid({"R": 1000, "N": 64}, 132) == (1, -(-1000 // lw.kernel.rows_per_split), 1)
-    scores = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    scores = load_program(ROOT / "examples" / "weighted_scores.habu").models["SCORES"]
     (general,) = emit_plan(scores, plan_of(scores), TARGET).kernels
     assert grid_formula(general, {e.name: e.size for e in scores.extents})[1:] == ("1", "1")
 
@@ -299,7 +299,7 @@ def test_regression_the_search_report_names_column_and_general_kernels():
 
     model = column_model("8192", "14336")
     assert plan_summary(plan_of(model).to_json()) == "columns 256t/32c v8 split960 u8"
-    scores = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    scores = load_program(ROOT / "examples" / "weighted_scores.habu").models["SCORES"]
     assert plan_summary(plan_of(scores).to_json()) == "general 256"
 
 

@@ -67,7 +67,7 @@ def test_corpus_model_compiles_and_passes_the_finite_field_check(path):
 
 
 def test_the_scores_example_is_one_general_kernel_with_its_loop_printed_from_the_lowering():
-    model = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    model = load_program(ROOT / "examples" / "weighted_scores.habu").models["SCORES"]
     assert [r.kind for r in default_regions(model)] == ["general"]
     plan = default_plan(model, TARGET, {}, {})
     (lw,) = lower_plan(model, plan)
@@ -85,7 +85,7 @@ def test_specialised_families_keep_priority():
 
 
 def test_general_kernel_plan_round_trips_through_json():
-    model = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    model = load_program(ROOT / "examples" / "weighted_scores.habu").models["SCORES"]
     plan = default_plan(model, TARGET, {}, {"threads": "128"})
     assert plan.kernels == (GeneralKernel(nodes=("S",), threads=128, index_width=32),)
     assert Plan.from_json(json.loads(plan.dumps())) == plan
@@ -100,7 +100,7 @@ def test_general_kernel_json_with_a_bad_thread_count_is_a_habu_error():
 
 
 def test_the_search_space_walks_thread_counts_of_the_general_kernel():
-    model = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    model = load_program(ROOT / "examples" / "weighted_scores.habu").models["SCORES"]
     threads = sorted({p.kernels[0].threads for p in enumerate_plans(model, TARGET)})  # type: ignore[union-attr]
     assert threads == [64, 128, 256, 512, 1024]
 
@@ -119,7 +119,7 @@ def test_int32_rules_flag_an_output_past_two_to_the_31_elements():
 
 
 def test_a_general_kernel_proof_covers_its_accesses_and_threads():
-    model = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    model = load_program(ROOT / "examples" / "weighted_scores.habu").models["SCORES"]
     proof = prove(model, default_plan(model, TARGET, {}, {}), {}, trials=1)
     rules = {o.rule.name for o in proof.obligations}
     assert {"bounds", "int32-offsets", "threads", "grid-dims"} <= rules

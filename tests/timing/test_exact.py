@@ -98,6 +98,7 @@ EXPECTED = {
     ("rmsnorm.habu", "RMSNORM-EQ"): "uses rsqrt",
     ("rmsnorm_linear.habu", "RMSNORM-LINEAR"): "uses rsqrt",
     ("scatter_add.habu", "UNPERMUTE"): None,
+    ("weighted_scores.habu", "SCORES"): None,
     ("softmax.habu", "SOFTMAX-ROWS"): "uses exp",
 }
 

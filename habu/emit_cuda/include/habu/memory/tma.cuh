@@ -13,12 +13,35 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TensorMap* map, u32 b
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
       :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
+/** @brief Load the box at (c0 innermost, c1, c2) of a 3-D tensor map (a batched operand: c2 its batch, box 1
+ *  along it); out-of-bounds elements read as zero. */
+__device__ __forceinline__ void tma_load_3d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+/** @brief Load the box at (c0 innermost, c1, c2, c3) of a 4-D tensor map (an operand of two batch indices). */
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
 /** @brief Store the shared-memory box at src to (c0 innermost, c1) of a 2-D tensor map; the map's bounds clip
  *  what falls outside the tensor. Asynchronous: commit it to a bulk group and wait on the group before src is
  *  written again or the block exits. Writes made by threads are made visible to TMA first (fence_proxy_async). */
 __device__ __forceinline__ void tma_store_2d(const TensorMap* map, u32 src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
                :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+/** @brief Store a box to (c0 innermost, c1, c2) of a 3-D tensor map (a batched output: c2 its batch). */
+__device__ __forceinline__ void tma_store_3d(const TensorMap* map, u32 src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+/** @brief Store a box to (c0 innermost, c1, c2, c3) of a 4-D tensor map (an output of two batch indices). */
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /** @brief Wait until at most N of this thread's bulk groups still read shared memory. */

@@ -1,0 +1,161 @@
+"""Batched contractions: batch indices (free indices both operands and the output read plainly) are a
+grid dimension of the contraction paths — the lowering decodes them from the block index, every access
+reads them, the TMA maps keep them as outer dimensions — proven by the rules and the finite-field check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from habu.lower import lower_plan
+from habu.lower.contraction import ContractionLowering
+from habu.paths.emit import emit_plan
+from habu.plan.patterns import as_contraction, default_regions
+from habu.prove import prove
+from habu.search.space import default_plan
+from habu.spec.parser import load_program, parse_text
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+TARGET = TARGETS["sm_90a"]
+
+SCORES = """{B} EXTENT: #B  {I} EXTENT: #I  {J} EXTENT: #J  {D} EXTENT: #D
+bf16 TENSOR: Q ( #B #I #D )  bf16 TENSOR: K ( #B #J #D )  {out} TENSOR: S ( #B #I #J )
+MODEL: SCORES  S[b i j] = Σ d Q[b i d] · K[b j d] ;
+"""
+VALUES = """{B} EXTENT: #B  {I} EXTENT: #I  {J} EXTENT: #J  {D} EXTENT: #D
+bf16 TENSOR: P ( #B #I #J )  bf16 TENSOR: V ( #B #J #D )  bf16 TENSOR: O ( #B #I #D )
+MODEL: VALUES  O[b i d] = Σ j P[b i j] · V[b j d] ;
+"""
+
+
+def model_of(text: str, **sizes):
+    (model,) = parse_text(text.format(**sizes), "batched.habu").models.values()
+    return model
+
+
+def proven(model, pins=None):
+    plan = default_plan(model, TARGET, {}, pins or {})
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [o.describe() for o in proof.obligations if not o.ok] or proof.certificate
+    assert proof.certificate is not None and proof.certificate.passed, proof.certificate.failure
+    return plan, proof
+
+
+def test_the_pattern_recognises_batch_indices():
+    model = model_of(SCORES, B=4, I=128, J=128, D=64, out="f32")
+    c = as_contraction(model.nodes[0])
+    assert c is not None and [v.name for v in c.batch] == ["b"] and (c.m.name, c.n.name, c.k.name) == ("i", "j", "d")
+    assert [r.kind for r in default_regions(model)] == ["contraction"]
+
+
+def test_two_batch_indices_and_a_gemm_without_batch():
+    text = ("2 EXTENT: #B  3 EXTENT: #H  40 EXTENT: #I  24 EXTENT: #J  32 EXTENT: #D\n"
+            "bf16 TENSOR: Q ( #B #H #I #D )  bf16 TENSOR: K ( #B #H #J #D )  f32 TENSOR: S ( #B #H #I #J )\n"
+            "MODEL: HEADS  S[b h i j] = Σ d Q[b h i d] · K[b h j d] ;\n")
+    (model,) = parse_text(text, "heads.habu").models.values()
+    c = as_contraction(model.nodes[0])
+    assert c is not None and [v.name for v in c.batch] == ["b", "h"]
+    proven(model, {"mma": "mma.sync"})
+    gemm = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    assert as_contraction(gemm.nodes[0]).batch == ()  # type: ignore[union-attr]
+
+
+def test_bmm_scores_default_runs_on_wgmma_with_three_dimensional_tensor_maps():
+    model = load_program(ROOT / "examples" / "bmm.habu").models["SCORES"]
+    plan, _proof = proven(model)
+    (k,) = plan.kernels
+    assert (k.kind, k.mma, k.a_move, k.b_move) == ("contraction", "wgmma", "tma", "tma")
+    (kernel,) = emit_plan(model, plan, TARGET).kernels
+    src = kernel.source
+    # the batch decode printed from the lowering, and the batch coordinate of each TMA box
+    assert "const long long batch = (lin / " in src and "const int batch0 = (int)(batch);" in src
+    assert "habu::tma_load_3d(a_stage, &tm_Q, full, " in src and ", (int)m0, (int)batch0);" in src
+    maps = {p.tensor: p.tma for p in kernel.params if p.kind == "tensormap"}
+    assert maps["Q"].dims == ("D", "I", "B") and maps["Q"].box == (64, k.tile_m, 1)
+    assert maps["K"].box == (64, k.tile_n, 1)
+    # S leaves by TMA stores into a 3-D map, a box of 1 along the batch
+    assert k.store == "tma" and "habu::tma_store_3d(&tm_S, buf, " in src and "(int)(batch0));" in src
+    assert maps["S"].dims == ("J", "I", "B") and maps["S"].box == (32, 64, 1)
+    direct = default_plan(model, TARGET, {}, {"store": "direct"})
+    (kernel,) = emit_plan(model, direct, TARGET).kernels
+    assert "(int)(batch0) * (int)(16384)" in kernel.source  # S's batch stride #I·#J in the epilogue's offset
+
+
+def test_bmm_values_reads_v_n_major_on_tensor_cores():
+    model = model_of(VALUES, B=3, I=72, J=136, D=128)
+    plan, _ = proven(model)
+    (k,) = plan.kernels
+    assert (k.mma, k.b_move) == ("wgmma", "tma")
+    (kernel,) = emit_plan(model, plan, TARGET).kernels
+    maps = {p.tensor: p.tma for p in kernel.params if p.kind == "tensormap"}
+    assert maps["V"].dims == ("D", "J", "B") and maps["V"].box == (64, 64, 1)  # 64-column boxes, k rows
+
+
+@pytest.mark.parametrize("pins", [{}, {"mma": "mma.sync"}, {"mma": "fma"}, {"mma": "wgmma", "persistent": "true"},
+                                  {"mma": "fma", "split_k": "2"}, {"B": "cp.async"}],
+                         ids=["default", "mma.sync", "fma", "wgmma-persistent", "fma-split-k", "wgmma-cp.async"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_odd_sizes_have_tails_in_every_dimension(pins, batch):
+    """#I, #J and #D fill no tile (#D = 72: a ragged k tile of 64); batches of 1 and 3."""
+    model = model_of(SCORES, B=batch, I=70, J=90, D=72, out="f32")
+    _plan, proof = proven(model, pins)
+    assert proof.certificate is not None and proof.certificate.passed
+
+
+def test_unaligned_rows_of_a_batched_operand_fall_back_from_tma_without_staging():
+    """#D = 33: rows of 66 bytes are no TMA descriptor's; the unbatched default stages them, a batched
+    one reads them in place (the staging pass's buffer is 2-D)."""
+    model = model_of(SCORES, B=3, I=17, J=19, D=33, out="f32")
+    plan, _ = proven(model)
+    assert "staged" not in (plan.kernels[0].a_move, plan.kernels[0].b_move)
+
+
+def test_pv_with_odd_sizes_on_every_path():
+    model = model_of(VALUES, B=3, I=40, J=72, D=64)
+    for pins in ({}, {"mma": "mma.sync"}, {"mma": "fma"}):
+        proven(model, pins)
+
+
+def test_the_lowering_decodes_every_block_to_one_tile_of_one_batch():
+    model = model_of(SCORES, B=3, I=200, J=130, D=64, out="f32")
+    plan = default_plan(model, TARGET, {}, {"split_k": "2", "mma": "fma"})
+    (lw,) = lower_plan(model, plan)
+    assert isinstance(lw, ContractionLowering) and lw.batch == ("B",)
+    sizes = {"B": 3, "I": 200, "J": 130, "D": 64}
+    ids = np.arange(int(lw.tiles(sizes)))
+    batch, tm, tn, split = lw.decode(ids, sizes)
+    seen = set(zip(batch["batch0"].tolist(), tm.tolist(), tn.tolist(), split.tolist(), strict=True))
+    assert len(seen) == len(ids) == 3 * int(lw.tiles_m(sizes)) * int(lw.tiles_n(sizes)) * 2
+
+
+def test_int32_rule_counts_the_batch_stride():
+    """Each batch of 2^16 x 2^12 fits 32-bit offsets; 1024 of them (2^38 elements) do not: the default
+    widens the index, and a plan forced to 32 bits breaks int32-offsets."""
+    from dataclasses import replace
+
+    from habu.prove.rules import failures, obligations
+
+    model = model_of(SCORES, B=1024, I=65536, J=64, D=64, out="f32")
+    plan = default_plan(model, TARGET, {}, {})
+    assert plan.kernels[0].index_width == 64
+    narrow = replace(plan, kernels=(replace(plan.kernels[0], index_width=32),))
+    assert any(o.rule.name == "int32-offsets" for o in failures(obligations(model, narrow)))
+
+
+GATHERED = """3 EXTENT: #B  100 EXTENT: #R  72 EXTENT: #I  80 EXTENT: #J  64 EXTENT: #D
+bf16 TENSOR: Q ( #B #R #D )  bf16 TENSOR: K ( #B #J #D )  ITENSOR: IX ( #I #R )  f32 TENSOR: S ( #B #I #J )
+MODEL: BG  S[b i j] = Σ d Q[b IX[i] d] · K[b j d] ;
+"""
+
+
+@pytest.mark.parametrize("pins", [{}, {"mma": "mma.sync"}, {"mma": "fma"}])
+def test_a_batched_contraction_with_gathered_rows(pins):
+    """Q's rows through an index tensor in each batch: the producer's cp.async row offsets carry the batch
+    term (hoisted per tile with the gathered row)."""
+    model = model_of(GATHERED)
+    plan, _ = proven(model, pins)
+    if not pins:
+        assert (plan.kernels[0].mma, plan.kernels[0].a_move) == ("wgmma", "cp.async")
+        (kernel,) = emit_plan(model, plan, TARGET).kernels
+        assert "a_row_off[j] = ((r) < 72) ? ((int)(batch0) * (int)(6400) + " in kernel.source

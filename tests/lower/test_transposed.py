@@ -1,0 +1,74 @@
+"""Transposed operands: an A stored [k m] (contiguous along m) is read by TMA in 64-column boxes and
+multiplied by wgmma with its transpose bit (as an n-contiguous B already was), not copied; where no
+tensor-core path takes the layout, the default plan is one that does (never a refusal)."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.lower import lower_plan
+from habu.paths.emit import emit_plan
+from habu.prove import prove
+from habu.search.space import default_plan
+from habu.spec.parser import parse_text
+from habu.target import TARGETS
+
+AT = """{M} EXTENT: #M  {N} EXTENT: #N  {K} EXTENT: #K
+bf16 TENSOR: A ( #K #M )  bf16 TENSOR: B ( #K #N )  f32 TENSOR: O ( #M #N )
+MODEL: G  O[m n] = Σ k A[k m] · B[k n] ;
+"""
+BATCHED_AT = """3 EXTENT: #B  {M} EXTENT: #M  {N} EXTENT: #N  {K} EXTENT: #K
+bf16 TENSOR: A ( #B #K #M )  bf16 TENSOR: B ( #B #N #K )  bf16 TENSOR: O ( #B #M #N )
+MODEL: G  O[b m n] = Σ k A[b k m] · B[b n k] ;
+"""
+
+
+def proven(text: str, target: str = "sm_90a", pins=None, **sizes):
+    (model,) = parse_text(text.format(**sizes), "at.habu").models.values()
+    plan = default_plan(model, TARGETS[target], {}, pins or {})
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [o.describe() + ": " + o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    return model, plan
+
+
+def test_regression_a_transposed_a_was_refused_by_the_default_plan():
+    """`O[m n] = Σ k A[k m] · B[k n]` (/tmp/t27/at.habu): the default took mma.sync, whose rule
+    supported-path refuses an A not contiguous along k, and `habu compile` failed."""
+    _model, plan = proven(AT, M=256, N=256, K=512)
+    (k,) = plan.kernels
+    assert (k.mma, k.a_move, k.b_move) == ("wgmma", "tma", "tma")
+
+
+def test_a_transposed_a_is_read_in_64_column_boxes_with_the_transpose_bit():
+    model, plan = proven(AT, M=1000, N=776, K=520)
+    (k,) = plan.kernels
+    (lw,) = lower_plan(model, plan)
+    a_load = lw.pipeline.load("A")  # type: ignore[union-attr]
+    assert a_load.mn_major and a_load.box_rows == 64 and a_load.boxes == k.tile_m // 64
+    (kernel,) = emit_plan(model, plan, TARGETS["sm_90a"]).kernels
+    assert "p, 1, 1, 1, 1;" in kernel.source  # both transpose bits of wgmma.mma_async
+    assert "tma_load_2d(a_stage + 8192u, &tm_A, full, (int)(m0 + 64)" in kernel.source
+    maps = {p.tensor: p.tma for p in kernel.params if p.kind == "tensormap"}
+    assert maps["A"].dims == ("M", "K") and maps["A"].box == (64, 64)
+
+
+@pytest.mark.parametrize("target, mma", [("sm_90a", "fma"), ("sm_80", "fma")])
+def test_where_no_tensor_core_path_takes_the_layout_the_default_is_simt(target, mma):
+    """#M = 201: A's rows of 402 bytes are no TMA descriptor's; mma.sync reads A along k only; sm_80 has
+    no wgmma: the SIMT path computes it."""
+    _, plan = proven(AT, target, M=201 if target == "sm_90a" else 256, N=136, K=72)
+    assert plan.kernels[0].mma == mma
+
+
+def test_a_batched_transposed_a_with_odd_tails():
+    model, plan = proven(BATCHED_AT, M=200, N=136, K=72)
+    (k,) = plan.kernels
+    assert (k.mma, k.a_move) == ("wgmma", "tma")
+    (kernel,) = emit_plan(model, plan, TARGETS["sm_90a"]).kernels
+    maps = {p.tensor: p.tma for p in kernel.params if p.kind == "tensormap"}
+    assert maps["A"].dims == ("M", "K", "B") and maps["A"].box == (64, 64, 1)
+
+
+@pytest.mark.parametrize("pins", [{"persistent": "true"}, {"mma": "fma"}, {"split_k": "2", "mma": "fma"}])
+def test_pinned_paths_of_a_transposed_a(pins):
+    proven(AT, pins=pins, M=200, N=136, K=200)
