@@ -158,4 +158,7 @@ def test_a_batched_contraction_with_gathered_rows(pins):
     if not pins:
         assert (plan.kernels[0].mma, plan.kernels[0].a_move) == ("wgmma", "cp.async")
         (kernel,) = emit_plan(model, plan, TARGET).kernels
-        assert "a_row_off[j] = ((r) < 72) ? ((int)(batch0) * (int)(6400) + " in kernel.source
+        (line,) = [t for t in kernel.source.splitlines() if "a_row_off[j] =" in t]
+        # the bound, the gather's index check (masked on the device), then the batch term of the offset
+        assert "a_row_off[j] = ((r) < 72 && habu::index_ok((long long)p_IX[r]" in line
+        assert "? ((int)(batch0) * (int)(6400) + " in line
