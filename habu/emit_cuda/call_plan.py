@@ -7,7 +7,8 @@ depends on the pointers (base-address alignment), fills the new pointers into th
 (re-encoding a tensor map only for a pointer it has not seen), allocates the outputs and intermediates
 and launches. Nothing on this path copies from the device, synchronises, or reads device data: index
 values are checked inside the kernels (`habu.emit_cuda.device_errors`), an int64 index tensor is
-narrowed on the device in stream order (saturating, so a value outside i32 stays out of range), and
+narrowed on the device in stream order by one launch (`habu.emit_cuda.narrow`; saturating, so a value
+outside i32 stays out of range), and
 with torch tensors every allocation comes from torch's caching allocator on the current stream — so
 the call can be captured in a CUDA graph (`torch.cuda.graph`) once it has run eagerly with that layout.
 """
@@ -23,6 +24,7 @@ from habu.emit_cuda import driver
 from habu.emit_cuda.arrays import TORCH_DTYPES, ArgumentError, ArrayInfo, row_major
 from habu.emit_cuda.checks import Contract, converts_index
 from habu.emit_cuda.kernel import CudaKernel
+from habu.emit_cuda.narrow import NarrowLaunch, can_narrow
 
 _TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}
 _INT_LIMITS = {"i16": (-(1 << 15), (1 << 15) - 1), "i32": (-(1 << 31), (1 << 31) - 1)}
@@ -102,12 +104,15 @@ class CallPlan:
         self.contract, self.sizes, self.dev, self.torch_like = contract, dict(sizes), dev, torch_like
         self.launches: list[_Launch] = []
         self.allocs: list[_Alloc] = []
-        self.narrow: list[tuple[str, str]] = []  # (index tensor, the kernel's type): narrowed on the device
+        self.narrow: list[tuple[str, str]] = []  # (index tensor, the kernel's type): narrowed on the device by torch
+        self.narrow_launches: list[NarrowLaunch] = []  # the same, by one launch of Habu's (habu.emit_cuda.narrow)
         self.aligned: list[tuple[str, int, str]] = []  # (tensor, bytes, why): base alignment, per call
         self.outputs = tuple(t.name for t in contract.tensors if t.role == "output")
         self.overlap = driver.overlaps_launches(dev)
         self._streams: dict[int, Any] = {}
         self._device: Any = None  # torch.device of `dev`, made once
+        self._d = driver._driver()  # the cuda-python driver module (looked up once, not per launch)
+        self._success = self._d.CUresult.CUDA_SUCCESS
 
     # -- built once
     @classmethod
@@ -121,7 +126,13 @@ class CallPlan:
             if info is not None and converts_index(t, info):
                 if not torch_like or t.dtype not in _INT_LIMITS:
                     raise NeedsHost(t.name)
-                plan.narrow.append((t.name, t.dtype))
+                if can_narrow(info.dtype, t.dtype) and info.strides == row_major(info.shape):
+                    count = 1
+                    for extent in info.shape:
+                        count *= extent
+                    plan.narrow_launches.append(NarrowLaunch.make(dev, t.name, info.dtype, t.dtype, count))
+                else:
+                    plan.narrow.append((t.name, t.dtype))
                 infos[t.name] = replace(info, dtype=t.dtype, strides=row_major(info.shape))
             elif info is not None and t.align > 1:
                 plan.aligned.append((t.name, t.align, t.align_why))
@@ -153,8 +164,18 @@ class CallPlan:
                 raise ArgumentError(f"{name}: base address {ptrs[name]:#x} is not {align}-byte aligned{note}")
         keep: list[Any] = []  # what this call allocated, alive until its launches are queued
         results = {n: tensors[n] for n in self.outputs if n in tensors}
-        if self.narrow or self.allocs:
+        narrowing: list[tuple[NarrowLaunch, int, int]] = []
+        if self.narrow or self.narrow_launches or self.allocs:
             torch = sys.modules.get("torch") if self.torch_like else None
+            for nl in self.narrow_launches:
+                given = tensors[nl.tensor]
+                narrowed = torch.empty(given.shape, dtype=getattr(torch, _TORCH_NAMES[nl.kernel_type]),
+                                       device=self._torch_device(torch))
+                if torch_stream is not None:
+                    narrowed.record_stream(torch_stream)
+                keep.append(narrowed)
+                narrowing.append((nl, ptrs[nl.tensor], int(narrowed.data_ptr())))
+                ptrs[nl.tensor] = narrowing[-1][2]
             for name, dtype in self.narrow:
                 narrowed = narrow_index(torch, tensors[name], dtype)
                 if torch_stream is not None:
@@ -169,14 +190,17 @@ class CallPlan:
                     arr.record_stream(torch_stream)
                 if a.output:
                     results[a.name] = arr
-        d = driver._driver()
+        d = self._d
         if self.dev.context is not None:  # the device's primary context, current for the launches
-            _ok(d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
+            self._ok(d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
         try:
-            self._launch_all(d, ptrs, stream)
+            handle = self._stream(stream)
+            for nl, source, target in narrowing:
+                self._ok(nl.launch(d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)
+            self._launch_all(d, ptrs, handle, stream)
         finally:
             if self.dev.context is not None:
-                _ok(d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
+                self._ok(d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
         return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
 
     def _allocate(self, a: _Alloc, torch: Any) -> Any:
@@ -189,16 +213,19 @@ class CallPlan:
             self._device = torch.device("cuda", self.dev.ordinal)
         return self._device
 
-    def _launch_all(self, d: Any, ptrs: Mapping[str, int], stream: int) -> None:
+    def _stream(self, stream: int) -> Any:
         handle = self._streams.get(stream)
         if handle is None:
-            handle = self._streams[stream] = d.CUstream(stream)
+            handle = self._streams[stream] = self._d.CUstream(stream)
+        return handle
+
+    def _launch_all(self, d: Any, ptrs: Mapping[str, int], handle: Any, stream: int) -> None:
         after_kernel = False
         for ln in self.launches:
             self._fill(ln, ptrs)
             for tensor, nbytes in ln.zeros:
                 if nbytes:
-                    _ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[tensor]), 0, nbytes, handle), "cuMemsetD8Async", ln)
+                    self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[tensor]), 0, nbytes, handle), "cuMemsetD8Async", ln)
                 after_kernel = False
             if ln.empty:
                 continue
@@ -207,9 +234,14 @@ class CallPlan:
                                        ln.kernel.name, True)
             else:
                 gx, gy, gz = ln.grid
-                _ok(d.cuLaunchKernel(ln.function, gx, gy, gz, ln.kernel.threads, 1, 1, ln.smem, handle,
-                                     ln.args.address, 0), "cuLaunchKernel", ln)
+                self._ok(d.cuLaunchKernel(ln.function, gx, gy, gz, ln.kernel.threads, 1, 1, ln.smem, handle,
+                                          ln.args.address, 0), "cuLaunchKernel", ln)
             after_kernel = True
+
+    def _ok(self, result: Any, what: str, ln: _Launch | None) -> None:
+        err = result[0] if isinstance(result, tuple) else result
+        if err != self._success:
+            _ok(result, what, ln)
 
     def _fill(self, ln: _Launch, ptrs: Mapping[str, int]) -> None:
         """Put this call's pointers into the packed arguments (cuLaunchKernel copies them at launch)."""

@@ -129,6 +129,25 @@ def test_an_out_of_range_gather_reads_zeros_and_is_reported(built):
     assert float((out[ok].double() - want).norm() / want.norm()) < 2e-2
 
 
+def test_regression_an_int64_index_past_int32_is_saturated_not_wrapped_by_the_narrowing_launch(built):
+    """torch's int64 index is narrowed by one launch of Habu's (habu.emit_cuda.narrow; torch's clamp and
+    to cost ~30 µs of host time a call): 2^32 + 5 must stay out of range (reported), not wrap to row 5."""
+    g = _gen(4)
+    a, b = _randn(g, M, K), _randn(g, N, K)
+    ix = torch.randint(0, M, (M,), generator=g).to("cuda", torch.int64)
+    habu.check_errors()
+    good = built["ggemm"](A=a, B=b, IX=ix)
+    ix[9] = (1 << 32) + 5
+    out = built["ggemm"](A=a, B=b, IX=ix)
+    with pytest.raises(IndexValueError, match=r"IX: values must be in 0\.\.255 .*found 2147483647 at IX\[9\]"):
+        habu.check_errors()
+    assert (out[9] == 0).all()
+    keep = torch.arange(M, device="cuda") != 9
+    assert torch.equal(out[keep], good[keep])
+    (call,) = [c for c in built["ggemm"]._calls.values() if c is not None and c.narrow_launches]
+    assert [nl.tensor for nl in call.narrow_launches] == ["IX"] and not call.narrow
+
+
 def test_an_out_of_range_scatter_writes_nothing_outside_y():
     rs, ts, ns = 64, 16, 64
     unpermute = habu.build(EX / "scatter_add.habu", "UNPERMUTE", R=rs, T=ts, N=ns)
