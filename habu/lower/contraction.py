@@ -165,7 +165,7 @@ class ContractionLowering:
                 out[axis] = rest
             else:
                 q = let(f"{axis}_rest", floordiv(rest, size))
-                out[axis] = let(axis, rest - q * size)
+                out[axis] = let(f"{axis}_of_batch", rest - q * size)  # not the axis's own name: the emitter declares that
                 rest = q
         return dict(sorted(out.items()))
 

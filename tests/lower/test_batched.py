@@ -162,3 +162,22 @@ def test_a_batched_contraction_with_gathered_rows(pins):
         # the bound, the gather's index check (masked on the device), then the batch term of the offset
         assert "a_row_off[j] = ((r) < 72 && habu::index_ok((long long)p_IX[r]" in line
         assert "? ((int)(batch0) * (int)(6400) + " in line
+
+
+@pytest.mark.parametrize("pins", [{}, {"mma": "mma.sync"}, {"mma": "fma"}])
+def test_regression_two_batch_indices_declared_a_batch_coordinate_twice_and_nvrtc_refused_it(pins):
+    """The decode named the inner batch coordinate by its axis (`batch1`), and the emitter then declared
+    `const int batch1 = (int)(batch1);`: proven on the CPU, refused by NVRTC on the H200."""
+    from habu.emit_cuda.nvrtc import CompilerUnavailable, compile_cuda
+
+    text = ("2 EXTENT: #B  3 EXTENT: #H  40 EXTENT: #I  24 EXTENT: #J  32 EXTENT: #D\n"
+            "bf16 TENSOR: Q ( #B #H #I #D )  bf16 TENSOR: K ( #B #H #J #D )  f32 TENSOR: S ( #B #H #I #J )\n"
+            "MODEL: HEADS  S[b h i j] = Σ d Q[b h i d] · K[b h j d] ;\n")
+    (model,) = parse_text(text, "heads.habu").models.values()
+    plan, _proof = proven(model, pins)
+    for kernel in emit_plan(model, plan, TARGET).kernels:
+        assert kernel.source.count("batch1 =") == 1
+        try:
+            compile_cuda(kernel.source, kernel.name, TARGET.name)
+        except CompilerUnavailable:
+            pytest.skip("no NVRTC here")
