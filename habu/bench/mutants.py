@@ -114,6 +114,19 @@ def _r(f: Callable[[RowLowering], RowLowering]) -> Callable[[Lowering], Lowering
     return g
 
 
+def _decoded(lw: RowLowering, decode: Callable) -> RowLowering:
+    """The same 3-D row lowering whose row index → (b, s) map is `decode(r, #B, #S)` (a method: planted by
+    a subclass)."""
+
+    class Decoded(RowLowering):
+        def row_coordinates(self, r, sizes):
+            outer, inner = self.row_axes
+            b, s = decode(r, sizes[self.leading[0]], sizes[self.leading[1]])
+            return {outer: b, inner: s}
+
+    return Decoded(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
 def _m(f: Callable[[MapLowering], MapLowering]) -> Callable[[Lowering], Lowering]:
     def g(lw: Lowering) -> Lowering:
         assert isinstance(lw, MapLowering)
@@ -325,6 +338,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("row-stride-wrong", "rows strided by #R instead of #D", "rmsnorm.habu", "RMSNORM-ROWS",
            {"R": 8, "D": 768},
            _r(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 0, ("R",))) for ld, acc in lw.loads)))),
+    Mutant("row-flattening-divisor-wrong", "a 3-D row kernel decodes row r as b = r / #B (the outer extent, not "
+           "#S), s = r % #S: rows collide and some (b, s) are never computed", "rows_nd.habu", "RMSNORM-BSD",
+           {"B": 3, "S": 5, "D": 256}, _r(lambda lw: _decoded(lw, lambda r, B, S: (r // B, r % S)))),
+    Mutant("row-flattening-stride-wrong", "a 3-D row kernel strides its batch axis by #D instead of #S·#D (the "
+           "leading axes flattened as if the tensor were 2-D)", "rows_nd.habu", "RMSNORM-BSD",
+           {"B": 3, "S": 5, "D": 256}, _r(lambda lw: replace(lw, loads=tuple(
+               (ld, _stride(acc, 0, ("D",)) if len(acc.positions) == 3 else acc) for ld, acc in lw.loads)))),
     Mutant("map-lane-without-vector", "the map kernel's lane index is blockIdx·threads + threadIdx without the "
            "vector factor: lanes overlap and most of each block's elements are never computed", "fused.habu",
            "AXPY-RELU", {"N": 1000}, _m(lambda lw: replace(lw, lanes=replace(lw.lanes, lane_stride=1)))),

@@ -2,8 +2,9 @@
 
 - a *contraction*: `T[m n] = Σ k A[..m..k..] · B[..n..k..]` (rows of A may be gathered), with the
   elementwise nodes that consume only its result fused after it as an epilogue;
-- a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
-  reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
+- a *row* region: nodes that work row by row over a 2-D extent pair (r, c), or over the last axis of an
+  N-D tensor with its leading axes flattened into rows: elementwise nodes and reductions over c
+  (RMSNorm, softmax, layer norm, bias and residual adds);
 - a *map* region: elementwise nodes over one shape;
 - a *column* region: one reduction over the leading axis of its inputs, one value per column
   (`G[n] = Σ r dY[r n]`, the bias gradient; `max`; elementwise bodies such as `Σ r dY[r n] · X[r n]`);
@@ -151,10 +152,20 @@ def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
     return True
 
 
-def row_local(eq: Equation) -> tuple[str, str] | None:
-    """(row extent, column extent) when every access of the node stays in the row it writes. A
-    one-dimensional node is a row statistic (`s[r] = f(Σ c ...)`): its columns are the ones it
-    reduces over."""
+def row_local(eq: Equation) -> tuple[tuple[str, ...], str] | None:
+    """(leading extents, column extent) when every access of the node stays in the row it writes: a
+    2-D node's rows are its first axis; an N-D node's rows are its leading axes, flattened (`row_axes`).
+    A node of fewer axes than its loads is a row statistic (`s[r] = f(Σ c ...)`): its columns are the
+    ones it reduces over."""
+    two = _row_local_2d(eq)
+    if two is not None:
+        return (two[0],), two[1]
+    axes = row_axes(eq)
+    return (tuple(v.extent for v in axes[0]), axes[1]) if axes is not None else None
+
+
+def _row_local_2d(eq: Equation) -> tuple[str, str] | None:
+    """(row extent, column extent) of a node over a 2-D extent pair (r, c), or of a row statistic s[r]."""
     if len(eq.lhs) == 2:
         r, c_ext = eq.lhs[0], eq.lhs[1].extent
     elif len(eq.lhs) == 1:
@@ -177,6 +188,42 @@ def row_local(eq: Equation) -> tuple[str, str] | None:
             if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
                 return None
     return r.extent, c_ext
+
+
+def row_axes(eq: Equation) -> tuple[tuple[IndexVar, ...], str] | None:
+    """The leading index variables (outermost first) and the column extent of an N-D row node, whose
+    rows are its leading axes flattened: `Y[b s d] = X[b s d] · rsqrt(Σ d' X[b s d'] ...)` (rows (b, s),
+    columns d), or a row statistic `m[b h i] = max j S[b h i j]` (rows (b, h, i), columns j). Each load
+    reads leading variables in their order (any of them: `W[s d]`, `g[b]`) and at most one column
+    variable, last; every reduction is over the column extent; a statistic reads some tensor's whole rows
+    (`S[b h i j]`: a batched product such as `Σ d Q[b i d] · K[b j d]` is no row's). None for anything
+    else (2-D nodes are `row_local`'s)."""
+    reduced = {v.extent for x in walk(eq.rhs) if isinstance(x, Reduce) for v in x.vars}
+    forms = []
+    if len(eq.lhs) >= 3 and not reduced - {eq.lhs[-1].extent}:  # a row out: Y[b s d]
+        forms.append((eq.lhs[:-1], eq.lhs[-1].extent))
+    if len(eq.lhs) >= 2 and len(reduced) == 1 and any(  # a row statistic of a row tensor: m[b h i]
+            isinstance(x, Load) and len(x.indices) == len(eq.lhs) + 1 and x.indices[:-1] == eq.lhs
+            for x in walk(eq.rhs)):
+        forms.append((eq.lhs, next(iter(reduced))))
+    for leading, c_ext in forms:
+        if len(set(eq.lhs)) == len(eq.lhs) and all(
+                _reads_row(x.indices, leading, c_ext) for x in walk(eq.rhs) if isinstance(x, Load)):
+            return tuple(leading), c_ext
+    return None
+
+
+def _reads_row(indices: tuple[IndexExpr, ...], leading: tuple[IndexVar, ...], c_ext: str) -> bool:
+    """The load reads leading variables in their order, then at most one column variable."""
+    rest = list(indices)
+    if rest and isinstance(rest[-1], IndexVar) and rest[-1] not in leading and rest[-1].extent == c_ext:
+        rest.pop()
+    at = -1
+    for ix in rest:
+        if not isinstance(ix, IndexVar) or ix not in leading or leading.index(ix) <= at:
+            return False
+        at = leading.index(ix)
+    return True
 
 
 def _is_col_var(ix: IndexExpr, c: IndexVar) -> bool:

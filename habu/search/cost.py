@@ -157,7 +157,7 @@ def tie_break(lw: Lowering, sizes: Mapping[str, int], target: Target) -> tuple[f
 
 
 def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
-    R, C = sizes[lw.r], sizes[lw.c]
+    R, C = lw.rows(sizes), sizes[lw.c]
     # each tensor once, however many times the region's words read it (SOFTMAX reads x three times)
     per_tensor: dict[str, float] = {}
     for _, a in lw.loads:
