@@ -182,7 +182,7 @@ def _split_end_past(lw: ColumnLowering) -> ColumnLowering:
     from habu.lower.access import minimum
 
     return _planted(lw, "row_end", lambda self, split, sizes:
-                    minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, sizes[self.r]))
+                    minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, self.rows(sizes)))
 
 
 def _combine_skips(lw: ColumnLowering) -> ColumnLowering:
@@ -196,6 +196,15 @@ def _vector_overlap(lw: ColumnLowering) -> ColumnLowering:
     columns are never read)."""
     return _planted(lw, "thread_column", lambda self, tile, tc, v:
                     tile * self.tile + tc * (self.kernel.vector - 1) + v)
+
+
+def _columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
+    """A 3-D column reduction decodes row r as b = r / #B (the outer extent, not #S), s = r % #S."""
+    def row_coordinates(self, r, sizes):
+        outer, inner = self.row_axes
+        return {outer: r // sizes[self.leading[0]], inner: r % sizes[self.leading[1]]}
+
+    return _planted(lw, "row_coordinates", row_coordinates)
 
 
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
@@ -376,6 +385,9 @@ MUTANTS: tuple[Mutant, ...] = (
            _col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
+    Mutant("columns-flattening-divisor-wrong", "a column reduction over (b, s) decodes row r as b = r / #B, "
+           "s = r % #S: rows added twice, others never", "bias_grad.habu", "BIAS-GRAD-3D", {"B": 3, "S": 100, "N": 200},
+           _col(_columns_decoded_wrong)),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

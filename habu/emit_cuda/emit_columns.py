@@ -47,13 +47,17 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     init = MAX_INIT if lw.op == "max" else "0.0f"
     width = lw.index_width
 
+    def at(r: str | None, col: str) -> dict[str, str]:
+        """The axis coordinates (C) of column `col` of row `r`, the leading ones through the lowering's
+        row → coordinates map (`r` itself for one reduced axis)."""
+        rows = {a: c(x) for a, x in lw.row_coordinates(CExpr(r), sizes).items()} if r is not None else {}
+        return {"c": col} | rows
+
     def offset(acc, r: str | None, col: str) -> str:
-        coord = {"c": col} | ({"r": r} if r is not None else {})
-        return access_offset(acc, coord, sizes, width, _no_table)
+        return access_offset(acc, at(r, col), sizes, width, _no_table)
 
     def mask(acc, r: str | None, col: str) -> str:
-        coord = {"c": col} | ({"r": r} if r is not None else {})
-        return access_mask(acc, coord, sizes)
+        return access_mask(acc, at(r, col), sizes)
 
     # element v of a thread's columns (a packed load reads them adjacent from c0: checked below)
     col_v = f"({it})({c(lw.thread_column(CExpr('tile'), CExpr('tc'), CExpr('v')))})"
@@ -152,7 +156,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
   }}
 }}
 """
-    src = header(f"{name}: column reduction ({lw.op} over #{lw.r}), {k.threads} threads = {Tc} columns × {G} row "
+    src = header(f"{name}: column reduction ({lw.op} over #{lw.rows_name}), {k.threads} threads = {Tc} columns × {G} row "
                  f"groups, {V} columns a thread, {k.rows_per_split} rows a split, {U} rows in flight",
                  [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}"])
     src += src_body.replace("SIGNATURE", sig.declaration())

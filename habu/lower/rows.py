@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from habu.lower.access import Access, FlatGrid, VectorAccess, access_for, cdiv, floordiv
+from habu.lower.flatten import is_row_axis, row_axis_names, row_coordinates, row_count
 from habu.lower.lanes import ChunkLoop, MapLanes, RowCache, RowThreads
 from habu.plan.patterns import row_local
 from habu.plan.plan import MapKernel, RowKernel
@@ -138,7 +139,7 @@ class RowLoads(dict):
     def key(ld: Load) -> tuple:
         # the row variables are `r` (or `r#0`, `r#1`, ... of flattened leading axes); every other index
         # variable walks the row's columns
-        return (ld.tensor, tuple((i.name if _is_row_var(i.name) else "c") if isinstance(i, IndexVar) else i
+        return (ld.tensor, tuple((i.name if is_row_axis(i.name) else "c") if isinstance(i, IndexVar) else i
                                  for i in ld.indices))
 
     def __contains__(self, ld: object) -> bool:
@@ -146,16 +147,6 @@ class RowLoads(dict):
 
     def __getitem__(self, ld: Load) -> Access:
         return super().__getitem__(self.key(ld))
-
-
-def _is_row_var(name: str) -> bool:
-    """A row variable of the lowering: `r`, or `r#i` (no index variable of the language has a `#`)."""
-    return name == "r" or name.startswith("r#")
-
-
-def row_axis_names(count: int) -> tuple[str, ...]:
-    """The kernel axes of `count` leading axes: `r` for a 2-D row, `r#0`, `r#1`, ... flattened."""
-    return ("r",) if count == 1 else tuple(f"r#{i}" for i in range(count))
 
 
 @dataclass(frozen=True)
@@ -193,26 +184,13 @@ class RowLowering:
 
     def rows(self, sizes: Mapping[str, Any]) -> Any:
         """Rows the kernel computes: the product of the leading extents' sizes (ints, z3 terms or C)."""
-        n = sizes[self.leading[0]]
-        for e in self.leading[1:]:
-            n = n * sizes[e]
-        return n
+        return row_count(self.leading, sizes)
 
     def row_coordinates(self, r: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
         """The leading coordinates of flattened row r, row-major (the last leading axis fastest): the row
-        index → coordinates map every access of the row reads through (ints, numpy arrays, z3 terms or
-        C alike). A 2-D row is its own coordinate."""
-        axes = self.row_axes
-        if len(axes) == 1:
-            return {"r": r}
-        out: dict[str, Any] = {}
-        rest = r
-        for i in reversed(range(1, len(axes))):
-            size = sizes[self.leading[i]]
-            out[axes[i]] = rest % size
-            rest = floordiv(rest, size)
-        out[axes[0]] = rest
-        return out
+        index → coordinates map every access of the row reads through (habu/lower/flatten.py). A 2-D row
+        is its own coordinate."""
+        return row_coordinates(self.leading, r, sizes)
 
     def coordinates(self, r: Any, col: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
         """Every axis coordinate of column `col` of row r: `row_coordinates` and `c`."""

@@ -13,6 +13,7 @@ from dataclasses import replace
 from habu.emit_cuda.emit_columns import emit_columns
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.columns import ColumnLowering
+from habu.lower.flatten import row_count
 from habu.lower.support import COLUMNS
 from habu.paths.analytic import max_vector, multiples, needs_64bit
 from habu.paths.base import KernelPath
@@ -74,10 +75,10 @@ class ColumnsPath(KernelPath):
         stays below 2^31 elements."""
         col = as_column_reduction(column_node(model, region.nodes))
         assert col is not None
-        rows, cols = sizes[col.r.extent], sizes[col.n.extent]
+        rows, cols = row_count(tuple(v.extent for v in col.rs), sizes), sizes[col.n.extent]
         static = next((e.size for e in model.extents if e.name == col.n.extent), None)
         wide = [dtype_bytes(model, x.tensor) for x in walk(col.node.rhs)
-                if isinstance(x, Load) and x.indices == (col.r, col.n)]
+                if isinstance(x, Load) and x.indices == (*col.rs, col.n)]
         vec = max_vector(static, max(wide, default=4), multiples(model).get(col.n.extent, 1))
         out_f32 = dtype_of(model, region.output) == "f32"
         base = default_kernel(region.nodes, rows, cols, max(wide, default=4), out_f32, col.op, vec, target, 32)
@@ -89,7 +90,7 @@ class ColumnsPath(KernelPath):
                         sizes: dict[str, int]) -> Iterator[Kernel]:
         col = as_column_reduction(column_node(model, region.nodes))
         assert col is not None
-        return self.variants(base, target, sizes[col.r.extent])
+        return self.variants(base, target, row_count(tuple(v.extent for v in col.rs), sizes))
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Columns per thread (the default's vector, and 1), threads (128, 256, 512) with 16, 32 or 64
@@ -112,7 +113,7 @@ class ColumnsPath(KernelPath):
         row's loads move, against BYTES_IN_FLIGHT_PER_SM), times the balance of blocks over SMs (a last
         wave that leaves SMs idle), plus the splits' atomic adds and the launch."""
         k, c = lw.kernel, target.ceilings
-        R, C = sizes[lw.r], sizes[lw.c]
+        R, C = lw.rows(sizes), sizes[lw.c]
         moved, per_row = 0.0, 0
         for _, acc in lw.loads:
             e = DTYPES[acc.dtype].bytes

@@ -6,8 +6,9 @@
   N-D tensor with its leading axes flattened into rows: elementwise nodes and reductions over c
   (RMSNorm, softmax, layer norm, bias and residual adds);
 - a *map* region: elementwise nodes over one shape;
-- a *column* region: one reduction over the leading axis of its inputs, one value per column
-  (`G[n] = Σ r dY[r n]`, the bias gradient; `max`; elementwise bodies such as `Σ r dY[r n] · X[r n]`);
+- a *column* region: one reduction over the leading axis (or axes, flattened) of its inputs, one value
+  per column (`G[n] = Σ r dY[r n]`, the bias gradient; `Σ b Σ s dY[b s n]`; `max`; elementwise bodies
+  such as `Σ r dY[r n] · X[r n]`);
 - a *general* region: any other single node (a thread per output element, each reduction a loop),
   and every scatter store (`Y[IX[r] n] += ...`): the fallback, so every equation the language
   accepts has a kernel.
@@ -280,31 +281,48 @@ def default_regions(model: Model) -> tuple[Region, ...]:
 
 @dataclass(frozen=True)
 class ColumnReduction:
-    """`T[n] = op r body(r, n)`: one reduction (Σ or max) over the leading axis `r` of every load that
-    reads a row, the output indexed by the trailing axis `n`. Each load of the body reads `[r n]` (a
-    row's column), `[n]` (one value per column) or `[r]` (one value per row)."""
+    """`T[n] = op rs body(rs, n)`: one reduction (Σ or max) over the leading axes `rs` of every load that
+    reads a row (one axis `r`, or several flattened into rows: `G[n] = Σ b Σ s dY[b s n]`), the output
+    indexed by the trailing axis `n`. Each load of the body reads `[rs n]` (a row's column), `[n]` (one
+    value per column) or `[rs]` (one value per row), the leading axes in one order: the rows'."""
 
     node: Equation
-    r: IndexVar
+    rs: tuple[IndexVar, ...]
     n: IndexVar
     op: str
+
+
+def _reduced_vars(rhs: Reduce) -> tuple[str, tuple[IndexVar, ...], Expr]:
+    """The op, the variables and the body of a reduction, nested reductions of the same op merged
+    (`Σ b Σ s x` is `Σ b s x`)."""
+    op, vs, body = rhs.op, list(rhs.vars), rhs.body
+    while isinstance(body, Reduce) and body.op == op:
+        vs.extend(body.vars)
+        body = body.body
+    return op, tuple(vs), body
 
 
 def as_column_reduction(eq: Equation) -> ColumnReduction | None:
     """Recognise a column reduction (the column family's node), or None. A node that reads its own
     result (an in-place update) is not one: row splits add into the output while others read it."""
     rhs = eq.rhs
-    if len(eq.lhs) != 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max") or len(rhs.vars) != 1:
+    if len(eq.lhs) != 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max"):
         return None
-    (n,), (r,) = eq.lhs, rhs.vars
-    if r == n or any(isinstance(x, Reduce) for x in walk(rhs.body)):
+    op, vs, body = _reduced_vars(rhs)
+    (n,) = eq.lhs
+    if n in vs or len(set(vs)) != len(vs) or any(isinstance(x, Reduce) for x in walk(body)):
         return None
-    full = False
-    for ld in _reads(rhs.body):
-        if ld.tensor == eq.target or ld.indices not in ((r, n), (n,), (r,)):
+    loads = _reads(body)
+    full = [ld for ld in loads if len(ld.indices) == len(vs) + 1 and ld.indices[-1] == n
+            and set(ld.indices[:-1]) == set(vs)]
+    if not full:
+        return None
+    rs = tuple(full[0].indices[:-1])  # the rows' order: the first row-column load's
+    for ld in loads:
+        if ld.tensor == eq.target or ld.indices not in ((*rs, n), (n,), rs):
             return None
-        full = full or ld.indices == (r, n)
-    return ColumnReduction(eq, r, n, rhs.op) if full else None
+    node = eq if len(vs) == len(rhs.vars) else Equation(eq.target, eq.lhs, Reduce(op, vs, body), eq.scatter)
+    return ColumnReduction(node, rs, n, op)
 
 
 def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:

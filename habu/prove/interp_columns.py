@@ -64,7 +64,7 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     end = lw.row_end(split, sizes)
     rows = np.asarray(lw.row(begin, i, u, g), dtype=np.int64)
     in_rows = rows < end
-    coords = {"r": rows, "c": cols}
+    coords = {**lw.row_coordinates(rows, sizes), "c": cols}  # through the row → coordinates map
 
     def leaf(ld: Load) -> np.ndarray:
         return read(name, lw.access(ld), coords, sizes, mem, lw.index_width, where)
@@ -137,4 +137,4 @@ def _columns_for_box(lw: ColumnLowering, box: tuple[np.ndarray, ...], sizes: Map
 register_kind(ColumnLowering, KindProof(
     run=run_columns, box_selection=_columns_for_box,
     final_selection=lambda lw, sizes: column_selection(lw, sample_tiles(int(lw.tiles(sizes))), sizes),
-    frozen_extents=lambda lw: (lw.r, lw.c)))  # its row splits and column tiles are checked at full size
+    frozen_extents=lambda lw: (*lw.leading, lw.c)))  # its row splits and column tiles are checked at full size

@@ -31,7 +31,7 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
     )
 
     k, s, t = lw.kernel, ctx.ext, ctx.target
-    axes = {"r": (s[lw.r], 1), "c": (s[lw.c], 1)}
+    axes = {**{a: (s[e], 1) for a, e in zip(lw.row_axes, lw.leading, strict=True)}, "c": (s[lw.c], 1)}
     for _ld, acc in lw.loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
@@ -58,10 +58,10 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
                          detail=f"a {lw.op} into {lw.out.dtype}: atomicAdd adds f32 partial sums")
     else:
         yield Obligation(rule, name, lw.out.tensor,
-                         f"one row split stores {lw.out.tensor} (⌈#{lw.r}/{k.rows_per_split}⌉ ≤ 1): no split "
+                         f"one row split stores {lw.out.tensor} (⌈#{lw.rows_name}/{k.rows_per_split}⌉ ≤ 1): no split "
                          "overwrites another's partial", splits <= 1,
                          detail=f"several row splits store {lw.out.tensor} where they must add (the last write "
-                                f"wins); a {lw.op} into {lw.out.dtype} takes one split (rows_per_split ≥ #{lw.r})")
+                                f"wins); a {lw.op} into {lw.out.dtype} takes one split (rows_per_split ≥ #{lw.rows_name})")
     yield _grid(name, "x", "one block per column tile", tiles, t.max_grid_x)
     yield _grid(name, "y", "one block per row split", splits, t.max_grid_yz)
     if lw.index_width == 32:
