@@ -4,10 +4,11 @@ reduction a loop: the fallback every model has), in the same run:
 
     python -m habu.bench.general_vs_specialised [--json OUT.json] [--models GGEMM,RMSNORM]
 
-The models are examples/families.habu: a gathered GEMM at 1024³ (the contraction family), RMSNorm and
-softmax at 4096 × 4096 bf16 (rows), the bias gradient at 8192 × 4096 bf16 → f32 (columns) and SwiGLU
-over 4 × 1024 × 4096 bf16 (map); the general family computes the softmax as its four nodes
-(SOFTMAX-NODES: its one-node form nests the max inside the sum, #C² iterations an element). Each plan is proven (rules and a finite-field trial) and built, then
+The models are examples/families.habu: a gathered GEMM at 1024³ (the contraction family), RMSNorm
+(bf16) and softmax (f32) at 4096 × 4096 (rows), the bias gradient at 8192 × 4096 bf16 → f32 (columns)
+and SwiGLU over 4 × 1024 × 4096 bf16 (map); the general family computes the softmax as its four nodes
+(SOFTMAX-NODES: its one-node form nests the max inside the sum, #C² iterations an element). Each plan
+is proven (rules and a finite-field trial) and built, then
 checked before it is timed: first the exact check (habu.timing.exact: small-integer inputs, every
 output element bit for bit against the exact reference, red zones around every buffer) where the
 model is integer-exact (the GEMM, the bias gradient), then the float64 golden on fresh random inputs

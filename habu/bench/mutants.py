@@ -388,6 +388,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("columns-flattening-divisor-wrong", "a column reduction over (b, s) decodes row r as b = r / #B, "
            "s = r % #S: rows added twice, others never", "bias_grad.habu", "BIAS-GRAD-3D", {"B": 3, "S": 100, "N": 200},
            _col(_columns_decoded_wrong)),
+    Mutant("columns-max-splits-added", "a column max's row splits add their partial maxima (atomicAdd) "
+           "instead of taking their max", "bias_grad.habu", "COL-MAX", COLS,
+           _col(lambda lw: replace(lw, combine="atomic"))),
+    Mutant("columns-max-splits-stored", "a column max's row splits store their partial maxima: the last split "
+           "to finish wins", "bias_grad.habu", "COL-MAX", COLS, _col(lambda lw: replace(lw, combine="store"))),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

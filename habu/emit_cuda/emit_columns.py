@@ -108,11 +108,23 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     out_col = "col"
     out_off = offset(out, None, out_col)
+    decode = ""
     if lw.combine == "atomic":
         store = f"habu::atomic_add_f({p_out} + ({out_off}), w);  // row splits add into the zeroed output"
+    elif lw.combine == "atomic-max":
+        store = (f"habu::atomic_max_ordered({p_out} + ({out_off}), w);  // row splits take the max of "
+                 "order-preserving keys in the zeroed output")
+        decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: each key back to its float
+    for ({it} {out_col} = tid; {out_col} < {c(sizes[lw.c])}; {out_col} += {k.threads}) {{
+      if ({mask(out, None, out_col)}) habu::decode_ordered({p_out} + ({out_off}));
+    }}
+  }}
+"""
     else:
         store = store_value(out.dtype, p_out, out_off, "w") + "  // one split owns the column"
-    src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
+    counter = f"__device__ unsigned int retired_{name} = 0u;  // blocks done (habu::last_block_done)\n" \
+        if decode else ""
+    src_body = f"""{counter}extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  __shared__ float partials[{lw.partials}];  // each row group's partial of each column of the tile
   const int tid = threadIdx.x;
   const int tc = tid % {Tc};  // column thread
@@ -154,13 +166,13 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     const {it} {out_col} = ({it})({c(lw.tile_column(tile, CExpr("j")))});
     if ({mask(out, None, out_col)}) {store}
   }}
-}}
+{decode}}}
 """
     src = header(f"{name}: column reduction ({lw.op} over #{lw.rows_name}), {k.threads} threads = {Tc} columns × {G} row "
                  f"groups, {V} columns a thread, {k.rows_per_split} rows a split, {U} rows in flight",
                  [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}"])
     src += src_body.replace("SIGNATURE", sig.declaration())
-    zero = (out.tensor,) if lw.combine == "atomic" else ()
+    zero = (out.tensor,) if lw.combine in ("atomic", "atomic-max") else ()
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw, zero=zero)
 
 

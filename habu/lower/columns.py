@@ -43,7 +43,10 @@ class ColumnLowering:
     node: Equation  # the last node, its prologue nodes inlined; lhs renamed to c, the reduction variable to r
     loads: tuple[tuple[Load, Access], ...]  # every load of the body, once
     out: Access
-    combine: str  # "atomic": row splits add into the zeroed output (f32 atomicAdd); "store": each split stores
+    # "atomic": row splits add into the zeroed output (f32 atomicAdd); "atomic-max": row splits take the max
+    # into it (habu::atomic_max_ordered on order-preserving integer keys, decoded by the launch's last block);
+    # "store": each split stores
+    combine: str
     index_width: int
 
     # -- shape of the block
@@ -90,6 +93,12 @@ class ColumnLowering:
     def partials(self) -> int:
         """Floats of shared memory a block holds: one partial per row group and column of its tile."""
         return self.row_groups * self.tile
+
+    @property
+    def smem_bytes(self) -> int:
+        """Static shared memory a block declares: the partials, and the last-block flag of a max whose
+        splits combine on ordered keys (`habu::last_block_done`, one word)."""
+        return 4 * self.partials + (4 if self.combine == "atomic-max" else 0)
 
     @property
     def steps(self) -> int:
@@ -187,8 +196,8 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
     sizes = {e.name: e.size for e in model.extents}
     r_size = None if any(sizes[e] is None for e in leading) else row_count(leading, sizes)
     one_split = r_size is not None and -(-r_size // kernel.rows_per_split) <= 1
-    # splits add atomically where they can (a Σ into f32); elsewhere they store, and the rules then ask for
-    # one split (`row-split-combine`)
-    combine = "store" if one_split or rhs.op != "sum" or out.dtype != "f32" else "atomic"
+    # splits add (a Σ) or take the max (a max) atomically into an f32 output; elsewhere they store, and the
+    # rules then ask for one split (`row-split-combine`)
+    combine = "store" if one_split or out.dtype != "f32" else "atomic" if rhs.op == "sum" else "atomic-max"
     return ColumnLowering(kernel, leading, col.n.extent, rhs.op, node, tuple(loads), out, combine,
                           kernel.index_width)

@@ -41,15 +41,16 @@ def default_kernel(nodes: tuple[str, ...], rows: int, cols: int, elem_bytes: int
     length allows), 32 column threads (a warp reads 32 × 16 contiguous bytes of a row) × 8 row groups, 8
     rows in flight a thread (256 × 8 × 16 = 32 KB a block: one block an SM reaches BYTES_IN_FLIGHT_PER_SM,
     the 3 to 4 of the default's grid have 3 to 4 times it, for the latency of a loaded memory system),
-    and the rows split so the grid is one wave of at most BLOCKS_PER_SM blocks per SM (a Σ into f32 only:
-    a max, or a 16-bit output, takes one split). Narrow outputs trade column threads for row groups."""
+    and the rows split so the grid is one wave of at most BLOCKS_PER_SM blocks per SM (into an f32 output:
+    a Σ's splits add atomically, a max's take the max of order-preserving keys; a 16-bit output takes one
+    split). Narrow outputs trade column threads for row groups."""
     threads, column_threads, unroll = 256, 32, 8
     tile = column_threads * vector
     while column_threads > 1 and tile // 2 >= cols:
         column_threads //= 2  # narrow outputs: fewer column threads, more row groups
         tile = column_threads * vector
     tiles = -(-cols // tile)
-    if op != "sum" or not out_f32:
+    if not out_f32:  # a 16-bit output: one split stores it (the splits combine atomically in f32 only)
         split = rows
         # one split: the column tiles alone fill the GPU, so narrow them (to 4 column threads, a warp still
         # reading 64 contiguous bytes of each of its 8 rows) until there are two blocks an SM
@@ -95,7 +96,7 @@ class ColumnsPath(KernelPath):
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Columns per thread (the default's vector, and 1), threads (128, 256, 512) with 16, 32 or 64
         column threads (and the default's), unroll 2/4/8, and rows per split from an eighth of the
-        default's to 8 times it (a max or a 16-bit output keeps its one split)."""
+        default's to 8 times it (a 16-bit output keeps its one split)."""
         assert isinstance(base, ColumnKernel)
         one_split = base.rows_per_split == row_length if row_length is not None else False
         splits = (base.rows_per_split,) if one_split else tuple(
@@ -121,7 +122,7 @@ class ColumnsPath(KernelPath):
             moved += e * (R * C if kind == "row-column" else R if kind == "row" else C)
             per_row += e * k.vector if kind == "row-column" else 0
         splits = int(lw.splits(sizes))
-        atomics = 8.0 * C * splits if lw.combine == "atomic" else 4.0 * C
+        atomics = 8.0 * C * splits if lw.combine in ("atomic", "atomic-max") else 4.0 * C
         blocks = int(lw.tiles(sizes)) * splits
         resident = max(1, min(2048 // k.threads, 65536 // (REGISTERS * k.threads), 32))
         held = min(float(resident), blocks / target.sm_count)  # blocks an SM holds at once, on average
@@ -132,7 +133,7 @@ class ColumnsPath(KernelPath):
         return moved + atomics, seconds
 
     def smem_bytes(self, lowering: ColumnLowering) -> int:  # type: ignore[override]
-        return 4 * lowering.partials
+        return lowering.smem_bytes
 
     def registers(self, lowering: ColumnLowering) -> int:  # type: ignore[override]
         return 0

@@ -112,7 +112,8 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     combined = _reduce(f, lw.op, values, np.ones(values.shape, bool), (0,), merge=True)
     col = np.asarray(lw.tile_column(tile, j), dtype=np.int64)
     owned = (col >= tile * lw.tile) & (col < (tile + 1) * lw.tile) & (col < sizes[lw.c])
-    write(name, lw.out, {"c": col}, combined, sizes, mem, lw.index_width, lw.combine == "atomic", owned, where)
+    merge = {"atomic": True, "atomic-max": "max"}.get(lw.combine, False)  # added, maxed, or stored
+    write(name, lw.out, {"c": col}, combined, sizes, mem, lw.index_width, merge, owned, where)
 
 
 # ----------------------------------------------------------------------------- the column kind
