@@ -207,6 +207,11 @@ def _columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
     return _planted(lw, "row_coordinates", row_coordinates)
 
 
+def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
+    """The last block's pass over the columns strides 2·threads: half of them never get their epilogue."""
+    return _planted(lw, "final_step", property(lambda self: 2 * self.kernel.threads))
+
+
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
 GG = {"M": 300, "N": 200, "K": 511}
 COLS = {"R": 300, "N": 200}  # 10 row splits of 32 rows (the last ragged), one column tile with a masked tail
@@ -386,13 +391,17 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
     Mutant("columns-flattening-divisor-wrong", "a column reduction over (b, s) decodes row r as b = r / #B, "
-           "s = r % #S: rows added twice, others never", "bias_grad.habu", "BIAS-GRAD-3D", {"B": 3, "S": 100, "N": 200},
+           "s = r % #S: rows added twice, others never", "column_reductions.habu", "BIAS-GRAD-3D", {"B": 3, "S": 100, "N": 200},
            _col(_columns_decoded_wrong)),
     Mutant("columns-max-splits-added", "a column max's row splits add their partial maxima (atomicAdd) "
-           "instead of taking their max", "bias_grad.habu", "COL-MAX", COLS,
+           "instead of taking their max", "column_reductions.habu", "COL-MAX", COLS,
            _col(lambda lw: replace(lw, combine="atomic"))),
     Mutant("columns-max-splits-stored", "a column max's row splits store their partial maxima: the last split "
-           "to finish wins", "bias_grad.habu", "COL-MAX", COLS, _col(lambda lw: replace(lw, combine="store"))),
+           "to finish wins", "column_reductions.habu", "COL-MAX", COLS, _col(lambda lw: replace(lw, combine="store"))),
+    Mutant("columns-final-pass-skips-columns", "the last block's epilogue pass strides 2·threads columns: half "
+           "of the gradient is left unscaled", "column_reductions.habu", "BIAS-GRAD-UNSCALED",
+           {"R": 300, "N": 700},
+           _col(_final_pass_skips), {"threads": "128"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

@@ -24,7 +24,7 @@ from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv, minimum
 from habu.lower.flatten import row_axis_names, row_coordinates, row_count
-from habu.plan.patterns import as_column_reduction, column_node
+from habu.plan.patterns import as_column_reduction, column_parts, inline_nodes
 from habu.plan.plan import ColumnKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Reduce, rename_vars, walk
@@ -48,6 +48,13 @@ class ColumnLowering:
     # "store": each split stores
     combine: str
     index_width: int
+    # the epilogue (`H[n] = G[n] · 0.5`): the stored value of each column as an expression of the
+    # reduction's (the load of `reduced` at [c]) and of per-column loads (`epi_loads`); None: the
+    # reduction itself is stored. With atomic splits the reduction goes into the output's f32 buffer and
+    # the launch's last block (`habu::last_block_done`) computes the epilogue there, in place.
+    epilogue: Expr | None = None
+    reduced: str = ""
+    epi_loads: tuple[tuple[Load, Access], ...] = ()
 
     # -- shape of the block
     @property
@@ -151,6 +158,20 @@ class ColumnLowering:
     def combine_step(self) -> int:
         return self.kernel.threads
 
+    @property
+    def final_pass(self) -> bool:
+        """The launch's last block revisits every column once all splits are in: to decode a max's keys,
+        or to compute the epilogue from the reduction the splits added into the output."""
+        return self.combine == "atomic-max" or (self.combine == "atomic" and self.epilogue is not None)
+
+    def final_start(self, tid: Any) -> Any:
+        """Thread tid of the last block finishes columns tid, tid + final_step, ... below #C."""
+        return tid
+
+    @property
+    def final_step(self) -> int:
+        return self.kernel.threads
+
     # -- loads
     def kind_of(self, acc: Access) -> str:
         """"row-column" (reads [r c]), "column" (reads [c]) or "row" (reads [r])."""
@@ -171,11 +192,11 @@ class ColumnLowering:
                      for _, acc in self.loads if self.vectorized(acc))
 
     def access(self, ld: Load) -> Access:
-        return next(a for x, a in self.loads if x == ld)
+        return next(a for x, a in (*self.loads, *self.epi_loads) if x == ld)
 
 
 def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str] | None = None) -> ColumnLowering:
-    eq = column_node(model, kernel.nodes)  # the elementwise prologue nodes inlined
+    eq, epilogue_nodes = column_parts(model, kernel.nodes)  # the elementwise prologue nodes inlined
     col = as_column_reduction(eq)
     if col is None:
         raise ValueError(f"{eq.target} is not a reduction over the leading axis of its inputs")
@@ -192,7 +213,17 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
     for x in walk(node.rhs):
         if isinstance(x, Load) and not any(x == ld for ld, _ in loads):
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
-    out = access_for(model.tensor(eq.target), (cv,), axis_of, extent_of_axis, storage)
+    epilogue: Expr | None = None
+    epi_loads: list[tuple[Load, Access]] = []
+    if epilogue_nodes:
+        last = epilogue_nodes[-1]
+        inlined = inline_nodes(last.rhs, {e.target: e for e in epilogue_nodes[:-1]})
+        epilogue = rename_vars(inlined, {last.lhs[0]: cv})
+        for x in walk(epilogue):
+            if isinstance(x, Load) and x.tensor != eq.target and not any(x == ld for ld, _ in epi_loads):
+                epi_loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
+    stored = epilogue_nodes[-1].target if epilogue_nodes else eq.target
+    out = access_for(model.tensor(stored), (cv,), axis_of, extent_of_axis, storage)
     sizes = {e.name: e.size for e in model.extents}
     r_size = None if any(sizes[e] is None for e in leading) else row_count(leading, sizes)
     one_split = r_size is not None and -(-r_size // kernel.rows_per_split) <= 1
@@ -200,4 +231,4 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
     # rules then ask for one split (`row-split-combine`)
     combine = "store" if one_split or out.dtype != "f32" else "atomic" if rhs.op == "sum" else "atomic-max"
     return ColumnLowering(kernel, leading, col.n.extent, rhs.op, node, tuple(loads), out, combine,
-                          kernel.index_width)
+                          kernel.index_width, epilogue, eq.target, tuple(epi_loads))

@@ -272,6 +272,8 @@ def default_regions(model: Model) -> tuple[Region, ...]:
                 _merge_or_add(regions, Region("rows", (eq.target,)), model)
         elif not eq.lhs:  # a scalar: the map's lanes would all store it
             regions.append(general_region(model, eq))
+        elif (fused := column_epilogue(model, regions, eq)) is not None:
+            regions[-1] = fused  # computed from each column's reduced value, in the column kernel
         else:
             kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
             _merge_or_add(regions, Region(kind, (eq.target,)), model)
@@ -337,11 +339,42 @@ def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:
     return expr
 
 
-def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:
-    """The node a column region computes: its last, with the elementwise nodes before it inlined."""
+def column_parts(model: Model, nodes: tuple[str, ...]) -> tuple[Equation, tuple[Equation, ...]]:
+    """A column region's reduction node, with the elementwise prologue nodes before it inlined, and its
+    epilogue: the elementwise nodes after it, one value per column (`H[n] = G[n] · 0.5`)."""
     eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
-    last = eqs[-1]
-    return Equation(last.target, last.lhs, inline_nodes(last.rhs, {e.target: e for e in eqs[:-1]}))
+    at = next((i for i, e in enumerate(eqs) if any(isinstance(x, Reduce) for x in walk(e.rhs))), len(eqs) - 1)
+    red = eqs[at]
+    return Equation(red.target, red.lhs, inline_nodes(red.rhs, {e.target: e for e in eqs[:at]})), tuple(eqs[at + 1:])
+
+
+def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:
+    """The reduction node a column region computes, its elementwise prologue nodes inlined."""
+    return column_parts(model, nodes)[0]
+
+
+def column_region(model: Model, nodes: tuple[str, ...]) -> ColumnReduction | None:
+    """The region's column reduction when the column family computes the region: the reduction (its
+    prologue inlined) is a column reduction, and every epilogue node is elementwise over the columns,
+    reading the reduction and the epilogue's earlier nodes at its own column, and other tensors at the
+    column (`S[n]`) or as scalars; no epilogue node but the last is read outside the region or output."""
+    node, epilogue = column_parts(model, nodes)
+    col = as_column_reduction(node)
+    if col is None or not epilogue:
+        return col
+    inside = {node.target}
+    outputs = {t.name for t in model.outputs}
+    for e in epilogue:
+        if len(e.lhs) != 1 or e.lhs[0].extent != col.n.extent or e.scatter is not None:
+            return None
+        for x in walk(e.rhs):
+            if isinstance(x, Reduce) or (isinstance(x, Load) and x.indices not in ((), e.lhs)):
+                return None
+        for t in inside:  # an inner value read outside the region would need storing
+            if t in outputs or any(c.target not in nodes for c in consumers(model, t)):
+                return None
+        inside.add(e.target)
+    return col
 
 
 def column_prologue(model: Model, regions: list[Region], eq: Equation) -> Region | None:
@@ -358,7 +391,19 @@ def column_prologue(model: Model, regions: list[Region], eq: Equation) -> Region
     if consumers(model, prev.output) != [eq]:
         return None
     nodes = (*prev.nodes, eq.target)
-    return Region("columns", nodes) if as_column_reduction(column_node(model, nodes)) is not None else None
+    return Region("columns", nodes) if column_region(model, nodes) is not None else None
+
+
+def column_epilogue(model: Model, regions: list[Region], eq: Equation) -> Region | None:
+    """The previous column region with `eq` as (the next node of) its epilogue, when `eq` is elementwise
+    over its columns and reads its result (`H[n] = G[n] · 0.5`, a cast `Gb[n] = G[n]`)."""
+    if not regions or regions[-1].kind != "columns" or not eq.lhs or any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+        return None
+    prev = regions[-1]
+    if consumers(model, prev.output) != [eq]:
+        return None
+    nodes = (*prev.nodes, eq.target)
+    return Region("columns", nodes) if column_region(model, nodes) is not None else None
 
 
 def general_region(model: Model, eq: Equation) -> Region:
@@ -422,8 +467,10 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                 at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
                 for lo, hi in pairwise(at):
                     piece = r.nodes[lo:hi]
-                    if r.kind == "columns" and piece[-1] == r.output:  # its reduction, with what prologue is left
-                        kind = "columns" if as_column_reduction(column_node(model, piece)) else "general"
+                    reduces = any(isinstance(x, Reduce) for t in piece for x in walk(
+                        next(e for e in model.nodes if e.target == t).rhs))
+                    if r.kind == "columns" and reduces:  # its reduction, with what prologue and epilogue are left
+                        kind = "columns" if column_region(model, piece) else "general"
                     else:
                         kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
                     regions.append(Region(kind, piece))

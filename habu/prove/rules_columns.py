@@ -36,6 +36,8 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
     axes = {**{a: (s[e], 1) for a, e in zip(lw.row_axes, lw.leading, strict=True)}, "c": (s[lw.c], 1)}
     for _ld, acc in lw.loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
+    for _ld, acc in lw.epi_loads:
+        yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     yield from supported(name, lw, ctx)
     yield Obligation(R["threads"], name, None, f"{k.threads} threads per block ≤ {t.max_threads_per_block}",

@@ -75,7 +75,7 @@ def test_the_bias_grad_example_passes_the_exact_check():
 def test_the_bias_grad_examples_over_two_axes_and_max_pass_the_exact_check_twice(model):
     """Σ b Σ s dY3[b s n] (rows flattened) and a max split over row blocks, at the example's size; the max
     twice in a row (its last block resets the module's block counter for the next launch)."""
-    built = build(str(ROOT / "examples" / "bias_grad.habu"), model, {})
+    built = build(str(ROOT / "examples" / "column_reductions.habu"), model, {})
     assert [k.kind for k in built.plan.kernels] == ["columns"]
     checker = ExactChecker(built.model, built.sizes, seed=5)
     for _ in range(2):
