@@ -127,6 +127,19 @@ def _r(f: Callable[[RowLowering], RowLowering]) -> Callable[[Lowering], Lowering
     return g
 
 
+def _decoded(lw: RowLowering, decode: Callable) -> RowLowering:
+    """The same 3-D row lowering whose row index → (b, s) map is `decode(r, #B, #S)` (a method: planted by
+    a subclass)."""
+
+    class Decoded(RowLowering):
+        def row_coordinates(self, r, sizes):
+            outer, inner = self.row_axes
+            b, s = decode(r, sizes[self.leading[0]], sizes[self.leading[1]])
+            return {outer: b, inner: s}
+
+    return Decoded(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
 def _m(f: Callable[[MapLowering], MapLowering]) -> Callable[[Lowering], Lowering]:
     def g(lw: Lowering) -> Lowering:
         assert isinstance(lw, MapLowering)
@@ -182,7 +195,7 @@ def _split_end_past(lw: ColumnLowering) -> ColumnLowering:
     from habu.lower.access import minimum
 
     return _planted(lw, "row_end", lambda self, split, sizes:
-                    minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, sizes[self.r]))
+                    minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, self.rows(sizes)))
 
 
 def _combine_skips(lw: ColumnLowering) -> ColumnLowering:
@@ -196,6 +209,20 @@ def _vector_overlap(lw: ColumnLowering) -> ColumnLowering:
     columns are never read)."""
     return _planted(lw, "thread_column", lambda self, tile, tc, v:
                     tile * self.tile + tc * (self.kernel.vector - 1) + v)
+
+
+def _columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
+    """A 3-D column reduction decodes row r as b = r / #B (the outer extent, not #S), s = r % #S."""
+    def row_coordinates(self, r, sizes):
+        outer, inner = self.row_axes
+        return {outer: r // sizes[self.leading[0]], inner: r % sizes[self.leading[1]]}
+
+    return _planted(lw, "row_coordinates", row_coordinates)
+
+
+def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
+    """The last block's pass over the columns strides 2·threads: half of them never get their epilogue."""
+    return _planted(lw, "final_step", property(lambda self: 2 * self.kernel.threads))
 
 
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
@@ -339,6 +366,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("row-stride-wrong", "rows strided by #R instead of #D", "rmsnorm.habu", "RMSNORM-ROWS",
            {"R": 8, "D": 768},
            _r(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 0, ("R",))) for ld, acc in lw.loads)))),
+    Mutant("row-flattening-divisor-wrong", "a 3-D row kernel decodes row r as b = r / #B (the outer extent, not "
+           "#S), s = r % #S: rows collide and some (b, s) are never computed", "rows_nd.habu", "RMSNORM-BSD",
+           {"B": 3, "S": 5, "D": 256}, _r(lambda lw: _decoded(lw, lambda r, B, S: (r // B, r % S)))),
+    Mutant("row-flattening-stride-wrong", "a 3-D row kernel strides its batch axis by #D instead of #S·#D (the "
+           "leading axes flattened as if the tensor were 2-D)", "rows_nd.habu", "RMSNORM-BSD",
+           {"B": 3, "S": 5, "D": 256}, _r(lambda lw: replace(lw, loads=tuple(
+               (ld, _stride(acc, 0, ("D",)) if len(acc.positions) == 3 else acc) for ld, acc in lw.loads)))),
     Mutant("map-lane-without-vector", "the map kernel's lane index is blockIdx·threads + threadIdx without the "
            "vector factor: lanes overlap and most of each block's elements are never computed", "fused.habu",
            "AXPY-RELU", {"N": 1000}, _m(lambda lw: replace(lw, lanes=replace(lw.lanes, lane_stride=1)))),
@@ -379,6 +413,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("batch-missing-on-output", "the output's batch position dropped: every batch stores into batch 0",
            "bmm.habu", "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, out=replace(lw.out, positions=(Position("const"), *lw.out.positions[1:])))),
            {"store": "direct"}),  # (a TMA store's map takes the output's strides from the host array)
+    Mutant("columns-flattening-divisor-wrong", "a column reduction over (b, s) decodes row r as b = r / #B, "
+           "s = r % #S: rows added twice, others never", "column_reductions.habu", "BIAS-GRAD-3D", {"B": 3, "S": 100, "N": 200},
+           _col(_columns_decoded_wrong)),
+    Mutant("columns-max-splits-added", "a column max's row splits add their partial maxima (atomicAdd) "
+           "instead of taking their max", "column_reductions.habu", "COL-MAX", COLS,
+           _col(lambda lw: replace(lw, combine="atomic"))),
+    Mutant("columns-max-splits-stored", "a column max's row splits store their partial maxima: the last split "
+           "to finish wins", "column_reductions.habu", "COL-MAX", COLS, _col(lambda lw: replace(lw, combine="store"))),
+    Mutant("columns-final-pass-skips-columns", "the last block's epilogue pass strides 2·threads columns: half "
+           "of the gradient is left unscaled", "column_reductions.habu", "BIAS-GRAD-UNSCALED",
+           {"R": 300, "N": 700},
+           _col(_final_pass_skips), {"threads": "128"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

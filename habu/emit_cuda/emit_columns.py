@@ -47,13 +47,17 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     init = MAX_INIT if lw.op == "max" else "0.0f"
     width = lw.index_width
 
+    def at(r: str | None, col: str) -> dict[str, str]:
+        """The axis coordinates (C) of column `col` of row `r`, the leading ones through the lowering's
+        row → coordinates map (`r` itself for one reduced axis)."""
+        rows = {a: c(x) for a, x in lw.row_coordinates(CExpr(r), sizes).items()} if r is not None else {}
+        return {"c": col} | rows
+
     def offset(acc, r: str | None, col: str) -> str:
-        coord = {"c": col} | ({"r": r} if r is not None else {})
-        return access_offset(acc, coord, sizes, width, _no_table)
+        return access_offset(acc, at(r, col), sizes, width, _no_table)
 
     def mask(acc, r: str | None, col: str) -> str:
-        coord = {"c": col} | ({"r": r} if r is not None else {})
-        return access_mask(acc, coord, sizes)
+        return access_mask(acc, at(r, col), sizes)
 
     # element v of a thread's columns (a packed load reads them adjacent from c0: checked below)
     col_v = f"({it})({c(lw.thread_column(CExpr('tile'), CExpr('tc'), CExpr('v')))})"
@@ -97,6 +101,19 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
       }}""")
 
     value = float_expr(lw.body, lambda ld: names[ld], sizes)
+
+    def epilogue(w: str) -> str:
+        """The stored value of column `col` from its reduced value `w` (the epilogue, or `w`)."""
+        if lw.epilogue is None:
+            return w
+
+        def leaf(ld: Load) -> str:
+            if ld.tensor == lw.reduced:
+                return w
+            acc = lw.access(ld)
+            p = sig.pointer(acc.tensor, acc.dtype)
+            return f"(({mask(acc, None, 'col')}) ? {load_value(acc.dtype, p, offset(acc, None, 'col'))} : 0.0f)"
+        return float_expr(lw.epilogue, leaf, sizes)
     tile, split = CExpr("tile"), CExpr("split")
     first_col = lw.thread_column(tile, CExpr("tc"), 0)
     row = lw.row(CExpr("row_begin"), CExpr("i"), CExpr("u"), CExpr("g"))
@@ -104,11 +121,43 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     out_col = "col"
     out_off = offset(out, None, out_col)
+    decode = ""
+    final = f"for ({it} {out_col} = {c(lw.final_start(CExpr('tid')))}; {out_col} < {c(sizes[lw.c])}; {out_col} += {lw.final_step})"
     if lw.combine == "atomic":
         store = f"habu::atomic_add_f({p_out} + ({out_off}), w);  // row splits add into the zeroed output"
+        if lw.epilogue is not None:
+            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: the epilogue, in place
+    {final} {{
+      if ({mask(out, None, out_col)}) {{ const float w = {p_out}[{out_off}]; {p_out}[{out_off}] = {epilogue("w")}; }}
+    }}
+  }}
+"""
+    elif lw.combine == "atomic-max":
+        store = (f"habu::atomic_max_ordered({p_out} + ({out_off}), w);  // row splits take the max of "
+                 "order-preserving keys in the zeroed output")
+        if lw.epilogue is None:
+            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: each key back to its float
+    {final} {{
+      if ({mask(out, None, out_col)}) habu::decode_ordered({p_out} + ({out_off}));
+    }}
+  }}
+"""
+        else:
+            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: each key's float, then the epilogue
+    {final} {{
+      if ({mask(out, None, out_col)}) {{
+        habu::decode_ordered({p_out} + ({out_off}));
+        const float w = *(volatile float*)({p_out} + ({out_off}));
+        {p_out}[{out_off}] = {epilogue("w")};
+      }}
+    }}
+  }}
+"""
     else:
-        store = store_value(out.dtype, p_out, out_off, "w") + "  // one split owns the column"
-    src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
+        store = store_value(out.dtype, p_out, out_off, epilogue("w")) + "  // one split owns the column"
+    counter = f"__device__ unsigned int retired_{name} = 0u;  // blocks done (habu::last_block_done)\n" \
+        if decode else ""
+    src_body = f"""{counter}extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  __shared__ float partials[{lw.partials}];  // each row group's partial of each column of the tile
   const int tid = threadIdx.x;
   const int tc = tid % {Tc};  // column thread
@@ -150,13 +199,14 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     const {it} {out_col} = ({it})({c(lw.tile_column(tile, CExpr("j")))});
     if ({mask(out, None, out_col)}) {store}
   }}
-}}
+{decode}}}
 """
-    src = header(f"{name}: column reduction ({lw.op} over #{lw.r}), {k.threads} threads = {Tc} columns × {G} row "
+    epi = [f"epilogue: {', '.join(k.nodes[k.nodes.index(lw.reduced) + 1:])}"] if lw.epilogue is not None else []
+    src = header(f"{name}: column reduction ({lw.op} over #{lw.rows_name}), {k.threads} threads = {Tc} columns × {G} row "
                  f"groups, {V} columns a thread, {k.rows_per_split} rows a split, {U} rows in flight",
-                 [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}"])
+                 [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}", *epi])
     src += src_body.replace("SIGNATURE", sig.declaration())
-    zero = (out.tensor,) if lw.combine == "atomic" else ()
+    zero = (out.tensor,) if lw.combine in ("atomic", "atomic-max") else ()
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw, zero=zero)
 
 

@@ -153,6 +153,12 @@ class _Row:
     def offset(self, acc: Access, coord: dict[str, str]) -> str:
         return access_offset(acc, coord, self.sizes, self.lw.index_width, lambda t, x: "0")
 
+    def at(self, r: str, col: str | None = None) -> dict[str, str]:
+        """The axis coordinates (C) of column `col` of row `r`: the lowering's row index → leading
+        coordinates map (`r` itself for a 2-D row; `r / #S`, `r % #S` for X[b s d])."""
+        rows = {a: c(x) for a, x in self.lw.row_coordinates(CExpr(r), self.sizes).items()}
+        return rows if col is None else {**rows, "c": col}
+
 
 def _setup(model: Model, lw: RowLowering, static: dict[str, int]) -> _Row:
     sig = Signature(model, static=static)
@@ -213,7 +219,7 @@ def _leaf(row: _Row):
         if row.kept is not None and acc == row.kept:
             raw = f"habu::chunk_element<{row.word}>(regs[i], q)" if row.loop.unrolled else "row_cache[slot]"
             return {"bf16": f"habu::bf16_to_float({raw})", "f16": f"habu::f16_to_float({raw})"}.get(acc.dtype, raw)
-        coord = {"r": "r", "c": "col"}
+        coord = row.at("r", "col")
         p = row.sig.pointer(acc.tensor, acc.dtype)
         return f"(({access_mask(acc, coord, row.sizes)}) ? {load_value(acc.dtype, p, row.offset(acc, coord))} : 0.0f)"
     return leaf
@@ -233,7 +239,7 @@ def _load_row(row: _Row) -> str:
     if acc is None:
         return ""
     p = row.sig.pointer(acc.tensor, acc.dtype)
-    at = {"r": "r", "c": row.column("g", 0)}
+    at = row.at("r", row.column("g", 0))
     n = row.loop.unrolled
     if k.prefetch:
         return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
@@ -254,7 +260,7 @@ def _load_row(row: _Row) -> str:
     for (int q = 0; q < {row.loop.vector}; ++q) row_cache[{row.slot('g', 'q')}] = habu::chunk_element<{row.word}>(raw, q);
   }}
   {sync}"""
-    at = {"r": "r", "c": "col"}
+    at = row.at("r", "col")
     return f"""{_chunk_head(row)}
     const {it} col = {row.column('g', 0)};
     row_cache[{row.slot('g', 0)}] = ({access_mask(acc, at, row.sizes)}) ? {p}[{row.offset(acc, at)}] : ({row.word})0;
@@ -267,7 +273,7 @@ def _copy_row(row: _Row, r: str) -> str:
     acc = row.kept
     assert acc is not None
     p = row.sig.pointer(acc.tensor, acc.dtype)
-    at = {"r": r, "c": row.column("g", 0)}
+    at = row.at(r, row.column("g", 0))
     return f"""{_chunk_head(row).replace(chr(10), chr(10) + '  ')}
       habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)});
     }}
@@ -371,7 +377,7 @@ def _issue_next(row: _Row) -> str:
     if not row.lw.kernel.prefetch:
         return ""
     it = row.it
-    rows = c(row.sizes[row.lw.r])
+    rows = c(row.lw.rows(row.sizes))
     return f"""    if (r + row_step < {rows}) {{  // the block's next row: its copy lands while this one is computed
       const {it} r_next = r + row_step;
     {_copy_row(row, "r_next")}    }}
@@ -392,11 +398,11 @@ def _store(row: _Row, value: Expr) -> str:
     const {it} col = 0;
     const {it} slot = 0;
     (void)col; (void)slot;
-    {store_value(out.dtype, p_out, row.offset(out, {"r": "r"}), text)}
+    {store_value(out.dtype, p_out, row.offset(out, row.at("r")), text)}
   }}"""
     if lw.vector_store():
         return _store_chunks(row, p_out, text)
-    at = {"r": "r", "c": "col"}
+    at = row.at("r", "col")
     return _column_loop(row, f"if ({access_mask(out, at, row.sizes)}) "
                              f"{store_value(out.dtype, p_out, row.offset(out, at), text)}")
 
@@ -405,7 +411,7 @@ def _store_chunks(row: _Row, p_out: str, value: str) -> str:
     """The output row stored in 16-byte chunks of 16-bit floats, each under the output's mask."""
     out, it, vec = row.lw.out, row.it, row.loop.vector
     pack = "habu::pack_bf16x8" if out.dtype == "bf16" else "habu::pack_f16x8"
-    at = {"r": "r", "c": row.column("g", 0)}
+    at = row.at("r", row.column("g", 0))
     slot = "" if row.loop.unrolled else f"\n      const {it} slot = {row.slot('g', 'q')};"
     return f"""{_chunk_head(row)}
     float y[{vec}];
@@ -444,7 +450,8 @@ def _row_start(row: _Row) -> str:
     else:
         r = c(lw.thread_map.row(CExpr(f"({it})blockIdx.x"), CExpr("row_slot")))
     # the output's row bound, as its mask says (the loads and stores are masked on it as well)
-    r_mask = access_mask(replace(lw.out, masks=tuple(b for b in lw.out.masks if b.axis == "r")), {"r": "r"}, row.sizes)
+    r_mask = access_mask(replace(lw.out, masks=tuple(b for b in lw.out.masks if b.axis in lw.row_axes)), row.at("r"),
+                         row.sizes)
     head = "" if lw.kernel.prefetch else "const "
     out = f"  {head}{it} r = {r};\n  if (!({r_mask})) return;  // (the blocks of a cluster share r: they leave together)\n"
     if row.share > 1:
@@ -459,7 +466,7 @@ def _assemble(row: _Row, name: str) -> str:
     red_decl = "\n".join(f"  float {n} = 0.0f;" for n in row.red_names.values())
     final_loop = _store(row, hoisted.final)
     cluster_end = "  habu::cluster_sync();\n" if row.share > 1 else ""  # no block leaves while a peer may read
-    rows = c(row.sizes[lw.r])
+    rows = c(lw.rows(row.sizes))
     if lw.kernel.prefetch:
         first = f"  {{  // the first row's copy\n  {_copy_row(row, 'r')}  }}\n"
         return f"""{_prologue(row, name)}  uint4* next_row = reinterpret_cast<uint4*>(row_cache_all);  // the row in flight

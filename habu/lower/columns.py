@@ -8,7 +8,9 @@ rows begin + i·G·U + u·G + g (G row groups, U = unroll rows loaded before the
 split's end. It accumulates in f32, writes its partials to shared memory at `partial_slot(g, tc, v)`;
 then thread t combines the tile's slots j = t, t + threads, ... over the row groups (`combined_slot(g, j)`)
 and stores column tile·W + j: directly with one split, added atomically (f32) into the zeroed output with
-several. Every one of these maps is a method here: the finite-field interpreter
+several. Several reduced leading axes (`G[n] = Σ b Σ s dY[b s n]`) are one row axis of #B·#S rows, each
+access reading the leading coordinates of row r through `row_coordinates` (habu/lower/flatten.py). Every
+one of these maps is a method here: the finite-field interpreter
 (`habu.prove.interp_columns`) runs them, the rules (`habu.prove.rules_columns`) bound them, and the
 emitter (`habu.emit_cuda.emit_columns`) prints them, so a map that skips or double-counts a row or a
 column fails the check.
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv, minimum
-from habu.plan.patterns import as_column_reduction, column_node
+from habu.lower.flatten import row_axis_names, row_coordinates, row_count
+from habu.plan.patterns import as_column_reduction, column_parts, inline_nodes
 from habu.plan.plan import ColumnKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Reduce, rename_vars, walk
@@ -34,14 +37,24 @@ VECTOR_BYTES = (4, 8, 16)
 @dataclass(frozen=True)
 class ColumnLowering:
     kernel: ColumnKernel
-    r: str  # the reduced (leading) extent
+    leading: tuple[str, ...]  # the reduced (leading) extents, outermost first: rows are their flattening
     c: str  # the column extent: the output's
     op: str  # "sum" or "max"
     node: Equation  # the last node, its prologue nodes inlined; lhs renamed to c, the reduction variable to r
     loads: tuple[tuple[Load, Access], ...]  # every load of the body, once
     out: Access
-    combine: str  # "atomic": row splits add into the zeroed output (f32 atomicAdd); "store": each split stores
+    # "atomic": row splits add into the zeroed output (f32 atomicAdd); "atomic-max": row splits take the max
+    # into it (habu::atomic_max_ordered on order-preserving integer keys, decoded by the launch's last block);
+    # "store": each split stores
+    combine: str
     index_width: int
+    # the epilogue (`H[n] = G[n] · 0.5`): the stored value of each column as an expression of the
+    # reduction's (the load of `reduced` at [c]) and of per-column loads (`epi_loads`); None: the
+    # reduction itself is stored. With atomic splits the reduction goes into the output's f32 buffer and
+    # the launch's last block (`habu::last_block_done`) computes the epilogue there, in place.
+    epilogue: Expr | None = None
+    reduced: str = ""
+    epi_loads: tuple[tuple[Load, Access], ...] = ()
 
     # -- shape of the block
     @property
@@ -51,6 +64,22 @@ class ColumnLowering:
     @property
     def extents(self) -> tuple[str, ...]:
         return (self.c,)
+
+    @property
+    def row_axes(self) -> tuple[str, ...]:
+        return row_axis_names(len(self.leading))
+
+    @property
+    def rows_name(self) -> str:
+        """The row count for a message: `R`, or `B·#S` (printed after a `#`)."""
+        return "·#".join(self.leading)
+
+    def rows(self, sizes: Mapping[str, Any]) -> Any:
+        return row_count(self.leading, sizes)
+
+    def row_coordinates(self, r: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        """The leading coordinates of flattened row r (`r` itself for one reduced axis)."""
+        return row_coordinates(self.leading, r, sizes)
 
     @property
     def body(self) -> Expr:
@@ -73,6 +102,12 @@ class ColumnLowering:
         return self.row_groups * self.tile
 
     @property
+    def smem_bytes(self) -> int:
+        """Static shared memory a block declares: the partials, and the last-block flag of a max whose
+        splits combine on ordered keys (`habu::last_block_done`, one word)."""
+        return 4 * self.partials + (4 if self.combine == "atomic-max" else 0)
+
+    @property
     def steps(self) -> int:
         """Iterations of a thread's row loop: each loads `unroll` rows, G apart."""
         return -(-self.kernel.rows_per_split // (self.row_groups * self.kernel.unroll))
@@ -81,7 +116,7 @@ class ColumnLowering:
         return cdiv(sizes[self.c], self.tile)
 
     def splits(self, sizes: Mapping[str, Any]) -> Any:
-        return cdiv(sizes[self.r], self.kernel.rows_per_split)
+        return cdiv(self.rows(sizes), self.kernel.rows_per_split)
 
     def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
         """Blocks launched: (column tiles, row splits), grid.x and grid.y."""
@@ -97,7 +132,7 @@ class ColumnLowering:
 
     def row_end(self, split: Any, sizes: Mapping[str, Any]) -> Any:
         """The end (exclusive) of a split's rows: S rows on, or #R for the last split."""
-        return minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split, sizes[self.r])
+        return minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split, self.rows(sizes))
 
     def row(self, begin: Any, i: Any, u: Any, g: Any) -> Any:
         """The row row group g loads as the u-th of iteration i: begin + i·G·U + u·G + g."""
@@ -123,11 +158,26 @@ class ColumnLowering:
     def combine_step(self) -> int:
         return self.kernel.threads
 
+    @property
+    def final_pass(self) -> bool:
+        """The launch's last block revisits every column once all splits are in: to decode a max's keys,
+        or to compute the epilogue from the reduction the splits added into the output."""
+        return self.combine == "atomic-max" or (self.combine == "atomic" and self.epilogue is not None)
+
+    def final_start(self, tid: Any) -> Any:
+        """Thread tid of the last block finishes columns tid, tid + final_step, ... below #C."""
+        return tid
+
+    @property
+    def final_step(self) -> int:
+        return self.kernel.threads
+
     # -- loads
     def kind_of(self, acc: Access) -> str:
         """"row-column" (reads [r c]), "column" (reads [c]) or "row" (reads [r])."""
         axes = tuple(p.axis for p in acc.positions)
-        return {("r", "c"): "row-column", ("c",): "column", ("r",): "row"}[axes]
+        rows = self.row_axes
+        return {(*rows, "c"): "row-column", ("c",): "column", rows: "row"}[axes]
 
     def vectorized(self, acc: Access) -> bool:
         """A row-column load moved as one packed vector of `vector` elements (4, 8 or 16 bytes)."""
@@ -142,30 +192,43 @@ class ColumnLowering:
                      for _, acc in self.loads if self.vectorized(acc))
 
     def access(self, ld: Load) -> Access:
-        return next(a for x, a in self.loads if x == ld)
+        return next(a for x, a in (*self.loads, *self.epi_loads) if x == ld)
 
 
 def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str] | None = None) -> ColumnLowering:
-    eq = column_node(model, kernel.nodes)  # the elementwise prologue nodes inlined
+    eq, epilogue_nodes = column_parts(model, kernel.nodes)  # the elementwise prologue nodes inlined
     col = as_column_reduction(eq)
     if col is None:
         raise ValueError(f"{eq.target} is not a reduction over the leading axis of its inputs")
-    rv, cv = IndexVar("r", col.r.extent), IndexVar("c", col.n.extent)
-    rhs = eq.rhs
+    leading = tuple(v.extent for v in col.rs)
+    rvs = tuple(IndexVar(a, e) for a, e in zip(row_axis_names(len(leading)), leading, strict=True))
+    cv = IndexVar("c", col.n.extent)
+    rhs = col.node.rhs
     assert isinstance(rhs, Reduce)
-    mapping = {col.n: cv, col.r: rv}
-    node = Equation(eq.target, (cv,), Reduce(rhs.op, (rv,), rename_vars(rhs.body, mapping)))
-    extent_of_axis = {"r": col.r.extent, "c": col.n.extent}
-    axis_of = {rv: "r", cv: "c"}
+    mapping = {col.n: cv, **dict(zip(col.rs, rvs, strict=True))}
+    node = Equation(eq.target, (cv,), Reduce(rhs.op, rvs, rename_vars(rhs.body, mapping)))
+    extent_of_axis = {**{v.name: v.extent for v in rvs}, "c": col.n.extent}
+    axis_of = {**{v: v.name for v in rvs}, cv: "c"}
     loads: list[tuple[Load, Access]] = []
     for x in walk(node.rhs):
         if isinstance(x, Load) and not any(x == ld for ld, _ in loads):
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
-    out = access_for(model.tensor(eq.target), (cv,), axis_of, extent_of_axis, storage)
-    r_size = next(e.size for e in model.extents if e.name == col.r.extent)
+    epilogue: Expr | None = None
+    epi_loads: list[tuple[Load, Access]] = []
+    if epilogue_nodes:
+        last = epilogue_nodes[-1]
+        inlined = inline_nodes(last.rhs, {e.target: e for e in epilogue_nodes[:-1]})
+        epilogue = rename_vars(inlined, {last.lhs[0]: cv})
+        for x in walk(epilogue):
+            if isinstance(x, Load) and x.tensor != eq.target and not any(x == ld for ld, _ in epi_loads):
+                epi_loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
+    stored = epilogue_nodes[-1].target if epilogue_nodes else eq.target
+    out = access_for(model.tensor(stored), (cv,), axis_of, extent_of_axis, storage)
+    sizes = {e.name: e.size for e in model.extents}
+    r_size = None if any(sizes[e] is None for e in leading) else row_count(leading, sizes)
     one_split = r_size is not None and -(-r_size // kernel.rows_per_split) <= 1
-    # splits add atomically where they can (a Σ into f32); elsewhere they store, and the rules then ask for
-    # one split (`row-split-combine`)
-    combine = "store" if one_split or rhs.op != "sum" or out.dtype != "f32" else "atomic"
-    return ColumnLowering(kernel, col.r.extent, col.n.extent, rhs.op, node, tuple(loads), out, combine,
-                          kernel.index_width)
+    # splits add (a Σ) or take the max (a max) atomically into an f32 output; elsewhere they store, and the
+    # rules then ask for one split (`row-split-combine`)
+    combine = "store" if one_split or out.dtype != "f32" else "atomic" if rhs.op == "sum" else "atomic-max"
+    return ColumnLowering(kernel, leading, col.n.extent, rhs.op, node, tuple(loads), out, combine,
+                          kernel.index_width, epilogue, eq.target, tuple(epi_loads))

@@ -1,6 +1,8 @@
 """Lowering row kernels and map kernels.
 
-Row kernel: block b owns rows r = b·R_B + i (i < R_B, masked r < R); each row's columns are visited
+Row kernel: block b owns rows r = b·R_B + i (i < R_B, masked r < R); an N-D node's rows are its leading
+axes flattened row-major (R = #B·#S for X[b s d]), and every access reads the leading coordinates of r
+through `RowLowering.row_coordinates` (b = r / #S, s = r % #S); each row's columns are visited
 in chunks of threads·vector (masked c < C). Reductions over c add only unmasked columns; the
 region's nodes are evaluated row by row on chip and only the last is stored.
 
@@ -16,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from habu.lower.access import Access, FlatGrid, VectorAccess, access_for, cdiv, floordiv
+from habu.lower.flatten import is_row_axis, row_axis_names, row_coordinates, row_count
 from habu.lower.lanes import ChunkLoop, MapLanes, RowCache, RowThreads
 from habu.plan.patterns import row_local
 from habu.plan.plan import MapKernel, RowKernel
@@ -134,8 +137,10 @@ class RowLoads(dict):
 
     @staticmethod
     def key(ld: Load) -> tuple:
-        # the row variable is `r`; every other index variable walks the row's columns
-        return (ld.tensor, tuple(("r" if i.name == "r" else "c") if isinstance(i, IndexVar) else i for i in ld.indices))
+        # the row variables are `r` (or `r#0`, `r#1`, ... of flattened leading axes); every other index
+        # variable walks the row's columns
+        return (ld.tensor, tuple((i.name if is_row_axis(i.name) else "c") if isinstance(i, IndexVar) else i
+                                 for i in ld.indices))
 
     def __contains__(self, ld: object) -> bool:
         return isinstance(ld, Load) and super().__contains__(self.key(ld))
@@ -147,7 +152,7 @@ class RowLoads(dict):
 @dataclass(frozen=True)
 class RowLowering:
     kernel: RowKernel
-    r: str
+    leading: tuple[str, ...]  # the extents the rows run along, outermost first (one: a 2-D row)
     c: str
     nodes: tuple[Equation, ...]  # lhs renamed to r, c; reduction variables keep their names
     loads: tuple[tuple[Load, Access], ...]  # reads of tensors the region does not compute
@@ -170,6 +175,30 @@ class RowLowering:
     @property
     def chunk(self) -> int:
         return self.kernel.threads * self.kernel.vector
+
+    @property
+    def row_axes(self) -> tuple[str, ...]:
+        """The kernel axes of the leading coordinates (`r` alone for a 2-D row)."""
+        return row_axis_names(len(self.leading))
+
+    @property
+    def rows_name(self) -> str:
+        """The row count for a message: `R`, or `B·#S` (printed after a `#`)."""
+        return "·#".join(self.leading)
+
+    def rows(self, sizes: Mapping[str, Any]) -> Any:
+        """Rows the kernel computes: the product of the leading extents' sizes (ints, z3 terms or C)."""
+        return row_count(self.leading, sizes)
+
+    def row_coordinates(self, r: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        """The leading coordinates of flattened row r, row-major (the last leading axis fastest): the row
+        index → coordinates map every access of the row reads through (habu/lower/flatten.py). A 2-D row
+        is its own coordinate."""
+        return row_coordinates(self.leading, r, sizes)
+
+    def coordinates(self, r: Any, col: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        """Every axis coordinate of column `col` of row r: `row_coordinates` and `c`."""
+        return {**self.row_coordinates(r, sizes), "c": col}
 
     def columns(self, sizes: Mapping[str, Any]) -> Any:
         """The columns of the row each block visits: its part of a cluster's row, or the whole row."""
@@ -198,7 +227,7 @@ class RowLowering:
 
     def row_groups(self, sizes: Mapping[str, Any]) -> Any:
         """Groups of `rows_per_block` rows: the interpreter's blocks, each computed on its own."""
-        return cdiv(sizes[self.r], self.kernel.rows_per_block)
+        return cdiv(self.rows(sizes), self.kernel.rows_per_block)
 
     def grid(self, sizes: Mapping[str, int], slots: int) -> int:
         """Blocks launched: a cluster of blocks per row group; with `prefetch`, only the clusters that are
@@ -228,8 +257,14 @@ class RowLowering:
         if not self.kernel.cache_row or not reduction_passes(expr):
             return None
         loads = RowLoads(self)
-        rows = [x for x in walk(expr) if isinstance(x, Load) and x in loads
-                and [p.kind for p in loads[x].positions] == ["axis", "axis"]]
+        row = [*self.row_axes, "c"]  # an N-D row: the leading axes in order, then the column
+
+        def whole_row(acc: Access) -> bool:
+            if len(self.leading) == 1:
+                return [p.kind for p in acc.positions] == ["axis", "axis"]
+            return [p.kind for p in acc.positions] == ["axis"] * len(row) and [p.axis for p in acc.positions] == row
+
+        rows = [x for x in walk(expr) if isinstance(x, Load) and x in loads and whole_row(loads[x])]
         return loads[rows[0]] if rows and len({x.tensor for x in rows}) == 1 else None
 
     def vector_row(self) -> bool:
@@ -294,7 +329,7 @@ class RowLowering:
     @property
     def per_row(self) -> bool:
         """The kernel stores one value per row (a row statistic), not a row."""
-        return len(self.nodes[-1].lhs) == 1
+        return len(self.nodes[-1].lhs) == len(self.leading)
 
 
 @dataclass(frozen=True)
@@ -325,30 +360,34 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     axes = row_local(nodes[-1])
     if axes is None:
         raise ValueError(f"{nodes[-1].target} is not row-local")
-    r_ext, c_ext = axes
-    rv, cv = IndexVar("r", r_ext), IndexVar("c", c_ext)
+    leading, c_ext = axes
+    names = row_axis_names(len(leading))
+    rvs = tuple(IndexVar(n, e) for n, e in zip(names, leading, strict=True))
+    cv = IndexVar("c", c_ext)
     renamed: list[Equation] = []
     for eq in nodes:
-        if len(eq.lhs) == 1 and eq is not nodes[-1]:
+        if len(eq.lhs) == len(leading) and eq is not nodes[-1]:
             raise ValueError(f"a row statistic ({eq.target}) can only end a row kernel")
-        mapping: dict[IndexVar, IndexVar] = {eq.lhs[0]: rv}
-        if len(eq.lhs) == 2:
-            mapping[eq.lhs[1]] = cv
+        if len(eq.lhs) not in (len(leading), len(leading) + 1):
+            raise ValueError(f"{eq.target} is not over the rows of {nodes[-1].target}")
+        mapping: dict[IndexVar, IndexVar] = dict(zip(eq.lhs, rvs, strict=False))
+        if len(eq.lhs) == len(leading) + 1:
+            mapping[eq.lhs[-1]] = cv
         renamed.append(Equation(eq.target, tuple(mapping.values()), rename_vars(eq.rhs, mapping)))
     defined: set[str] = set()
     loads: list[tuple[Load, Access]] = []
-    extent_of_axis = {"r": r_ext, "c": c_ext}
+    extent_of_axis = {**dict(zip(names, leading, strict=True)), "c": c_ext}
     for eq in renamed:
         for x in walk(eq.rhs):
             if not isinstance(x, Load) or x.tensor in defined or any(x == ld for ld, _ in loads):
                 continue
-            axis_of = {v: ("r" if v == rv else "c") for v in load_index_vars(x)}
+            axis_of = {v: (v.name if v in rvs else "c") for v in load_index_vars(x)}
             loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
         defined.add(eq.target)
     out_vars = renamed[-1].lhs
-    out = access_for(model.tensor(renamed[-1].target), out_vars, {v: ("r" if v == rv else "c") for v in out_vars},
+    out = access_for(model.tensor(renamed[-1].target), out_vars, {v: (v.name if v in rvs else "c") for v in out_vars},
                      extent_of_axis, storage)
-    lw = RowLowering(kernel, r_ext, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width,
+    lw = RowLowering(kernel, leading, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width,
                      -(-kernel.threads // 32),
                      RowThreads(kernel.threads, kernel.rows_per_block, kernel.vector, kernel.threads), None, ())
     passes = tuple(canonical_reduction(p) for p in reduction_passes(lw.expression()))

@@ -13,6 +13,7 @@ from dataclasses import replace
 from habu.emit_cuda.emit_columns import emit_columns
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.columns import ColumnLowering
+from habu.lower.flatten import row_count
 from habu.lower.support import COLUMNS
 from habu.paths.analytic import max_vector, multiples, needs_64bit
 from habu.paths.base import KernelPath
@@ -40,15 +41,16 @@ def default_kernel(nodes: tuple[str, ...], rows: int, cols: int, elem_bytes: int
     length allows), 32 column threads (a warp reads 32 × 16 contiguous bytes of a row) × 8 row groups, 8
     rows in flight a thread (256 × 8 × 16 = 32 KB a block: one block an SM reaches BYTES_IN_FLIGHT_PER_SM,
     the 3 to 4 of the default's grid have 3 to 4 times it, for the latency of a loaded memory system),
-    and the rows split so the grid is one wave of at most BLOCKS_PER_SM blocks per SM (a Σ into f32 only:
-    a max, or a 16-bit output, takes one split). Narrow outputs trade column threads for row groups."""
+    and the rows split so the grid is one wave of at most BLOCKS_PER_SM blocks per SM (into an f32 output:
+    a Σ's splits add atomically, a max's take the max of order-preserving keys; a 16-bit output takes one
+    split). Narrow outputs trade column threads for row groups."""
     threads, column_threads, unroll = 256, 32, 8
     tile = column_threads * vector
     while column_threads > 1 and tile // 2 >= cols:
         column_threads //= 2  # narrow outputs: fewer column threads, more row groups
         tile = column_threads * vector
     tiles = -(-cols // tile)
-    if op != "sum" or not out_f32:
+    if not out_f32:  # a 16-bit output: one split stores it (the splits combine atomically in f32 only)
         split = rows
         # one split: the column tiles alone fill the GPU, so narrow them (to 4 column threads, a warp still
         # reading 64 contiguous bytes of each of its 8 rows) until there are two blocks an SM
@@ -74,10 +76,10 @@ class ColumnsPath(KernelPath):
         stays below 2^31 elements."""
         col = as_column_reduction(column_node(model, region.nodes))
         assert col is not None
-        rows, cols = sizes[col.r.extent], sizes[col.n.extent]
+        rows, cols = row_count(tuple(v.extent for v in col.rs), sizes), sizes[col.n.extent]
         static = next((e.size for e in model.extents if e.name == col.n.extent), None)
         wide = [dtype_bytes(model, x.tensor) for x in walk(col.node.rhs)
-                if isinstance(x, Load) and x.indices == (col.r, col.n)]
+                if isinstance(x, Load) and x.indices == (*col.rs, col.n)]
         vec = max_vector(static, max(wide, default=4), multiples(model).get(col.n.extent, 1))
         out_f32 = dtype_of(model, region.output) == "f32"
         base = default_kernel(region.nodes, rows, cols, max(wide, default=4), out_f32, col.op, vec, target, 32)
@@ -89,12 +91,12 @@ class ColumnsPath(KernelPath):
                         sizes: dict[str, int]) -> Iterator[Kernel]:
         col = as_column_reduction(column_node(model, region.nodes))
         assert col is not None
-        return self.variants(base, target, sizes[col.r.extent])
+        return self.variants(base, target, row_count(tuple(v.extent for v in col.rs), sizes))
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Columns per thread (the default's vector, and 1), threads (128, 256, 512) with 16, 32 or 64
         column threads (and the default's), unroll 2/4/8, and rows per split from an eighth of the
-        default's to 8 times it (a max or a 16-bit output keeps its one split)."""
+        default's to 8 times it (a 16-bit output keeps its one split)."""
         assert isinstance(base, ColumnKernel)
         one_split = base.rows_per_split == row_length if row_length is not None else False
         splits = (base.rows_per_split,) if one_split else tuple(
@@ -112,7 +114,7 @@ class ColumnsPath(KernelPath):
         row's loads move, against BYTES_IN_FLIGHT_PER_SM), times the balance of blocks over SMs (a last
         wave that leaves SMs idle), plus the splits' atomic adds and the launch."""
         k, c = lw.kernel, target.ceilings
-        R, C = sizes[lw.r], sizes[lw.c]
+        R, C = lw.rows(sizes), sizes[lw.c]
         moved, per_row = 0.0, 0
         for _, acc in lw.loads:
             e = DTYPES[acc.dtype].bytes
@@ -120,7 +122,7 @@ class ColumnsPath(KernelPath):
             moved += e * (R * C if kind == "row-column" else R if kind == "row" else C)
             per_row += e * k.vector if kind == "row-column" else 0
         splits = int(lw.splits(sizes))
-        atomics = 8.0 * C * splits if lw.combine == "atomic" else 4.0 * C
+        atomics = 8.0 * C * splits if lw.combine in ("atomic", "atomic-max") else 4.0 * C
         blocks = int(lw.tiles(sizes)) * splits
         resident = max(1, min(2048 // k.threads, 65536 // (REGISTERS * k.threads), 32))
         held = min(float(resident), blocks / target.sm_count)  # blocks an SM holds at once, on average
@@ -131,7 +133,7 @@ class ColumnsPath(KernelPath):
         return moved + atomics, seconds
 
     def smem_bytes(self, lowering: ColumnLowering) -> int:  # type: ignore[override]
-        return 4 * lowering.partials
+        return lowering.smem_bytes
 
     def registers(self, lowering: ColumnLowering) -> int:  # type: ignore[override]
         return 0

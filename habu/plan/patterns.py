@@ -3,11 +3,13 @@
 - a *contraction*: `T[m n] = Σ k A[..m..k..] · B[..n..k..]` (rows of A may be gathered), with the
   elementwise nodes that consume only its result fused after it as an epilogue; free indices read
   plainly by both operands and the output are its batch (`S[b i j] = Σ d Q[b i d] · K[b j d]`);
-- a *row* region: nodes that work row by row over a 2-D extent pair (r, c): elementwise nodes and
-  reductions over c (RMSNorm, softmax, layer norm, bias and residual adds);
+- a *row* region: nodes that work row by row over a 2-D extent pair (r, c), or over the last axis of an
+  N-D tensor with its leading axes flattened into rows: elementwise nodes and reductions over c
+  (RMSNorm, softmax, layer norm, bias and residual adds);
 - a *map* region: elementwise nodes over one shape;
-- a *column* region: one reduction over the leading axis of its inputs, one value per column
-  (`G[n] = Σ r dY[r n]`, the bias gradient; `max`; elementwise bodies such as `Σ r dY[r n] · X[r n]`);
+- a *column* region: one reduction over the leading axis (or axes, flattened) of its inputs, one value
+  per column (`G[n] = Σ r dY[r n]`, the bias gradient; `Σ b Σ s dY[b s n]`; `max`; elementwise bodies
+  such as `Σ r dY[r n] · X[r n]`);
 - a *general* region: any other single node (a thread per output element, each reduction a loop),
   and every scatter store (`Y[IX[r] n] += ...`): the fallback, so every equation the language
   accepts has a kernel.
@@ -164,10 +166,20 @@ def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
     return True
 
 
-def row_local(eq: Equation) -> tuple[str, str] | None:
-    """(row extent, column extent) when every access of the node stays in the row it writes. A
-    one-dimensional node is a row statistic (`s[r] = f(Σ c ...)`): its columns are the ones it
-    reduces over."""
+def row_local(eq: Equation) -> tuple[tuple[str, ...], str] | None:
+    """(leading extents, column extent) when every access of the node stays in the row it writes: a
+    2-D node's rows are its first axis; an N-D node's rows are its leading axes, flattened (`row_axes`).
+    A node of fewer axes than its loads is a row statistic (`s[r] = f(Σ c ...)`): its columns are the
+    ones it reduces over."""
+    two = _row_local_2d(eq)
+    if two is not None:
+        return (two[0],), two[1]
+    axes = row_axes(eq)
+    return (tuple(v.extent for v in axes[0]), axes[1]) if axes is not None else None
+
+
+def _row_local_2d(eq: Equation) -> tuple[str, str] | None:
+    """(row extent, column extent) of a node over a 2-D extent pair (r, c), or of a row statistic s[r]."""
     if len(eq.lhs) == 2:
         r, c_ext = eq.lhs[0], eq.lhs[1].extent
     elif len(eq.lhs) == 1:
@@ -190,6 +202,42 @@ def row_local(eq: Equation) -> tuple[str, str] | None:
             if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
                 return None
     return r.extent, c_ext
+
+
+def row_axes(eq: Equation) -> tuple[tuple[IndexVar, ...], str] | None:
+    """The leading index variables (outermost first) and the column extent of an N-D row node, whose
+    rows are its leading axes flattened: `Y[b s d] = X[b s d] · rsqrt(Σ d' X[b s d'] ...)` (rows (b, s),
+    columns d), or a row statistic `m[b h i] = max j S[b h i j]` (rows (b, h, i), columns j). Each load
+    reads leading variables in their order (any of them: `W[s d]`, `g[b]`) and at most one column
+    variable, last; every reduction is over the column extent; a statistic reads some tensor's whole rows
+    (`S[b h i j]`: a batched product such as `Σ d Q[b i d] · K[b j d]` is no row's). None for anything
+    else (2-D nodes are `row_local`'s)."""
+    reduced = {v.extent for x in walk(eq.rhs) if isinstance(x, Reduce) for v in x.vars}
+    forms = []
+    if len(eq.lhs) >= 3 and not reduced - {eq.lhs[-1].extent}:  # a row out: Y[b s d]
+        forms.append((eq.lhs[:-1], eq.lhs[-1].extent))
+    if len(eq.lhs) >= 2 and len(reduced) == 1 and any(  # a row statistic of a row tensor: m[b h i]
+            isinstance(x, Load) and len(x.indices) == len(eq.lhs) + 1 and x.indices[:-1] == eq.lhs
+            for x in walk(eq.rhs)):
+        forms.append((eq.lhs, next(iter(reduced))))
+    for leading, c_ext in forms:
+        if len(set(eq.lhs)) == len(eq.lhs) and all(
+                _reads_row(x.indices, leading, c_ext) for x in walk(eq.rhs) if isinstance(x, Load)):
+            return tuple(leading), c_ext
+    return None
+
+
+def _reads_row(indices: tuple[IndexExpr, ...], leading: tuple[IndexVar, ...], c_ext: str) -> bool:
+    """The load reads leading variables in their order, then at most one column variable."""
+    rest = list(indices)
+    if rest and isinstance(rest[-1], IndexVar) and rest[-1] not in leading and rest[-1].extent == c_ext:
+        rest.pop()
+    at = -1
+    for ix in rest:
+        if not isinstance(ix, IndexVar) or ix not in leading or leading.index(ix) <= at:
+            return False
+        at = leading.index(ix)
+    return True
 
 
 def _is_col_var(ix: IndexExpr, c: IndexVar) -> bool:
@@ -237,6 +285,8 @@ def default_regions(model: Model) -> tuple[Region, ...]:
                 _merge_or_add(regions, Region("rows", (eq.target,)), model)
         elif not eq.lhs:  # a scalar: the map's lanes would all store it
             regions.append(general_region(model, eq))
+        elif (fused := column_epilogue(model, regions, eq)) is not None:
+            regions[-1] = fused  # computed from each column's reduced value, in the column kernel
         else:
             kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
             _merge_or_add(regions, Region(kind, (eq.target,)), model)
@@ -246,31 +296,48 @@ def default_regions(model: Model) -> tuple[Region, ...]:
 
 @dataclass(frozen=True)
 class ColumnReduction:
-    """`T[n] = op r body(r, n)`: one reduction (Σ or max) over the leading axis `r` of every load that
-    reads a row, the output indexed by the trailing axis `n`. Each load of the body reads `[r n]` (a
-    row's column), `[n]` (one value per column) or `[r]` (one value per row)."""
+    """`T[n] = op rs body(rs, n)`: one reduction (Σ or max) over the leading axes `rs` of every load that
+    reads a row (one axis `r`, or several flattened into rows: `G[n] = Σ b Σ s dY[b s n]`), the output
+    indexed by the trailing axis `n`. Each load of the body reads `[rs n]` (a row's column), `[n]` (one
+    value per column) or `[rs]` (one value per row), the leading axes in one order: the rows'."""
 
     node: Equation
-    r: IndexVar
+    rs: tuple[IndexVar, ...]
     n: IndexVar
     op: str
+
+
+def _reduced_vars(rhs: Reduce) -> tuple[str, tuple[IndexVar, ...], Expr]:
+    """The op, the variables and the body of a reduction, nested reductions of the same op merged
+    (`Σ b Σ s x` is `Σ b s x`)."""
+    op, vs, body = rhs.op, list(rhs.vars), rhs.body
+    while isinstance(body, Reduce) and body.op == op:
+        vs.extend(body.vars)
+        body = body.body
+    return op, tuple(vs), body
 
 
 def as_column_reduction(eq: Equation) -> ColumnReduction | None:
     """Recognise a column reduction (the column family's node), or None. A node that reads its own
     result (an in-place update) is not one: row splits add into the output while others read it."""
     rhs = eq.rhs
-    if len(eq.lhs) != 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max") or len(rhs.vars) != 1:
+    if len(eq.lhs) != 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max"):
         return None
-    (n,), (r,) = eq.lhs, rhs.vars
-    if r == n or any(isinstance(x, Reduce) for x in walk(rhs.body)):
+    op, vs, body = _reduced_vars(rhs)
+    (n,) = eq.lhs
+    if n in vs or len(set(vs)) != len(vs) or any(isinstance(x, Reduce) for x in walk(body)):
         return None
-    full = False
-    for ld in _reads(rhs.body):
-        if ld.tensor == eq.target or ld.indices not in ((r, n), (n,), (r,)):
+    loads = _reads(body)
+    full = [ld for ld in loads if len(ld.indices) == len(vs) + 1 and ld.indices[-1] == n
+            and set(ld.indices[:-1]) == set(vs)]
+    if not full:
+        return None
+    rs = tuple(full[0].indices[:-1])  # the rows' order: the first row-column load's
+    for ld in loads:
+        if ld.tensor == eq.target or ld.indices not in ((*rs, n), (n,), rs):
             return None
-        full = full or ld.indices == (r, n)
-    return ColumnReduction(eq, r, n, rhs.op) if full else None
+    node = eq if len(vs) == len(rhs.vars) else Equation(eq.target, eq.lhs, Reduce(op, vs, body), eq.scatter)
+    return ColumnReduction(node, rs, n, op)
 
 
 def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:
@@ -285,11 +352,42 @@ def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:
     return expr
 
 
-def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:
-    """The node a column region computes: its last, with the elementwise nodes before it inlined."""
+def column_parts(model: Model, nodes: tuple[str, ...]) -> tuple[Equation, tuple[Equation, ...]]:
+    """A column region's reduction node, with the elementwise prologue nodes before it inlined, and its
+    epilogue: the elementwise nodes after it, one value per column (`H[n] = G[n] · 0.5`)."""
     eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
-    last = eqs[-1]
-    return Equation(last.target, last.lhs, inline_nodes(last.rhs, {e.target: e for e in eqs[:-1]}))
+    at = next((i for i, e in enumerate(eqs) if any(isinstance(x, Reduce) for x in walk(e.rhs))), len(eqs) - 1)
+    red = eqs[at]
+    return Equation(red.target, red.lhs, inline_nodes(red.rhs, {e.target: e for e in eqs[:at]})), tuple(eqs[at + 1:])
+
+
+def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:
+    """The reduction node a column region computes, its elementwise prologue nodes inlined."""
+    return column_parts(model, nodes)[0]
+
+
+def column_region(model: Model, nodes: tuple[str, ...]) -> ColumnReduction | None:
+    """The region's column reduction when the column family computes the region: the reduction (its
+    prologue inlined) is a column reduction, and every epilogue node is elementwise over the columns,
+    reading the reduction and the epilogue's earlier nodes at its own column, and other tensors at the
+    column (`S[n]`) or as scalars; no epilogue node but the last is read outside the region or output."""
+    node, epilogue = column_parts(model, nodes)
+    col = as_column_reduction(node)
+    if col is None or not epilogue:
+        return col
+    inside = {node.target}
+    outputs = {t.name for t in model.outputs}
+    for e in epilogue:
+        if len(e.lhs) != 1 or e.lhs[0].extent != col.n.extent or e.scatter is not None:
+            return None
+        for x in walk(e.rhs):
+            if isinstance(x, Reduce) or (isinstance(x, Load) and x.indices not in ((), e.lhs)):
+                return None
+        for t in inside:  # an inner value read outside the region would need storing
+            if t in outputs or any(c.target not in nodes for c in consumers(model, t)):
+                return None
+        inside.add(e.target)
+    return col
 
 
 def column_prologue(model: Model, regions: list[Region], eq: Equation) -> Region | None:
@@ -306,7 +404,19 @@ def column_prologue(model: Model, regions: list[Region], eq: Equation) -> Region
     if consumers(model, prev.output) != [eq]:
         return None
     nodes = (*prev.nodes, eq.target)
-    return Region("columns", nodes) if as_column_reduction(column_node(model, nodes)) is not None else None
+    return Region("columns", nodes) if column_region(model, nodes) is not None else None
+
+
+def column_epilogue(model: Model, regions: list[Region], eq: Equation) -> Region | None:
+    """The previous column region with `eq` as (the next node of) its epilogue, when `eq` is elementwise
+    over its columns and reads its result (`H[n] = G[n] · 0.5`, a cast `Gb[n] = G[n]`)."""
+    if not regions or regions[-1].kind != "columns" or not eq.lhs or any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+        return None
+    prev = regions[-1]
+    if consumers(model, prev.output) != [eq]:
+        return None
+    nodes = (*prev.nodes, eq.target)
+    return Region("columns", nodes) if column_region(model, nodes) is not None else None
 
 
 def general_region(model: Model, eq: Equation) -> Region:
@@ -370,8 +480,10 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                 at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
                 for lo, hi in pairwise(at):
                     piece = r.nodes[lo:hi]
-                    if r.kind == "columns" and piece[-1] == r.output:  # its reduction, with what prologue is left
-                        kind = "columns" if as_column_reduction(column_node(model, piece)) else "general"
+                    reduces = any(isinstance(x, Reduce) for t in piece for x in walk(
+                        next(e for e in model.nodes if e.target == t).rhs))
+                    if r.kind == "columns" and reduces:  # its reduction, with what prologue and epilogue are left
+                        kind = "columns" if column_region(model, piece) else "general"
                     else:
                         kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
                     regions.append(Region(kind, piece))

@@ -205,7 +205,7 @@ def read(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: M
 
 
 def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values: np.ndarray,
-          sizes: Mapping[str, int], mem: Memory, width: int, accumulate: bool,
+          sizes: Mapping[str, int], mem: Memory, width: int, accumulate: bool | str,
           owned: np.ndarray | None = None, where=None) -> None:
     offsets, mask, bad = _offsets(kernel, access, coords, sizes, mem, width, "writes", where)
     mask = mask & ~bad  # a store outside the tensor never lands in it

@@ -6,7 +6,10 @@ of its row loop (`row`, masked by `row_end`), its partials written to a modelled
 (`combine_start`, `combine_step`), each reading every row group's partial at `combined_slot` (a slot
 never written reads poison and faults) and storing at `tile_column` — added into the output when the
 lowering combines splits atomically, stored otherwise (two splits storing one column are a race the
-check names). Loads and the store go through `read`/`write`, which fault out of bounds.
+check names). Loads and the store go through `read`/`write`, which fault out of bounds. An epilogue
+(`H[n] = G[n] · 0.5`) is computed from each column's combined value: by the combining thread when one
+split stores, else by the launch's last block (`final_start`, `final_step`) from the value the splits
+combined into the output's buffer (modelled as a buffer of its own, read back once every block ran).
 """
 
 from __future__ import annotations
@@ -41,9 +44,77 @@ def _reduce(f: PrimeField, op: str, values: np.ndarray, mask: np.ndarray, axes: 
 
 def run_columns(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, blocks,
                 keep: np.ndarray | None = None) -> None:
-    """Run the blocks `blocks`, (tile, split) pairs."""
+    """Run the blocks `blocks`, (tile, split) pairs; then the last block's pass over the columns."""
     for tile, split in blocks:
         _run_block(name, lw, sizes, mem, int(tile), int(split))
+    if lw.final_pass and lw.epilogue is not None:
+        _final_pass(name, lw, sizes, mem, sorted({int(t) for t, _ in blocks}))
+
+
+def _combined_buffer(lw: ColumnLowering):
+    """Where the splits combine their partials before the last block's epilogue: the output's buffer,
+    modelled apart (the epilogue then overwrites it)."""
+    from dataclasses import replace
+
+    return replace(lw.out, tensor="@combined:" + lw.out.tensor)
+
+
+def _epilogue(name: str, lw: ColumnLowering, value: np.ndarray, col: np.ndarray, sizes: Mapping[str, int],
+              mem: Memory, where) -> np.ndarray:
+    """The epilogue of the columns `col`, from their reduced `value`; the identity without one."""
+    if lw.epilogue is None:
+        return value
+
+    def leaf(ld: Load) -> np.ndarray:
+        if ld.tensor == lw.reduced:
+            return value
+        return read(name, lw.access(ld), {"c": col}, sizes, mem, lw.index_width, where)
+
+    return eval_pointwise(lw.epilogue, leaf, mem.field, sizes)
+
+
+def _final_pass(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, tiles: list[int]) -> None:
+    """The last block's pass: its threads' columns (`final_start`, `final_step`) of the tiles run, each
+    read from the combined buffer, put through the epilogue and stored."""
+    C = sizes[lw.c]
+    tid = np.arange(lw.kernel.threads, dtype=np.int64)[:, None]
+    q = np.arange(-(-C // max(1, lw.final_step)) + 1, dtype=np.int64)[None, :]
+    visited = (np.asarray(lw.final_start(tid), dtype=np.int64) + q * lw.final_step).ravel()
+    visited = visited[(visited >= 0) & (visited < C)]
+    wanted = np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, C)) for t in tiles])
+    col = np.intersect1d(visited, wanted)
+
+    def where(bad: np.ndarray) -> str:
+        return f"{lw.out.tensor}[{int(col[np.nonzero(np.broadcast_to(bad, col.shape))[0][0]])}] (the last block's pass)"
+
+    buffer = _combined_buffer(lw)
+    offsets = np.asarray(buffer.offset({"c": col}, sizes, _Ints()), dtype=np.int64)
+    values, written = mem.written[buffer.tensor].read(offsets) if buffer.tensor in mem.written else (
+        np.zeros(col.shape, np.int64), np.zeros(col.shape, bool))
+    values = np.where(written, values, mem.poison(col + 104729))
+    if not np.all(written):
+        mem.fault(f"{name}: the last block reads {lw.out.tensor}[{int(col[~written][0])}], which no split combined")
+    write(name, lw.out, {"c": col}, _epilogue(name, lw, values, col, sizes, mem, where), sizes, mem, lw.index_width,
+          False, col < C, where)
+
+
+class _Ints:
+    """Plain integer arithmetic for an offset the interpreter computes (no wrap: the buffer is modelled)."""
+
+    def cast(self, x):
+        return x
+
+    def mul(self, a, b):
+        return a * b
+
+    def add(self, a, b):
+        return a + b
+
+    def zero(self):
+        return 0
+
+    def table(self, name, coordinate):
+        raise ValueError(f"a column kernel's output reads no index tensor ({name})")
 
 
 def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, tile: int, split: int) -> None:
@@ -64,7 +135,7 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     end = lw.row_end(split, sizes)
     rows = np.asarray(lw.row(begin, i, u, g), dtype=np.int64)
     in_rows = rows < end
-    coords = {"r": rows, "c": cols}
+    coords = {**lw.row_coordinates(rows, sizes), "c": cols}  # through the row → coordinates map
 
     def leaf(ld: Load) -> np.ndarray:
         return read(name, lw.access(ld), coords, sizes, mem, lw.index_width, where)
@@ -112,7 +183,12 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     combined = _reduce(f, lw.op, values, np.ones(values.shape, bool), (0,), merge=True)
     col = np.asarray(lw.tile_column(tile, j), dtype=np.int64)
     owned = (col >= tile * lw.tile) & (col < (tile + 1) * lw.tile) & (col < sizes[lw.c])
-    write(name, lw.out, {"c": col}, combined, sizes, mem, lw.index_width, lw.combine == "atomic", owned, where)
+    merge = {"atomic": True, "atomic-max": "max"}.get(lw.combine, False)  # added, maxed, or stored
+    if lw.final_pass and lw.epilogue is not None:  # the last block computes the epilogue from these
+        write(name, _combined_buffer(lw), {"c": col}, combined, sizes, mem, lw.index_width, merge, owned, where)
+        return
+    stored = _epilogue(name, lw, combined, col, sizes, mem, where) if lw.combine == "store" else combined
+    write(name, lw.out, {"c": col}, stored, sizes, mem, lw.index_width, merge, owned, where)
 
 
 # ----------------------------------------------------------------------------- the column kind
@@ -137,4 +213,4 @@ def _columns_for_box(lw: ColumnLowering, box: tuple[np.ndarray, ...], sizes: Map
 register_kind(ColumnLowering, KindProof(
     run=run_columns, box_selection=_columns_for_box,
     final_selection=lambda lw, sizes: column_selection(lw, sample_tiles(int(lw.tiles(sizes))), sizes),
-    frozen_extents=lambda lw: (lw.r, lw.c)))  # its row splits and column tiles are checked at full size
+    frozen_extents=lambda lw: (*lw.leading, lw.c)))  # its row splits and column tiles are checked at full size

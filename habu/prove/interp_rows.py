@@ -91,7 +91,7 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
     C = sizes[lw.c]
     v = _Visits(lw, sizes)
     cols = v.cols
-    coords = {"r": rows[:, None], "c": cols[None, :]}
+    coords = lw.coordinates(rows[:, None], cols[None, :], sizes)  # through the row → coordinates map
     loads = RowLoads(lw)
     kept, cache = lw.kept_row(), lw.row_cache(sizes)
     col_mask = (cols < C)[None, :] if lw.reduce_mask else np.ones((1, len(cols)), bool)
@@ -131,10 +131,11 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
             reduced[p] = f.product_last(np.where(col_mask, (f.max_point - body) % f.p, 1))[:, None]
     value = np.broadcast_to(ev(lw.expression()), (len(rows), len(cols)))
     if lw.per_row:  # a row statistic: one value per row, stored once (by lane 0)
-        owned = rows[:, None] < sizes[lw.r]
-        write(name, lw.out, {"r": rows[:, None]}, value[:, :1], sizes, mem, lw.index_width, False, owned, where)
+        owned = rows[:, None] < lw.rows(sizes)
+        write(name, lw.out, lw.row_coordinates(rows[:, None], sizes), value[:, :1], sizes, mem, lw.index_width, False,
+              owned, where)
         return
-    owned = (rows[:, None] < sizes[lw.r]) & (cols < C)[None, :]
+    owned = (rows[:, None] < lw.rows(sizes)) & (cols < C)[None, :]
     write(name, lw.out, coords, value, sizes, mem, lw.index_width, False, owned, where)
 
 
@@ -194,21 +195,49 @@ def _map_coords(flat: np.ndarray, dims: list[int]) -> dict[str, np.ndarray]:
 
 def _rows_final(lw: RowLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
     rb = lw.kernel.rows_per_block
-    nblocks = -(-sizes[lw.r] // rb)
+    nblocks = -(-lw.rows(sizes) // rb)
     blocks = np.array(sample_tiles(nblocks), dtype=np.int64)
     rows = np.unique((blocks[:, None] * rb + np.arange(rb)).ravel())
-    rows = rows[rows < sizes[lw.r]]
-    box = (rows, np.arange(sizes[lw.c])) if len(lw.out.extents) == 2 else (rows,)  # a row statistic: one a row
+    rows = rows[rows < lw.rows(sizes)]
+    if len(lw.leading) > 1:  # the box of the sampled rows' leading coordinates, and every row block it holds
+        flat_rows = _flat_rows(lw, _leading_box(lw, rows, sizes), sizes)
+        blocks = np.unique(flat_rows // rb)
+        rows = flat_rows
+    leading = _leading_box(lw, rows, sizes)
+    box = (*leading, np.arange(sizes[lw.c])) if not lw.per_row else leading  # a row statistic: one a row
     return blocks, box, f"row blocks {blocks.tolist()} of {nblocks}"
 
 
+def _leading_box(lw: RowLowering, rows: np.ndarray, sizes: Mapping[str, int]) -> tuple[np.ndarray, ...]:
+    """Per leading axis, the coordinates the flattened `rows` have (the lowering's map), each once. The
+    check then runs the blocks that hold every row of their box in row-major order: a map that sends a
+    row elsewhere leaves some element of the box unwritten or wrong."""
+    coords = lw.row_coordinates(rows, sizes)
+    out = []
+    for a, e in zip(lw.row_axes, lw.leading, strict=True):
+        c = np.unique(np.broadcast_to(coords[a], rows.shape))
+        out.append(c[(c >= 0) & (c < sizes[e])])  # a wrong map's coordinates past the extent: never the model's
+    return tuple(out)
+
+
+def _flat_rows(lw: RowLowering, leading: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> np.ndarray:
+    """The flattened rows of every combination of the leading coordinates (row-major), sorted."""
+    grids = np.meshgrid(*leading, indexing="ij")
+    dims = [sizes[e] for e in lw.leading]
+    return np.unique(np.ravel_multi_index(tuple(g.ravel() for g in grids), dims)).astype(np.int64)
+
+
 def _rows_for_box(lw: RowLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
-    blocks = np.unique(box[0] // lw.kernel.rows_per_block)
-    return blocks, box[0], f"{len(blocks)} row blocks"
+    rows = box[0] if len(lw.leading) == 1 else _flat_rows(lw, box[:len(lw.leading)], sizes)
+    blocks = np.unique(rows // lw.kernel.rows_per_block)
+    return blocks, rows, f"{len(blocks)} row blocks"
 
 
 def _rows_axes(name: str, lw: RowLowering) -> list[TileAxis]:
-    return [TileAxis(name, "r", lw.r, lw.kernel.rows_per_block), TileAxis(name, "c", lw.c, lw.chunk)]
+    # flattened rows: every leading extent keeps its class modulo the rows of a block, so the witness's
+    # row count does too (B' ≡ B and S' ≡ S give B'·S' ≡ B·S)
+    return [*(TileAxis(name, a, e, lw.kernel.rows_per_block) for a, e in zip(lw.row_axes, lw.leading, strict=True)),
+            TileAxis(name, "c", lw.c, lw.chunk)]
 
 
 def _map_final(lw: MapLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:

@@ -403,7 +403,10 @@ def _fmt(acc: Access, inner_pos: int, ctx: Context) -> str:
 def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
     k = lw.kernel
     s = ctx.ext
-    axes = {"r": (s[lw.r], k.rows_per_block), "c": (s[lw.c], lw.chunk)}
+    # the leading coordinates of a flattened row stay below their extents (r / #S < #B where r < #B·#S); the
+    # 32-bit rule over the flattened row index itself is the launch's (`_row_lanes`)
+    rows = {a: (s[e], k.rows_per_block if len(lw.leading) == 1 else 1) for a, e in zip(lw.row_axes, lw.leading, strict=True)}
+    axes = {**rows, "c": (s[lw.c], lw.chunk)}
     for _ld, acc in lw.loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
         if k.vector > 1:

@@ -14,9 +14,11 @@ from habu.prove.obligation import Context, Obligation, Rule
 from habu.prove.rules_fields import _grid, _lanes
 
 COLUMN_RULES = {r.name: r for r in (
-    Rule("row-split-combine", "row splits of a column reduction add their partials atomically into an f32 "
-         "output, and only a Σ does; one split stores directly",
-         "atomicAdd semantics: a split that stores overwrites the others' partials (the last write wins)"),
+    Rule("row-split-combine", "row splits of a column reduction combine their partials atomically into an f32 "
+         "output: a Σ adds them (atomicAdd), a max takes their max on order-preserving integer keys "
+         "(atomicMax, decoded once every split is in); one split stores directly",
+         "atomicAdd/atomicMax semantics: a split that stores overwrites the others' partials (the last write "
+         "wins); a max added, or a sum maxed, is another function"),
 )}
 
 # static shared memory a block may declare (`__shared__` arrays; more needs a dynamic opt-in)
@@ -31,14 +33,16 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
     )
 
     k, s, t = lw.kernel, ctx.ext, ctx.target
-    axes = {"r": (s[lw.r], 1), "c": (s[lw.c], 1)}
+    axes = {**{a: (s[e], 1) for a, e in zip(lw.row_axes, lw.leading, strict=True)}, "c": (s[lw.c], 1)}
     for _ld, acc in lw.loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
+    for _ld, acc in lw.epi_loads:
+        yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     yield from supported(name, lw, ctx)
     yield Obligation(R["threads"], name, None, f"{k.threads} threads per block ≤ {t.max_threads_per_block}",
                      k.threads <= t.max_threads_per_block, detail=f"{k.threads} threads")
-    smem = 4 * lw.partials
+    smem = lw.smem_bytes
     most = min(STATIC_SMEM, t.smem_per_block)
     yield Obligation(R["smem-budget"], name, None,
                      f"{smem} bytes of shared partials ({lw.row_groups} row groups × {lw.tile} columns) ≤ {most}",
@@ -51,17 +55,19 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
                              detail=f"#{lw.c} is not a multiple of {k.vector}: a row's packed loads are misaligned")
     splits, tiles = lw.splits(s), lw.tiles(s)
     rule = COLUMN_RULES["row-split-combine"]
-    if lw.combine == "atomic":
-        ok = lw.op == "sum" and lw.out.dtype == "f32"
+    if lw.combine in ("atomic", "atomic-max"):
+        want = "sum" if lw.combine == "atomic" else "max"
+        ok = lw.op == want and lw.out.dtype == "f32"
+        how = "add" if want == "sum" else "take the max of"
         yield Obligation(rule, name, lw.out.tensor,
-                         f"row splits add their partials of {lw.out.tensor} atomically: a Σ into f32", ok,
-                         detail=f"a {lw.op} into {lw.out.dtype}: atomicAdd adds f32 partial sums")
+                         f"row splits {how} their partials of {lw.out.tensor} atomically: a {want} into f32", ok,
+                         detail=f"a {lw.op} into {lw.out.dtype}: the splits {how} f32 partials ({lw.combine})")
     else:
         yield Obligation(rule, name, lw.out.tensor,
-                         f"one row split stores {lw.out.tensor} (⌈#{lw.r}/{k.rows_per_split}⌉ ≤ 1): no split "
+                         f"one row split stores {lw.out.tensor} (⌈#{lw.rows_name}/{k.rows_per_split}⌉ ≤ 1): no split "
                          "overwrites another's partial", splits <= 1,
                          detail=f"several row splits store {lw.out.tensor} where they must add (the last write "
-                                f"wins); a {lw.op} into {lw.out.dtype} takes one split (rows_per_split ≥ #{lw.r})")
+                                f"wins); a {lw.op} into {lw.out.dtype} takes one split (rows_per_split ≥ #{lw.rows_name})")
     yield _grid(name, "x", "one block per column tile", tiles, t.max_grid_x)
     yield _grid(name, "y", "one block per row split", splits, t.max_grid_yz)
     if lw.index_width == 32:

@@ -91,8 +91,8 @@ def _row_launch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation
                 groups * k.cluster, ctx.target.max_grid_x)
     if k.prefetch and lw.index_width == 32:
         # r += row_step (the clusters launched, at most the groups) after the last row
-        yield _lanes(name, f"the row index r + row_step after a block's last row (≤ #{lw.r} − 1 + "
-                           f"⌈#{lw.r}/{k.rows_per_block}⌉)", s[lw.r] - 1 + groups)
+        yield _lanes(name, f"the row index r + row_step after a block's last row (≤ #{lw.rows_name} − 1 + "
+                           f"⌈#{lw.rows_name}/{k.rows_per_block}⌉)", lw.rows(s) - 1 + groups)
     if lw.index_width == 32:
         yield from _row_lanes(name, lw, ctx)
 
@@ -133,6 +133,13 @@ def _row_lanes(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]
     cache = lw.row_cache(s)
     if cache is not None:
         yield _lanes(name, "the row cache's slot of a thread's last chunk", cache.last_slot(loop))
+    if len(lw.leading) > 1:
+        # a flattened row's offsets: every access of the row reads at most the offset of X[b s .. c] at the
+        # last row a block computes (masked or not) and its last column, r·#C + c
+        last_row = m.row(groups - 1, m.rows - 1)
+        yield _lanes(name, f"the flattened row's offset r·#{lw.c} + c at the last row (⌈#{lw.rows_name}/{m.rows}⌉·"
+                           f"{m.rows} − 1) and column a thread computes", last_row * s[lw.c] + base
+                     + loop.column(last, loop.vector - 1))
 
 
 def _stage(name: str, stage: StageLowering, width: int, ctx: Context) -> Iterator[Obligation]:

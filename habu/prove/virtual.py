@@ -89,9 +89,11 @@ class WrittenTensor:
     """A tensor a kernel writes: which flat offsets hold which values (sparse), with write counts.
 
     With a `base` (a scatter adding into its target's prior contents) every element holds a value:
-    the base's plus the sum of what was added there."""
+    the base's plus the sum of what was added there. `accumulate` "max": the writes are partial maxima
+    (over GF(p) the products of (point − x), habu.spec.field) merged by their product, as an atomic max
+    of partials merges them."""
 
-    def __init__(self, name: str, numel: int, p: int, accumulate: bool, base: VirtualTensor | None = None):
+    def __init__(self, name: str, numel: int, p: int, accumulate: bool | str, base: VirtualTensor | None = None):
         self.name = name
         self.numel = numel
         self.p = p
@@ -116,7 +118,11 @@ class WrittenTensor:
                 val = np.zeros(0, np.int64)
             uniq, inverse, counts = np.unique(off, return_inverse=True, return_counts=True)
             sums = np.zeros(len(uniq), dtype=np.int64)
-            if self.accumulate:
+            if self.accumulate == "max":
+                sums[:] = 1
+                for i, v in zip(inverse.tolist(), val.tolist(), strict=True):
+                    sums[i] = sums[i] * v % self.p
+            elif self.accumulate:
                 np.add.at(sums, inverse, val)
                 sums %= self.p
             else:

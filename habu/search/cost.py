@@ -158,7 +158,7 @@ def tie_break(lw: Lowering, sizes: Mapping[str, int], target: Target) -> tuple[f
 
 
 def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
-    R, C = sizes[lw.r], sizes[lw.c]
+    R, C = lw.rows(sizes), sizes[lw.c]
     # each tensor once, however many times the region's words read it (SOFTMAX reads x three times)
     per_tensor: dict[str, float] = {}
     for _, a in lw.loads:
@@ -204,7 +204,7 @@ def columns_cost(lw: ColumnLowering, sizes: Mapping[str, int], target: Target) -
     path = path_for(lw.kernel)
     assert isinstance(path, ColumnsPath)
     moved, seconds = path.seconds(lw, sizes, target)
-    return KernelCost(2.0 * sizes[lw.r] * sizes[lw.c], moved, seconds, "memory")
+    return KernelCost(2.0 * lw.rows(sizes) * sizes[lw.c], moved, seconds, "memory")
 
 
 def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> KernelCost:

@@ -43,6 +43,10 @@ CASES = {  # name: (rows, columns, body, input dtype, output dtype, pins, runtim
     "unroll-1-ragged-splits": ("1000", "776", "Σ r dY[r n]", "bf16", "f32", {"unroll": "1", "rows_per_split": "33"}, {}),
     "three-row-groups": ("1000", "776", "Σ r dY[r n]", "bf16", "f32", {"threads": "96", "column_threads": "32"}, {}),
     "runtime": ("1..8192", "8..16384%8", "Σ r dY[r n]", "bf16", "f32", {}, {"R": 777, "N": 4104}),
+    # a max split over row blocks: atomicMax on ordered keys, the last block decodes (issue 19)
+    "max-split-ragged": ("3000", "776", "max r dY[r n]", "bf16", "f32", {"rows_per_split": "100"}, {}),
+    "max-split-negatives": ("3000", "777", "max r (0 - abs(dY[r n]))", "bf16", "f32", {"rows_per_split": "64"}, {}),
+    "max-split-runtime": ("1..8192", "8..16384%8", "max r dY[r n] · W[r]", "bf16", "f32", {}, {"R": 5001, "N": 4104}),
 }
 
 
@@ -67,7 +71,20 @@ def test_the_bias_grad_example_passes_the_exact_check():
     assert result.ok and result.applicable, result.reason()
 
 
-@pytest.mark.parametrize("name", ["columns-partials-transposed", "columns-split-stores"])
+@pytest.mark.parametrize("model", ["BIAS-GRAD-3D", "COL-MAX"])
+def test_the_bias_grad_examples_over_two_axes_and_max_pass_the_exact_check_twice(model):
+    """Σ b Σ s dY3[b s n] (rows flattened) and a max split over row blocks, at the example's size; the max
+    twice in a row (its last block resets the module's block counter for the next launch)."""
+    built = build(str(ROOT / "examples" / "column_reductions.habu"), model, {})
+    assert [k.kind for k in built.plan.kernels] == ["columns"]
+    checker = ExactChecker(built.model, built.sizes, seed=5)
+    for _ in range(2):
+        result = checker.check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("name", ["columns-partials-transposed", "columns-split-stores", "columns-max-splits-added",
+                                  "columns-max-splits-stored", "columns-flattening-divisor-wrong"])
 def test_a_planted_emitter_bug_fails_the_exact_check_on_the_gpu(name):
     """The mutant the finite-field check kills on the CPU, printed and run: the GPU shows it too."""
     (m,) = [m for m in MUTANTS if m.name == name]

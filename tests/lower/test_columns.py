@@ -117,8 +117,8 @@ def test_bodies_and_outputs(name):
     plan = plan_of(model)
     (lw,) = lower_plan(model, plan)
     assert isinstance(lw, ColumnLowering)
-    # a max or a 16-bit output keeps one split, which stores
-    assert lw.combine == ("atomic" if out == "f32" and rhs.startswith("Σ") else "store")
+    # into f32 a Σ's splits add, a max's take the max of ordered keys; a 16-bit output keeps one split, which stores
+    assert lw.combine == ("store" if out != "f32" else "atomic" if rhs.startswith("Σ") else "atomic-max")
     proof = prove(model, plan, {}, trials=2)
     assert proof.ok and proof.certificate is not None and proof.certificate.passed, proof.certificate
 
@@ -175,11 +175,34 @@ def _violated(model, plan) -> set[str]:
     return {o.rule.name for o in failures(obligations(model, plan))}
 
 
-def test_several_splits_of_a_max_are_refused_by_name():
+def test_several_splits_of_a_max_into_f32_take_the_max_of_ordered_keys():
+    """A column max split over row blocks: each split's partial max goes into the zero-filled output as an
+    order-preserving integer key (atomicMax), and the launch's last block decodes the keys (issue 19)."""
     model = column_model("300", "64", "max r dY[r n]")
+    plan = plan_of(model, {"rows_per_split": "64"})
+    (lw,) = lower_plan(model, plan)
+    assert lw.combine == "atomic-max" and int(lw.splits({"R": 300, "N": 64})) == 5
+    proof = prove(model, plan, {}, trials=2)
+    assert proof.ok and proof.certificate is not None and proof.certificate.passed, proof.certificate
+    (kernel,) = emit_plan(model, plan, TARGET).kernels
+    assert "habu::atomic_max_ordered(" in kernel.source and "habu::last_block_done(&retired_" in kernel.source
+    assert kernel.zero == ("G",)
+
+
+def test_several_splits_of_a_max_into_bf16_are_refused_by_name():
+    model = column_model("300", "64", "max r dY[r n]", out="bf16")
     bad = failures(obligations(model, plan_of(model, {"rows_per_split": "64"})))
     (ob,) = [o for o in bad if o.rule.name == "row-split-combine"]
     assert "no split overwrites another's partial" in ob.describe() and "where they must add" in ob.detail
+
+
+def test_a_sum_combined_by_atomic_max_is_refused():
+    model = column_model("300", "64")
+    plan = plan_of(model, {"rows_per_split": "64"})
+    lowered = lower_whole(model, plan)
+    maxing = replace(lowered, kernels=(replace(lowered.kernels[0], combine="atomic-max"),))
+    bad = failures(obligations(model, plan, lowered=maxing))
+    assert [o.rule.name for o in bad] == ["row-split-combine"] and "a sum into f32" in bad[0].detail
 
 
 def test_several_splits_into_a_bf16_output_are_refused():
@@ -262,6 +285,7 @@ def test_a_bad_column_kernel_field_in_json_is_a_habu_error():
 @pytest.mark.parametrize(("rhs", "dtype", "out", "r", "n"), [
     ("Σ r dY[r n]", "bf16", "f32", "8192", "14336"),
     ("max r dY[r n]", "f16", "f32", "300", "200"),
+    ("max r dY[r n]", "bf16", "f32", "8192", "4096"),  # split: atomicMax on ordered keys, the last block decodes
     ("Σ r ( dY[r n] · X[r n] · S[n] + W[r] )", "f32", "bf16", "77", "1001"),
 ])
 def test_nvrtc_compiles_the_emitted_source(rhs, dtype, out, r, n):
@@ -271,7 +295,7 @@ def test_nvrtc_compiles_the_emitted_source(rhs, dtype, out, r, n):
     (kernel,) = emit_plan(model, plan_of(model), TARGET).kernels
     compiled = compile_cuda(kernel.source, kernel.name, "sm_90a")
     assert compiled.resources.registers > 0 and not compiled.resources.spills
-    assert compiled.resources.smem == 4 * kernel.lowering.partials
+    assert compiled.resources.smem == kernel.lowering.smem_bytes
 
 
 def test_regression_the_exported_grid_of_column_and_general_kernels():

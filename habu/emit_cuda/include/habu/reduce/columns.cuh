@@ -45,4 +45,49 @@ __device__ __forceinline__ void accumulate(float& acc, float value) {
   acc = IsMax ? fmaxf(acc, value) : acc + value;
 }
 
+/** @brief The order-preserving integer key of a float: `a < b` as floats exactly when
+ * `ordered_key(a) < ordered_key(b)` as unsigned integers (a non-negative float's bits with the sign bit
+ * set; a negative float's bits inverted). Key 0 is below every float's but a NaN's with every bit set:
+ * a zero-filled output is the identity of a max over keys. */
+__device__ __forceinline__ u32 ordered_key(float v) {
+  const u32 bits = __float_as_uint(v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+/** @brief The float whose `ordered_key` is `key`. */
+__device__ __forceinline__ float from_ordered_key(u32 key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+/** @brief A row split's partial max `v` combined into the output element `p` (zero-filled before the
+ * launch) as its `ordered_key`: after every split, `p` holds the key of the max, which the launch's last
+ * block (`last_block_done`) turns back into the float (`decode_ordered`). */
+__device__ __forceinline__ void atomic_max_ordered(float* p, float v) {
+  atomicMax(reinterpret_cast<unsigned int*>(p), ordered_key(v));
+}
+
+/** @brief The float of the key an output element holds, written over it (run by the last block only). */
+__device__ __forceinline__ void decode_ordered(float* p) {
+  volatile unsigned int* q = reinterpret_cast<volatile unsigned int*>(p);
+  *q = __float_as_uint(from_ordered_key(*q));
+}
+
+/** @brief Whether this block is the launch's last to finish (every block calls it once, after its
+ * atomics): the CUDA threadFenceReduction pattern, on a counter of the module (`retired`, zero at load)
+ * that the last block sets back to zero for the next launch. Launches of one kernel must not overlap
+ * (they do not: a plan's launches are in stream order). */
+__device__ __forceinline__ bool last_block_done(unsigned int* retired) {
+  __shared__ bool is_last;
+  __threadfence();  // this block's atomics are visible to every block before it counts itself
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+    is_last = atomicAdd(retired, 1u) == blocks - 1u;
+    if (is_last) *retired = 0u;
+  }
+  __syncthreads();
+  if (is_last) __threadfence();
+  return is_last;
+}
+
 }  // namespace habu
