@@ -20,6 +20,17 @@ from habu.target import Target
 from habu.targets import Ceilings
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
+Schedule = tuple[tuple[int, int, int], int, int]  # (tile_m, tile_n, tile_k), warps, stages
+
+# a contraction of at most this many output rows is skinny (decode: 1 to 128 tokens through a layer's
+# weights): its time is the weights' bytes streamed once, so its default has narrow tiles and enough
+# blocks (tiles x splits) in flight to keep every SM's loads going
+SKINNY_ROWS = 128
+# a skinny default narrows its tiles until they give at least 7/8 of the SMs a block, and a split-K
+# one (f32 output, linear epilogue) splits until about two blocks per SM: small work units balance
+SKINNY_FILL = 7 / 8
+SKINNY_BLOCKS_PER_SM = 2
+SKINNY_MIN_K_TILES = 8  # k tiles of one split at least (a split's prologue and combine stay small)
 
 
 def target_moves(target: Target) -> list[str]:
@@ -109,7 +120,11 @@ class ContractionPath(KernelPath):
         if not forced and not self.takes(facts, target):
             return None
         c = facts.c
-        tile, warps, stages = self.default_schedule(facts.m, facts.n, target)
+        out_dt = model.tensor(region.output).dtype
+        # split-K adds partials atomically: a lone contraction into f32 (the `split-k-linear` rule)
+        splittable = len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32"
+        skinny = self.skinny_schedule(facts, target, splittable) if facts.m <= SKINNY_ROWS else None
+        tile, warps, stages = skinny[0] if skinny else self.default_schedule(facts.m, facts.n, target)
 
         def movement(op: Operand, tile_along_inner: int) -> tuple[str, int]:
             decl = model.tensor(op.load.tensor)
@@ -126,8 +141,9 @@ class ContractionPath(KernelPath):
         b_move, b_vec = movement(c.b, tile[2] if c.b.k_pos == 1 else tile[1])
         tiles = -(-facts.m // tile[0]) * -(-facts.n // tile[1])
         split = 1
-        out_dt = model.tensor(region.output).dtype
-        if len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32":
+        if skinny:
+            split = skinny[1]
+        elif splittable:
             while tiles * split * 2 <= target.sm_count and -(-facts.k // tile[2]) >= 8 * split * 2:
                 split *= 2
         eb = max(dtype_bytes(model, c.a.load.tensor), dtype_bytes(model, c.b.load.tensor))
@@ -142,8 +158,57 @@ class ContractionPath(KernelPath):
             swizzle=swizzle if "tma" in (a_move, b_move) or self.swizzled else 0,
             accumulator="f32", index_width=index_width(model, sizes),
         )
-        return replace(kernel, store="tma") if plain_output(model, region, c, target, sizes) \
-            and tma_store_fits(model, kernel, target) else kernel
+        if plain_output(model, region, c, target, sizes) and (skinny or tma_store_fits(model, kernel, target)):
+            kernel = replace(kernel, store="tma")
+        if skinny:  # as deep as shared memory holds (TMA stores kept where they fit)
+            kernel = fit_stages(model, kernel, target)
+        return kernel
+
+    # ------------------------------------------------------------------ skinny contractions
+
+    def skinny_tile_m(self, m: int) -> int | None:
+        """The tile rows of a skinny default (at most SKINNY_ROWS output rows), or None: the path has
+        no skinny default and uses `default_schedule`."""
+        return None
+
+    def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
+        """The tile widths a skinny default may take, widest first (the narrowest the path prints last)."""
+        return ()
+
+    def skinny_warps_stages(self, tile_m: int, tile_n: int, tile_k: int, b_bytes: int) -> tuple[int, int]:
+        """The warps and the (largest wanted) pipeline depth of a skinny tile; `fit_stages` then
+        shortens the ring to what shared memory holds."""
+        raise NotImplementedError
+
+    skinny_tile_k = 64  # 128-byte rows of 16-bit weights: whole lines per load
+
+    def skinny_schedule(self, facts: ContractionFacts, target: Target, splittable: bool
+                        ) -> tuple[Schedule, int] | None:
+        """The default of a skinny contraction, (schedule, split_k), or None (the path has none).
+
+        The weights (B) dominate: each is streamed once at the copy bandwidth when enough blocks are
+        in flight. A contraction that may split K keeps 64-wide tiles (B's rows in whole 128-byte
+        lines, A re-read once per tile) and splits K until about two blocks per SM; one that may not
+        (a bf16 output, a nonlinear epilogue) narrows its tiles until they cover most SMs."""
+        tile_m = self.skinny_tile_m(facts.m)
+        widths = self.skinny_widths(facts)
+        if tile_m is None or not widths:
+            return None
+        tiles_m = -(-facts.m // tile_m)
+        k_tiles = -(-facts.k // self.skinny_tile_k)
+        if splittable:
+            tile_n = next((w for w in reversed(widths) if w >= 64), widths[0])
+        else:
+            tile_n = next((w for w in widths if tiles_m * -(-facts.n // w) >= SKINNY_FILL * target.sm_count),
+                          widths[-1])
+        tiles = tiles_m * -(-facts.n // tile_n)
+        split = 1
+        while splittable and tiles * split * 2 <= SKINNY_BLOCKS_PER_SM * target.sm_count \
+                and k_tiles >= SKINNY_MIN_K_TILES * split * 2:
+            split *= 2
+        b_bytes = 2 if facts.tensor_cores else 4
+        warps, stages = self.skinny_warps_stages(tile_m, tile_n, self.skinny_tile_k, b_bytes)
+        return ((tile_m, tile_n, self.skinny_tile_k), warps, stages), split
 
     # ------------------------------------------------------------------ the search space
 
@@ -225,6 +290,20 @@ def plain_output(model: Model, region: Region, c: Contraction, target: Target, s
     out_e = dtype_bytes(model, region.output)
     return (target.tma and first.lhs[:1] == (c.m,) and len(last.lhs) == 2 and len(out_decl.extents) == 2
             and out_e in (2, 4) and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
+
+
+def fit_stages(model: Model, kernel: ContractionKernel, target: Target, least: int = 2) -> ContractionKernel:
+    """`kernel` with its pipeline shortened until its shared memory fits the target (with TMA stores
+    where they fit at `least` stages; direct stores otherwise)."""
+    c = as_contraction(node_of(model, kernel.nodes[0]))
+    assert c is not None
+    a_dt, b_dt = dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor)
+    b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
+    if kernel.store == "tma" and not tma_store_fits(model, replace(kernel, stages=least), target):
+        kernel = replace(kernel, store="direct")
+    while kernel.stages > least and contraction_smem(kernel, a_dt, b_dt, b_kmajor).total > target.smem_per_block:
+        kernel = replace(kernel, stages=kernel.stages - 1)
+    return kernel
 
 
 def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
