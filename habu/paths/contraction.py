@@ -20,6 +20,8 @@ from habu.target import Target
 from habu.targets import Ceilings
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
+# split-K factors the search tries (8: a skinny contraction's 64-wide tiles over ~2 blocks per SM)
+SPLITS = (1, 2, 4, 8)
 Schedule = tuple[tuple[int, int, int], int, int]  # (tile_m, tile_n, tile_k), warps, stages
 
 # a contraction of at most this many output rows is skinny (decode: 1 to 128 tokens through a layer's
@@ -247,7 +249,7 @@ class ContractionPath(KernelPath):
 
         assert isinstance(base, ContractionKernel)
         for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store, cluster in \
-                itertools.product(self.shapes(), self.movements(target_moves(target)), (1, 2, 4), RASTERS, (1, 8),
+                itertools.product(self.shapes(), self.movements(target_moves(target)), SPLITS, RASTERS, (1, 8),
                                   (False, True), self.stores(target), self.clusters(target)):
             if cluster > 1 and (bmv != "tma" or split > 1 or not persistent):
                 # a cluster multicasts B by TMA, without split-K (the rules say so of pins); the
