@@ -67,7 +67,8 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_samp
               "test_regression_many_processes_opening", "test_search_writes_results_to_stdout",
               "test_regression_a_movement_pin_failed", "test_every_partition_of_the_rewritten_model",
               "test_regression_cpu_search_top5_tied", "test_habu_tune_stores",
-              "test_the_torch_baseline_scatters_with_accumulation")
+              "test_the_torch_baseline_scatters_with_accumulation", "test_skinny_defaults_are_proven_and_compile",
+              "test_the_search_space_of_a_skinny_contraction_holds")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -87,7 +87,7 @@ CASES = [
         "6 stages (before)": {1: {"stages": "6"}},
         "64x128": {1: {"tile": "64x128x64", "stages": "8"}},
         "mma.sync 32x32": {1: {**MMA_SYNC, "tile": "32x32x64", "warps": "4", "stages": "8"}},
-        "mma.sync": {1: MMA_SYNC},
+        "mma.sync 32x64": {1: {**MMA_SYNC, "tile": "32x64x64", "warps": "4", "stages": "6"}},
     }),
 ]
 

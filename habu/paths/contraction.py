@@ -189,20 +189,18 @@ class ContractionPath(KernelPath):
         """The default of a skinny contraction, (schedule, split_k), or None (the path has none).
 
         The weights (B) dominate: each is streamed once at the copy bandwidth when enough blocks are
-        in flight. A contraction that may split K keeps 64-wide tiles (B's rows in whole 128-byte
-        lines, A re-read once per tile) and splits K until about two blocks per SM; one that may not
-        (a bf16 output, a nonlinear epilogue) narrows its tiles until they cover most SMs."""
+        in flight. The tiles narrow until they give SKINNY_FILL of the SMs a block (or reach the
+        narrowest width); a contraction that may split K stops at 64 wide (each tile re-reads A) and
+        splits K until about SKINNY_BLOCKS_PER_SM blocks per SM."""
         tile_m = self.skinny_tile_m(facts.m)
         widths = self.skinny_widths(facts)
         if tile_m is None or not widths:
             return None
         tiles_m = -(-facts.m // tile_m)
         k_tiles = -(-facts.k // self.skinny_tile_k)
-        if splittable:
-            tile_n = next((w for w in reversed(widths) if w >= 64), widths[0])
-        else:
-            tile_n = next((w for w in widths if tiles_m * -(-facts.n // w) >= SKINNY_FILL * target.sm_count),
-                          widths[-1])
+        if splittable:  # splits rather than tiles under 64 wide (each tile re-reads A)
+            widths = tuple(w for w in widths if w >= 64) or widths[:1]
+        tile_n = next((w for w in widths if tiles_m * -(-facts.n // w) >= SKINNY_FILL * target.sm_count), widths[-1])
         tiles = tiles_m * -(-facts.n // tile_n)
         split = 1
         while splittable and tiles * split * 2 <= SKINNY_BLOCKS_PER_SM * target.sm_count \
