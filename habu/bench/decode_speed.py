@@ -54,40 +54,46 @@ class Case:
     variants: dict[str, Pins] = field(default_factory=dict)
 
 
+def _tile(tile: str, stages: int, split: int | None = None, **more: str) -> dict[str, str]:
+    pins = {"tile": f"{tile}x64", "stages": str(stages), **more}
+    return pins | ({"split_k": str(split)} if split is not None else {})
+
+
 CASES = [
     Case("ggemm-64x4096x4096", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}, ("B",), {
-        "split 1": {"*": {"split_k": "1"}},
-        "split 2": {"*": {"split_k": "2"}},
-        "split 8": {"*": {"split_k": "8"}},
-        "6 stages split 2 (before)": {"*": {"stages": "6", "split_k": "2"}},
-        "64x32 split 2": {"*": {"tile": "64x32x64", "stages": "12", "split_k": "2"}},
-        "64x32 split 1": {"*": {"tile": "64x32x64", "stages": "12", "split_k": "1"}},
-        "64x16 split 1": {"*": {"tile": "64x16x64", "stages": "12", "split_k": "1"}},
-        "64x128 split 8": {"*": {"tile": "64x128x64", "stages": "8", "split_k": "8"}},
+        "64x64 s6 split 2 (before)": {"*": _tile("64x64", 6, 2)},
+        "64x64 s14 split 2": {"*": _tile("64x64", 14, 2)},
+        "64x64 s14 split 4": {"*": _tile("64x64", 14, 4)},
+        "64x128 s8 split 2": {"*": _tile("64x128", 8, 2)},
+        "64x128 s8 split 8": {"*": _tile("64x128", 8, 8)},
+        "64x256 s4 split 8": {"*": _tile("64x256", 4, 8)},
+        "64x32 s12 split 1 (no atomics)": {"*": _tile("64x32", 12, 1)},
+        "64x32 s12 split 2": {"*": _tile("64x32", 12, 2)},
         "A staged": {"*": {"A": "staged"}},
         "persistent": {"*": {"persistent": "true"}},
-        "mma.sync 64x64 split 4": {"*": MMA_SYNC},
-        "mma.sync 64x32 split 2": {"*": {**MMA_SYNC, "tile": "64x32x64", "warps": "4", "stages": "6", "split_k": "2"}},
+        "mma.sync 64x64 s4 split 2": {"*": {**MMA_SYNC, **_tile("64x64", 4, 2, warps="4")}},
+        "mma.sync 64x32 s6 split 2": {"*": {**MMA_SYNC, **_tile("64x32", 6, 2, warps="4")}},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
-        "6 stages": {"*": {"stages": "6"}},
-        "second 64x128": {1: {"tile": "64x128x64", "stages": "8"}},
-        "first 64x128": {0: {"tile": "64x128x64", "stages": "8"}},
-        "second mma.sync 32x32": {1: {**MMA_SYNC, "tile": "32x32x64", "warps": "4", "stages": "8"}},
+        "shallow (s4, s6)": {0: {"stages": "4"}, 1: {"stages": "6"}},
+        "first 64x64 s13": {0: _tile("64x64", 13)},
+        "second 64x128 s8": {1: _tile("64x128", 8)},
+        "second mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
         "mma.sync both": {"*": MMA_SYNC},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
-        "first 64x64": {0: {"tile": "64x64x64", "stages": "13"}},
-        "128-row tiles": {"*": {"tile": "128x64x64", "warps": "12", "stages": "8"}},
+        "first 64x128 s8": {0: _tile("64x128", 8)},
+        "first 64x64 s13": {0: _tile("64x64", 13)},
+        "128-row tiles": {"*": _tile("128x64", 8, warps="12")},
         "mma.sync both": {"*": MMA_SYNC},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
         "6 stages (before)": {1: {"stages": "6"}},
-        "64x128": {1: {"tile": "64x128x64", "stages": "8"}},
-        "mma.sync 32x32": {1: {**MMA_SYNC, "tile": "32x32x64", "warps": "4", "stages": "8"}},
-        "mma.sync 32x64": {1: {**MMA_SYNC, "tile": "32x64x64", "warps": "4", "stages": "6"}},
+        "64x128 s8": {1: _tile("64x128", 8)},
+        "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
+        "mma.sync 32x64 s6": {1: {**MMA_SYNC, **_tile("32x64", 6, warps="4")}},
     }),
 ]
 

@@ -28,10 +28,16 @@ Schedule = tuple[tuple[int, int, int], int, int]  # (tile_m, tile_n, tile_k), wa
 # weights): its time is the weights' bytes streamed once, so its default has narrow tiles and enough
 # blocks (tiles x splits) in flight to keep every SM's loads going
 SKINNY_ROWS = 128
-# a skinny default narrows its tiles until they give at least 7/8 of the SMs a block, and a split-K
-# one (f32 output, linear epilogue) splits until about two blocks per SM: small work units balance
-SKINNY_FILL = 7 / 8
-SKINNY_BLOCKS_PER_SM = 2
+# A skinny default's blocks: a wgmma block holds its SM alone (one block of ~200 KB of ring per SM),
+# so the blocks of one wave are the blocks in flight. Its tiles narrow until one wave gives at least
+# SKINNY_FILL of the SMs a block (FFN-SKIP's 16 x 14336: 112 tiles of 128 columns, one wave, rather
+# than 224 of 64 in 1.7 waves of the same bytes per SM), but never under the rows that read A (each
+# tile re-reads A's rows: A's traffic over B's is M / tile_n); a split-K one (f32 output, linear
+# epilogue) keeps SKINNY_SPLIT_WIDTH-wide tiles, where A's re-reads and the partials' atomic traffic
+# balance (GGEMM 64x4096x4096: A 16 MB + atomics 4 MB against B's 32 MB), and splits K until one wave
+SKINNY_FILL = 0.8
+SKINNY_SPLIT_WIDTH = 128
+SKINNY_BLOCKS_PER_SM = 1
 SKINNY_MIN_K_TILES = 8  # k tiles of one split at least (a split's prologue and combine stay small)
 
 
@@ -189,18 +195,23 @@ class ContractionPath(KernelPath):
         """The default of a skinny contraction, (schedule, split_k), or None (the path has none).
 
         The weights (B) dominate: each is streamed once at the copy bandwidth when enough blocks are
-        in flight. The tiles narrow until they give SKINNY_FILL of the SMs a block (or reach the
-        narrowest width); a contraction that may split K stops at 64 wide (each tile re-reads A) and
-        splits K until about SKINNY_BLOCKS_PER_SM blocks per SM."""
+        in flight, each with a deep ring (`skinny_warps_stages`). The widths (see SKINNY_FILL above):
+        the widest that fills a wave, down to the narrowest at least as wide as the rows that read
+        A; split-K ones take SKINNY_SPLIT_WIDTH and split until one wave."""
         tile_m = self.skinny_tile_m(facts.m)
         widths = self.skinny_widths(facts)
         if tile_m is None or not widths:
             return None
         tiles_m = -(-facts.m // tile_m)
         k_tiles = -(-facts.k // self.skinny_tile_k)
-        if splittable:  # splits rather than tiles under 64 wide (each tile re-reads A)
-            widths = tuple(w for w in widths if w >= 64) or widths[:1]
-        tile_n = next((w for w in widths if tiles_m * -(-facts.n // w) >= SKINNY_FILL * target.sm_count), widths[-1])
+        rows = min(facts.m, tile_m)
+        widths = tuple(w for w in widths if w >= rows) or widths[:1]
+        if splittable:
+            widths = tuple(w for w in widths if w <= SKINNY_SPLIT_WIDTH) or widths[-1:]
+            tile_n = widths[0]
+        else:
+            tile_n = next((w for w in widths if tiles_m * -(-facts.n // w) >= SKINNY_FILL * target.sm_count),
+                          widths[-1])
         tiles = tiles_m * -(-facts.n // tile_n)
         split = 1
         while splittable and tiles * split * 2 <= SKINNY_BLOCKS_PER_SM * target.sm_count \

@@ -10,7 +10,13 @@ import pytest
 
 from habu.emit_cuda.nvrtc import compile_cuda, resources_of
 from habu.paths import path_for, region_space
-from habu.paths.contraction import SKINNY_BLOCKS_PER_SM, SKINNY_FILL, SKINNY_ROWS, ContractionPath
+from habu.paths.contraction import (
+    SKINNY_BLOCKS_PER_SM,
+    SKINNY_FILL,
+    SKINNY_ROWS,
+    SKINNY_SPLIT_WIDTH,
+    ContractionPath,
+)
 from habu.paths.emit import emit
 from habu.plan.patterns import default_regions
 from habu.plan.plan import ContractionKernel
@@ -56,17 +62,20 @@ def assert_skinny(model, sizes: dict[str, int], k: ContractionKernel, target=H10
     facts_widths = path.skinny_widths(_facts(model, sizes, target))
     m, n, k_depth = sizes["M"], sizes["N"], sizes["K"]
     assert (k.mma, k.tile_m, k.tile_k) == ("wgmma", 64, 64)
-    assert k.tile_n in facts_widths
+    assert k.tile_n in facts_widths and k.tile_n >= min(m, 64)  # A's re-reads at most B's bytes
     tiles = -(-m // k.tile_m) * -(-n // k.tile_n)
     f32_out = model.tensor(model.outputs[0].name).dtype.name == "f32"
-    narrowest = 64 if f32_out else facts_widths[-1]
-    assert k.tile_n >= narrowest and (tiles >= SKINNY_FILL * target.sm_count or k.tile_n == narrowest)
-    if f32_out:  # split until about two blocks per SM, each split at least 8 k tiles deep
+    if f32_out:  # SKINNY_SPLIT_WIDTH-wide tiles split until one wave, each split at least 8 k tiles deep
+        assert k.tile_n == SKINNY_SPLIT_WIDTH
         assert k.split_k == 1 or tiles * k.split_k <= SKINNY_BLOCKS_PER_SM * H100.sm_count
         assert tiles * k.split_k * 2 > SKINNY_BLOCKS_PER_SM * H100.sm_count or -(-k_depth // 64) < 16 * k.split_k
-    else:
+    else:  # the widest tiles that fill a wave, or the narrowest allowed
         assert k.split_k == 1
-    assert k.stages >= 8  # at least 64 KB of weights in flight per block
+        narrower = [w for w in facts_widths if min(m, 64) <= w < k.tile_n]
+        assert tiles >= SKINNY_FILL * target.sm_count or not narrower
+        wider = [w for w in facts_widths if w > k.tile_n]
+        assert not wider or -(-m // 64) * -(-n // wider[-1]) < SKINNY_FILL * target.sm_count
+    assert k.stages * k.tile_n * 64 * 2 >= 64 * 1024  # at least 64 KB of weights in flight per block
 
 
 def _facts(model, sizes, target):
@@ -97,7 +106,7 @@ def test_regression_ffn_skip_at_16_tokens_took_128_row_tiles_for_its_first_gemm(
         first, second = (k for k in plan.kernels if isinstance(k, ContractionKernel))
         assert first.tile_m == second.tile_m == 64
         assert -(-tokens // 64) * -(-14336 // first.tile_n) >= SKINNY_FILL * H100.sm_count
-        assert first.stages >= 8 and second.stages >= 8
+        assert first.stages * first.tile_n >= 512 and second.stages * second.tile_n >= 512  # >= 64 KB of W
 
 
 def test_wide_problems_keep_the_wide_default():
