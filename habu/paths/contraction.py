@@ -174,10 +174,11 @@ class ContractionPath(KernelPath):
 
     # ------------------------------------------------------------------ skinny contractions
 
-    def skinny_tile_m(self, m: int) -> int | None:
-        """The tile rows of a skinny default (at most SKINNY_ROWS output rows), or None: the path has
-        no skinny default and uses `default_schedule`."""
-        return None
+    def skinny_tile_ms(self, m: int) -> tuple[int, ...]:
+        """The tile rows a skinny default (at most SKINNY_ROWS output rows) tries, in order: the first
+        whose tiles fill a wave is taken, else the last. Empty: the path has no skinny default and
+        uses `default_schedule`."""
+        return ()
 
     def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
         """The tile widths a skinny default may take, widest first (the narrowest the path prints last)."""
@@ -197,22 +198,24 @@ class ContractionPath(KernelPath):
         The weights (B) dominate: each is streamed once at the copy bandwidth when enough blocks are
         in flight, each with a deep ring (`skinny_warps_stages`). The widths (see SKINNY_FILL above):
         the widest that fills a wave, down to the narrowest at least as wide as the rows that read
-        A; split-K ones take SKINNY_SPLIT_WIDTH and split until one wave."""
-        tile_m = self.skinny_tile_m(facts.m)
-        widths = self.skinny_widths(facts)
-        if tile_m is None or not widths:
+        A; split-K ones take SKINNY_SPLIT_WIDTH (or the widest that fills a wave, if narrower) and
+        split until one wave. Taller tiles first (`skinny_tile_ms`): two consumer warpgroups share
+        one B tile, where tall tiles still fill a wave."""
+        tile_ms, path_widths = self.skinny_tile_ms(facts.m), self.skinny_widths(facts)
+        if not tile_ms or not path_widths:
             return None
-        tiles_m = -(-facts.m // tile_m)
         k_tiles = -(-facts.k // self.skinny_tile_k)
-        rows = min(facts.m, tile_m)
-        widths = tuple(w for w in widths if w >= rows) or widths[:1]
-        if splittable:
-            widths = tuple(w for w in widths if w <= SKINNY_SPLIT_WIDTH) or widths[-1:]
-            tile_n = widths[0]
-        else:
+        for tile_m in tile_ms:
+            tiles_m = -(-facts.m // tile_m)
+            rows = min(facts.m, tile_m)
+            widths = tuple(w for w in path_widths if w >= rows) or path_widths[:1]
+            if splittable:
+                widths = tuple(w for w in widths if w <= SKINNY_SPLIT_WIDTH) or widths[-1:]
             tile_n = next((w for w in widths if tiles_m * -(-facts.n // w) >= SKINNY_FILL * target.sm_count),
-                          widths[-1])
-        tiles = tiles_m * -(-facts.n // tile_n)
+                          widths[0] if splittable else widths[-1])
+            tiles = tiles_m * -(-facts.n // tile_n)
+            if splittable or tiles >= SKINNY_FILL * target.sm_count:
+                break
         split = 1
         while splittable and tiles * split * 2 <= SKINNY_BLOCKS_PER_SM * target.sm_count \
                 and k_tiles >= SKINNY_MIN_K_TILES * split * 2:

@@ -38,8 +38,8 @@ class MmaSyncPath(ContractionPath):
     def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
         return (128, 128, 32), 8, 3
 
-    def skinny_tile_m(self, m: int) -> int | None:
-        return 32 if m <= 32 else 64  # 4 warps as 2 x 2: 16 rows each (m16n8k16)
+    def skinny_tile_ms(self, m: int) -> tuple[int, ...]:
+        return (32,) if m <= 32 else (64,)  # 4 warps as 2 x 2: 16 rows each (m16n8k16)
 
     def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
         return (128, 64, 32)

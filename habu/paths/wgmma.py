@@ -78,10 +78,11 @@ class WgmmaPath(ContractionPath):
             warps, stages = wgmma_warps_stages(tile[0], tile[1])
         return tile, warps, stages
 
-    def skinny_tile_m(self, m: int) -> int | None:
-        # one consumer warpgroup's m64 slab: 128 tokens are two tiles along m, whose B tiles the grouped
-        # raster reads back to back (the second from L2), and twice the blocks of one 128-row tile
-        return 64
+    def skinny_tile_ms(self, m: int) -> tuple[int, ...]:
+        # past 64 tokens, 128-row tiles where they fill a wave (two consumer warpgroups share each B
+        # tile: the weights cross L2 once), else 64-row ones, twice the blocks (FFN-SKIP at 128 tokens:
+        # the search's winner for the second GEMM, 128x4096 K 14336, was 64x64, H200 2026-12-01)
+        return (128, 64) if m > 64 else (64,)
 
     def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
         # a B contiguous along n is read by TMA in 64-column boxes (`WgmmaSupport`); along k, any

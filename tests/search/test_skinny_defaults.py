@@ -61,20 +61,25 @@ def assert_skinny(model, sizes: dict[str, int], k: ContractionKernel, target=H10
     assert isinstance(path, ContractionPath)
     facts_widths = path.skinny_widths(_facts(model, sizes, target))
     m, n, k_depth = sizes["M"], sizes["N"], sizes["K"]
-    assert (k.mma, k.tile_m, k.tile_k) == ("wgmma", 64, 64)
-    assert k.tile_n in facts_widths and k.tile_n >= min(m, 64)  # A's re-reads at most B's bytes
+    assert k.mma == "wgmma" and k.tile_k == 64
+    assert k.tile_m == 64 or (k.tile_m == 128 and m > 64)  # 128 rows: two warpgroups share B's tiles
+    assert k.tile_n in facts_widths and k.tile_n >= min(m, k.tile_m)  # A's re-reads at most B's bytes
     tiles = -(-m // k.tile_m) * -(-n // k.tile_n)
     f32_out = model.tensor(model.outputs[0].name).dtype.name == "f32"
-    if f32_out:  # SKINNY_SPLIT_WIDTH-wide tiles split until one wave, each split at least 8 k tiles deep
-        assert k.tile_n == SKINNY_SPLIT_WIDTH
+    if f32_out:  # tiles at most SKINNY_SPLIT_WIDTH wide (the widest that fills a wave, else the widest)
+        # split until one wave, each split at least 8 k tiles deep
+        allowed = [w for w in facts_widths if min(m, k.tile_m) <= w <= SKINNY_SPLIT_WIDTH]
+        assert k.tile_n in allowed and (tiles >= SKINNY_FILL * target.sm_count or k.tile_n == allowed[0])
         assert k.split_k == 1 or tiles * k.split_k <= SKINNY_BLOCKS_PER_SM * H100.sm_count
         assert tiles * k.split_k * 2 > SKINNY_BLOCKS_PER_SM * H100.sm_count or -(-k_depth // 64) < 16 * k.split_k
     else:  # the widest tiles that fill a wave, or the narrowest allowed
         assert k.split_k == 1
-        narrower = [w for w in facts_widths if min(m, 64) <= w < k.tile_n]
+        narrower = [w for w in facts_widths if min(m, k.tile_m) <= w < k.tile_n]
         assert tiles >= SKINNY_FILL * target.sm_count or not narrower
         wider = [w for w in facts_widths if w > k.tile_n]
-        assert not wider or -(-m // 64) * -(-n // wider[-1]) < SKINNY_FILL * target.sm_count
+        assert not wider or -(-m // k.tile_m) * -(-n // wider[-1]) < SKINNY_FILL * target.sm_count
+        if k.tile_m == 64 and m > 64:  # 128-row tiles did not fill a wave
+            assert -(-n // max(w for w in facts_widths if w >= 128)) < SKINNY_FILL * target.sm_count
     assert k.stages * k.tile_n * 64 * 2 >= 64 * 1024  # at least 64 KB of weights in flight per block
 
 
@@ -104,8 +109,8 @@ def test_regression_ffn_skip_at_16_tokens_took_128_row_tiles_for_its_first_gemm(
     for tokens in (16, 128):
         plan = default_plan(model.with_sizes({"B": tokens}), H100, {"B": tokens})
         first, second = (k for k in plan.kernels if isinstance(k, ContractionKernel))
-        assert first.tile_m == second.tile_m == 64
-        assert -(-tokens // 64) * -(-14336 // first.tile_n) >= SKINNY_FILL * H100.sm_count
+        assert first.tile_m == min(tokens, 128) if tokens > 64 else first.tile_m == 64
+        assert -(-tokens // first.tile_m) * -(-14336 // first.tile_n) >= SKINNY_FILL * H100.sm_count
         assert first.stages * first.tile_n >= 512 and second.stages * second.tile_n >= 512  # >= 64 KB of W
 
 
