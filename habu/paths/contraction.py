@@ -20,7 +20,7 @@ from habu.target import Target
 from habu.targets import Ceilings
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
-# split-K factors the search tries (8: a skinny contraction's 64-wide tiles over ~2 blocks per SM)
+# split-K factors the search tries (8 on 64-row tiles only: a skinny contraction's wide tiles to one wave)
 SPLITS = (1, 2, 4, 8)
 Schedule = tuple[tuple[int, int, int], int, int]  # (tile_m, tile_n, tile_k), warps, stages
 
@@ -268,6 +268,8 @@ class ContractionPath(KernelPath):
                 # search tries it on persistent plans alone: on the H200 a cluster of 2 timed the same
                 # as one block (GGEMM 4096³ 182.1 vs 183.4 µs, GEMM 8192³ 1373.7 vs 1365.2, 2026-11-30)
                 continue
+            if split > 4 and bm > 64:
+                continue  # split 8 is for skinny 64-row tiles (taller ones fill a wave by split 4)
             yield replace(base, mma=self.mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
                           a_move=am, b_move=bmv, a_vector=self.vector(am, base.a_vector),
                           b_vector=self.vector(bmv, base.b_vector), split_k=split,
