@@ -20,7 +20,7 @@ from habu.target import Target
 from habu.targets import Ceilings
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
-# split-K factors the search tries (8 on 64-row tiles only: a skinny contraction's wide tiles to one wave)
+# split-K factors the search tries (8 for skinny contractions' 64-row tiles only: wide tiles to one wave)
 SPLITS = (1, 2, 4, 8)
 Schedule = tuple[tuple[int, int, int], int, int]  # (tile_m, tile_n, tile_k), warps, stages
 
@@ -238,6 +238,10 @@ class ContractionPath(KernelPath):
         """The (tile_m, tile_n, tile_k, warps, stages) choices its emitter supports."""
         raise NotImplementedError
 
+    def skinny_shapes(self) -> list[Shape]:
+        """Further shapes tried for skinny contractions (at most SKINNY_ROWS rows): narrow, deep."""
+        return []
+
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
         """(A, B) movements tried, out of the target's `moves`."""
         raise NotImplementedError
@@ -256,12 +260,16 @@ class ContractionPath(KernelPath):
         """Kernel fields the path fixes (warp specialisation, swizzle)."""
         return {"warp_specialized": False, "swizzle": 0}
 
-    def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
+    def variants(self, base: Kernel, target: Target, row_length: int | None = None,
+                 skinny: bool = False) -> Iterator[Kernel]:
+        """`skinny`: the contraction has at most SKINNY_ROWS rows (the skinny shapes and split 8 too)."""
         import itertools
 
         assert isinstance(base, ContractionKernel)
+        shapes = self.shapes() + (self.skinny_shapes() if skinny else [])
+        splits = SPLITS if skinny else tuple(s for s in SPLITS if s <= 4)
         for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store, cluster in \
-                itertools.product(self.shapes(), self.movements(target_moves(target)), SPLITS, RASTERS, (1, 8),
+                itertools.product(shapes, self.movements(target_moves(target)), splits, RASTERS, (1, 8),
                                   (False, True), self.stores(target), self.clusters(target)):
             if cluster > 1 and (bmv != "tma" or split > 1 or not persistent):
                 # a cluster multicasts B by TMA, without split-K (the rules say so of pins); the

@@ -50,7 +50,10 @@ class MmaSyncPath(ContractionPath):
 
     def shapes(self) -> list[Shape]:
         return [(bm, bn, bk, w, st) for bm in (64, 128, 256) for bn in (64, 128, 256) for bk in (32, 64)
-                for w in (4, 8) for st in (2, 3, 4, 5)] + SKINNY_SHAPES
+                for w in (4, 8) for st in (2, 3, 4, 5)]
+
+    def skinny_shapes(self) -> list[Shape]:
+        return SKINNY_SHAPES
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
         return [(a, b) for a in ("ldg", "cp.async") for b in ("ldg", "cp.async")]

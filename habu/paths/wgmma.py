@@ -98,7 +98,10 @@ class WgmmaPath(ContractionPath):
     def shapes(self) -> list[Shape]:
         return [(bm, bn, 64, 4 * (1 + bm // (64 * slabs)), st) for bm in (64, 128, 256)
                 for bn in (64, 96, 128, 192, 256) for slabs in (1, 2) if bm % (64 * slabs) == 0
-                for st in (2, 3, 4, 5, 6)] + SKINNY_SHAPES
+                for st in (2, 3, 4, 5, 6)]
+
+    def skinny_shapes(self) -> list[Shape]:
+        return SKINNY_SHAPES
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
         return [(a, b) for a in [*moves, "staged"] if a != "tma-gather4"

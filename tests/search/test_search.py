@@ -106,8 +106,7 @@ def test_every_timed_candidate_is_written_with_its_prediction_and_time(tmp_path)
     assert rows and tuple(rows[0]) == CANDIDATE_COLUMNS and len(rows) == result.stats.timed
     assert {r["plan_key"] for r in rows} >= {result.best.key}
     for r in rows:  # the fake timer's formula, and the model's own prediction
-        # stages 1..16: the skinny shapes of the space have deeper rings (12)
-        assert float(r["median_us"]) in {100.0 + s + n for s in range(1, 17) for n in (0, 10)}
+        assert float(r["median_us"]) in {100.0 + s + n for s in range(1, 9) for n in (0, 10)}
         assert float(r["predicted_us"]) > 0 and r["plan"].split()[0] in ("wgmma", "mma.sync", "fma")
 
 
