@@ -239,7 +239,8 @@ def check_and_time(case: Case, name: str, built: dict, sets: list, outs: list, r
     try:
         model = case_model(case)
         compiled = CompiledModel(model, built["emitted"], arch=ARCH, check_indices=False)
-        exact = ExactChecker(model, case.sizes).check(compiled, kept_types(built["plan"]), timeout_s=30.0)
+        full = {e.name: e.size for e in model.extents}
+        exact = ExactChecker(model, full).check(compiled, kept_types(built["plan"]), timeout_s=30.0)
         row["exact"] = ("bit-exact" if exact.applicable else "exact n/a") if exact.ok else exact.summary
         if not exact.ok:
             row["error"] = f"exact check failed: {exact.reason()}"
