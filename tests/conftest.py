@@ -71,7 +71,8 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_samp
               "test_regression_cpu_search_top5_tied", "test_habu_tune_stores",
               "test_the_torch_baseline_scatters_with_accumulation", "test_compile_backward_proves_the_derived_model",
               "test_grad_prints_the_backward_and_habu_check", "test_grad_refusals_are_errors_with_a_place",
-              "test_grad_saves_a_value_the_user_names")
+              "test_grad_saves_a_value_the_user_names", "test_skinny_defaults_are_proven_and_compile",
+              "test_the_search_space_of_a_skinny_contraction_holds")
 
 
 def pytest_collection_modifyitems(config, items):

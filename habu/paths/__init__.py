@@ -18,7 +18,7 @@ from dataclasses import replace
 from habu.lower import support as _support
 from habu.paths import columns, fma, general, map, mma_sync, rows, wgmma
 from habu.paths.base import KernelPath
-from habu.paths.contraction import ContractionPath
+from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
 from habu.plan.patterns import Region
 from habu.plan.plan import MMAS, ContractionKernel, Kernel
@@ -66,10 +66,11 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         yield from path_for(base).region_variants(model, region, base, target, sizes)
         return
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
+    skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
     for mma in MMAS:
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
-            yield from path.variants(base, target)
+            yield from path.variants(base, target, skinny=skinny)
 
 
 def path_named(name: str) -> KernelPath:

@@ -20,6 +20,25 @@ from habu.target import Target
 from habu.targets import Ceilings
 
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
+# split-K factors the search tries (8 for skinny contractions' 64-row tiles only: wide tiles to one wave)
+SPLITS = (1, 2, 4, 8)
+Schedule = tuple[tuple[int, int, int], int, int]  # (tile_m, tile_n, tile_k), warps, stages
+
+# a contraction of at most this many output rows is skinny (decode: 1 to 128 tokens through a layer's
+# weights): its time is the weights' bytes streamed once, so its default has narrow tiles and enough
+# blocks (tiles x splits) in flight to keep every SM's loads going
+SKINNY_ROWS = 128
+# A skinny default's blocks: a wgmma block holds its SM alone (one block of ~200 KB of ring per SM),
+# so the blocks of one wave are the blocks in flight. Its tiles narrow until one wave gives at least
+# SKINNY_FILL of the SMs a block (FFN-SKIP's 16 x 14336: 112 tiles of 128 columns, one wave, rather
+# than 224 of 64 in 1.7 waves of the same bytes per SM), but never under the rows that read A (each
+# tile re-reads A's rows: A's traffic over B's is M / tile_n); a split-K one (f32 output, linear
+# epilogue) keeps SKINNY_SPLIT_WIDTH-wide tiles, where A's re-reads and the partials' atomic traffic
+# balance (GGEMM 64x4096x4096: A 16 MB + atomics 4 MB against B's 32 MB), and splits K until one wave
+SKINNY_FILL = 0.8
+SKINNY_SPLIT_WIDTH = 128
+SKINNY_BLOCKS_PER_SM = 1
+SKINNY_MIN_K_TILES = 8  # k tiles of one split at least (a split's prologue and combine stay small)
 
 
 def target_moves(target: Target) -> list[str]:
@@ -118,8 +137,13 @@ class ContractionPath(KernelPath):
         if not forced and not self.takes(facts, target):
             return None
         c = facts.c
+        out_dt = model.tensor(region.output).dtype
+        # split-K adds partials atomically: a lone contraction into f32 (the `split-k-linear` rule)
+        splittable = len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32"
         # a batched contraction's products fill the GPU together: its rows count once per batch
-        tile, warps, stages = self.default_schedule(facts.m * facts.batches, facts.n, target)
+        rows = facts.m * facts.batches
+        skinny = self.skinny_schedule(facts, target, splittable) if rows <= SKINNY_ROWS else None
+        tile, warps, stages = skinny[0] if skinny else self.default_schedule(rows, facts.n, target)
 
         def movement(op: Operand, tile_along_inner: int) -> tuple[str, int]:
             decl = model.tensor(op.load.tensor)
@@ -136,8 +160,9 @@ class ContractionPath(KernelPath):
         b_move, b_vec = movement(c.b, tile[2] if c.b.k_pos == len(c.b.load.indices) - 1 else tile[1])
         tiles = -(-facts.m // tile[0]) * -(-facts.n // tile[1]) * facts.batches
         split = 1
-        out_dt = model.tensor(region.output).dtype
-        if len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32":
+        if skinny:
+            split = skinny[1]
+        elif splittable:
             while tiles * split * 2 <= target.sm_count and -(-facts.k // tile[2]) >= 8 * split * 2:
                 split *= 2
         eb = max(dtype_bytes(model, c.a.load.tensor), dtype_bytes(model, c.b.load.tensor))
@@ -152,8 +177,63 @@ class ContractionPath(KernelPath):
             swizzle=swizzle if "tma" in (a_move, b_move) or self.swizzled else 0,
             accumulator="f32", index_width=index_width(model, sizes),
         )
-        return replace(kernel, store="tma") if plain_output(model, region, c, target, sizes) \
-            and tma_store_fits(model, kernel, target) else kernel
+        if plain_output(model, region, c, target, sizes) and (skinny or tma_store_fits(model, kernel, target)):
+            kernel = replace(kernel, store="tma")
+        if skinny:  # as deep as shared memory holds (TMA stores kept where they fit)
+            kernel = fit_stages(model, kernel, target)
+        return kernel
+
+    # ------------------------------------------------------------------ skinny contractions
+
+    def skinny_tile_ms(self, m: int) -> tuple[int, ...]:
+        """The tile rows a skinny default (at most SKINNY_ROWS output rows) tries, in order: the first
+        whose tiles fill a wave is taken, else the last. Empty: the path has no skinny default and
+        uses `default_schedule`."""
+        return ()
+
+    def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
+        """The tile widths a skinny default may take, widest first (the narrowest the path prints last)."""
+        return ()
+
+    def skinny_warps_stages(self, tile_m: int, tile_n: int, tile_k: int, b_bytes: int) -> tuple[int, int]:
+        """The warps and the (largest wanted) pipeline depth of a skinny tile; `fit_stages` then
+        shortens the ring to what shared memory holds."""
+        raise NotImplementedError
+
+    skinny_tile_k = 64  # 128-byte rows of 16-bit weights: whole lines per load
+
+    def skinny_schedule(self, facts: ContractionFacts, target: Target, splittable: bool
+                        ) -> tuple[Schedule, int] | None:
+        """The default of a skinny contraction, (schedule, split_k), or None (the path has none).
+
+        The weights (B) dominate: each is streamed once at the copy bandwidth when enough blocks are
+        in flight, each with a deep ring (`skinny_warps_stages`). The widths (see SKINNY_FILL above):
+        the widest that fills a wave, down to the narrowest at least as wide as the rows that read
+        A; split-K ones take SKINNY_SPLIT_WIDTH (or the widest that fills a wave, if narrower) and
+        split until one wave. Taller tiles first (`skinny_tile_ms`): two consumer warpgroups share
+        one B tile, where tall tiles still fill a wave."""
+        tile_ms, path_widths = self.skinny_tile_ms(facts.m), self.skinny_widths(facts)
+        if not tile_ms or not path_widths:
+            return None
+        k_tiles = -(-facts.k // self.skinny_tile_k)
+        for tile_m in tile_ms:
+            tiles_m = -(-facts.m // tile_m)
+            rows = min(facts.m, tile_m)
+            widths = tuple(w for w in path_widths if w >= rows) or path_widths[:1]
+            if splittable:
+                widths = tuple(w for w in widths if w <= SKINNY_SPLIT_WIDTH) or widths[-1:]
+            tile_n = next((w for w in widths if tiles_m * -(-facts.n // w) >= SKINNY_FILL * target.sm_count),
+                          widths[0] if splittable else widths[-1])
+            tiles = tiles_m * -(-facts.n // tile_n)
+            if splittable or tiles >= SKINNY_FILL * target.sm_count:
+                break
+        split = 1
+        while splittable and tiles * split * 2 <= SKINNY_BLOCKS_PER_SM * target.sm_count \
+                and k_tiles >= SKINNY_MIN_K_TILES * split * 2:
+            split *= 2
+        b_bytes = 2 if facts.tensor_cores else 4
+        warps, stages = self.skinny_warps_stages(tile_m, tile_n, self.skinny_tile_k, b_bytes)
+        return ((tile_m, tile_n, self.skinny_tile_k), warps, stages), split
 
     # ------------------------------------------------------------------ the search space
 
@@ -168,6 +248,10 @@ class ContractionPath(KernelPath):
     def shapes(self) -> list[Shape]:
         """The (tile_m, tile_n, tile_k, warps, stages) choices its emitter supports."""
         raise NotImplementedError
+
+    def skinny_shapes(self) -> list[Shape]:
+        """Further shapes tried for skinny contractions (at most SKINNY_ROWS rows): narrow, deep."""
+        return []
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
         """(A, B) movements tried, out of the target's `moves`."""
@@ -187,18 +271,24 @@ class ContractionPath(KernelPath):
         """Kernel fields the path fixes (warp specialisation, swizzle)."""
         return {"warp_specialized": False, "swizzle": 0}
 
-    def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
+    def variants(self, base: Kernel, target: Target, row_length: int | None = None,
+                 skinny: bool = False) -> Iterator[Kernel]:
+        """`skinny`: the contraction has at most SKINNY_ROWS rows (the skinny shapes and split 8 too)."""
         import itertools
 
         assert isinstance(base, ContractionKernel)
+        shapes = self.shapes() + (self.skinny_shapes() if skinny else [])
+        splits = SPLITS if skinny else tuple(s for s in SPLITS if s <= 4)
         for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store, cluster in \
-                itertools.product(self.shapes(), self.movements(target_moves(target)), (1, 2, 4), RASTERS, (1, 8),
+                itertools.product(shapes, self.movements(target_moves(target)), splits, RASTERS, (1, 8),
                                   (False, True), self.stores(target), self.clusters(target)):
             if cluster > 1 and (bmv != "tma" or split > 1 or not persistent):
                 # a cluster multicasts B by TMA, without split-K (the rules say so of pins); the
                 # search tries it on persistent plans alone: on the H200 a cluster of 2 timed the same
                 # as one block (GGEMM 4096³ 182.1 vs 183.4 µs, GEMM 8192³ 1373.7 vs 1365.2, 2026-11-30)
                 continue
+            if split > 4 and bm > 64:
+                continue  # split 8 is for skinny 64-row tiles (taller ones fill a wave by split 4)
             yield replace(base, mma=self.mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
                           a_move=am, b_move=bmv, a_vector=self.vector(am, base.a_vector),
                           b_vector=self.vector(bmv, base.b_vector), split_k=split,
@@ -237,6 +327,20 @@ def plain_output(model: Model, region: Region, c: Contraction, target: Target, s
     return (target.tma and free[:1] == (c.m,) and first.lhs[-1] == c.n and len(last.lhs) == 2 + len(c.batch)
             and len(out_decl.extents) == 2 + len(c.batch) and out_e in (2, 4)
             and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
+
+
+def fit_stages(model: Model, kernel: ContractionKernel, target: Target, least: int = 2) -> ContractionKernel:
+    """`kernel` with its pipeline shortened until its shared memory fits the target (with TMA stores
+    where they fit at `least` stages; direct stores otherwise)."""
+    c = as_contraction(node_of(model, kernel.nodes[0]))
+    assert c is not None
+    a_dt, b_dt = dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor)
+    b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
+    if kernel.store == "tma" and not tma_store_fits(model, replace(kernel, stages=least), target):
+        kernel = replace(kernel, store="direct")
+    while kernel.stages > least and contraction_smem(kernel, a_dt, b_dt, b_kmajor).total > target.smem_per_block:
+        kernel = replace(kernel, stages=kernel.stages - 1)
+    return kernel
 
 
 def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:

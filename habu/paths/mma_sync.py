@@ -12,6 +12,11 @@ from habu.spec.ir import Model
 from habu.target import Target
 from habu.targets import Ceilings
 
+SKINNY_IN_FLIGHT_BYTES = 32768
+# narrow tiles for skinny (decode) contractions: 32 or 64 rows, 32 or 64 columns, deeper rings
+SKINNY_SHAPES: list[Shape] = [(bm, bn, 64, 4, st) for bm in (32, 64) for bn in (32, 64) for st in (4, 6, 8)
+                              if (bm, bn) != (64, 64)] + [(64, 64, 64, 4, 8)]
+
 
 class MmaSyncPath(ContractionPath):
     support = MMA_SYNC
@@ -35,9 +40,22 @@ class MmaSyncPath(ContractionPath):
     def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
         return (128, 128, 32), 8, 3
 
+    def skinny_tile_ms(self, m: int) -> tuple[int, ...]:
+        return (32,) if m <= 32 else (64,)  # 4 warps as 2 x 2: 16 rows each (m16n8k16)
+
+    def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
+        return (128, 64, 32)
+
+    def skinny_warps_stages(self, tile_m: int, tile_n: int, tile_k: int, b_bytes: int) -> tuple[int, int]:
+        # several blocks share an SM (no launch bound of one): 32 KB of B in flight per block
+        return 4, max(3, min(8, -(-SKINNY_IN_FLIGHT_BYTES // (tile_n * tile_k * b_bytes))))
+
     def shapes(self) -> list[Shape]:
         return [(bm, bn, bk, w, st) for bm in (64, 128, 256) for bn in (64, 128, 256) for bk in (32, 64)
                 for w in (4, 8) for st in (2, 3, 4, 5)]
+
+    def skinny_shapes(self) -> list[Shape]:
+        return SKINNY_SHAPES
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
         return [(a, b) for a in ("ldg", "cp.async") for b in ("ldg", "cp.async")]

@@ -18,6 +18,11 @@ from habu.targets import Ceilings
 # with the refill term, the rank correlation of predicted and measured times went from 0.40 to 0.82;
 # on 1135 MoE plans from another search, 0.47 to 0.61)
 IN_FLIGHT_BYTES = 131072
+SKINNY_STAGES = 16  # the deepest ring a skinny default asks for (64x16 tiles: 2 KB of B a stage)
+# narrow and deep 64-row tiles for skinny (decode) contractions: the weights streamed by enough blocks
+# with enough bytes in flight each (the wide shapes above stop at 6 stages of 64-wide tiles)
+SKINNY_SHAPES: list[Shape] = [(64, bn, 64, 8, st) for bn in (16, 32, 48) for st in (4, 6, 8, 12)] + \
+    [(64, bn, 64, 8, st) for bn in (64, 128) for st in (8, 10, 12)]
 
 
 def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:
@@ -74,10 +79,30 @@ class WgmmaPath(ContractionPath):
             warps, stages = wgmma_warps_stages(tile[0], tile[1])
         return tile, warps, stages
 
+    def skinny_tile_ms(self, m: int) -> tuple[int, ...]:
+        # past 64 tokens, 128-row tiles where they fill a wave (two consumer warpgroups share each B
+        # tile: the weights cross L2 once), else 64-row ones, twice the blocks (FFN-SKIP at 128 tokens:
+        # the search's winner for the second GEMM, 128x4096 K 14336, was 64x64, H200 2026-12-01)
+        return (128, 64) if m > 64 else (64,)
+
+    def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
+        # a B contiguous along n is read by TMA in 64-column boxes (`WgmmaSupport`); along k, any
+        # multiple of 16 is an m64nNk16 instruction
+        return (256, 128, 64) if not facts.b_kmajor else (256, 128, 64, 32, 16)
+
+    def skinny_warps_stages(self, tile_m: int, tile_n: int, tile_k: int, b_bytes: int) -> tuple[int, int]:
+        # B's bytes in flight per SM that keep the weights streaming (the IN_FLIGHT_BYTES term below):
+        # as many stages as that takes, up to SKINNY_STAGES (`fit_stages` shortens to shared memory)
+        warps, _ = wgmma_warps_stages(tile_m, tile_n)
+        return warps, max(4, min(SKINNY_STAGES, -(-IN_FLIGHT_BYTES // (tile_n * tile_k * b_bytes))))
+
     def shapes(self) -> list[Shape]:
         return [(bm, bn, 64, 4 * (1 + bm // (64 * slabs)), st) for bm in (64, 128, 256)
                 for bn in (64, 96, 128, 192, 256) for slabs in (1, 2) if bm % (64 * slabs) == 0
                 for st in (2, 3, 4, 5, 6)]
+
+    def skinny_shapes(self) -> list[Shape]:
+        return SKINNY_SHAPES
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
         return [(a, b) for a in [*moves, "staged"] if a != "tma-gather4"

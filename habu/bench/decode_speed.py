@@ -1,0 +1,402 @@
+"""Decode and small-batch shapes (issue 20 §2): Habu's default plan and searched-space variants
+against cuBLAS, torch eager and torch.compile in the same run, as fractions of the weight-streaming
+floor.
+
+    python -m habu.bench.decode_speed [--json OUT.json] [--only CASE[,CASE...]] [--no-compile]
+
+Cases: GGEMM 64x4096x4096 (examples/ggemm.habu; cuBLAS on rows gathered beforehand), FFN-SKIP at 16
+and 128 tokens (examples/ffn_skip.habu: D 4096, H 14336), RMSNorm+Linear at 16 tokens
+(examples/rmsnorm_linear.habu). Each case times its default plan and variants of the searched
+space (pins per kernel, `VARIANTS`). Every plan is proven (rules + a finite-field trial), emitted
+and compiled in a pool of worker processes while torch.compile traces the baselines; then, on the
+GPU, each is checked before it is timed: the exact check (habu.timing.exact: small-integer inputs,
+every output element bit for bit, red zones) where the model is integer-exact, and a golden check
+(fresh random inputs, NaN-poisoned outputs, float64 reference) always. A variant that fails to
+build or check is reported on its row, not fatal; the exit status is 1 only if a default fails.
+
+Timing: CUDA events, 5 warm-ups, the median of 30 calls queued behind a GPU sleep, input sets
+rotated past the L2 (habu.bench.gpu_bench's `sets_for`). The floor is the weights' bytes over the
+H200's measured copy bandwidth (4.22 TB/s; the copy measured now is printed too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+COPY_TBPS = 4.22  # the H200's device-to-device copy (docs/PERF.md, 2026-11-30)
+ARCH = "sm_90a"
+
+# per-kernel pins (kernel index -> pins; "*" for every contraction kernel), by variant name
+Pins = dict[Any, dict[str, str]]
+WGMMA_OLD_DEFAULT = {"tile": "128x128x64", "warps": "12", "stages": "5"}
+MMA_SYNC = {"mma": "mma.sync"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    example: str
+    model: str
+    sizes: dict[str, int]
+    weights: tuple[str, ...]  # the tensors whose bytes make the floor
+    variants: dict[str, Pins] = field(default_factory=dict)
+
+
+def _tile(tile: str, stages: int, split: int | None = None, **more: str) -> dict[str, str]:
+    pins = {"tile": f"{tile}x64", "stages": str(stages), **more}
+    return pins | ({"split_k": str(split)} if split is not None else {})
+
+
+CASES = [
+    Case("ggemm-64x4096x4096", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}, ("B",), {
+        "64x64 s6 split 2 (before)": {"*": _tile("64x64", 6, 2)},
+        "64x64 s14 split 2": {"*": _tile("64x64", 14, 2)},
+        "64x64 s14 split 4": {"*": _tile("64x64", 14, 4)},
+        "64x128 s8 split 2": {"*": _tile("64x128", 8, 2)},
+        "64x128 s8 split 8": {"*": _tile("64x128", 8, 8)},
+        "64x256 s4 split 8": {"*": _tile("64x256", 4, 8)},
+        "64x32 s12 split 1 (no atomics)": {"*": _tile("64x32", 12, 1)},
+        "64x32 s12 split 2": {"*": _tile("64x32", 12, 2)},
+        "A staged": {"*": {"A": "staged"}},
+        "persistent": {"*": {"persistent": "true"}},
+        "mma.sync 64x64 s4 split 2": {"*": {**MMA_SYNC, **_tile("64x64", 4, 2, warps="4")}},
+        "mma.sync 64x32 s6 split 2": {"*": {**MMA_SYNC, **_tile("64x32", 6, 2, warps="4")}},
+    }),
+    Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
+        "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
+        "shallow (s4, s6)": {0: {"stages": "4"}, 1: {"stages": "6"}},
+        "first 64x64 s13": {0: _tile("64x64", 13)},
+        "second 64x128 s8": {1: _tile("64x128", 8)},
+        "second mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
+        "mma.sync both": {"*": MMA_SYNC},
+    }),
+    Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
+        "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
+        "first 64x128 s8": {0: _tile("64x128", 8)},
+        "first 64x64 s13": {0: _tile("64x64", 13)},
+        "128-row tiles": {"*": _tile("128x64", 8, warps="12")},
+        "mma.sync both": {"*": MMA_SYNC},
+    }),
+    Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
+        "6 stages (before)": {1: {"stages": "6"}},
+        "64x128 s8": {1: _tile("64x128", 8)},
+        "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
+        "mma.sync 32x64 s6": {1: {**MMA_SYNC, **_tile("32x64", 6, warps="4")}},
+    }),
+]
+
+
+def floor_us(weight_bytes: int, tbps: float = COPY_TBPS) -> float:
+    """The weight-streaming floor: every weight byte read once at the copy bandwidth."""
+    return weight_bytes / (tbps * 1e12) * 1e6
+
+
+def case_model(case: Case):
+    from habu.spec.parser import load_program
+
+    return load_program(EX / case.example).models[case.model].with_sizes(case.sizes)
+
+
+def variant_plan(case: Case, pins: Pins):
+    """The case's default plan with `pins` applied to the kernels they name (a pinned `mma` rebuilds
+    that kernel from its path's analytic default first, as `--pin mma=` does)."""
+    from habu.paths import contraction_path
+    from habu.plan.patterns import default_regions
+    from habu.plan.plan import ContractionKernel
+    from habu.search.space import apply_pins, concrete_sizes, default_plan
+    from habu.target import TARGETS
+
+    target, model = TARGETS[ARCH], case_model(case)
+    plan = default_plan(model, target, case.sizes)
+    regions = default_regions(model)
+    kernels = list(plan.kernels)
+    for i, k in enumerate(kernels):
+        kp = pins.get(i, pins.get("*")) if isinstance(k, ContractionKernel) else None
+        if not kp:
+            continue
+        if "mma" in kp:
+            k = contraction_path(kp["mma"]).default(model, regions[i], target, concrete_sizes(model, case.sizes),
+                                                    forced=True) or k
+        k = apply_pins(model, k, {key: v for key, v in kp.items() if key != "mma"}, target)
+        kernels[i] = replace(k, store="direct") if k.store == "tma" and "store" not in kp and not _tma_fits(
+            model, k, target) else k
+    return replace(plan, kernels=tuple(kernels))
+
+
+def _tma_fits(model, kernel, target) -> bool:
+    from habu.paths.contraction import tma_store_fits
+
+    return tma_store_fits(model, kernel, target)
+
+
+def describe(plan) -> str:
+    """`wgmma 64x64x64 s13 k1 | rows` for each kernel."""
+    parts = []
+    for k in plan.kernels:
+        if hasattr(k, "tile_m"):
+            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n} s{k.stages} k{k.split_k}{' p' if k.persistent else ''}"
+                         f"{' A:' + k.a_move if k.a_move not in ('tma',) else ''}")
+        else:
+            parts.append(k.kind)
+    return " | ".join(parts)
+
+
+def build_one(case: Case, variant: str, pins: Pins) -> dict:
+    """In a worker process (no GPU needed): the plan, proven, emitted and compiled (through the cache)."""
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.paths.emit import emit
+    from habu.prove import prove
+    from habu.target import TARGETS
+
+    began = time.time()
+    try:
+        model = case_model(case)
+        plan = variant_plan(case, pins)
+        proof = prove(model, plan, case.sizes, trials=1)
+        if not proof.ok:
+            why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
+            return {"plan": plan, "error": f"not proven: {why[0]}", "build_s": time.time() - began}
+        emitted = emit(proof, TARGETS[ARCH])
+        CompiledModel(model, emitted, arch=ARCH, check_indices=False).compile(ARCH)
+        return {"plan": plan, "emitted": emitted, "build_s": time.time() - began}
+    except Exception as exc:  # a variant that cannot be built is reported on its row
+        return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-1500:],
+                "build_s": time.time() - began}
+
+
+# ----------------------------------------------------------------------------- baselines (torch)
+
+
+def baselines(case: Case, t: Any) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """Functions of one input set: what an expert writes in torch for the case (eager), the same
+    function under torch.compile, and for GGEMM cuBLAS on rows gathered beforehand."""
+    F = t.nn.functional
+    if case.model == "GGEMM":
+        has_out_dtype = _has_out_dtype(t)
+
+        def eager(s):
+            rows = s["A"][s["IX"].long()]
+            return t.mm(rows, s["B"].t(), out_dtype=t.float32) if has_out_dtype else t.mm(rows, s["B"].t()).float()
+
+        def cublas_pregathered(s):  # the rows are gathered once, outside the timed call
+            rows, b = s["A"][s["IX"].long()].contiguous(), s["B"].t()
+            return lambda: t.mm(rows, b, out_dtype=t.float32) if has_out_dtype else t.mm(rows, b)
+
+        return {"eager": eager, "cublas": cublas_pregathered}
+    if case.model == "FFN-SKIP":
+        def eager(s):
+            h = F.gelu(t.addmm(s["B1"], s["X"], s["W1"]))
+            y = t.addmm(s["B2"], h, s["W2"]) + s["X"]
+            return F.rms_norm(y, (y.shape[-1],), eps=1e-6)
+
+        return {"eager": eager}
+    if case.model == "RMSNORM-LINEAR":
+        def eager(s):
+            return F.rms_norm(s["X"], (s["X"].shape[-1],), eps=1e-6) @ s["W"]
+
+        return {"eager": eager}
+    raise ValueError(case.model)
+
+
+def _has_out_dtype(t: Any) -> bool:
+    try:
+        a = t.ones(16, 16, dtype=t.bfloat16, device="cuda")
+        t.mm(a, a, out_dtype=t.float32)
+        return True
+    except (TypeError, RuntimeError):
+        return False
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+
+def check_and_time(case: Case, name: str, built: dict, sets: list, outs: list, ref: dict, t: Any) -> dict:
+    """The exact check (where the model is integer-exact), the golden check, then the timing."""
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.timing.exact import kept_types
+    from habu.timing.exact_gpu import ExactChecker
+    from habu.timing.harness import compare, time_cuda, tolerance
+
+    row: dict[str, Any] = {"case": case.name, "variant": name, "build_s": built.get("build_s")}
+    if "plan" in built:
+        row["plan"] = describe(built["plan"])
+        row["kernels"] = built["plan"].to_json()["kernels"]
+    if "error" in built:
+        row["error"], row["trace"] = built["error"], built.get("trace")
+        return row
+    try:
+        model = case_model(case)
+        compiled = CompiledModel(model, built["emitted"], arch=ARCH, check_indices=False)
+        full = {e.name: e.size for e in model.extents}
+        exact = ExactChecker(model, full).check(compiled, kept_types(built["plan"]), timeout_s=30.0)
+        row["exact"] = ("bit-exact" if exact.applicable else "exact n/a") if exact.ok else exact.summary
+        if not exact.ok:
+            row["error"] = f"exact check failed: {exact.reason()}"
+            return row
+        out_name = model.outputs[0].name
+        got = compiled(**sets[0], **outs[0])
+        got = got[out_name] if isinstance(got, dict) else got
+        t.cuda.synchronize()
+        golden = compare(got, ref[out_name], tolerance(model, dict(built["plan"].storage)))
+        row["golden"] = {"rel_error": golden.rel_error, "unwritten": golden.unwritten, "ok": golden.ok}
+        if not golden.ok:
+            row["error"] = f"golden check failed: {row['golden']}"
+            return row
+        row["us"] = time_cuda(lambda i: compiled(**sets[i], **outs[i]), len(sets))["median_us"]
+    except Exception as exc:  # one failing variant must not hide the others
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        row["trace"] = traceback.format_exc()[-1500:]
+    return row
+
+
+def time_baselines(case: Case, sets: list, ref: dict, fns: dict, compiled_fn: Any, t: Any) -> dict[str, Any]:
+    """Each baseline golden-checked (a wrong wiring shows) and timed on the same input sets."""
+    from habu.timing.harness import compare, time_cuda
+
+    out: dict[str, Any] = {}
+    calls: dict[str, Callable[[int], Any]] = {"eager": lambda i: fns["eager"](sets[i])}
+    if compiled_fn is not None:
+        calls["torch.compile"] = lambda i: compiled_fn(sets[i])
+    if "cublas" in fns:
+        prepared = [fns["cublas"](s) for s in sets]
+        calls["cuBLAS pre-gathered"] = lambda i: prepared[i]()
+    out_name = case_model(case).outputs[0].name
+    for key, call in calls.items():
+        try:
+            golden = compare(call(0), ref[out_name], 3e-2)
+            t.cuda.synchronize()
+            if not golden.ok:
+                out[key] = {"error": f"disagrees with the float64 reference: {golden.rel_error:.2e}"}
+                continue
+            out[key] = {"us": time_cuda(call, len(sets))["median_us"]}
+        except Exception as exc:
+            out[key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+    return out
+
+
+def case_inputs(case: Case, t: Any) -> tuple[list, list, dict]:
+    from habu.bench.gpu_bench import sets_for
+    from habu.timing.harness import make_inputs, poisoned_outputs, reference
+
+    model = case_model(case)
+    sizes = {e.name: e.size for e in model.extents}
+    one = make_inputs(model, sizes, 100)
+    nbytes = sum(v.numel() * v.element_size() for v in one.values())
+    sets = [one] + [make_inputs(model, sizes, 100 + i) for i in range(1, sets_for(nbytes))]
+    outs = [poisoned_outputs(model, sizes) for _ in sets]
+    return sets, outs, reference(model, sets[0], sizes)
+
+
+def weight_bytes(case: Case) -> int:
+    model = case_model(case)
+    total = 0
+    for name in case.weights:
+        decl = model.tensor(name)
+        n = 1
+        for e in decl.extents:
+            n *= model.extent(e).size  # type: ignore[operator]
+        total += n * (decl.dtype.bits // 8 if decl.dtype else 4)
+    return total
+
+
+def run(cases: list[Case], compile_baselines: bool, workers: int) -> tuple[list[dict], dict, float]:
+    import torch as t
+
+    jobs: dict[tuple[str, str], Future] = {}
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    for case in cases:
+        for name, pins in {"default": {}, **case.variants}.items():
+            jobs[(case.name, name)] = pool.submit(build_one, case, name, pins)
+    copy = _copy_bandwidth()
+    rows, base = [], {}
+    for case in cases:  # torch's baselines (and torch.compile's tracing) while the pool builds
+        sets, outs, ref = case_inputs(case, t)
+        fns = baselines(case, t)
+        compiled_fn = None
+        if compile_baselines:
+            try:
+                compiled_fn = t.compile(fns["eager"])
+                compiled_fn(sets[0])
+                t.cuda.synchronize()
+            except Exception as exc:
+                base[(case.name, "torch.compile")] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                compiled_fn = None
+        for key, value in time_baselines(case, sets, ref, fns, compiled_fn, t).items():
+            base[(case.name, key)] = value
+        for name in ("default", *case.variants):
+            built = jobs[(case.name, name)].result()
+            rows.append(check_and_time(case, name, built, sets, outs, ref, t))
+        del sets, outs
+        t.cuda.empty_cache()
+    pool.shutdown()
+    return rows, base, copy
+
+
+def _copy_bandwidth() -> float:
+    from habu.timing.harness import copy_bandwidth
+
+    return copy_bandwidth()
+
+
+def report(cases: list[Case], rows: list[dict], base: dict, copy: float) -> tuple[str, bool]:
+    """The table (last in the output) and whether every default was checked and timed."""
+    lines = [f"# decode shapes: device copy now {copy / 1e12:.2f} TB/s; floor = weight bytes / {COPY_TBPS} TB/s"]
+    ok = True
+    for case in cases:
+        wb = weight_bytes(case)
+        floor = floor_us(wb)
+        lines.append(f"\n## {case.name}: weights {wb / 1e6:.1f} MB, floor {floor:.1f} µs "
+                     f"({floor_us(wb, copy / 1e12):.1f} µs at the copy measured now)")
+        refs = {k: v["us"] for (c, k), v in base.items() if c == case.name and "us" in v}
+        for (c, k), v in base.items():
+            if c == case.name:
+                shown = f"{v['us']:8.1f} µs {100 * floor / v['us']:5.1f}% of floor" if "us" in v else v["error"]
+                lines.append(f"  {k:<34} {'':<44} {shown}")
+        head = "".join(f" {'x ' + k:>14}" for k in refs)
+        lines.append(f"  {'variant':<34} {'plan':<44} {'µs':>8} {'%floor':>7}{head}  check")
+        for row in (r for r in rows if r["case"] == case.name):
+            if "us" not in row:
+                ok = ok and row["variant"] != "default"
+                lines.append(f"  {row['variant']:<34} {row.get('plan', '-'):<44} FAILED: {row['error'][:160]}")
+                continue
+            ratios = "".join(f" {refs[k] / row['us']:14.2f}" for k in refs)
+            check = f"{row['exact']}, rel {row['golden']['rel_error']:.1e}"
+            lines.append(f"  {row['variant']:<34} {row['plan']:<44} {row['us']:8.1f} "
+                         f"{100 * floor / row['us']:6.1f}%{ratios}  {check}")
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, help="write every number here")
+    ap.add_argument("--only", help="comma-separated case names (or parts of them)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    args = ap.parse_args(argv)
+    cases = [c for c in CASES if not args.only or any(p in c.name for p in args.only.split(","))]
+    began = time.time()
+    rows, base, copy = run(cases, not args.no_compile, args.workers)
+    text, ok = report(cases, rows, base, copy)
+    if args.json:
+        args.json.write_text(json.dumps({"copy_bytes_per_s": copy, "seconds": time.time() - began, "rows": rows,
+                                         "baselines": {f"{c}:{k}": v for (c, k), v in base.items()}},
+                                        indent=1, default=str))
+    print(text)
+    print(f"\n{time.time() - began:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
