@@ -125,6 +125,11 @@ class ContractionPath(KernelPath):
     def default_warp_specialized(self, target: Target) -> bool:
         return False
 
+    def default_persistent(self, k_tiles: int, tiles: int, split: int, target: Target) -> bool:
+        """Whether the default walks tiles persistently (each block many tiles: one tile's epilogue
+        overlaps the next one's loads). No, unless a path says so."""
+        return False
+
     def tile_schedule(self, tile_m: int, tile_n: int) -> tuple[int, int] | None:
         """The (warps, stages) a pinned tile brings with it, or None (the default's are kept)."""
         return None
@@ -172,7 +177,8 @@ class ContractionPath(KernelPath):
             mma=self.mma, a_move=a_move, b_move=b_move, a_vector=a_vec, b_vector=b_vec, split_k=split,
             # grouped raster: 16 tile rows share B in L2 on tall problems (H200, 2026-11-30, MoE 8192x14336x4096:
             # 701 TFLOP/s with 16, 684 with 8), 8 otherwise
-            raster="row", group_m=16 if -(-facts.m // tile[0]) >= 64 else 8, persistent=False,
+            raster="row", group_m=16 if -(-facts.m // tile[0]) >= 64 else 8,
+            persistent=self.default_persistent(-(-facts.k // tile[2]), tiles, split, target),
             warp_specialized=self.default_warp_specialized(target),
             swizzle=swizzle if "tma" in (a_move, b_move) or self.swizzled else 0,
             accumulator="f32", index_width=index_width(model, sizes),
