@@ -16,6 +16,7 @@ the call can be captured in a CUDA graph (`torch.cuda.graph`) once it has run ea
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -113,6 +114,7 @@ class CallPlan:
         self._device: Any = None  # torch.device of `dev`, made once
         self._d = driver._driver()  # the cuda-python driver module (looked up once, not per launch)
         self._success = self._d.CUresult.CUDA_SUCCESS
+        self._threads: set[int] = set()  # threads seen with the device's primary context current
 
     # -- built once
     @classmethod
@@ -191,7 +193,8 @@ class CallPlan:
                 if a.output:
                     results[a.name] = arr
         d = self._d
-        if self.dev.context is not None:  # the device's primary context, current for the launches
+        push = self.dev.context is not None and not self._context_is_current()
+        if push:  # the device's primary context, current for the launches
             self._ok(d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
         try:
             handle = self._stream(stream)
@@ -199,7 +202,7 @@ class CallPlan:
                 self._ok(nl.launch(d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)
             self._launch_all(d, ptrs, handle, stream)
         finally:
-            if self.dev.context is not None:
+            if push:
                 self._ok(d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
         return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
 
@@ -212,6 +215,22 @@ class CallPlan:
         if self._device is None:
             self._device = torch.device("cuda", self.dev.ordinal)
         return self._device
+
+    def _context_is_current(self) -> bool:
+        """Whether this thread's current context is already the device's primary one, so the call needs
+        no push and pop (two driver calls): with torch tensors, while torch's current device is this
+        device and this thread was once seen with that context current (cuCtxGetCurrent, once a thread)."""
+        torch = sys.modules.get("torch") if self.torch_like else None
+        if torch is None or torch.cuda.current_device() != self.dev.ordinal:
+            return False
+        thread = threading.get_ident()
+        if thread in self._threads:
+            return True
+        err, ctx = self._d.cuCtxGetCurrent()
+        if err == self._success and ctx is not None and int(ctx) == int(self.dev.context):
+            self._threads.add(thread)
+            return True
+        return False
 
     def _stream(self, stream: int) -> Any:
         handle = self._streams.get(stream)

@@ -176,3 +176,21 @@ def test_host_mode_refuses_a_bad_index_before_launching():
     with pytest.raises(ArgumentError, match=rf"IX: values must be in 0\.\.{M - 1} .* found {M} at IX\[9\]"):
         gg(**inputs)
     habu.check_errors()  # nothing ran, nothing to report
+
+
+def test_a_call_from_a_fresh_thread_pushes_the_context_and_one_from_a_seen_thread_does_not(built):
+    """The call plan skips cuCtxPushCurrent/PopCurrent on a thread once seen with the device's primary
+    context current (two driver calls a call); a thread that never touched CUDA still gets it pushed."""
+    import threading
+
+    rms = built["rms"]
+    x = _rms_inputs(5)["X"]
+    want = rms(X=x)
+    (call,) = [c for c in rms._calls.values() if c is not None]
+    assert threading.get_ident() in call._threads
+    got: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: got.append(rms(X=x)))
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], want)
