@@ -110,7 +110,7 @@ def _operand(ld: Load, axis: IndexVar, k: IndexVar, batch: tuple[IndexVar, ...] 
             axis_pos, gather = pos, ix.tensor
         else:
             return None
-    if axis_pos < 0 or k_pos < 0 or len(ld.indices) != 2 + len(batch):
+    if axis_pos < 0 or k_pos < 0 or len(ld.indices) != 2 + sum(1 for v in batch if v in ld.indices):
         return None
     return Operand(ld, axis, axis_pos, k_pos, gather)
 
@@ -118,7 +118,8 @@ def _operand(ld: Load, axis: IndexVar, k: IndexVar, batch: tuple[IndexVar, ...] 
 def as_contraction(eq: Equation) -> Contraction | None:
     """Recognise `T[m n] = Σ k A[m k] · B[n k]` (any index order, A's rows possibly gathered), and its
     batched form `T[b.. m n] = Σ k A[b.. m k] · B[b.. n k]` (batch indices anywhere, each read plainly
-    once by both operands and written by the output)."""
+    once by both operands, or by one of them — a weight shared by every batch, `Y[b i n] = Σ d X[b i d] ·
+    W[n d]` — and written by the output)."""
     rhs = eq.rhs
     if len(eq.lhs) < 2 or not isinstance(rhs, Reduce) or rhs.op != "sum" or len(rhs.vars) != 1:
         return None
@@ -126,21 +127,24 @@ def as_contraction(eq: Equation) -> Contraction | None:
     factors = _factors(rhs.body)
     loads = [f for f in factors if isinstance(f, Load)]
     consts = [f for f in factors if not isinstance(f, Load)]
-    if len(loads) != 2 or not all(_is_constant(c) for c in consts):
+    if len(loads) != 2 or not all(_is_constant(c) for c in consts) or len(set(eq.lhs)) != len(eq.lhs):
         return None
-    batch = tuple(v for v in eq.lhs if v in loads[0].indices and v in loads[1].indices)
-    free = [v for v in eq.lhs if v not in batch]
-    if len(free) != 2 or len(set(eq.lhs)) != len(eq.lhs):
+    shared = tuple(v for v in eq.lhs if v in loads[0].indices and v in loads[1].indices)
+    one_side = [v for v in eq.lhs if v not in shared]
+    extra = len(eq.lhs) - len(shared) - 2  # batch indices read by one operand alone
+    if extra < 0:
         return None
-    v0, v1 = free
-    for m, n in ((v0, v1), (v1, v0)):
-        a = _operand(loads[0], m, k, batch)
-        b = _operand(loads[1], n, k, batch)
-        if a and b:
-            scale = None
-            for c in consts:
-                scale = c if scale is None else Op("mul", (scale, c))
-            return Contraction(eq, m, n, k, a, b, scale, batch)
+    for chosen in combinations(one_side, extra):
+        batch = tuple(v for v in eq.lhs if v in shared or v in chosen)
+        v0, v1 = [v for v in eq.lhs if v not in batch]
+        for m, n in ((v0, v1), (v1, v0)):
+            a = _operand(loads[0], m, k, batch)
+            b = _operand(loads[1], n, k, batch)
+            if a and b:
+                scale = None
+                for c in consts:
+                    scale = c if scale is None else Op("mul", (scale, c))
+                return Contraction(eq, m, n, k, a, b, scale, batch)
     return None
 
 

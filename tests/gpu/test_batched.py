@@ -117,3 +117,15 @@ MODEL: BG  S[b i j] = Σ d Q[b IX[i] d] · K[b j d] ;
 @pytest.mark.parametrize("path", ["default", "mma.sync", "fma"])
 def test_a_batched_gathered_contraction_passes_the_exact_check(tmp_path, path):
     exact(tmp_path, GATHERED, "BG", PATHS[path])
+
+
+SHARED_WEIGHT = """3 EXTENT: #B  200 EXTENT: #I  136 EXTENT: #N  72 EXTENT: #D
+bf16 TENSOR: X ( #B #I #D )  bf16 TENSOR: W ( #N #D )  f32 TENSOR: Y ( #B #I #N )
+MODEL: LIN  Y[b i n] = Σ d X[b i d] · W[n d] ;
+"""
+
+
+@pytest.mark.parametrize("path", ["default", "wgmma-persistent", "wgmma-store-direct", "mma.sync", "fma"])
+def test_a_weight_shared_by_every_batch_passes_the_exact_check(tmp_path, path):
+    """`Y[b i n] = Σ d X[b i d] · W[n d]` (a Linear over 3-D activations): the batch read by one operand."""
+    exact(tmp_path, SHARED_WEIGHT, "LIN", PATHS[path])

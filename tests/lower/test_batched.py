@@ -194,3 +194,27 @@ def test_short_k_loops_over_many_tiles_default_to_persistent_blocks():
     assert default(SCORES, B=32, I=2048, J=2048, D=128, out="bf16").persistent
     assert not default(SCORES, B=32, I=2048, J=2048, D=2048, out="bf16").persistent  # a long k loop
     assert not default(SCORES, B=1, I=256, J=256, D=128, out="bf16").persistent  # fewer tiles than 4 waves
+
+
+SHARED_WEIGHT = """{B} EXTENT: #B  {I} EXTENT: #I  {N} EXTENT: #N  {D} EXTENT: #D
+bf16 TENSOR: X ( #B #I #D )  bf16 TENSOR: W ( #N #D )  f32 TENSOR: Y ( #B #I #N )
+MODEL: LIN  Y[b i n] = {body} ;
+"""
+
+
+@pytest.mark.parametrize("body", ["Σ d X[b i d] · W[n d]", "Σ d W[n d] · X[b i d]"])
+@pytest.mark.parametrize("pins", [{}, {"mma": "mma.sync"}, {"mma": "fma"}, {"persistent": "true"}])
+def test_regression_a_weight_shared_by_every_batch_fell_to_the_general_family(body, pins):
+    """A Linear over 3-D activations (the batch read by one operand) was a thread per output element."""
+    from habu.emit_cuda.nvrtc import CompilerUnavailable, compile_cuda
+
+    model = model_of(SHARED_WEIGHT, B=3, I=72, N=80, D=64, body=body)
+    c = as_contraction(model.nodes[0])
+    assert c is not None and [v.name for v in c.batch] == ["b"]
+    assert [r.kind for r in default_regions(model)] == ["contraction"]
+    plan, _proof = proven(model, pins)
+    for kernel in emit_plan(model, plan, TARGET).kernels:
+        try:
+            compile_cuda(kernel.source, kernel.name, TARGET.name)
+        except CompilerUnavailable:
+            pytest.skip("no NVRTC here")
