@@ -195,7 +195,8 @@ def _operand_variants(ops: MmaSyncOperands) -> Iterator[MmaSyncOperands]:
 
 def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
     """The SIMT path's maps perturbed: each stage tile's padding and transpose (copies and reads
-    together), the copies' walk, the thread grid."""
+    together), the copies' walk and count, the thread grid and each thread's register tile, the block's
+    threads, the k tile, the tiles' offsets."""
     for side in ("a", "b"):
         tile, copy = getattr(ops, f"{side}_tile"), getattr(ops, f"{side}_copy")
         for other in (replace(tile, row_elems=tile.row_elems + 1), replace(tile, k_rows=not tile.k_rows)):
@@ -204,6 +205,15 @@ def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
                                                        k_inner=not copy.k_inner)})
     g = ops.grid
     yield replace(ops, grid=replace(g, across=g.down, down=g.across))
+    # each thread's register tile, the block's threads, the k tile, where the tiles start
+    yield replace(ops, grid=replace(g, per_thread_m=g.per_thread_m + 1))
+    yield replace(ops, grid=replace(g, per_thread_n=g.per_thread_n + 1))
+    yield replace(ops, threads=ops.threads + 32)
+    yield replace(ops, bk=ops.bk + 1)
+    yield replace(ops, a_offset=ops.a_offset + 16, b_offset=ops.b_offset + 16)
+    for side in ("a", "b"):
+        copy = getattr(ops, f"{side}_copy")
+        yield replace(ops, **{f"{side}_copy": replace(copy, outer=copy.outer + 1)})
 
 
 def _wgmma_operand_variants(ops: WgmmaOperands) -> Iterator[WgmmaOperands]:

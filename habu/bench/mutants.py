@@ -273,6 +273,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "wrote them BN + 1 apart (the bank-conflict padding)", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, b_read=replace(lw.operands.b_read, row_elems=lw.operands.b_read.row_elems - 1))),
            {**DIRECT, "mma": "fma"}),
+    Mutant("fma-register-tile-overruns", "each SIMT thread accumulates TM + 1 rows: its last row is the next "
+           "tile's (rows ty + TM·TY lie past the block's tile, and its reads past A's stage tile)", "ggemm.habu",
+           "GGEMM", GG, _c(lambda lw: _operands(lw, grid=replace(lw.operands.grid,
+                                                                 per_thread_m=lw.operands.grid.per_thread_m + 1))),
+           {**DIRECT, "mma": "fma"}),
+    Mutant("fma-stage-tiles-overlap", "the SIMT path's B stage tile starts inside A's (its offset computed from "
+           "the unpadded A tile): the copies of B overwrite A's last k rows", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, b_offset=lw.operands.b_offset - 4 * lw.operands.bk)),
+           {**DIRECT, "mma": "fma"}),
     Mutant("wgmma-descriptor-sbo-wrong", "A's wgmma descriptors step 512 bytes between 8-row atoms instead of "
            "1024 (rows of 128 bytes)", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, a_desc=replace(lw.operands.a_desc, sbo=512))), DIRECT),

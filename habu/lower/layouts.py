@@ -228,7 +228,10 @@ class FmaOperands:
     """The SIMT path's shared-memory operands: f32 stage tiles transposed to [k][row] with one float
     of padding, the copies that fill them (one element each, converted to f32), and the thread grid
     whose reads (a[i] = sA at (k, row ty + i·down)) and epilogue print the same rows and columns.
-    `a_read`/`b_read`: the layout the reads assume."""
+    `a_read`/`b_read`: the layout the reads assume. The emitter prints every bound of the kernel's
+    loops from here: the copies' count and thread stride (`threads`), the k loop (`bk`), each thread's
+    TM x TN register tile (`grid.per_thread_m`, `per_thread_n`), and where each tile starts in shared
+    memory (`a_offset`, `b_offset`, bytes)."""
 
     threads: int
     grid: ThreadGrid
@@ -239,6 +242,8 @@ class FmaOperands:
     a_read: SmemTile
     b_read: SmemTile
     bk: int
+    a_offset: int = 0
+    b_offset: int = 0
 
     def a_index(self, k: Any, ty: Any, i: Any) -> Any:
         """The element of A's stage tile thread row ty reads for its i-th row at instruction k."""
@@ -263,7 +268,8 @@ def fma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[
         return StageCopy(kernel.tile_k, rows, 1, True, tile) if k_fast else StageCopy(rows, kernel.tile_k, 1, False, tile)
 
     return FmaOperands(32 * kernel.warps, ThreadGrid(tx, ty, tm, tn), a_tile, b_tile,
-                       copy(a, kernel.tile_m, a_tile), copy(b, kernel.tile_n, b_tile), a_tile, b_tile, kernel.tile_k)
+                       copy(a, kernel.tile_m, a_tile), copy(b, kernel.tile_n, b_tile), a_tile, b_tile, kernel.tile_k,
+                       buffers["A0"].offset, buffers["B0"].offset)
 
 
 SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}  # a wgmma descriptor's bits 62-63 (PTX ISA, "Matrix Descriptor")

@@ -154,6 +154,9 @@ def fma_route(ops: FmaOperands) -> Route:
             faults.append(f"a thread reads {side}'s stage tile where no copy wrote")
         return np.maximum(got, 0)
 
+    bm = ops.a_copy.outer if ops.a_copy.k_inner else ops.a_copy.inner
+    bn = ops.b_copy.outer if ops.b_copy.k_inner else ops.b_copy.inner
+    _tiles_apart(ops, faults)
     warps = []
     i = np.arange(g.per_thread_m, dtype=np.int64)[:, None]
     j = np.arange(g.per_thread_n, dtype=np.int64)[:, None]
@@ -163,10 +166,32 @@ def fma_route(ops: FmaOperands) -> Route:
         b_id = fetch("B", b_smem, np.asarray(ops.b_index(k, tx, j), dtype=np.int64))
         rows = sum(g.row_terms(ty, i[:, 0]))
         cols = sum(g.col_terms(tx, j[:, 0]))
+        # the epilogue stores each register at m0 + row, n0 + col: a row or column past the tile is
+        # another block's output (a race between blocks, or a double add under split-K)
+        for what, got, size in (("row", rows, bm), ("column", cols, bn)):
+            out = (got < 0) | (got >= size)
+            if out.any():
+                faults.append(f"thread {t} computes {what} {int(got[out][0])} of its block's {size}-{what} "
+                              "output tile, which is outside it (another block's output)")
         warps.append(WarpRoute(rows, cols, a_id // bk, a_id % bk, b_id // bk, b_id % bk))
-    bm = ops.a_copy.outer if ops.a_copy.k_inner else ops.a_copy.inner
-    bn = ops.b_copy.outer if ops.b_copy.k_inner else ops.b_copy.inner
     return Route(tuple(warps), tuple(dict.fromkeys(faults))[:4], not faults and _is_identity(warps, bm, bn, bk))
+
+
+def _tiles_apart(ops: FmaOperands, faults: list[str]) -> None:
+    """The SIMT path's two stage tiles lie apart in shared memory, each 4-byte aligned (the kernel
+    points sA and sB at `a_offset` and `b_offset`)."""
+    spans = (("A", ops.a_offset, ops.a_tile.bytes), ("B", ops.b_offset, ops.b_tile.bytes))
+    for side, start, _size in spans:
+        if start < 0 or start % 4:
+            faults.append(f"{side}'s stage tile starts at byte {start} of shared memory (negative or not 4-byte "
+                          "aligned)")
+    (_, a0, a_size), (_, b0, b_size) = spans
+    if a0 < b0 + b_size and b0 < a0 + a_size:
+        # the first element of the earlier tile that the later tile's copies overwrite
+        (low, low0, low_tile), high0 = (("A", a0, ops.a_tile), b0) if a0 <= b0 else (("B", b0, ops.b_tile), a0)
+        row, col = divmod((high0 - low0) // 4, low_tile.row_elems)
+        faults.append(f"A's stage tile (bytes {a0}..{a0 + a_size - 1}) and B's (bytes {b0}..{b0 + b_size - 1}) "
+                      f"overlap in shared memory: the copies of the other operand overwrite s{low}[{row}][{col}]")
 
 
 @lru_cache(maxsize=512)
