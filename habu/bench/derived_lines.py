@@ -7,7 +7,8 @@ access's positions reversed, the k step doubled, the k loop shortened, the split
 warps of a row reduction, a row kernel's thread map (lanes, rows, chunk stride, tail predicate, vector),
 cache slots, pass order and register chunks, a map kernel's lane stride and vector, the k loop's pipeline
 (stages, phases, arrival counts, expected bytes, TMA boxes), the shared-memory operand maps (swizzle,
-padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle). (Not
+padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle), the
+wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle). (Not
 the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
@@ -37,6 +38,7 @@ from habu.lower import (
 from habu.lower.access import Access, Bound
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
+from habu.lower.tma_store import TmaStoreEpilogue
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -129,6 +131,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield from _fma_operand_variants(obj)
     if isinstance(obj, WgmmaOperands):
         yield from _wgmma_operand_variants(obj)
+    if isinstance(obj, TmaStoreEpilogue):
+        yield from _tma_store_variants(obj)
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
@@ -226,6 +230,18 @@ def _wgmma_operand_variants(ops: WgmmaOperands) -> Iterator[WgmmaOperands]:
         yield replace(ops, **{f"{side}_desc": replace(desc, lbo=desc.sbo, sbo=desc.lbo)})
         yield replace(ops, **{f"{side}_copy": replace(copy, vector=max(1, copy.vector // 2))})
     yield replace(ops, slabs=ops.slabs + 1)
+
+
+def _tma_store_variants(st: TmaStoreEpilogue) -> Iterator[TmaStoreEpilogue]:
+    """The TMA-store epilogue perturbed: a box fewer, a column group fewer per box, a slab more, each
+    buffer offset and stride moved, the boxes' swizzle."""
+    yield replace(st, boxes=st.boxes - 1)
+    yield replace(st, groups=st.groups - 1)
+    yield replace(st, slabs=st.slabs + 1)
+    yield replace(st, base=st.base + 1024)
+    yield replace(st, buffer_stride=0)
+    yield replace(st, warpgroup_stride=st.warpgroup_stride + 1024)
+    yield replace(st, box=replace(st.box, swizzle=64))
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:

@@ -247,6 +247,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "instead of lane/4 + 8 (audit of 402788a: fragment rows swapped in the emitter passed the proof)",
            "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, fragment=replace(lw.fragment, row_step=-8))),
            {**DIRECT, "store": "tma"}),
+    Mutant("tma-store-last-box-dropped", "the TMA-store epilogue loops over BN/64 - 1 boxes of columns: the "
+           "tile's last 64 columns are never stored", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, tma_store=replace(lw.tma_store, boxes=lw.tma_store.boxes - 1))),
+           {**DIRECT, "store": "tma"}),
+    Mutant("tma-store-box-group-dropped", "the TMA-store epilogue stages 7 of each box's 8-column groups: TMA "
+           "stores the last group from a buffer no thread wrote", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, tma_store=replace(lw.tma_store, groups=lw.tma_store.groups - 1))),
+           {**DIRECT, "store": "tma"}),
+    Mutant("tma-store-single-buffer", "both of a warpgroup's TMA-store buffers at one address: the threads "
+           "stage a box over the one whose store may still read it", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, tma_store=replace(lw.tma_store, buffer_stride=0))),
+           {**DIRECT, "store": "tma"}),
     Mutant("mma-fragment-columns-swapped", "the mma.sync epilogue reads a lane's column pair from lane % 2",
            "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, fragment=replace(lw.fragment, lanes_per_row=2))),
            {**DIRECT, "mma": "mma.sync"}),

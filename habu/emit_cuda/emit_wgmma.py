@@ -142,56 +142,56 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
 """
 
 
-def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, slabs: int,
-                        consumers: int, off: dict[str, int]) -> str:
+def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str) -> str:
     """C for one consumer warpgroup's epilogue through shared memory: per 64-row slab, per box of one
     128-byte swizzle span of columns, the threads write their values (the fused epilogue applied)
     into one of two swizzled buffers, and one thread stores the box with TMA. The store runs while
     the warpgroup fills the other buffer, and the last ones while it starts its next tile; the
-    tensor map's bounds clip the rows and columns past the output's edges."""
-    out = lw.out
-    e = DTYPES[out.dtype].bytes
-    width = 128 // e
-    bn = lw.bn
-    if bn % width:
-        raise ValueError(f"TMA stores write boxes of {width} columns: {bn} is not a multiple")
-    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())), (width, 64), 128))
-    base = off["E0.0"]
-    other = off["E0.1"] - base
-    per_wg = off["E1.0"] - base if consumers > 1 else 0
-    if any(off[f"E{c}.{j}"] != base + c * per_wg + j * other for c in range(consumers) for j in (0, 1)):
-        raise ValueError("epilogue buffers are not evenly spaced in shared memory")
+    tensor map's bounds clip the rows and columns past the output's edges. Every number is the
+    lowering's (`ContractionLowering.tma_store`, habu/lower/tma_store.py)."""
+    out, st = lw.out, lw.tma_store
+    if st is None:
+        raise ValueError(f"no TMA-store epilogue for a {lw.bm}x{lw.bn} tile of {out.dtype} (boxes of 128 bytes, "
+                         "buffers evenly spaced in shared memory)")
+    box, e, width = st.box, st.box.elem_bytes, st.box_cols
+    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())),
+                                    (width, box.rows), box.swizzle))
     if out.dtype == "f32":
         put = "*reinterpret_cast<float2*>(dst) = make_float2(v0, v1);"
     else:
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
+    slab_row = f"(cw * {st.slabs} + s) * {box.rows}"
     # the box's coordinates, innermost first, in the order of the output's positions (the rules
     # require [m, n]: the box holds rows of m, each a run of contiguous n)
-    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64"}
+    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + {slab_row}"}
     box_origin = ", ".join(f"(int)({axis_origin[p.axis]})" for p in reversed(out.positions))
     frag = lw.fragment
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]")
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]")
+    if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
+        staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
+    else:
+        staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
     return f"""#pragma unroll
-      for (int s = 0; s < {slabs}; ++s)
+      for (int s = 0; s < {st.slabs}; ++s)
 #pragma unroll
-        for (int b = 0; b < {bn // width}; ++b) {{  // boxes of {width} columns
-          const habu::u32 buf = smem_base + {base}u + (habu::u32)cw * {per_wg}u + (habu::u32)(boxes_stored & 1) * {other}u;
+        for (int b = 0; b < {st.boxes}; ++b) {{  // boxes of {width} columns
+          const habu::u32 buf = smem_base + {st.base}u + (habu::u32)cw * {st.warpgroup_stride}u + (habu::u32)(boxes_stored & 1) * {st.buffer_stride}u;
           if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();  // buf's last store has read it
           habu::named_barrier_sync(1 + cw, 128);
 #pragma unroll
-          for (int jj = 0; jj < {width // 8}; ++jj)
+          for (int jj = 0; jj < {st.groups}; ++jj)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
-              const int j = b * {width // 8} + jj;
+              const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
-              const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + row);
+              const {it} m = m0 + ({it})({slab_row} + row);
               const {it} n = n0 + ({it})({frag.col()});
               const float v0 = {v0};
               const float v1 = {v1};
               const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
-              unsigned char* dst = smem + (buf - smem_base) + habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u);
+              unsigned char* dst = smem + (buf - smem_base) + {staged};
               {put}
             }}
           habu::fence_proxy_async();  // the threads' writes, visible to the TMA store
@@ -381,7 +381,7 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
     lw = kc.lw
     if lw.kernel.store == "tma":
-        epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it, kc.slabs, kc.consumers, kc.off)
+        epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it)
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
         drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
     else:

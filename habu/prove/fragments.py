@@ -111,5 +111,26 @@ def wgmma_kmajor_addresses(start: int, rows: int, k: int, sbo: int, span: int, e
     return a ^ (((a >> 7) % (span // 16)) << 4)
 
 
+# CUDA driver API, cuTensorMapEncodeTiled, CUtensorMapSwizzle: a box's innermost dimension is laid out
+# contiguously in rows of (inner elements x element size) bytes; with CU_TENSOR_MAP_SWIZZLE_{32,64,128}B
+# (the inner dimension at most the span), the 16-byte chunk index within each 128-byte segment is XORed
+# with the segment's index mod span/16 (bits [4, 4 + log2(span/16)) ^= bits [7, ...)), from a shared
+# memory address aligned to the pattern's period (span x 8 bytes).
+
+
+def tma_box_bytes(rows: int, cols: int, elem_bytes: int, span: int) -> np.ndarray:
+    """Byte offsets, from the box's shared-memory start, of a 2-D TMA box's (row, col) elements (rows x
+    cols; cols along the tensor's contiguous dimension) as a TMA load writes them or a TMA store reads
+    them."""
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    col = np.arange(cols, dtype=np.int64)[None, :]
+    a = r * cols * elem_bytes + col * elem_bytes
+    if span:
+        if span not in (32, 64, 128) or cols * elem_bytes > span:
+            raise ValueError(f"no TMA box of {cols * elem_bytes}-byte rows with swizzle {span}")
+        a = a ^ (((a >> 7) % (span // 16)) << 4)
+    return a
+
+
 __all__ = ["fragment_mismatch", "instruction_element", "ldmatrix_elements", "mma_operand_position",
-           "wgmma_kmajor_addresses"]
+           "tma_box_bytes", "wgmma_kmajor_addresses"]
