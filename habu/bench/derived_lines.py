@@ -222,19 +222,27 @@ def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
 
 def _wgmma_operand_variants(ops: WgmmaOperands) -> Iterator[WgmmaOperands]:
     """The wgmma path's maps perturbed: each tile's swizzle (copies and tensor maps), each descriptor's
-    SBO and its LBO/SBO swapped, the copies' vectors, the slabs' rows."""
+    SBO and its LBO/SBO swapped, the copies' vectors, walk and count, the slabs' rows, the stage tiles'
+    offsets and stride, the k tile's steps."""
     for side in ("a", "b"):
         tile, copy, desc = (getattr(ops, f"{side}_{x}") for x in ("tile", "copy", "desc"))
         yield replace(ops, **{f"{side}_copy": replace(copy, tile=replace(tile, swizzle=64))})
         yield replace(ops, **{f"{side}_desc": replace(desc, sbo=desc.sbo // 2)})
         yield replace(ops, **{f"{side}_desc": replace(desc, lbo=desc.sbo, sbo=desc.lbo)})
         yield replace(ops, **{f"{side}_copy": replace(copy, vector=max(1, copy.vector // 2))})
+        # the copies' walk (k or the rows fastest) and count
+        yield replace(ops, **{f"{side}_copy": replace(copy, k_inner=not copy.k_inner)})
+        yield replace(ops, **{f"{side}_copy": replace(copy, outer=copy.outer + 1)})
     yield replace(ops, slabs=ops.slabs + 1)
+    # the stage tiles' places in shared memory, the k tile's wgmma steps
+    yield replace(ops, a_offset=ops.a_offset + 1024, b_offset=ops.b_offset + 1024)
+    yield replace(ops, stage_stride=ops.stage_stride + 1024)
+    yield replace(ops, bk=2 * ops.bk)
 
 
 def _tma_store_variants(st: TmaStoreEpilogue) -> Iterator[TmaStoreEpilogue]:
     """The TMA-store epilogue perturbed: a box fewer, a column group fewer per box, a slab more, each
-    buffer offset and stride moved, the boxes' swizzle."""
+    buffer offset and stride moved, the boxes' swizzle, a buffer more in turn."""
     yield replace(st, boxes=st.boxes - 1)
     yield replace(st, groups=st.groups - 1)
     yield replace(st, slabs=st.slabs + 1)
@@ -242,6 +250,7 @@ def _tma_store_variants(st: TmaStoreEpilogue) -> Iterator[TmaStoreEpilogue]:
     yield replace(st, buffer_stride=0)
     yield replace(st, warpgroup_stride=st.warpgroup_stride + 1024)
     yield replace(st, box=replace(st.box, swizzle=64))
+    yield replace(st, buffers=st.buffers + 1)
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:

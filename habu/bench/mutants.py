@@ -301,6 +301,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "swapped", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, b_desc=replace(lw.operands.b_desc, lbo=lw.operands.b_desc.sbo,
                                                       sbo=lw.operands.b_desc.lbo))), DIRECT),
+    Mutant("wgmma-stages-overlap", "the wgmma ring's stages are one A tile apart instead of one A and one B "
+           "tile: stage 1's A tile is stage 0's B tile, which the consumers may still read", "ggemm.habu", "GGEMM",
+           GG, _c(lambda lw: _operands(lw, stage_stride=lw.operands.a_tile.bytes)), DIRECT),
     Mutant("wgmma-swizzle-dropped-on-copy", "the wgmma producer's ldg copies store A's tile without the 128-byte "
            "swizzle XOR; the descriptors read it swizzled", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, swizzle=0)))),

@@ -162,6 +162,8 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
     slab_row = f"(cw * {st.slabs} + s) * {box.rows}"
+    n = st.buffers  # the buffer of box number boxes_stored, in turn
+    turn = f"boxes_stored & {n - 1}" if n & (n - 1) == 0 else f"boxes_stored % {n}"
     # the box's coordinates, innermost first, in the order of the output's positions (the rules
     # require [m, n]: the box holds rows of m, each a run of contiguous n)
     axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + {slab_row}"}
@@ -177,8 +179,8 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
       for (int s = 0; s < {st.slabs}; ++s)
 #pragma unroll
         for (int b = 0; b < {st.boxes}; ++b) {{  // boxes of {width} columns
-          const habu::u32 buf = smem_base + {st.base}u + (habu::u32)cw * {st.warpgroup_stride}u + (habu::u32)(boxes_stored & 1) * {st.buffer_stride}u;
-          if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();  // buf's last store has read it
+          const habu::u32 buf = smem_base + {st.base}u + (habu::u32)cw * {st.warpgroup_stride}u + (habu::u32)({turn}) * {st.buffer_stride}u;
+          if (boxes_stored >= {st.buffers} && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<{st.buffers - 1}>();  // buf's last store has read it
           habu::named_barrier_sync(1 + cw, 128);
 #pragma unroll
           for (int jj = 0; jj < {st.groups}; ++jj)
@@ -224,6 +226,9 @@ class _Kernel:
     maps: dict[str, str]  # the tensor map of each TMA operand
 
     def stage_base(self, side: str, stage: str) -> str:
+        ops = self.lw.operands  # K-major operands: the stage tiles' offsets are the lowering's
+        if isinstance(ops, WgmmaOperands):
+            return f"smem_base + {ops.stage_tile(side, 0)}u + (habu::u32){stage} * {ops.stage_stride}u"
         return f"smem_base + {self.off[side + '0']}u + (habu::u32){stage} * {self.stride}u"
 
 
@@ -345,7 +350,7 @@ def _consumer_loop(kc: _Kernel) -> str:
         const habu::u32 b_stage = {kc.stage_base("B", slot)};
         habu::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {{
+        for (int kk = 0; kk < {ops.k_steps if isinstance(ops, WgmmaOperands) else 4}; ++kk) {{
 {slab_mma}
         }}
         habu::wgmma_commit();
@@ -438,6 +443,8 @@ def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     if not isinstance(lw.pipeline, MbarrierRing):
         raise ValueError("the wgmma path runs an mbarrier ring")
     consumers, slabs = wgmma_layout(lw)
+    if isinstance(lw.operands, WgmmaOperands):  # the slabs each consumer multiplies: the lowering's
+        slabs = lw.operands.slabs
     sig = Signature(model, static=static)
     layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
     off = {b.name: b.offset for b in layout.buffers}

@@ -294,7 +294,9 @@ class WgmmaOperands:
     """The wgmma path's K-major shared-memory operands: per operand the stage tile (rows of 128 bytes in
     the 128-byte swizzle), how the producer fills it (a TMA box of 16-byte chunks placed by the tensor
     map's swizzle, or the producer threads' cp.async/ldg copies), and the descriptors the consumers
-    read it with. Consumer warpgroup cw's slab s covers rows (cw·slabs + s)·64 of the tile."""
+    read it with. Consumer warpgroup cw's slab s covers rows (cw·slabs + s)·64 of the tile. Stage s's
+    tiles start `a_offset + s·stage_stride` and `b_offset + s·stage_stride` bytes from the aligned shared
+    memory base; a k tile is bk / 16 wgmma k steps."""
 
     consumers: int
     slabs: int
@@ -305,6 +307,18 @@ class WgmmaOperands:
     a_desc: WgmmaDescriptor
     b_desc: WgmmaDescriptor
     bk: int
+    stages: int = 1
+    a_offset: int = 0
+    b_offset: int = 0
+    stage_stride: int = 0
+
+    def stage_tile(self, side: str, stage: Any) -> Any:
+        """Bytes from the aligned shared-memory base to stage `stage`'s tile of operand `side`."""
+        return (self.a_offset if side == "A" else self.b_offset) + stage * self.stage_stride
+
+    @property
+    def k_steps(self) -> int:
+        return self.bk // 16
 
     def slab_row(self, cw: Any, s: Any) -> Any:
         return (cw * self.slabs + s) * 64
@@ -335,9 +349,14 @@ def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dic
         return StageCopy(kernel.tile_k, rows, vec, True, tile)
 
     desc = WgmmaDescriptor(16, 8 * 128, kernel.swizzle)  # LBO unused by swizzled K-major; SBO: 8 rows
+    stride = buffers["A1"].offset - buffers["A0"].offset if kernel.stages > 1 else 0
+    if any(buffers[f"{x}{s}"].offset != buffers[f"{x}0"].offset + s * stride
+           for x in "AB" for s in range(kernel.stages)):
+        return None  # the emitter prints stages evenly spaced
     return WgmmaOperands(consumers, kernel.tile_m // (64 * consumers), a_tile, b_tile,
                          copy(kernel.a_move, kernel.a_vector, kernel.tile_m, a_tile),
-                         copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile), desc, desc, kernel.tile_k)
+                         copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile), desc, desc, kernel.tile_k,
+                         kernel.stages, buffers["A0"].offset, buffers["B0"].offset, stride)
 
 
 def tile_of_buffer(buffer: Buffer, elem_bytes: int, swizzle: int, k_rows: bool) -> SmemTile:

@@ -5,10 +5,11 @@ Per 64-row slab s of consumer warpgroup cw and per box b of `box.row_elems` colu
 swizzle span), the warpgroup's threads write their accumulator pairs (j = b·groups + jj, the fragment
 map `habu.lower.fragments`) into a buffer at the box tile's byte offset of (row, column in the box),
 then one thread stores the box with TMA at (m0 + slab_row(cw, s), n0 + b·box columns). A warpgroup
-alternates between two buffers (`boxes_stored & 1`): the store of one box may still read its buffer
-while the threads fill the other.
+takes its `buffers` (two) buffers in turn and, before filling one, waits until at most buffers - 1 of
+its stores still read (`bulk_wait_group_read`): the store of one box may still read its buffer while
+the threads fill the other.
 
-    buffer(cw, stored) = base + cw·warpgroup_stride + (stored & 1)·buffer_stride   (bytes from smem_base)
+    buffer(cw, stored) = base + cw·warpgroup_stride + (stored mod buffers)·buffer_stride   (bytes from smem_base)
 
 The emitter prints every one of these numbers from here; the finite-field check runs the same map
 (`habu.prove.tma_store`): it writes each accumulator element's identity where the epilogue puts it,
@@ -42,6 +43,7 @@ class TmaStoreEpilogue:
     buffer_stride: int  # bytes from a warpgroup's first buffer to its second
     warpgroup_stride: int  # bytes from one consumer's buffers to the next one's
     region: tuple[int, int]  # [start, end) bytes of shared memory the layout gives the epilogue's buffers
+    buffers: int = 2  # buffers per warpgroup, used in turn; a box waits until at most buffers - 1 stores still read
 
     @property
     def box_cols(self) -> int:
@@ -49,7 +51,7 @@ class TmaStoreEpilogue:
 
     def buffer(self, cw: Any, stored: Any) -> Any:
         """Bytes from smem_base to the buffer warpgroup cw fills for its box number `stored`."""
-        return self.base + cw * self.warpgroup_stride + (stored & 1) * self.buffer_stride
+        return self.base + cw * self.warpgroup_stride + (stored % self.buffers) * self.buffer_stride
 
     def column_group(self, b: Any, jj: Any) -> Any:
         """The accumulator's 8-column group j of group jj of box b."""

@@ -201,6 +201,7 @@ def wgmma_route(ops: WgmmaOperands) -> Route:
     `b_start(kk)`, as the PTX ISA's K-major layout places them (`wgmma_kmajor_addresses`)."""
     faults: list[str] = []
     bk = ops.bk
+    _stages_apart(ops, faults)
     a_smem = _fill("A", ops.a_tile, ops.a_copy, bk, faults)
     b_smem = _fill("B", ops.b_tile, ops.b_copy, bk, faults)
     bn = ops.b_tile.rows
@@ -219,17 +220,41 @@ def wgmma_route(ops: WgmmaOperands) -> Route:
 
     b_id = np.concatenate([fetch("B", b_smem, ops.b_tile, wgmma_kmajor_addresses(
         int(sum(ops.b_start(kk))), bn, 16, ops.b_desc.sbo, ops.b_desc.swizzle, ops.b_tile.elem_bytes), ops.b_desc)
-        for kk in range(bk // 16)], axis=1)
+        for kk in range(ops.k_steps)], axis=1)
     warps = []
+    bm = ops.a_tile.rows
     for cw in range(ops.consumers):
         for s in range(ops.slabs):
             a_id = np.concatenate([fetch("A", a_smem, ops.a_tile, wgmma_kmajor_addresses(
                 int(sum(ops.a_start(cw, s, kk))), 64, 16, ops.a_desc.sbo, ops.a_desc.swizzle, ops.a_tile.elem_bytes),
-                ops.a_desc) for kk in range(bk // 16)], axis=1)
+                ops.a_desc) for kk in range(ops.k_steps)], axis=1)
             rows = ops.slab_row(cw, s) + np.arange(64)
+            if rows.min() < 0 or rows.max() >= bm:  # the epilogue stores the slab's rows at m0 + row
+                faults.append(f"consumer {cw}'s slab {s} multiplies rows {int(rows.min())}..{int(rows.max())} of a "
+                              f"{bm}-row tile (past it: another block's output)")
             warps.append(WarpRoute(rows, np.arange(bn), a_id // bk, a_id % bk, b_id // bk, b_id % bk))
-    bm = ops.a_tile.rows
     return Route(tuple(warps), tuple(dict.fromkeys(faults))[:4], not faults and _is_identity(warps, bm, bn, bk))
+
+
+def _stages_apart(ops: WgmmaOperands, faults: list[str]) -> None:
+    """The wgmma path's stage tiles (A and B of every stage) lie apart in shared memory, each aligned to
+    its swizzle's period (8 rows of the span: the pattern TMA writes and wgmma reads starts there)."""
+    tiles = [(f"{side}{s}", int(ops.stage_tile(side, s)), tile)
+             for s in range(ops.stages) for side, tile in (("A", ops.a_tile), ("B", ops.b_tile))]
+    for name, start, tile in tiles:
+        period = 8 * tile.swizzle if tile.swizzle else 16
+        if start < 0 or start % period:
+            faults.append(f"stage tile {name} starts at byte {start} of shared memory (negative or not "
+                          f"{period}-byte aligned)")
+    for i, (name, start, tile) in enumerate(tiles):
+        for other, start2, tile2 in tiles[i + 1:]:
+            if start < start2 + tile2.bytes and start2 < start + tile.bytes:
+                # the first element of the earlier tile that the later one's copies overwrite
+                (low, low0, low_tile), high0 = ((name, start, tile), start2) if start <= start2 else \
+                    ((other, start2, tile2), start)
+                row, col = divmod((high0 - low0) // low_tile.elem_bytes, low_tile.row_elems)
+                faults.append(f"stage tiles {name} (bytes {start}..{start + tile.bytes - 1}) and {other} (bytes "
+                              f"{start2}..{start2 + tile2.bytes - 1}) overlap: {low}[{row}, {col}] is overwritten")
 
 
 def _is_identity(warps: list[WarpRoute], bm: int, bn: int, bk: int) -> bool:

@@ -92,13 +92,13 @@ def _buffer_faults(st: TmaStoreEpilogue) -> list[str]:
     size = st.box.bytes
     live: list[tuple[str, int]] = []  # buffers that may be in use at once: every warpgroup's two
     for cw in range(st.consumers):
-        for stored in (0, 1):  # consecutive boxes: the store of the first may read while the second is filled
+        for stored in range(st.buffers):  # consecutive boxes: the earlier stores may read while the last is filled
             buf = int(st.buffer(cw, stored))
             s, b = divmod(stored, st.boxes)
             live.append((f"consumer {cw}'s box {stored} (tile[{st.slab_row(cw, s) if s < st.slabs else '?'}, "
                          f"{b * st.box_cols}] onwards)", buf))
             if buf < st.region[0] or buf + size > st.region[1] or buf % period:
-                faults.append(f"consumer {cw}'s box buffer {stored % 2} lies at bytes {buf}..{buf + size - 1} of shared "
+                faults.append(f"consumer {cw}'s box buffer {stored} lies at bytes {buf}..{buf + size - 1} of shared "
                               f"memory, outside the epilogue's {st.region[0]}..{st.region[1] - 1} or not "
                               f"{period}-byte aligned")
     for i, (name, a) in enumerate(live):
