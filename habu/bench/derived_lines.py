@@ -8,7 +8,8 @@ warps of a row reduction, a row kernel's thread map (lanes, rows, chunk stride, 
 cache slots, pass order and register chunks, a map kernel's lane stride and vector, the k loop's pipeline
 (stages, phases, arrival counts, expected bytes, TMA boxes), the shared-memory operand maps (swizzle,
 padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle), the
-wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle). (Not
+wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle), the column
+kernel's thread map and partial slots (each stride and count one more). (Not
 the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
@@ -36,6 +37,7 @@ from habu.lower import (
     lower_whole,
 )
 from habu.lower.access import Access, Bound
+from habu.lower.column_maps import ColumnPartials, ColumnThreadMap
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
 from habu.lower.tma_store import TmaStoreEpilogue
@@ -133,6 +135,9 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield from _wgmma_operand_variants(obj)
     if isinstance(obj, TmaStoreEpilogue):
         yield from _tma_store_variants(obj)
+    if isinstance(obj, ColumnThreadMap | ColumnPartials):  # the column kernel's maps: each stride and count
+        for f in fields(obj):
+            yield replace(obj, **{f.name: getattr(obj, f.name) + 1})
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)

@@ -369,6 +369,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(_partials_transposed)),
     Mutant("columns-row-loop-overlaps", "the row loop advances G·U − 1 rows an iteration (a row added twice)",
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(_rows_skip_group), RAGGED_SPLITS),
+    Mutant("columns-unrolled-rows-overlap", "a thread's unrolled rows are G − 1 rows apart instead of G (the "
+           "column kernel's unroll stride): row groups load each other's rows, some twice, others never",
+           "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, thread_map=replace(
+               lw.thread_map, unroll_step=lw.thread_map.unroll_step - 1)))),
     Mutant("columns-split-end-off-by-one", "a row split runs to begin + S inclusive (its neighbour's first row "
            "added twice)", "bias_grad.habu", "BIAS-GRAD", COLS, _col(_split_end_past), RAGGED_SPLITS),
     Mutant("columns-combine-skips-slots", "the combining loop strides 2·threads slots: half the tile's columns "
