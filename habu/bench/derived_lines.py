@@ -161,8 +161,8 @@ def _variants(obj: Any) -> Iterator[Any]:
 
 
 def _pipeline_variants(obj: Any) -> Iterator[Any]:
-    """The k loop's pipeline: a stage more, the consumers reading the next stage, each wait's phase
-    parity inverted, the expected bytes halved, a barrier's arrival count off by one, a TMA box's k
+    """The k loop's pipeline: a stage more, the consumers reading the next stage, the state update's
+    wrap and phase flip, each wait's phase parity inverted, the expected bytes halved, a barrier's arrival count off by one, a TMA box's k
     coordinate not advancing or its multicast mask losing a block, the cp.async prologue and wait
     depth off by one."""
     from habu.bench.mutants import _reads_next_stage
@@ -176,6 +176,8 @@ def _pipeline_variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, full_arrivals=obj.full_arrivals + 1)
         yield replace(obj, empty_arrivals=obj.empty_arrivals - 1)
         yield replace(obj, cluster=obj.cluster + 1)
+        yield replace(obj, wrap=obj.wrap + 1)  # the state update (habu::ring_advance<wrap, flip>)
+        yield replace(obj, flip=0)
     if isinstance(obj, TmaOperandLoad):
         yield replace(obj, k_step=0)
         yield replace(obj, box_rows=obj.box_rows // 2, boxes=obj.boxes * 2)

@@ -214,6 +214,12 @@ MUTANTS: tuple[Mutant, ...] = (
            {"M": 256, "N": 256, "K": 4096}, _c(lambda lw: replace(lw, split_mode="none")), {"split_k": "2"}),
     Mutant("ring-stage-off-by-one", "the wgmma consumers read stage s + 1 after waiting for stage s's barrier",
            "ggemm.habu", "GGEMM", GG, _ring(_reads_next_stage)),
+    Mutant("ring-advance-wraps-late", "the ring's state update wraps the stage index at stages + 1 "
+           "(habu::ring_advance<S + 1>): stage S is past the ring's barriers and buffers", "ggemm.habu", "GGEMM", GG,
+           _ring(lambda r: replace(r, wrap=r.wrap + 1))),
+    Mutant("ring-advance-keeps-phase", "the ring's state update wraps the stage without flipping the phase: the "
+           "second pass over the stages waits for the parity the first pass completed", "ggemm.habu", "GGEMM", GG,
+           _ring(lambda r: replace(r, flip=0))),
     Mutant("ring-phase-inverted", "the consumers wait for the full barrier's other phase parity (they read a stage "
            "before it is filled)", "ggemm.habu", "GGEMM", GG, _ring(lambda r: replace(r, consumer_parity=1))),
     Mutant("ring-expect-tx-halved", "the full barrier expects half the bytes TMA brings: the phase completes with "

@@ -305,10 +305,16 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
         habu::mbar_wait(bars + 16 * stage + 8, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
         const habu::u32 b_stage = {kc.stage_base("B", "stage")};
-{fill}        habu::ring_advance<{ring.stages}>(stage, phase);
+{fill}        {_advance(ring)}
       }}
     }}
 """
+
+
+def _advance(ring: MbarrierRing) -> str:
+    """The ring's state update after a k tile, as the lowering gives it (`MbarrierRing.advance`)."""
+    flip = f", {ring.flip}u" if ring.flip != 1 else ""
+    return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
 
 
 def _release(ring: MbarrierRing) -> str:
@@ -357,7 +363,7 @@ def _consumer_loop(kc: _Kernel) -> str:
         habu::wgmma_wait<1>();
         {_release(ring)}
         held = {slot};
-        habu::ring_advance<{ring.stages}>(stage, phase);
+        {_advance(ring)}
       }}
       habu::wgmma_wait<0>();
       {_release(ring)}

@@ -89,10 +89,14 @@ class _Ring:
         self.run = RingRun({key: [] for key in self.cons})
 
     def _advance(self, state: list[int]) -> None:
+        """The lowering's state update (`MbarrierRing.advance`, printed as habu::ring_advance)."""
         state[0] += 1
-        state[1] += 1
-        if state[1] == self.ring.stages:
-            state[1], state[2] = 0, state[2] ^ 1
+        stage, phase = self.ring.advance(state[1], state[2])
+        if not 0 <= stage < self.ring.stages:
+            self.run.fault(f"the ring's state update moves to stage {stage} at k tile {state[0]}, outside its "
+                           f"{self.ring.stages} stages (it wraps at {self.ring.wrap})")
+            stage = stage % self.ring.stages
+        state[1], state[2] = stage, phase
 
     # -- the producer of block b
     def producer_ready(self, b: int) -> bool:
