@@ -124,6 +124,7 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, k_step=2 * obj.k_step)
         yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
+        yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
     yield from _pipeline_variants(obj)
@@ -178,6 +179,7 @@ def _pipeline_variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, cluster=obj.cluster + 1)
         yield replace(obj, wrap=obj.wrap + 1)  # the state update (habu::ring_advance<wrap, flip>)
         yield replace(obj, flip=0)
+        yield replace(obj, start_stage=1, start_phase=1)  # the state the ring starts from
     if isinstance(obj, TmaOperandLoad):
         yield replace(obj, k_step=0)
         yield replace(obj, box_rows=obj.box_rows // 2, boxes=obj.boxes * 2)
@@ -245,6 +247,7 @@ def _wgmma_operand_variants(ops: WgmmaOperands) -> Iterator[WgmmaOperands]:
     yield replace(ops, a_offset=ops.a_offset + 1024, b_offset=ops.b_offset + 1024)
     yield replace(ops, stage_stride=ops.stage_stride + 1024)
     yield replace(ops, bk=2 * ops.bk)
+    yield replace(ops, base_align=ops.base_align // 2)
 
 
 def _tma_store_variants(st: TmaStoreEpilogue) -> Iterator[TmaStoreEpilogue]:

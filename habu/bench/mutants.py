@@ -220,6 +220,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ring-advance-keeps-phase", "the ring's state update wraps the stage without flipping the phase: the "
            "second pass over the stages waits for the parity the first pass completed", "ggemm.habu", "GGEMM", GG,
            _ring(lambda r: replace(r, flip=0))),
+    Mutant("ring-starts-at-phase-one", "the ring's phase register starts at 1: the producer's first wait on each "
+           "empty barrier names the parity no consumer has completed", "ggemm.habu", "GGEMM", GG,
+           _ring(lambda r: replace(r, start_phase=1))),
     Mutant("ring-phase-inverted", "the consumers wait for the full barrier's other phase parity (they read a stage "
            "before it is filled)", "ggemm.habu", "GGEMM", GG, _ring(lambda r: replace(r, consumer_parity=1))),
     Mutant("ring-expect-tx-halved", "the full barrier expects half the bytes TMA brings: the phase completes with "
@@ -310,6 +313,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("wgmma-stages-overlap", "the wgmma ring's stages are one A tile apart instead of one A and one B "
            "tile: stage 1's A tile is stage 0's B tile, which the consumers may still read", "ggemm.habu", "GGEMM",
            GG, _c(lambda lw: _operands(lw, stage_stride=lw.operands.a_tile.bytes)), DIRECT),
+    Mutant("wgmma-smem-base-misaligned", "the wgmma kernel rounds its shared-memory base to 512 bytes: the "
+           "128-byte swizzle's 1024-byte period starts mid-tile, so TMA and wgmma swizzle rows differently",
+           "ggemm.habu", "GGEMM", GG, _c(lambda lw: _operands(lw, base_align=512)), DIRECT),
     Mutant("wgmma-swizzle-dropped-on-copy", "the wgmma producer's ldg copies store A's tile without the 128-byte "
            "swizzle XOR; the descriptors read it swizzled", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, swizzle=0)))),

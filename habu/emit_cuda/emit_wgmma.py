@@ -185,7 +185,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
 #pragma unroll
           for (int jj = 0; jj < {st.groups}; ++jj)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
+            for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
               const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
               const {it} m = m0 + ({it})({slab_row} + row);
@@ -380,7 +380,7 @@ def _direct_epilogue(kc: _Kernel) -> str:
 #pragma unroll
         for (int j = 0; j < {lw.bn // 8}; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
+          for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
             const {kc.it} m = m0 + ({kc.it})((cw * {kc.slabs} + s) * 64 + {frag.row_in_warpgroup()});
             const {kc.it} n = n0 + ({kc.it})({frag.col()});
             {epi}
@@ -420,11 +420,13 @@ def _setup(kc: _Kernel, early_main_loop: bool) -> str:
     """The kernel's start: the aligned shared memory, the ring's barriers (with the arrival counts
     the lowering gives) and, in a cluster, the barrier that makes them visible to the peers."""
     ring = kc.ring
+    ops = kc.lw.operands  # the base alignment the stage tiles' swizzle needs: the lowering's
+    align = ops.base_align if isinstance(ops, WgmmaOperands) else 1024
     sync = ("habu::cluster_sync();  // the peers' barriers are initialised before anyone multicasts"
             if ring.cluster > 1 else "__syncthreads();")
     return f"""  extern __shared__ __align__(1024) unsigned char smem_raw[];
   const habu::u32 raw_base = habu::smem_addr(smem_raw);
-  const habu::u32 smem_base = (raw_base + 1023u) & ~1023u;  // 128-byte swizzled tiles need 1024-byte alignment
+  const habu::u32 smem_base = (raw_base + {align - 1}u) & ~{align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
   unsigned char* smem = smem_raw + (smem_base - raw_base);
   const habu::u32 bars = smem_base + {kc.off['bar']};
 {GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
@@ -433,8 +435,8 @@ def _setup(kc: _Kernel, early_main_loop: bool) -> str:
   if (threadIdx.x == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
   {sync}
   // stage s: A at smem_base + {kc.off['A0']} + s * {kc.stride}, B at smem_base + {kc.off['B0']} + s * {kc.stride}
-  int stage = 0;
-  habu::u32 phase = 0;
+  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
 """
 
 

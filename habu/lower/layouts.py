@@ -311,6 +311,7 @@ class WgmmaOperands:
     a_offset: int = 0
     b_offset: int = 0
     stage_stride: int = 0
+    base_align: int = 1024  # the kernel rounds its shared-memory base up to this (the offsets count from it)
 
     def stage_tile(self, side: str, stage: Any) -> Any:
         """Bytes from the aligned shared-memory base to stage `stage`'s tile of operand `side`."""

@@ -93,6 +93,8 @@ class MbarrierRing:
     # the stage index wraps to 0 when it reaches `wrap` (wgmma_ring: the stages), flipping the phase by `flip`
     wrap: int = 0
     flip: int = 1
+    start_stage: int = 0  # the state the ring starts from (the kernel's `int stage`, `u32 phase`)
+    start_phase: int = 0
 
     def stage(self, t: Any) -> Any:
         """The stage of the block's k tile t."""

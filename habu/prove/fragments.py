@@ -32,8 +32,8 @@ def fragment_mismatch(instruction: str, fragment: AccumulatorFragment, column_gr
     there; the first disagreement, or None."""
     warps = 4 if instruction == "wgmma" else 1
     groups = column_groups if instruction == "wgmma" else 1
-    w, lane, j, h, q = np.meshgrid(np.arange(warps), np.arange(32), np.arange(groups), np.arange(2), np.arange(2),
-                                   indexing="ij")
+    w, lane, j, h, q = np.meshgrid(np.arange(warps), np.arange(32), np.arange(groups), np.arange(fragment.halves),
+                                   np.arange(fragment.pair), indexing="ij")
     reg = fragment.register_index(j, h, q) if instruction == "wgmma" else fragment.pair * h + q
     held = instruction_element(instruction, w, lane, reg)
     stored = fragment.element(w, lane, j, h, q) if instruction == "wgmma" else \

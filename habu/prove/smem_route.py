@@ -243,6 +243,10 @@ def _stages_apart(ops: WgmmaOperands, faults: list[str]) -> None:
              for s in range(ops.stages) for side, tile in (("A", ops.a_tile), ("B", ops.b_tile))]
     for name, start, tile in tiles:
         period = 8 * tile.swizzle if tile.swizzle else 16
+        if ops.base_align % period:
+            faults.append(f"the shared-memory base is rounded to {ops.base_align} bytes; stage tile {name}'s swizzle "
+                          f"repeats every {period} bytes from an address aligned to them ({name}[0, 0] is "
+                          "swizzled as another row)")
         if start < 0 or start % period:
             faults.append(f"stage tile {name} starts at byte {start} of shared memory (negative or not "
                           f"{period}-byte aligned)")

@@ -34,7 +34,7 @@ def tma_store_faults(st: TmaStoreEpilogue, frag: AccumulatorFragment, bm: int, b
     box, e = st.box, st.box.elem_bytes
     faults += _buffer_faults(st)
     warp, lane, jj, h = (x.ravel() for x in np.meshgrid(np.arange(4), np.arange(32), np.arange(st.groups),
-                                                         np.arange(2), indexing="ij"))
+                                                         np.arange(frag.halves), indexing="ij"))
     tma_read = tma_box_bytes(box.rows, st.box_cols, e, box.swizzle)  # [rows, cols] bytes
     stored = np.zeros((bm, bn), dtype=np.int64)
     for cw in range(st.consumers):
