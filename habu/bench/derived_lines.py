@@ -50,6 +50,7 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("wgmma gather cp.async + tma", "ggemm.habu", "GGEMM", {}, {}, "sm_90a"),
     ("wgmma ldg, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {"A": "ldg", "B": "ldg"}, "sm_90a"),
     ("wgmma staged, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}, "sm_90a"),
+    ("wgmma tma, n-contiguous B (FFN-SKIP: 2 GEMMs + rows)", "ffn_skip.habu", "FFN-SKIP", {}, {}, "sm_90a"),
     ("mma.sync", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 520}, {"mma": "mma.sync"}, "sm_80"),
     ("fma split-k", "ggemm.habu", "GGEMM", {"M": 130, "N": 70, "K": 33}, {"mma": "fma", "split_k": "2"}, "sm_80"),
     ("rows softmax", "softmax.habu", "SOFTMAX-ROWS", {}, {}, "sm_90a"),

@@ -187,6 +187,8 @@ def _vector_overlap(lw: ColumnLowering) -> ColumnLowering:
 
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
 GG = {"M": 300, "N": 200, "K": 511}
+FF = {"B": 40, "D": 256, "H": 320}  # wgmma with n-contiguous weights (64-column TMA boxes, transposed reads)
+FF_PINS = {"tile": "128x128x64"}  # two 64-column boxes of B per k tile
 COLS = {"R": 300, "N": 200}  # 10 row splits of 32 rows (the last ragged), one column tile with a masked tail
 RAGGED_SPLITS = {"rows_per_split": "100"}  # 4 row loops of 32 rows a split: its last one runs past the split
 DIRECT = {"A": "ldg", "B": "ldg"}  # the predicated-load paths (the default stages K = 511 operands)
@@ -316,6 +318,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("wgmma-smem-base-misaligned", "the wgmma kernel rounds its shared-memory base to 512 bytes: the "
            "128-byte swizzle's 1024-byte period starts mid-tile, so TMA and wgmma swizzle rows differently",
            "ggemm.habu", "GGEMM", GG, _c(lambda lw: _operands(lw, base_align=512)), DIRECT),
+    Mutant("wgmma-mn-major-block-offset-halved", "W1 (a (D, H) weight, contiguous along n) is read by wgmma's "
+           "transposed descriptor with LBO half a 64-column block: columns 64.. of each k step read rows of the first "
+           "block", "ffn_skip.habu", "FFN-SKIP", FF,
+           _c(lambda lw: _operands(lw, b_desc=replace(lw.operands.b_desc, lbo=lw.operands.b_desc.lbo // 2))), FF_PINS),
     Mutant("wgmma-swizzle-dropped-on-copy", "the wgmma producer's ldg copies store A's tile without the 128-byte "
            "swizzle XOR; the descriptors read it swizzled", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, swizzle=0)))),

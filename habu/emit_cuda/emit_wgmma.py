@@ -339,9 +339,13 @@ def _consumer_loop(kc: _Kernel) -> str:
             row, k_part = start
             at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
             return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
-        b_desc = desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+        d = ops.b_desc
+        if d.mn_major and d.sbo == 8 * 128 and d.swizzle == 128:  # the device header's spelling of the same bits
+            b_desc = f"habu::wgmma_desc_sw128_mn(b_stage + kk * {ops.b_start(1)[1]}, {d.lbo}u)"
+        else:
+            b_desc = desc(d, "b_stage", ops.b_start(CExpr("kk")))
         a_descs = [desc(ops.a_desc, "a_stage", ops.a_start(CExpr("cw"), s, CExpr("kk"))) for s in range(kc.slabs)]
-    else:  # an MN-major B in 64-column TMA boxes (its layout is the emitter's)
+    else:  # no maps in the lowering (a plan the path's operand maps do not cover): the emitter's layout
         b_desc = f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)"
         a_descs = [f"habu::wgmma_desc_sw128(a_stage + (habu::u32)((cw * {kc.slabs} + {s}) * 64 * 128) + kk * 32)"
                    for s in range(kc.slabs)]

@@ -40,6 +40,10 @@ class SmemTile:
     elem_bytes: int
     swizzle: int = 0  # 0, 32, 64 or 128 bytes
     k_rows: bool = False
+    # k-row tiles kept as blocks of `block_cols` m/n columns, each `block_rows` (the k tile) rows, one
+    # after another (an MN-major wgmma operand: one 64-column TMA box per block); 0: one block
+    block_cols: int = 0
+    block_rows: int = 0
 
     @property
     def bytes(self) -> int:
@@ -47,6 +51,8 @@ class SmemTile:
 
     def storage(self, mn: Any, k: Any) -> tuple[Any, Any]:
         """(row, column) of the tile where the operand's element (mn, k) of this k tile is kept."""
+        if self.k_rows and self.block_cols:
+            return (mn // self.block_cols) * self.block_rows + k, mn % self.block_cols
         return (k, mn) if self.k_rows else (mn, k)
 
     def index(self, row: Any, *col: Any) -> Any:
@@ -283,6 +289,9 @@ class WgmmaDescriptor:
     lbo: int
     sbo: int
     swizzle: int
+    # MN-major (read with the transpose bit): LBO steps between blocks of span/elem columns, SBO between
+    # 8-row (k) atoms, the k rows `span` bytes apart
+    mn_major: bool = False
 
     @property
     def mode(self) -> int:
@@ -330,19 +339,35 @@ class WgmmaOperands:
         return self.a_tile.linear_offset(self.slab_row(cw, s)), kk * 16 * self.a_tile.elem_bytes
 
     def b_start(self, kk: Any) -> tuple[Any, Any]:
+        if self.b_tile.k_rows:  # MN-major: a k step is 16 rows of the tile
+            return 0, kk * 16 * self.b_tile.row_elems * self.b_tile.elem_bytes
         return self.b_tile.linear_offset(0), kk * 16 * self.b_tile.elem_bytes
+
+    @property
+    def bn(self) -> int:
+        return self.b_copy.outer if self.b_copy.k_inner else self.b_copy.inner
 
 
 def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[str, Buffer],
                    consumers: int) -> WgmmaOperands | None:
-    """The wgmma path's maps for K-major A and B (None otherwise: an MN-major B's 64-column boxes are
-    printed by the emitter, not held here yet)."""
+    """The wgmma path's maps for a K-major A and a K-major B, or an MN-major B loaded by TMA in blocks of
+    one 128-byte span of columns (64 16-bit elements) by the k tile, read with the transpose bit."""
     e = DTYPES[a.dtype].bytes
-    if (a.positions[-1].axis != "k" or b.positions[-1].axis != "k" or kernel.tile_k * e != 128
+    b_mn = b.positions[-1].axis != "k"
+    if (a.positions[-1].axis != "k" or kernel.tile_k * e != 128
             or kernel.swizzle != 128 or consumers < 1 or kernel.tile_m % (64 * consumers) or a.dtype != b.dtype):
         return None
+    span_cols = kernel.swizzle // e
+    if b_mn and (kernel.b_move != "tma" or kernel.tile_n % span_cols):
+        return None
     a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
-    b_tile = tile_of_buffer(buffers["B0"], e, kernel.swizzle, False)
+    if b_mn:  # the stage's B: tile_n / 64 boxes of [tile_k][64], one after another (rows stacked)
+        b_tile = SmemTile(kernel.tile_k * (kernel.tile_n // span_cols), span_cols, e, kernel.swizzle, True,
+                          span_cols, kernel.tile_k)
+        if b_tile.bytes != buffers["B0"].size:
+            return None
+    else:
+        b_tile = tile_of_buffer(buffers["B0"], e, kernel.swizzle, False)
 
     def copy(move: str, vector: int, rows: int, tile: SmemTile) -> StageCopy:
         # TMA (and a staged operand, read by TMA) writes 16-byte chunks; threads write their vectors
@@ -350,13 +375,16 @@ def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dic
         return StageCopy(kernel.tile_k, rows, vec, True, tile)
 
     desc = WgmmaDescriptor(16, 8 * 128, kernel.swizzle)  # LBO unused by swizzled K-major; SBO: 8 rows
+    # MN-major: LBO from one 64-column block to the next, SBO from 8 k rows to the next 8
+    b_desc = WgmmaDescriptor(kernel.tile_k * kernel.swizzle, 8 * kernel.swizzle, kernel.swizzle, True) if b_mn else desc
     stride = buffers["A1"].offset - buffers["A0"].offset if kernel.stages > 1 else 0
     if any(buffers[f"{x}{s}"].offset != buffers[f"{x}0"].offset + s * stride
            for x in "AB" for s in range(kernel.stages)):
         return None  # the emitter prints stages evenly spaced
+    b_copy = (StageCopy(kernel.tile_n, kernel.tile_k, 16 // e, False, b_tile) if b_mn  # TMA's 16-byte chunks along n
+              else copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile))
     return WgmmaOperands(consumers, kernel.tile_m // (64 * consumers), a_tile, b_tile,
-                         copy(kernel.a_move, kernel.a_vector, kernel.tile_m, a_tile),
-                         copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile), desc, desc, kernel.tile_k,
+                         copy(kernel.a_move, kernel.a_vector, kernel.tile_m, a_tile), b_copy, desc, b_desc, kernel.tile_k,
                          kernel.stages, buffers["A0"].offset, buffers["B0"].offset, stride)
 
 

@@ -101,6 +101,23 @@ def mma_operand_position(operand: str) -> tuple[np.ndarray, np.ndarray]:
 # (CUTLASS Swizzle<B, 4, 3>), from a tile start aligned to the pattern's period.
 
 
+# The same section, MN-major (the operand read with the transpose bit): an atom is 8 rows along k, each
+# one span of MN-contiguous elements (`span` bytes); the atoms lie SBO apart along k and the blocks of
+# span/elem_bytes MN elements lie LBO apart along MN; the same swizzle of the addresses formed.
+
+
+def wgmma_mnmajor_addresses(start: int, mn: int, k: int, lbo: int, sbo: int, span: int, elem_bytes: int = 2
+                            ) -> np.ndarray:
+    """Byte addresses of an MN-major operand's (mn, k) elements, mn x k, read through a descriptor."""
+    if span not in (32, 64, 128):
+        raise ValueError(f"no MN-major wgmma layout with swizzle {span}")
+    per = span // elem_bytes  # MN elements of one span
+    n = np.arange(mn, dtype=np.int64)[:, None]
+    kk = np.arange(k, dtype=np.int64)[None, :]
+    a = start + (n // per) * lbo + (kk // 8) * sbo + (kk % 8) * span + (n % per) * elem_bytes
+    return a ^ (((a >> 7) % (span // 16)) << 4)
+
+
 def wgmma_kmajor_addresses(start: int, rows: int, k: int, sbo: int, span: int, elem_bytes: int = 2) -> np.ndarray:
     """Byte addresses of a K-major operand's (row, k) elements, rows x k, read through a descriptor."""
     if span not in (32, 64, 128):
@@ -133,4 +150,4 @@ def tma_box_bytes(rows: int, cols: int, elem_bytes: int, span: int) -> np.ndarra
 
 
 __all__ = ["fragment_mismatch", "instruction_element", "ldmatrix_elements", "mma_operand_position",
-           "tma_box_bytes", "wgmma_kmajor_addresses"]
+           "tma_box_bytes", "wgmma_kmajor_addresses", "wgmma_mnmajor_addresses"]

@@ -22,7 +22,12 @@ from functools import lru_cache
 import numpy as np
 
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, SmemTile, StageCopy, WgmmaOperands
-from habu.prove.fragments import ldmatrix_elements, mma_operand_position, wgmma_kmajor_addresses
+from habu.prove.fragments import (
+    ldmatrix_elements,
+    mma_operand_position,
+    wgmma_kmajor_addresses,
+    wgmma_mnmajor_addresses,
+)
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,13 @@ def wgmma_route(ops: WgmmaOperands) -> Route:
     _stages_apart(ops, faults)
     a_smem = _fill("A", ops.a_tile, ops.a_copy, bk, faults)
     b_smem = _fill("B", ops.b_tile, ops.b_copy, bk, faults)
-    bn = ops.b_tile.rows
+    bn = ops.bn
+
+    def b_addresses(kk: int) -> np.ndarray:
+        d, start = ops.b_desc, int(sum(ops.b_start(kk)))
+        if d.mn_major:
+            return wgmma_mnmajor_addresses(start, bn, 16, d.lbo, d.sbo, d.swizzle, ops.b_tile.elem_bytes)
+        return wgmma_kmajor_addresses(start, bn, 16, d.sbo, d.swizzle, ops.b_tile.elem_bytes)
 
     def fetch(side: str, smem: np.ndarray, tile: SmemTile, addr: np.ndarray, desc) -> np.ndarray:
         if desc.sbo % 16 or desc.lbo % 16:
@@ -218,9 +229,8 @@ def wgmma_route(ops: WgmmaOperands) -> Route:
             faults.append(f"wgmma reads {side}'s stage tile where no copy wrote")
         return np.maximum(got, 0)
 
-    b_id = np.concatenate([fetch("B", b_smem, ops.b_tile, wgmma_kmajor_addresses(
-        int(sum(ops.b_start(kk))), bn, 16, ops.b_desc.sbo, ops.b_desc.swizzle, ops.b_tile.elem_bytes), ops.b_desc)
-        for kk in range(ops.k_steps)], axis=1)
+    b_id = np.concatenate([fetch("B", b_smem, ops.b_tile, b_addresses(kk), ops.b_desc)
+                           for kk in range(ops.k_steps)], axis=1)
     warps = []
     bm = ops.a_tile.rows
     for cw in range(ops.consumers):
