@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from habu.lower.access import Access, VectorAccess, access_for, cdiv, minimum
+from habu.lower.access import Access, VectorAccess, access_for, cdiv
+from habu.lower.column_maps import ColumnPartials, ColumnThreadMap, column_maps
 from habu.plan.patterns import as_column_reduction, column_node
 from habu.plan.plan import ColumnKernel
 from habu.spec.dtypes import DTYPES
@@ -42,6 +43,9 @@ class ColumnLowering:
     out: Access
     combine: str  # "atomic": row splits add into the zeroed output (f32 atomicAdd); "store": each split stores
     index_width: int
+    # the maps below as data (habu/lower/column_maps.py): the methods read their strides
+    thread_map: ColumnThreadMap
+    partial_map: ColumnPartials
 
     # -- shape of the block
     @property
@@ -60,28 +64,28 @@ class ColumnLowering:
 
     @property
     def row_groups(self) -> int:
-        return self.kernel.threads // self.kernel.column_threads
+        return self.thread_map.row_groups
 
     @property
     def tile(self) -> int:
         """Columns one block owns: column_threads · vector (also the shared-memory slots per row group)."""
-        return self.kernel.column_threads * self.kernel.vector
+        return self.thread_map.tile_columns
 
     @property
     def partials(self) -> int:
         """Floats of shared memory a block holds: one partial per row group and column of its tile."""
-        return self.row_groups * self.tile
+        return self.partial_map.slots
 
     @property
     def steps(self) -> int:
         """Iterations of a thread's row loop: each loads `unroll` rows, G apart."""
-        return -(-self.kernel.rows_per_split // (self.row_groups * self.kernel.unroll))
+        return self.thread_map.steps
 
     def tiles(self, sizes: Mapping[str, Any]) -> Any:
         return cdiv(sizes[self.c], self.tile)
 
     def splits(self, sizes: Mapping[str, Any]) -> Any:
-        return cdiv(sizes[self.r], self.kernel.rows_per_split)
+        return cdiv(sizes[self.r], self.thread_map.rows_per_split)
 
     def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
         """Blocks launched: (column tiles, row splits), grid.x and grid.y."""
@@ -90,38 +94,38 @@ class ColumnLowering:
     # -- the maps (ints, numpy arrays, z3 terms or C expressions alike)
     def thread_column(self, tile: Any, tc: Any, v: Any) -> Any:
         """The column of element v of column thread tc's vector in column tile `tile`."""
-        return tile * self.tile + tc * self.kernel.vector + v
+        return self.thread_map.thread_column(tile, tc, v)
 
     def row_begin(self, split: Any) -> Any:
-        return split * self.kernel.rows_per_split
+        return self.thread_map.row_begin(split)
 
     def row_end(self, split: Any, sizes: Mapping[str, Any]) -> Any:
         """The end (exclusive) of a split's rows: S rows on, or #R for the last split."""
-        return minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split, sizes[self.r])
+        return self.thread_map.row_end(split, sizes[self.r])
 
     def row(self, begin: Any, i: Any, u: Any, g: Any) -> Any:
         """The row row group g loads as the u-th of iteration i: begin + i·G·U + u·G + g."""
-        return begin + i * (self.row_groups * self.kernel.unroll) + u * self.row_groups + g
+        return self.thread_map.row(begin, i, u, g)
 
     def partial_slot(self, g: Any, tc: Any, v: Any) -> Any:
         """Where thread (g, tc) writes its partial of its column v in shared memory."""
-        return g * self.tile + tc * self.kernel.vector + v
+        return self.partial_map.partial_slot(g, tc, v)
 
     def combined_slot(self, g: Any, j: Any) -> Any:
         """Where the combining thread reads row group g's partial of its tile's column j."""
-        return g * self.tile + j
+        return self.partial_map.combined_slot(g, j)
 
     def tile_column(self, tile: Any, j: Any) -> Any:
         """The column of slot j of column tile `tile` (where the combined value is stored)."""
-        return tile * self.tile + j
+        return self.thread_map.tile_column(tile, j)
 
     def combine_start(self, tid: Any) -> Any:
         """Thread tid combines slots tid, tid + combine_step, ... below `tile`."""
-        return tid
+        return self.partial_map.combine_start(tid)
 
     @property
     def combine_step(self) -> int:
-        return self.kernel.threads
+        return self.partial_map.combine_step
 
     # -- loads
     def kind_of(self, acc: Access) -> str:
@@ -131,14 +135,14 @@ class ColumnLowering:
 
     def vectorized(self, acc: Access) -> bool:
         """A row-column load moved as one packed vector of `vector` elements (4, 8 or 16 bytes)."""
-        k = self.kernel
-        return (self.kind_of(acc) == "row-column" and k.vector > 1 and acc.dtype in VECTOR_DTYPES
-                and k.vector * DTYPES[acc.dtype].bytes in VECTOR_BYTES)
+        v = self.thread_map.vector
+        return (self.kind_of(acc) == "row-column" and v > 1 and acc.dtype in VECTOR_DTYPES
+                and v * DTYPES[acc.dtype].bytes in VECTOR_BYTES)
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The packed vector loads the kernel makes: the launch checks each tensor's base alignment."""
-        return tuple(VectorAccess(acc.tensor, self.kernel.vector,
-                                  f"the plan reads {self.kernel.vector} adjacent columns of {acc.tensor} at once")
+        v = self.thread_map.vector
+        return tuple(VectorAccess(acc.tensor, v, f"the plan reads {v} adjacent columns of {acc.tensor} at once")
                      for _, acc in self.loads if self.vectorized(acc))
 
     def access(self, ld: Load) -> Access:
@@ -168,4 +172,4 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
     # one split (`row-split-combine`)
     combine = "store" if one_split or rhs.op != "sum" or out.dtype != "f32" else "atomic"
     return ColumnLowering(kernel, col.r.extent, col.n.extent, rhs.op, node, tuple(loads), out, combine,
-                          kernel.index_width)
+                          kernel.index_width, *column_maps(kernel))
