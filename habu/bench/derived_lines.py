@@ -7,7 +7,9 @@ access's positions reversed, the k step doubled, the k loop shortened, the split
 warps of a row reduction, a row kernel's thread map (lanes, rows, chunk stride, tail predicate, vector),
 cache slots, pass order and register chunks, a map kernel's lane stride and vector, the k loop's pipeline
 (stages, phases, arrival counts, expected bytes, TMA boxes), the shared-memory operand maps (swizzle,
-padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle). (Not
+padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle), the
+wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle), the column
+kernel's thread map and partial slots (each stride and count one more). (Not
 the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
@@ -35,8 +37,10 @@ from habu.lower import (
     lower_whole,
 )
 from habu.lower.access import Access, Bound
+from habu.lower.column_maps import ColumnPartials, ColumnThreadMap
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
+from habu.lower.tma_store import TmaStoreEpilogue
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -46,6 +50,9 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("wgmma gather cp.async + tma", "ggemm.habu", "GGEMM", {}, {}, "sm_90a"),
     ("wgmma ldg, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {"A": "ldg", "B": "ldg"}, "sm_90a"),
     ("wgmma staged, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}, "sm_90a"),
+    ("wgmma tma, n-contiguous B (FFN-SKIP: 2 GEMMs + rows)", "ffn_skip.habu", "FFN-SKIP", {}, {}, "sm_90a"),
+    ("wgmma tma batched (bmm: TMA-store box 1 per batch)", "bmm.habu", "SCORES", {"B": 3, "I": 72, "J": 80, "D": 64},
+     {}, "sm_90a"),
     ("mma.sync", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 520}, {"mma": "mma.sync"}, "sm_80"),
     ("fma split-k", "ggemm.habu", "GGEMM", {"M": 130, "N": 70, "K": 33}, {"mma": "fma", "split_k": "2"}, "sm_80"),
     ("rows softmax", "softmax.habu", "SOFTMAX-ROWS", {}, {}, "sm_90a"),
@@ -120,6 +127,7 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, k_step=2 * obj.k_step)
         yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
+        yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
     yield from _pipeline_variants(obj)
@@ -129,6 +137,11 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield from _fma_operand_variants(obj)
     if isinstance(obj, WgmmaOperands):
         yield from _wgmma_operand_variants(obj)
+    if isinstance(obj, TmaStoreEpilogue):
+        yield from _tma_store_variants(obj)
+    if isinstance(obj, ColumnThreadMap | ColumnPartials):  # the column kernel's maps: each stride and count
+        for f in fields(obj):
+            yield replace(obj, **{f.name: getattr(obj, f.name) + 1})
     if isinstance(obj, RowLowering):
         yield replace(obj, combined_warps=obj.combined_warps + 1)
         yield replace(obj, reduce_mask=not obj.reduce_mask)
@@ -152,8 +165,8 @@ def _variants(obj: Any) -> Iterator[Any]:
 
 
 def _pipeline_variants(obj: Any) -> Iterator[Any]:
-    """The k loop's pipeline: a stage more, the consumers reading the next stage, each wait's phase
-    parity inverted, the expected bytes halved, a barrier's arrival count off by one, a TMA box's k
+    """The k loop's pipeline: a stage more, the consumers reading the next stage, the state update's
+    wrap and phase flip, each wait's phase parity inverted, the expected bytes halved, a barrier's arrival count off by one, a TMA box's k
     coordinate not advancing or its multicast mask losing a block, the cp.async prologue and wait
     depth off by one."""
     from habu.bench.mutants import _reads_next_stage
@@ -167,6 +180,9 @@ def _pipeline_variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, full_arrivals=obj.full_arrivals + 1)
         yield replace(obj, empty_arrivals=obj.empty_arrivals - 1)
         yield replace(obj, cluster=obj.cluster + 1)
+        yield replace(obj, wrap=obj.wrap + 1)  # the state update (habu::ring_advance<wrap, flip>)
+        yield replace(obj, flip=0)
+        yield replace(obj, start_stage=1, start_phase=1)  # the state the ring starts from
     if isinstance(obj, TmaOperandLoad):
         yield replace(obj, k_step=0)
         yield replace(obj, box_rows=obj.box_rows // 2, boxes=obj.boxes * 2)
@@ -195,7 +211,8 @@ def _operand_variants(ops: MmaSyncOperands) -> Iterator[MmaSyncOperands]:
 
 def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
     """The SIMT path's maps perturbed: each stage tile's padding and transpose (copies and reads
-    together), the copies' walk, the thread grid."""
+    together), the copies' walk and count, the thread grid and each thread's register tile, the block's
+    threads, the k tile, the tiles' offsets."""
     for side in ("a", "b"):
         tile, copy = getattr(ops, f"{side}_tile"), getattr(ops, f"{side}_copy")
         for other in (replace(tile, row_elems=tile.row_elems + 1), replace(tile, k_rows=not tile.k_rows)):
@@ -204,18 +221,49 @@ def _fma_operand_variants(ops: FmaOperands) -> Iterator[FmaOperands]:
                                                        k_inner=not copy.k_inner)})
     g = ops.grid
     yield replace(ops, grid=replace(g, across=g.down, down=g.across))
+    # each thread's register tile, the block's threads, the k tile, where the tiles start
+    yield replace(ops, grid=replace(g, per_thread_m=g.per_thread_m + 1))
+    yield replace(ops, grid=replace(g, per_thread_n=g.per_thread_n + 1))
+    yield replace(ops, threads=ops.threads + 32)
+    yield replace(ops, bk=ops.bk + 1)
+    yield replace(ops, a_offset=ops.a_offset + 16, b_offset=ops.b_offset + 16)
+    for side in ("a", "b"):
+        copy = getattr(ops, f"{side}_copy")
+        yield replace(ops, **{f"{side}_copy": replace(copy, outer=copy.outer + 1)})
 
 
 def _wgmma_operand_variants(ops: WgmmaOperands) -> Iterator[WgmmaOperands]:
     """The wgmma path's maps perturbed: each tile's swizzle (copies and tensor maps), each descriptor's
-    SBO and its LBO/SBO swapped, the copies' vectors, the slabs' rows."""
+    SBO and its LBO/SBO swapped, the copies' vectors, walk and count, the slabs' rows, the stage tiles'
+    offsets and stride, the k tile's steps."""
     for side in ("a", "b"):
         tile, copy, desc = (getattr(ops, f"{side}_{x}") for x in ("tile", "copy", "desc"))
         yield replace(ops, **{f"{side}_copy": replace(copy, tile=replace(tile, swizzle=64))})
         yield replace(ops, **{f"{side}_desc": replace(desc, sbo=desc.sbo // 2)})
         yield replace(ops, **{f"{side}_desc": replace(desc, lbo=desc.sbo, sbo=desc.lbo)})
         yield replace(ops, **{f"{side}_copy": replace(copy, vector=max(1, copy.vector // 2))})
+        # the copies' walk (k or the rows fastest) and count
+        yield replace(ops, **{f"{side}_copy": replace(copy, k_inner=not copy.k_inner)})
+        yield replace(ops, **{f"{side}_copy": replace(copy, outer=copy.outer + 1)})
     yield replace(ops, slabs=ops.slabs + 1)
+    # the stage tiles' places in shared memory, the k tile's wgmma steps
+    yield replace(ops, a_offset=ops.a_offset + 1024, b_offset=ops.b_offset + 1024)
+    yield replace(ops, stage_stride=ops.stage_stride + 1024)
+    yield replace(ops, bk=2 * ops.bk)
+    yield replace(ops, base_align=ops.base_align // 2)
+
+
+def _tma_store_variants(st: TmaStoreEpilogue) -> Iterator[TmaStoreEpilogue]:
+    """The TMA-store epilogue perturbed: a box fewer, a column group fewer per box, a slab more, each
+    buffer offset and stride moved, the boxes' swizzle, a buffer more in turn."""
+    yield replace(st, boxes=st.boxes - 1)
+    yield replace(st, groups=st.groups - 1)
+    yield replace(st, slabs=st.slabs + 1)
+    yield replace(st, base=st.base + 1024)
+    yield replace(st, buffer_stride=0)
+    yield replace(st, warpgroup_stride=st.warpgroup_stride + 1024)
+    yield replace(st, box=replace(st.box, swizzle=64))
+    yield replace(st, buffers=st.buffers + 1)
 
 
 def _shortened(lw: ContractionLowering) -> ContractionLowering:

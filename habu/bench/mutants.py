@@ -221,13 +221,16 @@ def _columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
 
 
 def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
-    """The last block's pass over the columns strides 2·threads: half of them never get their epilogue."""
-    return _planted(lw, "final_step", property(lambda self: 2 * self.kernel.threads))
+    """The last block's pass over the columns strides 2·threads (the thread map's `final_step` doubled):
+    half of them never get their epilogue."""
+    return replace(lw, thread_map=replace(lw.thread_map, final_step=2 * lw.thread_map.final_step))
 
 
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
 GG = {"M": 300, "N": 200, "K": 511}
 BMM_SHAPE = {"B": 3, "I": 72, "J": 80, "D": 64}  # ragged tiles along i and j, three batches
+FF = {"B": 40, "D": 256, "H": 320}  # wgmma with n-contiguous weights (64-column TMA boxes, transposed reads)
+FF_PINS = {"tile": "128x128x64"}  # two 64-column boxes of B per k tile
 COLS = {"R": 300, "N": 200}  # 10 row splits of 32 rows (the last ragged), one column tile with a masked tail
 RAGGED_SPLITS = {"rows_per_split": "100"}  # 4 row loops of 32 rows a split: its last one runs past the split
 DIRECT = {"A": "ldg", "B": "ldg"}  # the predicated-load paths (the default stages K = 511 operands)
@@ -255,6 +258,15 @@ MUTANTS: tuple[Mutant, ...] = (
            {"M": 256, "N": 256, "K": 4096}, _c(lambda lw: replace(lw, split_mode="none")), {"split_k": "2"}),
     Mutant("ring-stage-off-by-one", "the wgmma consumers read stage s + 1 after waiting for stage s's barrier",
            "ggemm.habu", "GGEMM", GG, _ring(_reads_next_stage)),
+    Mutant("ring-advance-wraps-late", "the ring's state update wraps the stage index at stages + 1 "
+           "(habu::ring_advance<S + 1>): stage S is past the ring's barriers and buffers", "ggemm.habu", "GGEMM", GG,
+           _ring(lambda r: replace(r, wrap=r.wrap + 1))),
+    Mutant("ring-advance-keeps-phase", "the ring's state update wraps the stage without flipping the phase: the "
+           "second pass over the stages waits for the parity the first pass completed", "ggemm.habu", "GGEMM", GG,
+           _ring(lambda r: replace(r, flip=0))),
+    Mutant("ring-starts-at-phase-one", "the ring's phase register starts at 1: the producer's first wait on each "
+           "empty barrier names the parity no consumer has completed", "ggemm.habu", "GGEMM", GG,
+           _ring(lambda r: replace(r, start_phase=1))),
     Mutant("ring-phase-inverted", "the consumers wait for the full barrier's other phase parity (they read a stage "
            "before it is filled)", "ggemm.habu", "GGEMM", GG, _ring(lambda r: replace(r, consumer_parity=1))),
     Mutant("ring-expect-tx-halved", "the full barrier expects half the bytes TMA brings: the phase completes with "
@@ -288,6 +300,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "instead of lane/4 + 8 (audit of 402788a: fragment rows swapped in the emitter passed the proof)",
            "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, fragment=replace(lw.fragment, row_step=-8))),
            {**DIRECT, "store": "tma"}),
+    Mutant("tma-store-last-box-dropped", "the TMA-store epilogue loops over BN/64 - 1 boxes of columns: the "
+           "tile's last 64 columns are never stored", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, tma_store=replace(lw.tma_store, boxes=lw.tma_store.boxes - 1))),
+           {**DIRECT, "store": "tma"}),
+    Mutant("tma-store-box-group-dropped", "the TMA-store epilogue stages 7 of each box's 8-column groups: TMA "
+           "stores the last group from a buffer no thread wrote", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, tma_store=replace(lw.tma_store, groups=lw.tma_store.groups - 1))),
+           {**DIRECT, "store": "tma"}),
+    Mutant("tma-store-single-buffer", "both of a warpgroup's TMA-store buffers at one address: the threads "
+           "stage a box over the one whose store may still read it", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: replace(lw, tma_store=replace(lw.tma_store, buffer_stride=0))),
+           {**DIRECT, "store": "tma"}),
     Mutant("mma-fragment-columns-swapped", "the mma.sync epilogue reads a lane's column pair from lane % 2",
            "ggemm.habu", "GGEMM", GG, _c(lambda lw: replace(lw, fragment=replace(lw.fragment, lanes_per_row=2))),
            {**DIRECT, "mma": "mma.sync"}),
@@ -314,6 +338,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "wrote them BN + 1 apart (the bank-conflict padding)", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, b_read=replace(lw.operands.b_read, row_elems=lw.operands.b_read.row_elems - 1))),
            {**DIRECT, "mma": "fma"}),
+    Mutant("fma-register-tile-overruns", "each SIMT thread accumulates TM + 1 rows: its last row is the next "
+           "tile's (rows ty + TM·TY lie past the block's tile, and its reads past A's stage tile)", "ggemm.habu",
+           "GGEMM", GG, _c(lambda lw: _operands(lw, grid=replace(lw.operands.grid,
+                                                                 per_thread_m=lw.operands.grid.per_thread_m + 1))),
+           {**DIRECT, "mma": "fma"}),
+    Mutant("fma-stage-tiles-overlap", "the SIMT path's B stage tile starts inside A's (its offset computed from "
+           "the unpadded A tile): the copies of B overwrite A's last k rows", "ggemm.habu", "GGEMM", GG,
+           _c(lambda lw: _operands(lw, b_offset=lw.operands.b_offset - 4 * lw.operands.bk)),
+           {**DIRECT, "mma": "fma"}),
     Mutant("wgmma-descriptor-sbo-wrong", "A's wgmma descriptors step 512 bytes between 8-row atoms instead of "
            "1024 (rows of 128 bytes)", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, a_desc=replace(lw.operands.a_desc, sbo=512))), DIRECT),
@@ -321,6 +354,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "swapped", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, b_desc=replace(lw.operands.b_desc, lbo=lw.operands.b_desc.sbo,
                                                       sbo=lw.operands.b_desc.lbo))), DIRECT),
+    Mutant("wgmma-stages-overlap", "the wgmma ring's stages are one A tile apart instead of one A and one B "
+           "tile: stage 1's A tile is stage 0's B tile, which the consumers may still read", "ggemm.habu", "GGEMM",
+           GG, _c(lambda lw: _operands(lw, stage_stride=lw.operands.a_tile.bytes)), DIRECT),
+    Mutant("wgmma-smem-base-misaligned", "the wgmma kernel rounds its shared-memory base to 512 bytes: the "
+           "128-byte swizzle's 1024-byte period starts mid-tile, so TMA and wgmma swizzle rows differently",
+           "ggemm.habu", "GGEMM", GG, _c(lambda lw: _operands(lw, base_align=512)), DIRECT),
+    Mutant("wgmma-mn-major-block-offset-halved", "W1 (a (D, H) weight, contiguous along n) is read by wgmma's "
+           "transposed descriptor with LBO half a 64-column block: columns 64.. of each k step read rows of the first "
+           "block", "ffn_skip.habu", "FFN-SKIP", FF,
+           _c(lambda lw: _operands(lw, b_desc=replace(lw.operands.b_desc, lbo=lw.operands.b_desc.lbo // 2))), FF_PINS),
     Mutant("wgmma-swizzle-dropped-on-copy", "the wgmma producer's ldg copies store A's tile without the 128-byte "
            "swizzle XOR; the descriptors read it swizzled", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, a_copy=replace(lw.operands.a_copy, tile=replace(lw.operands.a_tile, swizzle=0)))),
@@ -393,6 +436,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(_partials_transposed)),
     Mutant("columns-row-loop-overlaps", "the row loop advances G·U − 1 rows an iteration (a row added twice)",
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(_rows_skip_group), RAGGED_SPLITS),
+    Mutant("columns-unrolled-rows-overlap", "a thread's unrolled rows are G − 1 rows apart instead of G (the "
+           "column kernel's unroll stride): row groups load each other's rows, some twice, others never",
+           "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, thread_map=replace(
+               lw.thread_map, unroll_step=lw.thread_map.unroll_step - 1)))),
     Mutant("columns-split-end-off-by-one", "a row split runs to begin + S inclusive (its neighbour's first row "
            "added twice)", "bias_grad.habu", "BIAS-GRAD", COLS, _col(_split_end_past), RAGGED_SPLITS),
     Mutant("columns-combine-skips-slots", "the combining loop strides 2·threads slots: half the tile's columns "

@@ -38,6 +38,7 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "mma.sync": ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 520}, {"mma": "mma.sync"}),
     "wgmma-tma": ("gemm.habu", "GEMM", {"M": 256, "N": 384, "K": 512}, {"A": "tma", "B": "tma"}),
     "wgmma-cp.async": ("ggemm.habu", "GGEMM", GG, {"B": "cp.async"}),
+    "wgmma-tma-store-f32": ("ggemm.habu", "GGEMM", GG, {"store": "tma"}),  # 32-column boxes of f32
     "wgmma-staged": ("ggemm.habu", "GGEMM", GG, {"A": "staged", "B": "staged"}),
     "wgmma-ragged-k": ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}),
     "rows-sum": ("<rows>", "ROW-SUM", {}, {}),

@@ -42,7 +42,8 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     sig = Signature(model, static=static)
     sizes = sig.sizes()
     it = index_type(lw.index_width)
-    G, Tc, V, U = lw.row_groups, k.column_threads, k.vector, k.unroll
+    tm, pm = lw.thread_map, lw.partial_map  # the maps as data (habu/lower/column_maps.py)
+    G, Tc, V, U = tm.row_groups, tm.column_threads, tm.vector, tm.unroll
     is_max = "true" if lw.op == "max" else "false"
     init = MAX_INIT if lw.op == "max" else "0.0f"
     width = lw.index_width
@@ -157,8 +158,8 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
         store = store_value(out.dtype, p_out, out_off, epilogue("w")) + "  // one split owns the column"
     counter = f"__device__ unsigned int retired_{name} = 0u;  // blocks done (habu::last_block_done)\n" \
         if decode else ""
-    src_body = f"""{counter}extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}  __shared__ float partials[{lw.partials}];  // each row group's partial of each column of the tile
+    src_body = f"""{counter}extern "C" __global__ void __launch_bounds__({tm.threads}) {name}(SIGNATURE) {{
+{GRID_LAUNCH}{GRID_WAIT}  __shared__ float partials[{pm.slots}];  // each row group's partial of each column of the tile
   const int tid = threadIdx.x;
   const int tc = tid % {Tc};  // column thread
   const int g = tid / {Tc};  // row group
@@ -192,7 +193,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
 #pragma unroll
   for (int v = 0; v < {V}; ++v) partials[{c(lw.partial_slot(CExpr("g"), CExpr("tc"), CExpr("v")))}] = acc[v];
   __syncthreads();
-  for (int j = {c(lw.combine_start(CExpr("tid")))}; j < {lw.tile}; j += {lw.combine_step}) {{
+  for (int j = {c(lw.combine_start(CExpr("tid")))}; j < {tm.tile_columns}; j += {lw.combine_step}) {{
     float w = {init};
 #pragma unroll
     for (int gg = 0; gg < {G}; ++gg) habu::accumulate<{is_max}>(w, partials[{c(lw.combined_slot(CExpr("gg"), CExpr("j")))}]);
@@ -202,12 +203,12 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
 {decode}}}
 """
     epi = [f"epilogue: {', '.join(k.nodes[k.nodes.index(lw.reduced) + 1:])}"] if lw.epilogue is not None else []
-    src = header(f"{name}: column reduction ({lw.op} over #{lw.rows_name}), {k.threads} threads = {Tc} columns × {G} row "
-                 f"groups, {V} columns a thread, {k.rows_per_split} rows a split, {U} rows in flight",
+    src = header(f"{name}: column reduction ({lw.op} over #{lw.rows_name}), {tm.threads} threads = {Tc} columns × {G} row "
+                 f"groups, {V} columns a thread, {tm.rows_per_split} rows a split, {U} rows in flight",
                  [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}", *epi])
     src += src_body.replace("SIGNATURE", sig.declaration())
     zero = (out.tensor,) if lw.combine in ("atomic", "atomic-max") else ()
-    return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw, zero=zero)
+    return CudaKernel(name, src, tuple(sig.params), tm.threads, 0, lw, zero=zero)
 
 
 register_geometry(ColumnLowering, GRID_2D)  # column tiles × row splits

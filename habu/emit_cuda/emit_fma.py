@@ -138,11 +138,8 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
 
 def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
     k = lw.kernel
-    grid = fma_thread_grid(k)
-    if grid is None:
+    if fma_thread_grid(k) is None:
         raise ValueError(f"tile {k.tile_m}x{k.tile_n} does not divide over {32 * k.warps} threads")
-    _, _, tn_per, tm_per = grid
-    threads = 32 * k.warps
     sig = Signature(model, static=static)
     sizes = sig.sizes()
     it = index_type(lw.index_width)
@@ -152,6 +149,8 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     ops = lw.operands  # the stage tiles, copies, reads and thread grid: habu/lower/layouts.py
     assert isinstance(ops, FmaOperands), "the fma lowering holds its shared-memory operand maps"
     g = ops.grid
+    threads = ops.threads  # the block: the copies stride by it, the thread grid spreads it
+    tm_per, tn_per = g.per_thread_m, g.per_thread_n  # each thread's register tile
 
     def tile_load(side: str, row_axis: str) -> str:
         access = lw.a if side == "A" else lw.b
@@ -177,8 +176,8 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     loop = "for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x)"
     body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) unsigned char smem[];
-  float* sA = reinterpret_cast<float*>(smem + {layout.buffers[0].offset});  // [BK][BM+1]
-  float* sB = reinterpret_cast<float*>(smem + {layout.buffers[1].offset});  // [BK][BN+1]
+  float* sA = reinterpret_cast<float*>(smem + {ops.a_offset});  // [BK][BM+1]
+  float* sB = reinterpret_cast<float*>(smem + {ops.b_offset});  // [BK][BN+1]
   const int tid = threadIdx.x;
   const int tx = {c(g.tx(CExpr("tid")))};
   const int ty = {c(g.ty(CExpr("tid")))};
@@ -193,7 +192,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
       const {it} k0 = ({it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
 {tile_load("A", "m")}{tile_load("B", "n")}      __syncthreads();
 #pragma unroll 4
-      for (int kx = 0; kx < {bk}; ++kx) {{
+      for (int kx = 0; kx < {ops.bk}; ++kx) {{
         float a[{tm_per}], b[{tn_per}];
 #pragma unroll
         for (int i = 0; i < {tm_per}; ++i) a[i] = sA[{c(ops.a_index(CExpr("kx"), CExpr("ty"), CExpr("i")))}];

@@ -201,7 +201,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
 #pragma unroll
       for (int ni = 0; ni < {NI}; ++ni)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {{  // fragment rows lane/4 and lane/4 + 8, two adjacent columns each
+        for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // fragment rows lane/4 and lane/4 + 8, two adjacent columns each
           const {it} m = m0 + ({it})({c(grid.row_origin(CExpr("wm_")))} + mi * 16 + {lw.fragment.row_in_warp()});
           const {it} n = n0 + ({it})({c(grid.col_origin(CExpr("wn_")))} + ni * 8 + {lw.fragment.col_in_group()});
           {epi}

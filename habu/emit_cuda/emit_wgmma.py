@@ -140,57 +140,59 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
 """
 
 
-def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, slabs: int,
-                        consumers: int, off: dict[str, int]) -> str:
+def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str) -> str:
     """C for one consumer warpgroup's epilogue through shared memory: per 64-row slab, per box of one
     128-byte swizzle span of columns, the threads write their values (the fused epilogue applied)
     into one of two swizzled buffers, and one thread stores the box with TMA. The store runs while
     the warpgroup fills the other buffer, and the last ones while it starts its next tile; the
-    tensor map's bounds clip the rows and columns past the output's edges."""
-    out = lw.out
-    e = DTYPES[out.dtype].bytes
-    width = 128 // e
-    bn = lw.bn
-    if bn % width:
-        raise ValueError(f"TMA stores write boxes of {width} columns: {bn} is not a multiple")
+    tensor map's bounds clip the rows and columns past the output's edges. Every number is the
+    lowering's (`ContractionLowering.tma_store`, habu/lower/tma_store.py)."""
+    out, st = lw.out, lw.tma_store
+    if st is None:
+        raise ValueError(f"no TMA-store epilogue for a {lw.bm}x{lw.bn} tile of {out.dtype} (boxes of 128 bytes, "
+                         "buffers evenly spaced in shared memory)")
+    box, e, width = st.box, st.box.elem_bytes, st.box_cols
     out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())),
-                                    tma_box(out, "m", 64, 0, width), 128))  # (a batched output: box 1 per batch)
-    base = off["E0.0"]
-    other = off["E0.1"] - base
-    per_wg = off["E1.0"] - base if consumers > 1 else 0
-    if any(off[f"E{c}.{j}"] != base + c * per_wg + j * other for c in range(consumers) for j in (0, 1)):
-        raise ValueError("epilogue buffers are not evenly spaced in shared memory")
+                                    tma_box(out, "m", box.rows, 0, width), box.swizzle))  # a batched output: box 1 per batch
     if out.dtype == "f32":
         put = "*reinterpret_cast<float2*>(dst) = make_float2(v0, v1);"
     else:
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
+    slab_row = f"(cw * {st.slabs} + s) * {box.rows}"
+    n = st.buffers  # the buffer of box number boxes_stored, in turn
+    turn = f"boxes_stored & {n - 1}" if n & (n - 1) == 0 else f"boxes_stored % {n}"
     # the box's coordinates, innermost first, in the order of the output's positions (the rules
-    # require [m, n]: the box holds rows of m, each a run of contiguous n)
-    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + (cw * {slabs} + s) * 64", **{a: a for a in lw.batch_axes}}
-    box_origin = ", ".join(f"(int)({axis_origin[p.axis]})" for p in reversed(out.positions))
+    # require [m, n]: the box holds rows of m, each a run of contiguous n); a batched output's map has
+    # its batch dimensions too (box 1 each): the box sits at the block's batch coordinates
+    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + {slab_row}", **{a: a for a in lw.batch_axes}}
+    box_origin = ", ".join(f"(int)({x})" for x in tma_coordinates(out, axis_origin))
     frag = lw.fragment
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]")
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]")
+    if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
+        staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
+    else:
+        staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
     return f"""#pragma unroll
-      for (int s = 0; s < {slabs}; ++s)
+      for (int s = 0; s < {st.slabs}; ++s)
 #pragma unroll
-        for (int b = 0; b < {bn // width}; ++b) {{  // boxes of {width} columns
-          const habu::u32 buf = smem_base + {base}u + (habu::u32)cw * {per_wg}u + (habu::u32)(boxes_stored & 1) * {other}u;
-          if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();  // buf's last store has read it
+        for (int b = 0; b < {st.boxes}; ++b) {{  // boxes of {width} columns
+          const habu::u32 buf = smem_base + {st.base}u + (habu::u32)cw * {st.warpgroup_stride}u + (habu::u32)({turn}) * {st.buffer_stride}u;
+          if (boxes_stored >= {st.buffers} && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<{st.buffers - 1}>();  // buf's last store has read it
           habu::named_barrier_sync(1 + cw, 128);
 #pragma unroll
-          for (int jj = 0; jj < {width // 8}; ++jj)
+          for (int jj = 0; jj < {st.groups}; ++jj)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
-              const int j = b * {width // 8} + jj;
+            for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
+              const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
-              const {it} m = m0 + ({it})((cw * {slabs} + s) * 64 + row);
+              const {it} m = m0 + ({it})({slab_row} + row);
               const {it} n = n0 + ({it})({frag.col()});
               const float v0 = {v0};
               const float v1 = {v1};
               const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
-              unsigned char* dst = smem + (buf - smem_base) + habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u);
+              unsigned char* dst = smem + (buf - smem_base) + {staged};
               {put}
             }}
           habu::fence_proxy_async();  // the threads' writes, visible to the TMA store
@@ -223,6 +225,9 @@ class _Kernel:
     maps: dict[str, str]  # the tensor map of each TMA operand
 
     def stage_base(self, side: str, stage: str) -> str:
+        ops = self.lw.operands  # K-major operands: the stage tiles' offsets are the lowering's
+        if isinstance(ops, WgmmaOperands):
+            return f"smem_base + {ops.stage_tile(side, 0)}u + (habu::u32){stage} * {ops.stage_stride}u"
         return f"smem_base + {self.off[side + '0']}u + (habu::u32){stage} * {self.stride}u"
 
 
@@ -304,10 +309,16 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
         habu::mbar_wait(bars + 16 * stage + 8, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
         const habu::u32 b_stage = {kc.stage_base("B", "stage")};
-{fill}        habu::ring_advance<{ring.stages}>(stage, phase);
+{fill}        {_advance(ring)}
       }}
     }}
 """
+
+
+def _advance(ring: MbarrierRing) -> str:
+    """The ring's state update after a k tile, as the lowering gives it (`MbarrierRing.advance`)."""
+    flip = f", {ring.flip}u" if ring.flip != 1 else ""
+    return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
 
 
 def _release(ring: MbarrierRing) -> str:
@@ -319,6 +330,16 @@ def _release(ring: MbarrierRing) -> str:
     return "if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);"
 
 
+def _a_desc(ops: WgmmaOperands, desc, slabs: int, s: int) -> str:
+    """The descriptor of A's slab s (of warpgroup cw) at k step kk, from the lowering (`a_desc`, `a_start`)."""
+    d = ops.a_desc
+    if d.mn_major and d.sbo == 8 * 128 and d.swizzle == 128:  # the device header's spelling of the same bits
+        slab_bytes, k_bytes = ops.a_start(0, 1, 0)[0] - ops.a_start(0, 0, 0)[0], ops.a_start(0, 0, 1)[1]
+        return (f"habu::wgmma_desc_sw128_mn(a_stage + (habu::u32)((cw * {slabs} + {s}) * {slab_bytes}) "
+                f"+ kk * {k_bytes}, {d.lbo}u)")
+    return desc(d, "a_stage", ops.a_start(CExpr("cw"), s, CExpr("kk")))
+
+
 def _consumer_loop(kc: _Kernel) -> str:
     """One consumer warpgroup's k loop over a tile: wait for the stage's `full` phase, issue the
     wgmma k16 steps of each slab, keep one group in flight, release the stage read before."""
@@ -327,15 +348,19 @@ def _consumer_loop(kc: _Kernel) -> str:
     a_mn = lw.a.positions[-1].axis == "m"  # A stored [k m]: MN-major boxes, read with the transpose bit
     dtype = lw.a.dtype
     # a k16 step is 32 bytes along a K-major row, or 16 rows of 128 bytes down an MN-major block
-    ops = lw.operands  # K-major operands: descriptors from the lowering (habu/lower/layouts.py)
+    ops = lw.operands  # the descriptors from the lowering (habu/lower/layouts.py)
     if isinstance(ops, WgmmaOperands):
         def desc(d, base: str, start) -> str:
             row, k_part = start
             at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
             return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
-        b_desc = desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
-        a_descs = [desc(ops.a_desc, "a_stage", ops.a_start(CExpr("cw"), s, CExpr("kk"))) for s in range(kc.slabs)]
-    else:  # an MN-major operand in 64-column TMA boxes (its layout is the emitter's)
+        d = ops.b_desc
+        if d.mn_major and d.sbo == 8 * 128 and d.swizzle == 128:  # the device header's spelling of the same bits
+            b_desc = f"habu::wgmma_desc_sw128_mn(b_stage + kk * {ops.b_start(1)[1]}, {d.lbo}u)"
+        else:
+            b_desc = desc(d, "b_stage", ops.b_start(CExpr("kk")))
+        a_descs = [_a_desc(ops, desc, kc.slabs, s) for s in range(kc.slabs)]
+    else:  # no maps in the lowering (a plan the path's operand maps do not cover): the emitter's layout
         b_desc = (f"habu::wgmma_desc_sw128_mn(b_stage + kk * {16 * 128}, {MN_BLOCK * 2 * lw.bk}u)" if b_mn
                   else "habu::wgmma_desc_sw128(b_stage + kk * 32)")
         # an MN-major A: slab s of 64 rows is box (cw·slabs + s) of 64 columns of m by BK rows of k
@@ -354,14 +379,14 @@ def _consumer_loop(kc: _Kernel) -> str:
         const habu::u32 b_stage = {kc.stage_base("B", slot)};
         habu::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {{
+        for (int kk = 0; kk < {ops.k_steps if isinstance(ops, WgmmaOperands) else 4}; ++kk) {{
 {slab_mma}
         }}
         habu::wgmma_commit();
         habu::wgmma_wait<1>();
         {_release(ring)}
         held = {slot};
-        habu::ring_advance<{ring.stages}>(stage, phase);
+        {_advance(ring)}
       }}
       habu::wgmma_wait<0>();
       {_release(ring)}
@@ -378,7 +403,7 @@ def _direct_epilogue(kc: _Kernel) -> str:
 #pragma unroll
         for (int j = 0; j < {lw.bn // 8}; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {{  // each thread holds pairs of adjacent columns
+          for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
             const {kc.it} m = m0 + ({kc.it})((cw * {kc.slabs} + s) * 64 + {frag.row_in_warpgroup()});
             const {kc.it} n = n0 + ({kc.it})({frag.col()});
             {epi}
@@ -390,7 +415,7 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
     lw = kc.lw
     if lw.kernel.store == "tma":
-        epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it, kc.slabs, kc.consumers, kc.off)
+        epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it)
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
         drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
     else:
@@ -418,11 +443,13 @@ def _setup(kc: _Kernel, early_main_loop: bool) -> str:
     """The kernel's start: the aligned shared memory, the ring's barriers (with the arrival counts
     the lowering gives) and, in a cluster, the barrier that makes them visible to the peers."""
     ring = kc.ring
+    ops = kc.lw.operands  # the base alignment the stage tiles' swizzle needs: the lowering's
+    align = ops.base_align if isinstance(ops, WgmmaOperands) else 1024
     sync = ("habu::cluster_sync();  // the peers' barriers are initialised before anyone multicasts"
             if ring.cluster > 1 else "__syncthreads();")
     return f"""  extern __shared__ __align__(1024) unsigned char smem_raw[];
   const habu::u32 raw_base = habu::smem_addr(smem_raw);
-  const habu::u32 smem_base = (raw_base + 1023u) & ~1023u;  // 128-byte swizzled tiles need 1024-byte alignment
+  const habu::u32 smem_base = (raw_base + {align - 1}u) & ~{align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
   unsigned char* smem = smem_raw + (smem_base - raw_base);
   const habu::u32 bars = smem_base + {kc.off['bar']};
 {GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
@@ -431,8 +458,8 @@ def _setup(kc: _Kernel, early_main_loop: bool) -> str:
   if (threadIdx.x == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
   {sync}
   // stage s: A at smem_base + {kc.off['A0']} + s * {kc.stride}, B at smem_base + {kc.off['B0']} + s * {kc.stride}
-  int stage = 0;
-  habu::u32 phase = 0;
+  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
 """
 
 
@@ -447,6 +474,8 @@ def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     if not isinstance(lw.pipeline, MbarrierRing):
         raise ValueError("the wgmma path runs an mbarrier ring")
     consumers, slabs = wgmma_layout(lw)
+    if isinstance(lw.operands, WgmmaOperands):  # the slabs each consumer multiplies: the lowering's
+        slabs = lw.operands.slabs
     sig = Signature(model, static=static)
     layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
     off = {b.name: b.offset for b in layout.buffers}

@@ -10,7 +10,8 @@ then thread t combines the tile's slots j = t, t + threads, ... over the row gro
 and stores column tile·W + j: directly with one split, added atomically (f32) into the zeroed output with
 several. Several reduced leading axes (`G[n] = Σ b Σ s dY[b s n]`) are one row axis of #B·#S rows, each
 access reading the leading coordinates of row r through `row_coordinates` (habu/lower/flatten.py). Every
-one of these maps is a method here: the finite-field interpreter
+one of these maps is a method here, reading the strides and counts held as data in
+habu/lower/column_maps.py (`thread_map`, `partial_map`): the finite-field interpreter
 (`habu.prove.interp_columns`) runs them, the rules (`habu.prove.rules_columns`) bound them, and the
 emitter (`habu.emit_cuda.emit_columns`) prints them, so a map that skips or double-counts a row or a
 column fails the check.
@@ -22,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from habu.lower.access import Access, VectorAccess, access_for, cdiv, minimum
+from habu.lower.access import Access, VectorAccess, access_for, cdiv
+from habu.lower.column_maps import ColumnPartials, ColumnThreadMap, column_maps
 from habu.lower.flatten import row_axis_names, row_coordinates, row_count
 from habu.plan.patterns import as_column_reduction, column_parts, inline_nodes
 from habu.plan.plan import ColumnKernel
@@ -48,6 +50,9 @@ class ColumnLowering:
     # "store": each split stores
     combine: str
     index_width: int
+    # the maps below as data (habu/lower/column_maps.py): the methods read their strides
+    thread_map: ColumnThreadMap
+    partial_map: ColumnPartials
     # the epilogue (`H[n] = G[n] · 0.5`): the stored value of each column as an expression of the
     # reduction's (the load of `reduced` at [c]) and of per-column loads (`epi_loads`); None: the
     # reduction itself is stored. With atomic splits the reduction goes into the output's f32 buffer and
@@ -89,17 +94,17 @@ class ColumnLowering:
 
     @property
     def row_groups(self) -> int:
-        return self.kernel.threads // self.kernel.column_threads
+        return self.thread_map.row_groups
 
     @property
     def tile(self) -> int:
         """Columns one block owns: column_threads · vector (also the shared-memory slots per row group)."""
-        return self.kernel.column_threads * self.kernel.vector
+        return self.thread_map.tile_columns
 
     @property
     def partials(self) -> int:
         """Floats of shared memory a block holds: one partial per row group and column of its tile."""
-        return self.row_groups * self.tile
+        return self.partial_map.slots
 
     @property
     def smem_bytes(self) -> int:
@@ -110,13 +115,13 @@ class ColumnLowering:
     @property
     def steps(self) -> int:
         """Iterations of a thread's row loop: each loads `unroll` rows, G apart."""
-        return -(-self.kernel.rows_per_split // (self.row_groups * self.kernel.unroll))
+        return self.thread_map.steps
 
     def tiles(self, sizes: Mapping[str, Any]) -> Any:
         return cdiv(sizes[self.c], self.tile)
 
     def splits(self, sizes: Mapping[str, Any]) -> Any:
-        return cdiv(self.rows(sizes), self.kernel.rows_per_split)
+        return cdiv(self.rows(sizes), self.thread_map.rows_per_split)
 
     def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
         """Blocks launched: (column tiles, row splits), grid.x and grid.y."""
@@ -125,38 +130,38 @@ class ColumnLowering:
     # -- the maps (ints, numpy arrays, z3 terms or C expressions alike)
     def thread_column(self, tile: Any, tc: Any, v: Any) -> Any:
         """The column of element v of column thread tc's vector in column tile `tile`."""
-        return tile * self.tile + tc * self.kernel.vector + v
+        return self.thread_map.thread_column(tile, tc, v)
 
     def row_begin(self, split: Any) -> Any:
-        return split * self.kernel.rows_per_split
+        return self.thread_map.row_begin(split)
 
     def row_end(self, split: Any, sizes: Mapping[str, Any]) -> Any:
         """The end (exclusive) of a split's rows: S rows on, or #R for the last split."""
-        return minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split, self.rows(sizes))
+        return self.thread_map.row_end(split, self.rows(sizes))
 
     def row(self, begin: Any, i: Any, u: Any, g: Any) -> Any:
         """The row row group g loads as the u-th of iteration i: begin + i·G·U + u·G + g."""
-        return begin + i * (self.row_groups * self.kernel.unroll) + u * self.row_groups + g
+        return self.thread_map.row(begin, i, u, g)
 
     def partial_slot(self, g: Any, tc: Any, v: Any) -> Any:
         """Where thread (g, tc) writes its partial of its column v in shared memory."""
-        return g * self.tile + tc * self.kernel.vector + v
+        return self.partial_map.partial_slot(g, tc, v)
 
     def combined_slot(self, g: Any, j: Any) -> Any:
         """Where the combining thread reads row group g's partial of its tile's column j."""
-        return g * self.tile + j
+        return self.partial_map.combined_slot(g, j)
 
     def tile_column(self, tile: Any, j: Any) -> Any:
         """The column of slot j of column tile `tile` (where the combined value is stored)."""
-        return tile * self.tile + j
+        return self.thread_map.tile_column(tile, j)
 
     def combine_start(self, tid: Any) -> Any:
         """Thread tid combines slots tid, tid + combine_step, ... below `tile`."""
-        return tid
+        return self.partial_map.combine_start(tid)
 
     @property
     def combine_step(self) -> int:
-        return self.kernel.threads
+        return self.partial_map.combine_step
 
     @property
     def final_pass(self) -> bool:
@@ -166,11 +171,11 @@ class ColumnLowering:
 
     def final_start(self, tid: Any) -> Any:
         """Thread tid of the last block finishes columns tid, tid + final_step, ... below #C."""
-        return tid
+        return self.thread_map.final_start(tid)
 
     @property
     def final_step(self) -> int:
-        return self.kernel.threads
+        return self.thread_map.final_step
 
     # -- loads
     def kind_of(self, acc: Access) -> str:
@@ -181,14 +186,14 @@ class ColumnLowering:
 
     def vectorized(self, acc: Access) -> bool:
         """A row-column load moved as one packed vector of `vector` elements (4, 8 or 16 bytes)."""
-        k = self.kernel
-        return (self.kind_of(acc) == "row-column" and k.vector > 1 and acc.dtype in VECTOR_DTYPES
-                and k.vector * DTYPES[acc.dtype].bytes in VECTOR_BYTES)
+        v = self.thread_map.vector
+        return (self.kind_of(acc) == "row-column" and v > 1 and acc.dtype in VECTOR_DTYPES
+                and v * DTYPES[acc.dtype].bytes in VECTOR_BYTES)
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The packed vector loads the kernel makes: the launch checks each tensor's base alignment."""
-        return tuple(VectorAccess(acc.tensor, self.kernel.vector,
-                                  f"the plan reads {self.kernel.vector} adjacent columns of {acc.tensor} at once")
+        v = self.thread_map.vector
+        return tuple(VectorAccess(acc.tensor, v, f"the plan reads {v} adjacent columns of {acc.tensor} at once")
                      for _, acc in self.loads if self.vectorized(acc))
 
     def access(self, ld: Load) -> Access:
@@ -231,4 +236,4 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
     # rules then ask for one split (`row-split-combine`)
     combine = "store" if one_split or out.dtype != "f32" else "atomic" if rhs.op == "sum" else "atomic-max"
     return ColumnLowering(kernel, leading, col.n.extent, rhs.op, node, tuple(loads), out, combine,
-                          kernel.index_width, epilogue, eq.target, tuple(epi_loads))
+                          kernel.index_width, *column_maps(kernel), epilogue, eq.target, tuple(epi_loads))

@@ -30,6 +30,7 @@ from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, flo
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
 from habu.lower.pipeline import Pipeline, pipeline_for
+from habu.lower.tma_store import TmaStoreEpilogue, tma_store_for
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -99,6 +100,10 @@ class ContractionLowering:
     # the mma.sync and fma paths' shared-memory stage tiles, their store and read maps and warp/thread grid
     # (printed by its emitter; executed by the finite-field check, habu.prove.smem_route)
     operands: MmaSyncOperands | FmaOperands | WgmmaOperands | None = None
+    # the wgmma TMA-store epilogue's staging buffers and boxes (habu/lower/tma_store.py; printed by the
+    # emitter, executed by habu.prove.tma_store); a batched output's map and box origin add the batch
+    # axes (`tma_box`, `tma_coordinates`: a box of 1 at the block's batch coordinates)
+    tma_store: TmaStoreEpilogue | None = None
     # the extents of the batch axes batch0, batch1, ... (outermost first); () when not batched
     batch: tuple[str, ...] = ()
 
@@ -339,7 +344,9 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
                    pre=tuple(pre),
                    pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis),
-                   operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)))
+                   operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)),
+                   tma_store=None if costing else tma_store_for(kernel, a.dtype, b.dtype, lw.out.dtype,
+                                                                 b.positions[-1].axis == "k"))
 
 
 @cache

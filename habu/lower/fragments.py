@@ -25,6 +25,7 @@ class AccumulatorFragment:
     row_step: int = 8  # h selects the row lane/4 or lane/4 + row_step
     col_step: int = 8  # j selects the 8-column group
     pair: int = 2  # adjacent columns a lane holds (q = 0, 1)
+    halves: int = 2  # the row halves h a lane holds (rows lane/4 and lane/4 + row_step)
 
     # -- as C text, in the emitters' spelling
     def row_in_warp(self) -> str:

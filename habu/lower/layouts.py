@@ -40,6 +40,10 @@ class SmemTile:
     elem_bytes: int
     swizzle: int = 0  # 0, 32, 64 or 128 bytes
     k_rows: bool = False
+    # k-row tiles kept as blocks of `block_cols` m/n columns, each `block_rows` (the k tile) rows, one
+    # after another (an MN-major wgmma operand: one 64-column TMA box per block); 0: one block
+    block_cols: int = 0
+    block_rows: int = 0
 
     @property
     def bytes(self) -> int:
@@ -47,6 +51,8 @@ class SmemTile:
 
     def storage(self, mn: Any, k: Any) -> tuple[Any, Any]:
         """(row, column) of the tile where the operand's element (mn, k) of this k tile is kept."""
+        if self.k_rows and self.block_cols:
+            return (mn // self.block_cols) * self.block_rows + k, mn % self.block_cols
         return (k, mn) if self.k_rows else (mn, k)
 
     def index(self, row: Any, *col: Any) -> Any:
@@ -228,7 +234,10 @@ class FmaOperands:
     """The SIMT path's shared-memory operands: f32 stage tiles transposed to [k][row] with one float
     of padding, the copies that fill them (one element each, converted to f32), and the thread grid
     whose reads (a[i] = sA at (k, row ty + i·down)) and epilogue print the same rows and columns.
-    `a_read`/`b_read`: the layout the reads assume."""
+    `a_read`/`b_read`: the layout the reads assume. The emitter prints every bound of the kernel's
+    loops from here: the copies' count and thread stride (`threads`), the k loop (`bk`), each thread's
+    TM x TN register tile (`grid.per_thread_m`, `per_thread_n`), and where each tile starts in shared
+    memory (`a_offset`, `b_offset`, bytes)."""
 
     threads: int
     grid: ThreadGrid
@@ -239,6 +248,8 @@ class FmaOperands:
     a_read: SmemTile
     b_read: SmemTile
     bk: int
+    a_offset: int = 0
+    b_offset: int = 0
 
     def a_index(self, k: Any, ty: Any, i: Any) -> Any:
         """The element of A's stage tile thread row ty reads for its i-th row at instruction k."""
@@ -263,7 +274,8 @@ def fma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[
         return StageCopy(kernel.tile_k, rows, 1, True, tile) if k_fast else StageCopy(rows, kernel.tile_k, 1, False, tile)
 
     return FmaOperands(32 * kernel.warps, ThreadGrid(tx, ty, tm, tn), a_tile, b_tile,
-                       copy(a, kernel.tile_m, a_tile), copy(b, kernel.tile_n, b_tile), a_tile, b_tile, kernel.tile_k)
+                       copy(a, kernel.tile_m, a_tile), copy(b, kernel.tile_n, b_tile), a_tile, b_tile, kernel.tile_k,
+                       buffers["A0"].offset, buffers["B0"].offset)
 
 
 SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}  # a wgmma descriptor's bits 62-63 (PTX ISA, "Matrix Descriptor")
@@ -277,6 +289,9 @@ class WgmmaDescriptor:
     lbo: int
     sbo: int
     swizzle: int
+    # MN-major (read with the transpose bit): LBO steps between blocks of span/elem columns, SBO between
+    # 8-row (k) atoms, the k rows `span` bytes apart
+    mn_major: bool = False
 
     @property
     def mode(self) -> int:
@@ -285,10 +300,12 @@ class WgmmaDescriptor:
 
 @dataclass(frozen=True)
 class WgmmaOperands:
-    """The wgmma path's K-major shared-memory operands: per operand the stage tile (rows of 128 bytes in
-    the 128-byte swizzle), how the producer fills it (a TMA box of 16-byte chunks placed by the tensor
+    """The wgmma path's shared-memory operands (K-major, or MN-major in 64-column blocks): per operand
+    the stage tile (rows of 128 bytes in the 128-byte swizzle), how the producer fills it (a TMA box of 16-byte chunks placed by the tensor
     map's swizzle, or the producer threads' cp.async/ldg copies), and the descriptors the consumers
-    read it with. Consumer warpgroup cw's slab s covers rows (cw·slabs + s)·64 of the tile."""
+    read it with. Consumer warpgroup cw's slab s covers rows (cw·slabs + s)·64 of the tile. Stage s's
+    tiles start `a_offset + s·stage_stride` and `b_offset + s·stage_stride` bytes from the aligned shared
+    memory base; a k tile is bk / 16 wgmma k steps."""
 
     consumers: int
     slabs: int
@@ -299,29 +316,72 @@ class WgmmaOperands:
     a_desc: WgmmaDescriptor
     b_desc: WgmmaDescriptor
     bk: int
+    stages: int = 1
+    a_offset: int = 0
+    b_offset: int = 0
+    stage_stride: int = 0
+    base_align: int = 1024  # the kernel rounds its shared-memory base up to this (the offsets count from it)
+
+    def stage_tile(self, side: str, stage: Any) -> Any:
+        """Bytes from the aligned shared-memory base to stage `stage`'s tile of operand `side`."""
+        return (self.a_offset if side == "A" else self.b_offset) + stage * self.stage_stride
+
+    @property
+    def k_steps(self) -> int:
+        return self.bk // 16
 
     def slab_row(self, cw: Any, s: Any) -> Any:
         return (cw * self.slabs + s) * 64
 
     def a_start(self, cw: Any, s: Any, kk: Any) -> tuple[Any, Any]:
         """The descriptor start (bytes from the stage's A tile) of slab s of warpgroup cw, k step kk,
-        as (row part, k part): their sum."""
-        return self.a_tile.linear_offset(self.slab_row(cw, s)), kk * 16 * self.a_tile.elem_bytes
+        as (row part, k part): their sum. MN-major (A stored [k m]): the slab's 64 rows are one block
+        of the tile's 64-column blocks, a k step 16 rows of it."""
+        t = self.a_tile
+        if t.k_rows:
+            return t.linear_offset(*t.storage(self.slab_row(cw, s), 0)), kk * 16 * t.row_elems * t.elem_bytes
+        return t.linear_offset(self.slab_row(cw, s)), kk * 16 * t.elem_bytes
 
     def b_start(self, kk: Any) -> tuple[Any, Any]:
+        if self.b_tile.k_rows:  # MN-major: a k step is 16 rows of the tile
+            return 0, kk * 16 * self.b_tile.row_elems * self.b_tile.elem_bytes
         return self.b_tile.linear_offset(0), kk * 16 * self.b_tile.elem_bytes
+
+    @property
+    def bn(self) -> int:
+        return self.b_copy.outer if self.b_copy.k_inner else self.b_copy.inner
+
+    @property
+    def bm(self) -> int:
+        return self.a_copy.outer if self.a_copy.k_inner else self.a_copy.inner
 
 
 def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[str, Buffer],
                    consumers: int) -> WgmmaOperands | None:
-    """The wgmma path's maps for K-major A and B (None otherwise: an MN-major B's 64-column boxes are
-    printed by the emitter, not held here yet)."""
+    """The wgmma path's maps for K-major operands, or MN-major ones (B stored [k n], A stored [k m])
+    loaded by TMA in blocks of one 128-byte span of columns (64 16-bit elements) by the k tile, read with
+    the transpose bit (an MN-major A's 64-row slab is one block)."""
     e = DTYPES[a.dtype].bytes
-    if (a.positions[-1].axis != "k" or b.positions[-1].axis != "k" or kernel.tile_k * e != 128
+    b_mn = b.positions[-1].axis != "k"
+    a_mn = a.positions[-1].axis != "k"
+    if (kernel.tile_k * e != 128
             or kernel.swizzle != 128 or consumers < 1 or kernel.tile_m % (64 * consumers) or a.dtype != b.dtype):
         return None
-    a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
-    b_tile = tile_of_buffer(buffers["B0"], e, kernel.swizzle, False)
+    span_cols = kernel.swizzle // e
+    if b_mn and (kernel.b_move != "tma" or kernel.tile_n % span_cols):
+        return None
+    if a_mn and (kernel.a_move != "tma" or span_cols != 64):
+        return None
+
+    def blocks(cols: int, buffer: Buffer) -> SmemTile | None:
+        # an MN-major stage tile: cols / 64 boxes of [tile_k][64], one after another (rows stacked)
+        tile = SmemTile(kernel.tile_k * (cols // span_cols), span_cols, e, kernel.swizzle, True, span_cols, kernel.tile_k)
+        return tile if tile.bytes == buffer.size else None
+
+    a_tile = blocks(kernel.tile_m, buffers["A0"]) if a_mn else tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
+    b_tile = blocks(kernel.tile_n, buffers["B0"]) if b_mn else tile_of_buffer(buffers["B0"], e, kernel.swizzle, False)
+    if a_tile is None or b_tile is None:
+        return None
 
     def copy(move: str, vector: int, rows: int, tile: SmemTile) -> StageCopy:
         # TMA (and a staged operand, read by TMA) writes 16-byte chunks; threads write their vectors
@@ -329,9 +389,20 @@ def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dic
         return StageCopy(kernel.tile_k, rows, vec, True, tile)
 
     desc = WgmmaDescriptor(16, 8 * 128, kernel.swizzle)  # LBO unused by swizzled K-major; SBO: 8 rows
+    # MN-major: LBO from one 64-column block to the next, SBO from 8 k rows to the next 8
+    mn_desc = WgmmaDescriptor(kernel.tile_k * kernel.swizzle, 8 * kernel.swizzle, kernel.swizzle, True)
+    a_desc, b_desc = (mn_desc if a_mn else desc), (mn_desc if b_mn else desc)
+    stride = buffers["A1"].offset - buffers["A0"].offset if kernel.stages > 1 else 0
+    if any(buffers[f"{x}{s}"].offset != buffers[f"{x}0"].offset + s * stride
+           for x in "AB" for s in range(kernel.stages)):
+        return None  # the emitter prints stages evenly spaced
+    b_copy = (StageCopy(kernel.tile_n, kernel.tile_k, 16 // e, False, b_tile) if b_mn  # TMA's 16-byte chunks along n
+              else copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile))
+    a_copy = (StageCopy(kernel.tile_m, kernel.tile_k, 16 // e, False, a_tile) if a_mn  # TMA's 16-byte chunks along m
+              else copy(kernel.a_move, kernel.a_vector, kernel.tile_m, a_tile))
     return WgmmaOperands(consumers, kernel.tile_m // (64 * consumers), a_tile, b_tile,
-                         copy(kernel.a_move, kernel.a_vector, kernel.tile_m, a_tile),
-                         copy(kernel.b_move, kernel.b_vector, kernel.tile_n, b_tile), desc, desc, kernel.tile_k)
+                         a_copy, b_copy, a_desc, b_desc, kernel.tile_k,
+                         kernel.stages, buffers["A0"].offset, buffers["B0"].offset, stride)
 
 
 def tile_of_buffer(buffer: Buffer, elem_bytes: int, swizzle: int, k_rows: bool) -> SmemTile:

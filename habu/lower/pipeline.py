@@ -89,6 +89,12 @@ class MbarrierRing:
     producer_arrivals: int = 1  # arrivals the producer makes per k tile: its one TMA thread, or all 128
     producer_parity: int = 1  # the producer waits `empty` with parity phase ^ 1
     consumer_parity: int = 0  # the consumers wait `full` with parity phase ^ 0
+    # the ring's state update after each k tile (`advance`, printed as habu::ring_advance<wrap[, flip]>):
+    # the stage index wraps to 0 when it reaches `wrap` (wgmma_ring: the stages), flipping the phase by `flip`
+    wrap: int = 0
+    flip: int = 1
+    start_stage: int = 0  # the state the ring starts from (the kernel's `int stage`, `u32 phase`)
+    start_phase: int = 0
 
     def stage(self, t: Any) -> Any:
         """The stage of the block's k tile t."""
@@ -107,6 +113,14 @@ class MbarrierRing:
     def read_slot(self, stage: Any) -> Any:
         """The stage a consumer reads when the ring is at `stage`."""
         return stage
+
+    def advance(self, stage: int, phase: int) -> tuple[int, int]:
+        """The (stage, phase) after one k tile: what `habu::ring_advance<wrap, flip>` computes
+        (`if (++stage == wrap) { stage = 0; phase ^= flip; }`), run by habu.prove.pipeline."""
+        stage += 1
+        if stage == self.wrap:
+            return 0, phase ^ self.flip
+        return stage, phase
 
     def load(self, side: str) -> TmaOperandLoad | None:
         return next((ld for ld in self.loads if ld.side == side), None)
@@ -152,7 +166,8 @@ def wgmma_ring(stages: int, consumers: int, cluster: int, bm: int, bn: int, bk: 
     all_tma = all(m == "tma" for m in moves.values())
     tx = sum(ld.bytes_into(0) for ld in loads)
     arrivals = 1 if all_tma else 128
-    return MbarrierRing(stages, arrivals, consumers * cluster, consumers, cluster, tx, tuple(loads), arrivals)
+    return MbarrierRing(stages, arrivals, consumers * cluster, consumers, cluster, tx, tuple(loads), arrivals,
+                        wrap=stages)
 
 
 def cp_async_ring(stages: int) -> CpAsyncRing:

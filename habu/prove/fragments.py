@@ -32,8 +32,8 @@ def fragment_mismatch(instruction: str, fragment: AccumulatorFragment, column_gr
     there; the first disagreement, or None."""
     warps = 4 if instruction == "wgmma" else 1
     groups = column_groups if instruction == "wgmma" else 1
-    w, lane, j, h, q = np.meshgrid(np.arange(warps), np.arange(32), np.arange(groups), np.arange(2), np.arange(2),
-                                   indexing="ij")
+    w, lane, j, h, q = np.meshgrid(np.arange(warps), np.arange(32), np.arange(groups), np.arange(fragment.halves),
+                                   np.arange(fragment.pair), indexing="ij")
     reg = fragment.register_index(j, h, q) if instruction == "wgmma" else fragment.pair * h + q
     held = instruction_element(instruction, w, lane, reg)
     stored = fragment.element(w, lane, j, h, q) if instruction == "wgmma" else \
@@ -101,6 +101,23 @@ def mma_operand_position(operand: str) -> tuple[np.ndarray, np.ndarray]:
 # (CUTLASS Swizzle<B, 4, 3>), from a tile start aligned to the pattern's period.
 
 
+# The same section, MN-major (the operand read with the transpose bit): an atom is 8 rows along k, each
+# one span of MN-contiguous elements (`span` bytes); the atoms lie SBO apart along k and the blocks of
+# span/elem_bytes MN elements lie LBO apart along MN; the same swizzle of the addresses formed.
+
+
+def wgmma_mnmajor_addresses(start: int, mn: int, k: int, lbo: int, sbo: int, span: int, elem_bytes: int = 2
+                            ) -> np.ndarray:
+    """Byte addresses of an MN-major operand's (mn, k) elements, mn x k, read through a descriptor."""
+    if span not in (32, 64, 128):
+        raise ValueError(f"no MN-major wgmma layout with swizzle {span}")
+    per = span // elem_bytes  # MN elements of one span
+    n = np.arange(mn, dtype=np.int64)[:, None]
+    kk = np.arange(k, dtype=np.int64)[None, :]
+    a = start + (n // per) * lbo + (kk // 8) * sbo + (kk % 8) * span + (n % per) * elem_bytes
+    return a ^ (((a >> 7) % (span // 16)) << 4)
+
+
 def wgmma_kmajor_addresses(start: int, rows: int, k: int, sbo: int, span: int, elem_bytes: int = 2) -> np.ndarray:
     """Byte addresses of a K-major operand's (row, k) elements, rows x k, read through a descriptor."""
     if span not in (32, 64, 128):
@@ -111,5 +128,26 @@ def wgmma_kmajor_addresses(start: int, rows: int, k: int, sbo: int, span: int, e
     return a ^ (((a >> 7) % (span // 16)) << 4)
 
 
+# CUDA driver API, cuTensorMapEncodeTiled, CUtensorMapSwizzle: a box's innermost dimension is laid out
+# contiguously in rows of (inner elements x element size) bytes; with CU_TENSOR_MAP_SWIZZLE_{32,64,128}B
+# (the inner dimension at most the span), the 16-byte chunk index within each 128-byte segment is XORed
+# with the segment's index mod span/16 (bits [4, 4 + log2(span/16)) ^= bits [7, ...)), from a shared
+# memory address aligned to the pattern's period (span x 8 bytes).
+
+
+def tma_box_bytes(rows: int, cols: int, elem_bytes: int, span: int) -> np.ndarray:
+    """Byte offsets, from the box's shared-memory start, of a 2-D TMA box's (row, col) elements (rows x
+    cols; cols along the tensor's contiguous dimension) as a TMA load writes them or a TMA store reads
+    them."""
+    r = np.arange(rows, dtype=np.int64)[:, None]
+    col = np.arange(cols, dtype=np.int64)[None, :]
+    a = r * cols * elem_bytes + col * elem_bytes
+    if span:
+        if span not in (32, 64, 128) or cols * elem_bytes > span:
+            raise ValueError(f"no TMA box of {cols * elem_bytes}-byte rows with swizzle {span}")
+        a = a ^ (((a >> 7) % (span // 16)) << 4)
+    return a
+
+
 __all__ = ["fragment_mismatch", "instruction_element", "ldmatrix_elements", "mma_operand_position",
-           "wgmma_kmajor_addresses"]
+           "tma_box_bytes", "wgmma_kmajor_addresses", "wgmma_mnmajor_addresses"]

@@ -27,6 +27,7 @@ from habu.prove.fragments import fragment_mismatch
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import route_key, route_of, warp_parts
+from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Const, Expr, Load, Op, Size
@@ -279,6 +280,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         if moved:
             mem.fault(f"{name}: {moved}")
     bm, bn = lw.bm, lw.bn
+    if lw.tma_store is not None:  # the TMA-store epilogue's staging and boxes (habu.prove.tma_store)
+        for fault in tma_store_faults(lw.tma_store, lw.fragment, bm, bn):
+            mem.fault(f"{name}: {fault}")
     groups: dict[tuple, list[tuple[int, int]]] = {}
     for tm, tn, s, z in tiles:
         key = (s, z, _local(tm, bm, rows), _local(tn, bn, cols))
@@ -483,9 +487,11 @@ def _contraction_field_key(lw: ContractionLowering) -> object:
     # executed by the `pipeline-schedule` rule, which proves it delivers k tile t to step t (the
     # interpreter's tiles), so plans differing only in it compute the same elements; the
     # shared-memory operand maps enter through what they route (habu.prove.smem_route): maps
-    # that multiply the plain tile product share the check, others are keyed by themselves
+    # that multiply the plain tile product share the check, others are keyed by themselves; so does
+    # the TMA-store epilogue (habu.prove.tma_store)
     return (tuple(getattr(lw.kernel, f) for f in FIELD_CHECK_FIELDS),
-            repr(replace(lw, kernel=None, pipeline=None, operands=None)), route_key(lw))
+            repr(replace(lw, kernel=None, pipeline=None, operands=None, tma_store=None)), route_key(lw),
+            tma_store_key(lw))
 
 
 def _run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Memory, tiles, keep) -> None:

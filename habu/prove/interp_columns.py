@@ -77,7 +77,7 @@ def _final_pass(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Me
     """The last block's pass: its threads' columns (`final_start`, `final_step`) of the tiles run, each
     read from the combined buffer, put through the epilogue and stored."""
     C = sizes[lw.c]
-    tid = np.arange(lw.kernel.threads, dtype=np.int64)[:, None]
+    tid = np.arange(lw.thread_map.threads, dtype=np.int64)[:, None]
     q = np.arange(-(-C // max(1, lw.final_step)) + 1, dtype=np.int64)[None, :]
     visited = (np.asarray(lw.final_start(tid), dtype=np.int64) + q * lw.final_step).ravel()
     visited = visited[(visited >= 0) & (visited < C)]
@@ -119,12 +119,18 @@ class _Ints:
 
 def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, tile: int, split: int) -> None:
     f = mem.field
-    k = lw.kernel
-    G, Tc, V, U = lw.row_groups, k.column_threads, k.vector, k.unroll
+    tm = lw.thread_map  # the maps as data (habu/lower/column_maps.py): what the emitter prints
+    G, Tc, V, U = lw.row_groups, tm.column_threads, tm.vector, tm.unroll
 
     def where(bad: np.ndarray) -> str:
         return f"{lw.out.tensor}[{tile * lw.tile}] and the rest of its column tile {tile} (row split {split})"
 
+    # thread t is column thread tc of row group g: every (g, tc) of the grid below exactly once
+    t = np.arange(tm.threads, dtype=np.int64)
+    pairs = np.asarray(tm.row_group(t), dtype=np.int64) * Tc + np.asarray(tm.column_thread(t), dtype=np.int64)
+    if len(np.unique(pairs)) != G * Tc or pairs.min() < 0 or pairs.max() >= G * Tc:
+        mem.fault(f"{name}: the block's {tm.threads} threads are not its {G} row groups × {Tc} column threads, "
+                  f"each once ({where(pairs)})")
     g = np.arange(G, dtype=np.int64).reshape(G, 1, 1, 1, 1)
     i = np.arange(lw.steps, dtype=np.int64).reshape(1, -1, 1, 1, 1)
     u = np.arange(U, dtype=np.int64).reshape(1, 1, U, 1, 1)
@@ -161,7 +167,7 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     smem[slots[inside]] = partial[inside]
 
     # the combining threads: slot j of the tile, every row group's partial of it
-    tid = np.arange(k.threads, dtype=np.int64)[:, None]
+    tid = np.arange(tm.threads, dtype=np.int64)[:, None]
     step = lw.combine_step
     if step <= 0:
         raise PlanFault(f"{name}: the combine loop's step is {step}: it never ends")

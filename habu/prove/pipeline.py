@@ -83,16 +83,23 @@ class _Ring:
         self.empty = [[Barrier(ring.empty_arrivals) for _ in range(S)] for _ in range(B)]
         self.slots: list[list[dict[tuple[str, int], int]]] = [[{} for _ in range(S)] for _ in range(B)]
         self.held = [[0] * S for _ in range(B)]  # consumers of a block still reading each stage
-        self.prod = [[0, 0, 0] for _ in range(B)]  # (t, stage, phase) per block
-        self.cons = {(b, c): [0, 0, 0, -1] for b in range(B) for c in range(ring.consumers)}  # t, stage, phase, held
+        s0, p0 = ring.start_stage % S, ring.start_phase  # the state the kernel starts from
+        self.prod = [[0, s0, p0] for _ in range(B)]  # (t, stage, phase) per block
+        self.cons = {(b, c): [0, s0, p0, -1] for b in range(B) for c in range(ring.consumers)}  # t, stage, phase, held
         self.flight: list[tuple[int, int, tuple[str, int], int, int]] = []  # block, stage, region, tile, bytes
         self.run = RingRun({key: [] for key in self.cons})
+        if not 0 <= ring.start_stage < S:
+            self.run.fault(f"the ring starts at stage {ring.start_stage}, outside its {S} stages")
 
     def _advance(self, state: list[int]) -> None:
+        """The lowering's state update (`MbarrierRing.advance`, printed as habu::ring_advance)."""
         state[0] += 1
-        state[1] += 1
-        if state[1] == self.ring.stages:
-            state[1], state[2] = 0, state[2] ^ 1
+        stage, phase = self.ring.advance(state[1], state[2])
+        if not 0 <= stage < self.ring.stages:
+            self.run.fault(f"the ring's state update moves to stage {stage} at k tile {state[0]}, outside its "
+                           f"{self.ring.stages} stages (it wraps at {self.ring.wrap})")
+            stage = stage % self.ring.stages
+        state[1], state[2] = stage, phase
 
     # -- the producer of block b
     def producer_ready(self, b: int) -> bool:

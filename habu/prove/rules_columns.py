@@ -73,12 +73,15 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
     if lw.index_width == 32:
         # the indices a thread computes before any mask: its columns, up to the last tile's end, and its
         # rows, up to the last split's begin plus a full row loop; and the row-column offset there
-        last_col = tiles * lw.tile - 1
-        last_row = lw.row_begin(splits - 1) + lw.steps * lw.row_groups * k.unroll - 1
-        yield _lanes(name, f"the thread's column tile·{lw.tile} + tc·{k.vector} + v, up to ⌈#{lw.c}/{lw.tile}⌉·"
-                           f"{lw.tile} − 1", last_col)
-        yield _lanes(name, f"the thread's row, up to the last split's begin + {lw.steps}·{lw.row_groups}·"
-                           f"{k.unroll} − 1", last_row)
+        # (the maps of habu/lower/column_maps.py, evaluated at the last thread, vector element, tile,
+        # split, iteration and unrolled row: their strides are nonnegative, so these are the largest)
+        tm = lw.thread_map
+        last_col = lw.thread_column(tiles - 1, tm.column_threads - 1, tm.vector - 1)
+        last_row = lw.row(lw.row_begin(splits - 1), tm.steps - 1, tm.unroll - 1, tm.row_groups - 1)
+        yield _lanes(name, f"the thread's column tile·{tm.tile_columns} + tc·{tm.column_stride} + v, up to "
+                           f"⌈#{lw.c}/{lw.tile}⌉·{lw.tile} − 1", last_col)
+        yield _lanes(name, f"the thread's row, up to the last split's begin + {tm.steps - 1}·{tm.row_step} + "
+                           f"{tm.unroll - 1}·{tm.unroll_step} + {tm.row_groups - 1}", last_row)
         for _ld, acc in lw.loads:
             if lw.kind_of(acc) == "row-column":
                 yield _lanes(name, f"{acc.tensor}'s offset row·#{lw.c} + column at the last row and column a "

@@ -22,7 +22,12 @@ from functools import lru_cache
 import numpy as np
 
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, SmemTile, StageCopy, WgmmaOperands
-from habu.prove.fragments import ldmatrix_elements, mma_operand_position, wgmma_kmajor_addresses
+from habu.prove.fragments import (
+    ldmatrix_elements,
+    mma_operand_position,
+    wgmma_kmajor_addresses,
+    wgmma_mnmajor_addresses,
+)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,9 @@ def fma_route(ops: FmaOperands) -> Route:
             faults.append(f"a thread reads {side}'s stage tile where no copy wrote")
         return np.maximum(got, 0)
 
+    bm = ops.a_copy.outer if ops.a_copy.k_inner else ops.a_copy.inner
+    bn = ops.b_copy.outer if ops.b_copy.k_inner else ops.b_copy.inner
+    _tiles_apart(ops, faults)
     warps = []
     i = np.arange(g.per_thread_m, dtype=np.int64)[:, None]
     j = np.arange(g.per_thread_n, dtype=np.int64)[:, None]
@@ -163,22 +171,52 @@ def fma_route(ops: FmaOperands) -> Route:
         b_id = fetch("B", b_smem, np.asarray(ops.b_index(k, tx, j), dtype=np.int64))
         rows = sum(g.row_terms(ty, i[:, 0]))
         cols = sum(g.col_terms(tx, j[:, 0]))
+        # the epilogue stores each register at m0 + row, n0 + col: a row or column past the tile is
+        # another block's output (a race between blocks, or a double add under split-K)
+        for what, got, size in (("row", rows, bm), ("column", cols, bn)):
+            out = (got < 0) | (got >= size)
+            if out.any():
+                faults.append(f"thread {t} computes {what} {int(got[out][0])} of its block's {size}-{what} "
+                              "output tile, which is outside it (another block's output)")
         warps.append(WarpRoute(rows, cols, a_id // bk, a_id % bk, b_id // bk, b_id % bk))
-    bm = ops.a_copy.outer if ops.a_copy.k_inner else ops.a_copy.inner
-    bn = ops.b_copy.outer if ops.b_copy.k_inner else ops.b_copy.inner
     return Route(tuple(warps), tuple(dict.fromkeys(faults))[:4], not faults and _is_identity(warps, bm, bn, bk))
+
+
+def _tiles_apart(ops: FmaOperands, faults: list[str]) -> None:
+    """The SIMT path's two stage tiles lie apart in shared memory, each 4-byte aligned (the kernel
+    points sA and sB at `a_offset` and `b_offset`)."""
+    spans = (("A", ops.a_offset, ops.a_tile.bytes), ("B", ops.b_offset, ops.b_tile.bytes))
+    for side, start, _size in spans:
+        if start < 0 or start % 4:
+            faults.append(f"{side}'s stage tile starts at byte {start} of shared memory (negative or not 4-byte "
+                          "aligned)")
+    (_, a0, a_size), (_, b0, b_size) = spans
+    if a0 < b0 + b_size and b0 < a0 + a_size:
+        # the first element of the earlier tile that the later tile's copies overwrite
+        (low, low0, low_tile), high0 = (("A", a0, ops.a_tile), b0) if a0 <= b0 else (("B", b0, ops.b_tile), a0)
+        row, col = divmod((high0 - low0) // 4, low_tile.row_elems)
+        faults.append(f"A's stage tile (bytes {a0}..{a0 + a_size - 1}) and B's (bytes {b0}..{b0 + b_size - 1}) "
+                      f"overlap in shared memory: the copies of the other operand overwrite s{low}[{row}][{col}]")
 
 
 @lru_cache(maxsize=512)
 def wgmma_route(ops: WgmmaOperands) -> Route:
     """The wgmma path: slab s of consumer warpgroup cw multiplies, at k step kk, the 64 x 16 A operand
     its descriptor (start `a_start(cw, s, kk)`, SBO, swizzle) addresses and the BN x 16 B operand at
-    `b_start(kk)`, as the PTX ISA's K-major layout places them (`wgmma_kmajor_addresses`)."""
+    `b_start(kk)`, as the PTX ISA's K-major layout places them (`wgmma_kmajor_addresses`), or its
+    MN-major one for an operand read with the transpose bit (`wgmma_mnmajor_addresses`)."""
     faults: list[str] = []
     bk = ops.bk
+    _stages_apart(ops, faults)
     a_smem = _fill("A", ops.a_tile, ops.a_copy, bk, faults)
     b_smem = _fill("B", ops.b_tile, ops.b_copy, bk, faults)
-    bn = ops.b_tile.rows
+    bn = ops.bn
+
+    def b_addresses(kk: int) -> np.ndarray:
+        d, start = ops.b_desc, int(sum(ops.b_start(kk)))
+        if d.mn_major:
+            return wgmma_mnmajor_addresses(start, bn, 16, d.lbo, d.sbo, d.swizzle, ops.b_tile.elem_bytes)
+        return wgmma_kmajor_addresses(start, bn, 16, d.sbo, d.swizzle, ops.b_tile.elem_bytes)
 
     def fetch(side: str, smem: np.ndarray, tile: SmemTile, addr: np.ndarray, desc) -> np.ndarray:
         if desc.sbo % 16 or desc.lbo % 16:
@@ -192,19 +230,52 @@ def wgmma_route(ops: WgmmaOperands) -> Route:
             faults.append(f"wgmma reads {side}'s stage tile where no copy wrote")
         return np.maximum(got, 0)
 
-    b_id = np.concatenate([fetch("B", b_smem, ops.b_tile, wgmma_kmajor_addresses(
-        int(sum(ops.b_start(kk))), bn, 16, ops.b_desc.sbo, ops.b_desc.swizzle, ops.b_tile.elem_bytes), ops.b_desc)
-        for kk in range(bk // 16)], axis=1)
+    b_id = np.concatenate([fetch("B", b_smem, ops.b_tile, b_addresses(kk), ops.b_desc)
+                           for kk in range(ops.k_steps)], axis=1)
     warps = []
+    bm = ops.bm
+
+    def a_addresses(cw: int, s: int, kk: int) -> np.ndarray:
+        d, start = ops.a_desc, int(sum(ops.a_start(cw, s, kk)))
+        if d.mn_major:
+            return wgmma_mnmajor_addresses(start, 64, 16, d.lbo, d.sbo, d.swizzle, ops.a_tile.elem_bytes)
+        return wgmma_kmajor_addresses(start, 64, 16, d.sbo, d.swizzle, ops.a_tile.elem_bytes)
+
     for cw in range(ops.consumers):
         for s in range(ops.slabs):
-            a_id = np.concatenate([fetch("A", a_smem, ops.a_tile, wgmma_kmajor_addresses(
-                int(sum(ops.a_start(cw, s, kk))), 64, 16, ops.a_desc.sbo, ops.a_desc.swizzle, ops.a_tile.elem_bytes),
-                ops.a_desc) for kk in range(bk // 16)], axis=1)
+            a_id = np.concatenate([fetch("A", a_smem, ops.a_tile, a_addresses(cw, s, kk), ops.a_desc)
+                                   for kk in range(ops.k_steps)], axis=1)
             rows = ops.slab_row(cw, s) + np.arange(64)
+            if rows.min() < 0 or rows.max() >= bm:  # the epilogue stores the slab's rows at m0 + row
+                faults.append(f"consumer {cw}'s slab {s} multiplies rows {int(rows.min())}..{int(rows.max())} of a "
+                              f"{bm}-row tile (past it: another block's output)")
             warps.append(WarpRoute(rows, np.arange(bn), a_id // bk, a_id % bk, b_id // bk, b_id % bk))
-    bm = ops.a_tile.rows
     return Route(tuple(warps), tuple(dict.fromkeys(faults))[:4], not faults and _is_identity(warps, bm, bn, bk))
+
+
+def _stages_apart(ops: WgmmaOperands, faults: list[str]) -> None:
+    """The wgmma path's stage tiles (A and B of every stage) lie apart in shared memory, each aligned to
+    its swizzle's period (8 rows of the span: the pattern TMA writes and wgmma reads starts there)."""
+    tiles = [(f"{side}{s}", int(ops.stage_tile(side, s)), tile)
+             for s in range(ops.stages) for side, tile in (("A", ops.a_tile), ("B", ops.b_tile))]
+    for name, start, tile in tiles:
+        period = 8 * tile.swizzle if tile.swizzle else 16
+        if ops.base_align % period:
+            faults.append(f"the shared-memory base is rounded to {ops.base_align} bytes; stage tile {name}'s swizzle "
+                          f"repeats every {period} bytes from an address aligned to them ({name}[0, 0] is "
+                          "swizzled as another row)")
+        if start < 0 or start % period:
+            faults.append(f"stage tile {name} starts at byte {start} of shared memory (negative or not "
+                          f"{period}-byte aligned)")
+    for i, (name, start, tile) in enumerate(tiles):
+        for other, start2, tile2 in tiles[i + 1:]:
+            if start < start2 + tile2.bytes and start2 < start + tile.bytes:
+                # the first element of the earlier tile that the later one's copies overwrite
+                (low, low0, low_tile), high0 = ((name, start, tile), start2) if start <= start2 else \
+                    ((other, start2, tile2), start)
+                row, col = divmod((high0 - low0) // low_tile.elem_bytes, low_tile.row_elems)
+                faults.append(f"stage tiles {name} (bytes {start}..{start + tile.bytes - 1}) and {other} (bytes "
+                              f"{start2}..{start2 + tile2.bytes - 1}) overlap: {low}[{row}, {col}] is overwritten")
 
 
 def _is_identity(warps: list[WarpRoute], bm: int, bn: int, bk: int) -> bool:

@@ -72,3 +72,31 @@ def test_a_batched_transposed_a_with_odd_tails():
 @pytest.mark.parametrize("pins", [{"persistent": "true"}, {"mma": "fma"}, {"split_k": "2", "mma": "fma"}])
 def test_pinned_paths_of_a_transposed_a(pins):
     proven(AT, pins=pins, M=200, N=136, K=200)
+
+
+def test_an_mn_major_a_is_the_lowerings_and_the_route_runs_its_transposed_read():
+    """After the merge of s27-derive17 into s27-batched's main: an A stored [k m] gets WgmmaOperands (BM/64
+    blocks of [BK][64], TMA's 16-byte chunks along m, the transposed descriptor) like an n-contiguous B;
+    the operand route runs them; slabs' blocks a half block apart on the read side, or a descriptor
+    stepping half an 8-row atom along k, make it multiply other elements."""
+    from dataclasses import replace
+
+    from habu.lower.layouts import WgmmaOperands
+    from habu.prove.smem_route import route_of, wgmma_route
+
+    model, plan = proven(AT, M=1000, N=776, K=520)  # two consumer warpgroups: slabs in two blocks
+    (lw,) = lower_plan(model, plan)
+    ops = lw.operands
+    assert isinstance(ops, WgmmaOperands)
+    assert ops.a_desc.mn_major and ops.a_tile.k_rows and ops.a_tile.block_cols == 64 and not ops.a_copy.k_inner
+    assert ops.a_start(0, 1, 0)[0] == ops.a_tile.block_rows * 128 and ops.bm == lw.bm
+    assert route_of(lw).identity and not route_of(lw).faults
+    (kernel,) = emit_plan(model, plan, TARGETS["sm_90a"]).kernels
+    slab_bytes, k_bytes = ops.a_start(0, 1, 0)[0], ops.a_start(0, 0, 1)[1]  # A's descriptor, printed from them
+    assert (f"habu::wgmma_desc_sw128_mn(a_stage + (habu::u32)((cw * {ops.slabs} + 0) * {slab_bytes}) + kk * {k_bytes}, "
+            f"{ops.a_desc.lbo}u)") in kernel.source
+    assert ops.slabs * ops.consumers > 1
+    half_blocks = replace(ops, a_tile=replace(ops.a_tile, block_rows=ops.a_tile.block_rows // 2))  # copies keep theirs
+    assert not wgmma_route(half_blocks).identity
+    wrong_sbo = replace(ops, a_desc=replace(ops.a_desc, sbo=ops.a_desc.sbo // 2))
+    assert not wgmma_route(wrong_sbo).identity

@@ -39,3 +39,22 @@ def test_the_emitters_print_the_fragment_map_from_the_lowering():
         a = emit_lowered(lowered, plan, TARGETS[arch]).kernels[-1].source
         b = emit_lowered(moved, plan, TARGETS[arch]).kernels[-1].source
         assert "+ 8 * h" in a and "+ 4 * h" in b and "+ 8 * h" not in b, (arch, pins)
+
+
+def test_a_tma_box_of_an_n_contiguous_operand_lands_where_the_transposed_wgmma_read_looks():
+    """Two trusted transcriptions checked against each other: the 128-byte-swizzled TMA box of 64 columns
+    by the k tile (`tma_box_bytes`, as cuTensorMapEncodeTiled lays it out), boxes one after another, is
+    what wgmma's MN-major descriptor (LBO: one box, SBO: 8 k rows) addresses at each k step."""
+    import numpy as np
+
+    from habu.prove.fragments import tma_box_bytes, wgmma_mnmajor_addresses
+
+    bk, bn, e = 64, 256, 2
+    box = tma_box_bytes(bk, 64, e, 128)  # [k, n within the box]
+    written = np.array([[j * box.size * e + box[k, n % 64] for k in range(bk)] for j in range(bn // 64)
+                        for n in range(64 * j, 64 * j + 64)])  # [n, k]
+    for kk in range(bk // 16):
+        read = wgmma_mnmajor_addresses(kk * 16 * 128, bn, 16, bk * 128, 1024, 128, e)
+        assert np.array_equal(read, written[:, kk * 16:(kk + 1) * 16])
+    # a wrong leading byte offset reads another block's rows
+    assert not np.array_equal(wgmma_mnmajor_addresses(0, bn, 16, bk * 64, 1024, 128, e), written[:, :16])

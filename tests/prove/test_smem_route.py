@@ -115,8 +115,10 @@ def test_a_misaligned_ldmatrix_row_is_a_fault():
 
 
 def test_regression_a_cp_async_a_beside_an_mn_major_b_is_emitted():
-    """wgmma with B contiguous along n (TMA boxes, no maps in the lowering) and A copied by threads: the
-    producer copy printed its offsets only from the lowering's maps and asserted they existed."""
+    """wgmma with B contiguous along n (TMA boxes) and A copied by threads: the producer copy printed its
+    offsets only from the lowering's maps and asserted they existed (the lowering held none beside an
+    MN-major B then; it holds them now, B's 64-column blocks and transposed descriptor included, and
+    their route is the plain tile product)."""
     from habu.lower import lower_whole
     from habu.paths.emit import emit_lowered
 
@@ -124,7 +126,8 @@ def test_regression_a_cp_async_a_beside_an_mn_major_b_is_emitted():
     m = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"].with_sizes(sizes)
     plan = default_plan(m, TARGETS["sm_90a"], sizes, {"A": "cp.async"})
     lowered = lower_whole(m, plan)
-    assert any(getattr(lw, "operands", 0) is None and lw.kernel.mma == "wgmma" and lw.kernel.a_move == "cp.async"
-               for lw in lowered.kernels)
+    mn = [lw for lw in lowered.kernels if getattr(lw.kernel, "mma", None) == "wgmma"
+          and lw.kernel.a_move == "cp.async" and lw.b.positions[-1].axis == "n"]
+    assert mn and all(lw.operands.b_desc.mn_major and route_of(lw).identity for lw in mn)
     sources = [k.source for k in emit_lowered(lowered, plan, TARGETS["sm_90a"]).kernels]
     assert any("cp_async<16>(a_stage" in s for s in sources)

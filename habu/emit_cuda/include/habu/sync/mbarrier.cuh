@@ -34,12 +34,13 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
-/** @brief Advance a ring of `Stages` mbarrier-guarded stages by one k tile: the stage index wraps to 0 and the
- *  phase parity flips with it. The lowering's `MbarrierRing.stage(t)` / `phase(t)` of k tile t are what
- *  these two registers hold (habu/lower/pipeline.py; executed by habu/prove/pipeline.py). */
-template <int Stages>
+/** @brief Advance a ring of `Stages` mbarrier-guarded stages by one k tile: the stage index wraps to 0 when it
+ *  reaches `Stages` and the phase parity flips (xor `Flip`) with it. The emitter prints the template arguments
+ *  from the lowering's `MbarrierRing.wrap` / `flip`, and habu/prove/pipeline.py runs `MbarrierRing.advance`,
+ *  this function's transcription (habu/lower/pipeline.py). */
+template <int Stages, u32 Flip = 1u>
 __device__ __forceinline__ void ring_advance(int& stage, u32& phase) {
-  if (++stage == Stages) { stage = 0; phase ^= 1u; }
+  if (++stage == Stages) { stage = 0; phase ^= Flip; }
 }
 /** @brief Initialise the `full` and `empty` mbarriers of a ring of `stages` stages, 16 bytes apart from `bars`
  *  (full at +0, empty at +8), with the arrival counts that complete their phases; one thread calls it. */
