@@ -78,7 +78,12 @@ def compile_model(program: Program, model_name: str, shape: dict[str, int], targ
     model = bind_shape(program.model(model_name), shape)
     check_nesting(model, program.model_spans.get(model.name))
     check_sizes(model, model.sizes, target)  # before anything is proven or allocated
-    grid = BucketGrid.of(model)
+    try:
+        grid = BucketGrid.of(model)
+    except HabuError as err:  # no family for a node (found while looking for row widths): where the model is
+        if err.span is not None:
+            raise
+        raise HabuError(err.message, program.model_spans.get(model.name), err.notes) from None
     if not grid.axes:
         plans, proofs = compile_set(program, model, (), shape, target, pins, trials, hint)
         return Compiled(model, plans, proofs)

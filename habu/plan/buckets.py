@@ -76,6 +76,8 @@ def bucketed_extents(model: Model) -> tuple[str, ...]:
     width), in the model's extent order. Other runtime extents are compiled once for their range."""
     from habu.plan.patterns import default_regions, row_local
 
+    if all(e.is_static for e in model.extents):
+        return ()
     widths: set[str] = set()
     for region in default_regions(model):
         if region.kind != "rows":

@@ -191,3 +191,13 @@ def test_regression_a_three_dimensional_map_was_refused_as_never_written():
     assert [k.kind for k in plan.kernels] == ["map"]
     cert = verify_plan(model, plan, trials=1)
     assert cert.passed, cert.failure
+
+
+def test_regression_a_refusal_found_while_choosing_size_buckets_had_no_place():
+    """compile_model looked for row widths to bucket (default_regions) before compiling, and a node no
+    family computes was refused as `habu: error: ...` without FILE:LINE:COL."""
+    path = ROOT / "tests" / "data" / "general_corpus" / "nested_gather_error.habu"
+    program = load_program(path)
+    with pytest.raises(HabuError) as info:
+        compile_model(program, "GG", {}, TARGET, {}, trials=1)
+    assert info.value.render().startswith(f"{path}:5:8: error: no kernel family computes O")
