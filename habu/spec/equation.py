@@ -15,21 +15,26 @@ from typing import Protocol
 from habu.errors import HabuError
 from habu.spec.functions import CALLABLE, FUNCTIONS
 from habu.spec.ir import (
+    COMPARISONS,
     MAX_NESTING,
+    Compare,
     Const,
     Equation,
     Expr,
     Gather,
+    IndexAffine,
     IndexConst,
     IndexExpr,
     IndexVar,
     Load,
+    NegInf,
     Op,
     Reduce,
     Size,
     fold_ops,
     free_vars,
     index_free_vars,
+    rename_vars,
 )
 from habu.spec.lexer import Token
 
@@ -265,6 +270,9 @@ class EquationParser:
             raise self.end.error(f"{self.what} ends too early: expected a value before ;")
         if t.text in ("-", "−"):
             self.take()
+            if self._infinity(self.peek()):
+                self.take()
+                return NegInf()
             self.enter(t)
             inner = self.unary()
             self.leave()
@@ -282,8 +290,10 @@ class EquationParser:
         new: list[IndexVar] = []
         while True:
             t = self.peek()
-            if t is None or not _is_ident(t.text) or self._next_is("[", 1) or t.text in CALLABLE:
+            if t is None or not _is_ident(t.text) or t.text in CALLABLE:
                 break
+            if self._next_is("[", 1) and self.scope.tensor(t.text) is not None:
+                break  # `Σ A[...]`: no index (caught below); `Σ j [j ≤ i] · x` is a bracket after j
             var = self.index_var(t)
             if var is None:
                 break
@@ -321,6 +331,14 @@ class EquationParser:
 
     def primary(self) -> Expr:
         t = self.take()
+        if self._infinity(t):
+            raise t.error("only −∞ is a value (the identity of a max reduction: max j where(j ≤ i, x, −∞))")
+        if t.text == "[":  # an Iverson bracket: [j ≤ i] is 1 where it holds, else 0
+            self.enter(t)
+            cond = self.condition(t)
+            self.expect("]", "to close [ of a condition")
+            self.leave()
+            return cond
         if t.text == "(":
             self.enter(t)
             e = self.expr()
@@ -336,6 +354,8 @@ class EquationParser:
             return Size(ext)
         if not _is_ident(t.text):
             raise t.error(f"expected a value, found {t.text!r}")
+        if t.text.startswith("softmax_") and self.at("("):
+            return self.softmax(t)
         if self.at("("):
             return self.call(t)
         if self.at("["):
@@ -375,7 +395,12 @@ class EquationParser:
         self.enter(name)
         self.take()  # (
         args: list[Expr] = []
-        if not self.at(")"):
+        if name.text == "where":
+            args.append(self.condition(name))
+            for _ in range(2):
+                self.expect(",", "after an argument of where(cond, x, y)")
+                args.append(self.expr())
+        elif not self.at(")"):
             args.append(self.expr())
             while self.at(","):
                 self.take()
@@ -386,6 +411,120 @@ class EquationParser:
             raise name.error(f"{name.text} takes {fn.arity} argument{'s' if fn.arity > 1 else ''}, "
                              f"given {len(args)}")
         return Op(fn.name, tuple(args))
+
+    def softmax(self, name: Token) -> Expr:
+        """`softmax_j(x)`: exp(x − max j' x') / Σ j' exp(x' − max j'' x''), x' being x at j'. The
+        softmax runs along the bound index j (a reduction around it sums over j): with a mask,
+        `softmax_j(where(j ≤ i, s, −∞))`, masked elements are exp(−∞) = 0."""
+        var_name = name.text[len("softmax_"):]
+        var = self.bound.get(var_name)
+        if var is None:
+            raise name.error(f"{name.text}(...) normalises along index {var_name or '?'}, which no reduction "
+                             "around it binds", "write Σ j softmax_j(x[i j]) · v[j d]")
+        self.enter(name)
+        self.take()  # (
+        x = self.expr()
+        self.expect(")", f"to close {name.text}(")
+        self.leave()
+        fresh = [self._fresh(var, k) for k in range(3)]
+
+        def at(v: IndexVar) -> Expr:
+            return rename_vars(x, {var: v})
+
+        def shifted(v: IndexVar, w: IndexVar) -> Expr:
+            return Op("exp", (Op("sub", (at(v), Reduce("max", (w,), at(w)))),))
+
+        num = Op("exp", (Op("sub", (x, Reduce("max", (fresh[0],), at(fresh[0])))),))
+        den = Reduce("sum", (fresh[1],), shifted(fresh[1], fresh[2]))
+        return Op("div", (num, den))
+
+    def _fresh(self, var: IndexVar, k: int) -> IndexVar:
+        """An index over var's extent named like no bound index: j', j'', ... (k-th of them)."""
+        name = var.name
+        found = 0
+        while True:
+            name += "'"
+            if name not in self.bound:
+                if found == k:
+                    return IndexVar(name, var.extent)
+                found += 1
+
+    # -- conditions on indices: `j ≤ i + #J − #I`, `j < LEN[b]`
+    def condition(self, at: Token) -> Compare:
+        """`affine op affine`, op one of < ≤ <= > ≥ >= = ≠; both sides are index arithmetic."""
+        start = self.peek() or self.end
+        left = self.affine(at)
+        op_tok = self.peek()
+        op = self._comparison()
+        if op is None:
+            found = repr(op_tok.text) if op_tok is not None else ";"
+            raise (op_tok or self.end).error(
+                f"expected a comparison (< ≤ > ≥ = ≠) of indices after {start.text!r}, found {found}",
+                "a condition compares index expressions: where(j ≤ i, x, y), [j < LEN[b]]")
+        right = self.affine(at)
+        cmp = Compare(op, left, right)
+        if not cmp.index_exprs():
+            raise start.error("this condition compares constants and extent sizes only: it names no index")
+        return cmp
+
+    def _comparison(self) -> str | None:
+        t = self.peek()
+        if t is None:
+            return None
+        two = {"<": "le", ">": "ge"}
+        if t.text in two and self._next_is("=", 1) and self.peek(1).span.offset == t.span.offset + 1:  # type: ignore[union-attr]
+            self.i += 2
+            return two[t.text]
+        ops = {"<": "lt", "≤": "le", ">": "gt", "≥": "ge", "=": "eq", "≠": "ne"}
+        if t.text in ops:
+            self.i += 1
+            return ops[t.text]
+        return None
+
+    def affine(self, at: Token) -> IndexAffine:
+        """`±term ± term ...`, each term an index variable, a gather `LEN[b]`, an extent size `#J`
+        or a whole number."""
+        terms: list[tuple[int, IndexExpr]] = []
+        sizes: list[tuple[int, str]] = []
+        const = 0
+        sign = 1
+        if self.at("-", "−"):
+            self.take()
+            sign = -1
+        while True:
+            t = self.peek()
+            if t is None:
+                raise self.end.error("a condition ends too early: expected an index, #EXTENT or a number")
+            if _is_whole(t.text):
+                self.take()
+                const += sign * int(t.text)
+            elif t.text.startswith("#"):
+                self.take()
+                ext = self.scope.extent(t.text)
+                if ext is None:
+                    raise t.error(f"unknown extent {t.text}")
+                sizes.append((sign, ext))
+            elif _is_ident(t.text):
+                tt = self.scope.tensor(t.text)
+                if tt is not None and tt.range is None:
+                    raise t.error(f"{tt.shown} holds values, not indices: a condition compares index "
+                                  "expressions (index variables, index tensors, #EXTENT sizes, numbers)",
+                                  "where(cond, x, y) takes such a condition first: where(j ≤ i, x, y)")
+                ix, _ = self.index_expr()
+                terms.append((sign, ix))
+            else:
+                raise t.error(f"expected an index, #EXTENT or a whole number in a condition, found {t.text!r}")
+            if self.at("+"):
+                self.take()
+                sign = 1
+            elif self.at("-", "−"):
+                self.take()
+                sign = -1
+            else:
+                return IndexAffine(tuple(terms), tuple(sizes), const)
+
+    def _infinity(self, t: Token | None) -> bool:
+        return t is not None and t.text == "∞"
 
     def access(self, name: Token, bare: bool = False) -> Expr:
         tt = self.scope.tensor(name.text)
@@ -556,8 +695,33 @@ def _wrap(part: tuple[str, int], prec: int) -> str:
     return f"({text})" if binds < prec else text
 
 
+def format_affine(a: IndexAffine) -> str:
+    """`i + #J − #I`, `LEN[b]`, `j + 1`, `0`."""
+    parts: list[tuple[int, str]] = [(c, format_index(ix)) for c, ix in a.terms]
+    parts += [(c, f"#{e}") for c, e in a.sizes]
+    if a.const or not parts:
+        parts.append((a.const, ""))
+    out = ""
+    for k, (c, text) in enumerate(parts):
+        mag = abs(c)
+        body = text if text and mag == 1 else (f"{mag}·{text}" if text else str(mag))
+        if k == 0:
+            out = ("−" if c < 0 else "") + body
+        else:
+            out += (" − " if c < 0 else " + ") + body
+    return out
+
+
+def format_compare(e: Compare) -> str:
+    return f"{format_affine(e.left)} {COMPARISONS[e.op]} {format_affine(e.right)}"
+
+
 def _format_leaf(e: Expr) -> tuple[str, int]:
     """The text of a non-operation and how strongly it binds (0: parenthesised under any operator)."""
+    if isinstance(e, Compare):
+        return f"[{format_compare(e)}]", _ATOM
+    if isinstance(e, NegInf):
+        return "−∞", 0
     if isinstance(e, Const):
         return format_const(e.value), (0 if e.value < 0 else _ATOM)
     if isinstance(e, Size):
@@ -573,6 +737,8 @@ def _format_leaf(e: Expr) -> tuple[str, int]:
 
 def _format_op(e: Op, args: list[tuple[str, int]]) -> tuple[str, int]:
     fn = FUNCTIONS[e.fn]
+    if e.fn == "where" and isinstance(e.args[0], Compare):  # the condition without its brackets
+        args = [(format_compare(e.args[0]), _ATOM), *args[1:]]
     if fn.infix is None:
         return f"{e.fn}({', '.join(_wrap(a, 0) for a in args)})", _ATOM
     p = _PREC[e.fn]
