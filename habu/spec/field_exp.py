@@ -17,7 +17,9 @@ Z_q and x_p in GF(p), where q is a prime dividing p − 1 and g has order q in G
 The Z_q component alone is today's check (GF(q), exp uninterpreted); the GF(p) component checks
 the identities of exp. PRIME_P = 2q + 1 is the largest safe prime below 2^31 (so that every
 product of two residues fits in int64, as `PrimeField` needs, and the pair packs into one int64 as
-x_q · 2^31 + x_p, like `DualField`), q = 1073741789 ≈ 2^30, g = 4 (a square ≠ 1, so of order q).
+x_q · 2^31 + x_p, like `DualField`), q = 1073741789 ≈ 2^30; g is drawn per trial among the
+elements of order q (the squares ≠ 1), so that no fixed constant in an exp argument can make
+exp(c) equal a fixed ratio by accident (GENERATOR = 4 is one of them).
 docs/VERIFY.md states the bound per trial.
 """
 
@@ -41,7 +43,10 @@ _MASK = (1 << _SHIFT) - 1
 class ExpField:
     """Z_q × GF(p) with exp(x) = g^(x_q) in the GF(p) component; one trial's keys from `seed`."""
 
-    def __init__(self, seed: int = 0, p: int = PRIME_P, q: int = PRIME_Q, g: int = GENERATOR):
+    def __init__(self, seed: int = 0, p: int = PRIME_P, q: int = PRIME_Q, g: int | None = None):
+        if g is None:  # a random element of order q per trial: h² for h ∉ {0, ±1}
+            h = 2 + int(np.random.default_rng([seed, 0x9E37]).integers(0, p - 3))
+            g = h * h % p
         if (p - 1) % q or pow(g, q, p) != 1 or g % p == 1:
             raise ValueError(f"g = {g} must have order q = {q} in GF({p})*, and q must divide p − 1")
         self.fq = PrimeField(q, seed)

@@ -35,10 +35,13 @@ def test_the_primes_are_a_safe_pair_and_g_has_order_q():
     assert pow(GENERATOR, PRIME_Q, PRIME_P) == 1 and GENERATOR % PRIME_P != 1
 
 
-def test_exp_part_is_g_to_the_exponent():
-    f = ExpField()
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_exp_part_is_g_to_the_exponent_and_g_has_order_q(seed):
+    f = ExpField(seed=seed)
+    assert pow(f.g, PRIME_Q, PRIME_P) == 1 and f.g != 1
     xs = np.array([0, 1, 2, 12345, PRIME_Q - 1])
-    assert list(f.exp_part(xs)) == [pow(GENERATOR, int(x), PRIME_P) for x in xs]
+    assert list(f.exp_part(xs)) == [pow(f.g, int(x), PRIME_P) for x in xs]
+    assert ExpField(seed=seed, g=GENERATOR).g == GENERATOR
 
 
 @pytest.mark.parametrize(("a", "b"), [
