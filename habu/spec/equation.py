@@ -413,9 +413,8 @@ class EquationParser:
         return Op(fn.name, tuple(args))
 
     def softmax(self, name: Token) -> Expr:
-        """`softmax_j(x)`: exp(x − max j' x') / Σ j' exp(x' − max j'' x''), x' being x at j'. The
-        softmax runs along the bound index j (a reduction around it sums over j): with a mask,
-        `softmax_j(where(j ≤ i, s, −∞))`, masked elements are exp(−∞) = 0."""
+        """`softmax_j(x)` (see `softmax_along`): the softmax runs along the bound index j (a reduction
+        around it sums over j)."""
         var_name = name.text[len("softmax_"):]
         var = self.bound.get(var_name)
         if var is None:
@@ -426,17 +425,7 @@ class EquationParser:
         x = self.expr()
         self.expect(")", f"to close {name.text}(")
         self.leave()
-        fresh = [self._fresh(var, k) for k in range(3)]
-
-        def at(v: IndexVar) -> Expr:
-            return rename_vars(x, {var: v})
-
-        def shifted(v: IndexVar, w: IndexVar) -> Expr:
-            return Op("exp", (Op("sub", (at(v), Reduce("max", (w,), at(w)))),))
-
-        num = Op("exp", (Op("sub", (x, Reduce("max", (fresh[0],), at(fresh[0])))),))
-        den = Reduce("sum", (fresh[1],), shifted(fresh[1], fresh[2]))
-        return Op("div", (num, den))
+        return softmax_along(x, var, [self._fresh(var, k) for k in range(3)])
 
     def _fresh(self, var: IndexVar, k: int) -> IndexVar:
         """An index over var's extent named like no bound index: j', j'', ... (k-th of them)."""
@@ -632,6 +621,26 @@ class EquationParser:
     def _next_is(self, text: str, k: int) -> bool:
         t = self.peek(k)
         return t is not None and t.text == text
+
+
+def softmax_along(x: Expr, var: IndexVar, fresh: list[IndexVar]) -> Expr:
+    """exp(x − max j1 x1) / Σ j2 exp(x2 − max j3 x3), xk being x at jk (`fresh`: j1, j2, j3).
+    A masked argument `where(c, s, −∞)` keeps its mask on the weights, where(c, exp(s − m), 0): in
+    float64 that is what exp(−∞) = 0 gives; over GF(p), where exp(−∞) has no such value, it is
+    what makes masked elements weigh nothing there too."""
+    masked = isinstance(x, Op) and x.fn == "where" and isinstance(x.args[2], NegInf)
+
+    def at(v: IndexVar) -> Expr:
+        return rename_vars(x, {var: v}) if v != var else x
+
+    def weight(v: IndexVar, w: IndexVar) -> Expr:
+        e = Op("exp", (Op("sub", (at(v), Reduce("max", (w,), at(w)))),))
+        if masked:
+            cond = at(v).args[0]  # type: ignore[union-attr]
+            return Op("where", (cond, e, Const(Fraction(0))))
+        return e
+
+    return Op("div", (weight(var, fresh[0]), Reduce("sum", (fresh[1],), weight(fresh[1], fresh[2]))))
 
 
 def _is_whole(text: str) -> bool:

@@ -6,6 +6,7 @@ Here (Mirage's construction, with strong primes) a value is a pair (x_q, x_p) of
 Z_q and x_p in GF(p), where q is a prime dividing p − 1 and g has order q in GF(p)*:
 
 - + − · / where, conditions, constants and sums act on both components (Z_q × GF(p) is a ring);
+  a / 0 is 0 here (a fully masked softmax row has a zero denominator by construction);
 - exp(x) is (1, g^(x_q) mod p): its GF(p) part is the homomorphism Z_q → GF(p)*, so
   exp(a + b) = exp(a) · exp(b) and exp(0) = 1 hold exactly there; its Z_q part is 1, the only
   homomorphism (Z_q, +) → (Z_q*, ·) (q − 1 is prime to q). So the Z_q part of anything computed
@@ -87,6 +88,8 @@ class ExpField:
         return self.pack(self.fq.neg_inf(), self.fp.neg_inf())
 
     def op(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
+        if fn == "div":
+            return self._both(_total_division, *args)
         if fn != "exp":
             return self._both(lambda f, a: f.op(fn, a), *args)
         xq, _ = self.split(args[0])
@@ -119,6 +122,14 @@ class ExpField:
         tq, tp = self.split(target)
         vq, vp = self.split(values)
         return self.pack(self.fq.scatter_add(tq, index, vq), self.fp.scatter_add(tp, index, vp))
+
+
+def _total_division(f: PrimeField, args: list[np.ndarray]) -> np.ndarray:
+    """a / b, and 0 where b = 0: a row whose softmax is fully masked has a zero denominator
+    structurally (not with probability 1/p), and a model selects another value for it with where()."""
+    a, b = np.broadcast_arrays(*args)
+    safe = np.where(b == 0, 1, b)
+    return np.where(b == 0, 0, f.op("div", [a, safe]))
 
 
 def uses_exp(model: Model) -> bool:
