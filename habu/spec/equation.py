@@ -13,16 +13,21 @@ from fractions import Fraction
 from typing import Protocol
 
 from habu.errors import HabuError
+from habu.spec.conditions import ConditionParsing, _is_ident, _is_whole, softmax_along  # noqa: F401
+from habu.spec.equation_text import (  # noqa: F401 (the printers, imported from here too)
+    format_affine,
+    format_compare,
+    format_const,
+    format_equation,
+    format_expr,
+    format_index,
+)
 from habu.spec.functions import CALLABLE, FUNCTIONS
 from habu.spec.ir import (
-    COMPARISONS,
-    MAX_NESTING,
-    Compare,
     Const,
     Equation,
     Expr,
     Gather,
-    IndexAffine,
     IndexConst,
     IndexExpr,
     IndexVar,
@@ -31,10 +36,8 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
-    fold_ops,
     free_vars,
     index_free_vars,
-    rename_vars,
 )
 from habu.spec.lexer import Token
 
@@ -85,7 +88,7 @@ def index_base(name: str) -> list[str]:
     return out
 
 
-class EquationParser:
+class EquationParser(ConditionParsing):
     """A recursive-descent parser over the tokens of one equation."""
 
     def __init__(self, tokens: list[Token], end: Token, scope: Scope, what: str):
@@ -412,109 +415,6 @@ class EquationParser:
                              f"given {len(args)}")
         return Op(fn.name, tuple(args))
 
-    def softmax(self, name: Token) -> Expr:
-        """`softmax_j(x)` (see `softmax_along`): the softmax runs along the bound index j (a reduction
-        around it sums over j)."""
-        var_name = name.text[len("softmax_"):]
-        var = self.bound.get(var_name)
-        if var is None:
-            raise name.error(f"{name.text}(...) normalises along index {var_name or '?'}, which no reduction "
-                             "around it binds", "write Σ j softmax_j(x[i j]) · v[j d]")
-        self.enter(name)
-        self.take()  # (
-        x = self.expr()
-        self.expect(")", f"to close {name.text}(")
-        self.leave()
-        return softmax_along(x, var, [self._fresh(var, k) for k in range(3)])
-
-    def _fresh(self, var: IndexVar, k: int) -> IndexVar:
-        """An index over var's extent named like no bound index: j', j'', ... (k-th of them)."""
-        name = var.name
-        found = 0
-        while True:
-            name += "'"
-            if name not in self.bound:
-                if found == k:
-                    return IndexVar(name, var.extent)
-                found += 1
-
-    # -- conditions on indices: `j ≤ i + #J − #I`, `j < LEN[b]`
-    def condition(self, at: Token) -> Compare:
-        """`affine op affine`, op one of < ≤ <= > ≥ >= = ≠; both sides are index arithmetic."""
-        start = self.peek() or self.end
-        left = self.affine(at)
-        op_tok = self.peek()
-        op = self._comparison()
-        if op is None:
-            found = repr(op_tok.text) if op_tok is not None else ";"
-            raise (op_tok or self.end).error(
-                f"expected a comparison (< ≤ > ≥ = ≠) of indices after {start.text!r}, found {found}",
-                "a condition compares index expressions: where(j ≤ i, x, y), [j < LEN[b]]")
-        right = self.affine(at)
-        cmp = Compare(op, left, right)
-        if not cmp.index_exprs():
-            raise start.error("this condition compares constants and extent sizes only: it names no index")
-        return cmp
-
-    def _comparison(self) -> str | None:
-        t = self.peek()
-        if t is None:
-            return None
-        two = {"<": "le", ">": "ge"}
-        if t.text in two and self._next_is("=", 1) and self.peek(1).span.offset == t.span.offset + 1:  # type: ignore[union-attr]
-            self.i += 2
-            return two[t.text]
-        ops = {"<": "lt", "≤": "le", ">": "gt", "≥": "ge", "=": "eq", "≠": "ne"}
-        if t.text in ops:
-            self.i += 1
-            return ops[t.text]
-        return None
-
-    def affine(self, at: Token) -> IndexAffine:
-        """`±term ± term ...`, each term an index variable, a gather `LEN[b]`, an extent size `#J`
-        or a whole number."""
-        terms: list[tuple[int, IndexExpr]] = []
-        sizes: list[tuple[int, str]] = []
-        const = 0
-        sign = 1
-        if self.at("-", "−"):
-            self.take()
-            sign = -1
-        while True:
-            t = self.peek()
-            if t is None:
-                raise self.end.error("a condition ends too early: expected an index, #EXTENT or a number")
-            if _is_whole(t.text):
-                self.take()
-                const += sign * int(t.text)
-            elif t.text.startswith("#"):
-                self.take()
-                ext = self.scope.extent(t.text)
-                if ext is None:
-                    raise t.error(f"unknown extent {t.text}")
-                sizes.append((sign, ext))
-            elif _is_ident(t.text):
-                tt = self.scope.tensor(t.text)
-                if tt is not None and tt.range is None:
-                    raise t.error(f"{tt.shown} holds values, not indices: a condition compares index "
-                                  "expressions (index variables, index tensors, #EXTENT sizes, numbers)",
-                                  "where(cond, x, y) takes such a condition first: where(j ≤ i, x, y)")
-                ix, _ = self.index_expr()
-                terms.append((sign, ix))
-            else:
-                raise t.error(f"expected an index, #EXTENT or a whole number in a condition, found {t.text!r}")
-            if self.at("+"):
-                self.take()
-                sign = 1
-            elif self.at("-", "−"):
-                self.take()
-                sign = -1
-            else:
-                return IndexAffine(tuple(terms), tuple(sizes), const)
-
-    def _infinity(self, t: Token | None) -> bool:
-        return t is not None and t.text == "∞"
-
     def access(self, name: Token, bare: bool = False) -> Expr:
         tt = self.scope.tensor(name.text)
         if tt is None:
@@ -623,35 +523,6 @@ class EquationParser:
         return t is not None and t.text == text
 
 
-def softmax_along(x: Expr, var: IndexVar, fresh: list[IndexVar]) -> Expr:
-    """exp(x − max j1 x1) / Σ j2 exp(x2 − max j3 x3), xk being x at jk (`fresh`: j1, j2, j3).
-    A masked argument `where(c, s, −∞)` keeps its mask on the weights, where(c, exp(s − m), 0): in
-    float64 that is what exp(−∞) = 0 gives; over GF(p), where exp(−∞) has no such value, it is
-    what makes masked elements weigh nothing there too."""
-    masked = isinstance(x, Op) and x.fn == "where" and isinstance(x.args[2], NegInf)
-
-    def at(v: IndexVar) -> Expr:
-        return rename_vars(x, {var: v}) if v != var else x
-
-    def weight(v: IndexVar, w: IndexVar) -> Expr:
-        e = Op("exp", (Op("sub", (at(v), Reduce("max", (w,), at(w)))),))
-        if masked:
-            cond = at(v).args[0]  # type: ignore[union-attr]
-            return Op("where", (cond, e, Const(Fraction(0))))
-        return e
-
-    return Op("div", (weight(var, fresh[0]), Reduce("sum", (fresh[1],), weight(fresh[1], fresh[2]))))
-
-
-def _is_whole(text: str) -> bool:
-    """Decimal digits only: `'²'.isdigit()` is True in Python, but `int('²')` raises."""
-    return text.isascii() and text.isdigit()
-
-
-def _is_ident(text: str) -> bool:
-    return bool(text) and (text[0].isalpha() or text[0] == "_") and text[0] != "Σ"
-
-
 def check_index_vars_used(eq: Equation) -> set[IndexVar]:
     """LHS variables that the right side never reads (the result is broadcast along them)."""
     used: set[IndexVar] = set()
@@ -661,103 +532,3 @@ def check_index_vars_used(eq: Equation) -> set[IndexVar]:
         for ix in ld.indices:
             used |= index_free_vars(ix)
     return set(eq.lhs) - used
-
-
-# ----------------------------------------------------------------------------- printing
-
-
-_PREC = {"add": 1, "sub": 1, "mul": 2, "div": 2, "neg": 3}
-
-
-def format_index(ix: IndexExpr, depth: int = 0) -> str:
-    """`ix` as written; gathers nested deeper than `MAX_NESTING` (only words can build them, and a
-    model refuses them) print as `…`."""
-    if isinstance(ix, IndexVar):
-        return ix.name
-    if isinstance(ix, IndexConst):
-        return str(ix.value)
-    if depth >= MAX_NESTING:
-        return "…"
-    return f"{ix.tensor}[{' '.join(format_index(i, depth + 1) for i in ix.indices)}]"
-
-
-def format_const(v: Fraction) -> str:
-    if v.denominator == 1:
-        return str(v.numerator)
-    f = float(v)
-    text = repr(f)
-    return text
-
-
-def format_expr(e: Expr, prec: int = 0) -> str:
-    """`e` in the equation language, parenthesised where precedence needs it (iterative over
-    operator chains: a chain of any length prints)."""
-    text, binds = fold_ops(e, _format_leaf, _format_op)
-    return f"({text})" if binds < prec else text
-
-
-_ATOM = 9  # the binding strength of a name, a number or a call: never parenthesised
-
-
-def _wrap(part: tuple[str, int], prec: int) -> str:
-    text, binds = part
-    return f"({text})" if binds < prec else text
-
-
-def format_affine(a: IndexAffine) -> str:
-    """`i + #J − #I`, `LEN[b]`, `j + 1`, `0`."""
-    parts: list[tuple[int, str]] = [(c, format_index(ix)) for c, ix in a.terms]
-    parts += [(c, f"#{e}") for c, e in a.sizes]
-    if a.const or not parts:
-        parts.append((a.const, ""))
-    out = ""
-    for k, (c, text) in enumerate(parts):
-        mag = abs(c)
-        body = text if text and mag == 1 else (f"{mag}·{text}" if text else str(mag))
-        if k == 0:
-            out = ("−" if c < 0 else "") + body
-        else:
-            out += (" − " if c < 0 else " + ") + body
-    return out
-
-
-def format_compare(e: Compare) -> str:
-    return f"{format_affine(e.left)} {COMPARISONS[e.op]} {format_affine(e.right)}"
-
-
-def _format_leaf(e: Expr) -> tuple[str, int]:
-    """The text of a non-operation and how strongly it binds (0: parenthesised under any operator)."""
-    if isinstance(e, Compare):
-        return f"[{format_compare(e)}]", _ATOM
-    if isinstance(e, NegInf):
-        return "−∞", 0
-    if isinstance(e, Const):
-        return format_const(e.value), (0 if e.value < 0 else _ATOM)
-    if isinstance(e, Size):
-        return f"#{e.extent}", _ATOM
-    if isinstance(e, Load):
-        if not e.indices:
-            return e.tensor, _ATOM
-        return f"{e.tensor}[{' '.join(format_index(i) for i in e.indices)}]", _ATOM
-    assert isinstance(e, Reduce)
-    sym = "Σ" if e.op == "sum" else "max"
-    return f"{sym} {' '.join(v.name for v in e.vars)} {format_expr(e.body, 2)}", 0
-
-
-def _format_op(e: Op, args: list[tuple[str, int]]) -> tuple[str, int]:
-    fn = FUNCTIONS[e.fn]
-    if e.fn == "where" and isinstance(e.args[0], Compare):  # the condition without its brackets
-        args = [(format_compare(e.args[0]), _ATOM), *args[1:]]
-    if fn.infix is None:
-        return f"{e.fn}({', '.join(_wrap(a, 0) for a in args)})", _ATOM
-    p = _PREC[e.fn]
-    if e.fn == "neg":
-        return f"−{_wrap(args[0], 3)}", p
-    return f"{_wrap(args[0], p)} {fn.infix} {_wrap(args[1], p + 1)}", p
-
-
-def format_equation(eq: Equation) -> str:
-    if eq.scatter is not None:
-        return f"{eq.target}[{' '.join(format_index(i) for i in eq.scatter)}] += {format_expr(eq.rhs)}"
-    lhs = f"{eq.target}[{' '.join(v.name for v in eq.lhs)}]" if eq.lhs else eq.target
-    return f"{lhs} = {format_expr(eq.rhs)}"
