@@ -11,7 +11,7 @@ from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.kernel import Param, TmaSpec
 from habu.lower.access import Access
 from habu.spec.functions import FUNCTIONS
-from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size
+from habu.spec.ir import Compare, Const, Expr, IndexAffine, IndexVar, Load, Model, NegInf, Op, Reduce, Size
 
 CTYPE = {"bf16": "habu::bf16", "f16": "habu::f16", "f32": "float", "f64": "double", "i32": "int",
          "i64": "long long", "i16": "short", "i8": "signed char"}
@@ -202,7 +202,14 @@ def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
         if reduce is None:
             raise ValueError("a reduction where none is expected")
         return reduce(e)
+    if isinstance(e, Compare):
+        return f"({condition_code(e, sizes)} ? 1.0f : 0.0f)"
+    if isinstance(e, NegInf):
+        return "(-__int_as_float(0x7f800000))"
     assert isinstance(e, Op)
+    if e.fn == "where" and isinstance(e.args[0], Compare):  # selects; the other side is not used
+        x, y = (float_expr(a, leaf, sizes, reduce) for a in e.args[1:])
+        return f"({condition_code(e.args[0], sizes)} ? {x} : {y})"
     args = [float_expr(a, leaf, sizes, reduce) for a in e.args]
     infix = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
     if e.fn in infix:
@@ -211,6 +218,21 @@ def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
         return f"(-{args[0]})"
     assert e.fn in FUNCTIONS
     return f"habu::f_{e.fn}({', '.join(args)})"
+
+
+def condition_code(e: Compare, sizes: Mapping[str, Any]) -> str:
+    """A condition on indices as C (its index variables are the kernel's coordinates, by name; sums
+    in 64 bits)."""
+
+    def side(a: IndexAffine) -> str:
+        parts = [f"{k} * (long long){ix.name}" for k, ix in a.terms if isinstance(ix, IndexVar)]
+        if len(parts) != len(a.terms):
+            raise ValueError("a condition reading an index tensor is not emitted yet")
+        parts += [f"{k} * (long long)({c(sizes[x])})" for k, x in a.sizes]
+        return "(" + " + ".join([*parts, f"{a.const}LL"]) + ")"
+
+    op = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[e.op]
+    return f"({side(e.left)} {op} {side(e.right)})"
 
 
 def load_value(dtype: str, pointer: str, offset: str) -> str:

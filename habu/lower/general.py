@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from habu.errors import HabuError
 from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
 from habu.lower.rows import load_index_vars
 from habu.plan.plan import GeneralKernel
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -30,9 +32,11 @@ from habu.spec.ir import (
     IndexVar,
     Load,
     Model,
+    NegInf,
     Op,
     Reduce,
     Size,
+    index_subexprs,
     walk,
 )
 
@@ -132,7 +136,12 @@ class _Renamer:
                 inner[v] = axis
                 new.append(axis)
             return Reduce(e.op, tuple(new), self.expr(e.body, inner))
-        assert isinstance(e, Const | Size)
+        if isinstance(e, Compare):  # a condition on indices: over the renamed axes
+            if any(isinstance(i, Gather) for ix in e.index_exprs() for i in index_subexprs(ix)):
+                raise HabuError("no kernel computes a condition that reads an index tensor yet (like j < LEN[b]); "
+                                "conditions on index variables and extent sizes (j ≤ i + #J − #I) are computed")
+            return e.map_indices(lambda i: self.index(i, mapping))
+        assert isinstance(e, Const | Size | NegInf)
         return e
 
 
