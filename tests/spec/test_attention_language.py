@@ -179,3 +179,10 @@ MODEL: C ( q k v -- o ) ATTENTION-CAUSAL ;
     ident = np.arange(3)
     np.testing.assert_allclose(evaluate(models["A"], ins)["O"], attention_ref(q, k, v, ident, full), rtol=1e-12)
     np.testing.assert_allclose(evaluate(models["C"], ins)["O"], attention_ref(q, k, v, ident, causal), rtol=1e-12)
+
+
+def test_regression_a_condition_on_extent_sizes_keeps_the_model_name():
+    """The builder's loop over a condition's extents once reused the name `name`, renaming the model
+    after the last extent (MODEL ATTENTION-GQA came out as MODEL I)."""
+    m = load_program(ATTENTION / "attention.habu").models["ATTENTION-GQA"]
+    assert m.name == "ATTENTION-GQA" and {"I", "J"} <= {e.name for e in m.extents}
