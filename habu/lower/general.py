@@ -36,7 +36,6 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
-    index_subexprs,
     walk,
 )
 
@@ -137,9 +136,10 @@ class _Renamer:
                 new.append(axis)
             return Reduce(e.op, tuple(new), self.expr(e.body, inner))
         if isinstance(e, Compare):  # a condition on indices: over the renamed axes
-            if any(isinstance(i, Gather) for ix in e.index_exprs() for i in index_subexprs(ix)):
-                raise HabuError("no kernel computes a condition that reads an index tensor yet (like j < LEN[b]); "
-                                "conditions on index variables and extent sizes (j ≤ i + #J − #I) are computed")
+            for ix in e.index_exprs():
+                if isinstance(ix, Gather) and (len(ix.indices) != 1 or not isinstance(ix.indices[0], IndexVar)):
+                    raise HabuError(f"no kernel computes a condition reading {ix.tensor} through several or "
+                                    "nested indices yet; one index variable (j < LEN[b]) is computed")
             return e.map_indices(lambda i: self.index(i, mapping))
         assert isinstance(e, Const | Size | NegInf)
         return e

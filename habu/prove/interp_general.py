@@ -86,7 +86,7 @@ def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memor
         if isinstance(e, Load):
             return read(name, lw.access(e), at, sizes, mem, lw.index_width, where)
         if isinstance(e, Compare):  # exactly 0 or 1, at the lanes' coordinates
-            return np.where(condition_holds(e, at, sizes), f.const(Fraction(1)), f.const(Fraction(0)))
+            return np.where(condition_holds(e, at, sizes, mem), f.const(Fraction(1)), f.const(Fraction(0)))
         if isinstance(e, NegInf):
             return f.neg_inf()
         if isinstance(e, Op):
@@ -110,15 +110,22 @@ def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memor
     return np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)
 
 
-def condition_holds(e: Compare, at: Mapping[str, np.ndarray], sizes: Mapping[str, int]) -> np.ndarray:
-    """Where a condition on indices holds, with its variables at the coordinates `at` (by name)."""
+def condition_holds(e: Compare, at: Mapping[str, np.ndarray], sizes: Mapping[str, int], mem: Memory) -> np.ndarray:
+    """Where a condition on indices holds, with its variables at the coordinates `at` (by name); a
+    gather `LEN[b]` reads the index tensor at b (as the kernel does: `condition_code`)."""
+
+    def term(ix) -> np.ndarray:
+        if isinstance(ix, IndexVar):
+            return np.asarray(at[ix.name], dtype=np.int64)
+        if isinstance(ix, Gather):
+            return np.asarray(mem.table(ix.tensor).at(np.asarray(at[ix.indices[0].name], dtype=np.int64)),
+                              dtype=np.int64)
+        return np.asarray(ix.value, dtype=np.int64)
 
     def side(a) -> np.ndarray:
         total = np.asarray(a.const + sum(k * sizes[x] for k, x in a.sizes), dtype=np.int64)
         for k, ix in a.terms:
-            if not isinstance(ix, IndexVar):
-                raise PlanFault("a condition reading an index tensor is not interpreted yet")
-            total = total + k * np.asarray(at[ix.name], dtype=np.int64)
+            total = total + k * term(ix)
         return total
 
     ops = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
