@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from habu.bench.mutants_softmax import SOFTMAX_MUTANTS, run_softmax_mutant
 from habu.lower import (
     ColumnLowering,
     ContractionLowering,
@@ -519,7 +520,7 @@ def run_suite(trials: int = 2) -> list[Outcome]:
 
 
 def main() -> None:
-    rows = run_suite()
+    rows: list = [*run_suite(), *(run_softmax_mutant(m) for m in SOFTMAX_MUTANTS)]
     killed = sum(o.killed for o in rows)
     for o in rows:
         print(f"{'killed  ' if o.killed else 'SURVIVED'} {o.mutant.name:<28} {o.seconds:5.2f}s  {o.message[:150]}")

@@ -12,7 +12,22 @@ from habu.emit_cuda.kernel import Param, TmaSpec
 from habu.lower.access import Access
 from habu.lower.contraction import is_batch_axis
 from habu.spec.functions import FUNCTIONS
-from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size
+from habu.spec.ir import (
+    Compare,
+    Const,
+    Expr,
+    Gather,
+    IndexAffine,
+    IndexConst,
+    IndexExpr,
+    IndexVar,
+    Load,
+    Model,
+    NegInf,
+    Op,
+    Reduce,
+    Size,
+)
 
 CTYPE = {"bf16": "habu::bf16", "f16": "habu::f16", "f32": "float", "f64": "double", "i32": "int",
          "i64": "long long", "i16": "short", "i8": "signed char"}
@@ -193,8 +208,9 @@ def float_literal(v: Fraction) -> str:
 
 
 def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
-               reduce: Callable[[Reduce], str] | None = None) -> str:
-    """An IR expression as C float arithmetic; `leaf` renders loads, `reduce` reductions."""
+               reduce: Callable[[Reduce], str] | None = None, table: Callable[[str, str], str] | None = None) -> str:
+    """An IR expression as C float arithmetic; `leaf` renders loads, `reduce` reductions, `table`
+    an index tensor's value in a condition (`TableReader`)."""
     if isinstance(e, Const):
         return float_literal(e.value)
     if isinstance(e, Size):
@@ -205,8 +221,15 @@ def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
         if reduce is None:
             raise ValueError("a reduction where none is expected")
         return reduce(e)
+    if isinstance(e, Compare):
+        return f"({condition_code(e, sizes, table)} ? 1.0f : 0.0f)"
+    if isinstance(e, NegInf):
+        return "(-__int_as_float(0x7f800000))"
     assert isinstance(e, Op)
-    args = [float_expr(a, leaf, sizes, reduce) for a in e.args]
+    if e.fn == "where" and isinstance(e.args[0], Compare):  # selects; the other side is not used
+        x, y = (float_expr(a, leaf, sizes, reduce, table) for a in e.args[1:])
+        return f"({condition_code(e.args[0], sizes, table)} ? {x} : {y})"
+    args = [float_expr(a, leaf, sizes, reduce, table) for a in e.args]
     infix = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
     if e.fn in infix:
         return f"({args[0]} {infix[e.fn]} {args[1]})"
@@ -214,6 +237,28 @@ def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
         return f"(-{args[0]})"
     assert e.fn in FUNCTIONS
     return f"habu::f_{e.fn}({', '.join(args)})"
+
+
+def condition_code(e: Compare, sizes: Mapping[str, Any], table: Callable[[str, str], str] | None = None) -> str:
+    """A condition on indices as C (its index variables are the kernel's coordinates, by name; sums
+    in 64 bits). A gather `LEN[b]` reads the index tensor at its one coordinate (in bounds: b ranges
+    over LEN's domain); its value is only compared, never used as an address."""
+
+    def term(ix: IndexExpr) -> str:
+        if isinstance(ix, IndexVar):
+            return ix.name
+        if isinstance(ix, IndexConst):
+            return str(ix.value)
+        assert isinstance(ix, Gather) and table is not None and isinstance(ix.indices[0], IndexVar)
+        return table(ix.tensor, ix.indices[0].name)
+
+    def side(a: IndexAffine) -> str:
+        parts = [f"{k} * (long long){term(ix)}" for k, ix in a.terms]
+        parts += [f"{k} * (long long)({c(sizes[x])})" for k, x in a.sizes]
+        return "(" + " + ".join([*parts, f"{a.const}LL"]) + ")"
+
+    op = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[e.op]
+    return f"({side(e.left)} {op} {side(e.right)})"
 
 
 def load_value(dtype: str, pointer: str, offset: str) -> str:

@@ -61,7 +61,7 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
             lines.append(f"{pad}{'  ' * j}for ({it} {axis} = 0; {axis} < {c(lw.loop_end(axis, sizes))}; ++{axis}) {{")
         inner_depth = depth + len(axes)
         inner: list[str] = []
-        value = float_expr(r.body, leaf, sizes, lambda x: reduce(x, inner, inner_depth))
+        value = float_expr(r.body, leaf, sizes, lambda x: reduce(x, inner, inner_depth), table)
         lines.extend(inner)
         ipad = "  " * inner_depth
         lines.append(f"{ipad}{acc} += {value};" if r.op == "sum" else f"{ipad}{acc} = fmaxf({acc}, {value});")
@@ -69,7 +69,7 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
             lines.append(f"{pad}{'  ' * j}}}")
         return acc
 
-    value = float_expr(lw.node.rhs, leaf, sizes, lambda r: reduce(r, body, 2))
+    value = float_expr(lw.node.rhs, leaf, sizes, lambda r: reduce(r, body, 2), table)
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     out_off = access_offset(out, coord, sizes, lw.index_width, table)

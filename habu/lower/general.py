@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from habu.errors import HabuError
 from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
 from habu.lower.rows import load_index_vars
 from habu.plan.plan import GeneralKernel
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -30,6 +32,7 @@ from habu.spec.ir import (
     IndexVar,
     Load,
     Model,
+    NegInf,
     Op,
     Reduce,
     Size,
@@ -132,7 +135,13 @@ class _Renamer:
                 inner[v] = axis
                 new.append(axis)
             return Reduce(e.op, tuple(new), self.expr(e.body, inner))
-        assert isinstance(e, Const | Size)
+        if isinstance(e, Compare):  # a condition on indices: over the renamed axes
+            for ix in e.index_exprs():
+                if isinstance(ix, Gather) and (len(ix.indices) != 1 or not isinstance(ix.indices[0], IndexVar)):
+                    raise HabuError(f"no kernel computes a condition reading {ix.tensor} through several or "
+                                    "nested indices yet; one index variable (j < LEN[b]) is computed")
+            return e.map_indices(lambda i: self.index(i, mapping))
+        assert isinstance(e, Const | Size | NegInf)
         return e
 
 

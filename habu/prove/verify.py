@@ -155,9 +155,9 @@ def degree(model: Model, sizes: Mapping[str, int]) -> int:
         """The degree of `e` from its children's (`ds`, in order)."""
         nonlocal extra
         from habu.spec.functions import FUNCTIONS
-        from habu.spec.ir import Const, Load, Op, Size
+        from habu.spec.ir import Compare, Const, Load, NegInf, Op, Size
 
-        if isinstance(e, Const | Size):
+        if isinstance(e, Const | Size | Compare | NegInf):  # a condition is exactly 0 or 1
             return 0
         if isinstance(e, Load):
             return deg.get(e.tensor, 1)
@@ -169,6 +169,8 @@ def degree(model: Model, sizes: Mapping[str, int]) -> int:
                 return sum(ds)
             if kind == "neg":
                 return ds[0]
+            if kind == "where":  # an exact selection by a condition on indices
+                return max(ds[1], ds[2])
             extra += sum(ds)  # the argument must agree first
             return 1
         assert isinstance(e, Reduce)

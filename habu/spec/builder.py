@@ -7,6 +7,7 @@ from dataclasses import replace
 from habu.spec.dtypes import WRITABLE_DTYPES
 from habu.spec.ir import (
     MAX_NESTING,
+    Compare,
     Equation,
     Expr,
     Gather,
@@ -177,6 +178,9 @@ class GraphBuilder:
             for e in walk(eq.rhs):
                 if isinstance(e, Size):
                     use(e.extent)
+                if isinstance(e, Compare):
+                    for size_extent in e.extents():
+                        use(size_extent)
                 if isinstance(e, Reduce):
                     for v in e.vars:
                         use(v.extent)
@@ -231,6 +235,9 @@ def _tensors_in(expr: Expr) -> list[str]:
             for g in index_subexprs(ix):
                 if isinstance(g, Gather) and g.tensor not in out:
                     out.append(g.tensor)
+    for g in gathers(expr):  # and those of the conditions (`j < LEN[b]`)
+        if g.tensor not in out:
+            out.append(g.tensor)
     return out
 
 
@@ -280,6 +287,8 @@ def _rename_expr(e: Expr, old: str, new: str) -> Expr:
             return Load(new if x.tensor == old else x.tensor, tuple(_rename_ix(i, old, new) for i in x.indices))
         if isinstance(x, Reduce):
             return Reduce(x.op, x.vars, _rename_expr(x.body, old, new))
+        if isinstance(x, Compare):
+            return x.map_indices(lambda i: _rename_ix(i, old, new))
         return x
 
     return map_ops(e, leaf)

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -16,6 +17,7 @@ from habu.spec.ir import (
     IndexVar,
     Load,
     Model,
+    NegInf,
     Reduce,
     Size,
     TensorDecl,
@@ -65,6 +67,13 @@ def canonical_form(model: Model) -> dict:
                 return ["size", ext(e.extent)]
             if isinstance(e, Load):
                 return ["load", tname(e.tensor), [ix(i) for i in e.indices]]
+            if isinstance(e, Compare):
+                def side(a) -> list:
+                    return [[[c, ix(i)] for c, i in a.terms], [[c, ext(x)] for c, x in a.sizes], a.const]
+
+                return ["compare", e.op, side(e.left), side(e.right)]
+            if isinstance(e, NegInf):
+                return ["neginf"]
             assert isinstance(e, Reduce)
             bound = [[var(v.name), ext(v.extent)] for v in e.vars]
             return ["reduce", e.op, bound, ex(e.body)]

@@ -13,9 +13,17 @@ from fractions import Fraction
 from typing import Protocol
 
 from habu.errors import HabuError
+from habu.spec.conditions import ConditionParsing, _is_ident, _is_whole, softmax_along  # noqa: F401
+from habu.spec.equation_text import (  # noqa: F401 (the printers, imported from here too)
+    format_affine,
+    format_compare,
+    format_const,
+    format_equation,
+    format_expr,
+    format_index,
+)
 from habu.spec.functions import CALLABLE, FUNCTIONS
 from habu.spec.ir import (
-    MAX_NESTING,
     Const,
     Equation,
     Expr,
@@ -24,10 +32,10 @@ from habu.spec.ir import (
     IndexExpr,
     IndexVar,
     Load,
+    NegInf,
     Op,
     Reduce,
     Size,
-    fold_ops,
     free_vars,
     index_free_vars,
 )
@@ -80,7 +88,7 @@ def index_base(name: str) -> list[str]:
     return out
 
 
-class EquationParser:
+class EquationParser(ConditionParsing):
     """A recursive-descent parser over the tokens of one equation."""
 
     def __init__(self, tokens: list[Token], end: Token, scope: Scope, what: str):
@@ -265,6 +273,9 @@ class EquationParser:
             raise self.end.error(f"{self.what} ends too early: expected a value before ;")
         if t.text in ("-", "−"):
             self.take()
+            if self._infinity(self.peek()):
+                self.take()
+                return NegInf()
             self.enter(t)
             inner = self.unary()
             self.leave()
@@ -282,8 +293,10 @@ class EquationParser:
         new: list[IndexVar] = []
         while True:
             t = self.peek()
-            if t is None or not _is_ident(t.text) or self._next_is("[", 1) or t.text in CALLABLE:
+            if t is None or not _is_ident(t.text) or t.text in CALLABLE:
                 break
+            if self._next_is("[", 1) and self.scope.tensor(t.text) is not None:
+                break  # `Σ A[...]`: no index (caught below); `Σ j [j ≤ i] · x` is a bracket after j
             var = self.index_var(t)
             if var is None:
                 break
@@ -321,6 +334,14 @@ class EquationParser:
 
     def primary(self) -> Expr:
         t = self.take()
+        if self._infinity(t):
+            raise t.error("only −∞ is a value (the identity of a max reduction: max j where(j ≤ i, x, −∞))")
+        if t.text == "[":  # an Iverson bracket: [j ≤ i] is 1 where it holds, else 0
+            self.enter(t)
+            cond = self.condition(t)
+            self.expect("]", "to close [ of a condition")
+            self.leave()
+            return cond
         if t.text == "(":
             self.enter(t)
             e = self.expr()
@@ -336,6 +357,8 @@ class EquationParser:
             return Size(ext)
         if not _is_ident(t.text):
             raise t.error(f"expected a value, found {t.text!r}")
+        if t.text.startswith("softmax_") and self.at("("):
+            return self.softmax(t)
         if self.at("("):
             return self.call(t)
         if self.at("["):
@@ -375,7 +398,12 @@ class EquationParser:
         self.enter(name)
         self.take()  # (
         args: list[Expr] = []
-        if not self.at(")"):
+        if name.text == "where":
+            args.append(self.condition(name))
+            for _ in range(2):
+                self.expect(",", "after an argument of where(cond, x, y)")
+                args.append(self.expr())
+        elif not self.at(")"):
             args.append(self.expr())
             while self.at(","):
                 self.take()
@@ -495,15 +523,6 @@ class EquationParser:
         return t is not None and t.text == text
 
 
-def _is_whole(text: str) -> bool:
-    """Decimal digits only: `'²'.isdigit()` is True in Python, but `int('²')` raises."""
-    return text.isascii() and text.isdigit()
-
-
-def _is_ident(text: str) -> bool:
-    return bool(text) and (text[0].isalpha() or text[0] == "_") and text[0] != "Σ"
-
-
 def check_index_vars_used(eq: Equation) -> set[IndexVar]:
     """LHS variables that the right side never reads (the result is broadcast along them)."""
     used: set[IndexVar] = set()
@@ -513,76 +532,3 @@ def check_index_vars_used(eq: Equation) -> set[IndexVar]:
         for ix in ld.indices:
             used |= index_free_vars(ix)
     return set(eq.lhs) - used
-
-
-# ----------------------------------------------------------------------------- printing
-
-
-_PREC = {"add": 1, "sub": 1, "mul": 2, "div": 2, "neg": 3}
-
-
-def format_index(ix: IndexExpr, depth: int = 0) -> str:
-    """`ix` as written; gathers nested deeper than `MAX_NESTING` (only words can build them, and a
-    model refuses them) print as `…`."""
-    if isinstance(ix, IndexVar):
-        return ix.name
-    if isinstance(ix, IndexConst):
-        return str(ix.value)
-    if depth >= MAX_NESTING:
-        return "…"
-    return f"{ix.tensor}[{' '.join(format_index(i, depth + 1) for i in ix.indices)}]"
-
-
-def format_const(v: Fraction) -> str:
-    if v.denominator == 1:
-        return str(v.numerator)
-    f = float(v)
-    text = repr(f)
-    return text
-
-
-def format_expr(e: Expr, prec: int = 0) -> str:
-    """`e` in the equation language, parenthesised where precedence needs it (iterative over
-    operator chains: a chain of any length prints)."""
-    text, binds = fold_ops(e, _format_leaf, _format_op)
-    return f"({text})" if binds < prec else text
-
-
-_ATOM = 9  # the binding strength of a name, a number or a call: never parenthesised
-
-
-def _wrap(part: tuple[str, int], prec: int) -> str:
-    text, binds = part
-    return f"({text})" if binds < prec else text
-
-
-def _format_leaf(e: Expr) -> tuple[str, int]:
-    """The text of a non-operation and how strongly it binds (0: parenthesised under any operator)."""
-    if isinstance(e, Const):
-        return format_const(e.value), (0 if e.value < 0 else _ATOM)
-    if isinstance(e, Size):
-        return f"#{e.extent}", _ATOM
-    if isinstance(e, Load):
-        if not e.indices:
-            return e.tensor, _ATOM
-        return f"{e.tensor}[{' '.join(format_index(i) for i in e.indices)}]", _ATOM
-    assert isinstance(e, Reduce)
-    sym = "Σ" if e.op == "sum" else "max"
-    return f"{sym} {' '.join(v.name for v in e.vars)} {format_expr(e.body, 2)}", 0
-
-
-def _format_op(e: Op, args: list[tuple[str, int]]) -> tuple[str, int]:
-    fn = FUNCTIONS[e.fn]
-    if fn.infix is None:
-        return f"{e.fn}({', '.join(_wrap(a, 0) for a in args)})", _ATOM
-    p = _PREC[e.fn]
-    if e.fn == "neg":
-        return f"−{_wrap(args[0], 3)}", p
-    return f"{_wrap(args[0], p)} {fn.infix} {_wrap(args[1], p + 1)}", p
-
-
-def format_equation(eq: Equation) -> str:
-    if eq.scatter is not None:
-        return f"{eq.target}[{' '.join(format_index(i) for i in eq.scatter)}] += {format_expr(eq.rhs)}"
-    lhs = f"{eq.target}[{' '.join(v.name for v in eq.lhs)}]" if eq.lhs else eq.target
-    return f"{lhs} = {format_expr(eq.rhs)}"

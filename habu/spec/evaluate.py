@@ -16,14 +16,17 @@ import numpy as np
 
 from habu.errors import HabuError
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
+    IndexAffine,
     IndexConst,
     IndexExpr,
     IndexVar,
     Load,
     Model,
+    NegInf,
     Op,
     Reduce,
     Size,
@@ -42,6 +45,7 @@ class Domain(Protocol):
 
     def from_input(self, name: str, data: np.ndarray) -> np.ndarray: ...
     def const(self, value: Fraction) -> np.ndarray: ...
+    def neg_inf(self) -> np.ndarray: ...
     def op(self, fn: str, args: list[np.ndarray]) -> np.ndarray: ...
     def reduce(self, op: str, data: np.ndarray, axes: tuple[int, ...]) -> np.ndarray: ...
     def repeat_sum(self, data: np.ndarray, count: int) -> np.ndarray: ...
@@ -226,9 +230,31 @@ class Evaluator:
             return Labelled(self.domain.const(Fraction(self.sizes[e.extent])), ())
         if isinstance(e, Load):
             return self.load(e)
+        if isinstance(e, Compare):
+            return self.compare(e)
+        if isinstance(e, NegInf):
+            return Labelled(self.domain.neg_inf(), ())
         if isinstance(e, Op):
             return fold_ops(e, self.expr, self.op, release=True)
         return self.reduction(e)
+
+    def affine(self, a: IndexAffine) -> Labelled:
+        parts = [self.index(ix) for _, ix in a.terms]
+        labels = _union(*(p.labels for p in parts))
+        total = np.asarray(a.const + sum(c * self.sizes[e] for c, e in a.sizes), dtype=np.int64)
+        for (c, _), part in zip(a.terms, parts, strict=True):
+            total = total + c * _align(part, labels).astype(np.int64)
+        return Labelled(total, labels)
+
+    def compare(self, e: Compare) -> Labelled:
+        """1 where the condition holds, 0 elsewhere, in the domain's numbers."""
+        left, right = self.affine(e.left), self.affine(e.right)
+        labels = _union(left.labels, right.labels)
+        a, b = _align(left, labels), _align(right, labels)
+        held = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+                "eq": np.equal, "ne": np.not_equal}[e.op](a, b)
+        one, zero = self.domain.const(Fraction(1)), self.domain.const(Fraction(0))
+        return Labelled(np.where(held, one, zero), labels)
 
     def op(self, e: Op, args: list[Labelled]) -> Labelled:
         labels = _union(*(a.labels for a in args))

@@ -11,7 +11,9 @@ What each operation means here (see `habu.spec.functions` and docs/VERIFY.md):
   (splitmix64 of the residue and a per-trial, per-function key); max and min are symmetric
   keyed functions of their two arguments;
 - a sum reduction is the field sum; a max reduction is prod(r − x) with a fresh r per trial,
-  which depends only on the multiset reduced and splits into partial products.
+  which depends only on the multiset reduced and splits into partial products;
+- a condition on indices (`j ≤ i`) is exactly 0 or 1 and `where(c, x, y)` selects; −∞ is the residue
+  r − 1, whose factor r − (r − 1) = 1 leaves a max reduction unchanged (the identity of max).
 """
 
 from __future__ import annotations
@@ -124,7 +126,14 @@ class PrimeField:
         if f.field == "div":
             a, b = np.broadcast_arrays(args[0], args[1])
             return (a * self.inverse(np.asarray(b))) % p
+        if f.field == "where":
+            return np.where(np.asarray(args[0]) != 0, args[1], args[2])
         return self.oracle(fn, args)
+
+    def neg_inf(self) -> np.ndarray:
+        """−∞: the residue x with r − x = 1 for the max-reduction point r, so that it leaves the
+        product prod(r − x) of a max reduction unchanged (the identity of max, as in float64)."""
+        return np.asarray((self.max_point - 1) % self.p, dtype=np.int64)
 
     def oracle(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
         key = _key(self.seed, fn)

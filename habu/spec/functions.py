@@ -52,7 +52,7 @@ class Function:
     name: str
     arity: int
     float64: Callable[..., np.ndarray]
-    field: str  # "add" "sub" "mul" "div" "neg": exact; "oracle": uninterpreted
+    field: str  # "add" "sub" "mul" "div" "neg" "where": exact; "oracle": uninterpreted
     infix: str | None = None  # how the equation printer writes it
     derivative: Derivative | None = None
     description: str = ""
@@ -104,6 +104,11 @@ FUNCTIONS: dict[str, Function] = {
                  "the smaller of a and b"),
         # the indicator the derivatives of abs, max and min (and of max reductions) are made of; itself
         # piecewise constant, so it has no derivative rule: a model using it cannot be differentiated
+        # selection by a condition on indices (its first argument is always a `Compare`, exactly 0 or 1
+        # in every domain): exact over GF(p), so a plan may move work across it
+        Function("where", 3, lambda c, x, y: np.where(np.asarray(c) != 0, x, y), "where", None,
+                 lambda a, i: _c(0) if i == 0 else Op("where", (a[0], _c(1), _c(0)) if i == 1 else (a[0], _c(0), _c(1))),
+                 "x where the condition on indices holds, else y"),
         Function("step", 1, lambda x: (np.asarray(x) > 0).astype(np.float64), "oracle", None, None,
                  "1 where x > 0, else 0 (the Heaviside step; not differentiable)"),
     )

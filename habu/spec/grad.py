@@ -36,6 +36,7 @@ from habu.spec.equation import format_expr
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_hoist import hoist_statistics
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -182,6 +183,8 @@ def substitute(e: Expr, mapping: dict[IndexVar, IndexExpr], fresh: Fresh) -> Exp
                 bound = tuple(fresh(v.extent) for v in y.vars)
                 inner = dict(env) | dict(zip(y.vars, bound, strict=True))
                 return Reduce(y.op, bound, go(y.body, inner))
+            if isinstance(y, Compare):
+                return y.map_indices(lambda i: ix(i, env))
             return y
 
         return map_ops(x, leaf)
@@ -488,6 +491,8 @@ def _rename_tensors(eq: Equation, renames: dict[str, str]) -> Equation:
                 return Load(renames.get(x.tensor, x.tensor), tuple(ix(i) for i in x.indices))
             if isinstance(x, Reduce):
                 return Reduce(x.op, x.vars, go(x.body))
+            if isinstance(x, Compare):
+                return x.map_indices(ix)
             return x
 
         return map_ops(e, leaf)
@@ -511,6 +516,8 @@ def _assemble(fwd: Model, name: str, nodes: list[Equation], decls: dict[str, Ten
         for x in walk(eq.rhs):
             if isinstance(x, Size):
                 used.add(x.extent)
+            if isinstance(x, Compare):
+                used |= set(x.extents())
             if isinstance(x, Reduce):
                 used |= {v.extent for v in x.vars}
     extents = tuple(e for e in fwd.extents if e.name in used)

@@ -76,6 +76,9 @@ class DualField:
     def const(self, value: Fraction) -> np.ndarray:
         return self.pack(self.field.const(value), np.asarray(0))
 
+    def neg_inf(self) -> np.ndarray:
+        return self.pack(self.field.neg_inf(), np.asarray(0))
+
     def op(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
         parts = [self.split(a) for a in args]
         reals = [r for r, _ in parts]

@@ -15,6 +15,7 @@ from fractions import Fraction
 from habu.spec.equation import format_equation
 from habu.spec.grad import Backward
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -93,6 +94,8 @@ def readable(eq: Equation, extents: list[str], tensors: dict[str, str]) -> Equat
                 return Load(tensors.get(x.tensor, x.tensor), tuple(ix(i) for i in x.indices))
             if isinstance(x, Reduce):
                 return Reduce(x.op, tuple(names(v) for v in x.vars), go(x.body))  # type: ignore[misc]
+            if isinstance(x, Compare):
+                return x.map_indices(ix)
             return x
 
         return fold_ops(e, leaf, lambda o, a: Op(o.fn, tuple(a)))

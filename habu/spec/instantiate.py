@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from habu.spec.builder import VarNamer
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -139,6 +140,9 @@ def _instantiate(e: Expr, tensors: dict[str, str], binding: dict[str, str],
             return Reduce(x.op, vars_, _instantiate(x.body, tensors, binding, var_map, builder))  # type: ignore[arg-type]
         if isinstance(x, Size):
             return Size(binding.get(x.extent, x.extent))
+        if isinstance(x, Compare):
+            return x.map_indices(lambda i: _instantiate_ix(i, tensors, binding, var_map, builder)) \
+                .map_extents(lambda name: binding.get(name, name))
         return x
 
     return fold_ops(e, leaf, lambda o, args: Op(o.fn, tuple(args)))

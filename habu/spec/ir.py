@@ -183,7 +183,56 @@ class Reduce:
         return (Reduce, (self.op, self.vars, self.body))
 
 
-Expr = Const | Size | Load | Op | Reduce
+@dataclass(frozen=True)
+class IndexAffine:
+    """An integer combination of index expressions and extent sizes: `i + #J − #I`, `LEN[b]`, `j + 1`."""
+
+    terms: tuple[tuple[int, IndexExpr], ...]  # (coefficient, index expression)
+    sizes: tuple[tuple[int, str], ...] = ()  # (coefficient, extent name): `#J`
+    const: int = 0
+
+    def index_exprs(self) -> tuple[IndexExpr, ...]:
+        return tuple(ix for _, ix in self.terms)
+
+
+COMPARISONS = {"lt": "<", "le": "≤", "gt": ">", "ge": "≥", "eq": "=", "ne": "≠"}
+
+
+@dataclass(frozen=True)
+class Compare:
+    """A condition on indices, `left op right` (op in `COMPARISONS`): as a value, 1 where it holds
+    and 0 elsewhere, exactly, in every domain. `where(c, x, y)` selects with it."""
+
+    op: str
+    left: IndexAffine
+    right: IndexAffine
+
+    def index_exprs(self) -> tuple[IndexExpr, ...]:
+        return (*self.left.index_exprs(), *self.right.index_exprs())
+
+    def extents(self) -> tuple[str, ...]:
+        return tuple(e for _, e in (*self.left.sizes, *self.right.sizes))
+
+    def map_indices(self, fn: Callable[[IndexExpr], IndexExpr]) -> Compare:
+        def side(a: IndexAffine) -> IndexAffine:
+            return IndexAffine(tuple((c, fn(ix)) for c, ix in a.terms), a.sizes, a.const)
+
+        return Compare(self.op, side(self.left), side(self.right))
+
+    def map_extents(self, fn: Callable[[str], str]) -> Compare:
+        def side(a: IndexAffine) -> IndexAffine:
+            return IndexAffine(a.terms, tuple((c, fn(e)) for c, e in a.sizes), a.const)
+
+        return Compare(self.op, side(self.left), side(self.right))
+
+
+@dataclass(frozen=True)
+class NegInf:
+    """−∞: in float64 −inf; over GF(p) the identity of the max-reduction model (see field.py), so a
+    masked max `max j where(c, x, −∞)` reduces over the unmasked elements only in both domains."""
+
+
+Expr = Const | Size | Load | Op | Reduce | Compare | NegInf
 
 
 @dataclass(frozen=True)
@@ -450,11 +499,19 @@ def loads(expr: Expr) -> Iterator[Load]:
 
 
 def gathers(expr: Expr) -> Iterator[Gather]:
-    for ld in loads(expr):
-        for ix in ld.indices:
-            for sub in index_subexprs(ix):
-                if isinstance(sub, Gather):
-                    yield sub
+    """Every gather in `expr`: in its loads' indices and in its comparisons."""
+    for e in walk(expr):
+        if isinstance(e, Load | Compare):
+            for ix in (e.indices if isinstance(e, Load) else e.index_exprs()):
+                for sub in index_subexprs(ix):
+                    if isinstance(sub, Gather):
+                        yield sub
+
+
+def compares(expr: Expr) -> Iterator[Compare]:
+    for e in walk(expr):
+        if isinstance(e, Compare):
+            yield e
 
 
 def index_free_vars(ix: IndexExpr) -> set[IndexVar]:
@@ -467,6 +524,8 @@ def free_vars(expr: Expr) -> set[IndexVar]:
     def visit(e: Expr, kids: list[frozenset[IndexVar]]) -> frozenset[IndexVar]:
         if isinstance(e, Load):
             return frozenset(v for ix in e.indices for v in index_free_vars(ix))
+        if isinstance(e, Compare):
+            return frozenset(v for ix in e.index_exprs() for v in index_free_vars(ix))
         if isinstance(e, Reduce):
             return kids[0] - set(e.vars)
         if not kids:
@@ -479,13 +538,8 @@ def free_vars(expr: Expr) -> set[IndexVar]:
 
 
 def tensors_read(expr: Expr) -> set[str]:
-    out: set[str] = set()
-    for ld in loads(expr):
-        out.add(ld.tensor)
-        for ix in ld.indices:
-            for sub in index_subexprs(ix):
-                if isinstance(sub, Gather):
-                    out.add(sub.tensor)
+    out: set[str] = {ld.tensor for ld in loads(expr)}
+    out |= {g.tensor for g in gathers(expr)}
     return out
 
 
@@ -505,6 +559,8 @@ def rename_vars(expr: Expr, mapping: dict[IndexVar, IndexExpr]) -> Expr:
         if isinstance(e, Reduce):
             bound = tuple(mapping.get(v, v) for v in e.vars)
             return Reduce(e.op, bound, rename_vars(e.body, mapping))  # type: ignore[arg-type]
+        if isinstance(e, Compare):
+            return e.map_indices(ix)
         return e
 
     return map_ops(expr, leaf)

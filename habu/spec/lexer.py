@@ -188,7 +188,7 @@ class Reader:
 
 _SPACE = re.compile(r"\s*")
 _SPACE_THEN_WORD = re.compile(r"\s*(\S*)")
-SYMBOLS = set("[](),=+-−*·×/^²Σ")
+SYMBOLS = set("[](),=+-−*·×/^²Σ<>≤≥≠∞")
 
 
 def _ident_start(ch: str) -> bool:

@@ -26,6 +26,9 @@ class Float64:
         with np.errstate(all="ignore"):
             return np.asarray(FUNCTIONS[fn].float64(*args), dtype=np.float64)
 
+    def neg_inf(self) -> np.ndarray:
+        return np.asarray(-np.inf)
+
     def reduce(self, op: str, data: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         return data.sum(axis=axes) if op == "sum" else data.max(axis=axes)
 

@@ -7,6 +7,8 @@ import re
 import pytest
 
 from habu.bench.mutants import EQUIVALENT, MUTANTS, run_mutant
+from habu.bench.mutants_softmax import SOFTMAX_MUTANTS, run_softmax_mutant
+from habu.plan.online_softmax import Variant
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
@@ -91,3 +93,21 @@ def test_a_guard_the_row_loops_make_redundant_is_an_equivalent_mutant(mutant):
     lowered = lower_whole(model, plan)
     mutated = replace(lowered, kernels=(mutant.mutate(lowered.kernels[0]),))
     assert emit_lowered(lowered, plan, target).kernels[0].source != emit_lowered(mutated, plan, target).kernels[0].source
+
+
+# ----------------------------------------------------------------------------- the online softmax
+
+
+@pytest.mark.parametrize("mutant", SOFTMAX_MUTANTS, ids=lambda m: m.name)
+def test_online_softmax_mutant_is_killed_on_the_cpu(mutant):
+    outcome = run_softmax_mutant(mutant)
+    assert outcome.killed, f"{mutant.name} survived: {outcome.message}"
+    assert re.search(r"O\[\d+(, \d+)*\]", outcome.message), outcome.message
+
+
+def test_the_correct_online_softmax_passes_on_the_mutants_models():
+    from dataclasses import replace
+
+    for m in SOFTMAX_MUTANTS[:2]:  # the prefill and decode models
+        outcome = run_softmax_mutant(replace(m, variant=Variant.CORRECT))
+        assert not outcome.killed, outcome.message
