@@ -1,0 +1,54 @@
+/** @brief The grouped GEMM's tile scheduler (habu/lower/grouped.py): group offsets found on the device by
+ *  a binary search per group over the grouping's values, the row tiles' prefix sum, and a row tile's group. */
+#pragma once
+#include "../types.cuh"
+
+namespace habu {
+
+/** @brief offs[g] = the first row whose group is >= g (rows when none), for g in 0..groups, by the block's
+ *  threads (one binary search each), into shared memory; the caller synchronises. */
+template <typename I, typename E>
+__device__ __forceinline__ void group_offsets(const E* __restrict__ groups_of_rows, I rows, int groups, I* offs) {
+  for (int g = threadIdx.x; g <= groups; g += blockDim.x) {
+    I lo = 0, hi = rows;
+    while (lo < hi) {
+      const I mid = (lo + hi) / 2;
+      if ((long long)groups_of_rows[mid] < (long long)g) lo = mid + 1; else hi = mid;
+    }
+    offs[g] = lo;
+  }
+}
+
+/** @brief starts[g] = the row tiles of groups 0..g-1 (ceil(rows of a group / BM) each, an empty group
+ *  none), g in 0..groups, by the first warp (a shuffle scan 32 groups at a time); the caller synchronises. */
+template <int BM, typename I>
+__device__ __forceinline__ void group_tile_starts(const I* offs, int groups, I* starts) {
+  if (threadIdx.x >= 32) return;
+  const unsigned lane = threadIdx.x;
+  I carry = 0;
+  if (lane == 0) starts[0] = 0;
+  for (int base = 0; base < groups; base += 32) {
+    const int g = base + (int)lane;
+    I tiles = g < groups ? (offs[g + 1] - offs[g] + BM - 1) / BM : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const I up = __shfl_up_sync(0xffffffffu, tiles, d);
+      if (lane >= (unsigned)d) tiles += up;
+    }
+    if (g < groups) starts[g + 1] = carry + tiles;
+    carry += __shfl_sync(0xffffffffu, tiles, 31);
+  }
+}
+
+/** @brief The group of row tile mt (mt < starts[groups]): the last g < groups with starts[g] <= mt. */
+template <typename I>
+__device__ __forceinline__ int tile_group(const I* starts, int groups, I mt) {
+  int lo = 0, hi = groups - 1;  // starts[0] = 0 <= mt: the answer is in lo..hi
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= mt) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace habu
