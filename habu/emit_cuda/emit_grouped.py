@@ -75,7 +75,8 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
   __syncthreads();
   if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
   if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
-  habu::group_tile_starts<{bm}, {it}>(offs, {groups}, starts);
+  habu::group_tile_starts<{it}>([&](int h) {{ return ({it})({c(lw.m_tiles(CExpr("offs[h]"), CExpr("offs[h + 1]")))}); }},
+                              {groups}, starts);
   __syncthreads();
   const {it} mt = ({it})blockIdx.x;  // this block's row tile, among every group's
   const {it} nt = ({it})blockIdx.y;  // its column tile
