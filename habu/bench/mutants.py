@@ -14,6 +14,7 @@ from habu.lower import (
     ColumnLowering,
     ContractionLowering,
     GeneralLowering,
+    GroupedLowering,
     Lowering,
     MapLowering,
     RowLowering,
@@ -183,6 +184,14 @@ def _vector_overlap(lw: ColumnLowering) -> ColumnLowering:
     columns are never read)."""
     return _planted(lw, "thread_column", lambda self, tile, tc, v:
                     tile * self.tile + tc * (self.kernel.vector - 1) + v)
+
+
+def _tiles_rounded_down(lw: Lowering) -> Lowering:
+    """The grouped GEMM's tile scheduler counts a group's row tiles as (rows) // bm instead of ⌈rows / bm⌉:
+    a group smaller than a tile gets none, and a longer one loses its ragged last tile (rows unwritten)."""
+    assert isinstance(lw, GroupedLowering)
+    cls = type("Planted_m_tiles", (GroupedLowering,), {"m_tiles": lambda self, lo, hi: (hi - lo) // self.kernel.bm})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
@@ -356,6 +365,10 @@ MUTANTS: tuple[Mutant, ...] = (
            _col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
            "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
+    Mutant("grouped-tiles-rounded-down", "the grouped GEMM's scheduler rounds a group's row tiles down "
+           "(rows // bm): the rows of a group's ragged last tile, or of a group smaller than a tile, are never "
+           "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, _tiles_rounded_down,
+           {"bm": "32"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "bmm.habu", "SCORES", BMM, _g(_loop_one_short)),
 )
