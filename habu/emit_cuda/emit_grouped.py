@@ -65,7 +65,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     o_off = access_offset(lw.out, o_coord, sizes, lw.index_width, table)
     value = "acc[i][j][q]" if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * acc[i][j][q])"
     kx = c(lw.k_index(CExpr("step"), CExpr("kk")))
-    src_body = f"""extern "C" __global__ void __launch_bounds__({threads}) {name}(SIGNATURE) {{
+    src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
   __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
   __shared__ __align__(16) habu::bf16 As[{bm}][{pitch}];  // A's rows of the tile, {bk} k at a time
@@ -75,8 +75,8 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
   __syncthreads();
   if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
   if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
-  habu::group_tile_starts<{it}>([&](int h) {{ return ({it})({c(lw.m_tiles(CExpr("offs[h]"), CExpr("offs[h + 1]")))}); }},
-                              {groups}, starts);
+  habu::group_tile_starts<{it}>([](const {it}* o, int h) {{ return ({it})({c(lw.m_tiles(CExpr("o[h]"), CExpr("o[h + 1]")))}); }},
+                              offs, {groups}, starts);
   __syncthreads();
   const {it} mt = ({it})blockIdx.x;  // this block's row tile, among every group's
   const {it} nt = ({it})blockIdx.y;  // its column tile

@@ -19,18 +19,18 @@ __device__ __forceinline__ void group_offsets(const E* __restrict__ groups_of_ro
   }
 }
 
-/** @brief starts[g] = the row tiles of groups 0..g-1 (`tiles_of(h)` those of group h: the lowering's
+/** @brief starts[g] = the row tiles of groups 0..g-1 (`tiles_of(offs, h)` those of group h: the lowering's
  *  m_tiles, an empty group none), g in 0..groups, by the first warp (a shuffle scan 32 groups at a time);
  *  the caller synchronises. */
 template <typename I, typename TilesOf>
-__device__ __forceinline__ void group_tile_starts(TilesOf tiles_of, int groups, I* starts) {
+__device__ __forceinline__ void group_tile_starts(TilesOf tiles_of, const I* offs, int groups, I* starts) {
   if (threadIdx.x >= 32) return;
   const unsigned lane = threadIdx.x;
   I carry = 0;
   if (lane == 0) starts[0] = 0;
   for (int base = 0; base < groups; base += 32) {
     const int g = base + (int)lane;
-    I tiles = g < groups ? tiles_of(g) : 0;
+    I tiles = g < groups ? tiles_of(offs, g) : 0;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
       const I up = __shfl_up_sync(0xffffffffu, tiles, d);
