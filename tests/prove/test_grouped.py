@@ -170,3 +170,25 @@ def test_the_grouped_kernel_compiles_with_nvrtc():
     except CompilerUnavailable:
         pytest.skip("no NVRTC or nvcc on this machine")
     assert cubin.resources.spill_stores == 0
+
+
+def test_the_search_space_holds_grouped_variants_and_the_general_fallback():
+    from habu.paths import region_space
+    from habu.plan.plan import GeneralKernel
+    from habu.search.space import concrete_sizes
+
+    m = _gg()
+    region = default_regions(m)[0]
+    space = list(region_space(m, region, TARGET, concrete_sizes(m, {})))
+    grouped = [k for k in space if isinstance(k, GroupedKernel)]
+    assert len(grouped) > 10 and len(set(grouped)) == len(grouped)
+    assert sum(isinstance(k, GeneralKernel) for k in space) == 1
+    for k in grouped:  # every variant lowers to a kernel the path supports
+        lw = lower(m, k)
+        assert lw.warp_rows % 16 == 0 and lw.warp_cols % 8 == 0
+
+
+def test_a_runtime_number_of_groups_falls_back_to_the_general_family():
+    m = parse_text(GG.replace("4 EXTENT: #G", "1..16 EXTENT: #G")).models["GG"]
+    plan = default_plan(m, TARGET, {"G": 4}, {})
+    assert plan.kernels[0].kind == "general"
