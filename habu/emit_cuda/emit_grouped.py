@@ -23,6 +23,7 @@ from habu.emit_cuda.common import (
     access_offset,
     float_expr,
     header,
+    index_code,
     index_type,
     store_value,
 )
@@ -84,6 +85,10 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
   const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
   const {it} m = ({it})({c(lw.tile_in_group(mt, CExpr("starts[g]")))});  // its row tile within the group
   const {it} end = offs[g + 1];  // the group's rows end here
+  for (int ri = tid; nt == 0 && ri < {bm}; ri += {threads}) {{  // E sorted (GROUPS:): each row holds its group
+    const {it} r = ({it})({row("ri")});
+    if ({c(lw.row_inside(CExpr("r"), CExpr("end")))}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
+  }}
   const int warp = tid / 32, lane = tid % 32;
   const int wm = warp % {k.warps_m}, wn = warp / {k.warps_m};
   float acc[{mi}][{ni}][4];

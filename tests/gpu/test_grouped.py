@@ -53,3 +53,19 @@ def test_hand_made_groupings_match_the_float64_product_exactly(name):
     torch.cuda.synchronize()
     ref = torch.einsum("rk,rnk->rn", x[ix.long()].double(), w[e.long()].double())
     assert torch.equal(out.double(), ref), f"{int((out.double() != ref).sum())} of {ref.numel()} elements differ"
+
+
+def test_a_grouping_out_of_order_raises_the_device_error_at_check_errors():
+    import habu
+
+    rows = 300
+    built = build(str(GG), "GROUPED-GATHER", {"T": T, "R": rows})
+    x = torch.ones((T, K), device="cuda").bfloat16()
+    w = torch.ones((G, N, K), device="cuda").bfloat16()
+    ix = torch.arange(rows, device="cuda").int() % T
+    e = torch.repeat_interleave(torch.arange(G), torch.tensor(GROUPINGS["first-empty"])).int()
+    e[150], e[151] = 7, 1  # rows out of order (values still in range)
+    with pytest.raises(Exception, match="never decrease"):
+        built.compiled(X=x, W=w, IX=ix, E=e.cuda())
+        torch.cuda.synchronize()
+        habu.check_errors()

@@ -192,3 +192,23 @@ def test_a_runtime_number_of_groups_falls_back_to_the_general_family():
     m = parse_text(GG.replace("4 EXTENT: #G", "1..16 EXTENT: #G")).models["GG"]
     plan = default_plan(m, TARGET, {"G": 4}, {})
     assert plan.kernels[0].kind == "general"
+
+
+def test_the_error_words_of_a_grouping_out_of_order_say_so():
+    """habu::grouping_ok (habu/grouped/schedule.cuh) records a row holding another group's value with size 0."""
+    from habu.emit_cuda import driver
+    from habu.emit_cuda.device_errors import ErrorWords, describe
+
+    words = ErrorWords("GG", "k0", (("IX", "T"), ("E", "G")), driver.Device(0, None, None, "sm_90a", 132), 0x1000)
+    raw = np.array([0b10, 2, 17, 0, 1, 0, 0, 0], np.uint32)  # code 1 (E), row 17 holds group 1
+    text = describe(words, raw)
+    assert text is not None and text.startswith(
+        "E: a grouping's values must never decrease (GROUPS:): found 1 at E[17], among the rows of another group")
+
+
+def test_the_grouped_kernel_checks_each_rows_group_on_the_device():
+    from habu.paths.emit import emit_plan
+
+    m = _gg()
+    source = emit_plan(m, default_plan(m, TARGET, {}, {}), TARGET).kernels[0].source
+    assert "habu::grouping_ok((long long)p_E[r], (long long)g, 1u, (long long)r)" in source

@@ -2,6 +2,7 @@
  *  a binary search per group over the grouping's values, the row tiles' prefix sum, and a row tile's group. */
 #pragma once
 #include "../types.cuh"
+#include "../memory/index.cuh"
 
 namespace habu {
 
@@ -50,6 +51,25 @@ __device__ __forceinline__ int tile_group(const I* starts, int groups, I mt) {
     if (starts[mid] <= mt) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+/** @brief Whether row `position` of a grouping holds `group`, the group whose rows (by the offsets) it lies in.
+ *  When it does not, the grouping's values decrease somewhere (GROUPS: forbids it): sets bit `code` of the
+ *  error words and, the first time, records the position and the value with size 0, which marks an order
+ *  error (habu.emit_cuda.device_errors.describe says it). The tile is computed regardless; its rows are
+ *  then not valid. */
+__device__ __forceinline__ bool grouping_ok(i64 value, i64 group, u32 code, i64 position) {
+  if (value == group) return true;
+  atomicOr(habu_index_errors, 1u << code);
+  if (atomicCAS(habu_index_errors + 1, 0u, code + 1u) == 0u) {
+    habu_index_errors[2] = (u32)((u64)position & 0xffffffffull);
+    habu_index_errors[3] = (u32)((u64)position >> 32);
+    habu_index_errors[4] = (u32)((u64)value & 0xffffffffull);
+    habu_index_errors[5] = (u32)((u64)value >> 32);
+    habu_index_errors[6] = 0u;
+    habu_index_errors[7] = 0u;
+  }
+  return false;
 }
 
 }  // namespace habu
