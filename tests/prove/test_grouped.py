@@ -212,3 +212,13 @@ def test_the_grouped_kernel_checks_each_rows_group_on_the_device():
     m = _gg()
     source = emit_plan(m, default_plan(m, TARGET, {}, {}), TARGET).kernels[0].source
     assert "habu::grouping_ok((long long)p_E[r], (long long)g, 1u, (long long)r)" in source
+
+
+def test_regression_a_grouped_plan_round_trips_through_json_and_the_search_report_names_it():
+    """The search report's plan summary read a grouped kernel as a map kernel (KeyError 'threads')."""
+    from habu.plan.plan import Plan
+    from habu.search.report import plan_summary
+
+    plan = default_plan(_gg(), TARGET, {}, {})
+    assert Plan.from_json(plan.to_json()) == plan
+    assert plan_summary(plan.to_json()) == "grouped 64x64x32 w2x2"
