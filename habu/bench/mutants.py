@@ -15,6 +15,7 @@ from habu.lower import (
     ColumnLowering,
     ContractionLowering,
     GeneralLowering,
+    GroupedLowering,
     Lowering,
     MapLowering,
     RowLowering,
@@ -225,6 +226,14 @@ def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
     """The last block's pass over the columns strides 2·threads (the thread map's `final_step` doubled):
     half of them never get their epilogue."""
     return replace(lw, thread_map=replace(lw.thread_map, final_step=2 * lw.thread_map.final_step))
+
+
+def _tiles_rounded_down(lw: Lowering) -> Lowering:
+    """The grouped GEMM's tile scheduler counts a group's row tiles as (rows) // bm instead of ⌈rows / bm⌉:
+    a group smaller than a tile gets none, and a longer one loses its ragged last tile (rows unwritten)."""
+    assert isinstance(lw, GroupedLowering)
+    cls = type("Planted_m_tiles", (GroupedLowering,), {"m_tiles": lambda self, lo, hi: (hi - lo) // self.kernel.bm})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
@@ -473,6 +482,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "of the gradient is left unscaled", "column_reductions.habu", "BIAS-GRAD-UNSCALED",
            {"R": 300, "N": 700},
            _col(_final_pass_skips), {"threads": "128"}),
+    Mutant("grouped-tiles-rounded-down", "the grouped GEMM's scheduler rounds a group's row tiles down "
+           "(rows // bm): the rows of a group's ragged last tile, or of a group smaller than a tile, are never "
+           "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, _tiles_rounded_down,
+           {"bm": "32"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

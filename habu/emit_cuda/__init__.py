@@ -7,6 +7,7 @@ from habu.emit_cuda import (  # noqa: F401
     emit_columns,
     emit_fma,
     emit_general,
+    emit_grouped,
     emit_map,
     emit_rows,
     emit_stage,

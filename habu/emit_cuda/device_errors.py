@@ -75,6 +75,9 @@ def describe(words: ErrorWords, raw: np.ndarray) -> str | None:
     into = f" (an index into #{extent})" if extent else ""
     text = (f"{name}: values must be in 0..{size - 1}{into}: found {signed(u64(4, 5))} at {name}[{signed(u64(2, 3))}]"
             if first else f"{name}: a value outside its range{into}")
+    if first and size == 0:  # habu::grouping_ok (habu/grouped/schedule.cuh): a grouping out of order
+        text = (f"{name}: a grouping's values must never decrease (GROUPS:): found {signed(u64(4, 5))} at "
+                f"{name}[{signed(u64(2, 3))}], among the rows of another group")
     others = [names[i][0] if i < len(names) else f"index tensor {i}" for i in range(32)
               if flags >> i & 1 and i != code]
     also = f"; {', '.join(others)} also held values out of range" if others else ""

@@ -12,11 +12,21 @@ from dataclasses import dataclass
 from habu.lower.columns import ColumnLowering, lower_columns
 from habu.lower.contraction import ContractionLowering, lower_contraction
 from habu.lower.general import GeneralLowering, lower_general
+from habu.lower.grouped import GroupedLowering, lower_grouped
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
-from habu.plan.plan import ColumnKernel, ContractionKernel, GeneralKernel, Kernel, MapKernel, Plan, RowKernel
+from habu.plan.plan import (
+    ColumnKernel,
+    ContractionKernel,
+    GeneralKernel,
+    GroupedKernel,
+    Kernel,
+    MapKernel,
+    Plan,
+    RowKernel,
+)
 from habu.spec.ir import Model
 
-Lowering = ContractionLowering | RowLowering | MapLowering | GeneralLowering | ColumnLowering
+Lowering = ContractionLowering | RowLowering | MapLowering | GeneralLowering | ColumnLowering | GroupedLowering
 
 
 def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None) -> Lowering:
@@ -31,6 +41,8 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
         return lower_general(model, kernel, storage)
     if isinstance(kernel, ColumnKernel):
         return lower_columns(model, kernel, storage)
+    if isinstance(kernel, GroupedKernel):
+        return lower_grouped(model, kernel, storage)
     raise TypeError(kernel)
 
 
@@ -63,5 +75,5 @@ def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
     return LoweredPlan(model, graph, plan, tuple(lower(graph, k, storage) for k in plan.kernels))
 
 
-__all__ = ["ColumnLowering", "ContractionLowering", "GeneralLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
+__all__ = ["ColumnLowering", "ContractionLowering", "GeneralLowering", "GroupedLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
            "lower_whole"]

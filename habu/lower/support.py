@@ -18,7 +18,15 @@ from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
-from habu.plan.plan import ColumnKernel, ContractionKernel, GeneralKernel, Kernel, MapKernel, RowKernel
+from habu.plan.plan import (
+    ColumnKernel,
+    ContractionKernel,
+    GeneralKernel,
+    GroupedKernel,
+    Kernel,
+    MapKernel,
+    RowKernel,
+)
 from habu.spec.dtypes import DTYPES
 from habu.target import Target
 
@@ -349,11 +357,32 @@ class ColumnsSupport(PathSupport):
         return reasons
 
 
+class GroupedSupport(PathSupport):
+    """The grouped-GEMM family: one launch over every group's tiles, mma.sync m16n8k16 on bf16."""
+
+    name = family = "grouped"
+
+    def accepts(self, kernel: Kernel) -> bool:
+        return isinstance(kernel, GroupedKernel)
+
+    def refusals(self, lw) -> list[str]:
+        k = lw.kernel
+        reasons = []
+        if lw.warp_rows % 16 or lw.warp_cols % 8:
+            reasons.append(f"a warp's tile ({lw.warp_rows} × {lw.warp_cols}) is whole 16 × 8 mma tiles")
+        if (k.bm * k.bk // 8) % lw.threads or (k.bn * k.bk // 8) % lw.threads:
+            reasons.append(f"the {lw.threads} threads stage whole 16-byte chunks of the {k.bm}×{k.bk} and "
+                           f"{k.bn}×{k.bk} tiles")
+        if lw.a.dtype != "bf16" or lw.w.dtype != "bf16":
+            reasons.append("the operands are bf16 (mma.sync m16n8k16 bf16)")
+        return reasons
+
+
 FMA, MMA_SYNC, WGMMA, ROWS, MAP = FmaSupport(), MmaSyncSupport(), WgmmaSupport(), RowsSupport(), MapSupport()
-GENERAL, COLUMNS = GeneralSupport(), ColumnsSupport()
+GENERAL, COLUMNS, GROUPED = GeneralSupport(), ColumnsSupport(), GroupedSupport()
 
 # the built-in paths' limits, in the order of habu/paths/__init__.py's PATHS; `register` adds one
-SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP, COLUMNS, GENERAL]
+SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP, COLUMNS, GROUPED, GENERAL]
 
 
 def register(support: PathSupport) -> None:

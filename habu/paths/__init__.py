@@ -16,18 +16,18 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from habu.lower import support as _support
-from habu.paths import columns, fma, general, map, mma_sync, rows, wgmma
+from habu.paths import columns, fma, general, grouped, map, mma_sync, rows, wgmma
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
 from habu.plan.patterns import Region
-from habu.plan.plan import MMAS, ContractionKernel, Kernel
+from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
 from habu.spec.ir import Model
 from habu.target import Target
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
 PATHS: list[KernelPath] = [fma.PATH, mma_sync.PATH, wgmma.PATH, rows.PATH, map.PATH, columns.PATH,
-                           general.PATH]
+                           grouped.PATH, general.PATH]
 
 
 def path_for(kernel: Kernel) -> KernelPath:
@@ -55,6 +55,8 @@ def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str
         kernel = p.default(model, region, target, sizes)
         if kernel is not None:
             return kernel
+    if region.kind == "grouped":  # a grouped GEMM the grouped path cannot build: the general family's
+        return general.PATH.default(model, Region("general", region.nodes), target, sizes)
     raise ValueError(f"no kernel path builds a {region.kind} region on {target.name}")
 
 
@@ -64,6 +66,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     base = default_kernel(model, region, target, sizes)
     if not isinstance(base, ContractionKernel):
         yield from path_for(base).region_variants(model, region, base, target, sizes)
+        if region.kind == "grouped" and not isinstance(base, GeneralKernel):  # the fallback stays a candidate
+            yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
         return
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS

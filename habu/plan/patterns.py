@@ -10,6 +10,8 @@
 - a *column* region: one reduction over the leading axis (or axes, flattened) of its inputs, one value
   per column (`G[n] = Σ r dY[r n]`, the bias gradient; `Σ b Σ s dY[b s n]`; `max`; elementwise bodies
   such as `Σ r dY[r n] · X[r n]`);
+- a *grouped* region: one grouped GEMM `T[r n] = Σ k A[IX[r] k] · W[E[r] n k]` (or `A[r k]`) whose
+  weights are chosen per row through a grouping E (`GROUPS:`; habu/lower/grouped.py);
 - a *general* region: any other single node (a thread per output element, each reduction a loop),
   and every scatter store (`Y[IX[r] n] += ...`): the fallback, so every equation the language
   accepts has a kernel.
@@ -70,7 +72,7 @@ class Contraction:
 class Region:
     """A fusion region: the nodes one kernel computes, in order; `output` is what it stores."""
 
-    kind: str  # "contraction", "rows", "map", "columns", "general"
+    kind: str  # "contraction", "rows", "map", "columns", "grouped", "general"
     nodes: tuple[str, ...]  # targets, in model order
 
     @property
@@ -277,6 +279,8 @@ def default_regions(model: Model) -> tuple[Region, ...]:
                 last = nxt
                 i += 1
             regions.append(Region("contraction", tuple(group)))
+        elif as_grouped_gemm(model, eq) is not None:
+            regions.append(Region("grouped", (eq.target,)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
                 if as_column_reduction(eq) is None:
@@ -296,6 +300,56 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
     return tuple(regions)
+
+
+@dataclass(frozen=True)
+class GroupedGemm:
+    """`T[r n] = scale · Σ k A[IX[r] k] · W[E[r] n k]`: the rows r of A (gathered through `gather`, or
+    not), each row's weights the slab W[E[r]] of its group (E a grouping: rows of a group contiguous)."""
+
+    node: Equation
+    r: IndexVar
+    n: IndexVar
+    k: IndexVar
+    a: Load
+    w: Load
+    groups: str  # the grouping E
+    group_extent: str  # the extent of E's values (W's first dimension)
+    scale: Expr | None
+
+
+def as_grouped_gemm(model: Model, eq: Equation) -> GroupedGemm | None:
+    """Recognise a grouped GEMM (the grouped family's node), or None."""
+    rhs = eq.rhs
+    if eq.scatter is not None or len(eq.lhs) != 2 or not isinstance(rhs, Reduce) or rhs.op != "sum" \
+            or len(rhs.vars) != 1:
+        return None
+    (r, n), (k,) = eq.lhs, rhs.vars
+    factors = _factors(rhs.body)
+    loads = [f for f in factors if isinstance(f, Load)]
+    consts = [f for f in factors if not isinstance(f, Load)]
+    if len(loads) != 2 or not all(_is_constant(c) for c in consts) or len({r, n, k}) != 3:
+        return None
+    for a, w in ((loads[0], loads[1]), (loads[1], loads[0])):
+        row = a.indices[0] if len(a.indices) == 2 else None
+        gathered = isinstance(row, Gather) and row.indices == (r,)
+        if a.indices[1:] != (k,) or not (row == r or gathered):
+            continue
+        if len(w.indices) != 3 or w.indices[1:] != (n, k) or not isinstance(w.indices[0], Gather):
+            continue
+        g = w.indices[0]
+        decl = model.tensor(g.tensor)
+        if g.indices != (r,) or not decl.grouped or decl.range is None:
+            continue
+        if model.tensor(w.tensor).extents[0] != decl.range or a.tensor == eq.target or w.tensor == eq.target:
+            continue
+        if str(model.tensor(a.tensor).dtype) != "bf16" or str(model.tensor(w.tensor).dtype) != "bf16":
+            continue  # mma.sync m16n8k16 on bf16 operands; other types stay with the general family
+        scale = None
+        for c in consts:
+            scale = c if scale is None else Op("mul", (scale, c))
+        return GroupedGemm(eq, r, n, k, a, w, g.tensor, decl.range, scale)
+    return None
 
 
 @dataclass(frozen=True)
@@ -489,7 +543,7 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                     if r.kind == "columns" and reduces:  # its reduction, with what prologue and epilogue are left
                         kind = "columns" if column_region(model, piece) else "general"
                     else:
-                        kind = r.kind if r.kind == "general" else _piece_kind(model, piece)
+                        kind = r.kind if r.kind in ("general", "grouped") else _piece_kind(model, piece)
                     regions.append(Region(kind, piece))
             p = tuple(regions)
             if p not in seen:

@@ -166,9 +166,30 @@ class ColumnKernel:
                               pins=("index", "index_width"), unguarded=KEEP)
 
 
-Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel
+@dataclass(frozen=True)
+class GroupedKernel:
+    """A grouped GEMM (`T[r n] = Σ k A[IX[r] k] · W[E[r] n k]`, E grouped): one launch over every group's
+    tiles of bm rows × bn columns, the group offsets found on the device, mma.sync m16n8k16 (bf16, f32
+    accumulate) by warps of 16·wm rows × 8·wn columns (habu/lower/grouped.py)."""
+
+    kind: ClassVar[str] = "grouped"
+    nodes: tuple[str, ...] = doc("the model's node this kernel computes (one)")
+    bm: int = choice("rows of a tile (a group's rows are cut into tiles of bm)", P, allowed=(16, 32, 64, 128),
+                     pins=("bm",), unguarded=KEEP)
+    bn: int = choice("columns of a tile", P, allowed=(16, 32, 64, 128), pins=("bn",), unguarded=KEEP)
+    bk: int = choice("reduced elements staged in shared memory per step of the k loop", P, allowed=(16, 32, 64),
+                     pins=("bk",), unguarded=KEEP)
+    warps_m: int = choice("warps of a block along the rows (each 16·(bm / 16 / warps_m) rows)", P,
+                          allowed=(1, 2, 4), pins=("warps_m",), unguarded=KEEP)
+    warps_n: int = choice("warps of a block along the columns", P, allowed=(1, 2, 4), pins=("warps_n",),
+                          unguarded=KEEP)
+    index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
+                              pins=("index", "index_width"), unguarded=KEEP)
+
+
+Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel
 KERNEL_KINDS: dict[str, type] = {k.kind: k for k in (ContractionKernel, RowKernel, MapKernel, GeneralKernel,
-                                                      ColumnKernel)}
+                                                      ColumnKernel, GroupedKernel)}
 
 
 @dataclass(frozen=True)

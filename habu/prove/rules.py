@@ -42,6 +42,7 @@ from habu.prove.obligation import (
 from habu.prove.rules_columns import COLUMN_RULES, column_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
+from habu.prove.rules_grouped import GROUPED_RULES, grouped_obligations
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -80,11 +81,13 @@ R = {r.name: r for r in (
          "CUDA guide: thread-block clusters; PTX ISA multicast::cluster"),
     *FIELD_RULES.values(),
     *COLUMN_RULES.values(),
+    *GROUPED_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *FIELD_RULES, *COLUMN_RULES)
+          "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *FIELD_RULES, *COLUMN_RULES,
+          *GROUPED_RULES)
 
 
 def checked_rules(target: Target) -> frozenset[str]:
@@ -505,6 +508,7 @@ FAMILY: dict[str, Callable[[str, Any, Context], Iterator[Obligation]]] = {
     "map": map_obligations,
     "general": general_obligations,
     "columns": column_obligations,
+    "grouped": grouped_obligations,
 }
 
 

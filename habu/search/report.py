@@ -79,6 +79,9 @@ def plan_summary(plan: dict) -> str:
         elif k["kind"] == "columns":
             parts.append(f"columns {k['threads']}t/{k['column_threads']}c v{k['vector']} "
                          f"split{k['rows_per_split']} u{k['unroll']}")
+        elif k["kind"] == "grouped":
+            parts.append(f"grouped {k['bm']}x{k['bn']}x{k['bk']} w{k['warps_m']}x{k['warps_n']}"
+                         + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         elif k["kind"] == "general":
             parts.append(f"general {k['threads']}" + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         else:

@@ -187,7 +187,7 @@ def applicability(model: Model, sizes: Mapping[str, int], storage: Mapping[str, 
 def integer_inputs(model: Model, sizes: Mapping[str, int], value_range: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Host inputs: floating-point tensors of nonzero integers in [-value_range, value_range] (float32,
     exact in every dtype the kernels read); index tensors random in range, with duplicates (the last
-    element repeats the first)."""
+    element repeats the first); a grouping's sorted."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for t in model.inputs:
@@ -195,7 +195,9 @@ def integer_inputs(model: Model, sizes: Mapping[str, int], value_range: int, see
         if t.is_index:
             assert t.range is not None
             v = rng.integers(0, sizes[t.range], size=shape, dtype=np.int64)
-            if v.size >= 2:
+            if t.grouped:  # a grouping's values never decrease (GROUPS:); unchosen groups stay empty
+                v = np.sort(v)
+            elif v.size >= 2:
                 v.reshape(-1)[-1] = v.reshape(-1)[0]
             out[t.name] = v
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from habu.lower import GeneralLowering, lower_plan
+from habu.lower import GeneralLowering, GroupedLowering, lower_plan
 from habu.prove import prove
 from habu.prove.verify import demand
 from habu.search.space import default_plan
@@ -42,7 +42,8 @@ def test_the_qwen3_moe_proves_at_a_reduced_witness():
     m = moe_ffn("moe_qwen3_30b_a3b.habu")
     plan = default_plan(m, TARGET, {}, {})
     lowered = lower_plan(m, plan)
-    assert sum(isinstance(lw, GeneralLowering) for lw in lowered) == 3  # gate, up and the combine
+    assert sum(isinstance(lw, GeneralLowering) for lw in lowered) == 1  # the combine (gate, up: grouped)
+    assert sum(isinstance(lw, GroupedLowering) for lw in lowered) == 2
     proof = prove(m, plan, trials=1)
     assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
     w = proof.certificate.witness  # type: ignore[union-attr]

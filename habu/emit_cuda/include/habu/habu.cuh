@@ -11,6 +11,7 @@
 #include "sync/mbarrier.cuh"
 #include "sync/grid.cuh"
 #include "mma/sync.cuh"
+#include "grouped/schedule.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "memory/tma.cuh"
 #include "sync/cluster.cuh"

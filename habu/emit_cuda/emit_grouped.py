@@ -1,0 +1,168 @@
+"""Grouped-GEMM kernels: `T[r n] = scale · Σ k A[IX[r] k] · W[E[r] n k]`, one launch over every group's tiles.
+
+Printed from the `GroupedLowering`: each block finds the group offsets (`habu::group_offsets`, a binary
+search per group over E, the lowering's `lower_bound`) and the row tiles' prefix sum
+(`habu::group_tile_starts`, `tile_starts`) in shared memory, then its row tile's group
+(`habu::tile_group`, `decode`); a block past the last row tile (`live`) returns. Its rows (`row`, masked
+by `row_inside`), columns (`column`) and k steps (`k_index`) are the lowering's; A's rows are gathered
+through the access's offset (IX[r], index-checked by its mask), W is read at the tile's group. Tiles of
+bm × bk of A and bn × bk of W are staged in shared memory as 16-byte chunks (a masked chunk is zeros),
+and warps of (bm / warps_m) × (bn / warps_n) multiply them with mma.sync m16n8k16 (bf16, f32
+accumulate), fragments read from shared memory in the PTX layouts; the epilogue stores each
+accumulator where its row and column are inside.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    float_expr,
+    header,
+    index_code,
+    index_type,
+    store_value,
+)
+from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.grouped import MMA_K, MMA_M, MMA_N, GroupedLowering
+from habu.spec.ir import Model
+
+
+def _no_load(ld) -> str:
+    raise ValueError("the scale of a grouped GEMM reads no tensor")
+
+
+def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
+    k = lw.kernel
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    groups = sizes[lw.g]
+    if not isinstance(groups, int):
+        raise ValueError(f"{name}: the number of groups #{lw.g} must be known when the kernel is compiled")
+    threads, bm, bn, bk = lw.threads, k.bm, k.bn, k.bk
+    pitch = bk + 8  # bf16 elements of a staged row: 16 bytes of padding against bank conflicts
+    mi, ni = lw.warp_rows // MMA_M, lw.warp_cols // MMA_N
+    chunks_a, chunks_b = bm * bk // 8 // threads, bn * bk // 8 // threads
+    e_ptr = sig.pointer(lw.groups, model.tensor(lw.groups).dtype.name)  # type: ignore[union-attr]
+    pa, pw = sig.pointer(lw.a.tensor, "bf16"), sig.pointer(lw.w.tensor, "bf16")
+    p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    rows = c(sizes[lw.r])
+    m, mt = CExpr("m"), CExpr("mt")
+    row = lambda i: c(lw.row(CExpr("offs[g]"), m, CExpr(i)))  # noqa: E731
+    a_coord, w_coord, o_coord = {"r": "r", "k": "kx"}, {"g": "g", "n": "col", "k": "kx"}, {"r": "r", "n": "col"}
+    a_mask = access_mask(lw.a, a_coord, sizes, table)
+    w_mask = access_mask(lw.w, w_coord, sizes, table)
+    o_mask = access_mask(lw.out, o_coord, sizes, table)
+    a_off = access_offset(lw.a, a_coord, sizes, lw.index_width, table)
+    w_off = access_offset(lw.w, w_coord, sizes, lw.index_width, table)
+    o_off = access_offset(lw.out, o_coord, sizes, lw.index_width, table)
+    value = "acc[i][j][q]" if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * acc[i][j][q])"
+    kx = c(lw.k_index(CExpr("step"), CExpr("kk")))
+    src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
+{GRID_LAUNCH}{GRID_WAIT}  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
+  __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
+  __shared__ __align__(16) habu::bf16 As[{bm}][{pitch}];  // A's rows of the tile, {bk} k at a time
+  __shared__ __align__(16) habu::bf16 Ws[{bn}][{pitch}];  // the group's weights, {bn} columns × {bk} k
+  const int tid = threadIdx.x;
+  habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
+  __syncthreads();
+  if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
+  if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
+  habu::group_tile_starts<{it}>([](const {it}* o, int h) {{ return ({it})({c(lw.m_tiles(CExpr("o[h]"), CExpr("o[h + 1]")))}); }},
+                              offs, {groups}, starts);
+  __syncthreads();
+  const {it} mt = ({it})blockIdx.x;  // this block's row tile, among every group's
+  const {it} nt = ({it})blockIdx.y;  // its column tile
+  if (!({c(lw.live(mt, CExpr(f"starts[{groups}]")))})) return;  // past the last row tile: nothing to do
+  const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
+  const {it} m = ({it})({c(lw.tile_in_group(mt, CExpr("starts[g]")))});  // its row tile within the group
+  const {it} end = offs[g + 1];  // the group's rows end here
+  for (int ri = tid; nt == 0 && ri < {bm}; ri += {threads}) {{  // E sorted (GROUPS:): each row holds its group
+    const {it} r = ({it})({row("ri")});
+    if ({c(lw.row_inside(CExpr("r"), CExpr("end")))}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
+  }}
+  const int warp = tid / 32, lane = tid % 32;
+  const int wm = warp % {k.warps_m}, wn = warp / {k.warps_m};
+  float acc[{mi}][{ni}][4];
+#pragma unroll
+  for (int i = 0; i < {mi}; ++i)
+#pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  for ({it} step = 0; step < ({it})({c(lw.k_steps(sizes))}); ++step) {{
+#pragma unroll
+    for (int q = 0; q < {chunks_a}; ++q) {{  // A: 16-byte chunks of its rows, gathered
+      const int chunk = tid + q * {threads}, i = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
+      const {it} r = ({it})({row("i")});
+      const {it} kx = ({it})({kx});
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if ({c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({a_mask})) v = *reinterpret_cast<const uint4*>({pa} + ({a_off}));
+      *reinterpret_cast<uint4*>(&As[i][kk]) = v;
+    }}
+#pragma unroll
+    for (int q = 0; q < {chunks_b}; ++q) {{  // W[g]: 16-byte chunks of its rows
+      const int chunk = tid + q * {threads}, j = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
+      const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("j")))});
+      const {it} kx = ({it})({kx});
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if ({w_mask}) v = *reinterpret_cast<const uint4*>({pw} + ({w_off}));
+      *reinterpret_cast<uint4*>(&Ws[j][kk]) = v;
+    }}
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < {bk}; ks += {MMA_K}) {{
+      const int kc = ks + (lane % 4) * 2;
+      habu::u32 b[{ni}][2];
+#pragma unroll
+      for (int j = 0; j < {ni}; ++j) {{
+        const int n = wn * {lw.warp_cols} + j * {MMA_N} + lane / 4;
+        b[j][0] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc]);
+        b[j][1] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc + 8]);
+      }}
+#pragma unroll
+      for (int i = 0; i < {mi}; ++i) {{
+        const int rr = wm * {lw.warp_rows} + i * {MMA_M} + lane / 4;
+        habu::u32 a[4];
+        a[0] = *reinterpret_cast<const habu::u32*>(&As[rr][kc]);
+        a[1] = *reinterpret_cast<const habu::u32*>(&As[rr + 8][kc]);
+        a[2] = *reinterpret_cast<const habu::u32*>(&As[rr][kc + 8]);
+        a[3] = *reinterpret_cast<const habu::u32*>(&As[rr + 8][kc + 8]);
+#pragma unroll
+        for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc[i][j], a, b[j]);
+      }}
+    }}
+    __syncthreads();
+  }}
+#pragma unroll
+  for (int i = 0; i < {mi}; ++i)
+#pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {{  // the accumulator's rows lane/4 (+8 for q >= 2), columns 2·(lane%4) + q%2
+        const int ti = wm * {lw.warp_rows} + i * {MMA_M} + lane / 4 + (q / 2) * 8;
+        const int tj = wn * {lw.warp_cols} + j * {MMA_N} + (lane % 4) * 2 + q % 2;
+        const {it} r = ({it})({row("ti")});
+        const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("tj")))});
+        if ({c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({o_mask})) {store_value(lw.out.dtype, p_out, o_off, value)}
+      }}
+}}
+"""
+    src = header(f"{name}: grouped GEMM over #{lw.g} = {groups} groups, tiles {bm}×{bn}×{bk}, "
+                 f"{k.warps_m}×{k.warps_n} warps of mma.sync m16n8k16 bf16",
+                 [f"computes {', '.join(k.nodes)}",
+                  f"A[{'gathered' if any(p.kind == 'gather' for p in lw.a.positions) else 'plain'} rows], "
+                  f"W[{lw.groups}'s group of the tile], offsets found on the device"])
+    src += src_body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), threads, 0, lw)
+
+
+register_geometry(GroupedLowering, GRID_2D)  # row tiles of any grouping × column tiles

@@ -1,0 +1,75 @@
+/** @brief The grouped GEMM's tile scheduler (habu/lower/grouped.py): group offsets found on the device by
+ *  a binary search per group over the grouping's values, the row tiles' prefix sum, and a row tile's group. */
+#pragma once
+#include "../types.cuh"
+#include "../memory/index.cuh"
+
+namespace habu {
+
+/** @brief offs[g] = the first row whose group is >= g (rows when none), for g in 0..groups, by the block's
+ *  threads (one binary search each), into shared memory; the caller synchronises. */
+template <typename I, typename E>
+__device__ __forceinline__ void group_offsets(const E* __restrict__ groups_of_rows, I rows, int groups, I* offs) {
+  for (int g = threadIdx.x; g <= groups; g += blockDim.x) {
+    I lo = 0, hi = rows;
+    while (lo < hi) {
+      const I mid = (lo + hi) / 2;
+      if ((long long)groups_of_rows[mid] < (long long)g) lo = mid + 1; else hi = mid;
+    }
+    offs[g] = lo;
+  }
+}
+
+/** @brief starts[g] = the row tiles of groups 0..g-1 (`tiles_of(offs, h)` those of group h: the lowering's
+ *  m_tiles, an empty group none), g in 0..groups, by the first warp (a shuffle scan 32 groups at a time);
+ *  the caller synchronises. */
+template <typename I, typename TilesOf>
+__device__ __forceinline__ void group_tile_starts(TilesOf tiles_of, const I* offs, int groups, I* starts) {
+  if (threadIdx.x >= 32) return;
+  const unsigned lane = threadIdx.x;
+  I carry = 0;
+  if (lane == 0) starts[0] = 0;
+  for (int base = 0; base < groups; base += 32) {
+    const int g = base + (int)lane;
+    I tiles = g < groups ? tiles_of(offs, g) : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const I up = __shfl_up_sync(0xffffffffu, tiles, d);
+      if (lane >= (unsigned)d) tiles += up;
+    }
+    if (g < groups) starts[g + 1] = carry + tiles;
+    carry += __shfl_sync(0xffffffffu, tiles, 31);
+  }
+}
+
+/** @brief The group of row tile mt (mt < starts[groups]): the last g < groups with starts[g] <= mt. */
+template <typename I>
+__device__ __forceinline__ int tile_group(const I* starts, int groups, I mt) {
+  int lo = 0, hi = groups - 1;  // starts[0] = 0 <= mt: the answer is in lo..hi
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (starts[mid] <= mt) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+/** @brief Whether row `position` of a grouping holds `group`, the group whose rows (by the offsets) it lies in.
+ *  When it does not, the grouping's values decrease somewhere (GROUPS: forbids it): sets bit `code` of the
+ *  error words and, the first time, records the position and the value with size 0, which marks an order
+ *  error (habu.emit_cuda.device_errors.describe says it). The tile is computed regardless; its rows are
+ *  then not valid. */
+__device__ __forceinline__ bool grouping_ok(i64 value, i64 group, u32 code, i64 position) {
+  if (value == group) return true;
+  atomicOr(habu_index_errors, 1u << code);
+  if (atomicCAS(habu_index_errors + 1, 0u, code + 1u) == 0u) {
+    habu_index_errors[2] = (u32)((u64)position & 0xffffffffull);
+    habu_index_errors[3] = (u32)((u64)position >> 32);
+    habu_index_errors[4] = (u32)((u64)value & 0xffffffffull);
+    habu_index_errors[5] = (u32)((u64)value >> 32);
+    habu_index_errors[6] = 0u;
+    habu_index_errors[7] = 0u;
+  }
+  return false;
+}
+
+}  // namespace habu

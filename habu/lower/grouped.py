@@ -1,0 +1,168 @@
+"""Lowering the grouped-GEMM family: `T[r n] = scale · Σ k A[IX[r] k] · W[E[r] n k]` with E a grouping (the
+rows of each group contiguous, in order; a group may be empty), in one launch over every group's tiles.
+
+The group offsets: `offs[g] = lower_bound(E, g)` for g in 0..#G (a binary search per group over E's
+values, `lower_bound`), found by each block at its start (no host round trip). The tile scheduler:
+group g has `m_tiles(offs[g], offs[g + 1])` = ⌈(offs[g+1] − offs[g]) / bm⌉ row tiles (an empty group
+none); `tile_starts` is their prefix sum; block (mt, nt) = (blockIdx.x, blockIdx.y) takes the mt-th row
+tile of all groups (`decode`: the last group whose start is ≤ mt, its row tile m = mt − start) and the
+column tile nt; a block past the last row tile (`live`) does nothing. Its rows `row(offs[g], m, i)` =
+offs[g] + m·bm + i are masked by `row_inside` (< offs[g+1]), its columns `column(nt, j)` = nt·bn + j by
+#N, its k steps `k_index(step, kk)` by #K. The grid's x is `grid`'s bound on the row tiles of any
+grouping: Σ_g ⌈c_g / bm⌉ ≤ ⌊(#R + #G·(bm − 1)) / bm⌋. The weights are read at W[g n k], the tile's
+group: equal to W[E[r] n k] for each of its rows because E is grouped (the `grouped` obligation).
+
+Every one of these maps is a method here: the finite-field interpreter (habu.prove.interp_grouped) runs
+them, the rules (habu.prove.rules_grouped) bound them, the emitter (habu.emit_cuda.emit_grouped) prints them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from habu.lower.access import Access, VectorAccess, access_for, cdiv, floordiv
+from habu.plan.patterns import as_grouped_gemm
+from habu.plan.plan import GroupedKernel
+from habu.spec.ir import Equation, Expr, IndexVar, Model
+
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
+
+
+@dataclass(frozen=True)
+class GroupedLowering:
+    kernel: GroupedKernel
+    r: str  # the rows' extent (#R)
+    n: str  # the columns' extent
+    k: str  # the reduced extent
+    g: str  # the groups' extent (E's values, W's first dimension)
+    node: Equation
+    a: Access  # A at axes (r, k), its rows gathered or not
+    w: Access  # W at axes (g, n, k): the tile's group's slab
+    out: Access  # T at axes (r, n)
+    groups: str  # the grouping E, read at a row by the offset search
+    scale: Expr | None
+    index_width: int
+
+    @property
+    def nodes(self) -> tuple[Equation, ...]:
+        return (self.node,)
+
+    @property
+    def extents(self) -> tuple[str, ...]:
+        return (self.r, self.n)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.kernel.warps_m * self.kernel.warps_n
+
+    @property
+    def warp_rows(self) -> int:
+        return self.kernel.bm // self.kernel.warps_m
+
+    @property
+    def warp_cols(self) -> int:
+        return self.kernel.bn // self.kernel.warps_n
+
+    # -- the offsets (ints, numpy arrays or C text through `ops`)
+    def search_steps(self, rows: int) -> int:
+        """Halvings of the binary search over `rows` rows until its range is empty: ⌈log2(rows + 1)⌉."""
+        return max(1, int(rows).bit_length())
+
+    def lower_bound(self, value_at: Callable[[Any], Any], g: Any, rows: int, where: Callable[[Any, Any, Any], Any]
+                    ) -> Any:
+        """The first row whose group is ≥ g (#R when none): lo/hi halved `search_steps` times; `value_at(mid)`
+        reads E (only where lo < hi), `where(c, x, y)` selects."""
+        lo: Any = g * 0
+        hi: Any = g * 0 + rows
+        for _ in range(self.search_steps(rows)):
+            mid = (lo + hi) // 2
+            going = (lo < hi) & (value_at(mid) < g)
+            lo, hi = where(going, mid + 1, lo), where(going | ~(lo < hi), hi, mid)
+        return lo
+
+    def m_tiles(self, lo: Any, hi: Any) -> Any:
+        """Row tiles of the group whose rows are lo .. hi − 1 (none when it is empty)."""
+        return cdiv(hi - lo, self.kernel.bm)
+
+    def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(row tiles of any grouping at most, column tiles): Σ_g ⌈c_g/bm⌉ ≤ ⌊(#R + #G·(bm−1))/bm⌋."""
+        bm = self.kernel.bm
+        return floordiv(sizes[self.r] + sizes[self.g] * (bm - 1), bm), cdiv(sizes[self.n], self.kernel.bn)
+
+    def decode(self, mt: Any, starts: list[Any], where: Callable[[Any, Any, Any], Any]) -> tuple[Any, Any]:
+        """(group, row tile within it) of the mt-th row tile: the last group whose start is ≤ mt."""
+        group: Any = mt * 0
+        for gi in range(1, len(starts) - 1):
+            group = where(starts[gi] <= mt, gi, group)
+        return group, self.tile_in_group(mt, _pick(starts, group, where))
+
+    def tile_in_group(self, mt: Any, start: Any) -> Any:
+        """The row tile within its group of the mt-th row tile, its group's tiles starting at `start`."""
+        return mt - start
+
+    def live(self, mt: Any, total: Any) -> Any:
+        """A block with a row tile to compute (mt below the total row tiles)."""
+        return mt < total
+
+    def row(self, begin: Any, m: Any, i: Any) -> Any:
+        return begin + m * self.kernel.bm + i
+
+    def row_inside(self, row: Any, end: Any) -> Any:
+        return row < end
+
+    def column(self, nt: Any, j: Any) -> Any:
+        return nt * self.kernel.bn + j
+
+    def k_index(self, step: Any, kk: Any) -> Any:
+        return step * self.kernel.bk + kk
+
+    def k_steps(self, sizes: Mapping[str, Any]) -> Any:
+        return cdiv(sizes[self.k], self.kernel.bk)
+
+    def vector_accesses(self) -> tuple[VectorAccess, ...]:
+        """The 16-byte chunks of A's and W's rows the kernel stages: the launch checks their bases' alignment."""
+        return tuple(VectorAccess(acc.tensor, 8, f"the plan stages 16-byte chunks (8 elements) of {acc.tensor}'s rows")
+                     for acc in (self.a, self.w))
+
+    def smem_bytes(self) -> int:
+        """The staged tiles: bm × (bk + 8) of A and bn × (bk + 8) of W in bf16 (rows padded by 16 bytes
+        against bank conflicts), and the offsets and tile starts (ints, #G + 1 each)."""
+        k = self.kernel
+        return 2 * (k.bm + k.bn) * (k.bk + 8)
+
+
+def _pick(values: list[Any], index: Any, where: Callable[[Any, Any, Any], Any]) -> Any:
+    """values[index] for a traced index (a select chain: numpy arrays, z3 terms)."""
+    if isinstance(index, int):
+        return values[index]
+    out = values[0]
+    for i in range(1, len(values)):
+        out = where(index == i, values[i], out)
+    return out
+
+
+def tile_starts(lw: GroupedLowering, offs: list[Any]) -> list[Any]:
+    """starts[g] = Σ_{h<g} m_tiles(offs[h], offs[h+1]), g in 0..#G (starts[#G]: every row tile)."""
+    starts = [offs[0] * 0]
+    for g in range(len(offs) - 1):
+        starts.append(starts[-1] + lw.m_tiles(offs[g], offs[g + 1]))
+    return starts
+
+
+def lower_grouped(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] | None = None) -> GroupedLowering:
+    if len(kernel.nodes) != 1:
+        raise ValueError("a grouped kernel computes one node")
+    eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
+    gg = as_grouped_gemm(model, eq)
+    if gg is None:
+        raise ValueError(f"{eq.target} is not a grouped GEMM")
+    gv = IndexVar("g", gg.group_extent)
+    axis_of = {gg.r: "r", gg.n: "n", gg.k: "k", gv: "g"}
+    extent_of_axis = {"r": gg.r.extent, "n": gg.n.extent, "k": gg.k.extent, "g": gg.group_extent}
+    a = access_for(model.tensor(gg.a.tensor), gg.a.indices, axis_of, extent_of_axis, storage)
+    w = access_for(model.tensor(gg.w.tensor), (gv, *gg.w.indices[1:]), axis_of, extent_of_axis, storage)
+    out = access_for(model.tensor(eq.target), eq.lhs, axis_of, extent_of_axis, storage)
+    return GroupedLowering(kernel, gg.r.extent, gg.n.extent, gg.k.extent, gg.group_extent, eq, a, w, out,
+                           gg.groups, gg.scale, kernel.index_width)

@@ -1,0 +1,86 @@
+"""The grouped-GEMM path: `T[r n] = Σ k A[IX[r] k] · W[E[r] n k]` with E a grouping (the MoE layer's expert
+projections), one launch over every group's tiles, mma.sync m16n8k16 on bf16. habu/lower/grouped.py lowers
+it (the offsets and the tile scheduler), habu/emit_cuda/emit_grouped.py prints it; its analytic default,
+its search space and its cost term are here. A region the path cannot build (a runtime number of groups,
+#K not whole 16-byte chunks) gets no default from it: the general family builds it instead."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+
+from habu.emit_cuda.emit_grouped import emit_grouped
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.grouped import GroupedLowering
+from habu.lower.support import GROUPED
+from habu.paths.analytic import index_width
+from habu.paths.base import KernelPath
+from habu.plan.patterns import Region, as_grouped_gemm
+from habu.plan.plan import GroupedKernel, Kernel
+from habu.spec.ir import INT31_MAX, Model
+from habu.target import Target
+
+# the share of the mma.sync peak this kernel's one-stage, register-staged main loop reaches (a guess for
+# the cost model until it is measured: no cp.async pipeline, fragments read from shared memory by word)
+MMA_SHARE = 0.35
+
+
+class GroupedPath(KernelPath):
+    support = GROUPED
+
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> GroupedKernel | None:
+        """64 × 64 tiles of 32 k, 2 × 2 warps (each 32 × 32: 2 × 4 mma tiles); 32-bit indices where the
+        tensors and the rows a tile computes (#R + 64) stay below 2^31. None where the path cannot build
+        the region (the general family then does)."""
+        eq = next(e for e in model.nodes if e.target == region.nodes[0])
+        gg = as_grouped_gemm(model, eq)
+        if gg is None or len(region.nodes) != 1 or not target.mma_sync:
+            return None
+        static = model.sizes
+        if static.get(gg.group_extent) is None:
+            return None  # the offsets live in shared memory, sized by the number of groups
+        k = static.get(gg.k.extent) or sizes.get(gg.k.extent)
+        if k is None or k % 8:
+            return None  # staged as 16-byte chunks of A's and W's rows
+        width = index_width(model, sizes)
+        if sizes.get(gg.r.extent, 0) + 64 > INT31_MAX:
+            width = 64
+        return GroupedKernel(nodes=region.nodes, bm=64, bn=64, bk=32, warps_m=2, warps_n=2, index_width=width)
+
+    def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
+        """Tiles 32/64/128 rows × 64/128 columns × 32/64 k, 2 × 2, 4 × 2 or 2 × 4 warps (those whose warp
+        tiles are whole mma tiles and whose chunks divide among the threads)."""
+        assert isinstance(base, GroupedKernel)
+        for bm, bn, bk, (wm, wn) in itertools.product((32, 64, 128), (64, 128), (32, 64), ((2, 2), (4, 2), (2, 4))):
+            k = replace(base, bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn)
+            threads = 32 * wm * wn
+            if (bm // wm) % 16 or (bn // wn) % 8 or (bm * bk // 8) % threads or (bn * bk // 8) % threads:
+                continue
+            yield k
+
+    def seconds(self, lw: GroupedLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
+        """(FLOPs, bytes moved, seconds): the row tiles of an even grouping (#R/#G rows a group), each
+        reading its A rows once per column tile and the groups' weights once, at MMA_SHARE of mma.sync."""
+        c = target.ceilings
+        R, N, K, G = (sizes[x] for x in (lw.r, lw.n, lw.k, lw.g))
+        k = lw.kernel
+        tiles_m = G * -(-max(1, R // max(G, 1)) // k.bm)
+        tiles_n = -(-N // k.bn)
+        flops = 2.0 * tiles_m * k.bm * tiles_n * k.bn * K
+        moved = 2.0 * (R * K * tiles_n + G * N * K) + 4.0 * R * N
+        peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
+        return flops, moved, max(flops / peak, moved / c.bandwidth) + c.launch_s
+
+    def smem_bytes(self, lowering: GroupedLowering) -> int:  # type: ignore[override]
+        return lowering.smem_bytes()
+
+    def registers(self, lowering: GroupedLowering) -> int:  # type: ignore[override]
+        return 0
+
+    def emit(self, name: str, model: Model, lowering: GroupedLowering, static: dict[str, int],  # type: ignore[override]
+             target: Target, early_main_loop: bool = False) -> CudaKernel:
+        return emit_grouped(name, model, lowering, static)
+
+
+PATH = GroupedPath()

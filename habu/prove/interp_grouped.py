@@ -1,0 +1,128 @@
+"""Executing a grouped-GEMM kernel over GF(p): the offsets, the tile scheduler and the selected blocks,
+as the emitter prints them.
+
+The offsets are the lowering's `lower_bound` over E's values as the check draws them (sorted, groups left
+empty: `GroupedVirtualTensor`), run for every group 0..#G; the tile starts its `tile_starts`. Each block
+(mt, nt) decodes its group and row tile (`decode`, `live`), reads A at its rows (`row`, masked by
+`row_inside` at the group's end, then by the access's own masks and index checks) and W at its group's
+slab, every k step (`k_index`), sums the products over GF(p), and stores its rows and columns. A row the
+scheduler gives two blocks is written twice (a race the check names); a row it gives none is never
+written (the check names it unwritten); a row read with another group's weights is a wrong value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from habu.lower.grouped import GroupedLowering, tile_starts
+from habu.prove.interp import Memory, eval_pointwise, read, write
+from habu.prove.kinds import KindProof, TileAxis, register_kind
+from habu.spec.field import PrimeField
+from habu.spec.ir import Expr
+
+
+def _where(c, x, y):
+    return np.where(c, x, y)
+
+
+def group_offsets(lw: GroupedLowering, sizes: Mapping[str, int], mem: Memory) -> list[int]:
+    """offs[g] for g in 0..#G: the lowering's binary search over E's values (read as the kernel reads
+    them, E at rows below #R)."""
+    rows, groups = sizes[lw.r], sizes[lw.g]
+    table = mem.inputs[lw.groups]
+    values = np.asarray(table.at(np.arange(rows, dtype=np.int64)), dtype=np.int64) if rows else np.zeros(0, np.int64)
+
+    def value_at(mid: np.ndarray) -> np.ndarray:
+        return values[np.clip(mid, 0, max(rows - 1, 0))] if rows else np.zeros_like(mid)
+
+    g = np.arange(groups + 1, dtype=np.int64)
+    offs = lw.lower_bound(value_at, g, rows, _where)
+    return [int(x) for x in np.asarray(offs)]
+
+
+def _scale(f: PrimeField, e: Expr, sizes: Mapping[str, int]) -> np.ndarray:
+    """The product's constant factor (constants and sizes only) over GF(p)."""
+    return eval_pointwise(e, lambda ld: None, f, sizes)
+
+
+def run_grouped(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem: Memory, blocks,
+                keep: np.ndarray | None = None) -> None:
+    """Run the blocks `blocks`, (mt, nt) pairs; the blocks of one row tile together (one read of A)."""
+    offs = group_offsets(lw, sizes, mem)
+    starts = tile_starts(lw, offs)
+    by_row_tile: dict[int, list[int]] = {}
+    for mt, nt in blocks:
+        by_row_tile.setdefault(int(mt), []).append(int(nt))
+    for mt, nts in by_row_tile.items():
+        _run_row_tile(name, lw, sizes, mem, offs, starts, mt, nts)
+
+
+def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem: Memory, offs: list[int],
+                  starts: list[int], mt: int, nts: list[int]) -> None:
+    """The blocks (mt, nt) for every nt of `nts`, as each runs: its rows, its column tile, every k step."""
+    f = mem.field
+    k = lw.kernel
+    if not bool(lw.live(mt, starts[-1])):
+        return
+    group, m = lw.decode(mt, starts, _where)
+    group, m = int(group), int(m)
+
+    def where(bad: np.ndarray) -> str:
+        return f"row tile {mt} (group {group}, its tile {m}), column tiles {nts[0]}.."
+
+    i = np.arange(k.bm, dtype=np.int64)
+    j = np.arange(k.bn, dtype=np.int64)
+    rows = np.asarray(lw.row(offs[group], m, i), dtype=np.int64)
+    inside = np.asarray(lw.row_inside(rows, offs[min(group + 1, len(offs) - 1)]), dtype=bool)
+    cols = np.concatenate([np.asarray(lw.column(nt, j), dtype=np.int64) for nt in nts])
+    steps = int(lw.k_steps(sizes))
+    kk = np.arange(k.bk, dtype=np.int64)
+    ks = np.concatenate([np.asarray(lw.k_index(s, kk), dtype=np.int64) for s in range(steps)]) if steps else kk[:0]
+    live_rows = rows[inside]
+    if not len(live_rows):
+        return
+    if not len(ks):
+        acc = np.zeros((len(live_rows), len(cols)), dtype=np.int64)
+    else:
+        a = read(name, lw.a, {"r": live_rows[:, None], "k": ks[None, :]}, sizes, mem, lw.index_width, where)
+        w = read(name, lw.w, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
+                 lw.index_width, where)
+        a = np.broadcast_to(a, (len(live_rows), len(ks)))
+        w = np.broadcast_to(w, (len(cols), len(ks)))
+        acc = f.contract2(np.ascontiguousarray(a), np.ascontiguousarray(w), "ik", "jk", "ij")
+        if lw.scale is not None:
+            acc = (acc * np.asarray(_scale(f, lw.scale, sizes), dtype=np.int64)) % f.p
+    write(name, lw.out, {"r": live_rows[:, None], "n": cols[None, :]}, acc, sizes, mem, lw.index_width,
+          False, None, where)
+
+
+# ----------------------------------------------------------------------------- the grouped kind
+
+
+def _everything(lw: GroupedLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """Every block of the grid (the offsets depend on the drawn grouping, so no block stands for another),
+    and every element of the output."""
+    gx, gy = (int(x) for x in lw.grid(sizes))
+    blocks = [(mt, nt) for nt in range(gy) for mt in range(gx)]
+    box = (np.arange(sizes[lw.r]), np.arange(sizes[lw.n]))
+    return blocks, box, f"all {gx} × {gy} blocks (row tiles of any grouping × column tiles)"
+
+
+def _box(lw: GroupedLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
+    blocks, _, text = _everything(lw, sizes)
+    return blocks, None, text
+
+
+def _tiled_axes(name: str, lw: GroupedLowering) -> list[TileAxis]:
+    """The column tiles and the k steps. Not the row tiles: a group's tiles depend on the drawn grouping,
+    not on #R's classes, and three tiles of rows would make the reference gather #R × #N × #K weights
+    (minutes at Mixtral's #H); groups longer than a tile, empty ones and one holding every row are
+    checked by tests/prove/test_grouped.py's groupings."""
+    k = lw.kernel
+    return [TileAxis(name, "n", lw.n, k.bn), TileAxis(name, "k", lw.k, k.bk)]
+
+
+register_kind(GroupedLowering, KindProof(run=run_grouped, final_selection=_everything, box_selection=_box,
+                                         tiled_axes=_tiled_axes))

@@ -1,0 +1,71 @@
+"""The rules of a grouped-GEMM kernel (habu/lower/grouped.py): every load and the store in bounds and
+free of 32-bit wrap-around, the rows its tile scheduler computes (masked or not) within 32 bits, its
+grid within the launch limits and large enough for every grouping (`grouped-schedule`), its 16-byte
+staged chunks aligned, its shared memory within the block's static limit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import z3
+
+from habu.lower.grouped import GroupedLowering
+from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
+from habu.prove.rules_fields import _grid
+
+GROUPED_RULES = {r.name: r for r in (
+    Rule("grouped-schedule", "the grid of a grouped GEMM has a block for every row tile of every grouping of "
+         "#R rows into #G groups (a group of c rows has ⌈c/bm⌉ tiles, an empty one none)",
+         "a row tile past the grid is never computed: its rows stay unwritten"),
+)}
+
+STATIC_SMEM = 48 * 1024
+
+
+def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator[Obligation]:
+    from habu.prove.rules import R, _access_obligations, supported  # rules.py imports this module
+
+    k, s, t = lw.kernel, ctx.ext, ctx.target
+    axes = {"r": (s[lw.r], 1), "n": (s[lw.n], 1), "k": (s[lw.k], 1), "g": (s[lw.g], 1)}
+    yield from _access_obligations(name, lw.a, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.w, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    yield from supported(name, lw, ctx)
+    yield Obligation(R["threads"], name, None, f"{lw.threads} threads per block ≤ {t.max_threads_per_block}",
+                     lw.threads <= t.max_threads_per_block, detail=f"{lw.threads} threads")
+    groups = s[lw.g]
+    yield Obligation(R["supported-path"], name, None, f"the number of groups #{lw.g} is known when the kernel is "
+                     "compiled (each block keeps the offsets in shared memory)", isinstance(groups, int),
+                     detail=f"#{lw.g} is a runtime extent")
+    if isinstance(groups, int):
+        smem = lw.smem_bytes() + 8 * (groups + 1)
+        most = min(STATIC_SMEM, t.smem_per_block)
+        yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of staged tiles and offsets ≤ {most}",
+                         smem <= most, detail=f"{smem} bytes of static shared memory; a block may declare {most}")
+    yield Obligation(R["vector-align"], name, None,
+                     f"A's and W's rows start on 16-byte chunks (#{lw.k} a multiple of 8)", s[lw.k] % 8 == 0,
+                     detail=f"#{lw.k} is not a multiple of 8: the staged 16-byte chunks are misaligned")
+    gx, gy = lw.grid(s)
+    yield _grid(name, "x", "row tiles of any grouping", gx, t.max_grid_x)
+    yield _grid(name, "y", "one block per column tile", gy, t.max_grid_yz)
+    # the schedule: a group of c rows has ⌈c/bm⌉ tiles, and ⌈c/bm⌉·bm ≤ c + bm − 1 for every c ≥ 0; summed
+    # over the #G groups (Σ c = #R) the tiles are at most ⌊(#R + #G·(bm − 1))/bm⌋, grid.x
+    c = z3.Int("group_rows")
+    per_group = z3.Implies(c >= 0, lw.m_tiles(0, c) * k.bm <= c + k.bm - 1)  # c free: for every c
+    yield Obligation(GROUPED_RULES["grouped-schedule"], name, None,
+                     f"⌈c/{k.bm}⌉·{k.bm} ≤ c + {k.bm} − 1 for a group of c rows, so the row tiles of any grouping "
+                     f"are at most ⌊(#{lw.r} + #{lw.g}·{k.bm - 1})/{k.bm}⌋ = grid.x", per_group,
+                     detail="a grouping has more row tiles than the grid has blocks")
+    if lw.index_width == 32:
+        # the rows a live block computes before its mask: offs[g] + m·bm + i with m below the group's
+        # tiles: at most offs[g+1] + bm − 2 ≤ #R + bm − 2
+        lo, hi, m, i = z3.Ints("offs_g offs_g1 row_tile lane")
+        row = lw.row(lo, m, i)
+        cons = [lo >= 0, lo <= hi, hi <= s[lw.r], m >= 0, m < lw.m_tiles(lo, hi), i >= 0, i < k.bm]
+        yield Obligation(INT32_OFFSETS, name, None,
+                         f"32-bit rows offs[g] + m·{k.bm} + i of a live tile (masked or not) ≤ 2^31−1",
+                         z3.Implies(z3.And(*cons), z3.And(row <= INT31, row <= s[lw.r] + k.bm - 2)),
+                         detail="a tile's row exceeds 2^31 − 1 in 32 bits; use 64-bit indices (--pin index=64)")
+        col = lw.column(gy - 1, k.bn - 1)
+        yield Obligation(INT32_OFFSETS, name, None, f"32-bit columns nt·{k.bn} + j (masked or not) ≤ 2^31−1",
+                         col <= INT31, detail="a tile's column exceeds 2^31 − 1 in 32 bits")
