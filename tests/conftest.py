@@ -59,7 +59,7 @@ SLOW_FILES = ("tests/cluster/test_ray.py", "tests/cluster/test_ray_node_loss.py"
               "tests/search/test_pool.py", "tests/search/test_tasks.py", "tests/search/test_prune.py",
               "tests/search/test_limits.py", "tests/spec/test_fuzz.py", "tests/test_export.py",
               "tests/test_export_launcher.py", "tests/lower/test_general.py", "tests/test_plans.py",
-              "tests/test_plan_import.py", "tests/search/test_search.py")
+              "tests/test_plan_import.py", "tests/search/test_search.py", "tests/test_backward_plans.py")
 SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_sample_of_legal_plans_compiles",
               "test_regression_a_plans_kernels_compile_as_one_translation_unit",
               "test_mutant_is_killed_with_the_element_it_spoils", "test_a_search_", "test_habu_search",
@@ -69,7 +69,7 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_a_seeded_samp
               "test_regression_cpu_search_top5_tied", "test_habu_tune_stores",
               "test_the_torch_baseline_scatters_with_accumulation", "test_compile_backward_proves_the_derived_model",
               "test_grad_prints_the_backward_and_habu_check", "test_grad_refusals_are_errors_with_a_place",
-              "test_grad_saves_a_value_the_user_names")
+              "test_grad_saves_a_value_the_user_names", "test_regression_row_kernels_caching_different_words")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -381,6 +381,34 @@ class _Deriver:
             terms.append(Reduce("sum", bound, body) if bound else body)
         return terms
 
+    def _own_reductions(self, target: str, extents: tuple[str, ...], lhs: tuple[IndexVar, ...],
+                        terms: list[Expr]) -> list[Expr]:
+        """`terms` with each Σ among them computed by a node of its own (an f32 intermediate `%r<n><target>`)
+        and read back, where that gives the planner kernels it has: a sum of a contraction and other terms
+        (FFN's `dX = dT6 + Σ h dT2·W1`) is otherwise one general kernel (a thread per element, each looping
+        over h), split it is a contraction whose epilogue adds the rest; and a Σ storing into a size-1
+        broadcast extent it does not depend on (a bias's `dB[one h] = Σ b dT[b h]`) is otherwise a general
+        kernel too, split it is a column reduction and a copy."""
+        broadcast = [pos for pos, e in enumerate(extents) if self.fwd.extent(e).size == 1]
+        mixed = any(not isinstance(t, Reduce) for t in terms)  # a sum of reductions alone stays one node
+        out: list[Expr] = []
+        for t in terms:
+            if not isinstance(t, Reduce) or (not mixed and not broadcast):
+                out.append(t)
+                continue
+            used = {v for x in walk(t) if isinstance(x, Load) for i in x.indices for v in index_subexprs(i)
+                    if isinstance(v, IndexVar)}
+            keep = tuple(pos for pos, v in enumerate(lhs) if pos not in broadcast or v in used)
+            if len(keep) == len(lhs) and not mixed:
+                out.append(t)
+                continue
+            name = _unique(f"%r{target.lstrip('%')}", self.taken)
+            idx = tuple(lhs[pos] for pos in keep)
+            self.nodes.append(Equation(name, idx, t))
+            self.inter[name] = TensorDecl(name, tuple(extents[pos] for pos in keep), None)
+            out.append(Load(name, idx))
+        return out
+
     def _emit_intermediate(self, name: str) -> str:
         decl = self.fwd.tensor(name)
         adj = f"%d{name.lstrip('%')}"
@@ -388,7 +416,7 @@ class _Deriver:
         contribs = self.contrib.pop(name)
         if any(isinstance(i, Gather) for c in contribs for i in c.indices):
             raise HabuError(f"cannot differentiate {self.fwd.name}: an intermediate is read through a gather")
-        rhs = add_all(self._terms(name, decl.extents, lhs, contribs))
+        rhs = add_all(self._own_reductions(adj, decl.extents, lhs, self._terms(name, decl.extents, lhs, contribs)))
         if isinstance(rhs, Load) and rhs.indices == lhs:
             return rhs.tensor  # the gradient of a copy (or of an addition's term) is the same tensor
         self.nodes.append(Equation(adj, lhs, rhs))
@@ -404,7 +432,8 @@ class _Deriver:
         if not gathered:
             lhs = tuple(self.fresh(e) for e in decl.extents)
             self.decls[grad] = TensorDecl(grad, decl.extents, _grad_dtype(decl))
-            self.nodes.append(Equation(grad, lhs, add_all(self._terms(name, decl.extents, lhs, contribs))))
+            terms = self._own_reductions(grad, decl.extents, lhs, self._terms(name, decl.extents, lhs, contribs))
+            self.nodes.append(Equation(grad, lhs, add_all(terms)))
             return grad
         if len(contribs) > 1:
             raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: {name} is read through a gather "
