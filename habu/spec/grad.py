@@ -18,7 +18,9 @@ equation nodes, so it is differentiated through its equations. The rules for the
 
 Before differentiating, every reduction whose value depends on fewer indices than its node (a row
 statistic: RMSNorm's `rsqrt(Σ x²/#d + ε)`, softmax's maximum and sum) is hoisted into a node of its
-own (`hoist_statistics`), so that it is a forward value the backward can save. Which forward values
+own (`hoist_statistics`), so that it is a forward value the backward can save. A statistic whose adjoint
+is identically zero (softmax's maximum: the output is shift-invariant) is found so over GF(p)
+(`habu.spec.grad_zero`) and nothing flows through it. Which forward values
 are saved (inputs of the backward model, extra outputs of `Backward.forward`) and which are recomputed
 (nodes of the backward model) is `SavePolicy`; see its docstring for the plan-space dimension.
 """
@@ -272,6 +274,7 @@ class _Deriver:
         for o in self.fwd.outputs:
             cot[o.name] = _unique(f"d{o.name}", self.taken)
             self.decls[cot[o.name]] = TensorDecl(cot[o.name], o.extents, o.dtype)
+        self.cotangents = cot
         adjoint: dict[str, str] = {}
         for eq in reversed(self.fwd.nodes):
             if eq.target in self.out_names:
@@ -279,7 +282,10 @@ class _Deriver:
             else:
                 if eq.target not in self.contrib:
                     continue  # no output's gradient depends on it
+                kept = len(self.nodes)
                 adj = self._emit_intermediate(eq.target)
+                if self._vanishes(eq.target, adj, kept):
+                    continue
             adjoint[eq.target] = adj
             if eq.target not in self.active:
                 continue
@@ -292,6 +298,21 @@ class _Deriver:
         for n in self.wrt:
             grads.append((n, self._emit_gradient(n)))
         return self._finish(tuple(grads), tuple(cot.items()))
+
+    def _vanishes(self, target: str, adj: str, kept: int) -> bool:
+        """Whether the adjoint of the row statistic `target` is identically zero (softmax's maximum: see
+        habu/spec/grad_zero.py); if so its nodes are dropped and nothing flows through it."""
+        if not target.startswith("%s") or adj not in self.inter or len(self.nodes) == kept:
+            return False
+        from habu.spec.grad_zero import vanishes
+
+        cot = tuple(self.decls[c] for c in self.cotangents.values())
+        if not vanishes(self.fwd, cot, self.nodes, self.inter, adj):
+            return False
+        for eq in self.nodes[kept:]:
+            self.inter.pop(eq.target, None)
+        del self.nodes[kept:]
+        return True
 
     def _identity(self, tensor: str, adj: str) -> None:
         if f"in:{tensor}" not in self.active:
