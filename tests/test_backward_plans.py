@@ -3,9 +3,11 @@ shape their finite-field check runs at (habu/prove/witness.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from habu.cli_grad import backward_program
 from habu.compile import bind_shape
-from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, lower_plan
+from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, RowLowering, lower_plan
 from habu.plan.rewrite import planned_model
 from habu.prove.witness import witness_sizes
 from habu.search.space import default_plan
@@ -43,3 +45,16 @@ def test_regression_ffn_backward_is_checked_at_a_witness_shape():
     names = [f"kernel {i}" for i in range(len(lowerings))]
     w = witness_sizes(graph, names, lowerings, dict(FFN_SHAPE, ONE=1))
     assert w["D"] < FFN_SHAPE["D"] and w["H"] < FFN_SHAPE["H"], w
+
+
+@pytest.mark.parametrize("path,name,extent", [("rmsnorm.habu", "RMSNORM-ROWS", "D"),
+                                              ("softmax.habu", "SOFTMAX-ROWS", "C")])
+def test_regression_row_backward_is_one_row_kernel(path, name, extent):
+    # the row statistic's adjoint (Σ d dY·X) was a node of its own: a row kernel writing one number per row and
+    # a second row kernel reading the rows again; it is now substituted into dX's node, as the forward's
+    # rsqrt(Σ ...) is, and softmax's maximum (whose adjoint is zero) no longer adds two passes
+    program, bw_name = backward_program(load_program(EXAMPLES[0].parent / path), name, None, "auto")
+    shape = {"R": 8192, extent: 4096}
+    model = bind_shape(program.model(bw_name), shape)
+    plan = default_plan(model, target_named("sm_90a"), shape, {})
+    assert [type(lw) for lw in lower_plan(model, plan)] == [RowLowering]

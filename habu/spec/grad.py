@@ -297,7 +297,35 @@ class _Deriver:
         grads: list[tuple[str, str]] = []
         for n in self.wrt:
             grads.append((n, self._emit_gradient(n)))
+        self._inline_row_statistics()
         return self._finish(tuple(grads), tuple(cot.items()))
+
+    def _inline_row_statistics(self) -> None:
+        """A row statistic's adjoint (RMSNorm's `dQ[r] = Σ d dY·X`, softmax's `Σ c dY·y`) read by one
+        elementwise node only is substituted into it, as the forward's `X · rsqrt(Σ d X² …)` is one node:
+        the row kernel then computes the Σ and the row's elements in one kernel (one pass over dY and X,
+        then the row again from its cache), where two nodes were two kernels, the second re-reading the
+        rows."""
+        for eq in list(self.nodes):
+            statistic = eq.target.startswith("%ds")  # the adjoint of a hoisted statistic %s<n>
+            if not statistic or eq.target not in self.inter or not isinstance(eq.rhs, Reduce):
+                continue
+            readers = [n for n in self.nodes if n is not eq and eq.target in tensors_read(n.rhs)]
+            if len(readers) != 1:
+                continue
+            reader = readers[0]
+            if reader.scatter is not None or any(isinstance(x, Reduce) for x in walk(reader.rhs)) \
+                    or len(reader.lhs) <= len(eq.lhs):
+                continue
+
+            def leaf(x: Expr, eq: Equation = eq) -> Expr:
+                if isinstance(x, Load) and x.tensor == eq.target:
+                    return substitute(eq.rhs, dict(zip(eq.lhs, x.indices, strict=True)), self.fresh)
+                return x
+
+            self.nodes[self.nodes.index(reader)] = replace(reader, rhs=map_ops(reader.rhs, leaf))
+            self.nodes.remove(eq)
+            del self.inter[eq.target]
 
     def _vanishes(self, target: str, adj: str, kept: int) -> bool:
         """Whether the adjoint of the row statistic `target` is identically zero (softmax's maximum: see
