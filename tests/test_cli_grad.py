@@ -55,3 +55,15 @@ def test_compile_backward_proves_the_derived_model(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "finite field: passed" in r.stdout
     assert (tmp_path / "plan.json").exists()
+
+
+def test_regression_row_kernels_caching_different_words_share_one_source(tmp_path):
+    # RMSNorm's backward, recomputing everything, is one source with a row kernel caching a float row and one
+    # caching a bf16 row; both declared `extern __shared__ ... row_cache_all[]` with different types, which
+    # NVRTC refuses (CUDA makes them one variable)
+    r = habu("compile", str(EX / "rmsnorm.habu"), "--model", "RMSNORM-EQ", "--backward", "--save", "recompute",
+             "--shape", "R=64,D=256", "--target", "sm_90a", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    source = (tmp_path / "plan.cu").read_text()
+    assert "float row_cache_all[]" in source and "unsigned short row_cache_words16[]" in source
+    assert (tmp_path / "plan.sm_90a.cubin").exists()
