@@ -94,9 +94,10 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
     from habu.emit_cuda.runtime import CompiledModel
     from habu.gpu_info import current_arch
     from habu.paths.emit import emit
+    from habu.spec.grad_program import with_backward
     from habu.spec.parser import load_program
 
-    program = load_program(path)
+    program = with_backward(load_program(path), model)  # a backward model by its name, NAME-GRAD
     m = bind_shape(program.pick(model), dict(shape))
     tgt = target_named(current_arch())
     with PlanDB(db) as plans:
@@ -154,5 +155,6 @@ def lookup_key(model, target):
     """The database key a search on this machine would have stored under (`habu.search.keys`)."""
     from habu.gpu_info import device_info
     from habu.search.keys import database_key
+    from habu.spec.grad_program import direction
 
-    return database_key(model, {e.name: e.size for e in model.extents}, target, device_info())
+    return database_key(model, {e.name: e.size for e in model.extents}, target, device_info(), direction(model.name))

@@ -79,8 +79,9 @@ class Search:
     # -- keys
     def _key(self) -> Key:
         from habu.search.keys import database_key
+        from habu.spec.grad_program import direction
 
-        return database_key(self.model, self.sizes, self.target, self.gpu)
+        return database_key(self.model, self.sizes, self.target, self.gpu, direction(self.model.name))
 
     # -- budget
     def _left(self) -> bool:
