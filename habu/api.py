@@ -97,9 +97,10 @@ def load(path: str | Path, model: str | None = None, *, db: str | Path | None = 
     from habu.emit_cuda.runtime import CompiledModel
     from habu.gpu_info import current_arch
     from habu.paths.emit import emit
+    from habu.spec.grad_program import with_backward
     from habu.spec.parser import load_program
 
-    program = load_program(path)
+    program = with_backward(load_program(path), model)  # a backward model by its name, NAME-GRAD
     m = bind_shape(program.pick(model), dict(shape))
     tgt = target_named(current_arch())
     from habu.plan.buckets import BucketGrid
@@ -204,6 +205,7 @@ def lookup_key(model, target, ranges=()):
     `ranges`, a size bucket's (habu/plan/buckets.py)."""
     from habu.gpu_info import device_info
     from habu.search.keys import database_key
+    from habu.spec.grad_program import direction
 
     return database_key(model, {e.name: e.size for e in model.extents if e.size is not None}, target,
-                        device_info(), ranges=ranges)
+                        device_info(), direction=direction(model.name), ranges=ranges)

@@ -197,6 +197,11 @@ def search(
                                                           "HOST:PORT, or auto (the address in RAY_ADDRESS or "
                                                           "/tmp/ray/ray_current_cluster).")] = None,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,
+    backward: Annotated[bool, typer.Option("--backward", help="Search the model's derived backward model, stored "
+                                                              "as NAME-GRAD (habu.load(path, 'NAME-GRAD') finds "
+                                                              "it).")] = False,
+    save: Annotated[str, typer.Option("--save", help="With --backward: the save policy (auto, save, "
+                                                     "recompute; see habu grad).")] = "auto",
 ) -> None:
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
     from habu.spec.parser import load_program
@@ -204,6 +209,12 @@ def search(
 
     results = output_console()  # the results; progress and notes go to stderr
     m = load_program(file).pick(model)
+    if backward:
+        from habu.cli_grad import save_policy
+        from habu.spec.grad_program import backward_name
+
+        name = backward_name(m.name, save_policy(save).mode.value)
+        m = with_backward_model(file, name)
     tuned = tune(file, m.name, shape=parse_shape(shape, [e.name for e in m.extents]), target=target, budget=budget,
                  db=db, top_k=top_k, seed=seed, no_gpu=no_gpu, jobs=jobs, ray=ray, out=out,
                  log=output_console(stderr=True), on_tuned=lambda t: _print_tuned(results, t))
@@ -211,6 +222,14 @@ def search(
         stored = " (the plans verified so far are stored)" if any(t.best is not None for t in tuned.tuned) else ""
         output_console(stderr=True).print(f"habu: interrupted{stored}", highlight=False)
         raise typer.Exit(130)
+
+
+def with_backward_model(file: Path, name: str):
+    """The derived backward model `name` (habu.spec.grad_program.backward_name) of `file`."""
+    from habu.spec.grad_program import with_backward
+    from habu.spec.parser import load_program
+
+    return with_backward(load_program(file), name).model(name)
 
 
 def _print_tuned(console, tuned) -> None:

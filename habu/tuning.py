@@ -88,7 +88,9 @@ def tune(path: str | Path, model: str | None = None, *, shape: Mapping[str, int]
         from rich.console import Console
 
         log = Console(stderr=True)
-    program = load_program(path)
+    from habu.spec.grad_program import with_backward
+
+    program = with_backward(load_program(path), model)  # NAME-GRAD: the derived backward of NAME
     m = program.pick(model)
     sizes = dict(shape or {})
     grid = BucketGrid.of(bind_shape(m, sizes))

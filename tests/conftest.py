@@ -61,7 +61,7 @@ SLOW_FILES = ("tests/cluster/test_ray.py", "tests/cluster/test_ray_node_loss.py"
               "tests/test_export_launcher.py", "tests/lower/test_general.py", "tests/test_plans.py",
               "tests/lower/test_batched.py", "tests/lower/test_transposed.py",
               "tests/test_plan_import.py", "tests/search/test_search.py", "tests/test_tune_buckets.py",
-              "tests/test_compile_buckets.py")
+              "tests/test_compile_buckets.py", "tests/test_backward_plans.py")
 SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_the_moe_examples_prove_through_grouped_kernels",
               "test_a_seeded_sample_of_legal_plans_compiles",
               "test_regression_a_plans_kernels_compile_as_one_translation_unit",
@@ -73,7 +73,8 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_the_moe_examp
               "test_the_torch_baseline_scatters_with_accumulation", "test_compile_backward_proves_the_derived_model",
               "test_grad_prints_the_backward_and_habu_check", "test_grad_refusals_are_errors_with_a_place",
               "test_grad_saves_a_value_the_user_names", "test_skinny_defaults_are_proven_and_compile",
-              "test_the_search_space_of_a_skinny_contraction_holds")
+              "test_the_search_space_of_a_skinny_contraction_holds",
+              "test_regression_row_kernels_caching_different_words")
 
 
 def pytest_collection_modifyitems(config, items):

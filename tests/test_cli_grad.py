@@ -55,3 +55,25 @@ def test_compile_backward_proves_the_derived_model(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "finite field: passed" in r.stdout
     assert (tmp_path / "plan.json").exists()
+
+
+def test_regression_row_kernels_caching_different_words_share_one_source(tmp_path):
+    # RMSNorm's backward, recomputing everything, is one source with a row kernel caching a float row and one
+    # caching a bf16 row; both declared `extern __shared__ ... row_cache_all[]` with different types, which
+    # NVRTC refuses (CUDA makes them one variable)
+    r = habu("compile", str(EX / "rmsnorm.habu"), "--model", "RMSNORM-EQ", "--backward", "--save", "recompute",
+             "--shape", "R=64,D=256", "--target", "sm_90a", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    source = (tmp_path / "plan.cu").read_text()
+    assert "float row_cache_all[]" in source and "unsigned short row_cache_words16[]" in source
+    assert (tmp_path / "plan.sm_90a.cubin").exists()
+
+
+def test_habu_search_backward_proves_in_worker_processes(tmp_path):
+    # regression: the workers re-read the model from the file by name and did not find a derived backward
+    r = habu("search", str(EX / "rmsnorm.habu"), "--model", "RMSNORM-ROWS", "--backward", "--save", "recompute",
+             "--shape", "R=64,D=256", "--no-gpu", "--budget", "4", "--jobs", "2", "--target", "sm_90a",
+             "--db", str(tmp_path / "db.sqlite"), "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "winner: plan" in r.stdout and "Traceback" not in r.stderr
+    assert "RMSNORM-ROWS-GRAD-RECOMPUTE" in (tmp_path / "out" / "report.md").read_text()

@@ -133,3 +133,25 @@ def test_regression_the_measured_section_reads_the_winners_record_not_the_entrys
     result = SearchResult(plan, [earlier, ours], Stats(), None, True, [])  # type: ignore[arg-type]
     assert winner_record(result) is ours
     assert winner_record(SearchResult(None, [earlier], Stats(), None, True, [])) is None  # type: ignore[arg-type]
+
+
+def test_regression_a_search_of_a_derived_backward_stores_it_keyed_backward_where_load_finds_it(tmp_path):
+    # the search's workers and habu.load re-read the model from the file by name, where a derived backward
+    # was not found; NAME-GRAD (habu.spec.grad_program.backward_name) is derived again from its name
+    from habu.api import lookup_key
+    from habu.compile import bind_shape
+    from habu.spec.grad_program import with_backward
+    from habu.spec.parser import load_program
+    from habu.target import target_named
+    from habu.tuning import tune
+
+    rms, db = ROOT / "examples" / "rmsnorm.habu", tmp_path / "db.sqlite"
+    result = tune(rms, "RMSNORM-ROWS-GRAD", shape={"R": 64, "D": 256}, target="sm_90a", budget=2, no_gpu=True,
+                  jobs=1, db=db, out=tmp_path / "out", log=quiet())
+    (tuned,) = result.tuned
+    assert tuned.result.key.direction == "backward" and tuned.result.key.model == "RMSNORM-ROWS-GRAD"
+    model = with_backward(load_program(rms), "RMSNORM-ROWS-GRAD").model("RMSNORM-ROWS-GRAD")
+    key = lookup_key(bind_shape(model, {"R": 64, "D": 256}), target_named("sm_90a"))
+    with PlanDB(db) as plans:
+        entry = plans.get(key)
+    assert entry is not None and entry.records[0].plan == result.best.to_json()

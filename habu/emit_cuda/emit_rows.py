@@ -427,6 +427,18 @@ def _store_chunks(row: _Row, p_out: str, value: str) -> str:
 # ----------------------------------------------------------------------------- the kernel
 
 
+def _cache_declaration(row: _Row) -> str:
+    """The dynamic shared memory as `row_cache_all`, an array of the cached row's word. CUDA makes every
+    `extern __shared__` array of one name in a source the same variable, so kernels of one source that cache
+    different words (a float row and a bf16 row) must not both declare `row_cache_all`: a 16-bit cache
+    declares its own array and points `row_cache_all` at it."""
+    cache_type = CACHE_WORD.get(row.kept.dtype if row.kept else "f32", "float")
+    if cache_type == "float":
+        return "  extern __shared__ __align__(16) float row_cache_all[];"
+    return (f"  extern __shared__ __align__(16) {cache_type} row_cache_words16[];\n"
+            f"  {cache_type}* const row_cache_all = row_cache_words16;")
+
+
 def _prologue(row: _Row, name: str) -> str:
     """The kernel's signature, shared memory, and this thread's lane, row slot and row."""
     lw, m = row.lw, row.lw.thread_map
@@ -434,9 +446,8 @@ def _prologue(row: _Row, name: str) -> str:
     attrs = f"__cluster_dims__({row.share}, 1, 1) " if row.share > 1 else ""
     scratch = "" if row.warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(lw.passes))}];  "
                                         "// block reductions (habu::block_reduce): one partial per warp, per pass\n")
-    cache_type = CACHE_WORD.get(row.kept.dtype if row.kept else "f32", "float")
     return f"""extern "C" __global__ void {attrs}__launch_bounds__({threads}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) {cache_type} row_cache_all[];
+{GRID_LAUNCH}{GRID_WAIT}{_cache_declaration(row)}
 {scratch}  const int tid = {c(m.lane(CExpr('threadIdx.x')))};  // this thread's lane within its row
   const int row_slot = {c(m.row_slot(CExpr('threadIdx.x')))};
 """

@@ -20,7 +20,7 @@ import numpy as np
 
 from habu.lower.columns import ColumnLowering
 from habu.prove.interp import Memory, PlanFault, eval_pointwise, read, write
-from habu.prove.kinds import KindProof, register_kind, sample_tiles
+from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.spec.field import PrimeField
 from habu.spec.ir import Load
 
@@ -219,4 +219,7 @@ def _columns_for_box(lw: ColumnLowering, box: tuple[np.ndarray, ...], sizes: Map
 register_kind(ColumnLowering, KindProof(
     run=run_columns, box_selection=_columns_for_box,
     final_selection=lambda lw, sizes: column_selection(lw, sample_tiles(int(lw.tiles(sizes))), sizes),
-    frozen_extents=lambda lw: (*lw.leading, lw.c)))  # its row splits and column tiles are checked at full size
+    # its column tiles are independent, one class per (first, last, valid columns) as a contraction's tiles;
+    # its row splits (their count and the rows of the last) are checked at full size
+    tiled_axes=lambda name, lw: [TileAxis(name, "c", lw.c, lw.tile)],
+    frozen_extents=lambda lw: tuple(lw.leading)))

@@ -89,8 +89,10 @@ class Search:
     # -- keys
     def _key(self) -> Key:
         from habu.search.keys import database_key
+        from habu.spec.grad_program import direction
 
-        return database_key(self.model, self.sizes, self.target, self.gpu, ranges=self.ranges)
+        return database_key(self.model, self.sizes, self.target, self.gpu, direction=direction(self.model.name),
+                            ranges=self.ranges)
 
     # -- budget
     def _left(self) -> bool:

@@ -44,9 +44,10 @@ class Job:
 
 @functools.lru_cache(maxsize=8)
 def bound_model(job: Job) -> Model:
+    from habu.spec.grad_program import with_backward
     from habu.spec.parser import parse_text
 
-    program = parse_text(job.source, job.source_name)
+    program = with_backward(parse_text(job.source, job.source_name), job.model)  # a derived backward by name
     return program.models[job.model].with_sizes(dict(job.sizes))
 
 

@@ -18,7 +18,9 @@ equation nodes, so it is differentiated through its equations. The rules for the
 
 Before differentiating, every reduction whose value depends on fewer indices than its node (a row
 statistic: RMSNorm's `rsqrt(Σ x²/#d + ε)`, softmax's maximum and sum) is hoisted into a node of its
-own (`hoist_statistics`), so that it is a forward value the backward can save. Which forward values
+own (`hoist_statistics`), so that it is a forward value the backward can save. A statistic whose adjoint
+is identically zero (softmax's maximum: the output is shift-invariant) is found so over GF(p)
+(`habu.spec.grad_zero`) and nothing flows through it. Which forward values
 are saved (inputs of the backward model, extra outputs of `Backward.forward`) and which are recomputed
 (nodes of the backward model) is `SavePolicy`; see its docstring for the plan-space dimension.
 """
@@ -275,6 +277,7 @@ class _Deriver:
         for o in self.fwd.outputs:
             cot[o.name] = _unique(f"d{o.name}", self.taken)
             self.decls[cot[o.name]] = TensorDecl(cot[o.name], o.extents, o.dtype)
+        self.cotangents = cot
         adjoint: dict[str, str] = {}
         for eq in reversed(self.fwd.nodes):
             if eq.target in self.out_names:
@@ -282,7 +285,10 @@ class _Deriver:
             else:
                 if eq.target not in self.contrib:
                     continue  # no output's gradient depends on it
+                kept = len(self.nodes)
                 adj = self._emit_intermediate(eq.target)
+                if self._vanishes(eq.target, adj, kept):
+                    continue
             adjoint[eq.target] = adj
             if eq.target not in self.active:
                 continue
@@ -294,7 +300,50 @@ class _Deriver:
         grads: list[tuple[str, str]] = []
         for n in self.wrt:
             grads.append((n, self._emit_gradient(n)))
+        self._inline_row_statistics()
         return self._finish(tuple(grads), tuple(cot.items()))
+
+    def _inline_row_statistics(self) -> None:
+        """A row statistic's adjoint (RMSNorm's `dQ[r] = Σ d dY·X`, softmax's `Σ c dY·y`) read by one
+        elementwise node only is substituted into it, as the forward's `X · rsqrt(Σ d X² …)` is one node:
+        the row kernel then computes the Σ and the row's elements in one kernel (one pass over dY and X,
+        then the row again from its cache), where two nodes were two kernels, the second re-reading the
+        rows."""
+        for eq in list(self.nodes):
+            statistic = eq.target.startswith("%ds")  # the adjoint of a hoisted statistic %s<n>
+            if not statistic or eq.target not in self.inter or not isinstance(eq.rhs, Reduce):
+                continue
+            readers = [n for n in self.nodes if n is not eq and eq.target in tensors_read(n.rhs)]
+            if len(readers) != 1:
+                continue
+            reader = readers[0]
+            if reader.scatter is not None or any(isinstance(x, Reduce) for x in walk(reader.rhs)) \
+                    or len(reader.lhs) <= len(eq.lhs):
+                continue
+
+            def leaf(x: Expr, eq: Equation = eq) -> Expr:
+                if isinstance(x, Load) and x.tensor == eq.target:
+                    return substitute(eq.rhs, dict(zip(eq.lhs, x.indices, strict=True)), self.fresh)
+                return x
+
+            self.nodes[self.nodes.index(reader)] = replace(reader, rhs=map_ops(reader.rhs, leaf))
+            self.nodes.remove(eq)
+            del self.inter[eq.target]
+
+    def _vanishes(self, target: str, adj: str, kept: int) -> bool:
+        """Whether the adjoint of the row statistic `target` is identically zero (softmax's maximum: see
+        habu/spec/grad_zero.py); if so its nodes are dropped and nothing flows through it."""
+        if not target.startswith("%s") or adj not in self.inter or len(self.nodes) == kept:
+            return False
+        from habu.spec.grad_zero import vanishes
+
+        cot = tuple(self.decls[c] for c in self.cotangents.values())
+        if not vanishes(self.fwd, cot, self.nodes, self.inter, adj):
+            return False
+        for eq in self.nodes[kept:]:
+            self.inter.pop(eq.target, None)
+        del self.nodes[kept:]
+        return True
 
     def _identity(self, tensor: str, adj: str) -> None:
         if f"in:{tensor}" not in self.active:
@@ -384,6 +433,34 @@ class _Deriver:
             terms.append(Reduce("sum", bound, body) if bound else body)
         return terms
 
+    def _own_reductions(self, target: str, extents: tuple[str, ...], lhs: tuple[IndexVar, ...],
+                        terms: list[Expr]) -> list[Expr]:
+        """`terms` with each Σ among them computed by a node of its own (an f32 intermediate `%r<n><target>`)
+        and read back, where that gives the planner kernels it has: a sum of a contraction and other terms
+        (FFN's `dX = dT6 + Σ h dT2·W1`) is otherwise one general kernel (a thread per element, each looping
+        over h), split it is a contraction whose epilogue adds the rest; and a Σ storing into a size-1
+        broadcast extent it does not depend on (a bias's `dB[one h] = Σ b dT[b h]`) is otherwise a general
+        kernel too, split it is a column reduction and a copy."""
+        broadcast = [pos for pos, e in enumerate(extents) if self.fwd.extent(e).size == 1]
+        mixed = any(not isinstance(t, Reduce) for t in terms)  # a sum of reductions alone stays one node
+        out: list[Expr] = []
+        for t in terms:
+            if not isinstance(t, Reduce) or (not mixed and not broadcast):
+                out.append(t)
+                continue
+            used = {v for x in walk(t) if isinstance(x, Load) for i in x.indices for v in index_subexprs(i)
+                    if isinstance(v, IndexVar)}
+            keep = tuple(pos for pos, v in enumerate(lhs) if pos not in broadcast or v in used)
+            if len(keep) == len(lhs) and not mixed:
+                out.append(t)
+                continue
+            name = _unique(f"%r{target.lstrip('%')}", self.taken)
+            idx = tuple(lhs[pos] for pos in keep)
+            self.nodes.append(Equation(name, idx, t))
+            self.inter[name] = TensorDecl(name, tuple(extents[pos] for pos in keep), None)
+            out.append(Load(name, idx))
+        return out
+
     def _emit_intermediate(self, name: str) -> str:
         decl = self.fwd.tensor(name)
         adj = f"%d{name.lstrip('%')}"
@@ -391,7 +468,7 @@ class _Deriver:
         contribs = self.contrib.pop(name)
         if any(isinstance(i, Gather) for c in contribs for i in c.indices):
             raise HabuError(f"cannot differentiate {self.fwd.name}: an intermediate is read through a gather")
-        rhs = add_all(self._terms(name, decl.extents, lhs, contribs))
+        rhs = add_all(self._own_reductions(adj, decl.extents, lhs, self._terms(name, decl.extents, lhs, contribs)))
         if isinstance(rhs, Load) and rhs.indices == lhs:
             return rhs.tensor  # the gradient of a copy (or of an addition's term) is the same tensor
         self.nodes.append(Equation(adj, lhs, rhs))
@@ -407,7 +484,8 @@ class _Deriver:
         if not gathered:
             lhs = tuple(self.fresh(e) for e in decl.extents)
             self.decls[grad] = TensorDecl(grad, decl.extents, _grad_dtype(decl))
-            self.nodes.append(Equation(grad, lhs, add_all(self._terms(name, decl.extents, lhs, contribs))))
+            terms = self._own_reductions(grad, decl.extents, lhs, self._terms(name, decl.extents, lhs, contribs))
+            self.nodes.append(Equation(grad, lhs, add_all(terms)))
             return grad
         if len(contribs) > 1:
             raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: {name} is read through a gather "

@@ -60,3 +60,50 @@ def derive_model(program: Program, model_name: str, wrt: Iterable[str] | None = 
         if err.span is None:
             raise HabuError(err.message, span, err.notes) from None
         raise
+
+
+# ----------------------------------------------------------------------------- backward models by name
+
+GRAD_SUFFIX = "-GRAD"
+
+
+def backward_name(model_name: str, save: str = "auto") -> str:
+    """The name a derived backward model goes by in searches, the plan database and `habu.load`:
+    `NAME-GRAD` (save policy auto) or `NAME-GRAD-SAVE` / `NAME-GRAD-RECOMPUTE`; `with_backward`
+    derives it again from the name alone (a search's workers and timer read the source by name)."""
+    return model_name + GRAD_SUFFIX + ("" if save == "auto" else f"-{save.upper()}")
+
+
+def backward_of(name: str) -> tuple[str, str] | None:
+    """(forward model, save mode) of a `backward_name`, or None for a forward model's name."""
+    from habu.spec.grad import SaveMode
+
+    for mode in SaveMode:
+        suffix = GRAD_SUFFIX + ("" if mode is SaveMode.AUTO else f"-{mode.value.upper()}")
+        if name.upper().endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)], mode.value
+    return None
+
+
+def with_backward(program: Program, name: str | None) -> Program:
+    """`program` with the backward model `name` (a `backward_name`) derived and added under that name when
+    it names one the file does not define; otherwise `program` as it is."""
+    from dataclasses import replace
+
+    from habu.spec.grad import SaveMode
+
+    if name is None or name in program.models:
+        return program
+    parsed = backward_of(name)
+    if parsed is None or parsed[0] not in program.models:
+        return program
+    forward, mode = parsed
+    bw = derive_model(program, forward, None, SavePolicy(SaveMode(mode)))
+    program.models[name] = replace(bw.model, name=name)
+    program.model_spans[name] = program.model_spans.get(forward)
+    return program
+
+
+def direction(name: str) -> str:
+    """'backward' for a `backward_name`, else 'forward' (the plan database keys them apart)."""
+    return "backward" if backward_of(name) is not None else "forward"

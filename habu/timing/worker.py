@@ -198,7 +198,9 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda, tolerance
 
         target = TARGETS[device_target()]
-        declared = parse_text(source, path).models[model_name]
+        from habu.spec.grad_program import with_backward
+
+        declared = with_backward(parse_text(source, path), model_name).models[model_name]
         model = declared.with_sizes(sizes)
         full = {e.name: e.size for e in model.extents}
         sets = [make_inputs(model, full, seed + i) for i in range(3)]

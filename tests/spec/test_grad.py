@@ -240,3 +240,17 @@ def test_regression_a_derivative_written_in_the_output_itself_does_not_read_the_
     bw = derive(model)
     assert {t.name for t in bw.model.inputs} == {"X", "dY"}
     _check(bw, model)
+
+
+def test_regression_softmax_backward_drops_the_maximums_vanishing_gradient():
+    # softmax is shift-invariant: the row maximum's adjoint is exactly zero, but was derived as two row sums
+    # and spread by an arg-max count (two extra passes per row); habu/spec/grad_zero.py finds it zero
+    model = load_program(EXAMPLES[0].parent / "softmax.habu").models["SOFTMAX-ROWS"]
+    bw = derive(model)
+    reductions = [x for eq in bw.model.nodes for x in walk(eq.rhs) if isinstance(x, Reduce)]
+    assert len(reductions) == 1  # Σ c dY·y's part only
+    assert not any(isinstance(x, Op) and x.fn == "step" for eq in bw.model.nodes for x in walk(eq.rhs))
+    assert adjoint_check(bw, model).passed and finite_difference_check(bw, model).passed
+    # a statistic whose adjoint does not vanish keeps it: RMSNorm's rstd
+    rms = derive(load_program(EXAMPLES[0].parent / "rmsnorm.habu").models["RMSNORM-ROWS"])
+    assert sum(isinstance(x, Reduce) for eq in rms.model.nodes for x in walk(eq.rhs)) == 1

@@ -1,0 +1,60 @@
+"""The kernels the derived backward models plan to (habu/spec/grad.py's node forms, the default plans) and the
+shape their finite-field check runs at (habu/prove/witness.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.cli_grad import backward_program
+from habu.compile import bind_shape
+from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, RowLowering, lower_plan
+from habu.plan.rewrite import planned_model
+from habu.prove.witness import witness_sizes
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import target_named
+from tests.conftest import EXAMPLES
+
+FFN_SHAPE = {"B": 128, "D": 1024, "H": 2048}
+
+
+def _ffn_backward():
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "ffn_skip.habu"), "FFN-SKIP", None, "auto")
+    model = bind_shape(program.model(name), FFN_SHAPE)
+    plan = default_plan(model, target_named("sm_90a"), FFN_SHAPE, {})
+    return model, plan, lower_plan(model, plan)
+
+
+def test_regression_ffn_backward_plans_no_general_kernel():
+    # dX = dT6 + Σ h dT2·W1 was one general kernel (a thread per element looping over h), and each bias
+    # gradient dB[one h] = Σ b dT[b h] another: the contraction is now its own node, with the addition in its
+    # epilogue, and the bias gradient a column reduction and a copy
+    _, plan, lowerings = _ffn_backward()
+    kinds = {k.nodes: type(lw) for k, lw in zip(plan.kernels, lowerings, strict=True)}
+    assert not [n for n, t in kinds.items() if t is GeneralLowering], kinds
+    dx = next(n for n in kinds if "dX" in n)
+    assert kinds[dx] is ContractionLowering and len(dx) == 2  # the sum, then dX = dT6 + sum
+    assert sum(t is ColumnLowering for t in kinds.values()) == 2  # dB1's and dB2's Σ b
+
+
+def test_regression_ffn_backward_is_checked_at_a_witness_shape():
+    # the general kernels, and the column reductions' column tiles, froze D and H: the field check ran the
+    # backward's contractions at full shape (77 s at this shape, 47 s of it contractions)
+    model, plan, lowerings = _ffn_backward()
+    graph = planned_model(model, plan)
+    names = [f"kernel {i}" for i in range(len(lowerings))]
+    w = witness_sizes(graph, names, lowerings, dict(FFN_SHAPE, ONE=1))
+    assert w["D"] < FFN_SHAPE["D"] and w["H"] < FFN_SHAPE["H"], w
+
+
+@pytest.mark.parametrize("path,name,extent", [("rmsnorm.habu", "RMSNORM-ROWS", "D"),
+                                              ("softmax.habu", "SOFTMAX-ROWS", "C")])
+def test_regression_row_backward_is_one_row_kernel(path, name, extent):
+    # the row statistic's adjoint (Σ d dY·X) was a node of its own: a row kernel writing one number per row and
+    # a second row kernel reading the rows again; it is now substituted into dX's node, as the forward's
+    # rsqrt(Σ ...) is, and softmax's maximum (whose adjoint is zero) no longer adds two passes
+    program, bw_name = backward_program(load_program(EXAMPLES[0].parent / path), name, None, "auto")
+    shape = {"R": 8192, extent: 4096}
+    model = bind_shape(program.model(bw_name), shape)
+    plan = default_plan(model, target_named("sm_90a"), shape, {})
+    assert [type(lw) for lw in lower_plan(model, plan)] == [RowLowering]
