@@ -30,16 +30,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from fractions import Fraction
 
 from habu.errors import HabuError
 from habu.spec.dtypes import WRITABLE_DTYPES, dtype_named
 from habu.spec.equation import format_expr
 from habu.spec.functions import FUNCTIONS
+from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
 from habu.spec.grad_hoist import hoist_statistics
 from habu.spec.ir import (
     Compare,
-    Const,
     Equation,
     Expr,
     Gather,
@@ -61,9 +60,6 @@ from habu.spec.ir import (
     tensors_read,
     walk,
 )
-
-ZERO = Const(Fraction(0))
-ONE = Const(Fraction(1))
 
 
 class NotDifferentiable(HabuError):
@@ -119,79 +115,6 @@ class Backward:
     accumulated: tuple[str, ...]  # gradients that are also inputs (scatter targets): pass zeros
     choices: tuple[str, ...]  # the forward intermediates the backward reads: save or recompute each
     policy: SavePolicy = field(default_factory=SavePolicy)
-
-
-# ----------------------------------------------------------------------------- expression helpers
-
-
-def _is_const(e: Expr, value: int) -> bool:
-    return isinstance(e, Const) and e.value == value
-
-
-def mul(a: Expr, b: Expr) -> Expr:
-    """a · b, with the products by 0, 1 and −1 and of two constants folded."""
-    if _is_const(a, 0) or _is_const(b, 0):
-        return ZERO
-    if _is_const(a, 1):
-        return b
-    if _is_const(b, 1):
-        return a
-    if isinstance(a, Const) and isinstance(b, Const):
-        return Const(a.value * b.value)
-    if _is_const(b, -1):
-        return Op("neg", (a,))
-    return Op("mul", (a, b))
-
-
-def add_all(terms: list[Expr]) -> Expr:
-    """The sum of `terms`, a term that appears k times once times k (x·x's two equal paths)."""
-    counts: dict[Expr, int] = {}
-    for t in terms:
-        counts[t] = counts.get(t, 0) + 1
-    out: Expr | None = None
-    for t, k in counts.items():
-        term = t if k == 1 else mul(Const(Fraction(k)), t)
-        out = term if out is None else Op("add", (out, term))
-    return out if out is not None else ZERO
-
-
-class Fresh:
-    """Index variables with names no model uses (`_g1`, …); `rename_equation` names them for printing."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self, extent: str) -> IndexVar:
-        self.n += 1
-        return IndexVar(f"{extent.lower()}_g{self.n}", extent)
-
-
-def substitute(e: Expr, mapping: dict[IndexVar, IndexExpr], fresh: Fresh) -> Expr:
-    """`e` with its free index variables replaced and every reduction's bound variables renamed to
-    fresh ones (so that no binding captures or shadows a variable of the context it moves into)."""
-
-    def ix(i: IndexExpr, env: dict[IndexVar, IndexExpr]) -> IndexExpr:
-        if isinstance(i, IndexVar):
-            return env.get(i, i)
-        if isinstance(i, Gather):
-            return Gather(i.tensor, tuple(ix(j, env) for j in i.indices))
-        return i
-
-    def go(x: Expr, env: dict[IndexVar, IndexExpr]) -> Expr:
-        def leaf(y: Expr) -> Expr:
-            if isinstance(y, Load):
-                return Load(y.tensor, tuple(ix(i, env) for i in y.indices))
-            if isinstance(y, Reduce):
-                bound = tuple(fresh(v.extent) for v in y.vars)
-                inner = dict(env) | dict(zip(y.vars, bound, strict=True))
-                return Reduce(y.op, bound, go(y.body, inner))
-            if isinstance(y, Compare):
-                return y.map_indices(lambda i: ix(i, env))
-            return y
-
-        return map_ops(x, leaf)
-
-    return go(e, dict(mapping))
 
 
 # ----------------------------------------------------------------------------- the derivation
@@ -356,7 +279,7 @@ class _Deriver:
         stack: list[tuple[Expr, Expr, tuple[IndexVar, ...]]] = [(rhs, upstream, scope)]
         while stack:
             e, adj, sc = stack.pop()
-            if _is_const(adj, 0):
+            if is_const(adj, 0):
                 continue
             if isinstance(e, Load):
                 key = self._key(e.tensor)
