@@ -95,8 +95,13 @@ class WgmmaPath(ContractionPath):
 
     def skinny_widths(self, facts: ContractionFacts) -> tuple[int, ...]:
         # a B contiguous along n is read by TMA in 64-column boxes (`WgmmaSupport`); along k, any
-        # multiple of 16 is an m64nNk16 instruction
-        return (256, 128, 64) if not facts.b_kmajor else (256, 128, 64, 32, 16)
+        # multiple of 16 is an m64nNk16 instruction. A B contiguous along n at most 64 tokens keeps
+        # 128-wide tiles even short of a wave: H200, 2026-12-01 (habu.bench.decode_speed), FFN-SKIP's
+        # down projection at 16 tokens 86.3 µs with 64x128 s8 against 96.2 µs with 64x64 s13 (the whole
+        # layer), RMSNorm+Linear at 16 tokens 17.6 µs against 19.2 µs
+        if not facts.b_kmajor:
+            return (256, 128) if facts.m <= 64 else (256, 128, 64)
+        return (256, 128, 64, 32, 16)
 
     def skinny_warps_stages(self, tile_m: int, tile_n: int, tile_k: int, b_bytes: int) -> tuple[int, int]:
         # B's bytes in flight per SM that keep the weights streaming (the IN_FLIGHT_BYTES term below):

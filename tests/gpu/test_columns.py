@@ -83,8 +83,11 @@ def test_the_bias_grad_examples_over_two_axes_and_max_pass_the_exact_check_twice
         assert result.ok and result.applicable, result.reason()
 
 
+# (not columns-max-splits-stored: the exact check's inputs are small integers in ±1..±3, so every split of
+# 100 rows holds a 3 and the last split's maximum is the column's — the mutant is invisible to it on the
+# H200, 2026-12-01; the finite-field check kills it on the CPU)
 @pytest.mark.parametrize("name", ["columns-partials-transposed", "columns-split-stores", "columns-max-splits-added",
-                                  "columns-max-splits-stored", "columns-flattening-divisor-wrong"])
+                                  "columns-flattening-divisor-wrong"])
 def test_a_planted_emitter_bug_fails_the_exact_check_on_the_gpu(name):
     """The mutant the finite-field check kills on the CPU, printed and run: the GPU shows it too."""
     (m,) = [m for m in MUTANTS if m.name == name]

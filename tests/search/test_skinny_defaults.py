@@ -13,6 +13,7 @@ from habu.paths import path_for, region_space
 from habu.paths.contraction import (
     SKINNY_BLOCKS_PER_SM,
     SKINNY_FILL,
+    SKINNY_MIN_K_TILES,
     SKINNY_ROWS,
     SKINNY_SPLIT_WIDTH,
     ContractionPath,
@@ -67,11 +68,11 @@ def assert_skinny(model, sizes: dict[str, int], k: ContractionKernel, target=H10
     tiles = -(-m // k.tile_m) * -(-n // k.tile_n)
     f32_out = model.tensor(model.outputs[0].name).dtype.name == "f32"
     if f32_out:  # tiles at most SKINNY_SPLIT_WIDTH wide (the widest that fills a wave, else the widest)
-        # split until one wave, each split at least 8 k tiles deep
+        # split until one wave, each split at least SKINNY_MIN_K_TILES k tiles deep
         allowed = [w for w in facts_widths if min(m, k.tile_m) <= w <= SKINNY_SPLIT_WIDTH]
         assert k.tile_n in allowed and (tiles >= SKINNY_FILL * target.sm_count or k.tile_n == allowed[0])
         assert k.split_k == 1 or tiles * k.split_k <= SKINNY_BLOCKS_PER_SM * H100.sm_count
-        assert tiles * k.split_k * 2 > SKINNY_BLOCKS_PER_SM * H100.sm_count or -(-k_depth // 64) < 16 * k.split_k
+        assert tiles * k.split_k * 2 > SKINNY_BLOCKS_PER_SM * H100.sm_count or -(-k_depth // 64) < 2 * SKINNY_MIN_K_TILES * k.split_k
     else:  # the widest tiles that fill a wave, or the narrowest allowed
         assert k.split_k == 1
         narrower = [w for w in facts_widths if min(m, k.tile_m) <= w < k.tile_n]
