@@ -8,6 +8,8 @@ only when the finite-field check of the rewritten plan against the original mode
 - `inline:P` hoists a copy into the contraction that reads it: `P[r k] = X[IX[r] k]` followed by
   `T = Σ k P[m k]·B[n k]` becomes `T = Σ k X[IX[m] k]·B[n k]` (the gather moves into the operand
   load; P is never written).
+- `split:T` makes a contraction written inside T's larger expression a node of its own, T.mm
+  (habu/plan/split.py); default plans take it.
 - `factor:T` moves a row scale out of a contraction (Mirage's RMSNorm + Linear rewrite): with
   `P[r k] = X[r k] · s(r)` and `T[m n] = Σ k P[m k]·B[k n]`, since s does not depend on k,
   `T[m n] = s(m) · Σ k X[m k]·B[k n]`: a row statistic `T.scale[m] = s(m)` (one read of X, one
@@ -22,6 +24,7 @@ from itertools import combinations
 
 from habu.errors import HabuError
 from habu.plan.patterns import _factors, as_contraction, consumers
+from habu.plan.split import apply_split, split_part
 from habu.spec.ir import (
     Equation,
     Expr,
@@ -178,7 +181,14 @@ def _apply_factor(model: Model, target: str) -> Model:
 # ----------------------------------------------------------------------------- the catalogue
 
 KINDS = {"inline": (_inline_ok, _apply_inline),
-         "factor": (lambda m, t: _factor_parts(m, t) is not None, _apply_factor)}
+         "factor": (lambda m, t: _factor_parts(m, t) is not None, _apply_factor),
+         "split": (lambda m, t: split_part(m, t) is not None, apply_split)}
+
+
+def default_rewrites(model: Model) -> tuple[str, ...]:
+    """The rewrites a default plan takes without being asked: `split:T` for every contraction written
+    inside a larger expression (without it no contraction family takes the node)."""
+    return tuple(name for name in applicable(model) if name.startswith("split:"))
 
 
 def applicable(model: Model) -> list[str]:

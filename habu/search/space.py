@@ -108,10 +108,12 @@ def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None
 
 
 def _pinned_rewrites(model: Model, value: str | None) -> tuple[str, ...]:
-    """`--pin rewrite=factor:Y` (several joined with +), checked against what applies to the model."""
+    """`--pin rewrite=factor:Y` (several joined with +), checked against what applies to the model;
+    without the pin, the rewrites a default takes (`split:T`, habu.plan.rewrite.default_rewrites)."""
+    from habu.plan.rewrite import RewriteError, applicable, apply_rewrites, default_rewrites
+
     if not value:
-        return ()
-    from habu.plan.rewrite import RewriteError, applicable, apply_rewrites
+        return default_rewrites(model)
 
     names = tuple(v.strip() for v in value.split("+") if v.strip())
     try:
