@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.plan.patterns import as_contraction
-from habu.spec.ir import Equation, Expr, Load, Model, Op, Reduce, TensorDecl, free_vars, walk
+from habu.spec.ir import Equation, Expr, Gather, Load, Model, Op, Reduce, TensorDecl, free_vars, walk
 
 
 def split_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] | None:
@@ -24,7 +24,11 @@ def split_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] |
     for x in walk(eq.rhs):
         if isinstance(x, Reduce) and free_vars(x) <= lhs:
             part = Equation(f"{target}.mm", tuple(v for v in eq.lhs if v in free_vars(x)), x)
-            if as_contraction(part) is not None:
+            rest = _replaced(eq.rhs, x, Load(part.target, part.lhs))
+            # the rest becomes the contraction's epilogue: one that reads through a gather is not split
+            # (the wgmma epilogues print no index check for it)
+            if as_contraction(part) is not None and not any(
+                    isinstance(y, Load) and any(isinstance(i, Gather) for i in y.indices) for y in walk(rest)):
                 return eq, x, part
     return None
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from habu.lower.columns import ColumnLowering
+from habu.prove.deadline import check_deadline
 from habu.prove.interp import Memory, PlanFault, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.spec.field import PrimeField
@@ -46,6 +47,7 @@ def run_columns(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Me
                 keep: np.ndarray | None = None) -> None:
     """Run the blocks `blocks`, (tile, split) pairs; then the last block's pass over the columns."""
     for tile, split in blocks:
+        check_deadline(f"in {name}'s blocks")  # a column kind's row splits are checked at full size
         _run_block(name, lw, sizes, mem, int(tile), int(split))
     if lw.final_pass and lw.epilogue is not None:
         _final_pass(name, lw, sizes, mem, sorted({int(t) for t, _ in blocks}))

@@ -45,3 +45,15 @@ def test_regression_an_accumulating_gemm_ran_on_the_general_family():
     assert plan.rewrites == ("split:C",) and (k.kind, k.mma, k.split_k) == ("contraction", "wgmma", 1)
     proof = prove(model, plan, {}, trials=1)
     assert proof.ok, [o.describe() for o in proof.violations] or proof.certificate
+
+
+def test_regression_an_epilogue_reading_through_a_gather_is_not_split():
+    """Split, `Y = A[IX[m] n] + Σ k X·W` put a gathered load in a wgmma epilogue, which the emitter
+    refused with a ValueError (no index check printed there): such a node stays one general kernel."""
+    text = """64 EXTENT: #M  48 EXTENT: #N  32 EXTENT: #K
+bf16 TENSOR: X ( #M #K )  bf16 TENSOR: W ( #N #K )  f32 TENSOR: A ( #M #N )  ITENSOR: IX ( #M #M )
+f32 TENSOR: Y ( #M #N )
+MODEL: G  Y[m n] = A[IX[m] n] + Σ k X[m k] · W[n k] ;
+"""
+    (model,) = parse_text(text, "g.habu").models.values()
+    assert applicable(model) == [] and default_plan(model, TARGET).kernels[0].kind == "general"

@@ -104,10 +104,14 @@ def test_a_reduction_longer_than_the_check_holds_is_refused(tmp_path):
 
 @pytest.mark.parametrize("executor", ["inline", "processes"])
 def test_regression_the_time_budget_holds_inside_a_proof(tmp_path, executor):
-    # GEMM with K = 2^21 (16 GiB operands: legal): its finite-field check runs the whole k loop
-    # (the witness keeps every extent of a tensor past 2^31 elements) for minutes. A 2 s budget
-    # ran on until that proof ended; the proof is now abandoned at the budget's end
-    path = gemm(tmp_path, 8192, 8192, 2**21)
+    # A 2 s budget ran on until a proof of minutes ended; the proof is now abandoned at the budget's end.
+    # (The GEMM with K = 2^21 this test used first now proves in a second: its witness shrinks since
+    # 64-bit plans no longer freeze tensors past 2^31 elements.) A column reduction over 2^24 rows: its
+    # row splits are checked at full size, block by block, the deadline checked between blocks (it was
+    # not: the proof ran past 120 s)
+    path = tmp_path / "bias_grad_big.habu"
+    path.write_text("16777216 EXTENT: #R  256 EXTENT: #N  bf16 TENSOR: dY ( #R #N )  f32 TENSOR: G ( #N )\n"
+                    "MODEL: BIAS-GRAD  G[n] = Σ r dY[r n] ;\n")
     model, sizes = model_of(path)
     pool = InlineExecutor() if executor == "inline" else ProcessExecutor(2)
     t0 = time.monotonic()
