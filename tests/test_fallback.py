@@ -16,6 +16,7 @@ from habu.plan.plan import (
     ColumnKernel,
     ContractionKernel,
     GeneralKernel,
+    GroupedKernel,
     MapKernel,
     Plan,
     RowKernel,
@@ -30,6 +31,7 @@ KERNELS = {
     "map": MapKernel(nodes=("Y",), threads=256, vector=4),
     "general": GeneralKernel(nodes=("Y",), threads=256),
     "columns": ColumnKernel(nodes=("Y",), threads=256, column_threads=32, vector=8, rows_per_split=960, unroll=8),
+    "grouped": GroupedKernel(nodes=("Y",), bm=64, bn=64, bk=32, warps_m=2, warps_n=2),
 }
 
 
