@@ -221,10 +221,10 @@ class CompiledModel:
                     # a raw handle beside torch tensors: the checked path allocates in that stream's order
         return self._call_checked(stream, tensors)
 
-    def _plan_call(self, tensors: Mapping[str, Any]) -> CallPlan | None:
-        """Check a call's arguments and pack its launches for every later call of the same layout
-        (None: this layout needs the host on every call, an int64 index tensor outside torch)."""
-        arrays = {name: array_info(obj, name) for name, obj in tensors.items()}
+    def _member_for(self, arrays: dict[str, ArrayInfo], tensors: Mapping[str, Any]) -> tuple:
+        """Every check of a call's arguments (`arrays`, their devices filled in place where the pointers
+        say them): (member, its contract, its emitted plan, sizes with derived extents, device, whether
+        the arguments are torch tensors)."""
         for name, info in arrays.items():
             if info.device is None and info.on_cuda and info.ptr:
                 arrays[name] = replace(info, device=driver.pointer_device(info.ptr))
@@ -232,8 +232,14 @@ class CompiledModel:
         contract, plan = self.contracts[member], self.kernel_set.members[member][1]
         sizes = with_derived(sizes, [e for t in contract.tensors for e in t.extents])  # "K^8": padded rows
         ordinal = next((a.device for a in arrays.values() if a.device is not None), 0)
-        dev = driver.device(ordinal)
         torch_like = any(is_torch_tensor(t) for t in tensors.values())
+        return member, contract, plan, sizes, driver.device(ordinal), torch_like
+
+    def _plan_call(self, tensors: Mapping[str, Any]) -> CallPlan | None:
+        """Check a call's arguments and pack its launches for every later call of the same layout
+        (None: this layout needs the host on every call, an int64 index tensor outside torch)."""
+        arrays = {name: array_info(obj, name) for name, obj in tensors.items()}
+        member, contract, plan, sizes, dev, torch_like = self._member_for(arrays, tensors)
         with driver.current(dev):
             functions = self._functions(member, dev)
             kernels = [(k, fn, k.grid(sizes, self._slots(k, fn, sizes, dev)))
@@ -251,16 +257,8 @@ class CompiledModel:
         prepared = self._prepared.get(key) if key is not None else None
         if prepared is not None:
             return prepared.run(self, tensors)
-        for name, info in arrays.items():
-            if info.device is None and info.on_cuda and info.ptr:
-                arrays[name] = replace(info, device=driver.pointer_device(info.ptr))
-        member, sizes = self.check(arrays)
-        contract, plan = self.contracts[member], self.kernel_set.members[member][1]
-        sizes = with_derived(sizes, [e for t in contract.tensors for e in t.extents])  # "K^8": padded rows
-        ordinal = next((a.device for a in arrays.values() if a.device is not None), 0)
-        dev = driver.device(ordinal)
-        torch_like = any(is_torch_tensor(t) for t in tensors.values())
-        handle = stream_handle(stream, tensors, ordinal)
+        member, contract, plan, sizes, dev, torch_like = self._member_for(arrays, tensors)
+        handle = stream_handle(stream, tensors, dev.ordinal)
         torch_stream = stream if torch_like and hasattr(stream, "cuda_stream") else None
         with driver.current(dev):
             functions = self._functions(member, dev)

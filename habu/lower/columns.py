@@ -25,7 +25,7 @@ from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap, column_maps
-from habu.lower.flatten import row_axis_names, row_coordinates, row_count
+from habu.lower.flatten import FlattenedRows, row_axis_names, row_count
 from habu.plan.patterns import as_column_reduction, column_parts, inline_nodes
 from habu.plan.plan import ColumnKernel
 from habu.spec.dtypes import DTYPES
@@ -37,7 +37,7 @@ VECTOR_BYTES = (4, 8, 16)
 
 
 @dataclass(frozen=True)
-class ColumnLowering:
+class ColumnLowering(FlattenedRows):
     kernel: ColumnKernel
     leading: tuple[str, ...]  # the reduced (leading) extents, outermost first: rows are their flattening
     c: str  # the column extent: the output's
@@ -69,22 +69,6 @@ class ColumnLowering:
     @property
     def extents(self) -> tuple[str, ...]:
         return (self.c,)
-
-    @property
-    def row_axes(self) -> tuple[str, ...]:
-        return row_axis_names(len(self.leading))
-
-    @property
-    def rows_name(self) -> str:
-        """The row count for a message: `R`, or `B·#S` (printed after a `#`)."""
-        return "·#".join(self.leading)
-
-    def rows(self, sizes: Mapping[str, Any]) -> Any:
-        return row_count(self.leading, sizes)
-
-    def row_coordinates(self, r: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
-        """The leading coordinates of flattened row r (`r` itself for one reduced axis)."""
-        return row_coordinates(self.leading, r, sizes)
 
     @property
     def body(self) -> Expr:

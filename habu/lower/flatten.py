@@ -48,3 +48,29 @@ def row_coordinates(leading: tuple[str, ...], r: Any, sizes: Mapping[str, Any]) 
         rest = floordiv(rest, size)
     out[axes[0]] = rest
     return out
+
+
+class FlattenedRows:
+    """What a lowering with leading axes `leading` (a tuple of extent names, its field) flattened into one
+    row index answers: the kernel axes, the row count and each row's coordinates (row and column kernels)."""
+
+    leading: tuple[str, ...]
+
+    @property
+    def row_axes(self) -> tuple[str, ...]:
+        """The kernel axes of the leading coordinates (`r` alone for one leading axis)."""
+        return row_axis_names(len(self.leading))
+
+    @property
+    def rows_name(self) -> str:
+        """The row count for a message: `R`, or `B·#S` (printed after a `#`)."""
+        return "·#".join(self.leading)
+
+    def rows(self, sizes: Mapping[str, Any]) -> Any:
+        """Rows the kernel computes: the product of the leading extents' sizes (ints, z3 terms or C)."""
+        return row_count(self.leading, sizes)
+
+    def row_coordinates(self, r: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        """The leading coordinates of flattened row r, row-major (the last leading axis fastest): the row
+        index → coordinates map every access reads through. One leading axis is its own coordinate."""
+        return row_coordinates(self.leading, r, sizes)

@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from habu.lower.access import Access, FlatGrid, VectorAccess, access_for, cdiv, floordiv
-from habu.lower.flatten import is_row_axis, row_axis_names, row_coordinates, row_count
+from habu.lower.flatten import FlattenedRows, is_row_axis, row_axis_names
 from habu.lower.lanes import ChunkLoop, MapLanes, RowCache, RowThreads
 from habu.plan.patterns import row_local
 from habu.plan.plan import MapKernel, RowKernel
@@ -150,7 +150,7 @@ class RowLoads(dict):
 
 
 @dataclass(frozen=True)
-class RowLowering:
+class RowLowering(FlattenedRows):
     kernel: RowKernel
     leading: tuple[str, ...]  # the extents the rows run along, outermost first (one: a 2-D row)
     c: str
@@ -176,25 +176,6 @@ class RowLowering:
     def chunk(self) -> int:
         return self.kernel.threads * self.kernel.vector
 
-    @property
-    def row_axes(self) -> tuple[str, ...]:
-        """The kernel axes of the leading coordinates (`r` alone for a 2-D row)."""
-        return row_axis_names(len(self.leading))
-
-    @property
-    def rows_name(self) -> str:
-        """The row count for a message: `R`, or `B·#S` (printed after a `#`)."""
-        return "·#".join(self.leading)
-
-    def rows(self, sizes: Mapping[str, Any]) -> Any:
-        """Rows the kernel computes: the product of the leading extents' sizes (ints, z3 terms or C)."""
-        return row_count(self.leading, sizes)
-
-    def row_coordinates(self, r: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
-        """The leading coordinates of flattened row r, row-major (the last leading axis fastest): the row
-        index → coordinates map every access of the row reads through (habu/lower/flatten.py). A 2-D row
-        is its own coordinate."""
-        return row_coordinates(self.leading, r, sizes)
 
     def coordinates(self, r: Any, col: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
         """Every axis coordinate of column `col` of row r: `row_coordinates` and `c`."""

@@ -74,6 +74,25 @@ def _key(seed: int, name: str) -> np.uint64:
     return np.uint64(int.from_bytes(digest[:8], "little"))
 
 
+class PairPacked:
+    """A domain whose values are pairs of field elements (each below 2^31), x·2^31 + y in one int64, so
+    that the evaluator's indexing, broadcasting and transposing work unchanged (dual numbers, exp's
+    Z_q × GF(p))."""
+
+    SHIFT = 31
+    MASK = (1 << SHIFT) - 1
+
+    @staticmethod
+    def pack(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        x, y = np.broadcast_arrays(np.asarray(x, dtype=np.int64), np.asarray(y, dtype=np.int64))
+        return (x << PairPacked.SHIFT) | y
+
+    @staticmethod
+    def split(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        v = np.asarray(v, dtype=np.int64)
+        return v >> PairPacked.SHIFT, v & PairPacked.MASK
+
+
 class PrimeField:
     """GF(p) arithmetic for one trial: the keys of the uninterpreted functions come from `seed`."""
 

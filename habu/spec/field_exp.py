@@ -31,17 +31,15 @@ from fractions import Fraction
 import numpy as np
 
 from habu.spec.evaluate import EvalError, Evaluator, bind_inputs
-from habu.spec.field import PrimeField, power_mod
+from habu.spec.field import PairPacked, PrimeField, power_mod
 from habu.spec.ir import Model, Op, walk
 
 PRIME_Q = 1073741789
 PRIME_P = 2 * PRIME_Q + 1  # 2147483579, a safe prime
 GENERATOR = 4  # 2², of order q in GF(p)*
-_SHIFT = 31
-_MASK = (1 << _SHIFT) - 1
 
 
-class ExpField:
+class ExpField(PairPacked):  # x_q · 2^31 + x_p
     """Z_q × GF(p) with exp(x) = g^(x_q) in the GF(p) component; one trial's keys from `seed`."""
 
     def __init__(self, seed: int = 0, p: int = PRIME_P, q: int = PRIME_Q, g: int | None = None):
@@ -55,17 +53,6 @@ class ExpField:
         self.p, self.q, self.g = p, q, g
         self.seed = seed
         self.name = f"Z_{q} × GF({p})"
-
-    # -- packing: x_q · 2^31 + x_p
-    @staticmethod
-    def pack(xq: np.ndarray, xp: np.ndarray) -> np.ndarray:
-        xq, xp = np.broadcast_arrays(np.asarray(xq, dtype=np.int64), np.asarray(xp, dtype=np.int64))
-        return (xq << _SHIFT) | xp
-
-    @staticmethod
-    def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = np.asarray(x, dtype=np.int64)
-        return x >> _SHIFT, x & _MASK
 
     def _both(self, fn, *arrays: np.ndarray) -> np.ndarray:
         parts = [self.split(a) for a in arrays]

@@ -22,14 +22,12 @@ from fractions import Fraction
 import numpy as np
 
 from habu.spec.evaluate import Evaluator, bind_inputs
-from habu.spec.field import DEFAULT_PRIME, PrimeField, evaluate_field
+from habu.spec.field import DEFAULT_PRIME, PairPacked, PrimeField, evaluate_field
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad import Backward
 from habu.spec.ir import Const, Expr, Load, Model, fold_ops
 from habu.spec.reference import Float64, evaluate
 
-_SHIFT = 31
-_MASK = (1 << _SHIFT) - 1
 SMALL_SIZES = (3, 4, 5, 2, 6, 7)  # the sizes extents take in the checks, in order (size-1 extents stay 1)
 
 
@@ -51,7 +49,7 @@ def eval_rule(fn: str, i: int, args: list[np.ndarray], domain) -> np.ndarray:
     return fold_ops(_rule(fn, i), leaf, lambda o, a: domain.op(o.fn, list(a)))
 
 
-class DualField:
+class DualField(PairPacked):
     """GF(p)[ε]/(ε²): a + bε stored as a·2^31 + b in one int64, so that the evaluator's indexing,
     broadcasting and transposing work unchanged."""
 
@@ -59,16 +57,6 @@ class DualField:
         self.field = field
         self.p = field.p
         self.name = f"{field.name}[ε]"
-
-    @staticmethod
-    def pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        a, b = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
-        return (a << _SHIFT) | b
-
-    @staticmethod
-    def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = np.asarray(x, dtype=np.int64)
-        return x >> _SHIFT, x & _MASK
 
     def from_input(self, name: str, data: np.ndarray) -> np.ndarray:
         return np.asarray(data, dtype=np.int64)

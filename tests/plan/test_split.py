@@ -57,3 +57,25 @@ MODEL: G  Y[m n] = A[IX[m] n] + Σ k X[m k] · W[n k] ;
 """
     (model,) = parse_text(text, "g.habu").models.values()
     assert applicable(model) == [] and default_plan(model, TARGET).kernels[0].kind == "general"
+
+
+def test_a_split_that_changes_the_values_is_caught_by_the_finite_field_check(monkeypatch):
+    """The rewrite is kept only because the proof checks the rewritten plan against the model as
+    written: a planted split that drops the rest of the expression (S = S.mm, without `· 0.125 + M`)
+    must fail that check on the CPU."""
+    from habu.plan import rewrite, split
+    from habu.spec.ir import Load
+
+    def dropped_rest(e, old, new):
+        return new if isinstance(new, Load) else e
+
+    rewrite._apply_rewrites.cache_clear()
+    monkeypatch.setattr(split, "_replaced", dropped_rest)
+    try:
+        (model,) = parse_text(SCALED, "scaled.habu").models.values()
+        plan = default_plan(model, TARGET)
+        assert plan.rewrites == ("split:S",)
+        proof = prove(model, plan, {}, trials=1)
+        assert proof.certificate is not None and not proof.certificate.passed
+    finally:
+        rewrite._apply_rewrites.cache_clear()

@@ -60,15 +60,7 @@ __device__ __forceinline__ int tile_group(const I* starts, int groups, I mt) {
  *  then not valid. */
 __device__ __forceinline__ bool grouping_ok(i64 value, i64 group, u32 code, i64 position) {
   if (value == group) return true;
-  atomicOr(habu_index_errors, 1u << code);
-  if (atomicCAS(habu_index_errors + 1, 0u, code + 1u) == 0u) {
-    habu_index_errors[2] = (u32)((u64)position & 0xffffffffull);
-    habu_index_errors[3] = (u32)((u64)position >> 32);
-    habu_index_errors[4] = (u32)((u64)value & 0xffffffffull);
-    habu_index_errors[5] = (u32)((u64)value >> 32);
-    habu_index_errors[6] = 0u;
-    habu_index_errors[7] = 0u;
-  }
+  record_index_error(code, position, value, 0);
   return false;
 }
 

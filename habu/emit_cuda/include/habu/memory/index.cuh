@@ -13,11 +13,10 @@ extern "C" __device__ habu::u32 habu_index_errors[8] = {0u, 0u, 0u, 0u, 0u, 0u, 
 
 namespace habu {
 
-/** @brief Whether `value` (an index tensor's element at `position`) is in 0..size-1. When it is not,
- *  sets bit `code` of the error word and, the first time, records code, position, value and size; the caller
- *  masks the access, so no memory outside the indexed tensor is read or written. */
-__device__ __forceinline__ bool index_ok(i64 value, i64 size, u32 code, i64 position) {
-  if (value >= 0 && value < size) return true;
+/** @brief Records an error of index tensor `code` in the module's error words: its bit, and, for the first
+ *  error only, code, position, value and `size` (the size of the axis indexed; 0 marks a grouping out of
+ *  order, `grouping_ok`). */
+__device__ __forceinline__ void record_index_error(u32 code, i64 position, i64 value, i64 size) {
   atomicOr(habu_index_errors, 1u << code);
   if (atomicCAS(habu_index_errors + 1, 0u, code + 1u) == 0u) {
     habu_index_errors[2] = (u32)((u64)position & 0xffffffffull);
@@ -27,6 +26,14 @@ __device__ __forceinline__ bool index_ok(i64 value, i64 size, u32 code, i64 posi
     habu_index_errors[6] = (u32)((u64)size & 0xffffffffull);
     habu_index_errors[7] = (u32)((u64)size >> 32);
   }
+}
+
+/** @brief Whether `value` (an index tensor's element at `position`) is in 0..size-1. When it is not,
+ *  records the error (`record_index_error`); the caller masks the access, so no memory outside the indexed
+ *  tensor is read or written. */
+__device__ __forceinline__ bool index_ok(i64 value, i64 size, u32 code, i64 position) {
+  if (value >= 0 && value < size) return true;
+  record_index_error(code, position, value, size);
   return false;
 }
 
