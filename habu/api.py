@@ -208,4 +208,4 @@ def lookup_key(model, target, ranges=()):
     from habu.spec.grad_program import direction
 
     return database_key(model, {e.name: e.size for e in model.extents if e.size is not None}, target,
-                        device_info(), direction=direction(model.name), ranges=ranges)
+                        device_info(), direction=direction(model), ranges=ranges)

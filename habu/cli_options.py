@@ -11,14 +11,18 @@ from habu.errors import UsageError
 from habu.targets import TARGETS
 
 FileArg = Annotated[Path, typer.Argument(help="A .habu file.", show_default=False)]
-ShapeOpt = Annotated[str | None, typer.Option("--shape", help="Extent sizes, e.g. K=511,M=256.")]
+ShapeOpt = Annotated[list[str] | None, typer.Option(
+    "--shape", help="Extent sizes, e.g. K=511,M=256 (the option may be repeated: --shape K=511 --shape M=256).")]
 
 
-def parse_shape(text: str | None, known: list[str] | None = None) -> dict[str, int]:
-    """`K=511,M=256` (or `#K=511`) into {'K': 511, 'M': 256}."""
+def parse_shape(text: str | list[str] | None, known: list[str] | None = None) -> dict[str, int]:
+    """`K=511,M=256` (or `#K=511`) into {'K': 511, 'M': 256}; a list holds the values of a repeated
+    --shape, read as one comma-separated text (an extent given twice is an error)."""
     sizes: dict[str, int] = {}
     if not text:
         return sizes
+    if not isinstance(text, str):
+        text = ",".join(text)
     for part in text.replace(" ", ",").split(","):
         if not part:
             continue

@@ -162,3 +162,18 @@ def test_regression_an_existing_output_file_is_overwritten(tmp_path):
     output_file(tmp_path / "new" / "deeper" / "y.npz", "-o")
     output_dir(tmp_path / "new" / "dir", "-o")
     assert not (tmp_path / "new").exists()  # the checks create nothing
+
+
+def test_regression_a_repeated_shape_option_keeps_every_size(tmp_path):
+    """`--shape M=300 --shape N=200,K=511` kept only the last option's sizes (typer's single value)."""
+    import json
+
+    from habu.cli_options import parse_shape
+
+    assert parse_shape(["M=300", "N=200,K=511"], ["M", "N", "K"]) == {"M": 300, "N": 200, "K": 511}
+    r = habu("compile", "examples/gemm.habu", "--shape", "M=300", "--shape", "N=200,K=511", "-o", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    shape = json.loads((tmp_path / "plan.json").read_text())["shape"]
+    assert {k: shape[k] for k in ("M", "N", "K")} == {"M": 300, "N": 200, "K": 511}, shape
+    r = habu("compile", "examples/gemm.habu", "--shape", "K=512", "--shape", "K=256", "-o", str(tmp_path))
+    assert r.returncode == 1 and "gives #K twice" in r.stderr, r.stderr

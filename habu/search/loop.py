@@ -91,7 +91,7 @@ class Search:
         from habu.search.keys import database_key
         from habu.spec.grad_program import direction
 
-        return database_key(self.model, self.sizes, self.target, self.gpu, direction=direction(self.model.name),
+        return database_key(self.model, self.sizes, self.target, self.gpu, direction=direction(self.model),
                             ranges=self.ranges)
 
     # -- budget

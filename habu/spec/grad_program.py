@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from habu.errors import HabuError, Span
 from habu.spec.grad import Backward, NotDifferentiable, SavePolicy, derive
-from habu.spec.ir import Op, walk
+from habu.spec.ir import Model, Op, walk
 from habu.spec.program import Program
 from habu.spec.words import ColonWord, ElementwiseWord, EquationWord, Word
 
@@ -99,11 +99,12 @@ def with_backward(program: Program, name: str | None) -> Program:
         return program
     forward, mode = parsed
     bw = derive_model(program, forward, None, SavePolicy(SaveMode(mode)))
-    program.models[name] = replace(bw.model, name=name)
+    program.models[name] = replace(bw.model, name=name, backward_of=forward)
     program.model_spans[name] = program.model_spans.get(forward)
     return program
 
 
-def direction(name: str) -> str:
-    """'backward' for a `backward_name`, else 'forward' (the plan database keys them apart)."""
-    return "backward" if backward_of(name) is not None else "forward"
+def direction(model: Model) -> str:
+    """'backward' for a backward model `with_backward` derived, else 'forward' (the plan database keys
+    them apart); a model its file defines is forward even when its name ends in -GRAD."""
+    return "backward" if model.backward_of is not None else "forward"

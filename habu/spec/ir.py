@@ -297,6 +297,9 @@ class Model:
     nodes: tuple[Equation, ...]
     obligations: tuple[Obligation, ...] = ()
     words: tuple[str, ...] = field(default=(), compare=False)  # the composition's words, for reports
+    # the forward model this one is the derived backward of (habu.spec.grad_program.with_backward); None
+    # for a model a file defines, whatever its name
+    backward_of: str | None = field(default=None, compare=False)
 
     # -- lookups
     def extent(self, name: str) -> Extent:

@@ -254,3 +254,18 @@ def test_regression_softmax_backward_drops_the_maximums_vanishing_gradient():
     # a statistic whose adjoint does not vanish keeps it: RMSNorm's rstd
     rms = derive(load_program(EXAMPLES[0].parent / "rmsnorm.habu").models["RMSNORM-ROWS"])
     assert sum(isinstance(x, Reduce) for eq in rms.model.nodes for x in walk(eq.rhs)) == 1
+
+
+def test_regression_a_model_named_like_a_backward_is_keyed_forward():
+    """examples/bias_grad.habu defines BIAS-GRAD itself: the plan database keyed it 'backward', because the
+    direction was read from the name's -GRAD suffix; only a backward `with_backward` derived is one."""
+    from habu.spec.grad_program import backward_name, direction, with_backward
+    from habu.spec.parser import load_program
+    from tests.conftest import ROOT
+
+    defined = load_program(ROOT / "examples" / "bias_grad.habu").model("BIAS-GRAD")
+    assert direction(defined) == "forward"
+    name = backward_name("RMSNORM-EQ")
+    derived = with_backward(load_program(ROOT / "examples" / "rmsnorm.habu"), name).model(name)
+    assert derived.backward_of == "RMSNORM-EQ" and direction(derived) == "backward"
+    assert direction(derived.with_sizes({})) == "backward"  # binding a shape keeps what it is
