@@ -77,13 +77,24 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_the_moe_examp
               "test_regression_row_kernels_caching_different_words")
 
 
+# Tests that start Ray clusters on this machine: under pytest-xdist (`-n auto --dist loadgroup`, the README's
+# test command) they all run in one worker, one after another (two local clusters at once compete for the
+# same CPUs, and `ray.init()` without an address may join the other worker's cluster).
+RAY_FILES = ("tests/cluster/test_ray.py", "tests/cluster/test_ray_node_loss.py", "tests/cluster/test_ray_connect.py",
+             "tests/cluster/test_cluster_files.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark the long tests `slow`; skip tests marked `gpu` when this machine has no CUDA device."""
+    """Mark the long tests `slow`, group the Ray tests for xdist; skip tests marked `gpu` when this
+    machine has no CUDA device."""
     slow = pytest.mark.slow
+    ray_group = pytest.mark.xdist_group("ray")
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         if path in SLOW_FILES or any(item.name.startswith(t) for t in SLOW_TESTS):
             item.add_marker(slow)
+        if path in RAY_FILES:
+            item.add_marker(ray_group)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

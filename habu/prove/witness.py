@@ -80,7 +80,9 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
                 q += 1
                 w = r + q * L
             ext = [model.extent(g) for g in group]
-            if w >= full or any(not x.is_static and not x.admits(w) for x in ext):
+            # a runtime extent keeps the witness inside its declared range (a size bucket's); one the plan
+            # narrowed to a single size (lo = hi: `planned_model`) reduces as a static extent does
+            if w >= full or any(not x.is_static and x.lo != x.hi and not x.admits(w) for x in ext):
                 w = full
         taken.add(w)
         for g in group:

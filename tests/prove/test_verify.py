@@ -112,6 +112,23 @@ def test_witness_keeps_distinct_sizes_distinct():
     assert len({w["M"], w["N"], w["K"]}) == 3
 
 
+def test_regression_a_runtime_extent_the_plan_fixes_reduces_in_the_witness():
+    """A plan made for one size of a runtime extent (`default_plan(model, target, {"T": 4096, ...})` on the
+    unbound model) narrows the extent to 4096..4096 (`planned_model`); the witness refused to reduce it as
+    outside that range, so the MoE FFN was checked at R = 4096 in full: a 1.75 TiB reference evaluation
+    (CI: MemoryError in test_regression_a_plans_kernels_compile_as_one_translation_unit[moe_mixtral])."""
+    from habu.plan.rewrite import planned_model
+
+    m = model_of("moe_mixtral.habu", "MOE-FFN")
+    sizes = {"T": 4096, "R": 4096}
+    plan = default_plan(m, TARGETS["sm_90a"], sizes)
+    lws = lower_plan(m, plan)
+    graph = planned_model(m, plan)
+    assert graph.extent("R").lo == graph.extent("R").hi == 4096
+    w = witness_sizes(graph, [f"k{i}" for i in range(len(lws))], lws, dict(plan.shape) | sizes)
+    assert w["T"] < 4096 and w["R"] < 4096 and w["D"] < 4096, w
+
+
 def test_split_k_witness_reduces_k_and_keeps_every_split_class():
     """Regression: split-K froze k at its full size, so each split-K candidate of the MoE search
     was checked over all of K = 4096 (about 1 s of the driver's proofs each, against 30 ms)."""
