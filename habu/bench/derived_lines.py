@@ -36,7 +36,7 @@ from habu.lower import (
     RowLowering,
     lower_whole,
 )
-from habu.lower.access import Access, Bound
+from habu.lower.access import Access, Bound, FlatGrid
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
@@ -130,6 +130,11 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
+        # the block decode and the k range's start: a tile row too many (the split and batch strides),
+        # each tile's origin one tile on, the first k tile one late
+        yield _with_override(obj, "tiles_m", lambda sup, s: sup(s) + 1)
+        yield _with_override(obj, "tile_origin", lambda sup, tm, tn: sup(tm + 1, tn + 1))
+        yield _with_override(obj, "k_range", lambda sup, split, s: (sup(split, s)[0] + 1, sup(split, s)[1]))
     yield from _pipeline_variants(obj)
     if isinstance(obj, MmaSyncOperands):
         yield from _operand_variants(obj)
@@ -162,6 +167,9 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, lanes=replace(obj.lanes, vector=obj.lanes.vector + 1))
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
+        yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
+    if isinstance(obj, FlatGrid) and len(obj.extents) > 1:  # the flat index's decode: its divisors' order
+        yield replace(obj, extents=tuple(reversed(obj.extents)))
 
 
 def _pipeline_variants(obj: Any) -> Iterator[Any]:
@@ -273,6 +281,14 @@ def _shortened(lw: ContractionLowering) -> ContractionLowering:
             return begin, end - 1
 
     return Shortened(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _with_override(lw: Any, method: str, planted: Callable[..., Any]) -> Any:
+    """The lowering with one method's result planted wrong: `planted(the method as it was, *args)`."""
+    base = getattr(type(lw), method)
+    cls = type(f"Planted_{method}", (type(lw),),
+               {method: lambda self, *args: planted(lambda *a: base(self, *a), *args)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 def _more_register_chunks(lw: RowLowering) -> RowLowering:

@@ -246,6 +246,11 @@ class ContractionLowering:
                                     f"the epilogue stores pairs of adjacent {self.out.tensor} elements as one vector"))
         return tuple(out)
 
+    def tile_origin(self, tm: Any, tn: Any) -> tuple[Any, Any]:
+        """(m0, n0): the first output row and column of tile (tm, tn). The interpreter computes a block's
+        rows and columns from here and the emitter prints it (`m0`, `n0`)."""
+        return tm * self.bm, tn * self.bn
+
     def k_origin(self, begin: Any, step: Any) -> Any:
         """k0 of the `step`-th k tile of a split whose tiles begin at tile `begin`: the first column of k
         its loads read. The interpreter loads each tile from here and the emitter prints it."""

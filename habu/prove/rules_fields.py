@@ -111,8 +111,9 @@ def _general_launch(name: str, lw: GeneralLowering, ctx: Context) -> Iterator[Ob
     s, k = ctx.ext, lw.kernel
     yield _grid(name, "x", f"one block per {k.threads} output elements", lw.grid(s), ctx.target.max_grid_x)
     if lw.index_width == 32:
-        yield _lanes(name, f"the thread's element blockIdx.x·{k.threads} + threadIdx.x, up to "
-                           f"⌈numel/{k.threads}⌉·{k.threads} − 1", lw.grid(s) * k.threads - 1)
+        m = lw.thread_map
+        yield _lanes(name, f"the thread's element blockIdx.x·{m.threads} + threadIdx.x, up to "
+                           f"(⌈numel/{k.threads}⌉ − 1)·{m.threads} + {k.threads} − 1", m.largest(lw.grid(s), k.threads))
         for axis, extent in lw.loops:
             yield _lanes(name, f"the loop counter {axis} < #{extent}, up to #{extent}", s[extent])
 
