@@ -128,6 +128,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
+        # the accumulator's thread decode (a thread's lane and warp within its warpgroup)
+        yield replace(obj, fragment=replace(obj.fragment, warp_size=obj.fragment.warp_size // 2))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
         # the block decode and the k range's start: a tile row too many (the split and batch strides),

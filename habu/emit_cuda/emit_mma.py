@@ -142,7 +142,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
   const habu::u32 s_bar = s_base + {layout.total if gather4 else 0}u;  // gather4: one mbarrier per stage
 {"  if (threadIdx.x == 0) { for (int s = 0; s < " + str(k.stages) + "; ++s) habu::mbar_init(s_bar + 8 * s, 1); habu::fence_barrier_init(); }" + chr(10) + "  __syncthreads();" if gather4 else ""}
   long long uses = 0;  // k tiles consumed so far (the parity of a stage's mbarrier)
-  const int lane = threadIdx.x % 32;
+  const int lane = {lw.fragment.lane_of()};
   const int warp = threadIdx.x / 32;
   const int wm_ = {c(grid.warp_m(CExpr("warp")))};
   const int wn_ = {c(grid.warp_n(CExpr("warp")))};

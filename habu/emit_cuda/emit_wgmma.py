@@ -414,6 +414,7 @@ def _direct_epilogue(kc: _Kernel) -> str:
 def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
     lw = kc.lw
+    frag = lw.fragment  # the thread decode of the accumulator's lanes and warps
     if lw.kernel.store == "tma":
         epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it)
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
@@ -426,8 +427,8 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     return f"""  }} else {{  // --------------------------------------------------------------------- consumers
     habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
     const int cw = wg - 1;
-    const int lane = threadIdx.x % 32;
-    const int warp = (threadIdx.x % 128) / 32;
+    const int lane = {frag.lane_of()};
+    const int warp = {frag.warp_of()};
 {store_state}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, kc.sizes, kc.it, "      ")}      float acc[{kc.slabs}][{regs}];
 #pragma unroll
