@@ -305,8 +305,8 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
 {rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, kc.sizes, kc.it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
         const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
-        const habu::u32 full = bars + 16 * stage;
-        habu::mbar_wait(bars + 16 * stage + 8, {c(ring.producer_wait(CExpr('phase')))});
+        const habu::u32 full = {_barrier(ring, "stage")};
+        habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
         const habu::u32 b_stage = {kc.stage_base("B", "stage")};
 {fill}        {_advance(ring)}
@@ -321,13 +321,19 @@ def _advance(ring: MbarrierRing) -> str:
     return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
 
 
+def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
+    """The address of a stage's full (or empty) barrier, from the ring's barrier slots
+    (`MbarrierRing.full_barrier`, `empty_barrier`: bars + barrier_stride·stage [+ empty_offset])."""
+    return f"bars + {ring.barrier_stride} * {stage}" + (f" + {ring.empty_offset}" if empty else "")
+
+
 def _release(ring: MbarrierRing) -> str:
     """A consumer warpgroup frees stage `held`: one arrival on its `empty` barrier in every block of
     the cluster (thread r of the warpgroup tells block r, in parallel), whose producers all write it."""
     if ring.cluster > 1:
         return (f"if (held >= 0 && threadIdx.x % 128 < {ring.cluster}) "
-                "habu::mbar_arrive_cluster(bars + 16 * held + 8, (habu::u32)(threadIdx.x % 128));")
-    return "if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);"
+                f"habu::mbar_arrive_cluster({_barrier(ring, 'held', empty=True)}, (habu::u32)(threadIdx.x % 128));")
+    return f"if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive({_barrier(ring, 'held', empty=True)});"
 
 
 def _a_desc(ops: WgmmaOperands, desc, slabs: int, s: int) -> str:
@@ -374,7 +380,7 @@ def _consumer_loop(kc: _Kernel) -> str:
     slot = c(ring.read_slot(CExpr("stage")))
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
       for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-        habu::mbar_wait(bars + 16 * stage, {c(ring.consumer_wait(CExpr('phase')))});
+        habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", slot)};
         const habu::u32 b_stage = {kc.stage_base("B", slot)};
         habu::wgmma_fence();

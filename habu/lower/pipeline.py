@@ -95,6 +95,11 @@ class MbarrierRing:
     flip: int = 1
     start_stage: int = 0  # the state the ring starts from (the kernel's `int stage`, `u32 phase`)
     start_phase: int = 0
+    # where stage s's barriers sit, in bytes from the ring's first (`bars`): full at barrier_stride·s, empty
+    # empty_offset bytes after it, as habu::ring_init initialises them (habu/sync/mbarrier.cuh; other
+    # values only in planted bugs, which habu.prove.pipeline refuses)
+    barrier_stride: int = 16
+    empty_offset: int = 8
 
     def stage(self, t: Any) -> Any:
         """The stage of the block's k tile t."""
@@ -109,6 +114,13 @@ class MbarrierRing:
 
     def consumer_wait(self, phase: Any) -> Any:
         return phase ^ self.consumer_parity if self.consumer_parity else phase
+
+    def full_barrier(self, bars: Any, stage: Any) -> Any:
+        """The address of stage `stage`'s full barrier (`bars`: the ring's first barrier)."""
+        return bars + self.barrier_stride * stage
+
+    def empty_barrier(self, bars: Any, stage: Any) -> Any:
+        return self.full_barrier(bars, stage) + self.empty_offset
 
     def read_slot(self, stage: Any) -> Any:
         """The stage a consumer reads when the ring is at `stage`."""
