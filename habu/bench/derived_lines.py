@@ -9,7 +9,9 @@ cache slots, pass order and register chunks, a map kernel's lane stride and vect
 (stages, phases, arrival counts, expected bytes, TMA boxes), the shared-memory operand maps (swizzle,
 padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle), the
 wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle), the column
-kernel's thread map and partial slots (each stride and count one more). (Not
+kernel's thread map and partial slots (each stride and count one more), the block decode (a tile row
+too many), each tile's origin, the k range's first tile, the accumulator's thread decode, the ring's
+barrier addresses, the general kernel's thread map and a flat grid's extents order. (Not
 the index width: it changes the type of nearly every line, not the
 arithmetic in it.) Such a line is computed from objects the proof executed; a
 line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
