@@ -11,10 +11,9 @@ padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' off
 wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle), the column
 kernel's thread map and partial slots (each stride and count one more), the block decode (a tile row
 too many), each tile's origin, the k range's first tile, the accumulator's thread decode, the ring's
-barrier addresses, the general kernel's thread map and a flat grid's extents order. (Not
-the index width: it changes the type of nearly every line, not the
-arithmetic in it.) Such a line is computed from objects the proof executed; a
-line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
+barrier addresses, the general kernel's thread map, a map lane's elements and a flat grid's extents
+order. (Not the index width: it changes the type of nearly every line, not the arithmetic in it.)
+Such a line is computed from objects the proof executed; a line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
 counted.
 
@@ -169,6 +168,8 @@ def _variants(obj: Any) -> Iterator[Any]:
     if isinstance(obj, MapLowering):
         yield replace(obj, lanes=replace(obj.lanes, lane_stride=obj.lanes.lane_stride + 1))
         yield replace(obj, lanes=replace(obj.lanes, vector=obj.lanes.vector + 1))
+        # a lane's elements strided (element v of the lane at first + 2·v)
+        yield replace(obj, lanes=_with_override(obj.lanes, "element", lambda sup, first, v: sup(first, 2 * v)))
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
         yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
