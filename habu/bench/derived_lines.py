@@ -197,6 +197,7 @@ def _pipeline_variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, flip=0)
         yield replace(obj, start_stage=1, start_phase=1)  # the state the ring starts from
         yield replace(obj, barrier_stride=obj.barrier_stride + 16, empty_offset=0)  # the barriers' addresses
+        yield replace(obj, base=obj.base + 8)
     if isinstance(obj, TmaOperandLoad):
         yield replace(obj, k_step=0)
         yield replace(obj, box_rows=obj.box_rows // 2, boxes=obj.boxes * 2)

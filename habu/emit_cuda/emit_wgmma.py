@@ -458,7 +458,7 @@ def _setup(kc: _Kernel, early_main_loop: bool) -> str:
   const habu::u32 raw_base = habu::smem_addr(smem_raw);
   const habu::u32 smem_base = (raw_base + {align - 1}u) & ~{align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
   unsigned char* smem = smem_raw + (smem_base - raw_base);
-  const habu::u32 bars = smem_base + {kc.off['bar']};
+  const habu::u32 bars = smem_base + {ring.base};
 {GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
   const long long tiles = {c(kc.lw.tiles(kc.sizes))};
   // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer of the cluster is done with it

@@ -348,7 +348,8 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
                    pre=tuple(pre),
-                   pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis),
+                   pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis,
+                                                                 b.dtype),
                    operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)),
                    tma_store=None if costing else tma_store_for(kernel, a.dtype, b.dtype, lw.out.dtype,
                                                                  b.positions[-1].axis == "k"))

@@ -5,7 +5,8 @@ allocates, and so within 32 bits.
 - a wgmma kernel (plain, batched, n-contiguous B): every stage tile `WgmmaOperands.stage_tile(side, s)`
   ends before the layout's epilogue buffers and barriers begin (the stage tiles' overlap with each other
   is the finite-field check's, habu.prove.smem_route), and the TMA-store epilogue's last buffer
-  `TmaStoreEpilogue.buffer` ends before the barriers;
+  `TmaStoreEpilogue.buffer` ends before the barriers, and the ring's barriers
+  (`MbarrierRing.base`, `empty_barrier`) come after both, 8-byte aligned, within the layout;
 - a column kernel: the largest partial slot a thread writes (`partial_slot` at the last row group,
   column thread and vector element) and the largest slot the combine reads (`combined_slot`) are below
   the block's `slots` floats of partials;
@@ -25,6 +26,7 @@ from typing import Any
 
 from habu.lower import ColumnLowering, ContractionLowering
 from habu.lower.layouts import WgmmaOperands
+from habu.lower.pipeline import MbarrierRing
 from habu.lower.support import contraction_smem
 from habu.prove.obligation import INT31, INT32_OFFSETS, Obligation
 
@@ -50,11 +52,23 @@ def contraction_smem_obligations(name: str, lw: ContractionLowering) -> Iterator
                         f"{ops.stage_stride} bytes apart)", last, stages_end,
                   "where the layout's epilogue buffers and barriers begin")
     st = lw.tma_store
+    ring = lw.pipeline
+    bars = ring.base if isinstance(ring, MbarrierRing) else end
     if st is not None:
         buffer = int(st.buffer(st.consumers - 1, st.buffers - 1)) + st.box.bytes
-        bars = min((b.offset for b in layout.buffers if b.name == "bar"), default=end)
         yield _within(name, "byte offset of the TMA-store buffers' end (the last consumer's last buffer)",
-                      buffer, bars, "where the layout's barriers begin")
+                      buffer, bars, "where the ring's barriers begin")
+    if isinstance(ring, MbarrierRing):
+        # the ring's barriers (8-byte mbarriers, from `bars` = its base): after every tile and buffer
+        # before them, within the layout
+        before = max([last] + ([int(st.buffer(st.consumers - 1, st.buffers - 1)) + st.box.bytes] if st else []))
+        after = int(ring.empty_barrier(ring.base, ring.stages - 1)) + 8
+        yield Obligation(INT32_OFFSETS, name, None,
+                         f"32-bit shared-memory barriers at bytes {ring.base}..{after - 1}: 8-byte aligned, after the "
+                         f"tiles and buffers (which end at {before}), within the layout's {end} bytes",
+                         ring.base % 8 == 0 and before <= ring.base and after <= end <= INT31,
+                         detail=f"the ring's barriers at bytes {ring.base}..{after - 1} overlap a tile or buffer "
+                                f"(they end at {before}), pass the layout's {end} bytes or are misaligned")
 
 
 def column_smem_obligations(name: str, lw: ColumnLowering) -> Iterator[Obligation]:
