@@ -148,13 +148,13 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
   const int wn_ = {c(grid.warp_n(CExpr("warp")))};
   const long long tiles = {c(lw.tiles(sizes))};
   for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, sizes, it)}    float acc[{MI}][{NI}][4];
+{tile_setup(lw, sizes, it)}    float acc[{MI}][{NI}][{lw.fragment.registers(1)}];
 #pragma unroll
     for (int mi = 0; mi < {MI}; ++mi)
 #pragma unroll
       for (int ni = 0; ni < {NI}; ++ni)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+        for (int q = 0; q < {lw.fragment.registers(1)}; ++q) acc[mi][ni][q] = 0.0f;
     const long long steps = kt_end > kt_begin ? kt_end - kt_begin : 0;
     // prologue: the first {ring.prologue} k tiles
     for (int pst = 0; pst < {ring.prologue}; ++pst) {{

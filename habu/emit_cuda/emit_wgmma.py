@@ -429,7 +429,7 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
         epilogue, store_state, drain = _direct_epilogue(kc), "", ""
     # the epilogue reads and writes what the plan's previous kernel may still be writing or reading
     epilogue_wait = "    " + GRID_WAIT if early_main_loop else ""
-    regs = lw.bn // 2
+    regs = lw.fragment.registers(lw.bn // 8)  # the accumulator's registers per slab (fragment_mismatch checks them)
     return f"""  }} else {{  // --------------------------------------------------------------------- consumers
     habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
     const int cw = wg - 1;

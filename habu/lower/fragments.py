@@ -70,6 +70,12 @@ class AccumulatorFragment:
     def register_index(self, j: Any, h: Any, q: Any) -> Any:
         return 2 * self.pair * j + self.pair * h + q
 
+    def registers(self, column_groups: int) -> int:
+        """The accumulator registers a thread holds over `column_groups` 8-column groups (one past the
+        last `register_index`): the array the epilogue declares (wgmma: acc[slab][registers], mma.sync:
+        acc[mi][ni][registers(1)])."""
+        return self.register_index(column_groups - 1, self.halves - 1, self.pair - 1) + 1
+
     def element(self, warp: Any, lane: Any, j: Any, h: Any, q: Any) -> tuple[Any, Any]:
         row = warp * self.warp_rows + lane // self.lanes_per_row + self.row_step * h
         col = self.col_step * j + self.pair * (lane % self.lanes_per_row) + q

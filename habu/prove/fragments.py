@@ -44,6 +44,12 @@ def fragment_mismatch(instruction: str, fragment: AccumulatorFragment, column_gr
         fragment.element(np.zeros_like(x), their_lane, np.zeros_like(j), h, q)
     bad = (held[0] != stored[0]) | (held[1] != stored[1])
     if not bad.any():
+        # the accumulator array the epilogue declares: the instruction writes 4 f32 registers per 8-column
+        # group (mma.sync m16n8: 4; wgmma m64nN: N/2), and the wrapper's operand list names that many
+        declared = fragment.registers(groups)
+        if declared != 4 * groups:
+            return (f"the epilogue declares {declared} accumulator registers per {instruction} fragment tile, but "
+                    f"the instruction writes {4 * groups}")
         return None
     i = tuple(int(x[0]) for x in np.nonzero(bad))
     at = (w[i], lane[i], j[i], h[i], q[i])

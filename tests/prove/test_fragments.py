@@ -32,6 +32,14 @@ def test_an_epilogue_thread_decode_off_the_ptx_lanes_is_caught(instruction, chan
     assert bad is not None and "accumulator register" in bad and "tile[" in bad
 
 
+@pytest.mark.parametrize("instruction", ["mma.sync", "wgmma"])
+def test_an_epilogue_holding_one_row_half_declares_too_few_registers_and_is_caught(instruction):
+    """halves = 1: every register the epilogue stores is where the instruction put it, but the array it
+    declares (`AccumulatorFragment.registers`, printed as acc[..][registers]) lacks the second row half's."""
+    bad = fragment_mismatch(instruction, replace(ACCUMULATOR, halves=1), 8)
+    assert bad is not None and "declares" in bad and "the instruction writes" in bad, bad
+
+
 def test_the_emitters_print_the_thread_decode_from_the_lowering():
     from habu.lower import lower_whole
     from habu.paths.emit import emit_lowered
