@@ -9,10 +9,11 @@ cache slots, pass order and register chunks, a map kernel's lane stride and vect
 (stages, phases, arrival counts, expected bytes, TMA boxes), the shared-memory operand maps (swizzle,
 padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' offsets and swizzle), the
 wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle), the column
-kernel's thread map and partial slots (each stride and count one more). (Not
-the index width: it changes the type of nearly every line, not the
-arithmetic in it.) Such a line is computed from objects the proof executed; a
-line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
+kernel's thread map and partial slots (each stride and count one more), the block decode (a tile row
+too many), each tile's origin, the k range's first tile, the accumulator's thread decode, the ring's
+barrier addresses, the general kernel's thread map, a map lane's elements and a flat grid's extents
+order. (Not the index width: it changes the type of nearly every line, not the arithmetic in it.)
+Such a line is computed from objects the proof executed; a line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
 counted.
 
@@ -36,7 +37,7 @@ from habu.lower import (
     RowLowering,
     lower_whole,
 )
-from habu.lower.access import Access, Bound
+from habu.lower.access import Access, Bound, FlatGrid
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
@@ -128,8 +129,15 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
+        # the accumulator's thread decode (a thread's lane and warp within its warpgroup)
+        yield replace(obj, fragment=replace(obj.fragment, warp_size=obj.fragment.warp_size // 2))
         yield replace(obj, split_mode="none" if obj.split_mode == "atomic" else "atomic")
         yield _shortened(obj)
+        # the block decode and the k range's start: a tile row too many (the split and batch strides),
+        # each tile's origin one tile on, the first k tile one late
+        yield _with_override(obj, "tiles_m", lambda sup, s: sup(s) + 1)
+        yield _with_override(obj, "tile_origin", lambda sup, tm, tn: sup(tm + 1, tn + 1))
+        yield _with_override(obj, "k_range", lambda sup, split, s: (sup(split, s)[0] + 1, sup(split, s)[1]))
     yield from _pipeline_variants(obj)
     if isinstance(obj, MmaSyncOperands):
         yield from _operand_variants(obj)
@@ -160,8 +168,13 @@ def _variants(obj: Any) -> Iterator[Any]:
     if isinstance(obj, MapLowering):
         yield replace(obj, lanes=replace(obj.lanes, lane_stride=obj.lanes.lane_stride + 1))
         yield replace(obj, lanes=replace(obj.lanes, vector=obj.lanes.vector + 1))
+        # a lane's elements strided (element v of the lane at first + 2·v)
+        yield replace(obj, lanes=_with_override(obj.lanes, "element", lambda sup, first, v: sup(first, 2 * v)))
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
+        yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
+    if isinstance(obj, FlatGrid) and len(obj.extents) > 1:  # the flat index's decode: its divisors' order
+        yield replace(obj, extents=tuple(reversed(obj.extents)))
 
 
 def _pipeline_variants(obj: Any) -> Iterator[Any]:
@@ -183,6 +196,8 @@ def _pipeline_variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, wrap=obj.wrap + 1)  # the state update (habu::ring_advance<wrap, flip>)
         yield replace(obj, flip=0)
         yield replace(obj, start_stage=1, start_phase=1)  # the state the ring starts from
+        yield replace(obj, barrier_stride=obj.barrier_stride + 16, empty_offset=0)  # the barriers' addresses
+        yield replace(obj, base=obj.base + 8)
     if isinstance(obj, TmaOperandLoad):
         yield replace(obj, k_step=0)
         yield replace(obj, box_rows=obj.box_rows // 2, boxes=obj.boxes * 2)
@@ -273,6 +288,14 @@ def _shortened(lw: ContractionLowering) -> ContractionLowering:
             return begin, end - 1
 
     return Shortened(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _with_override(lw: Any, method: str, planted: Callable[..., Any]) -> Any:
+    """The lowering with one method's result planted wrong: `planted(the method as it was, *args)`."""
+    base = getattr(type(lw), method)
+    cls = type(f"Planted_{method}", (type(lw),),
+               {method: lambda self, *args: planted(lambda *a: base(self, *a), *args)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 def _more_register_chunks(lw: RowLowering) -> RowLowering:

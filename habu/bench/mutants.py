@@ -94,6 +94,13 @@ def _batch_decode_unreduced(lw: ContractionLowering) -> ContractionLowering:
     return Unreduced(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
+def _tile_origin_from_bn(lw: ContractionLowering) -> ContractionLowering:
+    """The same lowering whose tile rows start at tm·BN (its `tile_origin`, which the emitter prints as m0)."""
+    cls = type("Planted_tile_origin", (ContractionLowering,),
+               {"tile_origin": lambda self, tm, tn: (tm * self.bn, tn * self.bn)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
 def _ring(f: Callable[[MbarrierRing], MbarrierRing]) -> Callable[[Lowering], Lowering]:
     """A mutant of the wgmma k loop's mbarrier ring."""
     def g(lw: Lowering) -> Lowering:
@@ -488,6 +495,9 @@ MUTANTS: tuple[Mutant, ...] = (
            {"bm": "32"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
+    Mutant("tile-origin-from-bn", "a block's first row m0 = tm·BN instead of tm·BM (a rectangular tile's "
+           "extents mixed up): blocks compute overlapping rows and some rows of the output are never written",
+           "ggemm.habu", "GGEMM", GG, _c(_tile_origin_from_bn), {"tile": "128x64x64"}),
 )
 
 

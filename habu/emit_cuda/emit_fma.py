@@ -44,12 +44,17 @@ def tile_setup(lw: ContractionLowering, sizes, it: str, indent: str = "    ") ->
     begin, end = lw.k_range(CExpr("split"), sizes)
     # a batched kernel's batch coordinates, named by their axes (the accesses read them by name)
     lines += [f"const {it} {axis} = ({it})({c(value)});" for axis, value in batch.items()]
+    m0, n0 = lw.tile_origin(CExpr("tm"), CExpr("tn"))
     lines += [f"const long long tm = {c(tm)};", f"const long long tn = {c(tn)};",
-              f"const {it} m0 = ({it})(tm * {lw.bm});", f"const {it} n0 = ({it})(tn * {lw.bn});",
+              f"const {it} m0 = ({it}){_parenthesized(c(m0))};", f"const {it} n0 = ({it}){_parenthesized(c(n0))};",
               f"const long long kt_begin = {c(begin)};", f"const long long kt_end = {c(end)};"]
     if "const long long split" not in "".join(lines):
         lines.insert(0, f"const long long split = {c(split)};")
     return "".join(indent + ln + "\n" for ln in lines)
+
+
+def _parenthesized(text: str) -> str:
+    return text if text.startswith("(") and text.endswith(")") else f"({text})"
 
 
 def table_reader(sig: Signature, model: Model, it: str) -> TableReader:

@@ -1,12 +1,14 @@
 """General kernels: one thread per output element of one equation node, each reduction a loop.
 
-Everything index-shaped is printed from the `GeneralLowering`: the thread's coordinates
-(`coordinates`), its guard (`lane_guard`, the output's mask), the loops' bounds (`loop_end`) and every
-access's offset and mask (`Access.offset`/`Access.mask` through `CIndex`); a load whose mask fails
-reads 0, as the finite-field interpreter's does. Reductions accumulate in f32.
+Everything index-shaped is printed from the `GeneralLowering`: the thread's element (`thread_map`),
+its coordinates (`coordinates`), its guard (`lane_guard`, the output's mask), the loops' bounds
+(`loop_end`) and every access's offset and mask (`Access.offset`/`Access.mask` through `CIndex`); a
+load whose mask fails reads 0, as the finite-field interpreter's does. Reductions accumulate in f32.
 """
 
 from __future__ import annotations
+
+import re
 
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
@@ -79,8 +81,9 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
     else:
         store = store_value(out.dtype, p_out, out_off, value)
     loops = ", ".join(f"{a} < #{e}" for a, e in lw.loops) or "none"
+    element = _sum_of_product(lw.thread_map.element(CExpr(f"({it})blockIdx.x"), CExpr("threadIdx.x")))
     src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}  const {it} e = ({it})blockIdx.x * {k.threads} + threadIdx.x;  // this thread's output element
+{GRID_LAUNCH}{GRID_WAIT}  const {it} e = {element};  // this thread's output element
 {chr(10).join(coord_lines)}
   if (!({guard})) return;  // the output's mask: threads past the last element compute nothing
   {{
@@ -95,6 +98,13 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
                   if lw.store is Store.ATOMIC_ADD else []))
     src += src_body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)
+
+
+def _sum_of_product(x: CExpr) -> str:
+    """`((a * b) + c)` printed as `a * b + c` (the precedence C gives it), as the kernel has always read;
+    another expression as it is."""
+    m = re.fullmatch(r"\(\((.+) \* (\w+)\) \+ ([\w.]+)\)", c(x))
+    return c(x) if m is None else f"{m[1]} * {m[2]} + {m[3]}"
 
 
 register_geometry(GeneralLowering, FLAT_GRID)

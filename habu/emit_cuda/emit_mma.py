@@ -142,19 +142,19 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
   const habu::u32 s_bar = s_base + {layout.total if gather4 else 0}u;  // gather4: one mbarrier per stage
 {"  if (threadIdx.x == 0) { for (int s = 0; s < " + str(k.stages) + "; ++s) habu::mbar_init(s_bar + 8 * s, 1); habu::fence_barrier_init(); }" + chr(10) + "  __syncthreads();" if gather4 else ""}
   long long uses = 0;  // k tiles consumed so far (the parity of a stage's mbarrier)
-  const int lane = threadIdx.x % 32;
+  const int lane = {lw.fragment.lane_of()};
   const int warp = threadIdx.x / 32;
   const int wm_ = {c(grid.warp_m(CExpr("warp")))};
   const int wn_ = {c(grid.warp_n(CExpr("warp")))};
   const long long tiles = {c(lw.tiles(sizes))};
   for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, sizes, it)}    float acc[{MI}][{NI}][4];
+{tile_setup(lw, sizes, it)}    float acc[{MI}][{NI}][{lw.fragment.registers(1)}];
 #pragma unroll
     for (int mi = 0; mi < {MI}; ++mi)
 #pragma unroll
       for (int ni = 0; ni < {NI}; ++ni)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
+        for (int q = 0; q < {lw.fragment.registers(1)}; ++q) acc[mi][ni][q] = 0.0f;
     const long long steps = kt_end > kt_begin ? kt_end - kt_begin : 0;
     // prologue: the first {ring.prologue} k tiles
     for (int pst = 0; pst < {ring.prologue}; ++pst) {{

@@ -305,8 +305,8 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
 {rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, kc.sizes, kc.it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
         const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
-        const habu::u32 full = bars + 16 * stage;
-        habu::mbar_wait(bars + 16 * stage + 8, {c(ring.producer_wait(CExpr('phase')))});
+        const habu::u32 full = {_barrier(ring, "stage")};
+        habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
         const habu::u32 b_stage = {kc.stage_base("B", "stage")};
 {fill}        {_advance(ring)}
@@ -321,13 +321,19 @@ def _advance(ring: MbarrierRing) -> str:
     return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
 
 
+def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
+    """The address of a stage's full (or empty) barrier, from the ring's barrier slots
+    (`MbarrierRing.full_barrier`, `empty_barrier`: bars + barrier_stride·stage [+ empty_offset])."""
+    return f"bars + {ring.barrier_stride} * {stage}" + (f" + {ring.empty_offset}" if empty else "")
+
+
 def _release(ring: MbarrierRing) -> str:
     """A consumer warpgroup frees stage `held`: one arrival on its `empty` barrier in every block of
     the cluster (thread r of the warpgroup tells block r, in parallel), whose producers all write it."""
     if ring.cluster > 1:
         return (f"if (held >= 0 && threadIdx.x % 128 < {ring.cluster}) "
-                "habu::mbar_arrive_cluster(bars + 16 * held + 8, (habu::u32)(threadIdx.x % 128));")
-    return "if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive(bars + 16 * held + 8);"
+                f"habu::mbar_arrive_cluster({_barrier(ring, 'held', empty=True)}, (habu::u32)(threadIdx.x % 128));")
+    return f"if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive({_barrier(ring, 'held', empty=True)});"
 
 
 def _a_desc(ops: WgmmaOperands, desc, slabs: int, s: int) -> str:
@@ -374,7 +380,7 @@ def _consumer_loop(kc: _Kernel) -> str:
     slot = c(ring.read_slot(CExpr("stage")))
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
       for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-        habu::mbar_wait(bars + 16 * stage, {c(ring.consumer_wait(CExpr('phase')))});
+        habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", slot)};
         const habu::u32 b_stage = {kc.stage_base("B", slot)};
         habu::wgmma_fence();
@@ -414,6 +420,7 @@ def _direct_epilogue(kc: _Kernel) -> str:
 def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
     lw = kc.lw
+    frag = lw.fragment  # the thread decode of the accumulator's lanes and warps
     if lw.kernel.store == "tma":
         epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it)
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
@@ -422,12 +429,12 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
         epilogue, store_state, drain = _direct_epilogue(kc), "", ""
     # the epilogue reads and writes what the plan's previous kernel may still be writing or reading
     epilogue_wait = "    " + GRID_WAIT if early_main_loop else ""
-    regs = lw.bn // 2
+    regs = lw.fragment.registers(lw.bn // 8)  # the accumulator's registers per slab (fragment_mismatch checks them)
     return f"""  }} else {{  // --------------------------------------------------------------------- consumers
     habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
     const int cw = wg - 1;
-    const int lane = threadIdx.x % 32;
-    const int warp = (threadIdx.x % 128) / 32;
+    const int lane = {frag.lane_of()};
+    const int warp = {frag.warp_of()};
 {store_state}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, kc.sizes, kc.it, "      ")}      float acc[{kc.slabs}][{regs}];
 #pragma unroll
@@ -451,7 +458,7 @@ def _setup(kc: _Kernel, early_main_loop: bool) -> str:
   const habu::u32 raw_base = habu::smem_addr(smem_raw);
   const habu::u32 smem_base = (raw_base + {align - 1}u) & ~{align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
   unsigned char* smem = smem_raw + (smem_base - raw_base);
-  const habu::u32 bars = smem_base + {kc.off['bar']};
+  const habu::u32 bars = smem_base + {ring.base};
 {GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
   const long long tiles = {c(kc.lw.tiles(kc.sizes))};
   // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer of the cluster is done with it

@@ -246,6 +246,11 @@ class ContractionLowering:
                                     f"the epilogue stores pairs of adjacent {self.out.tensor} elements as one vector"))
         return tuple(out)
 
+    def tile_origin(self, tm: Any, tn: Any) -> tuple[Any, Any]:
+        """(m0, n0): the first output row and column of tile (tm, tn). The interpreter computes a block's
+        rows and columns from here and the emitter prints it (`m0`, `n0`)."""
+        return tm * self.bm, tn * self.bn
+
     def k_origin(self, begin: Any, step: Any) -> Any:
         """k0 of the `step`-th k tile of a split whose tiles begin at tile `begin`: the first column of k
         its loads read. The interpreter loads each tile from here and the emitter prints it."""
@@ -343,7 +348,8 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
                    pre=tuple(pre),
-                   pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis),
+                   pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis,
+                                                                 b.dtype),
                    operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)),
                    tma_store=None if costing else tma_store_for(kernel, a.dtype, b.dtype, lw.out.dtype,
                                                                  b.positions[-1].axis == "k"))

@@ -1,6 +1,7 @@
 """Lowering the general kernel family: any one equation node, a thread per output element.
 
-Thread t of block b computes the output element at flat index e = b·threads + t (row-major over the
+Thread t of block b computes the output element at flat index e = b·threads + t (`thread_map`,
+`FlatThreads`; row-major over the
 output's extents, as the map kernel walks them; for a scatter `Y[IX[r] n] += ...`, over its domain
 (r, n), each thread adding its value into Y[IX[r] n] with f32 atomicAdd, `Store.ATOMIC_ADD`): its coordinates e0, e1, ... come from `coordinates`
 (e0 is not reduced modulo its extent, so a thread past the last element fails the output's mask,
@@ -20,6 +21,7 @@ from typing import Any
 
 from habu.errors import HabuError
 from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
+from habu.lower.lanes import FlatThreads
 from habu.lower.rows import load_index_vars
 from habu.plan.plan import GeneralKernel
 from habu.spec.ir import (
@@ -56,6 +58,7 @@ class GeneralLowering(FlatGrid):
     loads: tuple[tuple[Load, Access], ...]  # every load of the renamed node, once
     out: Access
     index_width: int
+    thread_map: FlatThreads  # which output element each thread computes (habu/lower/lanes.py)
     store: Store = Store.WRITE
 
     @property
@@ -168,4 +171,4 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
     out = access_for(model.tensor(eq.target), node.store_indices, {a: a.name for a in axes}, extent_of_axis, storage)
     store = Store.ATOMIC_ADD if scatter is not None else Store.WRITE
     return GeneralLowering(kernel, extents, node, tuple(renamer.loops), tuple(loads), out, kernel.index_width,
-                           store)
+                           FlatThreads(kernel.threads), store)

@@ -125,3 +125,21 @@ class MapLanes:
     def largest(self, blocks: Any) -> Any:
         """The largest element index a launch of `blocks` blocks computes (before its guard)."""
         return self.element(self.first(blocks - 1, self.threads - 1), self.vector - 1)
+
+
+@dataclass(frozen=True)
+class FlatThreads:
+    """A general kernel's threads: thread x of block b computes flat output element b·`threads` + x
+    (`threads`: the block's threads, so the blocks tile the output; another stride only in planted
+    bugs). The emitter prints `element` (`e`), the interpreter runs it for every launched thread and the
+    int32 rule bounds its largest value."""
+
+    threads: int
+
+    def element(self, block: Any, x: Any) -> Any:
+        return block * self.threads + x
+
+    def largest(self, blocks: Any, launched: int) -> Any:
+        """The largest element index a launch of `blocks` blocks of `launched` threads computes (before
+        its guard)."""
+        return self.element(blocks - 1, launched - 1)

@@ -95,6 +95,12 @@ class MbarrierRing:
     flip: int = 1
     start_stage: int = 0  # the state the ring starts from (the kernel's `int stage`, `u32 phase`)
     start_phase: int = 0
+    # where stage s's barriers sit, in bytes from the ring's first (`bars`): full at barrier_stride·s, empty
+    # empty_offset bytes after it, as habu::ring_init initialises them (habu/sync/mbarrier.cuh; other
+    # values only in planted bugs, which habu.prove.pipeline refuses)
+    barrier_stride: int = 16
+    empty_offset: int = 8
+    base: int = 0  # bytes from the aligned shared-memory base to the first barrier (the layout's `bar` buffer)
 
     def stage(self, t: Any) -> Any:
         """The stage of the block's k tile t."""
@@ -109,6 +115,13 @@ class MbarrierRing:
 
     def consumer_wait(self, phase: Any) -> Any:
         return phase ^ self.consumer_parity if self.consumer_parity else phase
+
+    def full_barrier(self, bars: Any, stage: Any) -> Any:
+        """The address of stage `stage`'s full barrier (`bars`: the ring's first barrier)."""
+        return bars + self.barrier_stride * stage
+
+    def empty_barrier(self, bars: Any, stage: Any) -> Any:
+        return self.full_barrier(bars, stage) + self.empty_offset
 
     def read_slot(self, stage: Any) -> Any:
         """The stage a consumer reads when the ring is at `stage`."""
@@ -177,10 +190,15 @@ def cp_async_ring(stages: int) -> CpAsyncRing:
 __all__ = ["MN_BLOCK", "CpAsyncRing", "MbarrierRing", "Pipeline", "TmaOperandLoad", "cp_async_ring", "wgmma_ring"]
 
 
-def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str = "k") -> Pipeline | None:
-    """The pipeline a contraction kernel's k loop runs: the mbarrier ring (wgmma), the cp.async ring
-    (mma.sync), or none (the SIMT path loads each tile and synchronises)."""
+def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str = "k",
+                 b_dtype: str | None = None) -> Pipeline | None:
+    """The pipeline a contraction kernel's k loop runs: the mbarrier ring (wgmma, its barriers where the
+    shared-memory layout puts them), the cp.async ring (mma.sync), or none (the SIMT path loads each
+    tile and synchronises)."""
+    from dataclasses import replace
+
     from habu.lower.registers import consumer_warpgroups
+    from habu.lower.smem import tensor_core_smem
     from habu.spec.dtypes import DTYPES
 
     mma = str(kernel.mma)
@@ -189,6 +207,9 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str =
     if mma != "wgmma":
         return None
     moves = {side: ("tma" if str(m) == "staged" else str(m)) for side, m in (("A", kernel.a_move), ("B", kernel.b_move))}
-    return wgmma_ring(kernel.stages, consumer_warpgroups(kernel.warps, kernel.warp_specialized), max(1, kernel.cluster_m),
+    ring = wgmma_ring(kernel.stages, consumer_warpgroups(kernel.warps, kernel.warp_specialized), max(1, kernel.cluster_m),
                       kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.tile_k, moves, b_last_axis == "n",
                       DTYPES[a_dtype].bytes, a_last_axis == "m")
+    layout = tensor_core_smem(kernel, a_dtype, b_dtype or a_dtype, b_last_axis == "k")
+    bars = next((b.offset for b in layout.buffers if b.name == "bar"), 0)
+    return replace(ring, base=bars)

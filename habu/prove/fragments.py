@@ -27,19 +27,29 @@ def instruction_element(instruction: str, warp: np.ndarray, lane: np.ndarray, re
 
 
 def fragment_mismatch(instruction: str, fragment: AccumulatorFragment, column_groups: int) -> str | None:
-    """Run the epilogue's fragment map over every (warp, lane, j, h, q) of one fragment tile and
+    """Run the epilogue's thread decode and fragment map over every (thread, j, h, q) of one fragment tile and
     compare, register by register, where the epilogue stores it with the element the instruction put
     there; the first disagreement, or None."""
     warps = 4 if instruction == "wgmma" else 1
     groups = column_groups if instruction == "wgmma" else 1
-    w, lane, j, h, q = np.meshgrid(np.arange(warps), np.arange(32), np.arange(groups), np.arange(fragment.halves),
-                                   np.arange(fragment.pair), indexing="ij")
+    x, j, h, q = np.meshgrid(np.arange(32 * warps), np.arange(groups), np.arange(fragment.halves),
+                             np.arange(fragment.pair), indexing="ij")
+    # thread x of the warpgroup (of the warp, mma.sync) is lane x % 32 of warp x / 32 (PTX ISA); the
+    # epilogue finds its lane and warp with the fragment's thread decode
+    w, lane = x // 32, x % 32
     reg = fragment.register_index(j, h, q) if instruction == "wgmma" else fragment.pair * h + q
     held = instruction_element(instruction, w, lane, reg)
-    stored = fragment.element(w, lane, j, h, q) if instruction == "wgmma" else \
-        fragment.element(np.zeros_like(w), lane, np.zeros_like(j), h, q)
+    their_lane = fragment.thread_lane(x)
+    stored = fragment.element(fragment.thread_warp(x), their_lane, j, h, q) if instruction == "wgmma" else \
+        fragment.element(np.zeros_like(x), their_lane, np.zeros_like(j), h, q)
     bad = (held[0] != stored[0]) | (held[1] != stored[1])
     if not bad.any():
+        # the accumulator array the epilogue declares: the instruction writes 4 f32 registers per 8-column
+        # group (mma.sync m16n8: 4; wgmma m64nN: N/2), and the wrapper's operand list names that many
+        declared = fragment.registers(groups)
+        if declared != 4 * groups:
+            return (f"the epilogue declares {declared} accumulator registers per {instruction} fragment tile, but "
+                    f"the instruction writes {4 * groups}")
         return None
     i = tuple(int(x[0]) for x in np.nonzero(bad))
     at = (w[i], lane[i], j[i], h[i], q[i])

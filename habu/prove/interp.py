@@ -304,8 +304,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         batch = {axis: np.int64(v) for axis, v in lw.batch_coordinates(np.int64(z), sizes).items()}
         tms = np.array([t[0] for t in mn], dtype=np.int64)
         tns = np.array([t[1] for t in mn], dtype=np.int64)
-        mc = tms[:, None] * bm + np.array(lrows)[None, :]  # (blocks, rows computed)
-        nc = tns[:, None] * bn + np.array(lcols)[None, :]
+        m0, n0 = lw.tile_origin(tms, tns)  # the blocks' first rows and columns, as the kernel computes them
+        mc = m0[:, None] + np.array(lrows)[None, :]  # (blocks, rows computed)
+        nc = n0[:, None] + np.array(lcols)[None, :]
         acc = np.zeros((len(mn), len(lrows), len(lcols)), dtype=np.int64)
         begin, end = lw.k_range(split, sizes)
 
@@ -337,13 +338,13 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             batch = range(first, min(steps, first + 64))
             loaded: dict[tuple, np.ndarray] = {}  # warps that read the same elements share the load
 
-            def load(side: str, mn: np.ndarray, k: np.ndarray, steps=batch, tms=tms, tns=tns, ranks=ranks,
+            def load(side: str, mn: np.ndarray, k: np.ndarray, steps=batch, m0=m0, n0=n0, ranks=ranks,
                      tile_at=tile_at, where=where, begin=begin, loaded=loaded, at=batch_at) -> np.ndarray:
                 key = (side, mn.tobytes(), k.tobytes(), mn.shape)
                 if key not in loaded:
-                    t, tile = (tms, bm) if side == "A" else (tns, bn)
+                    origin = m0 if side == "A" else n0
                     loaded[key] = np.concatenate(
-                        [_k_tile(name, lw, side, t[:, None, None] * tile + mn[None], k, tile_at[j], ranks, begin,
+                        [_k_tile(name, lw, side, origin[:, None, None] + mn[None], k, tile_at[j], ranks, begin,
                                  sizes, mem, where, at) for j in steps], axis=-1)
                 return loaded[key]
 

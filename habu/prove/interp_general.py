@@ -31,8 +31,9 @@ def _loop_volume(lw: GeneralLowering, sizes: Mapping[str, int]) -> int:
 
 def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
                 keep: np.ndarray | None = None) -> None:
-    per = lw.per_block
-    lanes = (np.asarray(blocks, dtype=np.int64)[:, None] * per + np.arange(per)[None, :]).ravel()
+    # every launched thread's element, by the lowering's thread map (what the kernel prints as `e`)
+    x = np.arange(lw.kernel.threads, dtype=np.int64)[None, :]
+    lanes = np.asarray(lw.thread_map.element(np.asarray(blocks, dtype=np.int64)[:, None], x)).ravel()
     if keep is not None:
         lanes = lanes[np.isin(lanes, keep)]
     coords = lw.coordinates(lanes, sizes)

@@ -346,9 +346,31 @@ def rule_steps(stages: int) -> tuple[tuple[int, ...], ...]:
     return ((1,), (2 * s + 1,), (s, 0, 1, s + 1, 2))
 
 
+# habu::ring_init (habu/sync/mbarrier.cuh) initialises stage s's full barrier at bars + 16·s and its
+# empty barrier at bars + 16·s + 8
+RING_INIT_STRIDE, RING_INIT_EMPTY = 16, 8
+
+
+def barrier_problem(ring: MbarrierRing) -> str | None:
+    """Whether every stage's barriers are where the kernel waits and arrives on them
+    (`MbarrierRing.full_barrier`, `empty_barrier`, what the emitter prints) and where habu::ring_init
+    initialised them, 8-byte mbarriers apart; the first stage that differs, or None."""
+    for s in range(ring.stages):
+        at = (ring.full_barrier(0, s), ring.empty_barrier(0, s))
+        want = (RING_INIT_STRIDE * s, RING_INIT_STRIDE * s + RING_INIT_EMPTY)
+        if at != want:
+            return (f"stage {s}'s full and empty barriers are used at bytes {at[0]} and {at[1]} of the ring, but "
+                    f"habu::ring_init initialised them at {want[0]} and {want[1]}")
+    return None
+
+
 @cache
 def pipeline_problem(pipeline: Pipeline) -> str | None:
     """The first fault of the pipeline over `rule_steps`, under every schedule; None: it is sound."""
+    if isinstance(pipeline, MbarrierRing):
+        problem = barrier_problem(pipeline)
+        if problem is not None:
+            return problem
     for steps in rule_steps(pipeline.stages):
         if isinstance(pipeline, CpAsyncRing):
             run = run_cp_async(pipeline, steps)
@@ -361,4 +383,4 @@ def pipeline_problem(pipeline: Pipeline) -> str | None:
     return None
 
 
-__all__ = ["delivered", "pipeline_problem", "rule_steps", "run_cp_async", "run_ring"]
+__all__ = ["barrier_problem", "delivered", "pipeline_problem", "rule_steps", "run_cp_async", "run_ring"]

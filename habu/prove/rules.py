@@ -192,7 +192,9 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
     for stage in lw.pre:
         row_axis = stage.dst.positions[0].axis
-        stage_axes = {row_axis: (s[stage.rows], 1), "k": (s[stage.k], 1)}
+        # (a batched operand's source reads its batch positions too; staging one is refused, `supported-path`)
+        stage_axes = {row_axis: (s[stage.rows], 1), "k": (s[stage.k], 1),
+                      **{a: (s[e], 1) for a, e in zip(lw.batch_axes, lw.batch, strict=True)}}
         yield from _access_obligations(f"{name} staging", stage.src, stage_axes, ctx, lw.index_width, "every load")
         yield from _access_obligations(f"{name} staging", stage.dst, stage_axes, ctx, lw.index_width, "every store")
 

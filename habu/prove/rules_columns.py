@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from habu.lower.columns import ColumnLowering
 from habu.prove.obligation import Context, Obligation, Rule
 from habu.prove.rules_fields import _grid, _lanes
+from habu.prove.rules_smem import column_smem_obligations
 
 COLUMN_RULES = {r.name: r for r in (
     Rule("row-split-combine", "row splits of a column reduction combine their partials atomically into an f32 "
@@ -82,6 +83,7 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
                            f"⌈#{lw.c}/{lw.tile}⌉·{lw.tile} − 1", last_col)
         yield _lanes(name, f"the thread's row, up to the last split's begin + {tm.steps - 1}·{tm.row_step} + "
                            f"{tm.unroll - 1}·{tm.unroll_step} + {tm.row_groups - 1}", last_row)
+        yield from column_smem_obligations(name, lw)
         for _ld, acc in lw.loads:
             if lw.kind_of(acc) == "row-column":
                 yield _lanes(name, f"{acc.tensor}'s offset row·#{lw.c} + column at the last row and column a "

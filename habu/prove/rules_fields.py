@@ -9,7 +9,7 @@
   (a map kernel's `(blockIdx.x·T + threadIdx.x)·V`, a staging pass's columns, a row kernel's row,
   chunk, column and cache slot, a prefetching row kernel's next row), evaluated from the lowering's
   thread maps (habu/lower/lanes.py), do not wrap; the offsets themselves are the access obligations'
-  (rules.py).
+  (rules.py), and the shared-memory offsets of the wgmma and column kernels are habu/prove/rules_smem.py's.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from habu.plan.fields import Mma, field_problems
 from habu.plan.plan import ContractionKernel, Kernel
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
 from habu.prove.pipeline import pipeline_problem
+from habu.prove.rules_smem import contraction_smem_obligations
 
 FIELD_RULES = {r.name: r for r in (
     Rule("plan-fields", "every schedule field holds one of the values the plan's field table allows",
@@ -81,6 +82,7 @@ def _contraction_launch(name: str, lw: ContractionLowering, ctx: Context) -> Ite
         yield _grid(name, "x", "one block per tile (and split)", lw.tiles(s), ctx.target.max_grid_x)
     for stage in lw.pre:
         yield from _stage(f"{name} staging", stage, lw.index_width, ctx)
+    yield from contraction_smem_obligations(name, lw)
 
 
 def _row_launch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:
@@ -111,8 +113,9 @@ def _general_launch(name: str, lw: GeneralLowering, ctx: Context) -> Iterator[Ob
     s, k = ctx.ext, lw.kernel
     yield _grid(name, "x", f"one block per {k.threads} output elements", lw.grid(s), ctx.target.max_grid_x)
     if lw.index_width == 32:
-        yield _lanes(name, f"the thread's element blockIdx.x·{k.threads} + threadIdx.x, up to "
-                           f"⌈numel/{k.threads}⌉·{k.threads} − 1", lw.grid(s) * k.threads - 1)
+        m = lw.thread_map
+        yield _lanes(name, f"the thread's element blockIdx.x·{m.threads} + threadIdx.x, up to "
+                           f"(⌈numel/{k.threads}⌉ − 1)·{m.threads} + {k.threads} − 1", m.largest(lw.grid(s), k.threads))
         for axis, extent in lw.loops:
             yield _lanes(name, f"the loop counter {axis} < #{extent}, up to #{extent}", s[extent])
 

@@ -218,3 +218,14 @@ def test_regression_a_weight_shared_by_every_batch_fell_to_the_general_family(bo
             compile_cuda(kernel.source, kernel.name, TARGET.name)
         except CompilerUnavailable:
             pytest.skip("no NVRTC here")
+
+
+def test_regression_a_pinned_staged_operand_of_a_batched_contraction_is_refused_not_a_traceback():
+    """`habu compile examples/bmm.habu --pin B=staged` raised KeyError 'batch0' in the rules (the
+    staging pass's obligations had no batch axes): the plan is refused by `supported-path`, naming why."""
+    from habu.prove.rules import failures, obligations
+
+    model = model_of(SCORES, B=3, I=72, J=80, D=64, out="f32")
+    plan = default_plan(model, TARGET, {}, {"B": "staged"})
+    bad = failures(obligations(model, plan, {}))
+    assert any(o.rule.name == "supported-path" and "no staging pass" in o.detail for o in bad), bad

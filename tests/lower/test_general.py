@@ -201,3 +201,19 @@ def test_regression_a_refusal_found_while_choosing_size_buckets_had_no_place():
     with pytest.raises(HabuError) as info:
         compile_model(program, "GG", {}, TARGET, {}, trials=1)
     assert info.value.render().startswith(f"{path}:5:8: error: no kernel family computes O")
+
+
+def test_a_general_thread_map_striding_blocks_wrong_is_caught_by_the_field_check():
+    """The element a thread computes comes from the lowering's thread map (`FlatThreads`), which the
+    emitter prints as `e` and the interpreter runs for every launched thread: a map striding blocks by
+    threads + 32 leaves 32 elements of each block's share uncomputed, and the CPU check names one.
+    (At the witness shape the output fits one block, where no block stride is executed: the full shape
+    is checked here.)"""
+    from dataclasses import replace
+
+    from habu.bench.mutants import BMM, Mutant, run_mutant
+
+    m = Mutant("general-element-stride-wrong", "blocks strided by threads + 32", "weighted_scores.habu", "SCORES",
+               BMM, lambda lw: replace(lw, thread_map=replace(lw.thread_map, threads=lw.thread_map.threads + 32)))
+    outcome = run_mutant(m, trials=1)
+    assert outcome.killed and "S[" in outcome.message, outcome.message

@@ -22,6 +22,42 @@ def test_a_fragment_map_off_the_layout_is_caught_naming_the_register(change):
     assert bad is not None and "accumulator register" in bad and "tile[" in bad
 
 
+@pytest.mark.parametrize("instruction,change", [("wgmma", {"warp_size": 16}), ("wgmma", {"group_warps": 2}),
+                                                ("mma.sync", {"warp_size": 16})])
+def test_an_epilogue_thread_decode_off_the_ptx_lanes_is_caught(instruction, change):
+    """The thread decode (`lane = threadIdx.x % 32`, wgmma's `warp = (threadIdx.x % 128) / 32`) is the
+    fragment's, run thread by thread against the instruction's layout: a thread that takes another
+    lane's or warp's rows is named."""
+    bad = fragment_mismatch(instruction, replace(ACCUMULATOR, **change), 8)
+    assert bad is not None and "accumulator register" in bad and "tile[" in bad
+
+
+@pytest.mark.parametrize("instruction", ["mma.sync", "wgmma"])
+def test_an_epilogue_holding_one_row_half_declares_too_few_registers_and_is_caught(instruction):
+    """halves = 1: every register the epilogue stores is where the instruction put it, but the array it
+    declares (`AccumulatorFragment.registers`, printed as acc[..][registers]) lacks the second row half's."""
+    bad = fragment_mismatch(instruction, replace(ACCUMULATOR, halves=1), 8)
+    assert bad is not None and "declares" in bad and "the instruction writes" in bad, bad
+
+
+def test_the_emitters_print_the_thread_decode_from_the_lowering():
+    from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    m = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    for arch, pins, line in (("sm_90a", {}, "const int warp = (threadIdx.x % 64) / 16;"),
+                             ("sm_80", {"mma": "mma.sync"}, "const int lane = threadIdx.x % 16;")):
+        plan = default_plan(m, TARGETS[arch], None, pins)
+        lowered = lower_whole(m, plan)
+        moved = replace(lowered, kernels=tuple(replace(k, fragment=replace(k.fragment, warp_size=16))
+                                               for k in lowered.kernels))
+        assert line in emit_lowered(moved, plan, TARGETS[arch]).kernels[-1].source, arch
+
+
 def test_the_emitters_print_the_fragment_map_from_the_lowering():
     from habu.lower import lower_whole
     from habu.paths.emit import emit_lowered

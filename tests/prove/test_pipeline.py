@@ -60,6 +60,14 @@ def test_a_consumer_reading_the_next_stage_multiplies_another_tile():
     assert tiles != list(range(6)) and "from stage 1" in fault
 
 
+@pytest.mark.parametrize("change", [{"barrier_stride": 8}, {"empty_offset": 0}, {"barrier_stride": 32}])
+def test_barriers_used_elsewhere_than_ring_init_initialised_them_are_refused(change):
+    """The kernel waits and arrives at `full_barrier`/`empty_barrier` (bars + 16·stage [+ 8], printed
+    from the ring): slots off habu::ring_init's layout (shared, or never initialised) are named."""
+    problem = pipeline_problem(replace(ring(), **change))
+    assert problem is not None and "habu::ring_init initialised them at" in problem, problem
+
+
 def test_expected_bytes_must_be_the_boxes_bytes():
     r = ring()
     assert "expects 24576 bytes, but the TMA boxes of a k tile bring 49152" in pipeline_problem(
