@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.habu"))
 SEEDS = ROOT / "tests" / "seed"
 SHARED_SEED = ROOT.parent / "shared" / "seeds" / "000_b86b16e3bdc72b89.txt"
+
+# The tests never read or write the user's plan database: each test process (each xdist worker) has its own,
+# which the `habu` subprocesses the tests start inherit; a test that needs an empty one sets its own.
+os.environ["HABU_DB"] = str(Path(tempfile.mkdtemp(prefix="habu-tests-")) / "plans.sqlite")
 
 ERROR_HEAD = re.compile(r"^(?P<path>[^\n]+):(?P<line>\d+):(?P<col>\d+): error: (?P<msg>.+)$")
 
@@ -77,24 +83,23 @@ SLOW_TESTS = ("test_default_plan_of_every_example_compiles", "test_the_moe_examp
               "test_regression_row_kernels_caching_different_words")
 
 
-# Tests that start Ray clusters on this machine: under pytest-xdist (`-n auto --dist loadgroup`, the README's
-# test command) they all run in one worker, one after another (two local clusters at once compete for the
-# same CPUs, and `ray.init()` without an address may join the other worker's cluster).
+# Under pytest-xdist (`-n auto --dist loadgroup`, the README's test command) each file's tests run in one
+# worker (a module-scoped fixture is built once), and the files that start Ray clusters on this machine all
+# in one worker, one after another (two local clusters at once compete for the same CPUs, and `ray.init()`
+# without an address may join the other worker's cluster).
 RAY_FILES = ("tests/cluster/test_ray.py", "tests/cluster/test_ray_node_loss.py", "tests/cluster/test_ray_connect.py",
              "tests/cluster/test_cluster_files.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the long tests `slow`, group the Ray tests for xdist; skip tests marked `gpu` when this
-    machine has no CUDA device."""
+    """Mark the long tests `slow`, group the tests for xdist (by file, the Ray files together); skip
+    tests marked `gpu` when this machine has no CUDA device."""
     slow = pytest.mark.slow
-    ray_group = pytest.mark.xdist_group("ray")
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         if path in SLOW_FILES or any(item.name.startswith(t) for t in SLOW_TESTS):
             item.add_marker(slow)
-        if path in RAY_FILES:
-            item.add_marker(ray_group)
+        item.add_marker(pytest.mark.xdist_group("ray" if path in RAY_FILES else path))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return
