@@ -90,3 +90,14 @@ def test_moe_ffn_backward_compiles_and_proves_at_small_sizes():
     assert scatters == {"dX", "dW1", "dW3", "dW2"}
     written = {n for p in compiled.plans for k in p.kernels for n in k.nodes}
     assert scatters <= written
+
+
+def test_regression_column_max_backward_hoists_the_maximum_and_its_ties():
+    # COL-MAX's arg-max indicator recomputed `max r dY[r n]` and the tie count Σ r (...) inside every element of
+    # ddY: one general kernel doing R² work per element (`habu compile --backward` ran past 5 minutes); both are now
+    # column statistics of their own (column reductions), and ddY an elementwise row kernel
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "column_reductions.habu"), "COL-MAX", None,
+                                     "auto")
+    model = program.model(name)
+    plan = default_plan(model, target_named("sm_90a"), {}, {})
+    assert [type(lw) for lw in lower_plan(model, plan)] == [ColumnLowering, ColumnLowering, RowLowering]

@@ -488,6 +488,9 @@ class _Deriver:
         model = _assemble(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
                           {t for t in self.fwd.intermediates if t.name in recomputed} | set(self.inter.values()),
                           [g for _, g in grads])
+        # a statistic the backward recomputes that is no row's (a column's maximum and its ties, for the
+        # arg-max indicator of COL-MAX's `max r`) is computed once, in a node of its own, not per element
+        model = hoist_statistics(model, _unique("%h", self.taken), keep_row_statistics=True)
         forward = _with_saved_outputs(self.fwd, saved)
         return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
                         tuple(sorted(choices)), self.policy)
