@@ -423,6 +423,8 @@ class _Deriver:
                 raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: {name} is read through "
                                 f"different gathers ({_read_text(name, gathered[0])} and {_read_text(name, c)}), "
                                 "and a gradient scattered through several index maps is not supported yet")
+            if c is not gathered[0]:
+                self._scatter_store(name, c)  # each variable once, as the first read's
             mapping: dict[IndexVar, IndexExpr] = {}
             for ix, v in zip(c.indices, domain, strict=True):
                 mapping[ix.indices[0] if isinstance(ix, Gather) else ix] = v  # type: ignore[index]

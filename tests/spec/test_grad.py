@@ -57,6 +57,10 @@ def test_a_read_through_a_gather_and_directly_is_refused_naming_both_reads():
             "ITENSOR: IX ( #R #T )\nMODEL: M  Y[r k] = X[IX[r] k] · Σ t X[t k] ;\n")
     with pytest.raises(HabuError, match=r"X is read through a gather \(X\[IX\[r\] k\]\) and directly"):
         derive(parse_text(text, "t.habu").models["M"])
+    text = ("4 EXTENT: #T 3 EXTENT: #R 5 EXTENT: #K TENSOR: X ( #T #K ) TENSOR: Y ( #R #K ) ITENSOR: IX ( #R #T ) "
+            "ITENSOR: JX ( #R #T )\nMODEL: M  Y[r k] = X[IX[r] k] · X[JX[r] k] ;\n")
+    with pytest.raises(HabuError, match=r"X is read through different gathers \(X\[JX\[r\] k\] and X\[IX"):
+        derive(parse_text(text, "t.habu").models["M"])
 
 
 # ----------------------------------------------------------------------------- every word of the library
