@@ -101,3 +101,18 @@ def test_regression_column_max_backward_hoists_the_maximum_and_its_ties():
     model = program.model(name)
     plan = default_plan(model, target_named("sm_90a"), {}, {})
     assert [type(lw) for lw in lower_plan(model, plan)] == [ColumnLowering, ColumnLowering, RowLowering]
+
+
+def test_regression_an_elementwise_node_reading_through_a_gather_is_a_general_kernel():
+    # UNPERMUTE's backward `dX[r n] = dY[IX[r] n] · W[r]` was planned as a map kernel, which proved (the lowering
+    # reads the gather) but whose emitter reads no index tensor: `habu compile --backward` ended in a traceback
+    from habu.compile import compile_model
+    from habu.paths.emit import emit
+
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "scatter_add.habu"), "UNPERMUTE", None,
+                                     "auto")
+    target = target_named("sm_90a")
+    compiled = compile_model(program, name, {"R": 64, "T": 32, "N": 128}, target, {}, 1)
+    (plan,) = compiled.plans
+    assert {k.nodes: k.kind for k in plan.kernels}[("dX",)] == "general"
+    assert any("p_IX" in k.source for k in emit(compiled.proofs[0], target).kernels)
