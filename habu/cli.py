@@ -198,10 +198,12 @@ def search(
                                                           "/tmp/ray/ray_current_cluster).")] = None,
     out: Annotated[Path | None, typer.Option("-o", "--out", help="Directory for the report and roofline plot.")] = None,
     backward: Annotated[bool, typer.Option("--backward", help="Search the model's derived backward model, stored "
-                                                              "as NAME-GRAD (habu.load(path, 'NAME-GRAD') finds "
+                                                              "as NAME-GRAD, NAME-GRAD-SAVE or NAME-GRAD-RECOMPUTE "
+                                                              "by save policy (habu.load(path, 'NAME-GRAD') finds "
                                                               "it).")] = False,
-    save: Annotated[str, typer.Option("--save", help="With --backward: the save policy (auto, save, "
-                                                     "recompute; see habu grad).")] = "auto",
+    save: Annotated[str, typer.Option("--save", help="With --backward: the save policy (auto, save, recompute; "
+                                                     "see habu grad), or all: search each (the budget shared) "
+                                                     "and report the fastest proven one.")] = "all",
 ) -> None:
     """Search the plan space within a budget; keep the best verified plans in the plan database."""
     from habu.spec.parser import load_program
@@ -209,6 +211,9 @@ def search(
 
     results = output_console()  # the results; progress and notes go to stderr
     m = load_program(file).pick(model)
+    if backward and save == "all":
+        _search_save_policies(file, m, shape, target, budget, db, top_k, seed, no_gpu, jobs, ray, out, results)
+        return
     if backward:
         from habu.cli_grad import save_policy
         from habu.spec.grad_program import backward_name
@@ -222,6 +227,27 @@ def search(
         stored = " (the plans verified so far are stored)" if any(t.best is not None for t in tuned.tuned) else ""
         output_console(stderr=True).print(f"habu: interrupted{stored}", highlight=False)
         raise typer.Exit(130)
+
+
+def _search_save_policies(file: Path, m, shape, target, budget, db, top_k, seed, no_gpu, jobs, ray, out,
+                          results) -> None:
+    """`habu search --backward` over every save policy: one search each, the fastest proven one named."""
+    from habu.errors import HabuError
+    from habu.spec.grad_program import backward_name
+    from habu.tuning import tune_backward
+
+    bw = with_backward_model(file, backward_name(m.name))
+    choice = tune_backward(file, m.name, shape=parse_shape(shape, [e.name for e in bw.extents]), target=target,
+                           budget=budget, db=db, top_k=top_k, seed=seed, no_gpu=no_gpu, jobs=jobs, ray=ray,
+                           out=out, log=output_console(stderr=True), on_tuned=lambda t: _print_tuned(results, t))
+    if choice.interrupted:
+        output_console(stderr=True).print("habu: interrupted (the plans verified so far are stored)",
+                                          highlight=False)
+        raise typer.Exit(130)
+    if choice.best is None:
+        raise HabuError(f"the search verified no backward plan for {m.name} under any save policy; nothing was "
+                        "stored (give it a larger --budget)")
+    results.print(choice.describe(), highlight=False, soft_wrap=True)
 
 
 def with_backward_model(file: Path, name: str):

@@ -166,6 +166,128 @@ def tune(path: str | Path, model: str | None = None, *, shape: Mapping[str, int]
     return done
 
 
+@dataclass
+class PolicyRun:
+    """One save policy's backward search (habu.spec.grad.SavePolicy): the backward model it tuned, and
+    its cost: the backward's winners (measured medians, or the cost model's predictions when any policy
+    went unmeasured) plus the forward's extra writes of the values this policy saves, at the target's
+    memory bandwidth (recomputing costs the forward nothing)."""
+
+    mode: str
+    name: str  # the backward model's name (habu.spec.grad_program.backward_name): its plan-database key
+    result: TuneResult | None  # None: the same backward model as `same_as`'s, searched once
+    saved_bytes: int = 0  # what the forward writes of saved values (f32), summed over the size buckets
+    same_as: str | None = None
+    backward_us: float | None = None
+    forward_us: float = 0.0
+
+    @property
+    def total_us(self) -> float | None:
+        return None if self.backward_us is None else self.backward_us + self.forward_us
+
+
+@dataclass
+class PolicyChoice:
+    """A backward search over the save policies: each policy's run and the fastest proven one."""
+
+    runs: list[PolicyRun]
+    measured: bool  # compared by GPU medians (else by the cost model)
+
+    @property
+    def interrupted(self) -> bool:
+        return any(r.result is not None and r.result.interrupted for r in self.runs)
+
+    @property
+    def best(self) -> PolicyRun | None:
+        timed = [r for r in self.runs if r.total_us is not None]
+        return min(timed, key=lambda r: r.total_us) if timed else None  # type: ignore[arg-type, return-value]
+
+    def describe(self) -> str:
+        best = self.best
+        how = "measured" if self.measured else "predicted by the cost model"
+        parts = []
+        for r in self.runs:
+            if r.same_as is not None:
+                parts.append(f"{r.mode}: the same backward as {r.same_as}")
+            elif r.total_us is None:
+                parts.append(f"{r.mode}: no plan verified")
+            else:
+                parts.append(f"{r.mode}: {r.total_us:.1f} µs (backward {r.backward_us:.1f} + the forward's saved "
+                             f"writes {r.forward_us:.2f})")
+        head = f"save policy {best.mode} is fastest ({best.name}; {how})" if best is not None \
+            else "no save policy verified a plan"
+        return head + ": " + "; ".join(parts)
+
+
+def tune_backward(path: str | Path, model: str | None = None, *, modes: list[str] | None = None,
+                  shape: Mapping[str, int] | None = None, target: str | None = None, budget: str | int = "90s",
+                  log: Any = None, on_tuned: Callable[[Tuned], None] | None = None, **options: Any) -> PolicyChoice:
+    """Search the derived backward of `model` once per save policy (`modes`, default every SaveMode: the
+    plan space's save-or-recompute dimension), the budget shared equally, each stored under its own
+    backward name; policies whose backward models are the same are searched once. Returns each policy's
+    cost and the fastest proven one (`PolicyChoice.best`). `options` are `tune`'s."""
+    from habu.compile import bind_shape
+    from habu.gpu_info import current_arch
+    from habu.spec.grad import SaveMode, SavePolicy
+    from habu.spec.grad_program import backward_name, derive_model, with_backward
+    from habu.spec.parser import load_program
+
+    program = load_program(path)
+    forward = program.pick(model).name
+    wanted = [SaveMode(m) for m in (modes or [m.value for m in SaveMode])]
+    models = {}
+    runs: list[PolicyRun] = []
+    seen: dict[str, str] = {}
+    for mode in wanted:  # policies that derive the same backward model are searched once
+        name = backward_name(forward, mode.value)
+        models[mode.value] = bw_model = with_backward(program, name).model(name)
+        digest = bw_model.canonical_hash()
+        runs.append(PolicyRun(mode.value, name, None, same_as=seen.get(digest)))
+        seen.setdefault(digest, mode.value)
+    searched = [r for r in runs if r.same_as is None]
+    plan_budget = search_budget(budget)
+    share = f"{max(1, int(plan_budget.seconds // len(searched)))}s" if plan_budget.seconds else \
+        str(max(1, (plan_budget.trials or 1) // len(searched)))
+    tgt = target_named(target or current_arch())
+    for run in searched:
+        if log is not None:
+            log.print(f"save policy {run.mode}: searching {run.name}", highlight=False)
+        try:
+            out = options.get("out")  # each policy's winner in a folder of its own
+            run.result = tune(path, run.name, shape=shape, target=target, budget=share, log=log, on_tuned=on_tuned,
+                              **(options | {"out": Path(out) / run.mode if out is not None else None}))
+        except UsageError:
+            raise
+        except HabuError as err:  # this policy verified nothing: the others still compete
+            if log is not None:
+                log.print(f"[yellow]save policy {run.mode}: {err.message}[/]", highlight=False)
+            continue
+        bw_model = models[run.mode]
+        bound = bind_shape(bw_model, dict(shape or {}))
+        saved = derive_model(program, forward, None, SavePolicy(SaveMode(run.mode))).saved
+        for t in run.result.tuned:
+            sizes = {e.name: e.size for e in bound.extents if e.is_static} | dict(shape or {}) \
+                | {n: hi for n, _, hi in t.ranges}
+            for _, s in saved:
+                n = 4  # saved values are f32
+                for e in bw_model.tensor(s).extents:
+                    n *= sizes.get(e, 0)
+                run.saved_bytes += n
+        if run.result.interrupted:
+            break
+    records = [winner_record(t.result) for r in runs if r.result is not None for t in r.result.tuned]
+    measured = bool(records) and all(rec is not None and rec.median_us for rec in records)
+    for r in runs:
+        if r.result is None:
+            continue
+        times = [winner_record(t.result) for t in r.result.tuned]
+        if times and all(rec is not None for rec in times):
+            r.backward_us = sum((rec.median_us if measured else rec.predicted_us) or 0.0  # type: ignore[union-attr]
+                                for rec in times)
+            r.forward_us = r.saved_bytes / tgt.ceilings.bandwidth * 1e6
+    return PolicyChoice(runs, measured)
+
+
 def _tune_buckets(path, bound: Model, grid: BucketGrid, sizes: dict[str, int], arch: str, budget: Budget, db,
                   top_k: int, seed: int, no_gpu: bool, jobs: int | None, out_dir: Path, log,
                   on_tuned: Callable[[Tuned], None] | None) -> TuneResult:
@@ -374,4 +496,4 @@ def _ray_runs(log, address: str, job, target: str | None, no_gpu: bool):
     return executor, runs, cleanup
 
 
-__all__ = ["TuneResult", "Tuned", "search_budget", "tune", "winner_record"]
+__all__ = ["PolicyChoice", "PolicyRun", "TuneResult", "Tuned", "search_budget", "tune", "tune_backward", "winner_record"]

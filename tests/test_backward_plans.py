@@ -58,3 +58,61 @@ def test_regression_row_backward_is_one_row_kernel(path, name, extent):
     model = bind_shape(program.model(bw_name), shape)
     plan = default_plan(model, target_named("sm_90a"), shape, {})
     assert [type(lw) for lw in lower_plan(model, plan)] == [RowLowering]
+
+
+def test_regression_rmsnorm_backward_compiles_without_shape():
+    # `habu compile examples/rmsnorm.habu --backward` refused the widest size bucket (#D in 33024..65536): the
+    # default cached dX's row, sized by the bf16 row tensors (2·#D bytes), but the smem-budget rule counts the
+    # widest element any load reads (the f32 rstd: 4·#D bytes, over the 232448 an H200 block has at 65536)
+    from habu.compile import compile_set
+    from habu.plan.buckets import BucketGrid, cell_ranges
+
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "rmsnorm.habu"), "RMSNORM-EQ", None, "auto")
+    model = program.model(name)
+    grid = BucketGrid.of(model)
+    assert grid.extents == ("D",)
+    plans, proofs = compile_set(program, model, cell_ranges(grid.cells()[-1]), {}, target_named("sm_90a"), {}, 1,
+                                None)
+    assert all(p.ok for p in proofs) and not plans[-1].guards
+    assert not plans[0].kernels[0].cache_row
+
+
+def test_moe_ffn_backward_compiles_and_proves_at_small_sizes():
+    # the derived MoE backward: dX[IX[r] d] += ... (both gathered reads of X), dW[E[r] h d] += ... and dP, with the
+    # general family for the scatter-adds; its runtime extents (#T, #R) take witness sizes
+    from habu.compile import compile_model
+
+    program, name = backward_program(load_program(EXAMPLES[0].parent.parent / "tests" / "data" / "moe_small.habu"),
+                                     "MOE-FFN", None, "auto")
+    compiled = compile_model(program, name, {}, target_named("sm_90a"), {}, 1)
+    assert all(p.ok for p in compiled.proofs)
+    scatters = {eq.target for eq in compiled.model.nodes if eq.scatter is not None}
+    assert scatters == {"dX", "dW1", "dW3", "dW2"}
+    written = {n for p in compiled.plans for k in p.kernels for n in k.nodes}
+    assert scatters <= written
+
+
+def test_regression_column_max_backward_hoists_the_maximum_and_its_ties():
+    # COL-MAX's arg-max indicator recomputed `max r dY[r n]` and the tie count Σ r (...) inside every element of
+    # ddY: one general kernel doing R² work per element (`habu compile --backward` ran past 5 minutes); both are now
+    # column statistics of their own (column reductions), and ddY an elementwise row kernel
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "column_reductions.habu"), "COL-MAX", None,
+                                     "auto")
+    model = program.model(name)
+    plan = default_plan(model, target_named("sm_90a"), {}, {})
+    assert [type(lw) for lw in lower_plan(model, plan)] == [ColumnLowering, ColumnLowering, RowLowering]
+
+
+def test_regression_an_elementwise_node_reading_through_a_gather_is_a_general_kernel():
+    # UNPERMUTE's backward `dX[r n] = dY[IX[r] n] · W[r]` was planned as a map kernel, which proved (the lowering
+    # reads the gather) but whose emitter reads no index tensor: `habu compile --backward` ended in a traceback
+    from habu.compile import compile_model
+    from habu.paths.emit import emit
+
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "scatter_add.habu"), "UNPERMUTE", None,
+                                     "auto")
+    target = target_named("sm_90a")
+    compiled = compile_model(program, name, {"R": 64, "T": 32, "N": 128}, target, {}, 1)
+    (plan,) = compiled.plans
+    assert {k.nodes: k.kind for k in plan.kernels}[("dX",)] == "general"
+    assert any("p_IX" in k.source for k in emit(compiled.proofs[0], target).kernels)

@@ -70,10 +70,12 @@ def test_regression_row_kernels_caching_different_words_share_one_source(tmp_pat
 
 
 def test_habu_search_backward_proves_in_worker_processes(tmp_path):
-    # regression: the workers re-read the model from the file by name and did not find a derived backward
-    r = habu("search", str(EX / "rmsnorm.habu"), "--model", "RMSNORM-ROWS", "--backward", "--save", "recompute",
+    # regression: the workers re-read the model from the file by name and did not find a derived backward;
+    # by default each save policy is searched (auto and save derive the same RMSNorm backward) and the fastest named
+    r = habu("search", str(EX / "rmsnorm.habu"), "--model", "RMSNORM-ROWS", "--backward",
              "--shape", "R=64,D=256", "--no-gpu", "--budget", "4", "--jobs", "2", "--target", "sm_90a",
              "--db", str(tmp_path / "db.sqlite"), "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert "winner: plan" in r.stdout and "Traceback" not in r.stderr
-    assert "RMSNORM-ROWS-GRAD-RECOMPUTE" in (tmp_path / "out" / "report.md").read_text()
+    assert "RMSNORM-ROWS-GRAD-RECOMPUTE" in (tmp_path / "out" / "recompute" / "report.md").read_text()
+    assert re.search(r"save policy (auto|recompute) is fastest .*save: the same backward as auto", r.stdout)

@@ -155,3 +155,26 @@ def test_regression_a_search_of_a_derived_backward_stores_it_keyed_backward_wher
     with PlanDB(db) as plans:
         entry = plans.get(key)
     assert entry is not None and entry.records[0].plan == result.best.to_json()
+
+
+def test_a_backward_search_tries_each_save_policy_and_names_the_fastest(tmp_path):
+    # save or recompute is a dimension of the backward plan space: each policy's backward is searched and stored
+    # under its own name (RMSNorm's auto and save read the same rstd: one backward, searched once), and the
+    # fastest proven one (here by the cost model) wins; recomputing the rstd is a second row kernel
+    from habu.tuning import tune_backward
+
+    db = tmp_path / "db.sqlite"
+    choice = tune_backward(ROOT / "examples" / "rmsnorm.habu", "RMSNORM-ROWS", shape={"R": 64, "D": 256},
+                           target="sm_90a", budget=2, no_gpu=True, jobs=1, db=db, out=tmp_path / "out", log=quiet())
+    runs = {r.mode: r for r in choice.runs}
+    assert runs["save"].same_as == "auto" and runs["save"].result is None
+    auto, recompute = runs["auto"], runs["recompute"]
+    assert auto.name == "RMSNORM-ROWS-GRAD" and recompute.name == "RMSNORM-ROWS-GRAD-RECOMPUTE"
+    assert auto.saved_bytes == 4 * 64 and recompute.saved_bytes == 0  # the f32 rstd of each row, or nothing
+    assert not choice.measured and auto.total_us is not None and recompute.total_us is not None
+    assert choice.best is min((auto, recompute), key=lambda r: r.total_us)
+    assert len(recompute.result.best.kernels) == 2 and len(auto.result.best.kernels) == 1
+    assert choice.best.mode in choice.describe() and (tmp_path / "out" / "recompute" / "plan.json").exists()
+    with PlanDB(db) as plans:
+        models = {e.key.model for e in plans.entries()}
+    assert models == {"RMSNORM-ROWS-GRAD", "RMSNORM-ROWS-GRAD-RECOMPUTE"}

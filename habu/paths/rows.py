@@ -67,6 +67,8 @@ class RowsPath(KernelPath):
         rows = 4 if threads == 32 else 1
         # a runtime width is cached when its widest row (the extent's `hi`) fits
         cache = max(cols, extent.hi if static is None else cols) * eb <= ROW_CACHE_BYTES
+        if cache and static is None and not self.cache_fits(model, kernel(threads, rows), extent, target, sizes):
+            cache = False  # the smem-budget rule counts the widest element any load reads (an f32 per-row rstd)
         share = 1
         # a static row too long for one block is shared by a cluster of blocks, about 32768 columns and
         # 512 threads each, its part kept in registers (H200, 2026-12-01, 2048 x 131072 bf16: softmax
@@ -120,6 +122,13 @@ class RowsPath(KernelPath):
             return 0
         e = max((DTYPES[a.dtype].bytes for _, a in lowering.loads), default=4)
         return e * sizes[lowering.c] * k.rows_per_block // k.cluster
+
+    def cache_fits(self, model: Model, kernel: RowKernel, extent: Extent, target: Target,
+                   sizes: dict[str, int]) -> bool:
+        """Whether `kernel`'s cached row fits the target's shared memory at the widest row of the
+        runtime `extent` (as the smem-budget rule counts it: the widest element any load reads)."""
+        widest = dict(sizes) | {extent.name: extent.hi}
+        return self.smem_bytes(lower_rows(model, kernel), widest) <= target.smem_per_block
 
     def registers(self, lowering: RowLowering) -> int:  # type: ignore[override]
         return 0

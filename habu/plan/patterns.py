@@ -297,7 +297,11 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions[-1] = fused  # computed from each column's reduced value, in the column kernel
         else:
             kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
-            _merge_or_add(regions, Region(kind, (eq.target,)), model)
+            if kind == "map" and any(isinstance(ix, Gather) for x in walk(eq.rhs) if isinstance(x, Load)
+                                     for ix in x.indices):
+                regions.append(general_region(model, eq))  # the map emitter reads no index tensor
+            else:
+                _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
     return tuple(regions)
 

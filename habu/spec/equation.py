@@ -156,7 +156,9 @@ class EquationParser(ConditionParsing):
                 if tok.text == "=" or tok.text == ";":
                     raise tok.error(f"missing ] after the indices of {tt.shown}")
                 pos = len(store)
-                if _is_ident(tok.text) and self.at("[") and self.index_var(tok) is None:
+                # a name followed by [ is a gather, also where an extent makes it a variable too (GROUPS E of #E)
+                if _is_ident(tok.text) and self.at("[") and (self.index_var(tok) is None
+                                                             or self.scope.tensor(tok.text) is not None):
                     store.append(self.store_gather(tok, tt, pos, domain))
                     first_gather = first_gather or tok
                     continue

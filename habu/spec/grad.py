@@ -410,39 +410,57 @@ class _Deriver:
             terms = self._own_reductions(grad, decl.extents, lhs, self._terms(name, decl.extents, lhs, contribs))
             self.nodes.append(Equation(grad, lhs, add_all(terms)))
             return grad
-        if len(contribs) > 1:
+        if len(gathered) < len(contribs):
+            plain = next(c for c in contribs if c not in gathered)
             raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: {name} is read through a gather "
-                            "and elsewhere too, and a gradient made of a scatter and other parts is not "
-                            "supported yet")
-        c = contribs[0]
+                            f"({_read_text(name, gathered[0])}) and directly ({_read_text(name, plain)}); its "
+                            "gradient would be a scatter-add into a tensor another node writes, which a model "
+                            "cannot express yet")
+        store, domain = self._scatter_store(name, gathered[0])
+        terms = []
+        for c in gathered:  # several reads through the same gather (MoE's X[IX[r] d] in gate and up) add
+            if _store_pattern(c) != _store_pattern(gathered[0]):
+                raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: {name} is read through "
+                                f"different gathers ({_read_text(name, gathered[0])} and {_read_text(name, c)}), "
+                                "and a gradient scattered through several index maps is not supported yet")
+            if c is not gathered[0]:
+                self._scatter_store(name, c)  # each variable once, as the first read's
+            mapping: dict[IndexVar, IndexExpr] = {}
+            for ix, v in zip(c.indices, domain, strict=True):
+                mapping[ix.indices[0] if isinstance(ix, Gather) else ix] = v  # type: ignore[index]
+            rest = tuple(v for v in c.scope if v not in mapping)
+            bound = tuple(self.fresh(v.extent) for v in rest)
+            mapping |= dict(zip(rest, bound, strict=True))
+            body = substitute(c.adjoint, mapping, self.fresh)
+            terms.append(Reduce("sum", bound, body) if bound else body)
+        self.decls[grad] = TensorDecl(grad, decl.extents, dtype_named("f32"))
+        self.nodes.append(Equation(grad, tuple(domain), add_all(terms), scatter=tuple(store)))
+        self.accumulated.append(grad)
+        return grad
+
+    def _scatter_store(self, name: str, c: Contribution) -> tuple[list[IndexExpr], list[IndexVar]]:
+        """The stored element and the domain of the scatter-add a read through a gather makes: each
+        position a gather of one variable, or a variable, each variable once."""
         store: list[IndexExpr] = []
         domain: list[IndexVar] = []
-        mapping: dict[IndexVar, IndexExpr] = {}
+        seen: set[IndexVar] = set()
         for ix in c.indices:
             if isinstance(ix, Gather) and len(ix.indices) == 1 and isinstance(ix.indices[0], IndexVar) \
-                    and ix.indices[0] not in mapping:
+                    and ix.indices[0] not in seen:
+                seen.add(ix.indices[0])
                 v = self.fresh(ix.indices[0].extent)
-                mapping[ix.indices[0]] = v
                 store.append(Gather(ix.tensor, (v,)))
                 domain.append(v)
-            elif isinstance(ix, IndexVar) and ix not in mapping:
+            elif isinstance(ix, IndexVar) and ix not in seen:
+                seen.add(ix)
                 v = self.fresh(ix.extent)
-                mapping[ix] = v
                 store.append(v)
                 domain.append(v)
             else:
                 raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: its read {name}[...] has an "
                                 "index a scatter cannot store through (a gather of a gather, a constant or a "
                                 "repeated index)")
-        rest = tuple(v for v in c.scope if v not in mapping)
-        bound = tuple(self.fresh(v.extent) for v in rest)
-        mapping |= dict(zip(rest, bound, strict=True))
-        body = substitute(c.adjoint, mapping, self.fresh)
-        rhs = Reduce("sum", bound, body) if bound else body
-        self.decls[grad] = TensorDecl(grad, decl.extents, dtype_named("f32"))
-        self.nodes.append(Equation(grad, tuple(domain), rhs, scatter=tuple(store)))
-        self.accumulated.append(grad)
-        return grad
+        return store, domain
 
     # -- saved and recomputed forward values
     def _finish(self, grads: tuple[tuple[str, str], ...], cot: tuple[tuple[str, str], ...]) -> Backward:
@@ -472,9 +490,24 @@ class _Deriver:
         model = _assemble(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
                           {t for t in self.fwd.intermediates if t.name in recomputed} | set(self.inter.values()),
                           [g for _, g in grads])
+        # a statistic the backward recomputes that is no row's (a column's maximum and its ties, for the
+        # arg-max indicator of COL-MAX's `max r`) is computed once, in a node of its own, not per element
+        model = hoist_statistics(model, _unique("%h", self.taken), keep_row_statistics=True)
         forward = _with_saved_outputs(self.fwd, saved)
         return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
                         tuple(sorted(choices)), self.policy)
+
+
+def _store_pattern(c: Contribution) -> tuple[tuple[str, str], ...]:
+    """How a gathered read indexes its tensor, position by position: (index tensor, extent) of a
+    gather, ("", extent) of a variable; reads with the same pattern scatter into the same elements."""
+    return tuple((ix.tensor, ix.indices[0].extent) if isinstance(ix, Gather) and len(ix.indices) == 1
+                 and isinstance(ix.indices[0], IndexVar) else ("", getattr(ix, "extent", repr(ix)))
+                 for ix in c.indices)
+
+
+def _read_text(tensor: str, c: Contribution) -> str:
+    return format_expr(Load(tensor, c.indices))
 
 
 def _rename_tensors(eq: Equation, renames: dict[str, str]) -> Equation:

@@ -154,6 +154,8 @@ def _inputs(model: Model, sizes: dict[str, int], rng: np.random.Generator, draw)
         if t.is_index:
             assert t.range is not None
             out[t.name] = rng.integers(0, sizes[t.range], size=shape)
+            if t.grouped:  # a grouping's values never decrease (GROUPS:)
+                out[t.name] = np.sort(out[t.name], axis=None).reshape(shape)
         else:
             out[t.name] = draw(shape)
     return out

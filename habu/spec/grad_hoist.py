@@ -39,10 +39,13 @@ def _shape_key(e: Expr) -> str:
     return format_expr(rename_vars(e, names))  # type: ignore[arg-type]
 
 
-def hoist_statistics(model: Model) -> Model:
+def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool = False) -> Model:
     """The model with every maximal subexpression that holds a reduction and depends on fewer indices
     than its node made a node of its own (equal ones within a node once): `y[r d] = x[r d] · rsqrt(Σ
-    d' x[r d']² / #d + ε)` becomes `%s1[r] = rsqrt(...)`, `y[r d] = x[r d] · %s1[r]`. Same values."""
+    d' x[r d']² / #d + ε)` becomes `%s1[r] = rsqrt(...)`, `y[r d] = x[r d] · %s1[r]`. Same values.
+    `keep_row_statistics`: leave those that depend on all but the node's last index (a row kernel
+    computes them in place); the others (a column's maximum) are still hoisted. New nodes are named
+    `prefix` and a number."""
     nodes: list[Equation] = []
     inter = list(model.intermediates)
     count = [0]
@@ -55,12 +58,13 @@ def hoist_statistics(model: Model) -> Model:
                 return e
             if not root:
                 fv = free_vars(e)
-                if fv <= lhs_set and fv != scope:
+                row = keep_row_statistics and tuple(v for v in eq.lhs if v in fv) == eq.lhs[:-1]
+                if fv <= lhs_set and fv != scope and not row:
                     key = _shape_key(e)
                     if key not in cache:
                         vars_ = tuple(v for v in eq.lhs if v in fv)
                         count[0] += 1
-                        name = f"%s{count[0]}"
+                        name = f"{prefix}{count[0]}"
                         nodes.append(hoist(Equation(name, vars_, e), cache))
                         inter.append(TensorDecl(name, tuple(v.extent for v in vars_), None))
                         cache[key] = Load(name, vars_)

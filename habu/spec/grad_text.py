@@ -125,7 +125,7 @@ def _decl_line(t: TensorDecl, name: str) -> str:
     dtype = t.dtype.name if t.dtype is not None else "f32"
     if t.is_index:
         exts = " ".join(f"#{e}" for e in (*t.extents, t.range))
-        return f"{dtype} ITENSOR: {name} ( {exts} )"
+        return f"{dtype} {'GROUPS:' if t.grouped else 'ITENSOR:'} {name} ( {exts} )"
     return f"{dtype} TENSOR: {name} ( {' '.join('#' + e for e in t.extents)} )".replace("(  )", "( )")
 
 

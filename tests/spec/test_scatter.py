@@ -165,3 +165,12 @@ def test_a_scatter_evaluated_on_a_box_agrees_with_the_whole_target():
     box = (np.array([0, 3, 4]), np.array([1, 6, 7]))  # partial along the gathered position too
     part = Evaluator(m, sizes, f, {"Y": box}).run(inputs)["Y"]
     np.testing.assert_array_equal(part.data, whole[np.ix_(*box)])
+
+
+def test_regression_scatter_through_a_grouping_named_like_its_extent():
+    # habu grad writes the MoE weight gradient `dW1[E[r] h d] += ...` where the grouping E ranges over #E: the left
+    # side took `E` for an index variable of #E and refused the `[` after it
+    decls = ("4 EXTENT: #R  3 EXTENT: #E  2 EXTENT: #H\nf32 TENSOR: G ( #R #H )  f32 TENSOR: DW ( #E #H )\n"
+             "GROUPS: E ( #R #E )\n")
+    m = model_of("DW[E[r] h] += G[r h]", decls)
+    assert m.nodes[0].scatter == (Gather("E", (IndexVar("r", "R"),)), IndexVar("h", "H"))

@@ -1,0 +1,59 @@
+"""Derived backward models on the GPU (run through the device tool) where their default plans are new this
+session: RMSNorm's backward in its widest runtime-width bucket (dX's row uncached: a cached row would not
+fit shared memory), and the MoE FFN backward at small sizes (scatter-adds into dX and the expert weights'
+gradients by the general family), each against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+from habu.compile import compile_model, kernel_set  # noqa: E402
+from habu.emit_cuda.runtime import CompiledModel  # noqa: E402
+from habu.gpu_info import current_arch  # noqa: E402
+from habu.paths.emit import emit  # noqa: E402
+from habu.spec.grad_program import with_backward  # noqa: E402
+from habu.spec.parser import load_program  # noqa: E402
+from habu.target import target_named  # noqa: E402
+from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+
+def _built(path, name: str, shape: dict[str, int]):
+    tgt = target_named(current_arch())
+    program = with_backward(load_program(path), name)
+    compiled = compile_model(program, name, shape, tgt, {}, trials=1)
+    members = [emit(p, tgt) for p in compiled.proofs]
+    return compiled, CompiledModel(compiled.model, kernel_set(compiled, members), arch=tgt.name)
+
+
+def test_rmsnorm_backward_widest_bucket_matches_the_float64_reference():
+    compiled, built = _built(ROOT / "examples" / "rmsnorm.habu", "RMSNORM-EQ-GRAD", {"R": 64})
+    for d in (33024, 65536):  # the widest bucket's edges
+        sizes = {"R": 64, "D": d}
+        model = compiled.model.with_sizes(sizes)
+        inputs = make_inputs(model, sizes, seed=d)
+        got = built(**inputs, **poisoned_outputs(model, sizes))
+        torch.cuda.synchronize()
+        plan = compiled.plans[built.kernel_set.index(sizes)]
+        g = compare(got, reference(model, inputs, sizes)["dX"], tolerance(model, dict(plan.storage)))
+        assert g.unwritten == 0 and g.ok, (d, g)
+
+
+def test_moe_ffn_backward_matches_the_float64_reference_at_small_sizes():
+    compiled, built = _built(ROOT / "tests" / "data" / "moe_small.habu", "MOE-FFN-GRAD", {})
+    sizes = {"T": 9, "R": 18}
+    model = compiled.model.with_sizes(sizes)
+    inputs = make_inputs(model, sizes, seed=3)
+    want = reference(model, inputs, sizes)
+    outs = poisoned_outputs(model, sizes)
+    got = built(**{k: v.clone() for k, v in inputs.items()}, **outs)
+    torch.cuda.synchronize()
+    for name in ("dX", "dW1", "dW3", "dW2", "dP"):
+        g = compare(got[name], want[name], 1e-4)  # f32 gradients, f32 accumulation
+        assert g.unwritten == 0 and g.ok, (name, g)
