@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import habu
 from habu.api import _warned, lookup_key
@@ -27,12 +30,21 @@ def habu_cli(*args: str, db) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=300, env={**os.environ, "COLUMNS": "320"})
 
 
+_SEARCHED: dict[str, object] = {}  # the one search of this module: its database file and best plan
+
+
 def searched(db_path) -> Plan:
-    """Search GGEMM at SHAPE on this machine (no GPU: cost-model ranking) into db_path."""
-    model = next(iter(load_program(GGEMM).models.values())).with_sizes(SHAPE)
-    with PlanDB(db_path) as db:
-        result = Search(str(GGEMM), model, TARGETS["sm_90a"], SHAPE, db, Budget(trials=2)).run()
-    return result.best
+    """GGEMM searched at SHAPE on this machine (no GPU: cost-model ranking) into db_path: the search runs
+    once per test process, and each test gets its own copy of the database it wrote."""
+    if not _SEARCHED:
+        template = Path(tempfile.mkdtemp(prefix="habu-plans-")) / "searched.sqlite"
+        model = next(iter(load_program(GGEMM).models.values())).with_sizes(SHAPE)
+        with PlanDB(template) as db:
+            result = Search(str(GGEMM), model, TARGETS["sm_90a"], SHAPE, db, Budget(trials=2)).run()
+        _SEARCHED.update(db=template, best=result.best)
+    with sqlite3.connect(_SEARCHED["db"]) as src, sqlite3.connect(db_path) as dst:
+        src.backup(dst)  # a consistent copy, write-ahead log included
+    return _SEARCHED["best"]
 
 
 def test_plans_ls_show_export_rm_import(tmp_path):

@@ -43,12 +43,13 @@ def test_bad_budget():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_a_three_trial_search_verifies_a_candidate_and_stores_it(path, tmp_path):
+def test_a_one_trial_search_of_every_example_verifies_a_candidate_and_stores_it(path, tmp_path):
     """(It used to assert the first verified candidate came within 10 s: a timed test, which failed on a
-    loaded 2-core machine at 20 s. How fast is measured in docs/PERF.md, not here.)"""
+    loaded 2-core machine at 20 s. How fast is measured in docs/PERF.md, not here. Three trials of every
+    example took about eight minutes of CI; the searches of several trials are tested on GGEMM below.)"""
     model, sizes = model_of(path)
     with PlanDB(tmp_path / "db.sqlite") as db:
-        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=3)).run()
+        result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=1)).run()
         assert result.stats.first_verified_s is not None and result.stats.verified >= 1
         assert not result.measured and result.records[0].status == "unmeasured"
         assert db.get(result.key).records[0].plan == result.best.to_json()
