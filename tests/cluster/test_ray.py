@@ -26,6 +26,7 @@ from habu.target import TARGETS  # noqa: E402
 from habu.timing.worker import Measurement  # noqa: E402
 from habu.version import __version__  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
+from tests.search.test_pool import inline_reference  # noqa: E402
 from tests.search.test_search import model_of  # noqa: E402
 
 GGEMM = ROOT / "examples" / "ggemm.habu"
@@ -50,7 +51,7 @@ def search(tmp_path, name, executor, timer=None, trials=6):
 
 
 def test_the_distributed_search_finds_the_local_winner(cluster, tmp_path):
-    local, local_plans = search(tmp_path / "a", "local", InlineExecutor())
+    local, local_plans = inline_reference()  # the same search in one process
     remote, remote_plans = search(tmp_path / "b", "ray", RayExecutor())
     assert remote.best == local.best and remote_plans == local_plans
     assert (remote.stats.verified, remote.stats.pruned_rules) == (local.stats.verified, local.stats.pruned_rules)
@@ -72,7 +73,7 @@ def _task_workers() -> list[int]:
 
 
 def test_a_worker_killed_mid_task_is_retried_and_nothing_is_lost(cluster, tmp_path):
-    local, local_plans = search(tmp_path / "a", "local", InlineExecutor())
+    local, local_plans = inline_reference()  # the same search in one process
     killed: list[int] = []
 
     def killer():

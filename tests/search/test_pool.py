@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from habu.db import PlanDB
 from habu.search.loop import Budget, Search
@@ -24,6 +27,13 @@ def run(tmp_path, executor, name: str):
         return result, [r.plan for r in db.get(result.key).records]
 
 
+@functools.cache
+def inline_reference() -> tuple:
+    """`run` in this process (InlineExecutor), once per test process: the result every other executor
+    must reproduce (here and in tests/cluster/test_ray.py; a trials-budget search is deterministic)."""
+    return run(Path(tempfile.mkdtemp(prefix="habu-inline-")), InlineExecutor(), "inline")
+
+
 def test_local_executor_choice():
     assert isinstance(local_executor(1), InlineExecutor)
     pool = local_executor(3)
@@ -31,7 +41,7 @@ def test_local_executor_choice():
 
 
 def test_a_process_pool_finds_what_one_process_finds(tmp_path):
-    one, one_plans = run(tmp_path, InlineExecutor(), "inline")
+    one, one_plans = inline_reference()
     many, many_plans = run(tmp_path, ProcessExecutor(2), "pool")
     assert many.best == one.best and many_plans == one_plans
     assert (many.stats.verified, many.stats.pruned_rules, many.stats.pruned_field) == \
@@ -39,7 +49,7 @@ def test_a_process_pool_finds_what_one_process_finds(tmp_path):
 
 
 def test_a_pool_worker_killed_mid_task_costs_nothing(tmp_path):
-    one, one_plans = run(tmp_path, InlineExecutor(), "inline")
+    one, one_plans = inline_reference()
     pool = ProcessExecutor(2)
     killed: list[int] = []
 
