@@ -46,7 +46,6 @@ def test_a_plan_with_the_wrong_comparison_is_rejected():
     model = small_prefill()
     plan = default_plan(model, TARGETS["sm_90a"], SMALL)
     lowerings = lower_plan(model, plan)
-    lw = lowerings[-1]
     from habu.spec.ir import map_ops
 
     def leaf(x):
@@ -54,9 +53,16 @@ def test_a_plan_with_the_wrong_comparison_is_rejected():
             return Reduce(x.op, x.vars, map_ops(x.body, leaf))
         return _flip(x)
 
-    rhs = map_ops(lw.node.rhs, leaf)
-    assert any(isinstance(x, Compare) and x.op == "lt" for x in walk(rhs) if not isinstance(x, Op))
-    lowerings[-1] = replace(lw, node=replace(lw.node, rhs=rhs))
+    flipped = 0
+    for at, lw in enumerate(lowerings):  # every kernel that tests the mask (the unfused plan's several)
+        node = getattr(lw, "node", None)
+        if node is None or not any(isinstance(x, Compare) for x in walk(node.rhs)):
+            continue
+        rhs = map_ops(node.rhs, leaf)
+        assert any(isinstance(x, Compare) and x.op == "lt" for x in walk(rhs) if not isinstance(x, Op))
+        lowerings[at] = replace(lw, node=replace(node, rhs=rhs))
+        flipped += 1
+    assert flipped
     cert = verify_plan(model, plan, SMALL, trials=1, lowerings=lowerings)
     assert not cert.passed and "O[" in (cert.failure or "")
 
