@@ -68,9 +68,8 @@ def test_a_plan_with_the_wrong_comparison_is_rejected():
 
 
 def test_a_condition_through_an_index_tensor_reads_it_in_the_kernel():
-    """j < LEN[b]: the kernel reads LEN at its coordinate of #B (in bounds by the types). The GF(p)
-    check of this model still stops on an empty sequence (LEN[b] = 0 drawn): its softmax divides
-    0 by 0 there and PrimeField refuses a zero divisor (issue 22, not finished)."""
+    """j < LEN[b]: the kernel reads LEN at its coordinate of #B (in bounds by the types). An empty
+    sequence (LEN[b] = 0) is proven since its softmax divides with div0 (tests/plan/test_attention_split.py)."""
     model = load_program(ATTENTION / "decode_attention.habu").models["DECODE-ATTENTION"]
     sizes = {"B": 2, "H": 2, "G": 1, "J": 7, "L": 8, "E": 2, "D": 2}
     model = model.with_sizes(sizes)
