@@ -137,3 +137,15 @@ def test_gf_p_a_fully_masked_row_is_zero_not_a_division_error():
                                                                               for x in t.extents)))
            for t in model.inputs}
     assert np.all(evaluate_field(model, ins, f)["O"] == 0)
+
+
+def test_div0_is_callable_and_zero_where_the_divisor_is_zero():
+    from habu.spec.parser import parse_text
+
+    text = "3 EXTENT: #N TENSOR: A ( #N ) TENSOR: B ( #N ) TENSOR: Y ( #N ) MODEL: T Y[n] = div0(A[n], B[n]) ;"
+    m = next(iter(parse_text(text, "t.habu").models.values()))
+    got = evaluate(m, {"A": np.array([1.0, 2.0, 3.0]), "B": np.array([2.0, 0.0, 3.0])})["Y"]
+    np.testing.assert_array_equal(got, [0.5, 0.0, 1.0])
+    f = PrimeField(2147483647, 1)
+    y = evaluate_field(m, {"A": np.array([1, 2, 3]), "B": np.array([2, 0, 3])}, f)["Y"]
+    assert y[1] == 0 and y[2] == 1 and y[0] * 2 % f.p == 1
