@@ -80,7 +80,7 @@ def match_softmax_sum(eq: Equation) -> SoftmaxSum | None:
         return None
     var = rhs.vars[0]
     body = rhs.body
-    if not (isinstance(body, Op) and body.fn == "mul" and isinstance(body.args[0], Op) and body.args[0].fn == "div"):
+    if not (isinstance(body, Op) and body.fn == "mul" and isinstance(body.args[0], Op) and body.args[0].fn in ("div", "div0")):
         return None
     num, den = body.args[0].args
     value = body.args[1]
@@ -185,7 +185,7 @@ def run_online(model: Model, target: str, inputs: dict[str, np.ndarray], domain,
         if variant is not Variant.STALE_MAX:
             m = m_new
         seen = seen_new
-    out = domain.op("div", [o_run, l_run])
+    out = domain.op("div0", [o_run, l_run])  # a fully masked row (l = 0) is 0, as the model's softmax_j
     if parts.row_guard is not None:
         out = domain.op("where", [full(parts.row_guard, Fraction(1)), out, zero])
     out = np.squeeze(out, axis=axis)

@@ -26,6 +26,7 @@ from itertools import combinations, pairwise
 
 from habu.errors import HabuError
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -155,8 +156,9 @@ def _reads(e: Expr) -> list[Load]:
 
 
 def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
-    """`eq` reads `producer`'s result only at the element it writes, and reduces nothing."""
-    if any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+    """`eq` reads `producer`'s result only at the element it writes, reduces nothing and holds no
+    condition on indices (a contraction's epilogue computes none yet: the attention mask)."""
+    if any(isinstance(x, Reduce) for x in walk(eq.rhs)) or has_condition(eq):
         return False
     if len(eq.lhs) != len(producer.lhs):
         return False
@@ -170,6 +172,11 @@ def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
             if isinstance(ix, Gather):
                 return False
     return True
+
+
+def has_condition(eq: Equation) -> bool:
+    """Whether the node holds a condition on indices (`where(j ≤ i, ...)`, `[j < LEN[b]]`)."""
+    return any(isinstance(x, Compare) for x in walk(eq.rhs))
 
 
 def row_local(eq: Equation) -> tuple[tuple[str, ...], str] | None:
@@ -265,7 +272,9 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         eq = nodes[i]
         check_gathers(eq)
         c = as_contraction(eq) if eq.scatter is None else None
-        if eq.scatter is not None:  # a scatter store: only the general family adds through an index
+        # a scatter store: only the general family adds through an index; and only it computes
+        # conditions on indices (a contraction's epilogue and the row family compute none yet)
+        if eq.scatter is not None or (c is None and has_condition(eq)):
             regions.append(general_region(model, eq))
         elif c is not None:
             group = [eq.target]

@@ -10,6 +10,9 @@ only when the finite-field check of the rewritten plan against the original mode
   load; P is never written).
 - `split:T` makes a contraction written inside T's larger expression a node of its own, T.mm
   (habu/plan/split.py); default plans take it.
+- `attention:T` makes a softmax-weighted sum (attention) three nodes: the scores T.s, each row's
+  softmax T.p and the value contraction T (habu/plan/attention_split.py: the unfused plan); default
+  plans take it (then `split:T.s`).
 - `factor:T` moves a row scale out of a contraction (Mirage's RMSNorm + Linear rewrite): with
   `P[r k] = X[r k] · s(r)` and `T[m n] = Σ k P[m k]·B[k n]`, since s does not depend on k,
   `T[m n] = s(m) · Σ k X[m k]·B[k n]`: a row statistic `T.scale[m] = s(m)` (one read of X, one
@@ -23,6 +26,7 @@ from functools import lru_cache
 from itertools import combinations
 
 from habu.errors import HabuError
+from habu.plan.attention_split import apply_attention, attention_parts
 from habu.plan.patterns import _factors, as_contraction, consumers
 from habu.plan.split import apply_split, split_part
 from habu.spec.ir import (
@@ -182,13 +186,17 @@ def _apply_factor(model: Model, target: str) -> Model:
 
 KINDS = {"inline": (_inline_ok, _apply_inline),
          "factor": (lambda m, t: _factor_parts(m, t) is not None, _apply_factor),
-         "split": (lambda m, t: split_part(m, t) is not None, apply_split)}
+         "split": (lambda m, t: split_part(m, t) is not None, apply_split),
+         "attention": (lambda m, t: attention_parts(m, t) is not None, apply_attention)}
 
 
 def default_rewrites(model: Model) -> tuple[str, ...]:
-    """The rewrites a default plan takes without being asked: `split:T` for every contraction written
-    inside a larger expression (without it no contraction family takes the node)."""
-    return tuple(name for name in applicable(model) if name.startswith("split:"))
+    """The rewrites a default plan takes without being asked: `attention:T` for every softmax-weighted
+    sum (the unfused attention plan), then `split:T` for every contraction written inside a larger
+    expression (without it no contraction family takes the node)."""
+    first = tuple(name for name in applicable(model) if name.startswith("attention:"))
+    after = apply_rewrites(model, first) if first else model
+    return first + tuple(name for name in applicable(after) if name.startswith("split:"))
 
 
 def applicable(model: Model) -> list[str]:

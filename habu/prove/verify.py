@@ -165,7 +165,7 @@ def degree(model: Model, sizes: Mapping[str, int]) -> int:
             kind = FUNCTIONS[e.fn].field
             if kind in ("add", "sub"):
                 return max(ds)
-            if kind in ("mul", "div"):
+            if kind in ("mul", "div", "div0"):
                 return sum(ds)
             if kind == "neg":
                 return ds[0]

@@ -135,7 +135,8 @@ def softmax_along(x: Expr, var: IndexVar, fresh: list[IndexVar]) -> Expr:
     """exp(x − max j1 x1) / Σ j2 exp(x2 − max j3 x3), xk being x at jk (`fresh`: j1, j2, j3).
     A masked argument `where(c, s, −∞)` keeps its mask on the weights, where(c, exp(s − m), 0): in
     float64 that is what exp(−∞) = 0 gives; over GF(p), where exp(−∞) has no such value, it is
-    what makes masked elements weigh nothing there too."""
+    what makes masked elements weigh nothing there too. A masked softmax divides with `div0`, so a
+    row whose every element is masked is 0 in every domain and in the kernels (SDPA gives NaN)."""
     masked = isinstance(x, Op) and x.fn == "where" and isinstance(x.args[2], NegInf)
 
     def at(v: IndexVar) -> Expr:
@@ -148,7 +149,8 @@ def softmax_along(x: Expr, var: IndexVar, fresh: list[IndexVar]) -> Expr:
             return Op("where", (cond, e, Const(Fraction(0))))
         return e
 
-    return Op("div", (weight(var, fresh[0]), Reduce("sum", (fresh[1],), weight(fresh[1], fresh[2]))))
+    # a fully masked row's weights sum to 0: div0 makes that row 0 (SDPA's NaN is not kept)
+    return Op("div0" if masked else "div", (weight(var, fresh[0]), Reduce("sum", (fresh[1],), weight(fresh[1], fresh[2]))))
 
 
 def _is_whole(text: str) -> bool:

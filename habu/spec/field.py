@@ -145,6 +145,10 @@ class PrimeField:
         if f.field == "div":
             a, b = np.broadcast_arrays(args[0], args[1])
             return (a * self.inverse(np.asarray(b))) % p
+        if f.field == "div0":  # total: 0 where the divisor is 0 (a fully masked softmax row)
+            a, b = np.broadcast_arrays(args[0], args[1])
+            b = np.asarray(b)
+            return np.where(b == 0, 0, (a * self.inverse(np.where(b == 0, 1, b))) % p)
         if f.field == "where":
             return np.where(np.asarray(args[0]) != 0, args[1], args[2])
         return self.oracle(fn, args)

@@ -52,10 +52,15 @@ class Function:
     name: str
     arity: int
     float64: Callable[..., np.ndarray]
-    field: str  # "add" "sub" "mul" "div" "neg" "where": exact; "oracle": uninterpreted
+    field: str  # "add" "sub" "mul" "div" "div0" "neg" "where": exact; "oracle": uninterpreted
     infix: str | None = None  # how the equation printer writes it
     derivative: Derivative | None = None
     description: str = ""
+
+
+def _div0(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.asarray(b) == 0, 0.0, np.divide(a, np.where(np.asarray(b) == 0, 1.0, b)))
 
 
 def _step(x: Expr) -> Op:
@@ -77,6 +82,15 @@ FUNCTIONS: dict[str, Function] = {
             lambda a, i: Op("div", (_c(1), a[1])) if i == 0
             else Op("neg", (Op("div", (a[0], _mul(a[1], a[1]))),)),
             "a / b (exact division over GF(p))",
+        ),
+        # the softmax of a masked row divides by the sum of its weights, which is 0 when every element
+        # is masked: that row is 0 (a choice: torch's SDPA gives NaN), in float64, over GF(p) and in
+        # the kernels alike
+        Function(
+            "div0", 2, _div0, "div0", None,
+            lambda a, i: Op("div0", (_c(1), a[1])) if i == 0
+            else Op("neg", (Op("div0", (a[0], _mul(a[1], a[1]))),)),
+            "a / b, and 0 where b = 0 (a fully masked softmax row is 0)",
         ),
         Function("neg", 1, np.negative, "neg", "−", lambda a, i: _c(-1), "−a"),
         Function("exp", 1, np.exp, "oracle", None, lambda a, i: Op("exp", a), "e^x"),

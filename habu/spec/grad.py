@@ -161,6 +161,11 @@ def derive(model: Model, wrt: Iterable[str] | None = None, policy: SavePolicy | 
         if inputs[n].is_index:
             raise HabuError(f"{n} is an index tensor (ITENSOR): its values select elements, and {model.name} "
                             "has no gradient by it")
+    for eq in model.nodes:  # issue 22: the backward model would not read LEN (a refusal, not a traceback)
+        for x in walk(eq.rhs):
+            if isinstance(x, Compare) and any(isinstance(i, Gather) for i in x.index_exprs()):
+                raise HabuError(f"{model.name}: a gradient through a condition reading an index tensor "
+                                f"({eq.target}'s mask) is not supported yet")
     fwd = hoist_statistics(model)
     return _Deriver(fwd, tuple(names), policy).run()
 

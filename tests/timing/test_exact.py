@@ -87,9 +87,11 @@ def test_index_tensors_are_in_range_with_duplicates():
 
 EXPECTED = {
     ("accumulate.habu", "GEMM-ACC"): None,
+    ("attention.habu", "ATTENTION-GQA"): "uses div0, where, exp, rsqrt",
     ("bias_grad.habu", "BIAS-GRAD"): None,
     ("bmm.habu", "SCORES"): None,
     ("column_reductions.habu", "BIAS-GRAD-3D"): None,
+    ("decode_attention.habu", "DECODE-ATTENTION"): "uses div0, where, exp, rsqrt",
     ("column_reductions.habu", "COL-MAX"): None,
     ("column_reductions.habu", "BIAS-GRAD-UNSCALED"): "uses the constant 0.000976562",
     ("families.habu", "GGEMM"): None,

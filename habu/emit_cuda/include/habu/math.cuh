@@ -13,6 +13,8 @@ __device__ __forceinline__ float f_sigmoid(float x) { return 1.0f / (1.0f + __ex
 __device__ __forceinline__ float f_abs(float x) { return fabsf(x); }
 __device__ __forceinline__ float f_max(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ float f_min(float a, float b) { return fminf(a, b); }
+/** @brief a / b, and 0 where b = 0: the softmax of a fully masked row (its weights sum to 0) is 0. */
+__device__ __forceinline__ float f_div0(float a, float b) { return b == 0.0f ? 0.0f : a / b; }
 __device__ __forceinline__ float f_step(float x) { return x > 0.0f ? 1.0f : 0.0f; }
 
 /** @brief Warp-wide sum and max with shuffles. */

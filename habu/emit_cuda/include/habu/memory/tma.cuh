@@ -26,6 +26,14 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TensorMap* map, u32 b
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
       :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
+/** @brief Load the box at (c0 innermost, c1, c2, c3, c4) of a 5-D tensor map (an operand of three batch
+ *  indices: attention's scores Q[b g r i e] · K[b g j e]); 5 is the most dimensions a tensor map has. */
+__device__ __forceinline__ void tma_load_5d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2, int c3,
+                                            int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n"
+      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
 /** @brief Store the shared-memory box at src to (c0 innermost, c1) of a 2-D tensor map; the map's bounds clip
  *  what falls outside the tensor. Asynchronous: commit it to a bulk group and wait on the group before src is
  *  written again or the block exits. Writes made by threads are made visible to TMA first (fence_proxy_async). */
@@ -42,6 +50,11 @@ __device__ __forceinline__ void tma_store_3d(const TensorMap* map, u32 src, int 
 __device__ __forceinline__ void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+/** @brief Store a box to (c0 innermost, c1, c2, c3, c4) of a 5-D tensor map (an output of three batch indices). */
+__device__ __forceinline__ void tma_store_5d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3, int c4) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+               :: "l"((u64)map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
 }
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /** @brief Wait until at most N of this thread's bulk groups still read shared memory. */
