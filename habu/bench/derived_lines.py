@@ -11,8 +11,8 @@ padding, ldmatrix lane maps, copy vectors, warp grid; the wgmma descriptors' off
 wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and strides, swizzle), the column
 kernel's thread map and partial slots (each stride and count one more), the block decode (a tile row
 too many), each tile's origin, the k range's first tile, the accumulator's thread decode, the ring's
-barrier addresses, the general kernel's thread map, a map lane's elements and a flat grid's extents
-order. (Not the index width: it changes the type of nearly every line, not the arithmetic in it.)
+barrier addresses, the general kernel's thread map, a map lane's elements, a flat grid's extents
+order and its decode's last step, the batch decode one batch on. (Not the index width: it changes the type of nearly every line, not the arithmetic in it.)
 Such a line is computed from objects the proof executed; a line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
 counted.
@@ -126,6 +126,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, kernel=replace(obj.kernel, raster=type(obj.kernel.raster)(other)))
         yield replace(obj, kernel=replace(obj.kernel, group_m=1 if obj.kernel.group_m > 1 else 8))
         yield replace(obj, k_step=2 * obj.k_step)
+        if obj.batch:  # the batch decode one batch on (batch z reads batch z + 1's coordinates)
+            yield _with_override(obj, "batch_coordinates", lambda sup, z, *rest: sup(z + 1, *rest))
         yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
@@ -175,6 +177,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
     if isinstance(obj, FlatGrid) and len(obj.extents) > 1:  # the flat index's decode: its divisors' order
         yield replace(obj, extents=tuple(reversed(obj.extents)))
+    if isinstance(obj, FlatGrid) and obj.extents:  # the decode's last step reduced too (e0 = rest % #E0)
+        yield _with_override(obj, "decode", lambda sup: (*sup()[:-1], (*sup()[-1][:2], "%", sup()[-1][3])))
 
 
 def _pipeline_variants(obj: Any) -> Iterator[Any]:

@@ -495,6 +495,11 @@ MUTANTS: tuple[Mutant, ...] = (
            {"bm": "32"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
+    Mutant("general-block-stride-doubled", "the general kernel's thread map strides blocks by 2·threads "
+           "elements: block b computes elements 2b·threads.., so the blocks after the first skip every other "
+           "block's elements (at the witness shape, only if its output spans several blocks)",
+           "weighted_scores.habu", "SCORES", {"B": 3, "I": 17, "J": 1300, "D": 33},  # the witness reduces #J
+           _g(lambda lw: replace(lw, thread_map=replace(lw.thread_map, threads=2 * lw.thread_map.threads)))),
     Mutant("tile-origin-from-bn", "a block's first row m0 = tm·BN instead of tm·BM (a rectangular tile's "
            "extents mixed up): blocks compute overlapping rows and some rows of the output are never written",
            "ggemm.habu", "GGEMM", GG, _c(_tile_origin_from_bn), {"tile": "128x64x64"}),

@@ -26,7 +26,7 @@ from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
 from habu.lower.layouts import FmaOperands
-from habu.lower.support import contraction_smem
+from habu.lower.support import lowering_smem
 from habu.spec.ir import Load, Model
 
 
@@ -149,7 +149,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     sizes = sig.sizes()
     it = index_type(lw.index_width)
     table = table_reader(sig, model, it)
-    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
+    layout = lowering_smem(lw)
     bm, bn, bk = lw.bm, lw.bn, lw.bk
     ops = lw.operands  # the stage tiles, copies, reads and thread grid: habu/lower/layouts.py
     assert isinstance(ops, FmaOperands), "the fma lowering holds its shared-memory operand maps"

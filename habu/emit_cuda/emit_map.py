@@ -36,19 +36,11 @@ def emit_map(name: str, model: Model, lw: MapLowering, static: dict[str, int]) -
     defs = {eq.target: eq for eq in lw.nodes[:-1]}
     final = lw.nodes[-1]
     expr = inline_region(final.rhs, defs)
-    dims = [sizes[e] for e in lw.extents]
-    coord_lines = []
-    rest = "e"
-    coord: dict[str, str] = {}
-    for i in reversed(range(len(dims))):
-        name_i = f"e{i}"
-        if i > 0:
-            coord_lines.append(f"const {it} {name_i} = {rest} % ({it}){c(dims[i])};")
-            coord_lines.append(f"const {it} q{i} = {rest} / ({it}){c(dims[i])};")
-            rest = f"q{i}"
-        else:
-            coord_lines.append(f"const {it} {name_i} = {rest};")
-        coord[name_i] = name_i
+    # the flat index's decode, a line a step (the lowering's `decode`, which the interpreter executes)
+    coord_lines = [f"const {it} {target} = {source};" if op == "=" else
+                   f"const {it} {target} = {source} {op} ({it}){c(sizes[extent])};"
+                   for target, source, op, extent in lw.decode()]
+    coord = {f"e{i}": f"e{i}" for i in range(len(lw.extents))}
 
     def leaf(ld: Load) -> str:
         acc = loads[ld]

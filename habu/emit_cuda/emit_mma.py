@@ -27,7 +27,7 @@ from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.pipeline import CpAsyncRing
-from habu.lower.support import MMA_SYNC, contraction_smem
+from habu.lower.support import MMA_SYNC, lowering_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
@@ -103,7 +103,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     refused = MMA_SYNC.own_refusals(lw)  # the rules' `supported-path` reads the same (habu/lower/support.py)
     if refused:
         raise ValueError(f"the mma.sync path does not print this plan: {'; '.join(refused)}")
-    b_kmajor = lw.b.positions[-1].axis == "k"
+    b_kmajor = lw.b_kmajor
     ops = lw.operands
     if ops is None or k.stages < 2:
         raise ValueError(f"tile {lw.bm}x{lw.bn}x{lw.bk} does not split into m16n8k16 over {k.warps} warps")
@@ -114,7 +114,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     sig = Signature(model, static=static)
     sizes = sig.sizes()
     it = index_type(lw.index_width)
-    layout = contraction_smem(k, dt, dt, b_kmajor)
+    layout = lowering_smem(lw)
     off = {b.name: b.offset for b in layout.buffers}
     stride = off["A1"] - off["A0"]  # stages are laid out A0 B0 A1 B1 ...
     gather4 = k.a_move == "tma-gather4"

@@ -40,7 +40,7 @@ from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
 from habu.lower.layouts import SmemTile, StageCopy, WgmmaOperands
 from habu.lower.pipeline import MN_BLOCK, MbarrierRing
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
-from habu.lower.support import WGMMA, contraction_smem
+from habu.lower.support import WGMMA, lowering_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
@@ -484,7 +484,7 @@ def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     if isinstance(lw.operands, WgmmaOperands):  # the slabs each consumer multiplies: the lowering's
         slabs = lw.operands.slabs
     sig = Signature(model, static=static)
-    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
+    layout = lowering_smem(lw)
     off = {b.name: b.offset for b in layout.buffers}
     stride = off["A1"] - off["A0"] if k.stages > 1 else 0
     if any(off[f"A{s}"] != off["A0"] + s * stride or off[f"B{s}"] != off["B0"] + s * stride for s in range(k.stages)):
@@ -534,6 +534,6 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
                      if ring.cluster > 1 else "")])
     src += body.replace("SIGNATURE", kc.sig.declaration())
     zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
-    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype)
+    layout = lowering_smem(lw)
     return CudaKernel(name, src, tuple(kc.sig.params), threads, layout.total, lw, zero,
                       register_demand=split.demand, cluster=ring.cluster)

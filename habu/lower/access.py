@@ -177,6 +177,27 @@ class FlatGrid:
         """Blocks launched: one per `per_block` elements (ints, z3 terms or C expressions)."""
         return cdiv(self.numel(sizes), self.per_block)
 
+    def decode(self) -> tuple[tuple[str, str, str, str], ...]:
+        """How flat element `e` becomes the output's coordinates, row-major, as (target, source, op,
+        extent) steps: for i > 0 from the innermost, e{i} = rest % #E_i and q{i} = rest / #E_i (rest:
+        `e`, then the q before); last e0 = rest ("=", unreduced: an index past the last element fails
+        e0 < #E0). The map kernel prints each step as a line, `coordinates` executes them."""
+        steps: list[tuple[str, str, str, str]] = []
+        rest = "e"
+        for i in reversed(range(1, len(self.extents))):
+            steps += [(f"e{i}", rest, "%", self.extents[i]), (f"q{i}", rest, "/", self.extents[i])]
+            rest = f"q{i}"
+        return (*steps, ("e0", rest, "=", self.extents[0])) if self.extents else ()
+
+    def coordinates(self, flat: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        """The output coordinates e0, e1, ... of flat element `flat` (ints, arrays or C expressions):
+        the `decode` steps, executed."""
+        env: dict[str, Any] = {"e": flat}
+        for target, source, op, extent in self.decode():
+            v = env[source]
+            env[target] = v % sizes[extent] if op == "%" else v // sizes[extent] if op == "/" else v
+        return {a: v for a, v in env.items() if a.startswith("e") and a != "e"}
+
 
 class IndexArith(Protocol):
     """The integer arithmetic an access's offset and mask are evaluated in: C text for the emitter

@@ -119,6 +119,11 @@ class ContractionLowering:
         return total
 
     @property
+    def b_kmajor(self) -> bool:
+        """B is contiguous along k (its stage tiles are [BN][BK], else [BK][BN])."""
+        return self.b.positions[-1].axis == "k"
+
+    @property
     def bm(self) -> int:
         return self.kernel.tile_m
 

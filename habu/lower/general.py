@@ -80,19 +80,6 @@ class GeneralLowering(FlatGrid):
         """None: every access moves one element."""
         return ()
 
-    def coordinates(self, flat: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
-        """The output coordinates of flat element `flat`, row-major; e0 is the quotient left over (not
-        reduced modulo its extent), so a flat index past the last element fails e0 < #E0."""
-        out: dict[str, Any] = {}
-        rest = flat
-        for i in reversed(range(len(self.extents))):
-            if i > 0:
-                out[f"e{i}"] = rest % sizes[self.extents[i]]
-                rest = rest // sizes[self.extents[i]]
-            else:
-                out["e0"] = rest
-        return out
-
     def lane_guard(self, coord: Mapping[str, Any], flat: Any, sizes: Mapping[str, Any], arith: IndexArith) -> Any:
         """Whether the thread computes an element: the output's mask at its coordinates (a scalar output:
         only flat element 0)."""

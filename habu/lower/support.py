@@ -402,6 +402,12 @@ def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_km
     return support.smem_layout(kernel, a_dtype, b_dtype, b_kmajor)
 
 
+def lowering_smem(lw: ContractionLowering) -> SmemLayout:
+    """The shared-memory layout of a lowered contraction, from its operands' dtypes and B's layout
+    (`b_kmajor`): the one the rules check, the operand maps are built on and the emitters print."""
+    return contraction_smem(lw.kernel, lw.a.dtype, lw.b.dtype, lw.b_kmajor)
+
+
 def support_for(kernel: Kernel) -> PathSupport:
     """The limits of the first path that takes `kernel`."""
     for s in SUPPORT:

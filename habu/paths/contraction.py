@@ -9,7 +9,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from habu.lower.contraction import ContractionLowering
-from habu.lower.support import TENSOR_CORE_DTYPES, ContractionSupport, contraction_smem, support_for
+from habu.lower.support import (
+    TENSOR_CORE_DTYPES,
+    ContractionSupport,
+    contraction_smem,
+    lowering_smem,
+    support_for,
+)
 from habu.paths.analytic import index_width, max_vector, node_of
 from habu.paths.base import KernelPath
 from habu.plan.patterns import Contraction, Operand, Region, as_contraction
@@ -307,7 +313,7 @@ class ContractionPath(KernelPath):
 
     def smem_bytes(self, lowering: ContractionLowering) -> int:  # type: ignore[override]
         lw = lowering
-        return contraction_smem(lw.kernel, lw.a.dtype, lw.b.dtype, lw.b.positions[-1].axis == "k").total
+        return lowering_smem(lw).total
 
     def registers(self, lowering: ContractionLowering) -> int:  # type: ignore[override]
         return self.support.registers(lowering.kernel)

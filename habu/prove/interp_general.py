@@ -14,7 +14,7 @@ import numpy as np
 
 from habu.lower.general import GeneralLowering, Store
 from habu.prove.interp import Memory, PlanFault, _NumpyIndex, read, write
-from habu.prove.kinds import KindProof, flat_blocks, register_kind
+from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind
 from habu.prove.virtual import WrittenTensor
 from habu.spec.ir import Compare, Const, Expr, Gather, IndexVar, Load, NegInf, Op, Reduce, Size
 
@@ -187,11 +187,22 @@ def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[ob
     return blocks, general_out_box(lw, threads, sizes), f"{len(flat)} elements in blocks {blocks.tolist()[:8]} of {nblocks}"
 
 
+def general_axes(name: str, lw: GeneralLowering) -> list[TileAxis]:
+    """The blocks' tiling of the flattened output: block b takes the `thread_map.threads` consecutive
+    elements from b·threads (`FlatThreads`). The witness keeps at least Q blocks of it where the full
+    shape has them (the first, an interior one, the last) and a ragged last block where the full shape
+    has one (habu.prove.witness), so a wrong block stride shows. A scalar output has one block."""
+    if not lw.extents:
+        return []
+    stride = lw.thread_map.threads
+    return [TileAxis(name, f"blocks of {stride} flat elements", lw.extents[-1], stride, tuple(lw.extents))]
+
+
 register_kind(GeneralLowering, KindProof(
-    run=run_general, final_selection=general_selection, box_selection=flat_blocks,
+    run=run_general, final_selection=general_selection, box_selection=flat_blocks, tiled_axes=general_axes,
     final_keep=lambda lw, sizes: general_keep(lw, general_thread_box(lw, sizes), sizes)))
-# A general kernel tiles nothing: each thread computes the element at its own coordinates, whatever the
-# shape, so the witness shape (habu.prove.witness: sizes keep their equalities; a tensor whose offsets
-# pass 2^31 keeps its extents) stands for the full one. The threads past the last element, which the
+# Each thread computes the element at its own coordinates, whatever the shape; the witness shape keeps
+# the blocks' classes along the flattened output (`general_axes`) and sizes keep their equalities (a
+# tensor whose offsets pass 2^31 keeps its extents). The threads past the last element, which the
 # guard stops, are run at every shape (`general_keep`); the z3 rules prove bounds and int32 offsets at
 # the full shape.

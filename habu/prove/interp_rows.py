@@ -153,7 +153,7 @@ def run_map(name: str, lw: MapLowering, sizes: Mapping[str, int], mem: Memory, b
     dims = [sizes[e] for e in lw.extents]
     numel = int(np.prod(dims)) if dims else 1
     # a lane stops at its first element where the guard, every access's mask, fails
-    every = _map_coords(elems.ravel(), dims)
+    every = lw.coordinates(elems.ravel(), sizes)  # the lowering's decode: what the kernel prints
     guard = np.ones(elems.size, bool)
     for acc in (lw.out, *(a for _, a in lw.loads)):
         guard = guard & np.broadcast_to(acc.mask(every, sizes, _NumpyIndex(lw.index_width, mem, name)), guard.shape)
@@ -161,7 +161,7 @@ def run_map(name: str, lw: MapLowering, sizes: Mapping[str, int], mem: Memory, b
     lanes = elems[live]
     if keep is not None:
         lanes = lanes[np.isin(lanes, keep)]
-    coords = _map_coords(lanes, dims)
+    coords = lw.coordinates(lanes, sizes)
     loads = {ld: acc for ld, acc in lw.loads}
     env: dict[str, np.ndarray] = {}
 
@@ -177,17 +177,6 @@ def run_map(name: str, lw: MapLowering, sizes: Mapping[str, int], mem: Memory, b
     for eq in lw.nodes:
         env[eq.target] = eval_pointwise(eq.rhs, leaf, f, sizes)
     write(name, lw.out, coords, env[lw.nodes[-1].target], sizes, mem, lw.index_width, False, lanes < numel, where)
-
-
-def _map_coords(flat: np.ndarray, dims: list[int]) -> dict[str, np.ndarray]:
-    """The output coordinates of flat elements, row-major; e0 is what is left (not reduced modulo its
-    extent, as the kernel computes it)."""
-    coords: dict[str, np.ndarray] = {}
-    rest = flat
-    for i in reversed(range(len(dims))):
-        coords[f"e{i}"] = rest % dims[i] if i > 0 else rest
-        rest = rest // dims[i]
-    return coords
 
 
 # ----------------------------------------------------------------------------- the row and map kinds

@@ -9,6 +9,7 @@ A new kind adds its interpreter module with one `register_kind` call and one imp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,16 @@ class TileAxis:
 
     kernel: str
     axis: str
-    extent: str
+    extent: str  # for a flat axis, its innermost extent
     tile: int
+    # a flat axis: the blocks tile the row-major flattening of these extents (a general kernel's output),
+    # and a block's class is (first, last, ragged); each thread's work depends on its own element only,
+    # so the ragged last block's count of valid lanes is not a class of its own
+    flat: tuple[str, ...] = ()
+
+    def size(self, sizes: Mapping[str, int]) -> int:
+        """The loop's extent: its extent's size, or the product of a flat axis's."""
+        return math.prod(sizes[e] for e in self.flat) if self.flat else sizes[self.extent]
 
 
 def _no_axes(name: str, lw: Any) -> list[TileAxis]:

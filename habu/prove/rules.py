@@ -27,7 +27,7 @@ from habu.lower import (
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.contraction import is_batch_axis
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
-from habu.lower.support import ROWS, accumulator_registers, contraction_smem, support_for
+from habu.lower.support import ROWS, accumulator_registers, lowering_smem, support_for
 from habu.plan.plan import ROW_CLUSTERS, Plan
 from habu.prove.obligation import (
     INT31,
@@ -230,7 +230,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
                      f"about {need} registers per thread ({acc_regs} accumulators) ≤ {cap} "
                      f"({where})", need <= cap,
                      detail=f"{acc_regs} accumulator registers per thread, {cap} available")
-    layout = contraction_smem(k, lw.a.dtype, lw.b.dtype, lw.b.positions[-1].axis == "k")
+    layout = lowering_smem(lw)
     yield Obligation(R["smem-budget"], name, None,
                      f"{layout.total} bytes of shared memory ≤ {t.smem_per_block}",
                      layout.total <= t.smem_per_block,

@@ -27,7 +27,7 @@ from typing import Any
 from habu.lower import ColumnLowering, ContractionLowering
 from habu.lower.layouts import WgmmaOperands
 from habu.lower.pipeline import MbarrierRing
-from habu.lower.support import contraction_smem
+from habu.lower.support import lowering_smem
 from habu.prove.obligation import INT31, INT32_OFFSETS, Obligation
 
 
@@ -43,7 +43,7 @@ def contraction_smem_obligations(name: str, lw: ContractionLowering) -> Iterator
     ops = lw.operands
     if not isinstance(ops, WgmmaOperands):
         return
-    layout = contraction_smem(lw.kernel, lw.a.dtype, lw.b.dtype, lw.b.positions[-1].axis == "k")
+    layout = lowering_smem(lw)
     end = max(b.offset + b.size for b in layout.buffers)
     stages_end = min((b.offset for b in layout.buffers if b.name[0] not in "AB"), default=end)
     last = max(int(ops.stage_tile(side, s)) + tile.bytes

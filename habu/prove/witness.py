@@ -55,9 +55,11 @@ def _frozen(model: Model, lowerings: list[Lowering], sizes: Mapping[str, int]) -
 
 def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
                   sizes: Mapping[str, int]) -> dict[str, int]:
+    axes = tiled_axes(names, lowerings)
     lcm: dict[str, int] = {e.name: max(1, e.multiple) for e in model.extents}
-    for ax in tiled_axes(names, lowerings):
-        lcm[ax.extent] = math.lcm(lcm[ax.extent], ax.tile)
+    for ax in axes:
+        if not ax.flat:
+            lcm[ax.extent] = math.lcm(lcm[ax.extent], ax.tile)
     frozen = _frozen(model, lowerings, sizes)
     out = dict(sizes)
     taken: set[int] = set()
@@ -67,27 +69,72 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
     for full in sorted(by_size):  # frozen and unreduced sizes first keep their values
         if any(g in frozen for g in by_size[full]):
             taken.add(full)
-    for full in sorted(by_size):
+
+    def reduced(full: int, q: int) -> int:
+        """The group of size `full` at q full tiles past its residue: the least such size ≥ q that
+        keeps sizes distinct, split-K's split classes and a runtime extent's range; `full` if none."""
         group = by_size[full]
-        w = full
-        if not any(g in frozen for g in group):
-            L = math.lcm(*(lcm[g] for g in group))
-            r, q = full % L, Q
+        L = math.lcm(*(lcm[g] for g in group))
+        r = full % L
+        w = r + q * L
+        # distinct sizes stay distinct; split-K's splits keep their classes
+        while w < full and (w in taken or (w in by_size and w != full)
+                            or not _same_splits(lowerings, group, full, w)):
+            q += 1
             w = r + q * L
-            # distinct sizes stay distinct; split-K's splits keep their classes
-            while w < full and (w in taken or (w in by_size and w != full)
-                                or not _same_splits(lowerings, group, full, w)):
-                q += 1
-                w = r + q * L
-            ext = [model.extent(g) for g in group]
-            # a runtime extent keeps the witness inside its declared range (a size bucket's); one the plan
-            # narrowed to a single size (lo = hi: `planned_model`) reduces as a static extent does
-            if w >= full or any(not x.is_static and x.lo != x.hi and not x.admits(w) for x in ext):
-                w = full
+        ext = [model.extent(g) for g in group]
+        # a runtime extent keeps the witness inside its declared range (a size bucket's); one the plan
+        # narrowed to a single size (lo = hi: `planned_model`) reduces as a static extent does
+        if w >= full or any(not x.is_static and x.lo != x.hi and not x.admits(w) for x in ext):
+            return full
+        return w
+
+    quota: dict[int, int] = {}
+    for full in sorted(by_size):
+        w = full if any(g in frozen for g in by_size[full]) else reduced(full, Q)
+        quota[full] = Q if w < full else 0
         taken.add(w)
-        for g in group:
+        for g in by_size[full]:
             out[g] = w
+    def assign(full: int, q: int) -> None:
+        taken.discard(out[by_size[full][0]])
+        quota[full] = q
+        w = reduced(full, q)
+        taken.add(w)
+        for g in by_size[full]:
+            out[g] = w
+
+    for ax in axes:  # a flat axis: grow its reduced extents until it has Q blocks and the full's raggedness
+        # (at worst every extent grows to its full size, where the classes are the full shape's)
+        while _flat_short(ax, sizes, out):
+            grow = sorted({sizes[e] for e in ax.flat if out[e] < sizes[e]})
+            if not grow:
+                break
+            best: tuple[int, int, int] | None = None  # (the axis's witness size, group, quota) growing one group
+            for full in grow:
+                for q in range(quota[full] + 1, quota[full] + 65):
+                    w = reduced(full, q)
+                    trial = {**out, **dict.fromkeys(by_size[full], w)}
+                    if w >= full or not _flat_short(ax, sizes, trial):
+                        if best is None or ax.size(trial) < best[0]:
+                            best = (ax.size(trial), full, q)
+                        break
+            if best is not None:
+                assign(best[1], best[2])
+            else:  # no one group suffices within 64 steps: the smallest grows the product most
+                full = min(grow, key=lambda f: out[by_size[f][0]])
+                assign(full, quota[full] + 1)
     return out
+
+
+def _flat_short(ax: TileAxis, full: Mapping[str, int], witness: Mapping[str, int]) -> bool:
+    """Whether a flat axis's witness lacks blocks of the full shape: fewer than Q (or than the full
+    count), or no ragged last block where the full shape's last is ragged."""
+    if not ax.flat:
+        return False
+    size, small = ax.size(full), ax.size(witness)
+    count, have = -(-size // ax.tile), -(-small // ax.tile)
+    return have < min(count, Q) or (size % ax.tile != 0) != (small % ax.tile != 0)
 
 
 def _split(lw: Lowering) -> bool:  # split-K is the contraction kind's
@@ -139,23 +186,28 @@ def _classes(size: int, tile: int) -> set[tuple[bool, bool, int]]:
 
 def prove_coverage(axes: list[TileAxis], full: Mapping[str, int], witness: Mapping[str, int]) -> list[str]:
     """For every tiled loop, z3 proves each tile of the full shape has the class of a witness tile.
-    Returns one line per loop; raises AssertionError if some class is missing."""
+    Returns one line per loop; raises AssertionError if some class is missing. A flat axis's classes
+    are (first, last, ragged): its blocks' threads depend on their own elements only."""
     lines = []
     for ax in axes:
-        size, tile = full[ax.extent], ax.tile
+        size, tile = ax.size(full), ax.tile
+        small = ax.size(witness)
         count = -(-size // tile)
-        have = _classes(witness[ax.extent], tile)
+        have = _classes(small, tile)
         t = z3.Int("t")
         first, last = t == 0, t == count - 1
         valid = z3.If(size - t * tile < tile, size - t * tile, tile)
         s = z3.Solver()
         s.add(t >= 0, t < count)
         for f, lst, v in have:
-            s.add(z3.Not(z3.And(first == f, last == lst, valid == v)))
+            same = (valid < tile) == (v < tile) if ax.flat else valid == v
+            s.add(z3.Not(z3.And(first == f, last == lst, same)))
         if check(s) == z3.sat:
             bad = s.model()[t]
             raise AssertionError(f"{ax.kernel}: tile {bad} along {ax.axis} (#{ax.extent}) has a class the "
                                  "witness lacks")
-        lines.append(f"{ax.kernel} {ax.axis}: {count} tiles of {tile} over #{ax.extent} = {size}; "
-                     f"witness {witness[ax.extent]} has all {len(have)} classes (z3: unsat)")
+        over = "·".join(f"#{e}" for e in ax.flat) if ax.flat else f"#{ax.extent}"
+        lines.append(f"{ax.kernel} {ax.axis}: {count} tiles of {tile} over {over} = {size}; "
+                     f"witness {small} has all {len({(f, lst, v < tile) for f, lst, v in have}) if ax.flat else len(have)} "
+                     "classes (z3: unsat)")
     return lines

@@ -56,4 +56,6 @@ def test_the_large_moe_examples_prove_at_a_reduced_witness(example):
     proof = prove(m, default_plan(m, TARGET, {}, {}), trials=1)
     assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
     w = proof.certificate.witness  # type: ignore[union-attr]
-    assert w is not None and w["D"] < 100 and w["E"] < 8
+    # the combine kernel's blocks of 256 flat elements over #R·#D keep 3 of them (habu.prove.witness's flat
+    # axis): Mixtral's #D grows from 96 to 192 (#R = 8 would equal #E's full size)
+    assert w is not None and w["D"] <= 192 and w["E"] < 8

@@ -1,0 +1,67 @@
+"""The witness shape the search checks keeps several blocks along every grid dimension that has several
+at full size: a block stride, a tile origin or a batch decode planted wrong shows only between blocks.
+
+Each kind declares what its blocks stride over (`tiled_axes`, habu/prove/kinds.py) or keeps the extents
+at full size (`frozen_extents`): contraction (m, n, k tiles; batch extents keep ≥ 3 values, the witness's
+least reduced size), rows (the leading extents by rows per block), columns (column tiles; the leading
+extents, which the row splits stride over, frozen), map (every extent frozen), general (every output
+extent by the thread map's block stride) and grouped (column tiles and k; its row tiles follow the drawn
+grouping, not #R's classes: tests/prove/test_grouped.py checks groupings of one, several and no tiles).
+A contraction's grid is flat over its (batch, m, n) tiles, so this test sees their product; each axis's
+classes are the coverage proof's (`prove_coverage`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.emit_cuda.geometry import geometry_for
+from habu.lower import GeneralLowering, lower_plan
+from habu.plan.rewrite import planned_model
+from habu.prove.witness import Q, prove_coverage, tiled_axes, witness_sizes
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import EXAMPLES, ROOT
+
+SLOTS = 1 << 30  # a persistent grid then launches one block per tile, as a plain one does
+
+
+def _witness(model, sizes=None):
+    plan = default_plan(model, TARGETS["sm_90a"], sizes)
+    lws = lower_plan(model, plan)
+    full = dict(plan.shape) | (sizes or {})
+    names = [f"k{i}" for i in range(len(lws))]
+    return names, lws, full, witness_sizes(planned_model(model, plan), names, lws, full)
+
+
+def test_the_witness_keeps_two_blocks_along_every_grid_dimension_that_has_two():
+    lacking = []
+    for path in EXAMPLES:
+        for model in load_program(path).models.values():
+            _, lws, full, w = _witness(model, {e.name: 4096 for e in model.extents if not e.is_static} or None)
+            for i, lw in enumerate(lws):
+                g = geometry_for(lw)
+                at_full, at_witness = g.blocks(lw, full, SLOTS), g.blocks(lw, w, SLOTS)
+                for axis, (f, n) in enumerate(zip(at_full, at_witness, strict=True)):
+                    if n < min(f, 2):
+                        lacking.append(f"{path.name}:{model.name} kernel {i}: grid {'xyz'[axis]} has {f} blocks "
+                                       f"at full size, {n} at the witness {w}")
+    assert not lacking, "\n".join(lacking)
+
+
+def test_regression_a_general_kernels_output_spans_several_blocks_at_the_witness():
+    """A general kernel declared no tiling: at the witness (every extent reduced to a few elements) its
+    output fit in one block, so a wrong block stride in its thread map passed the check the search runs
+    (the `general-block-stride-doubled` mutant, habu/bench/mutants.py) and showed only at full size."""
+    model = load_program(ROOT / "examples" / "weighted_scores.habu").models["SCORES"]
+    names, lws, full, w = _witness(model.with_sizes({"B": 3, "I": 17, "J": 1300, "D": 33}))
+    (lw,) = lws
+    assert isinstance(lw, GeneralLowering)
+    stride = lw.thread_map.threads
+    numel = w["B"] * w["I"] * w["J"]
+    assert w["J"] < full["J"] and -(-numel // stride) >= Q, w
+    assert numel % stride != 0 and (full["B"] * full["I"] * full["J"]) % stride != 0  # both last blocks ragged
+    lines = prove_coverage(tiled_axes(names, lws), full, w)
+    assert any(f"blocks of {stride} flat elements" in ln and "unsat" in ln for ln in lines), lines
+    with pytest.raises(AssertionError, match="class the witness lacks"):  # 2 blocks: no interior one
+        prove_coverage(tiled_axes(names, lws), full, w | {"J": 5})
