@@ -28,7 +28,7 @@ def model_of(path: str, name: str, **sizes):
 
 def test_k511_every_sampled_legal_plan_passes_the_finite_field_check():
     """The golden half of the K = 511 case: legal plans (a seeded sample across the space) compute it
-    (45 of them: 110 took two minutes of CI)."""
+    (30 of them: 110 took two minutes of CI)."""
     m = model_of("ggemm.habu", "GGEMM", K=511)
     plans = list(itertools.islice(enumerate_plans(m, TARGETS["sm_90a"], {"K": 511}), 0, 250_000, 41))
     rng = random.Random(511)
@@ -41,9 +41,9 @@ def test_k511_every_sampled_legal_plan_passes_the_finite_field_check():
         cert = verify_plan(m, plan, {"K": 511}, trials=1, seeds=[rng.randrange(2**62)])
         assert cert.passed, (plan.kernels[0], cert.failure)
         checked += 1
-        if checked >= 45:
+        if checked >= 30:
             break
-    assert checked >= 45, f"only {checked} legal plans in the sample"
+    assert checked >= 30, f"only {checked} legal plans in the sample"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
