@@ -2,7 +2,12 @@
 projections), one launch over every group's tiles, mma.sync m16n8k16 on bf16. habu/lower/grouped.py lowers
 it (the offsets and the tile scheduler), habu/emit_cuda/emit_grouped.py prints it; its analytic default,
 its search space and its cost term are here. A region the path cannot build (a runtime number of groups,
-#K not whole 16-byte chunks) gets no default from it: the general family builds it instead."""
+#K not whole 16-byte chunks) gets no default from it: the general family builds it instead.
+
+The forms beyond the plain GEMM (`GroupedGemm.by_default` false: a row factor P[r], the scatter-add
+combine `Y[IX[r] d] += P[r] · Σ h act[r h] · W2[E[r] d h]`, an f32 A) stay in general regions, so the
+default plan keeps the general kernel for them; `habu.paths.family_kernel` builds them here for the search
+(`region_space`) and for `--pin family=grouped`."""
 
 from __future__ import annotations
 
@@ -67,8 +72,8 @@ class GroupedPath(KernelPath):
         k = lw.kernel
         tiles_m = G * -(-max(1, R // max(G, 1)) // k.bm)
         tiles_n = -(-N // k.bn)
-        flops = 2.0 * tiles_m * k.bm * tiles_n * k.bn * K
-        moved = 2.0 * (R * K * tiles_n + G * N * K) + 4.0 * R * N
+        flops = 2.0 * tiles_m * k.bm * tiles_n * k.bn * K * lw.a_parts  # an f32 A: one mma per bf16 part
+        moved = 2.0 * (R * K * tiles_n * lw.a_parts + G * N * K) + 4.0 * R * N
         peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
         return flops, moved, max(flops / peak, moved / c.bandwidth) + c.launch_s
 
