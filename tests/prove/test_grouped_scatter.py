@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from habu.errors import UsageError
-from habu.lower import GeneralLowering, GroupedLowering, lower, lower_plan
+from habu.lower import GroupedLowering, lower, lower_plan
 from habu.lower.general import Store
 from habu.plan.patterns import as_grouped_gemm, default_regions
 from habu.plan.plan import GroupedKernel
