@@ -505,6 +505,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("combine-scatter-row-wrong", "the grouped MoE combine adds routed row r into Y[r d], not into its "
            "token's row Y[IX[r] d]", MOE_SMALL, "MOE-FFN", COMBINE, _grouped(lambda lw: replace(lw, out=_ungather(lw.out))),
            GROUPED_FAMILY, kernel=3),
+    Mutant("pair-second-weights-wrong", "the fused gate/up kernel multiplies the up accumulator with the gate's "
+           "weights (W1 staged twice)", MOE_SMALL, "MOE-FFN", COMBINE,
+           _grouped(lambda lw: replace(lw, pair=replace(lw.pair, w=lw.w))), {"pair": "fused"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
 )

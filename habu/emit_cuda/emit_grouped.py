@@ -71,6 +71,12 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     w_off = access_offset(lw.w, w_coord, sizes, lw.index_width, table)
     o_off = access_offset(lw.out, o_coord, sizes, lw.index_width, table)
     value = "acc[i][j][q]" if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * acc[i][j][q])"
+    pair = lw.pair
+    if pair is not None:  # the node of both GEMMs from the two accumulators (SwiGLU)
+        assert lw.a_parts == 1, "a pair's A is bf16"
+        scaled = {pair.first: value, pair.second: "acc2[i][j][q]" if pair.scale is None else
+                  f"({float_expr(pair.scale, _no_load, sizes)} * acc2[i][j][q])"}
+        value = float_expr(pair.node.rhs, lambda ld: scaled[ld.tensor], sizes)
     row_factor = ""
     if lw.row_scale is not None:  # P[r]: read once per accumulator row, where the row is inside
         rs = lw.row_scale
@@ -90,7 +96,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
   __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
   __shared__ __align__(16) habu::bf16 As[{bm}][{pitch}];  // A's rows of the tile, {bk} k at a time
 {{A_LO_DECL}}  __shared__ __align__(16) habu::bf16 Ws[{bn}][{pitch}];  // the group's weights, {bn} columns × {bk} k
-  const int tid = threadIdx.x;
+{{PAIR_DECL}}  const int tid = threadIdx.x;
   habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
   __syncthreads();
   if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
@@ -117,7 +123,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     for (int j = 0; j < {ni}; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  for ({it} step = 0; step < ({it})({c(lw.k_steps(sizes))}); ++step) {{
+{{PAIR_INIT}}  for ({it} step = 0; step < ({it})({c(lw.k_steps(sizes))}); ++step) {{
 #pragma unroll
     for (int q = 0; q < {chunks_a}; ++q) {{  // A: 16-byte chunks of its rows, gathered
       const int chunk = tid + q * {threads}, i = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
@@ -133,7 +139,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
       if ({w_mask}) v = *reinterpret_cast<const uint4*>({pw} + ({w_off}));
       *reinterpret_cast<uint4*>(&Ws[j][kk]) = v;
     }}
-    __syncthreads();
+{{PAIR_STAGE}}    __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < {bk}; ks += {MMA_K}) {{
       const int kc = ks + (lane % 4) * 2;
@@ -144,7 +150,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
         b[j][0] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc]);
         b[j][1] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc + 8]);
       }}
-#pragma unroll
+{{PAIR_B}}#pragma unroll
       for (int i = 0; i < {mi}; ++i) {{
         const int rr = wm * {lw.warp_rows} + i * {MMA_M} + lane / 4;
         habu::u32 a[4];
@@ -154,7 +160,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
         a[3] = *reinterpret_cast<const habu::u32*>(&As[rr + 8][kc + 8]);
 #pragma unroll
         for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc[i][j], a, b[j]);
-{{A_LO_MMA}}      }}
+{{A_LO_MMA}}{{PAIR_MMA}}      }}
     }}
     __syncthreads();
   }}
@@ -195,8 +201,49 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
       if ({inside} && ({a_mask})) v = *reinterpret_cast<const uint4*>({pa} + ({a_off}));
       *reinterpret_cast<uint4*>(&As[i][kk]) = v;
 """
+    parts = {"PAIR_DECL": "", "PAIR_INIT": "", "PAIR_STAGE": "", "PAIR_B": "", "PAIR_MMA": ""}
+    if pair is not None:
+        pw2 = sig.pointer(pair.w.tensor, "bf16")
+        w2_mask = access_mask(pair.w, w_coord, sizes, table)
+        w2_off = access_offset(pair.w, w_coord, sizes, lw.index_width, table)
+        parts["PAIR_DECL"] = (f"  __shared__ __align__(16) habu::bf16 Ws2[{bn}][{pitch}];  // the second weights "
+                              f"({pair.w.tensor}[g], for {pair.second})\n")
+        parts["PAIR_INIT"] = f"""  float acc2[{mi}][{ni}][4];  // {pair.second}
+#pragma unroll
+  for (int i = 0; i < {mi}; ++i)
+#pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc2[i][j][q] = 0.0f;
+"""
+        parts["PAIR_STAGE"] = f"""#pragma unroll
+    for (int q = 0; q < {chunks_b}; ++q) {{  // {pair.w.tensor}[g]: 16-byte chunks of its rows
+      const int chunk = tid + q * {threads}, j = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
+      const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("j")))});
+      const {it} kx = ({it})({kx});
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if ({w2_mask}) v = *reinterpret_cast<const uint4*>({pw2} + ({w2_off}));
+      *reinterpret_cast<uint4*>(&Ws2[j][kk]) = v;
+    }}
+"""
+        parts["PAIR_B"] = f"""      habu::u32 b2[{ni}][2];
+#pragma unroll
+      for (int j = 0; j < {ni}; ++j) {{
+        const int n = wn * {lw.warp_cols} + j * {MMA_N} + lane / 4;
+        b2[j][0] = *reinterpret_cast<const habu::u32*>(&Ws2[n][kc]);
+        b2[j][1] = *reinterpret_cast<const habu::u32*>(&Ws2[n][kc + 8]);
+      }}
+"""
+        parts["PAIR_MMA"] = f"""#pragma unroll
+        for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc2[i][j], a, b2[j]);  // the same A rows
+"""
+    for key, text in parts.items():
+        src_body = src_body.replace("{" + key + "}", text)
     src_body = src_body.replace("{A_LO_DECL}", a_lo_decl).replace("{A_STAGE}", a_stage).replace("{A_LO_MMA}", a_lo_mma)
     epilogue = []
+    if pair is not None:
+        epilogue.append(f"with {pair.second} (its weights {pair.w.tensor}) in a second accumulator; stores "
+                        f"{pair.node.target} = f({pair.first}, {pair.second}), the node of both")
     if split:
         epilogue.append(f"A ({lw.a.tensor}, f32) staged as bf16 hi + lo parts")
     if lw.row_scale is not None:

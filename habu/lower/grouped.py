@@ -20,6 +20,11 @@ with f32 atomicAdd, so rows whose IX repeat accumulate and T keeps its prior con
 with W's bf16 element, |a − hi − lo| ≤ 2^−17·|a|; the field check runs the exact product a·w, a GPU test
 checks the split with values bf16 cannot hold).
 
+A pair (`pair`, a `PairEpilogue`; the kernel's nodes are gate, up and act, `--pin pair=fused`): a second
+grouped GEMM of the same A rows with its own weights (`pair.w`, staged beside W) into a second
+accumulator, and the elementwise node of both (SwiGLU) computed from the two in the epilogue; only its
+result is stored.
+
 Every one of these maps is a method here: the finite-field interpreter (habu.prove.interp_grouped) runs
 them, the rules (habu.prove.rules_grouped) bound them, the emitter (habu.emit_cuda.emit_grouped) prints them.
 """
@@ -27,16 +32,30 @@ them, the rules (habu.prove.rules_grouped) bound them, the emitter (habu.emit_cu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv, floordiv
 from habu.lower.general import Store
+from habu.plan.grouped_pair import as_grouped_pair
 from habu.plan.patterns import as_grouped_gemm
 from habu.plan.plan import GroupedKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Model
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
+
+
+@dataclass(frozen=True)
+class PairEpilogue:
+    """The second GEMM of a pair, `second` = scale · Σ k A·W2[g], and the node of both: the kernel stores
+    `node.rhs` with its loads of `first` read from the first accumulator and of `second` from this one."""
+
+    w: Access  # the second weights at axes (g, n, k)
+    scale: Expr | None
+    first: str  # the first GEMM's target (gate)
+    second: str  # this GEMM's target (up)
+    second_node: Equation
+    node: Equation  # the elementwise node (act), at its own (r, n)
 
 
 @dataclass(frozen=True)
@@ -55,6 +74,7 @@ class GroupedLowering:
     index_width: int
     row_scale: Access | None = None  # P at axis r: a factor of each row, multiplied in the epilogue
     store: Store = Store.WRITE  # ATOMIC_ADD: the scatter-add epilogue (T[IX[r] n] += …)
+    pair: PairEpilogue | None = None  # a second GEMM and the node of both (SwiGLU in the epilogue)
 
     @property
     def a_parts(self) -> int:
@@ -63,7 +83,7 @@ class GroupedLowering:
 
     @property
     def nodes(self) -> tuple[Equation, ...]:
-        return (self.node,)
+        return (self.node,) if self.pair is None else (self.node, self.pair.second_node, self.pair.node)
 
     @property
     def extents(self) -> tuple[str, ...]:
@@ -139,16 +159,17 @@ class GroupedLowering:
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The 16-byte chunks of A's and W's rows the kernel stages: the launch checks their bases' alignment."""
+        staged = (self.a, self.w) if self.pair is None else (self.a, self.w, self.pair.w)
         return tuple(VectorAccess(acc.tensor, 8 if acc.dtype == "bf16" else 4,
                                   f"the plan stages 16-byte chunks ({8 if acc.dtype == 'bf16' else 4} elements) of "
-                                  f"{acc.tensor}'s rows") for acc in (self.a, self.w))
+                                  f"{acc.tensor}'s rows") for acc in staged)
 
     def smem_bytes(self) -> int:
         """The staged tiles: bm × (bk + 8) of A and bn × (bk + 8) of W in bf16 (rows padded by 16 bytes
         against bank conflicts), A's once per part; the offsets and tile starts (ints, #G + 1 each) are
         counted by the rules."""
         k = self.kernel
-        return 2 * (k.bm * self.a_parts + k.bn) * (k.bk + 8)
+        return 2 * (k.bm * self.a_parts + k.bn * (1 if self.pair is None else 2)) * (k.bk + 8)
 
 
 def _pick(values: list[Any], index: Any, where: Callable[[Any, Any, Any], Any]) -> Any:
@@ -170,8 +191,10 @@ def tile_starts(lw: GroupedLowering, offs: list[Any]) -> list[Any]:
 
 
 def lower_grouped(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] | None = None) -> GroupedLowering:
+    if len(kernel.nodes) == 3:
+        return _lower_pair(model, kernel, storage)
     if len(kernel.nodes) != 1:
-        raise ValueError("a grouped kernel computes one node")
+        raise ValueError("a grouped kernel computes one node, or a pair and the node of both")
     eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
     gg = as_grouped_gemm(model, eq)
     if gg is None:
@@ -187,3 +210,22 @@ def lower_grouped(model: Model, kernel: GroupedKernel, storage: Mapping[str, str
     return GroupedLowering(kernel, gg.r.extent, gg.n.extent, gg.k.extent, gg.group_extent, eq, a, w, out,
                            gg.groups, gg.scale, kernel.index_width, row_scale,
                            Store.WRITE if eq.scatter is None else Store.ATOMIC_ADD)
+
+
+def _lower_pair(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] | None) -> GroupedLowering:
+    """The pair (gate, up, act): the first GEMM's lowering, the second's weights and the node of both,
+    stored at act's element (r, n)."""
+    pair = as_grouped_pair(model, kernel.nodes)
+    if pair is None:
+        raise ValueError(f"{' + '.join(kernel.nodes)} is not a pair of grouped GEMMs and a node of both")
+    first = replace(kernel, nodes=kernel.nodes[:1])
+    base = lower_grouped(model, first, storage)
+    g2 = pair.second
+    gv = IndexVar("g", g2.group_extent)
+    axis_of = {g2.r: "r", g2.n: "n", g2.k: "k", gv: "g"}
+    extent_of_axis = {"r": g2.r.extent, "n": g2.n.extent, "k": g2.k.extent, "g": g2.group_extent}
+    w2 = access_for(model.tensor(g2.w.tensor), (gv, *g2.w.indices[1:]), axis_of, extent_of_axis, storage)
+    epi = pair.epilogue
+    out = access_for(model.tensor(epi.target), epi.lhs, {epi.lhs[0]: "r", epi.lhs[1]: "n"}, extent_of_axis, storage)
+    return replace(base, kernel=kernel, out=out,
+                   pair=PairEpilogue(w2, g2.scale, pair.first.node.target, g2.node.target, g2.node, epi))

@@ -12,7 +12,9 @@ written (the check names it unwritten); a row read with another group's weights 
 A row factor (`row_scale`, P[r]) is read at the block's rows and multiplies their sums after the constant
 scale; a scatter-add store (ATOMIC_ADD) adds each value into the element the output access names (IX[r]
 through its gather, index-checked), onto the target's prior contents, duplicates accumulating, as
-atomicAdd does. An f32 A's bf16 parts are numerics, not algebra: the check runs the exact product.
+atomicAdd does. An f32 A's bf16 parts are numerics, not algebra: the check runs the exact product. A
+pair's second product (its own weights, the same A rows) and the node of both (SwiGLU: sigmoid is an
+uninterpreted function over GF(p)) are computed from the two accumulators before the store.
 """
 
 from __future__ import annotations
@@ -90,17 +92,24 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
     live_rows = rows[inside]
     if not len(live_rows):
         return
-    if not len(ks):
-        acc = np.zeros((len(live_rows), len(cols)), dtype=np.int64)
-    else:
-        a = read(name, lw.a, {"r": live_rows[:, None], "k": ks[None, :]}, sizes, mem, lw.index_width, where)
-        w = read(name, lw.w, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
+    a = read(name, lw.a, {"r": live_rows[:, None], "k": ks[None, :]}, sizes, mem, lw.index_width, where) \
+        if len(ks) else None
+
+    def product(w_access, scale) -> np.ndarray:
+        """scale · Σ k A[row k] · W[group col k] over the block's rows and columns, every k step."""
+        if a is None:
+            return np.zeros((len(live_rows), len(cols)), dtype=np.int64)
+        w = read(name, w_access, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
                  lw.index_width, where)
-        a = np.broadcast_to(a, (len(live_rows), len(ks)))
-        w = np.broadcast_to(w, (len(cols), len(ks)))
-        acc = f.contract2(np.ascontiguousarray(a), np.ascontiguousarray(w), "ik", "jk", "ij")
-        if lw.scale is not None:
-            acc = (acc * np.asarray(_scale(f, lw.scale, sizes), dtype=np.int64)) % f.p
+        out = f.contract2(np.ascontiguousarray(np.broadcast_to(a, (len(live_rows), len(ks)))),
+                          np.ascontiguousarray(np.broadcast_to(w, (len(cols), len(ks)))), "ik", "jk", "ij")
+        return out if scale is None else (out * np.asarray(_scale(f, scale, sizes), dtype=np.int64)) % f.p
+
+    first = acc = product(lw.w, lw.scale)
+    if lw.pair is not None:  # the second accumulator, and the node of both from the two
+        pair, second = lw.pair, product(lw.pair.w, lw.pair.scale)
+        acc = np.broadcast_to(eval_pointwise(pair.node.rhs, lambda ld: first if ld.tensor == pair.first else second,
+                                             f, sizes), first.shape)
     if lw.row_scale is not None:
         p_row = read(name, lw.row_scale, {"r": live_rows[:, None]}, sizes, mem, lw.index_width, where)
         acc = f.op("mul", [np.broadcast_to(np.asarray(p_row, dtype=np.int64), acc.shape), acc])

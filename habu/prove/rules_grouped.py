@@ -35,6 +35,8 @@ def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterato
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     if lw.row_scale is not None:
         yield from _access_obligations(name, lw.row_scale, axes, ctx, lw.index_width, "every load")
+    if lw.pair is not None:  # the second weights of a pair
+        yield from _access_obligations(name, lw.pair.w, axes, ctx, lw.index_width, "every load")
     if lw.node.scatter is not None:
         ok = lw.store is Store.ATOMIC_ADD and lw.out.dtype == "f32"
         yield Obligation(R["scatter-accumulates"], name, lw.out.tensor,
