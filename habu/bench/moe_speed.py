@@ -1,7 +1,7 @@
 """The MoE FFN layer's speed (issue 20 §1) at the three example shapes, against torch in the same run:
 
     python -m habu.bench.moe_speed [--json OUT.json] [--tokens 16,128,4096] [--models mixtral,qwen3,deepseek]
-                                   [--habu-max-rows 1024]
+                                   [--habu-max-rows 1024] [--pin family=grouped ...]
 
 For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepseek_v3.habu), token count
 and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
@@ -10,7 +10,8 @@ layer Y[t] += Σ over t's routed rows r of P[r] · W2[E[r]] · SwiGLU(W1[E[r]] x
     built once per (model, token count), skipped above --habu-max-rows routed rows (gate and up are
     grouped-GEMM kernels, mma.sync over every expert's tiles in one launch; SwiGLU a row kernel; the
     down projection with its scatter combine is still the general family's, a thread an element:
-    seconds a call at 4096 tokens);
+    seconds a call at 4096 tokens; `--pin family=grouped` builds it as a grouped kernel with the scatter
+    epilogue instead, and any --pin goes to the plan as `habu compile --pin` takes it);
   - torch loop: a Python loop over the experts with rows (gather, three bf16 matmuls, index_add_);
   - torch._grouped_mm: the gathered rows through torch's grouped GEMM (offsets = the groups' ends),
     recorded as unavailable where this torch lacks it or refuses the shapes.
@@ -129,7 +130,7 @@ def rel_error(got, ref) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def measure(key: str, tokens: int, habu_max_rows: int, seed: int) -> list[dict]:
+def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None) -> list[dict]:
     from habu.bench.run import build
 
     shape = SHAPES[key]
@@ -139,7 +140,7 @@ def measure(key: str, tokens: int, habu_max_rows: int, seed: int) -> list[dict]:
     build_error = None
     if rows_n <= habu_max_rows:
         try:
-            built = build(str(EXAMPLES / shape.file), "MOE-FFN", {"T": tokens, "R": rows_n})
+            built = build(str(EXAMPLES / shape.file), "MOE-FFN", {"T": tokens, "R": rows_n}, pins)
         except Exception as exc:  # recorded: the table says why Habu has no number here
             build_error = f"{type(exc).__name__}: {exc}"[:300]
     out = []
@@ -178,7 +179,7 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
         if not err <= TOL:
             row[name + "_error"] = f"wrong: relative error {err:.2e} > {TOL:.0e}"
             continue
-        slow = name == "habu" and rows_n * shape.h * shape.d > 2**36  # the general family is slow here
+        slow = name == "habu" and rows_n * shape.h * shape.d > 2**36 and built.plan.kernels[-1].kind == "general"
         timing = time_cuda(fn, 1, warmup=1 if slow else 5, reps=3 if slow else 30)
         row[name + "_us"] = timing["median_us"]
     return row
@@ -190,11 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="16,128,4096")
     ap.add_argument("--models", default="mixtral,qwen3,deepseek")
     ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
+    ap.add_argument("--pin", action="append", default=[], help="a plan choice for Habu's build (family=grouped)")
     args = ap.parse_args(argv)
+    from habu.search.space import parse_pins
+
+    pins = parse_pins(args.pin)
     rows: list[dict] = []
     for key in args.models.split(","):
         for tokens in (int(n) for n in args.tokens.split(",")):
-            rows += measure(key, tokens, args.habu_max_rows, seed=tokens)
+            rows += measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins)
             torch().cuda.empty_cache()
     methods = ("habu", "torch loop", "torch._grouped_mm")
     print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +

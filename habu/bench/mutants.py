@@ -243,6 +243,17 @@ def _tiles_rounded_down(lw: Lowering) -> Lowering:
     return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
+def _grouped(f: Callable[[GroupedLowering], GroupedLowering]) -> Callable[[Lowering], Lowering]:
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, GroupedLowering)
+        return f(lw)
+    return g
+
+
+MOE_SMALL = "../tests/data/moe_small.habu"
+COMBINE = {"T": 13, "R": 26}  # the MoE combine as a grouped kernel (--pin family=grouped), kernel 3
+GROUPED_FAMILY = {"family": "grouped"}
+
 BMM = {"B": 3, "I": 17, "J": 19, "D": 33}  # no extent a multiple of the block's 256 threads
 GG = {"M": 300, "N": 200, "K": 511}
 BMM_SHAPE = {"B": 3, "I": 72, "J": 80, "D": 64}  # ragged tiles along i and j, three batches
@@ -493,6 +504,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "(rows // bm): the rows of a group's ragged last tile, or of a group smaller than a tile, are never "
            "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, _tiles_rounded_down,
            {"bm": "32"}),
+    Mutant("combine-row-factor-dropped", "the grouped MoE combine's epilogue forgets the router weight P[r]",
+           MOE_SMALL, "MOE-FFN", COMBINE, _grouped(lambda lw: replace(lw, row_scale=None)), GROUPED_FAMILY, kernel=3),
+    Mutant("combine-plain-store", "the grouped MoE combine stores Y[IX[r] d] instead of adding atomically: a "
+           "token's rows overwrite each other and Y's prior contents", MOE_SMALL, "MOE-FFN", COMBINE,
+           _grouped(lambda lw: replace(lw, store=Store.WRITE)), GROUPED_FAMILY, kernel=3),
+    Mutant("combine-scatter-row-wrong", "the grouped MoE combine adds routed row r into Y[r d], not into its "
+           "token's row Y[IX[r] d]", MOE_SMALL, "MOE-FFN", COMBINE, _grouped(lambda lw: replace(lw, out=_ungather(lw.out))),
+           GROUPED_FAMILY, kernel=3),
+    Mutant("pair-second-weights-wrong", "the fused gate/up kernel multiplies the up accumulator with the gate's "
+           "weights (W1 staged twice)", MOE_SMALL, "MOE-FFN", COMBINE,
+           _grouped(lambda lw: replace(lw, pair=replace(lw.pair, w=lw.w))), {"pair": "fused"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
     Mutant("general-block-stride-doubled", "the general kernel's thread map strides blocks by 2·threads "

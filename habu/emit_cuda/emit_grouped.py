@@ -9,7 +9,10 @@ through the access's offset (IX[r], index-checked by its mask), W is read at the
 bm × bk of A and bn × bk of W are staged in shared memory as 16-byte chunks (a masked chunk is zeros),
 and warps of (bm / warps_m) × (bn / warps_n) multiply them with mma.sync m16n8k16 (bf16, f32
 accumulate), fragments read from shared memory in the PTX layouts; the epilogue stores each
-accumulator where its row and column are inside.
+accumulator where its row and column are inside. An f32 A is staged as two bf16 parts (`habu::split_bf16x8`,
+the lowering's `a_parts`), each multiplied with W; a row factor P[r] multiplies the accumulator in the
+epilogue; a scatter (`T[IX[r] n] += …`, the lowering's ATOMIC_ADD store) adds it into the element the
+output access names, with f32 atomicAdd.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from habu.emit_cuda.common import (
     header,
     index_code,
     index_type,
+    load_value,
     store_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.general import Store
 from habu.lower.grouped import MMA_K, MMA_M, MMA_N, GroupedLowering
 from habu.spec.ir import Model
 
@@ -52,8 +57,9 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     mi, ni = lw.warp_rows // MMA_M, lw.warp_cols // MMA_N
     chunks_a, chunks_b = bm * bk // 8 // threads, bn * bk // 8 // threads
     e_ptr = sig.pointer(lw.groups, model.tensor(lw.groups).dtype.name)  # type: ignore[union-attr]
-    pa, pw = sig.pointer(lw.a.tensor, "bf16"), sig.pointer(lw.w.tensor, "bf16")
+    pa, pw = sig.pointer(lw.a.tensor, lw.a.dtype), sig.pointer(lw.w.tensor, "bf16")
     p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    split = lw.a_parts == 2
     rows = c(sizes[lw.r])
     m, mt = CExpr("m"), CExpr("mt")
     row = lambda i: c(lw.row(CExpr("offs[g]"), m, CExpr(i)))  # noqa: E731
@@ -65,13 +71,32 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     w_off = access_offset(lw.w, w_coord, sizes, lw.index_width, table)
     o_off = access_offset(lw.out, o_coord, sizes, lw.index_width, table)
     value = "acc[i][j][q]" if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * acc[i][j][q])"
+    pair = lw.pair
+    if pair is not None:  # the node of both GEMMs from the two accumulators (SwiGLU)
+        assert lw.a_parts == 1, "a pair's A is bf16"
+        scaled = {pair.first: value, pair.second: "acc2[i][j][q]" if pair.scale is None else
+                  f"({float_expr(pair.scale, _no_load, sizes)} * acc2[i][j][q])"}
+        value = float_expr(pair.node.rhs, lambda ld: scaled[ld.tensor], sizes)
+    row_factor = ""
+    if lw.row_scale is not None:  # P[r]: read once per accumulator row, where the row is inside
+        rs = lw.row_scale
+        p_rs = sig.pointer(rs.tensor, rs.dtype)
+        value = f"(p_row * {value})"
+        row_factor = (f"        const float p_row = ({access_mask(rs, {'r': 'r'}, sizes, table)}) ? "
+                      f"{load_value(rs.dtype, p_rs, access_offset(rs, {'r': 'r'}, sizes, lw.index_width, table))}"
+                      " : 0.0f;  // the row's factor\n")
+    if lw.store is Store.ATOMIC_ADD:  # the scatter: rows whose index repeats add into one element
+        assert lw.out.dtype == "f32", "the scatter-accumulates rule allows f32 targets only"
+        store = f"atomicAdd({p_out} + ({o_off}), {value});"
+    else:
+        store = store_value(lw.out.dtype, p_out, o_off, value)
     kx = c(lw.k_index(CExpr("step"), CExpr("kk")))
     src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
   __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
   __shared__ __align__(16) habu::bf16 As[{bm}][{pitch}];  // A's rows of the tile, {bk} k at a time
-  __shared__ __align__(16) habu::bf16 Ws[{bn}][{pitch}];  // the group's weights, {bn} columns × {bk} k
-  const int tid = threadIdx.x;
+{{A_LO_DECL}}  __shared__ __align__(16) habu::bf16 Ws[{bn}][{pitch}];  // the group's weights, {bn} columns × {bk} k
+{{PAIR_DECL}}  const int tid = threadIdx.x;
   habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
   __syncthreads();
   if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
@@ -98,16 +123,13 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     for (int j = 0; j < {ni}; ++j)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  for ({it} step = 0; step < ({it})({c(lw.k_steps(sizes))}); ++step) {{
+{{PAIR_INIT}}  for ({it} step = 0; step < ({it})({c(lw.k_steps(sizes))}); ++step) {{
 #pragma unroll
     for (int q = 0; q < {chunks_a}; ++q) {{  // A: 16-byte chunks of its rows, gathered
       const int chunk = tid + q * {threads}, i = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
       const {it} r = ({it})({row("i")});
       const {it} kx = ({it})({kx});
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if ({c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({a_mask})) v = *reinterpret_cast<const uint4*>({pa} + ({a_off}));
-      *reinterpret_cast<uint4*>(&As[i][kk]) = v;
-    }}
+{{A_STAGE}}    }}
 #pragma unroll
     for (int q = 0; q < {chunks_b}; ++q) {{  // W[g]: 16-byte chunks of its rows
       const int chunk = tid + q * {threads}, j = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
@@ -117,7 +139,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
       if ({w_mask}) v = *reinterpret_cast<const uint4*>({pw} + ({w_off}));
       *reinterpret_cast<uint4*>(&Ws[j][kk]) = v;
     }}
-    __syncthreads();
+{{PAIR_STAGE}}    __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < {bk}; ks += {MMA_K}) {{
       const int kc = ks + (lane % 4) * 2;
@@ -128,7 +150,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
         b[j][0] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc]);
         b[j][1] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc + 8]);
       }}
-#pragma unroll
+{{PAIR_B}}#pragma unroll
       for (int i = 0; i < {mi}; ++i) {{
         const int rr = wm * {lw.warp_rows} + i * {MMA_M} + lane / 4;
         habu::u32 a[4];
@@ -138,7 +160,7 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
         a[3] = *reinterpret_cast<const habu::u32*>(&As[rr + 8][kc + 8]);
 #pragma unroll
         for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc[i][j], a, b[j]);
-      }}
+{{A_LO_MMA}}{{PAIR_MMA}}      }}
     }}
     __syncthreads();
   }}
@@ -152,15 +174,87 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
         const int tj = wn * {lw.warp_cols} + j * {MMA_N} + (lane % 4) * 2 + q % 2;
         const {it} r = ({it})({row("ti")});
         const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("tj")))});
-        if ({c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({o_mask})) {store_value(lw.out.dtype, p_out, o_off, value)}
+{row_factor}        if ({c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({o_mask})) {store}
       }}
 }}
 """
+    inside = c(lw.row_inside(CExpr("r"), CExpr("end")))
+    if split:
+        a_lo_decl = f"  __shared__ __align__(16) habu::bf16 Al[{bm}][{pitch}];  // the low bf16 parts of A's f32 values\n"
+        a_stage = f"""      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
+      if ({inside} && ({a_mask})) {{
+        x = *reinterpret_cast<const float4*>({pa} + ({a_off}));
+        y = *reinterpret_cast<const float4*>({pa} + ({a_off}) + 4);
+      }}
+      habu::split_bf16x8(x, y, *reinterpret_cast<uint4*>(&As[i][kk]), *reinterpret_cast<uint4*>(&Al[i][kk]));
+"""
+        a_lo_mma = """        a[0] = *reinterpret_cast<const habu::u32*>(&Al[rr][kc]);  // A's low parts, times the same W
+        a[1] = *reinterpret_cast<const habu::u32*>(&Al[rr + 8][kc]);
+        a[2] = *reinterpret_cast<const habu::u32*>(&Al[rr][kc + 8]);
+        a[3] = *reinterpret_cast<const habu::u32*>(&Al[rr + 8][kc + 8]);
+#pragma unroll
+        for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc[i][j], a, b[j]);
+""".replace("{ni}", str(ni))
+    else:
+        a_lo_decl = a_lo_mma = ""
+        a_stage = f"""      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if ({inside} && ({a_mask})) v = *reinterpret_cast<const uint4*>({pa} + ({a_off}));
+      *reinterpret_cast<uint4*>(&As[i][kk]) = v;
+"""
+    parts = {"PAIR_DECL": "", "PAIR_INIT": "", "PAIR_STAGE": "", "PAIR_B": "", "PAIR_MMA": ""}
+    if pair is not None:
+        pw2 = sig.pointer(pair.w.tensor, "bf16")
+        w2_mask = access_mask(pair.w, w_coord, sizes, table)
+        w2_off = access_offset(pair.w, w_coord, sizes, lw.index_width, table)
+        parts["PAIR_DECL"] = (f"  __shared__ __align__(16) habu::bf16 Ws2[{bn}][{pitch}];  // the second weights "
+                              f"({pair.w.tensor}[g], for {pair.second})\n")
+        parts["PAIR_INIT"] = f"""  float acc2[{mi}][{ni}][4];  // {pair.second}
+#pragma unroll
+  for (int i = 0; i < {mi}; ++i)
+#pragma unroll
+    for (int j = 0; j < {ni}; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc2[i][j][q] = 0.0f;
+"""
+        parts["PAIR_STAGE"] = f"""#pragma unroll
+    for (int q = 0; q < {chunks_b}; ++q) {{  // {pair.w.tensor}[g]: 16-byte chunks of its rows
+      const int chunk = tid + q * {threads}, j = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
+      const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("j")))});
+      const {it} kx = ({it})({kx});
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if ({w2_mask}) v = *reinterpret_cast<const uint4*>({pw2} + ({w2_off}));
+      *reinterpret_cast<uint4*>(&Ws2[j][kk]) = v;
+    }}
+"""
+        parts["PAIR_B"] = f"""      habu::u32 b2[{ni}][2];
+#pragma unroll
+      for (int j = 0; j < {ni}; ++j) {{
+        const int n = wn * {lw.warp_cols} + j * {MMA_N} + lane / 4;
+        b2[j][0] = *reinterpret_cast<const habu::u32*>(&Ws2[n][kc]);
+        b2[j][1] = *reinterpret_cast<const habu::u32*>(&Ws2[n][kc + 8]);
+      }}
+"""
+        parts["PAIR_MMA"] = f"""#pragma unroll
+        for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc2[i][j], a, b2[j]);  // the same A rows
+"""
+    for key, text in parts.items():
+        src_body = src_body.replace("{" + key + "}", text)
+    src_body = src_body.replace("{A_LO_DECL}", a_lo_decl).replace("{A_STAGE}", a_stage).replace("{A_LO_MMA}", a_lo_mma)
+    epilogue = []
+    if pair is not None:
+        epilogue.append(f"with {pair.second} (its weights {pair.w.tensor}) in a second accumulator; stores "
+                        f"{pair.node.target} = f({pair.first}, {pair.second}), the node of both")
+    if split:
+        epilogue.append(f"A ({lw.a.tensor}, f32) staged as bf16 hi + lo parts")
+    if lw.row_scale is not None:
+        epilogue.append(f"each row times {lw.row_scale.tensor}[r]")
+    if lw.store is Store.ATOMIC_ADD:
+        epilogue.append(f"scatter: adds into {lw.out.tensor} with atomicAdd (its prior contents are kept)")
     src = header(f"{name}: grouped GEMM over #{lw.g} = {groups} groups, tiles {bm}×{bn}×{bk}, "
                  f"{k.warps_m}×{k.warps_n} warps of mma.sync m16n8k16 bf16",
                  [f"computes {', '.join(k.nodes)}",
                   f"A[{'gathered' if any(p.kind == 'gather' for p in lw.a.positions) else 'plain'} rows], "
-                  f"W[{lw.groups}'s group of the tile], offsets found on the device"])
+                  f"W[{lw.groups}'s group of the tile], offsets found on the device", *epilogue])
     src += src_body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), threads, 0, lw)
 

@@ -12,6 +12,19 @@ offs[g] + m·bm + i are masked by `row_inside` (< offs[g+1]), its columns `colum
 grouping: Σ_g ⌈c_g / bm⌉ ≤ ⌊(#R + #G·(bm − 1)) / bm⌋. The weights are read at W[g n k], the tile's
 group: equal to W[E[r] n k] for each of its rows because E is grouped (the `grouped` obligation).
 
+The forms beyond the plain GEMM (built when the search or `--pin family=grouped` picks them): a row factor
+`P[r]` (`row_scale`, read per row in the epilogue, multiplied after the constant `scale`); a scatter-add
+store `T[IX[r] n] += …` (`store` ATOMIC_ADD: the output access's row is the gather IX[r], each value added
+with f32 atomicAdd, so rows whose IX repeat accumulate and T keeps its prior contents); an f32 A
+(`a_parts` 2: each element staged as two bf16 parts hi = bf16(a), lo = bf16(a − hi), both multiplied
+with W's bf16 element, |a − hi − lo| ≤ 2^−17·|a|; the field check runs the exact product a·w, a GPU test
+checks the split with values bf16 cannot hold).
+
+A pair (`pair`, a `PairEpilogue`; the kernel's nodes are gate, up and act, `--pin pair=fused`): a second
+grouped GEMM of the same A rows with its own weights (`pair.w`, staged beside W) into a second
+accumulator, and the elementwise node of both (SwiGLU) computed from the two in the epilogue; only its
+result is stored.
+
 Every one of these maps is a method here: the finite-field interpreter (habu.prove.interp_grouped) runs
 them, the rules (habu.prove.rules_grouped) bound them, the emitter (habu.emit_cuda.emit_grouped) prints them.
 """
@@ -19,15 +32,30 @@ them, the rules (habu.prove.rules_grouped) bound them, the emitter (habu.emit_cu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv, floordiv
+from habu.lower.general import Store
+from habu.plan.grouped_pair import as_grouped_pair
 from habu.plan.patterns import as_grouped_gemm
 from habu.plan.plan import GroupedKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Model
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
+
+
+@dataclass(frozen=True)
+class PairEpilogue:
+    """The second GEMM of a pair, `second` = scale · Σ k A·W2[g], and the node of both: the kernel stores
+    `node.rhs` with its loads of `first` read from the first accumulator and of `second` from this one."""
+
+    w: Access  # the second weights at axes (g, n, k)
+    scale: Expr | None
+    first: str  # the first GEMM's target (gate)
+    second: str  # this GEMM's target (up)
+    second_node: Equation
+    node: Equation  # the elementwise node (act), at its own (r, n)
 
 
 @dataclass(frozen=True)
@@ -44,10 +72,18 @@ class GroupedLowering:
     groups: str  # the grouping E, read at a row by the offset search
     scale: Expr | None
     index_width: int
+    row_scale: Access | None = None  # P at axis r: a factor of each row, multiplied in the epilogue
+    store: Store = Store.WRITE  # ATOMIC_ADD: the scatter-add epilogue (T[IX[r] n] += …)
+    pair: PairEpilogue | None = None  # a second GEMM and the node of both (SwiGLU in the epilogue)
+
+    @property
+    def a_parts(self) -> int:
+        """bf16 parts each element of A is staged as: 1 (A is bf16), 2 (f32 A: hi and lo)."""
+        return 1 if self.a.dtype == "bf16" else 2
 
     @property
     def nodes(self) -> tuple[Equation, ...]:
-        return (self.node,)
+        return (self.node,) if self.pair is None else (self.node, self.pair.second_node, self.pair.node)
 
     @property
     def extents(self) -> tuple[str, ...]:
@@ -123,14 +159,17 @@ class GroupedLowering:
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The 16-byte chunks of A's and W's rows the kernel stages: the launch checks their bases' alignment."""
-        return tuple(VectorAccess(acc.tensor, 8, f"the plan stages 16-byte chunks (8 elements) of {acc.tensor}'s rows")
-                     for acc in (self.a, self.w))
+        staged = (self.a, self.w) if self.pair is None else (self.a, self.w, self.pair.w)
+        return tuple(VectorAccess(acc.tensor, 8 if acc.dtype == "bf16" else 4,
+                                  f"the plan stages 16-byte chunks ({8 if acc.dtype == 'bf16' else 4} elements) of "
+                                  f"{acc.tensor}'s rows") for acc in staged)
 
     def smem_bytes(self) -> int:
         """The staged tiles: bm × (bk + 8) of A and bn × (bk + 8) of W in bf16 (rows padded by 16 bytes
-        against bank conflicts), and the offsets and tile starts (ints, #G + 1 each)."""
+        against bank conflicts), A's once per part; the offsets and tile starts (ints, #G + 1 each) are
+        counted by the rules."""
         k = self.kernel
-        return 2 * (k.bm + k.bn) * (k.bk + 8)
+        return 2 * (k.bm * self.a_parts + k.bn * (1 if self.pair is None else 2)) * (k.bk + 8)
 
 
 def _pick(values: list[Any], index: Any, where: Callable[[Any, Any, Any], Any]) -> Any:
@@ -152,8 +191,10 @@ def tile_starts(lw: GroupedLowering, offs: list[Any]) -> list[Any]:
 
 
 def lower_grouped(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] | None = None) -> GroupedLowering:
+    if len(kernel.nodes) == 3:
+        return _lower_pair(model, kernel, storage)
     if len(kernel.nodes) != 1:
-        raise ValueError("a grouped kernel computes one node")
+        raise ValueError("a grouped kernel computes one node, or a pair and the node of both")
     eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
     gg = as_grouped_gemm(model, eq)
     if gg is None:
@@ -163,6 +204,28 @@ def lower_grouped(model: Model, kernel: GroupedKernel, storage: Mapping[str, str
     extent_of_axis = {"r": gg.r.extent, "n": gg.n.extent, "k": gg.k.extent, "g": gg.group_extent}
     a = access_for(model.tensor(gg.a.tensor), gg.a.indices, axis_of, extent_of_axis, storage)
     w = access_for(model.tensor(gg.w.tensor), (gv, *gg.w.indices[1:]), axis_of, extent_of_axis, storage)
-    out = access_for(model.tensor(eq.target), eq.lhs, axis_of, extent_of_axis, storage)
+    out = access_for(model.tensor(eq.target), eq.store_indices, axis_of, extent_of_axis, storage)
+    row_scale = None if gg.row_scale is None else \
+        access_for(model.tensor(gg.row_scale.tensor), gg.row_scale.indices, axis_of, extent_of_axis, storage)
     return GroupedLowering(kernel, gg.r.extent, gg.n.extent, gg.k.extent, gg.group_extent, eq, a, w, out,
-                           gg.groups, gg.scale, kernel.index_width)
+                           gg.groups, gg.scale, kernel.index_width, row_scale,
+                           Store.WRITE if eq.scatter is None else Store.ATOMIC_ADD)
+
+
+def _lower_pair(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] | None) -> GroupedLowering:
+    """The pair (gate, up, act): the first GEMM's lowering, the second's weights and the node of both,
+    stored at act's element (r, n)."""
+    pair = as_grouped_pair(model, kernel.nodes)
+    if pair is None:
+        raise ValueError(f"{' + '.join(kernel.nodes)} is not a pair of grouped GEMMs and a node of both")
+    first = replace(kernel, nodes=kernel.nodes[:1])
+    base = lower_grouped(model, first, storage)
+    g2 = pair.second
+    gv = IndexVar("g", g2.group_extent)
+    axis_of = {g2.r: "r", g2.n: "n", g2.k: "k", gv: "g"}
+    extent_of_axis = {"r": g2.r.extent, "n": g2.n.extent, "k": g2.k.extent, "g": g2.group_extent}
+    w2 = access_for(model.tensor(g2.w.tensor), (gv, *g2.w.indices[1:]), axis_of, extent_of_axis, storage)
+    epi = pair.epilogue
+    out = access_for(model.tensor(epi.target), epi.lhs, {epi.lhs[0]: "r", epi.lhs[1]: "n"}, extent_of_axis, storage)
+    return replace(base, kernel=kernel, out=out,
+                   pair=PairEpilogue(w2, g2.scale, pair.first.node.target, g2.node.target, g2.node, epi))

@@ -358,7 +358,8 @@ class ColumnsSupport(PathSupport):
 
 
 class GroupedSupport(PathSupport):
-    """The grouped-GEMM family: one launch over every group's tiles, mma.sync m16n8k16 on bf16."""
+    """The grouped-GEMM family: one launch over every group's tiles, mma.sync m16n8k16 on bf16 (an f32 A
+    staged as two bf16 parts)."""
 
     name = family = "grouped"
 
@@ -373,8 +374,8 @@ class GroupedSupport(PathSupport):
         if (k.bm * k.bk // 8) % lw.threads or (k.bn * k.bk // 8) % lw.threads:
             reasons.append(f"the {lw.threads} threads stage whole 16-byte chunks of the {k.bm}×{k.bk} and "
                            f"{k.bn}×{k.bk} tiles")
-        if lw.a.dtype != "bf16" or lw.w.dtype != "bf16":
-            reasons.append("the operands are bf16 (mma.sync m16n8k16 bf16)")
+        if lw.a.dtype not in ("bf16", "f32") or lw.w.dtype != "bf16":
+            reasons.append("the operands are bf16 (mma.sync m16n8k16 bf16; an f32 A is split into bf16 parts)")
         return reasons
 
 

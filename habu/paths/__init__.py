@@ -68,6 +68,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         yield from path_for(base).region_variants(model, region, base, target, sizes)
         if region.kind == "grouped" and not isinstance(base, GeneralKernel):  # the fallback stays a candidate
             yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
+        elif region.kind == "general" and (g := family_kernel(model, region, "grouped", target, sizes)) is not None:
+            yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A
         return
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
@@ -75,6 +77,21 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
             yield from path.variants(base, target, skinny=skinny)
+
+
+FAMILY_PINS = ("grouped", "general")  # `--pin family=…`
+
+
+def family_kernel(model: Model, region: Region, family: str, target: Target, sizes: dict[str, int]) -> Kernel | None:
+    """The kernel `--pin family=` gives a region, or None where that family does not take it: `grouped`
+    builds every one-node region the grouped path can (a general region's grouped GEMM with a row factor,
+    a scatter-add combine or an f32 A, which the default leaves to the general kernel); `general` builds a
+    grouped region with the general family (the fallback the search keeps as a candidate)."""
+    if family == "grouped" and region.kind in ("grouped", "general"):
+        return grouped.PATH.default(model, region, target, sizes)
+    if family == "general" and region.kind == "grouped":
+        return general.PATH.default(model, Region("general", region.nodes), target, sizes)
+    return None
 
 
 def path_named(name: str) -> KernelPath:
@@ -94,5 +111,5 @@ def unregister(name: str) -> None:
     _support.unregister(name)
 
 
-__all__ = ["PATHS", "ContractionPath", "KernelPath", "by_preference", "contraction_path", "default_kernel", "path_for",
-           "path_named", "region_space", "register", "unregister"]
+__all__ = ["FAMILY_PINS", "PATHS", "ContractionPath", "KernelPath", "by_preference", "contraction_path", "default_kernel",
+           "family_kernel", "path_for", "path_named", "region_space", "register", "unregister"]

@@ -2,7 +2,12 @@
 projections), one launch over every group's tiles, mma.sync m16n8k16 on bf16. habu/lower/grouped.py lowers
 it (the offsets and the tile scheduler), habu/emit_cuda/emit_grouped.py prints it; its analytic default,
 its search space and its cost term are here. A region the path cannot build (a runtime number of groups,
-#K not whole 16-byte chunks) gets no default from it: the general family builds it instead."""
+#K not whole 16-byte chunks) gets no default from it: the general family builds it instead.
+
+The forms beyond the plain GEMM (`GroupedGemm.by_default` false: a row factor P[r], the scatter-add
+combine `Y[IX[r] d] += P[r] · Σ h act[r h] · W2[E[r] d h]`, an f32 A) stay in general regions, so the
+default plan keeps the general kernel for them; `habu.paths.family_kernel` builds them here for the search
+(`region_space`) and for `--pin family=grouped`."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from habu.lower.grouped import GroupedLowering
 from habu.lower.support import GROUPED
 from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
+from habu.plan.grouped_pair import as_grouped_pair
 from habu.plan.patterns import Region, as_grouped_gemm
 from habu.plan.plan import GroupedKernel, Kernel
 from habu.spec.ir import INT31_MAX, Model
@@ -48,6 +54,15 @@ class GroupedPath(KernelPath):
             width = 64
         return GroupedKernel(nodes=region.nodes, bm=64, bn=64, bk=32, warps_m=2, warps_n=2, index_width=width)
 
+    def pair_default(self, model: Model, nodes: tuple[str, str, str], target: Target,
+                     sizes: dict[str, int]) -> GroupedKernel | None:
+        """The kernel of a pair (gate, up, the node of both: `habu.plan.grouped_pair`): the first GEMM's
+        default, computing all three; None where the pair is not one or the path cannot build it."""
+        if as_grouped_pair(model, nodes) is None:
+            return None
+        first = self.default(model, Region("grouped", nodes[:1]), target, sizes)
+        return None if first is None else replace(first, nodes=nodes)
+
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Tiles 32/64/128 rows × 64/128 columns × 32/64 k, 2 × 2, 4 × 2 or 2 × 4 warps (those whose warp
         tiles are whole mma tiles and whose chunks divide among the threads)."""
@@ -67,8 +82,9 @@ class GroupedPath(KernelPath):
         k = lw.kernel
         tiles_m = G * -(-max(1, R // max(G, 1)) // k.bm)
         tiles_n = -(-N // k.bn)
-        flops = 2.0 * tiles_m * k.bm * tiles_n * k.bn * K
-        moved = 2.0 * (R * K * tiles_n + G * N * K) + 4.0 * R * N
+        gemms = 1 if lw.pair is None else 2  # a pair: two accumulators over the same A tile
+        flops = 2.0 * tiles_m * k.bm * tiles_n * k.bn * K * lw.a_parts * gemms  # an f32 A: an mma per bf16 part
+        moved = 2.0 * (R * K * tiles_n * lw.a_parts + G * N * K * gemms) + 4.0 * R * N
         peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
         return flops, moved, max(flops / peak, moved / c.bandwidth) + c.launch_s
 

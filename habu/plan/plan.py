@@ -173,7 +173,8 @@ class GroupedKernel:
     accumulate) by warps of 16·wm rows × 8·wn columns (habu/lower/grouped.py)."""
 
     kind: ClassVar[str] = "grouped"
-    nodes: tuple[str, ...] = doc("the model's node this kernel computes (one)")
+    nodes: tuple[str, ...] = doc("the model's node this kernel computes (one; or two grouped GEMMs of the same rows "
+                                 "and the node of both, gate, up and SwiGLU: `--pin pair=fused`)")
     bm: int = choice("rows of a tile (a group's rows are cut into tiles of bm)", P, allowed=(16, 32, 64, 128),
                      pins=("bm",), unguarded=KEEP)
     bn: int = choice("columns of a tile", P, allowed=(16, 32, 64, 128), pins=("bn",), unguarded=KEEP)

@@ -8,6 +8,13 @@ empty: `GroupedVirtualTensor`), run for every group 0..#G; the tile starts its `
 slab, every k step (`k_index`), sums the products over GF(p), and stores its rows and columns. A row the
 scheduler gives two blocks is written twice (a race the check names); a row it gives none is never
 written (the check names it unwritten); a row read with another group's weights is a wrong value.
+
+A row factor (`row_scale`, P[r]) is read at the block's rows and multiplies their sums after the constant
+scale; a scatter-add store (ATOMIC_ADD) adds each value into the element the output access names (IX[r]
+through its gather, index-checked), onto the target's prior contents, duplicates accumulating, as
+atomicAdd does. An f32 A's bf16 parts are numerics, not algebra: the check runs the exact product. A
+pair's second product (its own weights, the same A rows) and the node of both (SwiGLU: sigmoid is an
+uninterpreted function over GF(p)) are computed from the two accumulators before the store.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering, tile_starts
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, register_kind
+from habu.prove.virtual import WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Expr
 
@@ -83,19 +92,37 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
     live_rows = rows[inside]
     if not len(live_rows):
         return
-    if not len(ks):
-        acc = np.zeros((len(live_rows), len(cols)), dtype=np.int64)
-    else:
-        a = read(name, lw.a, {"r": live_rows[:, None], "k": ks[None, :]}, sizes, mem, lw.index_width, where)
-        w = read(name, lw.w, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
+    a = read(name, lw.a, {"r": live_rows[:, None], "k": ks[None, :]}, sizes, mem, lw.index_width, where) \
+        if len(ks) else None
+
+    def product(w_access, scale) -> np.ndarray:
+        """scale · Σ k A[row k] · W[group col k] over the block's rows and columns, every k step."""
+        if a is None:
+            return np.zeros((len(live_rows), len(cols)), dtype=np.int64)
+        w = read(name, w_access, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
                  lw.index_width, where)
-        a = np.broadcast_to(a, (len(live_rows), len(ks)))
-        w = np.broadcast_to(w, (len(cols), len(ks)))
-        acc = f.contract2(np.ascontiguousarray(a), np.ascontiguousarray(w), "ik", "jk", "ij")
-        if lw.scale is not None:
-            acc = (acc * np.asarray(_scale(f, lw.scale, sizes), dtype=np.int64)) % f.p
-    write(name, lw.out, {"r": live_rows[:, None], "n": cols[None, :]}, acc, sizes, mem, lw.index_width,
-          False, None, where)
+        out = f.contract2(np.ascontiguousarray(np.broadcast_to(a, (len(live_rows), len(ks)))),
+                          np.ascontiguousarray(np.broadcast_to(w, (len(cols), len(ks)))), "ik", "jk", "ij")
+        return out if scale is None else (out * np.asarray(_scale(f, scale, sizes), dtype=np.int64)) % f.p
+
+    first = acc = product(lw.w, lw.scale)
+    if lw.pair is not None:  # the second accumulator, and the node of both from the two
+        pair, second = lw.pair, product(lw.pair.w, lw.pair.scale)
+        acc = np.broadcast_to(eval_pointwise(pair.node.rhs, lambda ld: first if ld.tensor == pair.first else second,
+                                             f, sizes), first.shape)
+    if lw.row_scale is not None:
+        p_row = read(name, lw.row_scale, {"r": live_rows[:, None]}, sizes, mem, lw.index_width, where)
+        acc = f.op("mul", [np.broadcast_to(np.asarray(p_row, dtype=np.int64), acc.shape), acc])
+    at = {"r": live_rows[:, None], "n": cols[None, :]}
+    if lw.store is Store.ATOMIC_ADD:
+        # atomicAdd onto the target's memory, which holds its prior contents (an input of the model):
+        # every value lands, duplicates included, in any order
+        target = lw.out.tensor
+        if target not in mem.written:
+            mem.written[target] = WrittenTensor(target, int(lw.out.numel(sizes)), f.p, True, mem.inputs.get(target))
+        write(name, lw.out, at, acc, sizes, mem, lw.index_width, True, None, where)
+        return
+    write(name, lw.out, at, acc, sizes, mem, lw.index_width, False, None, where)
 
 
 # ----------------------------------------------------------------------------- the grouped kind
@@ -106,7 +133,7 @@ def _everything(lw: GroupedLowering, sizes: Mapping[str, int]) -> tuple[object, 
     and every element of the output."""
     gx, gy = (int(x) for x in lw.grid(sizes))
     blocks = [(mt, nt) for nt in range(gy) for mt in range(gx)]
-    box = (np.arange(sizes[lw.r]), np.arange(sizes[lw.n]))
+    box = tuple(np.arange(sizes[e]) for e in lw.out.extents)  # (#R, #N); a scatter's target, all of it
     return blocks, box, f"all {gx} × {gy} blocks (row tiles of any grouping × column tiles)"
 
 

@@ -1,7 +1,9 @@
 """The rules of a grouped-GEMM kernel (habu/lower/grouped.py): every load and the store in bounds and
 free of 32-bit wrap-around, the rows its tile scheduler computes (masked or not) within 32 bits, its
 grid within the launch limits and large enough for every grouping (`grouped-schedule`), its 16-byte
-staged chunks aligned, its shared memory within the block's static limit."""
+staged chunks aligned, its shared memory within the block's static limit; a scatter-add epilogue
+(`T[IX[r] n] += …`) adds with f32 atomicAdd (`scatter-accumulates`), its stored row IX[r] checked against
+T's rows like every gathered index (`_access_obligations` of the store), its row factor P[r] in bounds."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Iterator
 
 import z3
 
+from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
 from habu.prove.rules_fields import _grid
@@ -30,6 +33,16 @@ def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterato
     yield from _access_obligations(name, lw.a, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.w, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    if lw.row_scale is not None:
+        yield from _access_obligations(name, lw.row_scale, axes, ctx, lw.index_width, "every load")
+    if lw.pair is not None:  # the second weights of a pair
+        yield from _access_obligations(name, lw.pair.w, axes, ctx, lw.index_width, "every load")
+    if lw.node.scatter is not None:
+        ok = lw.store is Store.ATOMIC_ADD and lw.out.dtype == "f32"
+        yield Obligation(R["scatter-accumulates"], name, lw.out.tensor,
+                         f"the scatter into {lw.out.tensor} adds each value with f32 atomicAdd",
+                         ok, detail=f"the kernel stores {lw.out.tensor} ({lw.out.dtype}) by {lw.store.value}: "
+                         "rows whose indices repeat would overwrite each other")
     yield from supported(name, lw, ctx)
     yield Obligation(R["threads"], name, None, f"{lw.threads} threads per block ≤ {t.max_threads_per_block}",
                      lw.threads <= t.max_threads_per_block, detail=f"{lw.threads} threads")

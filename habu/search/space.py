@@ -14,10 +14,20 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
-from habu.paths import ContractionPath, contraction_path, default_kernel, path_for, region_space
+from habu.paths import (
+    FAMILY_PINS,
+    ContractionPath,
+    contraction_path,
+    default_kernel,
+    family_kernel,
+    grouped,
+    path_for,
+    region_space,
+)
 from habu.paths.analytic import node_of
 from habu.paths.contraction import tma_store_fits
 from habu.plan.fields import FieldError, Move, kernel_fields, pin_table
+from habu.plan.grouped_pair import pair_positions
 from habu.plan.patterns import Region, as_contraction, default_regions
 from habu.plan.plan import (
     KERNEL_KINDS,
@@ -81,6 +91,10 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
             forced = contraction_path(pins["mma"])
             kernels = tuple(forced.default(graph, r, target, s, forced=True) or k if r.kind == "contraction" else k
                             for r, k in zip(regions, kernels, strict=True))  # forced: never None
+        if "family" in pins:
+            kernels = _pinned_family(graph, regions, kernels, pins["family"], target, s)
+        if "pair" in pins:
+            kernels = _pinned_pair(graph, regions, kernels, pins["pair"], target, s)
         kernels = tuple(apply_pins(graph, k, pins, target) for k in kernels)
         _check_pins_apply(pins, kernels)
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
@@ -92,6 +106,39 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
 # the kernel fields each plan-choice pin sets, from the field table (operand movements and rewrites
 # are checked where they apply; `tile` sets tile_m, tile_n and tile_k at once)
 PIN_FIELDS = {"tile": ("tile_m", "tile_n", "tile_k"), **pin_table(tuple(KERNEL_KINDS.values()))}
+
+
+def _pinned_family(model: Model, regions: tuple[Region, ...], kernels: tuple[Kernel, ...], family: str,
+                   target: Target, sizes: dict[str, int]) -> tuple[Kernel, ...]:
+    """`--pin family=grouped`: every region the grouped family can build takes it (the MoE combine
+    `Y[IX[r] d] += P[r] · Σ h …` included); `family=general`: grouped regions take the general kernel."""
+    if family not in FAMILY_PINS:
+        raise UsageError(f"--pin family={family}: expected one of {', '.join(FAMILY_PINS)}")
+    chosen = [family_kernel(model, r, family, target, sizes) for r in regions]
+    if all(c is None for c in chosen):
+        raise UsageError(f"--pin family={family}: no region of {model.name} can be computed by the {family} family "
+                         f"on {target.name}")
+    return tuple(c or k for c, k in zip(chosen, kernels, strict=True))
+
+
+def _pinned_pair(model: Model, regions: tuple[Region, ...], kernels: tuple[Kernel, ...], value: str,
+                 target: Target, sizes: dict[str, int]) -> tuple[Kernel, ...]:
+    """`--pin pair=fused`: each pair of grouped GEMMs over the same rows and the node of both (gate, up and
+    SwiGLU; habu.plan.grouped_pair) becomes one grouped kernel with two accumulators; `split` keeps them apart."""
+    if value not in ("fused", "split"):
+        raise UsageError(f"--pin pair={value}: expected fused or split")
+    if value == "split":
+        return kernels
+    fused = [(i, grouped.PATH.pair_default(model, tuple(n for r in regions[i:i + 3] for n in r.nodes), target, sizes))
+             for i in pair_positions(model, regions)]
+    fused = [(i, k) for i, k in fused if k is not None]
+    if not fused:
+        raise UsageError(f"--pin pair=fused: {model.name} has no two grouped GEMMs of the same rows followed by a "
+                         f"node of both (gate, up, SwiGLU) that one grouped kernel computes on {target.name}")
+    out = list(kernels)
+    for i, k in reversed(fused):
+        out[i:i + 3] = [k]
+    return tuple(out)
 
 
 def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
@@ -133,7 +180,7 @@ def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
 # ----------------------------------------------------------------------------- pins
 
 
-PIN_KEYS = (*PIN_FIELDS, "rewrite")
+PIN_KEYS = (*PIN_FIELDS, "rewrite", "family", "pair")
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
@@ -191,7 +238,7 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             for name in PIN_FIELDS[k]:
                 if name in names:
                     changes[name] = _pin_value(kernel, name, key, value)
-        elif k != "rewrite":
+        elif k not in ("rewrite", "family", "pair"):
             raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
     # a block of more than a warp works on one row: a pinned thread count brings one row per block
     if "rows_per_block" in names and changes.get("threads", 32) != 32 \
@@ -234,6 +281,10 @@ def enumerate_plans(model: Model, target: Target, sizes: dict[str, int] | None =
                 continue
             kernels = (*defaults[:i], k, *defaults[i + 1:])
             yield make_plan(model, target, kernels, fixed)
+    for i in pair_positions(model, regions):  # gate, up and SwiGLU in one grouped kernel (`--pin pair=fused`)
+        base = grouped.PATH.pair_default(model, tuple(n for r in regions[i:i + 3] for n in r.nodes), target, s)
+        for k in grouped.PATH.variants(base, target) if base is not None else ():
+            yield make_plan(model, target, (*defaults[:i], k, *defaults[i + 3:]), fixed)
 
 
 __all__ = ["apply_pins", "concrete_sizes", "default_kernels", "default_plan", "enumerate_plans", "make_plan",

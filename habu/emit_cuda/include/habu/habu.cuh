@@ -12,6 +12,7 @@
 #include "sync/grid.cuh"
 #include "mma/sync.cuh"
 #include "grouped/schedule.cuh"
+#include "grouped/split.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "memory/tma.cuh"
 #include "sync/cluster.cuh"

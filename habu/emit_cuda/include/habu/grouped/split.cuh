@@ -1,0 +1,27 @@
+/** @brief An f32 operand staged for bf16 mma.sync as two parts (habu/lower/grouped.py, `a_parts`). */
+#pragma once
+#include "../types.cuh"
+
+namespace habu {
+
+/** @brief Eight consecutive floats (x then y) as two 16-byte chunks of packed bf16 pairs: hi = bf16(a) and
+ *  lo = bf16(a − hi). a − hi is exact in f32, so |a − hi − lo| ≤ 2^-17·|a| and hi·w + lo·w (w a bf16, each
+ *  product exact in the f32 accumulator) carries a to 16 significant bits. A non-finite a keeps lo = 0
+ *  (inf − inf would make it NaN). */
+__device__ __forceinline__ void split_bf16x8(float4 x, float4 y, uint4& hi, uint4& lo) {
+  const float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+  u32 h[4], l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const bf16 h0 = float_to_bf16(v[2 * i]), h1 = float_to_bf16(v[2 * i + 1]);
+    float r0 = v[2 * i] - bf16_to_float(h0), r1 = v[2 * i + 1] - bf16_to_float(h1);
+    if (r0 - r0 != 0.0f) r0 = 0.0f;  // inf or NaN
+    if (r1 - r1 != 0.0f) r1 = 0.0f;
+    h[i] = (u32)h0 | ((u32)h1 << 16);
+    l[i] = pack_bf16x2(r0, r1);
+  }
+  hi = make_uint4(h[0], h[1], h[2], h[3]);
+  lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+}  // namespace habu
