@@ -222,6 +222,8 @@ register_kind(ColumnLowering, KindProof(
     run=run_columns, box_selection=_columns_for_box,
     final_selection=lambda lw, sizes: column_selection(lw, sample_tiles(int(lw.tiles(sizes))), sizes),
     # its column tiles are independent, one class per (first, last, valid columns) as a contraction's tiles;
-    # its row splits (their count and the rows of the last) are checked at full size
-    tiled_axes=lambda name, lw: [TileAxis(name, "c", lw.c, lw.tile)] if lw.c else [],
-    frozen_extents=lambda lw: tuple(lw.leading)))
+    # over one leading axis its row splits are tiles of it too (the first, interior ones, the ragged last,
+    # each running the same row loop); rows flattened from several axes are checked at full size
+    tiled_axes=lambda name, lw: [TileAxis(name, "c", lw.c, lw.tile)] * bool(lw.c) + [
+        TileAxis(name, "r", lw.leading[0], lw.thread_map.rows_per_split)] * (len(lw.leading) == 1),
+    frozen_extents=lambda lw: tuple(lw.leading) if len(lw.leading) > 1 else ()))
