@@ -123,7 +123,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     out_col = "col"
     out_off = offset(out, None, out_col)
     decode = ""
-    final = f"for ({it} {out_col} = {c(lw.final_start(CExpr('tid')))}; {out_col} < {c(sizes[lw.c])}; {out_col} += {lw.final_step})"
+    final = f"for ({it} {out_col} = {c(lw.final_start(CExpr('tid')))}; {out_col} < {c(lw.columns(sizes))}; {out_col} += {lw.final_step})"
     if lw.combine == "atomic":
         store = f"habu::atomic_add_f({p_out} + ({out_off}), w);  // row splits add into the zeroed output"
         if lw.epilogue is not None:

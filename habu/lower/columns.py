@@ -40,7 +40,7 @@ VECTOR_BYTES = (4, 8, 16)
 class ColumnLowering(FlattenedRows):
     kernel: ColumnKernel
     leading: tuple[str, ...]  # the reduced (leading) extents, outermost first: rows are their flattening
-    c: str  # the column extent: the output's
+    c: str  # the column extent: the output's; "" for a scalar output (one column)
     op: str  # "sum" or "max"
     node: Equation  # the last node, its prologue nodes inlined; lhs renamed to c, the reduction variable to r
     loads: tuple[tuple[Load, Access], ...]  # every load of the body, once
@@ -68,7 +68,7 @@ class ColumnLowering(FlattenedRows):
 
     @property
     def extents(self) -> tuple[str, ...]:
-        return (self.c,)
+        return (self.c,) if self.c else ()
 
     @property
     def body(self) -> Expr:
@@ -101,8 +101,12 @@ class ColumnLowering(FlattenedRows):
         """Iterations of a thread's row loop: each loads `unroll` rows, G apart."""
         return self.thread_map.steps
 
+    def columns(self, sizes: Mapping[str, Any]) -> Any:
+        """The output's columns: #C, or 1 for a scalar output."""
+        return sizes[self.c] if self.c else 1
+
     def tiles(self, sizes: Mapping[str, Any]) -> Any:
-        return cdiv(sizes[self.c], self.tile)
+        return cdiv(self.columns(sizes), self.tile)
 
     def splits(self, sizes: Mapping[str, Any]) -> Any:
         return cdiv(self.rows(sizes), self.thread_map.rows_per_split)
@@ -166,6 +170,8 @@ class ColumnLowering(FlattenedRows):
         """"row-column" (reads [r c]), "column" (reads [c]) or "row" (reads [r])."""
         axes = tuple(p.axis for p in acc.positions)
         rows = self.row_axes
+        if not self.c:  # a scalar output: its loads read rows, or one value (its column's)
+            return {rows: "row", (): "column"}[axes]
         return {(*rows, "c"): "row-column", ("c",): "column", rows: "row"}[axes]
 
     def vectorized(self, acc: Access) -> bool:
@@ -191,12 +197,14 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
         raise ValueError(f"{eq.target} is not a reduction over the leading axis of its inputs")
     leading = tuple(v.extent for v in col.rs)
     rvs = tuple(IndexVar(a, e) for a, e in zip(row_axis_names(len(leading)), leading, strict=True))
-    cv = IndexVar("c", col.n.extent)
+    c_extent = col.n.extent if col.n is not None else ""  # "": a scalar output, one column
+    cv = IndexVar("c", c_extent)
     rhs = col.node.rhs
     assert isinstance(rhs, Reduce)
-    mapping = {col.n: cv, **dict(zip(col.rs, rvs, strict=True))}
-    node = Equation(eq.target, (cv,), Reduce(rhs.op, rvs, rename_vars(rhs.body, mapping)))
-    extent_of_axis = {**{v.name: v.extent for v in rvs}, "c": col.n.extent}
+    mapping = {**({col.n: cv} if col.n is not None else {}), **dict(zip(col.rs, rvs, strict=True))}
+    out_index = (cv,) if col.n is not None else ()
+    node = Equation(eq.target, out_index, Reduce(rhs.op, rvs, rename_vars(rhs.body, mapping)))
+    extent_of_axis = {**{v.name: v.extent for v in rvs}, "c": c_extent}
     axis_of = {**{v: v.name for v in rvs}, cv: "c"}
     loads: list[tuple[Load, Access]] = []
     for x in walk(node.rhs):
@@ -212,12 +220,12 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
             if isinstance(x, Load) and x.tensor != eq.target and not any(x == ld for ld, _ in epi_loads):
                 epi_loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
     stored = epilogue_nodes[-1].target if epilogue_nodes else eq.target
-    out = access_for(model.tensor(stored), (cv,), axis_of, extent_of_axis, storage)
+    out = access_for(model.tensor(stored), out_index, axis_of, extent_of_axis, storage)
     sizes = {e.name: e.size for e in model.extents}
     r_size = None if any(sizes[e] is None for e in leading) else row_count(leading, sizes)
     one_split = r_size is not None and -(-r_size // kernel.rows_per_split) <= 1
     # splits add (a Σ) or take the max (a max) atomically into an f32 output; elsewhere they store, and the
     # rules then ask for one split (`row-split-combine`)
     combine = "store" if one_split or out.dtype != "f32" else "atomic" if rhs.op == "sum" else "atomic-max"
-    return ColumnLowering(kernel, leading, col.n.extent, rhs.op, node, tuple(loads), out, combine,
+    return ColumnLowering(kernel, leading, c_extent, rhs.op, node, tuple(loads), out, combine,
                           kernel.index_width, *column_maps(kernel), epilogue, eq.target, tuple(epi_loads))

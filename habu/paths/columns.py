@@ -76,11 +76,15 @@ class ColumnsPath(KernelPath):
         stays below 2^31 elements."""
         col = as_column_reduction(column_node(model, region.nodes))
         assert col is not None
-        rows, cols = row_count(tuple(v.extent for v in col.rs), sizes), sizes[col.n.extent]
-        static = next((e.size for e in model.extents if e.name == col.n.extent), None)
-        wide = [dtype_bytes(model, x.tensor) for x in walk(col.node.rhs)
-                if isinstance(x, Load) and x.indices == (*col.rs, col.n)]
-        vec = max_vector(static, max(wide, default=4), multiples(model).get(col.n.extent, 1))
+        rows = row_count(tuple(v.extent for v in col.rs), sizes)
+        if col.n is None:  # a scalar output: one column, one value a thread, the rows split over the grid
+            cols, wide, vec = 1, [], 1
+        else:
+            cols = sizes[col.n.extent]
+            static = next((e.size for e in model.extents if e.name == col.n.extent), None)
+            wide = [dtype_bytes(model, x.tensor) for x in walk(col.node.rhs)
+                    if isinstance(x, Load) and x.indices == (*col.rs, col.n)]
+            vec = max_vector(static, max(wide, default=4), multiples(model).get(col.n.extent, 1))
         out_f32 = dtype_of(model, region.output) == "f32"
         base = default_kernel(region.nodes, rows, cols, max(wide, default=4), out_f32, col.op, vec, target, 32)
         wide_rows = rows + base.rows_per_split + base.threads * base.unroll  # the rows a thread computes
@@ -114,7 +118,7 @@ class ColumnsPath(KernelPath):
         row's loads move, against BYTES_IN_FLIGHT_PER_SM), times the balance of blocks over SMs (a last
         wave that leaves SMs idle), plus the splits' atomic adds and the launch."""
         k, c = lw.kernel, target.ceilings
-        R, C = lw.rows(sizes), sizes[lw.c]
+        R, C = lw.rows(sizes), lw.columns(sizes)
         moved, per_row = 0.0, 0
         for _, acc in lw.loads:
             e = DTYPES[acc.dtype].bytes

@@ -68,7 +68,7 @@ class RowsPath(KernelPath):
         # a runtime width is cached when its widest row (the extent's `hi`) fits
         cache = max(cols, extent.hi if static is None else cols) * eb <= ROW_CACHE_BYTES
         if cache and static is None and not self.cache_fits(model, kernel(threads, rows), extent, target, sizes):
-            cache = False  # the smem-budget rule counts the widest element any load reads (an f32 per-row rstd)
+            cache = False  # the kept row at the widest width overflows shared memory (the smem-budget rule)
         share = 1
         # a static row too long for one block is shared by a cluster of blocks, about 32768 columns and
         # 512 threads each, its part kept in registers (H200, 2026-12-01, 2048 x 131072 bf16: softmax
@@ -116,17 +116,18 @@ class RowsPath(KernelPath):
                 yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=True)
 
     def smem_bytes(self, lowering: RowLowering, sizes: dict[str, int] | None = None) -> int:  # type: ignore[override]
-        """The cached row's part of a block (0 when the row is not cached or its length unknown)."""
-        k = lowering.kernel
-        if not k.cache_row or sizes is None:
+        """The cached row's part of a block (0 when the row is not cached, no row is kept, or its length
+        is unknown): the kept row's element type, as the smem-budget rule and the emitter count it."""
+        k, kept = lowering.kernel, lowering.kept_row()
+        if not k.cache_row or kept is None or sizes is None:
             return 0
-        e = max((DTYPES[a.dtype].bytes for _, a in lowering.loads), default=4)
+        e = DTYPES[kept.dtype].bytes
         return e * sizes[lowering.c] * k.rows_per_block // k.cluster
 
     def cache_fits(self, model: Model, kernel: RowKernel, extent: Extent, target: Target,
                    sizes: dict[str, int]) -> bool:
         """Whether `kernel`'s cached row fits the target's shared memory at the widest row of the
-        runtime `extent` (as the smem-budget rule counts it: the widest element any load reads)."""
+        runtime `extent` (as the smem-budget rule counts it: the kept row's element type)."""
         widest = dict(sizes) | {extent.name: extent.hi}
         return self.smem_bytes(lower_rows(model, kernel), widest) <= target.smem_per_block
 

@@ -402,7 +402,7 @@ class ColumnReduction:
 
     node: Equation
     rs: tuple[IndexVar, ...]
-    n: IndexVar
+    n: IndexVar | None  # None: a scalar output (`da = Σ n dY[n] · x[n]`), a column reduction of one column
     op: str
 
 
@@ -418,22 +418,26 @@ def _reduced_vars(rhs: Reduce) -> tuple[str, tuple[IndexVar, ...], Expr]:
 
 def as_column_reduction(eq: Equation) -> ColumnReduction | None:
     """Recognise a column reduction (the column family's node), or None. A node that reads its own
-    result (an in-place update) is not one: row splits add into the output while others read it."""
+    result (an in-place update) is not one: row splits add into the output while others read it. A
+    scalar output (`da = Σ n dT[n] · x[n]`, every load reading the rows `[n]` or a scalar) is a column
+    reduction of one column: its rows split over the grid, the splits added atomically, where the
+    general family would reduce them all in one thread (a scalar load, `a[]`, is then its column's)."""
     rhs = eq.rhs
-    if len(eq.lhs) != 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max"):
+    if len(eq.lhs) > 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max"):
         return None
     op, vs, body = _reduced_vars(rhs)
-    (n,) = eq.lhs
+    n = eq.lhs[0] if eq.lhs else None
     if n in vs or len(set(vs)) != len(vs) or any(isinstance(x, Reduce) for x in walk(body)):
         return None
     loads = _reads(body)
-    full = [ld for ld in loads if len(ld.indices) == len(vs) + 1 and ld.indices[-1] == n
-            and set(ld.indices[:-1]) == set(vs)]
+    cols = (n,) if n is not None else ()
+    full = [ld for ld in loads if len(ld.indices) == len(vs) + len(cols) and ld.indices[len(vs):] == cols
+            and set(ld.indices[:len(vs)]) == set(vs)]
     if not full:
         return None
-    rs = tuple(full[0].indices[:-1])  # the rows' order: the first row-column load's
+    rs = tuple(full[0].indices[:len(vs)])  # the rows' order: the first row-column load's
     for ld in loads:
-        if ld.tensor == eq.target or ld.indices not in ((*rs, n), (n,), rs):
+        if ld.tensor == eq.target or ld.indices not in ((*rs, *cols), cols, rs):
             return None
     node = eq if len(vs) == len(rhs.vars) else Equation(eq.target, eq.lhs, Reduce(op, vs, body), eq.scatter)
     return ColumnReduction(node, rs, n, op)

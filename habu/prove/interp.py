@@ -210,7 +210,11 @@ def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values:
           owned: np.ndarray | None = None, where=None) -> None:
     offsets, mask, bad = _offsets(kernel, access, coords, sizes, mem, width, "writes", where)
     mask = mask & ~bad  # a store outside the tensor never lands in it
-    values = np.broadcast_to(values, mask.shape)
+    # the lanes: the coordinates' shape, or the values' where the access reads no coordinate (a scalar
+    # output stored by each of the lanes that computed it)
+    shape = np.broadcast_shapes(mask.shape, np.shape(values), np.shape(owned) if owned is not None else ())
+    mask, offsets = np.broadcast_to(mask, shape), np.broadcast_to(offsets, shape)
+    values = np.broadcast_to(values, shape)
     if access.tensor not in mem.written:
         mem.written[access.tensor] = WrittenTensor(access.tensor, int(access.numel(sizes)), mem.field.p, accumulate)
     if owned is not None:

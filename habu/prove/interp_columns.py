@@ -78,7 +78,7 @@ def _epilogue(name: str, lw: ColumnLowering, value: np.ndarray, col: np.ndarray,
 def _final_pass(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, tiles: list[int]) -> None:
     """The last block's pass: its threads' columns (`final_start`, `final_step`) of the tiles run, each
     read from the combined buffer, put through the epilogue and stored."""
-    C = sizes[lw.c]
+    C = lw.columns(sizes)
     tid = np.arange(lw.thread_map.threads, dtype=np.int64)[:, None]
     q = np.arange(-(-C // max(1, lw.final_step)) + 1, dtype=np.int64)[None, :]
     visited = (np.asarray(lw.final_start(tid), dtype=np.int64) + q * lw.final_step).ravel()
@@ -190,7 +190,7 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     values = np.where(unwritten, mem.poison(read_slots + 7919 * tile), smem[safe])
     combined = _reduce(f, lw.op, values, np.ones(values.shape, bool), (0,), merge=True)
     col = np.asarray(lw.tile_column(tile, j), dtype=np.int64)
-    owned = (col >= tile * lw.tile) & (col < (tile + 1) * lw.tile) & (col < sizes[lw.c])
+    owned = (col >= tile * lw.tile) & (col < (tile + 1) * lw.tile) & (col < lw.columns(sizes))
     merge = {"atomic": True, "atomic-max": "max"}.get(lw.combine, False)  # added, maxed, or stored
     if lw.final_pass and lw.epilogue is not None:  # the last block computes the epilogue from these
         write(name, _combined_buffer(lw), {"c": col}, combined, sizes, mem, lw.index_width, merge, owned, where)
@@ -208,7 +208,7 @@ def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, i
     the sum of its splits'), and the columns they cover."""
     splits = int(lw.splits(sizes))
     blocks = [(t, s) for t in tiles for s in range(splits)]
-    cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, sizes[lw.c])) for t in tiles]))
+    cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, lw.columns(sizes))) for t in tiles]))
     return blocks, (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
 
 
@@ -222,6 +222,8 @@ register_kind(ColumnLowering, KindProof(
     run=run_columns, box_selection=_columns_for_box,
     final_selection=lambda lw, sizes: column_selection(lw, sample_tiles(int(lw.tiles(sizes))), sizes),
     # its column tiles are independent, one class per (first, last, valid columns) as a contraction's tiles;
-    # its row splits (their count and the rows of the last) are checked at full size
-    tiled_axes=lambda name, lw: [TileAxis(name, "c", lw.c, lw.tile)],
-    frozen_extents=lambda lw: tuple(lw.leading)))
+    # over one leading axis its row splits are tiles of it too (the first, interior ones, the ragged last,
+    # each running the same row loop); rows flattened from several axes are checked at full size
+    tiled_axes=lambda name, lw: [TileAxis(name, "c", lw.c, lw.tile)] * bool(lw.c) + [
+        TileAxis(name, "r", lw.leading[0], lw.thread_map.rows_per_split)] * (len(lw.leading) == 1),
+    frozen_extents=lambda lw: tuple(lw.leading) if len(lw.leading) > 1 else ()))

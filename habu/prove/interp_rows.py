@@ -246,6 +246,13 @@ def _map_final(lw: MapLowering, sizes: Mapping[str, int]) -> tuple[object, tuple
 
 register_kind(RowLowering, KindProof(run=run_rows, final_selection=_rows_final, box_selection=_rows_for_box,
                                      tiled_axes=_rows_axes))
-# a map kernel's lanes run over the flattened shape: the witness keeps its extents
+def _map_axes(name: str, lw: MapLowering) -> list[TileAxis]:
+    # a 1-D map's flattened shape is its one extent: its blocks tile it by threads·vector elements
+    return [TileAxis(name, "e0", lw.extents[0], lw.per_block)] if len(lw.extents) == 1 else []
+
+
+# a map kernel's lanes run over the flattened shape: the witness keeps the extents of an N-D one; a 1-D
+# one's blocks are tiles of its extent (the first, interior ones, the ragged last: `_map_axes`)
 register_kind(MapLowering, KindProof(run=run_map, final_selection=_map_final, box_selection=flat_blocks,
-                                     frozen_extents=lambda lw: lw.extents))
+                                     tiled_axes=_map_axes,
+                                     frozen_extents=lambda lw: lw.extents if len(lw.extents) != 1 else ()))

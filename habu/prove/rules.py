@@ -428,8 +428,11 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
                      detail=f"{k.rows_per_block} rows per block of {k.threads} threads each")
     yield Obligation(R["threads"], name, None, f"{threads} threads per block ≤ {ctx.target.max_threads_per_block}",
                      threads <= ctx.target.max_threads_per_block, detail=f"{threads} threads")
-    if k.cache_row:
-        e = max((ctx.dtype_bytes(a) for _, a in lw.loads), default=4)
+    kept = lw.kept_row()
+    if k.cache_row and kept is not None:
+        # the emitter keeps the one kept row, as its own element type (emit_rows `_kernel`): not the
+        # widest of every load (a second row tensor, an f32 per-row value), and nothing with no row kept
+        e = ctx.dtype_bytes(kept)
         cached = e * s[lw.c] * k.rows_per_block / k.cluster
         part = f"/{k.cluster}" if k.cluster > 1 else ""
         yield Obligation(R["smem-budget"], name, None,

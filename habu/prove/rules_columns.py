@@ -34,7 +34,7 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
     )
 
     k, s, t = lw.kernel, ctx.ext, ctx.target
-    axes = {**{a: (s[e], 1) for a, e in zip(lw.row_axes, lw.leading, strict=True)}, "c": (s[lw.c], 1)}
+    axes = {**{a: (s[e], 1) for a, e in zip(lw.row_axes, lw.leading, strict=True)}, "c": (lw.columns(s), 1)}
     for _ld, acc in lw.loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
     for _ld, acc in lw.epi_loads:
@@ -87,4 +87,4 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
         for _ld, acc in lw.loads:
             if lw.kind_of(acc) == "row-column":
                 yield _lanes(name, f"{acc.tensor}'s offset row·#{lw.c} + column at the last row and column a "
-                                   "thread computes (masked or not)", last_row * s[lw.c] + last_col)
+                                   "thread computes (masked or not)", last_row * lw.columns(s) + last_col)

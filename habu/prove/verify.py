@@ -106,8 +106,22 @@ class Certificate:
 # ----------------------------------------------------------------------------- which elements
 
 
+def _covers(a: np.ndarray, b: np.ndarray) -> bool:
+    """`a` is a run of consecutive integers (an `arange`) that holds every element of `b`."""
+    return len(a) > 0 and int(a[-1]) - int(a[0]) + 1 == len(a) and (
+        len(b) == 0 or (int(b.min()) >= int(a[0]) and int(b.max()) <= int(a[-1])))
+
+
 def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
-    return b if a is None else np.union1d(a, b)
+    """The sorted union of two boxes' coordinates (each sorted and unique): without sorting them again
+    where one already holds the other (a full extent's `arange`, sixteen million long for a 1-D model)."""
+    if a is None:
+        return b
+    if _covers(a, b):
+        return a
+    if _covers(b, a):
+        return b
+    return np.union1d(a, b)
 
 
 def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int]

@@ -112,3 +112,23 @@ def test_a_fused_prologue_passes_the_exact_check(tmp_path):
         assert [k.kind for k in built.plan.kernels] == kinds
         result = ExactChecker(built.model, built.sizes, seed=13).check(built.compiled, kept_types(built.plan))
         assert result.ok and result.applicable, result.reason()
+
+
+SCALAR = ("{n} EXTENT: #N\nf32 TENSOR: x ( #N )  bf16 TENSOR: y ( #N )  f32 TENSOR: d ( )\n"
+          "MODEL: DOT  d = {rhs} ;\n")
+
+
+@pytest.mark.parametrize("n,rhs,pins", [("1000003", "Σ n x[n] · y[n]", {}),
+                                         ("5000", "max n x[n] · y[n]", {"rows_per_split": "700"}),
+                                         ("77", "Σ n x[n]", {})])
+def test_a_scalar_output_split_over_the_grid_passes_the_exact_check(n, rhs, pins, tmp_path):
+    """A scalar reduction (AXPY-RELU's da = Σ n dT2[n] · x[n]) as a column reduction of one column: row
+    splits added (or maxed) atomically into the zeroed output, twice in a row."""
+    path = tmp_path / "dot.habu"
+    path.write_text(SCALAR.format(n=n, rhs=rhs))
+    built = build(str(path), "DOT", {}, pins)
+    assert [k.kind for k in built.plan.kernels] == ["columns"]
+    checker = ExactChecker(built.model, built.sizes, seed=3)
+    for _ in range(2):
+        result = checker.check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, result.reason()

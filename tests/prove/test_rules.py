@@ -432,3 +432,27 @@ def test_the_int32_rule_evaluates_the_row_kernels_thread_map():
     assert all(o.status == "proved" for o in fine), [(o.statement, o.status) for o in fine]
     far = replace(lw, thread_map=replace(lw.thread_map, chunk_stride=2**31))
     assert any(o.status == "violated" and "chunk index" in o.statement for o in lanes(far))
+
+
+ROW_WITH_F32_SCALE = """4 EXTENT: #R   65536 EXTENT: #D
+bf16 TENSOR: X ( #R #D )   f32 TENSOR: s ( #R )   bf16 TENSOR: Y ( #R #D )
+MODEL: SCALED-RMS  Y[r d] = X[r d] · s[r] · rsqrt( Σ d' X[r d'] · X[r d'] / #D + 0.000001 ) ;
+"""
+
+
+def test_regression_rows_smem_rule_counts_the_kept_row_not_the_widest_load():
+    """The kept bf16 row of 65536 columns (128 KiB) fits a block; the rule counted the f32 per-row
+    value's 4 bytes for every column (256 KiB) and refused the plan."""
+    from dataclasses import replace
+
+    from habu.lower.rows import lower_rows
+    from habu.paths.rows import PATH
+
+    model = parse_text(ROW_WITH_F32_SCALE).models["SCALED-RMS"]
+    plan = default_plan(model, TARGETS["sm_90a"])
+    cached = replace(plan.kernels[0], threads=256, cache_row=True, rows_per_block=1, cluster=1, prefetch=False)
+    plan = replace(plan, kernels=(cached,))
+    smem = [o for o in obligations(model, plan) if o.rule.name == "smem-budget"]
+    assert smem and not failures(smem), [o.statement for o in smem]
+    assert "2·#D" in smem[0].statement
+    assert PATH.smem_bytes(lower_rows(model, cached), {"R": 4, "D": 65536}) == 2 * 65536
