@@ -227,9 +227,10 @@ def test_an_import_is_one_transaction_a_bad_fourth_entry_commits_nothing(tmp_pat
         assert b.import_(tmp_path / "four.json") == 4 and len(b.entries()) == 4
 
 
-def test_regression_plans_ls_failed_whole_when_one_stored_row_was_bad(tmp_path, capsys):
+def test_regression_plans_ls_failed_whole_when_one_stored_row_was_bad(tmp_path, capsys, monkeypatch):
     """One corrupt record (or a plan with a field this Habu does not know) made `habu plans ls`
     fail for the whole database: now the good entries are listed and each bad one is a warning."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # xdist's workers have COLUMNS=80: ids cut to "…"
     from habu.cli_plans import plans_ls
     from habu.plan.plan import MapKernel, Plan
 

@@ -161,11 +161,12 @@ def test_the_stream_keeps_every_gpu_busy_and_keeps_the_fastest_plan(cluster, tmp
     model, sizes = model_of(GGEMM, SHAPE)
     t0 = time.monotonic()
     with PlanDB(tmp_path / "db.sqlite") as db:
-        # 20 s: the region's 115,120 candidates take 6-7 s to enumerate and cost on a 2-core machine
-        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=20.0), timer=pool,
+        # 30 s: the region's 115,120 candidates take 6-7 s to enumerate and cost on a 2-core machine, and
+        # CI runs another test process beside this one (20 s timed 3 plans there)
+        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=30.0), timer=pool,
                         executor=RayExecutor()).run()
         stored = db.get(result.key).records
-    assert time.monotonic() - t0 < 20.0 + 20.0
+    assert time.monotonic() - t0 < 30.0 + 20.0
     st = result.stats
     assert submitted and st.timed >= 5 and st.failed == 0, st
     assert len(result.timeline) == st.timed
