@@ -1,4 +1,4 @@
-"""z3's global context, made whole before any proof runs; a solver check that passes Ctrl-C on.
+"""z3's global context, made whole before any proof runs; Ctrl-C never swallowed by z3.
 
 z3 builds its global context lazily, on the first term or solver. A Ctrl-C that lands inside that
 constructor (it is slow on a loaded machine) leaves a half-built `Context` without its `owner`
@@ -46,4 +46,9 @@ def check(solver: z3.Solver) -> z3.CheckSatResult:
     return result
 
 
+# z3's own Ctrl-C handler (installed around each check) cancels the check, but when the check finishes
+# anyway the Ctrl-C is gone: `habu search` once ran its whole 60 s budget after a Ctrl-C (CI, two test
+# processes on two cores). Off, Python's handler keeps the signal and raises KeyboardInterrupt as the check
+# returns: never lost, and late by at most one query (each has a 10 s limit, habu.prove.obligation).
+z3.set_param("ctrl_c", False)
 MAIN_CONTEXT = make_main_context()
