@@ -75,6 +75,19 @@ def test_inputs_are_nonzero_small_integers_and_the_reference_is_exact(k, dtype, 
     assert np.array_equal(ref["C"], exact.astype(np.float64))
 
 
+def test_regression_a_scalar_outputs_exact_reference_has_its_declared_shape():
+    """The evaluator holds a scalar as shape (1,); the device buffer is shape (): the exact check compared
+    the two and raised "d: shape () != (1,)" on the H200 for every scalar reduction."""
+    text = "5 EXTENT: #N\nf32 TENSOR: x ( #N )\nf32 TENSOR: d ( )\nMODEL: DOT  d = Σ n x[n] ;\n"
+    model = parse(text).models["DOT"]
+    sizes = {"N": 5}
+    inputs = integer_inputs(model, sizes, applicability(model, sizes).value_range, 1)
+    ref = exact_reference(model, sizes, inputs)
+    assert ref["d"].shape == () and ref["d"] == inputs["x"].astype(np.float64).sum()
+    got = to_bits(ref["d"], "f32")
+    assert compare_outputs({"d": got}, {"d": got.copy()}, {"d": "f32"}) is None
+
+
 def test_index_tensors_are_in_range_with_duplicates():
     model = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
     sizes = {"M": 50, "N": 8, "K": 16}
