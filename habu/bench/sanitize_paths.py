@@ -47,6 +47,18 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "map": ("fused.habu", "AXPY-RELU", {"N": 4100}, {}),
     "columns-splits": ("bias_grad.habu", "BIAS-GRAD", {"R": 300, "N": 200}, {}),
     "columns-one-split": ("bias_grad.habu", "BIAS-GRAD", {"R": 300, "N": 1001}, {"rows_per_split": "300"}),
+    "general": ("../tests/data/general_corpus/gather_expert.habu", "EXPERTS", {}, {}),
+    "wgmma-batched": ("bmm.habu", "SCORES", {"B": 3, "I": 130, "J": 200, "D": 64}, {}),
+    "wgmma-batched-persistent": ("bmm.habu", "SCORES", {"B": 3, "I": 130, "J": 200, "D": 64},
+                                 {"persistent": "true"}),
+    "wgmma-cluster2": ("ggemm.habu", "GGEMM", {"M": 512, "N": 512, "K": 512},
+                       {"cluster": "2", "tile": "128x256x64", "stages": "3"}),
+    "rows-cluster": ("softmax.habu", "SOFTMAX-ROWS", {"R": 4, "C": 16384}, {"row_cluster": "2", "threads": "512"}),
+    "scatter": ("scatter_add.habu", "UNPERMUTE", {"R": 300, "T": 100, "N": 200}, {}),
+    "grouped": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300}, {}),
+    "grouped-combine": ("../tests/data/grouped_scatter.habu", "COMBINE-BF16", {"T": 50, "R": 300},
+                        {"family": "grouped"}),
+    "attention": ("attention.habu", "ATTENTION-GQA", {}, {}),
 }
 TOOLS = ("memcheck", "racecheck", "synccheck")
 
