@@ -53,7 +53,6 @@ from habu.spec.ir import (
     TensorDecl,
     fold_ops,
     index_subexprs,
-    loads,
     map_ops,
     node_reads,
     scatter_gathers,
@@ -161,11 +160,6 @@ def derive(model: Model, wrt: Iterable[str] | None = None, policy: SavePolicy | 
         if inputs[n].is_index:
             raise HabuError(f"{n} is an index tensor (ITENSOR): its values select elements, and {model.name} "
                             "has no gradient by it")
-    for eq in model.nodes:  # issue 22: the backward model would not read LEN (a refusal, not a traceback)
-        for x in walk(eq.rhs):
-            if isinstance(x, Compare) and any(isinstance(i, Gather) for i in x.index_exprs()):
-                raise HabuError(f"{model.name}: a gradient through a condition reading an index tensor "
-                                f"({eq.target}'s mask) is not supported yet")
     fwd = hoist_statistics(model)
     return _Deriver(fwd, tuple(names), policy).run()
 
@@ -569,12 +563,14 @@ def _assemble(fwd: Model, name: str, nodes: list[Equation], decls: dict[str, Ten
 def _reads_in_order(eq: Equation) -> list[str]:
     """The tensors a node reads, in order of first appearance (a scatter's target and gathers last)."""
     out: dict[str, None] = {}
-    for ld in loads(eq.rhs):
-        out.setdefault(ld.tensor)
-        for ix in ld.indices:
-            for sub in index_subexprs(ix):
-                if isinstance(sub, Gather):
-                    out.setdefault(sub.tensor)
+    for x in walk(eq.rhs):
+        if isinstance(x, Load):
+            out.setdefault(x.tensor)
+        if isinstance(x, Load | Compare):  # a condition's indices read index tensors too (j < LEN[b])
+            for ix in (x.indices if isinstance(x, Load) else x.index_exprs()):
+                for sub in index_subexprs(ix):
+                    if isinstance(sub, Gather):
+                        out.setdefault(sub.tensor)
     if eq.scatter is not None:
         out.setdefault(eq.target)
         for g in scatter_gathers(eq):

@@ -57,3 +57,21 @@ def test_moe_ffn_backward_matches_the_float64_reference_at_small_sizes():
     for name in ("dX", "dW1", "dW3", "dW2", "dP"):
         g = compare(got[name], want[name], 1e-4)  # f32 gradients, f32 accumulation
         assert g.unwritten == 0 and g.ok, (name, g)
+
+
+def test_decode_attention_backward_with_its_length_mask_matches_the_float64_reference():
+    """The backward reads LEN in its conditions (j < LEN[b]): keys past a sequence's length get no gradient."""
+    compiled, built = _built(ROOT / "examples" / "decode_attention.habu", "DECODE-ATTENTION-GRAD", {})
+    model = compiled.model
+    sizes = {e.name: e.size for e in model.extents}
+    inputs = make_inputs(model, sizes, seed=5)
+    inputs["LEN"] = torch.tensor([0, 1, 100, sizes["J"]], dtype=inputs["LEN"].dtype, device="cuda")
+    inputs["R2"] = inputs["R2"].abs() + 1  # a softmax's sum (the saved forward value) is positive
+    want = reference(model, inputs, sizes)
+    got = built(**{k: v.clone() for k, v in inputs.items()}, **poisoned_outputs(model, sizes))
+    torch.cuda.synchronize()
+    plan = compiled.plans[0]
+    for name in ("dQ", "dK", "dV"):
+        g = compare(got[name], want[name], tolerance(model, dict(plan.storage)))
+        assert g.unwritten == 0 and g.ok, (name, g)
+    assert not got["dK"][1, :, 1:].float().abs().sum() and not got["dV"][0].float().abs().sum()
