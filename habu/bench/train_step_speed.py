@@ -1,0 +1,105 @@
+"""FFN-SKIP forward + backward (issue 21's training-step target): Habu's forward and derived backward
+kernels (`habu.build(..., grad=True)`, save policy auto) against torch eager autograd and torch.compile
+of the same block, in the same run, bf16 parameters and activations.
+
+    python -m habu.bench.train_step_speed [--tokens 128,4096] [--json out.json]
+
+One step is `y = block(x, w1, b1, w2, b2); y.backward(dy)` with every input requiring a gradient (x too,
+as inside a network). Before timing, each side's gradients are compared with an f32 torch reference
+(relative Frobenius error); a Habu step whose gradient is off by more than 5e-2 is reported and not
+timed. Goal (issue 21): ≥ 1.2× torch eager and ≥ 1.0× torch.compile at 128 and 4096 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+SIZES = {"D": 4096, "H": 14336}
+GRAD_RTOL = 5e-2
+
+
+def torch_block(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+    """FFN-SKIP as a torch user writes it: LINEAR, GELU (erf), LINEAR, the residual, RMSNorm."""
+    import torch.nn.functional as F
+
+    h = F.gelu(x @ w1 + b1) @ w2 + b2 + x
+    return F.rms_norm(h, (h.shape[-1],), eps=1e-6)
+
+
+def inputs_for(tokens: int, seed: int) -> list[Any]:
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    d, h = SIZES["D"], SIZES["H"]
+    shapes = [((tokens, d), 1.0), ((d, h), d ** -0.5), ((1, h), 0.1), ((h, d), h ** -0.5), ((1, d), 0.1)]
+    return [(torch.randn(s, generator=g, device="cuda") * scale).to(torch.bfloat16).requires_grad_()
+            for s, scale in shapes]
+
+
+def grads(step: Any, tensors: list[Any], dy: Any) -> list[Any]:
+    for t in tensors:
+        t.grad = None
+    step(*tensors).backward(dy)
+    return [t.grad for t in tensors]
+
+
+def rel_error(got: Any, want: Any) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+def measure(tokens: int) -> dict[str, Any]:
+    import torch
+
+    import habu
+    from habu.timing.harness import time_cuda
+
+    row: dict[str, Any] = {"tokens": tokens, **SIZES}
+    t0 = time.time()
+    block = habu.build(EX / "ffn_skip.habu", "FFN-SKIP", grad=True, trials=1, B=tokens)
+    row["build_s"] = round(time.time() - t0, 1)
+    sets = [inputs_for(tokens, 100 + i) for i in range(2)]
+    dys = [torch.randn((tokens, SIZES["D"]), device="cuda").to(torch.bfloat16) for _ in sets]
+    reference = grads(lambda *a: torch_block(*[t.float() for t in a]),
+                      [t.detach().clone().requires_grad_() for t in sets[0]], dys[0].float())
+    compiled = torch.compile(torch_block)
+    sides = {"habu": block, "torch eager": torch_block, "torch.compile": compiled}
+    for name, step in sides.items():
+        errs = [rel_error(g, r) for g, r in zip(grads(step, sets[0], dys[0]), reference, strict=True)]
+        row[f"{name} grad rel error"] = max(errs)
+    if row["habu grad rel error"] > GRAD_RTOL:
+        row["failed"] = f"a gradient differs from the f32 reference by {row['habu grad rel error']:.2e}"
+        return row
+    for name, step in sides.items():
+        row[f"{name} us"] = time_cuda(lambda i, step=step: grads(step, sets[i], dys[i]), len(sets))["median_us"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="128,4096")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    rows = [measure(int(t)) for t in args.tokens.split(",")]
+    print("FFN-SKIP forward + backward, D 4096, H 14336, bf16 (µs, median of CUDA events)")
+    print(f"{'tokens':>6} {'habu':>9} {'eager':>9} {'compile':>9} {'× eager':>8} {'× compile':>9}  grad errors")
+    failed = False
+    for r in rows:
+        if "failed" in r:
+            failed = True
+            print(f"{r['tokens']:>6} FAILED: {r['failed']}")
+            continue
+        h, e, c = r["habu us"], r["torch eager us"], r["torch.compile us"]
+        print(f"{r['tokens']:>6} {h:9.1f} {e:9.1f} {c:9.1f} {e / h:8.2f} {c / h:9.2f}  "
+              f"habu {r['habu grad rel error']:.1e}, eager {r['torch eager grad rel error']:.1e} (build {r['build_s']} s)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
