@@ -196,6 +196,15 @@ def test_short_k_loops_over_many_tiles_default_to_persistent_blocks():
     assert not default(SCORES, B=1, I=256, J=256, D=128, out="bf16").persistent  # fewer tiles than 4 waves
 
 
+def test_a_persistent_default_keeps_one_stage_past_its_k_loop():
+    """H200, 2026-12-02 (same run): the scores above, 2 k tiles, 128x256 persistent: 88.0 µs with 3 stages,
+    93.5-96.2 µs with 4 (torch.bmm 88.4 µs): the ring runs on across tiles, one stage past the k loop is enough."""
+    (k,) = default_plan(model_of(SCORES, B=32, I=2048, J=2048, D=128, out="bf16"), TARGET).kernels
+    assert k.persistent and k.stages == 3
+    (k,) = default_plan(model_of(SCORES, B=32, I=2048, J=2048, D=256, out="bf16"), TARGET).kernels
+    assert k.persistent and k.stages == 4  # 4 k tiles: the path's own depth already fits
+
+
 SHARED_WEIGHT = """{B} EXTENT: #B  {I} EXTENT: #I  {N} EXTENT: #N  {D} EXTENT: #D
 bf16 TENSOR: X ( #B #I #D )  bf16 TENSOR: W ( #N #D )  f32 TENSOR: Y ( #B #I #N )
 MODEL: LIN  Y[b i n] = {body} ;
