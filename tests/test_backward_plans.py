@@ -74,9 +74,10 @@ def test_regression_rmsnorm_backward_compiles_without_shape():
     plans, proofs = compile_set(program, model, cell_ranges(grid.cells()[-1]), {}, target_named("sm_90a"), {}, 1,
                                 None)
     assert all(p.ok for p in proofs) and not plans[-1].guards
-    # the rule now counts the element type of the row kept (bf16 dX: 2·65536 bytes), so the row is cached
-    # (test_regression_rows_smem_rule_counts_the_kept_row_not_the_widest_load)
-    assert plans[0].kernels[0].cache_row
+    # the rule counts the element type of the rows kept (test_regression_rows_smem_rule_counts_the_kept_row_not_
+    # the_widest_load): both of dY and X at 65536 columns (2 · 2·65536 bytes) overflow the block's shared memory,
+    # so this bucket's default reads them from memory (narrower buckets keep both: test_row_backward_keeps_dy_and_x_on_chip)
+    assert not plans[0].kernels[0].cache_row
 
 
 def test_moe_ffn_backward_compiles_and_proves_at_small_sizes():
@@ -118,3 +119,17 @@ def test_regression_an_elementwise_node_reading_through_a_gather_is_a_general_ke
     (plan,) = compiled.plans
     assert {k.nodes: k.kind for k in plan.kernels}[("dX",)] == "general"
     assert any("p_IX" in k.source for k in emit(compiled.proofs[0], target).kernels)
+
+
+@pytest.mark.parametrize("path,name,extent,width", [("rmsnorm.habu", "RMSNORM-ROWS", "D", 4096),
+                                                    ("softmax.habu", "SOFTMAX-ROWS", "C", 16384)])
+def test_row_backward_keeps_dy_and_x_on_chip(path, name, extent, width):
+    # the backward's one row kernel read dY and X twice, once in the pass Σ dY·X (Σ dY·softmax) and once to
+    # store dX (RMSNorm 67% of copy bandwidth on the H200, softmax 36%): the row cache kept one tensor's row
+    # only; it now keeps both, loaded together before the pass, in registers at these widths
+    program, bw_name = backward_program(load_program(EXAMPLES[0].parent / path), name, None, "auto")
+    shape = {"R": 8192, extent: width}
+    model = bind_shape(program.model(bw_name), shape)
+    (lw,) = lower_plan(model, default_plan(model, target_named("sm_90a"), shape, {}))
+    assert [a.tensor for a in lw.kept_rows()] == ["dY", "X"] and lw.loaded_before == (0, 0)
+    assert lw.register_chunks(shape) > 0

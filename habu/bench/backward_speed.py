@@ -69,6 +69,9 @@ def measure(path: str, name: str, width_extent: str, rows: int, width: int, targ
     def torch_fn(a: Any) -> Any:
         return F.rms_norm(a, (width,), eps=1e-6) if name.startswith("RMSNORM") else torch.softmax(a, dim=-1)
 
+    # torch.compile donates the saved buffers of a backward it expects to run once: the timing runs it again
+    # (retain_graph), which raised there (RMSNorm at 16384 columns, H200, 2026-12-01)
+    torch._functorch.config.donated_buffer = False
     xe = x.clone().requires_grad_()
     ye = torch_fn(xe)
     xc = x.clone().requires_grad_()

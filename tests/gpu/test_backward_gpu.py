@@ -57,3 +57,25 @@ def test_moe_ffn_backward_matches_the_float64_reference_at_small_sizes():
     for name in ("dX", "dW1", "dW3", "dW2", "dP"):
         g = compare(got[name], want[name], 1e-4)  # f32 gradients, f32 accumulation
         assert g.unwritten == 0 and g.ok, (name, g)
+
+
+@pytest.mark.parametrize("path,name,shape,pins", [
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {}),  # dY and X in registers
+    ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 64, "C": 16384}, {}),
+    ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 64, "C": 4000}, {"threads": "128"}),  # both in shared memory
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {"threads": "32"}),  # 4 warp rows a block, in smem
+])
+def test_row_backward_keeping_dy_and_x_on_chip_matches_the_float64_reference(path, name, shape, pins):
+    tgt = target_named(current_arch())
+    program = with_backward(load_program(ROOT / "examples" / path), name)
+    compiled = compile_model(program, name, shape, tgt, pins, trials=1)
+    members = [emit(p, tgt) for p in compiled.proofs]
+    assert "rows of dY, X kept in" in members[0].kernels[0].source
+    built = CompiledModel(compiled.model, kernel_set(compiled, members), arch=tgt.name)
+    model = compiled.model.with_sizes(shape)
+    inputs = make_inputs(model, shape, seed=5)
+    got = built(**inputs, **poisoned_outputs(model, shape))
+    torch.cuda.synchronize()
+    got = got["dX"] if isinstance(got, dict) else got
+    g = compare(got, reference(model, inputs, shape)["dX"], tolerance(model, dict(compiled.plans[0].storage)))
+    assert g.unwritten == 0 and g.ok, (shape, pins, g)
