@@ -133,3 +133,21 @@ def test_row_backward_keeps_dy_and_x_on_chip(path, name, extent, width):
     (lw,) = lower_plan(model, default_plan(model, target_named("sm_90a"), shape, {}))
     assert [a.tensor for a in lw.kept_rows()] == ["dY", "X"] and lw.loaded_before == (0, 0)
     assert lw.register_chunks(shape) > 0
+
+
+def test_regression_qwen3_moe_backward_picks_64_bit_indices_where_32_cannot_hold():
+    # the weight gradients dW1[E[r] h d] += dTgate[r h]·X[IX[r] d] are general kernels over R·H·D = 262144·768·2048
+    # elements (each tensor is below 2^31): their 32-bit thread index passed 2^31 − 1, and the backward was refused
+    # ("no plan ... is valid for every size of its runtime extents"); the default now takes 64-bit indices there
+    from habu.lower import GeneralLowering
+    from habu.prove.rules import failures, guards, obligations
+
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "moe_qwen3_30b_a3b.habu"), "MOE-FFN", None,
+                                     "auto")
+    model = bind_shape(program.model(name), {})
+    plan = default_plan(model, target_named("sm_90a"), {}, {})
+    wide = {k.nodes[0]: k.index_width for k, lw in zip(plan.kernels, lower_plan(model, plan), strict=True)
+            if isinstance(lw, GeneralLowering)}
+    assert wide["dW1"] == wide["dW3"] == wide["dW2"] == 64 and wide["dX"] == 32, wide
+    obs = obligations(model, plan)
+    assert not failures(obs) and not guards(obs), [o.detail for o in failures(obs) + guards(obs)]
