@@ -75,7 +75,12 @@ def measure(path: str, name: str, width_extent: str, rows: int, width: int, targ
 
     # torch.compile donates the saved buffers of a backward it expects to run once: the timing runs it again
     # (retain_graph), which raised there (RMSNorm at 16384 columns, H200, 2026-12-01)
-    torch._functorch.config.donated_buffer = False
+    try:
+        import torch._functorch.config as functorch_config
+
+        functorch_config.donated_buffer = False
+    except (ImportError, AttributeError):  # a torch without the setting donates nothing
+        pass
     xe = x.clone().requires_grad_()
     ye = torch_fn(xe)
     xc = x.clone().requires_grad_()
