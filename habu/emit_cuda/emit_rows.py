@@ -44,7 +44,7 @@ from habu.lower.lanes import ChunkLoop, RowCache
 from habu.lower.rows import RowLoads, canonical_reduction, registers_per_thread, row_registers
 from habu.lower.support import ROWS
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size
+from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size, walk
 
 # registers a row kernel may spend keeping a pass's per-column values for the final pass
 HELD_REGISTER_CAP = 160
@@ -284,10 +284,10 @@ def _load_row(row: _Row, which: tuple[int, ...] = (0,)) -> str:
   }}"""
     sync = "__syncwarp();" if row.warp_rows else "__syncthreads();"
     if row.loop.vector > 1:
-        raw = (lambda j: "raw") if not several else (lambda j: f"raw{j}")
-        body = "\n".join(f"    const uint4 {raw(j)} = {load(j)};" for j in which)
+        raw = [f"raw{j}" if several else "raw" for j in range(len(row.kept_rows))]
+        body = "\n".join(f"    const uint4 {raw[j]} = {load(j)};" for j in which)
         stores = "\n".join(f"#pragma unroll\n    for (int q = 0; q < {row.loop.vector}; ++q) "
-                           f"row_cache[{row.slot('g', 'q', j)}] = habu::chunk_element<{row.word}>({raw(j)}, q);"
+                           f"row_cache[{row.slot('g', 'q', j)}] = habu::chunk_element<{row.word}>({raw[j]}, q);"
                            for j in which)
         return f"""{_chunk_head(row)}
 {body}
@@ -400,7 +400,7 @@ def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
     # of them (its values are in registers), or after the last pass
     first_reads_row = bool(hoisted.bodies) and row.kept is not None and any(
         isinstance(x, Load) and x in RowLoads(row.lw) and RowLoads(row.lw)[x] == row.kept
-        for x in _loads(hoisted.bodies[0][0]))
+        for x in walk(hoisted.bodies[0][0]))
     for index, (body, declarations) in enumerate(hoisted.bodies):
         load = _load_row(row, _loaded_before(row, index))
         out += [load] if load else []
@@ -415,12 +415,6 @@ def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
     load = _load_row(row, _loaded_before(row, len(hoisted.bodies)))
     out += [load] if load else []
     return out, issue_next
-
-
-def _loads(e: Expr) -> list[Load]:
-    from habu.spec.ir import walk
-
-    return [x for x in walk(e) if isinstance(x, Load)]
 
 
 def _issue_next(row: _Row) -> str:
