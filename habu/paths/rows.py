@@ -62,14 +62,6 @@ class RowsPath(KernelPath):
             fewer //= 2
         if in_registers(fewer) and not in_registers(threads):
             threads = fewer
-        # several kept rows (dY and X of a backward) in registers whose block fills the SM's registers: one
-        # block an SM does not overlap its loads with its arithmetic, and no prefetch copies several rows;
-        # half the threads with twice the chunks each, where the rows stay in registers and two blocks fit
-        several = lower_rows(model, kernel(threads))
-        if len(several.kept_rows()) > 1 and several.one_block_per_sm(sizes) and threads > 32:
-            half = lower_rows(model, kernel(threads // 2))
-            if half.register_chunks(sizes) and not half.one_block_per_sm(sizes):
-                threads //= 2
         # short rows: a warp per row, four rows per block, no block-wide barriers (softmax at 4096 columns
         # took 59.5 µs this way, 37.6 with 128 threads per row: only rows of at most 32 chunks)
         rows = 4 if threads == 32 else 1
