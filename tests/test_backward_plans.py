@@ -86,9 +86,10 @@ def test_regression_rmsnorm_backward_compiles_without_shape():
     plans, proofs = compile_set(program, model, cell_ranges(grid.cells()[-1]), {}, target_named("sm_90a"), {}, 1,
                                 None)
     assert all(p.ok for p in proofs) and not plans[-1].guards
-    # the rule now counts the element type of the row kept (bf16 dX: 2·65536 bytes), so the row is cached
-    # (test_regression_rows_smem_rule_counts_the_kept_row_not_the_widest_load)
-    assert plans[0].kernels[0].cache_row
+    # the rule counts the element type of the rows kept (test_regression_rows_smem_rule_counts_the_kept_row_not_
+    # the_widest_load): both of dY and X at 65536 columns (2 · 2·65536 bytes) overflow the block's shared memory,
+    # so this bucket's default reads them from memory (narrower buckets keep both: test_row_backward_keeps_dy_and_x_on_chip)
+    assert not plans[0].kernels[0].cache_row
 
 
 def test_moe_ffn_backward_compiles_and_proves_at_small_sizes():
@@ -130,3 +131,35 @@ def test_regression_an_elementwise_node_reading_through_a_gather_is_a_general_ke
     (plan,) = compiled.plans
     assert {k.nodes: k.kind for k in plan.kernels}[("dX",)] == "general"
     assert any("p_IX" in k.source for k in emit(compiled.proofs[0], target).kernels)
+
+
+@pytest.mark.parametrize("path,name,extent,width", [("rmsnorm.habu", "RMSNORM-ROWS", "D", 4096),
+                                                    ("softmax.habu", "SOFTMAX-ROWS", "C", 16384)])
+def test_row_backward_keeps_dy_and_x_on_chip(path, name, extent, width):
+    # the backward's one row kernel read dY and X twice, once in the pass Σ dY·X (Σ dY·softmax) and once to
+    # store dX (RMSNorm 67% of copy bandwidth on the H200, softmax 36%): the row cache kept one tensor's row
+    # only; it now keeps both, loaded together before the pass, in registers at these widths
+    program, bw_name = backward_program(load_program(EXAMPLES[0].parent / path), name, None, "auto")
+    shape = {"R": 8192, extent: width}
+    model = bind_shape(program.model(bw_name), shape)
+    (lw,) = lower_plan(model, default_plan(model, target_named("sm_90a"), shape, {}))
+    assert [a.tensor for a in lw.kept_rows()] == ["dY", "X"] and lw.loaded_before == (0, 0)
+    assert lw.register_chunks(shape) > 0
+
+
+def test_regression_qwen3_moe_backward_picks_64_bit_indices_where_32_cannot_hold():
+    # the weight gradients dW1[E[r] h d] += dTgate[r h]·X[IX[r] d] are general kernels over R·H·D = 262144·768·2048
+    # elements (each tensor is below 2^31): their 32-bit thread index passed 2^31 − 1, and the backward was refused
+    # ("no plan ... is valid for every size of its runtime extents"); the default now takes 64-bit indices there
+    from habu.lower import GeneralLowering
+    from habu.prove.rules import failures, guards, obligations
+
+    program, name = backward_program(load_program(EXAMPLES[0].parent / "moe_qwen3_30b_a3b.habu"), "MOE-FFN", None,
+                                     "auto")
+    model = bind_shape(program.model(name), {})
+    plan = default_plan(model, target_named("sm_90a"), {}, {})
+    wide = {k.nodes[0]: k.index_width for k, lw in zip(plan.kernels, lower_plan(model, plan), strict=True)
+            if isinstance(lw, GeneralLowering)}
+    assert wide["dW1"] == wide["dW3"] == wide["dW2"] == 64 and wide["dX"] == 32, wide
+    obs = obligations(model, plan)
+    assert not failures(obs) and not guards(obs), [o.detail for o in failures(obs) + guards(obs)]

@@ -3,9 +3,11 @@ plan of the backward model, `--save auto`: RMSNorm reads its per-row rstd, softm
 sum) against torch autograd and torch.compile of the same, and the fraction of copy bandwidth: a copy
 moving as many bytes as the backward must read and write (x, dy, the saved rows, dx) against its time.
 
-    python -m habu.bench.backward_speed [--rows 8192] [--widths 4096,16384] [--json out.json]
+    python -m habu.bench.backward_speed [--rows 8192] [--widths 4096,16384] [--variants threads=256,threads=1024]
+                                        [--json out.json]
 
-Every line also gives dx's error against torch autograd in float32 (relative, Frobenius).
+Every line also gives dx's error against torch autograd in float32 (relative, Frobenius). `--variants`
+also times the backward under each pinned plan choice (proven like the default; one pin each).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ EX = Path(__file__).resolve().parents[2] / "examples"
 CASES = [("rmsnorm.habu", "RMSNORM-ROWS", "D"), ("softmax.habu", "SOFTMAX-ROWS", "C")]
 
 
-def build(path: str, name: str, sizes: dict[str, int], target: str) -> tuple[Any, Any, Any]:
+def build(path: str, name: str, sizes: dict[str, int], target: str, pins: dict[str, str] | None = None
+          ) -> tuple[Any, Any, Any]:
     """The backward (auto policy) of `name` and the compiled kernels of its forward-with-saved-values
-    and of its backward model, at `sizes`."""
+    and of its backward model (under `pins`), at `sizes`."""
     from habu.compile import compile_model
     from habu.emit_cuda.guards import KernelSet
     from habu.emit_cuda.runtime import CompiledModel
@@ -38,13 +41,14 @@ def build(path: str, name: str, sizes: dict[str, int], target: str) -> tuple[Any
         key = f"{derived.name}-{tag}"
         program.models[key] = derived
         program.model_spans[key] = program.model_spans[name]
-        compiled = compile_model(program, key, sizes, tgt, {}, trials=1)
+        compiled = compile_model(program, key, sizes, tgt, (pins or {}) if tag == "BWD" else {}, trials=1)
         members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
         kernels.append(CompiledModel(compiled.model, KernelSet(members), arch=tgt.name))
     return bw, kernels[0], kernels[1]
 
 
-def measure(path: str, name: str, width_extent: str, rows: int, width: int, target: str) -> dict[str, Any]:
+def measure(path: str, name: str, width_extent: str, rows: int, width: int, target: str,
+            variants: tuple[str, ...] = ()) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -69,6 +73,14 @@ def measure(path: str, name: str, width_extent: str, rows: int, width: int, targ
     def torch_fn(a: Any) -> Any:
         return F.rms_norm(a, (width,), eps=1e-6) if name.startswith("RMSNORM") else torch.softmax(a, dim=-1)
 
+    # torch.compile donates the saved buffers of a backward it expects to run once: the timing runs it again
+    # (retain_graph), which raised there (RMSNorm at 16384 columns, H200, 2026-12-01)
+    try:
+        import torch._functorch.config as functorch_config
+
+        functorch_config.donated_buffer = False
+    except (ImportError, AttributeError):  # a torch without the setting donates nothing
+        pass
     xe = x.clone().requires_grad_()
     ye = torch_fn(xe)
     xc = x.clone().requires_grad_()
@@ -92,6 +104,16 @@ def measure(path: str, name: str, width_extent: str, rows: int, width: int, targ
                       ("copy", lambda _: dst.copy_(src))):
         row[f"{label}_us"] = time_cuda(fn, 1, reps=50)["median_us"]
     row["copy_fraction"] = row["copy_us"] / row["habu_us"]
+    for pin in variants:  # the same backward under one pinned plan choice
+        key, value = pin.split("=", 1)
+        try:
+            plan_back = build(path, name, sizes, target, {key: value})[2]
+            result = plan_back(**inputs)
+            got_v = (result[grad_name] if isinstance(result, dict) else result).float()
+            row[f"{pin}_dx_rel_error"] = float((got_v - want).norm() / want.norm())
+            row[f"{pin}_us"] = time_cuda(lambda _, b=plan_back: b(**inputs), 1, reps=50)["median_us"]
+        except Exception as exc:  # a pin the plan refuses
+            row[f"{pin}_error"] = f"{type(exc).__name__}: {exc}"[:200]
     row["over_autograd"] = row["torch_autograd_us"] / row["habu_us"]
     row["over_compile"] = row["torch_compile_us"] / row["habu_us"]
     return row
@@ -102,13 +124,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--widths", default="4096,16384")
     ap.add_argument("--target", default="sm_90a")
+    ap.add_argument("--variants", default="", help="pinned plan choices to time as well, comma-separated")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = []
     for path, name, extent in CASES:
         for width in (int(w) for w in args.widths.split(",")):
             try:
-                row = measure(path, name, extent, args.rows, width, args.target)
+                row = measure(path, name, extent, args.rows, width, args.target,
+                              tuple(v for v in args.variants.split(",") if v))
             except Exception as exc:  # one case that cannot run must not hide the others
                 row = {"model": name, "width": width, "error": f"{type(exc).__name__}: {exc}"}
                 print(f"{name:<14} {width:>6} ERROR {row['error'][:300]}", flush=True)
@@ -117,6 +141,12 @@ def main() -> None:
                       f"({row['copy_fraction']:.0%} of copy bandwidth)  torch autograd {row['torch_autograd_us']:8.1f} "
                       f"µs ({row['over_autograd']:.2f}x)  torch.compile {row['torch_compile_us']:8.1f} µs "
                       f"({row['over_compile']:.2f}x)  dx error {row['dx_rel_error']:.1e}", flush=True)
+                for pin in (v for v in args.variants.split(",") if v):
+                    if f"{pin}_us" in row:
+                        print(f"    {pin}: {row[pin + '_us']:8.1f} µs ({row['copy_us'] / row[pin + '_us']:.0%} of copy) "
+                              f"dx error {row[pin + '_dx_rel_error']:.1e}", flush=True)
+                    else:
+                        print(f"    {pin}: {row.get(pin + '_error')}", flush=True)
             results.append(row)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -30,6 +30,8 @@ from habu.spec.parser import load_program
 from habu.target import TARGETS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# RMSNorm's derived backward at a static width (habu grad's output): a row kernel keeping two rows
+BACKWARD_ROWS = "../tests/data/rmsnorm_backward.habu"
 
 
 def _drop_mask(acc: Access, axis: str) -> Access:
@@ -431,6 +433,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "elements share a slot (a bank-conflict fix with its stride off by one chunk)", "softmax.habu",
            "SOFTMAX-ROWS", {"R": 8, "C": 1000}, _r(lambda lw: replace(lw, cache=replace(lw.cache, lane_pad=-1))),
            {"threads": "128"}),
+    Mutant("row-kept-rows-share-slots", "a row kernel keeping two rows in shared memory (dY and X of RMSNorm's "
+           "backward) writes the second over the first's slots: dY's row reads X's values", BACKWARD_ROWS,
+           "RMSNORM-ROWS-GRAD-1", {"R": 8, "D": 1000}, _r(lambda lw: replace(lw, cache=replace(lw.cache, row_step=0))),
+           {"threads": "128"}),
+    Mutant("row-kept-row-read-before-load", "a row kernel keeping dY and X in registers loads X only after the "
+           "reduction pass that reads it (Σ dY·X reads registers no load has filled)", BACKWARD_ROWS,
+           "RMSNORM-ROWS-GRAD-1", {"R": 8, "D": 4096},
+           _r(lambda lw: replace(lw, loaded_before=(*lw.loaded_before[:-1], len(lw.passes))))),
     Mutant("row-passes-out-of-order", "softmax's sum pass runs before its max pass and reads a max no pass has "
            "computed yet", "softmax.habu", "SOFTMAX-ROWS", {"R": 8, "C": 1000},
            _r(lambda lw: replace(lw, passes=tuple(reversed(lw.passes))))),

@@ -39,11 +39,12 @@ from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower import RowLowering
 from habu.lower.access import Access
+from habu.lower.flatten import is_row_axis
 from habu.lower.lanes import ChunkLoop, RowCache
 from habu.lower.rows import RowLoads, canonical_reduction, registers_per_thread, row_registers
 from habu.lower.support import ROWS
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size
+from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size, walk
 
 # registers a row kernel may spend keeping a pass's per-column values for the final pass
 HELD_REGISTER_CAP = 160
@@ -55,9 +56,12 @@ CACHE_WORD = {"bf16": "unsigned short", "f16": "unsigned short"}
 
 
 def _row_only(e: Expr) -> bool:
-    """`e` has one value per row: constants, sizes and reductions over the row, no column's load."""
+    """`e` has one value per row: constants, sizes, reductions over the row and loads of a per-row value
+    (a saved statistic R1[r] of a backward), no column's load."""
     if isinstance(e, (Const, Size, Reduce)):
         return True
+    if isinstance(e, Load):
+        return bool(e.indices) and all(isinstance(i, IndexVar) and is_row_axis(i.name) for i in e.indices)
     return isinstance(e, Op) and all(_row_only(a) for a in e.args)
 
 
@@ -115,8 +119,13 @@ class _Row:
     sizes: SizeView
     loop: ChunkLoop  # the column loop every pass runs
     cache: RowCache | None  # the kept row's place in shared memory (None: in registers, or not kept)
-    kept: Access | None  # the load whose row is kept on chip
+    kept: Access | None  # the load whose row is kept on chip (the first, where several are)
     red_names: dict[Expr, str] = field(default_factory=dict)
+
+    @property
+    def kept_rows(self) -> tuple[Access, ...]:
+        """Every kept row, in the lowering's order (kept row k: `regs{k}` in registers, its cache slots)."""
+        return self.lw.kept_rows()
 
     @property
     def it(self) -> str:
@@ -145,10 +154,16 @@ class _Row:
         """The C of the column (in the row) of element q of chunk g."""
         return self.cb + c(self.loop.column(CExpr(g), CExpr(q) if isinstance(q, str) else q))
 
-    def slot(self, g: str, q: str | int) -> str:
+    def slot(self, g: str, q: str | int, k: int = 0) -> str:
+        """The cache slot of element q of chunk g of kept row k."""
         assert self.cache is not None
         lane = CExpr(f"({self.it}){q}") if isinstance(q, str) else q
-        return c(self.cache.slot(CExpr(g), lane, self.loop))
+        return c(self.cache.place(k, CExpr(g), lane, self.loop))
+
+    def cached(self, k: int) -> str:
+        """Kept row k's element at the column loop's `slot` (row 0's slot; row k's start after it)."""
+        assert self.cache is not None
+        return "row_cache[slot]" if k == 0 else f"row_cache[{c(self.cache.row_base(k, self.loop))} + slot]"
 
     def offset(self, acc: Access, coord: dict[str, str]) -> str:
         return access_offset(acc, coord, self.sizes, self.lw.index_width, lambda t, x: "0")
@@ -216,8 +231,9 @@ def _leaf(row: _Row):
         if ld.tensor.startswith(HELD):
             return f"held{ld.tensor[len(HELD):]}[i][q]"
         acc = loads[ld]
-        if row.kept is not None and acc == row.kept:
-            raw = f"habu::chunk_element<{row.word}>(regs[i], q)" if row.loop.unrolled else "row_cache[slot]"
+        k = row.lw.kept_index(acc)
+        if k is not None:
+            raw = f"habu::chunk_element<{row.word}>({_regs(k)}[i], q)" if row.loop.unrolled else row.cached(k)
             return {"bf16": f"habu::bf16_to_float({raw})", "f16": f"habu::f16_to_float({raw})"}.get(acc.dtype, raw)
         coord = row.at("r", "col")
         p = row.sig.pointer(acc.tensor, acc.dtype)
@@ -232,40 +248,70 @@ def _render(row: _Row, e: Expr) -> str:
 # ----------------------------------------------------------------------------- the row's load
 
 
-def _load_row(row: _Row) -> str:
-    """The kept row loaded on chip: its chunks into registers (or read back from the prefetched copy),
-    or into the shared-memory cache at the lowering's slots; empty when nothing is kept."""
-    acc, k, it = row.kept, row.lw.kernel, row.it
-    if acc is None:
+def _regs(k: int) -> str:
+    """The register array of kept row k's chunks."""
+    return "regs" if k == 0 else f"regs{k}"
+
+
+def _load_row(row: _Row, which: tuple[int, ...] = (0,)) -> str:
+    """The kept rows `which` loaded on chip, together: their chunks into registers (or read back from
+    the prefetched copy), or into the shared-memory cache at the lowering's slots; empty when nothing is
+    kept."""
+    k, it = row.lw.kernel, row.it
+    if row.kept is None or not which:
         return ""
-    p = row.sig.pointer(acc.tensor, acc.dtype)
-    at = row.at("r", row.column("g", 0))
     n = row.loop.unrolled
     if k.prefetch:
         return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
   uint4 regs[{n}];  // this thread's chunks of the row: the ones it copied itself
 #pragma unroll
   for (int i = 0; i < {n}; ++i) regs[i] = next_row[{c(row.loop.chunk(CExpr('tid'), CExpr('i')))}];"""
-    load = f"habu::load16_or_zero({p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)})"
+
+    def load(j: int) -> str:
+        acc = row.kept_rows[j]
+        p = row.sig.pointer(acc.tensor, acc.dtype)
+        at = row.at("r", row.column("g", 0))
+        return f"habu::load16_or_zero({p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)})"
+
+    several = len(row.kept_rows) > 1
     if n:
-        return f"""  uint4 regs[{n}];  // this thread's chunks of the row, loaded together
-{_chunk_head(row)}
-    regs[i] = {load};
+        decl = "".join(f"  uint4 {_regs(j)}[{n}];  // this thread's chunks of "
+                       + (f"{row.kept_rows[j].tensor}'s row" if several else "the row") + ", loaded together\n"
+                       for j in which)
+        body = "\n".join(f"    {_regs(j)}[i] = {load(j)};" for j in which)
+        return f"""{decl}{_chunk_head(row)}
+{body}
   }}"""
     sync = "__syncwarp();" if row.warp_rows else "__syncthreads();"
     if row.loop.vector > 1:
+        raw = [f"raw{j}" if several else "raw" for j in range(len(row.kept_rows))]
+        body = "\n".join(f"    const uint4 {raw[j]} = {load(j)};" for j in which)
+        stores = "\n".join(f"#pragma unroll\n    for (int q = 0; q < {row.loop.vector}; ++q) "
+                           f"row_cache[{row.slot('g', 'q', j)}] = habu::chunk_element<{row.word}>({raw[j]}, q);"
+                           for j in which)
         return f"""{_chunk_head(row)}
-    const uint4 raw = {load};
-#pragma unroll
-    for (int q = 0; q < {row.loop.vector}; ++q) row_cache[{row.slot('g', 'q')}] = habu::chunk_element<{row.word}>(raw, q);
+{body}
+{stores}
   }}
   {sync}"""
     at = row.at("r", "col")
+
+    def element(j: int) -> str:
+        acc = row.kept_rows[j]
+        p = row.sig.pointer(acc.tensor, acc.dtype)
+        return (f"    row_cache[{row.slot('g', 0, j)}] = ({access_mask(acc, at, row.sizes)}) ? "
+                f"{p}[{row.offset(acc, at)}] : ({row.word})0;")
+    body = "\n".join(element(j) for j in which)
     return f"""{_chunk_head(row)}
     const {it} col = {row.column('g', 0)};
-    row_cache[{row.slot('g', 0)}] = ({access_mask(acc, at, row.sizes)}) ? {p}[{row.offset(acc, at)}] : ({row.word})0;
+{body}
   }}
   {sync}"""
+
+
+def _loaded_before(row: _Row, index: int) -> tuple[int, ...]:
+    """The kept rows the lowering loads just before pass `index` (len(passes): before the store)."""
+    return tuple(k for k, at in enumerate(row.lw.loaded_before) if at == index)
 
 
 def _copy_row(row: _Row, r: str) -> str:
@@ -340,7 +386,7 @@ def _hoist(row: _Row) -> _Passes:
     n, vec = row.loop.unrolled, row.loop.vector
     if n and not lw.per_row:
         room = (min(registers_per_thread(lw.thread_map.threads, lw.thread_map.rows), HELD_REGISTER_CAP)
-                - row_registers(n)) // (n * vec)
+                - row_registers(n * len(lw.kept_rows()))) // (n * vec)
         computed = {_render(row, b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
         final = _reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
     return _Passes(bodies, final, final_consts, held)
@@ -348,14 +394,16 @@ def _hoist(row: _Row) -> _Passes:
 
 def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
     """The load and every reduction pass, and the next row's copy if no pass issued it yet."""
-    out = [s for s in (_load_row(row),) if s]
+    out: list[str] = []
     issue_next = _issue_next(row)
     # the copy overwrites the chunks this thread read: issued once the first pass has used every one
     # of them (its values are in registers), or after the last pass
     first_reads_row = bool(hoisted.bodies) and row.kept is not None and any(
         isinstance(x, Load) and x in RowLoads(row.lw) and RowLoads(row.lw)[x] == row.kept
-        for x in _loads(hoisted.bodies[0][0]))
+        for x in walk(hoisted.bodies[0][0]))
     for index, (body, declarations) in enumerate(hoisted.bodies):
+        load = _load_row(row, _loaded_before(row, index))
+        out += [load] if load else []
         if declarations:
             out.append(declarations.rstrip("\n"))
         if index in hoisted.held:
@@ -364,13 +412,9 @@ def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
         after = issue_next if index == 0 and first_reads_row else ""
         issue_next = "" if after else issue_next
         out.append(_reduction_pass(row, index, body, index in hoisted.held, after))
+    load = _load_row(row, _loaded_before(row, len(hoisted.bodies)))
+    out += [load] if load else []
     return out, issue_next
-
-
-def _loads(e: Expr) -> list[Load]:
-    from habu.spec.ir import walk
-
-    return [x for x in walk(e) if isinstance(x, Load)]
 
 
 def _issue_next(row: _Row) -> str:
@@ -489,7 +533,7 @@ def _assemble(row: _Row, name: str) -> str:
 {issue_next}{cluster_end}  }}
 }}
 """
-    cache_len = c(lw.columns(row.sizes))
+    cache_len = c(lw.columns(row.sizes) * len(row.kept_rows)) if len(row.kept_rows) > 1 else c(lw.columns(row.sizes))
     return f"""{_prologue(row, name)}  {row.word}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
 {_row_start(row)}{red_decl}
 {chr(10).join(passes)}
@@ -503,7 +547,7 @@ def _kernel(name: str, row: _Row, src: str, static: dict[str, int]) -> CudaKerne
     lw, share = row.lw, row.share
     params = tuple(row.sig.params)
     block = lw.thread_map.threads * lw.thread_map.rows
-    e_in = DTYPES[row.kept.dtype].bytes if row.kept is not None else 4
+    e_in = DTYPES[row.kept.dtype].bytes * len(row.kept_rows) if row.kept is not None else 4
     if lw.kernel.prefetch:  # the next row's part, in flight
         return CudaKernel(name, src, params, block, e_in * lw.columns(row.sizes), lw, cluster=share)
     if row.cache is None:
@@ -519,7 +563,9 @@ def emit_rows(name: str, model: Model, lw: RowLowering, static: dict[str, int]) 
     k = lw.kernel
     kept = ""
     if row.kept is not None:
-        kept = f", row of {row.kept.tensor} kept in {'shared memory' if row.cache else 'registers'} as {row.kept.dtype}"
+        names = ", ".join(a.tensor for a in row.kept_rows)
+        kept = (f", row{'s' if len(row.kept_rows) > 1 else ''} of {names} kept in "
+                f"{'shared memory' if row.cache else 'registers'} as {row.kept.dtype}")
     src = header(f"{name}: row kernel, {k.threads} threads per row"
                  + (f" in each of a cluster of {row.share} blocks" if row.share > 1 else "")
                  + f", {k.vector} elements per access",

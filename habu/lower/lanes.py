@@ -91,19 +91,39 @@ class RowCache:
     """Where element q of chunk g of a block's part of the row sits in the shared-memory copy of the
     row: `permuted` (16-byte chunks), slot q·(G + `lane_pad`) + g with G the part's chunks, so that
     consecutive threads write consecutive words (no bank conflicts); else slot g·vector + q, the
-    column itself. `lane_pad` is nonzero only in planted bugs."""
+    column itself. `lane_pad` is nonzero only in planted bugs.
+
+    The cache holds `rows` kept rows one after the other (RMSNorm's backward keeps dY and X): kept row
+    k's slots start at k·`row_step`·L, L = G·vector the slots of one row (`row_length`); `row_step` is
+    1 (0 only in planted bugs: every kept row written over the first's slots)."""
 
     permuted: bool
     lane_pad: int = 0
+    rows: int = 1
+    row_step: int = 1
 
     def slot(self, g: Any, q: Any, loop: ChunkLoop) -> Any:
         if self.permuted:
             return q * (loop.end + self.lane_pad) + g
         return loop.column(g, q)
 
+    def row_length(self, loop: ChunkLoop) -> Any:
+        """The slots one kept row takes: the part's chunks times their elements (its columns)."""
+        return loop.end * loop.vector
+
+    def row_base(self, k: int, loop: ChunkLoop) -> Any:
+        """Where kept row k's slots start (k ≥ 1)."""
+        return k * self.row_step * self.row_length(loop)
+
+    def place(self, k: int, g: Any, q: Any, loop: ChunkLoop) -> Any:
+        """The slot of element q of chunk g of kept row k (row 0: `slot` itself)."""
+        if k == 0:
+            return self.slot(g, q, loop)
+        return self.row_base(k, loop) + self.slot(g, q, loop)
+
     def last_slot(self, loop: ChunkLoop) -> Any:
-        """The largest slot a thread's loop indexes (its last chunk's last element)."""
-        return self.slot(loop.last_chunk(), loop.vector - 1, loop)
+        """The largest slot a thread's loop indexes (its last chunk's last element, of the last kept row)."""
+        return self.place(self.rows - 1, loop.last_chunk(), loop.vector - 1, loop)
 
 
 @dataclass(frozen=True)

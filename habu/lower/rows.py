@@ -46,10 +46,11 @@ def row_registers(chunks: int) -> int:
 
 
 def register_row_fit(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int,
-                     passes: int = 1) -> tuple[int, str]:
+                     passes: int = 1, kept: int = 1) -> tuple[int, str]:
     """The 16-byte chunks of its row each thread keeps in registers, and "", or 0 and why the row
-    does not stay in registers: the row (static `cols`) splits evenly into at most 16 chunks per
-    thread (8 when `passes` > 1 read it), and `row_registers` fit what the launch bounds leave."""
+    does not stay in registers: the row (static `cols`) splits evenly, the chunks of all `kept` rows
+    are at most 16 per thread (8 when `passes` > 1 read them), and `row_registers` fit what the launch
+    bounds leave."""
     if not isinstance(cols, int):
         return 0, "the row's width is known only at run time"
     if vector * elem_bytes != 16:
@@ -57,20 +58,22 @@ def register_row_fit(cols: object, threads: int, vector: int, rows_per_block: in
     if cols % (threads * vector):
         return 0, f"{cols} columns are not whole chunks of {threads} threads × {vector} elements"
     chunks = cols // (threads * vector)
+    total = chunks * kept
     most = MAX_REGISTER_CHUNKS if passes <= 1 else MAX_REGISTER_CHUNKS_REREAD
-    if chunks > most:
+    rows = f" ({chunks} of each of {kept} kept rows)" if kept > 1 else ""
+    if total > most:
         reread = " (several passes read the row)" if passes > 1 else ""
-        return 0, f"{chunks} chunks of 16 bytes a thread, more than {most}{reread}"
-    need, have = row_registers(chunks), registers_per_thread(threads, rows_per_block)
+        return 0, f"{total} chunks of 16 bytes a thread{rows}, more than {most}{reread}"
+    need, have = row_registers(total), registers_per_thread(threads, rows_per_block)
     if need > have:
-        return 0, f"{chunks} chunks a thread need about {need} registers; {threads} threads have {have} each"
+        return 0, f"{total} chunks a thread{rows} need about {need} registers; {threads} threads have {have} each"
     return chunks, ""
 
 
 def register_row_chunks(cols: object, threads: int, vector: int, rows_per_block: int, elem_bytes: int,
-                        passes: int = 1) -> int:
+                        passes: int = 1, kept: int = 1) -> int:
     """The 16-byte chunks of its row each thread keeps in registers, or 0 (`register_row_fit`)."""
-    return register_row_fit(cols, threads, vector, rows_per_block, elem_bytes, passes)[0]
+    return register_row_fit(cols, threads, vector, rows_per_block, elem_bytes, passes, kept)[0]
 
 
 # element types a kept row moves in 16-byte vectors of (bf16 and f16 as 8, f32 as 4)
@@ -171,6 +174,9 @@ class RowLowering(FlattenedRows):
     # habu/plan/buckets.py) a row kept in registers is sized for the widest, hi (the chunks past a
     # narrower row's end are masked, as a static row's tail is); over a wider range it is not kept there
     width_range: tuple[int, int] | None = None
+    # kept row k (`kept_rows`) is loaded on chip just before pass `loaded_before[k]` runs (len(passes):
+    # before the final store), and read from there by every later pass: the first pass that reads it
+    loaded_before: tuple[int, ...] = ()
 
     @property
     def chunk(self) -> int:
@@ -228,15 +234,22 @@ class RowLowering(FlattenedRows):
         return inline_region(self.nodes[-1].rhs, {eq.target: eq for eq in self.nodes[:-1]})
 
     def kept_row(self) -> Access | None:
-        """With `cache_row`: the one tensor whose row the passes read again (x of softmax, RMSNorm),
-        kept on chip between them, as the load reads it; None when nothing is kept."""
+        """With `cache_row`: the first kept row (`kept_rows`; every kept row has its element type), or
+        None when nothing is kept."""
+        return self._kept[0] if self._kept else None
+
+    def kept_rows(self) -> tuple[Access, ...]:
+        """With `cache_row`: the rows the passes read again, kept on chip between them, as their loads
+        read them: the one tensor read as a whole row (x of softmax, RMSNorm), or, where several are
+        (dY and X of RMSNorm's backward), each one a reduction pass reads, when they share one element
+        type; () when nothing is kept."""
         return self._kept
 
     @cached_property
-    def _kept(self) -> Access | None:
+    def _kept(self) -> tuple[Access, ...]:
         expr = self.expression()
         if not self.kernel.cache_row or not reduction_passes(expr):
-            return None
+            return ()
         loads = RowLoads(self)
         row = [*self.row_axes, "c"]  # an N-D row: the leading axes in order, then the column
 
@@ -245,8 +258,23 @@ class RowLowering(FlattenedRows):
                 return [p.kind for p in acc.positions] == ["axis", "axis"]
             return [p.kind for p in acc.positions] == ["axis"] * len(row) and [p.axis for p in acc.positions] == row
 
-        rows = [x for x in walk(expr) if isinstance(x, Load) and x in loads and whole_row(loads[x])]
-        return loads[rows[0]] if rows and len({x.tensor for x in rows}) == 1 else None
+        def row_loads(e: Expr) -> list[Access]:
+            out: list[Access] = []
+            for x in walk(e):
+                if isinstance(x, Load) and x in loads and whole_row(loads[x]) and loads[x] not in out:
+                    out.append(loads[x])
+            return out
+
+        rows = row_loads(expr)
+        if len({a.tensor for a in rows}) <= 1:
+            return tuple(rows[:1])
+        reread = [a for a in rows if any(a in row_loads(p.body) for p in reduction_passes(expr))]
+        return tuple(reread) if len({a.dtype for a in reread}) == 1 else ()
+
+    def kept_index(self, acc: Access) -> int | None:
+        """Which kept row `acc` reads (None: it is read from memory)."""
+        kept = self.kept_rows()
+        return kept.index(acc) if acc in kept else None
 
     def vector_row(self) -> bool:
         """The kept row moves in 16-byte vectors of bf16, f16 or f32."""
@@ -264,8 +292,7 @@ class RowLowering(FlattenedRows):
         chunks (loads, and the next row's cp.async copies) and, with them, the output's 16-byte
         stores. The launch checks each tensor's base alignment from this list."""
         out: list[VectorAccess] = []
-        kept = self.kept_row()
-        if kept is not None and self.vector_row():
+        for kept in self.kept_rows() if self.vector_row() else ():
             out.append(VectorAccess(kept.tensor, self.kernel.vector,
                                     f"the plan reads {kept.tensor}'s rows in 16-byte vectors"))
         if self.vector_store():
@@ -299,12 +326,13 @@ class RowLowering(FlattenedRows):
                 cols = -(-hi // chunk) * chunk
         part = cols // self.kernel.cluster if isinstance(cols, int) else cols
         return register_row_fit(part, self.kernel.threads, self.kernel.vector, self.kernel.rows_per_block,
-                                DTYPES[acc.dtype].bytes, len(reduction_passes(self.expression())))
+                                DTYPES[acc.dtype].bytes, len(reduction_passes(self.expression())),
+                                len(self.kept_rows()))
 
     def one_block_per_sm(self, sizes: Mapping[str, object]) -> bool:
         """A block keeping its row in registers takes more than half of an SM's registers (64 K): no
         second block shares the SM to load while this one computes."""
-        chunks = self.register_chunks(sizes)
+        chunks = self.register_chunks(sizes) * len(self.kept_rows())
         return chunks > 0 and self.kernel.threads * self.kernel.rows_per_block * row_registers(chunks) > 32768
 
     @property
@@ -372,10 +400,21 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
                      -(-kernel.threads // 32),
                      RowThreads(kernel.threads, kernel.rows_per_block, kernel.vector, kernel.threads), None, ())
     passes = tuple(canonical_reduction(p) for p in reduction_passes(lw.expression()))
-    cache = RowCache(permuted=lw.vector_row()) if lw.kept_row() is not None else None
+    kept = lw.kept_rows()
+    cache = RowCache(permuted=lw.vector_row(), rows=len(kept)) if kept else None
     width = model.extent(c_ext)
     span = None if width.is_static else (width.lo, width.hi)
-    return replace(lw, cache=cache, passes=passes, width_range=span)
+    lw = replace(lw, cache=cache, passes=passes, width_range=span)
+    return replace(lw, loaded_before=tuple(_first_pass_reading(lw, acc) for acc in kept))
+
+
+def _first_pass_reading(lw: RowLowering, acc: Access) -> int:
+    """The first of `lw`'s passes whose body reads the row `acc` (len(passes): only the final store does)."""
+    loads = RowLoads(lw)
+    for i, p in enumerate(lw.passes):
+        if any(isinstance(x, Load) and x in loads and loads[x] == acc for x in walk(p.body)):
+            return i
+    return len(lw.passes)
 
 
 def load_index_vars(ld: Load) -> list[IndexVar]:

@@ -301,6 +301,9 @@ class RowsSupport(PathSupport):
                            "per block")
         if k.prefetch and k.rows_per_block != 1:
             reasons.append("prefetching the next row needs one row per block")
+        if k.prefetch and len(lw.kept_rows()) > 1:
+            reasons.append(f"prefetching copies one kept row; this kernel keeps {len(lw.kept_rows())} "
+                           f"({', '.join(a.tensor for a in lw.kept_rows())})")
         return reasons
 
     def sized_refusals(self, lw, sizes) -> list[str]:

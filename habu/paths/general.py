@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from habu.emit_cuda.emit_general import emit_general
 from habu.emit_cuda.kernel import CudaKernel
-from habu.lower.general import GeneralLowering
+from habu.lower.general import GeneralLowering, lower_general
 from habu.lower.support import GENERAL
-from habu.paths.analytic import index_width
+from habu.paths.analytic import INT31, index_width
 from habu.paths.base import KernelPath
 from habu.plan.patterns import Region
 from habu.plan.plan import GeneralKernel, Kernel
@@ -22,8 +22,13 @@ class GeneralPath(KernelPath):
     support = GENERAL
 
     def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> GeneralKernel:
-        """256 threads, one output element each."""
-        return GeneralKernel(nodes=region.nodes, threads=256, index_width=index_width(model, sizes))
+        """256 threads, one output element each; 64-bit indices where a tensor's offsets need them, or
+        where the thread index or a loop counter passes 2^31 − 1 at the widest sizes (a scatter over
+        R·H·D elements whose tensors are each smaller: the Qwen3 MoE backward's dW1)."""
+        kernel = GeneralKernel(nodes=region.nodes, threads=256, index_width=index_width(model, sizes))
+        if kernel.index_width == 32 and not thread_indices_fit(model, kernel, sizes):
+            kernel = replace(kernel, index_width=64)
+        return kernel
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         assert isinstance(base, GeneralKernel)
@@ -39,6 +44,17 @@ class GeneralPath(KernelPath):
     def emit(self, name: str, model: Model, lowering: GeneralLowering, static: dict[str, int],  # type: ignore[override]
              target: Target, early_main_loop: bool = False) -> CudaKernel:
         return emit_general(name, model, lowering, static)
+
+
+def thread_indices_fit(model: Model, kernel: GeneralKernel, sizes: dict[str, int]) -> bool:
+    """Whether the general kernel's 32-bit thread index (the last launched thread's element) and loop
+    counters stay within 2^31 − 1 at the widest sizes (a runtime extent at its `hi`), as the int32 rule
+    bounds them (`_general_launch`, habu/prove/rules_fields.py)."""
+    widest = {e.name: e.size if e.size is not None else max(e.hi, sizes.get(e.name, 0)) for e in model.extents}
+    lw = lower_general(model, kernel)
+    if lw.thread_map.largest(lw.grid(widest), kernel.threads) > INT31:
+        return False
+    return all(widest[extent] <= INT31 for _, extent in lw.loops)
 
 
 PATH = GeneralPath()

@@ -89,7 +89,8 @@ class RowsPath(KernelPath):
         prefetch = False
         if static is not None and share == 1 and rows == 1 and cache and target.cp_async:
             lw = lower_rows(model, kernel(threads))
-            prefetch = lw.one_block_per_sm(sizes) and column_functions(lw.expression()) > 0
+            prefetch = lw.one_block_per_sm(sizes) and column_functions(lw.expression()) > 0 \
+                and len(lw.kept_rows()) == 1  # the next row's copy holds one kept row
         return kernel(threads, rows, cache, share, prefetch)
 
     def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
@@ -116,12 +117,12 @@ class RowsPath(KernelPath):
                 yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=True)
 
     def smem_bytes(self, lowering: RowLowering, sizes: dict[str, int] | None = None) -> int:  # type: ignore[override]
-        """The cached row's part of a block (0 when the row is not cached, no row is kept, or its length
-        is unknown): the kept row's element type, as the smem-budget rule and the emitter count it."""
+        """The cached rows' part of a block (0 when the row is not cached, no row is kept, or its length
+        is unknown): each kept row as its element type, as the smem-budget rule and the emitter count it."""
         k, kept = lowering.kernel, lowering.kept_row()
         if not k.cache_row or kept is None or sizes is None:
             return 0
-        e = DTYPES[kept.dtype].bytes
+        e = DTYPES[kept.dtype].bytes * len(lowering.kept_rows())
         return e * sizes[lowering.c] * k.rows_per_block // k.cluster
 
     def cache_fits(self, model: Model, kernel: RowKernel, extent: Extent, target: Target,

@@ -347,15 +347,24 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                 key = (side, mn.tobytes(), k.tobytes(), mn.shape)
                 if key not in loaded:
                     origin = m0 if side == "A" else n0
+                    # blocks at one origin (rows or columns of the output) and one cluster rank load the same
+                    # values (their stages hold the same k tiles): each such load is executed once
+                    pair = np.stack([origin, ranks, *(t for t in tile_at)], axis=1) if tile_at else \
+                        np.stack([origin, ranks], axis=1)
+                    _, first, inverse = np.unique(pair, axis=0, return_index=True, return_inverse=True)
+                    inverse = inverse.reshape(-1)
+
+                    def where_one(bad: np.ndarray, inverse=inverse) -> str:
+                        return where(bad[inverse] if bad.ndim else bad)
                     loaded[key] = np.concatenate(
-                        [_k_tile(name, lw, side, origin[:, None, None] + mn[None], k, tile_at[j], ranks, begin,
-                                 sizes, mem, where, at) for j in steps], axis=-1)
+                        [_k_tile(name, lw, side, origin[first][:, None, None] + mn[None], k, tile_at[j][first],
+                                 ranks[first], begin, sizes, mem, where_one, at) for j in steps], axis=-1), inverse
                 return loaded[key]
 
             for out_r, out_c, a_mn, a_k, b_mn, b_k in parts:
-                a, b = load("A", a_mn, a_k), load("B", b_mn, b_k)
+                (a, ia), (b, ib) = load("A", a_mn, a_k), load("B", b_mn, b_k)
                 cell = (slice(None), out_r[:, None], out_c[None, :])
-                acc[cell] = (acc[cell] + f.contract([a, b], "xmk,xnk->xmn")) % f.p
+                acc[cell] = (acc[cell] + _block_products(f, a, ia, b, ib)) % f.p
         coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
                  for ld, acc_access in lw.epi_loads}
@@ -366,6 +375,17 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         value = eval_pointwise(lw.epilogue, leaf, f, sizes)
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, owned, where)
+
+
+def _block_products(f: Any, a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:
+    """Each block's product a[ia[x]]·b[ib[x]]ᵀ over k (x, m, n): the distinct loads `a` (i, m, k) and `b`
+    (j, n, k), block x reading a's row ia[x] and b's ib[x]. Where the blocks are (nearly) every pair, all
+    pairs in one product (a matrix product BLAS runs at once: the blocks of a whole output's row of tiles
+    share their A tile); else block by block."""
+    if len(a) * len(b) <= 2 * len(ia):
+        every = f.contract([a, b], "imk,jnk->ijmn")
+        return every[ia, ib]
+    return f.contract([a[ia], b[ib]], "xmk,xnk->xmn")
 
 
 def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk: np.ndarray, tile: np.ndarray,

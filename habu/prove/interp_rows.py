@@ -60,22 +60,53 @@ class _Compare:
         return np.asarray(a) <= b
 
 
-def _through_cache(name: str, lw: RowLowering, cache, v: _Visits, values: np.ndarray, sizes: Mapping[str, int],
-                   mem: Memory) -> np.ndarray:
-    """The kept row written to the shared-memory cache at the lowering's slots by the threads that
-    loaded it, and read back at the same slots: a slot map that sends two elements to one slot (the
-    later write wins) or past the cache gives some column another column's value."""
-    length = int(lw.columns(sizes))
-    slots = np.asarray(cache.slot(v.chunk, v.elem, v.loop), dtype=np.int64)
-    outside = (slots < 0) | (slots >= length)
-    if np.any(outside):
-        mem.fault(f"{name}: the row cache's slot map puts column {int(v.cols[outside][0])} at slot "
-                  f"{int(slots[outside][0])}, outside its {length} slots")
-    where = np.where(outside, 0, v.rank * length + slots)
-    buffer = mem.poison(np.arange(lw.kernel.cluster * length, dtype=np.int64) + (1 << 40))
-    buffer = np.broadcast_to(buffer, (values.shape[0], len(buffer))).copy()
-    buffer[:, where[~outside]] = values[:, ~outside]  # the last of colliding writes wins
-    return np.where(outside[None, :], mem.poison(v.cols)[None, :], buffer[:, where])
+class _KeptRows:
+    """The block's on-chip copy of its kept rows (`RowLowering.kept_rows`), as the kernel fills and reads
+    it: kept row k is loaded just before pass `loaded_before[k]`, each thread writing its chunks' elements
+    to the slots `cache.place(k, g, q)` of a shared-memory cache (per cluster block, each rank its own),
+    or to its own registers; every read of a kept row goes through the same slots. A slot map that sends
+    two elements to one slot (the later write wins), another row's slots, or past the cache gives some
+    column another column's value; a row read before its load reads poison."""
+
+    def __init__(self, name: str, lw: RowLowering, cache, v: _Visits, rows: int, sizes: Mapping[str, int],
+                 mem: Memory):
+        self.name, self.lw, self.cache, self.v, self.mem, self.rows = name, lw, cache, v, mem, rows
+        self.loaded: set[int] = set()
+        self.registers: dict[int, np.ndarray] = {}  # a row in registers: each thread's chunks, as loaded
+        if cache is None:
+            return
+        self.length = int(lw.columns(sizes)) * cache.rows  # a cluster rank's slots
+        # what each row's cache holds before any load: poison, distinct per slot
+        self.buffer = np.broadcast_to(mem.poison(np.arange(lw.kernel.cluster * self.length, dtype=np.int64) + (1 << 40)),
+                                      (rows, lw.kernel.cluster * self.length)).copy()
+
+    def _where(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        v = self.v
+        slots = np.asarray(self.cache.place(k, v.chunk, v.elem, v.loop), dtype=np.int64)
+        outside = (slots < 0) | (slots >= self.length)
+        if np.any(outside):
+            self.mem.fault(f"{self.name}: the row cache's slot map puts column {int(v.cols[outside][0])} of kept row "
+                           f"{k} at slot {int(slots[outside][0])}, outside its {self.length} slots")
+        return np.where(outside, 0, v.rank * self.length + slots), outside
+
+    def load(self, k: int, values: np.ndarray) -> None:
+        """Kept row k's values (rows × visited columns) written on chip by the threads that load them."""
+        self.loaded.add(k)
+        if self.cache is None:  # in registers: each thread keeps the chunks it loaded, and reads only those
+            self.registers[k] = values
+            return
+        where, outside = self._where(k)
+        self.buffer[:, where[~outside]] = values[:, ~outside]  # the last of colliding writes wins
+
+    def read(self, k: int) -> np.ndarray:
+        v = self.v
+        if k not in self.loaded:
+            self.mem.fault(f"{self.name} reads kept row {k} ({self.lw.kept_rows()[k].tensor}) before it is loaded "
+                           "on chip")
+        if self.cache is None:
+            return self.registers.get(k, np.broadcast_to(self.mem.poison(v.cols)[None, :], (self.rows, len(v.cols))))
+        where, outside = self._where(k)
+        return np.where(outside[None, :], self.mem.poison(v.cols)[None, :], self.buffer[:, where])
 
 
 def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
@@ -93,7 +124,7 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
     cols = v.cols
     coords = lw.coordinates(rows[:, None], cols[None, :], sizes)  # through the row → coordinates map
     loads = RowLoads(lw)
-    kept, cache = lw.kept_row(), lw.row_cache(sizes)
+    kept, cache = lw.kept_rows(), lw.row_cache(sizes)
     col_mask = (cols < C)[None, :] if lw.reduce_mask else np.ones((1, len(cols)), bool)
     # a block reduction combines the partials of the first `combined_warps` warps only: the columns
     # of a thread in any later warp are lost from every reduction (sum and max alike)
@@ -113,22 +144,33 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
                 return mem.poison(np.arange(len(rows), dtype=np.int64))[:, None]
             return reduced[key]
         if isinstance(e, Load):
-            values = read(name, loads[e], coords, sizes, mem, lw.index_width, where)
-            if cache is not None and loads[e] == kept:
-                return _through_cache(name, lw, cache, v, np.broadcast_to(values, (len(rows), len(cols))), sizes, mem)
-            return values
+            k = lw.kept_index(loads[e])
+            if k is not None:
+                return on_chip.read(k)
+            return read(name, loads[e], coords, sizes, mem, lw.index_width, where)
         if isinstance(e, Op):
             args = [ev(a) for a in e.args]
             args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
             return f.op(e.fn, [np.asarray(a) for a in args])
         return eval_pointwise(e, None, f, sizes)
 
-    for p in lw.passes:  # each pass reads only what earlier passes reduced
+    on_chip = _KeptRows(name, lw, cache, v, len(rows), sizes, mem)
+
+    def load_kept(index: int) -> None:
+        """The kept rows the lowering loads just before pass `index` (len(passes): the store)."""
+        for k, acc in enumerate(kept):
+            if lw.loaded_before[k] == index:
+                values = read(name, acc, coords, sizes, mem, lw.index_width, where)
+                on_chip.load(k, np.broadcast_to(values, (len(rows), len(cols))))
+
+    for index, p in enumerate(lw.passes):  # each pass reads only what earlier passes reduced
+        load_kept(index)
         body = np.broadcast_to(ev(p.body), (len(rows), len(cols)))
         if p.op == "sum":
             reduced[p] = (np.where(col_mask, body, 0).sum(axis=1, keepdims=True)) % f.p
         else:
             reduced[p] = f.product_last(np.where(col_mask, (f.max_point - body) % f.p, 1))[:, None]
+    load_kept(len(lw.passes))
     value = np.broadcast_to(ev(lw.expression()), (len(rows), len(cols)))
     if lw.per_row:  # a row statistic: one value per row, stored once (by lane 0)
         owned = rows[:, None] < lw.rows(sizes)

@@ -430,13 +430,15 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
                      threads <= ctx.target.max_threads_per_block, detail=f"{threads} threads")
     kept = lw.kept_row()
     if k.cache_row and kept is not None:
-        # the emitter keeps the one kept row, as its own element type (emit_rows `_kernel`): not the
-        # widest of every load (a second row tensor, an f32 per-row value), and nothing with no row kept
-        e = ctx.dtype_bytes(kept)
+        # the emitter keeps each kept row, as its own element type (emit_rows `_kernel`): not the
+        # widest of every load (an f32 per-row value), and nothing with no row kept
+        n = len(lw.kept_rows())
+        e = ctx.dtype_bytes(kept) * n
         cached = e * s[lw.c] * k.rows_per_block / k.cluster
         part = f"/{k.cluster}" if k.cluster > 1 else ""
+        rows = f" of {n} kept rows" if n > 1 else ""
         yield Obligation(R["smem-budget"], name, None,
-                         f"the cached row ({e}·#{lw.c}{part}·{k.rows_per_block} bytes) fits in "
+                         f"the cached row{rows} ({e}·#{lw.c}{part}·{k.rows_per_block} bytes) fits in "
                          f"{ctx.target.smem_per_block} bytes",
                          cached <= ctx.target.smem_per_block,
                          detail=f"the cached row needs {_number(cached)} bytes of shared memory; the target has "

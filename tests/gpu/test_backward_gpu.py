@@ -75,3 +75,25 @@ def test_decode_attention_backward_with_its_length_mask_matches_the_float64_refe
         g = compare(got[name], want[name], tolerance(model, dict(plan.storage)))
         assert g.unwritten == 0 and g.ok, (name, g)
     assert not got["dK"][1, :, 1:].float().abs().sum() and not got["dV"][0].float().abs().sum()
+
+
+@pytest.mark.parametrize("path,name,shape,pins", [
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {}),  # dY and X in registers
+    ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 64, "C": 16384}, {}),
+    ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 64, "C": 4000}, {"threads": "128"}),  # both in shared memory
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {"threads": "32"}),  # 4 warp rows a block, in smem
+])
+def test_row_backward_keeping_dy_and_x_on_chip_matches_the_float64_reference(path, name, shape, pins):
+    tgt = target_named(current_arch())
+    program = with_backward(load_program(ROOT / "examples" / path), name)
+    compiled = compile_model(program, name, shape, tgt, pins, trials=1)
+    members = [emit(p, tgt) for p in compiled.proofs]
+    assert "rows of dY, X kept in" in members[0].kernels[0].source
+    built = CompiledModel(compiled.model, kernel_set(compiled, members), arch=tgt.name)
+    model = compiled.model.with_sizes(shape)
+    inputs = make_inputs(model, shape, seed=5)
+    got = built(**inputs, **poisoned_outputs(model, shape))
+    torch.cuda.synchronize()
+    got = got["dX"] if isinstance(got, dict) else got
+    g = compare(got, reference(model, inputs, shape)["dX"], tolerance(model, dict(compiled.plans[0].storage)))
+    assert g.unwritten == 0 and g.ok, (shape, pins, g)
