@@ -81,7 +81,7 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
     out = lw.out
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, coord, sizes, lw.index_width, table)
-    if lw.split_mode == "atomic":
+    if lw.atomic_store:  # split-K's partial sums, or a scatter-add (rows whose index repeats accumulate)
         store = f"habu::atomic_add_f({p} + ({off}), {value});"
     else:
         store = store_value(out.dtype, p, off, value)
@@ -225,7 +225,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     src = header(f"{name}: SIMT contraction {bm}x{bn}x{bk}, {threads} threads, {tm_per}x{tn_per} outputs each",
                  [f"computes {', '.join(k.nodes)}; split_k={k.split_k}, index width {lw.index_width}"])
     src += body.replace("SIGNATURE", sig.declaration())
-    zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
+    zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero)
 
 

@@ -17,10 +17,11 @@ from dataclasses import replace
 
 from habu.lower import support as _support
 from habu.paths import columns, fma, general, grouped, map, mma_sync, rows, wgmma
+from habu.paths.analytic import node_of
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
-from habu.plan.patterns import Region
+from habu.plan.patterns import Region, as_contraction
 from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
 from habu.spec.ir import Model
 from habu.target import Target
@@ -70,6 +71,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
         elif region.kind == "general" and (g := family_kernel(model, region, "grouped", target, sizes)) is not None:
             yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A
+        elif region.kind == "general" and family_kernel(model, region, "contraction", target, sizes) is not None:
+            yield from region_space(model, Region("contraction", region.nodes), target, sizes)  # k gather, scatter
         return
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
@@ -79,7 +82,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield from path.variants(base, target, skinny=skinny)
 
 
-FAMILY_PINS = ("grouped", "general")  # `--pin family=…`
+FAMILY_PINS = ("grouped", "general", "contraction")  # `--pin family=…`
 
 
 def family_kernel(model: Model, region: Region, family: str, target: Target, sizes: dict[str, int]) -> Kernel | None:
@@ -91,6 +94,11 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and region.kind == "grouped":
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
+    if family == "contraction" and region.kind == "general" and len(region.nodes) == 1 \
+            and as_contraction(node_of(model, region.nodes[0])) is not None:
+        # a contraction the default leaves to the general family: an operand gathered on the reduction
+        # axis (staged), a scatter-add store (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue)
+        return default_kernel(model, Region("contraction", region.nodes), target, sizes)
     return None
 
 
