@@ -94,11 +94,14 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and region.kind == "grouped":
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
-    if family == "contraction" and region.kind == "general" and len(region.nodes) == 1 \
-            and as_contraction(node_of(model, region.nodes[0])) is not None:
+    c = as_contraction(node_of(model, region.nodes[0])) if region.kind == "general" and len(region.nodes) == 1 else None
+    if family == "contraction" and c is not None:
         # a contraction the default leaves to the general family: an operand gathered on the reduction
-        # axis (staged), a scatter-add store (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue)
-        return default_kernel(model, Region("contraction", region.nodes), target, sizes)
+        # axis (staged: only the wgmma path reads a staging pass's buffer, bf16/f16 operands), a scatter-add
+        # store (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue)
+        kernel = default_kernel(model, Region("contraction", region.nodes), target, sizes)
+        staged = isinstance(kernel, ContractionKernel) and "staged" in (kernel.a_move, kernel.b_move)
+        return kernel if staged or (c.a.k_gather is None and c.b.k_gather is None) else None
     return None
 
 

@@ -125,3 +125,18 @@ def test_a_k_gathered_operand_that_is_not_staged_is_refused(plans):
     proof = prove(model, plan, SIZES, trials=1)
     assert not proof.ok
     assert any("gathered on the reduction axis" in o.detail for o in proof.violations)
+
+
+def test_regression_the_f32_ggemm_backward_pins_only_what_a_contraction_path_reads():
+    """examples/ggemm.habu's backward has an f32 dO (its O is f32): no tensor cores, so no path reads dB's
+    staged gather and `--pin family=contraction` left the whole plan refused (supported-path); dB now stays
+    general while dA takes the SIMT contraction with the scatter-add epilogue."""
+    from habu.cli_grad import backward_program
+    from habu.compile import bind_shape
+
+    program, name = backward_program(load_program(ROOT / "examples" / "ggemm.habu"), "GGEMM", None, "auto")
+    model = bind_shape(program.model(name), SIZES)
+    plan = default_plan(model, TARGET, SIZES, PINS)
+    assert [(k.kind, getattr(k, "mma", None)) for k in plan.kernels] == [("contraction", "fma"), ("general", None)]
+    proof = prove(model, plan, SIZES, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
