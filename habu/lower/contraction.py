@@ -246,12 +246,13 @@ class ContractionLowering:
         """The epilogue stores the adjacent outputs (m, n), (m, n+1) as one 2-element vector when both
         are inside and the pair's element offset is even: the mma.sync and wgmma direct-store epilogues
         (their fragments hold column pairs), not under split-K's atomic adds, and only along a
-        contiguous n in f32/bf16/f16."""
+        contiguous n in f32/bf16/f16; a scatter-add's pairs (f32) are added by one vector reduction."""
         k, out = self.kernel, self.out
         if k.mma == "fma" or (k.mma == "wgmma" and k.store == "tma"):
             return False
         contiguous = out.positions[-1].kind == "axis" and out.positions[-1].axis == "n"
-        return not self.atomic_store and contiguous and out.dtype in ("f32", "bf16", "f16")
+        types = ("f32",) if self.store is Store.ATOMIC_ADD else ("f32", "bf16", "f16")
+        return self.split_mode != "atomic" and contiguous and out.dtype in types
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """Every vector access the kernel makes of global memory (not TMA's, which the emitted tensor
