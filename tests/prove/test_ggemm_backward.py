@@ -142,3 +142,15 @@ def test_regression_the_f32_ggemm_backward_pins_only_what_a_contraction_path_rea
     assert [(k.kind, getattr(k, "mma", None)) for k in plan.kernels] == [("contraction", "fma"), ("general", None)]
     proof = prove(model, plan, SIZES, trials=1)
     assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+
+
+def test_regression_the_baseline_of_a_scatter_or_k_gathered_contraction_is_torch_eager(monkeypatch):
+    """The contraction baseline (`A[IX] @ B.T`) gathered only the rows of m and stored plainly: for dB it
+    would have read A's rows ungathered, for dA overwritten instead of adding at IX."""
+    import habu.timing.torch_eager as eager
+    from habu.timing.baselines import torch_baseline
+
+    monkeypatch.setattr(eager, "TorchEager", lambda model, sizes: sizes)
+    for name in ("GGEMM-DA", "GGEMM-DB"):
+        text, _ = torch_baseline(_model(name), {})
+        assert text == eager.describe(_model(name))
