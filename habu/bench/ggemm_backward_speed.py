@@ -2,7 +2,7 @@
 
     python -m habu.bench.ggemm_backward_speed [--sizes 4096,1024] [--json OUT.json] [--pin KEY=VALUE ...]
 
-Habu: tests/data/ggemm_backward.habu with `--pin family=contraction` (and any further pins): dA[IX[m] k]
+Habu: tests/data/ggemm_backward.habu's default plans (and any pins given): dA[IX[m] k]
 += Σ n dO[m n]·B[n k] (wgmma, f32 atomicAdd scatter epilogue; dA zeroed first, inside the timed call) and
 dB[n k] = Σ m dO[m n]·A[IX[m] k] (A's gathered rows staged k-major, then wgmma with TMA). torch: the
 backward of `A[IX] @ B.T` (bf16, requires_grad on A and B) by torch.autograd.grad with the forward's graph
@@ -11,8 +11,8 @@ saved by the forward).
 
 Self-check first, at each size: integer inputs (|x| ≤ 3, IX with duplicates), so every sum is an exact
 integer in f32: Habu's dA equals torch's float64 `index_add` bit for bit, Habu's dB equals the float64
-product rounded once to bf16; torch's own gradients are checked against the same reference (within bf16
-rounding for its bf16 dA). Timing: CUDA events, 5 warm-ups, the median of 30 calls queued behind a GPU
+product rounded once to bf16; torch's own gradients are checked against the same reference (its bf16 dA
+within 1% in norm). Then each kernel's device time (torch's profiler), Habu's and torch's. Timing: CUDA events, 5 warm-ups, the median of 30 calls queued behind a GPU
 sleep (habu.timing.harness.time_cuda), 2 input sets. Exit status 1 when a self-check fails.
 """
 
@@ -24,11 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from habu.bench.kernel_times import kernel_device_times
 from habu.bench.run import build
 from habu.timing.harness import time_cuda, torch
 
 PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "ggemm_backward.habu"
-PINS = {"family": "contraction"}
+PINS: dict[str, str] = {}  # the default plans (the wgmma contractions on sm_90a)
 SETS = 2
 
 
@@ -77,7 +78,8 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
     da_ref = t.zeros((m, k), dtype=t.float64, device="cuda").index_add(0, ix, s["dO"].double() @ s["B"].double())
     db_ref = (s["dO"].double().t() @ s["A"].double()[ix]).bfloat16()
     checks = {"habu dA": bool(t.equal(da_out[0].double(), da_ref)), "habu dB": bool(t.equal(db_out[0], db_ref)),
-              "torch dA": bool(t.allclose(t_da.double(), da_ref, rtol=1e-2, atol=1.0)),
+              # torch's dA is bf16 (A's type), accumulated by index_put_ in bf16: within its rounding
+              "torch dA": bool(((t_da.double() - da_ref).norm() / da_ref.norm()).item() < 1e-2),
               "torch dB": bool(t.equal(t_db, db_ref))}
     row["checks"] = checks
     if not checks["habu dA"] or not checks["habu dB"]:
@@ -95,6 +97,8 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
         dO=sets[i]["dO"], B=sets[i]["B"], dA=da_out[i], IX=sets[i]["IX"])), SETS)["median_us"]
     row["habu_dB_us"] = time_cuda(lambda i: db_built.compiled(
         dO=sets[i]["dO"], A=sets[i]["A"], IX=sets[i]["IX"], dB=db_out[i]), SETS)["median_us"]
+    # each kernel's device time (the profiler's): staging pass, GEMMs, torch's index_put and memsets
+    row["kernels_us"] = {"habu": kernel_device_times(lambda: habu(0)), "torch": kernel_device_times(lambda: torch_backward(0))}
     return row
 
 
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['habu_dB_us']:.1f}; {row['habu_tflops']:.0f} TFLOP/s) vs torch autograd "
               f"{row['torch']['median_us']:.1f} µs: {row['ratio']:.2f}x; checks {row['checks']}", flush=True)
         print(f"  plans: dA {row['plans']['dA']}\n         dB {row['plans']['dB']}", flush=True)
+        for who, times in row["kernels_us"].items():
+            print(f"  {who} kernels: " + "; ".join(f"{name[:60]} {us:.1f} µs" for name, us in times.items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 1 if failed else 0

@@ -74,9 +74,10 @@ class Contraction:
 
     @property
     def by_default(self) -> bool:
-        """Whether the default plan builds the node with the contraction family: not yet for an operand
-        gathered on the reduction axis or a scatter-add store (the search and `--pin family=contraction`
-        reach them; the general family computes them by default)."""
+        """Whether the node gets a contraction region (and its fused epilogue): not an operand gathered on
+        the reduction axis or a scatter-add store, whose general region's default kernel is the wgmma
+        contraction where it builds one (habu.paths.wgmma_contraction; `--pin family=contraction` and the
+        search reach the other paths)."""
         return self.node.scatter is None and self.a.k_gather is None and self.b.k_gather is None
 
 
@@ -295,9 +296,9 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         eq = nodes[i]
         check_gathers(eq)
         c = as_contraction(eq) if eq.scatter is None else None
-        # a scatter store: the general family adds through an index by default (the contraction family's
-        # scatter-add epilogue and k-gathered operands are reached by the search and `--pin family=contraction`);
-        # and only it computes conditions on indices (a contraction's epilogue and the row family compute none yet)
+        # a scatter store and a contraction gathered on its reduction axis: a general region (whose default
+        # kernel may be the wgmma contraction: habu.paths.wgmma_contraction); and only the general family
+        # computes conditions on indices (a contraction's epilogue and the row family compute none yet)
         if eq.scatter is not None or (c is None and has_condition(eq)) or (c is not None and not c.by_default):
             regions.append(general_region(model, eq))
         elif c is not None:

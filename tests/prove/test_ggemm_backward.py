@@ -1,8 +1,9 @@
 """GGEMM's backward in the contraction family (tests/data/ggemm_backward.habu): dB = Σ m dO[m n]·A[IX[m] k],
 an operand gathered on the reduction axis, read through a staging pass that gathers A's rows into a
 k-major buffer TMA reads; dA[IX[m] k] += Σ n dO[m n]·B[n k], a scatter-add epilogue adding each value with
-f32 atomicAdd at the gathered row. Reachable by `--pin family=contraction` and the search; the default plan
-keeps the general kernels. Proven at ragged shapes; planted bugs killed by the field check and the rules."""
+f32 atomicAdd at the gathered row. The default on wgmma (its exact GPU check passed); the other paths by
+`--pin family=contraction` and the search. Proven at ragged shapes; planted bugs killed by the field check
+and the rules."""
 
 from __future__ import annotations
 
@@ -47,13 +48,17 @@ def _lowering(plans, name: str) -> ContractionLowering:
     return lw
 
 
-def test_both_are_contractions_that_the_default_leaves_general():
+def test_both_are_contractions_in_general_regions_whose_default_is_the_wgmma_contraction(plans):
+    """Default since their exact GPU check passed (H200, 2026-12-02); on sm_80 (no wgmma) they stay general,
+    and `--pin family=general` gives the general kernel back."""
     for name in ("GGEMM-DA", "GGEMM-DB"):
         model = _model(name)
         c = as_contraction(model.nodes[0])
         assert c is not None and not c.by_default
         assert [r.kind for r in default_regions(model)] == ["general"]
-        assert [k.kind for k in default_plan(model, TARGET, SIZES, {}).kernels] == ["general"]
+        assert default_plan(model, TARGET, SIZES, {}).kernels == plans[name].kernels
+        assert [k.kind for k in default_plan(model, TARGETS["sm_80"], SIZES, {}).kernels] == ["general"]
+        assert [k.kind for k in default_plan(model, TARGET, SIZES, {"family": "general"}).kernels] == ["general"]
     c = as_contraction(_model("GGEMM-DB").nodes[0])
     assert c is not None and c.b.load.tensor == "A" and c.b.k_gather == "IX" and c.b.gather is None
 
@@ -76,9 +81,10 @@ def test_the_pinned_plans_are_wgmma_with_a_staged_gather_and_a_scatter_epilogue(
     assert "const int off = ((m) < 200 && (n) < 72 && habu::index_ok((long long)p_IX[m]" in kernel.source
 
 
-def test_the_search_space_holds_the_general_default_and_contraction_variants():
-    kinds = [p.kernels[0].kind for p in islice(enumerate_plans(_model("GGEMM-DB"), TARGET, SIZES), 200)]
-    assert kinds[0] == "general" and "contraction" in kinds
+def test_the_search_space_holds_the_wgmma_default_its_variants_and_the_general_kernel():
+    kernels = [p.kernels[0] for p in islice(enumerate_plans(_model("GGEMM-DB"), TARGET, SIZES), 200)]
+    assert kernels[0].kind == "contraction" and kernels[1].kind == "general"
+    assert {k.kind for k in kernels[2:]} == {"contraction"}
 
 
 @pytest.mark.parametrize("name", ["GGEMM-DA", "GGEMM-DB"])
