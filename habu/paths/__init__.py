@@ -23,7 +23,7 @@ from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPat
 from habu.plan.fields import Mma
 from habu.plan.patterns import Region, as_contraction
 from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
-from habu.spec.ir import Model
+from habu.spec.ir import IndexVar, Model
 from habu.target import Target
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
@@ -76,8 +76,9 @@ def wgmma_contraction(model: Model, region: Region, target: Target, sizes: dict[
         return None
     eq = node_of(model, region.nodes[0])
     target_dtype = model.tensor(eq.target).dtype
-    if eq.scatter is not None and (target_dtype is None or target_dtype.name != "f32"):
-        return None  # a scatter adds with f32 atomicAdd only (`scatter-accumulates`)
+    if eq.scatter is not None and (target_dtype is None or target_dtype.name != "f32"
+                                   or not isinstance(eq.scatter[-1], IndexVar)):
+        return None  # a scatter adds with f32 atomicAdd only (`scatter-accumulates`); rows scattered, as GPU-tested
     return kernel
 
 

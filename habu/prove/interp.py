@@ -519,8 +519,11 @@ def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tup
     zs = sorted({int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
                  for combo in itertools.product(*samples)})
     scatter = lw.store is Store.ATOMIC_ADD
-    if scatter:  # a scatter-add: any row lands anywhere, so every row tile runs and the target's every row is compared
-        tms = list(range(int(lw.tiles_m(sizes))))
+    gathered = {p.axis for p in lw.out.positions if p.kind == "gather"} if scatter else set()
+    # a scatter-add: any row (column) lands anywhere, so every tile along a gathered axis runs, and the
+    # target's every row (column) there is compared
+    tms = list(range(int(lw.tiles_m(sizes)))) if "m" in gathered else tms
+    tns = list(range(int(lw.tiles_n(sizes)))) if "n" in gathered else tns
     wanted = {(z, a, b) for z in zs for a in tms for b in tns}
     rows = np.unique(np.concatenate([np.arange(t * lw.bm, min((t + 1) * lw.bm, sizes[lw.m])) for t in tms]))
     cols = np.unique(np.concatenate([np.arange(t * lw.bn, min((t + 1) * lw.bn, sizes[lw.n])) for t in tns]))

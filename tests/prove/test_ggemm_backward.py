@@ -160,3 +160,25 @@ def test_regression_the_baseline_of_a_scatter_or_k_gathered_contraction_is_torch
     for name in ("GGEMM-DA", "GGEMM-DB"):
         text, _ = torch_baseline(_model(name), {})
         assert text == eager.describe(_model(name))
+
+
+def test_regression_a_scatter_on_the_columns_runs_every_column_tile_in_the_check():
+    """`dA[m JX[k]] += Σ n …`: the field check ran every row tile of a scatter but only sampled column tiles,
+    while any column may land on a compared one. Proven with the pin (pairs stay scalar: JX's columns are
+    not adjacent); not a default (the GPU tested scattered rows)."""
+    from habu.spec.parser import parse_text
+
+    text = PATH.read_text().replace("ITENSOR: IX ( #M #M )", "ITENSOR: IX ( #M #M )  ITENSOR: JX ( #K #K )")
+    text += "MODEL: COLS  dA[m JX[k]] += Σ n dO[m n] · B[n k] ;\n"
+    sizes = {**SIZES, "K": 520}  # 9 column tiles of 64: more than the check samples
+    model = parse_text(text).models["COLS"].with_sizes(sizes)
+    assert [k.kind for k in default_plan(model, TARGET, sizes, {}).kernels] == ["general"]
+    plan = default_plan(model, TARGET, sizes, PINS)
+    (lw,) = lower_plan(model, plan)
+    assert isinstance(lw, ContractionLowering) and not lw.epilogue_pairs
+    assert [(p.kind, p.axis) for p in lw.out.positions] == [("axis", "m"), ("gather", "n")]
+    cert = verify_plan(model, plan, sizes, trials=1, seeds=[4])
+    assert cert.passed, cert.failure
+    (text,) = cert.blocks.values()
+    checked_k = (cert.witness or sizes)["K"]  # a scatter checks on the witness shape
+    assert -(-checked_k // lw.bn) >= 5 and f"n {list(range(-(-checked_k // lw.bn)))}" in text, text
