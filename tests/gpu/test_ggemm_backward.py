@@ -32,6 +32,14 @@ def test_the_pinned_backward_kernels_pass_the_exact_check(model):
     assert result.ok and result.applicable, result.reason()
 
 
+def test_the_simt_scatter_of_an_f32_gradient_passes_the_exact_check():
+    """examples/ggemm.habu's backward (f32 dO): dA by the fma contraction's scatter-add, pinned."""
+    built = build(str(PATH), "GGEMM-DA-F32", RAGGED, {"family": "contraction"})
+    assert [(k.kind, k.mma) for k in built.plan.kernels] == [("contraction", "fma")]
+    result = ExactChecker(built.model, built.sizes, seed=13).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
 def test_duplicates_in_ix_accumulate_onto_da_and_db_reads_the_gathered_rows_exactly():
     m, n, k = RAGGED["M"], RAGGED["N"], RAGGED["K"]
     g = torch.Generator().manual_seed(5)
