@@ -97,6 +97,12 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
         dO=sets[i]["dO"], B=sets[i]["B"], dA=da_out[i], IX=sets[i]["IX"])), SETS)["median_us"]
     row["habu_dB_us"] = time_cuda(lambda i: db_built.compiled(
         dO=sets[i]["dO"], A=sets[i]["A"], IX=sets[i]["IX"], dB=db_out[i]), SETS)["median_us"]
+    # dA's product stored plainly (no scatter, no zeroing): what the scatter-add epilogue costs over it
+    dg_built = build(str(PATH), "GGEMM-DG", shape, pins, check_indices=False)
+    dg_out = [t.empty((m, k), dtype=t.float32, device="cuda") for _ in range(SETS)]
+    row["plain_dG_us"] = time_cuda(lambda i: dg_built.compiled(dO=sets[i]["dO"], B=sets[i]["B"], dG=dg_out[i]),
+                                   SETS)["median_us"]
+    row["plans"]["dG"] = dg_built.plan.to_json()["kernels"]
     # each kernel's device time (the profiler's): staging pass, GEMMs, torch's index_put and memsets
     row["kernels_us"] = {"habu": kernel_device_times(lambda: habu(0)), "torch": kernel_device_times(lambda: torch_backward(0))}
     return row
@@ -118,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{size}³: {row['error']}: {row['checks']}", flush=True)
             continue
         print(f"{size}³: Habu {row['habu']['median_us']:.1f} µs (dA {row['habu_dA_us']:.1f}, dB "
-              f"{row['habu_dB_us']:.1f}; {row['habu_tflops']:.0f} TFLOP/s) vs torch autograd "
+              f"{row['habu_dB_us']:.1f}; {row['habu_tflops']:.0f} TFLOP/s; dA's product stored plainly "
+              f"{row['plain_dG_us']:.1f}) vs torch autograd "
               f"{row['torch']['median_us']:.1f} µs: {row['ratio']:.2f}x; checks {row['checks']}", flush=True)
         print(f"  plans: dA {row['plans']['dA']}\n         dB {row['plans']['dB']}", flush=True)
         for who, times in row["kernels_us"].items():
