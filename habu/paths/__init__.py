@@ -53,8 +53,8 @@ def by_preference(family: str) -> list[KernelPath]:
 def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Kernel:
     """The analytic default of `region`: the first path (by preference) that builds it on `target`; a
     general region whose node is a contraction with a scatter-add store or an operand gathered on its
-    reduction axis (GGEMM's backward) takes the wgmma contraction where it builds one (`wgmma_contraction`)."""
-    if region.kind == "general" and (k := wgmma_contraction(model, region, target, sizes)) is not None:
+    reduction axis (GGEMM's backward) takes the contraction where a GPU-tested path builds one (`default_contraction`)."""
+    if region.kind == "general" and (k := default_contraction(model, region, target, sizes)) is not None:
         return k
     for p in by_preference(region.kind):
         kernel = p.default(model, region, target, sizes)
@@ -65,16 +65,18 @@ def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str
     raise ValueError(f"no kernel path builds a {region.kind} region on {target.name}")
 
 
-def wgmma_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Kernel | None:
-    """The default of a general region whose node the contraction family builds on wgmma: a scatter-add
-    store into an f32 target (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue) or an operand gathered on the
-    reduction axis (`Σ m dO[m n]·A[IX[m] k]`, staged). Default since their exact GPU check passed (H200,
-    2026-12-02, tests/gpu/test_ggemm_backward.py: duplicates in IX, ragged shapes); the SIMT and mma.sync
-    forms stay general unless pinned (`--pin family=contraction`) or searched."""
+def default_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Kernel | None:
+    """The default of a general region whose node the contraction family builds on a GPU-tested path: a
+    scatter-add store into an f32 target (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue; wgmma, or the SIMT
+    path for f32 operands) or an operand gathered on the reduction axis (`Σ m dO[m n]·A[IX[m] k]`, staged;
+    wgmma). Default since their exact GPU checks passed (H200, 2026-12-02, tests/gpu/test_ggemm_backward.py:
+    duplicates in IX, ragged shapes); the mma.sync forms stay general unless pinned (`--pin
+    family=contraction`) or searched."""
     kernel = family_kernel(model, region, "contraction", target, sizes)
-    if not isinstance(kernel, ContractionKernel) or kernel.mma != Mma.WGMMA:
-        return None
     eq = node_of(model, region.nodes[0])
+    tested = (Mma.WGMMA, Mma.FMA) if eq.scatter is not None else (Mma.WGMMA,)
+    if not isinstance(kernel, ContractionKernel) or kernel.mma not in tested:
+        return None
     target_dtype = model.tensor(eq.target).dtype
     if eq.scatter is not None and (target_dtype is None or target_dtype.name != "f32"
                                    or not isinstance(eq.scatter[-1], IndexVar)):
@@ -95,7 +97,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         elif region.kind == "general" and family_kernel(model, region, "contraction", target, sizes) is not None:
             yield from region_space(model, Region("contraction", region.nodes), target, sizes)  # k gather, scatter
         return
-    if region.kind == "general":  # the general kernel stays a candidate beside the wgmma default
+    if region.kind == "general":  # the general kernel stays a candidate beside the contraction default
         yield general.PATH.default(model, region, target, sizes)
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
@@ -116,7 +118,7 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
     if family == "grouped" and region.kind in ("grouped", "general"):
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and (region.kind == "grouped" or isinstance(
-            wgmma_contraction(model, region, target, sizes), ContractionKernel)):
+            default_contraction(model, region, target, sizes), ContractionKernel)):
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
     c = as_contraction(node_of(model, region.nodes[0])) if region.kind == "general" and len(region.nodes) == 1 else None
     if family == "contraction" and c is not None:
@@ -146,5 +148,6 @@ def unregister(name: str) -> None:
     _support.unregister(name)
 
 
-__all__ = ["FAMILY_PINS", "PATHS", "ContractionPath", "KernelPath", "by_preference", "contraction_path", "default_kernel",
-           "family_kernel", "path_for", "path_named", "region_space", "register", "unregister", "wgmma_contraction"]
+__all__ = ["FAMILY_PINS", "PATHS", "ContractionPath", "KernelPath", "by_preference", "contraction_path",
+           "default_contraction", "default_kernel", "family_kernel", "path_for", "path_named", "region_space", "register",
+           "unregister"]

@@ -76,7 +76,7 @@ class Contraction:
     def by_default(self) -> bool:
         """Whether the node gets a contraction region (and its fused epilogue): not an operand gathered on
         the reduction axis or a scatter-add store, whose general region's default kernel is the wgmma
-        contraction where it builds one (habu.paths.wgmma_contraction; `--pin family=contraction` and the
+        contraction where it builds one (habu.paths.default_contraction; `--pin family=contraction` and the
         search reach the other paths)."""
         return self.node.scatter is None and self.a.k_gather is None and self.b.k_gather is None
 
@@ -297,7 +297,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         check_gathers(eq)
         c = as_contraction(eq) if eq.scatter is None else None
         # a scatter store and a contraction gathered on its reduction axis: a general region (whose default
-        # kernel may be the wgmma contraction: habu.paths.wgmma_contraction); and only the general family
+        # kernel may be the wgmma contraction: habu.paths.default_contraction); and only the general family
         # computes conditions on indices (a contraction's epilogue and the row family compute none yet)
         if eq.scatter is not None or (c is None and has_condition(eq)) or (c is not None and not c.by_default):
             regions.append(general_region(model, eq))
