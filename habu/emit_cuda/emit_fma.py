@@ -81,7 +81,7 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
     out = lw.out
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, coord, sizes, lw.index_width, table)
-    if lw.split_mode == "atomic":
+    if lw.atomic_store:  # split-K's partial sums, or a scatter-add (rows whose index repeats accumulate)
         store = f"habu::atomic_add_f({p} + ({off}), {value});"
     else:
         store = store_value(out.dtype, p, off, value)
@@ -122,20 +122,25 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, {"m": m, "n": n}, sizes, lw.index_width, table)
     both = access_mask(out, {"m": m, "n": f"({n} + 1)"}, sizes, table)
-    if out.dtype == "f32":
+    if lw.atomic_store:  # a scatter-add: the pair as one vector reduction, or element by element
+        vstore = f"habu::atomic_add_f2({p} + off, v0, v1);"
+    elif out.dtype == "f32":
         vstore = f"*reinterpret_cast<float2*>({p} + off) = make_float2(v0, v1);"
     else:
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         vstore = f"*reinterpret_cast<habu::u32*>({p} + off) = {pack}(v0, v1);"
-    single0 = store_value(out.dtype, p, "off", "v0")
-    single1 = store_value(out.dtype, p, "off + 1", "v1")
+    single0, single1 = ((f"habu::atomic_add_f({p} + off, v0);", f"habu::atomic_add_f({p} + off + 1, v1);")
+                        if lw.atomic_store else (store_value(out.dtype, p, "off", "v0"), store_value(out.dtype, p, "off + 1", "v1")))
+    first = access_mask(out, {"m": m, "n": n}, sizes, table)
+    if out.checks:  # a scatter's row is read from its index tensor only where the row is inside
+        off = f"({first}) ? ({off}) : ({it})0"
     return f"""{{
               const {it} off = {off};
               const float v0 = {value(n, acc0)};
               const float v1 = {value(f"({n} + 1)", acc1)};
               if (({both}) && (off & 1) == 0) {{ {vstore} }}
               else {{
-                if ({access_mask(out, {"m": m, "n": n}, sizes, table)}) {{ {single0} }}
+                if ({first}) {{ {single0} }}
                 if ({both}) {{ {single1} }}
               }}
             }}"""
@@ -225,7 +230,7 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     src = header(f"{name}: SIMT contraction {bm}x{bn}x{bk}, {threads} threads, {tm_per}x{tn_per} outputs each",
                  [f"computes {', '.join(k.nodes)}; split_k={k.split_k}, index width {lw.index_width}"])
     src += body.replace("SIGNATURE", sig.declaration())
-    zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
+    zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero)
 
 

@@ -214,5 +214,5 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
                  [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move} "
                   f"({'k' if b_kmajor else 'n'}-contiguous); split_k={k.split_k}"])
     src += body.replace("SIGNATURE", sig.declaration())
-    zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
+    zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     return CudaKernel(name, src, tuple(sig.params), threads, layout.total + (8 * k.stages if gather4 else 0), lw, zero)

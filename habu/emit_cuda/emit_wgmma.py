@@ -533,7 +533,7 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
                   + (f"; clusters of {ring.cluster} blocks along m share B's tile by TMA multicast"
                      if ring.cluster > 1 else "")])
     src += body.replace("SIGNATURE", kc.sig.declaration())
-    zero = (lw.out.tensor,) if lw.split_mode == "atomic" else ()
+    zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     layout = lowering_smem(lw)
     return CudaKernel(name, src, tuple(kc.sig.params), threads, layout.total, lw, zero,
                       register_demand=split.demand, cluster=ring.cluster)

@@ -28,6 +28,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
+from habu.lower.general import Store
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
 from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.lower.tma_store import TmaStoreEpilogue, tma_store_for
@@ -106,6 +107,21 @@ class ContractionLowering:
     tma_store: TmaStoreEpilogue | None = None
     # the extents of the batch axes batch0, batch1, ... (outermost first); () when not batched
     batch: tuple[str, ...] = ()
+    # ATOMIC_ADD: a scatter-add node (`dA[IX[m] k] += Σ n …`): `out` is the element the scatter names
+    # (its row through the gather, index-checked), each value added with f32 atomicAdd onto the target's
+    # prior contents (never zeroed), so rows whose index repeats accumulate (`scatter-accumulates`)
+    store: Store = Store.WRITE
+
+    @property
+    def atomic_store(self) -> bool:
+        """The epilogue adds into the output atomically (split-K's partial sums, or a scatter-add)."""
+        return self.split_mode == "atomic" or self.store is Store.ATOMIC_ADD
+
+    @property
+    def zeroed_output(self) -> bool:
+        """The launcher zeroes the output first: split-K's partial sums add into it (a scatter-add keeps
+        the target's prior contents)."""
+        return self.split_mode == "atomic" and self.store is Store.WRITE
 
     @property
     def batch_axes(self) -> tuple[str, ...]:
@@ -230,12 +246,13 @@ class ContractionLowering:
         """The epilogue stores the adjacent outputs (m, n), (m, n+1) as one 2-element vector when both
         are inside and the pair's element offset is even: the mma.sync and wgmma direct-store epilogues
         (their fragments hold column pairs), not under split-K's atomic adds, and only along a
-        contiguous n in f32/bf16/f16."""
+        contiguous n in f32/bf16/f16; a scatter-add's pairs (f32) are added by one vector reduction."""
         k, out = self.kernel, self.out
         if k.mma == "fma" or (k.mma == "wgmma" and k.store == "tma"):
             return False
         contiguous = out.positions[-1].kind == "axis" and out.positions[-1].axis == "n"
-        return self.split_mode != "atomic" and contiguous and out.dtype in ("f32", "bf16", "f16")
+        types = ("f32",) if self.store is Store.ATOMIC_ADD else ("f32", "bf16", "f16")
+        return self.split_mode != "atomic" and contiguous and out.dtype in types
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """Every vector access the kernel makes of global memory (not TMA's, which the emitted tensor
@@ -325,12 +342,13 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     out_decl = model.tensor(last.target)
     first_axes = [axis_of_epi[ax] for ax in pos_axes]  # the axis of each position of the first node's lhs
     out_axes = {v: first_axes[i] for i, v in enumerate(last.lhs)}
-    out = access(out_decl, last.lhs, out_axes)
-    tables = tuple(t for t in (c.a.gather, c.b.gather) if t)
+    out = access(out_decl, last.store_indices, out_axes)  # a scatter's stored element (IX[m] n)
+    tables = tuple(dict.fromkeys(t for t in (c.a.gather, c.b.gather, c.a.k_gather, c.b.k_gather) if t))
     unscheduled = ContractionLowering(
         kernel=kernel, m=m_var.extent, n=n_var.extent, k=k_var.extent, a=a, b=b, out=out,
         epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k, split_mode="none",
         index_width=kernel.index_width, tables=tables, a_src=a, b_src=b, batch=tuple(v.extent for v in c.batch),
+        store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD,
     )
     return with_kernel(unscheduled, kernel)
 

@@ -79,7 +79,8 @@ class ContractionSupport(PathSupport):
 
     def refusals(self, lw: ContractionLowering) -> list[str]:
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
-                *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw)]
+                *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw),
+                *_k_gather_refusals(lw)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         """The refusals about the instruction's own layout (what its emitter checks before printing;
@@ -134,6 +135,15 @@ def _cluster_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
     if c not in (1, 2):
         reasons.append("clusters of 2 blocks")
     return reasons
+
+
+def _k_gather_refusals(lw: ContractionLowering) -> list[str]:
+    """An operand gathered on the reduction axis (`A[IX[m] k]`, m summed) is read through a staging pass
+    that gathers its rows into a plain buffer: no loader of the main loop gathers along k."""
+    k = lw.kernel
+    return [f"{src.tensor} is gathered on the reduction axis: it moves by staged (a pass gathers its rows)"
+            for src, move in ((lw.a_src, k.a_move), (lw.b_src, k.b_move))
+            if src is not None and move != "staged" and any(p.kind == "gather" and p.axis == "k" for p in src.positions)]
 
 
 def _batch_refusals(lw: ContractionLowering) -> list[str]:

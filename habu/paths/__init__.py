@@ -17,12 +17,13 @@ from dataclasses import replace
 
 from habu.lower import support as _support
 from habu.paths import columns, fma, general, grouped, map, mma_sync, rows, wgmma
+from habu.paths.analytic import node_of
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
-from habu.plan.patterns import Region
+from habu.plan.patterns import Region, as_contraction
 from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
-from habu.spec.ir import Model
+from habu.spec.ir import IndexVar, Model
 from habu.target import Target
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
@@ -50,7 +51,11 @@ def by_preference(family: str) -> list[KernelPath]:
 
 
 def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Kernel:
-    """The analytic default of `region`: the first path (by preference) that builds it on `target`."""
+    """The analytic default of `region`: the first path (by preference) that builds it on `target`; a
+    general region whose node is a contraction with a scatter-add store or an operand gathered on its
+    reduction axis (GGEMM's backward) takes the contraction where a GPU-tested path builds one (`default_contraction`)."""
+    if region.kind == "general" and (k := default_contraction(model, region, target, sizes)) is not None:
+        return k
     for p in by_preference(region.kind):
         kernel = p.default(model, region, target, sizes)
         if kernel is not None:
@@ -58,6 +63,25 @@ def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str
     if region.kind == "grouped":  # a grouped GEMM the grouped path cannot build: the general family's
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
     raise ValueError(f"no kernel path builds a {region.kind} region on {target.name}")
+
+
+def default_contraction(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Kernel | None:
+    """The default of a general region whose node the contraction family builds on a GPU-tested path: a
+    scatter-add store into an f32 target (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue; wgmma, or the SIMT
+    path for f32 operands) or an operand gathered on the reduction axis (`Σ m dO[m n]·A[IX[m] k]`, staged;
+    wgmma). Default since their exact GPU checks passed (H200, 2026-12-02, tests/gpu/test_ggemm_backward.py:
+    duplicates in IX, ragged shapes); the mma.sync forms stay general unless pinned (`--pin
+    family=contraction`) or searched."""
+    kernel = family_kernel(model, region, "contraction", target, sizes)
+    eq = node_of(model, region.nodes[0])
+    tested = (Mma.WGMMA, Mma.FMA) if eq.scatter is not None else (Mma.WGMMA,)
+    if not isinstance(kernel, ContractionKernel) or kernel.mma not in tested:
+        return None
+    target_dtype = model.tensor(eq.target).dtype
+    if eq.scatter is not None and (target_dtype is None or target_dtype.name != "f32"
+                                   or not isinstance(eq.scatter[-1], IndexVar)):
+        return None  # a scatter adds with f32 atomicAdd only (`scatter-accumulates`); rows scattered, as GPU-tested
+    return kernel
 
 
 def region_space(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> Iterator[Kernel]:
@@ -70,7 +94,11 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
         elif region.kind == "general" and (g := family_kernel(model, region, "grouped", target, sizes)) is not None:
             yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A
+        elif region.kind == "general" and family_kernel(model, region, "contraction", target, sizes) is not None:
+            yield from region_space(model, Region("contraction", region.nodes), target, sizes)  # k gather, scatter
         return
+    if region.kind == "general":  # the general kernel stays a candidate beside the contraction default
+        yield general.PATH.default(model, region, target, sizes)
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
     for mma in MMAS:
@@ -79,7 +107,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield from path.variants(base, target, skinny=skinny)
 
 
-FAMILY_PINS = ("grouped", "general")  # `--pin family=…`
+FAMILY_PINS = ("grouped", "general", "contraction")  # `--pin family=…`
 
 
 def family_kernel(model: Model, region: Region, family: str, target: Target, sizes: dict[str, int]) -> Kernel | None:
@@ -89,8 +117,17 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
     grouped region with the general family (the fallback the search keeps as a candidate)."""
     if family == "grouped" and region.kind in ("grouped", "general"):
         return grouped.PATH.default(model, region, target, sizes)
-    if family == "general" and region.kind == "grouped":
+    if family == "general" and (region.kind == "grouped" or isinstance(
+            default_contraction(model, region, target, sizes), ContractionKernel)):
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
+    c = as_contraction(node_of(model, region.nodes[0])) if region.kind == "general" and len(region.nodes) == 1 else None
+    if family == "contraction" and c is not None:
+        # a contraction the default leaves to the general family: an operand gathered on the reduction
+        # axis (staged: only the wgmma path reads a staging pass's buffer, bf16/f16 operands), a scatter-add
+        # store (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue)
+        kernel = default_kernel(model, Region("contraction", region.nodes), target, sizes)
+        staged = isinstance(kernel, ContractionKernel) and "staged" in (kernel.a_move, kernel.b_move)
+        return kernel if staged or (c.a.k_gather is None and c.b.k_gather is None) else None
     return None
 
 
@@ -111,5 +148,6 @@ def unregister(name: str) -> None:
     _support.unregister(name)
 
 
-__all__ = ["FAMILY_PINS", "PATHS", "ContractionPath", "KernelPath", "by_preference", "contraction_path", "default_kernel",
-           "family_kernel", "path_for", "path_named", "region_space", "register", "unregister"]
+__all__ = ["FAMILY_PINS", "PATHS", "ContractionPath", "KernelPath", "by_preference", "contraction_path",
+           "default_contraction", "default_kernel", "family_kernel", "path_for", "path_named", "region_space", "register",
+           "unregister"]

@@ -76,20 +76,20 @@ class ContractionFacts:
         assert c is not None
         a_t, b_t = c.a.load.tensor, c.b.load.tensor
         a_dt, b_dt = dtype_of(model, a_t), dtype_of(model, b_t)
-        b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
+        # an operand gathered on k is staged k-major (`_staged`'s transposing pass) before the main loop reads it
+        b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1 or c.b.k_gather is not None
         b_decl = model.tensor(b_t)
         b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 + len(c.batch)
                          and target.tma and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
         batches = 1
         for v in c.batch:
             batches *= sizes[v.extent]
-        a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1
+        a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1 or c.a.k_gather is not None
         a_decl = model.tensor(a_t)
         a_m_major_tma = (not a_kmajor and c.a.gather is None and len(c.a.load.indices) == 2 + len(c.batch)
                          and target.tma and dtype_bytes(model, a_t) == 2 and (sizes[a_decl.extents[-1]] * 2) % 16 == 0)
         return ContractionFacts(c, a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt, sizes[c.m.extent],
-                                sizes[c.n.extent], sizes[c.k.extent], c.a.k_pos == len(c.a.load.indices) - 1,
-                                b_kmajor, b_n_major_tma, batches, a_m_major_tma)
+                                sizes[c.n.extent], sizes[c.k.extent], a_kmajor, b_kmajor, b_n_major_tma, batches, a_m_major_tma)
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,7 @@ class OperandFacts:
     row_elems: int  # its row length in elements (row-major storage)
     elem_bytes: int
     rows: int  # the rows of the output it feeds (#M for A, #N for B)
+    k_gathered: bool = False  # gathered on the reduction axis (`A[IX[m] k]`, m summed): read through a staging pass
 
     @property
     def aligned_rows(self) -> bool:
@@ -166,7 +167,7 @@ class ContractionPath(KernelPath):
             while tile_along_inner % vec:
                 vec //= 2
             facts_op = OperandFacts(op is c.b, op.gather is not None, op.k_pos == len(op.load.indices) - 1, inner,
-                                    eb, sizes[(c.m if op is c.a else c.n).extent])
+                                    eb, sizes[(c.m if op is c.a else c.n).extent], op.k_gather is not None)
             return self.default_movement(facts_op, vec, facts, target)
 
         a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == len(c.a.load.indices) - 1 else tile[0])
@@ -344,7 +345,8 @@ def plain_output(model: Model, region: Region, c: Contraction, target: Target, s
     out_decl = model.tensor(region.output)
     out_e = dtype_bytes(model, region.output)
     free = tuple(v for v in first.lhs if v not in c.batch)  # (m, n) after any batch indices
-    return (target.tma and free[:1] == (c.m,) and first.lhs[-1] == c.n and len(last.lhs) == 2 + len(c.batch)
+    return (target.tma and last.scatter is None and free[:1] == (c.m,) and first.lhs[-1] == c.n
+            and len(last.lhs) == 2 + len(c.batch)
             and len(out_decl.extents) == 2 + len(c.batch) and out_e in (2, 4)
             and (sizes[out_decl.extents[-1]] * out_e) % 16 == 0)
 

@@ -46,6 +46,8 @@ class WgmmaPath(ContractionPath):
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
+        if op.k_gathered:  # a pass gathers its rows into a k-major buffer that TMA reads
+            return "staged", vector
         if not op.gathered and target.tma and op.aligned_rows and op.contiguous_k:
             return "tma", vector
         if (op.is_b and facts.b_n_major_tma) or (not op.is_b and facts.a_m_major_tma):

@@ -22,7 +22,7 @@ Every node of a model belongs to exactly one region; `default_regions` gives the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations, pairwise
+from itertools import combinations
 
 from habu.errors import HabuError
 from habu.plan.storage import dtype_of
@@ -54,6 +54,9 @@ class Operand:
     axis_pos: int  # index position that carries the axis (directly or through a gather)
     k_pos: int  # index position that carries k
     gather: str | None  # index tensor the axis goes through (A[IX[m] k]), or None
+    # index tensor the reduction goes through (`A[IX[m] k]` with m summed: GGEMM's dB), or None; such an
+    # operand is read through a staging pass (Move.STAGED) that gathers its rows into a plain buffer
+    k_gather: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,14 @@ class Contraction:
     # free indices both operands and the output read plainly, in the output's order (`b` of
     # S[b i j] = Σ d Q[b i d] · K[b j d]): a grid dimension of the kernel, one product per value
     batch: tuple[IndexVar, ...] = ()
+
+    @property
+    def by_default(self) -> bool:
+        """Whether the node gets a contraction region (and its fused epilogue): not an operand gathered on
+        the reduction axis or a scatter-add store, whose general region's default kernel is the wgmma
+        contraction where it builds one (habu.paths.default_contraction; `--pin family=contraction` and the
+        search reach the other paths)."""
+        return self.node.scatter is None and self.a.k_gather is None and self.b.k_gather is None
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,7 @@ def _is_constant(e: Expr) -> bool:
 
 def _operand(ld: Load, axis: IndexVar, k: IndexVar, batch: tuple[IndexVar, ...] = ()) -> Operand | None:
     axis_pos = k_pos = -1
-    gather = None
+    gather = k_gather = None
     for pos, ix in enumerate(ld.indices):
         if ix in batch:
             if ld.indices.count(ix) != 1:
@@ -112,15 +123,23 @@ def _operand(ld: Load, axis: IndexVar, k: IndexVar, batch: tuple[IndexVar, ...] 
             if axis_pos >= 0:
                 return None
             axis_pos, gather = pos, ix.tensor
+        elif isinstance(ix, Gather) and ix.indices == (k,):
+            if k_pos >= 0:
+                return None
+            k_pos, k_gather = pos, ix.tensor
         else:
             return None
     if axis_pos < 0 or k_pos < 0 or len(ld.indices) != 2 + sum(1 for v in batch if v in ld.indices):
         return None
-    return Operand(ld, axis, axis_pos, k_pos, gather)
+    if gather is not None and k_gather is not None:
+        return None  # rows and reduction both gathered: no staging pass reads that
+    return Operand(ld, axis, axis_pos, k_pos, gather, k_gather)
 
 
 def as_contraction(eq: Equation) -> Contraction | None:
-    """Recognise `T[m n] = Σ k A[m k] · B[n k]` (any index order, A's rows possibly gathered), and its
+    """Recognise `T[m n] = Σ k A[m k] · B[n k]` (any index order, A's rows possibly gathered, an operand
+    possibly gathered on k: `Σ m dO[m n] · A[IX[m] k]`; a scatter-add `T[IX[m] n] += Σ k …` too, see
+    `Contraction.by_default`), and its
     batched form `T[b.. m n] = Σ k A[b.. m k] · B[b.. n k]` (batch indices anywhere, each read plainly
     once by both operands, or by one of them — a weight shared by every batch, `Y[b i n] = Σ d X[b i d] ·
     W[n d]` — and written by the output)."""
@@ -133,6 +152,10 @@ def as_contraction(eq: Equation) -> Contraction | None:
     consts = [f for f in factors if not isinstance(f, Load)]
     if len(loads) != 2 or not all(_is_constant(c) for c in consts) or len(set(eq.lhs)) != len(eq.lhs):
         return None
+    if eq.scatter is not None and (len(eq.lhs) != 2 or not all(
+            ix in eq.lhs or (isinstance(ix, Gather) and len(ix.indices) == 1 and ix.indices[0] in eq.lhs)
+            for ix in eq.scatter)):
+        return None  # a scatter-add epilogue stores at (m or IX[m], n or IX[n]): no other index form
     shared = tuple(v for v in eq.lhs if v in loads[0].indices and v in loads[1].indices)
     one_side = [v for v in eq.lhs if v not in shared]
     extra = len(eq.lhs) - len(shared) - 2  # batch indices read by one operand alone
@@ -273,9 +296,10 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         eq = nodes[i]
         check_gathers(eq)
         c = as_contraction(eq) if eq.scatter is None else None
-        # a scatter store: only the general family adds through an index; and only it computes
-        # conditions on indices (a contraction's epilogue and the row family compute none yet)
-        if eq.scatter is not None or (c is None and has_condition(eq)):
+        # a scatter store and a contraction gathered on its reduction axis: a general region (whose default
+        # kernel may be the wgmma contraction: habu.paths.default_contraction); and only the general family
+        # computes conditions on indices (a contraction's epilogue and the row family compute none yet)
+        if eq.scatter is not None or (c is None and has_condition(eq)) or (c is not None and not c.by_default):
             regions.append(general_region(model, eq))
         elif c is not None:
             group = [eq.target]
@@ -555,45 +579,3 @@ def _merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
             regions[-1] = Region(kind, prev.nodes + new.nodes)
             return
     regions.append(new)
-
-
-def _piece_kind(model: Model, nodes: tuple[str, ...]) -> str:
-    eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
-    if as_contraction(eqs[0]) is not None:
-        return "contraction"
-    if any(any(isinstance(x, Reduce) for x in walk(e.rhs)) for e in eqs):
-        return "rows"
-    return "rows" if all(len(e.lhs) == 2 and row_local(e) for e in eqs) else "map"
-
-
-def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
-    """The partitions of the model's nodes into kernels that the families can compute: the greedy
-    (most fused) partition first, then every way of cutting its regions at node boundaries, fewest
-    cuts first. A cut stores the intermediate in global memory and launches one more kernel; it
-    can still pay (a smaller epilogue keeps the contraction's registers free, a long row chain
-    split into kernels that each fit in registers). Each partition appears once; at most `limit`."""
-    greedy = default_regions(model)
-    boundaries = [(ri, j) for ri, r in enumerate(greedy) for j in range(1, len(r.nodes))]
-    out: list[tuple[Region, ...]] = []
-    seen: set[tuple[Region, ...]] = set()
-    for n_cuts in range(len(boundaries) + 1):
-        for cuts in combinations(boundaries, n_cuts):
-            regions: list[Region] = []
-            for ri, r in enumerate(greedy):
-                at = [0, *sorted(j for (rj, j) in cuts if rj == ri), len(r.nodes)]
-                for lo, hi in pairwise(at):
-                    piece = r.nodes[lo:hi]
-                    reduces = any(isinstance(x, Reduce) for t in piece for x in walk(
-                        next(e for e in model.nodes if e.target == t).rhs))
-                    if r.kind == "columns" and reduces:  # its reduction, with what prologue and epilogue are left
-                        kind = "columns" if column_region(model, piece) else "general"
-                    else:
-                        kind = r.kind if r.kind in ("general", "grouped") else _piece_kind(model, piece)
-                    regions.append(Region(kind, piece))
-            p = tuple(regions)
-            if p not in seen:
-                seen.add(p)
-                out.append(p)
-            if len(out) >= limit:
-                return out
-    return out

@@ -113,7 +113,7 @@ def _factor_parts(model: Model, target: str) -> tuple[Equation, Expr, Expr, str]
     if c is None:
         return None
     for side, op in (("a", c.a), ("b", c.b)):
-        if op.gather is not None or not _is_intermediate(model, op.load.tensor):
+        if op.gather is not None or op.k_gather is not None or not _is_intermediate(model, op.load.tensor):
             continue
         p = _node(model, op.load.tensor)
         if p is None or consumers(model, p.target) != [eq] or len(p.lhs) != 2:

@@ -27,7 +27,8 @@ def split_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] |
             rest = _replaced(eq.rhs, x, Load(part.target, part.lhs))
             # the rest becomes the contraction's epilogue: one that reads through a gather is not split
             # (the wgmma epilogues print no index check for it)
-            if as_contraction(part) is not None and not any(
+            c = as_contraction(part)  # (one the default builds: not a gather on its reduction axis)
+            if c is not None and c.by_default and not any(
                     isinstance(y, Load) and any(isinstance(i, Gather) for i in y.indices) for y in walk(rest)):
                 return eq, x, part
     return None

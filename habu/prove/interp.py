@@ -19,6 +19,7 @@ import numpy as np
 from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
+from habu.lower.general import Store
 from habu.lower.pipeline import MbarrierRing
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel
@@ -292,7 +293,13 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         key = (s, z, _local(tm, bm, rows), _local(tn, bn, cols))
         if key[2] and key[3]:
             groups.setdefault(key, []).append((tm, tn))
-    accumulate = lw.split_mode == "atomic"
+    accumulate = lw.atomic_store
+    scatter = lw.store is Store.ATOMIC_ADD
+    if scatter and lw.out.tensor not in mem.written:
+        # atomicAdd onto the target's memory, which holds its prior contents (an input of the model): every
+        # value lands, duplicates included, in any order (as the grouped family's scatter-add)
+        mem.written[lw.out.tensor] = WrittenTensor(lw.out.tensor, int(lw.out.numel(sizes)), f.p, True,
+                                                   mem.inputs.get(lw.out.tensor))
     for stage in lw.pre:  # staging passes: every row the chosen tiles read, all of k
         tile = bm if stage.dst.positions[0].axis == "m" else bn
         picked = {t[0] if stage.dst.positions[0].axis == "m" else t[1] for t in tiles}
@@ -374,7 +381,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
 
         value = eval_pointwise(lw.epilogue, leaf, f, sizes)
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
-        write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, owned, where)
+        # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
+        write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
 
 
 def _block_products(f: Any, a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:
@@ -530,12 +538,21 @@ def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tup
     samples = [np.array(sample_tiles(sizes[e]), dtype=np.int64) for e in lw.batch]
     zs = sorted({int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
                  for combo in itertools.product(*samples)})
+    scatter = lw.store is Store.ATOMIC_ADD
+    gathered = {p.axis for p in lw.out.positions if p.kind == "gather"} if scatter else set()
+    # a scatter-add: any row (column) lands anywhere, so every tile along a gathered axis runs, and the
+    # target's every row (column) there is compared
+    tms = list(range(int(lw.tiles_m(sizes)))) if "m" in gathered else tms
+    tns = list(range(int(lw.tiles_n(sizes)))) if "n" in gathered else tns
     wanted = {(z, a, b) for z in zs for a in tms for b in tns}
     rows = np.unique(np.concatenate([np.arange(t * lw.bm, min((t + 1) * lw.bm, sizes[lw.m])) for t in tms]))
     cols = np.unique(np.concatenate([np.arange(t * lw.bn, min((t + 1) * lw.bn, sizes[lw.n])) for t in tns]))
     extents = lw.out.extents  # the output's own dims (not the lowering's, which a planted bug may permute)
     batch_dims = iter(samples)  # the output's batch dims come in the batch's order (the lhs order)
     box = tuple(rows if e == lw.m else cols if e == lw.n else next(batch_dims) for e in extents)
+    if scatter:  # the target's rows (the gather's range), whatever their extent
+        box = tuple(np.arange(sizes[e]) if p.kind == "gather" else b
+                    for e, p, b in zip(extents, lw.out.positions, box, strict=True))
     batches = f", batches {[s.tolist() for s in samples]}" if lw.batch else ""
     return wanted, box, f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s){batches}"
 
@@ -543,6 +560,9 @@ def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tup
 def _contraction_for_box(lw: ContractionLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
                          ) -> tuple[object, object, str]:
     by_axis = {p.axis: box[i] for i, p in enumerate(lw.out.positions)}
+    if lw.store is Store.ATOMIC_ADD:  # a scatter's target rows come from any row: every row of m
+        by_axis = {**by_axis, **{p.axis: np.arange(sizes[lw.m] if p.axis == "m" else sizes[lw.n])
+                                 for p in lw.out.positions if p.kind == "gather"}}
     tms = np.unique(by_axis["m"] // lw.bm).tolist()
     tns = np.unique(by_axis["n"] // lw.bn).tolist()
     zs = {int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))

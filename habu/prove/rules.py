@@ -26,6 +26,7 @@ from habu.lower import (
 )
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.contraction import is_batch_axis
+from habu.lower.general import Store
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.support import ROWS, accumulator_registers, lowering_smem, support_for
 from habu.plan.plan import ROW_CLUSTERS, Plan
@@ -164,6 +165,15 @@ def _access_obligations(name: str, access: Access, axes: Mapping[str, tuple[Any,
                              status="runtime-check", how="checked by the runtime before every launch")
 
 
+def scatter_accumulates(name: str, store: Store, out: Access, overwrite: str) -> Obligation:
+    """The `scatter-accumulates` obligation of a kernel storing a scatter node (`T[IX[r] n] += …`): it
+    adds each value with f32 atomicAdd (`overwrite`: what a plain store would do wrong)."""
+    return Obligation(R["scatter-accumulates"], name, out.tensor,
+                      f"the scatter into {out.tensor} adds each value with f32 atomicAdd",
+                      store is Store.ATOMIC_ADD and out.dtype == "f32",
+                      detail=f"the kernel stores {out.tensor} ({out.dtype}) by {store.value}: {overwrite}")
+
+
 def _batch(p) -> bool:
     """A batched contraction's batch position (an outer dimension of the operand's 2-D view)."""
     return p.kind == "axis" and is_batch_axis(p.axis)
@@ -190,6 +200,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     for _ld, acc in lw.epi_loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
+    if any(eq.target == lw.kernel.nodes[-1] and eq.scatter is not None for eq in ctx.model.nodes):
+        yield scatter_accumulates(name, lw.store, lw.out, "rows whose indices repeat would overwrite each other")
     for stage in lw.pre:
         row_axis = stage.dst.positions[0].axis
         # (a batched operand's source reads its batch positions too; staging one is refused, `supported-path`)
@@ -316,7 +328,9 @@ def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: Contra
     t = ctx.target
     s = ctx.ext
     e = ctx.dtype_bytes(acc)
-    k_pos = next(i for i, p in enumerate(acc.positions) if p.kind == "axis" and p.axis == "k")
+    k_pos = next((i for i, p in enumerate(acc.positions) if p.kind == "axis" and p.axis == "k"), None)
+    if k_pos is None:  # gathered on k and not staged: refused by `supported-path` (`_k_gather_refusals`)
+        return
     k_contiguous = k_pos == len(acc.positions) - 1
     _row_stride_bytes(acc, ctx, k_pos if k_contiguous else len(acc.positions) - 1)
     gathered = any(p.kind == "gather" for p in acc.positions)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from habu.lower.general import GeneralLowering, Store
+from habu.lower.general import GeneralLowering
 from habu.prove.obligation import Context, Obligation
 
 
@@ -14,6 +14,7 @@ def general_obligations(name: str, lw: GeneralLowering, ctx: Context) -> Iterato
     from habu.prove.rules import (  # the shared access rules (rules.py imports this module)
         R,
         _access_obligations,
+        scatter_accumulates,
     )
 
     s = ctx.ext
@@ -22,10 +23,6 @@ def general_obligations(name: str, lw: GeneralLowering, ctx: Context) -> Iterato
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     if lw.scatters:
-        ok = lw.store is Store.ATOMIC_ADD and lw.out.dtype == "f32"
-        yield Obligation(R["scatter-accumulates"], name, lw.out.tensor,
-                         f"the scatter into {lw.out.tensor} adds each value with f32 atomicAdd",
-                         ok, detail=f"the kernel stores {lw.out.tensor} ({lw.out.dtype}) by {lw.store.value}: "
-                         "threads whose indices repeat would overwrite each other")
+        yield scatter_accumulates(name, lw.store, lw.out, "threads whose indices repeat would overwrite each other")
     yield Obligation(R["threads"], name, None, f"{lw.kernel.threads} threads per block",
                      lw.kernel.threads <= ctx.target.max_threads_per_block, detail=f"{lw.kernel.threads} threads")

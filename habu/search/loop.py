@@ -22,7 +22,8 @@ from habu.db import Key, PlanDB, Record, provenance
 from habu.lower import ContractionLowering, lower_plan
 from habu.lower.contraction import with_kernel
 from habu.plan.limits import check_nesting
-from habu.plan.patterns import Region, default_regions, partitions
+from habu.plan.partitions import partitions
+from habu.plan.patterns import Region, default_regions
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats

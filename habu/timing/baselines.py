@@ -21,7 +21,9 @@ from habu.timing.harness import TORCH_DTYPE
 def torch_baseline(model: Model, inputs: dict[str, Any]) -> tuple[str, Callable[[dict[str, Any]], Any]] | None:
     """(a description, a function of the inputs) for the torch equivalent, or None."""
     c = as_contraction(model.nodes[0]) if len(model.nodes) == 1 else None
-    if c is None or c.batch or (c.scale is not None and not isinstance(c.scale, Const)):
+    # (a gather on the reduction axis or a scatter-add store, GGEMM's backward, is torch eager's: index_add)
+    if c is None or c.batch or (c.scale is not None and not isinstance(c.scale, Const)) or c.node.scatter is not None \
+            or c.a.k_gather or c.b.k_gather:
         from habu.timing.torch_eager import eager_baseline
 
         return eager_baseline(model, _sizes(model, inputs))

@@ -239,7 +239,7 @@ def test_rmsnorm_linear_with_the_row_scale_after_the_contraction(sizes):
     """The factor:Y rewrite (a row-statistic kernel, then the contraction over X with the scale in
     its epilogue), every partition of it, against the float64 reference of the model as written."""
     from habu.bench.run import device_target
-    from habu.plan.patterns import partitions
+    from habu.plan.partitions import partitions
     from habu.plan.rewrite import apply_rewrites
     from habu.search.space import concrete_sizes, default_kernels, make_plan
     from habu.spec.parser import load_program

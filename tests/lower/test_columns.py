@@ -339,7 +339,7 @@ MODEL: PRO-KEPT ( a b -- p g )  MUL DUP COLSUM ;
 def test_an_elementwise_prologue_node_is_fused_into_the_column_kernel():
     """`%1[r n] = A·B` then `G[n] = Σ r %1[r n]`: one column kernel reads A and B (the product is never
     stored); cutting it gives a row kernel and a column kernel, and both plans pass."""
-    from habu.plan.patterns import partitions
+    from habu.plan.partitions import partitions
     from habu.search.space import default_kernels, make_plan
 
     model = parse_text(PROLOGUE, "pro.habu").models["PRO"]

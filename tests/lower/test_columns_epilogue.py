@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from habu.lower import ColumnLowering, lower_plan
 from habu.paths.emit import emit_plan
-from habu.plan.patterns import default_regions, partitions
+from habu.plan.partitions import partitions
+from habu.plan.patterns import default_regions
 from habu.prove import prove
 from habu.prove.verify import verify_plan
 from habu.search.space import default_kernels, default_plan, make_plan

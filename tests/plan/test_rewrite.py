@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from habu.plan.patterns import default_regions, partitions
+from habu.plan.partitions import partitions
+from habu.plan.patterns import default_regions
 from habu.plan.plan import Plan
 from habu.plan.rewrite import RewriteError, applicable, apply_rewrites, rewrite_sets
 from habu.prove.rules import failures, obligations

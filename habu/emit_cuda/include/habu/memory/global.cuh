@@ -13,6 +13,16 @@ __device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_bf16(bf16* p, float v) { *p = float_to_bf16(v); }
 __device__ __forceinline__ void store_f16(f16* p, float v) { *p = float_to_f16(v); }
 __device__ __forceinline__ void atomic_add_f(float* p, float v) { atomicAdd(p, v); }
+/** @brief Adds (v0, v1) into p[0], p[1] (p 8-byte aligned): one vector reduction on sm_90+ (an L2 sector op
+ *  for both), two atomicAdds before. A scatter-add epilogue's adjacent column pair. */
+__device__ __forceinline__ void atomic_add_f2(float* p, float v0, float v1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(v0), "f"(v1) : "memory");
+#else
+  atomicAdd(p, v0);
+  atomicAdd(p + 1, v1);
+#endif
+}
 
 /** @brief 16 bytes from global memory, or zeros when `pred` is false (no access is made then). */
 __device__ __forceinline__ uint4 load16_or_zero(const void* p, bool pred) {

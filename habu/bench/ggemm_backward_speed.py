@@ -1,0 +1,139 @@
+"""GGEMM's backward on the H200 (issue 21: ≥ 1.0× torch autograd of `A[IX] @ B.T` at 4096³), in one run:
+
+    python -m habu.bench.ggemm_backward_speed [--sizes 4096,1024] [--json OUT.json] [--pin KEY=VALUE ...]
+
+Habu: tests/data/ggemm_backward.habu's default plans (and any pins given): dA[IX[m] k]
++= Σ n dO[m n]·B[n k] (wgmma, f32 atomicAdd scatter epilogue; dA zeroed first, inside the timed call) and
+dB[n k] = Σ m dO[m n]·A[IX[m] k] (A's gathered rows staged k-major, then wgmma with TMA). torch: the
+backward of `A[IX] @ B.T` (bf16, requires_grad on A and B) by torch.autograd.grad with the forward's graph
+retained: dG = dO @ B, dA = index_put_ (accumulate) of dG into zeros, dB = dOᵀ @ A[IX] (the gathered rows
+saved by the forward).
+
+Self-check first, at each size: integer inputs (|x| ≤ 3, IX with duplicates), so every sum is an exact
+integer in f32: Habu's dA equals torch's float64 `index_add` bit for bit, Habu's dB equals the float64
+product rounded once to bf16; torch's own gradients are checked against the same reference (its bf16 dA
+within 1% in norm). Then each kernel's device time (torch's profiler), Habu's and torch's. Timing: CUDA events, 5 warm-ups, the median of 30 calls queued behind a GPU
+sleep (habu.timing.harness.time_cuda), 2 input sets. Exit status 1 when a self-check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from habu.bench.kernel_times import kernel_device_times
+from habu.bench.run import build
+from habu.timing.harness import time_cuda, torch
+
+PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "ggemm_backward.habu"
+PINS: dict[str, str] = {}  # the default plans (the wgmma contractions on sm_90a)
+SETS = 2
+
+
+def _inputs(m: int, n: int, k: int, seed: int) -> dict[str, Any]:
+    t = torch()
+    g = t.Generator().manual_seed(seed)
+    return {"dO": t.randint(-3, 4, (m, n), generator=g).bfloat16().cuda(),
+            "A": t.randint(-3, 4, (m, k), generator=g).bfloat16().cuda(),
+            "B": t.randint(-3, 4, (n, k), generator=g).bfloat16().cuda(),
+            "IX": t.randint(0, m, (m,), generator=g).int().cuda()}  # duplicates: about 1/e of the rows unused
+
+
+def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
+    t = torch()
+    m = n = k = size
+    shape = {"M": m, "N": n, "K": k}
+    da_built = build(str(PATH), "GGEMM-DA", shape, pins, check_indices=False)
+    db_built = build(str(PATH), "GGEMM-DB", shape, pins, check_indices=False)
+    row: dict[str, Any] = {"size": size, "plans": {"dA": da_built.plan.to_json()["kernels"],
+                                                   "dB": db_built.plan.to_json()["kernels"]}}
+    sets = [_inputs(m, n, k, 100 + i) for i in range(SETS)]
+    da_out = [t.empty((m, k), dtype=t.float32, device="cuda") for _ in range(SETS)]
+    db_out = [t.empty((n, k), dtype=t.bfloat16, device="cuda") for _ in range(SETS)]
+
+    def habu(i: int) -> None:
+        s = sets[i]
+        da_out[i].zero_()
+        da_built.compiled(dO=s["dO"], B=s["B"], dA=da_out[i], IX=s["IX"])
+        db_built.compiled(dO=s["dO"], A=s["A"], IX=s["IX"], dB=db_out[i])
+
+    graphs = []
+    for s in sets:  # torch's forward, its graph kept for the timed backward calls
+        a, b = s["A"].clone().requires_grad_(True), s["B"].clone().requires_grad_(True)
+        graphs.append((a[s["IX"].long()] @ b.t(), a, b, s["dO"]))
+
+    def torch_backward(i: int) -> tuple[Any, Any]:
+        out, a, b, d_o = graphs[i]
+        return t.autograd.grad(out, (a, b), d_o, retain_graph=True)
+
+    # the self-check: exact integers everywhere
+    s = sets[0]
+    habu(0)
+    t_da, t_db = torch_backward(0)
+    t.cuda.synchronize()
+    ix = s["IX"].long()
+    da_ref = t.zeros((m, k), dtype=t.float64, device="cuda").index_add(0, ix, s["dO"].double() @ s["B"].double())
+    db_ref = (s["dO"].double().t() @ s["A"].double()[ix]).bfloat16()
+    checks = {"habu dA": bool(t.equal(da_out[0].double(), da_ref)), "habu dB": bool(t.equal(db_out[0], db_ref)),
+              # torch's dA is bf16 (A's type), accumulated by index_put_ in bf16: within its rounding
+              "torch dA": bool(((t_da.double() - da_ref).norm() / da_ref.norm()).item() < 1e-2),
+              "torch dB": bool(t.equal(t_db, db_ref))}
+    row["checks"] = checks
+    if not checks["habu dA"] or not checks["habu dB"]:
+        row["error"] = "self-check failed"
+        return row
+    row["habu"] = time_cuda(habu, SETS)
+    row["torch"] = time_cuda(torch_backward, SETS)
+    for name in ("habu", "torch"):
+        row[name].pop("samples", None)
+    row["ratio"] = row["torch"]["median_us"] / row["habu"]["median_us"]  # > 1: Habu faster
+    flops = 2 * 2 * m * n * k
+    row["habu_tflops"] = flops / (row["habu"]["median_us"] * 1e-6) / 1e12
+    # the parts, each alone (the dA zeroing inside dA's time)
+    row["habu_dA_us"] = time_cuda(lambda i: (da_out[i].zero_(), da_built.compiled(
+        dO=sets[i]["dO"], B=sets[i]["B"], dA=da_out[i], IX=sets[i]["IX"])), SETS)["median_us"]
+    row["habu_dB_us"] = time_cuda(lambda i: db_built.compiled(
+        dO=sets[i]["dO"], A=sets[i]["A"], IX=sets[i]["IX"], dB=db_out[i]), SETS)["median_us"]
+    # dA's product stored plainly (no scatter, no zeroing): what the scatter-add epilogue costs over it
+    dg_built = build(str(PATH), "GGEMM-DG", shape, pins, check_indices=False)
+    dg_out = [t.empty((m, k), dtype=t.float32, device="cuda") for _ in range(SETS)]
+    row["plain_dG_us"] = time_cuda(lambda i: dg_built.compiled(dO=sets[i]["dO"], B=sets[i]["B"], dG=dg_out[i]),
+                                   SETS)["median_us"]
+    row["plans"]["dG"] = dg_built.plan.to_json()["kernels"]
+    # each kernel's device time (the profiler's): staging pass, GEMMs, torch's index_put and memsets
+    row["kernels_us"] = {"habu": kernel_device_times(lambda: habu(0)), "torch": kernel_device_times(lambda: torch_backward(0))}
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="4096,1024")
+    p.add_argument("--json", default=None)
+    p.add_argument("--pin", action="append", default=[], help="more pins for both kernels (KEY=VALUE)")
+    args = p.parse_args(argv)
+    pins = PINS | dict(x.split("=", 1) for x in args.pin)
+    rows, failed = [], False
+    for size in (int(x) for x in args.sizes.split(",")):
+        row = run_size(size, pins)
+        rows.append(row)
+        failed |= "error" in row
+        if "error" in row:
+            print(f"{size}³: {row['error']}: {row['checks']}", flush=True)
+            continue
+        print(f"{size}³: Habu {row['habu']['median_us']:.1f} µs (dA {row['habu_dA_us']:.1f}, dB "
+              f"{row['habu_dB_us']:.1f}; {row['habu_tflops']:.0f} TFLOP/s; dA's product stored plainly "
+              f"{row['plain_dG_us']:.1f}) vs torch autograd "
+              f"{row['torch']['median_us']:.1f} µs: {row['ratio']:.2f}x; checks {row['checks']}", flush=True)
+        print(f"  plans: dA {row['plans']['dA']}\n         dB {row['plans']['dB']}", flush=True)
+        for who, times in row["kernels_us"].items():
+            print(f"  {who} kernels: " + "; ".join(f"{name[:60]} {us:.1f} µs" for name, us in times.items()), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""GGEMM's backward on tensor cores (tests/data/ggemm_backward.habu, the default plans on sm_90a): dA by the
+wgmma contraction with an f32 atomicAdd scatter epilogue at IX's rows, dB by the wgmma contraction reading
+A's rows gathered on the reduction axis through a staging pass. The exact differential check (integer
+inputs, red zones), and both against float64 torch with duplicates in IX, ragged shapes and dA's prior
+contents kept."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+from habu.bench.run import build  # noqa: E402
+from habu.timing.exact import kept_types  # noqa: E402
+from habu.timing.exact_gpu import ExactChecker  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+PATH = ROOT / "tests" / "data" / "ggemm_backward.habu"
+PINS: dict[str, str] = {}  # the defaults: the wgmma contractions (`--pin family=contraction` gives the same)
+RAGGED = {"M": 200, "N": 136, "K": 264}  # no extent a multiple of the tiles; N and K of 16-byte rows
+
+
+@pytest.mark.parametrize("model", ["GGEMM-DA", "GGEMM-DB"])
+def test_the_pinned_backward_kernels_pass_the_exact_check(model):
+    built = build(str(PATH), model, RAGGED, PINS)
+    assert [(k.kind, k.mma) for k in built.plan.kernels] == [("contraction", "wgmma")]
+    result = ExactChecker(built.model, built.sizes, seed=11).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
+def test_the_simt_scatter_of_an_f32_gradient_passes_the_exact_check():
+    """examples/ggemm.habu's backward (f32 dO): dA by the fma contraction's scatter-add, pinned."""
+    built = build(str(PATH), "GGEMM-DA-F32", RAGGED, {"family": "contraction"})
+    assert [(k.kind, k.mma) for k in built.plan.kernels] == [("contraction", "fma")]
+    result = ExactChecker(built.model, built.sizes, seed=13).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
+def test_duplicates_in_ix_accumulate_onto_da_and_db_reads_the_gathered_rows_exactly():
+    m, n, k = RAGGED["M"], RAGGED["N"], RAGGED["K"]
+    g = torch.Generator().manual_seed(5)
+    d_o = torch.randint(-3, 4, (m, n), generator=g).bfloat16().cuda()
+    a = torch.randint(-3, 4, (m, k), generator=g).bfloat16().cuda()
+    b = torch.randint(-3, 4, (n, k), generator=g).bfloat16().cuda()
+    ix = torch.randint(0, m // 4, (m,), generator=g).int().cuda()  # every row of dA hit about 4 times, some none
+    da0 = torch.randint(-5, 6, (m, k), generator=g).float().cuda()
+    da_built = build(str(PATH), "GGEMM-DA", RAGGED, PINS)
+    db_built = build(str(PATH), "GGEMM-DB", RAGGED, PINS)
+    da = da_built.compiled(dO=d_o, B=b, dA=da0.clone(), IX=ix)
+    db = db_built.compiled(dO=d_o, A=a, IX=ix)
+    torch.cuda.synchronize()
+    da_ref = da0.double().index_add(0, ix.long(), d_o.double() @ b.double())
+    db_ref = (d_o.double().t() @ a[ix.long()].double()).bfloat16()  # exact integers, rounded once to bf16
+    assert torch.equal(da.double(), da_ref), f"{int((da.double() != da_ref).sum())} of {da_ref.numel()} dA differ"
+    assert torch.equal(db, db_ref), f"{int((db != db_ref).sum())} of {db_ref.numel()} dB differ"
