@@ -1,11 +1,12 @@
-"""FFN-SKIP forward + backward (issue 21's training-step target): Habu's forward and derived backward
-kernels (`habu.build(..., grad=True)`, save policy auto) against torch eager autograd and torch.compile
-of the same block, in the same run, bf16 parameters and activations.
+"""FFN-SKIP forward + backward (issue 21's training-step target): Habu's forward-with-saved-values and
+derived backward kernels (save policy auto; the kernels `habu.build(..., grad=True)` runs inside
+torch.autograd, called here directly) against torch eager autograd and torch.compile of the same block,
+in the same run, bf16 parameters and activations.
 
     python -m habu.bench.train_step_speed [--tokens 128,4096] [--json out.json]
 
 One step is `y = block(x, w1, b1, w2, b2); y.backward(dy)` with every input requiring a gradient (x too,
-as inside a network). Before timing, each side's gradients are compared with an f32 torch reference
+as inside a network); Habu's step is its forward kernels then its backward kernels. Before timing, each side's gradients are compared with an f32 torch reference
 (relative Frobenius error); a Habu step whose gradient is off by more than 5e-2 is reported and not
 timed. Goal (issue 21): ≥ 1.2× torch eager and ≥ 1.0× torch.compile at 128 and 4096 tokens.
 """
@@ -52,30 +53,45 @@ def rel_error(got: Any, want: Any) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
 
 
-def measure(tokens: int) -> dict[str, Any]:
+def measure(tokens: int, target: str) -> dict[str, Any]:
     import torch
 
-    import habu
+    from habu.bench.backward_speed import build
     from habu.timing.harness import time_cuda
 
     row: dict[str, Any] = {"tokens": tokens, **SIZES}
     t0 = time.time()
-    block = habu.build(EX / "ffn_skip.habu", "FFN-SKIP", grad=True, trials=1, B=tokens)
+    bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": tokens}, target)
     row["build_s"] = round(time.time() - t0, 1)
+    names = [t.name for t in bw.forward.inputs]  # X W1 B1 W2 B2
+    grad_of = dict(bw.gradients)
+    cot = dict(bw.cotangents)["Y"]
+
+    def habu_step(*tensors: Any, dy: Any) -> list[Any]:
+        named = dict(zip(names, (t.detach() for t in tensors), strict=True))
+        out = fwd(**named)
+        out = out if isinstance(out, dict) else {bw.forward.outputs[0].name: out}
+        avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
+        result = back(**{t.name: avail[t.name] for t in back.model.inputs})
+        result = result if isinstance(result, dict) else {back.model.outputs[0].name: result}
+        return [result[grad_of[n]] for n in names]
+
     sets = [inputs_for(tokens, 100 + i) for i in range(2)]
     dys = [torch.randn((tokens, SIZES["D"]), device="cuda").to(torch.bfloat16) for _ in sets]
     reference = grads(lambda *a: torch_block(*[t.float() for t in a]),
                       [t.detach().clone().requires_grad_() for t in sets[0]], dys[0].float())
     compiled = torch.compile(torch_block)
-    sides = {"habu": block, "torch eager": torch_block, "torch.compile": compiled}
+    sides = {"habu": lambda ts, dy: habu_step(*ts, dy=dy),
+             "torch eager": lambda ts, dy: grads(torch_block, ts, dy),
+             "torch.compile": lambda ts, dy: grads(compiled, ts, dy)}
     for name, step in sides.items():
-        errs = [rel_error(g, r) for g, r in zip(grads(step, sets[0], dys[0]), reference, strict=True)]
-        row[f"{name} grad rel error"] = max(errs)
+        got = step(sets[0], dys[0])
+        row[f"{name} grad rel error"] = max(rel_error(g.reshape(r.shape), r) for g, r in zip(got, reference, strict=True))
     if row["habu grad rel error"] > GRAD_RTOL:
         row["failed"] = f"a gradient differs from the f32 reference by {row['habu grad rel error']:.2e}"
         return row
     for name, step in sides.items():
-        row[f"{name} us"] = time_cuda(lambda i, step=step: grads(step, sets[i], dys[i]), len(sets))["median_us"]
+        row[f"{name} us"] = time_cuda(lambda i, step=step: step(sets[i], dys[i]), len(sets))["median_us"]
     return row
 
 
@@ -83,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="128,4096")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--target", default="sm_90a")
     args = ap.parse_args(argv)
-    rows = [measure(int(t)) for t in args.tokens.split(",")]
+    rows = [measure(int(t), args.target) for t in args.tokens.split(",")]
     print("FFN-SKIP forward + backward, D 4096, H 14336, bf16 (µs, median of CUDA events)")
     print(f"{'tokens':>6} {'habu':>9} {'eager':>9} {'compile':>9} {'× eager':>8} {'× compile':>9}  grad errors")
     failed = False
