@@ -230,9 +230,15 @@ def _columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
 
 
 def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
-    """The last block's pass over the columns strides 2·threads (the thread map's `final_step` doubled):
-    half of them never get their epilogue."""
+    """A tile's last block's pass over the tile's columns strides 2·threads (the thread map's `final_step`
+    doubled): the columns of a tile wider than the block never get their epilogue."""
     return replace(lw, thread_map=replace(lw.thread_map, final_step=2 * lw.thread_map.final_step))
+
+
+def _tile_counters_shared(lw: ColumnLowering) -> ColumnLowering:
+    """Every column tile counts its row splits on counter 0 (the thread map's `counter_stride` 0, as one
+    counter of the module did): the first tile's last split finishes it, and no later tile is finished."""
+    return replace(lw, thread_map=replace(lw.thread_map, counter_stride=0))
 
 
 def _tiles_rounded_down(lw: Lowering) -> Lowering:
@@ -496,10 +502,12 @@ MUTANTS: tuple[Mutant, ...] = (
            _col(lambda lw: replace(lw, combine="atomic"))),
     Mutant("columns-max-splits-stored", "a column max's row splits store their partial maxima: the last split "
            "to finish wins", "column_reductions.habu", "COL-MAX", COLS, _col(lambda lw: replace(lw, combine="store"))),
-    Mutant("columns-final-pass-skips-columns", "the last block's epilogue pass strides 2·threads columns: half "
-           "of the gradient is left unscaled", "column_reductions.habu", "BIAS-GRAD-UNSCALED",
-           {"R": 300, "N": 700},
-           _col(_final_pass_skips), {"threads": "128"}),
+    Mutant("columns-final-pass-skips-columns", "a tile's last block's epilogue pass strides 2·threads columns: "
+           "half of each 128-column tile of the gradient is left unscaled", "column_reductions.habu",
+           "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700}, _col(_final_pass_skips), {"threads": "64"}),
+    Mutant("columns-tile-counters-shared", "every column tile counts its row splits on one counter: the later "
+           "tiles' epilogues never run", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
+           _col(_tile_counters_shared), {"threads": "64"}),
     Mutant("grouped-tiles-rounded-down", "the grouped GEMM's scheduler rounds a group's row tiles down "
            "(rows // bm): the rows of a group's ragged last tile, or of a group smaller than a tile, are never "
            "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, _tiles_rounded_down,

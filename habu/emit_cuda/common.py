@@ -130,7 +130,10 @@ class SizeView(Mapping[str, Any]):
 
 
 def _ident(name: str) -> str:
-    """A C identifier for a tensor name: %3 (an intermediate) -> t3, @A (a staged copy) -> staged_A."""
+    """A C identifier for a tensor name: %3 (an intermediate) -> t3, @A (a staged copy) -> staged_A,
+    $G (the per-launch counters of the kernel writing G) -> counters_G."""
+    if name.startswith("$"):
+        return "counters_" + _ident(name[1:])
     if name.startswith("%"):
         return "t" + _ident(name[1:])
     if name.startswith("@"):

@@ -123,12 +123,20 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     out_col = "col"
     out_off = offset(out, None, out_col)
     decode = ""
-    final = f"for ({it} {out_col} = {c(lw.final_start(CExpr('tid')))}; {out_col} < {c(lw.columns(sizes))}; {out_col} += {lw.final_step})"
+    if lw.final_pass:
+        # the tile's last row split to finish (its arrival on the tile's counter, a slot of the launch's
+        # zero-filled workspace, completes the count) finishes the tile's columns
+        counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
+        slot = c(lw.counter_slot(tile))
+        last = f"habu::last_block_done({counters} + ({slot}), (int)({c(lw.arrivals(sizes))}))"
+        final = (f"for (int j = {c(lw.final_start(CExpr('tid')))}; j < {tm.tile_columns}; j += {lw.final_step})")
+        column = f"const {it} {out_col} = ({it})({c(lw.tile_column(tile, CExpr('j')))});"
     if lw.combine == "atomic":
         store = f"habu::atomic_add_f({p_out} + ({out_off}), w);  // row splits add into the zeroed output"
         if lw.epilogue is not None:
-            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: the epilogue, in place
+            decode = f"""  if ({last}) {{  // every split of the tile is in: the epilogue, in place
     {final} {{
+      {column}
       if ({mask(out, None, out_col)}) {{ const float w = {p_out}[{out_off}]; {p_out}[{out_off}] = {epilogue("w")}; }}
     }}
   }}
@@ -137,15 +145,17 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
         store = (f"habu::atomic_max_ordered({p_out} + ({out_off}), w);  // row splits take the max of "
                  "order-preserving keys in the zeroed output")
         if lw.epilogue is None:
-            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: each key back to its float
+            decode = f"""  if ({last}) {{  // every split of the tile is in: each key back to its float
     {final} {{
+      {column}
       if ({mask(out, None, out_col)}) habu::decode_ordered({p_out} + ({out_off}));
     }}
   }}
 """
         else:
-            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: each key's float, then the epilogue
+            decode = f"""  if ({last}) {{  // every split of the tile is in: each key's float, then the epilogue
     {final} {{
+      {column}
       if ({mask(out, None, out_col)}) {{
         habu::decode_ordered({p_out} + ({out_off}));
         const float w = *(volatile float*)({p_out} + ({out_off}));
@@ -156,9 +166,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
 """
     else:
         store = store_value(out.dtype, p_out, out_off, epilogue("w")) + "  // one split owns the column"
-    counter = f"__device__ unsigned int retired_{name} = 0u;  // blocks done (habu::last_block_done)\n" \
-        if decode else ""
-    src_body = f"""{counter}extern "C" __global__ void __launch_bounds__({tm.threads}) {name}(SIGNATURE) {{
+    src_body = f"""extern "C" __global__ void __launch_bounds__({tm.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  __shared__ float partials[{pm.slots}];  // each row group's partial of each column of the tile
   const int tid = threadIdx.x;
   const int tc = tid % {Tc};  // column thread
@@ -208,7 +216,9 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
                  [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}", *epi])
     src += src_body.replace("SIGNATURE", sig.declaration())
     zero = (out.tensor,) if lw.combine in ("atomic", "atomic-max") else ()
-    return CudaKernel(name, src, tuple(sig.params), tm.threads, 0, lw, zero=zero)
+    workspace = ((lw.counter_tensor, "i32", lw.counter_extents),) if lw.final_pass else ()
+    return CudaKernel(name, src, tuple(sig.params), tm.threads, 0, lw,
+                      zero=zero + tuple(w[0] for w in workspace), workspace=workspace)
 
 
 register_geometry(ColumnLowering, GRID_2D)  # column tiles × row splits

@@ -85,10 +85,13 @@ def _formula(text: str) -> str:
 
 
 def _size(token: str, static: Mapping[str, int]) -> str:
-    """An extent's size in C: a number, a runtime extent's variable or a derived "K^8"."""
+    """An extent's size in C: a number, a runtime extent's variable or a derived "K^8" or "N/256"."""
     if "^" in token:
         base, multiple = token.split("^")
         return f"(({_size(base, static)} + {int(multiple) - 1}) / {multiple} * {multiple})"
+    if "/" in token:
+        base, tile = token.split("/")
+        return f"(({_size(base, static)} + {int(tile) - 1}) / {tile})"
     return f"{static[token]}LL" if token in static else token
 
 
