@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -140,6 +141,12 @@ def _ident(name: str) -> str:
         return "staged_" + _ident(name[1:])
     # anything else that C does not allow (Y.scale, made by a rewrite) is spelt by its code: Y_2e_scale
     return "".join(ch if ch.isascii() and (ch.isalnum() or ch == "_") else f"_{ord(ch):x}_" for ch in name)
+
+
+def references(code: str, name: str) -> bool:
+    """Whether C code `code` names the variable `name` (a whole identifier): an emitter declares a
+    variable only where the code it prints reads it (NVRTC warns of one declared but never referenced)."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}\b", code) is not None
 
 
 def index_type(width: int) -> str:
