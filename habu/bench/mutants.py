@@ -235,12 +235,6 @@ def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
     return replace(lw, thread_map=replace(lw.thread_map, final_step=2 * lw.thread_map.final_step))
 
 
-def _tile_counters_shared(lw: ColumnLowering) -> ColumnLowering:
-    """Every column tile counts its row splits on counter 0 (the thread map's `counter_stride` 0, as one
-    counter of the module did): the first tile's last split finishes it, and no later tile is finished."""
-    return replace(lw, thread_map=replace(lw.thread_map, counter_stride=0))
-
-
 def _tiles_rounded_down(lw: Lowering) -> Lowering:
     """The grouped GEMM's tile scheduler counts a group's row tiles as (rows) // bm instead of ⌈rows / bm⌉:
     a group smaller than a tile gets none, and a longer one loses its ragged last tile (rows unwritten)."""
@@ -505,9 +499,17 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("columns-final-pass-skips-columns", "a tile's last block's epilogue pass strides 2·threads columns: "
            "half of each 128-column tile of the gradient is left unscaled", "column_reductions.habu",
            "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700}, _col(_final_pass_skips), {"threads": "64"}),
-    Mutant("columns-tile-counters-shared", "every column tile counts its row splits on one counter: the later "
-           "tiles' epilogues never run", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
-           _col(_tile_counters_shared), {"threads": "64"}),
+    Mutant("columns-block-decode-swapped", "the column kernel takes its tile from blockIdx.y and its row split "
+           "from blockIdx.x", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
+           _col(lambda lw: _planted(lw, "block", lambda self, bx, by: (by, bx))), {"threads": "64"}),
+    Mutant("columns-row-mask-inclusive", "a row split's loads and sums run to r <= row_end: the next split's "
+           "first row is added twice", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
+           _col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, end_inclusive=True))),
+           {"threads": "64", **RAGGED_SPLITS}),  # (a row loop that runs past its split's end)
+    Mutant("columns-tile-counters-shared", "every column tile counts its row splits on counter 0 (as on the one "
+           "counter of the module before): the first tile's last split finishes it, no later tile is finished",
+           "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
+           _col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, counter_stride=0))), {"threads": "64"}),
     Mutant("grouped-tiles-rounded-down", "the grouped GEMM's scheduler rounds a group's row tiles down "
            "(rows // bm): the rows of a group's ragged last tile, or of a group smaller than a tile, are never "
            "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, _tiles_rounded_down,

@@ -11,6 +11,8 @@ reads 0, as the finite-field interpreter's does. Sums and maxima accumulate in f
 
 from __future__ import annotations
 
+import re
+
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
@@ -31,6 +33,25 @@ from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Load, Model
 
 MAX_INIT = "(-__int_as_float(0x7f800000))"  # -infinity: the identity of max
+
+
+def _operand(x: CExpr) -> str:
+    """`x` as the operand of a cast: a name as it is, anything else in parentheses."""
+    text = c(x)
+    return text if re.fullmatch(r"[\w.]+", text) else f"({text})"
+
+
+def _bare(x: CExpr) -> str:
+    """`x` without the parentheses around the whole of it (a condition printed inside `if (...)`)."""
+    text = c(x)
+    if text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0 and i < len(text) - 1:
+                return text  # "(a) < (b)": the outer parentheses are not one pair
+        return text[1:-1]
+    return text
 
 
 def _no_table(name: str, coordinate: str) -> str:
@@ -116,6 +137,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
             return f"(({mask(acc, None, 'col')}) ? {load_value(acc.dtype, p, offset(acc, None, 'col'))} : 0.0f)"
         return float_expr(lw.epilogue, leaf, sizes)
     tile, split = CExpr("tile"), CExpr("split")
+    block = lw.block(CExpr("blockIdx.x"), CExpr("blockIdx.y"))  # (tile, split) of this block
     first_col = lw.thread_column(tile, CExpr("tc"), 0)
     row = lw.row(CExpr("row_begin"), CExpr("i"), CExpr("u"), CExpr("g"))
     out = lw.out
@@ -171,8 +193,8 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
   const int tid = threadIdx.x;
   const int tc = tid % {Tc};  // column thread
   const int g = tid / {Tc};  // row group
-  const {it} tile = ({it})blockIdx.x;  // column tile
-  const {it} split = ({it})blockIdx.y;  // row split
+  const {it} tile = ({it}){_operand(block[0])};  // column tile
+  const {it} split = ({it}){_operand(block[1])};  // row split
   const {it} c0 = ({it})({c(first_col)});  // this thread's columns: c0 .. c0 + {V - 1}
   const {it} row_begin = ({it})({c(lw.row_begin(split))});
   const {it} row_end = ({it})({c(lw.row_end(split, sizes))});
@@ -186,13 +208,13 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
 #pragma unroll
     for (int u = 0; u < {U}; ++u) {{  // issue every load of the iteration first: {U} rows in flight
       const {it} r = ({it})({c(row)});
-      const bool live = r < row_end;
+      const bool live = {_bare(lw.row_live(CExpr("r"), CExpr("row_end")))};
       rows[u] = r;
 {chr(10).join(issued)}
     }}
 #pragma unroll
     for (int u = 0; u < {U}; ++u) {{
-      if (rows[u] < row_end) {{
+      if ({_bare(lw.row_live(CExpr("rows[u]"), CExpr("row_end")))}) {{
 #pragma unroll
         for (int v = 0; v < {V}; ++v) habu::accumulate<{is_max}>(acc[v], {value});
       }}

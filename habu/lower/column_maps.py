@@ -6,7 +6,9 @@ them runs or prints.
 
     thread t:        tc = t % column_threads, g = t / column_threads
     its columns:     tile·tile_columns + tc·column_stride + v          (v < vector)
+    its block:       (tile, split) = (blockIdx.x, blockIdx.y)
     its rows:        begin + i·row_step + u·unroll_step + g          (i < steps, u < unroll), below row_end
+                     (`row_live`: r < row_end; r ≤ row_end only in a planted bug, `end_inclusive`)
     a split's rows:  split·rows_per_split .. min(split·rows_per_split + rows_per_split, #R)
                      (#R: the rows, the product of the reduced leading extents: `ColumnLowering.rows`)
     the final pass:  the last of a column tile's row splits to finish (its arrival on the tile's counter,
@@ -45,6 +47,7 @@ class ColumnThreadMap:
     steps: int  # iterations of the row loop
     final_step: int  # slots between a last-block thread's columns of its tile in the final pass
     counter_stride: int  # slots of the per-launch counters between neighbouring column tiles' counters
+    end_inclusive: bool = False  # the row mask r ≤ row_end (a planted bug; the lowering never sets it)
 
     def column_thread(self, t: Any) -> Any:
         return t % self.column_threads
@@ -54,6 +57,14 @@ class ColumnThreadMap:
 
     def thread_column(self, tile: Any, tc: Any, v: Any) -> Any:
         return tile * self.tile_columns + tc * self.column_stride + v
+
+    def block(self, bx: Any, by: Any) -> tuple[Any, Any]:
+        """(column tile, row split) of the block at grid coordinates (bx, by)."""
+        return bx, by
+
+    def row_live(self, r: Any, end: Any) -> Any:
+        """Whether row r of a split (ending before `end`) is one of its rows."""
+        return r <= end if self.end_inclusive else r < end
 
     def row_begin(self, split: Any) -> Any:
         return split * self.rows_per_split

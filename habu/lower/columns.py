@@ -121,6 +121,14 @@ class ColumnLowering(FlattenedRows):
         """The column of element v of column thread tc's vector in column tile `tile`."""
         return self.thread_map.thread_column(tile, tc, v)
 
+    def block(self, bx: Any, by: Any) -> tuple[Any, Any]:
+        """(column tile, row split) of the block at grid coordinates (bx, by): the grid is `grid`."""
+        return self.thread_map.block(bx, by)
+
+    def row_live(self, r: Any, end: Any) -> Any:
+        """Whether row r is one of its split's rows (those before `end`, the split's `row_end`)."""
+        return self.thread_map.row_live(r, end)
+
     def row_begin(self, split: Any) -> Any:
         return self.thread_map.row_begin(split)
 

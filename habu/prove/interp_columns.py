@@ -53,19 +53,20 @@ def run_columns(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Me
     each then counts itself on its tile's counter, and the one completing a count runs the final pass."""
     arrived: dict[int, int] = {}  # the launch's counters (zero-filled before it), by slot
     slots, want = int(lw.counters(sizes)), int(lw.arrivals(sizes))
-    for tile, split in blocks:
+    for bx, by in blocks:  # launched blocks' grid coordinates, decoded as the kernel decodes them
         check_deadline(f"in {name}'s blocks")  # a column kind's row splits are checked at full size
-        _run_block(name, lw, sizes, mem, int(tile), int(split))
+        tile, split = (int(x) for x in lw.block(int(bx), int(by)))
+        _run_block(name, lw, sizes, mem, tile, split)
         if not lw.final_pass:
             continue
-        slot = int(lw.counter_slot(int(tile)))
+        slot = int(lw.counter_slot(tile))
         if not 0 <= slot < slots:
-            mem.fault(f"{name}: column tile {int(tile)} counts its row splits on counter {slot}, outside the "
+            mem.fault(f"{name}: column tile {tile} counts its row splits on counter {slot}, outside the "
                       f"launch's {slots} counters")
             continue
         arrived[slot] = arrived.get(slot, 0) + 1
         if arrived[slot] == want and lw.epilogue is not None:  # this block is the tile's last: its final pass
-            _final_pass(name, lw, sizes, mem, int(tile))
+            _final_pass(name, lw, sizes, mem, tile)
 
 
 def _combined_buffer(lw: ColumnLowering):
@@ -162,7 +163,7 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     begin = lw.row_begin(split)
     end = lw.row_end(split, sizes)
     rows = np.asarray(lw.row(begin, i, u, g), dtype=np.int64)
-    in_rows = rows < end
+    in_rows = np.asarray(lw.row_live(rows, end), dtype=bool)
     coords = {**lw.row_coordinates(rows, sizes), "c": cols}  # through the row → coordinates map
 
     def leaf(ld: Load) -> np.ndarray:
