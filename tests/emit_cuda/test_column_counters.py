@@ -83,3 +83,17 @@ def test_each_call_zero_fills_its_own_counters_before_the_launch(monkeypatch):
     (launch,) = call.launches
     counters = next(i for i, p in enumerate(launch.kernel.params) if p.tensor == "$G")
     assert launch.args.values[counters].value == memsets[1][1]  # the buffer zeroed is the one passed
+
+
+def test_the_checked_call_path_zero_fills_the_counters_too(monkeypatch):
+    """check_indices="host" takes the checked path (`_Prepared`, per stream): the counters are kept with
+    its launches and zero-filled before every launch."""
+    cuda = fake_gpu(monkeypatch, runtime, driver)
+    model = _model()
+    compiled = CompiledModel(model, emit_plan(model, default_plan(model, TARGET, {}, PINS), TARGET),
+                             check_indices="host")
+    args = {"dY": info((300, 1000), "bf16"), "G": info((1000,), "f32", BASE + 0x100000)}
+    for _ in range(2):
+        start = len(cuda.calls)
+        compiled(stream=7, **args)
+        assert [(c[0], c[2]) for c in cuda.calls[start:] if c[0] != "launch"] == [("memset", 4000), ("memset", 32)]
