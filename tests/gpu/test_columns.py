@@ -114,6 +114,29 @@ def test_regression_two_streams_running_one_column_kernel_at_once_are_both_exact
         assert not wrong, f"stream {i}: launches {wrong} differ from the reference"
 
 
+def test_a_column_kernel_captured_in_a_graph_zero_fills_its_counters_on_every_replay():
+    """The counters' memset is captured with the launch: every replay finds each tile's last split anew
+    (a counter left at its count would finish no tile on the second replay)."""
+    built = build(str(ROOT / "examples" / "column_reductions.habu"), "COL-MAX", {})
+    R, N = built.sizes["R"], built.sizes["N"]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    static = {"dY": torch.randint(-8, 9, (R, N), device="cuda", generator=gen).to(torch.bfloat16)}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            built.compiled(**static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = built.compiled(**static)
+    for _ in range(3):
+        static["dY"].copy_(torch.randint(-8, 9, (R, N), device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, static["dY"].float().amax(0))
+
+
 # (not columns-max-splits-stored: the exact check's inputs are small integers in ±1..±3, so every split of
 # 100 rows holds a 3 and the last split's maximum is the column's — the mutant is invisible to it on the
 # H200, 2026-12-01; the finite-field check kills it on the CPU)
