@@ -32,8 +32,10 @@ _C_ARITH = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
 
 
 def ptr(tensor: str) -> str:
-    """The C variable of a tensor's device pointer (intermediates are named like %3)."""
-    return "p_" + "".join(ch if ch.isalnum() or ch == "_" else "tmp" if ch == "%" else "_" for ch in tensor)
+    """The C variable of a tensor's device pointer (intermediates are named like %3, a kernel's counters
+    like $G)."""
+    return "p_" + "".join(ch if ch.isalnum() or ch == "_" else "tmp" if ch == "%" else "ws" if ch == "$" else "_"
+                          for ch in tensor)
 
 
 def c_name(model: str) -> str:
