@@ -1,10 +1,12 @@
 """Column kernels: `T[c] = op r body(r, c)` over a grid of column tiles × row splits.
 
-Everything index-shaped is printed from the `ColumnLowering`: the thread's first column
-(`thread_column`), its split's rows (`row_begin`, `row_end`) and its row loop (`row`, `steps`), the
-shared-memory partials (`partial_slot`, `combined_slot`), the combining loop (`combine_start`,
-`combine_step`), the stored column (`tile_column`), and every access's offset and mask (`Access.offset`
-/ `Access.mask` through `CIndex`). A row-column load the lowering packs (`vectorized`) is one 4-, 8- or
+Everything index-shaped is printed from the `ColumnLowering`: the block's tile and split (`block`), the
+thread's first column (`thread_column`), its split's rows (`row_begin`, `row_end`, `row_live`) and its row
+loop (`row`, `steps`), the shared-memory partials (`partial_slot`, `combined_slot`), the combining loop
+(`combine_start`, `combine_step`), the stored column (`tile_column`), the tile's counter in the launch's
+workspace (`counter_tensor`, `counter_slot`, `arrivals`) and its last split's pass over the tile
+(`final_start`, `final_step`), and every access's offset and mask (`Access.offset` / `Access.mask`
+through `CIndex`). A row-column load the lowering packs (`vectorized`) is one 4-, 8- or
 16-byte load of `vector` adjacent columns, `unroll` rows of it issued before any is added; a masked load
 reads 0, as the finite-field interpreter's does. Sums and maxima accumulate in f32.
 """
