@@ -136,6 +136,10 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, k_step=2 * obj.k_step)
         if obj.batch:  # the batch decode one batch on (batch z reads batch z + 1's coordinates)
             yield _with_override(obj, "batch_coordinates", lambda sup, z, *rest: sup(z + 1, *rest))
+        if len(obj.batch) > 1:  # several batch axes: their order reversed, and their coordinates swapped
+            yield replace(obj, batch=tuple(reversed(obj.batch)))
+            yield _with_override(obj, "batch_coordinates",
+                                 lambda sup, *args: dict(zip(sup(*args), reversed(sup(*args).values()), strict=True)))
         yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
