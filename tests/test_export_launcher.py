@@ -27,6 +27,9 @@ from tests.conftest import ROOT
 SM90 = target_named("sm_90a")
 SM_COUNT, BLOCKS_PER_SM, CLUSTERS = 132, 2, 60  # what the stand-in driver answers
 RUNTIME_K = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
+# a column max split over row blocks at a runtime width: each tile's counters, a workspace ("N/128" slots)
+COLUMN_MAX = ("300 EXTENT: #R  8..4096%8 EXTENT: #N\nbf16 TENSOR: dY ( #R #N )  f32 TENSOR: G ( #N )\n"
+              "MODEL: COLS  G[n] = max r dY[r n] ;\n")
 
 MOCK = r"""
 #include <stdio.h>
@@ -179,7 +182,7 @@ def expected_calls(compiled, desc, sizes: dict[str, int]) -> list[str]:
             n = ELEMENT_BYTES[dtype]
             for e in ext:
                 n *= all_sizes[e]
-            lines.append(f"memset {address[z]} 0 {n}")
+            lines.append(f"memset {address.get(z, '?')} 0 {n}")  # '?': a workspace the launcher allocates
             after_kernel = False
         rule = slots_rule(k)
         slots = {None: SM_COUNT, "sm_count": SM_COUNT, "occupancy": BLOCKS_PER_SM * SM_COUNT,
@@ -228,7 +231,7 @@ def normalise(lines: list[str], allocated: set[int]) -> list[str]:
         elif w[0] == "launch":
             out.append(" ".join(w[:8] + ["?" if x.isdigit() and int(x) in allocated else x for x in w[8:]]))
         elif w[0] == "memset":
-            out.append(line)
+            out.append(" ".join(["memset", "?" if int(w[1]) in allocated else w[1], *w[2:]]))
     return out
 
 
@@ -244,6 +247,8 @@ CASES = [
     ("softmax-prefetch", "softmax.habu", (("R", 1500), ("C", 2048)),
      (("row_prefetch", "true"), ("cache_row", "true"), ("threads", "256")), {}),
     ("ffn-skip", "ffn_skip.habu", (("D", 256), ("H", 512)), (), {}),
+    ("column-counters", COLUMN_MAX, (), (("rows_per_split", "64"), ("threads", "64"), ("column_threads", "32"),
+                                         ("vector", "4")), {"N": 1000}),
 ]
 
 
@@ -264,7 +269,8 @@ def test_launcher_runs_the_kernel_of_the_size_bucket(width, tmp_path):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_launcher_makes_the_runtimes_launches(case, tmp_path):
     _, example, shape, pins, sizes = case
-    program = parse_text(RUNTIME_K, "g.habu") if example is None else load_program(ROOT / "examples" / example)
+    program = (parse_text(RUNTIME_K, "g.habu") if example is None else parse_text(example, "c.habu")
+               if "MODEL:" in example else load_program(ROOT / "examples" / example))
     compiled = compile_model(program, program.pick(None).name, dict(shape), SM90, dict(pins), trials=1)
     lines, desc = run_launcher(tmp_path, compiled, sizes)
     assert lines[-1] == "status 0", lines

@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from habu.lower import (
+    ColumnLowering,
     ContractionLowering,
     GeneralLowering,
+    GroupedLowering,
     LoweredPlan,
     MapLowering,
     RowLowering,
@@ -63,6 +65,12 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("map", "fused.habu", "AXPY-RELU", {}, {}, "sm_90a"),
     ("general", "weighted_scores.habu", "SCORES", {}, {}, "sm_90a"),
     ("columns", "bias_grad.habu", "BIAS-GRAD", {}, {}, "sm_90a"),
+    ("columns, epilogue by each tile's last split", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {}, {},
+     "sm_90a"),
+    ("grouped (MoE: gate, up, act rows, combine scatter-add)", "moe_mixtral.habu", "MOE-FFN", {"T": 64, "R": 128},
+     {"family": "grouped"}, "sm_90a"),
+    ("scatter-add (general, atomic)", "scatter_add.habu", "UNPERMUTE", {}, {}, "sm_90a"),
+    ("attention unfused (wgmma scores, softmax, mma.sync PV)", "attention.habu", "ATTENTION-GQA", {}, {}, "sm_90a"),
 )
 
 _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
@@ -128,6 +136,10 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, k_step=2 * obj.k_step)
         if obj.batch:  # the batch decode one batch on (batch z reads batch z + 1's coordinates)
             yield _with_override(obj, "batch_coordinates", lambda sup, z, *rest: sup(z + 1, *rest))
+        if len(obj.batch) > 1:  # several batch axes: their order reversed, and their coordinates swapped
+            yield replace(obj, batch=tuple(reversed(obj.batch)))
+            yield _with_override(obj, "batch_coordinates",
+                                 lambda sup, *args: dict(zip(sup(*args), reversed(sup(*args).values()), strict=True)))
         yield replace(obj, fragment=replace(obj.fragment, row_step=obj.fragment.row_step + 1,
                                             lanes_per_row=obj.fragment.lanes_per_row + 1))
         yield replace(obj, fragment=replace(obj.fragment, halves=obj.fragment.halves + 1))
@@ -149,6 +161,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield from _wgmma_operand_variants(obj)
     if isinstance(obj, TmaStoreEpilogue):
         yield from _tma_store_variants(obj)
+    if isinstance(obj, ColumnLowering):  # the block decode: tile and split from the grid's other dimension
+        yield _with_override(obj, "block", lambda sup, bx, by: sup(by, bx))
     if isinstance(obj, ColumnThreadMap | ColumnPartials):  # the column kernel's maps: each stride and count
         for f in fields(obj):
             yield replace(obj, **{f.name: getattr(obj, f.name) + 1})
@@ -175,10 +189,33 @@ def _variants(obj: Any) -> Iterator[Any]:
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
         yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
+    if isinstance(obj, GroupedLowering):
+        yield from _grouped_variants(obj)
     if isinstance(obj, FlatGrid) and len(obj.extents) > 1:  # the flat index's decode: its divisors' order
         yield replace(obj, extents=tuple(reversed(obj.extents)))
     if isinstance(obj, FlatGrid) and obj.extents:  # the decode's last step reduced too (e0 = rest % #E0)
         yield _with_override(obj, "decode", lambda sup: (*sup()[:-1], (*sup()[-1][:2], "%", sup()[-1][3])))
+
+
+# the grouped GEMM's maps, each planted one off (what `habu.prove.interp_grouped` runs): a tile's rows and
+# columns, the k index and step count, a group's row tiles, the row tile within its group, the block's
+# liveness and the row mask at the group's end; (method, planted result of the method as it was)
+GROUPED_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
+    ("row", lambda sup, begin, m, i: sup(begin, m, i + 1)),
+    ("column", lambda sup, nt, j: sup(nt, j + 1)),
+    ("k_index", lambda sup, step, kk: sup(step, kk + 1)),
+    ("k_steps", lambda sup, sizes: sup(sizes) - 1),
+    ("m_tiles", lambda sup, lo, hi: sup(lo, hi) + 1),
+    ("tile_in_group", lambda sup, mt, start: sup(mt, start) + 1),
+    ("live", lambda sup, mt, total: sup(mt, total - 1)),
+    ("row_inside", lambda sup, row, end: sup(row, end + 1)),
+)
+
+
+def _grouped_variants(lw: GroupedLowering) -> Iterator[GroupedLowering]:
+    for method, planted in GROUPED_PLANTS:
+        if callable(getattr(type(lw), method, None)):  # (a map the lowering has)
+            yield _with_override(lw, method, planted)
 
 
 def _pipeline_variants(obj: Any) -> Iterator[Any]:

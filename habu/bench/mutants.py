@@ -232,8 +232,8 @@ def _columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
 
 
 def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
-    """The last block's pass over the columns strides 2·threads (the thread map's `final_step` doubled):
-    half of them never get their epilogue."""
+    """A tile's last block's pass over the tile's columns strides 2·threads (the thread map's `final_step`
+    doubled): the columns of a tile wider than the block never get their epilogue."""
     return replace(lw, thread_map=replace(lw.thread_map, final_step=2 * lw.thread_map.final_step))
 
 
@@ -506,10 +506,20 @@ MUTANTS: tuple[Mutant, ...] = (
            _col(lambda lw: replace(lw, combine="atomic"))),
     Mutant("columns-max-splits-stored", "a column max's row splits store their partial maxima: the last split "
            "to finish wins", "column_reductions.habu", "COL-MAX", COLS, _col(lambda lw: replace(lw, combine="store"))),
-    Mutant("columns-final-pass-skips-columns", "the last block's epilogue pass strides 2·threads columns: half "
-           "of the gradient is left unscaled", "column_reductions.habu", "BIAS-GRAD-UNSCALED",
-           {"R": 300, "N": 700},
-           _col(_final_pass_skips), {"threads": "128"}),
+    Mutant("columns-final-pass-skips-columns", "a tile's last block's epilogue pass strides 2·threads columns: "
+           "half of each 128-column tile of the gradient is left unscaled", "column_reductions.habu",
+           "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700}, _col(_final_pass_skips), {"threads": "64"}),
+    Mutant("columns-block-decode-swapped", "the column kernel takes its tile from blockIdx.y and its row split "
+           "from blockIdx.x", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
+           _col(lambda lw: _planted(lw, "block", lambda self, bx, by: (by, bx))), {"threads": "64"}),
+    Mutant("columns-row-mask-inclusive", "a row split's loads and sums run to r <= row_end: the next split's "
+           "first row is added twice", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
+           _col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, end_inclusive=True))),
+           {"threads": "64", **RAGGED_SPLITS}),  # (a row loop that runs past its split's end)
+    Mutant("columns-tile-counters-shared", "every column tile counts its row splits on counter 0 (as on the one "
+           "counter of the module before): the first tile's last split finishes it, no later tile is finished",
+           "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
+           _col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, counter_stride=0))), {"threads": "64"}),
     Mutant("grouped-tiles-rounded-down", "the grouped GEMM's scheduler rounds a group's row tiles down "
            "(rows // bm): the rows of a group's ragged last tile, or of a group smaller than a tile, are never "
            "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, _tiles_rounded_down,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -130,13 +131,22 @@ class SizeView(Mapping[str, Any]):
 
 
 def _ident(name: str) -> str:
-    """A C identifier for a tensor name: %3 (an intermediate) -> t3, @A (a staged copy) -> staged_A."""
+    """A C identifier for a tensor name: %3 (an intermediate) -> t3, @A (a staged copy) -> staged_A,
+    $G (the per-launch counters of the kernel writing G) -> counters_G."""
+    if name.startswith("$"):
+        return "counters_" + _ident(name[1:])
     if name.startswith("%"):
         return "t" + _ident(name[1:])
     if name.startswith("@"):
         return "staged_" + _ident(name[1:])
     # anything else that C does not allow (Y.scale, made by a rewrite) is spelt by its code: Y_2e_scale
     return "".join(ch if ch.isascii() and (ch.isalnum() or ch == "_") else f"_{ord(ch):x}_" for ch in name)
+
+
+def references(code: str, name: str) -> bool:
+    """Whether C code `code` names the variable `name` (a whole identifier): an emitter declares a
+    variable only where the code it prints reads it (NVRTC warns of one declared but never referenced)."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}\b", code) is not None
 
 
 def index_type(width: int) -> str:

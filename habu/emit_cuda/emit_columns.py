@@ -1,15 +1,19 @@
 """Column kernels: `T[c] = op r body(r, c)` over a grid of column tiles × row splits.
 
-Everything index-shaped is printed from the `ColumnLowering`: the thread's first column
-(`thread_column`), its split's rows (`row_begin`, `row_end`) and its row loop (`row`, `steps`), the
-shared-memory partials (`partial_slot`, `combined_slot`), the combining loop (`combine_start`,
-`combine_step`), the stored column (`tile_column`), and every access's offset and mask (`Access.offset`
-/ `Access.mask` through `CIndex`). A row-column load the lowering packs (`vectorized`) is one 4-, 8- or
+Everything index-shaped is printed from the `ColumnLowering`: the block's tile and split (`block`), the
+thread's first column (`thread_column`), its split's rows (`row_begin`, `row_end`, `row_live`) and its row
+loop (`row`, `steps`), the shared-memory partials (`partial_slot`, `combined_slot`), the combining loop
+(`combine_start`, `combine_step`), the stored column (`tile_column`), the tile's counter in the launch's
+workspace (`counter_tensor`, `counter_slot`, `arrivals`) and its last split's pass over the tile
+(`final_start`, `final_step`), and every access's offset and mask (`Access.offset` / `Access.mask`
+through `CIndex`). A row-column load the lowering packs (`vectorized`) is one 4-, 8- or
 16-byte load of `vector` adjacent columns, `unroll` rows of it issued before any is added; a masked load
 reads 0, as the finite-field interpreter's does. Sums and maxima accumulate in f32.
 """
 
 from __future__ import annotations
+
+import re
 
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
@@ -31,6 +35,25 @@ from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Load, Model
 
 MAX_INIT = "(-__int_as_float(0x7f800000))"  # -infinity: the identity of max
+
+
+def _operand(x: CExpr) -> str:
+    """`x` as the operand of a cast: a name as it is, anything else in parentheses."""
+    text = c(x)
+    return text if re.fullmatch(r"[\w.]+", text) else f"({text})"
+
+
+def _bare(x: CExpr) -> str:
+    """`x` without the parentheses around the whole of it (a condition printed inside `if (...)`)."""
+    text = c(x)
+    if text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0 and i < len(text) - 1:
+                return text  # "(a) < (b)": the outer parentheses are not one pair
+        return text[1:-1]
+    return text
 
 
 def _no_table(name: str, coordinate: str) -> str:
@@ -116,6 +139,7 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
             return f"(({mask(acc, None, 'col')}) ? {load_value(acc.dtype, p, offset(acc, None, 'col'))} : 0.0f)"
         return float_expr(lw.epilogue, leaf, sizes)
     tile, split = CExpr("tile"), CExpr("split")
+    block = lw.block(CExpr("blockIdx.x"), CExpr("blockIdx.y"))  # (tile, split) of this block
     first_col = lw.thread_column(tile, CExpr("tc"), 0)
     row = lw.row(CExpr("row_begin"), CExpr("i"), CExpr("u"), CExpr("g"))
     out = lw.out
@@ -123,12 +147,20 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
     out_col = "col"
     out_off = offset(out, None, out_col)
     decode = ""
-    final = f"for ({it} {out_col} = {c(lw.final_start(CExpr('tid')))}; {out_col} < {c(lw.columns(sizes))}; {out_col} += {lw.final_step})"
+    if lw.final_pass:
+        # the tile's last row split to finish (its arrival on the tile's counter, a slot of the launch's
+        # zero-filled workspace, completes the count) finishes the tile's columns
+        counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
+        slot = c(lw.counter_slot(tile))
+        last = f"habu::last_block_done({counters} + ({slot}), (int)({c(lw.arrivals(sizes))}))"
+        final = (f"for (int j = {c(lw.final_start(CExpr('tid')))}; j < {tm.tile_columns}; j += {lw.final_step})")
+        column = f"const {it} {out_col} = ({it})({c(lw.tile_column(tile, CExpr('j')))});"
     if lw.combine == "atomic":
         store = f"habu::atomic_add_f({p_out} + ({out_off}), w);  // row splits add into the zeroed output"
         if lw.epilogue is not None:
-            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: the epilogue, in place
+            decode = f"""  if ({last}) {{  // every split of the tile is in: the epilogue, in place
     {final} {{
+      {column}
       if ({mask(out, None, out_col)}) {{ const float w = {p_out}[{out_off}]; {p_out}[{out_off}] = {epilogue("w")}; }}
     }}
   }}
@@ -137,15 +169,17 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
         store = (f"habu::atomic_max_ordered({p_out} + ({out_off}), w);  // row splits take the max of "
                  "order-preserving keys in the zeroed output")
         if lw.epilogue is None:
-            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: each key back to its float
+            decode = f"""  if ({last}) {{  // every split of the tile is in: each key back to its float
     {final} {{
+      {column}
       if ({mask(out, None, out_col)}) habu::decode_ordered({p_out} + ({out_off}));
     }}
   }}
 """
         else:
-            decode = f"""  if (habu::last_block_done(&retired_{name})) {{  // every split is in: each key's float, then the epilogue
+            decode = f"""  if ({last}) {{  // every split of the tile is in: each key's float, then the epilogue
     {final} {{
+      {column}
       if ({mask(out, None, out_col)}) {{
         habu::decode_ordered({p_out} + ({out_off}));
         const float w = *(volatile float*)({p_out} + ({out_off}));
@@ -156,15 +190,13 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
 """
     else:
         store = store_value(out.dtype, p_out, out_off, epilogue("w")) + "  // one split owns the column"
-    counter = f"__device__ unsigned int retired_{name} = 0u;  // blocks done (habu::last_block_done)\n" \
-        if decode else ""
-    src_body = f"""{counter}extern "C" __global__ void __launch_bounds__({tm.threads}) {name}(SIGNATURE) {{
+    src_body = f"""extern "C" __global__ void __launch_bounds__({tm.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  __shared__ float partials[{pm.slots}];  // each row group's partial of each column of the tile
   const int tid = threadIdx.x;
   const int tc = tid % {Tc};  // column thread
   const int g = tid / {Tc};  // row group
-  const {it} tile = ({it})blockIdx.x;  // column tile
-  const {it} split = ({it})blockIdx.y;  // row split
+  const {it} tile = ({it}){_operand(block[0])};  // column tile
+  const {it} split = ({it}){_operand(block[1])};  // row split
   const {it} c0 = ({it})({c(first_col)});  // this thread's columns: c0 .. c0 + {V - 1}
   const {it} row_begin = ({it})({c(lw.row_begin(split))});
   const {it} row_end = ({it})({c(lw.row_end(split, sizes))});
@@ -178,13 +210,13 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
 #pragma unroll
     for (int u = 0; u < {U}; ++u) {{  // issue every load of the iteration first: {U} rows in flight
       const {it} r = ({it})({c(row)});
-      const bool live = r < row_end;
+      const bool live = {_bare(lw.row_live(CExpr("r"), CExpr("row_end")))};
       rows[u] = r;
 {chr(10).join(issued)}
     }}
 #pragma unroll
     for (int u = 0; u < {U}; ++u) {{
-      if (rows[u] < row_end) {{
+      if ({_bare(lw.row_live(CExpr("rows[u]"), CExpr("row_end")))}) {{
 #pragma unroll
         for (int v = 0; v < {V}; ++v) habu::accumulate<{is_max}>(acc[v], {value});
       }}
@@ -208,7 +240,9 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
                  [f"computes {', '.join(k.nodes)}", f"row splits: {lw.combine}", *epi])
     src += src_body.replace("SIGNATURE", sig.declaration())
     zero = (out.tensor,) if lw.combine in ("atomic", "atomic-max") else ()
-    return CudaKernel(name, src, tuple(sig.params), tm.threads, 0, lw, zero=zero)
+    workspace = ((lw.counter_tensor, "i32", lw.counter_extents),) if lw.final_pass else ()
+    return CudaKernel(name, src, tuple(sig.params), tm.threads, 0, lw,
+                      zero=zero + tuple(w[0] for w in workspace), workspace=workspace)
 
 
 register_geometry(ColumnLowering, GRID_2D)  # column tiles × row splits

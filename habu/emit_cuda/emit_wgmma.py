@@ -31,6 +31,7 @@ from habu.emit_cuda.common import (
     access_offset,
     header,
     index_type,
+    references,
 )
 from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
@@ -170,6 +171,9 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
     frag = lw.fragment
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]")
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]")
+    coordinates = "".join(  # the element's coordinates, where its epilogue reads them (a bias, a mask)
+        f"              const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
+        if references(v0 + v1, x))
     if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
@@ -187,9 +191,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
             for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
               const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
-              const {it} m = m0 + ({it})({slab_row} + row);
-              const {it} n = n0 + ({it})({frag.col()});
-              const float v0 = {v0};
+{coordinates}              const float v0 = {v0};
               const float v1 = {v1};
               const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
               unsigned char* dst = smem + (buf - smem_base) + {staged};
@@ -299,13 +301,14 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
                     "m" if side == "A" else "n")
         for side in "AB" if kc.moves[side] == "cp.async")
     rank = "    const habu::u32 crank = habu::cluster_ctarank();\n" if ring.cluster > 1 else ""
+    k0 = (f"        const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};\n"
+          if references(fill, "k0") else "")  # (TMA copies print their coordinates whole)
     return f"""  if (wg == 0) {{  // ---------------------------------------------------------------- producer
     habu::setmaxnreg_dec<{producer_regs}>();
     const int ptid = threadIdx.x;
 {rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, kc.sizes, kc.it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-        const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};
-        const habu::u32 full = {_barrier(ring, "stage")};
+{k0}        const habu::u32 full = {_barrier(ring, "stage")};
         habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
         const habu::u32 b_stage = {kc.stage_base("B", "stage")};
@@ -446,9 +449,10 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
 """
 
 
-def _setup(kc: _Kernel, early_main_loop: bool) -> str:
+def _setup(kc: _Kernel, early_main_loop: bool, generic_smem: bool = True) -> str:
     """The kernel's start: the aligned shared memory, the ring's barriers (with the arrival counts
-    the lowering gives) and, in a cluster, the barrier that makes them visible to the peers."""
+    the lowering gives) and, in a cluster, the barrier that makes them visible to the peers.
+    `generic_smem`: the rest of the kernel writes shared memory through the generic pointer `smem`."""
     ring = kc.ring
     ops = kc.lw.operands  # the base alignment the stage tiles' swizzle needs: the lowering's
     align = ops.base_align if isinstance(ops, WgmmaOperands) else 1024
@@ -457,8 +461,7 @@ def _setup(kc: _Kernel, early_main_loop: bool) -> str:
     return f"""  extern __shared__ __align__(1024) unsigned char smem_raw[];
   const habu::u32 raw_base = habu::smem_addr(smem_raw);
   const habu::u32 smem_base = (raw_base + {align - 1}u) & ~{align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
-  unsigned char* smem = smem_raw + (smem_base - raw_base);
-  const habu::u32 bars = smem_base + {ring.base};
+{"  unsigned char* smem = smem_raw + (smem_base - raw_base);" + chr(10) if generic_smem else ""}  const habu::u32 bars = smem_base + {ring.base};
 {GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
   const long long tiles = {c(kc.lw.tiles(kc.sizes))};
   // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer of the cluster is done with it
@@ -522,9 +525,10 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     attrs = f"__cluster_dims__({ring.cluster}, 1, 1) " if ring.cluster > 1 else ""
     sync_end = ("  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
                 if ring.cluster > 1 else "")
+    roles = f"{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}"
     body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n", lw.a.positions[-1].axis == "m")}
 extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
-{_setup(kc, early_main_loop)}{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}{sync_end}}}
+{_setup(kc, early_main_loop, references(roles, "smem"))}{roles}{sync_end}}}
 """
     src = header(f"{name}: warp-specialised wgmma contraction {lw.bm}x{lw.bn}x{lw.bk}, {ring.stages} stages, "
                  f"{kc.consumers} consumer warpgroup(s)",

@@ -49,11 +49,15 @@ class CudaKernel:
     threads: int  # threads per block
     smem: int  # dynamic shared memory bytes
     lowering: Any = field(repr=False, compare=False)  # the lowering it was emitted from
-    zero: tuple[str, ...] = ()  # outputs the runtime zero-fills first (split-K adds into them)
+    zero: tuple[str, ...] = ()  # outputs and workspaces the runtime zero-fills first (split-K adds into them)
     max_registers: int | None = None  # __launch_bounds__ cap, if any
     smem_per: tuple[str, int] | None = None  # extra dynamic smem: bytes × size of a runtime extent
     register_demand: int | None = None  # registers the setmaxnreg requests need from the CTA's pool
     cluster: int = 1  # blocks per thread-block cluster (the source's __cluster_dims__)
+    # scratch buffers of the launch, (name, dtype, extent tokens): the runtime allocates them with the
+    # plan's intermediates, for each call in the stream's order (two streams never share one), and
+    # zero-fills them before the launch (they are in `zero`), e.g. a column kernel's per-tile counters
+    workspace: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
     @property
     def waits_for_previous(self) -> bool:

@@ -32,8 +32,10 @@ _C_ARITH = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
 
 
 def ptr(tensor: str) -> str:
-    """The C variable of a tensor's device pointer (intermediates are named like %3)."""
-    return "p_" + "".join(ch if ch.isalnum() or ch == "_" else "tmp" if ch == "%" else "_" for ch in tensor)
+    """The C variable of a tensor's device pointer (intermediates are named like %3, a kernel's counters
+    like $G)."""
+    return "p_" + "".join(ch if ch.isalnum() or ch == "_" else "tmp" if ch == "%" else "ws" if ch == "$" else "_"
+                          for ch in tensor)
 
 
 def c_name(model: str) -> str:
@@ -85,10 +87,13 @@ def _formula(text: str) -> str:
 
 
 def _size(token: str, static: Mapping[str, int]) -> str:
-    """An extent's size in C: a number, a runtime extent's variable or a derived "K^8"."""
+    """An extent's size in C: a number, a runtime extent's variable or a derived "K^8" or "N/256"."""
     if "^" in token:
         base, multiple = token.split("^")
         return f"(({_size(base, static)} + {int(multiple) - 1}) / {multiple} * {multiple})"
+    if "/" in token:
+        base, tile = token.split("/")
+        return f"(({_size(base, static)} + {int(tile) - 1}) / {tile})"
     return f"{static[token]}LL" if token in static else token
 
 

@@ -47,19 +47,28 @@ class Bound:
 
 def size_of(token: str, sizes: Mapping[str, Any]) -> Any:
     """An extent's size, or a derived one: "K^8" is #K rounded up to a multiple of 8 (the row
-    length of a buffer whose rows start 16 bytes apart)."""
+    length of a buffer whose rows start 16 bytes apart); "N/256" is ⌈#N / 256⌉ (the slots of a
+    per-tile workspace, one per tile of 256)."""
     if "^" in token:
         name, multiple = token.split("^")
         m = int(multiple)
         return cdiv(sizes[name], m) * m
+    if "/" in token:
+        name, tile = token.split("/")
+        return cdiv(sizes[name], int(tile))
     return sizes[token]
 
 
+def is_derived(token: str) -> bool:
+    """Whether an extent token is a derived size ("K^8", "N/256") rather than an extent's name."""
+    return "^" in token or "/" in token
+
+
 def with_derived(sizes: Mapping[str, int], tokens) -> dict[str, int]:
-    """`sizes` plus the derived sizes ("K^8") that `tokens` name."""
+    """`sizes` plus the derived sizes ("K^8", "N/256") that `tokens` name."""
     out = dict(sizes)
     for t in tokens:
-        if "^" in t and t not in out:
+        if is_derived(t) and t not in out:
             out[t] = size_of(t, sizes)
     return out
 

@@ -6,11 +6,16 @@ them runs or prints.
 
     thread t:        tc = t % column_threads, g = t / column_threads
     its columns:     tile·tile_columns + tc·column_stride + v          (v < vector)
+    its block:       (tile, split) = (blockIdx.x, blockIdx.y)
     its rows:        begin + i·row_step + u·unroll_step + g          (i < steps, u < unroll), below row_end
+                     (`row_live`: r < row_end; r ≤ row_end only in a planted bug, `end_inclusive`)
     a split's rows:  split·rows_per_split .. min(split·rows_per_split + rows_per_split, #R)
                      (#R: the rows, the product of the reduced leading extents: `ColumnLowering.rows`)
-    the final pass:  thread t of the launch's last block finishes columns t, t + final_step, ... below #C
-                     (decoding a max's keys or computing the epilogue: `ColumnLowering.final_pass`)
+    the final pass:  the last of a column tile's row splits to finish (its arrival on the tile's counter,
+                     slot tile·counter_stride of the launch's workspace, completes the count) finishes the
+                     tile's columns: thread t slots j = t, t + final_step, ... < tile_columns, column
+                     tile·tile_columns + j (decoding a max's keys or computing the epilogue:
+                     `ColumnLowering.final_pass`)
     partial slots:   g·group_stride + tc·thread_stride + v·value_stride   (slots of shared memory)
     the combine:     thread t reads slots g·group_stride + j for j = t, t + combine_step, ... < tile_columns,
                      and stores column tile·tile_columns + j
@@ -40,7 +45,9 @@ class ColumnThreadMap:
     row_step: int  # rows an iteration of the row loop advances
     unroll_step: int  # rows between a thread's unrolled rows
     steps: int  # iterations of the row loop
-    final_step: int  # columns between a last-block thread's columns in the final pass
+    final_step: int  # slots between a last-block thread's columns of its tile in the final pass
+    counter_stride: int  # slots of the per-launch counters between neighbouring column tiles' counters
+    end_inclusive: bool = False  # the row mask r ≤ row_end (a planted bug; the lowering never sets it)
 
     def column_thread(self, t: Any) -> Any:
         return t % self.column_threads
@@ -50,6 +57,14 @@ class ColumnThreadMap:
 
     def thread_column(self, tile: Any, tc: Any, v: Any) -> Any:
         return tile * self.tile_columns + tc * self.column_stride + v
+
+    def block(self, bx: Any, by: Any) -> tuple[Any, Any]:
+        """(column tile, row split) of the block at grid coordinates (bx, by)."""
+        return bx, by
+
+    def row_live(self, r: Any, end: Any) -> Any:
+        """Whether row r of a split (ending before `end`) is one of its rows."""
+        return r <= end if self.end_inclusive else r < end
 
     def row_begin(self, split: Any) -> Any:
         return split * self.rows_per_split
@@ -65,6 +80,9 @@ class ColumnThreadMap:
 
     def final_start(self, tid: Any) -> Any:
         return tid
+
+    def counter_slot(self, tile: Any) -> Any:
+        return tile * self.counter_stride
 
 
 @dataclass(frozen=True)
@@ -95,7 +113,7 @@ def column_maps(kernel: ColumnKernel) -> tuple[ColumnThreadMap, ColumnPartials]:
     steps = -(-kernel.rows_per_split // (groups * kernel.unroll))
     threads = ColumnThreadMap(kernel.threads, kernel.column_threads, kernel.vector, kernel.unroll, groups, tile,
                               kernel.vector, kernel.rows_per_split, groups * kernel.unroll, groups, steps,
-                              kernel.threads)
+                              kernel.threads, 1)
     return threads, ColumnPartials(groups * tile, tile, kernel.vector, 1, kernel.threads)
 
 

@@ -56,7 +56,8 @@ class ColumnLowering(FlattenedRows):
     # the epilogue (`H[n] = G[n] · 0.5`): the stored value of each column as an expression of the
     # reduction's (the load of `reduced` at [c]) and of per-column loads (`epi_loads`); None: the
     # reduction itself is stored. With atomic splits the reduction goes into the output's f32 buffer and
-    # the launch's last block (`habu::last_block_done`) computes the epilogue there, in place.
+    # each column tile's last row split to finish (`habu::last_block_done` on the tile's counter) computes
+    # the epilogue there, in place.
     epilogue: Expr | None = None
     reduced: str = ""
     epi_loads: tuple[tuple[Load, Access], ...] = ()
@@ -92,9 +93,9 @@ class ColumnLowering(FlattenedRows):
 
     @property
     def smem_bytes(self) -> int:
-        """Static shared memory a block declares: the partials, and the last-block flag of a max whose
-        splits combine on ordered keys (`habu::last_block_done`, one word)."""
-        return 4 * self.partials + (4 if self.combine == "atomic-max" else 0)
+        """Static shared memory a block declares: the partials, and the last-block flag of a launch with a
+        final pass (`habu::last_block_done`, one word)."""
+        return 4 * self.partials + (4 if self.final_pass else 0)
 
     @property
     def steps(self) -> int:
@@ -119,6 +120,14 @@ class ColumnLowering(FlattenedRows):
     def thread_column(self, tile: Any, tc: Any, v: Any) -> Any:
         """The column of element v of column thread tc's vector in column tile `tile`."""
         return self.thread_map.thread_column(tile, tc, v)
+
+    def block(self, bx: Any, by: Any) -> tuple[Any, Any]:
+        """(column tile, row split) of the block at grid coordinates (bx, by): the grid is `grid`."""
+        return self.thread_map.block(bx, by)
+
+    def row_live(self, r: Any, end: Any) -> Any:
+        """Whether row r is one of its split's rows (those before `end`, the split's `row_end`)."""
+        return self.thread_map.row_live(r, end)
 
     def row_begin(self, split: Any) -> Any:
         return self.thread_map.row_begin(split)
@@ -153,17 +162,45 @@ class ColumnLowering(FlattenedRows):
 
     @property
     def final_pass(self) -> bool:
-        """The launch's last block revisits every column once all splits are in: to decode a max's keys,
-        or to compute the epilogue from the reduction the splits added into the output."""
+        """Each column tile's last row split to finish revisits the tile's columns once all its splits are
+        in: to decode a max's keys, or to compute the epilogue from the reduction the splits added into
+        the output."""
         return self.combine == "atomic-max" or (self.combine == "atomic" and self.epilogue is not None)
 
     def final_start(self, tid: Any) -> Any:
-        """Thread tid of the last block finishes columns tid, tid + final_step, ... below #C."""
+        """Thread tid of a tile's last block finishes the tile's slots tid, tid + final_step, ... below
+        `tile` (column `tile_column(tile, j)`, masked by #C)."""
         return self.thread_map.final_start(tid)
 
     @property
     def final_step(self) -> int:
         return self.thread_map.final_step
+
+    # -- the per-launch counters that find each tile's last block (a workspace of the launch)
+    @property
+    def counter_tensor(self) -> str:
+        """The counters' buffer: a workspace the runtime allocates for each launch (in the stream's order,
+        so launches on two streams never share one) and zero-fills before it; "" without a final pass.
+        Named after the output ("$G"), which no other kernel of a plan writes."""
+        return "$" + self.out.tensor if self.final_pass else ""
+
+    @property
+    def counter_extents(self) -> tuple[str, ...]:
+        """The counters' shape as extent tokens: ⌈#C / tile⌉ slots ("N/256"), one for a scalar output."""
+        return (f"{self.c}/{self.tile}",) if self.c else ()
+
+    def counters(self, sizes: Mapping[str, Any]) -> Any:
+        """Slots of the counters' buffer: the size of `counter_extents`."""
+        return self.tiles(sizes)
+
+    def counter_slot(self, tile: Any) -> Any:
+        """The slot column tile `tile`'s row splits count themselves on."""
+        return self.thread_map.counter_slot(tile)
+
+    def arrivals(self, sizes: Mapping[str, Any]) -> Any:
+        """Blocks that count themselves on a tile's counter: its row splits; the one that brings the count
+        to this is the tile's last block."""
+        return self.splits(sizes)
 
     # -- loads
     def kind_of(self, acc: Access) -> str:

@@ -66,7 +66,7 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
         written.add(lw.out.tensor)
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
-                  if t.name in storage) + tuple(staged)
+                  if t.name in storage) + tuple(staged) + tuple(w for k in kernels for w in k.workspace)
     return EmittedPlan(tuple(kernels), inter)
 
 

@@ -56,9 +56,13 @@ class Memory:
     yields poison (values unrelated to any input), and the run goes on so that the check can also
     say which output elements the fault spoiled."""
 
-    def __init__(self, inputs: Mapping[str, VirtualTensor], field: PrimeField, sizes: Mapping[str, int]):
+    def __init__(self, inputs: Mapping[str, VirtualTensor], field: PrimeField, sizes: Mapping[str, int],
+                 allocated: frozenset[str] = frozenset()):
         self.inputs = dict(inputs)
         self.written: dict[str, WrittenTensor] = {}
+        # tensors that exist before any kernel runs (the runtime allocates a plan's intermediates first):
+        # one that no kernel wrote reads as memory never written (poison, a fault), not as a missing tensor
+        self.allocated = allocated
         self.field = field
         self.sizes = sizes
         self.faults: list[str] = []
@@ -96,6 +100,11 @@ class Memory:
                 vals = np.where(missing, self.poison(safe), vals)
         elif access.tensor in self.inputs:
             vals = self.inputs[access.tensor].at(safe)
+        elif access.tensor in self.allocated:
+            if np.any(ok):
+                self.fault(f"{kernel} reads {_coords(access, int(safe[ok].flat[0]), self.sizes)}, which no earlier "
+                           "kernel wrote")
+            vals = self.poison(safe)
         else:
             raise PlanFault(f"{kernel} reads {access.tensor}, which is neither an input nor written before it")
         vals = np.where(bad & mask, self.poison(offsets), vals)

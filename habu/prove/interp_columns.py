@@ -8,8 +8,12 @@ never written reads poison and faults) and storing at `tile_column` — added in
 lowering combines splits atomically, stored otherwise (two splits storing one column are a race the
 check names). Loads and the store go through `read`/`write`, which fault out of bounds. An epilogue
 (`H[n] = G[n] · 0.5`) is computed from each column's combined value: by the combining thread when one
-split stores, else by the launch's last block (`final_start`, `final_step`) from the value the splits
-combined into the output's buffer (modelled as a buffer of its own, read back once every block ran).
+split stores, else by the tile's last block from the value the splits combined into the output's buffer
+(modelled as a buffer of its own). Each block of a launch with a final pass then counts itself on its
+tile's counter (`counter_slot`, a slot of the launch's zero-filled workspace: one outside it faults);
+the block whose arrival brings a counter to `arrivals` runs the final pass of its own tile
+(`final_start`, `final_step` over the tile's slots, `tile_column`): a counter two tiles share finishes
+one tile early and another never, and the check names the column that no final pass wrote.
 """
 
 from __future__ import annotations
@@ -45,12 +49,24 @@ def _reduce(f: PrimeField, op: str, values: np.ndarray, mask: np.ndarray, axes: 
 
 def run_columns(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, blocks,
                 keep: np.ndarray | None = None) -> None:
-    """Run the blocks `blocks`, (tile, split) pairs; then the last block's pass over the columns."""
-    for tile, split in blocks:
+    """Run the blocks `blocks`, (tile, split) pairs, in order (every row split of each tile they name);
+    each then counts itself on its tile's counter, and the one completing a count runs the final pass."""
+    arrived: dict[int, int] = {}  # the launch's counters (zero-filled before it), by slot
+    slots, want = int(lw.counters(sizes)), int(lw.arrivals(sizes))
+    for bx, by in blocks:  # launched blocks' grid coordinates, decoded as the kernel decodes them
         check_deadline(f"in {name}'s blocks")  # a column kind's row splits are checked at full size
-        _run_block(name, lw, sizes, mem, int(tile), int(split))
-    if lw.final_pass and lw.epilogue is not None:
-        _final_pass(name, lw, sizes, mem, sorted({int(t) for t, _ in blocks}))
+        tile, split = (int(x) for x in lw.block(int(bx), int(by)))
+        _run_block(name, lw, sizes, mem, tile, split)
+        if not lw.final_pass:
+            continue
+        slot = int(lw.counter_slot(tile))
+        if not 0 <= slot < slots:
+            mem.fault(f"{name}: column tile {tile} counts its row splits on counter {slot}, outside the "
+                      f"launch's {slots} counters")
+            continue
+        arrived[slot] = arrived.get(slot, 0) + 1
+        if arrived[slot] == want and lw.epilogue is not None:  # this block is the tile's last: its final pass
+            _final_pass(name, lw, sizes, mem, tile)
 
 
 def _combined_buffer(lw: ColumnLowering):
@@ -75,19 +91,24 @@ def _epilogue(name: str, lw: ColumnLowering, value: np.ndarray, col: np.ndarray,
     return eval_pointwise(lw.epilogue, leaf, mem.field, sizes)
 
 
-def _final_pass(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, tiles: list[int]) -> None:
-    """The last block's pass: its threads' columns (`final_start`, `final_step`) of the tiles run, each
-    read from the combined buffer, put through the epilogue and stored."""
+def _final_pass(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Memory, tile: int) -> None:
+    """A tile's last block's pass: its threads' slots of the tile (`final_start`, `final_step`), each
+    column (`tile_column`, masked by #C) read from the combined buffer, put through the epilogue and
+    stored."""
     C = lw.columns(sizes)
     tid = np.arange(lw.thread_map.threads, dtype=np.int64)[:, None]
-    q = np.arange(-(-C // max(1, lw.final_step)) + 1, dtype=np.int64)[None, :]
-    visited = (np.asarray(lw.final_start(tid), dtype=np.int64) + q * lw.final_step).ravel()
-    visited = visited[(visited >= 0) & (visited < C)]
-    wanted = np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, C)) for t in tiles])
-    col = np.intersect1d(visited, wanted)
+    step = lw.final_step
+    if step <= 0:
+        raise PlanFault(f"{name}: the final pass's step is {step}: it never ends")
+    q = np.arange(-(-lw.tile // step) + 1, dtype=np.int64)[None, :]
+    j = (np.asarray(lw.final_start(tid), dtype=np.int64) + q * step).ravel()
+    j = j[(j >= 0) & (j < lw.tile)]
+    col = np.asarray(lw.tile_column(tile, j), dtype=np.int64)
+    col = col[(col >= 0) & (col < C)]
 
     def where(bad: np.ndarray) -> str:
-        return f"{lw.out.tensor}[{int(col[np.nonzero(np.broadcast_to(bad, col.shape))[0][0]])}] (the last block's pass)"
+        return (f"{lw.out.tensor}[{int(col[np.nonzero(np.broadcast_to(bad, col.shape))[0][0]])}] (column tile "
+                f"{tile}'s final pass)")
 
     buffer = _combined_buffer(lw)
     offsets = np.asarray(buffer.offset({"c": col}, sizes, _Ints()), dtype=np.int64)
@@ -142,7 +163,7 @@ def _run_block(name: str, lw: ColumnLowering, sizes: Mapping[str, int], mem: Mem
     begin = lw.row_begin(split)
     end = lw.row_end(split, sizes)
     rows = np.asarray(lw.row(begin, i, u, g), dtype=np.int64)
-    in_rows = rows < end
+    in_rows = np.asarray(lw.row_live(rows, end), dtype=bool)
     coords = {**lw.row_coordinates(rows, sizes), "c": cols}  # through the row → coordinates map
 
     def leaf(ld: Load) -> np.ndarray:

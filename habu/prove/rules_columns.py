@@ -20,6 +20,11 @@ COLUMN_RULES = {r.name: r for r in (
          "(atomicMax, decoded once every split is in); one split stores directly",
          "atomicAdd/atomicMax semantics: a split that stores overwrites the others' partials (the last write "
          "wins); a max added, or a sum maxed, is another function"),
+    Rule("tile-counters", "a column tile's last row split (the one that finishes its epilogue or decodes its "
+         "maxima) is found on a counter of its own: slot tile·stride (stride ≥ 1) of the launch's workspace, "
+         "inside its ⌈#C / tile⌉ slots",
+         "the runtime allocates the workspace per launch in the stream's order and zero-fills it first; "
+         "atomicAdd returns each block a distinct count"),
 )}
 
 # static shared memory a block may declare (`__shared__` arrays; more needs a dynamic opt-in)
@@ -69,6 +74,15 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
                          "overwrites another's partial", splits <= 1,
                          detail=f"several row splits store {lw.out.tensor} where they must add (the last write "
                                 f"wins); a {lw.op} into {lw.out.dtype} takes one split (rows_per_split ≥ #{lw.rows_name})")
+    if lw.final_pass:
+        stride = lw.thread_map.counter_stride
+        yield Obligation(COLUMN_RULES["tile-counters"], name, lw.counter_tensor,
+                         f"column tile t counts its row splits on slot {stride}·t of ⌈#{lw.c or '1'}/{lw.tile}⌉ "
+                         "counters: one slot a tile, inside the workspace",
+                         (lw.counter_slot(tiles - 1) < lw.counters(s)) if stride >= 1 else False,
+                         detail=f"tiles count on slot {stride}·t: " + (
+                             "every tile on one counter (a tile's final pass runs before its splits are in)"
+                             if stride < 1 else "the last tile's counter lies outside the workspace"))
     yield _grid(name, "x", "one block per column tile", tiles, t.max_grid_x)
     yield _grid(name, "y", "one block per row split", splits, t.max_grid_yz)
     if lw.index_width == 32:

@@ -37,4 +37,11 @@ def test_every_path_prints_some_of_its_index_arithmetic_from_the_lowering():
     assert batched.index_share >= 0.75, batched
     for label in ("wgmma tma", "wgmma gather cp.async + tma", "wgmma ldg, K=511", "wgmma staged, K=511"):
         assert rows[label].index_share >= 0.75, rows[label]
-    assert sum(m.index_derived for m in rows.values()) >= 635
+    # s29-hard17: the wgmma kernels no longer declare k0/m/n/smem where they never read them (16 derived
+    # lines fewer), the column kernel's block decode and row mask come from the lowering, and the grouped,
+    # scatter-add and unfused attention paths are measured (before: 627 of these cases, columns 81%)
+    for label in ("columns", "columns, epilogue by each tile's last split"):
+        assert rows[label].index_share >= 0.9, rows[label]
+    assert rows["scatter-add (general, atomic)"].index_share == 1.0
+    assert rows["attention unfused (wgmma scores, softmax, mma.sync PV)"].index_share >= 0.75
+    assert sum(m.index_derived for m in rows.values()) >= 850

@@ -74,13 +74,67 @@ def test_the_bias_grad_example_passes_the_exact_check():
 @pytest.mark.parametrize("model", ["BIAS-GRAD-3D", "COL-MAX"])
 def test_the_bias_grad_examples_over_two_axes_and_max_pass_the_exact_check_twice(model):
     """Σ b Σ s dY3[b s n] (rows flattened) and a max split over row blocks, at the example's size; the max
-    twice in a row (its last block resets the module's block counter for the next launch)."""
+    twice in a row (each launch counts its tiles' splits on counters of its own, zero-filled first)."""
     built = build(str(ROOT / "examples" / "column_reductions.habu"), model, {})
     assert [k.kind for k in built.plan.kernels] == ["columns"]
     checker = ExactChecker(built.model, built.sizes, seed=5)
     for _ in range(2):
         result = checker.check(built.compiled, kept_types(built.plan))
         assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("model", ["BIAS-GRAD-UNSCALED", "COL-MAX"])
+def test_regression_two_streams_running_one_column_kernel_at_once_are_both_exact(model):
+    """The same column kernel (splits combined atomically, each tile finished by its last split) on two
+    streams at once, with different inputs, many times: each launch counts its splits on its own counters
+    (a workspace of the call), so both results are exact. With one counter of the module, the launches
+    counted on it together: a tile's "last" block could finish it before its own splits were in."""
+    built = build(str(ROOT / "examples" / "column_reductions.habu"), model, {})
+    assert [k.kind for k in built.plan.kernels] == ["columns"]
+    (kernel,) = built.compiled.kernel_set.members[0][1].kernels
+    assert kernel.workspace, "the plan has no final pass: nothing counts its splits"
+    R, N = built.sizes["R"], built.sizes["N"]
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    inputs = [torch.randint(-8, 9, (R, N), device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2)]
+    if model == "COL-MAX":
+        expected = [x.float().amax(0) for x in inputs]
+    else:  # Σ r dY · 2^-10: small integer sums, exact in f32 in any order
+        expected = [(x.double().sum(0) * 0.0009765625).float() for x in inputs]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    results: list[list] = [[], []]
+    for _ in range(40):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                results[i].append(built.compiled(dY=inputs[i]))
+    torch.cuda.synchronize()
+    for i in range(2):
+        wrong = [j for j, y in enumerate(results[i]) if not torch.equal(y, expected[i])]
+        assert not wrong, f"stream {i}: launches {wrong} differ from the reference"
+
+
+def test_a_column_kernel_captured_in_a_graph_zero_fills_its_counters_on_every_replay():
+    """The counters' memset is captured with the launch: every replay finds each tile's last split anew
+    (a counter left at its count would finish no tile on the second replay)."""
+    built = build(str(ROOT / "examples" / "column_reductions.habu"), "COL-MAX", {})
+    R, N = built.sizes["R"], built.sizes["N"]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    static = {"dY": torch.randint(-8, 9, (R, N), device="cuda", generator=gen).to(torch.bfloat16)}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            built.compiled(**static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = built.compiled(**static)
+    for _ in range(3):
+        static["dY"].copy_(torch.randint(-8, 9, (R, N), device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, static["dY"].float().amax(0))
 
 
 # (not columns-max-splits-stored: the exact check's inputs are small integers in ±1..±3, so every split of

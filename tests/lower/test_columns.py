@@ -185,8 +185,9 @@ def test_several_splits_of_a_max_into_f32_take_the_max_of_ordered_keys():
     proof = prove(model, plan, {}, trials=2)
     assert proof.ok and proof.certificate is not None and proof.certificate.passed, proof.certificate
     (kernel,) = emit_plan(model, plan, TARGET).kernels
-    assert "habu::atomic_max_ordered(" in kernel.source and "habu::last_block_done(&retired_" in kernel.source
-    assert kernel.zero == ("G",)
+    assert "habu::atomic_max_ordered(" in kernel.source
+    assert "habu::last_block_done(p_counters_G + (tile), (int)(5))" in kernel.source  # the tile's 5 splits
+    assert kernel.zero == ("G", "$G") and kernel.workspace == (("$G", "i32", ("N/64",)),)
 
 
 def test_several_splits_of_a_max_into_bf16_are_refused_by_name():

@@ -47,7 +47,7 @@ def test_an_epilogue_is_fused_and_computed_by_the_last_block_after_the_splits():
     assert lw.out.tensor == "H" and [a.tensor for _, a in lw.epi_loads] == ["S"]
     assert verify_plan(m, plan, trials=2).passed
     (kernel,) = emit_plan(m, plan, TARGET).kernels
-    assert "habu::last_block_done(&retired_" in kernel.source and kernel.zero == ("H",)
+    assert "habu::last_block_done(p_counters_H + (tile), " in kernel.source and kernel.zero == ("H", "$H")
     assert "const float w = p_H[(int)(col)]; p_H[(int)(col)] = ((w * " in kernel.source
 
 

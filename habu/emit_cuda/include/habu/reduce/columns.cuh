@@ -60,31 +60,28 @@ __device__ __forceinline__ float from_ordered_key(u32 key) {
 }
 
 /** @brief A row split's partial max `v` combined into the output element `p` (zero-filled before the
- * launch) as its `ordered_key`: after every split, `p` holds the key of the max, which the launch's last
- * block (`last_block_done`) turns back into the float (`decode_ordered`). */
+ * launch) as its `ordered_key`: after every split, `p` holds the key of the max, which the column
+ * tile's last block (`last_block_done`) turns back into the float (`decode_ordered`). */
 __device__ __forceinline__ void atomic_max_ordered(float* p, float v) {
   atomicMax(reinterpret_cast<unsigned int*>(p), ordered_key(v));
 }
 
-/** @brief The float of the key an output element holds, written over it (run by the last block only). */
+/** @brief The float of the key an output element holds, written over it (run by the tile's last block only). */
 __device__ __forceinline__ void decode_ordered(float* p) {
   volatile unsigned int* q = reinterpret_cast<volatile unsigned int*>(p);
   *q = __float_as_uint(from_ordered_key(*q));
 }
 
-/** @brief Whether this block is the launch's last to finish (every block calls it once, after its
- * atomics): the CUDA threadFenceReduction pattern, on a counter of the module (`retired`, zero at load)
- * that the last block sets back to zero for the next launch. Launches of one kernel must not overlap
- * (they do not: a plan's launches are in stream order). */
-__device__ __forceinline__ bool last_block_done(unsigned int* retired) {
+/** @brief Whether this block is the last of the `arrivals` blocks that count themselves on `counter`
+ * (every one of them calls it once, after its atomics): the CUDA threadFenceReduction pattern. The
+ * counter is a slot of a workspace of this launch (one per column tile), which the runtime allocates
+ * per call in the stream's order and zero-fills before the launch: launches on two streams never share
+ * a counter, and a launch that died midway leaves nothing behind for the next. */
+__device__ __forceinline__ bool last_block_done(int* counter, int arrivals) {
   __shared__ bool is_last;
   __threadfence();  // this block's atomics are visible to every block before it counts itself
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
-    is_last = atomicAdd(retired, 1u) == blocks - 1u;
-    if (is_last) *retired = 0u;
-  }
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == arrivals - 1;
   __syncthreads();
   if (is_last) __threadfence();
   return is_last;
