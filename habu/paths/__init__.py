@@ -20,7 +20,7 @@ from habu.paths import columns, fma, general, grouped, map, mma_sync, rows, wgmm
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
-from habu.plan.patterns import Region
+from habu.plan.patterns import Region, as_column_reduction, transposed_rows
 from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
 from habu.spec.ir import Model
 from habu.target import Target
@@ -70,6 +70,11 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
         elif region.kind == "general" and (g := family_kernel(model, region, "grouped", target, sizes)) is not None:
             yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A
+        if len(region.nodes) == 1 and (region.kind == "general" or transposed_rows(model, _node(model, region))) \
+                and (c := family_kernel(model, region, "columns", target, sizes)) is not None:
+            # a few long rows (or a general kernel's reduction over trailing axes): their reduction split
+            # over the grid as a transposed column reduction
+            yield from columns.PATH.region_variants(model, Region("columns", region.nodes), c, target, sizes)
         return
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
@@ -79,7 +84,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield from path.variants(base, target, skinny=skinny)
 
 
-FAMILY_PINS = ("grouped", "general")  # `--pin family=…`
+FAMILY_PINS = ("grouped", "general", "columns")  # `--pin family=…`
 
 
 def family_kernel(model: Model, region: Region, family: str, target: Target, sizes: dict[str, int]) -> Kernel | None:
@@ -91,7 +96,17 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and region.kind == "grouped":
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
+    if family == "columns" and region.kind in ("rows", "general") and len(region.nodes) == 1:
+        # a row statistic `O[b] = Σ i X[b i]` (or over several trailing axes, `Σ i j X[b i j]`, which is a
+        # general kernel of a thread per output) as a transposed column reduction: its rows split over the grid
+        col = as_column_reduction(_node(model, region))
+        if col is not None and col.transposed:
+            return columns.PATH.default(model, Region("columns", region.nodes), target, sizes)
     return None
+
+
+def _node(model: Model, region: Region):
+    return next(eq for eq in model.nodes if eq.target == region.nodes[0])
 
 
 def path_named(name: str) -> KernelPath:

@@ -293,7 +293,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions.append(Region("grouped", (eq.target,)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
-                if as_column_reduction(eq) is None:
+                if (col := as_column_reduction(eq)) is None or col.transposed:
                     regions.append(general_region(model, eq))
                 elif (fused := column_prologue(model, regions, eq)) is not None:
                     regions[-1] = fused  # the elementwise nodes before it, inlined into its body
@@ -404,6 +404,10 @@ class ColumnReduction:
     rs: tuple[IndexVar, ...]
     n: IndexVar | None  # None: a scalar output (`da = Σ n dY[n] · x[n]`), a column reduction of one column
     op: str
+    # the loads read `[n rs]`: the output's axis leads and the reduced axes trail (`O[b] = Σ i X[b i]`, a
+    # row statistic of a few long rows, as columns: each thread a row's element of every column, the
+    # rows split over the grid; `transposed_rows` says when the default takes it)
+    transposed: bool = False
 
 
 def _reduced_vars(rhs: Reduce) -> tuple[str, tuple[IndexVar, ...], Expr]:
@@ -431,16 +435,53 @@ def as_column_reduction(eq: Equation) -> ColumnReduction | None:
         return None
     loads = _reads(body)
     cols = (n,) if n is not None else ()
-    full = [ld for ld in loads if len(ld.indices) == len(vs) + len(cols) and ld.indices[len(vs):] == cols
-            and set(ld.indices[:len(vs)]) == set(vs)]
-    if not full:
-        return None
-    rs = tuple(full[0].indices[:len(vs)])  # the rows' order: the first row-column load's
-    for ld in loads:
-        if ld.tensor == eq.target or ld.indices not in ((*rs, *cols), cols, rs):
+    for transposed in (False, True) if cols else (False,):
+        rs = _row_order(loads, vs, cols, transposed)
+        if rs is None:
+            continue
+        both = (*cols, *rs) if transposed else (*rs, *cols)
+        if any(ld.tensor == eq.target or ld.indices not in (both, cols, rs) for ld in loads):
             return None
-    node = eq if len(vs) == len(rhs.vars) else Equation(eq.target, eq.lhs, Reduce(op, vs, body), eq.scatter)
-    return ColumnReduction(node, rs, n, op)
+        node = eq if len(vs) == len(rhs.vars) else Equation(eq.target, eq.lhs, Reduce(op, vs, body), eq.scatter)
+        return ColumnReduction(node, rs, n, op, transposed)
+    return None
+
+
+def _row_order(loads: list[Load], vs: tuple[IndexVar, ...], cols: tuple[IndexVar, ...], transposed: bool
+               ) -> tuple[IndexVar, ...] | None:
+    """The reduced axes in the order the first row-column load reads them (`[rs n]`, or `[n rs]`
+    transposed), or None where no load reads a row's column."""
+    for ld in loads:
+        if len(ld.indices) != len(vs) + len(cols):
+            continue
+        rs, cs = (ld.indices[len(cols):], ld.indices[:len(cols)]) if transposed else \
+            (ld.indices[:len(vs)], ld.indices[len(vs):])
+        if cs == cols and set(rs) == set(vs):
+            return tuple(rs)  # type: ignore[arg-type]
+    return None
+
+
+# a row statistic of at most this many rows (`O[b] = Σ i X[b i]`, #B static), each of at least
+# TINY_ROWS_MIN_COLUMNS columns, into f32, is a column reduction (its rows as the columns, split over the
+# grid) rather than a row kernel of one block per row (a few SMs of the GPU busy)
+TINY_ROWS = 32
+TINY_ROWS_MIN_COLUMNS = 16384
+
+
+def transposed_rows(model: Model, eq: Equation) -> ColumnReduction | None:
+    """The column reduction a row statistic of a few long rows is (`O[b] = Σ i X[b i]`, `G[c] = Σ r X[c r]`
+    with #B ≤ TINY_ROWS static, the rows at least TINY_ROWS_MIN_COLUMNS long, an f32 output), or None."""
+    col = as_column_reduction(eq)
+    if col is None or not col.transposed or col.n is None or str(model.tensor(eq.target).dtype) != "f32":
+        return None
+    size = {e.name: e.size for e in model.extents}
+    rows, lengths = size.get(col.n.extent), [size.get(v.extent) for v in col.rs]
+    if rows is None or any(x is None for x in lengths):
+        return None
+    long = 1
+    for x in lengths:
+        long *= x  # type: ignore[operator]
+    return col if rows <= TINY_ROWS and long >= TINY_ROWS_MIN_COLUMNS else None
 
 
 def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:
