@@ -48,3 +48,24 @@ def test_a_transposed_batched_values_plan_compiles_with_nvrtc():
     (kernel,) = emit(proof, TARGET).kernels
     cubin, _hit = compile_cached(kernel.source, kernel.name, TARGET.name)
     assert cubin.cubin
+
+
+TRANSPOSED_CORPUS = ("bmm_pv_transposed", "bmm_transposed_a_kn", "transposed_a_odd_rows")
+
+
+@pytest.mark.parametrize("stem", TRANSPOSED_CORPUS)
+def test_transposed_corpus_models_compile_on_sm_80_with_mma_sync(stem):
+    """Issue 19's corpus on the target where mma.sync is the tensor-core path: each model with an A
+    stored [k m] compiles (rules, finite-field check, CUDA printed) with mma.sync pinned, A read by
+    ldmatrix.x4.trans."""
+    from habu.compile import compile_model
+    from habu.spec.parser import load_program
+    from tests.conftest import ROOT
+
+    program = load_program(ROOT / "tests" / "data" / "general_corpus" / f"{stem}.habu")
+    (name,) = program.models
+    compiled = compile_model(program, name, {}, TARGET, {"mma": "mma.sync"}, trials=1)
+    (proof,) = compiled.proofs
+    assert proof.ok and proof.certificate.passed
+    (kernel,) = emit(proof, TARGET).kernels
+    assert "habu::ldmatrix_x4_trans(af[mi]" in kernel.source
