@@ -70,7 +70,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
         elif region.kind == "general" and (g := family_kernel(model, region, "grouped", target, sizes)) is not None:
             yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A
-        if len(region.nodes) == 1 and (region.kind == "general" or transposed_rows(model, _node(model, region))) \
+        if region.kind in ("rows", "general") and len(region.nodes) == 1 \
+                and (region.kind == "general" or transposed_rows(model, _node(model, region))) \
                 and (c := family_kernel(model, region, "columns", target, sizes)) is not None:
             # a few long rows (or a general kernel's reduction over trailing axes): their reduction split
             # over the grid as a transposed column reduction
@@ -91,11 +92,15 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
     """The kernel `--pin family=` gives a region, or None where that family does not take it: `grouped`
     builds every one-node region the grouped path can (a general region's grouped GEMM with a row factor,
     a scatter-add combine or an f32 A, which the default leaves to the general kernel); `general` builds a
-    grouped region with the general family (the fallback the search keeps as a candidate)."""
+    grouped region with the general family (the fallback the search keeps as a candidate); `columns` builds a
+    one-node row or general region whose node is a transposed column reduction (`O[b] = Σ i X[b i]`, the
+    reduced axes trailing) with the column family, its rows split over the grid."""
     if family == "grouped" and region.kind in ("grouped", "general"):
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and region.kind == "grouped":
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
+    if family == "columns" and region.kind == "columns":
+        return columns.PATH.default(model, region, target, sizes)  # (the default's already)
     if family == "columns" and region.kind in ("rows", "general") and len(region.nodes) == 1:
         # a row statistic `O[b] = Σ i X[b i]` (or over several trailing axes, `Σ i j X[b i j]`, which is a
         # general kernel of a thread per output) as a transposed column reduction: its rows split over the grid
