@@ -293,7 +293,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             regions.append(Region("grouped", (eq.target,)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
             if row_local(eq) is None:
-                if (col := as_column_reduction(eq)) is None or col.transposed:
+                if as_column_reduction(eq) is None:
                     regions.append(general_region(model, eq))
                 elif (fused := column_prologue(model, regions, eq)) is not None:
                     regions[-1] = fused  # the elementwise nodes before it, inlined into its body
@@ -313,7 +313,11 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             else:
                 _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
-    return tuple(regions)
+    # a row statistic of a few long rows, alone in its region: the column family splits its rows over
+    # the grid (the row family would run one block per row)
+    return tuple(Region("columns", r.nodes) if r.kind == "rows" and len(r.nodes) == 1
+                 and transposed_rows(model, next(e for e in nodes if e.target == r.nodes[0])) is not None else r
+                 for r in regions)
 
 
 @dataclass(frozen=True)
