@@ -1,7 +1,7 @@
 """Tiny outputs over a trailing axis (issue 19): a few long rows reduced (`O[b] = Σ i X[b i]`), the row
-family's kernel (one block per row) or the general family's (a reduction over two trailing axes: one
-thread per output) against the column family's transposed column reduction (`--pin family=columns`:
-the rows split over the grid), and torch in the same run:
+family's kernel (one block per row: the default before) or the general family's (a reduction over two
+trailing axes: one thread per output) against the column family's transposed column reduction (the
+default now: the rows split over the grid), and torch in the same run:
 
     python -m habu.bench.tiny_rows_speed [--json OUT.json]
 
@@ -17,10 +17,17 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from habu.bench.gpu_bench import sets_for
-from habu.bench.run import build
+from habu.bench.run import build, device_target
+from habu.paths import general, rows
+from habu.plan.patterns import Region, row_local
+from habu.plan.plan import Plan
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
 from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, time_cuda, tolerance, torch
 
 # name: (model text, torch's reduction of X)
@@ -41,9 +48,22 @@ def torch_reduce(how: str):
             "sum2": lambda x: x.float().sum((-2, -1))}[how]
 
 
-def measure(path: str, pins: dict[str, str]) -> dict:
+def row_family_plan(path: str) -> Plan:
+    """The plan the default took before: the row family's kernel of the one node (one block per row), or
+    the general family's where the node is no row statistic (a reduction over two trailing axes)."""
+    model = load_program(path).models["T"]
+    target = TARGETS[device_target()]
+    sizes = {e.name: e.size for e in model.extents}
+    plan = default_plan(model, target, sizes)
+    (eq,) = model.nodes
+    region = Region("rows" if row_local(eq) else "general", (eq.target,))
+    path_ = rows.PATH if row_local(eq) else general.PATH
+    return replace(plan, kernels=(path_.default(model, region, target, sizes),))
+
+
+def measure(path: str, plan: Plan | None = None) -> dict:
     t = torch()
-    built = build(path, "T", {}, pins)
+    built = build(path, "T", {}, plan=plan)
     full = built.sizes
     x = built.model.tensor("X")
     elems = 1
@@ -57,7 +77,7 @@ def measure(path: str, pins: dict[str, str]) -> dict:
     got = built.compiled(**sets[0], **outs[0])
     t.cuda.synchronize()
     golden = compare(got, ref["O"], tolerance(built.model, dict(built.plan.storage)))
-    row: dict = {"pins": pins, "kernel": type(built.plan.kernels[0]).__name__, "bytes": nbytes,
+    row: dict = {"kernel": type(built.plan.kernels[0]).__name__, "bytes": nbytes,
                  "golden": {"rel_error": golden.rel_error, "unwritten": golden.unwritten, "ok": golden.ok}}
     if golden.ok:
         row["habu_us"] = time_cuda(lambda i: built.compiled(**sets[i], **outs[i]), nsets)["median_us"]
@@ -70,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every number here")
     args = ap.parse_args(argv)
     failed, out = False, []
-    print(f"{'shape':<24} {'default':<28} {'µs':>8} {'columns µs':>11} {'torch µs':>9}  speedup")
+    print(f"{'shape':<24} {'before':<28} {'µs':>8} {'columns µs':>11} {'torch µs':>9}  speedup")
     with tempfile.TemporaryDirectory() as tmp:
         for name, (text, how) in SHAPES.items():
             path = Path(tmp) / "tiny.habu"
             path.write_text(text)
-            default, columns = measure(str(path), {}), measure(str(path), {"family": "columns"})
+            default, columns = measure(str(path), row_family_plan(str(path))), measure(str(path))
             sets = columns.pop("sets", None) or default.get("sets")
             default.pop("sets", None)
             row = {"shape": name, "default": default, "columns": columns}
