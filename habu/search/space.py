@@ -111,7 +111,8 @@ PIN_FIELDS = {"tile": ("tile_m", "tile_n", "tile_k"), **pin_table(tuple(KERNEL_K
 def _pinned_family(model: Model, regions: tuple[Region, ...], kernels: tuple[Kernel, ...], family: str,
                    target: Target, sizes: dict[str, int]) -> tuple[Kernel, ...]:
     """`--pin family=grouped`: every region the grouped family can build takes it (the MoE combine
-    `Y[IX[r] d] += P[r] · Σ h …` included); `family=general`: grouped regions take the general kernel."""
+    `Y[IX[r] d] += P[r] · Σ h …` included); `family=general`: grouped regions take the general kernel;
+    `family=columns`: a one-node reduction over trailing axes (`O[b] = Σ i X[b i]`) takes the column family."""
     if family not in FAMILY_PINS:
         raise UsageError(f"--pin family={family}: expected one of {', '.join(FAMILY_PINS)}")
     chosen = [family_kernel(model, r, family, target, sizes) for r in regions]
