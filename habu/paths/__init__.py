@@ -76,6 +76,11 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             # a few long rows (or a general kernel's reduction over trailing axes): their reduction split
             # over the grid as a transposed column reduction
             yield from columns.PATH.region_variants(model, Region("columns", region.nodes), c, target, sizes)
+        if region.kind == "columns" and len(region.nodes) == 1 and transposed_rows(model, _node(model, region)):
+            # the row family's kernels stay candidates (its clusters share a row among 8 blocks)
+            as_rows = Region("rows", region.nodes)
+            yield from rows.PATH.region_variants(model, as_rows, rows.PATH.default(model, as_rows, target, sizes),
+                                                 target, sizes)
         return
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS

@@ -467,8 +467,11 @@ def _row_order(loads: list[Load], vs: tuple[IndexVar, ...], cols: tuple[IndexVar
 
 # a row statistic of at most this many rows (`O[b] = Σ i X[b i]`, #B static), each of at least
 # TINY_ROWS_MIN_COLUMNS columns, into f32, is a column reduction (its rows as the columns, split over the
-# grid) rather than a row kernel of one block per row (a few SMs of the GPU busy)
-TINY_ROWS = 32
+# grid) rather than a row kernel of one block per row (a few SMs of the GPU busy). H200, 2026-12-02
+# (habu.bench.tiny_rows_speed): 4 x 1M f32 54.6 -> 9.7 µs, 1 x 4M bf16 219.0 -> 9.5; but 16 x 256K (the
+# row kernel's clusters of 8 blocks: 128 blocks) 9.9 µs as rows, 11.5 as columns: at most 8 rows (64
+# blocks at most as clusters, half the GPU)
+TINY_ROWS = 8
 TINY_ROWS_MIN_COLUMNS = 16384
 
 
