@@ -253,6 +253,8 @@ def _grouped(f: Callable[[GroupedLowering], GroupedLowering]) -> Callable[[Lower
 
 
 MOE_SMALL = "../tests/data/moe_small.habu"
+PV_T = "../tests/data/general_corpus/bmm_pv_transposed.habu"  # P stored [b j i]: A contiguous along m
+PV_T_SHAPE = {"B": 3, "I": 40, "D": 48, "J": 40}
 COMBINE = {"T": 13, "R": 26}  # the MoE combine as a grouped kernel (--pin family=grouped), kernel 3
 GROUPED_FAMILY = {"family": "grouped"}
 
@@ -356,6 +358,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ldmatrix-lane-row-map-off", "A's ldmatrix.x4 takes row lane % 8 instead of lane % 16: matrices 1 and 3 "
            "repeat rows 0-7", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, a_read=replace(lw.operands.a_read, row_lanes=8))), {**DIRECT, "mma": "mma.sync"}),
+    Mutant("ldmatrix-trans-k-rows-8-15-dropped", "an A stored [k m] read by ldmatrix.x4.trans with lanes 16-31 "
+           "pointing at k rows 0-7 again (the second k block of the lane map dropped): a4..a7 repeat k 0-7",
+           PV_T, "PV-T", PV_T_SHAPE,
+           _c(lambda lw: _operands(lw, a_read=replace(lw.operands.a_read, row_blocks=1))), {"mma": "mma.sync"}),
     Mutant("warp-grid-columns-halved", "the mma.sync warps' column origins step by half a warp's columns: warps "
            "overlap and the tile's last columns are never computed", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: _operands(lw, grid=replace(lw.operands.grid, warp_cols=lw.operands.grid.warp_cols // 2))),

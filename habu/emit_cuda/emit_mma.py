@@ -2,8 +2,9 @@
 cp.async pipeline (or predicated loads), for sm_80 and later.
 
 Warps form a 2 × (warps/2) grid over the tile. Shared tiles keep the global contiguity: A as
-[BM][BK+8] (k contiguous); B as [BN][BK+8] when k is contiguous in memory, [BK][BN+8] otherwise
-(read with ldmatrix.trans). Rows are padded by 16 bytes so ldmatrix's eight row addresses fall in
+[BM][BK+8] when k is contiguous in memory, [BK][BM+8] otherwise (an A stored [k m]); B as [BN][BK+8]
+or [BK][BN+8]; the mn-contiguous ones are read with ldmatrix.trans into the same registers
+(`habu.lower.fragments.OperandFragment`), never copied transposed. Rows are padded by 16 bytes so ldmatrix's eight row addresses fall in
 different banks.
 
     prologue: fill stages 0..S-2
@@ -211,7 +212,8 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
 """
     src = header(f"{name}: mma.sync m16n8k16 contraction {lw.bm}x{lw.bn}x{lw.bk}, {k.stages} stages, "
                  f"{k.warps} warps ({wm}x{wn})",
-                 [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move} "
+                 [f"computes {', '.join(k.nodes)}; A by {k.a_move}{'' if lw.a_kmajor else ' (m-contiguous)'}, "
+                  f"B by {k.b_move} "
                   f"({'k' if b_kmajor else 'n'}-contiguous); split_k={k.split_k}"])
     src += body.replace("SIGNATURE", sig.declaration())
     zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents

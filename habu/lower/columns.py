@@ -204,12 +204,14 @@ class ColumnLowering(FlattenedRows):
 
     # -- loads
     def kind_of(self, acc: Access) -> str:
-        """"row-column" (reads [r c]), "column" (reads [c]) or "row" (reads [r])."""
+        """"row-column" (reads [r c]), "column-row" (reads [c r]: a transposed reduction, `O[b] = Σ i X[b i]`
+        with the rows i split over the grid; loaded element by element, a warp's lanes on adjacent rows),
+        "column" (reads [c]) or "row" (reads [r])."""
         axes = tuple(p.axis for p in acc.positions)
         rows = self.row_axes
         if not self.c:  # a scalar output: its loads read rows, or one value (its column's)
             return {rows: "row", (): "column"}[axes]
-        return {(*rows, "c"): "row-column", ("c",): "column", rows: "row"}[axes]
+        return {(*rows, "c"): "row-column", ("c", *rows): "column-row", ("c",): "column", rows: "row"}[axes]
 
     def vectorized(self, acc: Access) -> bool:
         """A row-column load moved as one packed vector of `vector` elements (4, 8 or 16 bytes)."""

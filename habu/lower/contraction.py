@@ -140,6 +140,11 @@ class ContractionLowering:
         return self.b.positions[-1].axis == "k"
 
     @property
+    def a_kmajor(self) -> bool:
+        """A is contiguous along k (its stage tiles are [BM][BK], else [BK][BM]: an A stored [k m])."""
+        return self.a.positions[-1].axis == "k"
+
+    @property
     def bm(self) -> int:
         return self.kernel.tile_m
 

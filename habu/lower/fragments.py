@@ -84,4 +84,46 @@ class AccumulatorFragment:
 
 ACCUMULATOR = AccumulatorFragment()
 
-__all__ = ["ACCUMULATOR", "AccumulatorFragment"]
+
+@dataclass(frozen=True)
+class OperandFragment:
+    """Where ldmatrix puts an m16n8k16 operand: one `ldmatrix.m8n8.x{matrices}` fills the operand's
+    registers, matrix j into register j, and register j of the mma operand holds the 8x8 block
+    (`block(j)`: its mn block j % mn_blocks, k block j / mn_blocks) — A (16 x 16, m x k): a0a1 (m 0-7,
+    k 0-7), a2a3 (m 8-15), a4a5 (k 8-15), a6a7 (both); B (16 x 8, k x n): b0b1 (k 0-7), b2b3 (k 8-15)
+    (PTX ISA, "Matrix fragments for mma.m16n8k16"). Lanes 8j .. 8j + 7 point ldmatrix at the eight
+    stored rows of matrix j: rows along mn when the operand is stored k-contiguous (plain ldmatrix:
+    register j gets row lane/4, the k pair 2·(lane%4)), rows along k when stored mn-contiguous
+    (`.trans`: register j gets the k pair 2·(lane%4) of column lane/4), so the same registers hold the
+    same operand elements either way round and the mma is unchanged.
+
+    `read_shape(trans)` is that lane map in `habu.lower.layouts.LdmatrixRead`'s terms: lane l points at
+    stored row l % row_lanes + (l / (row_lanes·col_groups)) · row_lanes, column ((l / row_lanes) %
+    col_groups) · 8."""
+
+    mn_blocks: int  # 8-wide blocks along m (A: 2) or n (B: 1)
+    k_blocks: int = 2  # 8-deep blocks along k (k16)
+
+    @property
+    def matrices(self) -> int:
+        return self.mn_blocks * self.k_blocks
+
+    def block(self, register: int) -> tuple[int, int]:
+        """(mn block, k block) of the operand that register `register` (ldmatrix matrix) holds."""
+        return register % self.mn_blocks, register // self.mn_blocks
+
+    def read_shape(self, trans: bool) -> tuple[int, int, int]:
+        """(row_lanes, col_groups, row_blocks) of the ldmatrix lane map (see the class doc): the lanes of
+        consecutive matrices step along the stored rows where the blocks they read lie below each
+        other, else along the columns."""
+        if not trans:  # stored rows along mn: matrices j, j+1 (mn blocks) lie below each other
+            return 8 * self.mn_blocks, self.k_blocks, 1
+        if self.mn_blocks == 1:  # stored rows along k: the k blocks lie below each other
+            return 8 * self.k_blocks, 1, 1
+        return 8, self.mn_blocks, self.k_blocks  # mn blocks side by side, then the next k block below
+
+
+A_OPERAND = OperandFragment(2)  # ldmatrix.x4 per m16 x k16 A tile
+B_OPERAND = OperandFragment(1)  # ldmatrix.x2 per k16 x n8 B tile
+
+__all__ = ["ACCUMULATOR", "A_OPERAND", "B_OPERAND", "AccumulatorFragment", "OperandFragment"]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from habu.lower.access import Access
+from habu.lower.fragments import A_OPERAND, B_OPERAND, OperandFragment
 from habu.lower.registers import consumer_warpgroups
 from habu.lower.smem import Buffer, simt_smem, tensor_core_smem
 from habu.plan.plan import ContractionKernel
@@ -127,7 +128,9 @@ class StageCopy:
 @dataclass(frozen=True)
 class LdmatrixRead:
     """The read side: `ldmatrix.m8n8.x{matrices}{.trans}` with lane l pointing at the fragment's row
-    l % row_lanes (of storage rows) and column ((l / row_lanes) % col_groups) · col_step."""
+    l % row_lanes + (l / (row_lanes · col_groups)) · row_lanes (of storage rows; the second term only
+    where `row_blocks` > 1) and column ((l / row_lanes) % col_groups) · col_step. The shape comes from
+    the operand's register placement (`habu.lower.fragments.OperandFragment.read_shape`)."""
 
     matrices: int  # 4 or 2
     trans: bool
@@ -135,9 +138,14 @@ class LdmatrixRead:
     col_groups: int
     tile: SmemTile  # the layout the reads assume (the stage tile's own: printed from here)
     col_step: int = 8
+    # blocks of row_lanes rows one below the other, taken after the col_groups columns (an A stored
+    # [k][m], read by ldmatrix.x4.trans: k rows 0-7 for matrices 0, 1; k rows 8-15 for matrices 2, 3)
+    row_blocks: int = 1
 
     def lane_offset(self, lane: Any) -> tuple[Any, Any]:
         row = lane % self.row_lanes
+        if self.row_blocks > 1:
+            row = row + (lane // (self.row_lanes * self.col_groups)) * self.row_lanes
         if self.col_groups == 1:
             return row, 0
         group = lane // self.row_lanes
@@ -410,10 +418,21 @@ def tile_of_buffer(buffer: Buffer, elem_bytes: int, swizzle: int, k_rows: bool) 
     return SmemTile(buffer.rows, buffer.row_elems, elem_bytes, swizzle, k_rows)
 
 
+def ldmatrix_read(operand: OperandFragment, kmajor: bool, tile: SmemTile) -> LdmatrixRead:
+    """How the mma.sync path reads an operand's stage tile: plain ldmatrix where it is stored
+    k-contiguous, ldmatrix.trans where it is stored mn-contiguous (A [k][m], B [k][n]); the lanes point
+    at the rows of the blocks the operand's registers hold (`OperandFragment`)."""
+    trans = not kmajor
+    return LdmatrixRead(operand.matrices, trans, *operand.read_shape(trans)[:2], tile,
+                        row_blocks=operand.read_shape(trans)[2])
+
+
 def mma_sync_operands(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool,
-                      buffers: dict[str, Buffer]) -> MmaSyncOperands | None:
+                      buffers: dict[str, Buffer], a_kmajor: bool = True) -> MmaSyncOperands | None:
     """The mma.sync path's maps for a kernel, or None where its tile does not split into m16n8k16
-    tiles over a 2 × (warps/2) warp grid (the path refuses such a plan)."""
+    tiles over a 2 × (warps/2) warp grid (the path refuses such a plan). Each operand is staged as it
+    is stored (A [BM][BK+8] or, stored [k m], [BK][BM+8]; B likewise) and read by ldmatrix, with .trans
+    for the mn-contiguous ones: no operand is copied transposed."""
     if kernel.warps < 2 or a_dtype != b_dtype or DTYPES[a_dtype].bytes != 2:
         return None
     e = DTYPES[a_dtype].bytes
@@ -425,13 +444,16 @@ def mma_sync_operands(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_k
     gather4 = kernel.a_move == "tma-gather4"
     a_vec = kernel.a_vector if kernel.a_move == "cp.async" else (kernel.tile_k if gather4 else 1)
     b_vec = kernel.b_vector if kernel.b_move == "cp.async" else 1
-    a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
+    if gather4 and not a_kmajor:
+        return None  # gather4 brings whole k rows of A
+    a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, not a_kmajor)
     b_tile = tile_of_buffer(buffers["B0"], e, kernel.swizzle, not b_kmajor)
-    a_copy = StageCopy(kernel.tile_k, kernel.tile_m, a_vec, True, a_tile)
+    a_copy = (StageCopy(kernel.tile_k, kernel.tile_m, a_vec, True, a_tile) if a_kmajor
+              else StageCopy(kernel.tile_m, kernel.tile_k, a_vec, False, a_tile))
     b_copy = (StageCopy(kernel.tile_k, kernel.tile_n, b_vec, True, b_tile) if b_kmajor
               else StageCopy(kernel.tile_n, kernel.tile_k, b_vec, False, b_tile))
-    a_read = LdmatrixRead(4, False, 16, 2, a_tile)
-    b_read = LdmatrixRead(2, False, 8, 2, b_tile) if b_kmajor else LdmatrixRead(2, True, 16, 1, b_tile)
+    a_read = ldmatrix_read(A_OPERAND, a_kmajor, a_tile)
+    b_read = ldmatrix_read(B_OPERAND, b_kmajor, b_tile)
     return MmaSyncOperands(kernel.warps, grid, a_tile, b_tile, a_copy, b_copy, a_read, b_read, kernel.tile_k)
 
 
@@ -445,11 +467,11 @@ def operands_for(kernel: ContractionKernel, a: Access, b: Access,
            kernel.b_move, kernel.a_vector, kernel.b_vector, a.dtype, b.dtype, a_kmajor, b_kmajor)
     if key not in _OPERANDS:
         if kernel.mma == "mma.sync":
-            layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor)
+            layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor, a_kmajor)
             _OPERANDS[key] = mma_sync_operands(kernel, a.dtype, b.dtype, b_kmajor,
-                                               {buf.name: buf for buf in layout.buffers})
+                                               {buf.name: buf for buf in layout.buffers}, a_kmajor)
         elif kernel.mma == "wgmma":
-            layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor)
+            layout = tensor_core_smem(kernel, a.dtype, b.dtype, b_kmajor, a_kmajor)
             _OPERANDS[key] = wgmma_operands(kernel, a, b, {buf.name: buf for buf in layout.buffers},
                                             consumer_warpgroups(kernel.warps, kernel.warp_specialized))
         elif kernel.mma == "fma":
@@ -463,4 +485,4 @@ def operands_for(kernel: ContractionKernel, a: Access, b: Access,
 _OPERANDS: dict[tuple, MmaSyncOperands | FmaOperands | WgmmaOperands | None] = {}
 
 
-__all__ = ["FmaOperands", "LdmatrixRead", "MmaSyncOperands", "SmemTile", "StageCopy", "ThreadGrid", "WarpGrid", "WgmmaDescriptor", "WgmmaOperands", "fma_operands", "mma_sync_operands", "operands_for", "wgmma_operands"]
+__all__ = ["FmaOperands", "LdmatrixRead", "MmaSyncOperands", "SmemTile", "StageCopy", "ThreadGrid", "WarpGrid", "WgmmaDescriptor", "WgmmaOperands", "fma_operands", "ldmatrix_read", "mma_sync_operands", "operands_for", "wgmma_operands"]

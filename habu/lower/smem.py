@@ -51,23 +51,28 @@ def _round(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def simt_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
-    """The SIMT path stages one k tile as f32, transposed to [k][row] with one float of padding."""
+def simt_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True,
+              a_kmajor: bool = True) -> SmemLayout:
+    """The SIMT path stages one k tile as f32, transposed to [k][row] with one float of padding (either
+    operand's storage order: the copies read along its contiguous axis, `habu.lower.layouts.fma_operands`)."""
     a = Buffer("A0", 0, kernel.tile_k * (kernel.tile_m + 1) * 4, 16, kernel.tile_k, kernel.tile_m + 1)
     off = _round(a.size, 16)
     b = Buffer("B0", off, kernel.tile_k * (kernel.tile_n + 1) * 4, 16, kernel.tile_k, kernel.tile_n + 1)
     return SmemLayout((a, b), off + b.size, kernel.tile_m + 1, kernel.tile_n + 1)
 
 
-def tensor_core_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
+def tensor_core_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True,
+                     a_kmajor: bool = True) -> SmemLayout:
     """Tensor-core paths: `stages` A and B tiles (rows padded by 16 bytes for ldmatrix without a
-    swizzle), TMA-store boxes per consumer warpgroup, mbarriers."""
+    swizzle), TMA-store boxes per consumer warpgroup, mbarriers. Each operand's tile keeps its global
+    contiguity: A [BM][BK] when k-contiguous (`a_kmajor`), else [BK][BM] (read by ldmatrix.trans or the
+    wgmma transpose bit); B [BN][BK] or [BK][BN]."""
     ea, eb = DTYPES[a_dtype].bytes, DTYPES[b_dtype].bytes
     pad = 8 if (kernel.mma == "mma.sync" and kernel.swizzle == 0) else 0
     # tiles TMA writes are dense (a box has no padding)
-    a_row = kernel.tile_k + (0 if "tma" in kernel.a_move else pad)
+    a_row = (kernel.tile_k if a_kmajor else kernel.tile_m) + (0 if "tma" in kernel.a_move else pad)
     b_row = (kernel.tile_k if b_kmajor else kernel.tile_n) + (0 if "tma" in kernel.b_move else pad)
-    a_size = kernel.tile_m * a_row * ea
+    a_size = (kernel.tile_m if a_kmajor else kernel.tile_k) * a_row * ea
     b_size = (kernel.tile_n if b_kmajor else kernel.tile_k) * b_row * eb
     align_a = tile_alignment(kernel, kernel.a_move)
     align_b = tile_alignment(kernel, kernel.b_move)
@@ -75,7 +80,7 @@ def tensor_core_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_km
     off = 0
     for s in range(kernel.stages):
         off = _round(off, align_a)
-        buffers.append(Buffer(f"A{s}", off, a_size, align_a, kernel.tile_m, a_row))
+        buffers.append(Buffer(f"A{s}", off, a_size, align_a, kernel.tile_m if a_kmajor else kernel.tile_k, a_row))
         off += a_size
         off = _round(off, align_b)
         buffers.append(Buffer(f"B{s}", off, b_size, align_b, kernel.tile_n if b_kmajor else kernel.tile_k, b_row))

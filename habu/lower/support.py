@@ -212,8 +212,11 @@ class MmaSyncSupport(ContractionSupport):
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         reasons = []
-        if not contiguous_along(lw.a, "k"):
-            reasons.append("the mma.sync path reads A contiguous along k")
+        # A stored [k m] is staged [BK][BM+8] and read by ldmatrix.x4.trans (habu/lower/layouts.py)
+        if not contiguous_along(lw.a, "k") and not contiguous_along(lw.a, "m"):
+            reasons.append("the mma.sync path reads A contiguous along k, or along m (ldmatrix.trans)")
+        if not contiguous_along(lw.a, "k") and lw.kernel.a_move == "tma-gather4":
+            reasons.append("gather4 brings whole k rows of A: an A contiguous along m is copied by cp.async or ldg")
         if lw.kernel.swizzle:
             reasons.append("the mma.sync path pads shared rows by 16 bytes (swizzle 0)")
         return reasons
@@ -408,18 +411,20 @@ def unregister(name: str) -> None:
     SUPPORT[:] = [s for s in SUPPORT if s.name != name]
 
 
-def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True) -> SmemLayout:
+def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_kmajor: bool = True,
+                     a_kmajor: bool = True) -> SmemLayout:
     """The shared-memory layout of a contraction kernel, as its path lays it out (the rules check it,
-    the emitter prints its offsets). `b_kmajor`: B is contiguous along k (tiles [BN][BK], else [BK][BN])."""
+    the emitter prints its offsets). `b_kmajor`: B is contiguous along k (tiles [BN][BK], else [BK][BN]);
+    `a_kmajor`: likewise A ([BM][BK], else [BK][BM])."""
     support = support_for(kernel)
     assert isinstance(support, ContractionSupport)
-    return support.smem_layout(kernel, a_dtype, b_dtype, b_kmajor)
+    return support.smem_layout(kernel, a_dtype, b_dtype, b_kmajor, a_kmajor)
 
 
 def lowering_smem(lw: ContractionLowering) -> SmemLayout:
-    """The shared-memory layout of a lowered contraction, from its operands' dtypes and B's layout
-    (`b_kmajor`): the one the rules check, the operand maps are built on and the emitters print."""
-    return contraction_smem(lw.kernel, lw.a.dtype, lw.b.dtype, lw.b_kmajor)
+    """The shared-memory layout of a lowered contraction, from its operands' dtypes and layouts
+    (`b_kmajor`, `a_kmajor`): the one the rules check, the operand maps are built on and the emitters print."""
+    return contraction_smem(lw.kernel, lw.a.dtype, lw.b.dtype, lw.b_kmajor, lw.a_kmajor)
 
 
 def support_for(kernel: Kernel) -> PathSupport:

@@ -21,7 +21,7 @@ from habu.paths.analytic import node_of
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
-from habu.plan.patterns import Region, as_contraction
+from habu.plan.patterns import Region, as_column_reduction, as_contraction, transposed_rows
 from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
 from habu.spec.ir import IndexVar, Model
 from habu.target import Target
@@ -96,6 +96,17 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A
         elif region.kind == "general" and family_kernel(model, region, "contraction", target, sizes) is not None:
             yield from region_space(model, Region("contraction", region.nodes), target, sizes)  # k gather, scatter
+        if region.kind in ("rows", "general") and len(region.nodes) == 1 \
+                and (region.kind == "general" or transposed_rows(model, _node(model, region))) \
+                and (c := family_kernel(model, region, "columns", target, sizes)) is not None:
+            # a few long rows (or a general kernel's reduction over trailing axes): their reduction split
+            # over the grid as a transposed column reduction
+            yield from columns.PATH.region_variants(model, Region("columns", region.nodes), c, target, sizes)
+        if region.kind == "columns" and len(region.nodes) == 1 and transposed_rows(model, _node(model, region)):
+            # the row family's kernels stay candidates (its clusters share a row among 8 blocks)
+            as_rows = Region("rows", region.nodes)
+            yield from rows.PATH.region_variants(model, as_rows, rows.PATH.default(model, as_rows, target, sizes),
+                                                 target, sizes)
         return
     if region.kind == "general":  # the general kernel stays a candidate beside the contraction default
         yield general.PATH.default(model, region, target, sizes)
@@ -107,14 +118,16 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield from path.variants(base, target, skinny=skinny)
 
 
-FAMILY_PINS = ("grouped", "general", "contraction")  # `--pin family=…`
+FAMILY_PINS = ("grouped", "general", "contraction", "columns")  # `--pin family=…`
 
 
 def family_kernel(model: Model, region: Region, family: str, target: Target, sizes: dict[str, int]) -> Kernel | None:
     """The kernel `--pin family=` gives a region, or None where that family does not take it: `grouped`
     builds every one-node region the grouped path can (a general region's grouped GEMM with a row factor,
     a scatter-add combine or an f32 A, which the default leaves to the general kernel); `general` builds a
-    grouped region with the general family (the fallback the search keeps as a candidate)."""
+    grouped region with the general family (the fallback the search keeps as a candidate); `columns` builds a
+    one-node row or general region whose node is a transposed column reduction (`O[b] = Σ i X[b i]`, the
+    reduced axes trailing) with the column family, its rows split over the grid."""
     if family == "grouped" and region.kind in ("grouped", "general"):
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and (region.kind == "grouped" or isinstance(
@@ -128,7 +141,19 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
         kernel = default_kernel(model, Region("contraction", region.nodes), target, sizes)
         staged = isinstance(kernel, ContractionKernel) and "staged" in (kernel.a_move, kernel.b_move)
         return kernel if staged or (c.a.k_gather is None and c.b.k_gather is None) else None
+    if family == "columns" and region.kind == "columns":
+        return columns.PATH.default(model, region, target, sizes)  # (the default's already)
+    if family == "columns" and region.kind in ("rows", "general") and len(region.nodes) == 1:
+        # a row statistic `O[b] = Σ i X[b i]` (or over several trailing axes, `Σ i j X[b i j]`, which is a
+        # general kernel of a thread per output) as a transposed column reduction: its rows split over the grid
+        col = as_column_reduction(_node(model, region))
+        if col is not None and col.transposed:
+            return columns.PATH.default(model, Region("columns", region.nodes), target, sizes)
     return None
+
+
+def _node(model: Model, region: Region):
+    return next(eq for eq in model.nodes if eq.target == region.nodes[0])
 
 
 def path_named(name: str) -> KernelPath:

@@ -123,8 +123,8 @@ class ColumnsPath(KernelPath):
         for _, acc in lw.loads:
             e = DTYPES[acc.dtype].bytes
             kind = lw.kind_of(acc)
-            moved += e * (R * C if kind == "row-column" else R if kind == "row" else C)
-            per_row += e * k.vector if kind == "row-column" else 0
+            moved += e * (R * C if kind in ("row-column", "column-row") else R if kind == "row" else C)
+            per_row += e * k.vector if kind in ("row-column", "column-row") else 0
         splits = int(lw.splits(sizes))
         atomics = 8.0 * C * splits if lw.combine in ("atomic", "atomic-max") else 4.0 * C
         blocks = int(lw.tiles(sizes)) * splits

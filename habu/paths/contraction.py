@@ -358,9 +358,10 @@ def fit_stages(model: Model, kernel: ContractionKernel, target: Target, least: i
     assert c is not None
     a_dt, b_dt = dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor)
     b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
+    a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1
     if kernel.store == "tma" and not tma_store_fits(model, replace(kernel, stages=least), target):
         kernel = replace(kernel, store="direct")
-    while kernel.stages > least and contraction_smem(kernel, a_dt, b_dt, b_kmajor).total > target.smem_per_block:
+    while kernel.stages > least and contraction_smem(kernel, a_dt, b_dt, b_kmajor, a_kmajor).total > target.smem_per_block:
         kernel = replace(kernel, stages=kernel.stages - 1)
     return kernel
 

@@ -24,9 +24,10 @@ class MmaSyncPath(ContractionPath):
     preference = 20
 
     def takes(self, facts: ContractionFacts, target: Target) -> bool:
-        # its ldmatrix reads A contiguous along k (the rules' supported-path): an A stored [k m] goes to
-        # wgmma (MN-major boxes) or, without it, to the SIMT path
-        return facts.tensor_cores and target.mma_sync and facts.a_kmajor
+        # its ldmatrix reads A contiguous along k, or along m with .trans (an A stored [k m], staged as
+        # stored: habu/lower/layouts.py); an A gathered along its contiguous axis goes to the SIMT path
+        a = facts.c.a.load.indices
+        return facts.tensor_cores and target.mma_sync and (facts.a_kmajor or a[-1] == facts.c.m)
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:

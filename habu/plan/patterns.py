@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from habu.errors import HabuError
+from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
 from habu.plan.storage import dtype_of
 from habu.spec.ir import (
     Compare,
@@ -337,7 +338,11 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             else:
                 _merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
-    return tuple(regions)
+    # a row statistic of a few long rows, alone in its region: the column family splits its rows over
+    # the grid (the row family would run one block per row)
+    return tuple(Region("columns", r.nodes) if r.kind == "rows" and len(r.nodes) == 1
+                 and transposed_rows(model, next(e for e in nodes if e.target == r.nodes[0])) is not None else r
+                 for r in regions)
 
 
 @dataclass(frozen=True)
@@ -417,54 +422,11 @@ def _row_of(ix: IndexExpr, r: IndexVar) -> bool:
     return ix == r or (isinstance(ix, Gather) and ix.indices == (r,))
 
 
-@dataclass(frozen=True)
-class ColumnReduction:
-    """`T[n] = op rs body(rs, n)`: one reduction (Σ or max) over the leading axes `rs` of every load that
-    reads a row (one axis `r`, or several flattened into rows: `G[n] = Σ b Σ s dY[b s n]`), the output
-    indexed by the trailing axis `n`. Each load of the body reads `[rs n]` (a row's column), `[n]` (one
-    value per column) or `[rs]` (one value per row), the leading axes in one order: the rows'."""
-
-    node: Equation
-    rs: tuple[IndexVar, ...]
-    n: IndexVar | None  # None: a scalar output (`da = Σ n dY[n] · x[n]`), a column reduction of one column
-    op: str
-
-
-def _reduced_vars(rhs: Reduce) -> tuple[str, tuple[IndexVar, ...], Expr]:
-    """The op, the variables and the body of a reduction, nested reductions of the same op merged
-    (`Σ b Σ s x` is `Σ b s x`)."""
-    op, vs, body = rhs.op, list(rhs.vars), rhs.body
-    while isinstance(body, Reduce) and body.op == op:
-        vs.extend(body.vars)
-        body = body.body
-    return op, tuple(vs), body
-
-
-def as_column_reduction(eq: Equation) -> ColumnReduction | None:
-    """Recognise a column reduction (the column family's node), or None. A node that reads its own
-    result (an in-place update) is not one: row splits add into the output while others read it. A
-    scalar output (`da = Σ n dT[n] · x[n]`, every load reading the rows `[n]` or a scalar) is a column
-    reduction of one column: its rows split over the grid, the splits added atomically, where the
-    general family would reduce them all in one thread (a scalar load, `a[]`, is then its column's)."""
-    rhs = eq.rhs
-    if len(eq.lhs) > 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max"):
-        return None
-    op, vs, body = _reduced_vars(rhs)
-    n = eq.lhs[0] if eq.lhs else None
-    if n in vs or len(set(vs)) != len(vs) or any(isinstance(x, Reduce) for x in walk(body)):
-        return None
-    loads = _reads(body)
-    cols = (n,) if n is not None else ()
-    full = [ld for ld in loads if len(ld.indices) == len(vs) + len(cols) and ld.indices[len(vs):] == cols
-            and set(ld.indices[:len(vs)]) == set(vs)]
-    if not full:
-        return None
-    rs = tuple(full[0].indices[:len(vs)])  # the rows' order: the first row-column load's
-    for ld in loads:
-        if ld.tensor == eq.target or ld.indices not in ((*rs, *cols), cols, rs):
-            return None
-    node = eq if len(vs) == len(rhs.vars) else Equation(eq.target, eq.lhs, Reduce(op, vs, body), eq.scatter)
-    return ColumnReduction(node, rs, n, op)
+def transposed_rows(model: Model, eq: Equation) -> ColumnReduction | None:
+    """The column reduction a row statistic of a few long rows is (`O[b] = Σ i X[b i]`; `tiny_rows` says
+    which), or None."""
+    col = as_column_reduction(eq)
+    return col if col is not None and col.transposed and col.n is not None and tiny_rows(model, eq, col) else None
 
 
 def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:

@@ -102,3 +102,6 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
             if lw.kind_of(acc) == "row-column":
                 yield _lanes(name, f"{acc.tensor}'s offset row·#{lw.c} + column at the last row and column a "
                                    "thread computes (masked or not)", last_row * lw.columns(s) + last_col)
+            elif lw.kind_of(acc) == "column-row":  # [c r]: a column's rows are contiguous
+                yield _lanes(name, f"{acc.tensor}'s offset column·#{lw.rows_name} + row at the last column and row "
+                                   "a thread computes (masked or not)", last_col * lw.rows(s) + last_row)

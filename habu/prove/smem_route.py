@@ -134,7 +134,7 @@ def mma_sync_route(ops: MmaSyncOperands) -> Route:
         rows = g.row_origin(wm) + np.arange(g.warp_rows)
         cols = g.col_origin(wn) + np.arange(g.warp_cols)
         warps.append(WarpRoute(rows, cols, a_id // bk, a_id % bk, b_id // bk, b_id % bk))
-    bm = ops.a_copy.outer
+    bm = ops.a_copy.outer if ops.a_copy.k_inner else ops.a_copy.inner  # (an A stored [k m] is copied along m)
     bn = ops.b_copy.outer if ops.b_copy.k_inner else ops.b_copy.inner
     return Route(tuple(warps), tuple(dict.fromkeys(faults))[:4], not faults and _is_identity(warps, bm, bn, bk))
 

@@ -113,7 +113,8 @@ def _pinned_family(model: Model, regions: tuple[Region, ...], kernels: tuple[Ker
     """`--pin family=grouped`: every region the grouped family can build takes it (the MoE combine
     `Y[IX[r] d] += P[r] · Σ h …` included); `family=general`: grouped regions take the general kernel;
     `family=contraction`: a contraction the default leaves general (an operand gathered on the reduction
-    axis, a scatter-add store: GGEMM's backward) takes the contraction family's default."""
+    axis, a scatter-add store: GGEMM's backward) takes the contraction family's default; `family=columns`: a
+    one-node reduction over trailing axes (`O[b] = Σ i X[b i]`) takes the column family."""
     if family not in FAMILY_PINS:
         raise UsageError(f"--pin family={family}: expected one of {', '.join(FAMILY_PINS)}")
     chosen = [family_kernel(model, r, family, target, sizes) for r in regions]

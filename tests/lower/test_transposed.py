@@ -52,12 +52,13 @@ def test_a_transposed_a_is_read_in_64_column_boxes_with_the_transpose_bit():
     assert maps["A"].dims == ("M", "K") and maps["A"].box == (64, 64)
 
 
-@pytest.mark.parametrize("target, mma", [("sm_90a", "fma"), ("sm_80", "fma")])
-def test_where_no_tensor_core_path_takes_the_layout_the_default_is_simt(target, mma):
-    """#M = 201: A's rows of 402 bytes are no TMA descriptor's; mma.sync reads A along k only; sm_80 has
-    no wgmma: the SIMT path computes it."""
+@pytest.mark.parametrize("target, a_move", [("sm_90a", "ldg"), ("sm_80", "cp.async")])
+def test_where_wgmma_does_not_take_the_layout_the_default_is_mma_sync_with_ldmatrix_trans(target, a_move):
+    """#M = 201: A's rows of 402 bytes are no TMA descriptor's (nor 16-byte cp.async rows: element copies);
+    sm_80 has no wgmma. The SIMT path computed both; mma.sync now stages A as stored and reads it with
+    ldmatrix.x4.trans (tests/lower/test_transposed_operands.py; GPU: tests/gpu/test_ldmatrix_trans.py)."""
     _, plan = proven(AT, target, M=201 if target == "sm_90a" else 256, N=136, K=72)
-    assert plan.kernels[0].mma == mma
+    assert (plan.kernels[0].mma, plan.kernels[0].a_move) == ("mma.sync", a_move)
 
 
 def test_a_batched_transposed_a_with_odd_tails():

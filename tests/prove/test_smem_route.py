@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from habu.lower import lower_plan
-from habu.lower.layouts import FmaOperands, MmaSyncOperands, SmemTile, WgmmaOperands
+from habu.lower.fragments import A_OPERAND, B_OPERAND
+from habu.lower.layouts import (
+    FmaOperands,
+    LdmatrixRead,
+    MmaSyncOperands,
+    SmemTile,
+    WgmmaOperands,
+    ldmatrix_read,
+)
 from habu.prove.fragments import ldmatrix_elements, mma_operand_position, wgmma_kmajor_addresses
 from habu.prove.smem_route import route_key, route_of
 from habu.search.space import default_plan
@@ -45,6 +53,53 @@ def test_ldmatrix_gives_rows_or_their_transpose():
     for h in (0, 1):
         assert np.array_equal(plain[:, 0, h], 8 * (t // 4) + 2 * (t % 4) + h)
         assert np.array_equal(trans[:, 0, h], 8 * (2 * (t % 4) + h) + t // 4)
+
+
+@pytest.mark.parametrize("operand,kmajor", [("A", True), ("A", False), ("B", True), ("B", False)],
+                         ids=["A-ldmatrix.x4", "A-ldmatrix.x4.trans", "B-ldmatrix.x2", "B-ldmatrix.x2.trans"])
+def test_ldmatrix_lane_maps_fill_the_mma_operand_registers(operand, kmajor):
+    """The lane -> row-address map of each mma.sync operand read (habu.lower.layouts.ldmatrix_read, from
+    the register placement in habu.lower.fragments), run through the PTX ISA's ldmatrix table, puts in
+    every (lane, register, half) the element the m16n8k16 operand table says it holds: A stored [m][k]
+    (plain) or [k][m] (.trans), B stored [n][k] (plain) or [k][n] (.trans)."""
+    fragment = A_OPERAND if operand == "A" else B_OPERAND
+    mn = 16 if operand == "A" else 8
+    cols = mn if not kmajor else 16  # a dense stored tile: rows along mn (k-contiguous) or along k
+    tile = SmemTile(16 if not kmajor else mn, cols, 2, 0, not kmajor)
+    read = ldmatrix_read(fragment, kmajor, tile)
+    assert (read.matrices, read.trans) == (fragment.matrices, not kmajor)
+    lane = np.arange(32)
+    rows, cols_ = read.lane_offset(lane)
+    got = ldmatrix_elements(rows * tile.row_elems + cols_, read.matrices, read.trans)
+    stored_row, stored_col = got // tile.row_elems, got % tile.row_elems
+    got_mn, got_k = (stored_col, stored_row) if not kmajor else (stored_row, stored_col)
+    r, q = mma_operand_position(operand)
+    want_mn, want_k = (r, q) if operand == "A" else (q, r)
+    assert np.array_equal(got_mn, want_mn) and np.array_equal(got_k, want_k)
+
+
+def test_ldmatrix_trans_lanes_of_an_mn_major_a_are_the_ptx_rows():
+    """ldmatrix.x4.trans of A stored [k][m]: lanes 0-7 give k rows 0-7 at m 0 (matrix 0: a0a1), lanes 8-15
+    the same k rows at m 8 (a2a3), lanes 16-23 k rows 8-15 at m 0 (a4a5), lanes 24-31 at m 8 (a6a7)."""
+    read = ldmatrix_read(A_OPERAND, False, SmemTile(16, 16, 2, 0, True))
+    rows, cols = read.lane_offset(np.arange(32))
+    assert list(rows) == [*range(8), *range(8), *range(8, 16), *range(8, 16)]
+    assert list(cols) == [0] * 8 + [8] * 8 + [0] * 8 + [8] * 8
+    assert A_OPERAND.block(1) == (1, 0) and A_OPERAND.block(2) == (0, 1)
+
+
+def test_a_wrong_trans_lane_map_is_caught_by_the_ptx_table():
+    """The same map with its column groups not wrapped (lanes 16-31 point 16 and 24 columns over) puts
+    other elements in a4..a7: the table check fails."""
+    tile = SmemTile(16, 32, 2, 0, True)
+    good = ldmatrix_read(A_OPERAND, False, tile)
+    bad = LdmatrixRead(4, True, 8, 4, tile, row_blocks=2)
+    r, q = mma_operand_position("A")
+    for read, expected in ((good, True), (bad, False)):
+        rows, cols = read.lane_offset(np.arange(32))
+        got = ldmatrix_elements(rows * tile.row_elems + cols, 4, True)
+        matches = np.array_equal(got % tile.row_elems, r) and np.array_equal(got // tile.row_elems, q)
+        assert matches == expected
 
 
 def test_wgmma_kmajor_addresses_are_the_128_byte_swizzled_rows():
@@ -131,3 +186,27 @@ def test_regression_a_cp_async_a_beside_an_mn_major_b_is_emitted():
     assert mn and all(lw.operands.b_desc.mn_major and route_of(lw).identity for lw in mn)
     sources = [k.source for k in emit_lowered(lowered, plan, TARGETS["sm_90a"]).kernels]
     assert any("cp_async<16>(a_stage" in s for s in sources)
+
+
+PV_T = """3 EXTENT: #B  72 EXTENT: #I  80 EXTENT: #D  72 EXTENT: #J
+bf16 TENSOR: P ( #B #J #I )  bf16 TENSOR: V ( #B #J #D )  f32 TENSOR: O ( #B #I #D )
+MODEL: PV-T  O[b i d] = Σ j P[b j i] · V[b j d] ;
+"""
+
+
+@pytest.mark.parametrize("tile", ["64x128x64", "128x128x32"])
+def test_regression_an_m_major_a_on_mma_sync_is_read_by_ldmatrix_trans_without_a_copy(tile):
+    """P stored [b j i] (A contiguous along m) on mma.sync: staged [BK][BM+8] as stored (no staging pass,
+    no transposing copy) and read by ldmatrix.x4.trans; the route is the plain tile product. The route
+    counted the block's rows from A's copy as if it ran along k (bm = BK): at 128x128x32 it was not the
+    identity, though every warp multiplied the right elements."""
+    from habu.spec.parser import parse_text
+
+    model = parse_text(PV_T, "pv_t.habu").models["PV-T"]
+    plan = default_plan(model, TARGETS["sm_80"], {}, {"mma": "mma.sync", "tile": tile})
+    (lw,) = lower_plan(model, plan)
+    ops = lw.operands
+    assert isinstance(ops, MmaSyncOperands) and lw.pre == () and lw.a.tensor == "P"
+    assert ops.a_read.trans and ops.a_tile.k_rows and ops.a_tile.rows == lw.bk and not ops.a_copy.k_inner
+    route = route_of(lw)
+    assert route.faults == () and route.identity
