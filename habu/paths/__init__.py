@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from habu.lower import support as _support
-from habu.paths import columns, fma, general, grouped, map, mma_sync, rows, wgmma
+from habu.paths import attention, columns, fma, general, grouped, map, mma_sync, rows, wgmma
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
@@ -27,7 +27,7 @@ from habu.target import Target
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
 PATHS: list[KernelPath] = [fma.PATH, mma_sync.PATH, wgmma.PATH, rows.PATH, map.PATH, columns.PATH,
-                           grouped.PATH, general.PATH]
+                           grouped.PATH, attention.PATH, general.PATH]
 
 
 def path_for(kernel: Kernel) -> KernelPath:
@@ -70,6 +70,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
         elif region.kind == "general" and (g := family_kernel(model, region, "grouped", target, sizes)) is not None:
             yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A
+        if region.kind == "general" and (a := attention.PATH.default(model, region, target, sizes)) is not None:
+            yield from attention.PATH.region_variants(model, region, a, target, sizes)  # the fused attention
         return
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
     skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
@@ -79,18 +81,22 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield from path.variants(base, target, skinny=skinny)
 
 
-FAMILY_PINS = ("grouped", "general")  # `--pin family=…`
+FAMILY_PINS = ("grouped", "general", "attention")  # `--pin family=…`
 
 
 def family_kernel(model: Model, region: Region, family: str, target: Target, sizes: dict[str, int]) -> Kernel | None:
     """The kernel `--pin family=` gives a region, or None where that family does not take it: `grouped`
     builds every one-node region the grouped path can (a general region's grouped GEMM with a row factor,
     a scatter-add combine or an f32 A, which the default leaves to the general kernel); `general` builds a
-    grouped region with the general family (the fallback the search keeps as a candidate)."""
+    grouped region with the general family (the fallback the search keeps as a candidate); `attention` builds a
+    softmax-weighted sum (a general region of the model without the `attention:T` rewrite) with the fused
+    attention kernel."""
     if family == "grouped" and region.kind in ("grouped", "general"):
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and region.kind == "grouped":
         return general.PATH.default(model, Region("general", region.nodes), target, sizes)
+    if family == "attention" and region.kind == "general":
+        return attention.PATH.default(model, region, target, sizes)
     return None
 
 

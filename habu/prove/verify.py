@@ -34,9 +34,10 @@ from habu.prove.interp import (
 )
 from habu.prove.interp import Memory, PlanFault, run_kernel
 from habu.prove.kinds import kind_proof
-from habu.prove.virtual import GroupedVirtualTensor, VirtualTensor, key_for
+from habu.prove.virtual import GroupedVirtualTensor, PairVirtualTensor, VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
+from habu.spec.field_exp import PRIME_P, PRIME_Q, ExpField, check_exp_arguments
 from habu.spec.ir import Gather, IndexConst, IndexVar, Model, Reduce, loads, walk
 from habu.version import __version__
 
@@ -230,7 +231,9 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
     for t in model.inputs:
         shape = tuple(sizes[e] for e in t.extents)
         modulus = sizes[t.range] if t.is_index else field.p
-        if t.grouped:
+        if isinstance(field, ExpField) and not t.is_index:
+            out[t.name] = PairVirtualTensor(t.name, shape, field.q, field.p, key_for(seed, t.name))
+        elif t.grouped:
             out[t.name] = GroupedVirtualTensor(t.name, shape, modulus, key_for(seed, t.name))
         else:
             out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index)
@@ -271,7 +274,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     names = [f"kernel {i} ({'+'.join(k.nodes)})" for i, k in enumerate(plan.kernels)]
     s = full
     coverage: list[str] = []
-    if witness or (witness is None and len(plan.kernels) > 1):
+    exp_kind = any(kind_proof(lw).exp_field for lw in lowerings)  # its check is costly at full shape
+    if witness or (witness is None and (len(plan.kernels) > 1 or exp_kind)):
         from habu.prove.witness import prove_coverage, split_coverage, tiled_axes, witness_sizes
 
         w = witness_sizes(graph, names, lowerings, full)
@@ -290,6 +294,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     if s != full:
         cert.witness = dict(s)
         cert.notes.extend(coverage)
+    exp = False
     try:
         for i, lw in enumerate(lowerings):
             kind_proof(lw).precheck(names[i], lw, s)
@@ -322,9 +327,14 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             blocks_text[names[i]] = text
         for tensor, box in out_boxes.items():
             cert.checked[tensor] = int(np.prod([len(b) for b in box]))
+        exp = any(kind_proof(lw).exp_field for lw in lowerings)  # an online softmax: exp as a homomorphism
+        if exp:
+            check_exp_arguments(model)
+            cert.notes.append(f"checked over Z_{PRIME_Q} × GF({PRIME_P}) (exp(a + b) = exp(a)·exp(b) exact; "
+                              "docs/VERIFY.md states the bound per trial)")
         for trial, seed in enumerate(seeds):
             check_deadline(f"before trial {trial + 1} of the finite-field check")
-            field_ = PrimeField(prime, seed)
+            field_ = ExpField(seed=seed) if exp else PrimeField(prime, seed)
             inputs = virtual_inputs(model, s, field_, seed)
             mem = Memory(inputs, field_, s)
             for i, lw in enumerate(lowerings):
@@ -362,7 +372,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     except EvalError as err:
         cert.passed = False
         cert.failure = f"the reference could not be evaluated: {err.message}"
-    cert.bound = min(1.0, deg / prime) ** len(seeds) if cert.passed else 1.0
+    per_trial = deg * deg / PRIME_Q + deg / PRIME_P if exp else deg / prime  # exp: C(k, 2)·D/q + d/p, k·D ≤ d²
+    cert.bound = min(1.0, per_trial) ** len(seeds) if cert.passed else 1.0
     cert.seconds = time.perf_counter() - start
     return cert
 

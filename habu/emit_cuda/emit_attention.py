@@ -1,0 +1,258 @@
+"""Fused attention kernels (FlashAttention-2 style), printed from the `AttentionLowering`.
+
+Block x takes its query tile and batch element (`query_tile`, `batch_flat`, `batch_coords`); its Q tile
+(bm rows × #E) and then K/V tiles of bn keys reach shared memory by cp.async in 16-byte chunks (rows
+padded by 16 bytes, two K/V buffers: the next tile loads while this one is multiplied; a masked chunk
+is zeros). Each warp owns 16 query rows: their Q fragments are read once into registers; per KV tile it
+computes S = Q·Kᵀ with mma.sync m16n8k16 (bf16, f32 accumulate), scales S, masks it (keys past #J and the
+model's mask: −∞), and runs the online softmax in registers (`habu/attention/online.cuh`: the row maximum
+over the lane's registers and then its row's lanes by xor shuffles, the lowering's `running_max`,
+`rescale` and `kept_max`); P = exp(S − m) is packed to bf16 A fragments in registers and O += P·V with V's
+B fragments by ldmatrix.trans. The tiles past the causal limit (`key_limit`, `kv_tiles`) are never
+loaded. At the end l is summed over the row's lanes and O / l stored (div0: a row with no visible key is 0).
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    condition_code,
+    float_expr,
+    header,
+    index_type,
+    store_value,
+)
+from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.attention import MMA_K, MMA_N, AttentionLowering
+from habu.spec.ir import Gather, IndexConst, IndexVar, Model
+
+
+class _FloatOps:
+    """The online softmax's arithmetic as C floats."""
+
+    @staticmethod
+    def max(a: str, b: str) -> str:
+        return f"fmaxf({a}, {b})"
+
+    @staticmethod
+    def sub(a: str, b: str) -> str:
+        return f"({a} - {b})"
+
+
+def _no_load(ld) -> str:
+    raise ValueError("the scale of the attention scores reads no tensor")
+
+
+def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[str, int]) -> CudaKernel:
+    k = lw.kernel
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
+    if not isinstance(n_e, int) or not isinstance(n_d, int):
+        raise ValueError(f"{name}: the head widths #{lw.red_extent} and #{lw.col_extent} must be known when the "
+                         "kernel is compiled")
+    bm, bn, threads = k.bm, k.bn, lw.threads
+    pe, pd = lw.pitch_e({lw.red_extent: n_e}), lw.pitch_d({lw.col_extent: n_d})
+    layout = lw.smem_layout({lw.red_extent: n_e, lw.col_extent: n_d})
+    smem = lw.smem_bytes({lw.red_extent: n_e, lw.col_extent: n_d})
+    stage = layout["Ks1"][0] - layout["Ks0"][0]  # bf16 elements from one K/V buffer to the next
+    pq, pk, pv = (sig.pointer(a.tensor, "bf16") for a in (lw.q, lw.k, lw.v))
+    po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    batch = {a: a for a in lw.batch_axes}
+    q_coord, k_coord, v_coord = {**batch, "i": "i", "e": "e"}, {**batch, "j": "j", "e": "e"}, {**batch, "j": "j", "d": "d"}
+    o_coord = {**batch, "i": "i", "d": "d"}
+    bx = CExpr("bx")
+    extent_of = dict(zip(lw.batch_axes, lw.batch_extents, strict=True))
+    batch_code = "".join(f"  const {it} {a} = ({it})({c(v)});  // batch index {a} (#{extent_of[a]})\n"
+                         for a, v in lw.batch_coords(CExpr("flat"), sizes).items())
+
+    def term(ix, last) -> object:
+        if isinstance(ix, IndexVar):
+            return last if ix.name == "i" else CExpr(f"(long long){ix.name}")
+        if isinstance(ix, Gather):
+            assert isinstance(ix.indices[0], IndexVar)
+            return CExpr(f"(long long){table(ix.tensor, ix.indices[0].name)}")
+        assert isinstance(ix, IndexConst)
+        return ix.value
+
+    limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
+    tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
+                        lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
+    scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
+    mask = condition_code(lw.mask, sizes, table) if lw.mask is not None else "true"
+    ops = _FloatOps()
+    shuffles = ", ".join(str(x) for x in lw.quad_offsets)
+    fr = lw.fragment
+    ne16, nd8, nb8, nb16 = n_e // MMA_K, n_d // MMA_N, bn // MMA_N, bn // MMA_K
+    rows_i = c(sizes[lw.row_extent])
+    keys_j = c(sizes[lw.key_extent])
+    q_ok = f"{c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.q, q_coord, sizes, table)})"
+    k_ok = f"{c(lw.key_inside(CExpr('j'), sizes))} && ({access_mask(lw.k, k_coord, sizes, table)})"
+    v_ok = f"{c(lw.key_inside(CExpr('j'), sizes))} && ({access_mask(lw.v, v_coord, sizes, table)})"
+    row_of = lambda t: c(lw.row(CExpr("qt"), CExpr(t)))  # noqa: E731
+    key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
+    src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
+{GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) habu::bf16 smem[];
+  habu::bf16* Qs = smem + {layout['Qs'][0]};  // Q's tile: {bm} rows × {n_e} (+{pe - n_e} padding)
+  // buffer s of K ({bn} keys × {n_e}) at smem + {layout['Ks0'][0]} + s·{stage}, of V ({bn} keys × {n_d}) at smem + {layout['Vs0'][0]} + s·{stage}
+  const int tid = threadIdx.x, warp = {c(fr.thread_warp(CExpr('tid')))}, lane = {c(fr.thread_lane(CExpr('tid')))};
+  const long long bx = blockIdx.x;
+  const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
+  const {it} flat = ({it})({c(lw.batch_flat(bx, sizes))});  // the batch element
+{batch_code}  for (int chunk = tid; chunk < {bm * n_e // 8}; chunk += {threads}) {{  // Q: 16-byte chunks of its rows
+    const int t = chunk / {n_e // 8}, ee = chunk % {n_e // 8} * 8;
+    const {it} i = ({it})({row_of('t')});
+    const {it} e = ({it})ee;
+    const bool ok = {q_ok};
+    habu::cp_async<16>(habu::smem_addr(Qs + t * {pe} + ee), ok ? (const void*)({pq} + ({access_offset(lw.q, q_coord, sizes, lw.index_width, table)})) : (const void*){pq}, ok);
+  }}
+  habu::cp_async_commit();
+  const long long limit = {c(limit)};  // keys at or past this are masked for every row of the tile
+  const {it} tiles = ({it})({c(tiles)});  // the KV tiles visited (the causal skip)
+  (void)limit;
+  auto load_kv = [&]({it} kt, int s) {{
+    for (int chunk = tid; chunk < {bn * n_e // 8}; chunk += {threads}) {{  // K: 16-byte chunks of its rows
+      const int t = chunk / {n_e // 8}, ee = chunk % {n_e // 8} * 8;
+      const {it} j = ({it})({key_of('t')});
+      const {it} e = ({it})ee;
+      const bool ok = {k_ok};
+      habu::cp_async<16>(habu::smem_addr((smem + KS0 + s * STAGE) + t * {pe} + ee), ok ? (const void*)({pk} + ({access_offset(lw.k, k_coord, sizes, lw.index_width, table)})) : (const void*){pk}, ok);
+    }}
+    for (int chunk = tid; chunk < {bn * n_d // 8}; chunk += {threads}) {{  // V: 16-byte chunks of its rows
+      const int t = chunk / {n_d // 8}, dd = chunk % {n_d // 8} * 8;
+      const {it} j = ({it})({key_of('t')});
+      const {it} d = ({it})dd;
+      const bool ok = {v_ok};
+      habu::cp_async<16>(habu::smem_addr((smem + VS0 + s * STAGE) + t * {pd} + dd), ok ? (const void*)({pv} + ({access_offset(lw.v, v_coord, sizes, lw.index_width, table)})) : (const void*){pv}, ok);
+    }}
+  }};
+  if (tiles > 0) load_kv(0, 0);
+  habu::cp_async_commit();
+  const int g = lane / {fr.lanes_per_row}, tq = lane % {fr.lanes_per_row};
+  habu::u32 qf[{ne16}][4];  // this warp's Q fragments, read once
+  float o[{nd8}][4];
+  float m[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}}, l[2] = {{0.0f, 0.0f}};
+#pragma unroll
+  for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o[dn][q] = 0.0f;
+  const float scale = {scale};
+  for ({it} kt = 0; kt < tiles; ++kt) {{
+    const int s = (int)(kt % 2);
+    if (kt + 1 < tiles) {{
+      load_kv(kt + 1, 1 - s);
+      habu::cp_async_commit();
+      habu::cp_async_wait<1>();
+    }} else {{
+      habu::cp_async_wait<0>();
+    }}
+    __syncthreads();
+    if (kt == 0) {{
+#pragma unroll
+      for (int kk = 0; kk < {ne16}; ++kk) {{
+        const habu::bf16* qa = Qs + (warp * 16 + g) * {pe} + kk * 16 + 2 * tq;
+        qf[kk][0] = *reinterpret_cast<const habu::u32*>(qa);
+        qf[kk][1] = *reinterpret_cast<const habu::u32*>(qa + 8 * {pe});
+        qf[kk][2] = *reinterpret_cast<const habu::u32*>(qa + 8);
+        qf[kk][3] = *reinterpret_cast<const habu::u32*>(qa + 8 * {pe} + 8);
+      }}
+    }}
+    float sc[{nb8}][4];
+#pragma unroll
+    for (int jn = 0; jn < {nb8}; ++jn)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) sc[jn][q] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < {ne16}; ++kk)
+#pragma unroll
+      for (int jn = 0; jn < {nb8}; ++jn) {{
+        const habu::bf16* kb = (smem + KS0 + s * STAGE) + (jn * 8 + g) * {pe} + kk * 16 + 2 * tq;
+        habu::u32 b[2];
+        b[0] = *reinterpret_cast<const habu::u32*>(kb);
+        b[1] = *reinterpret_cast<const habu::u32*>(kb + 8);
+        habu::mma_bf16_16816(sc[jn], qf[kk], b);
+      }}
+    float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
+#pragma unroll
+    for (int jn = 0; jn < {nb8}; ++jn)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
+        const int h = q / 2;
+        const long long i = (long long)({row_of(f'warp * {fr.warp_rows} + g + {fr.row_step} * h')});
+        const long long j = (long long)({key_of(f'{fr.col_step} * jn + {fr.pair} * tq + q % 2')});
+        const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
+        (void)i;
+        sc[jn][q] = visible ? sc[jn][q] * scale : habu::neg_inf_f();
+        mx[h] = fmaxf(mx[h], sc[jn][q]);
+      }}
+    float alpha[2], shift[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {{
+      const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
+      shift[h] = habu::softmax_shift(m_new);
+      alpha[h] = __expf({lw.rescale('m[h]', 'shift[h]', ops)});
+      m[h] = {lw.kept_max('m[h]', 'm_new')};
+      l[h] *= alpha[h];
+    }}
+#pragma unroll
+    for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) o[dn][q] *= alpha[q / 2];
+#pragma unroll
+    for (int jn = 0; jn < {nb8}; ++jn)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {{
+        sc[jn][q] = __expf(sc[jn][q] - shift[q / 2]);  // a masked score: exp(−∞) = 0
+        l[q / 2] += sc[jn][q];
+      }}
+#pragma unroll
+    for (int kk = 0; kk < {nb16}; ++kk) {{  // P's A fragment of keys 16·kk..: the accumulators of 8-key groups 2kk, 2kk+1
+      habu::u32 pa[4];
+      pa[0] = habu::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
+      pa[1] = habu::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]);
+      pa[2] = habu::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      pa[3] = habu::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+      for (int dn = 0; dn < {nd8}; ++dn) {{
+        habu::u32 vb[2];
+        habu::ldmatrix_x2_trans(vb, habu::smem_addr((smem + VS0 + s * STAGE) + (kk * 16 + lane % 16) * {pd} + dn * 8));
+        habu::mma_bf16_16816(o[dn], pa, vb);
+      }}
+    }}
+    __syncthreads();  // the next iteration's copies overwrite this buffer
+  }}
+  habu::cp_async_wait<0>();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+#pragma unroll
+  for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {{
+      const {it} i = ({it})({row_of(f'warp * {fr.warp_rows} + g + {fr.row_step} * (q / 2)')});
+      const {it} d = ({it})({fr.col_step} * dn + {fr.pair} * tq + q % 2);
+      if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
+        {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), 'habu::f_div0(o[dn][q], l[q / 2])')}
+    }}
+}}
+"""
+    src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × 16), "
+                 f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16",
+                 [f"computes {lw.node.target} = softmax-weighted sum over #{lw.key_extent} "
+                  f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",
+                  f"mask: {'none' if lw.mask is None else 'the model' + chr(39) + 's'}; causal skip: "
+                  f"{'yes' if lw.skip_bound() is not None else 'no'}; {rows_i} rows, {keys_j} keys"])
+    src_body = src_body.replace("KS0", str(layout["Ks0"][0])).replace("VS0", str(layout["Vs0"][0]))
+    src += src_body.replace("STAGE", str(stage)).replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
+
+
+register_geometry(AttentionLowering, GRID_2D)  # (batch elements × query tiles, 1)
