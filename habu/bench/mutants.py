@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from habu.bench import mutants_attention as att
 from habu.bench.mutants_softmax import SOFTMAX_MUTANTS, run_softmax_mutant
 from habu.lower import (
     ColumnLowering,
@@ -525,6 +526,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("tile-origin-from-bn", "a block's first row m0 = tm·BN instead of tm·BM (a rectangular tile's "
            "extents mixed up): blocks compute overlapping rows and some rows of the output are never written",
            "ggemm.habu", "GGEMM", GG, _c(_tile_origin_from_bn), {"tile": "128x64x64"}),
+    Mutant("attention-rescale-inverted", "the fused attention kernel rescales l and O by exp(m_new − m_old)",
+           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.rescale_inverted, att.PINS),
+    Mutant("attention-max-not-kept", "the fused attention kernel's weights use the new row maximum but the "
+           "running maximum is never updated", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.max_not_kept, att.PINS),
+    Mutant("attention-skip-one-tile-too-many", "the causal skip drops the last KV tile that holds visible keys",
+           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.skip_one_tile_too_many, att.PINS),
+    Mutant("attention-row-max-two-lanes", "the row maximum is shuffled over 2 of a row's 4 lanes",
+           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.row_max_two_lanes, att.PINS),
 )
 
 

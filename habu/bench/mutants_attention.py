@@ -1,0 +1,48 @@
+"""Planted mistakes in the fused attention kernel's lowering (habu/lower/attention.py): the online softmax's
+rescale and running-maximum bookkeeping, the causal skip and the lanes of a row's reduction. Each changes
+the CUDA the emitter prints (the same methods print it); the finite-field check over Z_q × GF(p) must reject
+every one on the CPU. They are entries of the mutation suite (`MUTANTS` in habu/bench/mutants.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Any
+
+from habu.lower.attention import AttentionLowering
+
+# examples/attention.habu at a shape where the causal skip matters: 3 query tiles of 32 rows, 4 KV tiles of
+# 32 keys, queries at the end of 100 keys (the first query tile sees 62 of them, 2 tiles); head width 16
+SHAPE = {"B": 1, "G": 1, "R": 2, "I": 70, "J": 100, "E": 16, "D": 16}
+PINS = {"family": "attention", "bm": "32", "bn": "32"}
+
+
+def _planted(lw: Any, method: str, body: Callable) -> AttentionLowering:
+    """The same lowering with one method replaced (a subclass: methods are not fields)."""
+    assert isinstance(lw, AttentionLowering)
+    cls = type(f"Planted_{method}", (AttentionLowering,), {method: body})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def rescale_inverted(lw: Any) -> AttentionLowering:
+    """l and O multiplied by exp(m_new − m_old): earlier tiles grow instead of shrinking."""
+    return _planted(lw, "rescale", lambda self, m_old, m_new, ops: ops.sub(m_new, m_old))
+
+
+def max_not_kept(lw: Any) -> AttentionLowering:
+    """The tile's weights use the new maximum, but the running maximum is never updated: the next rescale
+    is taken from the stale one."""
+    return _planted(lw, "kept_max", lambda self, m_old, m_new: m_old)
+
+
+def skip_one_tile_too_many(lw: Any) -> AttentionLowering:
+    """The causal skip drops one tile too many: the last tile holding visible keys is never visited."""
+    visits = AttentionLowering.kv_tiles
+    return _planted(lw, "kv_tiles", lambda self, limit, sizes, clamp: visits(self, limit, sizes, clamp) - 1)
+
+
+def row_max_two_lanes(lw: Any) -> AttentionLowering:
+    """The row maximum joins 2 of a row's 4 lanes (shuffle xor 1 only): lanes of one row shift by different
+    maxima, and P·V mixes their weights."""
+    assert isinstance(lw, AttentionLowering)
+    return replace(lw, quad_offsets=(1,))
