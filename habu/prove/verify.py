@@ -53,11 +53,11 @@ class Mismatch:
     trial: int
     count: int  # how many checked elements differ
 
-    def describe(self, p: int) -> str:
+    def describe(self, p: int, field_name: str | None = None) -> str:
         where = f"{self.tensor}[{', '.join(map(str, self.element))}]"
         if self.got is None:
             return f"{where} was never written (trial {self.trial}; {self.count} checked elements differ)"
-        return (f"{where} differs: the plan gives {self.got}, the model {self.expected} over GF({p}) "
+        return (f"{where} differs: the plan gives {self.got}, the model {self.expected} over {field_name or f'GF({p})'} "
                 f"(trial {self.trial}; {self.count} checked elements differ)")
 
 
@@ -83,6 +83,7 @@ class Certificate:
     plan_key: str | None = None
     model_hash: str | None = None
     habu_version: str | None = None
+    field_name: str | None = None  # the field checked over, when not GF(prime): Z_q × GF(p) for an online softmax
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -99,7 +100,7 @@ class Certificate:
             return f"FAILED: {self.failure}"
         at = "" if self.witness is None else \
             " at witness " + ", ".join(f"{k}={v}" for k, v in self.witness.items() if self.shape.get(k) != v)
-        return (f"passed {self.trials} trials over GF({self.prime}){at}, seeds {self.seeds}; "
+        return (f"passed {self.trials} trials over {self.field_name or f'GF({self.prime})'}{at}, seeds {self.seeds}; "
                 f"{sum(self.checked.values())} output elements per trial; a wrong plan passes with "
                 f"probability at most {self.bound:.1e} (degree {self.degree}); {self.seconds:.2f} s")
 
@@ -330,6 +331,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         exp = any(kind_proof(lw).exp_field for lw in lowerings)  # an online softmax: exp as a homomorphism
         if exp:
             check_exp_arguments(model)
+            cert.field_name = f"Z_{PRIME_Q} × GF({PRIME_P})"
             cert.notes.append(f"checked over Z_{PRIME_Q} × GF({PRIME_P}) (exp(a + b) = exp(a)·exp(b) exact; "
                               "docs/VERIFY.md states the bound per trial)")
         for trial, seed in enumerate(seeds):
@@ -354,7 +356,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
             if bad is not None or mem.faults:
                 cert.passed = False
-                parts = [bad.describe(prime)] if bad is not None else \
+                parts = [bad.describe(prime, field_.name if exp else None)] if bad is not None else \
                     ["the checked values agree, but a kernel faults"]
                 parts += mem.faults[:3]
                 cert.failure = "; ".join(parts)
