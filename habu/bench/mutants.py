@@ -534,6 +534,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "attention.habu", "ATTENTION-GQA", att.SHAPE, att.skip_one_tile_too_many, att.PINS),
     Mutant("attention-row-max-two-lanes", "the row maximum is shuffled over 2 of a row's 4 lanes",
            "attention.habu", "ATTENTION-GQA", att.SHAPE, att.row_max_two_lanes, att.PINS),
+    Mutant("attention-p-fragment-swapped", "P's A fragment packs the accumulators of rows g + 8 where the "
+           "instruction takes columns + 8", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.p_fragment_swapped,
+           att.PINS),
+    Mutant("attention-next-tile-same-buffer", "the next KV tile is copied into the buffer being multiplied",
+           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.next_tile_same_buffer, att.PINS),
+    Mutant("attention-v-rows-of-one-matrix", "ldmatrix.trans of V is handed the rows of its first 8×8 matrix "
+           "twice", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.v_rows_of_one_matrix, att.PINS),
 )
 
 

@@ -46,3 +46,27 @@ def row_max_two_lanes(lw: Any) -> AttentionLowering:
     maxima, and P·V mixes their weights."""
     assert isinstance(lw, AttentionLowering)
     return replace(lw, quad_offsets=(1,))
+
+
+def p_fragment_swapped(lw: Any) -> AttentionLowering:
+    """P's A registers 1 and 2 swapped (rows g + 8 taken for columns + 8): the PTX A layout misread."""
+    def p_fragment(self, kk, reg):
+        reg = {1: 2, 2: 1}.get(reg, reg)
+        group = 2 * kk + reg // 2
+        return (group, 2 * (reg % 2)), (group, 2 * (reg % 2) + 1)
+
+    return _planted(lw, "p_fragment", p_fragment)
+
+
+def next_tile_same_buffer(lw: Any) -> AttentionLowering:
+    """Every KV tile staged in buffer 0: the next tile's copies overwrite the tile being multiplied."""
+    return _planted(lw, "stage_of", lambda self, kt: kt * 0)
+
+
+def v_rows_of_one_matrix(lw: Any) -> AttentionLowering:
+    """The lanes 8..15 name the rows of the first 8×8 matrix again (lane % 8): V's keys 8..15 of each step are
+    keys 0..7."""
+    from habu.lower.attention import MMA_K, MMA_N
+
+    return _planted(lw, "v_rows", lambda self, stage, lane, kk, dn:
+                    self.v_smem(stage, kk * MMA_K + lane % 8, dn * MMA_N))

@@ -61,10 +61,28 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         raise ValueError(f"{name}: the head widths #{lw.red_extent} and #{lw.col_extent} must be known when the "
                          "kernel is compiled")
     bm, bn, threads = k.bm, k.bn, lw.threads
-    pe, pd = lw.pitch_e({lw.red_extent: n_e}), lw.pitch_d({lw.col_extent: n_d})
-    layout = lw.smem_layout({lw.red_extent: n_e, lw.col_extent: n_d})
-    smem = lw.smem_bytes({lw.red_extent: n_e, lw.col_extent: n_d})
-    stage = layout["Ks1"][0] - layout["Ks0"][0]  # bf16 elements from one K/V buffer to the next
+    pe, pd = lw.pitch_e, lw.pitch_d
+    layout = lw.smem_layout()
+    smem = lw.smem_bytes()
+    stage = lw.stage_elements
+    cx = CExpr
+    chunk_e = [c(x) for x in lw.copy_chunk(cx("chunk"), n_e)]
+    chunk_d = [c(x) for x in lw.copy_chunk(cx("chunk"), n_d)]
+    g_t = [c(x) for x in lw.lane_group(cx("lane"))]
+    q_frag = "\n".join(f"        qf[kk][{r}] = *reinterpret_cast<const habu::u32*>(smem + "
+                       f"{c(lw.q_fragment(cx('warp'), cx('lane'), cx('kk'), r))});" for r in range(4))
+    k_frag = "\n".join(f"        b[{r}] = *reinterpret_cast<const habu::u32*>(smem + "
+                       f"{c(lw.k_fragment(cx('s'), cx('lane'), cx('kk'), cx('jn'), r))});" for r in range(2))
+
+    def packed(r: int) -> str:
+        (g0, q0), (g1, q1) = lw.p_fragment(cx("kk"), r)
+        return f"      pa[{r}] = habu::pack_bf16x2(sc[{c(g0)}][{q0}], sc[{c(g1)}][{q1}]);"
+
+    p_frag = "\n".join(packed(r) for r in range(4))
+    v_addr = c(lw.v_rows(cx("s"), cx("lane"), cx("kk"), cx("dn")))
+    fr = lw.fragment
+    s_elem = [c(x) for x in fr.element(cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("(q % 2)"))]
+    o_elem = [c(x) for x in fr.element(cx("warp"), cx("lane"), cx("dn"), cx("(q / 2)"), cx("(q % 2)"))]
     pq, pk, pv = (sig.pointer(a.tensor, "bf16") for a in (lw.q, lw.k, lw.v))
     po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     batch = {a: a for a in lw.batch_axes}
@@ -102,18 +120,18 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
     src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) habu::bf16 smem[];
-  habu::bf16* Qs = smem + {layout['Qs'][0]};  // Q's tile: {bm} rows × {n_e} (+{pe - n_e} padding)
-  // buffer s of K ({bn} keys × {n_e}) at smem + {layout['Ks0'][0]} + s·{stage}, of V ({bn} keys × {n_d}) at smem + {layout['Vs0'][0]} + s·{stage}
+  // Q's tile at smem + {layout['Qs'][0]} ({bm} rows × {pe}); buffer s of K ({bn} keys × {pe}) at smem + {layout['Ks0'][0]} + s·{stage},
+  // of V ({bn} keys × {pd}) at smem + {layout['Vs0'][0]} + s·{stage}
   const int tid = threadIdx.x, warp = {c(fr.thread_warp(CExpr('tid')))}, lane = {c(fr.thread_lane(CExpr('tid')))};
   const long long bx = blockIdx.x;
   const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
   const {it} flat = ({it})({c(lw.batch_flat(bx, sizes))});  // the batch element
 {batch_code}  for (int chunk = tid; chunk < {bm * n_e // 8}; chunk += {threads}) {{  // Q: 16-byte chunks of its rows
-    const int t = chunk / {n_e // 8}, ee = chunk % {n_e // 8} * 8;
+    const int t = {chunk_e[0]}, ee = {chunk_e[1]};
     const {it} i = ({it})({row_of('t')});
     const {it} e = ({it})ee;
     const bool ok = {q_ok};
-    habu::cp_async<16>(habu::smem_addr(Qs + t * {pe} + ee), ok ? (const void*)({pq} + ({access_offset(lw.q, q_coord, sizes, lw.index_width, table)})) : (const void*){pq}, ok);
+    habu::cp_async<16>(habu::smem_addr(smem + {c(lw.q_smem(cx('t'), cx('ee')))}), ok ? (const void*)({pq} + ({access_offset(lw.q, q_coord, sizes, lw.index_width, table)})) : (const void*){pq}, ok);
   }}
   habu::cp_async_commit();
   const long long limit = {c(limit)};  // keys at or past this are masked for every row of the tile
@@ -121,23 +139,23 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   (void)limit;
   auto load_kv = [&]({it} kt, int s) {{
     for (int chunk = tid; chunk < {bn * n_e // 8}; chunk += {threads}) {{  // K: 16-byte chunks of its rows
-      const int t = chunk / {n_e // 8}, ee = chunk % {n_e // 8} * 8;
+      const int t = {chunk_e[0]}, ee = {chunk_e[1]};
       const {it} j = ({it})({key_of('t')});
       const {it} e = ({it})ee;
       const bool ok = {k_ok};
-      habu::cp_async<16>(habu::smem_addr((smem + KS0 + s * STAGE) + t * {pe} + ee), ok ? (const void*)({pk} + ({access_offset(lw.k, k_coord, sizes, lw.index_width, table)})) : (const void*){pk}, ok);
+      habu::cp_async<16>(habu::smem_addr(smem + {c(lw.k_smem(cx('s'), cx('t'), cx('ee')))}), ok ? (const void*)({pk} + ({access_offset(lw.k, k_coord, sizes, lw.index_width, table)})) : (const void*){pk}, ok);
     }}
     for (int chunk = tid; chunk < {bn * n_d // 8}; chunk += {threads}) {{  // V: 16-byte chunks of its rows
-      const int t = chunk / {n_d // 8}, dd = chunk % {n_d // 8} * 8;
+      const int t = {chunk_d[0]}, dd = {chunk_d[1]};
       const {it} j = ({it})({key_of('t')});
       const {it} d = ({it})dd;
       const bool ok = {v_ok};
-      habu::cp_async<16>(habu::smem_addr((smem + VS0 + s * STAGE) + t * {pd} + dd), ok ? (const void*)({pv} + ({access_offset(lw.v, v_coord, sizes, lw.index_width, table)})) : (const void*){pv}, ok);
+      habu::cp_async<16>(habu::smem_addr(smem + {c(lw.v_smem(cx('s'), cx('t'), cx('dd')))}), ok ? (const void*)({pv} + ({access_offset(lw.v, v_coord, sizes, lw.index_width, table)})) : (const void*){pv}, ok);
     }}
   }};
-  if (tiles > 0) load_kv(0, 0);
+  if (tiles > 0) load_kv(0, {c(lw.stage_of(0))});
   habu::cp_async_commit();
-  const int g = lane / {fr.lanes_per_row}, tq = lane % {fr.lanes_per_row};
+  const int g = {g_t[0]}, tq = {g_t[1]};
   habu::u32 qf[{ne16}][4];  // this warp's Q fragments, read once
   float o[{nd8}][4];
   float m[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}}, l[2] = {{0.0f, 0.0f}};
@@ -147,9 +165,9 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     for (int q = 0; q < 4; ++q) o[dn][q] = 0.0f;
   const float scale = {scale};
   for ({it} kt = 0; kt < tiles; ++kt) {{
-    const int s = (int)(kt % 2);
+    const int s = (int)({c(lw.stage_of(cx('kt')))});  // this tile's buffer
     if (kt + 1 < tiles) {{
-      load_kv(kt + 1, 1 - s);
+      load_kv(kt + 1, (int)({c(lw.stage_of(cx('kt') + 1))}));  // the next tile, into the other buffer
       habu::cp_async_commit();
       habu::cp_async_wait<1>();
     }} else {{
@@ -159,11 +177,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     if (kt == 0) {{
 #pragma unroll
       for (int kk = 0; kk < {ne16}; ++kk) {{
-        const habu::bf16* qa = Qs + (warp * 16 + g) * {pe} + kk * 16 + 2 * tq;
-        qf[kk][0] = *reinterpret_cast<const habu::u32*>(qa);
-        qf[kk][1] = *reinterpret_cast<const habu::u32*>(qa + 8 * {pe});
-        qf[kk][2] = *reinterpret_cast<const habu::u32*>(qa + 8);
-        qf[kk][3] = *reinterpret_cast<const habu::u32*>(qa + 8 * {pe} + 8);
+{q_frag}
       }}
     }}
     float sc[{nb8}][4];
@@ -175,10 +189,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     for (int kk = 0; kk < {ne16}; ++kk)
 #pragma unroll
       for (int jn = 0; jn < {nb8}; ++jn) {{
-        const habu::bf16* kb = (smem + KS0 + s * STAGE) + (jn * 8 + g) * {pe} + kk * 16 + 2 * tq;
         habu::u32 b[2];
-        b[0] = *reinterpret_cast<const habu::u32*>(kb);
-        b[1] = *reinterpret_cast<const habu::u32*>(kb + 8);
+{k_frag}
         habu::mma_bf16_16816(sc[jn], qf[kk], b);
       }}
     float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
@@ -187,8 +199,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 #pragma unroll
       for (int q = 0; q < 4; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
         const int h = q / 2;
-        const long long i = (long long)({row_of(f'warp * {fr.warp_rows} + g + {fr.row_step} * h')});
-        const long long j = (long long)({key_of(f'{fr.col_step} * jn + {fr.pair} * tq + q % 2')});
+        const long long i = (long long)({row_of(s_elem[0])});
+        const long long j = (long long)({key_of(s_elem[1])});
         const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
         (void)i;
         sc[jn][q] = visible ? sc[jn][q] * scale : habu::neg_inf_f();
@@ -217,14 +229,11 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 #pragma unroll
     for (int kk = 0; kk < {nb16}; ++kk) {{  // P's A fragment of keys 16·kk..: the accumulators of 8-key groups 2kk, 2kk+1
       habu::u32 pa[4];
-      pa[0] = habu::pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]);
-      pa[1] = habu::pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]);
-      pa[2] = habu::pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-      pa[3] = habu::pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+{p_frag}
 #pragma unroll
       for (int dn = 0; dn < {nd8}; ++dn) {{
         habu::u32 vb[2];
-        habu::ldmatrix_x2_trans(vb, habu::smem_addr((smem + VS0 + s * STAGE) + (kk * 16 + lane % 16) * {pd} + dn * 8));
+        habu::ldmatrix_x2_trans(vb, habu::smem_addr(smem + {v_addr}));
         habu::mma_bf16_16816(o[dn], pa, vb);
       }}
     }}
@@ -237,8 +246,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   for (int dn = 0; dn < {nd8}; ++dn)
 #pragma unroll
     for (int q = 0; q < 4; ++q) {{
-      const {it} i = ({it})({row_of(f'warp * {fr.warp_rows} + g + {fr.row_step} * (q / 2)')});
-      const {it} d = ({it})({fr.col_step} * dn + {fr.pair} * tq + q % 2);
+      const {it} i = ({it})({row_of(o_elem[0])});
+      const {it} d = ({it})({o_elem[1]});
       if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
         {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), 'habu::f_div0(o[dn][q], l[q / 2])')}
     }}
@@ -250,8 +259,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
                   f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",
                   f"mask: {'none' if lw.mask is None else 'the model' + chr(39) + 's'}; causal skip: "
                   f"{'yes' if lw.skip_bound() is not None else 'no'}; {rows_i} rows, {keys_j} keys"])
-    src_body = src_body.replace("KS0", str(layout["Ks0"][0])).replace("VS0", str(layout["Vs0"][0]))
-    src += src_body.replace("STAGE", str(stage)).replace("SIGNATURE", sig.declaration())
+    src += src_body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
 
 

@@ -60,6 +60,8 @@ class AttentionLowering:
     scale: Expr | None
     mask: Compare | None  # over the axis names (batch axes, "i", "j")
     index_width: int
+    width_e: int | None  # #E and #D when static (the kernel needs both: fragments are registers)
+    width_d: int | None
     fragment: AccumulatorFragment = ACCUMULATOR
     quad_offsets: tuple[int, ...] = (1, 2)  # xor shuffles joining the 4 lanes of one accumulator row
 
@@ -170,30 +172,80 @@ class AttentionLowering:
         """The running maximum carried to the next tile."""
         return m_new
 
-    # -- shared memory (bf16 elements; bytes in smem_bytes)
-    def pitch_e(self, sizes: Mapping[str, int]) -> int:
-        return int(sizes[self.red_extent]) + PAD
+    # -- shared memory, in bf16 elements from the start of the block's dynamic shared memory
+    @property
+    def pitch_e(self) -> int:
+        """Elements of a staged Q or K row: #E and 16 bytes of padding (the fragment reads of 8 rows × 4
+        words then hit 32 different banks)."""
+        assert self.width_e is not None
+        return self.width_e + PAD
 
-    def pitch_d(self, sizes: Mapping[str, int]) -> int:
-        return int(sizes[self.col_extent]) + PAD
+    @property
+    def pitch_d(self) -> int:
+        assert self.width_d is not None
+        return self.width_d + PAD
 
-    def smem_layout(self, sizes: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-        """Each staged array's (offset, elements) in bf16 elements: Q's tile, then STAGES K and V tiles."""
+    def smem_layout(self) -> dict[str, tuple[int, int]]:
+        """Each staged array's (offset, elements): Q's tile, then STAGES pairs of a K and a V tile."""
         k = self.kernel
-        q = k.bm * self.pitch_e(sizes)
-        kt = k.bn * self.pitch_e(sizes)
-        vt = k.bn * self.pitch_d(sizes)
+        q, kt, vt = k.bm * self.pitch_e, k.bn * self.pitch_e, k.bn * self.pitch_d
         out = {"Qs": (0, q)}
-        at = q
         for s in range(STAGES):
-            out[f"Ks{s}"] = (at, kt)
-            at += kt
-            out[f"Vs{s}"] = (at, vt)
-            at += vt
+            out[f"Ks{s}"] = (q + s * (kt + vt), kt)
+            out[f"Vs{s}"] = (q + s * (kt + vt) + kt, vt)
         return out
 
-    def smem_bytes(self, sizes: Mapping[str, int]) -> int:
-        return 2 * sum(n for _, n in self.smem_layout(sizes).values())
+    @property
+    def stage_elements(self) -> int:
+        """From one K/V buffer to the next."""
+        return self.kernel.bn * (self.pitch_e + self.pitch_d)
+
+    def smem_bytes(self) -> int:
+        return 2 * sum(n for _, n in self.smem_layout().values())
+
+    def copy_chunk(self, chunk: Any, width: int) -> tuple[Any, Any]:
+        """(row, first column) of the 16-byte chunk `chunk` of a staged tile of rows of `width` elements."""
+        return chunk // (width // 8), chunk % (width // 8) * 8
+
+    def q_smem(self, row: Any, col: Any) -> Any:
+        return self.smem_layout()["Qs"][0] + row * self.pitch_e + col
+
+    def k_smem(self, stage: Any, row: Any, col: Any) -> Any:
+        return self.smem_layout()["Ks0"][0] + stage * self.stage_elements + row * self.pitch_e + col
+
+    def v_smem(self, stage: Any, row: Any, col: Any) -> Any:
+        return self.smem_layout()["Vs0"][0] + stage * self.stage_elements + row * self.pitch_d + col
+
+    def stage_of(self, kt: Any) -> Any:
+        """The buffer KV tile kt is staged in (tile kt + 1 loads into the other one while kt is multiplied)."""
+        return kt % STAGES
+
+    # -- the fragments each lane reads (bf16 element offsets in shared memory; register `reg` is 2 elements)
+    def lane_group(self, lane: Any) -> tuple[Any, Any]:
+        """(groupID, threadID_in_group) = (lane / 4, lane % 4)."""
+        return lane // 4, lane % 4
+
+    def q_fragment(self, warp: Any, lane: Any, kk: Any, reg: int) -> Any:
+        """Register reg of the A fragment of Q's rows warp·16.. at k step kk (rows g and g + 8, columns
+        2t.. and 2t + 8..)."""
+        g, t = self.lane_group(lane)
+        return self.q_smem(warp * MMA_M + g + 8 * (reg % 2), kk * MMA_K + 2 * t + 8 * (reg // 2))
+
+    def k_fragment(self, stage: Any, lane: Any, kk: Any, jn: Any, reg: int) -> Any:
+        """Register reg of the B fragment of keys jn·8.. at k step kk (key g, columns 2t.. and 2t + 8..)."""
+        g, t = self.lane_group(lane)
+        return self.k_smem(stage, jn * MMA_N + g, kk * MMA_K + 2 * t + 8 * reg)
+
+    def v_rows(self, stage: Any, lane: Any, kk: Any, dn: Any) -> Any:
+        """The row lane (< 16) hands ldmatrix.x2.trans for V's B fragment of keys kk·16.., columns dn·8..:
+        row lane % 8 of 8×8 matrix lane / 8."""
+        return self.v_smem(stage, kk * MMA_K + lane % 16, dn * MMA_N)
+
+    def p_fragment(self, kk: Any, reg: int) -> tuple[tuple[Any, int], tuple[Any, int]]:
+        """The two S accumulators (8-key group, register) packed into register reg of P's A fragment of keys
+        kk·16..: groups 2kk (reg < 2) and 2kk + 1, registers 0, 1 (reg even) or 2, 3."""
+        group = 2 * kk + reg // 2
+        return (group, 2 * (reg % 2)), (group, 2 * (reg % 2) + 1)
 
 
 def _axis_var(name: str, extent: str) -> IndexVar:
@@ -227,7 +279,8 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
     mask = form.mask.map_indices(rename) if form.mask is not None else None
     return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
                              form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
-                             kernel.index_width, replace(ACCUMULATOR, group_warps=kernel.bm // MMA_M))
+                             kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
+                             replace(ACCUMULATOR, group_warps=kernel.bm // MMA_M))
 
 
 def flops(lw: AttentionLowering, sizes: Mapping[str, int]) -> float:

@@ -25,7 +25,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from habu.lower.attention import MMA_N, AttentionLowering
+from habu.lower.attention import MMA_K, MMA_M, MMA_N, AttentionLowering
+from habu.prove.fragments import instruction_element
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
@@ -64,51 +65,128 @@ def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], me
         _run_block(name, lw, sizes, mem, int(x))
 
 
+# ----------------------------------------------------------------------------- the instruction (PTX ISA)
+# The trusted part: where the PTX ISA puts each register element of mma.m16n8k16's bf16 operands and what
+# ldmatrix.x2.trans hands each lane ("Matrix fragments for mma.m16n8k16", "ldmatrix"), transcribed apart
+# from the lowering's maps. groupID g = lane >> 2, threadID_in_group t = lane % 4; register r holds two
+# elements (half 0, 1).
+
+
+def ptx_a_element(lane: np.ndarray, reg: np.ndarray, half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A (16 × 16, row-major): a_{2r+half} at row g + 8·(r & 1), column 2t + half + 8·(r >> 1)."""
+    g, t = lane >> 2, lane & 3
+    return g + 8 * (reg & 1), 2 * t + half + 8 * (reg >> 1)
+
+
+def ptx_b_element(lane: np.ndarray, reg: np.ndarray, half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """B (16 × 8, k × n): b_{2r+half} at k = 2t + half + 8r, n = g."""
+    g, t = lane >> 2, lane & 3
+    return 2 * t + half + 8 * reg, g
+
+
+def ldmatrix_trans(rows: np.ndarray, read) -> np.ndarray:
+    """ldmatrix.sync.aligned.m8n8.x2.trans.b16: lane l < 16 names row l % 8 of matrix l / 8 (`rows[l]`, an
+    element offset); lane t receives in register m, half h the element [2(t % 4) + h][t / 4] of matrix m
+    (its transpose's row t / 4). Returns (32 lanes, 2 registers, 2 halves) of values, `read(offsets)`."""
+    t = np.arange(32)[:, None, None]
+    m = np.arange(2)[None, :, None]
+    h = np.arange(2)[None, None, :]
+    row_lane = 8 * m + 2 * (t % 4) + h  # the lane that named the row holding the element
+    return read(rows[row_lane] + t // 4)
+
+
+# ----------------------------------------------------------------------------- one block
+
+
+def _copy(name: str, lw: AttentionLowering, sizes, mem: Memory, smem: np.ndarray, access, coords, row_axis: str,
+          rows_of, col_axis: str, count: int, width: int, dst, where) -> None:
+    """A tile's 16-byte chunks (cp.async, zero-filled where masked) into shared memory at `dst(t, c)`."""
+    chunk = np.arange(count * width // 8, dtype=np.int64)
+    t, c0 = lw.copy_chunk(chunk, width)
+    cols = c0[:, None] + np.arange(8, dtype=np.int64)[None, :]
+    values = read(name, access, {**coords, row_axis: rows_of(t)[:, None], col_axis: cols}, sizes, mem,
+                  lw.index_width, where)
+    smem[np.asarray(dst(t, c0))[:, None] + np.arange(8)[None, :]] = np.broadcast_to(values, cols.shape)
+
+
 def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, x: int) -> None:
     f = mem.field
     ops = _FieldOps(f)
     k, fr = lw.kernel, lw.fragment
     qt, flat = int(lw.query_tile(x, sizes)), int(lw.batch_flat(x, sizes))
-    coords = {a: int(v) for a, v in lw.batch_coords(flat, sizes).items()}
+    coords = {a: np.int64(v) for a, v in lw.batch_coords(flat, sizes).items()}
 
     def where(bad: np.ndarray) -> str:
         return f"block {x} (query tile {qt}, batch element {flat})"
 
     n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
-    rows = np.asarray(lw.row(qt, np.arange(k.bm, dtype=np.int64)), dtype=np.int64)
-    es, ds = np.arange(n_e, dtype=np.int64), np.arange(n_d, dtype=np.int64)
-    q_tile = read(name, lw.q, {**coords, "i": rows[:, None], "e": es[None, :]}, sizes, mem, lw.index_width, where)
-    q_tile = np.ascontiguousarray(np.broadcast_to(q_tile, (k.bm, n_e)))
-    scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
-    limit = _key_limit(lw, qt, coords, sizes, mem)
-    tiles = int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))
-    # the registers: (warp, lane, group, h, q) -> (row in tile, column in tile)
-    warps, lanes = lw.warps, np.arange(32, dtype=np.int64)
-    w_ix = np.arange(warps, dtype=np.int64)[:, None, None, None, None]
-    l_ix = lanes[None, :, None, None, None]
-    h_ix = np.arange(2, dtype=np.int64)[None, None, None, :, None]
-    q_ix = np.arange(2, dtype=np.int64)[None, None, None, None, :]
-    s_r, s_c = fr.element(w_ix, l_ix, np.arange(k.bn // MMA_N)[None, None, :, None, None], h_ix, q_ix)
-    o_r, o_c = fr.element(w_ix, l_ix, np.arange(n_d // MMA_N)[None, None, :, None, None], h_ix, q_ix)
     zero, neg_inf = f.const(Fraction(0)), f.neg_inf()
+    smem = np.broadcast_to(zero, (lw.smem_bytes() // 2,)).copy()
+    _copy(name, lw, sizes, mem, smem, lw.q, coords, "i", lambda t: lw.row(qt, t), "e", k.bm, n_e, lw.q_smem, where)
+    scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
+    limit = _key_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
+    tiles = int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))
+
+    def load_kv(kt: int, stage: int) -> None:
+        keys = lambda t: lw.key(kt, t)  # noqa: E731
+        _copy(name, lw, sizes, mem, smem, lw.k, coords, "j", keys, "e", k.bn, n_e,
+              lambda t, c0: lw.k_smem(stage, t, c0), where)
+        _copy(name, lw, sizes, mem, smem, lw.v, coords, "j", keys, "d", k.bn, n_d,
+              lambda t, c0: lw.v_smem(stage, t, c0), where)
+
+    warps = lw.warps
+    w5 = np.arange(warps, dtype=np.int64)[:, None, None, None, None]
+    l5 = np.arange(32, dtype=np.int64)[None, :, None, None, None]
+    h5 = np.arange(2, dtype=np.int64)[None, None, None, :, None]
+    q5 = np.arange(2, dtype=np.int64)[None, None, None, None, :]
+    lanes = np.arange(32, dtype=np.int64)
+    # the accumulators' elements (C fragments, PTX) and where the kernel takes them to be (the lowering's map)
+    c_row, c_col = instruction_element("mma.sync", 0, l5, 2 * h5 + q5)
+    s_groups = np.arange(k.bn // MMA_N)[None, None, :, None, None]
+    o_groups = np.arange(n_d // MMA_N)[None, None, :, None, None]
+    s_row, s_key = fr.element(w5, l5, s_groups, h5, q5)
+    o_row, o_col = fr.element(w5, l5, o_groups, h5, q5)
     m = np.broadcast_to(f.const(Fraction(1)), (warps, 32, 2)).copy()  # the empty maximum
     l_run = np.broadcast_to(zero, (warps, 32, 2)).copy()
-    o = np.broadcast_to(zero, o_r.shape).copy()
+    o = np.broadcast_to(zero, np.broadcast_shapes(o_row.shape, o_col.shape)).copy()
+    if tiles > 0:
+        load_kv(0, int(lw.stage_of(0)))
+    a_q = None
     for kt in range(tiles):
-        keys = np.asarray(lw.key(kt, np.arange(k.bn, dtype=np.int64)), dtype=np.int64)
-        k_tile = read(name, lw.k, {**coords, "j": keys[:, None], "e": es[None, :]}, sizes, mem, lw.index_width, where)
-        v_tile = read(name, lw.v, {**coords, "j": keys[:, None], "d": ds[None, :]}, sizes, mem, lw.index_width, where)
-        k_tile = np.ascontiguousarray(np.broadcast_to(k_tile, (k.bn, n_e)))
-        v_tile = np.ascontiguousarray(np.broadcast_to(v_tile, (k.bn, n_d)))
-        s = f.contract([q_tile, k_tile], "ie,je->ij")
+        stage = int(lw.stage_of(kt))
+        if kt + 1 < tiles:
+            load_kv(kt + 1, int(lw.stage_of(kt + 1)))
+        if a_q is None:  # Q's A fragments, read once; placed where the instruction takes each register
+            kk5 = np.arange(n_e // MMA_K)[None, None, :, None, None]
+            a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
+            for reg in range(4):
+                off = np.asarray(lw.q_fragment(w5[..., 0], l5[..., 0], kk5[..., 0], reg))  # (w, l, kk, 1)
+                for half in range(2):
+                    vals = smem[off + half]
+                    row, col = ptx_a_element(l5[..., 0], np.int64(reg), np.int64(half))
+                    a_q[np.broadcast_to(w5[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
+                        np.broadcast_to(kk5[..., 0] * MMA_K + col, vals.shape)] = vals
+        b_k = np.broadcast_to(zero, (n_e, k.bn)).copy()  # K's B fragments of this tile (the same for every warp)
+        kk3 = np.arange(n_e // MMA_K)[:, None, None]
+        jn3 = np.arange(k.bn // MMA_N)[None, :, None]
+        l3 = lanes[None, None, :]
+        for reg in range(2):
+            off = np.asarray(lw.k_fragment(stage, l3, kk3, jn3, reg))
+            for half in range(2):
+                kr, nr = ptx_b_element(l3, np.int64(reg), np.int64(half))
+                b_k[np.broadcast_to(kk3 * MMA_K + kr, off.shape), np.broadcast_to(jn3 * MMA_N + nr, off.shape)] = \
+                    smem[off + half]
+        s_full = f.contract([a_q, b_k], "wie,ej->wij")  # (warp, 16, bn)
+        s_reg = s_full[w5, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, h, q)
         if scale is not None:
-            s = f.op("mul", [s, np.broadcast_to(scale, s.shape)])
-        visible = np.asarray(lw.key_inside(keys, sizes))[None, :] & np.ones((k.bm, 1), dtype=bool)
+            s_reg = f.op("mul", [s_reg, np.broadcast_to(scale, s_reg.shape)])
+        rows, keys = lw.row(qt, s_row), lw.key(kt, s_key)
+        visible = np.asarray(lw.key_inside(keys, sizes))
         if lw.mask is not None:
-            at = {**{a: np.int64(v) for a, v in coords.items()}, "i": rows[:, None], "j": keys[None, :]}
-            visible = visible & np.broadcast_to(condition_holds(lw.mask, at, sizes, mem), visible.shape)
-        s = np.where(visible, s, neg_inf)
-        s_reg, vis_reg = s[s_r, s_c], visible[s_r, s_c]  # (warp, lane, jn, h, q)
+            at = {**coords, "i": rows, "j": keys}
+            visible = visible & condition_holds(lw.mask, at, sizes, mem)
+        visible = np.broadcast_to(visible, s_reg.shape)
+        s_reg = np.where(visible, s_reg, neg_inf)
         mx = f.reduce("max", np.moveaxis(s_reg, 2, 3), (3, 4))  # (warp, lane, h): the lane's registers
         for off in lw.quad_offsets:  # the row's lanes (xor shuffles)
             mx = ops.max(mx, mx[:, lanes ^ off, :])
@@ -118,17 +196,31 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
         l_run = f.op("mul", [l_run, alpha])
         o = f.op("mul", [o, alpha[:, :, None, :, None]])
         shifted = f.op("sub", [s_reg, np.broadcast_to(m_new[:, :, None, :, None], s_reg.shape)])
-        p_reg = np.where(vis_reg, f.op("exp", [shifted]), zero)
+        p_reg = np.where(visible, f.op("exp", [shifted]), zero)
         l_run = f.op("add", [l_run, f.reduce("sum", np.moveaxis(p_reg, 2, 3), (3, 4))])
-        p = np.broadcast_to(zero, (k.bm, k.bn)).copy()
-        p[s_r, s_c] = p_reg  # P's A fragments are S's registers (every element held by exactly one lane)
-        pv = f.contract([p, v_tile], "ij,jd->id")
-        o = f.op("add", [o, pv[o_r, o_c]])
+        # P's A fragments: the accumulators the lowering packs into each register, where the instruction
+        # takes each register element; V's B fragments by ldmatrix.trans from the rows the lanes name
+        a_p = np.broadcast_to(zero, (warps, MMA_M, k.bn)).copy()
+        w3, lw3 = np.arange(warps)[:, None], lanes[None, :]
+        b_v = np.broadcast_to(zero, (k.bn, n_d)).copy()
+        for kk in range(k.bn // MMA_K):
+            for reg in range(4):
+                for half, (group, q) in enumerate(lw.p_fragment(kk, reg)):
+                    row, col = ptx_a_element(lw3, np.int64(reg), np.int64(half))
+                    a_p[np.broadcast_to(w3, (warps, 32)), np.broadcast_to(row, (warps, 32)),
+                        np.broadcast_to(kk * MMA_K + col, (warps, 32))] = p_reg[:, :, int(group), q // 2, q % 2]
+            for dn in range(n_d // MMA_N):
+                named = np.asarray(lw.v_rows(stage, lanes[:16], kk, dn), dtype=np.int64)
+                got = ldmatrix_trans(named, lambda offs: smem[offs])  # (lane, reg, half)
+                kr, nr = ptx_b_element(lanes[:, None, None], np.arange(2)[None, :, None], np.arange(2)[None, None, :])
+                b_v[kk * MMA_K + kr, np.broadcast_to(dn * MMA_N + nr, kr.shape)] = got
+        pv = f.contract([a_p, b_v], "wij,jd->wid")
+        o = f.op("add", [o, pv[w5, c_row, o_groups * MMA_N + c_col]])
     for off in lw.quad_offsets:
         l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
     out = f.op("div0", [o, np.broadcast_to(l_run[:, :, None, :, None], o.shape)])
-    out_rows = rows[o_r]
-    write(name, lw.out, {**coords, "i": out_rows, "d": o_c}, out, sizes, mem, lw.index_width, False, None, where)
+    at = {**coords, "i": np.broadcast_to(lw.row(qt, o_row), o.shape), "d": np.broadcast_to(o_col, o.shape)}
+    write(name, lw.out, at, out, sizes, mem, lw.index_width, False, None, where)
 
 
 # ----------------------------------------------------------------------------- the attention kind

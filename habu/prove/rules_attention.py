@@ -69,7 +69,7 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
                          f"#{lw.red_extent} = {n_e} and #{lw.col_extent} = {n_d} are whole mma steps of 16 (Q, K and V "
                          "rows staged as 16-byte chunks)", n_e % 16 == 0 and n_d % 16 == 0 and n_e <= 256 and n_d <= 256,
                          detail="a head width is not a multiple of 16 (or over 256)")
-        smem = lw.smem_bytes({lw.red_extent: n_e, lw.col_extent: n_d})
+        smem = lw.smem_bytes()
         yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of staged Q, K and V tiles ≤ {t.smem_per_block}",
                          smem <= t.smem_per_block, detail=f"{smem} bytes of dynamic shared memory")
     gx, _ = lw.grid(s)
