@@ -70,3 +70,10 @@ def v_rows_of_one_matrix(lw: Any) -> AttentionLowering:
 
     return _planted(lw, "v_rows", lambda self, stage, lane, kk, dn:
                     self.v_smem(stage, kk * MMA_K + lane % 8, dn * MMA_N))
+
+
+def mask_dropped_one_tile_early(lw: Any) -> AttentionLowering:
+    """The tile that straddles the causal diagonal is taken as wholly visible (its mask dropped): the open
+    limit read one KV tile too far."""
+    limit = AttentionLowering.open_limit
+    return _planted(lw, "open_limit", lambda self, qt, sizes, term: limit(self, qt, sizes, term) + self.kernel.bn)

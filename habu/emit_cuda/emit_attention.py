@@ -103,6 +103,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         return ix.value
 
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
+    open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
+    unmasked = c(lw.unmasked(CExpr("(long long)kt"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
     tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
                         lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
     scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
@@ -136,7 +138,9 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   habu::cp_async_commit();
   const long long limit = {c(limit)};  // keys at or past this are masked for every row of the tile
   const {it} tiles = ({it})({c(tiles)});  // the KV tiles visited (the causal skip)
+  const long long open_limit = {c(open_limit)};  // keys below this are visible to every row of the tile
   (void)limit;
+  (void)open_limit;
   auto load_kv = [&]({it} kt, int s) {{
     for (int chunk = tid; chunk < {bn * n_e // 8}; chunk += {threads}) {{  // K: 16-byte chunks of its rows
       const int t = {chunk_e[0]}, ee = {chunk_e[1]};
@@ -194,18 +198,28 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         habu::mma_bf16_16816(sc[jn], qf[kk], b);
       }}
     float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
+    if ({unmasked}) {{  // every key of the tile visible to every row: no mask
 #pragma unroll
-    for (int jn = 0; jn < {nb8}; ++jn)
+      for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
-        const int h = q / 2;
-        const long long i = (long long)({row_of(s_elem[0])});
-        const long long j = (long long)({key_of(s_elem[1])});
-        const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
-        (void)i;
-        sc[jn][q] = visible ? sc[jn][q] * scale : habu::neg_inf_f();
-        mx[h] = fmaxf(mx[h], sc[jn][q]);
-      }}
+        for (int q = 0; q < 4; ++q) {{
+          sc[jn][q] *= scale;
+          mx[q / 2] = fmaxf(mx[q / 2], sc[jn][q]);
+        }}
+    }} else {{
+#pragma unroll
+      for (int jn = 0; jn < {nb8}; ++jn)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
+          const int h = q / 2;
+          const long long i = (long long)({row_of(s_elem[0])});
+          const long long j = (long long)({key_of(s_elem[1])});
+          const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
+          (void)i;
+          sc[jn][q] = visible ? sc[jn][q] * scale : habu::neg_inf_f();
+          mx[h] = fmaxf(mx[h], sc[jn][q]);
+        }}
+    }}
     float alpha[2], shift[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {{

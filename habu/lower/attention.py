@@ -141,20 +141,37 @@ class AttentionLowering:
             return right, 1 if op == "le" else 0
         return None
 
-    def key_limit(self, qt: Any, sizes: Mapping[str, Any], term: Callable[[Any, Any], Any]) -> Any:
-        """The keys the tile's rows may see lie below this: R + c at the tile's last row (its last row
-        inside #I) where the mask allows a skip, else #J. `term(ix, last_row)` gives an index term's value."""
+    def _bound_at(self, row: Any, sizes: Mapping[str, Any], term: Callable[[Any, Any], Any]) -> Any:
         bound = self.skip_bound()
-        if bound is None:
-            return sizes[self.key_extent]
+        assert bound is not None
         right, plus = bound
-        last = self.row(qt, self.kernel.bm) - 1
         total: Any = right.const + plus
         for k, e in right.sizes:
             total = total + k * sizes[e]
         for k, ix in right.terms:
-            total = total + k * term(ix, last)
+            total = total + k * term(ix, row)
         return total
+
+    def key_limit(self, qt: Any, sizes: Mapping[str, Any], term: Callable[[Any, Any], Any]) -> Any:
+        """The keys the tile's rows may see lie below this: R + c at the tile's last row where the mask
+        allows a skip, else #J. `term(ix, row)` gives an index term's value (i: at `row`)."""
+        if self.skip_bound() is None:
+            return sizes[self.key_extent]
+        return self._bound_at(self.row(qt, self.kernel.bm) - 1, sizes, term)
+
+    def open_limit(self, qt: Any, sizes: Mapping[str, Any], term: Callable[[Any, Any], Any]) -> Any:
+        """The keys below this are visible to every row of the tile: R + c at its first row (R does not
+        decrease with i) where the mask allows a skip; #J without a mask; else 0 (every KV tile is masked)."""
+        if self.mask is None:
+            return sizes[self.key_extent]
+        if self.skip_bound() is None:
+            return 0
+        return self._bound_at(self.row(qt, 0), sizes, term)
+
+    def unmasked(self, kt: Any, open_limit: Any, sizes: Mapping[str, Any], both: Callable[[Any, Any], Any]) -> Any:
+        """Whether KV tile kt needs no mask: its keys all below #J and below the open limit."""
+        end = self.key(kt, self.kernel.bn)
+        return both(end <= open_limit, end <= sizes[self.key_extent])
 
     def kv_tiles(self, limit: Any, sizes: Mapping[str, Any], clamp: Callable[[Any, Any, Any], Any]) -> Any:
         """The KV tiles a query tile visits: ⌈clamp(limit, 0, #J) / bn⌉ (`clamp(x, lo, hi)`)."""

@@ -47,7 +47,7 @@ class _FieldOps:
 
 
 def _key_limit(lw: AttentionLowering, qt: int, coords: Mapping[str, int], sizes: Mapping[str, int],
-               mem: Memory) -> int:
+               mem: Memory, first: bool = False) -> int:
     def term(ix, last):
         if isinstance(ix, IndexVar):
             return last if ix.name == "i" else int(coords[ix.name])
@@ -56,7 +56,12 @@ def _key_limit(lw: AttentionLowering, qt: int, coords: Mapping[str, int], sizes:
             return int(np.asarray(mem.table(ix.tensor).at(at))[0])
         return ix.value
 
-    return int(lw.key_limit(qt, sizes, term))
+    return int((lw.open_limit if first else lw.key_limit)(qt, sizes, term))
+
+
+def _open_limit(lw: AttentionLowering, qt: int, coords: Mapping[str, int], sizes: Mapping[str, int],
+                mem: Memory) -> int:
+    return _key_limit(lw, qt, coords, sizes, mem, first=True)
 
 
 def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, blocks,
@@ -85,14 +90,14 @@ def ptx_b_element(lane: np.ndarray, reg: np.ndarray, half: np.ndarray) -> tuple[
 
 
 def ldmatrix_trans(rows: np.ndarray, read) -> np.ndarray:
-    """ldmatrix.sync.aligned.m8n8.x2.trans.b16: lane l < 16 names row l % 8 of matrix l / 8 (`rows[l]`, an
-    element offset); lane t receives in register m, half h the element [2(t % 4) + h][t / 4] of matrix m
-    (its transpose's row t / 4). Returns (32 lanes, 2 registers, 2 halves) of values, `read(offsets)`."""
+    """ldmatrix.sync.aligned.m8n8.x2.trans.b16: lane l < 16 names row l % 8 of matrix l / 8 (`rows[..., l]`,
+    an element offset); lane t receives in register m, half h the element [2(t % 4) + h][t / 4] of matrix m
+    (its transpose's row t / 4). Returns (..., 32 lanes, 2 registers, 2 halves) of values, `read(offsets)`."""
     t = np.arange(32)[:, None, None]
     m = np.arange(2)[None, :, None]
     h = np.arange(2)[None, None, :]
     row_lane = 8 * m + 2 * (t % 4) + h  # the lane that named the row holding the element
-    return read(rows[row_lane] + t // 4)
+    return read(rows[..., row_lane] + t // 4)
 
 
 # ----------------------------------------------------------------------------- one block
@@ -126,6 +131,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
     limit = _key_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
     tiles = int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))
+    open_limit = _open_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
 
     def load_kv(kt: int, stage: int) -> None:
         keys = lambda t: lw.key(kt, t)  # noqa: E731
@@ -182,7 +188,9 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
             s_reg = f.op("mul", [s_reg, np.broadcast_to(scale, s_reg.shape)])
         rows, keys = lw.row(qt, s_row), lw.key(kt, s_key)
         visible = np.asarray(lw.key_inside(keys, sizes))
-        if lw.mask is not None:
+        if bool(lw.unmasked(kt, open_limit, sizes, lambda a, b: a and b)):
+            visible = np.ones_like(visible)  # the kernel applies no mask to this tile
+        elif lw.mask is not None:
             at = {**coords, "i": rows, "j": keys}
             visible = visible & condition_holds(lw.mask, at, sizes, mem)
         visible = np.broadcast_to(visible, s_reg.shape)
@@ -209,11 +217,13 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
                     row, col = ptx_a_element(lw3, np.int64(reg), np.int64(half))
                     a_p[np.broadcast_to(w3, (warps, 32)), np.broadcast_to(row, (warps, 32)),
                         np.broadcast_to(kk * MMA_K + col, (warps, 32))] = p_reg[:, :, int(group), q // 2, q % 2]
-            for dn in range(n_d // MMA_N):
-                named = np.asarray(lw.v_rows(stage, lanes[:16], kk, dn), dtype=np.int64)
-                got = ldmatrix_trans(named, lambda offs: smem[offs])  # (lane, reg, half)
-                kr, nr = ptx_b_element(lanes[:, None, None], np.arange(2)[None, :, None], np.arange(2)[None, None, :])
-                b_v[kk * MMA_K + kr, np.broadcast_to(dn * MMA_N + nr, kr.shape)] = got
+        kk3, dn3 = np.arange(k.bn // MMA_K)[:, None, None], np.arange(n_d // MMA_N)[None, :, None]
+        named = np.asarray(lw.v_rows(stage, lanes[None, None, :16], kk3, dn3), dtype=np.int64)  # (kk, dn, 16)
+        got = ldmatrix_trans(named, lambda offs: smem[offs])  # (kk, dn, lane, reg, half)
+        kr, nr = ptx_b_element(lanes[:, None, None], np.arange(2)[None, :, None], np.arange(2)[None, None, :])
+        shape = got.shape
+        b_v[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
+            np.broadcast_to(dn3[..., None, None] * MMA_N + nr, shape)] = got
         pv = f.contract([a_p, b_v], "wij,jd->wid")
         o = f.op("add", [o, pv[w5, c_row, o_groups * MMA_N + c_col]])
     for off in lw.quad_offsets:
