@@ -20,7 +20,7 @@ import argparse
 import json
 import tempfile
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +124,10 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--quick", action="store_true", help="the first case only")
+    ap.add_argument("--pins", default="", help="kernel pins for every case, e.g. bm=128,bn=32")
     args = ap.parse_args()
-    cases = [c for c in CASES if not args.only or c.name in args.only.split(",")]
+    extra = tuple(tuple(p.split("=", 1)) for p in args.pins.split(",") if p)
+    cases = [replace(c, pins=c.pins + extra) for c in CASES if not args.only or c.name in args.only.split(",")]
     if args.quick:
         cases = cases[:1]
     rows = []
@@ -138,10 +140,11 @@ def main() -> None:
                 row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
             failed |= "error" in row
             rows.append(row)
+            name = case.name + "".join(f" {k}={v}" for k, v in case.pins)
             if "error" in row:
-                print(f"{case.name:20s} ERROR {row['error'][:300]}", flush=True)
+                print(f"{name:20s} ERROR {row['error'][:300]}", flush=True)
             else:
-                print(f"{case.name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
+                print(f"{name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
                       f"({100 * row['habu_peak_share']:4.1f}% of peak) | SDPA[{row['sdpa_backend']}] "
                       f"{row['sdpa']['median_us']:9.1f} us {row['sdpa_tflops']:6.1f} TFLOP/s | "
                       f"{row['speedup_vs_sdpa']:.2f}x | check {row['check_max_rel']:.1e}", flush=True)

@@ -544,6 +544,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("attention-mask-dropped-one-tile-early", "the KV tile straddling the causal diagonal is taken as "
            "wholly visible (no mask)", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.mask_dropped_one_tile_early,
            att.PINS),
+    Mutant("attention-k-matrices-swapped", "ldmatrix.x4 of K takes its second and third 8×8 matrices in each "
+           "other's place", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.k_matrices_swapped, att.PINS),
 )
 
 

@@ -77,3 +77,15 @@ def mask_dropped_one_tile_early(lw: Any) -> AttentionLowering:
     limit read one KV tile too far."""
     limit = AttentionLowering.open_limit
     return _planted(lw, "open_limit", lambda self, qt, sizes, term: limit(self, qt, sizes, term) + self.kernel.bn)
+
+
+def k_matrices_swapped(lw: Any) -> AttentionLowering:
+    """ldmatrix.x4 of K is handed matrix 1 as keys + 8 and matrix 2 as columns + 8 (the roles of the four
+    8×8 matrices confused)."""
+    from habu.lower.attention import MMA_K, MMA_N
+
+    def k_rows(self, stage, lane, kk, jp):
+        m = lane // 8
+        return self.k_smem(stage, jp * 2 * MMA_N + (m % 2) * MMA_N + lane % 8, kk * MMA_K + (m // 2) * 8)
+
+    return _planted(lw, "k_rows", k_rows)

@@ -71,8 +71,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     g_t = [c(x) for x in lw.lane_group(cx("lane"))]
     q_frag = "\n".join(f"        qf[kk][{r}] = *reinterpret_cast<const habu::u32*>(smem + "
                        f"{c(lw.q_fragment(cx('warp'), cx('lane'), cx('kk'), r))});" for r in range(4))
-    k_frag = "\n".join(f"        b[{r}] = *reinterpret_cast<const habu::u32*>(smem + "
-                       f"{c(lw.k_fragment(cx('s'), cx('lane'), cx('kk'), cx('jn'), r))});" for r in range(2))
+    k_addr = c(lw.k_rows(cx("s"), cx("lane"), cx("kk"), cx("jp")))
 
     def packed(r: int) -> str:
         (g0, q0), (g1, q1) = lw.p_fragment(cx("kk"), r)
@@ -192,10 +191,12 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 #pragma unroll
     for (int kk = 0; kk < {ne16}; ++kk)
 #pragma unroll
-      for (int jn = 0; jn < {nb8}; ++jn) {{
-        habu::u32 b[2];
-{k_frag}
-        habu::mma_bf16_16816(sc[jn], qf[kk], b);
+      for (int jp = 0; jp < {nb16}; ++jp) {{  // K's B fragments of keys 16·jp.. by ldmatrix.x4
+        habu::u32 kb[4];
+        habu::ldmatrix_x4(kb, habu::smem_addr(smem + {k_addr}));
+        const habu::u32 b0[2] = {{kb[0], kb[1]}}, b1[2] = {{kb[2], kb[3]}};
+        habu::mma_bf16_16816(sc[2 * jp], qf[kk], b0);
+        habu::mma_bf16_16816(sc[2 * jp + 1], qf[kk], b1);
       }}
     float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
     if ({unmasked}) {{  // every key of the tile visible to every row: no mask

@@ -248,10 +248,12 @@ class AttentionLowering:
         g, t = self.lane_group(lane)
         return self.q_smem(warp * MMA_M + g + 8 * (reg % 2), kk * MMA_K + 2 * t + 8 * (reg // 2))
 
-    def k_fragment(self, stage: Any, lane: Any, kk: Any, jn: Any, reg: int) -> Any:
-        """Register reg of the B fragment of keys jn·8.. at k step kk (key g, columns 2t.. and 2t + 8..)."""
-        g, t = self.lane_group(lane)
-        return self.k_smem(stage, jn * MMA_N + g, kk * MMA_K + 2 * t + 8 * reg)
+    def k_rows(self, stage: Any, lane: Any, kk: Any, jp: Any) -> Any:
+        """The row lane hands ldmatrix.x4 for the B fragments of keys jp·16.. at k step kk: matrix lane / 8 is
+        keys jp·16 + 8·(m / 2).. and columns kk·16 + 8·(m % 2)..; its row lane % 8. Registers 0, 1 are
+        the B fragment of keys jp·16.., registers 2, 3 that of keys jp·16 + 8.."""
+        m = lane // 8
+        return self.k_smem(stage, jp * 2 * MMA_N + (m // 2) * MMA_N + lane % 8, kk * MMA_K + (m % 2) * 8)
 
     def v_rows(self, stage: Any, lane: Any, kk: Any, dn: Any) -> Any:
         """The row lane (< 16) hands ldmatrix.x2.trans for V's B fragment of keys kk·16.., columns dn·8..:

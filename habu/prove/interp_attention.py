@@ -89,6 +89,16 @@ def ptx_b_element(lane: np.ndarray, reg: np.ndarray, half: np.ndarray) -> tuple[
     return 2 * t + half + 8 * reg, g
 
 
+def ldmatrix(rows: np.ndarray, read) -> np.ndarray:
+    """ldmatrix.sync.aligned.m8n8.x4.b16: lane l names row l % 8 of matrix l / 8 (`rows[..., l]`, an element
+    offset); lane t receives in register m, half h the element [t / 4][2(t % 4) + h] of matrix m. Returns
+    (..., 32 lanes, 4 registers, 2 halves) of values, `read(offsets)`."""
+    t = np.arange(32)[:, None, None]
+    m = np.arange(4)[None, :, None]
+    h = np.arange(2)[None, None, :]
+    return read(rows[..., 8 * m + t // 4] + 2 * (t % 4) + h)
+
+
 def ldmatrix_trans(rows: np.ndarray, read) -> np.ndarray:
     """ldmatrix.sync.aligned.m8n8.x2.trans.b16: lane l < 16 names row l % 8 of matrix l / 8 (`rows[..., l]`,
     an element offset); lane t receives in register m, half h the element [2(t % 4) + h][t / 4] of matrix m
@@ -172,16 +182,16 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
                     row, col = ptx_a_element(l5[..., 0], np.int64(reg), np.int64(half))
                     a_q[np.broadcast_to(w5[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
                         np.broadcast_to(kk5[..., 0] * MMA_K + col, vals.shape)] = vals
-        b_k = np.broadcast_to(zero, (n_e, k.bn)).copy()  # K's B fragments of this tile (the same for every warp)
-        kk3 = np.arange(n_e // MMA_K)[:, None, None]
-        jn3 = np.arange(k.bn // MMA_N)[None, :, None]
-        l3 = lanes[None, None, :]
-        for reg in range(2):
-            off = np.asarray(lw.k_fragment(stage, l3, kk3, jn3, reg))
-            for half in range(2):
-                kr, nr = ptx_b_element(l3, np.int64(reg), np.int64(half))
-                b_k[np.broadcast_to(kk3 * MMA_K + kr, off.shape), np.broadcast_to(jn3 * MMA_N + nr, off.shape)] = \
-                    smem[off + half]
+        # K's B fragments of this tile (the same for every warp), by ldmatrix.x4 from the rows the lanes name
+        b_k = np.broadcast_to(zero, (n_e, k.bn)).copy()
+        kk3, jp3 = np.arange(n_e // MMA_K)[:, None, None], np.arange(k.bn // (2 * MMA_N))[None, :, None]
+        named = np.asarray(lw.k_rows(stage, lanes[None, None, :], kk3, jp3), dtype=np.int64)  # (kk, jp, 32)
+        got = ldmatrix(named, lambda offs: smem[offs])  # (kk, jp, lane, reg 0..3, half)
+        t5, r5, h5_ = lanes[:, None, None], np.arange(4)[None, :, None], np.arange(2)[None, None, :]
+        kr, nr = ptx_b_element(t5, r5 % 2, h5_)  # registers 2m, 2m + 1: the B fragment of 8-key group 2jp + m
+        shape = got.shape
+        b_k[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
+            np.broadcast_to((2 * jp3[..., None, None] + r5 // 2) * MMA_N + nr, shape)] = got
         s_full = f.contract([a_q, b_k], "wie,ej->wij")  # (warp, 16, bn)
         s_reg = s_full[w5, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, h, q)
         if scale is not None:
