@@ -92,9 +92,10 @@ def run_case(case: Case, workdir: Path) -> dict[str, Any]:
     q = ins["Q"].view(case.batch, heads, case.seq, case.width)
     k, v = ins["K"], ins["V"]
 
+    gqa = {"enable_gqa": True} if case.group > 1 else {}  # (torch ≥ 2.5)
+
     def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal,
-                                                                enable_gqa=case.group > 1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal, **gqa)
 
     built.compiled(**ins, **outs)
     want = sdpa()
