@@ -8,7 +8,9 @@ computes S = Q·Kᵀ with mma.sync m16n8k16 (bf16, f32 accumulate), scales S, ma
 model's mask: −∞), and runs the online softmax in registers (`habu/attention/online.cuh`: the row maximum
 over the lane's registers and then its row's lanes by xor shuffles, the lowering's `running_max`,
 `rescale` and `kept_max`); P = exp(S − m) is packed to bf16 A fragments in registers and O += P·V with V's
-B fragments by ldmatrix.trans. The tiles past the causal limit (`key_limit`, `kv_tiles`) are never
+B fragments by ldmatrix.trans. The scores are kept in base 2 (the scale times log2 e), so each exp is one
+ex2 (`habu::exp2_fast`): exp(x) = 2^(x·log2 e), a float-only step (the maxima and shifts scale with
+the scores; the field check runs exp). The tiles past the causal limit (`key_limit`, `kv_tiles`) are never
 loaded. At the end l is summed over the row's lanes and O / l stored (div0: a row with no visible key is 0).
 """
 
@@ -166,7 +168,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   for (int dn = 0; dn < {nd8}; ++dn)
 #pragma unroll
     for (int q = 0; q < 4; ++q) o[dn][q] = 0.0f;
-  const float scale = {scale};
+  const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
   for ({it} kt = 0; kt < tiles; ++kt) {{
     const int s = (int)({c(lw.stage_of(cx('kt')))});  // this tile's buffer
     if (kt + 1 < tiles) {{
@@ -226,7 +228,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     for (int h = 0; h < 2; ++h) {{
       const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
       shift[h] = habu::softmax_shift(m_new);
-      alpha[h] = __expf({lw.rescale('m[h]', 'shift[h]', ops)});
+      alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
       m[h] = {lw.kept_max('m[h]', 'm_new')};
       l[h] *= alpha[h];
     }}
@@ -238,7 +240,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {{
-        sc[jn][q] = __expf(sc[jn][q] - shift[q / 2]);  // a masked score: exp(−∞) = 0
+        sc[jn][q] = habu::exp2_fast(sc[jn][q] - shift[q / 2]);  // a masked score: 2^−∞ = 0
         l[q / 2] += sc[jn][q];
       }}
 #pragma unroll

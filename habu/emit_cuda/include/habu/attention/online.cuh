@@ -23,6 +23,17 @@ __device__ __forceinline__ float row_sum_lanes(float x) {
   return x;
 }
 
+/** @brief log2(e): the kernels keep scores in base 2 (x·log2 e, folded into the scale), so that exp(x) is
+ * one ex2 instruction, 2^(x·log2 e). */
+constexpr float LOG2E = 1.4426950408889634f;
+
+/** @brief 2^x by the SFU (ex2.approx.ftz: 2^−∞ = 0). */
+__device__ __forceinline__ float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /** @brief The shift the tile's exponentials use: the running maximum, or 0 while it is −∞ (no key seen). */
 __device__ __forceinline__ float softmax_shift(float m) { return m == neg_inf_f() ? 0.0f : m; }
 
