@@ -81,3 +81,11 @@ def test_the_skip_rule_rejects_one_tile_too_many(prefill):
            if o.rule.name == rule]
     assert len(good) == len(bad) == 1
     assert not failures(good) and failures(bad)
+
+
+def test_the_attention_family_pin_on_a_model_without_attention_is_a_usage_error():
+    from habu.errors import UsageError
+
+    model = load_program(EX / "ggemm.habu").models["GGEMM"]
+    with pytest.raises(UsageError, match="no region of GGEMM can be computed by the attention family"):
+        default_plan(model, T, {"M": 64, "N": 64, "K": 64}, {"family": "attention"})
