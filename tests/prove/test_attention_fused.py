@@ -89,3 +89,11 @@ def test_the_attention_family_pin_on_a_model_without_attention_is_a_usage_error(
     model = load_program(EX / "ggemm.habu").models["GGEMM"]
     with pytest.raises(UsageError, match="no region of GGEMM can be computed by the attention family"):
         default_plan(model, T, {"M": 64, "N": 64, "K": 64}, {"family": "attention"})
+
+
+def test_regression_the_search_report_names_an_attention_kernel():
+    """The search's table printed a fused attention kernel as a map kernel (KeyError: 'threads')."""
+    from habu.search.report import plan_summary
+
+    plan = default_plan(load_program(EX / "attention.habu").models["ATTENTION-GQA"].with_sizes(SHAPE), T, SHAPE, PINS)
+    assert plan_summary(plan.to_json()) == "attention 32x32 (fused)"
