@@ -197,6 +197,8 @@ class AttentionKernel:
     are skipped."""
 
     kind: ClassVar[str] = "attention"
+    # a rounding inside the kernel the golden tolerance counts like a stored stage: P in bf16 before P·V
+    internal_stage: ClassVar[str] = "bf16"
     nodes: tuple[str, ...] = doc("the model's node this kernel computes (one softmax-weighted sum)")
     bm: int = choice("query rows of a block (16 per warp)", P, allowed=(16, 32, 64, 128), pins=("bm",),
                      unguarded=KEEP)

@@ -52,7 +52,7 @@ def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str
     built.compiled(**inputs, **outs)
     torch.cuda.synchronize()
     got = outs["O"].detach().to("cpu").double().numpy()
-    tol = tolerance(built.model, dict(built.plan.storage))
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
     g = compare(outs["O"], ref, tol)
     assert g.unwritten == 0, f"O: {g.unwritten} elements never written (or NaN) ({built.plan.kernels})"
     assert g.ok, f"O: relative error {g.rel_error:.2e} > {tol:.0e} ({built.plan.kernels})"
@@ -106,5 +106,5 @@ def test_fused_matches_the_unfused_plan():
     fused.compiled(**inputs, **a)
     unfused.compiled(**inputs, **b)
     torch.cuda.synchronize()
-    diff = (a["O"] - b["O"]).abs().max().item()
-    assert diff < 2e-2, f"fused and unfused differ by {diff}"
+    diff = ((a["O"] - b["O"]).abs().max() / b["O"].abs().max()).item()
+    assert diff < 2e-2, f"fused and unfused differ by {diff} (of max |O|)"

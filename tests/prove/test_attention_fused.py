@@ -97,3 +97,12 @@ def test_regression_the_search_report_names_an_attention_kernel():
 
     plan = default_plan(load_program(EX / "attention.habu").models["ATTENTION-GQA"].with_sizes(SHAPE), T, SHAPE, PINS)
     assert plan_summary(plan.to_json()) == "attention 32x32 (fused)"
+
+
+def test_the_golden_tolerance_counts_the_bf16_weights_inside_the_fused_kernel(prefill):
+    """P is rounded to bf16 before P·V: a plan of one fused kernel into an f32 O is checked like a bf16 stage."""
+    from habu.timing.harness import tolerance
+
+    plan = default_plan(prefill, T, SHAPE, PINS)
+    assert tolerance(prefill, dict(plan.storage)) == 1e-4
+    assert tolerance(prefill, dict(plan.storage), plan.kernels) == 2e-2
