@@ -546,6 +546,8 @@ MUTANTS: tuple[Mutant, ...] = (
            att.PINS),
     Mutant("attention-k-matrices-swapped", "ldmatrix.x4 of K takes its second and third 8×8 matrices in each "
            "other's place", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.k_matrices_swapped, att.PINS),
+    Mutant("attention-row-tile-ignores-mi", "a warp of two 16-row tiles computes its first tile twice",
+           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.row_tile_ignores_mi, {**att.PINS, "warp_m": "2"}),
 )
 
 

@@ -89,3 +89,9 @@ def k_matrices_swapped(lw: Any) -> AttentionLowering:
         return self.k_smem(stage, jp * 2 * MMA_N + (m % 2) * MMA_N + lane % 8, kk * MMA_K + (m // 2) * 8)
 
     return _planted(lw, "k_rows", k_rows)
+
+
+def row_tile_ignores_mi(lw: Any) -> AttentionLowering:
+    """With two row tiles a warp, both accumulator sets compute the warp's first row tile: rows written twice,
+    the second tile's rows never."""
+    return _planted(lw, "row_tile", lambda self, warp, mi: warp * self.kernel.warp_m)

@@ -71,19 +71,35 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     chunk_e = [c(x) for x in lw.copy_chunk(cx("chunk"), n_e)]
     chunk_d = [c(x) for x in lw.copy_chunk(cx("chunk"), n_d)]
     g_t = [c(x) for x in lw.lane_group(cx("lane"))]
-    q_frag = "\n".join(f"        qf[kk][{r}] = *reinterpret_cast<const habu::u32*>(smem + "
-                       f"{c(lw.q_fragment(cx('warp'), cx('lane'), cx('kk'), r))});" for r in range(4))
+    mi_n = k.warp_m
+    rt = c(lw.row_tile(cx("warp"), cx("mi")))
+    q_resident = mi_n == 1  # one row tile a warp: its Q fragments stay in registers; two: read per k step
+
+    def q_loads(indent: str, step: str) -> str:
+        return "\n".join(f"{indent}qf[mi][{step}][{r}] = *reinterpret_cast<const habu::u32*>(smem + "
+                         f"{c(lw.q_fragment(lw.row_tile(cx('warp'), cx('mi')), cx('lane'), cx('kk'), r))});"
+                         for r in range(4)) + "\n"
+
+    if q_resident:
+        q_once = ("    if (kt == 0) {\n#pragma unroll\n      for (int kk = 0; kk < " + str(n_e // MMA_K) + "; ++kk)\n"
+                  "#pragma unroll\n        for (int mi = 0; mi < 1; ++mi) {\n" + q_loads("          ", "kk")
+                  + "        }\n    }\n")
+        q_step = ""
+    else:
+        q_once = ""
+        q_step = "#pragma unroll\n      for (int mi = 0; mi < " + str(mi_n) + "; ++mi) {\n" + q_loads("        ", "0") \
+            + "      }\n"
     k_addr = c(lw.k_rows(cx("s"), cx("lane"), cx("kk"), cx("jp")))
 
     def packed(r: int) -> str:
         (g0, q0), (g1, q1) = lw.p_fragment(cx("kk"), r)
-        return f"      pa[{r}] = habu::pack_bf16x2(sc[{c(g0)}][{q0}], sc[{c(g1)}][{q1}]);"
+        return f"        pa[mi][{r}] = habu::pack_bf16x2(sc[mi][{c(g0)}][{q0}], sc[mi][{c(g1)}][{q1}]);"
 
     p_frag = "\n".join(packed(r) for r in range(4))
     v_addr = c(lw.v_rows(cx("s"), cx("lane"), cx("kk"), cx("dn")))
     fr = lw.fragment
-    s_elem = [c(x) for x in fr.element(cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("(q % 2)"))]
-    o_elem = [c(x) for x in fr.element(cx("warp"), cx("lane"), cx("dn"), cx("(q / 2)"), cx("(q % 2)"))]
+    s_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), cx("(q % 2)"))]
+    o_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("dn"), cx("(q / 2)"), cx("(q % 2)"))]
     pq, pk, pv = (sig.pointer(a.tensor, "bf16") for a in (lw.q, lw.k, lw.v))
     po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     batch = {a: a for a in lw.batch_axes}
@@ -161,13 +177,19 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   if (tiles > 0) load_kv(0, {c(lw.stage_of(0))});
   habu::cp_async_commit();
   const int g = {g_t[0]}, tq = {g_t[1]};
-  habu::u32 qf[{ne16}][4];  // this warp's Q fragments, read once
-  float o[{nd8}][4];
-  float m[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}}, l[2] = {{0.0f, 0.0f}};
+  // this warp's {mi_n} row tile(s) of 16 query rows: row tile {rt}
+  habu::u32 qf[{mi_n}][{ne16 if q_resident else 1}][4];  // Q's A fragments{' (read once)' if q_resident else ' (read per step)'}
+  float o[{mi_n}][{nd8}][4];
+  float m[{mi_n}][2], l[{mi_n}][2];
 #pragma unroll
-  for (int dn = 0; dn < {nd8}; ++dn)
+  for (int mi = 0; mi < {mi_n}; ++mi) {{
+    m[mi][0] = m[mi][1] = habu::neg_inf_f();
+    l[mi][0] = l[mi][1] = 0.0f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) o[dn][q] = 0.0f;
+    for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) o[mi][dn][q] = 0.0f;
+  }}
   const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
   for ({it} kt = 0; kt < tiles; ++kt) {{
     const int s = (int)({c(lw.stage_of(cx('kt')))});  // this tile's buffer
@@ -179,98 +201,112 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       habu::cp_async_wait<0>();
     }}
     __syncthreads();
-    if (kt == 0) {{
+{q_once}    float sc[{mi_n}][{nb8}][4];
 #pragma unroll
-      for (int kk = 0; kk < {ne16}; ++kk) {{
-{q_frag}
-      }}
-    }}
-    float sc[{nb8}][4];
+    for (int mi = 0; mi < {mi_n}; ++mi)
 #pragma unroll
-    for (int jn = 0; jn < {nb8}; ++jn)
+      for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) sc[jn][q] = 0.0f;
+        for (int q = 0; q < 4; ++q) sc[mi][jn][q] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < {ne16}; ++kk)
-#pragma unroll
-      for (int jp = 0; jp < {nb16}; ++jp) {{  // K's B fragments of keys 16·jp.. by ldmatrix.x4
+    for (int kk = 0; kk < {ne16}; ++kk) {{
+{q_step}#pragma unroll
+      for (int jp = 0; jp < {nb16}; ++jp) {{  // K's B fragments of keys 16·jp.. by ldmatrix.x4, for every row tile
         habu::u32 kb[4];
         habu::ldmatrix_x4(kb, habu::smem_addr(smem + {k_addr}));
         const habu::u32 b0[2] = {{kb[0], kb[1]}}, b1[2] = {{kb[2], kb[3]}};
-        habu::mma_bf16_16816(sc[2 * jp], qf[kk], b0);
-        habu::mma_bf16_16816(sc[2 * jp + 1], qf[kk], b1);
+#pragma unroll
+        for (int mi = 0; mi < {mi_n}; ++mi) {{
+          habu::mma_bf16_16816(sc[mi][2 * jp], qf[mi][{'kk' if q_resident else '0'}], b0);
+          habu::mma_bf16_16816(sc[mi][2 * jp + 1], qf[mi][{'kk' if q_resident else '0'}], b1);
+        }}
       }}
-    float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
-    if ({unmasked}) {{  // every key of the tile visible to every row: no mask
+    }}
+    const bool open_tile = {unmasked};  // every key of the tile visible to every row: no mask
+    float alpha[{mi_n}][2], shift[{mi_n}][2];
+#pragma unroll
+    for (int mi = 0; mi < {mi_n}; ++mi) {{
+      const int rt = {rt};
+      float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
+      if (open_tile) {{
+#pragma unroll
+        for (int jn = 0; jn < {nb8}; ++jn)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {{
+            sc[mi][jn][q] *= scale;
+            mx[q / 2] = fmaxf(mx[q / 2], sc[mi][jn][q]);
+          }}
+      }} else {{
+#pragma unroll
+        for (int jn = 0; jn < {nb8}; ++jn)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
+            const int h = q / 2;
+            const long long i = (long long)({row_of(s_elem[0])});
+            const long long j = (long long)({key_of(s_elem[1])});
+            const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
+            (void)i;
+            sc[mi][jn][q] = visible ? sc[mi][jn][q] * scale : habu::neg_inf_f();
+            mx[h] = fmaxf(mx[h], sc[mi][jn][q]);
+          }}
+      }}
+      (void)rt;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {{
+        const float m_new = {ops.max('m[mi][h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
+        shift[mi][h] = habu::softmax_shift(m_new);
+        alpha[mi][h] = habu::exp2_fast({lw.rescale('m[mi][h]', 'shift[mi][h]', ops)});
+        m[mi][h] = {lw.kept_max('m[mi][h]', 'm_new')};
+        l[mi][h] *= alpha[mi][h];
+      }}
+#pragma unroll
+      for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) o[mi][dn][q] *= alpha[mi][q / 2];
 #pragma unroll
       for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {{
-          sc[jn][q] *= scale;
-          mx[q / 2] = fmaxf(mx[q / 2], sc[jn][q]);
-        }}
-    }} else {{
-#pragma unroll
-      for (int jn = 0; jn < {nb8}; ++jn)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
-          const int h = q / 2;
-          const long long i = (long long)({row_of(s_elem[0])});
-          const long long j = (long long)({key_of(s_elem[1])});
-          const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
-          (void)i;
-          sc[jn][q] = visible ? sc[jn][q] * scale : habu::neg_inf_f();
-          mx[h] = fmaxf(mx[h], sc[jn][q]);
+          sc[mi][jn][q] = habu::exp2_fast(sc[mi][jn][q] - shift[mi][q / 2]);  // a masked score: 2^−∞ = 0
+          l[mi][q / 2] += sc[mi][jn][q];
         }}
     }}
-    float alpha[2], shift[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {{
-      const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
-      shift[h] = habu::softmax_shift(m_new);
-      alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
-      m[h] = {lw.kept_max('m[h]', 'm_new')};
-      l[h] *= alpha[h];
-    }}
-#pragma unroll
-    for (int dn = 0; dn < {nd8}; ++dn)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) o[dn][q] *= alpha[q / 2];
-#pragma unroll
-    for (int jn = 0; jn < {nb8}; ++jn)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {{
-        sc[jn][q] = habu::exp2_fast(sc[jn][q] - shift[q / 2]);  // a masked score: 2^−∞ = 0
-        l[q / 2] += sc[jn][q];
-      }}
 #pragma unroll
     for (int kk = 0; kk < {nb16}; ++kk) {{  // P's A fragment of keys 16·kk..: the accumulators of 8-key groups 2kk, 2kk+1
-      habu::u32 pa[4];
-{p_frag}
+      habu::u32 pa[{mi_n}][4];
 #pragma unroll
-      for (int dn = 0; dn < {nd8}; ++dn) {{
+      for (int mi = 0; mi < {mi_n}; ++mi) {{
+{p_frag}
+      }}
+#pragma unroll
+      for (int dn = 0; dn < {nd8}; ++dn) {{  // V's B fragment by ldmatrix.x2.trans, for every row tile
         habu::u32 vb[2];
         habu::ldmatrix_x2_trans(vb, habu::smem_addr(smem + {v_addr}));
-        habu::mma_bf16_16816(o[dn], pa, vb);
+#pragma unroll
+        for (int mi = 0; mi < {mi_n}; ++mi) habu::mma_bf16_16816(o[mi][dn], pa[mi], vb);
       }}
     }}
     __syncthreads();  // the next iteration's copies overwrite this buffer
   }}
   habu::cp_async_wait<0>();
 #pragma unroll
-  for (int h = 0; h < 2; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+  for (int mi = 0; mi < {mi_n}; ++mi) {{
+    const int rt = {rt};
 #pragma unroll
-  for (int dn = 0; dn < {nd8}; ++dn)
+    for (int h = 0; h < 2; ++h) l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {{
-      const {it} i = ({it})({row_of(o_elem[0])});
-      const {it} d = ({it})({o_elem[1]});
-      if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
-        {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), 'habu::f_div0(o[dn][q], l[q / 2])')}
-    }}
+    for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {{
+        const {it} i = ({it})({row_of(o_elem[0])});
+        const {it} d = ({it})({o_elem[1]});
+        if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
+          {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), 'habu::f_div0(o[mi][dn][q], l[mi][q / 2])')}
+      }}
+  }}
 }}
 """
-    src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × 16), "
+    src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × {16 * k.warp_m}), "
                  f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16",
                  [f"computes {lw.node.target} = softmax-weighted sum over #{lw.key_extent} "
                   f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",

@@ -75,6 +75,15 @@ class AttentionLowering:
 
     @property
     def warps(self) -> int:
+        return self.kernel.bm // (MMA_M * self.kernel.warp_m)
+
+    def row_tile(self, warp: Any, mi: Any) -> Any:
+        """The 16-row tile a warp's mi-th accumulators compute (rows 16·row_tile..)."""
+        return warp * self.kernel.warp_m + mi
+
+    @property
+    def row_tiles(self) -> int:
+        """16-row tiles of the query tile: row tile warp·warp_m + mi holds rows 16·(warp·warp_m + mi).."""
         return self.kernel.bm // MMA_M
 
     @property
@@ -243,7 +252,7 @@ class AttentionLowering:
         return lane // 4, lane % 4
 
     def q_fragment(self, warp: Any, lane: Any, kk: Any, reg: int) -> Any:
-        """Register reg of the A fragment of Q's rows warp·16.. at k step kk (rows g and g + 8, columns
+        """Register reg of the A fragment of Q's rows 16·warp.. (`warp`: the row tile) at k step kk (rows g and g + 8, columns
         2t.. and 2t + 8..)."""
         g, t = self.lane_group(lane)
         return self.q_smem(warp * MMA_M + g + 8 * (reg % 2), kk * MMA_K + 2 * t + 8 * (reg // 2))
@@ -299,7 +308,7 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
     return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
                              form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
                              kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
-                             replace(ACCUMULATOR, group_warps=kernel.bm // MMA_M))
+                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))))
 
 
 def flops(lw: AttentionLowering, sizes: Mapping[str, int]) -> float:

@@ -390,8 +390,9 @@ class AttentionSupport(PathSupport):
 
     def refusals(self, lw) -> list[str]:
         reasons = []
-        if lw.kernel.bm % 16 or lw.kernel.bn % 16:
-            reasons.append(f"the query tile ({lw.kernel.bm}) and the KV tile ({lw.kernel.bn}) are whole 16-row mma tiles")
+        if lw.kernel.bm % (16 * lw.kernel.warp_m) or lw.kernel.bn % 16:
+            reasons.append(f"the query tile ({lw.kernel.bm}) is whole warps of {16 * lw.kernel.warp_m} rows and the KV "
+                           f"tile ({lw.kernel.bn}) whole 16-key steps")
         if any(a.dtype != "bf16" for a in (lw.q, lw.k, lw.v)):
             reasons.append("Q, K and V are bf16 (mma.sync m16n8k16 bf16)")
         if lw.out.dtype not in ("f32", "bf16", "f16"):

@@ -204,6 +204,9 @@ class AttentionKernel:
                      unguarded=KEEP)
     bn: int = choice("keys of one K/V tile staged in shared memory", P, allowed=(32, 64, 128), pins=("bn",),
                      unguarded=KEEP)
+    warp_m: int = choice("16-row mma tiles a warp computes (2: each K and V fragment feeds two; Q's fragments are "
+                         "then read per step instead of kept)", E, default=1, allowed=(1, 2), pins=("warp_m",),
+                         unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
 

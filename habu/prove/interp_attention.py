@@ -150,8 +150,12 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
         _copy(name, lw, sizes, mem, smem, lw.v, coords, "j", keys, "d", k.bn, n_d,
               lambda t, c0: lw.v_smem(stage, t, c0), where)
 
-    warps = lw.warps
-    w5 = np.arange(warps, dtype=np.int64)[:, None, None, None, None]
+    # each warp's accumulator sets (warp, mi), by the row tile the lowering gives them (`row_tile`); a set
+    # computes its row tile as a warp of one set would
+    tiles_of_sets = np.asarray([lw.row_tile(w, mi) for w in range(lw.warps) for mi in range(k.warp_m)], dtype=np.int64)
+    warps = len(tiles_of_sets)
+    w5 = tiles_of_sets[:, None, None, None, None]  # for the lowering's maps
+    sets5 = np.arange(warps, dtype=np.int64)[:, None, None, None, None]  # for the register arrays
     l5 = np.arange(32, dtype=np.int64)[None, :, None, None, None]
     h5 = np.arange(2, dtype=np.int64)[None, None, None, :, None]
     q5 = np.arange(2, dtype=np.int64)[None, None, None, None, :]
@@ -180,7 +184,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
                 for half in range(2):
                     vals = smem[off + half]
                     row, col = ptx_a_element(l5[..., 0], np.int64(reg), np.int64(half))
-                    a_q[np.broadcast_to(w5[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
+                    a_q[np.broadcast_to(sets5[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
                         np.broadcast_to(kk5[..., 0] * MMA_K + col, vals.shape)] = vals
         # K's B fragments of this tile (the same for every warp), by ldmatrix.x4 from the rows the lanes name
         b_k = np.broadcast_to(zero, (n_e, k.bn)).copy()
@@ -193,7 +197,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
         b_k[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
             np.broadcast_to((2 * jp3[..., None, None] + r5 // 2) * MMA_N + nr, shape)] = got
         s_full = f.contract([a_q, b_k], "wie,ej->wij")  # (warp, 16, bn)
-        s_reg = s_full[w5, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, h, q)
+        s_reg = s_full[sets5, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, h, q)
         if scale is not None:
             s_reg = f.op("mul", [s_reg, np.broadcast_to(scale, s_reg.shape)])
         rows, keys = lw.row(qt, s_row), lw.key(kt, s_key)
@@ -235,7 +239,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
         b_v[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
             np.broadcast_to(dn3[..., None, None] * MMA_N + nr, shape)] = got
         pv = f.contract([a_p, b_v], "wij,jd->wid")
-        o = f.op("add", [o, pv[w5, c_row, o_groups * MMA_N + c_col]])
+        o = f.op("add", [o, pv[sets5, c_row, o_groups * MMA_N + c_col]])
     for off in lw.quad_offsets:
         l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
     out = f.op("div0", [o, np.broadcast_to(l_run[:, :, None, :, None], o.shape)])
