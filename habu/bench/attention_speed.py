@@ -125,10 +125,12 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--quick", action="store_true", help="the first case only")
-    ap.add_argument("--pins", default="", help="kernel pins for every case, e.g. bm=128,bn=32")
+    ap.add_argument("--pins", default="", help="kernel pins for every case, e.g. bm=128,bn=32; several pin sets "
+                    "separated by ';' time each case once per set (the same SDPA baseline re-timed)")
     args = ap.parse_args()
-    extra = tuple(tuple(p.split("=", 1)) for p in args.pins.split(",") if p)
-    cases = [replace(c, pins=c.pins + extra) for c in CASES if not args.only or c.name in args.only.split(",")]
+    sets = [tuple(tuple(p.split("=", 1)) for p in one.split(",") if p) for one in args.pins.split(";")] or [()]
+    cases = [replace(c, pins=c.pins + extra) for c in CASES if not args.only or c.name in args.only.split(",")
+             for extra in sets]
     if args.quick:
         cases = cases[:1]
     rows = []

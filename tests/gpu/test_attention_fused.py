@@ -61,6 +61,7 @@ def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str
 
 @pytest.mark.parametrize(("n_i", "n_j", "pins"), [
     (1, 1, {}), (17, 17, {}), (5, 17, {}), (100, 300, {"bn": "32"}), (200, 200, {"bm": "128"}), (7, 1000, {"bm": "16"}),
+    (150, 333, {"bm": "128", "bn": "32", "warp_m": "2"}),
 ], ids=lambda x: str(x))
 def test_fused_causal_gqa_prefill_at_odd_sizes(n_i, n_j, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I); the tiles past the diagonal
@@ -74,8 +75,9 @@ def test_fused_causal_head_width_64():
                                                              "J": 130}, {}, seed=5)
 
 
-def test_fused_without_mask(tmp_path):
-    run_golden(full_attention(tmp_path), "ATTENTION-FULL", {"B": 2, **HEADS, "I": 77, "J": 150}, {}, seed=7)
+@pytest.mark.parametrize("pins", [{}, {"warp_m": "2"}], ids=lambda p: str(p))
+def test_fused_without_mask(tmp_path, pins):
+    run_golden(full_attention(tmp_path), "ATTENTION-FULL", {"B": 2, **HEADS, "I": 77, "J": 150}, pins, seed=7)
 
 
 def test_fused_causal_with_fully_masked_rows_gives_zeros():
