@@ -539,7 +539,7 @@ MUTANTS: tuple[Mutant, ...] = (
            att.PINS),
     Mutant("attention-next-tile-same-buffer", "the next KV tile is copied into the buffer being multiplied",
            "attention.habu", "ATTENTION-GQA", att.SHAPE, att.next_tile_same_buffer, att.PINS),
-    Mutant("attention-v-rows-of-one-matrix", "ldmatrix.trans of V is handed the rows of its first 8×8 matrix "
+    Mutant("attention-v-rows-of-one-matrix", "ldmatrix.x4.trans of V is handed the rows of its first 8×8 matrices "
            "twice", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.v_rows_of_one_matrix, att.PINS),
     Mutant("attention-mask-dropped-one-tile-early", "the KV tile straddling the causal diagonal is taken as "
            "wholly visible (no mask)", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.mask_dropped_one_tile_early,

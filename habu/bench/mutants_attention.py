@@ -64,12 +64,12 @@ def next_tile_same_buffer(lw: Any) -> AttentionLowering:
 
 
 def v_rows_of_one_matrix(lw: Any) -> AttentionLowering:
-    """The lanes 8..15 name the rows of the first 8×8 matrix again (lane % 8): V's keys 8..15 of each step are
-    keys 0..7."""
+    """The lanes of matrices 1 and 3 name the rows of matrices 0 and 2 again (keys 8..15 of each step read as
+    keys 0..7)."""
     from habu.lower.attention import MMA_K, MMA_N
 
-    return _planted(lw, "v_rows", lambda self, stage, lane, kk, dn:
-                    self.v_smem(stage, kk * MMA_K + lane % 8, dn * MMA_N))
+    return _planted(lw, "v_rows", lambda self, stage, lane, kk, dp:
+                    self.v_smem(stage, kk * MMA_K + lane % 8, dp * 2 * MMA_N + (lane // 16) * MMA_N))
 
 
 def mask_dropped_one_tile_early(lw: Any) -> AttentionLowering:

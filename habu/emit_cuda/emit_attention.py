@@ -8,7 +8,7 @@ computes S = Q·Kᵀ with mma.sync m16n8k16 (bf16, f32 accumulate), scales S, ma
 model's mask: −∞), and runs the online softmax in registers (`habu/attention/online.cuh`: the row maximum
 over the lane's registers and then its row's lanes by xor shuffles, the lowering's `running_max`,
 `rescale` and `kept_max`); P = exp(S − m) is packed to bf16 A fragments in registers and O += P·V with V's
-B fragments by ldmatrix.trans. The scores are kept in base 2 (the scale times log2 e), so each exp is one
+B fragments by ldmatrix.x4.trans. The scores are kept in base 2 (the scale times log2 e), so each exp is one
 ex2 (`habu::exp2_fast`): exp(x) = 2^(x·log2 e), a float-only step (the maxima and shifts scale with
 the scores; the field check runs exp). The tiles past the causal limit (`key_limit`, `kv_tiles`) are never
 loaded. At the end l is summed over the row's lanes and O / l stored (div0: a row with no visible key is 0).
@@ -96,7 +96,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         return f"        pa[mi][{r}] = habu::pack_bf16x2(sc[mi][{c(g0)}][{q0}], sc[mi][{c(g1)}][{q1}]);"
 
     p_frag = "\n".join(packed(r) for r in range(4))
-    v_addr = c(lw.v_rows(cx("s"), cx("lane"), cx("kk"), cx("dn")))
+    v_addr = c(lw.v_rows(cx("s"), cx("lane"), cx("kk"), cx("dp")))
     fr = lw.fragment
     s_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), cx("(q % 2)"))]
     o_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("dn"), cx("(q / 2)"), cx("(q % 2)"))]
@@ -279,11 +279,15 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 {p_frag}
       }}
 #pragma unroll
-      for (int dn = 0; dn < {nd8}; ++dn) {{  // V's B fragment by ldmatrix.x2.trans, for every row tile
-        habu::u32 vb[2];
-        habu::ldmatrix_x2_trans(vb, habu::smem_addr(smem + {v_addr}));
+      for (int dp = 0; dp < {nd8 // 2}; ++dp) {{  // V's B fragments of columns 16·dp.. by ldmatrix.x4.trans, for every row tile
+        habu::u32 vb[4];
+        habu::ldmatrix_x4_trans(vb, habu::smem_addr(smem + {v_addr}));
+        const habu::u32 v0[2] = {{vb[0], vb[1]}}, v1[2] = {{vb[2], vb[3]}};
 #pragma unroll
-        for (int mi = 0; mi < {mi_n}; ++mi) habu::mma_bf16_16816(o[mi][dn], pa[mi], vb);
+        for (int mi = 0; mi < {mi_n}; ++mi) {{
+          habu::mma_bf16_16816(o[mi][2 * dp], pa[mi], v0);
+          habu::mma_bf16_16816(o[mi][2 * dp + 1], pa[mi], v1);
+        }}
       }}
     }}
     __syncthreads();  // the next iteration's copies overwrite this buffer

@@ -264,10 +264,12 @@ class AttentionLowering:
         m = lane // 8
         return self.k_smem(stage, jp * 2 * MMA_N + (m // 2) * MMA_N + lane % 8, kk * MMA_K + (m % 2) * 8)
 
-    def v_rows(self, stage: Any, lane: Any, kk: Any, dn: Any) -> Any:
-        """The row lane (< 16) hands ldmatrix.x2.trans for V's B fragment of keys kk·16.., columns dn·8..:
-        row lane % 8 of 8×8 matrix lane / 8."""
-        return self.v_smem(stage, kk * MMA_K + lane % 16, dn * MMA_N)
+    def v_rows(self, stage: Any, lane: Any, kk: Any, dp: Any) -> Any:
+        """The row lane hands ldmatrix.x4.trans for V's B fragments of keys kk·16.., columns dp·16..: matrix
+        m = lane / 8 is keys kk·16 + 8·(m % 2).., columns dp·16 + 8·(m / 2)..; its row lane % 8. Registers
+        0, 1 are the B fragment of columns dp·16.., registers 2, 3 that of columns dp·16 + 8.."""
+        m = lane // 8
+        return self.v_smem(stage, kk * MMA_K + (m % 2) * 8 + lane % 8, dp * 2 * MMA_N + (m // 2) * MMA_N)
 
     def p_fragment(self, kk: Any, reg: int) -> tuple[tuple[Any, int], tuple[Any, int]]:
         """The two S accumulators (8-key group, register) packed into register reg of P's A fragment of keys

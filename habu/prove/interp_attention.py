@@ -100,11 +100,11 @@ def ldmatrix(rows: np.ndarray, read) -> np.ndarray:
 
 
 def ldmatrix_trans(rows: np.ndarray, read) -> np.ndarray:
-    """ldmatrix.sync.aligned.m8n8.x2.trans.b16: lane l < 16 names row l % 8 of matrix l / 8 (`rows[..., l]`,
-    an element offset); lane t receives in register m, half h the element [2(t % 4) + h][t / 4] of matrix m
-    (its transpose's row t / 4). Returns (..., 32 lanes, 2 registers, 2 halves) of values, `read(offsets)`."""
+    """ldmatrix.sync.aligned.m8n8.x4.trans.b16: lane l names row l % 8 of matrix l / 8 (`rows[..., l]`, an
+    element offset); lane t receives in register m, half h the element [2(t % 4) + h][t / 4] of matrix m
+    (its transpose's row t / 4). Returns (..., 32 lanes, 4 registers, 2 halves) of values, `read(offsets)`."""
     t = np.arange(32)[:, None, None]
-    m = np.arange(2)[None, :, None]
+    m = np.arange(4)[None, :, None]
     h = np.arange(2)[None, None, :]
     row_lane = 8 * m + 2 * (t % 4) + h  # the lane that named the row holding the element
     return read(rows[..., row_lane] + t // 4)
@@ -231,13 +231,14 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
                     row, col = ptx_a_element(lw3, np.int64(reg), np.int64(half))
                     a_p[np.broadcast_to(w3, (warps, 32)), np.broadcast_to(row, (warps, 32)),
                         np.broadcast_to(kk * MMA_K + col, (warps, 32))] = p_reg[:, :, int(group), q // 2, q % 2]
-        kk3, dn3 = np.arange(k.bn // MMA_K)[:, None, None], np.arange(n_d // MMA_N)[None, :, None]
-        named = np.asarray(lw.v_rows(stage, lanes[None, None, :16], kk3, dn3), dtype=np.int64)  # (kk, dn, 16)
-        got = ldmatrix_trans(named, lambda offs: smem[offs])  # (kk, dn, lane, reg, half)
-        kr, nr = ptx_b_element(lanes[:, None, None], np.arange(2)[None, :, None], np.arange(2)[None, None, :])
+        kk3, dp3 = np.arange(k.bn // MMA_K)[:, None, None], np.arange(n_d // (2 * MMA_N))[None, :, None]
+        named = np.asarray(lw.v_rows(stage, lanes[None, None, :], kk3, dp3), dtype=np.int64)  # (kk, dp, 32)
+        got = ldmatrix_trans(named, lambda offs: smem[offs])  # (kk, dp, lane, reg 0..3, half)
+        t5, r5, h5_ = lanes[:, None, None], np.arange(4)[None, :, None], np.arange(2)[None, None, :]
+        kr, nr = ptx_b_element(t5, r5 % 2, h5_)  # registers 2m, 2m + 1: the B fragment of columns (2dp + m)·8..
         shape = got.shape
         b_v[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
-            np.broadcast_to(dn3[..., None, None] * MMA_N + nr, shape)] = got
+            np.broadcast_to((2 * dp3[..., None, None] + r5 // 2) * MMA_N + nr, shape)] = got
         pv = f.contract([a_p, b_v], "wij,jd->wid")
         o = f.op("add", [o, pv[sets5, c_row, o_groups * MMA_N + c_col]])
     for off in lw.quad_offsets:

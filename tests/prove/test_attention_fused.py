@@ -56,7 +56,7 @@ def test_the_fused_prefill_is_proven_and_prints_the_online_softmax(prefill):
     assert any("Z_1073741789" in n for n in cert.notes)
     src = emit_plan(prefill, plan, T).kernels[0].source
     assert "habu::row_max_lanes<1, 2>(mx[h])" in src and "alpha[mi][h] = habu::exp2_fast((m[mi][h] - shift[mi][h]));" in src
-    assert "m[mi][h] = m_new;" in src and "ldmatrix_x2_trans" in src
+    assert "m[mi][h] = m_new;" in src and "ldmatrix_x4_trans" in src
     # the causal limit: key j ≤ i + #J − #I at the tile's last row, 32 tiles
     assert "const long long limit = (31 + ((((long long)qt * 32) + 32) - 1));" in src
 
