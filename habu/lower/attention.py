@@ -23,7 +23,7 @@ lanes of the row by xor shuffles over `quad_offsets`), `running_max(m, tile_max)
 Fragments: S and O are mma.sync m16n8k16 accumulators (habu.lower.fragments.ACCUMULATOR: register (jn,
 h, q) of lane l in warp w holds row w·16 + l/4 + 8h, column 8·jn + 2·(l%4) + q); P's A fragments are S's
 accumulator registers of two adjacent 8-key groups, packed to bf16 (the PTX ISA's m16n8k16 A layout is the
-C layout of two n8 tiles); V's B fragments come by ldmatrix.trans from V's row-major tile.
+C layout of two n8 tiles); V's B fragments come by ldmatrix.x4.trans from V's row-major tile.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], me
 
 # ----------------------------------------------------------------------------- the instruction (PTX ISA)
 # The trusted part: where the PTX ISA puts each register element of mma.m16n8k16's bf16 operands and what
-# ldmatrix.x2.trans hands each lane ("Matrix fragments for mma.m16n8k16", "ldmatrix"), transcribed apart
+# ldmatrix.x4 and ldmatrix.x4.trans hand each lane ("Matrix fragments for mma.m16n8k16", "ldmatrix"), transcribed apart
 # from the lowering's maps. groupID g = lane >> 2, threadID_in_group t = lane % 4; register r holds two
 # elements (half 0, 1).
 
