@@ -31,7 +31,7 @@ class AttentionPath(KernelPath):
     support = ATTENTION
 
     def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> AttentionKernel | None:
-        """Query tiles of 64 rows (4 warps), KV tiles of 64 keys; None where the region is not one
+        """Query tiles of 64 rows (4 warps; 16 or 32 where the query rows are no more), KV tiles of 64 keys; None where the region is not one
         softmax-weighted sum the kernel computes, or the head widths are not static multiples of 16."""
         if len(region.nodes) != 1 or not target.mma_sync:
             return None
@@ -42,7 +42,9 @@ class AttentionPath(KernelPath):
         e, d = static.get(form.red.extent), static.get(form.col.extent)
         if e is None or d is None or e % 16 or d % 16 or e > 256 or d > 256:
             return None
-        return AttentionKernel(nodes=region.nodes, bm=64, bn=64, index_width=index_width(model, sizes))
+        rows = static.get(form.row.extent) or sizes.get(form.row.extent) or 64
+        bm = 16 if rows <= 16 else 32 if rows <= 32 else 64  # a decode's few query heads: one warp, not four
+        return AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys."""
