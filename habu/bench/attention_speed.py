@@ -38,6 +38,7 @@ class Case:
     causal: bool
     width: int = 128
     pins: tuple[tuple[str, str], ...] = ()
+    decode: bool = False  # examples/decode_attention.habu: one query row per sequence, `seq` cache entries
 
 
 CASES = (
@@ -45,6 +46,7 @@ CASES = (
     Case("mha-full-1k", 8, 16, 1, 1024, False),
     Case("gqa-causal-4k", 1, 8, 4, 4096, True),
     Case("mha-causal-4k-d64", 2, 16, 1, 4096, True, 64),
+    Case("decode-gqa-4k", 16, 8, 4, 4096, False, decode=True),
 )
 
 
@@ -77,19 +79,24 @@ def run_case(case: Case, workdir: Path) -> dict[str, Any]:
 
     row: dict[str, Any] = {"case": case.name, "causal": case.causal, "batch": case.batch, "kv_heads": case.kv_heads,
                            "heads": case.kv_heads * case.group, "seq": case.seq, "width": case.width}
-    if case.causal:
+    if case.decode:
+        path, model = str(EX / "decode_attention.habu"), "DECODE-ATTENTION"
+    elif case.causal:
         path, model = str(EX / "attention.habu"), "ATTENTION-GQA"
     else:
         path, model = str(workdir / "full.habu"), "ATTENTION-FULL"
         Path(path).write_text(full_attention_source())
-    sizes = {"B": case.batch, "G": case.kv_heads, "R": case.group, "I": case.seq, "J": case.seq, "E": case.width,
-             "D": case.width}
+    queries = 1 if case.decode else case.seq
+    sizes = {"B": case.batch, "G": case.kv_heads, "R": case.group, "J": case.seq, "E": case.width, "D": case.width,
+             **({"L": case.seq + 1} if case.decode else {"I": case.seq})}
     built = build(path, model, sizes, {"family": "attention", **dict(case.pins)}, check_indices=False)
     row["plan"] = built.plan.to_json()["kernels"]
     ins = make_inputs(built.model, built.sizes, 1)
     outs = poisoned_outputs(built.model, built.sizes)
     heads = case.kv_heads * case.group
-    q = ins["Q"].view(case.batch, heads, case.seq, case.width)
+    if case.decode:  # every cache entry valid
+        ins["LEN"].fill_(case.seq)
+    q = ins["Q"].view(case.batch, heads, queries, case.width)
     k, v = ins["K"], ins["V"]
 
     gqa = {"enable_gqa": True} if case.group > 1 else {}  # (torch ≥ 2.5)
@@ -100,7 +107,7 @@ def run_case(case: Case, workdir: Path) -> dict[str, Any]:
     built.compiled(**ins, **outs)
     want = sdpa()
     torch.cuda.synchronize()
-    got = outs["O"].view(case.batch, heads, case.seq, case.width)
+    got = outs["O"].view(case.batch, heads, queries, case.width)
     err = ((got - want.float()).abs().max() / want.float().abs().max()).item()
     row["check_max_rel"] = err
     if not err <= 2e-2:
@@ -111,7 +118,11 @@ def run_case(case: Case, workdir: Path) -> dict[str, Any]:
     row["sdpa"] = time_cuda(lambda i: sdpa(), 1)
     for key in ("habu", "sdpa"):
         row[key].pop("samples", None)
-    flops = 4.0 * case.batch * heads * case.seq * case.seq * case.width * (0.5 if case.causal else 1.0)
+    flops = 4.0 * case.batch * heads * queries * case.seq * case.width * (0.5 if case.causal else 1.0)
+    if case.decode:  # decode reads the cache: its bandwidth is the measure
+        cache = 2.0 * 2 * case.batch * case.kv_heads * case.seq * case.width
+        for key in ("habu", "sdpa"):
+            row[f"{key}_cache_tbps"] = cache / (row[key]["median_us"] * 1e-6) / 1e12
     for key in ("habu", "sdpa"):
         tf = flops / (row[key]["median_us"] * 1e-6) / 1e12
         row[f"{key}_tflops"] = tf
@@ -150,7 +161,9 @@ def main() -> None:
                 print(f"{name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
                       f"({100 * row['habu_peak_share']:4.1f}% of peak) | SDPA[{row['sdpa_backend']}] "
                       f"{row['sdpa']['median_us']:9.1f} us {row['sdpa_tflops']:6.1f} TFLOP/s | "
-                      f"{row['speedup_vs_sdpa']:.2f}x | check {row['check_max_rel']:.1e}", flush=True)
+                      f"{row['speedup_vs_sdpa']:.2f}x | check {row['check_max_rel']:.1e}"
+                      + (f" | KV cache read {row['habu_cache_tbps']:.2f} TB/s (SDPA {row['sdpa_cache_tbps']:.2f})"
+                         if "habu_cache_tbps" in row else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     raise SystemExit(1 if failed else 0)
