@@ -70,7 +70,6 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     cx = CExpr
     chunk_e = [c(x) for x in lw.copy_chunk(cx("chunk"), n_e)]
     chunk_d = [c(x) for x in lw.copy_chunk(cx("chunk"), n_d)]
-    g_t = [c(x) for x in lw.lane_group(cx("lane"))]
     mi_n = k.warp_m
     rt = c(lw.row_tile(cx("warp"), cx("mi")))
     q_resident = mi_n == 1  # one row tile a warp: its Q fragments stay in registers; two: read per k step
@@ -176,7 +175,6 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   }};
   if (tiles > 0) load_kv(0, {c(lw.stage_of(0))});
   habu::cp_async_commit();
-  const int g = {g_t[0]}, tq = {g_t[1]};
   // this warp's {mi_n} row tile(s) of 16 query rows: row tile {rt}
   habu::u32 qf[{mi_n}][{ne16 if q_resident else 1}][4];  // Q's A fragments{' (read once)' if q_resident else ' (read per step)'}
   float o[{mi_n}][{nd8}][4];
