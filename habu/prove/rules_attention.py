@@ -3,7 +3,8 @@ free of 32-bit wrap-around, its rows and keys within 32 bits, its grid within th
 16-byte chunks aligned (#E and #D whole mma steps), its shared memory within the block's opt-in limit, and
 the causal skip sound (`attention-skip`): every key a row of a query tile may see (the mask holds and the
 key is below #J) lies in a KV tile the block visits, for every query tile, every row of it and every value
-an index tensor in the mask may hold."""
+an index tensor in the mask may hold; and the tiles it multiplies without the mask sound
+(`attention-open-tile`): in a tile `unmasked` says needs none, every key is below #J and seen by every row."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from habu.spec.ir import Gather, IndexAffine, IndexConst, IndexVar
 ATTENTION_RULES = {r.name: r for r in (
     Rule("attention-skip", "the KV tiles a query tile skips hold no key one of its rows may see (the causal "
          "skip is sound)", "a visible key in a skipped tile is missing from the row's softmax"),
+    Rule("attention-open-tile", "a KV tile the kernel multiplies without its mask holds only keys every row of "
+         "the query tile may see", "a masked key in an unmasked tile enters the row's softmax"),
 )}
 
 
@@ -106,3 +109,19 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
                      f"(⌈clamp(limit, 0, #{lw.key_extent}) / {k.bn}⌉ tiles)",
                      z3.Implies(z3.And(*cons, visible), j < tiles * k.bn),
                      detail="a query tile skips a KV tile holding a key one of its rows sees")
+    # the open tiles: for every KV tile kt the kernel takes as unmasked, every key of it is below #J and seen
+    # by every row of the query tile
+    kt, tk = z3.Ints("kv_tile key_in_tile")
+    key = lw.key(kt, tk)
+    var2 = dict(var)
+    var2["j"] = key
+    seen = _holds(lw, ctx, var2, tables)
+    open_limit = lw.open_limit(qt, s, term)
+    unmasked = lw.unmasked(kt, open_limit, s, z3.And)
+    cons2 = [qt >= 0, qt < lw.query_tiles(s), ti >= 0, ti < k.bm, row < s[lw.row_extent], kt >= 0, tk >= 0,
+             tk < k.bn, *(var[a] >= 0 for a in lw.batch_axes),
+             *(var[a] < s[e] for a, e in zip(lw.batch_axes, lw.batch_extents, strict=True))]
+    yield Obligation(ATTENTION_RULES["attention-open-tile"], name, None,
+                     "a KV tile multiplied without the mask holds only keys below #J that every row of the query "
+                     "tile sees", z3.Implies(z3.And(*cons2, unmasked), z3.And(key < s[lw.key_extent], seen)),
+                     detail="an unmasked KV tile holds a key the mask hides from one of the tile's rows")

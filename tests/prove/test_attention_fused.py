@@ -120,3 +120,17 @@ def test_the_fused_kernels_compile_without_spills(prefill, tmp_path):
         plan = default_plan(model, T, sizes, pins)
         ((cubin,),) = CompiledModel(model, emit_plan(model, plan, T), cache_dir=tmp_path).compile("sm_90a")
         assert cubin.cubin.startswith(b"\x7fELF") and not cubin.resources.spills, cubin.resources.describe()
+
+
+def test_the_open_tile_rule_rejects_the_mask_dropped_one_tile_early(prefill):
+    from habu.bench.mutants_attention import mask_dropped_one_tile_early
+
+    plan = default_plan(prefill, T, SHAPE, PINS)
+    ctx = context(prefill, plan, SHAPE)
+    lw = lower_plan(prefill, plan)[0]
+    rule = "attention-open-tile"
+    good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == rule]
+    bad = [discharge(o, ctx) for o in attention_obligations("k0", mask_dropped_one_tile_early(lw), ctx)
+           if o.rule.name == rule]
+    assert len(good) == len(bad) == 1
+    assert not failures(good) and failures(bad)
