@@ -13,6 +13,7 @@ from habu.compile import fallback
 from habu.plan.fields import KEEP, FieldError, Reader, choice, kernel_fields, unguarded_changes
 from habu.plan.plan import (
     KERNEL_KINDS,
+    AttentionKernel,
     ColumnKernel,
     ContractionKernel,
     GeneralKernel,
@@ -32,6 +33,7 @@ KERNELS = {
     "general": GeneralKernel(nodes=("Y",), threads=256),
     "columns": ColumnKernel(nodes=("Y",), threads=256, column_threads=32, vector=8, rows_per_split=960, unroll=8),
     "grouped": GroupedKernel(nodes=("Y",), bm=64, bn=64, bk=32, warps_m=2, warps_n=2),
+    "attention": AttentionKernel(nodes=("Y",), bm=64, bn=64),
 }
 
 

@@ -57,7 +57,8 @@ def test_every_default_kernel_has_one_path_and_the_rules_ask_the_same_one():
                 path = path_for(k)
                 assert path.name == (k.mma if isinstance(k, ContractionKernel) else k.kind), (model.name, arch)
                 assert support_for(k) is path.support
-    assert [p.name for p in PATHS] == ["fma", "mma.sync", "wgmma", "rows", "map", "columns", "grouped", "general"]
+    assert [p.name for p in PATHS] == ["fma", "mma.sync", "wgmma", "rows", "map", "columns", "grouped", "attention",
+                                      "general"]
     assert [s.name for s in SUPPORT] == [p.name for p in PATHS]
 
 

@@ -4,6 +4,7 @@ Each emitter module registers its kernel kind's launch geometry (habu.emit_cuda.
 these imports fill the registry before any kernel is launched or exported."""
 
 from habu.emit_cuda import (  # noqa: F401
+    emit_attention,
     emit_columns,
     emit_fma,
     emit_general,

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from habu.lower.attention import AttentionLowering, lower_attention
 from habu.lower.columns import ColumnLowering, lower_columns
 from habu.lower.contraction import ContractionLowering, lower_contraction
 from habu.lower.general import GeneralLowering, lower_general
 from habu.lower.grouped import GroupedLowering, lower_grouped
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
 from habu.plan.plan import (
+    AttentionKernel,
     ColumnKernel,
     ContractionKernel,
     GeneralKernel,
@@ -26,7 +28,8 @@ from habu.plan.plan import (
 )
 from habu.spec.ir import Model
 
-Lowering = ContractionLowering | RowLowering | MapLowering | GeneralLowering | ColumnLowering | GroupedLowering
+Lowering = (ContractionLowering | RowLowering | MapLowering | GeneralLowering | ColumnLowering | GroupedLowering
+            | AttentionLowering)
 
 
 def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None) -> Lowering:
@@ -43,6 +46,8 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
         return lower_columns(model, kernel, storage)
     if isinstance(kernel, GroupedKernel):
         return lower_grouped(model, kernel, storage)
+    if isinstance(kernel, AttentionKernel):
+        return lower_attention(model, kernel, storage)
     raise TypeError(kernel)
 
 
@@ -75,5 +80,5 @@ def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
     return LoweredPlan(model, graph, plan, tuple(lower(graph, k, storage) for k in plan.kernels))
 
 
-__all__ = ["ColumnLowering", "ContractionLowering", "GeneralLowering", "GroupedLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
+__all__ = ["AttentionLowering", "ColumnLowering", "ContractionLowering", "GeneralLowering", "GroupedLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
            "lower_whole"]

@@ -19,6 +19,7 @@ from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batc
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import (
+    AttentionKernel,
     ColumnKernel,
     ContractionKernel,
     GeneralKernel,
@@ -395,11 +396,32 @@ class GroupedSupport(PathSupport):
         return reasons
 
 
+class AttentionSupport(PathSupport):
+    """The fused attention family (FlashAttention-2 style, habu/lower/attention.py): mma.sync m16n8k16 on bf16."""
+
+    name = family = "attention"
+
+    def accepts(self, kernel: Kernel) -> bool:
+        return isinstance(kernel, AttentionKernel)
+
+    def refusals(self, lw) -> list[str]:
+        reasons = []
+        if lw.kernel.bm % (16 * lw.kernel.warp_m) or lw.kernel.bn % 16:
+            reasons.append(f"the query tile ({lw.kernel.bm}) is whole warps of {16 * lw.kernel.warp_m} rows and the KV "
+                           f"tile ({lw.kernel.bn}) whole 16-key steps")
+        if any(a.dtype != "bf16" for a in (lw.q, lw.k, lw.v)):
+            reasons.append("Q, K and V are bf16 (mma.sync m16n8k16 bf16)")
+        if lw.out.dtype not in ("f32", "bf16", "f16"):
+            reasons.append("O is stored as f32, bf16 or f16")
+        return reasons
+
+
 FMA, MMA_SYNC, WGMMA, ROWS, MAP = FmaSupport(), MmaSyncSupport(), WgmmaSupport(), RowsSupport(), MapSupport()
 GENERAL, COLUMNS, GROUPED = GeneralSupport(), ColumnsSupport(), GroupedSupport()
+ATTENTION = AttentionSupport()
 
 # the built-in paths' limits, in the order of habu/paths/__init__.py's PATHS; `register` adds one
-SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP, COLUMNS, GROUPED, GENERAL]
+SUPPORT: list[PathSupport] = [FMA, MMA_SYNC, WGMMA, ROWS, MAP, COLUMNS, GROUPED, ATTENTION, GENERAL]
 
 
 def register(support: PathSupport) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from habu.lower import support as _support
-from habu.paths import columns, fma, general, grouped, map, mma_sync, rows, wgmma
+from habu.paths import attention, columns, fma, general, grouped, map, mma_sync, rows, wgmma
 from habu.paths.analytic import node_of
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
@@ -28,7 +28,7 @@ from habu.target import Target
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
 PATHS: list[KernelPath] = [fma.PATH, mma_sync.PATH, wgmma.PATH, rows.PATH, map.PATH, columns.PATH,
-                           grouped.PATH, general.PATH]
+                           grouped.PATH, attention.PATH, general.PATH]
 
 
 def path_for(kernel: Kernel) -> KernelPath:
@@ -107,6 +107,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             as_rows = Region("rows", region.nodes)
             yield from rows.PATH.region_variants(model, as_rows, rows.PATH.default(model, as_rows, target, sizes),
                                                  target, sizes)
+        if region.kind == "general" and (a := attention.PATH.default(model, region, target, sizes)) is not None:
+            yield from attention.PATH.region_variants(model, region, a, target, sizes)  # the fused attention
         return
     if region.kind == "general":  # the general kernel stays a candidate beside the contraction default
         yield general.PATH.default(model, region, target, sizes)
@@ -118,7 +120,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
             yield from path.variants(base, target, skinny=skinny)
 
 
-FAMILY_PINS = ("grouped", "general", "contraction", "columns")  # `--pin family=…`
+FAMILY_PINS = ("grouped", "general", "contraction", "columns", "attention")  # `--pin family=…`
 
 
 def family_kernel(model: Model, region: Region, family: str, target: Target, sizes: dict[str, int]) -> Kernel | None:
@@ -127,7 +129,9 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
     a scatter-add combine or an f32 A, which the default leaves to the general kernel); `general` builds a
     grouped region with the general family (the fallback the search keeps as a candidate); `columns` builds a
     one-node row or general region whose node is a transposed column reduction (`O[b] = Σ i X[b i]`, the
-    reduced axes trailing) with the column family, its rows split over the grid."""
+    reduced axes trailing) with the column family, its rows split over the grid; `attention` builds a
+    softmax-weighted sum (a general region of the model without the `attention:T` rewrite) with the fused
+    attention kernel."""
     if family == "grouped" and region.kind in ("grouped", "general"):
         return grouped.PATH.default(model, region, target, sizes)
     if family == "general" and (region.kind == "grouped" or isinstance(
@@ -149,6 +153,8 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
         col = as_column_reduction(_node(model, region))
         if col is not None and col.transposed:
             return columns.PATH.default(model, Region("columns", region.nodes), target, sizes)
+    if family == "attention" and region.kind == "general":
+        return attention.PATH.default(model, region, target, sizes)
     return None
 
 

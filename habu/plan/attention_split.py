@@ -24,11 +24,12 @@ fused kernel is a later family), and the baseline of the online softmax (habu/pl
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from habu.plan.online_softmax import SoftmaxSum, match_softmax_sum
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -128,4 +129,75 @@ def apply_attention(model: Model, target: str) -> Model:
     return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, *decls))
 
 
-__all__ = ["apply_attention", "attention_parts"]
+# ----------------------------------------------------------------------------- the fused kernel's form
+
+
+@dataclass(frozen=True)
+class AttentionForm:
+    """A softmax-weighted sum the fused attention kernel (habu/lower/attention.py) computes:
+    `O[batch.. i d] = Σ j softmax_j(where(mask, Σ e Q[.. i e]·K[.. j e] · scale, −∞)) · V[.. j d]`, with
+    i the query row (the index Q reads and K does not, the last such), d the value column, e and d the
+    innermost (contiguous) indices of Q, K and V, every load bf16 with plain index variables, and the
+    batch variables (b, g, r: K and V read a subset of them, GQA) the rest of O's indices."""
+
+    node: Equation
+    q: Load
+    k: Load
+    v: Load
+    row: IndexVar  # i
+    key: IndexVar  # j
+    red: IndexVar  # e
+    col: IndexVar  # d
+    batch: tuple[IndexVar, ...]  # O's other indices, in O's order
+    scale: Expr | None  # constant factors of the product (rsqrt(#E))
+    mask: Compare | None
+
+
+def attention_form(model: Model, target: str) -> AttentionForm | None:
+    """The fused kernel's form of node `target`, or None where the kernel does not take it."""
+    eq = next((e for e in model.nodes if e.target == target), None)
+    if eq is None or eq.scatter is not None:
+        return None
+    parts = match_softmax_sum(eq)
+    if parts is None or parts.row_guard is not None or not isinstance(parts.value, Load):
+        return None
+    if parts.mask is not None and not isinstance(parts.mask, Compare):
+        return None
+    scores = _constants_out(parts.scores)
+    scale: Expr | None = None
+    if isinstance(scores, Op) and scores.fn == "mul" and isinstance(scores.args[0], Reduce):
+        scores, scale = scores.args
+    if not (isinstance(scores, Reduce) and scores.op == "sum" and len(scores.vars) == 1):
+        return None
+    loads = _factors(scores.body)
+    if len(loads) != 2 or not all(isinstance(x, Load) for x in loads):
+        return None
+    j, e, v = parts.var, scores.vars[0], parts.value
+    q, k = loads if j not in loads[1].indices[-1:] and j not in loads[0].indices else loads[::-1]
+    assert isinstance(q, Load) and isinstance(k, Load) and isinstance(v, Load)
+    if not all(isinstance(ix, IndexVar) for ld in (q, k, v) for ix in ld.indices):
+        return None
+    if any(model.tensor(ld.tensor).dtype is None or model.tensor(ld.tensor).dtype.name != "bf16" for ld in (q, k, v)):
+        return None
+    d = eq.lhs[-1] if eq.lhs else None
+    if d is None or q.indices[-1] != e or k.indices[-1] != e or v.indices[-1] != d or j not in k.indices \
+            or j not in v.indices or j in q.indices or d in q.indices or d in k.indices:
+        return None
+    rows = [x for x in q.indices if x not in k.indices and x != e]
+    if not rows or rows[-1] not in eq.lhs or any(rows[-1] in ld.indices for ld in (k, v)):
+        return None
+    row = rows[-1]
+    batch = tuple(x for x in eq.lhs if x not in (row, d))
+    used = set(q.indices) | set(k.indices) | set(v.indices)
+    if not set(batch) <= used | free_vars(parts.mask if parts.mask is not None else Const(Fraction(0))) \
+            or any(x not in (*batch, row, e) for x in q.indices) or any(x not in (*batch, j, e) for x in k.indices) \
+            or any(x not in (*batch, j, d) for x in v.indices):
+        return None
+    if len(set(q.indices)) != len(q.indices) or len(set(k.indices)) != len(k.indices):
+        return None
+    if parts.mask is not None and free_vars(parts.mask) - {*batch, row, j}:
+        return None
+    return AttentionForm(eq, q, k, v, row, j, e, d, batch, scale, parts.mask)
+
+
+__all__ = ["AttentionForm", "apply_attention", "attention_form", "attention_parts"]

@@ -188,9 +188,32 @@ class GroupedKernel:
                               pins=("index", "index_width"), unguarded=KEEP)
 
 
-Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel
+@dataclass(frozen=True)
+class AttentionKernel:
+    """Fused attention (FlashAttention-2 style; habu/lower/attention.py): one block per (batch and heads,
+    query tile of bm rows), 16 query rows per warp; the K and V tiles of bn keys staged in shared memory
+    by cp.async (two buffers), S = Q·Kᵀ and O += P·V with mma.sync m16n8k16 (bf16, f32 accumulate), the
+    scale, the mask and the online softmax applied to S in registers; tiles above the causal diagonal
+    are skipped."""
+
+    kind: ClassVar[str] = "attention"
+    # a rounding inside the kernel the golden tolerance counts like a stored stage: P in bf16 before P·V
+    internal_stage: ClassVar[str] = "bf16"
+    nodes: tuple[str, ...] = doc("the model's node this kernel computes (one softmax-weighted sum)")
+    bm: int = choice("query rows of a block (16 per warp)", P, allowed=(16, 32, 64, 128), pins=("bm",),
+                     unguarded=KEEP)
+    bn: int = choice("keys of one K/V tile staged in shared memory", P, allowed=(32, 64, 128), pins=("bn",),
+                     unguarded=KEEP)
+    warp_m: int = choice("16-row mma tiles a warp computes (2: each K and V fragment feeds two; Q's fragments are "
+                         "then read per step instead of kept)", E, default=1, allowed=(1, 2), pins=("warp_m",),
+                         unguarded=KEEP)
+    index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
+                              pins=("index", "index_width"), unguarded=KEEP)
+
+
+Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel | AttentionKernel
 KERNEL_KINDS: dict[str, type] = {k.kind: k for k in (ContractionKernel, RowKernel, MapKernel, GeneralKernel,
-                                                      ColumnKernel, GroupedKernel)}
+                                                      ColumnKernel, GroupedKernel, AttentionKernel)}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,14 @@ from habu.lower import LoweredPlan, lower_whole
 from habu.plan.plan import Plan
 
 # each kernel kind's interpreter registers its part of the finite-field check (habu.prove.kinds)
-from habu.prove import interp, interp_columns, interp_general, interp_grouped, interp_rows  # noqa: F401
+from habu.prove import (  # noqa: F401
+    interp,
+    interp_attention,
+    interp_columns,
+    interp_general,
+    interp_grouped,
+    interp_rows,
+)
 from habu.prove.rules import Obligation, failures, guards, obligations
 from habu.prove.verify import Certificate, verify_plan
 from habu.spec.ir import Model

@@ -74,6 +74,8 @@ class KindProof:
     tiled_axes: the kernel's tiled loops, which the witness shape keeps every class of.
     frozen_extents: extents the witness never reduces for this kernel (checked at full size).
     field_key: what of the lowering enters the field key (default: all of it, `repr`).
+    exp_field: the kernel relies on exp(a + b) = exp(a)·exp(b) (an online softmax): the check runs over
+        Z_q × GF(p) (habu.spec.field_exp) instead of GF(p) with exp uninterpreted.
     """
 
     run: Callable[..., None]
@@ -85,6 +87,7 @@ class KindProof:
     tiled_axes: Callable[[str, Any], list[TileAxis]] = _no_axes
     frozen_extents: Callable[[Any], Iterable[str]] = _no_extents
     field_key: Callable[[Any], object] = repr
+    exp_field: bool = False
 
 
 _KINDS: dict[type, KindProof] = {}

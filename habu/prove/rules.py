@@ -40,6 +40,7 @@ from habu.prove.obligation import (
     context,
     discharge,
 )
+from habu.prove.rules_attention import ATTENTION_RULES, attention_obligations
 from habu.prove.rules_columns import COLUMN_RULES, column_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
@@ -83,12 +84,13 @@ R = {r.name: r for r in (
     *FIELD_RULES.values(),
     *COLUMN_RULES.values(),
     *GROUPED_RULES.values(),
+    *ATTENTION_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
           "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *FIELD_RULES, *COLUMN_RULES,
-          *GROUPED_RULES)
+          *GROUPED_RULES, *ATTENTION_RULES)
 
 
 def checked_rules(target: Target) -> frozenset[str]:
@@ -530,6 +532,7 @@ FAMILY: dict[str, Callable[[str, Any, Context], Iterator[Obligation]]] = {
     "general": general_obligations,
     "columns": column_obligations,
     "grouped": grouped_obligations,
+    "attention": attention_obligations,
 }
 
 

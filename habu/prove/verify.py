@@ -35,9 +35,10 @@ from habu.prove.interp import (
 )
 from habu.prove.interp import Memory, PlanFault, run_kernel
 from habu.prove.kinds import kind_proof
-from habu.prove.virtual import GroupedVirtualTensor, VirtualTensor, key_for
+from habu.prove.virtual import GroupedVirtualTensor, PairVirtualTensor, VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
 from habu.spec.field import DEFAULT_PRIME, PrimeField
+from habu.spec.field_exp import PRIME_P, PRIME_Q, ExpField, check_exp_arguments
 from habu.spec.ir import Gather, IndexConst, IndexVar, Model, Reduce, loads, walk
 from habu.version import __version__
 
@@ -53,11 +54,11 @@ class Mismatch:
     trial: int
     count: int  # how many checked elements differ
 
-    def describe(self, p: int) -> str:
+    def describe(self, p: int, field_name: str | None = None) -> str:
         where = f"{self.tensor}[{', '.join(map(str, self.element))}]"
         if self.got is None:
             return f"{where} was never written (trial {self.trial}; {self.count} checked elements differ)"
-        return (f"{where} differs: the plan gives {self.got}, the model {self.expected} over GF({p}) "
+        return (f"{where} differs: the plan gives {self.got}, the model {self.expected} over {field_name or f'GF({p})'} "
                 f"(trial {self.trial}; {self.count} checked elements differ)")
 
 
@@ -83,6 +84,7 @@ class Certificate:
     plan_key: str | None = None
     model_hash: str | None = None
     habu_version: str | None = None
+    field_name: str | None = None  # the field checked over, when not GF(prime): Z_q × GF(p) for an online softmax
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -99,7 +101,7 @@ class Certificate:
             return f"FAILED: {self.failure}"
         at = "" if self.witness is None else \
             " at witness " + ", ".join(f"{k}={v}" for k, v in self.witness.items() if self.shape.get(k) != v)
-        return (f"passed {self.trials} trials over GF({self.prime}){at}, seeds {self.seeds}; "
+        return (f"passed {self.trials} trials over {self.field_name or f'GF({self.prime})'}{at}, seeds {self.seeds}; "
                 f"{sum(self.checked.values())} output elements per trial; a wrong plan passes with "
                 f"probability at most {self.bound:.1e} (degree {self.degree}); {self.seconds:.2f} s")
 
@@ -231,7 +233,9 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
     for t in model.inputs:
         shape = tuple(sizes[e] for e in t.extents)
         modulus = sizes[t.range] if t.is_index else field.p
-        if t.grouped:
+        if isinstance(field, ExpField) and not t.is_index:
+            out[t.name] = PairVirtualTensor(t.name, shape, field.q, field.p, key_for(seed, t.name))
+        elif t.grouped:
             out[t.name] = GroupedVirtualTensor(t.name, shape, modulus, key_for(seed, t.name))
         else:
             out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index)
@@ -278,7 +282,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     names = [f"kernel {i} ({'+'.join(k.nodes)})" for i, k in enumerate(plan.kernels)]
     s = full
     coverage: list[str] = []
-    if witness or (witness is None and (len(plan.kernels) > 1 or any(map(_scatter_contraction, lowerings)))):
+    exp_kind = any(kind_proof(lw).exp_field for lw in lowerings)  # its check is costly at full shape
+    if witness or (witness is None and (len(plan.kernels) > 1 or exp_kind or any(map(_scatter_contraction, lowerings)))):
         from habu.prove.witness import prove_coverage, split_coverage, tiled_axes, witness_sizes
 
         w = witness_sizes(graph, names, lowerings, full)
@@ -297,6 +302,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     if s != full:
         cert.witness = dict(s)
         cert.notes.extend(coverage)
+    exp = False
     try:
         for i, lw in enumerate(lowerings):
             kind_proof(lw).precheck(names[i], lw, s)
@@ -329,9 +335,15 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             blocks_text[names[i]] = text
         for tensor, box in out_boxes.items():
             cert.checked[tensor] = int(np.prod([len(b) for b in box]))
+        exp = any(kind_proof(lw).exp_field for lw in lowerings)  # an online softmax: exp as a homomorphism
+        if exp:
+            check_exp_arguments(model)
+            cert.field_name = f"Z_{PRIME_Q} × GF({PRIME_P})"
+            cert.notes.append(f"checked over Z_{PRIME_Q} × GF({PRIME_P}) (exp(a + b) = exp(a)·exp(b) exact; "
+                              "docs/VERIFY.md states the bound per trial)")
         for trial, seed in enumerate(seeds):
             check_deadline(f"before trial {trial + 1} of the finite-field check")
-            field_ = PrimeField(prime, seed)
+            field_ = ExpField(seed=seed) if exp else PrimeField(prime, seed)
             inputs = virtual_inputs(model, s, field_, seed)
             mem = Memory(inputs, field_, s)
             for i, lw in enumerate(lowerings):
@@ -351,7 +363,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
             if bad is not None or mem.faults:
                 cert.passed = False
-                parts = [bad.describe(prime)] if bad is not None else \
+                parts = [bad.describe(prime, field_.name if exp else None)] if bad is not None else \
                     ["the checked values agree, but a kernel faults"]
                 parts += mem.faults[:3]
                 cert.failure = "; ".join(parts)
@@ -369,7 +381,8 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     except EvalError as err:
         cert.passed = False
         cert.failure = f"the reference could not be evaluated: {err.message}"
-    cert.bound = min(1.0, deg / prime) ** len(seeds) if cert.passed else 1.0
+    per_trial = deg * deg / PRIME_Q + deg / PRIME_P if exp else deg / prime  # exp: C(k, 2)·D/q + d/p, k·D ≤ d²
+    cert.bound = min(1.0, per_trial) ** len(seeds) if cert.passed else 1.0
     cert.seconds = time.perf_counter() - start
     return cert
 

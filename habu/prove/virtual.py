@@ -85,6 +85,21 @@ class GroupedVirtualTensor(VirtualTensor):
         return self.table[np.asarray(offsets, dtype=np.int64)]
 
 
+class PairVirtualTensor(VirtualTensor):
+    """An input of the Z_q × GF(p) check (habu.spec.field_exp): each element a packed pair x_q · 2^31 + x_p,
+    x_q drawn below q and x_p below p from two independent hashes of its offset."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], q: int, p: int, key: np.uint64):
+        super().__init__(name, shape, p, key)
+        self.q = q
+
+    def at(self, offsets: np.ndarray) -> np.ndarray:
+        h = _mix(np.asarray(offsets, dtype=np.int64).astype(np.uint64) ^ self.key)
+        xq = (h % np.uint64(self.q)).astype(np.int64)
+        xp = (_mix(h ^ np.uint64(0x2545F4914F6CDD1D)) % np.uint64(self.modulus)).astype(np.int64)
+        return (xq << 31) | xp
+
+
 class WrittenTensor:
     """A tensor a kernel writes: which flat offsets hold which values (sparse), with write counts.
 

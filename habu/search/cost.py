@@ -219,7 +219,7 @@ def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> Kerne
         return general_cost(lw, sizes, c)  # type: ignore[arg-type]
     if family == "columns":
         return columns_cost(lw, sizes, target)  # type: ignore[arg-type]
-    if family == "grouped":
+    if family in ("grouped", "attention"):
         flops, moved, seconds = path_for(lw.kernel).seconds(lw, sizes, target)  # type: ignore[attr-defined]
         return KernelCost(flops, moved, seconds, "compute" if flops else "memory")
     return map_cost(lw, sizes, c)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from habu.db import Key, PlanDB, Record, provenance
 from habu.lower import ContractionLowering, lower_plan
 from habu.lower.contraction import with_kernel
+from habu.paths import family_kernel
 from habu.plan.limits import check_nesting
 from habu.plan.partitions import partitions
 from habu.plan.patterns import Region, default_regions
@@ -320,9 +321,7 @@ class Search:
         partition must pass the rules and the finite-field check like any candidate. At most a
         fifth of a time budget goes here. Returns the better partition, or None to keep the greedy one."""
         graphs = {rw: apply_rewrites(self.model, rw) for rw in rewrite_sets(self.model)}
-        others = [(rw, p) for rw, graph in graphs.items() for p in partitions(graph) if rw or p != regions]
-        if not others:
-            return None
+        others = [(rw, p) for rw, graph in graphs.items() for p in partitions(graph)]
         deadline = None if self.budget.seconds is None else time.monotonic() + self.budget.seconds / 5
         current = first.measured_us if self.timer is not None else first.predicted_s
         if current is None:
@@ -330,12 +329,22 @@ class Search:
         candidates = []
         for rw, p in others:
             try:
-                kernels = list(default_kernels(graphs[rw], self.target, self.sizes, p))
-                predicted = sum(c.seconds for c in self._costs(kernels, rw))
+                defaults = list(default_kernels(graphs[rw], self.target, self.sizes, p))
             except Exception:  # a partition no kernel family lowers: not a candidate
                 continue
-            self.stats.generated += 1
-            candidates.append((predicted, (rw, p), kernels))
+            # and the partition with the fused attention kernel where it takes a region (not a default yet)
+            fused = [family_kernel(graphs[rw], r, "attention", self.target, self.sizes) or k
+                     for r, k in zip(p, defaults, strict=True)]
+            options = [defaults, fused] if fused != defaults else [defaults]
+            if not rw and p == regions:
+                options = options[1:]  # the current partition at its defaults: the plan tried first
+            for kernels in options:
+                try:
+                    predicted = sum(c.seconds for c in self._costs(kernels, rw))
+                except Exception:
+                    continue
+                self.stats.generated += 1
+                candidates.append((predicted, (rw, p), kernels))
         candidates.sort(key=lambda c: c[0])
         if self.timer is None:  # ranked by the cost model: only a predicted gain is worth proving
             candidates = [c for c in candidates if c[0] < current]

@@ -82,6 +82,9 @@ def plan_summary(plan: dict) -> str:
         elif k["kind"] == "grouped":
             parts.append(f"grouped {k['bm']}x{k['bn']}x{k['bk']} w{k['warps_m']}x{k['warps_n']}"
                          + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
+        elif k["kind"] == "attention":
+            parts.append(f"attention {k['bm']}x{k['bn']} (fused)"
+                         + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         elif k["kind"] == "general":
             parts.append(f"general {k['threads']}" + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         else:

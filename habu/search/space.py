@@ -77,7 +77,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
                  pins: dict[str, str] | None = None) -> Plan:
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
-    rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"))
+    rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"), (pins or {}).get("family"))
     from habu.plan.rewrite import apply_rewrites
 
     graph = apply_rewrites(model, rewrites)
@@ -157,11 +157,14 @@ def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None
                              f"{' or '.join(owners)} kernels; this plan's kernels: {kinds})")
 
 
-def _pinned_rewrites(model: Model, value: str | None) -> tuple[str, ...]:
+def _pinned_rewrites(model: Model, value: str | None, family: str | None = None) -> tuple[str, ...]:
     """`--pin rewrite=factor:Y` (several joined with +), checked against what applies to the model;
-    without the pin, the rewrites a default takes (`split:T`, habu.plan.rewrite.default_rewrites)."""
+    without the pin, the rewrites a default takes (`split:T`, habu.plan.rewrite.default_rewrites), but not
+    `attention:T` under `--pin family=attention` (the fused kernel computes the softmax-weighted sum whole)."""
     from habu.plan.rewrite import RewriteError, applicable, apply_rewrites, default_rewrites
 
+    if not value and family == "attention":
+        return tuple(n for n in applicable(model) if n.startswith("split:"))
     if not value:
         return default_rewrites(model)
 

@@ -13,6 +13,7 @@
 #include "mma/sync.cuh"
 #include "grouped/schedule.cuh"
 #include "grouped/split.cuh"
+#include "attention/online.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "memory/tma.cuh"
 #include "sync/cluster.cuh"

@@ -1,0 +1,173 @@
+"""The fused attention kernel (issue 22, `--pin family=attention`) against torch's scaled_dot_product_attention
+in the same run, bf16 inputs, head width 128: causal and not, multi-head and grouped-query.
+
+    python -m habu.bench.attention_speed [--json OUT.json] [--only CASE[,CASE...]] [--quick]
+
+Each case builds the fused plan of examples/attention.habu (or of the same model without its mask) at the
+case's sizes (build proves it: the rules and a trial over Z_q × GF(p) on the witness shape), checks it on the
+GPU against SDPA's output on the same inputs (max |Δ| over max |O| ≤ 2e-2: a float64 reference at these sizes
+would take minutes on the CPU; tests/gpu/test_attention_fused.py holds the float64 goldens), then times both
+(habu.timing.harness.time_cuda: CUDA events, median of 30 calls). SDPA's backend is the one torch picks
+(recorded from the names of the kernels one call launches, by the profiler). TFLOP/s count 4·B·H·S²·D for a
+full and half of that for a causal mask (FlashAttention's convention), and their share of the H200's dense
+bf16 peak (989 TFLOP/s; habu.bench.mma_ceiling measures the reachable one). Habu writes O in f32 (the
+example's output type), SDPA in bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import traceback
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+PEAK_TFLOPS = 989.0  # H200 SXM, dense bf16 (datasheet)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    kv_heads: int
+    group: int  # query heads per KV head
+    seq: int
+    causal: bool
+    width: int = 128
+    pins: tuple[tuple[str, str], ...] = ()
+    decode: bool = False  # examples/decode_attention.habu: one query row per sequence, `seq` cache entries
+
+
+CASES = (
+    Case("mha-causal-1k", 8, 16, 1, 1024, True),
+    Case("mha-full-1k", 8, 16, 1, 1024, False),
+    Case("gqa-causal-4k", 1, 8, 4, 4096, True),
+    Case("mha-causal-4k-d64", 2, 16, 1, 4096, True, 64),
+    Case("decode-gqa-4k", 16, 8, 4, 4096, False, decode=True),
+)
+
+
+def full_attention_source() -> str:
+    """examples/attention.habu without its mask (every query sees every key)."""
+    text = (EX / "attention.habu").read_text().replace("MODEL: ATTENTION-GQA", "MODEL: ATTENTION-FULL")
+    return text.replace("softmax_j(where(j ≤ i + #J − #I, Σ e Q[b g r i e] · K[b g j e] · rsqrt(#E), −∞))",
+                        "softmax_j(Σ e Q[b g r i e] · K[b g j e] · rsqrt(#E))")
+
+
+def sdpa_backend(fn) -> str:
+    """Which backend SDPA ran: from the names of the kernels one call launches."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = " ".join(e.name.lower() for e in prof.events())
+    for key, label in (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"), ("efficient", "efficient")):
+        if key in names:
+            return label
+    return "math"
+
+
+def run_case(case: Case, workdir: Path) -> dict[str, Any]:
+    import torch
+
+    from habu.bench.run import build
+    from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
+
+    row: dict[str, Any] = {"case": case.name, "causal": case.causal, "batch": case.batch, "kv_heads": case.kv_heads,
+                           "heads": case.kv_heads * case.group, "seq": case.seq, "width": case.width}
+    if case.decode:
+        path, model = str(EX / "decode_attention.habu"), "DECODE-ATTENTION"
+    elif case.causal:
+        path, model = str(EX / "attention.habu"), "ATTENTION-GQA"
+    else:
+        path, model = str(workdir / "full.habu"), "ATTENTION-FULL"
+        Path(path).write_text(full_attention_source())
+    queries = 1 if case.decode else case.seq
+    sizes = {"B": case.batch, "G": case.kv_heads, "R": case.group, "J": case.seq, "E": case.width, "D": case.width,
+             **({"L": case.seq + 1} if case.decode else {"I": case.seq})}
+    built = build(path, model, sizes, {"family": "attention", **dict(case.pins)}, check_indices=False)
+    row["plan"] = built.plan.to_json()["kernels"]
+    ins = make_inputs(built.model, built.sizes, 1)
+    outs = poisoned_outputs(built.model, built.sizes)
+    heads = case.kv_heads * case.group
+    if case.decode:  # every cache entry valid
+        ins["LEN"].fill_(case.seq)
+    q = ins["Q"].view(case.batch, heads, queries, case.width)
+    k, v = ins["K"], ins["V"]
+
+    gqa = {"enable_gqa": True} if case.group > 1 else {}  # (torch ≥ 2.5)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal, **gqa)
+
+    built.compiled(**ins, **outs)
+    want = sdpa()
+    torch.cuda.synchronize()
+    got = outs["O"].view(case.batch, heads, queries, case.width)
+    err = ((got - want.float()).abs().max() / want.float().abs().max()).item()
+    row["check_max_rel"] = err
+    if not err <= 2e-2:
+        row["error"] = f"differs from SDPA: max |Δ| / max |O| = {err:.3e}"
+        return row
+    row["sdpa_backend"] = sdpa_backend(sdpa)
+    row["habu"] = time_cuda(lambda i: built.compiled(**ins, **outs), 1)
+    row["sdpa"] = time_cuda(lambda i: sdpa(), 1)
+    for key in ("habu", "sdpa"):
+        row[key].pop("samples", None)
+    flops = 4.0 * case.batch * heads * queries * case.seq * case.width * (0.5 if case.causal else 1.0)
+    if case.decode:  # decode reads the cache: its bandwidth is the measure
+        cache = 2.0 * 2 * case.batch * case.kv_heads * case.seq * case.width
+        for key in ("habu", "sdpa"):
+            row[f"{key}_cache_tbps"] = cache / (row[key]["median_us"] * 1e-6) / 1e12
+    for key in ("habu", "sdpa"):
+        tf = flops / (row[key]["median_us"] * 1e-6) / 1e12
+        row[f"{key}_tflops"] = tf
+        row[f"{key}_peak_share"] = tf / PEAK_TFLOPS
+    row["speedup_vs_sdpa"] = row["sdpa"]["median_us"] / row["habu"]["median_us"]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--only", help="comma-separated case names")
+    ap.add_argument("--quick", action="store_true", help="the first case only")
+    ap.add_argument("--pins", default="", help="kernel pins for every case, e.g. bm=128,bn=32; several pin sets "
+                    "separated by ';' time each case once per set (the same SDPA baseline re-timed)")
+    args = ap.parse_args()
+    sets = [tuple(tuple(p.split("=", 1)) for p in one.split(",") if p) for one in args.pins.split(";")] or [()]
+    cases = [replace(c, pins=c.pins + extra) for c in CASES if not args.only or c.name in args.only.split(",")
+             for extra in sets]
+    if args.quick:
+        cases = cases[:1]
+    rows = []
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases:
+            try:
+                row = run_case(case, Path(tmp))
+            except Exception as exc:  # one case's failure is reported on its row
+                row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+            failed |= "error" in row
+            rows.append(row)
+            name = case.name + "".join(f" {k}={v}" for k, v in case.pins)
+            if "error" in row:
+                print(f"{name:20s} ERROR {row['error'][:300]}", flush=True)
+            else:
+                print(f"{name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
+                      f"({100 * row['habu_peak_share']:4.1f}% of peak) | SDPA[{row['sdpa_backend']}] "
+                      f"{row['sdpa']['median_us']:9.1f} us {row['sdpa_tflops']:6.1f} TFLOP/s | "
+                      f"{row['speedup_vs_sdpa']:.2f}x | check {row['check_max_rel']:.1e}"
+                      + (f" | KV cache read {row['habu_cache_tbps']:.2f} TB/s (SDPA {row['sdpa_cache_tbps']:.2f})"
+                         if "habu_cache_tbps" in row else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Planted mistakes in the fused attention kernel's lowering (habu/lower/attention.py): the online softmax's
+rescale and running-maximum bookkeeping, the causal skip and the lanes of a row's reduction. Each changes
+the CUDA the emitter prints (the same methods print it); the finite-field check over Z_q × GF(p) must reject
+every one on the CPU. They are entries of the mutation suite (`MUTANTS` in habu/bench/mutants.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Any
+
+from habu.lower.attention import AttentionLowering
+
+# examples/attention.habu at a shape where the causal skip matters: 3 query tiles of 32 rows, 4 KV tiles of
+# 32 keys, queries at the end of 100 keys (the first query tile sees 62 of them, 2 tiles); head width 16
+SHAPE = {"B": 1, "G": 1, "R": 2, "I": 70, "J": 100, "E": 16, "D": 16}
+PINS = {"family": "attention", "bm": "32", "bn": "32"}
+
+
+def _planted(lw: Any, method: str, body: Callable) -> AttentionLowering:
+    """The same lowering with one method replaced (a subclass: methods are not fields)."""
+    assert isinstance(lw, AttentionLowering)
+    cls = type(f"Planted_{method}", (AttentionLowering,), {method: body})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def rescale_inverted(lw: Any) -> AttentionLowering:
+    """l and O multiplied by exp(m_new − m_old): earlier tiles grow instead of shrinking."""
+    return _planted(lw, "rescale", lambda self, m_old, m_new, ops: ops.sub(m_new, m_old))
+
+
+def max_not_kept(lw: Any) -> AttentionLowering:
+    """The tile's weights use the new maximum, but the running maximum is never updated: the next rescale
+    is taken from the stale one."""
+    return _planted(lw, "kept_max", lambda self, m_old, m_new: m_old)
+
+
+def skip_one_tile_too_many(lw: Any) -> AttentionLowering:
+    """The causal skip drops one tile too many: the last tile holding visible keys is never visited."""
+    visits = AttentionLowering.kv_tiles
+    return _planted(lw, "kv_tiles", lambda self, limit, sizes, clamp: visits(self, limit, sizes, clamp) - 1)
+
+
+def row_max_two_lanes(lw: Any) -> AttentionLowering:
+    """The row maximum joins 2 of a row's 4 lanes (shuffle xor 1 only): lanes of one row shift by different
+    maxima, and P·V mixes their weights."""
+    assert isinstance(lw, AttentionLowering)
+    return replace(lw, quad_offsets=(1,))
+
+
+def p_fragment_swapped(lw: Any) -> AttentionLowering:
+    """P's A registers 1 and 2 swapped (rows g + 8 taken for columns + 8): the PTX A layout misread."""
+    def p_fragment(self, kk, reg):
+        reg = {1: 2, 2: 1}.get(reg, reg)
+        group = 2 * kk + reg // 2
+        return (group, 2 * (reg % 2)), (group, 2 * (reg % 2) + 1)
+
+    return _planted(lw, "p_fragment", p_fragment)
+
+
+def next_tile_same_buffer(lw: Any) -> AttentionLowering:
+    """Every KV tile staged in buffer 0: the next tile's copies overwrite the tile being multiplied."""
+    return _planted(lw, "stage_of", lambda self, kt: kt * 0)
+
+
+def v_rows_of_one_matrix(lw: Any) -> AttentionLowering:
+    """The lanes of matrices 1 and 3 name the rows of matrices 0 and 2 again (keys 8..15 of each step read as
+    keys 0..7)."""
+    from habu.lower.attention import MMA_K, MMA_N
+
+    return _planted(lw, "v_rows", lambda self, stage, lane, kk, dp:
+                    self.v_smem(stage, kk * MMA_K + lane % 8, dp * 2 * MMA_N + (lane // 16) * MMA_N))
+
+
+def mask_dropped_one_tile_early(lw: Any) -> AttentionLowering:
+    """The tile that straddles the causal diagonal is taken as wholly visible (its mask dropped): the open
+    limit read one KV tile too far."""
+    limit = AttentionLowering.open_limit
+    return _planted(lw, "open_limit", lambda self, qt, sizes, term: limit(self, qt, sizes, term) + self.kernel.bn)
+
+
+def k_matrices_swapped(lw: Any) -> AttentionLowering:
+    """ldmatrix.x4 of K is handed matrix 1 as keys + 8 and matrix 2 as columns + 8 (the roles of the four
+    8×8 matrices confused)."""
+    from habu.lower.attention import MMA_K, MMA_N
+
+    def k_rows(self, stage, lane, kk, jp):
+        m = lane // 8
+        return self.k_smem(stage, jp * 2 * MMA_N + (m % 2) * MMA_N + lane % 8, kk * MMA_K + (m // 2) * 8)
+
+    return _planted(lw, "k_rows", k_rows)
+
+
+def row_tile_ignores_mi(lw: Any) -> AttentionLowering:
+    """With two row tiles a warp, both accumulator sets compute the warp's first row tile: rows written twice,
+    the second tile's rows never."""
+    return _planted(lw, "row_tile", lambda self, warp, mi: warp * self.kernel.warp_m)

@@ -1,0 +1,324 @@
+"""Lowering the fused attention family (FlashAttention-2 style): `O[batch.. i d] = Σ j softmax_j(where(mask,
+Σ e Q·K · scale, −∞)) · V` (habu.plan.attention_split.AttentionForm), one block per (batch and heads, query tile).
+
+The grid is flat: block x takes the query tile `query_tile(x)` (the tiles with the most keys first, so a
+causal launch ends with its short tiles) of the batch element `batch_flat(x)` (the batch indices, O's
+indices other than i and d, unravelled row-major by `batch_coords`). Its query rows are `row(qt, t)` =
+qt·bm + t (masked by `row_inside`: < #I), 16 per warp; it walks `kv_tiles(qt, ...)` tiles of bn keys,
+`key(kt, t)` = kt·bn + t (masked by `key_inside`: < #J, and by the model's mask). The causal skip:
+where the mask is `j ≤ R` or `j < R` with R an index expression not reading j that does not decrease
+with i (`key_limit`: R + 1 or R evaluated at the tile's last row), the tiles wholly at or past the limit
+are not visited (`kv_tiles` = ⌈clamp(limit, 0, #J) / bn⌉); the mask is still applied to every score of
+the tiles visited. K and V are read at the batch element's indices they have (GQA: K[b g j e] for query
+heads (g, r)).
+
+The online softmax per KV tile, per query row, in registers (the same functions print the kernel's
+arithmetic and run in the finite-field interpreter, habu.prove.interp_attention, over Z_q × GF(p) where
+exp(a + b) = exp(a)·exp(b) holds): `tile_max` the masked row maximum (each lane's registers, then the
+lanes of the row by xor shuffles over `quad_offsets`), `running_max(m, tile_max)` the new maximum,
+`rescale(m_old, m_new)` the exponent of the factor exp(m_old − m_new) that l and O are multiplied by,
+`kept_max(m_old, m_new)` the maximum carried to the next tile. The mutants of the mutation suite
+(habu/bench/mutants_attention.py) override these.
+
+Fragments: S and O are mma.sync m16n8k16 accumulators (habu.lower.fragments.ACCUMULATOR: register (jn,
+h, q) of lane l in warp w holds row w·16 + l/4 + 8h, column 8·jn + 2·(l%4) + q); P's A fragments are S's
+accumulator registers of two adjacent 8-key groups, packed to bf16 (the PTX ISA's m16n8k16 A layout is the
+C layout of two n8 tiles); V's B fragments come by ldmatrix.x4.trans from V's row-major tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from habu.lower.access import Access, access_for, cdiv, floordiv
+from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
+from habu.plan.attention_split import AttentionForm, attention_form
+from habu.plan.plan import AttentionKernel
+from habu.spec.ir import Compare, Expr, Gather, IndexAffine, IndexConst, IndexVar, Model
+
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
+PAD = 8  # bf16 elements of padding per staged row (16 bytes: the fragment reads are free of bank conflicts)
+STAGES = 2  # K/V tiles in flight (cp.async double buffer)
+
+
+@dataclass(frozen=True)
+class AttentionLowering:
+    kernel: AttentionKernel
+    form: AttentionForm
+    q: Access  # at axes (batch.., "i", "e")
+    k: Access  # at axes (batch.., "j", "e")
+    v: Access  # at axes (batch.., "j", "d")
+    out: Access  # at axes (batch.., "i", "d")
+    batch_axes: tuple[str, ...]  # "x0", "x1", …: O's other indices, in O's order
+    batch_extents: tuple[str, ...]
+    row_extent: str  # #I
+    key_extent: str  # #J
+    red_extent: str  # #E
+    col_extent: str  # #D
+    scale: Expr | None
+    mask: Compare | None  # over the axis names (batch axes, "i", "j")
+    index_width: int
+    width_e: int | None  # #E and #D when static (the kernel needs both: fragments are registers)
+    width_d: int | None
+    fragment: AccumulatorFragment = ACCUMULATOR
+    quad_offsets: tuple[int, ...] = (1, 2)  # xor shuffles joining the 4 lanes of one accumulator row
+
+    @property
+    def node(self):
+        return self.form.node
+
+    @property
+    def extents(self) -> tuple[str, ...]:
+        return self.out.extents
+
+    @property
+    def warps(self) -> int:
+        return self.kernel.bm // (MMA_M * self.kernel.warp_m)
+
+    def row_tile(self, warp: Any, mi: Any) -> Any:
+        """The 16-row tile a warp's mi-th accumulators compute (rows 16·row_tile..)."""
+        return warp * self.kernel.warp_m + mi
+
+    @property
+    def row_tiles(self) -> int:
+        """16-row tiles of the query tile: row tile warp·warp_m + mi holds rows 16·(warp·warp_m + mi).."""
+        return self.kernel.bm // MMA_M
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    # -- the grid (ints, numpy arrays, z3 terms or C text)
+    def batch_count(self, sizes: Mapping[str, Any]) -> Any:
+        out: Any = 1
+        for e in self.batch_extents:
+            out = out * sizes[e]
+        return out
+
+    def query_tiles(self, sizes: Mapping[str, Any]) -> Any:
+        return cdiv(sizes[self.row_extent], self.kernel.bm)
+
+    def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
+        return self.batch_count(sizes) * self.query_tiles(sizes), 1
+
+    def query_tile(self, x: Any, sizes: Mapping[str, Any]) -> Any:
+        """Block x's query tile: the last tiles (the most keys under a causal mask) first."""
+        return self.query_tiles(sizes) - 1 - floordiv(x, self.batch_count(sizes))
+
+    def batch_flat(self, x: Any, sizes: Mapping[str, Any]) -> Any:
+        return x % self.batch_count(sizes)
+
+    def batch_coords(self, flat: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:
+        """The batch indices of the flat batch element, row-major over the batch extents."""
+        out: dict[str, Any] = {}
+        rest = flat
+        for axis, e in reversed(list(zip(self.batch_axes, self.batch_extents, strict=True))):
+            out[axis] = rest % sizes[e]
+            rest = floordiv(rest, sizes[e])
+        return out
+
+    def row(self, qt: Any, t: Any) -> Any:
+        return qt * self.kernel.bm + t
+
+    def row_inside(self, row: Any, sizes: Mapping[str, Any]) -> Any:
+        return row < sizes[self.row_extent]
+
+    def key(self, kt: Any, t: Any) -> Any:
+        return kt * self.kernel.bn + t
+
+    def key_inside(self, key: Any, sizes: Mapping[str, Any]) -> Any:
+        return key < sizes[self.key_extent]
+
+    # -- the causal skip
+    def skip_bound(self) -> tuple[IndexAffine, int] | None:
+        """(R, c) when the mask is `j < R + c` with R not reading j and not decreasing with i (then keys
+        at or past R + c, at the tile's last row, are masked for every row of the tile); None otherwise."""
+        m = self.mask
+        if m is None:
+            return None
+        key, row = IndexVar("j", self.key_extent), IndexVar("i", self.row_extent)
+        for left, op, right in ((m.left, m.op, m.right), (m.right, {"ge": "le", "gt": "lt"}.get(m.op, ""), m.left)):
+            if op not in ("le", "lt") or left.terms != ((1, key),) or left.sizes or left.const:
+                continue
+            if any(ix == key or (isinstance(ix, Gather) and key in ix.indices) for _, ix in right.terms):
+                continue
+            if any(c < 0 for c, ix in right.terms if ix == row) or \
+                    any(isinstance(ix, Gather) and row in ix.indices for _, ix in right.terms):
+                continue
+            return right, 1 if op == "le" else 0
+        return None
+
+    def _bound_at(self, row: Any, sizes: Mapping[str, Any], term: Callable[[Any, Any], Any]) -> Any:
+        bound = self.skip_bound()
+        assert bound is not None
+        right, plus = bound
+        total: Any = right.const + plus
+        for k, e in right.sizes:
+            total = total + k * sizes[e]
+        for k, ix in right.terms:
+            total = total + k * term(ix, row)
+        return total
+
+    def key_limit(self, qt: Any, sizes: Mapping[str, Any], term: Callable[[Any, Any], Any]) -> Any:
+        """The keys the tile's rows may see lie below this: R + c at the tile's last row where the mask
+        allows a skip, else #J. `term(ix, row)` gives an index term's value (i: at `row`)."""
+        if self.skip_bound() is None:
+            return sizes[self.key_extent]
+        return self._bound_at(self.row(qt, self.kernel.bm) - 1, sizes, term)
+
+    def open_limit(self, qt: Any, sizes: Mapping[str, Any], term: Callable[[Any, Any], Any]) -> Any:
+        """The keys below this are visible to every row of the tile: R + c at its first row (R does not
+        decrease with i) where the mask allows a skip; #J without a mask; else 0 (every KV tile is masked)."""
+        if self.mask is None:
+            return sizes[self.key_extent]
+        if self.skip_bound() is None:
+            return 0
+        return self._bound_at(self.row(qt, 0), sizes, term)
+
+    def unmasked(self, kt: Any, open_limit: Any, sizes: Mapping[str, Any], both: Callable[[Any, Any], Any]) -> Any:
+        """Whether KV tile kt needs no mask: its keys all below #J and below the open limit."""
+        end = self.key(kt, self.kernel.bn)
+        return both(end <= open_limit, end <= sizes[self.key_extent])
+
+    def kv_tiles(self, limit: Any, sizes: Mapping[str, Any], clamp: Callable[[Any, Any, Any], Any]) -> Any:
+        """The KV tiles a query tile visits: ⌈clamp(limit, 0, #J) / bn⌉ (`clamp(x, lo, hi)`)."""
+        return cdiv(clamp(limit, 0, sizes[self.key_extent]), self.kernel.bn)
+
+    # -- the online softmax (ops: max, sub over the domain's values)
+    def running_max(self, m_old: Any, tile_max: Any, ops: Any) -> Any:
+        return ops.max(m_old, tile_max)
+
+    def rescale(self, m_old: Any, m_new: Any, ops: Any) -> Any:
+        """The exponent of the factor l and O are multiplied by before the tile's terms are added."""
+        return ops.sub(m_old, m_new)
+
+    def kept_max(self, m_old: Any, m_new: Any) -> Any:
+        """The running maximum carried to the next tile."""
+        return m_new
+
+    # -- shared memory, in bf16 elements from the start of the block's dynamic shared memory
+    @property
+    def pitch_e(self) -> int:
+        """Elements of a staged Q or K row: #E and 16 bytes of padding (the fragment reads of 8 rows × 4
+        words then hit 32 different banks)."""
+        assert self.width_e is not None
+        return self.width_e + PAD
+
+    @property
+    def pitch_d(self) -> int:
+        assert self.width_d is not None
+        return self.width_d + PAD
+
+    def smem_layout(self) -> dict[str, tuple[int, int]]:
+        """Each staged array's (offset, elements): Q's tile, then STAGES pairs of a K and a V tile."""
+        k = self.kernel
+        q, kt, vt = k.bm * self.pitch_e, k.bn * self.pitch_e, k.bn * self.pitch_d
+        out = {"Qs": (0, q)}
+        for s in range(STAGES):
+            out[f"Ks{s}"] = (q + s * (kt + vt), kt)
+            out[f"Vs{s}"] = (q + s * (kt + vt) + kt, vt)
+        return out
+
+    @property
+    def stage_elements(self) -> int:
+        """From one K/V buffer to the next."""
+        return self.kernel.bn * (self.pitch_e + self.pitch_d)
+
+    def smem_bytes(self) -> int:
+        return 2 * sum(n for _, n in self.smem_layout().values())
+
+    def copy_chunk(self, chunk: Any, width: int) -> tuple[Any, Any]:
+        """(row, first column) of the 16-byte chunk `chunk` of a staged tile of rows of `width` elements."""
+        return chunk // (width // 8), chunk % (width // 8) * 8
+
+    def q_smem(self, row: Any, col: Any) -> Any:
+        return self.smem_layout()["Qs"][0] + row * self.pitch_e + col
+
+    def k_smem(self, stage: Any, row: Any, col: Any) -> Any:
+        return self.smem_layout()["Ks0"][0] + stage * self.stage_elements + row * self.pitch_e + col
+
+    def v_smem(self, stage: Any, row: Any, col: Any) -> Any:
+        return self.smem_layout()["Vs0"][0] + stage * self.stage_elements + row * self.pitch_d + col
+
+    def stage_of(self, kt: Any) -> Any:
+        """The buffer KV tile kt is staged in (tile kt + 1 loads into the other one while kt is multiplied)."""
+        return kt % STAGES
+
+    # -- the fragments each lane reads (bf16 element offsets in shared memory; register `reg` is 2 elements)
+    def lane_group(self, lane: Any) -> tuple[Any, Any]:
+        """(groupID, threadID_in_group) = (lane / 4, lane % 4)."""
+        return lane // 4, lane % 4
+
+    def q_fragment(self, warp: Any, lane: Any, kk: Any, reg: int) -> Any:
+        """Register reg of the A fragment of Q's rows 16·warp.. (`warp`: the row tile) at k step kk (rows g and g + 8, columns
+        2t.. and 2t + 8..)."""
+        g, t = self.lane_group(lane)
+        return self.q_smem(warp * MMA_M + g + 8 * (reg % 2), kk * MMA_K + 2 * t + 8 * (reg // 2))
+
+    def k_rows(self, stage: Any, lane: Any, kk: Any, jp: Any) -> Any:
+        """The row lane hands ldmatrix.x4 for the B fragments of keys jp·16.. at k step kk: matrix lane / 8 is
+        keys jp·16 + 8·(m / 2).. and columns kk·16 + 8·(m % 2)..; its row lane % 8. Registers 0, 1 are
+        the B fragment of keys jp·16.., registers 2, 3 that of keys jp·16 + 8.."""
+        m = lane // 8
+        return self.k_smem(stage, jp * 2 * MMA_N + (m // 2) * MMA_N + lane % 8, kk * MMA_K + (m % 2) * 8)
+
+    def v_rows(self, stage: Any, lane: Any, kk: Any, dp: Any) -> Any:
+        """The row lane hands ldmatrix.x4.trans for V's B fragments of keys kk·16.., columns dp·16..: matrix
+        m = lane / 8 is keys kk·16 + 8·(m % 2).., columns dp·16 + 8·(m / 2)..; its row lane % 8. Registers
+        0, 1 are the B fragment of columns dp·16.., registers 2, 3 that of columns dp·16 + 8.."""
+        m = lane // 8
+        return self.v_smem(stage, kk * MMA_K + (m % 2) * 8 + lane % 8, dp * 2 * MMA_N + (m // 2) * MMA_N)
+
+    def p_fragment(self, kk: Any, reg: int) -> tuple[tuple[Any, int], tuple[Any, int]]:
+        """The two S accumulators (8-key group, register) packed into register reg of P's A fragment of keys
+        kk·16..: groups 2kk (reg < 2) and 2kk + 1, registers 0, 1 (reg even) or 2, 3."""
+        group = 2 * kk + reg // 2
+        return (group, 2 * (reg % 2)), (group, 2 * (reg % 2) + 1)
+
+
+def _axis_var(name: str, extent: str) -> IndexVar:
+    return IndexVar(name, extent)
+
+
+def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str, str] | None = None
+                    ) -> AttentionLowering:
+    if len(kernel.nodes) != 1:
+        raise ValueError("an attention kernel computes one node")
+    form = attention_form(model, kernel.nodes[0])
+    if form is None:
+        raise ValueError(f"{kernel.nodes[0]} is not a softmax-weighted sum the attention kernel computes")
+    names = {form.row: "i", form.key: "j", form.red: "e", form.col: "d"}
+    batch_axes = tuple(f"x{n}" for n in range(len(form.batch)))
+    names.update(zip(form.batch, batch_axes, strict=True))
+    extent_of_axis = {a: v.extent for v, a in names.items()}
+    q = access_for(model.tensor(form.q.tensor), form.q.indices, names, extent_of_axis, storage)
+    k = access_for(model.tensor(form.k.tensor), form.k.indices, names, extent_of_axis, storage)
+    v = access_for(model.tensor(form.v.tensor), form.v.indices, names, extent_of_axis, storage)
+    out = access_for(model.tensor(form.node.target), form.node.lhs, names, extent_of_axis, storage)
+
+    def rename(ix):
+        if isinstance(ix, IndexVar):
+            return _axis_var(names[ix], ix.extent)
+        if isinstance(ix, Gather):
+            return Gather(ix.tensor, tuple(rename(x) for x in ix.indices))
+        assert isinstance(ix, IndexConst)
+        return ix
+
+    mask = form.mask.map_indices(rename) if form.mask is not None else None
+    return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
+                             form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
+                             kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
+                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))))
+
+
+def flops(lw: AttentionLowering, sizes: Mapping[str, int]) -> float:
+    """2·(#E + #D) per visible (row, key) pair, counting the keys of the tiles visited."""
+    rows, keys = sizes[lw.row_extent], sizes[lw.key_extent]
+    causal = lw.skip_bound() is not None
+    pairs = rows * keys / 2 if causal and rows == keys else rows * keys
+    return 2.0 * lw.batch_count(sizes) * pairs * (sizes[lw.red_extent] + sizes[lw.col_extent])
+
+
+__all__ = ["MMA_K", "MMA_M", "MMA_N", "PAD", "STAGES", "AttentionLowering", "flops", "lower_attention"]

@@ -1,0 +1,79 @@
+"""The fused attention path (FlashAttention-2 style): a softmax-weighted sum `O = Σ j softmax_j(where(mask,
+Σ e Q·K · scale, −∞)) · V` in one kernel, the online softmax in registers, proven over Z_q × GF(p)
+(habu/lower/attention.py lowers it, habu/emit_cuda/emit_attention.py prints it, habu/prove/interp_attention.py
+checks it). It builds a general region whose node is such a sum (the model without the `attention:T`
+rewrite), through `--pin family=attention` and the search (`region_space`); it is not the analytic default
+until its GPU exact check has passed (issue 22): the default stays the unfused plan."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+
+from habu.emit_cuda.emit_attention import emit_attention
+from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.attention import AttentionLowering, flops
+from habu.lower.support import ATTENTION
+from habu.paths.analytic import index_width
+from habu.paths.base import KernelPath
+from habu.plan.attention_split import attention_form
+from habu.plan.patterns import Region
+from habu.plan.plan import AttentionKernel, Kernel
+from habu.spec.ir import Model
+from habu.target import Target
+
+# the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
+MMA_SHARE = 0.5
+
+
+class AttentionPath(KernelPath):
+    support = ATTENTION
+
+    def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> AttentionKernel | None:
+        """Query tiles of 64 rows (4 warps; 16 or 32 where the query rows are no more), KV tiles of 64 keys; None where the region is not one
+        softmax-weighted sum the kernel computes, or the head widths are not static multiples of 16."""
+        if len(region.nodes) != 1 or not target.mma_sync:
+            return None
+        form = attention_form(model, region.nodes[0])
+        if form is None:
+            return None
+        static = model.sizes
+        e, d = static.get(form.red.extent), static.get(form.col.extent)
+        if e is None or d is None or e % 16 or d % 16 or e > 256 or d > 256:
+            return None
+        rows = static.get(form.row.extent) or sizes.get(form.row.extent) or 64
+        bm = 16 if rows <= 16 else 32 if rows <= 32 else 64  # a decode's few query heads: one warp, not four
+        return AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
+
+    def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
+        """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys."""
+        assert isinstance(base, AttentionKernel)
+        for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
+            yield replace(base, bm=bm, bn=bn)
+
+    def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
+        """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q
+        and O once, K and V once per query tile."""
+        c = target.ceilings
+        f = flops(lw, sizes)
+        rows, keys = sizes[lw.row_extent], sizes[lw.key_extent]
+        n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
+        count = lw.batch_count(sizes)
+        tiles = -(-rows // lw.kernel.bm)
+        moved = 2.0 * count * (rows * n_e + tiles * keys * (n_e + n_d)) + 4.0 * count * rows * n_d
+        peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
+        return f, moved, max(f / peak, moved / c.bandwidth) + c.launch_s
+
+    def smem_bytes(self, lowering: AttentionLowering) -> int:  # type: ignore[override]
+        return 0
+
+    def registers(self, lowering: AttentionLowering) -> int:  # type: ignore[override]
+        return 0
+
+    def emit(self, name: str, model: Model, lowering: AttentionLowering, static: dict[str, int],  # type: ignore[override]
+             target: Target, early_main_loop: bool = False) -> CudaKernel:
+        return emit_attention(name, model, lowering, static)
+
+
+PATH = AttentionPath()

@@ -1,0 +1,301 @@
+"""Executing a fused attention kernel over Z_q × GF(p) (habu.spec.field_exp: exp(a + b) = exp(a)·exp(b)
+holds exactly), block by block, lane by lane, as the emitter prints it (habu/emit_cuda/emit_attention.py).
+
+Each selected block decodes its query tile and batch element (`query_tile`, `batch_flat`, `batch_coords`),
+reads its Q tile (rows masked at #I by the access), finds the keys its rows may see (`key_limit`, with the
+mask's index tensors read as the kernel reads them) and visits `kv_tiles` KV tiles. Per tile it computes
+S = Q·Kᵀ·scale, masks it (keys past #J and the model's mask: −∞), and hands S to the lanes by the
+accumulator fragment (`fragment.element`: register (jn, h, q) of lane l of warp w). The online softmax then
+runs per lane: the row maximum over the lane's registers, joined with the lanes lane ^ offset for each of
+`quad_offsets` (a shuffle), `running_max`, `rescale` and `kept_max` as the lowering defines them; l and the
+O registers are multiplied by exp(rescale); the weights are where(visible, exp(S − m), 0) (in floats a
+masked score is −∞ and exp(−∞ − m) = 0; over the field exp has no zero, so the mask selects); P is
+gathered from the lanes' registers into the tile, P·V added to each lane's O registers at its fragment
+elements. At the end l is summed over the row's lanes and O / l (div0) stored at each register's element.
+
+A max over the field is the product of (r − x) (habu.spec.field): partial maxima join by multiplication,
+−∞ is its identity. The float guard `softmax_shift` (0 for a row with no visible key yet) is not modelled:
+the check proves the result for any choice of the shift (docs/VERIFY.md), the golden GPU tests the floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+
+import numpy as np
+
+from habu.lower.attention import MMA_K, MMA_M, MMA_N, AttentionLowering
+from habu.prove.fragments import instruction_element
+from habu.prove.interp import Memory, eval_pointwise, read, write
+from habu.prove.interp_general import condition_holds
+from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
+from habu.spec.ir import Gather, IndexVar
+
+
+class _FieldOps:
+    """The online softmax's arithmetic over the check's field (max: the product of partial maxima)."""
+
+    def __init__(self, field):
+        self.f = field
+
+    def max(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.f.op("mul", [a, b])
+
+    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.f.op("sub", [a, b])
+
+
+def _key_limit(lw: AttentionLowering, qt: int, coords: Mapping[str, int], sizes: Mapping[str, int],
+               mem: Memory, first: bool = False) -> int:
+    def term(ix, last):
+        if isinstance(ix, IndexVar):
+            return last if ix.name == "i" else int(coords[ix.name])
+        if isinstance(ix, Gather):
+            at = np.asarray([int(coords[ix.indices[0].name])], dtype=np.int64)  # type: ignore[union-attr]
+            return int(np.asarray(mem.table(ix.tensor).at(at))[0])
+        return ix.value
+
+    return int((lw.open_limit if first else lw.key_limit)(qt, sizes, term))
+
+
+def _open_limit(lw: AttentionLowering, qt: int, coords: Mapping[str, int], sizes: Mapping[str, int],
+                mem: Memory) -> int:
+    return _key_limit(lw, qt, coords, sizes, mem, first=True)
+
+
+def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, blocks,
+                  keep: np.ndarray | None = None) -> None:
+    for x in blocks:
+        _run_block(name, lw, sizes, mem, int(x))
+
+
+# ----------------------------------------------------------------------------- the instruction (PTX ISA)
+# The trusted part: where the PTX ISA puts each register element of mma.m16n8k16's bf16 operands and what
+# ldmatrix.x4 and ldmatrix.x4.trans hand each lane ("Matrix fragments for mma.m16n8k16", "ldmatrix"), transcribed apart
+# from the lowering's maps. groupID g = lane >> 2, threadID_in_group t = lane % 4; register r holds two
+# elements (half 0, 1).
+
+
+def ptx_a_element(lane: np.ndarray, reg: np.ndarray, half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A (16 × 16, row-major): a_{2r+half} at row g + 8·(r & 1), column 2t + half + 8·(r >> 1)."""
+    g, t = lane >> 2, lane & 3
+    return g + 8 * (reg & 1), 2 * t + half + 8 * (reg >> 1)
+
+
+def ptx_b_element(lane: np.ndarray, reg: np.ndarray, half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """B (16 × 8, k × n): b_{2r+half} at k = 2t + half + 8r, n = g."""
+    g, t = lane >> 2, lane & 3
+    return 2 * t + half + 8 * reg, g
+
+
+def ldmatrix(rows: np.ndarray, read) -> np.ndarray:
+    """ldmatrix.sync.aligned.m8n8.x4.b16: lane l names row l % 8 of matrix l / 8 (`rows[..., l]`, an element
+    offset); lane t receives in register m, half h the element [t / 4][2(t % 4) + h] of matrix m. Returns
+    (..., 32 lanes, 4 registers, 2 halves) of values, `read(offsets)`."""
+    t = np.arange(32)[:, None, None]
+    m = np.arange(4)[None, :, None]
+    h = np.arange(2)[None, None, :]
+    return read(rows[..., 8 * m + t // 4] + 2 * (t % 4) + h)
+
+
+def ldmatrix_trans(rows: np.ndarray, read) -> np.ndarray:
+    """ldmatrix.sync.aligned.m8n8.x4.trans.b16: lane l names row l % 8 of matrix l / 8 (`rows[..., l]`, an
+    element offset); lane t receives in register m, half h the element [2(t % 4) + h][t / 4] of matrix m
+    (its transpose's row t / 4). Returns (..., 32 lanes, 4 registers, 2 halves) of values, `read(offsets)`."""
+    t = np.arange(32)[:, None, None]
+    m = np.arange(4)[None, :, None]
+    h = np.arange(2)[None, None, :]
+    row_lane = 8 * m + 2 * (t % 4) + h  # the lane that named the row holding the element
+    return read(rows[..., row_lane] + t // 4)
+
+
+# ----------------------------------------------------------------------------- one block
+
+
+def _copy(name: str, lw: AttentionLowering, sizes, mem: Memory, smem: np.ndarray, access, coords, row_axis: str,
+          rows_of, col_axis: str, count: int, width: int, dst, where) -> None:
+    """A tile's 16-byte chunks (cp.async, zero-filled where masked) into shared memory at `dst(t, c)`."""
+    chunk = np.arange(count * width // 8, dtype=np.int64)
+    t, c0 = lw.copy_chunk(chunk, width)
+    cols = c0[:, None] + np.arange(8, dtype=np.int64)[None, :]
+    values = read(name, access, {**coords, row_axis: rows_of(t)[:, None], col_axis: cols}, sizes, mem,
+                  lw.index_width, where)
+    smem[np.asarray(dst(t, c0))[:, None] + np.arange(8)[None, :]] = np.broadcast_to(values, cols.shape)
+
+
+def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, x: int) -> None:
+    f = mem.field
+    ops = _FieldOps(f)
+    k, fr = lw.kernel, lw.fragment
+    qt, flat = int(lw.query_tile(x, sizes)), int(lw.batch_flat(x, sizes))
+    coords = {a: np.int64(v) for a, v in lw.batch_coords(flat, sizes).items()}
+
+    def where(bad: np.ndarray) -> str:
+        return f"block {x} (query tile {qt}, batch element {flat})"
+
+    n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
+    zero, neg_inf = f.const(Fraction(0)), f.neg_inf()
+    smem = np.broadcast_to(zero, (lw.smem_bytes() // 2,)).copy()
+    _copy(name, lw, sizes, mem, smem, lw.q, coords, "i", lambda t: lw.row(qt, t), "e", k.bm, n_e, lw.q_smem, where)
+    scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
+    limit = _key_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
+    tiles = int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))
+    open_limit = _open_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
+
+    def load_kv(kt: int, stage: int) -> None:
+        keys = lambda t: lw.key(kt, t)  # noqa: E731
+        _copy(name, lw, sizes, mem, smem, lw.k, coords, "j", keys, "e", k.bn, n_e,
+              lambda t, c0: lw.k_smem(stage, t, c0), where)
+        _copy(name, lw, sizes, mem, smem, lw.v, coords, "j", keys, "d", k.bn, n_d,
+              lambda t, c0: lw.v_smem(stage, t, c0), where)
+
+    # each warp's accumulator sets (warp, mi), by the row tile the lowering gives them (`row_tile`); a set
+    # computes its row tile as a warp of one set would
+    tiles_of_sets = np.asarray([lw.row_tile(w, mi) for w in range(lw.warps) for mi in range(k.warp_m)], dtype=np.int64)
+    warps = len(tiles_of_sets)
+    w5 = tiles_of_sets[:, None, None, None, None]  # for the lowering's maps
+    sets5 = np.arange(warps, dtype=np.int64)[:, None, None, None, None]  # for the register arrays
+    l5 = np.arange(32, dtype=np.int64)[None, :, None, None, None]
+    h5 = np.arange(2, dtype=np.int64)[None, None, None, :, None]
+    q5 = np.arange(2, dtype=np.int64)[None, None, None, None, :]
+    lanes = np.arange(32, dtype=np.int64)
+    # the accumulators' elements (C fragments, PTX) and where the kernel takes them to be (the lowering's map)
+    c_row, c_col = instruction_element("mma.sync", 0, l5, 2 * h5 + q5)
+    s_groups = np.arange(k.bn // MMA_N)[None, None, :, None, None]
+    o_groups = np.arange(n_d // MMA_N)[None, None, :, None, None]
+    s_row, s_key = fr.element(w5, l5, s_groups, h5, q5)
+    o_row, o_col = fr.element(w5, l5, o_groups, h5, q5)
+    m = np.broadcast_to(f.const(Fraction(1)), (warps, 32, 2)).copy()  # the empty maximum
+    l_run = np.broadcast_to(zero, (warps, 32, 2)).copy()
+    o = np.broadcast_to(zero, np.broadcast_shapes(o_row.shape, o_col.shape)).copy()
+    if tiles > 0:
+        load_kv(0, int(lw.stage_of(0)))
+    a_q = None
+    for kt in range(tiles):
+        stage = int(lw.stage_of(kt))
+        if kt + 1 < tiles:
+            load_kv(kt + 1, int(lw.stage_of(kt + 1)))
+        if a_q is None:  # Q's A fragments, read once; placed where the instruction takes each register
+            kk5 = np.arange(n_e // MMA_K)[None, None, :, None, None]
+            a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
+            for reg in range(4):
+                off = np.asarray(lw.q_fragment(w5[..., 0], l5[..., 0], kk5[..., 0], reg))  # (w, l, kk, 1)
+                for half in range(2):
+                    vals = smem[off + half]
+                    row, col = ptx_a_element(l5[..., 0], np.int64(reg), np.int64(half))
+                    a_q[np.broadcast_to(sets5[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
+                        np.broadcast_to(kk5[..., 0] * MMA_K + col, vals.shape)] = vals
+        # K's B fragments of this tile (the same for every warp), by ldmatrix.x4 from the rows the lanes name
+        b_k = np.broadcast_to(zero, (n_e, k.bn)).copy()
+        kk3, jp3 = np.arange(n_e // MMA_K)[:, None, None], np.arange(k.bn // (2 * MMA_N))[None, :, None]
+        named = np.asarray(lw.k_rows(stage, lanes[None, None, :], kk3, jp3), dtype=np.int64)  # (kk, jp, 32)
+        got = ldmatrix(named, lambda offs: smem[offs])  # (kk, jp, lane, reg 0..3, half)
+        t5, r5, h5_ = lanes[:, None, None], np.arange(4)[None, :, None], np.arange(2)[None, None, :]
+        kr, nr = ptx_b_element(t5, r5 % 2, h5_)  # registers 2m, 2m + 1: the B fragment of 8-key group 2jp + m
+        shape = got.shape
+        b_k[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
+            np.broadcast_to((2 * jp3[..., None, None] + r5 // 2) * MMA_N + nr, shape)] = got
+        s_full = f.contract([a_q, b_k], "wie,ej->wij")  # (warp, 16, bn)
+        s_reg = s_full[sets5, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, h, q)
+        if scale is not None:
+            s_reg = f.op("mul", [s_reg, np.broadcast_to(scale, s_reg.shape)])
+        rows, keys = lw.row(qt, s_row), lw.key(kt, s_key)
+        visible = np.asarray(lw.key_inside(keys, sizes))
+        if bool(lw.unmasked(kt, open_limit, sizes, lambda a, b: a and b)):
+            visible = np.ones_like(visible)  # the kernel applies no mask to this tile
+        elif lw.mask is not None:
+            at = {**coords, "i": rows, "j": keys}
+            visible = visible & condition_holds(lw.mask, at, sizes, mem)
+        visible = np.broadcast_to(visible, s_reg.shape)
+        s_reg = np.where(visible, s_reg, neg_inf)
+        mx = f.reduce("max", np.moveaxis(s_reg, 2, 3), (3, 4))  # (warp, lane, h): the lane's registers
+        for off in lw.quad_offsets:  # the row's lanes (xor shuffles)
+            mx = ops.max(mx, mx[:, lanes ^ off, :])
+        m_new = lw.running_max(m, mx, ops)
+        alpha = f.op("exp", [lw.rescale(m, m_new, ops)])
+        m = lw.kept_max(m, m_new)
+        l_run = f.op("mul", [l_run, alpha])
+        o = f.op("mul", [o, alpha[:, :, None, :, None]])
+        shifted = f.op("sub", [s_reg, np.broadcast_to(m_new[:, :, None, :, None], s_reg.shape)])
+        p_reg = np.where(visible, f.op("exp", [shifted]), zero)
+        l_run = f.op("add", [l_run, f.reduce("sum", np.moveaxis(p_reg, 2, 3), (3, 4))])
+        # P's A fragments: the accumulators the lowering packs into each register, where the instruction
+        # takes each register element; V's B fragments by ldmatrix.trans from the rows the lanes name
+        a_p = np.broadcast_to(zero, (warps, MMA_M, k.bn)).copy()
+        w3, lw3 = np.arange(warps)[:, None], lanes[None, :]
+        b_v = np.broadcast_to(zero, (k.bn, n_d)).copy()
+        for kk in range(k.bn // MMA_K):
+            for reg in range(4):
+                for half, (group, q) in enumerate(lw.p_fragment(kk, reg)):
+                    row, col = ptx_a_element(lw3, np.int64(reg), np.int64(half))
+                    a_p[np.broadcast_to(w3, (warps, 32)), np.broadcast_to(row, (warps, 32)),
+                        np.broadcast_to(kk * MMA_K + col, (warps, 32))] = p_reg[:, :, int(group), q // 2, q % 2]
+        kk3, dp3 = np.arange(k.bn // MMA_K)[:, None, None], np.arange(n_d // (2 * MMA_N))[None, :, None]
+        named = np.asarray(lw.v_rows(stage, lanes[None, None, :], kk3, dp3), dtype=np.int64)  # (kk, dp, 32)
+        got = ldmatrix_trans(named, lambda offs: smem[offs])  # (kk, dp, lane, reg 0..3, half)
+        t5, r5, h5_ = lanes[:, None, None], np.arange(4)[None, :, None], np.arange(2)[None, None, :]
+        kr, nr = ptx_b_element(t5, r5 % 2, h5_)  # registers 2m, 2m + 1: the B fragment of columns (2dp + m)·8..
+        shape = got.shape
+        b_v[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
+            np.broadcast_to((2 * dp3[..., None, None] + r5 // 2) * MMA_N + nr, shape)] = got
+        pv = f.contract([a_p, b_v], "wij,jd->wid")
+        o = f.op("add", [o, pv[sets5, c_row, o_groups * MMA_N + c_col]])
+    for off in lw.quad_offsets:
+        l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
+    out = f.op("div0", [o, np.broadcast_to(l_run[:, :, None, :, None], o.shape)])
+    at = {**coords, "i": np.broadcast_to(lw.row(qt, o_row), o.shape), "d": np.broadcast_to(o_col, o.shape)}
+    write(name, lw.out, at, out, sizes, mem, lw.index_width, False, None, where)
+
+
+# ----------------------------------------------------------------------------- the attention kind
+
+
+def _blocks(lw: AttentionLowering, sizes: Mapping[str, int]) -> list[int]:
+    """The first, second and last query tile (the tile classes of the causal skip: the first tiles see few
+    keys, the last all of them) of the first and the last batch element."""
+    count, tiles = int(lw.batch_count(sizes)), int(lw.query_tiles(sizes))
+    out = []
+    for qt in sample_tiles(tiles):
+        for b in sorted({0, count - 1}):
+            out.append((tiles - 1 - qt) * count + b)  # query_tile(x) = tiles − 1 − x / count
+    return sorted(set(out))
+
+
+def _final(lw: AttentionLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """The sample blocks' batch indices and query tiles, and every block of their product (the output box:
+    those batch indices, the tiles' rows, every column)."""
+    sample = _blocks(lw, sizes)
+    count, tiles = int(lw.batch_count(sizes)), int(lw.query_tiles(sizes))
+    per_axis: dict[str, set[int]] = {a: set() for a in lw.batch_axes}
+    chosen = {int(lw.query_tile(x, sizes)) for x in sample}
+    for x in sample:
+        for a, v in lw.batch_coords(int(lw.batch_flat(x, sizes)), sizes).items():
+            per_axis[a].add(int(v))
+    blocks = [x for x in range(count * tiles) if int(lw.query_tile(x, sizes)) in chosen and
+              all(int(v) in per_axis[a] for a, v in lw.batch_coords(int(lw.batch_flat(x, sizes)), sizes).items())]
+    bm = lw.kernel.bm
+    axis_values = {a: np.asarray(sorted(v), dtype=np.int64) for a, v in per_axis.items()}
+    axis_values["i"] = np.concatenate([np.arange(qt * bm, min((qt + 1) * bm, sizes[lw.row_extent]))
+                                       for qt in sorted(chosen)]).astype(np.int64)
+    axis_values["d"] = np.arange(sizes[lw.col_extent], dtype=np.int64)
+    box = tuple(axis_values[p.axis] for p in lw.out.positions)
+    return blocks, box, f"{len(blocks)} blocks (the first, second and last query tiles and batch elements)"
+
+
+def _box(lw: AttentionLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
+    blocks, _, text = _final(lw, sizes)
+    return blocks, None, text
+
+
+def _tiled_axes(name: str, lw: AttentionLowering) -> list[TileAxis]:
+    """The query tiles and the KV tiles: the witness keeps three of each (the last ragged)."""
+    return [TileAxis(name, "i", lw.row_extent, lw.kernel.bm), TileAxis(name, "j", lw.key_extent, lw.kernel.bn)]
+
+
+def _frozen(lw: AttentionLowering) -> tuple[str, ...]:
+    return (lw.red_extent, lw.col_extent)  # the head widths: whole mma steps, static
+
+
+register_kind(AttentionLowering, KindProof(run=run_attention, final_selection=_final, box_selection=_box,
+                                           tiled_axes=_tiled_axes, frozen_extents=_frozen, exp_field=True))
