@@ -1,0 +1,253 @@
+"""The grouped GEMM's wgmma main loop (habu/lower/grouped_wgmma.py): `T[r n] = scale · Σ k A[IX[r] k] · W[E[r] n k]`
+with a producer warpgroup filling an mbarrier ring (W[g]'s box by TMA, A's gathered rows by cp.async) and
+consumer warpgroups multiplying with wgmma.
+
+Printed from the `GroupedLowering` and its `WgmmaMainLoop`: every block finds the group offsets and the
+row tiles' prefix sum in shared memory (`habu::group_offsets`, `habu::group_tile_starts`, as the
+mma.sync loop does), takes its tile (`tile_of`, then the group by `decode`), and a block past the last
+row tile returns. The stage tiles, their offsets, the descriptors and the ring's barriers, arrivals,
+parities and bytes are the contraction path's (`WgmmaOperands`, `MbarrierRing`); W's box origin is
+`w_box_origin`, A's rows the grouped lowering's `row` masked by `row_inside` at the group's end.
+The epilogue stores each accumulator pair where its row lies in the group and its column below #N,
+multiplied by P[r] (a row factor) and added with f32 atomicAdd (a scatter) where the lowering says.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    float_expr,
+    header,
+    index_code,
+    index_type,
+    load_value,
+    store_value,
+)
+from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.kernel import CudaKernel, TmaSpec
+from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
+from habu.lower.fragments import ACCUMULATOR
+from habu.lower.general import Store
+from habu.lower.grouped import GroupedLowering
+from habu.lower.grouped_wgmma import wgmma_refusal
+from habu.lower.pipeline import MbarrierRing
+from habu.lower.registers import warp_specialized_split
+from habu.spec.ir import Model
+
+
+def _no_load(ld) -> str:
+    raise ValueError("the scale of a grouped GEMM reads no tensor")
+
+
+def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
+    """A stage's full (or empty) barrier: `MbarrierRing.full_barrier` / `empty_barrier` from `bars`."""
+    return f"bars + {ring.barrier_stride} * {stage}" + (f" + {ring.empty_offset}" if empty else "")
+
+
+def _advance(ring: MbarrierRing) -> str:
+    flip = f", {ring.flip}u" if ring.flip != 1 else ""
+    return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
+
+
+def _desc(d, base: str, start) -> str:
+    row, k_part = start
+    at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
+    return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
+
+
+def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
+    k, loop = lw.kernel, lw.wgmma
+    refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None)
+    if refused or loop is None:
+        raise ValueError(f"{name}: {refused or 'the wgmma main loop has no stage maps for this tile'}")
+    ops, ring = loop.operands, loop.ring
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    groups = sizes[lw.g]
+    if not isinstance(groups, int):
+        raise ValueError(f"{name}: the number of groups #{lw.g} must be known when the kernel is compiled")
+    bm, bn, bk = k.bm, k.bn, ops.bk
+    e_ptr = sig.pointer(lw.groups, model.tensor(lw.groups).dtype.name)  # type: ignore[union-attr]
+    w_map = sig.tensormap(TmaSpec(lw.w.tensor, lw.w.dtype, tuple(reversed(lw.w.bounded_extents())),
+                                  loop.w_box(lw.w), ops.b_tile.swizzle))
+    pa = sig.pointer(lw.a.tensor, lw.a.dtype)
+    p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    rows = c(sizes[lw.r])
+    gx, gy = (c(x) for x in lw.grid(sizes))
+    lin = CExpr("lin")
+    mt_x, nt_x = loop.tile_of(lin, CExpr("gx"), CExpr("gy"))
+    row = lambda i: c(lw.row(CExpr("offs[g]"), CExpr("m"), CExpr(i)))  # noqa: E731
+    inside = c(lw.row_inside(CExpr("r"), CExpr("end")))
+    # A's producer copies: each thread the same 16-byte column of bm/16 rows (row offsets once per tile)
+    vec, per_row = 8, bk // 8
+    copies = bm * per_row // 128
+    a_coord = {"r": "r", "k": "kk"}
+    roff = access_offset(lw.a, {"r": "r", "k": "0"}, sizes, lw.index_width, table, ("r",))
+    rmask = access_mask(lw.a.along("r"), {"r": "r"}, sizes, table)  # the gather's index check too
+    koff = access_offset(lw.a, a_coord, sizes, lw.index_width, table, ("k",))
+    kmask = access_mask(lw.a.along("k"), {"k": "kk"}, sizes, table)
+    dst = c(ops.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32)((ptid % {per_row}) * {vec})")))
+    k0 = c(lw.k_index(CExpr("kt"), 0))
+    box = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(lw.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
+    # the consumers' descriptors (the lowering's: WgmmaOperands.a_start / b_start)
+    slabs = ops.slabs
+    b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+    mma = "\n".join(f"          {wgmma_name(bn, 'bf16')}(acc[{s}], "
+                    f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);"
+                    for s in range(slabs))
+    frag = ACCUMULATOR
+    regs = frag.registers(bn // 8)
+    split = warp_specialized_split(loop.shadow.warps)
+    # the epilogue: the value of an accumulator register at (r, col), the row factor, the store
+    o_coord = {"r": "r", "n": "col"}
+    o_mask = access_mask(lw.out, o_coord, sizes, table)
+    o_off = access_offset(lw.out, o_coord, sizes, lw.index_width, table)
+    value = "v" if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * v)"
+    row_factor = ""
+    if lw.row_scale is not None:  # P[r]: read once per accumulator row, where the row is inside
+        rs = lw.row_scale
+        p_rs = sig.pointer(rs.tensor, rs.dtype)
+        value = f"(p_row * {value})"
+        row_factor = (f"          const float p_row = ({inside} && ({access_mask(rs, {'r': 'r'}, sizes, table)})) ? "
+                      f"{load_value(rs.dtype, p_rs, access_offset(rs, {'r': 'r'}, sizes, lw.index_width, table))}"
+                      " : 0.0f;  // the row's factor\n")
+    if lw.store is Store.ATOMIC_ADD:  # the scatter: rows whose index repeats add into one element
+        assert lw.out.dtype == "f32", "the scatter-accumulates rule allows f32 targets only"
+        store = f"atomicAdd({p_out} + ({o_off}), {value});"
+    else:
+        store = store_value(lw.out.dtype, p_out, o_off, value)
+    body = f"""{wgmma_function(bn, "bf16")}
+extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 raw_base = habu::smem_addr(smem_raw);
+  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
+  const habu::u32 bars = smem_base + {ring.base};
+  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
+  __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
+{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer is done with it
+  if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
+  habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
+  __syncthreads();
+  if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
+  if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
+  habu::group_tile_starts<{it}>([](const {it}* o, int h) {{ return ({it})({c(lw.m_tiles(CExpr("o[h]"), CExpr("o[h + 1]")))}); }},
+                              offs, {groups}, starts);
+  __syncthreads();
+  const long long gx = {gx}, gy = {gy};  // the grid: row tiles of any grouping × column tiles
+  const long long lin = (long long)blockIdx.y * gx + blockIdx.x;
+  const {it} mt = ({it})({c(mt_x)});  // this block's row tile, among every group's (bands of {loop.band})
+  const {it} nt = ({it})({c(nt_x)});  // its column tile
+  if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) return;  // past the last row tile: nothing to do
+  const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
+  const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
+  const {it} end = offs[g + 1];  // the group's rows end here
+  const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
+  const long long k_tiles = {c(lw.k_steps(sizes))};
+  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
+  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+    habu::setmaxnreg_dec<{split.producer}>();
+    const int ptid = tid;
+    for (int ri = ptid; nt == 0 && ri < {bm}; ri += 128) {{  // E sorted (GROUPS:): each row holds its group
+      const {it} r = ({it})({row("ri")});
+      if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
+    }}
+    {it} a_row_off[{copies}];  // -1: past the group's end or A's edge (masked)
+#pragma unroll
+    for (int j = 0; j < {copies}; ++j) {{
+      const {it} r = ({it})({row(f"ptid / {per_row} + {128 // per_row} * j")});
+      a_row_off[j] = ({inside} && ({rmask})) ? ({roff}) : ({it})-1;
+    }}
+    for (long long kt = 0; kt < k_tiles; ++kt) {{
+      const {it} k0 = ({it})({k0});
+      const habu::u32 full = {_barrier(ring, "stage")};
+      habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
+      const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+      const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+      if (ptid == 0) {{
+        habu::mbar_expect_tx(full, {ring.expect_tx});
+        habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}
+      }}
+      {{
+        const {it} kk = k0 + (ptid % {per_row}) * {vec};
+        const bool k_ok = {kmask};
+#pragma unroll
+        for (int j = 0; j < {copies}; ++j) {{
+          const int i = ptid / {per_row} + {128 // per_row} * j;
+          const bool ok = a_row_off[j] >= 0 && k_ok;
+          const habu::bf16* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
+          habu::cp_async<16>(a_stage + (habu::u32)({dst}), src, ok);
+        }}
+      }}
+      habu::cp_async_arrive(full);
+      {_advance(ring)}
+    }}
+  }} else {{  // --------------------------------------------------------------------- consumers
+    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
+    const int cw = wg - 1;
+    const int lane = {frag.lane_of()};
+    const int warp = {frag.warp_of()};
+    float acc[{slabs}][{regs}];
+#pragma unroll
+    for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+      for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
+    int held = -1;  // the stage whose wgmma may still be reading it
+    for (long long kt = 0; kt < k_tiles; ++kt) {{
+      habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+      const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+      const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+      habu::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
+{mma}
+      }}
+      habu::wgmma_commit();
+      habu::wgmma_wait<1>();
+      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+      held = {c(ring.read_slot(CExpr("stage")))};
+      {_advance(ring)}
+    }}
+    habu::wgmma_wait<0>();
+    if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+#pragma unroll
+    for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+      for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
+        const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
+        const {it} r = ({it})({row("ti")});
+{row_factor}#pragma unroll
+        for (int j = 0; j < {bn // 8}; ++j)
+#pragma unroll
+          for (int q = 0; q < {frag.pair}; ++q) {{  // each thread holds pairs of adjacent columns
+            const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(f"({frag.col()} + q)")))});
+            const float v = acc[s][{2 * frag.pair} * j + {frag.pair} * h + q];
+            if ({inside} && ({o_mask})) {store}
+          }}
+      }}
+  }}
+}}
+"""
+    epilogue = []
+    if lw.row_scale is not None:
+        epilogue.append(f"each row times {lw.row_scale.tensor}[r]")
+    if lw.store is Store.ATOMIC_ADD:
+        epilogue.append(f"scatter: adds into {lw.out.tensor} with atomicAdd (its prior contents are kept)")
+    gathered = any(p.kind == "gather" for p in lw.a.positions)
+    src = header(f"{name}: grouped GEMM over #{lw.g} = {groups} groups, wgmma {bm}×{bn}×{bk}, {ring.stages} stages, "
+                 f"{loop.consumers} consumer warpgroup(s)",
+                 [f"computes {', '.join(k.nodes)}",
+                  f"A[{'gathered' if gathered else 'plain'} rows] by cp.async, W[{lw.groups}'s group of the tile] "
+                  "by TMA, offsets found on the device", *epilogue])
+    src += body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw,
+                      register_demand=split.demand)

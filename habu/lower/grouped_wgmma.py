@@ -1,0 +1,118 @@
+"""The grouped GEMM's wgmma main loop (`GroupedKernel.main_loop = "wgmma"`): the contraction path's proven
+machinery (habu/lower/layouts.py, pipeline.py, smem.py) driven by the grouped tile scheduler.
+
+    block (x, y) -> lin = y·grid.x + x -> (mt, nt) by `tile_of` (bands of BAND row tiles walked column
+        tile by column tile, so a band's gathered A rows stay in L2 while W's column tiles stream)
+    (mt, nt) -> (group g, row tile m) by the grouped lowering's `decode`; a block past the last row
+        tile (`live`) does nothing (producer and consumers skip it alike, so the ring stays in step)
+    warpgroup 0 (producer): per k tile t, wait until stage t mod S is free, then
+        W[g]'s box: one TMA load of a 3-D tensor map (dims #K, #N, #G innermost first, box bk × bn × 1)
+            at `w_box_origin(g, n0, k0)` = (k0, n0, g): zero past #K and #N, never another group's rows;
+        A's rows: 128 threads cp.async 16-byte chunks of rows offs[g] + m·bm + i (gathered through IX,
+            masked at offs[g + 1] by `row_inside` and by the access's own masks) into the 128-byte swizzle;
+    warpgroups 1..C (consumers): wgmma m64nBNk16 on their 64-row slabs, the ring's mbarriers
+        (`MbarrierRing`, proven by the `pipeline-schedule` rule and executed by the interpreter), then
+        the epilogue stores rows below offs[g + 1] (the next group's rows are another tile's).
+
+`WgmmaMainLoop.shadow` is the contraction schedule the same stage tiles, ring and descriptors come from
+(`tensor_core_smem`, `wgmma_operands`, `pipeline_for`): the finite-field check routes the operands
+through those maps (`habu.prove.smem_route.wgmma_route`) and runs the ring (`habu.prove.pipeline`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from habu.lower.access import Access, floordiv, minimum
+from habu.lower.contraction import tma_box, tma_coordinates
+from habu.lower.layouts import WgmmaOperands, wgmma_operands
+from habu.lower.pipeline import MbarrierRing, pipeline_for
+from habu.lower.smem import SmemLayout, tensor_core_smem
+from habu.plan.plan import ContractionKernel, GroupedKernel
+
+WGMMA_BK = 64  # a k tile is one 128-byte row of bf16: the 128-byte swizzle's span
+BAND = 8  # row tiles a band walks together (`tile_of`)
+
+
+def wgmma_consumers(kernel: GroupedKernel) -> int:
+    """Consumer warpgroups of the wgmma main loop: the block's warps_m · warps_n warps in fours."""
+    return max(1, kernel.warps_m * kernel.warps_n // 4)
+
+
+def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool) -> str | None:
+    """Why the wgmma main loop cannot run this kernel, or None."""
+    consumers = wgmma_consumers(kernel)
+    if a_dtype != "bf16" or w_dtype != "bf16":
+        return "the wgmma main loop multiplies bf16 A and W (an f32 A's bf16 parts run on mma.sync)"
+    if pair:
+        return "the wgmma main loop computes one GEMM (a fused pair runs on mma.sync)"
+    if kernel.bk != WGMMA_BK:
+        return f"the wgmma main loop's k tile is {WGMMA_BK} (one 128-byte swizzle span), not {kernel.bk}"
+    if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * consumers):
+        return (f"{kernel.warps_m} × {kernel.warps_n} warps do not split a {kernel.bm}-row tile into 64-row "
+                "wgmma slabs of whole warpgroups")
+    if kernel.bn % 8 or kernel.bn > 256:
+        return f"wgmma multiplies 8 to 256 columns in steps of 8, not {kernel.bn}"
+    if kernel.stages < 2:
+        return "the wgmma main loop's ring needs at least 2 stages"
+    return None
+
+
+@dataclass(frozen=True)
+class WgmmaMainLoop:
+    """The wgmma main loop of a grouped kernel: its contraction schedule's stage tiles, ring and descriptors."""
+
+    shadow: ContractionKernel  # the contraction schedule whose layouts and ring these are
+    operands: WgmmaOperands
+    ring: MbarrierRing
+    layout: SmemLayout
+    consumers: int
+    band: int = BAND
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    def tile_of(self, lin: Any, gx: Any, gy: Any) -> tuple[Any, Any]:
+        """(mt, nt) of block `lin` of a gx × gy grid: bands of `band` row tiles, m fastest within a band
+        (the last band holds the rows left), each band walking every column tile."""
+        per_band = self.band * gy
+        band = floordiv(lin, per_band)
+        first = band * self.band
+        rows = minimum(gx - first, self.band)
+        within = lin - band * per_band
+        nt = floordiv(within, rows)
+        return first + within - nt * rows, nt
+
+    def w_box_origin(self, g: Any, n0: Any, k0: Any) -> dict[str, Any]:
+        """The origin of W[g]'s box of the k tile at k0 and the column tile at n0, by W's axes: the tile's
+        group along #G (box 1), its first column along #N, k0 along #K."""
+        return {"g": g, "n": n0, "k": k0}
+
+    def w_box_coordinates(self, w: Access, g: Any, n0: Any, k0: Any) -> tuple[Any, ...]:
+        """The box's coordinates in W's tensor map, innermost first."""
+        return tma_coordinates(w, self.w_box_origin(g, n0, k0))
+
+    def w_box(self, w: Access) -> tuple[int, ...]:
+        """W's TMA box, innermost first: bk along #K, bn along #N, 1 along #G."""
+        return tma_box(w, "n", self.shadow.tile_n, self.shadow.tile_k)
+
+
+def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access) -> WgmmaMainLoop | None:
+    """The wgmma main loop of `kernel` (None where its maps do not exist: the rules refuse the plan)."""
+    consumers = wgmma_consumers(kernel)
+    shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm, tile_n=kernel.bn, tile_k=WGMMA_BK,
+                               warps=4 * (consumers + 1), stages=max(2, kernel.stages), mma="wgmma",
+                               a_move="cp.async", b_move="tma", a_vector=8, b_vector=8, split_k=1, raster="row",
+                               group_m=1, persistent=False, warp_specialized=True, swizzle=128,
+                               index_width=kernel.index_width, store="direct")
+    layout = tensor_core_smem(shadow, a.dtype, w.dtype, True)
+    ops = wgmma_operands(shadow, a, w, {b.name: b for b in layout.buffers}, consumers) \
+        if a.dtype == w.dtype == "bf16" else None
+    ring = pipeline_for(shadow, a.dtype, "k", "k", w.dtype)
+    if ops is None or not isinstance(ring, MbarrierRing):
+        return None
+    return WgmmaMainLoop(shadow, ops, ring, layout, consumers)
+
+
+__all__ = ["BAND", "WGMMA_BK", "WgmmaMainLoop", "wgmma_consumers", "wgmma_main_loop", "wgmma_refusal"]
