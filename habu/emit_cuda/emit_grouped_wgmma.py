@@ -36,7 +36,6 @@ from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering
 from habu.lower.grouped_wgmma import wgmma_refusal
 from habu.lower.pipeline import MbarrierRing
-from habu.lower.registers import warp_specialized_split
 from habu.spec.ir import Model
 
 
@@ -58,6 +57,52 @@ def _desc(d, base: str, start) -> str:
     row, k_part = start
     at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
     return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
+
+
+def _cp_async_fill(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str, dst: str) -> str:
+    """A bf16 A: each producer thread cp.asyncs one 16-byte column of its rows into the stage's A tile."""
+    return f"""      {{
+        const {it} kk = k0 + (ptid % {per_row}) * {vec};
+        const bool k_ok = {kmask};
+#pragma unroll
+        for (int j = 0; j < {copies}; ++j) {{
+          const int i = ptid / {per_row} + {128 // per_row} * j;
+          const bool ok = a_row_off[j] >= 0 && k_ok;
+          const habu::bf16* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
+          habu::cp_async<16>(a_stage + (habu::u32)({dst}), src, ok);
+        }}
+      }}
+"""
+
+
+def _f32_load(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str) -> str:
+    """An f32 A: each producer thread loads the same 8 k of its rows (two float4 each, zero where masked)."""
+    return f"""      float4 ax[{copies}], ay[{copies}];  // the k tile's 8 values of each of this thread's rows
+      {{
+        const {it} kk = k0 + (ptid % {per_row}) * {vec};
+        const bool k_ok = {kmask};
+#pragma unroll
+        for (int j = 0; j < {copies}; ++j) {{
+          ax[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f), ay[j] = ax[j];
+          if (a_row_off[j] >= 0 && k_ok) {{
+            const float4* src = reinterpret_cast<const float4*>({pa} + a_row_off[j] + ({koff}));
+            ax[j] = src[0];
+            ay[j] = src[1];
+          }}
+        }}
+      }}
+"""
+
+
+def _f32_store(per_row: int, copies: int, dst: str, lo_offset: int) -> str:
+    """An f32 A: the loaded values' bf16 parts (habu::split_bf16x8) into the stage's hi and lo tiles."""
+    return f"""#pragma unroll
+      for (int j = 0; j < {copies}; ++j) {{
+        const int i = ptid / {per_row} + {128 // per_row} * j;
+        const habu::u32 at = a_stage + (habu::u32)({dst});
+        habu::store_split_bf16x8(at, at + {lo_offset}u, ax[j], ay[j]);
+      }}
+"""
 
 
 def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
@@ -99,12 +144,22 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     # the consumers' descriptors (the lowering's: WgmmaOperands.a_start / b_start)
     slabs = ops.slabs
     b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+    parts = (("a_stage", ""),) if loop.a_parts == 1 else \
+        (("a_stage", ""), (f"a_stage + {loop.lo_offset}u", "  // A's low parts, times the same W"))
     mma = "\n".join(f"          {wgmma_name(bn, 'bf16')}(acc[{s}], "
-                    f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);"
-                    for s in range(slabs))
+                    f"{_desc(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}"
+                    for s in range(slabs) for base, note in parts)
     frag = ACCUMULATOR
     regs = frag.registers(bn // 8)
-    split = warp_specialized_split(loop.shadow.warps)
+    split = loop.registers
+    assert split is not None
+    if loop.a_parts == 1:
+        a_load, a_fill, arrive = "", _cp_async_fill(it, per_row, vec, copies, kmask, pa, koff, dst), \
+            "habu::cp_async_arrive(full);"
+    else:  # an f32 A: the k tile's rows loaded before the stage is free, split into bf16 parts, stored
+        a_load = _f32_load(it, per_row, vec, copies, kmask, pa, koff)
+        a_fill = _f32_store(per_row, copies, dst, loop.lo_offset)
+        arrive = "habu::fence_proxy_async(); habu::mbar_arrive(full);  // the parts, visible to wgmma"
     # the epilogue: the value of an accumulator register at (r, col), the row factor, the store
     o_coord = {"r": "r", "n": "col"}
     o_mask = access_mask(lw.out, o_coord, sizes, table)
@@ -169,7 +224,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     }}
     for (long long kt = 0; kt < k_tiles; ++kt) {{
       const {it} k0 = ({it})({k0});
-      const habu::u32 full = {_barrier(ring, "stage")};
+{a_load}      const habu::u32 full = {_barrier(ring, "stage")};
       habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
       const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
       const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
@@ -177,18 +232,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
         habu::mbar_expect_tx(full, {ring.expect_tx});
         habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}
       }}
-      {{
-        const {it} kk = k0 + (ptid % {per_row}) * {vec};
-        const bool k_ok = {kmask};
-#pragma unroll
-        for (int j = 0; j < {copies}; ++j) {{
-          const int i = ptid / {per_row} + {128 // per_row} * j;
-          const bool ok = a_row_off[j] >= 0 && k_ok;
-          const habu::bf16* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
-          habu::cp_async<16>(a_stage + (habu::u32)({dst}), src, ok);
-        }}
-      }}
-      habu::cp_async_arrive(full);
+{a_fill}      {arrive}
       {_advance(ring)}
     }}
   }} else {{  // --------------------------------------------------------------------- consumers

@@ -20,13 +20,14 @@ through those maps (`habu.prove.smem_route.wgmma_route`) and runs the ring (`hab
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from habu.lower.access import Access, floordiv, minimum
 from habu.lower.contraction import tma_box, tma_coordinates
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
 from habu.lower.pipeline import MbarrierRing, pipeline_for
+from habu.lower.registers import CONSUMER_REGS_MAX, WARPGROUP, RegisterSplit, warp_specialized_split
 from habu.lower.smem import SmemLayout, tensor_core_smem
 from habu.plan.plan import ContractionKernel, GroupedKernel
 
@@ -42,8 +43,8 @@ def wgmma_consumers(kernel: GroupedKernel) -> int:
 def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool) -> str | None:
     """Why the wgmma main loop cannot run this kernel, or None."""
     consumers = wgmma_consumers(kernel)
-    if a_dtype != "bf16" or w_dtype != "bf16":
-        return "the wgmma main loop multiplies bf16 A and W (an f32 A's bf16 parts run on mma.sync)"
+    if a_dtype not in ("bf16", "f32") or w_dtype != "bf16":
+        return "the wgmma main loop multiplies a bf16 W with a bf16 A (or an f32 A's two bf16 parts)"
     if pair:
         return "the wgmma main loop computes one GEMM (a fused pair runs on mma.sync)"
     if kernel.bk != WGMMA_BK:
@@ -68,10 +69,18 @@ class WgmmaMainLoop:
     layout: SmemLayout
     consumers: int
     band: int = BAND
+    # an f32 A: its bf16 parts' tiles, hi at the stage's A tile and lo `lo_offset` bytes after it (the A
+    # buffer holds both: it is laid out for 4-byte elements); 0 for a bf16 A
+    lo_offset: int = 0
+    registers: RegisterSplit | None = None
 
     @property
     def threads(self) -> int:
         return 128 * (self.consumers + 1)
+
+    @property
+    def a_parts(self) -> int:
+        return 2 if self.lo_offset else 1
 
     def tile_of(self, lin: Any, gx: Any, gy: Any) -> tuple[Any, Any]:
         """(mt, nt) of block `lin` of a gx × gy grid: bands of `band` row tiles, m fastest within a band
@@ -101,18 +110,36 @@ class WgmmaMainLoop:
 def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access) -> WgmmaMainLoop | None:
     """The wgmma main loop of `kernel` (None where its maps do not exist: the rules refuse the plan)."""
     consumers = wgmma_consumers(kernel)
+    split = a.dtype == "f32"  # the producer loads f32 rows and stores their bf16 parts (plain loads)
     shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm, tile_n=kernel.bn, tile_k=WGMMA_BK,
                                warps=4 * (consumers + 1), stages=max(2, kernel.stages), mma="wgmma",
-                               a_move="cp.async", b_move="tma", a_vector=8, b_vector=8, split_k=1, raster="row",
-                               group_m=1, persistent=False, warp_specialized=True, swizzle=128,
-                               index_width=kernel.index_width, store="direct")
+                               a_move="ldg" if split else "cp.async", b_move="tma", a_vector=8, b_vector=8,
+                               split_k=1, raster="row", group_m=1, persistent=False, warp_specialized=True,
+                               swizzle=128, index_width=kernel.index_width, store="direct")
+    # an f32 A's stage buffer is laid out for 4-byte elements: room for its two bf16 parts' tiles
     layout = tensor_core_smem(shadow, a.dtype, w.dtype, True)
-    ops = wgmma_operands(shadow, a, w, {b.name: b for b in layout.buffers}, consumers) \
-        if a.dtype == w.dtype == "bf16" else None
-    ring = pipeline_for(shadow, a.dtype, "k", "k", w.dtype)
+    staged = replace(a, dtype="bf16") if split else a  # the tiles the consumers read hold bf16
+    ops = wgmma_operands(shadow, staged, w, {b.name: b for b in layout.buffers}, consumers) \
+        if staged.dtype == w.dtype == "bf16" else None
+    ring = pipeline_for(shadow, staged.dtype, "k", "k", w.dtype)
     if ops is None or not isinstance(ring, MbarrierRing):
         return None
-    return WgmmaMainLoop(shadow, ops, ring, layout, consumers)
+    return WgmmaMainLoop(shadow, ops, ring, layout, consumers, lo_offset=ops.a_tile.bytes if split else 0,
+                         registers=register_split(shadow.warps, split))
+
+
+SPLIT_PRODUCER_REGS = 112  # an f32 A's producer holds a k tile's 16 float4 loads of its 8 rows in flight
+
+
+def register_split(warps: int, f32_a: bool) -> RegisterSplit:
+    """The contraction path's split (40 producer registers), or for an f32 A a producer of
+    SPLIT_PRODUCER_REGS registers and the consumers what is left (a multiple of 8, at most 232)."""
+    base = warp_specialized_split(warps)
+    if not f32_a:
+        return base
+    spare = base.at_launch * base.threads - WARPGROUP * SPLIT_PRODUCER_REGS
+    consumer = min(CONSUMER_REGS_MAX, spare // (WARPGROUP * base.consumers) // 8 * 8)
+    return replace(base, producer=SPLIT_PRODUCER_REGS, consumer=consumer)
 
 
 __all__ = ["BAND", "WGMMA_BK", "WgmmaMainLoop", "wgmma_consumers", "wgmma_main_loop", "wgmma_refusal"]

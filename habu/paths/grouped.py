@@ -91,16 +91,20 @@ class GroupedPath(KernelPath):
 
     def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target) -> GroupedKernel | None:
         """`kernel` on the wgmma main loop, with its default tile (128 × 256 where #N spans several such
-        columns, else 128 × 128; the stages that fit), or None where the loop cannot run it (an f32 A, a
-        fused pair, no wgmma or TMA on the target)."""
+        columns and A is bf16, else 128 × 128; the stages that fit), or None where the loop cannot run it
+        (a fused pair, no wgmma or TMA on the target)."""
         if not (target.wgmma and target.tma) or len(kernel.nodes) != 1:
             return None
         eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
         gg = as_grouped_gemm(model, eq)
-        if gg is None or dtype_of(model, gg.a.tensor) != "bf16" or dtype_of(model, gg.w.tensor) != "bf16":
+        a_dtype = dtype_of(model, gg.a.tensor) if gg is not None else None
+        if gg is None or a_dtype not in ("bf16", "f32") or dtype_of(model, gg.w.tensor) != "bf16":
             return None
         n = model.sizes.get(gg.n.extent) or 0
-        bm, bn, stages = WGMMA_TILES[0] if n >= 1024 else WGMMA_TILES[1]
+        # an f32 A (two bf16 parts, a producer of more registers): 128 columns, the consumers' registers
+        bm, bn, stages = WGMMA_TILES[0] if n >= 1024 and a_dtype == "bf16" else WGMMA_TILES[1]
+        if a_dtype == "f32":
+            stages = 4  # a stage holds A's two parts: 48 KiB
         return replace(kernel, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
                        stages=stages)
 

@@ -78,7 +78,14 @@ def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
     if lw.wgmma is None:
         mem.fault(f"{name}: the wgmma main loop has no stage maps for this tile")
         return
-    route = wgmma_route(lw.wgmma.operands)
+    loop = lw.wgmma
+    if loop.a_parts == 2:  # an f32 A: its lo tile right after the hi tile, inside the stage's A buffer
+        a0 = next(b for b in loop.layout.buffers if b.name == "A0")
+        tile = loop.operands.a_tile.bytes
+        if loop.lo_offset != tile or 2 * tile > a0.size:
+            mem.fault(f"{name}: A's low parts at byte {loop.lo_offset} of its {a0.size}-byte stage buffer overlap "
+                      f"the high parts' {tile} bytes or leave the buffer")
+    route = wgmma_route(loop.operands)
     for fault in route.faults:
         mem.fault(f"{name}: {fault}")
     if not route.identity:
