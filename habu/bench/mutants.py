@@ -251,6 +251,21 @@ def _grouped(f: Callable[[GroupedLowering], GroupedLowering]) -> Callable[[Lower
 
 
 MOE_SMALL = "../tests/data/moe_small.habu"
+GROUPED_WGMMA = {"family": "grouped", "main_loop": "wgmma"}
+
+
+def _box_group_shifted(lw: GroupedLowering) -> GroupedLowering:
+    """The wgmma loop's TMA box of W one group past the tile's: W[g + 1]'s rows (zeros past the last group)."""
+    assert lw.wgmma is not None
+    cls = type("Planted_w_box_origin", (type(lw.wgmma),),
+               {"w_box_origin": lambda self, g, n0, k0: {"g": g + 1, "n": n0, "k": k0}})
+    return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
+
+
+def _group_end_unmasked(lw: GroupedLowering) -> GroupedLowering:
+    """Rows past the group's end (the next groups' rows) loaded and stored by the tile: no row_inside mask."""
+    cls = type("Planted_row_inside", (GroupedLowering,), {"row_inside": lambda self, row, end: row < row + 1})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 COMBINE = {"T": 13, "R": 26}  # the MoE combine as a grouped kernel (--pin family=grouped), kernel 3
 GROUPED_FAMILY = {"family": "grouped"}
 
@@ -512,6 +527,17 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("combine-scatter-row-wrong", "the grouped MoE combine adds routed row r into Y[r d], not into its "
            "token's row Y[IX[r] d]", MOE_SMALL, "MOE-FFN", COMBINE, _grouped(lambda lw: replace(lw, out=_ungather(lw.out))),
            GROUPED_FAMILY, kernel=3),
+    Mutant("grouped-wgmma-box-group-off-by-one", "the grouped wgmma loop's TMA box of W starts one group past the "
+           "tile's (box origin (k0, n0, g + 1)): every row multiplies the next expert's weights", MOE_SMALL,
+           "MOE-FFN", COMBINE, _grouped(_box_group_shifted), GROUPED_WGMMA),
+    Mutant("grouped-wgmma-group-end-unmasked", "the grouped wgmma combine drops the row mask at offs[g + 1]: a tile "
+           "adds the next groups' rows with its own group's weights", MOE_SMALL, "MOE-FFN", COMBINE,
+           _grouped(_group_end_unmasked), GROUPED_WGMMA, kernel=3),
+    Mutant("grouped-wgmma-ring-wraps-late", "the grouped wgmma loop's ring wraps its stage index one stage late "
+           "(ring_advance<stages + 1>): a k tile lands in a stage past the ring, a consumer waits on a barrier "
+           "no producer completes", MOE_SMALL, "MOE-FFN", COMBINE,
+           _grouped(lambda lw: replace(lw, wgmma=replace(lw.wgmma, ring=replace(lw.wgmma.ring, wrap=lw.wgmma.ring.stages + 1)))),
+           GROUPED_WGMMA),
     Mutant("pair-second-weights-wrong", "the fused gate/up kernel multiplies the up accumulator with the gate's "
            "weights (W1 staged twice)", MOE_SMALL, "MOE-FFN", COMBINE,
            _grouped(lambda lw: replace(lw, pair=replace(lw.pair, w=lw.w))), {"pair": "fused"}),

@@ -58,14 +58,15 @@ def _scale(f: PrimeField, e: Expr, sizes: Mapping[str, int]) -> np.ndarray:
     return eval_pointwise(e, lambda ld: None, f, sizes)
 
 
-def _delivered_tiles(name: str, lw: GroupedLowering, steps: int, mem: Memory) -> list[int | None]:
+def _delivered_tiles(name: str, lw: GroupedLowering, steps: int, mem: Memory, computing: str) -> list[int | None]:
     """The k tile each of a block's `steps` k steps multiplies: the wgmma loop's ring as
-    habu.prove.pipeline executes it (a fault is the check's), or the steps in order (mma.sync)."""
+    habu.prove.pipeline executes it (a fault is the check's, named by the tile `computing`), or the steps
+    in order (mma.sync)."""
     if lw.wgmma is None:
         return list(range(steps))
     reads, fault = delivered(lw.wgmma.ring, steps)
     if fault is not None:
-        mem.fault(f"{name}'s k pipeline: {fault}")
+        mem.fault(f"while computing {computing}: {name}'s k pipeline: {fault}")
     return reads
 
 
@@ -128,7 +129,8 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
     kk = np.arange(k.bk, dtype=np.int64)
     # the k tile each k step multiplies: the ring's delivery (habu.prove.pipeline; None: a stage read before
     # any tile of this output tile landed, poison) on the wgmma loop, the steps in order on mma.sync
-    tiles = _delivered_tiles(name, lw, steps, mem)
+    first = f"{lw.out.tensor}[{int(rows[0])}, {int(cols[0])}] (routed row, column) and the rest of its tile"
+    tiles = _delivered_tiles(name, lw, steps, mem, first)
     ks = np.concatenate([np.asarray(lw.k_index(max(t or 0, 0), kk), dtype=np.int64) for t in tiles]) \
         if steps else kk[:0]
     live_rows = rows[inside]
@@ -189,14 +191,20 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
 # ----------------------------------------------------------------------------- the grouped kind
 
 
+def grid_blocks(lw: GroupedLowering, sizes: Mapping[str, int]) -> list[tuple[int, int]]:
+    """The (row tile, column tile) of every block of the grid, as the kernel decodes its block index: the
+    mma.sync loop's (blockIdx.x, blockIdx.y), the wgmma loop's band order (`WgmmaMainLoop.tile_of`)."""
+    gx, gy = (int(x) for x in lw.grid(sizes))
+    if lw.wgmma is not None:
+        return [(int(mt), int(nt)) for mt, nt in (lw.wgmma.tile_of(lin, gx, gy) for lin in range(gx * gy))]
+    return [(mt, nt) for nt in range(gy) for mt in range(gx)]
+
+
 def _everything(lw: GroupedLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
     """Every block of the grid (the offsets depend on the drawn grouping, so no block stands for another),
     and every element of the output."""
     gx, gy = (int(x) for x in lw.grid(sizes))
-    if lw.wgmma is not None:  # the wgmma loop's blocks take their tiles by the band order (`tile_of`)
-        blocks = [tuple(int(v) for v in lw.wgmma.tile_of(lin, gx, gy)) for lin in range(gx * gy)]
-    else:
-        blocks = [(mt, nt) for nt in range(gy) for mt in range(gx)]
+    blocks = grid_blocks(lw, sizes)
     box = tuple(np.arange(sizes[e]) for e in lw.out.extents)  # (#R, #N); a scatter's target, all of it
     return blocks, box, f"all {gx} × {gy} blocks (row tiles of any grouping × column tiles)"
 

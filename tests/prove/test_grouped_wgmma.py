@@ -1,0 +1,162 @@
+"""The grouped GEMM's wgmma main loop (habu/lower/grouped_wgmma.py): its band tile order, TMA box origins,
+mbarrier ring and stage maps executed over GF(p) for hand-made groupings (empty groups, a group longer than
+a tile, one group holding every row), planted bugs the check kills, its rules, the `--pin main_loop=wgmma`
+plans of the MoE model, the search's variants, and NVRTC where it is available."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from habu.errors import UsageError
+from habu.lower import GroupedLowering, lower
+from habu.lower.grouped_wgmma import WgmmaMainLoop
+from habu.plan.plan import GroupedKernel
+from habu.prove.interp import Memory
+from habu.prove.interp_grouped import grid_blocks, run_grouped
+from habu.prove.rules import obligations
+from habu.prove.verify import virtual_inputs
+from habu.search.space import default_plan
+from habu.spec.field import PrimeField
+from habu.spec.parser import load_program, parse_text
+from habu.target import TARGETS
+from tests.conftest import ROOT
+from tests.prove.test_grouped import FixedGrouping
+
+TARGET = TARGETS["sm_90a"]
+GG = """200 EXTENT: #R  30 EXTENT: #T  4 EXTENT: #G  40 EXTENT: #N  136 EXTENT: #K
+bf16 TENSOR: X ( #T #K )  bf16 TENSOR: W ( #G #N #K )  f32 TENSOR: Y ( #R #N )
+ITENSOR: IX ( #R #T )  GROUPS: E ( #R #G )
+MODEL: GG
+   Y[r n] = Σ k X[IX[r] k] · W[E[r] n k] ;
+"""
+SIZES = {"R": 200, "T": 30, "G": 4, "N": 40, "K": 136}
+# one consumer warpgroup of 64 rows, 3 k tiles (the last ragged) through a ring of 2 stages
+KERNEL = GroupedKernel(nodes=("Y",), bm=64, bn=64, bk=64, warps_m=1, warps_n=4, main_loop="wgmma", stages=2)
+GROUPINGS = {  # 200 rows into 4 groups; tiles of 64 rows
+    "first-and-last-empty-one-longer-than-two-tiles": [1] * 150 + [2] * 50,
+    "inner-empty-ragged": [0] * 65 + [2] * 70 + [3] * 65,
+    "one-group-holds-every-row": [3] * 200,
+}
+
+
+def _gg():
+    return parse_text(GG).models["GG"]
+
+
+def _run(values: list[int], lw: GroupedLowering | None = None):
+    """Every block of the grid over GF(p) with the grouping `values`: (faults, got, written, reference, twice)."""
+    model = _gg()
+    lw = lw or lower(model, KERNEL)
+    assert isinstance(lw, GroupedLowering) and lw.wgmma is not None
+    field = PrimeField(seed=5)
+    inputs = virtual_inputs(model, SIZES, field, 5)
+    inputs["E"] = FixedGrouping(values, SIZES["G"])
+    mem = Memory(inputs, field, SIZES)
+    run_grouped("k0", lw, SIZES, mem, grid_blocks(lw, SIZES))
+    R, N, K = SIZES["R"], SIZES["N"], SIZES["K"]
+    ix = inputs["IX"].at(np.arange(R))
+    x = inputs["X"][ix[:, None], np.arange(K)[None, :]]
+    w = inputs["W"][np.asarray(values)[:, None, None], np.arange(N)[None, :, None], np.arange(K)[None, None, :]]
+    ref = np.einsum("rk,rnk->rn", x.astype(object), w.astype(object)) % field.p
+    written = mem.written.get("Y")
+    got, found = written.read(np.arange(R * N)) if written is not None else (np.zeros(R * N, np.int64),
+                                                                              np.zeros(R * N, bool))
+    dup, _ = written.multiply_written() if written is not None else (np.zeros(0), None)
+    return mem.faults, got.reshape(R, N), found.reshape(R, N), ref.astype(np.int64), len(dup)
+
+
+def _planted(base: GroupedLowering, **methods) -> GroupedLowering:
+    cls = type("Planted", (GroupedLowering,), methods)
+    return cls(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+
+
+@pytest.mark.parametrize("name", list(GROUPINGS))
+def test_the_wgmma_loop_writes_every_row_once_with_its_groups_weights(name):
+    faults, got, found, ref, twice = _run(GROUPINGS[name])
+    assert not faults, faults
+    assert found.all() and twice == 0
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_the_band_order_gives_every_tile_one_block():
+    lw = lower(_gg(), replace(KERNEL, bm=64))
+    big = {**SIZES, "R": 5000, "N": 1000}  # 82 row tiles (bands of 8, the last ragged) × 16 column tiles
+    blocks = grid_blocks(lw, big)
+    gx, gy = (int(x) for x in lw.grid(big))
+    assert sorted(blocks) == [(mt, nt) for mt in range(gx) for nt in range(gy)]
+    assert blocks[:3] == [(0, 0), (1, 0), (2, 0)] and blocks[8] == (0, 1)  # m fastest within a band
+
+
+def test_regression_a_box_one_group_off_multiplies_the_next_groups_weights():
+    base = lower(_gg(), KERNEL)
+    assert isinstance(base, GroupedLowering) and base.wgmma is not None
+    shifted = type("Shifted", (WgmmaMainLoop,), {
+        "w_box_origin": lambda self, g, n0, k0: {"g": g + 1, "n": n0, "k": k0}})
+    loop = shifted(**{f: getattr(base.wgmma, f) for f in base.wgmma.__dataclass_fields__})
+    _, got, _, ref, _ = _run(GROUPINGS["inner-empty-ragged"], replace(base, wgmma=loop))
+    assert (got != ref).any()
+
+
+def test_regression_a_row_mask_dropped_at_the_groups_end_writes_the_next_groups_rows_twice():
+    base = lower(_gg(), KERNEL)
+    _, got, _, ref, twice = _run(GROUPINGS["inner-empty-ragged"], _planted(base, row_inside=lambda self, row, end: row < row + 1))
+    assert twice > 0 or (got != ref).any()
+
+
+def test_regression_a_ring_that_wraps_one_stage_late_is_a_fault():
+    base = lower(_gg(), KERNEL)
+    assert isinstance(base, GroupedLowering) and base.wgmma is not None
+    ring = replace(base.wgmma.ring, wrap=base.wgmma.ring.stages + 1)
+    faults, *_ = _run(GROUPINGS["inner-empty-ragged"], replace(base, wgmma=replace(base.wgmma, ring=ring)))
+    assert any("pipeline" in f for f in faults), faults
+
+
+@pytest.mark.parametrize(("change", "rule"), [
+    ({"bk": 32}, "supported-path"),  # a k tile is one 128-byte swizzle span
+    ({"stages": 1}, "supported-path"),  # a ring of one stage deadlocks
+    ({"bn": 256, "bm": 128, "warps_m": 2, "stages": 6}, "smem-budget"),  # 6 × 48 KiB
+])
+def test_the_rules_refuse_what_the_wgmma_loop_cannot_run(change, rule):
+    m = _gg()
+    plan = replace(default_plan(m, TARGET, {}, {}), kernels=(replace(KERNEL, **change),))
+    failed = {o.rule.name for o in obligations(m, plan, SIZES) if o.formula is False}
+    assert rule in failed, failed
+
+
+def test_the_wgmma_pin_takes_gate_up_and_the_combine_and_refuses_a_target_without_wgmma():
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    plan = default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"})
+    assert [(k.kind, getattr(k, "main_loop", None)) for k in plan.kernels] == [
+        ("grouped", "wgmma"), ("grouped", "wgmma"), ("rows", None), ("grouped", "wgmma")]
+    assert plan.kernels[-1].bn == 128  # the f32 act's producer holds more registers: 128 columns
+    paired = default_plan(m, TARGET, {}, {"family": "grouped", "pair": "fused", "main_loop": "wgmma"})
+    assert [getattr(k, "main_loop", None) for k in paired.kernels] == ["mma.sync", "wgmma"]  # a pair: mma.sync
+    with pytest.raises(UsageError, match="main_loop=wgmma"):
+        default_plan(m, TARGETS["sm_80"], {}, {"family": "grouped", "main_loop": "wgmma"})
+
+
+def test_the_search_space_holds_wgmma_variants():
+    from habu.paths import grouped
+
+    base = lower(_gg(), KERNEL).kernel
+    loops = {(k.main_loop, k.bm, k.bn) for k in grouped.PATH.variants(base, TARGET)}
+    assert ("wgmma", 128, 256) in loops and ("mma.sync", 64, 64) in loops
+    assert not any(k.main_loop == "wgmma" for k in grouped.PATH.variants(base, TARGETS["sm_80"]))
+
+
+def test_the_wgmma_kernel_compiles_with_nvrtc_without_spills():
+    from habu.emit_cuda.nvrtc import INCLUDE_DIR, CompilerUnavailable, compile_cuda
+    from habu.paths.emit import emit_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    emitted = emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET)
+    for k in (emitted.kernels[0], emitted.kernels[-1]):  # bf16 A by cp.async; f32 A in two bf16 parts
+        assert "habu::tma_load_3d" in k.source and "wgmma" in k.source
+        try:
+            cubin = compile_cuda(k.source, k.name, "sm_90a", [INCLUDE_DIR])
+        except CompilerUnavailable:
+            pytest.skip("no NVRTC or nvcc on this machine")
+        assert cubin.resources.spill_stores == 0
