@@ -126,7 +126,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     rows = c(sizes[lw.r])
     gx, gy = (c(x) for x in lw.grid(sizes))
-    lin = CExpr("lin")
+    lin = CExpr("lin")  # the persistent loop's tile index (`tile_of`)
     mt_x, nt_x = loop.tile_of(lin, CExpr("gx"), CExpr("gy"))
     row = lambda i: c(lw.row(CExpr("offs[g]"), CExpr("m"), CExpr(i)))  # noqa: E731
     inside = c(lw.row_inside(CExpr("r"), CExpr("end")))
@@ -164,20 +164,40 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     o_coord = {"r": "r", "n": "col"}
     o_mask = access_mask(lw.out, o_coord, sizes, table)
     o_off = access_offset(lw.out, o_coord, sizes, lw.index_width, table)
-    value = "v" if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * v)"
+    def value(v: str) -> str:
+        x = v if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * {v})"
+        return x if lw.row_scale is None else f"(p_row * {x})"
+
     row_factor = ""
     if lw.row_scale is not None:  # P[r]: read once per accumulator row, where the row is inside
         rs = lw.row_scale
         p_rs = sig.pointer(rs.tensor, rs.dtype)
-        value = f"(p_row * {value})"
         row_factor = (f"          const float p_row = ({inside} && ({access_mask(rs, {'r': 'r'}, sizes, table)})) ? "
                       f"{load_value(rs.dtype, p_rs, access_offset(rs, {'r': 'r'}, sizes, lw.index_width, table))}"
                       " : 0.0f;  // the row's factor\n")
+    at = {q: {"r": "r", "n": col} for q, col in ((0, "col"), (1, "col1"))}
+    masks = {q: access_mask(lw.out, at[q], sizes, table) for q in (0, 1)}
+    offs = {q: access_offset(lw.out, at[q], sizes, lw.index_width, table) for q in (0, 1)}
     if lw.store is Store.ATOMIC_ADD:  # the scatter: rows whose index repeats add into one element
         assert lw.out.dtype == "f32", "the scatter-accumulates rule allows f32 targets only"
-        store = f"atomicAdd({p_out} + ({o_off}), {value});"
+        one = {q: f"atomicAdd({p_out} + ({offs[q]}), {value(f'v{q}')});" for q in (0, 1)}
     else:
-        store = store_value(lw.out.dtype, p_out, o_off, value)
+        one = {q: store_value(lw.out.dtype, p_out, offs[q], value(f"v{q}")) for q in (0, 1)}
+    store = f"""            const {it} col1 = col + 1;
+            const bool in0 = {inside} && ({masks[0]}), in1 = {inside} && ({masks[1]});
+"""
+    if lw.epilogue_pairs:  # both inside and the pair's offset even: one 8-byte store
+        store += f"""            if (in0 && in1 && (({offs[0]}) & 1) == 0) {{
+              *reinterpret_cast<float2*>({p_out} + ({offs[0]})) = make_float2({value("v0")}, {value("v1")});
+            }} else {{
+              if (in0) {one[0]}
+              if (in1) {one[1]}
+            }}
+"""
+    else:
+        store += f"""            if (in0) {one[0]}
+            if (in1) {one[1]}
+"""
     body = f"""{wgmma_function(bn, "bf16")}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -197,87 +217,95 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   habu::group_tile_starts<{it}>([](const {it}* o, int h) {{ return ({it})({c(lw.m_tiles(CExpr("o[h]"), CExpr("o[h + 1]")))}); }},
                               offs, {groups}, starts);
   __syncthreads();
-  const long long gx = {gx}, gy = {gy};  // the grid: row tiles of any grouping × column tiles
-  const long long lin = (long long)blockIdx.y * gx + blockIdx.x;
-  const {it} mt = ({it})({c(mt_x)});  // this block's row tile, among every group's (bands of {loop.band})
-  const {it} nt = ({it})({c(nt_x)});  // its column tile
-  if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) return;  // past the last row tile: nothing to do
-  const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
-  const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
-  const {it} end = offs[g + 1];  // the group's rows end here
-  const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
+  const long long gx = {gx}, gy = {gy};  // row tiles of any grouping × column tiles
   const long long k_tiles = {c(lw.k_steps(sizes))};
   int stage = {ring.start_stage};
   habu::u32 phase = {ring.start_phase};
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
     habu::setmaxnreg_dec<{split.producer}>();
     const int ptid = tid;
-    for (int ri = ptid; nt == 0 && ri < {bm}; ri += 128) {{  // E sorted (GROUPS:): each row holds its group
-      const {it} r = ({it})({row("ri")});
-      if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
-    }}
-    {it} a_row_off[{copies}];  // -1: past the group's end or A's edge (masked)
-#pragma unroll
-    for (int j = 0; j < {copies}; ++j) {{
-      const {it} r = ({it})({row(f"ptid / {per_row} + {128 // per_row} * j")});
-      a_row_off[j] = ({inside} && ({rmask})) ? ({roff}) : ({it})-1;
-    }}
-    for (long long kt = 0; kt < k_tiles; ++kt) {{
-      const {it} k0 = ({it})({k0});
-{a_load}      const habu::u32 full = {_barrier(ring, "stage")};
-      habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
-      const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
-      const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
-      if (ptid == 0) {{
-        habu::mbar_expect_tx(full, {ring.expect_tx});
-        habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}
+    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
+      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
+      const {it} nt = ({it})({c(nt_x)});  // its column tile
+      if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
+      const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
+      const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
+      const {it} end = offs[g + 1];  // the group's rows end here
+      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
+      for (int ri = ptid; nt == 0 && ri < {bm}; ri += 128) {{  // E sorted (GROUPS:): each row holds its group
+        const {it} r = ({it})({row("ri")});
+        if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
       }}
-{a_fill}      {arrive}
-      {_advance(ring)}
+      {it} a_row_off[{copies}];  // -1: past the group's end or A's edge (masked)
+#pragma unroll
+      for (int j = 0; j < {copies}; ++j) {{
+        const {it} r = ({it})({row(f"ptid / {per_row} + {128 // per_row} * j")});
+        a_row_off[j] = ({inside} && ({rmask})) ? ({roff}) : ({it})-1;
+      }}
+      for (long long kt = 0; kt < k_tiles; ++kt) {{
+        const {it} k0 = ({it})({k0});
+{a_load}        const habu::u32 full = {_barrier(ring, "stage")};
+        habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
+        const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+        const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+        if (ptid == 0) {{
+          habu::mbar_expect_tx(full, {ring.expect_tx});
+          habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}
+        }}
+{a_fill}        {arrive}
+        {_advance(ring)}
+      }}
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
     habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
     const int cw = wg - 1;
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
-    float acc[{slabs}][{regs}];
+    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
+      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
+      const {it} nt = ({it})({c(nt_x)});  // its column tile
+      if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
+      const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
+      const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
+      const {it} end = offs[g + 1];  // the group's rows end here
+      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
+      float acc[{slabs}][{regs}];
 #pragma unroll
-    for (int s = 0; s < {slabs}; ++s)
+      for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
-      for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
-    int held = -1;  // the stage whose wgmma may still be reading it
-    for (long long kt = 0; kt < k_tiles; ++kt) {{
-      habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
-      const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
-      const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
-      habu::wgmma_fence();
+        for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
+      int held = -1;  // the stage whose wgmma may still be reading it
+      for (long long kt = 0; kt < k_tiles; ++kt) {{
+        habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+        const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+        const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+        habu::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
+        for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
 {mma}
+        }}
+        habu::wgmma_commit();
+        habu::wgmma_wait<1>();
+        if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+        held = {c(ring.read_slot(CExpr("stage")))};
+        {_advance(ring)}
       }}
-      habu::wgmma_commit();
-      habu::wgmma_wait<1>();
+      habu::wgmma_wait<0>();
       if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
-      held = {c(ring.read_slot(CExpr("stage")))};
-      {_advance(ring)}
-    }}
-    habu::wgmma_wait<0>();
-    if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
 #pragma unroll
-    for (int s = 0; s < {slabs}; ++s)
+      for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
-      for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
-        const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
-        const {it} r = ({it})({row("ti")});
+        for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
+          const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
+          const {it} r = ({it})({row("ti")});
 {row_factor}#pragma unroll
-        for (int j = 0; j < {bn // 8}; ++j)
-#pragma unroll
-          for (int q = 0; q < {frag.pair}; ++q) {{  // each thread holds pairs of adjacent columns
-            const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(f"({frag.col()} + q)")))});
-            const float v = acc[s][{2 * frag.pair} * j + {frag.pair} * h + q];
-            if ({inside} && ({o_mask})) {store}
-          }}
-      }}
+          for (int j = 0; j < {bn // 8}; ++j) {{  // each thread holds pairs of adjacent columns
+            const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(frag.col())))});
+            const float v0 = acc[s][{2 * frag.pair} * j + {frag.pair} * h];
+            const float v1 = acc[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
+{store}          }}
+        }}
+    }}
   }}
 }}
 """

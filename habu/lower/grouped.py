@@ -168,12 +168,24 @@ class GroupedLowering:
     def k_steps(self, sizes: Mapping[str, Any]) -> Any:
         return cdiv(sizes[self.k], self.kernel.bk)
 
+    @property
+    def epilogue_pairs(self) -> bool:
+        """The wgmma loop's epilogue stores a thread's two adjacent columns (r, n), (r, n + 1) as one 8-byte
+        vector where both are inside and the pair's offset is even: an f32 output contiguous along n,
+        stored (not added)."""
+        last = self.out.positions[-1]
+        return (self.uses_wgmma and self.store is Store.WRITE and self.out.dtype == "f32"
+                and last.kind == "axis" and last.axis == "n")
+
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
-        """The 16-byte chunks of A's and W's rows the kernel stages: the launch checks their bases' alignment."""
+        """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs: the launch
+        checks their bases' alignment."""
         staged = (self.a, self.w) if self.pair is None else (self.a, self.w, self.pair.w)
+        pairs = (VectorAccess(self.out.tensor, 2, f"the epilogue stores pairs of adjacent {self.out.tensor} elements "
+                              "as one vector"),) if self.epilogue_pairs else ()
         return tuple(VectorAccess(acc.tensor, 8 if acc.dtype == "bf16" else 4,
                                   f"the plan stages 16-byte chunks ({8 if acc.dtype == 'bf16' else 4} elements) of "
-                                  f"{acc.tensor}'s rows") for acc in staged)
+                                  f"{acc.tensor}'s rows") for acc in staged) + pairs
 
     def smem_bytes(self) -> int:
         """The staged tiles: bm × (bk + 8) of A and bn × (bk + 8) of W in bf16 (rows padded by 16 bytes
