@@ -161,9 +161,6 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         a_fill = _f32_store(per_row, copies, dst, loop.lo_offset)
         arrive = "habu::fence_proxy_async(); habu::mbar_arrive(full);  // the parts, visible to wgmma"
     # the epilogue: the value of an accumulator register at (r, col), the row factor, the store
-    o_coord = {"r": "r", "n": "col"}
-    o_mask = access_mask(lw.out, o_coord, sizes, table)
-    o_off = access_offset(lw.out, o_coord, sizes, lw.index_width, table)
     def value(v: str) -> str:
         x = v if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * {v})"
         return x if lw.row_scale is None else f"(p_row * {x})"
