@@ -122,6 +122,9 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     e_ptr = sig.pointer(lw.groups, model.tensor(lw.groups).dtype.name)  # type: ignore[union-attr]
     w_map = sig.tensormap(TmaSpec(lw.w.tensor, lw.w.dtype, tuple(reversed(lw.w.bounded_extents())),
                                   loop.w_box(lw.w), ops.b_tile.swizzle))
+    pair = lw.pair
+    w2_map = sig.tensormap(TmaSpec(pair.w.tensor, pair.w.dtype, tuple(reversed(pair.w.bounded_extents())),
+                                   loop.w_box(pair.w), ops.b_tile.swizzle)) if pair is not None else ""
     pa = sig.pointer(lw.a.tensor, lw.a.dtype)
     p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     rows = c(sizes[lw.r])
@@ -141,6 +144,11 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     dst = c(ops.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32)((ptid % {per_row}) * {vec})")))
     k0 = c(lw.k_index(CExpr("kt"), 0))
     box = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(lw.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
+    tma = f"habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}"
+    if pair is not None:  # the second weights' box, the same origin, after the first in the stage's B tile
+        box2 = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(pair.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
+        tma += (f"\n          habu::tma_load_{len(pair.w.positions)}d(b_stage + {loop.b2_offset}u, &{w2_map}, full, "
+                f"{box2});  // {pair.w.tensor}[g]'s box, for {pair.second}")
     # the consumers' descriptors (the lowering's: WgmmaOperands.a_start / b_start)
     slabs = ops.slabs
     b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
@@ -149,6 +157,19 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     mma = "\n".join(f"          {wgmma_name(bn, 'bf16')}(acc[{s}], "
                     f"{_desc(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}"
                     for s in range(slabs) for base, note in parts)
+    acc2 = ""
+    if pair is not None:  # the same A slabs times the second weights, into the second accumulator
+        b2_desc = _desc(ops.b_desc, f"b_stage + {loop.second_b_start()}u", ops.b_start(CExpr("kk")))
+        mma += "\n" + "\n".join(
+            f"          {wgmma_name(bn, 'bf16')}(acc2[{s}], "
+            f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b2_desc}, 1);  // {pair.second}"
+            for s in range(slabs))
+        acc2 = f"""      float acc2[{{slabs}}][{{regs}}];  // {pair.second}
+#pragma unroll
+      for (int s = 0; s < {{slabs}}; ++s)
+#pragma unroll
+        for (int i = 0; i < {{regs}}; ++i) acc2[s][i] = 0.0f;
+"""
     frag = ACCUMULATOR
     regs = frag.registers(bn // 8)
     split = loop.registers
@@ -162,7 +183,13 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         arrive = "habu::fence_proxy_async(); habu::mbar_arrive(full);  // the parts, visible to wgmma"
     # the epilogue: the value of an accumulator register at (r, col), the row factor, the store
     def value(v: str) -> str:
+        """The stored value from accumulator register `v` (and, for a pair, the second's `u` beside it)."""
         x = v if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * {v})"
+        if pair is not None:  # the node of both (SwiGLU) from the two accumulators
+            u = v.replace("v", "u")
+            scaled = {pair.first: x, pair.second: u if pair.scale is None else
+                      f"({float_expr(pair.scale, _no_load, sizes)} * {u})"}
+            x = float_expr(pair.node.rhs, lambda ld: scaled[ld.tensor], sizes)
         return x if lw.row_scale is None else f"(p_row * {x})"
 
     row_factor = ""
@@ -194,6 +221,9 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     else:
         store += f"""            if (in0) {one[0]}
             if (in1) {one[1]}
+"""
+    pair_values = "" if pair is None else f"""            const float u0 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h];
+            const float u1 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
 """
     body = f"""{wgmma_function(bn, "bf16")}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
@@ -247,7 +277,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
         const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
         if (ptid == 0) {{
           habu::mbar_expect_tx(full, {ring.expect_tx});
-          habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}
+          {tma}
         }}
 {a_fill}        {arrive}
         {_advance(ring)}
@@ -271,7 +301,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
         for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
-      int held = -1;  // the stage whose wgmma may still be reading it
+{acc2.format(slabs=slabs, regs=regs)}      int held = -1;  // the stage whose wgmma may still be reading it
       for (long long kt = 0; kt < k_tiles; ++kt) {{
         habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
         const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
@@ -300,13 +330,16 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
             const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(frag.col())))});
             const float v0 = acc[s][{2 * frag.pair} * j + {frag.pair} * h];
             const float v1 = acc[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
-{store}          }}
+{pair_values}{store}          }}
         }}
     }}
   }}
 }}
 """
     epilogue = []
+    if pair is not None:
+        epilogue.append(f"with {pair.second} (its weights {pair.w.tensor}, a second TMA box) in a second accumulator; "
+                        f"stores {pair.node.target} = f({pair.first}, {pair.second}), the node of both")
     if lw.row_scale is not None:
         epilogue.append(f"each row times {lw.row_scale.tensor}[r]")
     if lw.store is Store.ATOMIC_ADD:

@@ -257,5 +257,6 @@ def _lower_pair(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] 
     w2 = access_for(model.tensor(g2.w.tensor), (gv, *g2.w.indices[1:]), axis_of, extent_of_axis, storage)
     epi = pair.epilogue
     out = access_for(model.tensor(epi.target), epi.lhs, {epi.lhs[0]: "r", epi.lhs[1]: "n"}, extent_of_axis, storage)
-    return replace(base, kernel=kernel, out=out,
+    wgmma = wgmma_main_loop(first, base.a, base.w, pair=True) if kernel.main_loop == "wgmma" else None
+    return replace(base, kernel=kernel, out=out, wgmma=wgmma,
                    pair=PairEpilogue(w2, g2.scale, pair.first.node.target, g2.node.target, g2.node, epi))

@@ -45,8 +45,8 @@ def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool)
     consumers = wgmma_consumers(kernel)
     if a_dtype not in ("bf16", "f32") or w_dtype != "bf16":
         return "the wgmma main loop multiplies a bf16 W with a bf16 A (or an f32 A's two bf16 parts)"
-    if pair:
-        return "the wgmma main loop computes one GEMM (a fused pair runs on mma.sync)"
+    if pair and (a_dtype != "bf16" or kernel.bn > 128):
+        return "a fused pair on the wgmma main loop has a bf16 A and at most 128 columns (two accumulators)"
     if kernel.bk != WGMMA_BK:
         return f"the wgmma main loop's k tile is {WGMMA_BK} (one 128-byte swizzle span), not {kernel.bk}"
     if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * consumers):
@@ -73,6 +73,9 @@ class WgmmaMainLoop:
     # buffer holds both: it is laid out for 4-byte elements); 0 for a bf16 A
     lo_offset: int = 0
     registers: RegisterSplit | None = None
+    # a fused pair: the second weights' box lands `b2_offset` bytes into the stage's B tile (its rows
+    # bn .. 2·bn − 1: the tile is laid out for both, the ring's B load is two boxes); 0 without a pair
+    b2_offset: int = 0
 
     @property
     def threads(self) -> int:
@@ -102,16 +105,27 @@ class WgmmaMainLoop:
         """The box's coordinates in W's tensor map, innermost first."""
         return tma_coordinates(w, self.w_box_origin(g, n0, k0))
 
+    @property
+    def bn(self) -> int:
+        """Columns of the output tile (a pair's stage tile holds both weights' boxes: twice as many rows)."""
+        return self.shadow.tile_n // (2 if self.b2_offset else 1)
+
     def w_box(self, w: Access) -> tuple[int, ...]:
         """W's TMA box, innermost first: bk along #K, bn along #N, 1 along #G."""
-        return tma_box(w, "n", self.shadow.tile_n, self.shadow.tile_k)
+        return tma_box(w, "n", self.bn, self.shadow.tile_k)
+
+    def second_b_start(self) -> int:
+        """Where the pair's second weights start in the stage's B tile (the descriptor start of its reads):
+        row bn of the tile."""
+        return self.operands.b_tile.linear_offset(self.bn)
 
 
-def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access) -> WgmmaMainLoop | None:
+def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = False) -> WgmmaMainLoop | None:
     """The wgmma main loop of `kernel` (None where its maps do not exist: the rules refuse the plan)."""
     consumers = wgmma_consumers(kernel)
     split = a.dtype == "f32"  # the producer loads f32 rows and stores their bf16 parts (plain loads)
-    shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm, tile_n=kernel.bn, tile_k=WGMMA_BK,
+    b_rows = kernel.bn * (2 if pair else 1)  # a pair: both weights' boxes in one stage tile
+    shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm, tile_n=b_rows, tile_k=WGMMA_BK,
                                warps=4 * (consumers + 1), stages=max(2, kernel.stages), mma="wgmma",
                                a_move="ldg" if split else "cp.async", b_move="tma", a_vector=8, b_vector=8,
                                split_k=1, raster="row", group_m=1, persistent=False, warp_specialized=True,
@@ -124,8 +138,15 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access) -> WgmmaMainLoo
     ring = pipeline_for(shadow, staged.dtype, "k", "k", w.dtype)
     if ops is None or not isinstance(ring, MbarrierRing):
         return None
+    b2 = 0
+    if pair:  # B's load: two boxes of bn rows (the weights, then the second weights), the same bytes
+        load = ring.load("B")
+        assert load is not None
+        ring = replace(ring, loads=tuple(replace(ld, box_rows=kernel.bn, boxes=2) if ld.side == "B" else ld
+                                         for ld in ring.loads))
+        b2 = load.box_bytes // 2
     return WgmmaMainLoop(shadow, ops, ring, layout, consumers, lo_offset=ops.a_tile.bytes if split else 0,
-                         registers=register_split(shadow.warps, split))
+                         registers=register_split(shadow.warps, split), b2_offset=b2)
 
 
 SPLIT_PRODUCER_REGS = 112  # an f32 A's producer holds a k tile's 16 float4 loads of its 8 rows in flight

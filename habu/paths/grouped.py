@@ -84,7 +84,9 @@ class GroupedPath(KernelPath):
             if (bm // wm) % 16 or (bn // wn) % 8 or (bm * bk // 8) % threads or (bn * bk // 8) % threads:
                 continue
             yield k
-        if target.wgmma and target.tma and len(base.nodes) == 1:
+        if target.wgmma and target.tma and len(base.nodes) == 3:  # a pair: 128 columns, two boxes a stage
+            yield replace(base, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
+        elif target.wgmma and target.tma:
             for bm, bn, stages in WGMMA_TILES:
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
                               stages=stages)
@@ -93,8 +95,13 @@ class GroupedPath(KernelPath):
         """`kernel` on the wgmma main loop, with its default tile (128 × 256 where #N spans several such
         columns and A is bf16, else 128 × 128; the stages that fit), or None where the loop cannot run it
         (a fused pair, no wgmma or TMA on the target)."""
-        if not (target.wgmma and target.tma) or len(kernel.nodes) != 1:
+        if not (target.wgmma and target.tma) or len(kernel.nodes) not in (1, 3):
             return None
+        if len(kernel.nodes) == 3:  # a fused pair: two accumulators of 128 columns, bf16 A
+            pair = as_grouped_pair(model, kernel.nodes)
+            if pair is None or dtype_of(model, pair.first.a.tensor) != "bf16":
+                return None
+            return replace(kernel, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
         eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
         gg = as_grouped_gemm(model, eq)
         a_dtype = dtype_of(model, gg.a.tensor) if gg is not None else None

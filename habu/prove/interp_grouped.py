@@ -86,6 +86,12 @@ def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
         if loop.lo_offset != tile or 2 * tile > a0.size:
             mem.fault(f"{name}: A's low parts at byte {loop.lo_offset} of its {a0.size}-byte stage buffer overlap "
                       f"the high parts' {tile} bytes or leave the buffer")
+    if lw.pair is not None:  # the second weights' box lands where the consumers read them: row bn of B's tile
+        load = loop.ring.load("B")
+        lands = load.box_bytes if load is not None and load.boxes == 2 else None
+        if loop.b2_offset != lands or loop.second_b_start() != lands:
+            mem.fault(f"{name}: the second weights' box lands at byte {loop.b2_offset} of the stage's B tile, its "
+                      f"reads start at byte {loop.second_b_start()} (the second of the ring's two boxes: {lands})")
     route = wgmma_route(loop.operands)
     for fault in route.faults:
         mem.fault(f"{name}: {fault}")

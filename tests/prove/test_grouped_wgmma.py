@@ -133,7 +133,7 @@ def test_the_wgmma_pin_takes_gate_up_and_the_combine_and_refuses_a_target_withou
         ("grouped", "wgmma"), ("grouped", "wgmma"), ("rows", None), ("grouped", "wgmma")]
     assert plan.kernels[-1].bn == 128  # the f32 act's producer holds more registers: 128 columns
     paired = default_plan(m, TARGET, {}, {"family": "grouped", "pair": "fused", "main_loop": "wgmma"})
-    assert [getattr(k, "main_loop", None) for k in paired.kernels] == ["mma.sync", "wgmma"]  # a pair: mma.sync
+    assert [(len(k.nodes), k.main_loop, k.bn) for k in paired.kernels] == [(3, "wgmma", 128), (1, "wgmma", 128)]
     with pytest.raises(UsageError, match="main_loop=wgmma"):
         default_plan(m, TARGETS["sm_80"], {}, {"family": "grouped", "main_loop": "wgmma"})
 
@@ -160,3 +160,22 @@ def test_the_wgmma_kernel_compiles_with_nvrtc_without_spills():
         except CompilerUnavailable:
             pytest.skip("no NVRTC or nvcc on this machine")
         assert cubin.resources.spill_stores == 0
+
+
+def test_regression_a_pairs_second_box_read_where_the_first_landed_is_a_fault():
+    """The fused gate/up kernel on the wgmma loop: the second weights' box lands b2_offset bytes into the
+    stage's B tile and the consumers read them from row bn; a box landing elsewhere is named."""
+    from habu.lower import lower_plan
+    from habu.prove.verify import verify_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    shape = {"T": 13, "R": 26}
+    model = m.with_sizes(shape)
+    plan = default_plan(model, TARGET, shape, {"family": "grouped", "pair": "fused", "main_loop": "wgmma"})
+    lowerings = lower_plan(model, plan)
+    assert verify_plan(model, plan, shape, trials=1, lowerings=lowerings).passed
+    pair = lowerings[0]
+    assert isinstance(pair, GroupedLowering) and pair.wgmma is not None
+    lowerings[0] = replace(pair, wgmma=replace(pair.wgmma, b2_offset=0))
+    cert = verify_plan(model, plan, shape, trials=1, lowerings=lowerings)
+    assert not cert.passed and "second weights" in (cert.failure or "")
