@@ -75,22 +75,23 @@ def _cp_async_fill(it: str, per_row: int, vec: int, copies: int, kmask: str, pa:
 """
 
 
-def _f32_load(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str) -> str:
-    """An f32 A: each producer thread loads the same 8 k of its rows (two float4 each, zero where masked)."""
-    return f"""      float4 ax[{copies}], ay[{copies}];  // the k tile's 8 values of each of this thread's rows
-      {{
-        const {it} kk = k0 + (ptid % {per_row}) * {vec};
-        const bool k_ok = {kmask};
+def _f32_load(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str, k_tile: str,
+              into: str) -> str:
+    """An f32 A: each producer thread loads the same 8 k of its rows of k tile `k_tile` (two float4 each, zero
+    where masked) into registers `into`x, `into`y."""
+    return f"""        {{
+          const {it} kk = ({it})({k_tile}) + (ptid % {per_row}) * {vec};
+          const bool k_ok = {kmask};
 #pragma unroll
-        for (int j = 0; j < {copies}; ++j) {{
-          ax[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f), ay[j] = ax[j];
-          if (a_row_off[j] >= 0 && k_ok) {{
-            const float4* src = reinterpret_cast<const float4*>({pa} + a_row_off[j] + ({koff}));
-            ax[j] = src[0];
-            ay[j] = src[1];
+          for (int j = 0; j < {copies}; ++j) {{
+            {into}x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f), {into}y[j] = {into}x[j];
+            if (a_row_off[j] >= 0 && k_ok) {{
+              const float4* src = reinterpret_cast<const float4*>({pa} + a_row_off[j] + ({koff}));
+              {into}x[j] = src[0];
+              {into}y[j] = src[1];
+            }}
           }}
         }}
-      }}
 """
 
 
@@ -175,11 +176,18 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     split = loop.registers
     assert split is not None
     if loop.a_parts == 1:
-        a_load, a_fill, arrive = "", _cp_async_fill(it, per_row, vec, copies, kmask, pa, koff, dst), \
+        a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, per_row, vec, copies, kmask, pa, koff, dst), \
             "habu::cp_async_arrive(full);"
     else:  # an f32 A: the k tile's rows loaded before the stage is free, split into bf16 parts, stored
-        a_load = _f32_load(it, per_row, vec, copies, kmask, pa, koff)
-        a_fill = _f32_store(per_row, copies, dst, loop.lo_offset)
+        # the next k tile's loads are in flight while this one's parts are stored (two tiles of registers)
+        first_k, next_k = c(lw.k_index(0, 0)), c(lw.k_index(CExpr("(kt + 1)"), 0))
+        a_pre = (f"      float4 ax[{copies}], ay[{copies}], bx[{copies}], by[{copies}];  // this k tile's values, the next's\n"
+                 f"      if (k_tiles > 0)\n{_f32_load(it, per_row, vec, copies, kmask, pa, koff, first_k, 'a')}")
+        a_load = (f"        if (kt + 1 < k_tiles)\n"
+                  f"{_f32_load(it, per_row, vec, copies, kmask, pa, koff, next_k, 'b')}")
+        a_fill = _f32_store(per_row, copies, dst, loop.lo_offset) + f"""#pragma unroll
+        for (int j = 0; j < {copies}; ++j) ax[j] = bx[j], ay[j] = by[j];
+"""
         arrive = "habu::fence_proxy_async(); habu::mbar_arrive(full);  // the parts, visible to wgmma"
     # the epilogue: the value of an accumulator register at (r, col), the row factor, the store
     def value(v: str) -> str:
@@ -222,6 +230,11 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         store += f"""            if (in0) {one[0]}
             if (in1) {one[1]}
 """
+    # the register split (setmaxnreg only where a warpgroup's count changes from the launch's)
+    resized = split.producer != split.at_launch or split.consumer != split.at_launch
+    dec = f"    habu::setmaxnreg_dec<{split.producer}>();\n" if split.producer != split.at_launch else ""
+    inc = (f"    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}\n" if split.consumer != split.at_launch
+           else f"    // {split.describe()}: no setmaxnreg\n")
     pair_values = "" if pair is None else f"""            const float u0 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h];
             const float u1 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
 """
@@ -249,8 +262,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   int stage = {ring.start_stage};
   habu::u32 phase = {ring.start_phase};
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
-    habu::setmaxnreg_dec<{split.producer}>();
-    const int ptid = tid;
+{dec}    const int ptid = tid;
     for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
       const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
       const {it} nt = ({it})({c(nt_x)});  // its column tile
@@ -269,7 +281,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
         const {it} r = ({it})({row(f"ptid / {per_row} + {128 // per_row} * j")});
         a_row_off[j] = ({inside} && ({rmask})) ? ({roff}) : ({it})-1;
       }}
-      for (long long kt = 0; kt < k_tiles; ++kt) {{
+{a_pre}      for (long long kt = 0; kt < k_tiles; ++kt) {{
         const {it} k0 = ({it})({k0});
 {a_load}        const habu::u32 full = {_barrier(ring, "stage")};
         habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
@@ -284,8 +296,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       }}
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
-    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
-    const int cw = wg - 1;
+{inc}    const int cw = wg - 1;
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
     for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
@@ -352,4 +363,4 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
                   "by TMA, offsets found on the device", *epilogue])
     src += body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw,
-                      register_demand=split.demand)
+                      register_demand=split.demand if resized else None)  # no setmaxnreg: nothing to wait for

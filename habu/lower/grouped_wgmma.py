@@ -149,18 +149,16 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = Fa
                          registers=register_split(shadow.warps, split), b2_offset=b2)
 
 
-SPLIT_PRODUCER_REGS = 112  # an f32 A's producer holds a k tile's 16 float4 loads of its 8 rows in flight
-
-
 def register_split(warps: int, f32_a: bool) -> RegisterSplit:
-    """The contraction path's split (40 producer registers), or for an f32 A a producer of
-    SPLIT_PRODUCER_REGS registers and the consumers what is left (a multiple of 8, at most 232)."""
+    """The contraction path's split (40 producer registers), or for an f32 A none: the producer keeps the
+    registers it starts with (two k tiles of 16 float4 loads each, one in flight while the other's parts are
+    stored) and so do the consumers (128 columns: 64 accumulator registers a slab)."""
     base = warp_specialized_split(warps)
     if not f32_a:
         return base
-    spare = base.at_launch * base.threads - WARPGROUP * SPLIT_PRODUCER_REGS
+    spare = base.at_launch * base.threads - WARPGROUP * base.at_launch
     consumer = min(CONSUMER_REGS_MAX, spare // (WARPGROUP * base.consumers) // 8 * 8)
-    return replace(base, producer=SPLIT_PRODUCER_REGS, consumer=consumer)
+    return replace(base, producer=base.at_launch, consumer=consumer)
 
 
 __all__ = ["BAND", "WGMMA_BK", "WgmmaMainLoop", "wgmma_consumers", "wgmma_main_loop", "wgmma_refusal"]
