@@ -179,3 +179,16 @@ def test_regression_a_pairs_second_box_read_where_the_first_landed_is_a_fault():
     lowerings[0] = replace(pair, wgmma=replace(pair.wgmma, b2_offset=0))
     cert = verify_plan(model, plan, shape, trials=1, lowerings=lowerings)
     assert not cert.passed and "second weights" in (cert.failure or "")
+
+
+def test_regression_an_f32_a_kernel_without_setmaxnreg_asks_no_register_demand():
+    """The f32-A producer keeps its launch registers (no setmaxnreg): a register demand equal to the full
+    pool would refuse the kernel whenever ptxas gives it a few registers less (166 of 168)."""
+    from habu.paths.emit import emit_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    emitted = emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET)
+    gate, combine = emitted.kernels[0], emitted.kernels[-1]
+    assert "setmaxnreg_inc<232>" in gate.source and gate.register_demand
+    assert "setmaxnreg" not in combine.source.replace("no setmaxnreg", "") and combine.register_demand is None
+    combine.check_registers(166)
