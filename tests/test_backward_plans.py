@@ -37,6 +37,18 @@ def test_regression_ffn_backward_plans_no_general_kernel():
     assert sum(t is ColumnLowering for t in kinds.values()) == 2  # dB1's and dB2's Σ b
 
 
+def test_regression_ffn_backward_contractions_run_on_tensor_cores_in_bf16():
+    """The backward read its saved matrices (S1, S4) and row statistic (R1) in f32, so every intermediate
+    was stored in f32 and each of the four contractions fell to the SIMT fma path; a saved matrix now keeps
+    the forward's bf16 (as torch autograd saves it) and a vector does not decide the storage type."""
+    model, plan, _ = _ffn_backward()
+    assert {t.name: t.dtype.name for t in model.inputs if t.name in ("S1", "S4", "R1")} == \
+        {"S1": "bf16", "S4": "bf16", "R1": "f32"}
+    mmas = [k.mma.value for k in plan.kernels if k.kind == "contraction"]
+    assert mmas == ["wgmma"] * 4, mmas
+    assert {v for k, v in dict(plan.storage).items() if not k.startswith("%rdB")} == {"bf16"}, plan.storage
+
+
 def test_regression_ffn_backward_is_checked_at_a_witness_shape():
     # the general kernels, and the column reductions' column tiles, froze D and H: the field check ran the
     # backward's contractions at full shape (77 s at this shape, 47 s of it contractions)

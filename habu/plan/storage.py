@@ -3,13 +3,14 @@ every tensor a kernel reads or writes (the search, the lowering's callers and th
 
 from __future__ import annotations
 
+from habu.spec.dtypes import activation_dtype
 from habu.spec.ir import Model
 
 
 def storage_dtypes(model: Model) -> dict[str, str]:
-    """Intermediates are stored in the inputs' 16-bit float type when they all share one, else f32."""
-    floats = {t.dtype.name for t in model.inputs if t.dtype is not None and not t.is_index}
-    dt = next(iter(floats)) if len(floats) == 1 and floats <= {"bf16", "f16"} else "f32"
+    """Intermediates are stored in the 16-bit float type the model's matrices share (`activation_dtype`:
+    a vector input such as a saved f32 row statistic or a router weight does not decide it), else f32."""
+    dt = activation_dtype(model.inputs)
     # a vector (a row statistic such as a normalisation's scale) is small: it keeps f32
     return {t.name: dt if len(t.extents) > 1 else "f32" for t in model.intermediates}
 

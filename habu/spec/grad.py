@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from habu.errors import HabuError
-from habu.spec.dtypes import WRITABLE_DTYPES, dtype_named
+from habu.spec.dtypes import WRITABLE_DTYPES, activation_dtype, dtype_named
 from habu.spec.equation import format_expr
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
@@ -488,8 +488,9 @@ class _Deriver:
         renames = dict(saved)
         recompute_nodes = [_rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
         nodes = recompute_nodes + [_rename_tensors(eq, renames) for eq in self.nodes]
-        for name, s in saved.items():
-            self.decls[s] = TensorDecl(s, self.fwd.tensor(name).extents, dtype_named("f32"))
+        for name, s in saved.items():  # a saved matrix in the forward's activation type (as its storage), a vector f32
+            extents = self.fwd.tensor(name).extents
+            self.decls[s] = TensorDecl(s, extents, dtype_named(_saved_dtype(self.fwd, extents)))
         for t in self.fwd.inputs:
             self.decls.setdefault(t.name, t)
         model = _assemble(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
@@ -582,11 +583,18 @@ def _reads_in_order(eq: Equation) -> list[str]:
     return list(out)
 
 
+def _saved_dtype(fwd: Model, extents: tuple[str, ...]) -> str:
+    """A saved forward value's type: a matrix in the forward's activation type (what its plan stores it
+    in), a vector (a row statistic) f32."""
+    return activation_dtype(fwd.inputs) if len(extents) > 1 else "f32"
+
+
 def _with_saved_outputs(fwd: Model, saved: dict[str, str]) -> Model:
-    """The forward model, its saved intermediates renamed and made outputs (f32)."""
+    """The forward model, its saved intermediates renamed and made outputs (`_saved_dtype`)."""
     if not saved:
         return fwd
     nodes = tuple(_rename_tensors(eq, saved) for eq in fwd.nodes)
-    outs = fwd.outputs + tuple(TensorDecl(s, fwd.tensor(t).extents, dtype_named("f32")) for t, s in saved.items())
+    outs = fwd.outputs + tuple(TensorDecl(s, fwd.tensor(t).extents, dtype_named(_saved_dtype(fwd, fwd.tensor(t).extents)))
+                               for t, s in saved.items())
     inter = tuple(t for t in fwd.intermediates if t.name not in saved)
     return replace(fwd, nodes=nodes, outputs=outs, intermediates=inter)

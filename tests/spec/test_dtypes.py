@@ -51,3 +51,15 @@ def test_regression_every_output_dtype_compiles_or_is_refused_i8_to_i32_gave_key
 def test_dtype_summary_names_every_supported_type():
     line = dtype_summary()
     assert all(d in line for d in READABLE_DTYPES) and "f8e4m3" not in line
+
+
+def test_a_vector_input_does_not_decide_the_activation_type():
+    from habu.spec.dtypes import activation_dtype
+    from tests.conftest import parse
+
+    mixed = parse("4 EXTENT: #R  8 EXTENT: #N\nbf16 TENSOR: X ( #R #N )  f32 TENSOR: P ( #R )  "
+                  "f32 TENSOR: Y ( #R #N )\nMODEL: M  Y[r n] = X[r n] · P[r] ;\n").models["M"]
+    assert activation_dtype(mixed.inputs) == "bf16"
+    vectors = parse("8 EXTENT: #N\nbf16 TENSOR: x ( #N )  f32 TENSOR: y ( #N )  f32 TENSOR: d ( #N )\n"
+                    "MODEL: V  d[n] = x[n] · y[n] ;\n").models["V"]
+    assert activation_dtype(vectors.inputs) == "f32"  # vectors only: all of them decide, and they differ
