@@ -10,7 +10,7 @@ from habu.spec.ir import Model
 def storage_dtypes(model: Model) -> dict[str, str]:
     """Intermediates are stored in the 16-bit float type the model's matrices share (`activation_dtype`:
     a vector input such as a saved f32 row statistic or a router weight does not decide it), else f32."""
-    dt = activation_dtype(model.inputs)
+    dt = activation_dtype(model.inputs, frozenset(t.name for t in model.outputs))
     # a vector (a row statistic such as a normalisation's scale) is small: it keeps f32
     return {t.name: dt if len(t.extents) > 1 else "f32" for t in model.intermediates}
 

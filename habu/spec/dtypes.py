@@ -72,11 +72,12 @@ def dtype_named(name: str) -> DType | None:
     return DTYPES.get(name.lower())
 
 
-def activation_dtype(inputs) -> str:
+def activation_dtype(inputs, written: frozenset[str] = frozenset()) -> str:
     """The float type a model's matrices share: the 16-bit type of every float input of rank ≥ 2 (the
     activations and weights) when they share one, else f32. Vectors (a bias, a row statistic, a router
-    weight, a saved f32 normaliser) do not decide it; a model of vectors only looks at all of them."""
-    floats = [t for t in inputs if t.dtype is not None and not t.is_index]
+    weight, a saved f32 normaliser) and inputs the model also writes (`written`: an f32 residual stream
+    added into, `Y[IX[r] d] += …`) do not decide it; a model of vectors only looks at all of them."""
+    floats = [t for t in inputs if t.dtype is not None and not t.is_index and t.name not in written]
     deciding = [t for t in floats if len(t.extents) > 1] or floats
     names = {t.dtype.name for t in deciding}
     return next(iter(names)) if len(names) == 1 and names <= {"bf16", "f16"} else "f32"

@@ -586,7 +586,7 @@ def _reads_in_order(eq: Equation) -> list[str]:
 def _saved_dtype(fwd: Model, extents: tuple[str, ...]) -> str:
     """A saved forward value's type: a matrix in the forward's activation type (what its plan stores it
     in), a vector (a row statistic) f32."""
-    return activation_dtype(fwd.inputs) if len(extents) > 1 else "f32"
+    return activation_dtype(fwd.inputs, frozenset(t.name for t in fwd.outputs)) if len(extents) > 1 else "f32"
 
 
 def _with_saved_outputs(fwd: Model, saved: dict[str, str]) -> Model:
