@@ -218,9 +218,16 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     store = f"""            const {it} col1 = col + 1;
             const bool in0 = {inside} && ({masks[0]}), in1 = {inside} && ({masks[1]});
 """
-    if lw.epilogue_pairs:  # both inside and the pair's offset even: one 8-byte store
+    if lw.epilogue_pairs:  # both inside and the pair's offset even: one vector store (or vector atomic add)
+        if lw.store is Store.ATOMIC_ADD:
+            both = f"atomicAdd(reinterpret_cast<float2*>({p_out} + ({offs[0]})), make_float2({value('v0')}, {value('v1')}));"
+        elif lw.out.dtype == "f32":
+            both = f"*reinterpret_cast<float2*>({p_out} + ({offs[0]})) = make_float2({value('v0')}, {value('v1')});"
+        else:
+            pack = "habu::pack_bf16x2" if lw.out.dtype == "bf16" else "habu::pack_f16x2"
+            both = f"*reinterpret_cast<habu::u32*>({p_out} + ({offs[0]})) = {pack}({value('v0')}, {value('v1')});"
         store += f"""            if (in0 && in1 && (({offs[0]}) & 1) == 0) {{
-              *reinterpret_cast<float2*>({p_out} + ({offs[0]})) = make_float2({value("v0")}, {value("v1")});
+              {both}
             }} else {{
               if (in0) {one[0]}
               if (in1) {one[1]}

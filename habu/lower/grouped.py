@@ -170,12 +170,12 @@ class GroupedLowering:
 
     @property
     def epilogue_pairs(self) -> bool:
-        """The wgmma loop's epilogue stores a thread's two adjacent columns (r, n), (r, n + 1) as one 8-byte
-        vector where both are inside and the pair's offset is even: an f32 output contiguous along n,
-        stored (not added)."""
+        """The wgmma loop's epilogue stores a thread's two adjacent columns (r, n), (r, n + 1) as one vector
+        where both are inside and the pair's offset is even: an output contiguous along n, stored in f32,
+        bf16 or f16, or added into f32 (a scatter: one 8-byte vector atomic add, sm_90)."""
         last = self.out.positions[-1]
-        return (self.uses_wgmma and self.store is Store.WRITE and self.out.dtype == "f32"
-                and last.kind == "axis" and last.axis == "n")
+        dtypes = ("f32", "bf16", "f16") if self.store is Store.WRITE else ("f32",)
+        return self.uses_wgmma and self.out.dtype in dtypes and last.kind == "axis" and last.axis == "n"
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs: the launch

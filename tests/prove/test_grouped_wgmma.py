@@ -131,7 +131,10 @@ def test_the_wgmma_pin_takes_gate_up_and_the_combine_and_refuses_a_target_withou
     plan = default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"})
     assert [(k.kind, getattr(k, "main_loop", None)) for k in plan.kernels] == [
         ("grouped", "wgmma"), ("grouped", "wgmma"), ("rows", None), ("grouped", "wgmma")]
-    assert plan.kernels[-1].bn == 128  # the f32 act's producer holds more registers: 128 columns
+    assert plan.kernels[-1].stages == 6  # act is bf16: the combine's A by cp.async, 6 stages of 32 KiB
+    f32 = load_program(ROOT / "tests" / "data" / "grouped_scatter.habu").models["COMBINE-F32"]
+    split = default_plan(f32, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"})
+    assert [(k.main_loop, k.bn, k.stages) for k in split.kernels] == [("wgmma", 128, 4)]  # an f32 A: 48 KiB a stage
     paired = default_plan(m, TARGET, {}, {"family": "grouped", "pair": "fused", "main_loop": "wgmma"})
     assert [(len(k.nodes), k.main_loop, k.bn) for k in paired.kernels] == [(3, "wgmma", 128), (1, "wgmma", 128)]
     with pytest.raises(UsageError, match="main_loop=wgmma"):
@@ -151,9 +154,12 @@ def test_the_wgmma_kernel_compiles_with_nvrtc_without_spills():
     from habu.emit_cuda.nvrtc import INCLUDE_DIR, CompilerUnavailable, compile_cuda
     from habu.paths.emit import emit_plan
 
-    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
-    emitted = emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET)
-    for k in (emitted.kernels[0], emitted.kernels[-1]):  # bf16 A by cp.async; f32 A in two bf16 parts
+    kernels = []
+    for file, name in (("moe_small.habu", "MOE-FFN"), ("grouped_scatter.habu", "COMBINE-F32")):
+        m = load_program(ROOT / "tests" / "data" / file).models[name]
+        kernels.append(emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}),
+                                 TARGET).kernels[-1])
+    for k in kernels:  # the bf16-A combine by cp.async (vector atomics); an f32 A in two bf16 parts
         assert "habu::tma_load_3d" in k.source and "wgmma" in k.source
         try:
             cubin = compile_cuda(k.source, k.name, "sm_90a", [INCLUDE_DIR])
@@ -187,8 +193,9 @@ def test_regression_an_f32_a_kernel_without_setmaxnreg_asks_no_register_demand()
     from habu.paths.emit import emit_plan
 
     m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
-    emitted = emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET)
-    gate, combine = emitted.kernels[0], emitted.kernels[-1]
+    gate = emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET).kernels[0]
+    f32 = load_program(ROOT / "tests" / "data" / "grouped_scatter.habu").models["COMBINE-F32"]
+    combine = emit_plan(f32, default_plan(f32, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET).kernels[0]
     assert "setmaxnreg_inc<232>" in gate.source and gate.register_demand
     assert "setmaxnreg" not in combine.source.replace("no setmaxnreg", "") and combine.register_demand is None
     combine.check_registers(166)
