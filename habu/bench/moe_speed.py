@@ -212,6 +212,30 @@ def kernel_times(fn, reps: int = 5) -> list[tuple[str, float]]:
         return []
 
 
+METHODS = ("habu", "torch loop", "torch._grouped_mm")
+
+
+def print_row(row: dict) -> bool:
+    """Print one row of the table (and, profiled, its kernels); True when a method's output was wrong."""
+    cells, failed = [], False
+    for m in METHODS:
+        if m + "_us" in row:
+            cells.append(f"{row[m + '_us']:20.1f}")
+        else:
+            why = row.get(m + "_error", "-")
+            failed |= why.startswith("wrong")
+            cells.append(f"{why[:20]:>20}")
+    base = [row[m + "_us"] for m in METHODS[1:] if m + "_us" in row]
+    ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
+    print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
+          + " ".join(cells) + f"   {ratio}")
+    for m in ("habu", "torch._grouped_mm"):
+        for kname, us in row.get(m + "_kernels", [])[:8]:
+            print(f"  {row['model']} {row['tokens']} {row['routing']} {m}: {us:10.1f} µs  {kname[:90]}")
+    sys.stdout.flush()
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="write every number here")
@@ -226,31 +250,16 @@ def main(argv: list[str] | None = None) -> int:
 
     pins = parse_pins(args.pin)
     rows: list[dict] = []
+    print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
+          " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   habu / best torch", flush=True)
+    failed = False
     for key in args.models.split(","):
         for tokens in (int(n) for n in args.tokens.split(",")):
-            rows += measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile)
+            measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile)
+            for row in measured:  # each row as soon as it is measured: a run cut short keeps what it printed
+                failed |= print_row(row)
+            rows += measured
             torch().cuda.empty_cache()
-    methods = ("habu", "torch loop", "torch._grouped_mm")
-    print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
-          " ".join(f"{m + ' µs':>20}" for m in methods) + "   habu / best torch")
-    failed = False
-    for row in rows:
-        cells = []
-        for m in methods:
-            if m + "_us" in row:
-                cells.append(f"{row[m + '_us']:20.1f}")
-            else:
-                why = row.get(m + "_error", "-")
-                failed |= why.startswith("wrong")
-                cells.append(f"{why[:20]:>20}")
-        base = [row[m + "_us"] for m in methods[1:] if m + "_us" in row]
-        ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
-        print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
-              + " ".join(cells) + f"   {ratio}")
-    for row in rows:
-        for m in ("habu", "torch._grouped_mm"):
-            for kname, us in row.get(m + "_kernels", [])[:8]:
-                print(f"  {row['model']} {row['tokens']} {row['routing']} {m}: {us:10.1f} µs  {kname[:90]}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if failed else 0
