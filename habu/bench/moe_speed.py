@@ -1,7 +1,7 @@
 """The MoE FFN layer's speed (issue 20 §1) at the three example shapes, against torch in the same run:
 
     python -m habu.bench.moe_speed [--json OUT.json] [--tokens 16,128,4096] [--models mixtral,qwen3,deepseek]
-                                   [--habu-max-rows 1024] [--pin family=grouped ...]
+                                   [--habu-max-rows 1024] [--pin family=grouped ...] [--profile]
 
 For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepseek_v3.habu), token count
 and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
@@ -130,7 +130,8 @@ def rel_error(got, ref) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None) -> list[dict]:
+def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
+            profile: bool = False) -> list[dict]:
     from habu.bench.run import build
 
     shape = SHAPES[key]
@@ -145,14 +146,15 @@ def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str
             build_error = f"{type(exc).__name__}: {exc}"[:300]
     out = []
     for kind in ("uniform", "zipf"):
-        row = measure_routing(shape, built, w, tokens, kind, seed)
+        row = measure_routing(shape, built, w, tokens, kind, seed, profile)
         if built is None:
             row["habu_error"] = build_error or f"skipped: {rows_n} rows > --habu-max-rows {habu_max_rows}"
         out.append(row)
     return out
 
 
-def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, kind: str, seed: int) -> dict:
+def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, kind: str, seed: int,
+                    profile: bool = False) -> dict:
     """One row of the table: every method checked against the float64 loop, then timed."""
     t = torch()
     rows_n = tokens * shape.topk
@@ -182,7 +184,56 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
         slow = name == "habu" and rows_n * shape.h * shape.d > 2**36 and built.plan.kernels[-1].kind == "general"
         timing = time_cuda(fn, 1, warmup=1 if slow else 5, reps=3 if slow else 30)
         row[name + "_us"] = timing["median_us"]
+        if profile and name != "torch loop":
+            row[name + "_kernels"] = kernel_times(fn)
     return row
+
+
+def kernel_times(fn, reps: int = 5) -> list[tuple[str, float]]:
+    """(kernel name, µs per call) of the GPU kernels `fn` launches, by torch.profiler (CUPTI sees the driver
+    API's launches too), the slowest first; [] where the profiler is not available."""
+    t = torch()
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn(0)
+        t.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn(0)
+            t.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if total:
+                rows.append((e.key, total / reps))
+        return sorted(rows, key=lambda r: -r[1])
+    except Exception:  # a profiler missing or refused: the table has the totals anyway
+        return []
+
+
+METHODS = ("habu", "torch loop", "torch._grouped_mm")
+
+
+def print_row(row: dict) -> bool:
+    """Print one row of the table (and, profiled, its kernels); True when a method's output was wrong."""
+    cells, failed = [], False
+    for m in METHODS:
+        if m + "_us" in row:
+            cells.append(f"{row[m + '_us']:20.1f}")
+        else:
+            why = row.get(m + "_error", "-")
+            failed |= why.startswith("wrong")
+            cells.append(f"{why[:20]:>20}")
+    base = [row[m + "_us"] for m in METHODS[1:] if m + "_us" in row]
+    ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
+    print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
+          + " ".join(cells) + f"   {ratio}")
+    for m in ("habu", "torch._grouped_mm"):
+        for kname, us in row.get(m + "_kernels", [])[:8]:
+            print(f"  {row['model']} {row['tokens']} {row['routing']} {m}: {us:10.1f} µs  {kname[:90]}")
+    sys.stdout.flush()
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,32 +243,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mixtral,qwen3,deepseek")
     ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
     ap.add_argument("--pin", action="append", default=[], help="a plan choice for Habu's build (family=grouped)")
+    ap.add_argument("--profile", action="store_true", help="also print each kernel's µs (torch.profiler) for Habu "
+                    "and torch._grouped_mm")
     args = ap.parse_args(argv)
     from habu.search.space import parse_pins
 
     pins = parse_pins(args.pin)
     rows: list[dict] = []
+    print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
+          " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   habu / best torch", flush=True)
+    failed = False
     for key in args.models.split(","):
         for tokens in (int(n) for n in args.tokens.split(",")):
-            rows += measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins)
+            measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile)
+            for row in measured:  # each row as soon as it is measured: a run cut short keeps what it printed
+                failed |= print_row(row)
+            rows += measured
             torch().cuda.empty_cache()
-    methods = ("habu", "torch loop", "torch._grouped_mm")
-    print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
-          " ".join(f"{m + ' µs':>20}" for m in methods) + "   habu / best torch")
-    failed = False
-    for row in rows:
-        cells = []
-        for m in methods:
-            if m + "_us" in row:
-                cells.append(f"{row[m + '_us']:20.1f}")
-            else:
-                why = row.get(m + "_error", "-")
-                failed |= why.startswith("wrong")
-                cells.append(f"{why[:20]:>20}")
-        base = [row[m + "_us"] for m in methods[1:] if m + "_us" in row]
-        ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
-        print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
-              + " ".join(cells) + f"   {ratio}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if failed else 0

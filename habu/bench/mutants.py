@@ -11,12 +11,25 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from habu.bench import mutants_attention as att
+from habu.bench.mutant_plants import (
+    box_group_shifted,
+    col,
+    columns_decoded_wrong,
+    combine_skips,
+    final_pass_skips,
+    group_end_unmasked,
+    grouped,
+    partials_transposed,
+    planted,
+    rows_skip_group,
+    split_end_past,
+    tiles_rounded_down,
+    vector_overlap,
+)
 from habu.bench.mutants_softmax import SOFTMAX_MUTANTS, run_softmax_mutant
 from habu.lower import (
-    ColumnLowering,
     ContractionLowering,
     GeneralLowering,
-    GroupedLowering,
     Lowering,
     MapLowering,
     RowLowering,
@@ -176,86 +189,12 @@ def _loop_one_short(lw: GeneralLowering) -> GeneralLowering:
     return OneShort(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
-def _col(f: Callable[[ColumnLowering], ColumnLowering]) -> Callable[[Lowering], Lowering]:
-    def g(lw: Lowering) -> Lowering:
-        assert isinstance(lw, ColumnLowering)
-        return f(lw)
-    return g
-
-
-def _planted(lw: ColumnLowering, method: str, body: Callable) -> ColumnLowering:
-    """The same column lowering with one method replaced (planted by a subclass: methods are not fields)."""
-    cls = type(f"Planted_{method}", (ColumnLowering,), {method: body})
-    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
-
-
-def _partials_transposed(lw: ColumnLowering) -> ColumnLowering:
-    """Thread (g, tc) writes its column v's partial at g·W + v·column_threads + tc (the combine reads
-    g·W + tc·vector + v): a column's partials land under another column's slot."""
-    return _planted(lw, "partial_slot",
-                    lambda self, g, tc, v: g * self.tile + v * self.kernel.column_threads + tc)
-
-
-def _rows_skip_group(lw: ColumnLowering) -> ColumnLowering:
-    """The row loop steps by G·U − 1 rows: consecutive iterations overlap by one row (double-counted)."""
-    return _planted(lw, "row", lambda self, begin, i, u, g:
-                    begin + i * (self.row_groups * self.kernel.unroll - 1) + u * self.row_groups + g)
-
-
-def _split_end_past(lw: ColumnLowering) -> ColumnLowering:
-    """A split's rows end one row late (`row < begin + S + 1`): its neighbour's first row counted twice."""
-    from habu.lower.access import minimum
-
-    return _planted(lw, "row_end", lambda self, split, sizes:
-                    minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, self.rows(sizes)))
-
-
-def _combine_skips(lw: ColumnLowering) -> ColumnLowering:
-    """The combining loop steps by 2·threads where a tile has more slots than threads: every other
-    round of slots is never stored."""
-    return _planted(lw, "combine_step", property(lambda self: 2 * self.kernel.threads))
-
-
-def _vector_overlap(lw: ColumnLowering) -> ColumnLowering:
-    """Column threads step by vector − 1 columns: neighbouring threads' vectors overlap (the tile's last
-    columns are never read)."""
-    return _planted(lw, "thread_column", lambda self, tile, tc, v:
-                    tile * self.tile + tc * (self.kernel.vector - 1) + v)
-
-
-def _columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
-    """A 3-D column reduction decodes row r as b = r / #B (the outer extent, not #S), s = r % #S."""
-    def row_coordinates(self, r, sizes):
-        outer, inner = self.row_axes
-        return {outer: r // sizes[self.leading[0]], inner: r % sizes[self.leading[1]]}
-
-    return _planted(lw, "row_coordinates", row_coordinates)
-
-
-def _final_pass_skips(lw: ColumnLowering) -> ColumnLowering:
-    """A tile's last block's pass over the tile's columns strides 2·threads (the thread map's `final_step`
-    doubled): the columns of a tile wider than the block never get their epilogue."""
-    return replace(lw, thread_map=replace(lw.thread_map, final_step=2 * lw.thread_map.final_step))
-
-
-def _tiles_rounded_down(lw: Lowering) -> Lowering:
-    """The grouped GEMM's tile scheduler counts a group's row tiles as (rows) // bm instead of ⌈rows / bm⌉:
-    a group smaller than a tile gets none, and a longer one loses its ragged last tile (rows unwritten)."""
-    assert isinstance(lw, GroupedLowering)
-    cls = type("Planted_m_tiles", (GroupedLowering,), {"m_tiles": lambda self, lo, hi: (hi - lo) // self.kernel.bm})
-    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
-
-
-def _grouped(f: Callable[[GroupedLowering], GroupedLowering]) -> Callable[[Lowering], Lowering]:
-    def g(lw: Lowering) -> Lowering:
-        assert isinstance(lw, GroupedLowering)
-        return f(lw)
-    return g
-
-
 MOE_SMALL = "../tests/data/moe_small.habu"
 PV_T = "../tests/data/general_corpus/bmm_pv_transposed.habu"  # P stored [b j i]: A contiguous along m
 PV_T_SHAPE = {"B": 3, "I": 40, "D": 48, "J": 40}
+GROUPED_WGMMA = {"family": "grouped", "main_loop": "wgmma"}
+
+
 COMBINE = {"T": 13, "R": 26}  # the MoE combine as a grouped kernel (--pin family=grouped), kernel 3
 GROUPED_FAMILY = {"family": "grouped"}
 
@@ -476,26 +415,26 @@ MUTANTS: tuple[Mutant, ...] = (
            "(duplicate indices overwrite each other, the target's prior contents are lost)", "scatter_add.habu",
            "UNPERMUTE", {"R": 64, "T": 16, "N": 8}, _g(lambda lw: replace(lw, store=Store.WRITE))),
     Mutant("columns-split-stores", "row splits store their partial sums instead of adding them: the last split "
-           "to finish wins", "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, combine="store"))),
+           "to finish wins", "bias_grad.habu", "BIAS-GRAD", COLS, col(lambda lw: replace(lw, combine="store"))),
     Mutant("columns-partials-transposed", "the shared-memory partials are written [v][tc] and read [tc][v]",
-           "bias_grad.habu", "BIAS-GRAD", COLS, _col(_partials_transposed)),
+           "bias_grad.habu", "BIAS-GRAD", COLS, col(partials_transposed)),
     Mutant("columns-row-loop-overlaps", "the row loop advances G·U − 1 rows an iteration (a row added twice)",
-           "bias_grad.habu", "BIAS-GRAD", COLS, _col(_rows_skip_group), RAGGED_SPLITS),
+           "bias_grad.habu", "BIAS-GRAD", COLS, col(rows_skip_group), RAGGED_SPLITS),
     Mutant("columns-unrolled-rows-overlap", "a thread's unrolled rows are G − 1 rows apart instead of G (the "
            "column kernel's unroll stride): row groups load each other's rows, some twice, others never",
-           "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, thread_map=replace(
+           "bias_grad.habu", "BIAS-GRAD", COLS, col(lambda lw: replace(lw, thread_map=replace(
                lw.thread_map, unroll_step=lw.thread_map.unroll_step - 1)))),
     Mutant("columns-split-end-off-by-one", "a row split runs to begin + S inclusive (its neighbour's first row "
-           "added twice)", "bias_grad.habu", "BIAS-GRAD", COLS, _col(_split_end_past), RAGGED_SPLITS),
+           "added twice)", "bias_grad.habu", "BIAS-GRAD", COLS, col(split_end_past), RAGGED_SPLITS),
     Mutant("columns-combine-skips-slots", "the combining loop strides 2·threads slots: half the tile's columns "
-           "are never stored", "bias_grad.habu", "BIAS-GRAD", COLS, _col(_combine_skips), {"threads": "128"}),
+           "are never stored", "bias_grad.habu", "BIAS-GRAD", COLS, col(combine_skips), {"threads": "128"}),
     Mutant("columns-vectors-overlap", "column threads step by vector − 1 columns (vectors overlap)",
-           "bias_grad.habu", "BIAS-GRAD", COLS, _col(_vector_overlap)),
+           "bias_grad.habu", "BIAS-GRAD", COLS, col(vector_overlap)),
     Mutant("columns-column-mask-missing", "the tail tile's loads are not masked on columns (they read the next "
            "row's first columns, and past the end)", "bias_grad.habu", "BIAS-GRAD", COLS,
-           _col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
+           col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
-           "bias_grad.habu", "BIAS-GRAD", COLS, _col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
+           "bias_grad.habu", "BIAS-GRAD", COLS, col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
     Mutant("batch-stride-wrong", "K's batch stride is #I·#D (Q's) instead of #J·#D: every batch after the first "
            "reads the wrong keys (a batched GEMM given the first operand's batch stride for both)", "bmm.habu",
            "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),
@@ -507,41 +446,52 @@ MUTANTS: tuple[Mutant, ...] = (
            {"store": "direct"}),  # (a TMA store's map takes the output's strides from the host array)
     Mutant("columns-flattening-divisor-wrong", "a column reduction over (b, s) decodes row r as b = r / #B, "
            "s = r % #S: rows added twice, others never", "column_reductions.habu", "BIAS-GRAD-3D", {"B": 3, "S": 100, "N": 200},
-           _col(_columns_decoded_wrong)),
+           col(columns_decoded_wrong)),
     Mutant("columns-max-splits-added", "a column max's row splits add their partial maxima (atomicAdd) "
            "instead of taking their max", "column_reductions.habu", "COL-MAX", COLS,
-           _col(lambda lw: replace(lw, combine="atomic"))),
+           col(lambda lw: replace(lw, combine="atomic"))),
     Mutant("columns-max-splits-stored", "a column max's row splits store their partial maxima: the last split "
-           "to finish wins", "column_reductions.habu", "COL-MAX", COLS, _col(lambda lw: replace(lw, combine="store"))),
+           "to finish wins", "column_reductions.habu", "COL-MAX", COLS, col(lambda lw: replace(lw, combine="store"))),
     Mutant("columns-final-pass-skips-columns", "a tile's last block's epilogue pass strides 2·threads columns: "
            "half of each 128-column tile of the gradient is left unscaled", "column_reductions.habu",
-           "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700}, _col(_final_pass_skips), {"threads": "64"}),
+           "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700}, col(final_pass_skips), {"threads": "64"}),
     Mutant("columns-block-decode-swapped", "the column kernel takes its tile from blockIdx.y and its row split "
            "from blockIdx.x", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
-           _col(lambda lw: _planted(lw, "block", lambda self, bx, by: (by, bx))), {"threads": "64"}),
+           col(lambda lw: planted(lw, "block", lambda self, bx, by: (by, bx))), {"threads": "64"}),
     Mutant("columns-row-mask-inclusive", "a row split's loads and sums run to r <= row_end: the next split's "
            "first row is added twice", "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
-           _col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, end_inclusive=True))),
+           col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, end_inclusive=True))),
            {"threads": "64", **RAGGED_SPLITS}),  # (a row loop that runs past its split's end)
     Mutant("columns-tile-counters-shared", "every column tile counts its row splits on counter 0 (as on the one "
            "counter of the module before): the first tile's last split finishes it, no later tile is finished",
            "column_reductions.habu", "BIAS-GRAD-UNSCALED", {"R": 300, "N": 700},
-           _col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, counter_stride=0))), {"threads": "64"}),
+           col(lambda lw: replace(lw, thread_map=replace(lw.thread_map, counter_stride=0))), {"threads": "64"}),
     Mutant("grouped-tiles-rounded-down", "the grouped GEMM's scheduler rounds a group's row tiles down "
            "(rows // bm): the rows of a group's ragged last tile, or of a group smaller than a tile, are never "
-           "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, _tiles_rounded_down,
+           "written", "../tests/data/moe_small.habu", "MOE-FFN", {"T": 200, "R": 400}, tiles_rounded_down,
            {"bm": "32"}),
     Mutant("combine-row-factor-dropped", "the grouped MoE combine's epilogue forgets the router weight P[r]",
-           MOE_SMALL, "MOE-FFN", COMBINE, _grouped(lambda lw: replace(lw, row_scale=None)), GROUPED_FAMILY, kernel=3),
+           MOE_SMALL, "MOE-FFN", COMBINE, grouped(lambda lw: replace(lw, row_scale=None)), GROUPED_FAMILY, kernel=3),
     Mutant("combine-plain-store", "the grouped MoE combine stores Y[IX[r] d] instead of adding atomically: a "
            "token's rows overwrite each other and Y's prior contents", MOE_SMALL, "MOE-FFN", COMBINE,
-           _grouped(lambda lw: replace(lw, store=Store.WRITE)), GROUPED_FAMILY, kernel=3),
+           grouped(lambda lw: replace(lw, store=Store.WRITE)), GROUPED_FAMILY, kernel=3),
     Mutant("combine-scatter-row-wrong", "the grouped MoE combine adds routed row r into Y[r d], not into its "
-           "token's row Y[IX[r] d]", MOE_SMALL, "MOE-FFN", COMBINE, _grouped(lambda lw: replace(lw, out=_ungather(lw.out))),
+           "token's row Y[IX[r] d]", MOE_SMALL, "MOE-FFN", COMBINE, grouped(lambda lw: replace(lw, out=_ungather(lw.out))),
            GROUPED_FAMILY, kernel=3),
+    Mutant("grouped-wgmma-box-group-off-by-one", "the grouped wgmma loop's TMA box of W starts one group past the "
+           "tile's (box origin (k0, n0, g + 1)): every row multiplies the next expert's weights", MOE_SMALL,
+           "MOE-FFN", COMBINE, grouped(box_group_shifted), GROUPED_WGMMA),
+    Mutant("grouped-wgmma-group-end-unmasked", "the grouped wgmma combine drops the row mask at offs[g + 1]: a tile "
+           "adds the next groups' rows with its own group's weights", MOE_SMALL, "MOE-FFN", COMBINE,
+           grouped(group_end_unmasked), GROUPED_WGMMA, kernel=3),
+    Mutant("grouped-wgmma-ring-wraps-late", "the grouped wgmma loop's ring wraps its stage index one stage late "
+           "(ring_advance<stages + 1>): a k tile lands in a stage past the ring, a consumer waits on a barrier "
+           "no producer completes", MOE_SMALL, "MOE-FFN", COMBINE,
+           grouped(lambda lw: replace(lw, wgmma=replace(lw.wgmma, ring=replace(lw.wgmma.ring, wrap=lw.wgmma.ring.stages + 1)))),
+           GROUPED_WGMMA),
     Mutant("pair-second-weights-wrong", "the fused gate/up kernel multiplies the up accumulator with the gate's "
            "weights (W1 staged twice)", MOE_SMALL, "MOE-FFN", COMBINE,
-           _grouped(lambda lw: replace(lw, pair=replace(lw.pair, w=lw.w))), {"pair": "fused"}),
+           grouped(lambda lw: replace(lw, pair=replace(lw.pair, w=lw.w))), {"pair": "fused"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
     Mutant("general-block-stride-doubled", "the general kernel's thread map strides blocks by 2·threads "

@@ -17,7 +17,7 @@ output access names, with f32 atomicAdd.
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.cexpr import CExpr, c, cmin
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
@@ -32,7 +32,7 @@ from habu.emit_cuda.common import (
     store_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
-from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.general import Store
 from habu.lower.grouped import MMA_K, MMA_M, MMA_N, GroupedLowering
@@ -259,4 +259,22 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     return CudaKernel(name, src, tuple(sig.params), threads, 0, lw)
 
 
-register_geometry(GroupedLowering, GRID_2D)  # row tiles of any grouping × column tiles
+def _grouped_blocks(lw: GroupedLowering, sizes, slots: int) -> tuple[int, int, int]:
+    """mma.sync: row tiles of any grouping × column tiles; the wgmma loop: persistent, the blocks resident
+    at once (at most one per tile), each walking the tiles blockIdx.x, + gridDim.x, ..."""
+    x, y = lw.grid(sizes)
+    if lw.uses_wgmma:
+        return (max(1, min(int(x) * int(y), slots)), 1, 1)
+    return (max(1, int(x)), max(1, int(y)), 1)
+
+
+def _grouped_formula(lw: GroupedLowering, s, slots):
+    x, y = lw.grid(s)
+    if lw.uses_wgmma:
+        return (cmax(1, cmin(x * y, slots)), "1", "1")
+    return (cmax(1, x), cmax(1, y), "1")
+
+
+register_geometry(GroupedLowering, LaunchGeometry(
+    blocks=_grouped_blocks, formula=_grouped_formula,
+    slots=lambda lw, cluster: "sm_count" if lw.uses_wgmma else None))

@@ -37,6 +37,7 @@ from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv, floordiv
 from habu.lower.general import Store
+from habu.lower.grouped_wgmma import WgmmaMainLoop, wgmma_consumers, wgmma_main_loop
 from habu.plan.grouped_pair import as_grouped_pair
 from habu.plan.patterns import as_grouped_gemm
 from habu.plan.plan import GroupedKernel
@@ -75,6 +76,13 @@ class GroupedLowering:
     row_scale: Access | None = None  # P at axis r: a factor of each row, multiplied in the epilogue
     store: Store = Store.WRITE  # ATOMIC_ADD: the scatter-add epilogue (T[IX[r] n] += …)
     pair: PairEpilogue | None = None  # a second GEMM and the node of both (SwiGLU in the epilogue)
+    # the wgmma main loop (`main_loop = "wgmma"`: habu/lower/grouped_wgmma.py), None for mma.sync or where
+    # its maps do not exist (the rules then refuse the plan)
+    wgmma: WgmmaMainLoop | None = None
+
+    @property
+    def uses_wgmma(self) -> bool:
+        return self.kernel.main_loop == "wgmma"
 
     @property
     def a_parts(self) -> int:
@@ -91,6 +99,9 @@ class GroupedLowering:
 
     @property
     def threads(self) -> int:
+        """mma.sync: the warps of the tile; wgmma: a producer warpgroup and the consumer warpgroups."""
+        if self.uses_wgmma:
+            return 128 * (wgmma_consumers(self.kernel) + 1)
         return 32 * self.kernel.warps_m * self.kernel.warps_n
 
     @property
@@ -157,19 +168,37 @@ class GroupedLowering:
     def k_steps(self, sizes: Mapping[str, Any]) -> Any:
         return cdiv(sizes[self.k], self.kernel.bk)
 
+    @property
+    def epilogue_pairs(self) -> bool:
+        """The wgmma loop's epilogue stores a thread's two adjacent columns (r, n), (r, n + 1) as one vector
+        where both are inside and the pair's offset is even: an output contiguous along n, stored in f32,
+        bf16 or f16, or added into f32 (a scatter: one 8-byte vector atomic add, sm_90)."""
+        last = self.out.positions[-1]
+        dtypes = ("f32", "bf16", "f16") if self.store is Store.WRITE else ("f32",)
+        return self.uses_wgmma and self.out.dtype in dtypes and last.kind == "axis" and last.axis == "n"
+
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
-        """The 16-byte chunks of A's and W's rows the kernel stages: the launch checks their bases' alignment."""
+        """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs: the launch
+        checks their bases' alignment."""
         staged = (self.a, self.w) if self.pair is None else (self.a, self.w, self.pair.w)
+        pairs = (VectorAccess(self.out.tensor, 2, f"the epilogue stores pairs of adjacent {self.out.tensor} elements "
+                              "as one vector"),) if self.epilogue_pairs else ()
         return tuple(VectorAccess(acc.tensor, 8 if acc.dtype == "bf16" else 4,
                                   f"the plan stages 16-byte chunks ({8 if acc.dtype == 'bf16' else 4} elements) of "
-                                  f"{acc.tensor}'s rows") for acc in staged)
+                                  f"{acc.tensor}'s rows") for acc in staged) + pairs
 
     def smem_bytes(self) -> int:
         """The staged tiles: bm × (bk + 8) of A and bn × (bk + 8) of W in bf16 (rows padded by 16 bytes
         against bank conflicts), A's once per part; the offsets and tile starts (ints, #G + 1 each) are
         counted by the rules."""
         k = self.kernel
+        if self.uses_wgmma:
+            return self.wgmma.layout.total if self.wgmma is not None else 0
         return 2 * (k.bm * self.a_parts + k.bn * (1 if self.pair is None else 2)) * (k.bk + 8)
+
+    def dynamic_smem_bytes(self) -> int:
+        """Bytes of dynamic shared memory the launch requests: the wgmma loop's stage tiles and barriers."""
+        return self.wgmma.layout.total if self.uses_wgmma and self.wgmma is not None else 0
 
 
 def _pick(values: list[Any], index: Any, where: Callable[[Any, Any, Any], Any]) -> Any:
@@ -209,7 +238,8 @@ def lower_grouped(model: Model, kernel: GroupedKernel, storage: Mapping[str, str
         access_for(model.tensor(gg.row_scale.tensor), gg.row_scale.indices, axis_of, extent_of_axis, storage)
     return GroupedLowering(kernel, gg.r.extent, gg.n.extent, gg.k.extent, gg.group_extent, eq, a, w, out,
                            gg.groups, gg.scale, kernel.index_width, row_scale,
-                           Store.WRITE if eq.scatter is None else Store.ATOMIC_ADD)
+                           Store.WRITE if eq.scatter is None else Store.ATOMIC_ADD,
+                           wgmma=wgmma_main_loop(kernel, a, w) if kernel.main_loop == "wgmma" else None)
 
 
 def _lower_pair(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] | None) -> GroupedLowering:
@@ -227,5 +257,6 @@ def _lower_pair(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] 
     w2 = access_for(model.tensor(g2.w.tensor), (gv, *g2.w.indices[1:]), axis_of, extent_of_axis, storage)
     epi = pair.epilogue
     out = access_for(model.tensor(epi.target), epi.lhs, {epi.lhs[0]: "r", epi.lhs[1]: "n"}, extent_of_axis, storage)
-    return replace(base, kernel=kernel, out=out,
+    wgmma = wgmma_main_loop(first, base.a, base.w, pair=True) if kernel.main_loop == "wgmma" else None
+    return replace(base, kernel=kernel, out=out, wgmma=wgmma,
                    pair=PairEpilogue(w2, g2.scale, pair.first.node.target, g2.node.target, g2.node, epi))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
+from habu.lower.grouped_wgmma import wgmma_refusal
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import (
@@ -386,6 +387,9 @@ class GroupedSupport(PathSupport):
     def refusals(self, lw) -> list[str]:
         k = lw.kernel
         reasons = []
+        if lw.uses_wgmma:  # the wgmma main loop's own limits (habu/lower/grouped_wgmma.py)
+            refusal = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None)
+            return [refusal] if refusal else []
         if lw.warp_rows % 16 or lw.warp_cols % 8:
             reasons.append(f"a warp's tile ({lw.warp_rows} × {lw.warp_cols}) is whole 16 × 8 mma tiles")
         if (k.bm * k.bk // 8) % lw.threads or (k.bn * k.bk // 8) % lw.threads:

@@ -16,20 +16,29 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from habu.emit_cuda.emit_grouped import emit_grouped
+from habu.emit_cuda.emit_grouped_wgmma import emit_grouped_wgmma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.grouped import GroupedLowering
+from habu.lower.grouped_wgmma import WGMMA_BK
 from habu.lower.support import GROUPED
 from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
 from habu.plan.grouped_pair import as_grouped_pair
 from habu.plan.patterns import Region, as_grouped_gemm
 from habu.plan.plan import GroupedKernel, Kernel
+from habu.plan.storage import dtype_of
 from habu.spec.ir import INT31_MAX, Model
 from habu.target import Target
 
 # the share of the mma.sync peak this kernel's one-stage, register-staged main loop reaches (a guess for
 # the cost model until it is measured: no cp.async pipeline, fragments read from shared memory by word)
 MMA_SHARE = 0.35
+# the share of real wgmma kernels' rate the wgmma main loop reaches (a guess until measured: the
+# contraction path's gathered-A wgmma GEMM runs at ~0.8 of it; one tile per block, no persistence)
+WGMMA_SHARE = 0.7
+# the wgmma main loop's tiles (bm, bn, stages): a stage is bm·128 + bn·128 bytes; 4 × 48 KiB and 6 × 32 KiB
+# fit beside the barriers and offsets in the 227 KiB a block may have
+WGMMA_TILES = ((128, 256, 4), (128, 128, 6), (64, 256, 4))
 
 
 class GroupedPath(KernelPath):
@@ -64,15 +73,47 @@ class GroupedPath(KernelPath):
         return None if first is None else replace(first, nodes=nodes)
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
-        """Tiles 32/64/128 rows × 64/128 columns × 32/64 k, 2 × 2, 4 × 2 or 2 × 4 warps (those whose warp
-        tiles are whole mma tiles and whose chunks divide among the threads)."""
+        """mma.sync: tiles 32/64/128 rows × 64/128 columns × 32/64 k, 2 × 2, 4 × 2 or 2 × 4 warps (those whose
+        warp tiles are whole mma tiles and whose chunks divide among the threads); on a target with wgmma and
+        TMA, the wgmma main loop's tiles (`WGMMA_TILES`) where it can run the kernel (bf16 A, no pair)."""
         assert isinstance(base, GroupedKernel)
+        base = replace(base, main_loop="mma.sync", stages=1)
         for bm, bn, bk, (wm, wn) in itertools.product((32, 64, 128), (64, 128), (32, 64), ((2, 2), (4, 2), (2, 4))):
             k = replace(base, bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn)
             threads = 32 * wm * wn
             if (bm // wm) % 16 or (bn // wn) % 8 or (bm * bk // 8) % threads or (bn * bk // 8) % threads:
                 continue
             yield k
+        if target.wgmma and target.tma and len(base.nodes) == 3:  # a pair: 128 columns, two boxes a stage
+            yield replace(base, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
+        elif target.wgmma and target.tma:
+            for bm, bn, stages in WGMMA_TILES:
+                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
+                              stages=stages)
+
+    def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target) -> GroupedKernel | None:
+        """`kernel` on the wgmma main loop, with its default tile (128 × 256 where #N spans several such
+        columns and A is bf16, else 128 × 128; the stages that fit), or None where the loop cannot run it
+        (a fused pair, no wgmma or TMA on the target)."""
+        if not (target.wgmma and target.tma) or len(kernel.nodes) not in (1, 3):
+            return None
+        if len(kernel.nodes) == 3:  # a fused pair: two accumulators of 128 columns, bf16 A
+            pair = as_grouped_pair(model, kernel.nodes)
+            if pair is None or dtype_of(model, pair.first.a.tensor) != "bf16":
+                return None
+            return replace(kernel, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
+        eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
+        gg = as_grouped_gemm(model, eq)
+        a_dtype = dtype_of(model, gg.a.tensor) if gg is not None else None
+        if gg is None or a_dtype not in ("bf16", "f32") or dtype_of(model, gg.w.tensor) != "bf16":
+            return None
+        n = model.sizes.get(gg.n.extent) or 0
+        # an f32 A (two bf16 parts, a producer of more registers): 128 columns, the consumers' registers
+        bm, bn, stages = WGMMA_TILES[0] if n >= 1024 and a_dtype == "bf16" else WGMMA_TILES[1]
+        if a_dtype == "f32":
+            stages = 4  # a stage holds A's two parts: 48 KiB
+        return replace(kernel, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
+                       stages=stages)
 
     def seconds(self, lw: GroupedLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the row tiles of an even grouping (#R/#G rows a group), each
@@ -85,7 +126,7 @@ class GroupedPath(KernelPath):
         gemms = 1 if lw.pair is None else 2  # a pair: two accumulators over the same A tile
         flops = 2.0 * tiles_m * k.bm * tiles_n * k.bn * K * lw.a_parts * gemms  # an f32 A: an mma per bf16 part
         moved = 2.0 * (R * K * tiles_n * lw.a_parts + G * N * K * gemms) + 4.0 * R * N
-        peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
+        peak = c.wgmma_flops * WGMMA_SHARE if lw.uses_wgmma else (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
         return flops, moved, max(flops / peak, moved / c.bandwidth) + c.launch_s
 
     def smem_bytes(self, lowering: GroupedLowering) -> int:  # type: ignore[override]
@@ -96,6 +137,8 @@ class GroupedPath(KernelPath):
 
     def emit(self, name: str, model: Model, lowering: GroupedLowering, static: dict[str, int],  # type: ignore[override]
              target: Target, early_main_loop: bool = False) -> CudaKernel:
+        if lowering.uses_wgmma:
+            return emit_grouped_wgmma(name, model, lowering, static)
         return emit_grouped(name, model, lowering, static)
 
 

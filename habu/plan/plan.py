@@ -177,7 +177,7 @@ class GroupedKernel:
                                  "and the node of both, gate, up and SwiGLU: `--pin pair=fused`)")
     bm: int = choice("rows of a tile (a group's rows are cut into tiles of bm)", P, allowed=(16, 32, 64, 128),
                      pins=("bm",), unguarded=KEEP)
-    bn: int = choice("columns of a tile", P, allowed=(16, 32, 64, 128), pins=("bn",), unguarded=KEEP)
+    bn: int = choice("columns of a tile", P, allowed=(16, 32, 64, 128, 256), pins=("bn",), unguarded=KEEP)
     bk: int = choice("reduced elements staged in shared memory per step of the k loop", P, allowed=(16, 32, 64),
                      pins=("bk",), unguarded=KEEP)
     warps_m: int = choice("warps of a block along the rows (each 16·(bm / 16 / warps_m) rows)", P,
@@ -186,6 +186,12 @@ class GroupedKernel:
                           unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
+    main_loop: str = choice("the k loop: mma.sync (one stage, plain loads) or wgmma (a producer warpgroup fills a "
+                            "ring of `stages` stages, W by TMA and A's rows by cp.async; (warps_m·warps_n)/4 "
+                            "consumer warpgroups of 64-row slabs multiply with wgmma; bk 64)", P, default="mma.sync",
+                            allowed=("mma.sync", "wgmma"), pins=("main_loop",), json_optional=True, unguarded=KEEP)
+    stages: int = choice("k tiles in flight in the wgmma main loop's ring (1: the mma.sync loop's one stage)", P,
+                         default=1, lo=1, hi=8, pins=("stages",), json_optional=True, unguarded=KEEP)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering, tile_starts
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, register_kind
+from habu.prove.pipeline import delivered
+from habu.prove.smem_route import wgmma_route
 from habu.prove.virtual import WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Expr
@@ -56,9 +58,52 @@ def _scale(f: PrimeField, e: Expr, sizes: Mapping[str, int]) -> np.ndarray:
     return eval_pointwise(e, lambda ld: None, f, sizes)
 
 
+def _delivered_tiles(name: str, lw: GroupedLowering, steps: int, mem: Memory, computing: str) -> list[int | None]:
+    """The k tile each of a block's `steps` k steps multiplies: the wgmma loop's ring as
+    habu.prove.pipeline executes it (a fault is the check's, named by the tile `computing`), or the steps
+    in order (mma.sync)."""
+    if lw.wgmma is None:
+        return list(range(steps))
+    reads, fault = delivered(lw.wgmma.ring, steps)
+    if fault is not None:
+        mem.fault(f"while computing {computing}: {name}'s k pipeline: {fault}")
+    return reads
+
+
+def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
+    """The wgmma loop's shared-memory operands, routed through the contraction path's maps
+    (habu.prove.smem_route: the producer's cp.async stores, TMA's swizzle, the descriptors' reads): the
+    kernel multiplies the tile product only where the route is the identity."""
+    if not lw.uses_wgmma:
+        return
+    if lw.wgmma is None:
+        mem.fault(f"{name}: the wgmma main loop has no stage maps for this tile")
+        return
+    loop = lw.wgmma
+    if loop.a_parts == 2:  # an f32 A: its lo tile right after the hi tile, inside the stage's A buffer
+        a0 = next(b for b in loop.layout.buffers if b.name == "A0")
+        tile = loop.operands.a_tile.bytes
+        if loop.lo_offset != tile or 2 * tile > a0.size:
+            mem.fault(f"{name}: A's low parts at byte {loop.lo_offset} of its {a0.size}-byte stage buffer overlap "
+                      f"the high parts' {tile} bytes or leave the buffer")
+    if lw.pair is not None:  # the second weights' box lands where the consumers read them: row bn of B's tile
+        load = loop.ring.load("B")
+        lands = load.box_bytes if load is not None and load.boxes == 2 else None
+        if loop.b2_offset != lands or loop.second_b_start() != lands:
+            mem.fault(f"{name}: the second weights' box lands at byte {loop.b2_offset} of the stage's B tile, its "
+                      f"reads start at byte {loop.second_b_start()} (the second of the ring's two boxes: {lands})")
+    route = wgmma_route(loop.operands)
+    for fault in route.faults:
+        mem.fault(f"{name}: {fault}")
+    if not route.identity:
+        mem.fault(f"{name}: the wgmma operands' shared-memory route is not the tile's product (an element "
+                  "multiplied at another row, column or k, or twice)")
+
+
 def run_grouped(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem: Memory, blocks,
                 keep: np.ndarray | None = None) -> None:
     """Run the blocks `blocks`, (mt, nt) pairs; the blocks of one row tile together (one read of A)."""
+    _wgmma_faults(name, lw, mem)
     offs = group_offsets(lw, sizes, mem)
     starts = tile_starts(lw, offs)
     by_row_tile: dict[int, list[int]] = {}
@@ -88,19 +133,43 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
     cols = np.concatenate([np.asarray(lw.column(nt, j), dtype=np.int64) for nt in nts])
     steps = int(lw.k_steps(sizes))
     kk = np.arange(k.bk, dtype=np.int64)
-    ks = np.concatenate([np.asarray(lw.k_index(s, kk), dtype=np.int64) for s in range(steps)]) if steps else kk[:0]
+    # the k tile each k step multiplies: the ring's delivery (habu.prove.pipeline; None: a stage read before
+    # any tile of this output tile landed, poison) on the wgmma loop, the steps in order on mma.sync
+    first = f"{lw.out.tensor}[{int(rows[0])}, {int(cols[0])}] (routed row, column) and the rest of its tile"
+    tiles = _delivered_tiles(name, lw, steps, mem, first)
+    ks = np.concatenate([np.asarray(lw.k_index(max(t or 0, 0), kk), dtype=np.int64) for t in tiles]) \
+        if steps else kk[:0]
     live_rows = rows[inside]
     if not len(live_rows):
         return
     a = read(name, lw.a, {"r": live_rows[:, None], "k": ks[None, :]}, sizes, mem, lw.index_width, where) \
         if len(ks) else None
+    stale = np.repeat(np.array([t is None for t in tiles], dtype=bool), k.bk)
+    if a is not None and stale.any():
+        a = np.where(stale[None, :], mem.poison(live_rows[:, None] * 7919 + ks[None, :]), a)
+
+    def weights(w_access) -> np.ndarray:
+        """W at the block's columns and the k steps' k: on the wgmma loop, each k tile's TMA box at the
+        origin the lowering gives (`w_box_origin`), zero past W's bounds as the tensor map fills it."""
+        if lw.wgmma is None:
+            return read(name, w_access, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
+                        lw.index_width, where)
+        parts = []
+        for nt in nts:
+            n0 = np.int64(lw.column(nt, 0))
+            steps_w = []
+            for t in tiles:
+                o = lw.wgmma.w_box_origin(np.int64(group), n0, np.int64(lw.k_index(max(t or 0, 0), 0)))
+                steps_w.append(read(name, w_access, {"g": o["g"], "n": o["n"] + j[:, None], "k": o["k"] + kk[None, :]},
+                                    sizes, mem, lw.index_width, where))
+            parts.append(np.concatenate(steps_w, axis=1))
+        return np.concatenate(parts, axis=0)
 
     def product(w_access, scale) -> np.ndarray:
         """scale · Σ k A[row k] · W[group col k] over the block's rows and columns, every k step."""
         if a is None:
             return np.zeros((len(live_rows), len(cols)), dtype=np.int64)
-        w = read(name, w_access, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
-                 lw.index_width, where)
+        w = weights(w_access)
         out = f.contract2(np.ascontiguousarray(np.broadcast_to(a, (len(live_rows), len(ks)))),
                           np.ascontiguousarray(np.broadcast_to(w, (len(cols), len(ks)))), "ik", "jk", "ij")
         return out if scale is None else (out * np.asarray(_scale(f, scale, sizes), dtype=np.int64)) % f.p
@@ -128,11 +197,20 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
 # ----------------------------------------------------------------------------- the grouped kind
 
 
+def grid_blocks(lw: GroupedLowering, sizes: Mapping[str, int]) -> list[tuple[int, int]]:
+    """The (row tile, column tile) of every block of the grid, as the kernel decodes its block index: the
+    mma.sync loop's (blockIdx.x, blockIdx.y), the wgmma loop's band order (`WgmmaMainLoop.tile_of`)."""
+    gx, gy = (int(x) for x in lw.grid(sizes))
+    if lw.wgmma is not None:
+        return [(int(mt), int(nt)) for mt, nt in (lw.wgmma.tile_of(lin, gx, gy) for lin in range(gx * gy))]
+    return [(mt, nt) for nt in range(gy) for mt in range(gx)]
+
+
 def _everything(lw: GroupedLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
     """Every block of the grid (the offsets depend on the drawn grouping, so no block stands for another),
     and every element of the output."""
     gx, gy = (int(x) for x in lw.grid(sizes))
-    blocks = [(mt, nt) for nt in range(gy) for mt in range(gx)]
+    blocks = grid_blocks(lw, sizes)
     box = tuple(np.arange(sizes[e]) for e in lw.out.extents)  # (#R, #N); a scatter's target, all of it
     return blocks, box, f"all {gx} × {gy} blocks (row tiles of any grouping × column tiles)"
 

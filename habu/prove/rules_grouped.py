@@ -13,8 +13,10 @@ import z3
 
 from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering
+from habu.lower.grouped_wgmma import wgmma_refusal
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
-from habu.prove.rules_fields import _grid
+from habu.prove.pipeline import pipeline_problem
+from habu.prove.rules_fields import FIELD_RULES, _grid
 
 GROUPED_RULES = {r.name: r for r in (
     Rule("grouped-schedule", "the grid of a grouped GEMM has a block for every row tile of every grouping of "
@@ -23,6 +25,27 @@ GROUPED_RULES = {r.name: r for r in (
 )}
 
 STATIC_SMEM = 48 * 1024
+
+
+def _wgmma_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator[Obligation]:
+    """The wgmma main loop: a target with wgmma and TMA, a kernel the loop can run (bf16 A and W, bk 64,
+    whole warpgroups of 64-row slabs), its stage maps, and its ring delivering every k tile to its step
+    (`pipeline-schedule`, executed by habu.prove.pipeline over one tile, a long one and several)."""
+    from habu.prove.rules import R
+
+    t = ctx.target
+    refusal = wgmma_refusal(lw.kernel, lw.a.dtype, lw.w.dtype, lw.pair is not None)
+    if refusal is None and not (t.wgmma and t.tma):
+        refusal = f"{t.name} has no wgmma and TMA"
+    if refusal is None and lw.wgmma is None:
+        refusal = "the wgmma stage tiles have no maps for this tile (128-byte rows, stages evenly spaced)"
+    yield Obligation(R["supported-path"], name, None, "the wgmma main loop runs this grouped kernel",
+                     refusal is None, detail=refusal or "")
+    if lw.wgmma is not None:
+        problem = pipeline_problem(lw.wgmma.ring)
+        yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
+                         f"the wgmma loop's ring of {lw.wgmma.ring.stages} stages delivers every k tile to its step",
+                         problem is None, detail=problem or "")
 
 
 def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator[Obligation]:
@@ -50,11 +73,18 @@ def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterato
     yield Obligation(R["supported-path"], name, None, f"the number of groups #{lw.g} is known when the kernel is "
                      "compiled (each block keeps the offsets in shared memory)", isinstance(groups, int),
                      detail=f"#{lw.g} is a runtime extent")
+    if lw.uses_wgmma:
+        yield from _wgmma_obligations(name, lw, ctx)
     if isinstance(groups, int):
-        smem = lw.smem_bytes() + 8 * (groups + 1)
-        most = min(STATIC_SMEM, t.smem_per_block)
-        yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of staged tiles and offsets ≤ {most}",
-                         smem <= most, detail=f"{smem} bytes of static shared memory; a block may declare {most}")
+        offsets = 8 * (groups + 1)
+        if lw.uses_wgmma:  # the stage tiles and barriers are dynamic, the offsets static: one block's sum
+            smem, most = lw.dynamic_smem_bytes() + offsets, t.smem_per_block
+            what = f"{smem} bytes of stage tiles, barriers and offsets ≤ {most}"
+        else:
+            smem, most = lw.smem_bytes() + offsets, min(STATIC_SMEM, t.smem_per_block)
+            what = f"{smem} bytes of staged tiles and offsets ≤ {most}"
+        yield Obligation(R["smem-budget"], name, None, what,
+                         smem <= most, detail=f"{smem} bytes of shared memory; a block may have {most}")
     yield Obligation(R["vector-align"], name, None,
                      f"A's and W's rows start on 16-byte chunks (#{lw.k} a multiple of 8)", s[lw.k] % 8 == 0,
                      detail=f"#{lw.k} is not a multiple of 8: the staged 16-byte chunks are misaligned")

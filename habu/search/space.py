@@ -32,6 +32,7 @@ from habu.plan.patterns import Region, as_contraction, default_regions
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
+    GroupedKernel,
     Kernel,
     Plan,
 )
@@ -95,7 +96,11 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
             kernels = _pinned_family(graph, regions, kernels, pins["family"], target, s)
         if "pair" in pins:
             kernels = _pinned_pair(graph, regions, kernels, pins["pair"], target, s)
-        kernels = tuple(apply_pins(graph, k, pins, target) for k in kernels)
+        rest = pins
+        if pins.get("main_loop") == "wgmma":  # on the grouped kernels the wgmma loop can run, with its tile
+            kernels = _pinned_wgmma(graph, kernels, target)
+            rest = {key: v for key, v in pins.items() if key != "main_loop"}
+        kernels = tuple(apply_pins(graph, k, rest, target) for k in kernels)
         _check_pins_apply(pins, kernels)
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
             kernels = tuple(replace(k, store="direct") if getattr(k, "store", None) == "tma"
@@ -142,6 +147,18 @@ def _pinned_pair(model: Model, regions: tuple[Region, ...], kernels: tuple[Kerne
     for i, k in reversed(fused):
         out[i:i + 3] = [k]
     return tuple(out)
+
+
+def _pinned_wgmma(model: Model, kernels: tuple[Kernel, ...], target: Target) -> tuple[Kernel, ...]:
+    """`--pin main_loop=wgmma`: each grouped kernel the wgmma main loop can run takes it with its default
+    tile (`GroupedPath.wgmma_kernel`; other pins then change the tile); the others (an f32 A, a fused pair)
+    keep mma.sync. A plan with no such kernel is a mistake."""
+    out = tuple((grouped.PATH.wgmma_kernel(model, k, target) or k) if isinstance(k, GroupedKernel) else k
+                for k in kernels)
+    if not any(isinstance(k, GroupedKernel) and k.main_loop == "wgmma" for k in out):
+        raise UsageError(f"--pin main_loop=wgmma: no grouped kernel of {model.name} can run the wgmma main loop on "
+                         f"{target.name} (it needs wgmma and TMA, bf16 A and W, one GEMM a kernel)")
+    return out
 
 
 def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:

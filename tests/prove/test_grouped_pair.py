@@ -31,7 +31,7 @@ def test_gate_up_and_swiglu_are_a_pair_and_the_default_keeps_them_apart():
     assert [k.kind for k in default_plan(m, TARGET, {}, {}).kernels] == ["grouped", "grouped", "rows", "general"]
     plan = default_plan(m, TARGET, {}, FUSED)
     assert [k.nodes for k in plan.kernels] == [("gate", "up", "act"), ("Y",)]
-    assert dict(plan.storage) == {"act": "f32"}  # gate and up stay in registers
+    assert dict(plan.storage) == {"act": "bf16"}  # gate and up stay in registers; act is bf16 (the activation type)
     lw = lower_plan(m, plan)[0]
     assert isinstance(lw, GroupedLowering) and lw.pair is not None
     assert (lw.w.tensor, lw.pair.w.tensor, lw.out.tensor) == ("W1", "W3", "act")

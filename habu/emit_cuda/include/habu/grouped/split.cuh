@@ -24,4 +24,15 @@ __device__ __forceinline__ void split_bf16x8(float4 x, float4 y, uint4& hi, uint
   lo = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
+/** @brief The bf16 parts of eight floats (`split_bf16x8`) stored as one 16-byte chunk each at the shared-memory
+ *  addresses `hi_at` and `lo_at` (the wgmma main loop's producer: A's hi and lo stage tiles). */
+__device__ __forceinline__ void store_split_bf16x8(u32 hi_at, u32 lo_at, float4 x, float4 y) {
+  uint4 hi, lo;
+  split_bf16x8(x, y, hi, lo);
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" :: "r"(hi_at), "r"(hi.x), "r"(hi.y), "r"(hi.z), "r"(hi.w)
+               : "memory");
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" :: "r"(lo_at), "r"(lo.x), "r"(lo.y), "r"(lo.z), "r"(lo.w)
+               : "memory");
+}
+
 }  // namespace habu

@@ -1,0 +1,373 @@
+"""The grouped GEMM's wgmma main loop (habu/lower/grouped_wgmma.py): `T[r n] = scale · Σ k A[IX[r] k] · W[E[r] n k]`
+with a producer warpgroup filling an mbarrier ring (W[g]'s box by TMA, A's gathered rows by cp.async) and
+consumer warpgroups multiplying with wgmma.
+
+Printed from the `GroupedLowering` and its `WgmmaMainLoop`: every block finds the group offsets and the
+row tiles' prefix sum in shared memory (`habu::group_offsets`, `habu::group_tile_starts`, as the
+mma.sync loop does), takes its tile (`tile_of`, then the group by `decode`), and a block past the last
+row tile returns. The stage tiles, their offsets, the descriptors and the ring's barriers, arrivals,
+parities and bytes are the contraction path's (`WgmmaOperands`, `MbarrierRing`); W's box origin is
+`w_box_origin`, A's rows the grouped lowering's `row` masked by `row_inside` at the group's end.
+The epilogue stores each accumulator pair where its row lies in the group and its column below #N,
+multiplied by P[r] (a row factor) and added with f32 atomicAdd (a scatter) where the lowering says.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    float_expr,
+    header,
+    index_code,
+    index_type,
+    load_value,
+    store_value,
+)
+from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.kernel import CudaKernel, TmaSpec
+from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
+from habu.lower.fragments import ACCUMULATOR
+from habu.lower.general import Store
+from habu.lower.grouped import GroupedLowering
+from habu.lower.grouped_wgmma import wgmma_refusal
+from habu.lower.pipeline import MbarrierRing
+from habu.spec.ir import Model
+
+
+def _no_load(ld) -> str:
+    raise ValueError("the scale of a grouped GEMM reads no tensor")
+
+
+def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
+    """A stage's full (or empty) barrier: `MbarrierRing.full_barrier` / `empty_barrier` from `bars`."""
+    return f"bars + {ring.barrier_stride} * {stage}" + (f" + {ring.empty_offset}" if empty else "")
+
+
+def _advance(ring: MbarrierRing) -> str:
+    flip = f", {ring.flip}u" if ring.flip != 1 else ""
+    return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
+
+
+def _desc(d, base: str, start) -> str:
+    row, k_part = start
+    at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
+    return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
+
+
+def _cp_async_fill(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str, dst: str) -> str:
+    """A bf16 A: each producer thread cp.asyncs one 16-byte column of its rows into the stage's A tile."""
+    return f"""      {{
+        const {it} kk = k0 + (ptid % {per_row}) * {vec};
+        const bool k_ok = {kmask};
+#pragma unroll
+        for (int j = 0; j < {copies}; ++j) {{
+          const int i = ptid / {per_row} + {128 // per_row} * j;
+          const bool ok = a_row_off[j] >= 0 && k_ok;
+          const habu::bf16* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
+          habu::cp_async<16>(a_stage + (habu::u32)({dst}), src, ok);
+        }}
+      }}
+"""
+
+
+def _f32_load(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str, k_tile: str,
+              into: str) -> str:
+    """An f32 A: each producer thread loads the same 8 k of its rows of k tile `k_tile` (two float4 each, zero
+    where masked) into registers `into`x, `into`y."""
+    return f"""        {{
+          const {it} kk = ({it})({k_tile}) + (ptid % {per_row}) * {vec};
+          const bool k_ok = {kmask};
+#pragma unroll
+          for (int j = 0; j < {copies}; ++j) {{
+            {into}x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f), {into}y[j] = {into}x[j];
+            if (a_row_off[j] >= 0 && k_ok) {{
+              const float4* src = reinterpret_cast<const float4*>({pa} + a_row_off[j] + ({koff}));
+              {into}x[j] = src[0];
+              {into}y[j] = src[1];
+            }}
+          }}
+        }}
+"""
+
+
+def _f32_store(per_row: int, copies: int, dst: str, lo_offset: int) -> str:
+    """An f32 A: the loaded values' bf16 parts (habu::split_bf16x8) into the stage's hi and lo tiles."""
+    return f"""#pragma unroll
+      for (int j = 0; j < {copies}; ++j) {{
+        const int i = ptid / {per_row} + {128 // per_row} * j;
+        const habu::u32 at = a_stage + (habu::u32)({dst});
+        habu::store_split_bf16x8(at, at + {lo_offset}u, ax[j], ay[j]);
+      }}
+"""
+
+
+def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
+    k, loop = lw.kernel, lw.wgmma
+    refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None)
+    if refused or loop is None:
+        raise ValueError(f"{name}: {refused or 'the wgmma main loop has no stage maps for this tile'}")
+    ops, ring = loop.operands, loop.ring
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    groups = sizes[lw.g]
+    if not isinstance(groups, int):
+        raise ValueError(f"{name}: the number of groups #{lw.g} must be known when the kernel is compiled")
+    bm, bn, bk = k.bm, k.bn, ops.bk
+    e_ptr = sig.pointer(lw.groups, model.tensor(lw.groups).dtype.name)  # type: ignore[union-attr]
+    w_map = sig.tensormap(TmaSpec(lw.w.tensor, lw.w.dtype, tuple(reversed(lw.w.bounded_extents())),
+                                  loop.w_box(lw.w), ops.b_tile.swizzle))
+    pair = lw.pair
+    w2_map = sig.tensormap(TmaSpec(pair.w.tensor, pair.w.dtype, tuple(reversed(pair.w.bounded_extents())),
+                                   loop.w_box(pair.w), ops.b_tile.swizzle)) if pair is not None else ""
+    pa = sig.pointer(lw.a.tensor, lw.a.dtype)
+    p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    rows = c(sizes[lw.r])
+    gx, gy = (c(x) for x in lw.grid(sizes))
+    lin = CExpr("lin")  # the persistent loop's tile index (`tile_of`)
+    mt_x, nt_x = loop.tile_of(lin, CExpr("gx"), CExpr("gy"))
+    row = lambda i: c(lw.row(CExpr("offs[g]"), CExpr("m"), CExpr(i)))  # noqa: E731
+    inside = c(lw.row_inside(CExpr("r"), CExpr("end")))
+    # A's producer copies: each thread the same 16-byte column of bm/16 rows (row offsets once per tile)
+    vec, per_row = 8, bk // 8
+    copies = bm * per_row // 128
+    a_coord = {"r": "r", "k": "kk"}
+    roff = access_offset(lw.a, {"r": "r", "k": "0"}, sizes, lw.index_width, table, ("r",))
+    rmask = access_mask(lw.a.along("r"), {"r": "r"}, sizes, table)  # the gather's index check too
+    koff = access_offset(lw.a, a_coord, sizes, lw.index_width, table, ("k",))
+    kmask = access_mask(lw.a.along("k"), {"k": "kk"}, sizes, table)
+    dst = c(ops.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32)((ptid % {per_row}) * {vec})")))
+    k0 = c(lw.k_index(CExpr("kt"), 0))
+    box = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(lw.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
+    tma = f"habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}"
+    if pair is not None:  # the second weights' box, the same origin, after the first in the stage's B tile
+        box2 = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(pair.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
+        tma += (f"\n          habu::tma_load_{len(pair.w.positions)}d(b_stage + {loop.b2_offset}u, &{w2_map}, full, "
+                f"{box2});  // {pair.w.tensor}[g]'s box, for {pair.second}")
+    # the consumers' descriptors (the lowering's: WgmmaOperands.a_start / b_start)
+    slabs = ops.slabs
+    b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+    parts = (("a_stage", ""),) if loop.a_parts == 1 else \
+        (("a_stage", ""), (f"a_stage + {loop.lo_offset}u", "  // A's low parts, times the same W"))
+    mma = "\n".join(f"          {wgmma_name(bn, 'bf16')}(acc[{s}], "
+                    f"{_desc(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}"
+                    for s in range(slabs) for base, note in parts)
+    acc2 = ""
+    if pair is not None:  # the same A slabs times the second weights, into the second accumulator
+        b2_desc = _desc(ops.b_desc, f"b_stage + {loop.second_b_start()}u", ops.b_start(CExpr("kk")))
+        mma += "\n" + "\n".join(
+            f"          {wgmma_name(bn, 'bf16')}(acc2[{s}], "
+            f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b2_desc}, 1);  // {pair.second}"
+            for s in range(slabs))
+        acc2 = f"""      float acc2[{{slabs}}][{{regs}}];  // {pair.second}
+#pragma unroll
+      for (int s = 0; s < {{slabs}}; ++s)
+#pragma unroll
+        for (int i = 0; i < {{regs}}; ++i) acc2[s][i] = 0.0f;
+"""
+    frag = ACCUMULATOR
+    regs = frag.registers(bn // 8)
+    split = loop.registers
+    assert split is not None
+    if loop.a_parts == 1:
+        a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, per_row, vec, copies, kmask, pa, koff, dst), \
+            "habu::cp_async_arrive(full);"
+    else:  # an f32 A: the k tile's rows loaded before the stage is free, split into bf16 parts, stored
+        # the next k tile's loads are in flight while this one's parts are stored (two tiles of registers)
+        first_k, next_k = c(lw.k_index(0, 0)), c(lw.k_index(CExpr("(kt + 1)"), 0))
+        a_pre = (f"      float4 ax[{copies}], ay[{copies}], bx[{copies}], by[{copies}];  // this k tile's values, the next's\n"
+                 f"      if (k_tiles > 0)\n{_f32_load(it, per_row, vec, copies, kmask, pa, koff, first_k, 'a')}")
+        a_load = (f"        if (kt + 1 < k_tiles)\n"
+                  f"{_f32_load(it, per_row, vec, copies, kmask, pa, koff, next_k, 'b')}")
+        a_fill = _f32_store(per_row, copies, dst, loop.lo_offset) + f"""#pragma unroll
+        for (int j = 0; j < {copies}; ++j) ax[j] = bx[j], ay[j] = by[j];
+"""
+        arrive = "habu::fence_proxy_async(); habu::mbar_arrive(full);  // the parts, visible to wgmma"
+    # the epilogue: the value of an accumulator register at (r, col), the row factor, the store
+    def value(v: str) -> str:
+        """The stored value from accumulator register `v` (and, for a pair, the second's `u` beside it)."""
+        x = v if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * {v})"
+        if pair is not None:  # the node of both (SwiGLU) from the two accumulators
+            u = v.replace("v", "u")
+            scaled = {pair.first: x, pair.second: u if pair.scale is None else
+                      f"({float_expr(pair.scale, _no_load, sizes)} * {u})"}
+            x = float_expr(pair.node.rhs, lambda ld: scaled[ld.tensor], sizes)
+        return x if lw.row_scale is None else f"(p_row * {x})"
+
+    row_factor = ""
+    if lw.row_scale is not None:  # P[r]: read once per accumulator row, where the row is inside
+        rs = lw.row_scale
+        p_rs = sig.pointer(rs.tensor, rs.dtype)
+        row_factor = (f"          const float p_row = ({inside} && ({access_mask(rs, {'r': 'r'}, sizes, table)})) ? "
+                      f"{load_value(rs.dtype, p_rs, access_offset(rs, {'r': 'r'}, sizes, lw.index_width, table))}"
+                      " : 0.0f;  // the row's factor\n")
+    at = {q: {"r": "r", "n": col} for q, col in ((0, "col"), (1, "col1"))}
+    masks = {q: access_mask(lw.out, at[q], sizes, table) for q in (0, 1)}
+    offs = {q: access_offset(lw.out, at[q], sizes, lw.index_width, table) for q in (0, 1)}
+    if lw.store is Store.ATOMIC_ADD:  # the scatter: rows whose index repeats add into one element
+        assert lw.out.dtype == "f32", "the scatter-accumulates rule allows f32 targets only"
+        one = {q: f"atomicAdd({p_out} + ({offs[q]}), {value(f'v{q}')});" for q in (0, 1)}
+    else:
+        one = {q: store_value(lw.out.dtype, p_out, offs[q], value(f"v{q}")) for q in (0, 1)}
+    store = f"""            const {it} col1 = col + 1;
+            const bool in0 = {inside} && ({masks[0]}), in1 = {inside} && ({masks[1]});
+"""
+    if lw.epilogue_pairs:  # both inside and the pair's offset even: one vector store (or vector atomic add)
+        if lw.store is Store.ATOMIC_ADD:
+            both = f"atomicAdd(reinterpret_cast<float2*>({p_out} + ({offs[0]})), make_float2({value('v0')}, {value('v1')}));"
+        elif lw.out.dtype == "f32":
+            both = f"*reinterpret_cast<float2*>({p_out} + ({offs[0]})) = make_float2({value('v0')}, {value('v1')});"
+        else:
+            pack = "habu::pack_bf16x2" if lw.out.dtype == "bf16" else "habu::pack_f16x2"
+            both = f"*reinterpret_cast<habu::u32*>({p_out} + ({offs[0]})) = {pack}({value('v0')}, {value('v1')});"
+        store += f"""            if (in0 && in1 && (({offs[0]}) & 1) == 0) {{
+              {both}
+            }} else {{
+              if (in0) {one[0]}
+              if (in1) {one[1]}
+            }}
+"""
+    else:
+        store += f"""            if (in0) {one[0]}
+            if (in1) {one[1]}
+"""
+    # the register split (setmaxnreg only where a warpgroup's count changes from the launch's)
+    resized = split.producer != split.at_launch or split.consumer != split.at_launch
+    dec = f"    habu::setmaxnreg_dec<{split.producer}>();\n" if split.producer != split.at_launch else ""
+    inc = (f"    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}\n" if split.consumer != split.at_launch
+           else f"    // {split.describe()}: no setmaxnreg\n")
+    pair_values = "" if pair is None else f"""            const float u0 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h];
+            const float u1 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
+"""
+    body = f"""{wgmma_function(bn, "bf16")}
+extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 raw_base = habu::smem_addr(smem_raw);
+  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
+  const habu::u32 bars = smem_base + {ring.base};
+  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
+  __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
+{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer is done with it
+  if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
+  habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
+  __syncthreads();
+  if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
+  if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
+  habu::group_tile_starts<{it}>([](const {it}* o, int h) {{ return ({it})({c(lw.m_tiles(CExpr("o[h]"), CExpr("o[h + 1]")))}); }},
+                              offs, {groups}, starts);
+  __syncthreads();
+  const long long gx = {gx}, gy = {gy};  // row tiles of any grouping × column tiles
+  const long long k_tiles = {c(lw.k_steps(sizes))};
+  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
+  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+{dec}    const int ptid = tid;
+    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
+      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
+      const {it} nt = ({it})({c(nt_x)});  // its column tile
+      if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
+      const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
+      const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
+      const {it} end = offs[g + 1];  // the group's rows end here
+      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
+      for (int ri = ptid; nt == 0 && ri < {bm}; ri += 128) {{  // E sorted (GROUPS:): each row holds its group
+        const {it} r = ({it})({row("ri")});
+        if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
+      }}
+      {it} a_row_off[{copies}];  // -1: past the group's end or A's edge (masked)
+#pragma unroll
+      for (int j = 0; j < {copies}; ++j) {{
+        const {it} r = ({it})({row(f"ptid / {per_row} + {128 // per_row} * j")});
+        a_row_off[j] = ({inside} && ({rmask})) ? ({roff}) : ({it})-1;
+      }}
+{a_pre}      for (long long kt = 0; kt < k_tiles; ++kt) {{
+        const {it} k0 = ({it})({k0});
+{a_load}        const habu::u32 full = {_barrier(ring, "stage")};
+        habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
+        const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+        const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+        if (ptid == 0) {{
+          habu::mbar_expect_tx(full, {ring.expect_tx});
+          {tma}
+        }}
+{a_fill}        {arrive}
+        {_advance(ring)}
+      }}
+    }}
+  }} else {{  // --------------------------------------------------------------------- consumers
+{inc}    const int cw = wg - 1;
+    const int lane = {frag.lane_of()};
+    const int warp = {frag.warp_of()};
+    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
+      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
+      const {it} nt = ({it})({c(nt_x)});  // its column tile
+      if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
+      const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
+      const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
+      const {it} end = offs[g + 1];  // the group's rows end here
+      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
+      float acc[{slabs}][{regs}];
+#pragma unroll
+      for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+        for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
+{acc2.format(slabs=slabs, regs=regs)}      int held = -1;  // the stage whose wgmma may still be reading it
+      for (long long kt = 0; kt < k_tiles; ++kt) {{
+        habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+        const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+        const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+        habu::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
+{mma}
+        }}
+        habu::wgmma_commit();
+        habu::wgmma_wait<1>();
+        if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+        held = {c(ring.read_slot(CExpr("stage")))};
+        {_advance(ring)}
+      }}
+      habu::wgmma_wait<0>();
+      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+#pragma unroll
+      for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+        for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
+          const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
+          const {it} r = ({it})({row("ti")});
+{row_factor}#pragma unroll
+          for (int j = 0; j < {bn // 8}; ++j) {{  // each thread holds pairs of adjacent columns
+            const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(frag.col())))});
+            const float v0 = acc[s][{2 * frag.pair} * j + {frag.pair} * h];
+            const float v1 = acc[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
+{pair_values}{store}          }}
+        }}
+    }}
+  }}
+}}
+"""
+    epilogue = []
+    if pair is not None:
+        epilogue.append(f"with {pair.second} (its weights {pair.w.tensor}, a second TMA box) in a second accumulator; "
+                        f"stores {pair.node.target} = f({pair.first}, {pair.second}), the node of both")
+    if lw.row_scale is not None:
+        epilogue.append(f"each row times {lw.row_scale.tensor}[r]")
+    if lw.store is Store.ATOMIC_ADD:
+        epilogue.append(f"scatter: adds into {lw.out.tensor} with atomicAdd (its prior contents are kept)")
+    gathered = any(p.kind == "gather" for p in lw.a.positions)
+    src = header(f"{name}: grouped GEMM over #{lw.g} = {groups} groups, wgmma {bm}×{bn}×{bk}, {ring.stages} stages, "
+                 f"{loop.consumers} consumer warpgroup(s)",
+                 [f"computes {', '.join(k.nodes)}",
+                  f"A[{'gathered' if gathered else 'plain'} rows] by cp.async, W[{lw.groups}'s group of the tile] "
+                  "by TMA, offsets found on the device", *epilogue])
+    src += body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw,
+                      register_demand=split.demand if resized else None)  # no setmaxnreg: nothing to wait for

@@ -1,0 +1,164 @@
+"""The grouped GEMM's wgmma main loop (`GroupedKernel.main_loop = "wgmma"`): the contraction path's proven
+machinery (habu/lower/layouts.py, pipeline.py, smem.py) driven by the grouped tile scheduler.
+
+    block (x, y) -> lin = y·grid.x + x -> (mt, nt) by `tile_of` (bands of BAND row tiles walked column
+        tile by column tile, so a band's gathered A rows stay in L2 while W's column tiles stream)
+    (mt, nt) -> (group g, row tile m) by the grouped lowering's `decode`; a block past the last row
+        tile (`live`) does nothing (producer and consumers skip it alike, so the ring stays in step)
+    warpgroup 0 (producer): per k tile t, wait until stage t mod S is free, then
+        W[g]'s box: one TMA load of a 3-D tensor map (dims #K, #N, #G innermost first, box bk × bn × 1)
+            at `w_box_origin(g, n0, k0)` = (k0, n0, g): zero past #K and #N, never another group's rows;
+        A's rows: 128 threads cp.async 16-byte chunks of rows offs[g] + m·bm + i (gathered through IX,
+            masked at offs[g + 1] by `row_inside` and by the access's own masks) into the 128-byte swizzle;
+    warpgroups 1..C (consumers): wgmma m64nBNk16 on their 64-row slabs, the ring's mbarriers
+        (`MbarrierRing`, proven by the `pipeline-schedule` rule and executed by the interpreter), then
+        the epilogue stores rows below offs[g + 1] (the next group's rows are another tile's).
+
+`WgmmaMainLoop.shadow` is the contraction schedule the same stage tiles, ring and descriptors come from
+(`tensor_core_smem`, `wgmma_operands`, `pipeline_for`): the finite-field check routes the operands
+through those maps (`habu.prove.smem_route.wgmma_route`) and runs the ring (`habu.prove.pipeline`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from habu.lower.access import Access, floordiv, minimum
+from habu.lower.contraction import tma_box, tma_coordinates
+from habu.lower.layouts import WgmmaOperands, wgmma_operands
+from habu.lower.pipeline import MbarrierRing, pipeline_for
+from habu.lower.registers import CONSUMER_REGS_MAX, WARPGROUP, RegisterSplit, warp_specialized_split
+from habu.lower.smem import SmemLayout, tensor_core_smem
+from habu.plan.plan import ContractionKernel, GroupedKernel
+
+WGMMA_BK = 64  # a k tile is one 128-byte row of bf16: the 128-byte swizzle's span
+BAND = 8  # row tiles a band walks together (`tile_of`)
+
+
+def wgmma_consumers(kernel: GroupedKernel) -> int:
+    """Consumer warpgroups of the wgmma main loop: the block's warps_m · warps_n warps in fours."""
+    return max(1, kernel.warps_m * kernel.warps_n // 4)
+
+
+def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool) -> str | None:
+    """Why the wgmma main loop cannot run this kernel, or None."""
+    consumers = wgmma_consumers(kernel)
+    if a_dtype not in ("bf16", "f32") or w_dtype != "bf16":
+        return "the wgmma main loop multiplies a bf16 W with a bf16 A (or an f32 A's two bf16 parts)"
+    if pair and (a_dtype != "bf16" or kernel.bn > 128):
+        return "a fused pair on the wgmma main loop has a bf16 A and at most 128 columns (two accumulators)"
+    if kernel.bk != WGMMA_BK:
+        return f"the wgmma main loop's k tile is {WGMMA_BK} (one 128-byte swizzle span), not {kernel.bk}"
+    if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * consumers):
+        return (f"{kernel.warps_m} × {kernel.warps_n} warps do not split a {kernel.bm}-row tile into 64-row "
+                "wgmma slabs of whole warpgroups")
+    if kernel.bn % 8 or kernel.bn > 256:
+        return f"wgmma multiplies 8 to 256 columns in steps of 8, not {kernel.bn}"
+    if kernel.stages < 2:
+        return "the wgmma main loop's ring needs at least 2 stages"
+    return None
+
+
+@dataclass(frozen=True)
+class WgmmaMainLoop:
+    """The wgmma main loop of a grouped kernel: its contraction schedule's stage tiles, ring and descriptors."""
+
+    shadow: ContractionKernel  # the contraction schedule whose layouts and ring these are
+    operands: WgmmaOperands
+    ring: MbarrierRing
+    layout: SmemLayout
+    consumers: int
+    band: int = BAND
+    # an f32 A: its bf16 parts' tiles, hi at the stage's A tile and lo `lo_offset` bytes after it (the A
+    # buffer holds both: it is laid out for 4-byte elements); 0 for a bf16 A
+    lo_offset: int = 0
+    registers: RegisterSplit | None = None
+    # a fused pair: the second weights' box lands `b2_offset` bytes into the stage's B tile (its rows
+    # bn .. 2·bn − 1: the tile is laid out for both, the ring's B load is two boxes); 0 without a pair
+    b2_offset: int = 0
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    @property
+    def a_parts(self) -> int:
+        return 2 if self.lo_offset else 1
+
+    def tile_of(self, lin: Any, gx: Any, gy: Any) -> tuple[Any, Any]:
+        """(mt, nt) of block `lin` of a gx × gy grid: bands of `band` row tiles, m fastest within a band
+        (the last band holds the rows left), each band walking every column tile."""
+        per_band = self.band * gy
+        band = floordiv(lin, per_band)
+        first = band * self.band
+        rows = minimum(gx - first, self.band)
+        within = lin - band * per_band
+        nt = floordiv(within, rows)
+        return first + within - nt * rows, nt
+
+    def w_box_origin(self, g: Any, n0: Any, k0: Any) -> dict[str, Any]:
+        """The origin of W[g]'s box of the k tile at k0 and the column tile at n0, by W's axes: the tile's
+        group along #G (box 1), its first column along #N, k0 along #K."""
+        return {"g": g, "n": n0, "k": k0}
+
+    def w_box_coordinates(self, w: Access, g: Any, n0: Any, k0: Any) -> tuple[Any, ...]:
+        """The box's coordinates in W's tensor map, innermost first."""
+        return tma_coordinates(w, self.w_box_origin(g, n0, k0))
+
+    @property
+    def bn(self) -> int:
+        """Columns of the output tile (a pair's stage tile holds both weights' boxes: twice as many rows)."""
+        return self.shadow.tile_n // (2 if self.b2_offset else 1)
+
+    def w_box(self, w: Access) -> tuple[int, ...]:
+        """W's TMA box, innermost first: bk along #K, bn along #N, 1 along #G."""
+        return tma_box(w, "n", self.bn, self.shadow.tile_k)
+
+    def second_b_start(self) -> int:
+        """Where the pair's second weights start in the stage's B tile (the descriptor start of its reads):
+        row bn of the tile."""
+        return self.operands.b_tile.linear_offset(self.bn)
+
+
+def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = False) -> WgmmaMainLoop | None:
+    """The wgmma main loop of `kernel` (None where its maps do not exist: the rules refuse the plan)."""
+    consumers = wgmma_consumers(kernel)
+    split = a.dtype == "f32"  # the producer loads f32 rows and stores their bf16 parts (plain loads)
+    b_rows = kernel.bn * (2 if pair else 1)  # a pair: both weights' boxes in one stage tile
+    shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm, tile_n=b_rows, tile_k=WGMMA_BK,
+                               warps=4 * (consumers + 1), stages=max(2, kernel.stages), mma="wgmma",
+                               a_move="ldg" if split else "cp.async", b_move="tma", a_vector=8, b_vector=8,
+                               split_k=1, raster="row", group_m=1, persistent=False, warp_specialized=True,
+                               swizzle=128, index_width=kernel.index_width, store="direct")
+    # an f32 A's stage buffer is laid out for 4-byte elements: room for its two bf16 parts' tiles
+    layout = tensor_core_smem(shadow, a.dtype, w.dtype, True)
+    staged = replace(a, dtype="bf16") if split else a  # the tiles the consumers read hold bf16
+    ops = wgmma_operands(shadow, staged, w, {b.name: b for b in layout.buffers}, consumers) \
+        if staged.dtype == w.dtype == "bf16" else None
+    ring = pipeline_for(shadow, staged.dtype, "k", "k", w.dtype)
+    if ops is None or not isinstance(ring, MbarrierRing):
+        return None
+    b2 = 0
+    if pair:  # B's load: two boxes of bn rows (the weights, then the second weights), the same bytes
+        load = ring.load("B")
+        assert load is not None
+        ring = replace(ring, loads=tuple(replace(ld, box_rows=kernel.bn, boxes=2) if ld.side == "B" else ld
+                                         for ld in ring.loads))
+        b2 = load.box_bytes // 2
+    return WgmmaMainLoop(shadow, ops, ring, layout, consumers, lo_offset=ops.a_tile.bytes if split else 0,
+                         registers=register_split(shadow.warps, split), b2_offset=b2)
+
+
+def register_split(warps: int, f32_a: bool) -> RegisterSplit:
+    """The contraction path's split (40 producer registers), or for an f32 A none: the producer keeps the
+    registers it starts with (two k tiles of 16 float4 loads each, one in flight while the other's parts are
+    stored) and so do the consumers (128 columns: 64 accumulator registers a slab)."""
+    base = warp_specialized_split(warps)
+    if not f32_a:
+        return base
+    spare = base.at_launch * base.threads - WARPGROUP * base.at_launch
+    consumer = min(CONSUMER_REGS_MAX, spare // (WARPGROUP * base.consumers) // 8 * 8)
+    return replace(base, producer=base.at_launch, consumer=consumer)
+
+
+__all__ = ["BAND", "WGMMA_BK", "WgmmaMainLoop", "wgmma_consumers", "wgmma_main_loop", "wgmma_refusal"]

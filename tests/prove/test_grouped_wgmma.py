@@ -1,0 +1,201 @@
+"""The grouped GEMM's wgmma main loop (habu/lower/grouped_wgmma.py): its band tile order, TMA box origins,
+mbarrier ring and stage maps executed over GF(p) for hand-made groupings (empty groups, a group longer than
+a tile, one group holding every row), planted bugs the check kills, its rules, the `--pin main_loop=wgmma`
+plans of the MoE model, the search's variants, and NVRTC where it is available."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from habu.errors import UsageError
+from habu.lower import GroupedLowering, lower
+from habu.lower.grouped_wgmma import WgmmaMainLoop
+from habu.plan.plan import GroupedKernel
+from habu.prove.interp import Memory
+from habu.prove.interp_grouped import grid_blocks, run_grouped
+from habu.prove.rules import obligations
+from habu.prove.verify import virtual_inputs
+from habu.search.space import default_plan
+from habu.spec.field import PrimeField
+from habu.spec.parser import load_program, parse_text
+from habu.target import TARGETS
+from tests.conftest import ROOT
+from tests.prove.test_grouped import FixedGrouping
+
+TARGET = TARGETS["sm_90a"]
+GG = """200 EXTENT: #R  30 EXTENT: #T  4 EXTENT: #G  40 EXTENT: #N  136 EXTENT: #K
+bf16 TENSOR: X ( #T #K )  bf16 TENSOR: W ( #G #N #K )  f32 TENSOR: Y ( #R #N )
+ITENSOR: IX ( #R #T )  GROUPS: E ( #R #G )
+MODEL: GG
+   Y[r n] = Σ k X[IX[r] k] · W[E[r] n k] ;
+"""
+SIZES = {"R": 200, "T": 30, "G": 4, "N": 40, "K": 136}
+# one consumer warpgroup of 64 rows, 3 k tiles (the last ragged) through a ring of 2 stages
+KERNEL = GroupedKernel(nodes=("Y",), bm=64, bn=64, bk=64, warps_m=1, warps_n=4, main_loop="wgmma", stages=2)
+GROUPINGS = {  # 200 rows into 4 groups; tiles of 64 rows
+    "first-and-last-empty-one-longer-than-two-tiles": [1] * 150 + [2] * 50,
+    "inner-empty-ragged": [0] * 65 + [2] * 70 + [3] * 65,
+    "one-group-holds-every-row": [3] * 200,
+}
+
+
+def _gg():
+    return parse_text(GG).models["GG"]
+
+
+def _run(values: list[int], lw: GroupedLowering | None = None):
+    """Every block of the grid over GF(p) with the grouping `values`: (faults, got, written, reference, twice)."""
+    model = _gg()
+    lw = lw or lower(model, KERNEL)
+    assert isinstance(lw, GroupedLowering) and lw.wgmma is not None
+    field = PrimeField(seed=5)
+    inputs = virtual_inputs(model, SIZES, field, 5)
+    inputs["E"] = FixedGrouping(values, SIZES["G"])
+    mem = Memory(inputs, field, SIZES)
+    run_grouped("k0", lw, SIZES, mem, grid_blocks(lw, SIZES))
+    R, N, K = SIZES["R"], SIZES["N"], SIZES["K"]
+    ix = inputs["IX"].at(np.arange(R))
+    x = inputs["X"][ix[:, None], np.arange(K)[None, :]]
+    w = inputs["W"][np.asarray(values)[:, None, None], np.arange(N)[None, :, None], np.arange(K)[None, None, :]]
+    ref = np.einsum("rk,rnk->rn", x.astype(object), w.astype(object)) % field.p
+    written = mem.written.get("Y")
+    got, found = written.read(np.arange(R * N)) if written is not None else (np.zeros(R * N, np.int64),
+                                                                              np.zeros(R * N, bool))
+    dup, _ = written.multiply_written() if written is not None else (np.zeros(0), None)
+    return mem.faults, got.reshape(R, N), found.reshape(R, N), ref.astype(np.int64), len(dup)
+
+
+def _planted(base: GroupedLowering, **methods) -> GroupedLowering:
+    cls = type("Planted", (GroupedLowering,), methods)
+    return cls(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+
+
+@pytest.mark.parametrize("name", list(GROUPINGS))
+def test_the_wgmma_loop_writes_every_row_once_with_its_groups_weights(name):
+    faults, got, found, ref, twice = _run(GROUPINGS[name])
+    assert not faults, faults
+    assert found.all() and twice == 0
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_the_band_order_gives_every_tile_one_block():
+    lw = lower(_gg(), replace(KERNEL, bm=64))
+    big = {**SIZES, "R": 5000, "N": 1000}  # 82 row tiles (bands of 8, the last ragged) × 16 column tiles
+    blocks = grid_blocks(lw, big)
+    gx, gy = (int(x) for x in lw.grid(big))
+    assert sorted(blocks) == [(mt, nt) for mt in range(gx) for nt in range(gy)]
+    assert blocks[:3] == [(0, 0), (1, 0), (2, 0)] and blocks[8] == (0, 1)  # m fastest within a band
+
+
+def test_regression_a_box_one_group_off_multiplies_the_next_groups_weights():
+    base = lower(_gg(), KERNEL)
+    assert isinstance(base, GroupedLowering) and base.wgmma is not None
+    shifted = type("Shifted", (WgmmaMainLoop,), {
+        "w_box_origin": lambda self, g, n0, k0: {"g": g + 1, "n": n0, "k": k0}})
+    loop = shifted(**{f: getattr(base.wgmma, f) for f in base.wgmma.__dataclass_fields__})
+    _, got, _, ref, _ = _run(GROUPINGS["inner-empty-ragged"], replace(base, wgmma=loop))
+    assert (got != ref).any()
+
+
+def test_regression_a_row_mask_dropped_at_the_groups_end_writes_the_next_groups_rows_twice():
+    base = lower(_gg(), KERNEL)
+    _, got, _, ref, twice = _run(GROUPINGS["inner-empty-ragged"], _planted(base, row_inside=lambda self, row, end: row < row + 1))
+    assert twice > 0 or (got != ref).any()
+
+
+def test_regression_a_ring_that_wraps_one_stage_late_is_a_fault():
+    base = lower(_gg(), KERNEL)
+    assert isinstance(base, GroupedLowering) and base.wgmma is not None
+    ring = replace(base.wgmma.ring, wrap=base.wgmma.ring.stages + 1)
+    faults, *_ = _run(GROUPINGS["inner-empty-ragged"], replace(base, wgmma=replace(base.wgmma, ring=ring)))
+    assert any("pipeline" in f for f in faults), faults
+
+
+@pytest.mark.parametrize(("change", "rule"), [
+    ({"bk": 32}, "supported-path"),  # a k tile is one 128-byte swizzle span
+    ({"stages": 1}, "supported-path"),  # a ring of one stage deadlocks
+    ({"bn": 256, "bm": 128, "warps_m": 2, "stages": 6}, "smem-budget"),  # 6 × 48 KiB
+])
+def test_the_rules_refuse_what_the_wgmma_loop_cannot_run(change, rule):
+    m = _gg()
+    plan = replace(default_plan(m, TARGET, {}, {}), kernels=(replace(KERNEL, **change),))
+    failed = {o.rule.name for o in obligations(m, plan, SIZES) if o.formula is False}
+    assert rule in failed, failed
+
+
+def test_the_wgmma_pin_takes_gate_up_and_the_combine_and_refuses_a_target_without_wgmma():
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    plan = default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"})
+    assert [(k.kind, getattr(k, "main_loop", None)) for k in plan.kernels] == [
+        ("grouped", "wgmma"), ("grouped", "wgmma"), ("rows", None), ("grouped", "wgmma")]
+    assert plan.kernels[-1].stages == 6  # act is bf16: the combine's A by cp.async, 6 stages of 32 KiB
+    f32 = load_program(ROOT / "tests" / "data" / "grouped_scatter.habu").models["COMBINE-F32"]
+    split = default_plan(f32, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"})
+    assert [(k.main_loop, k.bn, k.stages) for k in split.kernels] == [("wgmma", 128, 4)]  # an f32 A: 48 KiB a stage
+    paired = default_plan(m, TARGET, {}, {"family": "grouped", "pair": "fused", "main_loop": "wgmma"})
+    assert [(len(k.nodes), k.main_loop, k.bn) for k in paired.kernels] == [(3, "wgmma", 128), (1, "wgmma", 128)]
+    with pytest.raises(UsageError, match="main_loop=wgmma"):
+        default_plan(m, TARGETS["sm_80"], {}, {"family": "grouped", "main_loop": "wgmma"})
+
+
+def test_the_search_space_holds_wgmma_variants():
+    from habu.paths import grouped
+
+    base = lower(_gg(), KERNEL).kernel
+    loops = {(k.main_loop, k.bm, k.bn) for k in grouped.PATH.variants(base, TARGET)}
+    assert ("wgmma", 128, 256) in loops and ("mma.sync", 64, 64) in loops
+    assert not any(k.main_loop == "wgmma" for k in grouped.PATH.variants(base, TARGETS["sm_80"]))
+
+
+def test_the_wgmma_kernel_compiles_with_nvrtc_without_spills():
+    from habu.emit_cuda.nvrtc import INCLUDE_DIR, CompilerUnavailable, compile_cuda
+    from habu.paths.emit import emit_plan
+
+    kernels = []
+    for file, name in (("moe_small.habu", "MOE-FFN"), ("grouped_scatter.habu", "COMBINE-F32")):
+        m = load_program(ROOT / "tests" / "data" / file).models[name]
+        kernels.append(emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}),
+                                 TARGET).kernels[-1])
+    for k in kernels:  # the bf16-A combine by cp.async (vector atomics); an f32 A in two bf16 parts
+        assert "habu::tma_load_3d" in k.source and "wgmma" in k.source
+        try:
+            cubin = compile_cuda(k.source, k.name, "sm_90a", [INCLUDE_DIR])
+        except CompilerUnavailable:
+            pytest.skip("no NVRTC or nvcc on this machine")
+        assert cubin.resources.spill_stores == 0
+
+
+def test_regression_a_pairs_second_box_read_where_the_first_landed_is_a_fault():
+    """The fused gate/up kernel on the wgmma loop: the second weights' box lands b2_offset bytes into the
+    stage's B tile and the consumers read them from row bn; a box landing elsewhere is named."""
+    from habu.lower import lower_plan
+    from habu.prove.verify import verify_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    shape = {"T": 13, "R": 26}
+    model = m.with_sizes(shape)
+    plan = default_plan(model, TARGET, shape, {"family": "grouped", "pair": "fused", "main_loop": "wgmma"})
+    lowerings = lower_plan(model, plan)
+    assert verify_plan(model, plan, shape, trials=1, lowerings=lowerings).passed
+    pair = lowerings[0]
+    assert isinstance(pair, GroupedLowering) and pair.wgmma is not None
+    lowerings[0] = replace(pair, wgmma=replace(pair.wgmma, b2_offset=0))
+    cert = verify_plan(model, plan, shape, trials=1, lowerings=lowerings)
+    assert not cert.passed and "second weights" in (cert.failure or "")
+
+
+def test_regression_an_f32_a_kernel_without_setmaxnreg_asks_no_register_demand():
+    """The f32-A producer keeps its launch registers (no setmaxnreg): a register demand equal to the full
+    pool would refuse the kernel whenever ptxas gives it a few registers less (166 of 168)."""
+    from habu.paths.emit import emit_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    gate = emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET).kernels[0]
+    f32 = load_program(ROOT / "tests" / "data" / "grouped_scatter.habu").models["COMBINE-F32"]
+    combine = emit_plan(f32, default_plan(f32, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"}), TARGET).kernels[0]
+    assert "setmaxnreg_inc<232>" in gate.source and gate.register_demand
+    assert "setmaxnreg" not in combine.source.replace("no setmaxnreg", "") and combine.register_demand is None
+    combine.check_registers(166)
