@@ -29,7 +29,13 @@ from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats
 from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds, tie_break
-from habu.search.pool import Executor, ExecutorLost, ExecutorLostInterrupt, InlineExecutor, Pending
+from habu.search.pool import (
+    Executor,
+    ExecutorLostInterrupt,
+    InlineExecutor,
+    Pending,
+    lost_cause,
+)
 from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
@@ -279,7 +285,7 @@ class Search:
         except ExecutorLostInterrupt as gone:  # the cluster watch found the cluster gone mid-costing
             self.lost = gone.message
         except Exception as exc:  # the cluster is gone (perhaps wrapped by Ray): keep what was verified, say why
-            gone = _lost_cause(exc)
+            gone = lost_cause(exc)
             if gone is None:
                 raise
             self.lost = gone.message
@@ -572,17 +578,6 @@ class Search:
                     self.stats.best_us = measured if self.stats.best_us is None else min(self.stats.best_us, measured)
         entry = self.db.store(self.key, records, keep=self.top_k)
         return entry.records
-
-
-def _lost_cause(exc: BaseException | None) -> ExecutorLost | None:
-    """The `ExecutorLost` this exception is or was raised from (Ray wraps an exception that a
-    signal handler raises while it waits), or None."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, ExecutorLost):
-            return exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
 
 
 def _relower(model: Model, plan: Plan, i: int, k: Kernel, fallback):

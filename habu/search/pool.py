@@ -234,4 +234,15 @@ def local_executor(jobs: int | None) -> InlineExecutor | ProcessExecutor:
     return InlineExecutor() if n <= 1 else ProcessExecutor(n)
 
 
-__all__ = ["Executor", "ExecutorLost", "InlineExecutor", "Pending", "ProcessExecutor", "local_executor"]
+__all__ = ["Executor", "ExecutorLost", "InlineExecutor", "Pending", "ProcessExecutor", "local_executor", "lost_cause"]
+
+
+def lost_cause(exc: BaseException | None) -> ExecutorLost | None:
+    """The `ExecutorLost` this exception is or was raised from (Ray wraps an exception that a
+    signal handler raises while it waits), or None."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ExecutorLost):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
