@@ -61,4 +61,5 @@ def test_the_moe_examples_at_16_tokens_with_zipf_routing_match_a_float64_loop(ex
     ref = torch_loop(x, w, ix, p, offsets, y.double(), dtype=torch.float64)
     out = built.compiled(X=x, W1=w["W1"], W3=w["W3"], W2=w["W2"], P=p, Y=y.clone(), IX=ix, E=e)
     torch.cuda.synchronize()
-    assert rel_error(out, ref) <= 1e-4
+    # act is stored in bf16 (the model's matrices are bf16; torch's bf16 layer rounds it too)
+    assert rel_error(out, ref) <= tolerance(built.model, dict(built.plan.storage))
