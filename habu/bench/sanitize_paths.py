@@ -59,6 +59,12 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "grouped-combine": ("../tests/data/grouped_scatter.habu", "COMBINE-BF16", {"T": 50, "R": 300},
                         {"family": "grouped"}),
     "attention": ("attention.habu", "ATTENTION-GQA", {}, {}),
+    "attention-fused": ("attention.habu", "ATTENTION-GQA", {}, {"family": "attention"}),
+    "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},
+                      {"family": "grouped", "main_loop": "wgmma"}),
+    "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),
+    "wgmma-k-gathered": ("../tests/data/ggemm_backward.habu", "GGEMM-DB", {"M": 300, "N": 200, "K": 136}, {}),
+    "mma.sync-trans": ("../tests/data/general_corpus/bmm_pv_transposed.habu", "PV-T", {}, {"mma": "mma.sync"}),
 }
 TOOLS = ("memcheck", "racecheck", "synccheck")
 

@@ -25,4 +25,4 @@ def test_every_emitter_path_has_a_case():
             if getattr(k, "split_k", 1) > 1:
                 kinds.add("split-k")
     assert {"fma", "mma.sync", "wgmma", "RowKernel", "MapKernel", "ColumnKernel", "split-k", "wgmma-tma",
-            "wgmma-cp.async", "wgmma-staged", "GeneralKernel", "GroupedKernel"} <= kinds, kinds
+            "wgmma-cp.async", "wgmma-staged", "GeneralKernel", "GroupedKernel", "AttentionKernel"} <= kinds, kinds
