@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import tempfile
 from pathlib import Path
 
@@ -180,3 +182,29 @@ def every_field_check_fails(monkeypatch):
 
     monkeypatch.setattr(verify, "verify_plan", wrong)
     tasks.FIELD_CHECKS.clear()
+
+
+@contextlib.contextmanager
+def python_handles_ctrl_c():
+    """Python's own SIGINT handler (KeyboardInterrupt) for the block, whatever the test process had: a
+    full parallel run once left an xdist worker where neither a z3 check nor a `habu search` child saw a
+    Ctrl-C (the Ctrl-C tests passed alone and in every other run). The disposition found is kept in
+    `FOUND_SIGINT` so a failure can say what it was."""
+    previous = signal.getsignal(signal.SIGINT)
+    FOUND_SIGINT[:] = [previous]
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+FOUND_SIGINT: list = []
+
+
+def child_default_sigint() -> None:
+    """A `preexec_fn`: the child starts with SIGINT at its default and unblocked (an ignored SIGINT is
+    inherited across exec, and Python then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -10,6 +10,7 @@ import pytest
 import z3
 
 from habu.prove.z3_context import INTERRUPTED, check
+from tests.conftest import python_handles_ctrl_c
 
 
 def _hard_solver() -> z3.Solver:
@@ -24,24 +25,26 @@ def test_regression_ctrl_c_during_a_z3_check_was_swallowed_and_the_search_went_o
     """z3 answered `unknown` ("interrupted from keyboard") to a Ctrl-C and the search carried on
     proving and costing for minutes (the lost Ctrl-C of `habu search` on a loaded machine)."""
     timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            check(_hard_solver())
-    finally:
-        timer.cancel()
+    with python_handles_ctrl_c():
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                check(_hard_solver())
+        finally:
+            timer.cancel()
 
 
 def test_what_z3_answers_to_ctrl_c_is_the_reason_the_check_looks_for():
     s = _hard_solver()
     timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        result = s.check()
-    except KeyboardInterrupt:  # z3 no longer catches it itself: then nothing is swallowed either
-        return
-    finally:
-        timer.cancel()
+    with python_handles_ctrl_c():
+        timer.start()
+        try:
+            result = s.check()
+        except KeyboardInterrupt:  # z3 no longer catches it itself: then nothing is swallowed either
+            return
+        finally:
+            timer.cancel()
     assert result == z3.unknown and s.reason_unknown() == INTERRUPTED
 
 

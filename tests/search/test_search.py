@@ -18,7 +18,7 @@ from habu.search.pool import InlineExecutor
 from habu.spec.parser import load_program
 from habu.target import TARGETS
 from habu.timing.worker import Measurement
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT, child_default_sigint
 
 
 def model_of(path, sizes=None):
@@ -160,7 +160,8 @@ def test_regression_habu_search_ctrl_c_before_the_first_proof_exits_130_and_stor
     dbpath = tmp_path / "db.sqlite"
     proc = subprocess.Popen([sys.executable, "-m", "habu", "search", "examples/ggemm.habu", "--budget", "60s",
                              "--db", str(dbpath), "-o", str(tmp_path / "out")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=child_default_sigint)
     assert proc.stderr is not None
     for line in proc.stderr:  # the search starts once the timer is known (here: no GPU)
         if "nothing will be timed" in line or "timing on" in line:
