@@ -357,6 +357,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print("habu: interrupted", file=sys.stderr)
         sys.exit(130)
+    except MemoryError:  # a proof or a reference evaluation larger than this machine's memory
+        print("error: out of memory: the proof (its finite-field check or the float64 reference) needed more "
+              "memory than this process may use; try smaller sizes with --shape, or fewer --trials", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:  # click's own usage errors (typer >= 0.29 vendors its own click)
         usage_errors, aborts = _click_error_types()
         if isinstance(exc, usage_errors):

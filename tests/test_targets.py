@@ -114,3 +114,15 @@ def test_an_unknown_capability_names_the_targets_and_how_to_add_one():
 def test_the_cli_refuses_sm_86_with_the_reason(tmp_path, monkeypatch, capsys):
     status, _, err = habu(monkeypatch, capsys, "compile", GEMM, "--target", "sm_86", "-o", str(tmp_path))
     assert status == 1 and "Traceback" not in err and "99 KB" in err and "habu/targets/sm_86.py" in err
+
+
+def test_regression_running_out_of_memory_in_a_proof_is_an_error_line_not_a_traceback(monkeypatch, capsys, tmp_path):
+    """The Qwen3 MoE backward's proof raised MemoryError under a 6 GB limit and printed a traceback."""
+    import importlib
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(importlib.import_module("habu.compile"), "compile_model", no_memory)
+    status, _, err = habu(monkeypatch, capsys, "compile", GEMM, "--shape", "M=256", "-o", str(tmp_path / "o"))
+    assert status == 1 and err.startswith("error: out of memory") and "Traceback" not in err
