@@ -245,6 +245,15 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     pair_values = "" if pair is None else f"""            const float u0 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h];
             const float u1 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
 """
+    # each persistent loop's tile decode (the producer's and the consumers' are the same lines)
+    tile_head = f"""      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
+      const {it} nt = ({it})({c(nt_x)});  // its column tile
+      if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
+      const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
+      const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
+      const {it} end = offs[g + 1];  // the group's rows end here
+      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
+"""
     body = f"""{wgmma_function(bn, "bf16")}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -271,14 +280,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
 {dec}    const int ptid = tid;
     for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
-      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
-      const {it} nt = ({it})({c(nt_x)});  // its column tile
-      if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
-      const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
-      const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
-      const {it} end = offs[g + 1];  // the group's rows end here
-      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
-      for (int ri = ptid; nt == 0 && ri < {bm}; ri += 128) {{  // E sorted (GROUPS:): each row holds its group
+{tile_head}      for (int ri = ptid; nt == 0 && ri < {bm}; ri += 128) {{  // E sorted (GROUPS:): each row holds its group
         const {it} r = ({it})({row("ri")});
         if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
       }}
@@ -307,14 +309,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
     for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
-      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
-      const {it} nt = ({it})({c(nt_x)});  // its column tile
-      if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
-      const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
-      const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
-      const {it} end = offs[g + 1];  // the group's rows end here
-      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
-      float acc[{slabs}][{regs}];
+{tile_head}      float acc[{slabs}][{regs}];
 #pragma unroll
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
