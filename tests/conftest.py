@@ -188,19 +188,14 @@ def every_field_check_fails(monkeypatch):
 def python_handles_ctrl_c():
     """Python's own SIGINT handler (KeyboardInterrupt) for the block, whatever the test process had: a
     full parallel run once left an xdist worker where neither a z3 check nor a `habu search` child saw a
-    Ctrl-C (the Ctrl-C tests passed alone and in every other run). The disposition found is kept in
-    `FOUND_SIGINT` so a failure can say what it was."""
+    Ctrl-C (the Ctrl-C tests passed alone and in every other run)."""
     previous = signal.getsignal(signal.SIGINT)
-    FOUND_SIGINT[:] = [previous]
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
-
-
-FOUND_SIGINT: list = []
 
 
 def child_default_sigint() -> None:

@@ -71,16 +71,19 @@ def test_the_fused_decode_with_lengths_is_proven():
     assert cert.passed, cert.failure
 
 
-def test_the_skip_rule_rejects_one_tile_too_many(prefill):
-    plan = default_plan(prefill, T, SHAPE, PINS)
-    ctx = context(prefill, plan, SHAPE)
-    lw = lower_plan(prefill, plan)[0]
-    rule = "attention-skip"
+def _rule_refuses(model, rule: str, planted) -> None:
+    """`rule` holds for the pinned plan's lowering and fails for `planted(lowering)`."""
+    plan = default_plan(model, T, SHAPE, PINS)
+    ctx = context(model, plan, SHAPE)
+    lw = lower_plan(model, plan)[0]
     good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == rule]
-    bad = [discharge(o, ctx) for o in attention_obligations("k0", skip_one_tile_too_many(lw), ctx)
-           if o.rule.name == rule]
+    bad = [discharge(o, ctx) for o in attention_obligations("k0", planted(lw), ctx) if o.rule.name == rule]
     assert len(good) == len(bad) == 1
     assert not failures(good) and failures(bad)
+
+
+def test_the_skip_rule_rejects_one_tile_too_many(prefill):
+    _rule_refuses(prefill, "attention-skip", skip_one_tile_too_many)
 
 
 def test_the_attention_family_pin_on_a_model_without_attention_is_a_usage_error():
@@ -125,12 +128,4 @@ def test_the_fused_kernels_compile_without_spills(prefill, tmp_path):
 def test_the_open_tile_rule_rejects_the_mask_dropped_one_tile_early(prefill):
     from habu.bench.mutants_attention import mask_dropped_one_tile_early
 
-    plan = default_plan(prefill, T, SHAPE, PINS)
-    ctx = context(prefill, plan, SHAPE)
-    lw = lower_plan(prefill, plan)[0]
-    rule = "attention-open-tile"
-    good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == rule]
-    bad = [discharge(o, ctx) for o in attention_obligations("k0", mask_dropped_one_tile_early(lw), ctx)
-           if o.rule.name == rule]
-    assert len(good) == len(bad) == 1
-    assert not failures(good) and failures(bad)
+    _rule_refuses(prefill, "attention-open-tile", mask_dropped_one_tile_early)
