@@ -19,10 +19,10 @@ from habu.timing.harness import (
     compare,
     copy_bandwidth,
     make_inputs,
+    plan_tolerance,
     poisoned_outputs,
     reference,
     time_cuda,
-    tolerance,
     torch,
 )
 
@@ -66,7 +66,7 @@ def run_case(name, path, model, sizes, pins, baseline, golden_check=True, flops=
         res = built.compiled(**sets[0], **outs[0])
         t.cuda.synchronize()
         res = res if isinstance(res, dict) else {built.model.outputs[0].name: res}
-        tol = tolerance(built.model, dict(built.plan.storage))
+        tol = plan_tolerance(built.model, built.plan)
         goldens = {k: compare(v, ref[k], tol) for k, v in res.items()}
         row["golden"] = {k: {"rel_error": g.rel_error, "tol": g.tol, "unwritten": g.unwritten, "ok": g.ok}
                          for k, g in goldens.items()}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from habu.bench.run import build
 from habu.bench.sanitize_paths import example_path
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance, torch
+from habu.timing.harness import compare, make_inputs, plan_tolerance, poisoned_outputs, reference, torch
 
 CASES = [
     ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}),  # wgmma, ldg producers, ragged k
@@ -36,7 +36,7 @@ def main() -> None:
         res = built.compiled(**inputs, **outs)
         t.cuda.synchronize()
         res = res if isinstance(res, dict) else {built.model.outputs[0].name: res}
-        tol = tolerance(built.model, dict(built.plan.storage))
+        tol = plan_tolerance(built.model, built.plan)
         verdict = {k: compare(v, ref[k], tol) for k, v in res.items()}
         ok = all(g.ok for g in verdict.values())
         print(f"{'ok  ' if ok else 'FAIL'} {path} {model} {sizes} {pins} "

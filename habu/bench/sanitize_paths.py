@@ -82,7 +82,7 @@ def run_case(name: str) -> str:
     from habu.bench.run import build
     from habu.timing.exact import kept_types
     from habu.timing.exact_gpu import ExactChecker
-    from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance, torch
+    from habu.timing.harness import compare, make_inputs, plan_tolerance, poisoned_outputs, reference, torch
 
     path, model, sizes, pins = CASES[name]
     built = build(example_path(path), model, sizes, pins)
@@ -97,7 +97,7 @@ def run_case(name: str) -> str:
     res = built.compiled(**inputs, **outs)
     torch().cuda.synchronize()
     res = res if isinstance(res, dict) else {built.model.outputs[0].name: res}
-    tol = tolerance(built.model, dict(built.plan.storage))
+    tol = plan_tolerance(built.model, built.plan)
     for k, v in res.items():
         g = compare(v, ref[k], tol)
         if not g.ok:

@@ -90,6 +90,12 @@ def tolerance(model: Model, storage: Mapping[str, str], kernels: Sequence[Any] =
     return 1e-4
 
 
+def plan_tolerance(model: Model, plan: Any) -> float:
+    """The tolerance for `plan`'s outputs: its storage and the roundings inside its kernels. Harnesses
+    holding a plan call this, not `tolerance`, so no kernel's internal bf16 stage can be left out."""
+    return tolerance(model, dict(plan.storage), plan.kernels)
+
+
 @dataclass
 class Golden:
     rel_error: float

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
 
 from habu.bench.run import build  # noqa: E402
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from habu.timing.harness import compare, make_inputs, plan_tolerance, poisoned_outputs, reference  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 EX = ROOT / "examples"
@@ -36,7 +36,7 @@ def run_golden(path: str, model: str, sizes: dict[str, int], lens: list[int] | N
     built.compiled(**inputs, **outs)
     torch.cuda.synchronize()
     got = outs["O"].detach().to("cpu").double().numpy()
-    tol = tolerance(built.model, dict(built.plan.storage))
+    tol = plan_tolerance(built.model, built.plan)
     g = compare(outs["O"], ref, tol)
     assert g.unwritten == 0, f"O: {g.unwritten} elements never written (or NaN) ({built.plan.kernels})"
     assert g.ok, f"O: relative error {g.rel_error:.2e} > {tol:.0e} ({built.plan.kernels})"

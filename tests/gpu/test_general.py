@@ -19,7 +19,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from habu.bench.run import build  # noqa: E402
 from habu.spec.parser import load_program  # noqa: E402
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from habu.timing.harness import compare, make_inputs, plan_tolerance, poisoned_outputs, reference  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 CORPUS = [p for p in sorted((ROOT / "tests" / "data" / "general_corpus").glob("*.habu"))
@@ -55,7 +55,7 @@ def run_golden(path: Path, sizes: dict[str, int], seed: int, index: str = "rando
     ref = reference(built.model, inputs, full)
     result = built.compiled(**inputs, **outs)
     torch.cuda.synchronize()
-    tol = tolerance(built.model, dict(built.plan.storage))
+    tol = plan_tolerance(built.model, built.plan)
     results = result if isinstance(result, dict) else {built.model.outputs[0].name: result}
     for out_name, out in results.items():
         g = compare(out, ref[out_name], tol)

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 from habu.bench.run import build  # noqa: E402
 from habu.timing.exact import kept_types  # noqa: E402
 from habu.timing.exact_gpu import ExactChecker  # noqa: E402
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from habu.timing.harness import compare, make_inputs, plan_tolerance, poisoned_outputs, reference  # noqa: E402
 from tests.conftest import ROOT, gemm_kn_source, winner_plan  # noqa: E402
 
 EX = ROOT / "examples"
@@ -59,7 +59,7 @@ def golden(path, model, sizes, pins=None, index="random", seed=0, plan=None):
     ref = reference(built.model, inputs, full)  # before the run: a model may update an input in place
     result = built.compiled(**inputs, **outs)
     torch.cuda.synchronize()
-    tol = tolerance(built.model, dict(built.plan.storage))
+    tol = plan_tolerance(built.model, built.plan)
     results = result if isinstance(result, dict) else {built.model.outputs[0].name: result}
     for name, out in results.items():
         g = compare(out, ref[name], tol)
