@@ -22,7 +22,7 @@ Every node of a model belongs to exactly one region; `default_regions` gives the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, product
 
 from habu.errors import HabuError
 from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
@@ -165,9 +165,12 @@ def as_contraction(eq: Equation) -> Contraction | None:
     for chosen in combinations(one_side, extra):
         batch = tuple(v for v in eq.lhs if v in shared or v in chosen)
         v0, v1 = [v for v in eq.lhs if v not in batch]
-        for m, n in ((v0, v1), (v1, v0)):
-            a = _operand(loads[0], m, k, batch)
-            b = _operand(loads[1], n, k, batch)
+        # m is the output's row axis where either factor order allows it (the product commutes): a
+        # tile's rows are then the output's rows and its epilogue stores rows (a TMA store), whichever
+        # factor the equation writes first
+        for (m, n), (first, second) in product(((v0, v1), (v1, v0)), ((loads[0], loads[1]), (loads[1], loads[0]))):
+            a = _operand(first, m, k, batch)
+            b = _operand(second, n, k, batch)
             if a and b:
                 scale = None
                 for c in consts:
