@@ -2,7 +2,8 @@
 against cuBLAS, torch eager and torch.compile in the same run, as fractions of the weight-streaming
 floor.
 
-    python -m habu.bench.decode_speed [--json OUT.json] [--only CASE[,CASE...]] [--no-compile]
+    python -m habu.bench.decode_speed [--json OUT.json] [--only CASE[,CASE...]] [--variants PART[,PART...]]
+                                      [--no-compile]
 
 Cases: GGEMM 64x4096x4096 (examples/ggemm.habu; cuBLAS on rows gathered beforehand), FFN-SKIP at 16
 and 128 tokens (examples/ffn_skip.habu: D 4096, H 14336), RMSNorm+Linear at 16 tokens
@@ -59,6 +60,12 @@ def _tile(tile: str, stages: int, split: int | None = None, **more: str) -> dict
     return pins | ({"split_k": str(split)} if split is not None else {})
 
 
+def _cluster(tile: str, stages: int, split: int, **more: str) -> dict[str, str]:
+    """A cluster split (habu/lower/split_cluster.py): the split blocks of a tile add their partials in
+    distributed shared memory, any epilogue, no zero fill."""
+    return _tile(tile, stages, split, split_reduce="cluster", **more)
+
+
 CASES = [
     Case("ggemm-64x4096x4096", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}, ("B",), {
         "64x64 s6 split 2 (before)": {"*": _tile("64x64", 6, 2)},
@@ -73,6 +80,12 @@ CASES = [
         "persistent": {"*": {"persistent": "true"}},
         "mma.sync 64x64 s4 split 2": {"*": {**MMA_SYNC, **_tile("64x64", 4, 2, warps="4")}},
         "mma.sync 64x32 s6 split 2": {"*": {**MMA_SYNC, **_tile("64x32", 6, 2, warps="4")}},
+        "cluster 64x128 s8 split 4": {"*": _cluster("64x128", 8, 4)},
+        "cluster 64x128 s8 split 2": {"*": _cluster("64x128", 8, 2)},
+        "cluster 64x64 s14 split 2": {"*": _cluster("64x64", 14, 2)},
+        "cluster 64x64 s14 split 4": {"*": _cluster("64x64", 14, 4)},
+        "cluster 64x256 s4 split 8": {"*": _cluster("64x256", 4, 8)},
+        "cluster 64x256 s5 split 4": {"*": _cluster("64x256", 5, 4)},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
@@ -81,6 +94,11 @@ CASES = [
         "second 64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
         "second mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
         "mma.sync both": {"*": MMA_SYNC},
+        "second cluster 64x128 s8 split 4": {1: _cluster("64x128", 8, 4)},
+        "second cluster 64x256 s4 split 8": {1: _cluster("64x256", 4, 8)},
+        "second cluster 64x64 s13 split 2": {1: _cluster("64x64", 13, 2)},
+        "cluster: first 64x256 s4 split 2, second 64x128 s8 split 4": {0: _cluster("64x256", 4, 2),
+                                                                       1: _cluster("64x128", 8, 4)},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
@@ -88,14 +106,27 @@ CASES = [
         "first 64x64 s13": {0: _tile("64x64", 13)},
         "128-row tiles": {"*": _tile("128x64", 8, warps="12")},
         "mma.sync both": {"*": MMA_SYNC},
+        "second cluster 128x128 s6 split 4": {1: _cluster("128x128", 6, 4, warps="12")},
+        "second cluster 128x256 s4 split 8": {1: _cluster("128x256", 4, 8, warps="12")},
+        "second cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
+        "cluster: first 128x256 s4 split 2, second 128x128 s6 split 4": {
+            0: _cluster("128x256", 4, 2, warps="12"), 1: _cluster("128x128", 6, 4, warps="12")},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
         "6 stages (before)": {1: {"stages": "6"}},
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
         "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
         "mma.sync 32x64 s6": {1: {**MMA_SYNC, **_tile("32x64", 6, warps="4")}},
+        "cluster 64x128 s8 split 4": {1: _cluster("64x128", 8, 4)},
+        "cluster 64x256 s4 split 8": {1: _cluster("64x256", 4, 8)},
+        "cluster 64x64 s13 split 2": {1: _cluster("64x64", 13, 2)},
     }),
 ]
+
+
+def select_variants(case: Case, parts: list[str]) -> Case:
+    """The case with only the variants whose names contain one of `parts` (the default always runs)."""
+    return replace(case, variants={k: v for k, v in case.variants.items() if any(p and p in k for p in parts)})
 
 
 def floor_us(weight_bytes: int, tbps: float = COPY_TBPS) -> float:
@@ -146,7 +177,8 @@ def describe(plan) -> str:
     parts = []
     for k in plan.kernels:
         if hasattr(k, "tile_m"):
-            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n} s{k.stages} k{k.split_k}{' p' if k.persistent else ''}"
+            cluster = "c" if k.split_k > 1 and k.split_reduce == "cluster" else ""
+            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n} s{k.stages} k{k.split_k}{cluster}{' p' if k.persistent else ''}"
                          f"{' A:' + k.a_move if k.a_move not in ('tma',) else ''}")
         else:
             parts.append(k.kind)
@@ -383,9 +415,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--only", help="comma-separated case names (or parts of them)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    ap.add_argument("--variants", help="comma-separated parts of variant names: time only those (and the default)")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     args = ap.parse_args(argv)
     cases = [c for c in CASES if not args.only or any(p in c.name for p in args.only.split(","))]
+    if args.variants:
+        cases = [select_variants(c, args.variants.split(",")) for c in cases]
     began = time.time()
     rows, base, copy = run(cases, not args.no_compile, args.workers)
     text, ok = report(cases, rows, base, copy)

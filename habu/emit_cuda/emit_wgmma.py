@@ -301,6 +301,8 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
                     "m" if side == "A" else "n")
         for side in "AB" if kc.moves[side] == "cp.async")
     rank = "    const habu::u32 crank = habu::cluster_ctarank();\n" if ring.cluster > 1 else ""
+    end = ("    habu::cluster_sync();  // the consumers' partials are in shared memory (cluster split)\n"
+           "    habu::cluster_sync();  // the peers have read them\n" if lw.cluster_split else "")
     k0 = (f"        const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};\n"
           if references(fill, "k0") else "")  # (TMA copies print their coordinates whole)
     return f"""  if (wg == 0) {{  // ---------------------------------------------------------------- producer
@@ -315,7 +317,7 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
 {fill}        {_advance(ring)}
       }}
     }}
-"""
+{end}"""
 
 
 def _advance(ring: MbarrierRing) -> str:
@@ -420,6 +422,50 @@ def _direct_epilogue(kc: _Kernel) -> str:
 """
 
 
+def _cluster_split_epilogue(kc: _Kernel) -> str:
+    """A cluster split's end of a tile (habu/lower/split_cluster.py): the consumers write their partial
+    tile into shared memory over the ring's stages (`partial_word`), a cluster barrier, then each consumer
+    thread adds up its pairs (`reduced_pair`) from every block of the cluster, applies the epilogue and
+    stores them; a second barrier keeps the partials until every peer has read them. The producer
+    warpgroup meets both barriers after its loop."""
+    lw, frag, red = kc.lw, kc.lw.fragment, kc.lw.reduction
+    assert red is not None
+    row, col = CExpr(f"((cw * {kc.slabs} + s) * 64 + {frag.row_in_warpgroup()})"), CExpr(f"({frag.col()})")
+    put = c(red.partial_word(row, col))
+    r_row, r_col, q = red.reduced_pair(CExpr("rank"), CExpr("rt"), CExpr("i"))
+    word = c(red.partial_word(CExpr("row"), CExpr("col")))
+    epi = epilogue_pair_code(lw, kc.sig, kc.model, kc.sizes, kc.it, "m", "n", "sum.x", "sum.y")
+    consumers_sync = (f"      habu::named_barrier_sync(15, {red.threads});  // every consumer's wgmma is done with the stages\n"
+                      if kc.consumers > 1 else "")
+    return f"""{consumers_sync}#pragma unroll
+      for (int s = 0; s < {kc.slabs}; ++s)
+#pragma unroll
+        for (int j = 0; j < {lw.bn // 8}; ++j)
+#pragma unroll
+          for (int h = 0; h < {frag.halves}; ++h)  // this block's partial, over the ring's stages
+            *reinterpret_cast<float2*>(smem + {red.base} + 4 * ({put})) =
+                make_float2(acc[s][{frag.register(0)}], acc[s][{frag.register(1)}]);
+      habu::cluster_sync();  // every block of the tile's cluster has its partial in shared memory
+      {{
+        const long long rank = split;  // the split is the block's cluster rank (rule cluster-split-rank)
+        const int rt = threadIdx.x - 128;  // the consumer thread
+#pragma unroll 1
+        for (int i = 0; i < {red.iterations}; ++i) {{
+          const int q = {c(q)};
+          if (q < {red.pairs}) {{
+            const int row = (int)({c(r_row)});
+            const int col = (int)({c(r_col)});
+            const float2 sum = habu::cluster_sum_f32x2<{red.split}>(smem_base + {red.base}u + 4u * (habu::u32)({word}));
+            const {kc.it} m = m0 + ({kc.it})row;
+            const {kc.it} n = n0 + ({kc.it})col;
+            {epi}
+          }}
+        }}
+      }}
+      habu::cluster_sync();  // no block leaves while a peer may still read its partial
+"""
+
+
 def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
     lw = kc.lw
@@ -428,6 +474,8 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
         epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it)
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
         drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
+    elif lw.cluster_split:
+        epilogue, store_state, drain = _cluster_split_epilogue(kc), "", ""
     else:
         epilogue, store_state, drain = _direct_epilogue(kc), "", ""
     # the epilogue reads and writes what the plan's previous kernel may still be writing or reading
@@ -522,7 +570,8 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     vecs = {"A": k.a_vector, "B": k.b_vector}
     split = warp_specialized_split(k.warps)
     threads = 128 * (kc.consumers + 1)
-    attrs = f"__cluster_dims__({ring.cluster}, 1, 1) " if ring.cluster > 1 else ""
+    cluster = k.split_k if lw.cluster_split else ring.cluster  # a cluster split's blocks, or B's multicast
+    attrs = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
     sync_end = ("  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
                 if ring.cluster > 1 else "")
     roles = f"{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}"
@@ -535,9 +584,11 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
                  [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move}; split_k={k.split_k}; "
                   f"index width {lw.index_width}"
                   + (f"; clusters of {ring.cluster} blocks along m share B's tile by TMA multicast"
-                     if ring.cluster > 1 else "")])
+                     if ring.cluster > 1 else "")
+                  + (f"; the {k.split_k} splits of a tile are a cluster adding their partials in shared memory"
+                     if lw.cluster_split else "")])
     src += body.replace("SIGNATURE", kc.sig.declaration())
     zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     layout = lowering_smem(lw)
     return CudaKernel(name, src, tuple(kc.sig.params), threads, layout.total, lw, zero,
-                      register_demand=split.demand, cluster=ring.cluster)
+                      register_demand=split.demand, cluster=cluster)

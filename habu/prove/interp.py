@@ -28,6 +28,7 @@ from habu.prove.fragments import fragment_mismatch
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import route_key, route_of, warp_parts
+from habu.prove.split_cluster import cluster_sums, reduction_faults
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
@@ -316,6 +317,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         need = np.unique(np.concatenate([t * tile + np.array(_local(t, tile, keep), dtype=np.int64)
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
+    partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
     route = route_of(lw)
     for fault in route.faults:
         mem.fault(f"{name}: {fault}")
@@ -381,17 +383,45 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                 (a, ia), (b, ib) = load("A", a_mn, a_k), load("B", b_mn, b_k)
                 cell = (slice(None), out_r[:, None], out_c[None, :])
                 acc[cell] = (acc[cell] + _block_products(f, a, ia, b, ib)) % f.p
-        coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
-        loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
-                 for ld, acc_access in lw.epi_loads}
+        if lw.reduction is not None:  # a cluster split: the partials meet in shared memory first
+            for x, tile in enumerate(mn):
+                partials.setdefault((z, lrows, lcols), {}).setdefault(tile, {})[split] = (acc[x], mc[x], nc[x])
+            continue
+        _epilogue(name, lw, sizes, mem, acc, mc, nc, batch_at, where, accumulate, scatter)
+    if lw.reduction is not None:
+        for fault in reduction_faults(lw.reduction):
+            mem.fault(f"{name}: {fault}")
+        for (z, lrows, lcols), by_tile in sorted(partials.items()):
+            tiles = sorted(by_tile)
+            parts = {s: np.stack([by_tile[t][s][0] if s in by_tile[t] else mem.poison(np.zeros((len(lrows), len(lcols)),
+                                                                                                   np.int64) + s)
+                                  for t in tiles]) for s in range(lw.kernel.split_k)}
+            sums = cluster_sums(lw.reduction, parts, lrows, lcols, f.p, mem.poison)
+            some = [next(iter(by_tile[t].values())) for t in tiles]
+            mc, nc = np.stack([x[1] for x in some]), np.stack([x[2] for x in some])
+            batch = {axis: np.int64(v) for axis, v in lw.batch_coordinates(np.int64(z), sizes).items()}
 
-        def leaf(ld: Load, acc=acc, loads=loads) -> np.ndarray:
-            return acc if ld.tensor == ACC else loads[ld]
+            def where(bad: np.ndarray, mc=mc, nc=nc) -> str:
+                b = int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0]) if bad.ndim else 0
+                return f"the cluster split's sums of the tile at {lw.out.tensor} row {int(mc[b, 0])}, column {int(nc[b, 0])}"
+            _epilogue(name, lw, sizes, mem, sums, mc, nc, batch, where, accumulate, scatter)
 
-        value = eval_pointwise(lw.epilogue, leaf, f, sizes)
-        owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
-        # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
-        write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
+
+def _epilogue(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Memory, acc: np.ndarray,
+              mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where, accumulate: bool,
+              scatter: bool) -> None:
+    """The epilogue of blocks whose accumulators (blocks, rows, cols) hold output rows mc and columns nc."""
+    coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
+    loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
+             for ld, acc_access in lw.epi_loads}
+
+    def leaf(ld: Load) -> np.ndarray:
+        return acc if ld.tensor == ACC else loads[ld]
+
+    value = eval_pointwise(lw.epilogue, leaf, mem.field, sizes)
+    owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
+    # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
+    write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
 
 
 def _block_products(f: Any, a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:

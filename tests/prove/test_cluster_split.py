@@ -1,0 +1,115 @@
+"""Cluster split-K (habu/lower/split_cluster.py): the split blocks of a tile are one thread-block cluster
+and add their partial tiles in distributed shared memory, so the epilogue may be anything and the output
+is not zeroed first. The rules, the refusals, the finite-field check's run of the reduction maps, the
+printed kernel and the plan vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import pytest
+
+from habu.lower import lower_whole
+from habu.lower.contraction import ContractionLowering
+from habu.prove.rules import failures, guards, obligations
+from habu.prove.split_cluster import reduction_faults
+from habu.search.space import default_plan
+from habu.spec.parser import load_program, parse_text
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+SPLIT4 = {"tile": "64x128x64", "stages": "4", "split_k": "4", "split_reduce": "cluster"}
+SMALL = {"M": 100, "N": 300, "K": 1000}
+
+
+def _model(example: str, name: str, sizes: dict[str, int]):
+    return load_program(ROOT / "examples" / example).models[name].with_sizes(sizes)
+
+
+def _rules(model, sizes, pins):
+    plan = default_plan(model, TARGETS["sm_90a"], sizes, pins)
+    return failures(obligations(model, plan, sizes)), plan
+
+
+def test_a_cluster_split_ggemm_passes_the_rules_and_prints_one_cluster_per_tile_without_a_zero_fill():
+    from habu.paths.emit import emit
+    from habu.prove import prove
+
+    model = _model("ggemm.habu", "GGEMM", SMALL)
+    bad, plan = _rules(model, SMALL, SPLIT4)
+    assert bad == [] and plan.kernels[0].split_reduce == "cluster"
+    proof = prove(model, plan, SMALL, trials=1)
+    assert proof.ok, proof.certificate
+    (kernel,) = emit(proof, TARGETS["sm_90a"]).kernels
+    assert "__cluster_dims__(4, 1, 1)" in kernel.source and kernel.cluster == 4
+    assert kernel.zero == () and "atomic" not in kernel.source.split("extern \"C\"")[1]
+    assert kernel.source.count("habu::cluster_sync()") == 4  # the producer's two, the consumers' two
+
+
+def test_the_cluster_split_takes_a_nonlinear_epilogue_that_the_atomic_split_refuses():
+    sizes = {"B": 16}
+    model = _model("ffn_skip.habu", "FFN-SKIP", sizes)
+    bad, _ = _rules(model, sizes, {**SPLIT4, "stages": "8"})
+    assert bad == []
+    bad, _ = _rules(model, sizes, {**SPLIT4, "stages": "8", "split_reduce": "atomic"})
+    assert "split-k-linear" in {o.rule.name for o in bad}
+
+
+@pytest.mark.parametrize("pins,reason", [
+    ({"persistent": "true"}, "one tile per block"),
+    ({"store": "tma"}, "store direct"),
+    ({"split_k": "3"}, "a cluster split has 2, 4, 8 blocks"),
+    ({"tile": "64x256x64", "stages": "1"}, "fits over the ring"),
+    ({"mma": "mma.sync", "warps": "4"}, "warp-specialised wgmma path"),
+])
+def test_cluster_splits_are_refused_where_they_cannot_run(pins, reason):
+    model = _model("ggemm.habu", "GGEMM", SMALL)
+    bad, _ = _rules(model, SMALL, {**SPLIT4, **pins})
+    assert any(o.rule.name == "supported-path" and reason in o.detail for o in bad), [o.detail for o in bad]
+
+
+def test_a_decode_with_the_split_outermost_breaks_the_cluster_rank_rule():
+    """The kernel reads rank r's partial as split r: a decode that puts the split outermost (the atomic
+    split's order) gives a cluster's blocks different tiles, and z3 finds the block."""
+    model = _model("ggemm.habu", "GGEMM", SMALL)
+    plan = default_plan(model, TARGETS["sm_90a"], SMALL, SPLIT4)
+    lowered = lower_whole(model, plan)
+    lw = lowered.kernels[0]
+    assert isinstance(lw, ContractionLowering)
+
+    class SplitOutermost(ContractionLowering):
+        def tile_of(self, linear, s, let=None):
+            return ContractionLowering.tile_of(replace(self, split_mode="atomic"), linear, s, let)
+
+    bad_lw = SplitOutermost(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+    obs = obligations(model, plan, SMALL, lowered=replace(lowered, kernels=(bad_lw,)))
+    assert [o.rule.name for o in failures(obs)] == ["cluster-split-rank"]
+    assert not failures(obligations(model, plan, SMALL, lowered=lowered))
+
+
+def test_the_cluster_rank_rule_holds_at_every_runtime_m():
+    src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #M", "1..65536 EXTENT: #M")
+    model = parse_text(src).models["GGEMM"]
+    plan = default_plan(model, TARGETS["sm_90a"], None, SPLIT4)
+    obs = obligations(model, plan)
+    assert not failures(obs)
+    rank = [o for o in obs if o.rule.name == "cluster-split-rank"]
+    assert rank and rank[0] not in guards(obs) and rank[0].status == "proved"
+
+
+def test_every_element_of_the_tile_is_reduced_once_at_every_split_and_width():
+    from habu.lower.split_cluster import cluster_reduction_for
+
+    for split in (2, 4, 8):
+        for bm, bn, consumers in ((64, 16, 1), (64, 128, 1), (64, 256, 1), (128, 128, 2), (128, 256, 2)):
+            assert reduction_faults(cluster_reduction_for(split, bm, bn, consumers)) == []
+
+
+def test_a_plan_without_a_cluster_split_prints_no_split_reduce_field_in_json():
+    model = _model("ggemm.habu", "GGEMM", SMALL)
+    plain = default_plan(model, TARGETS["sm_90a"], SMALL)
+    assert "split_reduce" not in plain.to_json()["kernels"][0]
+    pinned = default_plan(model, TARGETS["sm_90a"], SMALL, SPLIT4)
+    from habu.plan.plan import Plan
+
+    assert Plan.from_json(pinned.to_json()) == pinned
