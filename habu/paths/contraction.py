@@ -284,6 +284,10 @@ class ContractionPath(KernelPath):
     def clusters(self, target: Target) -> tuple[int, ...]:
         return (1,)
 
+    def cluster_splits(self, target: Target) -> bool:
+        """Whether the path prints a cluster split (habu/lower/split_cluster.py) on the target."""
+        return False
+
     def vector(self, move: str, vector: int) -> int:
         """The vector width an operand moved by `move` gets, `vector` being the widest aligned one."""
         return vector
@@ -310,11 +314,15 @@ class ContractionPath(KernelPath):
                 continue
             if split > 4 and bm > 64:
                 continue  # split 8 is for skinny 64-row tiles (taller ones fill a wave by split 4)
-            yield replace(base, mma=self.mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
-                          a_move=am, b_move=bmv, a_vector=self.vector(am, base.a_vector),
-                          b_vector=self.vector(bmv, base.b_vector), split_k=split,
-                          raster=raster, group_m=group, persistent=persistent, **self.fixed_fields(target),
-                          store=store, cluster_m=cluster)
+            kernel = replace(base, mma=self.mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
+                             a_move=am, b_move=bmv, a_vector=self.vector(am, base.a_vector),
+                             b_vector=self.vector(bmv, base.b_vector), split_k=split,
+                             raster=raster, group_m=group, persistent=persistent, **self.fixed_fields(target),
+                             store=store, cluster_m=cluster, split_reduce="atomic")
+            yield kernel
+            if skinny and split > 1 and self.cluster_splits(target) and not persistent and store == "direct" \
+                    and cluster == 1:  # a skinny contraction's splits with any epilogue: the partials meet in a cluster
+                yield replace(kernel, split_reduce="cluster")
 
     # ------------------------------------------------------------------ resources
 

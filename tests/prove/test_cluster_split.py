@@ -113,3 +113,18 @@ def test_a_plan_without_a_cluster_split_prints_no_split_reduce_field_in_json():
     from habu.plan.plan import Plan
 
     assert Plan.from_json(pinned.to_json()) == pinned
+
+
+def test_the_search_space_of_a_skinny_layer_holds_cluster_splits():
+    from habu.plan.patterns import default_regions
+    from habu.search.space import concrete_sizes, region_space
+
+    def space(example, name, sizes, region):
+        bound = _model(example, name, sizes)
+        regions = default_regions(bound)
+        return {(v.tile_m, v.tile_n, v.split_k, v.split_reduce) for v in
+                region_space(bound, regions[region], TARGETS["sm_90a"], concrete_sizes(bound, sizes))
+                if getattr(v, "mma", None) == "wgmma"}
+
+    down = space("ffn_skip.habu", "FFN-SKIP", {"B": 16}, 1)  # bias + residual epilogue, bf16 out
+    assert (64, 128, 4, "cluster") in down and (64, 64, 2, "cluster") in down
