@@ -111,6 +111,8 @@ CASES = [
         "second cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
         "cluster: first 128x256 s4 split 2, second 128x128 s6 split 4": {
             0: _cluster("128x256", 4, 2, warps="12"), 1: _cluster("128x128", 6, 4, warps="12")},
+        "cluster: first 128x256 s4 split 2, second 128x256 s4 split 8": {  # A re-read half as often
+            0: _cluster("128x256", 4, 2, warps="12"), 1: _cluster("128x256", 4, 8, warps="12")},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
         "6 stages (before)": {1: {"stages": "6"}},
