@@ -39,7 +39,8 @@ EX = Path(__file__).resolve().parents[2] / "examples"
 COPY_TBPS = 4.22  # the H200's device-to-device copy (docs/PERF.md, 2026-11-30)
 ARCH = "sm_90a"
 
-# per-kernel pins (kernel index -> pins; "*" for every contraction kernel), by variant name
+# per-kernel pins (kernel index -> pins; "*" for every contraction kernel; "plan": plan-wide pins such as
+# a rewrite, applied first), by variant name
 Pins = dict[Any, dict[str, str]]
 WGMMA_OLD_DEFAULT = {"tile": "128x128x64", "warps": "12", "stages": "5"}
 MMA_SYNC = {"mma": "mma.sync"}
@@ -122,6 +123,7 @@ CASES = [
         "cluster 64x128 s8 split 4": {1: _cluster("64x128", 8, 4)},
         "cluster 64x256 s4 split 8": {1: _cluster("64x256", 4, 8)},
         "cluster 64x64 s13 split 2": {1: _cluster("64x64", 13, 2)},
+        "factor:Y, cluster 64x128 s8 split 4": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x128", 8, 4)},
     }),
 ]
 
@@ -148,11 +150,13 @@ def variant_plan(case: Case, pins: Pins):
     from habu.paths import contraction_path
     from habu.plan.patterns import default_regions
     from habu.plan.plan import ContractionKernel
+    from habu.plan.rewrite import apply_rewrites
     from habu.search.space import apply_pins, concrete_sizes, default_plan
     from habu.target import TARGETS
 
     target, model = TARGETS[ARCH], case_model(case)
-    plan = default_plan(model, target, case.sizes)
+    plan = default_plan(model, target, case.sizes, pins.get("plan"))  # plan-wide pins (a rewrite) first
+    model = apply_rewrites(model, plan.rewrites)  # the kernels' nodes are the rewritten model's
     regions = default_regions(model)
     kernels = list(plan.kernels)
     for i, k in enumerate(kernels):
