@@ -29,7 +29,7 @@ from typing import Any
 
 from habu.lower.access import floordiv
 
-PARTIAL_PAD = 4  # words after each partial row: the fragment's float2 stores of 8 rows fall in other banks
+PARTIAL_PAD = 8  # words after each row: a half-warp's float2 stores (4 rows x 8 words) hit 32 distinct banks
 
 
 @dataclass(frozen=True)
