@@ -416,14 +416,46 @@ def report(cases: list[Case], rows: list[dict], base: dict, copy: float) -> tupl
     return "\n".join(lines), ok
 
 
+def profile(spec: str) -> int:
+    """Build CASE's VARIANT and call it three times on one input set (`ncu -k regex:... -c 1` then
+    profiles one of its kernels without the checks' and baselines' launches around it)."""
+    import torch as t
+
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.timing.harness import make_inputs, poisoned_outputs
+
+    case_name, _, variant = spec.partition(":")
+    case = next((c for c in CASES if c.name == case_name), None)
+    if case is None or (variant != "default" and variant not in case.variants):
+        print(f"error: no variant {spec!r} (cases: {', '.join(c.name for c in CASES)})", file=sys.stderr)
+        return 1
+    built = build_one(case, variant, case.variants.get(variant, {}))
+    if "error" in built:
+        print(f"error: {built['error']}", file=sys.stderr)
+        return 1
+    model = case_model(case)
+    compiled = CompiledModel(model, built["emitted"], arch=ARCH, check_indices=False)
+    sizes = {e.name: e.size for e in model.extents}
+    inputs, outs = make_inputs(model, sizes, 1), poisoned_outputs(model, sizes)
+    for _ in range(3):
+        compiled(**inputs, **outs)
+    t.cuda.synchronize()
+    print(f"{spec}: {describe(built['plan'])}; kernels {[k.name for k in built['emitted'].kernels]}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--only", help="comma-separated case names (or parts of them)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     ap.add_argument("--variants", help="comma-separated parts of variant names: time only those (and the default)")
+    ap.add_argument("--profile", metavar="CASE:VARIANT",
+                    help="build one variant (or 'default') and call it 3 times, nothing else: for ncu")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     args = ap.parse_args(argv)
+    if args.profile:
+        return profile(args.profile)
     cases = [c for c in CASES if not args.only or any(p in c.name for p in args.only.split(","))]
     if args.variants:
         cases = [select_variants(c, args.variants.split(",")) for c in cases]
