@@ -449,15 +449,23 @@ def _cluster_split_epilogue(kc: _Kernel) -> str:
       {{
         const long long rank = split;  // the split is the block's cluster rank (rule cluster-split-rank)
         const int rt = threadIdx.x - 128;  // the consumer thread
-#pragma unroll 1
+        float2 sums[{red.iterations}];  // every pair's loads first, so their latencies overlap
+#pragma unroll
         for (int i = 0; i < {red.iterations}; ++i) {{
           const int q = {c(q)};
           if (q < {red.pairs}) {{
             const int row = (int)({c(r_row)});
             const int col = (int)({c(r_col)});
-            const float2 sum = habu::cluster_sum_f32x2<{red.split}>(smem_base + {red.base}u + 4u * (habu::u32)({word}));
-            const {kc.it} m = m0 + ({kc.it})row;
-            const {kc.it} n = n0 + ({kc.it})col;
+            sums[i] = habu::cluster_sum_f32x2<{red.split}>(smem_base + {red.base}u + 4u * (habu::u32)({word}));
+          }}
+        }}
+#pragma unroll
+        for (int i = 0; i < {red.iterations}; ++i) {{
+          const int q = {c(q)};
+          if (q < {red.pairs}) {{
+            const {kc.it} m = m0 + ({kc.it})({c(r_row)});
+            const {kc.it} n = n0 + ({kc.it})({c(r_col)});
+            const float2 sum = sums[i];
             {epi}
           }}
         }}
