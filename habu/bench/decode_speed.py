@@ -57,8 +57,10 @@ class Case:
 
 
 def _tile(tile: str, stages: int, split: int | None = None, **more: str) -> dict[str, str]:
+    """Pins of a tile and depth; with `split`, an atomic split (or unsplit) unless `split_reduce` says."""
     pins = {"tile": f"{tile}x64", "stages": str(stages), **more}
-    return pins | ({"split_k": str(split)} if split is not None else {})
+    return pins | ({"split_k": str(split), "split_reduce": more.get("split_reduce", "atomic")}
+                   if split is not None else {})
 
 
 def _cluster(tile: str, stages: int, split: int, **more: str) -> dict[str, str]:
@@ -67,63 +69,50 @@ def _cluster(tile: str, stages: int, split: int, **more: str) -> dict[str, str]:
     return _tile(tile, stages, split, split_reduce="cluster", **more)
 
 
+OLD_SKINNY = _tile("64x128", 8, 1)  # the skinny default before cluster splits (session 29)
 CASES = [
     Case("ggemm-64x4096x4096", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}, ("B",), {
-        "64x64 s6 split 2 (before)": {"*": _tile("64x64", 6, 2)},
-        "64x64 s14 split 2": {"*": _tile("64x64", 14, 2)},
-        "64x64 s14 split 4": {"*": _tile("64x64", 14, 4)},
+        "64x128 s8 split 2 (the default before)": {"*": _tile("64x128", 8, 2)},
+        "64x64 s14 split 2 atomic": {"*": _tile("64x64", 14, 2)},
         "64x128 s8 split 4 (first skinny default)": {"*": _tile("64x128", 8, 4)},
-        "64x128 s8 split 8": {"*": _tile("64x128", 8, 8)},
-        "64x256 s4 split 8": {"*": _tile("64x256", 4, 8)},
         "64x32 s12 split 1 (no atomics)": {"*": _tile("64x32", 12, 1)},
-        "64x32 s12 split 2": {"*": _tile("64x32", 12, 2)},
-        "A staged": {"*": {"A": "staged"}},
-        "persistent": {"*": {"persistent": "true"}},
+        "persistent split 2": {"*": {**_tile("64x128", 8, 2), "persistent": "true"}},
         "mma.sync 64x64 s4 split 2": {"*": {**MMA_SYNC, **_tile("64x64", 4, 2, warps="4")}},
-        "mma.sync 64x32 s6 split 2": {"*": {**MMA_SYNC, **_tile("64x32", 6, 2, warps="4")}},
         "cluster 64x128 s8 split 4": {"*": _cluster("64x128", 8, 4)},
         "cluster 64x128 s8 split 2": {"*": _cluster("64x128", 8, 2)},
-        "cluster 64x64 s14 split 2": {"*": _cluster("64x64", 14, 2)},
-        "cluster 64x64 s14 split 4": {"*": _cluster("64x64", 14, 4)},
-        "cluster 64x256 s4 split 8": {"*": _cluster("64x256", 4, 8)},
+        "cluster 64x64 s8 split 2": {"*": _cluster("64x64", 8, 2)},
+        "cluster 64x96 s10 split 2": {"*": _cluster("64x96", 10, 2)},
         "cluster 64x256 s5 split 4": {"*": _cluster("64x256", 5, 4)},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
-        "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
-        "shallow (s4, s6)": {0: {"stages": "4"}, 1: {"stages": "6"}},
-        "first 64x64 s13": {0: _tile("64x64", 13)},
-        "second 64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
-        "second mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
-        "mma.sync both": {"*": MMA_SYNC},
+        "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
+        "before skinny (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: _tile("64x64", 6, 1)},
+        "second 64x64 s13 (first skinny default)": {1: _tile("64x64", 13, 1)},
+        "mma.sync both": {"*": {**MMA_SYNC, "split_k": "1", "split_reduce": "atomic"}},
         "second cluster 64x128 s8 split 4": {1: _cluster("64x128", 8, 4)},
-        "second cluster 64x256 s4 split 8": {1: _cluster("64x256", 4, 8)},
-        "second cluster 64x64 s13 split 2": {1: _cluster("64x64", 13, 2)},
-        "cluster: first 64x256 s4 split 2, second 64x128 s8 split 4": {0: _cluster("64x256", 4, 2),
-                                                                       1: _cluster("64x128", 8, 4)},
+        "second cluster 64x64 s10 split 2": {1: _cluster("64x64", 10, 2)},
+        "second cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
+        "first 64x128 s12": {0: _tile("64x128", 12, 1)},
+        "first cluster 64x256 s4 split 2": {0: _cluster("64x256", 4, 2)},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
         "first 64x128 s8": {0: _tile("64x128", 8)},
-        "first 64x64 s13": {0: _tile("64x64", 13)},
         "128-row tiles": {"*": _tile("128x64", 8, warps="12")},
         "mma.sync both": {"*": MMA_SYNC},
-        "second cluster 128x128 s6 split 4": {1: _cluster("128x128", 6, 4, warps="12")},
-        "second cluster 128x256 s4 split 8": {1: _cluster("128x256", 4, 8, warps="12")},
         "second cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
-        "cluster: first 128x256 s4 split 2, second 128x128 s6 split 4": {
-            0: _cluster("128x256", 4, 2, warps="12"), 1: _cluster("128x128", 6, 4, warps="12")},
-        "cluster: first 128x256 s4 split 2, second 128x256 s4 split 8": {  # A re-read half as often
-            0: _cluster("128x256", 4, 2, warps="12"), 1: _cluster("128x256", 4, 8, warps="12")},
+        "second cluster 128x128 s6 split 2": {1: _cluster("128x128", 6, 2, warps="12")},
+        "second cluster 128x64 s8 split 2": {1: _cluster("128x64", 8, 2, warps="12")},
+        "second cluster 128x128 s6 split 4": {1: _cluster("128x128", 6, 4, warps="12")},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
-        "6 stages (before)": {1: {"stages": "6"}},
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
         "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
-        "mma.sync 32x64 s6": {1: {**MMA_SYNC, **_tile("32x64", 6, warps="4")}},
-        "cluster 64x128 s8 split 4": {1: _cluster("64x128", 8, 4)},
-        "cluster 64x256 s4 split 8": {1: _cluster("64x256", 4, 8)},
         "cluster 64x64 s13 split 2": {1: _cluster("64x64", 13, 2)},
-        "factor:Y, cluster 64x128 s8 split 4": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x128", 8, 4)},
+        "cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
+        "factor:Y": {"plan": {"rewrite": "factor:Y"}},
+        "factor:Y, cluster 64x64 s13 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x64", 13, 2)},
+        "factor:Y, cluster 64x128 s8 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x128", 8, 2)},
     }),
 ]
 
@@ -293,10 +282,51 @@ def check_and_time(case: Case, name: str, built: dict, sets: list, outs: list, r
             row["error"] = f"golden check failed: {row['golden']}"
             return row
         row["us"] = time_cuda(lambda i: compiled(**sets[i], **outs[i]), len(sets))["median_us"]
+        row["kernel_us"] = kernel_times(lambda: compiled(**sets[0], **outs[0]), t)
+        row["cluster_fit"] = cluster_fit(compiled, full)
     except Exception as exc:  # one failing variant must not hide the others
         row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
         row["trace"] = traceback.format_exc()[-1500:]
     return row
+
+
+def kernel_times(call: Callable[[], Any], t: Any, reps: int = 5) -> list[list]:
+    """[kernel, µs per call] of the GPU kernels a call launches (as torch.profiler lists them;
+    CUPTI sees the driver API's launches); [] where the profiler is not available."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                call()
+            t.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if total:
+                rows.append([e.key.rsplit("_", 1)[-1] if e.key.startswith("habu_") else e.key[:40], total / reps])
+        return rows
+    except Exception:  # a profiler missing or refused: the totals stand alone
+        return []
+
+
+def cluster_fit(compiled: Any, sizes: dict[str, int]) -> list[str]:
+    """For each cluster kernel: its blocks against the blocks of the clusters the GPU runs at once
+    (cuOccupancyMaxActiveClusters): a grid past them runs in two waves."""
+    from habu.emit_cuda import driver
+
+    out = []
+    try:
+        dev = driver.device(0)
+        kernels = compiled.kernel_set.members[0][1].kernels
+        for k, fn in zip(kernels, compiled._functions(0, dev), strict=True):
+            if k.cluster > 1:
+                fits = driver.resident_blocks(k, fn, k.dynamic_smem(sizes), dev)
+                out.append(f"{k.name.rsplit('_', 1)[-1]}: {k.grid(sizes, fits)} blocks, clusters of {k.cluster}, "
+                           f"{fits} at once")
+    except Exception as exc:  # a diagnostic only
+        out.append(f"(cluster occupancy not read: {type(exc).__name__}: {str(exc)[:80]})")
+    return out
 
 
 def time_baselines(case: Case, sets: list, ref: dict, fns: dict, compiled_fn: Any, t: Any) -> dict[str, Any]:
@@ -413,6 +443,9 @@ def report(cases: list[Case], rows: list[dict], base: dict, copy: float) -> tupl
             check = f"{row['exact']}, rel {row['golden']['rel_error']:.1e}"
             lines.append(f"  {row['variant']:<34} {row['plan']:<44} {row['us']:8.1f} "
                          f"{100 * floor / row['us']:6.1f}%{ratios}  {check}")
+            per_kernel = ", ".join(f"{k} {us:.1f}" for k, us in row.get("kernel_us", []))
+            if per_kernel or row.get("cluster_fit"):
+                lines.append(f"  {'':<34} kernels (µs, profiled): {per_kernel}  {'; '.join(row.get('cluster_fit', []))}")
     return "\n".join(lines), ok
 
 

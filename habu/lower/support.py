@@ -147,7 +147,7 @@ def _split_cluster_refusals(lw: ContractionLowering, emitted: bool) -> list[str]
     per block (its blocks leave together), direct stores, no cluster along m, a portable cluster size
     that divides the tile's rows, and the partial tile within the ring's shared memory."""
     k = lw.kernel
-    if k.split_reduce != "cluster":
+    if k.split_reduce != "cluster" or k.split_k == 1:  # (unsplit: nothing to reduce, the field is moot)
         return []
     reasons = []
     if not emitted or not k.warp_specialized or lw.reduction is None:
