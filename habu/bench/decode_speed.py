@@ -83,6 +83,10 @@ CASES = [
         "cluster 64x64 s8 split 2": {"*": _cluster("64x64", 8, 2)},
         "cluster 64x96 s10 split 2": {"*": _cluster("64x96", 10, 2)},
         "cluster 64x256 s5 split 4": {"*": _cluster("64x256", 5, 4)},
+        # clusters of 4 within one wave (the H200 runs about 30 at once): fewer bytes per block than 64x64
+        # split 2 (A re-read 64/144 of B's bytes instead of once)
+        "cluster 64x144 s8 split 4": {"*": _cluster("64x144", 8, 4)},
+        "cluster 64x160 s7 split 4": {"*": _cluster("64x160", 7, 4)},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
