@@ -128,3 +128,20 @@ def test_the_search_space_of_a_skinny_layer_holds_cluster_splits():
 
     down = space("ffn_skip.habu", "FFN-SKIP", {"B": 16}, 1)  # bias + residual epilogue, bf16 out
     assert (64, 128, 4, "cluster") in down and (64, 64, 2, "cluster") in down
+
+
+def test_decode_defaults_split_by_a_cluster_of_two_where_the_h200_ran_them_faster():
+    """H200, 2026-12-02 (habu.bench.decode_speed): GGEMM 64x4096x4096 and FFN-SKIP's down projection at
+    16 tokens gained (16.3 against 19.5 µs, 82.5 against 86.3); RMSNorm+Linear at 16 tokens (32 k tiles
+    a split) and FFN-SKIP at 128 tokens (128 rows) lost, and keep their unsplit tiles."""
+    def contractions(example, name, sizes):
+        plan = default_plan(_model(example, name, sizes), TARGETS["sm_90a"], sizes)
+        return [(k.tile_m, k.tile_n, k.split_k, k.split_reduce if k.split_k > 1 else "-")
+                for k in plan.kernels if hasattr(k, "tile_m")]
+
+    assert contractions("ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}) == [(64, 64, 2, "cluster")]
+    assert contractions("ffn_skip.habu", "FFN-SKIP", {"B": 16}) == [(64, 128, 1, "-"), (64, 64, 2, "cluster")]
+    assert contractions("ffn_skip.habu", "FFN-SKIP", {"B": 128}) == [(128, 128, 1, "-"), (64, 64, 1, "-")]
+    assert contractions("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}) == [(64, 128, 1, "-")]
+    sm80 = default_plan(_model("ggemm.habu", "GGEMM", {"M": 64}), TARGETS["sm_80"], {"M": 64}).kernels[0]
+    assert sm80.split_k == 1 or sm80.split_reduce == "atomic"  # no clusters before Hopper
