@@ -98,6 +98,9 @@ CASES = [
         "second cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
         "first 64x128 s12": {0: _tile("64x128", 12, 1)},
         "first cluster 64x256 s4 split 2": {0: _cluster("64x256", 4, 2)},
+        # wider n-major tiles read longer runs of each weight row per stage (tile_n x 2 bytes)
+        "second cluster 64x256 s4 split 4": {1: _cluster("64x256", 4, 4)},
+        "second cluster 64x192 s5 split 4": {1: _cluster("64x192", 5, 4)},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
@@ -114,6 +117,8 @@ CASES = [
         "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
         "cluster 64x64 s13 split 2": {1: _cluster("64x64", 13, 2)},
         "cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
+        "cluster 64x256 s4 split 4": {1: _cluster("64x256", 4, 4)},
+        "cluster 64x256 s4 split 2": {1: _cluster("64x256", 4, 2)},
         "factor:Y": {"plan": {"rewrite": "factor:Y"}},
         "factor:Y, cluster 64x64 s13 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x64", 13, 2)},
         "factor:Y, cluster 64x128 s8 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x128", 8, 2)},
