@@ -93,7 +93,6 @@ CASES = [
         "mma.sync both": {"*": {**MMA_SYNC, "split_k": "1", "split_reduce": "atomic"}},
         "second cluster 64x64 s10 split 2": {1: _cluster("64x64", 10, 2)},
         "second cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
-        "first 64x128 s12": {0: _tile("64x128", 12, 1)},
         "first cluster 64x256 s4 split 2": {0: _cluster("64x256", 4, 2)},
         # wider n-major tiles read longer runs of each weight row per stage (tile_n x 2 bytes)
         "second cluster 64x256 s4 split 4": {1: _cluster("64x256", 4, 4)},
