@@ -34,6 +34,7 @@ from habu.emit_cuda.common import (
     references,
 )
 from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_reader, tile_setup
+from habu.emit_cuda.emit_split_cluster import cluster_split_epilogue
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
@@ -422,58 +423,6 @@ def _direct_epilogue(kc: _Kernel) -> str:
 """
 
 
-def _cluster_split_epilogue(kc: _Kernel) -> str:
-    """A cluster split's end of a tile (habu/lower/split_cluster.py): the consumers write their partial
-    tile into shared memory over the ring's stages (`partial_word`), a cluster barrier, then each consumer
-    thread adds up its pairs (`reduced_pair`) from every block of the cluster, applies the epilogue and
-    stores them; a second barrier keeps the partials until every peer has read them. The producer
-    warpgroup meets both barriers after its loop."""
-    lw, frag, red = kc.lw, kc.lw.fragment, kc.lw.reduction
-    assert red is not None
-    row, col = CExpr(f"((cw * {kc.slabs} + s) * 64 + {frag.row_in_warpgroup()})"), CExpr(f"({frag.col()})")
-    put = c(red.partial_word(row, col))
-    r_row, r_col, q = red.reduced_pair(CExpr("rank"), CExpr("rt"), CExpr("i"))
-    word = c(red.partial_word(CExpr("row"), CExpr("col")))
-    epi = epilogue_pair_code(lw, kc.sig, kc.model, kc.sizes, kc.it, "m", "n", "sum.x", "sum.y")
-    consumers_sync = (f"      habu::named_barrier_sync(15, {red.threads});  // every consumer's wgmma is done with the stages\n"
-                      if kc.consumers > 1 else "")
-    return f"""{consumers_sync}#pragma unroll
-      for (int s = 0; s < {kc.slabs}; ++s)
-#pragma unroll
-        for (int j = 0; j < {lw.bn // 8}; ++j)
-#pragma unroll
-          for (int h = 0; h < {frag.halves}; ++h)  // this block's partial, over the ring's stages
-            *reinterpret_cast<float2*>(smem + {red.base} + 4 * ({put})) =
-                make_float2(acc[s][{frag.register(0)}], acc[s][{frag.register(1)}]);
-      habu::cluster_sync();  // every block of the tile's cluster has its partial in shared memory
-      {{
-        const long long rank = split;  // the split is the block's cluster rank (rule cluster-split-rank)
-        const int rt = threadIdx.x - 128;  // the consumer thread
-        float2 sums[{red.iterations}];  // every pair's loads first, so their latencies overlap
-#pragma unroll
-        for (int i = 0; i < {red.iterations}; ++i) {{
-          const int q = {c(q)};
-          if (q < {red.pairs}) {{
-            const int row = (int)({c(r_row)});
-            const int col = (int)({c(r_col)});
-            sums[i] = habu::cluster_sum_f32x2<{red.split}>(smem_base + {red.base}u + 4u * (habu::u32)({word}));
-          }}
-        }}
-#pragma unroll
-        for (int i = 0; i < {red.iterations}; ++i) {{
-          const int q = {c(q)};
-          if (q < {red.pairs}) {{
-            const {kc.it} m = m0 + ({kc.it})({c(r_row)});
-            const {kc.it} n = n0 + ({kc.it})({c(r_col)});
-            const float2 sum = sums[i];
-            {epi}
-          }}
-        }}
-      }}
-      habu::cluster_sync();  // no block leaves while a peer may still read its partial
-"""
-
-
 def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
     lw = kc.lw
@@ -483,7 +432,8 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
         drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
     elif lw.cluster_split:
-        epilogue, store_state, drain = _cluster_split_epilogue(kc), "", ""
+        epilogue, store_state, drain = cluster_split_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it, kc.slabs,
+                                                              kc.consumers), "", ""
     else:
         epilogue, store_state, drain = _direct_epilogue(kc), "", ""
     # the epilogue reads and writes what the plan's previous kernel may still be writing or reading

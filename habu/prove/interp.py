@@ -28,7 +28,7 @@ from habu.prove.fragments import fragment_mismatch
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import route_key, route_of, warp_parts
-from habu.prove.split_cluster import cluster_sums, reduction_faults
+from habu.prove.split_cluster import finish_cluster_split
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
@@ -389,22 +389,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             continue
         _epilogue(name, lw, sizes, mem, acc, mc, nc, batch_at, where, accumulate, scatter)
     if lw.reduction is not None:
-        for fault in reduction_faults(lw.reduction):
-            mem.fault(f"{name}: {fault}")
-        for (z, lrows, lcols), by_tile in sorted(partials.items()):
-            tiles = sorted(by_tile)
-            parts = {s: np.stack([by_tile[t][s][0] if s in by_tile[t] else mem.poison(np.zeros((len(lrows), len(lcols)),
-                                                                                                   np.int64) + s)
-                                  for t in tiles]) for s in range(lw.kernel.split_k)}
-            sums = cluster_sums(lw.reduction, parts, lrows, lcols, f.p, mem.poison)
-            some = [next(iter(by_tile[t].values())) for t in tiles]
-            mc, nc = np.stack([x[1] for x in some]), np.stack([x[2] for x in some])
-            batch = {axis: np.int64(v) for axis, v in lw.batch_coordinates(np.int64(z), sizes).items()}
-
-            def where(bad: np.ndarray, mc=mc, nc=nc) -> str:
-                b = int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0]) if bad.ndim else 0
-                return f"the cluster split's sums of the tile at {lw.out.tensor} row {int(mc[b, 0])}, column {int(nc[b, 0])}"
-            _epilogue(name, lw, sizes, mem, sums, mc, nc, batch, where, accumulate, scatter)
+        finish_cluster_split(name, lw, sizes, mem, partials,
+                             lambda *args: _epilogue(name, lw, sizes, mem, *args, accumulate, scatter))
 
 
 def _epilogue(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Memory, acc: np.ndarray,

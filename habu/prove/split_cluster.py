@@ -9,10 +9,12 @@ element shows as a wrong output element, and a map that reduces some element twi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
+from habu.lower.contraction import ContractionLowering
 from habu.lower.split_cluster import ClusterSplitReduction
 
 
@@ -79,4 +81,30 @@ def cluster_sums(red: ClusterSplitReduction, partials: Mapping[int, np.ndarray],
     return sums
 
 
-__all__ = ["cluster_sums", "reduction_faults"]
+def finish_cluster_split(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Any,
+                         partials: Mapping[tuple, Mapping[tuple[int, int], Mapping[int, tuple]]],
+                         epilogue: Callable[..., None]) -> None:
+    """The end of a cluster split's blocks: `partials[(batch, rows, cols)][(tm, tn)][split]` holds each
+    split's exact partial and its output rows and columns; the maps' faults go to `mem`, and
+    `epilogue(sums, rows, cols, batch coordinates, where)` runs on what the ranks add up."""
+    red = lw.reduction
+    assert red is not None
+    for fault in reduction_faults(red):
+        mem.fault(f"{name}: {fault}")
+    for (z, lrows, lcols), by_tile in sorted(partials.items()):
+        tiles = sorted(by_tile)
+        missing = np.zeros((len(lrows), len(lcols)), np.int64)  # a split no block ran: poison
+        parts = {s: np.stack([by_tile[t][s][0] if s in by_tile[t] else mem.poison(missing + s) for t in tiles])
+                 for s in range(lw.kernel.split_k)}
+        sums = cluster_sums(red, parts, lrows, lcols, mem.field.p, mem.poison)
+        some = [next(iter(by_tile[t].values())) for t in tiles]
+        mc, nc = np.stack([x[1] for x in some]), np.stack([x[2] for x in some])
+        batch = {axis: np.int64(v) for axis, v in lw.batch_coordinates(np.int64(z), sizes).items()}
+
+        def where(bad: np.ndarray, mc=mc, nc=nc) -> str:
+            b = int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0]) if bad.ndim else 0
+            return f"the cluster split's sums of the tile at {lw.out.tensor} row {int(mc[b, 0])}, column {int(nc[b, 0])}"
+        epilogue(sums, mc, nc, batch, where)
+
+
+__all__ = ["cluster_sums", "finish_cluster_split", "reduction_faults"]
