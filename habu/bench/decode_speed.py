@@ -454,16 +454,16 @@ def report(cases: list[Case], rows: list[dict], base: dict, copy: float) -> tupl
 def profile(spec: str) -> int:
     """Build CASE's VARIANT and call it three times on one input set (`ncu -k regex:... -c 1` then
     profiles one of its kernels without the checks' and baselines' launches around it)."""
-    import torch as t
-
-    from habu.emit_cuda.runtime import CompiledModel
-    from habu.timing.harness import make_inputs, poisoned_outputs
-
     case_name, _, variant = spec.partition(":")
     case = next((c for c in CASES if c.name == case_name), None)
     if case is None or (variant != "default" and variant not in case.variants):
         print(f"error: no variant {spec!r} (cases: {', '.join(c.name for c in CASES)})", file=sys.stderr)
         return 1
+    import torch as t
+
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.timing.harness import make_inputs, poisoned_outputs
+
     built = build_one(case, variant, case.variants.get(variant, {}))
     if "error" in built:
         print(f"error: {built['error']}", file=sys.stderr)
