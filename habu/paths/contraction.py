@@ -160,7 +160,8 @@ class ContractionPath(KernelPath):
         rows = facts.m * facts.batches
         skinny = self.skinny_schedule(facts, target, splittable) if rows <= SKINNY_ROWS else None
         reduce = "atomic"
-        if skinny is not None:
+        # (a batched contraction and a scatter-add run without cluster splits: `_split_cluster_refusals`)
+        if skinny is not None and facts.batches == 1 and node_of(model, region.output).scatter is None:
             skinny, reduce = self.skinny_cluster_split(facts, target, splittable, skinny)
         tile, warps, stages = skinny[0] if skinny else self.default_schedule(rows, facts.n, target)
 

@@ -145,3 +145,24 @@ def test_decode_defaults_split_by_a_cluster_of_two_where_the_h200_ran_them_faste
     assert contractions("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}) == [(64, 128, 1, "-")]
     sm80 = default_plan(_model("ggemm.habu", "GGEMM", {"M": 64}), TARGETS["sm_80"], {"M": 64}).kernels[0]
     assert sm80.split_k == 1 or sm80.split_reduce == "atomic"  # no clusters before Hopper
+
+
+SCATTER_SKINNY = """64 EXTENT: #M  4096 EXTENT: #N  4096 EXTENT: #K
+bf16 TENSOR: G ( #M #N )
+bf16 TENSOR: B ( #N #K )
+f32 TENSOR: DA ( #M #K )
+ITENSOR: IX ( #M #M )
+MODEL: SCATTER  DA[IX[m] k] += Σ n G[m n] · B[n k] ;
+"""
+
+
+def test_regression_skinny_batched_and_scatter_add_defaults_take_no_cluster_split():
+    """The rules refuse a cluster split on a batched contraction and on a scatter-add: a skinny default
+    of either must not ask for one."""
+    cases = [(_model("bmm.habu", "SCORES", {"B": 2, "I": 32, "J": 4096, "D": 4096}), {"B": 2, "I": 32, "J": 4096,
+                                                                                     "D": 4096}),
+             (parse_text(SCATTER_SKINNY).models["SCATTER"], {})]
+    for model, sizes in cases:
+        plan = default_plan(model, TARGETS["sm_90a"], sizes or None)
+        assert all(getattr(k, "split_reduce", "atomic") == "atomic" or k.split_k == 1 for k in plan.kernels)
+        assert not failures(obligations(model, plan, sizes or None)), model.name
