@@ -318,6 +318,13 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
+    def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where) -> None:
+        coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
+        loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) for ld, a in lw.epi_loads}
+        value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
+        owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
+        # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
+        write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
     route = route_of(lw)
     for fault in route.faults:
         mem.fault(f"{name}: {fault}")
@@ -387,27 +394,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             for x, tile in enumerate(mn):
                 partials.setdefault((z, lrows, lcols), {}).setdefault(tile, {})[split] = (acc[x], mc[x], nc[x])
             continue
-        _epilogue(name, lw, sizes, mem, acc, mc, nc, batch_at, where, accumulate, scatter)
+        epilogue(acc, mc, nc, batch_at, where)
     if lw.reduction is not None:
-        finish_cluster_split(name, lw, sizes, mem, partials,
-                             lambda *args: _epilogue(name, lw, sizes, mem, *args, accumulate, scatter))
-
-
-def _epilogue(name: str, lw: ContractionLowering, sizes: Mapping[str, int], mem: Memory, acc: np.ndarray,
-              mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where, accumulate: bool,
-              scatter: bool) -> None:
-    """The epilogue of blocks whose accumulators (blocks, rows, cols) hold output rows mc and columns nc."""
-    coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
-    loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
-             for ld, acc_access in lw.epi_loads}
-
-    def leaf(ld: Load) -> np.ndarray:
-        return acc if ld.tensor == ACC else loads[ld]
-
-    value = eval_pointwise(lw.epilogue, leaf, mem.field, sizes)
-    owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
-    # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
-    write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
+        finish_cluster_split(name, lw, sizes, mem, partials, epilogue)
 
 
 def _block_products(f: Any, a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:

@@ -45,6 +45,7 @@ from habu.prove.rules_columns import COLUMN_RULES, column_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
 from habu.prove.rules_grouped import GROUPED_RULES, grouped_obligations
+from habu.prove.rules_split import SPLIT_RULES, cluster_split_obligations
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -79,19 +80,18 @@ R = {r.name: r for r in (
          "atomicAdd: duplicate indices accumulate, none overwrites another", "issue 19: np.add.at semantics"),
     Rule("split-k-linear", "split-K partial sums only pass through a linear epilogue into f32", "atomicAdd semantics"),
     Rule("supported-path", "Habu's emitter has a code path for this combination", "habu/emit_cuda"),
-    Rule("cluster-split-rank", "a cluster split's blocks share one tile, the split being the block's cluster rank",
-         "CUDA guide: thread-block clusters (1-D clusters of consecutive blocks); PTX mapa"),
     Rule("cluster-tiles", "a cluster's blocks share one step of the raster: the tile rows divide among them",
          "CUDA guide: thread-block clusters; PTX ISA multicast::cluster"),
     *FIELD_RULES.values(),
     *COLUMN_RULES.values(),
     *GROUPED_RULES.values(),
+    *SPLIT_RULES.values(),
     *ATTENTION_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
-          "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", "cluster-split-rank", *FIELD_RULES, *COLUMN_RULES,
+          "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *SPLIT_RULES, *FIELD_RULES, *COLUMN_RULES,
           *GROUPED_RULES, *ATTENTION_RULES)
 
 
@@ -252,7 +252,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
                      layout.total <= t.smem_per_block,
                      detail=f"{layout.total} bytes of shared memory; the target has {t.smem_per_block}")
     if k.split_k > 1 and lw.cluster_split:
-        yield from _cluster_split(name, lw, ctx)
+        yield from cluster_split_obligations(name, lw, ctx, R["target-feature"])
     elif k.split_k > 1:
         from habu.lower.contraction import epilogue_is_linear
 
@@ -282,28 +282,6 @@ def _cluster(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Oblig
                      f"a multiple of {c})", cdiv(s[lw.m], k.tile_m) % c == 0,
                      detail=f"⌈#{lw.m}/{k.tile_m}⌉ is not a multiple of {c}: a cluster's last block would "
                             "have no tile")
-
-
-def _cluster_split(name: str, lw: ContractionLowering, ctx: Context) -> Iterator[Obligation]:
-    """A cluster split (habu/lower/split_cluster.py): the hardware's cluster of block b is blocks
-    b - b mod S .. (1-D clusters of S = split_k), and its rank b mod S; the kernel reads the partials of
-    ranks 0..S-1 as the tile's splits 0..S-1. So the decode must give block b the split b mod S and the
-    same tile as every block of its cluster, for every block of the grid at every size."""
-    k, t, s = lw.kernel, ctx.target, ctx.ext
-    c = k.split_k
-    yield Obligation(R["target-feature"], name, lw.out.tensor,
-                     f"thread-block clusters and distributed shared memory exist on {t.name}", t.clusters,
-                     detail=f"{t.name} has no clusters")
-    lin = z3.Int(f"{name}.block")
-    first = lin - lin % c
-    z, tm, tn, split = lw.decode(lin, s)
-    z0, tm0, tn0, _ = lw.decode(first, s)
-    same = [tm == tm0, tn == tn0, *(z[a] == z0[a] for a in z)]
-    grid = lw.tiles(s)
-    yield Obligation(R["cluster-split-rank"], name, lw.out.tensor,
-                     f"block b computes split b mod {c} of the tile of its cluster's first block",
-                     z3.Implies(z3.And(lin >= 0, lin < grid), z3.And(split == lin % c, *same)),
-                     detail=f"the decode does not give a cluster of {c} consecutive blocks one tile, split by rank")
 
 
 def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iterator[Obligation]:
