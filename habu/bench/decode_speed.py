@@ -2,7 +2,8 @@
 against cuBLAS, torch eager and torch.compile in the same run, as fractions of the weight-streaming
 floor.
 
-    python -m habu.bench.decode_speed [--json OUT.json] [--only CASE[,CASE...]] [--no-compile]
+    python -m habu.bench.decode_speed [--json OUT.json] [--only CASE[,CASE...]] [--variants PART[,PART...]]
+                                      [--no-compile]
 
 Cases: GGEMM 64x4096x4096 (examples/ggemm.habu; cuBLAS on rows gathered beforehand), FFN-SKIP at 16
 and 128 tokens (examples/ffn_skip.habu: D 4096, H 14336), RMSNorm+Linear at 16 tokens
@@ -38,7 +39,8 @@ EX = Path(__file__).resolve().parents[2] / "examples"
 COPY_TBPS = 4.22  # the H200's device-to-device copy (docs/PERF.md, 2026-11-30)
 ARCH = "sm_90a"
 
-# per-kernel pins (kernel index -> pins; "*" for every contraction kernel), by variant name
+# per-kernel pins (kernel index -> pins; "*" for every contraction kernel; "plan": plan-wide pins such as
+# a rewrite, applied first), by variant name
 Pins = dict[Any, dict[str, str]]
 WGMMA_OLD_DEFAULT = {"tile": "128x128x64", "warps": "12", "stages": "5"}
 MMA_SYNC = {"mma": "mma.sync"}
@@ -55,47 +57,71 @@ class Case:
 
 
 def _tile(tile: str, stages: int, split: int | None = None, **more: str) -> dict[str, str]:
+    """Pins of a tile and depth; with `split`, an atomic split (or unsplit) unless `split_reduce` says."""
     pins = {"tile": f"{tile}x64", "stages": str(stages), **more}
-    return pins | ({"split_k": str(split)} if split is not None else {})
+    return pins | ({"split_k": str(split), "split_reduce": more.get("split_reduce", "atomic")}
+                   if split is not None else {})
 
 
+def _cluster(tile: str, stages: int, split: int, **more: str) -> dict[str, str]:
+    """A cluster split (habu/lower/split_cluster.py): the split blocks of a tile add their partials in
+    distributed shared memory, any epilogue, no zero fill."""
+    return _tile(tile, stages, split, split_reduce="cluster", **more)
+
+
+OLD_SKINNY = _tile("64x128", 8, 1)  # the skinny default before cluster splits (session 29)
 CASES = [
     Case("ggemm-64x4096x4096", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}, ("B",), {
-        "64x64 s6 split 2 (before)": {"*": _tile("64x64", 6, 2)},
-        "64x64 s14 split 2": {"*": _tile("64x64", 14, 2)},
-        "64x64 s14 split 4": {"*": _tile("64x64", 14, 4)},
+        "64x128 s8 split 2 (the default before)": {"*": _tile("64x128", 8, 2)},
+        "64x64 s14 split 2 atomic": {"*": _tile("64x64", 14, 2)},
         "64x128 s8 split 4 (first skinny default)": {"*": _tile("64x128", 8, 4)},
-        "64x128 s8 split 8": {"*": _tile("64x128", 8, 8)},
-        "64x256 s4 split 8": {"*": _tile("64x256", 4, 8)},
         "64x32 s12 split 1 (no atomics)": {"*": _tile("64x32", 12, 1)},
-        "64x32 s12 split 2": {"*": _tile("64x32", 12, 2)},
-        "A staged": {"*": {"A": "staged"}},
-        "persistent": {"*": {"persistent": "true"}},
+        "persistent split 2": {"*": {**_tile("64x128", 8, 2), "persistent": "true"}},
         "mma.sync 64x64 s4 split 2": {"*": {**MMA_SYNC, **_tile("64x64", 4, 2, warps="4")}},
-        "mma.sync 64x32 s6 split 2": {"*": {**MMA_SYNC, **_tile("64x32", 6, 2, warps="4")}},
+        "cluster 64x128 s8 split 4": {"*": _cluster("64x128", 8, 4)},
+        "cluster 64x64 s8 split 2": {"*": _cluster("64x64", 8, 2)},
+        "cluster 64x96 s10 split 2": {"*": _cluster("64x96", 10, 2)},
+        # clusters of 4 within one wave (the H200 runs about 30 at once): fewer bytes per block than 64x64
+        # split 2 (A re-read 64/144 of B's bytes instead of once)
+        "cluster 64x144 s8 split 4": {"*": _cluster("64x144", 8, 4)},
+        "cluster 64x160 s7 split 4": {"*": _cluster("64x160", 7, 4)},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
-        "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
-        "shallow (s4, s6)": {0: {"stages": "4"}, 1: {"stages": "6"}},
-        "first 64x64 s13": {0: _tile("64x64", 13)},
-        "second 64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
-        "second mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
-        "mma.sync both": {"*": MMA_SYNC},
+        "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
+        "before skinny (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: _tile("64x64", 6, 1)},
+        "second 64x64 s13 (first skinny default)": {1: _tile("64x64", 13, 1)},
+        "mma.sync both": {"*": {**MMA_SYNC, "split_k": "1", "split_reduce": "atomic"}},
+        "second cluster 64x64 s10 split 2": {1: _cluster("64x64", 10, 2)},
+        "second cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
+        "first cluster 64x256 s4 split 2": {0: _cluster("64x256", 4, 2)},
+        # wider n-major tiles read longer runs of each weight row per stage (tile_n x 2 bytes)
+        "second cluster 64x256 s4 split 4": {1: _cluster("64x256", 4, 4)},
+        "second cluster 64x192 s5 split 4": {1: _cluster("64x192", 5, 4)},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
         "first 64x128 s8": {0: _tile("64x128", 8)},
-        "first 64x64 s13": {0: _tile("64x64", 13)},
         "128-row tiles": {"*": _tile("128x64", 8, warps="12")},
         "mma.sync both": {"*": MMA_SYNC},
+        "second cluster 128x128 s6 split 2": {1: _cluster("128x128", 6, 2, warps="12")},
+        "second cluster 128x64 s8 split 2": {1: _cluster("128x64", 8, 2, warps="12")},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
-        "6 stages (before)": {1: {"stages": "6"}},
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
         "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
-        "mma.sync 32x64 s6": {1: {**MMA_SYNC, **_tile("32x64", 6, warps="4")}},
+        "cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},
+        "cluster 64x256 s4 split 4": {1: _cluster("64x256", 4, 4)},
+        "cluster 64x256 s4 split 2": {1: _cluster("64x256", 4, 2)},
+        "factor:Y": {"plan": {"rewrite": "factor:Y"}},
+        "factor:Y, cluster 64x64 s13 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x64", 13, 2)},
+        "factor:Y, cluster 64x128 s8 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x128", 8, 2)},
     }),
 ]
+
+
+def select_variants(case: Case, parts: list[str]) -> Case:
+    """The case with only the variants whose names contain one of `parts` (the default always runs)."""
+    return replace(case, variants={k: v for k, v in case.variants.items() if any(p and p in k for p in parts)})
 
 
 def floor_us(weight_bytes: int, tbps: float = COPY_TBPS) -> float:
@@ -115,11 +141,13 @@ def variant_plan(case: Case, pins: Pins):
     from habu.paths import contraction_path
     from habu.plan.patterns import default_regions
     from habu.plan.plan import ContractionKernel
+    from habu.plan.rewrite import apply_rewrites
     from habu.search.space import apply_pins, concrete_sizes, default_plan
     from habu.target import TARGETS
 
     target, model = TARGETS[ARCH], case_model(case)
-    plan = default_plan(model, target, case.sizes)
+    plan = default_plan(model, target, case.sizes, pins.get("plan"))  # plan-wide pins (a rewrite) first
+    model = apply_rewrites(model, plan.rewrites)  # the kernels' nodes are the rewritten model's
     regions = default_regions(model)
     kernels = list(plan.kernels)
     for i, k in enumerate(kernels):
@@ -146,7 +174,8 @@ def describe(plan) -> str:
     parts = []
     for k in plan.kernels:
         if hasattr(k, "tile_m"):
-            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n} s{k.stages} k{k.split_k}{' p' if k.persistent else ''}"
+            cluster = "c" if k.split_k > 1 and k.split_reduce == "cluster" else ""
+            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n} s{k.stages} k{k.split_k}{cluster}{' p' if k.persistent else ''}"
                          f"{' A:' + k.a_move if k.a_move not in ('tma',) else ''}")
         else:
             parts.append(k.kind)
@@ -255,10 +284,51 @@ def check_and_time(case: Case, name: str, built: dict, sets: list, outs: list, r
             row["error"] = f"golden check failed: {row['golden']}"
             return row
         row["us"] = time_cuda(lambda i: compiled(**sets[i], **outs[i]), len(sets))["median_us"]
+        row["kernel_us"] = kernel_times(lambda: compiled(**sets[0], **outs[0]), t)
+        row["cluster_fit"] = cluster_fit(compiled, full)
     except Exception as exc:  # one failing variant must not hide the others
         row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
         row["trace"] = traceback.format_exc()[-1500:]
     return row
+
+
+def kernel_times(call: Callable[[], Any], t: Any, reps: int = 5) -> list[list]:
+    """[kernel, µs per call] of the GPU kernels a call launches (as torch.profiler lists them;
+    CUPTI sees the driver API's launches); [] where the profiler is not available."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                call()
+            t.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if total:
+                rows.append([e.key.rsplit("_", 1)[-1] if e.key.startswith("habu_") else e.key[:40], total / reps])
+        return rows
+    except Exception:  # a profiler missing or refused: the totals stand alone
+        return []
+
+
+def cluster_fit(compiled: Any, sizes: dict[str, int]) -> list[str]:
+    """For each cluster kernel: its blocks against the blocks of the clusters the GPU runs at once
+    (cuOccupancyMaxActiveClusters): a grid past them runs in two waves."""
+    from habu.emit_cuda import driver
+
+    out = []
+    try:
+        dev = driver.device(0)
+        kernels = compiled.kernel_set.members[0][1].kernels
+        for k, fn in zip(kernels, compiled._functions(0, dev), strict=True):
+            if k.cluster > 1:
+                fits = driver.resident_blocks(k, fn, k.dynamic_smem(sizes), dev)
+                out.append(f"{k.name.rsplit('_', 1)[-1]}: {k.grid(sizes, fits)} blocks, clusters of {k.cluster}, "
+                           f"{fits} at once")
+    except Exception as exc:  # a diagnostic only
+        out.append(f"(cluster occupancy not read: {type(exc).__name__}: {str(exc)[:80]})")
+    return out
 
 
 def time_baselines(case: Case, sets: list, ref: dict, fns: dict, compiled_fn: Any, t: Any) -> dict[str, Any]:
@@ -375,7 +445,38 @@ def report(cases: list[Case], rows: list[dict], base: dict, copy: float) -> tupl
             check = f"{row['exact']}, rel {row['golden']['rel_error']:.1e}"
             lines.append(f"  {row['variant']:<34} {row['plan']:<44} {row['us']:8.1f} "
                          f"{100 * floor / row['us']:6.1f}%{ratios}  {check}")
+            per_kernel = ", ".join(f"{k} {us:.1f}" for k, us in row.get("kernel_us", []))
+            if per_kernel or row.get("cluster_fit"):
+                lines.append(f"  {'':<34} kernels (µs, profiled): {per_kernel}  {'; '.join(row.get('cluster_fit', []))}")
     return "\n".join(lines), ok
+
+
+def profile(spec: str) -> int:
+    """Build CASE's VARIANT and call it three times on one input set (`ncu -k regex:... -c 1` then
+    profiles one of its kernels without the checks' and baselines' launches around it)."""
+    case_name, _, variant = spec.partition(":")
+    case = next((c for c in CASES if c.name == case_name), None)
+    if case is None or (variant != "default" and variant not in case.variants):
+        print(f"error: no variant {spec!r} (cases: {', '.join(c.name for c in CASES)})", file=sys.stderr)
+        return 1
+    import torch as t
+
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.timing.harness import make_inputs, poisoned_outputs
+
+    built = build_one(case, variant, case.variants.get(variant, {}))
+    if "error" in built:
+        print(f"error: {built['error']}", file=sys.stderr)
+        return 1
+    model = case_model(case)
+    compiled = CompiledModel(model, built["emitted"], arch=ARCH, check_indices=False)
+    sizes = {e.name: e.size for e in model.extents}
+    inputs, outs = make_inputs(model, sizes, 1), poisoned_outputs(model, sizes)
+    for _ in range(3):
+        compiled(**inputs, **outs)
+    t.cuda.synchronize()
+    print(f"{spec}: {describe(built['plan'])}; kernels {[k.name for k in built['emitted'].kernels]}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,9 +484,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--only", help="comma-separated case names (or parts of them)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    ap.add_argument("--variants", help="comma-separated parts of variant names: time only those (and the default)")
+    ap.add_argument("--profile", metavar="CASE:VARIANT",
+                    help="build one variant (or 'default') and call it 3 times, nothing else: for ncu")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     args = ap.parse_args(argv)
+    if args.profile:
+        return profile(args.profile)
     cases = [c for c in CASES if not args.only or any(p in c.name for p in args.only.split(","))]
+    if args.variants:
+        cases = [select_variants(c, args.variants.split(",")) for c in cases]
     began = time.time()
     rows, base, copy = run(cases, not args.no_compile, args.workers)
     text, ok = report(cases, rows, base, copy)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from habu.bench import mutants_attention as att
+from habu.bench import mutants_split as split
 from habu.bench.mutant_plants import (
     box_group_shifted,
     col,
@@ -524,6 +525,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "other's place", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.k_matrices_swapped, att.PINS),
     Mutant("attention-row-tile-ignores-mi", "a warp of two 16-row tiles computes its first tile twice",
            "attention.habu", "ATTENTION-GQA", att.SHAPE, att.row_tile_ignores_mi, {**att.PINS, "warp_m": "2"}),
+    Mutant("cluster-split-ranks-overlap", "a cluster split's rank r finishes rows from r·(BM/S − 1): two ranks "
+           "add up one row, nobody the last", "ggemm.habu", "GGEMM", split.SHAPE, split.ranks_overlap, split.PINS),
+    Mutant("cluster-split-partial-rows-overlap", "a cluster split's partial rows BN − 2 words apart",
+           "ggemm.habu", "GGEMM", split.SHAPE, split.partial_rows_overlap, split.PINS),
+    Mutant("cluster-split-partial-column-major", "a cluster split's partial tile stored column-major while "
+           "its pairs are stored and read as two adjacent words", "ggemm.habu", "GGEMM", split.SHAPE,
+           split.partial_column_major, split.PINS),
 )
 
 

@@ -53,6 +53,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                                  {"persistent": "true"}),
     "wgmma-cluster2": ("ggemm.habu", "GGEMM", {"M": 512, "N": 512, "K": 512},
                        {"cluster": "2", "tile": "128x256x64", "stages": "3"}),
+    "wgmma-cluster-split": ("ggemm.habu", "GGEMM", {"M": 100, "N": 300, "K": 1000},  # DSMEM partials (issue 20)
+                            {"tile": "64x128x64", "stages": "4", "split_k": "4", "split_reduce": "cluster"}),
     "rows-cluster": ("softmax.habu", "SOFTMAX-ROWS", {"R": 4, "C": 16384}, {"row_cluster": "2", "threads": "512"}),
     "scatter": ("scatter_add.habu", "UNPERMUTE", {"R": 300, "T": 100, "N": 200}, {}),
     "grouped": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300}, {}),

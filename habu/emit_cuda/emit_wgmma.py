@@ -34,6 +34,7 @@ from habu.emit_cuda.common import (
     references,
 )
 from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_reader, tile_setup
+from habu.emit_cuda.emit_split_cluster import cluster_split_epilogue
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
@@ -301,6 +302,8 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
                     "m" if side == "A" else "n")
         for side in "AB" if kc.moves[side] == "cp.async")
     rank = "    const habu::u32 crank = habu::cluster_ctarank();\n" if ring.cluster > 1 else ""
+    end = ("    habu::cluster_sync();  // the consumers' partials are in shared memory (cluster split)\n"
+           "    habu::cluster_sync();  // the peers have read them\n" if lw.cluster_split else "")
     k0 = (f"        const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};\n"
           if references(fill, "k0") else "")  # (TMA copies print their coordinates whole)
     return f"""  if (wg == 0) {{  // ---------------------------------------------------------------- producer
@@ -315,7 +318,7 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
 {fill}        {_advance(ring)}
       }}
     }}
-"""
+{end}"""
 
 
 def _advance(ring: MbarrierRing) -> str:
@@ -428,6 +431,9 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
         epilogue = _tma_store_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it)
         store_state = "    int boxes_stored = 0;  // TMA-store boxes this warpgroup has issued (two buffers in turn)\n"
         drain = "    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave before the block exits\n"
+    elif lw.cluster_split:
+        epilogue, store_state, drain = cluster_split_epilogue(lw, kc.sig, kc.model, kc.sizes, kc.it, kc.slabs,
+                                                              kc.consumers), "", ""
     else:
         epilogue, store_state, drain = _direct_epilogue(kc), "", ""
     # the epilogue reads and writes what the plan's previous kernel may still be writing or reading
@@ -522,7 +528,8 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     vecs = {"A": k.a_vector, "B": k.b_vector}
     split = warp_specialized_split(k.warps)
     threads = 128 * (kc.consumers + 1)
-    attrs = f"__cluster_dims__({ring.cluster}, 1, 1) " if ring.cluster > 1 else ""
+    cluster = k.split_k if lw.cluster_split else ring.cluster  # a cluster split's blocks, or B's multicast
+    attrs = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
     sync_end = ("  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
                 if ring.cluster > 1 else "")
     roles = f"{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}"
@@ -535,9 +542,11 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
                  [f"computes {', '.join(k.nodes)}; A by {k.a_move}, B by {k.b_move}; split_k={k.split_k}; "
                   f"index width {lw.index_width}"
                   + (f"; clusters of {ring.cluster} blocks along m share B's tile by TMA multicast"
-                     if ring.cluster > 1 else "")])
+                     if ring.cluster > 1 else "")
+                  + (f"; the {k.split_k} splits of a tile are a cluster adding their partials in shared memory"
+                     if lw.cluster_split else "")])
     src += body.replace("SIGNATURE", kc.sig.declaration())
     zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     layout = lowering_smem(lw)
     return CudaKernel(name, src, tuple(kc.sig.params), threads, layout.total, lw, zero,
-                      register_demand=split.demand, cluster=ring.cluster)
+                      register_demand=split.demand, cluster=cluster)

@@ -14,6 +14,10 @@
         acc += a · bᵀ
     out at (m0+i, n0+j) = epilogue(acc)         if m < M and n < N  (added atomically when split > 1)
 
+A cluster split (`split_reduce = cluster`) puts the split innermost instead (split = b mod split_k: a
+tile's blocks are consecutive, one cluster, the split their rank); the blocks add their partials in
+shared memory (habu/lower/split_cluster.py) and the epilogue runs once on the sum, any epilogue.
+
 Every access of a batched kernel reads its batch positions at the block's batch coordinates (axes
 "batch0", "batch1", ...: always inside, so unmasked); a TMA operand's tensor map keeps them as outer
 dimensions with a box of 1.
@@ -31,6 +35,8 @@ from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.general import Store
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
 from habu.lower.pipeline import Pipeline, pipeline_for
+from habu.lower.registers import consumer_warpgroups
+from habu.lower.split_cluster import ClusterSplitReduction, cluster_reduction_for
 from habu.lower.tma_store import TmaStoreEpilogue, tma_store_for
 from habu.plan.patterns import Contraction, as_contraction
 from habu.plan.plan import ContractionKernel
@@ -111,6 +117,14 @@ class ContractionLowering:
     # (its row through the gather, index-checked), each value added with f32 atomicAdd onto the target's
     # prior contents (never zeroed), so rows whose index repeats accumulate (`scatter-accumulates`)
     store: Store = Store.WRITE
+    # split_mode "cluster": how the split blocks of a tile, one thread-block cluster, add their partial
+    # tiles through distributed shared memory (habu/lower/split_cluster.py); None otherwise
+    reduction: ClusterSplitReduction | None = None
+
+    @property
+    def cluster_split(self) -> bool:
+        """The split blocks of a tile form a cluster and add their partials there (split innermost)."""
+        return self.split_mode == "cluster"
 
     @property
     def atomic_store(self) -> bool:
@@ -218,8 +232,12 @@ class ContractionLowering:
         tm_count = let("tiles_m", self.tiles_m(s))
         tn_count = let("tiles_n", self.tiles_n(s))
         per_split = let("tiles_per_split", tm_count * tn_count)
-        split = let("split", floordiv(linear, per_split))
-        pid = let("pid", linear - split * per_split)
+        if self.cluster_split:  # a tile's splits are consecutive blocks, one cluster: the split is the rank
+            pid = let("pid", floordiv(linear, self.kernel.split_k))
+            split = let("split", linear - pid * self.kernel.split_k)
+        else:
+            split = let("split", floordiv(linear, per_split))
+            pid = let("pid", linear - split * per_split)
         c = self.kernel.cluster_m
         if c > 1:
             # a cluster's blocks take consecutive indices: index i is block i % c of the pair of tiles
@@ -373,8 +391,13 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     if kernel.b_move == "staged":
         b, stage = _staged(b, "n", lw.n, lw.k)
         pre.append(stage)
+    cluster = kernel.split_k > 1 and kernel.split_reduce == "cluster"
+    reduction = (cluster_reduction_for(kernel.split_k, kernel.tile_m, kernel.tile_n,
+                                       consumer_warpgroups(kernel.warps, kernel.warp_specialized))
+                 if cluster and kernel.mma == "wgmma" else None)
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
-                   split_mode="atomic" if kernel.split_k > 1 else "none", index_width=kernel.index_width,
+                   split_mode="cluster" if cluster else "atomic" if kernel.split_k > 1 else "none",
+                   reduction=reduction, index_width=kernel.index_width,
                    pre=tuple(pre),
                    pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis,
                                                                  b.dtype),

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
+from habu.lower.general import Store
 from habu.lower.grouped_wgmma import wgmma_refusal
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import (
+    SPLIT_CLUSTERS,
     AttentionKernel,
     ColumnKernel,
     ContractionKernel,
@@ -81,6 +83,7 @@ class ContractionSupport(PathSupport):
 
     def refusals(self, lw: ContractionLowering) -> list[str]:
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
+                *_split_cluster_refusals(lw, self.emits_clusters),
                 *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw),
                 *_k_gather_refusals(lw)]
 
@@ -136,6 +139,37 @@ def _cluster_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
         reasons.append(f"B's tile of {k.tile_n} splits into {c} whole parts (8-row atoms, or 64-column boxes)")
     if c not in (1, 2):
         reasons.append("clusters of 2 blocks")
+    return reasons
+
+
+def _split_cluster_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
+    """A cluster split (habu/lower/split_cluster.py): the warp-specialised wgmma path prints it, one tile
+    per block (its blocks leave together), direct stores, no cluster along m, a portable cluster size
+    that divides the tile's rows, and the partial tile within the ring's shared memory."""
+    k = lw.kernel
+    if k.split_reduce != "cluster" or k.split_k == 1:  # (unsplit: nothing to reduce, the field is moot)
+        return []
+    reasons = []
+    if not emitted or not k.warp_specialized or lw.reduction is None:
+        reasons.append("a cluster split is emitted in the warp-specialised wgmma path")
+    if k.split_k not in SPLIT_CLUSTERS:
+        reasons.append(f"a cluster split has {', '.join(map(str, SPLIT_CLUSTERS))} blocks (split_k {k.split_k})")
+    elif k.tile_m % k.split_k:
+        reasons.append(f"a cluster split's {k.split_k} blocks each finish {k.tile_m}/{k.split_k} whole rows")
+    if k.persistent:
+        reasons.append("a cluster split runs one tile per block (not persistent)")
+    if k.store != "direct":
+        reasons.append("a cluster split stores its sums directly (store direct)")
+    if k.cluster_m > 1:
+        reasons.append("a cluster split and a cluster along m are not emitted together")
+    if lw.batch:
+        reasons.append("a batched contraction runs without a cluster split")
+    if lw.store is not Store.WRITE:
+        reasons.append("a scatter-add adds atomically: no cluster split")
+    if lw.reduction is not None:
+        ring = stage_bytes(lowering_smem(lw))
+        if lw.reduction.base + lw.reduction.bytes > ring:
+            reasons.append(f"the {lw.reduction.bytes}-byte partial tile fits over the ring's {ring} bytes of stages")
     return reasons
 
 
@@ -445,6 +479,11 @@ def contraction_smem(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_km
     support = support_for(kernel)
     assert isinstance(support, ContractionSupport)
     return support.smem_layout(kernel, a_dtype, b_dtype, b_kmajor, a_kmajor)
+
+
+def stage_bytes(layout: SmemLayout) -> int:
+    """Where the ring's stage tiles end (they start at byte 0): a cluster split's partial tile goes over them."""
+    return max(b.offset + b.size for b in layout.buffers if b.name[0] in "AB")
 
 
 def lowering_smem(lw: ContractionLowering) -> SmemLayout:

@@ -47,6 +47,8 @@ SKINNY_BLOCKS_PER_SM = 1
 # k tiles of one split at least (a split's prologue and combine stay small). H200, 2026-12-01, GGEMM
 # 64x4096x4096 (habu.bench.decode_speed): 64x128 s8 split 4 (16 k tiles a split) 20.8 µs, split 2 19.6 µs
 SKINNY_MIN_K_TILES = 32
+# a skinny default of at most this many rows may split by a cluster of 2 (`skinny_cluster_split`)
+CLUSTER_SPLIT_ROWS = 64
 
 
 def target_moves(target: Target) -> list[str]:
@@ -157,6 +159,10 @@ class ContractionPath(KernelPath):
         # a batched contraction's products fill the GPU together: its rows count once per batch
         rows = facts.m * facts.batches
         skinny = self.skinny_schedule(facts, target, splittable) if rows <= SKINNY_ROWS else None
+        reduce = "atomic"
+        # (a batched contraction and a scatter-add run without cluster splits: `_split_cluster_refusals`)
+        if skinny is not None and facts.batches == 1 and node_of(model, region.output).scatter is None:
+            skinny, reduce = self.skinny_cluster_split(facts, target, splittable, skinny)
         tile, warps, stages = skinny[0] if skinny else self.default_schedule(rows, facts.n, target)
 
         def movement(op: Operand, tile_along_inner: int) -> tuple[str, int]:
@@ -193,7 +199,7 @@ class ContractionPath(KernelPath):
             # grouped raster: 16 tile rows share B in L2 on tall problems (H200, 2026-11-30, MoE 8192x14336x4096:
             # 701 TFLOP/s with 16, 684 with 8), 8 otherwise
             raster="row", group_m=16 if -(-facts.m // tile[0]) >= 64 else 8,
-            persistent=persistent,
+            persistent=persistent, split_reduce=reduce,
             warp_specialized=self.default_warp_specialized(target),
             swizzle=swizzle if "tma" in (a_move, b_move) or self.swizzled else 0,
             accumulator="f32", index_width=index_width(model, sizes),
@@ -256,6 +262,34 @@ class ContractionPath(KernelPath):
         warps, stages = self.skinny_warps_stages(tile_m, tile_n, self.skinny_tile_k, b_bytes)
         return ((tile_m, tile_n, self.skinny_tile_k), warps, stages), split
 
+    def skinny_cluster_split(self, facts: ContractionFacts, target: Target, splittable: bool,
+                             skinny: tuple[Schedule, int]) -> tuple[tuple[Schedule, int], str]:
+        """A skinny default of at most CLUSTER_SPLIT_ROWS rows whose tiles leave SMs idle: tiles half as
+        wide, split in two by a cluster of 2 (habu/lower/split_cluster.py: the partials meet in shared
+        memory, any epilogue, no zero fill), where that doubles the blocks within one wave and each split
+        keeps enough k tiles. Clusters of 2 because a wave of them fills every SM (66 on the H200);
+        clusters of 4 or 8 ran 128 blocks in two waves (H200, 2026-12-02, habu.bench.decode_speed: GGEMM
+        64x4096x4096 64x128 split 4 24.4 µs against split 2 17.8). Measured the same day: GGEMM
+        64x4096x4096 64x64 split 2 16.3 µs against the atomic 64x128 split 2 19.5; FFN-SKIP at 16 tokens
+        with its down projection 64x64 split 2 82.5 µs against 64x128 86.3; RMSNorm+Linear at 16 tokens
+        (K 4096: 32 k tiles a split) 18.4 against 17.6 unsplit, hence the longer k loop asked of a
+        contraction that has no atomic split to replace."""
+        ((tile_m, tile_n, tile_k), _warps, _stages), _split = skinny
+        if not self.cluster_splits(target) or facts.m > CLUSTER_SPLIT_ROWS:
+            return skinny, "atomic"
+        tiles_m = -(-facts.m // tile_m)
+        narrow = tile_n // 2
+        tiles = tiles_m * -(-facts.n // narrow)
+        k_tiles = -(-facts.k // tile_k)
+        least = SKINNY_MIN_K_TILES if splittable else 2 * SKINNY_MIN_K_TILES
+        if (tiles_m * -(-facts.n // tile_n) >= SKINNY_FILL * target.sm_count or narrow < min(facts.m, tile_m)
+                or (not facts.b_kmajor and narrow % 64) or narrow < 16
+                or tiles * 2 > target.sm_count or k_tiles < 2 * least):
+            return skinny, "atomic"
+        b_bytes = 2 if facts.tensor_cores else 4
+        warps, stages = self.skinny_warps_stages(tile_m, narrow, tile_k, b_bytes)
+        return (((tile_m, narrow, tile_k), warps, stages), 2), "cluster"
+
     # ------------------------------------------------------------------ the search space
 
     def offered(self, target: Target, tensor_cores: bool) -> bool:
@@ -284,6 +318,10 @@ class ContractionPath(KernelPath):
     def clusters(self, target: Target) -> tuple[int, ...]:
         return (1,)
 
+    def cluster_splits(self, target: Target) -> bool:
+        """Whether the path prints a cluster split (habu/lower/split_cluster.py) on the target."""
+        return False
+
     def vector(self, move: str, vector: int) -> int:
         """The vector width an operand moved by `move` gets, `vector` being the widest aligned one."""
         return vector
@@ -310,11 +348,15 @@ class ContractionPath(KernelPath):
                 continue
             if split > 4 and bm > 64:
                 continue  # split 8 is for skinny 64-row tiles (taller ones fill a wave by split 4)
-            yield replace(base, mma=self.mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
-                          a_move=am, b_move=bmv, a_vector=self.vector(am, base.a_vector),
-                          b_vector=self.vector(bmv, base.b_vector), split_k=split,
-                          raster=raster, group_m=group, persistent=persistent, **self.fixed_fields(target),
-                          store=store, cluster_m=cluster)
+            kernel = replace(base, mma=self.mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
+                             a_move=am, b_move=bmv, a_vector=self.vector(am, base.a_vector),
+                             b_vector=self.vector(bmv, base.b_vector), split_k=split,
+                             raster=raster, group_m=group, persistent=persistent, **self.fixed_fields(target),
+                             store=store, cluster_m=cluster, split_reduce="atomic")
+            yield kernel
+            if skinny and split > 1 and self.cluster_splits(target) and not persistent and store == "direct" \
+                    and cluster == 1:  # a skinny contraction's splits with any epilogue: the partials meet in a cluster
+                yield replace(kernel, split_reduce="cluster")
 
     # ------------------------------------------------------------------ resources
 

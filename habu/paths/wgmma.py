@@ -129,6 +129,9 @@ class WgmmaPath(ContractionPath):
     def clusters(self, target: Target) -> tuple[int, ...]:
         return CLUSTERS if target.clusters and target.tma else (1,)
 
+    def cluster_splits(self, target: Target) -> bool:
+        return target.clusters
+
     def fixed_fields(self, target: Target) -> dict[str, object]:
         return {"warp_specialized": target.setmaxnreg, "swizzle": 128}
 

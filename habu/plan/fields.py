@@ -53,6 +53,13 @@ class Store(enum.StrEnum):
     TMA = "tma"
 
 
+class SplitReduce(enum.StrEnum):
+    """How the split_k blocks of one output tile combine their partial sums."""
+
+    ATOMIC = "atomic"  # f32 atomic adds into an output zeroed first (a linear epilogue)
+    CLUSTER = "cluster"  # a thread-block cluster adds them through distributed shared memory (any epilogue)
+
+
 class Accumulator(enum.StrEnum):
     """The accumulator's element type (the emitters accumulate in f32 only)."""
 

@@ -24,6 +24,7 @@ from habu.plan.fields import (
     Move,
     Raster,
     Reader,
+    SplitReduce,
     Store,
     choice,
     coerce_enums,
@@ -44,6 +45,8 @@ MMAS = tuple(Mma)
 RASTERS = tuple(Raster)
 STORES = tuple(Store)
 CLUSTERS = (1, 2)
+SPLIT_REDUCES = tuple(SplitReduce)
+SPLIT_CLUSTERS = (2, 4, 8)  # split_k of a cluster split: portable cluster sizes
 ROW_CLUSTERS = (1, 2, 4, 8)  # blocks of a cluster that share one row (portable cluster sizes)
 SWIZZLES = (0, 32, 64, 128)
 INDEX_WIDTHS = (32, 64)
@@ -92,6 +95,12 @@ class ContractionKernel:
     cluster_m: int = choice("blocks of a thread-block cluster along m: they compute vertically adjacent tiles and "
                             "share B's tile, each loading a part and multicasting it to all (1: no cluster)", P,
                             default=1, allowed=CLUSTERS, pins=("cluster", "cluster_m"), json_optional=True, unguarded=KEEP)
+    split_reduce: SplitReduce = choice(
+        "how a tile's split_k blocks combine their partial sums: atomic (f32 atomic adds into an output zeroed "
+        "first; a linear epilogue) or cluster (the blocks form a thread-block cluster, leave their partial tiles "
+        "in shared memory, and each adds up 1/split_k of the tile's rows from all of them and applies the "
+        "epilogue; any epilogue, no zero fill)", P, default=SplitReduce.ATOMIC, pins=("split_reduce", "reduce"),
+        json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

@@ -28,6 +28,7 @@ from habu.prove.fragments import fragment_mismatch
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import route_key, route_of, warp_parts
+from habu.prove.split_cluster import finish_cluster_split
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
@@ -316,6 +317,14 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         need = np.unique(np.concatenate([t * tile + np.array(_local(t, tile, keep), dtype=np.int64)
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
+    partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
+    def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where) -> None:
+        coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
+        loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) for ld, a in lw.epi_loads}
+        value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
+        owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
+        # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
+        write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
     route = route_of(lw)
     for fault in route.faults:
         mem.fault(f"{name}: {fault}")
@@ -381,17 +390,13 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                 (a, ia), (b, ib) = load("A", a_mn, a_k), load("B", b_mn, b_k)
                 cell = (slice(None), out_r[:, None], out_c[None, :])
                 acc[cell] = (acc[cell] + _block_products(f, a, ia, b, ib)) % f.p
-        coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
-        loads = {ld: read(name, acc_access, coords, sizes, mem, lw.index_width, where)
-                 for ld, acc_access in lw.epi_loads}
-
-        def leaf(ld: Load, acc=acc, loads=loads) -> np.ndarray:
-            return acc if ld.tensor == ACC else loads[ld]
-
-        value = eval_pointwise(lw.epilogue, leaf, f, sizes)
-        owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
-        # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
-        write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
+        if lw.reduction is not None:  # a cluster split: the partials meet in shared memory first
+            for x, tile in enumerate(mn):
+                partials.setdefault((z, lrows, lcols), {}).setdefault(tile, {})[split] = (acc[x], mc[x], nc[x])
+            continue
+        epilogue(acc, mc, nc, batch_at, where)
+    if lw.reduction is not None:
+        finish_cluster_split(name, lw, sizes, mem, partials, epilogue)
 
 
 def _block_products(f: Any, a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:

@@ -67,7 +67,10 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     # split-K (atomic): the output is zeroed first, and each split's tile ends in f32 atomic adds
     # (a read and a write per element) while its tensor cores idle: not hidden behind the main loop
     reduction = 0.0
-    if k.split_k > 1:
+    cluster_split = k.split_k > 1 and k.split_reduce == "cluster"
+    if cluster_split:  # the partials meet in the cluster's shared memory: no zeroing, no atomics, one launch
+        reduction = k.split_k * M * N * 4 * nb / 8  # (distributed shared memory, about 8x the DRAM's rate)
+    elif k.split_k > 1:
         reduction = (M * N * 4 + k.split_k * M * N * 8) * nb
     path = path_for(k)
     assert isinstance(path, ContractionPath)
@@ -104,7 +107,7 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     out_e = DTYPES[lw.out.dtype].bytes
     epilogue_s = out_bytes / c.bandwidth * (0.5 if k.store == "tma" else max(1.0, 8 / (2 * out_e)))
     seconds = max(compute, memory) + epilogue_s + staging_s + reduction / c.bandwidth \
-        + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1))
+        + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1 and not cluster_split))
     return KernelCost(flops, moved + sum(copied) + reduction, seconds, "compute" if compute >= memory else "memory")
 
 

@@ -66,6 +66,7 @@ def plan_summary(plan: dict) -> str:
         if k["kind"] == "contraction":
             parts.append(f"{k['mma']} {k['tile_m']}x{k['tile_n']}x{k['tile_k']} s{k['stages']} A:{k['a_move']} "
                          f"B:{k['b_move']}" + (f" split{k['split_k']}" if k["split_k"] > 1 else "")
+                         + (" in-cluster" if k["split_k"] > 1 and k.get("split_reduce") == "cluster" else "")
                          + (" persistent" if k["persistent"] else "") + f" g{k['group_m']}"
                          + (f" {k['raster']}-raster" if k.get("raster", "row") != "row" else "")
                          + (f" store:{k['store']}" if k.get("store", "direct") != "direct" else "")

@@ -36,3 +36,20 @@ def test_a_failing_variant_is_a_row_and_only_a_failing_default_fails_the_run():
     assert "FAILED: not proven: smem" in text and "1.20" in text and "79.5%" in text
     text, ok = report([case], [dict(bad, variant="default")], base, 4.2e12)
     assert not ok
+
+
+def test_variants_are_selected_by_parts_of_their_names_and_the_default_always_runs():
+    from habu.bench.decode_speed import select_variants
+
+    ggemm = next(c for c in CASES if c.name.startswith("ggemm"))
+    picked = select_variants(ggemm, ["cluster", "default before"])
+    assert picked.variants and set(picked.variants) <= set(ggemm.variants)
+    assert all("cluster" in k or "default before" in k for k in picked.variants)
+    assert select_variants(ggemm, ["no such variant"]).variants == {}
+
+
+def test_profiling_an_unknown_variant_is_an_error_line_not_a_traceback(capsys):
+    from habu.bench.decode_speed import main
+
+    assert main(["--profile", "ggemm-64x4096x4096:no such variant"]) == 1
+    assert "error: no variant" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import pytest
 from habu.emit_cuda.nvrtc import compile_cuda, resources_of
 from habu.paths import path_for, region_space
 from habu.paths.contraction import (
+    CLUSTER_SPLIT_ROWS,
     SKINNY_BLOCKS_PER_SM,
     SKINNY_FILL,
     SKINNY_MIN_K_TILES,
@@ -64,10 +65,16 @@ def assert_skinny(model, sizes: dict[str, int], k: ContractionKernel, target=H10
     m, n, k_depth = sizes["M"], sizes["N"], sizes["K"]
     assert k.mma == "wgmma" and k.tile_k == 64
     assert k.tile_m == 64 or (k.tile_m == 128 and m > 64)  # 128 rows: two warpgroups share B's tiles
-    assert k.tile_n in facts_widths and k.tile_n >= min(m, k.tile_m)  # A's re-reads at most B's bytes
+    assert k.tile_n >= min(m, k.tile_m)  # A's re-reads at most B's bytes
+    assert k.tile_n in facts_widths or k.split_reduce == "cluster"
     tiles = -(-m // k.tile_m) * -(-n // k.tile_n)
     f32_out = model.tensor(model.outputs[0].name).dtype.name == "f32"
-    if f32_out:  # tiles at most SKINNY_SPLIT_WIDTH wide (the widest that fills a wave, else the widest)
+    if k.split_reduce == "cluster":  # the skinny tile halved and split by a cluster of 2 (`skinny_cluster_split`)
+        ((_bm, base_n, _bk), _w, _s), _split = path.skinny_schedule(_facts(model, sizes, target), target, f32_out)
+        assert m <= CLUSTER_SPLIT_ROWS and k.split_k == 2 and k.tile_n == base_n // 2
+        assert -(-m // k.tile_m) * -(-n // base_n) < SKINNY_FILL * target.sm_count and tiles * 2 <= target.sm_count
+        assert k.store == "direct" and not k.persistent
+    elif f32_out:  # tiles at most SKINNY_SPLIT_WIDTH wide (the widest that fills a wave, else the widest)
         # split until one wave, each split at least SKINNY_MIN_K_TILES k tiles deep
         allowed = [w for w in facts_widths if min(m, k.tile_m) <= w <= SKINNY_SPLIT_WIDTH]
         assert k.tile_n in allowed and (tiles >= SKINNY_FILL * target.sm_count or k.tile_n == allowed[0])

@@ -18,5 +18,6 @@
 #include "memory/tma.cuh"
 #include "sync/cluster.cuh"
 #include "reduce/cluster.cuh"
+#include "reduce/split_tile.cuh"
 #include "mma/wgmma.cuh"
 #endif
