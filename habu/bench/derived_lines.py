@@ -74,7 +74,7 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("attention unfused (wgmma scores, softmax, mma.sync PV)", "attention.habu", "ATTENTION-GQA", {}, {}, "sm_90a"),
     ("attention fused (mma.sync, online softmax)", "attention.habu", "ATTENTION-GQA", {}, {"family": "attention"},
      "sm_90a"),
-    ("attention fused, causal skip (70 queries after 30 keys, 32×32 tiles, 2 row tiles a warp)", "attention.habu",
+    ("attention fused, causal skip (70 queries at the end of 100 keys, 32×32 tiles, 2 row tiles a warp)", "attention.habu",
      "ATTENTION-GQA", {"I": 70, "J": 100}, {"family": "attention", "bm": "32", "bn": "32", "warp_m": "2"}, "sm_90a"),
 )
 
@@ -252,12 +252,23 @@ ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("k_rows", lambda sup, stage, lane, kk, jp: sup(stage, lane + 1, kk, jp)),
     ("v_rows", lambda sup, stage, lane, kk, dp: sup(stage, lane + 1, kk, dp)),
     ("p_fragment", lambda sup, kk, reg: sup(kk, (reg + 1) % 4)),
+    ("copy_chunks", lambda sup, rows, width: sup(rows, width) - 1),
+    ("staged_column", lambda sup, col: sup(col + 1)),
+    ("register_parts", lambda sup, q: tuple(reversed(sup(q)))),
+    ("b_registers", lambda sup, half: tuple(reversed(sup(half)))),
+    ("next_tile", lambda sup, kt: sup(kt + 1)),
+    ("first_tile", lambda sup: sup() + 1),
 )
+# the attention kernel's fragment loops: each trip count one short
+ATTENTION_COUNTS = ("sets_per_warp", "qk_steps", "key_pairs", "score_groups", "pv_steps", "out_groups", "value_pairs",
+                    "registers")
 
 
 def _attention_variants(lw: AttentionLowering) -> Iterator[AttentionLowering]:
     for method, planted in ATTENTION_PLANTS:
         yield _with_override(lw, method, planted)
+    for count in ATTENTION_COUNTS:
+        yield _with_property(lw, count, lambda n: n - 1)
     yield replace(lw, quad_offsets=lw.quad_offsets[:-1])
     yield replace(lw, fragment=replace(lw.fragment, row_step=lw.fragment.row_step + 1,
                                        lanes_per_row=lw.fragment.lanes_per_row + 1))
@@ -383,6 +394,13 @@ def _with_override(lw: Any, method: str, planted: Callable[..., Any]) -> Any:
     base = getattr(type(lw), method)
     cls = type(f"Planted_{method}", (type(lw),),
                {method: lambda self, *args: planted(lambda *a: base(self, *a), *args)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _with_property(lw: Any, name: str, planted: Callable[[Any], Any]) -> Any:
+    """The lowering with one property's value planted wrong: `planted(the value as it was)`."""
+    base = getattr(type(lw), name)
+    cls = type(f"Planted_{name}", (type(lw),), {name: property(lambda self: planted(base.fget(self)))})
     return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 

@@ -524,6 +524,21 @@ MUTANTS: tuple[Mutant, ...] = (
            "other's place", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.k_matrices_swapped, att.PINS),
     Mutant("attention-row-tile-ignores-mi", "a warp of two 16-row tiles computes its first tile twice",
            "attention.habu", "ATTENTION-GQA", att.SHAPE, att.row_tile_ignores_mi, {**att.PINS, "warp_m": "2"}),
+    Mutant("attention-score-groups-one-short", "the fused attention kernel's loops over S's 8-key accumulator "
+           "groups stop one group early", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.score_groups_one_short,
+           att.PINS),
+    Mutant("attention-copy-one-chunk-short", "each staged Q, K and V tile's cp.async loop copies one 16-byte chunk "
+           "too few", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.copy_one_chunk_short, att.PINS),
+    Mutant("attention-staged-column-shifted", "a staged chunk reads its tensor one column to the right",
+           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.staged_column_shifted, att.PINS),
+    Mutant("attention-register-halves-swapped", "an accumulator register's row half and column within the lane's "
+           "pair are decoded the wrong way round", "attention.habu", "ATTENTION-GQA", att.SHAPE,
+           att.register_halves_swapped, att.PINS),
+    Mutant("attention-b-registers-swapped", "the two registers of each K and V B fragment are taken from "
+           "ldmatrix.x4 in the wrong order", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.b_registers_swapped,
+           att.PINS),
+    Mutant("attention-next-tile-skips-one", "the copy issued while KV tile kt is multiplied loads tile kt + 2",
+           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.next_tile_skips_one, att.PINS),
 )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
+from habu.lower.access import floordiv
 from habu.lower.attention import AttentionLowering
 
 # examples/attention.habu at a shape where the causal skip matters: 3 query tiles of 32 rows, 4 KV tiles of
@@ -69,7 +70,7 @@ def v_rows_of_one_matrix(lw: Any) -> AttentionLowering:
     from habu.lower.attention import MMA_K, MMA_N
 
     return _planted(lw, "v_rows", lambda self, stage, lane, kk, dp:
-                    self.v_smem(stage, kk * MMA_K + lane % 8, dp * 2 * MMA_N + (lane // 16) * MMA_N))
+                    self.v_smem(stage, kk * MMA_K + lane % 8, dp * 2 * MMA_N + floordiv(lane, 16) * MMA_N))
 
 
 def mask_dropped_one_tile_early(lw: Any) -> AttentionLowering:
@@ -85,8 +86,8 @@ def k_matrices_swapped(lw: Any) -> AttentionLowering:
     from habu.lower.attention import MMA_K, MMA_N
 
     def k_rows(self, stage, lane, kk, jp):
-        m = lane // 8
-        return self.k_smem(stage, jp * 2 * MMA_N + (m % 2) * MMA_N + lane % 8, kk * MMA_K + (m // 2) * 8)
+        m = floordiv(lane, 8)
+        return self.k_smem(stage, jp * 2 * MMA_N + (m % 2) * MMA_N + lane % 8, kk * MMA_K + floordiv(m, 2) * 8)
 
     return _planted(lw, "k_rows", k_rows)
 
@@ -95,3 +96,46 @@ def row_tile_ignores_mi(lw: Any) -> AttentionLowering:
     """With two row tiles a warp, both accumulator sets compute the warp's first row tile: rows written twice,
     the second tile's rows never."""
     return _planted(lw, "row_tile", lambda self, warp, mi: warp * self.kernel.warp_m)
+
+
+def _planted_count(lw: Any, name: str, planted: Callable[[int], int]) -> AttentionLowering:
+    """The same lowering with one of its loop counts (a property) planted wrong."""
+    assert isinstance(lw, AttentionLowering)
+    base = getattr(AttentionLowering, name)
+    cls = type(f"Planted_{name}", (AttentionLowering,), {name: property(lambda self: planted(base.fget(self)))})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def score_groups_one_short(lw: Any) -> AttentionLowering:
+    """The loops over S's 8-key accumulator groups stop one group early: the last 8 keys of every KV tile
+    are never scaled, masked or weighed (the fragment loops' trip counts)."""
+    return _planted_count(lw, "score_groups", lambda n: n - 1)
+
+
+def copy_one_chunk_short(lw: Any) -> AttentionLowering:
+    """Each staged tile's cp.async loop copies one 16-byte chunk too few: the last 8 columns of its last row
+    keep whatever the buffer held."""
+    copies = AttentionLowering.copy_chunks
+    return _planted(lw, "copy_chunks", lambda self, rows, width: copies(self, rows, width) - 1)
+
+
+def staged_column_shifted(lw: Any) -> AttentionLowering:
+    """A staged chunk reads the tensor one column to the right of where it is stored (e + 1 for e)."""
+    return _planted(lw, "staged_column", lambda self, col: col + 1)
+
+
+def register_halves_swapped(lw: Any) -> AttentionLowering:
+    """Register q of an 8-column group is taken as row half q % 2 and column q / 2 (the accumulator's
+    register decode transposed): scores are masked and shifted by another row's values."""
+    return _planted(lw, "register_parts", lambda self, q: (q % self.fragment.pair, floordiv(q, self.fragment.pair)))
+
+
+def b_registers_swapped(lw: Any) -> AttentionLowering:
+    """The two registers of each B fragment taken from ldmatrix.x4 in the wrong order (k rows 8.. first)."""
+    return _planted(lw, "b_registers", lambda self, half: (2 * half + 1, 2 * half))
+
+
+def next_tile_skips_one(lw: Any) -> AttentionLowering:
+    """The copy issued during tile kt loads tile kt + 2 (into kt's own buffer): tiles are skipped and the
+    tile being multiplied is overwritten."""
+    return _planted(lw, "next_tile", lambda self, kt: kt + 2)

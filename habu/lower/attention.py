@@ -90,6 +90,75 @@ class AttentionLowering:
     def threads(self) -> int:
         return 32 * self.warps
 
+    # -- the kernel's loops over fragments (their trip counts; the interpreter runs the same)
+    @property
+    def sets_per_warp(self) -> int:
+        """The 16-row accumulator sets of a warp (mi < sets_per_warp; row tile `row_tile(warp, mi)`)."""
+        return self.kernel.warp_m
+
+    @property
+    def qk_steps(self) -> int:
+        """The k16 steps of S = Q·Kᵀ over #E (kk), each Q's A fragment and K's B fragments."""
+        assert self.width_e is not None
+        return self.width_e // MMA_K
+
+    @property
+    def key_pairs(self) -> int:
+        """The 16-key pairs of 8-key groups one ldmatrix.x4 of K serves (jp)."""
+        return self.kernel.bn // (2 * MMA_N)
+
+    @property
+    def score_groups(self) -> int:
+        """The 8-key groups of S's accumulators a lane holds per row tile (jn)."""
+        return self.kernel.bn // MMA_N
+
+    @property
+    def pv_steps(self) -> int:
+        """The k16 steps of O += P·V over the tile's keys (kk): P's A fragment from groups 2kk, 2kk + 1."""
+        return self.kernel.bn // MMA_K
+
+    @property
+    def out_groups(self) -> int:
+        """The 8-column groups of O's accumulators over #D (dn)."""
+        assert self.width_d is not None
+        return self.width_d // MMA_N
+
+    @property
+    def value_pairs(self) -> int:
+        """The 16-column pairs of 8-column groups one ldmatrix.x4.trans of V serves (dp)."""
+        assert self.width_d is not None
+        return self.width_d // (2 * MMA_N)
+
+    @property
+    def registers(self) -> int:
+        """Accumulator registers of one 8-column group (q < registers): the fragment's halves × pair."""
+        return self.fragment.registers(1)
+
+    def register_parts(self, q: Any) -> tuple[Any, Any]:
+        """Register q of an 8-column group: (h, its column within the lane's pair) = (q / pair, q % pair)."""
+        return floordiv(q, self.fragment.pair), q % self.fragment.pair
+
+    def b_registers(self, half: int) -> tuple[int, int]:
+        """The registers of one ldmatrix.x4 that form B fragment `half` (K: the 8-key group 2jp + half; V:
+        the 8-column group 2dp + half): registers 2·half, 2·half + 1."""
+        return 2 * half, 2 * half + 1
+
+    def copy_chunks(self, rows: int, width: int) -> int:
+        """The 16-byte chunks of a staged tile of `rows` rows of `width` bf16 elements."""
+        return rows * width // 8
+
+    def staged_column(self, col: Any) -> Any:
+        """The tensor column (e or d) of a staged chunk whose first element lies in column `col` of its row."""
+        return col
+
+    def next_tile(self, kt: Any) -> Any:
+        """The KV tile loaded while tile kt is multiplied."""
+        return kt + 1
+
+    def first_tile(self) -> int:
+        """The KV tile a block starts at."""
+        return 0
+
     # -- the grid (ints, numpy arrays, z3 terms or C text)
     def batch_count(self, sizes: Mapping[str, Any]) -> Any:
         out: Any = 1
@@ -231,7 +300,7 @@ class AttentionLowering:
 
     def copy_chunk(self, chunk: Any, width: int) -> tuple[Any, Any]:
         """(row, first column) of the 16-byte chunk `chunk` of a staged tile of rows of `width` elements."""
-        return chunk // (width // 8), chunk % (width // 8) * 8
+        return floordiv(chunk, width // 8), chunk % (width // 8) * 8
 
     def q_smem(self, row: Any, col: Any) -> Any:
         return self.smem_layout()["Qs"][0] + row * self.pitch_e + col
@@ -249,7 +318,7 @@ class AttentionLowering:
     # -- the fragments each lane reads (bf16 element offsets in shared memory; register `reg` is 2 elements)
     def lane_group(self, lane: Any) -> tuple[Any, Any]:
         """(groupID, threadID_in_group) = (lane / 4, lane % 4)."""
-        return lane // 4, lane % 4
+        return floordiv(lane, 4), lane % 4
 
     def q_fragment(self, warp: Any, lane: Any, kk: Any, reg: int) -> Any:
         """Register reg of the A fragment of Q's rows 16·warp.. (`warp`: the row tile) at k step kk (rows g and g + 8, columns
@@ -261,15 +330,15 @@ class AttentionLowering:
         """The row lane hands ldmatrix.x4 for the B fragments of keys jp·16.. at k step kk: matrix lane / 8 is
         keys jp·16 + 8·(m / 2).. and columns kk·16 + 8·(m % 2)..; its row lane % 8. Registers 0, 1 are
         the B fragment of keys jp·16.., registers 2, 3 that of keys jp·16 + 8.."""
-        m = lane // 8
-        return self.k_smem(stage, jp * 2 * MMA_N + (m // 2) * MMA_N + lane % 8, kk * MMA_K + (m % 2) * 8)
+        m = floordiv(lane, 8)
+        return self.k_smem(stage, jp * 2 * MMA_N + floordiv(m, 2) * MMA_N + lane % 8, kk * MMA_K + (m % 2) * 8)
 
     def v_rows(self, stage: Any, lane: Any, kk: Any, dp: Any) -> Any:
         """The row lane hands ldmatrix.x4.trans for V's B fragments of keys kk·16.., columns dp·16..: matrix
         m = lane / 8 is keys kk·16 + 8·(m % 2).., columns dp·16 + 8·(m / 2)..; its row lane % 8. Registers
         0, 1 are the B fragment of columns dp·16.., registers 2, 3 that of columns dp·16 + 8.."""
-        m = lane // 8
-        return self.v_smem(stage, kk * MMA_K + (m % 2) * 8 + lane % 8, dp * 2 * MMA_N + (m // 2) * MMA_N)
+        m = floordiv(lane, 8)
+        return self.v_smem(stage, kk * MMA_K + (m % 2) * 8 + lane % 8, dp * 2 * MMA_N + floordiv(m, 2) * MMA_N)
 
     def p_fragment(self, kk: Any, reg: int) -> tuple[tuple[Any, int], tuple[Any, int]]:
         """The two S accumulators (8-key group, register) packed into register reg of P's A fragment of keys
