@@ -257,7 +257,7 @@ ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("register_parts", lambda sup, q: tuple(reversed(sup(q)))),
     ("b_registers", lambda sup, half: tuple(reversed(sup(half)))),
     ("next_tile", lambda sup, kt: sup(kt + 1)),
-    ("first_tile", lambda sup: sup() + 1),
+    ("first_tile", lambda sup, *split: sup(*split) + 1),
 )
 # the attention kernel's fragment loops: each trip count one short
 ATTENTION_COUNTS = ("sets_per_warp", "qk_steps", "key_pairs", "score_groups", "pv_steps", "out_groups", "value_pairs",

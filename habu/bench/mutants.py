@@ -539,6 +539,15 @@ MUTANTS: tuple[Mutant, ...] = (
            att.PINS),
     Mutant("attention-next-tile-skips-one", "the copy issued while KV tile kt is multiplied loads tile kt + 2",
            "attention.habu", "ATTENTION-GQA", att.SHAPE, att.next_tile_skips_one, att.PINS),
+    Mutant("attention-combine-rescale-inverted", "split-KV's combine multiplies each split's l and O by "
+           "exp(M − m_s)", "decode_attention.habu", "DECODE-ATTENTION", att.DECODE_SHAPE, att.combine_rescale_inverted,
+           att.DECODE_PINS),
+    Mutant("attention-split-tiles-overlap", "each KV split ends one tile late (the next split's first tile in two "
+           "splits)", "decode_attention.habu", "DECODE-ATTENTION", att.DECODE_SHAPE, att.split_tiles_overlap,
+           att.DECODE_PINS),
+    Mutant("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
+           "decode_attention.habu", "DECODE-ATTENTION", att.DECODE_SHAPE, att.partial_slot_ignores_split,
+           att.DECODE_PINS),
 )
 
 

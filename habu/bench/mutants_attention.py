@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
-from habu.lower.access import floordiv
+from habu.lower.access import floordiv, minimum
 from habu.lower.attention import AttentionLowering
 
 # examples/attention.habu at a shape where the causal skip matters: 3 query tiles of 32 rows, 4 KV tiles of
@@ -139,3 +139,27 @@ def next_tile_skips_one(lw: Any) -> AttentionLowering:
     """The copy issued during tile kt loads tile kt + 2 (into kt's own buffer): tiles are skipped and the
     tile being multiplied is overwritten."""
     return _planted(lw, "next_tile", lambda self, kt: kt + 2)
+
+
+# examples/decode_attention.habu split over the KV cache: 4 sequences (lengths drawn up to #J), 2 KV heads of
+# 2 query heads, 100 keys in KV tiles of 32, one a split (4 splits, the last ragged); head width 16
+DECODE_SHAPE = {"B": 4, "G": 2, "R": 2, "J": 100, "L": 101, "E": 16, "D": 16}
+DECODE_PINS = {"family": "attention", "bm": "16", "bn": "32", "kv_split": "32"}
+
+
+def combine_rescale_inverted(lw: Any) -> AttentionLowering:
+    """Split-KV's combine multiplies each split's l and O by exp(M − m_s) instead of exp(m_s − M)."""
+    return _planted(lw, "combine_exponent", lambda self, m_split, m_all, ops: ops.sub(m_all, m_split))
+
+
+def split_tiles_overlap(lw: Any) -> AttentionLowering:
+    """Each split ends one KV tile late: the first tile of every later split is counted by two splits. (A
+    split starting one tile early instead counts every tile twice where the splits are one tile each: the
+    weights then scale uniformly, and the result is right.)"""
+    return _planted(lw, "end_tile", lambda self, split, tiles: minimum(tiles, (split + 1) * self.split_tiles + 1))
+
+
+def partial_slot_ignores_split(lw: Any) -> AttentionLowering:
+    """Every split keeps its m and l in split 0's slots: the combine reads one split's m and l for all."""
+    slot = AttentionLowering.partial_slot
+    return _planted(lw, "partial_slot", lambda self, split, flat, row, sizes: slot(self, split * 0, flat, row, sizes))

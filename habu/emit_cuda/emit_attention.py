@@ -29,6 +29,7 @@ from habu.emit_cuda.common import (
     index_type,
     store_value,
 )
+from habu.emit_cuda.emit_attention_split import split_epilogue, split_workspaces
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
@@ -131,13 +132,21 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         assert isinstance(ix, IndexConst)
         return ix.value
 
-    first = lw.first_tile()
+    split_on = bool(k.kv_split)
+    split = cx("split") if split_on else 0
+    first = lw.first_tile(split)
+    if split_on:  # split-major blocks: split, then the block among its split's blocks
+        split_of, rest = lw.block_split(CExpr("(long long)blockIdx.x"), sizes)
+        block_code = (f"  const long long bx = {c(rest)};  // the block among its split's blocks\n"
+                      f"  const int split = (int)({c(split_of)});  // its split: KV tiles {c(first)}..\n")
+    else:
+        block_code = "  const long long bx = blockIdx.x;\n"
     nxt = lw.next_tile(cx('kt'))
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
     open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
     unmasked = c(lw.unmasked(CExpr("(long long)kt"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
-    tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
-                        lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
+    tiles = lw.end_tile(split, lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes, lambda x, lo, hi: CExpr(
+        f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))")))
     scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
     mask = condition_code(lw.mask, sizes, table) if lw.mask is not None else "true"
     ops = _FloatOps()
@@ -155,13 +164,31 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     v_ok = f"{c(lw.key_inside(CExpr('j'), sizes))} && ({access_mask(lw.v, v_coord, sizes, table)})"
     row_of = lambda t: c(lw.row(CExpr("qt"), CExpr(t)))  # noqa: E731
     key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
+    if split_on:
+        epilogue = split_epilogue(lw, sig, sizes, it, table, rt, o_elem, h_q, o_coord)
+    else:
+        epilogue = f"""#pragma unroll
+  for (int mi = 0; mi < {mi_n}; ++mi) {{
+    const int rt = {rt};
+#pragma unroll
+    for (int h = 0; h < {halves}; ++h) l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);
+#pragma unroll
+    for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+      for (int q = 0; q < {regs}; ++q) {{
+        const {it} i = ({it})({row_of(o_elem[0])});
+        const {it} d = ({it})({o_elem[1]});
+        if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
+          {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), o_value)}
+      }}
+  }}
+"""
     src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) habu::bf16 smem[];
   // Q's tile at smem + {layout['Qs'][0]} ({bm} rows × {pe}); buffer s of K ({bn} keys × {pe}) at smem + {layout['Ks0'][0]} + s·{stage},
   // of V ({bn} keys × {pd}) at smem + {layout['Vs0'][0]} + s·{stage}
   const int tid = threadIdx.x, warp = {c(fr.thread_warp(CExpr('tid')))}, lane = {c(fr.thread_lane(CExpr('tid')))};
-  const long long bx = blockIdx.x;
-  const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
+{block_code}  const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
   const {it} flat = ({it})({c(lw.batch_flat(bx, sizes))});  // the batch element
 {batch_code}  for (int chunk = tid; chunk < {lw.copy_chunks(bm, n_e)}; chunk += {threads}) {{  // Q: 16-byte chunks of its rows
     const int t = {chunk_e[0]}, ee = {chunk_e[1]};
@@ -310,31 +337,19 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     __syncthreads();  // the next iteration's copies overwrite this buffer
   }}
   habu::cp_async_wait<0>();
-#pragma unroll
-  for (int mi = 0; mi < {mi_n}; ++mi) {{
-    const int rt = {rt};
-#pragma unroll
-    for (int h = 0; h < {halves}; ++h) l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);
-#pragma unroll
-    for (int dn = 0; dn < {nd8}; ++dn)
-#pragma unroll
-      for (int q = 0; q < {regs}; ++q) {{
-        const {it} i = ({it})({row_of(o_elem[0])});
-        const {it} d = ({it})({o_elem[1]});
-        if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
-          {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), o_value)}
-      }}
-  }}
-}}
+{epilogue}}}
 """
     src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × {16 * k.warp_m}), "
-                 f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16",
+                 f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16" + (f", split-KV: {k.kv_split} keys a block" if split_on else ""),
                  [f"computes {lw.node.target} = softmax-weighted sum over #{lw.key_extent} "
                   f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",
                   f"mask: {'none' if lw.mask is None else 'the model' + chr(39) + 's'}; causal skip: "
                   f"{'yes' if lw.skip_bound() is not None else 'no'}; {rows_i} rows, {keys_j} keys"])
     src += src_body.replace("SIGNATURE", sig.declaration())
-    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
+    if not split_on:
+        return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
+    ws = split_workspaces(lw)
+    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw, zero=(lw.counter_tensor,), workspace=ws)
 
 
 register_geometry(AttentionLowering, GRID_2D)  # (batch elements × query tiles, 1)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from habu.lower.access import Access, access_for, cdiv, floordiv
+from habu.lower.access import Access, access_for, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.plan.attention_split import AttentionForm, attention_form
 from habu.plan.plan import AttentionKernel
@@ -64,6 +64,7 @@ class AttentionLowering:
     width_d: int | None
     fragment: AccumulatorFragment = ACCUMULATOR
     quad_offsets: tuple[int, ...] = (1, 2)  # xor shuffles joining the 4 lanes of one accumulator row
+    mask_ranges: tuple[str, ...] = ()  # the value ranges of the index tensors the mask reads (sequence lengths)
 
     @property
     def node(self):
@@ -155,9 +156,9 @@ class AttentionLowering:
         """The KV tile loaded while tile kt is multiplied."""
         return kt + 1
 
-    def first_tile(self) -> int:
-        """The KV tile a block starts at."""
-        return 0
+    def first_tile(self, split: Any = 0) -> Any:
+        """The KV tile a block of split `split` starts at (0 without a split)."""
+        return split * self.split_tiles if self.kernel.kv_split else 0
 
     # -- the grid (ints, numpy arrays, z3 terms or C text)
     def batch_count(self, sizes: Mapping[str, Any]) -> Any:
@@ -170,7 +171,84 @@ class AttentionLowering:
         return cdiv(sizes[self.row_extent], self.kernel.bm)
 
     def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
-        return self.batch_count(sizes) * self.query_tiles(sizes), 1
+        return self.batch_count(sizes) * self.query_tiles(sizes) * self.splits(sizes), 1
+
+    # -- split-KV (flash-decoding): a query tile's KV tiles split over blocks (`kernel.kv_split` keys each)
+    @property
+    def split_tiles(self) -> int:
+        """The KV tiles of one split."""
+        return self.kernel.kv_split // self.kernel.bn
+
+    def splits(self, sizes: Mapping[str, Any]) -> Any:
+        """The blocks a query tile's keys are split over: ⌈#J / kv_split⌉ (1 without a split)."""
+        return cdiv(sizes[self.key_extent], self.kernel.kv_split) if self.kernel.kv_split else 1
+
+    def block_split(self, x: Any, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(split, the block's index among its split's blocks): split-major, so that the blocks of a split
+        decode their query tile and batch element as an unsplit launch does."""
+        if not self.kernel.kv_split:
+            return 0, x
+        per = self.batch_count(sizes) * self.query_tiles(sizes)
+        return floordiv(x, per), x % per
+
+    def end_tile(self, split: Any, tiles: Any) -> Any:
+        """One past the last KV tile split `split` visits (of the `tiles` the query tile visits)."""
+        return minimum(tiles, (split + 1) * self.split_tiles) if self.kernel.kv_split else tiles
+
+    # the partials (workspaces of the launch, named after the output: no other kernel writes those names)
+    @property
+    def partial_tensors(self) -> tuple[str, str, str]:
+        """The workspaces of the splits' unnormalised O, running maxima m and sums l."""
+        return tuple(f"${self.out.tensor}.{x}" for x in "oml")  # type: ignore[return-value]
+
+    @property
+    def counter_tensor(self) -> str:
+        """The counters the splits of a query tile count themselves on (zero-filled before the launch)."""
+        return f"${self.out.tensor}.n"
+
+    def partial_extents(self) -> tuple[str, ...]:
+        """m's and l's workspace shape as extent tokens: splits ("J/1024"), the batch, the rows."""
+        return (f"{self.key_extent}/{self.kernel.kv_split}", *self.batch_extents, self.row_extent)
+
+    def counter_extents(self) -> tuple[str, ...]:
+        return (*self.batch_extents, f"{self.row_extent}/{self.kernel.bm}")
+
+    def partial_slot(self, split: Any, flat: Any, row: Any, sizes: Mapping[str, Any]) -> Any:
+        """Where split `split` keeps m and l of row `row` of batch element `flat`."""
+        return (split * self.batch_count(sizes) + flat) * sizes[self.row_extent] + row
+
+    def partial_offset(self, split: Any, flat: Any, row: Any, d: Any, sizes: Mapping[str, Any]) -> Any:
+        """Where it keeps O's column d of that row (the slot's #D columns)."""
+        assert self.width_d is not None
+        return self.partial_slot(split, flat, row, sizes) * self.width_d + d
+
+    def partial_slots(self, sizes: Mapping[str, Any]) -> Any:
+        """m's and l's workspace elements (the size of `partial_extents`)."""
+        return self.splits(sizes) * self.batch_count(sizes) * sizes[self.row_extent]
+
+    def counter_slot(self, flat: Any, qt: Any, sizes: Mapping[str, Any]) -> Any:
+        return flat * self.query_tiles(sizes) + qt
+
+    def arrivals(self, sizes: Mapping[str, Any]) -> Any:
+        """Blocks that count themselves on a query tile's counter: its splits; the one bringing the count to
+        this combines."""
+        return self.splits(sizes)
+
+    @property
+    def combine_count(self) -> int:
+        """The output elements of a query tile the combining block finishes (bm rows × #D)."""
+        assert self.width_d is not None
+        return self.kernel.bm * self.width_d
+
+    def combine_element(self, e: Any) -> tuple[Any, Any]:
+        """(row in the tile, column d) of the combining block's element e (its threads stride over them)."""
+        assert self.width_d is not None
+        return floordiv(e, self.width_d), e % self.width_d
+
+    def combine_exponent(self, m_split: Any, m_all: Any, ops: Any) -> Any:
+        """The exponent of the factor a split's l and O are multiplied by in the combine: exp(m_s − M),
+        M the maximum of every split's m (the online softmax's rescale, once per split)."""
+        return ops.sub(m_split, m_all)
 
     def query_tile(self, x: Any, sizes: Mapping[str, Any]) -> Any:
         """Block x's query tile: the last tiles (the most keys under a causal mask) first."""
@@ -376,10 +454,18 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
         return ix
 
     mask = form.mask.map_indices(rename) if form.mask is not None else None
+    ranges: list[str] = []
+    if mask is not None:
+        for side in (mask.left, mask.right):
+            for _, ix in side.terms:
+                r = model.tensor(ix.tensor).range if isinstance(ix, Gather) else None
+                if r is not None and r not in ranges:
+                    ranges.append(r)
     return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
                              form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
                              kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
-                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))))
+                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))),
+                             mask_ranges=tuple(ranges))
 
 
 def flops(lw: AttentionLowering, sizes: Mapping[str, int]) -> float:

@@ -47,10 +47,16 @@ class AttentionPath(KernelPath):
         return AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
-        """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys."""
+        """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys; with a decode's query tile of 16 rows
+        (one query a sequence and its few query heads), also split-KV (flash-decoding) over 256 to 2048 keys a
+        block. (Not the default: split-KV is reachable by `--pin kv_split=N` and the search until its exact
+        GPU run has passed.)"""
         assert isinstance(base, AttentionKernel)
         for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
             yield replace(base, bm=bm, bn=bn)
+        if base.bm == 16:
+            for split, bn in itertools.product((512, 1024, 2048, 256), (64, 128)):
+                yield replace(base, bn=bn, kv_split=split)
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q
@@ -63,7 +69,13 @@ class AttentionPath(KernelPath):
         tiles = -(-rows // lw.kernel.bm)
         moved = 2.0 * count * (rows * n_e + tiles * keys * (n_e + n_d)) + 4.0 * count * rows * n_d
         peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
-        return f, moved, max(f / peak, moved / c.bandwidth) + c.launch_s
+        # the share of the SMs the grid keeps busy (a decode's few query tiles leave most idle; split-KV fills
+        # them), and split-KV's partials: written once and read by the combine
+        blocks = count * tiles * (lw.splits(sizes) if lw.kernel.kv_split else 1)
+        busy = min(1.0, blocks / max(1, target.sm_count))
+        if lw.kernel.kv_split:
+            moved += 2 * 4.0 * lw.splits(sizes) * count * rows * (n_d + 2)
+        return f, moved, max(f / (peak * busy), moved / (c.bandwidth * busy)) + c.launch_s
 
     def smem_bytes(self, lowering: AttentionLowering) -> int:  # type: ignore[override]
         return 0

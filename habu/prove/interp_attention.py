@@ -28,6 +28,7 @@ import numpy as np
 from habu.lower.attention import MMA_K, MMA_M, MMA_N, AttentionLowering
 from habu.prove.fragments import instruction_element
 from habu.prove.interp import Memory, eval_pointwise, read, write
+from habu.prove.interp_attention_split import SplitRun
 from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.spec.ir import Gather, IndexVar
@@ -66,8 +67,9 @@ def _open_limit(lw: AttentionLowering, qt: int, coords: Mapping[str, int], sizes
 
 def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, blocks,
                   keep: np.ndarray | None = None) -> None:
+    split = SplitRun(lw, sizes, mem) if lw.kernel.kv_split else None
     for x in blocks:
-        _run_block(name, lw, sizes, mem, int(x))
+        _run_block(name, lw, sizes, mem, int(x), split)
 
 
 # ----------------------------------------------------------------------------- the instruction (PTX ISA)
@@ -146,15 +148,17 @@ def _b_fragments(lw: AttentionLowering, got: np.ndarray, dst: np.ndarray, steps:
             dst[steps[..., None] * MMA_K + kr, (2 * pairs[..., None] + m) * MMA_N + nr] = got[:, :, :, reg, :]
 
 
-def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, x: int) -> None:
+def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, x: int,
+               split: SplitRun | None) -> None:
     f = mem.field
     ops = _FieldOps(f)
     k, fr = lw.kernel, lw.fragment
-    qt, flat = int(lw.query_tile(x, sizes)), int(lw.batch_flat(x, sizes))
+    split_no, rest = (int(v) for v in lw.block_split(x, sizes))
+    qt, flat = int(lw.query_tile(rest, sizes)), int(lw.batch_flat(rest, sizes))
     coords = {a: np.int64(v) for a, v in lw.batch_coords(flat, sizes).items()}
 
     def where(bad: np.ndarray) -> str:
-        return f"block {x} (query tile {qt}, batch element {flat})"
+        return f"block {x} (query tile {qt}, batch element {flat}" + (f", split {split_no})" if split else ")")
 
     n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
     zero, neg_inf = f.const(Fraction(0)), f.neg_inf()
@@ -162,7 +166,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     _copy(name, lw, sizes, mem, smem, lw.q, coords, "i", lambda t: lw.row(qt, t), "e", k.bm, n_e, lw.q_smem, where)
     scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
     limit = _key_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
-    tiles = int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))
+    tiles = int(lw.end_tile(split_no, lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi))))
     open_limit = _open_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
 
     def load_kv(kt: int, stage: int) -> None:
@@ -196,7 +200,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     m = np.broadcast_to(f.const(Fraction(1)), (warps, 32, halves)).copy()  # the empty maximum
     l_run = np.broadcast_to(zero, (warps, 32, halves)).copy()
     o = np.broadcast_to(zero, np.broadcast_shapes(o_row.shape, o_col.shape)).copy()
-    first = int(lw.first_tile())
+    first = int(lw.first_tile(split_no))
     if tiles > first:
         load_kv(first, int(lw.stage_of(first)))
     a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
@@ -266,6 +270,11 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
         o = f.op("add", [o, pv[sets4, c_row, o_groups * MMA_N + c_col]])
     for off in lw.quad_offsets:
         l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
+    if split is not None:  # the partial into the workspaces; the tile's last split combines
+        m_row = fr.element(w4[..., 0], l4[..., 0], 0, np.arange(halves)[None, None, :], 0)[0]
+        split.store(name, split_no, flat, qt, o, o_row, o_col, m, l_run, m_row, where(None))
+        split.arrive(name, flat, qt, coords, ops, where(None))
+        return
     out = f.op("div0", [o, np.broadcast_to(l_run[:, :, r_h][:, :, None, :], o.shape)])
     at = {**coords, "i": np.broadcast_to(lw.row(qt, o_row), o.shape), "d": np.broadcast_to(o_col, o.shape)}
     write(name, lw.out, at, out, sizes, mem, lw.index_width, False, None, where)
@@ -303,6 +312,8 @@ def _final(lw: AttentionLowering, sizes: Mapping[str, int]) -> tuple[object, tup
                                        for qt in sorted(chosen)]).astype(np.int64)
     axis_values["d"] = np.arange(sizes[lw.col_extent], dtype=np.int64)
     box = tuple(axis_values[p.axis] for p in lw.out.positions)
+    # split-KV: every split of those tiles, split-major (block s·count·tiles + x); the last combines
+    blocks = [s * count * tiles + x for x in blocks for s in range(int(lw.splits(sizes)))]
     return blocks, box, f"{len(blocks)} blocks (the first, second and last query tiles and batch elements)"
 
 
@@ -312,8 +323,13 @@ def _box(lw: AttentionLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str,
 
 
 def _tiled_axes(name: str, lw: AttentionLowering) -> list[TileAxis]:
-    """The query tiles and the KV tiles: the witness keeps three of each (the last ragged)."""
-    return [TileAxis(name, "i", lw.row_extent, lw.kernel.bm), TileAxis(name, "j", lw.key_extent, lw.kernel.bn)]
+    """The query tiles and the KV tiles (split-KV: the splits): the witness keeps three of each (the last
+    ragged)."""
+    keys = lw.kernel.kv_split or lw.kernel.bn
+    # the values of a length the mask reads select KV tiles (splits) as the keys do: their range is kept
+    # as #J is, so that the witness's lengths reach every split
+    lengths = [TileAxis(name, "length", r, keys) for r in lw.mask_ranges]
+    return [TileAxis(name, "i", lw.row_extent, lw.kernel.bm), TileAxis(name, "j", lw.key_extent, keys), *lengths]
 
 
 def _frozen(lw: AttentionLowering) -> tuple[str, ...]:

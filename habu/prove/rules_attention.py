@@ -13,6 +13,7 @@ from typing import Any
 
 import z3
 
+from habu.lower.access import cdiv
 from habu.lower.attention import AttentionLowering
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
 from habu.prove.rules_fields import _grid
@@ -31,6 +32,10 @@ ATTENTION_RULES = {r.name: r for r in (
          "column groups × 8 = #D, ...), the warps' accumulator sets are the block's row tiles once each, an "
          "accumulator register decodes to a distinct (row half, column) of the lane, each B fragment takes two "
          "distinct ldmatrix registers", "part of a tile is never multiplied, or a register is read as another"),
+    Rule("attention-splits", "split-KV: the splits partition a query tile's KV tiles (each visited tile in exactly "
+         "one split), the blocks decode to a split and a block of it, every partial and counter slot lies in its "
+         "workspace, and the combining block's elements are the tile's once each",
+         "a KV tile is counted twice or never, or a partial lands outside its workspace or on another's slot"),
     Rule("attention-kv-loop", "the KV loop starts at the first tile and steps one tile at a time (the copy issued "
          "during tile kt is tile kt + 1's, into the other buffer)", "a KV tile is skipped or its buffer overwritten "
          "while it is multiplied"),
@@ -96,6 +101,8 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
     if static:
         yield from _staging_obligations(name, lw, n_e, n_d)
         yield from _fragment_obligations(name, lw, n_e, n_d)
+        if k.kv_split:
+            yield from _split_obligations(name, lw, ctx, n_d)
     # the causal skip: for every query tile qt, row i of it, key j < #J and index-tensor value, the mask at
     # (i, j) implies that j is below the visited tiles' end
     qt, ti, j = z3.Ints("query_tile row_in_tile key")
@@ -235,3 +242,67 @@ def _fragment_obligations(name: str, lw: AttentionLowering, n_e: int, n_d: int) 
                             z3.ForAll([kt], lw.next_tile(kt) == kt + 1),
                             z3.ForAll([kt], z3.Implies(kt >= 0, lw.stage_of(lw.next_tile(kt)) != lw.stage_of(kt)))),
                      detail="a KV tile is skipped, or the next one lands in the buffer being multiplied")
+
+
+def _split_obligations(name: str, lw: AttentionLowering, ctx: Context, n_d: int) -> Iterator[Obligation]:
+    rule = ATTENTION_RULES["attention-splits"]
+    k, s = lw.kernel, ctx.ext
+    yield Obligation(rule, name, None, f"a split ({k.kv_split} keys) is whole KV tiles of {k.bn}",
+                     k.kv_split % k.bn == 0 and lw.split_tiles * k.bn == k.kv_split, detail="a split cuts a KV tile")
+    splits, count, tiles_q = lw.splits(s), lw.batch_count(s), lw.query_tiles(s)
+    kt, total, s1, s2 = z3.Ints("kv_tile visited one_split other_split")
+    within = lambda sp: z3.And(lw.first_tile(sp) <= kt, kt < lw.end_tile(sp, total))  # noqa: E731
+    own = z3.IntVal(0) + kt / lw.split_tiles if lw.split_tiles else z3.IntVal(0)
+    tiles_max = cdiv(s[lw.key_extent], k.bn)
+    yield Obligation(rule, name, None, "every KV tile a query tile visits lies in exactly one split (tile kt in split "
+                     f"kt / {lw.split_tiles}, and in no other)",
+                     z3.ForAll([kt, total, s1, s2], z3.Implies(
+                         z3.And(kt >= 0, kt < total, total <= tiles_max),
+                         z3.And(own < splits, within(own),
+                                z3.Implies(z3.And(_in(s1, 0, splits), _in(s2, 0, splits), s1 != s2),
+                                           z3.Not(z3.And(within(s1), within(s2))))))),
+                     detail="a KV tile is in no split, or in two")
+    x = z3.Int("block")
+    split_of, rest = lw.block_split(x, s)
+    yield Obligation(rule, name, None, "each block decodes to a split and a block among its split's",
+                     z3.ForAll([x], z3.Implies(_in(x, 0, lw.grid(s)[0]),
+                                               z3.And(_in(split_of, 0, splits), _in(rest, 0, count * tiles_q)))),
+                     detail="a block decodes to no split or past its split's blocks")
+    sp, flat, row, d, qt = z3.Ints("split flat row column query_tile")
+    slots = lw.partial_slots(s)
+    yield Obligation(rule, name, None, f"each split's partial m, l and O of a row lie in their workspaces ({slots} "
+                     f"slots of m and l, × {n_d} of O), one slot per (split, batch element, row)",
+                     z3.ForAll([sp, flat, row, d], z3.Implies(
+                         z3.And(_in(sp, 0, splits), _in(flat, 0, count), _in(row, 0, s[lw.row_extent]), _in(d, 0, n_d)),
+                         z3.And(_in(lw.partial_slot(sp, flat, row, s), 0, slots),
+                                _in(lw.partial_offset(sp, flat, row, d, s), 0, slots * n_d),
+                                lw.partial_offset(sp, flat, row, d, s) == lw.partial_slot(sp, flat, row, s) * n_d + d))),
+                     detail="a partial lands outside its workspace")
+    yield Obligation(rule, name, None, "the partial slots of different (split, batch element, row) differ",
+                     z3.ForAll([sp, flat, row, s1, qt, d], z3.Implies(
+                         z3.And(_in(sp, 0, splits), _in(flat, 0, count), _in(row, 0, s[lw.row_extent]),
+                                _in(s1, 0, splits), _in(qt, 0, count), _in(d, 0, s[lw.row_extent]),
+                                z3.Or(sp != s1, flat != qt, row != d)),
+                         lw.partial_slot(sp, flat, row, s) != lw.partial_slot(s1, qt, d, s))),
+                     detail="two splits (or rows) share a partial slot")
+    yield Obligation(rule, name, None, "each query tile counts its splits on a counter of its own, inside the workspace",
+                     z3.ForAll([flat, qt, s1, s2], z3.Implies(
+                         z3.And(_in(flat, 0, count), _in(qt, 0, tiles_q), _in(s1, 0, count), _in(s2, 0, tiles_q)),
+                         z3.And(_in(lw.counter_slot(flat, qt, s), 0, count * tiles_q),
+                                z3.Implies(z3.Or(flat != s1, qt != s2),
+                                           lw.counter_slot(flat, qt, s) != lw.counter_slot(s1, s2, s))))),
+                     detail="two query tiles share a counter, or one lies outside the workspace")
+    yield Obligation(rule, name, None, "the splits counted on a tile's counter are the tile's splits",
+                     z3.IntVal(0) + lw.arrivals(s) == splits, detail="the combine runs before (or never after) the last split")
+    e1, e2 = z3.Ints("element other_element")
+    t1, c1 = lw.combine_element(e1)
+    t2, c2 = lw.combine_element(e2)
+    yield Obligation(rule, name, None, f"the combining block's {lw.combine_count} elements are the tile's "
+                     f"{k.bm} rows × {n_d} columns, each once", z3.And(lw.combine_count == k.bm * n_d, z3.ForAll(
+                         [e1, e2], z3.Implies(z3.And(_in(e1, 0, lw.combine_count), _in(e2, 0, lw.combine_count)),
+                                              z3.And(_in(t1, 0, k.bm), _in(c1, 0, n_d),
+                                                     z3.Implies(e1 != e2, z3.Or(t1 != t2, c1 != c2)))))),
+                     detail="the combine misses or repeats an element of the tile")
+    if lw.index_width == 32:
+        yield Obligation(INT32_OFFSETS, name, None, "32-bit partial offsets: the O workspace's elements ≤ 2^31−1",
+                         slots * n_d <= INT31, detail="the partial O workspace exceeds 2^31 − 1 elements in 32 bits")
