@@ -76,6 +76,8 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
      "sm_90a"),
     ("attention fused, causal skip (70 queries at the end of 100 keys, 32×32 tiles, 2 row tiles a warp)", "attention.habu",
      "ATTENTION-GQA", {"I": 70, "J": 100}, {"family": "attention", "bm": "32", "bn": "32", "warp_m": "2"}, "sm_90a"),
+    ("attention fused, split-KV decode (lengths, 4096 keys in splits of 512)", "decode_attention.habu",
+     "DECODE-ATTENTION", {"J": 4096, "L": 4097}, {"family": "attention", "bm": "16", "kv_split": "512"}, "sm_90a"),
 )
 
 _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
@@ -258,10 +260,20 @@ ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("b_registers", lambda sup, half: tuple(reversed(sup(half)))),
     ("next_tile", lambda sup, kt: sup(kt + 1)),
     ("first_tile", lambda sup, *split: sup(*split) + 1),
+    # split-KV: the block decode, the splits' last tiles, the partials' slots, the counters, the combine
+    ("block_split", lambda sup, x, sizes: tuple(reversed(sup(x, sizes)))),
+    ("end_tile", lambda sup, split, tiles: sup(split + 1, tiles)),
+    ("splits", lambda sup, sizes: sup(sizes) + 1),
+    ("partial_slot", lambda sup, split, flat, row, sizes: sup(split, flat, row + 1, sizes)),
+    ("partial_offset", lambda sup, split, flat, row, d, sizes: sup(split, flat, row, d + 1, sizes)),
+    ("counter_slot", lambda sup, flat, qt, sizes: sup(flat, qt + 1, sizes)),
+    ("arrivals", lambda sup, sizes: sup(sizes) + 1),
+    ("combine_element", lambda sup, e: sup(e + 1)),
+    ("combine_exponent", lambda sup, m_split, m_all, ops: ops.sub(m_all, m_split)),
 )
 # the attention kernel's fragment loops: each trip count one short
 ATTENTION_COUNTS = ("sets_per_warp", "qk_steps", "key_pairs", "score_groups", "pv_steps", "out_groups", "value_pairs",
-                    "registers")
+                    "registers", "combine_count")
 
 
 def _attention_variants(lw: AttentionLowering) -> Iterator[AttentionLowering]:

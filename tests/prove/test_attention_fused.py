@@ -113,13 +113,15 @@ def test_the_golden_tolerance_counts_the_bf16_weights_inside_the_fused_kernel(pr
 
 def test_the_fused_kernels_compile_without_spills(prefill, tmp_path):
     """The emitted CUDA builds for sm_90a with no GPU (NVRTC, or nvcc where it cannot be loaded): the causal
-    prefill with two 16-row tiles a warp (bm 128, bn 32) and the decode, within the registers, no spill."""
+    prefill with two 16-row tiles a warp (bm 128, bn 32) and the decode, whole and split-KV, within the
+    registers, no spill."""
     from habu.emit_cuda.runtime import CompiledModel
 
     wide, wide_decode = {**SHAPE, "E": 128, "D": 128}, {**DECODE, "E": 128, "D": 128}  # head width 128
     decode = load_program(EX / "decode_attention.habu").models["DECODE-ATTENTION"].with_sizes(wide_decode)
     for model, sizes, pins in ((prefill.with_sizes(wide), wide, {**PINS, "bm": "128", "warp_m": "2"}),
-                               (decode, wide_decode, {"family": "attention", "bm": "16"})):
+                               (decode, wide_decode, {"family": "attention", "bm": "16"}),
+                               (decode, wide_decode, {"family": "attention", "bm": "16", "kv_split": "32"})):
         plan = default_plan(model, T, sizes, pins)
         ((cubin,),) = CompiledModel(model, emit_plan(model, plan, T), cache_dir=tmp_path).compile("sm_90a")
         assert cubin.cubin.startswith(b"\x7fELF") and not cubin.resources.spills, cubin.resources.describe()
