@@ -26,3 +26,17 @@ def test_every_emitter_path_has_a_case():
                 kinds.add("split-k")
     assert {"fma", "mma.sync", "wgmma", "RowKernel", "MapKernel", "ColumnKernel", "split-k", "wgmma-tma",
             "wgmma-cp.async", "wgmma-staged", "GeneralKernel", "GroupedKernel", "AttentionKernel"} <= kinds, kinds
+
+
+def test_regression_the_fused_attention_cases_golden_counts_its_bf16_weights():
+    """run_case's golden took the f32 output's 1e-4 for the fused attention kernels, whose P is rounded to bf16
+    inside the kernel (2e-2): their sanitizer cases would fail on a right kernel."""
+    from habu.bench.sanitize_paths import CASES, golden_tolerance
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    for case in ("attention-fused", "attention-split-kv"):
+        path, name, sizes, pins = CASES[case]
+        model = load_program(example_path(path)).models[name].with_sizes(sizes)
+        assert golden_tolerance(model, default_plan(model, TARGETS["sm_90a"], sizes or None, pins)) == 2e-2
