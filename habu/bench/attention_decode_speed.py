@@ -11,7 +11,8 @@ over Z_q × GF(p) on the witness shape), check each on the GPU against SDPA's ou
 them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; SDPA's backend recorded from
 the kernels it launches). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
 TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, habu.bench.copy_bandwidth's figure). The split
-size is the one that gives about two blocks per SM (`kv_split_for`), which the search would otherwise find.
+sizes are the one that gives about two blocks per SM (`kv_split_for`) and one of a quarter as many splits
+(the search would otherwise find one).
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
     sizes = {"B": batch, "G": KV_HEADS, "R": GROUP, "J": kv, "L": kv + 1, "E": WIDTH, "D": WIDTH}
     split = kv_split_for(batch * KV_HEADS, kv)
     variants = [("fused", {"family": "attention", "bm": "16"})]
-    if split:
-        variants.append((f"split {split}", {"family": "attention", "bm": "16", "bn": "64", "kv_split": str(split)}))
+    # the split of about two blocks per SM, and one of a quarter as many splits (a shorter combine)
+    for size in dict.fromkeys(x for x in (split, min(512, 4 * split)) if x):
+        variants.append((f"split {size}", {"family": "attention", "bm": "16", "bn": "64", "kv_split": str(size)}))
     heads = KV_HEADS * GROUP
     cache = 2.0 * 2 * batch * KV_HEADS * kv * WIDTH  # K and V, bf16
     ins = None
