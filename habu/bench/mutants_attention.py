@@ -163,3 +163,55 @@ def partial_slot_ignores_split(lw: Any) -> AttentionLowering:
     """Every split keeps its m and l in split 0's slots: the combine reads one split's m and l for all."""
     slot = AttentionLowering.partial_slot
     return _planted(lw, "partial_slot", lambda self, split, flat, row, sizes: slot(self, split * 0, flat, row, sizes))
+
+
+# the mutation suite's entries (habu/bench/mutants.py's `Mutant` fields: name, the bug, example, model, shape,
+# the planted lowering, pins)
+MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
+    ("attention-rescale-inverted", "the fused attention kernel rescales l and O by exp(m_new − m_old)",
+     "attention.habu", "ATTENTION-GQA", SHAPE, rescale_inverted, PINS),
+    ("attention-max-not-kept", "the fused attention kernel's weights use the new row maximum but the "
+     "running maximum is never updated", "attention.habu", "ATTENTION-GQA", SHAPE, max_not_kept, PINS),
+    ("attention-skip-one-tile-too-many", "the causal skip drops the last KV tile that holds visible keys",
+     "attention.habu", "ATTENTION-GQA", SHAPE, skip_one_tile_too_many, PINS),
+    ("attention-row-max-two-lanes", "the row maximum is shuffled over 2 of a row's 4 lanes",
+     "attention.habu", "ATTENTION-GQA", SHAPE, row_max_two_lanes, PINS),
+    ("attention-p-fragment-swapped", "P's A fragment packs the accumulators of rows g + 8 where the "
+     "instruction takes columns + 8", "attention.habu", "ATTENTION-GQA", SHAPE, p_fragment_swapped,
+     PINS),
+    ("attention-next-tile-same-buffer", "the next KV tile is copied into the buffer being multiplied",
+     "attention.habu", "ATTENTION-GQA", SHAPE, next_tile_same_buffer, PINS),
+    ("attention-v-rows-of-one-matrix", "ldmatrix.x4.trans of V is handed the rows of its first 8×8 matrices "
+     "twice", "attention.habu", "ATTENTION-GQA", SHAPE, v_rows_of_one_matrix, PINS),
+    ("attention-mask-dropped-one-tile-early", "the KV tile straddling the causal diagonal is taken as "
+     "wholly visible (no mask)", "attention.habu", "ATTENTION-GQA", SHAPE, mask_dropped_one_tile_early,
+     PINS),
+    ("attention-k-matrices-swapped", "ldmatrix.x4 of K takes its second and third 8×8 matrices in each "
+     "other's place", "attention.habu", "ATTENTION-GQA", SHAPE, k_matrices_swapped, PINS),
+    ("attention-row-tile-ignores-mi", "a warp of two 16-row tiles computes its first tile twice",
+     "attention.habu", "ATTENTION-GQA", SHAPE, row_tile_ignores_mi, {**PINS, "warp_m": "2"}),
+    ("attention-score-groups-one-short", "the fused attention kernel's loops over S's 8-key accumulator "
+     "groups stop one group early", "attention.habu", "ATTENTION-GQA", SHAPE, score_groups_one_short,
+     PINS),
+    ("attention-copy-one-chunk-short", "each staged Q, K and V tile's cp.async loop copies one 16-byte chunk "
+     "too few", "attention.habu", "ATTENTION-GQA", SHAPE, copy_one_chunk_short, PINS),
+    ("attention-staged-column-shifted", "a staged chunk reads its tensor one column to the right",
+     "attention.habu", "ATTENTION-GQA", SHAPE, staged_column_shifted, PINS),
+    ("attention-register-halves-swapped", "an accumulator register's row half and column within the lane's "
+     "pair are decoded the wrong way round", "attention.habu", "ATTENTION-GQA", SHAPE,
+     register_halves_swapped, PINS),
+    ("attention-b-registers-swapped", "the two registers of each K and V B fragment are taken from "
+     "ldmatrix.x4 in the wrong order", "attention.habu", "ATTENTION-GQA", SHAPE, b_registers_swapped,
+     PINS),
+    ("attention-next-tile-skips-one", "the copy issued while KV tile kt is multiplied loads tile kt + 2",
+     "attention.habu", "ATTENTION-GQA", SHAPE, next_tile_skips_one, PINS),
+    ("attention-combine-rescale-inverted", "split-KV's combine multiplies each split's l and O by "
+     "exp(M − m_s)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_rescale_inverted,
+     DECODE_PINS),
+    ("attention-split-tiles-overlap", "each KV split ends one tile late (the next split's first tile in two "
+     "splits)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, split_tiles_overlap,
+     DECODE_PINS),
+    ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
+     "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
+     DECODE_PINS),
+)
