@@ -11,7 +11,7 @@ over Z_q × GF(p) on the witness shape), check each on the GPU against SDPA's ou
 them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; SDPA's backend recorded from
 the kernels it launches). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
 TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, habu.bench.copy_bandwidth's figure). The split
-sizes are the one that gives about two blocks per SM (`kv_split_for`) and one of a quarter as many splits
+size is the one that gives about two blocks per SM (`kv_split_for`), with KV tiles of 64 and of 32 keys
 (the search would otherwise find one).
 """
 
@@ -53,9 +53,11 @@ def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
     sizes = {"B": batch, "G": KV_HEADS, "R": GROUP, "J": kv, "L": kv + 1, "E": WIDTH, "D": WIDTH}
     split = kv_split_for(batch * KV_HEADS, kv)
     variants = [("fused", {"family": "attention", "bm": "16"})]
-    # the split of about two blocks per SM, and one of a quarter as many splits (a shorter combine)
-    for size in dict.fromkeys(x for x in (split, min(512, 4 * split)) if x):
-        variants.append((f"split {size}", {"family": "attention", "bm": "16", "bn": "64", "kv_split": str(size)}))
+    # the split of about two blocks per SM, with KV tiles of 64 and of 32 keys (half the shared memory: more
+    # blocks resident, each warp's copies and products of a tile shorter)
+    if split:
+        for bn in ("64", "32"):
+            variants.append((f"split {split}/{bn}", {"family": "attention", "bm": "16", "bn": bn, "kv_split": str(split)}))
     heads = KV_HEADS * GROUP
     cache = 2.0 * 2 * batch * KV_HEADS * kv * WIDTH  # K and V, bf16
     ins = None

@@ -85,6 +85,9 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     chunk_d = [c(x) for x in lw.copy_chunk(cx("chunk"), n_d)]
     mi_n = lw.sets_per_warp
     rt = c(lw.row_tile(cx("warp"), cx("mi")))
+    split_on = bool(k.kv_split)
+    split = cx("split") if split_on else 0
+    first = lw.first_tile(split)  # the block's first KV tile (split-KV: its split's)
     q_resident = mi_n == 1  # one row tile a warp: its Q fragments stay in registers; two: read per k step
 
     def q_loads(indent: str, step: str) -> str:
@@ -93,7 +96,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
                          for r in range(4)) + "\n"
 
     if q_resident:
-        q_once = ("    if (kt == " + c(lw.first_tile()) + ") {\n#pragma unroll\n      for (int kk = 0; kk < " + str(lw.qk_steps) + "; ++kk)\n"
+        q_once = ("    if (kt == " + c(first) + ") {\n#pragma unroll\n      for (int kk = 0; kk < " + str(lw.qk_steps) + "; ++kk)\n"
                   "#pragma unroll\n        for (int mi = 0; mi < 1; ++mi) {\n" + q_loads("          ", "kk")
                   + "        }\n    }\n")
         q_step = ""
@@ -132,9 +135,6 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         assert isinstance(ix, IndexConst)
         return ix.value
 
-    split_on = bool(k.kv_split)
-    split = cx("split") if split_on else 0
-    first = lw.first_tile(split)
     if split_on:  # split-major blocks: split, then the block among its split's blocks
         split_of, rest = lw.block_split(CExpr("(long long)blockIdx.x"), sizes)
         block_code = (f"  const long long bx = {c(rest)};  // the block among its split's blocks\n"

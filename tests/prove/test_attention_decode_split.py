@@ -84,3 +84,13 @@ def test_regression_the_witness_keeps_the_lengths_range_of_a_decode(decode):
     lws = lower_plan(decode, plan)
     sizes = witness_sizes(decode, ["k0"], lws, DECODE_SHAPE)
     assert sizes["L"] > 3 * 32 and sizes["J"] == DECODE_SHAPE["J"]
+
+
+def test_regression_a_split_block_reads_its_q_fragments_at_its_own_first_tile(decode):
+    """The emitter printed `if (kt == 0)` around the Q fragment reads (the unsplit kernel's first tile): a block
+    of split s > 0 starts at tile s·split_tiles, never read Q and multiplied garbage (relative error 1.79 and
+    NaN on the H200), while the interpreter, which reads Q at the block's `first_tile`, passed."""
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    src = emit_plan(decode, plan, T).kernels[0].source
+    assert "for (int kt = split; kt < tiles; ++kt)" in src and "    if (kt == split) {" in src
+    assert "if (kt == 0)" not in src
