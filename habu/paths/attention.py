@@ -48,14 +48,16 @@ class AttentionPath(KernelPath):
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys; with a decode's query tile of 16 rows
-        (one query a sequence and its few query heads), also split-KV (flash-decoding) over 256 to 2048 keys a
-        block. (Not the default: split-KV is reachable by `--pin kv_split=N` and the search until its exact
-        GPU run has passed.)"""
+        (one query a sequence and its few query heads), also split-KV (flash-decoding) over 64 to 512 keys a
+        block, in KV tiles of 32 or 64 keys (a decode block is one warp: the shared memory of its two K/V
+        buffers decides how many run on an SM; the H200 run of session 30: one warp takes ~2.4 µs a
+        64-key tile). Not the default: split-KV is reachable by `--pin kv_split=N` and the search until its
+        exact GPU run has passed."""
         assert isinstance(base, AttentionKernel)
         for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
             yield replace(base, bm=bm, bn=bn)
         if base.bm == 16:
-            for split, bn in itertools.product((512, 1024, 2048, 256), (64, 128)):
+            for split, bn in itertools.product((256, 512, 128, 64), (32, 64)):
                 yield replace(base, bn=bn, kv_split=split)
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
