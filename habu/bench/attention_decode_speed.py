@@ -33,7 +33,8 @@ SHAPES = tuple((kv, batch) for kv in (4096, 32768) for batch in (1, 16, 64))
 def kv_split_for(blocks: int, keys: int, sms: int = SMS) -> int:
     """The split (keys a block) that brings `blocks` query tiles to about two blocks per SM: the largest
     power of two from 64 to 512 that still gives that many splits (0 where the tiles fill the GPU). (At
-    most 512: the proof's witness keeps three whole splits, and its CPU time grows with them.)"""
+    most 512: the proof's witness keeps three whole splits, and its CPU time grows with them.) The plan's
+    own default (habu.paths.attention.kv_split_for) takes 128 at least."""
     want = -(-2 * sms // max(1, blocks))
     if want <= 1:
         return 0

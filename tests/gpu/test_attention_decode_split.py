@@ -74,3 +74,9 @@ def test_split_decode_long_cache_many_splits():
     """16 sequences of up to 4096 keys in splits of 512: 8 splits a query tile, 256 blocks."""
     lens = [4096, 4095, 1, 0, 513, 512, 511, 2048] * 2
     run({"B": 16, **HEADS, "J": 4096, "L": 4097}, {"kv_split": "512", "bn": "64"}, lens, seed=9)
+
+
+def test_the_fused_decodes_default_split_on_a_long_cache():
+    """`--pin family=attention` alone gives this plan for one sequence of 4096 keys (kv_split 128, KV tiles of
+    32: tests/prove/test_attention_decode_split.py)."""
+    run({"B": 1, **HEADS, "J": 4096, "L": 4097}, {"kv_split": "128", "bn": "32"}, [4000], seed=2)

@@ -38,8 +38,17 @@ def decode():
     return load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"].with_sizes(DECODE_SHAPE)
 
 
-def test_split_kv_is_pinned_and_searched_not_the_default(decode):
+def test_split_kv_is_pinned_searched_and_the_fused_decodes_default_on_a_long_cache(decode):
+    """Under `--pin family=attention` a decode whose query tiles leave the GPU idle is split (its golden GPU
+    runs passed, session 30); 100 keys are one split of 128: not split. The unpinned default stays the
+    unfused plan."""
     assert default_plan(decode, T, DECODE_SHAPE, {"family": "attention"}).kernels[0].kv_split == 0
+    long = {**DECODE_SHAPE, "B": 1, "J": 4096, "L": 4097}
+    assert default_plan(decode.with_sizes(long), T, long, {"family": "attention"}).kernels == (
+        AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=128),)
+    assert default_plan(decode.with_sizes(long), T, long, {"family": "attention", "kv_split": "0"}).kernels[0] \
+        .kv_split == 0
+    assert not any(isinstance(k, AttentionKernel) for k in default_plan(decode.with_sizes(long), T, long).kernels)
     plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
     assert plan.kernels == (AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=32),)
     assert "kv_split" in plan.to_json()["kernels"][0] and "kv_split" not in \
