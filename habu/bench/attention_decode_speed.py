@@ -10,9 +10,9 @@ over Z_q × GF(p) on the witness shape), check each on the GPU against SDPA's ou
 (max |Δ| / max |O| ≤ 2e-2; tests/gpu/test_attention_decode_split.py holds the float64 goldens), then time
 them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; SDPA's backend recorded from
 the kernels it launches). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
-TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, habu.bench.copy_bandwidth's figure). The split
-size is the one that gives about two blocks per SM (`kv_split_for`), with KV tiles of 64 and of 32 keys
-(the search would otherwise find one).
+TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). The split
+size is the plan's default (`habu.paths.attention.kv_split_for`: about two blocks per SM), with KV tiles
+of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`).
 """
 
 from __future__ import annotations
@@ -30,20 +30,6 @@ KV_HEADS, GROUP, WIDTH = 2, 2, 128  # examples/decode_attention.habu
 SHAPES = tuple((kv, batch) for kv in (4096, 32768) for batch in (1, 16, 64))
 
 
-def kv_split_for(blocks: int, keys: int, sms: int = SMS) -> int:
-    """The split (keys a block) that brings `blocks` query tiles to about two blocks per SM: the largest
-    power of two from 64 to 512 that still gives that many splits (0 where the tiles fill the GPU). (At
-    most 512: the proof's witness keeps three whole splits, and its CPU time grows with them.) The plan's
-    own default (habu.paths.attention.kv_split_for) takes 128 at least."""
-    want = -(-2 * sms // max(1, blocks))
-    if want <= 1:
-        return 0
-    split = 512
-    while split > 64 and -(-keys // split) < want:
-        split //= 2
-    return split
-
-
 def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
     import torch
 
@@ -52,8 +38,10 @@ def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
     from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
 
     sizes = {"B": batch, "G": KV_HEADS, "R": GROUP, "J": kv, "L": kv + 1, "E": WIDTH, "D": WIDTH}
-    split = kv_split_for(batch * KV_HEADS, kv)
-    variants = [("fused", {"family": "attention", "bm": "16"})]
+    from habu.paths.attention import kv_split_for
+
+    split = kv_split_for(batch * KV_HEADS, kv, SMS)  # the plan's default under --pin family=attention
+    variants = [("fused", {"family": "attention", "bm": "16", "kv_split": "0"})]
     # the split of about two blocks per SM, with KV tiles of 64 and of 32 keys (half the shared memory: more
     # blocks resident, each warp's copies and products of a tile shorter)
     if split:
