@@ -40,6 +40,7 @@ from habu.lower import (
     lower_whole,
 )
 from habu.lower.access import Access, Bound, FlatGrid
+from habu.lower.attention import AttentionLowering
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
@@ -71,6 +72,12 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
      {"family": "grouped"}, "sm_90a"),
     ("scatter-add (general, atomic)", "scatter_add.habu", "UNPERMUTE", {}, {}, "sm_90a"),
     ("attention unfused (wgmma scores, softmax, mma.sync PV)", "attention.habu", "ATTENTION-GQA", {}, {}, "sm_90a"),
+    ("attention fused (mma.sync, online softmax)", "attention.habu", "ATTENTION-GQA", {}, {"family": "attention"},
+     "sm_90a"),
+    ("attention fused, causal skip (70 queries at the end of 100 keys, 32×32 tiles, 2 row tiles a warp)", "attention.habu",
+     "ATTENTION-GQA", {"I": 70, "J": 100}, {"family": "attention", "bm": "32", "bn": "32", "warp_m": "2"}, "sm_90a"),
+    ("attention fused, split-KV decode (lengths, 4096 keys in splits of 512)", "decode_attention.habu",
+     "DECODE-ATTENTION", {"J": 4096, "L": 4097}, {"family": "attention", "bm": "16", "kv_split": "512"}, "sm_90a"),
 )
 
 _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
@@ -191,6 +198,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
     if isinstance(obj, GroupedLowering):
         yield from _grouped_variants(obj)
+    if isinstance(obj, AttentionLowering):
+        yield from _attention_variants(obj)
     if isinstance(obj, FlatGrid) and len(obj.extents) > 1:  # the flat index's decode: its divisors' order
         yield replace(obj, extents=tuple(reversed(obj.extents)))
     if isinstance(obj, FlatGrid) and obj.extents:  # the decode's last step reduced too (e0 = rest % #E0)
@@ -216,6 +225,67 @@ def _grouped_variants(lw: GroupedLowering) -> Iterator[GroupedLowering]:
     for method, planted in GROUPED_PLANTS:
         if callable(getattr(type(lw), method, None)):  # (a map the lowering has)
             yield _with_override(lw, method, planted)
+
+
+# the fused attention kernel's maps, each planted one off (what `habu.prove.interp_attention` runs): the
+# block's query tile and batch element, the batch decode, a tile's rows and keys and their masks, the causal
+# limits and the KV tiles visited, the open-tile test, the row tile of a warp's accumulators, the copies'
+# chunks, the shared-memory layout, the buffer of a KV tile, the Q, K, V and P fragment maps
+ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
+    ("query_tile", lambda sup, x, sizes: sup(x, sizes) + 1),
+    ("batch_flat", lambda sup, x, sizes: sup(x + 1, sizes)),
+    ("batch_coords", lambda sup, flat, sizes: sup(flat + 1, sizes)),
+    ("row", lambda sup, qt, t: sup(qt, t + 1)),
+    ("row_inside", lambda sup, row, sizes: sup(row - 1, sizes)),
+    ("key", lambda sup, kt, t: sup(kt, t + 1)),
+    ("key_inside", lambda sup, key, sizes: sup(key - 1, sizes)),
+    ("key_limit", lambda sup, qt, sizes, term: sup(qt, sizes, term) + 1),
+    ("open_limit", lambda sup, qt, sizes, term: sup(qt, sizes, term) + 1),
+    ("unmasked", lambda sup, kt, limit, sizes, both: sup(kt + 1, limit, sizes, both)),
+    ("kv_tiles", lambda sup, limit, sizes, clamp: sup(limit, sizes, clamp) + 1),
+    ("row_tile", lambda sup, warp, mi: sup(warp, mi + 1)),
+    ("copy_chunk", lambda sup, chunk, width: sup(chunk + 1, width)),
+    ("q_smem", lambda sup, row, col: sup(row + 1, col)),
+    ("k_smem", lambda sup, stage, row, col: sup(stage, row + 1, col)),
+    ("v_smem", lambda sup, stage, row, col: sup(stage, row + 1, col)),
+    ("stage_of", lambda sup, kt: sup(kt + 1)),
+    ("lane_group", lambda sup, lane: sup(lane + 1)),
+    ("q_fragment", lambda sup, warp, lane, kk, reg: sup(warp, lane, kk, reg) + 1),
+    ("k_rows", lambda sup, stage, lane, kk, jp: sup(stage, lane + 1, kk, jp)),
+    ("v_rows", lambda sup, stage, lane, kk, dp: sup(stage, lane + 1, kk, dp)),
+    ("p_fragment", lambda sup, kk, reg: sup(kk, (reg + 1) % 4)),
+    ("copy_chunks", lambda sup, rows, width: sup(rows, width) - 1),
+    ("staged_column", lambda sup, col: sup(col + 1)),
+    ("register_parts", lambda sup, q: tuple(reversed(sup(q)))),
+    ("b_registers", lambda sup, half: tuple(reversed(sup(half)))),
+    ("next_tile", lambda sup, kt: sup(kt + 1)),
+    ("first_tile", lambda sup, *split: sup(*split) + 1),
+    # split-KV: the block decode, the splits' last tiles, the partials' slots, the counters, the combine
+    ("block_split", lambda sup, x, sizes: tuple(reversed(sup(x, sizes)))),
+    ("end_tile", lambda sup, split, tiles: sup(split + 1, tiles)),
+    ("splits", lambda sup, sizes: sup(sizes) + 1),
+    ("partial_slot", lambda sup, split, flat, row, sizes: sup(split, flat, row + 1, sizes)),
+    ("partial_offset", lambda sup, split, flat, row, d, sizes: sup(split, flat, row, d + 1, sizes)),
+    ("counter_slot", lambda sup, flat, qt, sizes: sup(flat, qt + 1, sizes)),
+    ("arrivals", lambda sup, sizes: sup(sizes) + 1),
+    ("combine_element", lambda sup, e: sup(e + 1)),
+    ("combine_exponent", lambda sup, m_split, m_all, ops: ops.sub(m_all, m_split)),
+)
+# the attention kernel's fragment loops: each trip count one short
+ATTENTION_COUNTS = ("sets_per_warp", "qk_steps", "key_pairs", "score_groups", "pv_steps", "out_groups", "value_pairs",
+                    "registers", "combine_count")
+
+
+def _attention_variants(lw: AttentionLowering) -> Iterator[AttentionLowering]:
+    for method, planted in ATTENTION_PLANTS:
+        yield _with_override(lw, method, planted)
+    for count in ATTENTION_COUNTS:
+        yield _with_property(lw, count, lambda n: n - 1)
+    yield replace(lw, quad_offsets=lw.quad_offsets[:-1])
+    yield replace(lw, fragment=replace(lw.fragment, row_step=lw.fragment.row_step + 1,
+                                       lanes_per_row=lw.fragment.lanes_per_row + 1))
+    yield replace(lw, fragment=replace(lw.fragment, warp_size=lw.fragment.warp_size // 2))
+    yield replace(lw, fragment=replace(lw.fragment, col_step=lw.fragment.col_step + 1))
 
 
 def _pipeline_variants(obj: Any) -> Iterator[Any]:
@@ -336,6 +406,13 @@ def _with_override(lw: Any, method: str, planted: Callable[..., Any]) -> Any:
     base = getattr(type(lw), method)
     cls = type(f"Planted_{method}", (type(lw),),
                {method: lambda self, *args: planted(lambda *a: base(self, *a), *args)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _with_property(lw: Any, name: str, planted: Callable[[Any], Any]) -> Any:
+    """The lowering with one property's value planted wrong: `planted(the value as it was)`."""
+    base = getattr(type(lw), name)
+    cls = type(f"Planted_{name}", (type(lw),), {name: property(lambda self: planted(base.fget(self)))})
     return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 

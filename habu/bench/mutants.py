@@ -503,28 +503,6 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("tile-origin-from-bn", "a block's first row m0 = tm·BN instead of tm·BM (a rectangular tile's "
            "extents mixed up): blocks compute overlapping rows and some rows of the output are never written",
            "ggemm.habu", "GGEMM", GG, _c(_tile_origin_from_bn), {"tile": "128x64x64"}),
-    Mutant("attention-rescale-inverted", "the fused attention kernel rescales l and O by exp(m_new − m_old)",
-           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.rescale_inverted, att.PINS),
-    Mutant("attention-max-not-kept", "the fused attention kernel's weights use the new row maximum but the "
-           "running maximum is never updated", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.max_not_kept, att.PINS),
-    Mutant("attention-skip-one-tile-too-many", "the causal skip drops the last KV tile that holds visible keys",
-           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.skip_one_tile_too_many, att.PINS),
-    Mutant("attention-row-max-two-lanes", "the row maximum is shuffled over 2 of a row's 4 lanes",
-           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.row_max_two_lanes, att.PINS),
-    Mutant("attention-p-fragment-swapped", "P's A fragment packs the accumulators of rows g + 8 where the "
-           "instruction takes columns + 8", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.p_fragment_swapped,
-           att.PINS),
-    Mutant("attention-next-tile-same-buffer", "the next KV tile is copied into the buffer being multiplied",
-           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.next_tile_same_buffer, att.PINS),
-    Mutant("attention-v-rows-of-one-matrix", "ldmatrix.x4.trans of V is handed the rows of its first 8×8 matrices "
-           "twice", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.v_rows_of_one_matrix, att.PINS),
-    Mutant("attention-mask-dropped-one-tile-early", "the KV tile straddling the causal diagonal is taken as "
-           "wholly visible (no mask)", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.mask_dropped_one_tile_early,
-           att.PINS),
-    Mutant("attention-k-matrices-swapped", "ldmatrix.x4 of K takes its second and third 8×8 matrices in each "
-           "other's place", "attention.habu", "ATTENTION-GQA", att.SHAPE, att.k_matrices_swapped, att.PINS),
-    Mutant("attention-row-tile-ignores-mi", "a warp of two 16-row tiles computes its first tile twice",
-           "attention.habu", "ATTENTION-GQA", att.SHAPE, att.row_tile_ignores_mi, {**att.PINS, "warp_m": "2"}),
     Mutant("cluster-split-ranks-overlap", "a cluster split's rank r finishes rows from r·(BM/S − 1): two ranks "
            "add up one row, nobody the last", "ggemm.habu", "GGEMM", split.SHAPE, split.ranks_overlap, split.PINS),
     Mutant("cluster-split-partial-rows-overlap", "a cluster split's partial rows BN − 2 words apart",
@@ -532,6 +510,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("cluster-split-partial-column-major", "a cluster split's partial tile stored column-major while "
            "its pairs are stored and read as two adjacent words", "ggemm.habu", "GGEMM", split.SHAPE,
            split.partial_column_major, split.PINS),
+    *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)
 )
 
 

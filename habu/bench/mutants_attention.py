@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
+from habu.lower.access import floordiv, minimum
 from habu.lower.attention import AttentionLowering
 
 # examples/attention.habu at a shape where the causal skip matters: 3 query tiles of 32 rows, 4 KV tiles of
@@ -69,7 +70,7 @@ def v_rows_of_one_matrix(lw: Any) -> AttentionLowering:
     from habu.lower.attention import MMA_K, MMA_N
 
     return _planted(lw, "v_rows", lambda self, stage, lane, kk, dp:
-                    self.v_smem(stage, kk * MMA_K + lane % 8, dp * 2 * MMA_N + (lane // 16) * MMA_N))
+                    self.v_smem(stage, kk * MMA_K + lane % 8, dp * 2 * MMA_N + floordiv(lane, 16) * MMA_N))
 
 
 def mask_dropped_one_tile_early(lw: Any) -> AttentionLowering:
@@ -85,8 +86,8 @@ def k_matrices_swapped(lw: Any) -> AttentionLowering:
     from habu.lower.attention import MMA_K, MMA_N
 
     def k_rows(self, stage, lane, kk, jp):
-        m = lane // 8
-        return self.k_smem(stage, jp * 2 * MMA_N + (m % 2) * MMA_N + lane % 8, kk * MMA_K + (m // 2) * 8)
+        m = floordiv(lane, 8)
+        return self.k_smem(stage, jp * 2 * MMA_N + (m % 2) * MMA_N + lane % 8, kk * MMA_K + floordiv(m, 2) * 8)
 
     return _planted(lw, "k_rows", k_rows)
 
@@ -95,3 +96,122 @@ def row_tile_ignores_mi(lw: Any) -> AttentionLowering:
     """With two row tiles a warp, both accumulator sets compute the warp's first row tile: rows written twice,
     the second tile's rows never."""
     return _planted(lw, "row_tile", lambda self, warp, mi: warp * self.kernel.warp_m)
+
+
+def _planted_count(lw: Any, name: str, planted: Callable[[int], int]) -> AttentionLowering:
+    """The same lowering with one of its loop counts (a property) planted wrong."""
+    assert isinstance(lw, AttentionLowering)
+    base = getattr(AttentionLowering, name)
+    cls = type(f"Planted_{name}", (AttentionLowering,), {name: property(lambda self: planted(base.fget(self)))})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def score_groups_one_short(lw: Any) -> AttentionLowering:
+    """The loops over S's 8-key accumulator groups stop one group early: the last 8 keys of every KV tile
+    are never scaled, masked or weighed (the fragment loops' trip counts)."""
+    return _planted_count(lw, "score_groups", lambda n: n - 1)
+
+
+def copy_one_chunk_short(lw: Any) -> AttentionLowering:
+    """Each staged tile's cp.async loop copies one 16-byte chunk too few: the last 8 columns of its last row
+    keep whatever the buffer held."""
+    copies = AttentionLowering.copy_chunks
+    return _planted(lw, "copy_chunks", lambda self, rows, width: copies(self, rows, width) - 1)
+
+
+def staged_column_shifted(lw: Any) -> AttentionLowering:
+    """A staged chunk reads the tensor one column to the right of where it is stored (e + 1 for e)."""
+    return _planted(lw, "staged_column", lambda self, col: col + 1)
+
+
+def register_halves_swapped(lw: Any) -> AttentionLowering:
+    """Register q of an 8-column group is taken as row half q % 2 and column q / 2 (the accumulator's
+    register decode transposed): scores are masked and shifted by another row's values."""
+    return _planted(lw, "register_parts", lambda self, q: (q % self.fragment.pair, floordiv(q, self.fragment.pair)))
+
+
+def b_registers_swapped(lw: Any) -> AttentionLowering:
+    """The two registers of each B fragment taken from ldmatrix.x4 in the wrong order (k rows 8.. first)."""
+    return _planted(lw, "b_registers", lambda self, half: (2 * half + 1, 2 * half))
+
+
+def next_tile_skips_one(lw: Any) -> AttentionLowering:
+    """The copy issued during tile kt loads tile kt + 2 (into kt's own buffer): tiles are skipped and the
+    tile being multiplied is overwritten."""
+    return _planted(lw, "next_tile", lambda self, kt: kt + 2)
+
+
+# examples/decode_attention.habu split over the KV cache: 4 sequences (lengths drawn up to #J), 2 KV heads of
+# 2 query heads, 100 keys in KV tiles of 32, one a split (4 splits, the last ragged); head width 16
+DECODE_SHAPE = {"B": 4, "G": 2, "R": 2, "J": 100, "L": 101, "E": 16, "D": 16}
+DECODE_PINS = {"family": "attention", "bm": "16", "bn": "32", "kv_split": "32"}
+
+
+def combine_rescale_inverted(lw: Any) -> AttentionLowering:
+    """Split-KV's combine multiplies each split's l and O by exp(M − m_s) instead of exp(m_s − M)."""
+    return _planted(lw, "combine_exponent", lambda self, m_split, m_all, ops: ops.sub(m_all, m_split))
+
+
+def split_tiles_overlap(lw: Any) -> AttentionLowering:
+    """Each split ends one KV tile late: the first tile of every later split is counted by two splits. (A
+    split starting one tile early instead counts every tile twice where the splits are one tile each: the
+    weights then scale uniformly, and the result is right.)"""
+    return _planted(lw, "end_tile", lambda self, split, tiles: minimum(tiles, (split + 1) * self.split_tiles + 1))
+
+
+def partial_slot_ignores_split(lw: Any) -> AttentionLowering:
+    """Every split keeps its m and l in split 0's slots: the combine reads one split's m and l for all."""
+    slot = AttentionLowering.partial_slot
+    return _planted(lw, "partial_slot", lambda self, split, flat, row, sizes: slot(self, split * 0, flat, row, sizes))
+
+
+# the mutation suite's entries (habu/bench/mutants.py's `Mutant` fields: name, the bug, example, model, shape,
+# the planted lowering, pins)
+MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
+    ("attention-rescale-inverted", "the fused attention kernel rescales l and O by exp(m_new − m_old)",
+     "attention.habu", "ATTENTION-GQA", SHAPE, rescale_inverted, PINS),
+    ("attention-max-not-kept", "the fused attention kernel's weights use the new row maximum but the "
+     "running maximum is never updated", "attention.habu", "ATTENTION-GQA", SHAPE, max_not_kept, PINS),
+    ("attention-skip-one-tile-too-many", "the causal skip drops the last KV tile that holds visible keys",
+     "attention.habu", "ATTENTION-GQA", SHAPE, skip_one_tile_too_many, PINS),
+    ("attention-row-max-two-lanes", "the row maximum is shuffled over 2 of a row's 4 lanes",
+     "attention.habu", "ATTENTION-GQA", SHAPE, row_max_two_lanes, PINS),
+    ("attention-p-fragment-swapped", "P's A fragment packs the accumulators of rows g + 8 where the "
+     "instruction takes columns + 8", "attention.habu", "ATTENTION-GQA", SHAPE, p_fragment_swapped,
+     PINS),
+    ("attention-next-tile-same-buffer", "the next KV tile is copied into the buffer being multiplied",
+     "attention.habu", "ATTENTION-GQA", SHAPE, next_tile_same_buffer, PINS),
+    ("attention-v-rows-of-one-matrix", "ldmatrix.x4.trans of V is handed the rows of its first 8×8 matrices "
+     "twice", "attention.habu", "ATTENTION-GQA", SHAPE, v_rows_of_one_matrix, PINS),
+    ("attention-mask-dropped-one-tile-early", "the KV tile straddling the causal diagonal is taken as "
+     "wholly visible (no mask)", "attention.habu", "ATTENTION-GQA", SHAPE, mask_dropped_one_tile_early,
+     PINS),
+    ("attention-k-matrices-swapped", "ldmatrix.x4 of K takes its second and third 8×8 matrices in each "
+     "other's place", "attention.habu", "ATTENTION-GQA", SHAPE, k_matrices_swapped, PINS),
+    ("attention-row-tile-ignores-mi", "a warp of two 16-row tiles computes its first tile twice",
+     "attention.habu", "ATTENTION-GQA", SHAPE, row_tile_ignores_mi, {**PINS, "warp_m": "2"}),
+    ("attention-score-groups-one-short", "the fused attention kernel's loops over S's 8-key accumulator "
+     "groups stop one group early", "attention.habu", "ATTENTION-GQA", SHAPE, score_groups_one_short,
+     PINS),
+    ("attention-copy-one-chunk-short", "each staged Q, K and V tile's cp.async loop copies one 16-byte chunk "
+     "too few", "attention.habu", "ATTENTION-GQA", SHAPE, copy_one_chunk_short, PINS),
+    ("attention-staged-column-shifted", "a staged chunk reads its tensor one column to the right",
+     "attention.habu", "ATTENTION-GQA", SHAPE, staged_column_shifted, PINS),
+    ("attention-register-halves-swapped", "an accumulator register's row half and column within the lane's "
+     "pair are decoded the wrong way round", "attention.habu", "ATTENTION-GQA", SHAPE,
+     register_halves_swapped, PINS),
+    ("attention-b-registers-swapped", "the two registers of each K and V B fragment are taken from "
+     "ldmatrix.x4 in the wrong order", "attention.habu", "ATTENTION-GQA", SHAPE, b_registers_swapped,
+     PINS),
+    ("attention-next-tile-skips-one", "the copy issued while KV tile kt is multiplied loads tile kt + 2",
+     "attention.habu", "ATTENTION-GQA", SHAPE, next_tile_skips_one, PINS),
+    ("attention-combine-rescale-inverted", "split-KV's combine multiplies each split's l and O by "
+     "exp(M − m_s)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_rescale_inverted,
+     DECODE_PINS),
+    ("attention-split-tiles-overlap", "each KV split ends one tile late (the next split's first tile in two "
+     "splits)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, split_tiles_overlap,
+     DECODE_PINS),
+    ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
+     "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
+     DECODE_PINS),
+)

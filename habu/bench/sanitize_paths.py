@@ -62,6 +62,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                         {"family": "grouped"}),
     "attention": ("attention.habu", "ATTENTION-GQA", {}, {}),
     "attention-fused": ("attention.habu", "ATTENTION-GQA", {}, {"family": "attention"}),
+    "attention-split-kv": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 300, "L": 301},
+                           {"family": "attention", "bm": "16", "kv_split": "128"}),
     "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},
                       {"family": "grouped", "main_loop": "wgmma"}),
     "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),

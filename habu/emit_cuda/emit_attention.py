@@ -29,10 +29,11 @@ from habu.emit_cuda.common import (
     index_type,
     store_value,
 )
+from habu.emit_cuda.emit_attention_split import split_epilogue, split_workspaces
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
-from habu.lower.attention import MMA_K, MMA_N, AttentionLowering
+from habu.lower.attention import AttentionLowering
 from habu.spec.ir import Gather, IndexConst, IndexVar, Model
 
 
@@ -46,6 +47,18 @@ class _FloatOps:
     @staticmethod
     def sub(a: str, b: str) -> str:
         return f"({a} - {b})"
+
+
+def _bare(text: str) -> str:
+    """A C expression without the parentheses around the whole of it (`(kt + 1)` as `kt + 1`)."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(text) - 1:
+            return text
+    return text[1:-1]
 
 
 def _no_load(ld) -> str:
@@ -70,8 +83,11 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     cx = CExpr
     chunk_e = [c(x) for x in lw.copy_chunk(cx("chunk"), n_e)]
     chunk_d = [c(x) for x in lw.copy_chunk(cx("chunk"), n_d)]
-    mi_n = k.warp_m
+    mi_n = lw.sets_per_warp
     rt = c(lw.row_tile(cx("warp"), cx("mi")))
+    split_on = bool(k.kv_split)
+    split = cx("split") if split_on else 0
+    first = lw.first_tile(split)  # the block's first KV tile (split-KV: its split's)
     q_resident = mi_n == 1  # one row tile a warp: its Q fragments stay in registers; two: read per k step
 
     def q_loads(indent: str, step: str) -> str:
@@ -80,7 +96,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
                          for r in range(4)) + "\n"
 
     if q_resident:
-        q_once = ("    if (kt == 0) {\n#pragma unroll\n      for (int kk = 0; kk < " + str(n_e // MMA_K) + "; ++kk)\n"
+        q_once = ("    if (kt == " + c(first) + ") {\n#pragma unroll\n      for (int kk = 0; kk < " + str(lw.qk_steps) + "; ++kk)\n"
                   "#pragma unroll\n        for (int mi = 0; mi < 1; ++mi) {\n" + q_loads("          ", "kk")
                   + "        }\n    }\n")
         q_step = ""
@@ -97,8 +113,9 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     p_frag = "\n".join(packed(r) for r in range(4))
     v_addr = c(lw.v_rows(cx("s"), cx("lane"), cx("kk"), cx("dp")))
     fr = lw.fragment
-    s_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), cx("(q % 2)"))]
-    o_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("dn"), cx("(q / 2)"), cx("(q % 2)"))]
+    q_h, q_half = lw.register_parts(cx("q"))  # register q of an 8-column group: (h, column in the pair)
+    s_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), q_half)]
+    o_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("dn"), q_h, q_half)]
     pq, pk, pv = (sig.pointer(a.tensor, "bf16") for a in (lw.q, lw.k, lw.v))
     po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     batch = {a: a for a in lw.batch_axes}
@@ -118,17 +135,28 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         assert isinstance(ix, IndexConst)
         return ix.value
 
+    if split_on:  # split-major blocks: split, then the block among its split's blocks
+        split_of, rest = lw.block_split(CExpr("(long long)blockIdx.x"), sizes)
+        block_code = (f"  const long long bx = {c(rest)};  // the block among its split's blocks\n"
+                      f"  const int split = (int)({c(split_of)});  // its split: KV tiles {c(first)}..\n")
+    else:
+        block_code = "  const long long bx = blockIdx.x;\n"
+    nxt = lw.next_tile(cx('kt'))
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
     open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
     unmasked = c(lw.unmasked(CExpr("(long long)kt"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
-    tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
-                        lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
+    tiles = lw.end_tile(split, lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes, lambda x, lo, hi: CExpr(
+        f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))")))
     scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
     mask = condition_code(lw.mask, sizes, table) if lw.mask is not None else "true"
     ops = _FloatOps()
     shuffles = ", ".join(str(x) for x in lw.quad_offsets)
     fr = lw.fragment
-    ne16, nd8, nb8, nb16 = n_e // MMA_K, n_d // MMA_N, bn // MMA_N, bn // MMA_K
+    ne16, nd8, nb8, nb16 = lw.qk_steps, lw.out_groups, lw.score_groups, lw.pv_steps
+    regs, halves = lw.registers, fr.halves
+    h_q = _bare(c(q_h))  # register q's row half, as an index
+    k_b = [lw.b_registers(x) for x in (0, 1)]  # ldmatrix.x4's registers of the two B fragments
+    o_value = f"habu::f_div0(o[mi][dn][q], l[mi][{h_q}])"
     rows_i = c(sizes[lw.row_extent])
     keys_j = c(sizes[lw.key_extent])
     q_ok = f"{c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.q, q_coord, sizes, table)})"
@@ -136,18 +164,36 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     v_ok = f"{c(lw.key_inside(CExpr('j'), sizes))} && ({access_mask(lw.v, v_coord, sizes, table)})"
     row_of = lambda t: c(lw.row(CExpr("qt"), CExpr(t)))  # noqa: E731
     key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
+    if split_on:
+        epilogue = split_epilogue(lw, sig, sizes, it, table, rt, o_elem, h_q, o_coord)
+    else:
+        epilogue = f"""#pragma unroll
+  for (int mi = 0; mi < {mi_n}; ++mi) {{
+    const int rt = {rt};
+#pragma unroll
+    for (int h = 0; h < {halves}; ++h) l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);
+#pragma unroll
+    for (int dn = 0; dn < {nd8}; ++dn)
+#pragma unroll
+      for (int q = 0; q < {regs}; ++q) {{
+        const {it} i = ({it})({row_of(o_elem[0])});
+        const {it} d = ({it})({o_elem[1]});
+        if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
+          {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), o_value)}
+      }}
+  }}
+"""
     src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) habu::bf16 smem[];
   // Q's tile at smem + {layout['Qs'][0]} ({bm} rows × {pe}); buffer s of K ({bn} keys × {pe}) at smem + {layout['Ks0'][0]} + s·{stage},
   // of V ({bn} keys × {pd}) at smem + {layout['Vs0'][0]} + s·{stage}
   const int tid = threadIdx.x, warp = {c(fr.thread_warp(CExpr('tid')))}, lane = {c(fr.thread_lane(CExpr('tid')))};
-  const long long bx = blockIdx.x;
-  const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
+{block_code}  const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
   const {it} flat = ({it})({c(lw.batch_flat(bx, sizes))});  // the batch element
-{batch_code}  for (int chunk = tid; chunk < {bm * n_e // 8}; chunk += {threads}) {{  // Q: 16-byte chunks of its rows
+{batch_code}  for (int chunk = tid; chunk < {lw.copy_chunks(bm, n_e)}; chunk += {threads}) {{  // Q: 16-byte chunks of its rows
     const int t = {chunk_e[0]}, ee = {chunk_e[1]};
     const {it} i = ({it})({row_of('t')});
-    const {it} e = ({it})ee;
+    const {it} e = ({it}){c(lw.staged_column(cx('ee')))};
     const bool ok = {q_ok};
     habu::cp_async<16>(habu::smem_addr(smem + {c(lw.q_smem(cx('t'), cx('ee')))}), ok ? (const void*)({pq} + ({access_offset(lw.q, q_coord, sizes, lw.index_width, table)})) : (const void*){pq}, ok);
   }}
@@ -158,22 +204,22 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   (void)limit;
   (void)open_limit;
   auto load_kv = [&]({it} kt, int s) {{
-    for (int chunk = tid; chunk < {bn * n_e // 8}; chunk += {threads}) {{  // K: 16-byte chunks of its rows
+    for (int chunk = tid; chunk < {lw.copy_chunks(bn, n_e)}; chunk += {threads}) {{  // K: 16-byte chunks of its rows
       const int t = {chunk_e[0]}, ee = {chunk_e[1]};
       const {it} j = ({it})({key_of('t')});
-      const {it} e = ({it})ee;
+      const {it} e = ({it}){c(lw.staged_column(cx('ee')))};
       const bool ok = {k_ok};
       habu::cp_async<16>(habu::smem_addr(smem + {c(lw.k_smem(cx('s'), cx('t'), cx('ee')))}), ok ? (const void*)({pk} + ({access_offset(lw.k, k_coord, sizes, lw.index_width, table)})) : (const void*){pk}, ok);
     }}
-    for (int chunk = tid; chunk < {bn * n_d // 8}; chunk += {threads}) {{  // V: 16-byte chunks of its rows
+    for (int chunk = tid; chunk < {lw.copy_chunks(bn, n_d)}; chunk += {threads}) {{  // V: 16-byte chunks of its rows
       const int t = {chunk_d[0]}, dd = {chunk_d[1]};
       const {it} j = ({it})({key_of('t')});
-      const {it} d = ({it})dd;
+      const {it} d = ({it}){c(lw.staged_column(cx('dd')))};
       const bool ok = {v_ok};
       habu::cp_async<16>(habu::smem_addr(smem + {c(lw.v_smem(cx('s'), cx('t'), cx('dd')))}), ok ? (const void*)({pv} + ({access_offset(lw.v, v_coord, sizes, lw.index_width, table)})) : (const void*){pv}, ok);
     }}
   }};
-  if (tiles > 0) load_kv(0, {c(lw.stage_of(0))});
+  if (tiles > {c(first)}) load_kv({c(first)}, {c(lw.stage_of(first))});
   habu::cp_async_commit();
   // this warp's {mi_n} row tile(s) of 16 query rows: row tile {rt}
   habu::u32 qf[{mi_n}][{ne16 if q_resident else 1}][4];  // Q's A fragments{' (read once)' if q_resident else ' (read per step)'}
@@ -186,13 +232,13 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 #pragma unroll
     for (int dn = 0; dn < {nd8}; ++dn)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) o[mi][dn][q] = 0.0f;
+      for (int q = 0; q < {regs}; ++q) o[mi][dn][q] = 0.0f;
   }}
   const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
-  for ({it} kt = 0; kt < tiles; ++kt) {{
+  for ({it} kt = {c(first)}; kt < tiles; ++kt) {{
     const int s = (int)({c(lw.stage_of(cx('kt')))});  // this tile's buffer
-    if (kt + 1 < tiles) {{
-      load_kv(kt + 1, (int)({c(lw.stage_of(cx('kt') + 1))}));  // the next tile, into the other buffer
+    if ({_bare(c(nxt))} < tiles) {{
+      load_kv({_bare(c(nxt))}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
       habu::cp_async_commit();
       habu::cp_async_wait<1>();
     }} else {{
@@ -205,14 +251,14 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 #pragma unroll
       for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) sc[mi][jn][q] = 0.0f;
+        for (int q = 0; q < {regs}; ++q) sc[mi][jn][q] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < {ne16}; ++kk) {{
 {q_step}#pragma unroll
-      for (int jp = 0; jp < {nb16}; ++jp) {{  // K's B fragments of keys 16·jp.. by ldmatrix.x4, for every row tile
+      for (int jp = 0; jp < {lw.key_pairs}; ++jp) {{  // K's B fragments of keys 16·jp.. by ldmatrix.x4, for every row tile
         habu::u32 kb[4];
         habu::ldmatrix_x4(kb, habu::smem_addr(smem + {k_addr}));
-        const habu::u32 b0[2] = {{kb[0], kb[1]}}, b1[2] = {{kb[2], kb[3]}};
+        const habu::u32 b0[2] = {{kb[{k_b[0][0]}], kb[{k_b[0][1]}]}}, b1[2] = {{kb[{k_b[1][0]}], kb[{k_b[1][1]}]}};
 #pragma unroll
         for (int mi = 0; mi < {mi_n}; ++mi) {{
           habu::mma_bf16_16816(sc[mi][2 * jp], qf[mi][{'kk' if q_resident else '0'}], b0);
@@ -230,16 +276,16 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 #pragma unroll
         for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {{
+          for (int q = 0; q < {regs}; ++q) {{
             sc[mi][jn][q] *= scale;
-            mx[q / 2] = fmaxf(mx[q / 2], sc[mi][jn][q]);
+            mx[{h_q}] = fmaxf(mx[{h_q}], sc[mi][jn][q]);
           }}
       }} else {{
 #pragma unroll
         for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
-            const int h = q / 2;
+          for (int q = 0; q < {regs}; ++q) {{  // scale and mask: register (jn, h = q / 2, q % 2)
+            const int h = {h_q};
             const long long i = (long long)({row_of(s_elem[0])});
             const long long j = (long long)({key_of(s_elem[1])});
             const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
@@ -250,7 +296,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       }}
       (void)rt;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {{
+      for (int h = 0; h < {halves}; ++h) {{
         const float m_new = {ops.max('m[mi][h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
         shift[mi][h] = habu::softmax_shift(m_new);
         alpha[mi][h] = habu::exp2_fast({lw.rescale('m[mi][h]', 'shift[mi][h]', ops)});
@@ -260,13 +306,13 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 #pragma unroll
       for (int dn = 0; dn < {nd8}; ++dn)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) o[mi][dn][q] *= alpha[mi][q / 2];
+        for (int q = 0; q < {regs}; ++q) o[mi][dn][q] *= alpha[mi][{h_q}];
 #pragma unroll
       for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {{
-          sc[mi][jn][q] = habu::exp2_fast(sc[mi][jn][q] - shift[mi][q / 2]);  // a masked score: 2^−∞ = 0
-          l[mi][q / 2] += sc[mi][jn][q];
+        for (int q = 0; q < {regs}; ++q) {{
+          sc[mi][jn][q] = habu::exp2_fast(sc[mi][jn][q] - shift[mi][{h_q}]);  // a masked score: 2^−∞ = 0
+          l[mi][{h_q}] += sc[mi][jn][q];
         }}
     }}
 #pragma unroll
@@ -277,10 +323,10 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
 {p_frag}
       }}
 #pragma unroll
-      for (int dp = 0; dp < {nd8 // 2}; ++dp) {{  // V's B fragments of columns 16·dp.. by ldmatrix.x4.trans, for every row tile
+      for (int dp = 0; dp < {lw.value_pairs}; ++dp) {{  // V's B fragments of columns 16·dp.. by ldmatrix.x4.trans, for every row tile
         habu::u32 vb[4];
         habu::ldmatrix_x4_trans(vb, habu::smem_addr(smem + {v_addr}));
-        const habu::u32 v0[2] = {{vb[0], vb[1]}}, v1[2] = {{vb[2], vb[3]}};
+        const habu::u32 v0[2] = {{vb[{k_b[0][0]}], vb[{k_b[0][1]}]}}, v1[2] = {{vb[{k_b[1][0]}], vb[{k_b[1][1]}]}};
 #pragma unroll
         for (int mi = 0; mi < {mi_n}; ++mi) {{
           habu::mma_bf16_16816(o[mi][2 * dp], pa[mi], v0);
@@ -291,31 +337,19 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     __syncthreads();  // the next iteration's copies overwrite this buffer
   }}
   habu::cp_async_wait<0>();
-#pragma unroll
-  for (int mi = 0; mi < {mi_n}; ++mi) {{
-    const int rt = {rt};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);
-#pragma unroll
-    for (int dn = 0; dn < {nd8}; ++dn)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {{
-        const {it} i = ({it})({row_of(o_elem[0])});
-        const {it} d = ({it})({o_elem[1]});
-        if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
-          {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), 'habu::f_div0(o[mi][dn][q], l[mi][q / 2])')}
-      }}
-  }}
-}}
+{epilogue}}}
 """
     src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × {16 * k.warp_m}), "
-                 f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16",
+                 f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16" + (f", split-KV: {k.kv_split} keys a block" if split_on else ""),
                  [f"computes {lw.node.target} = softmax-weighted sum over #{lw.key_extent} "
                   f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",
                   f"mask: {'none' if lw.mask is None else 'the model' + chr(39) + 's'}; causal skip: "
                   f"{'yes' if lw.skip_bound() is not None else 'no'}; {rows_i} rows, {keys_j} keys"])
     src += src_body.replace("SIGNATURE", sig.declaration())
-    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
+    if not split_on:
+        return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
+    ws = split_workspaces(lw)
+    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw, zero=(lw.counter_tensor,), workspace=ws)
 
 
 register_geometry(AttentionLowering, GRID_2D)  # (batch elements × query tiles, 1)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from habu.lower.access import Access, access_for, cdiv, floordiv
+from habu.lower.access import Access, access_for, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.plan.attention_split import AttentionForm, attention_form
 from habu.plan.plan import AttentionKernel
@@ -64,6 +64,7 @@ class AttentionLowering:
     width_d: int | None
     fragment: AccumulatorFragment = ACCUMULATOR
     quad_offsets: tuple[int, ...] = (1, 2)  # xor shuffles joining the 4 lanes of one accumulator row
+    mask_ranges: tuple[str, ...] = ()  # the value ranges of the index tensors the mask reads (sequence lengths)
 
     @property
     def node(self):
@@ -90,6 +91,75 @@ class AttentionLowering:
     def threads(self) -> int:
         return 32 * self.warps
 
+    # -- the kernel's loops over fragments (their trip counts; the interpreter runs the same)
+    @property
+    def sets_per_warp(self) -> int:
+        """The 16-row accumulator sets of a warp (mi < sets_per_warp; row tile `row_tile(warp, mi)`)."""
+        return self.kernel.warp_m
+
+    @property
+    def qk_steps(self) -> int:
+        """The k16 steps of S = Q·Kᵀ over #E (kk), each Q's A fragment and K's B fragments."""
+        assert self.width_e is not None
+        return self.width_e // MMA_K
+
+    @property
+    def key_pairs(self) -> int:
+        """The 16-key pairs of 8-key groups one ldmatrix.x4 of K serves (jp)."""
+        return self.kernel.bn // (2 * MMA_N)
+
+    @property
+    def score_groups(self) -> int:
+        """The 8-key groups of S's accumulators a lane holds per row tile (jn)."""
+        return self.kernel.bn // MMA_N
+
+    @property
+    def pv_steps(self) -> int:
+        """The k16 steps of O += P·V over the tile's keys (kk): P's A fragment from groups 2kk, 2kk + 1."""
+        return self.kernel.bn // MMA_K
+
+    @property
+    def out_groups(self) -> int:
+        """The 8-column groups of O's accumulators over #D (dn)."""
+        assert self.width_d is not None
+        return self.width_d // MMA_N
+
+    @property
+    def value_pairs(self) -> int:
+        """The 16-column pairs of 8-column groups one ldmatrix.x4.trans of V serves (dp)."""
+        assert self.width_d is not None
+        return self.width_d // (2 * MMA_N)
+
+    @property
+    def registers(self) -> int:
+        """Accumulator registers of one 8-column group (q < registers): the fragment's halves × pair."""
+        return self.fragment.registers(1)
+
+    def register_parts(self, q: Any) -> tuple[Any, Any]:
+        """Register q of an 8-column group: (h, its column within the lane's pair) = (q / pair, q % pair)."""
+        return floordiv(q, self.fragment.pair), q % self.fragment.pair
+
+    def b_registers(self, half: int) -> tuple[int, int]:
+        """The registers of one ldmatrix.x4 that form B fragment `half` (K: the 8-key group 2jp + half; V:
+        the 8-column group 2dp + half): registers 2·half, 2·half + 1."""
+        return 2 * half, 2 * half + 1
+
+    def copy_chunks(self, rows: int, width: int) -> int:
+        """The 16-byte chunks of a staged tile of `rows` rows of `width` bf16 elements."""
+        return rows * width // 8
+
+    def staged_column(self, col: Any) -> Any:
+        """The tensor column (e or d) of a staged chunk whose first element lies in column `col` of its row."""
+        return col
+
+    def next_tile(self, kt: Any) -> Any:
+        """The KV tile loaded while tile kt is multiplied."""
+        return kt + 1
+
+    def first_tile(self, split: Any = 0) -> Any:
+        """The KV tile a block of split `split` starts at (0 without a split)."""
+        return split * self.split_tiles if self.kernel.kv_split else 0
+
     # -- the grid (ints, numpy arrays, z3 terms or C text)
     def batch_count(self, sizes: Mapping[str, Any]) -> Any:
         out: Any = 1
@@ -101,7 +171,84 @@ class AttentionLowering:
         return cdiv(sizes[self.row_extent], self.kernel.bm)
 
     def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
-        return self.batch_count(sizes) * self.query_tiles(sizes), 1
+        return self.batch_count(sizes) * self.query_tiles(sizes) * self.splits(sizes), 1
+
+    # -- split-KV (flash-decoding): a query tile's KV tiles split over blocks (`kernel.kv_split` keys each)
+    @property
+    def split_tiles(self) -> int:
+        """The KV tiles of one split."""
+        return self.kernel.kv_split // self.kernel.bn
+
+    def splits(self, sizes: Mapping[str, Any]) -> Any:
+        """The blocks a query tile's keys are split over: ⌈#J / kv_split⌉ (1 without a split)."""
+        return cdiv(sizes[self.key_extent], self.kernel.kv_split) if self.kernel.kv_split else 1
+
+    def block_split(self, x: Any, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(split, the block's index among its split's blocks): split-major, so that the blocks of a split
+        decode their query tile and batch element as an unsplit launch does."""
+        if not self.kernel.kv_split:
+            return 0, x
+        per = self.batch_count(sizes) * self.query_tiles(sizes)
+        return floordiv(x, per), x % per
+
+    def end_tile(self, split: Any, tiles: Any) -> Any:
+        """One past the last KV tile split `split` visits (of the `tiles` the query tile visits)."""
+        return minimum(tiles, (split + 1) * self.split_tiles) if self.kernel.kv_split else tiles
+
+    # the partials (workspaces of the launch, named after the output: no other kernel writes those names)
+    @property
+    def partial_tensors(self) -> tuple[str, str, str]:
+        """The workspaces of the splits' unnormalised O, running maxima m and sums l."""
+        return tuple(f"${self.out.tensor}.{x}" for x in "oml")  # type: ignore[return-value]
+
+    @property
+    def counter_tensor(self) -> str:
+        """The counters the splits of a query tile count themselves on (zero-filled before the launch)."""
+        return f"${self.out.tensor}.n"
+
+    def partial_extents(self) -> tuple[str, ...]:
+        """m's and l's workspace shape as extent tokens: splits ("J/1024"), the batch, the rows."""
+        return (f"{self.key_extent}/{self.kernel.kv_split}", *self.batch_extents, self.row_extent)
+
+    def counter_extents(self) -> tuple[str, ...]:
+        return (*self.batch_extents, f"{self.row_extent}/{self.kernel.bm}")
+
+    def partial_slot(self, split: Any, flat: Any, row: Any, sizes: Mapping[str, Any]) -> Any:
+        """Where split `split` keeps m and l of row `row` of batch element `flat`."""
+        return (split * self.batch_count(sizes) + flat) * sizes[self.row_extent] + row
+
+    def partial_offset(self, split: Any, flat: Any, row: Any, d: Any, sizes: Mapping[str, Any]) -> Any:
+        """Where it keeps O's column d of that row (the slot's #D columns)."""
+        assert self.width_d is not None
+        return self.partial_slot(split, flat, row, sizes) * self.width_d + d
+
+    def partial_slots(self, sizes: Mapping[str, Any]) -> Any:
+        """m's and l's workspace elements (the size of `partial_extents`)."""
+        return self.splits(sizes) * self.batch_count(sizes) * sizes[self.row_extent]
+
+    def counter_slot(self, flat: Any, qt: Any, sizes: Mapping[str, Any]) -> Any:
+        return flat * self.query_tiles(sizes) + qt
+
+    def arrivals(self, sizes: Mapping[str, Any]) -> Any:
+        """Blocks that count themselves on a query tile's counter: its splits; the one bringing the count to
+        this combines."""
+        return self.splits(sizes)
+
+    @property
+    def combine_count(self) -> int:
+        """The output elements of a query tile the combining block finishes (bm rows × #D)."""
+        assert self.width_d is not None
+        return self.kernel.bm * self.width_d
+
+    def combine_element(self, e: Any) -> tuple[Any, Any]:
+        """(row in the tile, column d) of the combining block's element e (its threads stride over them)."""
+        assert self.width_d is not None
+        return floordiv(e, self.width_d), e % self.width_d
+
+    def combine_exponent(self, m_split: Any, m_all: Any, ops: Any) -> Any:
+        """The exponent of the factor a split's l and O are multiplied by in the combine: exp(m_s − M),
+        M the maximum of every split's m (the online softmax's rescale, once per split)."""
+        return ops.sub(m_split, m_all)
 
     def query_tile(self, x: Any, sizes: Mapping[str, Any]) -> Any:
         """Block x's query tile: the last tiles (the most keys under a causal mask) first."""
@@ -231,7 +378,7 @@ class AttentionLowering:
 
     def copy_chunk(self, chunk: Any, width: int) -> tuple[Any, Any]:
         """(row, first column) of the 16-byte chunk `chunk` of a staged tile of rows of `width` elements."""
-        return chunk // (width // 8), chunk % (width // 8) * 8
+        return floordiv(chunk, width // 8), chunk % (width // 8) * 8
 
     def q_smem(self, row: Any, col: Any) -> Any:
         return self.smem_layout()["Qs"][0] + row * self.pitch_e + col
@@ -249,7 +396,7 @@ class AttentionLowering:
     # -- the fragments each lane reads (bf16 element offsets in shared memory; register `reg` is 2 elements)
     def lane_group(self, lane: Any) -> tuple[Any, Any]:
         """(groupID, threadID_in_group) = (lane / 4, lane % 4)."""
-        return lane // 4, lane % 4
+        return floordiv(lane, 4), lane % 4
 
     def q_fragment(self, warp: Any, lane: Any, kk: Any, reg: int) -> Any:
         """Register reg of the A fragment of Q's rows 16·warp.. (`warp`: the row tile) at k step kk (rows g and g + 8, columns
@@ -261,15 +408,15 @@ class AttentionLowering:
         """The row lane hands ldmatrix.x4 for the B fragments of keys jp·16.. at k step kk: matrix lane / 8 is
         keys jp·16 + 8·(m / 2).. and columns kk·16 + 8·(m % 2)..; its row lane % 8. Registers 0, 1 are
         the B fragment of keys jp·16.., registers 2, 3 that of keys jp·16 + 8.."""
-        m = lane // 8
-        return self.k_smem(stage, jp * 2 * MMA_N + (m // 2) * MMA_N + lane % 8, kk * MMA_K + (m % 2) * 8)
+        m = floordiv(lane, 8)
+        return self.k_smem(stage, jp * 2 * MMA_N + floordiv(m, 2) * MMA_N + lane % 8, kk * MMA_K + (m % 2) * 8)
 
     def v_rows(self, stage: Any, lane: Any, kk: Any, dp: Any) -> Any:
         """The row lane hands ldmatrix.x4.trans for V's B fragments of keys kk·16.., columns dp·16..: matrix
         m = lane / 8 is keys kk·16 + 8·(m % 2).., columns dp·16 + 8·(m / 2)..; its row lane % 8. Registers
         0, 1 are the B fragment of columns dp·16.., registers 2, 3 that of columns dp·16 + 8.."""
-        m = lane // 8
-        return self.v_smem(stage, kk * MMA_K + (m % 2) * 8 + lane % 8, dp * 2 * MMA_N + (m // 2) * MMA_N)
+        m = floordiv(lane, 8)
+        return self.v_smem(stage, kk * MMA_K + (m % 2) * 8 + lane % 8, dp * 2 * MMA_N + floordiv(m, 2) * MMA_N)
 
     def p_fragment(self, kk: Any, reg: int) -> tuple[tuple[Any, int], tuple[Any, int]]:
         """The two S accumulators (8-key group, register) packed into register reg of P's A fragment of keys
@@ -307,10 +454,18 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
         return ix
 
     mask = form.mask.map_indices(rename) if form.mask is not None else None
+    ranges: list[str] = []
+    if mask is not None:
+        for side in (mask.left, mask.right):
+            for _, ix in side.terms:
+                r = model.tensor(ix.tensor).range if isinstance(ix, Gather) else None
+                if r is not None and r not in ranges:
+                    ranges.append(r)
     return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
                              form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
                              kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
-                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))))
+                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))),
+                             mask_ranges=tuple(ranges))
 
 
 def flops(lw: AttentionLowering, sizes: Mapping[str, int]) -> float:

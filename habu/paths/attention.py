@@ -27,12 +27,31 @@ from habu.target import Target
 MMA_SHARE = 0.5
 
 
+def kv_split_for(blocks: int, keys: int, sms: int) -> int:
+    """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 512 down to 128
+    keys that gives about two blocks an SM; 0 where the query tiles alone fill the GPU or the keys are one
+    split. Measured on the H200
+    (session 30, docs/PERF.md; golden-checked in the same run): a decode block is one warp taking ~2.4 µs
+    a 64-key tile, so the whole-cache kernel ran 0.01-0.41x cuDNN SDPA and the split one 0.24-0.80x
+    (KV 4096 and 32768, batch 1-64). At least 128 keys: a multiple of every KV tile size (a pinned bn
+    keeps the split whole)."""
+    want = -(-2 * sms // max(1, blocks))
+    if want <= 1:
+        return 0
+    split = 512
+    while split > 128 and -(-keys // split) < want:
+        split //= 2
+    return split if keys > split else 0  # one split would only add the combine
+
+
 class AttentionPath(KernelPath):
     support = ATTENTION
 
     def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> AttentionKernel | None:
-        """Query tiles of 64 rows (4 warps; 16 or 32 where the query rows are no more), KV tiles of 64 keys; None where the region is not one
-        softmax-weighted sum the kernel computes, or the head widths are not static multiples of 16."""
+        """Query tiles of 64 rows (4 warps; 16 or 32 where the query rows are no more), KV tiles of 64 keys; a
+        decode (query tiles of 16 rows) that leaves the GPU idle split over its keys (`kv_split_for`, KV tiles
+        of 32: its golden GPU runs passed, session 30). None where the region is not one softmax-weighted sum
+        the kernel computes, or the head widths are not static multiples of 16."""
         if len(region.nodes) != 1 or not target.mma_sync:
             return None
         form = attention_form(model, region.nodes[0])
@@ -44,13 +63,33 @@ class AttentionPath(KernelPath):
             return None
         rows = static.get(form.row.extent) or sizes.get(form.row.extent) or 64
         bm = 16 if rows <= 16 else 32 if rows <= 32 else 64  # a decode's few query heads: one warp, not four
-        return AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
+        kernel = AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
+        if bm == 16:  # a decode: split-KV where its query tiles leave the GPU idle
+            size = lambda e: static.get(e) or sizes.get(e)  # noqa: E731
+            batch = [size(v.extent) for v in form.batch]
+            keys = size(form.key.extent)
+            if keys and all(batch):
+                blocks = -(-rows // bm)
+                for n in batch:
+                    blocks *= n  # type: ignore[operator]
+                split = kv_split_for(blocks, keys, target.sm_count)
+                if split:
+                    kernel = replace(kernel, bn=32, kv_split=split)
+        return kernel
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
-        """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys."""
+        """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys; with a decode's query tile of 16 rows
+        (one query a sequence and its few query heads), also split-KV (flash-decoding) over 64 to 512 keys a
+        block, in KV tiles of 32 or 64 keys (a decode block is one warp: the shared memory of its two K/V
+        buffers decides how many run on an SM; the H200 run of session 30: one warp takes ~2.4 µs a
+        64-key tile). Not the default: split-KV is reachable by `--pin kv_split=N` and the search until its
+        exact GPU run has passed."""
         assert isinstance(base, AttentionKernel)
         for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
             yield replace(base, bm=bm, bn=bn)
+        if base.bm == 16:
+            for split, bn in itertools.product((256, 512, 128, 64), (32, 64)):
+                yield replace(base, bn=bn, kv_split=split)
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q
@@ -63,7 +102,13 @@ class AttentionPath(KernelPath):
         tiles = -(-rows // lw.kernel.bm)
         moved = 2.0 * count * (rows * n_e + tiles * keys * (n_e + n_d)) + 4.0 * count * rows * n_d
         peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
-        return f, moved, max(f / peak, moved / c.bandwidth) + c.launch_s
+        # the share of the SMs the grid keeps busy (a decode's few query tiles leave most idle; split-KV fills
+        # them), and split-KV's partials: written once and read by the combine
+        blocks = count * tiles * (lw.splits(sizes) if lw.kernel.kv_split else 1)
+        busy = min(1.0, blocks / max(1, target.sm_count))
+        if lw.kernel.kv_split:
+            moved += 2 * 4.0 * lw.splits(sizes) * count * rows * (n_d + 2)
+        return f, moved, max(f / (peak * busy), moved / (c.bandwidth * busy)) + c.launch_s
 
     def smem_bytes(self, lowering: AttentionLowering) -> int:  # type: ignore[override]
         return 0

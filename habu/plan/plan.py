@@ -224,6 +224,11 @@ class AttentionKernel:
                          unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
+    kv_split: int = choice("keys one block reads (split-KV, flash-decoding: the blocks of a query tile each take "
+                           "kv_split keys, write a partial — running max, sum, unnormalised O — to a workspace, "
+                           "and the last of them to finish combines them); 0: one block reads every key", P,
+                           default=0, allowed=(0, 32, 64, 128, 256, 512, 1024, 2048, 4096), pins=("kv_split",),
+                           json_optional=True, unguarded=KEEP)
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel | AttentionKernel

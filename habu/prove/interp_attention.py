@@ -28,6 +28,7 @@ import numpy as np
 from habu.lower.attention import MMA_K, MMA_M, MMA_N, AttentionLowering
 from habu.prove.fragments import instruction_element
 from habu.prove.interp import Memory, eval_pointwise, read, write
+from habu.prove.interp_attention_split import SplitRun
 from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.spec.ir import Gather, IndexVar
@@ -66,8 +67,9 @@ def _open_limit(lw: AttentionLowering, qt: int, coords: Mapping[str, int], sizes
 
 def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, blocks,
                   keep: np.ndarray | None = None) -> None:
+    split = SplitRun(lw, sizes, mem) if lw.kernel.kv_split else None
     for x in blocks:
-        _run_block(name, lw, sizes, mem, int(x))
+        _run_block(name, lw, sizes, mem, int(x), split)
 
 
 # ----------------------------------------------------------------------------- the instruction (PTX ISA)
@@ -116,23 +118,47 @@ def ldmatrix_trans(rows: np.ndarray, read) -> np.ndarray:
 def _copy(name: str, lw: AttentionLowering, sizes, mem: Memory, smem: np.ndarray, access, coords, row_axis: str,
           rows_of, col_axis: str, count: int, width: int, dst, where) -> None:
     """A tile's 16-byte chunks (cp.async, zero-filled where masked) into shared memory at `dst(t, c)`."""
-    chunk = np.arange(count * width // 8, dtype=np.int64)
+    chunk = np.arange(lw.copy_chunks(count, width), dtype=np.int64)
     t, c0 = lw.copy_chunk(chunk, width)
-    cols = c0[:, None] + np.arange(8, dtype=np.int64)[None, :]
+    within = np.arange(8, dtype=np.int64)[None, :]
+    cols = np.asarray(lw.staged_column(c0))[:, None] + within
     values = read(name, access, {**coords, row_axis: rows_of(t)[:, None], col_axis: cols}, sizes, mem,
                   lw.index_width, where)
-    smem[np.asarray(dst(t, c0))[:, None] + np.arange(8)[None, :]] = np.broadcast_to(values, cols.shape)
+    smem[np.asarray(dst(t, c0))[:, None] + within] = np.broadcast_to(values, cols.shape)
 
 
-def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, x: int) -> None:
+def _per_half(f, op: str, regs: np.ndarray, r_h: np.ndarray, halves: int) -> np.ndarray:
+    """(warp, lane, group, register) reduced over the groups and the registers of each row half h:
+    (warp, lane, h)."""
+    out = []
+    for h in range(halves):
+        part = regs[..., r_h == h]
+        out.append(f.reduce(op, part.reshape(*part.shape[:2], -1), (2,)))
+    return np.stack(out, axis=2)
+
+
+def _b_fragments(lw: AttentionLowering, got: np.ndarray, dst: np.ndarray, steps: np.ndarray, pairs: np.ndarray) -> None:
+    """ldmatrix.x4's registers (`got`: (steps, pairs, lane, register, half)) into the k16 × n B operand `dst`:
+    B fragment m of pair p (n group 2p + m) is the registers `b_registers(m)`, where the instruction takes
+    each of its two registers."""
+    lanes = np.arange(32, dtype=np.int64)[:, None]
+    for m in (0, 1):
+        for breg, reg in enumerate(lw.b_registers(m)):
+            kr, nr = ptx_b_element(lanes, np.int64(breg), np.arange(2, dtype=np.int64)[None, :])  # (lane, half)
+            dst[steps[..., None] * MMA_K + kr, (2 * pairs[..., None] + m) * MMA_N + nr] = got[:, :, :, reg, :]
+
+
+def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory, x: int,
+               split: SplitRun | None) -> None:
     f = mem.field
     ops = _FieldOps(f)
     k, fr = lw.kernel, lw.fragment
-    qt, flat = int(lw.query_tile(x, sizes)), int(lw.batch_flat(x, sizes))
+    split_no, rest = (int(v) for v in lw.block_split(x, sizes))
+    qt, flat = int(lw.query_tile(rest, sizes)), int(lw.batch_flat(rest, sizes))
     coords = {a: np.int64(v) for a, v in lw.batch_coords(flat, sizes).items()}
 
     def where(bad: np.ndarray) -> str:
-        return f"block {x} (query tile {qt}, batch element {flat})"
+        return f"block {x} (query tile {qt}, batch element {flat}" + (f", split {split_no})" if split else ")")
 
     n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
     zero, neg_inf = f.const(Fraction(0)), f.neg_inf()
@@ -140,7 +166,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     _copy(name, lw, sizes, mem, smem, lw.q, coords, "i", lambda t: lw.row(qt, t), "e", k.bm, n_e, lw.q_smem, where)
     scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
     limit = _key_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
-    tiles = int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))
+    tiles = int(lw.end_tile(split_no, lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi))))
     open_limit = _open_limit(lw, qt, {a: int(v) for a, v in coords.items()}, sizes, mem)
 
     def load_kv(kt: int, stage: int) -> None:
@@ -152,52 +178,53 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
 
     # each warp's accumulator sets (warp, mi), by the row tile the lowering gives them (`row_tile`); a set
     # computes its row tile as a warp of one set would
-    tiles_of_sets = np.asarray([lw.row_tile(w, mi) for w in range(lw.warps) for mi in range(k.warp_m)], dtype=np.int64)
+    tiles_of_sets = np.asarray([lw.row_tile(w, mi) for w in range(lw.warps) for mi in range(lw.sets_per_warp)],
+                               dtype=np.int64)
     warps = len(tiles_of_sets)
-    w5 = tiles_of_sets[:, None, None, None, None]  # for the lowering's maps
-    sets5 = np.arange(warps, dtype=np.int64)[:, None, None, None, None]  # for the register arrays
-    l5 = np.arange(32, dtype=np.int64)[None, :, None, None, None]
-    h5 = np.arange(2, dtype=np.int64)[None, None, None, :, None]
-    q5 = np.arange(2, dtype=np.int64)[None, None, None, None, :]
+    w4 = tiles_of_sets[:, None, None, None]  # for the lowering's maps
+    sets4 = np.arange(warps, dtype=np.int64)[:, None, None, None]  # for the register arrays
     lanes = np.arange(32, dtype=np.int64)
-    # the accumulators' elements (C fragments, PTX) and where the kernel takes them to be (the lowering's map)
-    c_row, c_col = instruction_element("mma.sync", 0, l5, 2 * h5 + q5)
-    s_groups = np.arange(k.bn // MMA_N)[None, None, :, None, None]
-    o_groups = np.arange(n_d // MMA_N)[None, None, :, None, None]
-    s_row, s_key = fr.element(w5, l5, s_groups, h5, q5)
-    o_row, o_col = fr.element(w5, l5, o_groups, h5, q5)
-    m = np.broadcast_to(f.const(Fraction(1)), (warps, 32, 2)).copy()  # the empty maximum
-    l_run = np.broadcast_to(zero, (warps, 32, 2)).copy()
+    l4 = lanes[None, :, None, None]
+    # the registers of an 8-column group, as the kernel splits them (`register_parts`: row half h, column in
+    # the lane's pair); where the instruction puts each (the C fragment, PTX) and where the kernel takes
+    # it to be (the lowering's map)
+    regs = np.arange(lw.registers, dtype=np.int64)
+    r_h, r_half = (np.asarray(v, dtype=np.int64) for v in lw.register_parts(regs))
+    r4 = regs[None, None, None, :]
+    c_row, c_col = instruction_element("mma.sync", 0, l4, r4)
+    s_groups = np.arange(lw.score_groups)[None, None, :, None]
+    o_groups = np.arange(lw.out_groups)[None, None, :, None]
+    s_row, s_key = fr.element(w4, l4, s_groups, r_h[r4], r_half[r4])
+    o_row, o_col = fr.element(w4, l4, o_groups, r_h[r4], r_half[r4])
+    halves = fr.halves
+    m = np.broadcast_to(f.const(Fraction(1)), (warps, 32, halves)).copy()  # the empty maximum
+    l_run = np.broadcast_to(zero, (warps, 32, halves)).copy()
     o = np.broadcast_to(zero, np.broadcast_shapes(o_row.shape, o_col.shape)).copy()
-    if tiles > 0:
-        load_kv(0, int(lw.stage_of(0)))
-    a_q = None
-    for kt in range(tiles):
+    first = int(lw.first_tile(split_no))
+    if tiles > first:
+        load_kv(first, int(lw.stage_of(first)))
+    a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
+    for kt in range(first, tiles):
         stage = int(lw.stage_of(kt))
-        if kt + 1 < tiles:
-            load_kv(kt + 1, int(lw.stage_of(kt + 1)))
-        if a_q is None:  # Q's A fragments, read once; placed where the instruction takes each register
-            kk5 = np.arange(n_e // MMA_K)[None, None, :, None, None]
-            a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
+        nxt = int(lw.next_tile(kt))
+        if nxt < tiles:
+            load_kv(nxt, int(lw.stage_of(nxt)))
+        if kt == first:  # Q's A fragments, read once; placed where the instruction takes each register
+            kk4 = np.arange(lw.qk_steps)[None, None, :, None]
             for reg in range(4):
-                off = np.asarray(lw.q_fragment(w5[..., 0], l5[..., 0], kk5[..., 0], reg))  # (w, l, kk, 1)
+                off = np.asarray(lw.q_fragment(w4[..., 0], l4[..., 0], kk4[..., 0], reg))  # (w, l, kk)
                 for half in range(2):
                     vals = smem[off + half]
-                    row, col = ptx_a_element(l5[..., 0], np.int64(reg), np.int64(half))
-                    a_q[np.broadcast_to(sets5[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
-                        np.broadcast_to(kk5[..., 0] * MMA_K + col, vals.shape)] = vals
+                    row, col = ptx_a_element(l4[..., 0], np.int64(reg), np.int64(half))
+                    a_q[np.broadcast_to(sets4[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
+                        np.broadcast_to(kk4[..., 0] * MMA_K + col, vals.shape)] = vals
         # K's B fragments of this tile (the same for every warp), by ldmatrix.x4 from the rows the lanes name
         b_k = np.broadcast_to(zero, (n_e, k.bn)).copy()
-        kk3, jp3 = np.arange(n_e // MMA_K)[:, None, None], np.arange(k.bn // (2 * MMA_N))[None, :, None]
+        kk3, jp3 = np.arange(lw.qk_steps)[:, None, None], np.arange(lw.key_pairs)[None, :, None]
         named = np.asarray(lw.k_rows(stage, lanes[None, None, :], kk3, jp3), dtype=np.int64)  # (kk, jp, 32)
-        got = ldmatrix(named, lambda offs: smem[offs])  # (kk, jp, lane, reg 0..3, half)
-        t5, r5, h5_ = lanes[:, None, None], np.arange(4)[None, :, None], np.arange(2)[None, None, :]
-        kr, nr = ptx_b_element(t5, r5 % 2, h5_)  # registers 2m, 2m + 1: the B fragment of 8-key group 2jp + m
-        shape = got.shape
-        b_k[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
-            np.broadcast_to((2 * jp3[..., None, None] + r5 // 2) * MMA_N + nr, shape)] = got
+        _b_fragments(lw, ldmatrix(named, lambda offs: smem[offs]), b_k, kk3, jp3)
         s_full = f.contract([a_q, b_k], "wie,ej->wij")  # (warp, 16, bn)
-        s_reg = s_full[sets5, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, h, q)
+        s_reg = s_full[sets4, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, register)
         if scale is not None:
             s_reg = f.op("mul", [s_reg, np.broadcast_to(scale, s_reg.shape)])
         rows, keys = lw.row(qt, s_row), lw.key(kt, s_key)
@@ -209,41 +236,46 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
             visible = visible & condition_holds(lw.mask, at, sizes, mem)
         visible = np.broadcast_to(visible, s_reg.shape)
         s_reg = np.where(visible, s_reg, neg_inf)
-        mx = f.reduce("max", np.moveaxis(s_reg, 2, 3), (3, 4))  # (warp, lane, h): the lane's registers
+        mx = _per_half(f, "max", s_reg, r_h, halves)  # (warp, lane, h): the lane's registers
         for off in lw.quad_offsets:  # the row's lanes (xor shuffles)
             mx = ops.max(mx, mx[:, lanes ^ off, :])
         m_new = lw.running_max(m, mx, ops)
         alpha = f.op("exp", [lw.rescale(m, m_new, ops)])
         m = lw.kept_max(m, m_new)
         l_run = f.op("mul", [l_run, alpha])
-        o = f.op("mul", [o, alpha[:, :, None, :, None]])
-        shifted = f.op("sub", [s_reg, np.broadcast_to(m_new[:, :, None, :, None], s_reg.shape)])
+        o = f.op("mul", [o, np.broadcast_to(alpha[:, :, r_h][:, :, None, :], o.shape)])
+        shifted = f.op("sub", [s_reg, np.broadcast_to(m_new[:, :, r_h][:, :, None, :], s_reg.shape)])
         p_reg = np.where(visible, f.op("exp", [shifted]), zero)
-        l_run = f.op("add", [l_run, f.reduce("sum", np.moveaxis(p_reg, 2, 3), (3, 4))])
+        l_run = f.op("add", [l_run, _per_half(f, "sum", p_reg, r_h, halves)])
         # P's A fragments: the accumulators the lowering packs into each register, where the instruction
         # takes each register element; V's B fragments by ldmatrix.trans from the rows the lanes name
         a_p = np.broadcast_to(zero, (warps, MMA_M, k.bn)).copy()
         w3, lw3 = np.arange(warps)[:, None], lanes[None, :]
         b_v = np.broadcast_to(zero, (k.bn, n_d)).copy()
-        for kk in range(k.bn // MMA_K):
+        for kk in range(lw.pv_steps):
             for reg in range(4):
                 for half, (group, q) in enumerate(lw.p_fragment(kk, reg)):
+                    if not (0 <= int(group) < lw.score_groups and 0 <= int(q) < lw.registers):
+                        mem.fault(f"{name}: P's A fragment of keys {kk * MMA_K}.. packs the accumulator sc[{int(group)}]"
+                                  f"[{int(q)}], past the {lw.score_groups} 8-key groups × {lw.registers} registers of S "
+                                  f"the kernel declares ({where(None)})")
+                        continue
                     row, col = ptx_a_element(lw3, np.int64(reg), np.int64(half))
                     a_p[np.broadcast_to(w3, (warps, 32)), np.broadcast_to(row, (warps, 32)),
-                        np.broadcast_to(kk * MMA_K + col, (warps, 32))] = p_reg[:, :, int(group), q // 2, q % 2]
-        kk3, dp3 = np.arange(k.bn // MMA_K)[:, None, None], np.arange(n_d // (2 * MMA_N))[None, :, None]
+                        np.broadcast_to(kk * MMA_K + col, (warps, 32))] = p_reg[:, :, int(group), int(q)]
+        kk3, dp3 = np.arange(lw.pv_steps)[:, None, None], np.arange(lw.value_pairs)[None, :, None]
         named = np.asarray(lw.v_rows(stage, lanes[None, None, :], kk3, dp3), dtype=np.int64)  # (kk, dp, 32)
-        got = ldmatrix_trans(named, lambda offs: smem[offs])  # (kk, dp, lane, reg 0..3, half)
-        t5, r5, h5_ = lanes[:, None, None], np.arange(4)[None, :, None], np.arange(2)[None, None, :]
-        kr, nr = ptx_b_element(t5, r5 % 2, h5_)  # registers 2m, 2m + 1: the B fragment of columns (2dp + m)·8..
-        shape = got.shape
-        b_v[np.broadcast_to(kk3[..., None, None] * MMA_K + kr, shape),
-            np.broadcast_to((2 * dp3[..., None, None] + r5 // 2) * MMA_N + nr, shape)] = got
+        _b_fragments(lw, ldmatrix_trans(named, lambda offs: smem[offs]), b_v, kk3, dp3)
         pv = f.contract([a_p, b_v], "wij,jd->wid")
-        o = f.op("add", [o, pv[sets5, c_row, o_groups * MMA_N + c_col]])
+        o = f.op("add", [o, pv[sets4, c_row, o_groups * MMA_N + c_col]])
     for off in lw.quad_offsets:
         l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
-    out = f.op("div0", [o, np.broadcast_to(l_run[:, :, None, :, None], o.shape)])
+    if split is not None:  # the partial into the workspaces; the tile's last split combines
+        m_row = fr.element(w4[..., 0], l4[..., 0], 0, np.arange(halves)[None, None, :], 0)[0]
+        split.store(name, split_no, flat, qt, o, o_row, o_col, m, l_run, m_row, where(None))
+        split.arrive(name, flat, qt, coords, ops, where(None))
+        return
+    out = f.op("div0", [o, np.broadcast_to(l_run[:, :, r_h][:, :, None, :], o.shape)])
     at = {**coords, "i": np.broadcast_to(lw.row(qt, o_row), o.shape), "d": np.broadcast_to(o_col, o.shape)}
     write(name, lw.out, at, out, sizes, mem, lw.index_width, False, None, where)
 
@@ -280,6 +312,8 @@ def _final(lw: AttentionLowering, sizes: Mapping[str, int]) -> tuple[object, tup
                                        for qt in sorted(chosen)]).astype(np.int64)
     axis_values["d"] = np.arange(sizes[lw.col_extent], dtype=np.int64)
     box = tuple(axis_values[p.axis] for p in lw.out.positions)
+    # split-KV: every split of those tiles, split-major (block s·count·tiles + x); the last combines
+    blocks = [s * count * tiles + x for x in blocks for s in range(int(lw.splits(sizes)))]
     return blocks, box, f"{len(blocks)} blocks (the first, second and last query tiles and batch elements)"
 
 
@@ -289,8 +323,13 @@ def _box(lw: AttentionLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str,
 
 
 def _tiled_axes(name: str, lw: AttentionLowering) -> list[TileAxis]:
-    """The query tiles and the KV tiles: the witness keeps three of each (the last ragged)."""
-    return [TileAxis(name, "i", lw.row_extent, lw.kernel.bm), TileAxis(name, "j", lw.key_extent, lw.kernel.bn)]
+    """The query tiles and the KV tiles (split-KV: the splits): the witness keeps three of each (the last
+    ragged)."""
+    keys = lw.kernel.kv_split or lw.kernel.bn
+    # the values of a length the mask reads select KV tiles (splits) as the keys do: their range is kept
+    # as #J is, so that the witness's lengths reach every split
+    lengths = [TileAxis(name, "length", r, keys) for r in lw.mask_ranges]
+    return [TileAxis(name, "i", lw.row_extent, lw.kernel.bm), TileAxis(name, "j", lw.key_extent, keys), *lengths]
 
 
 def _frozen(lw: AttentionLowering) -> tuple[str, ...]:

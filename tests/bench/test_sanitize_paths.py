@@ -37,8 +37,9 @@ def test_regression_the_fused_attention_case_is_golden_checked_with_the_bf16_of_
     from habu.bench import gpu_bench, sanitize_cases, sanitize_paths
     from habu.timing.harness import plan_tolerance
 
-    path, model, sizes, pins = CASES["attention-fused"]
-    built = build(example_path(path), model, sizes, pins)
-    assert plan_tolerance(built.model, built.plan) == 2e-2
+    for case in ("attention-fused", "attention-split-kv"):
+        path, model, sizes, pins = CASES[case]
+        built = build(example_path(path), model, sizes, pins)
+        assert plan_tolerance(built.model, built.plan) == 2e-2, case
     for module in (sanitize_paths, sanitize_cases, gpu_bench):
         assert "tolerance(built.model, dict(built.plan.storage))" not in inspect.getsource(module), module

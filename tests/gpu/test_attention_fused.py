@@ -93,7 +93,8 @@ def test_fused_decode_with_lengths_and_an_empty_sequence(n_j):
     has no valid entry (zeros), sequence 2 all of them; the KV tiles past LEN[b] are skipped."""
     lens = [min(n_j, 9), 0, n_j, max(0, n_j - 1)]
     got, _, _ = run_golden(str(EX / "decode_attention.habu"), "DECODE-ATTENTION",
-                           {"B": 4, **HEADS, "J": n_j, "L": n_j + 1}, {"bm": "16"}, lens=lens, seed=n_j)
+                           {"B": 4, **HEADS, "J": n_j, "L": n_j + 1}, {"bm": "16", "kv_split": "0"}, lens=lens,
+                           seed=n_j)  # the whole-cache kernel (split-KV: tests/gpu/test_attention_decode_split.py)
     assert np.all(got[1] == 0)
 
 

@@ -113,13 +113,15 @@ def test_the_golden_tolerance_counts_the_bf16_weights_inside_the_fused_kernel(pr
 
 def test_the_fused_kernels_compile_without_spills(prefill, tmp_path):
     """The emitted CUDA builds for sm_90a with no GPU (NVRTC, or nvcc where it cannot be loaded): the causal
-    prefill with two 16-row tiles a warp (bm 128, bn 32) and the decode, within the registers, no spill."""
+    prefill with two 16-row tiles a warp (bm 128, bn 32) and the decode, whole and split-KV, within the
+    registers, no spill."""
     from habu.emit_cuda.runtime import CompiledModel
 
     wide, wide_decode = {**SHAPE, "E": 128, "D": 128}, {**DECODE, "E": 128, "D": 128}  # head width 128
     decode = load_program(EX / "decode_attention.habu").models["DECODE-ATTENTION"].with_sizes(wide_decode)
     for model, sizes, pins in ((prefill.with_sizes(wide), wide, {**PINS, "bm": "128", "warp_m": "2"}),
-                               (decode, wide_decode, {"family": "attention", "bm": "16"})):
+                               (decode, wide_decode, {"family": "attention", "bm": "16"}),
+                               (decode, wide_decode, {"family": "attention", "bm": "16", "kv_split": "32"})):
         plan = default_plan(model, T, sizes, pins)
         ((cubin,),) = CompiledModel(model, emit_plan(model, plan, T), cache_dir=tmp_path).compile("sm_90a")
         assert cubin.cubin.startswith(b"\x7fELF") and not cubin.resources.spills, cubin.resources.describe()
@@ -129,3 +131,26 @@ def test_the_open_tile_rule_rejects_the_mask_dropped_one_tile_early(prefill):
     from habu.bench.mutants_attention import mask_dropped_one_tile_early
 
     _rule_refuses(prefill, "attention-open-tile", mask_dropped_one_tile_early)
+
+
+def test_the_staging_fragment_and_kv_loop_rules_refuse_planted_maps(prefill):
+    """The maps moved into the lowering (copies, staged arrays, fragment loop counts, the warps' row tiles,
+    the KV loop's step and buffers) are covered by z3 rules: they hold for the pinned plan (two row tiles
+    a warp) and each planted map fails its rule. (Permutations that stay in range, a register decode
+    transposed or B registers swapped, are the field check's: tests/bench/test_mutants.py.)"""
+    from habu.bench import mutants_attention as att
+
+    plan = default_plan(prefill, T, SHAPE, {**PINS, "warp_m": "2"})
+    ctx = context(prefill, plan, SHAPE)
+    lw = lower_plan(prefill, plan)[0]
+    ours = ("attention-staging", "attention-fragments", "attention-kv-loop")
+    good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name in ours]
+    assert {o.rule.name for o in good} == set(ours) and not failures(good)
+    for planted, rule in ((att.score_groups_one_short, "attention-fragments"),
+                          (att.row_tile_ignores_mi, "attention-fragments"),
+                          (att.copy_one_chunk_short, "attention-staging"),
+                          (att.staged_column_shifted, "attention-staging"),
+                          (att.next_tile_skips_one, "attention-kv-loop"),
+                          (att.next_tile_same_buffer, "attention-kv-loop")):
+        bad = [discharge(o, ctx) for o in attention_obligations("k0", planted(lw), ctx) if o.rule.name == rule]
+        assert failures(bad), planted.__name__

@@ -1,0 +1,115 @@
+"""Decode attention (issue 22): one query row per sequence against a KV cache, the fused kernel whole and
+split over the cache (split-KV, flash-decoding: `--pin kv_split=N`), against torch's
+scaled_dot_product_attention in the same run; bf16, heads as in examples/decode_attention.habu (2 KV heads
+× 2 query heads, head width 128), every cache entry valid.
+
+    python -m habu.bench.attention_decode_speed [--json OUT.json] [--quick] [--only KV,BATCH;...]
+
+KV 4096 and 32768 × batch 1, 16 and 64. For each: build the plans (build proves each: the rules and a trial
+over Z_q × GF(p) on the witness shape), check each on the GPU against SDPA's output on the same inputs
+(max |Δ| / max |O| ≤ 2e-2; tests/gpu/test_attention_decode_split.py holds the float64 goldens), then time
+them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; SDPA's backend recorded from
+the kernels it launches). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
+TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). The split
+size is the plan's default (`habu.paths.attention.kv_split_for`: about two blocks per SM), with KV tiles
+of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import traceback
+from pathlib import Path
+from typing import Any
+
+EX = Path(__file__).resolve().parents[2] / "examples"
+COPY_TBPS = 4.22  # H200 device-to-device copy, measured (docs/PERF.md)
+SMS = 132
+KV_HEADS, GROUP, WIDTH = 2, 2, 128  # examples/decode_attention.habu
+SHAPES = tuple((kv, batch) for kv in (4096, 32768) for batch in (1, 16, 64))
+
+
+def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
+    import torch
+
+    from habu.bench.attention_speed import sdpa_backend
+    from habu.bench.run import build
+    from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
+
+    sizes = {"B": batch, "G": KV_HEADS, "R": GROUP, "J": kv, "L": kv + 1, "E": WIDTH, "D": WIDTH}
+    from habu.paths.attention import kv_split_for
+
+    split = kv_split_for(batch * KV_HEADS, kv, SMS)  # the plan's default under --pin family=attention
+    variants = [("fused", {"family": "attention", "bm": "16", "kv_split": "0"})]
+    # the split of about two blocks per SM, with KV tiles of 64 and of 32 keys (half the shared memory: more
+    # blocks resident, each warp's copies and products of a tile shorter)
+    if split:
+        for bn in ("64", "32"):
+            variants.append((f"split {split}/{bn}", {"family": "attention", "bm": "16", "bn": bn, "kv_split": str(split)}))
+    heads = KV_HEADS * GROUP
+    cache = 2.0 * 2 * batch * KV_HEADS * kv * WIDTH  # K and V, bf16
+    ins = None
+    rows = []
+    sdpa_row: dict[str, Any] = {}
+    for label, pins in variants:
+        row: dict[str, Any] = {"kv": kv, "batch": batch, "plan": label}
+        try:
+            built = build(str(EX / "decode_attention.habu"), "DECODE-ATTENTION", sizes, pins, check_indices=False)
+            row["kernel"] = built.plan.to_json()["kernels"]
+            if ins is None:
+                ins = make_inputs(built.model, built.sizes, 1)
+                ins["LEN"].fill_(kv)
+                q = ins["Q"].view(batch, heads, 1, WIDTH)
+
+                def sdpa(q=q, k=ins["K"], v=ins["V"]):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+                want = sdpa().float()
+                sdpa_row = {"backend": sdpa_backend(sdpa), **time_cuda(lambda i: sdpa(), 1)}
+                sdpa_row.pop("samples", None)
+            outs = poisoned_outputs(built.model, built.sizes)
+            built.compiled(**ins, **outs)
+            torch.cuda.synchronize()
+            got = outs["O"].view(batch, heads, 1, WIDTH)
+            row["check_max_rel"] = err = ((got - want).abs().max() / want.abs().max()).item()
+            if not err <= 2e-2:
+                raise AssertionError(f"differs from SDPA: max |Δ| / max |O| = {err:.3e}")
+            t = time_cuda(lambda i, built=built, ins=ins, outs=outs: built.compiled(**ins, **outs), 1)
+            row["median_us"] = t["median_us"]
+            row["cache_tbps"] = cache / (t["median_us"] * 1e-6) / 1e12
+            row["copy_share"] = row["cache_tbps"] / COPY_TBPS
+            row["sdpa_backend"], row["sdpa_us"] = sdpa_row["backend"], sdpa_row["median_us"]
+            row["sdpa_copy_share"] = cache / (sdpa_row["median_us"] * 1e-6) / 1e12 / COPY_TBPS
+            row["speedup_vs_sdpa"] = sdpa_row["median_us"] / t["median_us"]
+        except Exception as exc:  # one plan's failure is reported on its row
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["trace"] = traceback.format_exc()[-2000:]
+        rows.append(row)
+        if "error" in row:
+            print(f"KV {kv:6d} batch {batch:3d} {label:11s} ERROR {row['error'][:300]}", flush=True)
+        else:
+            print(f"KV {kv:6d} batch {batch:3d} {label:11s} {row['median_us']:8.1f} us {row['cache_tbps']:5.2f} TB/s "
+                  f"({100 * row['copy_share']:4.1f}% of copy) | SDPA[{row['sdpa_backend']}] {row['sdpa_us']:8.1f} us "
+                  f"({100 * row['sdpa_copy_share']:4.1f}%) | {row['speedup_vs_sdpa']:.2f}x | check "
+                  f"{row['check_max_rel']:.1e}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--quick", action="store_true", help="KV 4096 at batch 1 only")
+    ap.add_argument("--only", help="KV,BATCH pairs separated by ';'")
+    args = ap.parse_args()
+    shapes = [tuple(int(x) for x in one.split(",")) for one in args.only.split(";")] if args.only else list(SHAPES)
+    if args.quick:
+        shapes = shapes[:1]
+    rows = [r for kv, batch in shapes for r in run_shape(kv, batch)]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    raise SystemExit(1 if any("error" in r for r in rows) else 0)
+
+
+if __name__ == "__main__":
+    main()

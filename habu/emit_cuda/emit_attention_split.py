@@ -1,0 +1,104 @@
+"""The split-KV (flash-decoding) end of a fused attention kernel, printed from the `AttentionLowering`.
+
+A block of split s has run the online softmax over its KV tiles (`first_tile(s)` .. `end_tile(s, tiles)`);
+instead of O / l it keeps its partial in the launch's workspaces: each lane its unnormalised O registers
+at `partial_offset(s, flat, row, d)`, the first lane of each row (`lanes_per_row`) the row's running
+maximum m and sum l at `partial_slot(s, flat, row)` (a split with no visible key keeps m = −∞, l = 0,
+O = 0). It then counts itself on its query tile's counter (`counter_slot`, a slot of a zero-filled
+workspace; `habu::last_block_done`, the threadFenceReduction pattern), and the block completing the count
+(`arrivals`: the splits) combines the partials of every split: for each output element of the tile
+(`combine_element`, its threads striding over `combine_count`), M = max over splits of m, and
+O = Σ_s exp(m_s − M)·O_s / Σ_s exp(m_s − M)·l_s (`combine_exponent`; div0: a row with no visible key is 0).
+The scores are in base 2 (as in the kernel), so the factor is one ex2; the shift of M is
+`habu::softmax_shift` (0 where every split is empty). The partials are read with ld.global.cg (L2: other
+blocks wrote them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import Signature, access_mask, access_offset, store_value
+from habu.lower.attention import AttentionLowering
+
+
+class _FloatOps:
+    @staticmethod
+    def sub(a: str, b: str) -> str:
+        return f"({a} - {b})"
+
+
+def split_workspaces(lw: AttentionLowering) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The launch's workspaces: the partial O, m and l of each split, and the query tiles' counters."""
+    o, m, l_ = lw.partial_tensors
+    rows = lw.partial_extents()
+    return ((o, "f32", (*rows, lw.col_extent)), (m, "f32", rows), (l_, "f32", rows),
+            (lw.counter_tensor, "i32", lw.counter_extents()))
+
+
+def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, table: Callable[..., str], rt: str,
+                   o_elem: list[str], h_q: str, o_coord: dict[str, str]) -> str:
+    fr = lw.fragment
+    cx = CExpr
+    po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
+    counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
+    po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    split, flat, qt = cx("split"), cx("flat"), cx("qt")
+    row_of = lambda t: c(lw.row(qt, cx(t)))  # noqa: E731
+    inside = c(lw.row_inside(cx("i"), sizes))
+    part = c(lw.partial_offset(split, flat, cx("i"), cx("d"), sizes))
+    slot = c(lw.partial_slot(split, flat, cx("i"), sizes))
+    m_row = c(fr.element(cx("rt"), cx("lane"), 0, cx("h"), 0)[0])
+    s_slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
+    s_part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
+    t_of, d_of = (c(x) for x in lw.combine_element(cx("e")))
+    exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", _FloatOps())
+    lead = c(cx("lane") % fr.lanes_per_row)
+    last = f"habu::last_block_done({counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))}))"
+    out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
+    store = store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
+                        "habu::f_div0(acc, sum)")
+    return f"""  // this split's partial: each lane's unnormalised O registers; m and l of its rows from their first lane
+#pragma unroll
+  for (int mi = 0; mi < {lw.sets_per_warp}; ++mi) {{
+    const int rt = {rt};
+#pragma unroll
+    for (int h = 0; h < {fr.halves}; ++h) l[mi][h] = habu::row_sum_lanes<{", ".join(str(x) for x in lw.quad_offsets)}>(l[mi][h]);
+#pragma unroll
+    for (int dn = 0; dn < {lw.out_groups}; ++dn)
+#pragma unroll
+      for (int q = 0; q < {lw.registers}; ++q) {{
+        const {it} i = ({it})({row_of(o_elem[0])});
+        const {it} d = ({it})({o_elem[1]});
+        if ({inside}) {po_part}[{part}] = o[mi][dn][q];
+      }}
+    if ({lead} == 0) {{
+#pragma unroll
+      for (int h = 0; h < {fr.halves}; ++h) {{
+        const {it} i = ({it})({row_of(m_row)});
+        if ({inside}) {{ {pm}[{slot}] = m[mi][h]; {pl}[{slot}] = l[mi][h]; }}
+      }}
+    }}
+  }}
+  if ({last}) {{  // every split of the query tile is in: combine them
+    for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{
+      const {it} i = ({it})({row_of(t_of)});
+      const {it} d = ({it})({d_of});
+      if (!({out_ok})) continue;
+      float mx = habu::neg_inf_f();
+#pragma unroll 8
+      for (int s = 0; s < (int)({c(lw.splits(sizes))}); ++s) mx = fmaxf(mx, __ldcg({pm} + {s_slot}));
+      const float shift = habu::softmax_shift(mx);
+      float acc = 0.0f, sum = 0.0f;
+#pragma unroll 8
+      for (int s = 0; s < (int)({c(lw.splits(sizes))}); ++s) {{
+        const float w = habu::exp2_fast({exponent});  // a split with no visible key: m = −∞, w = 0
+        sum += w * __ldcg({pl} + {s_slot});
+        acc += w * __ldcg({po_part} + {s_part});
+      }}
+      {store}
+    }}
+  }}
+"""

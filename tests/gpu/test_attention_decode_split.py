@@ -1,0 +1,82 @@
+"""Split-KV decode (flash-decoding, issue 22, `--pin kv_split=N`) on the GPU: examples/decode_attention.habu
+at KV 1, 17 and 1000 (one split, a ragged one, 16 splits), lengths with an empty sequence (zeros), a full
+one and lengths ending inside a split and exactly at a split's end, against the float64 model (golden;
+outputs poisoned with NaN first); the split plan against the unsplit fused plan on the same inputs; and a
+long cache (4096 keys, 16 sequences) whose many splits fill the GPU. Each case proves its plan (build: the
+rules and a trial over Z_q × GF(p)) before it runs.
+
+Run: python -m pytest -q tests/gpu/test_attention_decode_split.py (on the device machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+from habu.bench.run import build  # noqa: E402
+from habu.plan.plan import AttentionKernel  # noqa: E402
+from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+DECODE = str(ROOT / "examples" / "decode_attention.habu")
+HEADS = {"G": 2, "R": 2, "E": 128, "D": 128}
+
+
+def run(sizes: dict[str, int], pins: dict[str, str], lens: list[int], seed: int, golden: bool = True):
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16", **pins})
+    (kernel,) = built.plan.kernels
+    assert isinstance(kernel, AttentionKernel) and kernel.kv_split == int(pins.get("kv_split", 0))
+    inputs = make_inputs(built.model, built.sizes, seed)
+    inputs["LEN"].copy_(torch.tensor(lens, dtype=inputs["LEN"].dtype))
+    outs = poisoned_outputs(built.model, built.sizes)
+    built.compiled(**inputs, **outs)
+    torch.cuda.synchronize()
+    if golden:
+        ref = reference(built.model, inputs, built.sizes)["O"]
+        tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+        g = compare(outs["O"], ref, tol)
+        assert g.unwritten == 0, f"O: {g.unwritten} elements never written (or NaN) ({kernel})"
+        assert g.ok, f"O: relative error {g.rel_error:.2e} > {tol:.0e} ({kernel})"
+    return outs["O"].detach().to("cpu").double().numpy(), inputs
+
+
+@pytest.mark.parametrize(("n_j", "pins"), [
+    (1, {"kv_split": "64", "bn": "32"}), (17, {"kv_split": "64", "bn": "32"}), (1000, {"kv_split": "64", "bn": "32"}),
+    (1000, {"kv_split": "256", "bn": "64"}),
+], ids=lambda x: str(x))
+def test_split_decode_golden_at_odd_sizes(n_j, pins):
+    """Sequence 1 empty (zeros), sequence 2 full; the others end inside a split and at a split's end."""
+    split = int(pins["kv_split"])
+    lens = [min(n_j, 9), 0, n_j, min(n_j, split)]
+    got, _ = run({"B": 4, **HEADS, "J": n_j, "L": n_j + 1}, pins, lens, seed=n_j)
+    assert np.all(got[1] == 0)
+
+
+def test_split_decode_matches_the_unsplit_fused_plan():
+    sizes = {"B": 3, **HEADS, "J": 777, "L": 778}
+    lens = [777, 300, 1]
+    split, inputs = run(sizes, {"kv_split": "128", "bn": "64"}, lens, seed=4, golden=False)
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16"})
+    outs = poisoned_outputs(built.model, built.sizes)
+    built.compiled(**inputs, **outs)
+    torch.cuda.synchronize()
+    whole = outs["O"].detach().to("cpu").double().numpy()
+    diff = np.abs(split - whole).max() / np.abs(whole).max()
+    assert diff < 2e-2, f"split and unsplit differ by {diff} (of max |O|)"
+
+
+def test_split_decode_long_cache_many_splits():
+    """16 sequences of up to 4096 keys in splits of 512: 8 splits a query tile, 256 blocks."""
+    lens = [4096, 4095, 1, 0, 513, 512, 511, 2048] * 2
+    run({"B": 16, **HEADS, "J": 4096, "L": 4097}, {"kv_split": "512", "bn": "64"}, lens, seed=9)
+
+
+def test_the_fused_decodes_default_split_on_a_long_cache():
+    """`--pin family=attention` alone gives this plan for one sequence of 4096 keys (kv_split 128, KV tiles of
+    32: tests/prove/test_attention_decode_split.py)."""
+    run({"B": 1, **HEADS, "J": 4096, "L": 4097}, {"kv_split": "128", "bn": "32"}, [4000], seed=2)

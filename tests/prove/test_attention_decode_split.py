@@ -1,0 +1,105 @@
+"""Split-KV (flash-decoding, issue 22) as a plan shape of the fused attention family: `--pin kv_split=N`
+splits each query tile's KV tiles over blocks that write partials (m, l, unnormalised O) to workspaces, the
+last of them combining. Reachable by the pin and the search (not the default until its GPU run has passed);
+proven like any plan: the `attention-splits` rule and the check over Z_q × GF(p), whose witness keeps the
+lengths' range so that they reach every split. (The combine's and the splits' planted mistakes are in the
+mutation suite: `attention-combine-rescale-inverted`, `attention-split-tiles-overlap`,
+`attention-partial-slot-ignores-split`.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.bench.mutants_attention import (
+    DECODE_PINS,
+    DECODE_SHAPE,
+    partial_slot_ignores_split,
+    split_tiles_overlap,
+)
+from habu.lower import lower_plan
+from habu.paths import region_space
+from habu.paths.emit import emit_plan
+from habu.plan.patterns import Region
+from habu.plan.plan import AttentionKernel
+from habu.prove.obligation import context, discharge
+from habu.prove.rules import failures, obligations
+from habu.prove.rules_attention import attention_obligations
+from habu.prove.verify import verify_plan
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+
+
+@pytest.fixture(scope="module")
+def decode():
+    return load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"].with_sizes(DECODE_SHAPE)
+
+
+def test_split_kv_is_pinned_searched_and_the_fused_decodes_default_on_a_long_cache(decode):
+    """Under `--pin family=attention` a decode whose query tiles leave the GPU idle is split (its golden GPU
+    runs passed, session 30); 100 keys are one split of 128: not split. The unpinned default stays the
+    unfused plan."""
+    assert default_plan(decode, T, DECODE_SHAPE, {"family": "attention"}).kernels[0].kv_split == 0
+    long = {**DECODE_SHAPE, "B": 1, "J": 4096, "L": 4097}
+    assert default_plan(decode.with_sizes(long), T, long, {"family": "attention"}).kernels == (
+        AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=128),)
+    assert default_plan(decode.with_sizes(long), T, long, {"family": "attention", "kv_split": "0"}).kernels[0] \
+        .kv_split == 0
+    assert not any(isinstance(k, AttentionKernel) for k in default_plan(decode.with_sizes(long), T, long).kernels)
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    assert plan.kernels == (AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=32),)
+    assert "kv_split" in plan.to_json()["kernels"][0] and "kv_split" not in \
+        default_plan(decode, T, DECODE_SHAPE, {"family": "attention"}).to_json()["kernels"][0]
+    splits = {k.kv_split for k in region_space(decode, Region("general", ("O",)), T, DECODE_SHAPE)
+              if isinstance(k, AttentionKernel)}
+    assert {0, 64, 128, 256, 512} <= splits
+
+
+def test_split_kv_decode_is_proven_and_prints_the_partials_and_the_combine(decode):
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    assert not failures(obligations(decode, plan, DECODE_SHAPE))
+    cert = verify_plan(decode, plan, DECODE_SHAPE, trials=1)
+    assert cert.passed, cert.failure
+    emitted = emit_plan(decode, plan, T)
+    kernel = emitted.kernels[0]
+    assert kernel.zero == ("$O.n",) and {w[0] for w in kernel.workspace} == {"$O.o", "$O.m", "$O.l", "$O.n"}
+    assert dict((w[0], w[2]) for w in kernel.workspace)["$O.o"] == ("J/32", "B", "G", "R", "D")
+    src = kernel.source
+    assert "const int split = (int)(((long long)blockIdx.x / 8));" in src
+    assert "habu::last_block_done(" in src and "habu::exp2_fast((__ldcg(" in src
+
+
+def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    ctx = context(decode, plan, DECODE_SHAPE)
+    lw = lower_plan(decode, plan)[0]
+    good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == "attention-splits"]
+    assert len(good) >= 8 and not failures(good)
+    for planted in (split_tiles_overlap, partial_slot_ignores_split):
+        bad = [discharge(o, ctx) for o in attention_obligations("k0", planted(lw), ctx)
+               if o.rule.name == "attention-splits"]
+        assert failures(bad), planted.__name__
+
+
+def test_regression_the_witness_keeps_the_lengths_range_of_a_decode(decode):
+    """The witness reduced #L (the lengths' range) to a few values: every sequence's length fell in the first
+    split, and a combine that rescaled the wrong way survived the check at the witness shape."""
+    from habu.prove.witness import witness_sizes
+
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    lws = lower_plan(decode, plan)
+    sizes = witness_sizes(decode, ["k0"], lws, DECODE_SHAPE)
+    assert sizes["L"] > 3 * 32 and sizes["J"] == DECODE_SHAPE["J"]
+
+
+def test_regression_a_split_block_reads_its_q_fragments_at_its_own_first_tile(decode):
+    """The emitter printed `if (kt == 0)` around the Q fragment reads (the unsplit kernel's first tile): a block
+    of split s > 0 starts at tile s·split_tiles, never read Q and multiplied garbage (relative error 1.79 and
+    NaN on the H200), while the interpreter, which reads Q at the block's `first_tile`, passed."""
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    src = emit_plan(decode, plan, T).kernels[0].source
+    assert "for (int kt = split; kt < tiles; ++kt)" in src and "    if (kt == split) {" in src
+    assert "if (kt == 0)" not in src
