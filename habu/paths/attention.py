@@ -56,7 +56,13 @@ class AttentionPath(KernelPath):
         assert isinstance(base, AttentionKernel)
         for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
             yield replace(base, bm=bm, bn=bn)
-        if target.wgmma and target.tma:  # the FA3-style loop (its rules refuse head widths not in 64s)
+
+    def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
+                        sizes: dict[str, int]) -> Iterator[Kernel]:
+        """`variants`, then the wgmma main loop's tiles (`WGMMA_TILES`) where it can run the kernel (`wgmma_kernel`)."""
+        yield from self.variants(base, target)
+        assert isinstance(base, AttentionKernel)
+        if self.wgmma_kernel(model, base, target) is not None:
             for bm, bn, stages in WGMMA_TILES:
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1)
 
