@@ -67,10 +67,14 @@ def wgmma_rs_function(n: int) -> str:
 #define {guard}
 __device__ __forceinline__ void {name}(float (&d)[{regs}], const habu::u32 (&a)[4], habu::u64 desc_b) {{
   asm volatile(
+      "{{\\n"
+      ".reg .pred p;\\n"
+      "setp.ne.b32 p, %{regs + 5}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
-      "{{{outs}}}, {{{a}}}, %{regs + 4}, 1, 1, 1, 1;\\n"
+      "{{{outs}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 1;\\n"
+      "}}\\n"
       : {constraints}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }}
 #endif
 """
@@ -213,16 +217,21 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 #pragma unroll
     for (int r = 0; r < {lw.o_registers}; ++r) o[r] = 0.0f;
     float m[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}}, l[2] = {{0.0f, 0.0f}};
+    float s[{lw.s_registers}];  // S of the tile in flight, then its P
+    habu::u32 pa[{bn // K_STEP}][4];  // P's A registers of each k step (keys 16·kk..)
     const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
+    int held = -1;  // the stage of the tile whose P·V may still read it (released once the next S has run)
     habu::mbar_wait(q_bar, 0);
     for (long long kt = 0; kt < tiles; ++kt) {{
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
-      const int slot = {c(ring.read_slot(CExpr("stage")))};
-      float s[{lw.s_registers}];
+      const int slot = {c(ring.read_slot(CExpr("stage")))};  // tile kt's stage
       habu::wgmma_fence();
 {s_mma}
-      habu::wgmma_commit();
+      habu::wgmma_commit();  // S of tile kt, queued behind the P·V of tile kt − 1
       habu::wgmma_wait<0>();
+      habu::fence_registers(s);
+      habu::fence_registers(o);
+      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});  // tile kt − 1's stage is free
       const bool open_tile = {unmasked};  // every key of the tile visible to every row: no mask
       float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
       if (open_tile) {{
@@ -274,14 +283,19 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int q = 0; q < 2; ++q) o[{o_reg}] *= alpha[h];
-      habu::u32 pa[{bn // K_STEP}][4];  // P's A registers of each k step (keys 16·kk..)
 {p_pack}
+      habu::fence_registers(pa);
+      habu::fence_registers(o);
       habu::wgmma_fence();
 {pv_mma}
       habu::wgmma_commit();
-      habu::wgmma_wait<0>();
-      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // the stage is free
+      held = slot;
       {_advance(ring)}
+      if (kt + 1 == tiles) {{  // the last P·V: waited here, so that no wgmma is in flight past the loop
+        habu::wgmma_wait<0>();
+        habu::fence_registers(o);
+        if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+      }}
     }}
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);

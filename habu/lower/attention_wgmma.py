@@ -16,8 +16,9 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         row cw·64 + 16w + l/4 + 8h, key 8j + 2(l%4) + q); P = exp(S − m) packed to bf16 as the register A
         operand of O += P·V (`p_registers`: S's registers of two adjacent 8-key groups are the A fragment
         of a k16 step), bn/16 wgmma m64n{#D}k16 with V MN-major from shared memory (`v_start`, the
-        instruction's transposed B); then one arrival on `empty[stage]` (the stage is released at once:
-        each KV tile is a ring "output tile" of one k step, as habu.prove.pipeline runs it).
+        instruction's transposed B); the next tile's S is queued behind this P·V (one wait for both), and a
+        tile's stage is released (one arrival on `empty[stage]`) once that wait has passed, the last tile's
+        after the loop: the contraction consumers' schedule habu.prove.pipeline runs.
     epilogue: l summed over a row's 4 lanes, O / l (div0) stored at `o_element`.
 
 Every offset here is a byte offset from the kernel's 1024-byte aligned shared-memory base. The finite-field
