@@ -122,7 +122,6 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
 
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
     open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
-    unmasked = c(lw.unmasked(CExpr("(long long)kt"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
     tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
                         lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
     scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
@@ -151,22 +150,91 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
         + [f"        {load(lw.v, lw.v_box_origin(cx('kt'), coords, b), lw.v_box_dst(cx('stage'), b), 'full')}"
            f"  // V's columns {64 * b}.." for b in range(lw.v_boxes)])
     q_bytes = bm * n_e * 2
-    # S = Q·Kᵀ: #E/16 k steps, both operands K-major
-    s_mma = "\n".join(f"      {wgmma_name(bn, 'bf16')}(s, {_desc(lw.qk_desc, lw.q_start(cx('cw'), kk))}, "
-                      f"{_desc(lw.qk_desc, lw.k_start(cx('slot'), kk))}, {int(kk > 0)});"
-                      for kk in range(n_e // K_STEP))
+    # S = Q·Kᵀ: #E/16 k steps, both operands K-major, K from stage `slot_var`
+    def s_mma_for(slot_var: str, ind: str) -> str:
+        return "\n".join(f"{ind}{wgmma_name(bn, 'bf16')}(s, {_desc(lw.qk_desc, lw.q_start(cx('cw'), kk))}, "
+                         f"{_desc(lw.qk_desc, lw.k_start(cx(slot_var), kk))}, {int(kk > 0)});"
+                         for kk in range(n_e // K_STEP))
+
+    s_mma, s_mma_next = s_mma_for("slot", "      "), s_mma_for("nslot", "      ")
     # O += P·V: bn/16 k steps, P from registers, V MN-major
     pv_mma = "\n".join(f"      {wgmma_rs_name(n_d)}(o, pa[{kk}], {_desc(lw.v_desc, lw.v_start(cx('slot'), kk))});"
                        for kk in range(bn // K_STEP))
+    pv_issue = ("      habu::fence_registers(pa);\n      habu::fence_registers(o);\n      habu::wgmma_fence();\n"
+                + pv_mma + "\n      habu::wgmma_commit();\n")
     p_pack = "\n".join(f"      pa[{kk}][{r}] = habu::pack_bf16x2(s[{c(lo)}], s[{c(hi)}]);"
                        for kk in range(bn // K_STEP) for r in range(4)
                        for lo, hi in [lw.p_registers(kk, r)])
     s_reg = c(lw.s_register(cx("jn"), cx("h"), cx("q")))
     o_reg = c(lw.o_register(cx("dn"), cx("h"), cx("q")))
-    s_row, s_key = lw.s_element(cx("cw"), cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("q"))
+    s_row_, s_key_ = lw.s_element(cx("cw"), cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("q"))
+
+    def softmax(ind: str) -> str:
+        """Tile ks's scale, mask and online softmax on S's registers (P = exp(S − m) left in place, alpha and l
+        updated), at indent `ind`."""
+        open_tile = c(lw.unmasked(CExpr("ks"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
+        i_of = c(lw.row(CExpr("qt"), s_row_))
+        j_of = c(lw.key(CExpr("ks"), s_key_))
+        text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
+float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
+if (open_tile) {{
+#pragma unroll
+  for (int jn = 0; jn < {bn // 8}; ++jn)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {{
+        s[{s_reg}] *= scale;
+        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+      }}
+}} else {{
+#pragma unroll
+  for (int jn = 0; jn < {bn // 8}; ++jn)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {{  // scale and mask register (jn, h, q)
+        const long long i = (long long)({i_of});
+        const long long j = (long long)({j_of});
+        const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
+        (void)i;
+        s[{s_reg}] = visible ? s[{s_reg}] * scale : habu::neg_inf_f();
+        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+      }}
+}}
+#pragma unroll
+for (int h = 0; h < 2; ++h) {{
+  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
+  shift[h] = habu::softmax_shift(m_new);
+  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
+  m[h] = {lw.kept_max('m[h]', 'm_new')};
+  l[h] *= alpha[h];
+}}
+#pragma unroll
+for (int jn = 0; jn < {bn // 8}; ++jn)
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {{
+      s[{s_reg}] = habu::exp2_fast(s[{s_reg}] - shift[h]);  // a masked score: 2^−∞ = 0
+      l[h] += s[{s_reg}];
+    }}
+"""
+        return "".join(ind + line + "\n" if line else "\n" for line in text.splitlines())
+
+    def rescale_pack(ind: str) -> str:
+        """O times alpha, then P packed into pa (O and pa no longer read by a wgmma)."""
+        text = f"""#pragma unroll
+for (int dn = 0; dn < {n_d // 8}; ++dn)
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) o[{o_reg}] *= alpha[h];
+""" + "\n".join(line.strip() for line in p_pack.splitlines()) + "\n"
+        return "".join(ind + line + "\n" for line in text.splitlines())
+
     o_row, o_col = lw.o_element(cx("cw"), cx("warp"), cx("lane"), cx("dn"), cx("h"), cx("q"))
     row_of = lambda t: c(lw.row(CExpr("qt"), t))  # noqa: E731
-    key_of = lambda t: c(lw.key(CExpr("kt"), t))  # noqa: E731
     po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     o_coord = {**batch, "i": "i", "d": "d"}
     fr = lw.fragment
@@ -218,84 +286,42 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
     for (int r = 0; r < {lw.o_registers}; ++r) o[r] = 0.0f;
     float m[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}}, l[2] = {{0.0f, 0.0f}};
     float s[{lw.s_registers}];  // S of the tile in flight, then its P
+    float alpha[2], shift[2];  // the rescale of O and l for the tile, its exponentials' shift
     habu::u32 pa[{bn // K_STEP}][4];  // P's A registers of each k step (keys 16·kk..)
     const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
-    int held = -1;  // the stage of the tile whose P·V may still read it (released once the next S has run)
     habu::mbar_wait(q_bar, 0);
-    for (long long kt = 0; kt < tiles; ++kt) {{
+    int slot = 0;  // the stage of the tile whose P·V is next
+    if (tiles > 0) {{  // tile 0: its S, its softmax
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
-      const int slot = {c(ring.read_slot(CExpr("stage")))};  // tile kt's stage
+      slot = {c(ring.read_slot(CExpr("stage")))};
+      {_advance(ring)}
       habu::wgmma_fence();
 {s_mma}
-      habu::wgmma_commit();  // S of tile kt, queued behind the P·V of tile kt − 1
+      habu::wgmma_commit();
       habu::wgmma_wait<0>();
       habu::fence_registers(s);
-      habu::fence_registers(o);
-      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});  // tile kt − 1's stage is free
-      const bool open_tile = {unmasked};  // every key of the tile visible to every row: no mask
-      float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
-      if (open_tile) {{
-#pragma unroll
-        for (int jn = 0; jn < {bn // 8}; ++jn)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {{
-              s[{s_reg}] *= scale;
-              mx[h] = fmaxf(mx[h], s[{s_reg}]);
-            }}
-      }} else {{
-#pragma unroll
-        for (int jn = 0; jn < {bn // 8}; ++jn)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {{  // scale and mask register (jn, h, q)
-              const long long i = (long long)({row_of(s_row)});
-              const long long j = (long long)({key_of(s_key)});
-              const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
-              (void)i;
-              s[{s_reg}] = visible ? s[{s_reg}] * scale : habu::neg_inf_f();
-              mx[h] = fmaxf(mx[h], s[{s_reg}]);
-            }}
-      }}
-      float alpha[2], shift[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {{
-        const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
-        shift[h] = habu::softmax_shift(m_new);
-        alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
-        m[h] = {lw.kept_max('m[h]', 'm_new')};
-        l[h] *= alpha[h];
-      }}
-#pragma unroll
-      for (int jn = 0; jn < {bn // 8}; ++jn)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {{
-            s[{s_reg}] = habu::exp2_fast(s[{s_reg}] - shift[h]);  // a masked score: 2^−∞ = 0
-            l[h] += s[{s_reg}];
-          }}
-#pragma unroll
-      for (int dn = 0; dn < {n_d // 8}; ++dn)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int q = 0; q < 2; ++q) o[{o_reg}] *= alpha[h];
-{p_pack}
-      habu::fence_registers(pa);
-      habu::fence_registers(o);
-      habu::wgmma_fence();
-{pv_mma}
-      habu::wgmma_commit();
-      held = slot;
+      const long long ks = 0;
+{softmax('      ')}{rescale_pack('      ')}    }}
+    for (long long kt = 0; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, O rescaled for tile kt; a next tile
+      // S of tile kt + 1 first: its softmax then runs while P(kt)·V(kt) does
+      habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+      const int nslot = {c(ring.read_slot(CExpr("stage")))};
       {_advance(ring)}
-      if (kt + 1 == tiles) {{  // the last P·V: waited here, so that no wgmma is in flight past the loop
-        habu::wgmma_wait<0>();
-        habu::fence_registers(o);
-        if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
-      }}
+      habu::wgmma_fence();
+{s_mma_next}
+      habu::wgmma_commit();
+{pv_issue}      habu::wgmma_wait<1>();  // S of tile kt + 1
+      habu::fence_registers(s);
+      const long long ks = kt + 1;
+{softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
+      habu::fence_registers(o);
+{rescale_pack('      ')}      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
+      slot = nslot;
+    }}
+    if (tiles > 0) {{  // the last tile's P·V
+{pv_issue}      habu::wgmma_wait<0>();
+      habu::fence_registers(o);
+      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);

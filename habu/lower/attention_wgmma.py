@@ -16,9 +16,10 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         row cw·64 + 16w + l/4 + 8h, key 8j + 2(l%4) + q); P = exp(S − m) packed to bf16 as the register A
         operand of O += P·V (`p_registers`: S's registers of two adjacent 8-key groups are the A fragment
         of a k16 step), bn/16 wgmma m64n{#D}k16 with V MN-major from shared memory (`v_start`, the
-        instruction's transposed B); the next tile's S is queued behind this P·V (one wait for both), and a
-        tile's stage is released (one arrival on `empty[stage]`) once that wait has passed, the last tile's
-        after the loop: the contraction consumers' schedule habu.prove.pipeline runs.
+        instruction's transposed B). FA3's intra-warpgroup overlap: tile kt + 1's S is issued before tile kt's
+        P·V, its softmax runs while that P·V does (wgmma.wait_group 1), then O is rescaled and P packed; tile
+        kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
+        last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
     epilogue: l summed over a row's 4 lanes, O / l (div0) stored at `o_element`.
 
 Every offset here is a byte offset from the kernel's 1024-byte aligned shared-memory base. The finite-field
