@@ -65,6 +65,8 @@ def test_the_wgmma_plan_at_head_width_128_is_proven_and_builds_without_spills(pr
     assert cert.passed, cert.failure
     ((cubin,),) = CompiledModel(model, emit_plan(model, plan, T), cache_dir=tmp_path).compile("sm_90a")
     assert cubin.cubin.startswith(b"\x7fELF") and not cubin.resources.spills, cubin.resources.describe()
+    # regression: a wgmma issued under a condition (the next tile's S) made ptxas serialise every wgmma (C7515)
+    assert "C7515" not in cubin.log and "serialized" not in cubin.log, cubin.log
 
 
 def test_a_head_width_not_in_64s_is_a_usage_error_of_the_pin(prefill):
