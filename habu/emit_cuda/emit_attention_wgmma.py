@@ -157,6 +157,14 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
                          for kk in range(n_e // K_STEP))
 
     s_mma, s_mma_next = s_mma_for("slot", "      "), s_mma_for("nslot", "      ")
+    # ping-pong: consumer cw waits on barrier turn_barrier(cw) before it issues, passes the other's after
+    mine, other = c(lw.turn_barrier(cx("cw"))), c(lw.turn_barrier(cx("(1 - cw)")))
+    turn_wait = f"      habu::turn_wait({mine});  // this warpgroup's turn to issue\n" if lw.pingpong else ""
+    turn_pass = f"      habu::turn_pass({other});  // the other warpgroup's turn\n" if lw.pingpong else ""
+    turn_start = (f"    if (cw == 1) habu::turn_pass({c(lw.turn_barrier(0))});  // warpgroup 0 issues first\n"
+                  if lw.pingpong else "")
+    turn_end = (f"    if (cw == 0) habu::turn_wait({c(lw.turn_barrier(0))});  // warpgroup 1's last pass (the counts balance)\n"
+                if lw.pingpong else "")
     # O += P·V: bn/16 k steps, P from registers, V MN-major
     pv_mma = "\n".join(f"      {wgmma_rs_name(n_d)}(o, pa[{kk}], {_desc(lw.v_desc, lw.v_start(cx('slot'), kk))});"
                        for kk in range(bn // K_STEP))
@@ -289,16 +297,16 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
     float alpha[2], shift[2];  // the rescale of O and l for the tile, its exponentials' shift
     habu::u32 pa[{bn // K_STEP}][4];  // P's A registers of each k step (keys 16·kk..)
     const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
-    habu::mbar_wait(q_bar, 0);
+{turn_start}    habu::mbar_wait(q_bar, 0);
     int slot = 0;  // the stage of the tile whose P·V is next
     if (tiles > 0) {{  // tile 0: its S, its softmax
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       slot = {c(ring.read_slot(CExpr("stage")))};
       {_advance(ring)}
-      habu::wgmma_fence();
+{turn_wait}      habu::wgmma_fence();
 {s_mma}
       habu::wgmma_commit();
-      habu::wgmma_wait<0>();
+{turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(s);
       const long long ks = 0;
 {softmax('      ')}{rescale_pack('      ')}    }}
@@ -307,10 +315,10 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       const int nslot = {c(ring.read_slot(CExpr("stage")))};
       {_advance(ring)}
-      habu::wgmma_fence();
+{turn_wait}      habu::wgmma_fence();
 {s_mma_next}
       habu::wgmma_commit();
-{pv_issue}      habu::wgmma_wait<1>();  // S of tile kt + 1
+{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
       const long long ks = kt + 1;
 {softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
@@ -319,11 +327,11 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       slot = nslot;
     }}
     if (tiles > 0) {{  // the last tile's P·V
-{pv_issue}      habu::wgmma_wait<0>();
+{turn_wait}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
-#pragma unroll
+{turn_end}#pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
 #pragma unroll
     for (int dn = 0; dn < {n_d // 8}; ++dn)

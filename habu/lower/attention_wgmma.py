@@ -72,6 +72,8 @@ def wgmma_refusal(lw: AttentionLowering, target_ok: bool = True) -> str | None:
         return "warp_m is an mma.sync choice (the wgmma loop's warps own 16 rows each)"
     if k.stages < 2:
         return "the ring needs at least 2 stages"
+    if k.pingpong and k.bm != 2 * SLAB:
+        return "ping-pong takes turns between two consumer warpgroups (bm 128)"
     for acc, inner in ((lw.q, "e"), (lw.k, "e"), (lw.v, "d")):
         axes = [p.axis for p in acc.positions]
         if any(p.kind != "axis" for p in acc.positions) or len(set(axes)) != len(axes):
@@ -108,6 +110,15 @@ class AttentionWgmmaLowering(AttentionLowering):
     @property
     def threads(self) -> int:
         return 128 * (self.consumers + 1)
+
+    @property
+    def pingpong(self) -> bool:
+        """The two consumer warpgroups take turns issuing their wgmmas (named barriers `turn_barrier`)."""
+        return bool(self.kernel.pingpong) and self.consumers == 2
+
+    def turn_barrier(self, cw: Any) -> Any:
+        """The named barrier consumer cw waits on for its turn (1, 2; 0 is __syncthreads); the other passes it."""
+        return 1 + cw
 
     def consumer_of(self, tid: Any) -> Any:
         """The consumer warpgroup of thread tid (warpgroup 0 is the producer)."""

@@ -28,8 +28,8 @@ from habu.target import Target
 # the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
 MMA_SHARE = 0.5
 WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess until measured)
-# the wgmma main loop's tiles in the search: (query rows, keys, stages)
-WGMMA_TILES = ((128, 128, 2), (128, 64, 3), (64, 128, 2))
+# the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
+WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
 
 
 class AttentionPath(KernelPath):
@@ -63,8 +63,8 @@ class AttentionPath(KernelPath):
         yield from self.variants(base, target)
         assert isinstance(base, AttentionKernel)
         if self.wgmma_kernel(model, base, target) is not None:
-            for bm, bn, stages in WGMMA_TILES:
-                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1)
+            for bm, bn, stages, pingpong in WGMMA_TILES:
+                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong)
 
     def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
         """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles

@@ -220,6 +220,9 @@ class AttentionKernel:
                             json_optional=True, unguarded=KEEP)
     stages: int = choice("K/V tiles in flight in the wgmma main loop's ring (the mma.sync loop double-buffers)", P,
                          default=2, lo=1, hi=4, pins=("stages",), json_optional=True, unguarded=KEEP)
+    pingpong: bool = choice("the wgmma main loop's two consumer warpgroups take turns issuing their wgmmas (FA3's "
+                            "ping-pong, named barriers 1 and 2): one's softmax runs while the other's products do", E,
+                            default=False, pins=("pingpong",), json_optional=True, unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
 

@@ -1,7 +1,7 @@
 """The fused attention kernel's wgmma main loop on the GPU (issue 22, `--pin family=attention --pin
 main_loop=wgmma`, habu/lower/attention_wgmma.py): causal GQA prefill at odd sizes (sequence 17 and 1000, head
 width 64 and 128, queries ≠ keys, fully masked rows), the model without a mask, one consumer warpgroup (bm 64),
-KV tiles of 64 keys in 3 stages; each against the float64 model with outputs poisoned by NaN first, and against
+KV tiles of 64 keys in 3 stages, the two consumers' ping-pong; each against the float64 model with outputs poisoned by NaN first, and against
 the mma.sync kernel on the same inputs. Each case proves its plan (build: the rules and a trial over
 Z_q × GF(p)) before it runs.
 
@@ -47,7 +47,7 @@ def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str
 
 @pytest.mark.parametrize(("n_i", "n_j", "width", "pins"), [
     (17, 17, 64, {}), (17, 17, 128, {}), (1000, 1000, 128, {}), (100, 333, 64, {}),
-    (200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}),
+    (200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}), (700, 1000, 128, {"pingpong": "1"}),
 ], ids=lambda x: str(x))
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,

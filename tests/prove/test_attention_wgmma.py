@@ -54,12 +54,14 @@ def test_the_search_offers_the_wgmma_loop(prefill):
 
 
 def test_the_wgmma_plan_at_head_width_128_is_proven_and_builds_without_spills(prefill, tmp_path):
-    """Two consumer warpgroups (bm 128), KV tiles of 64 keys in 3 stages: the rules, one trial over Z_q × GF(p),
-    and NVRTC's sm_90a cubin within the registers setmaxnreg gives the consumers, no spill."""
+    """Two consumer warpgroups (bm 128) taking turns (ping-pong), KV tiles of 64 keys in 3 stages: the rules, one
+    trial over Z_q × GF(p), and NVRTC's sm_90a cubin within the registers setmaxnreg gives the consumers, no
+    spill."""
     from habu.emit_cuda.runtime import CompiledModel
 
     model = prefill.with_sizes(WIDE)
-    plan = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma", "bn": "64", "stages": "3"})
+    plan = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma", "bn": "64", "stages": "3",
+                                         "pingpong": "1"})
     assert not failures(obligations(model, plan, WIDE))
     cert = verify_plan(model, plan, WIDE, trials=1, seeds=[5])
     assert cert.passed, cert.failure
@@ -67,6 +69,7 @@ def test_the_wgmma_plan_at_head_width_128_is_proven_and_builds_without_spills(pr
     assert cubin.cubin.startswith(b"\x7fELF") and not cubin.resources.spills, cubin.resources.describe()
     # regression: a wgmma issued under a condition (the next tile's S) made ptxas serialise every wgmma (C7515)
     assert "C7515" not in cubin.log and "serialized" not in cubin.log, cubin.log
+    assert "habu::turn_wait" in emit_plan(model, plan, T).kernels[0].source
 
 
 def test_a_head_width_not_in_64s_is_a_usage_error_of_the_pin(prefill):
@@ -75,11 +78,13 @@ def test_a_head_width_not_in_64s_is_a_usage_error_of_the_pin(prefill):
         default_plan(prefill.with_sizes(sizes), T, sizes, {"family": "attention", "main_loop": "wgmma"})
 
 
-def test_the_rules_refuse_a_query_tile_of_32_rows(prefill):
+@pytest.mark.parametrize(("pins", "why"), [({"bm": "32"}, "bm = 32"), ({"pingpong": "1"}, "ping-pong")])
+def test_the_rules_refuse_what_the_loop_cannot_run(prefill, pins, why):
+    """A query tile of 32 rows (wgmma's m64), ping-pong with one consumer warpgroup (bm 64)."""
     model = prefill.with_sizes(SHAPE)
-    plan = default_plan(model, T, SHAPE, {**PINS, "bm": "32"})
+    plan = default_plan(model, T, SHAPE, {**PINS, **pins})
     bad = failures(obligations(model, plan, SHAPE))
-    assert any(o.rule.name == "supported-path" and "bm = 32" in o.detail for o in bad), bad
+    assert any(o.rule.name == "supported-path" and why in o.detail for o in bad), bad
 
 
 def test_the_ring_rule_rejects_stages_that_wrap_late(prefill):

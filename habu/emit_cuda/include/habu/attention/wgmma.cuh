@@ -23,4 +23,10 @@ __device__ __forceinline__ void fence_registers(u32 (&r)[N][4]) {
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+/** @brief Ping-pong between two consumer warpgroups (FA3): wait until named barrier `id` has the other
+ * warpgroup's 128 arrivals (bar.sync counts this warpgroup's 128 threads with them). */
+__device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+/** @brief Hand the turn to the other warpgroup: arrive (without waiting) on its named barrier `id`. */
+__device__ __forceinline__ void turn_pass(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+
 }  // namespace habu
