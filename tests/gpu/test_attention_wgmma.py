@@ -45,22 +45,25 @@ def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str
     return got, ref
 
 
-@pytest.mark.parametrize(("n_i", "n_j", "width", "pins"), [
-    (17, 17, 64, {}), (17, 17, 128, {}), (1000, 1000, 128, {}), (100, 333, 64, {}),
-    (200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}), (700, 1000, 128, {"pingpong": "1"}),
+GQA = {"B": 2, "G": 2, "R": 2}  # 2 KV heads of 2 query heads each, 2 sequences
+ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and the proof's stay small
+
+
+@pytest.mark.parametrize(("heads", "n_i", "n_j", "width", "pins"), [
+    (GQA, 17, 17, 64, {}), (GQA, 17, 17, 128, {}), (ONE, 1000, 1000, 128, {}), (GQA, 100, 333, 64, {}),
+    (ONE, 200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}), (ONE, 700, 1000, 128, {"pingpong": "1"}),
 ], ids=lambda x: str(x))
-def test_wgmma_causal_gqa_prefill_at_odd_sizes(n_i, n_j, width, pins):
+def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,
     sequences no multiple of the tiles (TMA's zero fill past #I and #J)."""
-    run_golden(str(EX / "attention.habu"), "ATTENTION-GQA",
-               {"B": 2, "G": 2, "R": 2, "E": width, "D": width, "I": n_i, "J": n_j}, pins, seed=n_i + n_j)
+    run_golden(str(EX / "attention.habu"), "ATTENTION-GQA", {**heads, "E": width, "D": width, "I": n_i, "J": n_j},
+               pins, seed=n_i + n_j)
 
 
 def test_wgmma_without_mask(tmp_path):
     path = tmp_path / "full.habu"
     path.write_text(full_attention_source())
-    run_golden(str(path), "ATTENTION-FULL", {"B": 2, "G": 2, "R": 2, "E": 128, "D": 128, "I": 77, "J": 1000}, {},
-               seed=7)
+    run_golden(str(path), "ATTENTION-FULL", {**ONE, "E": 128, "D": 128, "I": 77, "J": 1000}, {}, seed=7)
 
 
 def test_wgmma_fully_masked_rows_give_zeros():
@@ -71,7 +74,7 @@ def test_wgmma_fully_masked_rows_give_zeros():
 
 
 def test_wgmma_matches_the_mma_sync_kernel():
-    sizes = {"B": 1, "G": 2, "R": 2, "E": 128, "D": 128, "I": 300, "J": 700}
+    sizes = {**ONE, "E": 128, "D": 128, "I": 300, "J": 700}
     wg = build(str(EX / "attention.habu"), "ATTENTION-GQA", sizes, WGMMA)
     ms = build(str(EX / "attention.habu"), "ATTENTION-GQA", sizes, {"family": "attention"})
     inputs = make_inputs(wg.model, wg.sizes, 11)
