@@ -50,9 +50,11 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
 
 
 @pytest.mark.parametrize(("heads", "n_i", "n_j", "width", "pins"), [
-    (GQA, 17, 17, 64, {}), (GQA, 17, 17, 128, {}), (ONE, 1000, 1000, 128, {}), (GQA, 100, 333, 64, {}),
-    (ONE, 200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}), (ONE, 700, 1000, 128, {"pingpong": "1"}),
-], ids=lambda x: str(x))
+    pytest.param(GQA, 17, 17, 64, {}, id="gqa17d64"), pytest.param(GQA, 17, 17, 128, {}, id="gqa17d128"),
+    pytest.param(ONE, 1000, 1000, 128, {}, id="seq1000d128"), pytest.param(GQA, 100, 333, 64, {}, id="gqa100x333d64"),
+    pytest.param(ONE, 200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}, id="bm64bn64s3"),
+    pytest.param(ONE, 700, 1000, 128, {"pingpong": "1"}, id="pingpong"),
+])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,
     sequences no multiple of the tiles (TMA's zero fill past #I and #J)."""
