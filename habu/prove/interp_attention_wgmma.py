@@ -3,9 +3,9 @@ by block, warpgroup by warpgroup, lane by lane, as habu/emit_cuda/emit_attention
 
 The producer's TMA boxes land in shared memory where the driver's 128-byte swizzle puts them
 (`habu.prove.fragments.tma_box_bytes`), each element read from the tensor at the box's origin and zero past
-the tensor map's dims (the access's `bounded_extents`, what the emitter encodes). The producer runs as far
-ahead as the ring lets it (every stage refilled before its previous tile is read would show as a wrong
-tile: a stage index that repeats too early overwrites a tile still to be multiplied); the producer and the
+the tensor map's dims (the access's `bounded_extents`, what the emitter encodes). Before the consumers
+read tile kt the producer has filled every stage the earlier tiles left (tiles up to kt + S − 1), so a
+stage index that repeats too early overwrites a tile still to be multiplied; the producer and the
 consumers walk the ring's (stage, phase) by `MbarrierRing.advance`. The consumers read their operands
 through the descriptors' start addresses and fields the lowering gives, laid out as the PTX ISA's wgmma
 shared-memory layouts state (`wgmma_kmajor_addresses`, `wgmma_mnmajor_addresses`), and hold S and O in
@@ -158,7 +158,10 @@ def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], 
                        "l": np.broadcast_to(zero, (W, L, 2)).copy(), "o": np.broadcast_to(zero, (W, L, n_d // 2)).copy(),
                        "a_q": a_q, "ring": (ring.start_stage, ring.start_phase)})
     for kt in range(tiles):
-        produce_until(kt + ring.stages - 1)  # as far ahead as the ring lets the producer run
+        # the producer fills every stage the tiles before kt have left (the consumers run in order here; when the
+        # ring lets each load begin is the pipeline-schedule rule's): a stage index that repeats too early
+        # overwrites tile kt before it is read
+        produce_until(kt + ring.stages - 1)
         for cw, st in enumerate(states):  # every consumer reads tile kt before any stage is refilled
             _consume(lw, f, ops, smem, st, cw, qt, kt, coords, sizes, mem, open_limit, scale, maps)
     for cw, st in enumerate(states):
