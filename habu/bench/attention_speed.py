@@ -47,6 +47,10 @@ CASES = (
     Case("gqa-causal-4k", 1, 8, 4, 4096, True),
     Case("mha-causal-4k-d64", 2, 16, 1, 4096, True, 64),
     Case("decode-gqa-4k", 16, 8, 4, 4096, False, decode=True),
+    # the wgmma main loop (FA3-style, habu/lower/attention_wgmma.py): prefill of 4096 tokens, 16 heads (one
+    # sequence: the proof's float reference over every head stays within the GPU feedback run's time)
+    Case("fa3-causal-4k", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"),)),
+    Case("fa3-full-4k", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"),)),
 )
 
 

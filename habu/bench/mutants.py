@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from habu.bench import mutants_attention as att
+from habu.bench import mutants_attention_wgmma as atw
 from habu.bench import mutants_split as split
 from habu.bench.mutant_plants import (
     box_group_shifted,
@@ -511,6 +512,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "its pairs are stored and read as two adjacent words", "ggemm.habu", "GGEMM", split.SHAPE,
            split.partial_column_major, split.PINS),
     *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)
+    Mutant("attention-wgmma-rescale-inverted", "the wgmma attention loop rescales l and O by exp(m_new − m_old)",
+           "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.rescale_inverted, atw.PINS),
+    Mutant("attention-wgmma-p-row-swapped", "the wgmma attention loop packs P's A registers from the other row "
+           "half of S's accumulators", "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.p_row_swapped, atw.PINS),
+    Mutant("attention-wgmma-kv-boxes-in-one-stage", "the wgmma attention loop's producer loads every K tile into "
+           "stage 0", "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.kv_boxes_in_one_stage, atw.PINS),
+    Mutant("attention-wgmma-v-descriptor-atoms", "V's wgmma descriptor steps 8 keys by half an atom",
+           "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.v_descriptor_rows_of_k, atw.PINS),
 )
 
 

@@ -5,6 +5,7 @@ these imports fill the registry before any kernel is launched or exported."""
 
 from habu.emit_cuda import (  # noqa: F401
     emit_attention,
+    emit_attention_wgmma,
     emit_columns,
     emit_fma,
     emit_general,

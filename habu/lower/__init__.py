@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from habu.lower.attention import AttentionLowering, lower_attention
+from habu.lower.attention_wgmma import lower_attention_wgmma
 from habu.lower.columns import ColumnLowering, lower_columns
 from habu.lower.contraction import ContractionLowering, lower_contraction
 from habu.lower.general import GeneralLowering, lower_general
@@ -47,7 +48,8 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
     if isinstance(kernel, GroupedKernel):
         return lower_grouped(model, kernel, storage)
     if isinstance(kernel, AttentionKernel):
-        return lower_attention(model, kernel, storage)
+        fa2 = lower_attention(model, kernel, storage)
+        return lower_attention_wgmma(fa2) if kernel.main_loop == "wgmma" else fa2  # the Hopper main loop
     raise TypeError(kernel)
 
 

@@ -12,8 +12,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from habu.emit_cuda.emit_attention import emit_attention
+from habu.emit_cuda.emit_attention_wgmma import emit_attention_wgmma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.attention import AttentionLowering, flops
+from habu.lower.attention_wgmma import AttentionWgmmaLowering
 from habu.lower.support import ATTENTION
 from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
@@ -25,6 +27,9 @@ from habu.target import Target
 
 # the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
 MMA_SHARE = 0.5
+WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess until measured)
+# the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
+WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
 
 
 def kv_split_for(blocks: int, keys: int, sms: int) -> int:
@@ -91,6 +96,27 @@ class AttentionPath(KernelPath):
             for split, bn in itertools.product((256, 512, 128, 64), (32, 64)):
                 yield replace(base, bn=bn, kv_split=split)
 
+    def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
+                        sizes: dict[str, int]) -> Iterator[Kernel]:
+        """`variants`, then the wgmma main loop's tiles (`WGMMA_TILES`) where it can run the kernel (`wgmma_kernel`)."""
+        yield from self.variants(base, target)
+        assert isinstance(base, AttentionKernel)
+        if self.wgmma_kernel(model, base, target) is not None:
+            for bm, bn, stages, pingpong in WGMMA_TILES:
+                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong)
+
+    def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
+        """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles
+        of 128 rows (two consumer warpgroups), KV tiles of 128 keys, 2 stages; None where the target has no
+        wgmma and TMA or a head width is not a static multiple of 64."""
+        form = attention_form(model, kernel.nodes[0]) if len(kernel.nodes) == 1 else None
+        if form is None or not (target.wgmma and target.tma):
+            return None
+        e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
+        if e is None or d is None or e % 64 or d % 64:
+            return None
+        return replace(kernel, main_loop="wgmma", bm=128, bn=128, stages=2, warp_m=1)
+
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q
         and O once, K and V once per query tile."""
@@ -101,7 +127,8 @@ class AttentionPath(KernelPath):
         count = lw.batch_count(sizes)
         tiles = -(-rows // lw.kernel.bm)
         moved = 2.0 * count * (rows * n_e + tiles * keys * (n_e + n_d)) + 4.0 * count * rows * n_d
-        peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
+        peak = c.wgmma_flops * WGMMA_SHARE if isinstance(lw, AttentionWgmmaLowering) else \
+            (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
         # the share of the SMs the grid keeps busy (a decode's few query tiles leave most idle; split-KV fills
         # them), and split-KV's partials: written once and read by the combine
         blocks = count * tiles * (lw.splits(sizes) if lw.kernel.kv_split else 1)
@@ -118,6 +145,8 @@ class AttentionPath(KernelPath):
 
     def emit(self, name: str, model: Model, lowering: AttentionLowering, static: dict[str, int],  # type: ignore[override]
              target: Target, early_main_loop: bool = False) -> CudaKernel:
+        if isinstance(lowering, AttentionWgmmaLowering):
+            return emit_attention_wgmma(name, model, lowering, static)
         return emit_attention(name, model, lowering, static)
 
 

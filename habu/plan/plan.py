@@ -222,6 +222,16 @@ class AttentionKernel:
     warp_m: int = choice("16-row mma tiles a warp computes (2: each K and V fragment feeds two; Q's fragments are "
                          "then read per step instead of kept)", E, default=1, allowed=(1, 2), pins=("warp_m",),
                          unguarded=KEEP)
+    main_loop: str = choice("the KV loop: mma.sync (cp.async double buffer, 16 query rows a warp) or wgmma (FA3-style, "
+                            "habu/lower/attention_wgmma.py: a producer warpgroup fills a TMA/mbarrier ring of `stages` "
+                            "K/V tiles, bm/64 consumer warpgroups of 64 query rows multiply with wgmma, P from "
+                            "registers)", P, default="mma.sync", allowed=("mma.sync", "wgmma"), pins=("main_loop",),
+                            json_optional=True, unguarded=KEEP)
+    stages: int = choice("K/V tiles in flight in the wgmma main loop's ring (the mma.sync loop double-buffers)", P,
+                         default=2, lo=1, hi=4, pins=("stages",), json_optional=True, unguarded=KEEP)
+    pingpong: bool = choice("the wgmma main loop's two consumer warpgroups take turns issuing their wgmmas (FA3's "
+                            "ping-pong, named barriers 1 and 2): one's softmax runs while the other's products do", E,
+                            default=False, pins=("pingpong",), json_optional=True, unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
     kv_split: int = choice("keys one block reads (split-KV, flash-decoding: the blocks of a query tile each take "

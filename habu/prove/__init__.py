@@ -12,6 +12,7 @@ from habu.plan.plan import Plan
 from habu.prove import (  # noqa: F401
     interp,
     interp_attention,
+    interp_attention_wgmma,
     interp_columns,
     interp_general,
     interp_grouped,

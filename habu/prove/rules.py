@@ -40,7 +40,8 @@ from habu.prove.obligation import (
     context,
     discharge,
 )
-from habu.prove.rules_attention import ATTENTION_RULES, attention_obligations
+from habu.prove.rules_attention import ATTENTION_RULES
+from habu.prove.rules_attention_wgmma import attention_family_obligations
 from habu.prove.rules_columns import COLUMN_RULES, column_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
@@ -536,7 +537,7 @@ FAMILY: dict[str, Callable[[str, Any, Context], Iterator[Obligation]]] = {
     "general": general_obligations,
     "columns": column_obligations,
     "grouped": grouped_obligations,
-    "attention": attention_obligations,
+    "attention": attention_family_obligations,  # the FA2 rules, and the wgmma main loop's where it runs
 }
 
 

@@ -98,7 +98,7 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
                          lw.query_tiles(s) * k.bm <= INT31, detail="a tile's row exceeds 2^31 − 1 in 32 bits")
         yield Obligation(INT32_OFFSETS, name, None, "32-bit keys kt·bn + t of every KV tile ≤ 2^31−1",
                          s[lw.key_extent] + k.bn <= INT31, detail="a tile's key exceeds 2^31 − 1 in 32 bits")
-    if static:
+    if static and k.main_loop == "mma.sync":  # the wgmma loop's TMA boxes, ring and fragments: rules_attention_wgmma
         yield from _staging_obligations(name, lw, n_e, n_d)
         yield from _fragment_obligations(name, lw, n_e, n_d)
         if k.kv_split:

@@ -17,6 +17,7 @@ from habu.errors import UsageError
 from habu.paths import (
     FAMILY_PINS,
     ContractionPath,
+    attention,
     contraction_path,
     default_kernel,
     family_kernel,
@@ -32,6 +33,7 @@ from habu.plan.patterns import Region, as_contraction, default_regions
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
+    AttentionKernel,
     GroupedKernel,
     Kernel,
     Plan,
@@ -153,11 +155,13 @@ def _pinned_wgmma(model: Model, kernels: tuple[Kernel, ...], target: Target) -> 
     """`--pin main_loop=wgmma`: each grouped kernel the wgmma main loop can run takes it with its default
     tile (`GroupedPath.wgmma_kernel`; other pins then change the tile); the others (an f32 A, a fused pair)
     keep mma.sync. A plan with no such kernel is a mistake."""
-    out = tuple((grouped.PATH.wgmma_kernel(model, k, target) or k) if isinstance(k, GroupedKernel) else k
-                for k in kernels)
-    if not any(isinstance(k, GroupedKernel) and k.main_loop == "wgmma" for k in out):
-        raise UsageError(f"--pin main_loop=wgmma: no grouped kernel of {model.name} can run the wgmma main loop on "
-                         f"{target.name} (it needs wgmma and TMA, bf16 A and W, one GEMM a kernel)")
+    out = tuple((grouped.PATH.wgmma_kernel(model, k, target) or k) if isinstance(k, GroupedKernel) else
+                (attention.PATH.wgmma_kernel(model, k, target) or k) if isinstance(k, AttentionKernel) else k
+                for k in kernels)  # an attention kernel (--pin family=attention): the FA3-style loop
+    if not any(isinstance(k, GroupedKernel | AttentionKernel) and k.main_loop == "wgmma" for k in out):
+        raise UsageError(f"--pin main_loop=wgmma: no grouped or attention kernel of {model.name} can run the wgmma "
+                         f"main loop on {target.name} (it needs wgmma and TMA; a grouped GEMM bf16 A and W, one GEMM "
+                         "a kernel; fused attention (--pin family=attention) bf16 Q, K, V of head widths in 64s)")
     return out
 
 

@@ -147,7 +147,7 @@ def test_a_pin_that_no_kernel_of_the_plan_takes_is_an_error():
     with pytest.raises(UsageError, match="--pin threads: no kernel of this plan has that choice"):
         default_plan(gemm, TARGETS["sm_90a"], None, parse_pins(["threads=64"]))
     softmax = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
-    with pytest.raises(UsageError, match=r"a choice of contraction (or grouped )?kernels"):
+    with pytest.raises(UsageError, match=r"a choice of (attention or )?contraction (or grouped )?kernels"):
         default_plan(softmax, TARGETS["sm_90a"], None, parse_pins(["stages=3"]))
     ffn = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
     plan = default_plan(ffn, TARGETS["sm_90a"], None, parse_pins(["threads=256", "stages=3"]))  # both kinds here

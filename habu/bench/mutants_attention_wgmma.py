@@ -1,0 +1,49 @@
+"""Planted mistakes in the fused attention kernel's wgmma main loop (habu/lower/attention_wgmma.py): the online
+softmax's rescale, the row half of P's register A operand, the stage a KV tile's boxes land in and V's
+descriptor. Each changes the CUDA the emitter prints (the same methods print it); the finite-field check over
+Z_q × GF(p) must reject every one on the CPU. They are entries of the mutation suite (`MUTANTS` in
+habu/bench/mutants.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Any
+
+from habu.lower.attention_wgmma import AttentionWgmmaLowering
+
+# examples/attention.habu with the smallest head width the loop takes (64): 2 query tiles of 64 rows (one
+# consumer warpgroup), 4 KV tiles of 32 keys in 2 stages (the ring wraps twice), the causal skip and mask
+SHAPE = {"B": 1, "G": 1, "R": 2, "I": 70, "J": 100, "E": 64, "D": 64}
+PINS = {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "32", "stages": "2"}
+
+
+def _planted(lw: Any, method: str, body: Callable) -> AttentionWgmmaLowering:
+    assert isinstance(lw, AttentionWgmmaLowering)
+    cls = type(f"Planted_{method}", (AttentionWgmmaLowering,), {method: body})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def rescale_inverted(lw: Any) -> AttentionWgmmaLowering:
+    """l and O multiplied by exp(m_new − m_old): earlier tiles grow instead of shrinking."""
+    return _planted(lw, "rescale", lambda self, m_old, m_new, ops: ops.sub(m_new, m_old))
+
+
+def p_row_swapped(lw: Any) -> AttentionWgmmaLowering:
+    """P's A registers take the S accumulators of the other row half (rows g and g + 8 swapped)."""
+    def p_registers(self, kk, reg):
+        (g0, r0), (g1, r1) = self.p_fragment(kk, reg)
+        return self.s_register(g0, 1 - r0 // 2, r0 % 2), self.s_register(g1, 1 - r1 // 2, r1 % 2)
+
+    return _planted(lw, "p_registers", p_registers)
+
+
+def kv_boxes_in_one_stage(lw: Any) -> AttentionWgmmaLowering:
+    """The producer loads every KV tile's K boxes into stage 0: the next tile overwrites the one the consumers
+    are about to multiply."""
+    return _planted(lw, "k_box_dst", lambda self, stage, box: self.stage_base(0) + box * (self.kernel.bn * 128))
+
+
+def v_descriptor_rows_of_k(lw: Any) -> AttentionWgmmaLowering:
+    """V's descriptor steps 8 keys by 512 bytes instead of 1024 (its 8-row atoms misread)."""
+    return replace(lw, v_desc=replace(lw.v_desc, sbo=lw.v_desc.sbo // 2))

@@ -1,0 +1,363 @@
+"""The fused attention kernel's Hopper main loop (FlashAttention-3 style), printed from the
+`AttentionWgmmaLowering` (habu/lower/attention_wgmma.py; its docstring is the kernel's outline).
+
+Warpgroup 0 is the producer: one thread loads Q's tile (TMA boxes on the Q barrier) and then each KV tile's
+K and V boxes into the ring's stage (`MbarrierRing`: wait `empty`, arrive with the stage's bytes on `full`,
+`habu::ring_advance`). Warpgroups 1.. are consumers of 64 query rows each: S = Q·Kᵀ by wgmma (both operands
+from shared memory), the scale, the mask (tiles `unmasked` says need none skip it), the online softmax on
+S's accumulator registers (`habu/attention/online.cuh`, in base 2 as the mma.sync kernel), P packed to bf16
+registers as the A operand of O += P·V (wgmma with A from registers and V's MN-major tile, the transposed
+B), one arrival on the stage's `empty` barrier, and at the end O / l stored from the registers.
+"""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    condition_code,
+    float_expr,
+    header,
+    index_type,
+    store_value,
+)
+from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.kernel import CudaKernel, TmaSpec
+from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
+from habu.lower.attention_wgmma import K_STEP, AttentionWgmmaLowering, wgmma_refusal
+from habu.lower.contraction import tma_coordinates, tma_order
+from habu.lower.layouts import WgmmaDescriptor
+from habu.lower.pipeline import MbarrierRing
+from habu.spec.ir import Gather, IndexConst, IndexVar, Model
+
+
+class _FloatOps:
+    @staticmethod
+    def max(a: str, b: str) -> str:
+        return f"fmaxf({a}, {b})"
+
+    @staticmethod
+    def sub(a: str, b: str) -> str:
+        return f"({a} - {b})"
+
+
+def _no_load(ld) -> str:
+    raise ValueError("the scale of the attention scores reads no tensor")
+
+
+def wgmma_rs_name(n: int) -> str:
+    return f"habu_wgmma_rs_m64n{n}_bf16_bt"
+
+
+def wgmma_rs_function(n: int) -> str:
+    """`habu_wgmma_rs_m64n{n}_bf16_bt(float (&d)[n/2], const u32 (&a)[4], u64 desc_b)`: d += A·B with A (64 × 16
+    bf16) from registers (the PTX ISA's register fragment A) and B MN-major from shared memory (transpose bit)."""
+    regs = n // 2
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    constraints = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    name = wgmma_rs_name(n)
+    guard = name.upper()
+    return f"""#ifndef {guard}
+#define {guard}
+__device__ __forceinline__ void {name}(float (&d)[{regs}], const habu::u32 (&a)[4], habu::u64 desc_b) {{
+  asm volatile(
+      "{{\\n"
+      ".reg .pred p;\\n"
+      "setp.ne.b32 p, %{regs + 5}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
+      "{{{outs}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 1;\\n"
+      "}}\\n"
+      : {constraints}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}}
+#endif
+"""
+
+
+def _desc(d: WgmmaDescriptor, start) -> str:
+    return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>(smem_base + (habu::u32)({c(start)}))"
+
+
+def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
+    return c(ring.empty_barrier(CExpr("bars"), CExpr(stage)) if empty else ring.full_barrier(CExpr("bars"), CExpr(stage)))
+
+
+def _advance(ring: MbarrierRing) -> str:
+    flip = f", {ring.flip}u" if ring.flip != 1 else ""
+    return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
+
+
+def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, static: dict[str, int]) -> CudaKernel:
+    refused = wgmma_refusal(lw)
+    if refused is not None:
+        raise ValueError(f"{name}: {refused}")
+    k, ring, split = lw.kernel, lw.ring, lw.split
+    assert ring is not None and split is not None
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
+    bm, bn = k.bm, k.bn
+    cx = CExpr
+    batch = {a: a for a in lw.batch_axes}
+    extent_of = dict(zip(lw.batch_axes, lw.batch_extents, strict=True))
+    batch_code = "".join(f"  const {it} {a} = ({it})({c(v)});  // batch index {a} (#{extent_of[a]})\n"
+                         for a, v in lw.batch_coords(CExpr("flat"), sizes).items())
+
+    def term(ix, last) -> object:
+        if isinstance(ix, IndexVar):
+            return last if ix.name == "i" else CExpr(f"(long long){ix.name}")
+        if isinstance(ix, Gather):
+            assert isinstance(ix.indices[0], IndexVar)
+            return CExpr(f"(long long){table(ix.tensor, ix.indices[0].name)}")
+        assert isinstance(ix, IndexConst)
+        return ix.value
+
+    limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
+    open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
+    tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
+                        lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
+    scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
+    mask = condition_code(lw.mask, sizes, table) if lw.mask is not None else "true"
+    ops = _FloatOps()
+    shuffles = ", ".join(str(x) for x in lw.quad_offsets)
+
+    # the tensor maps (dims: the accesses' bounded extents, innermost first; boxes of 64 head-width columns)
+    def tmap(acc) -> str:
+        box = lw.box_extent(acc)
+        return sig.tensormap(TmaSpec(acc.tensor, acc.dtype, tuple(reversed(acc.bounded_extents())),
+                                     tuple(box.get(a, 1) for a in tma_order(acc)), lw.qk_desc.swizzle))
+
+    coords = {a: CExpr(a) for a in lw.batch_axes}
+    bx = CExpr("bx")
+
+    def load(acc, origin, dst: object, bar: str) -> str:
+        at = ", ".join(f"(int)({c(x)})" for x in tma_coordinates(acc, origin))
+        return f"habu::tma_load_{len(acc.positions)}d(smem_base + (habu::u32)({c(dst)}), &{tmap(acc)}, {bar}, {at});"
+
+    q_loads = "\n".join(f"      {load(lw.q, lw.q_box_origin(cx('qt'), coords, b), lw.q_box_dst(b), 'q_bar')}"
+                        f"  // Q's columns {64 * b}..: zero past #{lw.row_extent}" for b in range(lw.q_boxes))
+    kv_loads = "\n".join(
+        [f"        {load(lw.k, lw.k_box_origin(cx('kt'), coords, b), lw.k_box_dst(cx('stage'), b), 'full')}"
+         f"  // K's columns {64 * b}..: zero past #{lw.key_extent}" for b in range(lw.q_boxes)]
+        + [f"        {load(lw.v, lw.v_box_origin(cx('kt'), coords, b), lw.v_box_dst(cx('stage'), b), 'full')}"
+           f"  // V's columns {64 * b}.." for b in range(lw.v_boxes)])
+    q_bytes = bm * n_e * 2
+    # S = Q·Kᵀ: #E/16 k steps, both operands K-major, K from stage `slot_var`
+    def s_mma_for(slot_var: str, ind: str) -> str:
+        return "\n".join(f"{ind}{wgmma_name(bn, 'bf16')}(s, {_desc(lw.qk_desc, lw.q_start(cx('cw'), kk))}, "
+                         f"{_desc(lw.qk_desc, lw.k_start(cx(slot_var), kk))}, {int(kk > 0)});"
+                         for kk in range(n_e // K_STEP))
+
+    s_mma, s_mma_next = s_mma_for("slot", "      "), s_mma_for("nslot", "      ")
+    # ping-pong: consumer cw waits on barrier turn_barrier(cw) before it issues, passes the other's after
+    mine, other = c(lw.turn_barrier(cx("cw"))), c(lw.turn_barrier(cx("(1 - cw)")))
+    turn_wait = f"      habu::turn_wait({mine});  // this warpgroup's turn to issue\n" if lw.pingpong else ""
+    turn_pass = f"      habu::turn_pass({other});  // the other warpgroup's turn\n" if lw.pingpong else ""
+    turn_start = (f"    if (cw == 1) habu::turn_pass({c(lw.turn_barrier(0))});  // warpgroup 0 issues first\n"
+                  if lw.pingpong else "")
+    turn_end = (f"    if (cw == 0) habu::turn_wait({c(lw.turn_barrier(0))});  // warpgroup 1's last pass (the counts balance)\n"
+                if lw.pingpong else "")
+    # O += P·V: bn/16 k steps, P from registers, V MN-major
+    pv_mma = "\n".join(f"      {wgmma_rs_name(n_d)}(o, pa[{kk}], {_desc(lw.v_desc, lw.v_start(cx('slot'), kk))});"
+                       for kk in range(bn // K_STEP))
+    pv_issue = ("      habu::fence_registers(pa);\n      habu::fence_registers(o);\n      habu::wgmma_fence();\n"
+                + pv_mma + "\n      habu::wgmma_commit();\n")
+    p_pack = "\n".join(f"      pa[{kk}][{r}] = habu::pack_bf16x2(s[{c(lo)}], s[{c(hi)}]);"
+                       for kk in range(bn // K_STEP) for r in range(4)
+                       for lo, hi in [lw.p_registers(kk, r)])
+    s_reg = c(lw.s_register(cx("jn"), cx("h"), cx("q")))
+    o_reg = c(lw.o_register(cx("dn"), cx("h"), cx("q")))
+    s_row_, s_key_ = lw.s_element(cx("cw"), cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("q"))
+
+    def softmax(ind: str) -> str:
+        """Tile ks's scale, mask and online softmax on S's registers (P = exp(S − m) left in place, alpha and l
+        updated), at indent `ind`."""
+        open_tile = c(lw.unmasked(CExpr("ks"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
+        i_of = c(lw.row(CExpr("qt"), s_row_))
+        j_of = c(lw.key(CExpr("ks"), s_key_))
+        text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
+float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
+if (open_tile) {{
+#pragma unroll
+  for (int jn = 0; jn < {bn // 8}; ++jn)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {{
+        s[{s_reg}] *= scale;
+        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+      }}
+}} else {{
+#pragma unroll
+  for (int jn = 0; jn < {bn // 8}; ++jn)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {{  // scale and mask register (jn, h, q)
+        const long long i = (long long)({i_of});
+        const long long j = (long long)({j_of});
+        const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
+        (void)i;
+        s[{s_reg}] = visible ? s[{s_reg}] * scale : habu::neg_inf_f();
+        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+      }}
+}}
+#pragma unroll
+for (int h = 0; h < 2; ++h) {{
+  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
+  shift[h] = habu::softmax_shift(m_new);
+  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
+  m[h] = {lw.kept_max('m[h]', 'm_new')};
+  l[h] *= alpha[h];
+}}
+#pragma unroll
+for (int jn = 0; jn < {bn // 8}; ++jn)
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {{
+      s[{s_reg}] = habu::exp2_fast(s[{s_reg}] - shift[h]);  // a masked score: 2^−∞ = 0
+      l[h] += s[{s_reg}];
+    }}
+"""
+        return "".join(ind + line + "\n" if line else "\n" for line in text.splitlines())
+
+    def rescale_pack(ind: str) -> str:
+        """O times alpha, then P packed into pa (O and pa no longer read by a wgmma)."""
+        text = f"""#pragma unroll
+for (int dn = 0; dn < {n_d // 8}; ++dn)
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) o[{o_reg}] *= alpha[h];
+""" + "\n".join(line.strip() for line in p_pack.splitlines()) + "\n"
+        return "".join(ind + line + "\n" for line in text.splitlines())
+
+    o_row, o_col = lw.o_element(cx("cw"), cx("warp"), cx("lane"), cx("dn"), cx("h"), cx("q"))
+    row_of = lambda t: c(lw.row(CExpr("qt"), t))  # noqa: E731
+    po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    o_coord = {**batch, "i": "i", "d": "d"}
+    fr = lw.fragment
+    resized = split.producer != split.at_launch or split.consumer != split.at_launch
+    dec = f"    habu::setmaxnreg_dec<{split.producer}>();\n" if split.producer != split.at_launch else ""
+    inc = (f"    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}\n" if split.consumer != split.at_launch
+           else f"    // {split.describe()}: no setmaxnreg\n")
+    body = f"""{wgmma_function(bn, "bf16")}{wgmma_rs_function(n_d)}
+extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 smem_base = (habu::smem_addr(smem_raw) + 1023u) & ~1023u;  // 128-byte swizzled tiles: 1024-byte aligned
+  const habu::u32 bars = smem_base + {ring.base}u;  // full[s] at +{ring.barrier_stride}·s, empty[s] {ring.empty_offset} bytes after it
+  const habu::u32 q_bar = smem_base + {lw.q_bar}u;  // Q's tile has landed
+{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const long long bx = blockIdx.x;
+  const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
+  const {it} flat = ({it})({c(lw.batch_flat(bx, sizes))});  // the batch element
+{batch_code}  const long long limit = {c(limit)};  // keys at or past this are masked for every row of the tile
+  const long long tiles = {c(tiles)};  // the KV tiles visited (the causal skip)
+  const long long open_limit = {c(open_limit)};  // keys below this are visible to every row of the tile
+  (void)limit;
+  (void)open_limit;
+  if (tid == 0) {{
+    habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
+    habu::mbar_init(q_bar, 1);
+    habu::fence_barrier_init();
+  }}
+  __syncthreads();
+  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
+  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+{dec}    if (tid == 0) {{
+      habu::mbar_arrive_expect_tx(q_bar, {q_bytes});
+{q_loads}
+      for (long long kt = 0; kt < tiles; ++kt) {{
+        habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
+        const habu::u32 full = {_barrier(ring, "stage")};
+        habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
+{kv_loads}
+        {_advance(ring)}
+      }}
+    }}
+  }} else {{  // --------------------------------------------------------------------- consumers
+{inc}    const int cw = {c(lw.consumer_of(CExpr("tid")))};  // query rows {64}·cw.. of the tile
+    const int warp = {c(fr.thread_warp(CExpr("tid")))}, lane = {c(fr.thread_lane(CExpr("tid")))};
+    float o[{lw.o_registers}];
+#pragma unroll
+    for (int r = 0; r < {lw.o_registers}; ++r) o[r] = 0.0f;
+    float m[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}}, l[2] = {{0.0f, 0.0f}};
+    float s[{lw.s_registers}];  // S of the tile in flight, then its P
+    float alpha[2], shift[2];  // the rescale of O and l for the tile, its exponentials' shift
+    habu::u32 pa[{bn // K_STEP}][4];  // P's A registers of each k step (keys 16·kk..)
+    const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
+{turn_start}    habu::mbar_wait(q_bar, 0);
+    int slot = 0;  // the stage of the tile whose P·V is next
+    if (tiles > 0) {{  // tile 0: its S, its softmax
+      habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+      slot = {c(ring.read_slot(CExpr("stage")))};
+      {_advance(ring)}
+{turn_wait}      habu::wgmma_fence();
+{s_mma}
+      habu::wgmma_commit();
+{turn_pass}      habu::wgmma_wait<0>();
+      habu::fence_registers(s);
+      const long long ks = 0;
+{softmax('      ')}{rescale_pack('      ')}    }}
+    for (long long kt = 0; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, O rescaled for tile kt; a next tile
+      // S of tile kt + 1 first: its softmax then runs while P(kt)·V(kt) does
+      habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+      const int nslot = {c(ring.read_slot(CExpr("stage")))};
+      {_advance(ring)}
+{turn_wait}      habu::wgmma_fence();
+{s_mma_next}
+      habu::wgmma_commit();
+{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
+      habu::fence_registers(s);
+      const long long ks = kt + 1;
+{softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
+      habu::fence_registers(o);
+{rescale_pack('      ')}      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
+      slot = nslot;
+    }}
+    if (tiles > 0) {{  // the last tile's P·V
+{turn_wait}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();
+      habu::fence_registers(o);
+      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
+    }}
+{turn_end}#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+#pragma unroll
+    for (int dn = 0; dn < {n_d // 8}; ++dn)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {{
+          const {it} i = ({it})({row_of(o_row)});
+          const {it} d = ({it})({c(o_col)});
+          if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
+            {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), f'habu::f_div0(o[{o_reg}], l[h])')}
+        }}
+  }}
+}}
+"""
+    src = header(f"{name}: fused attention (online softmax), wgmma main loop: query tiles of {bm} rows "
+                 f"({lw.consumers} consumer warpgroup(s)), KV tiles of {bn} keys in a TMA ring of {ring.stages} stages",
+                 [f"computes {lw.node.target} = softmax-weighted sum over #{lw.key_extent} "
+                  f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",
+                  f"mask: {'none' if lw.mask is None else 'the model' + chr(39) + 's'}; causal skip: "
+                  f"{'yes' if lw.skip_bound() is not None else 'no'}"])
+    src += body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), lw.threads, lw.smem_bytes(), lw,
+                      register_demand=split.demand if resized else None)
+
+
+register_geometry(AttentionWgmmaLowering, GRID_2D)  # (batch elements × query tiles, 1)
+
+__all__ = ["emit_attention_wgmma", "wgmma_rs_function", "wgmma_rs_name"]

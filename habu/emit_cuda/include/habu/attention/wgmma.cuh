@@ -1,0 +1,32 @@
+/** @brief The fused attention kernel's wgmma main loop (habu/lower/attention_wgmma.py): register fences that pin
+ * the order of the accumulator and operand registers around the asynchronous wgmma instructions. */
+#pragma once
+#include "../types.cuh"
+
+namespace habu {
+
+/** @brief An empty asm that reads and writes each register of `r`: placed after a wgmma wait (and before a wgmma
+ * that reads or accumulates into `r`), the compiler cannot move the registers' other uses across it (CUTLASS's
+ * warpgroup_fence_operand). */
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/** @brief The same for packed operand registers (P's A fragments, 4 a k step). */
+template <int N>
+__device__ __forceinline__ void fence_registers(u32 (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+/** @brief Ping-pong between two consumer warpgroups (FA3): wait until named barrier `id` has the other
+ * warpgroup's 128 arrivals (bar.sync counts this warpgroup's 128 threads with them). */
+__device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+/** @brief Hand the turn to the other warpgroup: arrive (without waiting) on its named barrier `id`. */
+__device__ __forceinline__ void turn_pass(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+
+}  // namespace habu

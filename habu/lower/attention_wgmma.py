@@ -1,0 +1,248 @@
+"""The fused attention kernel's Hopper main loop (`AttentionKernel.main_loop = "wgmma"`, FlashAttention-3 style):
+the FlashAttention-2 lowering (habu/lower/attention.py: the grid, the rows and keys, the mask, the causal skip,
+the online softmax) with the operands moved by TMA and multiplied by wgmma.
+
+    block x -> query tile qt, batch element (`query_tile`, `batch_flat`, `batch_coords`, as mma.sync)
+    warpgroup 0 (producer; one thread issues): Q's tile once, #E/64 TMA boxes of 64 columns × bm rows at
+        `q_box_origin` into `q_box_dst` (128-byte swizzle), completing on the Q barrier (`q_bar`); then per
+        KV tile kt < `kv_tiles` (the causal skip): wait `empty[stage]`, expect the stage's bytes, #E/64 boxes
+        of K (64 columns × bn keys, `k_box_origin` -> `k_box_dst`) and #D/64 of V (`v_box_origin` ->
+        `v_box_dst`) into `full[stage]`; the ring is the contraction path's `MbarrierRing` (K's boxes its
+        A load, V's its B load), the stage of tile kt = kt mod S.
+    warpgroup 1 + cw (consumer cw, query rows cw·64 .. cw·64 + 63 of the tile): wait Q; per KV tile wait
+        `full[stage]`; S = Q·Kᵀ by #E/16 wgmma m64n{bn}k16 (both operands K-major in shared memory,
+        descriptors `q_start`, `k_start`); scale, mask (where the tile is not `unmasked`), the online
+        softmax on S's accumulator registers (`s_element`: register (j, h, q) of lane l of warp w holds
+        row cw·64 + 16w + l/4 + 8h, key 8j + 2(l%4) + q); P = exp(S − m) packed to bf16 as the register A
+        operand of O += P·V (`p_registers`: S's registers of two adjacent 8-key groups are the A fragment
+        of a k16 step), bn/16 wgmma m64n{#D}k16 with V MN-major from shared memory (`v_start`, the
+        instruction's transposed B). FA3's intra-warpgroup overlap: tile kt + 1's S is issued before tile kt's
+        P·V, its softmax runs while that P·V does (wgmma.wait_group 1), then O is rescaled and P packed; tile
+        kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
+        last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
+    epilogue: l summed over a row's 4 lanes, O / l (div0) stored at `o_element`.
+
+Every offset here is a byte offset from the kernel's 1024-byte aligned shared-memory base. The finite-field
+interpreter (habu/prove/interp_attention_wgmma.py) writes the TMA boxes through the driver's swizzle, reads
+the operands through the PTX ISA's descriptor layouts and the accumulator/A-register layouts (habu.prove.
+fragments), and runs the ring (habu.prove.pipeline): a wrong box, descriptor start, register map or stage
+changes the field result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from habu.lower.access import Access
+from habu.lower.attention import AttentionLowering
+from habu.lower.fragments import ACCUMULATOR
+from habu.lower.layouts import WgmmaDescriptor
+from habu.lower.pipeline import MbarrierRing, TmaOperandLoad
+from habu.lower.registers import RegisterSplit, warp_specialized_split
+
+SPAN = 64  # bf16 columns of one 128-byte swizzle row (a TMA box's inner width)
+SWIZZLE = 128
+ROW_BYTES = SPAN * 2
+SLAB = 64  # query rows of a consumer warpgroup (wgmma's m64)
+K_STEP = 16  # wgmma's k16
+BASE_ALIGN = 1024  # the 128-byte swizzle's period: every tile starts at a multiple of it
+ELEMENT = 2  # bf16 bytes
+QK_DESC = WgmmaDescriptor(16, 8 * SWIZZLE, SWIZZLE)  # K-major, 128-byte swizzle: LBO unused, SBO one 8-row atom
+
+
+def wgmma_refusal(lw: AttentionLowering, target_ok: bool = True) -> str | None:
+    """Why the wgmma main loop cannot run this attention kernel, or None."""
+    k = lw.kernel
+    if not target_ok:
+        return "the target has no wgmma and TMA"
+    if any(a.dtype != "bf16" for a in (lw.q, lw.k, lw.v)):
+        return "the wgmma main loop multiplies bf16 Q, K and V"
+    if lw.width_e is None or lw.width_d is None:
+        return "the head widths must be static"
+    if lw.width_e % SPAN or lw.width_d % SPAN or lw.width_e > 256 or lw.width_d > 256:
+        return f"the head widths ({lw.width_e}, {lw.width_d}) must be multiples of {SPAN} up to 256 (TMA boxes " \
+               "of one 128-byte swizzle span)"
+    if k.bm not in (64, 128):
+        return f"bm = {k.bm}: the wgmma main loop takes 64 or 128 query rows (one or two consumer warpgroups)"
+    if k.bn % 16 or not 16 <= k.bn <= 256:
+        return f"bn = {k.bn}: wgmma multiplies 16 to 256 keys in steps of 16"
+    if k.warp_m != 1:
+        return "warp_m is an mma.sync choice (the wgmma loop's warps own 16 rows each)"
+    if k.stages < 2:
+        return "the ring needs at least 2 stages"
+    if k.kv_split:
+        return "split-KV runs on the mma.sync loop (the wgmma loop keeps no partials)"
+    if k.pingpong and k.bm != 2 * SLAB:
+        return "ping-pong takes turns between two consumer warpgroups (bm 128)"
+    for acc, inner in ((lw.q, "e"), (lw.k, "e"), (lw.v, "d")):
+        axes = [p.axis for p in acc.positions]
+        if any(p.kind != "axis" for p in acc.positions) or len(set(axes)) != len(axes):
+            return f"{acc.tensor} is read through a gather or a repeated index (TMA loads plain boxes)"
+        if axes[-1] != inner:
+            return f"{acc.tensor}'s contiguous index is not its head width (TMA boxes of 64 columns of it)"
+        if len(axes) > 5:
+            return f"{acc.tensor} has {len(axes)} dimensions (a tensor map has at most 5)"
+    return None
+
+
+@dataclass(frozen=True)
+class AttentionWgmmaLowering(AttentionLowering):
+    """The FA2 lowering plus the Hopper main loop's maps (see the module's docstring). Constructed by
+    `lower_attention_wgmma`; the fields below default only because the base's last fields do."""
+
+    consumers: int = 1
+    ring: MbarrierRing | None = None
+    split: RegisterSplit | None = None
+    q_offset: int = 0  # Q's tile: #E/64 blocks of bm rows × 128 bytes
+    kv_offset: int = 0  # stage 0's K tile (#E/64 blocks of bn rows), then its V tile (#D/64 blocks of bn rows)
+    v_in_stage: int = 0  # from a stage's K tile to its V tile
+    stage_bytes: int = 0  # from one stage to the next
+    q_bar: int = 0  # the Q barrier (8 bytes); the ring's barriers at `ring.base`
+    content_bytes: int = 0  # the tiles and barriers, from the aligned base
+    qk_desc: WgmmaDescriptor = QK_DESC  # Q and K: K-major, 8-row atoms
+    v_desc: WgmmaDescriptor = QK_DESC  # V: MN-major, LBO from one 64-column block to the next (the lowering's)
+
+    # -- threads
+    @property
+    def warps(self) -> int:
+        return 4 * (self.consumers + 1)
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    @property
+    def pingpong(self) -> bool:
+        """The two consumer warpgroups take turns issuing their wgmmas (named barriers `turn_barrier`)."""
+        return bool(self.kernel.pingpong) and self.consumers == 2
+
+    def turn_barrier(self, cw: Any) -> Any:
+        """The named barrier consumer cw waits on for its turn (1, 2; 0 is __syncthreads); the other passes it."""
+        return 1 + cw
+
+    def consumer_of(self, tid: Any) -> Any:
+        """The consumer warpgroup of thread tid (warpgroup 0 is the producer)."""
+        return tid // 128 - 1
+
+    # -- shared memory
+    def smem_bytes(self) -> int:
+        """The dynamic shared memory the launch asks for: the content and the slack to align its base."""
+        return self.content_bytes + BASE_ALIGN
+
+    @property
+    def q_boxes(self) -> int:
+        return self.width_e // SPAN  # type: ignore[operator]
+
+    @property
+    def v_boxes(self) -> int:
+        return self.width_d // SPAN  # type: ignore[operator]
+
+    def stage_base(self, stage: Any) -> Any:
+        return self.kv_offset + stage * self.stage_bytes
+
+    def q_box_dst(self, box: Any) -> Any:
+        return self.q_offset + box * (self.kernel.bm * ROW_BYTES)
+
+    def k_box_dst(self, stage: Any, box: Any) -> Any:
+        return self.stage_base(stage) + box * (self.kernel.bn * ROW_BYTES)
+
+    def v_box_dst(self, stage: Any, box: Any) -> Any:
+        return self.stage_base(stage) + self.v_in_stage + box * (self.kernel.bn * ROW_BYTES)
+
+    # -- the TMA boxes: their origins by axis (the emitter orders them as the tensor map's dims)
+    def q_box_origin(self, qt: Any, coords: Mapping[str, Any], box: Any) -> dict[str, Any]:
+        return {**coords, "i": self.row(qt, 0), "e": box * SPAN}
+
+    def k_box_origin(self, kt: Any, coords: Mapping[str, Any], box: Any) -> dict[str, Any]:
+        return {**coords, "j": self.key(kt, 0), "e": box * SPAN}
+
+    def v_box_origin(self, kt: Any, coords: Mapping[str, Any], box: Any) -> dict[str, Any]:
+        return {**coords, "j": self.key(kt, 0), "d": box * SPAN}
+
+    def box_extent(self, access: Access) -> dict[str, int]:
+        """A box's size along each axis: 64 along the head width, bm query rows or bn keys, 1 per batch axis."""
+        inner = access.positions[-1].axis
+        return {inner: SPAN, "i": self.kernel.bm, "j": self.kernel.bn}
+
+    # -- the wgmma descriptors' start addresses (bytes from the aligned base)
+    def q_start(self, cw: Any, kk: Any) -> Any:
+        """Slab cw's A operand at k step kk: block kk / 4 of Q's tile, rows cw·64.., bytes 32·(kk % 4)."""
+        return self.q_offset + (kk // 4) * (self.kernel.bm * ROW_BYTES) + cw * (SLAB * ROW_BYTES) + (kk % 4) * 32
+
+    def k_start(self, stage: Any, kk: Any) -> Any:
+        """K's B operand (keys × e, K-major) at k step kk: block kk / 4 of the stage's K tile, bytes 32·(kk % 4)."""
+        return self.stage_base(stage) + (kk // 4) * (self.kernel.bn * ROW_BYTES) + (kk % 4) * 32
+
+    def v_start(self, stage: Any, kk: Any) -> Any:
+        """V's B operand (keys × d, MN-major) at k step kk (keys 16kk..): 16 rows of 128 bytes into each block."""
+        return self.stage_base(stage) + self.v_in_stage + kk * K_STEP * ROW_BYTES
+
+    # -- registers
+    def s_register(self, j: Any, h: Any, q: Any) -> Any:
+        """The S accumulator register holding 8-key group j, row half h, column q."""
+        return self.fragment.register_index(j, h, q)
+
+    def o_register(self, dn: Any, h: Any, q: Any) -> Any:
+        return self.fragment.register_index(dn, h, q)
+
+    def s_element(self, cw: Any, warp: Any, lane: Any, j: Any, h: Any, q: Any) -> tuple[Any, Any]:
+        """(row of the query tile, key of the KV tile) of S register (j, h, q) of (cw, warp, lane)."""
+        row, col = self.fragment.element(warp, lane, j, h, q)
+        return cw * SLAB + row, col
+
+    def o_element(self, cw: Any, warp: Any, lane: Any, dn: Any, h: Any, q: Any) -> tuple[Any, Any]:
+        """(row of the query tile, column d) of O register (dn, h, q)."""
+        row, col = self.fragment.element(warp, lane, dn, h, q)
+        return cw * SLAB + row, col
+
+    def p_registers(self, kk: Any, reg: int) -> tuple[Any, Any]:
+        """The two S registers packed (low, high half) into register reg of P's A operand at k step kk (keys
+        16kk..): the base lowering's `p_fragment` (8-key group, register within it), as register indices."""
+        (g0, r0), (g1, r1) = self.p_fragment(kk, reg)
+        return self.s_register(g0, r0 // 2, r0 % 2), self.s_register(g1, r1 // 2, r1 % 2)
+
+    @property
+    def s_registers(self) -> int:
+        return self.fragment.registers(self.kernel.bn // 8)
+
+    @property
+    def o_registers(self) -> int:
+        return self.fragment.registers(self.width_d // 8)  # type: ignore[operator]
+
+    @property
+    def register_need(self) -> int:
+        """About the registers a consumer thread holds: S, O, P's packed halves and 40 for the rest."""
+        return self.s_registers + self.o_registers + self.kernel.bn // 4 + 40
+
+
+def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
+    """The wgmma main loop over `base` (its kernel's main_loop is wgmma). Where the loop cannot run the
+    kernel (`wgmma_refusal`) the lowering still exists (the rules refuse it, the emitter raises)."""
+    k = base.kernel
+    consumers = max(1, k.bm // SLAB)
+    e = base.width_e or SPAN
+    d = base.width_d or SPAN
+    q_bytes = k.bm * e * ELEMENT
+    k_bytes, v_bytes = k.bn * e * ELEMENT, k.bn * d * ELEMENT
+    stage_bytes = -(-(k_bytes + v_bytes) // BASE_ALIGN) * BASE_ALIGN
+    q_offset = 0
+    kv_offset = -(-q_bytes // BASE_ALIGN) * BASE_ALIGN
+    stages = max(1, k.stages)
+    bars = kv_offset + stages * stage_bytes
+    ring_base = bars + 16  # the Q barrier first (8 bytes, padded to 16)
+    loads = (TmaOperandLoad("A", False, k.bn, SPAN, max(1, e // SPAN), ELEMENT),  # K's boxes
+             TmaOperandLoad("B", False, k.bn, SPAN, max(1, d // SPAN), ELEMENT))  # V's boxes
+    ring = MbarrierRing(stages, 1, consumers, consumers, 1, k_bytes + v_bytes, loads, 1, wrap=stages, base=ring_base)
+    base_fields = {f.name: getattr(base, f.name) for f in fields(base)}
+    base_fields["fragment"] = ACCUMULATOR  # warpgroups of 4 warps × 16 rows
+    return AttentionWgmmaLowering(
+        **base_fields, consumers=consumers, ring=ring, split=warp_specialized_split(4 * (consumers + 1)),
+        q_offset=q_offset, kv_offset=kv_offset, v_in_stage=k_bytes, stage_bytes=stage_bytes, q_bar=bars,
+        content_bytes=ring_base + 16 * stages,
+        v_desc=WgmmaDescriptor(k.bn * ROW_BYTES, 8 * SWIZZLE, SWIZZLE, True))
+
+
+__all__ = ["BASE_ALIGN", "K_STEP", "SLAB", "SPAN", "SWIZZLE", "AttentionWgmmaLowering", "lower_attention_wgmma",
+           "wgmma_refusal"]

@@ -1,0 +1,88 @@
+"""The fused attention kernel's wgmma main loop on the GPU (issue 22, `--pin family=attention --pin
+main_loop=wgmma`, habu/lower/attention_wgmma.py): causal GQA prefill at odd sizes (sequence 17 and 1000, head
+width 64 and 128, queries ≠ keys, fully masked rows), the model without a mask, one consumer warpgroup (bm 64),
+KV tiles of 64 keys in 3 stages, the two consumers' ping-pong; each against the float64 model with outputs poisoned by NaN first, and against
+the mma.sync kernel on the same inputs. Each case proves its plan (build: the rules and a trial over
+Z_q × GF(p)) before it runs.
+
+Run: python -m pytest -q tests/gpu/test_attention_wgmma.py (on the device machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+from habu.bench.attention_speed import full_attention_source  # noqa: E402
+from habu.bench.run import build  # noqa: E402
+from habu.plan.plan import AttentionKernel  # noqa: E402
+from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+EX = ROOT / "examples"
+WGMMA = {"family": "attention", "main_loop": "wgmma"}
+
+
+def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str], seed: int = 0):
+    built = build(path, model, sizes, {**WGMMA, **pins})
+    kernel = built.plan.kernels[0]
+    assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and len(built.plan.kernels) == 1
+    inputs = make_inputs(built.model, built.sizes, seed)
+    outs = poisoned_outputs(built.model, built.sizes)
+    ref = reference(built.model, inputs, built.sizes)["O"]
+    built.compiled(**inputs, **outs)
+    torch.cuda.synchronize()
+    got = outs["O"].detach().to("cpu").double().numpy()
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+    g = compare(outs["O"], ref, tol)
+    assert g.unwritten == 0, f"O: {g.unwritten} elements never written (or NaN) ({kernel})"
+    assert g.ok, f"O: relative error {g.rel_error:.2e} > {tol:.0e} ({kernel})"
+    return got, ref
+
+
+GQA = {"B": 2, "G": 2, "R": 2}  # 2 KV heads of 2 query heads each, 2 sequences
+ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and the proof's stay small
+
+
+@pytest.mark.parametrize(("heads", "n_i", "n_j", "width", "pins"), [
+    pytest.param(GQA, 17, 17, 64, {}, id="gqa17d64"), pytest.param(GQA, 17, 17, 128, {}, id="gqa17d128"),
+    pytest.param(ONE, 1000, 1000, 128, {}, id="seq1000d128"), pytest.param(GQA, 100, 333, 64, {}, id="gqa100x333d64"),
+    pytest.param(ONE, 200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}, id="bm64bn64s3"),
+    pytest.param(ONE, 700, 1000, 128, {"pingpong": "1"}, id="pingpong"),
+])
+def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
+    """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,
+    sequences no multiple of the tiles (TMA's zero fill past #I and #J)."""
+    run_golden(str(EX / "attention.habu"), "ATTENTION-GQA", {**heads, "E": width, "D": width, "I": n_i, "J": n_j},
+               pins, seed=n_i + n_j)
+
+
+def test_wgmma_without_mask(tmp_path):
+    path = tmp_path / "full.habu"
+    path.write_text(full_attention_source())
+    run_golden(str(path), "ATTENTION-FULL", {**ONE, "E": 128, "D": 128, "I": 77, "J": 1000}, {}, seed=7)
+
+
+def test_wgmma_fully_masked_rows_give_zeros():
+    """More queries than keys: the first #I − #J queries see no key; their rows are 0, not NaN."""
+    got, ref = run_golden(str(EX / "attention.habu"), "ATTENTION-GQA",
+                          {"B": 1, "G": 2, "R": 2, "E": 64, "D": 64, "I": 17, "J": 5}, {}, seed=3)
+    assert np.all(got[..., :12, :] == 0) and np.all(ref[..., :12, :] == 0)
+
+
+def test_wgmma_matches_the_mma_sync_kernel():
+    sizes = {**ONE, "E": 128, "D": 128, "I": 300, "J": 700}
+    wg = build(str(EX / "attention.habu"), "ATTENTION-GQA", sizes, WGMMA)
+    ms = build(str(EX / "attention.habu"), "ATTENTION-GQA", sizes, {"family": "attention"})
+    inputs = make_inputs(wg.model, wg.sizes, 11)
+    a, b = poisoned_outputs(wg.model, wg.sizes), poisoned_outputs(wg.model, wg.sizes)
+    wg.compiled(**inputs, **a)
+    ms.compiled(**inputs, **b)
+    torch.cuda.synchronize()
+    diff = ((a["O"] - b["O"]).abs().max() / b["O"].abs().max()).item()
+    assert diff < 2e-2, f"wgmma and mma.sync kernels differ by {diff} (of max |O|)"

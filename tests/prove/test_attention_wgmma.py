@@ -1,0 +1,97 @@
+"""The fused attention kernel's wgmma main loop (issue 22, FA3-style; `--pin family=attention --pin
+main_loop=wgmma`, habu/lower/attention_wgmma.py): reachable by the pin and the search, not the default; proven
+over Z_q × GF(p) with two consumer warpgroups at head width 128; built for sm_90a by NVRTC on this machine with
+no spill; the rules refuse what the loop cannot run and a ring whose stages wrap late. (The planted mistakes are
+in the mutation suite: tests/bench/test_mutants.py, `attention-wgmma-*`.)"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from habu.bench.mutants_attention_wgmma import PINS, SHAPE
+from habu.errors import UsageError
+from habu.lower import lower_plan
+from habu.lower.attention_wgmma import AttentionWgmmaLowering
+from habu.paths import region_space
+from habu.paths.emit import emit_plan
+from habu.plan.patterns import Region
+from habu.plan.plan import AttentionKernel
+from habu.prove.rules import failures, obligations
+from habu.prove.rules_attention_wgmma import ring_problem
+from habu.prove.verify import verify_plan
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+EX = ROOT / "examples"
+T = TARGETS["sm_90a"]
+WIDE = {"B": 1, "G": 1, "R": 2, "I": 70, "J": 100, "E": 128, "D": 128}
+
+
+@pytest.fixture(scope="module")
+def prefill():
+    return load_program(EX / "attention.habu").models["ATTENTION-GQA"]
+
+
+def test_the_pin_takes_the_wgmma_loop_and_the_family_default_stays_mma_sync(prefill):
+    model = prefill.with_sizes(WIDE)
+    (fused,) = default_plan(model, T, WIDE, {"family": "attention"}).kernels
+    assert isinstance(fused, AttentionKernel) and fused.main_loop == "mma.sync"
+    (wg,) = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"}).kernels
+    assert isinstance(wg, AttentionKernel) and (wg.main_loop, wg.bm, wg.bn, wg.stages) == ("wgmma", 128, 128, 2)
+    (lw,) = lower_plan(model, default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"}))
+    assert isinstance(lw, AttentionWgmmaLowering) and lw.consumers == 2 and lw.threads == 384
+
+
+def test_the_search_offers_the_wgmma_loop(prefill):
+    model = prefill.with_sizes(WIDE)
+    (node,) = [e.target for e in model.nodes]
+    space = list(region_space(model, Region("general", (node,)), T, WIDE))
+    assert any(isinstance(k, AttentionKernel) and k.main_loop == "wgmma" for k in space)
+
+
+def test_the_wgmma_plan_at_head_width_128_is_proven_and_builds_without_spills(prefill, tmp_path):
+    """Two consumer warpgroups (bm 128) taking turns (ping-pong), KV tiles of 64 keys in 3 stages: the rules, one
+    trial over Z_q × GF(p), and NVRTC's sm_90a cubin within the registers setmaxnreg gives the consumers, no
+    spill."""
+    from habu.emit_cuda.runtime import CompiledModel
+
+    model = prefill.with_sizes(WIDE)
+    plan = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma", "bn": "64", "stages": "3",
+                                         "pingpong": "1"})
+    assert not failures(obligations(model, plan, WIDE))
+    cert = verify_plan(model, plan, WIDE, trials=1, seeds=[5])
+    assert cert.passed, cert.failure
+    ((cubin,),) = CompiledModel(model, emit_plan(model, plan, T), cache_dir=tmp_path).compile("sm_90a")
+    assert cubin.cubin.startswith(b"\x7fELF") and not cubin.resources.spills, cubin.resources.describe()
+    # regression: a wgmma issued under a condition (the next tile's S) made ptxas serialise every wgmma (C7515)
+    assert "C7515" not in cubin.log and "serialized" not in cubin.log, cubin.log
+    assert "habu::turn_wait" in emit_plan(model, plan, T).kernels[0].source
+
+
+def test_a_head_width_not_in_64s_is_a_usage_error_of_the_pin(prefill):
+    sizes = {**SHAPE, "E": 16, "D": 16}
+    with pytest.raises(UsageError, match="main_loop=wgmma"):
+        default_plan(prefill.with_sizes(sizes), T, sizes, {"family": "attention", "main_loop": "wgmma"})
+
+
+@pytest.mark.parametrize(("pins", "why"), [({"bm": "32"}, "bm = 32"), ({"pingpong": "1"}, "ping-pong"),
+                                           ({"kv_split": "128"}, "split-KV")])
+def test_the_rules_refuse_what_the_loop_cannot_run(prefill, pins, why):
+    """A query tile of 32 rows (wgmma's m64), ping-pong with one consumer warpgroup (bm 64), and (a regression
+    of the merge with split-KV) a KV split, whose partials and combine only the mma.sync loop prints."""
+    model = prefill.with_sizes(SHAPE)
+    plan = default_plan(model, T, SHAPE, {**PINS, **pins})
+    bad = failures(obligations(model, plan, SHAPE))
+    assert any(o.rule.name == "supported-path" and why in o.detail for o in bad), bad
+
+
+def test_the_ring_rule_rejects_stages_that_wrap_late(prefill):
+    model = prefill.with_sizes(SHAPE)
+    (lw,) = lower_plan(model, default_plan(model, T, SHAPE, PINS))
+    assert isinstance(lw, AttentionWgmmaLowering) and lw.ring is not None
+    assert ring_problem(lw.ring) is None
+    assert ring_problem(replace(lw.ring, wrap=lw.ring.stages + 1)) is not None
