@@ -32,7 +32,7 @@ ITENSOR: IX ( #R #T )  GROUPS: E ( #R #G )
 MODEL: GG
    Y[r n] = Σ k X[IX[r] k] · W[E[r] n k] · 2 ;
 """
-KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=16, warps_m=1, warps_n=2)  # 64 threads, 2 × 2 mma tiles
+KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=32, warps_m=1, warps_n=2)  # 64 threads, 1 × 2 mma tiles a warp
 SIZES = {"R": 37, "T": 20, "G": 4, "N": 40, "K": 40}
 GROUPINGS = {  # 37 rows into 4 groups; tiles of 16 rows
     "first-empty": [1] * 10 + [2] * 20 + [3] * 7,
@@ -222,3 +222,20 @@ def test_regression_a_grouped_plan_round_trips_through_json_and_the_search_repor
     plan = default_plan(_gg(), TARGET, {}, {})
     assert Plan.from_json(plan.to_json()) == plan
     assert plan_summary(plan.to_json()) == "grouped 64x64x32 w2x2"
+
+
+def test_regression_a_tile_whose_chunks_outnumber_no_thread_is_refused_not_certified():
+    """16 × 16 of A is 32 16-byte chunks for 64 threads: the mma.sync loop copied chunk_a = 32 // 64 = 0 of them
+    (A's tile was never staged) and the plan was certified, the field check multiplying the tile as loaded.
+    The copies are the lowering's now: the rule counts them and the field check routes the operands
+    through them."""
+    from habu.prove.rules import obligations
+
+    m = _gg()
+    bad = replace(KERNEL, bk=16)
+    plan = replace(default_plan(m, TARGET, {}, {}), kernels=(bad,))
+    failed = {o.rule.name for o in obligations(m, plan, SIZES) if o.formula is False}
+    assert "grouped-stage-maps" in failed, failed
+    mem, got, found, ref, _ = _run(GROUPINGS["inner-empty"], bad)
+    assert any("no copy wrote" in f for f in mem.faults), mem.faults
+    assert not np.array_equal(np.where(found, got, -1), np.where(found, ref, -1))

@@ -34,7 +34,7 @@ MODEL: SC
    Y[IX[r] n] += P[r] · Σ k A[r k] · W[E[r] n k] · 2 ;
 """
 SIZES = {"R": 37, "T": 20, "G": 4, "N": 40, "K": 40}
-KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=16, warps_m=1, warps_n=2)
+KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=32, warps_m=1, warps_n=2)  # each thread a chunk of A
 GROUPED = {"family": "grouped"}
 
 
