@@ -238,6 +238,7 @@ def _fragment_variants(f: AccumulatorFragment) -> Iterator[AccumulatorFragment]:
     yield replace(f, halves=f.halves + 1)
     yield replace(f, warp_size=f.warp_size // 2)
     yield replace(f, col_step=f.col_step * 2)
+    yield replace(f, pair=f.pair + 1)
 
 
 def _grouped_mma_variants(loop: GroupedMmaLoop) -> Iterator[GroupedMmaLoop]:
@@ -267,6 +268,9 @@ def _grouped_wgmma_variants(loop: WgmmaMainLoop) -> Iterator[WgmmaMainLoop]:
     there): the band, the tile decode, the warpgroup decode, the producer's copies of A, the accumulator map,
     an f32 A's low parts and a pair's second box."""
     yield replace(loop, band=loop.band + 1)
+    yield _with_override(loop, "walk", lambda sup, b, nb, tiles: (sup(b, nb, tiles)[0], sup(b, nb, tiles)[1],
+                                                                   sup(b, nb, tiles)[2] * 2))
+    yield _with_override(loop, "producer_thread", lambda sup, tid: sup(tid) + 1)
     yield _with_override(loop, "tile_of", lambda sup, lin, gx, gy: sup(lin + 1, gx, gy))
     yield replace(loop, warpgroup_size=loop.warpgroup_size // 2)
     yield _with_override(loop, "consumer", lambda sup, wg: wg)

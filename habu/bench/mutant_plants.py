@@ -164,6 +164,11 @@ def producer_copy_k_stuck(loop):
     return _planted(loop, "a_copy_k", lambda sup, ptid: sup(ptid) * 0)
 
 
+def walk_step_doubled(loop):
+    """Each persistent block steps 2·gridDim.x tiles: every other tile of a block's walk is skipped."""
+    return _planted(loop, "walk", lambda sup, b, nb, tiles: (*sup(b, nb, tiles)[:2], 2 * sup(b, nb, tiles)[2]))
+
+
 def wgmma_accumulator_rows_per_warp_halved(loop):
     """The wgmma epilogue takes a warp's rows 8 apart instead of 16: warps 1..3 store over each other."""
     return replace(loop, fragment=replace(loop.fragment, warp_rows=8))
@@ -196,6 +201,9 @@ GROUPED_LOOP_MUTANTS: tuple[tuple, ...] = (
      grouped_wgmma_loop(consumer_decode_off_by_one), GROUPED_WGMMA),
     ("grouped-wgmma-producer-copies-k-stuck", "the grouped wgmma producer copies the first 16-byte column of "
      "A's rows for every thread", MOE_SMALL, "MOE-FFN", COMBINE, grouped_wgmma_loop(producer_copy_k_stuck),
+     GROUPED_WGMMA),
+    ("grouped-wgmma-walk-step-doubled", "each persistent block of the grouped wgmma loop steps 2·gridDim.x tiles: "
+     "half the tiles are never computed", MOE_SMALL, "MOE-FFN", COMBINE, grouped_wgmma_loop(walk_step_doubled),
      GROUPED_WGMMA),
     ("grouped-wgmma-accumulator-warp-rows-halved", "the grouped wgmma epilogue takes each warp's rows 8 apart "
      "instead of 16", MOE_SMALL, "MOE-FFN", COMBINE, grouped_wgmma_loop(wgmma_accumulator_rows_per_warp_halved),

@@ -214,7 +214,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         one = {q: f"atomicAdd({p_out} + ({offs[q]}), {value(f'v{q}')});" for q in (0, 1)}
     else:
         one = {q: store_value(lw.out.dtype, p_out, offs[q], value(f"v{q}")) for q in (0, 1)}
-    store = f"""            const {it} col1 = col + 1;
+    store = f"""            const {it} col1 = col + {frag.pair - 1};  // the pair's second column
             const bool in0 = {inside} && ({masks[0]}), in1 = {inside} && ({masks[1]});
 """
     if lw.epilogue_pairs:  # both inside and the pair's offset even: one vector store (or vector atomic add)
@@ -253,6 +253,9 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
       const {it} end = offs[{c(lw.group_end(CExpr("g")))}];  // the group's rows end here
       const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
 """
+    first, bound, step = loop.walk(CExpr("blockIdx.x"), CExpr("gridDim.x"), CExpr("gx") * CExpr("gy"))
+    walk = (f"    for (long long lin = {c(first)}; lin < {c(bound)}; lin += {c(step)}) {{  // persistent: every tile "
+            "once\n")
     body = f"""{wgmma_function(bn, "bf16")}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -277,9 +280,8 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   int stage = {ring.start_stage};
   habu::u32 phase = {ring.start_phase};
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
-{dec}    const int ptid = tid;
-    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
-{tile_head}      for (int ri = ptid; nt == 0 && ri < {bm}; ri += {loop.warpgroup_size}) {{  // E sorted (GROUPS:): each row holds its group
+{dec}    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
+{walk}{tile_head}      for (int ri = ptid; nt == 0 && ri < {bm}; ri += {loop.warpgroup_size}) {{  // E sorted (GROUPS:): each row holds its group
         const {it} r = ({it})({row("ri")});
         if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
       }}
@@ -307,8 +309,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
 {inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
-    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
-{tile_head}      float acc[{slabs}][{regs}];
+{walk}{tile_head}      float acc[{slabs}][{regs}];
 #pragma unroll
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll

@@ -86,6 +86,15 @@ class WgmmaMainLoop:
     def threads(self) -> int:
         return self.warpgroup_size * (self.consumers + 1)
 
+    def walk(self, block: Any, blocks: Any, tiles: Any) -> tuple[Any, Any, Any]:
+        """The persistent walk of block `block` of `blocks` over `tiles` tiles: (first tile, the bound it runs
+        below, its step) — tiles block, block + blocks, ... (every tile once over the blocks)."""
+        return block, tiles, blocks
+
+    def producer_thread(self, tid: Any) -> Any:
+        """The producer warpgroup's thread index of thread `tid` (the producer is warpgroup 0)."""
+        return tid
+
     def warpgroup(self, tid: Any) -> Any:
         """The warpgroup of thread `tid` (0: the producer)."""
         return tid // self.warpgroup_size

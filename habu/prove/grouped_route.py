@@ -152,7 +152,7 @@ def producer_uncopied(loop: WgmmaMainLoop) -> np.ndarray | None:
     threads and its copies): stale shared memory where the consumers read them; None where every one is."""
     copy = loop.operands.a_copy
     bm = copy.outer if copy.k_inner else copy.inner
-    ptid = np.arange(loop.warpgroup_size, dtype=np.int64)[:, None]
+    ptid = np.asarray(loop.producer_thread(np.arange(loop.warpgroup_size, dtype=np.int64)))[:, None]
     j = np.arange(loop.producer_copies(), dtype=np.int64)[None, :]
     rows = np.broadcast_to(np.asarray(loop.a_copy_row(ptid, j)), (ptid.shape[0], j.shape[1])).ravel()
     ks = np.broadcast_to(np.asarray(loop.a_copy_k(ptid)), (ptid.shape[0], j.shape[1])).ravel()

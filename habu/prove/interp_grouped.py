@@ -114,7 +114,7 @@ def wgmma_thread_faults(loop: WgmmaMainLoop) -> list[str]:
         faults.append(f"thread {bad} decodes as warpgroup {int(wg[bad])}, consumer {int(cw[bad])} (its warpgroup is "
                       f"{bad // 128}: {'the producer' if bad < 128 else f'consumer {bad // 128 - 1}'})")
     copy = loop.operands.a_copy
-    ptid = tid[:128, None]
+    ptid = np.asarray(loop.producer_thread(tid[:128]))[:, None]
     j = np.arange(loop.producer_copies(), dtype=np.int64)[None, :]
     rows = np.broadcast_to(np.asarray(loop.a_copy_row(ptid, j)), (128, j.shape[1])).ravel()
     ks = np.broadcast_to(np.asarray(loop.a_copy_k(ptid)), (128, j.shape[1])).ravel()
@@ -317,12 +317,27 @@ def _routed_product(f: PrimeField, route: Route, moves, a: np.ndarray, w: np.nda
 # ----------------------------------------------------------------------------- the grouped kind
 
 
+WALK_BLOCKS = (1, 3, 132)  # persistent grids the walk is run over (one block, a few, an H200's SMs)
+
+
+def walked(loop: WgmmaMainLoop, tiles: int) -> list[int]:
+    """The tiles the persistent blocks visit, each block walking from `loop.walk`'s first tile below its bound
+    by its step, over grids of `WALK_BLOCKS` blocks (at most one per tile): the tiles of the largest grid, in
+    order; a tile two blocks visit appears twice, one none visits not at all (the checks then name it)."""
+    for blocks in WALK_BLOCKS:
+        nb = max(1, min(blocks, tiles))
+        visits = sorted(t for b in range(nb) for t in range(*(int(x) for x in loop.walk(b, nb, tiles))))
+        if visits != list(range(tiles)):
+            return visits
+    return list(range(tiles))
+
+
 def grid_blocks(lw: GroupedLowering, sizes: Mapping[str, int]) -> list[tuple[int, int]]:
     """The (row tile, column tile) of every block of the grid, as the kernel decodes its block index: the
     mma.sync loop's (blockIdx.x, blockIdx.y), the wgmma loop's band order (`WgmmaMainLoop.tile_of`)."""
     gx, gy = (int(x) for x in lw.grid(sizes))
     if lw.wgmma is not None:
-        return [(int(mt), int(nt)) for mt, nt in (lw.wgmma.tile_of(lin, gx, gy) for lin in range(gx * gy))]
+        return [(int(mt), int(nt)) for mt, nt in (lw.wgmma.tile_of(lin, gx, gy) for lin in walked(lw.wgmma, gx * gy))]
     return [tuple(int(t) for t in lw.block_tile(bx, by)) for by in range(gy) for bx in range(gx)]  # type: ignore[misc]
 
 
