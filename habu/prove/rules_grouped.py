@@ -22,7 +22,7 @@ GROUPED_RULES = {r.name: r for r in (
     Rule("grouped-schedule", "the grid of a grouped GEMM has a block for every row tile of every grouping of "
          "#R rows into #G groups (a group of c rows has ⌈c/bm⌉ tiles, an empty one none)",
          "a row tile past the grid is never computed: its rows stay unwritten"),
-    Rule("grouped-stage-maps", "the mma.sync loop's threads copy every 16-byte chunk of A's and W's k tiles into "
+    Rule("grouped-stage-maps", "the mma.sync loop's (and the wgmma loop's producer) threads copy every 16-byte chunk of A's and W's k tiles into "
          "their stage tiles, inside a staged row, and every warp's operand words and accumulator registers lie "
          "inside the tile (over every thread, copy, warp, lane and register)",
          "a chunk no thread copies leaves stale shared memory in the product; a copy or read past its tile reads or "
@@ -46,7 +46,19 @@ def _wgmma_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator
         refusal = "the wgmma stage tiles have no maps for this tile (128-byte rows, stages evenly spaced)"
     yield Obligation(R["supported-path"], name, None, "the wgmma main loop runs this grouped kernel",
                      refusal is None, detail=refusal or "")
-    if lw.wgmma is not None:
+    if lw.wgmma is not None:  # the producer's copies of A: inside the tile's bm rows and the k tile (its row r =
+        # offs[g] + m·bm + i is the grouped int32 obligation's, i < bm)
+        import numpy as np
+
+        loop = lw.wgmma
+        ptid = np.asarray(loop.producer_thread(np.arange(loop.warpgroup_size)))[:, None]
+        rows = np.asarray(loop.a_copy_row(ptid, np.arange(max(loop.producer_copies(), 1))[None, :]))
+        ks = np.asarray(loop.a_copy_k(ptid))
+        vec = loop.operands.a_copy.vector
+        inside = bool(((rows >= 0) & (rows < lw.kernel.bm)).all() and ((ks >= 0) & (ks + vec <= loop.operands.bk)).all())
+        yield Obligation(GROUPED_RULES["grouped-stage-maps"], name, None,
+                         f"the producer's copies of A lie in the {lw.kernel.bm} × {loop.operands.bk} tile", inside,
+                         detail="a producer thread copies a row or k outside A's tile")
         problem = pipeline_problem(lw.wgmma.ring)
         yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
                          f"the wgmma loop's ring of {lw.wgmma.ring.stages} stages delivers every k tile to its step",
