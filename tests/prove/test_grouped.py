@@ -250,3 +250,21 @@ def test_regression_a_tile_whose_chunks_outnumber_no_thread_is_refused_not_certi
     mem, got, found, ref, _ = _run(GROUPINGS["inner-empty"], bad)
     assert any("no copy wrote" in f for f in mem.faults), mem.faults
     assert not np.array_equal(np.where(found, got, -1), np.where(found, ref, -1))
+
+
+def test_every_mma_sync_variant_routes_its_operands_as_the_tile_product():
+    """The search's mma.sync tiles: each one's copies, operand words and accumulator map (habu/lower/grouped_mma.py)
+    run by the field check's route are the plain tile product, and a planted map is not."""
+    from habu.bench.mutant_plants import a_word_rows_swapped, accumulator_halves_swapped, copy_turn_shifted
+    from habu.paths import grouped
+    from habu.prove.grouped_route import epilogue_moves, grouped_mma_route
+
+    loops = {lower(_gg(), k).mma for k in grouped.PATH.variants(KERNEL, TARGETS["sm_80"])}
+    assert len(loops) > 10
+    for loop in loops:
+        route = grouped_mma_route(loop)
+        assert route.identity and not route.faults and epilogue_moves(loop) is None, (loop, route.faults)
+    loop = lower(_gg(), KERNEL).mma
+    assert not grouped_mma_route(a_word_rows_swapped(loop)).identity
+    assert grouped_mma_route(copy_turn_shifted(loop)).faults
+    assert epilogue_moves(accumulator_halves_swapped(loop)) is not None
