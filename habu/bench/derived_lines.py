@@ -42,6 +42,9 @@ from habu.lower import (
 from habu.lower.access import Access, Bound, FlatGrid
 from habu.lower.attention import AttentionLowering
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap
+from habu.lower.fragments import AccumulatorFragment
+from habu.lower.grouped_mma import GroupedMmaLoop
+from habu.lower.grouped_wgmma import WgmmaMainLoop
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
 from habu.lower.tma_store import TmaStoreEpilogue
@@ -70,6 +73,10 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
      "sm_90a"),
     ("grouped (MoE: gate, up, act rows, combine scatter-add)", "moe_mixtral.habu", "MOE-FFN", {"T": 64, "R": 128},
      {"family": "grouped"}, "sm_90a"),
+    ("grouped wgmma (MoE: gate, up on the wgmma loop, act rows, combine scatter-add)", "moe_mixtral.habu", "MOE-FFN",
+     {"T": 64, "R": 128}, {"family": "grouped", "main_loop": "wgmma"}, "sm_90a"),
+    ("grouped wgmma, pair fused (gate + up + SwiGLU; combine scatter-add)", "moe_mixtral.habu", "MOE-FFN",
+     {"T": 64, "R": 128}, {"family": "grouped", "main_loop": "wgmma", "pair": "fused"}, "sm_90a"),
     ("scatter-add (general, atomic)", "scatter_add.habu", "UNPERMUTE", {}, {}, "sm_90a"),
     ("attention unfused (wgmma scores, softmax, mma.sync PV)", "attention.habu", "ATTENTION-GQA", {}, {}, "sm_90a"),
     ("attention fused (mma.sync, online softmax)", "attention.habu", "ATTENTION-GQA", {}, {"family": "attention"},
@@ -218,6 +225,9 @@ GROUPED_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("tile_in_group", lambda sup, mt, start: sup(mt, start) + 1),
     ("live", lambda sup, mt, total: sup(mt, total - 1)),
     ("row_inside", lambda sup, row, end: sup(row, end + 1)),
+    ("group_end", lambda sup, g: sup(g) + 1),
+    ("block_tile", lambda sup, bx, by: sup(by, bx)),
+    ("grid", lambda sup, sizes: (sup(sizes)[0] + 1, sup(sizes)[1])),
 )
 
 
@@ -225,6 +235,62 @@ def _grouped_variants(lw: GroupedLowering) -> Iterator[GroupedLowering]:
     for method, planted in GROUPED_PLANTS:
         if callable(getattr(type(lw), method, None)):  # (a map the lowering has)
             yield _with_override(lw, method, planted)
+    if lw.mma is not None:
+        yield from (replace(lw, mma=v) for v in _grouped_mma_variants(lw.mma))
+    if lw.wgmma is not None:
+        yield from (replace(lw, wgmma=v) for v in _grouped_wgmma_variants(lw.wgmma))
+
+
+def _fragment_variants(f: AccumulatorFragment) -> Iterator[AccumulatorFragment]:
+    """The accumulator map: a row step and lanes per row more, a row half more, the thread decode's warp halved."""
+    yield replace(f, row_step=f.row_step + 1, lanes_per_row=f.lanes_per_row + 1)
+    yield replace(f, halves=f.halves + 1)
+    yield replace(f, warp_size=f.warp_size // 2)
+    yield replace(f, col_step=f.col_step * 2)
+    yield replace(f, pair=f.pair + 1)
+
+
+def _grouped_mma_variants(loop: GroupedMmaLoop) -> Iterator[GroupedMmaLoop]:
+    """The grouped mma.sync loop's maps perturbed: the warp grid, each stage tile's padding (copies
+    together), each copy's vector and walk, each operand's word map (lanes per row, a register's block
+    swapped), the accumulator map, the mma's k, the threads, the thread decode, the chunk a turn copies."""
+    g = loop.grid
+    yield replace(loop, grid=replace(g, along_m=g.along_m + 1, warp_rows=g.warp_rows + 16, warp_cols=g.warp_cols + 8))
+    for side in ("a", "w"):
+        tile, copy, read = (getattr(loop, f"{side}_{x}") for x in ("tile", "copy", "read"))
+        other = replace(tile, row_elems=tile.row_elems + 8)
+        yield replace(loop, **{f"{side}_tile": other, f"{side}_copy": replace(copy, tile=other)})
+        yield replace(loop, **{f"{side}_copy": replace(copy, vector=copy.vector // 2)})
+        yield replace(loop, **{f"{side}_copy": replace(copy, k_inner=not copy.k_inner)})
+        yield replace(loop, **{f"{side}_read": replace(read, lanes_per_row=read.lanes_per_row * 2)})
+        yield replace(loop, **{f"{side}_read": _with_override(read, "word", lambda sup, r: sup(r ^ 1))})
+    for f in _fragment_variants(loop.fragment):
+        yield replace(loop, fragment=f)
+    yield replace(loop, mma_k=2 * loop.mma_k)
+    yield replace(loop, threads=loop.threads + 32)
+    yield replace(loop, warp_size=loop.warp_size // 2)
+    yield _with_override(loop, "chunk", lambda sup, tid, q: sup(tid, q) + 1)
+
+
+def _grouped_wgmma_variants(loop: WgmmaMainLoop) -> Iterator[WgmmaMainLoop]:
+    """The grouped wgmma loop's own maps perturbed (its operands and ring are the contraction path's, perturbed
+    there): the band, the tile decode, the warpgroup decode, the producer's copies of A, the accumulator map,
+    an f32 A's low parts and a pair's second box."""
+    yield replace(loop, band=loop.band + 1)
+    yield _with_override(loop, "walk", lambda sup, b, nb, tiles: (sup(b, nb, tiles)[0], sup(b, nb, tiles)[1],
+                                                                   sup(b, nb, tiles)[2] * 2))
+    yield _with_override(loop, "producer_thread", lambda sup, tid: sup(tid) + 1)
+    yield _with_override(loop, "tile_of", lambda sup, lin, gx, gy: sup(lin + 1, gx, gy))
+    yield replace(loop, warpgroup_size=loop.warpgroup_size // 2)
+    yield _with_override(loop, "consumer", lambda sup, wg: wg)
+    yield _with_override(loop, "a_copy_row", lambda sup, ptid, j: sup(ptid, j) + 1)
+    yield _with_override(loop, "a_copy_k", lambda sup, ptid: sup(ptid) + 8)
+    for f in _fragment_variants(loop.fragment):
+        yield replace(loop, fragment=f)
+    if loop.lo_offset:
+        yield replace(loop, lo_offset=loop.lo_offset + 1024)
+    if loop.b2_offset:
+        yield replace(loop, b2_offset=loop.b2_offset + 1024)
 
 
 # the fused attention kernel's maps, each planted one off (what `habu.prove.interp_attention` runs): the

@@ -7,11 +7,11 @@ For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepsee
 and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
 layer Y[t] += Σ over t's routed rows r of P[r] · W2[E[r]] · SwiGLU(W1[E[r]] x, W3[E[r]] x) runs as:
   - habu: the model's proven default plan (`habu.bench.run.build`: rules + a finite-field trial),
-    built once per (model, token count), skipped above --habu-max-rows routed rows (gate and up are
-    grouped-GEMM kernels, mma.sync over every expert's tiles in one launch; SwiGLU a row kernel; the
-    down projection with its scatter combine is still the general family's, a thread an element:
-    seconds a call at 4096 tokens; `--pin family=grouped` builds it as a grouped kernel with the scatter
-    epilogue instead, and any --pin goes to the plan as `habu compile --pin` takes it);
+    built once per (model, token count), skipped above --habu-max-rows routed rows (on the H200 two
+    grouped-GEMM kernels on the wgmma loop over every expert's tiles: gate, up and SwiGLU fused, then the
+    down projection with the router weight and the scatter-add combine in its epilogue; any --pin goes to
+    the plan as `habu compile --pin` takes it: `--pin family=general` is the general combine of before,
+    `--pin family=grouped` the mma.sync loop);
   - torch loop: a Python loop over the experts with rows (gather, three bf16 matmuls, index_add_);
   - torch._grouped_mm: the gathered rows through torch's grouped GEMM (offsets = the groups' ends),
     recorded as unavailable where this torch lacks it or refuses the shapes.

@@ -27,13 +27,13 @@ def partials_transposed(lw: ColumnLowering) -> ColumnLowering:
     """Thread (g, tc) writes its column v's partial at g·W + v·column_threads + tc (the combine reads
     g·W + tc·vector + v): a column's partials land under another column's slot."""
     return planted(lw, "partial_slot",
-                    lambda self, g, tc, v: g * self.tile + v * self.kernel.column_threads + tc)
+              lambda self, g, tc, v: g * self.tile + v * self.kernel.column_threads + tc)
 
 
 def rows_skip_group(lw: ColumnLowering) -> ColumnLowering:
     """The row loop steps by G·U − 1 rows: consecutive iterations overlap by one row (double-counted)."""
     return planted(lw, "row", lambda self, begin, i, u, g:
-                    begin + i * (self.row_groups * self.kernel.unroll - 1) + u * self.row_groups + g)
+              begin + i * (self.row_groups * self.kernel.unroll - 1) + u * self.row_groups + g)
 
 
 def split_end_past(lw: ColumnLowering) -> ColumnLowering:
@@ -41,7 +41,7 @@ def split_end_past(lw: ColumnLowering) -> ColumnLowering:
     from habu.lower.access import minimum
 
     return planted(lw, "row_end", lambda self, split, sizes:
-                    minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, self.rows(sizes)))
+              minimum(split * self.kernel.rows_per_split + self.kernel.rows_per_split + 1, self.rows(sizes)))
 
 
 def combine_skips(lw: ColumnLowering) -> ColumnLowering:
@@ -54,7 +54,7 @@ def vector_overlap(lw: ColumnLowering) -> ColumnLowering:
     """Column threads step by vector − 1 columns: neighbouring threads' vectors overlap (the tile's last
     columns are never read)."""
     return planted(lw, "thread_column", lambda self, tile, tc, v:
-                    tile * self.tile + tc * (self.kernel.vector - 1) + v)
+              tile * self.tile + tc * (self.kernel.vector - 1) + v)
 
 
 def columns_decoded_wrong(lw: ColumnLowering) -> ColumnLowering:
@@ -93,7 +93,7 @@ def box_group_shifted(lw: GroupedLowering) -> GroupedLowering:
     """The wgmma loop's TMA box of W one group past the tile's: W[g + 1]'s rows (zeros past the last group)."""
     assert lw.wgmma is not None
     cls = type("Planted_w_box_origin", (type(lw.wgmma),),
-               {"w_box_origin": lambda self, g, n0, k0: {"g": g + 1, "n": n0, "k": k0}})
+         {"w_box_origin": lambda self, g, n0, k0: {"g": g + 1, "n": n0, "k": k0}})
     return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
 
 
@@ -101,3 +101,111 @@ def group_end_unmasked(lw: GroupedLowering) -> GroupedLowering:
     """Rows past the group's end (the next groups' rows) loaded and stored by the tile: no row_inside mask."""
     cls = type("Planted_row_inside", (GroupedLowering,), {"row_inside": lambda self, row, end: row < row + 1})
     return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def _planted(obj, method: str, planted):
+    """`obj` (a frozen dataclass) with one method's result planted: `planted(the method as it was, *args)`."""
+    base = getattr(type(obj), method)
+    cls = type(f"Planted_{method}", (type(obj),),
+         {method: lambda self, *args: planted(lambda *a: base(self, *a), *args)})
+    return cls(**{f.name: getattr(obj, f.name) for f in fields(obj)})
+
+
+def grouped_mma(f: Callable) -> Callable[[Lowering], Lowering]:
+    """A plant in the grouped mma.sync loop's maps (habu/lower/grouped_mma.py)."""
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, GroupedLowering) and lw.mma is not None
+        return replace(lw, mma=f(lw.mma))
+    return g
+
+
+def grouped_wgmma_loop(f: Callable) -> Callable[[Lowering], Lowering]:
+    """A plant in the grouped wgmma loop's own maps (habu/lower/grouped_wgmma.py)."""
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, GroupedLowering) and lw.wgmma is not None
+        return replace(lw, wgmma=f(lw.wgmma))
+    return g
+
+
+def a_word_rows_swapped(loop):
+    """A's operand registers 0 and 1 (rows lane/4 and lane/4 + 8 of the m16 tile) read each other's row."""
+    return replace(loop, a_read=_planted(loop.a_read, "word", lambda sup, r: sup(r ^ 1)))
+
+
+def copy_turn_shifted(loop):
+    """Each thread's q-th copy takes chunk tid + q·threads + 1: chunk 0 is never copied, one past the tile is."""
+    return _planted(loop, "chunk", lambda sup, tid, q: sup(tid, q) + 1)
+
+
+def accumulator_halves_swapped(loop):
+    """The epilogue stores registers q and q ^ 2 at each other's element (rows lane/4 and lane/4 + 8)."""
+    return _planted(loop, "accumulator", lambda sup, wm, wn, i, j, lane, q: sup(wm, wn, i, j, lane, q ^ 2))
+
+
+def group_end_one_early(lw: Lowering) -> Lowering:
+    """A tile's rows are masked at offs[g] (the group's first row, not offs[g + 1]): none is computed."""
+    assert isinstance(lw, GroupedLowering)
+    return _planted(lw, "group_end", lambda sup, g: sup(g) - 1)
+
+
+def block_decode_swapped(lw: Lowering) -> Lowering:
+    """The mma.sync grid's block takes its row tile from blockIdx.y and its column tile from blockIdx.x."""
+    assert isinstance(lw, GroupedLowering)
+    return _planted(lw, "block_tile", lambda sup, bx, by: sup(by, bx))
+
+
+def consumer_decode_off_by_one(loop):
+    """The consumers number themselves by warpgroup (cw = wg, not wg − 1): slabs past the tile, slab 0 never."""
+    return _planted(loop, "consumer", lambda sup, wg: wg)
+
+
+def producer_copy_k_stuck(loop):
+    """Every producer thread copies the first 16-byte column of its rows (k 0..7) of each k tile."""
+    return _planted(loop, "a_copy_k", lambda sup, ptid: sup(ptid) * 0)
+
+
+def walk_step_doubled(loop):
+    """Each persistent block steps 2·gridDim.x tiles: every other tile of a block's walk is skipped."""
+    return _planted(loop, "walk", lambda sup, b, nb, tiles: (*sup(b, nb, tiles)[:2], 2 * sup(b, nb, tiles)[2]))
+
+
+def wgmma_accumulator_rows_per_warp_halved(loop):
+    """The wgmma epilogue takes a warp's rows 8 apart instead of 16: warps 1..3 store over each other."""
+    return replace(loop, fragment=replace(loop.fragment, warp_rows=8))
+
+
+MOE_SMALL = "../tests/data/moe_small.habu"
+COMBINE = {"T": 13, "R": 26}  # the MoE combine as a grouped kernel (--pin family=grouped), kernel 3
+GROUPED_FAMILY = {"family": "grouped"}
+GROUPED_WGMMA = {"family": "grouped", "main_loop": "wgmma"}
+
+# the grouped loops' maps the lowering holds (habu/lower/grouped_mma.py, grouped_wgmma.py), one mutant per class:
+# habu.bench.mutants.Mutant's fields (name, bug, example, model, shape, mutate, pins, kernel)
+GROUPED_LOOP_MUTANTS: tuple[tuple, ...] = (
+    ("grouped-mma-fragment-row-swapped", "the grouped mma.sync loop's A registers 0 and 1 read each other's "
+     "row (lane/4 and lane/4 + 8)", MOE_SMALL, "MOE-FFN", COMBINE, grouped_mma(a_word_rows_swapped),
+     GROUPED_FAMILY),
+    ("grouped-mma-copy-chunk-shifted", "each thread of the grouped mma.sync loop copies chunk tid + q·threads "
+     "+ 1: A's first chunk is never staged", MOE_SMALL, "MOE-FFN", COMBINE, grouped_mma(copy_turn_shifted),
+     GROUPED_FAMILY),
+    ("grouped-mma-accumulator-halves-swapped", "the grouped mma.sync epilogue stores registers q and q ^ 2 at "
+     "each other's rows", MOE_SMALL, "MOE-FFN", COMBINE, grouped_mma(accumulator_halves_swapped),
+     GROUPED_FAMILY, 3),
+    ("grouped-group-end-one-entry-early", "the grouped combine masks a tile's rows at offs[g] instead of "
+     "offs[g + 1]: no row of the group is added", MOE_SMALL, "MOE-FFN", COMBINE, group_end_one_early,
+     GROUPED_FAMILY, 3),
+    ("grouped-mma-block-decode-swapped", "the grouped mma.sync grid takes the row tile from blockIdx.y and "
+     "the column tile from blockIdx.x", MOE_SMALL, "MOE-FFN", COMBINE, block_decode_swapped, GROUPED_FAMILY),
+    ("grouped-wgmma-consumer-decode-off-by-one", "the grouped wgmma loop's consumers number themselves cw = wg "
+     "(not wg − 1): the first slab is never multiplied", MOE_SMALL, "MOE-FFN", COMBINE,
+     grouped_wgmma_loop(consumer_decode_off_by_one), GROUPED_WGMMA),
+    ("grouped-wgmma-producer-copies-k-stuck", "the grouped wgmma producer copies the first 16-byte column of "
+     "A's rows for every thread", MOE_SMALL, "MOE-FFN", COMBINE, grouped_wgmma_loop(producer_copy_k_stuck),
+     GROUPED_WGMMA),
+    ("grouped-wgmma-walk-step-doubled", "each persistent block of the grouped wgmma loop steps 2·gridDim.x tiles: "
+     "half the tiles are never computed", MOE_SMALL, "MOE-FFN", COMBINE, grouped_wgmma_loop(walk_step_doubled),
+     GROUPED_WGMMA),
+    ("grouped-wgmma-accumulator-warp-rows-halved", "the grouped wgmma epilogue takes each warp's rows 8 apart "
+     "instead of 16", MOE_SMALL, "MOE-FFN", COMBINE, grouped_wgmma_loop(wgmma_accumulator_rows_per_warp_halved),
+     GROUPED_WGMMA, 3),
+)

@@ -14,6 +14,7 @@ from habu.bench import mutants_attention as att
 from habu.bench import mutants_attention_wgmma as atw
 from habu.bench import mutants_split as split
 from habu.bench.mutant_plants import (
+    GROUPED_LOOP_MUTANTS,
     box_group_shifted,
     col,
     columns_decoded_wrong,
@@ -491,6 +492,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "no producer completes", MOE_SMALL, "MOE-FFN", COMBINE,
            grouped(lambda lw: replace(lw, wgmma=replace(lw.wgmma, ring=replace(lw.wgmma.ring, wrap=lw.wgmma.ring.stages + 1)))),
            GROUPED_WGMMA),
+    *(Mutant(*spec) for spec in GROUPED_LOOP_MUTANTS),
     Mutant("pair-second-weights-wrong", "the fused gate/up kernel multiplies the up accumulator with the gate's "
            "weights (W1 staged twice)", MOE_SMALL, "MOE-FFN", COMBINE,
            grouped(lambda lw: replace(lw, pair=replace(lw.pair, w=lw.w))), {"pair": "fused"}),

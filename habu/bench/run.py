@@ -30,8 +30,9 @@ def device_target() -> str:
 
 
 def build(path: str, model_name: str, sizes: Mapping[str, int] | None = None, pins: Mapping[str, str] | None = None,
-          trials: int = 1, plan: Plan | None = None, check_indices: bool = True) -> Built:
-    """Prove (rules + a finite-field trial), emit and load a plan; raises if the plan is not proven."""
+          trials: int = 1, plan: Plan | None = None, check_indices: bool = True, witness: bool | None = None) -> Built:
+    """Prove (rules + a finite-field trial), emit and load a plan; raises if the plan is not proven. `witness`:
+    as `habu.prove.prove` takes it (True: check on the reduced witness shape even for a one-kernel plan)."""
     target = TARGETS[device_target()]
     base = load_program(path).models[model_name]
     sizes = dict(sizes or {})
@@ -40,7 +41,7 @@ def build(path: str, model_name: str, sizes: Mapping[str, int] | None = None, pi
             raise ValueError(f"give a size for runtime extent #{e.name}")
     model = base.with_sizes(sizes)
     plan = plan or default_plan(model, target, sizes, dict(pins or {}))
-    proof = prove(model, plan, sizes, trials=trials)
+    proof = prove(model, plan, sizes, trials=trials, witness=witness)
     if not proof.ok:
         why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
         raise AssertionError(f"plan not proven: {why}")

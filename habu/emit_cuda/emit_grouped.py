@@ -35,7 +35,7 @@ from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.general import Store
-from habu.lower.grouped import MMA_K, MMA_M, MMA_N, GroupedLowering
+from habu.lower.grouped import GroupedLowering
 from habu.spec.ir import Model
 
 
@@ -52,10 +52,33 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     groups = sizes[lw.g]
     if not isinstance(groups, int):
         raise ValueError(f"{name}: the number of groups #{lw.g} must be known when the kernel is compiled")
-    threads, bm, bn, bk = lw.threads, k.bm, k.bn, k.bk
-    pitch = bk + 8  # bf16 elements of a staged row: 16 bytes of padding against bank conflicts
-    mi, ni = lw.warp_rows // MMA_M, lw.warp_cols // MMA_N
-    chunks_a, chunks_b = bm * bk // 8 // threads, bn * bk // 8 // threads
+    loop = lw.mma
+    if loop is None:
+        raise ValueError(f"{name}: the grouped kernel has no mma.sync main loop")
+    threads, bm, bn, bk = loop.threads, k.bm, k.bn, loop.bk
+    mi, ni = loop.mma_tiles
+    chunks_a, chunks_b = loop.copies(loop.a_copy), loop.copies(loop.w_copy)
+    frag, grid = loop.fragment, loop.grid
+    tid, lane = CExpr("tid"), CExpr("lane")
+
+    def tile(array: str, t, row, col) -> str:
+        """Element (row, col) of a staged tile, as the 2-D shared array `array` holds it."""
+        r, cc = t.storage(row, col)
+        return f"{array}[{c(r)}][{c(cc)}]"
+
+    def decl(array: str, t) -> str:
+        return f"{array}[{t.rows}][{t.row_elems}]"
+
+    def copy_decode(copy, what: str) -> str:
+        """A thread's q-th copy: its chunk, the operand row and k of its first element."""
+        mn, kk = copy.element(*copy.along(CExpr("chunk")))
+        return f"const int chunk = {c(loop.chunk(tid, CExpr('q')))}, {what} = {c(mn)}, kk = {c(kk)};"
+
+    def word(array: str, t, read, row: str, reg: int) -> str:
+        d_mn, d_k = read.word(reg)
+        return (f"*reinterpret_cast<const habu::u32*>(&"
+                f"{tile(array, t, CExpr(row) + d_mn if d_mn else CExpr(row), CExpr('kc') + d_k if d_k else CExpr('kc'))})")
+    acc_row, acc_col = loop.accumulator(CExpr("wm"), CExpr("wn"), CExpr("i"), CExpr("j"), lane, CExpr("q"))
     e_ptr = sig.pointer(lw.groups, model.tensor(lw.groups).dtype.name)  # type: ignore[union-attr]
     pa, pw = sig.pointer(lw.a.tensor, lw.a.dtype), sig.pointer(lw.w.tensor, "bf16")
     p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
@@ -91,11 +114,20 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
     else:
         store = store_value(lw.out.dtype, p_out, o_off, value)
     kx = c(lw.k_index(CExpr("step"), CExpr("kk")))
+    block_mt, block_nt = lw.block_tile(CExpr("blockIdx.x"), CExpr("blockIdx.y"))
+
+    def a_words(array: str) -> str:
+        return "".join(f"        a[{r}] = {word(array, loop.a_tile, loop.a_read, 'rr', r)};\n"
+                       for r in range(loop.a_read.registers))
+
+    def b_words(reg: str, array: str) -> str:
+        return "".join(f"        {reg}[j][{r}] = {word(array, loop.w_tile, loop.w_read, 'n', r)};\n"
+                       for r in range(loop.w_read.registers))
     src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
   __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
-  __shared__ __align__(16) habu::bf16 As[{bm}][{pitch}];  // A's rows of the tile, {bk} k at a time
-{{A_LO_DECL}}  __shared__ __align__(16) habu::bf16 Ws[{bn}][{pitch}];  // the group's weights, {bn} columns × {bk} k
+  __shared__ __align__(16) habu::bf16 {decl("As", loop.a_tile)};  // A's rows of the tile, {bk} k at a time
+{{A_LO_DECL}}  __shared__ __align__(16) habu::bf16 {decl("Ws", loop.w_tile)};  // the group's weights, {bn} columns × {bk} k
 {{PAIR_DECL}}  const int tid = threadIdx.x;
   habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
   __syncthreads();
@@ -104,61 +136,55 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
   habu::group_tile_starts<{it}>([](const {it}* o, int h) {{ return ({it})({c(lw.m_tiles(CExpr("o[h]"), CExpr("o[h + 1]")))}); }},
                               offs, {groups}, starts);
   __syncthreads();
-  const {it} mt = ({it})blockIdx.x;  // this block's row tile, among every group's
-  const {it} nt = ({it})blockIdx.y;  // its column tile
+  const {it} mt = ({it}){c(block_mt)};  // this block's row tile, among every group's
+  const {it} nt = ({it}){c(block_nt)};  // its column tile
   if (!({c(lw.live(mt, CExpr(f"starts[{groups}]")))})) return;  // past the last row tile: nothing to do
   const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
   const {it} m = ({it})({c(lw.tile_in_group(mt, CExpr("starts[g]")))});  // its row tile within the group
-  const {it} end = offs[g + 1];  // the group's rows end here
+  const {it} end = offs[{c(lw.group_end(CExpr("g")))}];  // the group's rows end here
   for (int ri = tid; nt == 0 && ri < {bm}; ri += {threads}) {{  // E sorted (GROUPS:): each row holds its group
     const {it} r = ({it})({row("ri")});
     if ({c(lw.row_inside(CExpr("r"), CExpr("end")))}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
   }}
-  const int warp = tid / 32, lane = tid % 32;
-  const int wm = warp % {k.warps_m}, wn = warp / {k.warps_m};
-  float acc[{mi}][{ni}][4];
+  const int warp = {c(loop.warp(tid))}, lane = {c(loop.lane(tid))};
+  const int wm = {c(grid.warp_m(CExpr("warp")))}, wn = {c(grid.warp_n(CExpr("warp")))};
+  float acc[{mi}][{ni}][{frag.registers(1)}];
 #pragma unroll
   for (int i = 0; i < {mi}; ++i)
 #pragma unroll
     for (int j = 0; j < {ni}; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+      for (int q = 0; q < {frag.registers(1)}; ++q) acc[i][j][q] = 0.0f;
 {{PAIR_INIT}}  for ({it} step = 0; step < ({it})({c(lw.k_steps(sizes))}); ++step) {{
 #pragma unroll
     for (int q = 0; q < {chunks_a}; ++q) {{  // A: 16-byte chunks of its rows, gathered
-      const int chunk = tid + q * {threads}, i = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
+      {copy_decode(loop.a_copy, "i")}
       const {it} r = ({it})({row("i")});
       const {it} kx = ({it})({kx});
 {{A_STAGE}}    }}
 #pragma unroll
     for (int q = 0; q < {chunks_b}; ++q) {{  // W[g]: 16-byte chunks of its rows
-      const int chunk = tid + q * {threads}, j = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
+      {copy_decode(loop.w_copy, "j")}
       const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("j")))});
       const {it} kx = ({it})({kx});
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if ({w_mask}) v = *reinterpret_cast<const uint4*>({pw} + ({w_off}));
-      *reinterpret_cast<uint4*>(&Ws[j][kk]) = v;
+      *reinterpret_cast<uint4*>(&{tile("Ws", loop.w_tile, CExpr("j"), CExpr("kk"))}) = v;
     }}
 {{PAIR_STAGE}}    __syncthreads();
 #pragma unroll
-    for (int ks = 0; ks < {bk}; ks += {MMA_K}) {{
-      const int kc = ks + (lane % 4) * 2;
-      habu::u32 b[{ni}][2];
+    for (int ks = 0; ks < {bk}; ks += {loop.mma_k}) {{
+      const int kc = {c(loop.k_col(CExpr("ks"), lane))};
+      habu::u32 b[{ni}][{loop.w_read.registers}];
 #pragma unroll
       for (int j = 0; j < {ni}; ++j) {{
-        const int n = wn * {lw.warp_cols} + j * {MMA_N} + lane / 4;
-        b[j][0] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc]);
-        b[j][1] = *reinterpret_cast<const habu::u32*>(&Ws[n][kc + 8]);
-      }}
+        const int n = {c(loop.w_row(CExpr("wn"), CExpr("j"), lane))};
+{b_words("b", "Ws")}      }}
 {{PAIR_B}}#pragma unroll
       for (int i = 0; i < {mi}; ++i) {{
-        const int rr = wm * {lw.warp_rows} + i * {MMA_M} + lane / 4;
-        habu::u32 a[4];
-        a[0] = *reinterpret_cast<const habu::u32*>(&As[rr][kc]);
-        a[1] = *reinterpret_cast<const habu::u32*>(&As[rr + 8][kc]);
-        a[2] = *reinterpret_cast<const habu::u32*>(&As[rr][kc + 8]);
-        a[3] = *reinterpret_cast<const habu::u32*>(&As[rr + 8][kc + 8]);
-#pragma unroll
+        const int rr = {c(loop.a_row(CExpr("wm"), CExpr("i"), lane))};
+        habu::u32 a[{loop.a_read.registers}];
+{a_words("As")}#pragma unroll
         for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc[i][j], a, b[j]);
 {{A_LO_MMA}}{{PAIR_MMA}}      }}
     }}
@@ -169,9 +195,9 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
 #pragma unroll
     for (int j = 0; j < {ni}; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {{  // the accumulator's rows lane/4 (+8 for q >= 2), columns 2·(lane%4) + q%2
-        const int ti = wm * {lw.warp_rows} + i * {MMA_M} + lane / 4 + (q / 2) * 8;
-        const int tj = wn * {lw.warp_cols} + j * {MMA_N} + (lane % 4) * 2 + q % 2;
+      for (int q = 0; q < {frag.registers(1)}; ++q) {{  // the accumulator's rows lane/4 (+8 for q >= 2), columns 2·(lane%4) + q%2
+        const int ti = {c(acc_row)};
+        const int tj = {c(acc_col)};
         const {it} r = ({it})({row("ti")});
         const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("tj")))});
 {row_factor}        if ({c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({o_mask})) {store}
@@ -179,60 +205,57 @@ def emit_grouped(name: str, model: Model, lw: GroupedLowering, static: dict[str,
 }}
 """
     inside = c(lw.row_inside(CExpr("r"), CExpr("end")))
+    a_at = tile("As", loop.a_tile, CExpr("i"), CExpr("kk"))
     if split:
-        a_lo_decl = f"  __shared__ __align__(16) habu::bf16 Al[{bm}][{pitch}];  // the low bf16 parts of A's f32 values\n"
+        a_lo_decl = f"  __shared__ __align__(16) habu::bf16 {decl('Al', loop.a_tile)};  // the low bf16 parts of A's f32 values\n"
         a_stage = f"""      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
       if ({inside} && ({a_mask})) {{
         x = *reinterpret_cast<const float4*>({pa} + ({a_off}));
         y = *reinterpret_cast<const float4*>({pa} + ({a_off}) + 4);
       }}
-      habu::split_bf16x8(x, y, *reinterpret_cast<uint4*>(&As[i][kk]), *reinterpret_cast<uint4*>(&Al[i][kk]));
+      habu::split_bf16x8(x, y, *reinterpret_cast<uint4*>(&{a_at}), *reinterpret_cast<uint4*>(&{a_at.replace("As", "Al", 1)}));
 """
-        a_lo_mma = """        a[0] = *reinterpret_cast<const habu::u32*>(&Al[rr][kc]);  // A's low parts, times the same W
-        a[1] = *reinterpret_cast<const habu::u32*>(&Al[rr + 8][kc]);
-        a[2] = *reinterpret_cast<const habu::u32*>(&Al[rr][kc + 8]);
-        a[3] = *reinterpret_cast<const habu::u32*>(&Al[rr + 8][kc + 8]);
-#pragma unroll
+        lo = a_words("Al").split("\n", 1)
+        a_lo_mma = f"""{lo[0]}  // A's low parts, times the same W
+{lo[1]}#pragma unroll
         for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc[i][j], a, b[j]);
-""".replace("{ni}", str(ni))
+"""
     else:
         a_lo_decl = a_lo_mma = ""
         a_stage = f"""      uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if ({inside} && ({a_mask})) v = *reinterpret_cast<const uint4*>({pa} + ({a_off}));
-      *reinterpret_cast<uint4*>(&As[i][kk]) = v;
+      *reinterpret_cast<uint4*>(&{a_at}) = v;
 """
     parts = {"PAIR_DECL": "", "PAIR_INIT": "", "PAIR_STAGE": "", "PAIR_B": "", "PAIR_MMA": ""}
     if pair is not None:
         pw2 = sig.pointer(pair.w.tensor, "bf16")
         w2_mask = access_mask(pair.w, w_coord, sizes, table)
         w2_off = access_offset(pair.w, w_coord, sizes, lw.index_width, table)
-        parts["PAIR_DECL"] = (f"  __shared__ __align__(16) habu::bf16 Ws2[{bn}][{pitch}];  // the second weights "
+        parts["PAIR_DECL"] = (f"  __shared__ __align__(16) habu::bf16 {decl('Ws2', loop.w_tile)};  // the second weights "
                               f"({pair.w.tensor}[g], for {pair.second})\n")
-        parts["PAIR_INIT"] = f"""  float acc2[{mi}][{ni}][4];  // {pair.second}
+        parts["PAIR_INIT"] = f"""  float acc2[{mi}][{ni}][{frag.registers(1)}];  // {pair.second}
 #pragma unroll
   for (int i = 0; i < {mi}; ++i)
 #pragma unroll
     for (int j = 0; j < {ni}; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc2[i][j][q] = 0.0f;
+      for (int q = 0; q < {frag.registers(1)}; ++q) acc2[i][j][q] = 0.0f;
 """
         parts["PAIR_STAGE"] = f"""#pragma unroll
     for (int q = 0; q < {chunks_b}; ++q) {{  // {pair.w.tensor}[g]: 16-byte chunks of its rows
-      const int chunk = tid + q * {threads}, j = chunk / {bk // 8}, kk = chunk % {bk // 8} * 8;
+      {copy_decode(loop.w_copy, "j")}
       const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr("j")))});
       const {it} kx = ({it})({kx});
       uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if ({w2_mask}) v = *reinterpret_cast<const uint4*>({pw2} + ({w2_off}));
-      *reinterpret_cast<uint4*>(&Ws2[j][kk]) = v;
+      *reinterpret_cast<uint4*>(&{tile("Ws2", loop.w_tile, CExpr("j"), CExpr("kk"))}) = v;
     }}
 """
-        parts["PAIR_B"] = f"""      habu::u32 b2[{ni}][2];
+        parts["PAIR_B"] = f"""      habu::u32 b2[{ni}][{loop.w_read.registers}];
 #pragma unroll
       for (int j = 0; j < {ni}; ++j) {{
-        const int n = wn * {lw.warp_cols} + j * {MMA_N} + lane / 4;
-        b2[j][0] = *reinterpret_cast<const habu::u32*>(&Ws2[n][kc]);
-        b2[j][1] = *reinterpret_cast<const habu::u32*>(&Ws2[n][kc + 8]);
-      }}
+        const int n = {c(loop.w_row(CExpr("wn"), CExpr("j"), lane))};
+{b_words("b2", "Ws2")}      }}
 """
         parts["PAIR_MMA"] = f"""#pragma unroll
         for (int j = 0; j < {ni}; ++j) habu::mma_bf16_16816(acc2[i][j], a, b2[j]);  // the same A rows

@@ -31,7 +31,6 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
-from habu.lower.fragments import ACCUMULATOR
 from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering
 from habu.lower.grouped_wgmma import wgmma_refusal
@@ -59,14 +58,15 @@ def _desc(d, base: str, start) -> str:
     return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
 
 
-def _cp_async_fill(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str, dst: str) -> str:
-    """A bf16 A: each producer thread cp.asyncs one 16-byte column of its rows into the stage's A tile."""
+def _cp_async_fill(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: str, koff: str, dst: str) -> str:
+    """A bf16 A: each producer thread cp.asyncs one 16-byte column of its rows into the stage's A tile (its
+    j-th row `i_at`, its k `k_at` within the k tile)."""
     return f"""      {{
-        const {it} kk = k0 + (ptid % {per_row}) * {vec};
+        const {it} kk = k0 + {k_at};
         const bool k_ok = {kmask};
 #pragma unroll
         for (int j = 0; j < {copies}; ++j) {{
-          const int i = ptid / {per_row} + {128 // per_row} * j;
+          const int i = {i_at};
           const bool ok = a_row_off[j] >= 0 && k_ok;
           const habu::bf16* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
           habu::cp_async<16>(a_stage + (habu::u32)({dst}), src, ok);
@@ -75,12 +75,11 @@ def _cp_async_fill(it: str, per_row: int, vec: int, copies: int, kmask: str, pa:
 """
 
 
-def _f32_load(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str, koff: str, k_tile: str,
-              into: str) -> str:
+def _f32_load(it: str, k_at: str, copies: int, kmask: str, pa: str, koff: str, k_tile: str, into: str) -> str:
     """An f32 A: each producer thread loads the same 8 k of its rows of k tile `k_tile` (two float4 each, zero
     where masked) into registers `into`x, `into`y."""
     return f"""        {{
-          const {it} kk = ({it})({k_tile}) + (ptid % {per_row}) * {vec};
+          const {it} kk = ({it})({k_tile}) + {k_at};
           const bool k_ok = {kmask};
 #pragma unroll
           for (int j = 0; j < {copies}; ++j) {{
@@ -95,11 +94,11 @@ def _f32_load(it: str, per_row: int, vec: int, copies: int, kmask: str, pa: str,
 """
 
 
-def _f32_store(per_row: int, copies: int, dst: str, lo_offset: int) -> str:
+def _f32_store(i_at: str, copies: int, dst: str, lo_offset: int) -> str:
     """An f32 A: the loaded values' bf16 parts (habu::split_bf16x8) into the stage's hi and lo tiles."""
     return f"""#pragma unroll
       for (int j = 0; j < {copies}; ++j) {{
-        const int i = ptid / {per_row} + {128 // per_row} * j;
+        const int i = {i_at};
         const habu::u32 at = a_stage + (habu::u32)({dst});
         habu::store_split_bf16x8(at, at + {lo_offset}u, ax[j], ay[j]);
       }}
@@ -135,14 +134,14 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     row = lambda i: c(lw.row(CExpr("offs[g]"), CExpr("m"), CExpr(i)))  # noqa: E731
     inside = c(lw.row_inside(CExpr("r"), CExpr("end")))
     # A's producer copies: each thread the same 16-byte column of bm/16 rows (row offsets once per tile)
-    vec, per_row = 8, bk // 8
-    copies = bm * per_row // 128
+    copies = loop.producer_copies()
+    i_at, k_at = c(loop.a_copy_row(CExpr("ptid"), CExpr("j"))), c(loop.a_copy_k(CExpr("ptid")))
     a_coord = {"r": "r", "k": "kk"}
     roff = access_offset(lw.a, {"r": "r", "k": "0"}, sizes, lw.index_width, table, ("r",))
     rmask = access_mask(lw.a.along("r"), {"r": "r"}, sizes, table)  # the gather's index check too
     koff = access_offset(lw.a, a_coord, sizes, lw.index_width, table, ("k",))
     kmask = access_mask(lw.a.along("k"), {"k": "kk"}, sizes, table)
-    dst = c(ops.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32)((ptid % {per_row}) * {vec})")))
+    dst = c(ops.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32){k_at}")))
     k0 = c(lw.k_index(CExpr("kt"), 0))
     box = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(lw.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
     tma = f"habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}"
@@ -171,21 +170,21 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
 #pragma unroll
         for (int i = 0; i < {{regs}}; ++i) acc2[s][i] = 0.0f;
 """
-    frag = ACCUMULATOR
-    regs = frag.registers(bn // 8)
+    frag = loop.fragment
+    regs = frag.registers(loop.column_groups())
     split = loop.registers
     assert split is not None
     if loop.a_parts == 1:
-        a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, per_row, vec, copies, kmask, pa, koff, dst), \
+        a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, i_at, k_at, copies, kmask, pa, koff, dst), \
             "habu::cp_async_arrive(full);"
     else:  # an f32 A: the k tile's rows loaded before the stage is free, split into bf16 parts, stored
         # the next k tile's loads are in flight while this one's parts are stored (two tiles of registers)
         first_k, next_k = c(lw.k_index(0, 0)), c(lw.k_index(CExpr("(kt + 1)"), 0))
         a_pre = (f"      float4 ax[{copies}], ay[{copies}], bx[{copies}], by[{copies}];  // this k tile's values, the next's\n"
-                 f"      if (k_tiles > 0)\n{_f32_load(it, per_row, vec, copies, kmask, pa, koff, first_k, 'a')}")
+                 f"      if (k_tiles > 0)\n{_f32_load(it, k_at, copies, kmask, pa, koff, first_k, 'a')}")
         a_load = (f"        if (kt + 1 < k_tiles)\n"
-                  f"{_f32_load(it, per_row, vec, copies, kmask, pa, koff, next_k, 'b')}")
-        a_fill = _f32_store(per_row, copies, dst, loop.lo_offset) + f"""#pragma unroll
+                  f"{_f32_load(it, k_at, copies, kmask, pa, koff, next_k, 'b')}")
+        a_fill = _f32_store(i_at, copies, dst, loop.lo_offset) + f"""#pragma unroll
         for (int j = 0; j < {copies}; ++j) ax[j] = bx[j], ay[j] = by[j];
 """
         arrive = "habu::fence_proxy_async(); habu::mbar_arrive(full);  // the parts, visible to wgmma"
@@ -215,7 +214,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         one = {q: f"atomicAdd({p_out} + ({offs[q]}), {value(f'v{q}')});" for q in (0, 1)}
     else:
         one = {q: store_value(lw.out.dtype, p_out, offs[q], value(f"v{q}")) for q in (0, 1)}
-    store = f"""            const {it} col1 = col + 1;
+    store = f"""            const {it} col1 = col + {frag.pair - 1};  // the pair's second column
             const bool in0 = {inside} && ({masks[0]}), in1 = {inside} && ({masks[1]});
 """
     if lw.epilogue_pairs:  # both inside and the pair's offset even: one vector store (or vector atomic add)
@@ -251,9 +250,12 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
       if (!({c(lw.live(CExpr("mt"), CExpr(f"starts[{groups}]")))})) continue;  // past the last row tile: nothing to do
       const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
       const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
-      const {it} end = offs[g + 1];  // the group's rows end here
+      const {it} end = offs[{c(lw.group_end(CExpr("g")))}];  // the group's rows end here
       const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
 """
+    first, bound, step = loop.walk(CExpr("blockIdx.x"), CExpr("gridDim.x"), CExpr("gx") * CExpr("gy"))
+    walk = (f"    for (long long lin = {c(first)}; lin < {c(bound)}; lin += {c(step)}) {{  // persistent: every tile "
+            "once\n")
     body = f"""{wgmma_function(bn, "bf16")}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -263,7 +265,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
   __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
 {GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
-  const int wg = tid / 128;
+  const int wg = {c(loop.warpgroup(CExpr("tid")))};
   // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer is done with it
   if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
   habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
@@ -278,16 +280,15 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   int stage = {ring.start_stage};
   habu::u32 phase = {ring.start_phase};
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
-{dec}    const int ptid = tid;
-    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
-{tile_head}      for (int ri = ptid; nt == 0 && ri < {bm}; ri += 128) {{  // E sorted (GROUPS:): each row holds its group
+{dec}    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
+{walk}{tile_head}      for (int ri = ptid; nt == 0 && ri < {bm}; ri += {loop.warpgroup_size}) {{  // E sorted (GROUPS:): each row holds its group
         const {it} r = ({it})({row("ri")});
         if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
       }}
       {it} a_row_off[{copies}];  // -1: past the group's end or A's edge (masked)
 #pragma unroll
       for (int j = 0; j < {copies}; ++j) {{
-        const {it} r = ({it})({row(f"ptid / {per_row} + {128 // per_row} * j")});
+        const {it} r = ({it})({row(i_at)});
         a_row_off[j] = ({inside} && ({rmask})) ? ({roff}) : ({it})-1;
       }}
 {a_pre}      for (long long kt = 0; kt < k_tiles; ++kt) {{
@@ -305,11 +306,10 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       }}
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
-{inc}    const int cw = wg - 1;
+{inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
-    for (long long lin = blockIdx.x; lin < gx * gy; lin += gridDim.x) {{  // persistent: every tile once
-{tile_head}      float acc[{slabs}][{regs}];
+{walk}{tile_head}      float acc[{slabs}][{regs}];
 #pragma unroll
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
@@ -339,7 +339,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
           const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
           const {it} r = ({it})({row("ti")});
 {row_factor}#pragma unroll
-          for (int j = 0; j < {bn // 8}; ++j) {{  // each thread holds pairs of adjacent columns
+          for (int j = 0; j < {loop.column_groups()}; ++j) {{  // each thread holds pairs of adjacent columns
             const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(frag.col())))});
             const float v0 = acc[s][{2 * frag.pair} * j + {frag.pair} * h];
             const float v1 = acc[s][{2 * frag.pair} * j + {frag.pair} * h + 1];

@@ -37,13 +37,12 @@ from typing import Any
 
 from habu.lower.access import Access, VectorAccess, access_for, cdiv, floordiv
 from habu.lower.general import Store
+from habu.lower.grouped_mma import GroupedMmaLoop, grouped_mma_loop
 from habu.lower.grouped_wgmma import WgmmaMainLoop, wgmma_consumers, wgmma_main_loop
 from habu.plan.grouped_pair import as_grouped_pair
 from habu.plan.patterns import as_grouped_gemm
 from habu.plan.plan import GroupedKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Model
-
-MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
 
 
 @dataclass(frozen=True)
@@ -79,6 +78,8 @@ class GroupedLowering:
     # the wgmma main loop (`main_loop = "wgmma"`: habu/lower/grouped_wgmma.py), None for mma.sync or where
     # its maps do not exist (the rules then refuse the plan)
     wgmma: WgmmaMainLoop | None = None
+    # the mma.sync main loop's tiles, copies, operand words and accumulator map (habu/lower/grouped_mma.py)
+    mma: GroupedMmaLoop | None = None
 
     @property
     def uses_wgmma(self) -> bool:
@@ -145,6 +146,14 @@ class GroupedLowering:
             group = where(starts[gi] <= mt, gi, group)
         return group, self.tile_in_group(mt, _pick(starts, group, where))
 
+    def block_tile(self, bx: Any, by: Any) -> tuple[Any, Any]:
+        """(row tile, column tile) of block (blockIdx.x, blockIdx.y) of the mma.sync loop's grid."""
+        return bx, by
+
+    def group_end(self, g: Any) -> Any:
+        """The entry of the offsets where group g's rows end (its first row: entry g)."""
+        return g + 1
+
     def tile_in_group(self, mt: Any, start: Any) -> Any:
         """The row tile within its group of the mt-th row tile, its group's tiles starting at `start`."""
         return mt - start
@@ -191,10 +200,11 @@ class GroupedLowering:
         """The staged tiles: bm × (bk + 8) of A and bn × (bk + 8) of W in bf16 (rows padded by 16 bytes
         against bank conflicts), A's once per part; the offsets and tile starts (ints, #G + 1 each) are
         counted by the rules."""
-        k = self.kernel
         if self.uses_wgmma:
             return self.wgmma.layout.total if self.wgmma is not None else 0
-        return 2 * (k.bm * self.a_parts + k.bn * (1 if self.pair is None else 2)) * (k.bk + 8)
+        if self.mma is None:
+            return 0
+        return self.mma.smem_bytes(self.a_parts, 1 if self.pair is None else 2)
 
     def dynamic_smem_bytes(self) -> int:
         """Bytes of dynamic shared memory the launch requests: the wgmma loop's stage tiles and barriers."""
@@ -239,7 +249,8 @@ def lower_grouped(model: Model, kernel: GroupedKernel, storage: Mapping[str, str
     return GroupedLowering(kernel, gg.r.extent, gg.n.extent, gg.k.extent, gg.group_extent, eq, a, w, out,
                            gg.groups, gg.scale, kernel.index_width, row_scale,
                            Store.WRITE if eq.scatter is None else Store.ATOMIC_ADD,
-                           wgmma=wgmma_main_loop(kernel, a, w) if kernel.main_loop == "wgmma" else None)
+                           wgmma=wgmma_main_loop(kernel, a, w) if kernel.main_loop == "wgmma" else None,
+                           mma=grouped_mma_loop(kernel) if kernel.main_loop != "wgmma" else None)
 
 
 def _lower_pair(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] | None) -> GroupedLowering:
@@ -258,5 +269,6 @@ def _lower_pair(model: Model, kernel: GroupedKernel, storage: Mapping[str, str] 
     epi = pair.epilogue
     out = access_for(model.tensor(epi.target), epi.lhs, {epi.lhs[0]: "r", epi.lhs[1]: "n"}, extent_of_axis, storage)
     wgmma = wgmma_main_loop(first, base.a, base.w, pair=True) if kernel.main_loop == "wgmma" else None
-    return replace(base, kernel=kernel, out=out, wgmma=wgmma,
+    return replace(base, kernel=kernel, out=out, wgmma=wgmma, mma=grouped_mma_loop(kernel) if wgmma is None and
+                   kernel.main_loop != "wgmma" else None,
                    pair=PairEpilogue(w2, g2.scale, pair.first.node.target, g2.node.target, g2.node, epi))

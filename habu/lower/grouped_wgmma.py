@@ -25,6 +25,7 @@ from typing import Any
 
 from habu.lower.access import Access, floordiv, minimum
 from habu.lower.contraction import tma_box, tma_coordinates
+from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
 from habu.lower.pipeline import MbarrierRing, pipeline_for
 from habu.lower.registers import CONSUMER_REGS_MAX, WARPGROUP, RegisterSplit, warp_specialized_split
@@ -76,10 +77,52 @@ class WgmmaMainLoop:
     # a fused pair: the second weights' box lands `b2_offset` bytes into the stage's B tile (its rows
     # bn .. 2·bn − 1: the tile is laid out for both, the ring's B load is two boxes); 0 without a pair
     b2_offset: int = 0
+    # the consumers' accumulator map (which tile element each register holds) and thread decode, as the
+    # contraction path's wgmma epilogue has them; checked against the PTX ISA's layout by the field check
+    fragment: AccumulatorFragment = ACCUMULATOR
+    warpgroup_size: int = WARPGROUP
 
     @property
     def threads(self) -> int:
-        return 128 * (self.consumers + 1)
+        return self.warpgroup_size * (self.consumers + 1)
+
+    def walk(self, block: Any, blocks: Any, tiles: Any) -> tuple[Any, Any, Any]:
+        """The persistent walk of block `block` of `blocks` over `tiles` tiles: (first tile, the bound it runs
+        below, its step) — tiles block, block + blocks, ... (every tile once over the blocks)."""
+        return block, tiles, blocks
+
+    def producer_thread(self, tid: Any) -> Any:
+        """The producer warpgroup's thread index of thread `tid` (the producer is warpgroup 0)."""
+        return tid
+
+    def warpgroup(self, tid: Any) -> Any:
+        """The warpgroup of thread `tid` (0: the producer)."""
+        return tid // self.warpgroup_size
+
+    def consumer(self, wg: Any) -> Any:
+        """The consumer index of warpgroup `wg` (1..C -> 0..C-1): the slabs it multiplies and stores."""
+        return wg - 1
+
+    def producer_copies(self) -> int:
+        """The 16-byte copies of A's k tile each producer thread makes (A's rows by cp.async or loads)."""
+        return self.operands.a_copy.count // self.warpgroup_size
+
+    def _per_row(self) -> int:
+        copy = self.operands.a_copy
+        return copy.inner // copy.vector
+
+    def a_copy_row(self, ptid: Any, j: Any) -> Any:
+        """The A tile row of producer thread ptid's j-th copy: the chunks of a row go to consecutive threads."""
+        per = self._per_row()
+        return ptid // per + (self.warpgroup_size // per) * j
+
+    def a_copy_k(self, ptid: Any) -> Any:
+        """The k (within the k tile) of producer thread ptid's copies: the same 16-byte column of each row."""
+        return (ptid % self._per_row()) * self.operands.a_copy.vector
+
+    def column_groups(self) -> int:
+        """The accumulator's 8-column groups over the tile's columns (a thread's pairs j)."""
+        return self.bn // self.fragment.col_step
 
     @property
     def a_parts(self) -> int:
@@ -135,6 +178,8 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = Fa
     staged = replace(a, dtype="bf16") if split else a  # the tiles the consumers read hold bf16
     ops = wgmma_operands(shadow, staged, w, {b.name: b for b in layout.buffers}, consumers) \
         if staged.dtype == w.dtype == "bf16" else None
+    if ops is not None and split:  # the producer stores an f32 A's parts 16 bytes (8 bf16) at a time
+        ops = replace(ops, a_copy=replace(ops.a_copy, vector=8))
     ring = pipeline_for(shadow, staged.dtype, "k", "k", w.dtype)
     if ops is None or not isinstance(ring, MbarrierRing):
         return None

@@ -25,10 +25,19 @@ import numpy as np
 
 from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering, tile_starts
+from habu.lower.grouped_wgmma import WgmmaMainLoop
+from habu.prove.fragments import fragment_mismatch
+from habu.prove.grouped_route import (
+    epilogue_moves,
+    grouped_mma_route,
+    producer_uncopied,
+    wgmma_epilogue_moves,
+    wgmma_loop_route,
+)
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, register_kind
 from habu.prove.pipeline import delivered
-from habu.prove.smem_route import wgmma_route
+from habu.prove.smem_route import Route, wgmma_route
 from habu.prove.virtual import WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Expr
@@ -70,6 +79,58 @@ def _delivered_tiles(name: str, lw: GroupedLowering, steps: int, mem: Memory, co
     return reads
 
 
+def _mma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
+    """The mma.sync loop's shared-memory operands and epilogue map, routed through its maps
+    (habu.prove.grouped_route: the threads' 16-byte copies, the warps' operand words, the accumulator's
+    elements against the PTX ISA's tables): the kernel multiplies the tile product only where the route is
+    the identity."""
+    if lw.uses_wgmma:
+        return
+    if lw.mma is None:
+        mem.fault(f"{name}: the mma.sync main loop has no stage maps for this tile")
+        return
+    route = grouped_mma_route(lw.mma)
+    for fault in route.faults:
+        mem.fault(f"{name}: {fault}")
+    if not route.identity:
+        mem.fault(f"{name}: the mma.sync operands' shared-memory route is not the tile's product (an element "
+                  "multiplied at another row, column or k, or twice, or a tile element no warp computes)")
+    if epilogue_moves(lw.mma) is not None:
+        mem.fault(f"{name}: the epilogue stores an accumulator register at another tile element than the one "
+                  "mma.sync put there")
+
+
+def wgmma_thread_faults(loop: WgmmaMainLoop) -> list[str]:
+    """The wgmma loop's thread maps, run over every thread: the warpgroup decode (warpgroup 0 the producer,
+    1..C the consumers 0..C-1, 128 threads each), the producer's copies of A's k tile (each 16-byte chunk
+    `a_copy_row`, `a_copy_k` once, the chunks the route fills by `StageCopy.along`), and the consumers'
+    accumulator map against the PTX ISA's wgmma layout (`fragment_mismatch`)."""
+    faults = []
+    tid = np.arange(loop.threads, dtype=np.int64)
+    wg = np.asarray(loop.warpgroup(tid))
+    cw = np.asarray(loop.consumer(wg))
+    if not (np.array_equal(wg, tid // 128) and np.array_equal(cw[128:], tid[128:] // 128 - 1)):
+        bad = int(np.nonzero((wg != tid // 128) | (cw != tid // 128 - 1))[0][0])
+        faults.append(f"thread {bad} decodes as warpgroup {int(wg[bad])}, consumer {int(cw[bad])} (its warpgroup is "
+                      f"{bad // 128}: {'the producer' if bad < 128 else f'consumer {bad // 128 - 1}'})")
+    copy = loop.operands.a_copy
+    ptid = np.asarray(loop.producer_thread(tid[:128]))[:, None]
+    j = np.arange(loop.producer_copies(), dtype=np.int64)[None, :]
+    rows = np.broadcast_to(np.asarray(loop.a_copy_row(ptid, j)), (128, j.shape[1])).ravel()
+    ks = np.broadcast_to(np.asarray(loop.a_copy_k(ptid)), (128, j.shape[1])).ravel()
+    made = sorted(zip(rows.tolist(), ks.tolist(), strict=True))
+    outer, inner = copy.along(np.arange(copy.count, dtype=np.int64))
+    wanted = sorted(zip(np.asarray(outer).tolist(), np.asarray(inner).tolist(), strict=True))
+    if made != wanted:
+        missing = sorted(set(wanted) - set(made))[:1] or [made[0]]
+        faults.append(f"the producer's copies of A's k tile are not its {copy.count} chunks once each (row {missing[0][0]}, "
+                      f"k {missing[0][1]} {'never copied' if set(wanted) - set(made) else 'copied twice or outside'})")
+    moved = fragment_mismatch("wgmma", loop.fragment, loop.column_groups())
+    if moved is not None:
+        faults.append(moved)
+    return faults
+
+
 def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
     """The wgmma loop's shared-memory operands, routed through the contraction path's maps
     (habu.prove.smem_route: the producer's cp.async stores, TMA's swizzle, the descriptors' reads): the
@@ -92,6 +153,8 @@ def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
         if loop.b2_offset != lands or loop.second_b_start() != lands:
             mem.fault(f"{name}: the second weights' box lands at byte {loop.b2_offset} of the stage's B tile, its "
                       f"reads start at byte {loop.second_b_start()} (the second of the ring's two boxes: {lands})")
+    for fault in wgmma_thread_faults(loop):
+        mem.fault(f"{name}: {fault}")
     route = wgmma_route(loop.operands)
     for fault in route.faults:
         mem.fault(f"{name}: {fault}")
@@ -104,6 +167,7 @@ def run_grouped(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem: M
                 keep: np.ndarray | None = None) -> None:
     """Run the blocks `blocks`, (mt, nt) pairs; the blocks of one row tile together (one read of A)."""
     _wgmma_faults(name, lw, mem)
+    _mma_faults(name, lw, mem)
     offs = group_offsets(lw, sizes, mem)
     starts = tile_starts(lw, offs)
     by_row_tile: dict[int, list[int]] = {}
@@ -129,7 +193,7 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
     i = np.arange(k.bm, dtype=np.int64)
     j = np.arange(k.bn, dtype=np.int64)
     rows = np.asarray(lw.row(offs[group], m, i), dtype=np.int64)
-    inside = np.asarray(lw.row_inside(rows, offs[min(group + 1, len(offs) - 1)]), dtype=bool)
+    inside = np.asarray(lw.row_inside(rows, offs[min(int(lw.group_end(group)), len(offs) - 1)]), dtype=bool)
     cols = np.concatenate([np.asarray(lw.column(nt, j), dtype=np.int64) for nt in nts])
     steps = int(lw.k_steps(sizes))
     kk = np.arange(k.bk, dtype=np.int64)
@@ -165,13 +229,25 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
             parts.append(np.concatenate(steps_w, axis=1))
         return np.concatenate(parts, axis=0)
 
+    route = _route(lw)
+    moves = epilogue_moves(lw.mma) if lw.mma is not None and not lw.uses_wgmma else \
+        wgmma_epilogue_moves(lw.wgmma) if lw.wgmma is not None else None
+    stale_a = producer_uncopied(lw.wgmma) if lw.wgmma is not None else None
+
     def product(w_access, scale) -> np.ndarray:
-        """scale · Σ k A[row k] · W[group col k] over the block's rows and columns, every k step."""
+        """scale · Σ k A[row k] · W[group col k] over the block's rows and columns, every k step; through the
+        loop's shared-memory route where it is not the plain tile product (each warp multiplies the elements
+        its copies, reads and accumulator map give it)."""
         if a is None:
             return np.zeros((len(live_rows), len(cols)), dtype=np.int64)
         w = weights(w_access)
-        out = f.contract2(np.ascontiguousarray(np.broadcast_to(a, (len(live_rows), len(ks)))),
-                          np.ascontiguousarray(np.broadcast_to(w, (len(cols), len(ks)))), "ik", "jk", "ij")
+        a_b = np.ascontiguousarray(np.broadcast_to(a, (len(live_rows), len(ks))))
+        w_b = np.ascontiguousarray(np.broadcast_to(w, (len(cols), len(ks))))
+        if route is not None and not (route.identity and moves is None and stale_a is None):
+            # (A's elements no producer thread copied: stale shared memory, poison)
+            out = _routed_product(f, route, moves, a_b, w_b, inside, k.bm, k.bn, k.bk, len(nts), stale_a, mem.poison)
+        else:
+            out = f.contract2(a_b, w_b, "ik", "jk", "ij")
         return out if scale is None else (out * np.asarray(_scale(f, scale, sizes), dtype=np.int64)) % f.p
 
     first = acc = product(lw.w, lw.scale)
@@ -194,7 +270,66 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
     write(name, lw.out, at, acc, sizes, mem, lw.index_width, False, None, where)
 
 
+def _route(lw: GroupedLowering) -> Route | None:
+    """The main loop's shared-memory route (None where its maps are missing: the check faults on that)."""
+    if lw.wgmma is not None:
+        return wgmma_loop_route(lw.wgmma)
+    if lw.mma is not None and not lw.uses_wgmma:
+        return grouped_mma_route(lw.mma)
+    return None
+
+
+def _routed_product(f: PrimeField, route: Route, moves, a: np.ndarray, w: np.ndarray, inside: np.ndarray, bm: int,
+                    bn: int, bk: int, blocks: int, stale: np.ndarray | None = None, poison=None) -> np.ndarray:
+    """The block's accumulators as its warps compute them: warp by warp, k tile by k tile, A's element
+    (a_mn, a_k) of the k tile times W's (b_mn, b_k), summed into the warp's rows and columns (an element no
+    warp computes stays 0, one two warps compute holds both sums). `a`: the live rows' values (masked rows
+    are zeros in shared memory), `w`: the blocks' columns, over every k step."""
+    tiles = a.shape[1] // bk
+    a_full = np.zeros((bm, a.shape[1]), dtype=np.int64)
+    a_full[inside] = a
+    if stale is not None:  # A's tile elements no copy wrote: whatever shared memory held, in every k tile
+        where = np.tile(stale, (1, tiles))
+        a_full = np.where(where, poison(np.arange(a_full.size, dtype=np.int64).reshape(a_full.shape) * 7919 + 13),
+                          a_full)
+    acc = np.zeros((bm, blocks * bn), dtype=np.int64)
+    for warp in route.warps:
+        rows_ok = (warp.rows >= 0) & (warp.rows < bm)
+        cols_ok = (warp.cols >= 0) & (warp.cols < bn)
+        a_mn, b_mn = np.clip(warp.a_mn, 0, bm - 1), np.clip(warp.b_mn, 0, bn - 1)
+        for b in range(blocks):
+            for t in range(tiles):
+                x = a_full[a_mn, t * bk + warp.a_k][rows_ok]
+                y = w[b * bn + b_mn, t * bk + warp.b_k][cols_ok]
+                part = f.contract2(np.ascontiguousarray(x), np.ascontiguousarray(y), "ik", "jk", "ij")
+                at = np.ix_(warp.rows[rows_ok], b * bn + warp.cols[cols_ok])
+                acc[at] = (acc[at] + part) % f.p
+    if moves is not None:  # the epilogue: each register's value stored where the lowering's map says
+        held_r, held_c, stored_r, stored_c = moves
+        ok = (stored_r >= 0) & (stored_r < bm) & (stored_c >= 0) & (stored_c < bn)
+        out = np.zeros_like(acc)
+        for b in range(blocks):
+            out[stored_r[ok], b * bn + stored_c[ok]] = acc[held_r[ok], b * bn + held_c[ok]]
+        acc = out
+    return acc[inside]
+
+
 # ----------------------------------------------------------------------------- the grouped kind
+
+
+WALK_BLOCKS = (1, 3, 132)  # persistent grids the walk is run over (one block, a few, an H200's SMs)
+
+
+def walked(loop: WgmmaMainLoop, tiles: int) -> list[int]:
+    """The tiles the persistent blocks visit, each block walking from `loop.walk`'s first tile below its bound
+    by its step, over grids of `WALK_BLOCKS` blocks (at most one per tile): the tiles of the largest grid, in
+    order; a tile two blocks visit appears twice, one none visits not at all (the checks then name it)."""
+    for blocks in WALK_BLOCKS:
+        nb = max(1, min(blocks, tiles))
+        visits = sorted(t for b in range(nb) for t in range(*(int(x) for x in loop.walk(b, nb, tiles))))
+        if visits != list(range(tiles)):
+            return visits
+    return list(range(tiles))
 
 
 def grid_blocks(lw: GroupedLowering, sizes: Mapping[str, int]) -> list[tuple[int, int]]:
@@ -202,8 +337,8 @@ def grid_blocks(lw: GroupedLowering, sizes: Mapping[str, int]) -> list[tuple[int
     mma.sync loop's (blockIdx.x, blockIdx.y), the wgmma loop's band order (`WgmmaMainLoop.tile_of`)."""
     gx, gy = (int(x) for x in lw.grid(sizes))
     if lw.wgmma is not None:
-        return [(int(mt), int(nt)) for mt, nt in (lw.wgmma.tile_of(lin, gx, gy) for lin in range(gx * gy))]
-    return [(mt, nt) for nt in range(gy) for mt in range(gx)]
+        return [(int(mt), int(nt)) for mt, nt in (lw.wgmma.tile_of(lin, gx, gy) for lin in walked(lw.wgmma, gx * gy))]
+    return [tuple(int(t) for t in lw.block_tile(bx, by)) for by in range(gy) for bx in range(gx)]  # type: ignore[misc]
 
 
 def _everything(lw: GroupedLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:

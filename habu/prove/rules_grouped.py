@@ -22,6 +22,11 @@ GROUPED_RULES = {r.name: r for r in (
     Rule("grouped-schedule", "the grid of a grouped GEMM has a block for every row tile of every grouping of "
          "#R rows into #G groups (a group of c rows has ⌈c/bm⌉ tiles, an empty one none)",
          "a row tile past the grid is never computed: its rows stay unwritten"),
+    Rule("grouped-stage-maps", "the mma.sync loop's (and the wgmma loop's producer) threads copy every 16-byte chunk of A's and W's k tiles into "
+         "their stage tiles, inside a staged row, and every warp's operand words and accumulator registers lie "
+         "inside the tile (over every thread, copy, warp, lane and register)",
+         "a chunk no thread copies leaves stale shared memory in the product; a copy or read past its tile reads or "
+         "overwrites another tile"),
 )}
 
 STATIC_SMEM = 48 * 1024
@@ -41,11 +46,66 @@ def _wgmma_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator
         refusal = "the wgmma stage tiles have no maps for this tile (128-byte rows, stages evenly spaced)"
     yield Obligation(R["supported-path"], name, None, "the wgmma main loop runs this grouped kernel",
                      refusal is None, detail=refusal or "")
-    if lw.wgmma is not None:
+    if lw.wgmma is not None:  # the producer's copies of A: inside the tile's bm rows and the k tile (its row r =
+        # offs[g] + m·bm + i is the grouped int32 obligation's, i < bm)
+        import numpy as np
+
+        loop = lw.wgmma
+        ptid = np.asarray(loop.producer_thread(np.arange(loop.warpgroup_size)))[:, None]
+        rows = np.asarray(loop.a_copy_row(ptid, np.arange(max(loop.producer_copies(), 1))[None, :]))
+        ks = np.asarray(loop.a_copy_k(ptid))
+        vec = loop.operands.a_copy.vector
+        inside = bool(((rows >= 0) & (rows < lw.kernel.bm)).all() and ((ks >= 0) & (ks + vec <= loop.operands.bk)).all())
+        yield Obligation(GROUPED_RULES["grouped-stage-maps"], name, None,
+                         f"the producer's copies of A lie in the {lw.kernel.bm} × {loop.operands.bk} tile", inside,
+                         detail="a producer thread copies a row or k outside A's tile")
         problem = pipeline_problem(lw.wgmma.ring)
         yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
                          f"the wgmma loop's ring of {lw.wgmma.ring.stages} stages delivers every k tile to its step",
                          problem is None, detail=problem or "")
+
+
+def _mma_obligations(name: str, lw: GroupedLowering) -> Iterator[Obligation]:
+    """The mma.sync loop's maps (habu/lower/grouped_mma.py) over every thread, copy, warp, lane and register:
+    the copies cover each k tile and stay inside a staged row, the operand words and the accumulator's
+    elements inside the tile (the route itself, element by element, is the finite-field check's)."""
+    import numpy as np
+
+    loop = lw.mma
+    rule = GROUPED_RULES["grouped-stage-maps"]
+    if loop is None:
+        yield Obligation(rule, name, None, "the mma.sync loop has stage maps", False, detail="no maps for this tile")
+        return
+    for side, copy, tile in (("A", loop.a_copy, loop.a_tile), ("W", loop.w_copy, loop.w_tile)):
+        turns = loop.copies(copy)
+        yield Obligation(rule, name, None, f"{loop.threads} threads × {turns} copies cover {side}'s {copy.count} "
+                         "16-byte chunks of a k tile", turns * loop.threads == copy.count,
+                         detail=f"{loop.threads} threads × {turns} copies of {copy.count} chunks: "
+                         f"{copy.count - turns * loop.threads} never copied")
+        e = np.asarray(loop.chunk(np.arange(loop.threads)[:, None], np.arange(max(turns, 1))[None, :])).ravel()
+        row, col = tile.storage(*copy.element(*copy.along(e)))
+        inside = bool(((row >= 0) & (row < tile.rows) & (col >= 0) & (col + copy.vector <= copy.inner)).all())
+        yield Obligation(rule, name, None, f"every copy of {side} lands in a {tile.rows} × {copy.inner} k tile of "
+                         "its stage tile", inside, detail=f"a copy of {side} lands outside its stage tile's k tile")
+    g, lane = loop.grid, np.arange(32)
+    mi, ni = loop.mma_tiles
+    warps = np.arange(loop.threads // loop.warp_size)
+    w, l_, i, j = np.meshgrid(warps, lane, np.arange(max(mi, 1)), np.arange(max(ni, 1)), indexing="ij")
+    a_rows = [np.asarray(loop.a_row(g.warp_m(w), i, l_)) + loop.a_read.word(r)[0] for r in range(loop.a_read.registers)]
+    w_rows = [np.asarray(loop.w_row(g.warp_n(w), j, l_)) + loop.w_read.word(r)[0] for r in range(loop.w_read.registers)]
+    ks = np.arange(0, loop.bk, loop.mma_k)
+    k_cols = [np.asarray(loop.k_col(ks[:, None], lane[None, :])) + read.word(r)[1]
+              for read in (loop.a_read, loop.w_read) for r in range(read.registers)]
+    q = np.arange(loop.fragment.registers(1))
+    er, ec = loop.accumulator(g.warp_m(w)[..., None], g.warp_n(w)[..., None], i[..., None], j[..., None],
+                              l_[..., None], q)
+    ok = (all(((r >= 0) & (r < lw.kernel.bm)).all() for r in a_rows)
+          and all(((r >= 0) & (r < lw.kernel.bn)).all() for r in w_rows)
+          and all(((k >= 0) & (k + loop.a_read.pair <= loop.bk)).all() for k in k_cols)
+          and bool(((er >= 0) & (er < lw.kernel.bm) & (ec >= 0) & (ec < lw.kernel.bn)).all()))
+    yield Obligation(rule, name, None, f"every warp's operand words and accumulator registers lie in the "
+                     f"{lw.kernel.bm} × {lw.kernel.bn} × {loop.bk} tile", ok,
+                     detail="a warp reads an operand word or stores an accumulator register outside its tile")
 
 
 def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator[Obligation]:
@@ -75,6 +135,8 @@ def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterato
                      detail=f"#{lw.g} is a runtime extent")
     if lw.uses_wgmma:
         yield from _wgmma_obligations(name, lw, ctx)
+    else:
+        yield from _mma_obligations(name, lw)
     if isinstance(groups, int):
         offsets = 8 * (groups + 1)
         if lw.uses_wgmma:  # the stage tiles and barriers are dynamic, the offsets static: one block's sum

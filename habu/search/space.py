@@ -85,6 +85,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
 
     graph = apply_rewrites(model, rewrites)
     kernels = default_kernels(graph, target, s)
+    if not any(key in GROUPED_PINS for key in (pins or {})):  # an MoE model: the grouped family (its choices pinned)
+        pins = {**grouped.PATH.default_pins(graph, default_regions(graph), target, s), **(pins or {})}
     if pins:
         regions = default_regions(graph)
         if "mma" in pins:
@@ -109,6 +111,9 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
 
+
+# pins that choose a grouped kernel's family, loop or tile: with one, the user's plan replaces the MoE default
+GROUPED_PINS = ("family", "pair", "main_loop", "bm", "bn", "bk", "warps_m", "warps_n")
 
 # the kernel fields each plan-choice pin sets, from the field table (operand movements and rewrites
 # are checked where they apply; `tile` sets tile_m, tile_n and tile_k at once)

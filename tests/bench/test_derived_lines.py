@@ -51,3 +51,10 @@ def test_every_path_prints_some_of_its_index_arithmetic_from_the_lowering():
                   "attention fused, causal skip (70 queries at the end of 100 keys, 32×32 tiles, 2 row tiles a warp)",
                   "attention fused, split-KV decode (lengths, 4096 keys in splits of 512)"):
         assert rows[label].index_share >= 0.9, rows[label]
+    # s30-grp17: the grouped loops' tiles, copies, operand words, accumulator maps, thread and block decodes
+    # come from the lowering (habu/lower/grouped_mma.py, grouped_wgmma.py), and the wgmma loop is measured
+    # (before: mma.sync grouped 49/138 = 36%; wgmma 121/207 = 58%, fused pair 79/136 = 58%)
+    for label in ("grouped (MoE: gate, up, act rows, combine scatter-add)",
+                  "grouped wgmma (MoE: gate, up on the wgmma loop, act rows, combine scatter-add)",
+                  "grouped wgmma, pair fused (gate + up + SwiGLU; combine scatter-add)"):
+        assert rows[label].index_share >= 0.75, rows[label]

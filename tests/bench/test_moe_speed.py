@@ -39,3 +39,26 @@ def test_the_float64_torch_loop_is_the_models_meaning_and_grouped_mm_agrees():
     np.testing.assert_allclose(ref.numpy(), evaluate(model, inputs)["Y"], rtol=1e-12, atol=1e-12)
     assert rel_error(torch_loop(x, w, ix, p, offsets, y), ref) < 2e-2
     assert rel_error(grouped_mm(x, w, ix, p, offsets, y), ref) < 2e-2
+
+
+def test_the_combine_bench_plans_are_grouped_wgmma_tiles_the_rules_accept():
+    """habu.bench.moe_combine_speed's plans at Mixtral's combine (the rules only: the field check runs on the GPU
+    machine's build)."""
+    from habu.bench.moe_combine_speed import MODEL, PLANS
+    from habu.bench.moe_speed import SHAPES
+    from habu.prove.rules import failures, obligations
+    from habu.search.space import default_plan
+    from habu.spec.parser import parse_text
+    from habu.target import TARGETS
+
+    s = SHAPES["mixtral"]
+    sizes = {"T": 4096, "R": 8192}
+    m = parse_text(MODEL.format(experts=s.experts, d=s.d, h=s.h)).models["COMBINE"].with_sizes(sizes)
+    tiles = set()
+    for _, pins in PLANS:
+        plan = default_plan(m, TARGETS["sm_90a"], sizes, pins)
+        (k,) = plan.kernels
+        assert k.kind == "grouped" and k.main_loop == "wgmma"
+        assert not failures(obligations(m, plan, sizes)), pins
+        tiles.add((k.bm, k.bn, k.stages))
+    assert len(tiles) == len(PLANS)

@@ -29,20 +29,26 @@ GROUPINGS = {  # rows of each of the 8 groups (tiles of 64 rows)
 }
 
 
+# the default (on the H200: the wgmma loop, issue 20 §1) and the mma.sync loop (`--pin family=grouped`, sm_80's default)
+LOOPS = {"default": {}, "mma.sync": {"family": "grouped"}}
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
 @pytest.mark.parametrize("model", ["GROUPED-GATHER", "GROUPED-PLAIN"])
 @pytest.mark.parametrize("rows", [1, 37, 1000])
-def test_the_grouped_default_plan_passes_the_exact_check(model, rows):
-    built = build(str(GG), model, {"T": T, "R": rows})
+def test_the_grouped_default_plan_passes_the_exact_check(model, rows, loop):
+    built = build(str(GG), model, {"T": T, "R": rows}, LOOPS[loop])
     assert [k.kind for k in built.plan.kernels] == ["grouped"]
     result = ExactChecker(built.model, built.sizes, seed=rows).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
 
 
+@pytest.mark.parametrize("loop", list(LOOPS))
 @pytest.mark.parametrize("name", list(GROUPINGS))
-def test_hand_made_groupings_match_the_float64_product_exactly(name):
+def test_hand_made_groupings_match_the_float64_product_exactly(name, loop):
     counts = GROUPINGS[name]
     rows = sum(counts)
-    built = build(str(GG), "GROUPED-GATHER", {"T": T, "R": rows})
+    built = build(str(GG), "GROUPED-GATHER", {"T": T, "R": rows}, LOOPS[loop])
     g = torch.Generator().manual_seed(rows)
     x = torch.randint(-3, 4, (T, K), generator=g).bfloat16().cuda()
     w = torch.randint(-3, 4, (G, N, K), generator=g).bfloat16().cuda()

@@ -32,7 +32,7 @@ ITENSOR: IX ( #R #T )  GROUPS: E ( #R #G )
 MODEL: GG
    Y[r n] = Σ k X[IX[r] k] · W[E[r] n k] · 2 ;
 """
-KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=16, warps_m=1, warps_n=2)  # 64 threads, 2 × 2 mma tiles
+KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=32, warps_m=1, warps_n=2)  # 64 threads, 1 × 2 mma tiles a warp
 SIZES = {"R": 37, "T": 20, "G": 4, "N": 40, "K": 40}
 GROUPINGS = {  # 37 rows into 4 groups; tiles of 16 rows
     "first-empty": [1] * 10 + [2] * 20 + [3] * 7,
@@ -79,13 +79,24 @@ def _run(values: list[int], kernel: GroupedKernel = KERNEL, lw: GroupedLowering 
     return mem, got.reshape(R, N), found.reshape(R, N), ref.astype(np.int64), len(dup)
 
 
-def test_the_moe_gate_and_up_projections_are_grouped_regions_and_the_combine_stays_general():
+def test_the_moe_default_is_the_grouped_family_wgmma_and_fused_on_sm_90a_and_mma_sync_on_sm_80():
+    """gate and up are grouped regions, the combine a general one the grouped family also takes; the default
+    plan computes all of them grouped: on sm_90a the wgmma loop with gate, up and SwiGLU fused, on sm_80
+    mma.sync kernels (issue 20 §1). A grouped pin (family, pair, main_loop, a tile) replaces the default."""
     m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
     kinds = {r.nodes[-1]: r.kind for r in default_regions(m)}
     assert kinds == {"gate": "grouped", "up": "grouped", "act": "rows", "Y": "general"}
-    lowered = lower_plan(m, default_plan(m, TARGET, {}, {}))
-    assert [type(lw).__name__ for lw in lowered] == ["GroupedLowering", "GroupedLowering", "RowLowering",
-                                                     "GeneralLowering"]
+    plan = default_plan(m, TARGET, {}, {})
+    assert [(k.kind, k.main_loop, k.nodes) for k in plan.kernels] == [
+        ("grouped", "wgmma", ("gate", "up", "act")), ("grouped", "wgmma", ("Y",))]
+    sm80 = default_plan(m, TARGETS["sm_80"], {}, {})
+    assert [(k.kind, getattr(k, "main_loop", None)) for k in sm80.kernels] == [
+        ("grouped", "mma.sync"), ("grouped", "mma.sync"), ("rows", None), ("grouped", "mma.sync")]
+    general = default_plan(m, TARGET, {}, {"family": "general"})
+    assert [k.kind for k in general.kernels] == ["general", "general", "rows", "general"]
+    mma = default_plan(m, TARGET, {}, {"family": "grouped"})
+    assert {getattr(k, "main_loop", None) for k in mma.kernels} == {"mma.sync", None}
+    assert [type(lw).__name__ for lw in lower_plan(m, plan)] == ["GroupedLowering", "GroupedLowering"]
 
 
 @pytest.mark.parametrize("text", [
@@ -152,7 +163,7 @@ def test_the_rules_prove_the_grouped_kernel_and_refuse_a_ragged_k():
 def test_the_moe_examples_prove_through_grouped_kernels_at_the_witness(example):
     m = load_program(ROOT / "examples" / example).models["MOE-FFN"]
     plan = default_plan(m, TARGET, {}, {})
-    assert [k.kind for k in plan.kernels] == ["grouped", "grouped", "rows", "general"]
+    assert [(k.kind, k.main_loop) for k in plan.kernels] == [("grouped", "wgmma")] * 2  # (gate+up+act, combine)
     proof = prove(m, plan, trials=1)
     assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
 
@@ -162,7 +173,7 @@ def test_the_grouped_kernel_compiles_with_nvrtc():
     from habu.paths.emit import emit_plan
 
     m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
-    emitted = emit_plan(m, default_plan(m, TARGET, {}, {}), TARGET)
+    emitted = emit_plan(m, default_plan(m, TARGET, {}, {"family": "grouped"}), TARGET)  # the mma.sync loop
     k = emitted.kernels[0]
     assert "habu::mma_bf16_16816" in k.source and "habu::group_offsets" in k.source
     try:
@@ -219,6 +230,41 @@ def test_regression_a_grouped_plan_round_trips_through_json_and_the_search_repor
     from habu.plan.plan import Plan
     from habu.search.report import plan_summary
 
-    plan = default_plan(_gg(), TARGET, {}, {})
+    plan = default_plan(_gg(), TARGETS["sm_80"], {}, {})
     assert Plan.from_json(plan.to_json()) == plan
     assert plan_summary(plan.to_json()) == "grouped 64x64x32 w2x2"
+
+
+def test_regression_a_tile_whose_chunks_outnumber_no_thread_is_refused_not_certified():
+    """16 × 16 of A is 32 16-byte chunks for 64 threads: the mma.sync loop copied chunk_a = 32 // 64 = 0 of them
+    (A's tile was never staged) and the plan was certified, the field check multiplying the tile as loaded.
+    The copies are the lowering's now: the rule counts them and the field check routes the operands
+    through them."""
+    from habu.prove.rules import obligations
+
+    m = _gg()
+    bad = replace(KERNEL, bk=16)
+    plan = replace(default_plan(m, TARGET, {}, {}), kernels=(bad,))
+    failed = {o.rule.name for o in obligations(m, plan, SIZES) if o.formula is False}
+    assert "grouped-stage-maps" in failed, failed
+    mem, got, found, ref, _ = _run(GROUPINGS["inner-empty"], bad)
+    assert any("no copy wrote" in f for f in mem.faults), mem.faults
+    assert not np.array_equal(np.where(found, got, -1), np.where(found, ref, -1))
+
+
+def test_every_mma_sync_variant_routes_its_operands_as_the_tile_product():
+    """The search's mma.sync tiles: each one's copies, operand words and accumulator map (habu/lower/grouped_mma.py)
+    run by the field check's route are the plain tile product, and a planted map is not."""
+    from habu.bench.mutant_plants import a_word_rows_swapped, accumulator_halves_swapped, copy_turn_shifted
+    from habu.paths import grouped
+    from habu.prove.grouped_route import epilogue_moves, grouped_mma_route
+
+    loops = {lower(_gg(), k).mma for k in grouped.PATH.variants(KERNEL, TARGETS["sm_80"])}
+    assert len(loops) > 10
+    for loop in loops:
+        route = grouped_mma_route(loop)
+        assert route.identity and not route.faults and epilogue_moves(loop) is None, (loop, route.faults)
+    loop = lower(_gg(), KERNEL).mma
+    assert not grouped_mma_route(a_word_rows_swapped(loop)).identity
+    assert grouped_mma_route(copy_turn_shifted(loop)).faults
+    assert epilogue_moves(accumulator_halves_swapped(loop)) is not None

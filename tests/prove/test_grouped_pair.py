@@ -25,10 +25,12 @@ def _moe():
     return load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
 
 
-def test_gate_up_and_swiglu_are_a_pair_and_the_default_keeps_them_apart():
+def test_gate_up_and_swiglu_are_a_pair_fused_by_default_on_sm_90a_and_apart_on_sm_80():
     m = _moe()
     assert pair_positions(m, default_regions(m)) == [0]
-    assert [k.kind for k in default_plan(m, TARGET, {}, {}).kernels] == ["grouped", "grouped", "rows", "general"]
+    assert [k.nodes for k in default_plan(m, TARGET, {}, {}).kernels] == [("gate", "up", "act"), ("Y",)]
+    assert [k.kind for k in default_plan(m, TARGETS["sm_80"], {}, {}).kernels] == ["grouped", "grouped", "rows",
+                                                                                  "grouped"]
     plan = default_plan(m, TARGET, {}, FUSED)
     assert [k.nodes for k in plan.kernels] == [("gate", "up", "act"), ("Y",)]
     assert dict(plan.storage) == {"act": "bf16"}  # gate and up stay in registers; act is bf16 (the activation type)

@@ -34,7 +34,7 @@ MODEL: SC
    Y[IX[r] n] += P[r] · Σ k A[r k] · W[E[r] n k] · 2 ;
 """
 SIZES = {"R": 37, "T": 20, "G": 4, "N": 40, "K": 40}
-KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=16, warps_m=1, warps_n=2)
+KERNEL = GroupedKernel(nodes=("Y",), bm=16, bn=32, bk=32, warps_m=1, warps_n=2)  # each thread a chunk of A
 GROUPED = {"family": "grouped"}
 
 
@@ -46,14 +46,15 @@ def _moe():
     return load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
 
 
-def test_the_combine_is_a_grouped_gemm_with_its_epilogue_but_its_default_stays_general():
+def test_the_combine_is_a_grouped_gemm_with_its_epilogue_and_the_grouped_default_takes_it():
     m = _moe()
     gg = as_grouped_gemm(m, next(e for e in m.nodes if e.target == "Y"))
     assert gg is not None and not gg.by_default
     # act is bf16 (an input the model also writes, Y, does not decide the activation type): a bf16 A
     assert gg.row_scale is not None and gg.row_scale.tensor == "P" and gg.scatter is not None and gg.a_dtype == "bf16"
     assert [r.kind for r in default_regions(m)] == ["grouped", "grouped", "rows", "general"]
-    assert [k.kind for k in default_plan(m, TARGET, {}, {}).kernels] == ["grouped", "grouped", "rows", "general"]
+    # the region stays general (the pattern's by_default), the MoE default plan builds it grouped (issue 20 §1)
+    assert [k.kind for k in default_plan(m, TARGET, {}, {}).kernels] == ["grouped", "grouped"]
     lw = lower_plan(m, default_plan(m, TARGET, {}, GROUPED))[3]
     assert isinstance(lw, GroupedLowering)
     assert lw.store is Store.ATOMIC_ADD and lw.row_scale is not None and lw.a_parts == 1
