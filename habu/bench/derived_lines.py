@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from habu.bench.derived_plants_attention import WGMMA_ATTENTION_OFFSETS, WGMMA_ATTENTION_PLANTS
 from habu.lower import (
     ColumnLowering,
     ContractionLowering,
@@ -41,6 +42,7 @@ from habu.lower import (
 )
 from habu.lower.access import Access, Bound, FlatGrid
 from habu.lower.attention import AttentionLowering
+from habu.lower.attention_wgmma import AttentionWgmmaLowering
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap
 from habu.lower.fragments import AccumulatorFragment
 from habu.lower.grouped_mma import GroupedMmaLoop
@@ -85,6 +87,10 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
      "ATTENTION-GQA", {"I": 70, "J": 100}, {"family": "attention", "bm": "32", "bn": "32", "warp_m": "2"}, "sm_90a"),
     ("attention fused, split-KV decode (lengths, 4096 keys in splits of 512)", "decode_attention.habu",
      "DECODE-ATTENTION", {"J": 4096, "L": 4097}, {"family": "attention", "bm": "16", "kv_split": "512"}, "sm_90a"),
+    ("attention fused, wgmma/TMA main loop (FA3-style, 2 consumer warpgroups)", "attention.habu", "ATTENTION-GQA",
+     {}, {"family": "attention", "main_loop": "wgmma"}, "sm_90a"),
+    ("wgmma cluster split-K (partials through DSMEM)", "ggemm.habu", "GGEMM", {"M": 100, "N": 300, "K": 1000},
+     {"tile": "64x128x64", "stages": "4", "split_k": "4", "split_reduce": "cluster"}, "sm_90a"),
 )
 
 _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
@@ -345,6 +351,11 @@ ATTENTION_COUNTS = ("sets_per_warp", "qk_steps", "key_pairs", "score_groups", "p
 def _attention_variants(lw: AttentionLowering) -> Iterator[AttentionLowering]:
     for method, planted in ATTENTION_PLANTS:
         yield _with_override(lw, method, planted)
+    if isinstance(lw, AttentionWgmmaLowering):  # the wgmma loop's own maps (habu/bench/derived_plants_attention.py)
+        for method, planted in WGMMA_ATTENTION_PLANTS:
+            yield _with_override(lw, method, planted)
+        for name, delta in WGMMA_ATTENTION_OFFSETS:
+            yield replace(lw, **{name: getattr(lw, name) + delta})
     for count in ATTENTION_COUNTS:
         yield _with_property(lw, count, lambda n: n - 1)
     yield replace(lw, quad_offsets=lw.quad_offsets[:-1])

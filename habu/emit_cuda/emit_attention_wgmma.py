@@ -187,21 +187,21 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
 float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
 if (open_tile) {{
 #pragma unroll
-  for (int jn = 0; jn < {bn // 8}; ++jn)
+  for (int jn = 0; jn < {lw.score_groups}; ++jn)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {{
+      for (int q = 0; q < {lw.fragment.pair}; ++q) {{
         s[{s_reg}] *= scale;
         mx[h] = fmaxf(mx[h], s[{s_reg}]);
       }}
 }} else {{
 #pragma unroll
-  for (int jn = 0; jn < {bn // 8}; ++jn)
+  for (int jn = 0; jn < {lw.score_groups}; ++jn)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {{  // scale and mask register (jn, h, q)
+      for (int q = 0; q < {lw.fragment.pair}; ++q) {{  // scale and mask register (jn, h, q)
         const long long i = (long long)({i_of});
         const long long j = (long long)({j_of});
         const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
@@ -211,7 +211,7 @@ if (open_tile) {{
       }}
 }}
 #pragma unroll
-for (int h = 0; h < 2; ++h) {{
+for (int h = 0; h < {lw.fragment.halves}; ++h) {{
   const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
   shift[h] = habu::softmax_shift(m_new);
   alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
@@ -219,11 +219,11 @@ for (int h = 0; h < 2; ++h) {{
   l[h] *= alpha[h];
 }}
 #pragma unroll
-for (int jn = 0; jn < {bn // 8}; ++jn)
+for (int jn = 0; jn < {lw.score_groups}; ++jn)
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {{
+    for (int q = 0; q < {lw.fragment.pair}; ++q) {{
       s[{s_reg}] = habu::exp2_fast(s[{s_reg}] - shift[h]);  // a masked score: 2^−∞ = 0
       l[h] += s[{s_reg}];
     }}
@@ -233,11 +233,11 @@ for (int jn = 0; jn < {bn // 8}; ++jn)
     def rescale_pack(ind: str) -> str:
         """O times alpha, then P packed into pa (O and pa no longer read by a wgmma)."""
         text = f"""#pragma unroll
-for (int dn = 0; dn < {n_d // 8}; ++dn)
+for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-    for (int q = 0; q < 2; ++q) o[{o_reg}] *= alpha[h];
+    for (int q = 0; q < {lw.fragment.pair}; ++q) o[{o_reg}] *= alpha[h];
 """ + "\n".join(line.strip() for line in p_pack.splitlines()) + "\n"
         return "".join(ind + line + "\n" for line in text.splitlines())
 
@@ -278,7 +278,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {dec}    if (tid == 0) {{
       habu::mbar_arrive_expect_tx(q_bar, {q_bytes});
 {q_loads}
-      for (long long kt = 0; kt < tiles; ++kt) {{
+      for (long long kt = {c(lw.first_tile())}; kt < tiles; ++kt) {{
         habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
         const habu::u32 full = {_barrier(ring, "stage")};
         habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
@@ -308,9 +308,9 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       habu::wgmma_commit();
 {turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(s);
-      const long long ks = 0;
+      const long long ks = {c(lw.first_tile())};
 {softmax('      ')}{rescale_pack('      ')}    }}
-    for (long long kt = 0; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, O rescaled for tile kt; a next tile
+    for (long long kt = {c(lw.first_tile())}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, O rescaled for tile kt; a next tile
       // S of tile kt + 1 first: its softmax then runs while P(kt)·V(kt) does
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       const int nslot = {c(ring.read_slot(CExpr("stage")))};
@@ -320,7 +320,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       habu::wgmma_commit();
 {pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
-      const long long ks = kt + 1;
+      const long long ks = {c(lw.next_tile(CExpr('kt')))};
 {softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
 {rescale_pack('      ')}      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
@@ -332,13 +332,13 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
 {turn_end}#pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+    for (int h = 0; h < {lw.fragment.halves}; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
 #pragma unroll
-    for (int dn = 0; dn < {n_d // 8}; ++dn)
+    for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {{
+        for (int q = 0; q < {lw.fragment.pair}; ++q) {{
           const {it} i = ({it})({row_of(o_row)});
           const {it} d = ({it})({c(o_col)});
           if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))

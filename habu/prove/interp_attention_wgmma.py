@@ -127,14 +127,14 @@ def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], 
     W, L = 4, 32
     w5 = np.arange(W, dtype=np.int64)[:, None, None, None, None]
     l5 = np.arange(L, dtype=np.int64)[None, :, None, None, None]
-    h5 = np.arange(2, dtype=np.int64)[None, None, None, :, None]
-    q5 = np.arange(2, dtype=np.int64)[None, None, None, None, :]
-    j5 = np.arange(k.bn // 8, dtype=np.int64)[None, None, :, None, None]
-    dn5 = np.arange(n_d // 8, dtype=np.int64)[None, None, :, None, None]
+    h5 = np.arange(lw.fragment.halves, dtype=np.int64)[None, None, None, :, None]
+    q5 = np.arange(lw.fragment.pair, dtype=np.int64)[None, None, None, None, :]
+    j5 = np.arange(lw.score_groups, dtype=np.int64)[None, None, :, None, None]
+    dn5 = np.arange(lw.out_groups, dtype=np.int64)[None, None, :, None, None]
     w3, l3 = np.arange(W)[:, None, None], np.arange(L)[None, :, None]
     lanes = np.arange(L, dtype=np.int64)
-    s_reg5 = np.broadcast_to(np.asarray(lw.s_register(j5, h5, q5), dtype=np.int64), (W, L, k.bn // 8, 2, 2))
-    o_reg5 = np.broadcast_to(np.asarray(lw.o_register(dn5, h5, q5), dtype=np.int64), (W, L, n_d // 8, 2, 2))
+    s_reg5 = np.broadcast_to(np.asarray(lw.s_register(j5, h5, q5), dtype=np.int64), (W, L, lw.score_groups, lw.fragment.halves, lw.fragment.pair))
+    o_reg5 = np.broadcast_to(np.asarray(lw.o_register(dn5, h5, q5), dtype=np.int64), (W, L, lw.out_groups, lw.fragment.halves, lw.fragment.pair))
     wb5, lb5 = np.broadcast_to(w5, s_reg5.shape), np.broadcast_to(l5, s_reg5.shape)
     wo5, lo5 = np.broadcast_to(w5, o_reg5.shape), np.broadcast_to(l5, o_reg5.shape)
     # the instruction's accumulator elements (S: m64n{bn}, O: m64n{#D}) by register
@@ -157,13 +157,15 @@ def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], 
         states.append({"m": np.broadcast_to(f.const(Fraction(1)), (W, L, 2)).copy(),  # the empty maximum
                        "l": np.broadcast_to(zero, (W, L, 2)).copy(), "o": np.broadcast_to(zero, (W, L, n_d // 2)).copy(),
                        "a_q": a_q, "ring": (ring.start_stage, ring.start_phase)})
-    for kt in range(tiles):
+    kt = int(lw.first_tile())
+    while kt < tiles:  # the KV loop: from the lowering's first tile, a step of `next_tile`
         # the producer fills every stage the tiles before kt have left (the consumers run in order here; when the
         # ring lets each load begin is the pipeline-schedule rule's): a stage index that repeats too early
         # overwrites tile kt before it is read
         produce_until(kt + ring.stages - 1)
         for cw, st in enumerate(states):  # every consumer reads tile kt before any stage is refilled
             _consume(lw, f, ops, smem, st, cw, qt, kt, coords, sizes, mem, open_limit, scale, maps)
+        kt = int(lw.next_tile(kt))
     for cw, st in enumerate(states):
         l_run, o = st["l"], st["o"]
         for off in lw.quad_offsets:

@@ -58,3 +58,29 @@ def test_every_path_prints_some_of_its_index_arithmetic_from_the_lowering():
                   "grouped wgmma (MoE: gate, up on the wgmma loop, act rows, combine scatter-add)",
                   "grouped wgmma, pair fused (gate + up + SwiGLU; combine scatter-add)"):
         assert rows[label].index_share >= 0.75, rows[label]
+
+
+def test_the_session_30_paths_print_most_of_their_index_arithmetic_from_the_lowering():
+    """The fused attention kernel's wgmma main loop (its TMA boxes, descriptor starts, register maps and
+    fragment loop counts, which `habu.prove.interp_attention_wgmma` runs: 47% before its loops read the
+    lowering's counts) and the cluster split-K (partials through DSMEM)."""
+    from habu.bench.derived_lines import CASES, EXAMPLES, lower_whole, measure
+    from habu.paths.emit import emit_lowered
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    floors = {"attention fused, wgmma/TMA main loop (FA3-style, 2 consumer warpgroups)": 0.6,
+              "wgmma cluster split-K (partials through DSMEM)": 0.75}
+    for label, example, model_name, shape, pins, target_name in CASES:
+        if label not in floors:
+            continue
+        target = TARGETS[target_name]
+        model = load_program(EXAMPLES / example).models[model_name]
+        model = model.with_sizes(shape) if shape else model
+        plan = default_plan(model, target, shape or None, pins)
+        row = measure(lower_whole(model, plan),
+                      lambda lw, plan=plan, target=target: [k.source for k in emit_lowered(lw, plan, target).kernels],
+                      label)
+        assert row.index_share >= floors.pop(label), row
+    assert not floors

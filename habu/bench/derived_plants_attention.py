@@ -1,0 +1,38 @@
+"""The wgmma attention loop's maps, each planted one off, for `habu.bench.derived_lines` (what
+`habu.prove.interp_attention_wgmma` runs: the TMA boxes' destinations and origins, the descriptors'
+start addresses, the register maps, the thread roles, the layout's offsets)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _first_moved(d: dict[str, Any]) -> dict[str, Any]:
+    key = next(iter(d))
+    return {**d, key: d[key] + 1}
+
+
+WGMMA_ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
+    ("q_box_dst", lambda sup, box: sup(box) + 128),
+    ("k_box_dst", lambda sup, stage, box: sup(stage, box) + 128),
+    ("v_box_dst", lambda sup, stage, box: sup(stage, box) + 128),
+    ("stage_base", lambda sup, stage: sup(stage + 1)),
+    ("q_box_origin", lambda sup, qt, coords, box: {**sup(qt, coords, box), "i": sup(qt, coords, box)["i"] + 1}),
+    ("k_box_origin", lambda sup, kt, coords, box: {**sup(kt, coords, box), "j": sup(kt, coords, box)["j"] + 1}),
+    ("v_box_origin", lambda sup, kt, coords, box: {**sup(kt, coords, box), "j": sup(kt, coords, box)["j"] + 1}),
+    ("q_start", lambda sup, cw, kk: sup(cw, kk) + 32),
+    ("k_start", lambda sup, stage, kk: sup(stage, kk) + 32),
+    ("v_start", lambda sup, stage, kk: sup(stage, kk) + 128),
+    ("s_register", lambda sup, j, h, q: sup(j, h, q) + 1),
+    ("o_register", lambda sup, dn, h, q: sup(dn, h, q) + 1),
+    ("s_element", lambda sup, *args: (sup(*args)[0] + 1, sup(*args)[1])),
+    ("o_element", lambda sup, *args: (sup(*args)[0] + 1, sup(*args)[1])),
+    ("p_registers", lambda sup, kk, reg: tuple(reversed(sup(kk, reg)))),
+    ("consumer_of", lambda sup, tid: sup(tid) + 1),
+    ("turn_barrier", lambda sup, cw: sup(cw) + 1),
+)
+# the layout's offsets, each moved (bytes)
+WGMMA_ATTENTION_OFFSETS: tuple[tuple[str, int], ...] = (
+    ("q_offset", 1024), ("kv_offset", 1024), ("v_in_stage", 1024), ("stage_bytes", 1024), ("q_bar", 8),
+)
