@@ -385,7 +385,8 @@ def _hoist(row: _Row) -> _Passes:
     held: set[int] = set()
     n, vec = row.loop.unrolled, row.loop.vector
     if n and not lw.per_row:
-        room = (min(registers_per_thread(lw.thread_map.threads, lw.thread_map.rows), HELD_REGISTER_CAP)
+        room = (min(registers_per_thread(lw.thread_map.threads, lw.thread_map.rows, lw.kernel.blocks_per_sm),
+                    HELD_REGISTER_CAP)
                 - row_registers(n * len(lw.kept_rows()))) // (n * vec)
         computed = {_render(row, b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
         final = _reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
@@ -490,7 +491,9 @@ def _prologue(row: _Row, name: str) -> str:
     attrs = f"__cluster_dims__({row.share}, 1, 1) " if row.share > 1 else ""
     scratch = "" if row.warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(lw.passes))}];  "
                                         "// block reductions (habu::block_reduce): one partial per warp, per pass\n")
-    return f"""extern "C" __global__ void {attrs}__launch_bounds__({threads}) {name}(SIGNATURE) {{
+    # blocks_per_sm > 1: ptxas fits that many blocks on an SM (a row in registers may spill a little)
+    bounds = f"{threads}, {lw.kernel.blocks_per_sm}" if lw.kernel.blocks_per_sm > 1 else f"{threads}"
+    return f"""extern "C" __global__ void {attrs}__launch_bounds__({bounds}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}{_cache_declaration(row)}
 {scratch}  const int tid = {c(m.lane(CExpr('threadIdx.x')))};  // this thread's lane within its row
   const int row_slot = {c(m.row_slot(CExpr('threadIdx.x')))};

@@ -34,9 +34,10 @@ MAX_REGISTER_CHUNKS = 16
 MAX_REGISTER_CHUNKS_REREAD = 8
 
 
-def registers_per_thread(threads: int, rows_per_block: int) -> int:
-    """What `__launch_bounds__(threads·rows)` leaves each thread of a row kernel (64 K registers per SM)."""
-    return min(255, 65536 // (threads * rows_per_block))
+def registers_per_thread(threads: int, rows_per_block: int, blocks_per_sm: int = 1) -> int:
+    """What `__launch_bounds__(threads·rows, blocks_per_sm)` leaves each thread of a row kernel (64 K registers
+    per SM)."""
+    return min(255, 65536 // (threads * rows_per_block * blocks_per_sm))
 
 
 def row_registers(chunks: int) -> int:

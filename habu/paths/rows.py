@@ -110,6 +110,12 @@ class RowsPath(KernelPath):
             for share, threads in itertools.product((2, 4, 8), (256, 512, 1024)):
                 if cols % (share * base.vector) == 0:
                     yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=share)
+        # a row in registers with launch bounds that fit two blocks on an SM (ptxas caps the registers: the
+        # one block of 512 threads holding dY's and X's rows of 16384 columns, 83 registers, fills the SM)
+        if cols is not None and cols >= 8192:
+            for threads in (256, 512):
+                yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=False,
+                              blocks_per_sm=2)
         # persistent blocks that copy their next row while they compute this one (in registers); not in
         # a cluster, where it lost everywhere (H200, 2026-12-01: softmax 2048x131072 433.7 -> 720.0 µs)
         if cols is not None and cols >= 8192:

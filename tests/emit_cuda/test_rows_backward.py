@@ -1,0 +1,56 @@
+"""RMSNorm's and softmax's backward row kernels at 16384 columns (issue 21: ≥ 85% of copy at 8192 × 16384): the
+default keeps dY's and X's rows in registers, 512 threads, one block an SM; `blocks_per_sm=2` asks ptxas to fit
+two (`__launch_bounds__(512, 2)`), so one block's loads overlap the other's arithmetic (times: habu.bench.
+backward_speed --variants)."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.emit_cuda.nvrtc import _nvrtc, compile_cuda
+from habu.lower import lower_plan
+from habu.paths.emit import emit_plan
+from habu.paths.rows import PATH as ROWS
+from habu.prove import prove
+from habu.search.space import default_plan
+from habu.spec.grad_program import derive_model
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+CASES = [("rmsnorm.habu", "RMSNORM-ROWS", "D"), ("softmax.habu", "SOFTMAX-ROWS", "C")]
+
+
+def _backward(example: str, name: str, extent: str, rows: int = 8192, cols: int = 16384):
+    sizes = {"R": rows, extent: cols}
+    return derive_model(load_program(ROOT / "examples" / example), name).model.with_sizes(sizes), sizes
+
+
+@pytest.mark.parametrize("example, name, extent", CASES[1:])  # (RMSNorm's is the same loop, 80 registers)
+def test_two_blocks_an_sm_bound_the_registers_and_keep_both_rows_in_registers(example, name, extent):
+    model, sizes = _backward(example, name, extent)
+    default = default_plan(model, T, sizes)
+    (k,) = default.kernels
+    assert (k.threads, k.blocks_per_sm) == (512, 1)
+    (lw,) = lower_plan(model, default)
+    assert [a.tensor for a in lw.kept_rows()] == ["dY", "X"] and lw.one_block_per_sm(sizes)
+    plan = default_plan(model, T, sizes, {"blocks_per_sm": "2"})
+    (kernel,) = emit_plan(model, plan, T).kernels
+    assert "__launch_bounds__(512, 2)" in kernel.source and "uint4 regs1[4];" in kernel.source
+    # the same lowering, and the same source but for the bound (an emission-only choice)
+    (plain,) = emit_plan(model, default, T).kernels
+    assert kernel.source.replace("(512, 2)", "(512)").replace(kernel.name, "K") == plain.source.replace(plain.name, "K")
+    if _nvrtc() is not None:
+        res = compile_cuda(kernel.source, kernel.name, "sm_90a").resources
+        assert res.registers <= 64, res.describe()
+
+
+def test_the_bounded_plan_is_proven_and_the_search_offers_it():
+    model, sizes = _backward(*CASES[0], rows=40)
+    plan = default_plan(model, T, sizes, {"blocks_per_sm": "2"})
+    proof = prove(model, plan, sizes, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    base = default_plan(model, T, sizes).kernels[0]
+    offered = [(v.threads, v.blocks_per_sm) for v in ROWS.variants(base, T, sizes["D"]) if v.blocks_per_sm > 1]
+    assert offered == [(256, 2), (512, 2)]
