@@ -165,6 +165,12 @@ class _Row:
         assert self.cache is not None
         return "row_cache[slot]" if k == 0 else f"row_cache[{c(self.cache.row_base(k, self.loop))} + slot]"
 
+    def next_slot(self, k: int, chunk: CExpr) -> CExpr:
+        """Where kept row k's chunk `chunk` sits in the next-row buffer of a prefetching block."""
+        layout = self.lw.prefetch_layout
+        assert layout is not None
+        return layout.slot(k, chunk, layout.chunks_per_row(self.lw, self.sizes))
+
     def offset(self, acc: Access, coord: dict[str, str]) -> str:
         return access_offset(acc, coord, self.sizes, self.lw.index_width, lambda t, x: "0")
 
@@ -262,10 +268,20 @@ def _load_row(row: _Row, which: tuple[int, ...] = (0,)) -> str:
         return ""
     n = row.loop.unrolled
     if k.prefetch:
-        return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
+        chunk = row.loop.chunk(CExpr('tid'), CExpr('i'))
+        if len(row.kept_rows) == 1:
+            return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
   uint4 regs[{n}];  // this thread's chunks of the row: the ones it copied itself
 #pragma unroll
-  for (int i = 0; i < {n}; ++i) regs[i] = next_row[{c(row.loop.chunk(CExpr('tid'), CExpr('i')))}];"""
+  for (int i = 0; i < {n}; ++i) regs[i] = next_row[{c(row.next_slot(0, chunk))}];"""
+        decl = "".join(f"  uint4 {_regs(j)}[{n}];  // this thread's chunks of {row.kept_rows[j].tensor}'s row: the "
+                       "ones it copied itself\n" for j in which)
+        body = "\n".join(f"    {_regs(j)}[i] = next_row[{c(row.next_slot(j, chunk))}];" for j in which)
+        return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
+{decl}#pragma unroll
+  for (int i = 0; i < {n}; ++i) {{
+{body}
+  }}"""
 
     def load(j: int) -> str:
         acc = row.kept_rows[j]
@@ -315,13 +331,19 @@ def _loaded_before(row: _Row, index: int) -> tuple[int, ...]:
 
 
 def _copy_row(row: _Row, r: str) -> str:
-    """This thread's chunks of row `r` copied into shared memory (cp.async), one group."""
-    acc = row.kept
-    assert acc is not None
-    p = row.sig.pointer(acc.tensor, acc.dtype)
+    """This thread's chunks of row `r` of every kept row copied into shared memory (cp.async) at the
+    lowering's slots (`PrefetchLayout`), one group."""
+    assert row.kept is not None
     at = row.at(r, row.column("g", 0))
+
+    def copy(k: int) -> str:
+        acc = row.kept_rows[k]
+        p = row.sig.pointer(acc.tensor, acc.dtype)
+        return (f"      habu::cp_async<16>(habu::smem_addr(&next_row[{c(row.next_slot(k, CExpr('g')))}]), "
+                f"{p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)});")
+    copies = "\n".join(copy(k) for k in range(len(row.kept_rows)))
     return f"""{_chunk_head(row).replace(chr(10), chr(10) + '  ')}
-      habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)});
+{copies}
     }}
     habu::cp_async_commit();
 """
@@ -399,6 +421,7 @@ def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
     issue_next = _issue_next(row)
     # the copy overwrites the chunks this thread read: issued once the first pass has used every one
     # of them (its values are in registers), or after the last pass
+    # (every kept row is read back from the copy before the first pass: the support's refusals)
     first_reads_row = bool(hoisted.bodies) and row.kept is not None and any(
         isinstance(x, Load) and x in RowLoads(row.lw) and RowLoads(row.lw)[x] == row.kept
         for x in walk(hoisted.bodies[0][0]))

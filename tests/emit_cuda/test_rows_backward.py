@@ -54,3 +54,40 @@ def test_the_bounded_plan_is_proven_and_the_search_offers_it():
     base = default_plan(model, T, sizes).kernels[0]
     offered = [(v.threads, v.blocks_per_sm) for v in ROWS.variants(base, T, sizes["D"]) if v.blocks_per_sm > 1]
     assert offered == [(256, 2), (512, 2)]
+
+
+def test_a_prefetching_block_copies_both_kept_rows_one_after_another():
+    """`row_prefetch=true`: persistent blocks copy the next row's dY and X (cp.async) into one buffer, X's
+    chunks after dY's (`PrefetchLayout`), while they compute this row from registers."""
+    model, sizes = _backward(*CASES[1])
+    plan = default_plan(model, T, sizes, {"row_prefetch": "true"})
+    (kernel,) = emit_plan(model, plan, T).kernels
+    src = kernel.source
+    assert "habu::smem_addr(&next_row[g]), p_dY" in src and "habu::smem_addr(&next_row[(2048 + g)]), p_X" in src
+    assert "regs1[i] = next_row[(2048 + (tid + (512 * i)))];" in src and kernel.smem == 2 * 2 * 16384
+    if _nvrtc() is not None:
+        res = compile_cuda(src, kernel.name, "sm_90a").resources
+        assert not res.spills, res.describe()
+
+
+def test_regression_the_next_row_copy_of_two_kept_rows_in_one_place_is_killed():
+    """The field check runs the copy (every kept row written to the buffer before any is read back): X's
+    chunks over dY's give the gradient the wrong row."""
+    from dataclasses import replace
+
+    from habu.lower.rows import PrefetchLayout
+    from habu.prove.verify import verify_plan
+
+    model, sizes = _backward(*CASES[0], rows=40)
+    plan = default_plan(model, T, sizes, {"row_prefetch": "true"})
+    proof = prove(model, plan, sizes, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    (lw,) = lower_plan(model, plan)
+    assert lw.prefetch_layout == PrefetchLayout() and lw.loaded_before == (0, 0)
+    bad = replace(lw, prefetch_layout=PrefetchLayout(rows_apart=False))
+    cert = verify_plan(model, plan, sizes, trials=1, seeds=[3], lowerings=[bad])
+    assert not cert.passed and "dX" in (cert.failure or "")
+    # kept rows read back before different passes would be overwritten by the next row's copy: refused
+    from habu.lower.support import ROWS as ROW_SUPPORT
+
+    assert any("before different passes" in r for r in ROW_SUPPORT.refusals(replace(lw, loaded_before=(0, 1))))

@@ -83,6 +83,9 @@ def test_decode_attention_backward_with_its_length_mask_matches_the_float64_refe
     # launch bounds for two blocks an SM (ptxas caps the registers at 64; the rows stay in registers)
     ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 300, "C": 16384}, {"blocks_per_sm": "2"}),
     ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 300, "D": 16384}, {"blocks_per_sm": "2"}),
+    # persistent blocks copying the next row's dY and X while they compute this one (each block walks rows)
+    ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 300, "C": 16384}, {"row_prefetch": "true"}),
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 300, "D": 16384}, {"row_prefetch": "true", "blocks_per_sm": "2"}),
     ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 64, "C": 4000}, {"threads": "128"}),  # both in shared memory
     ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {"threads": "32"}),  # 4 warp rows a block, in smem
 ])
