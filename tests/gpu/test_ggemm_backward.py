@@ -42,6 +42,15 @@ def test_da_as_a_plain_product_and_a_scatter_kernel_passes_the_exact_check():
     assert result.ok and result.applicable, result.reason()
 
 
+def test_db_as_a_gathered_copy_and_a_plain_contraction_passes_the_exact_check():
+    """`--pin rewrite=gather:dB` (habu/plan/gather_split.py): A's rows copied through IX (the general kernel),
+    then the wgmma contraction of two m-major operands by TMA (the transpose bits)."""
+    built = build(str(PATH), "GGEMM-DB", RAGGED, {"rewrite": "gather:dB"})
+    assert [k.kind for k in built.plan.kernels] == ["general", "contraction"]
+    result = ExactChecker(built.model, built.sizes, seed=14).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
 def test_the_simt_scatter_of_an_f32_gradient_passes_the_exact_check():
     """examples/ggemm.habu's backward (f32 dO): dA by the fma contraction's scatter-add, pinned."""
     built = build(str(PATH), "GGEMM-DA-F32", RAGGED, {"family": "contraction"})
@@ -64,9 +73,11 @@ def test_duplicates_in_ix_accumulate_onto_da_and_db_reads_the_gathered_rows_exac
     da = da_built.compiled(dO=d_o, B=b, dA=da0.clone(), IX=ix)
     da_split = split_built.compiled(dO=d_o, B=b, dA=da0.clone(), IX=ix)
     db = db_built.compiled(dO=d_o, A=a, IX=ix)
+    db_gathered = build(str(PATH), "GGEMM-DB", RAGGED, {"rewrite": "gather:dB"}).compiled(dO=d_o, A=a, IX=ix)
     torch.cuda.synchronize()
     da_ref = da0.double().index_add(0, ix.long(), d_o.double() @ b.double())
     db_ref = (d_o.double().t() @ a[ix.long()].double()).bfloat16()  # exact integers, rounded once to bf16
     assert torch.equal(da.double(), da_ref), f"{int((da.double() != da_ref).sum())} of {da_ref.numel()} dA differ"
     assert torch.equal(da_split.double(), da_ref), f"{int((da_split.double() != da_ref).sum())} split dA differ"
     assert torch.equal(db, db_ref), f"{int((db != db_ref).sum())} of {db_ref.numel()} dB differ"
+    assert torch.equal(db_gathered, db_ref), f"{int((db_gathered != db_ref).sum())} gathered dB differ"
