@@ -125,6 +125,8 @@ def _cheaper_scatters(model: Model, target: Target, sizes: dict[str, int], rewri
         return sum(c.seconds for c in plan_cost(model, plan, target, sizes))
 
     graph = apply_rewrites(model, rewrites)
+    if not any(name.startswith("scatter:") for name in applicable(graph)):
+        return rewrites
     fused = {k.nodes[-1] for k in default_kernels(graph, target, sizes)
              if isinstance(k, ContractionKernel) and k.mma == Mma.WGMMA}
     for name in applicable(graph):
