@@ -34,6 +34,8 @@ class GeneralPath(KernelPath):
         assert isinstance(base, GeneralKernel)
         for threads in (64, 128, 256, 512, 1024):
             yield replace(base, threads=threads)
+        for elements in (2, 4, 8):  # several elements a thread: more loads in flight
+            yield replace(base, elements=elements)
 
     def smem_bytes(self, lowering: GeneralLowering) -> int:  # type: ignore[override]
         return 0

@@ -147,6 +147,9 @@ class GeneralKernel:
     threads: int = choice("threads per block (one output element each)", P, lo=1, hi=1024, pins=("threads",), unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
+    elements: int = choice("output elements each thread computes, one block-wide sweep each (a block takes "
+                           "threads·elements consecutive ones; their loads in flight together)", P, default=1, allowed=(1, 2, 4, 8),
+                           pins=("elements",), json_optional=True, unguarded=KEEP)
 
 
 @dataclass(frozen=True)

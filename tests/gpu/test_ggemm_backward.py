@@ -36,10 +36,12 @@ def test_the_pinned_backward_kernels_pass_the_exact_check(model):
 def test_da_as_a_plain_product_and_a_scatter_kernel_passes_the_exact_check():
     """`--pin rewrite=scatter:dA` (habu/plan/scatter_split.py): the product stored plainly in f32 by the wgmma
     contraction (TMA stores), then the general scatter-add kernel; the default at 4096³."""
-    built = build(str(PATH), "GGEMM-DA", RAGGED, SPLIT)
-    assert [k.kind for k in built.plan.kernels] == ["contraction", "general"] and built.plan.rewrites == ("scatter:dA",)
-    result = ExactChecker(built.model, built.sizes, seed=12).check(built.compiled, kept_types(built.plan))
-    assert result.ok and result.applicable, result.reason()
+    for pins in (SPLIT, {**SPLIT, "elements": "4"}):  # (four elements a thread: four loads in flight)
+        built = build(str(PATH), "GGEMM-DA", RAGGED, pins)
+        assert [k.kind for k in built.plan.kernels] == ["contraction", "general"]
+        assert built.plan.rewrites == ("scatter:dA",)
+        result = ExactChecker(built.model, built.sizes, seed=12).check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, (pins, result.reason())
 
 
 def test_db_as_a_gathered_copy_and_a_plain_contraction_passes_the_exact_check():

@@ -104,3 +104,22 @@ def test_regression_a_scatter_node_after_a_contraction_is_not_fused_into_its_epi
     text = PATH.read_text() + "MODEL: TWO  P[m k] = Σ n dO[m n] · B[n k]  dA[IX[m] k] += P[m k] ;\n"
     model = parse_text(text).models["TWO"]
     assert [(r.kind, r.nodes) for r in default_regions(model)] == [("contraction", ("P",)), ("general", ("dA",))]
+
+
+def test_the_scatter_kernel_with_several_elements_a_thread_is_proven_and_a_wrong_stride_killed():
+    """`--pin elements=4`: thread x of block b adds elements (4b + v)·256 + x, v < 4 (four coalesced sweeps of
+    the block, their loads in flight together); a thread map whose blocks tile fewer elements than the grid
+    assumes leaves some unwritten."""
+    from habu.lower.lanes import FlatThreads
+
+    model = _model()
+    plan = default_plan(model, TARGET, SIZES, {**PINS, "elements": "4"})
+    assert plan.kernels[1].elements == 4
+    proof = prove(model, plan, SIZES, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    k0, k1 = lower_plan(model, plan)
+    assert k1.per_block == 1024 and k1.thread_map == FlatThreads(256, 4)
+    (_, scatter) = emit_plan(model, plan, TARGET).kernels
+    assert "const int e = (((int)blockIdx.x * 4) + v) * 256 + threadIdx.x;" in scatter.source
+    cert = verify_plan(model, plan, SIZES, trials=1, seeds=[3], lowerings=[k0, replace(k1, thread_map=FlatThreads(256, 2))])
+    assert not cert.passed
