@@ -299,6 +299,9 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             and changes.setdefault("rows_per_block", 1) != 1:
         raise UsageError(f"--pin rows={changes['rows_per_block']} needs threads=32: several rows per block "
                          "are a warp each")
+    # a pinned thread count brings its own register bound: the default's two blocks an SM were for its threads
+    if "blocks_per_sm" in names and "threads" in changes:
+        changes.setdefault("blocks_per_sm", 1)
     if "tile_m" in changes:
         # a pinned tile brings its own warps and depth (as the path says) unless they are pinned too
         path = path_for(replace(kernel, mma=changes["mma"]) if "mma" in changes else kernel)

@@ -30,20 +30,32 @@ def _backward(example: str, name: str, extent: str, rows: int = 8192, cols: int 
 @pytest.mark.parametrize("example, name, extent", CASES[1:])  # (RMSNorm's is the same loop, 80 registers)
 def test_two_blocks_an_sm_bound_the_registers_and_keep_both_rows_in_registers(example, name, extent):
     model, sizes = _backward(example, name, extent)
-    default = default_plan(model, T, sizes)
-    (k,) = default.kernels
-    assert (k.threads, k.blocks_per_sm) == (512, 1)
-    (lw,) = lower_plan(model, default)
+    one = default_plan(model, T, sizes, {"threads": "512", "blocks_per_sm": "1"})  # the default before: one block an SM
+    (lw,) = lower_plan(model, one)
     assert [a.tensor for a in lw.kept_rows()] == ["dY", "X"] and lw.one_block_per_sm(sizes)
-    plan = default_plan(model, T, sizes, {"blocks_per_sm": "2"})
+    plan = default_plan(model, T, sizes, {"threads": "512", "blocks_per_sm": "2"})
     (kernel,) = emit_plan(model, plan, T).kernels
     assert "__launch_bounds__(512, 2)" in kernel.source and "uint4 regs1[4];" in kernel.source
     # the same lowering, and the same source but for the bound (an emission-only choice)
-    (plain,) = emit_plan(model, default, T).kernels
+    (plain,) = emit_plan(model, one, T).kernels
     assert kernel.source.replace("(512, 2)", "(512)").replace(kernel.name, "K") == plain.source.replace(plain.name, "K")
     if _nvrtc() is not None:
         res = compile_cuda(kernel.source, kernel.name, "sm_90a").resources
         assert res.registers <= 64, res.describe()
+
+
+@pytest.mark.parametrize("example, name, extent", CASES)
+def test_the_default_halves_the_block_and_fits_two_an_sm(example, name, extent):
+    """The default at 16384 columns: 256 threads bounded to two blocks an SM (H200: RMSNorm backward 99% of
+    copy, softmax 96%, against 84% and 77% with one block of 512); at 4096 and 32768 columns nothing changes
+    (several blocks fit already; half the threads would hold 32 chunks a thread)."""
+    model, sizes = _backward(example, name, extent)
+    (k,) = default_plan(model, T, sizes).kernels
+    assert (k.threads, k.blocks_per_sm, k.prefetch, k.cluster) == (256, 2, False, 1)
+    for cols, threads in ((4096, 128), (32768, 512)):
+        other, at = _backward(example, name, extent, cols=cols)
+        (k,) = default_plan(other, T, at).kernels
+        assert (k.threads, k.blocks_per_sm) == (threads, 1)
 
 
 def test_the_bounded_plan_is_proven_and_the_search_offers_it():
@@ -60,7 +72,7 @@ def test_a_prefetching_block_copies_both_kept_rows_one_after_another():
     """`row_prefetch=true`: persistent blocks copy the next row's dY and X (cp.async) into one buffer, X's
     chunks after dY's (`PrefetchLayout`), while they compute this row from registers."""
     model, sizes = _backward(*CASES[1])
-    plan = default_plan(model, T, sizes, {"row_prefetch": "true"})
+    plan = default_plan(model, T, sizes, {"row_prefetch": "true", "threads": "512"})
     (kernel,) = emit_plan(model, plan, T).kernels
     src = kernel.source
     assert "habu::smem_addr(&next_row[g]), p_dY" in src and "habu::smem_addr(&next_row[(2048 + g)]), p_X" in src
