@@ -36,9 +36,11 @@ PINS: dict[str, str] = {}  # the default plans (the wgmma contractions on sm_90a
 # dA's two plans, timed in the same run: the scatter-add epilogue (`family=contraction`: no rewrite), and the
 # product stored plainly in f32 then the general scatter-add kernel (`scatter:dA`, the default at 4096³)
 DA_VARIANTS = {"epilogue": {"family": "contraction"}, "split": {"rewrite": "scatter:dA"},
-               "split-e4": {"rewrite": "scatter:dA", "elements": "4"}}  # (the scatter kernel: 4 elements a thread)
+               # the scatter kernel with 4 or 8 elements a thread (more loads in flight)
+               "split-e4": {"rewrite": "scatter:dA", "elements": "4"}, "split-e8": {"rewrite": "scatter:dA", "elements": "8"}}
 # dB's two plans: A's rows staged k-major (the default), and gathered by a copy first (`gather:dB`)
-DB_VARIANTS = {"staged": {"family": "contraction"}, "gathered": {"rewrite": "gather:dB"}}
+DB_VARIANTS = {"staged": {"family": "contraction"}, "gathered": {"rewrite": "gather:dB"},
+               "gathered-e8": {"rewrite": "gather:dB", "elements": "8"}}
 SETS = 2
 
 
