@@ -18,7 +18,6 @@ the prologue (`_prologue`), the row's load (`_load_row`, `_copy_row`), the reduc
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 
 from habu.emit_cuda.cexpr import CExpr, c, cmin
 from habu.emit_cuda.common import (
@@ -37,77 +36,20 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
+from habu.emit_cuda.row_values import HELD, ROW_CONSTANT, RowConstants, reuse_held
 from habu.lower import RowLowering
 from habu.lower.access import Access
-from habu.lower.flatten import is_row_axis
 from habu.lower.lanes import ChunkLoop, RowCache
 from habu.lower.rows import RowLoads, canonical_reduction, registers_per_thread, row_registers
 from habu.lower.support import ROWS
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size, walk
+from habu.spec.ir import Expr, Load, Model, Op, Reduce, walk
 
 # registers a row kernel may spend keeping a pass's per-column values for the final pass
 HELD_REGISTER_CAP = 160
 
-ROW_CONSTANT = "@row:"  # a marker load: a hoisted row constant
-HELD = "@held:"  # a marker load: a value an earlier pass kept in registers for this column
 # the element type a kept row is stored in on chip (16-bit floats as their raw bits)
 CACHE_WORD = {"bf16": "unsigned short", "f16": "unsigned short"}
-
-
-def _row_only(e: Expr) -> bool:
-    """`e` has one value per row: constants, sizes, reductions over the row and loads of a per-row value
-    (a saved statistic R1[r] of a backward), no column's load."""
-    if isinstance(e, (Const, Size, Reduce)):
-        return True
-    if isinstance(e, Load):
-        return bool(e.indices) and all(isinstance(i, IndexVar) and is_row_axis(i.name) for i in e.indices)
-    return isinstance(e, Op) and all(_row_only(a) for a in e.args)
-
-
-class _RowConstants:
-    """Row constants hoisted out of the column loops: each distinct one is computed once per row,
-    after the reductions it reads, and a division by one becomes a product with its reciprocal
-    (RMSNorm's rsqrt of the mean square, softmax's 1 / sum). A float rounding choice, like `__expf`:
-    the finite-field proof is about the values, the golden check about their rounding."""
-
-    def __init__(self, render) -> None:
-        self._render = render
-        self._names: dict[str, str] = {}
-        self._pending: list[str] = []
-
-    def hoist(self, e: Expr) -> Expr:
-        if not isinstance(e, Op):
-            return e
-        if e.fn == "div" and _row_only(e.args[1]) and not _row_only(e.args[0]):
-            return Op("mul", (self.hoist(e.args[0]), self._constant(Op("div", (Const(Fraction(1)), e.args[1])))))
-        if _row_only(e):
-            return self._constant(e)
-        return Op(e.fn, tuple(self.hoist(a) for a in e.args))
-
-    def _constant(self, e: Expr) -> Load:
-        text = self._render(e)
-        if text not in self._names:
-            self._names[text] = f"rc{len(self._names)}"
-            self._pending.append(f"  const float {self._names[text]} = {text};  // once per row")
-        return Load(ROW_CONSTANT + self._names[text], ())
-
-    def take(self) -> str:
-        """The declarations of the constants hoisted since the last call."""
-        out, self._pending = self._pending, []
-        return "".join(line + "\n" for line in out)
-
-
-def _reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: int) -> Expr:
-    """`e` with the subexpressions an earlier pass computed per column (the same C) replaced by its
-    kept values, while `room` more are allowed."""
-    if not isinstance(e, Op):
-        return e
-    i = bodies.get(render(e))
-    if i is not None and (i in used or len(used) < room):
-        used.add(i)
-        return Load(f"{HELD}{i}", ())
-    return Op(e.fn, tuple(_reuse_held(a, render, bodies, used, room) for a in e.args))
 
 
 @dataclass
@@ -400,7 +342,7 @@ class _Passes:
 
 def _hoist(row: _Row) -> _Passes:
     lw = row.lw
-    consts = _RowConstants(lambda e: _render(row, e))
+    consts = RowConstants(lambda e: _render(row, e))
     bodies = [(consts.hoist(r.body), consts.take()) for r in lw.passes]
     final = consts.hoist(lw.expression())
     final_consts = consts.take()
@@ -411,7 +353,7 @@ def _hoist(row: _Row) -> _Passes:
                     HELD_REGISTER_CAP)
                 - row_registers(n * len(lw.kept_rows()))) // (n * vec)
         computed = {_render(row, b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
-        final = _reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
+        final = reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
     return _Passes(bodies, final, final_consts, held)
 
 
