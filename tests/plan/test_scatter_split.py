@@ -123,3 +123,15 @@ def test_the_scatter_kernel_with_several_elements_a_thread_is_proven_and_a_wrong
     assert "const int e = (((int)blockIdx.x * 4) + v) * 256 + threadIdx.x;" in scatter.source
     cert = verify_plan(model, plan, SIZES, trials=1, seeds=[3], lowerings=[k0, replace(k1, thread_map=FlatThreads(256, 2))])
     assert not cert.passed
+
+
+def test_a_large_general_kernel_without_loops_takes_eight_elements_a_thread():
+    """The scatter-add and the gathered copy at 4096³ (H200: 122.3 -> 94.3 µs and 80.0 -> 37.4 µs, both exact
+    on the GPU); a small grid, or a kernel with a reduction loop, keeps one element a thread."""
+    big = {"M": 4096, "N": 4096, "K": 4096}
+    assert default_plan(_model(sizes=big), TARGET, big).kernels[1].elements == 8
+    gathered = default_plan(_model("GGEMM-DB", big), TARGET, big, {"rewrite": "gather:dB"})
+    assert gathered.kernels[0].elements == 8
+    small = {"M": 1024, "N": 1024, "K": 1024}  # 512 blocks of 8 elements a thread: under four an SM
+    assert default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].elements == 1
+    assert default_plan(_model(sizes=big), TARGET, big, {"family": "general"}).kernels[0].elements == 1  # (Σ n)
