@@ -84,3 +84,16 @@ def test_duplicates_in_ix_accumulate_onto_da_and_db_reads_the_gathered_rows_exac
     assert torch.equal(da_split.double(), da_ref), f"{int((da_split.double() != da_ref).sum())} split dA differ"
     assert torch.equal(db, db_ref), f"{int((db != db_ref).sum())} of {db_ref.numel()} dB differ"
     assert torch.equal(db_gathered, db_ref), f"{int((db_gathered != db_ref).sum())} gathered dB differ"
+
+
+@pytest.mark.parametrize("path, model, sizes, pins", [
+    # grids of at least four blocks an SM: the general kernels without loops take 8 elements a thread by default
+    (PATH, "GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, SPLIT),  # the scatter-add, ragged against 256·8
+    (PATH, "GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB"}),  # the gathered copy
+    (ROOT / "examples" / "scatter_add.habu", "UNPERMUTE", {}, {}),  # the MoE un-permute at its sizes
+])
+def test_loopless_general_kernels_with_eight_elements_a_thread_pass_the_exact_check(path, model, sizes, pins):
+    built = build(str(path), model, sizes, pins)
+    assert [k.elements for k in built.plan.kernels if k.kind == "general"] == [8]
+    result = ExactChecker(built.model, built.sizes, seed=15).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
