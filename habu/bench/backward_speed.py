@@ -3,11 +3,14 @@ plan of the backward model, `--save auto`: RMSNorm reads its per-row rstd, softm
 sum) against torch autograd and torch.compile of the same, and the fraction of copy bandwidth: a copy
 moving as many bytes as the backward must read and write (x, dy, the saved rows, dx) against its time.
 
-    python -m habu.bench.backward_speed [--rows 8192] [--widths 4096,16384] [--variants threads=256,threads=1024]
-                                        [--json out.json]
+    python -m habu.bench.backward_speed [--rows 8192] [--widths 4096,16384] [--json out.json]
+        [--variants blocks_per_sm=2,threads=256/blocks_per_sm=2,row_cluster=2]
 
 Every line also gives dx's error against torch autograd in float32 (relative, Frobenius). `--variants`
-also times the backward under each pinned plan choice (proven like the default; one pin each).
+also times the backward under each pinned plan choice (proven like the default; a variant's pins joined by
+`/`). At 16384 columns the default keeps dY's and X's rows in registers, 512 threads, one block an SM
+(83 registers a thread); `blocks_per_sm=2` bounds them to 64 so two blocks share each SM, `row_cluster=2`
+halves each block's part of the row (a cluster of two shares it).
 """
 
 from __future__ import annotations
@@ -104,10 +107,9 @@ def measure(path: str, name: str, width_extent: str, rows: int, width: int, targ
                       ("copy", lambda _: dst.copy_(src))):
         row[f"{label}_us"] = time_cuda(fn, 1, reps=50)["median_us"]
     row["copy_fraction"] = row["copy_us"] / row["habu_us"]
-    for pin in variants:  # the same backward under one pinned plan choice
-        key, value = pin.split("=", 1)
+    for pin in variants:  # the same backward under one pinned plan choice (several joined by "/")
         try:
-            plan_back = build(path, name, sizes, target, {key: value})[2]
+            plan_back = build(path, name, sizes, target, variant_pins(pin))[2]
             result = plan_back(**inputs)
             got_v = (result[grad_name] if isinstance(result, dict) else result).float()
             row[f"{pin}_dx_rel_error"] = float((got_v - want).norm() / want.norm())
@@ -117,6 +119,17 @@ def measure(path: str, name: str, width_extent: str, rows: int, width: int, targ
     row["over_autograd"] = row["torch_autograd_us"] / row["habu_us"]
     row["over_compile"] = row["torch_compile_us"] / row["habu_us"]
     return row
+
+
+def variant_pins(variant: str) -> dict[str, str]:
+    """One `--variants` entry's pins: `threads=256/blocks_per_sm=2` is two."""
+    pins = {}
+    for part in variant.split("/"):
+        key, sep, value = part.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"a variant is KEY=VALUE[/KEY=VALUE...], got {variant!r}")
+        pins[key.strip()] = value.strip()
+    return pins
 
 
 def main() -> None:

@@ -209,6 +209,7 @@ def _variants(obj: Any) -> Iterator[Any]:
     if isinstance(obj, GeneralLowering):
         yield _loops_shortened(obj)
         yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
+        yield replace(obj, thread_map=replace(obj.thread_map, per_thread=obj.thread_map.per_thread + 1))  # elements
     if isinstance(obj, GroupedLowering):
         yield from _grouped_variants(obj)
     if isinstance(obj, AttentionLowering):

@@ -3,8 +3,11 @@
     python -m habu.bench.ggemm_backward_speed [--sizes 4096,1024] [--json OUT.json] [--pin KEY=VALUE ...]
 
 Habu: tests/data/ggemm_backward.habu's default plans (and any pins given): dA[IX[m] k]
-+= Σ n dO[m n]·B[n k] (wgmma, f32 atomicAdd scatter epilogue; dA zeroed first, inside the timed call) and
-dB[n k] = Σ m dO[m n]·A[IX[m] k] (A's gathered rows staged k-major, then wgmma with TMA). torch: the
++= Σ n dO[m n]·B[n k] (at 4096³ the plain wgmma product into an f32 intermediate, then the scatter-add
+kernel, `scatter:dA`; at 1024³ the wgmma contraction with an f32 atomicAdd scatter epilogue; both timed as
+"dA split" and "dA epilogue" in the same run; dA zeroed first, inside the timed call) and
+dB[n k] = Σ m dO[m n]·A[IX[m] k] (A's gathered rows staged k-major, then wgmma with TMA; timed beside it as
+"dB gathered", `gather:dB`: A's rows gathered by a copy, then wgmma on two m-major operands). torch: the
 backward of `A[IX] @ B.T` (bf16, requires_grad on A and B) by torch.autograd.grad with the forward's graph
 retained: dG = dO @ B, dA = index_put_ (accumulate) of dG into zeros, dB = dOᵀ @ A[IX] (the gathered rows
 saved by the forward).
@@ -30,6 +33,14 @@ from habu.timing.harness import time_cuda, torch
 
 PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "ggemm_backward.habu"
 PINS: dict[str, str] = {}  # the default plans (the wgmma contractions on sm_90a)
+# dA's two plans, timed in the same run: the scatter-add epilogue (`family=contraction`: no rewrite), and the
+# product stored plainly in f32 then the general scatter-add kernel (`scatter:dA`, the default at 4096³)
+DA_VARIANTS = {"epilogue": {"family": "contraction"}, "split": {"rewrite": "scatter:dA"},
+               # the scatter kernel with 4 or 8 elements a thread (more loads in flight)
+               "split-e4": {"rewrite": "scatter:dA", "elements": "4"}, "split-e8": {"rewrite": "scatter:dA", "elements": "8"}}
+# dB's two plans: A's rows staged k-major (the default), and gathered by a copy first (`gather:dB`)
+DB_VARIANTS = {"staged": {"family": "contraction"}, "gathered": {"rewrite": "gather:dB"},
+               "gathered-e8": {"rewrite": "gather:dB", "elements": "8"}}
 SETS = 2
 
 
@@ -48,8 +59,15 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
     shape = {"M": m, "N": n, "K": k}
     da_built = build(str(PATH), "GGEMM-DA", shape, pins, check_indices=False)
     db_built = build(str(PATH), "GGEMM-DB", shape, pins, check_indices=False)
-    row: dict[str, Any] = {"size": size, "plans": {"dA": da_built.plan.to_json()["kernels"],
-                                                   "dB": db_built.plan.to_json()["kernels"]}}
+    row: dict[str, Any] = {"size": size, "plans": {"dA": _described(da_built.plan),
+                                                   "dB": _described(db_built.plan)}}
+    # both dA plans, whichever the default took: the scatter-add epilogue and the plain product + scatter kernel
+    da_variants = {name: build(str(PATH), "GGEMM-DA", shape, pins | extra, check_indices=False)
+                   for name, extra in DA_VARIANTS.items()}
+    db_variants = {name: build(str(PATH), "GGEMM-DB", shape, pins | extra, check_indices=False)
+                   for name, extra in DB_VARIANTS.items()}
+    for name, built in (*da_variants.items(), *db_variants.items()):
+        row["plans"][f"{'dA' if name in da_variants else 'dB'} {name}"] = _described(built.plan)
     sets = [_inputs(m, n, k, 100 + i) for i in range(SETS)]
     da_out = [t.empty((m, k), dtype=t.float32, device="cuda") for _ in range(SETS)]
     db_out = [t.empty((n, k), dtype=t.bfloat16, device="cuda") for _ in range(SETS)]
@@ -78,11 +96,15 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
     da_ref = t.zeros((m, k), dtype=t.float64, device="cuda").index_add(0, ix, s["dO"].double() @ s["B"].double())
     db_ref = (s["dO"].double().t() @ s["A"].double()[ix]).bfloat16()
     checks = {"habu dA": bool(t.equal(da_out[0].double(), da_ref)), "habu dB": bool(t.equal(db_out[0], db_ref)),
+              **{f"habu dA {name}": bool(t.equal(built.compiled(dO=s["dO"], B=s["B"], IX=s["IX"], dA=t.zeros(
+                  (m, k), dtype=t.float32, device="cuda")).double(), da_ref)) for name, built in da_variants.items()},
+              **{f"habu dB {name}": bool(t.equal(built.compiled(dO=s["dO"], A=s["A"], IX=s["IX"]), db_ref))
+                 for name, built in db_variants.items()},
               # torch's dA is bf16 (A's type), accumulated by index_put_ in bf16: within its rounding
               "torch dA": bool(((t_da.double() - da_ref).norm() / da_ref.norm()).item() < 1e-2),
               "torch dB": bool(t.equal(t_db, db_ref))}
     row["checks"] = checks
-    if not checks["habu dA"] or not checks["habu dB"]:
+    if not all(ok for name, ok in checks.items() if name.startswith("habu")):
         row["error"] = "self-check failed"
         return row
     row["habu"] = time_cuda(habu, SETS)
@@ -95,8 +117,14 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
     # the parts, each alone (the dA zeroing inside dA's time)
     row["habu_dA_us"] = time_cuda(lambda i: (da_out[i].zero_(), da_built.compiled(
         dO=sets[i]["dO"], B=sets[i]["B"], dA=da_out[i], IX=sets[i]["IX"])), SETS)["median_us"]
+    for name, built in da_variants.items():
+        row[f"habu_dA_{name}_us"] = time_cuda(lambda i, built=built: (da_out[i].zero_(), built.compiled(
+            dO=sets[i]["dO"], B=sets[i]["B"], dA=da_out[i], IX=sets[i]["IX"])), SETS)["median_us"]
     row["habu_dB_us"] = time_cuda(lambda i: db_built.compiled(
         dO=sets[i]["dO"], A=sets[i]["A"], IX=sets[i]["IX"], dB=db_out[i]), SETS)["median_us"]
+    for name, built in db_variants.items():
+        row[f"habu_dB_{name}_us"] = time_cuda(lambda i, built=built: built.compiled(
+            dO=sets[i]["dO"], A=sets[i]["A"], IX=sets[i]["IX"], dB=db_out[i]), SETS)["median_us"]
     # dA's product stored plainly (no scatter, no zeroing): what the scatter-add epilogue costs over it
     dg_built = build(str(PATH), "GGEMM-DG", shape, pins, check_indices=False)
     dg_out = [t.empty((m, k), dtype=t.float32, device="cuda") for _ in range(SETS)]
@@ -105,7 +133,18 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
     row["plans"]["dG"] = dg_built.plan.to_json()["kernels"]
     # each kernel's device time (the profiler's): staging pass, GEMMs, torch's index_put and memsets
     row["kernels_us"] = {"habu": kernel_device_times(lambda: habu(0)), "torch": kernel_device_times(lambda: torch_backward(0))}
+    for name, built in db_variants.items():
+        row["kernels_us"][f"habu dB {name}"] = kernel_device_times(lambda built=built: built.compiled(
+            dO=sets[0]["dO"], A=sets[0]["A"], IX=sets[0]["IX"], dB=db_out[0]))
+    for name, built in da_variants.items():
+        row["kernels_us"][f"habu dA {name}"] = kernel_device_times(lambda built=built: (da_out[0].zero_(), built.compiled(
+            dO=sets[0]["dO"], B=sets[0]["B"], dA=da_out[0], IX=sets[0]["IX"])))
     return row
+
+
+def _described(plan: Any) -> dict[str, Any]:
+    out = plan.to_json()
+    return {"rewrites": out.get("rewrites") or [], "kernels": out["kernels"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in row:
             print(f"{size}³: {row['error']}: {row['checks']}", flush=True)
             continue
-        print(f"{size}³: Habu {row['habu']['median_us']:.1f} µs (dA {row['habu_dA_us']:.1f}, dB "
-              f"{row['habu_dB_us']:.1f}; {row['habu_tflops']:.0f} TFLOP/s; dA's product stored plainly "
+        variants = ", ".join(f"{name} {row[f'habu_dA_{name}_us']:.1f}" for name in DA_VARIANTS)
+        db_variants = ", ".join(f"{name} {row[f'habu_dB_{name}_us']:.1f}" for name in DB_VARIANTS)
+        print(f"{size}³: Habu {row['habu']['median_us']:.1f} µs (dA {row['habu_dA_us']:.1f} [{variants}], dB "
+              f"{row['habu_dB_us']:.1f} [{db_variants}]; {row['habu_tflops']:.0f} TFLOP/s; dA's product stored plainly "
               f"{row['plain_dG_us']:.1f}) vs torch autograd "
               f"{row['torch']['median_us']:.1f} µs: {row['ratio']:.2f}x; checks {row['checks']}", flush=True)
         print(f"  plans: dA {row['plans']['dA']}\n         dB {row['plans']['dB']}", flush=True)

@@ -70,6 +70,12 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                       {"family": "grouped", "main_loop": "wgmma"}),
     "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),
     "wgmma-k-gathered": ("../tests/data/ggemm_backward.habu", "GGEMM-DB", {"M": 300, "N": 200, "K": 136}, {}),
+    # the scatter taken out of the epilogue (an f32 product, then the general scatter, 4 elements a thread)
+    # and the gathered copy before a plain contraction of two m-major operands (session 30)
+    "scatter-split": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136},
+                      {"rewrite": "scatter:dA", "elements": "4"}),
+    "gather-split": ("../tests/data/ggemm_backward.habu", "GGEMM-DB", {"M": 300, "N": 200, "K": 136},
+                     {"rewrite": "gather:dB"}),
     "mma.sync-trans": ("../tests/data/general_corpus/bmm_pv_transposed.habu", "PV-T", {}, {"mma": "mma.sync"}),
 }
 TOOLS = ("memcheck", "racecheck", "synccheck")

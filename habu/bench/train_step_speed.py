@@ -32,13 +32,15 @@ def torch_block(x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
     return F.rms_norm(h, (h.shape[-1],), eps=1e-6)
 
 
-def inputs_for(tokens: int, seed: int) -> list[Any]:
+def inputs_for(tokens: int, seed: int, device: str = "cuda", sizes: dict[str, int] = SIZES,
+               dtype: str = "bfloat16") -> list[Any]:
+    """x, w1, b1, w2, b2 (scaled so the hidden values stay near 1), each requiring a gradient."""
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    d, h = SIZES["D"], SIZES["H"]
+    g = torch.Generator(device=device).manual_seed(seed)
+    d, h = sizes["D"], sizes["H"]
     shapes = [((tokens, d), 1.0), ((d, h), d ** -0.5), ((1, h), 0.1), ((h, d), h ** -0.5), ((1, d), 0.1)]
-    return [(torch.randn(s, generator=g, device="cuda") * scale).to(torch.bfloat16).requires_grad_()
+    return [(torch.randn(s, generator=g, device=device) * scale).to(getattr(torch, dtype)).requires_grad_()
             for s, scale in shapes]
 
 
@@ -53,6 +55,22 @@ def rel_error(got: Any, want: Any) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
 
 
+def habu_step(bw: Any, fwd: Any, back: Any, tensors: list[Any], dy: Any) -> list[Any]:
+    """One step by Habu's kernels: the forward with its saved values (`fwd`), then the backward (`back`,
+    whose `model` names its inputs) on the inputs, dY and the saved values; the gradients of the forward's
+    inputs in their order (`bw`: the derived backward, habu.spec.grad_program)."""
+    names = [t.name for t in bw.forward.inputs]  # X W1 B1 W2 B2
+    grad_of = dict(bw.gradients)
+    cot = dict(bw.cotangents)["Y"]
+    named = dict(zip(names, (t.detach() for t in tensors), strict=True))
+    out = fwd(**named)
+    out = out if isinstance(out, dict) else {bw.forward.outputs[0].name: out}
+    avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
+    result = back(**{t.name: avail[t.name] for t in back.model.inputs})
+    result = result if isinstance(result, dict) else {back.model.outputs[0].name: result}
+    return [result[grad_of[n]] for n in names]
+
+
 def measure(tokens: int, target: str) -> dict[str, Any]:
     import torch
 
@@ -63,25 +81,13 @@ def measure(tokens: int, target: str) -> dict[str, Any]:
     t0 = time.time()
     bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": tokens}, target)
     row["build_s"] = round(time.time() - t0, 1)
-    names = [t.name for t in bw.forward.inputs]  # X W1 B1 W2 B2
-    grad_of = dict(bw.gradients)
-    cot = dict(bw.cotangents)["Y"]
-
-    def habu_step(*tensors: Any, dy: Any) -> list[Any]:
-        named = dict(zip(names, (t.detach() for t in tensors), strict=True))
-        out = fwd(**named)
-        out = out if isinstance(out, dict) else {bw.forward.outputs[0].name: out}
-        avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
-        result = back(**{t.name: avail[t.name] for t in back.model.inputs})
-        result = result if isinstance(result, dict) else {back.model.outputs[0].name: result}
-        return [result[grad_of[n]] for n in names]
 
     sets = [inputs_for(tokens, 100 + i) for i in range(2)]
     dys = [torch.randn((tokens, SIZES["D"]), device="cuda").to(torch.bfloat16) for _ in sets]
     reference = grads(lambda *a: torch_block(*[t.float() for t in a]),
                       [t.detach().clone().requires_grad_() for t in sets[0]], dys[0].float())
     compiled = torch.compile(torch_block)
-    sides = {"habu": lambda ts, dy: habu_step(*ts, dy=dy),
+    sides = {"habu": lambda ts, dy: habu_step(bw, fwd, back, ts, dy),
              "torch eager": lambda ts, dy: grads(torch_block, ts, dy),
              "torch.compile": lambda ts, dy: grads(compiled, ts, dy)}
     for name, step in sides.items():
@@ -101,21 +107,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--target", default="sm_90a")
     args = ap.parse_args(argv)
-    rows = [measure(int(t), args.target) for t in args.tokens.split(",")]
-    print("FFN-SKIP forward + backward, D 4096, H 14336, bf16 (µs, median of CUDA events)")
-    print(f"{'tokens':>6} {'habu':>9} {'eager':>9} {'compile':>9} {'× eager':>8} {'× compile':>9}  grad errors")
-    failed = False
-    for r in rows:
-        if "failed" in r:
-            failed = True
-            print(f"{r['tokens']:>6} FAILED: {r['failed']}")
-            continue
-        h, e, c = r["habu us"], r["torch eager us"], r["torch.compile us"]
-        print(f"{r['tokens']:>6} {h:9.1f} {e:9.1f} {c:9.1f} {e / h:8.2f} {c / h:9.2f}  "
-              f"habu {r['habu grad rel error']:.1e}, eager {r['torch eager grad rel error']:.1e} (build {r['build_s']} s)")
+    print("FFN-SKIP forward + backward, D 4096, H 14336, bf16 (µs, median of CUDA events)", flush=True)
+    print(HEADER, flush=True)
+    rows = []
+    for t in args.tokens.split(","):
+        rows.append(measure(int(t), args.target))
+        print(table_line(rows[-1]), flush=True)  # each row as it is measured (a later one may run out of time)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    return 1 if failed else 0
+    return 1 if any("failed" in r for r in rows) else 0
+
+
+HEADER = f"{'tokens':>6} {'habu':>9} {'eager':>9} {'compile':>9} {'× eager':>8} {'× compile':>9}  grad errors"
+
+
+def table_line(r: dict[str, Any]) -> str:
+    """One measured row of the table (a failed one says why)."""
+    if "failed" in r:
+        return f"{r['tokens']:>6} FAILED: {r['failed']}"
+    h, e, c = r["habu us"], r["torch eager us"], r["torch.compile us"]
+    return (f"{r['tokens']:>6} {h:9.1f} {e:9.1f} {c:9.1f} {e / h:8.2f} {c / h:9.2f}  habu {r['habu grad rel error']:.1e}, "
+            f"eager {r['torch eager grad rel error']:.1e}, compile {r['torch.compile grad rel error']:.1e} "
+            f"(build {r['build_s']} s)")
 
 
 if __name__ == "__main__":

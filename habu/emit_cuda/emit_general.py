@@ -81,8 +81,10 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
     else:
         store = store_value(out.dtype, p_out, out_off, value)
     loops = ", ".join(f"{a} < #{e}" for a, e in lw.loops) or "none"
-    element = _sum_of_product(lw.thread_map.element(CExpr(f"({it})blockIdx.x"), CExpr("threadIdx.x")))
-    src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
+    n = lw.thread_map.per_thread
+    element = _sum_of_product(lw.thread_map.element(CExpr(f"({it})blockIdx.x"), CExpr("threadIdx.x"), CExpr("v")))
+    if n == 1:
+        src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  const {it} e = {element};  // this thread's output element
 {chr(10).join(coord_lines)}
   if (!({guard})) return;  // the output's mask: threads past the last element compute nothing
@@ -92,7 +94,22 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
   }}
 }}
 """
-    src = header(f"{name}: general, {k.threads} threads, one output element each",
+    else:  # several elements, a coalesced sweep of the block each (their loads in flight together once unrolled)
+        src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
+{GRID_LAUNCH}{GRID_WAIT}#pragma unroll
+  for (int v = 0; v < {n}; ++v) {{
+  const {it} e = {element};  // this thread's output element v
+{chr(10).join(coord_lines)}
+  if (!({guard})) continue;  // the output's mask: elements past the last one compute nothing
+  {{
+{chr(10).join(body)}
+    {store}
+  }}
+  }}
+}}
+"""
+    each = "one output element each" if n == 1 else f"{n} output elements each, {k.threads} apart"
+    src = header(f"{name}: general, {k.threads} threads, {each}",
                  [f"computes {', '.join(k.nodes)}", f"reduction loops: {loops}"] +
                  ([f"scatter: adds into {out.tensor} with atomicAdd (its prior contents are kept)"]
                   if lw.store is Store.ATOMIC_ADD else []))

@@ -18,7 +18,6 @@ the prologue (`_prologue`), the row's load (`_load_row`, `_copy_row`), the reduc
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 
 from habu.emit_cuda.cexpr import CExpr, c, cmin
 from habu.emit_cuda.common import (
@@ -37,77 +36,20 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
+from habu.emit_cuda.row_values import HELD, ROW_CONSTANT, RowConstants, reuse_held
 from habu.lower import RowLowering
 from habu.lower.access import Access
-from habu.lower.flatten import is_row_axis
 from habu.lower.lanes import ChunkLoop, RowCache
 from habu.lower.rows import RowLoads, canonical_reduction, registers_per_thread, row_registers
 from habu.lower.support import ROWS
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Const, Expr, IndexVar, Load, Model, Op, Reduce, Size, walk
+from habu.spec.ir import Expr, Load, Model, Op, Reduce, walk
 
 # registers a row kernel may spend keeping a pass's per-column values for the final pass
 HELD_REGISTER_CAP = 160
 
-ROW_CONSTANT = "@row:"  # a marker load: a hoisted row constant
-HELD = "@held:"  # a marker load: a value an earlier pass kept in registers for this column
 # the element type a kept row is stored in on chip (16-bit floats as their raw bits)
 CACHE_WORD = {"bf16": "unsigned short", "f16": "unsigned short"}
-
-
-def _row_only(e: Expr) -> bool:
-    """`e` has one value per row: constants, sizes, reductions over the row and loads of a per-row value
-    (a saved statistic R1[r] of a backward), no column's load."""
-    if isinstance(e, (Const, Size, Reduce)):
-        return True
-    if isinstance(e, Load):
-        return bool(e.indices) and all(isinstance(i, IndexVar) and is_row_axis(i.name) for i in e.indices)
-    return isinstance(e, Op) and all(_row_only(a) for a in e.args)
-
-
-class _RowConstants:
-    """Row constants hoisted out of the column loops: each distinct one is computed once per row,
-    after the reductions it reads, and a division by one becomes a product with its reciprocal
-    (RMSNorm's rsqrt of the mean square, softmax's 1 / sum). A float rounding choice, like `__expf`:
-    the finite-field proof is about the values, the golden check about their rounding."""
-
-    def __init__(self, render) -> None:
-        self._render = render
-        self._names: dict[str, str] = {}
-        self._pending: list[str] = []
-
-    def hoist(self, e: Expr) -> Expr:
-        if not isinstance(e, Op):
-            return e
-        if e.fn == "div" and _row_only(e.args[1]) and not _row_only(e.args[0]):
-            return Op("mul", (self.hoist(e.args[0]), self._constant(Op("div", (Const(Fraction(1)), e.args[1])))))
-        if _row_only(e):
-            return self._constant(e)
-        return Op(e.fn, tuple(self.hoist(a) for a in e.args))
-
-    def _constant(self, e: Expr) -> Load:
-        text = self._render(e)
-        if text not in self._names:
-            self._names[text] = f"rc{len(self._names)}"
-            self._pending.append(f"  const float {self._names[text]} = {text};  // once per row")
-        return Load(ROW_CONSTANT + self._names[text], ())
-
-    def take(self) -> str:
-        """The declarations of the constants hoisted since the last call."""
-        out, self._pending = self._pending, []
-        return "".join(line + "\n" for line in out)
-
-
-def _reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: int) -> Expr:
-    """`e` with the subexpressions an earlier pass computed per column (the same C) replaced by its
-    kept values, while `room` more are allowed."""
-    if not isinstance(e, Op):
-        return e
-    i = bodies.get(render(e))
-    if i is not None and (i in used or len(used) < room):
-        used.add(i)
-        return Load(f"{HELD}{i}", ())
-    return Op(e.fn, tuple(_reuse_held(a, render, bodies, used, room) for a in e.args))
 
 
 @dataclass
@@ -164,6 +106,12 @@ class _Row:
         """Kept row k's element at the column loop's `slot` (row 0's slot; row k's start after it)."""
         assert self.cache is not None
         return "row_cache[slot]" if k == 0 else f"row_cache[{c(self.cache.row_base(k, self.loop))} + slot]"
+
+    def next_slot(self, k: int, chunk: CExpr) -> CExpr:
+        """Where kept row k's chunk `chunk` sits in the next-row buffer of a prefetching block."""
+        layout = self.lw.prefetch_layout
+        assert layout is not None
+        return layout.slot(k, chunk, layout.chunks_per_row(self.lw, self.sizes))
 
     def offset(self, acc: Access, coord: dict[str, str]) -> str:
         return access_offset(acc, coord, self.sizes, self.lw.index_width, lambda t, x: "0")
@@ -262,10 +210,20 @@ def _load_row(row: _Row, which: tuple[int, ...] = (0,)) -> str:
         return ""
     n = row.loop.unrolled
     if k.prefetch:
-        return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
+        chunk = row.loop.chunk(CExpr('tid'), CExpr('i'))
+        if len(row.kept_rows) == 1:
+            return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
   uint4 regs[{n}];  // this thread's chunks of the row: the ones it copied itself
 #pragma unroll
-  for (int i = 0; i < {n}; ++i) regs[i] = next_row[{c(row.loop.chunk(CExpr('tid'), CExpr('i')))}];"""
+  for (int i = 0; i < {n}; ++i) regs[i] = next_row[{c(row.next_slot(0, chunk))}];"""
+        decl = "".join(f"  uint4 {_regs(j)}[{n}];  // this thread's chunks of {row.kept_rows[j].tensor}'s row: the "
+                       "ones it copied itself\n" for j in which)
+        body = "\n".join(f"    {_regs(j)}[i] = next_row[{c(row.next_slot(j, chunk))}];" for j in which)
+        return f"""  habu::cp_async_wait<0>();  // this row's copy, issued while the block computed its previous row
+{decl}#pragma unroll
+  for (int i = 0; i < {n}; ++i) {{
+{body}
+  }}"""
 
     def load(j: int) -> str:
         acc = row.kept_rows[j]
@@ -315,13 +273,19 @@ def _loaded_before(row: _Row, index: int) -> tuple[int, ...]:
 
 
 def _copy_row(row: _Row, r: str) -> str:
-    """This thread's chunks of row `r` copied into shared memory (cp.async), one group."""
-    acc = row.kept
-    assert acc is not None
-    p = row.sig.pointer(acc.tensor, acc.dtype)
+    """This thread's chunks of row `r` of every kept row copied into shared memory (cp.async) at the
+    lowering's slots (`PrefetchLayout`), one group."""
+    assert row.kept is not None
     at = row.at(r, row.column("g", 0))
+
+    def copy(k: int) -> str:
+        acc = row.kept_rows[k]
+        p = row.sig.pointer(acc.tensor, acc.dtype)
+        return (f"      habu::cp_async<16>(habu::smem_addr(&next_row[{c(row.next_slot(k, CExpr('g')))}]), "
+                f"{p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)});")
+    copies = "\n".join(copy(k) for k in range(len(row.kept_rows)))
     return f"""{_chunk_head(row).replace(chr(10), chr(10) + '  ')}
-      habu::cp_async<16>(habu::smem_addr(&next_row[g]), {p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)});
+{copies}
     }}
     habu::cp_async_commit();
 """
@@ -378,17 +342,18 @@ class _Passes:
 
 def _hoist(row: _Row) -> _Passes:
     lw = row.lw
-    consts = _RowConstants(lambda e: _render(row, e))
+    consts = RowConstants(lambda e: _render(row, e))
     bodies = [(consts.hoist(r.body), consts.take()) for r in lw.passes]
     final = consts.hoist(lw.expression())
     final_consts = consts.take()
     held: set[int] = set()
     n, vec = row.loop.unrolled, row.loop.vector
     if n and not lw.per_row:
-        room = (min(registers_per_thread(lw.thread_map.threads, lw.thread_map.rows), HELD_REGISTER_CAP)
+        room = (min(registers_per_thread(lw.thread_map.threads, lw.thread_map.rows, lw.kernel.blocks_per_sm),
+                    HELD_REGISTER_CAP)
                 - row_registers(n * len(lw.kept_rows()))) // (n * vec)
         computed = {_render(row, b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
-        final = _reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
+        final = reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
     return _Passes(bodies, final, final_consts, held)
 
 
@@ -398,6 +363,7 @@ def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
     issue_next = _issue_next(row)
     # the copy overwrites the chunks this thread read: issued once the first pass has used every one
     # of them (its values are in registers), or after the last pass
+    # (every kept row is read back from the copy before the first pass: the support's refusals)
     first_reads_row = bool(hoisted.bodies) and row.kept is not None and any(
         isinstance(x, Load) and x in RowLoads(row.lw) and RowLoads(row.lw)[x] == row.kept
         for x in walk(hoisted.bodies[0][0]))
@@ -490,7 +456,9 @@ def _prologue(row: _Row, name: str) -> str:
     attrs = f"__cluster_dims__({row.share}, 1, 1) " if row.share > 1 else ""
     scratch = "" if row.warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(lw.passes))}];  "
                                         "// block reductions (habu::block_reduce): one partial per warp, per pass\n")
-    return f"""extern "C" __global__ void {attrs}__launch_bounds__({threads}) {name}(SIGNATURE) {{
+    # blocks_per_sm > 1: ptxas fits that many blocks on an SM (a row in registers may spill a little)
+    bounds = f"{threads}, {lw.kernel.blocks_per_sm}" if lw.kernel.blocks_per_sm > 1 else f"{threads}"
+    return f"""extern "C" __global__ void {attrs}__launch_bounds__({bounds}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}{_cache_declaration(row)}
 {scratch}  const int tid = {c(m.lane(CExpr('threadIdx.x')))};  // this thread's lane within its row
   const int row_slot = {c(m.row_slot(CExpr('threadIdx.x')))};

@@ -1,7 +1,7 @@
 """Lowering the general kernel family: any one equation node, a thread per output element.
 
 Thread t of block b computes the output element at flat index e = b·threads + t (`thread_map`,
-`FlatThreads`; row-major over the
+`FlatThreads`; with `elements` n > 1, the n elements (b·n + v)·threads + t, v < n; row-major over the
 output's extents, as the map kernel walks them; for a scatter `Y[IX[r] n] += ...`, over its domain
 (r, n), each thread adding its value into Y[IX[r] n] with f32 atomicAdd, `Store.ATOMIC_ADD`): its coordinates e0, e1, ... come from `coordinates`
 (e0 is not reduced modulo its extent, so a thread past the last element fails the output's mask,
@@ -73,8 +73,8 @@ class GeneralLowering(FlatGrid):
 
     @property
     def per_block(self) -> int:
-        """Output elements one block computes: one a thread."""
-        return self.kernel.threads
+        """Output elements one block computes: `elements` a thread."""
+        return self.kernel.threads * self.kernel.elements
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """None: every access moves one element."""
@@ -158,4 +158,4 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
     out = access_for(model.tensor(eq.target), node.store_indices, {a: a.name for a in axes}, extent_of_axis, storage)
     store = Store.ATOMIC_ADD if scatter is not None else Store.WRITE
     return GeneralLowering(kernel, extents, node, tuple(renamer.loops), tuple(loads), out, kernel.index_width,
-                           FlatThreads(kernel.threads), store)
+                           FlatThreads(kernel.threads, kernel.elements), store)

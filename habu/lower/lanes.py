@@ -155,11 +155,16 @@ class FlatThreads:
     int32 rule bounds its largest value."""
 
     threads: int
+    # elements a thread computes: thread x of block b takes (b·per_thread + v)·threads + x, v < per_thread
+    # (a block tiles threads·per_thread consecutive elements; each v is one coalesced sweep of the block)
+    per_thread: int = 1
 
-    def element(self, block: Any, x: Any) -> Any:
-        return block * self.threads + x
+    def element(self, block: Any, x: Any, v: Any = 0) -> Any:
+        if self.per_thread == 1:
+            return block * self.threads + x
+        return (block * self.per_thread + v) * self.threads + x
 
     def largest(self, blocks: Any, launched: int) -> Any:
         """The largest element index a launch of `blocks` blocks of `launched` threads computes (before
         its guard)."""
-        return self.element(blocks - 1, launched - 1)
+        return self.element(blocks - 1, launched - 1, self.per_thread - 1)

@@ -34,9 +34,10 @@ MAX_REGISTER_CHUNKS = 16
 MAX_REGISTER_CHUNKS_REREAD = 8
 
 
-def registers_per_thread(threads: int, rows_per_block: int) -> int:
-    """What `__launch_bounds__(threads·rows)` leaves each thread of a row kernel (64 K registers per SM)."""
-    return min(255, 65536 // (threads * rows_per_block))
+def registers_per_thread(threads: int, rows_per_block: int, blocks_per_sm: int = 1) -> int:
+    """What `__launch_bounds__(threads·rows, blocks_per_sm)` leaves each thread of a row kernel (64 K registers
+    per SM)."""
+    return min(255, 65536 // (threads * rows_per_block * blocks_per_sm))
 
 
 def row_registers(chunks: int) -> int:
@@ -153,6 +154,23 @@ class RowLoads(dict):
 
 
 @dataclass(frozen=True)
+class PrefetchLayout:
+    """The next-row buffer of a prefetching block (16-byte chunks, `uint4`): kept row k's chunk g at
+    k·G + g, G the chunks of the block's part of a row (`chunks_per_row`), so the kept rows (dY's and X's
+    of a backward) lie one after another. Each thread copies its chunks of every kept row there (cp.async)
+    while it computes the current row, and reads back the same slots into registers for the next one;
+    `rows_apart` false (planted bugs only) lays every row over the first."""
+
+    rows_apart: bool = True
+
+    def slot(self, k: int, chunk: Any, chunks_per_row: Any) -> Any:
+        return chunk if k == 0 or not self.rows_apart else k * chunks_per_row + chunk
+
+    def chunks_per_row(self, lw: RowLowering, sizes: Mapping[str, Any]) -> Any:
+        return floordiv(lw.columns(sizes), lw.kernel.vector)
+
+
+@dataclass(frozen=True)
 class RowLowering(FlattenedRows):
     kernel: RowKernel
     leading: tuple[str, ...]  # the extents the rows run along, outermost first (one: a 2-D row)
@@ -177,6 +195,8 @@ class RowLowering(FlattenedRows):
     # kept row k (`kept_rows`) is loaded on chip just before pass `loaded_before[k]` runs (len(passes):
     # before the final store), and read from there by every later pass: the first pass that reads it
     loaded_before: tuple[int, ...] = ()
+    # with `prefetch`: where the next row's copy puts each kept row's chunks in shared memory
+    prefetch_layout: PrefetchLayout | None = None
 
     @property
     def chunk(self) -> int:
@@ -404,7 +424,8 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     cache = RowCache(permuted=lw.vector_row(), rows=len(kept)) if kept else None
     width = model.extent(c_ext)
     span = None if width.is_static else (width.lo, width.hi)
-    lw = replace(lw, cache=cache, passes=passes, width_range=span)
+    lw = replace(lw, cache=cache, passes=passes, width_range=span,
+                 prefetch_layout=PrefetchLayout() if kernel.prefetch and kept else None)
     return replace(lw, loaded_before=tuple(_first_pass_reading(lw, acc) for acc in kept))
 
 

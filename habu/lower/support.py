@@ -350,9 +350,11 @@ class RowsSupport(PathSupport):
                            "per block")
         if k.prefetch and k.rows_per_block != 1:
             reasons.append("prefetching the next row needs one row per block")
-        if k.prefetch and len(lw.kept_rows()) > 1:
-            reasons.append(f"prefetching copies one kept row; this kernel keeps {len(lw.kept_rows())} "
-                           f"({', '.join(a.tensor for a in lw.kept_rows())})")
+        if k.prefetch and len(set(lw.loaded_before)) > 1:
+            # the next row's copy overwrites the buffer once the first pass has read it: every kept row must
+            # be in registers by then
+            reasons.append(f"prefetching copies every kept row of the next row at once; this kernel loads "
+                           f"{', '.join(a.tensor for a in lw.kept_rows())} before different passes")
         return reasons
 
     def sized_refusals(self, lw, sizes) -> list[str]:

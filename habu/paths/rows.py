@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from habu.emit_cuda.emit_rows import emit_rows
 from habu.emit_cuda.kernel import CudaKernel
-from habu.lower.rows import RowLowering, column_functions, lower_rows
+from habu.lower.rows import RowLowering, column_functions, lower_rows, registers_per_thread, row_registers
 from habu.lower.support import ROWS
 from habu.paths.analytic import index_width, max_vector, multiples, node_of
 from habu.paths.base import KernelPath
@@ -44,10 +44,10 @@ class RowsPath(KernelPath):
         cols = sizes[c_ext]
         width = index_width(model, sizes)
 
-        def kernel(threads: int, rows: int = 1, cache: bool = True, share: int = 1, prefetch: bool = False
-                   ) -> RowKernel:
+        def kernel(threads: int, rows: int = 1, cache: bool = True, share: int = 1, prefetch: bool = False,
+                   blocks: int = 1) -> RowKernel:
             return RowKernel(nodes=region.nodes, rows_per_block=rows, threads=threads, vector=vec, cache_row=cache,
-                             index_width=width, cluster=share, prefetch=prefetch)
+                             index_width=width, cluster=share, prefetch=prefetch, blocks_per_sm=blocks)
 
         def in_registers(threads: int) -> bool:
             return lower_rows(model, kernel(threads)).register_chunks(sizes) > 0
@@ -91,7 +91,26 @@ class RowsPath(KernelPath):
             lw = lower_rows(model, kernel(threads))
             prefetch = lw.one_block_per_sm(sizes) and column_functions(lw.expression()) > 0 \
                 and len(lw.kept_rows()) == 1  # the next row's copy holds one kept row
+        if static is not None and share == 1 and rows == 1 and cache and not prefetch \
+                and (halved := self.two_blocks(model, kernel(threads), sizes)) is not None:
+            return kernel(halved, rows, cache, share, False, 2)
         return kernel(threads, rows, cache, share, prefetch)
+
+    @staticmethod
+    def two_blocks(model: Model, base: RowKernel, sizes: dict[str, int]) -> int | None:
+        """Half the threads, two blocks an SM (`blocks_per_sm`), for a block that keeps several rows in
+        registers (a backward's dY and X) and alone fills the SM's registers, where the halved block still
+        keeps them in registers within what two blocks leave a thread; None otherwise. H200, 8192 ×
+        16384 bf16, 2026-12-02: RMSNorm backward 229.1 -> 193.9 µs (84% -> 99% of copy), softmax backward
+        249.6 -> 199.9 µs (77% -> 96%); 512 threads bounded to two blocks 216.3 / 228.3, prefetching the
+        next row 212.8 / 275.7, a cluster of two 203.9 / 245.7."""
+        lw = lower_rows(model, base)
+        if len(lw.kept_rows()) < 2 or not lw.one_block_per_sm(sizes) or base.threads < 64:
+            return None
+        half = lower_rows(model, replace(base, threads=base.threads // 2, blocks_per_sm=2))
+        chunks = half.register_chunks(sizes) * len(half.kept_rows())
+        fits = chunks > 0 and row_registers(chunks) <= registers_per_thread(base.threads // 2, base.rows_per_block, 2)
+        return base.threads // 2 if fits else None
 
     def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
                         sizes: dict[str, int]) -> Iterator[Kernel]:
@@ -103,18 +122,28 @@ class RowsPath(KernelPath):
         assert isinstance(base, RowKernel)
         cols = row_length
         for threads, cache in itertools.product((64, 128, 256, 512, 1024), (True, False)):
-            yield replace(base, threads=threads, cache_row=cache, rows_per_block=1, cluster=1, prefetch=False)
+            yield replace(base, threads=threads, cache_row=cache, rows_per_block=1, cluster=1, prefetch=False,
+                          blocks_per_sm=1)
         for rows, cache in itertools.product((1, 2, 4, 8), (True, False)):  # a warp per row
-            yield replace(base, threads=32, cache_row=cache, rows_per_block=rows, cluster=1, prefetch=False)
+            yield replace(base, threads=32, cache_row=cache, rows_per_block=rows, cluster=1, prefetch=False,
+                          blocks_per_sm=1)
         if target.clusters and cols is not None and cols >= 16384:
             for share, threads in itertools.product((2, 4, 8), (256, 512, 1024)):
                 if cols % (share * base.vector) == 0:
-                    yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=share)
+                    yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=share,
+                                  blocks_per_sm=1)
+        # a row in registers with launch bounds that fit two blocks on an SM (ptxas caps the registers: the
+        # one block of 512 threads holding dY's and X's rows of 16384 columns, 83 registers, fills the SM)
+        if cols is not None and cols >= 8192:
+            for threads in (256, 512):
+                yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=False,
+                              blocks_per_sm=2)
         # persistent blocks that copy their next row while they compute this one (in registers); not in
         # a cluster, where it lost everywhere (H200, 2026-12-01: softmax 2048x131072 433.7 -> 720.0 µs)
         if cols is not None and cols >= 8192:
             for threads in (256, 512, 1024):
-                yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=True)
+                yield replace(base, threads=threads, cache_row=True, rows_per_block=1, cluster=1, prefetch=True,
+                              blocks_per_sm=1)
 
     def smem_bytes(self, lowering: RowLowering, sizes: dict[str, int] | None = None) -> int:  # type: ignore[override]
         """The cached rows' part of a block (0 when the row is not cached, no row is kept, or its length

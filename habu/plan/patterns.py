@@ -311,7 +311,8 @@ def default_regions(model: Model) -> tuple[Region, ...]:
             while i + 1 < len(nodes):
                 nxt = nodes[i + 1]
                 users = consumers(model, last.target)
-                if last.target in outputs or users != [nxt] or not is_elementwise_on(nxt, last):
+                if last.target in outputs or users != [nxt] or not is_elementwise_on(nxt, last) \
+                        or nxt.scatter is not None:  # a scatter store is a general region of its own
                     break
                 group.append(nxt.target)
                 last = nxt

@@ -127,6 +127,11 @@ class RowKernel:
     prefetch: bool = choice("persistent blocks (one per resident slot) walk the rows, each copying its next row "
                             "into shared memory (cp.async) while it computes this one from registers", E,
                             default=False, pins=("row_prefetch",), json_optional=True, unguarded=KEEP)
+    blocks_per_sm: int = choice("blocks the launch bounds ask ptxas to fit on one SM (`__launch_bounds__(threads, "
+                                "n)`): a row kept in registers then takes at most 64 K / (n·threads) registers a "
+                                "thread, so n blocks overlap one's loads with another's arithmetic (1: no bound)", E,
+                                default=1, allowed=(1, 2, 3, 4), pins=("blocks_per_sm",), json_optional=True,
+                                unguarded=KEEP)
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,9 @@ class GeneralKernel:
     threads: int = choice("threads per block (one output element each)", P, lo=1, hi=1024, pins=("threads",), unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
+    elements: int = choice("output elements each thread computes, one block-wide sweep each (a block takes "
+                           "threads·elements consecutive ones; their loads in flight together)", P, default=1, allowed=(1, 2, 4, 8),
+                           pins=("elements",), json_optional=True, unguarded=KEEP)
 
 
 @dataclass(frozen=True)

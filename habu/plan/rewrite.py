@@ -17,6 +17,11 @@ only when the finite-field check of the rewritten plan against the original mode
   `P[r k] = X[r k] · s(r)` and `T[m n] = Σ k P[m k]·B[k n]`, since s does not depend on k,
   `T[m n] = s(m) · Σ k X[m k]·B[k n]`: a row statistic `T.scale[m] = s(m)` (one read of X, one
   number per row), the contraction over X itself, and the scale applied in its epilogue.
+- `scatter:T` takes a contraction's scatter-add store out of its epilogue (`T[IX[m] k] += Σ n …` becomes
+  the plain product T.mm, stored in f32, and `T[IX[m] k] += T.mm[m k]`, a scatter-add kernel:
+  habu/plan/scatter_split.py); the default takes it where the cost model predicts it faster.
+- `gather:T` copies an operand a contraction gathers on its reduction axis out first (`T.g[m k] =
+  A[IX[m] k]`, then the contraction over T.g: habu/plan/gather_split.py), instead of its staging pass.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from itertools import combinations
 
 from habu.errors import HabuError
 from habu.plan.attention_split import apply_attention, attention_parts
+from habu.plan.gather_split import apply_gather, gather_part
 from habu.plan.patterns import _factors, as_contraction, consumers
+from habu.plan.scatter_split import apply_scatter, scatter_part
 from habu.plan.split import apply_split, split_part
 from habu.spec.ir import (
     Equation,
@@ -187,7 +194,9 @@ def _apply_factor(model: Model, target: str) -> Model:
 KINDS = {"inline": (_inline_ok, _apply_inline),
          "factor": (lambda m, t: _factor_parts(m, t) is not None, _apply_factor),
          "split": (lambda m, t: split_part(m, t) is not None, apply_split),
-         "attention": (lambda m, t: attention_parts(m, t) is not None, apply_attention)}
+         "attention": (lambda m, t: attention_parts(m, t) is not None, apply_attention),
+         "scatter": (lambda m, t: scatter_part(m, t) is not None, apply_scatter),
+         "gather": (lambda m, t: gather_part(m, t) is not None, apply_gather)}
 
 
 def default_rewrites(model: Model) -> tuple[str, ...]:

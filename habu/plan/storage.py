@@ -12,7 +12,9 @@ def storage_dtypes(model: Model) -> dict[str, str]:
     a vector input such as a saved f32 row statistic or a router weight does not decide it), else f32."""
     dt = activation_dtype(model.inputs, frozenset(t.name for t in model.outputs))
     # a vector (a row statistic such as a normalisation's scale) is small: it keeps f32
-    return {t.name: dt if len(t.extents) > 1 else "f32" for t in model.intermediates}
+    # an intermediate a rewrite declared with its type keeps it (`scatter:T`'s f32 product)
+    return {t.name: t.dtype.name if t.dtype is not None else dt if len(t.extents) > 1 else "f32"
+            for t in model.intermediates}
 
 
 def dtype_of(model: Model, tensor: str) -> str:

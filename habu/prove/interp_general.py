@@ -32,8 +32,9 @@ def _loop_volume(lw: GeneralLowering, sizes: Mapping[str, int]) -> int:
 def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
                 keep: np.ndarray | None = None) -> None:
     # every launched thread's element, by the lowering's thread map (what the kernel prints as `e`)
-    x = np.arange(lw.kernel.threads, dtype=np.int64)[None, :]
-    lanes = np.asarray(lw.thread_map.element(np.asarray(blocks, dtype=np.int64)[:, None], x)).ravel()
+    x = np.arange(lw.kernel.threads, dtype=np.int64)[None, :, None]
+    v = np.arange(lw.thread_map.per_thread, dtype=np.int64)[None, None, :]
+    lanes = np.asarray(lw.thread_map.element(np.asarray(blocks, dtype=np.int64)[:, None, None], x, v)).ravel()
     if keep is not None:
         lanes = lanes[np.isin(lanes, keep)]
     coords = lw.coordinates(lanes, sizes)
@@ -188,13 +189,13 @@ def general_selection(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[ob
 
 
 def general_axes(name: str, lw: GeneralLowering) -> list[TileAxis]:
-    """The blocks' tiling of the flattened output: block b takes the `thread_map.threads` consecutive
-    elements from b·threads (`FlatThreads`). The witness keeps at least Q blocks of it where the full
+    """The blocks' tiling of the flattened output: block b takes the `per_block` consecutive elements
+    from b·per_block (`FlatThreads`: threads·per_thread). The witness keeps at least Q blocks of it where the full
     shape has them (the first, an interior one, the last) and a ragged last block where the full shape
     has one (habu.prove.witness), so a wrong block stride shows. A scalar output has one block."""
     if not lw.extents:
         return []
-    stride = lw.thread_map.threads
+    stride = lw.per_block
     return [TileAxis(name, f"blocks of {stride} flat elements", lw.extents[-1], stride, tuple(lw.extents))]
 
 

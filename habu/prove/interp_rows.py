@@ -109,6 +109,33 @@ class _KeptRows:
         return np.where(outside[None, :], self.mem.poison(v.cols)[None, :], self.buffer[:, where])
 
 
+def next_row_copy(name: str, lw: RowLowering, v: _Visits, sizes: Mapping[str, int], mem: Memory,
+                  values: list[np.ndarray]) -> list[np.ndarray]:
+    """A prefetching block's next-row buffer: every thread copies its chunks of every kept row (`values[k]`,
+    rows × visited columns) to the slots `prefetch_layout.slot(k, g)` (16-byte chunks of `vector`
+    elements), all rows before any is read back (the copy lands while the previous row is computed);
+    then each kept row is read back from its slots. Two rows' chunks in one slot (the later copy wins), or
+    a slot past the buffer, give a column another's value or a fault."""
+    layout = lw.prefetch_layout
+    assert layout is not None
+    per_row = int(layout.chunks_per_row(lw, sizes))
+    length = len(values) * per_row * lw.kernel.vector  # the buffer's elements: every kept row's part
+    buffer = np.broadcast_to(mem.poison(np.arange(length, dtype=np.int64) + (1 << 41)),
+                             (values[0].shape[0], length)).copy() if values else None
+    places = []
+    for k, row_values in enumerate(values):
+        at = np.asarray(layout.slot(k, v.chunk, per_row), dtype=np.int64) * lw.kernel.vector + v.elem
+        outside = (at < 0) | (at >= length)
+        if np.any(outside):
+            mem.fault(f"{name}: the next-row copy puts column {int(v.cols[outside][0])} of kept row {k} at element "
+                      f"{int(at[outside][0])}, outside its {length}-element buffer")
+        at = np.where(outside, 0, at)
+        buffer[:, at[~outside]] = row_values[:, ~outside]  # type: ignore[index]
+        places.append((at, outside))
+    return [np.where(outside[None, :], mem.poison(v.cols)[None, :], buffer[:, at])  # type: ignore[index]
+            for at, outside in places]
+
+
 def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
              keep: np.ndarray | None = None) -> None:
     """Execute the row kernel's blocks thread by thread through the lowering's thread map: every pass
@@ -157,7 +184,15 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
     on_chip = _KeptRows(name, lw, cache, v, len(rows), sizes, mem)
 
     def load_kept(index: int) -> None:
-        """The kept rows the lowering loads just before pass `index` (len(passes): the store)."""
+        """The kept rows the lowering loads just before pass `index` (len(passes): the store); a prefetching
+        block's come back from its next-row copy of every kept row (`next_row_copy`)."""
+        if lw.prefetch_layout is not None and index == min(lw.loaded_before, default=-1):
+            copied = next_row_copy(name, lw, v, sizes, mem, [np.broadcast_to(
+                read(name, acc, coords, sizes, mem, lw.index_width, where), (len(rows), len(cols))) for acc in kept])
+            for k in range(len(kept)):
+                if lw.loaded_before[k] == index:
+                    on_chip.load(k, copied[k])
+            return
         for k, acc in enumerate(kept):
             if lw.loaded_before[k] == index:
                 values = read(name, acc, coords, sizes, mem, lw.index_width, where)

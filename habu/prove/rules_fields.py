@@ -111,11 +111,16 @@ def _map_launch(name: str, lw: MapLowering, ctx: Context) -> Iterator[Obligation
 
 def _general_launch(name: str, lw: GeneralLowering, ctx: Context) -> Iterator[Obligation]:
     s, k = ctx.ext, lw.kernel
-    yield _grid(name, "x", f"one block per {k.threads} output elements", lw.grid(s), ctx.target.max_grid_x)
+    yield _grid(name, "x", f"one block per {lw.per_block} output elements", lw.grid(s), ctx.target.max_grid_x)
     if lw.index_width == 32:
         m = lw.thread_map
-        yield _lanes(name, f"the thread's element blockIdx.x·{m.threads} + threadIdx.x, up to "
-                           f"(⌈numel/{k.threads}⌉ − 1)·{m.threads} + {k.threads} − 1", m.largest(lw.grid(s), k.threads))
+        if m.per_thread == 1:
+            what = (f"the thread's element blockIdx.x·{m.threads} + threadIdx.x, up to "
+                    f"(⌈numel/{k.threads}⌉ − 1)·{m.threads} + {k.threads} − 1")
+        else:
+            what = (f"the thread's element (blockIdx.x·{m.per_thread} + v)·{m.threads} + threadIdx.x, up to "
+                    f"((⌈numel/{lw.per_block}⌉ − 1)·{m.per_thread} + {m.per_thread} − 1)·{m.threads} + {k.threads} − 1")
+        yield _lanes(name, what, m.largest(lw.grid(s), k.threads))
         for axis, extent in lw.loops:
             yield _lanes(name, f"the loop counter {axis} < #{extent}, up to #{extent}", s[extent])
 

@@ -22,6 +22,7 @@ from habu.lower import (
     lower_plan,
 )
 from habu.lower.access import Access, size_of
+from habu.lower.general import Store
 from habu.lower.rows import reduction_passes
 from habu.paths import ContractionPath, path_for
 from habu.paths.columns import ColumnsPath
@@ -106,9 +107,23 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     # 175.1 µs with no epilogue at all (2026-11-30)
     out_e = DTYPES[lw.out.dtype].bytes
     epilogue_s = out_bytes / c.bandwidth * (0.5 if k.store == "tma" else max(1.0, 8 / (2 * out_e)))
+    if lw.store is Store.ATOMIC_ADD:
+        epilogue_s = scatter_epilogue_seconds(out_bytes, c)
     seconds = max(compute, memory) + epilogue_s + staging_s + reduction / c.bandwidth \
         + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1 and not cluster_split))
     return KernelCost(flops, moved + sum(copied) + reduction, seconds, "compute" if compute >= memory else "memory")
+
+
+# A scatter-add epilogue's f32 reductions (`dA[IX[m] k] += Σ n …`), issued by the consumer warps after each
+# tile's main loop and overlapped with nothing. H200, GGEMM's backward: at 4096³ (dA 64 MB, past the 50 MB L2:
+# each reduction reads its line from DRAM) 361 µs against 172 µs stored plainly by TMA, 67 MB of reductions
+# in 189 µs, a twelfth of the copy bandwidth; at 1024³ (dA 4 MB, in the L2) about 9 µs over the product,
+# half of it (2026-12-02, docs/PERF.md).
+SCATTER_IN_L2_BYTES = 32 << 20
+
+
+def scatter_epilogue_seconds(out_bytes: float, c: Ceilings) -> float:
+    return out_bytes / (c.bandwidth / (12.0 if out_bytes > SCATTER_IN_L2_BYTES else 2.0))
 
 
 def operand_dram_bytes(lw: Lowering, sizes: Mapping[str, int], target: Target) -> float:
@@ -194,10 +209,15 @@ def general_cost(lw: GeneralLowering, sizes: Mapping[str, int], c: Ceilings) -> 
     for _, e in lw.loops:
         iterations *= sizes[e]
     per = sum(DTYPES[a.dtype].bytes for _, a in lw.loads)
-    moved = n * iterations * per + _bytes(lw.out, sizes)
+    # a scatter's atomicAdd reads the target's lines and writes them back (counted 1.5 times its bytes)
+    moved = n * iterations * per + _bytes(lw.out, sizes) * (1.5 if lw.store is Store.ATOMIC_ADD else 1)
     flops = 2.0 * n * iterations
     compute = flops / c.fma_flops
-    memory = moved / c.bandwidth
+    # a kernel without loops is a copy (a gather, a scatter-add): latency-bound at one element a thread.
+    # H200, 16.7 M elements (2026-12-02): bf16 gathered copy 80.0 µs with one element a thread, 37.4 with 8
+    # (0.45 of the copy bandwidth); f32 scatter-add 122.3 / 94.3 µs
+    eff = 1.0 if lw.loops else (0.45 if lw.kernel.elements >= 4 else 0.3)
+    memory = moved / (c.bandwidth * eff)
     return KernelCost(flops, moved, max(compute, memory) + c.launch_s, "compute" if compute >= memory else "memory")
 
 

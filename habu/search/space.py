@@ -27,13 +27,14 @@ from habu.paths import (
 )
 from habu.paths.analytic import node_of
 from habu.paths.contraction import tma_store_fits
-from habu.plan.fields import FieldError, Move, kernel_fields, pin_table
+from habu.plan.fields import FieldError, Mma, Move, kernel_fields, pin_table
 from habu.plan.grouped_pair import pair_positions
 from habu.plan.patterns import Region, as_contraction, default_regions
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
     AttentionKernel,
+    ContractionKernel,
     GroupedKernel,
     Kernel,
     Plan,
@@ -81,6 +82,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
     rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"), (pins or {}).get("family"))
+    if not {"rewrite", "family"} & set(pins or {}):
+        rewrites = _cheaper_scatters(model, target, s, rewrites)
     from habu.plan.rewrite import apply_rewrites
 
     graph = apply_rewrites(model, rewrites)
@@ -110,6 +113,34 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
             kernels = tuple(replace(k, store="direct") if getattr(k, "store", None) == "tma"
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
+
+
+def _cheaper_scatters(model: Model, target: Target, sizes: dict[str, int], rewrites: tuple[str, ...]) -> tuple[str, ...]:
+    """`rewrites` and each `scatter:T` (a contraction's scatter-add out of its epilogue: habu/plan/scatter_split.py)
+    that the cost model predicts faster at these sizes, both plans at their default kernels: GGEMM's backward dA
+    at 4096³ (its 64 MB f32 target past the L2), not at 1024³. Not under a `rewrite` or `family` pin (`--pin
+    family=contraction` keeps the scatter epilogue, `--pin rewrite=scatter:dA` takes the split)."""
+    from habu.plan.rewrite import applicable, apply_rewrites
+    from habu.search.cost import plan_cost
+
+    def seconds(names: tuple[str, ...]) -> float:
+        kernels = default_kernels(apply_rewrites(model, names), target, sizes)
+        plan = make_plan(model, target, kernels, sizes, names)
+        return sum(c.seconds for c in plan_cost(model, plan, target, sizes))
+
+    graph = apply_rewrites(model, rewrites)
+    if not any(name.startswith("scatter:") for name in applicable(graph)):
+        return rewrites
+    fused = {k.nodes[-1] for k in default_kernels(graph, target, sizes)
+             if isinstance(k, ContractionKernel) and k.mma == Mma.WGMMA}
+    for name in applicable(graph):
+        # only where the default computes the node with the wgmma contraction's scatter epilogue (a row
+        # scatter into an f32 target: `default_contraction`), the case measured and GPU-checked; others
+        # (the SIMT path's f32 dA, a general kernel) keep their default
+        if name.startswith("scatter:") and name.partition(":")[2] in fused \
+                and seconds((*rewrites, name)) < seconds(rewrites):
+            rewrites = (*rewrites, name)
+    return rewrites
 
 
 # pins that choose a grouped kernel's family, loop or tile: with one, the user's plan replaces the MoE default
@@ -277,6 +308,9 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             and changes.setdefault("rows_per_block", 1) != 1:
         raise UsageError(f"--pin rows={changes['rows_per_block']} needs threads=32: several rows per block "
                          "are a warp each")
+    # a pinned thread count brings its own register bound: the default's two blocks an SM were for its threads
+    if "blocks_per_sm" in names and "threads" in changes:
+        changes.setdefault("blocks_per_sm", 1)
     if "tile_m" in changes:
         # a pinned tile brings its own warps and depth (as the path says) unless they are pinned too
         path = path_for(replace(kernel, mma=changes["mma"]) if "mma" in changes else kernel)

@@ -79,7 +79,16 @@ def test_decode_attention_backward_with_its_length_mask_matches_the_float64_refe
 
 @pytest.mark.parametrize("path,name,shape,pins", [
     ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {}),  # dY and X in registers
+    # the default at 16384 columns: 256 threads, launch bounds for two blocks an SM (128 registers a thread)
     ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 64, "C": 16384}, {}),
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 300, "D": 16384}, {}),
+    # 512 threads bounded to two blocks an SM (ptxas caps the registers at 64; the rows stay in registers)
+    ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 300, "C": 16384}, {"threads": "512", "blocks_per_sm": "2"}),
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 300, "D": 16384}, {"threads": "512", "blocks_per_sm": "2"}),
+    # persistent blocks copying the next row's dY and X while they compute this one (each block walks rows)
+    ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 300, "C": 16384}, {"row_prefetch": "true", "threads": "512"}),
+    ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 300, "D": 16384},
+     {"row_prefetch": "true", "threads": "512", "blocks_per_sm": "2"}),
     ("softmax.habu", "SOFTMAX-ROWS-GRAD", {"R": 64, "C": 4000}, {"threads": "128"}),  # both in shared memory
     ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {"threads": "32"}),  # 4 warp rows a block, in smem
 ])

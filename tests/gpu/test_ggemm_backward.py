@@ -21,6 +21,7 @@ from tests.conftest import ROOT  # noqa: E402
 
 PATH = ROOT / "tests" / "data" / "ggemm_backward.habu"
 PINS: dict[str, str] = {}  # the defaults: the wgmma contractions (`--pin family=contraction` gives the same)
+SPLIT = {"rewrite": "scatter:dA"}  # dA's product stored plainly, then the scatter-add kernel
 RAGGED = {"M": 200, "N": 136, "K": 264}  # no extent a multiple of the tiles; N and K of 16-byte rows
 
 
@@ -30,6 +31,27 @@ def test_the_pinned_backward_kernels_pass_the_exact_check(model):
     assert [(k.kind, k.mma) for k in built.plan.kernels] == [("contraction", "wgmma")]
     result = ExactChecker(built.model, built.sizes, seed=11).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
+
+
+def test_da_as_a_plain_product_and_a_scatter_kernel_passes_the_exact_check():
+    """`--pin rewrite=scatter:dA` (habu/plan/scatter_split.py): the product stored plainly in f32 by the wgmma
+    contraction (TMA stores), then the general scatter-add kernel; the default at 4096³."""
+    for pins in (SPLIT, {**SPLIT, "elements": "4"}):  # (four elements a thread: four loads in flight)
+        built = build(str(PATH), "GGEMM-DA", RAGGED, pins)
+        assert [k.kind for k in built.plan.kernels] == ["contraction", "general"]
+        assert built.plan.rewrites == ("scatter:dA",)
+        result = ExactChecker(built.model, built.sizes, seed=12).check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, (pins, result.reason())
+
+
+def test_db_as_a_gathered_copy_and_a_plain_contraction_passes_the_exact_check():
+    """`--pin rewrite=gather:dB` (habu/plan/gather_split.py): A's rows copied through IX (the general kernel),
+    then the wgmma contraction of two m-major operands by TMA (the transpose bits)."""
+    for pins in ({"rewrite": "gather:dB"}, {"rewrite": "gather:dB", "elements": "8"}):  # (8 elements a thread)
+        built = build(str(PATH), "GGEMM-DB", RAGGED, pins)
+        assert [k.kind for k in built.plan.kernels] == ["general", "contraction"]
+        result = ExactChecker(built.model, built.sizes, seed=14).check(built.compiled, kept_types(built.plan))
+        assert result.ok and result.applicable, (pins, result.reason())
 
 
 def test_the_simt_scatter_of_an_f32_gradient_passes_the_exact_check():
@@ -49,11 +71,29 @@ def test_duplicates_in_ix_accumulate_onto_da_and_db_reads_the_gathered_rows_exac
     ix = torch.randint(0, m // 4, (m,), generator=g).int().cuda()  # every row of dA hit about 4 times, some none
     da0 = torch.randint(-5, 6, (m, k), generator=g).float().cuda()
     da_built = build(str(PATH), "GGEMM-DA", RAGGED, PINS)
+    split_built = build(str(PATH), "GGEMM-DA", RAGGED, SPLIT)
     db_built = build(str(PATH), "GGEMM-DB", RAGGED, PINS)
     da = da_built.compiled(dO=d_o, B=b, dA=da0.clone(), IX=ix)
+    da_split = split_built.compiled(dO=d_o, B=b, dA=da0.clone(), IX=ix)
     db = db_built.compiled(dO=d_o, A=a, IX=ix)
+    db_gathered = build(str(PATH), "GGEMM-DB", RAGGED, {"rewrite": "gather:dB"}).compiled(dO=d_o, A=a, IX=ix)
     torch.cuda.synchronize()
     da_ref = da0.double().index_add(0, ix.long(), d_o.double() @ b.double())
     db_ref = (d_o.double().t() @ a[ix.long()].double()).bfloat16()  # exact integers, rounded once to bf16
     assert torch.equal(da.double(), da_ref), f"{int((da.double() != da_ref).sum())} of {da_ref.numel()} dA differ"
+    assert torch.equal(da_split.double(), da_ref), f"{int((da_split.double() != da_ref).sum())} split dA differ"
     assert torch.equal(db, db_ref), f"{int((db != db_ref).sum())} of {db_ref.numel()} dB differ"
+    assert torch.equal(db_gathered, db_ref), f"{int((db_gathered != db_ref).sum())} gathered dB differ"
+
+
+@pytest.mark.parametrize("path, model, sizes, pins", [
+    # grids of at least four blocks an SM: the general kernels without loops take 8 elements a thread by default
+    (PATH, "GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, SPLIT),  # the scatter-add, ragged against 256·8
+    (PATH, "GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB"}),  # the gathered copy
+    (ROOT / "examples" / "scatter_add.habu", "UNPERMUTE", {}, {}),  # the MoE un-permute at its sizes
+])
+def test_loopless_general_kernels_with_eight_elements_a_thread_pass_the_exact_check(path, model, sizes, pins):
+    built = build(str(path), model, sizes, pins)
+    assert [k.elements for k in built.plan.kernels if k.kind == "general"] == [8]
+    result = ExactChecker(built.model, built.sizes, seed=15).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
