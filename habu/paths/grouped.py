@@ -90,7 +90,10 @@ class GroupedPath(KernelPath):
         if not chosen:
             return {}
         pins = {"family": "grouped"}
-        if target.wgmma and target.tma and any(self.wgmma_kernel(model, k, target) for k in chosen):
+        # 64-bit indices (DeepSeek-V3's expert offsets) spill the wgmma loop's consumers (168 registers, 160 B
+        # spilled at 128 rows; 232 registers, 80 B at 64): their default stays on the mma.sync loop (102, none)
+        if target.wgmma and target.tma and all(k.index_width == 32 for k in chosen) \
+                and any(self.wgmma_kernel(model, k, target) for k in chosen):
             pins["main_loop"] = "wgmma"
             pairs = (self.pair_default(model, tuple(n for r in regions[i:i + 3] for n in r.nodes), target, sizes)
                      for i in pair_positions(model, regions))

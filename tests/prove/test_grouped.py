@@ -163,7 +163,10 @@ def test_the_rules_prove_the_grouped_kernel_and_refuse_a_ragged_k():
 def test_the_moe_examples_prove_through_grouped_kernels_at_the_witness(example):
     m = load_program(ROOT / "examples" / example).models["MOE-FFN"]
     plan = default_plan(m, TARGET, {}, {})
-    assert [(k.kind, k.main_loop) for k in plan.kernels] == [("grouped", "wgmma")] * 2  # (gate+up+act, combine)
+    # (gate+up+act, combine) on the wgmma loop; DeepSeek's 64-bit indices: the mma.sync loop (gate, up, act, Y)
+    want = [("grouped", "mma.sync"), ("grouped", "mma.sync"), ("rows", None), ("grouped", "mma.sync")] \
+        if example == "moe_deepseek_v3.habu" else [("grouped", "wgmma")] * 2
+    assert [(k.kind, getattr(k, "main_loop", None)) for k in plan.kernels] == want
     proof = prove(m, plan, trials=1)
     assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
 
@@ -268,3 +271,15 @@ def test_every_mma_sync_variant_routes_its_operands_as_the_tile_product():
     assert not grouped_mma_route(a_word_rows_swapped(loop)).identity
     assert grouped_mma_route(copy_turn_shifted(loop)).faults
     assert epilogue_moves(accumulator_halves_swapped(loop)) is not None
+
+
+def test_regression_a_moe_layer_of_64_bit_indices_keeps_the_mma_sync_loop_by_default():
+    """DeepSeek-V3's MoE needs 64-bit offsets; on the wgmma loop its consumers spilled (168 registers, 160 B;
+    the every-example compile test failed on the merged tree), so its default is the mma.sync grouped loop
+    (102 registers, no spill); Mixtral's 32-bit layer keeps the wgmma loop."""
+    deepseek = load_program(ROOT / "examples" / "moe_deepseek_v3.habu").models["MOE-FFN"]
+    plan = default_plan(deepseek, TARGET, {}, {})
+    assert {k.index_width for k in plan.kernels if k.kind == "grouped"} == {64}
+    assert {getattr(k, "main_loop", None) for k in plan.kernels} == {"mma.sync", None}
+    mixtral = load_program(ROOT / "examples" / "moe_mixtral.habu").models["MOE-FFN"]
+    assert {getattr(k, "main_loop", None) for k in default_plan(mixtral, TARGET, {}, {}).kernels} == {"wgmma"}
