@@ -101,3 +101,17 @@ def cmin(a: Any, b: Any) -> Any:
     if isinstance(b, CExpr):
         return b.__habu_min__(a)
     return min(a, b)
+
+
+def bare(x: Any) -> str:
+    """`x` printed without the parentheses around the whole of it (`(kt + 1)` as `kt + 1`; a condition inside
+    `if (...)`); "(a) < (b)", whose outer parentheses are not one pair, as it is."""
+    text = c(x)
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(text) - 1:
+            return text
+    return text[1:-1]

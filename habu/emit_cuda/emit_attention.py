@@ -16,7 +16,8 @@ loaded. At the end l is summed over the row's lanes and O / l stored (div0: a ro
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
+from habu.emit_cuda.cexpr import CExpr, bare, c
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
@@ -34,35 +35,7 @@ from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.attention import AttentionLowering
-from habu.spec.ir import Gather, IndexConst, IndexVar, Model
-
-
-class _FloatOps:
-    """The online softmax's arithmetic as C floats."""
-
-    @staticmethod
-    def max(a: str, b: str) -> str:
-        return f"fmaxf({a}, {b})"
-
-    @staticmethod
-    def sub(a: str, b: str) -> str:
-        return f"({a} - {b})"
-
-
-def _bare(text: str) -> str:
-    """A C expression without the parentheses around the whole of it (`(kt + 1)` as `kt + 1`)."""
-    if not (text.startswith("(") and text.endswith(")")):
-        return text
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and i < len(text) - 1:
-            return text
-    return text[1:-1]
-
-
-def _no_load(ld) -> str:
-    raise ValueError("the scale of the attention scores reads no tensor")
+from habu.spec.ir import Model
 
 
 def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[str, int]) -> CudaKernel:
@@ -122,18 +95,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     q_coord, k_coord, v_coord = {**batch, "i": "i", "e": "e"}, {**batch, "j": "j", "e": "e"}, {**batch, "j": "j", "d": "d"}
     o_coord = {**batch, "i": "i", "d": "d"}
     bx = CExpr("bx")
-    extent_of = dict(zip(lw.batch_axes, lw.batch_extents, strict=True))
-    batch_code = "".join(f"  const {it} {a} = ({it})({c(v)});  // batch index {a} (#{extent_of[a]})\n"
-                         for a, v in lw.batch_coords(CExpr("flat"), sizes).items())
-
-    def term(ix, last) -> object:
-        if isinstance(ix, IndexVar):
-            return last if ix.name == "i" else CExpr(f"(long long){ix.name}")
-        if isinstance(ix, Gather):
-            assert isinstance(ix.indices[0], IndexVar)
-            return CExpr(f"(long long){table(ix.tensor, ix.indices[0].name)}")
-        assert isinstance(ix, IndexConst)
-        return ix.value
+    batch_code = batch_lines(lw, sizes, it)
+    term = mask_term(table)
 
     if split_on:  # split-major blocks: split, then the block among its split's blocks
         split_of, rest = lw.block_split(CExpr("(long long)blockIdx.x"), sizes)
@@ -147,14 +110,14 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     unmasked = c(lw.unmasked(CExpr("(long long)kt"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
     tiles = lw.end_tile(split, lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes, lambda x, lo, hi: CExpr(
         f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))")))
-    scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
+    scale = "1.0f" if lw.scale is None else float_expr(lw.scale, no_load, sizes)
     mask = condition_code(lw.mask, sizes, table) if lw.mask is not None else "true"
-    ops = _FloatOps()
+    ops = FloatOps()
     shuffles = ", ".join(str(x) for x in lw.quad_offsets)
     fr = lw.fragment
     ne16, nd8, nb8, nb16 = lw.qk_steps, lw.out_groups, lw.score_groups, lw.pv_steps
     regs, halves = lw.registers, fr.halves
-    h_q = _bare(c(q_h))  # register q's row half, as an index
+    h_q = bare(q_h)  # register q's row half, as an index
     k_b = [lw.b_registers(x) for x in (0, 1)]  # ldmatrix.x4's registers of the two B fragments
     o_value = f"habu::f_div0(o[mi][dn][q], l[mi][{h_q}])"
     rows_i = c(sizes[lw.row_extent])
@@ -237,8 +200,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
   for ({it} kt = {c(first)}; kt < tiles; ++kt) {{
     const int s = (int)({c(lw.stage_of(cx('kt')))});  // this tile's buffer
-    if ({_bare(c(nxt))} < tiles) {{
-      load_kv({_bare(c(nxt))}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
+    if ({bare(nxt)} < tiles) {{
+      load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
       habu::cp_async_commit();
       habu::cp_async_wait<1>();
     }} else {{

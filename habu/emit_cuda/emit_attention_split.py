@@ -19,15 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from habu.emit_cuda.attention_text import FloatOps
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import Signature, access_mask, access_offset, store_value
 from habu.lower.attention import AttentionLowering
-
-
-class _FloatOps:
-    @staticmethod
-    def sub(a: str, b: str) -> str:
-        return f"({a} - {b})"
 
 
 def split_workspaces(lw: AttentionLowering) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -54,7 +49,7 @@ def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
     s_slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
     s_part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
     t_of, d_of = (c(x) for x in lw.combine_element(cx("e")))
-    exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", _FloatOps())
+    exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", FloatOps())
     lead = c(cx("lane") % fr.lanes_per_row)
     last = f"habu::last_block_done({counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))}))"
     out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"

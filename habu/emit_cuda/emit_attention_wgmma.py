@@ -12,7 +12,8 @@ B), one arrival on the stage's `empty` barrier, and at the end O / l stored from
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
+from habu.emit_cuda.cexpr import CExpr, bare, c
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
@@ -33,21 +34,7 @@ from habu.lower.attention_wgmma import K_STEP, AttentionWgmmaLowering, wgmma_ref
 from habu.lower.contraction import tma_coordinates, tma_order
 from habu.lower.layouts import WgmmaDescriptor
 from habu.lower.pipeline import MbarrierRing
-from habu.spec.ir import Gather, IndexConst, IndexVar, Model
-
-
-class _FloatOps:
-    @staticmethod
-    def max(a: str, b: str) -> str:
-        return f"fmaxf({a}, {b})"
-
-    @staticmethod
-    def sub(a: str, b: str) -> str:
-        return f"({a} - {b})"
-
-
-def _no_load(ld) -> str:
-    raise ValueError("the scale of the attention scores reads no tensor")
+from habu.spec.ir import Model
 
 
 def wgmma_rs_name(n: int) -> str:
@@ -107,26 +94,16 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
     bm, bn = k.bm, k.bn
     cx = CExpr
     batch = {a: a for a in lw.batch_axes}
-    extent_of = dict(zip(lw.batch_axes, lw.batch_extents, strict=True))
-    batch_code = "".join(f"  const {it} {a} = ({it})({c(v)});  // batch index {a} (#{extent_of[a]})\n"
-                         for a, v in lw.batch_coords(CExpr("flat"), sizes).items())
-
-    def term(ix, last) -> object:
-        if isinstance(ix, IndexVar):
-            return last if ix.name == "i" else CExpr(f"(long long){ix.name}")
-        if isinstance(ix, Gather):
-            assert isinstance(ix.indices[0], IndexVar)
-            return CExpr(f"(long long){table(ix.tensor, ix.indices[0].name)}")
-        assert isinstance(ix, IndexConst)
-        return ix.value
+    batch_code = batch_lines(lw, sizes, it)
+    term = mask_term(table)
 
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
     open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
     tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
                         lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
-    scale = "1.0f" if lw.scale is None else float_expr(lw.scale, _no_load, sizes)
+    scale = "1.0f" if lw.scale is None else float_expr(lw.scale, no_load, sizes)
     mask = condition_code(lw.mask, sizes, table) if lw.mask is not None else "true"
-    ops = _FloatOps()
+    ops = FloatOps()
     shuffles = ", ".join(str(x) for x in lw.quad_offsets)
 
     # the tensor maps (dims: the accesses' bounded extents, innermost first; boxes of 64 head-width columns)
@@ -320,7 +297,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       habu::wgmma_commit();
 {pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
-      const long long ks = {c(lw.next_tile(CExpr('kt')))};
+      const long long ks = {bare(lw.next_tile(CExpr('kt')))};
 {softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
 {rescale_pack('      ')}      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.cexpr import CExpr, bare, c
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
@@ -41,19 +41,6 @@ def _operand(x: CExpr) -> str:
     """`x` as the operand of a cast: a name as it is, anything else in parentheses."""
     text = c(x)
     return text if re.fullmatch(r"[\w.]+", text) else f"({text})"
-
-
-def _bare(x: CExpr) -> str:
-    """`x` without the parentheses around the whole of it (a condition printed inside `if (...)`)."""
-    text = c(x)
-    if text.startswith("(") and text.endswith(")"):
-        depth = 0
-        for i, ch in enumerate(text):
-            depth += {"(": 1, ")": -1}.get(ch, 0)
-            if depth == 0 and i < len(text) - 1:
-                return text  # "(a) < (b)": the outer parentheses are not one pair
-        return text[1:-1]
-    return text
 
 
 def _no_table(name: str, coordinate: str) -> str:
@@ -210,13 +197,13 @@ def emit_columns(name: str, model: Model, lw: ColumnLowering, static: dict[str, 
 #pragma unroll
     for (int u = 0; u < {U}; ++u) {{  // issue every load of the iteration first: {U} rows in flight
       const {it} r = ({it})({c(row)});
-      const bool live = {_bare(lw.row_live(CExpr("r"), CExpr("row_end")))};
+      const bool live = {bare(lw.row_live(CExpr("r"), CExpr("row_end")))};
       rows[u] = r;
 {chr(10).join(issued)}
     }}
 #pragma unroll
     for (int u = 0; u < {U}; ++u) {{
-      if ({_bare(lw.row_live(CExpr("rows[u]"), CExpr("row_end")))}) {{
+      if ({bare(lw.row_live(CExpr("rows[u]"), CExpr("row_end")))}) {{
 #pragma unroll
         for (int v = 0; v < {V}; ++v) habu::accumulate<{is_max}>(acc[v], {value});
       }}
