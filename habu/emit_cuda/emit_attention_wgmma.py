@@ -27,6 +27,7 @@ from habu.emit_cuda.common import (
     store_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.emit_wgmma import ring_advance_line
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
@@ -73,11 +74,6 @@ def _desc(d: WgmmaDescriptor, start) -> str:
 
 def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
     return c(ring.empty_barrier(CExpr("bars"), CExpr(stage)) if empty else ring.full_barrier(CExpr("bars"), CExpr(stage)))
-
-
-def _advance(ring: MbarrierRing) -> str:
-    flip = f", {ring.flip}u" if ring.flip != 1 else ""
-    return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
 
 
 def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, static: dict[str, int]) -> CudaKernel:
@@ -260,7 +256,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
         const habu::u32 full = {_barrier(ring, "stage")};
         habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
 {kv_loads}
-        {_advance(ring)}
+        {ring_advance_line(ring)}
       }}
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
@@ -279,7 +275,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
     if (tiles > 0) {{  // tile 0: its S, its softmax
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       slot = {c(ring.read_slot(CExpr("stage")))};
-      {_advance(ring)}
+      {ring_advance_line(ring)}
 {turn_wait}      habu::wgmma_fence();
 {s_mma}
       habu::wgmma_commit();
@@ -291,7 +287,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       // S of tile kt + 1 first: its softmax then runs while P(kt)·V(kt) does
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       const int nslot = {c(ring.read_slot(CExpr("stage")))};
-      {_advance(ring)}
+      {ring_advance_line(ring)}
 {turn_wait}      habu::wgmma_fence();
 {s_mma_next}
       habu::wgmma_commit();

@@ -29,27 +29,17 @@ from habu.emit_cuda.common import (
     store_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.emit_wgmma import ring_advance_line, ring_barrier
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering
 from habu.lower.grouped_wgmma import wgmma_refusal
-from habu.lower.pipeline import MbarrierRing
 from habu.spec.ir import Model
 
 
 def _no_load(ld) -> str:
     raise ValueError("the scale of a grouped GEMM reads no tensor")
-
-
-def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
-    """A stage's full (or empty) barrier: `MbarrierRing.full_barrier` / `empty_barrier` from `bars`."""
-    return f"bars + {ring.barrier_stride} * {stage}" + (f" + {ring.empty_offset}" if empty else "")
-
-
-def _advance(ring: MbarrierRing) -> str:
-    flip = f", {ring.flip}u" if ring.flip != 1 else ""
-    return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
 
 
 def _desc(d, base: str, start) -> str:
@@ -293,8 +283,8 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       }}
 {a_pre}      for (long long kt = 0; kt < k_tiles; ++kt) {{
         const {it} k0 = ({it})({k0});
-{a_load}        const habu::u32 full = {_barrier(ring, "stage")};
-        habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
+{a_load}        const habu::u32 full = {ring_barrier(ring, "stage")};
+        habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
         const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
         const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
         if (ptid == 0) {{
@@ -302,7 +292,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
           {tma}
         }}
 {a_fill}        {arrive}
-        {_advance(ring)}
+        {ring_advance_line(ring)}
       }}
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
@@ -316,7 +306,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
         for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
 {acc2.format(slabs=slabs, regs=regs)}      int held = -1;  // the stage whose wgmma may still be reading it
       for (long long kt = 0; kt < k_tiles; ++kt) {{
-        habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+        habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
         const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
         const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
         habu::wgmma_fence();
@@ -326,12 +316,12 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
         }}
         habu::wgmma_commit();
         habu::wgmma_wait<1>();
-        if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+        if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
         held = {c(ring.read_slot(CExpr("stage")))};
-        {_advance(ring)}
+        {ring_advance_line(ring)}
       }}
       habu::wgmma_wait<0>();
-      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "held", empty=True)});
+      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
 #pragma unroll
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll

@@ -311,23 +311,23 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
     const int ptid = threadIdx.x;
 {rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
 {tile_setup(lw, kc.sizes, kc.it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-{k0}        const habu::u32 full = {_barrier(ring, "stage")};
-        habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
+{k0}        const habu::u32 full = {ring_barrier(ring, "stage")};
+        habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
         const habu::u32 b_stage = {kc.stage_base("B", "stage")};
-{fill}        {_advance(ring)}
+{fill}        {ring_advance_line(ring)}
       }}
     }}
 {end}"""
 
 
-def _advance(ring: MbarrierRing) -> str:
+def ring_advance_line(ring: MbarrierRing) -> str:
     """The ring's state update after a k tile, as the lowering gives it (`MbarrierRing.advance`)."""
     flip = f", {ring.flip}u" if ring.flip != 1 else ""
     return f"habu::ring_advance<{ring.wrap}{flip}>(stage, phase);"
 
 
-def _barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
+def ring_barrier(ring: MbarrierRing, stage: str, empty: bool = False) -> str:
     """The address of a stage's full (or empty) barrier, from the ring's barrier slots
     (`MbarrierRing.full_barrier`, `empty_barrier`: bars + barrier_stride·stage [+ empty_offset])."""
     return f"bars + {ring.barrier_stride} * {stage}" + (f" + {ring.empty_offset}" if empty else "")
@@ -338,8 +338,8 @@ def _release(ring: MbarrierRing) -> str:
     the cluster (thread r of the warpgroup tells block r, in parallel), whose producers all write it."""
     if ring.cluster > 1:
         return (f"if (held >= 0 && threadIdx.x % 128 < {ring.cluster}) "
-                f"habu::mbar_arrive_cluster({_barrier(ring, 'held', empty=True)}, (habu::u32)(threadIdx.x % 128));")
-    return f"if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive({_barrier(ring, 'held', empty=True)});"
+                f"habu::mbar_arrive_cluster({ring_barrier(ring, 'held', empty=True)}, (habu::u32)(threadIdx.x % 128));")
+    return f"if (held >= 0 && threadIdx.x % 128 == 0) habu::mbar_arrive({ring_barrier(ring, 'held', empty=True)});"
 
 
 def _a_desc(ops: WgmmaOperands, desc, slabs: int, s: int) -> str:
@@ -386,7 +386,7 @@ def _consumer_loop(kc: _Kernel) -> str:
     slot = c(ring.read_slot(CExpr("stage")))
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
       for (long long kt = kt_begin; kt < kt_end; ++kt) {{
-        habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr('phase')))});
+        habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", slot)};
         const habu::u32 b_stage = {kc.stage_base("B", slot)};
         habu::wgmma_fence();
@@ -398,7 +398,7 @@ def _consumer_loop(kc: _Kernel) -> str:
         habu::wgmma_wait<1>();
         {_release(ring)}
         held = {slot};
-        {_advance(ring)}
+        {ring_advance_line(ring)}
       }}
       habu::wgmma_wait<0>();
       {_release(ring)}
