@@ -522,6 +522,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "stage 0", "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.kv_boxes_in_one_stage, atw.PINS),
     Mutant("attention-wgmma-v-descriptor-atoms", "V's wgmma descriptor steps 8 keys by half an atom",
            "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.v_descriptor_rows_of_k, atw.PINS),
+    Mutant("attention-wgmma-score-groups-short", "the wgmma attention loop's softmax loops stop one 8-key group "
+           "short", "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.score_groups_short, atw.PINS),
+    Mutant("attention-wgmma-kv-loop-skips-a-tile", "the wgmma attention loop's consumers step two KV tiles",
+           "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.kv_loop_skips_a_tile, atw.PINS),
 )
 
 

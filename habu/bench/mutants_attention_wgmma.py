@@ -47,3 +47,16 @@ def kv_boxes_in_one_stage(lw: Any) -> AttentionWgmmaLowering:
 def v_descriptor_rows_of_k(lw: Any) -> AttentionWgmmaLowering:
     """V's descriptor steps 8 keys by 512 bytes instead of 1024 (its 8-row atoms misread)."""
     return replace(lw, v_desc=replace(lw.v_desc, sbo=lw.v_desc.sbo // 2))
+
+
+def score_groups_short(lw: Any) -> AttentionWgmmaLowering:
+    """The softmax's register loops stop one 8-key group short (`score_groups` − 1): the last group's scores
+    are never scaled, masked or exponentiated."""
+    cls = type("Planted_score_groups", (AttentionWgmmaLowering,),
+               {"score_groups": property(lambda self: self.kernel.bn // 8 - 1)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def kv_loop_skips_a_tile(lw: Any) -> AttentionWgmmaLowering:
+    """The consumers' KV loop steps two tiles (`next_tile` kt + 2): every other tile's keys are never seen."""
+    return _planted(lw, "next_tile", lambda self, kt: kt + 2)
