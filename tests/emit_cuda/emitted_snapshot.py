@@ -2,7 +2,9 @@
 
 `python -m tests.emit_cuda.emitted_snapshot --write` records the hashes in
 tests/data/emitted_sources.json; `test_emitted_sources.py` compares the current emitter with them, so a
-refactor that changes a kernel's text (on purpose or not) shows up as a named plan whose source moved.
+refactor that changes a kernel's text (on purpose or not) shows up as a named plan whose source moved,
+and compares each example's default plan with the recorded one, so a change of a default shows up too
+(`--defaults` records the defaults again after a change on purpose).
 """
 
 from __future__ import annotations
@@ -77,6 +79,24 @@ def digest(model, plan, arch) -> str:
     return h.hexdigest()
 
 
+def default_cases():
+    """(id, model, plan, arch) of every example's default plan as the search picks it now."""
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    for path in EXAMPLES:
+        for model in load_program(path).models.values():
+            for arch in ARCHS:
+                plan = default_plan(model, TARGETS[arch], _runtime_sizes(model))
+                yield f"{path.name}:{model.name}:{arch}:default", model, plan, arch
+
+
+def plan_choices(plan_json: dict) -> dict:
+    """What a plan chooses: its JSON without the model's hash (which moves with the language, not the plan)."""
+    return {k: v for k, v in plan_json.items() if k != "model_hash"}
+
+
 def current() -> dict[str, dict]:
     return {cid: {"plan": plan.to_json(), "sha256": digest(model, plan, arch)} for cid, model, plan, arch in cases()}
 
@@ -88,9 +108,22 @@ def rehashed() -> dict[str, dict]:
             for cid, model, plan, arch in recorded_plans()}
 
 
+def with_current_defaults() -> dict[str, dict]:
+    """The recorded sample, rehashed, with every example's default plan recorded again (a default that
+    changed on purpose, or a new example)."""
+    sampled = {cid: entry for cid, entry in rehashed().items() if not cid.endswith(":default")}
+    return sampled | {cid: {"plan": plan.to_json(), "sha256": digest(model, plan, arch)}
+                      for cid, model, plan, arch in default_cases()}
+
+
+USAGE = ("usage: python -m tests.emit_cuda.emitted_snapshot --write (sample again) | --rehash (same plans) | "
+         "--defaults (same sample, the examples' default plans recorded again)")
+
 if __name__ == "__main__":
-    if "--write" not in sys.argv and "--rehash" not in sys.argv:
-        sys.exit("usage: python -m tests.emit_cuda.emitted_snapshot --write (sample again) | --rehash (same plans)")
-    data = current() if "--write" in sys.argv else rehashed()
+    modes = {"--write": current, "--rehash": rehashed, "--defaults": with_current_defaults}
+    chosen = [modes[a] for a in sys.argv[1:] if a in modes]
+    if len(chosen) != 1:
+        sys.exit(USAGE)
+    data = chosen[0]()
     Path(SNAPSHOT).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"{len(data)} emitted plans recorded in {SNAPSHOT}")
