@@ -6,7 +6,9 @@ layout in the same run:
 
 The forward `X·W1` and `G·W2` (the weight read n-major), the input gradients `dT·W1ᵀ` and `dY·W2ᵀ` (both
 operands k-major), and the weight gradients `Xᵀ·dT` and `Gᵀ·dY` (both m/n-major: the contraction runs over
-the tokens). D 4096, H 14336, bf16 in and out, f32 accumulation. Each plan is proven (rules and one
+the tokens); and `dg-gelu`, the backward's GELU derivative fused into `dY·W2ᵀ`'s epilogue (it reads the
+saved pre-activation T; torch runs the GEMM, then `gelu_backward`). D 4096, H 14336, bf16 in and out, f32
+accumulation. Each plan is proven (rules and one
 finite-field trial on the witness), then checked against torch's product in f32 on the same inputs
 (relative Frobenius error within the bf16 tolerance) before it is timed; CUDA events, the median of 30,
 input sets rotated past the L2. Self-checking: exits 1 if a check fails.
@@ -15,10 +17,13 @@ input sets rotated past the L2. Self-checking: exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from habu.bench.gpu_bench import sets_for
 from habu.bench.run import build
@@ -34,12 +39,28 @@ class StepGemm:
     a_axes: str  # A's extents, in storage order
     b_axes: str
     o_axes: str
+    t_axes: str = ""  # the epilogue's own input T (the GELU derivative's), if any
 
-    def torch_product(self, a, b):
-        """torch's matmul of the same stored layouts (transposed views, as autograd calls it)."""
+    def torch_product(self, a, b, t=None, fused_op: bool = False):
+        """torch's matmul of the same stored layouts (transposed views, as autograd calls it), times the
+        GELU derivative at `t` where the model has one (`fused_op`: as autograd runs it, `gelu_backward`)."""
         lhs = a if self.a_axes[0] == self.o_axes[0] else a.mT
         rhs = b if self.b_axes[1] == self.o_axes[1] else b.mT
-        return lhs @ rhs
+        product = lhs @ rhs
+        if not self.t_axes:
+            return product
+        if fused_op:
+            return torch().ops.aten.gelu_backward(product, t)
+        return product * gelu_derivative(t)
+
+
+def gelu_derivative(t):
+    """d/dt of t·Φ(t): Φ(t) + t·φ(t), for a numpy array or a torch tensor."""
+    if isinstance(t, np.ndarray):
+        cdf = 0.5 * (1 + np.vectorize(math.erf)(t / math.sqrt(2)))
+        return cdf + t * np.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + torch().special.erf(t / math.sqrt(2)))
+    return cdf + t * torch().exp(-0.5 * t * t) / math.sqrt(2 * math.pi)
 
 
 GEMMS = (
@@ -49,6 +70,8 @@ GEMMS = (
     StepGemm("dg", "O[b h] = Σ d A[b d] · W[h d]", "BD", "HD", "BH"),
     StepGemm("dw1", "O[d h] = Σ b A[b d] · W[b h]", "BD", "BH", "DH"),
     StepGemm("dw2", "O[h d] = Σ b A[b h] · W[b d]", "BH", "BD", "HD"),
+    StepGemm("dg-gelu", "O[b h] = (Σ d A[b d] · W[h d]) · (0.5 · (1 + erf(T[b h] · 0.7071067811865476)) "
+             "+ T[b h] · 0.3989422804014327 · exp(−(0.5 · T[b h] · T[b h])))", "BD", "HD", "BH", "BH"),
 )
 
 
@@ -60,6 +83,7 @@ def model_text(g: StepGemm, tokens: int, d: int = D, h: int = H) -> str:
 
     return (" ".join(f"{ext[x]} EXTENT: #{x}" for x in "BDH")
             + f"\nbf16 TENSOR: A ( {shape(g.a_axes)} )  bf16 TENSOR: W ( {shape(g.b_axes)} )"
+            + (f"  bf16 TENSOR: T ( {shape(g.t_axes)} )" if g.t_axes else "")
             + f"  bf16 TENSOR: O ( {shape(g.o_axes)} )\nMODEL: STEP-{g.name.upper()}  {g.equation} ;\n")
 
 
@@ -96,11 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # a variant this contraction refuses: say so, go on
                     print(f"{g.name:<5} {pins!s:<40} refused: {str(exc).splitlines()[0][:100]}")
                     continue
-                nsets = sets_for(2 * (args.tokens * D + args.tokens * H + D * H))
+                nsets = sets_for(2 * (args.tokens * D + 2 * args.tokens * H + D * H))
                 sets = [make_inputs(built.model, built.sizes, 100 + i) for i in range(nsets)]
                 outs = [poisoned_outputs(built.model, built.sizes) for _ in range(nsets)]
                 got = built.compiled(**sets[0], **outs[0])
-                want = g.torch_product(sets[0]["A"].float(), sets[0]["W"].float())
+                want = g.torch_product(sets[0]["A"].float(), sets[0]["W"].float(),
+                                       sets[0]["T"].float() if g.t_axes else None)
                 rel = float((got.float() - want).norm() / want.norm())
                 ok = rel < 1e-2 and not bool(t.isnan(got).any())
                 failed = failed or not ok
@@ -113,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 us = time_cuda(lambda i, c=built.compiled, s=sets, o=outs: c(**s[i], **o[i]), nsets)["median_us"]
                 if torch_us is None:
-                    torch_us = time_cuda(lambda i, s=sets, g=g: g.torch_product(s[i]["A"], s[i]["W"]), nsets)["median_us"]
+                    torch_us = time_cuda(lambda i, s=sets, g=g: g.torch_product(s[i]["A"], s[i]["W"], s[i].get("T"), True), nsets)["median_us"]
                 print(f"{g.name:<5} {label:<40} {us:8.1f} {torch_us:8.1f} {torch_us / us:8.2f} "
                       f"{flops / us / 1e6:8.1f}  rel {rel:.1e}", flush=True)
     return 1 if failed else 0

@@ -88,22 +88,49 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
     return f"if ({access_mask(out, coord, sizes, table)}) {{ {store} }}"
 
 
+def _epilogue_load(lw: ContractionLowering, sig: Signature, sizes, table: TableReader, coord: dict[str, str],
+                   ld: Load) -> str:
+    """One of the epilogue's own loads at `coord`, zero outside its tensor."""
+    access = next(a for x, a in lw.epi_loads if x == ld)
+    p = sig.pointer(access.tensor, access.dtype)
+    inside = access_mask(access, coord, sizes, table)
+    return f"(({inside}) ? {load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))} : 0.0f)"
+
+
 def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
-                   acc: str) -> str:
+                   acc: str, names: dict[Load, str] | None = None) -> str:
     """The C float expression of the epilogue at output (m, n), the accumulator being `acc`; the
-    epilogue's own loads read zero outside their tensors."""
+    epilogue's own loads read zero outside their tensors, or are the variables `names` gives them
+    (`epilogue_operands` declares those)."""
     table = table_reader(sig, model, it)
     coord = {"m": m, "n": n}
 
     def leaf(ld: Load) -> str:
         if ld.tensor == ACC:
             return acc
-        access = next(a for x, a in lw.epi_loads if x == ld)
-        p = sig.pointer(access.tensor, access.dtype)
-        inside = access_mask(access, coord, sizes, table)
-        return f"(({inside}) ? {load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))} : 0.0f)"
+        if names is not None:
+            return names[ld]
+        return _epilogue_load(lw, sig, sizes, table, coord, ld)
 
     return float_expr(lw.epilogue, leaf, sizes)
+
+
+def epilogue_operands(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
+                      prefix: str) -> tuple[list[str], dict[Load, str]]:
+    """Declarations that read each of the epilogue's own loads once at output (m, n) (`prefix`0,
+    `prefix`1, ...; zero outside their tensors, as the finite-field check reads each once), and the
+    variable of each load for `epilogue_value`. GELU's derivative names its input four times: printed
+    inline, each name was a load of its own (four 2-byte loads an element, not merged by the compiler),
+    and a 4096-token FFN's backward spent 1466 µs in a contraction the same GEMM runs in 620 (H200,
+    2026-12-02)."""
+    table = table_reader(sig, model, it)
+    coord = {"m": m, "n": n}
+    decls, names = [], {}
+    for ld, _access in lw.epi_loads:
+        if ld not in names:
+            names[ld] = f"{prefix}{len(names)}"
+            decls.append(f"const float {names[ld]} = {_epilogue_load(lw, sig, sizes, table, coord, ld)};")
+    return decls, names
 
 
 def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,

@@ -33,7 +33,13 @@ from habu.emit_cuda.common import (
     index_type,
     references,
 )
-from habu.emit_cuda.emit_fma import epilogue_pair_code, epilogue_value, table_reader, tile_setup
+from habu.emit_cuda.emit_fma import (
+    epilogue_operands,
+    epilogue_pair_code,
+    epilogue_value,
+    table_reader,
+    tile_setup,
+)
 from habu.emit_cuda.emit_split_cluster import cluster_split_epilogue
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
@@ -170,11 +176,14 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
     axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + {slab_row}", **{a: a for a in lw.batch_axes}}
     box_origin = ", ".join(f"(int)({x})" for x in tma_coordinates(out, axis_origin))
     frag = lw.fragment
-    v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]")
-    v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]")
+    decls0, names0 = epilogue_operands(lw, sig, model, sizes, it, "m", "n", "e0_")
+    decls1, names1 = epilogue_operands(lw, sig, model, sizes, it, "m", "(n + 1)", "e1_")
+    v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names0)
+    v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names1)
+    operands = "".join(f"              {d}\n" for d in decls0 + decls1)  # each epilogue load read once
     coordinates = "".join(  # the element's coordinates, where its epilogue reads them (a bias, a mask)
         f"              const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
-        if references(v0 + v1, x))
+        if references(operands + v0 + v1, x))
     if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
@@ -192,7 +201,7 @@ def _tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, s
             for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
               const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
-{coordinates}              const float v0 = {v0};
+{coordinates}{operands}              const float v0 = {v0};
               const float v1 = {v1};
               const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
               unsigned char* dst = smem + (buf - smem_base) + {staged};

@@ -21,9 +21,11 @@ def test_each_step_contraction_means_what_its_torch_baseline_computes(gemm):
     rng = np.random.default_rng(0)
     a = rng.integers(-3, 4, [sizes[x] for x in gemm.a_axes]).astype(np.float64)
     b = rng.integers(-3, 4, [sizes[x] for x in gemm.b_axes]).astype(np.float64)
-    want = evaluate(model, {"A": a, "W": b})["O"]
-    np.testing.assert_array_equal(gemm.torch_product(a, b), want)
-    assert default_plan(model, TARGETS["sm_90a"], {}).kernels[0].kind == "contraction"
+    t = rng.normal(size=[sizes[x] for x in gemm.t_axes]) if gemm.t_axes else None
+    want = evaluate(model, {"A": a, "W": b} | ({"T": t} if gemm.t_axes else {}))["O"]
+    np.testing.assert_allclose(gemm.torch_product(a, b, t), want, rtol=1e-12, atol=1e-12)
+    plan = default_plan(model, TARGETS["sm_90a"], {})
+    assert plan.kernels[0].kind == "contraction" and len(plan.kernels) == 1  # an epilogue, fused
 
 
 def test_pin_variants_parse_and_keep_the_default_once():
