@@ -89,11 +89,9 @@ def test_duplicates_in_ix_accumulate_onto_da_and_db_reads_the_gathered_rows_exac
 @pytest.mark.parametrize("path, model, sizes, pins", [
     # grids of at least four blocks an SM: the general kernels without loops take 8 elements a thread by default
     (PATH, "GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, SPLIT),  # the scatter-add, ragged against 256·8
-    pytest.param(PATH, "GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB"},  # the gathered copy
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "known bug: failed the exact check on the H200 (session 30's last run; the field check "
-                     "passes; the message was cut, cause not found). gather:dB is not a default; the search's and "
-                     "habu.build's exact checks refuse the plan"))),
+    # the gathered copy (session 30 listed it as failing: its exact check was "not applicable", never run;
+    # tests/timing/test_exact.py::test_regression_a_gathered_copy_is_bounded_by_its_source_not_the_models_peak)
+    (PATH, "GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB"}),
     (ROOT / "examples" / "scatter_add.habu", "UNPERMUTE", {}, {}),  # the MoE un-permute at its sizes
 ])
 def test_loopless_general_kernels_with_eight_elements_a_thread_pass_the_exact_check(path, model, sizes, pins):
