@@ -37,6 +37,9 @@ class GeneralPath(KernelPath):
             yield replace(base, threads=threads)
         for elements in (2, 4, 8):  # several elements a thread: more loads in flight
             yield replace(base, elements=elements)
+        for vector in (2, 4, 8):  # consecutive elements moved at once (the rules refuse where they cannot be)
+            yield replace(base, vector=vector)
+            yield replace(base, vector=vector, elements=2)
 
     def smem_bytes(self, lowering: GeneralLowering) -> int:  # type: ignore[override]
         return 0

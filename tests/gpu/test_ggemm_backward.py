@@ -99,3 +99,21 @@ def test_loopless_general_kernels_with_eight_elements_a_thread_pass_the_exact_ch
     assert [k.elements for k in built.plan.kernels if k.kind == "general"] == [8]
     result = ExactChecker(built.model, built.sizes, seed=15).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("model, sizes, pins", [
+    # vector moves (GeneralKernel.vector): dA's scatter-add by red.global.add.v4.f32, dB's gathered copy by
+    # 16-byte loads and stores; ragged against every block and sweep, K a multiple of the vector
+    ("GGEMM-DA", RAGGED, {**SPLIT, "vector": "4"}),
+    ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "4", "elements": "2"}),
+    ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "2", "elements": "8"}),
+    ("GGEMM-DB", RAGGED, {"rewrite": "gather:dB", "vector": "8"}),
+    ("GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB", "vector": "8", "elements": "4"}),
+    ("GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB", "vector": "4", "elements": "1"}),
+])
+def test_general_kernels_moving_vectors_pass_the_exact_check(model, sizes, pins):
+    built = build(str(PATH), model, sizes, pins)
+    general = [k for k in built.plan.kernels if k.kind == "general"]
+    assert [k.vector for k in general] == [int(pins["vector"])]
+    result = ExactChecker(built.model, built.sizes, seed=16).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, (pins, result.reason())

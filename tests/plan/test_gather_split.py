@@ -40,3 +40,15 @@ def test_the_gathered_copy_then_a_plain_contraction_is_proven_and_a_wrong_gather
                                               for p in acc.positions), checks=())
     cert = verify_plan(model, plan, SIZES, trials=1, seeds=[3], lowerings=[replace(k0, loads=((ld, ungathered),)), k1])
     assert not cert.passed and "dB" in (cert.failure or "")
+
+
+def test_the_gathered_copy_moving_16_byte_vectors_is_proven():
+    """`--pin vector=8`: each thread copies 8 consecutive bf16 of a gathered row with one 16-byte load and
+    store; the row index IX[m] is read once for the vector."""
+    model = load_program(ROOT / "tests" / "data" / "ggemm_backward.habu").models["GGEMM-DB"].with_sizes(SIZES)
+    plan = default_plan(model, TARGET, SIZES, {"rewrite": "gather:dB", "vector": "8"})
+    assert plan.kernels[0].vector == 8
+    proof = prove(model, plan, SIZES, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    k0, _ = lower_plan(model, plan)
+    assert [v.tensor for v in k0.vector_accesses()] == ["A", "dB.g"]

@@ -135,3 +135,34 @@ def test_a_large_general_kernel_without_loops_takes_eight_elements_a_thread():
     small = {"M": 1024, "N": 1024, "K": 1024}  # 512 blocks of 8 elements a thread: under four an SM
     assert default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].elements == 1
     assert default_plan(_model(sizes=big), TARGET, big, {"family": "general"}).kernels[0].elements == 1  # (Σ n)
+
+
+def test_the_scatter_kernel_moving_vectors_is_proven_and_refused_where_a_vector_would_cross_a_row():
+    """`--pin vector=4`: each thread adds 4 consecutive elements of a row with one `red.global.add.v4.f32`
+    (`habu::red_add_vec`), loading them with one 16-byte load; the guard is printed at the vector's first
+    element, so #K must be a multiple of 4 (the `vector-align` rule), and the contract asks 16-byte bases."""
+    from habu.emit_cuda.checks import contract_of
+    from habu.lower.lanes import FlatThreads
+
+    model = _model()  # K = 72
+    plan = default_plan(model, TARGET, SIZES, {**PINS, "vector": "4", "elements": "2"})
+    proof = prove(model, plan, SIZES, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    k0, k1 = lower_plan(model, plan)
+    assert k1.per_block == 2048 and k1.thread_map == FlatThreads(256, 2, 4)
+    emitted = emit_plan(model, plan, TARGET)
+    scatter = emitted.kernels[1].source
+    assert "const int e = ((((((int)blockIdx.x * 2) + v) * 256) + threadIdx.x) * 4);" in scatter
+    assert "habu::load_vec<4>(p_dA_2e_mm + " in scatter and "habu::red_add_vec<4>(p_dA + " in scatter
+    assert {t.name: t.align for t in contract_of(model, emitted).tensors}["dA"] == 16
+    # a thread map without the vector factor leaves three quarters of dA unadded (the mutant
+    # general-vector-factor-dropped in habu/bench/mutants.py plants it)
+    cert = verify_plan(model, plan, SIZES, trials=1, seeds=[3], lowerings=[k0, replace(k1, thread_map=FlatThreads(256, 2))])
+    assert not cert.passed
+    ragged = {"M": 200, "N": 136, "K": 70}
+    refused = prove(_model(sizes=ragged), default_plan(_model(sizes=ragged), TARGET, ragged, {**PINS, "vector": "4"}),
+                    ragged, trials=1)
+    assert not refused.ok and any(o.rule.name == "vector-align" and "#K is not a multiple of 4" in o.detail
+                                  for o in refused.violations)
+    wide = prove(model, default_plan(model, TARGET, SIZES, {**PINS, "vector": "8"}), SIZES, trials=1)
+    assert any("more than 16 bytes" in o.detail for o in wide.violations)  # 8 f32: 32 bytes
