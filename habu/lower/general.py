@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any
 
 from habu.errors import HabuError
-from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
+from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for, size_of
 from habu.lower.lanes import FlatThreads
 from habu.lower.rows import load_index_vars
 from habu.plan.plan import GeneralKernel
@@ -114,6 +114,25 @@ class GeneralLowering(FlatGrid):
             if self.contiguous(acc) and n * DTYPES[acc.dtype].bytes > 16:
                 return f"{n} elements of {acc.tensor} ({acc.dtype}) are more than 16 bytes"
         return None
+
+    def vector_conditions(self, sizes: Mapping[str, Any]) -> list[tuple[str, str, Any, str]]:
+        """What sizes must satisfy for `vector` elements a thread (after `vector_refusal`), as (tensor,
+        statement, condition, detail when it fails); conditions over `sizes` (ints, or z3 terms for the
+        rules): the last extent a multiple of the vector (a vector never crosses a row: the guard printed
+        at its first element holds for all, and `lane_coordinates` is the element a vector access reaches)
+        and each vector access starting aligned (its strides outside the innermost dimension multiples)."""
+        n = self.vector
+        if n == 1:
+            return []
+        last = self.extents[-1]
+        out = [(self.out.tensor, f"{n}-element vectors stay inside a row (#{last} a multiple of {n})",
+                size_of(last, sizes) % n == 0, f"#{last} is not a multiple of {n}")]
+        for acc in (*(a for _, a in self.loads), self.out):
+            if self.contiguous(acc):
+                out += [(acc.tensor, f"{n}-element vectors of {acc.tensor} start aligned (its stride along dimension "
+                                     f"{i} a multiple of {n})", acc.stride(i, sizes) % n == 0,
+                         f"a stride of {acc.tensor} is not a multiple of {n}") for i in range(len(acc.positions) - 1)]
+        return out
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The loads and the store that move `vector` consecutive elements (none at one)."""

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import z3
-
 from habu.lower.general import GeneralLowering
 from habu.prove.obligation import Context, Obligation
 
@@ -45,16 +43,5 @@ def _vector_obligations(name: str, lw: GeneralLowering, ctx: Context) -> Iterato
     if refusal is not None:
         yield Obligation(R["vector-align"], name, lw.out.tensor, f"{n}-element vectors a thread", False, detail=refusal)
         return
-    s = ctx.ext
-    last = lw.extents[-1]
-    yield Obligation(R["vector-align"], name, lw.out.tensor,
-                     f"{n}-element vectors stay inside a row (#{last} a multiple of {n})", s[last] % n == 0,
-                     detail=f"#{last} is not a multiple of {n}")
-    for acc in (*(a for _, a in lw.loads), lw.out):
-        if not lw.contiguous(acc):
-            continue
-        strides = [acc.stride(i, s) % n == 0 for i in range(len(acc.positions) - 1)]
-        yield Obligation(R["vector-align"], name, acc.tensor,
-                         f"{n}-element vectors of {acc.tensor} start aligned (its outer strides multiples of {n})",
-                         z3.And(*strides) if strides else True,
-                         detail=f"a stride of {acc.tensor} is not a multiple of {n}")
+    for tensor, statement, holds, detail in lw.vector_conditions(ctx.ext):
+        yield Obligation(R["vector-align"], name, tensor, statement, holds, detail=detail)
