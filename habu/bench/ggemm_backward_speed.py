@@ -4,10 +4,12 @@
 
 Habu: tests/data/ggemm_backward.habu's default plans (and any pins given): dA[IX[m] k]
 += Σ n dO[m n]·B[n k] (at 4096³ the plain wgmma product into an f32 intermediate, then the scatter-add
-kernel, `scatter:dA`; at 1024³ the wgmma contraction with an f32 atomicAdd scatter epilogue; both timed as
-"dA split" and "dA epilogue" in the same run; dA zeroed first, inside the timed call) and
-dB[n k] = Σ m dO[m n]·A[IX[m] k] (A's gathered rows staged k-major, then wgmma with TMA; timed beside it as
-"dB gathered", `gather:dB`: A's rows gathered by a copy, then wgmma on two m-major operands). torch: the
+kernel, `scatter:dA`; at 1024³ the wgmma contraction with an f32 atomicAdd scatter epilogue; the split's
+scatter kernel with 8 elements a thread, and moving 4-element vectors, timed beside it as "dA split-…"; dA
+zeroed first, inside the timed call) and dB[n k] = Σ m dO[m n]·A[IX[m] k] (A's gathered rows staged k-major,
+then wgmma with TMA; timed beside it as "dB gathered-…", `gather:dB`: A's rows gathered by a copy, scalar or
+16-byte vectors, then wgmma on two m-major operands). The fastest dA and dB variants of the run are timed
+again together, as one call: the backward's measured ratio. torch: the
 backward of `A[IX] @ B.T` (bf16, requires_grad on A and B) by torch.autograd.grad with the forward's graph
 retained: dG = dO @ B, dA = index_put_ (accumulate) of dG into zeros, dB = dOᵀ @ A[IX] (the gathered rows
 saved by the forward).
@@ -33,19 +35,19 @@ from habu.timing.harness import time_cuda, torch
 
 PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "ggemm_backward.habu"
 PINS: dict[str, str] = {}  # the default plans (the wgmma contractions on sm_90a)
-# dA's two plans, timed in the same run: the scatter-add epilogue (`family=contraction`: no rewrite), and the
-# product stored plainly in f32 then the general scatter-add kernel (`scatter:dA`, the default at 4096³)
-DA_VARIANTS = {"epilogue": {"family": "contraction"}, "split-e8": {"rewrite": "scatter:dA", "elements": "8"},
-               # the scatter kernel moving 4 consecutive f32 a thread (one red.global.add.v4.f32 each)
-               "split-v4": {"rewrite": "scatter:dA", "vector": "4"},
+# dA's plans timed in the same run: the product stored plainly in f32 then the general scatter-add kernel
+# (`scatter:dA`, the default at 4096³; `--pin family=contraction` keeps the scatter epilogue, 385 µs in session 30)
+DA_VARIANTS = {"split-e8": {"rewrite": "scatter:dA", "elements": "8"},
+               # the scatter kernel moving 4 consecutive f32 a thread (one red.global.add.v4.f32 each); `reverse`:
+               # its blocks from the last piece (what the product wrote last may still be in the L2)
+               "split-e8v4": {"rewrite": "scatter:dA", "vector": "4", "elements": "8"},
                "split-e2v4": {"rewrite": "scatter:dA", "vector": "4", "elements": "2"},
-               "split-e4v4": {"rewrite": "scatter:dA", "vector": "4", "elements": "4"}}
-# dB's two plans: A's rows staged k-major (the default), and gathered by a copy first (`gather:dB`)
+               "split-e8v4r": {"rewrite": "scatter:dA", "vector": "4", "elements": "8", "reverse": "true"}}
+# dB's plans: A's rows staged k-major (the default), and gathered by a copy first (`gather:dB`)
 DB_VARIANTS = {"staged": {"family": "contraction"}, "gathered-e8": {"rewrite": "gather:dB", "elements": "8"},
                # the copy moving 8 consecutive bf16 (16 bytes) a thread
-               "gathered-v8": {"rewrite": "gather:dB", "vector": "8"},
-               "gathered-e2v8": {"rewrite": "gather:dB", "vector": "8", "elements": "2"},
-               "gathered-e4v4": {"rewrite": "gather:dB", "vector": "4", "elements": "4"}}
+               "gathered-e8v8": {"rewrite": "gather:dB", "vector": "8", "elements": "8"},
+               "gathered-e2v8": {"rewrite": "gather:dB", "vector": "8", "elements": "2"}}
 SETS = 2
 
 
@@ -66,7 +68,7 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
     db_built = build(str(PATH), "GGEMM-DB", shape, pins, check_indices=False)
     row: dict[str, Any] = {"size": size, "plans": {"dA": _described(da_built.plan),
                                                    "dB": _described(db_built.plan)}}
-    # both dA plans, whichever the default took: the scatter-add epilogue and the plain product + scatter kernel
+    # dA's and dB's variants, whichever the default took
     da_variants = {name: build(str(PATH), "GGEMM-DA", shape, pins | extra, check_indices=False)
                    for name, extra in DA_VARIANTS.items()}
     db_variants = {name: build(str(PATH), "GGEMM-DB", shape, pins | extra, check_indices=False)

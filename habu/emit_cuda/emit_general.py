@@ -84,7 +84,7 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
         store = store_value(out.dtype, p_out, out_off, value)
     loops = ", ".join(f"{a} < #{e}" for a, e in lw.loops) or "none"
     n = lw.thread_map.per_thread
-    element = _sum_of_product(lw.thread_map.element(CExpr(f"({it})blockIdx.x"), CExpr("threadIdx.x"), CExpr("v")))
+    element = _sum_of_product(lw.thread_map.element(_piece(lw, it), CExpr("threadIdx.x"), CExpr("v")))
     if n == 1:
         src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  const {it} e = {element};  // this thread's output element
@@ -155,7 +155,7 @@ def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, s
         lines.append(f"    habu::red_add_vec<{n}>({p_out} + ({out_off}), y);")
     else:
         lines.append(f"    habu::store_vec<{n}>({p_out} + ({out_off}), y);")
-    element = c(lw.thread_map.element(CExpr(f"({it})blockIdx.x"), CExpr("threadIdx.x"), CExpr("v")))
+    element = c(lw.thread_map.element(_piece(lw, it), CExpr("threadIdx.x"), CExpr("v")))
     sweeps = lw.thread_map.per_thread
     src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}#pragma unroll
@@ -175,6 +175,11 @@ def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, s
                   if lw.store is Store.ATOMIC_ADD else []))
     src += src_body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)
+
+
+def _piece(lw: GeneralLowering, it: str) -> CExpr:
+    """The piece of the output this block takes, from the thread map (`reverse`: from the last)."""
+    return lw.thread_map.piece(CExpr(f"({it})blockIdx.x"), CExpr(f"({it})gridDim.x"))
 
 
 def _no_reduction(r: Reduce) -> str:

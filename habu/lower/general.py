@@ -227,4 +227,4 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
     out = access_for(model.tensor(eq.target), node.store_indices, {a: a.name for a in axes}, extent_of_axis, storage)
     store = Store.ATOMIC_ADD if scatter is not None else Store.WRITE
     return GeneralLowering(kernel, extents, node, tuple(renamer.loops), tuple(loads), out, kernel.index_width,
-                           FlatThreads(kernel.threads, kernel.elements, kernel.vector), store)
+                           FlatThreads(kernel.threads, kernel.elements, kernel.vector, kernel.reverse), store)

@@ -36,7 +36,12 @@ def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: M
     # (`lane_coordinates`: what a vector access at the first element's offset reaches)
     x = np.arange(lw.kernel.threads, dtype=np.int64)[None, :, None]
     v = np.arange(lw.thread_map.per_thread, dtype=np.int64)[None, None, :]
-    lanes = np.asarray(lw.thread_map.element(np.asarray(blocks, dtype=np.int64)[:, None, None], x, v)).ravel()
+    # `blocks` names the pieces the check needs; the launched blocks that take them, by the thread map
+    launched = int(lw.grid(sizes))
+    every = np.arange(launched, dtype=np.int64)
+    run = every[np.isin(np.asarray(lw.thread_map.piece(every, launched)), np.asarray(blocks, dtype=np.int64))]
+    pieces = np.asarray(lw.thread_map.piece(run, launched), dtype=np.int64)
+    lanes = np.asarray(lw.thread_map.element(pieces[:, None, None], x, v)).ravel()
     if keep is not None:
         lanes = lanes[np.isin(lanes[:, None] + np.arange(lw.vector), keep).any(axis=1)]
     coords = lw.coordinates(lanes, sizes)

@@ -107,6 +107,7 @@ def test_loopless_general_kernels_with_eight_elements_a_thread_pass_the_exact_ch
     ("GGEMM-DA", RAGGED, {**SPLIT, "vector": "4"}),
     ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "4", "elements": "2"}),
     ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "2", "elements": "8"}),
+    ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "4", "elements": "8", "reverse": "true"}),
     ("GGEMM-DB", RAGGED, {"rewrite": "gather:dB", "vector": "8"}),
     ("GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB", "vector": "8", "elements": "4"}),
     ("GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB", "vector": "4", "elements": "1"}),

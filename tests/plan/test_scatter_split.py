@@ -166,3 +166,29 @@ def test_the_scatter_kernel_moving_vectors_is_proven_and_refused_where_a_vector_
                                   for o in refused.violations)
     wide = prove(model, default_plan(model, TARGET, SIZES, {**PINS, "vector": "8"}), SIZES, trials=1)
     assert any("more than 16 bytes" in o.detail for o in wide.violations)  # 8 f32: 32 bytes
+
+
+def test_the_scatter_kernel_taking_its_pieces_from_the_last_is_proven_and_an_off_by_one_killed():
+    """`--pin reverse=true`: block b adds the piece grid − 1 − b (the product's last-written rows first, while
+    they may sit in the L2); the check runs the blocks the thread map assigns, so a piece grid − b (block 0
+    past the end, piece 0 nobody's) leaves dA's first rows unadded."""
+    from dataclasses import dataclass
+
+    from habu.lower.lanes import FlatThreads
+
+    model = _model()
+    plan = default_plan(model, TARGET, SIZES, {**PINS, "vector": "4", "reverse": "true"})
+    proof = prove(model, plan, SIZES, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    scatter = emit_plan(model, plan, TARGET).kernels[1].source
+    assert "const int e = ((((((int)gridDim.x - 1) - (int)blockIdx.x) * 256) + threadIdx.x) * 4);" in scatter
+
+    @dataclass(frozen=True)
+    class OffByOne(FlatThreads):
+        def piece(self, block, blocks):
+            return blocks - block
+
+    k0, k1 = lower_plan(model, plan)
+    t = k1.thread_map
+    bad = replace(k1, thread_map=OffByOne(t.threads, t.per_thread, t.vector, t.reverse))
+    assert not verify_plan(model, plan, SIZES, trials=1, seeds=[3], lowerings=[k0, bad]).passed
