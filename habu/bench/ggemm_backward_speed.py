@@ -60,7 +60,7 @@ def _inputs(m: int, n: int, k: int, seed: int) -> dict[str, Any]:
             "IX": t.randint(0, m, (m,), generator=g).int().cuda()}  # duplicates: about 1/e of the rows unused
 
 
-def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
+def run_size(size: int, pins: dict[str, str], plain: bool = False) -> dict[str, Any]:
     t = torch()
     m = n = k = size
     shape = {"M": m, "N": n, "K": k}
@@ -147,12 +147,12 @@ def run_size(size: int, pins: dict[str, str]) -> dict[str, Any]:
     row["best"] = {"dA": best_da, "dB": best_db, **time_cuda(habu_best, SETS)}
     row["best"].pop("samples", None)
     row["best_ratio"] = row["torch"]["median_us"] / row["best"]["median_us"]
-    # dA's product stored plainly (no scatter, no zeroing): what the scatter-add epilogue costs over it
-    dg_built = build(str(PATH), "GGEMM-DG", shape, pins, check_indices=False)
-    dg_out = [t.empty((m, k), dtype=t.float32, device="cuda") for _ in range(SETS)]
-    row["plain_dG_us"] = time_cuda(lambda i: dg_built.compiled(dO=sets[i]["dO"], B=sets[i]["B"], dG=dg_out[i]),
-                                   SETS)["median_us"]
-    row["plans"]["dG"] = dg_built.plan.to_json()["kernels"]
+    if plain:  # dA's product stored plainly (no scatter, no zeroing): what the scatter costs over it
+        dg_built = build(str(PATH), "GGEMM-DG", shape, pins, check_indices=False)
+        dg_out = [t.empty((m, k), dtype=t.float32, device="cuda") for _ in range(SETS)]
+        row["plain_dG_us"] = time_cuda(lambda i: dg_built.compiled(dO=sets[i]["dO"], B=sets[i]["B"], dG=dg_out[i]),
+                                       SETS)["median_us"]
+        row["plans"]["dG"] = dg_built.plan.to_json()["kernels"]
     # each kernel's device time (the profiler's): staging pass, GEMMs, torch's index_put and memsets
     row["kernels_us"] = {"habu": kernel_device_times(lambda: habu(0)), "torch": kernel_device_times(lambda: torch_backward(0))}
     for name, built in db_variants.items():
@@ -174,21 +174,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="4096,1024")
     p.add_argument("--json", default=None)
     p.add_argument("--pin", action="append", default=[], help="more pins for both kernels (KEY=VALUE)")
+    p.add_argument("--plain-product", action="store_true", help="also time dA's product stored plainly (GGEMM-DG)")
     args = p.parse_args(argv)
     pins = PINS | dict(x.split("=", 1) for x in args.pin)
     rows, failed = [], False
     for size in (int(x) for x in args.sizes.split(",")):
-        row = run_size(size, pins)
+        row = run_size(size, pins, args.plain_product)
         rows.append(row)
         failed |= "error" in row
         if "error" in row:
             print(f"{size}³: {row['error']}: {row['checks']}", flush=True)
             continue
+        plain = f"; dA's product stored plainly {row['plain_dG_us']:.1f}" if "plain_dG_us" in row else ""
         variants = ", ".join(f"{name} {row[f'habu_dA_{name}_us']:.1f}" for name in DA_VARIANTS)
         db_variants = ", ".join(f"{name} {row[f'habu_dB_{name}_us']:.1f}" for name in DB_VARIANTS)
         print(f"{size}³: Habu {row['habu']['median_us']:.1f} µs (dA {row['habu_dA_us']:.1f} [{variants}], dB "
-              f"{row['habu_dB_us']:.1f} [{db_variants}]; {row['habu_tflops']:.0f} TFLOP/s; dA's product stored plainly "
-              f"{row['plain_dG_us']:.1f}) vs torch autograd "
+              f"{row['habu_dB_us']:.1f} [{db_variants}]; {row['habu_tflops']:.0f} TFLOP/s"
+              f"{plain}) vs torch autograd "
               f"{row['torch']['median_us']:.1f} µs: {row['ratio']:.2f}x; checks {row['checks']}", flush=True)
         best = row["best"]
         print(f"  best variants together (dA {best['dA']} + dB {best['dB']}, one timed call): {best['median_us']:.1f} µs, "
