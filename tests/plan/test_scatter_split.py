@@ -125,15 +125,25 @@ def test_the_scatter_kernel_with_several_elements_a_thread_is_proven_and_a_wrong
     assert not cert.passed
 
 
-def test_a_large_general_kernel_without_loops_takes_eight_elements_a_thread():
-    """The scatter-add and the gathered copy at 4096³ (H200: 122.3 -> 94.3 µs and 80.0 -> 37.4 µs, both exact
-    on the GPU); a small grid, or a kernel with a reduction loop, keeps one element a thread."""
+def test_a_large_general_kernel_without_loops_moves_vectors_and_several_elements_a_thread():
+    """The scatter-add and the gathered copy at 4096³ (H200, exact: the copy 80.0 -> 37.4 µs with 8 elements
+    a thread, 15.6 moving 16-byte vectors; the scatter 122.3 -> 94.3 -> 89.6 with 4-element vectors, its
+    blocks from the last piece); the elements shrink to keep four blocks an SM; a small grid, or a kernel with
+    a reduction loop, keeps one element a thread."""
     big = {"M": 4096, "N": 4096, "K": 4096}
-    assert default_plan(_model(sizes=big), TARGET, big).kernels[1].elements == 8
+    (scatter,) = [k for k in default_plan(_model(sizes=big), TARGET, big).kernels if k.kind == "general"]
+    assert (scatter.elements, scatter.vector, scatter.reverse) == (8, 4, True)  # reads dA.mm, written last
     gathered = default_plan(_model("GGEMM-DB", big), TARGET, big, {"rewrite": "gather:dB"})
-    assert gathered.kernels[0].elements == 8
-    small = {"M": 1024, "N": 1024, "K": 1024}  # 512 blocks of 8 elements a thread: under four an SM
-    assert default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].elements == 1
+    assert (gathered.kernels[0].elements, gathered.kernels[0].vector, gathered.kernels[0].reverse) == (8, 8, False)
+    small = {"M": 1024, "N": 1024, "K": 1024}  # 1024 blocks moving 4 f32 a thread: one element a sweep
+    assert (default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].elements,
+            default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].vector) == (1, 4)
+    tiny = {"M": 200, "N": 136, "K": 264}  # 52 blocks even of one element a thread: nothing changes
+    assert [(k.elements, k.vector) for k in default_plan(_model(sizes=tiny), TARGET, tiny, PINS).kernels
+            if k.kind == "general"] == [(1, 1)]
+    odd = {"M": 4096, "N": 4096, "K": 4094}  # rows of 4094: the widest vector dividing them is 2
+    assert [(k.elements, k.vector) for k in default_plan(_model(sizes=odd), TARGET, odd, PINS).kernels
+            if k.kind == "general"] == [(8, 2)]
     assert default_plan(_model(sizes=big), TARGET, big, {"family": "general"}).kernels[0].elements == 1  # (Σ n)
 
 
