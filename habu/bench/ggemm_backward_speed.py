@@ -37,14 +37,15 @@ PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "ggemm_backward.
 PINS: dict[str, str] = {}  # the default plans (the wgmma contractions on sm_90a)
 # dA's plans timed in the same run: the product stored plainly in f32 then the general scatter-add kernel
 # (`scatter:dA`, the default at 4096³; `--pin family=contraction` keeps the scatter epilogue, 385 µs in session 30)
-DA_VARIANTS = {"split-e8": {"rewrite": "scatter:dA", "elements": "8"},
+DA_VARIANTS = {"split-e8v1": {"rewrite": "scatter:dA", "elements": "8", "vector": "1", "reverse": "false"},
                # the scatter kernel moving 4 consecutive f32 a thread (one red.global.add.v4.f32 each); `reverse`:
                # its blocks from the last piece (what the product wrote last may still be in the L2)
-               "split-e8v4": {"rewrite": "scatter:dA", "vector": "4", "elements": "8"},
-               "split-e2v4": {"rewrite": "scatter:dA", "vector": "4", "elements": "2"},
-               "split-e8v4r": {"rewrite": "scatter:dA", "vector": "4", "elements": "8", "reverse": "true"}}
-# dB's plans: A's rows staged k-major (the default), and gathered by a copy first (`gather:dB`)
-DB_VARIANTS = {"staged": {"family": "contraction"}, "gathered-e8": {"rewrite": "gather:dB", "elements": "8"},
+               "split-e8v4": {"rewrite": "scatter:dA", "vector": "4", "elements": "8", "reverse": "false"},
+               "split-e8v4r": {"rewrite": "scatter:dA", "vector": "4", "elements": "8", "reverse": "true"},
+               "split-e2v4r": {"rewrite": "scatter:dA", "vector": "4", "elements": "2", "reverse": "true"}}
+# dB's plans: A's rows staged k-major, and gathered by a copy first (`gather:dB`, the default at 4096³)
+DB_VARIANTS = {"staged": {"family": "contraction"},
+               "gathered-e8v1": {"rewrite": "gather:dB", "elements": "8", "vector": "1"},
                # the copy moving 8 consecutive bf16 (16 bytes) a thread
                "gathered-e8v8": {"rewrite": "gather:dB", "vector": "8", "elements": "8"},
                "gathered-e2v8": {"rewrite": "gather:dB", "vector": "8", "elements": "2"}}
