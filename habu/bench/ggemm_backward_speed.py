@@ -42,13 +42,17 @@ DA_VARIANTS = {"split-e8v1": {"rewrite": "scatter:dA", "elements": "8", "vector"
                # its blocks from the last piece (what the product wrote last may still be in the L2)
                "split-e8v4": {"rewrite": "scatter:dA", "vector": "4", "elements": "8", "reverse": "false"},
                "split-e8v4r": {"rewrite": "scatter:dA", "vector": "4", "elements": "8", "reverse": "true"},
-               "split-e2v4r": {"rewrite": "scatter:dA", "vector": "4", "elements": "2", "reverse": "true"}}
+               "split-e2v4r": {"rewrite": "scatter:dA", "vector": "4", "elements": "2", "reverse": "true"},
+               # the product on 256 x 128 tiles (cuBLAS's dB tile here; Habu's default is 128 x 256)
+               "split-e8v4r-t256": {"rewrite": "scatter:dA", "vector": "4", "elements": "8", "reverse": "true",
+                                    "tile": "256x128x64"}}
 # dB's plans: A's rows staged k-major, and gathered by a copy first (`gather:dB`, the default at 4096³)
 DB_VARIANTS = {"staged": {"family": "contraction"},
                "gathered-e8v1": {"rewrite": "gather:dB", "elements": "8", "vector": "1"},
                # the copy moving 8 consecutive bf16 (16 bytes) a thread
                "gathered-e8v8": {"rewrite": "gather:dB", "vector": "8", "elements": "8"},
-               "gathered-e2v8": {"rewrite": "gather:dB", "vector": "8", "elements": "2"}}
+               "gathered-e2v8": {"rewrite": "gather:dB", "vector": "8", "elements": "2"},
+               "gathered-e8v8-t256": {"rewrite": "gather:dB", "vector": "8", "elements": "8", "tile": "256x128x64"}}
 SETS = 2
 
 
