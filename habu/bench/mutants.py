@@ -503,6 +503,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "block's elements (at the witness shape, only if its output spans several blocks)",
            "weighted_scores.habu", "SCORES", {"B": 3, "I": 17, "J": 1300, "D": 33},  # the witness reduces #J
            _g(lambda lw: replace(lw, thread_map=replace(lw.thread_map, threads=2 * lw.thread_map.threads)))),
+    Mutant("general-vector-factor-dropped", "a general kernel moving 4-element vectors numbers its threads' "
+           "first elements (b·threads + t) without the factor 4: threads overlap, three quarters of the "
+           "output are never added", "scatter_add.habu", "UNPERMUTE", {"R": 64, "T": 16, "N": 8},
+           _g(lambda lw: replace(lw, thread_map=replace(lw.thread_map, vector=1))), {"vector": "4"}),
     Mutant("tile-origin-from-bn", "a block's first row m0 = tm·BN instead of tm·BM (a rectangular tile's "
            "extents mixed up): blocks compute overlapping rows and some rows of the output are never written",
            "ggemm.habu", "GGEMM", GG, _c(_tile_origin_from_bn), {"tile": "128x64x64"}),

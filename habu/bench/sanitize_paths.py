@@ -76,6 +76,11 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                       {"rewrite": "scatter:dA", "elements": "4"}),
     "gather-split": ("../tests/data/ggemm_backward.habu", "GGEMM-DB", {"M": 300, "N": 200, "K": 136},
                      {"rewrite": "gather:dB"}),
+    # the same, moving vectors: red.global.add.v4.f32, 16-byte copies (session 31)
+    "scatter-split-vector": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136},
+                             {"rewrite": "scatter:dA", "vector": "4", "elements": "2"}),
+    "gather-split-vector": ("../tests/data/ggemm_backward.habu", "GGEMM-DB", {"M": 300, "N": 200, "K": 136},
+                            {"rewrite": "gather:dB", "vector": "8"}),
     "mma.sync-trans": ("../tests/data/general_corpus/bmm_pv_transposed.habu", "PV-T", {}, {"mma": "mma.sync"}),
 }
 TOOLS = ("memcheck", "racecheck", "synccheck")

@@ -71,6 +71,8 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
             lines.append(f"{pad}{'  ' * j}}}")
         return acc
 
+    if lw.vector > 1:
+        return _emit_vector(name, model, lw, sig, sizes, it, table, coord, coord_lines, guard)
     value = float_expr(lw.node.rhs, leaf, sizes, lambda r: reduce(r, body, 2), table)
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
@@ -82,7 +84,7 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
         store = store_value(out.dtype, p_out, out_off, value)
     loops = ", ".join(f"{a} < #{e}" for a, e in lw.loops) or "none"
     n = lw.thread_map.per_thread
-    element = _sum_of_product(lw.thread_map.element(CExpr(f"({it})blockIdx.x"), CExpr("threadIdx.x"), CExpr("v")))
+    element = _sum_of_product(lw.thread_map.element(_piece(lw, it), CExpr("threadIdx.x"), CExpr("v")))
     if n == 1:
         src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  const {it} e = {element};  // this thread's output element
@@ -115,6 +117,77 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
                   if lw.store is Store.ATOMIC_ADD else []))
     src += src_body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)
+
+
+def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, sizes: dict, it: str, table,
+                 coord: dict[str, str], coord_lines: list[str], guard: str) -> CudaKernel:
+    """`vector` consecutive elements a thread each sweep (no reduction loops: `vector_refusal`): each
+    contiguous access one vector load or store at the offset and under the mask of the vector's first
+    element (the `vector-align` rule: the vector stays in its row, so element j's is the first's + j);
+    an access independent of the last axis read once; the node's value for each element j; a scatter's
+    adds one vector reduction (`habu::red_add_vec`)."""
+    k, n = lw.kernel, lw.vector
+    assert lw.vector_refusal() is None, lw.vector_refusal()
+    lines: list[str] = []
+    names: dict[Load, str] = {}
+    computed = {e.target for e in model.nodes}
+    for i, (ld, acc) in enumerate(lw.loads):
+        p = sig.pointer(acc.tensor, acc.dtype)
+        off = access_offset(acc, coord, sizes, lw.index_width, table)
+        inside = access_mask(acc, coord, sizes, table)
+        if lw.contiguous(acc):
+            names[ld] = f"x{i}"
+            lines.append(f"    float x{i}[{n}];")
+            # an f32 intermediate a scatter reads (each element once): evicted first, the L2 kept for the
+            # target's read-modify-write lines
+            once = lw.store is Store.ATOMIC_ADD and acc.dtype == "f32" and acc.tensor in computed
+            lines.append(f"    habu::load_vec{'_once' if once else ''}<{n}>({p} + ({off}), x{i}, {inside});")
+        else:
+            value = load_value(acc.dtype, p, off)
+            names[ld] = f"x{i}"
+            lines.append(f"    const float x{i} = {value if inside == 'true' else f'(({inside}) ? {value} : 0.0f)'};")
+    lines.append(f"    float y[{n}];")
+    for j in range(n):
+        def leaf(ld: Load, j: int = j) -> str:
+            return f"{names[ld]}[{j}]" if lw.contiguous(lw.access(ld)) else names[ld]
+        lines.append(f"    y[{j}] = {float_expr(lw.node.rhs, leaf, sizes, _no_reduction, table)};")
+    out = lw.out
+    p_out = sig.pointer(out.tensor, out.dtype, writes=True)
+    out_off = access_offset(out, coord, sizes, lw.index_width, table)
+    if lw.store is Store.ATOMIC_ADD:
+        assert out.dtype == "f32", "the scatter-accumulates rule allows f32 targets only"
+        lines.append(f"    habu::red_add_vec<{n}>({p_out} + ({out_off}), y);")
+    else:
+        lines.append(f"    habu::store_vec<{n}>({p_out} + ({out_off}), y);")
+    element = c(lw.thread_map.element(_piece(lw, it), CExpr("threadIdx.x"), CExpr("v")))
+    sweeps = lw.thread_map.per_thread
+    src_body = f"""extern "C" __global__ void __launch_bounds__({k.threads}) {name}(SIGNATURE) {{
+{GRID_LAUNCH}{GRID_WAIT}#pragma unroll
+  for (int v = 0; v < {sweeps}; ++v) {{
+  const {it} e = {element};  // the first of this thread's {n} consecutive output elements of sweep v
+{chr(10).join(coord_lines)}
+  if (!({guard})) continue;  // the output's mask at the first element (#{lw.extents[-1]} a multiple of {n})
+  {{
+{chr(10).join(lines)}
+  }}
+  }}
+}}
+"""
+    src = header(f"{name}: general, {k.threads} threads, {sweeps} sweep(s) of {n} consecutive output elements each",
+                 [f"computes {', '.join(k.nodes)}", "reduction loops: none"] +
+                 ([f"scatter: adds into {out.tensor} with vector reductions (its prior contents are kept)"]
+                  if lw.store is Store.ATOMIC_ADD else []))
+    src += src_body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), k.threads, 0, lw)
+
+
+def _piece(lw: GeneralLowering, it: str) -> CExpr:
+    """The piece of the output this block takes, from the thread map (`reverse`: from the last)."""
+    return lw.thread_map.piece(CExpr(f"({it})blockIdx.x"), CExpr(f"({it})gridDim.x"))
+
+
+def _no_reduction(r: Reduce) -> str:
+    raise AssertionError("a general kernel moving vectors has no reduction loops (vector_refusal)")
 
 
 def _sum_of_product(x: CExpr) -> str:

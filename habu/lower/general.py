@@ -20,10 +20,11 @@ from enum import Enum
 from typing import Any
 
 from habu.errors import HabuError
-from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for
+from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for, size_of
 from habu.lower.lanes import FlatThreads
 from habu.lower.rows import load_index_vars
 from habu.plan.plan import GeneralKernel
+from habu.spec.dtypes import DTYPES
 from habu.spec.ir import (
     Compare,
     Const,
@@ -73,12 +74,80 @@ class GeneralLowering(FlatGrid):
 
     @property
     def per_block(self) -> int:
-        """Output elements one block computes: `elements` a thread."""
-        return self.kernel.threads * self.kernel.elements
+        """Output elements one block computes: `elements` sweeps of `vector` a thread."""
+        return self.kernel.threads * self.kernel.elements * self.kernel.vector
+
+    @property
+    def vector(self) -> int:
+        """Consecutive elements a thread moves at once (the plan's; `thread_map` places them)."""
+        return self.kernel.vector
+
+    def contiguous(self, acc: Access) -> bool:
+        """Whether an access walks its innermost dimension with the output's last axis (stride 1) and no
+        other position reads that axis: a thread's vector of consecutive elements is then consecutive in
+        memory (one vector load or store)."""
+        if not self.extents:
+            return False
+        last = f"e{len(self.extents) - 1}"
+        *outer, inner = acc.positions
+        return (inner.kind == "axis" and inner.axis == last and acc.strides[-1] == ()
+                and all(p.axis != last for p in outer if p.kind != "const"))
+
+    def reads_last_axis(self, acc: Access) -> bool:
+        return bool(self.extents) and any(p.kind != "const" and p.axis == f"e{len(self.extents) - 1}"
+                                          for p in acc.positions)
+
+    def vector_refusal(self) -> str | None:
+        """Why this kernel cannot move `vector` elements at once (None when it can, or moves one): it needs
+        no reduction loop, an output with extents, and each access either contiguous along the last axis
+        or independent of it (a gathered row index, a broadcast), at most 16 bytes a vector. That the last
+        extent is a multiple of the vector (so a vector never crosses a row and every vector access is
+        aligned) is a size fact: the `vector-align` rule (habu/prove/rules_general.py)."""
+        n = self.vector
+        if n == 1:
+            return None
+        if self.loops or not self.extents:
+            return "a general kernel with reduction loops or a scalar output moves one element a thread"
+        for acc in (*(a for _, a in self.loads), self.out):
+            if self.reads_last_axis(acc) and not self.contiguous(acc):
+                return f"{acc.tensor} is not read contiguously along the output's last axis"
+            if self.contiguous(acc) and n * DTYPES[acc.dtype].bytes > 16:
+                return f"{n} elements of {acc.tensor} ({acc.dtype}) are more than 16 bytes"
+        return None
+
+    def vector_conditions(self, sizes: Mapping[str, Any]) -> list[tuple[str, str, Any, str]]:
+        """What sizes must satisfy for `vector` elements a thread (after `vector_refusal`), as (tensor,
+        statement, condition, detail when it fails); conditions over `sizes` (ints, or z3 terms for the
+        rules): the last extent a multiple of the vector (a vector never crosses a row: the guard printed
+        at its first element holds for all, and `lane_coordinates` is the element a vector access reaches)
+        and each vector access starting aligned (its strides outside the innermost dimension multiples)."""
+        n = self.vector
+        if n == 1:
+            return []
+        last = self.extents[-1]
+        out = [(self.out.tensor, f"{n}-element vectors stay inside a row (#{last} a multiple of {n})",
+                size_of(last, sizes) % n == 0, f"#{last} is not a multiple of {n}")]
+        for acc in (*(a for _, a in self.loads), self.out):
+            if self.contiguous(acc):
+                out += [(acc.tensor, f"{n}-element vectors of {acc.tensor} start aligned (its stride along dimension "
+                                     f"{i} a multiple of {n})", acc.stride(i, sizes) % n == 0,
+                         f"a stride of {acc.tensor} is not a multiple of {n}") for i in range(len(acc.positions) - 1)]
+        return out
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
-        """None: every access moves one element."""
-        return ()
+        """The loads and the store that move `vector` consecutive elements (none at one)."""
+        if self.vector == 1:
+            return ()
+        return tuple(VectorAccess(acc.tensor, self.vector, f"{self.vector}-element vectors of {acc.tensor}")
+                     for acc in (*(a for _, a in self.loads), self.out) if self.contiguous(acc))
+
+    def lane_coordinates(self, coord: Mapping[str, Any], j: int) -> dict[str, Any]:
+        """The coordinates of element j of a thread's vector: the first element's with the last axis + j
+        (what a vector access at the first element's offset reaches as its element j)."""
+        if j == 0:
+            return dict(coord)
+        last = f"e{len(self.extents) - 1}"
+        return {**coord, last: coord[last] + j}
 
     def lane_guard(self, coord: Mapping[str, Any], flat: Any, sizes: Mapping[str, Any], arith: IndexArith) -> Any:
         """Whether the thread computes an element: the output's mask at its coordinates (a scalar output:
@@ -158,4 +227,4 @@ def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str
     out = access_for(model.tensor(eq.target), node.store_indices, {a: a.name for a in axes}, extent_of_axis, storage)
     store = Store.ATOMIC_ADD if scatter is not None else Store.WRITE
     return GeneralLowering(kernel, extents, node, tuple(renamer.loops), tuple(loads), out, kernel.index_width,
-                           FlatThreads(kernel.threads, kernel.elements), store)
+                           FlatThreads(kernel.threads, kernel.elements, kernel.vector, kernel.reverse), store)

@@ -158,13 +158,23 @@ class FlatThreads:
     # elements a thread computes: thread x of block b takes (b·per_thread + v)·threads + x, v < per_thread
     # (a block tiles threads·per_thread consecutive elements; each v is one coalesced sweep of the block)
     per_thread: int = 1
+    # consecutive elements of one sweep a thread moves at once (vector loads and stores): its sweep v then
+    # starts at element ((b·per_thread + v)·threads + x)·vector and takes the next vector − 1 too
+    vector: int = 1
+    # block b takes the piece (the block-sized run of elements) blocks − 1 − b instead of b
+    reverse: bool = False
+
+    def piece(self, block: Any, blocks: Any) -> Any:
+        """The piece of the output block `block` of a launch of `blocks` computes (`element` takes it)."""
+        return blocks - 1 - block if self.reverse else block
 
     def element(self, block: Any, x: Any, v: Any = 0) -> Any:
-        if self.per_thread == 1:
-            return block * self.threads + x
-        return (block * self.per_thread + v) * self.threads + x
+        """The first element of the thread's sweep v (`block`: the piece its block takes)."""
+        first = block * self.threads + x if self.per_thread == 1 else (block * self.per_thread + v) * self.threads + x
+        return first if self.vector == 1 else first * self.vector
 
     def largest(self, blocks: Any, launched: int) -> Any:
         """The largest element index a launch of `blocks` blocks of `launched` threads computes (before
-        its guard)."""
-        return self.element(blocks - 1, launched - 1, self.per_thread - 1)
+        its guard): the last piece's."""
+        last = self.element(blocks - 1, launched - 1, self.per_thread - 1)
+        return last if self.vector == 1 else last + (self.vector - 1)

@@ -159,6 +159,13 @@ class GeneralKernel:
     elements: int = choice("output elements each thread computes, one block-wide sweep each (a block takes "
                            "threads·elements consecutive ones; their loads in flight together)", P, default=1, allowed=(1, 2, 4, 8),
                            pins=("elements",), json_optional=True, unguarded=KEEP)
+    vector: int = choice("consecutive elements a thread moves at once in each sweep (vector loads and stores, a "
+                         "scatter's vector atomics; at most 16 bytes; a kernel without reduction loops whose last "
+                         "extent is a multiple of it)", P, default=1, allowed=(1, 2, 4, 8), pins=("vector",),
+                         json_optional=True, unguarded=1)
+    reverse: bool = choice("blocks take the output's pieces from the last: block b the piece grid − 1 − b (a "
+                           "kernel reading what the kernel before it wrote last finds it in the L2 first)", P,
+                           default=False, pins=("reverse",), json_optional=True, unguarded=KEEP)
 
 
 @dataclass(frozen=True)

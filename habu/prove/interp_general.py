@@ -31,37 +31,50 @@ def _loop_volume(lw: GeneralLowering, sizes: Mapping[str, int]) -> int:
 
 def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, blocks: np.ndarray,
                 keep: np.ndarray | None = None) -> None:
-    # every launched thread's element, by the lowering's thread map (what the kernel prints as `e`)
+    # every launched thread's first element of each sweep, by the lowering's thread map (what the kernel
+    # prints as `e`); a vector's element j sits at the first's coordinates with the last axis + j
+    # (`lane_coordinates`: what a vector access at the first element's offset reaches)
     x = np.arange(lw.kernel.threads, dtype=np.int64)[None, :, None]
     v = np.arange(lw.thread_map.per_thread, dtype=np.int64)[None, None, :]
-    lanes = np.asarray(lw.thread_map.element(np.asarray(blocks, dtype=np.int64)[:, None, None], x, v)).ravel()
+    # `blocks` names the pieces the check needs; the launched blocks that take them, by the thread map
+    launched = int(lw.grid(sizes))
+    every = np.arange(launched, dtype=np.int64)
+    run = every[np.isin(np.asarray(lw.thread_map.piece(every, launched)), np.asarray(blocks, dtype=np.int64))]
+    pieces = np.asarray(lw.thread_map.piece(run, launched), dtype=np.int64)
+    lanes = np.asarray(lw.thread_map.element(pieces[:, None, None], x, v)).ravel()
     if keep is not None:
-        lanes = lanes[np.isin(lanes, keep)]
+        lanes = lanes[np.isin(lanes[:, None] + np.arange(lw.vector), keep).any(axis=1)]
     coords = lw.coordinates(lanes, sizes)
     arith = _NumpyIndex(lw.index_width, mem, name)
+    # the guard is printed once, at the vector's first element
     active = np.broadcast_to(lw.lane_guard(coords, lanes, sizes, arith), lanes.shape)
     lanes = lanes[active]
     if not len(lanes):
         return
+    first = {a: np.asarray(c, dtype=np.int64) for a, c in lw.coordinates(lanes, sizes).items()}
     chunk = max(1, CHUNK_ELEMENTS // _loop_volume(lw, sizes))
-    # every thread computes its value before any stores (an in-place update reads its own element)
-    values = [_values(name, lw, sizes, mem, lanes[lo:lo + chunk]) for lo in range(0, len(lanes), chunk)]
-    value = np.concatenate(values) if values else np.zeros(0, np.int64)
-    at = {a: np.asarray(v, dtype=np.int64) for a, v in lw.coordinates(lanes, sizes).items()}
-    shape: tuple[int, ...] = (len(lanes),)
-    if not lw.extents:  # a scalar output: only thread 0 passed its guard, and it stores at offset 0
-        value, shape = value.reshape(()), ()
-    if lw.store is Store.ATOMIC_ADD:
-        # atomicAdd onto the target's memory, which holds its prior contents (an input of the model):
-        # every value lands, duplicates included, in any order
-        target = lw.out.tensor
-        if target not in mem.written:
-            mem.written[target] = WrittenTensor(target, int(lw.out.numel(sizes)), mem.field.p, True,
-                                                mem.inputs.get(target))
-        write(name, lw.out, at, value, sizes, mem, lw.index_width, True, None, _where(lw, lanes))
-        return
-    write(name, lw.out, at, value, sizes, mem, lw.index_width, False,
-          None if lw.scatters else np.ones(shape, bool), _where(lw, lanes))
+    # every thread computes its values before any stores (an in-place update reads its own element)
+    stores = []
+    for j in range(lw.vector):
+        at = lw.lane_coordinates(first, j)
+        values = [_values(name, lw, sizes, mem, {a: c[lo:lo + chunk] for a, c in at.items()}, lanes[lo:lo + chunk] + j)
+                  for lo in range(0, len(lanes), chunk)]
+        stores.append((at, np.concatenate(values) if values else np.zeros(0, np.int64)))
+    for at, value in stores:
+        shape: tuple[int, ...] = (len(lanes),)
+        if not lw.extents:  # a scalar output: only thread 0 passed its guard, and it stores at offset 0
+            value, shape = value.reshape(()), ()
+        if lw.store is Store.ATOMIC_ADD:
+            # atomicAdd onto the target's memory, which holds its prior contents (an input of the model):
+            # every value lands, duplicates included, in any order
+            target = lw.out.tensor
+            if target not in mem.written:
+                mem.written[target] = WrittenTensor(target, int(lw.out.numel(sizes)), mem.field.p, True,
+                                                    mem.inputs.get(target))
+            write(name, lw.out, at, value, sizes, mem, lw.index_width, True, None, _where(lw, lanes))
+            continue
+        write(name, lw.out, at, value, sizes, mem, lw.index_width, False,
+              None if lw.scatters else np.ones(shape, bool), _where(lw, lanes))
 
 
 def _where(lw: GeneralLowering, lanes: np.ndarray):
@@ -74,10 +87,12 @@ def _where(lw: GeneralLowering, lanes: np.ndarray):
     return where
 
 
-def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory, lanes: np.ndarray) -> np.ndarray:
+def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memory,
+            coords: Mapping[str, np.ndarray], lanes: np.ndarray) -> np.ndarray:
+    """The node's value at the threads' coordinates `coords` (one array per output axis; `lanes`: their
+    flat elements, for messages)."""
     f = mem.field
-    coords = {a: np.asarray(v, dtype=np.int64) for a, v in lw.coordinates(lanes, sizes).items()}
-
+    coords = dict(coords)
     where = _where(lw, lanes)
 
     def ev(e: Expr, at: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
@@ -162,8 +177,13 @@ def general_thread_box(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[n
     every extent (each thread is independent, so these threads stand for the others); for a scatter,
     every value of a variable its store gathers through (any of them may land on a checked element)."""
     gathered = {ix.indices[0] for ix in lw.node.scatter or () if isinstance(ix, Gather)}
-    return tuple(np.arange(sizes[e], dtype=np.int64) if v in gathered else np.array(_spread(sizes[e]), dtype=np.int64)
-                 for v, e in zip(lw.node.lhs, lw.extents, strict=True))
+    box = [np.arange(sizes[e], dtype=np.int64) if v in gathered else np.array(_spread(sizes[e]), dtype=np.int64)
+           for v, e in zip(lw.node.lhs, lw.extents, strict=True)]
+    if lw.vector > 1 and box:  # whole vectors along the last axis: a thread computes (and reads) all of its vector
+        n, last = lw.vector, sizes[lw.extents[-1]]
+        starts = box[-1] - box[-1] % n
+        box[-1] = np.unique(np.minimum((starts[:, None] + np.arange(n)).ravel(), last - 1))
+    return tuple(box)
 
 
 def general_out_box(lw: GeneralLowering, threads: tuple[np.ndarray, ...], sizes: Mapping[str, int]

@@ -24,5 +24,24 @@ def general_obligations(name: str, lw: GeneralLowering, ctx: Context) -> Iterato
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     if lw.scatters:
         yield scatter_accumulates(name, lw.store, lw.out, "threads whose indices repeat would overwrite each other")
+    yield from _vector_obligations(name, lw, ctx)
     yield Obligation(R["threads"], name, None, f"{lw.kernel.threads} threads per block",
                      lw.kernel.threads <= ctx.target.max_threads_per_block, detail=f"{lw.kernel.threads} threads")
+
+
+def _vector_obligations(name: str, lw: GeneralLowering, ctx: Context) -> Iterator[Obligation]:
+    """`vector` > 1: the lowering's vector shape holds (`vector_refusal`), the last extent is a multiple of
+    the vector (a vector never crosses a row: the guard printed at its first element holds for all, and
+    `lane_coordinates` is the element the vector access reaches), and each vector access starts aligned
+    (every stride outside its innermost dimension a multiple of the vector)."""
+    from habu.prove.rules import R
+
+    n = lw.vector
+    if n == 1:
+        return
+    refusal = lw.vector_refusal()
+    if refusal is not None:
+        yield Obligation(R["vector-align"], name, lw.out.tensor, f"{n}-element vectors a thread", False, detail=refusal)
+        return
+    for tensor, statement, holds, detail in lw.vector_conditions(ctx.ext):
+        yield Obligation(R["vector-align"], name, tensor, statement, holds, detail=detail)

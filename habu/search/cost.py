@@ -215,8 +215,12 @@ def general_cost(lw: GeneralLowering, sizes: Mapping[str, int], c: Ceilings) -> 
     compute = flops / c.fma_flops
     # a kernel without loops is a copy (a gather, a scatter-add): latency-bound at one element a thread.
     # H200, 16.7 M elements (2026-12-02): bf16 gathered copy 80.0 µs with one element a thread, 37.4 with 8
-    # (0.45 of the copy bandwidth); f32 scatter-add 122.3 / 94.3 µs
-    eff = 1.0 if lw.loops else (0.45 if lw.kernel.elements >= 4 else 0.3)
+    # (0.45 of the copy bandwidth), 15.6 moving 16-byte vectors (the copy bandwidth); f32 scatter-add
+    # 122.3 / 94.3 µs, 89.6 moving 4-element vectors (its atomics' read-modify-write: still 0.45)
+    eff = 1.0 if lw.loops else 0.45 if lw.kernel.elements >= 4 or lw.vector > 1 else 0.3
+    if not lw.loops and lw.store is Store.WRITE and any(
+            lw.vector * DTYPES[a.dtype].bytes >= 16 for a in (*(x for _, x in lw.loads), lw.out) if lw.contiguous(a)):
+        eff = 0.95
     memory = moved / (c.bandwidth * eff)
     return KernelCost(flops, moved, max(compute, memory) + c.launch_s, "compute" if compute >= memory else "memory")
 

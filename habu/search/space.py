@@ -115,11 +115,17 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
 
 
+SPLITS = ("scatter:", "gather:")  # the rewrites that take a scatter or a gather out of a wgmma contraction
+
+
 def _cheaper_scatters(model: Model, target: Target, sizes: dict[str, int], rewrites: tuple[str, ...]) -> tuple[str, ...]:
     """`rewrites` and each `scatter:T` (a contraction's scatter-add out of its epilogue: habu/plan/scatter_split.py)
     that the cost model predicts faster at these sizes, both plans at their default kernels: GGEMM's backward dA
-    at 4096³ (its 64 MB f32 target past the L2), not at 1024³. Not under a `rewrite` or `family` pin (`--pin
-    family=contraction` keeps the scatter epilogue, `--pin rewrite=scatter:dA` takes the split)."""
+    at 4096³ (its 64 MB f32 target past the L2), not at 1024³; likewise each `gather:T` (an operand gathered
+    on the reduction axis copied out first instead of staged: habu/plan/gather_split.py): GGEMM's backward
+    dB at 4096³ (H200, 2026-12-02 08:00: 180.7 µs with the copy moving 16-byte vectors, 213.2 staged). Not
+    under a `rewrite` or `family` pin (`--pin family=contraction` keeps the scatter epilogue and the staged
+    operand, `--pin rewrite=scatter:dA` takes the split)."""
     from habu.plan.rewrite import applicable, apply_rewrites
     from habu.search.cost import plan_cost
 
@@ -129,7 +135,7 @@ def _cheaper_scatters(model: Model, target: Target, sizes: dict[str, int], rewri
         return sum(c.seconds for c in plan_cost(model, plan, target, sizes))
 
     graph = apply_rewrites(model, rewrites)
-    if not any(name.startswith("scatter:") for name in applicable(graph)):
+    if not any(name.startswith(SPLITS) for name in applicable(graph)):
         return rewrites
     fused = {k.nodes[-1] for k in default_kernels(graph, target, sizes)
              if isinstance(k, ContractionKernel) and k.mma == Mma.WGMMA}
@@ -137,7 +143,7 @@ def _cheaper_scatters(model: Model, target: Target, sizes: dict[str, int], rewri
         # only where the default computes the node with the wgmma contraction's scatter epilogue (a row
         # scatter into an f32 target: `default_contraction`), the case measured and GPU-checked; others
         # (the SIMT path's f32 dA, a general kernel) keep their default
-        if name.startswith("scatter:") and name.partition(":")[2] in fused \
+        if name.startswith(SPLITS) and name.partition(":")[2] in fused \
                 and seconds((*rewrites, name)) < seconds(rewrites):
             rewrites = (*rewrites, name)
     return rewrites

@@ -19,13 +19,14 @@ runs it on the device with red zones around every buffer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from math import prod
 
 import numpy as np
 
 from habu.errors import HabuError
+from habu.plan.rewrite import RewriteError, apply_rewrites
 from habu.spec.evaluate import Evaluator
 from habu.spec.ir import Const, Expr, Gather, Load, Model, Op, Reduce, Size, walk
 from habu.spec.reference import Float64
@@ -153,32 +154,70 @@ def _overflow(bounds: Mapping[str, int], storage: Mapping[str, str]) -> str | No
     return None
 
 
-def kept_types(plan) -> dict[str, str]:
+@dataclass(frozen=True, eq=False)  # (eq: a Mapping's, equal to a dict of the same items)
+class KeptTypes(Mapping[str, str]):
+    """Where a plan keeps values and in which type (a mapping: name -> dtype), with the plan's rewrites:
+    an intermediate a rewrite introduces (`dB.g`, `dA.mm`) is bounded on the rewritten graph, which
+    defines it, not by the model's peak."""
+
+    types: tuple[tuple[str, str], ...]
+    rewrites: tuple[str, ...] = ()
+
+    def __getitem__(self, name: str) -> str:
+        return dict(self.types)[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self.types))
+
+    def __len__(self) -> int:
+        return len(dict(self.types))
+
+
+def kept_types(plan) -> KeptTypes:
     """Where a plan keeps values, and in which type: its stored intermediates, and each contraction
-    kernel's accumulator (named `<accumulator of kernel N>`: any partial sum lands there)."""
+    kernel's accumulator (named `<accumulator of kernel N>`: any partial sum lands there); with the
+    plan's rewrites (see `KeptTypes`)."""
     kept = dict(plan.storage)
     for i, k in enumerate(plan.kernels):
         acc = getattr(k, "accumulator", None)
         if acc is not None and acc != "f32":
             kept[f"<accumulator of kernel {i}>"] = acc
-    return kept
+    return KeptTypes(tuple(kept.items()), tuple(getattr(plan, "rewrites", ())))
+
+
+def plan_bounds(model: Model, sizes: Mapping[str, int], value_range: int,
+                rewrites: tuple[str, ...] = ()) -> dict[str, int]:
+    """`tensor_bounds` of the model and, under rewrites, of the graph the plan's kernels compute (its
+    intermediates bounded by their own equations; every tensor and the peak the larger of the two)."""
+    bounds = tensor_bounds(model, sizes, value_range)
+    try:
+        graph = apply_rewrites(model, rewrites) if rewrites else model
+    except RewriteError:  # (applied to the plan's narrowed model only): its intermediates keep the peak
+        return bounds
+    if graph is not model:
+        for name, b in tensor_bounds(graph, sizes, value_range).items():
+            bounds[name] = max(b, bounds.get(name, 0))
+    return bounds
 
 
 def applicability(model: Model, sizes: Mapping[str, int], storage: Mapping[str, str] | None = None) -> Applicability:
     """Can this model be checked exactly at these sizes? `storage`: the plan's element type of each
-    intermediate written between kernels (it must hold that intermediate's integers exactly)."""
+    intermediate written between kernels (it must hold that intermediate's integers exactly); a
+    `KeptTypes` (`kept_types(plan)`) also carries the plan's rewrites, whose intermediates are bounded
+    on the rewritten graph (a plain mapping bounds an intermediate the model lacks by the model's peak)."""
+    rewrites = storage.rewrites if isinstance(storage, KeptTypes) else ()
     storage = dict(storage or {})
     why = not_exact_reason(model)
     if why is not None:
         return Applicability(False, why)
     for r in VALUE_RANGES:
-        bounds = tensor_bounds(model, sizes, r)
+        bounds = plan_bounds(model, sizes, r, rewrites)
         if _overflow(bounds, storage) is not None:
             continue
         rounded = tuple(t.name for t in model.outputs
                         if bounds[t.name] > EXACT_INTEGERS.get(t.dtype.name if t.dtype else "f32", F32_EXACT))
         return Applicability(True, "", r, bounds["<peak>"], rounded)
-    return Applicability(False, f"{_overflow(tensor_bounds(model, sizes, 1), storage)} even with inputs in ±1")
+    return Applicability(False, f"{_overflow(plan_bounds(model, sizes, 1, rewrites), storage)} even with inputs in ±1")
 
 
 # ----------------------------------------------------------------------------- inputs and reference

@@ -1,6 +1,7 @@
-"""GGEMM's backward on tensor cores (tests/data/ggemm_backward.habu, the default plans on sm_90a): dA by the
-wgmma contraction with an f32 atomicAdd scatter epilogue at IX's rows, dB by the wgmma contraction reading
-A's rows gathered on the reduction axis through a staging pass. The exact differential check (integer
+"""GGEMM's backward on tensor cores (tests/data/ggemm_backward.habu, the default plans on sm_90a at ragged
+shapes): dA by the wgmma contraction with an f32 atomicAdd scatter epilogue at IX's rows, dB by the wgmma
+contraction reading A's rows gathered on the reduction axis through a staging pass (at 4096³ the defaults
+are the split plans, checked bit for bit by habu.bench.ggemm_backward_speed). The exact differential check (integer
 inputs, red zones), and both against float64 torch with duplicates in IX, ragged shapes and dA's prior
 contents kept."""
 
@@ -86,18 +87,37 @@ def test_duplicates_in_ix_accumulate_onto_da_and_db_reads_the_gathered_rows_exac
     assert torch.equal(db_gathered, db_ref), f"{int((db_gathered != db_ref).sum())} gathered dB differ"
 
 
-@pytest.mark.parametrize("path, model, sizes, pins", [
-    # grids of at least four blocks an SM: the general kernels without loops take 8 elements a thread by default
-    (PATH, "GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, SPLIT),  # the scatter-add, ragged against 256·8
-    pytest.param(PATH, "GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB"},  # the gathered copy
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "known bug: failed the exact check on the H200 (session 30's last run; the field check "
-                     "passes; the message was cut, cause not found). gather:dB is not a default; the search's and "
-                     "habu.build's exact checks refuse the plan"))),
-    (ROOT / "examples" / "scatter_add.habu", "UNPERMUTE", {}, {}),  # the MoE un-permute at its sizes
+@pytest.mark.parametrize("path, model, sizes, pins, shape", [
+    # grids of at least four blocks an SM: the general kernels without loops take vectors and several elements
+    # a thread by default, (elements, vector) as `loopless_shape` gives them (habu/paths/general.py)
+    (PATH, "GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, SPLIT, (2, 4)),  # the scatter-add, ragged against 256·2·4
+    # the gathered copy (session 30 listed it as failing: its exact check was "not applicable", never run;
+    # tests/timing/test_exact.py::test_regression_a_gathered_copy_is_bounded_by_its_source_not_the_models_peak)
+    (PATH, "GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB"}, (1, 8)),
+    (PATH, "GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB", "vector": "1", "elements": "8"}, (8, 1)),
+    (ROOT / "examples" / "scatter_add.habu", "UNPERMUTE", {}, {}, (4, 4)),  # the MoE un-permute at its sizes
 ])
-def test_loopless_general_kernels_with_eight_elements_a_thread_pass_the_exact_check(path, model, sizes, pins):
+def test_loopless_general_kernels_with_several_elements_a_thread_pass_the_exact_check(path, model, sizes, pins, shape):
     built = build(str(path), model, sizes, pins)
-    assert [k.elements for k in built.plan.kernels if k.kind == "general"] == [8]
+    assert [(k.elements, k.vector) for k in built.plan.kernels if k.kind == "general"] == [shape]
     result = ExactChecker(built.model, built.sizes, seed=15).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("model, sizes, pins", [
+    # vector moves (GeneralKernel.vector): dA's scatter-add by red.global.add.v4.f32, dB's gathered copy by
+    # 16-byte loads and stores; ragged against every block and sweep, K a multiple of the vector
+    ("GGEMM-DA", RAGGED, {**SPLIT, "vector": "4"}),
+    ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "4", "elements": "2"}),
+    ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "2", "elements": "8"}),
+    ("GGEMM-DA", {"M": 1100, "N": 136, "K": 1032}, {**SPLIT, "vector": "4", "elements": "8", "reverse": "true"}),
+    ("GGEMM-DB", RAGGED, {"rewrite": "gather:dB", "vector": "8"}),
+    ("GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB", "vector": "8", "elements": "4"}),
+    ("GGEMM-DB", {"M": 1100, "N": 136, "K": 1032}, {"rewrite": "gather:dB", "vector": "4", "elements": "1"}),
+])
+def test_general_kernels_moving_vectors_pass_the_exact_check(model, sizes, pins):
+    built = build(str(PATH), model, sizes, pins)
+    general = [k for k in built.plan.kernels if k.kind == "general"]
+    assert [k.vector for k in general] == [int(pins["vector"])]
+    result = ExactChecker(built.model, built.sizes, seed=16).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, (pins, result.reason())

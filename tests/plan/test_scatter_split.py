@@ -125,13 +125,80 @@ def test_the_scatter_kernel_with_several_elements_a_thread_is_proven_and_a_wrong
     assert not cert.passed
 
 
-def test_a_large_general_kernel_without_loops_takes_eight_elements_a_thread():
-    """The scatter-add and the gathered copy at 4096³ (H200: 122.3 -> 94.3 µs and 80.0 -> 37.4 µs, both exact
-    on the GPU); a small grid, or a kernel with a reduction loop, keeps one element a thread."""
+def test_a_large_general_kernel_without_loops_moves_vectors_and_several_elements_a_thread():
+    """The scatter-add and the gathered copy at 4096³ (H200, exact: the copy 80.0 -> 37.4 µs with 8 elements
+    a thread, 15.6 moving 16-byte vectors; the scatter 122.3 -> 94.3 -> 89.6 with 4-element vectors, its
+    blocks from the last piece); the elements shrink to keep four blocks an SM; a small grid, or a kernel with
+    a reduction loop, keeps one element a thread."""
     big = {"M": 4096, "N": 4096, "K": 4096}
-    assert default_plan(_model(sizes=big), TARGET, big).kernels[1].elements == 8
+    (scatter,) = [k for k in default_plan(_model(sizes=big), TARGET, big).kernels if k.kind == "general"]
+    assert (scatter.elements, scatter.vector, scatter.reverse) == (8, 4, True)  # reads dA.mm, written last
     gathered = default_plan(_model("GGEMM-DB", big), TARGET, big, {"rewrite": "gather:dB"})
-    assert gathered.kernels[0].elements == 8
-    small = {"M": 1024, "N": 1024, "K": 1024}  # 512 blocks of 8 elements a thread: under four an SM
-    assert default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].elements == 1
+    assert (gathered.kernels[0].elements, gathered.kernels[0].vector, gathered.kernels[0].reverse) == (8, 8, False)
+    small = {"M": 1024, "N": 1024, "K": 1024}  # 1024 blocks moving 4 f32 a thread: one element a sweep
+    assert (default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].elements,
+            default_plan(_model(sizes=small), TARGET, small, PINS).kernels[1].vector) == (1, 4)
+    tiny = {"M": 200, "N": 136, "K": 264}  # 52 blocks even of one element a thread: nothing changes
+    assert [(k.elements, k.vector) for k in default_plan(_model(sizes=tiny), TARGET, tiny, PINS).kernels
+            if k.kind == "general"] == [(1, 1)]
+    odd = {"M": 4096, "N": 4096, "K": 4094}  # rows of 4094: the widest vector dividing them is 2
+    assert [(k.elements, k.vector) for k in default_plan(_model(sizes=odd), TARGET, odd, PINS).kernels
+            if k.kind == "general"] == [(8, 2)]
     assert default_plan(_model(sizes=big), TARGET, big, {"family": "general"}).kernels[0].elements == 1  # (Σ n)
+
+
+def test_the_scatter_kernel_moving_vectors_is_proven_and_refused_where_a_vector_would_cross_a_row():
+    """`--pin vector=4`: each thread adds 4 consecutive elements of a row with one `red.global.add.v4.f32`
+    (`habu::red_add_vec`), loading them with one 16-byte load; the guard is printed at the vector's first
+    element, so #K must be a multiple of 4 (the `vector-align` rule), and the contract asks 16-byte bases."""
+    from habu.emit_cuda.checks import contract_of
+    from habu.lower.lanes import FlatThreads
+
+    model = _model()  # K = 72
+    plan = default_plan(model, TARGET, SIZES, {**PINS, "vector": "4", "elements": "2"})
+    proof = prove(model, plan, SIZES, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    k0, k1 = lower_plan(model, plan)
+    assert k1.per_block == 2048 and k1.thread_map == FlatThreads(256, 2, 4)
+    emitted = emit_plan(model, plan, TARGET)
+    scatter = emitted.kernels[1].source
+    assert "const int e = ((((((int)blockIdx.x * 2) + v) * 256) + threadIdx.x) * 4);" in scatter
+    assert "habu::load_vec_once<4>(p_dA_2e_mm + " in scatter and "habu::red_add_vec<4>(p_dA + " in scatter  # (evict-first)
+    assert {t.name: t.align for t in contract_of(model, emitted).tensors}["dA"] == 16
+    # a thread map without the vector factor leaves three quarters of dA unadded (the mutant
+    # general-vector-factor-dropped in habu/bench/mutants.py plants it)
+    cert = verify_plan(model, plan, SIZES, trials=1, seeds=[3], lowerings=[k0, replace(k1, thread_map=FlatThreads(256, 2))])
+    assert not cert.passed
+    ragged = {"M": 200, "N": 136, "K": 70}
+    refused = prove(_model(sizes=ragged), default_plan(_model(sizes=ragged), TARGET, ragged, {**PINS, "vector": "4"}),
+                    ragged, trials=1)
+    assert not refused.ok and any(o.rule.name == "vector-align" and "#K is not a multiple of 4" in o.detail
+                                  for o in refused.violations)
+    wide = prove(model, default_plan(model, TARGET, SIZES, {**PINS, "vector": "8"}), SIZES, trials=1)
+    assert any("more than 16 bytes" in o.detail for o in wide.violations)  # 8 f32: 32 bytes
+
+
+def test_the_scatter_kernel_taking_its_pieces_from_the_last_is_proven_and_an_off_by_one_killed():
+    """`--pin reverse=true`: block b adds the piece grid − 1 − b (the product's last-written rows first, while
+    they may sit in the L2); the check runs the blocks the thread map assigns, so a piece grid − b (block 0
+    past the end, piece 0 nobody's) leaves dA's first rows unadded."""
+    from dataclasses import dataclass
+
+    from habu.lower.lanes import FlatThreads
+
+    model = _model()
+    plan = default_plan(model, TARGET, SIZES, {**PINS, "vector": "4", "reverse": "true"})
+    proof = prove(model, plan, SIZES, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    scatter = emit_plan(model, plan, TARGET).kernels[1].source
+    assert "const int e = ((((((int)gridDim.x - 1) - (int)blockIdx.x) * 256) + threadIdx.x) * 4);" in scatter
+
+    @dataclass(frozen=True)
+    class OffByOne(FlatThreads):
+        def piece(self, block, blocks):
+            return blocks - block
+
+    k0, k1 = lower_plan(model, plan)
+    t = k1.thread_map
+    bad = replace(k1, thread_map=OffByOne(t.threads, t.per_thread, t.vector, t.reverse))
+    assert not verify_plan(model, plan, SIZES, trials=1, seeds=[3], lowerings=[k0, bad]).passed

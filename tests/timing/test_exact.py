@@ -199,6 +199,37 @@ def test_accumulators_are_f32_so_they_keep_every_partial_sum():
         replace(plan.kernels[0], accumulator="f16")
 
 
+def test_regression_a_gathered_copy_is_bounded_by_its_source_not_the_models_peak():
+    """Session 30's `gather:dB` plan (A's rows copied into a bf16 intermediate dB.g, then the contraction)
+    "failed" its GPU exact check at 1100 × 136 × 1032: the check never ran. dB.g is an intermediate of the
+    rewritten graph, not of the model, so its bound fell back to the model's peak (the sum over 1100 rows)
+    and a bf16 intermediate past 256 made the plan "not applicable". Its bound is A's: ±3."""
+    from habu.search.space import default_plan
+    from habu.target import TARGETS
+
+    sizes = {"M": 300, "N": 16, "K": 24}  # more than 256 rows summed: the old bound refused even ±1
+    model = load_program(ROOT / "tests" / "data" / "ggemm_backward.habu").models["GGEMM-DB"].with_sizes(sizes)
+    plan = default_plan(model, TARGETS["sm_90a"], sizes, {"rewrite": "gather:dB"})
+    kept = kept_types(plan)
+    found = applicability(model, sizes, kept)
+    assert found.exact and found.value_range == 3 and found.peak == 9 * 300, found
+    assert dict(kept) == {"dB.g": "bf16"} and kept.rewrites == ("gather:dB",)
+    # a plain mapping names no rewrite: an intermediate the model lacks may hold any value (the peak)
+    assert not applicability(model, sizes, dict(kept)).exact
+
+
+def test_a_rewritten_graphs_intermediate_still_bounds_the_plan():
+    """The rewritten graph's bound counts where it is larger: dA.mm (the split product of scatter:dA)
+    in bf16 would round its sums past 256 (a plan that stored it so is not exact)."""
+    from habu.timing.exact import KeptTypes
+
+    sizes = {"M": 8, "N": 300, "K": 8}
+    model = load_program(ROOT / "tests" / "data" / "ggemm_backward.habu").models["GGEMM-DA"].with_sizes(sizes)
+    assert applicability(model, sizes, KeptTypes((("dA.mm", "f32"),), ("scatter:dA",))).value_range == 3
+    found = applicability(model, sizes, KeptTypes((("dA.mm", "bf16"),), ("scatter:dA",)))
+    assert not found.exact and "dA.mm is stored in bf16" in found.reason and "reaches 300" in found.reason
+
+
 def test_bounds_of_a_fused_axpy_relu():
     m = load_program(ROOT / "examples" / "fused.habu").models["AXPY-RELU"]
     bounds = tensor_bounds(m, {"N": 16}, 3)

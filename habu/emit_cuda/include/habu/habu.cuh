@@ -5,6 +5,7 @@
 #include "reduce/block.cuh"
 #include "reduce/columns.cuh"
 #include "memory/global.cuh"
+#include "memory/vector.cuh"
 #include "memory/async.cuh"
 #include "memory/index.cuh"
 #include "rows/chunk.cuh"
