@@ -86,6 +86,14 @@ class GroupedLowering:
         return self.kernel.main_loop == "wgmma"
 
     @property
+    def weights_width(self) -> int:
+        """The index width W's (and a pair's second weights') element offsets are formed in: the kernel's on
+        the mma.sync loop, whose threads compute them; 64 on the wgmma loop, where the threads give TMA only
+        the box's coordinates (`WgmmaMainLoop.w_box_coordinates`, each a 32-bit int below its extent) and
+        the copy engine forms the addresses (DeepSeek-V3's 3.8·10^9-element weights in a 32-bit kernel)."""
+        return 64 if self.uses_wgmma else self.index_width
+
+    @property
     def a_parts(self) -> int:
         """bf16 parts each element of A is staged as: 1 (A is bf16), 2 (f32 A: hi and lo)."""
         return 1 if self.a.dtype == "bf16" else 2

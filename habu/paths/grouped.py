@@ -29,7 +29,7 @@ from habu.plan.grouped_pair import as_grouped_pair, pair_positions
 from habu.plan.patterns import Region, as_grouped_gemm
 from habu.plan.plan import GroupedKernel, Kernel
 from habu.plan.storage import dtype_of
-from habu.spec.ir import INT31_MAX, Model
+from habu.spec.ir import INT31_MAX, Model, node_reads
 from habu.target import Target
 
 # the share of the mma.sync peak this kernel's one-stage, register-staged main loop reaches (a guess for
@@ -90,14 +90,18 @@ class GroupedPath(KernelPath):
         if not chosen:
             return {}
         pins = {"family": "grouped"}
-        # 64-bit indices (DeepSeek-V3's expert offsets) spill the wgmma loop's consumers (168 registers, 160 B
-        # spilled at 128 rows; 232 registers, 80 B at 64): their default stays on the mma.sync loop (102, none)
-        if target.wgmma and target.tma and all(k.index_width == 32 for k in chosen) \
-                and any(self.wgmma_kernel(model, k, target) for k in chosen):
+        # 64-bit indices spill the wgmma loop's consumers (168 registers, 160 B spilled at 128 rows; 232, 80 B
+        # at 64): a layer whose wgmma kernels need them stays on the mma.sync loop (102, none). DeepSeek-V3's
+        # weights (3.8·10^9 elements a projection) need none on the wgmma loop: TMA loads them by coordinates
+        # (`pointer_index_width`: `--pin main_loop=wgmma` builds its kernels with 32-bit indices); until their
+        # exact GPU run passes (tests/gpu/test_moe_examples.py) its default keeps the mma.sync loop
+        wgmma = [self.wgmma_kernel(model, k, target, sizes) for k in chosen]
+        if target.wgmma and target.tma and any(wgmma) and all(k.index_width == 32 for k in (*chosen, *wgmma)
+                                                              if k is not None):
             pins["main_loop"] = "wgmma"
             pairs = (self.pair_default(model, tuple(n for r in regions[i:i + 3] for n in r.nodes), target, sizes)
                      for i in pair_positions(model, regions))
-            if any(p is not None and self.wgmma_kernel(model, p, target) is not None for p in pairs):
+            if any(p is not None and self.wgmma_kernel(model, p, target, sizes) is not None for p in pairs):
                 pins["pair"] = "fused"
         return pins
 
@@ -120,12 +124,16 @@ class GroupedPath(KernelPath):
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
                               stages=stages)
 
-    def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target) -> GroupedKernel | None:
+    def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target,
+                     sizes: Mapping[str, int] | None = None) -> GroupedKernel | None:
         """`kernel` on the wgmma main loop, with its default tile (128 × 256 where #N spans several such
-        columns and A is bf16, else 128 × 128; the stages that fit), or None where the loop cannot run it
-        (a fused pair, no wgmma or TMA on the target)."""
+        columns and A is bf16, else 128 × 128; the stages that fit) and, given the sizes, the index width of
+        what it addresses by pointer (`pointer_index_width`), or None where the loop cannot run it (no wgmma
+        or TMA on the target, A or W not bf16)."""
         if not (target.wgmma and target.tma) or len(kernel.nodes) not in (1, 3):
             return None
+        if sizes is not None:
+            kernel = replace(kernel, index_width=pointer_index_width(model, kernel, sizes))
         if len(kernel.nodes) == 3:  # a fused pair: two accumulators of 128 columns, bf16 A
             pair = as_grouped_pair(model, kernel.nodes)
             if pair is None or dtype_of(model, pair.first.a.tensor) != "bf16":
@@ -169,6 +177,32 @@ class GroupedPath(KernelPath):
         if lowering.uses_wgmma:
             return emit_grouped_wgmma(name, model, lowering, static)
         return emit_grouped(name, model, lowering, static)
+
+
+def pointer_index_width(model: Model, kernel: GroupedKernel, sizes: Mapping[str, int]) -> int:
+    """The wgmma loop's index width: 32 where every tensor its threads address by pointer arithmetic (A and
+    its gather table, the grouping, the row factor, the output and its scatter table: each node's reads and
+    target) has at most 2^31 − 1 elements and a tile's rows (#R + bm) stay below 2^31, else 64. The weights
+    are not among them: TMA loads their boxes by 32-bit coordinates (each below its extent) and the copy
+    engine forms the addresses (the rules check W's accesses in 64 bits: `GroupedLowering.weights_width`)."""
+    weights = set()
+    tensors: set[str] = set()
+    for name in kernel.nodes:
+        eq = next(e for e in model.nodes if e.target == name)
+        gg = as_grouped_gemm(model, eq)
+        if gg is not None:
+            weights.add(gg.w.tensor)
+        tensors |= node_reads(eq) | {eq.target}
+    for t in tensors - weights:
+        n = 1
+        for e in model.tensor(t).extents:
+            n *= sizes[e]
+        if n > INT31_MAX:
+            return 64
+    first = next(e for e in model.nodes if e.target == kernel.nodes[0])
+    gg = as_grouped_gemm(model, first)
+    rows = sizes[gg.r.extent] if gg is not None else 0
+    return 64 if rows + kernel.bm > INT31_MAX else 32
 
 
 PATH = GroupedPath()

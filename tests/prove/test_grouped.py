@@ -283,3 +283,40 @@ def test_regression_a_moe_layer_of_64_bit_indices_keeps_the_mma_sync_loop_by_def
     assert {getattr(k, "main_loop", None) for k in plan.kernels} == {"mma.sync", None}
     mixtral = load_program(ROOT / "examples" / "moe_mixtral.habu").models["MOE-FFN"]
     assert {getattr(k, "main_loop", None) for k in default_plan(mixtral, TARGET, {}, {}).kernels} == {"wgmma"}
+
+
+def test_deepseek_on_the_wgmma_loop_takes_32_bit_indices_and_proves_at_a_reduced_witness():
+    """DeepSeek-V3's weights pass 2^31 elements but the wgmma loop loads them by TMA coordinates: its kernels
+    form every other offset in 32 bits (no spill: 168 registers, none spilled; 64-bit ones spilled), the
+    rules check W in 64 bits and its box coordinates in 32, and the witness reduces W's extents (nothing of
+    W wraps in the kernel) — 3 s where the full shape took minutes."""
+    from habu.prove.interp_grouped import _offset_tensors
+
+    m = load_program(ROOT / "examples" / "moe_deepseek_v3.habu").models["MOE-FFN"]
+    sizes = {"T": 16, "R": 128}
+    model = m.with_sizes(sizes)
+    plan = default_plan(model, TARGET, sizes, {"family": "grouped", "main_loop": "wgmma", "pair": "fused"})
+    assert [(k.main_loop, k.index_width) for k in plan.kernels] == [("wgmma", 32), ("wgmma", 32)]
+    lowered = lower_plan(model, plan)
+    assert all(lw.weights_width == 64 for lw in lowered)
+    assert "W1" not in _offset_tensors(lowered[0]) and "X" in _offset_tensors(lowered[0])
+    proof = prove(model, plan, sizes, trials=1)
+    assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
+    assert any("TMA box coordinates" in o.describe() for o in proof.obligations)
+    w = proof.certificate.witness  # type: ignore[union-attr]
+    assert w is not None and w["E"] < 256 and w["D"] < 7168
+
+
+def test_mutant_w_offsets_formed_in_32_bits_on_the_wgmma_loop_at_deepseeks_size_is_refused(monkeypatch):
+    """The mutant of `weights_width`: a wgmma kernel forming W's offsets in its 32-bit index width (as the
+    mma.sync loop does) wraps past 2^31 elements; the int32 rule names W1 (W3, W2) and the plan is refused."""
+    from habu.prove.rules import failures, obligations
+
+    m = load_program(ROOT / "examples" / "moe_deepseek_v3.habu").models["MOE-FFN"]
+    sizes = {"T": 16, "R": 128}
+    model = m.with_sizes(sizes)
+    plan = default_plan(model, TARGET, sizes, {"family": "grouped", "main_loop": "wgmma", "pair": "fused"})
+    assert not failures(obligations(model, plan, sizes))
+    monkeypatch.setattr(GroupedLowering, "weights_width", property(lambda lw: lw.index_width))
+    broken = failures(obligations(model, plan, sizes))
+    assert {o.tensor for o in broken if "32-bit offsets" in o.describe()} == {"W1", "W3", "W2"}
