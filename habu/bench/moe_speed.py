@@ -130,25 +130,47 @@ def rel_error(got, ref) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
-            profile: bool = False) -> list[dict]:
+def build_layer(key: str, tokens: int, habu_max_rows: int, pins: dict[str, str] | None = None) -> tuple[Any, str | None]:
+    """(the built default plan, None) of a model at a token count, or (None, why not): skipped above
+    `habu_max_rows` routed rows, or the build's error."""
     from habu.bench.run import build
 
     shape = SHAPES[key]
     rows_n = tokens * shape.topk
+    if rows_n > habu_max_rows:
+        return None, f"skipped: {rows_n} rows > --habu-max-rows {habu_max_rows}"
+    try:
+        return build(str(EXAMPLES / shape.file), "MOE-FFN", {"T": tokens, "R": rows_n}, pins), None
+    except Exception as exc:  # recorded: the table says why Habu has no number here
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+
+
+def compile_all(compiled: list[Any], arch: str) -> None:
+    """Compile every kernel of the built plans at once, on every core (NVRTC releases the GIL), into the
+    compile cache the first calls then load from: on a bare machine the builds' compiles dominate a run."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from habu.emit_cuda.cache import compile_cached
+
+    kernels = {k.source: (k, c) for c in compiled for _, plan in c.kernel_set.members for k in plan.kernels}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        jobs = [pool.submit(compile_cached, k.source, k.name, arch, c.include_dirs, (), c.cache_dir)
+                for k, c in kernels.values()]
+        for job in jobs:
+            job.result()
+
+
+def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
+            profile: bool = False, built: tuple[Any, str | None] | None = None) -> list[dict]:
+    shape = SHAPES[key]
     w = weights(shape, seed)
-    built = None
-    build_error = None
-    if rows_n <= habu_max_rows:
-        try:
-            built = build(str(EXAMPLES / shape.file), "MOE-FFN", {"T": tokens, "R": rows_n}, pins)
-        except Exception as exc:  # recorded: the table says why Habu has no number here
-            build_error = f"{type(exc).__name__}: {exc}"[:300]
+    habu, build_error = built if built is not None else build_layer(key, tokens, habu_max_rows, pins)
     out = []
     for kind in ("uniform", "zipf"):
-        row = measure_routing(shape, built, w, tokens, kind, seed, profile)
-        if built is None:
-            row["habu_error"] = build_error or f"skipped: {rows_n} rows > --habu-max-rows {habu_max_rows}"
+        row = measure_routing(shape, habu, w, tokens, kind, seed, profile)
+        if habu is None:
+            row["habu_error"] = build_error
         out.append(row)
     return out
 
@@ -249,17 +271,22 @@ def main(argv: list[str] | None = None) -> int:
     from habu.search.space import parse_pins
 
     pins = parse_pins(args.pin)
+    cases = [(key, int(n)) for key in args.models.split(",") for n in args.tokens.split(",")]
+    builds = {case: build_layer(*case, args.habu_max_rows, pins) for case in cases}
+    from habu.bench.run import device_target
+
+    compile_all([b.compiled for b, _ in builds.values() if b is not None], device_target())
     rows: list[dict] = []
     print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
           " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   habu / best torch", flush=True)
     failed = False
-    for key in args.models.split(","):
-        for tokens in (int(n) for n in args.tokens.split(",")):
-            measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile)
-            for row in measured:  # each row as soon as it is measured: a run cut short keeps what it printed
-                failed |= print_row(row)
-            rows += measured
-            torch().cuda.empty_cache()
+    for key, tokens in cases:
+        measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile,
+                           built=builds.pop((key, tokens)))
+        for row in measured:  # each row as soon as it is measured: a run cut short keeps what it printed
+            failed |= print_row(row)
+        rows += measured
+        torch().cuda.empty_cache()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if failed else 0
