@@ -1,7 +1,7 @@
 """The MoE FFN layer's speed (issue 20 §1) at the three example shapes, against torch in the same run:
 
     python -m habu.bench.moe_speed [--json OUT.json] [--tokens 16,128,4096] [--models mixtral,qwen3,deepseek]
-                                   [--habu-max-rows 1024] [--pin family=grouped ...] [--profile]
+                                   [--habu-max-rows 1024] [--pin family=grouped ...] [--profile] [--triton]
 
 For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepseek_v3.habu), token count
 and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
@@ -14,7 +14,9 @@ layer Y[t] += Σ over t's routed rows r of P[r] · W2[E[r]] · SwiGLU(W1[E[r]] x
     `--pin family=grouped` the mma.sync loop);
   - torch loop: a Python loop over the experts with rows (gather, three bf16 matmuls, index_add_);
   - torch._grouped_mm: the gathered rows through torch's grouped GEMM (offsets = the groups' ends),
-    recorded as unavailable where this torch lacks it or refuses the shapes.
+    recorded as unavailable where this torch lacks it or refuses the shapes;
+  - triton (`--triton`): a Triton grouped GEMM written for the benchmark (habu.bench.moe_triton: W1|W3 as one
+    GEMM, the router weight in the down projection's epilogue, index_add_), each GEMM autotuned over 10 configs.
 Every output is checked against a float64 torch loop on the GPU (fresh random inputs; Y starts from
 random prior contents; relative error ≤ 2e-2, bf16 operands), then timed with CUDA events
 (habu.timing.harness.time_cuda: warm-ups, the median of the repetitions). Self-checking: exits 1 if a
@@ -162,13 +164,18 @@ def compile_all(compiled: list[Any], arch: str) -> None:
 
 
 def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
-            profile: bool = False, built: tuple[Any, str | None] | None = None) -> list[dict]:
+            profile: bool = False, built: tuple[Any, str | None] | None = None, triton: bool = False) -> list[dict]:
     shape = SHAPES[key]
     w = weights(shape, seed)
     habu, build_error = built if built is not None else build_layer(key, tokens, habu_max_rows, pins)
+    layer = None
+    if triton:
+        from habu.bench.moe_triton import TritonLayer
+
+        layer = TritonLayer(w)  # tuned on the first routing's inputs, then kept for the others
     out = []
     for kind in ("uniform", "zipf"):
-        row = measure_routing(shape, habu, w, tokens, kind, seed, profile)
+        row = measure_routing(shape, habu, w, tokens, kind, seed, profile, layer)
         if habu is None:
             row["habu_error"] = build_error
         out.append(row)
@@ -176,7 +183,7 @@ def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str
 
 
 def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, kind: str, seed: int,
-                    profile: bool = False) -> dict:
+                    profile: bool = False, layer: Any = None) -> dict:
     """One row of the table: every method checked against the float64 loop, then timed."""
     t = torch()
     rows_n = tokens * shape.topk
@@ -188,6 +195,14 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
     row: dict = {"model": shape.name, "tokens": tokens, "routing": kind, "rows": rows_n, "empty_experts": empty}
     methods = {"torch loop": lambda i: torch_loop(x, w, ix, p, offsets, y),
                "torch._grouped_mm": lambda i: grouped_mm(x, w, ix, p, offsets, y)}
+    if layer is not None:  # the Triton grouped GEMM, autotuned (habu.bench.moe_triton)
+        try:
+            if layer.up_config is None:
+                layer.tune(x, ix, p, offsets)
+            row["triton_config"] = layer.describe()
+            methods["triton"] = lambda i: layer(x, ix, p, offsets, y)
+        except Exception as exc:  # recorded: the table says why Triton has no number
+            row["triton_error"] = f"{type(exc).__name__}: {exc}"[:300]
     if built is not None:
         methods["habu"] = lambda i: built.compiled(X=x, W1=w["W1"], W3=w["W3"], W2=w["W2"], P=p, Y=y.clone(),
                                                    IX=ix, E=e)
@@ -234,7 +249,7 @@ def kernel_times(fn, reps: int = 5) -> list[tuple[str, float]]:
         return []
 
 
-METHODS = ("habu", "torch loop", "torch._grouped_mm")
+METHODS = ("habu", "torch loop", "torch._grouped_mm", "triton")
 
 
 def print_row(row: dict) -> bool:
@@ -251,7 +266,9 @@ def print_row(row: dict) -> bool:
     ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
     print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
           + " ".join(cells) + f"   {ratio}")
-    for m in ("habu", "torch._grouped_mm"):
+    if "triton_config" in row:
+        print(f"  {row['model']} {row['tokens']} {row['routing']} triton: {row['triton_config']}")
+    for m in ("habu", "torch._grouped_mm", "triton"):
         for kname, us in row.get(m + "_kernels", [])[:8]:
             print(f"  {row['model']} {row['tokens']} {row['routing']} {m}: {us:10.1f} µs  {kname[:90]}")
     sys.stdout.flush()
@@ -265,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mixtral,qwen3,deepseek")
     ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
     ap.add_argument("--pin", action="append", default=[], help="a plan choice for Habu's build (family=grouped)")
+    ap.add_argument("--triton", action="store_true", help="also time the Triton grouped GEMM baseline "
+                    "(habu.bench.moe_triton, autotuned over its configs in the run: ~20 Triton compiles a model)")
     ap.add_argument("--profile", action="store_true", help="also print each kernel's µs (torch.profiler) for Habu "
                     "and torch._grouped_mm")
     args = ap.parse_args(argv)
@@ -282,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for key, tokens in cases:
         measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile,
-                           built=builds.pop((key, tokens)))
+                           built=builds.pop((key, tokens)), triton=args.triton)
         for row in measured:  # each row as soon as it is measured: a run cut short keeps what it printed
             failed |= print_row(row)
         rows += measured
