@@ -32,6 +32,7 @@ WGMMA = {"family": "grouped", "main_loop": "wgmma"}
 # scatter): what the scatter-add epilogue's atomics cost (the table's difference to "default")
 PLANS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("default", "COMBINE", {}),
+    ("default, float4 adds", "COMBINE", {**WGMMA, "store_vector": "4"}),
     ("plain store", "PLAIN", WGMMA),
     ("128x128 s6", "COMBINE", {**WGMMA, "bn": "128", "stages": "6"}),
     ("64x256 s4", "COMBINE", {**WGMMA, "bm": "64", "warps_m": "1", "bn": "256", "stages": "4"}),

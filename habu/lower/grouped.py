@@ -194,12 +194,20 @@ class GroupedLowering:
         dtypes = ("f32", "bf16", "f16") if self.store is Store.WRITE else ("f32",)
         return self.uses_wgmma and self.out.dtype in dtypes and last.kind == "axis" and last.axis == "n"
 
+    @property
+    def epilogue_quads(self) -> bool:
+        """The wgmma loop's 4-wide epilogue (`store_vector` 4): an f32 output contiguous along n, no pair; two
+        neighbouring lanes trade pairs (`WgmmaMainLoop.quad_element`) and each stores (or adds, a scatter: one
+        16-byte vector atomic add) four adjacent columns of one row where all four are inside and aligned."""
+        return self.epilogue_pairs and self.kernel.store_vector == 4 and self.out.dtype == "f32" and self.pair is None
+
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
-        """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs: the launch
-        checks their bases' alignment."""
+        """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs (or fours): the
+        launch checks their bases' alignment."""
         staged = (self.a, self.w) if self.pair is None else (self.a, self.w, self.pair.w)
-        pairs = (VectorAccess(self.out.tensor, 2, f"the epilogue stores pairs of adjacent {self.out.tensor} elements "
-                              "as one vector"),) if self.epilogue_pairs else ()
+        width = 4 if self.epilogue_quads else 2
+        pairs = (VectorAccess(self.out.tensor, width, f"the epilogue stores {width} adjacent {self.out.tensor} "
+                              "elements as one vector"),) if self.epilogue_pairs else ()
         return tuple(VectorAccess(acc.tensor, 8 if acc.dtype == "bf16" else 4,
                                   f"the plan stages 16-byte chunks ({8 if acc.dtype == 'bf16' else 4} elements) of "
                                   f"{acc.tensor}'s rows") for acc in staged) + pairs

@@ -58,11 +58,17 @@ def test_hand_made_groupings_match_the_float64_product_exactly(name):
     assert torch.equal(out.double(), ref), f"{int((out.double() != ref).sum())} of {ref.numel()} elements differ"
 
 
-def test_the_combine_epilogue_on_the_wgmma_loop_passes_the_exact_check_and_adds_repeated_tokens():
+@pytest.mark.parametrize("store_vector", ["2", "4"])
+def test_the_combine_epilogue_on_the_wgmma_loop_passes_the_exact_check_and_adds_repeated_tokens(store_vector):
+    """The scatter epilogue by float2 atomic adds (store_vector 2) and by float4 ones after the lanes' trade
+    (store_vector 4: `WgmmaMainLoop.quad_source`)."""
     counts = GROUPINGS["empty-first-inner-last-and-longer-than-a-tile"]
     rows = sum(counts)
-    built = build(str(GW), "COMBINE", {"T": 50, "R": rows}, {"family": "grouped", **WGMMA})
+    built = build(str(GW), "COMBINE", {"T": 50, "R": rows}, {"family": "grouped", **WGMMA, "store_vector": store_vector})
     _is_wgmma(built)
+    assert built.plan.kernels[0].store_vector == int(store_vector)
+    assert ("reinterpret_cast<float4*>" in built.compiled.kernel_set.members[0][1].kernels[0].source) == \
+        (store_vector == "4")
     result = ExactChecker(built.model, built.sizes, seed=5).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
     g = torch.Generator().manual_seed(7)
