@@ -108,7 +108,8 @@ class GroupedPath(KernelPath):
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """mma.sync: tiles 32/64/128 rows × 64/128 columns × 32/64 k, 2 × 2, 4 × 2 or 2 × 4 warps (those whose
         warp tiles are whole mma tiles and whose chunks divide among the threads); on a target with wgmma and
-        TMA, the wgmma main loop's tiles (`WGMMA_TILES`) where it can run the kernel (bf16 A, no pair)."""
+        TMA, the wgmma main loop's tiles (`WGMMA_TILES`, each with the 2- and 4-wide epilogue: `store_vector`)
+        where it can run the kernel (bf16 A, no pair)."""
         assert isinstance(base, GroupedKernel)
         base = replace(base, main_loop="mma.sync", stages=1)
         for bm, bn, bk, (wm, wn) in itertools.product((32, 64, 128), (64, 128), (32, 64), ((2, 2), (4, 2), (2, 4))):
@@ -119,10 +120,10 @@ class GroupedPath(KernelPath):
             yield k
         if target.wgmma and target.tma and len(base.nodes) == 3:  # a pair: 128 columns, two boxes a stage
             yield replace(base, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
-        elif target.wgmma and target.tma:
-            for bm, bn, stages in WGMMA_TILES:
+        elif target.wgmma and target.tma:  # each tile with the pairs' epilogue and the 4-wide one
+            for (bm, bn, stages), vector in itertools.product(WGMMA_TILES, (2, 4)):
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
-                              stages=stages)
+                              stages=stages, store_vector=vector)
 
     def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target,
                      sizes: Mapping[str, int] | None = None) -> GroupedKernel | None:
