@@ -28,15 +28,15 @@ from habu.timing.harness import time_cuda, torch
 TOL = 2e-2
 WGMMA = {"family": "grouped", "main_loop": "wgmma"}
 # (label, pins): the default plan's tile, then the wgmma loop's other tiles (habu.paths.grouped.WGMMA_TILES)
-# "plain store": the same product and row factor stored per routed row (Z[r n] = P[r] · Σ …, f32, no
+# "plain": the same product and row factor stored per routed row (Z[r n] = P[r] · Σ …, f32, no
 # scatter): what the scatter-add epilogue's atomics cost (the table's difference to "default")
 PLANS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("default", "COMBINE", {}),
-    ("default, float4 adds", "COMBINE", {**WGMMA, "store_vector": "4"}),
-    ("plain store", "PLAIN", WGMMA),
-    ("128x128 s6", "COMBINE", {**WGMMA, "bn": "128", "stages": "6"}),
-    ("64x256 s4", "COMBINE", {**WGMMA, "bm": "64", "warps_m": "1", "bn": "256", "stages": "4"}),
-    ("128x256 s3", "COMBINE", {**WGMMA, "bn": "256", "stages": "3"}),
+    ("v4", "COMBINE", {**WGMMA, "store_vector": "4"}),  # the 4-wide epilogue: float4 atomic adds
+    ("plain", "PLAIN", WGMMA),
+    ("128x128s6", "COMBINE", {**WGMMA, "bn": "128", "stages": "6"}),
+    ("64x256s4", "COMBINE", {**WGMMA, "bm": "64", "warps_m": "1", "bn": "256", "stages": "4"}),
+    ("128x256s3", "COMBINE", {**WGMMA, "bn": "256", "stages": "3"}),
 )
 
 MODEL = """1..32768 EXTENT: #T
@@ -80,7 +80,7 @@ def grouped_mm_combine(a, w, ix, p, offsets, y) -> Any:
     return out
 
 
-def measure(key: str, tokens: int, profile: bool) -> tuple[list[dict], bool]:
+def measure(key: str, tokens: int, profile: bool, plans: tuple[str, ...] | None = None) -> tuple[list[dict], bool]:
     from habu.bench.run import build
 
     t = torch()
@@ -105,6 +105,8 @@ def measure(key: str, tokens: int, profile: bool) -> tuple[list[dict], bool]:
         out: list[dict] = []
         compiled: list[Any] = []
         for label, model_name, pins in PLANS:
+            if plans and label not in plans:
+                continue
             try:
                 # (a one-kernel plan checks at the full shape unless asked: the witness keeps every tile class)
                 built = build(str(path), model_name, {"T": tokens, "R": rows}, pins, witness=True)
@@ -132,7 +134,7 @@ def measure(key: str, tokens: int, profile: bool) -> tuple[list[dict], bool]:
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:200]
             continue
-        err = rel_error(got, ref_plain if name == "habu plain store" else ref)
+        err = rel_error(got, ref_plain if name == "habu plain" else ref)
         if not err <= TOL:
             row["error"] = f"wrong: relative error {err:.2e}"
             failed |= name.startswith("habu")
@@ -149,11 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mixtral,deepseek,qwen3")
     ap.add_argument("--tokens", default="4096")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--plans", help="only these of the plans' labels, comma-separated (" +
+                    ",".join(label for label, _, _ in PLANS) + ")")
     args = ap.parse_args(argv)
+    plans = tuple(args.plans.split(",")) if args.plans else None
     failed = False
     for key in args.models.split(","):
         for tokens in (int(n) for n in args.tokens.split(",")):
-            rows, bad = measure(key, tokens, args.profile)
+            rows, bad = measure(key, tokens, args.profile, plans)
             failed |= bad
             best = min((r["us"] for r in rows if "us" in r and not r["method"].startswith("habu")), default=None)
             for r in rows:

@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     from habu.search.space import parse_pins
 
     pins = parse_pins(args.pin)
-    cases = [(key, int(n)) for key in args.models.split(",") for n in args.tokens.split(",")]
+    # token count by token count (the first count's rows of every model first: a run cut short keeps those)
+    cases = [(key, int(n)) for n in args.tokens.split(",") for key in args.models.split(",")]
     builds = {case: build_layer(*case, args.habu_max_rows, pins) for case in cases}
     from habu.bench.run import device_target
 
