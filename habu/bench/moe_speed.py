@@ -290,23 +290,25 @@ def main(argv: list[str] | None = None) -> int:
     from habu.search.space import parse_pins
 
     pins = parse_pins(args.pin)
-    # token count by token count (the first count's rows of every model first: a run cut short keeps those)
-    cases = [(key, int(n)) for n in args.tokens.split(",") for key in args.models.split(",")]
-    builds = {case: build_layer(*case, args.habu_max_rows, pins) for case in cases}
     from habu.bench.run import device_target
 
-    compile_all([b.compiled for b, _ in builds.values() if b is not None], device_target())
     rows: list[dict] = []
     print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
           " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   habu / best torch", flush=True)
     failed = False
-    for key, tokens in cases:
-        measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile,
-                           built=builds.pop((key, tokens)), triton=args.triton)
-        for row in measured:  # each row as soon as it is measured: a run cut short keeps what it printed
-            failed |= print_row(row)
-        rows += measured
-        torch().cuda.empty_cache()
+    # token count by token count: every model's builds of one count, their kernels compiled at once, then their
+    # rows (a run cut short keeps the first counts' rows of every model)
+    for tokens in (int(n) for n in args.tokens.split(",")):
+        keys = args.models.split(",")
+        builds = {key: build_layer(key, tokens, args.habu_max_rows, pins) for key in keys}
+        compile_all([b.compiled for b, _ in builds.values() if b is not None], device_target())
+        for key in keys:
+            measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile,
+                               built=builds.pop(key), triton=args.triton)
+            for row in measured:  # each row as soon as it is measured
+                failed |= print_row(row)
+            rows += measured
+            torch().cuda.empty_cache()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if failed else 0
