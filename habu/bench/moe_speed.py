@@ -1,7 +1,8 @@
 """The MoE FFN layer's speed (issue 20 §1) at the three example shapes, against torch in the same run:
 
     python -m habu.bench.moe_speed [--json OUT.json] [--tokens 16,128,4096] [--models mixtral,qwen3,deepseek]
-                                   [--habu-max-rows 1024] [--pin family=grouped ...] [--profile] [--triton]
+                                   [--habu-max-rows 1024] [--pin family=grouped ...] [--alt-pin bm=64 ...]
+                                   [--profile] [--triton]
 
 For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepseek_v3.habu), token count
 and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
@@ -164,7 +165,8 @@ def compile_all(compiled: list[Any], arch: str) -> None:
 
 
 def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
-            profile: bool = False, built: tuple[Any, str | None] | None = None, triton: bool = False) -> list[dict]:
+            profile: bool = False, built: tuple[Any, str | None] | None = None, triton: bool = False,
+            alt: tuple[Any, str | None] | None = None) -> list[dict]:
     shape = SHAPES[key]
     w = weights(shape, seed)
     habu, build_error = built if built is not None else build_layer(key, tokens, habu_max_rows, pins)
@@ -175,15 +177,17 @@ def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str
         layer = TritonLayer(w)  # tuned on the first routing's inputs, then kept for the others
     out = []
     for kind in ("uniform", "zipf"):
-        row = measure_routing(shape, habu, w, tokens, kind, seed, profile, layer)
+        row = measure_routing(shape, habu, w, tokens, kind, seed, profile, layer, alt[0] if alt else None)
         if habu is None:
             row["habu_error"] = build_error
+        if alt is not None and alt[0] is None:
+            row["habu alt_error"] = alt[1]
         out.append(row)
     return out
 
 
 def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, kind: str, seed: int,
-                    profile: bool = False, layer: Any = None) -> dict:
+                    profile: bool = False, layer: Any = None, alt: Any = None) -> dict:
     """One row of the table: every method checked against the float64 loop, then timed."""
     t = torch()
     rows_n = tokens * shape.topk
@@ -203,9 +207,10 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
             methods["triton"] = lambda i: layer(x, ix, p, offsets, y)
         except Exception as exc:  # recorded: the table says why Triton has no number
             row["triton_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    if built is not None:
-        methods["habu"] = lambda i: built.compiled(X=x, W1=w["W1"], W3=w["W3"], W2=w["W2"], P=p, Y=y.clone(),
-                                                   IX=ix, E=e)
+    for name, b in (("habu", built), ("habu alt", alt)):
+        if b is not None:
+            methods[name] = (lambda c: lambda i: c(X=x, W1=w["W1"], W3=w["W3"], W2=w["W2"], P=p, Y=y.clone(),
+                                                   IX=ix, E=e))(b.compiled)
     for name, fn in methods.items():
         try:
             got = fn(0)
@@ -218,7 +223,8 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
         if not err <= TOL:
             row[name + "_error"] = f"wrong: relative error {err:.2e} > {TOL:.0e}"
             continue
-        slow = name == "habu" and rows_n * shape.h * shape.d > 2**36 and built.plan.kernels[-1].kind == "general"
+        slow = name.startswith("habu") and rows_n * shape.h * shape.d > 2**36 and \
+            (built if name == "habu" else alt).plan.kernels[-1].kind == "general"
         timing = time_cuda(fn, 1, warmup=1 if slow else 5, reps=3 if slow else 30)
         row[name + "_us"] = timing["median_us"]
         if profile and name != "torch loop":
@@ -249,7 +255,8 @@ def kernel_times(fn, reps: int = 5) -> list[tuple[str, float]]:
         return []
 
 
-METHODS = ("habu", "torch loop", "torch._grouped_mm", "triton")
+METHODS = ("habu", "habu alt", "torch loop", "torch._grouped_mm", "triton")
+BASELINES = METHODS[2:]
 
 
 def print_row(row: dict) -> bool:
@@ -262,13 +269,14 @@ def print_row(row: dict) -> bool:
             why = row.get(m + "_error", "-")
             failed |= why.startswith("wrong")
             cells.append(f"{why[:20]:>20}")
-    base = [row[m + "_us"] for m in METHODS[1:] if m + "_us" in row]
-    ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
+    base = [row[m + "_us"] for m in BASELINES if m + "_us" in row]
+    ratio = " ".join(f"{min(base) / row[m + '_us']:.2f}x" if base and m + "_us" in row else "-"
+                     for m in ("habu", "habu alt"))
     print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
           + " ".join(cells) + f"   {ratio}")
     if "triton_config" in row:
         print(f"  {row['model']} {row['tokens']} {row['routing']} triton: {row['triton_config']}")
-    for m in ("habu", "torch._grouped_mm", "triton"):
+    for m in ("habu", "habu alt", "torch._grouped_mm", "triton"):
         for kname, us in row.get(m + "_kernels", [])[:8]:
             print(f"  {row['model']} {row['tokens']} {row['routing']} {m}: {us:10.1f} µs  {kname[:90]}")
     sys.stdout.flush()
@@ -282,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mixtral,qwen3,deepseek")
     ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
     ap.add_argument("--pin", action="append", default=[], help="a plan choice for Habu's build (family=grouped)")
+    ap.add_argument("--alt-pin", action="append", default=[], help="a plan choice of a second Habu build timed "
+                    "beside the first (column 'habu alt'; with the --pin choices)")
     ap.add_argument("--triton", action="store_true", help="also time the Triton grouped GEMM baseline "
                     "(habu.bench.moe_triton, autotuned over its configs in the run: ~20 Triton compiles a model)")
     ap.add_argument("--profile", action="store_true", help="also print each kernel's µs (torch.profiler) for Habu "
@@ -290,21 +300,24 @@ def main(argv: list[str] | None = None) -> int:
     from habu.search.space import parse_pins
 
     pins = parse_pins(args.pin)
+    alt_pins = parse_pins(args.alt_pin)
     from habu.bench.run import device_target
 
     rows: list[dict] = []
     print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
-          " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   habu / best torch", flush=True)
+          " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   best baseline / habu, habu alt", flush=True)
     failed = False
     # token count by token count: every model's builds of one count, their kernels compiled at once, then their
     # rows (a run cut short keeps the first counts' rows of every model)
     for tokens in (int(n) for n in args.tokens.split(",")):
         keys = args.models.split(",")
         builds = {key: build_layer(key, tokens, args.habu_max_rows, pins) for key in keys}
-        compile_all([b.compiled for b, _ in builds.values() if b is not None], device_target())
+        alts = {key: build_layer(key, tokens, args.habu_max_rows, {**pins, **alt_pins}) for key in keys} \
+            if alt_pins else {}
+        compile_all([b.compiled for b, _ in (*builds.values(), *alts.values()) if b is not None], device_target())
         for key in keys:
             measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile,
-                               built=builds.pop(key), triton=args.triton)
+                               built=builds.pop(key), triton=args.triton, alt=alts.pop(key, None))
             for row in measured:  # each row as soon as it is measured
                 failed |= print_row(row)
             rows += measured
