@@ -163,9 +163,8 @@ def test_the_rules_prove_the_grouped_kernel_and_refuse_a_ragged_k():
 def test_the_moe_examples_prove_through_grouped_kernels_at_the_witness(example):
     m = load_program(ROOT / "examples" / example).models["MOE-FFN"]
     plan = default_plan(m, TARGET, {}, {})
-    # (gate+up+act, combine) on the wgmma loop; DeepSeek's 64-bit indices: the mma.sync loop (gate, up, act, Y)
-    want = [("grouped", "mma.sync"), ("grouped", "mma.sync"), ("rows", None), ("grouped", "mma.sync")] \
-        if example == "moe_deepseek_v3.habu" else [("grouped", "wgmma")] * 2
+    # (gate+up+act, combine) on the wgmma loop (DeepSeek's too: its weights by TMA, 32-bit indices)
+    want = [("grouped", "wgmma")] * 2
     assert [(k.kind, getattr(k, "main_loop", None)) for k in plan.kernels] == want
     proof = prove(m, plan, trials=1)
     assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
@@ -274,13 +273,17 @@ def test_every_mma_sync_variant_routes_its_operands_as_the_tile_product():
 
 
 def test_regression_a_moe_layer_of_64_bit_indices_keeps_the_mma_sync_loop_by_default():
-    """DeepSeek-V3's MoE needs 64-bit offsets; on the wgmma loop its consumers spilled (168 registers, 160 B;
-    the every-example compile test failed on the merged tree), so its default is the mma.sync grouped loop
-    (102 registers, no spill); Mixtral's 32-bit layer keeps the wgmma loop."""
-    deepseek = load_program(ROOT / "examples" / "moe_deepseek_v3.habu").models["MOE-FFN"]
-    plan = default_plan(deepseek, TARGET, {}, {})
-    assert {k.index_width for k in plan.kernels if k.kind == "grouped"} == {64}
-    assert {getattr(k, "main_loop", None) for k in plan.kernels} == {"mma.sync", None}
+    """A layer whose wgmma kernels would need 64-bit offsets spills there (168 registers, 160 B; the
+    every-example compile test failed on the merged tree), so its default is the mma.sync grouped loop (102
+    registers, no spill): DeepSeek-V3 with a hidden width of 16384 (act: 262144 × 16384 elements). DeepSeek's
+    own default (32-bit on the wgmma loop: only its weights pass 2^31, and TMA loads them) and Mixtral's keep
+    the wgmma loop."""
+    path = ROOT / "examples" / "moe_deepseek_v3.habu"
+    deepseek = load_program(path).models["MOE-FFN"]
+    assert {(k.main_loop, k.index_width) for k in default_plan(deepseek, TARGET, {}, {}).kernels} == {("wgmma", 32)}
+    wide = parse_text(path.read_text().replace("2048 EXTENT: #H", "16384 EXTENT: #H")).models["MOE-FFN"]
+    plan = default_plan(wide, TARGET, {}, {})
+    assert {(getattr(k, "main_loop", None), k.index_width) for k in plan.kernels} == {("mma.sync", 64), (None, 64)}
     mixtral = load_program(ROOT / "examples" / "moe_mixtral.habu").models["MOE-FFN"]
     assert {getattr(k, "main_loop", None) for k in default_plan(mixtral, TARGET, {}, {}).kernels} == {"wgmma"}
 
