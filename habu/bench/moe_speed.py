@@ -166,7 +166,7 @@ def compile_all(compiled: list[Any], arch: str) -> None:
 
 def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
             profile: bool = False, built: tuple[Any, str | None] | None = None, triton: bool = False,
-            alt: tuple[Any, str | None] | None = None) -> list[dict]:
+            alt: tuple[Any, str | None] | None = None, reps: int = 30) -> list[dict]:
     shape = SHAPES[key]
     w = weights(shape, seed)
     habu, build_error = built if built is not None else build_layer(key, tokens, habu_max_rows, pins)
@@ -177,7 +177,7 @@ def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str
         layer = TritonLayer(w)  # tuned on the first routing's inputs, then kept for the others
     out = []
     for kind in ("uniform", "zipf"):
-        row = measure_routing(shape, habu, w, tokens, kind, seed, profile, layer, alt[0] if alt else None)
+        row = measure_routing(shape, habu, w, tokens, kind, seed, profile, layer, alt[0] if alt else None, reps)
         if habu is None:
             row["habu_error"] = build_error
         if alt is not None and alt[0] is None:
@@ -187,7 +187,7 @@ def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str
 
 
 def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, kind: str, seed: int,
-                    profile: bool = False, layer: Any = None, alt: Any = None) -> dict:
+                    profile: bool = False, layer: Any = None, alt: Any = None, reps: int = 30) -> dict:
     """One row of the table: every method checked against the float64 loop, then timed."""
     t = torch()
     rows_n = tokens * shape.topk
@@ -225,7 +225,7 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
             continue
         slow = name.startswith("habu") and rows_n * shape.h * shape.d > 2**36 and \
             (built if name == "habu" else alt).plan.kernels[-1].kind == "general"
-        timing = time_cuda(fn, 1, warmup=1 if slow else 5, reps=3 if slow else 30)
+        timing = time_cuda(fn, 1, warmup=1 if slow else min(5, reps), reps=3 if slow else reps)
         row[name + "_us"] = timing["median_us"]
         if profile and name != "torch loop":
             row[name + "_kernels"] = kernel_times(fn)
@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mixtral,qwen3,deepseek")
     ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
     ap.add_argument("--pin", action="append", default=[], help="a plan choice for Habu's build (family=grouped)")
+    ap.add_argument("--reps", type=int, default=30, help="timed calls a method (the median is reported)")
     ap.add_argument("--alt-pin", action="append", default=[], help="a plan choice of a second Habu build timed "
                     "beside the first (column 'habu alt'; with the --pin choices)")
     ap.add_argument("--triton", action="store_true", help="also time the Triton grouped GEMM baseline "
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_all([b.compiled for b, _ in (*builds.values(), *alts.values()) if b is not None], device_target())
         for key in keys:
             measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile,
-                               built=builds.pop(key), triton=args.triton, alt=alts.pop(key, None))
+                               built=builds.pop(key), triton=args.triton, alt=alts.pop(key, None), reps=args.reps)
             for row in measured:  # each row as soon as it is measured
                 failed |= print_row(row)
             rows += measured
