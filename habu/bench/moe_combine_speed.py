@@ -22,17 +22,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from habu.bench.moe_speed import SHAPES, kernel_times, rel_error, routing
+from habu.bench.moe_speed import SHAPES, compile_all, kernel_times, rel_error, routing
 from habu.timing.harness import time_cuda, torch
 
 TOL = 2e-2
 WGMMA = {"family": "grouped", "main_loop": "wgmma"}
 # (label, pins): the default plan's tile, then the wgmma loop's other tiles (habu.paths.grouped.WGMMA_TILES)
-PLANS: tuple[tuple[str, dict[str, str]], ...] = (
-    ("default", {}),
-    ("128x128 s6", {**WGMMA, "bn": "128", "stages": "6"}),
-    ("64x256 s4", {**WGMMA, "bm": "64", "warps_m": "1", "bn": "256", "stages": "4"}),
-    ("128x256 s3", {**WGMMA, "bn": "256", "stages": "3"}),
+# "plain": the same product and row factor stored per routed row (Z[r n] = P[r] · Σ …, f32, no
+# scatter): what the scatter-add epilogue's atomics cost (the table's difference to "default")
+PLANS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("default", "COMBINE", {}),
+    ("v4", "COMBINE", {**WGMMA, "store_vector": "4"}),  # the 4-wide epilogue: float4 atomic adds
+    ("plain", "PLAIN", WGMMA),
+    ("128x128s6", "COMBINE", {**WGMMA, "bn": "128", "stages": "6"}),
+    ("64x256s4", "COMBINE", {**WGMMA, "bm": "64", "warps_m": "1", "bn": "256", "stages": "4"}),
+    ("128x256s3", "COMBINE", {**WGMMA, "bn": "256", "stages": "3"}),
 )
 
 MODEL = """1..32768 EXTENT: #T
@@ -46,8 +50,11 @@ f32  TENSOR: P  ( #R )
 f32  TENSOR: Y  ( #T #N )
 ITENSOR: IX ( #R #T )
 GROUPS:  E  ( #R #G )
+f32  TENSOR: Z  ( #R #N )
 MODEL: COMBINE
    Y[IX[r] n] += P[r] · Σ k A[r k] · W[E[r] n k] ;
+MODEL: PLAIN
+   Z[r n] = P[r] · Σ k A[r k] · W[E[r] n k] ;
 """
 
 
@@ -73,7 +80,7 @@ def grouped_mm_combine(a, w, ix, p, offsets, y) -> Any:
     return out
 
 
-def measure(key: str, tokens: int, profile: bool) -> tuple[list[dict], bool]:
+def measure(key: str, tokens: int, profile: bool, plans: tuple[str, ...] | None = None) -> tuple[list[dict], bool]:
     from habu.bench.run import build
 
     t = torch()
@@ -85,6 +92,10 @@ def measure(key: str, tokens: int, profile: bool) -> tuple[list[dict], bool]:
     w = (t.randn((shape.experts, shape.d, shape.h), generator=g, device="cuda") * shape.h ** -0.5).bfloat16()
     y = t.randn((tokens, shape.d), generator=g, device="cuda")
     ref = torch_combine(a, w, ix, p, offsets, y.double(), dtype=t.float64)
+    # the plain store's reference: each routed row's P[r] · A[r] · W[E[r]]ᵀ (a scatter into rows 0..R-1)
+    rows_ix = t.arange(rows, device="cuda", dtype=t.int32)
+    ref_plain = torch_combine(a, w, rows_ix, p, offsets, t.zeros((rows, shape.d), device="cuda", dtype=t.float64),
+                              dtype=t.float64)
     flops = 2.0 * rows * shape.d * shape.h
     methods: dict[str, Any] = {"torch loop": lambda i: torch_combine(a, w, ix, p, offsets, y),
                                "torch._grouped_mm": lambda i: grouped_mm_combine(a, w, ix, p, offsets, y)}
@@ -92,16 +103,27 @@ def measure(key: str, tokens: int, profile: bool) -> tuple[list[dict], bool]:
         path = Path(tmp) / "combine.habu"
         path.write_text(MODEL.format(experts=shape.experts, d=shape.d, h=shape.h))
         out: list[dict] = []
-        for label, pins in PLANS:
+        compiled: list[Any] = []
+        for label, model_name, pins in PLANS:
+            if plans and label not in plans:
+                continue
             try:
                 # (a one-kernel plan checks at the full shape unless asked: the witness keeps every tile class)
-                built = build(str(path), "COMBINE", {"T": tokens, "R": rows}, pins, witness=True)
+                built = build(str(path), model_name, {"T": tokens, "R": rows}, pins, witness=True)
             except Exception as exc:  # recorded: the table says why this plan has no number
                 out.append({"method": f"habu {label}", "error": f"{type(exc).__name__}: {exc}"[:200]})
                 continue
             k = built.plan.kernels[-1]
-            methods[f"habu {label}"] = (lambda c: lambda i: c(A=a, W=w, P=p, Y=y.clone(), IX=ix, E=e))(built.compiled)
+            compiled.append(built.compiled)
+            if model_name == "PLAIN":
+                methods[f"habu {label}"] = (lambda c: lambda i: c(A=a, W=w, P=p, E=e))(built.compiled)
+            else:
+                methods[f"habu {label}"] = (lambda c: lambda i: c(A=a, W=w, P=p, Y=y.clone(), IX=ix, E=e))(
+                    built.compiled)
             out.append({"method": f"habu {label}", "plan": f"{k.main_loop} {k.bm}x{k.bn}x{k.bk} s{k.stages}"})
+    from habu.bench.run import device_target
+
+    compile_all(compiled, device_target())  # the plans' kernels on every core at once
     failed = False
     rows_out = {r["method"]: r for r in out}
     for name, fn in methods.items():
@@ -112,7 +134,7 @@ def measure(key: str, tokens: int, profile: bool) -> tuple[list[dict], bool]:
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:200]
             continue
-        err = rel_error(got, ref)
+        err = rel_error(got, ref_plain if name == "habu plain" else ref)
         if not err <= TOL:
             row["error"] = f"wrong: relative error {err:.2e}"
             failed |= name.startswith("habu")
@@ -129,11 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mixtral,deepseek,qwen3")
     ap.add_argument("--tokens", default="4096")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--plans", help="only these of the plans' labels, comma-separated (" +
+                    ",".join(label for label, _, _ in PLANS) + ")")
     args = ap.parse_args(argv)
+    plans = tuple(args.plans.split(",")) if args.plans else None
     failed = False
     for key in args.models.split(","):
         for tokens in (int(n) for n in args.tokens.split(",")):
-            rows, bad = measure(key, tokens, args.profile)
+            rows, bad = measure(key, tokens, args.profile, plans)
             failed |= bad
             best = min((r["us"] for r in rows if "us" in r and not r["method"].startswith("habu")), default=None)
             for r in rows:

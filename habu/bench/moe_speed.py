@@ -1,7 +1,8 @@
 """The MoE FFN layer's speed (issue 20 §1) at the three example shapes, against torch in the same run:
 
     python -m habu.bench.moe_speed [--json OUT.json] [--tokens 16,128,4096] [--models mixtral,qwen3,deepseek]
-                                   [--habu-max-rows 1024] [--pin family=grouped ...] [--profile]
+                                   [--habu-max-rows 1024] [--pin family=grouped ...] [--alt-pin bm=64 ...]
+                                   [--profile] [--triton]
 
 For each example (examples/moe_mixtral.habu, moe_qwen3_30b_a3b.habu, moe_deepseek_v3.habu), token count
 and routing (uniform top-k; Zipf-skewed top-k with a quarter of the experts chosen by no token), the
@@ -14,7 +15,9 @@ layer Y[t] += Σ over t's routed rows r of P[r] · W2[E[r]] · SwiGLU(W1[E[r]] x
     `--pin family=grouped` the mma.sync loop);
   - torch loop: a Python loop over the experts with rows (gather, three bf16 matmuls, index_add_);
   - torch._grouped_mm: the gathered rows through torch's grouped GEMM (offsets = the groups' ends),
-    recorded as unavailable where this torch lacks it or refuses the shapes.
+    recorded as unavailable where this torch lacks it or refuses the shapes;
+  - triton (`--triton`): a Triton grouped GEMM written for the benchmark (habu.bench.moe_triton: W1|W3 as one
+    GEMM, the router weight in the down projection's epilogue, index_add_), each GEMM autotuned over 10 configs.
 Every output is checked against a float64 torch loop on the GPU (fresh random inputs; Y starts from
 random prior contents; relative error ≤ 2e-2, bf16 operands), then timed with CUDA events
 (habu.timing.harness.time_cuda: warm-ups, the median of the repetitions). Self-checking: exits 1 if a
@@ -130,31 +133,61 @@ def rel_error(got, ref) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
-            profile: bool = False) -> list[dict]:
+def build_layer(key: str, tokens: int, habu_max_rows: int, pins: dict[str, str] | None = None) -> tuple[Any, str | None]:
+    """(the built default plan, None) of a model at a token count, or (None, why not): skipped above
+    `habu_max_rows` routed rows, or the build's error."""
     from habu.bench.run import build
 
     shape = SHAPES[key]
     rows_n = tokens * shape.topk
+    if rows_n > habu_max_rows:
+        return None, f"skipped: {rows_n} rows > --habu-max-rows {habu_max_rows}"
+    try:
+        return build(str(EXAMPLES / shape.file), "MOE-FFN", {"T": tokens, "R": rows_n}, pins), None
+    except Exception as exc:  # recorded: the table says why Habu has no number here
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+
+
+def compile_all(compiled: list[Any], arch: str) -> None:
+    """Compile every kernel of the built plans at once, on every core (NVRTC releases the GIL), into the
+    compile cache the first calls then load from: on a bare machine the builds' compiles dominate a run."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from habu.emit_cuda.cache import compile_cached
+
+    kernels = {k.source: (k, c) for c in compiled for _, plan in c.kernel_set.members for k in plan.kernels}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        jobs = [pool.submit(compile_cached, k.source, k.name, arch, c.include_dirs, (), c.cache_dir)
+                for k, c in kernels.values()]
+        for job in jobs:
+            job.result()
+
+
+def measure(key: str, tokens: int, habu_max_rows: int, seed: int, pins: dict[str, str] | None = None,
+            profile: bool = False, built: tuple[Any, str | None] | None = None, triton: bool = False,
+            alt: tuple[Any, str | None] | None = None, reps: int = 30) -> list[dict]:
+    shape = SHAPES[key]
     w = weights(shape, seed)
-    built = None
-    build_error = None
-    if rows_n <= habu_max_rows:
-        try:
-            built = build(str(EXAMPLES / shape.file), "MOE-FFN", {"T": tokens, "R": rows_n}, pins)
-        except Exception as exc:  # recorded: the table says why Habu has no number here
-            build_error = f"{type(exc).__name__}: {exc}"[:300]
+    habu, build_error = built if built is not None else build_layer(key, tokens, habu_max_rows, pins)
+    layer = None
+    if triton:
+        from habu.bench.moe_triton import TritonLayer
+
+        layer = TritonLayer(w)  # tuned on the first routing's inputs, then kept for the others
     out = []
     for kind in ("uniform", "zipf"):
-        row = measure_routing(shape, built, w, tokens, kind, seed, profile)
-        if built is None:
-            row["habu_error"] = build_error or f"skipped: {rows_n} rows > --habu-max-rows {habu_max_rows}"
+        row = measure_routing(shape, habu, w, tokens, kind, seed, profile, layer, alt[0] if alt else None, reps)
+        if habu is None:
+            row["habu_error"] = build_error
+        if alt is not None and alt[0] is None:
+            row["habu alt_error"] = alt[1]
         out.append(row)
     return out
 
 
 def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, kind: str, seed: int,
-                    profile: bool = False) -> dict:
+                    profile: bool = False, layer: Any = None, alt: Any = None, reps: int = 30) -> dict:
     """One row of the table: every method checked against the float64 loop, then timed."""
     t = torch()
     rows_n = tokens * shape.topk
@@ -166,9 +199,18 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
     row: dict = {"model": shape.name, "tokens": tokens, "routing": kind, "rows": rows_n, "empty_experts": empty}
     methods = {"torch loop": lambda i: torch_loop(x, w, ix, p, offsets, y),
                "torch._grouped_mm": lambda i: grouped_mm(x, w, ix, p, offsets, y)}
-    if built is not None:
-        methods["habu"] = lambda i: built.compiled(X=x, W1=w["W1"], W3=w["W3"], W2=w["W2"], P=p, Y=y.clone(),
-                                                   IX=ix, E=e)
+    if layer is not None:  # the Triton grouped GEMM, autotuned (habu.bench.moe_triton)
+        try:
+            if layer.up_config is None:
+                layer.tune(x, ix, p, offsets)
+            row["triton_config"] = layer.describe()
+            methods["triton"] = lambda i: layer(x, ix, p, offsets, y)
+        except Exception as exc:  # recorded: the table says why Triton has no number
+            row["triton_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    for name, b in (("habu", built), ("habu alt", alt)):
+        if b is not None:
+            methods[name] = (lambda c: lambda i: c(X=x, W1=w["W1"], W3=w["W3"], W2=w["W2"], P=p, Y=y.clone(),
+                                                   IX=ix, E=e))(b.compiled)
     for name, fn in methods.items():
         try:
             got = fn(0)
@@ -181,8 +223,9 @@ def measure_routing(shape: Shape, built: Any, w: dict[str, Any], tokens: int, ki
         if not err <= TOL:
             row[name + "_error"] = f"wrong: relative error {err:.2e} > {TOL:.0e}"
             continue
-        slow = name == "habu" and rows_n * shape.h * shape.d > 2**36 and built.plan.kernels[-1].kind == "general"
-        timing = time_cuda(fn, 1, warmup=1 if slow else 5, reps=3 if slow else 30)
+        slow = name.startswith("habu") and rows_n * shape.h * shape.d > 2**36 and \
+            (built if name == "habu" else alt).plan.kernels[-1].kind == "general"
+        timing = time_cuda(fn, 1, warmup=1 if slow else min(5, reps), reps=3 if slow else reps)
         row[name + "_us"] = timing["median_us"]
         if profile and name != "torch loop":
             row[name + "_kernels"] = kernel_times(fn)
@@ -212,7 +255,8 @@ def kernel_times(fn, reps: int = 5) -> list[tuple[str, float]]:
         return []
 
 
-METHODS = ("habu", "torch loop", "torch._grouped_mm")
+METHODS = ("habu", "habu alt", "torch loop", "torch._grouped_mm", "triton")
+BASELINES = METHODS[2:]
 
 
 def print_row(row: dict) -> bool:
@@ -225,11 +269,14 @@ def print_row(row: dict) -> bool:
             why = row.get(m + "_error", "-")
             failed |= why.startswith("wrong")
             cells.append(f"{why[:20]:>20}")
-    base = [row[m + "_us"] for m in METHODS[1:] if m + "_us" in row]
-    ratio = f"{min(base) / row['habu_us']:.2f}x" if base and "habu_us" in row else "-"
+    base = [row[m + "_us"] for m in BASELINES if m + "_us" in row]
+    ratio = " ".join(f"{min(base) / row[m + '_us']:.2f}x" if base and m + "_us" in row else "-"
+                     for m in ("habu", "habu alt"))
     print(f"{row['model']:<15} {row['tokens']:>6} {row['routing']:<8} {row['empty_experts']:>5} "
           + " ".join(cells) + f"   {ratio}")
-    for m in ("habu", "torch._grouped_mm"):
+    if "triton_config" in row:
+        print(f"  {row['model']} {row['tokens']} {row['routing']} triton: {row['triton_config']}")
+    for m in ("habu", "habu alt", "torch._grouped_mm", "triton"):
         for kname, us in row.get(m + "_kernels", [])[:8]:
             print(f"  {row['model']} {row['tokens']} {row['routing']} {m}: {us:10.1f} µs  {kname[:90]}")
     sys.stdout.flush()
@@ -243,20 +290,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mixtral,qwen3,deepseek")
     ap.add_argument("--habu-max-rows", type=int, default=1024, help="time Habu only up to this many routed rows")
     ap.add_argument("--pin", action="append", default=[], help="a plan choice for Habu's build (family=grouped)")
+    ap.add_argument("--reps", type=int, default=30, help="timed calls a method (the median is reported)")
+    ap.add_argument("--alt-pin", action="append", default=[], help="a plan choice of a second Habu build timed "
+                    "beside the first (column 'habu alt'; with the --pin choices)")
+    ap.add_argument("--triton", action="store_true", help="also time the Triton grouped GEMM baseline "
+                    "(habu.bench.moe_triton, autotuned over its configs in the run: ~20 Triton compiles a model)")
     ap.add_argument("--profile", action="store_true", help="also print each kernel's µs (torch.profiler) for Habu "
                     "and torch._grouped_mm")
     args = ap.parse_args(argv)
     from habu.search.space import parse_pins
 
     pins = parse_pins(args.pin)
+    alt_pins = parse_pins(args.alt_pin)
+    from habu.bench.run import device_target
+
     rows: list[dict] = []
     print(f"{'model':<15} {'tokens':>6} {'routing':<8} {'empty':>5} " +
-          " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   habu / best torch", flush=True)
+          " ".join(f"{m + ' µs':>20}" for m in METHODS) + "   best baseline / habu, habu alt", flush=True)
     failed = False
-    for key in args.models.split(","):
-        for tokens in (int(n) for n in args.tokens.split(",")):
-            measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile)
-            for row in measured:  # each row as soon as it is measured: a run cut short keeps what it printed
+    # token count by token count: every model's builds of one count, their kernels compiled at once, then their
+    # rows (a run cut short keeps the first counts' rows of every model)
+    for tokens in (int(n) for n in args.tokens.split(",")):
+        keys = args.models.split(",")
+        builds = {key: build_layer(key, tokens, args.habu_max_rows, pins) for key in keys}
+        alts = {key: build_layer(key, tokens, args.habu_max_rows, {**pins, **alt_pins}) for key in keys} \
+            if alt_pins else {}
+        compile_all([b.compiled for b, _ in (*builds.values(), *alts.values()) if b is not None], device_target())
+        for key in keys:
+            measured = measure(key, tokens, args.habu_max_rows, seed=tokens, pins=pins, profile=args.profile,
+                               built=builds.pop(key), triton=args.triton, alt=alts.pop(key, None), reps=args.reps)
+            for row in measured:  # each row as soon as it is measured
                 failed |= print_row(row)
             rows += measured
             torch().cuda.empty_cache()

@@ -97,6 +97,15 @@ def box_group_shifted(lw: GroupedLowering) -> GroupedLowering:
     return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
 
 
+def quad_partner_two_lanes_away(lw: GroupedLowering) -> GroupedLowering:
+    """The 4-wide epilogue trades pairs with the lane two away (lane ^ 2) instead of its neighbour: each lane
+    stores, beside its own pair, a pair of the columns four away from where it lands."""
+    assert lw.wgmma is not None
+    cls = type("Planted_quad_partner", (type(lw.wgmma),),
+               {"quad_partner": lambda self, lane: lane + 2 - 4 * ((lane // 2) % 2)})
+    return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
+
+
 def group_end_unmasked(lw: GroupedLowering) -> GroupedLowering:
     """Rows past the group's end (the next groups' rows) loaded and stored by the tile: no row_inside mask."""
     cls = type("Planted_row_inside", (GroupedLowering,), {"row_inside": lambda self, row, end: row < row + 1})

@@ -24,6 +24,7 @@ from habu.bench.mutant_plants import (
     grouped,
     partials_transposed,
     planted,
+    quad_partner_two_lanes_away,
     rows_skip_group,
     split_end_past,
     tiles_rounded_down,
@@ -487,6 +488,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("grouped-wgmma-group-end-unmasked", "the grouped wgmma combine drops the row mask at offs[g + 1]: a tile "
            "adds the next groups' rows with its own group's weights", MOE_SMALL, "MOE-FFN", COMBINE,
            grouped(group_end_unmasked), GROUPED_WGMMA, kernel=3),
+    Mutant("grouped-wgmma-quad-partner-two-lanes", "the grouped wgmma combine's 4-wide epilogue (store_vector 4) "
+           "trades accumulator pairs with the lane two away (lane ^ 2), not its neighbour: a quarter of the sums "
+           "added four columns off", MOE_SMALL, "MOE-FFN", COMBINE, grouped(quad_partner_two_lanes_away),
+           {**GROUPED_WGMMA, "store_vector": "4"}, kernel=3),
     Mutant("grouped-wgmma-ring-wraps-late", "the grouped wgmma loop's ring wraps its stage index one stage late "
            "(ring_advance<stages + 1>): a k tile lands in a stage past the ring, a consumer waits on a barrier "
            "no producer completes", MOE_SMALL, "MOE-FFN", COMBINE,

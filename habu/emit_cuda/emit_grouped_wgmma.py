@@ -95,6 +95,58 @@ def _f32_store(i_at: str, copies: int, dst: str, lo_offset: int) -> str:
 """
 
 
+def _quad_epilogue(lw: GroupedLowering, sig: Signature, sizes, table, it: str, row, inside: str, row_factor: str,
+                   value, p_out: str) -> str:
+    """The 4-wide epilogue (`GroupedLowering.epilogue_quads`): per 8-column group j, each lane sends its partner
+    (`quad_partner`) the pair of the row half the partner keeps (`quad_kept_half`) by one shuffle, then stores
+    (or adds) the four adjacent columns of its own row (`quad_column`; the pairs at `quad_slot` of their owner)
+    as one 16-byte vector where all four are inside and aligned, else element by element."""
+    loop, ops = lw.wgmma, lw.wgmma.operands  # type: ignore[union-attr]
+    frag = loop.fragment  # type: ignore[union-attr]
+    lane = CExpr("lane")
+    at = {i: {"r": "r", "n": f"col{i}"} for i in range(4)}
+    masks = {i: access_mask(lw.out, at[i], sizes, table) for i in range(4)}
+    offs = {i: access_offset(lw.out, at[i], sizes, lw.index_width, table) for i in range(4)}
+    vals = [value(f"x{i}") for i in range(4)]
+    if lw.store is Store.ATOMIC_ADD:
+        one = {i: f"atomicAdd({p_out} + ({offs[i]}), {vals[i]});" for i in range(4)}
+        four = f"atomicAdd(reinterpret_cast<float4*>({p_out} + ({offs[0]})), make_float4({', '.join(vals)}));"
+    else:
+        one = {i: f"{p_out}[{offs[i]}] = {vals[i]};" for i in range(4)}
+        four = f"*reinterpret_cast<float4*>({p_out} + ({offs[0]})) = make_float4({', '.join(vals)});"
+    reg = lambda h, q: f"acc[s][{2 * frag.pair} * j + {frag.pair * h + q}]"  # noqa: E731
+    slot_own = [c(loop.quad_slot(lane, q)) for q in range(frag.pair)]  # type: ignore[union-attr]
+    slot_got = [c(loop.quad_slot(CExpr("partner"), q)) for q in range(frag.pair)]  # type: ignore[union-attr]
+    placed = "\n".join(
+        f"          const float x{i} = ({slot_own[i % 2]}) == {i} ? own{i % 2} : ({slot_got[i % 2]}) == {i} ? got{i % 2} "
+        ": 0.0f;" for i in range(4))
+    inside_all = " && ".join(f"in{i}" for i in range(4))
+    return f"""      const int partner = {c(loop.quad_partner(lane))};  // the lane this one trades pairs with
+      const int h = {c(loop.quad_kept_half(lane))};  // the row half this lane stores (the other goes to its partner)
+      const int sent = {c(loop.quad_kept_half(CExpr("partner")))};  // the half its partner keeps
+#pragma unroll
+      for (int s = 0; s < {ops.slabs}; ++s) {{
+        const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
+        const {it} r = ({it})({row("ti")});
+{row_factor}#pragma unroll
+        for (int j = 0; j < {loop.column_groups()}; ++j) {{  // four adjacent columns of row r
+          const float own0 = h ? {reg(1, 0)} : {reg(0, 0)}, own1 = h ? {reg(1, 1)} : {reg(0, 1)};
+          const float got0 = __shfl_sync(0xffffffffu, sent ? {reg(1, 0)} : {reg(0, 0)}, partner);
+          const float got1 = __shfl_sync(0xffffffffu, sent ? {reg(1, 1)} : {reg(0, 1)}, partner);
+{placed}
+          const {it} col0 = ({it})({c(lw.column(CExpr("nt"), loop.quad_column(lane, CExpr("j"))))});
+          const {it} col1 = col0 + 1, col2 = col0 + 2, col3 = col0 + 3;
+          const bool {", ".join(f"in{i} = {inside} && ({masks[i]})" for i in range(4))};
+          if ({inside_all} && (({offs[0]}) & 3) == 0) {{
+            {four}
+          }} else {{
+{chr(10).join(f"            if (in{i}) {one[i]}" for i in range(4))}
+          }}
+        }}
+      }}
+"""
+
+
 def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
     k, loop = lw.kernel, lw.wgmma
     refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None)
@@ -226,14 +278,31 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         store += f"""            if (in0) {one[0]}
             if (in1) {one[1]}
 """
+    pair_values = "" if pair is None else f"""            const float u0 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h];
+            const float u1 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
+"""
+    if lw.epilogue_quads:
+        epilogue_loops = _quad_epilogue(lw, sig, sizes, table, it, row, inside, row_factor, value, p_out)
+    else:
+        epilogue_loops = f"""#pragma unroll
+      for (int s = 0; s < {slabs}; ++s)
+#pragma unroll
+        for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
+          const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
+          const {it} r = ({it})({row("ti")});
+{row_factor}#pragma unroll
+          for (int j = 0; j < {loop.column_groups()}; ++j) {{  // each thread holds pairs of adjacent columns
+            const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(frag.col())))});
+            const float v0 = acc[s][{2 * frag.pair} * j + {frag.pair} * h];
+            const float v1 = acc[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
+{pair_values}{store}          }}
+        }}
+"""
     # the register split (setmaxnreg only where a warpgroup's count changes from the launch's)
     resized = split.producer != split.at_launch or split.consumer != split.at_launch
     dec = f"    habu::setmaxnreg_dec<{split.producer}>();\n" if split.producer != split.at_launch else ""
     inc = (f"    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}\n" if split.consumer != split.at_launch
            else f"    // {split.describe()}: no setmaxnreg\n")
-    pair_values = "" if pair is None else f"""            const float u0 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h];
-            const float u1 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
-"""
     # each persistent loop's tile decode (the producer's and the consumers' are the same lines)
     tile_head = f"""      const {it} mt = ({it})({c(mt_x)});  // the tile's row tile, among every group's (bands of {loop.band})
       const {it} nt = ({it})({c(nt_x)});  // its column tile
@@ -322,20 +391,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       }}
       habu::wgmma_wait<0>();
       if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
-#pragma unroll
-      for (int s = 0; s < {slabs}; ++s)
-#pragma unroll
-        for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
-          const int ti = {c(ops.slab_row(CExpr("cw"), CExpr("s")))} + {frag.row_in_warpgroup()};
-          const {it} r = ({it})({row("ti")});
-{row_factor}#pragma unroll
-          for (int j = 0; j < {loop.column_groups()}; ++j) {{  // each thread holds pairs of adjacent columns
-            const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(frag.col())))});
-            const float v0 = acc[s][{2 * frag.pair} * j + {frag.pair} * h];
-            const float v1 = acc[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
-{pair_values}{store}          }}
-        }}
-    }}
+{epilogue_loops}    }}
   }}
 }}
 """

@@ -86,6 +86,14 @@ class GroupedLowering:
         return self.kernel.main_loop == "wgmma"
 
     @property
+    def weights_width(self) -> int:
+        """The index width W's (and a pair's second weights') element offsets are formed in: the kernel's on
+        the mma.sync loop, whose threads compute them; 64 on the wgmma loop, where the threads give TMA only
+        the box's coordinates (`WgmmaMainLoop.w_box_coordinates`, each a 32-bit int below its extent) and
+        the copy engine forms the addresses (DeepSeek-V3's 3.8·10^9-element weights in a 32-bit kernel)."""
+        return 64 if self.uses_wgmma else self.index_width
+
+    @property
     def a_parts(self) -> int:
         """bf16 parts each element of A is staged as: 1 (A is bf16), 2 (f32 A: hi and lo)."""
         return 1 if self.a.dtype == "bf16" else 2
@@ -186,12 +194,20 @@ class GroupedLowering:
         dtypes = ("f32", "bf16", "f16") if self.store is Store.WRITE else ("f32",)
         return self.uses_wgmma and self.out.dtype in dtypes and last.kind == "axis" and last.axis == "n"
 
+    @property
+    def epilogue_quads(self) -> bool:
+        """The wgmma loop's 4-wide epilogue (`store_vector` 4): an f32 output contiguous along n, no pair; two
+        neighbouring lanes trade pairs (`WgmmaMainLoop.quad_element`) and each stores (or adds, a scatter: one
+        16-byte vector atomic add) four adjacent columns of one row where all four are inside and aligned."""
+        return self.epilogue_pairs and self.kernel.store_vector == 4 and self.out.dtype == "f32" and self.pair is None
+
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
-        """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs: the launch
-        checks their bases' alignment."""
+        """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs (or fours): the
+        launch checks their bases' alignment."""
         staged = (self.a, self.w) if self.pair is None else (self.a, self.w, self.pair.w)
-        pairs = (VectorAccess(self.out.tensor, 2, f"the epilogue stores pairs of adjacent {self.out.tensor} elements "
-                              "as one vector"),) if self.epilogue_pairs else ()
+        width = 4 if self.epilogue_quads else 2
+        pairs = (VectorAccess(self.out.tensor, width, f"the epilogue stores {width} adjacent {self.out.tensor} "
+                              "elements as one vector"),) if self.epilogue_pairs else ()
         return tuple(VectorAccess(acc.tensor, 8 if acc.dtype == "bf16" else 4,
                                   f"the plan stages 16-byte chunks ({8 if acc.dtype == 'bf16' else 4} elements) of "
                                   f"{acc.tensor}'s rows") for acc in staged) + pairs

@@ -81,6 +81,9 @@ class WgmmaMainLoop:
     # contraction path's wgmma epilogue has them; checked against the PTX ISA's layout by the field check
     fragment: AccumulatorFragment = ACCUMULATOR
     warpgroup_size: int = WARPGROUP
+    # the epilogue's f32 vector: 2 (each thread its accumulator pairs) or 4 (`quad_*`: two neighbouring lanes
+    # trade the pairs of the row half the other keeps, each then holds four adjacent columns of one row)
+    store_vector: int = 2
 
     @property
     def threads(self) -> int:
@@ -139,6 +142,42 @@ class WgmmaMainLoop:
         nt = floordiv(within, rows)
         return first + within - nt * rows, nt
 
+    # -- the 4-wide epilogue (store_vector 4): lanes 2m, 2m + 1 of a row's four (lane % 4) trade pairs by one
+    # shuffle; the even lane keeps row half 0 (row lane/4) and takes its partner's pair of that row, the odd one
+    # keeps half 1 (row lane/4 + 8) and takes its partner's pair of that row: four adjacent columns each
+    def quad_partner(self, lane: Any) -> Any:
+        """The lane a lane trades pairs with (its neighbour in the row's four: lane ^ 1)."""
+        return lane + 1 - 2 * (lane % 2)
+
+    def quad_kept_half(self, lane: Any) -> Any:
+        """The row half h whose pairs a lane stores (the other half's pair it sends to its partner)."""
+        return lane % 2
+
+    def quad_column(self, lane: Any, j: Any) -> Any:
+        """The first of the four columns (within the tile) lane `lane` stores for its 8-column group j."""
+        f = self.fragment
+        return f.col_step * j + f.pair * (lane % f.lanes_per_row) - f.pair * (lane % 2)
+
+    def quad_slot(self, owner: Any, q: Any) -> Any:
+        """Where among the four stored columns the pair of lane `owner` lies (its column q): the even lane's
+        first, the odd lane's after it."""
+        return self.fragment.pair * (owner % 2) + q
+
+    def quad_source(self, lane: Any, i: int) -> tuple[Any, Any, Any, Any]:
+        """What the 4-wide epilogue stores at slot i (0..3) of lane `lane`'s four columns, as the emitter
+        prints it: (the lane whose register it is, its row half, its column q = i mod 2, whether any): the
+        lane's own register of its kept half where `quad_slot(lane, q)` is i, else where the partner's pair
+        lands there (`quad_slot(partner, q)`) the register of the half the partner sends (the kept half of
+        the partner's partner: the shuffle is a read from `quad_partner(lane)`, modulo the warp's 32 lanes),
+        else none (0.0 is stored)."""
+        q = i % self.fragment.pair
+        partner = self.quad_partner(lane) % 32
+        own = self.quad_slot(lane, q) == i
+        got = self.quad_slot(partner, q) == i
+        src = own * lane + (1 - own) * partner
+        half = own * self.quad_kept_half(lane) + (1 - own) * self.quad_kept_half(self.quad_partner(partner) % 32)
+        return src, half, q, own | got
+
     def w_box_origin(self, g: Any, n0: Any, k0: Any) -> dict[str, Any]:
         """The origin of W[g]'s box of the k tile at k0 and the column tile at n0, by W's axes: the tile's
         group along #G (box 1), its first column along #N, k0 along #K."""
@@ -191,7 +230,8 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = Fa
                                          for ld in ring.loads))
         b2 = load.box_bytes // 2
     return WgmmaMainLoop(shadow, ops, ring, layout, consumers, lo_offset=ops.a_tile.bytes if split else 0,
-                         registers=register_split(shadow.warps, split), b2_offset=b2)
+                         registers=register_split(shadow.warps, split), b2_offset=b2,
+                         store_vector=kernel.store_vector)
 
 
 def register_split(warps: int, f32_a: bool) -> RegisterSplit:

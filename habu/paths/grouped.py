@@ -29,7 +29,7 @@ from habu.plan.grouped_pair import as_grouped_pair, pair_positions
 from habu.plan.patterns import Region, as_grouped_gemm
 from habu.plan.plan import GroupedKernel, Kernel
 from habu.plan.storage import dtype_of
-from habu.spec.ir import INT31_MAX, Model
+from habu.spec.ir import INT31_MAX, Model, node_reads
 from habu.target import Target
 
 # the share of the mma.sync peak this kernel's one-stage, register-staged main loop reaches (a guess for
@@ -90,21 +90,25 @@ class GroupedPath(KernelPath):
         if not chosen:
             return {}
         pins = {"family": "grouped"}
-        # 64-bit indices (DeepSeek-V3's expert offsets) spill the wgmma loop's consumers (168 registers, 160 B
-        # spilled at 128 rows; 232 registers, 80 B at 64): their default stays on the mma.sync loop (102, none)
-        if target.wgmma and target.tma and all(k.index_width == 32 for k in chosen) \
-                and any(self.wgmma_kernel(model, k, target) for k in chosen):
+        # 64-bit indices spill the wgmma loop's consumers (168 registers, 160 B spilled at 128 rows; 232, 80 B
+        # at 64): a layer whose wgmma kernels need them stays on the mma.sync loop (102, none). DeepSeek-V3's
+        # weights (3.8·10^9 elements a projection) need none on the wgmma loop: TMA loads them by coordinates
+        # (`pointer_index_width`), so it takes the wgmma loop with 32-bit indices (its GPU run passed, session
+        # 31: 1.31-1.56× the best torch baseline at 128 and 4096 tokens)
+        wgmma = [self.wgmma_kernel(model, k, target, sizes) for k in chosen]
+        if target.wgmma and target.tma and any(wgmma) and all(k.index_width == 32 for k in wgmma if k is not None):
             pins["main_loop"] = "wgmma"
             pairs = (self.pair_default(model, tuple(n for r in regions[i:i + 3] for n in r.nodes), target, sizes)
                      for i in pair_positions(model, regions))
-            if any(p is not None and self.wgmma_kernel(model, p, target) is not None for p in pairs):
+            if any(p is not None and self.wgmma_kernel(model, p, target, sizes) is not None for p in pairs):
                 pins["pair"] = "fused"
         return pins
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """mma.sync: tiles 32/64/128 rows × 64/128 columns × 32/64 k, 2 × 2, 4 × 2 or 2 × 4 warps (those whose
         warp tiles are whole mma tiles and whose chunks divide among the threads); on a target with wgmma and
-        TMA, the wgmma main loop's tiles (`WGMMA_TILES`) where it can run the kernel (bf16 A, no pair)."""
+        TMA, the wgmma main loop's tiles (`WGMMA_TILES`, each with the 2- and 4-wide epilogue: `store_vector`)
+        where it can run the kernel (bf16 A, no pair)."""
         assert isinstance(base, GroupedKernel)
         base = replace(base, main_loop="mma.sync", stages=1)
         for bm, bn, bk, (wm, wn) in itertools.product((32, 64, 128), (64, 128), (32, 64), ((2, 2), (4, 2), (2, 4))):
@@ -115,22 +119,32 @@ class GroupedPath(KernelPath):
             yield k
         if target.wgmma and target.tma and len(base.nodes) == 3:  # a pair: 128 columns, two boxes a stage
             yield replace(base, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
-        elif target.wgmma and target.tma:
-            for bm, bn, stages in WGMMA_TILES:
+        elif target.wgmma and target.tma:  # each tile with the pairs' epilogue and the 4-wide one
+            for (bm, bn, stages), vector in itertools.product(WGMMA_TILES, (2, 4)):
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
-                              stages=stages)
+                              stages=stages, store_vector=vector)
 
-    def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target) -> GroupedKernel | None:
+    def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target,
+                     sizes: Mapping[str, int] | None = None) -> GroupedKernel | None:
         """`kernel` on the wgmma main loop, with its default tile (128 × 256 where #N spans several such
-        columns and A is bf16, else 128 × 128; the stages that fit), or None where the loop cannot run it
-        (a fused pair, no wgmma or TMA on the target)."""
+        columns and A is bf16, else 128 × 128; the stages that fit) and, given the sizes, the index width of
+        what it addresses by pointer (`pointer_index_width`), or None where the loop cannot run it (no wgmma
+        or TMA on the target, A or W not bf16)."""
         if not (target.wgmma and target.tma) or len(kernel.nodes) not in (1, 3):
             return None
+        # a small batch (at most 64 rows a group on average: decode-size token counts) in 64-row tiles of one
+        # consumer warpgroup: half the tensor work on rows past a group's end, the weights still streamed at
+        # full rate (the H200, 16 tokens: Mixtral 1.62x/1.55x the best torch baseline in 64-row tiles,
+        # 1.57x/1.44x in 128; Qwen3 1.26x/1.25x against 1.19x/1.16x)
+        small = sizes is not None and small_batch(model, kernel, sizes)
+        if sizes is not None:
+            kernel = replace(kernel, index_width=pointer_index_width(model, kernel, sizes))
         if len(kernel.nodes) == 3:  # a fused pair: two accumulators of 128 columns, bf16 A
             pair = as_grouped_pair(model, kernel.nodes)
             if pair is None or dtype_of(model, pair.first.a.tensor) != "bf16":
                 return None
-            return replace(kernel, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
+            return replace(kernel, main_loop="wgmma", bm=64 if small else 128, bn=128, bk=WGMMA_BK,
+                           warps_m=1 if small else 2, warps_n=4, stages=4)
         eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
         gg = as_grouped_gemm(model, eq)
         a_dtype = dtype_of(model, gg.a.tensor) if gg is not None else None
@@ -141,6 +155,8 @@ class GroupedPath(KernelPath):
         bm, bn, stages = WGMMA_TILES[0] if n >= 1024 and a_dtype == "bf16" else WGMMA_TILES[1]
         if a_dtype == "f32":
             stages = 4  # a stage holds A's two parts: 48 KiB
+        if small:
+            bm = 64
         return replace(kernel, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
                        stages=stages)
 
@@ -169,6 +185,41 @@ class GroupedPath(KernelPath):
         if lowering.uses_wgmma:
             return emit_grouped_wgmma(name, model, lowering, static)
         return emit_grouped(name, model, lowering, static)
+
+
+def small_batch(model: Model, kernel: GroupedKernel, sizes: Mapping[str, int]) -> bool:
+    """Whether the kernel's groups hold at most 64 rows on average (#R ≤ 64·#G)."""
+    eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
+    gg = as_grouped_gemm(model, eq)
+    if gg is None or gg.r.extent not in sizes or gg.group_extent not in sizes:
+        return False
+    return sizes[gg.r.extent] <= 64 * sizes[gg.group_extent]
+
+
+def pointer_index_width(model: Model, kernel: GroupedKernel, sizes: Mapping[str, int]) -> int:
+    """The wgmma loop's index width: 32 where every tensor its threads address by pointer arithmetic (A and
+    its gather table, the grouping, the row factor, the output and its scatter table: each node's reads and
+    target) has at most 2^31 − 1 elements and a tile's rows (#R + bm) stay below 2^31, else 64. The weights
+    are not among them: TMA loads their boxes by 32-bit coordinates (each below its extent) and the copy
+    engine forms the addresses (the rules check W's accesses in 64 bits: `GroupedLowering.weights_width`)."""
+    weights = set()
+    tensors: set[str] = set()
+    for name in kernel.nodes:
+        eq = next(e for e in model.nodes if e.target == name)
+        gg = as_grouped_gemm(model, eq)
+        if gg is not None:
+            weights.add(gg.w.tensor)
+        tensors |= node_reads(eq) | {eq.target}
+    for t in tensors - weights:
+        n = 1
+        for e in model.tensor(t).extents:
+            n *= sizes[e]
+        if n > INT31_MAX:
+            return 64
+    first = next(e for e in model.nodes if e.target == kernel.nodes[0])
+    gg = as_grouped_gemm(model, first)
+    rows = sizes[gg.r.extent] if gg is not None else 0
+    return 64 if rows + kernel.bm > INT31_MAX else 32
 
 
 PATH = GroupedPath()

@@ -163,11 +163,29 @@ def producer_uncopied(loop: WgmmaMainLoop) -> np.ndarray | None:
     return None if copied.all() else ~copied
 
 
+def _quad_moves(loop: WgmmaMainLoop, groups: int) -> tuple[np.ndarray, ...]:
+    """The 4-wide epilogue's stores: each thread's four columns of its kept row half (`quad_column` + slot i)
+    hold the register `quad_source` names (its own or its partner's through the shuffle; a slot with none
+    is not stored), at the element wgmma put that register."""
+    f = loop.fragment
+    x, j, i = np.meshgrid(np.arange(WARPGROUP), np.arange(groups), np.arange(2 * f.pair), indexing="ij")
+    warp, lane = f.thread_warp(x), f.thread_lane(x)
+    sources = [loop.quad_source(lane, slot) for slot in range(2 * f.pair)]
+    pick = lambda n: np.choose(i, [np.broadcast_to(np.asarray(s[n]), x.shape) for s in sources])  # noqa: E731
+    src, half, q, present = (pick(n) for n in range(4))
+    hr, hc = instruction_element("wgmma", warp, src, f.register_index(j, half, q))
+    sr = warp * f.warp_rows + lane // f.lanes_per_row + f.row_step * np.asarray(loop.quad_kept_half(lane))
+    sc = np.asarray(loop.quad_column(lane, j)) + i
+    keep = present.astype(bool)
+    return hr[keep], hc[keep], sr[keep], sc[keep]
+
+
 @lru_cache(maxsize=256)
 def wgmma_epilogue_moves(loop: WgmmaMainLoop) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The consumers' stores against wgmma's accumulator layout (PTX ISA): register (j, h, q) of thread x of a
     warpgroup holds the slab element `instruction_element` gives and is stored at `fragment.element` of the
-    thread's decoded warp and lane; over every slab of every consumer. None where they agree."""
+    thread's decoded warp and lane (the 4-wide epilogue: `_quad_moves`, through the lanes' trade); over
+    every slab of every consumer. None where they agree."""
     f = loop.fragment
     groups = loop.column_groups()
     x, j, h, q = np.meshgrid(np.arange(WARPGROUP), np.arange(groups), np.arange(f.halves), np.arange(f.pair),
@@ -175,7 +193,12 @@ def wgmma_epilogue_moves(loop: WgmmaMainLoop) -> tuple[np.ndarray, np.ndarray, n
     reg = f.register_index(j, h, q)
     hr, hc = instruction_element("wgmma", x // 32, x % 32, reg)
     sr, sc = f.element(f.thread_warp(x), f.thread_lane(x), j, h, q)
-    if np.array_equal(hr, sr) and np.array_equal(hc, sc):
+    whole = True
+    if loop.store_vector == 4:  # every element of the slab stored once, from its own register
+        hr, hc, sr, sc = _quad_moves(loop, groups)
+        cells = np.unique(np.asarray(sr) * loop.bn + np.asarray(sc))
+        whole = len(sr) == len(cells) == x.size
+    if whole and np.array_equal(hr, sr) and np.array_equal(hc, sc):
         return None
     ops = loop.operands
     origins = [int(ops.slab_row(cw, s)) for cw in range(ops.consumers) for s in range(ops.slabs)]

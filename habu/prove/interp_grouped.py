@@ -225,7 +225,7 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
             for t in tiles:
                 o = lw.wgmma.w_box_origin(np.int64(group), n0, np.int64(lw.k_index(max(t or 0, 0), 0)))
                 steps_w.append(read(name, w_access, {"g": o["g"], "n": o["n"] + j[:, None], "k": o["k"] + kk[None, :]},
-                                    sizes, mem, lw.index_width, where))
+                                    sizes, mem, lw.weights_width, where))  # TMA: the copy engine's addresses
             parts.append(np.concatenate(steps_w, axis=1))
         return np.concatenate(parts, axis=0)
 
@@ -364,5 +364,16 @@ def _tiled_axes(name: str, lw: GroupedLowering) -> list[TileAxis]:
     return [TileAxis(name, "n", lw.n, k.bn), TileAxis(name, "k", lw.k, k.bk)]
 
 
+def _offset_tensors(lw: GroupedLowering) -> tuple[str, ...]:
+    """The tensors the kernel forms element offsets of in its index width: A, the output, the row factor,
+    the grouping and the gather and scatter tables; W (and a pair's second weights) only on the mma.sync
+    loop (the wgmma loop gives TMA W's box coordinates: `GroupedLowering.weights_width`)."""
+    accesses = [lw.a, lw.out, *((lw.row_scale,) if lw.row_scale is not None else ())]
+    if lw.weights_width == lw.index_width:
+        accesses += [lw.w, *((lw.pair.w,) if lw.pair is not None else ())]
+    tables = [p.table for acc in accesses for p in acc.positions if p.kind == "gather"]
+    return tuple(dict.fromkeys([*(acc.tensor for acc in accesses), lw.groups, *tables]))
+
+
 register_kind(GroupedLowering, KindProof(run=run_grouped, final_selection=_everything, box_selection=_box,
-                                         tiled_axes=_tiled_axes))
+                                         tiled_axes=_tiled_axes, offset_tensors=_offset_tensors))

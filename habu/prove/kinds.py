@@ -73,6 +73,10 @@ class KindProof:
     precheck: a check of the whole grid before any block runs (raises PlanFault).
     tiled_axes: the kernel's tiled loops, which the witness shape keeps every class of.
     frozen_extents: extents the witness never reduces for this kernel (checked at full size).
+    offset_tensors: the tensors whose element offsets a 32-bit kernel forms in 32 bits (a tensor past
+        2^31 − 1 elements among them keeps its full extents in the witness, where the wrap is executed);
+        None: every tensor (the default; a kernel that addresses some tensor otherwise, by TMA coordinates,
+        names the others).
     field_key: what of the lowering enters the field key (default: all of it, `repr`).
     exp_field: the kernel relies on exp(a + b) = exp(a)·exp(b) (an online softmax): the check runs over
         Z_q × GF(p) (habu.spec.field_exp) instead of GF(p) with exp uninterpreted.
@@ -86,6 +90,7 @@ class KindProof:
     precheck: Callable[[str, Any, Sizes], None] = _nothing
     tiled_axes: Callable[[str, Any], list[TileAxis]] = _no_axes
     frozen_extents: Callable[[Any], Iterable[str]] = _no_extents
+    offset_tensors: Callable[[Any], Iterable[str] | None] = lambda lw: None
     field_key: Callable[[Any], object] = repr
     exp_field: bool = False
 

@@ -59,10 +59,35 @@ def _wgmma_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator
         yield Obligation(GROUPED_RULES["grouped-stage-maps"], name, None,
                          f"the producer's copies of A lie in the {lw.kernel.bm} × {loop.operands.bk} tile", inside,
                          detail="a producer thread copies a row or k outside A's tile")
+        yield from _tma_coordinates(name, lw, ctx)
         problem = pipeline_problem(lw.wgmma.ring)
         yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
                          f"the wgmma loop's ring of {lw.wgmma.ring.stages} stages delivers every k tile to its step",
                          problem is None, detail=problem or "")
+
+
+def _tma_coordinates(name: str, lw: GroupedLowering, ctx: Context) -> Iterator[Obligation]:
+    """W's boxes by TMA (the wgmma loop): the threads pass 32-bit coordinates (`w_box_coordinates` of the
+    tile's group, first column and k tile: at most #G − 1, (column tiles − 1)·bn, (k tiles − 1)·bk), which
+    fit in a signed int for every tile; the copy engine forms the element addresses from them (so W's
+    offsets need no 64-bit arithmetic in the kernel, `GroupedLowering.weights_width`), and its global dims
+    are W's extents, 1..2^32."""
+    from habu.prove.rules import R
+
+    s, loop = ctx.ext, lw.wgmma
+    assert loop is not None
+    gy = lw.grid(s)[1]
+    g, nt, kt = z3.Ints("tma_group tma_column_tile tma_k_tile")
+    cons = [g >= 0, g < s[lw.g], nt >= 0, nt < gy, kt >= 0, kt < lw.k_steps(s)]
+    for w in (lw.w,) if lw.pair is None else (lw.w, lw.pair.w):
+        coords = loop.w_box_coordinates(w, g, lw.column(nt, 0), lw.k_index(kt, 0))
+        yield Obligation(INT32_OFFSETS, name, w.tensor, f"{w.tensor}'s TMA box coordinates fit in 32-bit ints",
+                         z3.Implies(z3.And(*cons), z3.And(*(z3.And(x >= 0, x <= INT31) for x in coords))),
+                         detail=f"a coordinate of {w.tensor}'s box exceeds 2^31 − 1")
+        dims = [s[e] for e in w.bounded_extents()]
+        yield Obligation(R["tma-dims"], name, w.tensor, f"{w.tensor}'s TMA global dims are 1..2^32",
+                         z3.And(*(z3.And(d >= 1, d <= 2**32) for d in dims)),
+                         detail=f"a global dim of {w.tensor} is outside 1..2^32")
 
 
 def _mma_obligations(name: str, lw: GroupedLowering) -> Iterator[Obligation]:
@@ -114,12 +139,12 @@ def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterato
     k, s, t = lw.kernel, ctx.ext, ctx.target
     axes = {"r": (s[lw.r], 1), "n": (s[lw.n], 1), "k": (s[lw.k], 1), "g": (s[lw.g], 1)}
     yield from _access_obligations(name, lw.a, axes, ctx, lw.index_width, "every load")
-    yield from _access_obligations(name, lw.w, axes, ctx, lw.index_width, "every load")
+    yield from _access_obligations(name, lw.w, axes, ctx, lw.weights_width, "every load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     if lw.row_scale is not None:
         yield from _access_obligations(name, lw.row_scale, axes, ctx, lw.index_width, "every load")
     if lw.pair is not None:  # the second weights of a pair
-        yield from _access_obligations(name, lw.pair.w, axes, ctx, lw.index_width, "every load")
+        yield from _access_obligations(name, lw.pair.w, axes, ctx, lw.weights_width, "every load")
     if lw.node.scatter is not None:
         ok = lw.store is Store.ATOMIC_ADD and lw.out.dtype == "f32"
         yield Obligation(R["scatter-accumulates"], name, lw.out.tensor,

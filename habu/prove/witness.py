@@ -11,7 +11,8 @@ witness has; unsat is the proof.
 Sizes keep their equalities (if K = N at the full shape, K' = N' in the witness, and if K ≠ N then
 K' ≠ N'), so a stride or bound taken from the wrong extent shows as it would at full size.
 Extents are never reduced where it would hide something: those of a tensor whose offsets pass
-2^31 − 1 (the int32 wrap must be executed, unless every kernel computes its offsets in 64 bits) and
+2^31 − 1 (the int32 wrap must be executed, unless every kernel computes its offsets in 64 bits or
+forms none of that tensor's: `KindProof.offset_tensors`) and
 the extents of a map kernel (its lanes run over the flattened shape). Under split-K, k is reduced only to a size whose splits have every class the full
 shape's splits have (first, last, empty, holding fewer k tiles than the others, holding the ragged
 last k tile); there are few splits, so both sides are enumerated (`split_coverage`).
@@ -42,13 +43,15 @@ def _frozen(model: Model, lowerings: list[Lowering], sizes: Mapping[str, int]) -
     frozen: set[str] = set()
     for lw in lowerings:
         frozen.update(kind_proof(lw).frozen_extents(lw))
-    if all(getattr(lw, "index_width", 32) == 64 for lw in lowerings):
+    narrow = [kind_proof(lw).offset_tensors(lw) for lw in lowerings if getattr(lw, "index_width", 32) != 64]
+    if not narrow:
         return frozen  # every offset is computed in 64 bits: no int32 wrap to execute at the full shape
     for t in (*model.inputs, *model.outputs, *model.intermediates):
         n = 1
         for e in t.extents:
             n *= sizes[e]
-        if n > INT31:
+        # (a tensor no 32-bit kernel forms offsets of, such as weights TMA loads by coordinates, wraps nowhere)
+        if n > INT31 and any(names is None or t.name in names for names in narrow):
             frozen.update(t.extents)
     return frozen
 

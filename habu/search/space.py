@@ -105,7 +105,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
             kernels = _pinned_pair(graph, regions, kernels, pins["pair"], target, s)
         rest = pins
         if pins.get("main_loop") == "wgmma":  # on the grouped kernels the wgmma loop can run, with its tile
-            kernels = _pinned_wgmma(graph, kernels, target)
+            kernels = _pinned_wgmma(graph, kernels, target, s)
             rest = {key: v for key, v in pins.items() if key != "main_loop"}
         kernels = tuple(apply_pins(graph, k, rest, target) for k in kernels)
         _check_pins_apply(pins, kernels)
@@ -193,11 +193,12 @@ def _pinned_pair(model: Model, regions: tuple[Region, ...], kernels: tuple[Kerne
     return tuple(out)
 
 
-def _pinned_wgmma(model: Model, kernels: tuple[Kernel, ...], target: Target) -> tuple[Kernel, ...]:
+def _pinned_wgmma(model: Model, kernels: tuple[Kernel, ...], target: Target,
+                  sizes: dict[str, int] | None = None) -> tuple[Kernel, ...]:
     """`--pin main_loop=wgmma`: each grouped kernel the wgmma main loop can run takes it with its default
     tile (`GroupedPath.wgmma_kernel`; other pins then change the tile); the others (an f32 A, a fused pair)
     keep mma.sync. A plan with no such kernel is a mistake."""
-    out = tuple((grouped.PATH.wgmma_kernel(model, k, target) or k) if isinstance(k, GroupedKernel) else
+    out = tuple((grouped.PATH.wgmma_kernel(model, k, target, sizes) or k) if isinstance(k, GroupedKernel) else
                 (attention.PATH.wgmma_kernel(model, k, target) or k) if isinstance(k, AttentionKernel) else k
                 for k in kernels)  # an attention kernel (--pin family=attention): the FA3-style loop
     if not any(isinstance(k, GroupedKernel | AttentionKernel) and k.main_loop == "wgmma" for k in out):

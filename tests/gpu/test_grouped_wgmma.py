@@ -58,11 +58,17 @@ def test_hand_made_groupings_match_the_float64_product_exactly(name):
     assert torch.equal(out.double(), ref), f"{int((out.double() != ref).sum())} of {ref.numel()} elements differ"
 
 
-def test_the_combine_epilogue_on_the_wgmma_loop_passes_the_exact_check_and_adds_repeated_tokens():
+@pytest.mark.parametrize("store_vector", ["2", "4"])
+def test_the_combine_epilogue_on_the_wgmma_loop_passes_the_exact_check_and_adds_repeated_tokens(store_vector):
+    """The scatter epilogue by float2 atomic adds (store_vector 2) and by float4 ones after the lanes' trade
+    (store_vector 4: `WgmmaMainLoop.quad_source`)."""
     counts = GROUPINGS["empty-first-inner-last-and-longer-than-a-tile"]
     rows = sum(counts)
-    built = build(str(GW), "COMBINE", {"T": 50, "R": rows}, {"family": "grouped", **WGMMA})
+    built = build(str(GW), "COMBINE", {"T": 50, "R": rows}, {"family": "grouped", **WGMMA, "store_vector": store_vector})
     _is_wgmma(built)
+    assert built.plan.kernels[0].store_vector == int(store_vector)
+    assert ("reinterpret_cast<float4*>" in built.compiled.kernel_set.members[0][1].kernels[0].source) == \
+        (store_vector == "4")
     result = ExactChecker(built.model, built.sizes, seed=5).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
     g = torch.Generator().manual_seed(7)
@@ -103,16 +109,19 @@ def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts_on_the_wg
     assert torch.equal(out, ref), f"{int((out != ref).sum())} of {ref.numel()} elements differ"
 
 
-@pytest.mark.parametrize("pair", ["fused"])  # split: its kernels are the gathered GEMM's and the f32 combine's
-def test_the_small_moe_ffn_on_the_wgmma_loop_matches_the_float64_reference(pair):
+@pytest.mark.parametrize("pair,tile", [("fused", {"bm": "128", "warps_m": "2"}), ("fused", {"bm": "64", "warps_m": "1"})],
+                         ids=["128-rows", "64-rows"])  # split: its kernels are the gathered GEMM's and the f32 combine's
+def test_the_small_moe_ffn_on_the_wgmma_loop_matches_the_float64_reference(pair, tile):
     """Gate and up fused with SwiGLU in one kernel of two accumulators (act stored in bf16, packed pairs) and the
-    combine (a bf16 A, float2 atomic adds) on the wgmma loop; experts 0, 3 and 7 get no token; within the
-    storage's tolerance."""
+    combine (a bf16 A, float2 atomic adds) on the wgmma loop, in tiles of 128 rows (two consumer warpgroups) and
+    of 64 (one: the small-batch tile); experts 0, 3 and 7 get no token; within the storage's tolerance."""
     from habu.timing.harness import compare, make_inputs, reference, tolerance
     from tests.gpu.test_moe import SMALL, routed_with_empty_experts
 
     tokens = 150
-    built = build(str(SMALL), "MOE-FFN", {"T": tokens, "R": 2 * tokens}, {"family": "grouped", "pair": pair, **WGMMA})
+    built = build(str(SMALL), "MOE-FFN", {"T": tokens, "R": 2 * tokens},
+                  {"family": "grouped", "pair": pair, **WGMMA, **tile})
+    assert {k.bm for k in built.plan.kernels} == {int(tile["bm"])}
     loops = [getattr(k, "main_loop", None) for k in built.plan.kernels]
     assert loops == (["wgmma", "wgmma", None, "wgmma"] if pair == "split" else ["wgmma", "wgmma"])
     inputs = make_inputs(built.model, built.sizes, seed=tokens)

@@ -163,9 +163,8 @@ def test_the_rules_prove_the_grouped_kernel_and_refuse_a_ragged_k():
 def test_the_moe_examples_prove_through_grouped_kernels_at_the_witness(example):
     m = load_program(ROOT / "examples" / example).models["MOE-FFN"]
     plan = default_plan(m, TARGET, {}, {})
-    # (gate+up+act, combine) on the wgmma loop; DeepSeek's 64-bit indices: the mma.sync loop (gate, up, act, Y)
-    want = [("grouped", "mma.sync"), ("grouped", "mma.sync"), ("rows", None), ("grouped", "mma.sync")] \
-        if example == "moe_deepseek_v3.habu" else [("grouped", "wgmma")] * 2
+    # (gate+up+act, combine) on the wgmma loop (DeepSeek's too: its weights by TMA, 32-bit indices)
+    want = [("grouped", "wgmma")] * 2
     assert [(k.kind, getattr(k, "main_loop", None)) for k in plan.kernels] == want
     proof = prove(m, plan, trials=1)
     assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
@@ -274,12 +273,64 @@ def test_every_mma_sync_variant_routes_its_operands_as_the_tile_product():
 
 
 def test_regression_a_moe_layer_of_64_bit_indices_keeps_the_mma_sync_loop_by_default():
-    """DeepSeek-V3's MoE needs 64-bit offsets; on the wgmma loop its consumers spilled (168 registers, 160 B;
-    the every-example compile test failed on the merged tree), so its default is the mma.sync grouped loop
-    (102 registers, no spill); Mixtral's 32-bit layer keeps the wgmma loop."""
-    deepseek = load_program(ROOT / "examples" / "moe_deepseek_v3.habu").models["MOE-FFN"]
-    plan = default_plan(deepseek, TARGET, {}, {})
-    assert {k.index_width for k in plan.kernels if k.kind == "grouped"} == {64}
-    assert {getattr(k, "main_loop", None) for k in plan.kernels} == {"mma.sync", None}
+    """A layer whose wgmma kernels would need 64-bit offsets spills there (168 registers, 160 B; the
+    every-example compile test failed on the merged tree), so its default is the mma.sync grouped loop (102
+    registers, no spill): DeepSeek-V3 with a hidden width of 16384 (act: 262144 × 16384 elements). DeepSeek's
+    own default (32-bit on the wgmma loop: only its weights pass 2^31, and TMA loads them) and Mixtral's keep
+    the wgmma loop."""
+    path = ROOT / "examples" / "moe_deepseek_v3.habu"
+    deepseek = load_program(path).models["MOE-FFN"]
+    assert {(k.main_loop, k.index_width) for k in default_plan(deepseek, TARGET, {}, {}).kernels} == {("wgmma", 32)}
+    wide = parse_text(path.read_text().replace("2048 EXTENT: #H", "16384 EXTENT: #H")).models["MOE-FFN"]
+    plan = default_plan(wide, TARGET, {}, {})
+    assert {(getattr(k, "main_loop", None), k.index_width) for k in plan.kernels} == {("mma.sync", 64), (None, 64)}
     mixtral = load_program(ROOT / "examples" / "moe_mixtral.habu").models["MOE-FFN"]
     assert {getattr(k, "main_loop", None) for k in default_plan(mixtral, TARGET, {}, {}).kernels} == {"wgmma"}
+
+
+def test_deepseek_on_the_wgmma_loop_takes_32_bit_indices_and_proves_at_a_reduced_witness():
+    """DeepSeek-V3's weights pass 2^31 elements but the wgmma loop loads them by TMA coordinates: its kernels
+    form every other offset in 32 bits (no spill: 168 registers, none spilled; 64-bit ones spilled), the
+    rules check W in 64 bits and its box coordinates in 32, and the witness reduces W's extents (nothing of
+    W wraps in the kernel) — 3 s where the full shape took minutes."""
+    from habu.prove.interp_grouped import _offset_tensors
+
+    m = load_program(ROOT / "examples" / "moe_deepseek_v3.habu").models["MOE-FFN"]
+    sizes = {"T": 16, "R": 128}
+    model = m.with_sizes(sizes)
+    plan = default_plan(model, TARGET, sizes, {"family": "grouped", "main_loop": "wgmma", "pair": "fused"})
+    assert [(k.main_loop, k.index_width) for k in plan.kernels] == [("wgmma", 32), ("wgmma", 32)]
+    lowered = lower_plan(model, plan)
+    assert all(lw.weights_width == 64 for lw in lowered)
+    assert "W1" not in _offset_tensors(lowered[0]) and "X" in _offset_tensors(lowered[0])
+    proof = prove(model, plan, sizes, trials=1)
+    assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
+    assert any("TMA box coordinates" in o.describe() for o in proof.obligations)
+    w = proof.certificate.witness  # type: ignore[union-attr]
+    assert w is not None and w["E"] < 256 and w["D"] < 7168
+
+
+def test_mutant_w_offsets_formed_in_32_bits_on_the_wgmma_loop_at_deepseeks_size_is_refused(monkeypatch):
+    """The mutant of `weights_width`: a wgmma kernel forming W's offsets in its 32-bit index width (as the
+    mma.sync loop does) wraps past 2^31 elements; the int32 rule names W1 (W3, W2) and the plan is refused."""
+    from habu.prove.rules import failures, obligations
+
+    m = load_program(ROOT / "examples" / "moe_deepseek_v3.habu").models["MOE-FFN"]
+    sizes = {"T": 16, "R": 128}
+    model = m.with_sizes(sizes)
+    plan = default_plan(model, TARGET, sizes, {"family": "grouped", "main_loop": "wgmma", "pair": "fused"})
+    assert not failures(obligations(model, plan, sizes))
+    monkeypatch.setattr(GroupedLowering, "weights_width", property(lambda lw: lw.index_width))
+    broken = failures(obligations(model, plan, sizes))
+    assert {o.tensor for o in broken if "32-bit offsets" in o.describe()} == {"W1", "W3", "W2"}
+
+
+def test_a_small_batch_takes_64_row_tiles_of_one_consumer_warpgroup():
+    """At most 64 routed rows an expert on average (Mixtral at 128 tokens: 32): the pair and the combine in
+    64-row tiles (faster at 16 tokens on the H200: 1.62x against 1.57x the best torch baseline); at 4096
+    tokens (1024 an expert) 128-row tiles of two consumer warpgroups."""
+    m = load_program(ROOT / "examples" / "moe_mixtral.habu").models["MOE-FFN"]
+    for tokens, bm, warps_m in ((128, 64, 1), (4096, 128, 2)):
+        sizes = {"T": tokens, "R": 2 * tokens}
+        plan = default_plan(m.with_sizes(sizes), TARGET, sizes, {})
+        assert {(k.main_loop, k.bm, k.warps_m) for k in plan.kernels} == {("wgmma", bm, warps_m)}
