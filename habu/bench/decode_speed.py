@@ -85,6 +85,8 @@ CASES = [
         # split 2 (A re-read 64/144 of B's bytes instead of once)
         "cluster 64x144 s8 split 4": {"*": _cluster("64x144", 8, 4)},
         "cluster 64x160 s7 split 4": {"*": _cluster("64x160", 7, 4)},
+        # bytes in flight per SM (A and B, 16 KB a stage of 64x64) against the kernel time: ring 2..6
+        **{f"ring 64x64 s{st} cluster split 2": {"*": _cluster("64x64", st, 2)} for st in (2, 3, 4, 6)},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
@@ -97,6 +99,8 @@ CASES = [
         # wider n-major tiles read longer runs of each weight row per stage (tile_n x 2 bytes)
         "second cluster 64x256 s4 split 4": {1: _cluster("64x256", 4, 4)},
         "second cluster 64x192 s5 split 4": {1: _cluster("64x192", 5, 4)},
+        # the first GEMM's ring (24 KB a stage of 64x128, 112 blocks) against its kernel time
+        **{f"ring first 64x128 s{st}": {0: _tile("64x128", st, 1)} for st in (3, 4, 6)},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
@@ -408,6 +412,8 @@ def run(cases: list[Case], compile_baselines: bool, workers: int) -> tuple[list[
         for name in ("default", *case.variants):
             built = jobs[(case.name, name)].result()
             rows.append(check_and_time(case, name, built, sets, outs, ref, t))
+        # each case's table as soon as it is timed: a run cut short keeps the cases it finished
+        print(report([case], [r for r in rows if r["case"] == case.name], base, copy)[0], flush=True)
         del sets, outs
         t.cuda.empty_cache()
     pool.shutdown()
@@ -496,12 +502,11 @@ def main(argv: list[str] | None = None) -> int:
         cases = [select_variants(c, args.variants.split(",")) for c in cases]
     began = time.time()
     rows, base, copy = run(cases, not args.no_compile, args.workers)
-    text, ok = report(cases, rows, base, copy)
+    _, ok = report(cases, rows, base, copy)  # (each case's table was printed as it finished)
     if args.json:
         args.json.write_text(json.dumps({"copy_bytes_per_s": copy, "seconds": time.time() - began, "rows": rows,
                                          "baselines": {f"{c}:{k}": v for (c, k), v in base.items()}},
                                         indent=1, default=str))
-    print(text)
     print(f"\n{time.time() - began:.0f} s")
     return 0 if ok else 1
 
