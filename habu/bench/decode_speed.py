@@ -56,17 +56,18 @@ class Case:
     variants: dict[str, Pins] = field(default_factory=dict)
 
 
-def _tile(tile: str, stages: int, split: int | None = None, **more: str) -> dict[str, str]:
-    """Pins of a tile and depth; with `split`, an atomic split (or unsplit) unless `split_reduce` says."""
-    pins = {"tile": f"{tile}x64", "stages": str(stages), **more}
+def _tile(tile: str, stages: int, split: int | None = None, bk: int = 64, **more: str) -> dict[str, str]:
+    """Pins of a tile (k tile `bk`) and depth; with `split`, an atomic split (or unsplit) unless
+    `split_reduce` says."""
+    pins = {"tile": f"{tile}x{bk}", "stages": str(stages), **more}
     return pins | ({"split_k": str(split), "split_reduce": more.get("split_reduce", "atomic")}
                    if split is not None else {})
 
 
-def _cluster(tile: str, stages: int, split: int, **more: str) -> dict[str, str]:
+def _cluster(tile: str, stages: int, split: int, bk: int = 64, **more: str) -> dict[str, str]:
     """A cluster split (habu/lower/split_cluster.py): the split blocks of a tile add their partials in
     distributed shared memory, any epilogue, no zero fill."""
-    return _tile(tile, stages, split, split_reduce="cluster", **more)
+    return _tile(tile, stages, split, bk, split_reduce="cluster", **more)
 
 
 OLD_SKINNY = _tile("64x128", 8, 1)  # the skinny default before cluster splits (session 29)
@@ -87,6 +88,10 @@ CASES = [
         "cluster 64x160 s7 split 4": {"*": _cluster("64x160", 7, 4)},
         # bytes in flight per SM (A and B, 16 KB a stage of 64x64) against the kernel time: ring 2..6
         **{f"ring 64x64 s{st} cluster split 2": {"*": _cluster("64x64", st, 2)} for st in (2, 3, 4, 6)},
+        # k tiles of 256 / 512 bytes a weight row (B's rows, contiguous along k): 2 / 4 boxes along k a stage
+        "ktile 64x64x128 s6 cluster split 2": {"*": _cluster("64x64", 6, 2, bk=128)},
+        "ktile 64x64x128 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=128)},
+        "ktile 64x64x256 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=256)},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
@@ -101,6 +106,11 @@ CASES = [
         "second cluster 64x192 s5 split 4": {1: _cluster("64x192", 5, 4)},
         # the first GEMM's ring (24 KB a stage of 64x128, 112 blocks) against its kernel time
         **{f"ring first 64x128 s{st}": {0: _tile("64x128", st, 1)} for st in (3, 4, 6)},
+        # k tiles of 128 / 256 rows of the n-major weights a stage (boxes of 64 columns by bk rows)
+        "ktile first 64x128x128 s4": {0: _tile("64x128", 4, 1, bk=128)},
+        "ktile first 64x128x256 s2": {0: _tile("64x128", 2, 1, bk=256)},
+        "ktile second 64x64x128 s6 cluster split 2": {1: _cluster("64x64", 6, 2, bk=128)},
+        "ktile second 64x64x256 s3 cluster split 2": {1: _cluster("64x64", 3, 2, bk=256)},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
@@ -179,7 +189,8 @@ def describe(plan) -> str:
     for k in plan.kernels:
         if hasattr(k, "tile_m"):
             cluster = "c" if k.split_k > 1 and k.split_reduce == "cluster" else ""
-            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n} s{k.stages} k{k.split_k}{cluster}{' p' if k.persistent else ''}"
+            bk = f"x{k.tile_k}" if k.tile_k != 64 else ""  # (a k tile of several swizzle spans)
+            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n}{bk} s{k.stages} k{k.split_k}{cluster}{' p' if k.persistent else ''}"
                          f"{' A:' + k.a_move if k.a_move not in ('tma',) else ''}")
         else:
             parts.append(k.kind)

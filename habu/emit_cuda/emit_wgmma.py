@@ -259,7 +259,7 @@ def _tma_issue(kc: _Kernel) -> list[str]:
                        f"habu::{load}_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('j'))}, {ld.mask});  // {ld.boxes // ld.cluster} box(es) per block")
         else:
-            out += [f"habu::{load}({dst}{f' + {j * ld.box_bytes}u' if j else ''}, &{tmap}, full, {coords(j)});"
+            out += [f"habu::{load}({dst}{f' + {ld.landing(j)}u' if ld.landing(j) else ''}, &{tmap}, full, {coords(j)});"
                     for j in range(ld.boxes)]
     return out
 
