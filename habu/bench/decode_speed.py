@@ -93,6 +93,13 @@ CASES = [
         "ktile 64x64x128 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=128)},
         "ktile 64x64x256 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=256)},
     }),
+    # the same plans over a quarter and four times the weights: the kernel time against the bytes, whose
+    # intercept is the kernel's fixed cost (launch, ring fill, epilogue) and slope its streaming rate
+    # (at K 16384 the default is 64x64 s14 cluster split 2 already)
+    *(Case(f"ggemm-64x4096x{k}", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": k}, ("B",), {
+        **({"sweep 64x64 s14 cluster split 2": {"*": _cluster("64x64", 14, 2)}} if k == 1024 else {}),
+        "sweep ktile 64x64x128 s6 cluster split 2": {"*": _cluster("64x64", 6, 2, bk=128)},
+    }) for k in (1024, 16384)),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
         "before skinny (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: _tile("64x64", 6, 1)},
