@@ -126,6 +126,8 @@ CASES = [
         "mma.sync both": {"*": MMA_SYNC},
         "second cluster 128x128 s6 split 2": {1: _cluster("128x128", 6, 2, warps="12")},
         "second cluster 128x64 s8 split 2": {1: _cluster("128x64", 8, 2, warps="12")},
+        "ktile second cluster 128x64x128 s4 split 2": {1: _cluster("128x64", 4, 2, bk=128, warps="12")},
+        "ktile first 128x128x128 s3": {0: _tile("128x128", 3, bk=128, warps="12")},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
@@ -136,6 +138,10 @@ CASES = [
         "factor:Y": {"plan": {"rewrite": "factor:Y"}},
         "factor:Y, cluster 64x64 s13 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x64", 13, 2)},
         "factor:Y, cluster 64x128 s8 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x128", 8, 2)},
+        "ktile 64x128x128 s4": {1: _tile("64x128", 4, bk=128)},
+        "ktile cluster 64x64x128 s6 split 2": {1: _cluster("64x64", 6, 2, bk=128)},
+        "ktile factor:Y, cluster 64x64x128 s6 split 2": {"plan": {"rewrite": "factor:Y"},
+                                                        1: _cluster("64x64", 6, 2, bk=128)},
     }),
 ]
 
