@@ -79,6 +79,26 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
         return f"(habu::u32)({c(copy.byte_offset(CExpr('(habu::u32)i'), CExpr(f'(habu::u32)({x})')))})"
 
     if move == "cp.async":
+        spans = lw.bk * e // 128  # a k tile of several 128-byte spans: the same rows' vectors, span after span
+        if spans > 1 and 128 % (per_row // spans) == 0 and per_row % spans == 0:
+            per_span = per_row // spans  # vectors per 128-byte span of a row
+            step = 128 // per_span
+            koff = access_offset(access, coord, sizes, lw.index_width, table, ("k",))
+            kmask = access_mask(access.along("k"), {"k": "kk"}, sizes, table)
+            column = f"ks * {per_span * vec} + (ptid % {per_span}) * {vec}"
+            return f"""#pragma unroll
+        for (int ks = 0; ks < {spans}; ++ks) {{  // each span's vectors of the thread's rows
+          const {it} kk = k0 + {column};
+          const bool k_ok = {kmask};
+#pragma unroll
+          for (int j = 0; j < {rows * per_span // 128}; ++j) {{
+            const int i = ptid / {per_span} + {step} * j;
+            const bool ok = {side.lower()}_row_off[j] >= 0 && k_ok;
+            const {CTYPE[access.dtype]}* src = ok ? {p} + {side.lower()}_row_off[j] + ({koff}) : {p};
+            habu::cp_async<{vec * e}>({base} + {dst(column)}, src, ok);
+          }}
+        }}
+"""
         if 128 % per_row == 0:
             # each thread copies the same vector column of the same rows at every k step: their row
             # offsets (through the gather) were computed once per tile (`rows_setup`)
@@ -126,6 +146,9 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
     """Per tile, before the k loop: the row part of each cp.async source offset and its mask."""
     access: Access = lw.a if side == "A" else lw.b
     per_row = lw.bk // vec
+    spans = lw.bk * DTYPES[access.dtype].bytes // 128
+    if spans > 1 and per_row % spans == 0 and 128 % (per_row // spans) == 0:
+        per_row //= spans  # the copies take a k tile of several spans span by span (`_producer_copy`)
     if 128 % per_row:
         return ""
     count = rows * per_row // 128
