@@ -70,6 +70,7 @@ def _cluster(tile: str, stages: int, split: int, bk: int = 64, **more: str) -> d
     return _tile(tile, stages, split, bk, split_reduce="cluster", **more)
 
 
+AHEAD = {"b_ahead": "true"}  # B's TMA boxes of a tile's first stages before anything else (MbarrierRing.ahead)
 OLD_SKINNY = _tile("64x128", 8, 1)  # the skinny default before cluster splits (session 29)
 CASES = [
     Case("ggemm-64x4096x4096", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}, ("B",), {
@@ -92,6 +93,9 @@ CASES = [
         "ktile 64x64x128 s6 cluster split 2": {"*": _cluster("64x64", 6, 2, bk=128)},
         "ktile 64x64x128 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=128)},
         "ktile 64x64x256 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=256)},
+        # B's boxes of the first stages before A's gathered row offsets (the IX loads)
+        "ahead (default, B ahead)": {"*": AHEAD},
+        "ahead ktile 64x64x128 s6 cluster split 2": {"*": {**_cluster("64x64", 6, 2, bk=128), **AHEAD}},
     }),
     # the same plans over a quarter and four times the weights: the kernel time against the bytes, whose
     # intercept is the kernel's fixed cost (launch, ring fill, epilogue) and slope its streaming rate
@@ -99,6 +103,7 @@ CASES = [
     *(Case(f"ggemm-64x4096x{k}", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": k}, ("B",), {
         **({"sweep 64x64 s14 cluster split 2": {"*": _cluster("64x64", 14, 2)}} if k == 1024 else {}),
         "sweep ktile 64x64x128 s6 cluster split 2": {"*": _cluster("64x64", 6, 2, bk=128)},
+        "sweep ahead (default, B ahead)": {"*": AHEAD},
     }) for k in (1024, 16384)),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
@@ -118,6 +123,9 @@ CASES = [
         "ktile first 64x128x256 s2": {0: _tile("64x128", 2, 1, bk=256)},
         "ktile second 64x64x128 s6 cluster split 2": {1: _cluster("64x64", 6, 2, bk=128)},
         "ktile second 64x64x256 s3 cluster split 2": {1: _cluster("64x64", 3, 2, bk=256)},
+        # the down projection's first W2 boxes before its wait for the first GEMM (PDL: it starts early)
+        "ahead second (B ahead)": {1: AHEAD},
+        "ahead both (B ahead)": {"*": AHEAD},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
@@ -128,6 +136,7 @@ CASES = [
         "second cluster 128x64 s8 split 2": {1: _cluster("128x64", 8, 2, warps="12")},
         "ktile second cluster 128x64x128 s4 split 2": {1: _cluster("128x64", 4, 2, bk=128, warps="12")},
         "ktile first 128x128x128 s3": {0: _tile("128x128", 3, bk=128, warps="12")},
+        "ahead second (B ahead)": {1: AHEAD},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
@@ -142,6 +151,9 @@ CASES = [
         "ktile cluster 64x64x128 s6 split 2": {1: _cluster("64x64", 6, 2, bk=128)},
         "ktile factor:Y, cluster 64x64x128 s6 split 2": {"plan": {"rewrite": "factor:Y"},
                                                         1: _cluster("64x64", 6, 2, bk=128)},
+        # W's first boxes before the wait for the RMSNorm kernel (PDL: the GEMM starts while it runs)
+        "ahead (B ahead)": {1: AHEAD},
+        "ahead cluster 64x64 s13 split 2 (B ahead)": {1: {**_cluster("64x64", 13, 2), **AHEAD}},
     }),
 ]
 
@@ -203,6 +215,7 @@ def describe(plan) -> str:
         if hasattr(k, "tile_m"):
             cluster = "c" if k.split_k > 1 and k.split_reduce == "cluster" else ""
             bk = f"x{k.tile_k}" if k.tile_k != 64 else ""  # (a k tile of several swizzle spans)
+            bk += " B-ahead" if getattr(k, "b_ahead", False) else ""
             parts.append(f"{k.mma} {k.tile_m}x{k.tile_n}{bk} s{k.stages} k{k.split_k}{cluster}{' p' if k.persistent else ''}"
                          f"{' A:' + k.a_move if k.a_move not in ('tma',) else ''}")
         else:

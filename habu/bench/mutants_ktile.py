@@ -49,7 +49,23 @@ def k_step_ignores_blocks(lw: Lowering) -> Lowering:
     return replace(lw, operands=cls(**{f.name: getattr(ops, f.name) for f in fields(ops)}))
 
 
+AHEAD_PINS = {"tile": "64x64x64", "stages": "4", "store": "direct", "b_ahead": "true"}  # B's boxes ahead
+
+
+def ahead_from_first_stage(lw: Lowering) -> Lowering:
+    """B's boxes ahead start from the ring's first stage and phase at every output tile, not from where
+    the ring stands: a persistent block's later tiles get B's boxes in stages the k loop fills with
+    other tiles."""
+    assert isinstance(lw, ContractionLowering) and isinstance(lw.pipeline, MbarrierRing)
+    ring = lw.pipeline
+    cls = type("PlantedRing", (MbarrierRing,),
+               {"ahead_start": lambda self, stage, phase: (self.start_stage, self.start_phase)})
+    return replace(lw, pipeline=cls(**{f.name: getattr(ring, f.name) for f in fields(ring)}))
+
+
 MUTANT_ENTRIES = (
+    ("b-ahead-from-first-stage", "the wgmma producer issues B's boxes ahead of each output tile from stage 0 "
+     "with phase 0, not from the ring's state", "ggemm.habu", "GGEMM", SHAPE, ahead_from_first_stage, AHEAD_PINS),
     ("ktile-k-boxes-at-first-column", "the wgmma ring loads both 64-column k boxes of a 128-column K-major k tile "
      "at the tile's first column", "ggemm.habu", "GGEMM", SHAPE, k_boxes_at_first_column, PINS),
     ("ktile-k-boxes-land-reversed", "the wgmma ring's k boxes land in the stage in reverse order",
@@ -59,5 +75,5 @@ MUTANT_ENTRIES = (
      k_step_ignores_blocks, PINS),
 )
 
-__all__ = ["MUTANT_ENTRIES", "PINS", "SHAPE", "k_boxes_at_first_column", "k_boxes_land_reversed",
+__all__ = ["AHEAD_PINS", "MUTANT_ENTRIES", "PINS", "SHAPE", "ahead_from_first_stage", "k_boxes_at_first_column", "k_boxes_land_reversed",
            "k_step_ignores_blocks"]

@@ -71,6 +71,16 @@ class PathSupport:
         return []
 
 
+def _b_ahead_refusals(lw: ContractionLowering, mma: str) -> list[str]:
+    """B's boxes ahead of the rest of the fill: a wgmma ring's, B by TMA into the block alone."""
+    k = lw.kernel
+    if not getattr(k, "b_ahead", False):
+        return []
+    if mma != "wgmma" or str(k.b_move) not in ("tma", "staged") or k.cluster_m > 1:
+        return ["b_ahead: the wgmma ring issues B's TMA boxes ahead (B by TMA, no multicast cluster)"]
+    return []
+
+
 class ContractionSupport(PathSupport):
     """A contraction path, told apart from the others by the kernel's `mma` field."""
 
@@ -86,7 +96,7 @@ class ContractionSupport(PathSupport):
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
                 *_split_cluster_refusals(lw, self.emits_clusters),
                 *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw),
-                *_k_gather_refusals(lw)]
+                *_k_gather_refusals(lw), *_b_ahead_refusals(lw, self.mma)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         """The refusals about the instruction's own layout (what its emitter checks before printing;

@@ -57,3 +57,36 @@ def test_ktile_layers_match_the_float64_reference(example, model, sizes, pins):
     got = got[name] if isinstance(got, dict) else got
     golden = compare(got, ref[name], tolerance(built.model, dict(built.plan.storage)))
     assert golden.ok, (built.plan.kernels, golden)
+
+
+# B ahead (`b_ahead`, habu/lower/pipeline.py MbarrierRing.ahead): B's TMA boxes of a tile's first stages go
+# before A's gathered row offsets and before the wait for the plan's previous kernel
+@pytest.mark.parametrize("sizes,pins", [
+    ({"M": 100, "N": 300, "K": 1000}, {**_pins("64x64x64", 6, 2), "b_ahead": "true"}),  # cp.async A, cluster split
+    ({"M": 1000, "N": 2000, "K": 520}, {**_pins("64x64x128", 3), "b_ahead": "true", "persistent": "true"}),
+])
+def test_b_ahead_ggemm_is_bit_exact(sizes, pins):
+    built = build(str(EX / "ggemm.habu"), "GGEMM", sizes, pins, check_indices=False)
+    (kernel,) = built.plan.kernels
+    assert kernel.b_ahead
+    result = ExactChecker(built.model, sizes).check(built.compiled, kept_types(built.plan), timeout_s=30.0)
+    assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("example,model,sizes,pins", [
+    ("ffn_skip.habu", "FFN-SKIP", {"B": 17}, {"b_ahead": "true"}),  # all-TMA rings, the second after a PDL wait
+    ("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, {"b_ahead": "true"}),  # W ahead of the RMSNorm kernel
+])
+def test_b_ahead_layers_match_the_float64_reference(example, model, sizes, pins):
+    built = build(str(EX / example), model, sizes, pins, check_indices=False)
+    assert any(getattr(k, "b_ahead", False) for k in built.plan.kernels)
+    full = built.sizes
+    inputs = make_inputs(built.model, full, 3)
+    outs = poisoned_outputs(built.model, full)
+    ref = reference(built.model, inputs, full)
+    got = built.compiled(**inputs, **outs)
+    torch.cuda.synchronize()
+    name = built.model.outputs[0].name
+    got = got[name] if isinstance(got, dict) else got
+    golden = compare(got, ref[name], tolerance(built.model, dict(built.plan.storage)))
+    assert golden.ok, (built.plan.kernels, golden)
