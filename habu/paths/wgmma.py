@@ -134,6 +134,9 @@ class WgmmaPath(ContractionPath):
     def cluster_splits(self, target: Target) -> bool:
         return target.clusters
 
+    def b_ahead_offered(self, kernel: ContractionKernel) -> bool:
+        return kernel.b_move == "tma" and kernel.cluster_m == 1
+
     def fixed_fields(self, target: Target) -> dict[str, object]:
         return {"warp_specialized": target.setmaxnreg, "swizzle": 128}
 
