@@ -56,19 +56,21 @@ class Case:
     variants: dict[str, Pins] = field(default_factory=dict)
 
 
-def _tile(tile: str, stages: int, split: int | None = None, **more: str) -> dict[str, str]:
-    """Pins of a tile and depth; with `split`, an atomic split (or unsplit) unless `split_reduce` says."""
-    pins = {"tile": f"{tile}x64", "stages": str(stages), **more}
+def _tile(tile: str, stages: int, split: int | None = None, bk: int = 64, **more: str) -> dict[str, str]:
+    """Pins of a tile (k tile `bk`) and depth; with `split`, an atomic split (or unsplit) unless
+    `split_reduce` says."""
+    pins = {"tile": f"{tile}x{bk}", "stages": str(stages), **more}
     return pins | ({"split_k": str(split), "split_reduce": more.get("split_reduce", "atomic")}
                    if split is not None else {})
 
 
-def _cluster(tile: str, stages: int, split: int, **more: str) -> dict[str, str]:
+def _cluster(tile: str, stages: int, split: int, bk: int = 64, **more: str) -> dict[str, str]:
     """A cluster split (habu/lower/split_cluster.py): the split blocks of a tile add their partials in
     distributed shared memory, any epilogue, no zero fill."""
-    return _tile(tile, stages, split, split_reduce="cluster", **more)
+    return _tile(tile, stages, split, bk, split_reduce="cluster", **more)
 
 
+AHEAD = {"b_ahead": "true"}  # B's TMA boxes of a tile's first stages before anything else (MbarrierRing.ahead)
 OLD_SKINNY = _tile("64x128", 8, 1)  # the skinny default before cluster splits (session 29)
 CASES = [
     Case("ggemm-64x4096x4096", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}, ("B",), {
@@ -85,7 +87,24 @@ CASES = [
         # split 2 (A re-read 64/144 of B's bytes instead of once)
         "cluster 64x144 s8 split 4": {"*": _cluster("64x144", 8, 4)},
         "cluster 64x160 s7 split 4": {"*": _cluster("64x160", 7, 4)},
+        # bytes in flight per SM (A and B, 16 KB a stage of 64x64) against the kernel time: ring 2..6
+        **{f"ring 64x64 s{st} cluster split 2": {"*": _cluster("64x64", st, 2)} for st in (2, 3, 4, 6)},
+        # k tiles of 256 / 512 bytes a weight row (B's rows, contiguous along k): 2 / 4 boxes along k a stage
+        "ktile 64x64x128 s6 cluster split 2": {"*": _cluster("64x64", 6, 2, bk=128)},
+        "ktile 64x64x128 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=128)},
+        "ktile 64x64x256 s3 cluster split 2": {"*": _cluster("64x64", 3, 2, bk=256)},
+        # B's boxes of the first stages before A's gathered row offsets (the IX loads)
+        "ahead (default, B ahead)": {"*": AHEAD},
+        "ahead ktile 64x64x128 s6 cluster split 2": {"*": {**_cluster("64x64", 6, 2, bk=128), **AHEAD}},
     }),
+    # the same plans over a quarter and four times the weights: the kernel time against the bytes, whose
+    # intercept is the kernel's fixed cost (launch, ring fill, epilogue) and slope its streaming rate
+    # (at K 16384 the default is 64x64 s14 cluster split 2 already)
+    *(Case(f"ggemm-64x4096x{k}", "ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": k}, ("B",), {
+        **({"sweep 64x64 s14 cluster split 2": {"*": _cluster("64x64", 14, 2)}} if k == 1024 else {}),
+        "sweep ktile 64x64x128 s6 cluster split 2": {"*": _cluster("64x64", 6, 2, bk=128)},
+        "sweep ahead (default, B ahead)": {"*": AHEAD},
+    }) for k in (1024, 16384)),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
         "before skinny (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: _tile("64x64", 6, 1)},
@@ -97,6 +116,16 @@ CASES = [
         # wider n-major tiles read longer runs of each weight row per stage (tile_n x 2 bytes)
         "second cluster 64x256 s4 split 4": {1: _cluster("64x256", 4, 4)},
         "second cluster 64x192 s5 split 4": {1: _cluster("64x192", 5, 4)},
+        # the first GEMM's ring (24 KB a stage of 64x128, 112 blocks) against its kernel time
+        **{f"ring first 64x128 s{st}": {0: _tile("64x128", st, 1)} for st in (3, 4, 6)},
+        # k tiles of 128 / 256 rows of the n-major weights a stage (boxes of 64 columns by bk rows)
+        "ktile first 64x128x128 s4": {0: _tile("64x128", 4, 1, bk=128)},
+        "ktile first 64x128x256 s2": {0: _tile("64x128", 2, 1, bk=256)},
+        "ktile second 64x64x128 s6 cluster split 2": {1: _cluster("64x64", 6, 2, bk=128)},
+        "ktile second 64x64x256 s3 cluster split 2": {1: _cluster("64x64", 3, 2, bk=256)},
+        # the down projection's first W2 boxes before its wait for the first GEMM (PDL: it starts early)
+        "ahead second (B ahead)": {1: AHEAD},
+        "ahead both (B ahead)": {"*": AHEAD},
     }),
     Case("ffn-skip-128", "ffn_skip.habu", "FFN-SKIP", {"B": 128}, ("W1", "W2"), {
         "before (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: {"stages": "6"}},
@@ -105,6 +134,9 @@ CASES = [
         "mma.sync both": {"*": MMA_SYNC},
         "second cluster 128x128 s6 split 2": {1: _cluster("128x128", 6, 2, warps="12")},
         "second cluster 128x64 s8 split 2": {1: _cluster("128x64", 8, 2, warps="12")},
+        "ktile second cluster 128x64x128 s4 split 2": {1: _cluster("128x64", 4, 2, bk=128, warps="12")},
+        "ktile first 128x128x128 s3": {0: _tile("128x128", 3, bk=128, warps="12")},
+        "ahead second (B ahead)": {1: AHEAD},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
@@ -115,6 +147,13 @@ CASES = [
         "factor:Y": {"plan": {"rewrite": "factor:Y"}},
         "factor:Y, cluster 64x64 s13 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x64", 13, 2)},
         "factor:Y, cluster 64x128 s8 split 2": {"plan": {"rewrite": "factor:Y"}, 1: _cluster("64x128", 8, 2)},
+        "ktile 64x128x128 s4": {1: _tile("64x128", 4, bk=128)},
+        "ktile cluster 64x64x128 s6 split 2": {1: _cluster("64x64", 6, 2, bk=128)},
+        "ktile factor:Y, cluster 64x64x128 s6 split 2": {"plan": {"rewrite": "factor:Y"},
+                                                        1: _cluster("64x64", 6, 2, bk=128)},
+        # W's first boxes before the wait for the RMSNorm kernel (PDL: the GEMM starts while it runs)
+        "ahead (B ahead)": {1: AHEAD},
+        "ahead cluster 64x64 s13 split 2 (B ahead)": {1: {**_cluster("64x64", 13, 2), **AHEAD}},
     }),
 ]
 
@@ -175,7 +214,9 @@ def describe(plan) -> str:
     for k in plan.kernels:
         if hasattr(k, "tile_m"):
             cluster = "c" if k.split_k > 1 and k.split_reduce == "cluster" else ""
-            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n} s{k.stages} k{k.split_k}{cluster}{' p' if k.persistent else ''}"
+            bk = f"x{k.tile_k}" if k.tile_k != 64 else ""  # (a k tile of several swizzle spans)
+            bk += " B-ahead" if getattr(k, "b_ahead", False) else ""
+            parts.append(f"{k.mma} {k.tile_m}x{k.tile_n}{bk} s{k.stages} k{k.split_k}{cluster}{' p' if k.persistent else ''}"
                          f"{' A:' + k.a_move if k.a_move not in ('tma',) else ''}")
         else:
             parts.append(k.kind)
@@ -284,7 +325,9 @@ def check_and_time(case: Case, name: str, built: dict, sets: list, outs: list, r
             row["error"] = f"golden check failed: {row['golden']}"
             return row
         row["us"] = time_cuda(lambda i: compiled(**sets[i], **outs[i]), len(sets))["median_us"]
-        row["kernel_us"] = kernel_times(lambda: compiled(**sets[0], **outs[0]), t)
+        # the input sets in turn, as the timing does: one set called again and again keeps weights of up to
+        # the L2's size there (GGEMM 64x4096x4096's 33.6 MB of B: a kernel 12.5 µs against 14.6 cold)
+        row["kernel_us"] = kernel_times(lambda i: compiled(**sets[i % len(sets)], **outs[i % len(sets)]), t)
         row["cluster_fit"] = cluster_fit(compiled, full)
     except Exception as exc:  # one failing variant must not hide the others
         row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
@@ -292,15 +335,15 @@ def check_and_time(case: Case, name: str, built: dict, sets: list, outs: list, r
     return row
 
 
-def kernel_times(call: Callable[[], Any], t: Any, reps: int = 5) -> list[list]:
-    """[kernel, µs per call] of the GPU kernels a call launches (as torch.profiler lists them;
-    CUPTI sees the driver API's launches); [] where the profiler is not available."""
+def kernel_times(call: Callable[[int], Any], t: Any, reps: int = 6) -> list[list]:
+    """[kernel, µs per call] of the GPU kernels the calls call(0), call(1), ... launch (as torch.profiler
+    lists them; CUPTI sees the driver API's launches); [] where the profiler is not available."""
     try:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                call()
+            for i in range(reps):
+                call(i)
             t.cuda.synchronize()
         rows = []
         for e in prof.key_averages():
@@ -408,6 +451,8 @@ def run(cases: list[Case], compile_baselines: bool, workers: int) -> tuple[list[
         for name in ("default", *case.variants):
             built = jobs[(case.name, name)].result()
             rows.append(check_and_time(case, name, built, sets, outs, ref, t))
+        # each case's table as soon as it is timed: a run cut short keeps the cases it finished
+        print(report([case], [r for r in rows if r["case"] == case.name], base, copy)[0], flush=True)
         del sets, outs
         t.cuda.empty_cache()
     pool.shutdown()
@@ -496,12 +541,11 @@ def main(argv: list[str] | None = None) -> int:
         cases = [select_variants(c, args.variants.split(",")) for c in cases]
     began = time.time()
     rows, base, copy = run(cases, not args.no_compile, args.workers)
-    text, ok = report(cases, rows, base, copy)
+    _, ok = report(cases, rows, base, copy)  # (each case's table was printed as it finished)
     if args.json:
         args.json.write_text(json.dumps({"copy_bytes_per_s": copy, "seconds": time.time() - began, "rows": rows,
                                          "baselines": {f"{c}:{k}": v for (c, k), v in base.items()}},
                                         indent=1, default=str))
-    print(text)
     print(f"\n{time.time() - began:.0f} s")
     return 0 if ok else 1
 

@@ -85,6 +85,26 @@ def _producer_copy(side: str, lw: ContractionLowering, sig: Signature, sizes, it
         return f"(habu::u32)({c(copy.byte_offset(CExpr('(habu::u32)i'), CExpr(f'(habu::u32)({x})')))})"
 
     if move == "cp.async":
+        spans = lw.bk * e // 128  # a k tile of several 128-byte spans: the same rows' vectors, span after span
+        if spans > 1 and 128 % (per_row // spans) == 0 and per_row % spans == 0:
+            per_span = per_row // spans  # vectors per 128-byte span of a row
+            step = 128 // per_span
+            koff = access_offset(access, coord, sizes, lw.index_width, table, ("k",))
+            kmask = access_mask(access.along("k"), {"k": "kk"}, sizes, table)
+            column = f"ks * {per_span * vec} + (ptid % {per_span}) * {vec}"
+            return f"""#pragma unroll
+        for (int ks = 0; ks < {spans}; ++ks) {{  // each span's vectors of the thread's rows
+          const {it} kk = k0 + {column};
+          const bool k_ok = {kmask};
+#pragma unroll
+          for (int j = 0; j < {rows * per_span // 128}; ++j) {{
+            const int i = ptid / {per_span} + {step} * j;
+            const bool ok = {side.lower()}_row_off[j] >= 0 && k_ok;
+            const {CTYPE[access.dtype]}* src = ok ? {p} + {side.lower()}_row_off[j] + ({koff}) : {p};
+            habu::cp_async<{vec * e}>({base} + {dst(column)}, src, ok);
+          }}
+        }}
+"""
         if 128 % per_row == 0:
             # each thread copies the same vector column of the same rows at every k step: their row
             # offsets (through the gather) were computed once per tile (`rows_setup`)
@@ -132,6 +152,9 @@ def _rows_setup(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
     """Per tile, before the k loop: the row part of each cp.async source offset and its mask."""
     access: Access = lw.a if side == "A" else lw.b
     per_row = lw.bk // vec
+    spans = lw.bk * DTYPES[access.dtype].bytes // 128
+    if spans > 1 and per_row % spans == 0 and 128 % (per_row // spans) == 0:
+        per_row //= spans  # the copies take a k tile of several spans span by span (`_producer_copy`)
     if 128 % per_row:
         return ""
     count = rows * per_row // 128
@@ -243,12 +266,14 @@ class _Kernel:
         return f"smem_base + {self.off[side + '0']}u + (habu::u32){stage} * {self.stride}u"
 
 
-def _tma_issue(kc: _Kernel) -> list[str]:
-    """The TMA loads of one k tile, from the ring's boxes: each box's shared-memory offset, its origin
-    (the k coordinate of the tile, the row of the box) and, in a cluster, the boxes this block
-    issues and the blocks they land in."""
+def _tma_issue(kc: _Kernel, sides: str = "AB") -> list[str]:
+    """The TMA loads of one k tile (of the operands `sides`), from the ring's boxes: each box's shared-memory
+    offset, its origin (the k coordinate of the tile, the row of the box) and, in a cluster, the boxes
+    this block issues and the blocks they land in."""
     out = []
     for ld in kc.ring.loads:
+        if ld.side not in sides:
+            continue
         k = ld.k_coordinate(CExpr("kt_begin"), CExpr("(kt - kt_begin)"))
         tmap, dst, row0 = kc.maps[ld.side], f"{ld.side.lower()}_stage", CExpr(f"{'m' if ld.side == 'A' else 'n'}0")
         access, row_axis = (kc.lw.a, "m") if ld.side == "A" else (kc.lw.b, "n")
@@ -268,7 +293,7 @@ def _tma_issue(kc: _Kernel) -> list[str]:
                        f"habu::{load}_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('j'))}, {ld.mask});  // {ld.boxes // ld.cluster} box(es) per block")
         else:
-            out += [f"habu::{load}({dst}{f' + {j * ld.box_bytes}u' if j else ''}, &{tmap}, full, {coords(j)});"
+            out += [f"habu::{load}({dst}{f' + {ld.landing(j)}u' if ld.landing(j) else ''}, &{tmap}, full, {coords(j)});"
                     for j in range(ld.boxes)]
     return out
 
@@ -278,13 +303,26 @@ def _producer_fill(kc: _Kernel, vecs: dict[str, int]) -> str:
     copies of the other operands, and the arrivals completing the stage's `full` phase."""
     lw, ring, moves = kc.lw, kc.ring, kc.moves
     issue = " ".join(_tma_issue(kc))
+    if ring.producer_arrivals == 1 and ring.ahead:  # B went ahead for the tile's first k tiles: A's rest
+        return f"""        if (ptid == 0) {{
+          if (kt < kt_ahead) {{  // B's boxes are in flight: A's bytes, the arrival
+            habu::mbar_arrive_expect_tx(full, {ring.expect_tx - ring.ahead_bytes});
+            {" ".join(_tma_issue(kc, "A"))}
+          }} else {{
+            habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
+            {issue}
+          }}
+        }}
+"""
     if ring.producer_arrivals == 1:  # TMA only: one thread posts the bytes and arrives
         return f"""        if (ptid == 0) {{
           habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
           {issue}
         }}
 """
-    expect = f"""        if (ptid == 0) {{
+    if ring.ahead and ring.expect_tx != ring.ahead_bytes:
+        raise ValueError("B ahead beside copies: the TMA boxes are B's alone")
+    expect = f"""        if (ptid == 0{" && kt >= kt_ahead" if ring.ahead else ""}) {{{"  // (before kt_ahead B went ahead)" if ring.ahead else ""}
           habu::mbar_expect_tx(full, {ring.expect_tx});
           {issue}
         }}
@@ -301,9 +339,47 @@ def _producer_fill(kc: _Kernel, vecs: dict[str, int]) -> str:
     return expect + copies + f"        {arrive}\n"
 
 
-def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
+def _b_ahead(kc: _Kernel, grid_wait: bool) -> str:
+    """B ahead (`MbarrierRing.ahead`): B's boxes of the tile's first k tiles, each stage's `empty` phase
+    waited and B's bytes posted, from a copy of the ring's state; then the wait for the plan's previous
+    kernel (where the producer's reads need it: A, its row table) and the k loop, which gives those tiles
+    the rest of their fill. B is read before that wait only where no kernel of the plan writes it."""
+    ring = kc.ring
+    b_written = _b_written(kc)
+    wait = "      habu::grid_dependency_wait();  // what the plan's earlier kernels wrote is visible from here\n"
+    start = ring.ahead_start(CExpr("stage"), CExpr("phase"))
+    return f"""{wait if grid_wait and b_written else ""}      // B's boxes of the tile's first {ring.ahead} k tiles first: the weights stream from the start
+      const long long kt_ahead = kt_end < kt_begin + {ring.ahead} ? kt_end : kt_begin + {ring.ahead};
+      {{
+        int stage_ahead = {c(start[0])};
+        habu::u32 phase_ahead = {c(start[1])};
+        for (long long kt = kt_begin; kt < kt_ahead; ++kt) {{
+          const habu::u32 full = {ring_barrier(ring, "stage_ahead")};
+          habu::mbar_wait({ring_barrier(ring, "stage_ahead", empty=True)}, {c(ring.producer_wait(CExpr('phase_ahead')))});
+          const habu::u32 b_stage = {kc.stage_base("B", "stage_ahead")};
+          if (ptid == 0) {{
+            habu::mbar_expect_tx(full, {ring.ahead_bytes});
+            {" ".join(_tma_issue(kc, "B"))}
+          }}
+          {ring_advance_line(ring).replace("(stage, phase)", "(stage_ahead, phase_ahead)")}
+        }}
+      }}
+{wait if grid_wait and not b_written else ""}"""
+
+
+def _b_written(kc: _Kernel) -> bool:
+    """Whether B (or a table it is gathered by) may be written by an earlier kernel of the plan: anything
+    but the model's own inputs, read in place."""
+    inputs = {t.name for t in kc.model.inputs}
+    b = kc.lw.b
+    return b.tensor not in inputs or any(p.table not in inputs for p in b.positions if p.kind == "gather") \
+        or kc.lw.kernel.b_move == "staged"
+
+
+def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: bool = False) -> str:
     """The producer warpgroup: for each k tile of each of its tiles, wait until the ring's stage is
-    free (the `empty` phase the lowering names), then fill it."""
+    free (the `empty` phase the lowering names), then fill it. `grid_wait`: the producer waits for the
+    plan's previous kernel itself (B ahead: after B's first boxes, where no earlier kernel writes B)."""
     lw, ring = kc.lw, kc.ring
     fill = _producer_fill(kc, vecs)  # (registers the copies' pointers before the row offsets' tables)
     rows_setup = "".join(
@@ -315,11 +391,12 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int) -> str:
            "    habu::cluster_sync();  // the peers have read them\n" if lw.cluster_split else "")
     k0 = (f"        const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};\n"
           if references(fill, "k0") else "")  # (TMA copies print their coordinates whole)
+    ahead = _b_ahead(kc, grid_wait) if ring.ahead else (GRID_WAIT.replace("  ", "    ", 1) if grid_wait else "")
     return f"""  if (wg == 0) {{  // ---------------------------------------------------------------- producer
     habu::setmaxnreg_dec<{producer_regs}>();
     const int ptid = threadIdx.x;
 {rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, kc.sizes, kc.it, "      ")}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+{tile_setup(lw, kc.sizes, kc.it, "      ")}{ahead}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
 {k0}        const habu::u32 full = {ring_barrier(ring, "stage")};
         habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
@@ -432,8 +509,9 @@ def _direct_epilogue(kc: _Kernel) -> str:
 """
 
 
-def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
-    """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue."""
+def _consumers(kc: _Kernel, split, early_main_loop: bool, grid_wait: bool = False) -> str:
+    """The consumer warpgroups: per tile, zero the accumulators, run the k loop, then the epilogue.
+    `grid_wait`: they wait for the plan's previous kernel first (the kernel's start does not)."""
     lw = kc.lw
     frag = lw.fragment  # the thread decode of the accumulator's lanes and warps
     if lw.kernel.store == "tma":
@@ -450,7 +528,7 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool) -> str:
     regs = lw.fragment.registers(lw.bn // 8)  # the accumulator's registers per slab (fragment_mismatch checks them)
     return f"""  }} else {{  // --------------------------------------------------------------------- consumers
     habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}
-    const int cw = wg - 1;
+{GRID_WAIT.replace("  ", "    ", 1) if grid_wait else ""}    const int cw = wg - 1;
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
 {store_state}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
@@ -477,7 +555,7 @@ def _setup(kc: _Kernel, early_main_loop: bool, generic_smem: bool = True) -> str
   const habu::u32 raw_base = habu::smem_addr(smem_raw);
   const habu::u32 smem_base = (raw_base + {align - 1}u) & ~{align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
 {"  unsigned char* smem = smem_raw + (smem_base - raw_base);" + chr(10) if generic_smem else ""}  const habu::u32 bars = smem_base + {ring.base};
-{GRID_LAUNCH}{"" if early_main_loop else GRID_WAIT}  const int wg = threadIdx.x / 128;
+{GRID_LAUNCH}{"" if early_main_loop or ring.ahead else GRID_WAIT}  const int wg = threadIdx.x / 128;
   const long long tiles = {c(kc.lw.tiles(kc.sizes))};
   // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer of the cluster is done with it
   if (threadIdx.x == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
@@ -541,7 +619,9 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     attrs = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
     sync_end = ("  habu::cluster_sync();  // no block leaves while a peer may still write its shared memory\n"
                 if ring.cluster > 1 else "")
-    roles = f"{_producer(kc, vecs, split.producer)}{_consumers(kc, split, early_main_loop)}"
+    # B ahead: each role waits for the plan's previous kernel itself (the producer after B's first boxes)
+    role_wait = bool(ring.ahead) and not early_main_loop
+    roles = f"{_producer(kc, vecs, split.producer, role_wait)}{_consumers(kc, split, early_main_loop, role_wait)}"
     body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n", lw.a.positions[-1].axis == "m")}
 extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {_setup(kc, early_main_loop, references(roles, "smem"))}{roles}{sync_end}}}

@@ -42,7 +42,10 @@ class SmemTile:
     swizzle: int = 0  # 0, 32, 64 or 128 bytes
     k_rows: bool = False
     # k-row tiles kept as blocks of `block_cols` m/n columns, each `block_rows` (the k tile) rows, one
-    # after another (an MN-major wgmma operand: one 64-column TMA box per block); 0: one block
+    # after another (an MN-major wgmma operand: one 64-column TMA box per block); 0: one block.
+    # K-major tiles (k_rows False) kept as blocks of `block_cols` k columns (one 128-byte swizzle span),
+    # each `block_rows` (the tile's m/n rows) rows, one after another (a wgmma k tile longer than one
+    # span: one TMA box per block along k)
     block_cols: int = 0
     block_rows: int = 0
 
@@ -54,6 +57,8 @@ class SmemTile:
         """(row, column) of the tile where the operand's element (mn, k) of this k tile is kept."""
         if self.k_rows and self.block_cols:
             return (mn // self.block_cols) * self.block_rows + k, mn % self.block_cols
+        if self.block_cols:  # K-major blocks along k
+            return (k // self.block_cols) * self.block_rows + mn, k % self.block_cols
         return (k, mn) if self.k_rows else (mn, k)
 
     def index(self, row: Any, *col: Any) -> Any:
@@ -344,15 +349,20 @@ class WgmmaOperands:
     def a_start(self, cw: Any, s: Any, kk: Any) -> tuple[Any, Any]:
         """The descriptor start (bytes from the stage's A tile) of slab s of warpgroup cw, k step kk,
         as (row part, k part): their sum. MN-major (A stored [k m]): the slab's 64 rows are one block
-        of the tile's 64-column blocks, a k step 16 rows of it."""
+        of the tile's 64-column blocks, a k step 16 rows of it. K-major in blocks along k: k step kk
+        is 16 columns of block kk / (span / 32)."""
         t = self.a_tile
         if t.k_rows:
             return t.linear_offset(*t.storage(self.slab_row(cw, s), 0)), kk * 16 * t.row_elems * t.elem_bytes
+        if t.block_cols:
+            return t.linear_offset(self.slab_row(cw, s)), _kmajor_block_start(t, kk)
         return t.linear_offset(self.slab_row(cw, s)), kk * 16 * t.elem_bytes
 
     def b_start(self, kk: Any) -> tuple[Any, Any]:
         if self.b_tile.k_rows:  # MN-major: a k step is 16 rows of the tile
             return 0, kk * 16 * self.b_tile.row_elems * self.b_tile.elem_bytes
+        if self.b_tile.block_cols:
+            return self.b_tile.linear_offset(0), _kmajor_block_start(self.b_tile, kk)
         return self.b_tile.linear_offset(0), kk * 16 * self.b_tile.elem_bytes
 
     @property
@@ -364,6 +374,16 @@ class WgmmaOperands:
         return self.a_copy.outer if self.a_copy.k_inner else self.a_copy.inner
 
 
+def _kmajor_block_start(tile: SmemTile, kk: Any) -> Any:
+    """The bytes from a K-major blocked tile's start to k step kk (16 columns) of its first row: the
+    block holding the step (block_rows rows of one span each), then the step within the block."""
+    steps = tile.block_cols // 16  # k steps per block
+    return (kk // steps) * (tile.block_rows * tile.row_elems * tile.elem_bytes) + (kk % steps) * 16 * tile.elem_bytes
+
+
+WGMMA_K_SPANS = (1, 2, 4)  # k tiles of 1, 2 or 4 swizzle spans (64, 128, 256 16-bit columns)
+
+
 def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dict[str, Buffer],
                    consumers: int) -> WgmmaOperands | None:
     """The wgmma path's maps for K-major operands, or MN-major ones (B stored [k n], A stored [k m])
@@ -372,10 +392,11 @@ def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dic
     e = DTYPES[a.dtype].bytes
     b_mn = b.positions[-1].axis != "k"
     a_mn = a.positions[-1].axis != "k"
-    if (kernel.tile_k * e != 128
+    if (kernel.tile_k * e not in tuple(128 * n for n in WGMMA_K_SPANS)
             or kernel.swizzle != 128 or consumers < 1 or kernel.tile_m % (64 * consumers) or a.dtype != b.dtype):
         return None
     span_cols = kernel.swizzle // e
+    k_blocks = kernel.tile_k // span_cols  # K-major tiles longer than a span: blocks along k
     if b_mn and (kernel.b_move != "tma" or kernel.tile_n % span_cols):
         return None
     if a_mn and (kernel.a_move != "tma" or span_cols != 64):
@@ -386,8 +407,15 @@ def wgmma_operands(kernel: ContractionKernel, a: Access, b: Access, buffers: dic
         tile = SmemTile(kernel.tile_k * (cols // span_cols), span_cols, e, kernel.swizzle, True, span_cols, kernel.tile_k)
         return tile if tile.bytes == buffer.size else None
 
-    a_tile = blocks(kernel.tile_m, buffers["A0"]) if a_mn else tile_of_buffer(buffers["A0"], e, kernel.swizzle, False)
-    b_tile = blocks(kernel.tile_n, buffers["B0"]) if b_mn else tile_of_buffer(buffers["B0"], e, kernel.swizzle, False)
+    def k_major(rows: int, buffer: Buffer) -> SmemTile | None:
+        if k_blocks == 1:
+            return tile_of_buffer(buffer, e, kernel.swizzle, False)
+        # k_blocks blocks of [rows][span], one TMA box each (the moves that write them: TMA, cp.async)
+        tile = SmemTile(rows * k_blocks, span_cols, e, kernel.swizzle, False, span_cols, rows)
+        return tile if tile.bytes == buffer.size else None
+
+    a_tile = blocks(kernel.tile_m, buffers["A0"]) if a_mn else k_major(kernel.tile_m, buffers["A0"])
+    b_tile = blocks(kernel.tile_n, buffers["B0"]) if b_mn else k_major(kernel.tile_n, buffers["B0"])
     if a_tile is None or b_tile is None:
         return None
 
@@ -485,4 +513,4 @@ def operands_for(kernel: ContractionKernel, a: Access, b: Access,
 _OPERANDS: dict[tuple, MmaSyncOperands | FmaOperands | WgmmaOperands | None] = {}
 
 
-__all__ = ["FmaOperands", "LdmatrixRead", "MmaSyncOperands", "SmemTile", "StageCopy", "ThreadGrid", "WarpGrid", "WgmmaDescriptor", "WgmmaOperands", "fma_operands", "ldmatrix_read", "mma_sync_operands", "operands_for", "wgmma_operands"]
+__all__ = ["WGMMA_K_SPANS", "FmaOperands", "LdmatrixRead", "MmaSyncOperands", "SmemTile", "StageCopy", "ThreadGrid", "WarpGrid", "WgmmaDescriptor", "WgmmaOperands", "fma_operands", "ldmatrix_read", "mma_sync_operands", "operands_for", "wgmma_operands"]

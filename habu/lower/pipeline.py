@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MN_BLOCK = 64  # columns of an MN-major box: one 128-byte swizzle span of 16-bit elements
+SPAN_BYTES = 128  # the swizzle span: the inner extent of every box (TMA's 128-byte swizzle holds no more)
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,10 @@ class TmaOperandLoad:
     columns of k; box j covers tile rows [j·box_rows, (j+1)·box_rows) and lands at byte
     j·box_bytes of the stage. In a cluster of `cluster` blocks sharing the tile (B multicast),
     box j is issued by block j mod cluster into every block of `mask`; otherwise each block issues
-    all its boxes into itself (mask 0)."""
+    all its boxes into itself (mask 0). With `k_boxes` > 1 (a K-major k tile of several swizzle
+    spans) the boxes also run along k: box j covers rows of row box j mod (boxes / k_boxes) and the
+    k columns [kb·box_k, (kb+1)·box_k) of k box kb = j / (boxes / k_boxes), still landing at
+    j·box_bytes (the stage tile keeps its k blocks one after another)."""
 
     side: str  # "A" or "B"
     mn_major: bool  # the operand's rows are contiguous (the box's inner coordinate is the row)
@@ -43,6 +47,7 @@ class TmaOperandLoad:
     mask: int = 0  # multicast: the cluster ranks each box lands in (0: no multicast)
     k_step: int = 0  # how far the box's k coordinate advances per k tile (the lowering's k_step)
     bk: int = 0  # the k tile (k coordinate of the split's first tile: begin·bk)
+    k_boxes: int = 1  # boxes along k per k tile (of the `boxes` in all)
 
     @property
     def box_bytes(self) -> int:
@@ -63,10 +68,28 @@ class TmaOperandLoad:
         """The k coordinate of the boxes of the `step`-th k tile of a split starting at tile `begin`."""
         return begin * self.bk + step * self.k_step
 
+    @property
+    def row_boxes(self) -> int:
+        return self.boxes // self.k_boxes
+
+    def row_box(self, box: Any) -> Any:
+        """The row box (along m or n) of box `box`."""
+        return box % self.row_boxes if self.k_boxes > 1 else box
+
+    def k_box(self, box: Any) -> Any:
+        """The k box of box `box` (0 where the boxes run along the rows only)."""
+        return box // self.row_boxes if self.k_boxes > 1 else 0
+
     def origin(self, row0: Any, k: Any, box: Any) -> tuple[Any, Any]:
         """The box's coordinates in the tensor map, innermost first."""
-        row = row0 + box * self.box_rows
+        row = row0 + self.row_box(box) * self.box_rows
+        if self.k_boxes > 1:
+            k = k + self.k_box(box) * self.box_k
         return (row, k) if self.mn_major else (k, row)
+
+    def landing(self, box: Any) -> Any:
+        """The byte of the stage's tile where box `box` lands (the boxes one after another)."""
+        return box * self.box_bytes
 
     def bytes_into(self, rank: int) -> int:
         """The bytes a k tile's boxes of this operand bring into the block of rank `rank`."""
@@ -101,6 +124,11 @@ class MbarrierRing:
     barrier_stride: int = 16
     empty_offset: int = 8
     base: int = 0  # bytes from the aligned shared-memory base to the first barrier (the layout's `bar` buffer)
+    # B ahead (the plan's `b_ahead`): for each output tile the producer first issues B's boxes of the tile's
+    # first `ahead` k tiles (waiting each stage's `empty` phase, posting B's bytes, no arrival), then runs
+    # its k loop from the tile's first k tile again: there each of those tiles gets the rest of its fill
+    # (A's boxes or copies, the arrivals), the later ones the whole fill. 0: every fill whole.
+    ahead: int = 0
 
     def stage(self, t: Any) -> Any:
         """The stage of the block's k tile t."""
@@ -138,6 +166,17 @@ class MbarrierRing:
     def load(self, side: str) -> TmaOperandLoad | None:
         return next((ld for ld in self.loads if ld.side == side), None)
 
+    def ahead_start(self, stage: Any, phase: Any) -> tuple[Any, Any]:
+        """The (stage, phase) B's boxes ahead start from, the ring at an output tile's first k tile being at
+        (stage, phase): the same (printed as `stage_ahead = stage`, run by habu.prove.pipeline)."""
+        return stage, phase
+
+    @property
+    def ahead_bytes(self) -> int:
+        """The bytes B's boxes bring a stage (posted ahead; the rest of `expect_tx` with the fill's rest)."""
+        b = self.load("B")
+        return b.bytes_into(0) if b is not None and self.ahead else 0
+
 
 @dataclass(frozen=True)
 class CpAsyncRing:
@@ -167,15 +206,19 @@ def wgmma_ring(stages: int, consumers: int, cluster: int, bm: int, bn: int, bk: 
             continue
         multicast = side == "B" and cluster > 1
         mn_major = b_mn if side == "B" else a_mn
-        if mn_major:
+        k_boxes = 1
+        if mn_major:  # (a box of 64 columns holds the whole k tile: up to 256 rows of k)
             box_rows, box_k, boxes = MN_BLOCK, bk, rows // MN_BLOCK
         elif multicast:
             box_rows, box_k, boxes = bn // cluster, bk, cluster
+        elif bk * element_bytes > SPAN_BYTES:  # K-major, longer than a swizzle span: boxes along k
+            k_boxes = bk * element_bytes // SPAN_BYTES
+            box_rows, box_k, boxes = rows, SPAN_BYTES // element_bytes, k_boxes
         else:
             box_rows, box_k, boxes = rows, bk, 1
         loads.append(TmaOperandLoad(side, mn_major, box_rows, box_k, boxes, element_bytes,
                                     cluster if multicast else 1, (1 << cluster) - 1 if multicast else 0,
-                                    k_step, bk))
+                                    k_step, bk, k_boxes))
     all_tma = all(m == "tma" for m in moves.values())
     tx = sum(ld.bytes_into(0) for ld in loads)
     arrivals = 1 if all_tma else 128
@@ -212,4 +255,5 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str =
                       DTYPES[a_dtype].bytes, a_last_axis == "m")
     layout = tensor_core_smem(kernel, a_dtype, b_dtype or a_dtype, b_last_axis == "k")
     bars = next((b.offset for b in layout.buffers if b.name == "bar"), 0)
-    return replace(ring, base=bars)
+    ahead = kernel.stages if getattr(kernel, "b_ahead", False) and ring.load("B") is not None and ring.cluster == 1 else 0
+    return replace(ring, base=bars, ahead=ahead)

@@ -18,6 +18,7 @@ from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
 from habu.lower.general import Store
 from habu.lower.grouped_wgmma import wgmma_refusal
+from habu.lower.layouts import WGMMA_K_SPANS
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import (
@@ -70,6 +71,16 @@ class PathSupport:
         return []
 
 
+def _b_ahead_refusals(lw: ContractionLowering, mma: str) -> list[str]:
+    """B's boxes ahead of the rest of the fill: a wgmma ring's, B by TMA into the block alone."""
+    k = lw.kernel
+    if not getattr(k, "b_ahead", False):
+        return []
+    if mma != "wgmma" or str(k.b_move) not in ("tma", "staged") or k.cluster_m > 1:
+        return ["b_ahead: the wgmma ring issues B's TMA boxes ahead (B by TMA, no multicast cluster)"]
+    return []
+
+
 class ContractionSupport(PathSupport):
     """A contraction path, told apart from the others by the kernel's `mma` field."""
 
@@ -85,7 +96,7 @@ class ContractionSupport(PathSupport):
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
                 *_split_cluster_refusals(lw, self.emits_clusters),
                 *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw),
-                *_k_gather_refusals(lw)]
+                *_k_gather_refusals(lw), *_b_ahead_refusals(lw, self.mma)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         """The refusals about the instruction's own layout (what its emitter checks before printing;
@@ -291,8 +302,10 @@ class WgmmaSupport(ContractionSupport):
         reasons = []
         if not k.warp_specialized:
             reasons.append("the wgmma path is warp-specialised")
-        if k.tile_k * e != 128 or k.swizzle != 128:
-            reasons.append("wgmma k tiles are 128 bytes with the 128-byte swizzle")
+        if k.tile_k * e not in tuple(128 * n for n in WGMMA_K_SPANS) or k.swizzle != 128:
+            reasons.append("wgmma k tiles are 128, 256 or 512 bytes with the 128-byte swizzle")
+        elif k.tile_k * e > 128 and k.cluster_m > 1:
+            reasons.append("a cluster multicasts B's k tile of one 128-byte span (k tiles of 128 bytes)")
         # an A stored [k m] is read like an N-major B: TMA boxes of 64 columns, the transpose bit
         m_major_ok = k.a_move == "tma" and e == 2 and k.tile_m % 64 == 0 and contiguous_along(lw.a, "m")
         if not contiguous_along(lw.a, "k") and not m_major_ok:

@@ -326,6 +326,10 @@ class ContractionPath(KernelPath):
         """The vector width an operand moved by `move` gets, `vector` being the widest aligned one."""
         return vector
 
+    def b_ahead_offered(self, kernel: ContractionKernel) -> bool:
+        """Whether the search also tries `kernel` with B's first boxes ahead (`b_ahead`)."""
+        return False
+
     def fixed_fields(self, target: Target) -> dict[str, object]:
         """Kernel fields the path fixes (warp specialisation, swizzle)."""
         return {"warp_specialized": False, "swizzle": 0}
@@ -354,9 +358,15 @@ class ContractionPath(KernelPath):
                              raster=raster, group_m=group, persistent=persistent, **self.fixed_fields(target),
                              store=store, cluster_m=cluster, split_reduce="atomic")
             yield kernel
+            clustered = None
             if skinny and split > 1 and self.cluster_splits(target) and not persistent and store == "direct" \
                     and cluster == 1:  # a skinny contraction's splits with any epilogue: the partials meet in a cluster
-                yield replace(kernel, split_reduce="cluster")
+                clustered = replace(kernel, split_reduce="cluster")
+                yield clustered
+            if skinny and self.b_ahead_offered(kernel):  # B's first boxes before everything else
+                yield replace(kernel, b_ahead=True)
+                if clustered is not None:
+                    yield replace(clustered, b_ahead=True)
 
     # ------------------------------------------------------------------ resources
 

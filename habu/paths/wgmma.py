@@ -22,7 +22,9 @@ SKINNY_STAGES = 16  # the deepest ring a skinny default asks for (64x16 tiles: 2
 # narrow and deep 64-row tiles for skinny (decode) contractions: the weights streamed by enough blocks
 # with enough bytes in flight each (the wide shapes above stop at 6 stages of 64-wide tiles)
 SKINNY_SHAPES: list[Shape] = [(64, bn, 64, 8, st) for bn in (16, 32, 48) for st in (4, 6, 8, 12)] + \
-    [(64, bn, 64, 8, st) for bn in (64, 128) for st in (8, 10, 12)]
+    [(64, bn, 64, 8, st) for bn in (64, 128) for st in (8, 10, 12)] + \
+    [(64, bn, bk, 8, st) for bn, bk, st in ((64, 128, 4), (64, 128, 6), (128, 128, 4), (64, 256, 3), (128, 256, 2))]
+# (the last: k tiles of 2 and 4 swizzle spans, 256 and 512 bytes of each K-major weight row a stage)
 
 
 def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:
@@ -131,6 +133,9 @@ class WgmmaPath(ContractionPath):
 
     def cluster_splits(self, target: Target) -> bool:
         return target.clusters
+
+    def b_ahead_offered(self, kernel: ContractionKernel) -> bool:
+        return kernel.b_move == "tma" and kernel.cluster_m == 1
 
     def fixed_fields(self, target: Target) -> dict[str, object]:
         return {"warp_specialized": target.setmaxnreg, "swizzle": 128}

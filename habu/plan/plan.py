@@ -101,6 +101,10 @@ class ContractionKernel:
         "in shared memory, and each adds up 1/split_k of the tile's rows from all of them and applies the "
         "epilogue; any epilogue, no zero fill)", P, default=SplitReduce.ATOMIC, pins=("split_reduce", "reduce"),
         json_optional=True, unguarded=KEEP)
+    b_ahead: bool = choice(
+        "wgmma: the producer issues B's TMA boxes of each tile's first `stages` k tiles before anything else "
+        "(A's gathered row offsets, the wait for the plan's previous kernel), so the weights stream from the "
+        "kernel's first instant", L, default=False, pins=("b_ahead",), json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

@@ -29,6 +29,7 @@ from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sam
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import route_key, route_of, warp_parts
 from habu.prove.split_cluster import finish_cluster_split
+from habu.prove.tma_landing import tma_landing_faults
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
@@ -326,7 +327,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
     route = route_of(lw)
-    for fault in route.faults:
+    for fault in (*route.faults, *tma_landing_faults(lw.pipeline, lw.operands)):
         mem.fault(f"{name}: {fault}")
     for (split, z, lrows, lcols), mn in sorted(groups.items()):
         # the blocks of one batch: every access reads the batch positions at the decoded coordinates
@@ -435,10 +436,12 @@ def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk:
         landed = np.ones(rows.shape, bool)
     else:
         assert isinstance(ring, MbarrierRing)
-        box = local // load.box_rows
+        row_box = local // load.box_rows
+        k_box = kk // load.box_k if load.k_boxes > 1 else 0  # (boxes along k: a K-major tile of several spans)
+        box = k_box * load.row_boxes + row_box  # the box holding the element, as the lowering numbers them
         first = load.origin(row0, load.k_coordinate(int(begin), t)[:, None, None], box)
         start, k = first if load.mn_major else (first[1], first[0])
-        coords = {**(batch or {}), axis: start + local - box * load.box_rows, "k": k + kk}
+        coords = {**(batch or {}), axis: start + local - row_box * load.box_rows, "k": k + kk - k_box * load.box_k}
         table = np.array([[any(load.lands_in(j, q, i) for i in range(ring.cluster)) for j in range(load.boxes)]
                           + [False] for q in range(ring.cluster)], dtype=bool)
         landed = table[ranks[:, None, None] % ring.cluster, np.minimum(box, load.boxes)]

@@ -88,6 +88,16 @@ class _Ring:
         self.cons = {(b, c): [0, s0, p0, -1] for b in range(B) for c in range(ring.consumers)}  # t, stage, phase, held
         self.flight: list[tuple[int, int, tuple[str, int], int, int]] = []  # block, stage, region, tile, bytes
         self.run = RingRun({key: [] for key in self.cons})
+        # B ahead (`MbarrierRing.ahead`): each k tile's output tile (its first k tile, its k tiles), and per
+        # block the ahead cursor [t, stage, phase, end] while it runs and the output tiles it has run for
+        self.first: dict[int, tuple[int, int]] = {}
+        t = 0
+        for n in self.steps:
+            for j in range(n):
+                self.first[t + j] = (t, n)
+            t += n
+        self.pre: list[list[int] | None] = [None] * B
+        self.pre_done: list[set[int]] = [set() for _ in range(B)]
         if not 0 <= ring.start_stage < S:
             self.run.fault(f"the ring starts at stage {ring.start_stage}, outside its {S} stages")
 
@@ -102,21 +112,54 @@ class _Ring:
         state[1], state[2] = stage, phase
 
     # -- the producer of block b
-    def producer_ready(self, b: int) -> bool:
+    def _cursor(self, b: int) -> list[int] | None:
+        """The producer's next step: the ahead cursor at an output tile's start (until B's boxes of its first
+        `ahead` k tiles are issued, from the main cursor's stage and phase), else the main cursor."""
         t, stage, phase = self.prod[b]
-        return t < self.total and self.empty[b][stage].completed(self.ring.producer_wait(phase))
+        if t >= self.total:
+            return None
+        if self.ring.ahead:
+            t0, n = self.first[t]
+            if t == t0 and t0 not in self.pre_done[b]:
+                if self.pre[b] is None:
+                    s0, p0 = self.ring.ahead_start(stage, phase)
+                    self.pre[b] = [t0, s0 % self.ring.stages, p0, t0 + min(self.ring.ahead, n)]
+                return self.pre[b]
+        return self.prod[b]
 
-    def producer_act(self, b: int) -> None:
+    def producer_ready(self, b: int) -> bool:
+        cur = self._cursor(b)
+        return cur is not None and self.empty[b][cur[1]].completed(self.ring.producer_wait(cur[2]))
+
+    def _in_flight(self, b: int, stage: int, t: int, sides: str) -> None:
         ring = self.ring
-        t, stage, _ = self.prod[b]
-        full = self.full[b][stage]
-        full.tx += ring.expect_tx
-        tma = {ld.side for ld in ring.loads}
         for ld in ring.loads:
+            if ld.side not in sides:
+                continue
             for j in range(ld.boxes):
                 for q in range(ring.cluster):
                     if ld.lands_in(j, q, b):
                         self.flight.append((q, stage, (ld.side, j), t, ld.box_bytes))
+
+    def producer_act(self, b: int) -> None:
+        ring = self.ring
+        cur = self._cursor(b)
+        assert cur is not None
+        t, stage = cur[0], cur[1]
+        full = self.full[b][stage]
+        if cur is self.pre[b]:  # B's boxes ahead: their bytes posted, no arrival
+            full.tx += ring.ahead_bytes
+            self._in_flight(b, stage, t, "B")
+            self._advance(cur)
+            if cur[0] == cur[3]:
+                self.pre_done[b].add(self.first[t][0])
+                self.pre[b] = None
+            return
+        t0, n = self.first[t]
+        rest = ring.ahead and t - t0 < min(ring.ahead, n)  # B went ahead: the rest of the fill
+        full.tx += ring.expect_tx - (ring.ahead_bytes if rest else 0)
+        self._in_flight(b, stage, t, "A" if rest else "AB")
+        tma = {ld.side for ld in ring.loads}
         for side in "AB":
             if side not in tma:  # the producer threads' copies land before they arrive
                 self._land(b, stage, (side, 0), t)

@@ -384,6 +384,8 @@ def _movement(name: str, side: str, acc: Access, move: str, vec: int, lw: Contra
     rows = k.tile_m if side == "A" else k.tile_n
     # a tile contiguous along its rows (an N-major B) is loaded as boxes one swizzle span wide
     inner = k.tile_k if k_contiguous else (min(rows, k.swizzle // e) if k.swizzle else rows)
+    if k_contiguous and str(k.mma) == "wgmma" and k.swizzle and inner * e > k.swizzle:
+        inner = k.swizzle // e  # a wgmma k tile of several spans is loaded as boxes one span long
     if side == "B" and k.cluster_m > 1 and k_contiguous:
         rows //= k.cluster_m  # each block of the cluster loads its part of B's rows
     outer = (1 if move == "tma-gather4" else rows) if k_contiguous else k.tile_k
