@@ -165,6 +165,33 @@ def partial_slot_ignores_split(lw: Any) -> AttentionLowering:
     return _planted(lw, "partial_slot", lambda self, split, flat, row, sizes: slot(self, split * 0, flat, row, sizes))
 
 
+# the same decode with its KV tiles sliced over 2 warps a block (keys 16.. of each 32-key tile the second warp's),
+# their partials merged in shared memory before the split's partial is kept
+SLICED_PINS = {**DECODE_PINS, "kv_split": "64", "kv_warps": "2"}
+
+
+def merge_rescale_inverted(lw: Any) -> AttentionLowering:
+    """The merge of a block's key slices multiplies each slice's l and O by exp(M − m_s)."""
+    return _planted(lw, "merge_exponent", lambda self, m_slice, m_all, ops: ops.sub(m_all, m_slice))
+
+
+def merge_one_slice(lw: Any) -> AttentionLowering:
+    """The merge reads slice 0's warp for every slice: the other slices' keys are dropped, slice 0 counted twice."""
+    merge_warp = AttentionLowering.merge_warp
+    return _planted(lw, "merge_warp", lambda self, t, s: merge_warp(self, t, s * 0))
+
+
+def key_slice_ignores_warp(lw: Any) -> AttentionLowering:
+    """Every warp multiplies the first slice of each KV tile (its K rows, V rows and the keys its mask sees)."""
+    return _planted(lw, "key_slice", lambda self, warp: warp * 0)
+
+
+def merge_rows_of_warp_zero(lw: Any) -> AttentionLowering:
+    """Each warp stores its partial O where warp 0's goes: the merge reads the last writer's slice for all."""
+    merge_o = AttentionLowering.merge_o
+    return _planted(lw, "merge_o", lambda self, warp, t, d: merge_o(self, warp * 0, t, d))
+
+
 # the mutation suite's entries (habu/bench/mutants.py's `Mutant` fields: name, the bug, example, model, shape,
 # the planted lowering, pins)
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
@@ -211,6 +238,16 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
     ("attention-split-tiles-overlap", "each KV split ends one tile late (the next split's first tile in two "
      "splits)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, split_tiles_overlap,
      DECODE_PINS),
+    ("attention-merge-rescale-inverted", "the merge of a decode block's key slices multiplies each slice's l "
+     "and O by exp(M − m_s)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, merge_rescale_inverted,
+     SLICED_PINS),
+    ("attention-merge-one-slice", "the merge of a decode block's key slices reads slice 0 for every slice",
+     "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, merge_one_slice, SLICED_PINS),
+    ("attention-key-slice-ignores-warp", "every warp of a decode block multiplies the first key slice of each "
+     "KV tile", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, key_slice_ignores_warp, SLICED_PINS),
+    ("attention-merge-o-of-warp-zero", "every warp of a decode block stores its partial O in warp 0's rows of "
+     "the merge area", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, merge_rows_of_warp_zero,
+     SLICED_PINS),
     ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
      "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
      DECODE_PINS),

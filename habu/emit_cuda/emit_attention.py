@@ -30,6 +30,7 @@ from habu.emit_cuda.common import (
     index_type,
     store_value,
 )
+from habu.emit_cuda.emit_attention_merge import merge_epilogue
 from habu.emit_cuda.emit_attention_split import split_epilogue, split_workspaces
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
@@ -77,17 +78,18 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         q_once = ""
         q_step = "#pragma unroll\n      for (int mi = 0; mi < " + str(mi_n) + "; ++mi) {\n" + q_loads("        ", "0") \
             + "      }\n"
-    k_addr = c(lw.k_rows(cx("s"), cx("lane"), cx("kk"), cx("jp")))
+    k_addr = c(lw.k_slice_rows(cx("warp"), cx("s"), cx("lane"), cx("kk"), cx("jp")))
 
     def packed(r: int) -> str:
         (g0, q0), (g1, q1) = lw.p_fragment(cx("kk"), r)
         return f"        pa[mi][{r}] = habu::pack_bf16x2(sc[mi][{c(g0)}][{q0}], sc[mi][{c(g1)}][{q1}]);"
 
     p_frag = "\n".join(packed(r) for r in range(4))
-    v_addr = c(lw.v_rows(cx("s"), cx("lane"), cx("kk"), cx("dp")))
+    v_addr = c(lw.v_slice_rows(cx("warp"), cx("s"), cx("lane"), cx("kk"), cx("dp")))
     fr = lw.fragment
     q_h, q_half = lw.register_parts(cx("q"))  # register q of an 8-column group: (h, column in the pair)
-    s_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), q_half)]
+    s_row, s_col = fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), q_half)
+    s_elem = [c(s_row), c(lw.slice_key(cx("warp"), s_col))]  # the score's row, and its key in the tile
     o_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("dn"), q_h, q_half)]
     pq, pk, pv = (sig.pointer(a.tensor, "bf16") for a in (lw.q, lw.k, lw.v))
     po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
@@ -127,7 +129,9 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     v_ok = f"{c(lw.key_inside(CExpr('j'), sizes))} && ({access_mask(lw.v, v_coord, sizes, table)})"
     row_of = lambda t: c(lw.row(CExpr("qt"), CExpr(t)))  # noqa: E731
     key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
-    if split_on:
+    if lw.kv_warps > 1:
+        epilogue = merge_epilogue(lw, sig, sizes, it, table, rt, o_elem, o_coord)
+    elif split_on:
         epilogue = split_epilogue(lw, sig, sizes, it, table, rt, o_elem, h_q, o_coord)
     else:
         epilogue = f"""#pragma unroll
@@ -302,7 +306,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   habu::cp_async_wait<0>();
 {epilogue}}}
 """
-    src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × {16 * k.warp_m}), "
+    src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × {16 * k.warp_m}"
+                 + (f", each {lw.slice_keys} keys of a tile" if lw.kv_warps > 1 else "") + "), "
                  f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16" + (f", split-KV: {k.kv_split} keys a block" if split_on else ""),
                  [f"computes {lw.node.target} = softmax-weighted sum over #{lw.key_extent} "
                   f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",

@@ -38,23 +38,13 @@ def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
     fr = lw.fragment
     cx = CExpr
     po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
-    counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
-    po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     split, flat, qt = cx("split"), cx("flat"), cx("qt")
     row_of = lambda t: c(lw.row(qt, cx(t)))  # noqa: E731
     inside = c(lw.row_inside(cx("i"), sizes))
     part = c(lw.partial_offset(split, flat, cx("i"), cx("d"), sizes))
     slot = c(lw.partial_slot(split, flat, cx("i"), sizes))
     m_row = c(fr.element(cx("rt"), cx("lane"), 0, cx("h"), 0)[0])
-    s_slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
-    s_part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
-    t_of, d_of = (c(x) for x in lw.combine_element(cx("e")))
-    exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", FloatOps())
     lead = c(cx("lane") % fr.lanes_per_row)
-    last = f"habu::last_block_done({counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))}))"
-    out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
-    store = store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
-                        "habu::f_div0(acc, sum)")
     return f"""  // this split's partial: each lane's unnormalised O registers; m and l of its rows from their first lane
 #pragma unroll
   for (int mi = 0; mi < {lw.sets_per_warp}; ++mi) {{
@@ -77,7 +67,29 @@ def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
       }}
     }}
   }}
-  if ({last}) {{  // every split of the query tile is in: combine them
+{split_combine(lw, sig, sizes, it, table, o_coord)}"""
+
+
+def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, table: Callable[..., str],
+                  o_coord: dict[str, str]) -> str:
+    """The block completing its query tile's count combines every split's partial (after its own partial is
+    stored, by registers or by the slices' merge)."""
+    cx = CExpr
+    po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
+    counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
+    po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    flat, qt = cx("flat"), cx("qt")
+    row_of = lambda t: c(lw.row(qt, cx(t)))  # noqa: E731
+    inside = c(lw.row_inside(cx("i"), sizes))
+    s_slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
+    s_part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
+    t_of, d_of = (c(x) for x in lw.combine_element(cx("e")))
+    exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", FloatOps())
+    last = f"habu::last_block_done({counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))}))"
+    out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
+    store = store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
+                        "habu::f_div0(acc, sum)")
+    return f"""  if ({last}) {{  // every split of the query tile is in: combine them
     for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{
       const {it} i = ({it})({row_of(t_of)});
       const {it} d = ({it})({d_of});

@@ -76,11 +76,90 @@ class AttentionLowering:
 
     @property
     def warps(self) -> int:
-        return self.kernel.bm // (MMA_M * self.kernel.warp_m)
+        """The block's warps: a group of `kv_warps` for each row tile set (its row tiles' keys sliced over them)."""
+        return self.kernel.bm // (MMA_M * self.kernel.warp_m) * self.kv_warps
+
+    @property
+    def kv_warps(self) -> int:
+        """Warps sharing the block's KV tiles (each a slice of every tile's keys; 1: one warp takes every key)."""
+        return self.kernel.kv_warps
 
     def row_tile(self, warp: Any, mi: Any) -> Any:
-        """The 16-row tile a warp's mi-th accumulators compute (rows 16·row_tile..)."""
-        return warp * self.kernel.warp_m + mi
+        """The 16-row tile a warp's mi-th accumulators compute (rows 16·row_tile..): the warps of one row tile set
+        are `kv_warps` adjacent warps."""
+        if self.kv_warps == 1:
+            return warp * self.kernel.warp_m + mi
+        return floordiv(warp, self.kv_warps) * self.kernel.warp_m + mi
+
+    # -- the KV tile's keys sliced over the warps of a row tile set (`kv_warps`)
+    @property
+    def slice_keys(self) -> int:
+        """The keys of a KV tile one warp takes: bn / kv_warps (whole k16 steps of P·V)."""
+        return self.kernel.bn // self.kv_warps
+
+    def key_slice(self, warp: Any) -> Any:
+        """The slice of each KV tile warp `warp` takes: keys key_slice·slice_keys.. of the tile."""
+        return warp % self.kv_warps
+
+    def slice_key(self, warp: Any, col: Any) -> Any:
+        """The tile key of column `col` of the warp's scores (S holds its slice's keys)."""
+        if self.kv_warps == 1:
+            return col
+        return self.key_slice(warp) * self.slice_keys + col
+
+    def k_slice_rows(self, warp: Any, stage: Any, lane: Any, kk: Any, jp: Any) -> Any:
+        """`k_rows` for the warp's jp-th 16-key pair: the tile's pair key_slice·key_pairs + jp."""
+        if self.kv_warps == 1:
+            return self.k_rows(stage, lane, kk, jp)
+        return self.k_rows(stage, lane, kk, self.key_slice(warp) * self.key_pairs + jp)
+
+    def v_slice_rows(self, warp: Any, stage: Any, lane: Any, kk: Any, dp: Any) -> Any:
+        """`v_rows` for the warp's kk-th k16 step of P·V: the tile's step key_slice·pv_steps + kk."""
+        if self.kv_warps == 1:
+            return self.v_rows(stage, lane, kk, dp)
+        return self.v_rows(stage, lane, self.key_slice(warp) * self.pv_steps + kk, dp)
+
+    # -- the merge of the slices' partials in shared memory (kv_warps > 1), as f32 words from the start of the
+    # dynamic shared memory (the K/V buffers, free once the KV loop is done): each warp's unnormalised O
+    # (bm rows × #D), then its rows' m, then their l
+    def merge_o(self, warp: Any, t: Any, d: Any) -> Any:
+        assert self.width_d is not None
+        return (warp * self.kernel.bm + t) * self.width_d + d
+
+    def merge_m(self, warp: Any, t: Any) -> Any:
+        assert self.width_d is not None
+        return self.warps * self.kernel.bm * self.width_d + warp * self.kernel.bm + t
+
+    def merge_l(self, warp: Any, t: Any) -> Any:
+        assert self.width_d is not None
+        return self.warps * self.kernel.bm * (self.width_d + 1) + warp * self.kernel.bm + t
+
+    def merge_bytes(self) -> int:
+        assert self.width_d is not None
+        return 4 * self.warps * self.kernel.bm * (self.width_d + 2)
+
+    @property
+    def merge_count(self) -> int:
+        """The elements (row of the tile, column d) the block's threads merge, striding over them."""
+        assert self.width_d is not None
+        return self.kernel.bm * self.width_d
+
+    def merge_element(self, e: Any) -> tuple[Any, Any]:
+        """(row in the tile, column d) of merged element e."""
+        assert self.width_d is not None
+        return floordiv(e, self.width_d), e % self.width_d
+
+    def merge_warp(self, t: Any, s: Any) -> Any:
+        """The warp holding slice s of tile row t's partials (the row tile set of row t, slice s)."""
+        return floordiv(t, MMA_M * self.kernel.warp_m) * self.kv_warps + s
+
+    def merge_exponent(self, m_slice: Any, m_all: Any, ops: Any) -> Any:
+        """The exponent of the factor a slice's l and O are multiplied by in the merge: exp(m_s − M)."""
+        return ops.sub(m_slice, m_all)
+
+    def row_writer(self, d: Any) -> Any:
+        """Whether the merged element of column d writes its row's m and l (one element a row)."""
+        return d == 0
 
     @property
     def row_tiles(self) -> int:
@@ -105,18 +184,18 @@ class AttentionLowering:
 
     @property
     def key_pairs(self) -> int:
-        """The 16-key pairs of 8-key groups one ldmatrix.x4 of K serves (jp)."""
-        return self.kernel.bn // (2 * MMA_N)
+        """The 16-key pairs of 8-key groups one ldmatrix.x4 of K serves (jp), of the warp's slice."""
+        return self.slice_keys // (2 * MMA_N)
 
     @property
     def score_groups(self) -> int:
-        """The 8-key groups of S's accumulators a lane holds per row tile (jn)."""
-        return self.kernel.bn // MMA_N
+        """The 8-key groups of S's accumulators a lane holds per row tile (jn), of the warp's slice."""
+        return self.slice_keys // MMA_N
 
     @property
     def pv_steps(self) -> int:
-        """The k16 steps of O += P·V over the tile's keys (kk): P's A fragment from groups 2kk, 2kk + 1."""
-        return self.kernel.bn // MMA_K
+        """The k16 steps of O += P·V over the warp's slice of keys (kk): P's A fragment from groups 2kk, 2kk + 1."""
+        return self.slice_keys // MMA_K
 
     @property
     def out_groups(self) -> int:
@@ -464,7 +543,7 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
     return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
                              form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
                              kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
-                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))),
+                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m)) * kernel.kv_warps),
                              mask_ranges=tuple(ranges))
 
 

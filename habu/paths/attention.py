@@ -32,7 +32,7 @@ WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess unti
 WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
 
 
-def kv_split_for(blocks: int, keys: int, sms: int) -> int:
+def kv_split_for(blocks: int, keys: int, sms: int, kv_warps: int = 1) -> int:
     """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 512 down to 128
     keys that gives about two blocks an SM; 0 where the query tiles alone fill the GPU or the keys are one
     split. Measured on the H200
@@ -95,6 +95,9 @@ class AttentionPath(KernelPath):
         if base.bm == 16:
             for split, bn in itertools.product((256, 512, 128, 64), (32, 64)):
                 yield replace(base, bn=bn, kv_split=split)
+            # the KV tiles sliced over several warps a block (16 keys each; merged in shared memory)
+            for split, (bn, warps) in itertools.product((0, 128, 256, 512), ((64, 4), (128, 8), (32, 2))):
+                yield replace(base, bn=bn, kv_split=split, kv_warps=warps)
 
     def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
                         sizes: dict[str, int]) -> Iterator[Kernel]:

@@ -247,6 +247,11 @@ class AttentionKernel:
                            "and the last of them to finish combines them); 0: one block reads every key", P,
                            default=0, allowed=(0, 32, 64, 128, 256, 512, 1024, 2048, 4096), pins=("kv_split",),
                            json_optional=True, unguarded=KEEP)
+    kv_warps: int = choice("warps sharing one query tile's KV tiles (a decode: query tiles of 16 rows): warp w takes "
+                           "keys w·bn/kv_warps.. of each tile (a slice of 16 or more keys) with its own running max, sum "
+                           "and O, merged in shared memory at the end (the online softmax's combine); the block's "
+                           "threads copy the tiles together", P, default=1, allowed=(1, 2, 4, 8), pins=("kv_warps",),
+                           json_optional=True, unguarded=KEEP)
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel | AttentionKernel

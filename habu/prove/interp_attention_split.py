@@ -69,6 +69,21 @@ class SplitRun:
         self.m[slot[ok]] = m[keep][ok]
         self.l[slot[ok]] = l_run[keep][ok]
 
+    def store_elements(self, name: str, split: int, flat: int, qt: int, t: np.ndarray, d: np.ndarray, o: np.ndarray,
+                       m: np.ndarray, l_run: np.ndarray, where: str) -> None:
+        """Split `split`'s partial of (flat, qt) from the merge of its slices: O at the tile's rows t (inside #I)
+        and columns d, m and l from the elements `row_writer` picks."""
+        lw, sizes = self.lw, self.sizes
+        rows = np.asarray(lw.row(qt, t))
+        off = np.asarray(lw.partial_offset(split, flat, rows, d, sizes))
+        ok = self._inside(name, "partial O", off, self.o.size, where)
+        self.o[off[ok]] = o[ok]
+        writer = np.asarray(lw.row_writer(d), dtype=bool)
+        slot = np.asarray(lw.partial_slot(split, flat, rows, sizes))[writer]
+        ok = self._inside(name, "partial m and l", slot, self.slots, where)
+        self.m[slot[ok]] = m[writer][ok]
+        self.l[slot[ok]] = l_run[writer][ok]
+
     def arrive(self, name: str, flat: int, qt: int, coords: Mapping[str, Any], ops: Any, where: str) -> None:
         """The block counts itself on its tile's counter; the last of the tile's splits combines."""
         lw, sizes = self.lw, self.sizes

@@ -208,22 +208,30 @@ def _fragment_obligations(name: str, lw: AttentionLowering, n_e: int, n_d: int) 
     rule = ATTENTION_RULES["attention-fragments"]
     k, fr = lw.kernel, lw.fragment
     covers = ((lw.qk_steps * MMA_K, n_e, "the k steps of S = Q·Kᵀ cover #E"),
-              (lw.key_pairs * 2 * MMA_N, k.bn, "K's ldmatrix.x4 pairs cover the tile's keys"),
-              (lw.score_groups * MMA_N, k.bn, "S's 8-key groups cover the tile's keys"),
-              (lw.pv_steps * MMA_K, k.bn, "the k steps of O += P·V cover the tile's keys"),
+              (lw.slice_keys * lw.kv_warps, k.bn, "the warps' key slices cover the tile's keys"),
+              (lw.key_pairs * 2 * MMA_N, lw.slice_keys, "K's ldmatrix.x4 pairs cover a warp's keys"),
+              (lw.score_groups * MMA_N, lw.slice_keys, "S's 8-key groups cover a warp's keys"),
+              (lw.pv_steps * MMA_K, lw.slice_keys, "the k steps of O += P·V cover a warp's keys"),
               (lw.out_groups * MMA_N, n_d, "O's 8-column groups cover #D"),
               (lw.value_pairs * 2 * MMA_N, n_d, "V's ldmatrix.x4.trans pairs cover #D"),
               (lw.registers, 4, "an 8-column group holds the m16n8 accumulator's 4 registers"),
-              (lw.warps * lw.sets_per_warp * MMA_M, k.bm, "the warps' accumulator sets cover the query tile"))
+              (lw.warps * lw.sets_per_warp * MMA_M, k.bm * lw.kv_warps,
+               "the warps' accumulator sets cover the query tile once a key slice"))
     for got, want, text in covers:
         yield Obligation(rule, name, None, f"{text} ({got} = {want})", got == want, detail=f"{got} ≠ {want}")
     w1, m1, w2, m2, q1, q2 = z3.Ints("warp mi other_warp other_mi reg other_reg")
     sets = lambda w, m: z3.And(_in(w, 0, lw.warps), _in(m, 0, lw.sets_per_warp))  # noqa: E731
-    yield Obligation(rule, name, None, "each accumulator set of a warp computes a row tile of its own",
+    one_slice = (lambda w1, w2: z3.BoolVal(True)) if lw.kv_warps == 1 else \
+        (lambda w1, w2: lw.key_slice(w1) == lw.key_slice(w2))
+    yield Obligation(rule, name, None, "each accumulator set of a warp computes a row tile (and key slice) of its own",
                      z3.ForAll([w1, m1, w2, m2], z3.Implies(z3.And(sets(w1, m1), sets(w2, m2)), z3.And(
-                         _in(lw.row_tile(w1, m1), 0, lw.row_tiles),
-                         z3.Implies(z3.Or(w1 != w2, m1 != m2), lw.row_tile(w1, m1) != lw.row_tile(w2, m2))))),
-                     detail="two accumulator sets compute one row tile, or one computes past the query tile")
+                         _in(lw.row_tile(w1, m1), 0, lw.row_tiles), _in(z3.IntVal(0) + lw.key_slice(w1), 0, lw.kv_warps),
+                         z3.Implies(z3.And(z3.Or(w1 != w2, m1 != m2), one_slice(w1, w2)),
+                                    lw.row_tile(w1, m1) != lw.row_tile(w2, m2))))),
+                     detail="two accumulator sets compute one row tile of one key slice, or one computes past the "
+                     "query tile")
+    if lw.kv_warps > 1:
+        yield from _merge_obligations(name, lw)
     h1, p1 = lw.register_parts(q1)
     h2, p2 = lw.register_parts(q2)
     regs = lambda q: _in(q, 0, lw.registers)  # noqa: E731
@@ -242,6 +250,20 @@ def _fragment_obligations(name: str, lw: AttentionLowering, n_e: int, n_d: int) 
                             z3.ForAll([kt], lw.next_tile(kt) == kt + 1),
                             z3.ForAll([kt], z3.Implies(kt >= 0, lw.stage_of(lw.next_tile(kt)) != lw.stage_of(kt)))),
                      detail="a KV tile is skipped, or the next one lands in the buffer being multiplied")
+
+
+def _merge_obligations(name: str, lw: AttentionLowering) -> Iterator[Obligation]:
+    """The slices' merge (kv_warps > 1): row t's slice s is read from the warp that computed it, and the merge
+    area fits the block's shared memory."""
+    rule = ATTENTION_RULES["attention-fragments"]
+    k = lw.kernel
+    wrong = [(t, sl) for t in range(k.bm) for sl in range(lw.kv_warps)
+             if not (0 <= int(lw.merge_warp(t, sl)) < lw.warps and int(lw.key_slice(int(lw.merge_warp(t, sl)))) == sl
+                     and any(int(lw.row_tile(int(lw.merge_warp(t, sl)), mi)) == t // 16 for mi in range(lw.sets_per_warp)))]
+    yield Obligation(rule, name, None, "the merge reads row t's slice s from the warp computing that row tile's slice s",
+                     not wrong, detail=f"(row, slice) {wrong[:1]} is read from another warp")
+    yield Obligation(rule, name, None, f"the merge area ({lw.merge_bytes()} bytes) fits the block's shared memory "
+                     f"({lw.smem_bytes()})", lw.merge_bytes() <= lw.smem_bytes(), detail="the merge overruns")
 
 
 def _split_obligations(name: str, lw: AttentionLowering, ctx: Context, n_d: int) -> Iterator[Obligation]:

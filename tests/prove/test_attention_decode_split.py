@@ -103,3 +103,22 @@ def test_regression_a_split_block_reads_its_q_fragments_at_its_own_first_tile(de
     src = emit_plan(decode, plan, T).kernels[0].source
     assert "for (int kt = split; kt < tiles; ++kt)" in src and "    if (kt == split) {" in src
     assert "if (kt == 0)" not in src
+
+
+def test_sliced_decode_is_proven_and_prints_the_slices_and_their_merge(decode):
+    """`--pin kv_warps=2`: each 32-key tile's keys 0.. and 16.. go to warps 0 and 1 (their K and V rows, and the
+    keys their mask sees), merged in shared memory before the split's partial is kept; without split-KV the
+    merged tile is stored. Both proven (rules and the field check); the merge's mistakes are mutants."""
+    from habu.bench.mutants_attention import SLICED_PINS
+
+    for pins in (SLICED_PINS, {**SLICED_PINS, "kv_split": "0"}):
+        plan = default_plan(decode, T, DECODE_SHAPE, pins)
+        (kernel,) = plan.kernels
+        assert isinstance(kernel, AttentionKernel) and kernel.kv_warps == 2
+        assert not failures(obligations(decode, plan, DECODE_SHAPE))
+        cert = verify_plan(decode, plan, DECODE_SHAPE, trials=1)
+        assert cert.passed, cert.failure
+        src = emit_plan(decode, plan, T).kernels[0].source
+        assert "__launch_bounds__(64, 1)" in src and "((warp % 2) * 16)" in src
+        assert "float* merge = reinterpret_cast<float*>(smem);" in src
+        assert ("habu::last_block_done(" in src) == bool(kernel.kv_split)
