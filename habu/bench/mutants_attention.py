@@ -192,6 +192,22 @@ def merge_rows_of_warp_zero(lw: Any) -> AttentionLowering:
     return _planted(lw, "merge_o", lambda self, warp, t, d: merge_o(self, warp * 0, t, d))
 
 
+# the decode whole (4 KV tiles of 32 keys a block) with 3 K/V buffers: two tiles in flight while one is multiplied
+STAGED_PINS = {**DECODE_PINS, "kv_split": "0", "stages": "3"}
+
+
+def prefetch_one_far(lw: Any) -> AttentionLowering:
+    """With 3 buffers the copy issued during tile kt loads tile kt + 3 instead of kt + 2: into tile kt's own
+    buffer, before it is multiplied (and tile kt + 2 is never loaded). (One short, kt + 1, loads a tile
+    already in flight: the results are right and only the wait is wrong; the kv-loop rule refuses it.)"""
+    return _planted(lw, "prefetch_tile", lambda self, kt: kt + self.kv_stages)
+
+
+def stages_of_two(lw: Any) -> AttentionLowering:
+    """Tiles staged in 2 of the 3 buffers (kt % 2): the copy of tile kt + 2 lands in the buffer of tile kt."""
+    return _planted(lw, "stage_of", lambda self, kt: kt % 2)
+
+
 # the mutation suite's entries (habu/bench/mutants.py's `Mutant` fields: name, the bug, example, model, shape,
 # the planted lowering, pins)
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
@@ -248,6 +264,10 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
     ("attention-merge-o-of-warp-zero", "every warp of a decode block stores its partial O in warp 0's rows of "
      "the merge area", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, merge_rows_of_warp_zero,
      SLICED_PINS),
+    ("attention-prefetch-one-far", "with 3 K/V buffers the copy issued during KV tile kt loads tile kt + 3 "
+     "instead of kt + 2", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, prefetch_one_far, STAGED_PINS),
+    ("attention-stages-of-two", "with 3 K/V buffers the tiles are staged in 2 (kt % 2)", "decode_attention.habu",
+     "DECODE-ATTENTION", DECODE_SHAPE, stages_of_two, STAGED_PINS),
     ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
      "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
      DECODE_PINS),

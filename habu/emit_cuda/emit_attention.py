@@ -106,7 +106,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
                       f"  const int split = (int)({c(split_of)});  // its split: KV tiles {c(first)}..\n")
     else:
         block_code = "  const long long bx = blockIdx.x;\n"
-    nxt = lw.next_tile(cx('kt'))
+    nxt = lw.prefetch_tile(cx('kt'))
+    ahead = lw.kv_stages - 1  # the tiles in flight while one is multiplied
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
     open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
     unmasked = c(lw.unmasked(CExpr("(long long)kt"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
@@ -150,6 +151,28 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       }}
   }}
 """
+    if ahead == 1:
+        prologue = (f"  if (tiles > {c(first)}) load_kv({c(first)}, {c(lw.stage_of(first))});\n"
+                    "  habu::cp_async_commit();\n")
+        prefetch = f"""    if ({bare(nxt)} < tiles) {{
+      load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
+      habu::cp_async_commit();
+      habu::cp_async_wait<1>();
+    }} else {{
+      habu::cp_async_wait<0>();
+    }}
+"""
+    else:  # one commit group a tile (empty past the last): tile kt's group is complete when `ahead` are pending
+        pro = lw.prologue_tile(CExpr(f"({it})({c(first)})"), cx("p"))
+        prologue = f"""  for (int p = 0; p < {ahead}; ++p) {{  // the first {ahead} KV tiles, one commit group each
+    if ({bare(pro)} < tiles) load_kv({bare(pro)}, (int)({c(lw.stage_of(pro))}));
+    habu::cp_async_commit();
+  }}
+"""
+        prefetch = f"""    if ({bare(nxt)} < tiles) load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // {ahead} tiles ahead
+    habu::cp_async_commit();
+    habu::cp_async_wait<{ahead}>();  // tile kt's copies are done
+"""
     src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) habu::bf16 smem[];
   // Q's tile at smem + {layout['Qs'][0]} ({bm} rows × {pe}); buffer s of K ({bn} keys × {pe}) at smem + {layout['Ks0'][0]} + s·{stage},
@@ -186,9 +209,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       habu::cp_async<16>(habu::smem_addr(smem + {c(lw.v_smem(cx('s'), cx('t'), cx('dd')))}), ok ? (const void*)({pv} + ({access_offset(lw.v, v_coord, sizes, lw.index_width, table)})) : (const void*){pv}, ok);
     }}
   }};
-  if (tiles > {c(first)}) load_kv({c(first)}, {c(lw.stage_of(first))});
-  habu::cp_async_commit();
-  // this warp's {mi_n} row tile(s) of 16 query rows: row tile {rt}
+{prologue}  // this warp's {mi_n} row tile(s) of 16 query rows: row tile {rt}
   habu::u32 qf[{mi_n}][{ne16 if q_resident else 1}][4];  // Q's A fragments{' (read once)' if q_resident else ' (read per step)'}
   float o[{mi_n}][{nd8}][4];
   float m[{mi_n}][2], l[{mi_n}][2];
@@ -204,14 +225,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
   for ({it} kt = {c(first)}; kt < tiles; ++kt) {{
     const int s = (int)({c(lw.stage_of(cx('kt')))});  // this tile's buffer
-    if ({bare(nxt)} < tiles) {{
-      load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
-      habu::cp_async_commit();
-      habu::cp_async_wait<1>();
-    }} else {{
-      habu::cp_async_wait<0>();
-    }}
-    __syncthreads();
+{prefetch}    __syncthreads();
 {q_once}    float sc[{mi_n}][{nb8}][4];
 #pragma unroll
     for (int mi = 0; mi < {mi_n}; ++mi)

@@ -40,7 +40,7 @@ from habu.spec.ir import Compare, Expr, Gather, IndexAffine, IndexConst, IndexVa
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
 PAD = 8  # bf16 elements of padding per staged row (16 bytes: the fragment reads are free of bank conflicts)
-STAGES = 2  # K/V tiles in flight (cp.async double buffer)
+STAGES = 2  # K/V buffers by default (cp.async double buffer); `kernel.stages` for the mma.sync loop
 
 
 @dataclass(frozen=True)
@@ -438,11 +438,11 @@ class AttentionLowering:
         return self.width_d + PAD
 
     def smem_layout(self) -> dict[str, tuple[int, int]]:
-        """Each staged array's (offset, elements): Q's tile, then STAGES pairs of a K and a V tile."""
+        """Each staged array's (offset, elements): Q's tile, then `kv_stages` pairs of a K and a V tile."""
         k = self.kernel
         q, kt, vt = k.bm * self.pitch_e, k.bn * self.pitch_e, k.bn * self.pitch_d
         out = {"Qs": (0, q)}
-        for s in range(STAGES):
+        for s in range(self.kv_stages):
             out[f"Ks{s}"] = (q + s * (kt + vt), kt)
             out[f"Vs{s}"] = (q + s * (kt + vt) + kt, vt)
         return out
@@ -468,9 +468,26 @@ class AttentionLowering:
     def v_smem(self, stage: Any, row: Any, col: Any) -> Any:
         return self.smem_layout()["Vs0"][0] + stage * self.stage_elements + row * self.pitch_d + col
 
+    @property
+    def kv_stages(self) -> int:
+        """The K/V buffers of the mma.sync loop (`kernel.stages`): tiles kt + 1 .. kt + stages − 1 are in flight
+        while tile kt is multiplied."""
+        return self.kernel.stages
+
     def stage_of(self, kt: Any) -> Any:
         """The buffer KV tile kt is staged in (tile kt + 1 loads into the other one while kt is multiplied)."""
-        return kt % STAGES
+        return kt % self.kv_stages
+
+    def prefetch_tile(self, kt: Any) -> Any:
+        """The KV tile whose copy is issued while tile kt is multiplied: `next_tile` with two buffers, tile
+        kt + stages − 1 with more (the tiles between already in flight)."""
+        if self.kv_stages == 2:
+            return self.next_tile(kt)
+        return kt + (self.kv_stages - 1)
+
+    def prologue_tile(self, first: Any, p: Any) -> Any:
+        """The p-th tile loaded before the KV loop (p < stages − 1): first + p."""
+        return first + p
 
     # -- the fragments each lane reads (bf16 element offsets in shared memory; register `reg` is 2 elements)
     def lane_group(self, lane: Any) -> tuple[Any, Any]:

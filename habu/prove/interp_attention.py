@@ -204,12 +204,14 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     l_run = np.broadcast_to(zero, (warps, 32, halves)).copy()
     o = np.broadcast_to(zero, np.broadcast_shapes(o_row.shape, o_col.shape)).copy()
     first = int(lw.first_tile(split_no))
-    if tiles > first:
-        load_kv(first, int(lw.stage_of(first)))
+    for p in range(lw.kv_stages - 1):  # the tiles in flight before the loop
+        pro = int(lw.prologue_tile(first, p))
+        if pro < tiles:
+            load_kv(pro, int(lw.stage_of(pro)))
     a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
     for kt in range(first, tiles):
         stage = int(lw.stage_of(kt))
-        nxt = int(lw.next_tile(kt))
+        nxt = int(lw.prefetch_tile(kt))
         if nxt < tiles:
             load_kv(nxt, int(lw.stage_of(nxt)))
         if kt == first:  # Q's A fragments, read once; placed where the instruction takes each register

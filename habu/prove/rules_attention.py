@@ -250,6 +250,19 @@ def _fragment_obligations(name: str, lw: AttentionLowering, n_e: int, n_d: int) 
                             z3.ForAll([kt], lw.next_tile(kt) == kt + 1),
                             z3.ForAll([kt], z3.Implies(kt >= 0, lw.stage_of(lw.next_tile(kt)) != lw.stage_of(kt)))),
                      detail="a KV tile is skipped, or the next one lands in the buffer being multiplied")
+    ahead = lw.kv_stages - 1
+    first = z3.Int("first_tile")
+    yield Obligation(ATTENTION_RULES["attention-kv-loop"], name, None,
+                     f"{lw.kv_stages} K/V buffers: the loop's prologue loads tiles first.. first + {ahead - 1}, the copy "
+                     f"issued during tile kt loads tile kt + {ahead}, into a buffer none of tiles kt .. kt + {ahead - 1} "
+                     "(multiplied or in flight) holds",
+                     z3.And(ahead >= 1,
+                            *(z3.ForAll([first], z3.IntVal(0) + lw.prologue_tile(first, p) == first + p)
+                              for p in range(ahead)),
+                            z3.ForAll([kt], z3.IntVal(0) + lw.prefetch_tile(kt) == kt + ahead),
+                            *(z3.ForAll([kt], z3.Implies(kt >= 0, lw.stage_of(lw.prefetch_tile(kt)) != lw.stage_of(kt + i)))
+                              for i in range(ahead))),
+                     detail="a KV tile is skipped or loaded twice, or lands in a buffer still to be multiplied")
 
 
 def _merge_obligations(name: str, lw: AttentionLowering) -> Iterator[Obligation]:

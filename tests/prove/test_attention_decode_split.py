@@ -122,3 +122,20 @@ def test_sliced_decode_is_proven_and_prints_the_slices_and_their_merge(decode):
         assert "__launch_bounds__(64, 1)" in src and "((warp % 2) * 16)" in src
         assert "float* merge = reinterpret_cast<float*>(smem);" in src
         assert ("habu::last_block_done(" in src) == bool(kernel.kv_split)
+
+
+def test_three_kv_buffers_are_proven_and_the_kv_loop_rule_refuses_a_short_prefetch(decode):
+    """`--pin stages=3` on the mma.sync loop: two tiles in flight while one is multiplied (a prologue of two
+    tiles, one commit group a tile, wait<2>). A copy one tile short (kt + 1, already in flight) computes the
+    right values, so the field check cannot see it: the kv-loop rule refuses it."""
+    from habu.bench.mutants_attention import STAGED_PINS, _planted
+
+    plan = default_plan(decode, T, DECODE_SHAPE, STAGED_PINS)
+    ctx = context(decode, plan, DECODE_SHAPE)
+    assert not failures(obligations(decode, plan, DECODE_SHAPE))
+    assert verify_plan(decode, plan, DECODE_SHAPE, trials=1).passed
+    src = emit_plan(decode, plan, T).kernels[0].source
+    assert "if (kt + 2 < tiles) load_kv(kt + 2, (int)(((kt + 2) % 3)));" in src and "cp_async_wait<2>();" in src
+    short = _planted(lower_plan(decode, plan)[0], "prefetch_tile", lambda self, kt: kt + 1)
+    bad = [discharge(o, ctx) for o in attention_obligations("k0", short, ctx) if o.rule.name == "attention-kv-loop"]
+    assert failures(bad)
