@@ -14,7 +14,7 @@ the kernels it launches). The measure is the KV cache read: 2 · B · G · KV ·
 TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). The split
 size is the plan's default (`habu.paths.attention.kv_split_for`: about two blocks per SM), with KV tiles
 of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`). `--plans` adds plans by their pins
-(`kv_split=auto`: the default split for that plan's blocks), `--no-default` leaves out the whole-cache
+(`kv_split=auto`: the default split for that plan's blocks; `unpinned`: the plan without pins), `--no-default` leaves out the whole-cache
 kernel and the default splits (timing only the `--plans`).
 """
 
@@ -53,6 +53,9 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
             variants.append((f"split {split}/{bn}", {"family": "attention", "bm": "16", "bn": bn, "kv_split": str(split)}))
     for pins in extra:
         pins = dict(pins)
+        if "unpinned" in pins:  # the plan without pins (`habu.search.space.default_plan`)
+            variants.append(("unpinned", {}))
+            continue
         if pins.get("kv_split") == "auto":
             pins["kv_split"] = str(kv_split_for(batch * KV_HEADS, kv, SMS, int(pins.get("kv_warps", "1"))))
         label = "/".join(f"{k}={v}" for k, v in pins.items())
@@ -114,7 +117,7 @@ def main() -> None:
     ap.add_argument("--plans", help="more plans: pins k=v,k=v separated by ';' (kv_split=auto: the default split)")
     ap.add_argument("--no-default", action="store_true", help="time only the --plans (and SDPA)")
     args = ap.parse_args()
-    extra = [dict(kv.split("=") for kv in one.split(",")) for one in args.plans.split(";")] if args.plans else []
+    extra = [dict(kv.partition("=")[::2] for kv in one.split(",")) for one in args.plans.split(";")] if args.plans else []
     shapes = [tuple(int(x) for x in one.split(",")) for one in args.only.split(";")] if args.only else list(SHAPES)
     if args.quick:
         shapes = shapes[:1]
