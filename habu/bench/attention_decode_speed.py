@@ -4,7 +4,7 @@ scaled_dot_product_attention in the same run; bf16, heads as in examples/decode_
 × 2 query heads, head width 128), every cache entry valid.
 
     python -m habu.bench.attention_decode_speed [--json OUT.json] [--quick] [--only KV,BATCH;...]
-        [--plans "kv_warps=4,bn=64,kv_split=256;..."] [--no-default]
+        [--plans "kv_warps=4,bn=64,kv_split=256;..."] [--no-default] [--profile]
 
 KV 4096 and 32768 × batch 1, 16 and 64. For each: build the plans (build proves each: the rules and a trial
 over Z_q × GF(p) on the witness shape), check each on the GPU against SDPA's output on the same inputs
@@ -33,8 +33,27 @@ KV_HEADS, GROUP, WIDTH = 2, 2, 128  # examples/decode_attention.habu
 SHAPES = tuple((kv, batch) for kv in (4096, 32768) for batch in (1, 16, 64))
 
 
-def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: bool = True  # type: ignore[assignment]
-              ) -> list[dict[str, Any]]:
+def kernel_times(fn, calls: int = 5) -> str:
+    """The device time of each kernel (and memset) one call runs, averaged over `calls` calls (torch's profiler):
+    where a call's time goes besides the launches' gaps."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    parts = []
+    for e in prof.key_averages():
+        total = getattr(e, "device_time_total", None)
+        if total is None:
+            total = getattr(e, "cuda_time_total", 0.0)
+        if total and e.count:
+            parts.append(f"{e.key[:40]} {total / calls:.1f}us x{e.count // calls}")
+    return "; ".join(parts)
+
+
+def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: bool = True,  # type: ignore[assignment]
+              profile: bool = False) -> list[dict[str, Any]]:
     import torch
 
     from habu.bench.attention_speed import sdpa_backend
@@ -95,6 +114,11 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
             row["sdpa_backend"], row["sdpa_us"] = sdpa_row["backend"], sdpa_row["median_us"]
             row["sdpa_copy_share"] = cache / (sdpa_row["median_us"] * 1e-6) / 1e12 / COPY_TBPS
             row["speedup_vs_sdpa"] = sdpa_row["median_us"] / t["median_us"]
+            if profile:
+                try:
+                    row["kernels"] = kernel_times(lambda built=built, ins=ins, outs=outs: built.compiled(**ins, **outs))
+                except Exception as exc:  # the profile is extra: its failure keeps the timing
+                    row["kernels"] = f"profile failed: {type(exc).__name__}: {exc}"
         except Exception as exc:  # one plan's failure is reported on its row
             row["error"] = f"{type(exc).__name__}: {exc}"
             row["trace"] = traceback.format_exc()[-2000:]
@@ -105,7 +129,7 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
             print(f"KV {kv:6d} batch {batch:3d} {label:11s} {row['median_us']:8.1f} us {row['cache_tbps']:5.2f} TB/s "
                   f"({100 * row['copy_share']:4.1f}% of copy) | SDPA[{row['sdpa_backend']}] {row['sdpa_us']:8.1f} us "
                   f"({100 * row['sdpa_copy_share']:4.1f}%) | {row['speedup_vs_sdpa']:.2f}x | check "
-                  f"{row['check_max_rel']:.1e}", flush=True)
+                  f"{row['check_max_rel']:.1e}" + (f" | {row['kernels']}" if "kernels" in row else ""), flush=True)
     return rows
 
 
@@ -116,12 +140,13 @@ def main() -> None:
     ap.add_argument("--only", help="KV,BATCH pairs separated by ';'")
     ap.add_argument("--plans", help="more plans: pins k=v,k=v separated by ';' (kv_split=auto: the default split)")
     ap.add_argument("--no-default", action="store_true", help="time only the --plans (and SDPA)")
+    ap.add_argument("--profile", action="store_true", help="also each plan's kernels' device times (torch profiler)")
     args = ap.parse_args()
     extra = [dict(kv.partition("=")[::2] for kv in one.split(",")) for one in args.plans.split(";")] if args.plans else []
     shapes = [tuple(int(x) for x in one.split(",")) for one in args.only.split(";")] if args.only else list(SHAPES)
     if args.quick:
         shapes = shapes[:1]
-    rows = [r for kv, batch in shapes for r in run_shape(kv, batch, extra, not args.no_default)]
+    rows = [r for kv, batch in shapes for r in run_shape(kv, batch, extra, not args.no_default, args.profile)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     raise SystemExit(1 if any("error" in r for r in rows) else 0)
