@@ -95,11 +95,11 @@ def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, ta
       const {it} d = ({it})({d_of});
       if (!({out_ok})) continue;
       float mx = habu::neg_inf_f();
-#pragma unroll 8
+#pragma unroll 32
       for (int s = 0; s < (int)({c(lw.splits(sizes))}); ++s) mx = fmaxf(mx, __ldcg({pm} + {s_slot}));
       const float shift = habu::softmax_shift(mx);
       float acc = 0.0f, sum = 0.0f;
-#pragma unroll 8
+#pragma unroll 32
       for (int s = 0; s < (int)({c(lw.splits(sizes))}); ++s) {{
         const float w = habu::exp2_fast({exponent});  // a split with no visible key: m = −∞, w = 0
         sum += w * __ldcg({pl} + {s_slot});
