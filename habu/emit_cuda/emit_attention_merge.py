@@ -42,13 +42,16 @@ def merge_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
         po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
         part = c(lw.partial_offset(cx("split"), flat, cx("i"), cx("d"), sizes))
         slot = c(lw.partial_slot(cx("split"), flat, cx("i"), sizes))
-        finish = (f"      {po_part}[{part}] = acc;  // this split's partial\n"
-                  f"      if ({c(lw.row_writer(cx('d')))}) {{ {pm}[{slot}] = mx; {pl}[{slot}] = sum; }}\n")
+        writer = lw.row_writer(cx("d"))
+        if isinstance(writer, bool):  # a comparison Python evaluated instead of printing it
+            raise ValueError(f"the merge's row writer folded to {writer} instead of a condition on d")
+        finish = (f"    {po_part}[{part}] = acc;  // this split's partial\n"
+                  f"    if ({c(writer)}) {{ {pm}[{slot}] = mx; {pl}[{slot}] = sum; }}\n")
         ok = inside
         tail = split_combine(lw, sig, sizes, it, table, o_coord)
     else:
         po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
-        finish = "      " + store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
+        finish = "    " + store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
                                         "habu::f_div0(acc, sum)") + "\n"
         ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
         tail = ""

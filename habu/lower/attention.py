@@ -158,8 +158,9 @@ class AttentionLowering:
         return ops.sub(m_slice, m_all)
 
     def row_writer(self, d: Any) -> Any:
-        """Whether the merged element of column d writes its row's m and l (one element a row)."""
-        return d == 0
+        """Whether the merged element of column d writes its row's m and l (one element a row): d < 1 (an order
+        comparison, which C text, z3 and numpy all print or evaluate; `==` on a C expression is Python's)."""
+        return d < 1
 
     @property
     def row_tiles(self) -> int:

@@ -275,6 +275,10 @@ def _merge_obligations(name: str, lw: AttentionLowering) -> Iterator[Obligation]
                      and any(int(lw.row_tile(int(lw.merge_warp(t, sl)), mi)) == t // 16 for mi in range(lw.sets_per_warp)))]
     yield Obligation(rule, name, None, "the merge reads row t's slice s from the warp computing that row tile's slice s",
                      not wrong, detail=f"(row, slice) {wrong[:1]} is read from another warp")
+    assert lw.width_d is not None
+    writers = [d for d in range(lw.width_d) if bool(lw.row_writer(d))]
+    yield Obligation(rule, name, None, "one merged element of each row writes the row's m and l",
+                     len(writers) == 1, detail=f"columns {writers[:4]} write them")
     yield Obligation(rule, name, None, f"the merge area ({lw.merge_bytes()} bytes) fits the block's shared memory "
                      f"({lw.smem_bytes()})", lw.merge_bytes() <= lw.smem_bytes(), detail="the merge overruns")
 

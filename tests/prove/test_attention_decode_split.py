@@ -139,3 +139,14 @@ def test_three_kv_buffers_are_proven_and_the_kv_loop_rule_refuses_a_short_prefet
     short = _planted(lower_plan(decode, plan)[0], "prefetch_tile", lambda self, kt: kt + 1)
     bad = [discharge(o, ctx) for o in attention_obligations("k0", short, ctx) if o.rule.name == "attention-kv-loop"]
     assert failures(bad)
+
+
+def test_regression_the_sliced_split_writes_its_rows_m_and_l(decode):
+    """The merge's row writer was `d == 0`: on the emitter's C expression Python compared the objects and printed
+    `if (false)`, so no split of a sliced decode kept its m and l (the combine read garbage), while the
+    interpreter, on numpy, wrote them and passed. Now `d < 1`, printed as a condition; a writer that folds to a
+    Python bool is an emitter error."""
+    from habu.bench.mutants_attention import SLICED_PINS
+
+    src = emit_plan(decode, default_plan(decode, T, DECODE_SHAPE, SLICED_PINS), T).kernels[0].source
+    assert "if ((d < 1)) {" in src and "if (false)" not in src
