@@ -120,23 +120,24 @@ class AttentionLowering:
         return self.v_rows(stage, lane, self.key_slice(warp) * self.pv_steps + kk, dp)
 
     # -- the merge of the slices' partials in shared memory (kv_warps > 1), as f32 words from the start of the
-    # dynamic shared memory (the K/V buffers, free once the KV loop is done): each warp's unnormalised O
-    # (bm rows × #D), then its rows' m, then their l
+    # dynamic shared memory (the K/V buffers, free once the KV loop is done): each slice's unnormalised O (bm
+    # rows × #D: a row's slice s comes from the warp of its row tile set taking slice s), then the slices'
+    # m, then their l
     def merge_o(self, warp: Any, t: Any, d: Any) -> Any:
         assert self.width_d is not None
-        return (warp * self.kernel.bm + t) * self.width_d + d
+        return (self.key_slice(warp) * self.kernel.bm + t) * self.width_d + d
 
     def merge_m(self, warp: Any, t: Any) -> Any:
         assert self.width_d is not None
-        return self.warps * self.kernel.bm * self.width_d + warp * self.kernel.bm + t
+        return self.kv_warps * self.kernel.bm * self.width_d + self.key_slice(warp) * self.kernel.bm + t
 
     def merge_l(self, warp: Any, t: Any) -> Any:
         assert self.width_d is not None
-        return self.warps * self.kernel.bm * (self.width_d + 1) + warp * self.kernel.bm + t
+        return self.kv_warps * self.kernel.bm * (self.width_d + 1) + self.key_slice(warp) * self.kernel.bm + t
 
     def merge_bytes(self) -> int:
         assert self.width_d is not None
-        return 4 * self.warps * self.kernel.bm * (self.width_d + 2)
+        return 4 * self.kv_warps * self.kernel.bm * (self.width_d + 2)
 
     @property
     def merge_count(self) -> int:
