@@ -106,7 +106,8 @@ class AttentionPath(KernelPath):
         assert isinstance(base, AttentionKernel)
         if self.wgmma_kernel(model, base, target) is not None:
             for bm, bn, stages, pingpong in WGMMA_TILES:
-                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong)
+                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong,
+                              kv_warps=1, kv_split=0)
 
     def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
         """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles
@@ -118,7 +119,7 @@ class AttentionPath(KernelPath):
         e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
         if e is None or d is None or e % 64 or d % 64:
             return None
-        return replace(kernel, main_loop="wgmma", bm=128, bn=128, stages=2, warp_m=1)
+        return replace(kernel, main_loop="wgmma", bm=128, bn=128, stages=2, warp_m=1, kv_warps=1)
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q

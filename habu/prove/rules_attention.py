@@ -91,6 +91,9 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
         smem = lw.smem_bytes()
         yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of staged Q, K and V tiles ≤ {t.smem_per_block}",
                          smem <= t.smem_per_block, detail=f"{smem} bytes of dynamic shared memory")
+    yield Obligation(R["supported-path"], name, None, "KV tiles sliced over warps (kv_warps) run on the mma.sync "
+                     "loop", k.kv_warps == 1 or k.main_loop == "mma.sync",
+                     detail=f"kv_warps = {k.kv_warps} on the {k.main_loop} loop, which keeps one slice")
     gx, _ = lw.grid(s)
     yield _grid(name, "x", "batch elements × query tiles", gx, t.max_grid_x)
     if lw.index_width == 32:
