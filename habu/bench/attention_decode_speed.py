@@ -14,7 +14,8 @@ the kernels it launches). The measure is the KV cache read: 2 · B · G · KV ·
 TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). The split
 size is the plan's default (`habu.paths.attention.kv_split_for`: about two blocks per SM), with KV tiles
 of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`). `--plans` adds plans by their pins
-(`kv_split=auto`: the default split for that plan's blocks; `unpinned`: the plan without pins), `--no-default` leaves out the whole-cache
+(`kv_split=auto`: the default split for that plan's blocks; `unpinned`: the plan without pins; `unfused`: the
+unfused attention plan, scores, softmax rows and value contraction), `--no-default` leaves out the whole-cache
 kernel and the default splits (timing only the `--plans`).
 """
 
@@ -74,6 +75,9 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
         pins = dict(pins)
         if "unpinned" in pins:  # the plan without pins (`habu.search.space.default_plan`)
             variants.append(("unpinned", {}))
+            continue
+        if "unfused" in pins:  # the unfused attention plan (scores, softmax rows, value contraction)
+            variants.append(("unfused", {"rewrite": "attention:O+split:O.s"}))
             continue
         if pins.get("kv_split") == "auto":
             pins["kv_split"] = str(kv_split_for(batch * KV_HEADS, kv, SMS, int(pins.get("kv_warps", "1"))))

@@ -83,11 +83,13 @@ def test_the_fused_decodes_default_split_on_a_long_cache():
 
 
 @pytest.mark.parametrize(("n_j", "pins"), [
-    (1000, {"kv_split": "256", "bn": "64", "kv_warps": "4"}), (17, {"kv_split": "64", "bn": "32", "kv_warps": "2"}),
-    (1000, {"kv_split": "0", "bn": "64", "kv_warps": "4"}), (1, {"kv_split": "0", "bn": "128", "kv_warps": "8"}),
-    (1000, {"kv_split": "512", "bn": "64", "kv_warps": "4", "stages": "3"}),
-    (1000, {"kv_split": "0", "bn": "32", "kv_warps": "2", "stages": "4"}),
-], ids=lambda x: str(x))
+    pytest.param(1000, {"kv_split": "256", "bn": "64", "kv_warps": "4"}, id="kv1000-w4-split256"),
+    pytest.param(17, {"kv_split": "64", "bn": "32", "kv_warps": "2"}, id="kv17-w2-split64"),
+    pytest.param(1000, {"kv_split": "0", "bn": "64", "kv_warps": "4"}, id="kv1000-w4-whole"),
+    pytest.param(1, {"kv_split": "0", "bn": "128", "kv_warps": "8"}, id="kv1-w8-whole"),
+    pytest.param(1000, {"kv_split": "512", "bn": "64", "kv_warps": "4", "stages": "3"}, id="kv1000-w4-split512-s3"),
+    pytest.param(1000, {"kv_split": "0", "bn": "32", "kv_warps": "2", "stages": "4"}, id="kv1000-w2-whole-s4"),
+])
 def test_sliced_decode_golden_at_odd_sizes(n_j, pins):
     """A block's KV tiles sliced over 2-8 warps (`kv_warps`), their partials merged in shared memory, with and
     without split-KV, with 2-4 K/V buffers (`stages`): sequence 1 empty (zeros), sequence 2 full, the others ending inside a tile and at a
