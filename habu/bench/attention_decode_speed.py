@@ -80,7 +80,7 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
             variants.append(("unfused", {"rewrite": "attention:O+split:O.s"}))
             continue
         if pins.get("kv_split") == "auto":
-            pins["kv_split"] = str(kv_split_for(batch * KV_HEADS, kv, SMS, int(pins.get("kv_warps", "1"))))
+            pins["kv_split"] = str(kv_split_for(batch * KV_HEADS, kv, SMS))
         label = "/".join(f"{k}={v}" for k, v in pins.items())
         variants.append((label, {"family": "attention", "bm": "16", **pins}))
     heads = KV_HEADS * GROUP

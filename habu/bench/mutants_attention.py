@@ -144,7 +144,7 @@ def next_tile_skips_one(lw: Any) -> AttentionLowering:
 # examples/decode_attention.habu split over the KV cache: 4 sequences (lengths drawn up to #J), 2 KV heads of
 # 2 query heads, 100 keys in KV tiles of 32, one a split (4 splits, the last ragged); head width 16
 DECODE_SHAPE = {"B": 4, "G": 2, "R": 2, "J": 100, "L": 101, "E": 16, "D": 16}
-DECODE_PINS = {"family": "attention", "bm": "16", "bn": "32", "kv_split": "32"}
+DECODE_PINS = {"family": "attention", "bm": "16", "bn": "32", "kv_split": "32", "kv_warps": "1", "stages": "2"}
 
 
 def combine_rescale_inverted(lw: Any) -> AttentionLowering:

@@ -2,8 +2,9 @@
 Σ e Q·K · scale, −∞)) · V` in one kernel, the online softmax in registers, proven over Z_q × GF(p)
 (habu/lower/attention.py lowers it, habu/emit_cuda/emit_attention.py prints it, habu/prove/interp_attention.py
 checks it). It builds a general region whose node is such a sum (the model without the `attention:T`
-rewrite), through `--pin family=attention` and the search (`region_space`); it is not the analytic default
-until its GPU exact check has passed (issue 22): the default stays the unfused plan."""
+rewrite), through `--pin family=attention` and the search (`region_space`). It is the analytic default of a
+decode (`default_pins`: at most 16 query rows a sequence; its sliced split-KV plan passed its golden GPU runs
+and ran 16x the unfused plan, session 31); prefill's default stays the unfused plan (issue 22)."""
 
 from __future__ import annotations
 
@@ -28,18 +29,21 @@ from habu.target import Target
 # the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
 MMA_SHARE = 0.5
 WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess until measured)
+# a decode's default block (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V buffers
+DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
 WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
 
 
-def kv_split_for(blocks: int, keys: int, sms: int, kv_warps: int = 1) -> int:
+def kv_split_for(blocks: int, keys: int, sms: int) -> int:
     """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 512 down to 128
     keys that gives about two blocks an SM; 0 where the query tiles alone fill the GPU or the keys are one
-    split. Measured on the H200
-    (session 30, docs/PERF.md; golden-checked in the same run): a decode block is one warp taking ~2.4 µs
-    a 64-key tile, so the whole-cache kernel ran 0.01-0.41x cuDNN SDPA and the split one 0.24-0.80x
-    (KV 4096 and 32768, batch 1-64). At least 128 keys: a multiple of every KV tile size (a pinned bn
-    keeps the split whole)."""
+    split. Measured on the H200 (golden-checked in the same runs, docs/PERF.md): session 30, blocks of one
+    warp (~2.4 µs a 64-key tile): the whole-cache kernel ran 0.01-0.41x cuDNN SDPA, the split one
+    0.24-0.80x (KV 4096 and 32768, batch 1-64); session 31, blocks of 4 warps (the default,
+    `DECODE_WARPS`): at KV 4096 batch 1 splits of 128 keys took 11.4 µs, of 64 keys 13.6 (the combine
+    reads twice the partials). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the
+    split whole)."""
     want = -(-2 * sms // max(1, blocks))
     if want <= 1:
         return 0
@@ -54,9 +58,10 @@ class AttentionPath(KernelPath):
 
     def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> AttentionKernel | None:
         """Query tiles of 64 rows (4 warps; 16 or 32 where the query rows are no more), KV tiles of 64 keys; a
-        decode (query tiles of 16 rows) that leaves the GPU idle split over its keys (`kv_split_for`, KV tiles
-        of 32: its golden GPU runs passed, session 30). None where the region is not one softmax-weighted sum
-        the kernel computes, or the head widths are not static multiples of 16."""
+        decode (query tiles of 16 rows): KV tiles of 64 keys sliced over 4 warps, 3 K/V buffers, split over
+        its keys where its query tiles leave the GPU idle (`kv_split_for`; golden GPU runs passed, session 31).
+        None where the region is not one softmax-weighted sum the kernel computes, or the head widths are not
+        static multiples of 16."""
         if len(region.nodes) != 1 or not target.mma_sync:
             return None
         form = attention_form(model, region.nodes[0])
@@ -69,7 +74,8 @@ class AttentionPath(KernelPath):
         rows = static.get(form.row.extent) or sizes.get(form.row.extent) or 64
         bm = 16 if rows <= 16 else 32 if rows <= 32 else 64  # a decode's few query heads: one warp, not four
         kernel = AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
-        if bm == 16:  # a decode: split-KV where its query tiles leave the GPU idle
+        if bm == 16:  # a decode: its KV tiles sliced over warps, split-KV where its query tiles leave the GPU idle
+            kernel = replace(kernel, bn=DECODE_BN, kv_warps=DECODE_WARPS, stages=DECODE_STAGES)
             size = lambda e: static.get(e) or sizes.get(e)  # noqa: E731
             batch = [size(v.extent) for v in form.batch]
             keys = size(form.key.extent)
@@ -79,16 +85,33 @@ class AttentionPath(KernelPath):
                     blocks *= n  # type: ignore[operator]
                 split = kv_split_for(blocks, keys, target.sm_count)
                 if split:
-                    kernel = replace(kernel, bn=32, kv_split=split)
+                    kernel = replace(kernel, kv_split=split)
         return kernel
+
+    def default_pins(self, model: Model, target: Target, sizes: dict[str, int]) -> dict[str, str]:
+        """`--pin family=attention` for a decode: a model of one softmax-weighted sum over at most 16 query rows a
+        sequence that the fused kernel computes (its sliced split-KV plan measured faster than the unfused one
+        and than cuDNN's SDPA, and its golden GPU runs passed: session 31, docs/PERF.md); {} otherwise."""
+        if len(model.nodes) != 1 or not target.mma_sync:
+            return {}
+        node = model.nodes[0].target
+        form = attention_form(model, node)
+        if form is None:
+            return {}
+        rows = model.sizes.get(form.row.extent) or sizes.get(form.row.extent)
+        if rows is None or rows > 16:
+            return {}
+        if self.default(model, Region("general", (node,)), target, sizes) is None:
+            return {}
+        return {"family": "attention"}
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys; with a decode's query tile of 16 rows
         (one query a sequence and its few query heads), also split-KV (flash-decoding) over 64 to 512 keys a
         block, in KV tiles of 32 or 64 keys (a decode block is one warp: the shared memory of its two K/V
         buffers decides how many run on an SM; the H200 run of session 30: one warp takes ~2.4 µs a
-        64-key tile). Not the default: split-KV is reachable by `--pin kv_split=N` and the search until its
-        exact GPU run has passed."""
+        64-key tile), and the KV tiles sliced over 2, 4 or 8 warps a block (`kv_warps`, 16 keys each, merged in
+        shared memory; session 31: 4 warps the decode's default)."""
         assert isinstance(base, AttentionKernel)
         for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
             yield replace(base, bm=bm, bn=bn)

@@ -39,20 +39,26 @@ def decode():
 
 
 def test_split_kv_is_pinned_searched_and_the_fused_decodes_default_on_a_long_cache(decode):
-    """Under `--pin family=attention` a decode whose query tiles leave the GPU idle is split (its golden GPU
-    runs passed, session 30); 100 keys are one split of 128: not split. The unpinned default stays the
-    unfused plan."""
-    assert default_plan(decode, T, DECODE_SHAPE, {"family": "attention"}).kernels[0].kv_split == 0
+    """A decode's default (unpinned, and under `--pin family=attention`) is the fused kernel, its KV tiles
+    sliced over 4 warps, 3 K/V buffers, split over its keys where its query tiles leave the GPU idle (its
+    golden GPU runs passed and it ran 1.8x the one-warp split and 16x the unfused plan, session 31); 100 keys
+    are one split of 128: not split. A pinned KV tile brings its warps (16 keys each); the one-warp kernel is
+    `kv_warps=1`."""
+    sliced = dict(nodes=("O",), bm=16, bn=64, stages=3, kv_warps=4)
+    assert default_plan(decode, T, DECODE_SHAPE).kernels == (AttentionKernel(**sliced),)
     long = {**DECODE_SHAPE, "B": 1, "J": 4096, "L": 4097}
-    assert default_plan(decode.with_sizes(long), T, long, {"family": "attention"}).kernels == (
-        AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=128),)
+    for pins in ({}, {"family": "attention"}):
+        assert default_plan(decode.with_sizes(long), T, long, pins).kernels == (
+            AttentionKernel(**sliced, kv_split=128),), pins
     assert default_plan(decode.with_sizes(long), T, long, {"family": "attention", "kv_split": "0"}).kernels[0] \
         .kv_split == 0
-    assert not any(isinstance(k, AttentionKernel) for k in default_plan(decode.with_sizes(long), T, long).kernels)
+    assert default_plan(decode.with_sizes(long), T, long, {"bn": "32"}).kernels[0].kv_warps == 2
+    assert not any(isinstance(k, AttentionKernel) for k in default_plan(decode.with_sizes(long), T, long,
+                                                                        {"rewrite": "attention:O"}).kernels)
     plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
     assert plan.kernels == (AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=32),)
     assert "kv_split" in plan.to_json()["kernels"][0] and "kv_split" not in \
-        default_plan(decode, T, DECODE_SHAPE, {"family": "attention"}).to_json()["kernels"][0]
+        default_plan(decode, T, DECODE_SHAPE).to_json()["kernels"][0]
     splits = {k.kv_split for k in region_space(decode, Region("general", ("O",)), T, DECODE_SHAPE)
               if isinstance(k, AttentionKernel)}
     assert {0, 64, 128, 256, 512} <= splits
