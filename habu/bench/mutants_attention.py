@@ -208,6 +208,12 @@ def stages_of_two(lw: Any) -> AttentionLowering:
     return _planted(lw, "stage_of", lambda self, kt: kt % 2)
 
 
+def counter_not_reset(lw: Any) -> AttentionLowering:
+    """The combining block leaves its tile's counter at the split count: the runtime zero-fills the counters
+    only when it allocates them, so the next launch's count never reaches the split count again."""
+    return _planted(lw, "counter_after", lambda self, sizes: self.arrivals(sizes))
+
+
 # the mutation suite's entries (habu/bench/mutants.py's `Mutant` fields: name, the bug, example, model, shape,
 # the planted lowering, pins)
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
@@ -268,6 +274,9 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
      "instead of kt + 2", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, prefetch_one_far, STAGED_PINS),
     ("attention-stages-of-two", "with 3 K/V buffers the tiles are staged in 2 (kt % 2)", "decode_attention.habu",
      "DECODE-ATTENTION", DECODE_SHAPE, stages_of_two, STAGED_PINS),
+    ("attention-counter-not-reset", "the split-KV combine leaves its query tile's counter at the split count "
+     "(counters are zero-filled once)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE,
+     counter_not_reset, DECODE_PINS),
     ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
      "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
      DECODE_PINS),

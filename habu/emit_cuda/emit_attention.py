@@ -331,7 +331,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     if not split_on:
         return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
     ws = split_workspaces(lw)
-    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw, zero=(lw.counter_tensor,), workspace=ws)
+    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw, zero=(lw.counter_tensor,), workspace=ws,
+                      zero_once=(lw.counter_tensor,))
 
 
 register_geometry(AttentionLowering, GRID_2D)  # (batch elements × query tiles, 1)

@@ -107,5 +107,6 @@ def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, ta
       }}
       {store}
     }}
+    if (tid == 0) {counters}[{c(lw.counter_slot(flat, qt, sizes))}] = {lw.counter_after(sizes)};  // left for the next launch
   }}
 """

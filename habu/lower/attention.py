@@ -310,6 +310,11 @@ class AttentionLowering:
     def counter_slot(self, flat: Any, qt: Any, sizes: Mapping[str, Any]) -> Any:
         return flat * self.query_tiles(sizes) + qt
 
+    def counter_after(self, sizes: Mapping[str, Any]) -> Any:
+        """What the combining block leaves in its query tile's counter: 0, so that the next launch finds it
+        zero (the runtime zero-fills the counters once, when it allocates them: `CudaKernel.zero_once`)."""
+        return 0
+
     def arrivals(self, sizes: Mapping[str, Any]) -> Any:
         """Blocks that count themselves on a query tile's counter: its splits; the one bringing the count to
         this combines."""

@@ -71,6 +71,8 @@ def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], me
     split = SplitRun(lw, sizes, mem) if lw.kernel.kv_split else None
     for x in blocks:
         _run_block(name, lw, sizes, mem, int(x), split)
+    if split is not None:
+        split.finish(name)
 
 
 # ----------------------------------------------------------------------------- the instruction (PTX ISA)

@@ -5,7 +5,9 @@ A block of split s keeps its partial in the launch's workspaces (modelled here, 
 at the start of the launch: a partial read that no block wrote spoils the result): each lane its O
 registers, unnormalised, at `partial_offset`, the first lane of each row (`lanes_per_row`) the row's
 running maximum m and sum l at `partial_slot` (the rows inside #I). It counts itself on its query tile's
-counter (`counter_slot`, zero-filled); the block bringing the count to `arrivals` combines: for each
+counter (`counter_slot`, zero at the start; the combining block leaves it at `counter_after`, and after the
+launch every counter must be zero again: the runtime zero-fills them once, when it allocates them, so each
+launch starts where the last one ended); the block bringing the count to `arrivals` combines: for each
 element of the tile (`combine_element` over `combine_count`), M = the max of every split's m (over the
 field the product of the partial maxima, as the kernel's running maximum is), and O = Σ_s exp(e_s)·O_s /
 Σ_s exp(e_s)·l_s with e_s = `combine_exponent(m_s, M)` (div0).
@@ -95,6 +97,15 @@ class SplitRun:
         self.counters[slot] += 1
         if self.counters[slot] == int(lw.arrivals(sizes)):
             self._combine(name, flat, qt, coords, ops, where)
+            self.counters[slot] = int(lw.counter_after(sizes))
+
+    def finish(self, name: str) -> None:
+        """After the launch: every counter is zero again (the runtime zero-fills them once, not before each
+        launch: a counter left at n makes the next launch's combine run early or never)."""
+        left = np.flatnonzero(self.counters)
+        if left.size:
+            self.mem.fault(f"{name}: the launch leaves element {int(left[0])} of the counters {self.lw.counter_tensor} "
+                           f"at {int(self.counters[left[0]])}, not 0: the next launch would combine early or never")
 
     def _combine(self, name: str, flat: int, qt: int, coords: Mapping[str, Any], ops: Any, where: str) -> None:
         lw, sizes, f = self.lw, self.sizes, self.mem.field
