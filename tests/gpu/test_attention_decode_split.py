@@ -61,7 +61,7 @@ def test_split_decode_matches_the_unsplit_fused_plan():
     sizes = {"B": 3, **HEADS, "J": 777, "L": 778}
     lens = [777, 300, 1]
     split, inputs = run(sizes, {"kv_split": "128", "bn": "64"}, lens, seed=4, golden=False)
-    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16"})
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16", "kv_split": "0"})
     outs = poisoned_outputs(built.model, built.sizes)
     built.compiled(**inputs, **outs)
     torch.cuda.synchronize()
