@@ -98,3 +98,22 @@ def test_sliced_decode_golden_at_odd_sizes(n_j, pins):
     lens = [min(n_j, 9), 0, n_j, min(n_j, split)]
     got, _ = run({"B": 4, **HEADS, "J": n_j, "L": n_j + 1}, pins, lens, seed=n_j + 1)
     assert np.all(got[1] == 0)
+
+
+def test_a_second_and_third_call_reuse_the_counters_the_first_left_zero():
+    """The split-KV counters are zero-filled once a stream (`CudaKernel.zero_once`) and reset by each launch's
+    combining blocks: calls after the first, on new inputs, must combine again (a counter left non-zero would
+    never reach the split count: the output would keep its poison)."""
+    sizes = {"B": 4, **HEADS, "J": 1000, "L": 1001}
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {})
+    (kernel,) = built.plan.kernels
+    assert isinstance(kernel, AttentionKernel) and kernel.kv_split and kernel.kv_warps == 4
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+    for seed, lens in ((1, [1000, 0, 513, 7]), (2, [999, 1000, 1, 128]), (3, [0, 0, 640, 1000])):
+        inputs = make_inputs(built.model, built.sizes, seed)
+        inputs["LEN"].copy_(torch.tensor(lens, dtype=inputs["LEN"].dtype))
+        outs = poisoned_outputs(built.model, built.sizes)
+        built.compiled(**inputs, **outs)
+        torch.cuda.synchronize()
+        g = compare(outs["O"], reference(built.model, inputs, built.sizes)["O"], tol)
+        assert g.unwritten == 0 and g.ok, (seed, g.unwritten, g.rel_error)
