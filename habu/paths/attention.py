@@ -31,6 +31,7 @@ MMA_SHARE = 0.5
 WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess until measured)
 # a decode's default block (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V buffers
 DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
+MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads all their partials
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
 WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
 
@@ -42,14 +43,16 @@ def kv_split_for(blocks: int, keys: int, sms: int) -> int:
     warp (~2.4 µs a 64-key tile): the whole-cache kernel ran 0.01-0.41x cuDNN SDPA, the split one
     0.24-0.80x (KV 4096 and 32768, batch 1-64); session 31, blocks of 4 warps (the default,
     `DECODE_WARPS`): at KV 4096 batch 1 splits of 128 keys took 11.4 µs, of 64 keys 13.6 (the combine
-    reads twice the partials). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the
-    split whole)."""
+    reads twice the partials: ~0.1 µs a split), so at most `MAX_SPLITS` splits (KV 32768: 512 keys, not
+    128). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the split whole)."""
     want = -(-2 * sms // max(1, blocks))
     if want <= 1:
         return 0
     split = 512
     while split > 128 and -(-keys // split) < want:
         split //= 2
+    while -(-keys // split) > MAX_SPLITS and split < 4096:  # the combining block reads every split's partial
+        split *= 2
     return split if keys > split else 0  # one split would only add the combine
 
 
