@@ -208,6 +208,18 @@ def stages_of_two(lw: Any) -> AttentionLowering:
     return _planted(lw, "stage_of", lambda self, kt: kt % 2)
 
 
+def combine_weights_of_one_split(lw: Any) -> AttentionLowering:
+    """The combine keeps every split's weight of a row in one word (split 0's): the last split's weight is
+    applied to every split's O."""
+    combine_w = AttentionLowering.combine_w
+    return _planted(lw, "combine_w", lambda self, s, t: combine_w(self, s * 0, t))
+
+
+def combine_total_over_a_weight(lw: Any) -> AttentionLowering:
+    """The combine keeps a row's total l in the word of its first split's weight (read back as that weight)."""
+    return _planted(lw, "combine_total", lambda self, t, sizes: self.combine_w(0, t))
+
+
 def counter_not_reset(lw: Any) -> AttentionLowering:
     """The combining block leaves its tile's counter at the split count: the runtime zero-fills the counters
     only when it allocates them, so the next launch's count never reaches the split count again."""
@@ -274,6 +286,12 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
      "instead of kt + 2", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, prefetch_one_far, STAGED_PINS),
     ("attention-stages-of-two", "with 3 K/V buffers the tiles are staged in 2 (kt % 2)", "decode_attention.habu",
      "DECODE-ATTENTION", DECODE_SHAPE, stages_of_two, STAGED_PINS),
+    ("attention-combine-weights-of-one-split", "the split-KV combine keeps every split's weight of a row in one "
+     "shared-memory word", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_weights_of_one_split,
+     DECODE_PINS),
+    ("attention-combine-total-over-a-weight", "the split-KV combine keeps a row's total l in its first split's "
+     "weight word", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_total_over_a_weight,
+     DECODE_PINS),
     ("attention-counter-not-reset", "the split-KV combine leaves its query tile's counter at the split count "
      "(counters are zero-filled once)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE,
      counter_not_reset, DECODE_PINS),

@@ -89,6 +89,11 @@ def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, ta
     out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
     store = store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
                         "habu::f_div0(acc, sum)")
+    reset = f"    if (tid == 0) {counters}[{c(lw.counter_slot(flat, qt, sizes))}] = {lw.counter_after(sizes)};  // left for the next launch\n"
+    if lw.combine_in_smem(sizes):
+        return _combine_by_weights(lw, sizes, it, last, out_ok, pm, pl, po_part, reset,
+                                   store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width,
+                                                                               table), "habu::f_div0(acc, total)"))
     return f"""  if ({last}) {{  // every split of the query tile is in: combine them
     for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{
       const {it} i = ({it})({row_of(t_of)});
@@ -107,6 +112,63 @@ def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, ta
       }}
       {store}
     }}
-    if (tid == 0) {counters}[{c(lw.counter_slot(flat, qt, sizes))}] = {lw.counter_after(sizes)};  // left for the next launch
-  }}
+{reset}  }}
+"""
+
+
+def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, out_ok: str, pm: str, pl: str,
+                        po_part: str, reset: str, store: str) -> str:
+    """The combine with the splits' weights in shared memory (`combine_in_smem`): a thread a (split, row) pair
+    reads m (`combine_pair`, `combine_w`); a thread a row takes their maximum M, turns each into its weight
+    exp(m_s − M) (`combine_exponent`) and sums weight·l_s (`combine_total`); a thread an element then reads
+    only the splits' O."""
+    cx = CExpr
+    flat, qt = cx("flat"), cx("qt")
+    s_of, t_of = (c(x) for x in lw.combine_pair(cx("p")))
+    row = c(lw.row(qt, cx("t")))
+    inside = c(lw.row_inside(cx("i"), sizes))
+    slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
+    w_at = f"cw[{c(lw.combine_w(cx('s'), cx('t')))}]"
+    total_at = f"cw[{c(lw.combine_total(cx('t'), sizes))}]"
+    te, de = (c(x) for x in lw.combine_element(cx("e")))
+    splits = c(lw.splits(sizes))
+    exponent = lw.combine_exponent(w_at, "shift", FloatOps())
+    part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
+    return f"""  if ({last}) {{  // every split of the query tile is in: combine them, the splits' weights in shared memory
+    float* cw = reinterpret_cast<float*>(smem);
+    for (int p = tid; p < {c(lw.combine_pairs(sizes))}; p += {lw.threads}) {{  // each split's m of each row
+      const int s = {s_of}, t = {t_of};
+      const {it} i = ({it})({row});
+      if ({inside}) {w_at} = __ldcg({pm} + {slot});
+    }}
+    __syncthreads();
+    for (int t = tid; t < {lw.kernel.bm}; t += {lw.threads}) {{  // each row: M, the splits' weights, the total l
+      const {it} i = ({it})({row});
+      if (!({inside})) continue;
+      float mx = habu::neg_inf_f();
+#pragma unroll 32
+      for (int s = 0; s < (int)({splits}); ++s) mx = fmaxf(mx, {w_at});
+      const float shift = habu::softmax_shift(mx);
+      float total = 0.0f;
+#pragma unroll 32
+      for (int s = 0; s < (int)({splits}); ++s) {{
+        const float w = habu::exp2_fast({exponent});  // a split with no visible key: m = −∞, w = 0
+        {w_at} = w;
+        total += w * __ldcg({pl} + {slot});
+      }}
+      {total_at} = total;
+    }}
+    __syncthreads();
+    for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{  // each element: Σ_s weight·O_s / total
+      const int t = {te};
+      const {it} i = ({it})({row});
+      const {it} d = ({it})({de});
+      if (!({out_ok})) continue;
+      float acc = 0.0f;
+#pragma unroll 32
+      for (int s = 0; s < (int)({splits}); ++s) acc += {w_at} * __ldcg({po_part} + {part});
+      const float total = {total_at};
+      {store}
+    }}
+{reset}  }}
 """

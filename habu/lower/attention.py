@@ -331,6 +331,30 @@ class AttentionLowering:
         assert self.width_d is not None
         return floordiv(e, self.width_d), e % self.width_d
 
+    # the combine's weights in shared memory (f32 words from the start of the dynamic shared memory, free once
+    # the block's own partial is stored), where a split count known when the kernel is compiled fits there:
+    # each split's weight of each row of the tile, then each row's total l; a thread a (split, row) pair reads
+    # m, a thread a row turns them into weights, then a thread an element reads only the splits' O
+    def combine_in_smem(self, sizes: Mapping[str, Any]) -> bool:
+        n = self.splits(sizes)
+        return isinstance(n, int) and 4 * (n + 1) * self.kernel.bm <= self.smem_bytes()
+
+    def combine_pairs(self, sizes: Mapping[str, Any]) -> Any:
+        """The (split, row of the tile) pairs whose m the combining block reads into its weights."""
+        return self.splits(sizes) * self.kernel.bm
+
+    def combine_pair(self, p: Any) -> tuple[Any, Any]:
+        """(split, row in the tile) of pair p."""
+        return floordiv(p, self.kernel.bm), p % self.kernel.bm
+
+    def combine_w(self, s: Any, t: Any) -> Any:
+        """The word holding split s's m, then its weight, for row t of the tile."""
+        return s * self.kernel.bm + t
+
+    def combine_total(self, t: Any, sizes: Mapping[str, Any]) -> Any:
+        """The word holding row t's total l (Σ_s weight·l_s)."""
+        return self.splits(sizes) * self.kernel.bm + t
+
     def combine_exponent(self, m_split: Any, m_all: Any, ops: Any) -> Any:
         """The exponent of the factor a split's l and O are multiplied by in the combine: exp(m_s − M),
         M the maximum of every split's m (the online softmax's rescale, once per split)."""

@@ -108,6 +108,9 @@ class SplitRun:
                            f"at {int(self.counters[left[0]])}, not 0: the next launch would combine early or never")
 
     def _combine(self, name: str, flat: int, qt: int, coords: Mapping[str, Any], ops: Any, where: str) -> None:
+        if self.lw.combine_in_smem(self.sizes):
+            self._combine_by_weights(name, flat, qt, coords, ops, where)
+            return
         lw, sizes, f = self.lw, self.sizes, self.mem.field
         t, d = (np.asarray(v, dtype=np.int64) for v in lw.combine_element(np.arange(lw.combine_count, dtype=np.int64)))
         rows = np.asarray(lw.row(qt, t))
@@ -134,3 +137,57 @@ class SplitRun:
         out = f.op("div0", [acc, total])
         at = {**coords, "i": rows, "d": d}
         write(name, lw.out, at, out, sizes, self.mem, lw.index_width, False, None, lambda bad: where)
+
+    def _combine_by_weights(self, name: str, flat: int, qt: int, coords: Mapping[str, Any], ops: Any,
+                            where: str) -> None:
+        """The combine with the splits' weights in shared memory (`combine_in_smem`; the words poisoned first):
+        each (split, row) pair's m at `combine_w`, a row's pass turning them into weights exp(m_s − M) and its
+        total l at `combine_total`, then each element Σ_s weight·O_s / total."""
+        lw, sizes, f = self.lw, self.sizes, self.mem.field
+        words = lw.smem_bytes() // 4
+        cw = np.broadcast_to(f.const(POISON), (words,)).copy()
+
+        def at(what: str, offs: Any) -> np.ndarray:
+            offs = np.asarray(offs, dtype=np.int64)
+            bad = (offs < 0) | (offs >= words)
+            if bad.any():
+                self.mem.fault(f"{name}: {where} combines with its {what} at word {int(offs[bad].flat[0])}, outside "
+                               f"the block's {words} words of shared memory")
+            return np.where(bad, 0, offs)
+
+        splits = int(lw.splits(sizes))
+        s, t = (np.asarray(v, dtype=np.int64) for v in lw.combine_pair(np.arange(int(lw.combine_pairs(sizes)))))
+        rows = np.asarray(lw.row(qt, t))
+        keep = np.asarray(lw.row_inside(rows, sizes))
+        slot = np.asarray(lw.partial_slot(s, flat, rows, sizes), dtype=np.int64)[keep]
+        ok = self._inside(name, "partial m and l", slot, self.slots, where)
+        cw[at("split weights", np.asarray(lw.combine_w(s, t))[keep][ok])] = self.m[slot[ok]]
+        for row_t in range(lw.kernel.bm):  # a thread a row: M, the weights, the total l
+            i = int(lw.row(qt, row_t))
+            if not bool(lw.row_inside(i, sizes)):
+                continue
+            w_at = at("split weights", [lw.combine_w(sp, row_t) for sp in range(splits)])
+            m_s = cw[w_at]
+            m_all = f.const(Fraction(1))  # the empty maximum
+            for v in m_s:
+                m_all = ops.max(m_all, v)
+            w = f.op("exp", [lw.combine_exponent(m_s, np.broadcast_to(m_all, m_s.shape), ops)])
+            cw[w_at] = w
+            lslot = np.asarray([lw.partial_slot(sp, flat, i, sizes) for sp in range(splits)], dtype=np.int64)
+            ok = self._inside(name, "partial m and l", lslot, self.slots, where)
+            total = f.reduce("sum", f.op("mul", [w[ok], self.l[lslot[ok]]]), (0,))
+            cw[at("total l", [lw.combine_total(row_t, sizes)])] = total
+        t, d = (np.asarray(v, dtype=np.int64) for v in lw.combine_element(np.arange(lw.combine_count, dtype=np.int64)))
+        rows = np.asarray(lw.row(qt, t))
+        keep = np.asarray(lw.row_inside(rows, sizes))
+        t, rows, d = t[keep], rows[keep], d[keep]
+        acc = np.broadcast_to(f.const(Fraction(0)), rows.shape).copy()
+        for sp in range(splits):
+            off = np.asarray(lw.partial_offset(sp, flat, rows, d, sizes), dtype=np.int64)
+            ok = self._inside(name, "partial O", off, self.o.size, where)
+            term = f.op("mul", [cw[at("split weights", np.asarray(lw.combine_w(sp, t)))], self.o[np.where(ok, off, 0)]])
+            acc = f.op("add", [acc, term])
+        total = cw[at("total l", np.asarray(lw.combine_total(t, sizes)))]
+        out = f.op("div0", [acc, total])
+        write(name, lw.out, {**coords, "i": rows, "d": d}, out, sizes, self.mem, lw.index_width, False, None,
+              lambda bad: where)

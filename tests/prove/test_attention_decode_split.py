@@ -13,6 +13,8 @@ import pytest
 from habu.bench.mutants_attention import (
     DECODE_PINS,
     DECODE_SHAPE,
+    combine_total_over_a_weight,
+    combine_weights_of_one_split,
     partial_slot_ignores_split,
     split_tiles_overlap,
 )
@@ -75,7 +77,8 @@ def test_split_kv_decode_is_proven_and_prints_the_partials_and_the_combine(decod
     assert dict((w[0], w[2]) for w in kernel.workspace)["$O.o"] == ("J/32", "B", "G", "R", "D")
     src = kernel.source
     assert "const int split = (int)(((long long)blockIdx.x / 8));" in src
-    assert "habu::last_block_done(" in src and "habu::exp2_fast((__ldcg(" in src
+    assert "habu::last_block_done(" in src and "habu::exp2_fast((cw[((s * 16) + t)] - shift));" in src
+    assert "acc += cw[((s * 16) + t)] * __ldcg(" in src  # the splits' weights in shared memory, O from L2
 
 
 def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
@@ -84,7 +87,8 @@ def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
     lw = lower_plan(decode, plan)[0]
     good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == "attention-splits"]
     assert len(good) >= 8 and not failures(good)
-    for planted in (split_tiles_overlap, partial_slot_ignores_split):
+    for planted in (split_tiles_overlap, partial_slot_ignores_split, combine_weights_of_one_split,
+                    combine_total_over_a_weight):
         bad = [discharge(o, ctx) for o in attention_obligations("k0", planted(lw), ctx)
                if o.rule.name == "attention-splits"]
         assert failures(bad), planted.__name__
