@@ -37,18 +37,19 @@ WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (
 
 
 def kv_split_for(blocks: int, keys: int, sms: int) -> int:
-    """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 512 down to 128
-    keys that gives about two blocks an SM; 0 where the query tiles alone fill the GPU or the keys are one
-    split. Measured on the H200 (golden-checked in the same runs, docs/PERF.md): session 30, blocks of one
-    warp (~2.4 µs a 64-key tile): the whole-cache kernel ran 0.01-0.41x cuDNN SDPA, the split one
-    0.24-0.80x (KV 4096 and 32768, batch 1-64); session 31, blocks of 4 warps (the default,
-    `DECODE_WARPS`): at KV 4096 batch 1 splits of 128 keys took 11.4 µs, of 64 keys 13.6 (the combine
-    reads twice the partials: ~0.1 µs a split), so at most `MAX_SPLITS` splits (KV 32768: 512 keys, not
-    128). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the split whole)."""
+    """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 4096 down to 128
+    keys that gives about two blocks an SM (two 4-warp blocks of 3 K/V buffers are resident on an SM), at
+    most `MAX_SPLITS` splits; 0 where the query tiles alone fill the GPU or the keys are one split.
+    Measured on the H200 (golden-checked in the same runs, docs/PERF.md): session 30, blocks of one warp
+    (~2.4 µs a 64-key tile): the split kernel 0.24-0.80x cuDNN SDPA; session 31, blocks of 4 warps: at KV
+    4096 batch 1 splits of 128 keys took 11.4 µs, of 64 keys 13.6 (the combine reads twice the partials:
+    ~0.1 µs a split), and splits of 512 keys at batch 16-64 ran 0.79-0.88x SDPA (08:30: each block's
+    prologue, merge and partial cost ~4 µs, paid once a wave of blocks: fewer, longer splits pay it less
+    often). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the split whole)."""
     want = -(-2 * sms // max(1, blocks))
     if want <= 1:
         return 0
-    split = 512
+    split = 4096
     while split > 128 and -(-keys // split) < want:
         split //= 2
     while -(-keys // split) > MAX_SPLITS and split < 4096:  # the combining block reads every split's partial
