@@ -32,6 +32,7 @@ WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess unti
 # a decode's default block (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V buffers
 DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
 MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads all their partials
+DEEP_STAGES = 6  # K/V buffers of a decode block alone on its SM (`deep_stages`)
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
 WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
 
@@ -55,6 +56,15 @@ def kv_split_for(blocks: int, keys: int, sms: int) -> int:
     while -(-keys // split) > MAX_SPLITS and split < 4096:  # the combining block reads every split's partial
         split *= 2
     return split if keys > split else 0  # one split would only add the combine
+
+
+def deep_stages(width_e: int, width_d: int, smem: int) -> int:
+    """K/V buffers of a decode block alone on its SM (the grid no larger than the SMs: at batch 1 its copies
+    in flight decide the speed): as many 64-key buffers as the shared memory holds besides Q's tile
+    (habu.lower.attention's layout: rows padded by 8 elements), at most `DEEP_STAGES`, at least the default."""
+    q = 16 * (width_e + 8) * 2
+    tile = DECODE_BN * (width_e + 8 + width_d + 8) * 2
+    return max(DECODE_STAGES, min(DEEP_STAGES, (smem - q) // tile))
 
 
 class AttentionPath(KernelPath):
@@ -90,6 +100,8 @@ class AttentionPath(KernelPath):
                 split = kv_split_for(blocks, keys, target.sm_count)
                 if split:
                     kernel = replace(kernel, kv_split=split)
+                if blocks * (-(-keys // split) if split else 1) <= target.sm_count:  # a block an SM at most:
+                    kernel = replace(kernel, stages=deep_stages(e, d, target.smem_per_block))  # its buffers' all
         return kernel
 
     def default_pins(self, model: Model, target: Target, sizes: dict[str, int]) -> dict[str, str]:

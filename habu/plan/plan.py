@@ -235,8 +235,9 @@ class AttentionKernel:
                             "K/V tiles, bm/64 consumer warpgroups of 64 query rows multiply with wgmma, P from "
                             "registers)", P, default="mma.sync", allowed=("mma.sync", "wgmma"), pins=("main_loop",),
                             json_optional=True, unguarded=KEEP)
-    stages: int = choice("K/V tiles in flight in the wgmma main loop's ring (the mma.sync loop double-buffers)", P,
-                         default=2, lo=1, hi=4, pins=("stages",), json_optional=True, unguarded=KEEP)
+    stages: int = choice("K/V tiles in flight in the wgmma main loop's ring; the mma.sync loop's K/V buffers (stages − 1 "
+                         "tiles in flight while one is multiplied; a decode block alone on its SM takes up to 6)", P,
+                         default=2, lo=1, hi=8, pins=("stages",), json_optional=True, unguarded=KEEP)
     pingpong: bool = choice("the wgmma main loop's two consumer warpgroups take turns issuing their wgmmas (FA3's "
                             "ping-pong, named barriers 1 and 2): one's softmax runs while the other's products do", E,
                             default=False, pins=("pingpong",), json_optional=True, unguarded=KEEP)
