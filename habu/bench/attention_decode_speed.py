@@ -4,6 +4,7 @@ scaled_dot_product_attention in the same run; bf16, heads as in examples/decode_
 × 2 query heads, head width 128), every cache entry valid.
 
     python -m habu.bench.attention_decode_speed [--json OUT.json] [--quick] [--only KV,BATCH;...]
+        [--plans "kv_warps=4,bn=64,kv_split=256;..."] [--no-default] [--profile]
 
 KV 4096 and 32768 × batch 1, 16 and 64. For each: build the plans (build proves each: the rules and a trial
 over Z_q × GF(p) on the witness shape), check each on the GPU against SDPA's output on the same inputs
@@ -12,7 +13,10 @@ them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; S
 the kernels it launches). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
 TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). The split
 size is the plan's default (`habu.paths.attention.kv_split_for`: about two blocks per SM), with KV tiles
-of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`).
+of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`). `--plans` adds plans by their pins
+(`kv_split=auto`: the default split for that plan's blocks; `unpinned`: the plan without pins; `unfused`: the
+unfused attention plan, scores, softmax rows and value contraction), `--no-default` leaves out the whole-cache
+kernel and the default splits (timing only the `--plans`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,27 @@ KV_HEADS, GROUP, WIDTH = 2, 2, 128  # examples/decode_attention.habu
 SHAPES = tuple((kv, batch) for kv in (4096, 32768) for batch in (1, 16, 64))
 
 
-def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
+def kernel_times(fn, calls: int = 5) -> str:
+    """The device time of each kernel (and memset) one call runs, averaged over `calls` calls (torch's profiler):
+    where a call's time goes besides the launches' gaps."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    parts = []
+    for e in prof.key_averages():
+        total = getattr(e, "device_time_total", None)
+        if total is None:
+            total = getattr(e, "cuda_time_total", 0.0)
+        if total and e.count:
+            parts.append(f"{e.key[:40]} {total / calls:.1f}us x{e.count // calls}")
+    return "; ".join(parts)
+
+
+def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: bool = True,  # type: ignore[assignment]
+              profile: bool = False) -> list[dict[str, Any]]:
     import torch
 
     from habu.bench.attention_speed import sdpa_backend
@@ -41,12 +65,24 @@ def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
     from habu.paths.attention import kv_split_for
 
     split = kv_split_for(batch * KV_HEADS, kv, SMS)  # the plan's default under --pin family=attention
-    variants = [("fused", {"family": "attention", "bm": "16", "kv_split": "0"})]
+    variants = [("fused", {"family": "attention", "bm": "16", "kv_split": "0"})] if defaults else []
     # the split of about two blocks per SM, with KV tiles of 64 and of 32 keys (half the shared memory: more
     # blocks resident, each warp's copies and products of a tile shorter)
-    if split:
+    if split and defaults:
         for bn in ("64", "32"):
             variants.append((f"split {split}/{bn}", {"family": "attention", "bm": "16", "bn": bn, "kv_split": str(split)}))
+    for pins in extra:
+        pins = dict(pins)
+        if "unpinned" in pins:  # the plan without pins (`habu.search.space.default_plan`)
+            variants.append(("unpinned", {}))
+            continue
+        if "unfused" in pins:  # the unfused attention plan (scores, softmax rows, value contraction)
+            variants.append(("unfused", {"rewrite": "attention:O+split:O.s"}))
+            continue
+        if pins.get("kv_split") == "auto":
+            pins["kv_split"] = str(kv_split_for(batch * KV_HEADS, kv, SMS))
+        label = "/".join(f"{k}={v}" for k, v in pins.items())
+        variants.append((label, {"family": "attention", "bm": "16", **pins}))
     heads = KV_HEADS * GROUP
     cache = 2.0 * 2 * batch * KV_HEADS * kv * WIDTH  # K and V, bf16
     ins = None
@@ -82,6 +118,11 @@ def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
             row["sdpa_backend"], row["sdpa_us"] = sdpa_row["backend"], sdpa_row["median_us"]
             row["sdpa_copy_share"] = cache / (sdpa_row["median_us"] * 1e-6) / 1e12 / COPY_TBPS
             row["speedup_vs_sdpa"] = sdpa_row["median_us"] / t["median_us"]
+            if profile:
+                try:
+                    row["kernels"] = kernel_times(lambda built=built, ins=ins, outs=outs: built.compiled(**ins, **outs))
+                except Exception as exc:  # the profile is extra: its failure keeps the timing
+                    row["kernels"] = f"profile failed: {type(exc).__name__}: {exc}"
         except Exception as exc:  # one plan's failure is reported on its row
             row["error"] = f"{type(exc).__name__}: {exc}"
             row["trace"] = traceback.format_exc()[-2000:]
@@ -92,7 +133,7 @@ def run_shape(kv: int, batch: int) -> list[dict[str, Any]]:
             print(f"KV {kv:6d} batch {batch:3d} {label:11s} {row['median_us']:8.1f} us {row['cache_tbps']:5.2f} TB/s "
                   f"({100 * row['copy_share']:4.1f}% of copy) | SDPA[{row['sdpa_backend']}] {row['sdpa_us']:8.1f} us "
                   f"({100 * row['sdpa_copy_share']:4.1f}%) | {row['speedup_vs_sdpa']:.2f}x | check "
-                  f"{row['check_max_rel']:.1e}", flush=True)
+                  f"{row['check_max_rel']:.1e}" + (f" | {row['kernels']}" if "kernels" in row else ""), flush=True)
     return rows
 
 
@@ -101,11 +142,15 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--quick", action="store_true", help="KV 4096 at batch 1 only")
     ap.add_argument("--only", help="KV,BATCH pairs separated by ';'")
+    ap.add_argument("--plans", help="more plans: pins k=v,k=v separated by ';' (kv_split=auto: the default split)")
+    ap.add_argument("--no-default", action="store_true", help="time only the --plans (and SDPA)")
+    ap.add_argument("--profile", action="store_true", help="also each plan's kernels' device times (torch profiler)")
     args = ap.parse_args()
+    extra = [dict(kv.partition("=")[::2] for kv in one.split(",")) for one in args.plans.split(";")] if args.plans else []
     shapes = [tuple(int(x) for x in one.split(",")) for one in args.only.split(";")] if args.only else list(SHAPES)
     if args.quick:
         shapes = shapes[:1]
-    rows = [r for kv, batch in shapes for r in run_shape(kv, batch)]
+    rows = [r for kv, batch in shapes for r in run_shape(kv, batch, extra, not args.no_default, args.profile)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     raise SystemExit(1 if any("error" in r for r in rows) else 0)

@@ -86,7 +86,11 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("attention fused, causal skip (70 queries at the end of 100 keys, 32×32 tiles, 2 row tiles a warp)", "attention.habu",
      "ATTENTION-GQA", {"I": 70, "J": 100}, {"family": "attention", "bm": "32", "bn": "32", "warp_m": "2"}, "sm_90a"),
     ("attention fused, split-KV decode (lengths, 4096 keys in splits of 512)", "decode_attention.habu",
-     "DECODE-ATTENTION", {"J": 4096, "L": 4097}, {"family": "attention", "bm": "16", "kv_split": "512"}, "sm_90a"),
+     "DECODE-ATTENTION", {"J": 4096, "L": 4097},
+     {"family": "attention", "bm": "16", "kv_split": "512", "kv_warps": "1", "stages": "2"}, "sm_90a"),
+    ("attention fused, sliced split-KV decode (4 warps a block, each 16 keys of a tile, merged; 3 K/V buffers)",
+     "decode_attention.habu", "DECODE-ATTENTION", {"J": 4096, "L": 4097},
+     {"family": "attention", "bm": "16", "bn": "64", "kv_split": "512", "kv_warps": "4", "stages": "3"}, "sm_90a"),
     ("attention fused, wgmma/TMA main loop (FA3-style, 2 consumer warpgroups)", "attention.habu", "ATTENTION-GQA",
      {}, {"family": "attention", "main_loop": "wgmma"}, "sm_90a"),
     ("wgmma cluster split-K (partials through DSMEM)", "ggemm.habu", "GGEMM", {"M": 100, "N": 300, "K": 1000},
@@ -343,10 +347,29 @@ ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("arrivals", lambda sup, sizes: sup(sizes) + 1),
     ("combine_element", lambda sup, e: sup(e + 1)),
     ("combine_exponent", lambda sup, m_split, m_all, ops: ops.sub(m_all, m_split)),
+    # the KV tiles sliced over warps and their merge; the K/V buffers' prologue and prefetch (session 31)
+    ("key_slice", lambda sup, warp: sup(warp + 1)),
+    ("slice_key", lambda sup, warp, col: sup(warp, col + 1)),
+    ("k_slice_rows", lambda sup, warp, stage, lane, kk, jp: sup(warp, stage, lane, kk, jp) + 1),
+    ("v_slice_rows", lambda sup, warp, stage, lane, kk, dp: sup(warp, stage, lane, kk, dp) + 1),
+    ("merge_o", lambda sup, warp, t, d: sup(warp, t, d + 1)),
+    ("merge_m", lambda sup, warp, t: sup(warp, t + 1)),
+    ("merge_l", lambda sup, warp, t: sup(warp, t + 1)),
+    ("merge_element", lambda sup, e: sup(e + 1)),
+    ("merge_warp", lambda sup, t, s: sup(t, s + 1)),
+    ("merge_exponent", lambda sup, m_slice, m_all, ops: ops.sub(m_all, m_slice)),
+    ("row_writer", lambda sup, d: sup(d - 1)),
+    ("prefetch_tile", lambda sup, kt: sup(kt) + 1),
+    ("prologue_tile", lambda sup, first, p: sup(first, p + 1)),
+    ("combine_pair", lambda sup, p: sup(p + 1)),
+    ("combine_w", lambda sup, s, t: sup(s, t + 1)),
+    ("combine_total", lambda sup, t, sizes: sup(t + 1, sizes)),
+    ("counter_after", lambda sup, sizes: sup(sizes) + 1),
+    ("combine_pairs", lambda sup, sizes: sup(sizes) - 1),
 )
 # the attention kernel's fragment loops: each trip count one short
 ATTENTION_COUNTS = ("sets_per_warp", "qk_steps", "key_pairs", "score_groups", "pv_steps", "out_groups", "value_pairs",
-                    "registers", "combine_count")
+                    "registers", "combine_count", "merge_count", "kv_warps", "kv_stages")
 
 
 def _attention_variants(lw: AttentionLowering) -> Iterator[AttentionLowering]:

@@ -144,7 +144,7 @@ def next_tile_skips_one(lw: Any) -> AttentionLowering:
 # examples/decode_attention.habu split over the KV cache: 4 sequences (lengths drawn up to #J), 2 KV heads of
 # 2 query heads, 100 keys in KV tiles of 32, one a split (4 splits, the last ragged); head width 16
 DECODE_SHAPE = {"B": 4, "G": 2, "R": 2, "J": 100, "L": 101, "E": 16, "D": 16}
-DECODE_PINS = {"family": "attention", "bm": "16", "bn": "32", "kv_split": "32"}
+DECODE_PINS = {"family": "attention", "bm": "16", "bn": "32", "kv_split": "32", "kv_warps": "1", "stages": "2"}
 
 
 def combine_rescale_inverted(lw: Any) -> AttentionLowering:
@@ -163,6 +163,67 @@ def partial_slot_ignores_split(lw: Any) -> AttentionLowering:
     """Every split keeps its m and l in split 0's slots: the combine reads one split's m and l for all."""
     slot = AttentionLowering.partial_slot
     return _planted(lw, "partial_slot", lambda self, split, flat, row, sizes: slot(self, split * 0, flat, row, sizes))
+
+
+# the same decode with its KV tiles sliced over 2 warps a block (keys 16.. of each 32-key tile the second warp's),
+# their partials merged in shared memory before the split's partial is kept
+SLICED_PINS = {**DECODE_PINS, "kv_split": "64", "kv_warps": "2"}
+
+
+def merge_rescale_inverted(lw: Any) -> AttentionLowering:
+    """The merge of a block's key slices multiplies each slice's l and O by exp(M − m_s)."""
+    return _planted(lw, "merge_exponent", lambda self, m_slice, m_all, ops: ops.sub(m_all, m_slice))
+
+
+def merge_one_slice(lw: Any) -> AttentionLowering:
+    """The merge reads slice 0's warp for every slice: the other slices' keys are dropped, slice 0 counted twice."""
+    merge_warp = AttentionLowering.merge_warp
+    return _planted(lw, "merge_warp", lambda self, t, s: merge_warp(self, t, s * 0))
+
+
+def key_slice_ignores_warp(lw: Any) -> AttentionLowering:
+    """Every warp multiplies the first slice of each KV tile (its K rows, V rows and the keys its mask sees)."""
+    return _planted(lw, "key_slice", lambda self, warp: warp * 0)
+
+
+def merge_rows_of_warp_zero(lw: Any) -> AttentionLowering:
+    """Each warp stores its partial O where warp 0's goes: the merge reads the last writer's slice for all."""
+    merge_o = AttentionLowering.merge_o
+    return _planted(lw, "merge_o", lambda self, warp, t, d: merge_o(self, warp * 0, t, d))
+
+
+# the decode whole (4 KV tiles of 32 keys a block) with 3 K/V buffers: two tiles in flight while one is multiplied
+STAGED_PINS = {**DECODE_PINS, "kv_split": "0", "stages": "3"}
+
+
+def prefetch_one_far(lw: Any) -> AttentionLowering:
+    """With 3 buffers the copy issued during tile kt loads tile kt + 3 instead of kt + 2: into tile kt's own
+    buffer, before it is multiplied (and tile kt + 2 is never loaded). (One short, kt + 1, loads a tile
+    already in flight: the results are right and only the wait is wrong; the kv-loop rule refuses it.)"""
+    return _planted(lw, "prefetch_tile", lambda self, kt: kt + self.kv_stages)
+
+
+def stages_of_two(lw: Any) -> AttentionLowering:
+    """Tiles staged in 2 of the 3 buffers (kt % 2): the copy of tile kt + 2 lands in the buffer of tile kt."""
+    return _planted(lw, "stage_of", lambda self, kt: kt % 2)
+
+
+def combine_weights_of_one_split(lw: Any) -> AttentionLowering:
+    """The combine keeps every split's weight of a row in one word (split 0's): the last split's weight is
+    applied to every split's O."""
+    combine_w = AttentionLowering.combine_w
+    return _planted(lw, "combine_w", lambda self, s, t: combine_w(self, s * 0, t))
+
+
+def combine_total_over_a_weight(lw: Any) -> AttentionLowering:
+    """The combine keeps a row's total l in the word of its first split's weight (read back as that weight)."""
+    return _planted(lw, "combine_total", lambda self, t, sizes: self.combine_w(0, t))
+
+
+def counter_not_reset(lw: Any) -> AttentionLowering:
+    """The combining block leaves its tile's counter at the split count: the runtime zero-fills the counters
+    only when it allocates them, so the next launch's count never reaches the split count again."""
+    return _planted(lw, "counter_after", lambda self, sizes: self.arrivals(sizes))
 
 
 # the mutation suite's entries (habu/bench/mutants.py's `Mutant` fields: name, the bug, example, model, shape,
@@ -211,6 +272,29 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
     ("attention-split-tiles-overlap", "each KV split ends one tile late (the next split's first tile in two "
      "splits)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, split_tiles_overlap,
      DECODE_PINS),
+    ("attention-merge-rescale-inverted", "the merge of a decode block's key slices multiplies each slice's l "
+     "and O by exp(M − m_s)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, merge_rescale_inverted,
+     SLICED_PINS),
+    ("attention-merge-one-slice", "the merge of a decode block's key slices reads slice 0 for every slice",
+     "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, merge_one_slice, SLICED_PINS),
+    ("attention-key-slice-ignores-warp", "every warp of a decode block multiplies the first key slice of each "
+     "KV tile", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, key_slice_ignores_warp, SLICED_PINS),
+    ("attention-merge-o-of-warp-zero", "every warp of a decode block stores its partial O in warp 0's rows of "
+     "the merge area", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, merge_rows_of_warp_zero,
+     SLICED_PINS),
+    ("attention-prefetch-one-far", "with 3 K/V buffers the copy issued during KV tile kt loads tile kt + 3 "
+     "instead of kt + 2", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, prefetch_one_far, STAGED_PINS),
+    ("attention-stages-of-two", "with 3 K/V buffers the tiles are staged in 2 (kt % 2)", "decode_attention.habu",
+     "DECODE-ATTENTION", DECODE_SHAPE, stages_of_two, STAGED_PINS),
+    ("attention-combine-weights-of-one-split", "the split-KV combine keeps every split's weight of a row in one "
+     "shared-memory word", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_weights_of_one_split,
+     DECODE_PINS),
+    ("attention-combine-total-over-a-weight", "the split-KV combine keeps a row's total l in its first split's "
+     "weight word", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_total_over_a_weight,
+     DECODE_PINS),
+    ("attention-counter-not-reset", "the split-KV combine leaves its query tile's counter at the split count "
+     "(counters are zero-filled once)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE,
+     counter_not_reset, DECODE_PINS),
     ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
      "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
      DECODE_PINS),

@@ -64,6 +64,9 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "attention-fused": ("attention.habu", "ATTENTION-GQA", {}, {"family": "attention"}),
     "attention-split-kv": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 300, "L": 301},
                            {"family": "attention", "bm": "16", "kv_split": "128"}),
+    "attention-sliced-kv": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 300, "L": 301},  # kv_warps (s31)
+                            {"family": "attention", "bm": "16", "bn": "64", "kv_split": "128", "kv_warps": "4",
+                             "stages": "3"}),
     "attention-wgmma": ("attention.habu", "ATTENTION-GQA", {"E": 64, "D": 64, "I": 100, "J": 150},
                         {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64"}),
     "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},

@@ -105,6 +105,10 @@ class CallPlan:
         self.contract, self.sizes, self.dev, self.torch_like = contract, dict(sizes), dev, torch_like
         self.launches: list[_Launch] = []
         self.allocs: list[_Alloc] = []
+        # workspaces every launch leaves zero (`CudaKernel.zero_once`): allocated and zero-filled at a stream's
+        # first call, then kept for that stream's later calls (which run in its order), not filled again
+        self.kept_allocs: list[tuple[_Alloc, int]] = []
+        self._kept: dict[int, list[Any]] = {}
         self.narrow: list[tuple[str, str]] = []  # (index tensor, the kernel's type): narrowed on the device by torch
         self.narrow_launches: list[NarrowLaunch] = []  # the same, by one launch of Habu's (habu.emit_cuda.narrow)
         self.aligned: list[tuple[str, int, str]] = []  # (tensor, bytes, why): base alignment, per call
@@ -142,6 +146,9 @@ class CallPlan:
                 shape = tuple(sizes[e] for e in t.extents)
                 plan.allocs.append(_Alloc(t.name, shape, t.dtype, t.role == "output"))
                 infos[t.name] = ArrayInfo(0, shape, row_major(shape), t.dtype, dev.ordinal)
+        once = {z for kernel, _, _ in kernels for z in kernel.zero_once}
+        plan.kept_allocs = [(a, infos[a.name].nbytes) for a in plan.allocs if a.name in once and not a.output]
+        plan.allocs = [a for a in plan.allocs if a.name not in once or a.output]
         for kernel, fn, grid in kernels:
             smem = kernel.dynamic_smem(sizes)
             driver.allow_smem(fn, smem, kernel.name)
@@ -149,7 +156,7 @@ class CallPlan:
             args = driver.pack_args(kernel, stand_in, sizes)
             slots = [_Slot(i, p.tensor or "", p.tma, infos[p.tensor or ""]) for i, p in enumerate(kernel.params)
                      if p.kind in ("ptr", "tensormap")]
-            zeros = [(z, infos[z].nbytes) for z in kernel.zero]
+            zeros = [(z, infos[z].nbytes) for z in kernel.zero if z not in {a.name for a, _ in plan.kept_allocs}]
             maps = {(s.index, infos[s.tensor].ptr): args.values[s.index] for s in slots  # encoded by pack_args
                     if s.tma is not None and infos[s.tensor].ptr}
             plan.launches.append(_Launch(kernel, fn, grid, smem, args, slots, zeros, maps, min(grid) <= 0))
@@ -192,12 +199,23 @@ class CallPlan:
                     arr.record_stream(torch_stream)
                 if a.output:
                     results[a.name] = arr
+        fresh = self.kept_allocs and stream not in self._kept
+        if self.kept_allocs:
+            torch = sys.modules.get("torch") if self.torch_like else None
+            kept = self._kept.setdefault(stream, [self._allocate(a, torch) for a, _ in self.kept_allocs])
+            for (a, _), arr in zip(self.kept_allocs, kept, strict=True):
+                ptrs[a.name] = pointer_of(arr) if torch is not None else arr.ptr
         d = self._d
         push = self.dev.context is not None and not self._context_is_current()
         if push:  # the device's primary context, current for the launches
             self._ok(d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
         try:
             handle = self._stream(stream)
+            if fresh:  # the stream's kept workspaces, zero-filled once before its first launches
+                for a, nbytes in self.kept_allocs:
+                    if nbytes:
+                        self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[a.name]), 0, nbytes, handle), "cuMemsetD8Async",
+                                 None)
             for nl, source, target in narrowing:
                 self._ok(nl.launch(d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)
             self._launch_all(d, ptrs, handle, stream)

@@ -30,6 +30,7 @@ from habu.emit_cuda.common import (
     index_type,
     store_value,
 )
+from habu.emit_cuda.emit_attention_merge import merge_epilogue
 from habu.emit_cuda.emit_attention_split import split_epilogue, split_workspaces
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
@@ -77,17 +78,18 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
         q_once = ""
         q_step = "#pragma unroll\n      for (int mi = 0; mi < " + str(mi_n) + "; ++mi) {\n" + q_loads("        ", "0") \
             + "      }\n"
-    k_addr = c(lw.k_rows(cx("s"), cx("lane"), cx("kk"), cx("jp")))
+    k_addr = c(lw.k_slice_rows(cx("warp"), cx("s"), cx("lane"), cx("kk"), cx("jp")))
 
     def packed(r: int) -> str:
         (g0, q0), (g1, q1) = lw.p_fragment(cx("kk"), r)
         return f"        pa[mi][{r}] = habu::pack_bf16x2(sc[mi][{c(g0)}][{q0}], sc[mi][{c(g1)}][{q1}]);"
 
     p_frag = "\n".join(packed(r) for r in range(4))
-    v_addr = c(lw.v_rows(cx("s"), cx("lane"), cx("kk"), cx("dp")))
+    v_addr = c(lw.v_slice_rows(cx("warp"), cx("s"), cx("lane"), cx("kk"), cx("dp")))
     fr = lw.fragment
     q_h, q_half = lw.register_parts(cx("q"))  # register q of an 8-column group: (h, column in the pair)
-    s_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), q_half)]
+    s_row, s_col = fr.element(cx("rt"), cx("lane"), cx("jn"), cx("h"), q_half)
+    s_elem = [c(s_row), c(lw.slice_key(cx("warp"), s_col))]  # the score's row, and its key in the tile
     o_elem = [c(x) for x in fr.element(cx("rt"), cx("lane"), cx("dn"), q_h, q_half)]
     pq, pk, pv = (sig.pointer(a.tensor, "bf16") for a in (lw.q, lw.k, lw.v))
     po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
@@ -104,7 +106,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
                       f"  const int split = (int)({c(split_of)});  // its split: KV tiles {c(first)}..\n")
     else:
         block_code = "  const long long bx = blockIdx.x;\n"
-    nxt = lw.next_tile(cx('kt'))
+    nxt = lw.prefetch_tile(cx('kt'))
+    ahead = lw.kv_stages - 1  # the tiles in flight while one is multiplied
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
     open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
     unmasked = c(lw.unmasked(CExpr("(long long)kt"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
@@ -127,7 +130,9 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     v_ok = f"{c(lw.key_inside(CExpr('j'), sizes))} && ({access_mask(lw.v, v_coord, sizes, table)})"
     row_of = lambda t: c(lw.row(CExpr("qt"), CExpr(t)))  # noqa: E731
     key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
-    if split_on:
+    if lw.kv_warps > 1:
+        epilogue = merge_epilogue(lw, sig, sizes, it, table, rt, o_elem, o_coord)
+    elif split_on:
         epilogue = split_epilogue(lw, sig, sizes, it, table, rt, o_elem, h_q, o_coord)
     else:
         epilogue = f"""#pragma unroll
@@ -145,6 +150,28 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
           {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), o_value)}
       }}
   }}
+"""
+    if ahead == 1:
+        prologue = (f"  if (tiles > {c(first)}) load_kv({c(first)}, {c(lw.stage_of(first))});\n"
+                    "  habu::cp_async_commit();\n")
+        prefetch = f"""    if ({bare(nxt)} < tiles) {{
+      load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
+      habu::cp_async_commit();
+      habu::cp_async_wait<1>();
+    }} else {{
+      habu::cp_async_wait<0>();
+    }}
+"""
+    else:  # one commit group a tile (empty past the last): tile kt's group is complete when `ahead` are pending
+        pro = lw.prologue_tile(CExpr(f"({it})({c(first)})"), cx("p"))
+        prologue = f"""  for (int p = 0; p < {ahead}; ++p) {{  // the first {ahead} KV tiles, one commit group each
+    if ({bare(pro)} < tiles) load_kv({bare(pro)}, (int)({c(lw.stage_of(pro))}));
+    habu::cp_async_commit();
+  }}
+"""
+        prefetch = f"""    if ({bare(nxt)} < tiles) load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // {ahead} tiles ahead
+    habu::cp_async_commit();
+    habu::cp_async_wait<{ahead}>();  // tile kt's copies are done
 """
     src_body = f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  extern __shared__ __align__(16) habu::bf16 smem[];
@@ -182,9 +209,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       habu::cp_async<16>(habu::smem_addr(smem + {c(lw.v_smem(cx('s'), cx('t'), cx('dd')))}), ok ? (const void*)({pv} + ({access_offset(lw.v, v_coord, sizes, lw.index_width, table)})) : (const void*){pv}, ok);
     }}
   }};
-  if (tiles > {c(first)}) load_kv({c(first)}, {c(lw.stage_of(first))});
-  habu::cp_async_commit();
-  // this warp's {mi_n} row tile(s) of 16 query rows: row tile {rt}
+{prologue}  // this warp's {mi_n} row tile(s) of 16 query rows: row tile {rt}
   habu::u32 qf[{mi_n}][{ne16 if q_resident else 1}][4];  // Q's A fragments{' (read once)' if q_resident else ' (read per step)'}
   float o[{mi_n}][{nd8}][4];
   float m[{mi_n}][2], l[{mi_n}][2];
@@ -200,14 +225,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
   for ({it} kt = {c(first)}; kt < tiles; ++kt) {{
     const int s = (int)({c(lw.stage_of(cx('kt')))});  // this tile's buffer
-    if ({bare(nxt)} < tiles) {{
-      load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
-      habu::cp_async_commit();
-      habu::cp_async_wait<1>();
-    }} else {{
-      habu::cp_async_wait<0>();
-    }}
-    __syncthreads();
+{prefetch}    __syncthreads();
 {q_once}    float sc[{mi_n}][{nb8}][4];
 #pragma unroll
     for (int mi = 0; mi < {mi_n}; ++mi)
@@ -302,7 +320,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   habu::cp_async_wait<0>();
 {epilogue}}}
 """
-    src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × {16 * k.warp_m}), "
+    src = header(f"{name}: fused attention (online softmax), query tiles of {bm} rows ({lw.warps} warps × {16 * k.warp_m}"
+                 + (f", each {lw.slice_keys} keys of a tile" if lw.kv_warps > 1 else "") + "), "
                  f"KV tiles of {bn} keys, mma.sync m16n8k16 bf16" + (f", split-KV: {k.kv_split} keys a block" if split_on else ""),
                  [f"computes {lw.node.target} = softmax-weighted sum over #{lw.key_extent} "
                   f"(#{lw.row_extent} queries, head widths {n_e}/{n_d})",
@@ -312,7 +331,8 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     if not split_on:
         return CudaKernel(name, src, tuple(sig.params), threads, smem, lw)
     ws = split_workspaces(lw)
-    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw, zero=(lw.counter_tensor,), workspace=ws)
+    return CudaKernel(name, src, tuple(sig.params), threads, smem, lw, zero=(lw.counter_tensor,), workspace=ws,
+                      zero_once=(lw.counter_tensor,))
 
 
 register_geometry(AttentionLowering, GRID_2D)  # (batch elements × query tiles, 1)

@@ -38,23 +38,13 @@ def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
     fr = lw.fragment
     cx = CExpr
     po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
-    counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
-    po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     split, flat, qt = cx("split"), cx("flat"), cx("qt")
     row_of = lambda t: c(lw.row(qt, cx(t)))  # noqa: E731
     inside = c(lw.row_inside(cx("i"), sizes))
     part = c(lw.partial_offset(split, flat, cx("i"), cx("d"), sizes))
     slot = c(lw.partial_slot(split, flat, cx("i"), sizes))
     m_row = c(fr.element(cx("rt"), cx("lane"), 0, cx("h"), 0)[0])
-    s_slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
-    s_part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
-    t_of, d_of = (c(x) for x in lw.combine_element(cx("e")))
-    exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", FloatOps())
     lead = c(cx("lane") % fr.lanes_per_row)
-    last = f"habu::last_block_done({counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))}))"
-    out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
-    store = store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
-                        "habu::f_div0(acc, sum)")
     return f"""  // this split's partial: each lane's unnormalised O registers; m and l of its rows from their first lane
 #pragma unroll
   for (int mi = 0; mi < {lw.sets_per_warp}; ++mi) {{
@@ -77,17 +67,44 @@ def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
       }}
     }}
   }}
-  if ({last}) {{  // every split of the query tile is in: combine them
+{split_combine(lw, sig, sizes, it, table, o_coord)}"""
+
+
+def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, table: Callable[..., str],
+                  o_coord: dict[str, str]) -> str:
+    """The block completing its query tile's count combines every split's partial (after its own partial is
+    stored, by registers or by the slices' merge)."""
+    cx = CExpr
+    po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
+    counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
+    po = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    flat, qt = cx("flat"), cx("qt")
+    row_of = lambda t: c(lw.row(qt, cx(t)))  # noqa: E731
+    inside = c(lw.row_inside(cx("i"), sizes))
+    s_slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
+    s_part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
+    t_of, d_of = (c(x) for x in lw.combine_element(cx("e")))
+    exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", FloatOps())
+    last = f"habu::last_block_done({counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))}))"
+    out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
+    store = store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
+                        "habu::f_div0(acc, sum)")
+    reset = f"    if (tid == 0) {counters}[{c(lw.counter_slot(flat, qt, sizes))}] = {lw.counter_after(sizes)};  // left for the next launch\n"
+    if lw.combine_in_smem(sizes):
+        return _combine_by_weights(lw, sizes, it, last, out_ok, pm, pl, po_part, reset,
+                                   store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width,
+                                                                               table), "habu::f_div0(acc, total)"))
+    return f"""  if ({last}) {{  // every split of the query tile is in: combine them
     for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{
       const {it} i = ({it})({row_of(t_of)});
       const {it} d = ({it})({d_of});
       if (!({out_ok})) continue;
       float mx = habu::neg_inf_f();
-#pragma unroll 8
+#pragma unroll 32
       for (int s = 0; s < (int)({c(lw.splits(sizes))}); ++s) mx = fmaxf(mx, __ldcg({pm} + {s_slot}));
       const float shift = habu::softmax_shift(mx);
       float acc = 0.0f, sum = 0.0f;
-#pragma unroll 8
+#pragma unroll 32
       for (int s = 0; s < (int)({c(lw.splits(sizes))}); ++s) {{
         const float w = habu::exp2_fast({exponent});  // a split with no visible key: m = −∞, w = 0
         sum += w * __ldcg({pl} + {s_slot});
@@ -95,5 +112,63 @@ def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
       }}
       {store}
     }}
-  }}
+{reset}  }}
+"""
+
+
+def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, out_ok: str, pm: str, pl: str,
+                        po_part: str, reset: str, store: str) -> str:
+    """The combine with the splits' weights in shared memory (`combine_in_smem`): a thread a (split, row) pair
+    reads m (`combine_pair`, `combine_w`); a thread a row takes their maximum M, turns each into its weight
+    exp(m_s − M) (`combine_exponent`) and sums weight·l_s (`combine_total`); a thread an element then reads
+    only the splits' O."""
+    cx = CExpr
+    flat, qt = cx("flat"), cx("qt")
+    s_of, t_of = (c(x) for x in lw.combine_pair(cx("p")))
+    row = c(lw.row(qt, cx("t")))
+    inside = c(lw.row_inside(cx("i"), sizes))
+    slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
+    w_at = f"cw[{c(lw.combine_w(cx('s'), cx('t')))}]"
+    total_at = f"cw[{c(lw.combine_total(cx('t'), sizes))}]"
+    te, de = (c(x) for x in lw.combine_element(cx("e")))
+    splits = c(lw.splits(sizes))
+    exponent = lw.combine_exponent(w_at, "shift", FloatOps())
+    part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
+    return f"""  if ({last}) {{  // every split of the query tile is in: combine them, the splits' weights in shared memory
+    float* cw = reinterpret_cast<float*>(smem);
+    for (int p = tid; p < {c(lw.combine_pairs(sizes))}; p += {lw.threads}) {{  // each split's m of each row
+      const int s = {s_of}, t = {t_of};
+      const {it} i = ({it})({row});
+      if ({inside}) {w_at} = __ldcg({pm} + {slot});
+    }}
+    __syncthreads();
+    for (int t = tid; t < {lw.kernel.bm}; t += {lw.threads}) {{  // each row: M, the splits' weights, the total l
+      const {it} i = ({it})({row});
+      if (!({inside})) continue;
+      float mx = habu::neg_inf_f();
+#pragma unroll 32
+      for (int s = 0; s < (int)({splits}); ++s) mx = fmaxf(mx, {w_at});
+      const float shift = habu::softmax_shift(mx);
+      float total = 0.0f;
+#pragma unroll 32
+      for (int s = 0; s < (int)({splits}); ++s) {{
+        const float w = habu::exp2_fast({exponent});  // a split with no visible key: m = −∞, w = 0
+        {w_at} = w;
+        total += w * __ldcg({pl} + {slot});
+      }}
+      {total_at} = total;
+    }}
+    __syncthreads();
+    for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{  // each element: Σ_s weight·O_s / total
+      const int t = {te};
+      const {it} i = ({it})({row});
+      const {it} d = ({it})({de});
+      if (!({out_ok})) continue;
+      float acc = 0.0f;
+#pragma unroll 32
+      for (int s = 0; s < (int)({splits}); ++s) acc += {w_at} * __ldcg({po_part} + {part});
+      const float total = {total_at};
+      {store}
+    }}
+{reset}  }}
 """

@@ -355,7 +355,9 @@ class _Prepared:
             grid: tuple[int, int, int]) -> None:
         smem = kernel.dynamic_smem(sizes)
         driver.allow_smem(fn, smem, kernel.name)
-        zeros = [(arrays[z].ptr, arrays[z].nbytes) for z in kernel.zero]
+        zeros = [(arrays[z].ptr, arrays[z].nbytes) for z in kernel.zero if z not in kernel.zero_once]
+        for z in kernel.zero_once:  # kept from call to call, left zero by each launch: zero-filled once
+            memset_zero(arrays[z].ptr, arrays[z].nbytes, self.stream)
         self.launches.append((kernel, fn, grid, smem, driver.pack_args(kernel, arrays, sizes), zeros))
 
     def launch_all(self) -> None:

@@ -40,7 +40,7 @@ from habu.spec.ir import Compare, Expr, Gather, IndexAffine, IndexConst, IndexVa
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
 PAD = 8  # bf16 elements of padding per staged row (16 bytes: the fragment reads are free of bank conflicts)
-STAGES = 2  # K/V tiles in flight (cp.async double buffer)
+STAGES = 2  # K/V buffers by default (cp.async double buffer); `kernel.stages` for the mma.sync loop
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,92 @@ class AttentionLowering:
 
     @property
     def warps(self) -> int:
-        return self.kernel.bm // (MMA_M * self.kernel.warp_m)
+        """The block's warps: a group of `kv_warps` for each row tile set (its row tiles' keys sliced over them)."""
+        return self.kernel.bm // (MMA_M * self.kernel.warp_m) * self.kv_warps
+
+    @property
+    def kv_warps(self) -> int:
+        """Warps sharing the block's KV tiles (each a slice of every tile's keys; 1: one warp takes every key)."""
+        return self.kernel.kv_warps
 
     def row_tile(self, warp: Any, mi: Any) -> Any:
-        """The 16-row tile a warp's mi-th accumulators compute (rows 16·row_tile..)."""
-        return warp * self.kernel.warp_m + mi
+        """The 16-row tile a warp's mi-th accumulators compute (rows 16·row_tile..): the warps of one row tile set
+        are `kv_warps` adjacent warps."""
+        if self.kv_warps == 1:
+            return warp * self.kernel.warp_m + mi
+        return floordiv(warp, self.kv_warps) * self.kernel.warp_m + mi
+
+    # -- the KV tile's keys sliced over the warps of a row tile set (`kv_warps`)
+    @property
+    def slice_keys(self) -> int:
+        """The keys of a KV tile one warp takes: bn / kv_warps (whole k16 steps of P·V)."""
+        return self.kernel.bn // self.kv_warps
+
+    def key_slice(self, warp: Any) -> Any:
+        """The slice of each KV tile warp `warp` takes: keys key_slice·slice_keys.. of the tile."""
+        return warp % self.kv_warps
+
+    def slice_key(self, warp: Any, col: Any) -> Any:
+        """The tile key of column `col` of the warp's scores (S holds its slice's keys)."""
+        if self.kv_warps == 1:
+            return col
+        return self.key_slice(warp) * self.slice_keys + col
+
+    def k_slice_rows(self, warp: Any, stage: Any, lane: Any, kk: Any, jp: Any) -> Any:
+        """`k_rows` for the warp's jp-th 16-key pair: the tile's pair key_slice·key_pairs + jp."""
+        if self.kv_warps == 1:
+            return self.k_rows(stage, lane, kk, jp)
+        return self.k_rows(stage, lane, kk, self.key_slice(warp) * self.key_pairs + jp)
+
+    def v_slice_rows(self, warp: Any, stage: Any, lane: Any, kk: Any, dp: Any) -> Any:
+        """`v_rows` for the warp's kk-th k16 step of P·V: the tile's step key_slice·pv_steps + kk."""
+        if self.kv_warps == 1:
+            return self.v_rows(stage, lane, kk, dp)
+        return self.v_rows(stage, lane, self.key_slice(warp) * self.pv_steps + kk, dp)
+
+    # -- the merge of the slices' partials in shared memory (kv_warps > 1), as f32 words from the start of the
+    # dynamic shared memory (the K/V buffers, free once the KV loop is done): each slice's unnormalised O (bm
+    # rows × #D: a row's slice s comes from the warp of its row tile set taking slice s), then the slices'
+    # m, then their l
+    def merge_o(self, warp: Any, t: Any, d: Any) -> Any:
+        assert self.width_d is not None
+        return (self.key_slice(warp) * self.kernel.bm + t) * self.width_d + d
+
+    def merge_m(self, warp: Any, t: Any) -> Any:
+        assert self.width_d is not None
+        return self.kv_warps * self.kernel.bm * self.width_d + self.key_slice(warp) * self.kernel.bm + t
+
+    def merge_l(self, warp: Any, t: Any) -> Any:
+        assert self.width_d is not None
+        return self.kv_warps * self.kernel.bm * (self.width_d + 1) + self.key_slice(warp) * self.kernel.bm + t
+
+    def merge_bytes(self) -> int:
+        assert self.width_d is not None
+        return 4 * self.kv_warps * self.kernel.bm * (self.width_d + 2)
+
+    @property
+    def merge_count(self) -> int:
+        """The elements (row of the tile, column d) the block's threads merge, striding over them."""
+        assert self.width_d is not None
+        return self.kernel.bm * self.width_d
+
+    def merge_element(self, e: Any) -> tuple[Any, Any]:
+        """(row in the tile, column d) of merged element e."""
+        assert self.width_d is not None
+        return floordiv(e, self.width_d), e % self.width_d
+
+    def merge_warp(self, t: Any, s: Any) -> Any:
+        """The warp holding slice s of tile row t's partials (the row tile set of row t, slice s)."""
+        return floordiv(t, MMA_M * self.kernel.warp_m) * self.kv_warps + s
+
+    def merge_exponent(self, m_slice: Any, m_all: Any, ops: Any) -> Any:
+        """The exponent of the factor a slice's l and O are multiplied by in the merge: exp(m_s − M)."""
+        return ops.sub(m_slice, m_all)
+
+    def row_writer(self, d: Any) -> Any:
+        """Whether the merged element of column d writes its row's m and l (one element a row): d < 1 (an order
+        comparison, which C text, z3 and numpy all print or evaluate; `==` on a C expression is Python's)."""
+        return d < 1
 
     @property
     def row_tiles(self) -> int:
@@ -105,18 +186,18 @@ class AttentionLowering:
 
     @property
     def key_pairs(self) -> int:
-        """The 16-key pairs of 8-key groups one ldmatrix.x4 of K serves (jp)."""
-        return self.kernel.bn // (2 * MMA_N)
+        """The 16-key pairs of 8-key groups one ldmatrix.x4 of K serves (jp), of the warp's slice."""
+        return self.slice_keys // (2 * MMA_N)
 
     @property
     def score_groups(self) -> int:
-        """The 8-key groups of S's accumulators a lane holds per row tile (jn)."""
-        return self.kernel.bn // MMA_N
+        """The 8-key groups of S's accumulators a lane holds per row tile (jn), of the warp's slice."""
+        return self.slice_keys // MMA_N
 
     @property
     def pv_steps(self) -> int:
-        """The k16 steps of O += P·V over the tile's keys (kk): P's A fragment from groups 2kk, 2kk + 1."""
-        return self.kernel.bn // MMA_K
+        """The k16 steps of O += P·V over the warp's slice of keys (kk): P's A fragment from groups 2kk, 2kk + 1."""
+        return self.slice_keys // MMA_K
 
     @property
     def out_groups(self) -> int:
@@ -229,6 +310,11 @@ class AttentionLowering:
     def counter_slot(self, flat: Any, qt: Any, sizes: Mapping[str, Any]) -> Any:
         return flat * self.query_tiles(sizes) + qt
 
+    def counter_after(self, sizes: Mapping[str, Any]) -> Any:
+        """What the combining block leaves in its query tile's counter: 0, so that the next launch finds it
+        zero (the runtime zero-fills the counters once, when it allocates them: `CudaKernel.zero_once`)."""
+        return 0
+
     def arrivals(self, sizes: Mapping[str, Any]) -> Any:
         """Blocks that count themselves on a query tile's counter: its splits; the one bringing the count to
         this combines."""
@@ -244,6 +330,30 @@ class AttentionLowering:
         """(row in the tile, column d) of the combining block's element e (its threads stride over them)."""
         assert self.width_d is not None
         return floordiv(e, self.width_d), e % self.width_d
+
+    # the combine's weights in shared memory (f32 words from the start of the dynamic shared memory, free once
+    # the block's own partial is stored), where a split count known when the kernel is compiled fits there:
+    # each split's weight of each row of the tile, then each row's total l; a thread a (split, row) pair reads
+    # m, a thread a row turns them into weights, then a thread an element reads only the splits' O
+    def combine_in_smem(self, sizes: Mapping[str, Any]) -> bool:
+        n = self.splits(sizes)
+        return isinstance(n, int) and 4 * (n + 1) * self.kernel.bm <= self.smem_bytes()
+
+    def combine_pairs(self, sizes: Mapping[str, Any]) -> Any:
+        """The (split, row of the tile) pairs whose m the combining block reads into its weights."""
+        return self.splits(sizes) * self.kernel.bm
+
+    def combine_pair(self, p: Any) -> tuple[Any, Any]:
+        """(split, row in the tile) of pair p."""
+        return floordiv(p, self.kernel.bm), p % self.kernel.bm
+
+    def combine_w(self, s: Any, t: Any) -> Any:
+        """The word holding split s's m, then its weight, for row t of the tile."""
+        return s * self.kernel.bm + t
+
+    def combine_total(self, t: Any, sizes: Mapping[str, Any]) -> Any:
+        """The word holding row t's total l (Σ_s weight·l_s)."""
+        return self.splits(sizes) * self.kernel.bm + t
 
     def combine_exponent(self, m_split: Any, m_all: Any, ops: Any) -> Any:
         """The exponent of the factor a split's l and O are multiplied by in the combine: exp(m_s − M),
@@ -359,11 +469,11 @@ class AttentionLowering:
         return self.width_d + PAD
 
     def smem_layout(self) -> dict[str, tuple[int, int]]:
-        """Each staged array's (offset, elements): Q's tile, then STAGES pairs of a K and a V tile."""
+        """Each staged array's (offset, elements): Q's tile, then `kv_stages` pairs of a K and a V tile."""
         k = self.kernel
         q, kt, vt = k.bm * self.pitch_e, k.bn * self.pitch_e, k.bn * self.pitch_d
         out = {"Qs": (0, q)}
-        for s in range(STAGES):
+        for s in range(self.kv_stages):
             out[f"Ks{s}"] = (q + s * (kt + vt), kt)
             out[f"Vs{s}"] = (q + s * (kt + vt) + kt, vt)
         return out
@@ -389,9 +499,26 @@ class AttentionLowering:
     def v_smem(self, stage: Any, row: Any, col: Any) -> Any:
         return self.smem_layout()["Vs0"][0] + stage * self.stage_elements + row * self.pitch_d + col
 
+    @property
+    def kv_stages(self) -> int:
+        """The K/V buffers of the mma.sync loop (`kernel.stages`): tiles kt + 1 .. kt + stages − 1 are in flight
+        while tile kt is multiplied."""
+        return self.kernel.stages
+
     def stage_of(self, kt: Any) -> Any:
         """The buffer KV tile kt is staged in (tile kt + 1 loads into the other one while kt is multiplied)."""
-        return kt % STAGES
+        return kt % self.kv_stages
+
+    def prefetch_tile(self, kt: Any) -> Any:
+        """The KV tile whose copy is issued while tile kt is multiplied: `next_tile` with two buffers, tile
+        kt + stages − 1 with more (the tiles between already in flight)."""
+        if self.kv_stages == 2:
+            return self.next_tile(kt)
+        return kt + (self.kv_stages - 1)
+
+    def prologue_tile(self, first: Any, p: Any) -> Any:
+        """The p-th tile loaded before the KV loop (p < stages − 1): first + p."""
+        return first + p
 
     # -- the fragments each lane reads (bf16 element offsets in shared memory; register `reg` is 2 elements)
     def lane_group(self, lane: Any) -> tuple[Any, Any]:
@@ -464,7 +591,7 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
     return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
                              form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
                              kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
-                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m))),
+                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m)) * kernel.kv_warps),
                              mask_ranges=tuple(ranges))
 
 

@@ -2,8 +2,9 @@
 Σ e Q·K · scale, −∞)) · V` in one kernel, the online softmax in registers, proven over Z_q × GF(p)
 (habu/lower/attention.py lowers it, habu/emit_cuda/emit_attention.py prints it, habu/prove/interp_attention.py
 checks it). It builds a general region whose node is such a sum (the model without the `attention:T`
-rewrite), through `--pin family=attention` and the search (`region_space`); it is not the analytic default
-until its GPU exact check has passed (issue 22): the default stays the unfused plan."""
+rewrite), through `--pin family=attention` and the search (`region_space`). It is the analytic default of a
+decode (`default_pins`: at most 16 query rows a sequence; its sliced split-KV plan passed its golden GPU runs
+and ran 16x the unfused plan, session 31); prefill's default stays the unfused plan (issue 22)."""
 
 from __future__ import annotations
 
@@ -28,25 +29,42 @@ from habu.target import Target
 # the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
 MMA_SHARE = 0.5
 WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess until measured)
+# a decode's default block (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V buffers
+DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
+MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads all their partials
+DEEP_STAGES = 6  # K/V buffers of a decode block alone on its SM (`deep_stages`)
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
 WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
 
 
 def kv_split_for(blocks: int, keys: int, sms: int) -> int:
-    """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 512 down to 128
-    keys that gives about two blocks an SM; 0 where the query tiles alone fill the GPU or the keys are one
-    split. Measured on the H200
-    (session 30, docs/PERF.md; golden-checked in the same run): a decode block is one warp taking ~2.4 µs
-    a 64-key tile, so the whole-cache kernel ran 0.01-0.41x cuDNN SDPA and the split one 0.24-0.80x
-    (KV 4096 and 32768, batch 1-64). At least 128 keys: a multiple of every KV tile size (a pinned bn
-    keeps the split whole)."""
+    """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 4096 down to 128
+    keys that gives about two blocks an SM (two 4-warp blocks of 3 K/V buffers are resident on an SM), at
+    most `MAX_SPLITS` splits; 0 where the query tiles alone fill the GPU or the keys are one split.
+    Measured on the H200 (golden-checked in the same runs, docs/PERF.md): session 30, blocks of one warp
+    (~2.4 µs a 64-key tile): the split kernel 0.24-0.80x cuDNN SDPA; session 31, blocks of 4 warps: at KV
+    4096 batch 1 splits of 128 keys took 11.4 µs, of 64 keys 13.6 (the combine reads twice the partials:
+    ~0.1 µs a split), and splits of 512 keys at batch 16-64 ran 0.79-0.88x SDPA (08:30: each block's
+    prologue, merge and partial cost ~4 µs, paid once a wave of blocks: fewer, longer splits pay it less
+    often). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the split whole)."""
     want = -(-2 * sms // max(1, blocks))
     if want <= 1:
         return 0
-    split = 512
+    split = 4096
     while split > 128 and -(-keys // split) < want:
         split //= 2
+    while -(-keys // split) > MAX_SPLITS and split < 4096:  # the combining block reads every split's partial
+        split *= 2
     return split if keys > split else 0  # one split would only add the combine
+
+
+def deep_stages(width_e: int, width_d: int, smem: int) -> int:
+    """K/V buffers of a decode block alone on its SM (the grid no larger than the SMs: at batch 1 its copies
+    in flight decide the speed): as many 64-key buffers as the shared memory holds besides Q's tile
+    (habu.lower.attention's layout: rows padded by 8 elements), at most `DEEP_STAGES`, at least the default."""
+    q = 16 * (width_e + 8) * 2
+    tile = DECODE_BN * (width_e + 8 + width_d + 8) * 2
+    return max(DECODE_STAGES, min(DEEP_STAGES, (smem - q) // tile))
 
 
 class AttentionPath(KernelPath):
@@ -54,9 +72,10 @@ class AttentionPath(KernelPath):
 
     def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> AttentionKernel | None:
         """Query tiles of 64 rows (4 warps; 16 or 32 where the query rows are no more), KV tiles of 64 keys; a
-        decode (query tiles of 16 rows) that leaves the GPU idle split over its keys (`kv_split_for`, KV tiles
-        of 32: its golden GPU runs passed, session 30). None where the region is not one softmax-weighted sum
-        the kernel computes, or the head widths are not static multiples of 16."""
+        decode (query tiles of 16 rows): KV tiles of 64 keys sliced over 4 warps, 3 K/V buffers, split over
+        its keys where its query tiles leave the GPU idle (`kv_split_for`; golden GPU runs passed, session 31).
+        None where the region is not one softmax-weighted sum the kernel computes, or the head widths are not
+        static multiples of 16."""
         if len(region.nodes) != 1 or not target.mma_sync:
             return None
         form = attention_form(model, region.nodes[0])
@@ -69,7 +88,8 @@ class AttentionPath(KernelPath):
         rows = static.get(form.row.extent) or sizes.get(form.row.extent) or 64
         bm = 16 if rows <= 16 else 32 if rows <= 32 else 64  # a decode's few query heads: one warp, not four
         kernel = AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
-        if bm == 16:  # a decode: split-KV where its query tiles leave the GPU idle
+        if bm == 16:  # a decode: its KV tiles sliced over warps, split-KV where its query tiles leave the GPU idle
+            kernel = replace(kernel, bn=DECODE_BN, kv_warps=DECODE_WARPS, stages=DECODE_STAGES)
             size = lambda e: static.get(e) or sizes.get(e)  # noqa: E731
             batch = [size(v.extent) for v in form.batch]
             keys = size(form.key.extent)
@@ -79,22 +99,44 @@ class AttentionPath(KernelPath):
                     blocks *= n  # type: ignore[operator]
                 split = kv_split_for(blocks, keys, target.sm_count)
                 if split:
-                    kernel = replace(kernel, bn=32, kv_split=split)
+                    kernel = replace(kernel, kv_split=split)
+                if blocks * (-(-keys // split) if split else 1) <= target.sm_count:  # a block an SM at most:
+                    kernel = replace(kernel, stages=deep_stages(e, d, target.smem_per_block))  # its buffers' all
         return kernel
+
+    def default_pins(self, model: Model, target: Target, sizes: dict[str, int]) -> dict[str, str]:
+        """`--pin family=attention` for a decode: a model of one softmax-weighted sum over at most 16 query rows a
+        sequence that the fused kernel computes (its sliced split-KV plan measured faster than the unfused one
+        and than cuDNN's SDPA, and its golden GPU runs passed: session 31, docs/PERF.md); {} otherwise."""
+        if len(model.nodes) != 1 or not target.mma_sync:
+            return {}
+        node = model.nodes[0].target
+        form = attention_form(model, node)
+        if form is None:
+            return {}
+        rows = model.sizes.get(form.row.extent) or sizes.get(form.row.extent)
+        if rows is None or rows > 16:
+            return {}
+        if self.default(model, Region("general", (node,)), target, sizes) is None:
+            return {}
+        return {"family": "attention"}
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:
         """Query tiles of 16 to 128 rows × KV tiles of 32 to 128 keys; with a decode's query tile of 16 rows
         (one query a sequence and its few query heads), also split-KV (flash-decoding) over 64 to 512 keys a
         block, in KV tiles of 32 or 64 keys (a decode block is one warp: the shared memory of its two K/V
         buffers decides how many run on an SM; the H200 run of session 30: one warp takes ~2.4 µs a
-        64-key tile). Not the default: split-KV is reachable by `--pin kv_split=N` and the search until its
-        exact GPU run has passed."""
+        64-key tile), and the KV tiles sliced over 2, 4 or 8 warps a block (`kv_warps`, 16 keys each, merged in
+        shared memory; session 31: 4 warps the decode's default)."""
         assert isinstance(base, AttentionKernel)
         for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
             yield replace(base, bm=bm, bn=bn)
         if base.bm == 16:
             for split, bn in itertools.product((256, 512, 128, 64), (32, 64)):
                 yield replace(base, bn=bn, kv_split=split)
+            # the KV tiles sliced over several warps a block (16 keys each; merged in shared memory)
+            for split, (bn, warps) in itertools.product((0, 128, 256, 512), ((64, 4), (128, 8), (32, 2))):
+                yield replace(base, bn=bn, kv_split=split, kv_warps=warps)
 
     def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
                         sizes: dict[str, int]) -> Iterator[Kernel]:
@@ -103,7 +145,8 @@ class AttentionPath(KernelPath):
         assert isinstance(base, AttentionKernel)
         if self.wgmma_kernel(model, base, target) is not None:
             for bm, bn, stages, pingpong in WGMMA_TILES:
-                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong)
+                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong,
+                              kv_warps=1, kv_split=0)
 
     def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
         """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles
@@ -115,7 +158,7 @@ class AttentionPath(KernelPath):
         e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
         if e is None or d is None or e % 64 or d % 64:
             return None
-        return replace(kernel, main_loop="wgmma", bm=128, bn=128, stages=2, warp_m=1)
+        return replace(kernel, main_loop="wgmma", bm=128, bn=128, stages=2, warp_m=1, kv_warps=1)
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q

@@ -251,8 +251,9 @@ class AttentionKernel:
                             "K/V tiles, bm/64 consumer warpgroups of 64 query rows multiply with wgmma, P from "
                             "registers)", P, default="mma.sync", allowed=("mma.sync", "wgmma"), pins=("main_loop",),
                             json_optional=True, unguarded=KEEP)
-    stages: int = choice("K/V tiles in flight in the wgmma main loop's ring (the mma.sync loop double-buffers)", P,
-                         default=2, lo=1, hi=4, pins=("stages",), json_optional=True, unguarded=KEEP)
+    stages: int = choice("K/V tiles in flight in the wgmma main loop's ring; the mma.sync loop's K/V buffers (stages − 1 "
+                         "tiles in flight while one is multiplied; a decode block alone on its SM takes up to 6)", P,
+                         default=2, lo=1, hi=8, pins=("stages",), json_optional=True, unguarded=KEEP)
     pingpong: bool = choice("the wgmma main loop's two consumer warpgroups take turns issuing their wgmmas (FA3's "
                             "ping-pong, named barriers 1 and 2): one's softmax runs while the other's products do", E,
                             default=False, pins=("pingpong",), json_optional=True, unguarded=KEEP)
@@ -262,6 +263,11 @@ class AttentionKernel:
                            "kv_split keys, write a partial — running max, sum, unnormalised O — to a workspace, "
                            "and the last of them to finish combines them); 0: one block reads every key", P,
                            default=0, allowed=(0, 32, 64, 128, 256, 512, 1024, 2048, 4096), pins=("kv_split",),
+                           json_optional=True, unguarded=KEEP)
+    kv_warps: int = choice("warps sharing one query tile's KV tiles (a decode: query tiles of 16 rows): warp w takes "
+                           "keys w·bn/kv_warps.. of each tile (a slice of 16 or more keys) with its own running max, sum "
+                           "and O, merged in shared memory at the end (the online softmax's combine); the block's "
+                           "threads copy the tiles together", P, default=1, allowed=(1, 2, 4, 8), pins=("kv_warps",),
                            json_optional=True, unguarded=KEEP)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from habu.lower.attention import MMA_K, MMA_M, MMA_N, AttentionLowering
 from habu.prove.fragments import instruction_element
 from habu.prove.interp import Memory, eval_pointwise, read, write
+from habu.prove.interp_attention_merge import MergeEnd, merge_slices
 from habu.prove.interp_attention_split import SplitRun
 from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
@@ -70,6 +71,8 @@ def run_attention(name: str, lw: AttentionLowering, sizes: Mapping[str, int], me
     split = SplitRun(lw, sizes, mem) if lw.kernel.kv_split else None
     for x in blocks:
         _run_block(name, lw, sizes, mem, int(x), split)
+    if split is not None:
+        split.finish(name)
 
 
 # ----------------------------------------------------------------------------- the instruction (PTX ISA)
@@ -180,6 +183,7 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     # computes its row tile as a warp of one set would
     tiles_of_sets = np.asarray([lw.row_tile(w, mi) for w in range(lw.warps) for mi in range(lw.sets_per_warp)],
                                dtype=np.int64)
+    warp_of_sets = np.repeat(np.arange(lw.warps, dtype=np.int64), lw.sets_per_warp)  # the warp running each set
     warps = len(tiles_of_sets)
     w4 = tiles_of_sets[:, None, None, None]  # for the lowering's maps
     sets4 = np.arange(warps, dtype=np.int64)[:, None, None, None]  # for the register arrays
@@ -194,19 +198,22 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     c_row, c_col = instruction_element("mma.sync", 0, l4, r4)
     s_groups = np.arange(lw.score_groups)[None, None, :, None]
     o_groups = np.arange(lw.out_groups)[None, None, :, None]
-    s_row, s_key = fr.element(w4, l4, s_groups, r_h[r4], r_half[r4])
+    s_row, s_col = fr.element(w4, l4, s_groups, r_h[r4], r_half[r4])
+    s_key = lw.slice_key(warp_of_sets[:, None, None, None], s_col)  # the key in the tile (a warp's slice)
     o_row, o_col = fr.element(w4, l4, o_groups, r_h[r4], r_half[r4])
     halves = fr.halves
     m = np.broadcast_to(f.const(Fraction(1)), (warps, 32, halves)).copy()  # the empty maximum
     l_run = np.broadcast_to(zero, (warps, 32, halves)).copy()
     o = np.broadcast_to(zero, np.broadcast_shapes(o_row.shape, o_col.shape)).copy()
     first = int(lw.first_tile(split_no))
-    if tiles > first:
-        load_kv(first, int(lw.stage_of(first)))
+    for p in range(lw.kv_stages - 1):  # the tiles in flight before the loop
+        pro = int(lw.prologue_tile(first, p))
+        if pro < tiles:
+            load_kv(pro, int(lw.stage_of(pro)))
     a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
     for kt in range(first, tiles):
         stage = int(lw.stage_of(kt))
-        nxt = int(lw.next_tile(kt))
+        nxt = int(lw.prefetch_tile(kt))
         if nxt < tiles:
             load_kv(nxt, int(lw.stage_of(nxt)))
         if kt == first:  # Q's A fragments, read once; placed where the instruction takes each register
@@ -218,12 +225,13 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
                     row, col = ptx_a_element(l4[..., 0], np.int64(reg), np.int64(half))
                     a_q[np.broadcast_to(sets4[..., 0], vals.shape), np.broadcast_to(row, vals.shape),
                         np.broadcast_to(kk4[..., 0] * MMA_K + col, vals.shape)] = vals
-        # K's B fragments of this tile (the same for every warp), by ldmatrix.x4 from the rows the lanes name
-        b_k = np.broadcast_to(zero, (n_e, k.bn)).copy()
+        # K's B fragments of this tile's keys the warp takes (its slice), by ldmatrix.x4 from the rows the lanes name
+        b_k = np.broadcast_to(zero, (warps, n_e, lw.slice_keys)).copy()
         kk3, jp3 = np.arange(lw.qk_steps)[:, None, None], np.arange(lw.key_pairs)[None, :, None]
-        named = np.asarray(lw.k_rows(stage, lanes[None, None, :], kk3, jp3), dtype=np.int64)  # (kk, jp, 32)
-        _b_fragments(lw, ldmatrix(named, lambda offs: smem[offs]), b_k, kk3, jp3)
-        s_full = f.contract([a_q, b_k], "wie,ej->wij")  # (warp, 16, bn)
+        for at, w in enumerate(warp_of_sets):
+            named = np.asarray(lw.k_slice_rows(int(w), stage, lanes[None, None, :], kk3, jp3), dtype=np.int64)
+            _b_fragments(lw, ldmatrix(named, lambda offs: smem[offs]), b_k[at], kk3, jp3)  # named: (kk, jp, 32)
+        s_full = f.contract([a_q, b_k], "wie,wej->wij")  # (set, 16, the slice's keys)
         s_reg = s_full[sets4, c_row, s_groups * MMA_N + c_col]  # (warp, lane, group, register)
         if scale is not None:
             s_reg = f.op("mul", [s_reg, np.broadcast_to(scale, s_reg.shape)])
@@ -249,9 +257,9 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
         l_run = f.op("add", [l_run, _per_half(f, "sum", p_reg, r_h, halves)])
         # P's A fragments: the accumulators the lowering packs into each register, where the instruction
         # takes each register element; V's B fragments by ldmatrix.trans from the rows the lanes name
-        a_p = np.broadcast_to(zero, (warps, MMA_M, k.bn)).copy()
+        a_p = np.broadcast_to(zero, (warps, MMA_M, lw.slice_keys)).copy()
         w3, lw3 = np.arange(warps)[:, None], lanes[None, :]
-        b_v = np.broadcast_to(zero, (k.bn, n_d)).copy()
+        b_v = np.broadcast_to(zero, (warps, lw.slice_keys, n_d)).copy()
         for kk in range(lw.pv_steps):
             for reg in range(4):
                 for half, (group, q) in enumerate(lw.p_fragment(kk, reg)):
@@ -264,12 +272,18 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
                     a_p[np.broadcast_to(w3, (warps, 32)), np.broadcast_to(row, (warps, 32)),
                         np.broadcast_to(kk * MMA_K + col, (warps, 32))] = p_reg[:, :, int(group), int(q)]
         kk3, dp3 = np.arange(lw.pv_steps)[:, None, None], np.arange(lw.value_pairs)[None, :, None]
-        named = np.asarray(lw.v_rows(stage, lanes[None, None, :], kk3, dp3), dtype=np.int64)  # (kk, dp, 32)
-        _b_fragments(lw, ldmatrix_trans(named, lambda offs: smem[offs]), b_v, kk3, dp3)
-        pv = f.contract([a_p, b_v], "wij,jd->wid")
+        for at, w in enumerate(warp_of_sets):
+            named = np.asarray(lw.v_slice_rows(int(w), stage, lanes[None, None, :], kk3, dp3), dtype=np.int64)
+            _b_fragments(lw, ldmatrix_trans(named, lambda offs: smem[offs]), b_v[at], kk3, dp3)  # (kk, dp, 32)
+        pv = f.contract([a_p, b_v], "wij,wjd->wid")
         o = f.op("add", [o, pv[sets4, c_row, o_groups * MMA_N + c_col]])
     for off in lw.quad_offsets:
         l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
+    if lw.kv_warps > 1:  # the slices' partials merge in shared memory; the merged tile is stored or is the partial
+        m_row = fr.element(w4[..., 0], l4[..., 0], 0, np.arange(halves)[None, None, :], 0)[0]
+        merge_slices(name, lw, sizes, mem, warp_of_sets, o, o_row, o_col, m, l_run, m_row,
+                     MergeEnd(qt, flat, coords, split_no, split, ops), where(None))
+        return
     if split is not None:  # the partial into the workspaces; the tile's last split combines
         m_row = fr.element(w4[..., 0], l4[..., 0], 0, np.arange(halves)[None, None, :], 0)[0]
         split.store(name, split_no, flat, qt, o, o_row, o_col, m, l_run, m_row, where(None))

@@ -91,6 +91,9 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
         smem = lw.smem_bytes()
         yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of staged Q, K and V tiles ≤ {t.smem_per_block}",
                          smem <= t.smem_per_block, detail=f"{smem} bytes of dynamic shared memory")
+    yield Obligation(R["supported-path"], name, None, "KV tiles sliced over warps (kv_warps) run on the mma.sync "
+                     "loop", k.kv_warps == 1 or k.main_loop == "mma.sync",
+                     detail=f"kv_warps = {k.kv_warps} on the {k.main_loop} loop, which keeps one slice")
     gx, _ = lw.grid(s)
     yield _grid(name, "x", "batch elements × query tiles", gx, t.max_grid_x)
     if lw.index_width == 32:
@@ -208,22 +211,30 @@ def _fragment_obligations(name: str, lw: AttentionLowering, n_e: int, n_d: int) 
     rule = ATTENTION_RULES["attention-fragments"]
     k, fr = lw.kernel, lw.fragment
     covers = ((lw.qk_steps * MMA_K, n_e, "the k steps of S = Q·Kᵀ cover #E"),
-              (lw.key_pairs * 2 * MMA_N, k.bn, "K's ldmatrix.x4 pairs cover the tile's keys"),
-              (lw.score_groups * MMA_N, k.bn, "S's 8-key groups cover the tile's keys"),
-              (lw.pv_steps * MMA_K, k.bn, "the k steps of O += P·V cover the tile's keys"),
+              (lw.slice_keys * lw.kv_warps, k.bn, "the warps' key slices cover the tile's keys"),
+              (lw.key_pairs * 2 * MMA_N, lw.slice_keys, "K's ldmatrix.x4 pairs cover a warp's keys"),
+              (lw.score_groups * MMA_N, lw.slice_keys, "S's 8-key groups cover a warp's keys"),
+              (lw.pv_steps * MMA_K, lw.slice_keys, "the k steps of O += P·V cover a warp's keys"),
               (lw.out_groups * MMA_N, n_d, "O's 8-column groups cover #D"),
               (lw.value_pairs * 2 * MMA_N, n_d, "V's ldmatrix.x4.trans pairs cover #D"),
               (lw.registers, 4, "an 8-column group holds the m16n8 accumulator's 4 registers"),
-              (lw.warps * lw.sets_per_warp * MMA_M, k.bm, "the warps' accumulator sets cover the query tile"))
+              (lw.warps * lw.sets_per_warp * MMA_M, k.bm * lw.kv_warps,
+               "the warps' accumulator sets cover the query tile once a key slice"))
     for got, want, text in covers:
         yield Obligation(rule, name, None, f"{text} ({got} = {want})", got == want, detail=f"{got} ≠ {want}")
     w1, m1, w2, m2, q1, q2 = z3.Ints("warp mi other_warp other_mi reg other_reg")
     sets = lambda w, m: z3.And(_in(w, 0, lw.warps), _in(m, 0, lw.sets_per_warp))  # noqa: E731
-    yield Obligation(rule, name, None, "each accumulator set of a warp computes a row tile of its own",
+    one_slice = (lambda w1, w2: z3.BoolVal(True)) if lw.kv_warps == 1 else \
+        (lambda w1, w2: lw.key_slice(w1) == lw.key_slice(w2))
+    yield Obligation(rule, name, None, "each accumulator set of a warp computes a row tile (and key slice) of its own",
                      z3.ForAll([w1, m1, w2, m2], z3.Implies(z3.And(sets(w1, m1), sets(w2, m2)), z3.And(
-                         _in(lw.row_tile(w1, m1), 0, lw.row_tiles),
-                         z3.Implies(z3.Or(w1 != w2, m1 != m2), lw.row_tile(w1, m1) != lw.row_tile(w2, m2))))),
-                     detail="two accumulator sets compute one row tile, or one computes past the query tile")
+                         _in(lw.row_tile(w1, m1), 0, lw.row_tiles), _in(z3.IntVal(0) + lw.key_slice(w1), 0, lw.kv_warps),
+                         z3.Implies(z3.And(z3.Or(w1 != w2, m1 != m2), one_slice(w1, w2)),
+                                    lw.row_tile(w1, m1) != lw.row_tile(w2, m2))))),
+                     detail="two accumulator sets compute one row tile of one key slice, or one computes past the "
+                     "query tile")
+    if lw.kv_warps > 1:
+        yield from _merge_obligations(name, lw)
     h1, p1 = lw.register_parts(q1)
     h2, p2 = lw.register_parts(q2)
     regs = lambda q: _in(q, 0, lw.registers)  # noqa: E731
@@ -242,6 +253,37 @@ def _fragment_obligations(name: str, lw: AttentionLowering, n_e: int, n_d: int) 
                             z3.ForAll([kt], lw.next_tile(kt) == kt + 1),
                             z3.ForAll([kt], z3.Implies(kt >= 0, lw.stage_of(lw.next_tile(kt)) != lw.stage_of(kt)))),
                      detail="a KV tile is skipped, or the next one lands in the buffer being multiplied")
+    ahead = lw.kv_stages - 1
+    first = z3.Int("first_tile")
+    yield Obligation(ATTENTION_RULES["attention-kv-loop"], name, None,
+                     f"{lw.kv_stages} K/V buffers: the loop's prologue loads tiles first.. first + {ahead - 1}, the copy "
+                     f"issued during tile kt loads tile kt + {ahead}, into a buffer none of tiles kt .. kt + {ahead - 1} "
+                     "(multiplied or in flight) holds",
+                     z3.And(ahead >= 1,
+                            *(z3.ForAll([first], z3.IntVal(0) + lw.prologue_tile(first, p) == first + p)
+                              for p in range(ahead)),
+                            z3.ForAll([kt], z3.IntVal(0) + lw.prefetch_tile(kt) == kt + ahead),
+                            *(z3.ForAll([kt], z3.Implies(kt >= 0, lw.stage_of(lw.prefetch_tile(kt)) != lw.stage_of(kt + i)))
+                              for i in range(ahead))),
+                     detail="a KV tile is skipped or loaded twice, or lands in a buffer still to be multiplied")
+
+
+def _merge_obligations(name: str, lw: AttentionLowering) -> Iterator[Obligation]:
+    """The slices' merge (kv_warps > 1): row t's slice s is read from the warp that computed it, and the merge
+    area fits the block's shared memory."""
+    rule = ATTENTION_RULES["attention-fragments"]
+    k = lw.kernel
+    wrong = [(t, sl) for t in range(k.bm) for sl in range(lw.kv_warps)
+             if not (0 <= int(lw.merge_warp(t, sl)) < lw.warps and int(lw.key_slice(int(lw.merge_warp(t, sl)))) == sl
+                     and any(int(lw.row_tile(int(lw.merge_warp(t, sl)), mi)) == t // 16 for mi in range(lw.sets_per_warp)))]
+    yield Obligation(rule, name, None, "the merge reads row t's slice s from the warp computing that row tile's slice s",
+                     not wrong, detail=f"(row, slice) {wrong[:1]} is read from another warp")
+    assert lw.width_d is not None
+    writers = [d for d in range(lw.width_d) if bool(lw.row_writer(d))]
+    yield Obligation(rule, name, None, "one merged element of each row writes the row's m and l",
+                     len(writers) == 1, detail=f"columns {writers[:4]} write them")
+    yield Obligation(rule, name, None, f"the merge area ({lw.merge_bytes()} bytes) fits the block's shared memory "
+                     f"({lw.smem_bytes()})", lw.merge_bytes() <= lw.smem_bytes(), detail="the merge overruns")
 
 
 def _split_obligations(name: str, lw: AttentionLowering, ctx: Context, n_d: int) -> Iterator[Obligation]:
@@ -250,6 +292,25 @@ def _split_obligations(name: str, lw: AttentionLowering, ctx: Context, n_d: int)
     yield Obligation(rule, name, None, f"a split ({k.kv_split} keys) is whole KV tiles of {k.bn}",
                      k.kv_split % k.bn == 0 and lw.split_tiles * k.bn == k.kv_split, detail="a split cuts a KV tile")
     splits, count, tiles_q = lw.splits(s), lw.batch_count(s), lw.query_tiles(s)
+    if lw.combine_in_smem(s):  # the combine's weights in shared memory: a word a (split, row), and the totals apart
+        sa, ta, sb, tb = z3.Ints("split row other_split other_row")
+        pair = lambda sp, t: z3.And(_in(sp, 0, splits), _in(t, 0, k.bm))  # noqa: E731
+        words = lw.smem_bytes() // 4
+        p, q = z3.Ints("pair other_pair")
+        ps, pt = lw.combine_pair(p)
+        qs, qt_ = lw.combine_pair(q)
+        pairs = lw.combine_pairs(s)
+        yield Obligation(rule, name, None, "the combine's pairs are each (split, row) once, its weights and row "
+                         f"totals distinct words of the block's {words}",
+                         z3.And(z3.ForAll([p, q], z3.Implies(z3.And(_in(p, 0, pairs), _in(q, 0, pairs)), z3.And(
+                             pair(ps, pt), z3.Implies(p != q, z3.Or(ps != qs, pt != qt_))))),
+                             pairs == splits * k.bm,
+                             z3.ForAll([sa, ta, sb, tb], z3.Implies(z3.And(pair(sa, ta), pair(sb, tb)), z3.And(
+                                 _in(lw.combine_w(sa, ta), 0, words), _in(lw.combine_total(ta, s), 0, words),
+                                 lw.combine_w(sa, ta) != lw.combine_total(tb, s),
+                                 z3.Implies(z3.Or(sa != sb, ta != tb), lw.combine_w(sa, ta) != lw.combine_w(sb, tb)),
+                                 z3.Implies(ta != tb, lw.combine_total(ta, s) != lw.combine_total(tb, s)))))),
+                         detail="two weights share a word, a total overwrites a weight, or one lies outside")
     kt, total, s1, s2 = z3.Ints("kv_tile visited one_split other_split")
     within = lambda sp: z3.And(lw.first_tile(sp) <= kt, kt < lw.end_tile(sp, total))  # noqa: E731
     own = z3.IntVal(0) + kt / lw.split_tiles if lw.split_tiles else z3.IntVal(0)

@@ -81,6 +81,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
                  pins: dict[str, str] | None = None) -> Plan:
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
+    if not {"rewrite", "family"} & set(pins or {}):  # a decode: the fused attention kernel (split-KV, sliced)
+        pins = {**attention.PATH.default_pins(model, target, s), **(pins or {})}
     rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"), (pins or {}).get("family"))
     if not {"rewrite", "family"} & set(pins or {}):
         rewrites = _cheaper_scatters(model, target, s, rewrites)
@@ -315,6 +317,9 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             and changes.setdefault("rows_per_block", 1) != 1:
         raise UsageError(f"--pin rows={changes['rows_per_block']} needs threads=32: several rows per block "
                          "are a warp each")
+    # a pinned KV tile of a sliced decode brings its warps (16 keys or more each) unless they are pinned too
+    if isinstance(kernel, AttentionKernel) and "bn" in changes and "kv_warps" not in changes and kernel.kv_warps > 1:
+        changes["kv_warps"] = max(1, min(kernel.kv_warps, int(changes["bn"]) // 16))  # type: ignore[call-overload]
     # a pinned thread count brings its own register bound: the default's two blocks an SM were for its threads
     if "blocks_per_sm" in names and "threads" in changes:
         changes.setdefault("blocks_per_sm", 1)

@@ -49,7 +49,10 @@ def test_every_path_prints_some_of_its_index_arithmetic_from_the_lowering():
     # and KV loop printed from the lowering (before: 35/76 and 35/75, 46%)
     for label in ("attention fused (mma.sync, online softmax)",
                   "attention fused, causal skip (70 queries at the end of 100 keys, 32×32 tiles, 2 row tiles a warp)",
-                  "attention fused, split-KV decode (lengths, 4096 keys in splits of 512)"):
+                  "attention fused, split-KV decode (lengths, 4096 keys in splits of 512)",
+                  # s31-dec22: the warps' key slices, the merge's maps, the K/V buffers' prologue and prefetch
+                  "attention fused, sliced split-KV decode (4 warps a block, each 16 keys of a tile, merged; 3 K/V "
+                  "buffers)"):
         assert rows[label].index_share >= 0.9, rows[label]
     # s30-grp17: the grouped loops' tiles, copies, operand words, accumulator maps, thread and block decodes
     # come from the lowering (habu/lower/grouped_mma.py, grouped_wgmma.py), and the wgmma loop is measured

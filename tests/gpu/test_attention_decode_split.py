@@ -61,7 +61,7 @@ def test_split_decode_matches_the_unsplit_fused_plan():
     sizes = {"B": 3, **HEADS, "J": 777, "L": 778}
     lens = [777, 300, 1]
     split, inputs = run(sizes, {"kv_split": "128", "bn": "64"}, lens, seed=4, golden=False)
-    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16"})
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16", "kv_split": "0"})
     outs = poisoned_outputs(built.model, built.sizes)
     built.compiled(**inputs, **outs)
     torch.cuda.synchronize()
@@ -80,3 +80,42 @@ def test_the_fused_decodes_default_split_on_a_long_cache():
     """`--pin family=attention` alone gives this plan for one sequence of 4096 keys (kv_split 128, KV tiles of
     32: tests/prove/test_attention_decode_split.py)."""
     run({"B": 1, **HEADS, "J": 4096, "L": 4097}, {"kv_split": "128", "bn": "32"}, [4000], seed=2)
+
+
+@pytest.mark.parametrize(("n_j", "pins"), [
+    pytest.param(1000, {"kv_split": "256", "bn": "64", "kv_warps": "4"}, id="kv1000-w4-split256"),
+    pytest.param(17, {"kv_split": "64", "bn": "32", "kv_warps": "2"}, id="kv17-w2-split64"),
+    pytest.param(1000, {"kv_split": "0", "bn": "64", "kv_warps": "4"}, id="kv1000-w4-whole"),
+    pytest.param(1, {"kv_split": "0", "bn": "128", "kv_warps": "8"}, id="kv1-w8-whole"),
+    pytest.param(1000, {"kv_split": "512", "bn": "64", "kv_warps": "4", "stages": "3"}, id="kv1000-w4-split512-s3"),
+    pytest.param(1000, {"kv_split": "0", "bn": "32", "kv_warps": "2", "stages": "4"}, id="kv1000-w2-whole-s4"),
+    pytest.param(5000, {"kv_split": "2048", "bn": "64", "kv_warps": "4", "stages": "3"}, id="kv5000-w4-split2048-s3"),
+    pytest.param(5000, {"kv_split": "512", "bn": "64", "kv_warps": "4", "stages": "6"}, id="kv5000-w4-split512-s6"),
+])
+def test_sliced_decode_golden_at_odd_sizes(n_j, pins):
+    """A block's KV tiles sliced over 2-8 warps (`kv_warps`), their partials merged in shared memory, with and
+    without split-KV, with 2-4 K/V buffers (`stages`): sequence 1 empty (zeros), sequence 2 full, the others ending inside a tile and at a
+    split's end."""
+    split = int(pins["kv_split"]) or n_j
+    lens = [min(n_j, 9), 0, n_j, min(n_j, split)]
+    got, _ = run({"B": 4, **HEADS, "J": n_j, "L": n_j + 1}, pins, lens, seed=n_j + 1)
+    assert np.all(got[1] == 0)
+
+
+def test_a_second_and_third_call_reuse_the_counters_the_first_left_zero():
+    """The split-KV counters are zero-filled once a stream (`CudaKernel.zero_once`) and reset by each launch's
+    combining blocks: calls after the first, on new inputs, must combine again (a counter left non-zero would
+    never reach the split count: the output would keep its poison)."""
+    sizes = {"B": 4, **HEADS, "J": 1000, "L": 1001}
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {})
+    (kernel,) = built.plan.kernels
+    assert isinstance(kernel, AttentionKernel) and kernel.kv_split and kernel.kv_warps == 4
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+    for seed, lens in ((1, [1000, 0, 513, 7]), (2, [999, 1000, 1, 128]), (3, [0, 0, 640, 1000])):
+        inputs = make_inputs(built.model, built.sizes, seed)
+        inputs["LEN"].copy_(torch.tensor(lens, dtype=inputs["LEN"].dtype))
+        outs = poisoned_outputs(built.model, built.sizes)
+        built.compiled(**inputs, **outs)
+        torch.cuda.synchronize()
+        g = compare(outs["O"], reference(built.model, inputs, built.sizes)["O"], tol)
+        assert g.unwritten == 0 and g.ok, (seed, g.unwritten, g.rel_error)

@@ -13,6 +13,8 @@ import pytest
 from habu.bench.mutants_attention import (
     DECODE_PINS,
     DECODE_SHAPE,
+    combine_total_over_a_weight,
+    combine_weights_of_one_split,
     partial_slot_ignores_split,
     split_tiles_overlap,
 )
@@ -39,20 +41,30 @@ def decode():
 
 
 def test_split_kv_is_pinned_searched_and_the_fused_decodes_default_on_a_long_cache(decode):
-    """Under `--pin family=attention` a decode whose query tiles leave the GPU idle is split (its golden GPU
-    runs passed, session 30); 100 keys are one split of 128: not split. The unpinned default stays the
-    unfused plan."""
-    assert default_plan(decode, T, DECODE_SHAPE, {"family": "attention"}).kernels[0].kv_split == 0
+    """A decode's default (unpinned, and under `--pin family=attention`) is the fused kernel, its KV tiles
+    sliced over 4 warps, 3 K/V buffers (6 where its blocks are no more than the SMs), split over its keys
+    where its query tiles leave the GPU idle (its
+    golden GPU runs passed and it ran 1.8x the one-warp split and 16x the unfused plan, session 31); 100 keys
+    are one split of 128: not split. A pinned KV tile brings its warps (16 keys each); the one-warp kernel is
+    `kv_warps=1`."""
+    sliced = dict(nodes=("O",), bm=16, bn=64, stages=6, kv_warps=4)  # a block an SM at most: 6 K/V buffers
+    assert default_plan(decode, T, DECODE_SHAPE).kernels == (AttentionKernel(**sliced),)
     long = {**DECODE_SHAPE, "B": 1, "J": 4096, "L": 4097}
-    assert default_plan(decode.with_sizes(long), T, long, {"family": "attention"}).kernels == (
-        AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=128),)
+    for pins in ({}, {"family": "attention"}):
+        assert default_plan(decode.with_sizes(long), T, long, pins).kernels == (
+            AttentionKernel(**sliced, kv_split=128),), pins
     assert default_plan(decode.with_sizes(long), T, long, {"family": "attention", "kv_split": "0"}).kernels[0] \
         .kv_split == 0
-    assert not any(isinstance(k, AttentionKernel) for k in default_plan(decode.with_sizes(long), T, long).kernels)
+    assert default_plan(decode.with_sizes(long), T, long, {"bn": "32"}).kernels[0].kv_warps == 2
+    wide = {**long, "B": 64, "J": 32768, "L": 32769}  # 128 query tiles: 4096-key splits, 2 blocks an SM, 3 buffers
+    assert default_plan(decode.with_sizes(wide), T, wide).kernels == (
+        AttentionKernel(**{**sliced, "stages": 3}, kv_split=4096),)
+    assert not any(isinstance(k, AttentionKernel) for k in default_plan(decode.with_sizes(long), T, long,
+                                                                        {"rewrite": "attention:O"}).kernels)
     plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
     assert plan.kernels == (AttentionKernel(nodes=("O",), bm=16, bn=32, kv_split=32),)
     assert "kv_split" in plan.to_json()["kernels"][0] and "kv_split" not in \
-        default_plan(decode, T, DECODE_SHAPE, {"family": "attention"}).to_json()["kernels"][0]
+        default_plan(decode, T, DECODE_SHAPE).to_json()["kernels"][0]
     splits = {k.kv_split for k in region_space(decode, Region("general", ("O",)), T, DECODE_SHAPE)
               if isinstance(k, AttentionKernel)}
     assert {0, 64, 128, 256, 512} <= splits
@@ -69,7 +81,8 @@ def test_split_kv_decode_is_proven_and_prints_the_partials_and_the_combine(decod
     assert dict((w[0], w[2]) for w in kernel.workspace)["$O.o"] == ("J/32", "B", "G", "R", "D")
     src = kernel.source
     assert "const int split = (int)(((long long)blockIdx.x / 8));" in src
-    assert "habu::last_block_done(" in src and "habu::exp2_fast((__ldcg(" in src
+    assert "habu::last_block_done(" in src and "habu::exp2_fast((cw[((s * 16) + t)] - shift));" in src
+    assert "acc += cw[((s * 16) + t)] * __ldcg(" in src  # the splits' weights in shared memory, O from L2
 
 
 def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
@@ -78,7 +91,8 @@ def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
     lw = lower_plan(decode, plan)[0]
     good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == "attention-splits"]
     assert len(good) >= 8 and not failures(good)
-    for planted in (split_tiles_overlap, partial_slot_ignores_split):
+    for planted in (split_tiles_overlap, partial_slot_ignores_split, combine_weights_of_one_split,
+                    combine_total_over_a_weight):
         bad = [discharge(o, ctx) for o in attention_obligations("k0", planted(lw), ctx)
                if o.rule.name == "attention-splits"]
         assert failures(bad), planted.__name__
@@ -103,3 +117,50 @@ def test_regression_a_split_block_reads_its_q_fragments_at_its_own_first_tile(de
     src = emit_plan(decode, plan, T).kernels[0].source
     assert "for (int kt = split; kt < tiles; ++kt)" in src and "    if (kt == split) {" in src
     assert "if (kt == 0)" not in src
+
+
+def test_sliced_decode_is_proven_and_prints_the_slices_and_their_merge(decode):
+    """`--pin kv_warps=2`: each 32-key tile's keys 0.. and 16.. go to warps 0 and 1 (their K and V rows, and the
+    keys their mask sees), merged in shared memory before the split's partial is kept; without split-KV the
+    merged tile is stored. Both proven (rules and the field check); the merge's mistakes are mutants."""
+    from habu.bench.mutants_attention import SLICED_PINS
+
+    for pins in (SLICED_PINS, {**SLICED_PINS, "kv_split": "0"}):
+        plan = default_plan(decode, T, DECODE_SHAPE, pins)
+        (kernel,) = plan.kernels
+        assert isinstance(kernel, AttentionKernel) and kernel.kv_warps == 2
+        assert not failures(obligations(decode, plan, DECODE_SHAPE))
+        cert = verify_plan(decode, plan, DECODE_SHAPE, trials=1)
+        assert cert.passed, cert.failure
+        src = emit_plan(decode, plan, T).kernels[0].source
+        assert "__launch_bounds__(64, 1)" in src and "((warp % 2) * 16)" in src
+        assert "float* merge = reinterpret_cast<float*>(smem);" in src
+        assert ("habu::last_block_done(" in src) == bool(kernel.kv_split)
+
+
+def test_three_kv_buffers_are_proven_and_the_kv_loop_rule_refuses_a_short_prefetch(decode):
+    """`--pin stages=3` on the mma.sync loop: two tiles in flight while one is multiplied (a prologue of two
+    tiles, one commit group a tile, wait<2>). A copy one tile short (kt + 1, already in flight) computes the
+    right values, so the field check cannot see it: the kv-loop rule refuses it."""
+    from habu.bench.mutants_attention import STAGED_PINS, _planted
+
+    plan = default_plan(decode, T, DECODE_SHAPE, STAGED_PINS)
+    ctx = context(decode, plan, DECODE_SHAPE)
+    assert not failures(obligations(decode, plan, DECODE_SHAPE))
+    assert verify_plan(decode, plan, DECODE_SHAPE, trials=1).passed
+    src = emit_plan(decode, plan, T).kernels[0].source
+    assert "if (kt + 2 < tiles) load_kv(kt + 2, (int)(((kt + 2) % 3)));" in src and "cp_async_wait<2>();" in src
+    short = _planted(lower_plan(decode, plan)[0], "prefetch_tile", lambda self, kt: kt + 1)
+    bad = [discharge(o, ctx) for o in attention_obligations("k0", short, ctx) if o.rule.name == "attention-kv-loop"]
+    assert failures(bad)
+
+
+def test_regression_the_sliced_split_writes_its_rows_m_and_l(decode):
+    """The merge's row writer was `d == 0`: on the emitter's C expression Python compared the objects and printed
+    `if (false)`, so no split of a sliced decode kept its m and l (the combine read garbage), while the
+    interpreter, on numpy, wrote them and passed. Now `d < 1`, printed as a condition; a writer that folds to a
+    Python bool is an emitter error."""
+    from habu.bench.mutants_attention import SLICED_PINS
+
+    src = emit_plan(decode, default_plan(decode, T, DECODE_SHAPE, SLICED_PINS), T).kernels[0].source
+    assert "if ((d < 1)) {" in src and "if (false)" not in src
