@@ -1,0 +1,82 @@
+"""The wgmma contraction's epilogue through shared memory: the fused epilogue's values written into
+swizzled buffers, each box stored by TMA while the warpgroup fills the next (every number from the
+lowering's `ContractionLowering.tma_store`, habu/lower/tma_store.py)."""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import Signature, references
+from habu.emit_cuda.emit_fma import epilogue_operands, epilogue_value
+from habu.emit_cuda.kernel import TmaSpec
+from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
+from habu.spec.ir import Model
+
+
+def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str) -> str:
+    """C for one consumer warpgroup's epilogue through shared memory: per 64-row slab, per box of one
+    128-byte swizzle span of columns, the threads write their values (the fused epilogue applied)
+    into one of two swizzled buffers, and one thread stores the box with TMA. The store runs while
+    the warpgroup fills the other buffer, and the last ones while it starts its next tile; the
+    tensor map's bounds clip the rows and columns past the output's edges. Every number is the
+    lowering's (`ContractionLowering.tma_store`, habu/lower/tma_store.py)."""
+    out, st = lw.out, lw.tma_store
+    if st is None:
+        raise ValueError(f"no TMA-store epilogue for a {lw.bm}x{lw.bn} tile of {out.dtype} (boxes of 128 bytes, "
+                         "buffers evenly spaced in shared memory)")
+    box, e, width = st.box, st.box.elem_bytes, st.box_cols
+    out_map = sig.tensormap(TmaSpec(out.tensor, out.dtype, tuple(reversed(out.bounded_extents())),
+                                    tma_box(out, "m", box.rows, 0, width), box.swizzle))  # a batched output: box 1 per batch
+    if out.dtype == "f32":
+        put = "*reinterpret_cast<float2*>(dst) = make_float2(v0, v1);"
+    else:
+        pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
+        put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
+    slab_row = f"(cw * {st.slabs} + s) * {box.rows}"
+    n = st.buffers  # the buffer of box number boxes_stored, in turn
+    turn = f"boxes_stored & {n - 1}" if n & (n - 1) == 0 else f"boxes_stored % {n}"
+    # the box's coordinates, innermost first, in the order of the output's positions (the rules
+    # require [m, n]: the box holds rows of m, each a run of contiguous n); a batched output's map has
+    # its batch dimensions too (box 1 each): the box sits at the block's batch coordinates
+    axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + {slab_row}", **{a: a for a in lw.batch_axes}}
+    box_origin = ", ".join(f"(int)({x})" for x in tma_coordinates(out, axis_origin))
+    frag = lw.fragment
+    decls0, names0 = epilogue_operands(lw, sig, model, sizes, it, "m", "n", "e0_")
+    decls1, names1 = epilogue_operands(lw, sig, model, sizes, it, "m", "(n + 1)", "e1_")
+    v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names0)
+    v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names1)
+    operands = "".join(f"              {d}\n" for d in decls0 + decls1)  # each epilogue load read once
+    coordinates = "".join(  # the element's coordinates, where its epilogue reads them (a bias, a mask)
+        f"              const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
+        if references(operands + v0 + v1, x))
+    if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
+        staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
+    else:
+        staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
+    return f"""#pragma unroll
+      for (int s = 0; s < {st.slabs}; ++s)
+#pragma unroll
+        for (int b = 0; b < {st.boxes}; ++b) {{  // boxes of {width} columns
+          const habu::u32 buf = smem_base + {st.base}u + (habu::u32)cw * {st.warpgroup_stride}u + (habu::u32)({turn}) * {st.buffer_stride}u;
+          if (boxes_stored >= {st.buffers} && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<{st.buffers - 1}>();  // buf's last store has read it
+          habu::named_barrier_sync(1 + cw, 128);
+#pragma unroll
+          for (int jj = 0; jj < {st.groups}; ++jj)
+#pragma unroll
+            for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
+              const int j = b * {st.groups} + jj;
+              const int row = {frag.row_in_warpgroup()};
+{coordinates}{operands}              const float v0 = {v0};
+              const float v1 = {v1};
+              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
+              unsigned char* dst = smem + (buf - smem_base) + {staged};
+              {put}
+            }}
+          habu::fence_proxy_async();  // the threads' writes, visible to the TMA store
+          habu::named_barrier_sync(1 + cw, 128);
+          if (threadIdx.x % 128 == 0) {{
+            habu::tma_store_{len(out.positions)}d(&{out_map}, buf, {box_origin});
+            habu::bulk_commit_group();
+          }}
+          ++boxes_stored;
+        }}
+"""
