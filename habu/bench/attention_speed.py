@@ -1,7 +1,8 @@
 """The fused attention kernel (issue 22, `--pin family=attention`) against torch's scaled_dot_product_attention
 in the same run, bf16 inputs, head width 128: causal and not, multi-head and grouped-query.
 
-    python -m habu.bench.attention_speed [--json OUT.json] [--only CASE[,CASE...]] [--quick]
+    python -m habu.bench.attention_speed [--json OUT.json] [--only CASE[,CASE...]] [--quick] [--pins SETS]
+                                         [--jobs N]
 
 Each case builds the fused plan of examples/attention.habu (or of the same model without its mask) at the
 case's sizes (build proves it: the rules and a trial over Z_q × GF(p) on the witness shape), checks it on the
@@ -11,7 +12,9 @@ would take minutes on the CPU; tests/gpu/test_attention_fused.py holds the float
 (recorded from the names of the kernels one call launches, by the profiler). TFLOP/s count 4·B·H·S²·D for a
 full and half of that for a causal mask (FlashAttention's convention), and their share of the H200's dense
 bf16 peak (989 TFLOP/s; habu.bench.mma_ceiling measures the reachable one). Habu writes O in f32 (the
-example's output type), SDPA in bf16.
+example's output type), SDPA in bf16; the `-bf16o` cases declare O bf16 (the comparison at equal bytes).
+`--jobs N` proves the cases in N processes first (the proof's float reference at 4096 × 4096 takes most of
+a case's time; each plan is still proven before it runs), then checks and times them one by one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Case:
     width: int = 128
     pins: tuple[tuple[str, str], ...] = ()
     decode: bool = False  # examples/decode_attention.habu: one query row per sequence, `seq` cache entries
+    out_dtype: str = "f32"  # O's declared element type (bf16: what SDPA returns)
 
 
 CASES = (
@@ -51,6 +55,10 @@ CASES = (
     # sequence: the proof's float reference over every head stays within the GPU feedback run's time)
     Case("fa3-causal-4k", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"),)),
     Case("fa3-full-4k", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"),)),
+    Case("fa3-causal-4k-bf16o", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"),), out_dtype="bf16"),
+    Case("fa3-full-4k-bf16o", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"),), out_dtype="bf16"),
+    Case("fa3-causal-4k-d64", 1, 16, 1, 4096, True, 64, pins=(("main_loop", "wgmma"),)),
+    Case("fa3-gqa-causal-4k", 1, 8, 4, 4096, True, pins=(("main_loop", "wgmma"),)),
 )
 
 
@@ -75,25 +83,66 @@ def sdpa_backend(fn) -> str:
     return "math"
 
 
-def run_case(case: Case, workdir: Path) -> dict[str, Any]:
+def case_source(case: Case, workdir: Path) -> tuple[str, str, dict[str, int]]:
+    """(the .habu file, the model's name, the sizes) of a case; files it writes go to `workdir`."""
+    if case.decode:
+        path, model = EX / "decode_attention.habu", "DECODE-ATTENTION"
+    elif case.causal:
+        path, model = EX / "attention.habu", "ATTENTION-GQA"
+    else:
+        path, model = workdir / "full.habu", "ATTENTION-FULL"
+        path.write_text(full_attention_source())
+    if case.out_dtype != "f32":
+        text = path.read_text()
+        declared = "f32  TENSOR: O"
+        assert declared in text, f"{path}: no `{declared}` to retype"
+        path = workdir / f"{path.stem}-{case.out_dtype}o.habu"
+        path.write_text(text.replace(declared, f"{case.out_dtype} TENSOR: O"))
+    sizes = {"B": case.batch, "G": case.kv_heads, "R": case.group, "J": case.seq, "E": case.width, "D": case.width,
+             **({"L": case.seq + 1} if case.decode else {"I": case.seq})}
+    return str(path), model, sizes
+
+
+def prove_case(case: Case, workdir: str, target_name: str) -> tuple[Any, Any]:
+    """(plan, emitted kernels) of a case, proven (rules and a finite-field trial) on `target_name`: a `--jobs`
+    worker's task (no GPU used). Raises where the plan is not proven."""
+    from habu.paths.emit import emit
+    from habu.prove import prove
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    path, name, sizes = case_source(case, Path(workdir))
+    model = load_program(path).models[name].with_sizes(sizes)
+    target = TARGETS[target_name]
+    plan = default_plan(model, target, sizes, {"family": "attention", **dict(case.pins)})
+    proof = prove(model, plan, sizes, trials=1)
+    if not proof.ok:
+        why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
+        raise AssertionError(f"plan not proven: {why}")
+    return plan, emit(proof, target)
+
+
+def run_case(case: Case, workdir: Path, proven: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """One case's row; `proven`: its (plan, emitted kernels) from `prove_case` (else proven here)."""
     import torch
 
-    from habu.bench.run import build
+    from habu.bench.run import Built, build, device_target
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.spec.parser import load_program
     from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
 
     row: dict[str, Any] = {"case": case.name, "causal": case.causal, "batch": case.batch, "kv_heads": case.kv_heads,
-                           "heads": case.kv_heads * case.group, "seq": case.seq, "width": case.width}
-    if case.decode:
-        path, model = str(EX / "decode_attention.habu"), "DECODE-ATTENTION"
-    elif case.causal:
-        path, model = str(EX / "attention.habu"), "ATTENTION-GQA"
-    else:
-        path, model = str(workdir / "full.habu"), "ATTENTION-FULL"
-        Path(path).write_text(full_attention_source())
+                           "heads": case.kv_heads * case.group, "seq": case.seq, "width": case.width,
+                           "out_dtype": case.out_dtype}
+    path, model, sizes = case_source(case, workdir)
     queries = 1 if case.decode else case.seq
-    sizes = {"B": case.batch, "G": case.kv_heads, "R": case.group, "J": case.seq, "E": case.width, "D": case.width,
-             **({"L": case.seq + 1} if case.decode else {"I": case.seq})}
-    built = build(path, model, sizes, {"family": "attention", **dict(case.pins)}, check_indices=False)
+    if proven is None:
+        built = build(path, model, sizes, {"family": "attention", **dict(case.pins)}, check_indices=False)
+    else:
+        m = load_program(path).models[model].with_sizes(sizes)
+        built = Built(m, proven[0], CompiledModel(m, proven[1], arch=device_target(), check_indices=False),
+                      {e.name: e.size for e in m.extents})
     row["plan"] = built.plan.to_json()["kernels"]
     ins = make_inputs(built.model, built.sizes, 1)
     outs = poisoned_outputs(built.model, built.sizes)
@@ -135,11 +184,35 @@ def run_case(case: Case, workdir: Path) -> dict[str, Any]:
     return row
 
 
+def prove_all(cases: list[Case], workdir: str, jobs: int) -> dict[int, Any]:
+    """Case index -> its `prove_case` result or the exception it raised, proven in `jobs` spawned processes
+    (each on its own copy of the case's files) before this process touches the GPU."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from habu.bench.run import device_target
+
+    target = device_target()
+    dirs = [Path(workdir) / f"case{n}" for n in range(len(cases))]
+    for d in dirs:
+        d.mkdir()
+    out: dict[int, Any] = {}
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {n: pool.submit(prove_case, case, str(d), target) for n, (case, d) in enumerate(zip(cases, dirs, strict=True))}
+        for n, fut in futures.items():
+            try:
+                out[n] = fut.result()
+            except Exception as exc:  # reported on the case's row
+                out[n] = exc
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--quick", action="store_true", help="the first case only")
+    ap.add_argument("--jobs", type=int, default=1, help="prove the cases in this many processes first")
     ap.add_argument("--pins", default="", help="kernel pins for every case, e.g. bm=128,bn=32; several pin sets "
                     "separated by ';' time each case once per set (the same SDPA baseline re-timed)")
     args = ap.parse_args()
@@ -151,9 +224,12 @@ def main() -> None:
     rows = []
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
-        for case in cases:
+        proven = prove_all(cases, tmp, args.jobs) if args.jobs > 1 else {}
+        for n, case in enumerate(cases):
             try:
-                row = run_case(case, Path(tmp))
+                if isinstance(proven.get(n), BaseException):
+                    raise proven[n]
+                row = run_case(case, Path(tmp), proven.get(n))
             except Exception as exc:  # one case's failure is reported on its row
                 row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
             failed |= "error" in row

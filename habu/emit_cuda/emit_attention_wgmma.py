@@ -296,8 +296,8 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       const long long ks = {bare(lw.next_tile(CExpr('kt')))};
 {softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
-{rescale_pack('      ')}      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
-      slot = nslot;
+      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
+{rescale_pack('      ')}      slot = nslot;
     }}
     if (tiles > 0) {{  // the last tile's P·V
 {turn_wait}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();

@@ -54,6 +54,8 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
     pytest.param(ONE, 1000, 1000, 128, {}, id="seq1000d128"), pytest.param(GQA, 100, 333, 64, {}, id="gqa100x333d64"),
     pytest.param(ONE, 200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}, id="bm64bn64s3"),
     pytest.param(ONE, 700, 1000, 128, {"pingpong": "1"}, id="pingpong"),
+    pytest.param(ONE, 700, 1000, 128, {"stages": "3"}, id="stages3"),
+    pytest.param(ONE, 500, 1000, 128, {"bn": "64", "stages": "4"}, id="bn64s4"),
 ])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,
