@@ -150,12 +150,16 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
     o_reg = c(lw.o_register(cx("dn"), cx("h"), cx("q")))
     s_row_, s_key_ = lw.s_element(cx("cw"), cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("q"))
 
+    fold = lw.scale_in_exponent(sizes)  # the max on raw scores, P = 2^(s·c − m·c): one FFMA a score
+    exponent = f"fmaf(s[{s_reg}], scale, -shift[h])" if fold else f"s[{s_reg}] - shift[h]"
+
     def softmax(ind: str) -> str:
         """Tile ks's scale, mask and online softmax on S's registers (P = exp(S − m) left in place, alpha and l
         updated), at indent `ind`."""
         open_tile = c(lw.unmasked(CExpr("ks"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
         i_of = c(lw.row(CExpr("qt"), s_row_))
         j_of = c(lw.key(CExpr("ks"), s_key_))
+        scaled = "" if fold else "\n        s[{s_reg}] *= scale;"
         text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
 float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
 if (open_tile) {{
@@ -164,8 +168,7 @@ if (open_tile) {{
 #pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-      for (int q = 0; q < {lw.fragment.pair}; ++q) {{
-        s[{s_reg}] *= scale;
+      for (int q = 0; q < {lw.fragment.pair}; ++q) {{{scaled.format(s_reg=s_reg)}
         mx[h] = fmaxf(mx[h], s[{s_reg}]);
       }}
 }} else {{
@@ -174,20 +177,20 @@ if (open_tile) {{
 #pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-      for (int q = 0; q < {lw.fragment.pair}; ++q) {{  // scale and mask register (jn, h, q)
+      for (int q = 0; q < {lw.fragment.pair}; ++q) {{  // {"mask" if fold else "scale and mask"} register (jn, h, q)
         const long long i = (long long)({i_of});
         const long long j = (long long)({j_of});
         const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
         (void)i;
-        s[{s_reg}] = visible ? s[{s_reg}] * scale : habu::neg_inf_f();
+        s[{s_reg}] = visible ? s[{s_reg}]{"" if fold else " * scale"} : habu::neg_inf_f();
         mx[h] = fmaxf(mx[h], s[{s_reg}]);
       }}
 }}
 #pragma unroll
 for (int h = 0; h < {lw.fragment.halves}; ++h) {{
   const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
-  shift[h] = habu::softmax_shift(m_new);
-  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
+  shift[h] = habu::softmax_shift(m_new){" * scale" if fold else ""};
+  alpha[h] = habu::exp2_fast({lw.rescale('m[h] * scale' if fold else 'm[h]', 'shift[h]', ops)});
   m[h] = {lw.kept_max('m[h]', 'm_new')};
   l[h] *= alpha[h];
 }}
@@ -197,7 +200,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
   for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
     for (int q = 0; q < {lw.fragment.pair}; ++q) {{
-      s[{s_reg}] = habu::exp2_fast(s[{s_reg}] - shift[h]);  // a masked score: 2^−∞ = 0
+      s[{s_reg}] = habu::exp2_fast({exponent});  // a masked score: 2^−∞ = 0
       l[h] += s[{s_reg}];
     }}
 """

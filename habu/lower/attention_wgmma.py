@@ -35,12 +35,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+
 from habu.lower.access import Access
 from habu.lower.attention import AttentionLowering
 from habu.lower.fragments import ACCUMULATOR
 from habu.lower.layouts import WgmmaDescriptor
 from habu.lower.pipeline import MbarrierRing, TmaOperandLoad
 from habu.lower.registers import RegisterSplit, warp_specialized_split
+from habu.spec.ir import Const, Expr, Op, Size
+from habu.spec.reference import Float64
 
 SPAN = 64  # bf16 columns of one 128-byte swizzle row (a TMA box's inner width)
 SWIZZLE = 128
@@ -203,6 +207,17 @@ class AttentionWgmmaLowering(AttentionLowering):
         (g0, r0), (g1, r1) = self.p_fragment(kk, reg)
         return self.s_register(g0, r0 // 2, r0 % 2), self.s_register(g1, r1 // 2, r1 % 2)
 
+    # -- the softmax's scale
+    def scale_in_exponent(self, sizes: Mapping[str, int]) -> bool:
+        """Whether the scale c (the model's, times log2 e in the kernel) is folded into the exponent, as FA3: the
+        running max m is taken over the raw scores, P = 2^(s·c − m·c) (one FFMA a score instead of a multiply
+        and a subtraction), l and O rescaled by 2^(m_old·c − m_new·c). Only where c is a positive constant:
+        with a negative one the raw scores' max would be the scaled scores' min (the exponents would overflow)."""
+        if self.scale is None:
+            return True
+        value = constant_value(self.scale, sizes)
+        return value is not None and value > 0
+
     @property
     def s_registers(self) -> int:
         return self.fragment.registers(self.kernel.bn // 8)
@@ -215,6 +230,21 @@ class AttentionWgmmaLowering(AttentionLowering):
     def register_need(self) -> int:
         """About the registers a consumer thread holds: S, O, P's packed halves and 40 for the rest."""
         return self.s_registers + self.o_registers + self.kernel.bn // 4 + 40
+
+
+def constant_value(expr: Expr, sizes: Mapping[str, int]) -> float | None:
+    """The float64 value of an expression of constants and sizes, or None where it loads a tensor (or an extent
+    has no size)."""
+    if isinstance(expr, Const):
+        return float(expr.value)
+    if isinstance(expr, Size):
+        return float(sizes[expr.extent]) if expr.extent in sizes else None
+    if isinstance(expr, Op):
+        args = [constant_value(a, sizes) for a in expr.args]
+        if any(a is None for a in args):
+            return None
+        return float(Float64().op(expr.fn, [np.asarray(a) for a in args]))
+    return None
 
 
 def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
@@ -244,5 +274,5 @@ def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
         v_desc=WgmmaDescriptor(k.bn * ROW_BYTES, 8 * SWIZZLE, SWIZZLE, True))
 
 
-__all__ = ["BASE_ALIGN", "K_STEP", "SLAB", "SPAN", "SWIZZLE", "AttentionWgmmaLowering", "lower_attention_wgmma",
-           "wgmma_refusal"]
+__all__ = ["BASE_ALIGN", "K_STEP", "SLAB", "SPAN", "SWIZZLE", "AttentionWgmmaLowering", "constant_value",
+           "lower_attention_wgmma", "wgmma_refusal"]

@@ -95,3 +95,28 @@ def test_the_ring_rule_rejects_stages_that_wrap_late(prefill):
     assert isinstance(lw, AttentionWgmmaLowering) and lw.ring is not None
     assert ring_problem(lw.ring) is None
     assert ring_problem(replace(lw.ring, wrap=lw.ring.stages + 1)) is not None
+
+
+def test_the_scale_is_folded_into_the_exponent_only_where_it_is_a_positive_constant(prefill):
+    """FA3's one FFMA a score: the max of the raw scores and P = 2^(s·c − m·c), where c = rsqrt(#E)·log2 e > 0;
+    a negative c would make the raw max the scaled min (the exponents overflow), so it keeps the multiply."""
+    from fractions import Fraction
+
+    from habu.lower.attention_wgmma import constant_value
+    from habu.spec.ir import Const, Op, Size
+
+    model = prefill.with_sizes(WIDE)
+    plan = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"})
+    (lw,) = lower_plan(model, plan)
+    assert lw.scale is not None and constant_value(lw.scale, WIDE) == pytest.approx(128 ** -0.5)
+    assert lw.scale_in_exponent(WIDE)
+    src = emit_plan(model, plan, T).kernels[0].source
+    assert "fmaf(s[" in src and "*= scale" not in src
+    negative = Op("mul", (Const(Fraction(-1)), Size("E")))
+    assert constant_value(negative, WIDE) == -128.0
+    unfolded = replace(lw, scale=negative)
+    assert not unfolded.scale_in_exponent(WIDE)
+    from habu.emit_cuda.emit_attention_wgmma import emit_attention_wgmma
+
+    kept = emit_attention_wgmma("k", model, unfolded, dict(plan.shape)).source
+    assert "*= scale" in kept and "fmaf(s[" not in kept
