@@ -104,8 +104,9 @@ def case_source(case: Case, workdir: Path) -> tuple[str, str, dict[str, int]]:
 
 
 def prove_case(case: Case, workdir: str, target_name: str) -> tuple[Any, Any]:
-    """(plan, emitted kernels) of a case, proven (rules and a finite-field trial) on `target_name`: a `--jobs`
-    worker's task (no GPU used). Raises where the plan is not proven."""
+    """(plan, emitted kernels) of a case, proven (rules and a finite-field trial) and compiled (NVRTC, into the
+    kernel cache) for `target_name`: a `--jobs` worker's task (no GPU used). Raises where the plan is not proven."""
+    from habu.emit_cuda.runtime import CompiledModel
     from habu.paths.emit import emit
     from habu.prove import prove
     from habu.search.space import default_plan
@@ -120,7 +121,9 @@ def prove_case(case: Case, workdir: str, target_name: str) -> tuple[Any, Any]:
     if not proof.ok:
         why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
         raise AssertionError(f"plan not proven: {why}")
-    return plan, emit(proof, target)
+    emitted = emit(proof, target)
+    CompiledModel(model, emitted, check_indices=False).compile(target_name)  # into the cache the run loads from
+    return plan, emitted
 
 
 def run_case(case: Case, workdir: Path, proven: tuple[Any, Any] | None = None) -> dict[str, Any]:
@@ -217,8 +220,8 @@ def main() -> None:
                     "separated by ';' time each case once per set (the same SDPA baseline re-timed)")
     args = ap.parse_args()
     sets = [tuple(tuple(p.split("=", 1)) for p in one.split(",") if p) for one in args.pins.split(";")] or [()]
-    cases = [replace(c, pins=c.pins + extra) for c in CASES if not args.only or c.name in args.only.split(",")
-             for extra in sets]
+    cases = [replace(c, pins=c.pins + extra) for extra in sets for c in CASES
+             if not args.only or c.name in args.only.split(",")]  # a pin set's cases together, in its order
     if args.quick:
         cases = cases[:1]
     rows = []

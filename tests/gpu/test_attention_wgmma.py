@@ -1,7 +1,7 @@
 """The fused attention kernel's wgmma main loop on the GPU (issue 22, `--pin family=attention --pin
 main_loop=wgmma`, habu/lower/attention_wgmma.py): causal GQA prefill at odd sizes (sequence 17 and 1000, head
 width 64 and 128, queries ≠ keys, fully masked rows), the model without a mask, one consumer warpgroup (bm 64),
-KV tiles of 64 keys in 3 stages, the two consumers' ping-pong; each against the float64 model with outputs poisoned by NaN first, and against
+KV tiles of 64 keys in 3 stages, 128 keys in 3 stages (with and without the two consumers' ping-pong), 64 keys in 4; each against the float64 model with outputs poisoned by NaN first, and against
 the mma.sync kernel on the same inputs. Each case proves its plan (build: the rules and a trial over
 Z_q × GF(p)) before it runs.
 
@@ -55,6 +55,7 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
     pytest.param(ONE, 200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}, id="bm64bn64s3"),
     pytest.param(ONE, 700, 1000, 128, {"pingpong": "1"}, id="pingpong"),
     pytest.param(ONE, 700, 1000, 128, {"stages": "3"}, id="stages3"),
+    pytest.param(ONE, 700, 1000, 128, {"stages": "3", "pingpong": "1"}, id="pingpong3"),
     pytest.param(ONE, 500, 1000, 128, {"bn": "64", "stages": "4"}, id="bn64s4"),
 ])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
