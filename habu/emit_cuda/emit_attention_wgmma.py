@@ -7,7 +7,7 @@ K and V boxes into the ring's stage (`MbarrierRing`: wait `empty`, arrive with t
 from shared memory), the scale, the mask (tiles `unmasked` says need none skip it), the online softmax on
 S's accumulator registers (`habu/attention/online.cuh`, in base 2 as the mma.sync kernel), P packed to bf16
 registers as the A operand of O += P·V (wgmma with A from registers and V's MN-major tile, the transposed
-B), one arrival on the stage's `empty` barrier, and at the end O / l stored from the registers.
+B), one arrival on the stage's `empty` barrier, and at the end O · (1 / l) stored from the registers (one division a row).
 """
 
 from __future__ import annotations
@@ -308,7 +308,10 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
 {turn_end}#pragma unroll
-    for (int h = 0; h < {lw.fragment.halves}; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+    for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
+      l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+      l[h] = habu::f_div0(1.0f, l[h]);
+    }}
 #pragma unroll
     for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
@@ -318,7 +321,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
           const {it} i = ({it})({row_of(o_row)});
           const {it} d = ({it})({c(o_col)});
           if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
-            {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), f'habu::f_div0(o[{o_reg}], l[h])')}
+            {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), f'o[{o_reg}] * l[h]')}
         }}
   }}
 }}

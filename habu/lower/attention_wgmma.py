@@ -20,7 +20,7 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         P·V, its softmax runs while that P·V does (wgmma.wait_group 1), then O is rescaled and P packed; tile
         kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
         last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
-    epilogue: l summed over a row's 4 lanes, O / l (div0) stored at `o_element`.
+    epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`.
 
 Every offset here is a byte offset from the kernel's 1024-byte aligned shared-memory base. The finite-field
 interpreter (habu/prove/interp_attention_wgmma.py) writes the TMA boxes through the driver's swizzle, reads

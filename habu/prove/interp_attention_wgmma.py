@@ -171,7 +171,8 @@ def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], 
         for off in lw.quad_offsets:
             l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
         o_g = o[wo5, lo5, o_reg5]
-        out = f.op("div0", [o_g, np.broadcast_to(l_run[:, :, None, :, None], o_g.shape)])
+        inv = f.op("div0", [np.broadcast_to(f.const(Fraction(1)), l_run.shape), l_run])  # 1 / l once a row
+        out = f.op("mul", [o_g, np.broadcast_to(inv[:, :, None, :, None], o_g.shape)])
         rows, cols = lw.o_element(cw, w5, l5, dn5, h5, q5)
         at = {**{a: np.int64(v) for a, v in coords.items()},
               "i": np.broadcast_to(lw.row(qt, rows), out.shape), "d": np.broadcast_to(cols, out.shape)}
