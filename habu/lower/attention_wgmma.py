@@ -247,6 +247,23 @@ def constant_value(expr: Expr, sizes: Mapping[str, int]) -> float | None:
     return None
 
 
+def _layout(bm: int, bn: int, e: int, d: int, stages: int) -> tuple[int, int, int, int, int, int]:
+    """(Q's offset, stage 0's, a stage's bytes, the Q barrier's offset, the ring's first barrier's, the content's
+    bytes) from the aligned base: Q's tile, the stages (each K's tile then V's, 1024-byte aligned), the Q
+    barrier (padded to 16 bytes), each stage's full and empty barriers (16 bytes a stage)."""
+    q_bytes = bm * e * ELEMENT
+    stage_bytes = -(-(bn * (e + d) * ELEMENT) // BASE_ALIGN) * BASE_ALIGN
+    kv_offset = -(-q_bytes // BASE_ALIGN) * BASE_ALIGN
+    bars = kv_offset + stages * stage_bytes
+    ring_base = bars + 16
+    return 0, kv_offset, stage_bytes, bars, ring_base, ring_base + 16 * stages
+
+
+def wgmma_smem_bytes(bm: int, bn: int, e: int, d: int, stages: int) -> int:
+    """The dynamic shared memory the loop's launch asks for at these tiles (`AttentionWgmmaLowering.smem_bytes`)."""
+    return _layout(bm, bn, e, d, stages)[-1] + BASE_ALIGN
+
+
 def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
     """The wgmma main loop over `base` (its kernel's main_loop is wgmma). Where the loop cannot run the
     kernel (`wgmma_refusal`) the lowering still exists (the rules refuse it, the emitter raises)."""
@@ -254,14 +271,9 @@ def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
     consumers = max(1, k.bm // SLAB)
     e = base.width_e or SPAN
     d = base.width_d or SPAN
-    q_bytes = k.bm * e * ELEMENT
     k_bytes, v_bytes = k.bn * e * ELEMENT, k.bn * d * ELEMENT
-    stage_bytes = -(-(k_bytes + v_bytes) // BASE_ALIGN) * BASE_ALIGN
-    q_offset = 0
-    kv_offset = -(-q_bytes // BASE_ALIGN) * BASE_ALIGN
     stages = max(1, k.stages)
-    bars = kv_offset + stages * stage_bytes
-    ring_base = bars + 16  # the Q barrier first (8 bytes, padded to 16)
+    q_offset, kv_offset, stage_bytes, bars, ring_base, content = _layout(k.bm, k.bn, e, d, stages)
     loads = (TmaOperandLoad("A", False, k.bn, SPAN, max(1, e // SPAN), ELEMENT),  # K's boxes
              TmaOperandLoad("B", False, k.bn, SPAN, max(1, d // SPAN), ELEMENT))  # V's boxes
     ring = MbarrierRing(stages, 1, consumers, consumers, 1, k_bytes + v_bytes, loads, 1, wrap=stages, base=ring_base)
@@ -270,9 +282,9 @@ def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
     return AttentionWgmmaLowering(
         **base_fields, consumers=consumers, ring=ring, split=warp_specialized_split(4 * (consumers + 1)),
         q_offset=q_offset, kv_offset=kv_offset, v_in_stage=k_bytes, stage_bytes=stage_bytes, q_bar=bars,
-        content_bytes=ring_base + 16 * stages,
+        content_bytes=content,
         v_desc=WgmmaDescriptor(k.bn * ROW_BYTES, 8 * SWIZZLE, SWIZZLE, True))
 
 
 __all__ = ["BASE_ALIGN", "K_STEP", "SLAB", "SPAN", "SWIZZLE", "AttentionWgmmaLowering", "constant_value",
-           "lower_attention_wgmma", "wgmma_refusal"]
+           "lower_attention_wgmma", "wgmma_refusal", "wgmma_smem_bytes"]

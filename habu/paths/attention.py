@@ -15,7 +15,7 @@ from habu.emit_cuda.emit_attention import emit_attention
 from habu.emit_cuda.emit_attention_wgmma import emit_attention_wgmma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.attention import AttentionLowering, flops
-from habu.lower.attention_wgmma import AttentionWgmmaLowering
+from habu.lower.attention_wgmma import AttentionWgmmaLowering, wgmma_smem_bytes
 from habu.lower.support import ATTENTION
 from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
@@ -29,7 +29,10 @@ from habu.target import Target
 MMA_SHARE = 0.5
 WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess until measured)
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
-WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
+WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False),
+               (128, 128, 3, False), (128, 128, 3, True))
+# the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
+WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
 
 def kv_split_for(blocks: int, keys: int, sms: int) -> int:
@@ -107,7 +110,10 @@ class AttentionPath(KernelPath):
 
     def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
         """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles
-        of 128 rows (two consumer warpgroups), KV tiles of 128 keys, 2 stages; None where the target has no
+        of 128 rows (two consumer warpgroups), KV tiles of 128 keys (64 where two stages of 128 do not fit: head
+        widths past 128), as many stages up to 3 as the block's shared memory holds (3 at head width 128: a
+        tile's load then has a whole tile's products to land in; with 2, the load of tile kt + 2 is issued only
+        when tile kt's P·V is done and tile kt + 1's S already waits for it); None where the target has no
         wgmma and TMA or a head width is not a static multiple of 64."""
         form = attention_form(model, kernel.nodes[0]) if len(kernel.nodes) == 1 else None
         if form is None or not (target.wgmma and target.tma):
@@ -115,7 +121,10 @@ class AttentionPath(KernelPath):
         e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
         if e is None or d is None or e % 64 or d % 64:
             return None
-        return replace(kernel, main_loop="wgmma", bm=128, bn=128, stages=2, warp_m=1)
+        for bn, stages in WGMMA_DEFAULT_TILES:
+            if wgmma_smem_bytes(128, bn, e, d, stages) <= target.smem_per_block:
+                return replace(kernel, main_loop="wgmma", bm=128, bn=bn, stages=stages, warp_m=1)
+        return replace(kernel, main_loop="wgmma", bm=128, bn=64, stages=2, warp_m=1)  # the rules refuse it
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q

@@ -41,9 +41,21 @@ def test_the_pin_takes_the_wgmma_loop_and_the_family_default_stays_mma_sync(pref
     (fused,) = default_plan(model, T, WIDE, {"family": "attention"}).kernels
     assert isinstance(fused, AttentionKernel) and fused.main_loop == "mma.sync"
     (wg,) = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"}).kernels
-    assert isinstance(wg, AttentionKernel) and (wg.main_loop, wg.bm, wg.bn, wg.stages) == ("wgmma", 128, 128, 2)
+    assert isinstance(wg, AttentionKernel) and (wg.main_loop, wg.bm, wg.bn, wg.stages) == ("wgmma", 128, 128, 3)
     (lw,) = lower_plan(model, default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"}))
     assert isinstance(lw, AttentionWgmmaLowering) and lw.consumers == 2 and lw.threads == 384
+
+
+@pytest.mark.parametrize(("width", "tile"), [(64, (128, 3)), (256, (64, 2))])
+def test_the_pin_fits_its_keys_and_stages_to_shared_memory(prefill, width, tile):
+    """3 stages of 128 keys where they fit (head width 64 and 128); at 256 two stages of 64 keys (of 128 they would
+    need 320 KB): the rules pass (the shared memory within the block's 227 KB)."""
+    sizes = {**WIDE, "E": width, "D": width}
+    model = prefill.with_sizes(sizes)
+    plan = default_plan(model, T, sizes, {"family": "attention", "main_loop": "wgmma"})
+    (wg,) = plan.kernels
+    assert isinstance(wg, AttentionKernel) and (wg.bn, wg.stages) == tile
+    assert not failures(obligations(model, plan, sizes))
 
 
 def test_the_search_offers_the_wgmma_loop(prefill):
