@@ -43,6 +43,7 @@ class Case:
     pins: tuple[tuple[str, str], ...] = ()
     decode: bool = False  # examples/decode_attention.habu: one query row per sequence, `seq` cache entries
     out_dtype: str = "f32"  # O's declared element type (bf16: what SDPA returns)
+    default: bool = False  # the model's default plan (no family pin): what `habu compile` takes
 
 
 CASES = (
@@ -59,6 +60,11 @@ CASES = (
     Case("fa3-full-4k-bf16o", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"),), out_dtype="bf16"),
     Case("fa3-causal-4k-d64", 1, 16, 1, 4096, True, 64, pins=(("main_loop", "wgmma"),)),
     Case("fa3-gqa-causal-4k", 1, 8, 4, 4096, True, pins=(("main_loop", "wgmma"),)),
+    Case("fa3-causal-1k", 4, 16, 1, 1024, True, pins=(("main_loop", "wgmma"),)),
+    Case("fa3-full-1k", 4, 16, 1, 1024, False, pins=(("main_loop", "wgmma"),)),
+    # the default plan (no pins): the fused kernel on the wgmma loop for a prefill of ≥ 1024 queries on sm_90a
+    Case("default-causal-4k", 1, 16, 1, 4096, True, default=True),
+    Case("default-full-4k-bf16o", 1, 16, 1, 4096, False, default=True, out_dtype="bf16"),
 )
 
 
@@ -103,6 +109,10 @@ def case_source(case: Case, workdir: Path) -> tuple[str, str, dict[str, int]]:
     return str(path), model, sizes
 
 
+def case_pins(case: Case) -> dict[str, str]:
+    return dict(case.pins) if case.default else {"family": "attention", **dict(case.pins)}
+
+
 def prove_case(case: Case, workdir: str, target_name: str) -> tuple[Any, Any]:
     """(plan, emitted kernels) of a case, proven (rules and a finite-field trial) and compiled (NVRTC, into the
     kernel cache) for `target_name`: a `--jobs` worker's task (no GPU used). Raises where the plan is not proven."""
@@ -116,7 +126,7 @@ def prove_case(case: Case, workdir: str, target_name: str) -> tuple[Any, Any]:
     path, name, sizes = case_source(case, Path(workdir))
     model = load_program(path).models[name].with_sizes(sizes)
     target = TARGETS[target_name]
-    plan = default_plan(model, target, sizes, {"family": "attention", **dict(case.pins)})
+    plan = default_plan(model, target, sizes, case_pins(case))
     proof = prove(model, plan, sizes, trials=1)
     if not proof.ok:
         why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
@@ -141,12 +151,15 @@ def run_case(case: Case, workdir: Path, proven: tuple[Any, Any] | None = None) -
     path, model, sizes = case_source(case, workdir)
     queries = 1 if case.decode else case.seq
     if proven is None:
-        built = build(path, model, sizes, {"family": "attention", **dict(case.pins)}, check_indices=False)
+        built = build(path, model, sizes, case_pins(case), check_indices=False)
     else:
         m = load_program(path).models[model].with_sizes(sizes)
         built = Built(m, proven[0], CompiledModel(m, proven[1], arch=device_target(), check_indices=False),
                       {e.name: e.size for e in m.extents})
     row["plan"] = built.plan.to_json()["kernels"]
+    row["plan_short"] = " + ".join(
+        f"{k.kind}/{getattr(k, 'main_loop', '')} {getattr(k, 'bm', '')}x{getattr(k, 'bn', '')} s{getattr(k, 'stages', '')}"
+        if k.kind == "attention" else k.kind for k in built.plan.kernels)
     ins = make_inputs(built.model, built.sizes, 1)
     outs = poisoned_outputs(built.model, built.sizes)
     heads = case.kv_heads * case.group
@@ -241,7 +254,8 @@ def main() -> None:
             if "error" in row:
                 print(f"{name:20s} ERROR {row['error'][:300]}", flush=True)
             else:
-                print(f"{name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
+                print((f"[{row['plan_short']}] " if case.default else "") +
+                      f"{name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
                       f"({100 * row['habu_peak_share']:4.1f}% of peak) | SDPA[{row['sdpa_backend']}] "
                       f"{row['sdpa']['median_us']:9.1f} us {row['sdpa_tflops']:6.1f} TFLOP/s | "
                       f"{row['speedup_vs_sdpa']:.2f}x | check {row['check_max_rel']:.1e}"
