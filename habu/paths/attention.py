@@ -31,6 +31,8 @@ WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess unti
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
 WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False),
                (128, 128, 3, False), (128, 128, 3, True))
+# query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
+WGMMA_PREFILL_ROWS = 1024
 # the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
 WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
@@ -125,6 +127,26 @@ class AttentionPath(KernelPath):
             if wgmma_smem_bytes(128, bn, e, d, stages) <= target.smem_per_block:
                 return replace(kernel, main_loop="wgmma", bm=128, bn=bn, stages=stages, warp_m=1)
         return replace(kernel, main_loop="wgmma", bm=128, bn=64, stages=2, warp_m=1)  # the rules refuse it
+
+    def default_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:
+        """The plan choices that make the fused kernel on the wgmma main loop a model's default (instead of the
+        unfused plan, the `attention:T` rewrite): a prefill of at least `WGMMA_PREFILL_ROWS` query rows of every
+        softmax-weighted sum the loop can run (bf16, static head widths in 64s, a target with wgmma and TMA),
+        where it was measured faster than cuDNN's SDPA and passed its exact GPU tests (docs/PERF.md, session
+        31). {} otherwise (a decode, a short prefill, sm_80: the unfused plan stays)."""
+        if not (target.wgmma and target.tma and target.mma_sync):
+            return {}
+        nodes = [eq.target for eq in model.nodes]
+        forms = [(n, attention_form(model, n)) for n in nodes]
+        forms = [(n, f) for n, f in forms if f is not None]
+        if not forms:
+            return {}
+        for node, form in forms:
+            rows = model.sizes.get(form.row.extent) or sizes.get(form.row.extent)
+            kernel = AttentionKernel(nodes=(node,), bm=64, bn=64)
+            if rows is None or rows < WGMMA_PREFILL_ROWS or self.wgmma_kernel(model, kernel, target) is None:
+                return {}
+        return {"family": "attention", "main_loop": "wgmma"}
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q

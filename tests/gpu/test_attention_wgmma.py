@@ -28,8 +28,9 @@ EX = ROOT / "examples"
 WGMMA = {"family": "attention", "main_loop": "wgmma"}
 
 
-def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str], seed: int = 0):
-    built = build(path, model, sizes, {**WGMMA, **pins})
+def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str] | None, seed: int = 0):
+    """`pins` on the wgmma loop's (None: the model's default plan, no pin)."""
+    built = build(path, model, sizes, {} if pins is None else {**WGMMA, **pins})
     kernel = built.plan.kernels[0]
     assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and len(built.plan.kernels) == 1
     inputs = make_inputs(built.model, built.sizes, seed)
@@ -89,3 +90,10 @@ def test_wgmma_matches_the_mma_sync_kernel():
     torch.cuda.synchronize()
     diff = ((a["O"] - b["O"]).abs().max() / b["O"].abs().max()).item()
     assert diff < 2e-2, f"wgmma and mma.sync kernels differ by {diff} (of max |O|)"
+
+
+def test_the_default_plan_of_a_long_prefill_is_the_wgmma_kernel():
+    """No pin: a prefill of 1024 queries on sm_90a takes the fused kernel on the wgmma loop (`AttentionPath.
+    default_pins`), and it matches the float64 model."""
+    run_golden(str(EX / "attention.habu"), "ATTENTION-GQA", {**ONE, "E": 64, "D": 64, "I": 1024, "J": 1024}, None,
+               seed=5)

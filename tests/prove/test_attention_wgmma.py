@@ -132,3 +132,18 @@ def test_the_scale_is_folded_into_the_exponent_only_where_it_is_a_positive_const
 
     kept = emit_attention_wgmma("k", model, unfolded, dict(plan.shape)).source
     assert "*= scale" in kept and "fmaf(s[" not in kept
+
+
+@pytest.mark.parametrize(("rows", "target", "fused"), [(1024, "sm_90a", True), (1000, "sm_90a", False),
+                                                       (4096, "sm_80", False)])
+def test_the_default_of_a_long_prefill_on_sm_90a_is_the_wgmma_kernel(prefill, rows, target, fused):
+    """No pin: from `WGMMA_PREFILL_ROWS` queries on a target with wgmma and TMA the plan is the fused kernel on the
+    wgmma loop (3 stages at head width 128); shorter prefills and sm_80 keep the unfused plan (the rewrite)."""
+    sizes = {**WIDE, "I": rows, "J": rows}
+    model = prefill.with_sizes(sizes)
+    plan = default_plan(model, TARGETS[target], sizes)
+    kinds = [(k.kind, getattr(k, "main_loop", None), getattr(k, "stages", None)) for k in plan.kernels]
+    if fused:
+        assert kinds == [("attention", "wgmma", 3)] and not plan.rewrites
+    else:
+        assert all(k[0] != "attention" for k in kinds) and "attention:O" in plan.rewrites
