@@ -206,16 +206,20 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
 """
         return "".join(ind + line + "\n" if line else "\n" for line in text.splitlines())
 
-    def rescale_pack(ind: str) -> str:
-        """O times alpha, then P packed into pa (O and pa no longer read by a wgmma)."""
+    def rescale_o(ind: str) -> str:
+        """O times alpha (the rescale of the tile whose P·V is issued next; no wgmma reads or writes O now)."""
         text = f"""#pragma unroll
 for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
   for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-    for (int q = 0; q < {lw.fragment.pair}; ++q) o[{o_reg}] *= alpha[h];
-""" + "\n".join(line.strip() for line in p_pack.splitlines()) + "\n"
+    for (int q = 0; q < {lw.fragment.pair}; ++q) o[{o_reg}] *= alpha[h];  // before this tile's P·V
+"""
         return "".join(ind + line + "\n" for line in text.splitlines())
+
+    def pack_p(ind: str) -> str:
+        """P packed into pa (no wgmma reads pa now)."""
+        return "".join(ind + line.strip() + "\n" for line in p_pack.splitlines())
 
     o_row, o_col = lw.o_element(cx("cw"), cx("warp"), cx("lane"), cx("dn"), cx("h"), cx("q"))
     row_of = lambda t: c(lw.row(CExpr("qt"), t))  # noqa: E731
@@ -285,25 +289,25 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(s);
       const long long ks = {c(lw.first_tile())};
-{softmax('      ')}{rescale_pack('      ')}    }}
-    for (long long kt = {c(lw.first_tile())}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, O rescaled for tile kt; a next tile
-      // S of tile kt + 1 first: its softmax then runs while P(kt)·V(kt) does
+{softmax('      ')}{pack_p('      ')}    }}
+    for (long long kt = {c(lw.first_tile())}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, alpha(kt) to rescale O; a next tile
+      // S of tile kt + 1 first: O's rescale runs while it does, tile kt + 1's softmax while P(kt)·V(kt) does
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       const int nslot = {c(ring.read_slot(CExpr("stage")))};
       {ring_advance_line(ring)}
 {turn_wait}      habu::wgmma_fence();
 {s_mma_next}
       habu::wgmma_commit();
-{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
+{rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
       const long long ks = {bare(lw.next_tile(CExpr('kt')))};
 {softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
-{rescale_pack('      ')}      slot = nslot;
+{pack_p('      ')}      slot = nslot;
     }}
     if (tiles > 0) {{  // the last tile's P·V
-{turn_wait}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();
+{turn_wait}{rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}

@@ -17,8 +17,8 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         operand of O += P·V (`p_registers`: S's registers of two adjacent 8-key groups are the A fragment
         of a k16 step), bn/16 wgmma m64n{#D}k16 with V MN-major from shared memory (`v_start`, the
         instruction's transposed B). FA3's intra-warpgroup overlap: tile kt + 1's S is issued before tile kt's
-        P·V, its softmax runs while that P·V does (wgmma.wait_group 1), then O is rescaled and P packed; tile
-        kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
+        P·V, O is rescaled by tile kt's alpha between the two issues (while S runs), tile kt + 1's softmax
+        runs while P(kt)·V(kt) does (wgmma.wait_group 1), then P(kt + 1) is packed; tile kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
         last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
     epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`.
 
