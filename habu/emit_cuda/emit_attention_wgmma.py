@@ -161,7 +161,9 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
         j_of = c(lw.key(CExpr("ks"), s_key_))
         scaled = "" if fold else "\n        s[{s_reg}] *= scale;"
         text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
-float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
+float mx[4];  // row half h's max over the even 8-key groups at h, the odd ones at 2 + h (two chains)
+#pragma unroll
+for (int x = 0; x < 4; ++x) mx[x] = habu::neg_inf_f();
 if (open_tile) {{
 #pragma unroll
   for (int jn = 0; jn < {lw.score_groups}; ++jn)
@@ -169,7 +171,7 @@ if (open_tile) {{
     for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
       for (int q = 0; q < {lw.fragment.pair}; ++q) {{{scaled.format(s_reg=s_reg)}
-        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+        mx[2 * (jn % 2) + h] = fmaxf(mx[2 * (jn % 2) + h], s[{s_reg}]);
       }}
 }} else {{
 #pragma unroll
@@ -183,12 +185,12 @@ if (open_tile) {{
         const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
         (void)i;
         s[{s_reg}] = visible ? s[{s_reg}]{"" if fold else " * scale"} : habu::neg_inf_f();
-        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+        mx[2 * (jn % 2) + h] = fmaxf(mx[2 * (jn % 2) + h], s[{s_reg}]);
       }}
 }}
 #pragma unroll
 for (int h = 0; h < {lw.fragment.halves}; ++h) {{
-  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
+  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(fmaxf(mx[h], mx[2 + h]))')};
   shift[h] = habu::softmax_shift(m_new){" * scale" if fold else ""};
   alpha[h] = habu::exp2_fast({lw.rescale('m[h] * scale' if fold else 'm[h]', 'shift[h]', ops)});
   m[h] = {lw.kept_max('m[h]', 'm_new')};
