@@ -151,6 +151,11 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
     s_row_, s_key_ = lw.s_element(cx("cw"), cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("q"))
 
     fold = lw.scale_in_exponent(sizes)  # the max on raw scores, P = 2^(s·c − m·c): one FFMA a score
+    # the rescale 2^((m_old − m_new)·c): exactly 1 where a row's max did not move (O's rescale is then skipped)
+    alpha_lines = ("  const float m_shift = habu::softmax_shift(m_new);\n  shift[h] = m_shift * scale;\n"
+                   f"  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'm_shift', ops)} * scale);" if fold else
+                   "  shift[h] = habu::softmax_shift(m_new);\n"
+                   f"  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});")
     exponent = f"fmaf(s[{s_reg}], scale, -shift[h])" if fold else f"s[{s_reg}] - shift[h]"
 
     def softmax(ind: str) -> str:
@@ -191,8 +196,7 @@ if (open_tile) {{
 #pragma unroll
 for (int h = 0; h < {lw.fragment.halves}; ++h) {{
   const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(fmaxf(mx[h], mx[2 + h]))')};
-  shift[h] = habu::softmax_shift(m_new){" * scale" if fold else ""};
-  alpha[h] = habu::exp2_fast({lw.rescale('m[h] * scale' if fold else 'm[h]', 'shift[h]', ops)});
+{alpha_lines}
   m[h] = {lw.kept_max('m[h]', 'm_new')};
   l[h] *= alpha[h];
 }}
@@ -209,13 +213,16 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
         return "".join(ind + line + "\n" if line else "\n" for line in text.splitlines())
 
     def rescale_o(ind: str) -> str:
-        """O times alpha (the rescale of the tile whose P·V is issued next; no wgmma reads or writes O now)."""
-        text = f"""#pragma unroll
-for (int dn = 0; dn < {lw.out_groups}; ++dn)
+        """O times alpha (the rescale of the tile whose P·V is issued next; no wgmma reads or writes O now),
+        skipped by a warp whose every alpha is 1 (its rows' maxima unchanged: x · 1.0f is x)."""
+        text = f"""if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {{  // a row's max moved
 #pragma unroll
-  for (int h = 0; h < {lw.fragment.halves}; ++h)
+  for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
-    for (int q = 0; q < {lw.fragment.pair}; ++q) o[{o_reg}] *= alpha[h];  // before this tile's P·V
+    for (int h = 0; h < {lw.fragment.halves}; ++h)
+#pragma unroll
+      for (int q = 0; q < {lw.fragment.pair}; ++q) o[{o_reg}] *= alpha[h];  // before this tile's P·V
+}}
 """
         return "".join(ind + line + "\n" for line in text.splitlines())
 

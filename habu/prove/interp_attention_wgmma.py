@@ -217,9 +217,9 @@ def _consume(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray, st
     for off in lw.quad_offsets:  # the row's lanes (xor shuffles)
         mx = ops.max(mx, mx[:, lanes ^ off, :])
     m_new = lw.running_max(m, mx, ops)
-    if fold and scale is not None:  # shift = m_new·c, alpha = exp(m·c − shift), P = exp(s·c − shift)
+    if fold and scale is not None:  # shift = m_new·c, alpha = exp((m − m_new)·c), P = exp(s·c − shift)
         shift = f.op("mul", [m_new, np.broadcast_to(scale, m_new.shape)])
-        alpha = f.op("exp", [lw.rescale(f.op("mul", [m, np.broadcast_to(scale, m.shape)]), shift, ops)])
+        alpha = f.op("exp", [f.op("mul", [lw.rescale(m, m_new, ops), np.broadcast_to(scale, m.shape)])])
         s_exp = f.op("mul", [s, np.broadcast_to(scale, s.shape)])
     else:
         shift, s_exp = m_new, s
