@@ -115,10 +115,10 @@ class AttentionPath(KernelPath):
         of 128 rows (two consumer warpgroups), KV tiles of 128 keys (64 where two stages of 128 do not fit: head
         widths past 128), as many stages up to 3 as the block's shared memory holds (3 at head width 128: a
         tile's load then has a whole tile's products to land in; with 2, the load of tile kt + 2 is issued only
-        when tile kt's P·V is done and tile kt + 1's S already waits for it), the two consumers' ping-pong (FA3's
-        d128 schedule); None where the target has no wgmma and TMA or a head width is not a static multiple of
-        64. H200, 16 heads × 4096, d128 (session 31): 2 stages 184.2 / 341.2 µs (causal / full), 3 stages 140.0
-        / 247.4, 3 stages with ping-pong 141.6 / 229.8 (cuDNN SDPA 151.5 / 206.7)."""
+        when tile kt's P·V is done and tile kt + 1's S already waits for it); None where the target has no wgmma
+        and TMA or a head width is not a static multiple of 64. H200, 16 heads × 4096, d128 (session 31):
+        2 stages 184.2 / 341.2 µs (causal / full), 3 stages 140.0 / 247.4, 3 stages with ping-pong (`--pin
+        pingpong=1`, the default plan's: `default_pins`) 141.6 / 229.8 (cuDNN SDPA 151.5 / 206.7)."""
         form = attention_form(model, kernel.nodes[0]) if len(kernel.nodes) == 1 else None
         if form is None or not (target.wgmma and target.tma):
             return None
@@ -127,12 +127,13 @@ class AttentionPath(KernelPath):
             return None
         for bn, stages in WGMMA_DEFAULT_TILES:
             if wgmma_smem_bytes(128, bn, e, d, stages) <= target.smem_per_block:
-                return replace(kernel, main_loop="wgmma", bm=128, bn=bn, stages=stages, warp_m=1, pingpong=True)
-        return replace(kernel, main_loop="wgmma", bm=128, bn=64, stages=2, warp_m=1, pingpong=True)  # refused
+                return replace(kernel, main_loop="wgmma", bm=128, bn=bn, stages=stages, warp_m=1)
+        return replace(kernel, main_loop="wgmma", bm=128, bn=64, stages=2, warp_m=1)  # the rules refuse it
 
     def default_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:
         """The plan choices that make the fused kernel on the wgmma main loop a model's default (instead of the
-        unfused plan, the `attention:T` rewrite): a prefill of at least `WGMMA_PREFILL_ROWS` query rows of every
+        unfused plan, the `attention:T` rewrite), its two consumers in ping-pong: a prefill of at least
+        `WGMMA_PREFILL_ROWS` query rows of every
         softmax-weighted sum the loop can run (bf16, static head widths in 64s, a target with wgmma and TMA),
         where it was measured faster than cuDNN's SDPA and passed its exact GPU tests (docs/PERF.md, session
         31). {} otherwise (a decode, a short prefill, sm_80: the unfused plan stays)."""
@@ -148,7 +149,7 @@ class AttentionPath(KernelPath):
             kernel = AttentionKernel(nodes=(node,), bm=64, bn=64)
             if rows is None or rows < WGMMA_PREFILL_ROWS or self.wgmma_kernel(model, kernel, target) is None:
                 return {}
-        return {"family": "attention", "main_loop": "wgmma"}
+        return {"family": "attention", "main_loop": "wgmma", "pingpong": "1"}
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q

@@ -242,6 +242,10 @@ class AttentionKernel:
                             default=False, pins=("pingpong",), json_optional=True, unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
+    head_major: bool = choice("the grid's order: a batch element's (head's) query tiles one after another, so that the "
+                              "blocks running at once share fewer heads' K and V in the L2 (else every batch element "
+                              "of a query tile together)", P, default=False, pins=("head_major",), json_optional=True,
+                              unguarded=KEEP)
     kv_split: int = choice("keys one block reads (split-KV, flash-decoding: the blocks of a query tile each take "
                            "kv_split keys, write a partial — running max, sum, unnormalised O — to a workspace, "
                            "and the last of them to finish combines them); 0: one block reads every key", P,

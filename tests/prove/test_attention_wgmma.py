@@ -144,6 +144,22 @@ def test_the_default_of_a_long_prefill_on_sm_90a_is_the_wgmma_kernel(prefill, ro
     plan = default_plan(model, TARGETS[target], sizes)
     kinds = [(k.kind, getattr(k, "main_loop", None), getattr(k, "stages", None)) for k in plan.kernels]
     if fused:
-        assert kinds == [("attention", "wgmma", 3)] and not plan.rewrites
+        assert kinds == [("attention", "wgmma", 3)] and not plan.rewrites and plan.kernels[0].pingpong
     else:
         assert all(k[0] != "attention" for k in kinds) and "attention:O" in plan.rewrites
+
+
+def test_the_head_major_grid_is_proven(prefill):
+    """`head_major`: a batch element's query tiles one after another (block x: tile #tiles − 1 − x mod #tiles of
+    batch element x / #tiles); the field check runs the blocks of its sampled tiles and elements."""
+    from habu.bench.mutants_attention_wgmma import HEAD_MAJOR_PINS
+    from habu.bench.mutants_attention_wgmma import SHAPE as SMALL
+
+    model = prefill.with_sizes(SMALL)
+    plan = default_plan(model, T, SMALL, HEAD_MAJOR_PINS)
+    (lw,) = lower_plan(model, plan)
+    assert lw.kernel.head_major and [(lw.query_tile(x, SMALL), lw.batch_flat(x, SMALL)) for x in range(4)] == \
+        [(1, 0), (0, 0), (1, 1), (0, 1)]
+    assert not failures(obligations(model, plan, SMALL))
+    cert = verify_plan(model, plan, SMALL, trials=1, seeds=[2])
+    assert cert.passed, cert.failure
