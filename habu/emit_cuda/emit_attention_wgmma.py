@@ -310,7 +310,8 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
       const long long ks = {bare(lw.next_tile(CExpr('kt')))};
-{softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
+{softmax('      ')}      habu::end_block(l[0]);  // the wait below stays after the softmax (ptxas hoists it to its block's top)
+      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
 {pack_p('      ')}      slot = nslot;
