@@ -82,7 +82,10 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
     if not {"rewrite", "family"} & set(pins or {}):  # a long prefill: the fused kernel on the wgmma loop
-        pins = {**attention.PATH.default_pins(model, target, s), **(pins or {})} or pins
+        chosen = attention.PATH.default_pins(model, target, s)
+        if (pins or {}).get("bm", "128") != "128":  # ping-pong takes two consumer warpgroups (128 rows)
+            chosen.pop("pingpong", None)
+        pins = {**chosen, **(pins or {})} or pins
     rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"), (pins or {}).get("family"))
     if not {"rewrite", "family"} & set(pins or {}):
         rewrites = _cheaper_scatters(model, target, s, rewrites)

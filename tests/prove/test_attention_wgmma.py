@@ -163,3 +163,13 @@ def test_the_head_major_grid_is_proven(prefill):
     assert not failures(obligations(model, plan, SMALL))
     cert = verify_plan(model, plan, SMALL, trials=1, seeds=[2])
     assert cert.passed, cert.failure
+
+
+def test_regression_a_pinned_bm_64_on_the_prefill_default_drops_its_ping_pong(prefill):
+    """The default's ping-pong (two consumer warpgroups) with `--pin bm=64` (one) was a plan the rules refuse."""
+    sizes = {**WIDE, "I": 1024, "J": 1024}
+    model = prefill.with_sizes(sizes)
+    plan = default_plan(model, T, sizes, {"bm": "64"})
+    (k,) = plan.kernels
+    assert isinstance(k, AttentionKernel) and (k.main_loop, k.bm, k.pingpong) == ("wgmma", 64, False)
+    assert not failures(obligations(model, plan, sizes))
