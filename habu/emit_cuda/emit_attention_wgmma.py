@@ -212,6 +212,9 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
 """
         return "".join(ind + line + "\n" if line else "\n" for line in text.splitlines())
 
+    late_wait = ("      habu::end_block(l[0]);  // the wait below stays after the softmax (ptxas hoists it to its "
+                 "block's top)\n" if k.late_wait else "")
+
     def rescale_o(ind: str) -> str:
         """O times alpha (the rescale of the tile whose P·V is issued next; no wgmma reads or writes O now),
         skipped by a warp whose every alpha is 1 (its rows' maxima unchanged: x · 1.0f is x)."""
@@ -310,8 +313,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
       const long long ks = {bare(lw.next_tile(CExpr('kt')))};
-{softmax('      ')}      habu::end_block(l[0]);  // the wait below stays after the softmax (ptxas hoists it to its block's top)
-      habu::wgmma_wait<0>();  // P(kt)·V(kt)
+{softmax('      ')}{late_wait}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
 {pack_p('      ')}      slot = nslot;

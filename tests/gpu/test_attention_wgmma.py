@@ -59,6 +59,7 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
     pytest.param(ONE, 700, 1000, 128, {"stages": "3", "pingpong": "1"}, id="pingpong3"),
     pytest.param(ONE, 500, 1000, 128, {"bn": "64", "stages": "4"}, id="bn64s4"),
     pytest.param(GQA, 300, 500, 64, {"head_major": "1"}, id="headmajor"),
+    pytest.param(ONE, 700, 1000, 128, {"pingpong": "1", "late_wait": "1"}, id="latewait"),
 ])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,

@@ -173,3 +173,12 @@ def test_regression_a_pinned_bm_64_on_the_prefill_default_drops_its_ping_pong(pr
     (k,) = plan.kernels
     assert isinstance(k, AttentionKernel) and (k.main_loop, k.bm, k.pingpong) == ("wgmma", 64, False)
     assert not failures(obligations(model, plan, sizes))
+
+
+def test_late_wait_prints_the_block_end_before_the_p_v_wait_and_the_default_does_not(prefill):
+    sizes = {**WIDE, "I": 1024, "J": 1024}
+    model = prefill.with_sizes(sizes)
+    default = emit_plan(model, default_plan(model, T, sizes), T).kernels[0].source
+    late = emit_plan(model, default_plan(model, T, sizes, {"late_wait": "1"}), T).kernels[0].source
+    assert "habu::end_block(" not in default
+    assert late.count("habu::end_block(l[0]);") == 1 and late.index("habu::end_block(") < late.index("// P(kt)·V(kt)")
