@@ -1,7 +1,8 @@
 """The fused attention kernel (issue 22, `--pin family=attention`) against torch's scaled_dot_product_attention
 in the same run, bf16 inputs, head width 128: causal and not, multi-head and grouped-query.
 
-    python -m habu.bench.attention_speed [--json OUT.json] [--only CASE[,CASE...]] [--quick]
+    python -m habu.bench.attention_speed [--json OUT.json] [--only CASE[,CASE...]] [--quick] [--pins SETS]
+                                         [--jobs N]
 
 Each case builds the fused plan of examples/attention.habu (or of the same model without its mask) at the
 case's sizes (build proves it: the rules and a trial over Z_q × GF(p) on the witness shape), checks it on the
@@ -11,7 +12,9 @@ would take minutes on the CPU; tests/gpu/test_attention_fused.py holds the float
 (recorded from the names of the kernels one call launches, by the profiler). TFLOP/s count 4·B·H·S²·D for a
 full and half of that for a causal mask (FlashAttention's convention), and their share of the H200's dense
 bf16 peak (989 TFLOP/s; habu.bench.mma_ceiling measures the reachable one). Habu writes O in f32 (the
-example's output type), SDPA in bf16.
+example's output type), SDPA in bf16; the `-bf16o` cases declare O bf16 (the comparison at equal bytes).
+`--jobs N` proves the cases in N processes first (the proof's float reference at 4096 × 4096 takes most of
+a case's time; each plan is still proven before it runs), then checks and times them one by one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class Case:
     width: int = 128
     pins: tuple[tuple[str, str], ...] = ()
     decode: bool = False  # examples/decode_attention.habu: one query row per sequence, `seq` cache entries
+    out_dtype: str = "f32"  # O's declared element type (bf16: what SDPA returns)
+    default: bool = False  # the model's default plan (no family pin): what `habu compile` takes
 
 
 CASES = (
@@ -49,8 +54,21 @@ CASES = (
     Case("decode-gqa-4k", 16, 8, 4, 4096, False, decode=True),
     # the wgmma main loop (FA3-style, habu/lower/attention_wgmma.py): prefill of 4096 tokens, 16 heads (one
     # sequence: the proof's float reference over every head stays within the GPU feedback run's time)
-    Case("fa3-causal-4k", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"),)),
-    Case("fa3-full-4k", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"),)),
+    Case("fa3-causal-4k", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    Case("fa3-full-4k", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    Case("fa3-causal-4k-bf16o", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"),), out_dtype="bf16"),
+    Case("fa3-full-4k-bf16o", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"),), out_dtype="bf16"),
+    Case("fa3-causal-4k-d64", 1, 16, 1, 4096, True, 64, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    Case("fa3-gqa-causal-4k", 1, 8, 4, 4096, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    Case("fa3-causal-4k-hm", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("head_major", "1"))),
+    Case("fa3-full-4k-hm", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("head_major", "1"))),
+    Case("fa3-causal-4k-lw", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("late_wait", "1"))),
+    Case("fa3-full-4k-lw", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("late_wait", "1"))),
+    Case("fa3-causal-1k", 4, 16, 1, 1024, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    Case("fa3-full-1k", 4, 16, 1, 1024, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    # the default plan (no pins): the fused kernel on the wgmma loop for a prefill of ≥ 1024 queries on sm_90a
+    Case("default-causal-4k", 1, 16, 1, 4096, True, default=True),
+    Case("default-full-4k-bf16o", 1, 16, 1, 4096, False, default=True, out_dtype="bf16"),
 )
 
 
@@ -75,26 +93,77 @@ def sdpa_backend(fn) -> str:
     return "math"
 
 
-def run_case(case: Case, workdir: Path) -> dict[str, Any]:
+def case_source(case: Case, workdir: Path) -> tuple[str, str, dict[str, int]]:
+    """(the .habu file, the model's name, the sizes) of a case; files it writes go to `workdir`."""
+    if case.decode:
+        path, model = EX / "decode_attention.habu", "DECODE-ATTENTION"
+    elif case.causal:
+        path, model = EX / "attention.habu", "ATTENTION-GQA"
+    else:
+        path, model = workdir / "full.habu", "ATTENTION-FULL"
+        path.write_text(full_attention_source())
+    if case.out_dtype != "f32":
+        text = path.read_text()
+        declared = "f32  TENSOR: O"
+        assert declared in text, f"{path}: no `{declared}` to retype"
+        path = workdir / f"{path.stem}-{case.out_dtype}o.habu"
+        path.write_text(text.replace(declared, f"{case.out_dtype} TENSOR: O"))
+    sizes = {"B": case.batch, "G": case.kv_heads, "R": case.group, "J": case.seq, "E": case.width, "D": case.width,
+             **({"L": case.seq + 1} if case.decode else {"I": case.seq})}
+    return str(path), model, sizes
+
+
+def case_pins(case: Case) -> dict[str, str]:
+    return dict(case.pins) if case.default else {"family": "attention", **dict(case.pins)}
+
+
+def prove_case(case: Case, workdir: str, target_name: str) -> tuple[Any, Any]:
+    """(plan, emitted kernels) of a case, proven (rules and a finite-field trial) and compiled (NVRTC, into the
+    kernel cache) for `target_name`: a `--jobs` worker's task (no GPU used). Raises where the plan is not proven."""
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.paths.emit import emit
+    from habu.prove import prove
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    path, name, sizes = case_source(case, Path(workdir))
+    model = load_program(path).models[name].with_sizes(sizes)
+    target = TARGETS[target_name]
+    plan = default_plan(model, target, sizes, case_pins(case))
+    proof = prove(model, plan, sizes, trials=1)
+    if not proof.ok:
+        why = [o.describe() + ": " + o.detail for o in proof.violations] or [proof.certificate.failure]  # type: ignore[union-attr]
+        raise AssertionError(f"plan not proven: {why}")
+    emitted = emit(proof, target)
+    CompiledModel(model, emitted, check_indices=False).compile(target_name)  # into the cache the run loads from
+    return plan, emitted
+
+
+def run_case(case: Case, workdir: Path, proven: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """One case's row; `proven`: its (plan, emitted kernels) from `prove_case` (else proven here)."""
     import torch
 
-    from habu.bench.run import build
+    from habu.bench.run import Built, build, device_target
+    from habu.emit_cuda.runtime import CompiledModel
+    from habu.spec.parser import load_program
     from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
 
     row: dict[str, Any] = {"case": case.name, "causal": case.causal, "batch": case.batch, "kv_heads": case.kv_heads,
-                           "heads": case.kv_heads * case.group, "seq": case.seq, "width": case.width}
-    if case.decode:
-        path, model = str(EX / "decode_attention.habu"), "DECODE-ATTENTION"
-    elif case.causal:
-        path, model = str(EX / "attention.habu"), "ATTENTION-GQA"
-    else:
-        path, model = str(workdir / "full.habu"), "ATTENTION-FULL"
-        Path(path).write_text(full_attention_source())
+                           "heads": case.kv_heads * case.group, "seq": case.seq, "width": case.width,
+                           "out_dtype": case.out_dtype}
+    path, model, sizes = case_source(case, workdir)
     queries = 1 if case.decode else case.seq
-    sizes = {"B": case.batch, "G": case.kv_heads, "R": case.group, "J": case.seq, "E": case.width, "D": case.width,
-             **({"L": case.seq + 1} if case.decode else {"I": case.seq})}
-    built = build(path, model, sizes, {"family": "attention", **dict(case.pins)}, check_indices=False)
+    if proven is None:
+        built = build(path, model, sizes, case_pins(case), check_indices=False)
+    else:
+        m = load_program(path).models[model].with_sizes(sizes)
+        built = Built(m, proven[0], CompiledModel(m, proven[1], arch=device_target(), check_indices=False),
+                      {e.name: e.size for e in m.extents})
     row["plan"] = built.plan.to_json()["kernels"]
+    row["plan_short"] = " + ".join(
+        f"{k.kind}/{getattr(k, 'main_loop', '')} {getattr(k, 'bm', '')}x{getattr(k, 'bn', '')} s{getattr(k, 'stages', '')}"
+        if k.kind == "attention" else k.kind for k in built.plan.kernels)
     ins = make_inputs(built.model, built.sizes, 1)
     outs = poisoned_outputs(built.model, built.sizes)
     heads = case.kv_heads * case.group
@@ -135,25 +204,52 @@ def run_case(case: Case, workdir: Path) -> dict[str, Any]:
     return row
 
 
+def prove_all(cases: list[Case], workdir: str, jobs: int) -> dict[int, Any]:
+    """Case index -> its `prove_case` result or the exception it raised, proven in `jobs` spawned processes
+    (each on its own copy of the case's files) before this process touches the GPU."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from habu.bench.run import device_target
+
+    target = device_target()
+    dirs = [Path(workdir) / f"case{n}" for n in range(len(cases))]
+    for d in dirs:
+        d.mkdir()
+    out: dict[int, Any] = {}
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {n: pool.submit(prove_case, case, str(d), target) for n, (case, d) in enumerate(zip(cases, dirs, strict=True))}
+        for n, fut in futures.items():
+            try:
+                out[n] = fut.result()
+            except Exception as exc:  # reported on the case's row
+                out[n] = exc
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--quick", action="store_true", help="the first case only")
+    ap.add_argument("--jobs", type=int, default=1, help="prove the cases in this many processes first")
     ap.add_argument("--pins", default="", help="kernel pins for every case, e.g. bm=128,bn=32; several pin sets "
                     "separated by ';' time each case once per set (the same SDPA baseline re-timed)")
     args = ap.parse_args()
     sets = [tuple(tuple(p.split("=", 1)) for p in one.split(",") if p) for one in args.pins.split(";")] or [()]
-    cases = [replace(c, pins=c.pins + extra) for c in CASES if not args.only or c.name in args.only.split(",")
-             for extra in sets]
+    cases = [replace(c, pins=c.pins + extra) for extra in sets for c in CASES
+             if not args.only or c.name in args.only.split(",")]  # a pin set's cases together, in its order
     if args.quick:
         cases = cases[:1]
     rows = []
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
-        for case in cases:
+        proven = prove_all(cases, tmp, args.jobs) if args.jobs > 1 else {}
+        for n, case in enumerate(cases):
             try:
-                row = run_case(case, Path(tmp))
+                if isinstance(proven.get(n), BaseException):
+                    raise proven[n]
+                row = run_case(case, Path(tmp), proven.get(n))
             except Exception as exc:  # one case's failure is reported on its row
                 row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
             failed |= "error" in row
@@ -162,7 +258,8 @@ def main() -> None:
             if "error" in row:
                 print(f"{name:20s} ERROR {row['error'][:300]}", flush=True)
             else:
-                print(f"{name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
+                print((f"[{row['plan_short']}] " if case.default else "") +
+                      f"{name:20s} habu {row['habu']['median_us']:9.1f} us {row['habu_tflops']:6.1f} TFLOP/s "
                       f"({100 * row['habu_peak_share']:4.1f}% of peak) | SDPA[{row['sdpa_backend']}] "
                       f"{row['sdpa']['median_us']:9.1f} us {row['sdpa_tflops']:6.1f} TFLOP/s | "
                       f"{row['speedup_vs_sdpa']:.2f}x | check {row['check_max_rel']:.1e}"

@@ -537,6 +537,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "short", "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.score_groups_short, atw.PINS),
     Mutant("attention-wgmma-kv-loop-skips-a-tile", "the wgmma attention loop's consumers step two KV tiles",
            "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.kv_loop_skips_a_tile, atw.PINS),
+    Mutant("attention-head-major-blocks-repeat", "the head-major grid decodes a block's batch element as x mod "
+           "#tiles", "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.head_major_blocks_repeat, atw.HEAD_MAJOR_PINS),
 )
 
 

@@ -60,3 +60,12 @@ def score_groups_short(lw: Any) -> AttentionWgmmaLowering:
 def kv_loop_skips_a_tile(lw: Any) -> AttentionWgmmaLowering:
     """The consumers' KV loop steps two tiles (`next_tile` kt + 2): every other tile's keys are never seen."""
     return _planted(lw, "next_tile", lambda self, kt: kt + 2)
+
+
+def head_major_blocks_repeat(lw: Any) -> AttentionWgmmaLowering:
+    """With `head_major`, block x takes batch element x mod #tiles instead of x / #tiles: some (batch element,
+    query tile) pairs get two blocks, others none (their rows are never written)."""
+    return _planted(lw, "batch_flat", lambda self, x, sizes: x % self.query_tiles(sizes))
+
+
+HEAD_MAJOR_PINS = {**PINS, "head_major": "1"}

@@ -7,7 +7,7 @@ K and V boxes into the ring's stage (`MbarrierRing`: wait `empty`, arrive with t
 from shared memory), the scale, the mask (tiles `unmasked` says need none skip it), the online softmax on
 S's accumulator registers (`habu/attention/online.cuh`, in base 2 as the mma.sync kernel), P packed to bf16
 registers as the A operand of O += P·V (wgmma with A from registers and V's MN-major tile, the transposed
-B), one arrival on the stage's `empty` barrier, and at the end O / l stored from the registers.
+B), one arrival on the stage's `empty` barrier, and at the end O · (1 / l) stored from the registers (one division a row).
 """
 
 from __future__ import annotations
@@ -150,23 +150,33 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
     o_reg = c(lw.o_register(cx("dn"), cx("h"), cx("q")))
     s_row_, s_key_ = lw.s_element(cx("cw"), cx("warp"), cx("lane"), cx("jn"), cx("h"), cx("q"))
 
+    fold = lw.scale_in_exponent(sizes)  # the max on raw scores, P = 2^(s·c − m·c): one FFMA a score
+    # the rescale 2^((m_old − m_new)·c): exactly 1 where a row's max did not move (O's rescale is then skipped)
+    alpha_lines = ("  const float m_shift = habu::softmax_shift(m_new);\n  shift[h] = m_shift * scale;\n"
+                   f"  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'm_shift', ops)} * scale);" if fold else
+                   "  shift[h] = habu::softmax_shift(m_new);\n"
+                   f"  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});")
+    exponent = f"fmaf(s[{s_reg}], scale, -shift[h])" if fold else f"s[{s_reg}] - shift[h]"
+
     def softmax(ind: str) -> str:
         """Tile ks's scale, mask and online softmax on S's registers (P = exp(S − m) left in place, alpha and l
         updated), at indent `ind`."""
         open_tile = c(lw.unmasked(CExpr("ks"), CExpr("open_limit"), sizes, lambda a, b: CExpr(f"({c(a)} && {c(b)})")))
         i_of = c(lw.row(CExpr("qt"), s_row_))
         j_of = c(lw.key(CExpr("ks"), s_key_))
+        scaled = "" if fold else "\n        s[{s_reg}] *= scale;"
         text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
-float mx[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}};
+float mx[4];  // row half h's max over the even 8-key groups at h, the odd ones at 2 + h (two chains)
+#pragma unroll
+for (int x = 0; x < 4; ++x) mx[x] = habu::neg_inf_f();
 if (open_tile) {{
 #pragma unroll
   for (int jn = 0; jn < {lw.score_groups}; ++jn)
 #pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-      for (int q = 0; q < {lw.fragment.pair}; ++q) {{
-        s[{s_reg}] *= scale;
-        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+      for (int q = 0; q < {lw.fragment.pair}; ++q) {{{scaled.format(s_reg=s_reg)}
+        mx[2 * (jn % 2) + h] = fmaxf(mx[2 * (jn % 2) + h], s[{s_reg}]);
       }}
 }} else {{
 #pragma unroll
@@ -174,20 +184,19 @@ if (open_tile) {{
 #pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
-      for (int q = 0; q < {lw.fragment.pair}; ++q) {{  // scale and mask register (jn, h, q)
+      for (int q = 0; q < {lw.fragment.pair}; ++q) {{  // {"mask" if fold else "scale and mask"} register (jn, h, q)
         const long long i = (long long)({i_of});
         const long long j = (long long)({j_of});
         const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
         (void)i;
-        s[{s_reg}] = visible ? s[{s_reg}] * scale : habu::neg_inf_f();
-        mx[h] = fmaxf(mx[h], s[{s_reg}]);
+        s[{s_reg}] = visible ? s[{s_reg}]{"" if fold else " * scale"} : habu::neg_inf_f();
+        mx[2 * (jn % 2) + h] = fmaxf(mx[2 * (jn % 2) + h], s[{s_reg}]);
       }}
 }}
 #pragma unroll
 for (int h = 0; h < {lw.fragment.halves}; ++h) {{
-  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(mx[h])')};
-  shift[h] = habu::softmax_shift(m_new);
-  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});
+  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(fmaxf(mx[h], mx[2 + h]))')};
+{alpha_lines}
   m[h] = {lw.kept_max('m[h]', 'm_new')};
   l[h] *= alpha[h];
 }}
@@ -197,22 +206,32 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
   for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
     for (int q = 0; q < {lw.fragment.pair}; ++q) {{
-      s[{s_reg}] = habu::exp2_fast(s[{s_reg}] - shift[h]);  // a masked score: 2^−∞ = 0
+      s[{s_reg}] = habu::exp2_fast({exponent});  // a masked score: 2^−∞ = 0
       l[h] += s[{s_reg}];
     }}
 """
         return "".join(ind + line + "\n" if line else "\n" for line in text.splitlines())
 
-    def rescale_pack(ind: str) -> str:
-        """O times alpha, then P packed into pa (O and pa no longer read by a wgmma)."""
-        text = f"""#pragma unroll
-for (int dn = 0; dn < {lw.out_groups}; ++dn)
+    late_wait = ("      habu::end_block(l[0]);  // the wait below stays after the softmax (ptxas hoists it to its "
+                 "block's top)\n" if k.late_wait else "")
+
+    def rescale_o(ind: str) -> str:
+        """O times alpha (the rescale of the tile whose P·V is issued next; no wgmma reads or writes O now),
+        skipped by a warp whose every alpha is 1 (its rows' maxima unchanged: x · 1.0f is x)."""
+        text = f"""if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {{  // a row's max moved
 #pragma unroll
-  for (int h = 0; h < {lw.fragment.halves}; ++h)
+  for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
-    for (int q = 0; q < {lw.fragment.pair}; ++q) o[{o_reg}] *= alpha[h];
-""" + "\n".join(line.strip() for line in p_pack.splitlines()) + "\n"
+    for (int h = 0; h < {lw.fragment.halves}; ++h)
+#pragma unroll
+      for (int q = 0; q < {lw.fragment.pair}; ++q) o[{o_reg}] *= alpha[h];  // before this tile's P·V
+}}
+"""
         return "".join(ind + line + "\n" for line in text.splitlines())
+
+    def pack_p(ind: str) -> str:
+        """P packed into pa (no wgmma reads pa now)."""
+        return "".join(ind + line.strip() + "\n" for line in p_pack.splitlines())
 
     o_row, o_col = lw.o_element(cx("cw"), cx("warp"), cx("lane"), cx("dn"), cx("h"), cx("q"))
     row_of = lambda t: c(lw.row(CExpr("qt"), t))  # noqa: E731
@@ -282,30 +301,33 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(s);
       const long long ks = {c(lw.first_tile())};
-{softmax('      ')}{rescale_pack('      ')}    }}
-    for (long long kt = {c(lw.first_tile())}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, O rescaled for tile kt; a next tile
-      // S of tile kt + 1 first: its softmax then runs while P(kt)·V(kt) does
+{softmax('      ')}{pack_p('      ')}    }}
+    for (long long kt = {c(lw.first_tile())}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, alpha(kt) to rescale O; a next tile
+      // S of tile kt + 1 first: O's rescale runs while it does, tile kt + 1's softmax while P(kt)·V(kt) does
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       const int nslot = {c(ring.read_slot(CExpr("stage")))};
       {ring_advance_line(ring)}
 {turn_wait}      habu::wgmma_fence();
 {s_mma_next}
       habu::wgmma_commit();
-{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
+{rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
       const long long ks = {bare(lw.next_tile(CExpr('kt')))};
-{softmax('      ')}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
+{softmax('      ')}{late_wait}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
-{rescale_pack('      ')}      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
-      slot = nslot;
+      if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
+{pack_p('      ')}      slot = nslot;
     }}
     if (tiles > 0) {{  // the last tile's P·V
-{turn_wait}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();
+{turn_wait}{rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
 {turn_end}#pragma unroll
-    for (int h = 0; h < {lw.fragment.halves}; ++h) l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+    for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
+      l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+      l[h] = habu::f_div0(1.0f, l[h]);
+    }}
 #pragma unroll
     for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
@@ -315,7 +337,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
           const {it} i = ({it})({row_of(o_row)});
           const {it} d = ({it})({c(o_col)});
           if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
-            {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), f'habu::f_div0(o[{o_reg}], l[h])')}
+            {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), f'o[{o_reg}] * l[h]')}
         }}
   }}
 }}

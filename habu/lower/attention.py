@@ -361,10 +361,15 @@ class AttentionLowering:
         return ops.sub(m_split, m_all)
 
     def query_tile(self, x: Any, sizes: Mapping[str, Any]) -> Any:
-        """Block x's query tile: the last tiles (the most keys under a causal mask) first."""
+        """Block x's query tile: the last tiles (the most keys under a causal mask) first; `head_major`: a batch
+        element's tiles one after another (each batch element's last tile first)."""
+        if self.kernel.head_major:
+            return self.query_tiles(sizes) - 1 - x % self.query_tiles(sizes)
         return self.query_tiles(sizes) - 1 - floordiv(x, self.batch_count(sizes))
 
     def batch_flat(self, x: Any, sizes: Mapping[str, Any]) -> Any:
+        if self.kernel.head_major:
+            return floordiv(x, self.query_tiles(sizes))
         return x % self.batch_count(sizes)
 
     def batch_coords(self, flat: Any, sizes: Mapping[str, Any]) -> dict[str, Any]:

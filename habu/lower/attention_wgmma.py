@@ -17,10 +17,10 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         operand of O += P·V (`p_registers`: S's registers of two adjacent 8-key groups are the A fragment
         of a k16 step), bn/16 wgmma m64n{#D}k16 with V MN-major from shared memory (`v_start`, the
         instruction's transposed B). FA3's intra-warpgroup overlap: tile kt + 1's S is issued before tile kt's
-        P·V, its softmax runs while that P·V does (wgmma.wait_group 1), then O is rescaled and P packed; tile
-        kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
+        P·V, O is rescaled by tile kt's alpha between the two issues (while S runs), tile kt + 1's softmax
+        runs while P(kt)·V(kt) does (wgmma.wait_group 1), then P(kt + 1) is packed; tile kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
         last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
-    epilogue: l summed over a row's 4 lanes, O / l (div0) stored at `o_element`.
+    epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`.
 
 Every offset here is a byte offset from the kernel's 1024-byte aligned shared-memory base. The finite-field
 interpreter (habu/prove/interp_attention_wgmma.py) writes the TMA boxes through the driver's swizzle, reads
@@ -35,12 +35,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+
 from habu.lower.access import Access
 from habu.lower.attention import AttentionLowering
 from habu.lower.fragments import ACCUMULATOR
 from habu.lower.layouts import WgmmaDescriptor
 from habu.lower.pipeline import MbarrierRing, TmaOperandLoad
 from habu.lower.registers import RegisterSplit, warp_specialized_split
+from habu.spec.ir import Const, Expr, Op, Size
+from habu.spec.reference import Float64
 
 SPAN = 64  # bf16 columns of one 128-byte swizzle row (a TMA box's inner width)
 SWIZZLE = 128
@@ -203,6 +207,17 @@ class AttentionWgmmaLowering(AttentionLowering):
         (g0, r0), (g1, r1) = self.p_fragment(kk, reg)
         return self.s_register(g0, r0 // 2, r0 % 2), self.s_register(g1, r1 // 2, r1 % 2)
 
+    # -- the softmax's scale
+    def scale_in_exponent(self, sizes: Mapping[str, int]) -> bool:
+        """Whether the scale c (the model's, times log2 e in the kernel) is folded into the exponent, as FA3: the
+        running max m is taken over the raw scores, P = 2^(s·c − m·c) (one FFMA a score instead of a multiply
+        and a subtraction), l and O rescaled by 2^(m_old·c − m_new·c). Only where c is a positive constant:
+        with a negative one the raw scores' max would be the scaled scores' min (the exponents would overflow)."""
+        if self.scale is None:
+            return True
+        value = constant_value(self.scale, sizes)
+        return value is not None and value > 0
+
     @property
     def s_registers(self) -> int:
         return self.fragment.registers(self.kernel.bn // 8)
@@ -217,6 +232,38 @@ class AttentionWgmmaLowering(AttentionLowering):
         return self.s_registers + self.o_registers + self.kernel.bn // 4 + 40
 
 
+def constant_value(expr: Expr, sizes: Mapping[str, int]) -> float | None:
+    """The float64 value of an expression of constants and sizes, or None where it loads a tensor (or an extent
+    has no size)."""
+    if isinstance(expr, Const):
+        return float(expr.value)
+    if isinstance(expr, Size):
+        return float(sizes[expr.extent]) if expr.extent in sizes else None
+    if isinstance(expr, Op):
+        args = [constant_value(a, sizes) for a in expr.args]
+        if any(a is None for a in args):
+            return None
+        return float(Float64().op(expr.fn, [np.asarray(a) for a in args]))
+    return None
+
+
+def _layout(bm: int, bn: int, e: int, d: int, stages: int) -> tuple[int, int, int, int, int, int]:
+    """(Q's offset, stage 0's, a stage's bytes, the Q barrier's offset, the ring's first barrier's, the content's
+    bytes) from the aligned base: Q's tile, the stages (each K's tile then V's, 1024-byte aligned), the Q
+    barrier (padded to 16 bytes), each stage's full and empty barriers (16 bytes a stage)."""
+    q_bytes = bm * e * ELEMENT
+    stage_bytes = -(-(bn * (e + d) * ELEMENT) // BASE_ALIGN) * BASE_ALIGN
+    kv_offset = -(-q_bytes // BASE_ALIGN) * BASE_ALIGN
+    bars = kv_offset + stages * stage_bytes
+    ring_base = bars + 16
+    return 0, kv_offset, stage_bytes, bars, ring_base, ring_base + 16 * stages
+
+
+def wgmma_smem_bytes(bm: int, bn: int, e: int, d: int, stages: int) -> int:
+    """The dynamic shared memory the loop's launch asks for at these tiles (`AttentionWgmmaLowering.smem_bytes`)."""
+    return _layout(bm, bn, e, d, stages)[-1] + BASE_ALIGN
+
+
 def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
     """The wgmma main loop over `base` (its kernel's main_loop is wgmma). Where the loop cannot run the
     kernel (`wgmma_refusal`) the lowering still exists (the rules refuse it, the emitter raises)."""
@@ -224,14 +271,9 @@ def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
     consumers = max(1, k.bm // SLAB)
     e = base.width_e or SPAN
     d = base.width_d or SPAN
-    q_bytes = k.bm * e * ELEMENT
     k_bytes, v_bytes = k.bn * e * ELEMENT, k.bn * d * ELEMENT
-    stage_bytes = -(-(k_bytes + v_bytes) // BASE_ALIGN) * BASE_ALIGN
-    q_offset = 0
-    kv_offset = -(-q_bytes // BASE_ALIGN) * BASE_ALIGN
     stages = max(1, k.stages)
-    bars = kv_offset + stages * stage_bytes
-    ring_base = bars + 16  # the Q barrier first (8 bytes, padded to 16)
+    q_offset, kv_offset, stage_bytes, bars, ring_base, content = _layout(k.bm, k.bn, e, d, stages)
     loads = (TmaOperandLoad("A", False, k.bn, SPAN, max(1, e // SPAN), ELEMENT),  # K's boxes
              TmaOperandLoad("B", False, k.bn, SPAN, max(1, d // SPAN), ELEMENT))  # V's boxes
     ring = MbarrierRing(stages, 1, consumers, consumers, 1, k_bytes + v_bytes, loads, 1, wrap=stages, base=ring_base)
@@ -240,9 +282,9 @@ def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
     return AttentionWgmmaLowering(
         **base_fields, consumers=consumers, ring=ring, split=warp_specialized_split(4 * (consumers + 1)),
         q_offset=q_offset, kv_offset=kv_offset, v_in_stage=k_bytes, stage_bytes=stage_bytes, q_bar=bars,
-        content_bytes=ring_base + 16 * stages,
+        content_bytes=content,
         v_desc=WgmmaDescriptor(k.bn * ROW_BYTES, 8 * SWIZZLE, SWIZZLE, True))
 
 
-__all__ = ["BASE_ALIGN", "K_STEP", "SLAB", "SPAN", "SWIZZLE", "AttentionWgmmaLowering", "lower_attention_wgmma",
-           "wgmma_refusal"]
+__all__ = ["BASE_ALIGN", "K_STEP", "SLAB", "SPAN", "SWIZZLE", "AttentionWgmmaLowering", "constant_value",
+           "lower_attention_wgmma", "wgmma_refusal", "wgmma_smem_bytes"]

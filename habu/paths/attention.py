@@ -16,7 +16,7 @@ from habu.emit_cuda.emit_attention import emit_attention
 from habu.emit_cuda.emit_attention_wgmma import emit_attention_wgmma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.attention import AttentionLowering, flops
-from habu.lower.attention_wgmma import AttentionWgmmaLowering
+from habu.lower.attention_wgmma import AttentionWgmmaLowering, wgmma_smem_bytes
 from habu.lower.support import ATTENTION
 from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
@@ -34,7 +34,12 @@ DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
 MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads all their partials
 DEEP_STAGES = 6  # K/V buffers of a decode block alone on its SM (`deep_stages`)
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
-WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False))
+WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False),
+               (128, 128, 3, False), (128, 128, 3, True))
+# query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
+WGMMA_PREFILL_ROWS = 1024
+# the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
+WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
 
 def kv_split_for(blocks: int, keys: int, sms: int) -> int:
@@ -104,7 +109,12 @@ class AttentionPath(KernelPath):
                     kernel = replace(kernel, stages=deep_stages(e, d, target.smem_per_block))  # its buffers' all
         return kernel
 
-    def default_pins(self, model: Model, target: Target, sizes: dict[str, int]) -> dict[str, str]:
+    def default_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:
+        """The plan choices that make the fused kernel a model's default: a decode's (`decode_pins`) or a long
+        prefill's on the wgmma loop (`prefill_pins`); {} where the unfused plan stays the default."""
+        return self.decode_pins(model, target, sizes) or self.prefill_pins(model, target, sizes)
+
+    def decode_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:
         """`--pin family=attention` for a decode: a model of one softmax-weighted sum over at most 16 query rows a
         sequence that the fused kernel computes (its sliced split-KV plan measured faster than the unfused one
         and than cuDNN's SDPA, and its golden GPU runs passed: session 31, docs/PERF.md); {} otherwise."""
@@ -150,15 +160,44 @@ class AttentionPath(KernelPath):
 
     def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
         """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles
-        of 128 rows (two consumer warpgroups), KV tiles of 128 keys, 2 stages; None where the target has no
-        wgmma and TMA or a head width is not a static multiple of 64."""
+        of 128 rows (two consumer warpgroups), KV tiles of 128 keys (64 where two stages of 128 do not fit: head
+        widths past 128), as many stages up to 3 as the block's shared memory holds (3 at head width 128: a
+        tile's load then has a whole tile's products to land in; with 2, the load of tile kt + 2 is issued only
+        when tile kt's P·V is done and tile kt + 1's S already waits for it); None where the target has no wgmma
+        and TMA or a head width is not a static multiple of 64. H200, 16 heads × 4096, d128 (session 31):
+        2 stages 184.2 / 341.2 µs (causal / full), 3 stages 140.0 / 247.4, 3 stages with ping-pong (`--pin
+        pingpong=1`, the default plan's: `default_pins`) 141.6 / 229.8 (cuDNN SDPA 151.5 / 206.7)."""
         form = attention_form(model, kernel.nodes[0]) if len(kernel.nodes) == 1 else None
         if form is None or not (target.wgmma and target.tma):
             return None
         e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
         if e is None or d is None or e % 64 or d % 64:
             return None
-        return replace(kernel, main_loop="wgmma", bm=128, bn=128, stages=2, warp_m=1, kv_warps=1)
+        for bn, stages in WGMMA_DEFAULT_TILES:
+            if wgmma_smem_bytes(128, bn, e, d, stages) <= target.smem_per_block:
+                return replace(kernel, main_loop="wgmma", bm=128, bn=bn, stages=stages, warp_m=1, kv_warps=1)
+        return replace(kernel, main_loop="wgmma", bm=128, bn=64, stages=2, warp_m=1, kv_warps=1)  # the rules refuse it
+
+    def prefill_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:
+        """The plan choices that make the fused kernel on the wgmma main loop a model's default (instead of the
+        unfused plan, the `attention:T` rewrite), its two consumers in ping-pong: a prefill of at least
+        `WGMMA_PREFILL_ROWS` query rows of every
+        softmax-weighted sum the loop can run (bf16, static head widths in 64s, a target with wgmma and TMA),
+        where it was measured faster than cuDNN's SDPA and passed its exact GPU tests (docs/PERF.md, session
+        31). {} otherwise (a decode, a short prefill, sm_80: the unfused plan stays)."""
+        if not (target.wgmma and target.tma and target.mma_sync):
+            return {}
+        nodes = [eq.target for eq in model.nodes]
+        forms = [(n, attention_form(model, n)) for n in nodes]
+        forms = [(n, f) for n, f in forms if f is not None]
+        if not forms:
+            return {}
+        for node, form in forms:
+            rows = model.sizes.get(form.row.extent) or sizes.get(form.row.extent)
+            kernel = AttentionKernel(nodes=(node,), bm=64, bn=64)
+            if rows is None or rows < WGMMA_PREFILL_ROWS or self.wgmma_kernel(model, kernel, target) is None:
+                return {}
+        return {"family": "attention", "main_loop": "wgmma", "pingpong": "1"}
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q

@@ -259,6 +259,14 @@ class AttentionKernel:
                             default=False, pins=("pingpong",), json_optional=True, unguarded=KEEP)
     index_width: int = choice("bits of the integers offsets are computed in", P, default=32, allowed=INDEX_WIDTHS,
                               pins=("index", "index_width"), unguarded=KEEP)
+    late_wait: bool = choice("the wgmma main loop's wait for P·V in a basic block after the next tile's softmax "
+                             "(habu::end_block: ptxas otherwise hoists it above the exponentials, which then never "
+                             "overlap P·V); not yet timed or GPU-checked (session 31)", E, default=False,
+                             pins=("late_wait",), json_optional=True, unguarded=KEEP)
+    head_major: bool = choice("the grid's order: a batch element's (head's) query tiles one after another, so that the "
+                              "blocks running at once share fewer heads' K and V in the L2 (else every batch element "
+                              "of a query tile together)", P, default=False, pins=("head_major",), json_optional=True,
+                              unguarded=KEEP)
     kv_split: int = choice("keys one block reads (split-KV, flash-decoding: the blocks of a query tile each take "
                            "kv_split keys, write a partial — running max, sum, unnormalised O — to a workspace, "
                            "and the last of them to finish combines them); 0: one block reads every key", P,

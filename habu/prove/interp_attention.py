@@ -301,11 +301,10 @@ def _blocks(lw: AttentionLowering, sizes: Mapping[str, int]) -> list[int]:
     """The first, second and last query tile (the tile classes of the causal skip: the first tiles see few
     keys, the last all of them) of the first and the last batch element."""
     count, tiles = int(lw.batch_count(sizes)), int(lw.query_tiles(sizes))
-    out = []
-    for qt in sample_tiles(tiles):
-        for b in sorted({0, count - 1}):
-            out.append((tiles - 1 - qt) * count + b)  # query_tile(x) = tiles − 1 − x / count
-    return sorted(set(out))
+    wanted = {(qt, b) for qt in sample_tiles(tiles) for b in {0, count - 1}}
+    if not lw.kernel.head_major:  # query_tile(x) = tiles − 1 − x / count, batch_flat(x) = x mod count
+        return sorted((tiles - 1 - qt) * count + b for qt, b in wanted)
+    return [x for x in range(count * tiles) if (int(lw.query_tile(x, sizes)), int(lw.batch_flat(x, sizes))) in wanted]
 
 
 def _final(lw: AttentionLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:

@@ -171,7 +171,8 @@ def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], 
         for off in lw.quad_offsets:
             l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
         o_g = o[wo5, lo5, o_reg5]
-        out = f.op("div0", [o_g, np.broadcast_to(l_run[:, :, None, :, None], o_g.shape)])
+        inv = f.op("div0", [np.broadcast_to(f.const(Fraction(1)), l_run.shape), l_run])  # 1 / l once a row
+        out = f.op("mul", [o_g, np.broadcast_to(inv[:, :, None, :, None], o_g.shape)])
         rows, cols = lw.o_element(cw, w5, l5, dn5, h5, q5)
         at = {**{a: np.int64(v) for a, v in coords.items()},
               "i": np.broadcast_to(lw.row(qt, rows), out.shape), "d": np.broadcast_to(cols, out.shape)}
@@ -199,7 +200,8 @@ def _consume(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray, st
     s_full = f.contract([st["a_q"], b_k], "ie,je->ij")  # (64, bn)
     s_vals = s_full[s_row, s_col]  # (W, L, bn/2): the registers
     s = s_vals[wb5, lb5, s_reg5]  # (W, L, j, h, q) by the lowering's register map
-    if scale is not None:
+    fold = lw.scale_in_exponent(sizes)  # the scale in the exponent: the max of the raw scores
+    if scale is not None and not fold:
         s = f.op("mul", [s, np.broadcast_to(scale, s.shape)])
     rows, keys = lw.s_element(cw, w5, l5, j5, h5, q5)
     i_at, j_at = lw.row(qt, rows), lw.key(kt, keys)
@@ -215,12 +217,18 @@ def _consume(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray, st
     for off in lw.quad_offsets:  # the row's lanes (xor shuffles)
         mx = ops.max(mx, mx[:, lanes ^ off, :])
     m_new = lw.running_max(m, mx, ops)
-    alpha = f.op("exp", [lw.rescale(m, m_new, ops)])
+    if fold and scale is not None:  # shift = m_new·c, alpha = exp((m − m_new)·c), P = exp(s·c − shift)
+        shift = f.op("mul", [m_new, np.broadcast_to(scale, m_new.shape)])
+        alpha = f.op("exp", [f.op("mul", [lw.rescale(m, m_new, ops), np.broadcast_to(scale, m.shape)])])
+        s_exp = f.op("mul", [s, np.broadcast_to(scale, s.shape)])
+    else:
+        shift, s_exp = m_new, s
+        alpha = f.op("exp", [lw.rescale(m, m_new, ops)])
     st["m"] = lw.kept_max(m, m_new)
     l_run = f.op("mul", [l_run, alpha])
     o_g = o[wo5, lo5, o_reg5]
     o[wo5, lo5, o_reg5] = f.op("mul", [o_g, np.broadcast_to(alpha[:, :, None, :, None], o_g.shape)])
-    shifted = f.op("sub", [s, np.broadcast_to(m_new[:, :, None, :, None], s.shape)])
+    shifted = f.op("sub", [s_exp, np.broadcast_to(shift[:, :, None, :, None], s.shape)])
     p = np.where(visible, f.op("exp", [shifted]), zero)
     st["l"] = f.op("add", [l_run, f.reduce("sum", np.moveaxis(p, 2, 3), (3, 4))])
     p_flat = np.broadcast_to(zero, (W, L, k.bn // 2)).copy()

@@ -81,8 +81,11 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
                  pins: dict[str, str] | None = None) -> Plan:
     """A good plan without search (an analytic heuristic), with the user's pins applied."""
     s = concrete_sizes(model, sizes)
-    if not {"rewrite", "family"} & set(pins or {}):  # a decode: the fused attention kernel (split-KV, sliced)
-        pins = {**attention.PATH.default_pins(model, target, s), **(pins or {})}
+    if not {"rewrite", "family"} & set(pins or {}):  # a decode or a long prefill: the fused kernel
+        chosen = attention.PATH.default_pins(model, target, s)
+        if (pins or {}).get("bm", "128") != "128":  # ping-pong takes two consumer warpgroups (128 rows)
+            chosen.pop("pingpong", None)
+        pins = {**chosen, **(pins or {})} or pins
     rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"), (pins or {}).get("family"))
     if not {"rewrite", "family"} & set(pins or {}):
         rewrites = _cheaper_scatters(model, target, s, rewrites)

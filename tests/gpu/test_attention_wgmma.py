@@ -1,7 +1,7 @@
 """The fused attention kernel's wgmma main loop on the GPU (issue 22, `--pin family=attention --pin
 main_loop=wgmma`, habu/lower/attention_wgmma.py): causal GQA prefill at odd sizes (sequence 17 and 1000, head
 width 64 and 128, queries ≠ keys, fully masked rows), the model without a mask, one consumer warpgroup (bm 64),
-KV tiles of 64 keys in 3 stages, the two consumers' ping-pong; each against the float64 model with outputs poisoned by NaN first, and against
+KV tiles of 64 keys in 3 stages, 128 keys in 3 stages (with and without the two consumers' ping-pong), 64 keys in 4; each against the float64 model with outputs poisoned by NaN first, and against
 the mma.sync kernel on the same inputs. Each case proves its plan (build: the rules and a trial over
 Z_q × GF(p)) before it runs.
 
@@ -28,8 +28,9 @@ EX = ROOT / "examples"
 WGMMA = {"family": "attention", "main_loop": "wgmma"}
 
 
-def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str], seed: int = 0):
-    built = build(path, model, sizes, {**WGMMA, **pins})
+def run_golden(path: str, model: str, sizes: dict[str, int], pins: dict[str, str] | None, seed: int = 0):
+    """`pins` on the wgmma loop's (None: the model's default plan, no pin)."""
+    built = build(path, model, sizes, {} if pins is None else {**WGMMA, **pins})
     kernel = built.plan.kernels[0]
     assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and len(built.plan.kernels) == 1
     inputs = make_inputs(built.model, built.sizes, seed)
@@ -54,6 +55,11 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
     pytest.param(ONE, 1000, 1000, 128, {}, id="seq1000d128"), pytest.param(GQA, 100, 333, 64, {}, id="gqa100x333d64"),
     pytest.param(ONE, 200, 1000, 128, {"bm": "64", "bn": "64", "stages": "3"}, id="bm64bn64s3"),
     pytest.param(ONE, 700, 1000, 128, {"pingpong": "1"}, id="pingpong"),
+    pytest.param(ONE, 700, 1000, 128, {"stages": "3"}, id="stages3"),
+    pytest.param(ONE, 700, 1000, 128, {"stages": "3", "pingpong": "1"}, id="pingpong3"),
+    pytest.param(ONE, 500, 1000, 128, {"bn": "64", "stages": "4"}, id="bn64s4"),
+    pytest.param(GQA, 300, 500, 64, {"head_major": "1"}, id="headmajor"),
+    pytest.param(ONE, 700, 1000, 128, {"pingpong": "1", "late_wait": "1"}, id="latewait"),
 ])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,
@@ -86,3 +92,10 @@ def test_wgmma_matches_the_mma_sync_kernel():
     torch.cuda.synchronize()
     diff = ((a["O"] - b["O"]).abs().max() / b["O"].abs().max()).item()
     assert diff < 2e-2, f"wgmma and mma.sync kernels differ by {diff} (of max |O|)"
+
+
+def test_the_default_plan_of_a_long_prefill_is_the_wgmma_kernel():
+    """No pin: a prefill of 1024 queries on sm_90a takes the fused kernel on the wgmma loop (`AttentionPath.
+    default_pins`), and it matches the float64 model."""
+    run_golden(str(EX / "attention.habu"), "ATTENTION-GQA", {**ONE, "E": 64, "D": 64, "I": 1024, "J": 1024}, None,
+               seed=5)

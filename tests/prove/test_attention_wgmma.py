@@ -41,9 +41,21 @@ def test_the_pin_takes_the_wgmma_loop_and_the_family_default_stays_mma_sync(pref
     (fused,) = default_plan(model, T, WIDE, {"family": "attention"}).kernels
     assert isinstance(fused, AttentionKernel) and fused.main_loop == "mma.sync"
     (wg,) = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"}).kernels
-    assert isinstance(wg, AttentionKernel) and (wg.main_loop, wg.bm, wg.bn, wg.stages) == ("wgmma", 128, 128, 2)
+    assert isinstance(wg, AttentionKernel) and (wg.main_loop, wg.bm, wg.bn, wg.stages) == ("wgmma", 128, 128, 3)
     (lw,) = lower_plan(model, default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"}))
     assert isinstance(lw, AttentionWgmmaLowering) and lw.consumers == 2 and lw.threads == 384
+
+
+@pytest.mark.parametrize(("width", "tile"), [(64, (128, 3)), (256, (64, 2))])
+def test_the_pin_fits_its_keys_and_stages_to_shared_memory(prefill, width, tile):
+    """3 stages of 128 keys where they fit (head width 64 and 128); at 256 two stages of 64 keys (of 128 they would
+    need 320 KB): the rules pass (the shared memory within the block's 227 KB)."""
+    sizes = {**WIDE, "E": width, "D": width}
+    model = prefill.with_sizes(sizes)
+    plan = default_plan(model, T, sizes, {"family": "attention", "main_loop": "wgmma"})
+    (wg,) = plan.kernels
+    assert isinstance(wg, AttentionKernel) and (wg.bn, wg.stages) == tile
+    assert not failures(obligations(model, plan, sizes))
 
 
 def test_the_search_offers_the_wgmma_loop(prefill):
@@ -95,3 +107,78 @@ def test_the_ring_rule_rejects_stages_that_wrap_late(prefill):
     assert isinstance(lw, AttentionWgmmaLowering) and lw.ring is not None
     assert ring_problem(lw.ring) is None
     assert ring_problem(replace(lw.ring, wrap=lw.ring.stages + 1)) is not None
+
+
+def test_the_scale_is_folded_into_the_exponent_only_where_it_is_a_positive_constant(prefill):
+    """FA3's one FFMA a score: the max of the raw scores and P = 2^(s·c − m·c), where c = rsqrt(#E)·log2 e > 0;
+    a negative c would make the raw max the scaled min (the exponents overflow), so it keeps the multiply."""
+    from fractions import Fraction
+
+    from habu.lower.attention_wgmma import constant_value
+    from habu.spec.ir import Const, Op, Size
+
+    model = prefill.with_sizes(WIDE)
+    plan = default_plan(model, T, WIDE, {"family": "attention", "main_loop": "wgmma"})
+    (lw,) = lower_plan(model, plan)
+    assert lw.scale is not None and constant_value(lw.scale, WIDE) == pytest.approx(128 ** -0.5)
+    assert lw.scale_in_exponent(WIDE)
+    src = emit_plan(model, plan, T).kernels[0].source
+    assert "fmaf(s[" in src and "*= scale" not in src
+    negative = Op("mul", (Const(Fraction(-1)), Size("E")))
+    assert constant_value(negative, WIDE) == -128.0
+    unfolded = replace(lw, scale=negative)
+    assert not unfolded.scale_in_exponent(WIDE)
+    from habu.emit_cuda.emit_attention_wgmma import emit_attention_wgmma
+
+    kept = emit_attention_wgmma("k", model, unfolded, dict(plan.shape)).source
+    assert "*= scale" in kept and "fmaf(s[" not in kept
+
+
+@pytest.mark.parametrize(("rows", "target", "fused"), [(1024, "sm_90a", True), (1000, "sm_90a", False),
+                                                       (4096, "sm_80", False)])
+def test_the_default_of_a_long_prefill_on_sm_90a_is_the_wgmma_kernel(prefill, rows, target, fused):
+    """No pin: from `WGMMA_PREFILL_ROWS` queries on a target with wgmma and TMA the plan is the fused kernel on the
+    wgmma loop (3 stages at head width 128); shorter prefills and sm_80 keep the unfused plan (the rewrite)."""
+    sizes = {**WIDE, "I": rows, "J": rows}
+    model = prefill.with_sizes(sizes)
+    plan = default_plan(model, TARGETS[target], sizes)
+    kinds = [(k.kind, getattr(k, "main_loop", None), getattr(k, "stages", None)) for k in plan.kernels]
+    if fused:
+        assert kinds == [("attention", "wgmma", 3)] and not plan.rewrites and plan.kernels[0].pingpong
+    else:
+        assert all(k[0] != "attention" for k in kinds) and "attention:O" in plan.rewrites
+
+
+def test_the_head_major_grid_is_proven(prefill):
+    """`head_major`: a batch element's query tiles one after another (block x: tile #tiles − 1 − x mod #tiles of
+    batch element x / #tiles); the field check runs the blocks of its sampled tiles and elements."""
+    from habu.bench.mutants_attention_wgmma import HEAD_MAJOR_PINS
+    from habu.bench.mutants_attention_wgmma import SHAPE as SMALL
+
+    model = prefill.with_sizes(SMALL)
+    plan = default_plan(model, T, SMALL, HEAD_MAJOR_PINS)
+    (lw,) = lower_plan(model, plan)
+    assert lw.kernel.head_major and [(lw.query_tile(x, SMALL), lw.batch_flat(x, SMALL)) for x in range(4)] == \
+        [(1, 0), (0, 0), (1, 1), (0, 1)]
+    assert not failures(obligations(model, plan, SMALL))
+    cert = verify_plan(model, plan, SMALL, trials=1, seeds=[2])
+    assert cert.passed, cert.failure
+
+
+def test_regression_a_pinned_bm_64_on_the_prefill_default_drops_its_ping_pong(prefill):
+    """The default's ping-pong (two consumer warpgroups) with `--pin bm=64` (one) was a plan the rules refuse."""
+    sizes = {**WIDE, "I": 1024, "J": 1024}
+    model = prefill.with_sizes(sizes)
+    plan = default_plan(model, T, sizes, {"bm": "64"})
+    (k,) = plan.kernels
+    assert isinstance(k, AttentionKernel) and (k.main_loop, k.bm, k.pingpong) == ("wgmma", 64, False)
+    assert not failures(obligations(model, plan, sizes))
+
+
+def test_late_wait_prints_the_block_end_before_the_p_v_wait_and_the_default_does_not(prefill):
+    sizes = {**WIDE, "I": 1024, "J": 1024}
+    model = prefill.with_sizes(sizes)
+    default = emit_plan(model, default_plan(model, T, sizes), T).kernels[0].source
+    late = emit_plan(model, default_plan(model, T, sizes, {"late_wait": "1"}), T).kernels[0].source
+    assert "habu::end_block(" not in default
+    assert late.count("habu::end_block(l[0]);") == 1 and late.index("habu::end_block(") < late.index("// P(kt)·V(kt)")

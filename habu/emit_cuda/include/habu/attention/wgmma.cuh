@@ -23,6 +23,15 @@ __device__ __forceinline__ void fence_registers(u32 (&r)[N][4]) {
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+/** @brief End ptxas's basic block here without changing a value: a warp-uniform branch on `x` being NaN whose
+ * body only sleeps 0 ns. ptxas places a `wgmma.wait_group` at the top of its basic block (checked with
+ * nvdisasm: the wait for P·V landed above the softmax's exponentials, so they never overlapped it); after
+ * this branch the wait stays below the code before it, and the consumers keep setmaxnreg's registers
+ * (a branch to a trap made ptxas keep the consumers within the launch's 168 and serialise the wgmmas). */
+__device__ __forceinline__ void end_block(float x) {
+  if (__any_sync(0xffffffffu, x != x)) asm volatile("nanosleep.u32 0;\n" ::: "memory");
+}
+
 /** @brief Ping-pong between two consumer warpgroups (FA3): wait until named barrier `id` has the other
  * warpgroup's 128 arrivals (bar.sync counts this warpgroup's 128 threads with them). */
 __device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
