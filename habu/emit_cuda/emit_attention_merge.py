@@ -66,19 +66,13 @@ def merge_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
 #pragma unroll
     for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
-      for (int q = 0; q < {lw.registers}; ++q) {{  // the rows inside #{lw.row_extent} (the others are never read)
-        const {it} i = ({it})({c(lw.row(qt, cx(o_elem[0])))});
-        if ({inside}) merge[{c(lw.merge_o(cx('warp'), cx(o_elem[0]), cx(o_elem[1])))}] = o[mi][dn][q];
-      }}
+      for (int q = 0; q < {lw.registers}; ++q) merge[{c(lw.merge_o(cx('warp'), cx(o_elem[0]), cx(o_elem[1])))}] = o[mi][dn][q];
     if ({lead} == 0) {{
 #pragma unroll
       for (int h = 0; h < {fr.halves}; ++h) {{
         const int t = {m_row};
-        const {it} i = ({it})({c(lw.row(qt, cx('t')))});
-        if ({inside}) {{
-          merge[{c(lw.merge_m(cx('warp'), cx('t')))}] = m[mi][h];
-          merge[{c(lw.merge_l(cx('warp'), cx('t')))}] = l[mi][h];
-        }}
+        merge[{c(lw.merge_m(cx('warp'), cx('t')))}] = m[mi][h];
+        merge[{c(lw.merge_l(cx('warp'), cx('t')))}] = l[mi][h];
       }}
     }}
   }}

@@ -32,7 +32,6 @@ WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess unti
 # a decode's default block (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V buffers
 DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
 MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads all their partials
-DEEP_STAGES = 6  # K/V buffers of a decode block alone on its SM (`deep_stages`)
 # the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
 WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False),
                (128, 128, 3, False), (128, 128, 3, True))
@@ -43,33 +42,23 @@ WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
 
 def kv_split_for(blocks: int, keys: int, sms: int) -> int:
-    """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 4096 down to 128
-    keys that gives about two blocks an SM (two 4-warp blocks of 3 K/V buffers are resident on an SM), at
-    most `MAX_SPLITS` splits; 0 where the query tiles alone fill the GPU or the keys are one split.
-    Measured on the H200 (golden-checked in the same runs, docs/PERF.md): session 30, blocks of one warp
-    (~2.4 µs a 64-key tile): the split kernel 0.24-0.80x cuDNN SDPA; session 31, blocks of 4 warps: at KV
-    4096 batch 1 splits of 128 keys took 11.4 µs, of 64 keys 13.6 (the combine reads twice the partials:
-    ~0.1 µs a split), and splits of 512 keys at batch 16-64 ran 0.79-0.88x SDPA (08:30: each block's
-    prologue, merge and partial cost ~4 µs, paid once a wave of blocks: fewer, longer splits pay it less
-    often). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the split whole)."""
+    """Split-KV for a decode of `blocks` query tiles over `keys` keys: the largest split from 512 down to 128
+    keys that gives about two blocks an SM; 0 where the query tiles alone fill the GPU or the keys are one
+    split. Measured on the H200 (golden-checked in the same runs, docs/PERF.md): session 30, blocks of one
+    warp (~2.4 µs a 64-key tile): the whole-cache kernel ran 0.01-0.41x cuDNN SDPA, the split one
+    0.24-0.80x (KV 4096 and 32768, batch 1-64); session 31, blocks of 4 warps (the default,
+    `DECODE_WARPS`): at KV 4096 batch 1 splits of 128 keys took 11.4 µs, of 64 keys 13.6 (the combine
+    reads twice the partials: ~0.1 µs a split), so at most `MAX_SPLITS` splits (KV 32768: 512 keys, not
+    128). At least 128 keys: a multiple of every KV tile size (a pinned bn keeps the split whole)."""
     want = -(-2 * sms // max(1, blocks))
     if want <= 1:
         return 0
-    split = 4096
+    split = 512
     while split > 128 and -(-keys // split) < want:
         split //= 2
     while -(-keys // split) > MAX_SPLITS and split < 4096:  # the combining block reads every split's partial
         split *= 2
     return split if keys > split else 0  # one split would only add the combine
-
-
-def deep_stages(width_e: int, width_d: int, smem: int) -> int:
-    """K/V buffers of a decode block alone on its SM (the grid no larger than the SMs: at batch 1 its copies
-    in flight decide the speed): as many 64-key buffers as the shared memory holds besides Q's tile
-    (habu.lower.attention's layout: rows padded by 8 elements), at most `DEEP_STAGES`, at least the default."""
-    q = 16 * (width_e + 8) * 2
-    tile = DECODE_BN * (width_e + 8 + width_d + 8) * 2
-    return max(DECODE_STAGES, min(DEEP_STAGES, (smem - q) // tile))
 
 
 class AttentionPath(KernelPath):
@@ -105,8 +94,6 @@ class AttentionPath(KernelPath):
                 split = kv_split_for(blocks, keys, target.sm_count)
                 if split:
                     kernel = replace(kernel, kv_split=split)
-                if blocks * (-(-keys // split) if split else 1) <= target.sm_count:  # a block an SM at most:
-                    kernel = replace(kernel, stages=deep_stages(e, d, target.smem_per_block))  # its buffers' all
         return kernel
 
     def default_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:

@@ -59,12 +59,10 @@ def merge_slices(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem
 
     w4 = np.broadcast_to(warp_of_sets[:, None, None, None], o.shape)
     off = inside("O", np.asarray(lw.merge_o(w4, np.broadcast_to(o_row, o.shape), np.broadcast_to(o_col, o.shape))))
-    kept = np.broadcast_to(np.asarray(lw.row_inside(lw.row(end.qt, o_row), sizes)), o.shape)  # rows inside #I only
-    merge[off[kept]] = o[kept]
+    merge[off] = o
     lead = np.broadcast_to((np.arange(32) % lw.fragment.lanes_per_row == 0)[None, :, None], m.shape)
     w3 = np.broadcast_to(warp_of_sets[:, None, None], m.shape)
     rows = np.broadcast_to(m_row, m.shape)
-    lead = lead & np.asarray(lw.row_inside(lw.row(end.qt, rows), sizes))
     merge[inside("m", np.asarray(lw.merge_m(w3, rows)))[lead]] = m[lead]
     merge[inside("l", np.asarray(lw.merge_l(w3, rows)))[lead]] = l_run[lead]
     t, d = (np.asarray(v, dtype=np.int64) for v in lw.merge_element(np.arange(lw.merge_count, dtype=np.int64)))
