@@ -130,7 +130,6 @@ def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, s
     assert lw.vector_refusal() is None, lw.vector_refusal()
     lines: list[str] = []
     names: dict[Load, str] = {}
-    computed = {e.target for e in model.nodes}
     for i, (ld, acc) in enumerate(lw.loads):
         p = sig.pointer(acc.tensor, acc.dtype)
         off = access_offset(acc, coord, sizes, lw.index_width, table)
@@ -138,10 +137,7 @@ def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, s
         if lw.contiguous(acc):
             names[ld] = f"x{i}"
             lines.append(f"    float x{i}[{n}];")
-            # an f32 intermediate a scatter reads (each element once): evicted first, the L2 kept for the
-            # target's read-modify-write lines
-            once = lw.store is Store.ATOMIC_ADD and acc.dtype == "f32" and acc.tensor in computed
-            lines.append(f"    habu::load_vec{'_once' if once else ''}<{n}>({p} + ({off}), x{i}, {inside});")
+            lines.append(f"    habu::load_vec<{n}>({p} + ({off}), x{i}, {inside});")
         else:
             value = load_value(acc.dtype, p, off)
             names[ld] = f"x{i}"

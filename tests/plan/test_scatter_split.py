@@ -163,7 +163,7 @@ def test_the_scatter_kernel_moving_vectors_is_proven_and_refused_where_a_vector_
     emitted = emit_plan(model, plan, TARGET)
     scatter = emitted.kernels[1].source
     assert "const int e = ((((((int)blockIdx.x * 2) + v) * 256) + threadIdx.x) * 4);" in scatter
-    assert "habu::load_vec_once<4>(p_dA_2e_mm + " in scatter and "habu::red_add_vec<4>(p_dA + " in scatter  # (evict-first)
+    assert "habu::load_vec<4>(p_dA_2e_mm + " in scatter and "habu::red_add_vec<4>(p_dA + " in scatter
     assert {t.name: t.align for t in contract_of(model, emitted).tensors}["dA"] == 16
     # a thread map without the vector factor leaves three quarters of dA unadded (the mutant
     # general-vector-factor-dropped in habu/bench/mutants.py plants it)

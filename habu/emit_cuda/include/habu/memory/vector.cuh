@@ -24,25 +24,6 @@ __device__ __forceinline__ void load_vec(const float* p, float (&r)[N], bool pre
   }
 }
 
-/** @brief As load_vec (f32), marked to be evicted first (ld.global.cs, `__ldcs`): data read once — a scatter's
- *  source written by the kernel before — leaving the L2 to what is read again (its target's lines). */
-template <int N>
-__device__ __forceinline__ void load_vec_once(const float* p, float (&r)[N], bool pred) {
-  static_assert(N == 1 || N == 2 || N == 4, "f32 vectors of 1, 2 or 4 elements");
-#pragma unroll
-  for (int j = 0; j < N; ++j) r[j] = 0.0f;
-  if (!pred) return;
-  if constexpr (N == 4) {
-    const float4 x = __ldcs(reinterpret_cast<const float4*>(p));
-    r[0] = x.x; r[1] = x.y; r[2] = x.z; r[3] = x.w;
-  } else if constexpr (N == 2) {
-    const float2 x = __ldcs(reinterpret_cast<const float2*>(p));
-    r[0] = x.x; r[1] = x.y;
-  } else {
-    r[0] = __ldcs(p);
-  }
-}
-
 /** @brief p[0..N) of bf16 as floats into r, or zeros when `pred` is false; N 1, 2, 4 or 8 (2..16 bytes). */
 template <int N>
 __device__ __forceinline__ void load_vec(const bf16* p, float (&r)[N], bool pred) {
