@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from habu.lower.attention import AttentionLowering, lower_attention
+from habu.lower.attention import AttentionLowering
+from habu.lower.attention_lower import lower_attention
 from habu.lower.attention_wgmma import lower_attention_wgmma
 from habu.lower.columns import ColumnLowering, lower_columns
 from habu.lower.contraction import ContractionLowering, lower_contraction

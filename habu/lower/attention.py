@@ -29,14 +29,14 @@ C layout of two n8 tiles); V's B fragments come by ldmatrix.x4.trans from V's ro
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from habu.lower.access import Access, access_for, cdiv, floordiv, minimum
+from habu.lower.access import Access, cdiv, floordiv, minimum
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
-from habu.plan.attention_split import AttentionForm, attention_form
+from habu.plan.attention_split import AttentionForm
 from habu.plan.plan import AttentionKernel
-from habu.spec.ir import Compare, Expr, Gather, IndexAffine, IndexConst, IndexVar, Model
+from habu.spec.ir import Compare, Expr, Gather, IndexAffine, IndexVar
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # mma.sync m16n8k16
 PAD = 8  # bf16 elements of padding per staged row (16 bytes: the fragment reads are free of bank conflicts)
@@ -557,49 +557,6 @@ class AttentionLowering:
         return (group, 2 * (reg % 2)), (group, 2 * (reg % 2) + 1)
 
 
-def _axis_var(name: str, extent: str) -> IndexVar:
-    return IndexVar(name, extent)
-
-
-def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str, str] | None = None
-                    ) -> AttentionLowering:
-    if len(kernel.nodes) != 1:
-        raise ValueError("an attention kernel computes one node")
-    form = attention_form(model, kernel.nodes[0])
-    if form is None:
-        raise ValueError(f"{kernel.nodes[0]} is not a softmax-weighted sum the attention kernel computes")
-    names = {form.row: "i", form.key: "j", form.red: "e", form.col: "d"}
-    batch_axes = tuple(f"x{n}" for n in range(len(form.batch)))
-    names.update(zip(form.batch, batch_axes, strict=True))
-    extent_of_axis = {a: v.extent for v, a in names.items()}
-    q = access_for(model.tensor(form.q.tensor), form.q.indices, names, extent_of_axis, storage)
-    k = access_for(model.tensor(form.k.tensor), form.k.indices, names, extent_of_axis, storage)
-    v = access_for(model.tensor(form.v.tensor), form.v.indices, names, extent_of_axis, storage)
-    out = access_for(model.tensor(form.node.target), form.node.lhs, names, extent_of_axis, storage)
-
-    def rename(ix):
-        if isinstance(ix, IndexVar):
-            return _axis_var(names[ix], ix.extent)
-        if isinstance(ix, Gather):
-            return Gather(ix.tensor, tuple(rename(x) for x in ix.indices))
-        assert isinstance(ix, IndexConst)
-        return ix
-
-    mask = form.mask.map_indices(rename) if form.mask is not None else None
-    ranges: list[str] = []
-    if mask is not None:
-        for side in (mask.left, mask.right):
-            for _, ix in side.terms:
-                r = model.tensor(ix.tensor).range if isinstance(ix, Gather) else None
-                if r is not None and r not in ranges:
-                    ranges.append(r)
-    return AttentionLowering(kernel, form, q, k, v, out, batch_axes, tuple(b.extent for b in form.batch),
-                             form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
-                             kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
-                             replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m)) * kernel.kv_warps),
-                             mask_ranges=tuple(ranges))
-
-
 def flops(lw: AttentionLowering, sizes: Mapping[str, int]) -> float:
     """2·(#E + #D) per visible (row, key) pair, counting the keys of the tiles visited."""
     rows, keys = sizes[lw.row_extent], sizes[lw.key_extent]
@@ -608,4 +565,4 @@ def flops(lw: AttentionLowering, sizes: Mapping[str, int]) -> float:
     return 2.0 * lw.batch_count(sizes) * pairs * (sizes[lw.red_extent] + sizes[lw.col_extent])
 
 
-__all__ = ["MMA_K", "MMA_M", "MMA_N", "PAD", "STAGES", "AttentionLowering", "flops", "lower_attention"]
+__all__ = ["MMA_K", "MMA_M", "MMA_N", "PAD", "STAGES", "AttentionLowering", "flops"]

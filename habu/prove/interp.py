@@ -23,6 +23,7 @@ from habu.lower.general import Store
 from habu.lower.pipeline import MbarrierRing
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel
+from habu.prove.block_products import block_products
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
@@ -390,7 +391,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             for out_r, out_c, a_mn, a_k, b_mn, b_k in parts:
                 (a, ia), (b, ib) = load("A", a_mn, a_k), load("B", b_mn, b_k)
                 cell = (slice(None), out_r[:, None], out_c[None, :])
-                acc[cell] = (acc[cell] + _block_products(f, a, ia, b, ib)) % f.p
+                acc[cell] = (acc[cell] + block_products(f, a, ia, b, ib)) % f.p
         if lw.reduction is not None:  # a cluster split: the partials meet in shared memory first
             for x, tile in enumerate(mn):
                 partials.setdefault((z, lrows, lcols), {}).setdefault(tile, {})[split] = (acc[x], mc[x], nc[x])
@@ -398,17 +399,6 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         epilogue(acc, mc, nc, batch_at, where)
     if lw.reduction is not None:
         finish_cluster_split(name, lw, sizes, mem, partials, epilogue)
-
-
-def _block_products(f: Any, a: np.ndarray, ia: np.ndarray, b: np.ndarray, ib: np.ndarray) -> np.ndarray:
-    """Each block's product a[ia[x]]·b[ib[x]]ᵀ over k (x, m, n): the distinct loads `a` (i, m, k) and `b`
-    (j, n, k), block x reading a's row ia[x] and b's ib[x]. Where the blocks are (nearly) every pair, all
-    pairs in one product (a matrix product BLAS runs at once: the blocks of a whole output's row of tiles
-    share their A tile); else block by block."""
-    if len(a) * len(b) <= 2 * len(ia):
-        every = f.contract([a, b], "imk,jnk->ijmn")
-        return every[ia, ib]
-    return f.contract([a[ia], b[ib]], "xmk,xnk->xmn")
 
 
 def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk: np.ndarray, tile: np.ndarray,
