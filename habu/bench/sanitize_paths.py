@@ -69,6 +69,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                              "stages": "3"}),
     "attention-wgmma": ("attention.habu", "ATTENTION-GQA", {"E": 64, "D": 64, "I": 100, "J": 150},
                         {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64"}),
+    "attention-wgmma-pingpong": ("attention.habu", "ATTENTION-GQA", {"E": 128, "D": 128, "I": 200, "J": 260},
+                                 {"family": "attention", "main_loop": "wgmma", "pingpong": "1"}),  # the default (s31)
     "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},
                       {"family": "grouped", "main_loop": "wgmma"}),
     "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),
