@@ -8,7 +8,7 @@ import numpy as np
 import habu.prove.interp as interp
 from habu.cli_grad import backward_program
 from habu.compile import bind_shape
-from habu.prove.interp import _block_products
+from habu.prove.block_products import block_products
 from habu.prove.verify import verify_plan
 from habu.search.space import default_plan
 from habu.spec.field import PrimeField
@@ -24,7 +24,7 @@ def test_block_products_by_pairs_equal_the_products_block_by_block():
     b = rng.integers(0, f.p, size=(3, 5, 8), dtype=np.int64)
     for ia, ib in ((np.array([0, 0, 0, 1, 1, 1]), np.array([0, 1, 2, 0, 1, 2])), (np.array([1]), np.array([2]))):
         want = f.contract([a[ia], b[ib]], "xmk,xnk->xmn")
-        assert np.array_equal(_block_products(f, a, ia, b, ib), want)
+        assert np.array_equal(block_products(f, a, ia, b, ib), want)
 
 
 def test_regression_ffn_backward_check_loads_each_operand_tile_once(monkeypatch):
