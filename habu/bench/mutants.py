@@ -12,6 +12,7 @@ from pathlib import Path
 
 from habu.bench import mutants_attention as att
 from habu.bench import mutants_attention_wgmma as atw
+from habu.bench import mutants_epilogue as epilogue
 from habu.bench import mutants_ktile as ktile
 from habu.bench import mutants_split as split
 from habu.bench.mutant_plants import (
@@ -523,6 +524,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("cluster-split-partial-column-major", "a cluster split's partial tile stored column-major while "
            "its pairs are stored and read as two adjacent words", "ggemm.habu", "GGEMM", split.SHAPE,
            split.partial_column_major, split.PINS),
+    *(Mutant(*entry) for entry in epilogue.MUTANT_ENTRIES),  # the TMA-store epilogue's loads (mutants_epilogue.py)
     *(Mutant(*entry) for entry in ktile.MUTANT_ENTRIES),  # k tiles of several spans (mutants_ktile.py)
     *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)
     Mutant("attention-wgmma-rescale-inverted", "the wgmma attention loop rescales l and O by exp(m_new − m_old)",

@@ -24,6 +24,7 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.access import Access
 from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
 from habu.lower.layouts import FmaOperands
 from habu.lower.support import lowering_smem
@@ -89,9 +90,8 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
 
 
 def _epilogue_load(lw: ContractionLowering, sig: Signature, sizes, table: TableReader, coord: dict[str, str],
-                   ld: Load) -> str:
-    """One of the epilogue's own loads at `coord`, zero outside its tensor."""
-    access = next(a for x, a in lw.epi_loads if x == ld)
+                   access: Access) -> str:
+    """One of the epilogue's own loads (its access) at `coord`, zero outside its tensor."""
     p = sig.pointer(access.tensor, access.dtype)
     inside = access_mask(access, coord, sizes, table)
     return f"(({inside}) ? {load_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table))} : 0.0f)"
@@ -110,7 +110,7 @@ def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes,
             return acc
         if names is not None:
             return names[ld]
-        return _epilogue_load(lw, sig, sizes, table, coord, ld)
+        return _epilogue_load(lw, sig, sizes, table, coord, next(a for x, a in lw.epi_loads if x == ld))
 
     return float_expr(lw.epilogue, leaf, sizes)
 
@@ -126,10 +126,10 @@ def epilogue_operands(lw: ContractionLowering, sig: Signature, model: Model, siz
     table = table_reader(sig, model, it)
     coord = {"m": m, "n": n}
     decls, names = [], {}
-    for ld, _access in lw.epi_loads:
+    for ld, access in lw.epi_loads:
         if ld not in names:
             names[ld] = f"{prefix}{len(names)}"
-            decls.append(f"const float {names[ld]} = {_epilogue_load(lw, sig, sizes, table, coord, ld)};")
+            decls.append(f"const float {names[ld]} = {_epilogue_load(lw, sig, sizes, table, coord, access)};")
     return decls, names
 
 

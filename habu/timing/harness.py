@@ -115,6 +115,20 @@ def compare(out: Any, ref: np.ndarray, tol: float) -> Golden:
     return Golden(float(diff / norm), tol, unwritten)
 
 
+def golden_run(model: Model, sizes: Mapping[str, int], compiled: Callable[..., Any], storage: Mapping[str, str],
+               seed: int) -> Golden:
+    """One golden check: fresh inputs from `seed`, NaN-poisoned outputs, the model's first output against
+    the float64 reference within the plan's tolerance."""
+    inputs = make_inputs(model, sizes, seed)
+    outs = poisoned_outputs(model, sizes)
+    ref = reference(model, inputs, sizes)
+    got = compiled(**inputs, **outs)
+    torch().cuda.synchronize()
+    name = model.outputs[0].name
+    got = got[name] if isinstance(got, dict) else got
+    return compare(got, ref[name], tolerance(model, storage))
+
+
 def time_cuda(fn: Callable[[int], Any], sets: int, warmup: int = 5, reps: int = 30) -> dict[str, float]:
     """Median, p20 and p80 of `reps` timed calls (microseconds), cycling through `sets` input sets.
 

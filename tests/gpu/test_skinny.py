@@ -17,7 +17,7 @@ from habu.bench.run import build  # noqa: E402
 from habu.plan.plan import ContractionKernel  # noqa: E402
 from habu.timing.exact import kept_types  # noqa: E402
 from habu.timing.exact_gpu import ExactChecker  # noqa: E402
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from habu.timing.harness import golden_run  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 EX = ROOT / "examples"
@@ -43,14 +43,6 @@ def test_skinny_ggemm_defaults_are_bit_exact(m, n, k):
 ])
 def test_skinny_layer_defaults_match_the_float64_reference(example, model, sizes):
     built = build(str(EX / example), model, sizes, check_indices=False)
-    full = built.sizes
     for seed in (1, 2):  # fresh inputs each time, outputs poisoned with NaN
-        inputs = make_inputs(built.model, full, seed)
-        outs = poisoned_outputs(built.model, full)
-        ref = reference(built.model, inputs, full)
-        got = built.compiled(**inputs, **outs)
-        torch.cuda.synchronize()
-        name = built.model.outputs[0].name
-        got = got[name] if isinstance(got, dict) else got
-        golden = compare(got, ref[name], tolerance(built.model, dict(built.plan.storage)))
+        golden = golden_run(built.model, built.sizes, built.compiled, dict(built.plan.storage), seed)
         assert golden.ok, (built.plan.kernels, golden)

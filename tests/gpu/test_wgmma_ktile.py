@@ -17,7 +17,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 from habu.bench.run import build  # noqa: E402
 from habu.timing.exact import kept_types  # noqa: E402
 from habu.timing.exact_gpu import ExactChecker  # noqa: E402
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from habu.timing.harness import golden_run  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 EX = ROOT / "examples"
@@ -47,15 +47,7 @@ def test_ktile_ggemm_is_bit_exact(sizes, pins):
 def test_ktile_layers_match_the_float64_reference(example, model, sizes, pins):
     built = build(str(EX / example), model, sizes, pins, check_indices=False)
     assert any(getattr(k, "tile_k", 64) > 64 for k in built.plan.kernels)
-    full = built.sizes
-    inputs = make_inputs(built.model, full, 3)
-    outs = poisoned_outputs(built.model, full)
-    ref = reference(built.model, inputs, full)
-    got = built.compiled(**inputs, **outs)
-    torch.cuda.synchronize()
-    name = built.model.outputs[0].name
-    got = got[name] if isinstance(got, dict) else got
-    golden = compare(got, ref[name], tolerance(built.model, dict(built.plan.storage)))
+    golden = golden_run(built.model, built.sizes, built.compiled, dict(built.plan.storage), 3)
     assert golden.ok, (built.plan.kernels, golden)
 
 
@@ -80,13 +72,5 @@ def test_b_ahead_ggemm_is_bit_exact(sizes, pins):
 def test_b_ahead_layers_match_the_float64_reference(example, model, sizes, pins):
     built = build(str(EX / example), model, sizes, pins, check_indices=False)
     assert any(getattr(k, "b_ahead", False) for k in built.plan.kernels)
-    full = built.sizes
-    inputs = make_inputs(built.model, full, 3)
-    outs = poisoned_outputs(built.model, full)
-    ref = reference(built.model, inputs, full)
-    got = built.compiled(**inputs, **outs)
-    torch.cuda.synchronize()
-    name = built.model.outputs[0].name
-    got = got[name] if isinstance(got, dict) else got
-    golden = compare(got, ref[name], tolerance(built.model, dict(built.plan.storage)))
+    golden = golden_run(built.model, built.sizes, built.compiled, dict(built.plan.storage), 3)
     assert golden.ok, (built.plan.kernels, golden)
