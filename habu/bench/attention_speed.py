@@ -64,6 +64,10 @@ CASES = (
     Case("fa3-full-4k-hm", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("head_major", "1"))),
     Case("fa3-causal-4k-lw", 1, 16, 1, 4096, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("late_wait", "1"))),
     Case("fa3-full-4k-lw", 1, 16, 1, 4096, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("late_wait", "1"))),
+    # GQA's 32 query heads against 32 heads of plain MHA: whether GQA's lower rate is the heads' count or the map
+    Case("fa3-causal-4k-32h", 1, 32, 1, 4096, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    Case("fa3-gqa-causal-4k-hm", 1, 8, 4, 4096, True,
+         pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("head_major", "1"))),
     Case("fa3-causal-1k", 4, 16, 1, 1024, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
     Case("fa3-full-1k", 4, 16, 1, 1024, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
     # the default plan (no pins): the fused kernel on the wgmma loop for a prefill of ≥ 1024 queries on sm_90a
