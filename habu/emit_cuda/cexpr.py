@@ -22,7 +22,13 @@ def c(x: Any) -> str:
 
 
 class CExpr:
-    """An integer-valued C expression (non-negative where it divides: C's / is floor division then)."""
+    """An integer-valued C expression (non-negative where it divides: C's / is floor division then).
+
+    Comparisons (`<`, `<=`, `>`, `>=`, `==`, `!=`) build C comparisons, as z3's terms build formulas, and a
+    CExpr has no Python truth value: `if x == 0:` on a C expression raises TypeError instead of taking
+    Python's identity comparison (always False) and printing `false` into the kernel."""
+
+    __hash__ = None  # type: ignore[assignment]  # == builds an expression: not a dict key
 
     def __init__(self, text: str):
         self.text = text
@@ -45,8 +51,11 @@ class CExpr:
     def __add__(self, o: Any) -> CExpr:
         return self._bin("+", o)
 
+    def __bool__(self) -> bool:
+        raise TypeError(f"the C expression {self.text} has no Python truth value (it is decided when the kernel runs)")
+
     def __radd__(self, o: Any) -> CExpr:
-        return CExpr(self.text) if o == 0 else self._bin("+", o, True)
+        return CExpr(self.text) if _is_int(o, 0) else self._bin("+", o, True)
 
     def __sub__(self, o: Any) -> CExpr:
         return self._bin("-", o)
@@ -55,14 +64,14 @@ class CExpr:
         return self._bin("-", o, True)
 
     def __mul__(self, o: Any) -> CExpr:
-        if o == 0:
+        if _is_int(o, 0):
             return CExpr("0")
         return self._bin("*", o)
 
     def __rmul__(self, o: Any) -> CExpr:
-        if o == 0:
+        if _is_int(o, 0):
             return CExpr("0")
-        return CExpr(self.text) if o == 1 else self._bin("*", o, True)
+        return CExpr(self.text) if _is_int(o, 1) else self._bin("*", o, True)
 
     def __truediv__(self, o: Any) -> CExpr:  # integer division (z3's convention for Int)
         return self._bin("/", o)
@@ -91,8 +100,25 @@ class CExpr:
     def __le__(self, o: Any) -> CExpr:  # type: ignore[override]
         return self._bin("<=", o)
 
+    def __gt__(self, o: Any) -> CExpr:  # type: ignore[override]
+        return self._bin(">", o)
+
+    def __ge__(self, o: Any) -> CExpr:  # type: ignore[override]
+        return self._bin(">=", o)
+
+    def __eq__(self, o: Any) -> CExpr:  # type: ignore[override]
+        return self._bin("==", o)
+
+    def __ne__(self, o: Any) -> CExpr:  # type: ignore[override]
+        return self._bin("!=", o)
+
     def __habu_min__(self, o: Any) -> CExpr:
         return CExpr(f"min((long long)({self.text}), (long long)({c(o)}))")
+
+
+def _is_int(x: Any, value: int) -> bool:
+    """x is the Python int `value` (never a C expression's comparison)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x == value
 
 
 def cmin(a: Any, b: Any) -> Any:
