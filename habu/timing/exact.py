@@ -28,8 +28,9 @@ import numpy as np
 from habu.errors import HabuError
 from habu.plan.rewrite import RewriteError, apply_rewrites
 from habu.spec.evaluate import Evaluator
-from habu.spec.ir import Const, Expr, Gather, Load, Model, Op, Reduce, Size, walk
+from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size, walk
 from habu.spec.reference import Float64
+from habu.timing.multiplicity import scatter_multiplicity
 
 F32_EXACT = 2**24  # every integer of magnitude up to 2^24 is a float32
 EXACT_INTEGERS = {"bf16": 2**8, "f16": 2**11, "f32": F32_EXACT, "f64": 2**53}  # |n| <= this: exact in the dtype
@@ -103,18 +104,20 @@ def _expr_bound(e: Expr, bounds: Mapping[str, int], sizes: Mapping[str, int], pe
     return b
 
 
-def tensor_bounds(model: Model, sizes: Mapping[str, int], value_range: int) -> dict[str, int]:
+def tensor_bounds(model: Model, sizes: Mapping[str, int], value_range: int,
+                  indices: Mapping[str, np.ndarray] | None = None) -> dict[str, int]:
     """A bound on the magnitude of every tensor's elements (inputs within ±value_range; index tensors
-    do not count), or NotExact."""
+    do not count), or NotExact. `indices`: the index tensors' values the check runs with (a scatter's
+    duplicates are then counted, habu.timing.multiplicity; without them every store may land on one
+    element)."""
     bounds: dict[str, int] = {t.name: value_range for t in model.inputs if not t.is_index}
     peaks: list[int] = []
     for eq in model.nodes:
         value = _expr_bound(eq.rhs, bounds, sizes, peaks)
         if eq.scatter is not None:
-            # every point of the domain whose store gathers may land on one element (all duplicates),
-            # on top of the target's prior contents; every partial sum of the atomics is within this
-            gathered = {ix.indices[0] for ix in eq.scatter if isinstance(ix, Gather)}
-            value = bounds[eq.target] + value * prod(sizes[v.extent] for v in gathered)  # type: ignore[union-attr]
+            # the most points of the domain that store to one element, on top of the target's prior
+            # contents; every partial sum of the atomics is within this
+            value = bounds[eq.target] + value * scatter_multiplicity(eq, sizes, indices)
             peaks.append(value)
         bounds[eq.target] = value
     bounds["<peak>"] = max([value_range, *peaks])
@@ -186,59 +189,75 @@ def kept_types(plan) -> KeptTypes:
 
 
 def plan_bounds(model: Model, sizes: Mapping[str, int], value_range: int,
-                rewrites: tuple[str, ...] = ()) -> dict[str, int]:
+                rewrites: tuple[str, ...] = (), indices: Mapping[str, np.ndarray] | None = None) -> dict[str, int]:
     """`tensor_bounds` of the model and, under rewrites, of the graph the plan's kernels compute (its
     intermediates bounded by their own equations; every tensor and the peak the larger of the two)."""
-    bounds = tensor_bounds(model, sizes, value_range)
+    bounds = tensor_bounds(model, sizes, value_range, indices)
     try:
         graph = apply_rewrites(model, rewrites) if rewrites else model
     except RewriteError:  # (applied to the plan's narrowed model only): its intermediates keep the peak
         return bounds
     if graph is not model:
-        for name, b in tensor_bounds(graph, sizes, value_range).items():
+        for name, b in tensor_bounds(graph, sizes, value_range, indices).items():
             bounds[name] = max(b, bounds.get(name, 0))
     return bounds
 
 
-def applicability(model: Model, sizes: Mapping[str, int], storage: Mapping[str, str] | None = None) -> Applicability:
+def applicability(model: Model, sizes: Mapping[str, int], storage: Mapping[str, str] | None = None,
+                  indices: Mapping[str, np.ndarray] | None = None) -> Applicability:
     """Can this model be checked exactly at these sizes? `storage`: the plan's element type of each
     intermediate written between kernels (it must hold that intermediate's integers exactly); a
     `KeptTypes` (`kept_types(plan)`) also carries the plan's rewrites, whose intermediates are bounded
-    on the rewritten graph (a plain mapping bounds an intermediate the model lacks by the model's peak)."""
+    on the rewritten graph (a plain mapping bounds an intermediate the model lacks by the model's peak).
+    `indices`: the index tensors the check feeds the kernels (`index_inputs`): a scatter's bound then
+    counts its actual duplicates instead of assuming every store lands on one element."""
     rewrites = storage.rewrites if isinstance(storage, KeptTypes) else ()
     storage = dict(storage or {})
     why = not_exact_reason(model)
     if why is not None:
         return Applicability(False, why)
     for r in VALUE_RANGES:
-        bounds = plan_bounds(model, sizes, r, rewrites)
+        bounds = plan_bounds(model, sizes, r, rewrites, indices)
         if _overflow(bounds, storage) is not None:
             continue
         rounded = tuple(t.name for t in model.outputs
                         if bounds[t.name] > EXACT_INTEGERS.get(t.dtype.name if t.dtype else "f32", F32_EXACT))
         return Applicability(True, "", r, bounds["<peak>"], rounded)
-    return Applicability(False, f"{_overflow(plan_bounds(model, sizes, 1, rewrites), storage)} even with inputs in ±1")
+    return Applicability(False, f"{_overflow(plan_bounds(model, sizes, 1, rewrites, indices), storage)} even with inputs in ±1")
 
 
 # ----------------------------------------------------------------------------- inputs and reference
 
 
+def index_inputs(model: Model, sizes: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """The index tensors of `integer_inputs`: random in range, with duplicates (the last element repeats
+    the first); a grouping's sorted. Drawn from their own stream, so they are the same whatever the value
+    range (`applicability` counts a scatter's duplicates on them before the range is chosen)."""
+    rng = np.random.default_rng([seed, 1])
+    out: dict[str, np.ndarray] = {}
+    for t in model.inputs:
+        if not t.is_index:
+            continue
+        assert t.range is not None
+        v = rng.integers(0, sizes[t.range], size=tuple(sizes[e] for e in t.extents), dtype=np.int64)
+        if t.grouped:  # a grouping's values never decrease (GROUPS:); unchosen groups stay empty
+            v = np.sort(v)
+        elif v.size >= 2:
+            v.reshape(-1)[-1] = v.reshape(-1)[0]
+        out[t.name] = v
+    return out
+
+
 def integer_inputs(model: Model, sizes: Mapping[str, int], value_range: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Host inputs: floating-point tensors of nonzero integers in [-value_range, value_range] (float32,
-    exact in every dtype the kernels read); index tensors random in range, with duplicates (the last
-    element repeats the first); a grouping's sorted."""
+    exact in every dtype the kernels read); index tensors as `index_inputs` draws them."""
     rng = np.random.default_rng(seed)
+    indices = index_inputs(model, sizes, seed)
     out: dict[str, np.ndarray] = {}
     for t in model.inputs:
         shape = tuple(sizes[e] for e in t.extents)
         if t.is_index:
-            assert t.range is not None
-            v = rng.integers(0, sizes[t.range], size=shape, dtype=np.int64)
-            if t.grouped:  # a grouping's values never decrease (GROUPS:); unchosen groups stay empty
-                v = np.sort(v)
-            elif v.size >= 2:
-                v.reshape(-1)[-1] = v.reshape(-1)[0]
-            out[t.name] = v
+            out[t.name] = indices[t.name]
         else:
             magnitude = rng.integers(1, value_range + 1, size=shape)
             sign = rng.choice(np.array([-1, 1]), size=shape)

@@ -31,6 +31,7 @@ from habu.timing.exact import (
     applicability,
     compare_outputs,
     exact_reference,
+    index_inputs,
     integer_inputs,
     to_bits,
     wait_for,
@@ -97,6 +98,7 @@ class ExactChecker:
     def __init__(self, model: Model, sizes: Mapping[str, int], seed: int = 0, device: str = "cuda"):
         self.model, self.sizes, self.seed, self.device = model, dict(sizes), seed, device
         self._witnesses: dict[int, Witness] = {}
+        self.indices = index_inputs(model, self.sizes, seed)  # the witness's index tensors, whatever the range
 
     def witness(self, value_range: int) -> Witness:
         if value_range not in self._witnesses:
@@ -114,13 +116,13 @@ class ExactChecker:
 
     def prepare(self, storage: Mapping[str, str] | None = None) -> None:
         """Make the witness now (the timing worker does it while starting, outside a plan's timeout)."""
-        found = applicability(self.model, self.sizes, storage)
+        found = applicability(self.model, self.sizes, storage, self.indices)
         if found.exact:
             self.witness(found.value_range)
 
     def check(self, compiled: Any, storage: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> ExactResult:
         """Run `compiled` once on the witness in red-zoned buffers and compare every output element."""
-        found = applicability(self.model, self.sizes, storage)
+        found = applicability(self.model, self.sizes, storage, self.indices)
         if not found.exact:
             return ExactResult(True, False, found.describe())
         w = self.witness(found.value_range)

@@ -400,3 +400,44 @@ def test_a_float32_kernel_matches_bit_for_bit_in_any_summation_order(k, out, spl
     assert compare_outputs(want, got, {"C": out}) is None
     got["C"][2, 1] ^= 1 << 3  # one flipped bit in one element is named
     assert compare_outputs(want, got, {"C": out}).index == (2, 1)
+
+
+def test_regression_a_4096_row_scatter_was_not_applicable_for_its_worst_case_duplicates():
+    """GGEMM's backward dA (`dA[IX[m] k] += Σ n dO·B`) at 4096³ was timed with "exact: not applicable": the
+    bound let all 4096 rows land on one row (4096 · 4096 ≥ 2^24). The check's own index tensor puts a
+    handful of rows on one row: counted on it, the plan is exact with inputs in ±3."""
+    from habu.timing.exact import index_inputs
+    from habu.timing.multiplicity import scatter_multiplicity
+
+    sizes = {"M": 4096, "N": 4096, "K": 4096}
+    model = load_program(ROOT / "tests" / "data" / "ggemm_backward.habu").models["GGEMM-DA"].with_sizes(sizes)
+    assert not applicability(model, sizes).exact  # the worst case: every row a duplicate
+    ix = index_inputs(model, sizes, seed=0)
+    most = int(np.bincount(ix["IX"]).max())
+    assert 2 <= most <= 16
+    assert scatter_multiplicity(model.nodes[0], sizes, ix) == most
+    found = applicability(model, sizes, None, ix)
+    assert found.exact and found.value_range == 3
+    assert found.peak == 3 + 9 * 4096 * most  # the prior ±3, plus `most` sums of 4096 products of ±3
+    # the witness's index tensors are the ones counted, whatever the range the check then picks
+    for r in (1, 2, 3):
+        assert np.array_equal(integer_inputs(model, sizes, r, seed=0)["IX"], ix["IX"])
+
+
+def test_a_scatter_through_a_two_axis_gather_counts_equal_target_elements():
+    """The count is over the stored element (every scatter axis that depends on the gathered variables):
+    Y[IX[r] c] += X[r c] with IX = [0, 0, 1, 0] puts three rows on row 0."""
+    from habu.spec.ir import Gather, IndexVar
+    from habu.timing.multiplicity import gathered_vars, scatter_multiplicity
+
+    class Eq:  # the one field scatter_multiplicity reads
+        scatter = (Gather("IX", (IndexVar("r", "R"),)), IndexVar("c", "C"))
+
+    eq = Eq()
+    assert [v.name for v in gathered_vars(eq)] == ["r"]  # type: ignore[arg-type]
+    assert scatter_multiplicity(eq, {"R": 4, "C": 5}, {"IX": np.array([0, 0, 1, 0])}) == 3  # type: ignore[arg-type]
+    assert scatter_multiplicity(eq, {"R": 4, "C": 5}, None) == 4  # type: ignore[arg-type]
+    # a 2-D index map over (r, s): the stored element is IX[r, s]
+    eq.scatter = (Gather("IX", (IndexVar("r", "R"), IndexVar("s", "S"))),)
+    ix2 = np.array([[0, 1], [1, 1], [2, 1]])
+    assert scatter_multiplicity(eq, {"R": 3, "S": 2}, {"IX": ix2}) == 4  # type: ignore[arg-type]
