@@ -310,8 +310,8 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
       const int g = habu::tile_group<{it}>(starts, {groups}, mt);  // the tile's group
       const {it} m = ({it})({c(lw.tile_in_group(CExpr("mt"), CExpr("starts[g]")))});  // its row tile within the group
       const {it} end = offs[{c(lw.group_end(CExpr("g")))}];  // the group's rows end here
-      const {it} n0 = ({it})({c(lw.column(CExpr("nt"), 0))});
 """
+    n0 = f"      const {it} n0 = ({it})({c(lw.column(CExpr('nt'), 0))});  // the tile's first column (W's box)\n"
     first, bound, step = loop.walk(CExpr("blockIdx.x"), CExpr("gridDim.x"), CExpr("gx") * CExpr("gy"))
     walk = (f"    for (long long lin = {c(first)}; lin < {c(bound)}; lin += {c(step)}) {{  // persistent: every tile "
             "once\n")
@@ -340,7 +340,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   habu::u32 phase = {ring.start_phase};
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
 {dec}    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
-{walk}{tile_head}      for (int ri = ptid; nt == 0 && ri < {bm}; ri += {loop.warpgroup_size}) {{  // E sorted (GROUPS:): each row holds its group
+{walk}{tile_head}{n0}      for (int ri = ptid; nt == 0 && ri < {bm}; ri += {loop.warpgroup_size}) {{  // E sorted (GROUPS:): each row holds its group
         const {it} r = ({it})({row("ri")});
         if ({inside}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
       }}

@@ -140,8 +140,7 @@ def emit_mma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
   const habu::u32 s_base = habu::smem_addr(smem);
   const habu::u32 s_a = s_base + {off["A0"]}u;  // stage st of A at s_a + st * {stride}: [{ops.a_tile.rows}][{ops.a_tile.row_elems}]
   const habu::u32 s_b = s_base + {off["B0"]}u;  // stage st of B at s_b + st * {stride}
-  const habu::u32 s_bar = s_base + {layout.total if gather4 else 0}u;  // gather4: one mbarrier per stage
-{"  if (threadIdx.x == 0) { for (int s = 0; s < " + str(k.stages) + "; ++s) habu::mbar_init(s_bar + 8 * s, 1); habu::fence_barrier_init(); }" + chr(10) + "  __syncthreads();" if gather4 else ""}
+{f"  const habu::u32 s_bar = s_base + {layout.total}u;  // gather4: one mbarrier per stage" + chr(10) if gather4 else ""}{"  if (threadIdx.x == 0) { for (int s = 0; s < " + str(k.stages) + "; ++s) habu::mbar_init(s_bar + 8 * s, 1); habu::fence_barrier_init(); }" + chr(10) + "  __syncthreads();" if gather4 else ""}
   long long uses = 0;  // k tiles consumed so far (the parity of a stage's mbarrier)
   const int lane = {lw.fragment.lane_of()};
   const int warp = threadIdx.x / 32;

@@ -17,6 +17,7 @@ the prologue (`_prologue`), the row's load (`_load_row`, `_copy_row`), the reduc
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from habu.emit_cuda.cexpr import CExpr, c, cmin
@@ -149,6 +150,12 @@ def _chunk_head(row: _Row, var: str = "g") -> str:
     return f"  for ({it} {var} = {c(loop.first(CExpr('tid')))}; {inside}; {var} += {loop.step}) {{"
 
 
+def _declared_if_read(name: str, body: str, declaration: str) -> str:
+    """`declaration` where `body` reads `name`, else nothing (NVRTC warns of a variable never referenced,
+    and a kernel that compiles without warnings keeps the warnings that matter visible)."""
+    return declaration if re.search(rf"\b{name}\b", body) else ""
+
+
 def _column_loop(row: _Row, body: str) -> str:
     """`body` for every column this thread visits; `col` is the column, `slot` its place in the cache."""
     it = row.it
@@ -157,14 +164,14 @@ def _column_loop(row: _Row, body: str) -> str:
         return f"\n{indent}const {it} slot = {row.slot('g', q)};" if row.cache is not None else ""
 
     if row.loop.vector == 1:
-        return f"""{_chunk_head(row)}
-    const {it} col = {row.column('g', 0)};{slot(0, '    ')}
+        col = _declared_if_read("col", body, f"\n    const {it} col = {row.column('g', 0)};")
+        return f"""{_chunk_head(row)}{col}{slot(0, '    ')}
     {body}
   }}"""
+    col = _declared_if_read("col", body, f"\n      const {it} col = {row.column('g', 'q')};")
     return f"""{_chunk_head(row)}
 #pragma unroll
-    for (int q = 0; q < {row.loop.vector}; ++q) {{
-      const {it} col = {row.column('g', 'q')};{slot('q', '      ')}
+    for (int q = 0; q < {row.loop.vector}; ++q) {{{col}{slot('q', '      ')}
       {body}
     }}
   }}"""
@@ -260,8 +267,8 @@ def _load_row(row: _Row, which: tuple[int, ...] = (0,)) -> str:
         return (f"    row_cache[{row.slot('g', 0, j)}] = ({access_mask(acc, at, row.sizes)}) ? "
                 f"{p}[{row.offset(acc, at)}] : ({row.word})0;")
     body = "\n".join(element(j) for j in which)
-    return f"""{_chunk_head(row)}
-    const {it} col = {row.column('g', 0)};
+    col = _declared_if_read("col", body, f"\n    const {it} col = {row.column('g', 0)};")
+    return f"""{_chunk_head(row)}{col}
 {body}
   }}
   {sync}"""
@@ -423,11 +430,11 @@ def _store_chunks(row: _Row, p_out: str, value: str) -> str:
     pack = "habu::pack_bf16x8" if out.dtype == "bf16" else "habu::pack_f16x8"
     at = row.at("r", row.column("g", 0))
     slot = "" if row.loop.unrolled else f"\n      const {it} slot = {row.slot('g', 'q')};"
+    col = _declared_if_read("col", value, f"\n      const {it} col = {row.column('g', 'q')};")
     return f"""{_chunk_head(row)}
     float y[{vec}];
 #pragma unroll
-    for (int q = 0; q < {vec}; ++q) {{
-      const {it} col = {row.column('g', 'q')};{slot}
+    for (int q = 0; q < {vec}; ++q) {{{col}{slot}
       y[q] = {value};
     }}
     habu::store16_if({p_out} + ({row.offset(out, at)}), {pack}(y), {access_mask(out, at, row.sizes)});
@@ -449,18 +456,19 @@ def _cache_declaration(row: _Row) -> str:
             f"  {cache_type}* const row_cache_all = row_cache_words16;")
 
 
-def _prologue(row: _Row, name: str) -> str:
-    """The kernel's signature, shared memory, and this thread's lane, row slot and row."""
+def _prologue(row: _Row, name: str, cache: bool = True) -> str:
+    """The kernel's signature, shared memory (the row cache's only where `cache`), and this thread's lane,
+    row slot and row."""
     lw, m = row.lw, row.lw.thread_map
     threads = m.threads * m.rows
     attrs = f"__cluster_dims__({row.share}, 1, 1) " if row.share > 1 else ""
-    scratch = "" if row.warp_rows else (f"  __shared__ float scratch[{33 * max(1, len(lw.passes))}];  "
-                                        "// block reductions (habu::block_reduce): one partial per warp, per pass\n")
+    scratch = "" if row.warp_rows or not lw.passes else (
+        f"  __shared__ float scratch[{33 * len(lw.passes)}];  "
+        "// block reductions (habu::block_reduce): one partial per warp, per pass\n")
     # blocks_per_sm > 1: ptxas fits that many blocks on an SM (a row in registers may spill a little)
     bounds = f"{threads}, {lw.kernel.blocks_per_sm}" if lw.kernel.blocks_per_sm > 1 else f"{threads}"
     return f"""extern "C" __global__ void {attrs}__launch_bounds__({bounds}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}{_cache_declaration(row)}
-{scratch}  const int tid = {c(m.lane(CExpr('threadIdx.x')))};  // this thread's lane within its row
+{GRID_LAUNCH}{GRID_WAIT}{_cache_declaration(row) + chr(10) if cache else ""}{scratch}  const int tid = {c(m.lane(CExpr('threadIdx.x')))};  // this thread's lane within its row
   const int row_slot = {c(m.row_slot(CExpr('threadIdx.x')))};
 """
 
@@ -502,12 +510,13 @@ def _assemble(row: _Row, name: str) -> str:
 }}
 """
     cache_len = c(lw.columns(row.sizes) * len(row.kept_rows)) if len(row.kept_rows) > 1 else c(lw.columns(row.sizes))
-    return f"""{_prologue(row, name)}  {row.word}* row_cache = row_cache_all + ({it})row_slot * {cache_len};
-{_row_start(row)}{red_decl}
+    body = f"""{_row_start(row)}{red_decl}
 {chr(10).join(passes)}
 {hoisted.final_consts}{final_loop}
 {cluster_end}}}
 """
+    cache = _declared_if_read("row_cache", body, f"  {row.word}* row_cache = row_cache_all + ({it})row_slot * {cache_len};\n")
+    return f"""{_prologue(row, name, bool(cache))}{cache}{body}"""
 
 
 def _kernel(name: str, row: _Row, src: str, static: dict[str, int]) -> CudaKernel:

@@ -90,14 +90,15 @@ __device__ __forceinline__ void red_add_vec(float* p, const float (&v)[N]) {
   if constexpr (N == 4) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");
-    return;
   } else if constexpr (N == 2) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(v[0]), "f"(v[1]) : "memory");
-    return;
+  } else {
+    atomicAdd(p, v[0]);
   }
-#endif
+#else
 #pragma unroll
   for (int j = 0; j < N; ++j) atomicAdd(p + j, v[j]);
+#endif
 }
 
 }  // namespace habu
