@@ -70,7 +70,7 @@ class NotDifferentiable(HabuError):
 
 
 class SaveMode(Enum):
-    AUTO = "auto"  # save the forward values that take a reduction to make; recompute elementwise ones
+    AUTO = "auto"  # save what takes a reduction to make or what the forward stores anyway; recompute the rest
     SAVE = "save"  # save every forward value the backward reads
     RECOMPUTE = "recompute"  # save nothing: the backward recomputes from the forward inputs
 
@@ -83,14 +83,20 @@ class SavePolicy:
     This is one dimension of the backward plan space: `Backward.choices` lists the forward values the
     backward reads, and a search varies `save`/`recompute` over them, trading the bytes the forward
     writes and the backward reads (save) against the work and the reads of recomputing (recompute).
-    The default, AUTO, is what Liger's kernels do by hand: RMSNorm saves only its per-row rstd,
-    softmax its per-row maximum and sum, and GELU/SwiGLU outputs are recomputed from their inputs."""
+    The default, AUTO, saves a value that takes a reduction to make (RMSNorm's per-row rstd, softmax's
+    per-row maximum and sum, a LINEAR's product, as Liger's kernels do by hand) and a value the forward
+    stores anyway: an operand of a contraction (`contraction_operands`: the GELU output that the second
+    LINEAR of an FFN reads, which the forward's plan writes to memory for that kernel to stage), saved in
+    the forward's element type; it recomputes the other elementwise values (a GELU's input, whose
+    recomputation then fuses into the kernel that reads it)."""
 
     mode: SaveMode = SaveMode.AUTO
     save: frozenset[str] = frozenset()  # forward intermediates (names as in Backward.choices) forced saved
     recompute: frozenset[str] = frozenset()  # ... forced recomputed
 
-    def saves(self, name: str, eq: Equation) -> bool:
+    def saves(self, name: str, eq: Equation, stored: frozenset[str] = frozenset()) -> bool:
+        """Whether the forward value `name` (made by `eq`) is saved; `stored`: the forward's contraction
+        operands (`contraction_operands`), which AUTO saves."""
         if name in self.save:
             return True
         if name in self.recompute:
@@ -99,7 +105,33 @@ class SavePolicy:
             return True
         if self.mode is SaveMode.RECOMPUTE:
             return False
-        return eq.scatter is not None or any(isinstance(e, Reduce) for e in walk(eq.rhs))
+        return eq.scatter is not None or any(isinstance(e, Reduce) for e in walk(eq.rhs)) or name in stored
+
+
+def contraction_operands(model: Model) -> frozenset[str]:
+    """The tensors a node of `model` reads as an operand of a contraction: a factor of a product under a
+    `Σ` over a variable the read indexes, the read leaving out an index of the node's result (so several
+    of the result's elements read each of its elements: a kernel stages it from memory). `%3` in
+    `%4[b d] = Σ h %3[b h] · W2[h d]` is one; `%6` in RMSNorm's `Σ d %6[b d] · %6[b d]` (a row's own
+    sum of squares, each element read once) is not."""
+    found: set[str] = set()
+    for eq in model.nodes:
+        for r in walk(eq.rhs):
+            if not (isinstance(r, Reduce) and r.op == "sum"):
+                continue
+            loads = [f for f in _product_factors(r.body) if isinstance(f, Load)]
+            if len(loads) < 2:
+                continue
+            for ld in loads:
+                if any(v in ld.indices for v in r.vars) and any(v not in ld.indices for v in eq.lhs):
+                    found.add(ld.tensor)
+    return frozenset(found)
+
+
+def _product_factors(e: Expr) -> list[Expr]:
+    if isinstance(e, Op) and e.fn == "mul":
+        return [f for a in e.args for f in _product_factors(a)]
+    return [e]
 
 
 @dataclass(frozen=True)
@@ -468,17 +500,20 @@ class _Deriver:
         choices: list[str] = []
         saved: dict[str, str] = {}
         recomputed: set[str] = set()
-        pending = [t for eq in self.nodes for t in node_reads(eq) if t in fwd_inter]
+        stored = contraction_operands(self.fwd)
+        pending = [t for eq in reversed(self.nodes) for t in reversed(_reads_in_order(eq)) if t in fwd_inter]
         while pending:
             t = pending.pop()
             if t in saved or t in recomputed:
                 continue
             choices.append(t)
-            if self.policy.saves(t, producers[t]):
+            if self.policy.saves(t, producers[t], stored):
                 saved[t] = _unique(("R" + t[2:]) if t.startswith("%s") else f"S{t.lstrip('%')}", self.taken)
             else:
                 recomputed.add(t)
-                pending.extend(r for r in node_reads(producers[t]) if r in fwd_inter)
+                pending.extend(r for r in reversed(_reads_in_order(producers[t])) if r in fwd_inter)
+        order = {eq.target: i for i, eq in enumerate(self.fwd.nodes)}  # in the forward's order, whatever the
+        saved = dict(sorted(saved.items(), key=lambda kv: order[kv[0]]))  # order the reads were met in
         renames = dict(saved)
         recompute_nodes = [_rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
         nodes = recompute_nodes + [_rename_tensors(eq, renames) for eq in self.nodes]
