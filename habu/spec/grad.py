@@ -22,14 +22,13 @@ own (`hoist_statistics`), so that it is a forward value the backward can save. A
 is identically zero (softmax's maximum: the output is shift-invariant) is found so over GF(p)
 (`habu.spec.grad_zero`) and nothing flows through it. Which forward values
 are saved (inputs of the backward model, extra outputs of `Backward.forward`) and which are recomputed
-(nodes of the backward model) is `SavePolicy`; see its docstring for the plan-space dimension.
+(nodes of the backward model) is `SavePolicy` (habu/spec/grad_save.py); see its docstring for the plan-space dimension.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from habu.errors import HabuError
 from habu.spec.dtypes import WRITABLE_DTYPES, activation_dtype, dtype_named
@@ -37,6 +36,7 @@ from habu.spec.equation import format_expr
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
 from habu.spec.grad_hoist import hoist_statistics
+from habu.spec.grad_save import SavePolicy, contraction_operands
 from habu.spec.ir import (
     Compare,
     Equation,
@@ -67,71 +67,6 @@ class NotDifferentiable(HabuError):
     def __init__(self, message: str, function: str):
         super().__init__(message)
         self.function = function
-
-
-class SaveMode(Enum):
-    AUTO = "auto"  # save what takes a reduction to make or what the forward stores anyway; recompute the rest
-    SAVE = "save"  # save every forward value the backward reads
-    RECOMPUTE = "recompute"  # save nothing: the backward recomputes from the forward inputs
-
-
-@dataclass(frozen=True)
-class SavePolicy:
-    """Which forward intermediates the backward reads from memory (saved by the forward) and which it
-    recomputes from their own inputs.
-
-    This is one dimension of the backward plan space: `Backward.choices` lists the forward values the
-    backward reads, and a search varies `save`/`recompute` over them, trading the bytes the forward
-    writes and the backward reads (save) against the work and the reads of recomputing (recompute).
-    The default, AUTO, saves a value that takes a reduction to make (RMSNorm's per-row rstd, softmax's
-    per-row maximum and sum, a LINEAR's product, as Liger's kernels do by hand) and a value the forward
-    stores anyway: an operand of a contraction (`contraction_operands`: the GELU output that the second
-    LINEAR of an FFN reads, which the forward's plan writes to memory for that kernel to stage), saved in
-    the forward's element type; it recomputes the other elementwise values (a GELU's input, whose
-    recomputation then fuses into the kernel that reads it)."""
-
-    mode: SaveMode = SaveMode.AUTO
-    save: frozenset[str] = frozenset()  # forward intermediates (names as in Backward.choices) forced saved
-    recompute: frozenset[str] = frozenset()  # ... forced recomputed
-
-    def saves(self, name: str, eq: Equation, stored: frozenset[str] = frozenset()) -> bool:
-        """Whether the forward value `name` (made by `eq`) is saved; `stored`: the forward's contraction
-        operands (`contraction_operands`), which AUTO saves."""
-        if name in self.save:
-            return True
-        if name in self.recompute:
-            return False
-        if self.mode is SaveMode.SAVE:
-            return True
-        if self.mode is SaveMode.RECOMPUTE:
-            return False
-        return eq.scatter is not None or any(isinstance(e, Reduce) for e in walk(eq.rhs)) or name in stored
-
-
-def contraction_operands(model: Model) -> frozenset[str]:
-    """The tensors a node of `model` reads as an operand of a contraction: a factor of a product under a
-    `Σ` over a variable the read indexes, the read leaving out an index of the node's result (so several
-    of the result's elements read each of its elements: a kernel stages it from memory). `%3` in
-    `%4[b d] = Σ h %3[b h] · W2[h d]` is one; `%6` in RMSNorm's `Σ d %6[b d] · %6[b d]` (a row's own
-    sum of squares, each element read once) is not."""
-    found: set[str] = set()
-    for eq in model.nodes:
-        for r in walk(eq.rhs):
-            if not (isinstance(r, Reduce) and r.op == "sum"):
-                continue
-            loads = [f for f in _product_factors(r.body) if isinstance(f, Load)]
-            if len(loads) < 2:
-                continue
-            for ld in loads:
-                if any(v in ld.indices for v in r.vars) and any(v not in ld.indices for v in eq.lhs):
-                    found.add(ld.tensor)
-    return frozenset(found)
-
-
-def _product_factors(e: Expr) -> list[Expr]:
-    if isinstance(e, Op) and e.fn == "mul":
-        return [f for a in e.args for f in _product_factors(a)]
-    return [e]
 
 
 @dataclass(frozen=True)
