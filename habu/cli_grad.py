@@ -15,7 +15,9 @@ WrtOpt = Annotated[list[str] | None, typer.Option(
     "--wrt", help="An input to differentiate by (repeat, or comma-separate; default: every input but index tensors).")]
 SaveOpt = Annotated[str, typer.Option(
     "--save", help="Which forward values the backward reads from memory: auto (those that take a reduction: "
-                   "RMSNorm's rstd, contraction outputs; recompute elementwise ones), save (all), recompute (none).")]
+                   "RMSNorm's rstd, contraction outputs; and contraction operands, which the forward stores "
+                   "anyway: a GELU output a LINEAR reads; recompute other elementwise ones), save (all), "
+                   "recompute (none).")]
 KeepOpt = Annotated[list[str] | None, typer.Option(
     "--save-value", help="A forward value to save whatever --save says, named as the header of habu grad's "
                          "output lists it (%3, %s1); repeat for several.")]
@@ -26,7 +28,7 @@ ModelOpt = Annotated[str | None, typer.Option("--model", help="The model (defaul
 
 def save_policy(mode: str, save_values: list[str] | None = None, recompute_values: list[str] | None = None):
     """The `SavePolicy` of the --save option."""
-    from habu.spec.grad import SaveMode, SavePolicy
+    from habu.spec.grad_save import SaveMode, SavePolicy
 
     try:
         m = SaveMode(mode)

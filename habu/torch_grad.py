@@ -130,8 +130,8 @@ def build_grad(path: str | Path, model: str | None = None, *, target: str | None
                wrt: list[str] | None = None, save: str = "auto", kernels: bool = True, **shape: int) -> GradModel:
     """The model of `path` and its derived backward; with `kernels` (and a GPU target) both compiled
     from proven plans, else the float64 reference on the CPU only."""
-    from habu.spec.grad import SaveMode, SavePolicy
     from habu.spec.grad_program import derive_model
+    from habu.spec.grad_save import SaveMode, SavePolicy
     from habu.spec.parser import load_program
 
     program = load_program(path)

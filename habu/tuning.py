@@ -168,7 +168,7 @@ def tune(path: str | Path, model: str | None = None, *, shape: Mapping[str, int]
 
 @dataclass
 class PolicyRun:
-    """One save policy's backward search (habu.spec.grad.SavePolicy): the backward model it tuned, and
+    """One save policy's backward search (habu.spec.grad_save.SavePolicy): the backward model it tuned, and
     its cost: the backward's winners (measured medians, or the cost model's predictions when any policy
     went unmeasured) plus the forward's extra writes of the values this policy saves, at the target's
     memory bandwidth (recomputing costs the forward nothing)."""
@@ -228,8 +228,8 @@ def tune_backward(path: str | Path, model: str | None = None, *, modes: list[str
     cost and the fastest proven one (`PolicyChoice.best`). `options` are `tune`'s."""
     from habu.compile import bind_shape
     from habu.gpu_info import current_arch
-    from habu.spec.grad import SaveMode, SavePolicy
     from habu.spec.grad_program import backward_name, derive_model, with_backward
+    from habu.spec.grad_save import SaveMode, SavePolicy
     from habu.spec.parser import load_program
 
     program = load_program(path)

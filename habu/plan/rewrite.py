@@ -22,6 +22,9 @@ only when the finite-field check of the rewritten plan against the original mode
   habu/plan/scatter_split.py); the default takes it where the cost model predicts it faster.
 - `gather:T` copies an operand a contraction gathers on its reduction axis out first (`T.g[m k] =
   A[IX[m] k]`, then the contraction over T.g: habu/plan/gather_split.py), instead of its staging pass.
+- `epilogue:P` substitutes an elementwise node into the one contraction epilogue node that reads it (a
+  derived backward's recomputed GELU input `T2 = S1 + B1`, read by the GELU derivative in the epilogue of
+  `Σ d dT6·W2`: habu/plan/epilogue_inline.py); P is never written. Default plans take it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from itertools import combinations
 
 from habu.errors import HabuError
 from habu.plan.attention_split import apply_attention, attention_parts
+from habu.plan.epilogue_inline import apply_epilogue, epilogue_part
 from habu.plan.gather_split import apply_gather, gather_part
 from habu.plan.patterns import _factors, as_contraction, consumers
 from habu.plan.scatter_split import apply_scatter, scatter_part
@@ -196,16 +200,24 @@ KINDS = {"inline": (_inline_ok, _apply_inline),
          "split": (lambda m, t: split_part(m, t) is not None, apply_split),
          "attention": (lambda m, t: attention_parts(m, t) is not None, apply_attention),
          "scatter": (lambda m, t: scatter_part(m, t) is not None, apply_scatter),
-         "gather": (lambda m, t: gather_part(m, t) is not None, apply_gather)}
+         "gather": (lambda m, t: gather_part(m, t) is not None, apply_gather),
+         "epilogue": (lambda m, t: epilogue_part(m, t) is not None, apply_epilogue)}
 
 
 def default_rewrites(model: Model) -> tuple[str, ...]:
     """The rewrites a default plan takes without being asked: `attention:T` for every softmax-weighted
     sum (the unfused attention plan), then `split:T` for every contraction written inside a larger
-    expression (without it no contraction family takes the node)."""
+    expression (without it no contraction family takes the node), then `epilogue:P` for every
+    elementwise node that one contraction epilogue reads (one at a time: each may enable the next)."""
     first = tuple(name for name in applicable(model) if name.startswith("attention:"))
     after = apply_rewrites(model, first) if first else model
-    return first + tuple(name for name in applicable(after) if name.startswith("split:"))
+    names = first + tuple(name for name in applicable(after) if name.startswith("split:"))
+    while True:
+        after = apply_rewrites(model, names)
+        more = next((name for name in applicable(after) if name.startswith("epilogue:")), None)
+        if more is None:
+            return names
+        names = (*names, more)
 
 
 def applicable(model: Model) -> list[str]:

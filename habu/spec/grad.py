@@ -22,14 +22,13 @@ own (`hoist_statistics`), so that it is a forward value the backward can save. A
 is identically zero (softmax's maximum: the output is shift-invariant) is found so over GF(p)
 (`habu.spec.grad_zero`) and nothing flows through it. Which forward values
 are saved (inputs of the backward model, extra outputs of `Backward.forward`) and which are recomputed
-(nodes of the backward model) is `SavePolicy`; see its docstring for the plan-space dimension.
+(nodes of the backward model) is `SavePolicy` (habu/spec/grad_save.py); see its docstring for the plan-space dimension.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from habu.errors import HabuError
 from habu.spec.dtypes import WRITABLE_DTYPES, activation_dtype, dtype_named
@@ -37,6 +36,7 @@ from habu.spec.equation import format_expr
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
 from habu.spec.grad_hoist import hoist_statistics
+from habu.spec.grad_save import SavePolicy, contraction_operands
 from habu.spec.ir import (
     Compare,
     Equation,
@@ -67,39 +67,6 @@ class NotDifferentiable(HabuError):
     def __init__(self, message: str, function: str):
         super().__init__(message)
         self.function = function
-
-
-class SaveMode(Enum):
-    AUTO = "auto"  # save the forward values that take a reduction to make; recompute elementwise ones
-    SAVE = "save"  # save every forward value the backward reads
-    RECOMPUTE = "recompute"  # save nothing: the backward recomputes from the forward inputs
-
-
-@dataclass(frozen=True)
-class SavePolicy:
-    """Which forward intermediates the backward reads from memory (saved by the forward) and which it
-    recomputes from their own inputs.
-
-    This is one dimension of the backward plan space: `Backward.choices` lists the forward values the
-    backward reads, and a search varies `save`/`recompute` over them, trading the bytes the forward
-    writes and the backward reads (save) against the work and the reads of recomputing (recompute).
-    The default, AUTO, is what Liger's kernels do by hand: RMSNorm saves only its per-row rstd,
-    softmax its per-row maximum and sum, and GELU/SwiGLU outputs are recomputed from their inputs."""
-
-    mode: SaveMode = SaveMode.AUTO
-    save: frozenset[str] = frozenset()  # forward intermediates (names as in Backward.choices) forced saved
-    recompute: frozenset[str] = frozenset()  # ... forced recomputed
-
-    def saves(self, name: str, eq: Equation) -> bool:
-        if name in self.save:
-            return True
-        if name in self.recompute:
-            return False
-        if self.mode is SaveMode.SAVE:
-            return True
-        if self.mode is SaveMode.RECOMPUTE:
-            return False
-        return eq.scatter is not None or any(isinstance(e, Reduce) for e in walk(eq.rhs))
 
 
 @dataclass(frozen=True)
@@ -468,17 +435,20 @@ class _Deriver:
         choices: list[str] = []
         saved: dict[str, str] = {}
         recomputed: set[str] = set()
-        pending = [t for eq in self.nodes for t in node_reads(eq) if t in fwd_inter]
+        stored = contraction_operands(self.fwd)
+        pending = [t for eq in reversed(self.nodes) for t in reversed(_reads_in_order(eq)) if t in fwd_inter]
         while pending:
             t = pending.pop()
             if t in saved or t in recomputed:
                 continue
             choices.append(t)
-            if self.policy.saves(t, producers[t]):
+            if self.policy.saves(t, producers[t], stored):
                 saved[t] = _unique(("R" + t[2:]) if t.startswith("%s") else f"S{t.lstrip('%')}", self.taken)
             else:
                 recomputed.add(t)
-                pending.extend(r for r in node_reads(producers[t]) if r in fwd_inter)
+                pending.extend(r for r in reversed(_reads_in_order(producers[t])) if r in fwd_inter)
+        order = {eq.target: i for i, eq in enumerate(self.fwd.nodes)}  # in the forward's order, whatever the
+        saved = dict(sorted(saved.items(), key=lambda kv: order[kv[0]]))  # order the reads were met in
         renames = dict(saved)
         recompute_nodes = [_rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
         nodes = recompute_nodes + [_rename_tensors(eq, renames) for eq in self.nodes]

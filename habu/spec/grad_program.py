@@ -7,7 +7,8 @@ import re
 from collections.abc import Iterable
 
 from habu.errors import HabuError, Span
-from habu.spec.grad import Backward, NotDifferentiable, SavePolicy, derive
+from habu.spec.grad import Backward, NotDifferentiable, derive
+from habu.spec.grad_save import SavePolicy
 from habu.spec.ir import Model, Op, walk
 from habu.spec.program import Program
 from habu.spec.words import ColonWord, ElementwiseWord, EquationWord, Word
@@ -76,7 +77,7 @@ def backward_name(model_name: str, save: str = "auto") -> str:
 
 def backward_of(name: str) -> tuple[str, str] | None:
     """(forward model, save mode) of a `backward_name`, or None for a forward model's name."""
-    from habu.spec.grad import SaveMode
+    from habu.spec.grad_save import SaveMode
 
     for mode in SaveMode:
         suffix = GRAD_SUFFIX + ("" if mode is SaveMode.AUTO else f"-{mode.value.upper()}")
@@ -90,7 +91,7 @@ def with_backward(program: Program, name: str | None) -> Program:
     it names one the file does not define; otherwise `program` as it is."""
     from dataclasses import replace
 
-    from habu.spec.grad import SaveMode
+    from habu.spec.grad_save import SaveMode
 
     if name is None or name in program.models:
         return program

@@ -106,3 +106,24 @@ def test_row_backward_keeping_dy_and_x_on_chip_matches_the_float64_reference(pat
     got = got["dX"] if isinstance(got, dict) else got
     g = compare(got, reference(model, inputs, shape)["dX"], tolerance(model, dict(compiled.plans[0].storage)))
     assert g.unwritten == 0 and g.ok, (shape, pins, g)
+
+
+def test_ffn_skip_backward_with_the_gelu_input_in_the_epilogue_matches_the_float64_reference():
+    """The default backward of FFN-SKIP computes T2 = S1 + B1 inside the GELU-derivative epilogue of
+    dT3 = Σ d dT6·W2 (`epilogue:%2`; it was a kernel writing B×H values) and reads the saved GELU output
+    S3 (AUTO saves a contraction operand; it was recomputed by two kernels): every gradient against the
+    float64 reference of the backward model as written."""
+    shape = {"B": 128, "D": 256, "H": 512}
+    compiled, built = _built(ROOT / "examples" / "ffn_skip.habu", "FFN-SKIP-GRAD", shape)
+    plan = compiled.plans[0]
+    assert "epilogue:%2" in plan.rewrites and ("%d3", "%d2") in [k.nodes for k in plan.kernels]
+    assert "S3" in {t.name for t in compiled.model.inputs}
+    model = compiled.model.with_sizes(shape)
+    sizes = {e.name: e.size for e in model.extents}
+    inputs = make_inputs(model, sizes, seed=7)
+    want = reference(model, inputs, sizes)
+    got = built(**inputs, **poisoned_outputs(model, sizes))
+    torch.cuda.synchronize()
+    for name in ("dX", "dW1", "dB1", "dW2", "dB2"):
+        g = compare(got[name], want[name], tolerance(model, dict(plan.storage)))
+        assert g.unwritten == 0 and g.ok, (name, g)

@@ -10,9 +10,10 @@ import pytest
 
 from habu.errors import HabuError
 from habu.spec.functions import FUNCTIONS
-from habu.spec.grad import SaveMode, SavePolicy, derive
+from habu.spec.grad import derive
 from habu.spec.grad_check import adjoint_check, finite_difference_check, rule_check, small_sizes
 from habu.spec.grad_program import derive_model
+from habu.spec.grad_save import SaveMode, SavePolicy, contraction_operands
 from habu.spec.grad_text import backward_text
 from habu.spec.ir import Const, Op, Reduce, walk
 from habu.spec.parser import load_program, parse_text, prelude
@@ -178,18 +179,55 @@ def test_rmsnorm_saves_only_the_per_row_rstd():
     assert sum(1 for eq in bw.model.nodes for x in walk(eq.rhs) if isinstance(x, Reduce)) == 1
 
 
-def test_ffn_recomputes_gelu_and_saves_the_contractions():
+def test_ffn_saves_the_contractions_and_their_operand_and_recomputes_the_gelu_input():
     model = load_program(EXAMPLES[0].parent / "ffn_skip.habu").models["FFN-SKIP"]
     bw = derive(model)
     saved = dict(bw.saved)
     assert "%1" in saved and "%4" in saved  # X·W1 and GELU(...)·W2
-    assert "%3" not in saved and "%3" in bw.choices  # GELU's output is recomputed
+    assert "%2" not in saved and "%2" in bw.choices  # GELU's input (%1 + B1) is recomputed
     everything = derive(model, policy=SavePolicy(SaveMode.SAVE))
     assert set(dict(everything.saved)) == set(everything.choices)
     nothing = derive(model, policy=SavePolicy(SaveMode.RECOMPUTE))
     assert nothing.saved == () and nothing.forward.outputs == model.outputs
-    forced = derive(model, policy=SavePolicy(save=frozenset({"%3"})))
-    assert "%3" in dict(forced.saved)
+    forced = derive(model, policy=SavePolicy(recompute=frozenset({"%3"})))
+    assert "%3" not in dict(forced.saved) and "%3" in forced.choices
+
+
+def test_auto_saves_a_contraction_operand_in_the_forwards_element_type():
+    """The GELU output %3 is the second LINEAR's operand (`%4[b h] = Σ h %3[b h] · W2[h d]`): the forward's
+    plan writes it (bf16) for that contraction to stage, so AUTO saves it rather than recomputing
+    %2 = %1 + B1 and GELU(%2) in two kernels of the backward; dW2 reads it."""
+    model = load_program(EXAMPLES[0].parent / "ffn_skip.habu").models["FFN-SKIP"]
+    # not %6: RMSNorm's Σ d %6·%6 reads each of a row's elements once, whether or not its rstd is hoisted
+    for m, want in ((model, "%3"), (derive(model).forward, "S3")):
+        assert contraction_operands(m) - {t.name for t in model.inputs} == {want}
+    bw = derive(model)
+    s3 = dict(bw.saved)["%3"]
+    assert bw.forward.tensor(s3).dtype.name == "bf16" and bw.model.tensor(s3).dtype.name == "bf16"
+    assert s3 in {t.name for t in bw.forward.outputs} and s3 in {t.name for t in bw.model.inputs}
+    dw2 = next(eq for eq in bw.model.nodes if eq.target == "dW2")
+    assert s3 in {x.tensor for x in walk(dw2.rhs) if hasattr(x, "tensor")}
+    assert "%3" not in {eq.target for eq in bw.model.nodes}  # not recomputed
+    # MoE's act (silu(gate)·up) is the down projection's operand; RMSNORM-LINEAR's normalised rows the
+    # projection's
+    moe = derive(load_program(EXAMPLES[0].parent / "moe_mixtral.habu").models["MOE-FFN"])
+    assert "act" in dict(moe.saved)
+    rl = derive(load_program(EXAMPLES[0].parent / "rmsnorm_linear.habu").models["RMSNORM-LINEAR"])
+    assert "%1" in dict(rl.saved)
+
+
+def test_regression_saved_values_keep_the_forwards_order_whatever_the_hash_seed():
+    """The saved values were collected from sets of tensor names (node_reads), so their order, and the
+    forward's extra outputs', changed with PYTHONHASHSEED from one process to the next."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from habu.spec.parser import load_program; from habu.spec.grad import derive; "
+            f"print(derive(load_program({str(EXAMPLES[0].parent / 'ffn_skip.habu')!r}).models['FFN-SKIP']).saved)")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
+    assert outs == {"(('%1', 'S1'), ('%3', 'S3'), ('%4', 'S4'), ('%s1', 'R1'))\n"}
 
 
 def test_a_gather_becomes_a_scatter_add_into_an_accumulated_gradient():

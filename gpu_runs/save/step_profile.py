@@ -1,0 +1,68 @@
+"""Session 32 `save`: the FFN-SKIP training step (habu.bench.train_step_speed) at the given tokens, then, from
+the same build, each kernel of Habu's step timed alone (torch.profiler, launches serialised), with the nodes
+each backward kernel computes (the default plan, as the build chose it). One build per token count.
+
+    python gpu_runs/save/step_profile.py --tokens 4096 --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import habu.bench.backward_speed as backward_speed
+import habu.bench.train_step_speed as ts
+
+_BUILT: dict = {}
+_real_build = backward_speed.build
+
+
+def _build_once(path, name, sizes, target, pins=None):
+    key = (path, name, tuple(sorted(sizes.items())), target)
+    if key not in _BUILT:
+        _BUILT[key] = _real_build(path, name, sizes, target, pins)
+    return _BUILT[key]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--target", default="sm_90a")
+    args = ap.parse_args()
+    import torch
+
+    from habu.bench.kernel_times import kernel_device_times, serial_launches
+    from habu.compile import bind_shape
+    from habu.search.space import default_plan
+    from habu.target import target_named
+
+    backward_speed.build = _build_once  # train_step_speed.measure imports it at call time
+    print(ts.HEADER, flush=True)
+    row = ts.measure(args.tokens, args.target)
+    print(ts.table_line(row), flush=True)
+    (bw, fwd, back), = _BUILT.values()
+    sizes = {"B": args.tokens, **ts.SIZES}
+    for label, model in (("forward", bw.forward), ("backward", bw.model)):
+        plan = default_plan(bind_shape(model, sizes), target_named(args.target), sizes, {})
+        print(f"{label} default plan: rewrites {plan.rewrites}", flush=True)
+        for i, k in enumerate(plan.kernels):
+            print(f"  k{i}: {k.kind} {' '.join(k.nodes)}", flush=True)
+        row[f"{label} kernels"] = [f"{k.kind} {' '.join(k.nodes)}" for k in plan.kernels]
+    tensors = ts.inputs_for(args.tokens, 100)
+    dy = torch.randn((args.tokens, ts.SIZES["D"]), device="cuda").to(torch.bfloat16)
+    with serial_launches():
+        alone = kernel_device_times(lambda: ts.habu_step(bw, fwd, back, tensors, dy))
+    print(f"each kernel of Habu's step alone (µs, launches serialised), total {sum(alone.values()):.1f}:", flush=True)
+    for name, us in alone.items():
+        print(f"  {us:9.1f}  {name}", flush=True)
+    row["kernels alone us"] = alone
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(row, indent=1))
+    return 1 if "failed" in row else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
