@@ -1,8 +1,8 @@
-"""Session 32 `save`: the FFN-SKIP training step (habu.bench.train_step_speed) at the given tokens, then, from
+"""The FFN-SKIP training step (habu.bench.train_step_speed) at the given tokens, then, from
 the same build, each kernel of Habu's step timed alone (torch.profiler, launches serialised), with the nodes
 each backward kernel computes (the default plan, as the build chose it). One build per token count.
 
-    python gpu_runs/save/step_profile.py --tokens 4096 --json OUT.json
+    python -m habu.bench.train_step_profile --tokens 4096 --json OUT.json
 """
 
 from __future__ import annotations
