@@ -60,9 +60,36 @@ class Progress:
             self.live.__exit__(*exc)
 
 
-def plan_summary(plan: dict) -> str:
+# the kernel fields plan_summary prints in its own words (any other field that tells two plans apart is
+# printed as name=value by `distinguishing_fields`)
+SUMMARISED = {
+    "contraction": {"kind", "nodes", "mma", "tile_m", "tile_n", "tile_k", "stages", "a_move", "b_move", "split_k",
+                    "split_reduce", "persistent", "group_m", "raster", "store", "cluster_m", "index_width"},
+    "rows": {"kind", "nodes", "threads", "rows_per_block", "vector", "cache_row", "cluster", "prefetch"},
+    "columns": {"kind", "nodes", "threads", "column_threads", "vector", "rows_per_split", "unroll"},
+    "grouped": {"kind", "nodes", "bm", "bn", "bk", "warps_m", "warps_n", "index_width"},
+    "attention": {"kind", "nodes", "bm", "bn", "index_width"},
+    "general": {"kind", "nodes", "threads", "index_width"},
+    "map": {"kind", "nodes", "threads", "vector"},
+}
+
+
+def distinguishing_fields(plans: list[dict]) -> list[set[str]]:
+    """For each kernel position, the fields outside plan_summary's own words whose values differ among
+    `plans` (kernels of one kind at that position): printed so that no two rows of a table read alike."""
+    out: list[set[str]] = []
+    for i in range(max((len(p["kernels"]) for p in plans), default=0)):
+        kernels = [p["kernels"][i] for p in plans if i < len(p["kernels"])]
+        names = set().union(*(k.keys() for k in kernels)) - set().union(*(SUMMARISED.get(k["kind"], set())
+                                                                           for k in kernels))
+        out.append({n for n in names if len({repr(k.get(n)) for k in kernels}) > 1})
+    return out
+
+
+def plan_summary(plan: dict, show: list[set[str]] | None = None) -> str:
+    """One line naming a plan's choices; `show`: per kernel, further fields to print as name=value."""
     parts = []
-    for k in plan["kernels"]:
+    for i, k in enumerate(plan["kernels"]):
         if k["kind"] == "contraction":
             parts.append(f"{k['mma']} {k['tile_m']}x{k['tile_n']}x{k['tile_k']} s{k['stages']} A:{k['a_move']} "
                          f"B:{k['b_move']}" + (f" split{k['split_k']}" if k["split_k"] > 1 else "")
@@ -90,20 +117,27 @@ def plan_summary(plan: dict) -> str:
             parts.append(f"general {k['threads']}" + ("" if k.get("index_width", 32) == 32 else f" i{k['index_width']}"))
         else:
             parts.append(f"map {k['threads']} v{k['vector']}")
+        if show and i < len(show):
+            parts[-1] += "".join(f" {n}={_value(k.get(n))}" for n in sorted(show[i]) if n in k)
     rewrites = plan.get("rewrites") or []
     # no square brackets: the table is rich text, where "[factor:Y]" would be read as markup
     return (", ".join(rewrites) + " → " if rewrites else "") + "; ".join(parts)
 
 
+def _value(v: object) -> str:
+    return {True: "1", False: "0", None: "-"}.get(v, str(v)) if isinstance(v, bool | None) else str(v)
+
+
 def top_table(records: list[Record], roofline_us: float | None, baseline_us: float | None = None) -> Table:
     table = Table(title="best plans")
+    show = distinguishing_fields([r.plan for r in records])
     for col in ("#", "plan", "status", "median µs", "p20–p80 µs", "predicted µs", "% of roofline", "× baseline", "key"):
         table.add_column(col)
     for r in records:
         from habu.plan.plan import Plan
 
         pct = f"{100 * roofline_us / r.median_us:.0f}%" if roofline_us and r.median_us else "—"
-        table.add_row(str(r.rank + 1), plan_summary(r.plan), r.status,
+        table.add_row(str(r.rank + 1), plan_summary(r.plan, show), r.status,
                       f"{r.median_us:.1f}" if r.median_us else "—",
                       f"{r.p20_us:.1f}–{r.p80_us:.1f}" if r.p20_us and r.p80_us else "—",
                       f"{r.predicted_us:.1f}" if r.predicted_us else "—", pct,

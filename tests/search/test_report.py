@@ -73,3 +73,31 @@ def test_regression_a_general_kernel_crashed_the_search_report():
     model = load_program(ROOT / "examples" / "scatter_add.habu").models["UNPERMUTE"]
     plan = default_plan(model, TARGETS["sm_90a"], {}, {})
     assert plan_summary(plan.to_json()) == f"general {plan.kernels[0].threads}"
+
+
+def test_regression_the_best_plans_table_printed_three_different_plans_alike():
+    """`habu search examples/ggemm.habu --shape M=64` printed ranks 1, 2 and 5 as the same line ("wgmma
+    128x64x64 s6 A:cp.async B:tma g8 store:tma"): they differed in b_ahead and warps, which the summary never
+    names. A table now prints every other field that tells its rows apart, as name=value."""
+    from rich.console import Console
+
+    from habu.db import Record
+    from habu.search.report import plan_summary, top_table
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    model = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    sizes = {"M": 64, "N": 4096, "K": 4096}
+    base = default_plan(model.with_sizes(sizes), TARGETS["sm_90a"], sizes, {"mma": "wgmma"}).to_json()
+    plans = []
+    for change in ({"b_ahead": False, "warps": 12}, {"b_ahead": True, "warps": 12}, {"b_ahead": False, "warps": 8}):
+        p = {**base, "kernels": [{**base["kernels"][0], **change}]}
+        plans.append(p)
+    assert len({plan_summary(p) for p in plans}) == 1  # the summary alone reads alike
+    records = [Record(plan=p, status="unmeasured", rank=i) for i, p in enumerate(plans)]
+    console = Console(width=400, record=True)
+    console.print(top_table(records, None))
+    text = console.export_text()
+    assert "b_ahead=0 warps=12" in text and "b_ahead=1 warps=12" in text and "b_ahead=0 warps=8" in text
