@@ -8,6 +8,9 @@ from shared memory), the scale, the mask (tiles `unmasked` says need none skip i
 S's accumulator registers (`habu/attention/online.cuh`, in base 2 as the mma.sync kernel), P packed to bf16
 registers as the A operand of O += P·V (wgmma with A from registers and V's MN-major tile, the transposed
 B), one arrival on the stage's `empty` barrier, and at the end O · (1 / l) stored from the registers (one division a row).
+Persistent (`--pin persistent=1`): the same per-tile code inside each warpgroup's walk over the work tiles, the
+ring's state declared outside it, Q's barrier waited with the tile's parity and the Q-empty barrier arrived on once
+the tile's last S is done (the producer waits it before the next tile's Q).
 """
 
 from __future__ import annotations

@@ -21,12 +21,20 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         runs while P(kt)·V(kt) does (wgmma.wait_group 1), then P(kt + 1) is packed; tile kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
         last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
     epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`.
+    persistent (`kernel.persistent`, not the default): a grid of min(work tiles, SMs) blocks, block b walking the
+        work tiles (the blocks above, heaviest first) `first_work(b)`, `next_work(w, gridDim.x)`, ...; the producer
+        and the consumers keep the ring's (stage, phase) across tiles (a running KV-tile count); Q's one buffer
+        passes from tile to tile by `q_bar` (parity `q_full_parity(n)` of the block's n-th tile) and `q_empty`
+        (each consumer arrives once its tile's last S is done, `q_released`; the producer waits
+        `q_free_parity(n)` before the next Q), so the next tile's Q and first K/V land while the consumers run
+        this tile's last P·V and epilogue (FA3's persistent kernel).
 
 Every offset here is a byte offset from the kernel's 1024-byte aligned shared-memory base. The finite-field
 interpreter (habu/prove/interp_attention_wgmma.py) writes the TMA boxes through the driver's swizzle, reads
 the operands through the PTX ISA's descriptor layouts and the accumulator/A-register layouts (habu.prove.
 fragments), and runs the ring (habu.prove.pipeline): a wrong box, descriptor start, register map or stage
-changes the field result.
+changes the field result; a persistent block runs its whole walk (habu/prove/q_handoff.py and the
+`attention-persistent-walk` rule check Q's handoff and the walk under every order and grid).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ shared-memory layouts state (`wgmma_kmajor_addresses`, `wgmma_mnmajor_addresses`
 the registers the ISA's accumulator layout gives (`instruction_element("wgmma", ...)`); the online softmax
 (the FA2 lowering's `running_max`, `rescale`, `kept_max`, the mask on `s_element`) runs on those registers,
 P's A registers are packed by `p_registers` and placed by the ISA's register-A layout (`wgmma_a_element`,
-below), and O is stored from `o_element`. What is not modelled: the float guard `softmax_shift` (as for
+below), and O is stored from `o_element`. A persistent block (`_Block`) walks its work tiles with one shared
+memory, one ring and one pair of Q barriers: the producer as far ahead as its barriers allow, so a Q freed too
+early is overwritten by the next tile's before the last S reads it. What is not modelled: the float guard `softmax_shift` (as for
 mma.sync), and the timing of the ring, which the `pipeline-schedule` rule runs (habu.prove.pipeline).
 """
 
