@@ -263,8 +263,8 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
 """
     released = ""  # the consumers' arrival on Q-empty once the tile's last S is done (persistent)
     if pers:
-        released = (f"      if ({c(lw.q_released(lw.s_completed(cx('ks')), cx('tiles')))} && tid % 128 == 0) "
-                    "habu::mbar_arrive(q_empty);  // the tile's last S is done: the next Q may land\n")
+        released = (f"      habu::warpgroup_arrive_if({c(lw.q_released(lw.s_completed(cx('ks')), cx('tiles')))}, q_empty, "
+                    "tid);  // the tile's last S is done: the next Q may land\n")
     producer_tile = f"""      habu::mbar_arrive_expect_tx(q_bar, {q_bytes});
 {q_loads}
       for (long long kt = {c(lw.first_tile())}; kt < tiles; ++kt) {{
@@ -286,7 +286,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
     const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
 """
     q_wait = (f"    habu::mbar_wait(q_bar, {c(lw.q_full_parity(cx('n')))});  // the tile's Q has landed\n"
-              f"    if ({c(lw.q_released(0, cx('tiles')))} && tid % 128 == 0) habu::mbar_arrive(q_empty);  "
+              f"    habu::warpgroup_arrive_if({c(lw.q_released(0, cx('tiles')))}, q_empty, tid);  "
               "// a tile with no KV tile reads no Q\n" if pers else "    habu::mbar_wait(q_bar, 0);\n")
     consumer_tile = f"""{q_wait}    int slot = 0;  // the stage of the tile whose P·V is next
     if (tiles > 0) {{  // tile 0: its S, its softmax

@@ -67,6 +67,11 @@ def test_the_pin_is_not_the_default_and_the_default_prints_no_walk(prefill):
     # the grid: one block an SM, at most one a work tile (8 query tiles × 4 heads = 32 here)
     assert pinned.grid(WIDE, 132) == (32, 1, 1) and pinned.grid(WIDE, 7) == (7, 1, 1)
     assert default.grid(WIDE, 7) == (32, 1, 1)
+    # the standalone export's launch contract: the grid from SLOTS, found as the device's SM count
+    from habu.emit_cuda.standalone import grid_formula, slots_rule
+
+    assert slots_rule(pinned) == "sm_count" and "SLOTS" in grid_formula(pinned, {})[0]
+    assert slots_rule(default) is None and "SLOTS" not in grid_formula(default, {})[0]
 
 
 def test_the_persistent_plan_at_head_width_128_builds_without_spills(prefill, tmp_path):
