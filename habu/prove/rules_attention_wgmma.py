@@ -79,6 +79,10 @@ def wgmma_obligations(name: str, lw: AttentionWgmmaLowering, ctx: Context) -> It
         yield Obligation(ATTENTION_RULES["attention-persistent-walk"], name, None, "every grid's blocks take every "
                          "work tile once", walk is None, detail=walk or "")
         handoff = handoff_problem(lw)
+        if handoff is None and not (lw.q_bar + 8 <= lw.q_empty and lw.q_empty + 8 <= lw.ring.base
+                                    and lw.q_empty % 8 == 0):
+            handoff = (f"the Q-empty barrier at byte {lw.q_empty} is not its own 8 aligned bytes between Q's barrier "
+                       f"({lw.q_bar}) and the ring's ({lw.ring.base})")
         yield Obligation(ATTENTION_RULES["attention-q-handoff"], name, None, "Q's single buffer passes from tile to "
                          "tile without an overwrite or a deadlock", handoff is None, detail=handoff or "")
     split = lw.split

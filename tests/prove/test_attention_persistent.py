@@ -128,3 +128,19 @@ def test_the_check_grid_keeps_a_few_tiles_a_block(prefill):
     grid = check_blocks(lw, sizes)
     assert work == 96 and grid == max(CHECK_SLOTS, work // CHECK_TILES)
     assert all(len(walk(lw, b, grid, work)) <= CHECK_TILES for b in range(grid))
+
+
+def test_the_q_empty_barrier_sits_in_the_q_barriers_padding(prefill):
+    """Q-empty takes the second 8 bytes of the Q barrier's 16 (the layout of the default is unchanged); a barrier
+    placed over the ring's first is refused."""
+    model = prefill.with_sizes(mp.SHAPE)
+    plan, lw = _lowered(model, mp.SHAPE, mp.PINS)
+    assert lw.q_empty == lw.q_bar + 8 and lw.q_empty + 8 == lw.ring.base
+    moved = type("Moved", (type(lw),), {"q_empty": property(lambda self: self.ring.base)})
+    bad = moved(**{f: getattr(lw, f) for f in lw.__dataclass_fields__})
+    from habu.prove.obligation import context
+    from habu.prove.rules_attention_wgmma import wgmma_obligations
+
+    fails = [o for o in wgmma_obligations("k", bad, context(model, plan, mp.SHAPE)) if o.rule.name ==
+             "attention-q-handoff" and o.detail]
+    assert fails and "Q-empty barrier" in fails[0].detail
