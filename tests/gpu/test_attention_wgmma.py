@@ -103,37 +103,59 @@ def test_the_default_plan_of_a_long_prefill_is_the_wgmma_kernel():
 
 
 # the persistent kernel (`--pin persistent=1`): one block an SM walking the work tiles, the ring and Q's single
-# buffer handed on across them. At these sizes an H200's 132 SMs give most blocks one tile, so the cases also
-# launch grids of a few blocks (`resident_blocks` patched: every block then walks many tiles)
+# buffer handed on across them. At these sizes an H200's 132 SMs give each block one tile or two, so each case also
+# launches grids of a few blocks (`resident_blocks` patched: every block then walks many tiles), one build a case
 PERSIST = {"persistent": "1"}
 
 
-@pytest.mark.parametrize(("heads", "n_i", "n_j", "width", "pins", "slots"), [
-    pytest.param(GQA, 300, 500, 64, {}, None, id="gqa300x500d64"),
-    pytest.param(GQA, 300, 500, 64, {}, 3, id="gqa300x500d64-grid3"),
-    pytest.param(ONE, 700, 1000, 128, {"stages": "3", "pingpong": "1"}, None, id="pingpong3"),
-    pytest.param(ONE, 700, 1000, 128, {"stages": "3", "pingpong": "1"}, 5, id="pingpong3-grid5"),
-    pytest.param(GQA, 1000, 333, 128, {"bn": "64", "stages": "4"}, 7, id="fewkeys-bn64s4-grid7"),
-    pytest.param(GQA, 17, 5, 64, {"bm": "64"}, 2, id="masked-rows-bm64-grid2"),
+def golden_on_grids(monkeypatch, path: str, model: str, sizes: dict[str, int], pins: dict[str, str],
+                    grids: tuple[int | None, ...], seed: int) -> None:
+    """The persistent plan (`pins` on the wgmma loop's) against the float64 model, launched on each grid of `grids`
+    (None: the device's SMs), outputs poisoned by NaN before each launch."""
+    from habu.emit_cuda import driver
+
+    built = build(path, model, sizes, {**WGMMA, **pins, **PERSIST})
+    kernel = built.plan.kernels[0]
+    assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and kernel.persistent
+    slots: list[int | None] = [None]
+    monkeypatch.setattr("habu.emit_cuda.runtime.resident_blocks",
+                        lambda *a, **k: driver.resident_blocks(*a, **k) if slots[0] is None else slots[0])
+    inputs = make_inputs(built.model, built.sizes, seed)
+    ref = reference(built.model, inputs, built.sizes)["O"]
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+    for grid in grids:
+        slots[0] = grid
+        built.compiled.release_prepared()  # the grid is packed with a call's launches
+        outs = poisoned_outputs(built.model, built.sizes)
+        built.compiled(**inputs, **outs)
+        torch.cuda.synchronize()
+        g = compare(outs["O"], ref, tol)
+        assert g.unwritten == 0, f"grid {grid}: {g.unwritten} elements of O never written (or NaN)"
+        assert g.ok, f"grid {grid}: relative error {g.rel_error:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize(("heads", "n_i", "n_j", "width", "pins", "grids"), [
+    pytest.param(GQA, 150, 260, 64, {}, (None, 3), id="gqa150x260d64"),  # 2 query tiles × 8 heads
+    pytest.param(ONE, 400, 600, 128, {"stages": "3", "pingpong": "1"}, (None, 3), id="pingpong3"),
+    pytest.param(GQA, 300, 100, 128, {"bn": "64", "stages": "4"}, (7,), id="fewkeys-bn64s4"),  # tiles with no key
+    pytest.param(GQA, 17, 5, 64, {"bm": "64"}, (2,), id="masked-rows-bm64"),  # rows of zeros
 ])
-def test_persistent_causal_gqa_prefill_at_odd_sizes(monkeypatch, heads, n_i, n_j, width, pins, slots):
-    if slots is not None:
-        monkeypatch.setattr("habu.emit_cuda.runtime.resident_blocks", lambda *a, **k: slots)
-    run_golden(str(EX / "attention.habu"), "ATTENTION-GQA", {**heads, "E": width, "D": width, "I": n_i, "J": n_j},
-               {**pins, **PERSIST}, seed=n_i + n_j + (slots or 0))
+def test_persistent_causal_gqa_prefill_at_odd_sizes(monkeypatch, heads, n_i, n_j, width, pins, grids):
+    golden_on_grids(monkeypatch, str(EX / "attention.habu"), "ATTENTION-GQA",
+                    {**heads, "E": width, "D": width, "I": n_i, "J": n_j}, pins, grids, seed=n_i + n_j)
 
 
 def test_persistent_without_mask(monkeypatch, tmp_path):
-    monkeypatch.setattr("habu.emit_cuda.runtime.resident_blocks", lambda *a, **k: 5)
     full = tmp_path / "full.habu"
     full.write_text(full_attention_source())
-    run_golden(str(full), "ATTENTION-FULL", {**GQA, "E": 128, "D": 128, "I": 577, "J": 1000}, PERSIST, seed=9)
+    golden_on_grids(monkeypatch, str(full), "ATTENTION-FULL", {**ONE, "E": 128, "D": 128, "I": 300, "J": 700}, {},
+                    (2,), seed=9)
 
 
 def test_persistent_is_bitwise_the_one_tile_a_block_kernel(monkeypatch):
     """Each work tile's arithmetic is the non-persistent kernel's, in the same order: the outputs are equal bit for
     bit, whatever the grid (one block walking every tile, a few, one an SM)."""
-    sizes = {**GQA, "E": 128, "D": 128, "I": 1000, "J": 1000}
+    sizes = {**GQA, "E": 64, "D": 64, "I": 300, "J": 520}
     path = str(EX / "attention.habu")
     one = build(path, "ATTENTION-GQA", sizes, {**WGMMA, "pingpong": "1"})
     per = build(path, "ATTENTION-GQA", sizes, {**WGMMA, "pingpong": "1", **PERSIST})
