@@ -6,12 +6,12 @@
 set -u
 mkdir -p "$OUT/persist"
 echo "== GPU tests: persistent golden (float64) at odd sizes, grids of 2-7 blocks, bitwise = the one-tile kernel $(date -u +%T)"
-timeout 150 python -m pytest -q tests/gpu/test_attention_wgmma.py -k persistent 2>&1 | tail -15
+timeout 130 python -m pytest -q tests/gpu/test_attention_wgmma.py -k persistent 2>&1 | tail -15
 echo "== attention_speed: 1k and 4k, persistent against the same plan without, and SDPA $(date -u +%T)"
-timeout 170 python -m habu.bench.attention_speed --jobs 8 --json "$OUT/persist/speed.json" \
+timeout 140 python -m habu.bench.attention_speed --jobs 8 --json "$OUT/persist/speed.json" \
   --only fa3-causal-1k,fa3-causal-1k-persist,fa3-full-1k,fa3-full-1k-persist,fa3-causal-4k,fa3-causal-4k-persist \
   2>&1 | tail -20
 echo "== compute-sanitizer memcheck and synccheck on a persistent case (160 work tiles) $(date -u +%T)"
-timeout 100 python -m habu.bench.sanitize_paths --only attention-wgmma-persistent --tool memcheck --tool synccheck \
+timeout 80 python -m habu.bench.sanitize_paths --only attention-wgmma-persistent --tool memcheck --tool synccheck \
   2>&1 | tail -12
 echo "== done $(date -u +%T)"
