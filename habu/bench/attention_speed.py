@@ -70,6 +70,14 @@ CASES = (
          pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("head_major", "1"))),
     Case("fa3-causal-1k", 4, 16, 1, 1024, True, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
     Case("fa3-full-1k", 4, 16, 1, 1024, False, pins=(("main_loop", "wgmma"), ("pingpong", "1"),)),
+    # persistent blocks (`--pin persistent=1`): one an SM walking the work tiles, the next tile's Q and K/V loaded
+    # while this one's last P·V and epilogue run (the 1k cases pay a block's fixed cost on 1 to 8 KV tiles)
+    Case("fa3-causal-1k-persist", 4, 16, 1, 1024, True,
+         pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
+    Case("fa3-full-1k-persist", 4, 16, 1, 1024, False,
+         pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
+    Case("fa3-causal-4k-persist", 1, 16, 1, 4096, True,
+         pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
     # the default plan (no pins): the fused kernel on the wgmma loop for a prefill of ≥ 1024 queries on sm_90a
     Case("default-causal-4k", 1, 16, 1, 4096, True, default=True),
     Case("default-full-4k-bf16o", 1, 16, 1, 4096, False, default=True, out_dtype="bf16"),

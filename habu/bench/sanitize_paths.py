@@ -71,6 +71,12 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                         {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64"}),
     "attention-wgmma-pingpong": ("attention.habu", "ATTENTION-GQA", {"E": 128, "D": 128, "I": 200, "J": 260},
                                  {"family": "attention", "main_loop": "wgmma", "pingpong": "1"}),  # the default (s31)
+    # persistent blocks (s32): 10 query tiles × 16 heads = 160 work tiles, more than an H200's 132 SMs (blocks walk
+    # one or two), fewer keys than queries (tiles with no KV tile free Q at once)
+    "attention-wgmma-persistent": ("attention.habu", "ATTENTION-GQA",
+                                   {"B": 1, "G": 8, "R": 2, "E": 64, "D": 64, "I": 600, "J": 450},
+                                   {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64",
+                                    "persistent": "1"}),
     "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},
                       {"family": "grouped", "main_loop": "wgmma"}),
     "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),

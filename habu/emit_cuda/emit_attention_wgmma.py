@@ -8,12 +8,15 @@ from shared memory), the scale, the mask (tiles `unmasked` says need none skip i
 S's accumulator registers (`habu/attention/online.cuh`, in base 2 as the mma.sync kernel), P packed to bf16
 registers as the A operand of O += P·V (wgmma with A from registers and V's MN-major tile, the transposed
 B), one arrival on the stage's `empty` barrier, and at the end O · (1 / l) stored from the registers (one division a row).
+Persistent (`--pin persistent=1`): the same per-tile code inside each warpgroup's walk over the work tiles, the
+ring's state declared outside it, Q's barrier waited with the tile's parity and the Q-empty barrier arrived on once
+the tile's last S is done (the producer waits it before the next tile's Q).
 """
 
 from __future__ import annotations
 
 from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
-from habu.emit_cuda.cexpr import CExpr, bare, c
+from habu.emit_cuda.cexpr import CExpr, bare, c, cmin
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
@@ -28,7 +31,7 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.emit_wgmma import ring_advance_line
-from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.geometry import GRID_2D, LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.attention_wgmma import K_STEP, AttentionWgmmaLowering, wgmma_refusal
@@ -242,33 +245,27 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
     dec = f"    habu::setmaxnreg_dec<{split.producer}>();\n" if split.producer != split.at_launch else ""
     inc = (f"    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}\n" if split.consumer != split.at_launch
            else f"    // {split.describe()}: no setmaxnreg\n")
-    body = f"""{wgmma_function(bn, "bf16")}{wgmma_rs_function(n_d)}
-extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) {{
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const habu::u32 smem_base = (habu::smem_addr(smem_raw) + 1023u) & ~1023u;  // 128-byte swizzled tiles: 1024-byte aligned
-  const habu::u32 bars = smem_base + {ring.base}u;  // full[s] at +{ring.barrier_stride}·s, empty[s] {ring.empty_offset} bytes after it
-  const habu::u32 q_bar = smem_base + {lw.q_bar}u;  // Q's tile has landed
-{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
-  const int wg = tid / 128;
-  const long long bx = blockIdx.x;
-  const {it} qt = ({it})({c(lw.query_tile(bx, sizes))});  // the query tile
-  const {it} flat = ({it})({c(lw.batch_flat(bx, sizes))});  // the batch element
+    pers = lw.persistent
+
+    def deeper(text: str, levels: int = 1) -> str:
+        """`text` `levels` blocks deeper (a persistent block's per-tile code sits in its walk's loop)."""
+        pad = "  " * levels
+        return "".join(pad + line + "\n" if line else "\n" for line in text.splitlines())
+
+    tile_var = CExpr("w") if pers else bx  # the work tile: a persistent block's walk, else the block
+    decode = f"""  const {it} qt = ({it})({c(lw.query_tile(tile_var, sizes))});  // the query tile
+  const {it} flat = ({it})({c(lw.batch_flat(tile_var, sizes))});  // the batch element
 {batch_code}  const long long limit = {c(limit)};  // keys at or past this are masked for every row of the tile
   const long long tiles = {c(tiles)};  // the KV tiles visited (the causal skip)
   const long long open_limit = {c(open_limit)};  // keys below this are visible to every row of the tile
   (void)limit;
   (void)open_limit;
-  if (tid == 0) {{
-    habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
-    habu::mbar_init(q_bar, 1);
-    habu::fence_barrier_init();
-  }}
-  __syncthreads();
-  int stage = {ring.start_stage};
-  habu::u32 phase = {ring.start_phase};
-  if (wg == 0) {{  // ---------------------------------------------------------------- producer
-{dec}    if (tid == 0) {{
-      habu::mbar_arrive_expect_tx(q_bar, {q_bytes});
+"""
+    released = ""  # the consumers' arrival on Q-empty once the tile's last S is done (persistent)
+    if pers:
+        released = (f"      habu::warpgroup_arrive_if({c(lw.q_released(lw.s_completed(cx('ks')), cx('tiles')))}, q_empty, "
+                    "tid);  // the tile's last S is done: the next Q may land\n")
+    producer_tile = f"""      habu::mbar_arrive_expect_tx(q_bar, {q_bytes});
 {q_loads}
       for (long long kt = {c(lw.first_tile())}; kt < tiles; ++kt) {{
         habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
@@ -277,20 +274,21 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {kv_loads}
         {ring_advance_line(ring)}
       }}
-    }}
-  }} else {{  // --------------------------------------------------------------------- consumers
-{inc}    const int cw = {c(lw.consumer_of(CExpr("tid")))};  // query rows {64}·cw.. of the tile
-    const int warp = {c(fr.thread_warp(CExpr("tid")))}, lane = {c(fr.thread_lane(CExpr("tid")))};
-    float o[{lw.o_registers}];
+"""
+    consumer_state = f"""    float o[{lw.o_registers}];
 #pragma unroll
     for (int r = 0; r < {lw.o_registers}; ++r) o[r] = 0.0f;
     float m[2] = {{habu::neg_inf_f(), habu::neg_inf_f()}}, l[2] = {{0.0f, 0.0f}};
-    float s[{lw.s_registers}];  // S of the tile in flight, then its P
+"""
+    consumer_regs = f"""    float s[{lw.s_registers}];  // S of the tile in flight, then its P
     float alpha[2], shift[2];  // the rescale of O and l for the tile, its exponentials' shift
     habu::u32 pa[{bn // K_STEP}][4];  // P's A registers of each k step (keys 16·kk..)
     const float scale = {scale} * habu::LOG2E;  // scores in base 2: exp(x) = 2^(x·log2 e)
-{turn_start}    habu::mbar_wait(q_bar, 0);
-    int slot = 0;  // the stage of the tile whose P·V is next
+"""
+    q_wait = (f"    habu::mbar_wait(q_bar, {c(lw.q_full_parity(cx('n')))});  // the tile's Q has landed\n"
+              f"    habu::warpgroup_arrive_if({c(lw.q_released(0, cx('tiles')))}, q_empty, tid);  "
+              "// a tile with no KV tile reads no Q\n" if pers else "    habu::mbar_wait(q_bar, 0);\n")
+    consumer_tile = f"""{q_wait}    int slot = 0;  // the stage of the tile whose P·V is next
     if (tiles > 0) {{  // tile 0: its S, its softmax
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       slot = {c(ring.read_slot(CExpr("stage")))};
@@ -301,7 +299,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(s);
       const long long ks = {c(lw.first_tile())};
-{softmax('      ')}{pack_p('      ')}    }}
+{released}{softmax('      ')}{pack_p('      ')}    }}
     for (long long kt = {c(lw.first_tile())}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, alpha(kt) to rescale O; a next tile
       // S of tile kt + 1 first: O's rescale runs while it does, tile kt + 1's softmax while P(kt)·V(kt) does
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
@@ -313,7 +311,7 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
 {rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<1>();  // S of tile kt + 1
       habu::fence_registers(s);
       const long long ks = {bare(lw.next_tile(CExpr('kt')))};
-{softmax('      ')}{late_wait}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
+{released}{softmax('      ')}{late_wait}      habu::wgmma_wait<0>();  // P(kt)·V(kt)
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
 {pack_p('      ')}      slot = nslot;
@@ -323,7 +321,8 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
-{turn_end}#pragma unroll
+"""
+    epilogue = f"""#pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
       l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
       l[h] = habu::f_div0(1.0f, l[h]);
@@ -339,7 +338,50 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
           if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)}))
             {store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table), f'o[{o_reg}] * l[h]')}
         }}
+"""
+    init = f"""  if (tid == 0) {{
+    habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
+    habu::mbar_init(q_bar, 1);
+{f"    habu::mbar_init(q_empty, {lw.consumers});{chr(10)}" if pers else ""}    habu::fence_barrier_init();
   }}
+  __syncthreads();
+  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
+"""
+    if pers:  # the walk: w = first_work(blockIdx.x), next_work(w, gridDim.x), ... below the work tiles
+        first = c(lw.first_work(CExpr("(long long)blockIdx.x")))
+        step = c(lw.next_work(CExpr("w"), CExpr("(long long)gridDim.x")))
+        walk = f"for (long long w = {first}, n = 0; w < work; w = {step}, ++n) {{"
+        head = f"""  const long long work = {c(lw.work_tiles(sizes))};  // the work tiles (query tile, batch element), heaviest first
+  const habu::u32 q_empty = smem_base + {lw.q_empty}u;  // the consumers are done with Q's tile
+{init}"""
+        producer = f"""      {walk}  // this block's work tiles; n: those before w
+{deeper(decode, 3)}        if (n > 0) habu::mbar_wait(q_empty, {c(lw.q_free_parity(cx('n')))});  // tile n − 1's Q is free
+{deeper(producer_tile)}      }}
+"""
+        consumer = f"""{consumer_regs}{turn_start}    {walk}  // this block's work tiles; n: those before w
+{deeper(decode, 2)}{deeper(consumer_state + consumer_tile + epilogue)}    }}
+{turn_end}"""
+    else:
+        head = f"""  const long long bx = blockIdx.x;
+{decode}{init}"""
+        producer = producer_tile
+        consumer = f"""{consumer_state}{consumer_regs}{turn_start}{consumer_tile}{turn_end}{epilogue}"""
+    body = f"""{wgmma_function(bn, "bf16")}{wgmma_rs_function(n_d)}
+extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 smem_base = (habu::smem_addr(smem_raw) + 1023u) & ~1023u;  // 128-byte swizzled tiles: 1024-byte aligned
+  const habu::u32 bars = smem_base + {ring.base}u;  // full[s] at +{ring.barrier_stride}·s, empty[s] {ring.empty_offset} bytes after it
+  const habu::u32 q_bar = smem_base + {lw.q_bar}u;  // Q's tile has landed
+{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+{head}  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+{dec}    if (tid == 0) {{
+{producer}    }}
+  }} else {{  // --------------------------------------------------------------------- consumers
+{inc}    const int cw = {c(lw.consumer_of(CExpr("tid")))};  // query rows {64}·cw.. of the tile
+    const int warp = {c(fr.thread_warp(CExpr("tid")))}, lane = {c(fr.thread_lane(CExpr("tid")))};
+{consumer}  }}
 }}
 """
     src = header(f"{name}: fused attention (online softmax), wgmma main loop: query tiles of {bm} rows "
@@ -353,6 +395,20 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
                       register_demand=split.demand if resized else None)
 
 
-register_geometry(AttentionWgmmaLowering, GRID_2D)  # (batch elements × query tiles, 1)
+def _blocks(lw: AttentionWgmmaLowering, sizes, slots: int) -> tuple[int, int, int]:
+    if lw.persistent:  # one block a resident slot (an SM), at most one a work tile
+        return int(lw.persistent_blocks(int(lw.work_tiles(sizes)), slots)), 1, 1
+    return GRID_2D.blocks(lw, sizes, slots)
+
+
+def _formula(lw: AttentionWgmmaLowering, s, slots) -> tuple[object, object, object]:
+    if lw.persistent:
+        return cmax(1, cmin(lw.work_tiles(s), slots)), "1", "1"
+    return GRID_2D.formula(lw, s, slots)
+
+
+# (batch elements × query tiles, 1); persistent: the SMs (`resident_blocks`), at most the work tiles
+register_geometry(AttentionWgmmaLowering, LaunchGeometry(
+    blocks=_blocks, formula=_formula, slots=lambda lw, cluster: "sm_count" if lw.persistent else None))
 
 __all__ = ["emit_attention_wgmma", "wgmma_rs_function", "wgmma_rs_name"]

@@ -21,12 +21,20 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         runs while P(kt)·V(kt) does (wgmma.wait_group 1), then P(kt + 1) is packed; tile kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
         last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
     epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`.
+    persistent (`kernel.persistent`, not the default): a grid of min(work tiles, SMs) blocks, block b walking the
+        work tiles (the blocks above, heaviest first) `first_work(b)`, `next_work(w, gridDim.x)`, ...; the producer
+        and the consumers keep the ring's (stage, phase) across tiles (a running KV-tile count); Q's one buffer
+        passes from tile to tile by `q_bar` (parity `q_full_parity(n)` of the block's n-th tile) and `q_empty`
+        (each consumer arrives once its tile's last S is done, `q_released`; the producer waits
+        `q_free_parity(n)` before the next Q), so the next tile's Q and first K/V land while the consumers run
+        this tile's last P·V and epilogue (FA3's persistent kernel).
 
 Every offset here is a byte offset from the kernel's 1024-byte aligned shared-memory base. The finite-field
 interpreter (habu/prove/interp_attention_wgmma.py) writes the TMA boxes through the driver's swizzle, reads
 the operands through the PTX ISA's descriptor layouts and the accumulator/A-register layouts (habu.prove.
 fragments), and runs the ring (habu.prove.pipeline): a wrong box, descriptor start, register map or stage
-changes the field result.
+changes the field result; a persistent block runs its whole walk (habu/prove/q_handoff.py and the
+`attention-persistent-walk` rule check Q's handoff and the walk under every order and grid).
 """
 
 from __future__ import annotations
@@ -129,6 +137,55 @@ class AttentionWgmmaLowering(AttentionLowering):
     def consumer_of(self, tid: Any) -> Any:
         """The consumer warpgroup of thread tid (warpgroup 0 is the producer)."""
         return tid // 128 - 1
+
+    # -- the persistent walk (`kernel.persistent`): block b of a grid of G blocks takes the work tiles (the
+    # non-persistent grid's block indices: `query_tile`, `batch_flat`) w = first_work(b), next_work(w, G), ...
+    # below `work_tiles`, in the heaviest-first order (a static round robin: about LPT)
+    @property
+    def persistent(self) -> bool:
+        return bool(self.kernel.persistent)
+
+    def work_tiles(self, sizes: Mapping[str, Any]) -> Any:
+        """The (query tile, batch element) pairs: the non-persistent launch's blocks."""
+        return self.batch_count(sizes) * self.query_tiles(sizes)
+
+    def persistent_blocks(self, work: Any, slots: Any) -> Any:
+        """The persistent grid: one block a resident slot (an SM: `slots`), at most one a work tile."""
+        return max(1, min(work, slots))
+
+    def first_work(self, block: Any) -> Any:
+        """Block b's first work tile."""
+        return block
+
+    def next_work(self, w: Any, blocks: Any) -> Any:
+        """The work tile after w of a block of a grid of `blocks` blocks."""
+        return w + blocks
+
+    # -- Q's handoff across a persistent block's work tiles: Q is single-buffered. The consumers wait `q_bar` for
+    # the block's n-th tile's Q with parity `q_full_parity(n)`; each consumer warpgroup arrives once a tile on
+    # `q_empty` when `q_released(done, tiles)` holds, `done` the tile's S = Q·Kᵀ products completed (checked once
+    # Q has landed, done = 0, and after each S); the producer waits `q_empty` with `q_free_parity(n)` before it
+    # loads the n-th tile's Q (n ≥ 1), so the next Q lands while the consumers run the last P·V and the epilogue
+    @property
+    def q_empty(self) -> int:
+        """The Q-empty barrier: the second 8 bytes of the Q barrier's 16."""
+        return self.q_bar + 8
+
+    def q_full_parity(self, n: Any) -> Any:
+        return n % 2
+
+    def q_free_parity(self, n: Any) -> Any:
+        """The parity of the phase tile n − 1's arrivals complete."""
+        return (n + 1) % 2
+
+    def s_completed(self, ks: Any) -> Any:
+        """The S products of a tile completed once KV tile ks's has (the wgmma loop starts at tile 0: no split)."""
+        return ks + 1
+
+    def q_released(self, done: Any, tiles: Any) -> Any:
+        """Whether the consumers are done with Q once `done` of the tile's `tiles` S products have completed: after
+        the last (at once for a tile that visits no KV tile)."""
+        return done >= tiles
 
     # -- shared memory
     def smem_bytes(self) -> int:

@@ -277,6 +277,11 @@ class AttentionKernel:
                            "and O, merged in shared memory at the end (the online softmax's combine); the block's "
                            "threads copy the tiles together", P, default=1, allowed=(1, 2, 4, 8), pins=("kv_warps",),
                            json_optional=True, unguarded=KEEP)
+    persistent: bool = choice("the wgmma main loop's blocks persist: one a resident slot (an SM), each walking the "
+                              "work tiles (query tile, batch element) w = blockIdx.x + t·gridDim.x in the heaviest-first "
+                              "order, its producer loading the next tile's Q and K/V while the consumers finish this "
+                              "one (the ring runs on across tiles; Q is freed once the tile's last S is done)", P,
+                              default=False, pins=("persistent",), json_optional=True, unguarded=KEEP)
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel | AttentionKernel

@@ -12,7 +12,9 @@ shared-memory layouts state (`wgmma_kmajor_addresses`, `wgmma_mnmajor_addresses`
 the registers the ISA's accumulator layout gives (`instruction_element("wgmma", ...)`); the online softmax
 (the FA2 lowering's `running_max`, `rescale`, `kept_max`, the mask on `s_element`) runs on those registers,
 P's A registers are packed by `p_registers` and placed by the ISA's register-A layout (`wgmma_a_element`,
-below), and O is stored from `o_element`. What is not modelled: the float guard `softmax_shift` (as for
+below), and O is stored from `o_element`. A persistent block (`_Block`) walks its work tiles with one shared
+memory, one ring and one pair of Q barriers: the producer as far ahead as its barriers allow, so a Q freed too
+early is overwritten by the next tile's before the last S reads it. What is not modelled: the float guard `softmax_shift` (as for
 mma.sync), and the timing of the ring, which the `pipeline-schedule` rule runs (habu.prove.pipeline).
 """
 
@@ -32,9 +34,10 @@ from habu.prove.fragments import (
     wgmma_mnmajor_addresses,
 )
 from habu.prove.interp import Memory, eval_pointwise, read, write
-from habu.prove.interp_attention import _box, _final, _frozen, _key_limit, _open_limit, _tiled_axes
+from habu.prove.interp_attention import _final, _frozen, _key_limit, _open_limit, _tiled_axes
 from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, register_kind
+from habu.prove.pipeline import Barrier
 
 # ----------------------------------------------------------------------------- the instruction (PTX ISA)
 # "Register fragments and shared memory matrix layouts, wgmma .m64nNk16, matrix A in registers": warp w of
@@ -62,8 +65,32 @@ class _FieldOps:
 
 def run_attention_wgmma(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], mem: Memory, blocks,
                         keep: np.ndarray | None = None) -> None:
+    """Each selected block: one work tile, or (persistent) a block of the check's grid (`check_blocks`) walking
+    its work tiles with one shared memory, one ring and one Q barrier pair across them."""
+    grid = check_blocks(lw, sizes) if lw.persistent else 0
     for x in blocks:
-        _run_block(name, lw, sizes, mem, int(x))
+        _Block(name, lw, sizes, mem, int(x), grid).run()
+
+
+# The grid a persistent kernel is checked at: the grid of a GPU of this many SMs (at least), so that the blocks of
+# a small witness walk several work tiles each, the ring and Q's handoff running on across them (the kernel reads
+# gridDim.x: every grid's walk is the `attention-persistent-walk` rule's); at most `CHECK_TILES` tiles a block
+CHECK_SLOTS, CHECK_TILES = 3, 4
+
+
+def check_blocks(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]) -> int:
+    work = int(lw.work_tiles(sizes))
+    return int(lw.persistent_blocks(work, max(CHECK_SLOTS, -(-work // CHECK_TILES))))
+
+
+def walk(lw: AttentionWgmmaLowering, block: int, blocks: int, work: int) -> list[int]:
+    """The work tiles block `block` of a grid of `blocks` takes (`first_work`, `next_work`), as the kernel walks
+    them; a walk that does not move forward ends at its first repeat (the kernel would loop forever)."""
+    out, w = [], int(lw.first_work(block))
+    while 0 <= w < work and w not in out and len(out) <= work:
+        out.append(w)
+        w = int(lw.next_work(w, blocks))
+    return out
 
 
 def _tma_load(name: str, lw: AttentionWgmmaLowering, access, origin: Mapping[str, object], dst: int,
@@ -88,42 +115,8 @@ def _tma_load(name: str, lw: AttentionWgmmaLowering, access, origin: Mapping[str
     smem[(dst + tma_box_bytes(rows, SPAN, 2, lw.qk_desc.swizzle)) // 2] = np.where(inside, values, zero)
 
 
-def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], mem: Memory, x: int) -> None:
-    f = mem.field
-    ops = _FieldOps(f)
-    k, ring = lw.kernel, lw.ring
-    assert ring is not None
-    qt, flat = int(lw.query_tile(x, sizes)), int(lw.batch_flat(x, sizes))
-    coords = {a: int(v) for a, v in lw.batch_coords(flat, sizes).items()}
-
-    def where(bad: np.ndarray) -> str:
-        return f"block {x} (query tile {qt}, batch element {flat})"
-
-    n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
-    zero = f.const(Fraction(0))
-    smem = np.broadcast_to(zero, (lw.content_bytes // 2,)).copy()
-    scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
-    limit = _key_limit(lw, qt, coords, sizes, mem)
-    tiles = int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))
-    open_limit = _open_limit(lw, qt, coords, sizes, mem)
-    # the producer: Q's boxes, then each KV tile's boxes into the stage the ring is at
-    for b in range(lw.q_boxes):
-        _tma_load(name, lw, lw.q, lw.q_box_origin(qt, coords, b), int(lw.q_box_dst(b)), smem, sizes, mem, where)
-    produced, p_state = 0, (ring.start_stage, ring.start_phase)
-
-    def produce_until(t_last: int) -> None:
-        nonlocal produced, p_state
-        while produced <= min(t_last, tiles - 1):
-            stage = p_state[0]
-            for b in range(lw.q_boxes):
-                _tma_load(name, lw, lw.k, lw.k_box_origin(produced, coords, b), int(lw.k_box_dst(stage, b)), smem,
-                          sizes, mem, where)
-            for b in range(lw.v_boxes):
-                _tma_load(name, lw, lw.v, lw.v_box_origin(produced, coords, b), int(lw.v_box_dst(stage, b)), smem,
-                          sizes, mem, where)
-            p_state = ring.advance(*p_state)
-            produced += 1
-
+def _maps(lw: AttentionWgmmaLowering, k, n_d: int) -> dict:
+    """The register maps of a consumer warpgroup (the lowering's and the instruction's), by name."""
     W, L = 4, 32
     w5 = np.arange(W, dtype=np.int64)[:, None, None, None, None]
     l5 = np.arange(L, dtype=np.int64)[None, :, None, None, None]
@@ -132,7 +125,6 @@ def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], 
     j5 = np.arange(lw.score_groups, dtype=np.int64)[None, None, :, None, None]
     dn5 = np.arange(lw.out_groups, dtype=np.int64)[None, None, :, None, None]
     w3, l3 = np.arange(W)[:, None, None], np.arange(L)[None, :, None]
-    lanes = np.arange(L, dtype=np.int64)
     s_reg5 = np.broadcast_to(np.asarray(lw.s_register(j5, h5, q5), dtype=np.int64), (W, L, lw.score_groups, lw.fragment.halves, lw.fragment.pair))
     o_reg5 = np.broadcast_to(np.asarray(lw.o_register(dn5, h5, q5), dtype=np.int64), (W, L, lw.out_groups, lw.fragment.halves, lw.fragment.pair))
     wb5, lb5 = np.broadcast_to(w5, s_reg5.shape), np.broadcast_to(l5, s_reg5.shape)
@@ -145,48 +137,180 @@ def _run_block(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], 
     a_r = np.arange(4)[None, None, :, None]
     a_h = np.arange(2)[None, None, None, :]
     a_row, a_col = (np.broadcast_to(v, (W, L, 4, 2)) for v in wgmma_a_element(a_w, a_l, a_r, a_h))
-    desc = lw.qk_desc
-    maps = {"w5": w5, "l5": l5, "h5": h5, "q5": q5, "j5": j5, "wb5": wb5, "lb5": lb5, "s_reg5": s_reg5, "wo5": wo5,
-            "lo5": lo5, "o_reg5": o_reg5, "s_row": s_row, "s_col": s_col, "o_row": o_row, "o_col": o_col,
+    return {"w5": w5, "l5": l5, "h5": h5, "q5": q5, "j5": j5, "dn5": dn5, "wb5": wb5, "lb5": lb5, "s_reg5": s_reg5,
+            "wo5": wo5, "lo5": lo5, "o_reg5": o_reg5, "s_row": s_row, "s_col": s_col, "o_row": o_row, "o_col": o_col,
             "a_row": a_row, "a_col": a_col}
-    states = []
-    for cw in range(lw.consumers):
-        # Q's A operand of this slab, all k steps: (64, #E), once Q's barrier has completed
-        a_q = np.concatenate([smem[wgmma_kmajor_addresses(int(lw.q_start(cw, kk)), SLAB, K_STEP, desc.sbo,
-                                                          desc.swizzle) // 2] for kk in range(n_e // K_STEP)], axis=1)
-        states.append({"m": np.broadcast_to(f.const(Fraction(1)), (W, L, 2)).copy(),  # the empty maximum
-                       "l": np.broadcast_to(zero, (W, L, 2)).copy(), "o": np.broadcast_to(zero, (W, L, n_d // 2)).copy(),
-                       "a_q": a_q, "ring": (ring.start_stage, ring.start_phase)})
-    kt = int(lw.first_tile())
-    while kt < tiles:  # the KV loop: from the lowering's first tile, a step of `next_tile`
-        # the producer fills every stage the tiles before kt have left (the consumers run in order here; when the
-        # ring lets each load begin is the pipeline-schedule rule's): a stage index that repeats too early
-        # overwrites tile kt before it is read
-        produce_until(kt + ring.stages - 1)
-        for cw, st in enumerate(states):  # every consumer reads tile kt before any stage is refilled
-            _consume(lw, f, ops, smem, st, cw, qt, kt, coords, sizes, mem, open_limit, scale, maps)
-        kt = int(lw.next_tile(kt))
-    for cw, st in enumerate(states):
-        l_run, o = st["l"], st["o"]
-        for off in lw.quad_offsets:
-            l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
-        o_g = o[wo5, lo5, o_reg5]
-        inv = f.op("div0", [np.broadcast_to(f.const(Fraction(1)), l_run.shape), l_run])  # 1 / l once a row
-        out = f.op("mul", [o_g, np.broadcast_to(inv[:, :, None, :, None], o_g.shape)])
-        rows, cols = lw.o_element(cw, w5, l5, dn5, h5, q5)
-        at = {**{a: np.int64(v) for a, v in coords.items()},
-              "i": np.broadcast_to(lw.row(qt, rows), out.shape), "d": np.broadcast_to(cols, out.shape)}
-        write(name, lw.out, at, out, sizes, mem, lw.index_width, False, None, where)
 
 
-def _consume(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray, st: dict, cw: int, qt: int, kt: int,
-             coords: Mapping[str, int], sizes: Mapping[str, int], mem: Memory, open_limit: int, scale, maps: dict
-             ) -> None:
-    """Consumer cw's step over KV tile kt: S by wgmma, the online softmax on its registers, O += P·V."""
+class _Deadlock(Exception):
+    pass
+
+
+class _Block:
+    """One block: a work tile, or a persistent block's walk (`walk`) over several. The producer runs as far ahead as
+    its barriers let it (`_produce`, after every consumer step that frees something): Q's boxes of the block's n-th
+    tile once the Q-empty barrier's phase n − 1 has completed (`q_free_parity`), each KV tile's boxes into the stage
+    the ring is at once the tile S stages before has been released (the ring's order of stages is the
+    `pipeline-schedule` rule's); the consumers step in lockstep (every warpgroup the same step), Q's barrier and Q's
+    empty barrier with the mbarrier semantics (habu.prove.pipeline.Barrier). A wait that the producer, as far ahead
+    as it can go, does not satisfy is a deadlock (a fault); a Q freed before the tile's last S lets the producer
+    overwrite it with the next tile's."""
+
+    def __init__(self, name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], mem: Memory, x: int,
+                 grid: int):
+        self.name, self.lw, self.sizes, self.mem, self.x = name, lw, sizes, mem, x
+        f = self.f = mem.field
+        self.ops = _FieldOps(f)
+        assert lw.ring is not None
+        self.ring = lw.ring
+        self.tiles = walk(lw, x, grid, int(lw.work_tiles(sizes))) if grid else [x]
+        self.smem = np.broadcast_to(f.const(Fraction(0)), (lw.content_bytes // 2,)).copy()
+        self.scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
+        self.maps = _maps(lw, lw.kernel, sizes[lw.col_extent])
+        self.info = [self._tile_info(w) for w in self.tiles]
+        # the producer: its place in its sequence (work tile, KV tile of it or -1 for Q), the ring's state
+        self.p_tile, self.p_kv, self.p_state, self.produced = 0, -1, (self.ring.start_stage, self.ring.start_phase), 0
+        self.released = 0  # KV tiles every consumer has released (in order)
+        self.q_full = Barrier(1)  # Q's barrier: one arrival (the producer's expect_tx), its bytes land at once
+        self.q_empty = Barrier(max(1, lw.consumers))  # every consumer warpgroup arrives once a tile
+
+    def _tile_info(self, w: int) -> dict:
+        lw, sizes, mem = self.lw, self.sizes, self.mem
+        qt, flat = int(lw.query_tile(w, sizes)), int(lw.batch_flat(w, sizes))
+        coords = {a: int(v) for a, v in lw.batch_coords(flat, sizes).items()}
+        limit = _key_limit(lw, qt, coords, sizes, mem)
+        return {"w": w, "qt": qt, "flat": flat, "coords": coords, "open": _open_limit(lw, qt, coords, sizes, mem),
+                "tiles": int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))}
+
+    def where(self, info: dict):
+        text = f"block {self.x} (work tile {info['w']}: query tile {info['qt']}, batch element {info['flat']})"
+        return lambda bad: text
+
+    # -- the producer
+    def _produce(self) -> None:
+        lw, ring = self.lw, self.ring
+        while self.p_tile < len(self.info):
+            info = self.info[self.p_tile]
+            if self.p_kv < 0:  # the tile's Q: after the consumers freed the last one
+                n = self.p_tile
+                if n > 0 and not self.q_empty.completed(int(lw.q_free_parity(n))):
+                    return
+                for b in range(lw.q_boxes):
+                    _tma_load(self.name, lw, lw.q, lw.q_box_origin(info["qt"], info["coords"], b), int(lw.q_box_dst(b)),
+                              self.smem, self.sizes, self.mem, self.where(info))
+                self.q_full.pending -= 1
+                self.q_full.settle()
+                self.p_kv = int(lw.first_tile())
+                continue
+            if self.p_kv >= info["tiles"]:  # the emitted producer loop: ++kt below the tile's KV tiles
+                self.p_tile, self.p_kv = self.p_tile + 1, -1
+                continue
+            if self.produced >= ring.stages and self.released < self.produced - ring.stages + 1:
+                return  # the stage's last tile is still read
+            stage = self.p_state[0]
+            for b in range(lw.q_boxes):
+                _tma_load(self.name, lw, lw.k, lw.k_box_origin(self.p_kv, info["coords"], b),
+                          int(lw.k_box_dst(stage, b)), self.smem, self.sizes, self.mem, self.where(info))
+            for b in range(lw.v_boxes):
+                _tma_load(self.name, lw, lw.v, lw.v_box_origin(self.p_kv, info["coords"], b),
+                          int(lw.v_box_dst(stage, b)), self.smem, self.sizes, self.mem, self.where(info))
+            self.p_state = ring.advance(*self.p_state)
+            self.produced += 1
+            self.p_kv += 1
+
+    def _free_q(self, done: int, tiles: int) -> None:
+        """Every consumer's arrival on Q-empty where `q_released(done, tiles)` holds (a persistent kernel's)."""
+        if self.lw.persistent and bool(self.lw.q_released(done, tiles)):
+            for _ in range(self.lw.consumers):
+                self.q_empty.pending -= 1
+            self.q_empty.settle()
+            self._produce()
+
+    def _deadlock(self, info: dict, what: str) -> None:
+        self.mem.fault(f"{self.name}: {self.where(info)(None)}: the consumers wait for {what}, which the producer "
+                       "never delivers (a deadlock)")
+        raise _Deadlock
+
+    # -- the consumers
+    def run(self) -> None:
+        self._produce()
+        states = [{"ring": (self.ring.start_stage, self.ring.start_phase)} for _ in range(self.lw.consumers)]
+        consumed = 0
+        try:
+            for n, info in enumerate(self.info):
+                consumed = self._tile(n, info, states, consumed)
+        except _Deadlock:
+            return
+
+    def _tile(self, n: int, info: dict, states: list[dict], consumed: int) -> int:
+        lw, f, sizes = self.lw, self.f, self.sizes
+        n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
+        zero = f.const(Fraction(0))
+        W, L = 4, 32
+        if not self.q_full.completed(int(lw.q_full_parity(n))):
+            self._deadlock(info, "the tile's Q")
+        for st in states:  # the empty maximum, l and O
+            st.update(m=np.broadcast_to(f.const(Fraction(1)), (W, L, 2)).copy(), l=np.broadcast_to(zero, (W, L, 2)).copy(),
+                      o=np.broadcast_to(zero, (W, L, n_d // 2)).copy())
+        tiles = info["tiles"]
+        self._free_q(0, tiles)
+        kt = int(lw.first_tile())
+        while kt < tiles:  # the KV loop: from the lowering's first tile, a step of `next_tile`
+            if self.produced <= consumed:
+                self._deadlock(info, f"KV tile {kt}")
+            for cw, st in enumerate(states):  # S = Q·Kᵀ: Q and the stage's K as they are now
+                st["a_q"] = np.concatenate([self.smem[wgmma_kmajor_addresses(int(lw.q_start(cw, kk)), SLAB, K_STEP,
+                                                                             lw.qk_desc.sbo, lw.qk_desc.swizzle) // 2]
+                                            for kk in range(n_e // K_STEP)], axis=1)
+                _scores(lw, f, self.smem, st, sizes)
+            self._free_q(int(lw.s_completed(kt)), tiles)
+            for cw, st in enumerate(states):  # the softmax, O += P·V, the stage released
+                _accumulate(lw, f, self.ops, self.smem, st, cw, info["qt"], kt, info["coords"], sizes, self.mem,
+                            info["open"], self.scale, self.maps)
+            consumed += 1
+            self.released += 1
+            self._produce()
+            kt = int(lw.next_tile(kt))
+        self._store(info, states)
+        return consumed
+
+    def _store(self, info: dict, states: list[dict]) -> None:
+        lw, f, mp = self.lw, self.f, self.maps
+        lanes = np.arange(32, dtype=np.int64)
+        w5, l5, h5, q5, dn5 = mp["w5"], mp["l5"], mp["h5"], mp["q5"], mp["dn5"]
+        wo5, lo5, o_reg5 = mp["wo5"], mp["lo5"], mp["o_reg5"]
+        for cw, st in enumerate(states):
+            l_run, o = st["l"], st["o"]
+            for off in lw.quad_offsets:
+                l_run = f.op("add", [l_run, l_run[:, lanes ^ off, :]])
+            o_g = o[wo5, lo5, o_reg5]
+            inv = f.op("div0", [np.broadcast_to(f.const(Fraction(1)), l_run.shape), l_run])  # 1 / l once a row
+            out = f.op("mul", [o_g, np.broadcast_to(inv[:, :, None, :, None], o_g.shape)])
+            rows, cols = lw.o_element(cw, w5, l5, dn5, h5, q5)
+            at = {**{a: np.int64(v) for a, v in info["coords"].items()},
+                  "i": np.broadcast_to(lw.row(info["qt"], rows), out.shape), "d": np.broadcast_to(cols, out.shape)}
+            write(self.name, lw.out, at, out, self.sizes, self.mem, lw.index_width, False, None, self.where(info))
+
+
+def _scores(lw: AttentionWgmmaLowering, f, smem: np.ndarray, st: dict, sizes: Mapping[str, int]) -> None:
+    """S = Q·Kᵀ of a consumer's slab (its Q operand `a_q`) with the K tile of the stage its ring is at."""
+    desc = lw.qk_desc
+    n_e = sizes[lw.red_extent]
+    slot = int(lw.ring.read_slot(st["ring"][0]))  # type: ignore[union-attr]
+    b_k = np.concatenate([smem[wgmma_kmajor_addresses(int(lw.k_start(slot, kk)), lw.kernel.bn, K_STEP, desc.sbo,
+                                                      desc.swizzle) // 2] for kk in range(n_e // K_STEP)], axis=1)
+    st["s"] = f.contract([st["a_q"], b_k], "ie,je->ij")  # (64, bn)
+
+
+def _accumulate(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray, st: dict, cw: int, qt: int, kt: int,
+                coords: Mapping[str, int], sizes: Mapping[str, int], mem: Memory, open_limit: int, scale, maps: dict
+                ) -> None:
+    """Consumer cw's step over KV tile kt once its S is in `st`: the online softmax on its registers, O += P·V, the
+    ring's state advanced."""
     k, ring = lw.kernel, lw.ring
     assert ring is not None
-    n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
-    desc, vdesc = lw.qk_desc, lw.v_desc
+    n_d = sizes[lw.col_extent]
+    vdesc = lw.v_desc
     zero, neg_inf = f.const(Fraction(0)), f.neg_inf()
     W, L = 4, 32
     lanes = np.arange(L, dtype=np.int64)
@@ -195,9 +319,7 @@ def _consume(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray, st
     s_row, s_col, o_row, o_col, a_row, a_col = (maps[x] for x in ("s_row", "s_col", "o_row", "o_col", "a_row", "a_col"))
     m, l_run, o = st["m"], st["l"], st["o"]
     slot = int(ring.read_slot(st["ring"][0]))
-    b_k = np.concatenate([smem[wgmma_kmajor_addresses(int(lw.k_start(slot, kk)), k.bn, K_STEP, desc.sbo,
-                                                      desc.swizzle) // 2] for kk in range(n_e // K_STEP)], axis=1)
-    s_full = f.contract([st["a_q"], b_k], "ie,je->ij")  # (64, bn)
+    s_full = st["s"]
     s_vals = s_full[s_row, s_col]  # (W, L, bn/2): the registers
     s = s_vals[wb5, lb5, s_reg5]  # (W, L, j, h, q) by the lowering's register map
     fold = lw.scale_in_exponent(sizes)  # the scale in the exponent: the max of the raw scores
@@ -247,8 +369,27 @@ def _consume(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray, st
     st["ring"] = ring.advance(*st["ring"])
 
 
-register_kind(AttentionWgmmaLowering, KindProof(run=run_attention_wgmma, final_selection=_final,
-                                                box_selection=_box, tiled_axes=_tiled_axes,
+def _final_wgmma(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """The FA2 kernel's sample (`_final`: its work tiles and their output box); persistent: the blocks of the
+    check's grid whose walks take those tiles, each run over its whole walk."""
+    tiles, box, text = _final(lw, sizes)
+    if not lw.persistent:
+        return tiles, box, text
+    grid, work = check_blocks(lw, sizes), int(lw.work_tiles(sizes))
+    wanted = set(tiles)  # type: ignore[call-overload]
+    owners = [b for b in range(grid) if wanted & set(walk(lw, b, grid, work))]
+    return owners, box, (f"{len(owners)} of {grid} persistent blocks (the check's grid; {work} work tiles), each its "
+                         f"whole walk: {text}")
+
+
+def _box_wgmma(lw: AttentionWgmmaLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
+               ) -> tuple[object, object, str]:
+    blocks, _, text = _final_wgmma(lw, sizes)
+    return blocks, None, text
+
+
+register_kind(AttentionWgmmaLowering, KindProof(run=run_attention_wgmma, final_selection=_final_wgmma,
+                                                box_selection=_box_wgmma, tiled_axes=_tiled_axes,
                                                 frozen_extents=_frozen, exp_field=True))
 
 __all__ = ["run_attention_wgmma", "wgmma_a_element"]

@@ -36,6 +36,13 @@ ATTENTION_RULES = {r.name: r for r in (
          "one split), the blocks decode to a split and a block of it, every partial and counter slot lies in its "
          "workspace, and the combining block's elements are the tile's once each",
          "a KV tile is counted twice or never, or a partial lands outside its workspace or on another's slot"),
+    Rule("attention-persistent-walk", "a persistent kernel's blocks, walking w = first_work(b), next_work(w, grid), "
+         "..., take every work tile exactly once, for every grid from one block to one a tile",
+         "a (query tile, batch element) is computed twice or never, or a block walks forever"),
+    Rule("attention-q-handoff", "a persistent kernel's single Q buffer: the producer loads a tile's Q only after every "
+         "consumer is done with the last one (Q-empty), each consumer's every S reads its own tile's Q, and no wait "
+         "deadlocks, under every order of the producer and the consumers",
+         "the next tile's Q overwrites one an S still reads, or a barrier phase is waited for that never completes"),
     Rule("attention-kv-loop", "the KV loop starts at the first tile and steps one tile at a time (the copy issued "
          "during tile kt is tile kt + 1's, into the other buffer)", "a KV tile is skipped or its buffer overwritten "
          "while it is multiplied"),
@@ -94,6 +101,9 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
     yield Obligation(R["supported-path"], name, None, "KV tiles sliced over warps (kv_warps) run on the mma.sync "
                      "loop", k.kv_warps == 1 or k.main_loop == "mma.sync",
                      detail=f"kv_warps = {k.kv_warps} on the {k.main_loop} loop, which keeps one slice")
+    yield Obligation(R["supported-path"], name, None, "persistent blocks run on the wgmma loop",
+                     not k.persistent or k.main_loop == "wgmma",
+                     detail=f"persistent on the {k.main_loop} loop, which runs one work tile a block")
     gx, _ = lw.grid(s)
     yield _grid(name, "x", "batch elements × query tiles", gx, t.max_grid_x)
     if lw.index_width == 32:

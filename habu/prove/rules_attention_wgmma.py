@@ -3,7 +3,9 @@ FA2 kernel (habu/prove/rules_attention.py: bounds, the causal skip, the unmasked
 memory, now of the wgmma layout), and: a target with wgmma and TMA and a kernel the loop runs (`wgmma_refusal`);
 its ring delivering every KV tile to its step under every schedule (`pipeline-schedule`, habu.prove.pipeline:
 a consumer releases a tile's stage once the next tile's S is issued behind its P·V);
-the register split (`setmaxnreg-pool`, `register-budget`); Q's, K's and V's tensor maps (`tma-rank`,
+the register split (`setmaxnreg-pool`, `register-budget`); a persistent kernel's walk over its work tiles
+(`attention-persistent-walk`, every grid of up to 16 work tiles) and Q's single buffer passed from tile to tile
+(`attention-q-handoff`, habu.prove.q_handoff); Q's, K's and V's tensor maps (`tma-rank`,
 `tma-stride-16B`, `tma-box`, `tma-swizzle`) and every box landing 1024-byte aligned (`tma-smem-align`)."""
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from habu.lower.access import size_of
 from habu.lower.attention import AttentionLowering
 from habu.lower.attention_wgmma import BASE_ALIGN, SPAN, AttentionWgmmaLowering, wgmma_refusal
 from habu.lower.pipeline import MbarrierRing
+from habu.prove.interp_attention_wgmma import walk
 from habu.prove.obligation import Context, Obligation
 from habu.prove.pipeline import pipeline_problem
-from habu.prove.rules_attention import attention_obligations
+from habu.prove.q_handoff import handoff_problem
+from habu.prove.rules_attention import ATTENTION_RULES, attention_obligations
 from habu.prove.rules_fields import FIELD_RULES
 
 
@@ -27,6 +31,25 @@ def ring_problem(ring: MbarrierRing) -> str | None:
     """The first fault of the K/V ring under every schedule habu.prove.pipeline runs (a consumer releases a tile's
     stage once the next tile's S is issued, the last at once, as the contraction's consumers do); None: sound."""
     return pipeline_problem(ring)
+
+
+# the work-tile counts the walk rule runs every grid of (one block to one a tile), and an H200's grid over many
+WALK_WORK = tuple(range(1, 17))
+WALK_LARGE = ((1000, 132), (4096, 132))
+
+
+def walk_problem(lw: AttentionWgmmaLowering) -> str | None:
+    """The first (work tiles, grid) whose blocks' walks (`walk`: the kernel's loop) do not take every work tile
+    exactly once; None: the walk partitions the work for every grid checked."""
+    cases = [(w, g) for w in WALK_WORK for g in range(1, w + 1)] + list(WALK_LARGE)
+    for work, grid in cases:
+        visits = sorted(t for b in range(grid) for t in walk(lw, b, grid, work))
+        if visits != list(range(work)):
+            twice = sorted({t for t in visits if visits.count(t) > 1})
+            never = sorted(set(range(work)) - set(visits))
+            return (f"a grid of {grid} block(s) over {work} work tiles takes tiles {twice[:4]} twice and "
+                    f"{never[:4]} never (or a block's walk repeats a tile: it would loop forever)")
+    return None
 
 
 def attention_family_obligations(name: str, lw: Any, ctx: Context) -> Iterator[Obligation]:
@@ -51,6 +74,17 @@ def wgmma_obligations(name: str, lw: AttentionWgmmaLowering, ctx: Context) -> It
     yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
                      f"the K/V ring of {lw.ring.stages} stages delivers every KV tile to its step", problem is None,
                      detail=problem or "")
+    if lw.persistent:
+        walk = walk_problem(lw)
+        yield Obligation(ATTENTION_RULES["attention-persistent-walk"], name, None, "every grid's blocks take every "
+                         "work tile once", walk is None, detail=walk or "")
+        handoff = handoff_problem(lw)
+        if handoff is None and not (lw.q_bar + 8 <= lw.q_empty and lw.q_empty + 8 <= lw.ring.base
+                                    and lw.q_empty % 8 == 0):
+            handoff = (f"the Q-empty barrier at byte {lw.q_empty} is not its own 8 aligned bytes between Q's barrier "
+                       f"({lw.q_bar}) and the ring's ({lw.ring.base})")
+        yield Obligation(ATTENTION_RULES["attention-q-handoff"], name, None, "Q's single buffer passes from tile to "
+                         "tile without an overwrite or a deadlock", handoff is None, detail=handoff or "")
     split = lw.split
     yield Obligation(R["setmaxnreg-pool"], name, None, split.describe(), split.fits,
                      detail=f"{split.demand} registers asked of a {split.pool}-register pool")

@@ -1,7 +1,8 @@
 """The fused attention kernel's wgmma main loop on the GPU (issue 22, `--pin family=attention --pin
 main_loop=wgmma`, habu/lower/attention_wgmma.py): causal GQA prefill at odd sizes (sequence 17 and 1000, head
 width 64 and 128, queries ≠ keys, fully masked rows), the model without a mask, one consumer warpgroup (bm 64),
-KV tiles of 64 keys in 3 stages, 128 keys in 3 stages (with and without the two consumers' ping-pong), 64 keys in 4; each against the float64 model with outputs poisoned by NaN first, and against
+KV tiles of 64 keys in 3 stages, 128 keys in 3 stages (with and without the two consumers' ping-pong), 64 keys in 4,
+persistent blocks (`--pin persistent=1`, also on grids of 1 to 7 blocks); each against the float64 model with outputs poisoned by NaN first, and against
 the mma.sync kernel on the same inputs. Each case proves its plan (build: the rules and a trial over
 Z_q × GF(p)) before it runs.
 
@@ -99,3 +100,75 @@ def test_the_default_plan_of_a_long_prefill_is_the_wgmma_kernel():
     default_pins`), and it matches the float64 model."""
     run_golden(str(EX / "attention.habu"), "ATTENTION-GQA", {**ONE, "E": 64, "D": 64, "I": 1024, "J": 1024}, None,
                seed=5)
+
+
+# the persistent kernel (`--pin persistent=1`): one block an SM walking the work tiles, the ring and Q's single
+# buffer handed on across them. At these sizes an H200's 132 SMs give each block one tile or two, so each case also
+# launches grids of a few blocks (`resident_blocks` patched: every block then walks many tiles), one build a case
+PERSIST = {"persistent": "1"}
+
+
+def golden_on_grids(monkeypatch, path: str, model: str, sizes: dict[str, int], pins: dict[str, str],
+                    grids: tuple[int | None, ...], seed: int) -> None:
+    """The persistent plan (`pins` on the wgmma loop's) against the float64 model, launched on each grid of `grids`
+    (None: the device's SMs), outputs poisoned by NaN before each launch."""
+    from habu.emit_cuda import driver
+
+    built = build(path, model, sizes, {**WGMMA, **pins, **PERSIST})
+    kernel = built.plan.kernels[0]
+    assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and kernel.persistent
+    slots: list[int | None] = [None]
+    monkeypatch.setattr("habu.emit_cuda.runtime.resident_blocks",
+                        lambda *a, **k: driver.resident_blocks(*a, **k) if slots[0] is None else slots[0])
+    inputs = make_inputs(built.model, built.sizes, seed)
+    ref = reference(built.model, inputs, built.sizes)["O"]
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+    for grid in grids:
+        slots[0] = grid
+        built.compiled.release_prepared()  # the grid is packed with a call's launches
+        outs = poisoned_outputs(built.model, built.sizes)
+        built.compiled(**inputs, **outs)
+        torch.cuda.synchronize()
+        g = compare(outs["O"], ref, tol)
+        assert g.unwritten == 0, f"grid {grid}: {g.unwritten} elements of O never written (or NaN)"
+        assert g.ok, f"grid {grid}: relative error {g.rel_error:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize(("heads", "n_i", "n_j", "width", "pins", "grids"), [
+    pytest.param(GQA, 150, 260, 64, {}, (None, 3), id="gqa150x260d64"),  # 2 query tiles × 8 heads
+    pytest.param(ONE, 400, 600, 128, {"stages": "3", "pingpong": "1"}, (None, 3), id="pingpong3"),
+    pytest.param(GQA, 300, 100, 128, {"bn": "64", "stages": "4"}, (7,), id="fewkeys-bn64s4"),  # tiles with no key
+    pytest.param(GQA, 17, 5, 64, {"bm": "64"}, (2,), id="masked-rows-bm64"),  # rows of zeros
+])
+def test_persistent_causal_gqa_prefill_at_odd_sizes(monkeypatch, heads, n_i, n_j, width, pins, grids):
+    golden_on_grids(monkeypatch, str(EX / "attention.habu"), "ATTENTION-GQA",
+                    {**heads, "E": width, "D": width, "I": n_i, "J": n_j}, pins, grids, seed=n_i + n_j)
+
+
+def test_persistent_without_mask(monkeypatch, tmp_path):
+    full = tmp_path / "full.habu"
+    full.write_text(full_attention_source())
+    golden_on_grids(monkeypatch, str(full), "ATTENTION-FULL", {**ONE, "E": 128, "D": 128, "I": 300, "J": 700}, {},
+                    (2,), seed=9)
+
+
+def test_persistent_is_bitwise_the_one_tile_a_block_kernel(monkeypatch):
+    """Each work tile's arithmetic is the non-persistent kernel's, in the same order: the outputs are equal bit for
+    bit, whatever the grid (one block walking every tile, a few, one an SM)."""
+    sizes = {**GQA, "E": 64, "D": 64, "I": 300, "J": 520}
+    path = str(EX / "attention.habu")
+    one = build(path, "ATTENTION-GQA", sizes, {**WGMMA, "pingpong": "1"})
+    per = build(path, "ATTENTION-GQA", sizes, {**WGMMA, "pingpong": "1", **PERSIST})
+    assert per.plan.kernels[0].persistent and not one.plan.kernels[0].persistent
+    inputs = make_inputs(one.model, one.sizes, 13)
+    a = poisoned_outputs(one.model, one.sizes)
+    one.compiled(**inputs, **a)
+    for slots in (1, 4, 132):
+        monkeypatch.setattr("habu.emit_cuda.runtime.resident_blocks", lambda *a, slots=slots, **k: slots)
+        per.compiled.release_prepared()  # the grid is packed with a call's launches
+        b = poisoned_outputs(one.model, one.sizes)
+        per.compiled(**inputs, **b)
+        torch.cuda.synchronize()
+        assert not torch.isnan(b["O"]).any(), f"grid of {slots}: the persistent kernel left elements unwritten"
+        assert torch.equal(a["O"], b["O"]), \
+            f"grid of {slots}: persistent differs, max |Δ| {(a['O'] - b['O']).abs().max().item()}"

@@ -1,6 +1,7 @@
 /** @brief The fused attention kernel's wgmma main loop (habu/lower/attention_wgmma.py): register fences that pin
  * the order of the accumulator and operand registers around the asynchronous wgmma instructions. */
 #pragma once
+#include "../sync/mbarrier.cuh"
 #include "../types.cuh"
 
 namespace habu {
@@ -37,5 +38,11 @@ __device__ __forceinline__ void end_block(float x) {
 __device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 /** @brief Hand the turn to the other warpgroup: arrive (without waiting) on its named barrier `id`. */
 __device__ __forceinline__ void turn_pass(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+
+/** @brief One arrival of the calling warpgroup (its first thread's) on mbarrier `bar` where `when` holds: a consumer
+ * warpgroup freeing what its wgmmas have read (the persistent kernel's Q, once the tile's last S is done). */
+__device__ __forceinline__ void warpgroup_arrive_if(bool when, u32 bar, int tid) {
+  if (when && tid % 128 == 0) mbar_arrive(bar);
+}
 
 }  // namespace habu
