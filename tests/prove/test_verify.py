@@ -199,3 +199,24 @@ def test_regression_habu_verify_accepts_a_kernel_set_member_with_its_guards_dele
         else:
             assert r.returncode == 1 and "error:" in r.stderr and "guards are not the ones its rules produce" in r.stderr
             assert "Traceback" not in r.stderr
+
+
+def test_regression_a_rows_kernels_spare_row_slots_divided_by_unwritten_values():
+    """`habu compile examples/families.habu --model SOFTMAX-NODES --shape R=17,C=17` failed: "the reference
+    could not be evaluated: division by zero ... rerun with another seed", at every seed. The last rows
+    kernel (Ps = %2 / %3, 4 rows a block) ran its last block's spare row slots 17..19, which the kernel leaves
+    at once, and divided by %3 there, never written. The interpreter now runs only the rows the kernel does."""
+    from habu.prove import prove
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    model = load_program(ROOT / "examples" / "families.habu").models["SOFTMAX-NODES"]
+    for n in (1, 17, 33):
+        sizes = {"R": n, "C": n}
+        m = model.with_sizes(sizes)
+        plan = default_plan(m, TARGETS["sm_90a"], sizes, {})
+        assert [k.kind for k in plan.kernels] == ["rows"] * 4
+        proof = prove(m, plan, sizes, trials=1)
+        assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
