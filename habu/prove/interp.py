@@ -556,12 +556,14 @@ def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tup
     cols = np.unique(np.concatenate([np.arange(t * lw.bn, min((t + 1) * lw.bn, sizes[lw.n])) for t in tns]))
     extents = lw.out.extents  # the output's own dims (not the lowering's, which a planted bug may permute)
     batch_dims = iter(samples)  # the output's batch dims come in the batch's order (the lhs order)
-    box = tuple(rows if e == lw.m else cols if e == lw.n else next(batch_dims) for e in extents)
-    if scatter:  # the target's rows (the gather's range), whatever their extent
-        box = tuple(np.arange(sizes[e]) if p.kind == "gather" else b
-                    for e, p, b in zip(extents, lw.out.positions, box, strict=True))
+    box = []
+    for e, p in zip(extents, lw.out.positions, strict=True):
+        if scatter and p.kind == "gather":  # the target's rows (the gather's range), whatever their extent
+            box.append(np.arange(sizes[e]))
+        else:
+            box.append(rows if e == lw.m else cols if e == lw.n else next(batch_dims))
     batches = f", batches {[s.tolist() for s in samples]}" if lw.batch else ""
-    return wanted, box, f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s){batches}"
+    return wanted, tuple(box), f"tiles m {tms} × n {tns}, all {lw.kernel.split_k} split(s){batches}"
 
 
 def _contraction_for_box(lw: ContractionLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]

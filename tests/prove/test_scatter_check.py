@@ -138,3 +138,24 @@ def test_regression_a_row_statistic_output_crashed_the_field_check():
     assert [k.kind for k in plan.kernels] == ["rows"]
     cert = verify_plan(model, plan, trials=1)
     assert cert.passed, cert.failure
+
+
+def test_regression_a_scatter_epilogue_whose_index_map_changes_extent_crashed_the_field_check():
+    """`habu compile examples/moe_gather.habu --model MOE-UP --backward --shape T=1,R=130,N=1,K=130` ended in a
+    traceback (StopIteration in the contraction's output box): dX[IX[r] k] += Σ n dH[r n] · W1[n k] stores
+    through IX, which maps #R to #T, and the box took dX's #T for a batch dimension. GGEMM's IX maps #M to #M,
+    so its scatter epilogue never showed it."""
+    from habu.compile import compile_model
+    from habu.search.space import parse_pins
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from habu.cli_grad import backward_program
+    from tests.conftest import ROOT
+
+    program = load_program(ROOT / "examples" / "moe_gather.habu")
+    for shape in ({"T": 1, "R": 130, "N": 1, "K": 130}, {"T": 130, "R": 3, "N": 130, "K": 3}):
+        grad, name = backward_program(program, "MOE-UP", None, "auto")
+        compiled = compile_model(grad, name, shape, TARGETS["sm_90a"], parse_pins([]), 1)
+        assert all(p.ok for p in compiled.proofs)
+        # the scatter-add in the contraction's epilogue (the path that crashed)
+        assert ("contraction", ("dX",)) in [(k.kind, k.nodes) for p in compiled.plans for k in p.kernels]
