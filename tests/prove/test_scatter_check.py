@@ -145,11 +145,11 @@ def test_regression_a_scatter_epilogue_whose_index_map_changes_extent_crashed_th
     traceback (StopIteration in the contraction's output box): dX[IX[r] k] += Σ n dH[r n] · W1[n k] stores
     through IX, which maps #R to #T, and the box took dX's #T for a batch dimension. GGEMM's IX maps #M to #M,
     so its scatter epilogue never showed it."""
+    from habu.cli_grad import backward_program
     from habu.compile import compile_model
     from habu.search.space import parse_pins
     from habu.spec.parser import load_program
     from habu.target import TARGETS
-    from habu.cli_grad import backward_program
     from tests.conftest import ROOT
 
     program = load_program(ROOT / "examples" / "moe_gather.habu")
