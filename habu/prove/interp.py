@@ -52,6 +52,23 @@ def wrap(x: np.ndarray, width: int) -> np.ndarray:
 POISON = np.uint64(0x5EED_BAD_F00D)
 
 
+class LaneArithmetic:
+    """A field as the kernels' lanes compute in it: a division by zero is 0 instead of an error. A lane that
+    divides by a masked load's zero (the rows of a last tile past #M, read as 0: `O[m n] = (Σ k …) / S[m]`)
+    computes a value the kernel never stores; the float kernel gets inf there. The reference keeps the
+    field's own division (a zero divisor there happens with probability about 1/p), so a lane that divides
+    by zero and stores the result still differs from it: the comparison, not an error, reports it."""
+
+    def __init__(self, field: PrimeField):
+        self._field = field
+
+    def __getattr__(self, name: str):
+        return getattr(self._field, name)
+
+    def op(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
+        return self._field.op("div0" if fn == "div" else fn, args)
+
+
 class Memory:
     """The inputs (virtual) and the tensors kernels have written, by name.
 
@@ -66,7 +83,7 @@ class Memory:
         # tensors that exist before any kernel runs (the runtime allocates a plan's intermediates first):
         # one that no kernel wrote reads as memory never written (poison, a fault), not as a missing tensor
         self.allocated = allocated
-        self.field = field
+        self.field = LaneArithmetic(field)  # the kernels' arithmetic: a division by zero gives 0, not an error
         self.sizes = sizes
         self.faults: list[str] = []
         # index values outside their axis, masked as the kernel masks them (`Access.checks`): what the

@@ -220,3 +220,47 @@ def test_regression_a_rows_kernels_spare_row_slots_divided_by_unwritten_values()
         assert [k.kind for k in plan.kernels] == ["rows"] * 4
         proof = prove(m, plan, sizes, trials=1)
         assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
+
+
+DIVIDED_EPILOGUE = """
+100 EXTENT: #M
+128 EXTENT: #N
+64 EXTENT: #K
+bf16 TENSOR: A ( #M #K )
+bf16 TENSOR: B ( #N #K )
+f32 TENSOR: S ( #M )
+f32 TENSOR: O ( #M #N )
+MODEL: DIVEPI  O[m n] = (Σ k A[m k] · B[n k]) / S[m] ;
+"""
+
+
+@pytest.mark.parametrize("pins", [{}, {"mma": "mma.sync"}, {"mma": "fma"}])
+def test_regression_an_epilogue_dividing_by_a_masked_load_aborted_the_check(pins):
+    """`O[m n] = (Σ k A·B) / S[m]` at #M = 100 failed every proof with "division by zero ... rerun with another
+    seed": the last row tile's lanes past row 99 read S as 0 (masked) and the interpreter's field division
+    raised. The kernels' lanes now divide totally (0 for x/0, habu.prove.interp.LaneArithmetic); a lane that
+    stores such a value still differs from the reference."""
+    from habu.prove import prove
+    from habu.search.space import default_plan
+    from habu.target import TARGETS
+    from tests.conftest import parse
+
+    model = parse(DIVIDED_EPILOGUE).models["DIVEPI"]
+    plan = default_plan(model, TARGETS["sm_90a"], None, pins)
+    proof = prove(model, plan, None, trials=1)
+    assert proof.ok, proof.certificate.failure  # type: ignore[union-attr]
+
+
+def test_a_lane_dividing_by_zero_where_it_stores_is_still_caught():
+    """The total division does not hide a plan that divides by an unwritten or masked value at an element it
+    stores: the stored 0 differs from the reference's quotient."""
+    import numpy as np
+
+    from habu.prove.interp import LaneArithmetic
+    from habu.spec.field import PrimeField
+
+    f = PrimeField(2147483647, 3)
+    lanes = LaneArithmetic(f)
+    a, b = np.array([5, 7]), np.array([0, 2])
+    assert lanes.op("div", [a, b])[0] == 0 and lanes.op("div", [a, b])[1] == f.op("div", [a[1:], b[1:]])[0]
+    assert lanes.p == f.p and lanes.max_point == f.max_point  # everything else is the field's
