@@ -203,6 +203,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     yield from _access_obligations(name, lw.a, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.b, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    for _value, extra in lw.extra_outs:  # the chain's other outputs: each store's own bounds and offsets
+        yield from _access_obligations(name, extra, axes, ctx, lw.index_width, "every store")
     for _ld, acc in lw.epi_loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
     if any(eq.target == lw.kernel.nodes[-1] and eq.scatter is not None for eq in ctx.model.nodes):
@@ -257,10 +259,11 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     elif k.split_k > 1:
         from habu.lower.contraction import epilogue_is_linear
 
-        ok = epilogue_is_linear(lw) and lw.out.dtype == "f32"
+        ok = epilogue_is_linear(lw) and lw.out.dtype == "f32" and not lw.extra_outs
         yield Obligation(R["split-k-linear"], name, lw.out.tensor,
-                         "split-K adds partials atomically: the epilogue is linear and the output f32", ok,
-                         detail=f"output {lw.out.dtype}, epilogue {'linear' if epilogue_is_linear(lw) else 'nonlinear'}")
+                         "split-K adds partials atomically: the epilogue is linear and the output f32, the only one",
+                         ok, detail=f"output {lw.out.dtype}, epilogue {'linear' if epilogue_is_linear(lw) else 'nonlinear'}"
+                         + (f", and it stores {', '.join(a.tensor for _, a in lw.extra_outs)} too" if lw.extra_outs else ""))
 
     # data movement per operand
     for side, acc, move, vec in (("A", lw.a, k.a_move, k.a_vector), ("B", lw.b, k.b_move, k.b_vector)):
