@@ -83,7 +83,7 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
         p = sig.pointer(access.tensor, access.dtype, writes=True)
         store = store_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table),
                             float_expr(expr, leaf, sizes))
-        extras += f"if ({access_mask(access, coord, sizes, table)}) {{ {store} }}\n"
+        extras += f"\nif ({access_mask(access, coord, sizes, table)}) {{ {store} }}"
     value = float_expr(lw.epilogue, leaf, sizes)
     out = lw.out
     p = sig.pointer(out.tensor, out.dtype, writes=True)
@@ -92,7 +92,7 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
         store = f"habu::atomic_add_f({p} + ({off}), {value});"
     else:
         store = store_value(out.dtype, p, off, value)
-    return f"{extras}if ({access_mask(out, coord, sizes, table)}) {{ {store} }}"
+    return f"if ({access_mask(out, coord, sizes, table)}) {{ {store} }}{extras}"
 
 
 def _epilogue_load(lw: ContractionLowering, sig: Signature, sizes, table: TableReader, coord: dict[str, str],
@@ -152,7 +152,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
     def value(col: str, acc: str) -> str:
         return epilogue_value(lw, sig, model, sizes, it, m, col, acc)
 
-    extras = "".join(extra_pair_store(lw, sig, model, sizes, it, m, n, acc0, acc1, expr, access) + "\n            "
+    extras = "".join("\n            " + extra_pair_store(lw, sig, model, sizes, it, m, n, acc0, acc1, expr, access)
                      for expr, access in lw.extra_outs)
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, {"m": m, "n": n}, sizes, lw.index_width, table)
@@ -169,7 +169,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
     first = access_mask(out, {"m": m, "n": n}, sizes, table)
     if out.checks:  # a scatter's row is read from its index tensor only where the row is inside
         off = f"({first}) ? ({off}) : ({it})0"
-    return f"""{extras}{{
+    return f"""{{
               const {it} off = {off};
               const float v0 = {value(n, acc0)};
               const float v1 = {value(f"({n} + 1)", acc1)};
@@ -178,7 +178,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
                 if ({first}) {{ {single0} }}
                 if ({both}) {{ {single1} }}
               }}
-            }}"""
+            }}{extras}"""
 
 
 def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:

@@ -306,13 +306,15 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     try:
         for i, lw in enumerate(lowerings):
             kind_proof(lw).precheck(names[i], lw, s)
-            if any(t in outputs for t in stored_tensors(lw)):
+            # the outputs the plan says the kernel computes (its nodes), not the ones its lowering stores: an
+            # output its epilogue fails to store is compared, and found missing
+            computed = [t for t in (*plan.kernels[i].nodes, lw.out.tensor) if t in outputs]
+            if computed:
                 sel, box, text = kind_proof(lw).final_selection(lw, s)
                 selections[i] = sel
                 keeps[i] = kind_proof(lw).final_keep(lw, s)
-                for t in stored_tensors(lw):  # a contraction's extra outputs share its output's extents
-                    if t in outputs:
-                        out_boxes[t] = box
+                for t in computed:  # a contraction's extra outputs share its output's extents
+                    out_boxes[t] = box
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
         ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
@@ -323,7 +325,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             if i in selections and out in boxes and (out not in out_boxes or _wider(boxes[out], out_boxes[out])):
                 sel, keep, text = kind_proof(lw).box_selection(lw, boxes[out], s)
                 selections[i], keeps[i] = sel, keep
-                for t in stored_tensors(lw):  # compared where the reference evaluates it
+                for t in (*plan.kernels[i].nodes, *stored_tensors(lw)):  # compared where the reference evaluates it
                     if t in out_boxes:
                         out_boxes[t] = boxes[out]
                 blocks_text[names[i]] = f"{text} (a later kernel reads {out})"
