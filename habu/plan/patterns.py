@@ -292,7 +292,6 @@ def consumers(model: Model, target: str) -> list[Equation]:
 def default_regions(model: Model) -> tuple[Region, ...]:
     """Greedy fusion: a contraction takes the elementwise chain after it; row-local and elementwise
     nodes group with their neighbours of the same shape."""
-    outputs = {t.name for t in model.outputs}
     regions: list[Region] = []
     nodes = list(model.nodes)
     i = 0

@@ -89,6 +89,7 @@ PATHS = [  # (model, target, pins): every contraction path and epilogue
     ("LINEAR-GELU-SAVED-KMAJOR", "sm_90a", {}),  # B K-major, the product saved in f32
     ("LINEAR-GELU-SAVED-KMAJOR", "sm_90a", {"mma": "mma.sync"}),
     ("LINEAR-GELU-SAVED-KMAJOR", "sm_90a", {"mma": "fma"}),
+    ("LINEAR-RELU-SAVED", "sm_90a", {}),  # the GPU's exact check's model
 ]
 
 
