@@ -130,3 +130,16 @@ def test_regression_an_extra_store_skipped_or_misplaced_fails_the_field_check(mu
     outcome = run_mutant(mutant, trials=1)
     assert outcome.killed, outcome.message
     assert "S1[" in outcome.message
+
+
+def test_regression_a_searched_partition_whose_kernel_stores_an_output_and_an_intermediate_is_proven():
+    """The search cuts the chain S1, %2, S3 anywhere: [S1, %2] stores the output S1 beside the intermediate
+    %2, which the next kernel reads; the check compared S1 where that kernel reads %2 against the reference's
+    box of S1 as if they were one box (a broadcast error), and now reads the reference at those elements."""
+    model, target = two_outputs("LINEAR-GELU-SAVED"), TARGETS["sm_90a"]
+    sizes = {e.name: e.size for e in model.extents}
+    regions = (Region("contraction", ("S1", "%2")), Region("rows", ("S3",)))
+    plan = make_plan(model, target, default_kernels(model, target, sizes, regions), sizes)
+    proof = prove(model, plan)
+    assert proof.ok, (proof.violations, proof.certificate and proof.certificate.failure)
+    assert {"S1", "S3"} <= set(proof.certificate.checked)
