@@ -63,7 +63,7 @@ def test_ffn_skip_saved_forward_stores_s1_and_s3_from_one_kernel_and_matches_the
 
     program = load_program(ROOT / "examples" / "ffn_skip.habu")
     fwd = derive_model(program, "FFN-SKIP", None, SavePolicy(SaveMode.AUTO)).forward
-    sizes = {"B": 512, "D": 4096, "H": 14336}
+    sizes = {"B": 200, "D": 1024, "H": 2048}  # 200 tokens: the last row tile ragged
     program.models["FFN-SKIP-FWD"] = fwd
     program.model_spans["FFN-SKIP-FWD"] = program.model_spans["FFN-SKIP"]
     tgt = target_named(current_arch())
