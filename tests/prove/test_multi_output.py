@@ -103,6 +103,10 @@ def test_two_outputs_on_one_chain_are_proven_and_compile_on_each_path(name, arch
     proof = prove(model, plan)
     assert proof.ok, ([o.detail for o in proof.violations], proof.certificate and proof.certificate.failure)
     assert set(proof.certificate.checked) == {kernel.nodes[0], "S3"}
+    # each store's own z3 obligations: in bounds wherever its mask holds, 32-bit offsets that do not wrap
+    stores = {o.tensor for o in proof.obligations if o.rule.name == "bounds" and o.statement.startswith("every store")}
+    assert stores == {kernel.nodes[0], "S3"}
+    assert {kernel.nodes[0], "S3"} <= {o.tensor for o in proof.obligations if o.rule.name == "int32-offsets"}
     (cuda,) = emit(proof, target).kernels
     assert f"{kernel.nodes[0]}, an extra output of the chain" in cuda.source or pins.get("mma") == "fma"
     out = compile_cuda(cuda.source, cuda.name, arch)
