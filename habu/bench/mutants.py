@@ -14,6 +14,7 @@ from habu.bench import mutants_attention as att
 from habu.bench import mutants_attention_wgmma as atw
 from habu.bench import mutants_epilogue as epilogue
 from habu.bench import mutants_ktile as ktile
+from habu.bench import mutants_multiout as multiout
 from habu.bench import mutants_persist as persist
 from habu.bench import mutants_split as split
 from habu.bench.mutant_plants import (
@@ -527,6 +528,7 @@ MUTANTS: tuple[Mutant, ...] = (
            split.partial_column_major, split.PINS),
     *(Mutant(*entry) for entry in epilogue.MUTANT_ENTRIES),  # the TMA-store epilogue's loads (mutants_epilogue.py)
     *(Mutant(*entry) for entry in ktile.MUTANT_ENTRIES),  # k tiles of several spans (mutants_ktile.py)
+    *(Mutant(*entry) for entry in multiout.MUTANT_ENTRIES),  # an epilogue's extra outputs (mutants_multiout.py)
     *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)
     *(Mutant(*entry) for entry in persist.MUTANT_ENTRIES),  # the persistent wgmma attention kernel's (mutants_persist.py)
     Mutant("attention-wgmma-rescale-inverted", "the wgmma attention loop rescales l and O by exp(m_new − m_old)",

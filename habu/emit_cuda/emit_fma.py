@@ -28,7 +28,7 @@ from habu.lower.access import Access
 from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
 from habu.lower.layouts import FmaOperands
 from habu.lower.support import lowering_smem
-from habu.spec.ir import Load, Model
+from habu.spec.ir import Expr, Load, Model
 
 
 def tile_setup(lw: ContractionLowering, sizes, it: str, indent: str = "    ") -> str:
@@ -78,6 +78,12 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
             return f"(({access_mask(access, coord, sizes, table)}) ? {value} : 0.0f)"
         return value
 
+    extras = ""
+    for expr, access in lw.extra_outs:  # the chain's other outputs, each written with its own access
+        p = sig.pointer(access.tensor, access.dtype, writes=True)
+        store = store_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table),
+                            float_expr(expr, leaf, sizes))
+        extras += f"\nif ({access_mask(access, coord, sizes, table)}) {{ {store} }}"
     value = float_expr(lw.epilogue, leaf, sizes)
     out = lw.out
     p = sig.pointer(out.tensor, out.dtype, writes=True)
@@ -86,7 +92,7 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
         store = f"habu::atomic_add_f({p} + ({off}), {value});"
     else:
         store = store_value(out.dtype, p, off, value)
-    return f"if ({access_mask(out, coord, sizes, table)}) {{ {store} }}"
+    return f"if ({access_mask(out, coord, sizes, table)}) {{ {store} }}{extras}"
 
 
 def _epilogue_load(lw: ContractionLowering, sig: Signature, sizes, table: TableReader, coord: dict[str, str],
@@ -98,10 +104,10 @@ def _epilogue_load(lw: ContractionLowering, sig: Signature, sizes, table: TableR
 
 
 def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
-                   acc: str, names: dict[Load, str] | None = None) -> str:
-    """The C float expression of the epilogue at output (m, n), the accumulator being `acc`; the
-    epilogue's own loads read zero outside their tensors, or are the variables `names` gives them
-    (`epilogue_operands` declares those)."""
+                   acc: str, names: dict[Load, str] | None = None, expr: Expr | None = None) -> str:
+    """The C float expression of the epilogue (or of `expr`, an extra output's value) at output (m, n),
+    the accumulator being `acc`; the epilogue's own loads read zero outside their tensors, or are the
+    variables `names` gives them (`epilogue_operands` declares those)."""
     table = table_reader(sig, model, it)
     coord = {"m": m, "n": n}
 
@@ -112,7 +118,7 @@ def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes,
             return names[ld]
         return _epilogue_load(lw, sig, sizes, table, coord, next(a for x, a in lw.epi_loads if x == ld))
 
-    return float_expr(lw.epilogue, leaf, sizes)
+    return float_expr(lw.epilogue if expr is None else expr, leaf, sizes)
 
 
 def epilogue_operands(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
@@ -146,6 +152,8 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
     def value(col: str, acc: str) -> str:
         return epilogue_value(lw, sig, model, sizes, it, m, col, acc)
 
+    extras = "".join("\n            " + extra_pair_store(lw, sig, model, sizes, it, m, n, acc0, acc1, expr, access)
+                     for expr, access in lw.extra_outs)
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, {"m": m, "n": n}, sizes, lw.index_width, table)
     both = access_mask(out, {"m": m, "n": f"({n} + 1)"}, sizes, table)
@@ -170,7 +178,7 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
                 if ({first}) {{ {single0} }}
                 if ({both}) {{ {single1} }}
               }}
-            }}"""
+            }}{extras}"""
 
 
 def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str, int]) -> CudaKernel:
@@ -261,7 +269,42 @@ def emit_fma(name: str, model: Model, lw: ContractionLowering, static: dict[str,
     return CudaKernel(name, src, tuple(sig.params), threads, layout.total, lw, zero)
 
 
-__all__ = ["CTYPE", "emit_fma", "epilogue_code", "tile_setup"]
+def extra_pair_store(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
+                     acc0: str, acc1: str, expr: Expr, access: Access, names: tuple[dict[Load, str], dict[Load, str]]
+                     | None = None) -> str:
+    """An extra output's (`ContractionLowering.extra_outs`) adjacent elements (m, n) and (m, n+1), stored
+    directly from the registers, its value `expr`: one vector where `pair_store` allows it, both inside
+    and the pair's offset even, element by element otherwise (each under its own mask). The TMA-store
+    epilogue stores its extra outputs this way too (`names`: the variables its loads are declared in)."""
+    table = table_reader(sig, model, it)
+    p = sig.pointer(access.tensor, access.dtype, writes=True)
+    x0 = epilogue_value(lw, sig, model, sizes, it, m, n, acc0, names[0] if names else None, expr)
+    x1 = epilogue_value(lw, sig, model, sizes, it, m, f"({n} + 1)", acc1, names[1] if names else None, expr)
+    first = access_mask(access, {"m": m, "n": n}, sizes, table)
+    both = access_mask(access, {"m": m, "n": f"({n} + 1)"}, sizes, table)
+    single0, single1 = store_value(access.dtype, p, "off", "x0"), store_value(access.dtype, p, "off + 1", "x1")
+    if not lw.pair_store(access):
+        off1 = access_offset(access, {"m": m, "n": f"({n} + 1)"}, sizes, lw.index_width, table)
+        single1 = store_value(access.dtype, p, off1, "x1")
+        vector = ""
+    elif access.dtype == "f32":
+        vector = f"if (({both}) && (off & 1) == 0) {{ *reinterpret_cast<float2*>({p} + off) = make_float2(x0, x1); }}\n              else "
+    else:
+        pack = "habu::pack_bf16x2" if access.dtype == "bf16" else "habu::pack_f16x2"
+        vector = (f"if (({both}) && (off & 1) == 0) {{ *reinterpret_cast<habu::u32*>({p} + off) = {pack}(x0, x1); }}"
+                  "\n              else ")
+    return f"""{{  // {access.tensor}, an extra output of the chain
+              const {it} off = {access_offset(access, {"m": m, "n": n}, sizes, lw.index_width, table)};
+              const float x0 = {x0};
+              const float x1 = {x1};
+              {vector}{{
+                if ({first}) {{ {single0} }}
+                if ({both}) {{ {single1} }}
+              }}
+            }}"""
+
+
+__all__ = ["CTYPE", "emit_fma", "epilogue_code", "extra_pair_store", "tile_setup"]
 
 
 # ----------------------------------------------------------------------------- the contraction kind's launch

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import Signature, references
-from habu.emit_cuda.emit_fma import epilogue_operands, epilogue_value
+from habu.emit_cuda.emit_fma import epilogue_operands, epilogue_value, extra_pair_store
 from habu.emit_cuda.kernel import TmaSpec
 from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
 from habu.spec.ir import Model
@@ -45,9 +45,14 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names0)
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names1)
     operands = "".join(f"              {d}\n" for d in decls0 + decls1)  # each epilogue load read once
+    # the chain's other outputs (`extra_outs`: the saved S1 beside GELU(S1 + B1)) leave directly from the
+    # registers, each pair under its own masks: no staging buffer of their own, so the shared memory
+    # (and the stages it holds) is the single-output kernel's
+    extras = "".join(f"              {extra_pair_store(lw, sig, model, sizes, it, 'm', 'n', f'acc[s][{frag.register(0)}]', f'acc[s][{frag.register(1)}]', expr, access, (names0, names1))}\n"
+                     for expr, access in lw.extra_outs)
     coordinates = "".join(  # the element's coordinates, where its epilogue reads them (a bias, a mask)
         f"              const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
-        if references(operands + v0 + v1, x))
+        if references(operands + v0 + v1 + extras, x))
     if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
@@ -65,7 +70,7 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
             for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
               const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
-{coordinates}{operands}              const float v0 = {v0};
+{coordinates}{operands}{extras}              const float v0 = {v0};
               const float v1 = {v1};
               const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
               unsigned char* dst = smem + (buf - smem_base) + {staged};

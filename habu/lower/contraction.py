@@ -120,6 +120,16 @@ class ContractionLowering:
     # split_mode "cluster": how the split blocks of a tile, one thread-block cluster, add their partial
     # tiles through distributed shared memory (habu/lower/split_cluster.py); None otherwise
     reduction: ClusterSplitReduction | None = None
+    # the chain's other outputs, stored by the same epilogue (`habu.plan.patterns.epilogue_chain`: the
+    # forward that saves S1 = X·W1 and S3 = GELU(S1 + B1) stores both): each node's value over Load(ACC, ())
+    # and the loads of `epi_loads`, and where it is stored (positions over "m", "n" and the batch axes, its
+    # masks); `out` and `epilogue` stay the chain's end. Written, never added (no split-K's atomic adds)
+    extra_outs: tuple[tuple[Expr, Access], ...] = ()
+
+    @property
+    def stores(self) -> tuple[tuple[Expr, Access], ...]:
+        """Every output the epilogue stores, with its value: the extra outputs, then the chain's end."""
+        return (*self.extra_outs, (self.epilogue, self.out))
 
     @property
     def cluster_split(self) -> bool:
@@ -270,12 +280,20 @@ class ContractionLowering:
         are inside and the pair's element offset is even: the mma.sync and wgmma direct-store epilogues
         (their fragments hold column pairs), not under split-K's atomic adds, and only along a
         contiguous n in f32/bf16/f16; a scatter-add's pairs (f32) are added by one vector reduction."""
-        k, out = self.kernel, self.out
+        k = self.kernel
         if k.mma == "fma" or (k.mma == "wgmma" and k.store == "tma"):
             return False
-        contiguous = out.positions[-1].kind == "axis" and out.positions[-1].axis == "n"
-        types = ("f32",) if self.store is Store.ATOMIC_ADD else ("f32", "bf16", "f16")
-        return self.split_mode != "atomic" and contiguous and out.dtype in types
+        return self.pair_store(self.out, self.store is Store.ATOMIC_ADD)
+
+    def pair_store(self, access: Access, atomic: bool = False) -> bool:
+        """Whether a direct store of `access` writes the column pairs of the fragments as one vector
+        (`epilogue_pairs` for the output; an extra output's, `extra_outs`, in every tensor-core epilogue,
+        the TMA-store one included, which stores the extra outputs directly)."""
+        if self.kernel.mma == "fma":
+            return False
+        contiguous = access.positions[-1].kind == "axis" and access.positions[-1].axis == "n"
+        types = ("f32",) if atomic else ("f32", "bf16", "f16")
+        return self.split_mode != "atomic" and contiguous and access.dtype in types
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """Every vector access the kernel makes of global memory (not TMA's, which the emitted tensor
@@ -289,6 +307,10 @@ class ContractionLowering:
         if self.epilogue_pairs:
             out.append(VectorAccess(self.out.tensor, 2,
                                     f"the epilogue stores pairs of adjacent {self.out.tensor} elements as one vector"))
+        for _, extra in self.extra_outs:
+            if self.pair_store(extra):
+                out.append(VectorAccess(extra.tensor, 2,
+                                        f"the epilogue stores pairs of adjacent {extra.tensor} elements as one vector"))
         return tuple(out)
 
     def tile_origin(self, tm: Any, tn: Any) -> tuple[Any, Any]:
@@ -348,30 +370,43 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
         epilogue = Op("mul", (epilogue, c.scale))
     prev = nodes[0]
     pos_axes = [batch_vars.get(v) or (axis_m if v == m_var else axis_n) for v in prev.lhs]
+    values = [epilogue]  # each node's value, over the accumulator and the epilogue's loads
     for eq in nodes[1:]:
         mapping = {v: pos_axes[i] for i, v in enumerate(eq.lhs)}
         body = rename_vars(eq.rhs, mapping)
         epilogue = _substitute_acc(body, prev.target, epilogue)
+        values.append(epilogue)
         prev = eq
     epi_loads: list[tuple[Load, Access]] = []
     axis_of_epi = {axis_m: "m", axis_n: "n", **{ax: ax.name for ax in batch_vars.values()}}
     from habu.spec.ir import loads as all_loads
 
-    for ld in all_loads(epilogue):
-        if ld.tensor == ACC or any(ld == e for e, _ in epi_loads):
-            continue
-        epi_loads.append((ld, access(model.tensor(ld.tensor), ld.indices, axis_of_epi)))
-    last: Equation = nodes[-1]
-    out_decl = model.tensor(last.target)
+    outputs = {t.name for t in model.outputs}
+    stored = [j for j, eq in enumerate(nodes[:-1]) if eq.target in outputs]  # the chain's other outputs
+    for value in (*(values[j] for j in stored), epilogue):
+        for ld in all_loads(value):
+            if ld.tensor == ACC or any(ld == e for e, _ in epi_loads):
+                continue
+            epi_loads.append((ld, access(model.tensor(ld.tensor), ld.indices, axis_of_epi)))
     first_axes = [axis_of_epi[ax] for ax in pos_axes]  # the axis of each position of the first node's lhs
-    out_axes = {v: first_axes[i] for i, v in enumerate(last.lhs)}
-    out = access(out_decl, last.store_indices, out_axes)  # a scatter's stored element (IX[m] n)
+
+    def stored_access(eq: Equation) -> Access:
+        eq_axes = {v: first_axes[i] for i, v in enumerate(eq.lhs)}
+        return access(model.tensor(eq.target), eq.store_indices, eq_axes)  # a scatter's stored element (IX[m] n)
+
+    last: Equation = nodes[-1]
+    out = stored_access(last)
+    extra_outs = tuple((values[j], stored_access(nodes[j])) for j in stored)
+    for _, extra in extra_outs:  # the field check compares them in the output's box
+        if extra.extents != out.extents:
+            raise ValueError(f"{extra.tensor} is stored over {extra.extents}, {out.tensor} over {out.extents}: "
+                             "a contraction's outputs share their extents")
     tables = tuple(dict.fromkeys(t for t in (c.a.gather, c.b.gather, c.a.k_gather, c.b.k_gather) if t))
     unscheduled = ContractionLowering(
         kernel=kernel, m=m_var.extent, n=n_var.extent, k=k_var.extent, a=a, b=b, out=out,
         epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k, split_mode="none",
         index_width=kernel.index_width, tables=tables, a_src=a, b_src=b, batch=tuple(v.extent for v in c.batch),
-        store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD,
+        store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD, extra_outs=extra_outs,
     )
     return with_kernel(unscheduled, kernel)
 

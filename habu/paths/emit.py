@@ -64,6 +64,7 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
             early = not (main_loop_reads(lw) & written)
         kernels.append(path_for(lw.kernel).emit(name, model, lw, static, target, early))
         written.add(lw.out.tensor)
+        written.update(a.tensor for _, a in getattr(lw, "extra_outs", ()))  # a contraction's other outputs
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
                   if t.name in storage) + tuple(staged) + tuple(w for k in kernels for w in k.workspace)

@@ -292,7 +292,6 @@ def consumers(model: Model, target: str) -> list[Equation]:
 def default_regions(model: Model) -> tuple[Region, ...]:
     """Greedy fusion: a contraction takes the elementwise chain after it; row-local and elementwise
     nodes group with their neighbours of the same shape."""
-    outputs = {t.name for t in model.outputs}
     regions: list[Region] = []
     nodes = list(model.nodes)
     i = 0
@@ -306,18 +305,9 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         if eq.scatter is not None or (c is None and has_condition(eq)) or (c is not None and not c.by_default):
             regions.append(general_region(model, eq))
         elif c is not None:
-            group = [eq.target]
-            last = eq
-            while i + 1 < len(nodes):
-                nxt = nodes[i + 1]
-                users = consumers(model, last.target)
-                if last.target in outputs or users != [nxt] or not is_elementwise_on(nxt, last) \
-                        or nxt.scatter is not None:  # a scatter store is a general region of its own
-                    break
-                group.append(nxt.target)
-                last = nxt
-                i += 1
-            regions.append(Region("contraction", tuple(group)))
+            group = epilogue_chain(model, nodes, i)
+            i += len(group) - 1
+            regions.append(Region("contraction", group))
         elif (gg := as_grouped_gemm(model, eq)) is not None and gg.by_default:
             regions.append(Region("grouped", (eq.target,)))
         elif any(isinstance(x, Reduce) for x in walk(eq.rhs)):
@@ -347,6 +337,31 @@ def default_regions(model: Model) -> tuple[Region, ...]:
     return tuple(Region("columns", r.nodes) if r.kind == "rows" and len(r.nodes) == 1
                  and transposed_rows(model, next(e for e in nodes if e.target == r.nodes[0])) is not None else r
                  for r in regions)
+
+
+def epilogue_chain(model: Model, nodes: list[Equation], i: int) -> tuple[str, ...]:
+    """The nodes of the contraction region starting at `nodes[i]`: the contraction, then the elementwise
+    nodes after it that each read only the one before (its sole reader). A node the model outputs ends the
+    chain, unless a later node of the chain is an output too: the region then runs on to the last such
+    node and its kernel stores every output of the chain from its epilogue (`ContractionLowering.
+    extra_outs`: the forward that saves a LINEAR's product S1 = X·W1 and GELU(S1 + B1) both, one kernel).
+    Every output is written once either way; fused, nothing reads S1 back (one pass over it fewer: 117 MB
+    of a 4096-token FFN-SKIP's bf16 S1), so the cost model's bytes only drop; the nodes after the last
+    output are left to the next region, as an output ends a chain without one."""
+    outputs = {t.name for t in model.outputs}
+    chain = [nodes[i]]
+    while i + len(chain) < len(nodes):
+        last, nxt = chain[-1], nodes[i + len(chain)]
+        if consumers(model, last.target) != [nxt] or not is_elementwise_on(nxt, last) \
+                or nxt.scatter is not None:  # a scatter store is a general region of its own
+            break
+        chain.append(nxt)
+    stored = [j for j, eq in enumerate(chain) if eq.target in outputs]
+    if len(stored) < 2:  # at most one output: the chain ends at it (or runs to its end)
+        end = stored[0] if stored else len(chain) - 1
+    else:
+        end = stored[-1]
+    return tuple(eq.target for eq in chain[:end + 1])
 
 
 @dataclass(frozen=True)

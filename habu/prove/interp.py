@@ -340,8 +340,11 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where) -> None:
         coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) for ld, a in lw.epi_loads}
-        value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
+        for expr, access in lw.extra_outs:  # the chain's other outputs: written with their own accesses
+            value = eval_pointwise(expr, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
+            write(name, access, coords, value, sizes, mem, lw.index_width, False, owned, where)
+        value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
         # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
     route = route_of(lw)

@@ -25,7 +25,7 @@ from habu.lower import (
     lower_plan,
 )
 from habu.lower.access import Access, cdiv, size_of
-from habu.lower.contraction import is_batch_axis
+from habu.lower.contraction import epilogue_is_linear, is_batch_axis
 from habu.lower.general import Store
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.support import ROWS, accumulator_registers, lowering_smem, support_for
@@ -202,7 +202,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
             **{a: (s[e], 1) for a, e in zip(lw.batch_axes, lw.batch, strict=True)}}
     yield from _access_obligations(name, lw.a, axes, ctx, lw.index_width, "every load")
     yield from _access_obligations(name, lw.b, axes, ctx, lw.index_width, "every load")
-    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    for _value, out in lw.stores:  # the output, after the chain's other ones: each store's bounds and offsets
+        yield from _access_obligations(name, out, axes, ctx, lw.index_width, "every store")
     for _ld, acc in lw.epi_loads:
         yield from _access_obligations(name, acc, axes, ctx, lw.index_width, "every epilogue load")
     if any(eq.target == lw.kernel.nodes[-1] and eq.scatter is not None for eq in ctx.model.nodes):
@@ -255,12 +256,11 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     if k.split_k > 1 and lw.cluster_split:
         yield from cluster_split_obligations(name, lw, ctx, R["target-feature"])
     elif k.split_k > 1:
-        from habu.lower.contraction import epilogue_is_linear
-
-        ok = epilogue_is_linear(lw) and lw.out.dtype == "f32"
-        yield Obligation(R["split-k-linear"], name, lw.out.tensor,
-                         "split-K adds partials atomically: the epilogue is linear and the output f32", ok,
-                         detail=f"output {lw.out.dtype}, epilogue {'linear' if epilogue_is_linear(lw) else 'nonlinear'}")
+        also = f", and it stores {', '.join(a.tensor for _, a in lw.extra_outs)} too" if lw.extra_outs else ""
+        yield Obligation(R["split-k-linear"], name, lw.out.tensor, "split-K adds partials atomically: the epilogue "
+                         "is linear and the output f32, the only one", epilogue_is_linear(lw) and lw.out.dtype == "f32"
+                         and not lw.extra_outs, detail=f"output {lw.out.dtype}, epilogue "
+                         f"{'linear' if epilogue_is_linear(lw) else 'nonlinear'}{also}")
 
     # data movement per operand
     for side, acc, move, vec in (("A", lw.a, k.a_move, k.a_vector), ("B", lw.b, k.b_move, k.b_vector)):

@@ -306,21 +306,28 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
     try:
         for i, lw in enumerate(lowerings):
             kind_proof(lw).precheck(names[i], lw, s)
-            if lw.out.tensor in outputs:
+            # the outputs the plan says the kernel computes (its nodes), not the ones its lowering stores: an
+            # output its epilogue fails to store is compared, and found missing
+            computed = [t for t in (*plan.kernels[i].nodes, lw.out.tensor) if t in outputs]
+            if computed:
                 sel, box, text = kind_proof(lw).final_selection(lw, s)
                 selections[i] = sel
                 keeps[i] = kind_proof(lw).final_keep(lw, s)
-                out_boxes[lw.out.tensor] = box
+                for t in computed:  # a contraction's extra outputs share its output's extents
+                    out_boxes[t] = box
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
         ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too
             out = lw.out.tensor
-            if i in selections and out in boxes and _wider(boxes[out], out_boxes[out]):
+            # (an output stored only as a contraction's extra output: its kernel's own output is read later)
+            if i in selections and out in boxes and (out not in out_boxes or _wider(boxes[out], out_boxes[out])):
                 sel, keep, text = kind_proof(lw).box_selection(lw, boxes[out], s)
                 selections[i], keeps[i] = sel, keep
-                out_boxes[out] = boxes[out]  # compared where the reference evaluates it
+                for t in (*plan.kernels[i].nodes, *stored_tensors(lw)):  # compared where the reference evaluates it
+                    if t in out_boxes:
+                        out_boxes[t] = boxes[out]
                 blocks_text[names[i]] = f"{text} (a later kernel reads {out})"
         for i, lw in enumerate(lowerings):
             if i in selections:
@@ -352,12 +359,13 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                     continue
                 run_kernel(names[i], lw, s, mem, kind_proof(lw).blocks(lw, s, sel), keeps.get(i))
             for i, lw in enumerate(lowerings):
-                wt = mem.written.get(lw.out.tensor)
-                if wt is not None and not wt.accumulate:
-                    dup, counts = wt.multiply_written()
-                    if len(dup):
-                        mem.fault(f"{names[i]} writes {lw.out.tensor} at offset {int(dup[0])} "
-                                  f"{int(counts[0])} times (a race between blocks: the last write wins)")
+                for t in stored_tensors(lw):
+                    wt = mem.written.get(t)
+                    if wt is not None and not wt.accumulate:
+                        dup, counts = wt.multiply_written()
+                        if len(dup):
+                            mem.fault(f"{names[i]} writes {t} at offset {int(dup[0])} "
+                                      f"{int(counts[0])} times (a race between blocks: the last write wins)")
             check_deadline("before the reference evaluation")
             ref = Evaluator(model, s, field_, ref_boxes).run(inputs)
             bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
@@ -402,7 +410,7 @@ def check_index_masking(model: Model, lowerings, names, selections, keeps, sizes
         if t.is_index:
             v = inputs[t.name]
             inputs[t.name] = VirtualTensor(v.name, v.shape, v.modulus, v.key, index=True, out_of_range=True)
-    mem = Memory(inputs, field_, sizes, allocated=frozenset(lw.out.tensor for lw in lowerings))
+    mem = Memory(inputs, field_, sizes, allocated=frozenset(t for lw in lowerings for t in stored_tensors(lw)))
     for i, lw in enumerate(lowerings):
         sel = selections[i]
         if sel is None:
@@ -426,7 +434,10 @@ def check_index_masking(model: Model, lowerings, names, selections, keeps, sizes
 def _compare(model: Model, out_boxes, ref, mem: Memory, sizes, trial: int) -> Mismatch | None:
     for tensor, box in out_boxes.items():
         expected = ref[tensor]
-        data = expected.data if isinstance(expected, BoxTensor) else expected[np.ix_(*box)]
+        # the reference's own box, or (a contraction's extra output compared where a later kernel reads its
+        # output, inside the box the reference evaluated) the elements of `box` in it
+        same = isinstance(expected, BoxTensor) and all(np.array_equal(c, b) for c, b in zip(expected.coords, box, strict=True))
+        data = expected.data if same else expected[np.ix_(*box)]
         grids = np.meshgrid(*box, indexing="ij")
         decl = model.tensor(tensor)
         dims = [sizes[e] for e in decl.extents]
@@ -444,6 +455,12 @@ def _compare(model: Model, out_boxes, ref, mem: Memory, sizes, trial: int) -> Mi
             return Mismatch(tensor, element, int(got[k]) if found[k] else None, int(exp[k]), trial,
                             int(wrong.sum()))
     return None
+
+
+def stored_tensors(lw) -> list[str]:
+    """The tensors a kernel stores: its output, after a contraction's extra outputs (`extra_outs`: the
+    chain's outputs before its end, one epilogue)."""
+    return [a.tensor for _, a in getattr(lw, "extra_outs", ())] + [lw.out.tensor]
 
 
 def gathers_in(model: Model) -> list[str]:

@@ -60,6 +60,9 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     out_bytes = M * N * DTYPES[lw.out.dtype].bytes * nb
     moved = _bytes(lw.a, sizes) + _bytes(lw.b, sizes) + out_bytes
     moved += sum(_bytes(a, sizes) for _, a in lw.epi_loads)
+    # the chain's other outputs (`extra_outs`), stored directly from the registers beside the output
+    extra_bytes = sum(_bytes(a, sizes) for _, a in lw.extra_outs)
+    moved += extra_bytes
     # staging copies: a row copy (gathered) moves 2-byte elements one per thread, measured ~1.4 TB/s
     # (a third of the copy bandwidth) for A = 4096 x 4096 bf16 on the H200; the tiled transpose
     # (W staged K-major) 2.8 TB/s for 4096 x 4096 bf16 (2026-11-30)
@@ -109,6 +112,8 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     epilogue_s = out_bytes / c.bandwidth * (0.5 if k.store == "tma" else max(1.0, 8 / (2 * out_e)))
     if lw.store is Store.ATOMIC_ADD:
         epilogue_s = scatter_epilogue_seconds(out_bytes, c)
+    for _, extra in lw.extra_outs:  # direct stores, whatever the output's store
+        epilogue_s += _bytes(extra, sizes) / c.bandwidth * max(1.0, 8 / (2 * DTYPES[extra.dtype].bytes))
     seconds = max(compute, memory) + epilogue_s + staging_s + reduction / c.bandwidth \
         + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1 and not cluster_split))
     return KernelCost(flops, moved + sum(copied) + reduction, seconds, "compute" if compute >= memory else "memory")
