@@ -444,6 +444,8 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
             yield Obligation(R["vector-align"], name, acc.tensor,
                              f"{k.vector * e}-byte vectors of {acc.tensor} are aligned (#{lw.c} a multiple of {k.vector})",
                              aligned, detail=f"#{lw.c} is not a multiple of {k.vector}")
+    for st in lw.stats:  # a stored statistic (RMSNorm's saved rstd): one store a row, at its row
+        yield from _access_obligations(name, st.out, axes, ctx, lw.index_width, "every store")
     yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
     threads = k.threads * k.rows_per_block
     yield Obligation(R["threads"], name, None, "several rows per block are a warp (32 threads) each",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from habu.lower import ContractionLowering, lower_plan
+from habu.lower import ContractionLowering, RowLowering, lower_plan
 from habu.lower.general import Store
 from habu.plan.plan import Plan
 from habu.prove.deadline import check_deadline
@@ -153,6 +153,39 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
             old = boxes.get(ld.tensor)
             boxes[ld.tensor] = tuple(_union(old[i] if old else None, d) for i, d in enumerate(dims))
     return boxes
+
+
+def stored_accesses(lw: object) -> tuple:
+    """Every access a kernel stores through: its output's, and a row kernel's stored statistics
+    (`RowLowering.stats`: RMSNorm's saved R1[r] beside Y)."""
+    return lw.stores() if isinstance(lw, RowLowering) else (lw.out,)  # type: ignore[attr-defined]
+
+
+def stored_boxes(lw: object, box: tuple[np.ndarray, ...]) -> dict[str, tuple[np.ndarray, ...]]:
+    """The box of each tensor the kernel stores, given its output's: a row statistic's is the rows'."""
+    if not isinstance(lw, RowLowering):
+        return {lw.out.tensor: box}  # type: ignore[attr-defined]
+    return {**{st.out.tensor: box[:len(lw.leading)] for st in lw.stats}, lw.out.tensor: box}
+
+
+def demanded_box(lw: object, boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int]
+                 ) -> tuple[np.ndarray, ...] | None:
+    """The box of the kernel's output whose blocks compute every demanded element of what it stores (a
+    row kernel's statistics demand their rows), or None where nothing it stores is demanded."""
+    if not isinstance(lw, RowLowering) or not lw.stats:
+        return boxes.get(lw.out.tensor)  # type: ignore[attr-defined]
+    n = len(lw.leading)
+    parts = [boxes[a.tensor] for a in lw.stores() if a.tensor in boxes]
+    if not parts:
+        return None
+    leading = []
+    for i in range(n):
+        u = None
+        for b in parts:
+            u = _union(u, b[i])
+        leading.append(u)
+    tail = () if lw.per_row else boxes.get(lw.out.tensor, (None,) * n + (np.arange(sizes[lw.c]),))[n:]
+    return (*leading, *tail)
 
 
 def _wider(box: tuple[np.ndarray, ...], than: tuple[np.ndarray, ...]) -> bool:
@@ -304,32 +337,36 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         cert.notes.extend(coverage)
     exp = False
     try:
+        chosen: dict[int, tuple[np.ndarray, ...]] = {}  # the output box each selection computes
         for i, lw in enumerate(lowerings):
             kind_proof(lw).precheck(names[i], lw, s)
-            if lw.out.tensor in outputs:
+            if any(a.tensor in outputs for a in stored_accesses(lw)):
                 sel, box, text = kind_proof(lw).final_selection(lw, s)
                 selections[i] = sel
                 keeps[i] = kind_proof(lw).final_keep(lw, s)
-                out_boxes[lw.out.tensor] = box
+                chosen[i] = box
+                out_boxes.update({t: b for t, b in stored_boxes(lw, box).items() if t in outputs})
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
         ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too
-            out = lw.out.tensor
-            if i in selections and out in boxes and _wider(boxes[out], out_boxes[out]):
-                sel, keep, text = kind_proof(lw).box_selection(lw, boxes[out], s)
+            need = demanded_box(lw, boxes, s)
+            if i in selections and need is not None and _wider(need, chosen[i]):
+                sel, keep, text = kind_proof(lw).box_selection(lw, need, s)
                 selections[i], keeps[i] = sel, keep
-                out_boxes[out] = boxes[out]  # compared where the reference evaluates it
-                blocks_text[names[i]] = f"{text} (a later kernel reads {out})"
+                # compared where the reference evaluates them
+                out_boxes.update({t: b for t, b in stored_boxes(lw, need).items() if t in outputs})
+                blocks_text[names[i]] = f"{text} (a later kernel reads {lw.out.tensor})"
         for i, lw in enumerate(lowerings):
             if i in selections:
                 continue
-            if lw.out.tensor not in boxes:
+            need = demanded_box(lw, boxes, s)
+            if need is None:
                 blocks_text[names[i]] = "none (no checked output depends on it)"
                 selections[i] = None
                 continue
-            sel, keep, text = kind_proof(lw).box_selection(lw, boxes[lw.out.tensor], s)
+            sel, keep, text = kind_proof(lw).box_selection(lw, need, s)
             selections[i] = sel
             keeps[i] = keep
             blocks_text[names[i]] = text
@@ -352,12 +389,13 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                     continue
                 run_kernel(names[i], lw, s, mem, kind_proof(lw).blocks(lw, s, sel), keeps.get(i))
             for i, lw in enumerate(lowerings):
-                wt = mem.written.get(lw.out.tensor)
-                if wt is not None and not wt.accumulate:
-                    dup, counts = wt.multiply_written()
-                    if len(dup):
-                        mem.fault(f"{names[i]} writes {lw.out.tensor} at offset {int(dup[0])} "
-                                  f"{int(counts[0])} times (a race between blocks: the last write wins)")
+                for stored in stored_accesses(lw):
+                    wt = mem.written.get(stored.tensor)
+                    if wt is not None and not wt.accumulate:
+                        dup, counts = wt.multiply_written()
+                        if len(dup):
+                            mem.fault(f"{names[i]} writes {stored.tensor} at offset {int(dup[0])} "
+                                      f"{int(counts[0])} times (a race between blocks: the last write wins)")
             check_deadline("before the reference evaluation")
             ref = Evaluator(model, s, field_, ref_boxes).run(inputs)
             bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
@@ -402,7 +440,7 @@ def check_index_masking(model: Model, lowerings, names, selections, keeps, sizes
         if t.is_index:
             v = inputs[t.name]
             inputs[t.name] = VirtualTensor(v.name, v.shape, v.modulus, v.key, index=True, out_of_range=True)
-    mem = Memory(inputs, field_, sizes, allocated=frozenset(lw.out.tensor for lw in lowerings))
+    mem = Memory(inputs, field_, sizes, allocated=frozenset(a.tensor for lw in lowerings for a in stored_accesses(lw)))
     for i, lw in enumerate(lowerings):
         sel = selections[i]
         if sel is None:
