@@ -34,6 +34,13 @@ def statistic_never_stored(lw: Lowering) -> Lowering:
     return replace(lw, stats=tuple(replace(st, lane=lw.thread_map.threads) for st in lw.stats))
 
 
+def statistic_dropped(lw: Lowering) -> Lowering:
+    """The kernel computes R1 (the plan's node) but its lowering stores only Y: the check compares what the
+    plan's kernels compute, not what their lowerings store."""
+    assert isinstance(lw, RowLowering)
+    return replace(lw, stats=())
+
+
 MUTANT_ENTRIES = (
     ("rows-saved-statistic-at-first-row", "a row kernel saving RMSNorm's rstd stores every row's at R1[0] (the "
      "statistic's row index dropped)", "rmsnorm.habu", MODEL, SHAPE, statistic_at_first_row),
@@ -41,6 +48,8 @@ MUTANT_ENTRIES = (
      "offset in Y", "rmsnorm.habu", MODEL, SHAPE, statistic_with_row_stride),
     ("rows-saved-statistic-never-stored", "a row kernel saving RMSNorm's rstd guards its store by tid == "
      "threads: no thread stores R1", "rmsnorm.habu", MODEL, SHAPE, statistic_never_stored),
+    ("rows-saved-statistic-dropped", "a row kernel computing RMSNorm's R1 and Y stores only Y", "rmsnorm.habu",
+     MODEL, SHAPE, statistic_dropped),
 )
 
-__all__ = ["MUTANT_ENTRIES", "statistic_at_first_row", "statistic_never_stored", "statistic_with_row_stride"]
+__all__ = ["MUTANT_ENTRIES", "statistic_at_first_row", "statistic_dropped", "statistic_never_stored", "statistic_with_row_stride"]

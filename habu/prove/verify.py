@@ -161,21 +161,26 @@ def stored_accesses(lw: object) -> tuple:
     return lw.stores() if isinstance(lw, RowLowering) else (lw.out,)  # type: ignore[attr-defined]
 
 
-def stored_boxes(lw: object, box: tuple[np.ndarray, ...]) -> dict[str, tuple[np.ndarray, ...]]:
-    """The box of each tensor the kernel stores, given its output's: a row statistic's is the rows'."""
+def stored_boxes(model: Model, lw: object, nodes: tuple[str, ...], box: tuple[np.ndarray, ...]
+                 ) -> dict[str, tuple[np.ndarray, ...]]:
+    """The box of each tensor the kernel computes, given its output's: the plan's nodes, not only what the
+    lowering stores (a statistic whose store is skipped is compared, and found missing); a row kernel's
+    statistic (one value a row: R1[r]) has the rows' box."""
+    out: dict[str, tuple[np.ndarray, ...]] = {}
+    for t in dict.fromkeys((*nodes, *(a.tensor for a in stored_accesses(lw)))):
+        per_row = isinstance(lw, RowLowering) and len(model.tensor(t).extents) == len(lw.leading)
+        out[t] = box[:len(lw.leading)] if per_row and t != lw.out.tensor else box  # type: ignore[attr-defined]
+    return out
+
+
+def demanded_box(model: Model, lw: object, nodes: tuple[str, ...], boxes: dict[str, tuple[np.ndarray, ...]],
+                 sizes: Mapping[str, int]) -> tuple[np.ndarray, ...] | None:
+    """The box of the kernel's output whose blocks compute every demanded element of what it computes (a
+    row kernel's statistics demand their rows), or None where nothing of it is demanded."""
     if not isinstance(lw, RowLowering):
-        return {lw.out.tensor: box}  # type: ignore[attr-defined]
-    return {**{st.out.tensor: box[:len(lw.leading)] for st in lw.stats}, lw.out.tensor: box}
-
-
-def demanded_box(lw: object, boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int]
-                 ) -> tuple[np.ndarray, ...] | None:
-    """The box of the kernel's output whose blocks compute every demanded element of what it stores (a
-    row kernel's statistics demand their rows), or None where nothing it stores is demanded."""
-    if not isinstance(lw, RowLowering) or not lw.stats:
         return boxes.get(lw.out.tensor)  # type: ignore[attr-defined]
     n = len(lw.leading)
-    parts = [boxes[a.tensor] for a in lw.stores() if a.tensor in boxes]
+    parts = [boxes[t] for t in stored_boxes(model, lw, nodes, ()) if t in boxes]
     if not parts:
         return None
     leading = []
@@ -340,28 +345,30 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         chosen: dict[int, tuple[np.ndarray, ...]] = {}  # the output box each selection computes
         for i, lw in enumerate(lowerings):
             kind_proof(lw).precheck(names[i], lw, s)
-            if any(a.tensor in outputs for a in stored_accesses(lw)):
+            if any(t in outputs for t in stored_boxes(graph, lw, plan.kernels[i].nodes, ())):
                 sel, box, text = kind_proof(lw).final_selection(lw, s)
                 selections[i] = sel
                 keeps[i] = kind_proof(lw).final_keep(lw, s)
                 chosen[i] = box
-                out_boxes.update({t: b for t, b in stored_boxes(lw, box).items() if t in outputs})
+                out_boxes.update({t: b for t, b in stored_boxes(graph, lw, plan.kernels[i].nodes, box).items()
+                                  if t in outputs})
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
         ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too
-            need = demanded_box(lw, boxes, s)
+            need = demanded_box(graph, lw, plan.kernels[i].nodes, boxes, s)
             if i in selections and need is not None and _wider(need, chosen[i]):
                 sel, keep, text = kind_proof(lw).box_selection(lw, need, s)
                 selections[i], keeps[i] = sel, keep
                 # compared where the reference evaluates them
-                out_boxes.update({t: b for t, b in stored_boxes(lw, need).items() if t in outputs})
+                out_boxes.update({t: b for t, b in stored_boxes(graph, lw, plan.kernels[i].nodes, need).items()
+                                  if t in outputs})
                 blocks_text[names[i]] = f"{text} (a later kernel reads {lw.out.tensor})"
         for i, lw in enumerate(lowerings):
             if i in selections:
                 continue
-            need = demanded_box(lw, boxes, s)
+            need = demanded_box(graph, lw, plan.kernels[i].nodes, boxes, s)
             if need is None:
                 blocks_text[names[i]] = "none (no checked output depends on it)"
                 selections[i] = None

@@ -10,12 +10,12 @@ import re
 
 import pytest
 
+from habu.bench.forward_saved_speed import split_plan
 from habu.lower import RowLowering, lower_plan
-from habu.paths import default_kernel
-from habu.plan.patterns import Region, default_regions, stored_nodes
+from habu.plan.patterns import stored_nodes
 from habu.prove import prove
 from habu.search.cost import plan_cost
-from habu.search.space import default_plan, make_plan
+from habu.search.space import default_plan
 from habu.spec.grad_program import derive_model
 from habu.spec.parser import load_program
 from habu.target import TARGETS
@@ -36,20 +36,12 @@ def forward(example: str, model: str, sizes: dict[str, int] | None = None):
     return fwd.with_sizes(sizes) if sizes else fwd
 
 
-def two_kernel_plan(model, target, sizes):
-    """The plan before: the statistic's kernel, then the row's (the regions split at the statistic)."""
-    regions = []
-    for r in default_regions(model):
-        regions += [Region(r.kind, (n,)) for n in r.nodes] if r.kind == "rows" else [r]
-    return make_plan(model, target, tuple(default_kernel(model, r, target, sizes) for r in regions), sizes)
-
-
 @pytest.mark.parametrize("example,model,sizes", CASES, ids=lambda x: str(x))
 def test_forward_with_saved_rstd_is_one_row_kernel_and_proven(example, model, sizes):
     m = forward(example, model, sizes)
     plan = default_plan(m, TARGETS["sm_90a"], sizes, {})
     rows = [k for k in plan.kernels if k.kind == "rows"]
-    before = two_kernel_plan(m, TARGETS["sm_90a"], sizes)
+    before = split_plan(m, TARGETS["sm_90a"], sizes)
     assert len(rows) == 1 and rows[0].nodes[0] == "R1", plan.kernels
     assert len([k for k in before.kernels if k.kind == "rows"]) == 2
     proof = prove(m, plan)
@@ -69,7 +61,7 @@ def test_the_default_at_4096_is_one_row_kernel_and_the_cost_model_agrees(model):
     plan = default_plan(m.with_sizes(sizes), target, sizes, {})
     assert [k.nodes for k in plan.kernels] == [("R1", "Y")]
     fused = sum(c.seconds for c in plan_cost(m.with_sizes(sizes), plan, target, {"R": 8192, **sizes}))
-    apart = sum(c.seconds for c in plan_cost(m.with_sizes(sizes), two_kernel_plan(m.with_sizes(sizes), target,
+    apart = sum(c.seconds for c in plan_cost(m.with_sizes(sizes), split_plan(m.with_sizes(sizes), target,
                                                                                    {"R": 8192, **sizes}),
                                              target, {"R": 8192, **sizes}))
     assert fused < 0.7 * apart, (fused, apart)
