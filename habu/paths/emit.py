@@ -10,7 +10,7 @@ from __future__ import annotations
 from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.errors import HabuError
-from habu.lower import ContractionLowering, LoweredPlan, lower_whole
+from habu.lower import ContractionLowering, LoweredPlan, RowLowering, lower_whole
 from habu.paths import path_for
 from habu.plan.plan import Plan
 from habu.prove import Proof
@@ -63,7 +63,7 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
                 written.add(stage.dst.tensor)
             early = not (main_loop_reads(lw) & written)
         kernels.append(path_for(lw.kernel).emit(name, model, lw, static, target, early))
-        written.add(lw.out.tensor)
+        written.update(a.tensor for a in (lw.stores() if isinstance(lw, RowLowering) else (lw.out,)))  # R1 too
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
                   if t.name in storage) + tuple(staged) + tuple(w for k in kernels for w in k.workspace)
