@@ -4,8 +4,8 @@ One block (or a warp) per row. The region's nodes are inlined into one expressio
 reduction over the row is a pass over the columns whose partials are combined across the block
 (`habu::block_reduce`) and, for a row shared by a cluster, across its blocks (`habu::cluster_combine`);
 the last pass computes and stores the output, and a stored row statistic (`RowLowering.stats`: RMSNorm's
-saved rstd) is stored by the one thread the lowering names, once the reductions are combined. With `cache_row`, a row read by several passes is loaded
-once, into registers or shared memory.
+saved rstd) is stored by the one thread the lowering names, once the reductions are combined. With
+`cache_row`, a row read by several passes is loaded once, into registers or shared memory.
 
 Every index the kernel computes is printed from the lowering (`RowLowering`, habu/lower/rows.py and
 habu/lower/lanes.py), which the finite-field interpreter executes thread by thread: the lane and row
