@@ -1,4 +1,4 @@
-"""Planted lowerings of the column and grouped families for the mutation suite (habu.bench.mutants):
+"""Planted lowerings of the contraction, column and grouped families for the mutation suite (habu.bench.mutants):
 each takes the lowering the check runs and returns it with one map, mask or count wrong."""
 
 from __future__ import annotations
@@ -6,8 +6,39 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import fields, replace
 
-from habu.lower import ColumnLowering, Lowering
+from habu.lower import ColumnLowering, ContractionLowering, Lowering
 from habu.lower.grouped import GroupedLowering
+
+
+def stops_early(lw: ContractionLowering) -> ContractionLowering:
+    """The same lowering whose k loop ends one tile early (a method, not a field: planted by a subclass)."""
+
+    class StopsEarly(ContractionLowering):
+        def k_range(self, split, s):
+            begin, end = super().k_range(split, s)
+            return begin, end - 1
+
+    return StopsEarly(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def batch_decode_unreduced(lw: ContractionLowering) -> ContractionLowering:
+    """The same lowering whose tile within the batch is decoded from the block index itself, not from
+    the index less the batch's first block (z · tiles per batch): batches after the first decode tiles
+    past the grid."""
+
+    class Unreduced(ContractionLowering):
+        def decode(self, linear, s, let=None):
+            batch, _tm, _tn, _split = super().decode(linear, s, let)
+            return batch, *self.tile_of(linear, s)
+
+    return Unreduced(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def tile_origin_from_bn(lw: ContractionLowering) -> ContractionLowering:
+    """The same lowering whose tile rows start at tm·BN (its `tile_origin`, which the emitter prints as m0)."""
+    cls = type("Planted_tile_origin", (ContractionLowering,),
+               {"tile_origin": lambda self, tm, tn: (tm * self.bn, tn * self.bn)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 def col(f: Callable[[ColumnLowering], ColumnLowering]) -> Callable[[Lowering], Lowering]:

@@ -16,9 +16,11 @@ from habu.bench import mutants_epilogue as epilogue
 from habu.bench import mutants_ktile as ktile
 from habu.bench import mutants_multiout as multiout
 from habu.bench import mutants_persist as persist
+from habu.bench import mutants_rows_saved as rows_saved
 from habu.bench import mutants_split as split
 from habu.bench.mutant_plants import (
     GROUPED_LOOP_MUTANTS,
+    batch_decode_unreduced,
     box_group_shifted,
     col,
     columns_decoded_wrong,
@@ -31,6 +33,8 @@ from habu.bench.mutant_plants import (
     quad_partner_two_lanes_away,
     rows_skip_group,
     split_end_past,
+    stops_early,
+    tile_origin_from_bn,
     tiles_rounded_down,
     vector_overlap,
 )
@@ -48,6 +52,8 @@ from habu.lower.general import Store
 from habu.lower.pipeline import MbarrierRing
 from habu.prove.verify import Certificate, verify_plan
 from habu.search.space import default_plan
+from habu.spec.grad_program import derive_model
+from habu.spec.ir import Model
 from habu.spec.parser import load_program
 from habu.target import TARGETS
 
@@ -86,43 +92,20 @@ class Mutant:
     kernel: int = 0
     index_width: int | None = None  # force the plan's index width (the int32 wrap mutant)
 
+    def load_model(self) -> Model:
+        """The mutant's model at its shape: `NAME` of its example, or `NAME:forward`, the forward with the
+        values its backward saves (`habu.spec.grad_program.derive_model`: RMSNorm's R1 beside Y)."""
+        program = load_program(EXAMPLES / self.example)
+        name, _, form = self.model.partition(":")
+        model = derive_model(program, name, None).forward if form == "forward" else program.models[name]
+        return model.with_sizes(self.shape)
+
 
 def _c(f: Callable[[ContractionLowering], ContractionLowering]) -> Callable[[Lowering], Lowering]:
     def g(lw: Lowering) -> Lowering:
         assert isinstance(lw, ContractionLowering)
         return f(lw)
     return g
-
-
-def _stops_early(lw: ContractionLowering) -> ContractionLowering:
-    """The same lowering whose k loop ends one tile early (a method, not a field: planted by a subclass)."""
-
-    class StopsEarly(ContractionLowering):
-        def k_range(self, split, s):
-            begin, end = super().k_range(split, s)
-            return begin, end - 1
-
-    return StopsEarly(**{f.name: getattr(lw, f.name) for f in fields(lw)})
-
-
-def _batch_decode_unreduced(lw: ContractionLowering) -> ContractionLowering:
-    """The same lowering whose tile within the batch is decoded from the block index itself, not from
-    the index less the batch's first block (z · tiles per batch): batches after the first decode tiles
-    past the grid."""
-
-    class Unreduced(ContractionLowering):
-        def decode(self, linear, s, let=None):
-            batch, _tm, _tn, _split = super().decode(linear, s, let)
-            return batch, *self.tile_of(linear, s)
-
-    return Unreduced(**{f.name: getattr(lw, f.name) for f in fields(lw)})
-
-
-def _tile_origin_from_bn(lw: ContractionLowering) -> ContractionLowering:
-    """The same lowering whose tile rows start at tm·BN (its `tile_origin`, which the emitter prints as m0)."""
-    cls = type("Planted_tile_origin", (ContractionLowering,),
-               {"tile_origin": lambda self, tm, tn: (tm * self.bn, tn * self.bn)})
-    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 def _ring(f: Callable[[MbarrierRing], MbarrierRing]) -> Callable[[Lowering], Lowering]:
@@ -233,7 +216,7 @@ MUTANTS: tuple[Mutant, ...] = (
            _c(lambda lw: replace(lw, k_step=2 * lw.bk)), DIRECT),
     Mutant("k-loop-stops-one-tile-early", "the k loop ends one tile before the last (audit of 402788a: "
            "planted in the emitter's loop, it passed the proof and a 256x256x8193 GEMM passed the GPU golden "
-           "at 1.04% relative error)", "ggemm.habu", "GGEMM", GG, _c(_stops_early), DIRECT),
+           "at 1.04% relative error)", "ggemm.habu", "GGEMM", GG, _c(stops_early), DIRECT),
     Mutant("split-k-partial-lost", "split-K partials stored instead of added: one is lost", "ggemm.habu", "GGEMM",
            {"M": 256, "N": 256, "K": 4096}, _c(lambda lw: replace(lw, split_mode="none")), {"split_k": "2"}),
     Mutant("ring-stage-off-by-one", "the wgmma consumers read stage s + 1 after waiting for stage s's barrier",
@@ -448,7 +431,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),
     Mutant("batch-decode-unreduced", "a batched decode takes the tile from the block index, not from the index "
            "within its batch: the blocks of batches 1.. compute tiles past the grid", "bmm.habu", "SCORES",
-           BMM_SHAPE, _c(_batch_decode_unreduced)),
+           BMM_SHAPE, _c(batch_decode_unreduced)),
     Mutant("batch-missing-on-output", "the output's batch position dropped: every batch stores into batch 0",
            "bmm.habu", "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, out=replace(lw.out, positions=(Position("const"), *lw.out.positions[1:])))),
            {"store": "direct"}),  # (a TMA store's map takes the output's strides from the host array)
@@ -518,7 +501,7 @@ MUTANTS: tuple[Mutant, ...] = (
            _g(lambda lw: replace(lw, thread_map=replace(lw.thread_map, vector=1))), {"vector": "4"}),
     Mutant("tile-origin-from-bn", "a block's first row m0 = tm·BN instead of tm·BM (a rectangular tile's "
            "extents mixed up): blocks compute overlapping rows and some rows of the output are never written",
-           "ggemm.habu", "GGEMM", GG, _c(_tile_origin_from_bn), {"tile": "128x64x64"}),
+           "ggemm.habu", "GGEMM", GG, _c(tile_origin_from_bn), {"tile": "128x64x64"}),
     Mutant("cluster-split-ranks-overlap", "a cluster split's rank r finishes rows from r·(BM/S − 1): two ranks "
            "add up one row, nobody the last", "ggemm.habu", "GGEMM", split.SHAPE, split.ranks_overlap, split.PINS),
     Mutant("cluster-split-partial-rows-overlap", "a cluster split's partial rows BN − 2 words apart",
@@ -529,6 +512,7 @@ MUTANTS: tuple[Mutant, ...] = (
     *(Mutant(*entry) for entry in epilogue.MUTANT_ENTRIES),  # the TMA-store epilogue's loads (mutants_epilogue.py)
     *(Mutant(*entry) for entry in ktile.MUTANT_ENTRIES),  # k tiles of several spans (mutants_ktile.py)
     *(Mutant(*entry) for entry in multiout.MUTANT_ENTRIES),  # an epilogue's extra outputs (mutants_multiout.py)
+    *(Mutant(*entry) for entry in rows_saved.MUTANT_ENTRIES),  # a row kernel's saved statistic (mutants_rows_saved.py)
     *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)
     *(Mutant(*entry) for entry in persist.MUTANT_ENTRIES),  # the persistent wgmma attention kernel's (mutants_persist.py)
     Mutant("attention-wgmma-rescale-inverted", "the wgmma attention loop rescales l and O by exp(m_new − m_old)",
@@ -573,8 +557,7 @@ class Outcome:
 
 def run_mutant(m: Mutant, trials: int = 2, seeds: list[int] | None = None, witness: bool = False) -> Outcome:
     """`witness`: check on the reduced shape the search checks candidates at (habu.prove.witness)."""
-    program = load_program(EXAMPLES / m.example)
-    model = program.models[m.model].with_sizes(m.shape)
+    model = m.load_model()
     plan = default_plan(model, TARGETS["sm_90a"], m.shape, m.pins)
     if m.index_width is not None:
         plan = replace(plan, kernels=tuple(replace(k, index_width=m.index_width) for k in plan.kernels))

@@ -3,8 +3,9 @@
 One block (or a warp) per row. The region's nodes are inlined into one expression per column; each
 reduction over the row is a pass over the columns whose partials are combined across the block
 (`habu::block_reduce`) and, for a row shared by a cluster, across its blocks (`habu::cluster_combine`);
-the last pass computes and stores the output. With `cache_row`, a row read by several passes is loaded
-once, into registers or shared memory.
+the last pass computes and stores the output, and a stored row statistic (`RowLowering.stats`: RMSNorm's
+saved rstd) is stored by the one thread the lowering names, once the reductions are combined. With
+`cache_row`, a row read by several passes is loaded once, into registers or shared memory.
 
 Every index the kernel computes is printed from the lowering (`RowLowering`, habu/lower/rows.py and
 habu/lower/lanes.py), which the finite-field interpreter executes thread by thread: the lane and row
@@ -345,6 +346,7 @@ class _Passes:
     final: Expr
     final_consts: str
     held: set[int]
+    stats: list[Expr]  # each stored statistic's value, its row constants hoisted with the final's
 
 
 def _hoist(row: _Row) -> _Passes:
@@ -352,6 +354,7 @@ def _hoist(row: _Row) -> _Passes:
     consts = RowConstants(lambda e: _render(row, e))
     bodies = [(consts.hoist(r.body), consts.take()) for r in lw.passes]
     final = consts.hoist(lw.expression())
+    stats = [consts.hoist(st.value) for st in lw.stats]  # RMSNorm's R1 is the final's rsqrt: one constant
     final_consts = consts.take()
     held: set[int] = set()
     n, vec = row.loop.unrolled, row.loop.vector
@@ -361,7 +364,7 @@ def _hoist(row: _Row) -> _Passes:
                 - row_registers(n * len(lw.kept_rows()))) // (n * vec)
         computed = {_render(row, b): i for i, (b, _) in enumerate(bodies) if isinstance(b, Op)}
         final = reuse_held(final, lambda e: _render(row, e), computed, held, max(0, room))
-    return _Passes(bodies, final, final_consts, held)
+    return _Passes(bodies, final, final_consts, held, stats)
 
 
 def _passes(row: _Row, hoisted: _Passes) -> tuple[list[str], str]:
@@ -422,6 +425,20 @@ def _store(row: _Row, value: Expr) -> str:
     at = row.at("r", "col")
     return _column_loop(row, f"if ({access_mask(out, at, row.sizes)}) "
                              f"{store_value(out.dtype, p_out, row.offset(out, at), text)}")
+
+
+def _store_stats(row: _Row, values: list[Expr]) -> str:
+    """Each stored statistic (its one value a row), by the thread the lowering names (`StatStore`)."""
+    out = []
+    for st, value in zip(row.lw.stats, values, strict=True):
+        p = row.sig.pointer(st.out.tensor, st.out.dtype, writes=True)
+        who = f"tid == {st.lane}" + (f" && habu::cluster_ctarank() == {st.rank}" if row.share > 1 else "")
+        at = row.at("r")
+        out.append(f"""  if ({who} && {access_mask(st.out, at, row.sizes)}) {{  // the row's {st.target}, stored once
+    {store_value(st.out.dtype, p, row.offset(st.out, at), _render(row, value))}
+  }}
+""")
+    return "".join(out)
 
 
 def _store_chunks(row: _Row, p_out: str, value: str) -> str:
@@ -495,7 +512,7 @@ def _assemble(row: _Row, name: str) -> str:
     hoisted = _hoist(row)
     passes, issue_next = _passes(row, hoisted)
     red_decl = "\n".join(f"  float {n} = 0.0f;" for n in row.red_names.values())
-    final_loop = _store(row, hoisted.final)
+    final_loop = _store_stats(row, hoisted.stats) + _store(row, hoisted.final)
     cluster_end = "  habu::cluster_sync();\n" if row.share > 1 else ""  # no block leaves while a peer may read
     rows = c(lw.rows(row.sizes))
     if lw.kernel.prefetch:

@@ -4,7 +4,9 @@ Row kernel: block b owns rows r = b·R_B + i (i < R_B, masked r < R); an N-D nod
 axes flattened row-major (R = #B·#S for X[b s d]), and every access reads the leading coordinates of r
 through `RowLowering.row_coordinates` (b = r / #S, s = r % #S); each row's columns are visited
 in chunks of threads·vector (masked c < C). Reductions over c add only unmasked columns; the
-region's nodes are evaluated row by row on chip and only the last is stored.
+region's nodes are evaluated row by row on chip and the last is stored, a row (or a row's one value); an
+earlier row statistic the model outputs or another kernel reads (`stored_nodes`: RMSNorm's saved rstd
+R1[r]) is stored too, once a row, by one thread (`StatStore`), once the reductions it reads are combined.
 
 Map kernel: lane e = (block·threads + t)·vector + v over the output's elements in row-major order,
 masked e < numel; each element's coordinates feed every access.
@@ -20,7 +22,7 @@ from typing import Any
 from habu.lower.access import Access, FlatGrid, VectorAccess, access_for, cdiv, floordiv
 from habu.lower.flatten import FlattenedRows, is_row_axis, row_axis_names
 from habu.lower.lanes import ChunkLoop, MapLanes, RowCache, RowThreads
-from habu.plan.patterns import row_local
+from habu.plan.patterns import row_local, stored_nodes
 from habu.plan.plan import MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, Gather, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
@@ -171,6 +173,25 @@ class PrefetchLayout:
 
 
 @dataclass(frozen=True)
+class StatStore:
+    """A row statistic the row kernel stores besides its output (`R1[r]`, the rstd RMSNorm's backward
+    reads): its value (the region's earlier nodes inlined; it reads only reductions over the row and
+    per-row values), stored at `out` by lane `lane` of the row's threads in cluster block `rank`, after
+    every reduction pass. The interpreter stores it from each thread this names (none: a skipped store;
+    two: a race), the emitter prints `if (tid == lane ...)`."""
+
+    target: str
+    value: Expr
+    out: Access
+    lane: int = 0
+    rank: int = 0
+
+    def stores(self, lane: Any, rank: Any) -> Any:
+        """Whether the thread of lane `lane` in cluster block `rank` stores the statistic."""
+        return (lane == self.lane) & (rank == self.rank)
+
+
+@dataclass(frozen=True)
 class RowLowering(FlattenedRows):
     kernel: RowKernel
     leading: tuple[str, ...]  # the extents the rows run along, outermost first (one: a 2-D row)
@@ -197,6 +218,8 @@ class RowLowering(FlattenedRows):
     loaded_before: tuple[int, ...] = ()
     # with `prefetch`: where the next row's copy puts each kept row's chunks in shared memory
     prefetch_layout: PrefetchLayout | None = None
+    # the row statistics stored besides `out`, in node order (RMSNorm's forward saving R1[r] for its backward)
+    stats: tuple[StatStore, ...] = ()
 
     @property
     def chunk(self) -> int:
@@ -307,6 +330,10 @@ class RowLowering(FlattenedRows):
         return self.vector_row() and not self.per_row and self.out.dtype in ("bf16", "f16") \
             and self.kernel.vector * DTYPES[self.out.dtype].bytes == 16
 
+    def stores(self) -> tuple[Access, ...]:
+        """Every access the kernel stores through: each statistic's, then the output's."""
+        return (*(st.out for st in self.stats), self.out)
+
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The vector loads and stores of global memory the kernel makes: the kept row's 16-byte
         chunks (loads, and the next row's cp.async copies) and, with them, the output's 16-byte
@@ -394,9 +421,10 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     rvs = tuple(IndexVar(n, e) for n, e in zip(names, leading, strict=True))
     cv = IndexVar("c", c_ext)
     renamed: list[Equation] = []
+    stored = stored_nodes(model, kernel.nodes)
     for eq in nodes:
-        if len(eq.lhs) == len(leading) and eq is not nodes[-1]:
-            raise ValueError(f"a row statistic ({eq.target}) can only end a row kernel")
+        if eq.target in stored and eq is not nodes[-1] and len(eq.lhs) != len(leading):
+            raise ValueError(f"a row kernel stores a row only as its last node; {eq.target} is read outside it")
         if len(eq.lhs) not in (len(leading), len(leading) + 1):
             raise ValueError(f"{eq.target} is not over the rows of {nodes[-1].target}")
         mapping: dict[IndexVar, IndexVar] = dict(zip(eq.lhs, rvs, strict=False))
@@ -416,10 +444,18 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     out_vars = renamed[-1].lhs
     out = access_for(model.tensor(renamed[-1].target), out_vars, {v: (v.name if v in rvs else "c") for v in out_vars},
                      extent_of_axis, storage)
+    defs = {eq.target: eq for eq in renamed}
+    stats = tuple(StatStore(eq.target, inline_region(eq.rhs, {t: d for t, d in defs.items() if t != eq.target}),
+                            access_for(model.tensor(eq.target), rvs, {v: v.name for v in rvs}, extent_of_axis, storage))
+                  for eq in renamed[:-1] if eq.target in stored)
     lw = RowLowering(kernel, leading, c_ext, tuple(renamed), tuple(loads), out, True, kernel.index_width,
                      -(-kernel.threads // 32),
-                     RowThreads(kernel.threads, kernel.rows_per_block, kernel.vector, kernel.threads), None, ())
+                     RowThreads(kernel.threads, kernel.rows_per_block, kernel.vector, kernel.threads), None, (),
+                     stats=stats)
     passes = tuple(canonical_reduction(p) for p in reduction_passes(lw.expression()))
+    for st in stats:  # a statistic is stored after the passes: it reads only reductions the output reads
+        if any(canonical_reduction(p) not in passes for p in reduction_passes(st.value)):
+            raise ValueError(f"{st.target} reduces the row in a way {out.tensor} does not read")
     kept = lw.kept_rows()
     cache = RowCache(permuted=lw.vector_row(), rows=len(kept)) if kept else None
     width = model.extent(c_ext)

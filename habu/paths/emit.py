@@ -11,6 +11,7 @@ from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.errors import HabuError
 from habu.lower import ContractionLowering, LoweredPlan, lower_whole
+from habu.lower.stores import stored_accesses
 from habu.paths import path_for
 from habu.plan.plan import Plan
 from habu.prove import Proof
@@ -63,8 +64,7 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
                 written.add(stage.dst.tensor)
             early = not (main_loop_reads(lw) & written)
         kernels.append(path_for(lw.kernel).emit(name, model, lw, static, target, early))
-        written.add(lw.out.tensor)
-        written.update(a.tensor for _, a in getattr(lw, "extra_outs", ()))  # a contraction's other outputs
+        written.update(a.tensor for a in stored_accesses(lw))  # R1 beside Y, S1 beside S3 too
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
                   if t.name in storage) + tuple(staged) + tuple(w for k in kernels for w in k.workspace)

@@ -545,13 +545,41 @@ def check_gathers(eq: Equation) -> None:
                                 "indexed by one index variable")
 
 
+def stored_nodes(model: Model, nodes: tuple[str, ...]) -> tuple[str, ...]:
+    """The nodes a kernel computing `nodes` stores, in order: its last, and each earlier one the model
+    outputs or a node outside the kernel reads (a row kernel's saved statistic, `R1[r]` of RMSNorm's
+    forward with the rstd its backward reads); the others stay on chip."""
+    outputs = {t.name for t in model.outputs}
+    inside = set(nodes)
+    return tuple(t for t in nodes if t == nodes[-1] or t in outputs
+                 or any(c.target not in inside for c in consumers(model, t)))
+
+
+def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
+    """`prev` is a row region that ends in a row statistic (`R1[r] = rsqrt(Σ d X[r d]² / #D + ε)`) and
+    `new_eq` reads it over the same rows and columns (`Y[r d] = X[r d] · R1[r]`): one row kernel computes
+    both, storing the statistic too where it is an output or read elsewhere (`stored_nodes`), and reads
+    the row once (H200 figures: docs/PERF.md, session 32, rows2)."""
+    if prev.kind != "rows":
+        return False
+    stat = next(e for e in model.nodes if e.target == prev.output)
+    at, new_at = row_local(stat), row_local(new_eq)
+    if at is None or at != new_at or len(stat.lhs) != len(at[0]) or new_eq.scatter is not None:
+        return False
+    return any(ld.tensor == stat.target for ld in _reads(new_eq.rhs))
+
+
 def _merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
     """Fuse a row/map node into the previous region when they share the shape and the previous
-    region's result is read by nothing else."""
+    region's result is read by nothing else, or when the previous region ends in a row statistic that
+    the node reads over the same rows (`statistic_then_row`)."""
     if regions:
         prev = regions[-1]
         prev_eq = next(e for e in model.nodes if e.target == prev.output)
         new_eq = next(e for e in model.nodes if e.target == new.output)
+        if statistic_then_row(model, prev, new_eq):
+            regions[-1] = Region("rows", prev.nodes + new.nodes)
+            return
         outputs = {t.name for t in model.outputs}
         same_shape = [v.extent for v in prev_eq.lhs] == [v.extent for v in new_eq.lhs]
         only_reader = consumers(model, prev.output) == [new_eq] and prev.output not in outputs

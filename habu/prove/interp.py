@@ -27,6 +27,7 @@ from habu.prove.block_products import block_products
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
+from habu.prove.lane_arithmetic import LaneArithmetic
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import route_key, route_of, warp_parts
 from habu.prove.split_cluster import finish_cluster_split
@@ -50,23 +51,6 @@ def wrap(x: np.ndarray, width: int) -> np.ndarray:
 
 
 POISON = np.uint64(0x5EED_BAD_F00D)
-
-
-class LaneArithmetic:
-    """A field as the kernels' lanes compute in it: a division by zero is 0 instead of an error. A lane that
-    divides by a masked load's zero (the rows of a last tile past #M, read as 0: `O[m n] = (Σ k …) / S[m]`)
-    computes a value the kernel never stores; the float kernel gets inf there. The reference keeps the
-    field's own division (a zero divisor there happens with probability about 1/p), so a lane that divides
-    by zero and stores the result still differs from it: the comparison, not an error, reports it."""
-
-    def __init__(self, field: PrimeField):
-        self._field = field
-
-    def __getattr__(self, name: str):
-        return getattr(self._field, name)
-
-    def op(self, fn: str, args: list[np.ndarray]) -> np.ndarray:
-        return self._field.op("div0" if fn == "div" else fn, args)
 
 
 class Memory:

@@ -162,10 +162,10 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
     col_mask = col_mask & (m.warp(v.lane) < lw.combined_warps)[None, :]
     reduced: dict[Expr, np.ndarray] = {}
 
-    def where(bad: np.ndarray) -> str:
+    def where(bad: np.ndarray, tensor: str = lw.out.tensor) -> str:
         b = np.broadcast_to(bad, (len(rows), len(cols)))
         r = int(rows[np.nonzero(b.any(axis=1))[0][0]])
-        return f"row {r} of {lw.out.tensor}"
+        return f"row {r} of {tensor}"
 
     def ev(e: Expr) -> np.ndarray:
         if isinstance(e, Reduce):
@@ -210,11 +210,18 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
         else:
             reduced[p] = f.product_last(np.where(col_mask, (f.max_point - body) % f.p, 1))[:, None]
     load_kept(len(lw.passes))
+    row_at = lw.row_coordinates(rows[:, None], sizes)
+    for st in lw.stats:  # a stored statistic: its one value a row, from each thread the lowering names
+        stat = np.broadcast_to(ev(st.value), (len(rows), len(cols)))[:, :1]
+        owned = rows[:, None] < lw.rows(sizes)
+        for lane, rank in zip(*np.nonzero(st.stores(np.arange(m.threads)[:, None],
+                                                    np.arange(lw.kernel.cluster)[None, :])), strict=True):
+            write(f"{name} (lane {lane}, cluster block {rank})", st.out, row_at, stat, sizes, mem, lw.index_width,
+                  False, owned, lambda bad, t=st.target: where(bad, t))
     value = np.broadcast_to(ev(lw.expression()), (len(rows), len(cols)))
     if lw.per_row:  # a row statistic: one value per row, stored once (by lane 0)
         owned = rows[:, None] < lw.rows(sizes)
-        write(name, lw.out, lw.row_coordinates(rows[:, None], sizes), value[:, :1], sizes, mem, lw.index_width, False,
-              owned, where)
+        write(name, lw.out, row_at, value[:, :1], sizes, mem, lw.index_width, False, owned, where)
         return
     owned = (rows[:, None] < lw.rows(sizes)) & (cols < C)[None, :]
     write(name, lw.out, coords, value, sizes, mem, lw.index_width, False, owned, where)

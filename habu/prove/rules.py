@@ -22,7 +22,6 @@ from habu.lower import (
     Lowering,
     MapLowering,
     RowLowering,
-    lower_plan,
 )
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.contraction import epilogue_is_linear, is_batch_axis
@@ -444,7 +443,8 @@ def rows_obligations(name: str, lw: RowLowering, ctx: Context) -> Iterator[Oblig
             yield Obligation(R["vector-align"], name, acc.tensor,
                              f"{k.vector * e}-byte vectors of {acc.tensor} are aligned (#{lw.c} a multiple of {k.vector})",
                              aligned, detail=f"#{lw.c} is not a multiple of {k.vector}")
-    yield from _access_obligations(name, lw.out, axes, ctx, lw.index_width, "every store")
+    for stored in lw.stores():  # a saved statistic's (RMSNorm's R1[r], one a row), then the output's
+        yield from _access_obligations(name, stored, axes, ctx, lw.index_width, "every store")
     threads = k.threads * k.rows_per_block
     yield Obligation(R["threads"], name, None, "several rows per block are a warp (32 threads) each",
                      k.rows_per_block == 1 or k.threads == 32,
@@ -595,6 +595,3 @@ def failures(obs: list[Obligation]) -> list[Obligation]:
 def guards(obs: list[Obligation]) -> list[Obligation]:
     return [o for o in obs if o.status == "guarded"]
 
-
-def lowering_of(plan: Plan, model: Model) -> list[Lowering]:
-    return lower_plan(model, plan)

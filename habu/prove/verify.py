@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from habu.lower import ContractionLowering, lower_plan
+from habu.lower import ContractionLowering, RowLowering, lower_plan
 from habu.lower.general import Store
+from habu.lower.stores import stored_accesses
 from habu.plan.plan import Plan
 from habu.prove.deadline import check_deadline
 from habu.prove.interp import (
@@ -153,6 +154,38 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
             old = boxes.get(ld.tensor)
             boxes[ld.tensor] = tuple(_union(old[i] if old else None, d) for i, d in enumerate(dims))
     return boxes
+
+
+def stored_boxes(model: Model, lw: object, nodes: tuple[str, ...], box: tuple[np.ndarray, ...]
+                 ) -> dict[str, tuple[np.ndarray, ...]]:
+    """The box of each tensor the kernel computes, given its output's: the plan's nodes, not only what the
+    lowering stores (a statistic whose store is skipped is compared, and found missing); a row kernel's
+    statistic (one value a row: R1[r]) has the rows' box."""
+    out: dict[str, tuple[np.ndarray, ...]] = {}
+    for t in dict.fromkeys((*nodes, *(a.tensor for a in stored_accesses(lw)))):
+        per_row = isinstance(lw, RowLowering) and len(model.tensor(t).extents) == len(lw.leading)
+        out[t] = box[:len(lw.leading)] if per_row and t != lw.out.tensor else box  # type: ignore[attr-defined]
+    return out
+
+
+def demanded_box(model: Model, lw: object, nodes: tuple[str, ...], boxes: dict[str, tuple[np.ndarray, ...]],
+                 sizes: Mapping[str, int]) -> tuple[np.ndarray, ...] | None:
+    """The box of the kernel's output whose blocks compute every demanded element of what it computes (a
+    row kernel's statistics demand their rows), or None where nothing of it is demanded."""
+    if not isinstance(lw, RowLowering):
+        return boxes.get(lw.out.tensor)  # type: ignore[attr-defined]
+    n = len(lw.leading)
+    parts = [boxes[t] for t in stored_boxes(model, lw, nodes, ()) if t in boxes]
+    if not parts:
+        return None
+    leading = []
+    for i in range(n):
+        u = None
+        for b in parts:
+            u = _union(u, b[i])
+        leading.append(u)
+    tail = () if lw.per_row else boxes.get(lw.out.tensor, (None,) * n + (np.arange(sizes[lw.c]),))[n:]
+    return (*leading, *tail)
 
 
 def _wider(box: tuple[np.ndarray, ...], than: tuple[np.ndarray, ...]) -> bool:
@@ -304,39 +337,38 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
         cert.notes.extend(coverage)
     exp = False
     try:
+        chosen: dict[int, tuple[np.ndarray, ...]] = {}  # the output box each selection computes
         for i, lw in enumerate(lowerings):
             kind_proof(lw).precheck(names[i], lw, s)
-            # the outputs the plan says the kernel computes (its nodes), not the ones its lowering stores: an
-            # output its epilogue fails to store is compared, and found missing
-            computed = [t for t in (*plan.kernels[i].nodes, lw.out.tensor) if t in outputs]
-            if computed:
+            if any(t in outputs for t in stored_boxes(graph, lw, plan.kernels[i].nodes, ())):
                 sel, box, text = kind_proof(lw).final_selection(lw, s)
                 selections[i] = sel
                 keeps[i] = kind_proof(lw).final_keep(lw, s)
-                for t in computed:  # a contraction's extra outputs share its output's extents
-                    out_boxes[t] = box
+                chosen[i] = box
+                out_boxes.update({t: b for t, b in stored_boxes(graph, lw, plan.kernels[i].nodes, box).items()
+                                  if t in outputs})
                 blocks_text[names[i]] = text
         boxes = demand(graph, out_boxes, s)
         ref_boxes = boxes if graph is model else demand(model, out_boxes, s)
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too
-            out = lw.out.tensor
-            # (an output stored only as a contraction's extra output: its kernel's own output is read later)
-            if i in selections and out in boxes and (out not in out_boxes or _wider(boxes[out], out_boxes[out])):
-                sel, keep, text = kind_proof(lw).box_selection(lw, boxes[out], s)
+            need = demanded_box(graph, lw, plan.kernels[i].nodes, boxes, s)
+            if i in selections and need is not None and _wider(need, chosen[i]):
+                sel, keep, text = kind_proof(lw).box_selection(lw, need, s)
                 selections[i], keeps[i] = sel, keep
-                for t in (*plan.kernels[i].nodes, *stored_tensors(lw)):  # compared where the reference evaluates it
-                    if t in out_boxes:
-                        out_boxes[t] = boxes[out]
-                blocks_text[names[i]] = f"{text} (a later kernel reads {out})"
+                # compared where the reference evaluates them
+                out_boxes.update({t: b for t, b in stored_boxes(graph, lw, plan.kernels[i].nodes, need).items()
+                                  if t in outputs})
+                blocks_text[names[i]] = f"{text} (a later kernel reads {lw.out.tensor})"
         for i, lw in enumerate(lowerings):
             if i in selections:
                 continue
-            if lw.out.tensor not in boxes:
+            need = demanded_box(graph, lw, plan.kernels[i].nodes, boxes, s)
+            if need is None:
                 blocks_text[names[i]] = "none (no checked output depends on it)"
                 selections[i] = None
                 continue
-            sel, keep, text = kind_proof(lw).box_selection(lw, boxes[lw.out.tensor], s)
+            sel, keep, text = kind_proof(lw).box_selection(lw, need, s)
             selections[i] = sel
             keeps[i] = keep
             blocks_text[names[i]] = text
@@ -359,12 +391,12 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                     continue
                 run_kernel(names[i], lw, s, mem, kind_proof(lw).blocks(lw, s, sel), keeps.get(i))
             for i, lw in enumerate(lowerings):
-                for t in stored_tensors(lw):
-                    wt = mem.written.get(t)
+                for stored in stored_accesses(lw):
+                    wt = mem.written.get(stored.tensor)
                     if wt is not None and not wt.accumulate:
                         dup, counts = wt.multiply_written()
                         if len(dup):
-                            mem.fault(f"{names[i]} writes {t} at offset {int(dup[0])} "
+                            mem.fault(f"{names[i]} writes {stored.tensor} at offset {int(dup[0])} "
                                       f"{int(counts[0])} times (a race between blocks: the last write wins)")
             check_deadline("before the reference evaluation")
             ref = Evaluator(model, s, field_, ref_boxes).run(inputs)
@@ -410,7 +442,7 @@ def check_index_masking(model: Model, lowerings, names, selections, keeps, sizes
         if t.is_index:
             v = inputs[t.name]
             inputs[t.name] = VirtualTensor(v.name, v.shape, v.modulus, v.key, index=True, out_of_range=True)
-    mem = Memory(inputs, field_, sizes, allocated=frozenset(t for lw in lowerings for t in stored_tensors(lw)))
+    mem = Memory(inputs, field_, sizes, allocated=frozenset(a.tensor for lw in lowerings for a in stored_accesses(lw)))
     for i, lw in enumerate(lowerings):
         sel = selections[i]
         if sel is None:
@@ -455,12 +487,6 @@ def _compare(model: Model, out_boxes, ref, mem: Memory, sizes, trial: int) -> Mi
             return Mismatch(tensor, element, int(got[k]) if found[k] else None, int(exp[k]), trial,
                             int(wrong.sum()))
     return None
-
-
-def stored_tensors(lw) -> list[str]:
-    """The tensors a kernel stores: its output, after a contraction's extra outputs (`extra_outs`: the
-    chain's outputs before its end, one epilogue)."""
-    return [a.tensor for _, a in getattr(lw, "extra_outs", ())] + [lw.out.tensor]
 
 
 def gathers_in(model: Model) -> list[str]:

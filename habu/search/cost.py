@@ -187,7 +187,7 @@ def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelC
     for _, a in lw.loads:
         per_tensor[a.tensor] = max(per_tensor.get(a.tensor, 0.0), _bytes(a, sizes))
     reads = sum(per_tensor.values())
-    writes = _bytes(lw.out, sizes)
+    writes = sum(_bytes(a, sizes) for a in lw.stores())  # a stored statistic's too (RMSNorm's saved rstd)
     passes = len(reduction_passes(lw.expression()))
     reread = 1.0 if lw.kernel.cache_row else float(1 + passes)
     flops = 10.0 * R * C * (1 + passes)

@@ -29,7 +29,7 @@ from habu.paths.analytic import node_of
 from habu.paths.contraction import tma_store_fits
 from habu.plan.fields import FieldError, Mma, Move, kernel_fields, pin_table
 from habu.plan.grouped_pair import pair_positions
-from habu.plan.patterns import Region, as_contraction, default_regions
+from habu.plan.patterns import Region, as_contraction, default_regions, stored_nodes
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
@@ -70,7 +70,7 @@ def make_plan(model: Model, target: Target, kernels: tuple[Kernel, ...], sizes: 
 
     graph = apply_rewrites(model, rewrites)
     shape = tuple((e.name, sizes[e.name]) for e in model.extents if e.name in sizes)
-    stored = {k.nodes[-1] for k in kernels}
+    stored = {n for k in kernels for n in stored_nodes(graph, k.nodes)}
     dtypes = storage_dtypes(graph)
     storage = tuple((t.name, dtypes[t.name]) for t in graph.intermediates if t.name in stored)
     return Plan(model=model.name, model_hash=model.canonical_hash(), target=target.name, shape=shape,

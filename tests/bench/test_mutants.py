@@ -56,15 +56,13 @@ def test_every_mutant_the_interpreter_kills_is_in_the_emitted_cuda(m):
     in what the emitter prints is what the check ran, and is caught on the CPU."""
     from dataclasses import replace
 
-    from habu.bench.mutants import EXAMPLES
     from habu.lower import lower_whole
     from habu.paths.emit import emit_lowered
     from habu.search.space import default_plan
-    from habu.spec.parser import load_program
     from habu.target import TARGETS
 
     target = TARGETS["sm_90a"]
-    model = load_program(EXAMPLES / m.example).models[m.model].with_sizes(m.shape)
+    model = m.load_model()
     plan = default_plan(model, target, m.shape, m.pins)
     lowered = lower_whole(model, plan)
     kernels = list(lowered.kernels)
@@ -85,17 +83,15 @@ def test_a_guard_the_row_loops_make_redundant_is_an_equivalent_mutant(mutant):
     columns no thread visits). The printed CUDA still changes: the guard is printed from the lowering."""
     from dataclasses import replace
 
-    from habu.bench.mutants import EXAMPLES
     from habu.lower import lower_whole
     from habu.paths.emit import emit_lowered
     from habu.search.space import default_plan
-    from habu.spec.parser import load_program
     from habu.target import TARGETS
 
     outcome = run_mutant(mutant)
     assert not outcome.killed, outcome.message
     target = TARGETS["sm_90a"]
-    model = load_program(EXAMPLES / mutant.example).models[mutant.model].with_sizes(mutant.shape)
+    model = mutant.load_model()
     plan = default_plan(model, target, mutant.shape, mutant.pins)
     lowered = lower_whole(model, plan)
     mutated = replace(lowered, kernels=(mutant.mutate(lowered.kernels[0]),))

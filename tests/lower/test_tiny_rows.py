@@ -89,14 +89,15 @@ def test_regression_a_few_long_rows_are_a_column_kernel_not_one_block_per_row():
     """4 rows of 100000 summed: the default was a row kernel of 4 blocks; it is a column kernel whose
     rows split over the grid (GPU exact run: tests/gpu/test_tiny_rows.py). Many rows keep the row
     kernel, and so does an intermediate statistic (its element type is the plan's storage choice; the
-    splits combine atomically into an f32 output only)."""
+    splits combine atomically into an f32 output only): with the row that reads it, one row kernel
+    (`statistic_then_row`)."""
     assert [r.kind for r in default_regions(sum_rows(4, 100000))] == ["columns"]
     assert [r.kind for r in default_regions(sum_rows(64, 100000))] == ["rows"]
     softmax = model_of("2 EXTENT: #B  100000 EXTENT: #I  f32 TENSOR: X ( #B #I )  f32 TENSOR: Y ( #B #I )\n"
                        "WORD: ROWMAX ( x[b i] -- m[b] )  m[b] = max i x[b i] ;\n"
                        "WORD: SHIFT ( x[b i] m[b] -- y[b i] )  y[b i] = exp(x[b i] - m[b]) ;\n"
                        "MODEL: T ( x -- y )  DUP ROWMAX SHIFT ;\n")
-    assert [r.kind for r in default_regions(softmax)] == ["rows", "rows"]
+    assert [(r.kind, r.nodes) for r in default_regions(softmax)] == [("rows", ("%1", "Y"))]
 
 
 def test_regression_a_sum_over_two_trailing_axes_is_a_column_kernel_not_one_thread_per_output():
