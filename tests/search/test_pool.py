@@ -113,6 +113,7 @@ class LoggingTimer:
         pass
 
 
+@pytest.mark.slow
 def test_the_next_batch_is_proven_while_this_one_is_timed(tmp_path, monkeypatch):
     """Batches are logged as the driver sends them, the rules' cheap pass included: a batch whose
     candidates all fail it never reaches the executor (the cluster candidates made one such batch
@@ -131,7 +132,8 @@ def test_the_next_batch_is_proven_while_this_one_is_timed(tmp_path, monkeypatch)
     with PlanDB(tmp_path / "db.sqlite") as db:
         # the region's 115,120 candidates take 6-7 s to enumerate and cost on a 2-core machine before the
         # first batch goes out: 8 s of budget left too little after them (failed after this stop's merges)
-        Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=16), timer=LoggingTimer(log),
+        # (16 s timed too few batches when the machine was loaded by other tests, session 32: 24 s)
+        Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=24), timer=LoggingTimer(log),
                executor=RecordingExecutor(log)).run()
     # the default plan alone (send 1, time), then region tuning: batches 3 and 4 go out before any
     # of batch 2 is timed (IN_FLIGHT batches at once), and batch n + IN_FLIGHT - 1 before batch n
