@@ -236,7 +236,7 @@ def columns_cost(lw: ColumnLowering, sizes: Mapping[str, int], target: Target) -
     path = path_for(lw.kernel)
     assert isinstance(path, ColumnsPath)
     moved, seconds = path.seconds(lw, sizes, target)
-    return KernelCost(2.0 * lw.rows(sizes) * sizes[lw.c], moved, seconds, "memory")
+    return KernelCost(2.0 * lw.rows(sizes) * lw.columns(sizes), moved, seconds, "memory")  # (a scalar: one column)
 
 
 def kernel_cost(lw: Lowering, sizes: Mapping[str, int], target: Target) -> KernelCost:

@@ -180,3 +180,25 @@ def test_regression_cpu_search_top5_tied_winner_stayed_the_default(tmp_path):
         result = Search(str(path), model, TARGETS["sm_90a"], sizes, db, Budget(trials=3)).run()
     (winner,) = result.best.kernels
     assert winner.persistent and (winner.cluster_m or 1) > 1, winner
+
+
+def test_regression_a_scalar_column_reduction_had_no_cost():
+    """`habu search examples/fused.habu --model AXPY-RELU --backward --shape N=70` ended in a traceback
+    (KeyError: '' in columns_cost): the gradient of the scalar a, `da = Σ n …`, is a column reduction of one
+    column, whose column extent is "" (no axis); its cost reads the lowering's column count."""
+    from habu.cli_grad import backward_program
+    from habu.lower import lower_plan
+    from habu.lower.columns import ColumnLowering
+    from habu.search.cost import kernel_cost
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    grad, name = backward_program(load_program(ROOT / "examples" / "fused.habu"), "AXPY-RELU", None, "auto")
+    sizes = {"N": 70}
+    m = grad.model(name).with_sizes(sizes)
+    lws = [lw for lw in lower_plan(m, default_plan(m, TARGETS["sm_90a"], sizes, {})) if isinstance(lw, ColumnLowering)]
+    assert [lw.c for lw in lws] == [""]  # da: one column
+    cost = kernel_cost(lws[0], sizes, TARGETS["sm_90a"])
+    assert cost.flops == 2.0 * 70 and cost.seconds > 0
