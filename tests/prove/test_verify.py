@@ -269,3 +269,30 @@ def test_a_lane_dividing_by_zero_where_it_stores_is_still_caught():
     a, b = np.array([5, 7]), np.array([0, 2])
     assert lanes.op("div", [a, b])[0] == 0 and lanes.op("div", [a, b])[1] == f.op("div", [a[1:], b[1:]])[0]
     assert lanes.p == f.p and lanes.max_point == f.max_point  # everything else is the field's
+
+
+def test_regression_an_output_compared_over_a_widened_box_read_outside_the_reference():
+    """`habu search examples/families.habu --model RMSNORM --backward --shape R=70,C=3` lost 53 candidates to
+    "internal error ... read outside the evaluated box": the row kernel computing %s1 and dX ran every row
+    (dW's Σ over rows reads all of %s1), dX was then compared over every row, but the reference had been
+    evaluated over dX's sampled rows only. The reference's boxes are now taken after the widening."""
+    from habu.cli_grad import backward_program
+    from habu.plan.plan import Plan
+    from habu.prove import prove
+    from habu.spec.parser import load_program
+    from tests.conftest import ROOT
+
+    grad, name = backward_program(load_program(ROOT / "examples" / "families.habu"), "RMSNORM", None, "recompute")
+    sizes = {"R": 70, "C": 3}
+    model = grad.model(name).with_sizes(sizes)
+    assert [eq.target for eq in model.nodes] == ["%s1", "dX", "dW"]
+    plan = Plan.from_json({
+        "format": 1, "model": name, "model_hash": model.canonical_hash(), "target": "sm_90a", "shape": sizes,
+        "storage": {"%s1": "f32"}, "guards": [],
+        "kernels": [
+            {"kind": "rows", "nodes": ["%s1", "dX"], "rows_per_block": 4, "threads": 32, "vector": 1,
+             "cache_row": True, "index_width": 32},
+            {"kind": "columns", "nodes": ["dW"], "threads": 256, "column_threads": 4, "vector": 1,
+             "rows_per_split": 70, "unroll": 8, "index_width": 32}]})
+    proof = prove(model, plan, sizes, trials=1)
+    assert proof.ok, proof.certificate.failure if proof.certificate else [v.describe() for v in proof.violations]
