@@ -25,6 +25,9 @@ COLUMN_RULES = {r.name: r for r in (
          "inside its ⌈#C / tile⌉ slots",
          "the runtime allocates the workspace per launch in the stream's order and zero-fills it first; "
          "atomicAdd returns each block a distinct count"),
+    Rule("scalar-one-column", "a column reduction into a scalar (`da = Σ n …`) has one column: its tile is one "
+         "column (column_threads · vector = 1), so exactly one lane stores it",
+         "a scalar's store has no column to mask: every column lane of a wider tile stores it (a race)"),
 )}
 
 # static shared memory a block may declare (`__shared__` arrays; more needs a dynamic opt-in)
@@ -60,6 +63,10 @@ def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[
                              f"{k.vector})", s[lw.c] % k.vector == 0,
                              detail=f"#{lw.c} is not a multiple of {k.vector}: a row's packed loads are misaligned")
     splits, tiles = lw.splits(s), lw.tiles(s)
+    if not lw.c:  # (found by searching AXPY-RELU's backward: 24 candidates raced on da, caught by the field check)
+        yield Obligation(COLUMN_RULES["scalar-one-column"], name, lw.out.tensor,
+                         f"{lw.out.tensor} is a scalar: one column lane stores it", lw.tile == 1,
+                         detail=f"a tile of {lw.tile} columns: {lw.tile} lanes store {lw.out.tensor} (a race)")
     rule = COLUMN_RULES["row-split-combine"]
     if lw.combine in ("atomic", "atomic-max"):
         want = "sum" if lw.combine == "atomic" else "max"

@@ -456,3 +456,22 @@ def test_regression_rows_smem_rule_counts_the_kept_row_not_the_widest_load():
     assert smem and not failures(smem), [o.statement for o in smem]
     assert "2·#D" in smem[0].statement
     assert PATH.smem_bytes(lower_rows(model, cached), {"R": 4, "D": 65536}) == 2 * 65536
+
+
+def test_regression_a_scalar_column_reduction_with_a_wide_tile_raced_past_the_rules():
+    """Searching AXPY-RELU's backward (`da = Σ n …`, a scalar) at N = 70: 24 candidates with tiles of several
+    columns passed every rule and failed the field check ("writes da at offset 0 16 times"): a scalar's store
+    has no column to mask, so every column lane stored it. The rule `scalar-one-column` refuses them."""
+    from habu.cli_grad import backward_program
+    from habu.prove import prove
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+    from tests.conftest import ROOT
+
+    grad, name = backward_program(load_program(ROOT / "examples" / "fused.habu"), "AXPY-RELU", None, "auto")
+    sizes = {"N": 70}
+    m = grad.model(name).with_sizes(sizes)
+    assert prove(m, default_plan(m, TARGETS["sm_90a"], sizes, {}), sizes, trials=1).ok  # one column: fine
+    wide = prove(m, default_plan(m, TARGETS["sm_90a"], sizes, {"column_threads": "16"}), sizes, trials=1)
+    assert [o.rule.name for o in wide.violations] == ["scalar-one-column"] and wide.certificate is None
