@@ -14,16 +14,6 @@ from pathlib import Path
 import habu.bench.backward_speed as backward_speed
 import habu.bench.train_step_speed as ts
 
-_BUILT: dict = {}
-_real_build = backward_speed.build
-
-
-def _build_once(path, name, sizes, target, pins=None):
-    key = (path, name, tuple(sorted(sizes.items())), target)
-    if key not in _BUILT:
-        _BUILT[key] = _real_build(path, name, sizes, target, pins)
-    return _BUILT[key]
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -38,11 +28,10 @@ def main() -> int:
     from habu.search.space import default_plan
     from habu.target import target_named
 
-    backward_speed.build = _build_once  # train_step_speed.measure imports it at call time
+    bw, fwd, back = built = backward_speed.build("ffn_skip.habu", "FFN-SKIP", {"B": args.tokens}, args.target)
     print(ts.HEADER, flush=True)
-    row = ts.measure(args.tokens, args.target)
+    row = ts.measure(args.tokens, args.target, built)
     print(ts.table_line(row), flush=True)
-    (bw, fwd, back), = _BUILT.values()
     sizes = {"B": args.tokens, **ts.SIZES}
     for label, model in (("forward", bw.forward), ("backward", bw.model)):
         plan = default_plan(bind_shape(model, sizes), target_named(args.target), sizes, {})

@@ -71,7 +71,9 @@ def habu_step(bw: Any, fwd: Any, back: Any, tensors: list[Any], dy: Any) -> list
     return [result[grad_of[n]] for n in names]
 
 
-def measure(tokens: int, target: str) -> dict[str, Any]:
+def measure(tokens: int, target: str, built: tuple[Any, Any, Any] | None = None) -> dict[str, Any]:
+    """The step's row; `built`: the (backward, forward kernels, backward kernels) of
+    `habu.bench.backward_speed.build` when the caller has them (built here otherwise)."""
     import torch
 
     from habu.bench.backward_speed import build
@@ -79,7 +81,7 @@ def measure(tokens: int, target: str) -> dict[str, Any]:
 
     row: dict[str, Any] = {"tokens": tokens, **SIZES}
     t0 = time.time()
-    bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": tokens}, target)
+    bw, fwd, back = built if built is not None else build("ffn_skip.habu", "FFN-SKIP", {"B": tokens}, target)
     row["build_s"] = round(time.time() - t0, 1)
 
     sets = [inputs_for(tokens, 100 + i) for i in range(2)]
