@@ -28,7 +28,7 @@ from habu.lower.contraction import tma_box, tma_coordinates
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
 from habu.lower.pipeline import MbarrierRing, pipeline_for
-from habu.lower.registers import CONSUMER_REGS_MAX, WARPGROUP, RegisterSplit, warp_specialized_split
+from habu.lower.registers import WARPGROUP, RegisterSplit, warp_specialized_split
 from habu.lower.smem import SmemLayout, tensor_core_smem
 from habu.plan.plan import ContractionKernel, GroupedKernel
 
@@ -241,9 +241,10 @@ def register_split(warps: int, f32_a: bool) -> RegisterSplit:
     base = warp_specialized_split(warps)
     if not f32_a:
         return base
-    spare = base.at_launch * base.threads - WARPGROUP * base.at_launch
-    consumer = min(CONSUMER_REGS_MAX, spare // (WARPGROUP * base.consumers) // 8 * 8)
-    return replace(base, producer=base.at_launch, consumer=consumer)
+    # both at the launch's count: no setmaxnreg at all (a consumer's `inc` to fewer registers than ptxas gave the
+    # kernel is no increase: at 8 warps, 248 at launch and an `inc` to 232, ptxas gave 232 and the demand of a
+    # producer "keeping 248" exceeded the pool)
+    return replace(base, producer=base.at_launch, consumer=base.at_launch)
 
 
 __all__ = ["BAND", "WGMMA_BK", "WgmmaMainLoop", "wgmma_consumers", "wgmma_main_loop", "wgmma_refusal"]

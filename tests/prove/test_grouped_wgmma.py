@@ -199,3 +199,20 @@ def test_regression_an_f32_a_kernel_without_setmaxnreg_asks_no_register_demand()
     assert "setmaxnreg_inc<232>" in gate.source and gate.register_demand
     assert "setmaxnreg" not in combine.source.replace("no setmaxnreg", "") and combine.register_demand is None
     combine.check_registers(166)
+
+
+def test_regression_an_f32_a_kernel_of_eight_warps_asks_no_setmaxnreg():
+    """At 8 warps (bm 64: one consumer warpgroup) the f32-A split kept the producer at the launch's 248 registers
+    and sent the consumer `inc` to 232, fewer than it launched with: ptxas gave the kernel 232, the demand
+    128 × (248 + 232) exceeded 256 × 232 and the runtime refused the kernel on the H200 (2026-12-02,
+    tests/gpu/test_grouped_wgmma.py's f32 test). Both keep the launch's count: no setmaxnreg."""
+    from habu.paths.emit import emit_plan
+
+    f32 = load_program(ROOT / "tests" / "data" / "grouped_scatter.habu").models["COMBINE-F32"]
+    sizes = {"T": 50, "R": 300}
+    model = f32.with_sizes(sizes)
+    plan = default_plan(model, TARGET, sizes, {"family": "grouped", "main_loop": "wgmma"})
+    kernel = emit_plan(model, plan, TARGET).kernels[0]
+    assert kernel.threads == 256
+    assert "setmaxnreg" not in kernel.source.replace("no setmaxnreg", "") and kernel.register_demand is None
+    kernel.check_registers(232)
