@@ -269,9 +269,10 @@ def resident_blocks(kernel: CudaKernel, function: Any, smem: int, dev: Device) -
     """How many blocks of the kernel the GPU runs at once, for a persistent grid: one per SM, or,
     for a cluster kernel, the blocks of the clusters that fit together (an SM left over in a GPC
     holds no cluster of 2; a grid sized by SMs alone would run its last clusters in a second wave).
-    A persistent row kernel fills every SM with as many blocks as fit at once."""
-    rows = getattr(kernel.lowering, "kernel", None)
-    several = bool(getattr(rows, "prefetch", False))
+    A persistent row kernel, or a contraction bounded for several blocks an SM (`blocks_per_sm`), fills
+    every SM with as many blocks as fit at once."""
+    plan_kernel = getattr(kernel.lowering, "kernel", None)
+    several = bool(getattr(plan_kernel, "prefetch", False)) or getattr(plan_kernel, "blocks_per_sm", 1) > 1
     if kernel.cluster <= 1 and not several:
         return dev.sm_count
     key = (int(function), smem)

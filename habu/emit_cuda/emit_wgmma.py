@@ -542,7 +542,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     kc = _prepare(name, model, lw, static)
     k, ring = lw.kernel, kc.ring
     vecs = {"A": k.a_vector, "B": k.b_vector}
-    split = warp_specialized_split(k.warps)
+    split = warp_specialized_split(k.warps, k.blocks_per_sm)
     threads = 128 * (kc.consumers + 1)
     cluster = k.split_k if lw.cluster_split else ring.cluster  # a cluster split's blocks, or B's multicast
     attrs = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
@@ -552,7 +552,7 @@ def emit_wgmma(name: str, model: Model, lw: ContractionLowering, static: dict[st
     role_wait = bool(ring.ahead) and not early_main_loop
     roles = f"{_producer(kc, vecs, split.producer, role_wait)}{_consumers(kc, split, early_main_loop, role_wait)}"
     body = f"""{wgmma_function(lw.bn, lw.a.dtype, lw.b.positions[-1].axis == "n", lw.a.positions[-1].axis == "m")}
-extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
+extern "C" __global__ void {attrs}__launch_bounds__({threads}, {k.blocks_per_sm}) {name}(SIGNATURE) {{
 {_setup(kc, early_main_loop, references(roles, "smem"))}{roles}{sync_end}}}
 """
     src = header(f"{name}: warp-specialised wgmma contraction {lw.bm}x{lw.bn}x{lw.bk}, {ring.stages} stages, "
@@ -562,7 +562,9 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, 1) {name}(SIGNATU
                   + (f"; clusters of {ring.cluster} blocks along m share B's tile by TMA multicast"
                      if ring.cluster > 1 else "")
                   + (f"; the {k.split_k} splits of a tile are a cluster adding their partials in shared memory"
-                     if lw.cluster_split else "")])
+                     if lw.cluster_split else "")
+                  + (f"; {k.blocks_per_sm} blocks an SM (one's epilogue beside another's main loop)"
+                     if k.blocks_per_sm > 1 else "")])
     src += body.replace("SIGNATURE", kc.sig.declaration())
     zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     layout = lowering_smem(lw)

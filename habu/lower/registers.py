@@ -2,8 +2,8 @@
 consumer warpgroups (`setmaxnreg`). The emitter writes these numbers and the rules check them, so
 what is proven is what runs.
 
-The CTA starts with `threads × at_launch` registers (the most `__launch_bounds__(threads, 1)` lets
-ptxas give each thread). The producer releases down to `producer`; each consumer warpgroup then asks
+The CTA starts with `threads × at_launch` registers (the most `__launch_bounds__(threads, n)` lets
+ptxas give each thread, n blocks sharing the SM's register file). The producer releases down to `producer`; each consumer warpgroup then asks
 for `consumer`. `setmaxnreg.inc` waits until the CTA's pool has the registers, so a request larger
 than the pool never returns: the kernel hangs (found on the H200 on 2026-11-30 with 20 warps, 4
 consumer warpgroups asking 232 registers each out of a 61,440-register pool).
@@ -55,11 +55,12 @@ def consumer_warpgroups(warps: int, warp_specialized: bool) -> int:
     return max(1, (warps - (4 if warp_specialized else 0)) // 4)
 
 
-def warp_specialized_split(warps: int) -> RegisterSplit:
-    """The split for one producer warpgroup and `consumer_warpgroups` consumer warpgroups."""
+def warp_specialized_split(warps: int, blocks_per_sm: int = 1) -> RegisterSplit:
+    """The split for one producer warpgroup and `consumer_warpgroups` consumer warpgroups, of a block that
+    shares its SM's register file with `blocks_per_sm - 1` others (`__launch_bounds__(threads, blocks_per_sm)`)."""
     threads = 32 * warps
     consumers = consumer_warpgroups(warps, warp_specialized=True)
-    at_launch = min(248, REGISTER_FILE // threads // 8 * 8)
+    at_launch = min(248, REGISTER_FILE // blocks_per_sm // threads // 8 * 8)
     spare = at_launch * threads - WARPGROUP * PRODUCER_REGS
     consumer = min(CONSUMER_REGS_MAX, spare // (WARPGROUP * consumers) // 8 * 8)
     return RegisterSplit(threads, consumers, at_launch, PRODUCER_REGS, consumer)

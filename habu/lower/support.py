@@ -338,7 +338,7 @@ class WgmmaSupport(ContractionSupport):
         return accumulator_registers(kernel) + 36  # descriptors, addresses, the epilogue's indices
 
     def register_split(self, kernel: ContractionKernel) -> RegisterSplit | None:
-        return warp_specialized_split(kernel.warps) if kernel.warp_specialized else None
+        return warp_specialized_split(kernel.warps, kernel.blocks_per_sm) if kernel.warp_specialized else None
 
 
 class RowsSupport(PathSupport):

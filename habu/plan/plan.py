@@ -105,6 +105,11 @@ class ContractionKernel:
         "wgmma: the producer issues B's TMA boxes of each tile's first `stages` k tiles before anything else "
         "(A's gathered row offsets, the wait for the plan's previous kernel), so the weights stream from the "
         "kernel's first instant", L, default=False, pins=("b_ahead",), json_optional=True, unguarded=KEEP)
+    blocks_per_sm: int = choice(
+        "warp-specialised wgmma: blocks co-resident on one SM (`__launch_bounds__(threads, n)`, the register split "
+        "and shared memory sized for n): while one block runs its epilogue, another's main loop keeps the tensor "
+        "cores busy (1: one block an SM)", P, default=1, allowed=(1, 2), pins=("blocks_per_sm",),
+        json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

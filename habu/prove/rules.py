@@ -45,6 +45,7 @@ from habu.prove.rules_columns import COLUMN_RULES, column_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
 from habu.prove.rules_grouped import GROUPED_RULES, grouped_obligations
+from habu.prove.rules_occupancy import OCCUPANCY_RULES, occupancy_obligations
 from habu.prove.rules_split import SPLIT_RULES, cluster_split_obligations
 from habu.spec.ir import Model
 from habu.target import Target
@@ -85,14 +86,14 @@ R = {r.name: r for r in (
     *FIELD_RULES.values(),
     *COLUMN_RULES.values(),
     *GROUPED_RULES.values(),
-    *SPLIT_RULES.values(),
+    *SPLIT_RULES.values(), *OCCUPANCY_RULES.values(),
     *ATTENTION_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
           "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *SPLIT_RULES, *FIELD_RULES, *COLUMN_RULES,
-          *GROUPED_RULES, *ATTENTION_RULES)
+          *GROUPED_RULES, *ATTENTION_RULES, *OCCUPANCY_RULES)
 
 
 def checked_rules(target: Target) -> frozenset[str]:
@@ -252,6 +253,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
                      f"{layout.total} bytes of shared memory ≤ {t.smem_per_block}",
                      layout.total <= t.smem_per_block,
                      detail=f"{layout.total} bytes of shared memory; the target has {t.smem_per_block}")
+    yield from occupancy_obligations(name, k, split, layout.total, t)
     if k.split_k > 1 and lw.cluster_split:
         yield from cluster_split_obligations(name, lw, ctx, R["target-feature"])
     elif k.split_k > 1:
