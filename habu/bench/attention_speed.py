@@ -78,8 +78,15 @@ CASES = (
          pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
     Case("fa3-causal-4k-persist", 1, 16, 1, 4096, True,
          pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
+    Case("fa3-full-4k-persist", 1, 16, 1, 4096, False,
+         pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
+    Case("fa3-gqa-causal-4k-persist", 1, 8, 4, 4096, True,
+         pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
+    Case("fa3-causal-4k-d64-persist", 1, 16, 1, 4096, True, 64,
+         pins=(("main_loop", "wgmma"), ("pingpong", "1"), ("persistent", "1"))),
     # the default plan (no pins): the fused kernel on the wgmma loop for a prefill of ≥ 1024 queries on sm_90a
     Case("default-causal-4k", 1, 16, 1, 4096, True, default=True),
+    Case("default-causal-1k", 4, 16, 1, 1024, True, default=True),
     Case("default-full-4k-bf16o", 1, 16, 1, 4096, False, default=True, out_dtype="bf16"),
 )
 

@@ -26,7 +26,7 @@ def _planted(lw: Any, method: str, body: Callable) -> AttentionWgmmaLowering:
 
 def walk_stride_one_more(lw: Any) -> AttentionWgmmaLowering:
     """A block steps gridDim.x + 1 work tiles: some tiles no block takes (their rows never written)."""
-    return _planted(lw, "next_work", lambda self, w, blocks: w + blocks + 1)
+    return _planted(lw, "work_of", lambda self, b, n, blocks: n * (blocks + 1) + b)
 
 
 def q_freed_before_last_s(lw: Any) -> AttentionWgmmaLowering:

@@ -77,6 +77,11 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                                    {"B": 1, "G": 8, "R": 2, "E": 64, "D": 64, "I": 600, "J": 450},
                                    {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64",
                                     "persistent": "1"}),
+    # the prefill default since session 33: two consumers in ping-pong, persistent, 128-row query tiles, causal GQA
+    # with more keys than queries (4 query tiles × 16 heads over 132 SMs and over the check's small grids)
+    "attention-wgmma-default": ("attention.habu", "ATTENTION-GQA",
+                                {"B": 1, "G": 8, "R": 2, "E": 128, "D": 128, "I": 500, "J": 620},
+                                {"family": "attention", "main_loop": "wgmma", "pingpong": "1", "persistent": "1"}),
     "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},
                       {"family": "grouped", "main_loop": "wgmma"}),
     "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),

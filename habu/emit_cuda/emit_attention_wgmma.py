@@ -348,10 +348,10 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
   int stage = {ring.start_stage};
   habu::u32 phase = {ring.start_phase};
 """
-    if pers:  # the walk: w = first_work(blockIdx.x), next_work(w, gridDim.x), ... below the work tiles
-        first = c(lw.first_work(CExpr("(long long)blockIdx.x")))
-        step = c(lw.next_work(CExpr("w"), CExpr("(long long)gridDim.x")))
-        walk = f"for (long long w = {first}, n = 0; w < work; w = {step}, ++n) {{"
+    if pers:  # the walk: w = work_of(blockIdx.x, n, gridDim.x) for n = 0, 1, ... below the work tiles
+        b, g = CExpr("(long long)blockIdx.x"), CExpr("(long long)gridDim.x")
+        first, step = c(lw.work_of(b, 0, g)), c(lw.work_of(b, CExpr("n"), g))
+        walk = f"for (long long n = 0, w = {first}; w < work; ++n, w = {step}) {{"
         head = f"""  const long long work = {c(lw.work_tiles(sizes))};  // the work tiles (query tile, batch element), heaviest first
   const habu::u32 q_empty = smem_base + {lw.q_empty}u;  // the consumers are done with Q's tile
 {init}"""

@@ -4,7 +4,9 @@
 checks it). It builds a general region whose node is such a sum (the model without the `attention:T`
 rewrite), through `--pin family=attention` and the search (`region_space`). It is the analytic default of a
 decode (`default_pins`: at most 16 query rows a sequence; its sliced split-KV plan passed its golden GPU runs
-and ran 16x the unfused plan, session 31); prefill's default stays the unfused plan (issue 22)."""
+and ran 16x the unfused plan, session 31) and of a prefill of at least `WGMMA_PREFILL_ROWS` query rows (the wgmma
+main loop, two consumers in ping-pong, persistent blocks: `prefill_pins`); a shorter prefill's stays the unfused
+plan. The cost of the wgmma loop: habu/paths/attention_schedule.py."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from habu.lower.attention import AttentionLowering, flops
 from habu.lower.attention_wgmma import AttentionWgmmaLowering, wgmma_smem_bytes
 from habu.lower.support import ATTENTION
 from habu.paths.analytic import index_width
+from habu.paths.attention_schedule import wgmma_attention_seconds
 from habu.paths.base import KernelPath
 from habu.plan.attention_split import attention_form
 from habu.plan.patterns import Region
@@ -28,13 +31,13 @@ from habu.target import Target
 
 # the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
 MMA_SHARE = 0.5
-WGMMA_SHARE = 0.5  # the wgmma main loop's share of the wgmma peak (a guess until measured)
 # a decode's default block (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V buffers
 DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
 MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads all their partials
-# the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong)
-WGMMA_TILES = ((128, 128, 2, False), (128, 128, 2, True), (128, 64, 3, False), (64, 128, 2, False),
-               (128, 128, 3, False), (128, 128, 3, True))
+# the wgmma main loop's tiles in the search: (query rows, keys, stages, ping-pong, persistent)
+WGMMA_TILES = ((128, 128, 2, False, False), (128, 128, 2, True, False), (128, 64, 3, False, False),
+               (64, 128, 2, False, False), (128, 128, 3, False, False), (128, 128, 3, True, False),
+               (128, 128, 3, True, True), (128, 64, 3, False, True), (64, 128, 2, False, True))
 # query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
 WGMMA_PREFILL_ROWS = 1024
 # the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
@@ -141,9 +144,9 @@ class AttentionPath(KernelPath):
         yield from self.variants(base, target)
         assert isinstance(base, AttentionKernel)
         if self.wgmma_kernel(model, base, target) is not None:
-            for bm, bn, stages, pingpong in WGMMA_TILES:
+            for bm, bn, stages, pingpong, persistent in WGMMA_TILES:
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong,
-                              kv_warps=1, kv_split=0)
+                              kv_warps=1, kv_split=0, persistent=persistent)
 
     def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
         """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles
@@ -171,7 +174,10 @@ class AttentionPath(KernelPath):
         `WGMMA_PREFILL_ROWS` query rows of every
         softmax-weighted sum the loop can run (bf16, static head widths in 64s, a target with wgmma and TMA),
         where it was measured faster than cuDNN's SDPA and passed its exact GPU tests (docs/PERF.md, session
-        31). {} otherwise (a decode, a short prefill, sm_80: the unfused plan stays)."""
+        31); persistent blocks walking the work tiles in a snake (`work_of`): one block an SM hides a tile's Q load
+        and ring fill under the last one's P·V and epilogue (H200, session 33: 4 × 16 × 1024 causal 62.0 µs against
+        71.2, full 84.2 against 88.8, with the round robin; the snake keeps a causal grid's blocks equal). {}
+        otherwise (a decode, a short prefill, sm_80: the unfused plan stays)."""
         if not (target.wgmma and target.tma and target.mma_sync):
             return {}
         nodes = [eq.target for eq in model.nodes]
@@ -184,11 +190,12 @@ class AttentionPath(KernelPath):
             kernel = AttentionKernel(nodes=(node,), bm=64, bn=64)
             if rows is None or rows < WGMMA_PREFILL_ROWS or self.wgmma_kernel(model, kernel, target) is None:
                 return {}
-        return {"family": "attention", "main_loop": "wgmma", "pingpong": "1"}
+        return {"family": "attention", "main_loop": "wgmma", "pingpong": "1", "persistent": "1"}
 
     def seconds(self, lw: AttentionLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
-        """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync; Q
-        and O once, K and V once per query tile."""
+        """(FLOPs, bytes moved, seconds): the two products over the visible pairs at MMA_SHARE of mma.sync (the
+        wgmma loop: its work tiles scheduled on the SMs, `wgmma_attention_seconds`); Q and O once, K and V once
+        per query tile."""
         c = target.ceilings
         f = flops(lw, sizes)
         rows, keys = sizes[lw.row_extent], sizes[lw.key_extent]
@@ -196,14 +203,17 @@ class AttentionPath(KernelPath):
         count = lw.batch_count(sizes)
         tiles = -(-rows // lw.kernel.bm)
         moved = 2.0 * count * (rows * n_e + tiles * keys * (n_e + n_d)) + 4.0 * count * rows * n_d
-        peak = c.wgmma_flops * WGMMA_SHARE if isinstance(lw, AttentionWgmmaLowering) else \
-            (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
+        peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
         # the share of the SMs the grid keeps busy (a decode's few query tiles leave most idle; split-KV fills
         # them), and split-KV's partials: written once and read by the combine
         blocks = count * tiles * (lw.splits(sizes) if lw.kernel.kv_split else 1)
         busy = min(1.0, blocks / max(1, target.sm_count))
         if lw.kernel.kv_split:
             moved += 2 * 4.0 * lw.splits(sizes) * count * rows * (n_d + 2)
+        if isinstance(lw, AttentionWgmmaLowering):  # the work tiles as they land on the SMs (attention_schedule);
+            # K and V from DRAM once: a batch element's query tiles run side by side and read them from the L2
+            moved = 2.0 * count * (rows * n_e + keys * (n_e + n_d)) + 4.0 * count * rows * n_d
+            return f, moved, max(wgmma_attention_seconds(lw, sizes, target), moved / c.bandwidth) + c.launch_s
         return f, moved, max(f / (peak * busy), moved / (c.bandwidth * busy)) + c.launch_s
 
     def smem_bytes(self, lowering: AttentionLowering) -> int:  # type: ignore[override]

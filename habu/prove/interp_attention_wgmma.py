@@ -84,12 +84,13 @@ def check_blocks(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]) -> int:
 
 
 def walk(lw: AttentionWgmmaLowering, block: int, blocks: int, work: int) -> list[int]:
-    """The work tiles block `block` of a grid of `blocks` takes (`first_work`, `next_work`), as the kernel walks
-    them; a walk that does not move forward ends at its first repeat (the kernel would loop forever)."""
-    out, w = [], int(lw.first_work(block))
+    """The work tiles block `block` of a grid of `blocks` takes (`work_of(block, n, blocks)`, n = 0, 1, ...), as the
+    kernel walks them; a walk that does not move forward ends at its first repeat (the kernel would loop
+    forever)."""
+    out, w = [], int(lw.work_of(block, 0, blocks))
     while 0 <= w < work and w not in out and len(out) <= work:
         out.append(w)
-        w = int(lw.next_work(w, blocks))
+        w = int(lw.work_of(block, len(out), blocks))
     return out
 
 

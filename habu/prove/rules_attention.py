@@ -36,8 +36,8 @@ ATTENTION_RULES = {r.name: r for r in (
          "one split), the blocks decode to a split and a block of it, every partial and counter slot lies in its "
          "workspace, and the combining block's elements are the tile's once each",
          "a KV tile is counted twice or never, or a partial lands outside its workspace or on another's slot"),
-    Rule("attention-persistent-walk", "a persistent kernel's blocks, walking w = first_work(b), next_work(w, grid), "
-         "..., take every work tile exactly once, for every grid from one block to one a tile",
+    Rule("attention-persistent-walk", "a persistent kernel's blocks, walking w = work_of(b, n, grid) for "
+         "n = 0, 1, ..., take every work tile exactly once, for every grid from one block to one a tile",
          "a (query tile, batch element) is computed twice or never, or a block walks forever"),
     Rule("attention-q-handoff", "a persistent kernel's single Q buffer: the producer loads a tile's Q only after every "
          "consumer is done with the last one (Q-empty), each consumer's every S reads its own tile's Q, and no wait "

@@ -1,0 +1,104 @@
+"""How long the fused attention kernel's wgmma main loop takes, from how its work tiles land on the SMs: each work
+tile (a query tile of one batch element) costs a fixed part (its Q load, the ring's fill, the chain of S,
+softmax and P·V restarting, the epilogue) plus one step a KV tile it visits (the causal skip leaves the first
+query tiles few). One tile a block: the hardware hands the blocks, heaviest first, to the SM that frees first
+(list scheduling, `lpt_makespan`). Persistent: block b of one an SM walks the tiles `work_of(b, n, G)` (a snake
+over the same order, `snake_makespan`), and hides part of each tile's fixed cost under the last one's.
+
+Fit on the H200 (session 33, docs/PERF.md; head width 128, 128 × 128 tiles, 3 stages, ping-pong): 4 × 16 × 1024
+causal / full, 16 × 4096 causal / full, one tile a block and persistent in a round robin: a KV step at
+`KV_STEP_SHARE` of the tensor-core probe's 810 TFLOP/s (1.49 µs), a tile's fixed part `TILE_FIXED_S` (9.5 µs), persistent
+`TILE_FIXED_PERSISTENT_S` (8.35 µs). The model gives 64.8 / 63.2, 85.7 / 81.1, 134.9 / 152.6 and 228.7 µs where
+those runs took 71.2 / 62.0, 88.8 / 84.2, 138.8 / 146.9 and 226.2 µs (one tile a block / round robin): the
+orders agree, the times within 10% (the path adds the launch, 4 µs)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from habu.lower.attention_wgmma import AttentionWgmmaLowering
+from habu.spec.ir import IndexConst, IndexVar
+from habu.target import Target
+
+KV_STEP_SHARE = 0.92  # the share of the wgmma probe's rate (`Ceilings.wgmma_flops`) a KV step runs at
+TILE_FIXED_S = 9.5e-6  # a work tile's fixed cost, one tile a block
+TILE_FIXED_PERSISTENT_S = 8.35e-6  # ... in a persistent block (its Q and ring fill under the last tile's work)
+LIST_SCHEDULE_TILES = 20_000  # past this many work tiles, the bound (mean load plus one tile) instead
+
+
+class _Unknown(Exception):
+    """A mask term the host cannot evaluate (a gathered offset): every key is assumed visible."""
+
+
+def _term(ix: Any, row: Any) -> Any:
+    if isinstance(ix, IndexVar) and ix.name == "i":
+        return row
+    if isinstance(ix, IndexConst):
+        return ix.value
+    raise _Unknown
+
+
+def kv_tiles_of(lw: AttentionWgmmaLowering, qt: int, sizes: Mapping[str, int]) -> int:
+    """The KV tiles query tile qt visits (all where the mask reads an index tensor)."""
+    keys = int(sizes[lw.key_extent])
+    try:
+        limit = int(lw.key_limit(qt, sizes, _term))
+    except _Unknown:
+        limit = keys
+    return int(lw.kv_tiles(limit, sizes, lambda x, lo, hi: min(max(x, lo), hi)))
+
+
+def work_kv_tiles(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]) -> list[int]:
+    """Each work tile's KV tiles, in the launch's order (heaviest first)."""
+    per_tile: dict[int, int] = {}
+    out = []
+    for w in range(int(lw.work_tiles(sizes))):
+        qt = int(lw.query_tile(w, sizes))
+        if qt not in per_tile:
+            per_tile[qt] = kv_tiles_of(lw, qt, sizes)
+        out.append(per_tile[qt])
+    return out
+
+
+def lpt_makespan(costs: Sequence[float], slots: int) -> float:
+    """The last SM's finish when each tile in turn goes to the SM that frees first."""
+    if len(costs) > LIST_SCHEDULE_TILES:
+        return sum(costs) / slots + max(costs)
+    free = [0.0] * max(1, min(slots, len(costs)))
+    for cost in costs:
+        heapq.heappush(free, heapq.heappop(free) + cost)
+    return max(free)
+
+
+def snake_makespan(lw: AttentionWgmmaLowering, costs: Sequence[float], slots: int) -> float:
+    """The busiest persistent block's sum over the tiles its walk takes (`work_of`)."""
+    work = len(costs)
+    grid = int(lw.persistent_blocks(work, slots))
+    if work > LIST_SCHEDULE_TILES:
+        return sum(costs) / grid + max(costs)
+    load = [0.0] * grid
+    for b in range(grid):
+        n, w = 0, int(lw.work_of(b, 0, grid))
+        while w < work:
+            load[b] += costs[w]
+            n += 1
+            w = int(lw.work_of(b, n, grid))
+    return max(load)
+
+
+def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: Target) -> float:
+    """The main loop's time on `target` (without the launch and the memory bound)."""
+    k = lw.kernel
+    n_e, n_d = int(sizes[lw.red_extent]), int(sizes[lw.col_extent])
+    step_flops = 2.0 * k.bm * k.bn * (n_e + n_d)
+    step = step_flops / (target.ceilings.wgmma_flops * KV_STEP_SHARE / target.sm_count)
+    fixed = TILE_FIXED_PERSISTENT_S if lw.persistent else TILE_FIXED_S
+    costs = [fixed + n * step for n in work_kv_tiles(lw, sizes)]
+    if not costs:
+        return 0.0
+    return snake_makespan(lw, costs, target.sm_count) if lw.persistent else lpt_makespan(costs, target.sm_count)
+
+
+__all__ = ["kv_tiles_of", "lpt_makespan", "snake_makespan", "wgmma_attention_seconds", "work_kv_tiles"]

@@ -1,0 +1,86 @@
+"""The wgmma attention loop's cost (habu/paths/attention_schedule.py): work tiles list-scheduled one a block, or
+walked in a snake by persistent blocks; the model against the H200 runs it was fit on, and the search offering the
+persistent kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.lower import lower_plan
+from habu.paths.attention import PATH
+from habu.paths.attention_schedule import kv_tiles_of, lpt_makespan, snake_makespan, work_kv_tiles
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+
+
+@pytest.fixture(scope="module")
+def prefill():
+    return load_program(ROOT / "examples" / "attention.habu").models["ATTENTION-GQA"]
+
+
+def _lowering(model, sizes, pins):
+    plan = default_plan(model.with_sizes(sizes), T, sizes, pins)
+    (lw,) = lower_plan(model.with_sizes(sizes), plan)
+    return lw
+
+
+def test_list_scheduling_gives_each_tile_to_the_sm_that_frees_first():
+    assert lpt_makespan([4, 3, 3, 2], 2) == 6  # 4 | 3, then 3 on the second (6), 2 on the first (6)
+    assert lpt_makespan([5], 132) == 5 and lpt_makespan([1.0] * 264, 132) == 2
+
+
+def test_a_causal_grid_visits_more_kv_tiles_in_its_later_query_tiles(prefill):
+    sizes = {"B": 1, "G": 2, "R": 1, "I": 1024, "J": 1024, "E": 128, "D": 128}
+    lw = _lowering(prefill, sizes, {})
+    assert [kv_tiles_of(lw, qt, sizes) for qt in range(8)] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert work_kv_tiles(lw, sizes)[:4] == [8, 8, 7, 7]  # heaviest first, the batch elements side by side
+
+
+def test_the_snake_balances_what_the_round_robin_did_not(prefill):
+    sizes = {"B": 1, "G": 16, "R": 1, "I": 4096, "J": 4096, "E": 128, "D": 128}
+    lw = _lowering(prefill, sizes, {})
+    assert lw.persistent
+    costs = [float(n) for n in work_kv_tiles(lw, sizes)]
+    robin = max(sum(costs[b::132]) for b in range(132))
+    assert snake_makespan(lw, costs, 132) == sum(costs) / 132 == 64 and robin == 80
+
+
+# (sizes, pins, µs measured on the H200 in session 33: 4 × 16 × 1024 and 16 × 4096, d128, ping-pong, 3 stages)
+MEASURED = [
+    ({"B": 4, "G": 16, "R": 1, "I": 1024, "J": 1024}, {"persistent": "0"}, 71.2),
+    ({"B": 1, "G": 16, "R": 1, "I": 4096, "J": 4096}, {"persistent": "0"}, 138.8),
+]
+
+
+@pytest.mark.parametrize(("sizes", "pins", "measured"), MEASURED)
+def test_the_model_is_within_ten_percent_of_the_runs_it_was_fit_on(prefill, sizes, pins, measured):
+    sizes = {**sizes, "E": 128, "D": 128}
+    _, _, seconds = PATH.seconds(_lowering(prefill, sizes, pins), sizes, T)
+    assert abs(seconds * 1e6 - measured) / measured < 0.10, seconds * 1e6
+
+
+@pytest.mark.parametrize("sizes", [
+    {"B": 4, "G": 16, "R": 1, "I": 1024, "J": 1024, "E": 128, "D": 128},
+    {"B": 1, "G": 8, "R": 4, "I": 4096, "J": 4096, "E": 128, "D": 128},
+    {"B": 1, "G": 16, "R": 1, "I": 4096, "J": 4096, "E": 64, "D": 64},
+])
+def test_the_model_prices_the_persistent_default_below_one_tile_a_block(prefill, sizes):
+    one = PATH.seconds(_lowering(prefill, sizes, {"persistent": "0"}), sizes, T)[2]
+    persistent = PATH.seconds(_lowering(prefill, sizes, {}), sizes, T)[2]
+    assert persistent < one
+
+
+def test_the_search_offers_the_persistent_wgmma_kernel(prefill):
+    from habu.plan.patterns import Region
+
+    sizes = {"B": 1, "G": 2, "R": 1, "I": 1024, "J": 1024, "E": 128, "D": 128}
+    model = prefill.with_sizes(sizes)
+    base = default_plan(model, T, sizes).kernels[0]
+    region = Region("general", base.nodes)
+    offered = list(PATH.region_variants(model, region, base, T, sizes))
+    assert any(k.main_loop == "wgmma" and k.persistent and k.pingpong for k in offered)
+    assert any(k.main_loop == "wgmma" and not k.persistent for k in offered)
