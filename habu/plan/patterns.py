@@ -292,6 +292,8 @@ def consumers(model: Model, target: str) -> list[Equation]:
 def default_regions(model: Model) -> tuple[Region, ...]:
     """Greedy fusion: a contraction takes the elementwise chain after it; row-local and elementwise
     nodes group with their neighbours of the same shape."""
+    from habu.plan.row_fusion import merge_or_add  # (it reads this module's Region and row_local)
+
     regions: list[Region] = []
     nodes = list(model.nodes)
     i = 0
@@ -319,7 +321,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
                 else:
                     regions.append(Region("columns", (eq.target,)))
             else:
-                _merge_or_add(regions, Region("rows", (eq.target,)), model)
+                merge_or_add(regions, Region("rows", (eq.target,)), model)
         elif not eq.lhs:  # a scalar: the map's lanes would all store it
             regions.append(general_region(model, eq))
         elif (fused := column_epilogue(model, regions, eq)) is not None:
@@ -330,7 +332,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
                                      for ix in x.indices):
                 regions.append(general_region(model, eq))  # the map emitter reads no index tensor
             else:
-                _merge_or_add(regions, Region(kind, (eq.target,)), model)
+                merge_or_add(regions, Region(kind, (eq.target,)), model)
         i += 1
     # a row statistic of a few long rows, alone in its region: the column family splits its rows over
     # the grid (the row family would run one block per row)
@@ -553,38 +555,3 @@ def stored_nodes(model: Model, nodes: tuple[str, ...]) -> tuple[str, ...]:
     inside = set(nodes)
     return tuple(t for t in nodes if t == nodes[-1] or t in outputs
                  or any(c.target not in inside for c in consumers(model, t)))
-
-
-def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
-    """`prev` is a row region that ends in a row statistic (`R1[r] = rsqrt(Σ d X[r d]² / #D + ε)`) and
-    `new_eq` reads it over the same rows and columns (`Y[r d] = X[r d] · R1[r]`): one row kernel computes
-    both, storing the statistic too where it is an output or read elsewhere (`stored_nodes`), and reads
-    the row once (H200 figures: docs/PERF.md, session 32, rows2)."""
-    if prev.kind != "rows":
-        return False
-    stat = next(e for e in model.nodes if e.target == prev.output)
-    at, new_at = row_local(stat), row_local(new_eq)
-    if at is None or at != new_at or len(stat.lhs) != len(at[0]) or new_eq.scatter is not None:
-        return False
-    return any(ld.tensor == stat.target for ld in _reads(new_eq.rhs))
-
-
-def _merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
-    """Fuse a row/map node into the previous region when they share the shape and the previous
-    region's result is read by nothing else, or when the previous region ends in a row statistic that
-    the node reads over the same rows (`statistic_then_row`)."""
-    if regions:
-        prev = regions[-1]
-        prev_eq = next(e for e in model.nodes if e.target == prev.output)
-        new_eq = next(e for e in model.nodes if e.target == new.output)
-        if statistic_then_row(model, prev, new_eq):
-            regions[-1] = Region("rows", prev.nodes + new.nodes)
-            return
-        outputs = {t.name for t in model.outputs}
-        same_shape = [v.extent for v in prev_eq.lhs] == [v.extent for v in new_eq.lhs]
-        only_reader = consumers(model, prev.output) == [new_eq] and prev.output not in outputs
-        if prev.kind in ("rows", "map") and same_shape and only_reader:
-            kind = "rows" if "rows" in (prev.kind, new.kind) else "map"
-            regions[-1] = Region(kind, prev.nodes + new.nodes)
-            return
-    regions.append(new)

@@ -90,7 +90,7 @@ def test_regression_a_few_long_rows_are_a_column_kernel_not_one_block_per_row():
     rows split over the grid (GPU exact run: tests/gpu/test_tiny_rows.py). Many rows keep the row
     kernel, and so does an intermediate statistic (its element type is the plan's storage choice; the
     splits combine atomically into an f32 output only): with the row that reads it, one row kernel
-    (`statistic_then_row`)."""
+    (`habu.plan.row_fusion.statistic_then_row`)."""
     assert [r.kind for r in default_regions(sum_rows(4, 100000))] == ["columns"]
     assert [r.kind for r in default_regions(sum_rows(64, 100000))] == ["rows"]
     softmax = model_of("2 EXTENT: #B  100000 EXTENT: #I  f32 TENSOR: X ( #B #I )  f32 TENSOR: Y ( #B #I )\n"

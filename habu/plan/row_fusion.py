@@ -1,0 +1,74 @@
+"""Which row and elementwise nodes share one row kernel (`merge_or_add`, called by
+`habu.plan.patterns.default_regions` as it walks the model's nodes): a node of the previous region's shape
+that is the only reader of its result; a row that reads the statistic the previous region ends in
+(`statistic_then_row`); a statistic of the previous region's rows with the rows after it that read both
+(`row_then_statistic`)."""
+
+from __future__ import annotations
+
+from habu.plan.patterns import Region, _reads, consumers, row_local
+from habu.spec.ir import Equation, Model
+
+
+def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
+    """`prev` is a row region that ends in a row statistic (`R1[r] = rsqrt(Σ d X[r d]² / #D + ε)`) and
+    `new_eq` reads it over the same rows and columns (`Y[r d] = X[r d] · R1[r]`): one row kernel computes
+    both, storing the statistic too where it is an output or read elsewhere (`stored_nodes`), and reads
+    the row once (H200 figures: docs/PERF.md, session 32, rows2)."""
+    if prev.kind != "rows":
+        return False
+    stat = next(e for e in model.nodes if e.target == prev.output)
+    at, new_at = row_local(stat), row_local(new_eq)
+    if at is None or at != new_at or len(stat.lhs) != len(at[0]) or new_eq.scatter is not None:
+        return False
+    return any(ld.tensor == stat.target for ld in _reads(new_eq.rhs))
+
+
+def row_then_statistic(model: Model, prev: Region, new_eq: Equation) -> bool:
+    """`prev` is a row or map region whose result `H[r d]` (`H = S4 + B2 + X`, not an output) `new_eq` reduces to
+    a row statistic over the same rows (`R1[r] = rsqrt(Σ d H[r d]² / #D + ε)`), and every other reader of H is
+    one of the nodes right after `new_eq` that read the statistic over those rows (`Y[r d] = H[r d] · R1[r]`,
+    merged next by `statistic_then_row`): one row kernel computes H, the statistic and the row, and H never
+    reaches memory (FFN-SKIP's forward at 4096 tokens ran H alone in a 192 µs kernel of scalar loads, H200,
+    session 33)."""
+    if prev.kind not in ("rows", "map") or new_eq.scatter is not None:
+        return False
+    h = next(e for e in model.nodes if e.target == prev.output)
+    at, h_at = row_local(new_eq), row_local(h)
+    if at is None or at != h_at or len(new_eq.lhs) != len(at[0]) or len(h.lhs) != len(at[0]) + 1:
+        return False
+    if prev.output in {t.name for t in model.outputs}:
+        return False
+    readers = consumers(model, prev.output)
+    if new_eq not in readers:
+        return False
+    order = [e.target for e in model.nodes]
+    after = model.nodes[order.index(new_eq.target) + 1:]
+    rest = [e for e in readers if e is not new_eq]
+    follow = Region("rows", (*prev.nodes, new_eq.target))
+    return all(e in after[:len(rest)] and statistic_then_row(model, follow, e) for e in rest)
+
+
+def merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
+    """Fuse a row/map node into the previous region when they share the shape and the previous
+    region's result is read by nothing else, when the previous region ends in a row statistic that
+    the node reads over the same rows (`statistic_then_row`), or when the node is a statistic of the
+    previous region's rows that only it and the rows after it read (`row_then_statistic`)."""
+    if regions:
+        prev = regions[-1]
+        prev_eq = next(e for e in model.nodes if e.target == prev.output)
+        new_eq = next(e for e in model.nodes if e.target == new.output)
+        if statistic_then_row(model, prev, new_eq) or row_then_statistic(model, prev, new_eq):
+            regions[-1] = Region("rows", prev.nodes + new.nodes)
+            return
+        outputs = {t.name for t in model.outputs}
+        same_shape = [v.extent for v in prev_eq.lhs] == [v.extent for v in new_eq.lhs]
+        only_reader = consumers(model, prev.output) == [new_eq] and prev.output not in outputs
+        if prev.kind in ("rows", "map") and same_shape and only_reader:
+            kind = "rows" if "rows" in (prev.kind, new.kind) else "map"
+            regions[-1] = Region(kind, prev.nodes + new.nodes)
+            return
+    regions.append(new)
+
+
+__all__ = ["merge_or_add", "row_then_statistic", "statistic_then_row"]
