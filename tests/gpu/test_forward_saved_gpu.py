@@ -92,5 +92,6 @@ def test_the_fused_kernel_is_bitwise_the_two_kernels_it_replaces(width):
 
 @pytest.mark.parametrize("rows", [1, 300])
 def test_softmax_nodes_default_keeps_max_and_sum_on_chip(rows):
+    """One row kernel since session 33 (`habu.plan.row_fusion.row_then_statistic`: exp(x − max) on chip too)."""
     built_model = golden("families.habu", "SOFTMAX-NODES", {"R": rows})
-    assert [k.nodes for k in built_model.plan.kernels] == [("%1", "%2"), ("%3", "Ps")]
+    assert [k.nodes for k in built_model.plan.kernels] == [("%1", "%2", "%3", "Ps")]
