@@ -266,7 +266,7 @@ class CallPlan:
                 after_kernel = False
             if ln.empty:
                 continue
-            if after_kernel and ln.kernel.waits_for_previous and self.overlap:
+            if after_kernel and ln.kernel.waits_for_previous and self.overlap and not driver.serialised:
                 driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
                                        ln.kernel.name, True)
             else:

@@ -29,8 +29,8 @@ def row_then_statistic(model: Model, prev: Region, new_eq: Equation) -> bool:
     a row statistic over the same rows (`R1[r] = rsqrt(Σ d H[r d]² / #D + ε)`), and every other reader of H is
     one of the nodes right after `new_eq` that read the statistic over those rows (`Y[r d] = H[r d] · R1[r]`,
     merged next by `statistic_then_row`): one row kernel computes H, the statistic and the row, and H never
-    reaches memory (FFN-SKIP's forward at 4096 tokens ran H alone in a 192 µs kernel of scalar loads, H200,
-    session 33)."""
+    reaches memory (FFN-SKIP's forward at 4096 tokens ran H alone in a row kernel of scalar 2-byte loads and
+    stores, and wrote and read back its 33.5 MB: one launch and ≥ 16 µs of copy bandwidth fewer)."""
     if prev.kind not in ("rows", "map") or new_eq.scatter is not None:
         return False
     h = next(e for e in model.nodes if e.target == prev.output)

@@ -189,3 +189,31 @@ def test_the_index_check_compiles_and_its_module_carries_the_error_words(arch):
 
     cubin = compile_cuda(GATHER_ROWS, "gather_rows", arch).cubin
     assert device_errors.SYMBOL in cubin  # what cuModuleGetGlobal finds after loading
+
+
+def test_regression_serialised_launches_reach_a_call_packed_before(monkeypatch):
+    """habu.bench.kernel_times.serial_launches patched `driver.overlaps_launches`, which a CompiledModel's
+    CallPlan reads once, when the first call of a layout builds it: a call packed before the block still
+    launched its kernels early, and their profiled times counted the wait for the previous kernel (the
+    4096-token step's forward rows kernel read 184.8 µs behind its GEMM on the H200, session 33)."""
+    from habu.bench.kernel_times import serial_launches
+
+    fake_gpu(monkeypatch, runtime, driver)
+    monkeypatch.setattr(driver, "overlaps_launches", lambda d: True)
+    early: list[str] = []
+    monkeypatch.setattr(driver, "launch_function", lambda fn, grid, threads, smem, stream, args, name, pdl:
+                        early.append(name))
+    from dataclasses import replace
+
+    plan = gemm_plan()
+    k0, k1 = plan.kernels
+    waits = replace(plan, kernels=(k0, replace(k1, source="habu::grid_dependency_wait();")))  # k1 may start early
+    model = CompiledModel(gemm_model(), waits)
+    model(**gemm_arrays())
+    packed = len(early)
+    assert packed > 0  # the second kernel launched early
+    with serial_launches():
+        model(**gemm_arrays())
+    assert len(early) == packed  # none early inside the block
+    model(**gemm_arrays())
+    assert len(early) == 2 * packed  # and early again after it

@@ -1,7 +1,7 @@
 """A row computed elementwise, a statistic of it, and the row that reads both: one row kernel
-(`habu.plan.patterns.row_then_statistic`). FFN-SKIP's forward with its saved values computed H = S4 + B2 + X in a
-row kernel of its own (192 µs of scalar loads at 4096 tokens on the H200, session 33) and RMSNorm's R1 and Y in the
-next; H is now inlined into the RMSNorm kernel and never stored."""
+(`habu.plan.row_fusion.row_then_statistic`). FFN-SKIP's forward with its saved values computed H = S4 + B2 + X in a
+row kernel of its own (scalar loads; H written and read back) and RMSNorm's R1 and Y in the next; H is now inlined
+into the RMSNorm kernel and never stored."""
 
 from __future__ import annotations
 
