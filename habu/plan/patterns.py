@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import combinations, product
 
 from habu.errors import HabuError
-from habu.plan.column_reduction import TINY_ROWS, ColumnReduction, as_column_reduction, tiny_rows
+from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
 from habu.plan.storage import dtype_of
 from habu.spec.ir import (
     Compare,
@@ -327,7 +327,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         elif (fused := column_epilogue(model, regions, eq)) is not None:
             regions[-1] = fused  # computed from each column's reduced value, in the column kernel
         else:
-            kind = "rows" if len(eq.lhs) == 2 and row_local(eq) and not few_long_rows(model, eq) else "map"
+            kind = "rows" if len(eq.lhs) == 2 and row_local(eq) else "map"
             if kind == "map" and any(isinstance(ix, Gather) for x in walk(eq.rhs) if isinstance(x, Load)
                                      for ix in x.indices):
                 regions.append(general_region(model, eq))  # the map emitter reads no index tensor
@@ -441,19 +441,6 @@ def as_grouped_gemm(model: Model, eq: Equation) -> GroupedGemm | None:
 def _row_of(ix: IndexExpr, r: IndexVar) -> bool:
     """The stored row of a scatter: r itself, or a gather `IX[r]`."""
     return ix == r or (isinstance(ix, Gather) and ix.indices == (r,))
-
-
-# the columns from which an elementwise node of a few rows spreads over the grid (`few_long_rows`)
-FEW_ROWS_MIN_COLUMNS = 2048
-
-
-def few_long_rows(model: Model, eq: Equation) -> bool:
-    """An elementwise 2-D node of at most TINY_ROWS static rows of at least FEW_ROWS_MIN_COLUMNS columns (a
-    bias gradient's `dB[one h] = T[h]`): the map family spreads its elements over the grid, where the row family
-    ran one block a row (FFN-SKIP's `dB1`, one row of 14336 elements, 28 dependent iterations of one block)."""
-    size = {e.name: e.size for e in model.extents}
-    rows, cols = (size.get(v.extent) for v in eq.lhs)
-    return rows is not None and cols is not None and rows <= TINY_ROWS and cols >= FEW_ROWS_MIN_COLUMNS
 
 
 def transposed_rows(model: Model, eq: Equation) -> ColumnReduction | None:
