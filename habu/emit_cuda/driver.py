@@ -367,14 +367,15 @@ def launch_function(function: Any, grid: tuple[int, int, int], threads: int, sme
     check(d.cuLaunchKernelEx(config, function, args.address, 0), f"cuLaunchKernelEx({what}, early)")
 
 
-# True inside habu.bench.kernel_times.serial_launches: calls whose launches were packed before (CallPlan, which
-# reads `overlaps_launches` once, when it is built) launch each kernel after the previous one completed too
+# True inside habu.bench.kernel_times.serial_launches: each kernel launches after the previous one completed, in
+# the calls packed before the block too (a CallPlan reads `overlaps_launches` once, when it is built, and this
+# flag at each launch)
 serialised = False
 
 
 def overlaps_launches(dev: Device) -> bool:
-    """Programmatic dependent launch (griddepcontrol): where the device's target has it."""
-    return target_named(dev.arch).programmatic_launch
+    """Programmatic dependent launch (griddepcontrol): where the device's target has it, outside `serialised`."""
+    return not serialised and target_named(dev.arch).programmatic_launch
 
 
 def memset_zero(ptr: int, nbytes: int, stream: int = 0) -> None:

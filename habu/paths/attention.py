@@ -201,6 +201,10 @@ class AttentionPath(KernelPath):
         rows, keys = sizes[lw.row_extent], sizes[lw.key_extent]
         n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
         count = lw.batch_count(sizes)
+        if isinstance(lw, AttentionWgmmaLowering):  # the work tiles as they land on the SMs (attention_schedule);
+            # K and V from DRAM once: a batch element's query tiles run side by side and read them from the L2
+            moved = 2.0 * count * (rows * n_e + keys * (n_e + n_d)) + 4.0 * count * rows * n_d
+            return f, moved, max(wgmma_attention_seconds(lw, sizes, target), moved / c.bandwidth) + c.launch_s
         tiles = -(-rows // lw.kernel.bm)
         moved = 2.0 * count * (rows * n_e + tiles * keys * (n_e + n_d)) + 4.0 * count * rows * n_d
         peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE
@@ -210,10 +214,6 @@ class AttentionPath(KernelPath):
         busy = min(1.0, blocks / max(1, target.sm_count))
         if lw.kernel.kv_split:
             moved += 2 * 4.0 * lw.splits(sizes) * count * rows * (n_d + 2)
-        if isinstance(lw, AttentionWgmmaLowering):  # the work tiles as they land on the SMs (attention_schedule);
-            # K and V from DRAM once: a batch element's query tiles run side by side and read them from the L2
-            moved = 2.0 * count * (rows * n_e + keys * (n_e + n_d)) + 4.0 * count * rows * n_d
-            return f, moved, max(wgmma_attention_seconds(lw, sizes, target), moved / c.bandwidth) + c.launch_s
         return f, moved, max(f / (peak * busy), moved / (c.bandwidth * busy)) + c.launch_s
 
     def smem_bytes(self, lowering: AttentionLowering) -> int:  # type: ignore[override]

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from habu.lower.attention_wgmma import AttentionWgmmaLowering
+from habu.prove.interp_attention_wgmma import walk
 from habu.spec.ir import IndexConst, IndexVar
 from habu.target import Target
 
@@ -73,19 +74,13 @@ def lpt_makespan(costs: Sequence[float], slots: int) -> float:
 
 
 def snake_makespan(lw: AttentionWgmmaLowering, costs: Sequence[float], slots: int) -> float:
-    """The busiest persistent block's sum over the tiles its walk takes (`work_of`)."""
+    """The busiest persistent block's sum over the tiles its walk takes (`walk`: the kernel's, as the field
+    check runs it)."""
     work = len(costs)
     grid = int(lw.persistent_blocks(work, slots))
     if work > LIST_SCHEDULE_TILES:
         return sum(costs) / grid + max(costs)
-    load = [0.0] * grid
-    for b in range(grid):
-        n, w = 0, int(lw.work_of(b, 0, grid))
-        while w < work:
-            load[b] += costs[w]
-            n += 1
-            w = int(lw.work_of(b, n, grid))
-    return max(load)
+    return max(sum(costs[w] for w in walk(lw, b, grid, work)) for b in range(grid))
 
 
 def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: Target) -> float:
