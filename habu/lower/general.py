@@ -22,7 +22,8 @@ from typing import Any
 from habu.errors import HabuError
 from habu.lower.access import Access, FlatGrid, IndexArith, VectorAccess, access_for, size_of
 from habu.lower.lanes import FlatThreads
-from habu.lower.rows import load_index_vars
+from habu.lower.rows import inline_region, load_index_vars
+from habu.plan.patterns import stored_nodes
 from habu.plan.plan import GeneralKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import (
@@ -86,7 +87,7 @@ class GeneralLowering(FlatGrid):
         """Whether an access walks its innermost dimension with the output's last axis (stride 1) and no
         other position reads that axis: a thread's vector of consecutive elements is then consecutive in
         memory (one vector load or store)."""
-        if not self.extents:
+        if not self.extents or not acc.positions:  # (a scalar operand: one value, read by every element)
             return False
         last = f"e{len(self.extents) - 1}"
         *outer, inner = acc.positions
@@ -204,10 +205,24 @@ class _Renamer:
         return e
 
 
+def chain_node(model: Model, names: tuple[str, ...]) -> Equation:
+    """The one node a general kernel computes: `names`' last, each earlier node inlined where it reads it
+    (a chain of elementwise nodes, `T3 = GELU(T2)` after `T2 = S1 + B1`). Only the last is stored: an
+    earlier node that reduces, scatters, or that the model outputs or another kernel reads is refused."""
+    nodes = [next(e for e in model.nodes if e.target == t) for t in names]
+    if len(nodes) == 1:
+        return nodes[0]
+    for eq in nodes[:-1]:
+        if eq.scatter is not None or any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+            raise ValueError(f"a general kernel inlines only elementwise nodes, not {eq.target}")
+    if stored_nodes(model, names) != names[-1:]:
+        raise ValueError(f"a general kernel stores one node, not {', '.join(stored_nodes(model, names))}")
+    last = nodes[-1]
+    return Equation(last.target, last.lhs, inline_region(last.rhs, {eq.target: eq for eq in nodes[:-1]}), last.scatter)
+
+
 def lower_general(model: Model, kernel: GeneralKernel, storage: Mapping[str, str] | None = None) -> GeneralLowering:
-    if len(kernel.nodes) != 1:
-        raise ValueError(f"a general kernel computes one node, not {len(kernel.nodes)}")
-    eq = next(e for e in model.nodes if e.target == kernel.nodes[0])
+    eq = chain_node(model, kernel.nodes)
     extents = tuple(v.extent for v in eq.lhs)
     axes = tuple(IndexVar(f"e{i}", e) for i, e in enumerate(extents))
     renamer = _Renamer()

@@ -14,6 +14,7 @@ from habu.paths.analytic import INT31, index_width
 from habu.paths.base import KernelPath
 from habu.plan.patterns import Region
 from habu.plan.plan import GeneralKernel, Kernel
+from habu.plan.storage import storage_dtypes
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -90,7 +91,7 @@ def loopless_vector(model: Model, kernel: GeneralKernel, sizes: dict[str, int]) 
     4096³ (2026-12-02 08:00 run, exact): the bf16 gathered copy 37.6 -> 15.6 µs with 8 a thread; the f32
     scatter-add 94.9 -> 91.3 µs with 4 (its atomics' read-modify-write of dA past the L2 stays the cost)."""
     for n in (8, 4, 2):
-        lw = lower_general(model, replace(kernel, vector=n))
+        lw = lower_general(model, replace(kernel, vector=n), storage_dtypes(model))  # intermediates as stored
         if lw.vector_refusal() is not None or not all(model.extent(e).is_static for e in lw.extents):
             continue
         if all(bool(holds) for _, _, holds, _ in lw.vector_conditions(sizes)):

@@ -9,7 +9,7 @@ from habu.plan.patterns import Region, as_contraction, column_region, default_re
 from habu.spec.ir import Model, Reduce, walk
 
 
-def _piece_kind(model: Model, nodes: tuple[str, ...]) -> str:
+def piece_kind(model: Model, nodes: tuple[str, ...]) -> str:
     eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
     if as_contraction(eqs[0]) is not None:
         return "contraction"
@@ -40,7 +40,7 @@ def partitions(model: Model, limit: int = 64) -> list[tuple[Region, ...]]:
                     if r.kind == "columns" and reduces:  # its reduction, with what prologue and epilogue are left
                         kind = "columns" if column_region(model, piece) else "general"
                     else:
-                        kind = r.kind if r.kind in ("general", "grouped") else _piece_kind(model, piece)
+                        kind = r.kind if r.kind in ("general", "grouped") else piece_kind(model, piece)
                     regions.append(Region(kind, piece))
             p = tuple(regions)
             if p not in seen:

@@ -27,6 +27,7 @@ from habu.lower.rows import reduction_passes
 from habu.paths import ContractionPath, path_for
 from habu.paths.columns import ColumnsPath
 from habu.plan.plan import Plan
+from habu.search.arithmetic import element_instructions
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 from habu.target import Target
@@ -114,9 +115,26 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
         epilogue_s = scatter_epilogue_seconds(out_bytes, c)
     for _, extra in lw.extra_outs:  # direct stores, whatever the output's store
         epilogue_s += _bytes(extra, sizes) / c.bandwidth * max(1.0, 8 / (2 * DTYPES[extra.dtype].bytes))
+    epilogue_s += epilogue_arithmetic_seconds(lw, M * N * nb, c)
     seconds = max(compute, memory) + epilogue_s + staging_s + reduction / c.bandwidth \
         + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1 and not cluster_split))
     return KernelCost(flops, moved + sum(copied) + reduction, seconds, "compute" if compute >= memory else "memory")
+
+
+# The consumer warps of a tile (two or three a scheduler) issue a fused epilogue's arithmetic at about half
+# of what a full SM issues, after the tile's main loop, its tensor cores idle. H200, 4096 x 14336 x 4096 bf16
+# (2026-12-02, docs/PERF.md): the GELU derivative fused into the product (36 instructions an element,
+# `habu.search.arithmetic`) 786.0 µs against 627.1 µs for the product alone: 159 µs, where 58.7 M elements
+# at the full rate (`fma_flops` / 2 instructions a second) take 85 µs.
+EPILOGUE_ISSUE = 0.53
+
+
+def epilogue_arithmetic_seconds(lw: ContractionLowering, elements: float, c: Ceilings) -> float:
+    """The fused epilogue's arithmetic (every value it stores; the accumulator is in registers)."""
+    from habu.lower.contraction import ACC
+
+    per = element_instructions(*(value for value, _ in lw.stores), free=frozenset({ACC}))
+    return elements * per / (c.fma_flops / 2 * EPILOGUE_ISSUE)
 
 
 # A scatter-add epilogue's f32 reductions (`dA[IX[m] k] += Σ n …`), issued by the consumer warps after each
@@ -194,6 +212,9 @@ def rows_cost(lw: RowLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelC
     # per-row setup and barriers: short rows reach a smaller fraction of the bandwidth (H200,
     # 2026-12-01: 86% of copy at 4096 columns, 91-96% at 16384, RMSNorm 95% at 65536)
     eff = min(0.92, max(0.5, 0.80 + 0.04 * (C.bit_length() - 13)))
+    if not passes:  # no reduction pass: every access moves one 2- or 4-byte element a thread (H200,
+        # 4096 x 14336 bf16, 2026-12-02: GELU's derivative 53% of copy, GELU 56%)
+        eff = min(eff, 0.55)
     seconds = (reads * reread + writes) / (c.bandwidth * eff) + c.launch_s
     return KernelCost(flops, reads * reread + writes, seconds, "memory")
 
@@ -218,6 +239,9 @@ def general_cost(lw: GeneralLowering, sizes: Mapping[str, int], c: Ceilings) -> 
     moved = n * iterations * per + _bytes(lw.out, sizes) * (1.5 if lw.store is Store.ATOMIC_ADD else 1)
     flops = 2.0 * n * iterations
     compute = flops / c.fma_flops
+    if not lw.loops:  # each thread evaluates its elements' arithmetic once (H200, 4096 x 14336 bf16, 8-element
+        # vectors, 2026-12-02: GELU's derivative, 47 instructions an element, 108.4 µs; GELU, 33, 78.8 µs)
+        compute = max(compute, n * element_instructions(lw.node.rhs) / (c.fma_flops / 2))
     # a kernel without loops is a copy (a gather, a scatter-add): latency-bound at one element a thread.
     # H200, 16.7 M elements (2026-12-02): bf16 gathered copy 80.0 µs with one element a thread, 37.4 with 8
     # (0.45 of the copy bandwidth), 15.6 moving 16-byte vectors (the copy bandwidth); f32 scatter-add

@@ -24,11 +24,12 @@ from habu.lower.contraction import with_kernel
 from habu.paths import family_kernel
 from habu.plan.limits import check_nesting
 from habu.plan.partitions import partitions
-from habu.plan.patterns import Region, default_regions
+from habu.plan.patterns import Region
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats
 from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds, tie_break
+from habu.search.cuts import default_partition
 from habu.search.pool import (
     Executor,
     ExecutorLostInterrupt,
@@ -243,7 +244,7 @@ class Search:
 
     # -- the whole search
     def run(self) -> SearchResult:
-        regions = default_regions(self.model)
+        regions = default_partition(self.model, self.target, self.sizes)
         best: list[Kernel] = list(default_kernels(self.model, self.target, self.sizes, regions))
         base_costs = self._costs(best)
         self.stats.roofline_us = roofline_seconds(base_costs, self.target) * 1e6

@@ -40,6 +40,7 @@ from habu.plan.plan import (
     Plan,
 )
 from habu.plan.storage import storage_dtypes
+from habu.search.cuts import default_partition
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -92,11 +93,11 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     from habu.plan.rewrite import apply_rewrites
 
     graph = apply_rewrites(model, rewrites)
-    kernels = default_kernels(graph, target, s)
+    regions = default_partition(graph, target, s)
+    kernels = default_kernels(graph, target, s, regions)
     if not any(key in GROUPED_PINS for key in (pins or {})):  # an MoE model: the grouped family (its choices pinned)
-        pins = {**grouped.PATH.default_pins(graph, default_regions(graph), target, s), **(pins or {})}
+        pins = {**grouped.PATH.default_pins(graph, regions, target, s), **(pins or {})}
     if pins:
-        regions = default_regions(graph)
         if "mma" in pins:
             if pins["mma"] not in MMAS:
                 raise UsageError(f"--pin mma={pins['mma']}: expected one of {', '.join(MMAS)} "
@@ -352,7 +353,7 @@ def enumerate_plans(model: Model, target: Target, sizes: dict[str, int] | None =
     one region at a time with the other regions at their defaults (the search tunes each region on
     its own). Candidates are not yet proven: `habu.prove` rejects those that break a rule."""
     s = concrete_sizes(model, sizes)
-    regions = default_regions(model)
+    regions = default_partition(model, target, s)
     defaults = default_kernels(model, target, s, regions)
     fixed = {k: v for k, v in s.items() if _fixed(model, k, sizes)}
     yield make_plan(model, target, defaults, fixed)
