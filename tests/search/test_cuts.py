@@ -90,3 +90,13 @@ def test_a_general_kernel_refuses_to_inline_a_node_another_kernel_reads():
         chain_node(model, ("%6", "Y"))  # RMSNorm's statistic R1 reads %6 too
     with pytest.raises(ValueError, match="only elementwise"):
         chain_node(model, ("S1", "%2", "S3"))
+
+
+def test_regression_a_scalar_operand_no_longer_breaks_a_vector_general_kernel():
+    """`GeneralLowering.contiguous` unpacked a 0-d tensor's (empty) positions: the elementwise row region of
+    `Y[b h] = X[b h] · a` raised ValueError where the default asked for its vector kernel."""
+    text = ("4096 EXTENT: #B  1024 EXTENT: #H\nbf16 TENSOR: X ( #B #H )  TENSOR: a ( )  bf16 TENSOR: Y ( #B #H )\n"
+            "MODEL: SCALED  Y[b h] = X[b h] · a[] ;\n")
+    model = parse_text(text, Path("scaled.habu")).models["SCALED"]
+    (kernel,) = default_plan(model, TARGET, {}, {}).kernels
+    assert isinstance(kernel, GeneralKernel) and kernel.vector == 8
