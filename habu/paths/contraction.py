@@ -136,7 +136,8 @@ class ContractionPath(KernelPath):
     def default_warp_specialized(self, target: Target) -> bool:
         return False
 
-    def default_persistent(self, k_tiles: int, tiles: int, split: int, target: Target) -> bool:
+    def default_persistent(self, k_tiles: int, tiles: int, split: int, target: Target,
+                           moves: tuple[str, str] = ("tma", "tma")) -> bool:
         """Whether the default walks tiles persistently (each block many tiles: one tile's epilogue
         overlaps the next one's loads). No, unless a path says so."""
         return False
@@ -186,7 +187,7 @@ class ContractionPath(KernelPath):
             while tiles * split * 2 <= target.sm_count and -(-facts.k // tile[2]) >= 8 * split * 2:
                 split *= 2
         k_tiles = -(-facts.k // tile[2])
-        persistent = self.default_persistent(k_tiles, tiles, split, target)
+        persistent = self.default_persistent(k_tiles, tiles, split, target, (str(a_move), str(b_move)))
         if persistent:  # the ring runs on across tiles: a stage past the tile's k loop is enough (H200,
             # 2026-12-02, batched scores 32x2048x2048x128, 2 k tiles, 128x256 persistent: 88.0 µs with 3
             # stages, 93.5-96.2 with 4; torch.bmm 88.4)

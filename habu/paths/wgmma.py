@@ -66,13 +66,18 @@ class WgmmaPath(ContractionPath):
     def default_warp_specialized(self, target: Target) -> bool:
         return target.setmaxnreg
 
-    def default_persistent(self, k_tiles: int, tiles: int, split: int, target: Target) -> bool:
+    def default_persistent(self, k_tiles: int, tiles: int, split: int, target: Target,
+                           moves: tuple[str, str] = ("tma", "tma")) -> bool:
         """Short k loops over many tiles: the epilogue (stores of a whole tile) is most of a tile's time,
         and a persistent block hides it behind the next tile's TMA loads. H200, 2026-12-01, batched
         scores 32×2048×2048×128 bf16 (2 k tiles, 4096 tiles of 128×256): 94.7 µs persistent against
-        144.9 µs one block a tile (torch.bmm 89.7 µs); P·V (32 k tiles) gained nothing (122 against 127 µs
-        at 128×256, the default 128×128 81.5 µs)."""
-        return split == 1 and k_tiles <= 4 and tiles >= 4 * target.sm_count
+        144.9 µs one block a tile (torch.bmm 89.7 µs); P·V (32 k tiles) 122 against 127 µs at 128×256.
+        Long k loops over many waves of tiles with both operands by TMA too: the FFN's 4096 × 14336 × 4096
+        product (64 k tiles, 1792 tiles) 608.2 µs persistent against 621.0 (H200, 2026-12-02; torch 602.3);
+        a gathered or staged operand keeps one block a tile (GGEMM 4096³ staged and persistent 0.77× torch)."""
+        if split != 1 or tiles < 4 * target.sm_count:
+            return False
+        return k_tiles <= 4 or moves == ("tma", "tma")
 
     def tile_schedule(self, tile_m: int, tile_n: int) -> tuple[int, int] | None:
         return wgmma_warps_stages(tile_m, tile_n)
