@@ -41,6 +41,7 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
+    loads,
     rename_vars,
     walk,
 )
@@ -179,10 +180,6 @@ def as_contraction(eq: Equation) -> Contraction | None:
     return None
 
 
-def _reads(e: Expr) -> list[Load]:
-    return [x for x in walk(e) if isinstance(x, Load)]
-
-
 def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
     """`eq` reads `producer`'s result only at the element it writes, reduces nothing and holds no
     condition on indices (a contraction's epilogue computes none yet: the attention mask)."""
@@ -193,7 +190,7 @@ def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
     exts = [v.extent for v in eq.lhs]
     if exts != [v.extent for v in producer.lhs]:
         return False
-    for ld in _reads(eq.rhs):
+    for ld in loads(eq.rhs):
         if ld.tensor == producer.target and ld.indices != eq.lhs:
             return False
         for ix in ld.indices:
@@ -286,7 +283,7 @@ def _is_col_var(ix: IndexExpr, c: IndexVar) -> bool:
 
 
 def consumers(model: Model, target: str) -> list[Equation]:
-    return [eq for eq in model.nodes if any(ld.tensor == target for ld in _reads(eq.rhs))]
+    return [eq for eq in model.nodes if any(ld.tensor == target for ld in loads(eq.rhs))]
 
 
 def default_regions(model: Model) -> tuple[Region, ...]:
@@ -531,7 +528,7 @@ def column_epilogue(model: Model, regions: list[Region], eq: Equation) -> Region
 
 def general_region(model: Model, eq: Equation) -> Region:
     """The general family's region of one node, or a `HabuError` naming what no kernel can compute."""
-    if any(ld.tensor == eq.target and ld.indices != eq.lhs for ld in _reads(eq.rhs)):
+    if any(ld.tensor == eq.target and ld.indices != eq.lhs for ld in loads(eq.rhs)):
         raise HabuError(f"no kernel family computes {eq.target}: it reads its own result at other elements "
                         "than the one it writes")
     return Region("general", (eq.target,))
@@ -540,7 +537,7 @@ def general_region(model: Model, eq: Equation) -> Region:
 def check_gathers(eq: Equation) -> None:
     """Every family reads an index tensor at one index variable (`A[IX[m] k]`): a gather through a
     gather, or at a constant, is refused naming the node."""
-    for ld in _reads(eq.rhs):
+    for ld in loads(eq.rhs):
         for ix in ld.indices:
             if isinstance(ix, Gather) and (len(ix.indices) != 1 or not isinstance(ix.indices[0], IndexVar)):
                 raise HabuError(f"no kernel family computes {eq.target}: the gather {ix.tensor}[...] is not "

@@ -6,8 +6,8 @@ that is the only reader of its result; a row that reads the statistic the previo
 
 from __future__ import annotations
 
-from habu.plan.patterns import Region, _reads, consumers, row_local
-from habu.spec.ir import Equation, Model
+from habu.plan.patterns import Region, consumers, row_local
+from habu.spec.ir import Equation, Model, loads
 
 
 def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
@@ -21,7 +21,7 @@ def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
     at, new_at = row_local(stat), row_local(new_eq)
     if at is None or at != new_at or len(stat.lhs) != len(at[0]) or new_eq.scatter is not None:
         return False
-    return any(ld.tensor == stat.target for ld in _reads(new_eq.rhs))
+    return any(ld.tensor == stat.target for ld in loads(new_eq.rhs))
 
 
 def row_then_statistic(model: Model, prev: Region, new_eq: Equation) -> bool:
