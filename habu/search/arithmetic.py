@@ -11,6 +11,8 @@ conversion to float32.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from habu.spec.ir import Expr, Load, Op, walk
 
 # instructions per evaluation, by function (habu/spec/functions.py names them); others count 1
@@ -24,7 +26,13 @@ LOAD_INSTRUCTIONS = 2.0  # a global load and its conversion to float32
 def element_instructions(*exprs: Expr, free: frozenset[str] = frozenset()) -> float:
     """The instructions one thread issues to evaluate `exprs` (the values one element stores) for one
     element: each distinct operation once, each distinct load of a tensor not in `free` once (`free`:
-    values already in registers, such as a contraction's accumulator)."""
+    values already in registers, such as a contraction's accumulator). Cached: the search costs every
+    candidate of a region, whose epilogue is the same expression (115,120 GGEMM candidates)."""
+    return _instructions(exprs, free)
+
+
+@lru_cache(maxsize=4096)
+def _instructions(exprs: tuple[Expr, ...], free: frozenset[str]) -> float:
     seen: set[Expr] = set()
     total = 0.0
     for x in (y for e in exprs for y in walk(e)):

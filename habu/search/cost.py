@@ -22,6 +22,7 @@ from habu.lower import (
     lower_plan,
 )
 from habu.lower.access import Access, size_of
+from habu.lower.contraction import ACC
 from habu.lower.general import Store
 from habu.lower.rows import reduction_passes
 from habu.paths import ContractionPath, path_for
@@ -127,13 +128,12 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
 # `habu.search.arithmetic`) 786.0 µs against 627.1 µs for the product alone: 159 µs, where 58.7 M elements
 # at the full rate (`fma_flops` / 2 instructions a second) take 85 µs.
 EPILOGUE_ISSUE = 0.53
+IN_REGISTERS = frozenset({ACC})  # what a contraction epilogue reads without a load
 
 
 def epilogue_arithmetic_seconds(lw: ContractionLowering, elements: float, c: Ceilings) -> float:
     """The fused epilogue's arithmetic (every value it stores; the accumulator is in registers)."""
-    from habu.lower.contraction import ACC
-
-    per = element_instructions(*(value for value, _ in lw.stores), free=frozenset({ACC}))
+    per = element_instructions(*(value for value, _ in lw.stores), free=IN_REGISTERS)
     return elements * per / (c.fma_flops / 2 * EPILOGUE_ISSUE)
 
 
