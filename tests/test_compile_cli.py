@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -90,6 +92,7 @@ def test_emit_writes_the_source_alone(tmp_path):
     assert (src.count("__global__") == 3 and "mma.sync" in src) or "habu::mma_bf16_16816" in src
 
 
+@pytest.mark.slow  # 18 s: a full compile
 def test_pin_rewrite_compiles_the_factored_rmsnorm_linear(tmp_path):
     r = habu("compile", "examples/rmsnorm_linear.habu", "--pin", "rewrite=factor:Y", "-o", str(tmp_path))
     assert r.returncode == 0, r.stderr

@@ -19,6 +19,7 @@ def test_mutant_is_killed_with_the_element_it_spoils(mutant):
     assert re.search(r"[A-Za-z%0-9]+\[\d+(, \d+)*\]|row \d+ of \w+|element \d+", outcome.message), outcome.message
 
 
+@pytest.mark.slow  # 22 s: every distinct base plan's field check
 def test_the_unmutated_plans_pass():
     """Each distinct base plan of the mutants (example, model, shape, pins) passes unmutated; mutants
     that share one are checked once (all 80 one by one took three minutes of CI)."""

@@ -3,6 +3,8 @@ count is read from compute-sanitizer's summary."""
 
 from __future__ import annotations
 
+import pytest
+
 from habu.bench.run import build
 from habu.bench.sanitize_paths import CASES, example_path, sanitizer_errors
 
@@ -15,6 +17,7 @@ def test_the_error_summary_is_read():
     assert sanitizer_errors("Traceback (most recent call last): ...") is None  # no summary: counted as failed
 
 
+@pytest.mark.slow  # 83 s on 2 cores: it builds every case
 def test_every_emitter_path_has_a_case():
     kinds = set()
     for path, model, sizes, pins in CASES.values():

@@ -30,7 +30,8 @@ def test_every_examples_default_kernels_compile_without_warnings():
 @pytest.mark.parametrize("example,model,sizes", [
     ("rmsnorm.habu", "RMSNORM-ROWS", None),  # col, row_cache_all and row_cache were declared unread
     ("scatter_add.habu", "UNPERMUTE", None),  # red_add_vec<4>'s fallback loop after a return: "not reachable"
-    ("moe_mixtral.habu", "MOE-FFN", {"T": 256, "R": 512}),  # the consumers' n0 (only the producer reads it)
+    pytest.param("moe_mixtral.habu", "MOE-FFN", {"T": 256, "R": 512},  # the consumers' n0 (only the producer reads it)
+                 marks=pytest.mark.slow),  # (25 s: two grouped kernels through NVRTC)
 ])
 def test_regression_kernels_declared_variables_they_never_read(example, model, sizes):
     from habu.search.space import default_plan

@@ -48,6 +48,7 @@ def test_bad_plan_files_give_clear_errors(edit, fragment):
         Plan.from_json(data, "p.json")
 
 
+@pytest.mark.slow  # 11 s: enumerates the whole space
 def test_enumeration_is_canonical_and_has_no_duplicates():
     m = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"]
     import itertools
