@@ -205,18 +205,27 @@ class _Renamer:
         return e
 
 
+def chain_refusal(model: Model, names: tuple[str, ...], inlined: int | None = None) -> str | None:
+    """Why the nodes `names` are not one general kernel's chain (None: they are): each of the first
+    `inlined` (all but the last by default) must be elementwise (no reduction, no scatter), and only the
+    last may be stored (no earlier one an output or read by another kernel)."""
+    nodes = [next(e for e in model.nodes if e.target == t) for t in names]
+    for eq in nodes[:len(nodes) - 1 if inlined is None else inlined]:
+        if eq.scatter is not None or any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+            return f"a general kernel inlines only elementwise nodes, not {eq.target}"
+    if len(nodes) > 1 and stored_nodes(model, names) != names[-1:]:
+        return f"a general kernel stores one node, not {', '.join(stored_nodes(model, names))}"
+    return None
+
+
 def chain_node(model: Model, names: tuple[str, ...]) -> Equation:
     """The one node a general kernel computes: `names`' last, each earlier node inlined where it reads it
-    (a chain of elementwise nodes, `T3 = GELU(T2)` after `T2 = S1 + B1`). Only the last is stored: an
-    earlier node that reduces, scatters, or that the model outputs or another kernel reads is refused."""
+    (a chain of elementwise nodes, `T3 = GELU(T2)` after `T2 = S1 + B1`; `chain_refusal` says which are)."""
     nodes = [next(e for e in model.nodes if e.target == t) for t in names]
     if len(nodes) == 1:
         return nodes[0]
-    for eq in nodes[:-1]:
-        if eq.scatter is not None or any(isinstance(x, Reduce) for x in walk(eq.rhs)):
-            raise ValueError(f"a general kernel inlines only elementwise nodes, not {eq.target}")
-    if stored_nodes(model, names) != names[-1:]:
-        raise ValueError(f"a general kernel stores one node, not {', '.join(stored_nodes(model, names))}")
+    if (why := chain_refusal(model, names)) is not None:
+        raise ValueError(why)
     last = nodes[-1]
     return Equation(last.target, last.lhs, inline_region(last.rhs, {eq.target: eq for eq in nodes[:-1]}), last.scatter)
 

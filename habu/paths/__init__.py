@@ -16,14 +16,15 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from habu.lower import support as _support
+from habu.lower.general import chain_refusal
 from habu.paths import attention, columns, fma, general, grouped, map, mma_sync, rows, wgmma
 from habu.paths.analytic import node_of
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
 from habu.plan.fields import Mma
-from habu.plan.patterns import Region, as_column_reduction, as_contraction, stored_nodes, transposed_rows
+from habu.plan.patterns import Region, as_column_reduction, as_contraction, transposed_rows
 from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
-from habu.spec.ir import IndexVar, Model, Reduce, walk
+from habu.spec.ir import IndexVar, Model
 from habu.target import Target
 
 # the built-in paths, in the order they are asked (and the search walks the contraction paths)
@@ -73,12 +74,8 @@ def elementwise_vectors(model: Model, region: Region, target: Target, sizes: dic
     (`loopless_vector`: static extents, aligned rows); None elsewhere (a map region keeps its map
     kernel: its lanes take `vector` elements already). The row kernel moves one element an access: H200, 4096 × 14336 bf16 (2026-12-02, docs/PERF.md), GELU's derivative 167.3 µs as
     a row kernel (53% of copy) against 108.4 µs moving 16-byte vectors, GELU 105.4 against 78.8 µs."""
-    if region.kind != "rows":
-        return None
-    nodes = [node_of(model, t) for t in region.nodes]
-    if any(eq.scatter is not None or any(isinstance(x, Reduce) for x in walk(eq.rhs)) for eq in nodes) \
-            or stored_nodes(model, region.nodes) != region.nodes[-1:]:
-        return None
+    if region.kind != "rows" or chain_refusal(model, region.nodes, inlined=len(region.nodes)) is not None:
+        return None  # (the last node too must map elements only)
     kernel = general.PATH.default(model, Region("general", region.nodes), target, sizes)
     return kernel if kernel.vector > 1 else None
 
@@ -128,8 +125,10 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         if region.kind == "general" and (a := attention.PATH.default(model, region, target, sizes)) is not None:
             yield from attention.PATH.region_variants(model, region, a, target, sizes)  # the fused attention
         if region.kind == "rows" and isinstance(base, GeneralKernel):  # (`elementwise_vectors`)
-            own = next(p for p in by_preference(region.kind) if p.default(model, region, target, sizes) is not None)
-            yield from own.region_variants(model, region, own.default(model, region, target, sizes), target, sizes)
+            for own in by_preference(region.kind):  # the row family's kernels stay candidates
+                if (row_kernel := own.default(model, region, target, sizes)) is not None:
+                    yield from own.region_variants(model, region, row_kernel, target, sizes)
+                    break
         return
     if region.kind == "general":  # the general kernel stays a candidate beside the contraction default
         yield general.PATH.default(model, region, target, sizes)

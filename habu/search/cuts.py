@@ -22,17 +22,21 @@ from habu.target import Target
 
 def default_partition(model: Model, target: Target, sizes: dict[str, int]) -> tuple[Region, ...]:
     """The default plan's regions: the greedy partition with each contraction region cut where cheaper."""
-    return tuple(piece for region in default_regions(model) for piece in cheaper_cut(model, region, target, sizes))
+    storage = storage_dtypes(model)
+    return tuple(piece for region in default_regions(model)
+                 for piece in cheaper_cut(model, region, target, sizes, storage))
 
 
-def cheaper_cut(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> tuple[Region, ...]:
+def cheaper_cut(model: Model, region: Region, target: Target, sizes: dict[str, int],
+                storage: dict[str, str] | None = None) -> tuple[Region, ...]:
     """`region` as one kernel, or cut after its contraction node where the two kernels' predicted seconds
-    are fewer (only a contraction region's epilogue chain is cut; other regions stay whole)."""
+    are fewer (only a contraction region's epilogue chain is cut; other regions stay whole). `storage`: the
+    intermediates' storage types (`storage_dtypes(model)` when not given)."""
     if region.kind != "contraction" or len(region.nodes) < 2:
         return (region,)
     head = Region("contraction", region.nodes[:1])
     tail = Region(piece_kind(model, region.nodes[1:]), region.nodes[1:])
-    storage = storage_dtypes(model)
+    storage = storage if storage is not None else storage_dtypes(model)
 
     def seconds(regions: tuple[Region, ...]) -> float:
         total = 0.0

@@ -80,7 +80,33 @@ def test_a_chain_of_elementwise_nodes_is_one_general_kernel_and_is_proven():
     assert not any(isinstance(x, Load) and x.tensor in tail.nodes[:-1] for x in walk(node.rhs))
     assert isinstance(lower_plan(model, plan)[-1], GeneralLowering)
     proof = prove(model, plan, {}, trials=1, witness=True)
-    assert proof.plan == plan
+    assert proof.ok, proof
+
+
+def test_a_general_chain_with_a_node_inlined_wrong_fails_the_finite_field_check():
+    """A planted mutant in the inlining (`chain_node`): the bias add dropped from the printed node. The
+    emitter prints the lowering's node, so the field check, which executes the same node, must refuse it."""
+    from dataclasses import replace
+
+    from habu.lower import lower_whole
+    from habu.prove.verify import verify_plan
+
+    model = parse_text(MODEL, Path("lin_gelu.habu")).models["LIN-GELU"]
+    plan = default_plan(model, TARGET, {}, {})
+    lowered = list(lower_whole(model, plan).kernels)
+    lw = lowered[-1]
+    assert isinstance(lw, GeneralLowering)
+
+    def drop_bias(e):  # (S1 + B1) -> S1 wherever the chain inlined it
+        if isinstance(e, Op) and e.fn == "add" and any(isinstance(a, Load) and a.tensor == "B1" for a in e.args):
+            return next(a for a in e.args if not (isinstance(a, Load) and a.tensor == "B1"))
+        return Op(e.fn, tuple(drop_bias(a) for a in e.args)) if isinstance(e, Op) else e
+
+    mutant = replace(lw, node=replace(lw.node, rhs=drop_bias(lw.node.rhs)))
+    assert mutant.node != lw.node
+    good = verify_plan(model, plan, {}, trials=1, witness=True, lowerings=lowered)
+    bad = verify_plan(model, plan, {}, trials=1, witness=True, lowerings=[*lowered[:-1], mutant])
+    assert good.passed and not bad.passed, (good, bad)
 
 
 def test_a_general_kernel_refuses_to_inline_a_node_another_kernel_reads():
