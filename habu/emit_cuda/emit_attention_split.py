@@ -17,6 +17,7 @@ blocks wrote them).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from habu.emit_cuda.attention_text import FloatOps
@@ -70,10 +71,24 @@ def split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, t
 {split_combine(lw, sig, sizes, it, table, o_coord)}"""
 
 
+@dataclass(frozen=True)
+class CombineThreads:
+    """The threads that count a block and combine: the whole block (`tid`, `lw.threads`, __syncthreads, the
+    block's shared memory at `smem`), or a warp-specialised kernel's consumer warpgroups (their own index, their
+    count, a named barrier, the aligned shared-memory base)."""
+
+    tid: str = "tid"
+    threads: int | None = None  # None: the lowering's threads
+    sync: str = "__syncthreads();"
+    smem: str = "smem"
+    barrier: int | None = None  # the named barrier of `last_block_done_among`; None: `last_block_done`
+    leader: str = "0"
+
+
 def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, table: Callable[..., str],
-                  o_coord: dict[str, str]) -> str:
+                  o_coord: dict[str, str], by: CombineThreads = CombineThreads()) -> str:
     """The block completing its query tile's count combines every split's partial (after its own partial is
-    stored, by registers or by the slices' merge)."""
+    stored, by registers or by the slices' merge); `by`: the threads that count and combine."""
     cx = CExpr
     po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
     counters = sig.pointer(lw.counter_tensor, "i32", writes=True)
@@ -85,17 +100,22 @@ def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, ta
     s_part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
     t_of, d_of = (c(x) for x in lw.combine_element(cx("e")))
     exponent = lw.combine_exponent("__ldcg(" + pm + " + " + s_slot + ")", "shift", FloatOps())
-    last = f"habu::last_block_done({counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))}))"
+    counter = f"{counters} + ({c(lw.counter_slot(flat, qt, sizes))}), (int)({c(lw.arrivals(sizes))})"
+    threads = by.threads or lw.threads
+    last = (f"habu::last_block_done({counter})" if by.barrier is None else
+            f"habu::last_block_done_among({counter}, {by.barrier}, {threads}, {by.leader})")
+    tid = by.tid
     out_ok = f"{inside} && ({access_mask(lw.out, o_coord, sizes, table)})"
     store = store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width, table),
                         "habu::f_div0(acc, sum)")
-    reset = f"    if (tid == 0) {counters}[{c(lw.counter_slot(flat, qt, sizes))}] = {lw.counter_after(sizes)};  // left for the next launch\n"
+    reset = f"    if ({tid} == 0) {counters}[{c(lw.counter_slot(flat, qt, sizes))}] = {lw.counter_after(sizes)};  // left for the next launch\n"
     if lw.combine_in_smem(sizes):
         return _combine_by_weights(lw, sizes, it, last, out_ok, pm, pl, po_part, reset,
                                    store_value(lw.out.dtype, po, access_offset(lw.out, o_coord, sizes, lw.index_width,
-                                                                               table), "habu::f_div0(acc, total)"))
+                                                                               table), "habu::f_div0(acc, total)"), by,
+                                   threads)
     return f"""  if ({last}) {{  // every split of the query tile is in: combine them
-    for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{
+    for (int e = {tid}; e < {lw.combine_count}; e += {threads}) {{
       const {it} i = ({it})({row_of(t_of)});
       const {it} d = ({it})({d_of});
       if (!({out_ok})) continue;
@@ -117,7 +137,7 @@ def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, ta
 
 
 def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, out_ok: str, pm: str, pl: str,
-                        po_part: str, reset: str, store: str) -> str:
+                        po_part: str, reset: str, store: str, by: CombineThreads, threads: int) -> str:
     """The combine with the splits' weights in shared memory (`combine_in_smem`): a thread a (split, row) pair
     reads m (`combine_pair`, `combine_w`); a thread a row takes their maximum M, turns each into its weight
     exp(m_s − M) (`combine_exponent`) and sums weight·l_s (`combine_total`); a thread an element then reads
@@ -128,21 +148,21 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
     row = c(lw.row(qt, cx("t")))
     inside = c(lw.row_inside(cx("i"), sizes))
     slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
-    w_at = f"cw[{c(lw.combine_w(cx('s'), cx('t')))}]"
-    total_at = f"cw[{c(lw.combine_total(cx('t'), sizes))}]"
+    w_at = f"wts[{c(lw.combine_w(cx('s'), cx('t')))}]"
+    total_at = f"wts[{c(lw.combine_total(cx('t'), sizes))}]"
     te, de = (c(x) for x in lw.combine_element(cx("e")))
     splits = c(lw.splits(sizes))
     exponent = lw.combine_exponent(w_at, "shift", FloatOps())
     part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
     return f"""  if ({last}) {{  // every split of the query tile is in: combine them, the splits' weights in shared memory
-    float* cw = reinterpret_cast<float*>(smem);
-    for (int p = tid; p < {c(lw.combine_pairs(sizes))}; p += {lw.threads}) {{  // each split's m of each row
+    float* wts = reinterpret_cast<float*>({by.smem});
+    for (int p = {by.tid}; p < {c(lw.combine_pairs(sizes))}; p += {threads}) {{  // each split's m of each row
       const int s = {s_of}, t = {t_of};
       const {it} i = ({it})({row});
       if ({inside}) {w_at} = __ldcg({pm} + {slot});
     }}
-    __syncthreads();
-    for (int t = tid; t < {lw.kernel.bm}; t += {lw.threads}) {{  // each row: M, the splits' weights, the total l
+    {by.sync}
+    for (int t = {by.tid}; t < {lw.kernel.bm}; t += {threads}) {{  // each row: M, the splits' weights, the total l
       const {it} i = ({it})({row});
       if (!({inside})) continue;
       float mx = habu::neg_inf_f();
@@ -158,8 +178,8 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
       }}
       {total_at} = total;
     }}
-    __syncthreads();
-    for (int e = tid; e < {lw.combine_count}; e += {lw.threads}) {{  // each element: Σ_s weight·O_s / total
+    {by.sync}
+    for (int e = {by.tid}; e < {lw.combine_count}; e += {threads}) {{  // each element: Σ_s weight·O_s / total
       const int t = {te};
       const {it} i = ({it})({row});
       const {it} d = ({it})({de});
@@ -172,3 +192,55 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
     }}
 {reset}  }}
 """
+
+
+def wgmma_split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, table: Callable[..., str],
+                         o_coord: dict[str, str]) -> str:
+    """The wgmma loop's split end (habu/lower/attention_wgmma.py), run by its consumer warpgroups: each lane's
+    unnormalised O registers at `partial_offset` (O register (dn, h, q) at `o_element`), m and l of its rows from
+    each row's first lane (`lanes_per_row`; m times the scale where the kernel keeps the raw scores' maximum,
+    `partial_max_scaled`: the combine's exponents are the scaled scores'), then the count and the combine among the
+    consumers (`CombineThreads`: their named barrier, the weights in the words below the barriers)."""
+    fr = lw.fragment
+    cx = CExpr
+    po_part, pm, pl = (sig.pointer(t, "f32", writes=True) for t in lw.partial_tensors)
+    split, flat, qt = cx("split"), cx("flat"), cx("qt")
+    row_of = lambda t: c(lw.row(qt, t))  # noqa: E731
+    inside = c(lw.row_inside(cx("i"), sizes))
+    o_row, o_col = lw.o_element(cx("cw"), cx("warp"), cx("lane"), cx("dn"), cx("h"), cx("q"))  # type: ignore[attr-defined]
+    m_row, _ = lw.o_element(cx("cw"), cx("warp"), cx("lane"), 0, cx("h"), 0)  # type: ignore[attr-defined]
+    o_reg = c(lw.o_register(cx("dn"), cx("h"), cx("q")))  # type: ignore[attr-defined]
+    part = c(lw.partial_offset(split, flat, cx("i"), cx("d"), sizes))
+    slot = c(lw.partial_slot(split, flat, cx("i"), sizes))
+    lead = c(cx("lane") % fr.lanes_per_row)
+    threads = 128 * lw.consumers  # type: ignore[attr-defined]
+    bar = lw.combine_barrier  # type: ignore[attr-defined]
+    by = CombineThreads(tid="(tid - 128)", threads=threads, sync=f"habu::named_barrier_sync({bar}, {threads});",
+                        smem="smem_aligned", barrier=bar, leader="128")
+    m_value = "m[h] * scale" if lw.partial_max_scaled(sizes) else "m[h]"  # type: ignore[attr-defined]
+    return f"""    // this split's partial: the unnormalised O registers; m and l of each row from its first lane
+#pragma unroll
+    for (int h = 0; h < {fr.halves}; ++h) l[h] = habu::row_sum_lanes<{", ".join(str(x) for x in lw.quad_offsets)}>(l[h]);
+#pragma unroll
+    for (int dn = 0; dn < {lw.out_groups}; ++dn)
+#pragma unroll
+      for (int h = 0; h < {fr.halves}; ++h)
+#pragma unroll
+        for (int q = 0; q < {fr.pair}; ++q) {{
+          const {it} i = ({it})({row_of(o_row)});
+          const {it} d = ({it})({c(o_col)});
+          if ({inside}) {po_part}[{part}] = o[{o_reg}];
+        }}
+    if ({lead} == 0) {{
+#pragma unroll
+      for (int h = 0; h < {fr.halves}; ++h) {{
+        const {it} i = ({it})({row_of(m_row)});
+        if ({inside}) {{ {pm}[{slot}] = {m_value}; {pl}[{slot}] = l[h]; }}
+      }}
+    }}
+    unsigned char* const smem_aligned = smem_raw + (smem_base - habu::smem_addr(smem_raw));  // the combine's words
+{_indent(split_combine(lw, sig, sizes, it, table, o_coord, by))}"""
+
+
+def _indent(text: str, pad: str = "  ") -> str:
+    return "".join(pad + line + "\n" if line else "\n" for line in text.splitlines())

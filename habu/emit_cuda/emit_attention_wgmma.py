@@ -29,6 +29,7 @@ from habu.emit_cuda.common import (
     index_type,
     store_value,
 )
+from habu.emit_cuda.emit_attention_split import split_workspaces, wgmma_split_epilogue
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.emit_wgmma import ring_advance_line
 from habu.emit_cuda.geometry import GRID_2D, LaunchGeometry, cmax, register_geometry
@@ -98,8 +99,12 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
 
     limit = lw.key_limit(CExpr("(long long)qt"), sizes, term)
     open_limit = lw.open_limit(CExpr("(long long)qt"), sizes, term)
-    tiles = lw.kv_tiles(CExpr(f"(long long)({c(limit)})"), sizes,
-                        lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))"))
+    split_on = bool(k.kv_split)
+    split_no = CExpr("split") if split_on else 0
+    first = lw.first_tile(split_no)  # the block's first KV tile (split-KV: its split's)
+    tiles = lw.end_tile(split_no, lw.kv_tiles(
+        CExpr(f"(long long)({c(limit)})"), sizes,
+        lambda x, lo, hi: CExpr(f"min(max({c(x)}, (long long){c(lo)}), (long long)({c(hi)}))")))
     scale = "1.0f" if lw.scale is None else float_expr(lw.scale, no_load, sizes)
     mask = condition_code(lw.mask, sizes, table) if lw.mask is not None else "true"
     ops = FloatOps()
@@ -267,7 +272,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
                     "tid);  // the tile's last S is done: the next Q may land\n")
     producer_tile = f"""      habu::mbar_arrive_expect_tx(q_bar, {q_bytes});
 {q_loads}
-      for (long long kt = {c(lw.first_tile())}; kt < tiles; ++kt) {{
+      for (long long kt = {c(first)}; kt < tiles; ++kt) {{
         habu::mbar_wait({_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
         const habu::u32 full = {_barrier(ring, "stage")};
         habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
@@ -298,9 +303,9 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
       habu::wgmma_commit();
 {turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(s);
-      const long long ks = {c(lw.first_tile())};
+      const long long ks = {c(first)};
 {released}{softmax('      ')}{pack_p('      ')}    }}
-    for (long long kt = {c(lw.first_tile())}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, alpha(kt) to rescale O; a next tile
+    for (long long kt = {c(first)}; kt + 1 < tiles; ++kt) {{  // P(kt) in pa, alpha(kt) to rescale O; a next tile
       // S of tile kt + 1 first: O's rescale runs while it does, tile kt + 1's softmax while P(kt)·V(kt) does
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       const int nslot = {c(ring.read_slot(CExpr("stage")))};
@@ -322,7 +327,8 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
 """
-    epilogue = f"""#pragma unroll
+    epilogue = wgmma_split_epilogue(lw, sig, sizes, it, table, o_coord) \
+        if split_on else f"""#pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
       l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
       l[h] = habu::f_div0(1.0f, l[h]);
@@ -350,8 +356,8 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
 """
     if pers:  # the walk: w = work_of(blockIdx.x, n, gridDim.x) for n = 0, 1, ... below the work tiles
         b, g = CExpr("(long long)blockIdx.x"), CExpr("(long long)gridDim.x")
-        first, step = c(lw.work_of(b, 0, g)), c(lw.work_of(b, CExpr("n"), g))
-        walk = f"for (long long n = 0, w = {first}; w < work; ++n, w = {step}) {{"
+        w0, step = c(lw.work_of(b, 0, g)), c(lw.work_of(b, CExpr("n"), g))
+        walk = f"for (long long n = 0, w = {w0}; w < work; ++n, w = {step}) {{"
         head = f"""  const long long work = {c(lw.work_tiles(sizes))};  // the work tiles (query tile, batch element), heaviest first
   const habu::u32 q_empty = smem_base + {lw.q_empty}u;  // the consumers are done with Q's tile
 {init}"""
@@ -362,6 +368,13 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
         consumer = f"""{consumer_regs}{turn_start}    {walk}  // this block's work tiles; n: those before w
 {deeper(decode, 2)}{deeper(consumer_state + consumer_tile + epilogue)}    }}
 {turn_end}"""
+    elif split_on:  # split-major blocks: the split, then the block among its split's blocks
+        split_of, rest = lw.block_split(CExpr("(long long)blockIdx.x"), sizes)
+        head = f"""  const long long bx = {c(rest)};  // the block among its split's blocks
+  const int split = (int)({c(split_of)});  // its split: KV tiles {c(first)}..
+{decode}{init}"""
+        producer = producer_tile
+        consumer = f"""{consumer_state}{consumer_regs}{turn_start}{consumer_tile}{turn_end}{epilogue}"""
     else:
         head = f"""  const long long bx = blockIdx.x;
 {decode}{init}"""
@@ -391,8 +404,11 @@ extern "C" __global__ void __launch_bounds__({lw.threads}, 1) {name}(SIGNATURE) 
                   f"mask: {'none' if lw.mask is None else 'the model' + chr(39) + 's'}; causal skip: "
                   f"{'yes' if lw.skip_bound() is not None else 'no'}"])
     src += body.replace("SIGNATURE", sig.declaration())
-    return CudaKernel(name, src, tuple(sig.params), lw.threads, lw.smem_bytes(), lw,
-                      register_demand=split.demand if resized else None)
+    demand = split.demand if resized else None
+    if not split_on:
+        return CudaKernel(name, src, tuple(sig.params), lw.threads, lw.smem_bytes(), lw, register_demand=demand)
+    return CudaKernel(name, src, tuple(sig.params), lw.threads, lw.smem_bytes(), lw, register_demand=demand,
+                      zero=(lw.counter_tensor,), workspace=split_workspaces(lw), zero_once=(lw.counter_tensor,))
 
 
 def _blocks(lw: AttentionWgmmaLowering, sizes, slots: int) -> tuple[int, int, int]:

@@ -337,7 +337,12 @@ class AttentionLowering:
     # m, a thread a row turns them into weights, then a thread an element reads only the splits' O
     def combine_in_smem(self, sizes: Mapping[str, Any]) -> bool:
         n = self.splits(sizes)
-        return isinstance(n, int) and 4 * (n + 1) * self.kernel.bm <= self.smem_bytes()
+        return isinstance(n, int) and (n + 1) * self.kernel.bm <= self.combine_words()
+
+    def combine_words(self) -> int:
+        """The 4-byte words of shared memory the combining block may take for the splits' weights (the K/V
+        buffers, free once the main loop is done): the whole block's."""
+        return self.smem_bytes() // 4
 
     def combine_pairs(self, sizes: Mapping[str, Any]) -> Any:
         """The (split, row of the tile) pairs whose m the combining block reads into its weights."""

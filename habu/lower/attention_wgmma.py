@@ -21,6 +21,12 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         runs while P(kt)·V(kt) does (wgmma.wait_group 1), then P(kt + 1) is packed; tile kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
         last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
     epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`.
+    split-KV (`kernel.kv_split`, a decode's flash-decoding; not persistent): block x is split s = `block_split(x)`
+        of its work tile, its KV tiles `first_tile(s)` .. `end_tile(s, tiles)`; the consumers keep the split's
+        partial (unnormalised O at `o_element`, m and l from each row's first lane) in the launch's workspaces
+        (`partial_offset`, `partial_slot`), count the block on its query tile's counter, and the last split's
+        consumers combine (the FA2 lowering's `combine_*` maps, the weights in the words below the barriers:
+        `combine_words`).
     persistent (`kernel.persistent`, not the default): a grid of min(work tiles, SMs) blocks, block b walking the
         work tiles (the blocks above, heaviest first) `work_of(b, n, gridDim.x)` for n = 0, 1, ...; the producer
         and the consumers keep the ring's (stage, phase) across tiles (a running KV-tile count); Q's one buffer
@@ -84,8 +90,8 @@ def wgmma_refusal(lw: AttentionLowering, target_ok: bool = True) -> str | None:
         return "warp_m is an mma.sync choice (the wgmma loop's warps own 16 rows each)"
     if k.stages < 2:
         return "the ring needs at least 2 stages"
-    if k.kv_split:
-        return "split-KV runs on the mma.sync loop (the wgmma loop keeps no partials)"
+    if k.kv_split and k.persistent:
+        return "split-KV blocks run one (split, work tile) each: not persistent"
     if k.pingpong and k.bm != 2 * SLAB:
         return "ping-pong takes turns between two consumer warpgroups (bm 128)"
     for acc, inner in ((lw.q, "e"), (lw.k, "e"), (lw.v, "d")):
@@ -133,6 +139,11 @@ class AttentionWgmmaLowering(AttentionLowering):
     def turn_barrier(self, cw: Any) -> Any:
         """The named barrier consumer cw waits on for its turn (1, 2; 0 is __syncthreads); the other passes it."""
         return 1 + cw
+
+    @property
+    def combine_barrier(self) -> int:
+        """The named barrier the consumers count a split's block and combine on (after ping-pong's 1 and 2)."""
+        return 3
 
     def consumer_of(self, tid: Any) -> Any:
         """The consumer warpgroup of thread tid (warpgroup 0 is the producer)."""
@@ -188,6 +199,11 @@ class AttentionWgmmaLowering(AttentionLowering):
         return done >= tiles
 
     # -- shared memory
+    def combine_words(self) -> int:
+        """The split combine's words: Q's tile and the stages (free once the last P·V is done), not the barriers
+        after them."""
+        return self.q_bar // 4
+
     def smem_bytes(self) -> int:
         """The dynamic shared memory the launch asks for: the content and the slack to align its base."""
         return self.content_bytes + BASE_ALIGN
@@ -274,6 +290,11 @@ class AttentionWgmmaLowering(AttentionLowering):
             return True
         value = constant_value(self.scale, sizes)
         return value is not None and value > 0
+
+    def partial_max_scaled(self, sizes: Mapping[str, int]) -> bool:
+        """Whether a split's partial m is the running max times the scale (the kernel keeps the raw scores' max
+        where the scale is folded into the exponent: the combine's exponents m_s − M are the scaled scores')."""
+        return self.scale is not None and self.scale_in_exponent(sizes)
 
     @property
     def s_registers(self) -> int:

@@ -202,9 +202,15 @@ class AttentionPath(KernelPath):
         n_e, n_d = sizes[lw.red_extent], sizes[lw.col_extent]
         count = lw.batch_count(sizes)
         if isinstance(lw, AttentionWgmmaLowering):  # the work tiles as they land on the SMs (attention_schedule);
-            # K and V from DRAM once: a batch element's query tiles run side by side and read them from the L2
+            # K and V from DRAM once: a batch element's query tiles run side by side and read them from the L2;
+            # the bandwidth of the SMs the grid keeps busy (a decode's few blocks; split-KV fills them) and the
+            # splits' partials, written once and read by the combine
             moved = 2.0 * count * (rows * n_e + keys * (n_e + n_d)) + 4.0 * count * rows * n_d
-            return f, moved, max(wgmma_attention_seconds(lw, sizes, target), moved / c.bandwidth) + c.launch_s
+            blocks = lw.work_tiles(sizes) * (lw.splits(sizes) if lw.kernel.kv_split else 1)
+            busy = 1.0 if lw.persistent else min(1.0, blocks / max(1, target.sm_count))
+            if lw.kernel.kv_split:
+                moved += 2 * 4.0 * lw.splits(sizes) * count * rows * (n_d + 2)
+            return f, moved, max(wgmma_attention_seconds(lw, sizes, target), moved / (c.bandwidth * busy)) + c.launch_s
         tiles = -(-rows // lw.kernel.bm)
         moved = 2.0 * count * (rows * n_e + tiles * keys * (n_e + n_d)) + 4.0 * count * rows * n_d
         peak = (c.mma_sync_flops or c.fma_flops) * MMA_SHARE

@@ -90,7 +90,12 @@ def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]
     step_flops = 2.0 * k.bm * k.bn * (n_e + n_d)
     step = step_flops / (target.ceilings.wgmma_flops * KV_STEP_SHARE / target.sm_count)
     fixed = TILE_FIXED_PERSISTENT_S if lw.persistent else TILE_FIXED_S
-    costs = [fixed + n * step for n in work_kv_tiles(lw, sizes)]
+    work = work_kv_tiles(lw, sizes)
+    if k.kv_split:  # split-KV: a block a (split, work tile), each at most `split_tiles` of the tile's KV tiles
+        per = lw.split_tiles
+        splits = int(lw.splits(sizes))
+        work = [max(0, min(per, n - s * per)) for n in work for s in range(splits)]
+    costs = [fixed + n * step for n in work]
     if not costs:
         return 0.0
     return snake_makespan(lw, costs, target.sm_count) if lw.persistent else lpt_makespan(costs, target.sm_count)

@@ -144,7 +144,7 @@ class SplitRun:
         each (split, row) pair's m at `combine_w`, a row's pass turning them into weights exp(m_s − M) and its
         total l at `combine_total`, then each element Σ_s weight·O_s / total."""
         lw, sizes, f = self.lw, self.sizes, self.mem.field
-        words = lw.smem_bytes() // 4
+        words = lw.combine_words()
         cw = np.broadcast_to(f.const(POISON), (words,)).copy()
 
         def at(what: str, offs: Any) -> np.ndarray:

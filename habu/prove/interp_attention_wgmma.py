@@ -35,6 +35,7 @@ from habu.prove.fragments import (
 )
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.interp_attention import _final, _frozen, _key_limit, _open_limit, _tiled_axes
+from habu.prove.interp_attention_split import SplitRun
 from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, register_kind
 from habu.prove.pipeline import Barrier
@@ -68,8 +69,11 @@ def run_attention_wgmma(name: str, lw: AttentionWgmmaLowering, sizes: Mapping[st
     """Each selected block: one work tile, or (persistent) a block of the check's grid (`check_blocks`) walking
     its work tiles with one shared memory, one ring and one Q barrier pair across them."""
     grid = check_blocks(lw, sizes) if lw.persistent else 0
+    split = SplitRun(lw, sizes, mem) if lw.kernel.kv_split else None
     for x in blocks:
-        _Block(name, lw, sizes, mem, int(x), grid).run()
+        _Block(name, lw, sizes, mem, int(x), grid, split).run()
+    if split is not None:
+        split.finish(name)
 
 
 # The grid a persistent kernel is checked at: the grid of a GPU of this many SMs (at least), so that the blocks of
@@ -158,13 +162,16 @@ class _Block:
     overwrite it with the next tile's."""
 
     def __init__(self, name: str, lw: AttentionWgmmaLowering, sizes: Mapping[str, int], mem: Memory, x: int,
-                 grid: int):
+                 grid: int, split: SplitRun | None = None):
         self.name, self.lw, self.sizes, self.mem, self.x = name, lw, sizes, mem, x
+        self.split = split  # split-KV: the launch's workspaces; block x is split `split_no` of work tile `rest`
+        split_no, rest = (int(v) for v in lw.block_split(x, sizes))
+        self.split_no, self.first = split_no, int(lw.first_tile(split_no))
         f = self.f = mem.field
         self.ops = _FieldOps(f)
         assert lw.ring is not None
         self.ring = lw.ring
-        self.tiles = walk(lw, x, grid, int(lw.work_tiles(sizes))) if grid else [x]
+        self.tiles = walk(lw, x, grid, int(lw.work_tiles(sizes))) if grid else [rest]
         self.smem = np.broadcast_to(f.const(Fraction(0)), (lw.content_bytes // 2,)).copy()
         self.scale = None if lw.scale is None else eval_pointwise(lw.scale, lambda ld: None, f, sizes)
         self.maps = _maps(lw, lw.kernel, sizes[lw.col_extent])
@@ -181,10 +188,12 @@ class _Block:
         coords = {a: int(v) for a, v in lw.batch_coords(flat, sizes).items()}
         limit = _key_limit(lw, qt, coords, sizes, mem)
         return {"w": w, "qt": qt, "flat": flat, "coords": coords, "open": _open_limit(lw, qt, coords, sizes, mem),
-                "tiles": int(lw.kv_tiles(limit, sizes, lambda v, lo, hi: min(max(v, lo), hi)))}
+                "tiles": int(lw.end_tile(self.split_no, lw.kv_tiles(limit, sizes,
+                                                                     lambda v, lo, hi: min(max(v, lo), hi))))}
 
     def where(self, info: dict):
-        text = f"block {self.x} (work tile {info['w']}: query tile {info['qt']}, batch element {info['flat']})"
+        text = f"block {self.x} (work tile {info['w']}: query tile {info['qt']}, batch element {info['flat']}" + \
+            (f", split {self.split_no})" if self.split is not None else ")")
         return lambda bad: text
 
     # -- the producer
@@ -201,7 +210,7 @@ class _Block:
                               self.smem, self.sizes, self.mem, self.where(info))
                 self.q_full.pending -= 1
                 self.q_full.settle()
-                self.p_kv = int(lw.first_tile())
+                self.p_kv = self.first
                 continue
             if self.p_kv >= info["tiles"]:  # the emitted producer loop: ++kt below the tile's KV tiles
                 self.p_tile, self.p_kv = self.p_tile + 1, -1
@@ -255,7 +264,7 @@ class _Block:
                       o=np.broadcast_to(zero, (W, L, n_d // 2)).copy())
         tiles = info["tiles"]
         self._free_q(0, tiles)
-        kt = int(lw.first_tile())
+        kt = self.first
         while kt < tiles:  # the KV loop: from the lowering's first tile, a step of `next_tile`
             if self.produced <= consumed:
                 self._deadlock(info, f"KV tile {kt}")
@@ -288,9 +297,21 @@ class _Block:
             inv = f.op("div0", [np.broadcast_to(f.const(Fraction(1)), l_run.shape), l_run])  # 1 / l once a row
             out = f.op("mul", [o_g, np.broadcast_to(inv[:, :, None, :, None], o_g.shape)])
             rows, cols = lw.o_element(cw, w5, l5, dn5, h5, q5)
+            if self.split is not None:  # the partial: O unnormalised, m (scaled where the kernel keeps raw maxima), l
+                m = st["m"]
+                if lw.partial_max_scaled(self.sizes):
+                    m = f.op("mul", [m, np.broadcast_to(self.scale, m.shape)])
+                m_row = lw.o_element(cw, w5[..., 0, 0], l5[..., 0, 0], 0, np.arange(2)[None, None, :], 0)[0]
+                m_row = np.broadcast_to(m_row, m.shape)
+                self.split.store(self.name, self.split_no, info["flat"], info["qt"], o_g, rows, cols, m, l_run, m_row,
+                                 self.where(info)(None))
+                continue
             at = {**{a: np.int64(v) for a, v in info["coords"].items()},
                   "i": np.broadcast_to(lw.row(info["qt"], rows), out.shape), "d": np.broadcast_to(cols, out.shape)}
             write(self.name, lw.out, at, out, self.sizes, self.mem, lw.index_width, False, None, self.where(info))
+        if self.split is not None:  # the consumers count the block; the query tile's last split combines
+            coords = {a: np.int64(v) for a, v in info["coords"].items()}
+            self.split.arrive(self.name, info["flat"], info["qt"], coords, self.ops, self.where(info)(None))
 
 
 def _scores(lw: AttentionWgmmaLowering, f, smem: np.ndarray, st: dict, sizes: Mapping[str, int]) -> None:

@@ -114,8 +114,8 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
     if static and k.main_loop == "mma.sync":  # the wgmma loop's TMA boxes, ring and fragments: rules_attention_wgmma
         yield from _staging_obligations(name, lw, n_e, n_d)
         yield from _fragment_obligations(name, lw, n_e, n_d)
-        if k.kv_split:
-            yield from _split_obligations(name, lw, ctx, n_d)
+    if static and k.kv_split:
+        yield from _split_obligations(name, lw, ctx, n_d)
     # the causal skip: for every query tile qt, row i of it, key j < #J and index-tensor value, the mask at
     # (i, j) implies that j is below the visited tiles' end
     qt, ti, j = z3.Ints("query_tile row_in_tile key")
@@ -305,7 +305,7 @@ def _split_obligations(name: str, lw: AttentionLowering, ctx: Context, n_d: int)
     if lw.combine_in_smem(s):  # the combine's weights in shared memory: a word a (split, row), and the totals apart
         sa, ta, sb, tb = z3.Ints("split row other_split other_row")
         pair = lambda sp, t: z3.And(_in(sp, 0, splits), _in(t, 0, k.bm))  # noqa: E731
-        words = lw.smem_bytes() // 4
+        words = lw.combine_words()
         p, q = z3.Ints("pair other_pair")
         ps, pt = lw.combine_pair(p)
         qs, qt_ = lw.combine_pair(q)

@@ -119,3 +119,37 @@ def test_a_second_and_third_call_reuse_the_counters_the_first_left_zero():
         torch.cuda.synchronize()
         g = compare(outs["O"], reference(built.model, inputs, built.sizes)["O"], tol)
         assert g.unwritten == 0 and g.ok, (seed, g.unwritten, g.rel_error)
+
+
+WGMMA = {"main_loop": "wgmma", "bm": "64", "kv_warps": "1"}
+
+
+@pytest.mark.parametrize(("n_j", "pins"), [
+    pytest.param(1000, {**WGMMA, "kv_split": "256", "bn": "64", "stages": "3"}, id="wgmma-kv1000-split256"),
+    pytest.param(17, {**WGMMA, "kv_split": "128", "bn": "64", "stages": "2"}, id="wgmma-kv17-split128"),
+    pytest.param(5000, {**WGMMA, "kv_split": "1024", "bn": "128", "stages": "3"}, id="wgmma-kv5000-split1024"),
+    pytest.param(1000, {**WGMMA, "kv_split": "0", "bn": "128", "stages": "3"}, id="wgmma-kv1000-whole"),
+])
+def test_wgmma_decode_golden_at_odd_sizes(n_j, pins):
+    """The decode on the wgmma loop (the query heads of a KV head in a 64-row tile, K and V by TMA), split-KV
+    with the partials written and combined by the consumer warpgroups: sequence 1 empty (zeros), sequence 2
+    full, the others ending inside a tile and at a split's end."""
+    split = int(pins["kv_split"]) or n_j
+    lens = [min(n_j, 9), 0, n_j, min(n_j, split)]
+    got, _ = run({"B": 4, **HEADS, "J": n_j, "L": n_j + 1}, pins, lens, seed=n_j + 2)
+    assert np.all(got[1] == 0)
+
+
+def test_the_wgmma_split_decode_combines_again_on_later_calls():
+    """The wgmma split's counters are reset by its combining consumers: three calls on new inputs each combine."""
+    sizes = {"B": 4, **HEADS, "J": 1000, "L": 1001}
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", **WGMMA, "kv_split": "256", "bn": "64"})
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+    for seed, lens in ((1, [1000, 0, 513, 7]), (2, [999, 1000, 1, 128]), (3, [0, 0, 640, 1000])):
+        inputs = make_inputs(built.model, built.sizes, seed)
+        inputs["LEN"].copy_(torch.tensor(lens, dtype=inputs["LEN"].dtype))
+        outs = poisoned_outputs(built.model, built.sizes)
+        built.compiled(**inputs, **outs)
+        torch.cuda.synchronize()
+        g = compare(outs["O"], reference(built.model, inputs, built.sizes)["O"], tol)
+        assert g.unwritten == 0 and g.ok, (seed, g.unwritten, g.rel_error)

@@ -77,8 +77,8 @@ def test_split_kv_decode_is_proven_and_prints_the_partials_and_the_combine(decod
     assert dict((w[0], w[2]) for w in kernel.workspace)["$O.o"] == ("J/32", "B", "G", "R", "D")
     src = kernel.source
     assert "const int split = (int)(((long long)blockIdx.x / 8));" in src
-    assert "habu::last_block_done(" in src and "habu::exp2_fast((cw[((s * 16) + t)] - shift));" in src
-    assert "acc += cw[((s * 16) + t)] * __ldcg(" in src  # the splits' weights in shared memory, O from L2
+    assert "habu::last_block_done(" in src and "habu::exp2_fast((wts[((s * 16) + t)] - shift));" in src
+    assert "acc += wts[((s * 16) + t)] * __ldcg(" in src  # the splits' weights in shared memory, O from L2
 
 
 def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):

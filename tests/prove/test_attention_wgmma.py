@@ -91,10 +91,10 @@ def test_a_head_width_not_in_64s_is_a_usage_error_of_the_pin(prefill):
 
 
 @pytest.mark.parametrize(("pins", "why"), [({"bm": "32"}, "bm = 32"), ({"pingpong": "1"}, "ping-pong"),
-                                           ({"kv_split": "128"}, "split-KV")])
+                                           ({"kv_split": "128", "persistent": "1"}, "split-KV")])
 def test_the_rules_refuse_what_the_loop_cannot_run(prefill, pins, why):
-    """A query tile of 32 rows (wgmma's m64), ping-pong with one consumer warpgroup (bm 64), and (a regression
-    of the merge with split-KV) a KV split, whose partials and combine only the mma.sync loop prints."""
+    """A query tile of 32 rows (wgmma's m64), ping-pong with one consumer warpgroup (bm 64), and a KV split
+    with persistent blocks (a split block runs one work tile; the loop's split: test_attention_wgmma_decode.py)."""
     model = prefill.with_sizes(SHAPE)
     plan = default_plan(model, T, SHAPE, {**PINS, **pins})
     bad = failures(obligations(model, plan, SHAPE))

@@ -87,4 +87,25 @@ __device__ __forceinline__ bool last_block_done(int* counter, int arrivals) {
   return is_last;
 }
 
+/** @brief `last_block_done` among `threads` threads of the block (a multiple of 32, thread `leader` one of
+ * them), synchronised on hardware barrier `id` (1..15) instead of __syncthreads: a warp-specialised kernel's
+ * consumer warpgroups while its producer warpgroup has left (it holds fewer registers: setmaxnreg). The
+ * leader's answer reaches the others by the barrier's reduction (bar.red.or), not by shared memory. */
+__device__ __forceinline__ bool last_block_done_among(int* counter, int arrivals, int id, int threads, int leader) {
+  __threadfence();  // this thread's partial is visible to every block before the leader counts the block
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+  int mine = 0;
+  if ((int)threadIdx.x == leader) mine = atomicAdd(counter, 1) == arrivals - 1;
+  int last;
+  asm volatile(
+      "{\n"
+      ".reg .pred p, q;\n"
+      "setp.ne.s32 p, %1, 0;\n"
+      "bar.red.or.pred q, %2, %3, p;\n"
+      "selp.s32 %0, 1, 0, q;\n"
+      "}\n" : "=r"(last) : "r"(mine), "r"(id), "r"(threads) : "memory");
+  if (last) __threadfence();
+  return last != 0;
+}
+
 }  // namespace habu

@@ -1,0 +1,73 @@
+"""Split-KV on the wgmma attention loop (issue 22's decode with K and V by TMA): block x is split
+`block_split(x)` of its (query tile, batch element); its consumer warpgroups write the split's partial (O
+unnormalised, m and l) and the query tile's last split combines among them (a named barrier, the weights in the
+words below the barriers). Proven like the mma.sync split: the `attention-splits` rule and the check over
+Z_q × GF(p) with the splits' workspaces poisoned."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.lower import lower_plan
+from habu.lower.attention_wgmma import AttentionWgmmaLowering
+from habu.paths.emit import emit_plan
+from habu.prove.rules import failures, obligations
+from habu.prove.verify import verify_plan
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+SHAPE = {"B": 3, "G": 2, "R": 2, "J": 300, "L": 301, "E": 64, "D": 64}
+PINS = {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64", "stages": "2", "kv_split": "128",
+        "kv_warps": "1"}
+
+
+@pytest.fixture(scope="module")
+def decode():
+    return load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"].with_sizes(SHAPE)
+
+
+def test_the_wgmma_split_decode_is_proven_and_its_consumers_combine(decode):
+    plan = default_plan(decode, T, SHAPE, PINS)
+    (lw,) = lower_plan(decode, plan)
+    assert isinstance(lw, AttentionWgmmaLowering) and lw.kernel.kv_split == 128 and int(lw.splits(SHAPE)) == 3
+    assert not failures(obligations(decode, plan, SHAPE))
+    cert = verify_plan(decode, plan, SHAPE, trials=1)
+    assert cert.passed, cert.failure
+    kernel = emit_plan(decode, plan, T).kernels[0]
+    assert kernel.zero == ("$O.n",) and {w[0] for w in kernel.workspace} == {"$O.o", "$O.m", "$O.l", "$O.n"}
+    src = kernel.source
+    assert "const int split = (int)(((long long)blockIdx.x / 6));" in src
+    assert "for (long long kt = (split * 2); kt < tiles; ++kt)" in src  # the producer starts at its split
+    assert "habu::last_block_done_among(" in src and "habu::named_barrier_sync(3, 128);" in src
+    assert "= m[h] * scale;" in src  # the raw scores' max, scaled: the combine's exponents are the scaled scores'
+    assert "__syncthreads" not in src.split("this split's partial")[1]  # the producer warpgroup has left
+
+
+def test_a_partial_max_left_unscaled_is_refused_by_the_field_check(decode, monkeypatch):
+    """The kernel keeps the raw scores' running max (the scale folded into the exponent); a split that stored it
+    unscaled would weigh the splits by exp(m_s − M) of raw scores: the factors exp(−m_s·c) no longer cancel.
+    Seeds whose lengths reach past the first split: a trial whose checked sequences (the first and the last)
+    both end inside split 0 combines one non-empty partial, and then any weight gives the same result (seeds 3
+    and 7 of 1..7 are such draws; the random lengths, not the field, decide it)."""
+    plan = default_plan(decode, T, SHAPE, PINS)
+    monkeypatch.setattr(AttentionWgmmaLowering, "partial_max_scaled", lambda self, sizes: False)
+    cert = verify_plan(decode, plan, SHAPE, trials=2, seeds=[1, 2])
+    assert not cert.passed and "differs" in cert.failure
+
+
+def test_a_split_that_starts_at_tile_zero_is_refused(decode, monkeypatch):
+    """Every split reading from KV tile 0 (the unsplit kernel's first tile) counts the first keys several times."""
+    plan = default_plan(decode, T, SHAPE, PINS)
+    monkeypatch.setattr(AttentionWgmmaLowering, "first_tile", lambda self, split=0: 0)
+    assert any(f.detail == "a KV tile is in no split, or in two" for f in failures(obligations(decode, plan, SHAPE)))
+    cert = verify_plan(decode, plan, SHAPE, trials=2, seeds=[1, 2])
+    assert not cert.passed and "differs" in cert.failure
+
+
+def test_split_kv_with_persistent_blocks_is_refused(decode):
+    plan = default_plan(decode, T, SHAPE, {**PINS, "persistent": "1"})
+    bad = failures(obligations(decode, plan, SHAPE))
+    assert any("not persistent" in f.detail for f in bad), [f.detail for f in bad]
