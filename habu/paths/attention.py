@@ -38,6 +38,8 @@ MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads
 WGMMA_TILES = ((128, 128, 2, False, False), (128, 128, 2, True, False), (128, 64, 3, False, False),
                (64, 128, 2, False, False), (128, 128, 3, False, False), (128, 128, 3, True, False),
                (128, 128, 3, True, True), (128, 64, 3, False, True), (64, 128, 2, False, True))
+# a decode's splits on the wgmma loop (`region_variants`; 0: one block a query tile)
+WGMMA_DECODE_SPLITS = (0, 256, 512, 1024, 2048)
 # query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
 WGMMA_PREFILL_ROWS = 1024
 # the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
@@ -147,6 +149,10 @@ class AttentionPath(KernelPath):
             for bm, bn, stages, pingpong, persistent in WGMMA_TILES:
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong,
                               kv_warps=1, kv_split=0, persistent=persistent)
+            if base.bm == 16:  # a decode: its query heads in one 64-row tile, K and V by TMA, split-KV
+                for split, (bn, stages) in itertools.product(WGMMA_DECODE_SPLITS, ((128, 3), (64, 4))):
+                    yield replace(base, main_loop="wgmma", bm=64, bn=bn, stages=stages, warp_m=1, pingpong=False,
+                                  kv_warps=1, kv_split=split, persistent=False)
 
     def wgmma_kernel(self, model: Model, kernel: AttentionKernel, target: Target) -> AttentionKernel | None:
         """`kernel` on the wgmma main loop (`--pin main_loop=wgmma`; habu/lower/attention_wgmma.py): query tiles

@@ -71,3 +71,23 @@ def test_split_kv_with_persistent_blocks_is_refused(decode):
     plan = default_plan(decode, T, SHAPE, {**PINS, "persistent": "1"})
     bad = failures(obligations(decode, plan, SHAPE))
     assert any("not persistent" in f.detail for f in bad), [f.detail for f in bad]
+
+
+def test_the_search_offers_a_decode_on_the_wgmma_loop_with_splits():
+    """A decode (query tiles of 16 rows) is also offered on the wgmma loop: its heads in a 64-row tile, splits of
+    0 to 2048 keys, each candidate within the rules at a long cache."""
+    from habu.paths.attention import PATH, WGMMA_DECODE_SPLITS
+    from habu.plan.patterns import Region
+    from habu.plan.plan import AttentionKernel
+
+    long = {**SHAPE, "E": 128, "D": 128, "B": 16, "J": 4096, "L": 4097}
+    model = load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"].with_sizes(long)
+    base = AttentionKernel(nodes=("O",), bm=16, bn=64)
+    offered = [k for k in PATH.region_variants(model, Region("general", ("O",)), base, T, long)
+               if k.main_loop == "wgmma" and k.bm == 64 and not k.persistent]
+    assert {k.kv_split for k in offered} >= set(WGMMA_DECODE_SPLITS)
+    for kernel in [k for k in offered if k.kv_split in (0, 1024)]:
+        plan = default_plan(model, T, long, {"family": "attention", "main_loop": "wgmma", "bm": "64",
+                                             "bn": str(kernel.bn), "stages": str(kernel.stages),
+                                             "kv_split": str(kernel.kv_split), "kv_warps": "1"})
+        assert not failures(obligations(model, plan, long)), kernel
