@@ -297,11 +297,17 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
 # ----------------------------------------------------------------------------- the attention kind
 
 
+LENGTH_BATCH = 8  # batch elements a masked-by-length kernel's check runs every one of (at most)
+
+
 def _blocks(lw: AttentionLowering, sizes: Mapping[str, int]) -> list[int]:
     """The first, second and last query tile (the tile classes of the causal skip: the first tiles see few
-    keys, the last all of them) of the first and the last batch element."""
+    keys, the last all of them) of the first and the last batch element; of every batch element up to
+    `LENGTH_BATCH` where a length tensor bounds the mask (each batch element its own length: the more of them
+    run, the likelier one reaches past the first split or KV tile)."""
     count, tiles = int(lw.batch_count(sizes)), int(lw.query_tiles(sizes))
-    wanted = {(qt, b) for qt in sample_tiles(tiles) for b in {0, count - 1}}
+    batch = set(range(count)) if lw.mask_ranges and count <= LENGTH_BATCH else {0, count - 1}
+    wanted = {(qt, b) for qt in sample_tiles(tiles) for b in batch}
     if not lw.kernel.head_major:  # query_tile(x) = tiles − 1 − x / count, batch_flat(x) = x mod count
         return sorted((tiles - 1 - qt) * count + b for qt, b in wanted)
     return [x for x in range(count * tiles) if (int(lw.query_tile(x, sizes)), int(lw.batch_flat(x, sizes))) in wanted]
@@ -350,4 +356,5 @@ def _frozen(lw: AttentionLowering) -> tuple[str, ...]:
 
 
 register_kind(AttentionLowering, KindProof(run=run_attention, final_selection=_final, box_selection=_box,
-                                           tiled_axes=_tiled_axes, frozen_extents=_frozen, exp_field=True))
+                                           tiled_axes=_tiled_axes, frozen_extents=_frozen, exp_field=True,
+                                           length_ranges=lambda lw: lw.mask_ranges))

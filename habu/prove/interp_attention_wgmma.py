@@ -412,6 +412,7 @@ def _box_wgmma(lw: AttentionWgmmaLowering, box: tuple[np.ndarray, ...], sizes: M
 
 register_kind(AttentionWgmmaLowering, KindProof(run=run_attention_wgmma, final_selection=_final_wgmma,
                                                 box_selection=_box_wgmma, tiled_axes=_tiled_axes,
-                                                frozen_extents=_frozen, exp_field=True))
+                                                frozen_extents=_frozen, exp_field=True,
+                                                length_ranges=lambda lw: lw.mask_ranges))
 
 __all__ = ["run_attention_wgmma", "wgmma_a_element"]

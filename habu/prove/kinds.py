@@ -80,6 +80,9 @@ class KindProof:
     field_key: what of the lowering enters the field key (default: all of it, `repr`).
     exp_field: the kernel relies on exp(a + b) = exp(a)·exp(b) (an online softmax): the check runs over
         Z_q × GF(p) (habu.spec.field_exp) instead of GF(p) with exp uninterpreted.
+    length_ranges: the value ranges of the index tensors that bound a mask (sequence lengths): the check draws
+        half of such a tensor's values at the range's last value (a whole sequence visible), so that the
+        checked sequences reach the kernel's last KV tiles and splits (`habu.prove.virtual.VirtualTensor`).
     """
 
     run: Callable[..., None]
@@ -93,6 +96,7 @@ class KindProof:
     offset_tensors: Callable[[Any], Iterable[str] | None] = lambda lw: None
     field_key: Callable[[Any], object] = repr
     exp_field: bool = False
+    length_ranges: Callable[[Any], Iterable[str]] = _no_extents
 
 
 _KINDS: dict[type, KindProof] = {}

@@ -261,7 +261,9 @@ def degree(model: Model, sizes: Mapping[str, int]) -> int:
 # ----------------------------------------------------------------------------- the check
 
 
-def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, seed: int) -> dict[str, VirtualTensor]:
+def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, seed: int,
+                   lengths: frozenset[str] = frozenset()) -> dict[str, VirtualTensor]:
+    """The trial's inputs; `lengths`: the value ranges of index tensors that bound a mask (`length_ranges`)."""
     out = {}
     for t in model.inputs:
         shape = tuple(sizes[e] for e in t.extents)
@@ -271,7 +273,8 @@ def virtual_inputs(model: Model, sizes: Mapping[str, int], field: PrimeField, se
         elif t.grouped:
             out[t.name] = GroupedVirtualTensor(t.name, shape, modulus, key_for(seed, t.name))
         else:
-            out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index)
+            out[t.name] = VirtualTensor(t.name, shape, modulus, key_for(seed, t.name), index=t.is_index,
+                                        length=t.is_index and t.range in lengths)
     return out
 
 
@@ -385,10 +388,11 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
             cert.field_name = f"Z_{PRIME_Q} × GF({PRIME_P})"
             cert.notes.append(f"checked over Z_{PRIME_Q} × GF({PRIME_P}) (exp(a + b) = exp(a)·exp(b) exact; "
                               "docs/VERIFY.md states the bound per trial)")
+        lengths = frozenset(r for lw in lowerings for r in kind_proof(lw).length_ranges(lw))
         for trial, seed in enumerate(seeds):
             check_deadline(f"before trial {trial + 1} of the finite-field check")
             field_ = ExpField(seed=seed) if exp else PrimeField(prime, seed)
-            inputs = virtual_inputs(model, s, field_, seed)
+            inputs = virtual_inputs(model, s, field_, seed, lengths)
             mem = Memory(inputs, field_, s)
             for i, lw in enumerate(lowerings):
                 sel = selections[i]

@@ -27,11 +27,16 @@ class VirtualTensor:
     index and one in 16 the last, so a checked tile always gathers the last row (where a read past
     a row's end leaves the tensor: a fault the check reports) as well as random ones. With
     `out_of_range`, one in four is outside the range (one past the last, -1, or a million off either
-    way): values the kernels' index checks must mask (`habu.prove.verify.check_index_masking`)."""
+    way): values the kernels' index checks must mask (`habu.prove.verify.check_index_masking`). A `length`
+    tensor (a mask's bound: `KindProof.length_ranges`) holds the last value in half its elements: a split
+    decode's combine is wrong only where a checked sequence reaches past its first split, which uniform
+    lengths left to chance (two checked sequences of 300 keys both inside the first of three splits: 2 draws
+    in 7)."""
 
     def __init__(self, name: str, shape: tuple[int, ...], modulus: int, key: np.uint64, index: bool = False,
-                 out_of_range: bool = False):
+                 out_of_range: bool = False, length: bool = False):
         self.out_of_range = out_of_range  # an index tensor: one in 16 values is `modulus`, one in 16 is -1
+        self.length = length  # an index tensor bounding a mask: 8 values in 16 are the last
         self.name = name
         self.shape = shape
         self.modulus = modulus
@@ -47,7 +52,8 @@ class VirtualTensor:
         if not self.index:
             return values
         end = (h >> np.uint64(40)) & np.uint64(15)  # independent of the low bits the value came from
-        values = np.where(end == 0, 0, np.where(end == 1, self.modulus - 1, values))
+        last = (end >= 8) if self.length else (end == 1)
+        values = np.where(end == 0, 0, np.where(last, self.modulus - 1, values))
         if self.out_of_range:  # what a caller's bad routing table holds: just past the end, negative, far off
             bad = np.select([end == 2, end == 3, end == 4, end == 5],
                             [self.modulus, -1, self.modulus + 1_000_003, -1_000_003], 0)

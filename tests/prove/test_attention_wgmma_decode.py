@@ -49,9 +49,9 @@ def test_the_wgmma_split_decode_is_proven_and_its_consumers_combine(decode):
 def test_a_partial_max_left_unscaled_is_refused_by_the_field_check(decode, monkeypatch):
     """The kernel keeps the raw scores' running max (the scale folded into the exponent); a split that stored it
     unscaled would weigh the splits by exp(m_s − M) of raw scores: the factors exp(−m_s·c) no longer cancel.
-    Seeds whose lengths reach past the first split: a trial whose checked sequences (the first and the last)
-    both end inside split 0 combines one non-empty partial, and then any weight gives the same result (seeds 3
-    and 7 of 1..7 are such draws; the random lengths, not the field, decide it)."""
+    A trial whose checked sequences all end inside split 0 combines one non-empty partial, and then any weight
+    gives the same result: the random lengths, not the field, decide whether a trial can see it (regression
+    below)."""
     plan = default_plan(decode, T, SHAPE, PINS)
     monkeypatch.setattr(AttentionWgmmaLowering, "partial_max_scaled", lambda self, sizes: False)
     cert = verify_plan(decode, plan, SHAPE, trials=2, seeds=[1, 2])
@@ -91,3 +91,20 @@ def test_the_search_offers_a_decode_on_the_wgmma_loop_with_splits():
                                              "bn": str(kernel.bn), "stages": str(kernel.stages),
                                              "kv_split": str(kernel.kv_split), "kv_warps": "1"})
         assert not failures(obligations(model, plan, long)), kernel
+
+
+def test_regression_a_combine_mutant_survived_trials_whose_lengths_fell_in_the_first_split(decode, monkeypatch):
+    """With uniform lengths and only the first and last sequences checked, the unscaled-max mutant passed 2 of 7
+    single trials (seeds 3 and 7: lengths 33 and 7 of 300 both inside the first of three splits) while the
+    certificate claimed a 1e-8 bound. Now half of a length tensor's values are the whole sequence
+    (`KindProof.length_ranges`) and every batch element of a small witness runs (`LENGTH_BATCH`): each of the
+    seven single trials refuses it."""
+    from habu.prove.verify import virtual_inputs
+    from habu.spec.field_exp import ExpField
+
+    lens = virtual_inputs(decode, SHAPE, ExpField(seed=7), 7, frozenset({"L"}))["LEN"].materialize()
+    assert (lens == SHAPE["L"] - 1).any()
+    plan = default_plan(decode, T, SHAPE, PINS)
+    monkeypatch.setattr(AttentionWgmmaLowering, "partial_max_scaled", lambda self, sizes: False)
+    for seed in range(1, 8):
+        assert not verify_plan(decode, plan, SHAPE, trials=1, seeds=[seed]).passed, seed
