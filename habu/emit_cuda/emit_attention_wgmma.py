@@ -294,7 +294,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
               f"    habu::warpgroup_arrive_if({c(lw.q_released(0, cx('tiles')))}, q_empty, tid);  "
               "// a tile with no KV tile reads no Q\n" if pers else "    habu::mbar_wait(q_bar, 0);\n")
     consumer_tile = f"""{q_wait}    int slot = 0;  // the stage of the tile whose P·V is next
-    if (tiles > 0) {{  // tile 0: its S, its softmax
+    if ({c(lw.visits(first, CExpr('tiles')))}) {{  // the first tile: its S, its softmax
       habu::mbar_wait({_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
       slot = {c(ring.read_slot(CExpr("stage")))};
       {ring_advance_line(ring)}
@@ -321,7 +321,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});  // tile kt's stage is free
 {pack_p('      ')}      slot = nslot;
     }}
-    if (tiles > 0) {{  // the last tile's P·V
+    if ({c(lw.visits(first, CExpr('tiles')))}) {{  // the last tile's P·V
 {turn_wait}{rescale_o('      ')}{pv_issue}{turn_pass}      habu::wgmma_wait<0>();
       habu::fence_registers(o);
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});

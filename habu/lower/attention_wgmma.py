@@ -189,6 +189,11 @@ class AttentionWgmmaLowering(AttentionLowering):
         """The parity of the phase tile n − 1's arrivals complete."""
         return (n + 1) % 2
 
+    def visits(self, first: Any, tiles: Any) -> Any:
+        """Whether a block whose KV tiles run from `first` up to `tiles` visits any (the guard of its first S and
+        its last P·V; a split past a short sequence's last tile visits none: the producer loads nothing for it)."""
+        return first < tiles
+
     def s_completed(self, ks: Any) -> Any:
         """The S products of a tile completed once KV tile ks's has (the wgmma loop starts at tile 0: no split)."""
         return ks + 1

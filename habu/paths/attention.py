@@ -66,6 +66,24 @@ def kv_split_for(blocks: int, keys: int, sms: int) -> int:
     return split if keys > split else 0  # one split would only add the combine
 
 
+def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
+    """Split-KV for a decode of `blocks` query tiles on the wgmma loop (K and V by TMA, one block an SM: 208 KB of
+    shared memory at KV tiles of 128 × 3 stages), or None where the mma.sync decode stays faster: 0 where the
+    query tiles nearly fill the GPU, else the fewest splits of a power of two keys (1024 to 4096) that fill it.
+    H200, 2026-12-03 (2 KV heads × 2 query heads, d128; against cuDNN SDPA in the same run): unsplit at batch 64
+    1.00× at KV 4096 and 32768 (4.60 TB/s; the mma.sync default 0.80-0.88×), splits of 1024 at 4096 × 16
+    0.92× (0.83×), of 2048 at 32768 × 16 0.95× (0.85×); splits under 1024 keys ran slower than the mma.sync
+    decode (batch 1: 0.75-0.79× against 0.86-0.95×)."""
+    if 10 * blocks >= 9 * sms:
+        return 0
+    want = -(-sms // max(1, blocks))
+    split = 1024
+    while split < 4096 and -(-keys // split) > want:
+        split *= 2
+    splits = -(-keys // split)
+    return split if splits > 1 and 10 * blocks * splits >= 9 * sms else None
+
+
 class AttentionPath(KernelPath):
     support = ATTENTION
 
@@ -96,6 +114,10 @@ class AttentionPath(KernelPath):
                 blocks = -(-rows // bm)
                 for n in batch:
                     blocks *= n  # type: ignore[operator]
+                wide = wgmma_decode_split(blocks, keys, target.sm_count)
+                if wide is not None and self.wgmma_kernel(model, kernel, target) is not None and rows <= 64:
+                    return replace(kernel, main_loop="wgmma", bm=64, bn=128, stages=3, warp_m=1, kv_warps=1,
+                                   kv_split=wide)
                 split = kv_split_for(blocks, keys, target.sm_count)
                 if split:
                     kernel = replace(kernel, kv_split=split)

@@ -265,7 +265,8 @@ class _Block:
         tiles = info["tiles"]
         self._free_q(0, tiles)
         kt = self.first
-        while kt < tiles:  # the KV loop: from the lowering's first tile, a step of `next_tile`
+        # the KV loop: the emitted guard of the first S (`visits`), then a step of `next_tile` below the tiles
+        while bool(lw.visits(self.first, tiles)) and (kt == self.first or kt < tiles):
             if self.produced <= consumed:
                 self._deadlock(info, f"KV tile {kt}")
             for cw, st in enumerate(states):  # S = Q·Kᵀ: Q and the stage's K as they are now

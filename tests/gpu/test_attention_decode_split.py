@@ -28,7 +28,8 @@ HEADS = {"G": 2, "R": 2, "E": 128, "D": 128}
 
 
 def run(sizes: dict[str, int], pins: dict[str, str], lens: list[int], seed: int, golden: bool = True):
-    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16", **pins})
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {"family": "attention", "bm": "16", "main_loop": "mma.sync",
+                                                      **pins})
     (kernel,) = built.plan.kernels
     assert isinstance(kernel, AttentionKernel) and kernel.kv_split == int(pins.get("kv_split", 0))
     inputs = make_inputs(built.model, built.sizes, seed)
@@ -153,3 +154,24 @@ def test_the_wgmma_split_decode_combines_again_on_later_calls():
         torch.cuda.synchronize()
         g = compare(outs["O"], reference(built.model, inputs, built.sizes)["O"], tol)
         assert g.unwritten == 0 and g.ok, (seed, g.unwritten, g.rel_error)
+
+
+@pytest.mark.parametrize(("batch", "n_j", "split"), [(16, 4096, 1024), (64, 2048, 0)], ids=["b16-kv4096", "b64-kv2048"])
+def test_the_decode_default_on_the_wgmma_loop(batch, n_j, split):
+    """Where a decode's query tiles with splits of 1024+ keys fill the GPU, its default (unpinned) is the wgmma
+    loop (`wgmma_decode_split`): split over 1024 keys at 16 sequences, whole at 64. Lengths from empty to full."""
+    sizes = {"B": batch, **HEADS, "J": n_j, "L": n_j + 1}
+    built = build(DECODE, "DECODE-ATTENTION", sizes, {})
+    (kernel,) = built.plan.kernels
+    assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and kernel.kv_split == split
+    tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
+    lens = [(7919 * b) % (n_j + 1) for b in range(batch)]
+    lens[:3] = [0, n_j, 1]
+    inputs = make_inputs(built.model, built.sizes, batch)
+    inputs["LEN"].copy_(torch.tensor(lens, dtype=inputs["LEN"].dtype))
+    for _ in range(2):  # a second call combines again (the counters reset)
+        outs = poisoned_outputs(built.model, built.sizes)
+        built.compiled(**inputs, **outs)
+        torch.cuda.synchronize()
+        g = compare(outs["O"], reference(built.model, inputs, built.sizes)["O"], tol)
+        assert g.unwritten == 0 and g.ok, (g.unwritten, g.rel_error)

@@ -108,3 +108,36 @@ def test_regression_a_combine_mutant_survived_trials_whose_lengths_fell_in_the_f
     monkeypatch.setattr(AttentionWgmmaLowering, "partial_max_scaled", lambda self, sizes: False)
     for seed in range(1, 8):
         assert not verify_plan(decode, plan, SHAPE, trials=1, seeds=[seed]).passed, seed
+
+
+def test_regression_a_split_past_a_short_sequence_waits_for_a_tile_never_loaded(decode, monkeypatch):
+    """The emitter guarded the first S and the last P·V with `tiles > 0` (the unsplit kernel's test): a split whose
+    first tile lies past its sequence's last (length 87 of 300: split 1 starts at tile 2 of 2) had its consumers
+    wait on a stage the producer never filled — the golden GPU test hung (H200, 2026-12-03) while the
+    interpreter, looping `kt < tiles` from the split's first tile, passed. The guard is the lowering's `visits`,
+    which the interpreter runs too: the old guard now deadlocks in the check."""
+    plan = default_plan(decode, T, SHAPE, PINS)
+    src = emit_plan(decode, plan, T).kernels[0].source
+    assert src.count("if (((split * 2) < tiles)) {") == 2 and "tiles > 0" not in src
+    monkeypatch.setattr(AttentionWgmmaLowering, "visits", lambda self, first, tiles: tiles > 0)
+    cert = verify_plan(decode, plan, SHAPE, trials=1, seeds=[1])
+    assert not cert.passed and "deadlock" in cert.failure
+
+
+def test_a_decode_that_fills_the_gpu_with_long_splits_defaults_to_the_wgmma_loop():
+    """`wgmma_decode_split` (H200, 2026-12-03: 0.94-1.00× cuDNN SDPA where the mma.sync decode ran 0.81-0.86×):
+    unsplit where the query tiles nearly fill the 132 SMs, else the fewest splits of 1024-4096 keys that fill them;
+    None (the mma.sync decode) where even 1024-key splits leave the GPU idle (batch 1, short caches)."""
+    from habu.paths.attention import wgmma_decode_split
+    from habu.plan.plan import AttentionKernel
+
+    assert [wgmma_decode_split(b, k, 132) for b, k in ((128, 4096), (128, 32768), (32, 4096), (32, 32768),
+                                                      (64, 4096), (2, 32768), (2, 4096), (8, 1000))] == \
+        [0, 0, 1024, 4096, 2048, None, None, None]
+    model = load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"]
+    for batch, keys, want in ((16, 4096, ("wgmma", 64, 1024)), (64, 32768, ("wgmma", 64, 0)),
+                              (1, 4096, ("mma.sync", 16, 128))):
+        sizes = {"B": batch, "J": keys, "L": keys + 1}
+        (kernel,) = default_plan(model.with_sizes(sizes), T, sizes).kernels
+        assert isinstance(kernel, AttentionKernel)
+        assert (kernel.main_loop, kernel.bm, kernel.kv_split) == want, (batch, keys, kernel)
