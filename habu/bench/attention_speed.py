@@ -88,6 +88,9 @@ CASES = (
     Case("default-causal-4k", 1, 16, 1, 4096, True, default=True),
     Case("default-causal-1k", 4, 16, 1, 1024, True, default=True),
     Case("default-full-4k-bf16o", 1, 16, 1, 4096, False, default=True, out_dtype="bf16"),
+    # a batch of 1k sequences with SDPA's output type (the f32 output stores twice the bytes)
+    Case("default-full-1k-bf16o", 4, 16, 1, 1024, False, default=True, out_dtype="bf16"),
+    Case("default-causal-1k-bf16o", 4, 16, 1, 1024, True, default=True, out_dtype="bf16"),
 )
 
 

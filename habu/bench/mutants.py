@@ -529,6 +529,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.kv_loop_skips_a_tile, atw.PINS),
     Mutant("attention-head-major-blocks-repeat", "the head-major grid decodes a block's batch element as x mod "
            "#tiles", "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.head_major_blocks_repeat, atw.HEAD_MAJOR_PINS),
+    *(Mutant(*entry) for entry in atw.MUTANT_ENTRIES),  # the wgmma loop's split decode (mutants_attention_wgmma.py)
 )
 
 

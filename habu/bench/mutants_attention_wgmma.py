@@ -69,3 +69,38 @@ def head_major_blocks_repeat(lw: Any) -> AttentionWgmmaLowering:
 
 
 HEAD_MAJOR_PINS = {**PINS, "head_major": "1"}
+
+
+# examples/decode_attention.habu on the wgmma loop split over its keys: 3 sequences (lengths drawn up to #J, half of
+# them whole: `KindProof.length_ranges`), 2 KV heads of 2 query heads in one 64-row tile, 300 keys in KV tiles of 64,
+# splits of 128 (3 splits, the last ragged); head width 64
+DECODE_SHAPE = {"B": 3, "G": 2, "R": 2, "J": 300, "L": 301, "E": 64, "D": 64}
+DECODE_PINS = {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64", "stages": "2", "kv_split": "128",
+               "kv_warps": "1"}
+
+
+def split_max_unscaled(lw: Any) -> AttentionWgmmaLowering:
+    """A split keeps its raw scores' running max as its partial m: the combine weighs the splits by
+    exp(m_s − M) of unscaled scores."""
+    return _planted(lw, "partial_max_scaled", lambda self, sizes: False)
+
+
+def split_guard_any_tile(lw: Any) -> AttentionWgmmaLowering:
+    """The first S and the last P·V are guarded by `tiles > 0`: a split past a short sequence's last tile waits
+    for a stage the producer never fills (session 35's hang on the H200)."""
+    return _planted(lw, "visits", lambda self, first, tiles: tiles > 0)
+
+
+def split_from_tile_zero(lw: Any) -> AttentionWgmmaLowering:
+    """Every split starts at KV tile 0: the first keys are counted by every split."""
+    return _planted(lw, "first_tile", lambda self, split=0: 0)
+
+
+MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
+    ("attention-wgmma-split-max-unscaled", "a wgmma decode split keeps its raw running max as the partial m",
+     "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, split_max_unscaled, DECODE_PINS),
+    ("attention-wgmma-split-guard-any-tile", "a wgmma decode split runs its first S wherever the sequence has a "
+     "tile", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, split_guard_any_tile, DECODE_PINS),
+    ("attention-wgmma-split-from-tile-zero", "every wgmma decode split starts at KV tile 0", "decode_attention.habu",
+     "DECODE-ATTENTION", DECODE_SHAPE, split_from_tile_zero, DECODE_PINS),
+)
