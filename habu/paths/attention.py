@@ -114,10 +114,6 @@ class AttentionPath(KernelPath):
                 blocks = -(-rows // bm)
                 for n in batch:
                     blocks *= n  # type: ignore[operator]
-                wide = wgmma_decode_split(blocks, keys, target.sm_count)
-                if wide is not None and self.wgmma_kernel(model, kernel, target) is not None and rows <= 64:
-                    return replace(kernel, main_loop="wgmma", bm=64, bn=128, stages=3, warp_m=1, kv_warps=1,
-                                   kv_split=wide)
                 split = kv_split_for(blocks, keys, target.sm_count)
                 if split:
                     kernel = replace(kernel, kv_split=split)
@@ -131,7 +127,10 @@ class AttentionPath(KernelPath):
     def decode_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:
         """`--pin family=attention` for a decode: a model of one softmax-weighted sum over at most 16 query rows a
         sequence that the fused kernel computes (its sliced split-KV plan measured faster than the unfused one
-        and than cuDNN's SDPA, and its golden GPU runs passed: session 31, docs/PERF.md); {} otherwise."""
+        and than cuDNN's SDPA, and its golden GPU runs passed: session 31, docs/PERF.md), with the wgmma loop's
+        pins where its sequences, whole or split over 1024-4096 keys, fill the GPU (`wgmma_decode_split`;
+        session 35: 0.94-1.00× cuDNN at 16-64 sequences against the mma.sync decode's 0.81-0.86×); {}
+        otherwise."""
         if len(model.nodes) != 1 or not target.mma_sync:
             return {}
         node = model.nodes[0].target
@@ -141,8 +140,19 @@ class AttentionPath(KernelPath):
         rows = model.sizes.get(form.row.extent) or sizes.get(form.row.extent)
         if rows is None or rows > 16:
             return {}
-        if self.default(model, Region("general", (node,)), target, sizes) is None:
+        kernel = self.default(model, Region("general", (node,)), target, sizes)
+        if kernel is None:
             return {}
+        size = lambda e: model.sizes.get(e) or sizes.get(e)  # noqa: E731
+        batch, keys = [size(v.extent) for v in form.batch], size(form.key.extent)
+        if keys and all(batch) and self.wgmma_kernel(model, kernel, target) is not None:
+            blocks = 1
+            for n in batch:
+                blocks *= n  # type: ignore[operator]
+            wide = wgmma_decode_split(blocks, keys, target.sm_count)
+            if wide is not None:  # its sequences (split or not) fill the GPU: the wgmma loop, K and V by TMA
+                return {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "128", "stages": "3",
+                        "kv_warps": "1", "kv_split": str(wide)}
         return {"family": "attention"}
 
     def variants(self, base: Kernel, target: Target, row_length: int | None = None) -> Iterator[Kernel]:

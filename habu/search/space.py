@@ -84,6 +84,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     s = concrete_sizes(model, sizes)
     if not {"rewrite", "family"} & set(pins or {}):  # a decode or a long prefill: the fused kernel
         chosen = attention.PATH.default_pins(model, target, s)
+        if _mma_sync_only(pins or {}):  # the user's tile is the mma.sync loop's: its default, not the wgmma pins
+            chosen = {k: v for k, v in chosen.items() if k == "family"}
         if (pins or {}).get("bm", "128") != "128":  # ping-pong takes two consumer warpgroups (128 rows)
             chosen.pop("pingpong", None)
         pins = {**chosen, **(pins or {})} or pins
@@ -278,6 +280,14 @@ def _pin_value(kernel: Kernel, name: str, key: str, value: str, part: str | None
     except FieldError as err:
         what = f"{name} = {part}: " if part is not None else ""
         raise UsageError(f"--pin {key}={value}: {what}{err} ({kernel.kind} kernel field {name})") from None
+
+
+def _mma_sync_only(pins: dict[str, str]) -> bool:
+    """Whether the pins choose an attention kernel only the mma.sync loop runs (its loop pinned, query tiles of 16
+    or 32 rows, KV tiles sliced over warps): the default's wgmma pins (a long prefill's, a decode's:
+    `AttentionPath.default_pins`) then give way to the mma.sync kernel's default instead of a refusal."""
+    return (pins.get("main_loop") == "mma.sync" or pins.get("bm", "64") not in ("64", "128")
+            or pins.get("kv_warps", "1") != "1")
 
 
 def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Target | None = None) -> Kernel:

@@ -141,3 +141,23 @@ def test_a_decode_that_fills_the_gpu_with_long_splits_defaults_to_the_wgmma_loop
         (kernel,) = default_plan(model.with_sizes(sizes), T, sizes).kernels
         assert isinstance(kernel, AttentionKernel)
         assert (kernel.main_loop, kernel.bm, kernel.kv_split) == want, (batch, keys, kernel)
+
+
+def test_regression_a_pin_of_the_mma_sync_decodes_tile_brings_its_loop():
+    """With the wgmma loop a decode's default, `--pin bm=16` (the mma.sync decode's tile, pinned in earlier
+    sessions' commands and in tests/gpu) was applied to the wgmma kernel and refused (`bm = 16: the wgmma main
+    loop takes 64 or 128 query rows`; found by the GPU tests, 2026-12-03). The wgmma decode is now the default's
+    pins (`decode_pins`), which a pin only the mma.sync loop takes (bm 16/32, kv_warps > 1, main_loop=mma.sync)
+    replaces by the mma.sync decode's default."""
+    from habu.plan.plan import AttentionKernel
+
+    model = load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"]
+    sizes = {"B": 16, "J": 4096, "L": 4097}
+    m = model.with_sizes(sizes)
+    assert default_plan(m, T, sizes).kernels[0].main_loop == "wgmma"
+    sliced = AttentionKernel(nodes=("O",), bm=16, bn=64, stages=3, kv_warps=4, kv_split=256, index_width=32)
+    for pins in ({"bm": "16"}, {"kv_warps": "4"}, {"main_loop": "mma.sync"}):
+        plan = default_plan(m, T, sizes, pins)
+        assert plan.kernels == (sliced,), pins
+        assert not failures(obligations(m, plan, sizes)), pins
+    assert default_plan(m, T, sizes, {"kv_split": "2048"}).kernels[0].main_loop == "wgmma"
