@@ -82,6 +82,12 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "attention-wgmma-default": ("attention.habu", "ATTENTION-GQA",
                                 {"B": 1, "G": 8, "R": 2, "E": 128, "D": 128, "I": 500, "J": 620},
                                 {"family": "attention", "main_loop": "wgmma", "pingpong": "1", "persistent": "1"}),
+    # a decode on the wgmma loop split over its keys (session 35): 8 sequences of 1000 keys in splits of 256, the
+    # consumers' partials, their combine on a named barrier, the counters reset
+    "attention-wgmma-decode-split": ("decode_attention.habu", "DECODE-ATTENTION",
+                                     {"B": 8, "G": 2, "R": 2, "E": 128, "D": 128, "J": 1000, "L": 1001},
+                                     {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64",
+                                      "stages": "3", "kv_split": "256", "kv_warps": "1"}),
     "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},
                       {"family": "grouped", "main_loop": "wgmma"}),
     "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),
