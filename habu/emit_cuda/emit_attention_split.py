@@ -24,6 +24,7 @@ from habu.emit_cuda.attention_text import FloatOps
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import Signature, access_mask, access_offset, store_value
 from habu.lower.attention import AttentionLowering
+from habu.lower.attention_wgmma import AttentionWgmmaLowering
 
 
 def split_workspaces(lw: AttentionLowering) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -194,7 +195,7 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
 """
 
 
-def wgmma_split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, table: Callable[..., str],
+def wgmma_split_epilogue(lw: AttentionWgmmaLowering, sig: Signature, sizes: Any, it: str, table: Callable[..., str],
                          o_coord: dict[str, str]) -> str:
     """The wgmma loop's split end (habu/lower/attention_wgmma.py), run by its consumer warpgroups: each lane's
     unnormalised O registers at `partial_offset` (O register (dn, h, q) at `o_element`), m and l of its rows from
@@ -207,17 +208,17 @@ def wgmma_split_epilogue(lw: AttentionLowering, sig: Signature, sizes: Any, it: 
     split, flat, qt = cx("split"), cx("flat"), cx("qt")
     row_of = lambda t: c(lw.row(qt, t))  # noqa: E731
     inside = c(lw.row_inside(cx("i"), sizes))
-    o_row, o_col = lw.o_element(cx("cw"), cx("warp"), cx("lane"), cx("dn"), cx("h"), cx("q"))  # type: ignore[attr-defined]
-    m_row, _ = lw.o_element(cx("cw"), cx("warp"), cx("lane"), 0, cx("h"), 0)  # type: ignore[attr-defined]
-    o_reg = c(lw.o_register(cx("dn"), cx("h"), cx("q")))  # type: ignore[attr-defined]
+    o_row, o_col = lw.o_element(cx("cw"), cx("warp"), cx("lane"), cx("dn"), cx("h"), cx("q"))
+    m_row, _ = lw.o_element(cx("cw"), cx("warp"), cx("lane"), 0, cx("h"), 0)
+    o_reg = c(lw.o_register(cx("dn"), cx("h"), cx("q")))
     part = c(lw.partial_offset(split, flat, cx("i"), cx("d"), sizes))
     slot = c(lw.partial_slot(split, flat, cx("i"), sizes))
     lead = c(cx("lane") % fr.lanes_per_row)
-    threads = 128 * lw.consumers  # type: ignore[attr-defined]
-    bar = lw.combine_barrier  # type: ignore[attr-defined]
+    threads = 128 * lw.consumers
+    bar = lw.combine_barrier
     by = CombineThreads(tid="(tid - 128)", threads=threads, sync=f"habu::named_barrier_sync({bar}, {threads});",
                         smem="smem_aligned", barrier=bar, leader="128")
-    m_value = "m[h] * scale" if lw.partial_max_scaled(sizes) else "m[h]"  # type: ignore[attr-defined]
+    m_value = "m[h] * scale" if lw.partial_max_scaled(sizes) else "m[h]"
     return f"""    // this split's partial: the unnormalised O registers; m and l of each row from its first lane
 #pragma unroll
     for (int h = 0; h < {fr.halves}; ++h) l[h] = habu::row_sum_lanes<{", ".join(str(x) for x in lw.quad_offsets)}>(l[h]);
