@@ -46,6 +46,10 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
      {"family": "attention", "bm": "16", "bn": "64", "kv_split": "512", "kv_warps": "4", "stages": "3"}, "sm_90a"),
     ("attention fused, wgmma/TMA main loop (FA3-style, 2 consumer warpgroups)", "attention.habu", "ATTENTION-GQA",
      {}, {"family": "attention", "main_loop": "wgmma"}, "sm_90a"),
+    ("attention fused, wgmma split-KV decode (4096 keys in splits of 1024, the consumers' combine)",
+     "decode_attention.habu", "DECODE-ATTENTION", {"J": 4096, "L": 4097},
+     {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "128", "stages": "3", "kv_split": "1024",
+      "kv_warps": "1"}, "sm_90a"),
     ("wgmma cluster split-K (partials through DSMEM)", "ggemm.habu", "GGEMM", {"M": 100, "N": 300, "K": 1000},
      {"tile": "64x128x64", "stages": "4", "split_k": "4", "split_reduce": "cluster"}, "sm_90a"),
 )

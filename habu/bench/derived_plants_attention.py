@@ -31,6 +31,9 @@ WGMMA_ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("p_registers", lambda sup, kk, reg: tuple(reversed(sup(kk, reg)))),
     ("consumer_of", lambda sup, tid: sup(tid) + 1),
     ("turn_barrier", lambda sup, cw: sup(cw) + 1),
+    # split-KV on the wgmma loop (session 35): the guard of a split's first S, the partial max's scale
+    ("visits", lambda sup, first, tiles: sup(first + 1, tiles)),
+    ("partial_max_scaled", lambda sup, sizes: not sup(sizes)),
 )
 # the layout's offsets, each moved (bytes)
 WGMMA_ATTENTION_OFFSETS: tuple[tuple[str, int], ...] = (

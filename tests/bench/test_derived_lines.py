@@ -74,7 +74,9 @@ def test_the_session_30_paths_print_most_of_their_index_arithmetic_from_the_lowe
     from habu.target import TARGETS
 
     floors = {"attention fused, wgmma/TMA main loop (FA3-style, 2 consumer warpgroups)": 0.6,
-              "wgmma cluster split-K (partials through DSMEM)": 0.75}
+              "wgmma cluster split-K (partials through DSMEM)": 0.75,
+              # session 35: the split's guard, partials and the consumers' combine (69 of 96 index lines)
+              "attention fused, wgmma split-KV decode (4096 keys in splits of 1024, the consumers' combine)": 0.7}
     for label, example, model_name, shape, pins, target_name in CASES:
         if label not in floors:
             continue
