@@ -29,7 +29,12 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from habu.bench.derived_cases import CASES, EXAMPLES
-from habu.bench.derived_plants_attention import WGMMA_ATTENTION_OFFSETS, WGMMA_ATTENTION_PLANTS
+from habu.bench.derived_plants_attention import (
+    VECTOR_PLANTS,
+    WGMMA_ATTENTION_OFFSETS,
+    WGMMA_ATTENTION_PLANTS,
+    planted_vectors,
+)
 from habu.lower import (
     ColumnLowering,
     ContractionLowering,
@@ -334,6 +339,9 @@ def _attention_variants(lw: AttentionLowering) -> Iterator[AttentionLowering]:
             yield _with_override(lw, method, planted)
         for name, delta in WGMMA_ATTENTION_OFFSETS:
             yield replace(lw, **{name: getattr(lw, name) + delta})
+        if lw.out_vectors is not None:
+            for method, planted in VECTOR_PLANTS:
+                yield _with_property(lw, "out_vectors", lambda qv, m=method, p=planted: planted_vectors(qv, m, p))
     for count in ATTENTION_COUNTS:
         yield _with_property(lw, count, lambda n: n - 1)
     yield replace(lw, quad_offsets=lw.quad_offsets[:-1])

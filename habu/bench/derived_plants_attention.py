@@ -39,3 +39,19 @@ WGMMA_ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
 WGMMA_ATTENTION_OFFSETS: tuple[tuple[str, int], ...] = (
     ("q_offset", 1024), ("kv_offset", 1024), ("v_in_stage", 1024), ("stage_bytes", 1024), ("q_bar", 8),
 )
+# O's vector exchange (habu/lower/quad_vectors.py, session 36): planted in the lowering's `out_vectors`
+VECTOR_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
+    ("sent_group", lambda sup, u, lane, r: sup(u, lane, r) + 1),
+    ("slot", lambda sup, lane, r: sup(lane, (r + 1) % 2)),
+    ("offset", lambda sup, r: sup(r) + 1),
+    ("vector_column", lambda sup, u, lane: sup(u, lane) + 1),
+    ("row", lambda sup, warp, lane, h: sup(warp, lane, h) + 1),
+    ("lane_in_group", lambda sup, lane: sup(lane) + 1),
+)
+
+
+def planted_vectors(qv: Any, method: str, planted: Callable[..., Any]) -> Any:
+    """`qv` (a QuadVectors) with one method's result planted wrong: `planted(the method as it was, *args)`."""
+    base = getattr(type(qv), method)
+    cls = type(f"Planted_{method}", (type(qv),), {method: lambda self, *args: planted(lambda *a: base(self, *a), *args)})
+    return cls(qv.words, qv.groups, qv.fragment)

@@ -1,6 +1,6 @@
 """Planted mistakes in the fused attention kernel's wgmma main loop (habu/lower/attention_wgmma.py): the online
-softmax's rescale, the row half of P's register A operand, the stage a KV tile's boxes land in and V's
-descriptor. Each changes the CUDA the emitter prints (the same methods print it); the finite-field check over
+softmax's rescale, the row half of P's register A operand, the stage a KV tile's boxes land in, V's
+descriptor, the split decode's partials and O's vector exchange (habu/lower/quad_vectors.py). Each changes the CUDA the emitter prints (the same methods print it); the finite-field check over
 Z_q × GF(p) must reject every one on the CPU. They are entries of the mutation suite (`MUTANTS` in
 habu/bench/mutants.py)."""
 
@@ -11,6 +11,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from habu.lower.attention_wgmma import AttentionWgmmaLowering
+from habu.lower.quad_vectors import QuadVectors
 
 # examples/attention.habu with the smallest head width the loop takes (64): 2 query tiles of 64 rows (one
 # consumer warpgroup), 4 KV tiles of 32 keys in 2 stages (the ring wraps twice), the causal skip and mask
@@ -96,7 +97,38 @@ def split_from_tile_zero(lw: Any) -> AttentionWgmmaLowering:
     return _planted(lw, "first_tile", lambda self, split=0: 0)
 
 
+def _planted_vectors(lw: Any, method: str, body: Callable) -> AttentionWgmmaLowering:
+    """The lowering with its O vectors' `method` planted (habu/lower/quad_vectors.py)."""
+    qv = lw.out_vectors
+    assert qv is not None, "the plan stores O one element at a time"
+    planted = type(f"Planted_{method}", (QuadVectors,), {method: body})(qv.words, qv.groups, qv.fragment)
+    return _planted(lw, "out_vectors", property(lambda self: planted))
+
+
+def vector_slot_own(lw: Any) -> AttentionWgmmaLowering:
+    """Every received pair fills the lane's own slot (t, not t ^ r): one slot written by every round, the others
+    never."""
+    return _planted_vectors(lw, "slot", lambda self, lane, r: self.lane_in_group(lane))
+
+
+def vector_sends_own_group(lw: Any) -> AttentionWgmmaLowering:
+    """Each lane sends its pair of its own vector's group (words·u + t) instead of the receiver's (t ^ r)."""
+    return _planted_vectors(lw, "sent_group", lambda self, u, lane, r: self.words * u + self.lane_in_group(lane))
+
+
+def vector_column_without_lane_group(lw: Any) -> AttentionWgmmaLowering:
+    """The vector's column forgets the pairs of the trading groups before the lane's (8·group only): two lanes of
+    a row store to one place, half the row's columns never."""
+    return _planted_vectors(lw, "vector_column", lambda self, u, lane: 8 * self.vector_group(u, lane))
+
+
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
+    ("attention-wgmma-vector-slot-own", "the wgmma attention epilogue's exchange fills the lane's own slot every "
+     "round", "attention.habu", "ATTENTION-GQA", SHAPE, vector_slot_own, PINS),
+    ("attention-wgmma-vector-sends-own-group", "the wgmma attention epilogue's exchange sends the sender's vector's "
+     "group", "attention.habu", "ATTENTION-GQA", SHAPE, vector_sends_own_group, PINS),
+    ("attention-wgmma-vector-column-without-lane-group", "the wgmma attention epilogue's vectors forget the lane "
+     "group's column offset", "attention.habu", "ATTENTION-GQA", SHAPE, vector_column_without_lane_group, PINS),
     ("attention-wgmma-split-max-unscaled", "a wgmma decode split keeps its raw running max as the partial m",
      "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, split_max_unscaled, DECODE_PINS),
     ("attention-wgmma-split-guard-any-tile", "a wgmma decode split runs its first S wherever the sequence has a "

@@ -34,11 +34,13 @@ from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.emit_wgmma import ring_advance_line
 from habu.emit_cuda.geometry import GRID_2D, LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
+from habu.emit_cuda.quad_store import quad_store_rows
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.attention_wgmma import K_STEP, AttentionWgmmaLowering, wgmma_refusal
 from habu.lower.contraction import tma_coordinates, tma_order
 from habu.lower.layouts import WgmmaDescriptor
 from habu.lower.pipeline import MbarrierRing
+from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
 
@@ -327,8 +329,25 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
       if (tid % 128 == 0) habu::mbar_arrive({_barrier(ring, "slot", empty=True)});
     }}
 """
-    epilogue = wgmma_split_epilogue(lw, sig, sizes, it, table, o_coord) \
-        if split_on else f"""#pragma unroll
+    qv = lw.out_vectors
+    if split_on:
+        epilogue = wgmma_split_epilogue(lw, sig, sizes, it, table, o_coord)
+    elif qv is not None:  # 16-byte vectors: the lanes of a row trade column pairs first (habu/lower/quad_vectors.py)
+        v_row = lw.o_vector_element(cx("cw"), cx("warp"), cx("lane"), 0, cx("h"), 0, 0)[0]
+        epilogue = f"""#pragma unroll
+    for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
+      l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+      l[h] = habu::f_div0(1.0f, l[h]);
+    }}
+""" + quad_store_rows(
+            qv, lw.out.dtype, lambda g, q: f"o[{c(lw.o_register(cx(g), cx('h'), q))}] * l[h]",
+            f"const {it} i = ({it})({row_of(v_row)});  // the row of the lane's row half h",
+            lambda vec: f"if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)})) "
+                        f"habu::store_words<{qv.elements * DTYPES[lw.out.dtype].bytes // 4}>({po} + "
+                        f"({access_offset(lw.out, o_coord, sizes, lw.index_width, table)}), {vec});",
+            index_type=it)
+    else:
+        epilogue = f"""#pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
       l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
       l[h] = habu::f_div0(1.0f, l[h]);

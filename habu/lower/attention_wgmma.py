@@ -20,7 +20,9 @@ the online softmax) with the operands moved by TMA and multiplied by wgmma.
         P·V, O is rescaled by tile kt's alpha between the two issues (while S runs), tile kt + 1's softmax
         runs while P(kt)·V(kt) does (wgmma.wait_group 1), then P(kt + 1) is packed; tile kt's stage is released (one arrival on `empty[stage]`) after tile kt + 1's S has been issued, the
         last tile's at once: the contraction consumers' schedule habu.prove.pipeline runs.
-    epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`.
+    epilogue: l summed over a row's 4 lanes, O · div0(1, l) (one division a row) stored at `o_element`, or (the
+        default, `out_vectors`) in 16-byte vectors after the row's lanes trade column pairs by shuffles
+        (habu/lower/quad_vectors.py; `o_vector_element`).
     split-KV (`kernel.kv_split`, a decode's flash-decoding; not persistent): block x is split s = `block_split(x)`
         of its work tile, its KV tiles `first_tile(s)` .. `end_tile(s, tiles)`; the consumers keep the split's
         partial (unnormalised O at `o_element`, m and l from each row's first lane) in the launch's workspaces
@@ -51,12 +53,14 @@ from typing import Any
 
 import numpy as np
 
-from habu.lower.access import Access
+from habu.lower.access import Access, VectorAccess
 from habu.lower.attention import AttentionLowering
 from habu.lower.fragments import ACCUMULATOR
 from habu.lower.layouts import WgmmaDescriptor
 from habu.lower.pipeline import MbarrierRing, TmaOperandLoad
+from habu.lower.quad_vectors import QuadVectors, quad_vectors
 from habu.lower.registers import RegisterSplit, warp_specialized_split
+from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Const, Expr, Op, Size
 from habu.spec.reference import Float64
 
@@ -278,6 +282,35 @@ class AttentionWgmmaLowering(AttentionLowering):
         """(row of the query tile, column d) of O register (dn, h, q)."""
         row, col = self.fragment.element(warp, lane, dn, h, q)
         return cw * SLAB + row, col
+
+    @property
+    def out_vectors(self) -> QuadVectors | None:
+        """O's stores as 16-byte vectors (habu/lower/quad_vectors.py: the lanes of a row trade column pairs first),
+        where the plan asks for them (`store_vectors`; not a split's partials) and O's contiguous index is the head
+        width d (every other stride is then a multiple of #D, a multiple of the vector); None: one element a store
+        at `o_element`."""
+        k, out = self.kernel, self.out
+        last = out.positions[-1]
+        if not k.store_vectors or k.kv_split or last.kind != "axis" or last.axis != "d" or self.width_d is None:
+            return None
+        if out.extents[-1] != self.col_extent or any(p.axis == "d" for p in out.positions[:-1]):
+            return None
+        return quad_vectors(self.width_d // self.fragment.col_step, DTYPES[out.dtype].bytes, self.fragment)
+
+    def o_vector_element(self, cw: Any, warp: Any, lane: Any, u: Any, h: Any, s: Any, q: Any) -> tuple[Any, Any]:
+        """(row of the query tile, column d) of element q of slot s of the lane's O vector of set u, row half h."""
+        qv = self.out_vectors
+        assert qv is not None
+        row, col = qv.element(warp, lane, u, h, s, q)
+        return cw * SLAB + row, col
+
+    def vector_accesses(self) -> tuple[VectorAccess, ...]:
+        """O's vector stores: its base address aligned to a vector (the launch checks it)."""
+        qv = self.out_vectors
+        if qv is None:
+            return ()
+        return (VectorAccess(self.out.tensor, qv.elements, f"the epilogue stores {self.out.tensor} in "
+                             f"{qv.elements}-element vectors"),)
 
     def p_registers(self, kk: Any, reg: int) -> tuple[Any, Any]:
         """The two S registers packed (low, high half) into register reg of P's A operand at k step kk (keys

@@ -287,6 +287,10 @@ class AttentionKernel:
                               "order, its producer loading the next tile's Q and K/V while the consumers finish this "
                               "one (the ring runs on across tiles; Q is freed once the tile's last S is done)", P,
                               default=False, pins=("persistent",), json_optional=True, unguarded=KEEP)
+    store_vectors: bool = choice("the wgmma main loop's epilogue stores O in 16-byte vectors: the 4 lanes of an "
+                                 "accumulator row trade their column pairs by shuffles first (habu/lower/quad_vectors.py; "
+                                 "else one element a store); where O's rows are runs of its head width", P, default=True,
+                                 pins=("store_vectors",), json_optional=True, unguarded=KEEP)
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel | AttentionKernel

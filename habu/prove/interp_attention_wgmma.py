@@ -307,12 +307,43 @@ class _Block:
                 self.split.store(self.name, self.split_no, info["flat"], info["qt"], o_g, rows, cols, m, l_run, m_row,
                                  self.where(info)(None))
                 continue
+            if lw.out_vectors is not None:  # the lanes trade column pairs, then store whole vectors
+                out, rows, cols = _exchanged_values(lw, cw, out, self.mem)
             at = {**{a: np.int64(v) for a, v in info["coords"].items()},
                   "i": np.broadcast_to(lw.row(info["qt"], rows), out.shape), "d": np.broadcast_to(cols, out.shape)}
             write(self.name, lw.out, at, out, self.sizes, self.mem, lw.index_width, False, None, self.where(info))
         if self.split is not None:  # the consumers count the block; the query tile's last split combines
             coords = {a: np.int64(v) for a, v in info["coords"].items()}
             self.split.arrive(self.name, info["flat"], info["qt"], coords, self.ops, self.where(info)(None))
+
+
+def _exchanged_values(lw: AttentionWgmmaLowering, cw: int, out: np.ndarray,
+                      mem: Memory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """O's values (W, L, groups, halves, pair) as the vector epilogue stores them (habu/lower/quad_vectors.py):
+    per set u and round r each lane sends its pair of `sent_group(u, l, r)` and receives lane l ^ `offset(r)`'s
+    (shfl.sync.bfly), which fills slot `slot(l, r)` of its vector. Returns the values, rows and columns, each of
+    shape (W, L, sets, halves, words, pair); a slot no round fills, or two fill, is a fault (it keeps poison)."""
+    qv = lw.out_vectors
+    assert qv is not None
+    W, L, _, halves, pair = out.shape
+    lanes = np.arange(L, dtype=np.int64)
+    vals = np.broadcast_to(mem.poison(np.arange(L, dtype=np.int64))[None, :, None, None, None, None],
+                           (W, L, qv.sets, halves, qv.words, pair)).astype(out.dtype)
+    filled = np.zeros((L, qv.sets, qv.words), dtype=np.int64)
+    for u in range(qv.sets):
+        for r in qv.rounds:
+            sent = out[:, lanes, np.asarray(qv.sent_group(u, lanes, r), dtype=np.int64)]  # (W, L, halves, pair)
+            got = sent[:, lanes ^ qv.offset(r)]  # lane l's: what lane l ^ offset sent
+            slot = np.asarray(qv.slot(lanes, r), dtype=np.int64)
+            vals[:, lanes, u, :, slot, :] = np.moveaxis(got, 1, 0)  # advanced indices first: (L, W, halves, pair)
+            filled[lanes, u, slot] += 1
+    if np.any(filled != 1):
+        mem.fault(f"the O vectors' exchange fills a slot {int(filled.min())}..{int(filled.max())} times (once each)")
+    shape = vals.shape
+    w6, l6, u6, h6, s6, q6 = (np.arange(n, dtype=np.int64).reshape([n if a == b else 1 for b in range(6)])
+                              for a, n in enumerate(shape))
+    rows, cols = lw.o_vector_element(cw, w6, l6, u6, h6, s6, q6)
+    return vals, np.broadcast_to(rows, shape), np.broadcast_to(cols, shape)
 
 
 def _scores(lw: AttentionWgmmaLowering, f, smem: np.ndarray, st: dict, sizes: Mapping[str, int]) -> None:

@@ -81,6 +81,21 @@ __device__ __forceinline__ void store_vec(bf16* p, const float (&v)[N]) {
   }
 }
 
+/** @brief The 32-bit words w[0..N) into the 4·N bytes at p (N 1, 2 or 4: one st.global.b32/.v2/.v4), e.g. an
+ *  accumulator row's column pairs packed (bf16x2) or as float bits, gathered by habu/lower/quad_vectors.py's
+ *  exchange. p must be 4·N-byte aligned. */
+template <int N>
+__device__ __forceinline__ void store_words(void* p, const u32 (&w)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4, "1, 2 or 4 words");
+  if constexpr (N == 4) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else if constexpr (N == 2) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else {
+    *reinterpret_cast<u32*>(p) = w[0];
+  }
+}
+
 /** @brief Adds v[0..N) into p[0..N) (f32, N 1, 2 or 4): one vector reduction (red.global.add.v2/.v4.f32) on
  *  sm_90+, N atomicAdds before. Each element's addition is atomic, as atomicAdd's. */
 template <int N>
