@@ -91,6 +91,12 @@ CASES = (
     # a batch of 1k sequences with SDPA's output type (the f32 output stores twice the bytes)
     Case("default-full-1k-bf16o", 4, 16, 1, 1024, False, default=True, out_dtype="bf16"),
     Case("default-causal-1k-bf16o", 4, 16, 1, 1024, True, default=True, out_dtype="bf16"),
+    # issue 22's matrix: 16 heads, ~16k tokens a batch (16 × 1k, 4 × 4k, 1 × 16k), head width 64 and 128, causal and
+    # full, SDPA's output type; the defaults (`--only` a prefix: `m16k-`)
+    *(Case(f"m16k-{'causal' if causal else 'full'}-{seq // 1024}k-d{width}", 16384 // seq, 16, 1, seq, causal, width,
+           default=True, out_dtype="bf16")
+      for seq in (1024, 4096, 16384) for width in (64, 128) for causal in (True, False)),
+    Case("m16k-gqa-causal-4k-d128", 4, 8, 4, 4096, True, default=True, out_dtype="bf16"),
 )
 
 
@@ -252,7 +258,7 @@ def prove_all(cases: list[Case], workdir: str, jobs: int) -> dict[int, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the rows here")
-    ap.add_argument("--only", help="comma-separated case names")
+    ap.add_argument("--only", help="comma-separated case names (one ending in - names every case it begins)")
     ap.add_argument("--quick", action="store_true", help="the first case only")
     ap.add_argument("--jobs", type=int, default=1, help="prove the cases in this many processes first")
     ap.add_argument("--pins", default="", help="kernel pins for every case, e.g. bm=128,bn=32; several pin sets "
@@ -260,7 +266,8 @@ def main() -> None:
     args = ap.parse_args()
     sets = [tuple(tuple(p.split("=", 1)) for p in one.split(",") if p) for one in args.pins.split(";")] or [()]
     cases = [replace(c, pins=c.pins + extra) for extra in sets for c in CASES
-             if not args.only or c.name in args.only.split(",")]  # a pin set's cases together, in its order
+             if not args.only or any(c.name == o or (o.endswith("-") and c.name.startswith(o))
+                                     for o in args.only.split(","))]  # a pin set's cases together, in its order
     if args.quick:
         cases = cases[:1]
     rows = []

@@ -82,6 +82,11 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "attention-wgmma-default": ("attention.habu", "ATTENTION-GQA",
                                 {"B": 1, "G": 8, "R": 2, "E": 128, "D": 128, "I": 500, "J": 620},
                                 {"family": "attention", "main_loop": "wgmma", "pingpong": "1", "persistent": "1"}),
+    # the same, head-major (session 36: the default where the heaviest-first order would re-read K and V from DRAM)
+    "attention-wgmma-head-major": ("attention.habu", "ATTENTION-GQA",
+                                   {"B": 1, "G": 8, "R": 2, "E": 128, "D": 128, "I": 500, "J": 620},
+                                   {"family": "attention", "main_loop": "wgmma", "pingpong": "1", "persistent": "1",
+                                    "head_major": "1"}),
     # a decode on the wgmma loop split over its keys (session 35): 8 sequences of 1000 keys in splits of 256, the
     # consumers' partials, their combine on a named barrier, the counters reset
     "attention-wgmma-decode-split": ("decode_attention.habu", "DECODE-ATTENTION",

@@ -83,6 +83,48 @@ def snake_makespan(lw: AttentionWgmmaLowering, costs: Sequence[float], slots: in
     return max(sum(costs[w] for w in walk(lw, b, grid, work)) for b in range(grid))
 
 
+L2_SHARE = 0.5  # the share of the L2 a round's K and V may fill and still be there for the next round's tiles
+KV_ORDER_TILES = 200_000  # past this many work tiles, K and V are taken as read once a batch element
+
+
+def kv_dram_bytes(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: Target) -> float:
+    """The bytes of K and V the work tiles read from DRAM, by rounds of the launch order: the G tiles that run at
+    once (a persistent grid's round n is work tiles n·G .. n·G + G − 1, `work_of`; one tile a block, a wave of one
+    an SM) read each KV head they share once (their KV steps run side by side, so one tile's K tile is still in the
+    L2 when the others ask for it), as far as the longest of their causal prefixes; a KV head the round before also
+    read is free where that round's K and V fit in `L2_SHARE` of the L2. The grid's order decides it: a 4-sequence
+    × 16-head batch of 1k keys in the heaviest-first order puts 132 different heads in every round and reads each
+    head's K and V once a query tile (1.07 GB at 16 × 16 × 1024, d128; H200 session 36: 294.9 µs, as the copy
+    bandwidth gives); `head_major` puts a head's query tiles in one round (140 MB, 213.8 µs)."""
+    work = int(lw.work_tiles(sizes))
+    k_axes = {p.axis for p in lw.k.positions}
+    n_e, n_d = int(sizes[lw.red_extent]), int(sizes[lw.col_extent])
+    step_bytes = 2.0 * lw.kernel.bn * (n_e + n_d)
+    if work > KV_ORDER_TILES:
+        keys = int(sizes[lw.key_extent])
+        heads = {tuple(v for a, v in lw.batch_coords(f, sizes).items() if a in k_axes)
+                 for f in range(int(lw.batch_count(sizes)))}
+        return 2.0 * keys * (n_e + n_d) * len(heads)
+    grid = int(lw.persistent_blocks(work, target.sm_count)) if lw.persistent else target.sm_count
+    budget = L2_SHARE * target.l2_bytes
+    tiles_of: dict[int, int] = {}
+    total, before, before_fits = 0.0, {}, False
+    for start in range(0, work, grid):
+        heads: dict[tuple, int] = {}
+        for w in range(start, min(work, start + grid)):
+            qt = int(lw.query_tile(w, sizes))
+            if qt not in tiles_of:
+                tiles_of[qt] = kv_tiles_of(lw, qt, sizes)
+            head = tuple(v for a, v in lw.batch_coords(int(lw.batch_flat(w, sizes)), sizes).items() if a in k_axes)
+            heads[head] = max(heads.get(head, 0), tiles_of[qt])
+        for head, tiles in heads.items():
+            kept = before.get(head, 0) if before_fits else 0
+            total += max(0, tiles - kept) * step_bytes
+        before = heads
+        before_fits = sum(heads.values()) * step_bytes <= budget
+    return total
+
+
 def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: Target) -> float:
     """The main loop's time on `target` (without the launch and the memory bound)."""
     k = lw.kernel
@@ -101,4 +143,4 @@ def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]
     return snake_makespan(lw, costs, target.sm_count) if lw.persistent else lpt_makespan(costs, target.sm_count)
 
 
-__all__ = ["kv_tiles_of", "lpt_makespan", "snake_makespan", "wgmma_attention_seconds", "work_kv_tiles"]
+__all__ = ["kv_dram_bytes", "kv_tiles_of", "lpt_makespan", "snake_makespan", "wgmma_attention_seconds", "work_kv_tiles"]

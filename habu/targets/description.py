@@ -61,6 +61,7 @@ class Target:
     # bytes of device memory on the largest part of this target: a tensor (or a model's tensors
     # together) larger than this can never run, and is refused before anything is proven
     device_memory: int
+    l2_bytes: int  # the L2 cache (the cost model: whether a round of attention tiles' K and V stays in it)
     max_grid_x: int = 2**31 - 1  # blocks along a grid's x (CUDA guide: every compute capability since 3.0)
     max_grid_yz: int = 65535  # ... and along its y and z
 

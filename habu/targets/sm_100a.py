@@ -20,6 +20,7 @@ TARGET = Target(
     max_threads_per_block=1024,
     sm_count=148,  # B200
     device_memory=192 * 10**9,  # B200 datasheet: 192 GB HBM3e (the largest SKU)
+    l2_bytes=126 * 2**20,  # B200 datasheet: 126 MB (not measured)
     cp_async=True,
     mma_sync=True,
     tma=True,

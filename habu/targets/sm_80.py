@@ -21,6 +21,7 @@ TARGET = Target(
     max_threads_per_block=1024,
     sm_count=108,  # A100 SXM/PCIe
     device_memory=80 * 2**30,  # A100 80GB (nvidia-smi: 81920 MiB); the 40GB part holds half
+    l2_bytes=40 * 2**20,  # A100: 40 MiB (datasheet)
     cp_async=True,
     mma_sync=True,
     tma=False,

@@ -20,6 +20,7 @@ TARGET = Target(
     max_threads_per_block=1024,
     sm_count=132,  # H100/H200 SXM
     device_memory=143771 * 2**20,  # H200 (nvidia-smi: 143771 MiB); the H100 holds 80 GiB
+    l2_bytes=60 * 2**20,  # H200: 60 MiB (torch: L2_cache_size 62914560, 2026-12-03); the H100 has 50
     cp_async=True,
     mma_sync=True,
     tma=True,

@@ -49,10 +49,11 @@ def test_the_snake_balances_what_the_round_robin_did_not(prefill):
     assert snake_makespan(lw, costs, 132) == sum(costs) / 132 == 64 and robin == 80
 
 
-# (sizes, pins, µs measured on the H200 in session 33: 4 × 16 × 1024 and 16 × 4096, d128, ping-pong, 3 stages)
+# (sizes, pins, µs measured on the H200 in session 33: 4 × 16 × 1024 and 16 × 4096, d128, ping-pong, 3 stages, the
+# heaviest-first order: session 36's default takes head-major for the first)
 MEASURED = [
-    ({"B": 4, "G": 16, "R": 1, "I": 1024, "J": 1024}, {"persistent": "0"}, 71.2),
-    ({"B": 1, "G": 16, "R": 1, "I": 4096, "J": 4096}, {"persistent": "0"}, 138.8),
+    ({"B": 4, "G": 16, "R": 1, "I": 1024, "J": 1024}, {"persistent": "0", "head_major": "0"}, 71.2),
+    ({"B": 1, "G": 16, "R": 1, "I": 4096, "J": 4096}, {"persistent": "0", "head_major": "0"}, 138.8),
 ]
 
 
@@ -84,3 +85,50 @@ def test_the_search_offers_the_persistent_wgmma_kernel(prefill):
     offered = list(PATH.region_variants(model, region, base, T, sizes))
     assert any(k.main_loop == "wgmma" and k.persistent and k.pingpong for k in offered)
     assert any(k.main_loop == "wgmma" and not k.persistent for k in offered)
+
+
+# (sizes, full attention?, head-major the default?): H200 session 36, 16k tokens a batch, d128: head-major 294.9 →
+# 213.8 µs (16 × 1024 full), 182.4 → 149.2 (causal), 862.3 → 756.6 (4 × 4096 full); 1635.6 → 2229.7 (1 × 16384 causal)
+ORDERS = [
+    ({"B": 16, "G": 16, "R": 1, "I": 1024, "J": 1024}, True, True),
+    ({"B": 16, "G": 16, "R": 1, "I": 1024, "J": 1024}, False, True),
+    ({"B": 4, "G": 16, "R": 1, "I": 4096, "J": 4096}, True, True),
+    ({"B": 1, "G": 16, "R": 1, "I": 16384, "J": 16384}, False, False),
+    ({"B": 1, "G": 16, "R": 1, "I": 4096, "J": 4096}, False, False),
+]
+
+
+@pytest.mark.parametrize(("sizes", "full", "head_major"), ORDERS)
+def test_the_default_order_is_head_major_where_the_other_rereads_k_and_v(prefill, sizes, full, head_major):
+    """`head_major_pays`: the heaviest-first order's rounds of 132 tiles span 132 heads at 16 × 16 × 1024 (each head's
+    K and V read from DRAM once a query tile: 8×); head-major keeps a head's tiles in one round. A long causal grid
+    keeps the heaviest-first order: head-major's blocks would sum unequal KV steps."""
+    from habu.paths.attention_schedule import kv_dram_bytes
+
+    model = prefill
+    if full:
+        from habu.bench.attention_speed import full_attention_source
+        from habu.spec.parser import parse_text
+
+        model = parse_text(full_attention_source()).models["ATTENTION-FULL"]
+    sizes = {**sizes, "E": 128, "D": 128}
+    lw = _lowering(model, sizes, {})
+    assert lw.persistent and lw.kernel.head_major == head_major
+    other = _lowering(model, sizes, {"head_major": "0" if head_major else "1"})
+    if head_major:
+        assert kv_dram_bytes(other, sizes, T) >= 1.5 * kv_dram_bytes(lw, sizes, T)
+
+
+def test_kv_traffic_of_the_heaviest_first_order_at_a_wide_batch_is_once_a_query_tile(prefill):
+    """16 × 16 heads × 8 query tiles of 1024 keys, full: every round of 132 tiles holds 132 different heads, so each
+    of the 2048 tiles reads its head's K and V (512 KB at d128) from DRAM; head-major reads each head about once."""
+    from habu.bench.attention_speed import full_attention_source
+    from habu.paths.attention_schedule import kv_dram_bytes
+    from habu.spec.parser import parse_text
+
+    model = parse_text(full_attention_source()).models["ATTENTION-FULL"]
+    sizes = {"B": 16, "G": 16, "R": 1, "I": 1024, "J": 1024, "E": 128, "D": 128}
+    head = 2 * 1024 * 256
+    assert kv_dram_bytes(_lowering(model, sizes, {"head_major": "0"}), sizes, T) == 2048 * head
+    hm = kv_dram_bytes(_lowering(model, sizes, {"head_major": "1"}), sizes, T)
+    assert 256 * head <= hm <= 300 * head
