@@ -7,10 +7,13 @@ over the same order, `snake_makespan`), and hides part of each tile's fixed cost
 
 Fit on the H200 (session 33, docs/PERF.md; head width 128, 128 × 128 tiles, 3 stages, ping-pong): 4 × 16 × 1024
 causal / full, 16 × 4096 causal / full, one tile a block and persistent in a round robin: a KV step at
-`KV_STEP_SHARE` of the tensor-core probe's 810 TFLOP/s (1.49 µs), a tile's fixed part `TILE_FIXED_S` (9.5 µs), persistent
-`TILE_FIXED_PERSISTENT_S` (8.35 µs). The model gives 64.8 / 63.2, 85.7 / 81.1, 134.9 / 152.6 and 228.7 µs where
-those runs took 71.2 / 62.0, 88.8 / 84.2, 138.8 / 146.9 and 226.2 µs (one tile a block / round robin): the
-orders agree, the times within 10% (the path adds the launch, 4 µs)."""
+`KV_STEP_SHARE` of the tensor-core probe's 810 TFLOP/s (1.49 µs), a tile's fixed part `TILE_FIXED_S` (9.5 µs). The
+model gave 64.8 / 63.2, 85.7 / 81.1, 134.9 / 152.6 and 228.7 µs where those runs took 71.2 / 62.0, 88.8 / 84.2,
+138.8 / 146.9 and 226.2 µs (one tile a block / round robin). Refit in session 36 after the vector epilogue cut a
+tile's end: the persistent tile's fixed part `TILE_FIXED_PERSISTENT_S` 8.35 → 1.5 µs and a KV step no shorter than
+the softmax of its scores (`SOFTMAX_SCORES_PER_S`: head width 64's steps are the softmax's); with `kv_dram_bytes`
+under the memory bound, the defaults of 18 prefills (16k tokens a batch, d64 and d128, causal and full, GQA) come
+within −14% .. +11% of that session's runs (tests/search/test_attention_schedule.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +27,14 @@ from habu.spec.ir import IndexConst, IndexVar
 from habu.target import Target
 
 KV_STEP_SHARE = 0.92  # the share of the wgmma probe's rate (`Ceilings.wgmma_flops`) a KV step runs at
-TILE_FIXED_S = 9.5e-6  # a work tile's fixed cost, one tile a block
-TILE_FIXED_PERSISTENT_S = 8.35e-6  # ... in a persistent block (its Q and ring fill under the last tile's work)
+# the online softmax's rate, scores a second an SM (scale, mask, max, exp, sum, pack: a 128 × 128 tile of S in 1.18
+# µs on the H200, session 36's 1 × 16 × 16384 d64 full run, where the products would take 0.74): a KV step takes the
+# longer of the two
+SOFTMAX_SCORES_PER_S = 128 * 128 / 1.18e-6
+TILE_FIXED_S = 9.5e-6  # a work tile's fixed cost, one tile a block (session 33, before the vector epilogue)
+# ... in a persistent block, its Q and ring fill under the last tile's work: 8.35 µs in session 33; 1.5 µs since the
+# vector epilogue (session 36: 1.6-2.3 µs at d128 on 1k-4k sequences, 0.8 at d64, by the runs in docs/PERF.md)
+TILE_FIXED_PERSISTENT_S = 1.5e-6
 LIST_SCHEDULE_TILES = 20_000  # past this many work tiles, the bound (mean load plus one tile) instead
 
 
@@ -130,7 +139,8 @@ def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]
     k = lw.kernel
     n_e, n_d = int(sizes[lw.red_extent]), int(sizes[lw.col_extent])
     step_flops = 2.0 * k.bm * k.bn * (n_e + n_d)
-    step = step_flops / (target.ceilings.wgmma_flops * KV_STEP_SHARE / target.sm_count)
+    step = max(step_flops / (target.ceilings.wgmma_flops * KV_STEP_SHARE / target.sm_count),
+               k.bm * k.bn / SOFTMAX_SCORES_PER_S)
     fixed = TILE_FIXED_PERSISTENT_S if lw.persistent else TILE_FIXED_S
     work = work_kv_tiles(lw, sizes)
     if k.kv_split:  # split-KV: a block a (split, work tile), each at most `split_tiles` of the tile's KV tiles
