@@ -142,6 +142,7 @@ def test_search_writes_results_to_stdout_and_progress_to_stderr(tmp_path):
     assert not (tmp_path / "out" / "roofline.png").exists()
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_verify_refusal_does_not_suggest_pin_it_has_not(tmp_path):
     import json
 
@@ -164,6 +165,7 @@ def test_regression_an_existing_output_file_is_overwritten(tmp_path):
     assert not (tmp_path / "new").exists()  # the checks create nothing
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_a_repeated_shape_option_keeps_every_size(tmp_path):
     """`--shape M=300 --shape N=200,K=511` kept only the last option's sizes (typer's single value)."""
     import json

@@ -29,6 +29,7 @@ def test_k511_gather4_on_sm100a_is_rejected(tmp_path):
     assert r.returncode == 1 and "tma-stride-16B" in r.stderr and "row stride of A is 1022 bytes" in r.stderr
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_k512_with_tma_compiles_and_verifies(tmp_path):
     r = habu("compile", "examples/ggemm.habu", "--shape", "K=512", "--pin", "B=tma", "-o", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -40,6 +41,7 @@ def test_k512_with_tma_compiles_and_verifies(tmp_path):
     assert r.returncode == 0 and "obligations hold" in r.stdout
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_verify_rejects_a_hand_edited_plan_that_breaks_a_rule(tmp_path):
     r = habu("compile", "examples/ggemm.habu", "--shape", "K=512", "-o", str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -57,6 +59,7 @@ def test_verify_rejects_a_hand_edited_plan_that_breaks_a_rule(tmp_path):
     assert r.returncode == 1 and "is not JSON" in r.stderr
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_runtime_extent_compiles_to_a_checked_set(tmp_path):
     src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
     f = tmp_path / "g.habu"
@@ -85,6 +88,7 @@ def test_compile_writes_source_cubin_and_resources(tmp_path):
     assert "## Kernels (sm_90a" in report and "| registers |" in report.replace(" registers ", " registers ")
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_emit_writes_the_source_alone(tmp_path):
     r = habu("emit", "examples/ffn_skip.habu", "-o", str(tmp_path / "ffn.cu"), "--target", "sm_80")
     assert r.returncode == 0, r.stderr
@@ -101,6 +105,7 @@ def test_pin_rewrite_compiles_the_factored_rmsnorm_linear(tmp_path):
     assert "rewrites factor:Y" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_pin_rewrite_that_does_not_apply_names_those_that_do():
     r = habu("compile", "examples/rmsnorm_linear.habu", "--pin", "rewrite=inline:Y")
     assert r.returncode == 1 and "Traceback" not in r.stderr

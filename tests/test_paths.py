@@ -131,6 +131,7 @@ def test_unregistering_the_toy_restores_the_built_in_map_path(toy_path):
 # ----------------------------------------------------------------------------- one consumer count
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_wgmma_consumer_warpgroups_are_counted_once_for_rules_smem_registers_and_emitter():
     model = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
     target = TARGETS["sm_90a"]

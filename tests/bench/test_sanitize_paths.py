@@ -31,6 +31,7 @@ def test_every_emitter_path_has_a_case():
             "wgmma-cp.async", "wgmma-staged", "GeneralKernel", "GroupedKernel", "AttentionKernel"} <= kinds, kinds
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_the_fused_attention_case_is_golden_checked_with_the_bf16_of_its_p():
     """The sanitizer harness compared the fused attention kernel (P rounded to bf16 inside it) at the f32
     tolerance 1e-4 and failed a correct kernel (1.3e-3 on the H200): harnesses holding a plan now take the

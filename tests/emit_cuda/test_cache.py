@@ -99,6 +99,7 @@ def _child(directory: str, which: str, barrier, results) -> None:
     results.put((which, hashlib.sha256(cubin.cubin).hexdigest(), cubin.resources, hit))
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_concurrent_processes(tmp_path):
     ctx = mp.get_context("spawn")
     jobs = ["a"] * 4 + ["b"] * 2 + ["c"] * 2

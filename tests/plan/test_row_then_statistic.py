@@ -5,6 +5,8 @@ into the RMSNorm kernel and never stored."""
 
 from __future__ import annotations
 
+import pytest
+
 from habu.plan.patterns import default_regions
 from habu.prove import prove
 from habu.search.space import default_plan
@@ -18,6 +20,7 @@ HEADER = ("64 EXTENT: #B  512 EXTENT: #D  1 EXTENT: #ONE\nbf16 TENSOR: S ( #B #D
           "bf16 TENSOR: C ( #ONE #D )  bf16 TENSOR: Y ( #B #D )  f32 TENSOR: R ( #B )  bf16 TENSOR: H ( #B #D )\n")
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_the_saved_forward_of_ffn_skip_computes_its_residual_in_the_rmsnorm_kernel():
     forward = derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP").forward
     sizes = {"B": 300}

@@ -93,6 +93,7 @@ def test_the_search_offers_a_decode_on_the_wgmma_loop_with_splits():
         assert not failures(obligations(model, plan, long)), kernel
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_a_combine_mutant_survived_trials_whose_lengths_fell_in_the_first_split(decode, monkeypatch):
     """With uniform lengths and only the first and last sequences checked, the unscaled-max mutant passed 2 of 7
     single trials (seeds 3 and 7: lengths 33 and 7 of 300 both inside the first of three splits) while the

@@ -115,6 +115,7 @@ def test_a_plan_without_a_cluster_split_prints_no_split_reduce_field_in_json():
     assert Plan.from_json(pinned.to_json()) == pinned
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_the_search_space_of_a_skinny_layer_holds_cluster_splits():
     from habu.plan.patterns import default_regions
     from habu.search.space import concrete_sizes, region_space

@@ -163,6 +163,7 @@ def test_a_wrong_witness_fails_the_coverage_proof():
         prove_coverage(tiled_axes(["k0"], lws), {"M": 300, "N": 200, "K": 511}, {"M": 256, "N": 200, "K": 511})
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_witness_keeps_an_even_count_of_tile_rows_for_a_cluster():
     """RMSNorm + Linear with clusters of 2 along m: T = 2048 was reduced to 384 (3 tiles of 128), where
     the raster check failed a correct plan; the cluster's 256 rows join the witness's lcm."""
@@ -173,6 +174,7 @@ def test_witness_keeps_an_even_count_of_tile_rows_for_a_cluster():
     assert cert.witness and -(-cert.witness["T"] // 128) % 2 == 0
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_habu_verify_accepts_a_kernel_set_member_with_its_guards_deleted(tmp_path):
     """A member of a checked kernel set (runtime #K, B by TMA: valid only where K keeps B's rows
     16-byte aligned) verified with its guards deleted or altered: refused, naming the guards."""

@@ -31,6 +31,7 @@ def test_regression_proofs_in_the_search_process_run_with_one_blas_thread():
     assert probe.threads() == before  # given back as it was when the search ends
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_storing_a_new_best_does_not_reread_the_failure_records(tmp_path):
     # 50,000 failure records cost 190 ms a store: every store re-read them all
     key = Key("h" * 64, "G", (("M", 4096),), (("A", "bf16"),), Target("sm_90a", "NVIDIA H200", 132),

@@ -216,6 +216,7 @@ def test_auto_saves_a_contraction_operand_in_the_forwards_element_type():
     assert "%1" in dict(rl.saved)
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_saved_values_keep_the_forwards_order_whatever_the_hash_seed():
     """The saved values were collected from sets of tensor names (node_reads), so their order, and the
     forward's extra outputs', changed with PYTHONHASHSEED from one process to the next."""

@@ -402,6 +402,7 @@ def test_a_float32_kernel_matches_bit_for_bit_in_any_summation_order(k, out, spl
     assert compare_outputs(want, got, {"C": out}).index == (2, 1)
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_a_4096_row_scatter_was_not_applicable_for_its_worst_case_duplicates():
     """GGEMM's backward dA (`dA[IX[m] k] += Σ n dO·B`) at 4096³ was timed with "exact: not applicable": the
     bound let all 4096 rows land on one row (4096 · 4096 ≥ 2^24). The check's own index tensor puts a
