@@ -86,6 +86,7 @@ def test_eval_shape_mismatch_names_the_tensor_and_both_shapes(tmp_path):
     assert "A should have shape ( #M #K ) = (128, 32), got (128, 31)" in r.stderr
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_eval_dtype_and_range_errors(tmp_path):
     src = tmp_path / "g.habu"
     src.write_text((ROOT / "tests" / "seed" / "ggemm.habu").read_text())
@@ -99,6 +100,7 @@ def test_eval_dtype_and_range_errors(tmp_path):
     assert r.returncode == 1 and "IX[5] = 130 is outside #M" in r.stderr
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_eval_runtime_extent_comes_from_the_input(tmp_path):
     x = np.random.default_rng(1).standard_normal((8192, 256))
     np.savez(tmp_path / "x.npz", X=x)
@@ -124,6 +126,7 @@ def test_bad_shape_option():
     assert r.returncode == 1 and "#Q" in r.stderr
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 @pytest.mark.parametrize("n", [500, 5000])
 def test_regression_flat_chain_of_500_terms_check_and_eval_gave_recursion_error(tmp_path, n):
     src = tmp_path / "chain.habu"
@@ -147,6 +150,7 @@ def test_regression_doubling_words_check_ran_56_seconds(tmp_path):
     assert r.stderr.startswith(f"{src}:17:3: error: W13 would expand to 24,574 words (at most 20,000)")
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_compile_of_f8e4m3_and_i8_to_i32_gave_key_error(tmp_path):
     for x, y, says in [("f8e4m3", "f32", "tensor X cannot be f8e4m3"), ("i8", "i32", "Y is i32, and kernels store only")]:
         src = tmp_path / "d.habu"

@@ -78,6 +78,7 @@ def test_regression_plans_ls_does_not_create_directories(tmp_path):
         assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_search_budget_zero_is_an_error(tmp_path):
     for budget in ("0", "0s"):
         r = habu("search", "examples/ggemm.habu", "--no-gpu", "--budget", budget, "--shape", "M=512,N=512,K=512",
@@ -90,6 +91,7 @@ def test_regression_duplicate_shape_keys_are_an_error(tmp_path):
     assert r.returncode == 1 and "gives #K twice" in r.stderr
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_pin_errors_list_the_allowed_values(tmp_path):
     r = habu("compile", "examples/ggemm.habu", "--pin", "stages=0", "-o", str(tmp_path))
     assert r.returncode == 1 and "expected one of \n" not in r.stderr and "expected one of  " not in r.stderr

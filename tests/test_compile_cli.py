@@ -72,6 +72,7 @@ def test_runtime_extent_compiles_to_a_checked_set(tmp_path):
     assert p2["kernels"][0]["b_move"] == "ldg"
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_bad_pin_and_target_are_usage_errors(tmp_path):
     r = habu("compile", "examples/ggemm.habu", "--pin", "tile=12", "-o", str(tmp_path))
     assert r.returncode == 1 and "expected BMxBNxBK" in r.stderr
@@ -79,6 +80,7 @@ def test_bad_pin_and_target_are_usage_errors(tmp_path):
     assert r.returncode == 1 and "unknown target" in r.stderr
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_compile_writes_source_cubin_and_resources(tmp_path):
     r = habu("compile", "examples/ggemm.habu", "--shape", "K=511", "-o", str(tmp_path), "--trials", "1")
     assert r.returncode == 0, r.stderr

@@ -64,6 +64,7 @@ def test_a_toy_target_compiles_gemm_through_rules_proof_emission_and_nvrtc(toy, 
     assert toy_cu != sm80_cu and unnamed(toy_cu) == unnamed(sm80_cu)
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_a_toy_targets_limits_are_what_the_rules_check(tmp_path, monkeypatch, capsys):
     """48 KB of shared memory per block: a 4-stage 128x128x32 bf16 tile (about 80 KB with its
     epilogue) breaks smem-budget there, and fits on sm_80 (163 KB)."""

@@ -21,6 +21,7 @@ def _hard_solver() -> z3.Solver:
     return s
 
 
+@pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_ctrl_c_during_a_z3_check_was_swallowed_and_the_search_went_on():
     """z3 answered `unknown` ("interrupted from keyboard") to a Ctrl-C and the search carried on
     proving and costing for minutes (the lost Ctrl-C of `habu search` on a loaded machine)."""
