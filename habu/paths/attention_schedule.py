@@ -21,6 +21,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from habu.lower.attention_wgmma import AttentionWgmmaLowering
 from habu.prove.interp_attention_wgmma import walk
 from habu.spec.ir import IndexConst, IndexVar
@@ -115,23 +117,30 @@ def kv_dram_bytes(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: 
                  for f in range(int(lw.batch_count(sizes)))}
         return 2.0 * keys * (n_e + n_d) * len(heads)
     grid = int(lw.persistent_blocks(work, target.sm_count)) if lw.persistent else target.sm_count
-    budget = L2_SHARE * target.l2_bytes
-    tiles_of: dict[int, int] = {}
-    total, before, before_fits = 0.0, {}, False
-    for start in range(0, work, grid):
-        heads: dict[tuple, int] = {}
-        for w in range(start, min(work, start + grid)):
-            qt = int(lw.query_tile(w, sizes))
-            if qt not in tiles_of:
-                tiles_of[qt] = kv_tiles_of(lw, qt, sizes)
-            head = tuple(v for a, v in lw.batch_coords(int(lw.batch_flat(w, sizes)), sizes).items() if a in k_axes)
-            heads[head] = max(heads.get(head, 0), tiles_of[qt])
-        for head, tiles in heads.items():
-            kept = before.get(head, 0) if before_fits else 0
-            total += max(0, tiles - kept) * step_bytes
-        before = heads
-        before_fits = sum(heads.values()) * step_bytes <= budget
-    return total
+    w = np.arange(work, dtype=np.int64)
+    qt = np.asarray(lw.query_tile(w, sizes), dtype=np.int64)
+    tiles_of = {int(q): kv_tiles_of(lw, int(q), sizes) for q in np.unique(qt)}
+    tiles = np.vectorize(tiles_of.__getitem__, otypes=[np.int64])(qt)
+    head = np.zeros(work, dtype=np.int64)  # the KV head: the batch coordinates K is read at, as one number
+    for axis, value in lw.batch_coords(np.asarray(lw.batch_flat(w, sizes), dtype=np.int64), sizes).items():
+        if axis in k_axes:
+            head = head * int(sizes[dict(zip(lw.batch_axes, lw.batch_extents, strict=True))[axis]]) + value
+    rounds = w // grid
+    # each (round, head) once, with the longest prefix its tiles in that round read
+    key = rounds * (int(head.max()) + 1) + head
+    order = np.argsort(key, kind="stable")
+    key_sorted = key[order]
+    first = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
+    need = np.maximum.reduceat(tiles[order], first)
+    r_of, h_of = rounds[order][first], head[order][first]
+    per_round = np.bincount(r_of, weights=need * step_bytes, minlength=int(rounds.max()) + 1)
+    fits = per_round <= L2_SHARE * target.l2_bytes  # a round whose K and V the next round still finds in the L2
+    unique = key_sorted[first]  # sorted: the (round, head) pairs
+    before = unique - (int(head.max()) + 1)  # the same head, the round before
+    at = np.minimum(np.searchsorted(unique, before), len(unique) - 1)
+    found = (unique[at] == before) & (r_of > 0) & fits[np.maximum(r_of - 1, 0)]
+    kept = np.where(found, need[at], 0)
+    return float(np.sum(np.maximum(0, need - kept)) * step_bytes)
 
 
 def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: Target) -> float:
