@@ -132,7 +132,7 @@ def kv_dram_bytes(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: 
     key_sorted = key[order]
     first = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
     need = np.maximum.reduceat(tiles[order], first)
-    r_of, h_of = rounds[order][first], head[order][first]
+    r_of = rounds[order][first]
     per_round = np.bincount(r_of, weights=need * step_bytes, minlength=int(rounds.max()) + 1)
     fits = per_round <= L2_SHARE * target.l2_bytes  # a round whose K and V the next round still finds in the L2
     unique = key_sorted[first]  # sorted: the (round, head) pairs
