@@ -85,6 +85,19 @@ def test_the_search_offers_the_persistent_wgmma_kernel(prefill):
     offered = list(PATH.region_variants(model, region, base, T, sizes))
     assert any(k.main_loop == "wgmma" and k.persistent and k.pingpong for k in offered)
     assert any(k.main_loop == "wgmma" and not k.persistent for k in offered)
+    assert any(k.main_loop == "wgmma" and k.persistent and k.head_major for k in offered)
+
+
+def test_the_cost_model_prices_head_major_below_the_heaviest_first_order_where_that_one_rereads_k_and_v():
+    """16 × 16 × 1024, d128, full: the heaviest-first order's 1.07 GB of K and V reads make it memory-bound in the
+    model (measured 288.9 against head-major's 214.1 µs, session 36); the search's ranking follows."""
+    from habu.bench.attention_speed import full_attention_source
+    from habu.spec.parser import parse_text
+
+    model = parse_text(full_attention_source()).models["ATTENTION-FULL"]
+    sizes = {"B": 16, "G": 16, "R": 1, "I": 1024, "J": 1024, "E": 128, "D": 128}
+    seconds = {hm: PATH.seconds(_lowering(model, sizes, {"head_major": hm}), sizes, T)[2] for hm in ("0", "1")}
+    assert seconds["1"] < 0.8 * seconds["0"], seconds
 
 
 # (sizes, full attention?, head-major the default?): H200 session 36, 16k tokens a batch, d128: head-major 294.9 →
