@@ -111,6 +111,8 @@ def kv_dram_bytes(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: 
     k_axes = {p.axis for p in lw.k.positions}
     n_e, n_d = int(sizes[lw.red_extent]), int(sizes[lw.col_extent])
     step_bytes = 2.0 * lw.kernel.bn * (n_e + n_d)
+    if work == 0:
+        return 0.0
     if work > KV_ORDER_TILES:
         keys = int(sizes[lw.key_extent])
         heads = {tuple(v for a, v in lw.batch_coords(f, sizes).items() if a in k_axes)
