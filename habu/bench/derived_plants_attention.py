@@ -47,6 +47,7 @@ VECTOR_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("vector_column", lambda sup, u, lane: sup(u, lane) + 1),
     ("row", lambda sup, warp, lane, h: sup(warp, lane, h) + 1),
     ("lane_in_group", lambda sup, lane: sup(lane) + 1),
+    ("position", lambda sup, s, q: sup(s, q ^ 1)),
 )
 
 

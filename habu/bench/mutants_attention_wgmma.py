@@ -122,7 +122,15 @@ def vector_column_without_lane_group(lw: Any) -> AttentionWgmmaLowering:
     return _planted_vectors(lw, "vector_column", lambda self, u, lane: 8 * self.vector_group(u, lane))
 
 
+def vector_pair_swapped(lw: Any) -> AttentionWgmmaLowering:
+    """A pair's two columns trade places in the vector (`position` q ^ 1): the emitter packs them the other way
+    round, each column's value lands on its neighbour."""
+    return _planted_vectors(lw, "position", lambda self, s, q: self.fragment.pair * s + (q ^ 1))
+
+
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
+    ("attention-wgmma-vector-pair-swapped", "the wgmma attention epilogue's vectors hold each pair's columns the "
+     "other way round", "attention.habu", "ATTENTION-GQA", SHAPE, vector_pair_swapped, PINS),
     ("attention-wgmma-vector-slot-own", "the wgmma attention epilogue's exchange fills the lane's own slot every "
      "round", "attention.habu", "ATTENTION-GQA", SHAPE, vector_slot_own, PINS),
     ("attention-wgmma-vector-sends-own-group", "the wgmma attention epilogue's exchange sends the sender's vector's "

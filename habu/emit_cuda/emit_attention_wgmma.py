@@ -40,7 +40,6 @@ from habu.lower.attention_wgmma import K_STEP, AttentionWgmmaLowering, wgmma_ref
 from habu.lower.contraction import tma_coordinates, tma_order
 from habu.lower.layouts import WgmmaDescriptor
 from habu.lower.pipeline import MbarrierRing
-from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
 
@@ -330,29 +329,25 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
     }}
 """
     qv = lw.out_vectors
+    inverse_l = f"""#pragma unroll
+    for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
+      l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
+      l[h] = habu::f_div0(1.0f, l[h]);
+    }}
+"""
     if split_on:
         epilogue = wgmma_split_epilogue(lw, sig, sizes, it, table, o_coord)
     elif qv is not None:  # 16-byte vectors: the lanes of a row trade column pairs first (habu/lower/quad_vectors.py)
         v_row = lw.o_vector_element(cx("cw"), cx("warp"), cx("lane"), 0, cx("h"), 0, 0)[0]
-        epilogue = f"""#pragma unroll
-    for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
-      l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
-      l[h] = habu::f_div0(1.0f, l[h]);
-    }}
-""" + quad_store_rows(
+        epilogue = inverse_l + quad_store_rows(
             qv, lw.out.dtype, lambda g, q: f"o[{c(lw.o_register(cx(g), cx('h'), q))}] * l[h]",
             f"const {it} i = ({it})({row_of(v_row)});  // the row of the lane's row half h",
-            lambda vec: f"if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)})) "
-                        f"habu::store_words<{qv.elements * DTYPES[lw.out.dtype].bytes // 4}>({po} + "
-                        f"({access_offset(lw.out, o_coord, sizes, lw.index_width, table)}), {vec});",
+            lambda vec, n: f"if ({c(lw.row_inside(CExpr('i'), sizes))} && ({access_mask(lw.out, o_coord, sizes, table)})) "
+                           f"habu::store_words<{n}>({po} + ({access_offset(lw.out, o_coord, sizes, lw.index_width, table)}), "
+                           f"{vec});",
             index_type=it)
     else:
-        epilogue = f"""#pragma unroll
-    for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
-      l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
-      l[h] = habu::f_div0(1.0f, l[h]);
-    }}
-#pragma unroll
+        epilogue = inverse_l + f"""#pragma unroll
     for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll
       for (int h = 0; h < {lw.fragment.halves}; ++h)

@@ -27,18 +27,35 @@ def select(t: str, arms: list[str]) -> str:
     return f"({text})"
 
 
+def _pair_order(qv: QuadVectors) -> tuple[list[int], dict[int, int]]:
+    """From the lowering's `position`: the pair's elements q in the order they lie in memory (packed in that order,
+    the first in the low half or the first word), and the pair of the vector each slot s fills (its span of
+    `pair` places). A layout that does not lay each slot's pair out as one aligned span, the same for every slot,
+    cannot be packed before the exchange: refused."""
+    pair = qv.fragment.pair
+    start = {s: min(int(qv.position(s, q)) for q in range(pair)) for s in range(qv.words)}
+    within = [[int(qv.position(s, q)) - start[s] for q in range(pair)] for s in range(qv.words)]
+    if any(x != within[0] for x in within) or sorted(within[0]) != list(range(pair)) or \
+            sorted(start.values()) != [pair * j for j in range(qv.words)]:
+        raise ValueError(f"the vector's places {[[int(qv.position(s, q)) for q in range(pair)] for s in start]} do not "
+                         f"hold each slot's pair as one aligned run of {pair}")
+    return sorted(range(pair), key=within[0].__getitem__), {s: x // pair for s, x in start.items()}
+
+
 def quad_store_rows(qv: QuadVectors, dtype: str, value: Callable[[str, int], str], row_code: str,
-                    store: Callable[[str], str], ind: str = "    ", index_type: str = "long long") -> str:
+                    store: Callable[[str, int], str], ind: str = "    ", index_type: str = "long long") -> str:
     """C storing every row half h of a thread's accumulator as vectors. In scope: `lane` and what `value` reads.
     `value(g, q)`: the C value of element q of the lane's pair in column group g (a C expression of `dn`);
     `row_code`: statements run per row half h (the row's coordinates, which `store` may read);
-    `store(words)`: the statement storing the words array `vec` (its guard and its column `d` inside: d is
-    declared before it)."""
+    `store(words, n)`: the statement storing the array `words` of n 32-bit words (its guard and its column `d`
+    inside: d is declared before it). Where each element goes in the vector is the lowering's `position`."""
     f, w = qv.fragment, qv.words
     forms = PAIR_WORDS[dtype]
     k = len(forms)
     t_values = range(w)
-    pack = "\n".join(f"    wd[dn][{x}] = {form.format(a=value('dn', 0), b=value('dn', 1))};" for x, form in enumerate(forms))
+    order, word_of = _pair_order(qv)
+    pack = "\n".join(f"    wd[dn][{x}] = {form.format(a=value('dn', order[0]), b=value('dn', order[1]))};"
+                     for x, form in enumerate(forms))
     rounds = []
     for r in qv.rounds:
         for x in range(k):
@@ -53,7 +70,7 @@ def quad_store_rows(qv: QuadVectors, dtype: str, value: Callable[[str, int], str
             if not lanes:
                 continue
             for x in range(k):
-                into = f"vec[{s * k + x}]"
+                into = f"vec[{word_of[s] * k + x}]"
                 if len(lanes) == w:
                     slots.append(f"    {into} = got[{r}][{x}];")
                 else:
@@ -76,7 +93,7 @@ for (int h = 0; h < {f.halves}; ++h) {{  // row half h: {qv.sets} vectors of {qv
     habu::u32 vec[{w * k}] = {{}};
 {chr(10).join(slots)}
     const {index_type} d = ({index_type})({d});  // the vector's first column
-    {store('vec')}
+    {store('vec', w * k)}
   }}
 }}
 """

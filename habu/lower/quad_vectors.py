@@ -86,13 +86,18 @@ class QuadVectors:
         f = self.fragment
         return f.col_step * self.vector_group(u, lane) + f.pair * self.words * ((lane % f.lanes_per_row) // self.words)
 
+    def position(self, s: Any, q: Any) -> Any:
+        """Element q of slot s's place in the vector (its column less the vector's first): the emitter packs the
+        pairs' words in this order, the interpreter stores the element this far from `vector_column`."""
+        return self.fragment.pair * s + q
+
     def row(self, warp: Any, lane: Any, h: Any) -> Any:
         """The row (within the fragment's tile) of the lane's row half h: the fragment's."""
         return self.fragment.element(warp, lane, 0, h, 0)[0]
 
     def element(self, warp: Any, lane: Any, u: Any, h: Any, s: Any, q: Any) -> tuple[Any, Any]:
         """(row, column) of element q of slot s of the lane's vector of set u, row half h."""
-        return self.row(warp, lane, h), self.vector_column(u, lane) + self.fragment.pair * s + q
+        return self.row(warp, lane, h), self.vector_column(u, lane) + self.position(s, q)
 
 
 def quad_vectors(groups: int, element_bytes: int, fragment: AccumulatorFragment = ACCUMULATOR) -> QuadVectors | None:

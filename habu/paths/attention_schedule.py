@@ -64,14 +64,9 @@ def kv_tiles_of(lw: AttentionWgmmaLowering, qt: int, sizes: Mapping[str, int]) -
 
 def work_kv_tiles(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]) -> list[int]:
     """Each work tile's KV tiles, in the launch's order (heaviest first)."""
-    per_tile: dict[int, int] = {}
-    out = []
-    for w in range(int(lw.work_tiles(sizes))):
-        qt = int(lw.query_tile(w, sizes))
-        if qt not in per_tile:
-            per_tile[qt] = kv_tiles_of(lw, qt, sizes)
-        out.append(per_tile[qt])
-    return out
+    qt = np.asarray(lw.query_tile(np.arange(int(lw.work_tiles(sizes)), dtype=np.int64), sizes), dtype=np.int64)
+    per_tile = np.asarray([kv_tiles_of(lw, q, sizes) for q in range(int(lw.query_tiles(sizes)))], dtype=np.int64)
+    return per_tile[qt].tolist()
 
 
 def lpt_makespan(costs: Sequence[float], slots: int) -> float:
@@ -95,7 +90,6 @@ def snake_makespan(lw: AttentionWgmmaLowering, costs: Sequence[float], slots: in
 
 
 L2_SHARE = 0.5  # the share of the L2 a round's K and V may fill and still be there for the next round's tiles
-KV_ORDER_TILES = 200_000  # past this many work tiles, K and V are taken as read once a batch element
 
 
 def kv_dram_bytes(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: Target) -> float:
@@ -108,28 +102,23 @@ def kv_dram_bytes(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: 
     head's K and V once a query tile (1.07 GB at 16 × 16 × 1024, d128; H200 session 36: 294.9 µs, as the copy
     bandwidth gives); `head_major` puts a head's query tiles in one round (140 MB, 213.8 µs)."""
     work = int(lw.work_tiles(sizes))
+    if work == 0:
+        return 0.0
     k_axes = {p.axis for p in lw.k.positions}
     n_e, n_d = int(sizes[lw.red_extent]), int(sizes[lw.col_extent])
     step_bytes = 2.0 * lw.kernel.bn * (n_e + n_d)
-    if work == 0:
-        return 0.0
-    if work > KV_ORDER_TILES:
-        keys = int(sizes[lw.key_extent])
-        heads = {tuple(v for a, v in lw.batch_coords(f, sizes).items() if a in k_axes)
-                 for f in range(int(lw.batch_count(sizes)))}
-        return 2.0 * keys * (n_e + n_d) * len(heads)
     grid = int(lw.persistent_blocks(work, target.sm_count)) if lw.persistent else target.sm_count
     w = np.arange(work, dtype=np.int64)
-    qt = np.asarray(lw.query_tile(w, sizes), dtype=np.int64)
-    tiles_of = {int(q): kv_tiles_of(lw, int(q), sizes) for q in np.unique(qt)}
-    tiles = np.vectorize(tiles_of.__getitem__, otypes=[np.int64])(qt)
+    tiles = np.asarray(work_kv_tiles(lw, sizes), dtype=np.int64)
+    extent_of = dict(zip(lw.batch_axes, lw.batch_extents, strict=True))
     head = np.zeros(work, dtype=np.int64)  # the KV head: the batch coordinates K is read at, as one number
     for axis, value in lw.batch_coords(np.asarray(lw.batch_flat(w, sizes), dtype=np.int64), sizes).items():
         if axis in k_axes:
-            head = head * int(sizes[dict(zip(lw.batch_axes, lw.batch_extents, strict=True))[axis]]) + value
+            head = head * int(sizes[extent_of[axis]]) + value
+    heads = int(head.max()) + 1
     rounds = w // grid
     # each (round, head) once, with the longest prefix its tiles in that round read
-    key = rounds * (int(head.max()) + 1) + head
+    key = rounds * heads + head
     order = np.argsort(key, kind="stable")
     key_sorted = key[order]
     first = np.flatnonzero(np.r_[True, key_sorted[1:] != key_sorted[:-1]])
@@ -138,7 +127,7 @@ def kv_dram_bytes(lw: AttentionWgmmaLowering, sizes: Mapping[str, int], target: 
     per_round = np.bincount(r_of, weights=need * step_bytes, minlength=int(rounds.max()) + 1)
     fits = per_round <= L2_SHARE * target.l2_bytes  # a round whose K and V the next round still finds in the L2
     unique = key_sorted[first]  # sorted: the (round, head) pairs
-    before = unique - (int(head.max()) + 1)  # the same head, the round before
+    before = unique - heads  # the same head, the round before
     at = np.minimum(np.searchsorted(unique, before), len(unique) - 1)
     found = (unique[at] == before) & (r_of > 0) & fits[np.maximum(r_of - 1, 0)]
     kept = np.where(found, need[at], 0)

@@ -61,26 +61,6 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[N]) {
   }
 }
 
-/** @brief v[0..N) rounded to bf16 (to nearest even, as store_bf16) into p[0..N) (N 1, 2, 4 or 8). */
-template <int N>
-__device__ __forceinline__ void store_vec(bf16* p, const float (&v)[N]) {
-  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "bf16 vectors of 1, 2, 4 or 8 elements");
-  if constexpr (N == 1) {
-    *p = float_to_bf16(v[0]);
-  } else {
-    u32 w[N / 2];
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) w[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);
-    if constexpr (N == 8) {
-      *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else if constexpr (N == 4) {
-      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
-    } else {
-      *reinterpret_cast<u32*>(p) = w[0];
-    }
-  }
-}
-
 /** @brief The 32-bit words w[0..N) into the 4·N bytes at p (N 1, 2 or 4: one st.global.b32/.v2/.v4), e.g. an
  *  accumulator row's column pairs packed (bf16x2) or as float bits, gathered by habu/lower/quad_vectors.py's
  *  exchange. p must be 4·N-byte aligned. */
@@ -93,6 +73,20 @@ __device__ __forceinline__ void store_words(void* p, const u32 (&w)[N]) {
     *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
   } else {
     *reinterpret_cast<u32*>(p) = w[0];
+  }
+}
+
+/** @brief v[0..N) rounded to bf16 (to nearest even, as store_bf16) into p[0..N) (N 1, 2, 4 or 8). */
+template <int N>
+__device__ __forceinline__ void store_vec(bf16* p, const float (&v)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8, "bf16 vectors of 1, 2, 4 or 8 elements");
+  if constexpr (N == 1) {
+    *p = float_to_bf16(v[0]);
+  } else {
+    u32 w[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);
+    store_words<N / 2>(p, w);
   }
 }
 
