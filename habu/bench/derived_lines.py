@@ -245,7 +245,8 @@ def _grouped_mma_variants(loop: GroupedMmaLoop) -> Iterator[GroupedMmaLoop]:
 def _grouped_wgmma_variants(loop: WgmmaMainLoop) -> Iterator[WgmmaMainLoop]:
     """The grouped wgmma loop's own maps perturbed (its operands and ring are the contraction path's, perturbed
     there): the band, the tile decode, the warpgroup decode, the producer's copies of A, the accumulator map,
-    an f32 A's low parts and a pair's second box."""
+    an f32 A's low parts, a pair's second box and
+    (one instruction over both boxes) where each product's columns lie in the accumulator."""
     yield replace(loop, band=loop.band + 1)
     yield _with_override(loop, "walk", lambda sup, b, nb, tiles: (sup(b, nb, tiles)[0], sup(b, nb, tiles)[1],
                                                                    sup(b, nb, tiles)[2] * 2))
@@ -261,6 +262,8 @@ def _grouped_wgmma_variants(loop: WgmmaMainLoop) -> Iterator[WgmmaMainLoop]:
         yield replace(loop, lo_offset=loop.lo_offset + 1024)
     if loop.b2_offset:
         yield replace(loop, b2_offset=loop.b2_offset + 1024)
+    if loop.one_pair_instruction:
+        yield _with_override(loop, "pair_group", lambda sup, j, which: sup(j, 1 - which))
 
 
 # the fused attention kernel's maps, each planted one off (what `habu.prove.interp_attention` runs): the

@@ -137,6 +137,26 @@ def quad_partner_two_lanes_away(lw: GroupedLowering) -> GroupedLowering:
     return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
 
 
+def pair_halves_swapped(lw: GroupedLowering) -> GroupedLowering:
+    """A fused pair by one instruction (`pair_wgmmas` 1) reads the first product's groups from the
+    accumulator's second half and the second's from its first: SwiGLU of up and gate, not gate and up."""
+    assert lw.wgmma is not None
+    cls = type("Planted_pair_group", (type(lw.wgmma),),
+               {"pair_group": lambda self, j, which: j + (1 - which) * self.column_groups()})
+    return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
+
+
+def vector_slot_one_off(lw: GroupedLowering) -> GroupedLowering:
+    """The 16-byte epilogue (`store_vector` 8) puts each received pair one slot off (t ^ r ^ 1): every vector
+    holds its row's columns, pairwise swapped."""
+    qv = lw.epilogue_vectors
+    assert qv is not None
+    planted = type("Planted_slot", (type(qv),), {"slot": lambda self, lane, r: self.lane_in_group(lane) ^ r ^ 1})(
+        **{f.name: getattr(qv, f.name) for f in fields(qv)})
+    cls = type("Planted_vectors", (GroupedLowering,), {"epilogue_vectors": property(lambda self: planted)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
 def group_end_unmasked(lw: GroupedLowering) -> GroupedLowering:
     """Rows past the group's end (the next groups' rows) loaded and stored by the tile: no row_inside mask."""
     cls = type("Planted_row_inside", (GroupedLowering,), {"row_inside": lambda self, row, end: row < row + 1})

@@ -28,6 +28,7 @@ from habu.bench.mutant_plants import (
     final_pass_skips,
     group_end_unmasked,
     grouped,
+    pair_halves_swapped,
     partials_transposed,
     planted,
     quad_partner_two_lanes_away,
@@ -37,6 +38,7 @@ from habu.bench.mutant_plants import (
     tile_origin_from_bn,
     tiles_rounded_down,
     vector_overlap,
+    vector_slot_one_off,
 )
 from habu.bench.mutants_softmax import SOFTMAX_MUTANTS, run_softmax_mutant
 from habu.lower import (
@@ -488,6 +490,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("pair-second-weights-wrong", "the fused gate/up kernel multiplies the up accumulator with the gate's "
            "weights (W1 staged twice)", MOE_SMALL, "MOE-FFN", COMBINE,
            grouped(lambda lw: replace(lw, pair=replace(lw.pair, w=lw.w))), {"pair": "fused"}),
+    Mutant("pair-one-instruction-halves-swapped", "the fused gate/up kernel by one n = 2·bn wgmma (pair_wgmmas 1) "
+           "reads gate from the accumulator's second half and up from its first: SwiGLU(up)·gate", MOE_SMALL,
+           "MOE-FFN", COMBINE, grouped(pair_halves_swapped), {**GROUPED_WGMMA, "pair": "fused", "pair_wgmmas": "1"}),
+    Mutant("grouped-vector-slot-one-off", "the fused gate/up kernel's 16-byte epilogue (store_vector 8) puts each "
+           "traded column pair one slot off: the row's columns stored pairwise swapped", MOE_SMALL, "MOE-FFN",
+           {"T": 150, "R": 300}, grouped(vector_slot_one_off),
+           {**GROUPED_WGMMA, "pair": "fused", "store_vector": "8", "bm": "128", "warps_m": "2"}),
     Mutant("general-loop-one-short", "the general kernel's reduction loop stops one iteration early (k < K - 1)",
            "weighted_scores.habu", "SCORES", BMM, _g(_loop_one_short)),
     Mutant("general-block-stride-doubled", "the general kernel's thread map strides blocks by 2·threads "

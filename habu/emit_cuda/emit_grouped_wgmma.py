@@ -31,6 +31,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.emit_wgmma import ring_advance_line, ring_barrier
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
+from habu.emit_cuda.quad_store import quad_store_rows
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering
@@ -147,6 +148,44 @@ def _quad_epilogue(lw: GroupedLowering, sig: Signature, sizes, table, it: str, r
 """
 
 
+def _vector_epilogue(lw: GroupedLowering, sizes, table, it: str, row, inside: str, row_factor: str, value,
+                     p_out: str, second: str) -> str:
+    """The 16-byte epilogue (`GroupedLowering.epilogue_vectors`, habu/lower/quad_vectors.py): per slab and row
+    half, each lane's column pairs (the node of both, for a pair: its products' groups at `pair_group`) packed
+    into words, traded among the row's lanes, and stored as one vector of 8 columns where every column is
+    inside and the offset aligned, else the columns inside one at a time."""
+    loop, qv = lw.wgmma, lw.epilogue_vectors
+    assert loop is not None and qv is not None
+    frag, ops = loop.fragment, loop.operands
+    n = qv.elements
+    reg = lambda which, g, q: c(frag.register_index(loop.pair_group(CExpr(g), which), CExpr("h"), q))  # noqa: E731
+    if lw.pair is None:
+        of = lambda g, q: value(f"acc[s][{reg(0, g, q)}]")  # noqa: E731
+    else:
+        of = lambda g, q: value(f"acc[s][{reg(0, g, q)}]", f"{second}[s][{reg(1, g, q)}]")  # noqa: E731
+    at = {e: {"r": "r", "n": f"(col0 + {e})"} for e in range(n)}
+    masks = [access_mask(lw.out, at[e], sizes, table) for e in range(n)]
+    offs = [access_offset(lw.out, at[e], sizes, lw.index_width, table) for e in range(n)]
+    ins = " && ".join(f"({m})" for m in masks)
+    each = " ".join(f"if ({masks[e]}) {p_out}[{offs[e]}] = habu::word_half(vec, {e});" for e in range(n))
+    vrow = c(qv.row(CExpr("warp"), CExpr("lane"), CExpr("h")))
+    row_code = (f"const int ti = {c(ops.slab_row(CExpr('cw'), CExpr('s')))} + {vrow};  // the lane's row of half h\n"
+                f"const {it} r = ({it})({row('ti')});\n" + row_factor)
+
+    def store(vec: str, words: int) -> str:
+        return (f"const {it} col0 = ({it})({c(lw.column(CExpr('nt'), CExpr('d')))});  // the vector's first column\n"
+                f"    if ({inside}) {{\n"
+                f"      if (({ins}) && (({offs[0]}) & {n - 1}) == 0) habu::store_words<{words}>({p_out} + ({offs[0]}), {vec});\n"
+                f"      else {{ {each} }}  // an edge or an unaligned row: the columns inside\n"
+                f"    }}")
+
+    loops = quad_store_rows(qv, lw.out.dtype, of, row_code, store, ind="        ", index_type=it)
+    return f"""#pragma unroll
+      for (int s = 0; s < {ops.slabs}; ++s) {{  // slab s: {qv.sets} vectors of {n} columns a row half
+{loops}      }}
+"""
+
+
 def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
     k, loop = lw.kernel, lw.wgmma
     refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None)
@@ -196,11 +235,13 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
     parts = (("a_stage", ""),) if loop.a_parts == 1 else \
         (("a_stage", ""), (f"a_stage + {loop.lo_offset}u", "  // A's low parts, times the same W"))
-    mma = "\n".join(f"          {wgmma_name(bn, 'bf16')}(acc[{s}], "
-                    f"{_desc(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}"
+    mn = loop.mma_columns  # n of each instruction (a pair by one instruction: both boxes, 2·bn)
+    both = "  // both weights' boxes: the first's columns, then the second's" if loop.one_pair_instruction else ""
+    mma = "\n".join(f"          {wgmma_name(mn, 'bf16')}(acc[{s}], "
+                    f"{_desc(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}{both}"
                     for s in range(slabs) for base, note in parts)
     acc2 = ""
-    if pair is not None:  # the same A slabs times the second weights, into the second accumulator
+    if pair is not None and not loop.one_pair_instruction:  # the same A slabs times the second weights
         b2_desc = _desc(ops.b_desc, f"b_stage + {loop.second_b_start()}u", ops.b_start(CExpr("kk")))
         mma += "\n" + "\n".join(
             f"          {wgmma_name(bn, 'bf16')}(acc2[{s}], "
@@ -213,7 +254,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         for (int i = 0; i < {{regs}}; ++i) acc2[s][i] = 0.0f;
 """
     frag = loop.fragment
-    regs = frag.registers(loop.column_groups())
+    regs = frag.registers(loop.accumulator_groups())
     split = loop.registers
     assert split is not None
     if loop.a_parts == 1:
@@ -231,11 +272,12 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
 """
         arrive = "habu::fence_proxy_async(); habu::mbar_arrive(full);  // the parts, visible to wgmma"
     # the epilogue: the value of an accumulator register at (r, col), the row factor, the store
-    def value(v: str) -> str:
-        """The stored value from accumulator register `v` (and, for a pair, the second's `u` beside it)."""
+    def value(v: str, u: str | None = None) -> str:
+        """The stored value from accumulator register `v` (and, for a pair, the second's `u`: by default the
+        variable beside it)."""
         x = v if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * {v})"
         if pair is not None:  # the node of both (SwiGLU) from the two accumulators
-            u = v.replace("v", "u")
+            u = u or v.replace("v", "u")
             scaled = {pair.first: x, pair.second: u if pair.scale is None else
                       f"({float_expr(pair.scale, _no_load, sizes)} * {u})"}
             x = float_expr(pair.node.rhs, lambda ld: scaled[ld.tensor], sizes)
@@ -278,10 +320,15 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         store += f"""            if (in0) {one[0]}
             if (in1) {one[1]}
 """
-    pair_values = "" if pair is None else f"""            const float u0 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h];
-            const float u1 = acc2[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
+    v_reg = [c(frag.register_index(loop.pair_group(CExpr("j"), 0), CExpr("h"), q)) for q in range(frag.pair)]
+    second = "acc" if loop.one_pair_instruction else "acc2"  # the second product's accumulator, its groups
+    u_reg = [c(frag.register_index(loop.pair_group(CExpr("j"), 1), CExpr("h"), q)) for q in range(frag.pair)]
+    pair_values = "" if pair is None else f"""            const float u0 = {second}[s][{u_reg[0]}];  // {pair.second}
+            const float u1 = {second}[s][{u_reg[1]}];
 """
-    if lw.epilogue_quads:
+    if lw.epilogue_vectors is not None:
+        epilogue_loops = _vector_epilogue(lw, sizes, table, it, row, inside, row_factor, value, p_out, second)
+    elif lw.epilogue_quads:
         epilogue_loops = _quad_epilogue(lw, sig, sizes, table, it, row, inside, row_factor, value, p_out)
     else:
         epilogue_loops = f"""#pragma unroll
@@ -293,8 +340,8 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
 {row_factor}#pragma unroll
           for (int j = 0; j < {loop.column_groups()}; ++j) {{  // each thread holds pairs of adjacent columns
             const {it} col = ({it})({c(lw.column(CExpr("nt"), CExpr(frag.col())))});
-            const float v0 = acc[s][{2 * frag.pair} * j + {frag.pair} * h];
-            const float v1 = acc[s][{2 * frag.pair} * j + {frag.pair} * h + 1];
+            const float v0 = acc[s][{v_reg[0]}];
+            const float v1 = acc[s][{v_reg[1]}];
 {pair_values}{store}          }}
         }}
 """
@@ -315,7 +362,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     first, bound, step = loop.walk(CExpr("blockIdx.x"), CExpr("gridDim.x"), CExpr("gx") * CExpr("gy"))
     walk = (f"    for (long long lin = {c(first)}; lin < {c(bound)}; lin += {c(step)}) {{  // persistent: every tile "
             "once\n")
-    body = f"""{wgmma_function(bn, "bf16")}
+    body = f"""{wgmma_function(loop.mma_columns, "bf16")}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const habu::u32 raw_base = habu::smem_addr(smem_raw);

@@ -39,9 +39,11 @@ from habu.lower.access import Access, VectorAccess, access_for, cdiv, floordiv
 from habu.lower.general import Store
 from habu.lower.grouped_mma import GroupedMmaLoop, grouped_mma_loop
 from habu.lower.grouped_wgmma import WgmmaMainLoop, wgmma_consumers, wgmma_main_loop
+from habu.lower.quad_vectors import QuadVectors, quad_vectors
 from habu.plan.grouped_pair import as_grouped_pair
 from habu.plan.patterns import as_grouped_gemm
 from habu.plan.plan import GroupedKernel
+from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, IndexVar, Model
 
 
@@ -201,11 +203,23 @@ class GroupedLowering:
         16-byte vector atomic add) four adjacent columns of one row where all four are inside and aligned."""
         return self.epilogue_pairs and self.kernel.store_vector == 4 and self.out.dtype == "f32" and self.pair is None
 
+    @property
+    def epilogue_vectors(self) -> QuadVectors | None:
+        """The wgmma loop's 16-byte epilogue (`store_vector` 8): a bf16 or f16 output written along n (a pair's
+        too: its node's values are traded); the 4 lanes of an accumulator row trade column pairs
+        (habu/lower/quad_vectors.py) and each stores 8 adjacent columns of one row where all are inside and the
+        vector's offset is aligned, else those inside one at a time. None: the pairs (or fours)."""
+        if not (self.epilogue_pairs and self.kernel.store_vector == 8 and self.store is Store.WRITE
+                and self.out.dtype in ("bf16", "f16") and self.wgmma is not None):
+            return None
+        return quad_vectors(self.wgmma.column_groups(), DTYPES[self.out.dtype].bytes, self.wgmma.fragment)
+
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """The 16-byte chunks of A's and W's rows the kernel stages, and the epilogue's pairs (or fours): the
         launch checks their bases' alignment."""
         staged = (self.a, self.w) if self.pair is None else (self.a, self.w, self.pair.w)
-        width = 4 if self.epilogue_quads else 2
+        qv = self.epilogue_vectors
+        width = qv.elements if qv is not None else 4 if self.epilogue_quads else 2
         pairs = (VectorAccess(self.out.tensor, width, f"the epilogue stores {width} adjacent {self.out.tensor} "
                               "elements as one vector"),) if self.epilogue_pairs else ()
         return tuple(VectorAccess(acc.tensor, 8 if acc.dtype == "bf16" else 4,

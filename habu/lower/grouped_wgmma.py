@@ -84,6 +84,9 @@ class WgmmaMainLoop:
     # the epilogue's f32 vector: 2 (each thread its accumulator pairs) or 4 (`quad_*`: two neighbouring lanes
     # trade the pairs of the row half the other keeps, each then holds four adjacent columns of one row)
     store_vector: int = 2
+    # a fused pair's instructions a slab and k step: 2 (each box times A, n = bn, into its own accumulator) or
+    # 1 (one instruction of n = 2·bn over the stage's whole B tile: both boxes, one accumulator; `pair_group`)
+    pair_wgmmas: int = 2
 
     @property
     def threads(self) -> int:
@@ -126,6 +129,27 @@ class WgmmaMainLoop:
     def column_groups(self) -> int:
         """The accumulator's 8-column groups over the tile's columns (a thread's pairs j)."""
         return self.bn // self.fragment.col_step
+
+    @property
+    def one_pair_instruction(self) -> bool:
+        """A fused pair multiplied by one instruction of n = 2·bn over both weights' boxes."""
+        return bool(self.b2_offset) and self.pair_wgmmas == 1
+
+    @property
+    def mma_columns(self) -> int:
+        """n of each wgmma instruction: the stage's whole B tile (both boxes) for a pair by one instruction,
+        else the output tile's columns."""
+        return 2 * self.bn if self.one_pair_instruction else self.bn
+
+    def accumulator_groups(self) -> int:
+        """The 8-column groups of one accumulator (an instruction's n / 8): a thread's pairs j."""
+        return self.mma_columns // self.fragment.col_step
+
+    def pair_group(self, j: Any, which: int) -> Any:
+        """The accumulator group holding output group j of the pair's product `which` (0: the first weights',
+        1: the second's): by one instruction, the second weights' box is the B tile's rows bn.., so their
+        columns are the accumulator's groups after the first's; by two, each has its own accumulator."""
+        return j + which * self.column_groups() if self.one_pair_instruction else j
 
     @property
     def a_parts(self) -> int:
@@ -231,7 +255,7 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = Fa
         b2 = load.box_bytes // 2
     return WgmmaMainLoop(shadow, ops, ring, layout, consumers, lo_offset=ops.a_tile.bytes if split else 0,
                          registers=register_split(shadow.warps, split), b2_offset=b2,
-                         store_vector=kernel.store_vector)
+                         store_vector=kernel.store_vector, pair_wgmmas=kernel.pair_wgmmas if pair else 2)
 
 
 def register_split(warps: int, f32_a: bool) -> RegisterSplit:

@@ -118,7 +118,11 @@ class GroupedPath(KernelPath):
                 continue
             yield k
         if target.wgmma and target.tma and len(base.nodes) == 3:  # a pair: 128 columns, two boxes a stage
-            yield replace(base, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4)
+            # each box its own wgmma or one of 256 columns over both; its node's values stored as pairs or
+            # traded into 16-byte vectors
+            for instructions, vector in itertools.product((2, 1), (2, 8)):
+                yield replace(base, main_loop="wgmma", bm=128, bn=128, bk=WGMMA_BK, warps_m=2, warps_n=4, stages=4,
+                              pair_wgmmas=instructions, store_vector=vector)
         elif target.wgmma and target.tma:  # each tile with the pairs' epilogue and the 4-wide one
             for (bm, bn, stages), vector in itertools.product(WGMMA_TILES, (2, 4)):
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,

@@ -225,11 +225,17 @@ class GroupedKernel:
                             allowed=("mma.sync", "wgmma"), pins=("main_loop",), json_optional=True, unguarded=KEEP)
     stages: int = choice("k tiles in flight in the wgmma main loop's ring (1: the mma.sync loop's one stage)", P,
                          default=1, lo=1, hi=8, pins=("stages",), json_optional=True, unguarded=KEEP)
-    store_vector: int = choice("f32 elements the wgmma loop's epilogue stores (or, a scatter, adds) at once: 2 (a "
+    store_vector: int = choice("elements the wgmma loop's epilogue stores (or, a scatter, adds) at once: 2 (a "
                                "thread's accumulator pair) or 4 (the pairs of two neighbouring lanes, traded by one "
                                "shuffle: a 16-byte vector atomic add, half the atomic operations; where the output is "
-                               "f32 along the columns and not a pair's, else the pairs)", P, default=2,
-                               allowed=(2, 4), pins=("store_vector",), json_optional=True, unguarded=KEEP)
+                               "f32 along the columns and not a pair's) or 8 (a bf16 or f16 output written along the "
+                               "columns: the four lanes of a row trade pairs, each stores 16 bytes); else the pairs",
+                               P, default=2, allowed=(2, 4, 8), pins=("store_vector",), json_optional=True, unguarded=KEEP)
+    pair_wgmmas: int = choice("a fused pair's wgmma instructions a slab and k step on the wgmma loop: 2 (each "
+                              "weights' box times A into its own accumulator, n = bn) or 1 (one instruction of "
+                              "n = 2·bn over both boxes, A read from shared memory once: the first weights' "
+                              "columns in the accumulator's first half)", P, default=2, allowed=(1, 2),
+                              pins=("pair_wgmmas",), json_optional=True, unguarded=KEEP)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import numpy as np
 from habu.lower.grouped_mma import MMA_M, MMA_N, GroupedMmaLoop, WordRead
 from habu.lower.grouped_wgmma import WgmmaMainLoop
 from habu.lower.layouts import SmemTile, StageCopy
+from habu.lower.quad_vectors import QuadVectors
 from habu.lower.registers import WARPGROUP
 from habu.prove.fragments import fragment_mismatch, instruction_element, mma_operand_position
 from habu.prove.smem_route import Route, WarpRoute, _is_identity, wgmma_route
@@ -181,13 +182,45 @@ def _quad_moves(loop: WgmmaMainLoop, groups: int) -> tuple[np.ndarray, ...]:
 
 
 @lru_cache(maxsize=256)
+def vector_moves(loop: WgmmaMainLoop, qv: QuadVectors) -> tuple[tuple[np.ndarray, ...], tuple[str, ...]]:
+    """The 16-byte epilogue's trade (habu/lower/quad_vectors.py) over every slab of every consumer: in round r
+    of set u, lane l receives lane l ^ `offset(r)`'s pair of group `sent_group(u, l ^ offset(r), r)` (shfl.bfly:
+    each lane sends what its own place selects) into slot `slot(l, r)` of its vector, stored at `element`. Returns
+    (held rows, held columns, stored rows, stored columns) in the tile, held as the fragment places the sender's
+    register (`fragment.element`: checked against the instruction apart), and the faults: a tile element stored
+    twice or never."""
+    f = loop.fragment
+    x, u, h, q = np.meshgrid(np.arange(WARPGROUP), np.arange(qv.sets), np.arange(f.halves), np.arange(f.pair),
+                             indexing="ij")
+    warp, lane = f.thread_warp(x), f.thread_lane(x)
+    moved = []
+    for r in qv.rounds:  # the rounds are unrolled in the kernel: each its own offset, group and slot
+        src = (lane ^ qv.offset(r)) % 32
+        held = f.element(warp, src, qv.sent_group(u, src, r), h, q)
+        stored = qv.element(warp, lane, u, h, qv.slot(lane, r), q)
+        moved.append([np.broadcast_to(np.asarray(v), x.shape) for v in (*held, *stored)])
+    hr, hc, sr, sc = (np.stack([m[i] for m in moved]) for i in range(4))
+    faults = []
+    cells = np.asarray(sr) * loop.bn + np.asarray(sc)
+    counts = np.bincount(np.clip(cells.ravel(), 0, None), minlength=f.warp_rows * f.group_warps * loop.bn)
+    if (sr < 0).any() or (sc < 0).any() or (sc >= loop.bn).any() or (counts != 1).any():
+        faults.append(f"the {qv.elements}-element vectors' trade stores a slab's elements {int(counts.min())}.."
+                      f"{int(counts.max())} times (each once)")
+    ops = loop.operands
+    origins = [int(ops.slab_row(cw, s)) for cw in range(ops.consumers) for s in range(ops.slabs)]
+    cat = lambda v, o: np.concatenate([np.asarray(v).ravel() + d for d in o])  # noqa: E731
+    zero = [0] * len(origins)
+    return (cat(hr, origins), cat(hc, zero), cat(sr, origins), cat(sc, zero)), tuple(faults)
+
+
+@lru_cache(maxsize=256)
 def wgmma_epilogue_moves(loop: WgmmaMainLoop) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The consumers' stores against wgmma's accumulator layout (PTX ISA): register (j, h, q) of thread x of a
     warpgroup holds the slab element `instruction_element` gives and is stored at `fragment.element` of the
     thread's decoded warp and lane (the 4-wide epilogue: `_quad_moves`, through the lanes' trade); over
     every slab of every consumer. None where they agree."""
     f = loop.fragment
-    groups = loop.column_groups()
+    groups = loop.accumulator_groups()
     x, j, h, q = np.meshgrid(np.arange(WARPGROUP), np.arange(groups), np.arange(f.halves), np.arange(f.pair),
                              indexing="ij")
     reg = f.register_index(j, h, q)
@@ -196,7 +229,7 @@ def wgmma_epilogue_moves(loop: WgmmaMainLoop) -> tuple[np.ndarray, np.ndarray, n
     whole = True
     if loop.store_vector == 4:  # every element of the slab stored once, from its own register
         hr, hc, sr, sc = _quad_moves(loop, groups)
-        cells = np.unique(np.asarray(sr) * loop.bn + np.asarray(sc))
+        cells = np.unique(np.asarray(sr) * loop.mma_columns + np.asarray(sc))
         whole = len(sr) == len(cells) == x.size
     if whole and np.array_equal(hr, sr) and np.array_equal(hc, sc):
         return None
@@ -207,4 +240,5 @@ def wgmma_epilogue_moves(loop: WgmmaMainLoop) -> tuple[np.ndarray, np.ndarray, n
     return cat(hr, origins), cat(hc, zero), cat(sr, origins), cat(sc, zero)
 
 
-__all__ = ["epilogue_moves", "grouped_mma_route", "producer_uncopied", "wgmma_epilogue_moves", "wgmma_loop_route"]
+__all__ = ["epilogue_moves", "grouped_mma_route", "producer_uncopied", "vector_moves", "wgmma_epilogue_moves",
+           "wgmma_loop_route"]

@@ -31,6 +31,7 @@ from habu.prove.grouped_route import (
     epilogue_moves,
     grouped_mma_route,
     producer_uncopied,
+    vector_moves,
     wgmma_epilogue_moves,
     wgmma_loop_route,
 )
@@ -125,7 +126,7 @@ def wgmma_thread_faults(loop: WgmmaMainLoop) -> list[str]:
         missing = sorted(set(wanted) - set(made))[:1] or [made[0]]
         faults.append(f"the producer's copies of A's k tile are not its {copy.count} chunks once each (row {missing[0][0]}, "
                       f"k {missing[0][1]} {'never copied' if set(wanted) - set(made) else 'copied twice or outside'})")
-    moved = fragment_mismatch("wgmma", loop.fragment, loop.column_groups())
+    moved = fragment_mismatch("wgmma", loop.fragment, loop.accumulator_groups())
     if moved is not None:
         faults.append(moved)
     return faults
@@ -212,21 +213,25 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
     if a is not None and stale.any():
         a = np.where(stale[None, :], mem.poison(live_rows[:, None] * 7919 + ks[None, :]), a)
 
-    def weights(w_access) -> np.ndarray:
+    def weights(w_accesses) -> np.ndarray:
         """W at the block's columns and the k steps' k: on the wgmma loop, each k tile's TMA box at the
-        origin the lowering gives (`w_box_origin`), zero past W's bounds as the tensor map fills it."""
+        origin the lowering gives (`w_box_origin`), zero past W's bounds as the tensor map fills it; several
+        weights (a pair by one instruction): each block's boxes one after the other, as the stage's B tile
+        holds them."""
         if lw.wgmma is None:
-            return read(name, w_access, {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes, mem,
-                        lw.index_width, where)
+            return read(name, w_accesses[0], {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes,
+                        mem, lw.index_width, where)
         parts = []
         for nt in nts:
             n0 = np.int64(lw.column(nt, 0))
-            steps_w = []
-            for t in tiles:
-                o = lw.wgmma.w_box_origin(np.int64(group), n0, np.int64(lw.k_index(max(t or 0, 0), 0)))
-                steps_w.append(read(name, w_access, {"g": o["g"], "n": o["n"] + j[:, None], "k": o["k"] + kk[None, :]},
-                                    sizes, mem, lw.weights_width, where))  # TMA: the copy engine's addresses
-            parts.append(np.concatenate(steps_w, axis=1))
+            for w_access in w_accesses:
+                steps_w = []
+                for t in tiles:
+                    o = lw.wgmma.w_box_origin(np.int64(group), n0, np.int64(lw.k_index(max(t or 0, 0), 0)))
+                    steps_w.append(read(name, w_access, {"g": o["g"], "n": o["n"] + j[:, None],
+                                                         "k": o["k"] + kk[None, :]},
+                                        sizes, mem, lw.weights_width, where))  # TMA: the copy engine's addresses
+                parts.append(np.concatenate(steps_w, axis=1))
         return np.concatenate(parts, axis=0)
 
     route = _route(lw)
@@ -234,30 +239,63 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
         wgmma_epilogue_moves(lw.wgmma) if lw.wgmma is not None else None
     stale_a = producer_uncopied(lw.wgmma) if lw.wgmma is not None else None
 
-    def product(w_access, scale) -> np.ndarray:
-        """scale · Σ k A[row k] · W[group col k] over the block's rows and columns, every k step; through the
-        loop's shared-memory route where it is not the plain tile product (each warp multiplies the elements
-        its copies, reads and accumulator map give it)."""
+    def accumulate(w_accesses) -> np.ndarray:
+        """Σ k A[row k] · W[group col k] over the block's rows and the accumulator's columns (each weights'
+        box of every block), every k step; through the loop's shared-memory route where it is not the plain
+        tile product (each warp multiplies the elements its copies, reads and accumulator map give it)."""
+        width = k.bn * len(w_accesses)
         if a is None:
-            return np.zeros((len(live_rows), len(cols)), dtype=np.int64)
-        w = weights(w_access)
+            return np.zeros((len(live_rows), width * len(nts)), dtype=np.int64)
+        w = weights(w_accesses)
         a_b = np.ascontiguousarray(np.broadcast_to(a, (len(live_rows), len(ks))))
-        w_b = np.ascontiguousarray(np.broadcast_to(w, (len(cols), len(ks))))
+        w_b = np.ascontiguousarray(np.broadcast_to(w, (width * len(nts), len(ks))))
         if route is not None and not (route.identity and moves is None and stale_a is None):
             # (A's elements no producer thread copied: stale shared memory, poison)
-            out = _routed_product(f, route, moves, a_b, w_b, inside, k.bm, k.bn, k.bk, len(nts), stale_a, mem.poison)
-        else:
-            out = f.contract2(a_b, w_b, "ik", "jk", "ij")
+            return _routed_product(f, route, moves, a_b, w_b, inside, k.bm, width, k.bk, len(nts), stale_a,
+                                   mem.poison)
+        return f.contract2(a_b, w_b, "ik", "jk", "ij")
+
+    def scaled(out: np.ndarray, scale) -> np.ndarray:
         return out if scale is None else (out * np.asarray(_scale(f, scale, sizes), dtype=np.int64)) % f.p
 
-    first = acc = product(lw.w, lw.scale)
+    if lw.pair is not None and lw.wgmma is not None and lw.wgmma.one_pair_instruction:
+        # one instruction over both boxes: the epilogue reads each product's group j at `pair_group(j, which)`
+        both = accumulate((lw.w, lw.pair.w))
+        step = lw.wgmma.fragment.col_step
+        jj = np.arange(k.bn, dtype=np.int64)
+
+        def columns(which: int) -> np.ndarray:
+            at = step * np.asarray(lw.wgmma.pair_group(jj // step, which), dtype=np.int64) + jj % step  # type: ignore[union-attr]
+            ok = (at >= 0) & (at < 2 * k.bn)
+            return np.concatenate([b * 2 * k.bn + np.where(ok, at, 0) for b in range(len(nts))]), np.tile(ok, len(nts))
+
+        def pick(which: int) -> np.ndarray:
+            at, ok = columns(which)
+            return np.where(ok[None, :], both[:, at], mem.poison(at)[None, :])
+
+        first, second_acc = scaled(pick(0), lw.scale), scaled(pick(1), lw.pair.scale)
+    else:
+        first = scaled(accumulate((lw.w,)), lw.scale)
+        second_acc = scaled(accumulate((lw.pair.w,)), lw.pair.scale) if lw.pair is not None else None
+    acc = first
     if lw.pair is not None:  # the second accumulator, and the node of both from the two
-        pair, second = lw.pair, product(lw.pair.w, lw.pair.scale)
+        pair, second = lw.pair, second_acc
         acc = np.broadcast_to(eval_pointwise(pair.node.rhs, lambda ld: first if ld.tensor == pair.first else second,
                                              f, sizes), first.shape)
     if lw.row_scale is not None:
         p_row = read(name, lw.row_scale, {"r": live_rows[:, None]}, sizes, mem, lw.index_width, where)
         acc = f.op("mul", [np.broadcast_to(np.asarray(p_row, dtype=np.int64), acc.shape), acc])
+    if lw.epilogue_vectors is not None and lw.wgmma is not None:  # the row's lanes trade pairs, store vectors
+        (held_r, held_c, stored_r, stored_c), faults = vector_moves(lw.wgmma, lw.epilogue_vectors)
+        for fault in faults:
+            mem.fault(f"{name}: {fault}")
+        full = np.zeros((k.bm, acc.shape[1]), dtype=np.int64)
+        full[inside] = acc
+        moved = mem.poison(np.arange(full.size, dtype=np.int64)).reshape(full.shape)  # a cell nothing stores
+        ok = (stored_r >= 0) & (stored_r < k.bm) & (stored_c >= 0) & (stored_c < k.bn)
+        for b in range(len(nts)):
+            moved[stored_r[ok], b * k.bn + stored_c[ok]] = full[held_r[ok], b * k.bn + held_c[ok]]
+        acc = moved[inside]
     at = {"r": live_rows[:, None], "n": cols[None, :]}
     if lw.store is Store.ATOMIC_ADD:
         # atomicAdd onto the target's memory, which holds its prior contents (an input of the model):

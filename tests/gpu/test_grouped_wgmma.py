@@ -109,8 +109,11 @@ def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts_on_the_wg
     assert torch.equal(out, ref), f"{int((out != ref).sum())} of {ref.numel()} elements differ"
 
 
-@pytest.mark.parametrize("pair,tile", [("fused", {"bm": "128", "warps_m": "2"}), ("fused", {"bm": "64", "warps_m": "1"})],
-                         ids=["128-rows", "64-rows"])  # split: its kernels are the gathered GEMM's and the f32 combine's
+@pytest.mark.parametrize("pair,tile", [("fused", {"bm": "128", "warps_m": "2"}), ("fused", {"bm": "64", "warps_m": "1"}),
+                                       ("fused", {"bm": "128", "warps_m": "2", "pair_wgmmas": "1"}),
+                                       ("fused", {"bm": "128", "warps_m": "2", "pair_wgmmas": "1", "store_vector": "8"}),
+                                       ("fused", {"bm": "64", "warps_m": "1", "store_vector": "8"})],
+                         ids=["128-rows", "64-rows", "one-instruction", "one-instruction-vectors", "64-rows-vectors"])  # split: the gathered GEMM's and the combine's
 def test_the_small_moe_ffn_on_the_wgmma_loop_matches_the_float64_reference(pair, tile):
     """Gate and up fused with SwiGLU in one kernel of two accumulators (act stored in bf16, packed pairs) and the
     combine (a bf16 A, float2 atomic adds) on the wgmma loop, in tiles of 128 rows (two consumer warpgroups) and
@@ -122,6 +125,7 @@ def test_the_small_moe_ffn_on_the_wgmma_loop_matches_the_float64_reference(pair,
     built = build(str(SMALL), "MOE-FFN", {"T": tokens, "R": 2 * tokens},
                   {"family": "grouped", "pair": pair, **WGMMA, **tile})
     assert {k.bm for k in built.plan.kernels} == {int(tile["bm"])}
+    assert built.plan.kernels[0].pair_wgmmas == int(tile.get("pair_wgmmas", "2"))  # gate, up: one n256 or two n128
     loops = [getattr(k, "main_loop", None) for k in built.plan.kernels]
     assert loops == (["wgmma", "wgmma", None, "wgmma"] if pair == "split" else ["wgmma", "wgmma"])
     inputs = make_inputs(built.model, built.sizes, seed=tokens)

@@ -216,3 +216,68 @@ def test_regression_an_f32_a_kernel_of_eight_warps_asks_no_setmaxnreg():
     assert kernel.threads == 256
     assert "setmaxnreg" not in kernel.source.replace("no setmaxnreg", "") and kernel.register_demand is None
     kernel.check_registers(232)
+
+
+def test_a_pair_by_one_instruction_is_proven_and_its_halves_are_where_the_lowering_says():
+    """`pair_wgmmas=1`: gate and up by one n = 2·bn wgmma over both weights' boxes (the second box's columns
+    are the accumulator's second half, `WgmmaMainLoop.pair_group`); the check passes, and reading the halves
+    the other way round (SwiGLU of up times gate) is a wrong value it names."""
+    from habu.bench.mutant_plants import pair_halves_swapped
+    from habu.lower import lower_plan
+    from habu.paths.emit import emit_plan
+    from habu.prove.verify import verify_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    shape = {"T": 13, "R": 26}
+    model = m.with_sizes(shape)
+    plan = default_plan(model, TARGET, shape, {"family": "grouped", "pair": "fused", "main_loop": "wgmma",
+                                               "pair_wgmmas": "1"})
+    lowerings = lower_plan(model, plan)
+    loop = lowerings[0].wgmma
+    assert loop is not None and loop.one_pair_instruction and loop.mma_columns == 2 * plan.kernels[0].bn
+    assert verify_plan(model, plan, shape, trials=1, lowerings=lowerings).passed
+    source = emit_plan(model, plan, TARGET).kernels[0].source
+    assert f"habu_wgmma_m64n{2 * plan.kernels[0].bn}_bf16(acc[0]" in source and "acc2" not in source
+    lowerings[0] = pair_halves_swapped(lowerings[0])
+    cert = verify_plan(model, plan, shape, trials=1, lowerings=lowerings)
+    assert not cert.passed and "differs" in (cert.failure or "")
+
+
+@pytest.mark.parametrize("instructions", ["2", "1"])
+def test_the_16_byte_epilogue_is_proven_and_a_wrong_slot_is_named(instructions):
+    """`store_vector=8` on the pair's bf16 output: the 4 lanes of a row trade their column pairs
+    (habu/lower/quad_vectors.py) and store 8 columns at once; the check runs the trade (`vector_moves`) and
+    kills a slot one place off; the kernel compiles without spills."""
+    from habu.emit_cuda.nvrtc import INCLUDE_DIR, CompilerUnavailable, compile_cuda
+    from habu.lower import lower_plan
+    from habu.lower.quad_vectors import QuadVectors
+    from habu.paths.emit import emit_plan
+    from habu.prove.verify import verify_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    shape = {"T": 150, "R": 300}
+    model = m.with_sizes(shape)
+    plan = default_plan(model, TARGET, shape, {"family": "grouped", "pair": "fused", "main_loop": "wgmma",
+                                               "pair_wgmmas": instructions, "store_vector": "8", "bm": "128",
+                                               "warps_m": "2"})
+    lowerings = lower_plan(model, plan)
+    qv = lowerings[0].epilogue_vectors
+    assert qv is not None and qv.elements == 8
+    assert verify_plan(model, plan, shape, trials=1, lowerings=lowerings).passed
+
+    class OneOff(QuadVectors):
+        def slot(self, lane, r):
+            return self.lane_in_group(lane) ^ r ^ 1
+
+    planted = OneOff(qv.words, qv.groups, qv.fragment)
+    cls = type("Planted", (GroupedLowering,), {"epilogue_vectors": property(lambda self: planted)})
+    lowerings[0] = cls(**{f: getattr(lowerings[0], f) for f in lowerings[0].__dataclass_fields__})
+    cert = verify_plan(model, plan, shape, trials=1, lowerings=lowerings)
+    assert not cert.passed and "differs" in (cert.failure or "")
+    kernel = emit_plan(model, plan, TARGET).kernels[0]
+    assert "habu::store_words<4>" in kernel.source and "__shfl_xor_sync" in kernel.source
+    try:
+        cubin = compile_cuda(kernel.source, kernel.name, "sm_90a", [INCLUDE_DIR])
+    except CompilerUnavailable:
+        pytest.skip("no NVRTC or nvcc on this machine")
+    assert cubin.resources.spill_stores == 0

@@ -76,6 +76,13 @@ __device__ __forceinline__ void store_words(void* p, const u32 (&w)[N]) {
   }
 }
 
+/** @brief Element e of the 16-bit elements packed in words w (pack_bf16x2's order: element 2i the low half of
+ *  word i): where a vector of packed words cannot be stored whole, its elements one at a time. */
+template <int N>
+__device__ __forceinline__ unsigned short word_half(const u32 (&w)[N], int e) {
+  return (unsigned short)(w[e >> 1] >> (16 * (e & 1)));
+}
+
 /** @brief v[0..N) rounded to bf16 (to nearest even, as store_bf16) into p[0..N) (N 1, 2, 4 or 8). */
 template <int N>
 __device__ __forceinline__ void store_vec(bf16* p, const float (&v)[N]) {
