@@ -173,6 +173,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield _loops_shortened(obj)
         yield replace(obj, thread_map=replace(obj.thread_map, threads=obj.thread_map.threads + 32))
         yield replace(obj, thread_map=replace(obj.thread_map, per_thread=obj.thread_map.per_thread + 1))  # elements
+        if obj.vector > 1:  # a vector's element j taken for element j + 1 (its index in the node's conditions)
+            yield _with_override(obj, "lane_coordinates", lambda sup, coord, j: sup(coord, (j + 1) % obj.vector))
     if isinstance(obj, GroupedLowering):
         yield from _grouped_variants(obj)
     if isinstance(obj, AttentionLowering):

@@ -218,9 +218,11 @@ def float_literal(v: Fraction) -> str:
 
 
 def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
-               reduce: Callable[[Reduce], str] | None = None, table: Callable[[str, str], str] | None = None) -> str:
+               reduce: Callable[[Reduce], str] | None = None, table: Callable[[str, str], str] | None = None,
+               names: Mapping[str, str] | None = None) -> str:
     """An IR expression as C float arithmetic; `leaf` renders loads, `reduce` reductions, `table`
-    an index tensor's value in a condition (`TableReader`)."""
+    an index tensor's value in a condition (`TableReader`), `names` the C of an index variable in a condition
+    where it is not the coordinate of its name (a vector's element j: the last axis + j)."""
     if isinstance(e, Const):
         return float_literal(e.value)
     if isinstance(e, Size):
@@ -232,14 +234,14 @@ def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
             raise ValueError("a reduction where none is expected")
         return reduce(e)
     if isinstance(e, Compare):
-        return f"({condition_code(e, sizes, table)} ? 1.0f : 0.0f)"
+        return f"({condition_code(e, sizes, table, names)} ? 1.0f : 0.0f)"
     if isinstance(e, NegInf):
         return "(-__int_as_float(0x7f800000))"
     assert isinstance(e, Op)
     if e.fn == "where" and isinstance(e.args[0], Compare):  # selects; the other side is not used
-        x, y = (float_expr(a, leaf, sizes, reduce, table) for a in e.args[1:])
-        return f"({condition_code(e.args[0], sizes, table)} ? {x} : {y})"
-    args = [float_expr(a, leaf, sizes, reduce, table) for a in e.args]
+        x, y = (float_expr(a, leaf, sizes, reduce, table, names) for a in e.args[1:])
+        return f"({condition_code(e.args[0], sizes, table, names)} ? {x} : {y})"
+    args = [float_expr(a, leaf, sizes, reduce, table, names) for a in e.args]
     infix = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
     if e.fn in infix:
         return f"({args[0]} {infix[e.fn]} {args[1]})"
@@ -249,18 +251,20 @@ def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
     return f"habu::f_{e.fn}({', '.join(args)})"
 
 
-def condition_code(e: Compare, sizes: Mapping[str, Any], table: Callable[[str, str], str] | None = None) -> str:
-    """A condition on indices as C (its index variables are the kernel's coordinates, by name; sums
-    in 64 bits). A gather `LEN[b]` reads the index tensor at its one coordinate (in bounds: b ranges
-    over LEN's domain); its value is only compared, never used as an address."""
+def condition_code(e: Compare, sizes: Mapping[str, Any], table: Callable[[str, str], str] | None = None,
+                   names: Mapping[str, str] | None = None) -> str:
+    """A condition on indices as C (its index variables are the kernel's coordinates, by name, or the C
+    `names` gives one; sums in 64 bits). A gather `LEN[b]` reads the index tensor at its one coordinate (in
+    bounds: b ranges over LEN's domain); its value is only compared, never used as an address."""
+    rename = names or {}
 
     def term(ix: IndexExpr) -> str:
         if isinstance(ix, IndexVar):
-            return ix.name
+            return rename.get(ix.name, ix.name)
         if isinstance(ix, IndexConst):
             return str(ix.value)
         assert isinstance(ix, Gather) and table is not None and isinstance(ix.indices[0], IndexVar)
-        return table(ix.tensor, ix.indices[0].name)
+        return table(ix.tensor, rename.get(ix.indices[0].name, ix.indices[0].name))
 
     def side(a: IndexAffine) -> str:
         parts = [f"{k} * (long long){term(ix)}" for k, ix in a.terms]

@@ -146,7 +146,9 @@ def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, s
     for j in range(n):
         def leaf(ld: Load, j: int = j) -> str:
             return f"{names[ld]}[{j}]" if lw.contiguous(lw.access(ld)) else names[ld]
-        lines.append(f"    y[{j}] = {float_expr(lw.node.rhs, leaf, sizes, _no_reduction, table)};")
+        # element j's coordinates (the lowering's `lane_coordinates`): what a condition on the indices reads
+        at = {a: c(x) for a, x in lw.lane_coordinates({a: CExpr(a) for a in coord}, j).items()}
+        lines.append(f"    y[{j}] = {float_expr(lw.node.rhs, leaf, sizes, _no_reduction, table, at)};")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     out_off = access_offset(out, coord, sizes, lw.index_width, table)

@@ -50,12 +50,14 @@ def run_golden(path: str, model: str, sizes: dict[str, int], lens: list[int] | N
 
 
 @pytest.mark.parametrize("pins", PLANS)
-@pytest.mark.parametrize(("n_i", "n_j"), [(1, 1), (17, 17), (5, 17), (1, 1000), (7, 1000)],
+@pytest.mark.parametrize(("n_i", "n_j"), [(1, 1), (17, 17), (5, 17), (1, 1000), (7, 1000), (256, 256)],
                          ids=lambda x: str(x))
 def test_causal_gqa_prefill_at_odd_sizes(n_i, n_j, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I); the default plan (the fused
     kernel since session 31) and the unfused one. Regression: the test asserted that the default was the unfused
-    plan, which stopped being true when the fused kernel became the default; it was not run on a GPU since."""
+    plan, which stopped being true when the fused kernel became the default; it was not run on a GPU since.
+    (256, 256): the unfused plan's mask kernels move 8 scores a thread, and printed each one's mask at the first
+    one's column (session 37: 118× off against SDPA; tests/lower/test_general.py has the regression)."""
     run_golden("attention.habu", "ATTENTION-GQA", {"B": 2, **HEADS, "I": n_i, "J": n_j}, seed=n_i + n_j, pins=pins)
 
 

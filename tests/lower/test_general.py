@@ -217,3 +217,35 @@ def test_a_general_thread_map_striding_blocks_wrong_is_caught_by_the_field_check
                BMM, lambda lw: replace(lw, thread_map=replace(lw.thread_map, threads=lw.thread_map.threads + 32)))
     outcome = run_mutant(m, trials=1)
     assert outcome.killed and "S[" in outcome.message, outcome.message
+
+
+CAUSAL_MASK = """4 EXTENT: #B  64 EXTENT: #I  64 EXTENT: #J
+bf16 TENSOR: S ( #B #I #J )  bf16 TENSOR: P ( #B #I #J )
+MODEL: CAUSAL-MASK
+  P[b i j] = where(j ≤ i, S[b i j] · 0.5, −∞) ;
+"""
+
+
+def test_regression_a_vector_general_kernel_masks_each_element_at_its_own_index():
+    """A general kernel moving 8 elements a thread printed every element's condition at the first element's
+    index (`j` of element 0 for all 8), while the finite-field check ran each at its own (`lane_coordinates`):
+    proven, and on the H200 the unfused causal attention at 256 and 512 queries differed from SDPA by 118× its
+    largest value (session 37, `attention_speed --only short-`). The conditions now print element j's
+    coordinates from `lane_coordinates`: planting that map moves the printed conditions."""
+    from habu.bench.derived_lines import _with_override
+    from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
+
+    model = parse_text(CAUSAL_MASK).models["CAUSAL-MASK"]
+    plan = default_plan(model, TARGET, {}, {"vector": "8"})
+    (lw,) = lower_plan(model, plan)
+    assert isinstance(lw, GeneralLowering) and lw.vector == 8
+    proof = prove(model, plan, trials=1)
+    assert proof.ok
+    source = emit(proof, TARGET).kernels[0].source
+    for j in range(1, 8):
+        assert f"(long long)(e2 + {j})" in source, f"element {j}'s mask does not read its own column"
+    planted = _with_override(lw, "lane_coordinates", lambda sup, coord, j: sup(coord, (j + 1) % 8))
+    whole = lower_whole(model, plan)
+    moved = emit_lowered(replace(whole, kernels=(planted,)), plan, TARGET).kernels[0].source
+    assert moved != source and "(long long)(e2 + 1) + 0LL) <=" in moved.split("y[0] =")[1].split(";")[0]
