@@ -134,7 +134,7 @@ def test_the_scale_is_folded_into_the_exponent_only_where_it_is_a_positive_const
     assert "*= scale" in kept and "fmaf(s[" not in kept
 
 
-@pytest.mark.parametrize(("rows", "target", "fused"), [(1024, "sm_90a", True), (1000, "sm_90a", False),
+@pytest.mark.parametrize(("rows", "target", "fused"), [(1024, "sm_90a", True), (128, "sm_90a", True), (100, "sm_90a", False),
                                                        (4096, "sm_80", False)])
 def test_the_default_of_a_long_prefill_on_sm_90a_is_the_wgmma_kernel(prefill, rows, target, fused):
     """No pin: from `WGMMA_PREFILL_ROWS` queries on a target with wgmma and TMA the plan is the fused kernel on the
