@@ -45,7 +45,7 @@ WGMMA_TILES = ((128, 128, 2, False, False), (128, 128, 2, True, False), (128, 64
 # a decode's splits on the wgmma loop (`region_variants`; 0: one block a query tile)
 WGMMA_DECODE_SPLITS = (0, 256, 512, 1024, 2048)
 # query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
-WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 2.2-7.1x the unfused plan)
+WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 1.5-10x the unfused plan)
 # the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
 WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
