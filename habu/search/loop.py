@@ -30,6 +30,7 @@ from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats
 from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds, tie_break
 from habu.search.cuts import default_partition
+from habu.search.interrupt import latched_interrupts, raise_if_interrupted
 from habu.search.pool import (
     Executor,
     ExecutorLostInterrupt,
@@ -105,6 +106,7 @@ class Search:
 
     # -- budget
     def _left(self) -> bool:
+        raise_if_interrupted()  # a Ctrl-C a finalizer swallowed (habu/search/interrupt.py)
         if self.budget.seconds is not None and self.stats.elapsed >= self.budget.seconds:
             return False
         verified = self.stats.verified + self.stats.pruned_field
@@ -168,6 +170,7 @@ class Search:
         kept = [False] * len(batch)
         began = time.monotonic()
         results = sent.pending.result() if sent.pending is not None else []
+        raise_if_interrupted()  # nothing of a batch proven after a Ctrl-C is kept
         self.stats.add("driver waits for proofs", time.monotonic() - began)
         to_time: list[tuple[int, list | None]] = []
         for j, res in zip(where, results, strict=True):
@@ -253,48 +256,49 @@ class Search:
         self.best_score: list[float] = [c.seconds for c in base_costs]
         self.best_tie: dict[int, tuple[float, ...]] = {}  # without a GPU: region i's best's finer terms
         interrupted = False
-        try:
-            self._time_baseline()
-            # the default plan first: a verified answer as early as possible
-            first = Scored(best[0], sum(c.seconds for c in base_costs))
-            if self._try(tuple(best), -1, first):
-                if first.measured_us is not None:
-                    self.best_score = [first.measured_us] * len(regions)
-                self._save(best, ranked)
-            # then the other partitions into kernels (the fusion choice), at their default schedules
-            chosen = self._choose_partition(regions, best, first)
-            if chosen is not None:
-                (self.rewrites, regions), best, score = chosen
-                self.graph = apply_rewrites(self.model, self.rewrites)
-                ranked = [[] for _ in regions]
-                base_costs = self._costs(best)
-                self.best_score = [score] * len(regions) if self.timer is not None else \
-                    [c.seconds for c in base_costs]
-                self._save(best, ranked)
-            order = sorted(range(len(regions)), key=lambda i: -base_costs[i].seconds)
-            total = sum(c.seconds for c in base_costs) or 1.0
-            for i in order:
-                if not self._left():
-                    break
-                share = base_costs[i].seconds / total
-                deadline = None
-                if self.budget.seconds is not None:
-                    deadline = time.monotonic() + share * max(0.0, self.budget.seconds - self.stats.elapsed)
-                self._tune_region(i, regions[i], best, ranked, deadline)
-        except KeyboardInterrupt:  # Ctrl-C: keep what was verified, and say so (the CLI exits 130)
-            interrupted = True
-        except ExecutorLostInterrupt as gone:  # the cluster watch found the cluster gone mid-costing
-            self.lost = gone.message
-        except Exception as exc:  # the cluster is gone (perhaps wrapped by Ray): keep what was verified, say why
-            gone = lost_cause(exc)
-            if gone is None:
-                raise
-            self.lost = gone.message
-        finally:
-            if self.lost is None:  # a lost cluster's actors and tasks cannot be closed (nor waited for)
-                if self.timer is not None:
-                    self.timer.close()
-                self.executor.close()
+        with latched_interrupts():  # a Ctrl-C a finalizer swallows is raised again (habu/search/interrupt.py)
+            try:
+                self._time_baseline()
+                # the default plan first: a verified answer as early as possible
+                first = Scored(best[0], sum(c.seconds for c in base_costs))
+                if self._try(tuple(best), -1, first):
+                    if first.measured_us is not None:
+                        self.best_score = [first.measured_us] * len(regions)
+                    self._save(best, ranked)
+                # then the other partitions into kernels (the fusion choice), at their default schedules
+                chosen = self._choose_partition(regions, best, first)
+                if chosen is not None:
+                    (self.rewrites, regions), best, score = chosen
+                    self.graph = apply_rewrites(self.model, self.rewrites)
+                    ranked = [[] for _ in regions]
+                    base_costs = self._costs(best)
+                    self.best_score = [score] * len(regions) if self.timer is not None else \
+                        [c.seconds for c in base_costs]
+                    self._save(best, ranked)
+                order = sorted(range(len(regions)), key=lambda i: -base_costs[i].seconds)
+                total = sum(c.seconds for c in base_costs) or 1.0
+                for i in order:
+                    if not self._left():
+                        break
+                    share = base_costs[i].seconds / total
+                    deadline = None
+                    if self.budget.seconds is not None:
+                        deadline = time.monotonic() + share * max(0.0, self.budget.seconds - self.stats.elapsed)
+                    self._tune_region(i, regions[i], best, ranked, deadline)
+            except KeyboardInterrupt:  # Ctrl-C: keep what was verified, and say so (the CLI exits 130)
+                interrupted = True
+            except ExecutorLostInterrupt as gone:  # the cluster watch found the cluster gone mid-costing
+                self.lost = gone.message
+            except Exception as exc:  # the cluster is gone (perhaps wrapped by Ray): keep what was verified, say why
+                gone = lost_cause(exc)
+                if gone is None:
+                    raise
+                self.lost = gone.message
+            finally:
+                if self.lost is None:  # a lost cluster's actors and tasks cannot be closed (nor waited for)
+                    if self.timer is not None:
+                        self.timer.close()
+                    self.executor.close()
         records = self._save(best, ranked)
         return SearchResult(self.stored_best, records, self.stats, self.key, self.timer is not None, self.timeline,
                             interrupted, self.lost)

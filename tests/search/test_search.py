@@ -142,6 +142,19 @@ class InterruptedExecutor(InlineExecutor):
         return super().submit(job, items)
 
 
+class SwallowedInterruptExecutor(InlineExecutor):
+    """Ctrl-C arrives while the first batch is proven, inside a finalizer (z3's AstRef.__del__): CPython prints
+    such an exception as ignored and drops it, so the batch returns its results as if nothing happened; only
+    the latch (habu/search/interrupt.py) saw it."""
+
+    def submit(self, job, items):
+        from habu.search.interrupt import LATCH
+
+        pending = super().submit(job, items)
+        LATCH.seen = True
+        return pending
+
+
 def ggemm_search(db, budget, executor=None):
     path = ROOT / "examples" / "ggemm.habu"
     model, sizes = model_of(path, {"M": 512, "N": 512, "K": 256})
@@ -176,6 +189,50 @@ def test_regression_habu_search_ctrl_c_before_the_first_proof_exits_130_and_stor
     if dbpath.exists():
         with PlanDB(dbpath) as db:
             assert all(not e.records for e in db.entries())
+
+
+def test_regression_a_ctrl_c_a_finalizer_swallowed_still_ends_the_search_and_stores_nothing(tmp_path):
+    """`habu search` ran its whole 60 s budget after a Ctrl-C and exited 0 (1 run in 13 under load): the
+    KeyboardInterrupt was raised inside z3's `AstRef.__del__` and dropped. The latch raises it at the search's
+    next step, before the batch proven meanwhile is kept."""
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = ggemm_search(db, Budget(seconds=60), SwallowedInterruptExecutor()).run()
+        assert result.interrupted and result.best is None and result.records == []
+        assert db.entries() == []
+
+
+def test_the_latch_raises_at_once_outside_a_finalizer_and_defers_inside_one():
+    """SIGINT inside the latched block: KeyboardInterrupt at once where the main thread runs ordinary code; in a
+    `__del__` only the latch is set (no "Exception ignored" printed), and `raise_if_interrupted` raises it."""
+    import os
+    import sys
+
+    from habu.search.interrupt import latched_interrupts, raise_if_interrupted
+
+    unraisable = []
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100000):  # the handler runs here, in the finalizer's frame
+                pass
+
+    try:
+        with latched_interrupts() as latch:
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(100000):
+                    pass
+            latch.seen = False
+            obj = Finalized()
+            del obj
+            assert latch.seen and not unraisable
+            with pytest.raises(KeyboardInterrupt):
+                raise_if_interrupted()
+    finally:
+        sys.unraisablehook = previous_hook
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_search_interrupted_after_a_proof_stores_the_verified_plan_with_its_certificate(tmp_path):
