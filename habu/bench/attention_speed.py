@@ -97,12 +97,11 @@ CASES = (
            default=True, out_dtype="bf16")
       for seq in (1024, 4096, 16384) for width in (64, 128) for causal in (True, False)),
     Case("m16k-gqa-causal-4k-d128", 4, 8, 4, 4096, True, default=True, out_dtype="bf16"),
-    # short prefills (the default: the persistent wgmma kernel from `WGMMA_PREFILL_ROWS` = 128 queries, session 37) against the
-    # same kernel pinned (`--only short-`)
-    *(Case(f"short-{'causal' if causal else 'full'}-{seq}{'-wgmma' if pinned else ''}", 8192 // seq, 16, 1, seq,
-           causal, 128, pins=(("family", "attention"), ("main_loop", "wgmma"), ("pingpong", "1"),
-                              ("persistent", "1")) if pinned else (), default=not pinned, out_dtype="bf16")
-      for seq in (128, 256, 512) for causal in (True, False) for pinned in (False, True)),
+    # short prefills (`--only short-`): the default (the persistent wgmma kernel from `WGMMA_PREFILL_ROWS` = 128
+    # queries, session 37) against the unfused plan (the scores' product, mask and softmax kernels, P·V)
+    *(Case(f"short-{'causal' if causal else 'full'}-{seq}{'-unfused' if unfused else ''}", 8192 // seq, 16, 1, seq,
+           causal, 128, pins=(("rewrite", "attention:O"),) if unfused else (), default=True, out_dtype="bf16")
+      for seq in (128, 256, 512) for causal in (True, False) for unfused in (False, True)),
 )
 
 
