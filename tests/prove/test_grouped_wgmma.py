@@ -151,7 +151,6 @@ def test_the_search_space_holds_wgmma_variants():
 
 
 def test_the_wgmma_kernel_compiles_with_nvrtc_without_spills():
-    from habu.emit_cuda.nvrtc import INCLUDE_DIR, CompilerUnavailable, compile_cuda
     from habu.paths.emit import emit_plan
 
     kernels = []
@@ -161,11 +160,18 @@ def test_the_wgmma_kernel_compiles_with_nvrtc_without_spills():
                                  TARGET).kernels[-1])
     for k in kernels:  # the bf16-A combine by cp.async (vector atomics); an f32 A in two bf16 parts
         assert "habu::tma_load_3d" in k.source and "wgmma" in k.source
-        try:
-            cubin = compile_cuda(k.source, k.name, "sm_90a", [INCLUDE_DIR])
-        except CompilerUnavailable:
-            pytest.skip("no NVRTC or nvcc on this machine")
-        assert cubin.resources.spill_stores == 0
+        assert_compiles_without_spills(k)
+
+
+def assert_compiles_without_spills(kernel) -> None:
+    """NVRTC (or nvcc) compiles the kernel for sm_90a with no spills; skipped where neither is available."""
+    from habu.emit_cuda.nvrtc import INCLUDE_DIR, CompilerUnavailable, compile_cuda
+
+    try:
+        cubin = compile_cuda(kernel.source, kernel.name, "sm_90a", [INCLUDE_DIR])
+    except CompilerUnavailable:
+        pytest.skip("no NVRTC or nvcc on this machine")
+    assert cubin.resources.spill_stores == 0
 
 
 def test_regression_a_pairs_second_box_read_where_the_first_landed_is_a_fault():
@@ -248,9 +254,8 @@ def test_the_16_byte_epilogue_is_proven_and_a_wrong_slot_is_named(instructions):
     """`store_vector=8` on the pair's bf16 output: the 4 lanes of a row trade their column pairs
     (habu/lower/quad_vectors.py) and store 8 columns at once; the check runs the trade (`vector_moves`) and
     kills a slot one place off; the kernel compiles without spills."""
-    from habu.emit_cuda.nvrtc import INCLUDE_DIR, CompilerUnavailable, compile_cuda
+    from habu.bench.mutant_plants import vector_slot_one_off
     from habu.lower import lower_plan
-    from habu.lower.quad_vectors import QuadVectors
     from habu.paths.emit import emit_plan
     from habu.prove.verify import verify_plan
 
@@ -265,19 +270,9 @@ def test_the_16_byte_epilogue_is_proven_and_a_wrong_slot_is_named(instructions):
     assert qv is not None and qv.elements == 8
     assert verify_plan(model, plan, shape, trials=1, lowerings=lowerings).passed
 
-    class OneOff(QuadVectors):
-        def slot(self, lane, r):
-            return self.lane_in_group(lane) ^ r ^ 1
-
-    planted = OneOff(qv.words, qv.groups, qv.fragment)
-    cls = type("Planted", (GroupedLowering,), {"epilogue_vectors": property(lambda self: planted)})
-    lowerings[0] = cls(**{f: getattr(lowerings[0], f) for f in lowerings[0].__dataclass_fields__})
+    lowerings[0] = vector_slot_one_off(lowerings[0])
     cert = verify_plan(model, plan, shape, trials=1, lowerings=lowerings)
     assert not cert.passed and "differs" in (cert.failure or "")
     kernel = emit_plan(model, plan, TARGET).kernels[0]
     assert "habu::store_words<4>" in kernel.source and "__shfl_xor_sync" in kernel.source
-    try:
-        cubin = compile_cuda(kernel.source, kernel.name, "sm_90a", [INCLUDE_DIR])
-    except CompilerUnavailable:
-        pytest.skip("no NVRTC or nvcc on this machine")
-    assert cubin.resources.spill_stores == 0
+    assert_compiles_without_spills(kernel)
