@@ -2,12 +2,11 @@
 compile, golden-check and time, keep the best — anytime.
 
 Each fusion region is a separate kernel launch, so the regions are tuned one at a time, in the
-order of their predicted share of the run time, each with its share of the budget. Within a region,
-candidates are visited cheapest-first by the cost model; each must pass the z3 rule table, then the
-finite-field check, then (with a GPU) the golden check in the timing worker, before its time counts.
-Every new best plan is written to the database at once: Ctrl-C, the end of the budget or a kill at
-any moment leaves the best verified plan so far saved. Without a GPU, nothing is timed: candidates
-are ranked by the cost model and the winner is stored as "unmeasured".
+order of their predicted share of the run time, each with its share of the budget. Within a region, candidates
+go cheapest-first by the cost model; each passes the z3 rules, the finite-field check, then (with a GPU) the
+golden check in the timing worker, before its time counts.
+Every new best plan is written to the database at once: Ctrl-C, the end of the budget or a kill leaves
+the best verified plan so far saved. Without a GPU, candidates are ranked by the cost model ("unmeasured").
 """
 
 from __future__ import annotations
@@ -31,13 +30,7 @@ from habu.search.budget import Budget, Scored, SearchResult, Stats
 from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds, tie_break
 from habu.search.cuts import default_partition
 from habu.search.interrupt import latched_interrupts, raise_if_interrupted
-from habu.search.pool import (
-    Executor,
-    ExecutorLostInterrupt,
-    InlineExecutor,
-    Pending,
-    lost_cause,
-)
+from habu.search.pool import Executor, ExecutorLostInterrupt, InlineExecutor, Pending, lost_cause
 from habu.search.prune import QuickPruner
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
 from habu.search.tasks import Job
@@ -106,7 +99,7 @@ class Search:
 
     # -- budget
     def _left(self) -> bool:
-        raise_if_interrupted()  # a Ctrl-C a finalizer swallowed (habu/search/interrupt.py)
+        raise_if_interrupted()
         if self.budget.seconds is not None and self.stats.elapsed >= self.budget.seconds:
             return False
         verified = self.stats.verified + self.stats.pruned_field
@@ -170,7 +163,7 @@ class Search:
         kept = [False] * len(batch)
         began = time.monotonic()
         results = sent.pending.result() if sent.pending is not None else []
-        raise_if_interrupted()  # nothing of a batch proven after a Ctrl-C is kept
+        raise_if_interrupted()  # nothing proven after a Ctrl-C is kept
         self.stats.add("driver waits for proofs", time.monotonic() - began)
         to_time: list[tuple[int, list | None]] = []
         for j, res in zip(where, results, strict=True):

@@ -211,6 +211,7 @@ def test_the_latch_raises_at_once_outside_a_finalizer_and_defers_inside_one():
 
     unraisable = []
     previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)  # (an xdist worker has another)
 
     class Finalized:
         def __del__(self):
@@ -230,9 +231,10 @@ def test_the_latch_raises_at_once_outside_a_finalizer_and_defers_inside_one():
             assert latch.seen and not unraisable
             with pytest.raises(KeyboardInterrupt):
                 raise_if_interrupted()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         sys.unraisablehook = previous_hook
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, previous_sigint)
 
 
 def test_a_search_interrupted_after_a_proof_stores_the_verified_plan_with_its_certificate(tmp_path):
