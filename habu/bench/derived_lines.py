@@ -211,6 +211,9 @@ def _grouped_variants(lw: GroupedLowering) -> Iterator[GroupedLowering]:
         yield from (replace(lw, mma=v) for v in _grouped_mma_variants(lw.mma))
     if lw.wgmma is not None:
         yield from (replace(lw, wgmma=v) for v in _grouped_wgmma_variants(lw.wgmma))
+    if lw.epilogue_vectors is not None:  # the 16-byte epilogue's trade, as the attention's O vectors
+        for method, planted in VECTOR_PLANTS:
+            yield _with_property(lw, "epilogue_vectors", lambda qv, m=method, p=planted: planted_vectors(qv, m, p))
 
 
 def _fragment_variants(f: AccumulatorFragment) -> Iterator[AccumulatorFragment]:

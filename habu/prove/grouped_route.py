@@ -206,6 +206,10 @@ def vector_moves(loop: WgmmaMainLoop, qv: QuadVectors) -> tuple[tuple[np.ndarray
     if (sr < 0).any() or (sc < 0).any() or (sc >= loop.bn).any() or (counts != 1).any():
         faults.append(f"the {qv.elements}-element vectors' trade stores a slab's elements {int(counts.min())}.."
                       f"{int(counts.max())} times (each once)")
+    rows = f.warp_rows * f.group_warps
+    if (hr < 0).any() or (hr >= rows).any() or (hc < 0).any() or (hc >= loop.bn).any():
+        faults.append(f"the {qv.elements}-element vectors' trade sends a register past the accumulator's "
+                      f"{rows} × {loop.bn} slab (a column group or lane that does not exist)")
     ops = loop.operands
     origins = [int(ops.slab_row(cw, s)) for cw in range(ops.consumers) for s in range(ops.slabs)]
     cat = lambda v, o: np.concatenate([np.asarray(v).ravel() + d for d in o])  # noqa: E731

@@ -260,26 +260,23 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
 
     if lw.pair is not None and lw.wgmma is not None and lw.wgmma.one_pair_instruction:
         # one instruction over both boxes: the epilogue reads each product's group j at `pair_group(j, which)`
-        both = accumulate((lw.w, lw.pair.w))
-        step = lw.wgmma.fragment.col_step
+        both, loop = accumulate((lw.w, lw.pair.w)), lw.wgmma
         jj = np.arange(k.bn, dtype=np.int64)
 
-        def columns(which: int) -> np.ndarray:
-            at = step * np.asarray(lw.wgmma.pair_group(jj // step, which), dtype=np.int64) + jj % step  # type: ignore[union-attr]
-            ok = (at >= 0) & (at < 2 * k.bn)
-            return np.concatenate([b * 2 * k.bn + np.where(ok, at, 0) for b in range(len(nts))]), np.tile(ok, len(nts))
-
         def pick(which: int) -> np.ndarray:
-            at, ok = columns(which)
-            return np.where(ok[None, :], both[:, at], mem.poison(at)[None, :])
+            step = loop.fragment.col_step
+            at = step * np.asarray(loop.pair_group(jj // step, which), dtype=np.int64) + jj % step
+            ok = np.tile((at >= 0) & (at < 2 * k.bn), len(nts))
+            at = np.concatenate([b * 2 * k.bn + at for b in range(len(nts))])
+            return np.where(ok[None, :], both[:, np.where(ok, at, 0)], mem.poison(at)[None, :])
 
-        first, second_acc = scaled(pick(0), lw.scale), scaled(pick(1), lw.pair.scale)
+        first, second = scaled(pick(0), lw.scale), scaled(pick(1), lw.pair.scale)
     else:
         first = scaled(accumulate((lw.w,)), lw.scale)
-        second_acc = scaled(accumulate((lw.pair.w,)), lw.pair.scale) if lw.pair is not None else None
+        second = scaled(accumulate((lw.pair.w,)), lw.pair.scale) if lw.pair is not None else None
     acc = first
-    if lw.pair is not None:  # the second accumulator, and the node of both from the two
-        pair, second = lw.pair, second_acc
+    if lw.pair is not None:  # the node of both from the two accumulators
+        pair = lw.pair
         acc = np.broadcast_to(eval_pointwise(pair.node.rhs, lambda ld: first if ld.tensor == pair.first else second,
                                              f, sizes), first.shape)
     if lw.row_scale is not None:
@@ -292,7 +289,8 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
         full = np.zeros((k.bm, acc.shape[1]), dtype=np.int64)
         full[inside] = acc
         moved = mem.poison(np.arange(full.size, dtype=np.int64)).reshape(full.shape)  # a cell nothing stores
-        ok = (stored_r >= 0) & (stored_r < k.bm) & (stored_c >= 0) & (stored_c < k.bn)
+        ok = (stored_r >= 0) & (stored_r < k.bm) & (stored_c >= 0) & (stored_c < k.bn) & \
+            (held_r >= 0) & (held_r < k.bm) & (held_c >= 0) & (held_c < k.bn)  # (the faults name the others)
         for b in range(len(nts)):
             moved[stored_r[ok], b * k.bn + stored_c[ok]] = full[held_r[ok], b * k.bn + held_c[ok]]
         acc = moved[inside]

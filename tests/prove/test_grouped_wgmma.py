@@ -276,3 +276,34 @@ def test_the_16_byte_epilogue_is_proven_and_a_wrong_slot_is_named(instructions):
     kernel = emit_plan(model, plan, TARGET).kernels[0]
     assert "habu::store_words<4>" in kernel.source and "__shfl_xor_sync" in kernel.source
     assert_compiles_without_spills(kernel)
+
+
+@pytest.mark.parametrize("method", ["sent_group", "slot", "offset", "vector_column", "row", "lane_in_group",
+                                    "position"])
+def test_every_map_the_16_byte_epilogue_prints_is_one_the_check_runs(method):
+    """Each of the trade's maps (`QuadVectors`: what a lane sends, the slot a pair fills, the shuffle's xor, the
+    vector's column and row, the lane's place, an element's place), planted one off in the grouped lowering's
+    `epilogue_vectors`, changes the printed kernel and is caught by the field check. Regression: a lane sending
+    a group past the accumulator's last (`sent_group` + 1, `lane_in_group` + 1) raised IndexError in the check
+    instead of naming the fault."""
+    from habu.bench.derived_lines import _with_property
+    from habu.bench.derived_plants_attention import VECTOR_PLANTS, planted_vectors
+    from habu.lower import lower_plan, lower_whole
+    from habu.paths.emit import emit_lowered
+    from habu.prove.verify import verify_plan
+
+    m = load_program(ROOT / "tests" / "data" / "moe_small.habu").models["MOE-FFN"]
+    shape = {"T": 150, "R": 300}
+    model = m.with_sizes(shape)
+    plan = default_plan(model, TARGET, shape, {"family": "grouped", "pair": "fused", "main_loop": "wgmma",
+                                               "store_vector": "8", "bm": "128", "warps_m": "2"})
+    lowerings = lower_plan(model, plan)
+    planted = dict(VECTOR_PLANTS)[method]
+    bad = _with_property(lowerings[0], "epilogue_vectors", lambda qv: planted_vectors(qv, method, planted))
+    whole = lower_whole(model, plan)
+    printed = emit_lowered(whole, plan, TARGET).kernels[0].source
+    moved = emit_lowered(replace(whole, kernels=(bad, *whole.kernels[1:])), plan, TARGET).kernels[0].source
+    assert moved != printed
+    lowerings[0] = bad
+    cert = verify_plan(model, plan, shape, trials=1, lowerings=lowerings)
+    assert not cert.passed
