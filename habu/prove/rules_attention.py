@@ -230,6 +230,11 @@ def _fragment_obligations(name: str, lw: AttentionLowering, n_e: int, n_d: int) 
               (lw.registers, 4, "an 8-column group holds the m16n8 accumulator's 4 registers"),
               (lw.warps * lw.sets_per_warp * MMA_M, k.bm * lw.kv_warps,
                "the warps' accumulator sets cover the query tile once a key slice"))
+    # a warp's slice of the KV tile first: a slice under one k16 step fails every cover below with a 0
+    yield Obligation(rule, name, None, f"a warp's key slice (bn {k.bn} / kv_warps {lw.kv_warps} = {lw.slice_keys} keys) "
+                     f"is whole k{MMA_K} steps of P·V", lw.slice_keys >= MMA_K and lw.slice_keys % MMA_K == 0,
+                     detail=f"kv_warps {lw.kv_warps} leaves each warp {lw.slice_keys} keys of a {k.bn}-key tile: "
+                     f"take fewer kv_warps or a wider bn")
     for got, want, text in covers:
         yield Obligation(rule, name, None, f"{text} ({got} = {want})", got == want, detail=f"{got} ≠ {want}")
     w1, m1, w2, m2, q1, q2 = z3.Ints("warp mi other_warp other_mi reg other_reg")

@@ -160,3 +160,13 @@ def test_regression_the_sliced_split_writes_its_rows_m_and_l(decode):
 
     src = emit_plan(decode, default_plan(decode, T, DECODE_SHAPE, SLICED_PINS), T).kernels[0].source
     assert "if ((d < 1)) {" in src and "if (false)" not in src
+
+
+def test_regression_more_kv_warps_than_the_tile_has_k16_steps_is_refused_by_name(decode):
+    """`--pin kv_warps=8` on 64-key tiles (H200 bench, session 38): each warp would take 8 keys, under one k16
+    step of P·V. The rule's first failure now says so (before: "K's ldmatrix.x4 pairs cover a warp's keys
+    (0 = 8): 0 ≠ 8")."""
+    plan = default_plan(decode, T, DECODE_SHAPE, {"family": "attention", "kv_warps": "8", "bn": "64"})
+    bad = failures(obligations(decode, plan, DECODE_SHAPE))
+    assert bad and "kv_warps 8 leaves each warp 8 keys of a 64-key tile" in bad[0].detail, [o.detail for o in bad]
+    assert "bn 64 / kv_warps 8 = 8 keys" in bad[0].describe()
