@@ -188,6 +188,8 @@ def resource_report(built: list[dict], target: Target) -> str:
             if r is None:
                 continue
             spill = f"**{r.spill_stores} B stored / {r.spill_loads} B loaded: this kernel spills**" if r.spills else "0"
+            if r.wgmma_serialized:
+                spill += " (**ptxas serialized its wgmma**)"
             out.append(f"| {i + 1} | `{k.name}` | {k.threads} | {k.smem} B | {r.registers} | {spill} | {r.smem} B | "
                        f"{r.stack} B |")
     return "\n".join(out) + "\n"

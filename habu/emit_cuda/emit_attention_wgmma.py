@@ -262,7 +262,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
     decode = f"""  const {it} qt = ({it})({c(lw.query_tile(tile_var, sizes))});  // the query tile
   const {it} flat = ({it})({c(lw.batch_flat(tile_var, sizes))});  // the batch element
 {batch_code}  const long long limit = {c(limit)};  // keys at or past this are masked for every row of the tile
-  const long long tiles = {c(tiles)};  // the KV tiles visited (the causal skip)
+  const long long tiles = habu::unfolded({c(tiles)});  // the KV tiles visited (the causal skip); a loop whatever the count
   const long long open_limit = {c(open_limit)};  // keys below this are visible to every row of the tile
   (void)limit;
   (void)open_limit;

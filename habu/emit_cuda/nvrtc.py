@@ -41,6 +41,9 @@ class Resources:
     spill_loads: int = 0  # bytes
     smem: int = 0  # static shared memory bytes
     stack: int = 0  # stack frame bytes
+    # ptxas serialised the kernel's wgmma instructions (C7512 or C7515: a wait after each, no overlap of the
+    # tensor cores with anything): correct, and a performance defect the proof cannot see
+    wgmma_serialized: bool = False
 
     @property
     def spills(self) -> bool:
@@ -50,7 +53,8 @@ class Resources:
         """One line, e.g. '168 registers, 0 spills, 1024 B static smem'."""
         spills = f"{self.spill_stores + self.spill_loads} B spilled" if self.spills else "0 spills"
         text = f"{self.registers} registers, {spills}, {self.smem} B static smem"
-        return text + (f", {self.stack} B stack" if self.stack else "")
+        text += f", {self.stack} B stack" if self.stack else ""
+        return text + (", wgmma serialized by ptxas" if self.wgmma_serialized else "")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ _PROPS = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized.*?function '([^']+)'")
 
 
 def parse_ptxas(log: str) -> dict[str, Resources]:
@@ -91,6 +96,9 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
             entry["registers"] = int(m.group(1))
             if s := _SMEM.search(line):
                 entry["smem"] = int(s.group(1))
+    for line in log.splitlines():  # ptxas's performance notes name the function (C7512, C7515)
+        if m := _SERIALIZED.search(line):
+            found.setdefault(m.group(1), {})["wgmma_serialized"] = True
     return {name: Resources(**fields) for name, fields in found.items() if "registers" in fields}
 
 

@@ -138,3 +138,13 @@ def test_no_compiler_says_how_to_install(monkeypatch):
     monkeypatch.setattr(nvrtc.shutil, "which", lambda name: None)
     with pytest.raises(CompilerUnavailable, match="pip install nvidia-cuda-nvrtc"):
         compile_cuda(DOUBLE, "twice", "sm_90a")
+
+
+def test_parse_ptxas_names_a_kernel_whose_wgmma_ptxas_serialized():
+    """ptxas's C7512 note (the short full-attention prefill's kernel, session 38: 80 µs where the loop's form
+    ran 67) is kept with the kernel's resources and shown in their line."""
+    log = NVRTC_LOG + ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+                       "serialized due to insufficient register resources for the function 'gemm'\n")
+    table = parse_ptxas(log)
+    assert table["gemm"].wgmma_serialized and not table["spill"].wgmma_serialized
+    assert table["gemm"].describe().endswith(", wgmma serialized by ptxas")

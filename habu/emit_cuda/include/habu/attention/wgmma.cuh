@@ -33,6 +33,16 @@ __device__ __forceinline__ void end_block(float x) {
   if (__any_sync(0xffffffffu, x != x)) asm volatile("nanosleep.u32 0;\n" ::: "memory");
 }
 
+/** @brief `x`, as a value the compiler cannot fold. A KV-tile count known at compile time (2 for a full
+ * attention over 256 keys in 128-key tiles) lets nvcc peel the KV loop into straight code, in which ptxas then
+ * keeps more values live and serializes every wgmma ("C7512: wgmma.mma_async instructions are serialized due to
+ * insufficient register resources"; the H200, 2026-12-03: 80 µs where the loop's form ran 67). Through this the
+ * loop is compiled as the loop it is, whatever the count. */
+__device__ __forceinline__ long long unfolded(long long x) {
+  asm volatile("mov.b64 %0, %0;\n" : "+l"(x));
+  return x;
+}
+
 /** @brief Ping-pong between two consumer warpgroups (FA3): wait until named barrier `id` has the other
  * warpgroup's 128 arrivals (bar.sync counts this warpgroup's 128 threads with them). */
 __device__ __forceinline__ void turn_wait(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
