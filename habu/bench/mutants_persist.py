@@ -47,6 +47,12 @@ def q_full_parity_always_zero(lw: Any) -> AttentionWgmmaLowering:
     return _planted(lw, "q_full_parity", lambda self, n: 0)
 
 
+def last_kv_tile_dropped(lw: Any) -> AttentionWgmmaLowering:
+    """A work tile's KV tiles end one early (the count the kernel reads through `habu::unfolded`): the last tile's
+    keys never enter the rows' softmax, and the producer and the consumers agree on the shorter count."""
+    return _planted(lw, "end_tile", lambda self, split, tiles: tiles - 1)
+
+
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
     ("persist-walk-stride-one-more", "the persistent attention kernel's blocks step gridDim.x + 1 work tiles",
      "attention.habu", "ATTENTION-GQA", SHAPE, walk_stride_one_more, PINS),
@@ -56,4 +62,6 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
      "parity of the tile it loads", "attention.habu", "ATTENTION-GQA", SHAPE, q_free_parity_of_this_tile, PINS),
     ("persist-q-full-parity-always-zero", "the persistent attention kernel's consumers wait Q's barrier with "
      "parity 0 at every tile", "attention.habu", "ATTENTION-GQA", SHAPE, q_full_parity_always_zero, PINS),
+    ("persist-last-kv-tile-dropped", "the persistent attention kernel's work tiles visit one KV tile too few",
+     "attention.habu", "ATTENTION-GQA", SHAPE, last_kv_tile_dropped, PINS),
 )

@@ -83,6 +83,9 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
     found: dict[str, dict[str, int]] = {}
     current: str | None = None
     for line in log.splitlines():
+        if m := _SERIALIZED.search(line):  # ptxas's performance note names the function (C7512, C7515)
+            found.setdefault(m.group(1), {})["wgmma_serialized"] = True
+            continue
         if m := _ENTRY.search(line) or _PROPS.search(line):
             current = m.group(1)
             continue
@@ -96,9 +99,6 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
             entry["registers"] = int(m.group(1))
             if s := _SMEM.search(line):
                 entry["smem"] = int(s.group(1))
-    for line in log.splitlines():  # ptxas's performance notes name the function (C7512, C7515)
-        if m := _SERIALIZED.search(line):
-            found.setdefault(m.group(1), {})["wgmma_serialized"] = True
     return {name: Resources(**fields) for name, fields in found.items() if "registers" in fields}
 
 
