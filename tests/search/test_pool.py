@@ -157,10 +157,15 @@ def test_with_a_time_budget_the_pool_tunes_like_one_process(tmp_path):
             result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=30), timer=timer,
                             executor=executor).run()
             found.append(result.timeline)
-    ta, tb = found
+    # The budget's end cuts each run at its own place, and not at a prefix: the pool proves a batch's
+    # candidates at once, so one proof can be abandoned at the deadline while a later one of its
+    # batch was already proven (CI, 2 loaded cores: entry 100 of one run was entry 101 of the other).
+    # A batch is recorded only when all its proofs have returned, and a proof is abandoned only at
+    # the deadline: what either run recorded a second before the end must be the same in both.
+    ta, tb = ([e["kernel"] for e in timeline if e["t"] < 29.0] for timeline in found)
     n = min(len(ta), len(tb))
     assert n >= 4
-    assert [e["kernel"] for e in ta[:n]] == [e["kernel"] for e in tb[:n]]
+    assert ta[:n] == tb[:n]
 
 
 def test_regression_closing_the_pool_waited_for_proofs_still_running():
