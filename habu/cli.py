@@ -281,6 +281,9 @@ def _print_tuned(console, tuned) -> None:
                   highlight=False)
     if not result.measured:
         console.print(PREDICTION_NOTE, highlight=False)
+    if st.refused_slow:
+        console.print(f"{st.refused_slow} proven candidate(s) predicted faster were not kept: ptxas spilled or "
+                      f"serialized their wgmma (the last: {st.last_slow})", highlight=False)
     if st.spent:
         console.print(f"time: {time_account(st)}", highlight=False)
     console.print("wrote " + ", ".join(str(f) for f in tuned.files), highlight=False)

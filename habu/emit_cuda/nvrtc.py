@@ -102,6 +102,11 @@ def parse_ptxas(log: str) -> dict[str, Resources]:
     return {name: Resources(**fields) for name, fields in found.items() if "registers" in fields}
 
 
+def entry_names(log: str) -> list[str]:
+    """The entry functions a ptxas `-v` report compiled, in its order."""
+    return list(dict.fromkeys(m.group(1) for m in _ENTRY.finditer(log)))
+
+
 def resources_of(log: str, name: str) -> Resources:
     """The named kernel's resources (the only kernel's, if the name is not in the report)."""
     table = parse_ptxas(log)
@@ -226,5 +231,5 @@ def compile_cuda(source: str, name: str, arch: str, include_dirs: Sequence[str |
     return Cubin(image, arch, log, resources_of(log, name), compiler)
 
 
-__all__ = ["INCLUDE_DIR", "CompileError", "CompilerUnavailable", "Cubin", "Resources",
-           "compile_cuda", "compiler_version", "options", "parse_ptxas", "resources_of"]
+__all__ = ["INCLUDE_DIR", "CompileError", "CompilerUnavailable", "Cubin", "Resources", "compile_cuda",
+           "compiler_version", "entry_names", "options", "parse_ptxas", "resources_of"]

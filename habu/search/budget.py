@@ -60,6 +60,8 @@ class Stats:
     # "proof field", "proof compile") and of the GPU timing ("gpu load", "gpu check", "gpu time")
     spent: dict[str, float] = field(default_factory=dict)
     abandoned: int = 0  # proofs the end of the time budget stopped (not waited for)
+    refused_slow: int = 0  # proven, and refused without a GPU: ptxas spilled or serialized its wgmma
+    last_slow: str | None = None  # why the last of them was refused
     field_checks: int = 0  # finite-field checks run; the other candidates shared one (same lowering)
     field_shared: int = 0
 
@@ -82,6 +84,13 @@ class Scored:
     resources: dict | None = None
     rewrites: tuple[str, ...] = ()  # the algebraic rewrites the candidate's kernels are built on
     tie_break: tuple[float, ...] = ()  # the finer terms that order equal predictions (`cost.tie_break`)
+
+
+def predicted_better(score: float, tie: tuple[float, ...], best: float, best_tie: tuple[float, ...] | None) -> bool:
+    """Without a GPU: a candidate predicted `score` seconds (finer terms `tie`) replaces a best predicted
+    `best` when it is predicted faster, or equal with better finer terms (`cost.tie_break`)."""
+    tied = abs(score - best) <= 1e-9 * max(abs(best), 1e-30)
+    return (score < best and not tied) or (tied and best_tie is not None and bool(tie) and tie < best_tie)
 
 
 @dataclass

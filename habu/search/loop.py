@@ -6,7 +6,8 @@ order of their predicted share of the run time, each with its share of the budge
 go cheapest-first by the cost model; each passes the z3 rules, the finite-field check, then (with a GPU) the
 golden check in the timing worker, before its time counts.
 Every new best plan is written to the database at once: Ctrl-C, the end of the budget or a kill leaves
-the best verified plan so far saved. Without a GPU, candidates are ranked by the cost model ("unmeasured").
+the best verified plan so far saved. Without a GPU, candidates are ranked by the cost model ("unmeasured"),
+and one that would replace the best is compiled first: ptxas's spills or serialized wgmma refuse it.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from habu.plan.partitions import partitions
 from habu.plan.patterns import Region
 from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
-from habu.search.budget import Budget, Scored, SearchResult, Stats
-from habu.search.cost import Ceilings, KernelCost, kernel_cost, roofline_seconds, tie_break
+from habu.search.budget import Budget, Scored, SearchResult, Stats, predicted_better
+from habu.search.cost import KernelCost, kernel_cost, roofline_seconds, tie_break
 from habu.search.cuts import default_partition
 from habu.search.interrupt import latched_interrupts, raise_if_interrupted
 from habu.search.pool import Executor, ExecutorLostInterrupt, InlineExecutor, Pending, lost_cause
 from habu.search.prune import QuickPruner
-from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space
-from habu.search.tasks import Job
+from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space, relower
+from habu.search.tasks import Job, compiles_here
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -70,6 +71,9 @@ class Search:
         self.rewrites: tuple[str, ...] = ()  # the rewrites of the chosen kernel graph
         self.graph = model  # the model after them: what the kernels compute
         self.budget, self.timer, self.top_k, self.seed = budget, timer, top_k, seed
+        # no GPU to time a plan: a candidate that would become the best is compiled to read ptxas's report
+        self.clean_compiles = timer is None and compiles_here(target.name)
+        self.trying_default = True  # the first plan, sent before any other
         self.progress = progress or (lambda s: None)
         self.stats = Stats()
         self.timeline: list[dict] = []
@@ -138,9 +142,10 @@ class Search:
             if self.pruner.reject(plan, only) is not None:
                 self.stats.pruned_rules += 1
                 continue
+            clean_only = self._clean_only(region, batch[j][2])
             self.sequence += 1
             items.append((plan.to_json(), self.seed + self.sequence, None if only is None else tuple(only),
-                          compile_kernels, self.deadline))
+                          compile_kernels, self.deadline, clean_only))
             where.append(j)
         sent = _Sent(batch, plans, where, self.executor.submit(self.job, items) if items else None)
         self.stats.add("driver send", time.monotonic() - began)
@@ -176,6 +181,10 @@ class Search:
                 self.stats.field_checks += not res["field_shared"]
             if status == "rules":
                 self.stats.pruned_rules += 1
+                continue
+            if status == "slow":  # proven, and slow by ptxas's report: not stored in place of the best
+                self.stats.refused_slow += 1
+                self.stats.last_slow = res["reason"]
                 continue
             if status == "abandoned":  # the budget ended during its proof: neither kept nor a failure
                 self.stats.abandoned += 1
@@ -254,7 +263,9 @@ class Search:
                 self._time_baseline()
                 # the default plan first: a verified answer as early as possible
                 first = Scored(best[0], sum(c.seconds for c in base_costs))
-                if self._try(tuple(best), -1, first):
+                kept = self._try(tuple(best), -1, first)
+                self.trying_default = False
+                if kept:
                     if first.measured_us is not None:
                         self.best_score = [first.measured_us] * len(regions)
                     self._save(best, ranked)
@@ -378,7 +389,7 @@ class Search:
         def lowered(k: Kernel):
             if isinstance(base_lw, ContractionLowering) and isinstance(k, ContractionKernel):
                 return with_kernel(base_lw, k, costing=True)
-            return _relower(self.graph, plan, i, k, replace(base_lw, kernel=k))
+            return relower(self.graph, plan, k, replace(base_lw, kernel=k))
 
         costed: list[tuple[float, Kernel]] = []
         for k in region_space(self.graph, region, self.target, self.sizes):
@@ -509,14 +520,22 @@ class Search:
                 return False
             self.best_score[i] = score
             return True
-        score, best = scored.predicted_s, self.best_score[i]
-        tied = abs(score - best) <= 1e-9 * max(abs(best), 1e-30)
-        if not (score < best and not tied) and not (tied and i in self.best_tie and scored.tie_break
-                                                      and scored.tie_break < self.best_tie[i]):
+        if not predicted_better(scored.predicted_s, scored.tie_break, self.best_score[i], self.best_tie.get(i)):
             return False
-        self.best_score[i] = score
+        self.best_score[i] = scored.predicted_s
         self.best_tie[i] = scored.tie_break
         return True
+
+    def _clean_only(self, region: int, scored: Scored) -> bool:
+        """Without a GPU, ptxas's report is the only sign of a slow kernel: a candidate that would replace
+        the best is compiled, and refused when it spills or its wgmma is serialized (or NVRTC refuses it,
+        or its setmaxnreg would hang). The first plan, the default, is kept whatever its report."""
+        if not self.clean_compiles or self.trying_default:
+            return False
+        if region < 0:
+            return True
+        return predicted_better(scored.predicted_s, scored.tie_break, self.best_score[region],
+                                self.best_tie.get(region))
 
     def _save(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Record]:
         """Store the finalists now (with a GPU, the ones not measured yet are timed first)."""
@@ -576,20 +595,6 @@ class Search:
                     self.stats.best_us = measured if self.stats.best_us is None else min(self.stats.best_us, measured)
         entry = self.db.store(self.key, records, keep=self.top_k)
         return entry.records
-
-
-def _relower(model: Model, plan: Plan, i: int, k: Kernel, fallback):
-    """The lowering of kernel `k` in region i (cheap enough to cost every candidate)."""
-    from habu.lower import lower
-
-    try:
-        return lower(model, k, dict(plan.storage))
-    except Exception:
-        return fallback
-
-
-def ceilings(target: Target) -> Ceilings:
-    return target.ceilings
 
 
 __all__ = ["Budget", "KernelCost", "Search", "SearchResult", "Stats"]

@@ -21,8 +21,8 @@ from habu.search.tasks import Job, check_candidate, lower_priority
 from habu.search.threads import BLAS_THREAD_VARS, BlasThreads
 
 # one candidate to check: (plan JSON, seed, the kernels to prove (None: all), compile it for timing?,
-# when its proof is abandoned (time.time() seconds; None: never))
-Item = tuple[dict, int, "tuple[int, ...] | None", bool, "float | None"]
+# when its proof is abandoned (time.time() seconds; None: never), compile it to refuse a slow one (no GPU)?)
+Item = tuple[dict, int, "tuple[int, ...] | None", bool, "float | None", bool]
 
 # how long past the budget's end the driver still waits for a proof that did not stop by itself
 # (the proofs look at the deadline between trials, kernels and k steps, z3 queries get the time left,

@@ -27,7 +27,8 @@ def progress_text(stats: Stats, budget: Budget) -> str:
         roof += f" {stats.baseline_us / stats.best_us:.2f}× baseline"
     return (f"{stats.elapsed:5.0f}s ({left}) {where}gen {stats.generated} rules-pruned {stats.pruned_rules} "
             f"field-pruned {stats.pruned_field} verified {stats.verified} compiled {stats.compiled} "
-            f"timed {stats.timed} failed {stats.failed} best {best}{roof}")
+            f"timed {stats.timed} failed {stats.failed}{f' slow {stats.refused_slow}' if stats.refused_slow else ''} "
+            f"best {best}{roof}")
 
 
 class Progress:

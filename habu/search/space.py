@@ -380,4 +380,15 @@ def enumerate_plans(model: Model, target: Target, sizes: dict[str, int] | None =
 
 
 __all__ = ["apply_pins", "concrete_sizes", "default_kernels", "default_plan", "enumerate_plans", "make_plan",
-           "node_of", "parse_pins", "region_space"]
+           "node_of", "parse_pins", "region_space", "relower"]
+
+
+def relower(model: Model, plan: Plan, k: Kernel, fallback):
+    """The lowering of kernel `k` alone, with the plan's storage (cheap enough to cost every
+    candidate of a region); `fallback` where it does not lower."""
+    from habu.lower import lower
+
+    try:
+        return lower(model, k, dict(plan.storage))
+    except Exception:
+        return fallback

@@ -1,5 +1,5 @@
 """The work one candidate needs away from the search driver: the z3 obligations, the finite-field
-check and (when it will be timed) the NVRTC compile. Pure functions of picklable arguments, so a
+check and (when it will be timed, or without a GPU when it would become the best) the NVRTC compile. Pure functions of picklable arguments, so a
 thread, a local process pool or a Ray task on another machine runs the same code and gives the same
 answer; the driver alone decides what is kept and writes the plan database.
 
@@ -10,6 +10,7 @@ sizes; each worker parses it once and keeps it.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -62,19 +63,22 @@ def _remember(key: str, cert_json: dict[str, Any]) -> None:
 
 
 def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
-                    compile_kernels: bool = False, deadline: float | None = None) -> dict[str, Any]:
-    """Prove one plan; compile it when asked and proven. Never raises for a bad plan: the result's
-    `status` is "verified", "rules" (a z3 obligation fails), "field" (the finite-field check
-    fails), "compile" (NVRTC refuses it), "lost" (Habu itself failed on it) or "abandoned" (the
-    search's time budget ended at `deadline`, time.time() seconds, before the proof did), with the
-    reason."""
+                    compile_kernels: bool = False, deadline: float | None = None,
+                    clean_only: bool = False) -> dict[str, Any]:
+    """Prove one plan; compile it when asked and proven (`compile_kernels`: its cubins come back to be
+    timed; `clean_only`: compiled to read ptxas's report, for a search without a GPU). Never raises
+    for a bad plan: the result's `status` is "verified", "rules" (a z3 obligation fails), "field"
+    (the finite-field check fails), "compile" (NVRTC refuses it), "slow" (`clean_only`: ptxas
+    spilled registers or serialized the wgmma of one of its kernels: correct, and slow where no
+    timing can say so), "lost" (Habu itself failed on it) or "abandoned" (the search's time budget
+    ended at `deadline`, time.time() seconds, before the proof did), with the reason."""
     from habu.prove.deadline import DeadlinePassed, proof_deadline
 
     if deadline is not None and time.time() >= deadline:
         return {"status": "abandoned", "reason": "the time budget ran out before its proof started", "seconds": {}}
     try:
         with proof_deadline(deadline):
-            return _check_candidate(job, plan_json, seed, only, compile_kernels)
+            return _check_candidate(job, plan_json, seed, only, compile_kernels, clean_only)
     except DeadlinePassed as stop:
         return {"status": "abandoned", "reason": str(stop), "seconds": {}}
     except MemoryError as exc:  # a shape the size limits let through, but not this machine's memory
@@ -90,7 +94,7 @@ def check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] 
 
 
 def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None,
-                     compile_kernels: bool) -> dict[str, Any]:
+                     compile_kernels: bool, clean_only: bool = False) -> dict[str, Any]:
     from habu.lower import lower_whole
     from habu.plan.buckets import describe_ranges
     from habu.prove import field_check_sizes
@@ -145,16 +149,43 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
         return {"status": "field", "reason": f"finite-field check: {cert_json['failure']}", "seconds": seconds,
                 "field_shared": shared}
     out: dict[str, Any] = {"status": "verified", "certificate": cert_json, "seconds": seconds, "field_shared": shared}
-    if compile_kernels:
+    if compile_kernels or clean_only:
         try:
-            out["cubins"] = bounded_compile(lambda: compile_plan(model, plan, lowered))
+            cubins = bounded_compile(lambda: compile_plan(model, plan, lowered))
         except DeadlinePassed:
             raise  # abandoned, not a compile failure
         except Exception as exc:  # NVRTC's log says why (or that it did not finish)
             return {"status": "compile", "reason": f"{type(exc).__name__}: {str(exc)[:1500]}",
                     "certificate": cert_json, "seconds": lap("compile"), "field_shared": shared}
         lap("compile")
+        if compile_kernels:
+            out["cubins"] = cubins
+        if clean_only and (flawed := slow_kernels(cubins, only)):
+            return {"status": "slow", "reason": "; ".join(flawed), "certificate": cert_json, "seconds": seconds,
+                    "field_shared": shared}
     return out
+
+
+def slow_kernels(cubins: list[tuple[str, Any]], only: tuple[int, ...] | None = None) -> list[str]:
+    """What ptxas's report says makes a compiled kernel slow whatever a GPU would measure: spilled
+    registers (local-memory traffic in the main loop) or wgmma instructions it serialized (a wait
+    after each, no overlap of the tensor cores with anything). One line per such kernel, among
+    `only` (the kernels the candidate changes; None: all)."""
+    from habu.emit_cuda.nvrtc import entry_names
+
+    flawed = []
+    for _key, cubin in cubins:
+        r = cubin.resources
+        if not (r.spills or r.wgmma_serialized):
+            continue
+        name = next(iter(entry_names(cubin.log)), "")  # the entry function ptxas reported on
+        region = _PLAN_KERNEL.search(name)  # habu_<model>_<plan>_k<i>, a staging kernel's _k<i>_stage<j>
+        if only is None or region is None or int(region.group(1)) in only:
+            flawed.append(f"{name or 'a kernel'}: ptxas: {r.describe()}")
+    return flawed
+
+
+_PLAN_KERNEL = re.compile(r"_k(\d+)(?:_stage\d+)?$")  # habu.paths.emit.kernel_name's suffix
 
 
 # the longest one candidate's NVRTC compiles may take (the slowest plans compile in about 20 s on a
@@ -197,6 +228,19 @@ def bounded_compile(compile_: Callable[[], T], limit_s: float | None = None) -> 
     return done["value"]
 
 
+@functools.cache
+def compiles_here(target: str) -> bool:
+    """NVRTC (or nvcc) is on this machine and compiles for `target`: ptxas's report can be read."""
+    from habu.emit_cuda.nvrtc import CompilerUnavailable, compiler_version
+    from habu.targets import nvrtc_arch
+
+    try:
+        compiler_version()
+    except CompilerUnavailable:
+        return False
+    return nvrtc_arch(target) is not None
+
+
 def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -> list[tuple[str, Any]]:
     """Every kernel of the plan compiled (through this machine's cache): (cache key, Cubin) pairs
     that a GPU machine stores in its own cache, so it loads instead of compiling. `lowered`: the
@@ -215,8 +259,8 @@ def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -
     return out
 
 
-__all__ = ["Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan", "lower_priority",
-           "prefill_cache"]
+__all__ = ["Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan", "compiles_here",
+           "lower_priority", "prefill_cache", "slow_kernels"]
 
 
 def lower_priority() -> None:
@@ -231,8 +275,9 @@ def lower_priority() -> None:
 
 
 def check_candidate_niced(job: Job, plan_json: dict, seed: int, only: tuple[int, ...] | None = None,
-                          compile_kernels: bool = False, deadline: float | None = None) -> dict:
+                          compile_kernels: bool = False, deadline: float | None = None,
+                          clean_only: bool = False) -> dict:
     """`check_candidate` in a worker process of its own (a Ray task), at lower priority."""
     lower_priority()
-    return check_candidate(job, plan_json, seed, only, compile_kernels, deadline)
+    return check_candidate(job, plan_json, seed, only, compile_kernels, deadline, clean_only)
 
