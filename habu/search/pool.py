@@ -175,12 +175,20 @@ class ProcessExecutor:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+            results = getattr(pool, "_result_queue", None)  # and this
             pool.shutdown(wait=False, cancel_futures=True)
             for proc in procs:
                 if proc.is_alive():
                     proc.kill()
             for proc in procs:
                 proc.join(timeout=5)
+            # A worker killed while it sent a result (a candidate's cubins) leaves half a message in the
+            # result pipe: the pool's manager thread waits for the rest for ever, and the interpreter
+            # waits for that thread at exit. With the workers gone, this process holds the pipe's only
+            # write end: closed, the manager reads an end of file, finds the pool broken and ends.
+            writer = getattr(results, "_writer", None)
+            if writer is not None:
+                writer.close()
             pool.shutdown(wait=True)
 
 

@@ -229,6 +229,25 @@ def test_regression_closing_the_pool_waited_for_proofs_still_running():
             os.kill(pid, 0)
 
 
+def test_regression_a_pool_closed_mid_result_left_the_interpreter_waiting_at_exit():
+    """A pytest process that had passed the time-budget pool test waited at exit for over 9 minutes:
+    `close` killed a worker while it sent a result (a candidate's cubins are large), the pool's
+    manager thread waited for the rest of that message for ever, and the interpreter joins that
+    thread at exit. Here the half-sent message is written into the result pipe by hand (the header
+    of a megabyte, ten bytes of it); `close` must still end the manager thread."""
+    import struct
+
+    ex = ProcessExecutor(2)
+    pool = ex._ensure()
+    assert pool.submit(os.getpid).result(timeout=120) != os.getpid()  # the workers and the manager run
+    manager = pool._executor_manager_thread
+    os.write(pool._result_queue._writer.fileno(), struct.pack("!i", 1 << 20) + b"x" * 10)
+    time.sleep(0.5)  # the manager is now reading the rest of the message
+    ex.close()
+    manager.join(timeout=20)
+    assert not manager.is_alive()
+
+
 def test_workers_run_numpy_with_one_blas_thread(monkeypatch):
     """Regression: each worker ran OpenBLAS with a thread per core, so 15 workers on 16 cores
     oversubscribed the CPU tenfold and the finite-field check of RMSNorm + Linear took ~9 s."""
