@@ -286,7 +286,8 @@ def _print_tuned(console, tuned) -> None:
                       f"serialized their wgmma (the last: {st.last_slow})", highlight=False)
     if st.spent:
         console.print(f"time: {time_account(st)}", highlight=False)
-    console.print("wrote " + ", ".join(str(f) for f in tuned.files), highlight=False)
+    if tuned.files:
+        console.print("wrote " + ", ".join(str(f) for f in tuned.files), highlight=False)
 
 
 app.command()(emit)

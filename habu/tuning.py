@@ -146,7 +146,7 @@ def tune(path: str | Path, model: str | None = None, *, shape: Mapping[str, int]
                 unverified.append(tgt.name)
             else:
                 where = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "-", result.key.target.gpu) if len(runs) > 1 else out_dir
-                _write_winner(tuned, bound, sizes, where, log)
+                _write_winner_unless_skipped(tuned, bound, sizes, where, log)
             done.tuned.append(tuned)
             if on_tuned is not None:
                 on_tuned(tuned)
@@ -324,7 +324,7 @@ def _tune_buckets(path, bound: Model, grid: BucketGrid, sizes: dict[str, int], a
                 unverified.append(describe_ranges(ranges))
             else:
                 where = out_dir / "-".join(f"{n}{lo}-{hi}" for n, lo, hi in ranges)
-                _write_winner(tuned, cell_model, {k: v for k, v in at.items() if k in sizes}, where, log)
+                _write_winner_unless_skipped(tuned, cell_model, {k: v for k, v in at.items() if k in sizes}, where, log)
             done.tuned.append(tuned)
             if on_tuned is not None:
                 on_tuned(tuned)
@@ -393,6 +393,23 @@ def winner_record(result: SearchResult) -> Record | None:
         return None
     plan = result.best.to_json()
     return next((r for r in result.records if r.plan == plan), None)
+
+
+def _write_winner_unless_skipped(tuned: Tuned, bound: Model, sizes: dict[str, int], out_dir: Path, log) -> None:
+    """`_write_winner`. After a Ctrl-C its full-shape proof still runs (seconds at GGEMM 4096³): the user is
+    told so, and a second Ctrl-C skips the files (the plan stays stored, proven as the search proved it)."""
+    result = tuned.result
+    if not result.interrupted:
+        _write_winner(tuned, bound, sizes, out_dir, log)
+        return
+    log.print(f"interrupted: proving the winner at the full shape before writing its files (Ctrl-C again skips "
+              f"them; the plan is stored in {tuned.db_path})", highlight=False)
+    try:
+        _write_winner(tuned, bound, sizes, out_dir, log)
+    except KeyboardInterrupt:
+        assert result.best is not None
+        log.print(f"files not written: plan {result.best.key} is stored in {tuned.db_path} (habu run and habu.load "
+                  "find it there)", highlight=False)
 
 
 def _write_winner(tuned: Tuned, bound: Model, sizes: dict[str, int], out_dir: Path, log) -> None:

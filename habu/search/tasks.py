@@ -160,27 +160,37 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
         lap("compile")
         if compile_kernels:
             out["cubins"] = cubins
-        if clean_only and (flawed := slow_kernels(cubins, only)):
+        looped = {i for i, k in enumerate(plan.kernels) if k.kind in ACCUMULATING_KINDS}
+        if clean_only and (flawed := slow_kernels(cubins, only, looped)):
             return {"status": "slow", "reason": "; ".join(flawed), "certificate": cert_json, "seconds": seconds,
                     "field_shared": shared}
     return out
 
 
-def slow_kernels(cubins: list[tuple[str, Any]], only: tuple[int, ...] | None = None) -> list[str]:
-    """What ptxas's report says makes a compiled kernel slow whatever a GPU would measure: spilled
-    registers (local-memory traffic in the main loop) or wgmma instructions it serialized (a wait
-    after each, no overlap of the tensor cores with anything). One line per such kernel, among
-    `only` (the kernels the candidate changes; None: all)."""
+# the kernel kinds with a main loop over k (or KV) tiles whose accumulators and fragments live in
+# registers: a spill there is local-memory traffic in every step. A row, map, column or general kernel
+# streams memory; a small spill of one was measured harmless (softmax backward at 8192 × 16384: the
+# default, 96 B spilled under two blocks an SM, runs at 96% of copy bandwidth, docs/PERF.md).
+ACCUMULATING_KINDS = frozenset({"contraction", "grouped", "attention"})
+
+
+def slow_kernels(cubins: list[tuple[str, Any]], only: tuple[int, ...] | None = None,
+                 spills_count: set[int] | None = None) -> list[str]:
+    """What ptxas's report says makes a compiled kernel slow whatever a GPU would measure: wgmma
+    instructions it serialized (a wait after each, no overlap of the tensor cores with anything), or
+    spilled registers in a kernel of `spills_count` (None: any). One line per such kernel, among
+    `only` (the plan kernels the candidate changes; None: all), named by the entry ptxas reported on."""
     from habu.emit_cuda.nvrtc import entry_names
 
     flawed = []
     for _key, cubin in cubins:
         r = cubin.resources
-        if not (r.spills or r.wgmma_serialized):
+        name = next(iter(entry_names(cubin.log)), "")
+        found = _PLAN_KERNEL.search(name)  # habu_<model>_<plan>_k<i>, a staging kernel's _k<i>_stage<j>
+        i = int(found.group(1)) if found else None
+        if only is not None and i is not None and i not in only:
             continue
-        name = next(iter(entry_names(cubin.log)), "")  # the entry function ptxas reported on
-        region = _PLAN_KERNEL.search(name)  # habu_<model>_<plan>_k<i>, a staging kernel's _k<i>_stage<j>
-        if only is None or region is None or int(region.group(1)) in only:
+        if r.wgmma_serialized or (r.spills and (spills_count is None or i is None or i in spills_count)):
             flawed.append(f"{name or 'a kernel'}: ptxas: {r.describe()}")
     return flawed
 
@@ -259,7 +269,7 @@ def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -
     return out
 
 
-__all__ = ["Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan", "compiles_here",
+__all__ = ["ACCUMULATING_KINDS", "Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan", "compiles_here",
            "lower_priority", "prefill_cache", "slow_kernels"]
 
 
