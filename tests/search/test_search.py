@@ -191,6 +191,41 @@ def test_regression_habu_search_ctrl_c_before_the_first_proof_exits_130_and_stor
             assert all(not e.records for e in db.entries())
 
 
+def test_a_second_ctrl_c_skips_the_winners_full_shape_proof_and_keeps_the_stored_plan(tmp_path):
+    """After a Ctrl-C, `habu search` proved the winner again at the full shape (13-18 s at GGEMM 4096³ on
+    the H200's host) before it answered, saying nothing. It now says so; a second Ctrl-C skips the files
+    and exits 130 at once, the plan proven by the search still stored."""
+    import re
+
+    dbpath, out_dir = tmp_path / "db.sqlite", tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "habu", "search", "examples/ggemm.habu", "--budget", "120s",
+                             "--db", str(dbpath), "-o", str(out_dir)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=child_default_sigint)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # a progress line every 5 s off a terminal
+        seen.append(line)
+        if re.search(r"verified [1-9]", line):
+            proc.send_signal(signal.SIGINT)
+            break
+    for line in proc.stderr:
+        seen.append(line)
+        if "interrupted: proving the winner at the full shape" in line:
+            proc.send_signal(signal.SIGINT)  # the proof takes seconds: this lands in it
+            break
+    began = time.monotonic()
+    _out, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode in (130, -signal.SIGINT), err
+    assert time.monotonic() - began < 10, err
+    assert "files not written: plan" in err and "Traceback" not in err, err
+    assert not (out_dir / "plan.json").exists()
+    with PlanDB(dbpath) as db:
+        (entry,) = [e for e in db.entries() if e.records]
+        assert entry.records[0].certificate["passed"]
+
+
 def test_regression_a_ctrl_c_a_finalizer_swallowed_still_ends_the_search_and_stores_nothing(tmp_path):
     """`habu search` ran its whole 60 s budget after a Ctrl-C and exited 0 (1 run in 13 under load): the
     KeyboardInterrupt was raised inside z3's `AstRef.__del__` and dropped. The latch raises it at the search's
