@@ -1,7 +1,8 @@
 """The work one candidate needs away from the search driver: the z3 obligations, the finite-field
-check and (when it will be timed, or without a GPU when it would become the best) the NVRTC compile. Pure functions of picklable arguments, so a
-thread, a local process pool or a Ray task on another machine runs the same code and gives the same
-answer; the driver alone decides what is kept and writes the plan database.
+check and (when it will be timed, or without a GPU when it would become the best) the NVRTC
+compile. Pure functions of picklable arguments, so a thread, a local process pool or a Ray task on
+another machine runs the same code and gives the same answer; the driver alone decides what is kept
+and writes the plan database.
 
 A `Job` carries the model as source text (a remote worker has no copy of the user's file) with its
 sizes; each worker parses it once and keeps it.
@@ -269,8 +270,8 @@ def compile_plan(model: Model, plan: Plan, lowered: LoweredPlan | None = None) -
     return out
 
 
-__all__ = ["ACCUMULATING_KINDS", "Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan", "compiles_here",
-           "lower_priority", "prefill_cache", "slow_kernels"]
+__all__ = ["ACCUMULATING_KINDS", "Job", "bound_model", "check_candidate", "check_candidate_niced", "compile_plan",
+           "compiles_here", "lower_priority", "prefill_cache", "slow_kernels"]
 
 
 def lower_priority() -> None:

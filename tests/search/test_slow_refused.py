@@ -65,7 +65,8 @@ def test_only_the_kernels_a_candidate_changes_are_judged():
     cubins = [cubin("habu_m_0123abcd_k0", spills=24), cubin("habu_m_0123abcd_k1_stage0"),
               cubin("habu_m_0123abcd_k1", serialized=True)]
     assert tasks.slow_kernels(cubins, (2,)) == []
-    assert tasks.slow_kernels(cubins, (0,)) == ["habu_m_0123abcd_k0: ptxas: 168 registers, 24 B spilled, 0 B static smem"]
+    assert tasks.slow_kernels(cubins, (0,)) == [
+        "habu_m_0123abcd_k0: ptxas: 168 registers, 24 B spilled, 0 B static smem"]
     assert tasks.slow_kernels(cubins, (1,)) == [
         "habu_m_0123abcd_k1: ptxas: 168 registers, 0 spills, 0 B static smem, wgmma serialized by ptxas"]
     assert len(tasks.slow_kernels(cubins)) == 2
