@@ -402,9 +402,9 @@ def _write_winner_unless_skipped(tuned: Tuned, bound: Model, sizes: dict[str, in
     if not result.interrupted:
         _write_winner(tuned, bound, sizes, out_dir, log)
         return
-    log.print(f"interrupted: proving the winner at the full shape before writing its files (Ctrl-C again skips "
-              f"them; the plan is stored in {tuned.db_path})", highlight=False)
-    try:
+    try:  # the notice inside: a Ctrl-C the moment it is read is still a skip
+        log.print(f"interrupted: proving the winner at the full shape before writing its files (Ctrl-C again "
+                  f"skips them; the plan is stored in {tuned.db_path})", highlight=False)
         _write_winner(tuned, bound, sizes, out_dir, log)
     except KeyboardInterrupt:
         assert result.best is not None

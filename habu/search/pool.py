@@ -174,22 +174,54 @@ class ProcessExecutor:
         killed, not waited for."""
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
-            results = getattr(pool, "_result_queue", None)  # and this
-            pool.shutdown(wait=False, cancel_futures=True)
-            for proc in procs:
-                if proc.is_alive():
-                    proc.kill()
-            for proc in procs:
-                proc.join(timeout=5)
-            # A worker killed while it sent a result (a candidate's cubins) leaves half a message in the
-            # result pipe: the pool's manager thread waits for the rest for ever, and the interpreter
-            # waits for that thread at exit. With the workers gone, this process holds the pipe's only
-            # write end: closed, the manager reads an end of file, finds the pool broken and ends.
-            writer = getattr(results, "_writer", None)
-            if writer is not None:
-                writer.close()
+            stop_pool(pool)
             pool.shutdown(wait=True)
+
+
+def stop_pool(pool: cf.ProcessPoolExecutor) -> None:
+    """Kill `pool`'s workers and let its manager thread end. A worker killed while it sent a result (a
+    candidate's cubins are large) leaves half a message in the result pipe: the manager thread waits
+    for the rest for ever (the pool never turns broken, and the interpreter joins that thread at exit).
+    With the workers gone this process holds the pipe's only write end: closed, the manager reads an
+    end of file, finds the pool broken and fails its futures."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    results = getattr(pool, "_result_queue", None)  # and this
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    for proc in procs:
+        proc.join(timeout=5)
+    writer = getattr(results, "_writer", None)
+    if writer is not None:
+        writer.close()
+
+
+# how often a batch waiting on the pool looks for a dead worker the pool has not noticed, and how long
+# such a worker may stay unnoticed (the pool notices an ordinary death at once) before the pool is stopped
+WATCH_S, UNNOTICED_S = 1.0, 3.0
+
+
+def watched_result(pool: cf.ProcessPoolExecutor, fut: cf.Future, wait: float | None) -> dict:
+    """`fut.result(timeout=wait)`, but a pool with a dead worker it has not noticed (killed while it
+    sent a result: its manager thread is left reading) is stopped, so `fut` fails as for any worker
+    death (BrokenProcessPool) and its batch runs again."""
+    end = None if wait is None else time.monotonic() + wait
+    unnoticed_since: float | None = None
+    while True:
+        step = WATCH_S if end is None else max(0.0, min(WATCH_S, end - time.monotonic()))
+        try:
+            return fut.result(timeout=step)
+        except cf.TimeoutError:
+            if end is not None and time.monotonic() >= end:
+                raise
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        if getattr(pool, "_broken", False) or all(p.is_alive() for p in procs):
+            unnoticed_since = None
+        elif unnoticed_since is None:
+            unnoticed_since = time.monotonic()
+        elif time.monotonic() - unnoticed_since >= UNNOTICED_S:
+            stop_pool(pool)
 
 
 class _PoolBatch:
@@ -213,7 +245,7 @@ class _PoolBatch:
             for i, fut in (futures or {}).items():
                 wait = None if deadline is None else max(0.0, deadline + ABANDON_GRACE_S - time.time())
                 try:
-                    self.results[i] = fut.result(timeout=wait)
+                    self.results[i] = watched_result(pool, fut, wait)
                 except cf.TimeoutError:
                     # past the budget and the proof did not stop by itself: abandoned, not waited
                     # for; the pool is replaced (its workers killed) so nothing runs on

@@ -248,6 +248,34 @@ def test_regression_a_pool_closed_mid_result_left_the_interpreter_waiting_at_exi
     assert not manager.is_alive()
 
 
+def test_a_worker_killed_mid_result_breaks_its_pool_instead_of_hanging_the_batch():
+    """The same half-sent result during a search: the pool's manager thread reads for ever, never
+    notices the dead worker, and a batch without a deadline would wait for ever on the others. The
+    batch's wait notices a dead worker the pool has not, stops the pool, and its futures fail as for
+    any worker death (the batch then runs again in a new pool)."""
+    import concurrent.futures as cf
+    import struct
+
+    from habu.search.pool import watched_result
+
+    ex = ProcessExecutor(2)
+    pool = ex._ensure()
+    try:
+        assert pool.submit(os.getpid).result(timeout=120) != os.getpid()
+        pids = ex.worker_pids()
+        sleeping = [pool.submit(time.sleep, 120) for _ in range(2)]
+        time.sleep(0.5)
+        os.write(pool._result_queue._writer.fileno(), struct.pack("!i", 1 << 20) + b"x" * 10)
+        time.sleep(0.5)  # the manager is now reading the rest of the message
+        os.kill(pids[0], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises((cf.process.BrokenProcessPool, cf.CancelledError)):
+            watched_result(pool, sleeping[1], None)
+        assert time.monotonic() - started < 20
+    finally:
+        ex.close()
+
+
 def test_workers_run_numpy_with_one_blas_thread(monkeypatch):
     """Regression: each worker ran OpenBLAS with a thread per core, so 15 workers on 16 cores
     oversubscribed the CPU tenfold and the finite-field check of RMSNorm + Linear took ~9 s."""
