@@ -7,6 +7,8 @@ lowers and emits a plan that was not proven: for tests and tools that only look 
 
 from __future__ import annotations
 
+import re
+
 from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
 from habu.errors import HabuError
@@ -22,6 +24,16 @@ from habu.target import Target
 def kernel_name(model: Model, plan: Plan, i: int) -> str:
     base = "".join(ch if ch.isalnum() else "_" for ch in model.name.lower())
     return f"habu_{base}_{plan.key[:8]}_k{i}"
+
+
+_KERNEL_INDEX = re.compile(r"^habu_\w+_k(\d+)(?:_stage\d+)?$")
+
+
+def plan_kernel_index(name: str) -> int | None:
+    """Which of the plan's kernels an entry function named by `kernel_name` computes (a staging
+    kernel `<name>_stage<j>` counts for the kernel it feeds); None for any other name."""
+    found = _KERNEL_INDEX.match(name)
+    return int(found.group(1)) if found else None
 
 
 def emit(proof: Proof, target: Target) -> EmittedPlan:

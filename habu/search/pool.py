@@ -221,7 +221,8 @@ def watched_result(pool: cf.ProcessPoolExecutor, fut: cf.Future, wait: float | N
         elif unnoticed_since is None:
             unnoticed_since = time.monotonic()
         elif time.monotonic() - unnoticed_since >= UNNOTICED_S:
-            stop_pool(pool)
+            stop_pool(pool)  # its futures fail as its manager thread ends: once is enough
+            unnoticed_since = None
 
 
 class _PoolBatch:

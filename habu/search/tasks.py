@@ -11,7 +11,6 @@ sizes; each worker parses it once and keeps it.
 from __future__ import annotations
 
 import functools
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -161,7 +160,7 @@ def _check_candidate(job: Job, plan_json: dict, seed: int, only: tuple[int, ...]
         lap("compile")
         if compile_kernels:
             out["cubins"] = cubins
-        looped = {i for i, k in enumerate(plan.kernels) if k.kind in ACCUMULATING_KINDS}
+        looped = {i for i, k in enumerate(plan.kernels) if k.kind in ACCUMULATING_KINDS} if clean_only else set()
         if clean_only and (flawed := slow_kernels(cubins, only, looped)):
             return {"status": "slow", "reason": "; ".join(flawed), "certificate": cert_json, "seconds": seconds,
                     "field_shared": shared}
@@ -182,21 +181,19 @@ def slow_kernels(cubins: list[tuple[str, Any]], only: tuple[int, ...] | None = N
     spilled registers in a kernel of `spills_count` (None: any). One line per such kernel, among
     `only` (the plan kernels the candidate changes; None: all), named by the entry ptxas reported on."""
     from habu.emit_cuda.nvrtc import entry_names
+    from habu.paths.emit import plan_kernel_index
 
     flawed = []
     for _key, cubin in cubins:
         r = cubin.resources
         name = next(iter(entry_names(cubin.log)), "")
-        found = _PLAN_KERNEL.search(name)  # habu_<model>_<plan>_k<i>, a staging kernel's _k<i>_stage<j>
-        i = int(found.group(1)) if found else None
+        i = plan_kernel_index(name)
         if only is not None and i is not None and i not in only:
             continue
         if r.wgmma_serialized or (r.spills and (spills_count is None or i is None or i in spills_count)):
             flawed.append(f"{name or 'a kernel'}: ptxas: {r.describe()}")
     return flawed
 
-
-_PLAN_KERNEL = re.compile(r"_k(\d+)(?:_stage\d+)?$")  # habu.paths.emit.kernel_name's suffix
 
 
 # the longest one candidate's NVRTC compiles may take (the slowest plans compile in about 20 s on a
