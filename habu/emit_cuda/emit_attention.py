@@ -16,6 +16,7 @@ loaded. At the end l is summed over the row's lanes and O / l stored (div0: a ro
 
 from __future__ import annotations
 
+from habu.emit_cuda.attention_exp import exp2_call
 from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
 from habu.emit_cuda.cexpr import CExpr, bare, c
 from habu.emit_cuda.common import (
@@ -292,7 +293,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
         for (int q = 0; q < {regs}; ++q) {{
-          sc[mi][jn][q] = habu::exp2_fast(sc[mi][jn][q] - shift[mi][{h_q}]);  // a masked score: 2^−∞ = 0
+          sc[mi][jn][q] = {exp2_call(k.exp_fma)('sc[mi][jn][q] - shift[mi][' + h_q + ']', 'jn')};  // a masked score: 2^−∞ = 0
           l[mi][{h_q}] += sc[mi][jn][q];
         }}
     }}

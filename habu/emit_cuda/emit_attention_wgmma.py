@@ -15,6 +15,7 @@ the tile's last S is done (the producer waits it before the next tile's Q).
 
 from __future__ import annotations
 
+from habu.emit_cuda.attention_exp import exp2_call
 from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
 from habu.emit_cuda.cexpr import CExpr, bare, c, cmin
 from habu.emit_cuda.common import (
@@ -166,6 +167,7 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
                    "  shift[h] = habu::softmax_shift(m_new);\n"
                    f"  alpha[h] = habu::exp2_fast({lw.rescale('m[h]', 'shift[h]', ops)});")
     exponent = f"fmaf(s[{s_reg}], scale, -shift[h])" if fold else f"s[{s_reg}] - shift[h]"
+    exp2 = exp2_call(k.exp_fma)
 
     def softmax(ind: str) -> str:
         """Tile ks's scale, mask and online softmax on S's registers (P = exp(S − m) left in place, alpha and l
@@ -215,7 +217,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
   for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
     for (int q = 0; q < {lw.fragment.pair}; ++q) {{
-      s[{s_reg}] = habu::exp2_fast({exponent});  // a masked score: 2^−∞ = 0
+      s[{s_reg}] = {exp2(exponent, 'jn')};  // a masked score: 2^−∞ = 0
       l[h] += s[{s_reg}];
     }}
 """

@@ -297,6 +297,10 @@ class AttentionKernel:
                                  "accumulator row trade their column pairs by shuffles first (habu/lower/quad_vectors.py; "
                                  "else one element a store); where O's rows are runs of its head width", P, default=True,
                                  pins=("store_vectors",), json_optional=True, unguarded=KEEP)
+    exp_fma: int = choice("score groups (8 keys of a row) of every 8 whose exponentials run on the FMA and integer "
+                          "pipes (habu::exp2_fma: a degree-3 polynomial, FlashAttention-4's split) instead of the SFU, "
+                          "whose 16 results a cycle an SM bound the softmax at small head widths; 0: all on the SFU",
+                          E, default=0, allowed=(0, 1, 2, 3, 4), pins=("exp_fma",), json_optional=True, unguarded=KEEP)
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel | AttentionKernel

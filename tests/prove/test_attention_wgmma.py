@@ -211,3 +211,25 @@ def test_the_epilogue_stores_o_in_16_byte_vectors_proven_and_built(prefill, tmp_
     (lw0,) = lower_plan(model, scalar)
     assert isinstance(lw0, AttentionWgmmaLowering) and lw0.out_vectors is None
     assert "store_words" not in emit_plan(model, scalar, T).kernels[0].source
+
+
+def test_exp_fma_prints_the_split_exponential_proven_and_built(prefill, tmp_path):
+    """`exp_fma` = 2: two score groups of every 8 take their exponentials on the FMA pipes (habu::exp2_fma); the
+    plan is proven like the default (the field check's exp is exp: the choice is the float code's) and builds with
+    no spill and no serialized wgmma; the default prints the SFU's alone; 5 is not a value the field takes."""
+    from habu.emit_cuda.runtime import CompiledModel
+
+    sizes = {**WIDE, "E": 64, "D": 64}
+    model = prefill.with_sizes(sizes)
+    pins = {"family": "attention", "main_loop": "wgmma"}
+    plan = default_plan(model, T, sizes, {**pins, "exp_fma": "2"})
+    (kernel,) = plan.kernels
+    assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and kernel.exp_fma == 2
+    assert verify_plan(model, plan, sizes, trials=1, seeds=[4]).passed
+    emitted = emit_plan(model, plan, T)
+    assert "habu::exp2_split<2>(fmaf(s[" in emitted.kernels[0].source
+    ((cubin,),) = CompiledModel(model, emitted, cache_dir=tmp_path).compile("sm_90a")
+    assert not cubin.resources.spills and not cubin.resources.wgmma_serialized, cubin.resources.describe()
+    assert "exp2_split" not in emit_plan(model, default_plan(model, T, sizes, pins), T).kernels[0].source
+    with pytest.raises(UsageError, match="exp_fma"):
+        default_plan(model, T, sizes, {**pins, "exp_fma": "5"})
