@@ -35,6 +35,43 @@ def kernel_device_times(fn, reps: int = 20) -> dict[str, float]:
     return {name: t / reps for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
 
 
+def device_timeline(fn, reps: int = 10) -> dict[str, object]:
+    """Where the GPU sat idle during `reps` back-to-back calls of `fn` (queued behind a GPU sleep, as
+    habu.timing.harness.time_cuda queues them): the span from the first kernel's start to the last one's end,
+    the time some kernel ran (the union of their intervals), and the idle time between each pair of kernels
+    that meet with a gap, the widest pairs first (µs, per call)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(int(0.2 * 2.0e9))  # the calls queued while the GPU sleeps: no gap is the CPU's
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    spans = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                   if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name.lower())
+    if not spans:
+        return {}
+    busy, gaps, reach, last = 0.0, [], spans[0][0], spans[0][2]
+    for start, end, name in spans:
+        if start > reach:
+            gaps.append((start - reach, last, name))
+        busy += max(0.0, end - max(start, reach))
+        if end > reach:
+            reach, last = end, name
+    span = reach - spans[0][0]
+    between: dict[tuple[str, str], float] = defaultdict(float)
+    for gap, after, before in gaps:
+        between[(after, before)] += gap
+    widest = sorted(between.items(), key=lambda kv: -kv[1])[:8]
+    return {"span_us": span / reps, "busy_us": busy / reps, "idle_us": (span - busy) / reps,
+            "gaps": [{"us": round(g / reps, 1), "after": a[:60], "before": b[:60]} for (a, b), g in widest]}
+
+
 @contextmanager
 def serial_launches() -> Iterator[None]:
     """Within the block, each kernel of a plan starts after the previous one completed (no early launch), calls

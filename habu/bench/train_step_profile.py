@@ -23,10 +23,11 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from habu.bench.kernel_times import kernel_device_times, serial_launches
+    from habu.bench.kernel_times import device_timeline, kernel_device_times, serial_launches
     from habu.compile import bind_shape
     from habu.search.space import default_plan
     from habu.target import target_named
+    from habu.timing.harness import time_cuda
 
     bw, fwd, back = built = backward_speed.build("ffn_skip.habu", "FFN-SKIP", {"B": args.tokens}, args.target)
     print(ts.HEADER, flush=True)
@@ -41,6 +42,24 @@ def main() -> int:
         row[f"{label} kernels"] = [f"{k.kind} {' '.join(k.nodes)}" for k in plan.kernels]
     tensors = ts.inputs_for(args.tokens, 100)
     dy = torch.randn((args.tokens, ts.SIZES["D"]), device="cuda").to(torch.bfloat16)
+    # the step's time outside its kernels: launches serialised (no early launch) against the default, and the
+    # GPU's idle time in a timeline of back-to-back steps, each side
+    habu_step = lambda: ts.habu_step(bw, fwd, back, tensors, dy)  # noqa: E731
+    compiled_block = torch.compile(ts.torch_block)
+    steps = {"habu": habu_step, "eager": lambda: ts.grads(ts.torch_block, tensors, dy),
+             "torch.compile": lambda: ts.grads(compiled_block, tensors, dy)}
+    with serial_launches():
+        row["habu serialised us"] = time_cuda(lambda i: habu_step(), 1)["median_us"]
+    row["habu us, same set"] = time_cuda(lambda i: habu_step(), 1)["median_us"]
+    print(f"Habu's step on one input set: {row['habu us, same set']:.1f} µs, launches serialised "
+          f"{row['habu serialised us']:.1f}", flush=True)
+    for label, step in steps.items():
+        timeline = device_timeline(step)
+        row[f"{label} timeline"] = timeline
+        print(f"{label}: a step spans {timeline['span_us']:.1f} µs on the GPU, kernels running "
+              f"{timeline['busy_us']:.1f}, idle {timeline['idle_us']:.1f}; widest gaps:", flush=True)
+        for g in timeline["gaps"][:5]:
+            print(f"  {g['us']:8.1f} µs a step  after {g['after']}  before {g['before']}", flush=True)
     with serial_launches():
         alone = kernel_device_times(lambda: ts.habu_step(bw, fwd, back, tensors, dy))
     print(f"each kernel of Habu's step alone (µs, launches serialised), total {sum(alone.values()):.1f}:", flush=True)
@@ -49,8 +68,7 @@ def main() -> int:
     row["kernels alone us"] = alone
     # the baselines' kernels in the same run (torch launches no kernel early: each one's own time): where the
     # step's gap to them is, products (cuBLAS) or the rest
-    compiled = torch.compile(ts.torch_block)
-    for label, block in (("eager", ts.torch_block), ("torch.compile", compiled)):
+    for label, block in (("eager", ts.torch_block), ("torch.compile", compiled_block)):
         times = kernel_device_times(lambda b=block: ts.grads(b, tensors, dy))
         gemm = sum(us for name, us in times.items() if is_product(name))
         print(f"each kernel of {label}'s step (µs), total {sum(times.values()):.1f}, products {gemm:.1f}:", flush=True)
