@@ -252,7 +252,8 @@ class AttentionKernel:
     nodes: tuple[str, ...] = doc("the model's node this kernel computes (one softmax-weighted sum)")
     bm: int = choice("query rows of a block (16 per warp)", P, allowed=(16, 32, 64, 128), pins=("bm",),
                      unguarded=KEEP)
-    bn: int = choice("keys of one K/V tile staged in shared memory", P, allowed=(32, 64, 128), pins=("bn",),
+    bn: int = choice("keys of one K/V tile staged in shared memory", P,
+                     allowed=(32, 64, 128, 192, 256), pins=("bn",),
                      unguarded=KEEP)
     warp_m: int = choice("16-row mma tiles a warp computes (2: each K and V fragment feeds two; Q's fragments are "
                          "then read per step instead of kept)", E, default=1, allowed=(1, 2), pins=("warp_m",),
@@ -299,7 +300,8 @@ class AttentionKernel:
                                  pins=("store_vectors",), json_optional=True, unguarded=KEEP)
     exp_fma: int = choice("score groups (8 keys of a row) of every 8 whose exponentials run on the FMA and integer "
                           "pipes (habu::exp2_fma: a degree-3 polynomial, FlashAttention-4's split) instead of the SFU, "
-                          "whose 16 results a cycle an SM bound the softmax at small head widths; 0: all on the SFU",
+                          "(16 results a cycle an SM); 0: all on the SFU. Slower at every share on the H200 (session 40, "
+                          "head width 64 and 128: +1-10%; the SFU is not what bounds these kernels): a pin, not searched",
                           E, default=0, allowed=(0, 1, 2, 3, 4), pins=("exp_fma",), json_optional=True, unguarded=KEEP)
 
 

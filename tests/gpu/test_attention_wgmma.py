@@ -64,6 +64,9 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
     # a share of the exponentials on the FMA pipes (habu::exp2_fma); masked scores still 0 (−∞ clamped to −127)
     pytest.param(GQA, 100, 333, 64, {"exp_fma": "2"}, id="expfma2d64"),
     pytest.param(ONE, 700, 1000, 128, {"exp_fma": "4"}, id="expfma4"),
+    # KV tiles of 192 keys (12 k steps of P·V; S a 64 × 192 accumulator)
+    pytest.param(GQA, 100, 333, 64, {"bn": "192", "stages": "2"}, id="bn192d64"),
+    pytest.param(ONE, 700, 1000, 64, {"bn": "192", "persistent": "1"}, id="bn192persistent"),
 ])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,

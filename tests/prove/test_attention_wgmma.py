@@ -233,3 +233,21 @@ def test_exp_fma_prints_the_split_exponential_proven_and_built(prefill, tmp_path
     assert "exp2_split" not in emit_plan(model, default_plan(model, T, sizes, pins), T).kernels[0].source
     with pytest.raises(UsageError, match="exp_fma"):
         default_plan(model, T, sizes, {**pins, "exp_fma": "5"})
+
+
+def test_kv_tiles_of_192_keys_are_searched_proven_at_head_width_64_and_refused_at_128(prefill):
+    """bn = 192 (session 40: a 16k-key full prefill at head width 64 2.6% faster than 128-key tiles): in the search
+    space; at head width 64 the rules pass and one trial over Z_q × GF(p) proves it (12 k steps of P·V, S a 64 × 192
+    accumulator); at 128 the register budget refuses it (S, O and P would not fit the consumers' 240 registers)."""
+    sizes = {**WIDE, "E": 64, "D": 64, "I": 300, "J": 500}
+    model = prefill.with_sizes(sizes)
+    (node,) = [e.target for e in model.nodes]
+    space = list(region_space(model, Region("general", (node,)), T, sizes))
+    assert any(isinstance(k, AttentionKernel) and k.main_loop == "wgmma" and k.bn == 192 for k in space)
+    pins = {"family": "attention", "main_loop": "wgmma", "bn": "192", "persistent": "1"}
+    plan = default_plan(model, T, sizes, pins)
+    assert not failures(obligations(model, plan, sizes))
+    assert verify_plan(model, plan, sizes, trials=1, seeds=[6]).passed
+    wide = {**WIDE, "I": 300, "J": 500}
+    refused = failures(obligations(prefill.with_sizes(wide), default_plan(prefill.with_sizes(wide), T, wide, pins), wide))
+    assert any(o.rule.name == "register-budget" for o in refused), refused
