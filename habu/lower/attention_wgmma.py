@@ -59,7 +59,7 @@ from habu.lower.fragments import ACCUMULATOR
 from habu.lower.layouts import WgmmaDescriptor
 from habu.lower.pipeline import MbarrierRing, TmaOperandLoad
 from habu.lower.quad_vectors import QuadVectors, quad_vectors
-from habu.lower.registers import RegisterSplit, warp_specialized_split
+from habu.lower.registers import PRODUCER_REGS, RegisterSplit, warp_specialized_split
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Const, Expr, Op, Size
 from habu.spec.reference import Float64
@@ -68,6 +68,7 @@ SPAN = 64  # bf16 columns of one 128-byte swizzle row (a TMA box's inner width)
 SWIZZLE = 128
 ROW_BYTES = SPAN * 2
 SLAB = 64  # query rows of a consumer warpgroup (wgmma's m64)
+THREE_CONSUMER_PRODUCER_REGS = 32  # the producer's registers beside three consumer warpgroups
 K_STEP = 16  # wgmma's k16
 BASE_ALIGN = 1024  # the 128-byte swizzle's period: every tile starts at a multiple of it
 ELEMENT = 2  # bf16 bytes
@@ -86,8 +87,8 @@ def wgmma_refusal(lw: AttentionLowering, target_ok: bool = True) -> str | None:
     if lw.width_e % SPAN or lw.width_d % SPAN or lw.width_e > 256 or lw.width_d > 256:
         return f"the head widths ({lw.width_e}, {lw.width_d}) must be multiples of {SPAN} up to 256 (TMA boxes " \
                "of one 128-byte swizzle span)"
-    if k.bm not in (64, 128):
-        return f"bm = {k.bm}: the wgmma main loop takes 64 or 128 query rows (one or two consumer warpgroups)"
+    if k.bm not in (64, 128, 192):
+        return f"bm = {k.bm}: the wgmma main loop takes 64, 128 or 192 query rows (one to three consumer warpgroups)"
     if k.bn % 16 or not 16 <= k.bn <= 256:
         return f"bn = {k.bn}: wgmma multiplies 16 to 256 keys in steps of 16"
     if k.warp_m != 1:
@@ -396,7 +397,10 @@ def lower_attention_wgmma(base: AttentionLowering) -> AttentionWgmmaLowering:
     base_fields = {f.name: getattr(base, f.name) for f in fields(base)}
     base_fields["fragment"] = ACCUMULATOR  # warpgroups of 4 warps × 16 rows
     return AttentionWgmmaLowering(
-        **base_fields, consumers=consumers, ring=ring, split=warp_specialized_split(4 * (consumers + 1)),
+        **base_fields, consumers=consumers, ring=ring,
+        # three consumer warpgroups (bm 192): FlashAttention-3's 32 / 160 split of the 512 threads' registers
+        split=warp_specialized_split(4 * (consumers + 1), producer=THREE_CONSUMER_PRODUCER_REGS if consumers == 3
+                                     else PRODUCER_REGS),
         q_offset=q_offset, kv_offset=kv_offset, v_in_stage=k_bytes, stage_bytes=stage_bytes, q_bar=bars,
         content_bytes=content,
         v_desc=WgmmaDescriptor(k.bn * ROW_BYTES, 8 * SWIZZLE, SWIZZLE, True))

@@ -55,15 +55,16 @@ def consumer_warpgroups(warps: int, warp_specialized: bool) -> int:
     return max(1, (warps - (4 if warp_specialized else 0)) // 4)
 
 
-def warp_specialized_split(warps: int, blocks_per_sm: int = 1) -> RegisterSplit:
-    """The split for one producer warpgroup and `consumer_warpgroups` consumer warpgroups, of a block that
-    shares its SM's register file with `blocks_per_sm - 1` others (`__launch_bounds__(threads, blocks_per_sm)`)."""
+def warp_specialized_split(warps: int, blocks_per_sm: int = 1, producer: int = PRODUCER_REGS) -> RegisterSplit:
+    """The split for one producer warpgroup (`producer` registers a thread) and `consumer_warpgroups` consumer
+    warpgroups, of a block that shares its SM's register file with `blocks_per_sm - 1` others
+    (`__launch_bounds__(threads, blocks_per_sm)`)."""
     threads = 32 * warps
     consumers = consumer_warpgroups(warps, warp_specialized=True)
     at_launch = min(248, REGISTER_FILE // blocks_per_sm // threads // 8 * 8)
-    spare = at_launch * threads - WARPGROUP * PRODUCER_REGS
+    spare = at_launch * threads - WARPGROUP * producer
     consumer = min(CONSUMER_REGS_MAX, spare // (WARPGROUP * consumers) // 8 * 8)
-    return RegisterSplit(threads, consumers, at_launch, PRODUCER_REGS, consumer)
+    return RegisterSplit(threads, consumers, at_launch, producer, consumer)
 
 
 __all__ = ["RegisterSplit", "consumer_warpgroups", "warp_specialized_split"]

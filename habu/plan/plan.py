@@ -250,10 +250,11 @@ class AttentionKernel:
     # a rounding inside the kernel the golden tolerance counts like a stored stage: P in bf16 before P·V
     internal_stage: ClassVar[str] = "bf16"
     nodes: tuple[str, ...] = doc("the model's node this kernel computes (one softmax-weighted sum)")
-    bm: int = choice("query rows of a block (16 per warp)", P, allowed=(16, 32, 64, 128), pins=("bm",),
+    bm: int = choice("query rows of a block (16 per warp; on the wgmma loop 64 per consumer warpgroup, up to three)",
+                     P, allowed=(16, 32, 64, 128, 192), pins=("bm",),
                      unguarded=KEEP)
     bn: int = choice("keys of one K/V tile staged in shared memory", P,
-                     allowed=(32, 64, 128, 192, 256), pins=("bn",),
+                     allowed=(32, 64, 96, 128, 192, 256), pins=("bn",),
                      unguarded=KEEP)
     warp_m: int = choice("16-row mma tiles a warp computes (2: each K and V fragment feeds two; Q's fragments are "
                          "then read per step instead of kept)", E, default=1, allowed=(1, 2), pins=("warp_m",),

@@ -67,6 +67,9 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
     # KV tiles of 192 keys (12 k steps of P·V; S a 64 × 192 accumulator)
     pytest.param(GQA, 100, 333, 64, {"bn": "192", "stages": "2"}, id="bn192d64"),
     pytest.param(ONE, 700, 1000, 64, {"bn": "192", "persistent": "1"}, id="bn192persistent"),
+    # three consumer warpgroups (192 query rows), KV tiles of 96 and 64 keys
+    pytest.param(GQA, 100, 333, 64, {"bm": "192", "bn": "96"}, id="bm192bn96"),
+    pytest.param(ONE, 700, 1000, 64, {"bm": "192", "bn": "64", "persistent": "1"}, id="bm192persistent"),
 ])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,

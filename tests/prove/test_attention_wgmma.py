@@ -251,3 +251,20 @@ def test_kv_tiles_of_192_keys_are_searched_proven_at_head_width_64_and_refused_a
     wide = {**WIDE, "I": 300, "J": 500}
     refused = failures(obligations(prefill.with_sizes(wide), default_plan(prefill.with_sizes(wide), T, wide, pins), wide))
     assert any(o.rule.name == "register-budget" for o in refused), refused
+
+
+def test_three_consumer_warpgroups_split_the_registers_32_160_and_fit_96_key_tiles_at_head_width_64(prefill):
+    """bm = 192 (FlashAttention-3's head-width-64 tile; measured slower than the default on the H200, session 40,
+    so a pin): three consumer warpgroups, the producer at 32 registers and each consumer at 160 (all 512 threads'
+    65536); KV tiles of 96 keys fit and are proven, of 128 the register budget refuses (ptxas spilled 200 B)."""
+    sizes = {**WIDE, "E": 64, "D": 64, "I": 300, "J": 500}
+    model = prefill.with_sizes(sizes)
+    pins = {"family": "attention", "main_loop": "wgmma", "bm": "192", "bn": "96"}
+    plan = default_plan(model, T, sizes, pins)
+    (lw,) = lower_plan(model, plan)
+    assert isinstance(lw, AttentionWgmmaLowering) and lw.consumers == 3 and lw.threads == 512
+    assert lw.split is not None and (lw.split.producer, lw.split.consumer) == (32, 160) and lw.split.fits
+    assert not failures(obligations(model, plan, sizes))
+    assert verify_plan(model, plan, sizes, trials=1, seeds=[2]).passed
+    wide = default_plan(model, T, sizes, {**pins, "bn": "128"})
+    assert any(o.rule.name == "register-budget" for o in failures(obligations(model, wide, sizes)))
