@@ -280,10 +280,14 @@ __all__ = ["Executor", "ExecutorLost", "InlineExecutor", "Pending", "ProcessExec
 
 def lost_cause(exc: BaseException | None) -> ExecutorLost | None:
     """The `ExecutorLost` this exception is or was raised from (Ray wraps an exception that a
-    signal handler raises while it waits), or None."""
+    signal handler raises while it waits), or None. An `ExecutorLostInterrupt` in the chain counts:
+    the watch's signal landing inside Ray's compiled `CoreWorker.wait` comes out of it as a
+    `SystemError` ("returned a result with an exception set") caused by the interrupt."""
     seen = 0
     while exc is not None and seen < 10:
         if isinstance(exc, ExecutorLost):
             return exc
+        if isinstance(exc, ExecutorLostInterrupt):
+            return ExecutorLost(exc.message)
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None

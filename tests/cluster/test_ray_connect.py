@@ -150,6 +150,33 @@ def test_a_search_interrupted_by_the_cluster_watch_keeps_the_best_proven_plan(tm
         assert db.get(result.key).records[0].plan == result.best.to_json()
 
 
+def _interrupt_inside_a_compiled_wait() -> SystemError:
+    """What the watch's SIGUSR1 makes of ray.wait when it lands inside Ray's Cython CoreWorker.wait: a
+    SystemError caused by the ExecutorLostInterrupt the handler raised (CPython's check of a C function
+    that returned a value with an exception set)."""
+    try:
+        try:
+            raise ExecutorLostInterrupt("the Ray cluster was lost: 127.0.0.1:1 stopped answering (Connection refused, "
+                                        "3 checks in a row)")
+        except ExecutorLostInterrupt as interrupt:
+            raise SystemError("<cyfunction CoreWorker.wait at 0x7f9f81106190> returned a result with an exception "
+                              "set") from interrupt
+    except SystemError as wrapped:
+        return wrapped
+
+
+def test_regression_the_watch_s_interrupt_inside_ray_wait_ended_the_search_with_a_traceback(tmp_path):
+    """A 2-core machine under load (session 40, the full test run): the raylet killed, the watch's interrupt landed
+    inside ray.wait and came out as a SystemError, which the search did not read as the cluster lost: a traceback,
+    no message. It now ends the search like the interrupt itself, the best proven plan kept."""
+    model, sizes = model_of(GGEMM, SHAPE)
+    with PlanDB(tmp_path / "db.sqlite") as db:
+        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=60),
+                        executor=LosesTheClusterAfter(2, _interrupt_inside_a_compiled_wait())).run()
+        assert result.lost is not None and "stopped answering" in result.lost
+        assert result.best is not None
+
+
 class LosesTheClusterAfter:
     """An executor whose cluster goes away after `n` batches (as the head's raylet dying does)."""
 
