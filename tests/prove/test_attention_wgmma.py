@@ -233,6 +233,10 @@ def test_exp_fma_prints_the_split_exponential_proven_and_built(prefill, tmp_path
     assert "exp2_split" not in emit_plan(model, default_plan(model, T, sizes, pins), T).kernels[0].source
     with pytest.raises(UsageError, match="exp_fma"):
         default_plan(model, T, sizes, {**pins, "exp_fma": "5"})
+    # the mma.sync kernel prints it too (its score loop's 8-key groups)
+    mma_sync = default_plan(model, T, sizes, {"family": "attention", "exp_fma": "2"})
+    assert mma_sync.kernels[0].main_loop == "mma.sync"
+    assert "habu::exp2_split<2>(sc[mi][jn][q]" in emit_plan(model, mma_sync, T).kernels[0].source
 
 
 def test_kv_tiles_of_192_keys_are_searched_proven_at_head_width_64_and_refused_at_128(prefill):
