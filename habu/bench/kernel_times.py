@@ -37,23 +37,30 @@ def kernel_device_times(fn, reps: int = 20) -> dict[str, float]:
 
 def device_timeline(fn, reps: int = 10) -> dict[str, object]:
     """Where the GPU sat idle during `reps` back-to-back calls of `fn` (queued behind a GPU sleep, as
-    habu.timing.harness.time_cuda queues them): the span from the first kernel's start to the last one's end,
-    the time some kernel ran (the union of their intervals), and the idle time between each pair of kernels
-    that meet with a gap, the widest pairs first (µs, per call)."""
+    habu.timing.harness.time_cuda queues them): `timeline` of the kernels the profiler saw."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
+    sleep = getattr(torch.cuda, "_sleep", None)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        sleep = getattr(torch.cuda, "_sleep", None)
         if sleep is not None:
             sleep(int(0.2 * 2.0e9))  # the calls queued while the GPU sleeps: no gap is the CPU's
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    spans = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
-                   if ev.device_type == torch.autograd.DeviceType.CUDA and "sleep" not in ev.name.lower())
+    spans = [(ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+             if ev.device_type == torch.autograd.DeviceType.CUDA]
+    return timeline(spans, reps, behind_a_sleep=sleep is not None)
+
+
+def timeline(spans: list[tuple[float, float, str]], reps: int, behind_a_sleep: bool) -> dict[str, object]:
+    """Of kernels' (start, end, name) intervals over `reps` calls (the first, the GPU sleep they were queued
+    behind, left out when `behind_a_sleep`: torch names it `spin_kernel`), per call: the span from the first
+    kernel's start to the last one's end, the time some kernel ran (the union of the intervals), the idle
+    time, and the idle time between each pair of kernels that meet with a gap, the widest pairs first (µs)."""
+    spans = sorted(spans)[1:] if behind_a_sleep else sorted(spans)
     if not spans:
         return {}
     busy, gaps, reach, last = 0.0, [], spans[0][0], spans[0][2]
