@@ -128,7 +128,26 @@ def vector_pair_swapped(lw: Any) -> AttentionWgmmaLowering:
     return _planted_vectors(lw, "position", lambda self, s, q: self.fragment.pair * s + (q ^ 1))
 
 
+# three consumer warpgroups (bm 192, session 40): 3 query tiles' worth of rows in one tile of 192, KV tiles of 96 keys
+THREE_PINS = {"family": "attention", "main_loop": "wgmma", "bm": "192", "bn": "96", "stages": "2"}
+THREE_SHAPE = {"B": 1, "G": 1, "R": 2, "I": 200, "J": 300, "E": 64, "D": 64}
+
+
+def third_slab_reads_the_first_q(lw: Any) -> AttentionWgmmaLowering:
+    """Consumer warpgroup cw's Q operand starts at slab cw mod 2: right for one or two warpgroups, while the third
+    multiplies the first's query rows (its O rows 128.. are the first slab's)."""
+    from habu.lower.attention_wgmma import ROW_BYTES, SLAB
+
+    def q_start(self, cw, kk):
+        return self.q_offset + (kk // 4) * (self.kernel.bm * ROW_BYTES) + (cw % 2) * (SLAB * ROW_BYTES) + (kk % 4) * 32
+
+    return _planted(lw, "q_start", q_start)
+
+
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
+    ("attention-wgmma-third-slab-reads-the-first-q", "the wgmma attention loop's third consumer warpgroup (bm 192) "
+     "multiplies the first one's Q rows", "attention.habu", "ATTENTION-GQA", THREE_SHAPE, third_slab_reads_the_first_q,
+     THREE_PINS),
     ("attention-wgmma-vector-pair-swapped", "the wgmma attention epilogue's vectors hold each pair's columns the "
      "other way round", "attention.habu", "ATTENTION-GQA", SHAPE, vector_pair_swapped, PINS),
     ("attention-wgmma-vector-slot-own", "the wgmma attention epilogue's exchange fills the lane's own slot every "

@@ -61,7 +61,7 @@ def main() -> int:
         for g in timeline["gaps"][:5]:
             print(f"  {g['us']:8.1f} µs a step  after {g['after']}  before {g['before']}", flush=True)
     with serial_launches():
-        alone = kernel_device_times(lambda: ts.habu_step(bw, fwd, back, tensors, dy))
+        alone = kernel_device_times(habu_step)
     print(f"each kernel of Habu's step alone (µs, launches serialised), total {sum(alone.values()):.1f}:", flush=True)
     for name, us in alone.items():
         print(f"  {us:9.1f}  {name}", flush=True)

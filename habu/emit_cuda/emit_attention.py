@@ -122,6 +122,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     ne16, nd8, nb8, nb16 = lw.qk_steps, lw.out_groups, lw.score_groups, lw.pv_steps
     regs, halves = lw.registers, fr.halves
     h_q = bare(q_h)  # register q's row half, as an index
+    exp2 = exp2_call(k.exp_fma)  # 2^x of a score (the SFU, or `exp_fma` groups of 8 on the FMA pipes)
     k_b = [lw.b_registers(x) for x in (0, 1)]  # ldmatrix.x4's registers of the two B fragments
     o_value = f"habu::f_div0(o[mi][dn][q], l[mi][{h_q}])"
     rows_i = c(sizes[lw.row_extent])
@@ -293,7 +294,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       for (int jn = 0; jn < {nb8}; ++jn)
 #pragma unroll
         for (int q = 0; q < {regs}; ++q) {{
-          sc[mi][jn][q] = {exp2_call(k.exp_fma)('sc[mi][jn][q] - shift[mi][' + h_q + ']', 'jn')};  // a masked score: 2^−∞ = 0
+          sc[mi][jn][q] = {exp2(f'sc[mi][jn][q] - shift[mi][{h_q}]', 'jn')};  // a masked score: 2^−∞ = 0
           l[mi][{h_q}] += sc[mi][jn][q];
         }}
     }}

@@ -195,7 +195,6 @@ def slow_kernels(cubins: list[tuple[str, Any]], only: tuple[int, ...] | None = N
     return flawed
 
 
-
 # the longest one candidate's NVRTC compiles may take (the slowest plans compile in about 20 s on a
 # loaded 2-core machine); a compile still running then is left behind, and the candidate fails
 COMPILE_TIMEOUT_S = 300.0

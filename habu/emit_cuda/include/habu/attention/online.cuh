@@ -34,9 +34,9 @@ __device__ __forceinline__ float exp2_fast(float x) {
   return y;
 }
 
-/** @brief 2^x for x ≤ 0 on the FMA and integer pipes, not the SFU (FlashAttention-4's split of the exponentials:
- * at head width 64 the SFU's 16 results a cycle an SM, not the tensor cores, bound the softmax, so the kernels
- * take a share of a tile's exponentials here; the plan field `exp_fma`). x = n + f with n = round(x) by the
+/** @brief 2^x for x ≤ 0 on the FMA and integer pipes, not the SFU (FlashAttention-4's split of the exponentials,
+ * for kernels whose softmax the SFU's 16 results a cycle an SM bound; the plan field `exp_fma`: on the H200 the
+ * fused kernels ran 1-10% slower with it at every share, session 40, so it is a pin). x = n + f with n = round(x) by the
  * 1.5·2^23 addition (no conversion instruction: those share the SFU's pipe) and f in [−1/2, 1/2]; 2^f by a
  * degree-3 polynomial with constant term exactly 1 (relative error ≤ 1.1e-4 against 2^f: below P's bf16
  * rounding, 2^−9); n added to the result's exponent field. x is clamped at −127 first: −∞ (a masked score)
@@ -52,8 +52,8 @@ __device__ __forceinline__ float exp2_fma(float x) {
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
-/** @brief 2^x for score group `Group` of a tile: on the FMA pipes (`exp2_fma`) for `Fma` groups of every 8, the
- * rest on the SFU (`exp2_fast`); a compile-time choice (the kernels' score loops are unrolled). */
+/** @brief 2^x for score group `group` of a tile: on the FMA pipes (`exp2_fma`) for `Fma` groups of every 8, the
+ * rest on the SFU (`exp2_fast`); a compile-time choice where `group` is an unrolled loop's counter. */
 template <int Fma>
 __device__ __forceinline__ float exp2_split(float x, int group) {
   return (group % 8 < Fma) ? exp2_fma(x) : exp2_fast(x);
