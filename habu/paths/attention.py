@@ -44,11 +44,17 @@ WGMMA_TILES = ((128, 128, 2, False, False), (128, 128, 2, True, False), (128, 64
                (128, 128, 3, True, True), (128, 64, 3, False, True), (64, 128, 2, False, True),
                # KV tiles of 192 keys: at head width 64 a 16k-key full prefill 2.6% faster than 128 (H200, session
                # 40), slower below 4k keys; at 128 the register and shared-memory rules refuse them
-               (128, 192, 3, True, True))
+               (128, 192, 3, True, True),
+               # three consumer warpgroups (`THREE_CONSUMER_TILE`; the register rule refuses them past head width 64
+               # and with a mask)
+               (192, 128, 4, False, True), (192, 128, 3, False, True), (192, 128, 4, False, False))
 # a decode's splits on the wgmma loop (`region_variants`; 0: one block a query tile)
 WGMMA_DECODE_SPLITS = (0, 256, 512, 1024, 2048)
 # query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
 WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 1.5-10x the unfused plan)
+# a full prefill's tile at head width 64 (`three_consumer_tile`): three consumer warpgroups of 64 query rows
+THREE_CONSUMER_TILE = {"bm": "192", "bn": "128", "pingpong": "0", "stages": "4"}
+THREE_CONSUMER_WASTE = 0.05  # ... where 192-row tiles add at most this share of padding rows
 # the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
 WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
@@ -225,7 +231,8 @@ class AttentionPath(KernelPath):
         31); persistent blocks walking the work tiles in a snake (`work_of`): one block an SM hides a tile's Q load
         and ring fill under the last one's P·V and epilogue (H200, session 33: 4 × 16 × 1024 causal 62.0 µs against
         71.2, full 84.2 against 88.8, with the round robin; the snake keeps a causal grid's blocks equal). {}
-        otherwise (a decode, a short prefill, sm_80: the unfused plan stays)."""
+        otherwise (a decode, a short prefill, sm_80: the unfused plan stays). A full prefill at head width 64 takes
+        three consumer warpgroups instead (`three_consumer_tile`)."""
         if not (target.wgmma and target.tma and target.mma_sync):
             return {}
         nodes = [eq.target for eq in model.nodes]
@@ -239,11 +246,34 @@ class AttentionPath(KernelPath):
             if rows is None or rows < WGMMA_PREFILL_ROWS or self.wgmma_kernel(model, kernel, target) is None:
                 return {}
         pins = {"family": "attention", "main_loop": "wgmma", "pingpong": "1", "persistent": "1"}
-        if len(forms) == 1 and self.head_major_pays(model, forms[0][0], target, sizes):
+        tile = self.three_consumer_tile(model, forms, sizes) if len(forms) == 1 else None
+        if tile is not None:
+            pins.update(tile)
+        if len(forms) == 1 and self.head_major_pays(model, forms[0][0], target, sizes, tile):
             pins["head_major"] = "1"
         return pins
 
-    def head_major_pays(self, model: Model, node: str, target: Target, sizes: Mapping[str, int]) -> bool:
+    def three_consumer_tile(self, model: Model, forms: list, sizes: Mapping[str, int]) -> dict[str, str] | None:
+        """The tile of three consumer warpgroups (`THREE_CONSUMER_TILE`: 192 query rows, FlashAttention-3's
+        tile at head width 64) for a full (unmasked) prefill at head width 64 whose query rows fill 192-row
+        tiles to within `THREE_CONSUMER_WASTE`; None otherwise (with a mask the register rule refuses 128-key
+        tiles: ptxas spills). H200, session 41 (16 heads, bf16, cuDNN SDPA in the same runs): 4 × 4096 full
+        606.0 → 528.0-534.0 µs (0.95× → 1.08-1.09×, persistent, 4 stages), 1 × 16384 full 2336.2 → 1995.1-2019.8
+        (1.00× → 1.18×); 16 × 1024 (6 tiles of 192 for 1024 rows: 12.5% of the rows padding) 165.4 →
+        164.5-188.6, causal 4 × 4096 319.9 → 348.6-377.1 (96 keys): not taken there. A consumer skipping a tile's
+        slab of padding rows (tried: a branch around its work) made ptxas's main loop slower, 4k 528.0 → 567.9 µs."""
+        (_node, form), = forms
+        e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
+        rows = model.sizes.get(form.row.extent) or sizes.get(form.row.extent)
+        if form.mask is not None or e != 64 or d != 64 or rows is None:
+            return None
+        bm = int(THREE_CONSUMER_TILE["bm"])
+        if -(-rows // bm) * bm > rows * (1 + THREE_CONSUMER_WASTE):
+            return None
+        return dict(THREE_CONSUMER_TILE)
+
+    def head_major_pays(self, model: Model, node: str, target: Target, sizes: Mapping[str, int],
+                        tile: Mapping[str, str] | None = None) -> bool:
         """Whether the persistent wgmma kernel should take a batch element's query tiles one after another
         (`head_major`) instead of the heaviest-first order: where that order's tiles would read K and V from DRAM
         once a query tile (`kv_dram_bytes`, at least `HEAD_MAJOR_TRAFFIC` more than head-major) and head-major's
@@ -259,8 +289,12 @@ class AttentionPath(KernelPath):
         if kernel is None:
             return False
         sized = model.with_sizes(full)
-        lws = [lower_attention_wgmma(lower_attention(sized, replace(kernel, pingpong=True, persistent=True,
-                                                                    head_major=hm))) for hm in (False, True)]
+        tile = tile or {}  # the tile's pins (`three_consumer_tile`), else the default tile in ping-pong
+        shape = {k: int(tile[k]) for k in ("bm", "bn", "stages") if k in tile}
+        pingpong = tile.get("pingpong", "1") == "1"
+        lws = [lower_attention_wgmma(lower_attention(sized, replace(kernel, pingpong=pingpong, persistent=True,
+                                                                    head_major=hm, **shape)))
+               for hm in (False, True)]
         (t0, t1) = (wgmma_attention_seconds(lw, full, target) for lw in lws)
         (b0, b1) = (kv_dram_bytes(lw, full, target) for lw in lws)
         return t1 <= t0 * (1 + HEAD_MAJOR_SLACK) and b0 >= b1 * HEAD_MAJOR_TRAFFIC

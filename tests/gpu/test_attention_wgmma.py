@@ -78,10 +78,16 @@ def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
                pins, seed=n_i + n_j)
 
 
-def test_wgmma_without_mask(tmp_path):
+@pytest.mark.parametrize(("width", "n_i", "pins"), [
+    pytest.param(128, 77, {}, id="d128"),
+    # three consumer warpgroups over 128-key tiles (session 41: a full prefill's default at head width 64)
+    pytest.param(64, 100, {"bm": "192", "bn": "128", "pingpong": "0"}, id="bm192bn128"),
+    pytest.param(64, 700, {"bm": "192", "bn": "128", "pingpong": "0", "stages": "4"}, id="bm192bn128s4"),
+])
+def test_wgmma_without_mask(tmp_path, width, n_i, pins):
     path = tmp_path / "full.habu"
     path.write_text(full_attention_source())
-    run_golden(str(path), "ATTENTION-FULL", {**ONE, "E": 128, "D": 128, "I": 77, "J": 1000}, {}, seed=7)
+    run_golden(str(path), "ATTENTION-FULL", {**ONE, "E": width, "D": width, "I": n_i, "J": 1000}, pins, seed=7)
 
 
 @pytest.mark.parametrize("pins", [{}, {"exp_fma": "4"}], ids=["sfu", "expfma4"])
@@ -158,11 +164,16 @@ def test_persistent_causal_gqa_prefill_at_odd_sizes(monkeypatch, heads, n_i, n_j
                     {**heads, "E": width, "D": width, "I": n_i, "J": n_j}, pins, grids, seed=n_i + n_j)
 
 
-def test_persistent_without_mask(monkeypatch, tmp_path):
+@pytest.mark.parametrize(("width", "pins"), [
+    pytest.param(128, {}, id="d128"),
+    # the three-consumer tile of a full prefill at head width 64 (session 41's default there), head-major
+    pytest.param(64, {"bm": "192", "bn": "128", "pingpong": "0", "head_major": "1"}, id="bm192-head-major"),
+])
+def test_persistent_without_mask(monkeypatch, tmp_path, width, pins):
     full = tmp_path / "full.habu"
     full.write_text(full_attention_source())
-    golden_on_grids(monkeypatch, str(full), "ATTENTION-FULL", {**ONE, "E": 128, "D": 128, "I": 300, "J": 700}, {},
-                    (2,), seed=9)
+    golden_on_grids(monkeypatch, str(full), "ATTENTION-FULL", {**ONE, "E": width, "D": width, "I": 300, "J": 700},
+                    pins, (None, 2), seed=9)
 
 
 def test_persistent_is_bitwise_the_one_tile_a_block_kernel(monkeypatch):

@@ -258,9 +258,10 @@ def test_kv_tiles_of_192_keys_are_searched_proven_at_head_width_64_and_refused_a
 
 
 def test_three_consumer_warpgroups_split_the_registers_32_160_and_fit_96_key_tiles_at_head_width_64(prefill):
-    """bm = 192 (FlashAttention-3's head-width-64 tile; measured slower than the default on the H200, session 40,
-    so a pin): three consumer warpgroups, the producer at 32 registers and each consumer at 160 (all 512 threads'
-    65536); KV tiles of 96 keys fit and are proven, of 128 the register budget refuses (ptxas spilled 200 B)."""
+    """bm = 192 (FlashAttention-3's head-width-64 tile; the default of a full prefill there since session 41, a pin
+    with a mask): three consumer warpgroups, the producer at 32 registers and each consumer at 160 (all 512 threads'
+    65536); KV tiles of 96 keys fit and are proven; of 128 the register budget refuses them with the causal mask
+    (ptxas spilled 88-100 B) and takes them without (no spill)."""
     sizes = {**WIDE, "E": 64, "D": 64, "I": 300, "J": 500}
     model = prefill.with_sizes(sizes)
     pins = {"family": "attention", "main_loop": "wgmma", "bm": "192", "bn": "96"}

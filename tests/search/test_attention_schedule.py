@@ -167,3 +167,34 @@ def test_the_refit_model_is_within_fifteen_percent_of_the_session_36_runs(prefil
     model = parse_text(text).models["ATTENTION-FULL" if full else "ATTENTION-GQA"]
     _, _, seconds = PATH.seconds(_lowering(model, sizes, {}), sizes, T)
     assert abs(seconds * 1e6 - measured) / measured < 0.15, seconds * 1e6
+
+
+# (batch, rows, head width, full attention?, three consumer warpgroups the default?): session 41, H200, d64 full
+# 4 × 4096 606.0 → 534.9-555.3 µs, 1 × 16384 2336.2 → 2004.4-2077.9; not 16 × 1024 (12.5% padding rows) nor causal
+THREE_CONSUMERS = [
+    (4, 4096, 64, True, True), (1, 16384, 64, True, True), (16, 1024, 64, True, False),
+    (4, 4096, 64, False, False), (4, 4096, 128, True, False),
+]
+
+
+@pytest.mark.parametrize(("batch", "rows", "width", "full", "three"), THREE_CONSUMERS)
+def test_a_full_prefill_at_head_width_64_takes_three_consumer_warpgroups(prefill, batch, rows, width, full, three):
+    """`three_consumer_tile`: 192 query rows (three consumer warpgroups, no ping-pong) and 128-key tiles at head
+    width 64 where the rows fill the tiles; the register rule proves it (S 64, O 32, P 32 + 32 ≤ 160)."""
+    from habu.prove import prove
+
+    model = prefill
+    if full:
+        from habu.bench.attention_speed import full_attention_source
+        from habu.spec.parser import parse_text
+
+        model = parse_text(full_attention_source()).models["ATTENTION-FULL"]
+    sizes = {"B": batch, "G": 16, "R": 1, "I": rows, "J": rows, "E": width, "D": width}
+    lw = _lowering(model, sizes, {})
+    k = lw.kernel
+    assert (k.bm, k.bn, k.pingpong) == ((192, 128, False) if three else (128, 128, True))
+    assert k.persistent
+    if three:
+        small = {**sizes, "B": 1, "G": 1, "I": 400, "J": 300}
+        plan = default_plan(model.with_sizes(small), T, small, {"bm": "192", "bn": "128", "pingpong": "0"})
+        assert prove(model.with_sizes(small), plan, small, trials=1).ok
