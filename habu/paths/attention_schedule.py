@@ -33,6 +33,10 @@ KV_STEP_SHARE = 0.92  # the share of the wgmma probe's rate (`Ceilings.wgmma_flo
 # µs on the H200, session 36's 1 × 16 × 16384 d64 full run, where the products would take 0.74): a KV step takes the
 # longer of the two
 SOFTMAX_SCORES_PER_S = 128 * 128 / 1.18e-6
+# ... with three consumer warpgroups (192 query rows: twelve warps share the SM's softmax work, not eight): a 192 ×
+# 128 tile of S in 1.40 µs (session 41, 4 × 16 × 4096 and 1 × 16 × 16384 d64 full, persistent, 4 stages: the model
+# gives 513 and 1992 µs where the runs took 528.0-529.4 and 1995.1-2019.8)
+THREE_CONSUMER_SCORES_PER_S = 192 * 128 / 1.40e-6
 TILE_FIXED_S = 9.5e-6  # a work tile's fixed cost, one tile a block (session 33, before the vector epilogue)
 # ... in a persistent block, its Q and ring fill under the last tile's work: 8.35 µs in session 33; 1.5 µs since the
 # vector epilogue (session 36: 1.6-2.3 µs at d128 on 1k-4k sequences, 0.8 at d64, by the runs in docs/PERF.md)
@@ -139,8 +143,9 @@ def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]
     k = lw.kernel
     n_e, n_d = int(sizes[lw.red_extent]), int(sizes[lw.col_extent])
     step_flops = 2.0 * k.bm * k.bn * (n_e + n_d)
+    softmax_rate = THREE_CONSUMER_SCORES_PER_S if lw.consumers == 3 else SOFTMAX_SCORES_PER_S
     step = max(step_flops / (target.ceilings.wgmma_flops * KV_STEP_SHARE / target.sm_count),
-               k.bm * k.bn / SOFTMAX_SCORES_PER_S)
+               k.bm * k.bn / softmax_rate)
     fixed = TILE_FIXED_PERSISTENT_S if lw.persistent else TILE_FIXED_S
     work = work_kv_tiles(lw, sizes)
     if k.kv_split:  # split-KV: a block a (split, work tile), each at most `split_tiles` of the tile's KV tiles

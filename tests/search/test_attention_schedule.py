@@ -147,13 +147,16 @@ def test_kv_traffic_of_the_heaviest_first_order_at_a_wide_batch_is_once_a_query_
     assert 256 * head <= hm <= 300 * head
 
 
-# (sizes, full attention?, µs of the default measured on the H200 in session 36: bf16 O, persistent, the vector epilogue)
+# (sizes, full attention?, µs of the default measured on the H200 in session 36 (and 41): bf16 O, persistent, the vector
+# epilogue)
 MEASURED_36 = [
     ({"B": 16, "G": 16, "R": 1, "I": 1024, "J": 1024, "E": 128, "D": 128}, True, 214.1),
     ({"B": 16, "G": 16, "R": 1, "I": 1024, "J": 1024, "E": 64, "D": 64}, False, 108.8),
     ({"B": 4, "G": 16, "R": 1, "I": 4096, "J": 4096, "E": 128, "D": 128}, False, 437.6),
-    ({"B": 4, "G": 16, "R": 1, "I": 4096, "J": 4096, "E": 64, "D": 64}, True, 585.9),
     ({"B": 1, "G": 16, "R": 1, "I": 16384, "J": 16384, "E": 128, "D": 128}, False, 1602.9),
+    # session 41: the d64 full prefills' three-consumer default (192 × 128, 4 stages; 585.9 µs before at 4k)
+    ({"B": 4, "G": 16, "R": 1, "I": 4096, "J": 4096, "E": 64, "D": 64}, True, 528.0),
+    ({"B": 1, "G": 16, "R": 1, "I": 16384, "J": 16384, "E": 64, "D": 64}, True, 1995.1),
 ]
 
 
@@ -194,7 +197,11 @@ def test_a_full_prefill_at_head_width_64_takes_three_consumer_warpgroups(prefill
     k = lw.kernel
     assert (k.bm, k.bn, k.pingpong) == ((192, 128, False) if three else (128, 128, True))
     assert k.persistent
-    if three:
+    if three:  # the cost model ranks it above the two-consumer tile, as measured (`THREE_CONSUMER_SCORES_PER_S`;
+        # at 16 × 1024, where the runs found them equal, it still prices 192 rows 13% lower: the rate fit on 4k and
+        # 16k sequences overrates six-tile sequences)
+        other = _lowering(model, sizes, {"bm": "128", "bn": "128", "pingpong": "1", "stages": "3"})
+        assert PATH.seconds(lw, sizes, T)[2] < 0.9 * PATH.seconds(other, sizes, T)[2]
         small = {**sizes, "B": 1, "G": 1, "I": 400, "J": 300}
         plan = default_plan(model.with_sizes(small), T, small, {"bm": "192", "bn": "128", "pingpong": "0"})
         assert prove(model.with_sizes(small), plan, small, trials=1).ok
