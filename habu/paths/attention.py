@@ -24,7 +24,7 @@ from habu.lower.support import ATTENTION
 from habu.paths.analytic import index_width
 from habu.paths.attention_schedule import kv_dram_bytes, wgmma_attention_seconds
 from habu.paths.base import KernelPath
-from habu.plan.attention_split import attention_form
+from habu.plan.attention_split import AttentionForm, attention_form
 from habu.plan.patterns import Region
 from habu.plan.plan import AttentionKernel, Kernel
 from habu.spec.dtypes import DTYPES
@@ -246,14 +246,14 @@ class AttentionPath(KernelPath):
             if rows is None or rows < WGMMA_PREFILL_ROWS or self.wgmma_kernel(model, kernel, target) is None:
                 return {}
         pins = {"family": "attention", "main_loop": "wgmma", "pingpong": "1", "persistent": "1"}
-        tile = self.three_consumer_tile(model, forms, sizes) if len(forms) == 1 else None
+        tile = self.three_consumer_tile(model, forms[0][1], sizes) if len(forms) == 1 else None
         if tile is not None:
             pins.update(tile)
         if len(forms) == 1 and self.head_major_pays(model, forms[0][0], target, sizes, tile):
             pins["head_major"] = "1"
         return pins
 
-    def three_consumer_tile(self, model: Model, forms: list, sizes: Mapping[str, int]) -> dict[str, str] | None:
+    def three_consumer_tile(self, model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> dict[str, str] | None:
         """The tile of three consumer warpgroups (`THREE_CONSUMER_TILE`: 192 query rows, FlashAttention-3's
         tile at head width 64) for a full (unmasked) prefill at head width 64 whose query rows fill 192-row
         tiles to within `THREE_CONSUMER_WASTE`; None otherwise (with a mask the register rule refuses 128-key
@@ -262,7 +262,6 @@ class AttentionPath(KernelPath):
         (1.00× → 1.18×); 16 × 1024 (6 tiles of 192 for 1024 rows: 12.5% of the rows padding) 165.4 →
         164.5-188.6, causal 4 × 4096 319.9 → 348.6-377.1 (96 keys): not taken there. A consumer skipping a tile's
         slab of padding rows (tried: a branch around its work) made ptxas's main loop slower, 4k 528.0 → 567.9 µs."""
-        (_node, form), = forms
         e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
         rows = model.sizes.get(form.row.extent) or sizes.get(form.row.extent)
         if form.mask is not None or e != 64 or d != 64 or rows is None:

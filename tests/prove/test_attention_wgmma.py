@@ -273,3 +273,30 @@ def test_three_consumer_warpgroups_split_the_registers_32_160_and_fit_96_key_til
     assert verify_plan(model, plan, sizes, trials=1, seeds=[2]).passed
     wide = default_plan(model, T, sizes, {**pins, "bn": "128"})
     assert any(o.rule.name == "register-budget" for o in failures(obligations(model, wide, sizes)))
+
+
+@pytest.mark.parametrize("plant", ["third_slab_reads_the_first_q", "kv_boxes_in_one_stage", "rescale_inverted"])
+def test_the_three_consumer_default_of_a_full_prefill_kills_planted_mistakes_in_what_it_prints(plant):
+    """Session 41's default of a full prefill at head width 64 (192 query rows over 128-key tiles, 4 stages,
+    persistent; `three_consumer_tile`), at a shape of two query tiles a sequence and two query heads walked by the
+    check's grid: a mistake planted in its lowering (the third consumer's Q slab, the stage of K's boxes, the
+    rescale) changes the CUDA the emitter prints and fails the finite-field check."""
+    from habu.bench import mutants_attention_wgmma as planted
+    from habu.bench.attention_speed import full_attention_source
+    from habu.lower import lower_whole
+    from habu.paths.emit import emit_lowered
+    from habu.spec.parser import parse_text
+
+    sizes = {"B": 1, "G": 1, "R": 2, "I": 384, "J": 300, "E": 64, "D": 64}
+    model = parse_text(full_attention_source()).models["ATTENTION-FULL"].with_sizes(sizes)
+    plan = default_plan(model, T, sizes)
+    (k,) = plan.kernels
+    assert isinstance(k, AttentionKernel) and (k.main_loop, k.bm, k.bn, k.stages, k.persistent) == ("wgmma", 192, 128,
+                                                                                                        4, True)
+    lowered = lower_whole(model, plan)
+    mutated = getattr(planted, plant)(lowered.kernels[0])
+    before = emit_lowered(lowered, plan, T).kernels[0].source
+    after = emit_lowered(replace(lowered, kernels=(mutated,)), plan, T).kernels[0].source
+    assert before != after
+    assert verify_plan(model, plan, sizes, trials=1, seeds=[3]).passed
+    assert not verify_plan(model, plan, sizes, trials=1, seeds=[3], lowerings=[mutated]).passed
