@@ -16,9 +16,9 @@ the call can be captured in a CUDA graph (`torch.cuda.graph`) once it has run ea
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from threading import get_ident
 from typing import Any
 
 from habu.emit_cuda import driver
@@ -75,6 +75,7 @@ class _Slot:
     tensor: str
     tma: Any = None  # the TmaSpec of a tensor-map parameter
     info: ArrayInfo | None = None  # the tensor's checked layout (a tensor map is encoded from it)
+    last: int = -1  # the pointer whose tensor map the packed arguments hold now
 
 
 @dataclass
@@ -88,6 +89,9 @@ class _Launch:
     zeros: list[tuple[str, int]]  # (tensor, bytes) set to zero before the kernel runs
     maps: dict[tuple[int, int], Any]  # (slot index, pointer) -> encoded tensor map
     empty: bool = False  # nothing to launch (an empty output)
+    head: tuple = ()  # cuLaunchKernel's arguments before the stream: (function, grid, block, shared memory)
+    pointers: tuple[tuple[Any, str], ...] = ()  # (packed ctypes value, tensor) of each pointer parameter
+    tensor_maps: tuple[_Slot, ...] = ()  # the tensor-map parameters
 
 
 @dataclass
@@ -96,6 +100,10 @@ class _Alloc:
     shape: tuple[int, ...]
     dtype: str
     output: bool
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return row_major(self.shape)
 
 
 class CallPlan:
@@ -119,13 +127,24 @@ class CallPlan:
         self._d = driver._driver()  # the cuda-python driver module (looked up once, not per launch)
         self._success = self._d.CUresult.CUDA_SUCCESS
         self._threads: set[int] = set()  # threads seen with the device's primary context current
+        self.all_torch = False  # every argument a torch tensor (the layout key says so for later calls)
+        self._given = tuple(t.name for t in contract.tensors if t.role == "output")  # outputs the caller passes
+        self._torch_allocs: list[tuple[str, tuple[int, ...], tuple[int, ...], Any, bool]] = []
+        self._lean = False  # `run` takes `_run_lean` (set by `build`)
+        self._torch_narrowed: list[tuple[NarrowLaunch, tuple[int, ...], tuple[int, ...], Any]] = []
+        self._empty: Any = None  # torch.empty_strided
+        self._get_device: Any = None  # torch's current device (torch._C._cuda_getDevice)
 
     # -- built once
     @classmethod
     def build(cls, contract: Contract, sizes: Mapping[str, int], dev: driver.Device, arrays: Mapping[str, ArrayInfo],
-              kernels: list[tuple[CudaKernel, Any, tuple[int, int, int]]], torch_like: bool) -> CallPlan:
-        """`arrays`: the checked arguments; `kernels`: (kernel, loaded function, grid) in launch order."""
+              kernels: list[tuple[CudaKernel, Any, tuple[int, int, int]]], torch_like: bool,
+              all_torch: bool = False) -> CallPlan:
+        """`arrays`: the checked arguments; `kernels`: (kernel, loaded function, grid) in launch order;
+        `all_torch`: every argument is a torch tensor (their pointers are read with `data_ptr`)."""
         plan = cls(contract, sizes, dev, torch_like)
+        plan.all_torch = all_torch
+        plan._given = tuple(n for n in plan.outputs if n in arrays)
         infos = dict(arrays)
         for t in contract.tensors:
             info = arrays.get(t.name)
@@ -159,27 +178,42 @@ class CallPlan:
             zeros = [(z, infos[z].nbytes) for z in kernel.zero if z not in {a.name for a, _ in plan.kept_allocs}]
             maps = {(s.index, infos[s.tensor].ptr): args.values[s.index] for s in slots  # encoded by pack_args
                     if s.tma is not None and infos[s.tensor].ptr}
-            plan.launches.append(_Launch(kernel, fn, grid, smem, args, slots, zeros, maps, min(grid) <= 0))
+            head = (fn, *grid, kernel.threads, 1, 1, smem)
+            pointers = tuple((args.values[s.index], s.tensor) for s in slots if s.tma is None)
+            tensor_maps = tuple(s for s in slots if s.tma is not None)
+            for s in tensor_maps:  # the map pack_args encoded is in the arguments now
+                s.last = infos[s.tensor].ptr or -1
+            plan.launches.append(_Launch(kernel, fn, grid, smem, args, slots, zeros, maps, min(grid) <= 0, head,
+                                         pointers, tensor_maps))
+        torch = sys.modules.get("torch") if torch_like else None
+        if torch is not None:
+            plan._torch_allocs = [(a.name, a.shape, a.strides, getattr(torch, _TORCH_NAMES[a.dtype]), a.output)
+                                  for a in plan.allocs]
+            plan._empty, plan._device = torch.empty_strided, plan._torch_device(torch)
+            plan._get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+            plan._torch_narrowed = [(nl, arrays[nl.tensor].shape, row_major(arrays[nl.tensor].shape),
+                                     getattr(torch, _TORCH_NAMES[nl.kernel_type])) for nl in plan.narrow_launches]
+        plan._lean = all_torch and torch is not None and not plan.narrow and not plan.kept_allocs
         return plan
 
     # -- every call
     def run(self, tensors: Mapping[str, Any], stream: int, torch_stream: Any = None) -> Any:
         """Launch on `stream`; `torch_stream`: the torch stream object the caller named, on which
         the outputs torch allocated here are recorded (its caching allocator must wait for it)."""
+        if self._lean and torch_stream is None:
+            return self._run_lean(tensors, stream)
         ptrs = {name: pointer_of(t) for name, t in tensors.items()}
-        for name, align, why in self.aligned:
-            if ptrs[name] % align:
-                note = f" ({why})" if why else ""
-                raise ArgumentError(f"{name}: base address {ptrs[name]:#x} is not {align}-byte aligned{note}")
+        self._check_aligned(ptrs)
         keep: list[Any] = []  # what this call allocated, alive until its launches are queued
-        results = {n: tensors[n] for n in self.outputs if n in tensors}
+        results = {n: tensors[n] for n in self._given}
         narrowing: list[tuple[NarrowLaunch, int, int]] = []
         if self.narrow or self.narrow_launches or self.allocs:
             torch = sys.modules.get("torch") if self.torch_like else None
             for nl in self.narrow_launches:
                 given = tensors[nl.tensor]
-                narrowed = torch.empty(given.shape, dtype=getattr(torch, _TORCH_NAMES[nl.kernel_type]),
-                                       device=self._torch_device(torch))
+                narrowed = torch.empty_strided(given.shape, given.stride(),  # (row-major: `build` checked)
+                                               dtype=getattr(torch, _TORCH_NAMES[nl.kernel_type]),
+                                               device=self._torch_device(torch))
                 if torch_stream is not None:
                     narrowed.record_stream(torch_stream)
                 keep.append(narrowed)
@@ -224,9 +258,57 @@ class CallPlan:
                 self._ok(d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
         return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
 
+    def _check_aligned(self, ptrs: Mapping[str, int]) -> None:
+        for name, align, why in self.aligned:
+            if ptrs[name] % align:
+                note = f" ({why})" if why else ""
+                raise ArgumentError(f"{name}: base address {ptrs[name]:#x} is not {align}-byte aligned{note}")
+
+    def _run_lean(self, tensors: Mapping[str, Any], stream: int) -> Any:
+        """`run` for the usual call, the same steps in fewer Python operations (the host time of a call is
+        most of a small kernel's): every argument a torch tensor, no index narrowed by torch's operations, no
+        kept workspace, the outputs on torch's current stream."""
+        ptrs = {name: t.data_ptr() for name, t in tensors.items()}
+        if self.aligned:
+            self._check_aligned(ptrs)
+        results = {n: tensors[n] for n in self._given}
+        keep = []  # this call's intermediates, alive until its launches are queued
+        if self._torch_allocs:
+            empty, device = self._empty, self._device
+            for name, shape, strides, dtype, output in self._torch_allocs:  # from torch's caching allocator
+                arr = empty(shape, strides, dtype=dtype, device=device)
+                ptrs[name] = arr.data_ptr()
+                if output:
+                    results[name] = arr
+                else:
+                    keep.append(arr)
+        narrowing = []
+        for nl, shape, strides, dtype in self._torch_narrowed:  # int64 index tensors, narrowed by one launch each
+            narrowed = self._empty(shape, strides, dtype=dtype, device=self._device)
+            keep.append(narrowed)
+            narrowing.append((nl, ptrs[nl.tensor], narrowed.data_ptr()))
+            ptrs[nl.tensor] = narrowing[-1][2]
+        handle = self._streams.get(stream)
+        if handle is None:
+            handle = self._stream(stream)
+        push = not (self._get_device() == self.dev.ordinal and get_ident() in self._threads) and \
+            self.dev.context is not None and not self._context_is_current()
+        if push:  # the device's primary context, current for the launches
+            self._ok(self._d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
+        try:
+            for nl, source, target in narrowing:
+                self._ok(nl.launch(self._d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)
+            self._launch_all(self._d, ptrs, handle, stream)
+        finally:
+            if push:
+                self._ok(self._d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
+        del keep
+        return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
+
     def _allocate(self, a: _Alloc, torch: Any) -> Any:
         if torch is not None:
-            return torch.empty(a.shape, dtype=getattr(torch, _TORCH_NAMES[a.dtype]), device=self._torch_device(torch))
+            return torch.empty_strided(a.shape, a.strides, dtype=getattr(torch, _TORCH_NAMES[a.dtype]),
+                                       device=self._torch_device(torch))
         return driver.DeviceArray(a.shape, a.dtype, self.dev)
 
     def _torch_device(self, torch: Any) -> Any:
@@ -239,9 +321,12 @@ class CallPlan:
         no push and pop (two driver calls): with torch tensors, while torch's current device is this
         device and this thread was once seen with that context current (cuCtxGetCurrent, once a thread)."""
         torch = sys.modules.get("torch") if self.torch_like else None
-        if torch is None or torch.cuda.current_device() != self.dev.ordinal:
+        if torch is None:
             return False
-        thread = threading.get_ident()
+        get_device = getattr(torch._C, "_cuda_getDevice", None)  # what torch.cuda.current_device() reads
+        if (get_device() if get_device is not None else torch.cuda.current_device()) != self.dev.ordinal:
+            return False
+        thread = get_ident()
         if thread in self._threads:
             return True
         err, ctx = self._d.cuCtxGetCurrent()
@@ -258,8 +343,12 @@ class CallPlan:
 
     def _launch_all(self, d: Any, ptrs: Mapping[str, int], handle: Any, stream: int) -> None:
         after_kernel = False
+        success = self._success
         for ln in self.launches:
-            self._fill(ln, ptrs)
+            for value, tensor in ln.pointers:  # this call's pointers into the packed arguments
+                value.value = ptrs[tensor]
+            if ln.tensor_maps:
+                self._fill_maps(ln, ptrs)
             for tensor, nbytes in ln.zeros:
                 if nbytes:
                     self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[tensor]), 0, nbytes, handle), "cuMemsetD8Async", ln)
@@ -270,9 +359,9 @@ class CallPlan:
                 driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
                                        ln.kernel.name, True)
             else:
-                gx, gy, gz = ln.grid
-                self._ok(d.cuLaunchKernel(ln.function, gx, gy, gz, ln.kernel.threads, 1, 1, ln.smem, handle,
-                                          ln.args.address, 0), "cuLaunchKernel", ln)
+                result = d.cuLaunchKernel(*ln.head, handle, ln.args.address, 0)
+                if result[0] != success:
+                    _ok(result, "cuLaunchKernel", ln)
             after_kernel = True
 
     def _ok(self, result: Any, what: str, ln: _Launch | None) -> None:
@@ -280,23 +369,24 @@ class CallPlan:
         if err != self._success:
             _ok(result, what, ln)
 
-    def _fill(self, ln: _Launch, ptrs: Mapping[str, int]) -> None:
-        """Put this call's pointers into the packed arguments (cuLaunchKernel copies them at launch)."""
+    def _fill_maps(self, ln: _Launch, ptrs: Mapping[str, int]) -> None:
+        """This call's tensor maps into the packed arguments (cuLaunchKernel copies them at launch): one
+        encoded per pointer seen, kept with the address of its bytes."""
         values, array = ln.args.values, ln.args.array
-        for s in ln.slots:
+        for s in ln.tensor_maps:
             ptr = ptrs[s.tensor]
-            if s.tma is None:
-                values[s.index].value = ptr
+            if ptr == s.last:  # the arguments hold this pointer's map already
                 continue
-            encoded = ln.maps.get((s.index, ptr))
-            if encoded is None:
+            kept = ln.maps.get((s.index, ptr))
+            if kept is None:
                 if len(ln.maps) >= _TENSORMAP_CACHE * len(ln.slots):
                     ln.maps.clear()
                 assert s.info is not None
-                encoded = driver.encode_tensormap(driver.tensormap_args(s.tma, replace(s.info, ptr=ptr), self.sizes))
-                ln.maps[(s.index, ptr)] = encoded
-            values[s.index] = encoded
-            array[s.index] = encoded.getPtr()
+                kept = driver.encode_tensormap(driver.tensormap_args(s.tma, replace(s.info, ptr=ptr), self.sizes))
+                ln.maps[(s.index, ptr)] = kept
+            values[s.index] = kept
+            array[s.index] = kept.getPtr()
+            s.last = ptr
 
 
 class NeedsHost(Exception):

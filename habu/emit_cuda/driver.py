@@ -349,11 +349,29 @@ def launch_function(function: Any, grid: tuple[int, int, int], threads: int, sme
     block of the previous kernel in the stream has let it (griddepcontrol.launch_dependents) and waits
     for that kernel itself (griddepcontrol.wait); only for kernels whose source does (sm_90+)."""
     d = _driver()
-    what = f"{name}, grid {grid}, {threads} threads, {smem} B smem"
     if not early:
-        check(d.cuLaunchKernel(function, *grid, threads, 1, 1, smem, d.CUstream(stream), args.address, 0),
-              f"cuLaunchKernel({what})")
+        result = d.cuLaunchKernel(function, *grid, threads, 1, 1, smem, d.CUstream(stream), args.address, 0)
+        if result[0] != d.CUresult.CUDA_SUCCESS:
+            check(result, f"cuLaunchKernel({name}, grid {grid}, {threads} threads, {smem} B smem)")
         return
+    result = d.cuLaunchKernelEx(early_config(grid, threads, smem, stream), function, args.address, 0)
+    if result[0] != d.CUresult.CUDA_SUCCESS:
+        check(result, f"cuLaunchKernelEx({name}, grid {grid}, {threads} threads, {smem} B smem, early)")
+
+
+_EARLY_CONFIGS: dict[tuple[tuple[int, int, int], int, int, int], Any] = {}
+_EARLY_CONFIGS_KEPT = 256
+
+
+def early_config(grid: tuple[int, int, int], threads: int, smem: int, stream: int) -> Any:
+    """The launch configuration of an early launch (programmatic stream serialization allowed), made once
+    per grid, block, shared memory and stream: building one costs several µs of Python a launch, and the
+    driver only reads it during cuLaunchKernelEx."""
+    key = (grid, threads, smem, stream)
+    config = _EARLY_CONFIGS.get(key)
+    if config is not None:
+        return config
+    d = _driver()
     config = d.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = grid
     config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
@@ -364,7 +382,10 @@ def launch_function(function: Any, grid: tuple[int, int, int], threads: int, sme
     attribute.value.programmaticStreamSerializationAllowed = 1
     config.attrs = [attribute]
     config.numAttrs = 1
-    check(d.cuLaunchKernelEx(config, function, args.address, 0), f"cuLaunchKernelEx({what}, early)")
+    if len(_EARLY_CONFIGS) >= _EARLY_CONFIGS_KEPT:  # many streams or shapes: start over
+        _EARLY_CONFIGS.clear()
+    _EARLY_CONFIGS[key] = config
+    return config
 
 
 # True inside habu.bench.kernel_times.serial_launches: each kernel launches after the previous one completed, in

@@ -53,6 +53,7 @@ from habu.spec.ir import Model
 
 _TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}  # Habu dtype -> torch attribute
 _CALL_PLANS_KEPT = 1024  # argument layouts whose packed launches a CompiledModel keeps
+_NOT_PLANNED = object()  # a layout not seen yet (None in `_calls`: a layout that needs the host every call)
 
 
 def stream_handle(stream: Any, tensors: Mapping[str, Any], ordinal: int) -> int:
@@ -205,9 +206,8 @@ class CompiledModel:
         if self.check_indices == "device":
             key = layout_key(tensors)
             if key is not None:
-                if key in self._calls:
-                    call = self._calls[key]
-                else:
+                call = self._calls.get(key, _NOT_PLANNED)
+                if call is _NOT_PLANNED:
                     if len(self._calls) >= _CALL_PLANS_KEPT:  # many runtime shapes: start over
                         self._calls.clear()
                     call = self._calls[key] = self._plan_call(tensors)
@@ -244,8 +244,9 @@ class CompiledModel:
             functions = self._functions(member, dev)
             kernels = [(k, fn, k.grid(sizes, self._slots(k, fn, sizes, dev)))
                        for k, fn in zip(plan.kernels, functions, strict=True)]
+            all_torch = all(is_torch_tensor(t) for t in tensors.values())
             try:
-                return CallPlan.build(contract, sizes, dev, arrays, kernels, torch_like)
+                return CallPlan.build(contract, sizes, dev, arrays, kernels, torch_like, all_torch)
             except NeedsHost:
                 return None
 
