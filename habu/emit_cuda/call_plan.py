@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from threading import get_ident
 from typing import Any
 
@@ -132,6 +133,9 @@ class CallPlan:
         self._torch_allocs: list[tuple[str, tuple[int, ...], tuple[int, ...], Any, bool]] = []
         self._lean = False  # `run` takes `_run_lean` (set by `build`)
         self._torch_narrowed: list[tuple[NarrowLaunch, tuple[int, ...], tuple[int, ...], Any]] = []
+        self._made_outputs: list[tuple[str, int]] = []  # (output, its place among a lean call's allocations)
+        self._returns: int | None = None  # the one output's place there, when the call allocates it
+        self.current_stream = partial(current_stream, dev.ordinal)  # torch's current stream on the device
         self._empty: Any = None  # torch.empty_strided
         self._get_device: Any = None  # torch's current device (torch._C._cuda_getDevice)
 
@@ -194,6 +198,11 @@ class CallPlan:
             plan._torch_narrowed = [(nl, arrays[nl.tensor].shape, row_major(arrays[nl.tensor].shape),
                                      getattr(torch, _TORCH_NAMES[nl.kernel_type])) for nl in plan.narrow_launches]
         plan._lean = all_torch and torch is not None and not plan.narrow and not plan.kept_allocs
+        plan._made_outputs = [(a[0], i) for i, a in enumerate(plan._torch_allocs) if a[4]]
+        if len(plan.outputs) == 1 and len(plan._made_outputs) == 1:
+            plan._returns = plan._made_outputs[0][1]
+        if torch is not None and hasattr(torch._C, "_cuda_getCurrentRawStream"):
+            plan.current_stream = partial(torch._C._cuda_getCurrentRawStream, dev.ordinal)
         return plan
 
     # -- every call
@@ -271,38 +280,42 @@ class CallPlan:
         ptrs = {name: t.data_ptr() for name, t in tensors.items()}
         if self.aligned:
             self._check_aligned(ptrs)
-        results = {n: tensors[n] for n in self._given}
-        keep = []  # this call's intermediates, alive until its launches are queued
-        if self._torch_allocs:
-            empty, device = self._empty, self._device
-            for name, shape, strides, dtype, output in self._torch_allocs:  # from torch's caching allocator
-                arr = empty(shape, strides, dtype=dtype, device=device)
-                ptrs[name] = arr.data_ptr()
-                if output:
-                    results[name] = arr
-                else:
-                    keep.append(arr)
+        made = []  # this call's outputs and intermediates (alive at least until its launches are queued)
+        empty, device = self._empty, self._device
+        for name, shape, strides, dtype, _ in self._torch_allocs:  # from torch's caching allocator
+            arr = empty(shape, strides, dtype=dtype, device=device)
+            ptrs[name] = arr.data_ptr()
+            made.append(arr)
         narrowing = []
         for nl, shape, strides, dtype in self._torch_narrowed:  # int64 index tensors, narrowed by one launch each
-            narrowed = self._empty(shape, strides, dtype=dtype, device=self._device)
-            keep.append(narrowed)
+            narrowed = empty(shape, strides, dtype=dtype, device=device)
+            made.append(narrowed)
             narrowing.append((nl, ptrs[nl.tensor], narrowed.data_ptr()))
             ptrs[nl.tensor] = narrowing[-1][2]
         handle = self._streams.get(stream)
         if handle is None:
             handle = self._stream(stream)
-        push = not (self._get_device() == self.dev.ordinal and get_ident() in self._threads) and \
-            self.dev.context is not None and not self._context_is_current()
-        if push:  # the device's primary context, current for the launches
-            self._ok(self._d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
-        try:
+        if self._get_device() == self.dev.ordinal and get_ident() in self._threads:  # the context is current
             for nl, source, target in narrowing:
                 self._ok(nl.launch(self._d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)
             self._launch_all(self._d, ptrs, handle, stream)
-        finally:
-            if push:
-                self._ok(self._d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
-        del keep
+        else:
+            push = self.dev.context is not None and not self._context_is_current()
+            if push:  # the device's primary context, current for the launches
+                self._ok(self._d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
+            try:
+                for nl, source, target in narrowing:
+                    self._ok(nl.launch(self._d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})",
+                             None)
+                self._launch_all(self._d, ptrs, handle, stream)
+            finally:
+                if push:
+                    self._ok(self._d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
+        if self._returns is not None:  # one output, allocated here
+            return made[self._returns]
+        results = {n: tensors[n] for n in self._given}
+        for name, i in self._made_outputs:
+            results[name] = made[i]
         return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
 
     def _allocate(self, a: _Alloc, torch: Any) -> Any:

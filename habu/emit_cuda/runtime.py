@@ -213,6 +213,8 @@ class CompiledModel:
                     call = self._calls[key] = self._plan_call(tensors)
                 if call is not None:
                     if stream is None:
+                        if call._lean:  # (the usual call of torch users: CallPlan.run's shortest path)
+                            return call._run_lean(tensors, call.current_stream())
                         return call.run(tensors, current_stream(call.dev.ordinal) if call.torch_like else 0)
                     if not call.torch_like:
                         return call.run(tensors, stream_handle(stream, tensors, call.dev.ordinal))
