@@ -328,7 +328,7 @@ ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("row_writer", lambda sup, d: sup(d - 1)),
     ("prefetch_tile", lambda sup, kt: sup(kt) + 1),
     ("prologue_tile", lambda sup, first, p: sup(first, p + 1)),
-    ("combine_pair", lambda sup, p: sup(p + 1)),
+    ("combine_pair", lambda sup, p, sizes: sup(p + 1, sizes)),
     ("combine_w", lambda sup, s, t: sup(s, t + 1)),
     ("combine_total", lambda sup, t, sizes: sup(t + 1, sizes)),
     ("counter_after", lambda sup, sizes: sup(sizes) + 1),

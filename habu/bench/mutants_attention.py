@@ -215,6 +215,13 @@ def combine_weights_of_one_split(lw: Any) -> AttentionLowering:
     return _planted(lw, "combine_w", lambda self, s, t: combine_w(self, s * 0, t))
 
 
+def combine_pairs_of_one_split(lw: Any) -> AttentionLowering:
+    """The combine's pairs step rows by the tile's rows instead of the split count: (split, row) pairs repeat and
+    the tile's later rows never get their weights. Killed by the splits rule; not by the field check at the decode
+    shape, whose only rows (the first) still see every split: the rule, not the trial, holds this map."""
+    return _planted(lw, "combine_pair", lambda self, p, sizes: (p % self.splits(sizes), floordiv(p, self.kernel.bm)))
+
+
 def combine_total_over_a_weight(lw: Any) -> AttentionLowering:
     """The combine keeps a row's total l in the word of its first split's weight (read back as that weight)."""
     return _planted(lw, "combine_total", lambda self, t, sizes: self.combine_w(0, t))

@@ -26,6 +26,8 @@ from habu.emit_cuda.common import Signature, access_mask, access_offset, store_v
 from habu.lower.attention import AttentionLowering
 from habu.lower.attention_wgmma import AttentionWgmmaLowering
 
+FULL_UNROLL_SPLITS = 64  # a combine over at most this many splits unrolls its split loops whole
+
 
 def split_workspaces(lw: AttentionLowering) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     """The launch's workspaces: the partial O, m and l of each split, and the query tiles' counters."""
@@ -145,7 +147,7 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
     only the splits' O."""
     cx = CExpr
     flat, qt = cx("flat"), cx("qt")
-    s_of, t_of = (c(x) for x in lw.combine_pair(cx("p")))
+    s_of, t_of = (c(x) for x in lw.combine_pair(cx("p"), sizes))
     row = c(lw.row(qt, cx("t")))
     inside = c(lw.row_inside(cx("i"), sizes))
     slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
@@ -153,6 +155,10 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
     total_at = f"wts[{c(lw.combine_total(cx('t'), sizes))}]"
     te, de = (c(x) for x in lw.combine_element(cx("e")))
     splits = c(lw.splits(sizes))
+    n = lw.splits(sizes)
+    # every split's load in flight at once (up to MAX_SPLITS: 64 registers of a thread): with `unroll 32`, 64 splits
+    # took two L2 round trips a row and two an element
+    unroll = "#pragma unroll" if isinstance(n, int) and n <= FULL_UNROLL_SPLITS else "#pragma unroll 32"
     exponent = lw.combine_exponent(w_at, "shift", FloatOps())
     part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
     return f"""  if ({last}) {{  // every split of the query tile is in: combine them, the splits' weights in shared memory
@@ -167,11 +173,11 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
       const {it} i = ({it})({row});
       if (!({inside})) continue;
       float mx = habu::neg_inf_f();
-#pragma unroll 32
+{unroll}
       for (int s = 0; s < (int)({splits}); ++s) mx = fmaxf(mx, {w_at});
       const float shift = habu::softmax_shift(mx);
       float total = 0.0f;
-#pragma unroll 32
+{unroll}
       for (int s = 0; s < (int)({splits}); ++s) {{
         const float w = habu::exp2_fast({exponent});  // a split with no visible key: m = −∞, w = 0
         {w_at} = w;
@@ -186,7 +192,7 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
       const {it} d = ({it})({de});
       if (!({out_ok})) continue;
       float acc = 0.0f;
-#pragma unroll 32
+{unroll}
       for (int s = 0; s < (int)({splits}); ++s) acc += {w_at} * __ldcg({po_part} + {part});
       const float total = {total_at};
       {store}

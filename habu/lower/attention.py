@@ -348,9 +348,12 @@ class AttentionLowering:
         """The (split, row of the tile) pairs whose m the combining block reads into its weights."""
         return self.splits(sizes) * self.kernel.bm
 
-    def combine_pair(self, p: Any) -> tuple[Any, Any]:
-        """(split, row in the tile) of pair p."""
-        return floordiv(p, self.kernel.bm), p % self.kernel.bm
+    def combine_pair(self, p: Any, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(split, row in the tile) of pair p: a row's splits on consecutive threads, so the tile's first rows
+        (a decode's only rows: its query heads) are the first pairs, read by all the threads at once (row-minor
+        pairs left 2 of every 16 threads reading, one split after another: 8 L2 round trips at 64 splits)."""
+        n = self.splits(sizes)
+        return p % n, floordiv(p, n)
 
     def combine_w(self, s: Any, t: Any) -> Any:
         """The word holding split s's m, then its weight, for row t of the tile."""

@@ -156,7 +156,7 @@ class SplitRun:
             return np.where(bad, 0, offs)
 
         splits = int(lw.splits(sizes))
-        s, t = (np.asarray(v, dtype=np.int64) for v in lw.combine_pair(np.arange(int(lw.combine_pairs(sizes)))))
+        s, t = (np.asarray(v, dtype=np.int64) for v in lw.combine_pair(np.arange(int(lw.combine_pairs(sizes))), sizes))
         rows = np.asarray(lw.row(qt, t))
         keep = np.asarray(lw.row_inside(rows, sizes))
         slot = np.asarray(lw.partial_slot(s, flat, rows, sizes), dtype=np.int64)[keep]

@@ -312,8 +312,8 @@ def _split_obligations(name: str, lw: AttentionLowering, ctx: Context, n_d: int)
         pair = lambda sp, t: z3.And(_in(sp, 0, splits), _in(t, 0, k.bm))  # noqa: E731
         words = lw.combine_words()
         p, q = z3.Ints("pair other_pair")
-        ps, pt = lw.combine_pair(p)
-        qs, qt_ = lw.combine_pair(q)
+        ps, pt = lw.combine_pair(p, s)
+        qs, qt_ = lw.combine_pair(q, s)
         pairs = lw.combine_pairs(s)
         yield Obligation(rule, name, None, "the combine's pairs are each (split, row) once, its weights and row "
                          f"totals distinct words of the block's {words}",

@@ -13,6 +13,7 @@ import pytest
 from habu.bench.mutants_attention import (
     DECODE_PINS,
     DECODE_SHAPE,
+    combine_pairs_of_one_split,
     combine_total_over_a_weight,
     combine_weights_of_one_split,
     partial_slot_ignores_split,
@@ -88,10 +89,24 @@ def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
     good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == "attention-splits"]
     assert len(good) >= 8 and not failures(good)
     for planted in (split_tiles_overlap, partial_slot_ignores_split, combine_weights_of_one_split,
-                    combine_total_over_a_weight):
+                    combine_total_over_a_weight, combine_pairs_of_one_split):
         bad = [discharge(o, ctx) for o in attention_obligations("k0", planted(lw), ctx)
                if o.rule.name == "attention-splits"]
         assert failures(bad), planted.__name__
+
+
+def test_the_combines_first_pairs_are_the_first_rows_every_split(decode):
+    """Pairs split-minor (session 42): a decode's rows (its query heads, the tile's first rows) are read by the
+    first threads in one pass; row-minor pairs left 2 of every 16 threads reading, one split after another. The
+    split loops over a static split count are unrolled whole (every split's load in flight)."""
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    lw = lower_plan(decode, plan)[0]
+    n = lw.splits(DECODE_SHAPE)
+    assert lw.combine_in_smem(DECODE_SHAPE) and n > 1
+    assert [lw.combine_pair(p, DECODE_SHAPE) for p in range(2 * n)] == \
+        [(s, 0) for s in range(n)] + [(s, 1) for s in range(n)]
+    src = emit_plan(decode, plan, T).kernels[0].source
+    assert "#pragma unroll 32" not in src[src.index("combine them"):]
 
 
 def test_regression_the_witness_keeps_the_lengths_range_of_a_decode(decode):
