@@ -93,6 +93,8 @@ class _Launch:
     head: tuple = ()  # cuLaunchKernel's arguments before the stream: (function, grid, block, shared memory)
     pointers: tuple[tuple[Any, str], ...] = ()  # (packed ctypes value, tensor) of each pointer parameter
     tensor_maps: tuple[_Slot, ...] = ()  # the tensor-map parameters
+    waits: bool = False  # the kernel waits for the previous one (`CudaKernel.waits_for_previous`, read once)
+    address: int = 0  # the packed arguments' `void*[]`
 
 
 @dataclass
@@ -188,7 +190,7 @@ class CallPlan:
             for s in tensor_maps:  # the map pack_args encoded is in the arguments now
                 s.last = infos[s.tensor].ptr or -1
             plan.launches.append(_Launch(kernel, fn, grid, smem, args, slots, zeros, maps, min(grid) <= 0, head,
-                                         pointers, tensor_maps))
+                                         pointers, tensor_maps, kernel.waits_for_previous, args.address))
         torch = sys.modules.get("torch") if torch_like else None
         if torch is not None:
             plan._torch_allocs = [(a.name, a.shape, a.strides, getattr(torch, _TORCH_NAMES[a.dtype]), a.output)
@@ -368,11 +370,11 @@ class CallPlan:
                 after_kernel = False
             if ln.empty:
                 continue
-            if after_kernel and ln.kernel.waits_for_previous and self.overlap and not driver.serialised:
+            if after_kernel and ln.waits and self.overlap and not driver.serialised:
                 driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
                                        ln.kernel.name, True)
             else:
-                result = d.cuLaunchKernel(*ln.head, handle, ln.args.address, 0)
+                result = d.cuLaunchKernel(*ln.head, handle, ln.address, 0)
                 if result[0] != success:
                     _ok(result, "cuLaunchKernel", ln)
             after_kernel = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from habu.emit_cuda.geometry import geometry_for
@@ -63,10 +64,11 @@ class CudaKernel:
     # allocated, and not before each launch (a memset and its gap: ~3 µs of a 11 µs decode on the H200)
     zero_once: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def waits_for_previous(self) -> bool:
         """The source waits for the previous kernel of its stream (griddepcontrol.wait) before it
-        touches what that kernel wrote: it may be launched before the previous one completes."""
+        touches what that kernel wrote: it may be launched before the previous one completes. (Read at
+        every launch of a plan's later kernels: searched once in the source, then kept.)"""
         return "habu::grid_dependency_wait();" in self.source
 
     def check_registers(self, registers: int) -> None:
