@@ -3,8 +3,10 @@
     python -m habu.bench.call_overhead [--calls 1000] [--repeats 7] [--json out.json]
 
 Cases (issue 20 §3): GGEMM 64×4096×4096 (`A[IX] @ B.T` in torch; IX as int32 and as torch's int64,
-which Habu narrows on the device) and RMSNorm 16×4096 (`F.rms_norm`). For each callable, after a
-warm-up, `--repeats` times: the wall time of `--calls` calls in a Python loop up to a synchronize
+which Habu narrows on the device), RMSNorm 16×4096 (`F.rms_norm`) and FFN-SKIP at 16 tokens (three kernels,
+the later two launched early; torch eager's addmm, GELU, addmm, add, rms_norm: its loop is the GPU's time, its
+host column what a call costs the host, over 200 calls, fewer than the launch queue holds). For each
+callable, after a warm-up, `--repeats` times: the wall time of `--calls` calls in a Python loop up to a synchronize
 (`loop`, what a serving loop sees: the larger of host and device time per call), and the host time of
 the same loop before it synchronizes (`host`, the enqueue cost alone while the launch queue does not
 fill); medians over the repeats, and the spread of the loop figure (max/min) to read differences
@@ -97,6 +99,17 @@ def cases(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any], f
     rms = build(str(EX / "rmsnorm.habu"), "RMSNORM-ROWS", {"R": 16, "D": 4096}).compiled
     x = randn(16, 4096)
     out.append(("RMSNorm 16x4096", lambda: rms(X=x), lambda: F.rms_norm(x, (4096,), eps=1e-6), 2e-2))
+    # three kernels, the later two launched early (programmatic dependent launch): the host cost of a plan's
+    # later launches; its loop is the GPU's time (the weights' 235 MB), the host column what the call costs
+    ffn = build(str(EX / "ffn_skip.habu"), "FFN-SKIP", {"B": 16}).compiled
+    xs, w1, b1 = randn(16, 4096), randn(4096, 14336) * 0.02, randn(1, 14336)
+    w2, b2 = randn(14336, 4096) * 0.02, randn(1, 4096)
+
+    def ffn_torch() -> Any:
+        y = torch.addmm(b2, F.gelu(torch.addmm(b1, xs, w1)), w2) + xs
+        return F.rms_norm(y, (4096,), eps=1e-6)
+
+    out.append(("FFN-SKIP 16 tokens (3 kernels)", lambda: ffn(X=xs, W1=w1, B1=b1, W2=w2, B2=b2), ffn_torch, 5e-2))
     return out
 
 
@@ -112,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name, ours, theirs, tol in cases(torch):
+        calls = min(args.calls, 200) if name.startswith("FFN") else args.calls  # (launches within the queue)
         err = _rel_error(ours(), theirs())
         check_errors()
         if not err <= tol:
             raise SystemExit(f"{name}: Habu's output differs from torch's (relative error {err:.2e} > {tol})")
         row: dict[str, Any] = {"case": name, "rel_error": err}
         for who, fn in (("habu", ours), ("torch", theirs)):
-            row[who] = _loop(fn, args.calls, args.repeats, torch.cuda.synchronize)
+            row[who] = _loop(fn, calls, args.repeats, torch.cuda.synchronize)
             row[who]["device_us"] = _device_us(torch, fn)
         check_errors()
         rows.append(row)
