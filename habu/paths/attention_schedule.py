@@ -41,6 +41,11 @@ TILE_FIXED_S = 9.5e-6  # a work tile's fixed cost, one tile a block (session 33,
 # ... in a persistent block, its Q and ring fill under the last tile's work: 8.35 µs in session 33; 1.5 µs since the
 # vector epilogue (session 36: 1.6-2.3 µs at d128 on 1k-4k sequences, 0.8 at d64, by the runs in docs/PERF.md)
 TILE_FIXED_PERSISTENT_S = 1.5e-6
+# ... with three consumer warpgroups (no ping-pong partner hides a tile's first Q·Kᵀ product and last P·V, and Q is
+# 192 rows): 4.0 µs, fit with `THREE_CONSUMER_SCORES_PER_S` on session 41-42's d64 full runs (16 × 1k 181.9-183.9 µs,
+# 4 × 4k 526.1-535.0, 1 × 16k 1995.1-2019.8; the model 182, 537, 2015). With 1.5 µs it priced the 1k sequences'
+# six 192-row tiles 13% below the two-consumer default, which ran 164.2 µs in the same run
+TILE_FIXED_THREE_CONSUMERS_S = 4.0e-6
 LIST_SCHEDULE_TILES = 20_000  # past this many work tiles, the bound (mean load plus one tile) instead
 
 
@@ -147,6 +152,8 @@ def wgmma_attention_seconds(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]
     step = max(step_flops / (target.ceilings.wgmma_flops * KV_STEP_SHARE / target.sm_count),
                k.bm * k.bn / softmax_rate)
     fixed = TILE_FIXED_PERSISTENT_S if lw.persistent else TILE_FIXED_S
+    if lw.consumers == 3:
+        fixed = max(fixed, TILE_FIXED_THREE_CONSUMERS_S)
     work = work_kv_tiles(lw, sizes)
     if k.kv_split:  # split-KV: a block a (split, work tile), each at most `split_tiles` of the tile's KV tiles
         per = lw.split_tiles
