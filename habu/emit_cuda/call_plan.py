@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from threading import get_ident
 from typing import Any
@@ -27,10 +27,13 @@ from habu.emit_cuda.arrays import TORCH_DTYPES, ArgumentError, ArrayInfo, row_ma
 from habu.emit_cuda.checks import Contract, converts_index
 from habu.emit_cuda.kernel import CudaKernel
 from habu.emit_cuda.narrow import NarrowLaunch, can_narrow
+from habu.emit_cuda.raw_launch import arguments as raw_arguments
+from habu.emit_cuda.raw_launch import raw_launcher
 
 _TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}
 _INT_LIMITS = {"i16": (-(1 << 15), (1 << 15) - 1), "i32": (-(1 << 31), (1 << 31) - 1)}
 _TENSORMAP_CACHE = 64  # encoded tensor maps kept per parameter (one per pointer seen)
+_RAW_STREAMS_KEPT = 64  # streams whose ctypes launch arguments a launch keeps
 
 
 def layout_key(tensors: Mapping[str, Any]) -> tuple | None:
@@ -95,6 +98,7 @@ class _Launch:
     tensor_maps: tuple[_Slot, ...] = ()  # the tensor-map parameters
     waits: bool = False  # the kernel waits for the previous one (`CudaKernel.waits_for_previous`, read once)
     address: int = 0  # the packed arguments' `void*[]`
+    raw: dict[int, tuple] = field(default_factory=dict)  # stream -> cuLaunchKernel's arguments (raw_launch)
 
 
 @dataclass
@@ -128,6 +132,7 @@ class CallPlan:
         self._streams: dict[int, Any] = {}
         self._device: Any = None  # torch.device of `dev`, made once
         self._d = driver._driver()  # the cuda-python driver module (looked up once, not per launch)
+        self._raw = raw_launcher(self._d)  # cuLaunchKernel keeping the GIL, or None (habu.emit_cuda.raw_launch)
         self._success = self._d.CUresult.CUDA_SUCCESS
         self._threads: set[int] = set()  # threads seen with the device's primary context current
         self.all_torch = False  # every argument a torch tensor (the layout key says so for later calls)
@@ -358,7 +363,7 @@ class CallPlan:
 
     def _launch_all(self, d: Any, ptrs: Mapping[str, int], handle: Any, stream: int) -> None:
         after_kernel = False
-        success = self._success
+        success, raw = self._success, self._raw
         for ln in self.launches:
             for value, tensor in ln.pointers:  # this call's pointers into the packed arguments
                 value.value = ptrs[tensor]
@@ -373,6 +378,16 @@ class CallPlan:
             if after_kernel and ln.waits and self.overlap and not driver.serialised:
                 driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
                                        ln.kernel.name, True)
+            elif raw is not None:
+                args = ln.raw.get(stream)
+                if args is None:
+                    if len(ln.raw) >= _RAW_STREAMS_KEPT:
+                        ln.raw.clear()
+                    args = ln.raw[stream] = raw_arguments(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream,
+                                                          ln.address)
+                err = raw(*args)
+                if err:
+                    _ok((d.CUresult(err),), "cuLaunchKernel", ln)
             else:
                 result = d.cuLaunchKernel(*ln.head, handle, ln.address, 0)
                 if result[0] != success:
