@@ -115,13 +115,15 @@ def next_row_copy(name: str, lw: RowLowering, v: _Visits, sizes: Mapping[str, in
     rows × visited columns) to the slots `prefetch_layout.slot(k, g)` (16-byte chunks of `vector`
     elements), all rows before any is read back (the copy lands while the previous row is computed);
     then each kept row is read back from its slots. Two rows' chunks in one slot (the later copy wins), or
-    a slot past the buffer, give a column another's value or a fault."""
+    a slot past the buffer, give a column another's value or a fault. Each block of a cluster has its own
+    buffer (its shared memory): a block rank's slots are apart from the other ranks' here."""
     layout = lw.prefetch_layout
     assert layout is not None
     per_row = int(layout.chunks_per_row(lw, sizes))
-    length = len(values) * per_row * lw.kernel.vector  # the buffer's elements: every kept row's part
-    buffer = np.broadcast_to(mem.poison(np.arange(length, dtype=np.int64) + (1 << 41)),
-                             (values[0].shape[0], length)).copy() if values else None
+    length = len(values) * per_row * lw.kernel.vector  # a block's buffer, in elements: every kept row's part
+    buffers = length * lw.kernel.cluster
+    buffer = np.broadcast_to(mem.poison(np.arange(buffers, dtype=np.int64) + (1 << 41)),
+                             (values[0].shape[0], buffers)).copy() if values else None
     places = []
     for k, row_values in enumerate(values):
         at = np.asarray(layout.slot(k, v.chunk, per_row), dtype=np.int64) * lw.kernel.vector + v.elem
@@ -129,7 +131,7 @@ def next_row_copy(name: str, lw: RowLowering, v: _Visits, sizes: Mapping[str, in
         if np.any(outside):
             mem.fault(f"{name}: the next-row copy puts column {int(v.cols[outside][0])} of kept row {k} at element "
                       f"{int(at[outside][0])}, outside its {length}-element buffer")
-        at = np.where(outside, 0, at)
+        at = np.where(outside, 0, at) + v.rank * length  # (the block's own buffer)
         buffer[:, at[~outside]] = row_values[:, ~outside]  # type: ignore[index]
         places.append((at, outside))
     return [np.where(outside[None, :], mem.poison(v.cols)[None, :], buffer[:, at])  # type: ignore[index]
