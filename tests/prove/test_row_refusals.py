@@ -89,9 +89,9 @@ def test_regression_a_row_cluster_the_rules_passed_was_refused_by_the_emitter(ex
 @pytest.mark.parametrize(("example", "model", "key", "cluster"), [("softmax.habu", "SOFTMAX-ROWS", "C", 2),
                                                                    ("rmsnorm.habu", "RMSNORM-ROWS", "D", 4)])
 def test_regression_a_prefetching_cluster_keeps_a_next_row_buffer_a_block(example, model, key, cluster):
-    """The field check modelled one next-row buffer for a whole cluster (since commit 6141b83, which made it hold every kept row,
-    session 25): the ranks' copies overwrote each other's and every prefetching cluster plan failed its proof
-    (tests/gpu/test_golden.py's softmax-65536-cluster2 on the H200, session 42). Each block has its own."""
+    """The field check modelled one next-row buffer for a whole cluster (since commit 6141b83, which made it
+    hold every kept row): the ranks' copies overwrote each other's and every prefetching cluster plan failed its
+    proof (tests/gpu/test_golden.py's softmax-65536-cluster2 on the H200, session 42). Each block has its own."""
     sizes = {"R": 300, key: 16384}
     m = load_program(ROOT / "examples" / example).models[model].with_sizes(sizes)
     pins = {"threads": "512", "row_cluster": str(cluster), "row_prefetch": "true", "cache_row": "true"}
