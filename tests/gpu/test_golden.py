@@ -17,6 +17,13 @@ from habu.timing.exact import kept_types  # noqa: E402
 from habu.timing.exact_gpu import ExactChecker  # noqa: E402
 from habu.timing.harness import compare, make_inputs, plan_tolerance, poisoned_outputs, reference  # noqa: E402
 from tests.conftest import ROOT, gemm_kn_source, winner_plan  # noqa: E402
+from tests.gpu.row_cases import (  # noqa: E402
+    PREFETCH_CASES,
+    ROW_COLUMNS,
+    ROW_EXAMPLES,
+    ROW_VARIANTS,
+    row_case_skip,
+)
 
 EX = ROOT / "examples"
 
@@ -131,34 +138,20 @@ def test_softmax(C):
     golden("softmax.habu", "SOFTMAX-ROWS", {"R": 64, "C": C})
 
 
-ROW_VARIANTS = {
-    "warp-per-row": {"threads": "32", "rows": "4"},
-    "warp-per-row-uncached": {"threads": "32", "rows": "1", "cache_row": "false"},
-    "128": {"threads": "128"},
-    "512": {"threads": "512"},
-    "1024": {"threads": "1024"},
-    "256-uncached": {"threads": "256", "cache_row": "false"},
-    # a cluster of blocks shares each row, combining reductions through distributed shared memory
-    "cluster2-512": {"threads": "512", "row_cluster": "2", "cache_row": "true"},
-    "cluster4-256": {"threads": "256", "row_cluster": "4", "cache_row": "true"},
-    "cluster8-128-uncached": {"threads": "128", "row_cluster": "8", "cache_row": "false"},
-}
 
-
-@pytest.mark.parametrize("cols", [1000, 4096, 16384, 65536])
+@pytest.mark.parametrize("cols", ROW_COLUMNS)
 @pytest.mark.parametrize("variant", list(ROW_VARIANTS))
-@pytest.mark.parametrize("example, model, key", [("softmax.habu", "SOFTMAX-ROWS", "C"),
-                                                  ("rmsnorm.habu", "RMSNORM-ROWS", "D")], ids=["softmax", "rmsnorm"])
+@pytest.mark.parametrize("example, model, key", ROW_EXAMPLES, ids=["softmax", "rmsnorm"])
 def test_row_kernel_variants(example, model, key, variant, cols):
     """Registers (with softmax's exp kept between passes), shared memory and uncached rows; a warp,
     a block or a cluster of blocks per row; ragged rows (1000 columns) and rows too long for registers."""
-    if variant.startswith("warp-per-row") and cols > 4096:
-        pytest.skip("a warp per row is for short rows")
-    share = int(ROW_VARIANTS[variant].get("row_cluster", "1"))
-    if cols % (share * 8):
+    why = row_case_skip(variant, cols)
+    if why == "vector-align":
         with pytest.raises(AssertionError, match="vector-align"):
             golden(example, model, {"R": 64, key: cols}, ROW_VARIANTS[variant])
         return  # each block's part of the row must start on a 16-byte vector: the rules reject it
+    if why:
+        pytest.skip(why)
     golden(example, model, {"R": 64, key: cols}, ROW_VARIANTS[variant])
 
 
@@ -184,17 +177,6 @@ def test_a_kept_row_of_8_byte_vectors_goes_through_shared_memory_column_by_colum
     golden(example, model, sizes, plan=plan)
 
 
-PREFETCH_CASES = {
-    "softmax-4096-512": ("softmax.habu", "SOFTMAX-ROWS", "C", 4096, {"threads": "512"}),  # one chunk a thread
-    "softmax-16384-512": ("softmax.habu", "SOFTMAX-ROWS", "C", 16384, {"threads": "512"}),  # two blocks an SM
-    "softmax-16384-1024": ("softmax.habu", "SOFTMAX-ROWS", "C", 16384, {"threads": "1024"}),
-    "softmax-32768-default": ("softmax.habu", "SOFTMAX-ROWS", "C", 32768, {}),
-    "rmsnorm-16384-256": ("rmsnorm.habu", "RMSNORM-ROWS", "D", 16384, {"threads": "256"}),
-    "rmsnorm-65536-512": ("rmsnorm.habu", "RMSNORM-ROWS", "D", 65536, {"threads": "512"}),  # 16 chunks a thread
-    # persistent clusters: each cluster walks rows, combining through distributed shared memory
-    "softmax-65536-cluster2": ("softmax.habu", "SOFTMAX-ROWS", "C", 65536, {"threads": "512", "row_cluster": "2"}),
-    "rmsnorm-65536-cluster4": ("rmsnorm.habu", "RMSNORM-ROWS", "D", 65536, {"threads": "512", "row_cluster": "4"}),
-}
 
 
 @pytest.mark.parametrize("case", list(PREFETCH_CASES))
