@@ -79,8 +79,9 @@ def _rel_error(got: Any, want: Any) -> float:
     return float((got.double() - want).norm() / want.norm())
 
 
-def cases(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any], float]]:
-    """(name, Habu call, torch call, tolerance) with their inputs bound (the default plans, proven)."""
+def cases(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any], float, int | None]]:
+    """(name, Habu call, torch call, tolerance, most calls a loop (None: `--calls`)) with their inputs bound (the
+    default plans, proven)."""
     from habu.bench.run import build
 
     F = torch.nn.functional
@@ -94,11 +95,11 @@ def cases(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any], f
     a, b = randn(64, 4096), randn(4096, 4096)
     ix64 = torch.randint(0, 64, (64,), generator=g).to("cuda")
     ix32 = ix64.to(torch.int32)
-    out.append(("GGEMM 64x4096x4096, IX int32", lambda: gg(A=a, B=b, IX=ix32), lambda: a[ix32] @ b.T, 2e-2))
-    out.append(("GGEMM 64x4096x4096, IX int64", lambda: gg(A=a, B=b, IX=ix64), lambda: a[ix64] @ b.T, 2e-2))
+    out.append(("GGEMM 64x4096x4096, IX int32", lambda: gg(A=a, B=b, IX=ix32), lambda: a[ix32] @ b.T, 2e-2, None))
+    out.append(("GGEMM 64x4096x4096, IX int64", lambda: gg(A=a, B=b, IX=ix64), lambda: a[ix64] @ b.T, 2e-2, None))
     rms = build(str(EX / "rmsnorm.habu"), "RMSNORM-ROWS", {"R": 16, "D": 4096}).compiled
     x = randn(16, 4096)
-    out.append(("RMSNorm 16x4096", lambda: rms(X=x), lambda: F.rms_norm(x, (4096,), eps=1e-6), 2e-2))
+    out.append(("RMSNorm 16x4096", lambda: rms(X=x), lambda: F.rms_norm(x, (4096,), eps=1e-6), 2e-2, None))
     # three kernels, the later two launched early (programmatic dependent launch): the host cost of a plan's
     # later launches; its loop is the GPU's time (the weights' 235 MB), the host column what the call costs
     ffn = build(str(EX / "ffn_skip.habu"), "FFN-SKIP", {"B": 16}).compiled
@@ -109,7 +110,8 @@ def cases(torch: Any) -> list[tuple[str, Callable[[], Any], Callable[[], Any], f
         y = torch.addmm(b2, F.gelu(torch.addmm(b1, xs, w1)), w2) + xs
         return F.rms_norm(y, (4096,), eps=1e-6)
 
-    out.append(("FFN-SKIP 16 tokens (3 kernels)", lambda: ffn(X=xs, W1=w1, B1=b1, W2=w2, B2=b2), ffn_torch, 5e-2))
+    out.append(("FFN-SKIP 16 tokens (3 kernels)", lambda: ffn(X=xs, W1=w1, B1=b1, W2=w2, B2=b2), ffn_torch, 5e-2,
+                200))  # (its launches within the queue)
     return out
 
 
@@ -124,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     from habu.emit_cuda.device_errors import check_errors
 
     rows = []
-    for name, ours, theirs, tol in cases(torch):
-        calls = min(args.calls, 200) if name.startswith("FFN") else args.calls  # (launches within the queue)
+    for name, ours, theirs, tol, most in cases(torch):
+        calls = min(args.calls, most or args.calls)
         err = _rel_error(ours(), theirs())
         check_errors()
         if not err <= tol:

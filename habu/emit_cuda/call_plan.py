@@ -135,8 +135,7 @@ class CallPlan:
         self._raw = raw_launcher(self._d)  # cuLaunchKernel keeping the GIL, or None (habu.emit_cuda.raw_launch)
         self._success = self._d.CUresult.CUDA_SUCCESS
         self._threads: set[int] = set()  # threads seen with the device's primary context current
-        self.all_torch = False  # every argument a torch tensor (the layout key says so for later calls)
-        self._given = tuple(t.name for t in contract.tensors if t.role == "output")  # outputs the caller passes
+        self._given: tuple[str, ...] = ()  # the outputs the caller passes (set by `build`)
         self._torch_allocs: list[tuple[str, tuple[int, ...], tuple[int, ...], Any, bool]] = []
         self._lean = False  # `run` takes `_run_lean` (set by `build`)
         self._torch_narrowed: list[tuple[NarrowLaunch, tuple[int, ...], tuple[int, ...], Any]] = []
@@ -144,7 +143,7 @@ class CallPlan:
         self._returns: int | None = None  # the one output's place there, when the call allocates it
         self.current_stream = partial(current_stream, dev.ordinal)  # torch's current stream on the device
         self._empty: Any = None  # torch.empty_strided
-        self._get_device: Any = None  # torch's current device (torch._C._cuda_getDevice)
+        self._get_device: Any = None  # torch's current device (torch._C._cuda_getDevice), with torch tensors
 
     # -- built once
     @classmethod
@@ -154,7 +153,6 @@ class CallPlan:
         """`arrays`: the checked arguments; `kernels`: (kernel, loaded function, grid) in launch order;
         `all_torch`: every argument is a torch tensor (their pointers are read with `data_ptr`)."""
         plan = cls(contract, sizes, dev, torch_like)
-        plan.all_torch = all_torch
         plan._given = tuple(n for n in plan.outputs if n in arrays)
         infos = dict(arrays)
         for t in contract.tensors:
@@ -255,12 +253,20 @@ class CallPlan:
             kept = self._kept.setdefault(stream, [self._allocate(a, torch) for a, _ in self.kept_allocs])
             for (a, _), arr in zip(self.kept_allocs, kept, strict=True):
                 ptrs[a.name] = pointer_of(arr) if torch is not None else arr.ptr
+        self._queue(ptrs, stream, narrowing, bool(fresh))
+        return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
+
+    def _queue(self, ptrs: Mapping[str, int], stream: int, narrowing: list[tuple[NarrowLaunch, int, int]],
+               fresh: bool = False) -> None:
+        """Everything a call puts on `stream`, in the device's primary context (pushed for the launches where it
+        is not current): the kept workspaces' zero fill where `fresh` (a stream's first call), the narrowing
+        launches, then the plan's launches."""
         d = self._d
+        handle = self._stream(stream)
         push = self.dev.context is not None and not self._context_is_current()
-        if push:  # the device's primary context, current for the launches
+        if push:
             self._ok(d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
         try:
-            handle = self._stream(stream)
             if fresh:  # the stream's kept workspaces, zero-filled once before its first launches
                 for a, nbytes in self.kept_allocs:
                     if nbytes:
@@ -272,7 +278,6 @@ class CallPlan:
         finally:
             if push:
                 self._ok(d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
-        return results[self.outputs[0]] if len(self.outputs) == 1 else {n: results[n] for n in self.outputs}
 
     def _check_aligned(self, ptrs: Mapping[str, int]) -> None:
         for name, align, why in self.aligned:
@@ -299,25 +304,7 @@ class CallPlan:
             made.append(narrowed)
             narrowing.append((nl, ptrs[nl.tensor], narrowed.data_ptr()))
             ptrs[nl.tensor] = narrowing[-1][2]
-        handle = self._streams.get(stream)
-        if handle is None:
-            handle = self._stream(stream)
-        if self._get_device() == self.dev.ordinal and get_ident() in self._threads:  # the context is current
-            for nl, source, target in narrowing:
-                self._ok(nl.launch(self._d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)
-            self._launch_all(self._d, ptrs, handle, stream)
-        else:
-            push = self.dev.context is not None and not self._context_is_current()
-            if push:  # the device's primary context, current for the launches
-                self._ok(self._d.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent", None)
-            try:
-                for nl, source, target in narrowing:
-                    self._ok(nl.launch(self._d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})",
-                             None)
-                self._launch_all(self._d, ptrs, handle, stream)
-            finally:
-                if push:
-                    self._ok(self._d.cuCtxPopCurrent(), "cuCtxPopCurrent", None)
+        self._queue(ptrs, stream, narrowing)
         if self._returns is not None:  # one output, allocated here
             return made[self._returns]
         results = {n: tensors[n] for n in self._given}
@@ -340,11 +327,7 @@ class CallPlan:
         """Whether this thread's current context is already the device's primary one, so the call needs
         no push and pop (two driver calls): with torch tensors, while torch's current device is this
         device and this thread was once seen with that context current (cuCtxGetCurrent, once a thread)."""
-        torch = sys.modules.get("torch") if self.torch_like else None
-        if torch is None:
-            return False
-        get_device = getattr(torch._C, "_cuda_getDevice", None)  # what torch.cuda.current_device() reads
-        if (get_device() if get_device is not None else torch.cuda.current_device()) != self.dev.ordinal:
+        if self._get_device is None or self._get_device() != self.dev.ordinal:  # (set by `build` with torch)
             return False
         thread = get_ident()
         if thread in self._threads:
@@ -383,8 +366,7 @@ class CallPlan:
                 if args is None:
                     if len(ln.raw) >= _RAW_STREAMS_KEPT:
                         ln.raw.clear()
-                    args = ln.raw[stream] = raw_arguments(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream,
-                                                          ln.address)
+                    args = ln.raw[stream] = raw_arguments(ln.head, stream, ln.address)
                 err = raw(*args)
                 if err:
                     _ok((d.CUresult(err),), "cuLaunchKernel", ln)

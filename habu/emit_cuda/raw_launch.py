@@ -2,7 +2,7 @@
 
 cuda-python's binding releases the GIL around every driver call and converts its eleven arguments each time;
 `ctypes.PyDLL` keeps the GIL (as torch's own launches do) and, with the argument types declared and the
-arguments made once as ctypes objects (`RawLaunch.arguments`, per stream), converts nothing. H200 host, one
+arguments made once as ctypes objects (`arguments`, per stream), converts nothing. H200 host, one
 RMSNorm launch (session 42): 4.3 µs a launch against cuda-python's 5.1 (ctypes.CDLL, which releases the GIL,
 5.7). The driver library is the one cuda-python loaded (the same process-wide libcuda), found by name; where it
 cannot be opened this way (another platform's name), `raw_launcher` returns None and calls keep cuda-python's
@@ -41,12 +41,13 @@ def raw_launcher(d: Any) -> Any:
     return _launcher
 
 
-def arguments(function: Any, grid: tuple[int, int, int], threads: int, smem: int, stream: int,
-              params_address: int) -> tuple:
-    """cuLaunchKernel's eleven arguments as ctypes objects (`function`: cuda-python's CUfunction; `stream`: a
-    raw handle; `params_address`: the packed `void*[]`), made once for a launch and a stream."""
-    return (ctypes.c_void_p(int(function)), *(ctypes.c_uint(v) for v in (*grid, threads, 1, 1, smem)),
-            ctypes.c_void_p(stream or None), ctypes.c_void_p(params_address), ctypes.c_void_p(None))
+def arguments(head: tuple, stream: int, params_address: int) -> tuple:
+    """cuLaunchKernel's eleven arguments as ctypes objects, made once for a launch and a stream: `head` the
+    eight before the stream (cuda-python's CUfunction, the grid, the block, the dynamic shared memory), `stream`
+    a raw handle, `params_address` the packed `void*[]`."""
+    function, *dims = head
+    return (ctypes.c_void_p(int(function)), *(ctypes.c_uint(v) for v in dims), ctypes.c_void_p(stream or None),
+            ctypes.c_void_p(params_address), ctypes.c_void_p(None))
 
 
 __all__ = ["arguments", "raw_launcher"]

@@ -19,9 +19,9 @@ def test_a_stand_in_driver_gets_no_raw_launcher():
 
 
 def test_the_arguments_are_the_launch_as_ctypes_values():
-    args = arguments(_Function(), (3, 2, 1), 384, 200_000, 0x5EED, 0x1234)
+    args = arguments((_Function(), 3, 2, 1, 384, 1, 1, 200_000), 0x5EED, 0x1234)
     assert len(args) == 11
     assert args[0].value == 0xF00D and [a.value for a in args[1:8]] == [3, 2, 1, 384, 1, 1, 200_000]
     assert args[8].value == 0x5EED and args[9].value == 0x1234 and args[10].value is None
     assert all(isinstance(a, ctypes.c_uint) for a in args[1:8])
-    assert arguments(_Function(), (1, 1, 1), 32, 0, 0, 8)[8].value is None  # stream 0: the legacy default stream
+    assert arguments((_Function(), 1, 1, 1, 32, 1, 1, 0), 0, 8)[8].value is None  # stream 0: the legacy default stream

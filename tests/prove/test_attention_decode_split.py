@@ -109,6 +109,25 @@ def test_the_combines_first_pairs_are_the_first_rows_every_split(decode):
     assert "#pragma unroll 32" not in src[src.index("combine them"):]
 
 
+def test_a_pair_map_one_row_off_changes_the_printed_combine_and_fails_the_field_check(decode):
+    """The combine's pair map is printed from the lowering (`combine_pair`) and run by the field check: planted one
+    row off, the printed CUDA changes, the first row's weights are never read (the check fails) and the splits rule
+    refuses it."""
+    from habu.bench.mutants_attention import _planted
+    from habu.emit_cuda.emit_attention import emit_attention
+    from habu.lower.access import floordiv
+
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    lw = lower_plan(decode, plan)[0]
+    bad = _planted(lw, "combine_pair", lambda self, p, sizes: (p % self.splits(sizes), floordiv(p, self.splits(sizes)) + 1))
+    assert emit_attention("k", decode, bad, dict(DECODE_SHAPE)).source != \
+        emit_attention("k", decode, lw, dict(DECODE_SHAPE)).source
+    assert verify_plan(decode, plan, DECODE_SHAPE, trials=1, lowerings=[lw]).passed
+    assert not verify_plan(decode, plan, DECODE_SHAPE, trials=1, lowerings=[bad]).passed
+    ctx = context(decode, plan, DECODE_SHAPE)
+    assert failures([discharge(o, ctx) for o in attention_obligations("k0", bad, ctx) if o.rule.name == "attention-splits"])
+
+
 def test_regression_the_witness_keeps_the_lengths_range_of_a_decode(decode):
     """The witness reduced #L (the lengths' range) to a few values: every sequence's length fell in the first
     split, and a combine that rescaled the wrong way survived the check at the witness shape."""
