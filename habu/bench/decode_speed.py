@@ -42,7 +42,7 @@ ARCH = "sm_90a"
 # per-kernel pins (kernel index -> pins; "*" for every contraction kernel; "plan": plan-wide pins such as
 # a rewrite, applied first), by variant name
 Pins = dict[Any, dict[str, str]]
-WGMMA_OLD_DEFAULT = {"tile": "128x128x64", "warps": "12", "stages": "5"}
+WGMMA_OLD_DEFAULT = {"tile": "128x128x64", "warps": "12", "stages": "5", "swap_ab": "false"}
 MMA_SYNC = {"mma": "mma.sync"}
 
 
@@ -59,7 +59,7 @@ class Case:
 def _tile(tile: str, stages: int, split: int | None = None, bk: int = 64, **more: str) -> dict[str, str]:
     """Pins of a tile (k tile `bk`) and depth; with `split`, an atomic split (or unsplit) unless
     `split_reduce` says."""
-    pins = {"tile": f"{tile}x{bk}", "stages": str(stages), **more}
+    pins = {"swap_ab": "false", "tile": f"{tile}x{bk}", "stages": str(stages), **more}  # (the product as written)
     return pins | ({"split_k": str(split), "split_reduce": more.get("split_reduce", "atomic")}
                    if split is not None else {})
 
@@ -68,6 +68,11 @@ def _cluster(tile: str, stages: int, split: int, bk: int = 64, **more: str) -> d
     """A cluster split (habu/lower/split_cluster.py): the split blocks of a tile add their partials in
     distributed shared memory, any epilogue, no zero fill."""
     return _tile(tile, stages, split, bk, split_reduce="cluster", **more)
+
+
+def _swap(tile: str, stages: int, split: int = 1) -> dict[str, str]:
+    """Pins of a transposed tile (`swap_ab`: weight rows x tokens), unsplit or split by a cluster."""
+    return _tile(tile, stages, split, swap_ab="true", **({"split_reduce": "cluster"} if split > 1 else {}))
 
 
 AHEAD = {"b_ahead": "true"}  # B's TMA boxes of a tile's first stages before anything else (MbarrierRing.ahead)
@@ -105,7 +110,18 @@ CASES = [
         "sweep ktile 64x64x128 s6 cluster split 2": {"*": _cluster("64x64", 6, 2, bk=128)},
         "sweep ahead (default, B ahead)": {"*": AHEAD},
     }) for k in (1024, 16384)),
+    Case("ggemm-16x4096x4096", "ggemm.habu", "GGEMM", {"M": 16, "N": 4096, "K": 4096}, ("B",), {
+        "unswapped 64x32 s16 (the default before)": {"*": _tile("64x32", 16, 1)},
+        "swap 64x16 s16 unsplit": {"*": _swap("64x16", 16)},
+        "swap 128x16 s12 cluster split 4": {"*": _swap("128x16", 12, 4)},
+    }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
+        "unswapped (the default before)": {0: _tile("64x128", 8, 1), 1: _cluster("64x64", 14, 2)},
+        "swap first, second unswapped": {1: _cluster("64x64", 14, 2)},
+        "swap first, second unswapped B ahead": {1: {**_cluster("64x64", 14, 2), **AHEAD}},
+        "swap second 64x16 s16 unsplit": {1: _swap("64x16", 16)},
+        "swap second 128x16 s12 cluster split 4": {1: _swap("128x16", 12, 4)},
+        "swap first 128x16 s8": {0: _swap("128x16", 8)},
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
         "before skinny (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: _tile("64x64", 6, 1)},
         "second 64x64 s13 (first skinny default)": {1: _tile("64x64", 13, 1)},
@@ -139,6 +155,10 @@ CASES = [
         "ahead second (B ahead)": {1: AHEAD},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
+        "unswapped 64x128 s8 (the default before)": {1: _tile("64x128", 8, 1)},
+        "swap 64x16 s16 unsplit": {1: _swap("64x16", 16)},
+        "swap 128x16 s12 cluster split 4": {1: _swap("128x16", 12, 4)},
+        "unswapped factor:Y 64x128 s8": {"plan": {"rewrite": "factor:Y"}, 1: _tile("64x128", 8, 1)},
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
         "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
         "cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},

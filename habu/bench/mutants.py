@@ -18,6 +18,7 @@ from habu.bench import mutants_multiout as multiout
 from habu.bench import mutants_persist as persist
 from habu.bench import mutants_rows_saved as rows_saved
 from habu.bench import mutants_split as split
+from habu.bench import mutants_swap as swap
 from habu.bench.mutant_plants import (
     GROUPED_LOOP_MUTANTS,
     batch_decode_unreduced,
@@ -520,6 +521,7 @@ MUTANTS: tuple[Mutant, ...] = (
            split.partial_column_major, split.PINS),
     *(Mutant(*entry) for entry in epilogue.MUTANT_ENTRIES),  # the TMA-store epilogue's loads (mutants_epilogue.py)
     *(Mutant(*entry) for entry in ktile.MUTANT_ENTRIES),  # k tiles of several spans (mutants_ktile.py)
+    *(Mutant(*entry) for entry in swap.MUTANT_ENTRIES),  # transposed products, swap_ab (mutants_swap.py)
     *(Mutant(*entry) for entry in multiout.MUTANT_ENTRIES),  # an epilogue's extra outputs (mutants_multiout.py)
     *(Mutant(*entry) for entry in rows_saved.MUTANT_ENTRIES),  # a row kernel's saved statistic (mutants_rows_saved.py)
     *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)

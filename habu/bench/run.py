@@ -30,7 +30,7 @@ def device_target() -> str:
 
 
 def build(path: str, model_name: str, sizes: Mapping[str, int] | None = None, pins: Mapping[str, str] | None = None,
-          trials: int = 1, plan: Plan | None = None, check_indices: bool = True, witness: bool | None = None) -> Built:
+          trials: int = 1, plan: Plan | None = None, check_indices: bool | str = True, witness: bool | None = None) -> Built:
     """Prove (rules + a finite-field trial), emit and load a plan; raises if the plan is not proven. `witness`:
     as `habu.prove.prove` takes it (True: check on the reduced witness shape even for a one-kernel plan)."""
     target = TARGETS[device_target()]

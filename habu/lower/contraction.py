@@ -38,7 +38,7 @@ from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.lower.registers import consumer_warpgroups
 from habu.lower.split_cluster import ClusterSplitReduction, cluster_reduction_for
 from habu.lower.tma_store import TmaStoreEpilogue, tma_store_for
-from habu.plan.patterns import Contraction, as_contraction
+from habu.plan.patterns import Contraction, kernel_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
 
@@ -344,7 +344,7 @@ def _substitute_acc(expr: Expr, target: str, replacement: Expr) -> Expr:
 def lower_contraction(model: Model, kernel: ContractionKernel,
                       storage: Mapping[str, str] | None = None) -> ContractionLowering:
     nodes = [next(eq for eq in model.nodes if eq.target == t) for t in kernel.nodes]
-    c: Contraction | None = as_contraction(nodes[0])
+    c: Contraction | None = kernel_contraction(nodes[0], kernel)  # (swap_ab: m runs along the output's columns)
     if c is None:
         raise ValueError(f"{kernel.nodes[0]} is not a contraction")
     m_var, n_var, k_var = c.m, c.n, c.k
@@ -418,6 +418,8 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     does not need to rank 100,000 candidates (they took half its enumeration time); such a lowering
     is never proven or printed."""
     assert lw.a_src is not None and lw.b_src is not None
+    if kernel.swap_ab != lw.kernel.swap_ab:  # the accesses' axes are the orientation's: lower the model again
+        raise ValueError("with_kernel keeps the product's orientation: lower a swap_ab schedule from the model")
     a, b = lw.a_src, lw.b_src
     pre: list[StageLowering] = []
     if kernel.a_move == "staged":

@@ -5,6 +5,7 @@ own tables."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -18,7 +19,7 @@ from habu.lower.support import (
 )
 from habu.paths.analytic import index_width, max_vector, node_of
 from habu.paths.base import KernelPath
-from habu.plan.patterns import Contraction, Operand, Region, as_contraction
+from habu.plan.patterns import Contraction, Operand, Region, as_contraction, kernel_contraction
 from habu.plan.plan import MOVEMENTS, RASTERS, ContractionKernel, Kernel
 from habu.plan.storage import dtype_bytes, dtype_of
 from habu.spec.ir import Model
@@ -73,9 +74,13 @@ class ContractionFacts:
     a_m_major_tma: bool = False  # an A contiguous along m (stored [k m]) that TMA boxes can read transposed
 
     @staticmethod
-    def of(model: Model, region: Region, target: Target, sizes: dict[str, int]) -> ContractionFacts:
+    def of(model: Model, region: Region, target: Target, sizes: dict[str, int], swap: bool = False
+           ) -> ContractionFacts:
+        """`swap`: the facts of the product as a `swap_ab` kernel computes it (m along the output's columns)."""
         c = as_contraction(node_of(model, region.nodes[0]))
         assert c is not None
+        if swap:
+            c = c.swapped()
         a_t, b_t = c.a.load.tensor, c.b.load.tensor
         a_dt, b_dt = dtype_of(model, a_t), dtype_of(model, b_t)
         # an operand gathered on k is staged k-major (`_staged`'s transposing pass) before the main loop reads it
@@ -161,8 +166,14 @@ class ContractionPath(KernelPath):
         rows = facts.m * facts.batches
         skinny = self.skinny_schedule(facts, target, splittable) if rows <= SKINNY_ROWS else None
         reduce = "atomic"
+        plain = facts.batches == 1 and node_of(model, region.output).scatter is None and c.by_default
+        swap = plain and self.swaps(facts, target)
+        if swap:  # the weights along the tile's rows, the few tokens along its columns
+            facts = ContractionFacts.of(model, region, target, sizes, swap=True)
+            c = facts.c
+            skinny, reduce = self.swapped_schedule(facts, target)
         # (a batched contraction and a scatter-add run without cluster splits: `_split_cluster_refusals`)
-        if skinny is not None and facts.batches == 1 and node_of(model, region.output).scatter is None:
+        elif skinny is not None and plain:
             skinny, reduce = self.skinny_cluster_split(facts, target, splittable, skinny)
         tile, warps, stages = skinny[0] if skinny else self.default_schedule(rows, facts.n, target)
 
@@ -203,7 +214,7 @@ class ContractionPath(KernelPath):
             persistent=persistent, split_reduce=reduce,
             warp_specialized=self.default_warp_specialized(target),
             swizzle=swizzle if "tma" in (a_move, b_move) or self.swizzled else 0,
-            accumulator="f32", index_width=index_width(model, sizes),
+            accumulator="f32", index_width=index_width(model, sizes), swap_ab=swap,
         )
         if plain_output(model, region, c, target, sizes) and (skinny or tma_store_fits(model, kernel, target)):
             kernel = replace(kernel, store="tma")
@@ -291,6 +302,15 @@ class ContractionPath(KernelPath):
         warps, stages = self.skinny_warps_stages(tile_m, narrow, tile_k, b_bytes)
         return (((tile_m, narrow, tile_k), warps, stages), 2), "cluster"
 
+    def swaps(self, facts: ContractionFacts, target: Target) -> bool:
+        """Whether the default computes the product transposed (`swap_ab`): no, unless a path says so."""
+        return False
+
+    def swapped_schedule(self, facts: ContractionFacts, target: Target) -> tuple[tuple[Schedule, int], str]:
+        """A transposed skinny product's ((tile, warps, stages), split_k) and split reduction, `facts` being the
+        swapped product's (m: the weights' side, n: the few tokens)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ the search space
 
     def offered(self, target: Target, tensor_cores: bool) -> bool:
@@ -307,6 +327,11 @@ class ContractionPath(KernelPath):
 
     def skinny_shapes(self) -> list[Shape]:
         """Further shapes tried for skinny contractions (at most SKINNY_ROWS rows): narrow, deep."""
+        return []
+
+    def swapped_shapes(self) -> list[Shape]:
+        """Shapes tried transposed (`swap_ab`: tile_m along the weights, tile_n along the few tokens) for skinny
+        contractions; none unless a path prints them."""
         return []
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
@@ -338,9 +363,9 @@ class ContractionPath(KernelPath):
     def variants(self, base: Kernel, target: Target, row_length: int | None = None,
                  skinny: bool = False) -> Iterator[Kernel]:
         """`skinny`: the contraction has at most SKINNY_ROWS rows (the skinny shapes and split 8 too)."""
-        import itertools
-
         assert isinstance(base, ContractionKernel)
+        if base.swap_ab:  # (a transposed default: the variants below are of the product as written)
+            base = base.transposed()
         shapes = self.shapes() + (self.skinny_shapes() if skinny else [])
         splits = SPLITS if skinny else tuple(s for s in SPLITS if s <= 4)
         for (bm, bn, bk, warps, stages), (am, bmv), split, raster, group, persistent, store, cluster in \
@@ -357,7 +382,7 @@ class ContractionPath(KernelPath):
                              a_move=am, b_move=bmv, a_vector=self.vector(am, base.a_vector),
                              b_vector=self.vector(bmv, base.b_vector), split_k=split,
                              raster=raster, group_m=group, persistent=persistent, **self.fixed_fields(target),
-                             store=store, cluster_m=cluster, split_reduce="atomic")
+                             store=store, cluster_m=cluster, split_reduce="atomic", swap_ab=False)
             yield kernel
             clustered = None
             if skinny and split > 1 and self.cluster_splits(target) and not persistent and store == "direct" \
@@ -368,6 +393,22 @@ class ContractionPath(KernelPath):
                 yield replace(kernel, b_ahead=True)
                 if clustered is not None:
                     yield replace(clustered, b_ahead=True)
+        if skinny:
+            yield from self._swapped_variants(base, target)
+
+    def _swapped_variants(self, base: ContractionKernel, target: Target) -> Iterator[ContractionKernel]:
+        """A skinny contraction transposed (`swap_ab`): the weights by TMA along the tile's rows, the tokens by TMA
+        or cp.async (gathered) along its columns, unsplit or split by a cluster of 2 or 4, direct stores. `base`:
+        as written (its B the weights, whose vector the transposed A takes)."""
+        moves = [(a, b) for a, b in self.movements(target_moves(target)) if a == "tma" and b in ("tma", "cp.async")]
+        splits = [(1, "atomic")] + ([(2, "cluster"), (4, "cluster")] if self.cluster_splits(target) else [])
+        for (bm, bn, bk, warps, stages), (am, bmv), (split, reduce) in itertools.product(
+                self.swapped_shapes(), moves, splits):
+            yield replace(base, mma=self.mma, tile_m=bm, tile_n=bn, tile_k=bk, warps=warps, stages=stages,
+                          a_move=am, b_move=bmv, a_vector=self.vector(am, base.b_vector),
+                          b_vector=self.vector(bmv, base.a_vector), split_k=split, raster="row", group_m=1,
+                          persistent=False, **self.fixed_fields(target), store="direct", cluster_m=1,
+                          split_reduce=reduce, b_ahead=False, swap_ab=True)
 
     # ------------------------------------------------------------------ resources
 
@@ -407,7 +448,7 @@ def plain_output(model: Model, region: Region, c: Contraction, target: Target, s
 def fit_stages(model: Model, kernel: ContractionKernel, target: Target, least: int = 2) -> ContractionKernel:
     """`kernel` with its pipeline shortened until its shared memory fits the target (with TMA stores
     where they fit at `least` stages; direct stores otherwise)."""
-    c = as_contraction(node_of(model, kernel.nodes[0]))
+    c = kernel_contraction(node_of(model, kernel.nodes[0]), kernel)
     assert c is not None
     a_dt, b_dt = dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor)
     b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1
@@ -422,7 +463,7 @@ def fit_stages(model: Model, kernel: ContractionKernel, target: Target, least: i
 def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
     """Whether a schedule leaves TMA stores possible: a path that emits them, no split-K, whole boxes
     along n, and the two epilogue buffers per consumer within shared memory."""
-    c = as_contraction(node_of(model, k.nodes[0]))
+    c = kernel_contraction(node_of(model, k.nodes[0]), k)
     assert c is not None
     out_e = dtype_bytes(model, k.nodes[-1])
     layout = contraction_smem(replace(k, store="tma"), dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor))

@@ -8,7 +8,15 @@ from habu.emit_cuda.emit_wgmma import emit_wgmma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.support import WGMMA
-from habu.paths.contraction import ContractionFacts, ContractionPath, OperandFacts, Shape
+from habu.paths.contraction import (
+    SKINNY_FILL,
+    SKINNY_MIN_K_TILES,
+    ContractionFacts,
+    ContractionPath,
+    OperandFacts,
+    Schedule,
+    Shape,
+)
 from habu.plan.plan import CLUSTERS, STORES, ContractionKernel
 from habu.spec.ir import Model
 from habu.target import Target
@@ -25,6 +33,18 @@ SKINNY_SHAPES: list[Shape] = [(64, bn, 64, 8, st) for bn in (16, 32, 48) for st 
     [(64, bn, 64, 8, st) for bn in (64, 128) for st in (8, 10, 12)] + \
     [(64, bn, bk, 8, st) for bn, bk, st in ((64, 128, 4), (64, 128, 6), (128, 128, 4), (64, 256, 3), (128, 256, 2))]
 # (the last: k tiles of 2 and 4 swizzle spans, 256 and 512 bytes of each K-major weight row a stage)
+
+# A skinny product of at most SWAP_ROWS rows (decode: a few tokens through a layer's weights) is computed
+# transposed by default (`swap_ab`): the weights fill wgmma's 64-row side and the tokens its n side (16 or 32
+# columns), so no stage holds rows of padding (a 64-row tile of 16 tokens is three quarters padding: the
+# ring's bytes and the tensor cores' work) and the ring holds more of the weights in flight. cuBLAS takes the
+# same form (H200, 2026-12-04: `x @ W1` at 16 x 4096 x 14336 ran nvjet 128x16 tiles, 11 stages, 29.5 µs, 3.98
+# TB/s, against Habu's 64x128 tiles' 37.7 µs).
+SWAP_ROWS = 32
+SWAP_STAGES = 16  # asked for; `fit_stages` shortens the ring to what shared memory holds
+# the transposed shapes the search tries: 64 or 128 weight rows by 16-64 tokens, rings of 6-16 stages
+SWAP_SHAPES: list[Shape] = [(bm, bn, 64, 8 if bm == 64 else 12, st) for bm in (64, 128) for bn in (16, 32, 64)
+                            for st in (6, 8, 12, 16)]
 
 
 def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:
@@ -117,6 +137,28 @@ class WgmmaPath(ContractionPath):
         # as many stages as that takes, up to SKINNY_STAGES (`fit_stages` shortens to shared memory)
         warps, _ = wgmma_warps_stages(tile_m, tile_n)
         return warps, max(4, min(SKINNY_STAGES, -(-IN_FLIGHT_BYTES // (tile_n * tile_k * b_bytes))))
+
+    def swaps(self, facts: ContractionFacts, target: Target) -> bool:
+        # the tokens' operand K-major (it becomes B, read in 16-row boxes or gathered by cp.async), the weights
+        # read by TMA either way round (K-major, or MN-major in 64-column boxes with wgmma's transpose bit)
+        return (facts.m <= SWAP_ROWS and facts.n >= 1024 and facts.a_kmajor
+                and (facts.b_kmajor or facts.b_n_major_tma))
+
+    def swapped_schedule(self, facts: ContractionFacts, target: Target) -> tuple[tuple[Schedule, int], str]:
+        # 128 weight rows a tile where those tiles fill a wave (two consumer warpgroups share the tokens' tile),
+        # else 64, split in two by a cluster where that doubles the blocks within one wave
+        tile_n = 16 if facts.n <= 16 else 32
+        tile_m = 128 if -(-facts.m // 128) >= SKINNY_FILL * target.sm_count else 64
+        tiles, k_tiles = -(-facts.m // tile_m), -(-facts.k // self.skinny_tile_k)
+        split, reduce = 1, "atomic"
+        if (tiles < SKINNY_FILL * target.sm_count and tiles * 2 <= target.sm_count and self.cluster_splits(target)
+                and k_tiles >= 2 * SKINNY_MIN_K_TILES):
+            split, reduce = 2, "cluster"
+        warps, _ = wgmma_warps_stages(tile_m, tile_n)
+        return (((tile_m, tile_n, self.skinny_tile_k), warps, SWAP_STAGES), split), reduce
+
+    def swapped_shapes(self) -> list[Shape]:
+        return SWAP_SHAPES
 
     def shapes(self) -> list[Shape]:
         return [(bm, bn, 64, 4 * (1 + bm // (64 * slabs)), st) for bm in (64, 128, 256)

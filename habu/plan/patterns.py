@@ -21,8 +21,9 @@ Every node of a model belongs to exactly one region; `default_regions` gives the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations, product
+from typing import Any
 
 from habu.errors import HabuError
 from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
@@ -81,6 +82,11 @@ class Contraction:
         contraction where it builds one (habu.paths.default_contraction; `--pin family=contraction` and the
         search reach the other paths)."""
         return self.node.scatter is None and self.a.k_gather is None and self.b.k_gather is None
+
+    def swapped(self) -> Contraction:
+        """The same product with the kernel's roles exchanged (`ContractionKernel.swap_ab`): m is the output's
+        column axis, A the factor that carries it, and the tile's rows run along the output's columns."""
+        return replace(self, m=self.n, n=self.m, a=self.b, b=self.a)
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,13 @@ def as_contraction(eq: Equation) -> Contraction | None:
                     scale = c if scale is None else Op("mul", (scale, c))
                 return Contraction(eq, m, n, k, a, b, scale, batch)
     return None
+
+
+def kernel_contraction(eq: Equation, kernel: Any) -> Contraction | None:
+    """The contraction of `eq` as `kernel` computes it: `as_contraction`, its roles exchanged where the kernel
+    swaps them (`swap_ab`)."""
+    c = as_contraction(eq)
+    return c.swapped() if c is not None and getattr(kernel, "swap_ab", False) else c
 
 
 def is_elementwise_on(eq: Equation, producer: Equation) -> bool:

@@ -110,9 +110,20 @@ class ContractionKernel:
         "and shared memory sized for n): while one block runs its epilogue, another's main loop keeps the tensor "
         "cores busy (1: one block an SM)", P, default=1, allowed=(1, 2), pins=("blocks_per_sm",),
         json_optional=True, unguarded=KEEP)
+    swap_ab: bool = choice(
+        "the product computed transposed: the tile's rows run along the output's columns and A is the factor that "
+        "carries them (a skinny product's weights fill wgmma's 64-row side and its few tokens the narrow n side, "
+        "so no shared memory holds rows of padding)", L, default=False, pins=("swap_ab", "swap"),
+        json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)
+
+    def transposed(self) -> ContractionKernel:
+        """The same tiles in the other orientation (`swap_ab` flipped): tile sides, the operands' movements and
+        vectors exchanged, since A and B exchange factors."""
+        return replace(self, swap_ab=not self.swap_ab, tile_m=self.tile_n, tile_n=self.tile_m, a_move=self.b_move,
+                       b_move=self.a_move, a_vector=self.b_vector, b_vector=self.a_vector)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,13 @@
-"""The budgeted search: generate, prune by rules, verify over GF(p), order by the cost model,
-compile, golden-check and time, keep the best — anytime.
+"""The budgeted search: generate, prune by rules, verify over GF(p), order by the cost model, compile,
+golden-check and time, keep the best — anytime.
 
-Each fusion region is a separate kernel launch, so the regions are tuned one at a time, in the
-order of their predicted share of the run time, each with its share of the budget. Within a region, candidates
-go cheapest-first by the cost model; each passes the z3 rules, the finite-field check, then (with a GPU) the
-golden check in the timing worker, before its time counts.
-Every new best plan is written to the database at once: Ctrl-C, the end of the budget or a kill leaves
-the best verified plan so far saved. Without a GPU, candidates are ranked by the cost model ("unmeasured"),
-and one that would replace the best is compiled first: ptxas's spills or serialized wgmma refuse it.
+Each fusion region is a separate kernel launch, so the regions are tuned one at a time, in the order of their
+predicted share of the run time, each with its share of the budget. Within a region, candidates go cheapest-first by
+the cost model; each passes the z3 rules, the finite-field check, then (with a GPU) the golden check in the timing
+worker, before its time counts. Every new best plan is written to the database at once: Ctrl-C, the end of the
+budget or a kill leaves the best verified plan so far saved. Without a GPU, candidates are ranked by the cost model
+("unmeasured"), and one that would replace the best is compiled first: ptxas's spills or serialized wgmma refuse it.
 """
-
 from __future__ import annotations
 
 import math
@@ -386,9 +384,11 @@ class Search:
         plan = self._plan(tuple(best), self.rewrites)
         base_lw = lower_plan(self.model, plan)[i]
         self.best_tie[i] = tie_break(base_lw, self.sizes, self.target)
+        oriented = {getattr(base_lw.kernel, "swap_ab", False): base_lw}  # the region lowered per orientation (swap_ab)
         def lowered(k: Kernel):
             if isinstance(base_lw, ContractionLowering) and isinstance(k, ContractionKernel):
-                return with_kernel(base_lw, k, costing=True)
+                oriented[k.swap_ab] = oriented.get(k.swap_ab) or relower(self.graph, plan, k, base_lw)
+                return with_kernel(oriented[k.swap_ab], k, costing=True)
             return relower(self.graph, plan, k, replace(base_lw, kernel=k))
 
         costed: list[tuple[float, Kernel]] = []

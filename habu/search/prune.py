@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from habu.plan.patterns import as_contraction
+from habu.plan.patterns import kernel_contraction
 from habu.plan.plan import ContractionKernel, Plan
 from habu.plan.rewrite import apply_rewrites
 from habu.prove.rules import Obligation, quick_reject
@@ -35,7 +35,7 @@ class QuickPruner:
 
     def _operands(self, graph: Model, kernel: ContractionKernel) -> dict[str, tuple]:
         """Each operand tensor's signature in this kernel (none when both operands are one tensor)."""
-        c = as_contraction(next(eq for eq in graph.nodes if eq.target == kernel.nodes[0]))
+        c = kernel_contraction(next(eq for eq in graph.nodes if eq.target == kernel.nodes[0]), kernel)
         if c is None or c.a.load.tensor == c.b.load.tensor:
             return {}
         tile = (kernel.tile_m, kernel.tile_n, kernel.tile_k)

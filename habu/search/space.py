@@ -29,7 +29,7 @@ from habu.paths.analytic import node_of
 from habu.paths.contraction import tma_store_fits
 from habu.plan.fields import FieldError, Mma, Move, kernel_fields, pin_table
 from habu.plan.grouped_pair import pair_positions
-from habu.plan.patterns import Region, as_contraction, default_regions, stored_nodes
+from habu.plan.patterns import Region, default_regions, kernel_contraction, stored_nodes
 from habu.plan.plan import (
     KERNEL_KINDS,
     MMAS,
@@ -290,6 +290,22 @@ def _mma_sync_only(pins: dict[str, str]) -> bool:
             or pins.get("kv_warps", "1") != "1")
 
 
+def _pinned_orientation(kernel: Kernel, pins: dict[str, str]) -> Kernel:
+    """A contraction kernel in the orientation `swap_ab` pins (`--pin swap_ab=1`): where it differs from the
+    kernel's, the same tiles transposed — tile sides, operand movements and vectors exchanged — before the other
+    pins apply (an operand's movement pin names the tensor, whichever side it moves to)."""
+    key = next((k for k in pins if k.lower() in ("swap_ab", "swap")), None)
+    if key is None or not isinstance(kernel, ContractionKernel):
+        return kernel
+    swap = _pin_value(kernel, "swap_ab", key, pins[key])
+    if swap == kernel.swap_ab:
+        return kernel
+    swapped = kernel.transposed()
+    path = path_for(swapped)  # the warps the transposed tile takes on the kernel's path (its depth kept)
+    brought = path.tile_schedule(swapped.tile_m, swapped.tile_n) if isinstance(path, ContractionPath) else None
+    return replace(swapped, warps=brought[0]) if brought is not None else swapped
+
+
 def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Target | None = None) -> Kernel:
     changes: dict[str, object] = {}
     names = {f.name for f in fields(kernel)}
@@ -297,7 +313,8 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     gathered: set[str] = set()
     moves_operands = "a_move" in names  # a kernel of operands whose movement a pin sets (a contraction)
     if moves_operands:
-        c = as_contraction(node_of(model, kernel.nodes[0]))
+        kernel = _pinned_orientation(kernel, pins)
+        c = kernel_contraction(node_of(model, kernel.nodes[0]), kernel)  # the sides as the pinned orientation has them
         assert c is not None
         operands = {c.a.load.tensor: "a", c.b.load.tensor: "b"}
         gathered = {side for side, op in (("a", c.a), ("b", c.b)) if op.gather}

@@ -332,14 +332,24 @@ def test_fused_axpy_relu():
 
 
 def test_argument_errors_never_launch():
+    """A wrong shape is refused before any launch in either mode; a bad index value is refused before any
+    launch only by check_indices="host" (the default "device" mode masks it in the kernel and reports it
+    at habu.check_errors(), tests/gpu/test_graph_capture.py). This test expected the host refusal from the
+    default mode, which has checked on the device since issue 20 §3: it failed unnoticed behind -x."""
+    from habu.emit_cuda.device_errors import check_errors
     from habu.errors import HabuError
 
-    built = build(str(EX / "ggemm.habu"), "GGEMM", {"M": 256, "N": 256, "K": 512})
+    check_errors()  # nothing left over from earlier tests
+    built = build(str(EX / "ggemm.habu"), "GGEMM", {"M": 256, "N": 256, "K": 512}, check_indices="host")
     inputs = make_inputs(built.model, built.sizes, 1)
     bad = dict(inputs, A=inputs["A"][:, :511])
     with pytest.raises(HabuError, match="A"):
         built.compiled(**bad)
     ix = inputs["IX"].clone()
     ix[3] = 9999
-    with pytest.raises(HabuError, match="IX"):
-        built.compiled(**dict(inputs, IX=ix))
+    out = torch.full((256, 256), float("nan"), dtype=torch.float32, device="cuda")
+    with pytest.raises(HabuError, match=r"IX: values must be in 0\.\.255 .*found 9999 at IX\[3\]"):
+        built.compiled(**dict(inputs, IX=ix), O=out)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a refused call launched a kernel"
+    check_errors()  # and the device found nothing: nothing ran

@@ -141,9 +141,10 @@ def test_decode_defaults_split_by_a_cluster_of_two_where_the_h200_ran_them_faste
                 for k in plan.kernels if hasattr(k, "tile_m")]
 
     assert contractions("ggemm.habu", "GGEMM", {"M": 64, "N": 4096, "K": 4096}) == [(64, 64, 2, "cluster")]
-    assert contractions("ffn_skip.habu", "FFN-SKIP", {"B": 16}) == [(64, 128, 1, "-"), (64, 64, 2, "cluster")]
+    # at 16 tokens the products run transposed (`swap_ab`: 128 or 64 weight rows by 16 tokens a tile)
+    assert contractions("ffn_skip.habu", "FFN-SKIP", {"B": 16}) == [(128, 16, 1, "-"), (64, 16, 2, "cluster")]
     assert contractions("ffn_skip.habu", "FFN-SKIP", {"B": 128}) == [(128, 128, 1, "-"), (64, 64, 1, "-")]
-    assert contractions("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}) == [(64, 128, 1, "-")]
+    assert contractions("rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}) == [(64, 16, 2, "cluster")]
     sm80 = default_plan(_model("ggemm.habu", "GGEMM", {"M": 64}), TARGETS["sm_80"], {"M": 64}).kernels[0]
     assert sm80.split_k == 1 or sm80.split_reduce == "atomic"  # no clusters before Hopper
 

@@ -20,6 +20,7 @@ from habu.paths.contraction import (
     ContractionPath,
 )
 from habu.paths.emit import emit
+from habu.paths.wgmma import SWAP_ROWS
 from habu.plan.patterns import default_regions
 from habu.plan.plan import ContractionKernel
 from habu.prove import prove
@@ -61,6 +62,10 @@ def assert_skinny(model, sizes: dict[str, int], k: ContractionKernel, target=H10
     deep ring, and no rule broken."""
     path = path_for(k)
     assert isinstance(path, ContractionPath)
+    if sizes["M"] <= SWAP_ROWS and k.mma == "wgmma":
+        assert_swapped(sizes, k, target)
+        return
+    assert not k.swap_ab
     facts_widths = path.skinny_widths(_facts(model, sizes, target))
     m, n, k_depth = sizes["M"], sizes["N"], sizes["K"]
     assert k.mma == "wgmma" and k.tile_k == 64
@@ -91,6 +96,23 @@ def assert_skinny(model, sizes: dict[str, int], k: ContractionKernel, target=H10
     assert k.stages * k.tile_n * 64 * 2 >= 64 * 1024  # at least 64 KB of weights in flight per block
 
 
+def assert_swapped(sizes: dict[str, int], k: ContractionKernel, target=H100) -> None:
+    """The default of a product of at most SWAP_ROWS tokens, transposed (`swap_ab`): the weights along 64 or 128
+    tile rows (128 where those tiles fill a wave), the tokens in one 16- or 32-wide column of tiles, split by a
+    cluster of 2 where 64-row tiles leave half the SMs idle and the k loop is long, at least 64 KB of weights in
+    flight per block, direct stores."""
+    m, n, depth = sizes["M"], sizes["N"], sizes["K"]
+    assert k.swap_ab and k.mma == "wgmma" and k.tile_k == 64 and k.store == "direct" and not k.persistent
+    assert k.tile_n == (16 if m <= 16 else 32)
+    tiles_128 = -(-n // 128)
+    assert k.tile_m == (128 if tiles_128 >= SKINNY_FILL * target.sm_count else 64)
+    tiles = -(-n // k.tile_m)
+    split = (tiles < SKINNY_FILL * target.sm_count and 2 * tiles <= target.sm_count
+             and -(-depth // 64) >= 2 * SKINNY_MIN_K_TILES)
+    assert (k.split_k, k.split_reduce) == ((2, "cluster") if split else (1, "atomic"))
+    assert k.stages * k.tile_m * 64 * 2 >= 64 * 1024
+
+
 def _facts(model, sizes, target):
     from habu.paths.contraction import ContractionFacts
 
@@ -117,6 +139,11 @@ def test_regression_ffn_skip_at_16_tokens_took_128_row_tiles_for_its_first_gemm(
     for tokens in (16, 128):
         plan = default_plan(model.with_sizes({"B": tokens}), H100, {"B": tokens})
         first, second = (k for k in plan.kernels if isinstance(k, ContractionKernel))
+        if tokens <= SWAP_ROWS:  # transposed: 128 weight columns by 16 tokens a tile
+            assert first.swap_ab and (first.tile_m, first.tile_n) == (128, 16)
+            assert -(-14336 // first.tile_m) >= SKINNY_FILL * H100.sm_count
+            assert first.stages * first.tile_m >= 512 and second.stages * second.tile_m >= 512  # >= 64 KB of W
+            continue
         assert first.tile_m == min(tokens, 128) if tokens > 64 else first.tile_m == 64
         assert -(-tokens // first.tile_m) * -(-14336 // first.tile_n) >= SKINNY_FILL * H100.sm_count
         assert first.stages * first.tile_n >= 512 and second.stages * second.tile_n >= 512  # >= 64 KB of W

@@ -1,0 +1,55 @@
+"""Planted bugs in a transposed product (`ContractionKernel.swap_ab`: the tile's rows along the output's columns,
+A the factor that carries them). The orientation lives in the lowering's accesses (habu.lower.contraction
+`lower_contraction`, from `Contraction.swapped`), which the emitter prints and the finite-field check runs, so a
+swapped plan whose accesses keep one piece of the product as written must be killed (habu.bench.mutants lists
+them)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from habu.lower import ContractionLowering, Lowering
+from habu.lower.access import Access, Position
+
+# GGEMM with its gathered tokens along the tile's columns (cp.async, kernel B) and a ragged last tile each way
+GG_SHAPE = {"M": 13, "N": 300, "K": 1000}
+GG_PINS = {"swap_ab": "true", "tile": "64x16x64", "stages": "4"}
+# FFN-SKIP's first product transposed: its bias runs along the tile's rows
+FF_SHAPE = {"B": 13, "D": 256, "H": 320}
+FF_PINS = {"swap_ab": "true", "tile": "64x16x64", "stages": "4"}
+
+
+def _swapped(lw: Lowering) -> ContractionLowering:
+    assert isinstance(lw, ContractionLowering) and lw.kernel.swap_ab
+    return lw
+
+
+def _axes_exchanged(acc: Access) -> Access:
+    """`acc` read with its m and n positions exchanged (its masks kept)."""
+    swap = {"m": "n", "n": "m"}
+    return replace(acc, positions=tuple(Position("axis", swap[p.axis]) if p.kind == "axis" and p.axis in swap else p
+                                        for p in acc.positions))
+
+
+def store_as_written(lw: Lowering) -> Lowering:
+    """The tile is stored as if it were not transposed: element (weight column, token) at [token rows, ...] is
+    written at row = weight column, column = token."""
+    lw = _swapped(lw)
+    return replace(lw, out=_axes_exchanged(lw.out))
+
+
+def bias_along_tokens(lw: Lowering) -> Lowering:
+    """The epilogue's bias (`B1[0 n]`, one value per weight column) read at the token index."""
+    lw = _swapped(lw)
+    return replace(lw, epi_loads=tuple((ld, _axes_exchanged(acc)) if ld.tensor.startswith("B") else (ld, acc)
+                                       for ld, acc in lw.epi_loads))
+
+
+MUTANT_ENTRIES = (
+    ("swap-store-as-written", "a transposed (swap_ab) product stores its tile as if it were not transposed: weight "
+     "columns as token rows", "ggemm.habu", "GGEMM", GG_SHAPE, store_as_written, GG_PINS),
+    ("swap-bias-along-tokens", "a transposed product's epilogue reads the bias at the token index instead of the "
+     "weight column", "ffn_skip.habu", "FFN-SKIP", FF_SHAPE, bias_along_tokens, FF_PINS),
+)
+
+__all__ = ["FF_PINS", "FF_SHAPE", "GG_PINS", "GG_SHAPE", "MUTANT_ENTRIES", "bias_along_tokens", "store_as_written"]
