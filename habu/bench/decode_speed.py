@@ -70,9 +70,11 @@ def _cluster(tile: str, stages: int, split: int, bk: int = 64, **more: str) -> d
     return _tile(tile, stages, split, bk, split_reduce="cluster", **more)
 
 
-def _swap(tile: str, stages: int, split: int = 1) -> dict[str, str]:
-    """Pins of a transposed tile (`swap_ab`: weight rows x tokens), unsplit or split by a cluster."""
-    return _tile(tile, stages, split, swap_ab="true", **({"split_reduce": "cluster"} if split > 1 else {}))
+def _swap(tile: str, stages: int, split: int = 1, ahead: bool = False) -> dict[str, str]:
+    """Pins of a transposed tile (`swap_ab`: weight rows x tokens), unsplit or split by a cluster; `ahead`: the
+    weights' (A's) first boxes before the wait for the plan's previous kernel (`a_ahead`)."""
+    return _tile(tile, stages, split, swap_ab="true", **({"split_reduce": "cluster"} if split > 1 else {}),
+                 a_ahead="true" if ahead else "false")
 
 
 AHEAD = {"b_ahead": "true"}  # B's TMA boxes of a tile's first stages before anything else (MbarrierRing.ahead)
@@ -114,6 +116,8 @@ CASES = [
         "unswapped 64x32 s16 (the default before)": {"*": _tile("64x32", 16, 1)},
         "swap 64x16 s16 unsplit": {"*": _swap("64x16", 16)},
         "swap 128x16 s12 cluster split 4": {"*": _swap("128x16", 12, 4)},
+        "swap 64x16 s22 cluster split 2": {"*": _swap("64x16", 22, 2)},
+        "swap 64x16 s16 cluster split 2 A ahead": {"*": _swap("64x16", 16, 2, ahead=True)},
     }),
     Case("ffn-skip-16", "ffn_skip.habu", "FFN-SKIP", {"B": 16}, ("W1", "W2"), {
         "unswapped (the default before)": {0: _tile("64x128", 8, 1), 1: _cluster("64x64", 14, 2)},
@@ -122,6 +126,9 @@ CASES = [
         "swap second 64x16 s16 unsplit": {1: _swap("64x16", 16)},
         "swap second 128x16 s12 cluster split 4": {1: _swap("128x16", 12, 4)},
         "swap first 128x16 s8": {0: _swap("128x16", 8)},
+        "swap second 64x16 s22 cluster split 2": {1: _swap("64x16", 22, 2)},
+        "swap second 64x16 s16 cluster split 2, no A ahead": {1: _swap("64x16", 16, 2)},
+        "swap second 64x16 s22 cluster split 2 A ahead": {1: _swap("64x16", 22, 2, ahead=True)},
         "64x128 s8 both (the default before)": {"*": OLD_SKINNY},
         "before skinny (128x128x5, 64x64x6)": {0: WGMMA_OLD_DEFAULT, 1: _tile("64x64", 6, 1)},
         "second 64x64 s13 (first skinny default)": {1: _tile("64x64", 13, 1)},
@@ -159,6 +166,11 @@ CASES = [
         "swap 64x16 s16 unsplit": {1: _swap("64x16", 16)},
         "swap 128x16 s12 cluster split 4": {1: _swap("128x16", 12, 4)},
         "unswapped factor:Y 64x128 s8": {"plan": {"rewrite": "factor:Y"}, 1: _tile("64x128", 8, 1)},
+        "swap 64x16 s22 cluster split 2": {1: _swap("64x16", 22, 2)},
+        "swap 64x16 s16 cluster split 2, no A ahead": {1: _swap("64x16", 16, 2)},
+        "swap 64x16 s22 cluster split 2 A ahead": {1: _swap("64x16", 22, 2, ahead=True)},
+        "swap factor:Y 64x16 s22 cluster split 2 A ahead": {"plan": {"rewrite": "factor:Y"},
+                                                           1: _swap("64x16", 22, 2, ahead=True)},
         "64x64 s13 (first skinny default)": {1: _tile("64x64", 13)},
         "mma.sync 32x32 s8": {1: {**MMA_SYNC, **_tile("32x32", 8, warps="4")}},
         "cluster 64x128 s8 split 2": {1: _cluster("64x128", 8, 2)},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from habu.bench.mutants_ktile import ahead_from_first_stage
 from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access, Position
 
@@ -17,6 +18,8 @@ GG_PINS = {"swap_ab": "true", "tile": "64x16x64", "stages": "4"}
 # FFN-SKIP's first product transposed: its bias runs along the tile's rows
 FF_SHAPE = {"B": 13, "D": 256, "H": 320}
 FF_PINS = {"swap_ab": "true", "tile": "64x16x64", "stages": "4"}
+# the weights' (A's) boxes ahead of each output tile's gathered tokens
+A_AHEAD_PINS = {**GG_PINS, "a_ahead": "true"}
 
 
 def _swapped(lw: Lowering) -> ContractionLowering:
@@ -50,6 +53,9 @@ MUTANT_ENTRIES = (
      "columns as token rows", "ggemm.habu", "GGEMM", GG_SHAPE, store_as_written, GG_PINS),
     ("swap-bias-along-tokens", "a transposed product's epilogue reads the bias at the token index instead of the "
      "weight column", "ffn_skip.habu", "FFN-SKIP", FF_SHAPE, bias_along_tokens, FF_PINS),
+    ("a-ahead-from-first-stage", "the wgmma producer issues a transposed product's A boxes (its weights) ahead of "
+     "each output tile from stage 0 with phase 0, not from the ring's state", "ggemm.habu", "GGEMM", GG_SHAPE,
+     ahead_from_first_stage, A_AHEAD_PINS),
 )
 
-__all__ = ["FF_PINS", "FF_SHAPE", "GG_PINS", "GG_SHAPE", "MUTANT_ENTRIES", "bias_along_tokens", "store_as_written"]
+__all__ = ["A_AHEAD_PINS", "FF_PINS", "FF_SHAPE", "GG_PINS", "GG_SHAPE", "MUTANT_ENTRIES", "bias_along_tokens", "store_as_written"]

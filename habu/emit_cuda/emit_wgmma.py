@@ -232,11 +232,12 @@ def _producer_fill(kc: _Kernel, vecs: dict[str, int]) -> str:
     copies of the other operands, and the arrivals completing the stage's `full` phase."""
     lw, ring, moves = kc.lw, kc.ring, kc.moves
     issue = " ".join(_tma_issue(kc))
-    if ring.producer_arrivals == 1 and ring.ahead:  # B went ahead for the tile's first k tiles: A's rest
+    ahead, behind = ring.ahead_side, ring.behind_side
+    if ring.producer_arrivals == 1 and ring.ahead:  # one operand went ahead for the tile's first k tiles: the rest
         return f"""        if (ptid == 0) {{
-          if (kt < kt_ahead) {{  // B's boxes are in flight: A's bytes, the arrival
+          if (kt < kt_ahead) {{  // {ahead}'s boxes are in flight: {behind}'s bytes, the arrival
             habu::mbar_arrive_expect_tx(full, {ring.expect_tx - ring.ahead_bytes});
-            {" ".join(_tma_issue(kc, "A"))}
+            {" ".join(_tma_issue(kc, behind))}
           }} else {{
             habu::mbar_arrive_expect_tx(full, {ring.expect_tx});
             {issue}
@@ -250,8 +251,9 @@ def _producer_fill(kc: _Kernel, vecs: dict[str, int]) -> str:
         }}
 """
     if ring.ahead and ring.expect_tx != ring.ahead_bytes:
-        raise ValueError("B ahead beside copies: the TMA boxes are B's alone")
-    expect = f"""        if (ptid == 0{" && kt >= kt_ahead" if ring.ahead else ""}) {{{"  // (before kt_ahead B went ahead)" if ring.ahead else ""}
+        raise ValueError(f"{ahead} ahead beside copies: the TMA boxes are {ahead}'s alone")
+    note = f"  // (before kt_ahead {ahead} went ahead)" if ring.ahead else ""
+    expect = f"""        if (ptid == 0{" && kt >= kt_ahead" if ring.ahead else ""}) {{{note}
           habu::mbar_expect_tx(full, {ring.expect_tx});
           {issue}
         }}
@@ -268,16 +270,18 @@ def _producer_fill(kc: _Kernel, vecs: dict[str, int]) -> str:
     return expect + copies + f"        {arrive}\n"
 
 
-def _b_ahead(kc: _Kernel, grid_wait: bool) -> str:
-    """B ahead (`MbarrierRing.ahead`): B's boxes of the tile's first k tiles, each stage's `empty` phase
-    waited and B's bytes posted, from a copy of the ring's state; then the wait for the plan's previous
-    kernel (where the producer's reads need it: A, its row table) and the k loop, which gives those tiles
-    the rest of their fill. B is read before that wait only where no kernel of the plan writes it."""
+def _ahead(kc: _Kernel, grid_wait: bool) -> str:
+    """B ahead (`MbarrierRing.ahead`; A's boxes where `ahead_side` says): B's boxes of the tile's first k tiles,
+    each stage's `empty` phase waited and B's bytes posted, from a copy of the ring's state; then the wait for
+    the plan's previous kernel (where the producer's reads need it: A, its row table) and the k loop, which
+    gives those tiles the rest of their fill. B is read before that wait only where no kernel of the plan
+    writes it."""
     ring = kc.ring
-    b_written = _b_written(kc)
+    side = ring.ahead_side
+    written = _written(kc, side)
     wait = "      habu::grid_dependency_wait();  // what the plan's earlier kernels wrote is visible from here\n"
     start = ring.ahead_start(CExpr("stage"), CExpr("phase"))
-    return f"""{wait if grid_wait and b_written else ""}      // B's boxes of the tile's first {ring.ahead} k tiles first: the weights stream from the start
+    return f"""{wait if grid_wait and written else ""}      // {side}'s boxes of the tile's first {ring.ahead} k tiles first: the weights stream from the start
       const long long kt_ahead = kt_end < kt_begin + {ring.ahead} ? kt_end : kt_begin + {ring.ahead};
       {{
         int stage_ahead = {c(start[0])};
@@ -285,24 +289,25 @@ def _b_ahead(kc: _Kernel, grid_wait: bool) -> str:
         for (long long kt = kt_begin; kt < kt_ahead; ++kt) {{
           const habu::u32 full = {ring_barrier(ring, "stage_ahead")};
           habu::mbar_wait({ring_barrier(ring, "stage_ahead", empty=True)}, {c(ring.producer_wait(CExpr('phase_ahead')))});
-          const habu::u32 b_stage = {kc.stage_base("B", "stage_ahead")};
+          const habu::u32 {side.lower()}_stage = {kc.stage_base(side, "stage_ahead")};
           if (ptid == 0) {{
             habu::mbar_expect_tx(full, {ring.ahead_bytes});
-            {" ".join(_tma_issue(kc, "B"))}
+            {" ".join(_tma_issue(kc, side))}
           }}
           {ring_advance_line(ring).replace("(stage, phase)", "(stage_ahead, phase_ahead)")}
         }}
       }}
-{wait if grid_wait and not b_written else ""}"""
+{wait if grid_wait and not written else ""}"""
 
 
-def _b_written(kc: _Kernel) -> bool:
-    """Whether B (or a table it is gathered by) may be written by an earlier kernel of the plan: anything
-    but the model's own inputs, read in place."""
+def _written(kc: _Kernel, side: str) -> bool:
+    """Whether operand `side` (or a table it is gathered by) may be written by an earlier kernel of the plan:
+    anything but the model's own inputs, read in place."""
     inputs = {t.name for t in kc.model.inputs}
-    b = kc.lw.b
-    return b.tensor not in inputs or any(p.table not in inputs for p in b.positions if p.kind == "gather") \
-        or kc.lw.kernel.b_move == "staged"
+    acc = kc.lw.a if side == "A" else kc.lw.b
+    move = kc.lw.kernel.a_move if side == "A" else kc.lw.kernel.b_move
+    return acc.tensor not in inputs or any(p.table not in inputs for p in acc.positions if p.kind == "gather") \
+        or move == "staged"
 
 
 def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: bool = False) -> str:
@@ -320,7 +325,7 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: 
            "    habu::cluster_sync();  // the peers have read them\n" if lw.cluster_split else "")
     k0 = (f"        const {kc.it} k0 = ({kc.it}){c(lw.k_origin(CExpr('kt_begin'), CExpr('(kt - kt_begin)')))};\n"
           if references(fill, "k0") else "")  # (TMA copies print their coordinates whole)
-    ahead = _b_ahead(kc, grid_wait) if ring.ahead else (GRID_WAIT.replace("  ", "    ", 1) if grid_wait else "")
+    ahead = _ahead(kc, grid_wait) if ring.ahead else (GRID_WAIT.replace("  ", "    ", 1) if grid_wait else "")
     return f"""  if (wg == 0) {{  // ---------------------------------------------------------------- producer
     habu::setmaxnreg_dec<{producer_regs}>();
     const int ptid = threadIdx.x;

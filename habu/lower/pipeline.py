@@ -124,11 +124,13 @@ class MbarrierRing:
     barrier_stride: int = 16
     empty_offset: int = 8
     base: int = 0  # bytes from the aligned shared-memory base to the first barrier (the layout's `bar` buffer)
-    # B ahead (the plan's `b_ahead`): for each output tile the producer first issues B's boxes of the tile's
-    # first `ahead` k tiles (waiting each stage's `empty` phase, posting B's bytes, no arrival), then runs
-    # its k loop from the tile's first k tile again: there each of those tiles gets the rest of its fill
-    # (A's boxes or copies, the arrivals), the later ones the whole fill. 0: every fill whole.
+    # B ahead (the plan's `b_ahead`; A's with `a_ahead`: `ahead_side`): for each output tile the producer first
+    # issues that operand's boxes of the tile's first `ahead` k tiles (waiting each stage's `empty` phase,
+    # posting their bytes, no arrival), then runs its k loop from the tile's first k tile again: there each of
+    # those tiles gets the rest of its fill (the other operand's boxes or copies, the arrivals), the later ones
+    # the whole fill. 0: every fill whole.
     ahead: int = 0
+    ahead_side: str = "B"
 
     def stage(self, t: Any) -> Any:
         """The stage of the block's k tile t."""
@@ -166,16 +168,21 @@ class MbarrierRing:
     def load(self, side: str) -> TmaOperandLoad | None:
         return next((ld for ld in self.loads if ld.side == side), None)
 
+    @property
+    def behind_side(self) -> str:
+        """The operand that fills the stages the ahead boxes went into (the other one)."""
+        return "A" if self.ahead_side == "B" else "B"
+
     def ahead_start(self, stage: Any, phase: Any) -> tuple[Any, Any]:
-        """The (stage, phase) B's boxes ahead start from, the ring at an output tile's first k tile being at
+        """The (stage, phase) the boxes ahead start from, the ring at an output tile's first k tile being at
         (stage, phase): the same (printed as `stage_ahead = stage`, run by habu.prove.pipeline)."""
         return stage, phase
 
     @property
     def ahead_bytes(self) -> int:
-        """The bytes B's boxes bring a stage (posted ahead; the rest of `expect_tx` with the fill's rest)."""
-        b = self.load("B")
-        return b.bytes_into(0) if b is not None and self.ahead else 0
+        """The bytes the boxes ahead bring a stage (posted ahead; the rest of `expect_tx` with the fill's rest)."""
+        ld = self.load(self.ahead_side)
+        return ld.bytes_into(0) if ld is not None and self.ahead else 0
 
 
 @dataclass(frozen=True)
@@ -255,5 +262,6 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str =
                       DTYPES[a_dtype].bytes, a_last_axis == "m")
     layout = tensor_core_smem(kernel, a_dtype, b_dtype or a_dtype, b_last_axis == "k")
     bars = next((b.offset for b in layout.buffers if b.name == "bar"), 0)
-    ahead = kernel.stages if getattr(kernel, "b_ahead", False) and ring.load("B") is not None and ring.cluster == 1 else 0
-    return replace(ring, base=bars, ahead=ahead)
+    side = "A" if getattr(kernel, "a_ahead", False) else "B" if getattr(kernel, "b_ahead", False) else ""
+    ahead = kernel.stages if side and ring.load(side) is not None and ring.cluster == 1 else 0
+    return replace(ring, base=bars, ahead=ahead, ahead_side=side or "B")

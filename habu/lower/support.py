@@ -72,12 +72,17 @@ class PathSupport:
 
 
 def _b_ahead_refusals(lw: ContractionLowering, mma: str) -> list[str]:
-    """B's boxes ahead of the rest of the fill: a wgmma ring's, B by TMA into the block alone."""
+    """An operand's boxes ahead of the rest of the fill (`b_ahead`, `a_ahead`): a wgmma ring's, that operand by
+    TMA into the block alone, one operand ahead."""
     k = lw.kernel
-    if not getattr(k, "b_ahead", False):
-        return []
-    if mma != "wgmma" or str(k.b_move) not in ("tma", "staged") or k.cluster_m > 1:
-        return ["b_ahead: the wgmma ring issues B's TMA boxes ahead (B by TMA, no multicast cluster)"]
+    sides = [s for s in "ab" if getattr(k, f"{s}_ahead", False)]
+    if len(sides) > 1:
+        return ["a_ahead and b_ahead: one operand's boxes go ahead"]
+    for s in sides:
+        move = k.a_move if s == "a" else k.b_move
+        if mma != "wgmma" or str(move) not in ("tma", "staged") or k.cluster_m > 1:
+            return [f"{s}_ahead: the wgmma ring issues {s.upper()}'s TMA boxes ahead ({s.upper()} by TMA, no multicast "
+                    "cluster)"]
     return []
 
 

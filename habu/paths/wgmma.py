@@ -44,7 +44,7 @@ SWAP_ROWS = 32
 SWAP_STAGES = 16  # asked for; `fit_stages` shortens the ring to what shared memory holds
 # the transposed shapes the search tries: 64 or 128 weight rows by 16-64 tokens, rings of 6-16 stages
 SWAP_SHAPES: list[Shape] = [(bm, bn, 64, 8 if bm == 64 else 12, st) for bm in (64, 128) for bn in (16, 32, 64)
-                            for st in (6, 8, 12, 16)]
+                            for st in (6, 8, 12, 16, 22)]
 
 
 def wgmma_warps_stages(tile_m: int, tile_n: int) -> tuple[int, int]:

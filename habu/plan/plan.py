@@ -110,6 +110,9 @@ class ContractionKernel:
         "and shared memory sized for n): while one block runs its epilogue, another's main loop keeps the tensor "
         "cores busy (1: one block an SM)", P, default=1, allowed=(1, 2), pins=("blocks_per_sm",),
         json_optional=True, unguarded=KEEP)
+    a_ahead: bool = choice(
+        "wgmma: as b_ahead, for A's TMA boxes (a transposed product's weights, `swap_ab`)", L, default=False,
+        pins=("a_ahead",), json_optional=True, unguarded=KEEP)
     swap_ab: bool = choice(
         "the product computed transposed: the tile's rows run along the output's columns and A is the factor that "
         "carries them (a skinny product's weights fill wgmma's 64-row side and its few tokens the narrow n side, "

@@ -46,6 +46,10 @@ SWAPPED = [  # (example, model, sizes, pins): ragged tiles along both axes
     ("gemm.habu", "GEMM", {"M": 13, "N": 300, "K": 520}, {"swap_ab": "1", "mma": "fma"}),
     ("ggemm.habu", "GGEMM", {"M": 13, "N": 1000, "K": 520}, {"swap_ab": "1", "tile": "64x16x64"}),  # tokens gathered
     ("kn", "LINEAR-KN", {"M": 16, "N": 1000, "K": 520}, {"swap_ab": "1", "tile": "64x16x64"}),  # W read MN-major
+    # the weights' (A's) boxes ahead: beside the gathered tokens' copies, and beside TMA tokens in a cluster split
+    ("ggemm.habu", "GGEMM", {"M": 13, "N": 1000, "K": 520}, {"swap_ab": "1", "tile": "64x16x64", "a_ahead": "1"}),
+    ("gemm.habu", "GEMM", {"M": 16, "N": 1000, "K": 4096},
+     {"swap_ab": "1", "tile": "64x16x64", "stages": "22", "split_k": "2", "split_reduce": "cluster", "a_ahead": "1"}),
 ]
 
 

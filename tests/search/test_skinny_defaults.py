@@ -111,6 +111,7 @@ def assert_swapped(sizes: dict[str, int], k: ContractionKernel, target=H100) -> 
              and -(-depth // 64) >= 2 * SKINNY_MIN_K_TILES)
     assert (k.split_k, k.split_reduce) == ((2, "cluster") if split else (1, "atomic"))
     assert k.stages * k.tile_m * 64 * 2 >= 64 * 1024
+    assert not k.a_ahead  # (these models' tokens are inputs: no earlier kernel to start ahead of)
 
 
 def _facts(model, sizes, target):
@@ -141,6 +142,8 @@ def test_regression_ffn_skip_at_16_tokens_took_128_row_tiles_for_its_first_gemm(
         first, second = (k for k in plan.kernels if isinstance(k, ContractionKernel))
         if tokens <= SWAP_ROWS:  # transposed: 128 weight columns by 16 tokens a tile
             assert first.swap_ab and (first.tile_m, first.tile_n) == (128, 16)
+            # the down projection's weights stream while the first GEMM runs (its tokens are that GEMM's output)
+            assert not first.a_ahead and second.a_ahead
             assert -(-14336 // first.tile_m) >= SKINNY_FILL * H100.sm_count
             assert first.stages * first.tile_m >= 512 and second.stages * second.tile_m >= 512  # >= 64 KB of W
             continue
