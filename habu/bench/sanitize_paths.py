@@ -55,6 +55,10 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                        {"cluster": "2", "tile": "128x256x64", "stages": "3"}),
     "wgmma-cluster-split": ("ggemm.habu", "GGEMM", {"M": 100, "N": 300, "K": 1000},  # DSMEM partials (issue 20)
                             {"tile": "64x128x64", "stages": "4", "split_k": "4", "split_reduce": "cluster"}),
+    "wgmma-swap-ab": ("ggemm.habu", "GGEMM", {"M": 13, "N": 300, "K": 1000},  # transposed, tokens gathered (s43)
+                      {"swap_ab": "true", "tile": "64x16x64", "stages": "4", "split_k": "2", "split_reduce": "cluster"}),
+    "wgmma-swap-a-ahead": ("ffn_skip.habu", "FFN-SKIP", {"B": 13, "D": 256, "H": 320},  # weights before the wait
+                           {"swap_ab": "true", "tile": "64x16x64", "stages": "4", "a_ahead": "true"}),
     "rows-cluster": ("softmax.habu", "SOFTMAX-ROWS", {"R": 4, "C": 16384}, {"row_cluster": "2", "threads": "512"}),
     "scatter": ("scatter_add.habu", "UNPERMUTE", {"R": 300, "T": 100, "N": 200}, {}),
     "grouped": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300}, {}),
