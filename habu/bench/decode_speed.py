@@ -103,6 +103,11 @@ CASES = [
         # B's boxes of the first stages before A's gathered row offsets (the IX loads)
         "ahead (default, B ahead)": {"*": AHEAD},
         "ahead ktile 64x64x128 s6 cluster split 2": {"*": {**_cluster("64x64", 6, 2, bk=128), **AHEAD}},
+        # transposed (weight rows x the 64 tokens): no padded token rows, the weights' boxes the tile's A
+        "swap 128x64 s8 cluster split 4": {"*": _swap("128x64", 8, 4)},
+        "swap 128x64 s6 cluster split 4": {"*": _swap("128x64", 6, 4)},
+        "swap 64x64 s12 cluster split 2": {"*": _swap("64x64", 12, 2)},
+        "swap 64x64 s8 cluster split 2": {"*": _swap("64x64", 8, 2)},
     }),
     # the same plans over a quarter and four times the weights: the kernel time against the bytes, whose
     # intercept is the kernel's fixed cost (launch, ring fill, epilogue) and slope its streaming rate
@@ -160,6 +165,11 @@ CASES = [
         "ktile second cluster 128x64x128 s4 split 2": {1: _cluster("128x64", 4, 2, bk=128, warps="12")},
         "ktile first 128x128x128 s3": {0: _tile("128x128", 3, bk=128, warps="12")},
         "ahead second (B ahead)": {1: AHEAD},
+        "swap first 128x128 s5": {0: _swap("128x128", 5)},
+        "swap first 64x128 s6": {0: _swap("64x128", 6)},
+        "swap second 128x128 s5 cluster split 4": {1: _swap("128x128", 5, 4)},
+        "swap second 64x128 s6 cluster split 2": {1: _swap("64x128", 6, 2)},
+        "swap second 64x128 s6 cluster split 2 A ahead": {1: _swap("64x128", 6, 2, ahead=True)},
     }),
     Case("rmsnorm-linear-16", "rmsnorm_linear.habu", "RMSNORM-LINEAR", {"T": 16}, ("W",), {
         "unswapped 64x128 s8 (the default before)": {1: _tile("64x128", 8, 1)},

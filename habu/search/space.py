@@ -27,7 +27,7 @@ from habu.paths import (
 )
 from habu.paths.analytic import node_of
 from habu.paths.contraction import tma_store_fits
-from habu.plan.fields import FieldError, Mma, Move, kernel_fields, pin_table
+from habu.plan.fields import FieldError, Mma, Move, Store, kernel_fields, pin_table
 from habu.plan.grouped_pair import pair_positions
 from habu.plan.patterns import Region, default_regions, kernel_contraction, stored_nodes
 from habu.plan.plan import (
@@ -301,6 +301,10 @@ def _pinned_orientation(kernel: Kernel, pins: dict[str, str]) -> Kernel:
     if swap == kernel.swap_ab:
         return kernel
     swapped = kernel.transposed()
+    if swapped.swap_ab and swapped.store == Store.TMA and not any(k.lower() == "store" for k in pins):
+        # a TMA store writes rows along the kernel's n, the tokens once transposed: the output's columns run
+        # along its m, so the transposed tile stores its registers (unless a store pin says otherwise)
+        swapped = replace(swapped, store=Store.DIRECT)
     path = path_for(swapped)  # the warps the transposed tile takes on the kernel's path (its depth kept)
     brought = path.tile_schedule(swapped.tile_m, swapped.tile_n) if isinstance(path, ContractionPath) else None
     return replace(swapped, warps=brought[0]) if brought is not None else swapped
@@ -351,6 +355,10 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     # a pinned KV tile of a sliced decode brings its warps (16 keys or more each) unless they are pinned too
     if isinstance(kernel, AttentionKernel) and "bn" in changes and "kv_warps" not in changes and kernel.kv_warps > 1:
         changes["kv_warps"] = max(1, min(kernel.kv_warps, int(changes["bn"]) // 16))  # type: ignore[call-overload]
+    # one operand's boxes go ahead: a pinned side ahead takes the default's other side back unless both are pinned
+    for side, other in (("a_ahead", "b_ahead"), ("b_ahead", "a_ahead")):
+        if changes.get(side) is True and other in names and other not in changes:
+            changes[other] = False
     # a pinned thread count brings its own register bound: the default's two blocks an SM were for its threads
     if "blocks_per_sm" in names and "threads" in changes:
         changes.setdefault("blocks_per_sm", 1)

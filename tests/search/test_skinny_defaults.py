@@ -198,3 +198,32 @@ def test_skinny_defaults_are_proven_and_compile(kind, sizes):
     for k in kernels:
         res = resources_of(compiled.log, k.name)
         assert not res.spills and res.registers > 0, (k.name, res)
+
+
+def test_regression_a_b_ahead_pin_on_a_transposed_default_left_both_sides_ahead():
+    """GPU run, 2026-12-04: `--pin b_ahead=true` on FFN-SKIP at 17 tokens and RMSNorm+Linear at 16 kept the
+    transposed default's a_ahead too, and the plan was refused ("one operand's boxes go ahead"). A side pinned
+    ahead now takes the other side back unless that is pinned too."""
+    for example, name, sizes in (("ffn_skip", "FFN-SKIP", {"B": 17}), ("rmsnorm_linear", "RMSNORM-LINEAR", {"T": 16})):
+        model = load_program(ROOT / "examples" / f"{example}.habu").models[name].with_sizes(sizes)
+        plan = default_plan(model, H100, sizes, {"b_ahead": "true"})
+        kernels = [k for k in plan.kernels if isinstance(k, ContractionKernel)]
+        assert any(k.b_ahead for k in kernels) and not any(k.a_ahead for k in kernels)
+        assert not failures(obligations(model, plan, sizes))
+        both = default_plan(model, H100, sizes, {"b_ahead": "true", "a_ahead": "true"})
+        assert failures(obligations(model, both, sizes))  # both pinned: refused, as pinned
+
+
+def test_regression_a_swap_pin_on_a_tma_store_default_kept_the_tma_store():
+    """FFN-SKIP at 128 tokens: the default stores its tiles by TMA; `--pin swap_ab=true` kept that store and the
+    plan was refused (a TMA box holds rows along the kernel's n, the tokens once transposed). A swap pin now
+    brings direct stores unless a store pin is given."""
+    sizes = {"B": 128}
+    model = load_program(ROOT / "examples" / "ffn_skip.habu").models["FFN-SKIP"].with_sizes(sizes)
+    assert all(k.store == "tma" for k in default_plan(model, H100, sizes).kernels if isinstance(k, ContractionKernel))
+    plan = default_plan(model, H100, sizes, {"swap_ab": "true", "tile": "128x128x64", "stages": "5"})
+    kernels = [k for k in plan.kernels if isinstance(k, ContractionKernel)]
+    assert all(k.swap_ab and k.store == "direct" for k in kernels)
+    assert not failures(obligations(model, plan, sizes))
+    kept = default_plan(model, H100, sizes, {"swap_ab": "true", "tile": "128x128x64", "store": "tma"})
+    assert failures(obligations(model, kept, sizes))  # the store pinned: refused, as pinned
