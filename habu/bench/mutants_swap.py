@@ -6,11 +6,12 @@ them)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from habu.bench.mutants_ktile import ahead_from_first_stage
 from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access, Position
+from habu.lower.split_cluster import ClusterSplitReduction
 
 # GGEMM with its gathered tokens along the tile's columns (cp.async, kernel B) and a ragged last tile each way
 GG_SHAPE = {"M": 13, "N": 300, "K": 1000}
@@ -20,6 +21,8 @@ FF_SHAPE = {"B": 13, "D": 256, "H": 320}
 FF_PINS = {"swap_ab": "true", "tile": "64x16x64", "stages": "4"}
 # the weights' (A's) boxes ahead of each output tile's gathered tokens
 A_AHEAD_PINS = {**GG_PINS, "a_ahead": "true"}
+# a cluster split of the transposed product: its reduced pairs run along the tile's m (the output's columns)
+SPLIT_PINS = {**GG_PINS, "split_k": "2", "split_reduce": "cluster"}
 
 
 def _swapped(lw: Lowering) -> ContractionLowering:
@@ -48,6 +51,16 @@ def bias_along_tokens(lw: Lowering) -> Lowering:
                                        for ld, acc in lw.epi_loads))
 
 
+def split_pairs_along_n(lw: Lowering) -> Lowering:
+    """A transposed cluster split's reduced pair taken as two adjacent columns (row, col + 1), as in a product
+    as written, while its column-major partials hold (row + 1, col) at the word after the first."""
+    lw = _swapped(lw)
+    red = lw.reduction
+    assert red is not None and red.pair_axis == "m"
+    cls = type("PlantedReduction", (ClusterSplitReduction,), {"second": lambda self, row, col: (row, col + 1)})
+    return replace(lw, reduction=cls(**{f.name: getattr(red, f.name) for f in fields(red)}))
+
+
 MUTANT_ENTRIES = (
     ("swap-store-as-written", "a transposed (swap_ab) product stores its tile as if it were not transposed: weight "
      "columns as token rows", "ggemm.habu", "GGEMM", GG_SHAPE, store_as_written, GG_PINS),
@@ -56,6 +69,10 @@ MUTANT_ENTRIES = (
     ("a-ahead-from-first-stage", "the wgmma producer issues a transposed product's A boxes (its weights) ahead of "
      "each output tile from stage 0 with phase 0, not from the ring's state", "ggemm.habu", "GGEMM", GG_SHAPE,
      ahead_from_first_stage, A_AHEAD_PINS),
+    ("swap-split-pairs-along-n", "a transposed product's cluster split reads its reduced pairs as two adjacent "
+     "columns while its partials hold two adjacent rows", "ggemm.habu", "GGEMM", GG_SHAPE, split_pairs_along_n,
+     SPLIT_PINS),
 )
 
-__all__ = ["A_AHEAD_PINS", "FF_PINS", "FF_SHAPE", "GG_PINS", "GG_SHAPE", "MUTANT_ENTRIES", "bias_along_tokens", "store_as_written"]
+__all__ = ["A_AHEAD_PINS", "FF_PINS", "FF_SHAPE", "GG_PINS", "GG_SHAPE", "MUTANT_ENTRIES", "SPLIT_PINS", "bias_along_tokens",
+           "split_pairs_along_n", "store_as_written"]

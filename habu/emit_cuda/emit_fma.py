@@ -139,24 +139,35 @@ def epilogue_operands(lw: ContractionLowering, sig: Signature, model: Model, siz
     return decls, names
 
 
+def second_of(lw: ContractionLowering, m: str, n: str) -> tuple[str, str]:
+    """The printed (m, n) of the second element of the epilogue's pair whose first is (m, n): a fragment's
+    column pair, or a cluster split's reduced pair as its lowering says (`ClusterSplitReduction.second`)."""
+    if lw.reduction is None:
+        return m, f"({n} + 1)"
+    row, col = lw.reduction.second(CExpr(m), CExpr(n))
+    return f"({c(row)})", f"({c(col)})"
+
+
 def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
                        acc0: str, acc1: str) -> str:
-    """The epilogue for the adjacent outputs (m, n) and (m, n+1): one 8-byte (f32) or 4-byte (16-bit)
-    store when both are inside and the pair is aligned, the element-wise store otherwise."""
+    """The epilogue for the adjacent outputs (m, n) and its pair's second element (`second_of`: (m, n+1), or
+    (m+1, n) where a cluster split's pairs run along m): one 8-byte (f32) or 4-byte (16-bit) store when both
+    are inside and the pair is aligned, the element-wise store otherwise."""
     out = lw.out
+    m1, n1 = second_of(lw, m, n)
     if not lw.epilogue_pairs:
         return (epilogue_code(lw, sig, model, sizes, it, m, n, acc0) + "\n" +
-                epilogue_code(lw, sig, model, sizes, it, m, f"({n} + 1)", acc1))
+                epilogue_code(lw, sig, model, sizes, it, m1, n1, acc1))
     table = table_reader(sig, model, it)
 
-    def value(col: str, acc: str) -> str:
-        return epilogue_value(lw, sig, model, sizes, it, m, col, acc)
+    def value(row: str, col: str, acc: str) -> str:
+        return epilogue_value(lw, sig, model, sizes, it, row, col, acc)
 
     extras = "".join("\n            " + extra_pair_store(lw, sig, model, sizes, it, m, n, acc0, acc1, expr, access)
                      for expr, access in lw.extra_outs)
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, {"m": m, "n": n}, sizes, lw.index_width, table)
-    both = access_mask(out, {"m": m, "n": f"({n} + 1)"}, sizes, table)
+    both = access_mask(out, {"m": m1, "n": n1}, sizes, table)
     if lw.atomic_store:  # a scatter-add: the pair as one vector reduction, or element by element
         vstore = f"habu::atomic_add_f2({p} + off, v0, v1);"
     elif out.dtype == "f32":
@@ -171,8 +182,8 @@ def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, si
         off = f"({first}) ? ({off}) : ({it})0"
     return f"""{{
               const {it} off = {off};
-              const float v0 = {value(n, acc0)};
-              const float v1 = {value(f"({n} + 1)", acc1)};
+              const float v0 = {value(m, n, acc0)};
+              const float v1 = {value(m1, n1, acc1)};
               if (({both}) && (off & 1) == 0) {{ {vstore} }}
               else {{
                 if ({first}) {{ {single0} }}
@@ -278,13 +289,14 @@ def extra_pair_store(lw: ContractionLowering, sig: Signature, model: Model, size
     epilogue stores its extra outputs this way too (`names`: the variables its loads are declared in)."""
     table = table_reader(sig, model, it)
     p = sig.pointer(access.tensor, access.dtype, writes=True)
+    m1, n1 = second_of(lw, m, n)
     x0 = epilogue_value(lw, sig, model, sizes, it, m, n, acc0, names[0] if names else None, expr)
-    x1 = epilogue_value(lw, sig, model, sizes, it, m, f"({n} + 1)", acc1, names[1] if names else None, expr)
+    x1 = epilogue_value(lw, sig, model, sizes, it, m1, n1, acc1, names[1] if names else None, expr)
     first = access_mask(access, {"m": m, "n": n}, sizes, table)
-    both = access_mask(access, {"m": m, "n": f"({n} + 1)"}, sizes, table)
+    both = access_mask(access, {"m": m1, "n": n1}, sizes, table)
     single0, single1 = store_value(access.dtype, p, "off", "x0"), store_value(access.dtype, p, "off + 1", "x1")
     if not lw.pair_store(access):
-        off1 = access_offset(access, {"m": m, "n": f"({n} + 1)"}, sizes, lw.index_width, table)
+        off1 = access_offset(access, {"m": m1, "n": n1}, sizes, lw.index_width, table)
         single1 = store_value(access.dtype, p, off1, "x1")
         vector = ""
     elif access.dtype == "f32":

@@ -15,13 +15,20 @@ def cluster_split_epilogue(lw: ContractionLowering, sig: Signature, model: Model
                            consumers: int) -> str:
     """A cluster split's end of a tile (habu/lower/split_cluster.py): the consumers write their partial
     tile into shared memory over the ring's stages (`partial_word`), a cluster barrier, then each consumer
-    thread adds up its pairs (`reduced_pair`) from every block of the cluster, applies the epilogue and
+    thread adds up its pairs (`reduced_pair`; the second element the word after the first, `second`) from
+    every block of the cluster, applies the epilogue and
     stores them; a second barrier keeps the partials until every peer has read them. The producer
     warpgroup meets both barriers after its loop."""
     frag, red = lw.fragment, lw.reduction
     assert red is not None
     row, col = CExpr(f"((cw * {slabs} + s) * 64 + {frag.row_in_warpgroup()})"), CExpr(f"({frag.col()})")
-    put = c(red.partial_word(row, col))
+    if red.fragment_pairs:  # row-major partials: the fragment's column pair as one float2
+        put = (f"*reinterpret_cast<float2*>(smem + {red.base} + 4 * ({c(red.partial_word(row, col))})) =\n"
+               f"                make_float2(acc[s][{frag.register(0)}], acc[s][{frag.register(1)}]);")
+    else:  # column-major partials (pairs along m): each element of the fragment's pair at its own word
+        put = "\n".join(
+            f"{'            ' if j else ''}*reinterpret_cast<float*>(smem + {red.base} + 4 * ({c(red.partial_word(row, col + j))})) = "
+            f"acc[s][{frag.register(j)}];" for j in (0, 1))
     r_row, r_col, q = red.reduced_pair(CExpr("rank"), CExpr("rt"), CExpr("i"))
     word = c(red.partial_word(CExpr("row"), CExpr("col")))
     epi = epilogue_pair_code(lw, sig, model, sizes, it, "m", "n", "sum.x", "sum.y")
@@ -32,9 +39,9 @@ def cluster_split_epilogue(lw: ContractionLowering, sig: Signature, model: Model
 #pragma unroll
         for (int j = 0; j < {lw.bn // 8}; ++j)
 #pragma unroll
-          for (int h = 0; h < {frag.halves}; ++h)  // this block's partial, over the ring's stages
-            *reinterpret_cast<float2*>(smem + {red.base} + 4 * ({put})) =
-                make_float2(acc[s][{frag.register(0)}], acc[s][{frag.register(1)}]);
+          for (int h = 0; h < {frag.halves}; ++h) {{  // this block's partial, over the ring's stages
+            {put}
+          }}
       habu::cluster_sync();  // every block of the tile's cluster has its partial in shared memory
       {{
         const long long rank = split;  // the split is the block's cluster rank (rule cluster-split-rank)

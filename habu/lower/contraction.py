@@ -285,13 +285,19 @@ class ContractionLowering:
             return False
         return self.pair_store(self.out, self.store is Store.ATOMIC_ADD)
 
+    @property
+    def pair_axis(self) -> str:
+        """The tile axis along which the epilogue's pairs are adjacent: n (the fragments' column pairs), or a
+        cluster split's reduced pairs (`ClusterSplitReduction.pair_axis`, m for a transposed product)."""
+        return self.reduction.pair_axis if self.reduction is not None else "n"
+
     def pair_store(self, access: Access, atomic: bool = False) -> bool:
-        """Whether a direct store of `access` writes the column pairs of the fragments as one vector
+        """Whether a direct store of `access` writes the epilogue's pairs (along `pair_axis`) as one vector
         (`epilogue_pairs` for the output; an extra output's, `extra_outs`, in every tensor-core epilogue,
         the TMA-store one included, which stores the extra outputs directly)."""
         if self.kernel.mma == "fma":
             return False
-        contiguous = access.positions[-1].kind == "axis" and access.positions[-1].axis == "n"
+        contiguous = access.positions[-1].kind == "axis" and access.positions[-1].axis == self.pair_axis
         types = ("f32",) if atomic else ("f32", "bf16", "f16")
         return self.split_mode != "atomic" and contiguous and access.dtype in types
 
@@ -429,8 +435,10 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
         b, stage = _staged(b, "n", lw.n, lw.k)
         pre.append(stage)
     cluster = kernel.split_k > 1 and kernel.split_reduce == "cluster"
+    last = lw.out.positions[-1]  # pairs along the output's contiguous axis (m where the product is transposed)
     reduction = (cluster_reduction_for(kernel.split_k, kernel.tile_m, kernel.tile_n,
-                                       consumer_warpgroups(kernel.warps, kernel.warp_specialized))
+                                       consumer_warpgroups(kernel.warps, kernel.warp_specialized),
+                                       "m" if last.kind == "axis" and last.axis == "m" else "n")
                  if cluster and kernel.mma == "wgmma" else None)
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="cluster" if cluster else "atomic" if kernel.split_k > 1 else "none",

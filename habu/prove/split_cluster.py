@@ -25,12 +25,14 @@ def reduction_faults(red: ClusterSplitReduction) -> list[str]:
     faults = []
     for rank in range(red.split):
         row, col, _q = _pairs(red, rank)
-        ok = (row >= 0) & (row < red.bm) & (col >= 0) & (col + 1 < red.bn)
+        row1, col1 = (np.asarray(x) for x in red.second(row, col))
+        ok = ((row >= 0) & (row < red.bm) & (col >= 0) & (col < red.bn)
+              & (row1 >= 0) & (row1 < red.bm) & (col1 >= 0) & (col1 < red.bn))
         if not np.all(ok):
             faults.append(f"the cluster split's rank {rank} adds up a pair outside the {red.bm}x{red.bn} tile")
-            row, col = row[ok], col[ok]
+            row, col, row1, col1 = row[ok], col[ok], row1[ok], col1[ok]
         np.add.at(counts, (row, col), 1)
-        np.add.at(counts, (row, col + 1), 1)
+        np.add.at(counts, (row1, col1), 1)
     if np.any(counts != 1):
         r, c = (int(x[0]) for x in np.nonzero(counts != 1))
         faults.append(f"the cluster split adds up element {r * red.bn + c} of its {red.bm}x{red.bn} tile "
@@ -57,12 +59,14 @@ def cluster_sums(red: ClusterSplitReduction, partials: Mapping[int, np.ndarray],
     """The sums (tiles, rows, cols) the ranks' threads compute for the lanes `lrows` x `lcols` of each tile,
     from each split's partial (tiles, rows, cols) over GF(p); a lane no thread adds up stays poison."""
     tiles = next(iter(partials.values())).shape[0]
-    words = red.bm * red.row_words
+    words = red.bytes // 4
     lr, lc = np.array(lrows, dtype=np.int64), np.array(lcols, dtype=np.int64)
     smem = np.broadcast_to(poison(np.arange(words, dtype=np.int64) * 31 + 7), (red.split, tiles, words)).copy()
-    # the fragment holds pairs of adjacent columns, stored as one float2 at the pair's first element's word
-    first = lc - lc % 2
-    at = np.asarray(red.partial_word(lr[:, None], first[None, :])) + (lc % 2)[None, :]
+    if red.fragment_pairs:  # the fragment's pairs of adjacent columns, one float2 at the first element's word
+        first = lc - lc % 2
+        at = np.asarray(red.partial_word(lr[:, None], first[None, :])) + (lc % 2)[None, :]
+    else:  # each element of the fragment at its own word
+        at = np.broadcast_to(np.asarray(red.partial_word(lr[:, None], lc[None, :])), (len(lr), len(lc)))
     inside = (at >= 0) & (at < words)
     for s, acc in partials.items():  # a block's partial stores (words outside the tile: not stored)
         for x in range(tiles):
@@ -72,10 +76,11 @@ def cluster_sums(red: ClusterSplitReduction, partials: Mapping[int, np.ndarray],
     col_of = {int(c): j for j, c in enumerate(lc.tolist())}
     for rank in range(red.split):
         row, col, _q = _pairs(red, rank)
-        for half in (0, 1):
+        for half, (er, ec) in enumerate(((row, col), red.second(row, col))):  # the pair read as one float2
+            er, ec = np.broadcast_to(np.asarray(er), row.shape), np.broadcast_to(np.asarray(ec), row.shape)
             word = np.asarray(red.partial_word(row, col)) + half
             ok = (word >= 0) & (word < words)
-            for r, c, w in zip(row[ok].tolist(), (col[ok] + half).tolist(), word[ok].tolist(), strict=True):
+            for r, c, w in zip(er[ok].tolist(), ec[ok].tolist(), word[ok].tolist(), strict=True):
                 if r in row_of and c in col_of:
                     sums[:, row_of[r], col_of[c]] = smem[:, :, w].sum(axis=0) % p
     return sums

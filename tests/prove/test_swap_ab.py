@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from habu.emit_cuda.nvrtc import compile_cuda, resources_of
@@ -100,3 +101,29 @@ def test_with_kernel_keeps_the_orientation_it_was_lowered_in():
     assert isinstance(lw, ContractionLowering)
     with pytest.raises(ValueError, match="orientation"):
         with_kernel(lw, replace(lw.kernel, swap_ab=False))
+
+
+def test_regression_a_transposed_cluster_split_stored_each_output_element_in_its_own_sector():
+    """ncu, H200 2026-12-04 (GGEMM 64 tokens, transposed 64x64 cluster split 2): 263k L2 sectors written for a
+    1 MB output, one an element (the unswapped plan: 33k). The reduced pairs ran along the tile's n, the tokens
+    once transposed, so each thread's pair sat in two output rows and consecutive threads in others. A
+    transposed cluster split now reduces pairs along m (the output's columns): consecutive threads take
+    consecutive pairs of one output row, stored as one vector; its column-major partials take the fragment's
+    stores on 32 distinct banks a warp."""
+    sizes = {"M": 16, "N": 4096, "K": 4096}
+    model = _model("ggemm.habu", "GGEMM", sizes)
+    plan = default_plan(model, H100, sizes)
+    (k,) = plan.kernels
+    assert k.swap_ab and k.split_k > 1 and k.split_reduce == "cluster"
+    (lw,) = lower_plan(model, plan)
+    assert isinstance(lw, ContractionLowering) and lw.reduction is not None and lw.reduction.pair_axis == "m"
+    red = lw.reduction
+    rows, cols, _ = red.reduced_pair(0, np.arange(32), 0)
+    assert list(np.asarray(cols)) == [0] * 16 + [1] * 16 and list(np.asarray(rows)) == [2 * i for i in range(16)] * 2
+    assert red.second(4, 3) == (5, 3) and red.partial_word(5, 3) == red.partial_word(4, 3) + 1
+    lane = np.arange(32)
+    for j, h, second in ((0, 0, 0), (1, 1, 1)):  # a warp's fragment stores: rows lane/4 (+8h), columns 8j + 2(lane%4)
+        words = np.asarray(red.partial_word(lane // 4 + 8 * h, 8 * j + 2 * (lane % 4) + second))
+        assert len(set((words % 32).tolist())) == 32
+    source = emit(prove(model, plan, sizes, trials=1), H100).kernels[0].source
+    assert "make_float2(v0, v1)" in source and "(m + 1)" in source
