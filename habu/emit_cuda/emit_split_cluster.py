@@ -16,9 +16,8 @@ def cluster_split_epilogue(lw: ContractionLowering, sig: Signature, model: Model
     """A cluster split's end of a tile (habu/lower/split_cluster.py): the consumers write their partial
     tile into shared memory over the ring's stages (`partial_word`), a cluster barrier, then each consumer
     thread adds up its pairs (`reduced_pair`; the second element the word after the first, `second`) from
-    every block of the cluster, applies the epilogue and
-    stores them; a second barrier keeps the partials until every peer has read them. The producer
-    warpgroup meets both barriers after its loop."""
+    every block of the cluster, applies the epilogue and stores them; a second barrier keeps the partials
+    until every peer has read them. The producer warpgroup meets both barriers after its loop."""
     frag, red = lw.fragment, lw.reduction
     assert red is not None
     row, col = CExpr(f"((cw * {slabs} + s) * 64 + {frag.row_in_warpgroup()})"), CExpr(f"({frag.col()})")
