@@ -145,7 +145,7 @@ def second_of(lw: ContractionLowering, m: str, n: str) -> tuple[str, str]:
     if lw.reduction is None:
         return m, f"({n} + 1)"
     row, col = lw.reduction.second(CExpr(m), CExpr(n))
-    return f"({c(row)})", f"({c(col)})"
+    return c(row), c(col)
 
 
 def epilogue_pair_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
