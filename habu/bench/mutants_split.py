@@ -14,7 +14,8 @@ SHAPE = {"M": 100, "N": 300, "K": 1000}
 PINS = {"tile": "64x128x64", "stages": "4", "split_k": "4", "split_reduce": "cluster"}
 
 
-def _planted(lw: Lowering, **methods: Any) -> Lowering:
+def planted_reduction(lw: Lowering, **methods: Any) -> Lowering:
+    """`lw` with its cluster split's reduction maps replaced by `methods` (the planted bug)."""
     assert isinstance(lw, ContractionLowering) and lw.reduction is not None
     red = lw.reduction
     cls = type("PlantedReduction", (ClusterSplitReduction,), methods)
@@ -28,18 +29,18 @@ def ranks_overlap(lw: Lowering) -> Lowering:
         half = self.bn // 2
         row_in = floordiv(q, half)
         return rank * (self.rows_per_rank - 1) + row_in, (q - row_in * half) * 2, q
-    return _planted(lw, reduced_pair=reduced_pair)
+    return planted_reduction(lw, reduced_pair=reduced_pair)
 
 
 def partial_rows_overlap(lw: Lowering) -> Lowering:
     """The partial tile's rows are BN − 2 words apart: each row's last pair lands on the next row's first."""
-    return _planted(lw, partial_word=lambda self, row, col: row * (self.bn - 2) + col)
+    return planted_reduction(lw, partial_word=lambda self, row, col: row * (self.bn - 2) + col)
 
 
 def partial_column_major(lw: Lowering) -> Lowering:
     """The partial tile stored column-major, while the fragment's pairs (and the readers) take two
     adjacent words as two adjacent columns: (row, col + 1) lands on (row + 1, col)."""
-    return _planted(lw, partial_word=lambda self, row, col: col * self.bm + row)
+    return planted_reduction(lw, partial_word=lambda self, row, col: col * self.bm + row)
 
 
-__all__ = ["PINS", "SHAPE", "partial_column_major", "partial_rows_overlap", "ranks_overlap"]
+__all__ = ["PINS", "SHAPE", "partial_column_major", "partial_rows_overlap", "planted_reduction", "ranks_overlap"]

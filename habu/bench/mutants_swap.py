@@ -6,12 +6,12 @@ them)."""
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from habu.bench.mutants_ktile import ahead_from_first_stage
+from habu.bench.mutants_split import planted_reduction
 from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access, Position
-from habu.lower.split_cluster import ClusterSplitReduction
 
 # GGEMM with its gathered tokens along the tile's columns (cp.async, kernel B) and a ragged last tile each way
 GG_SHAPE = {"M": 13, "N": 300, "K": 1000}
@@ -55,10 +55,16 @@ def split_pairs_along_n(lw: Lowering) -> Lowering:
     """A transposed cluster split's reduced pair taken as two adjacent columns (row, col + 1), as in a product
     as written, while its column-major partials hold (row + 1, col) at the word after the first."""
     lw = _swapped(lw)
-    red = lw.reduction
-    assert red is not None and red.pair_axis == "m"
-    cls = type("PlantedReduction", (ClusterSplitReduction,), {"second": lambda self, row, col: (row, col + 1)})
-    return replace(lw, reduction=cls(**{f.name: getattr(red, f.name) for f in fields(red)}))
+    assert lw.reduction is not None and lw.reduction.pair_axis == "m"
+    return planted_reduction(lw, second=lambda self, row, col: (row, col + 1))
+
+
+def split_partial_columns_overlap(lw: Lowering) -> Lowering:
+    """A transposed cluster split's column-major partials two words short a column: each column's last two rows
+    land on the next column's first two."""
+    lw = _swapped(lw)
+    assert lw.reduction is not None and lw.reduction.pair_axis == "m"
+    return planted_reduction(lw, partial_word=lambda self, row, col: col * (self.bm - 2) + row)
 
 
 MUTANT_ENTRIES = (
@@ -72,7 +78,9 @@ MUTANT_ENTRIES = (
     ("swap-split-pairs-along-n", "a transposed product's cluster split reads its reduced pairs as two adjacent "
      "columns while its partials hold two adjacent rows", "ggemm.habu", "GGEMM", GG_SHAPE, split_pairs_along_n,
      SPLIT_PINS),
+    ("swap-split-partial-columns-overlap", "a transposed product's cluster split stores its column-major partials two "
+     "words short a column", "ggemm.habu", "GGEMM", GG_SHAPE, split_partial_columns_overlap, SPLIT_PINS),
 )
 
 __all__ = ["A_AHEAD_PINS", "FF_PINS", "FF_SHAPE", "GG_PINS", "GG_SHAPE", "MUTANT_ENTRIES", "SPLIT_PINS", "bias_along_tokens",
-           "split_pairs_along_n", "store_as_written"]
+           "split_pairs_along_n", "split_partial_columns_overlap", "store_as_written"]

@@ -25,8 +25,8 @@ def cluster_split_epilogue(lw: ContractionLowering, sig: Signature, model: Model
         put = (f"*reinterpret_cast<float2*>(smem + {red.base} + 4 * ({c(red.partial_word(row, col))})) =\n"
                f"                make_float2(acc[s][{frag.register(0)}], acc[s][{frag.register(1)}]);")
     else:  # column-major partials (pairs along m): each element of the fragment's pair at its own word
-        put = "\n".join(
-            f"{'            ' if j else ''}*reinterpret_cast<float*>(smem + {red.base} + 4 * ({c(red.partial_word(row, col + j))})) = "
+        put = "\n            ".join(
+            f"*reinterpret_cast<float*>(smem + {red.base} + 4 * ({c(red.partial_word(row, col + j))})) = "
             f"acc[s][{frag.register(j)}];" for j in (0, 1))
     r_row, r_col, q = red.reduced_pair(CExpr("rank"), CExpr("rt"), CExpr("i"))
     word = c(red.partial_word(CExpr("row"), CExpr("col")))
