@@ -409,6 +409,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                                       f"{int(counts[0])} times (a race between blocks: the last write wins)")
             check_deadline("before the reference evaluation")
             ref = Evaluator(model, s, field_, ref_boxes).run(inputs)
+            check_deadline("in the reference evaluation")  # (not interrupted inside: a pass past the budget is not kept)
             bad = _compare(model, out_boxes, ref, mem, s, trial + 1)
             if bad is not None or mem.faults:
                 cert.passed = False
