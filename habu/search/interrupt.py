@@ -8,15 +8,23 @@ search` then ran its whole budget after a Ctrl-C, stored what it verified and ex
 handler latches the interrupt (and raises it, except inside a finalizer, where it would be printed and dropped),
 and the search asks the latch between steps (`raise_if_interrupted`): an interrupt that arrived in a finalizer is
 raised there, before any result of the proofs is kept.
+
+A ctypes callback is the other place an exception is printed and dropped ("Exception ignored on calling ctypes
+callback function", with its traceback): numba's LLVM calls back into Python while the field check compiles
+(CI, stop 44: a Ctrl-C landed in llvmlite's `_raw_object_cache_notify`). No frame marks a callback, so while the
+latch is armed `sys.unraisablehook` drops a KeyboardInterrupt the latch has already seen: it is raised again at
+the next step, and nothing is printed.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 
 class InterruptLatch:
@@ -50,6 +58,18 @@ def in_finalizer(frame: FrameType | None, depth: int = 8) -> bool:
 LATCH = InterruptLatch()
 
 
+def quiet_latched_unraisable(previous: Callable[[Any], object]) -> Callable[[Any], None]:
+    """An unraisable-exception hook that drops a KeyboardInterrupt the latch has seen (it is raised again at
+    the next step) and hands everything else to `previous`."""
+
+    def hook(unraisable: Any) -> None:  # a sys.UnraisableHookArgs
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and LATCH.seen:
+            return
+        previous(unraisable)
+
+    return hook
+
+
 @contextmanager
 def latched_interrupts() -> Iterator[InterruptLatch]:
     """SIGINT latched (`LATCH`) inside the block, where Python's KeyboardInterrupt handler is the one installed
@@ -61,9 +81,12 @@ def latched_interrupts() -> Iterator[InterruptLatch]:
         yield LATCH
         return
     previous = signal.signal(signal.SIGINT, LATCH.handler)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = quiet_latched_unraisable(previous_hook)
     try:
         yield LATCH
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGINT, previous)
 
 
@@ -72,4 +95,4 @@ def raise_if_interrupted() -> None:
     LATCH.raise_if_interrupted()
 
 
-__all__ = ["LATCH", "InterruptLatch", "in_finalizer", "latched_interrupts", "raise_if_interrupted"]
+__all__ = ["LATCH", "InterruptLatch", "in_finalizer", "latched_interrupts", "quiet_latched_unraisable", "raise_if_interrupted"]

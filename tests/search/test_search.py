@@ -273,6 +273,40 @@ def test_the_latch_raises_at_once_outside_a_finalizer_and_defers_inside_one():
         signal.signal(signal.SIGINT, previous_sigint)
 
 
+def test_regression_a_ctrl_c_inside_a_ctypes_callback_prints_no_traceback_and_is_raised_at_the_next_step():
+    """CI, stop 44: SIGINT landed in llvmlite's object-cache callback (numba compiling for the field check);
+    ctypes printed "Exception ignored on calling ctypes callback function ... Traceback" and dropped the
+    KeyboardInterrupt. Inside the latched block nothing reaches the unraisable hook (which printed it) and the
+    latch raises it at the next step."""
+    import ctypes
+    import os
+    import sys
+
+    from habu.search.interrupt import latched_interrupts, raise_if_interrupted
+
+    unraisable = []
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)  # (an xdist worker has another)
+
+    @ctypes.CFUNCTYPE(ctypes.c_int)
+    def callback():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):  # the handler runs here, inside the callback
+            pass
+        return 1
+
+    try:
+        with latched_interrupts() as latch:
+            callback()  # the KeyboardInterrupt ends the callback; ctypes returns 0 and drops it
+            assert latch.seen and not unraisable
+            with pytest.raises(KeyboardInterrupt):
+                raise_if_interrupted()
+        assert sys.unraisablehook == unraisable.append
+    finally:
+        sys.unraisablehook = previous_hook
+        signal.signal(signal.SIGINT, previous_sigint)
+
+
 def test_a_search_interrupted_after_a_proof_stores_the_verified_plan_with_its_certificate(tmp_path):
     with PlanDB(tmp_path / "db.sqlite") as db:
         result = ggemm_search(db, Budget(seconds=60), InterruptedExecutor(1)).run()
