@@ -10,7 +10,9 @@ KV 4096 and 32768 × batch 1, 16 and 64. For each: build the plans (build proves
 over Z_q × GF(p) on the witness shape), check each on the GPU against SDPA's output on the same inputs
 (max |Δ| / max |O| ≤ 2e-2; tests/gpu/test_attention_decode_split.py holds the float64 goldens), then time
 them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; SDPA's backend recorded from
-the kernels it launches). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
+the kernels it launches) on input sets rotated past the L2 (`sets_for` up to 64 sets: a 4 MB cache is not
+evicted by 8; a decode step reads each layer's cache once, cold: before 2026-12-04 the bench timed one set,
+the whole cache L2-resident for KV ≤ 32768 at batch 1). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
 TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). The split
 size is the plan's default (`habu.paths.attention.kv_split_for`: about two blocks per SM), with KV tiles
 of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`). `--plans` adds plans by their pins
@@ -58,6 +60,7 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
     import torch
 
     from habu.bench.attention_speed import sdpa_backend
+    from habu.bench.gpu_bench import sets_for
     from habu.bench.run import build
     from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
 
@@ -86,6 +89,7 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
     heads = KV_HEADS * GROUP
     cache = 2.0 * 2 * batch * KV_HEADS * kv * WIDTH  # K and V, bf16
     ins = None
+    sets: list[dict[str, Any]] = []
     rows = []
     sdpa_row: dict[str, Any] = {}
     for label, pins in variants:
@@ -94,15 +98,18 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
             built = build(str(EX / "decode_attention.habu"), "DECODE-ATTENTION", sizes, pins, check_indices=False)
             row["kernel"] = built.plan.to_json()["kernels"]
             if ins is None:
-                ins = make_inputs(built.model, built.sizes, 1)
-                ins["LEN"].fill_(kv)
-                q = ins["Q"].view(batch, heads, 1, WIDTH)
+                sets = [make_inputs(built.model, built.sizes, 1 + i) for i in range(sets_for(int(cache), 64))]
+                for one in sets:
+                    one["LEN"].fill_(kv)
+                ins = sets[0]
 
-                def sdpa(q=q, k=ins["K"], v=ins["V"]):
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                def sdpa(i=0, sets=sets):
+                    one = sets[i % len(sets)]
+                    return torch.nn.functional.scaled_dot_product_attention(one["Q"].view(batch, heads, 1, WIDTH),
+                                                                            one["K"], one["V"], enable_gqa=True)
 
                 want = sdpa().float()
-                sdpa_row = {"backend": sdpa_backend(sdpa), **time_cuda(lambda i: sdpa(), 1)}
+                sdpa_row = {"backend": sdpa_backend(sdpa), **time_cuda(sdpa, len(sets))}
                 sdpa_row.pop("samples", None)
             outs = poisoned_outputs(built.model, built.sizes)
             built.compiled(**ins, **outs)
@@ -111,7 +118,8 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
             row["check_max_rel"] = err = ((got - want).abs().max() / want.abs().max()).item()
             if not err <= 2e-2:
                 raise AssertionError(f"differs from SDPA: max |Δ| / max |O| = {err:.3e}")
-            t = time_cuda(lambda i, built=built, ins=ins, outs=outs: built.compiled(**ins, **outs), 1)
+            t = time_cuda(lambda i, built=built, outs=outs, sets=sets: built.compiled(**sets[i % len(sets)], **outs),
+                          len(sets))
             row["median_us"] = t["median_us"]
             row["cache_tbps"] = cache / (t["median_us"] * 1e-6) / 1e12
             row["copy_share"] = row["cache_tbps"] / COPY_TBPS

@@ -30,8 +30,10 @@ EX = Path(__file__).resolve().parents[2] / "examples"
 L2_BYTES = 60 << 20
 
 
-def sets_for(nbytes: int) -> int:
-    return max(2, min(8, -(-3 * L2_BYTES // max(1, nbytes))))
+def sets_for(nbytes: int, most: int = 8) -> int:
+    """Input sets of `nbytes` each to rotate through so that a call finds its inputs outside the L2 (three L2s'
+    worth), at least 2 and at most `most`."""
+    return max(2, min(most, -(-3 * L2_BYTES // max(1, nbytes))))
 
 
 def torch_ggemm(inputs, out_key):
