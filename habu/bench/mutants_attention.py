@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
-from habu.lower.access import floordiv, minimum
+from habu.lower.access import cdiv, floordiv, minimum
 from habu.lower.attention import AttentionLowering
 
 # examples/attention.habu at a shape where the causal skip matters: 3 query tiles of 32 rows, 4 KV tiles of
@@ -159,6 +159,16 @@ def split_tiles_overlap(lw: Any) -> AttentionLowering:
     return _planted(lw, "end_tile", lambda self, split, tiles: minimum(tiles, (split + 1) * self.split_tiles + 1))
 
 
+AHEAD_PINS = {**DECODE_PINS, "kv_split": "64", "stages": "3", "kv_ahead": "true"}
+
+
+def ahead_limit_of_split_zero(lw: Any) -> AttentionLowering:
+    """With `kv_ahead`, the prologue's copies stop at split 0's last tile: a later split's first tiles are never
+    copied, and its loop multiplies whatever its buffers held."""
+    return _planted(lw, "prologue_limit", lambda self, split, tiles, sizes: self.end_tile(
+        split * 0, cdiv(sizes[self.key_extent], self.kernel.bn)))
+
+
 def partial_slot_ignores_split(lw: Any) -> AttentionLowering:
     """Every split keeps its m and l in split 0's slots: the combine reads one split's m and l for all."""
     slot = AttentionLowering.partial_slot
@@ -302,6 +312,9 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
     ("attention-counter-not-reset", "the split-KV combine leaves its query tile's counter at the split count "
      "(counters are zero-filled once)", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE,
      counter_not_reset, DECODE_PINS),
+    ("attention-kv-ahead-limit-of-split-zero", "with the K/V copies ahead of the key limit (kv_ahead), every "
+     "split's prologue stops at split 0's last tile", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE,
+     ahead_limit_of_split_zero, AHEAD_PINS),
     ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
      "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
      DECODE_PINS),

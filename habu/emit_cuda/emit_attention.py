@@ -153,8 +153,10 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
       }}
   }}
 """
+    # the prologue's copies stop at the tiles visited, or (kv_ahead) at the block's tiles within #J: no read first
+    pro_limit = c(lw.prologue_limit(split, CExpr("tiles"), sizes))
     if ahead == 1:
-        prologue = (f"  if (tiles > {c(first)}) load_kv({c(first)}, {c(lw.stage_of(first))});\n"
+        prologue = (f"  if ({pro_limit} > {c(first)}) load_kv({c(first)}, {c(lw.stage_of(first))});\n"
                     "  habu::cp_async_commit();\n")
         prefetch = f"""    if ({bare(nxt)} < tiles) {{
       load_kv({bare(nxt)}, (int)({c(lw.stage_of(nxt))}));  // the next tile, into the other buffer
@@ -167,7 +169,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     else:  # one commit group a tile (empty past the last): tile kt's group is complete when `ahead` are pending
         pro = lw.prologue_tile(CExpr(f"({it})({c(first)})"), cx("p"))
         prologue = f"""  for (int p = 0; p < {ahead}; ++p) {{  // the first {ahead} KV tiles, one commit group each
-    if ({bare(pro)} < tiles) load_kv({bare(pro)}, (int)({c(lw.stage_of(pro))}));
+    if ({bare(pro)} < {pro_limit}) load_kv({bare(pro)}, (int)({c(lw.stage_of(pro))}));
     habu::cp_async_commit();
   }}
 """

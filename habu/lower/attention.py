@@ -276,6 +276,14 @@ class AttentionLowering:
         """One past the last KV tile split `split` visits (of the `tiles` the query tile visits)."""
         return minimum(tiles, (split + 1) * self.split_tiles) if self.kernel.kv_split else tiles
 
+    def prologue_limit(self, split: Any, tiles: Any, sizes: Mapping[str, Any]) -> Any:
+        """The tiles the loop's prologue may copy (tile first + p where it lies below this): the `tiles` the block
+        visits, known once the mask's key limit is read; with `kv_ahead`, the block's tiles within #J, so the
+        copies need no read before them (the loop still stops at `tiles`: a tile past it is copied, never read)."""
+        if not self.kernel.kv_ahead:
+            return tiles
+        return self.end_tile(split, cdiv(sizes[self.key_extent], self.kernel.bn))
+
     # the partials (workspaces of the launch, named after the output: no other kernel writes those names)
     @property
     def partial_tensors(self) -> tuple[str, str, str]:

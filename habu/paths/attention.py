@@ -174,7 +174,8 @@ class AttentionPath(KernelPath):
         block, in KV tiles of 32 or 64 keys (a decode block is one warp: the shared memory of its two K/V
         buffers decides how many run on an SM; the H200 run of session 30: one warp takes ~2.4 µs a
         64-key tile), and the KV tiles sliced over 2, 4 or 8 warps a block (`kv_warps`, 16 keys each, merged in
-        shared memory; session 31: 4 warps the decode's default)."""
+        shared memory; session 31: 4 warps the decode's default), and those with their first K/V tiles copied
+        before the length is read (`kv_ahead`)."""
         assert isinstance(base, AttentionKernel)
         for bm, bn in itertools.product((64, 128, 16, 32), (64, 32, 128)):
             yield replace(base, bm=bm, bn=bn)
@@ -184,6 +185,9 @@ class AttentionPath(KernelPath):
             # the KV tiles sliced over several warps a block (16 keys each; merged in shared memory)
             for split, (bn, warps) in itertools.product((0, 128, 256, 512), ((64, 4), (128, 8), (32, 2))):
                 yield replace(base, bn=bn, kv_split=split, kv_warps=warps)
+            # the first K/V tiles copied before the length is read (`kv_ahead`): a round trip off a block's start
+            for split in (0, 128, 512):
+                yield replace(base, bn=64, kv_split=split, kv_warps=4, stages=3, kv_ahead=True)
 
     def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
                         sizes: dict[str, int]) -> Iterator[Kernel]:

@@ -304,6 +304,11 @@ class AttentionKernel:
                            "and O, merged in shared memory at the end (the online softmax's combine); the block's "
                            "threads copy the tiles together", P, default=1, allowed=(1, 2, 4, 8), pins=("kv_warps",),
                            json_optional=True, unguarded=KEEP)
+    kv_ahead: bool = choice("the mma.sync loop's first stages − 1 K/V tiles are copied before the mask's key limit is "
+                            "read (the block's tiles within #J; without it, those the limit leaves visible): a memory "
+                            "round trip off a decode block's start, where the limit is a length read from memory; a "
+                            "block whose keys are all masked then copies tiles it never reads", P, default=False,
+                            pins=("kv_ahead",), json_optional=True, unguarded=KEEP)
     persistent: bool = choice("the wgmma main loop's blocks persist: one a resident slot (an SM), each walking the "
                               "work tiles (query tile, batch element) w = blockIdx.x + t·gridDim.x in the heaviest-first "
                               "order, its producer loading the next tile's Q and K/V while the consumers finish this "

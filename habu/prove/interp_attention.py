@@ -206,9 +206,10 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     l_run = np.broadcast_to(zero, (warps, 32, halves)).copy()
     o = np.broadcast_to(zero, np.broadcast_shapes(o_row.shape, o_col.shape)).copy()
     first = int(lw.first_tile(split_no))
+    ahead_limit = int(lw.prologue_limit(split_no, tiles, sizes))
     for p in range(lw.kv_stages - 1):  # the tiles in flight before the loop
         pro = int(lw.prologue_tile(first, p))
-        if pro < tiles:
+        if pro < ahead_limit:
             load_kv(pro, int(lw.stage_of(pro)))
     a_q = np.broadcast_to(zero, (warps, MMA_M, n_e)).copy()
     for kt in range(first, tiles):

@@ -98,6 +98,9 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
         smem = lw.smem_bytes()
         yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of staged Q, K and V tiles ≤ {t.smem_per_block}",
                          smem <= t.smem_per_block, detail=f"{smem} bytes of dynamic shared memory")
+    yield Obligation(R["supported-path"], name, None, "K/V copies ahead of the key limit (kv_ahead) are the mma.sync "
+                     "loop's prologue", not k.kv_ahead or k.main_loop == "mma.sync",
+                     detail=f"kv_ahead on the {k.main_loop} loop, whose producer reads the limit first")
     yield Obligation(R["supported-path"], name, None, "KV tiles sliced over warps (kv_warps) run on the mma.sync "
                      "loop", k.kv_warps == 1 or k.main_loop == "mma.sync",
                      detail=f"kv_warps = {k.kv_warps} on the {k.main_loop} loop, which keeps one slice")

@@ -92,6 +92,13 @@ def test_the_fused_decodes_default_split_on_a_long_cache():
     pytest.param(1000, {"kv_split": "0", "bn": "32", "kv_warps": "2", "stages": "4"}, id="kv1000-w2-whole-s4"),
     pytest.param(5000, {"kv_split": "2048", "bn": "64", "kv_warps": "4", "stages": "3"}, id="kv5000-w4-split2048-s3"),
     pytest.param(5000, {"kv_split": "512", "bn": "64", "kv_warps": "4", "stages": "6"}, id="kv5000-w4-split512-s6"),
+    # the first tiles copied before LEN is read (kv_ahead): masked splits copy tiles they never read
+    pytest.param(1000, {"kv_split": "128", "bn": "64", "kv_warps": "4", "stages": "3", "kv_ahead": "true"},
+                 id="kv1000-w4-split128-s3-ahead"),
+    pytest.param(1000, {"kv_split": "0", "bn": "64", "kv_warps": "4", "stages": "3", "kv_ahead": "true"},
+                 id="kv1000-w4-whole-s3-ahead"),
+    pytest.param(17, {"kv_split": "64", "bn": "32", "kv_warps": "2", "stages": "2", "kv_ahead": "true"},
+                 id="kv17-w2-split64-s2-ahead"),
 ])
 def test_sliced_decode_golden_at_odd_sizes(n_j, pins):
     """A block's KV tiles sliced over 2-8 warps (`kv_warps`), their partials merged in shared memory, with and

@@ -8,6 +8,8 @@ mutation suite: `attention-combine-rescale-inverted`, `attention-split-tiles-ove
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from habu.bench.mutants_attention import (
@@ -204,3 +206,39 @@ def test_regression_more_kv_warps_than_the_tile_has_k16_steps_is_refused_by_name
     bad = failures(obligations(decode, plan, DECODE_SHAPE))
     assert bad and "kv_warps 8 leaves each warp 8 keys of a 64-key tile" in bad[0].detail, [o.detail for o in bad]
     assert "bn 64 / kv_warps 8 = 8 keys" in bad[0].describe()
+
+
+@pytest.mark.parametrize("pins", [
+    {"kv_split": "64", "stages": "3"},  # a split's prologue: two tiles, the loop over p
+    {"kv_split": "32", "stages": "2"},  # one tile ahead (the two-buffer prologue)
+    {"kv_split": "0", "stages": "3"},  # the whole cache in one block
+], ids=["split-3-buffers", "split-2-buffers", "whole"])
+def test_kv_ahead_copies_the_first_tiles_before_the_length_is_read_and_is_proven(decode, pins):
+    """`kv_ahead`: the prologue's copies are bounded by the block's tiles within #J, not by the tiles the
+    length leaves visible, so they are issued before LEN's read returns (a memory round trip off a decode block's
+    start). The witness's lengths leave whole splits masked: those blocks copy tiles they never read, and the
+    check still passes."""
+    plan = default_plan(decode, T, DECODE_SHAPE, {**DECODE_PINS, **pins, "kv_ahead": "true"})
+    assert plan.kernels[0].kv_ahead
+    assert not failures(obligations(decode, plan, DECODE_SHAPE))
+    cert = verify_plan(decode, plan, DECODE_SHAPE, trials=1)
+    assert cert.passed, cert.failure
+    src = emit_plan(decode, plan, T).kernels[0].source
+    prologue = src[src.index("auto load_kv"):src.index("Q's A fragments")]
+    prologue = prologue[prologue.index("};"):]
+    assert "tiles" not in prologue.replace("KV tiles", "") and "load_kv(" in prologue
+    plain = emit_plan(decode, default_plan(decode, T, DECODE_SHAPE, {**DECODE_PINS, **pins}), T).kernels[0].source
+    plain_prologue = plain[plain.index("auto load_kv"):plain.index("Q's A fragments")]
+    assert "tiles" in plain_prologue[plain_prologue.index("};"):].replace("KV tiles", "")
+    assert not default_plan(decode, T, DECODE_SHAPE).kernels[0].kv_ahead
+
+
+def test_kv_ahead_is_refused_on_the_wgmma_loop(decode):
+    """The wgmma loop's producer reads the key limit before its TMA copies: the field would be a promise it does
+    not keep, so the rules refuse it there (and pass it on the mma.sync loop)."""
+    plan = default_plan(decode, T, DECODE_SHAPE, DECODE_PINS)
+    ahead = replace(plan, kernels=(replace(plan.kernels[0], kv_ahead=True),))
+    assert not failures(obligations(decode, ahead, DECODE_SHAPE))
+    wgmma = replace(plan, kernels=(replace(plan.kernels[0], kv_ahead=True, main_loop="wgmma"),))
+    bad = failures(obligations(decode, wgmma, DECODE_SHAPE))
+    assert any("kv_ahead" in o.statement for o in bad), [o.describe() for o in bad]
