@@ -330,6 +330,8 @@ ATTENTION_PLANTS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("prologue_tile", lambda sup, first, p: sup(first, p + 1)),
     ("combine_pair", lambda sup, p, sizes: sup(p + 1, sizes)),
     ("combine_w", lambda sup, s, t: sup(s, t + 1)),
+    ("combine_l", lambda sup, s, t, sizes: sup(s, t + 1, sizes)),
+    ("prologue_limit", lambda sup, split, tiles, sizes: sup(split, tiles, sizes) + 1),
     ("combine_total", lambda sup, t, sizes: sup(t + 1, sizes)),
     ("counter_after", lambda sup, sizes: sup(sizes) + 1),
     ("combine_pairs", lambda sup, sizes: sup(sizes) - 1),

@@ -232,6 +232,13 @@ def combine_pairs_of_one_split(lw: Any) -> AttentionLowering:
     return _planted(lw, "combine_pair", lambda self, p, sizes: (p % self.splits(sizes), floordiv(p, self.kernel.bm)))
 
 
+def combine_l_of_one_split(lw: Any) -> AttentionLowering:
+    """The split-KV combine keeps every split's l of a row in split 0's word: each row's total sums the last
+    split's l under every weight."""
+    combine_l = AttentionLowering.combine_l
+    return _planted(lw, "combine_l", lambda self, s, t, sizes: combine_l(self, s * 0, t, sizes))
+
+
 def combine_total_over_a_weight(lw: Any) -> AttentionLowering:
     """The combine keeps a row's total l in the word of its first split's weight (read back as that weight)."""
     return _planted(lw, "combine_total", lambda self, t, sizes: self.combine_w(0, t))
@@ -305,6 +312,9 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
      "DECODE-ATTENTION", DECODE_SHAPE, stages_of_two, STAGED_PINS),
     ("attention-combine-weights-of-one-split", "the split-KV combine keeps every split's weight of a row in one "
      "shared-memory word", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_weights_of_one_split,
+     DECODE_PINS),
+    ("attention-combine-l-of-one-split", "the split-KV combine keeps every split's l of a row in one "
+     "shared-memory word", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_l_of_one_split,
      DECODE_PINS),
     ("attention-combine-total-over-a-weight", "the split-KV combine keeps a row's total l in its first split's "
      "weight word", "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, combine_total_over_a_weight,

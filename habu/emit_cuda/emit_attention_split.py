@@ -142,9 +142,9 @@ def split_combine(lw: AttentionLowering, sig: Signature, sizes: Any, it: str, ta
 def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, out_ok: str, pm: str, pl: str,
                         po_part: str, reset: str, store: str, by: CombineThreads, threads: int) -> str:
     """The combine with the splits' weights in shared memory (`combine_in_smem`): a thread a (split, row) pair
-    reads m (`combine_pair`, `combine_w`); a thread a row takes their maximum M, turns each into its weight
-    exp(m_s − M) (`combine_exponent`) and sums weight·l_s (`combine_total`); a thread an element then reads
-    only the splits' O."""
+    reads m and l (`combine_pair`, `combine_w`, `combine_l`: one round trip to the L2 for both); a thread a row
+    takes their maximum M, turns each m into its weight exp(m_s − M) (`combine_exponent`) and sums weight·l_s
+    (`combine_total`); a thread an element then reads only the splits' O."""
     cx = CExpr
     flat, qt = cx("flat"), cx("qt")
     s_of, t_of = (c(x) for x in lw.combine_pair(cx("p"), sizes))
@@ -152,6 +152,7 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
     inside = c(lw.row_inside(cx("i"), sizes))
     slot = c(lw.partial_slot(cx("s"), flat, cx("i"), sizes))
     w_at = f"wts[{c(lw.combine_w(cx('s'), cx('t')))}]"
+    l_at = f"wts[{c(lw.combine_l(cx('s'), cx('t'), sizes))}]"
     total_at = f"wts[{c(lw.combine_total(cx('t'), sizes))}]"
     te, de = (c(x) for x in lw.combine_element(cx("e")))
     splits = c(lw.splits(sizes))
@@ -163,10 +164,10 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
     part = c(lw.partial_offset(cx("s"), flat, cx("i"), cx("d"), sizes))
     return f"""  if ({last}) {{  // every split of the query tile is in: combine them, the splits' weights in shared memory
     float* wts = reinterpret_cast<float*>({by.smem});
-    for (int p = {by.tid}; p < {c(lw.combine_pairs(sizes))}; p += {threads}) {{  // each split's m of each row
+    for (int p = {by.tid}; p < {c(lw.combine_pairs(sizes))}; p += {threads}) {{  // each split's m and l of each row
       const int s = {s_of}, t = {t_of};
       const {it} i = ({it})({row});
-      if ({inside}) {w_at} = __ldcg({pm} + {slot});
+      if ({inside}) {{ {w_at} = __ldcg({pm} + {slot}); {l_at} = __ldcg({pl} + {slot}); }}
     }}
     {by.sync}
     for (int t = {by.tid}; t < {lw.kernel.bm}; t += {threads}) {{  // each row: M, the splits' weights, the total l
@@ -181,7 +182,7 @@ def _combine_by_weights(lw: AttentionLowering, sizes: Any, it: str, last: str, o
       for (int s = 0; s < (int)({splits}); ++s) {{
         const float w = habu::exp2_fast({exponent});  // a split with no visible key: m = −∞, w = 0
         {w_at} = w;
-        total += w * __ldcg({pl} + {slot});
+        total += w * {l_at};
       }}
       {total_at} = total;
     }}

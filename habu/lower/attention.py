@@ -341,11 +341,12 @@ class AttentionLowering:
 
     # the combine's weights in shared memory (f32 words from the start of the dynamic shared memory, free once
     # the block's own partial is stored), where a split count known when the kernel is compiled fits there:
-    # each split's weight of each row of the tile, then each row's total l; a thread a (split, row) pair reads
-    # m, a thread a row turns them into weights, then a thread an element reads only the splits' O
+    # each split's weight of each row of the tile, then each row's total l, then each split's l of each row; a
+    # thread a (split, row) pair reads m and l together (one round trip to the L2), a thread a row turns the m
+    # into weights and sums weight·l, then a thread an element reads only the splits' O
     def combine_in_smem(self, sizes: Mapping[str, Any]) -> bool:
         n = self.splits(sizes)
-        return isinstance(n, int) and (n + 1) * self.kernel.bm <= self.combine_words()
+        return isinstance(n, int) and (2 * n + 1) * self.kernel.bm <= self.combine_words()
 
     def combine_words(self) -> int:
         """The 4-byte words of shared memory the combining block may take for the splits' weights (the K/V
@@ -370,6 +371,10 @@ class AttentionLowering:
     def combine_total(self, t: Any, sizes: Mapping[str, Any]) -> Any:
         """The word holding row t's total l (Σ_s weight·l_s)."""
         return self.splits(sizes) * self.kernel.bm + t
+
+    def combine_l(self, s: Any, t: Any, sizes: Mapping[str, Any]) -> Any:
+        """The word holding split s's l for row t of the tile (read with its m, before the weights)."""
+        return (self.splits(sizes) + 1 + s) * self.kernel.bm + t
 
     def combine_exponent(self, m_split: Any, m_all: Any, ops: Any) -> Any:
         """The exponent of the factor a split's l and O are multiplied by in the combine: exp(m_s − M),

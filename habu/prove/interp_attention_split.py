@@ -141,8 +141,8 @@ class SplitRun:
     def _combine_by_weights(self, name: str, flat: int, qt: int, coords: Mapping[str, Any], ops: Any,
                             where: str) -> None:
         """The combine with the splits' weights in shared memory (`combine_in_smem`; the words poisoned first):
-        each (split, row) pair's m at `combine_w`, a row's pass turning them into weights exp(m_s − M) and its
-        total l at `combine_total`, then each element Σ_s weight·O_s / total."""
+        each (split, row) pair's m at `combine_w` and l at `combine_l`, a row's pass turning the m into weights
+        exp(m_s − M) and its total l at `combine_total`, then each element Σ_s weight·O_s / total."""
         lw, sizes, f = self.lw, self.sizes, self.mem.field
         words = lw.combine_words()
         cw = np.broadcast_to(f.const(POISON), (words,)).copy()
@@ -162,6 +162,7 @@ class SplitRun:
         slot = np.asarray(lw.partial_slot(s, flat, rows, sizes), dtype=np.int64)[keep]
         ok = self._inside(name, "partial m and l", slot, self.slots, where)
         cw[at("split weights", np.asarray(lw.combine_w(s, t))[keep][ok])] = self.m[slot[ok]]
+        cw[at("split l", np.asarray(lw.combine_l(s, t, sizes))[keep][ok])] = self.l[slot[ok]]
         for row_t in range(lw.kernel.bm):  # a thread a row: M, the weights, the total l
             i = int(lw.row(qt, row_t))
             if not bool(lw.row_inside(i, sizes)):
@@ -173,9 +174,8 @@ class SplitRun:
                 m_all = ops.max(m_all, v)
             w = f.op("exp", [lw.combine_exponent(m_s, np.broadcast_to(m_all, m_s.shape), ops)])
             cw[w_at] = w
-            lslot = np.asarray([lw.partial_slot(sp, flat, i, sizes) for sp in range(splits)], dtype=np.int64)
-            ok = self._inside(name, "partial m and l", lslot, self.slots, where)
-            total = f.reduce("sum", f.op("mul", [w[ok], self.l[lslot[ok]]]), (0,))
+            l_s = cw[at("split l", [lw.combine_l(sp, row_t, sizes) for sp in range(splits)])]
+            total = f.reduce("sum", f.op("mul", [w, l_s]), (0,))
             cw[at("total l", [lw.combine_total(row_t, sizes)])] = total
         t, d = (np.asarray(v, dtype=np.int64) for v in lw.combine_element(np.arange(lw.combine_count, dtype=np.int64)))
         rows = np.asarray(lw.row(qt, t))

@@ -318,17 +318,23 @@ def _split_obligations(name: str, lw: AttentionLowering, ctx: Context, n_d: int)
         ps, pt = lw.combine_pair(p, s)
         qs, qt_ = lw.combine_pair(q, s)
         pairs = lw.combine_pairs(s)
-        yield Obligation(rule, name, None, "the combine's pairs are each (split, row) once, its weights and row "
-                         f"totals distinct words of the block's {words}",
+        yield Obligation(rule, name, None, "the combine's pairs are each (split, row) once, its weights, the "
+                         f"splits' l and the row totals distinct words of the block's {words}",
                          z3.And(z3.ForAll([p, q], z3.Implies(z3.And(_in(p, 0, pairs), _in(q, 0, pairs)), z3.And(
                              pair(ps, pt), z3.Implies(p != q, z3.Or(ps != qs, pt != qt_))))),
                              pairs == splits * k.bm,
                              z3.ForAll([sa, ta, sb, tb], z3.Implies(z3.And(pair(sa, ta), pair(sb, tb)), z3.And(
                                  _in(lw.combine_w(sa, ta), 0, words), _in(lw.combine_total(ta, s), 0, words),
+                                 _in(lw.combine_l(sa, ta, s), 0, words),
                                  lw.combine_w(sa, ta) != lw.combine_total(tb, s),
+                                 lw.combine_l(sa, ta, s) != lw.combine_total(tb, s),
+                                 lw.combine_l(sa, ta, s) != lw.combine_w(sb, tb),
                                  z3.Implies(z3.Or(sa != sb, ta != tb), lw.combine_w(sa, ta) != lw.combine_w(sb, tb)),
+                                 z3.Implies(z3.Or(sa != sb, ta != tb),
+                                            lw.combine_l(sa, ta, s) != lw.combine_l(sb, tb, s)),
                                  z3.Implies(ta != tb, lw.combine_total(ta, s) != lw.combine_total(tb, s)))))),
-                         detail="two weights share a word, a total overwrites a weight, or one lies outside")
+                         detail="two weights or two splits' l share a word, a total or an l overwrites a weight, "
+                         "or one lies outside")
     kt, total, s1, s2 = z3.Ints("kv_tile visited one_split other_split")
     within = lambda sp: z3.And(lw.first_tile(sp) <= kt, kt < lw.end_tile(sp, total))  # noqa: E731
     own = z3.IntVal(0) + kt / lw.split_tiles if lw.split_tiles else z3.IntVal(0)

@@ -15,6 +15,7 @@ import pytest
 from habu.bench.mutants_attention import (
     DECODE_PINS,
     DECODE_SHAPE,
+    combine_l_of_one_split,
     combine_pairs_of_one_split,
     combine_total_over_a_weight,
     combine_weights_of_one_split,
@@ -82,6 +83,9 @@ def test_split_kv_decode_is_proven_and_prints_the_partials_and_the_combine(decod
     assert "const int split = (int)(((long long)blockIdx.x / 8));" in src
     assert "habu::last_block_done(" in src and "habu::exp2_fast((wts[((s * 16) + t)] - shift));" in src
     assert "acc += wts[((s * 16) + t)] * __ldcg(" in src  # the splits' weights in shared memory, O from L2
+    # each split's l read with its m (one pass over the L2), the weights' sum from shared memory
+    pairs = src[src.index("each split's m and l of each row"):src.index("each row: M")]
+    assert pairs.count("__ldcg(") == 2 and "__ldcg(" not in src[src.index("each row: M"):src.index("each element:")]
 
 
 def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
@@ -91,7 +95,7 @@ def test_the_splits_rule_refuses_overlapping_splits_and_shared_slots(decode):
     good = [discharge(o, ctx) for o in attention_obligations("k0", lw, ctx) if o.rule.name == "attention-splits"]
     assert len(good) >= 8 and not failures(good)
     for planted in (split_tiles_overlap, partial_slot_ignores_split, combine_weights_of_one_split,
-                    combine_total_over_a_weight, combine_pairs_of_one_split):
+                    combine_total_over_a_weight, combine_pairs_of_one_split, combine_l_of_one_split):
         bad = [discharge(o, ctx) for o in attention_obligations("k0", planted(lw), ctx)
                if o.rule.name == "attention-splits"]
         assert failures(bad), planted.__name__
