@@ -71,6 +71,10 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "attention-sliced-kv": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 300, "L": 301},  # kv_warps (s31)
                             {"family": "attention", "bm": "16", "bn": "64", "kv_split": "128", "kv_warps": "4",
                              "stages": "3"}),
+    # the first K/V tiles copied before LEN is read (kv_ahead, s45): masked splits' copies still in flight at the merge
+    "attention-kv-ahead": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 300, "L": 301},
+                           {"family": "attention", "bm": "16", "bn": "64", "kv_split": "128", "kv_warps": "4",
+                            "stages": "3", "kv_ahead": "true"}),
     "attention-wgmma": ("attention.habu", "ATTENTION-GQA", {"E": 64, "D": 64, "I": 100, "J": 150},
                         {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "64"}),
     "attention-wgmma-pingpong": ("attention.habu", "ATTENTION-GQA", {"E": 128, "D": 128, "I": 200, "J": 260},
