@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import z3
 
@@ -107,8 +108,22 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
         for g in by_size[full]:
             out[g] = w
 
-    for ax in axes:  # a flat axis: grow its reduced extents until it has Q blocks and the full's raggedness
-        # (at worst every extent grows to its full size, where the classes are the full shape's)
+    # a flat axis: grow its reduced extents until it has Q blocks and the full's raggedness (at worst every extent
+    # grows to its full size, where the classes are the full shape's); a later axis growing an extent they share
+    # can spoil an earlier one's raggedness (the attention backward at #D = 1: dV grew #J, dK's last block went
+    # ragged), so the axes are gone over again until none is short (each growth raises a quota: it ends)
+    while any(_flat_short(ax, sizes, out) for ax in axes):
+        before = dict(out)
+        _grow_flat_axes(axes, sizes, out, by_size, quota, reduced, assign)
+        if out == before:  # nothing left to grow (every short axis's extents at their full sizes)
+            break
+    return out
+
+
+def _grow_flat_axes(axes: list[TileAxis], sizes: Mapping[str, int], out: dict[str, int],
+                    by_size: Mapping[int, list[str]], quota: Mapping[int, int], reduced: Any, assign: Any) -> None:
+    """One pass over the flat axes, growing each short one's reduced extents (`witness_sizes`)."""
+    for ax in axes:
         while _flat_short(ax, sizes, out):
             grow = sorted({sizes[e] for e in ax.flat if out[e] < sizes[e]})
             if not grow:
@@ -127,7 +142,6 @@ def witness_sizes(model: Model, names: list[str], lowerings: list[Lowering],
             else:  # no one group suffices within 64 steps: the smallest grows the product most
                 full = min(grow, key=lambda f: out[by_size[f][0]])
                 assign(full, quota[full] + 1)
-    return out
 
 
 def _flat_short(ax: TileAxis, full: Mapping[str, int], witness: Mapping[str, int]) -> bool:

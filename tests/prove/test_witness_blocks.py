@@ -65,3 +65,23 @@ def test_regression_a_general_kernels_output_spans_several_blocks_at_the_witness
     assert any(f"blocks of {stride} flat elements" in ln and "unsat" in ln for ln in lines), lines
     with pytest.raises(AssertionError, match="class the witness lacks"):  # 2 blocks: no interior one
         prove_coverage(tiled_axes(names, lws), full, w | {"J": 5})
+
+
+def test_regression_an_axis_grown_later_keeps_an_earlier_axis_last_block_whole():
+    """`habu compile examples/attention.habu --backward --shape D=1` ended in a traceback ("kernel 2 (dK): tile 143
+    along blocks of 256 flat elements (#E) has a class the witness lacks"): the flat axes were grown once each, in
+    order; dK's (B·G·J·E, whole last block at full size) was satisfied at a small #J, then dV's (B·G·J·D) grew #J
+    to 65 and dK's last block went ragged. The axes are now gone over until none lacks a class."""
+    from habu.cli_grad import backward_program
+    from habu.prove import prove
+
+    program, name = backward_program(load_program(ROOT / "examples" / "attention.habu"), "ATTENTION-GQA", None,
+                                      "auto")
+    model = program.model(name)
+    sizes = {e.name: e.size for e in model.extents} | {"D": 1}
+    model = model.with_sizes(sizes)
+    names, lws, full, w = _witness(model, sizes)
+    assert w != full
+    assert all("unsat" in line for line in prove_coverage(tiled_axes(names, lws), full, w))
+    plan = default_plan(model, TARGETS["sm_90a"], sizes)
+    assert prove(model, plan, sizes, trials=1).ok
