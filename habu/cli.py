@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -376,9 +377,27 @@ def main() -> None:
                 sys.exit(130)
             print("habu: aborted", file=sys.stderr)
             sys.exit(1)
-        raise
+        if os.environ.get("HABU_TRACEBACK"):
+            raise
+        sys.exit(internal_error(exc))
     if isinstance(status, int) and status:
         sys.exit(status)
+
+
+INTERNAL_ERROR = 70  # EX_SOFTWARE (sysexits.h): the command failed through a fault of Habu's, not the input's
+
+
+def internal_error(exc: BaseException) -> int:
+    """One line for an exception no user mistake explains (a Habu bug): what it was, where it was raised and how
+    to see the whole traceback; the exit status to leave with."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    text = " ".join(str(exc).split())
+    print(f"habu: internal error (a bug in Habu, not in the input; please report it with the command): "
+          f"{type(exc).__name__}{where}: {text[:400]} (HABU_TRACEBACK=1 prints the traceback)", file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 def _click_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:

@@ -162,3 +162,27 @@ def test_regression_compile_of_f8e4m3_and_i8_to_i32_gave_key_error(tmp_path):
 def test_words_lists_the_element_types():
     r = habu("words")
     assert r.returncode == 0 and "element types: f64 f32 bf16 f16 i8 i16 i32 i64" in r.stdout
+
+
+def test_regression_an_internal_error_is_one_line_naming_it_with_exit_status_70(monkeypatch, capsys, tmp_path):
+    """`habu compile examples/attention.habu --backward --shape D=1` printed a 30-line traceback from the witness's
+    coverage proof (a Habu bug, fixed: tests/prove/test_witness_blocks.py). A fault of Habu's now ends in one line
+    naming the exception and where it was raised, exit status 70 (EX_SOFTWARE); HABU_TRACEBACK=1 re-raises it."""
+    import habu.compile
+    from habu.cli import INTERNAL_ERROR, main
+
+    def planted(*args, **kwargs):
+        raise AssertionError("kernel 2 (dK): a planted fault\nover two lines")
+
+    monkeypatch.setattr(habu.compile, "compile_model", planted)
+    monkeypatch.setattr(sys, "argv", ["habu", "compile", str(ROOT / "examples" / "gemm.habu"), "-o", str(tmp_path)])
+    monkeypatch.delenv("HABU_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        main()
+    err = capsys.readouterr().err
+    assert ended.value.code == INTERNAL_ERROR == 70
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "internal error" in err and "AssertionError at test_cli.py:" in err and "a planted fault over two lines" in err
+    monkeypatch.setenv("HABU_TRACEBACK", "1")
+    with pytest.raises(AssertionError, match="planted fault"):
+        main()
