@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from habu.errors import HabuError
 from habu.spec.dtypes import WRITABLE_DTYPES, activation_dtype, dtype_named
-from habu.spec.equation import format_expr
+from habu.spec.equation import format_expr, format_index
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
 from habu.spec.grad_hoist import hoist_statistics
@@ -313,8 +313,10 @@ class _Deriver:
                 elif isinstance(ix, IndexConst) and self.fwd.extent(extents[pos]).size == 1:
                     continue
                 else:
-                    raise HabuError(f"cannot differentiate {self.fwd.name}: {tensor} is read at a fixed or "
-                                    f"repeated index ({tensor}[...] with {ix}), which has no gradient rule yet")
+                    read = f"{tensor}[{' '.join(format_index(i) for i in c.indices)}]"
+                    why = "a repeated index" if isinstance(ix, IndexVar) else "a fixed or computed index"
+                    raise HabuError(f"cannot differentiate {self.fwd.name}: {tensor} is read as {read}, at "
+                                    f"{why} ({format_index(ix)}), which has no gradient rule yet")
             rest = tuple(v for v in c.scope if v not in mapping)
             bound = tuple(self.fresh(v.extent) for v in rest)
             mapping |= dict(zip(rest, bound, strict=True))

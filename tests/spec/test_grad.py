@@ -72,6 +72,18 @@ def test_a_read_through_a_gather_and_directly_is_refused_naming_both_reads():
         derive(parse_text(text, "t.habu").models["M"])
 
 
+def test_regression_a_repeated_or_fixed_index_is_refused_in_the_model_s_own_words():
+    """The refusal printed the index's Python repr ("A[...] with IndexVar(name='i', extent='I')", found by a sweep
+    of habu grad over tests/data/general_corpus); it now writes the read as the model does."""
+    text = "15 EXTENT: #I TENSOR: A ( #I #I ) TENSOR: D ( #I )\nMODEL: DIAG  D[i] += A[i i] ;\n"
+    with pytest.raises(HabuError) as info:
+        derive(parse_text(text, "t.habu").models["DIAG"])
+    assert "A is read as A[i i], at a repeated index (i)" in str(info.value) and "IndexVar" not in str(info.value)
+    text = "5 EXTENT: #M 4 EXTENT: #N TENSOR: X ( #M #N ) TENSOR: Y ( #N )\nMODEL: ROW3  Y[n] = X[3 n] ;\n"
+    with pytest.raises(HabuError, match=r"X is read as X\[3 n\], at a fixed or computed index \(3\)"):
+        derive(parse_text(text, "t.habu").models["ROW3"])
+
+
 # ----------------------------------------------------------------------------- every word of the library
 
 
