@@ -164,3 +164,39 @@ def test_regression_qwen3_moe_backward_picks_64_bit_indices_where_32_cannot_hold
     assert wide["dW1"] == wide["dW3"] == wide["dW2"] == 64 and wide["dX"] == 32, wide
     obs = obligations(model, plan)
     assert not failures(obs) and not guards(obs), [o.detail for o in failures(obs) + guards(obs)]
+
+
+CORPUS = EXAMPLES[0].parent.parent / "tests" / "data" / "general_corpus"
+
+
+def _compile_backward(path, name: str):
+    from habu.compile import compile_model
+
+    program, bw = backward_program(load_program(path), name, None, "auto")
+    return compile_model(program, bw, {}, target_named("sm_90a"), {}, 1)
+
+
+def test_regression_a_scalar_maximum_read_by_a_later_kernel_is_checked():
+    """`habu compile tests/data/general_corpus/max_abs_all.habu --backward` (M = max r c abs(X[r c])) ended in
+    IndexError: its first kernel is a column reduction to a scalar (the maximum, hoisted), and the finite-field
+    check chose the column tiles a later kernel reads from the box's first axis, which a scalar has not. A
+    scalar's box is its one column tile now (found by a sweep of the corpus's backward models)."""
+    compiled = _compile_backward(CORPUS / "max_abs_all.habu", "AMAX")
+    (plan,), (proof,) = compiled.plans, compiled.proofs
+    assert proof.ok and proof.certificate.passed
+    lowerings = lower_plan(compiled.model, plan)
+    assert isinstance(lowerings[0], ColumnLowering) and len(lowerings) > 1
+
+
+def test_regression_a_row_broadcast_with_no_input_along_the_row_gets_a_rows_kernel():
+    """The backward of a row sum, dX[b i] = dO[b], ended in `max() arg is an empty sequence`: the rows path took
+    its vector width from the inputs along the row, and none runs along it. It takes the output's width there;
+    the same broadcast written as a model compiles too."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+
+    compiled = _compile_backward(CORPUS / "rows_tiny_sum.habu", "TINY-ROWS")
+    assert compiled.proofs[0].ok and isinstance(lower_plan(compiled.model, compiled.plans[0])[0], RowLowering)
+    text = "3 EXTENT: #B 2000 EXTENT: #I bf16 TENSOR: X ( #B ) bf16 TENSOR: Y ( #B #I )\nMODEL: BC  Y[b i] = X[b] ;\n"
+    compiled = compile_model(parse_text(text, "bc.habu"), "BC", {}, target_named("sm_90a"), {}, 1)
+    assert compiled.proofs[0].ok

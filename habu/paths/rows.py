@@ -39,7 +39,10 @@ class RowsPath(KernelPath):
     def default(self, model: Model, region: Region, target: Target, sizes: dict[str, int]) -> RowKernel:
         extent = row_extent(model, region)
         c_ext, static = extent.name, extent.size
-        eb = max(dtype_bytes(model, t.name) for t in model.inputs if c_ext in t.extents) if model.inputs else 4
+        # the widest element read along the row; where no input runs along it (a broadcast, dX[b i] = dO[b]:
+        # the backward of a row sum), the widest written along it
+        eb = max((dtype_bytes(model, t.name) for t in model.inputs if c_ext in t.extents),
+                 default=max((dtype_bytes(model, t.name) for t in model.outputs if c_ext in t.extents), default=4))
         vec = max_vector(static, eb, multiples(model).get(c_ext, 1))
         cols = sizes[c_ext]
         width = index_width(model, sizes)

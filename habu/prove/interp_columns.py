@@ -235,7 +235,9 @@ def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, i
 
 def _columns_for_box(lw: ColumnLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
                      ) -> tuple[object, object, str]:
-    blocks, _, text = column_selection(lw, np.unique(box[0] // lw.tile).tolist(), sizes)
+    # a scalar's box has no axis (a reduction over every axis: max r c abs(X[r c])): its one column tile
+    tiles = np.unique(box[0] // lw.tile).tolist() if box else list(range(int(lw.tiles(sizes))))
+    blocks, _, text = column_selection(lw, tiles, sizes)
     return blocks, None, text
 
 
