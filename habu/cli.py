@@ -11,7 +11,7 @@ import typer
 
 from habu.cli_grad import KeepOpt, RecomputeOpt, SaveOpt, WrtOpt, backward_program, grad
 from habu.cli_kernels import emit, export
-from habu.cli_options import FileArg, MachineTargetOpt, PinOpt, ShapeOpt, parse_shape
+from habu.cli_options import FileArg, MachineTargetOpt, PinOpt, ShapeOpt, extents_of, parse_shape
 from habu.cli_plans import DbOpt, output_console, plans_app
 from habu.errors import HabuError, UsageError
 from habu.targets import TARGETS
@@ -135,6 +135,7 @@ def compile(
     if backward:
         program, name = backward_program(program, m.name, wrt, save, save_value, recompute_value)
         m = program.model(name)
+        sizes = extents_of(m, sizes)
     from habu.gpu_info import current_arch
 
     tgt = target_named(target or current_arch())
@@ -220,8 +221,12 @@ def search(
         from habu.spec.grad_program import backward_name
 
         name = backward_name(m.name, save_policy(save).mode.value)
+        sizes = parse_shape(shape, [e.name for e in m.extents])  # the forward model's extents
         m = with_backward_model(file, name)
-    tuned = tune(file, m.name, shape=parse_shape(shape, [e.name for e in m.extents]), target=target, budget=budget,
+        sizes = extents_of(m, sizes)
+    else:
+        sizes = parse_shape(shape, [e.name for e in m.extents])
+    tuned = tune(file, m.name, shape=sizes, target=target, budget=budget,
                  db=db, top_k=top_k, seed=seed, no_gpu=no_gpu, jobs=jobs, ray=ray, out=out,
                  log=output_console(stderr=True), on_tuned=lambda t: _print_tuned(results, t))
     if tuned.interrupted:
@@ -238,7 +243,8 @@ def _search_save_policies(file: Path, m, shape, target, budget, db, top_k, seed,
     from habu.tuning import tune_backward
 
     bw = with_backward_model(file, backward_name(m.name))
-    choice = tune_backward(file, m.name, shape=parse_shape(shape, [e.name for e in bw.extents]), target=target,
+    choice = tune_backward(file, m.name, shape=extents_of(bw, parse_shape(shape, [e.name for e in m.extents])),
+                           target=target,
                            budget=budget, db=db, top_k=top_k, seed=seed, no_gpu=no_gpu, jobs=jobs, ray=ray,
                            out=out, log=output_console(stderr=True), on_tuned=lambda t: _print_tuned(results, t))
     if choice.interrupted:

@@ -15,6 +15,13 @@ ShapeOpt = Annotated[list[str] | None, typer.Option(
     "--shape", help="Extent sizes, e.g. K=511,M=256 (the option may be repeated: --shape K=511 --shape M=256).")]
 
 
+def extents_of(model, sizes: dict[str, int]) -> dict[str, int]:
+    """The sizes of `sizes` that `model` has: a derived backward model keeps only the forward's extents it reads
+    (a histogram's gradient has no #R), and a --shape written for the forward model holds for it."""
+    names = {e.name for e in model.extents}
+    return {k: v for k, v in sizes.items() if k in names}
+
+
 def parse_shape(text: str | list[str] | None, known: list[str] | None = None) -> dict[str, int]:
     """`K=511,M=256` (or `#K=511`) into {'K': 511, 'M': 256}; a list holds the values of a repeated
     --shape, read as one comma-separated text (an extent given twice is an error)."""

@@ -86,3 +86,19 @@ def test_habu_search_backward_proves_in_worker_processes(tmp_path):
     assert "winner: plan" in r.stdout and "Traceback" not in r.stderr
     assert "RMSNORM-ROWS-GRAD-RECOMPUTE" in (tmp_path / "out" / "recompute" / "report.md").read_text()
     assert re.search(r"save policy (auto|recompute) is fastest .*save: the same backward as auto", r.stdout)
+
+
+def test_regression_a_forward_shape_holds_for_a_backward_without_some_of_its_extents(tmp_path):
+    """`habu compile scatter_histogram.habu --backward --shape R=17` answered "HISTOGRAM-GRAD has no extent #R"
+    (the gradient of H[IX[r]] += 1 reads no #R), and `habu search --backward` refused #R as an unknown extent:
+    the shape is the forward model's; the extents the backward does not read are left out. An extent neither
+    model has is still refused."""
+    hist = str(ROOT / "tests" / "data" / "general_corpus" / "scatter_histogram.habu")
+    r = habu("compile", hist, "--backward", "--shape", "R=17,BIN=5", "-o", str(tmp_path / "c"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "#BIN = 5" in (tmp_path / "c" / "report.md").read_text()
+    r = habu("search", hist, "--backward", "--save", "auto", "--shape", "R=17", "--budget", "2s",
+             "--db", str(tmp_path / "db.sqlite"), "-o", str(tmp_path / "s"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = habu("compile", hist, "--backward", "--shape", "Q=17", "-o", str(tmp_path / "q"))
+    assert r.returncode == 1 and "names extent #Q, which the model does not have (it has #R, #BIN)" in r.stderr
