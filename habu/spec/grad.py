@@ -425,9 +425,10 @@ class _Deriver:
                 store.append(v)
                 domain.append(v)
             else:
-                raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: its read {name}[...] has an "
-                                "index a scatter cannot store through (a gather of a gather, a constant or a "
-                                "repeated index)")
+                read = f"{name}[{' '.join(format_index(i) for i in c.indices)}]"
+                raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: its read {read} has an index a "
+                                f"scatter cannot store through ({format_index(ix)}: a gather of a gather, a constant "
+                                "or a repeated index)")
         return store, domain
 
     # -- saved and recomputed forward values

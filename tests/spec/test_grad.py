@@ -79,6 +79,11 @@ def test_regression_a_repeated_or_fixed_index_is_refused_in_the_model_s_own_word
     with pytest.raises(HabuError) as info:
         derive(parse_text(text, "t.habu").models["DIAG"])
     assert "A is read as A[i i], at a repeated index (i)" in str(info.value) and "IndexVar" not in str(info.value)
+    text = ("8 EXTENT: #M 4 EXTENT: #K TENSOR: A ( #M #K ) TENSOR: O ( #M ) ITENSOR: P ( #M #M ) ITENSOR: Q ( #M #M )"
+            "\nMODEL: GG  O[m] = Σ k A[P[Q[m]] k] ;\n")
+    with pytest.raises(HabuError, match=r"its read A\[P\[Q\[m\]\] k\] has an index a scatter cannot store through "
+                                        r"\(P\[Q\[m\]\]: a gather of a gather"):
+        derive(parse_text(text, "t.habu").models["GG"])
     text = "5 EXTENT: #M 4 EXTENT: #N TENSOR: X ( #M #N ) TENSOR: Y ( #N )\nMODEL: ROW3  Y[n] = X[3 n] ;\n"
     with pytest.raises(HabuError, match=r"X is read as X\[3 n\], at a fixed or computed index \(3\)"):
         derive(parse_text(text, "t.habu").models["ROW3"])
