@@ -39,7 +39,28 @@ def bind_shape(model: Model, shape: dict[str, int]) -> Model:
         e = model.extent(name)
         if not e.is_static and not e.admits(n):
             raise UsageError(f"--shape {name}={n} is outside #{name}'s declared range ({e.describe()})")
+    check_constant_indices(model, shape)
     return model.with_sizes(shape)
+
+
+def check_constant_indices(model: Model, shape: dict[str, int]) -> None:
+    """A constant index stays inside its extent at the given sizes (`habu check` proves it at the declared ones):
+    S = X[3]·2 with --shape N=1 was refused as a plan breaking the bounds rule, with a hint to pin another data
+    movement, where no plan can help."""
+    from habu.spec.equation import format_index
+    from habu.spec.ir import IndexConst, loads
+
+    tensors = {t.name: t for t in (*model.inputs, *model.outputs, *model.intermediates)}
+    for eq in model.nodes:
+        for ld in loads(eq.rhs):
+            decl = tensors.get(ld.tensor)
+            if decl is None:
+                continue
+            for ix, ext in zip(ld.indices, decl.extents, strict=False):
+                if isinstance(ix, IndexConst) and ext in shape and ix.value >= shape[ext]:
+                    read = f"{ld.tensor}[{' '.join(format_index(i) for i in ld.indices)}]"
+                    raise UsageError(f"--shape {ext}={shape[ext]}: {model.name} reads {read}, index {ix.value} of "
+                                     f"#{ext}, which then has {shape[ext]} element(s)")
 
 
 PIN_HINT = "choose another data movement with --pin, or a shape that satisfies the rule"

@@ -136,3 +136,16 @@ def test_compile_and_emit_build_for_this_machines_gpu_by_default_as_search_does(
     app(["compile", str(ROOT / "examples" / "fused.habu"), "-o", str(tmp_path / "b"), "--trials", "1",
          "--target", "sm_90a"], standalone_mode=False)
     assert (tmp_path / "b" / "plan.sm_90a.cubin").exists()
+
+
+def test_regression_a_shape_putting_a_constant_index_outside_its_extent_is_refused_naming_the_read(tmp_path):
+    """`habu compile scalar_elementwise.habu --shape N=1` (S = X[3]·2 + 1) answered that the plan breaks the
+    bounds rule, with a hint to pin another data movement: no plan can read X[3] of one element. The shape is
+    refused naming the read (found by a sweep of the general corpus at sizes 1, 17 and 300)."""
+    path = str(ROOT / "tests" / "data" / "general_corpus" / "scalar_elementwise.habu")
+    r = habu("compile", path, "--shape", "N=1", "-o", str(tmp_path / "a"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "--shape N=1: SCALAR-MAP reads X[3], index 3 of #N, which then has 1 element(s)" in r.stderr
+    assert "--pin" not in r.stderr
+    r = habu("compile", path, "--shape", "N=4", "-o", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
