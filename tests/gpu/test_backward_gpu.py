@@ -127,3 +127,23 @@ def test_ffn_skip_backward_with_the_gelu_input_in_the_epilogue_matches_the_float
     for name in ("dX", "dW1", "dB1", "dW2", "dB2"):
         g = compare(got[name], want[name], tolerance(model, dict(plan.storage)))
         assert g.unwritten == 0 and g.ok, (name, g)
+
+
+@pytest.mark.parametrize("path,name", [
+    ("max_abs_all.habu", "AMAX-GRAD"),  # a scalar maximum (a column reduction) read by the later kernels
+    ("rows_tiny_sum.habu", "TINY-ROWS-GRAD"),  # dX[b i] = dO[b]: a row broadcast, no input along the row
+    ("two_reductions.habu", "TWO-RED-GRAD"),
+])
+def test_corpus_backward_found_by_the_odd_size_sweep_matches_the_float64_reference(path, name):
+    """Session 45's sweep: these backward plans did not compile before (tests/test_backward_plans.py)."""
+    compiled, built = _built(ROOT / "tests" / "data" / "general_corpus" / path, name, {})
+    model = compiled.model
+    sizes = {e.name: e.size for e in model.extents}
+    inputs = make_inputs(model, sizes, seed=9)
+    want = reference(model, inputs, sizes)
+    got = built(**{k: v.clone() for k, v in inputs.items()}, **poisoned_outputs(model, sizes))
+    torch.cuda.synchronize()
+    got = got if isinstance(got, dict) else {model.outputs[0].name: got}
+    for out, value in got.items():
+        g = compare(value, want[out], tolerance(model, dict(compiled.plans[0].storage)))
+        assert g.unwritten == 0 and g.ok, (out, g)
