@@ -7,7 +7,14 @@ import pytest
 
 from habu.cli_grad import backward_program
 from habu.compile import bind_shape
-from habu.lower import ColumnLowering, ContractionLowering, GeneralLowering, RowLowering, lower_plan
+from habu.lower import (
+    ColumnLowering,
+    ContractionLowering,
+    GeneralLowering,
+    MapLowering,
+    RowLowering,
+    lower_plan,
+)
 from habu.plan.rewrite import planned_model
 from habu.prove.witness import witness_sizes
 from habu.search.space import default_plan
@@ -200,3 +207,37 @@ def test_regression_a_row_broadcast_with_no_input_along_the_row_gets_a_rows_kern
     text = "3 EXTENT: #B 2000 EXTENT: #I bf16 TENSOR: X ( #B ) bf16 TENSOR: Y ( #B #I )\nMODEL: BC  Y[b i] = X[b] ;\n"
     compiled = compile_model(parse_text(text, "bc.habu"), "BC", {}, target_named("sm_90a"), {}, 1)
     assert compiled.proofs[0].ok
+
+
+def _compile_text(text: str, name: str = "FZ", backward: bool = True):
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+
+    program = parse_text(text, "fuzz.habu")
+    if backward:
+        program, name = backward_program(program, name, None, "auto")
+    return compile_model(program, name, {}, target_named("sm_90a"), {}, 1)
+
+
+def test_regression_two_row_statistics_along_different_columns_get_two_kernels():
+    """The backward of `Y[p] = max q tanh(X0[q])` has Th1[q] (a maximum over #Q) and dX0[q] = Σ p dY[p]·...: the
+    same shape, so the two row nodes were fused, and the row kernel ran the maximum along dX0's columns (#P = 100)
+    reading X0 (#Q = 2) past its end; the bounds rule refused the default plan. Row nodes share a kernel only
+    along the same columns now (found by a fuzz of random models' backward)."""
+    compiled = _compile_text("100 EXTENT: #P 2 EXTENT: #Q\nbf16 TENSOR: X0 ( #Q )\nf32 TENSOR: Y ( #P )\n"
+                             "MODEL: FZ  Y[p] = max q tanh(X0[q]) ;\n")
+    (plan,), (proof,) = compiled.plans, compiled.proofs
+    assert proof.ok and len(plan.kernels) == 2, plan.kernels
+
+
+def test_regression_a_3d_map_after_a_general_kernel_is_checked_on_its_box():
+    """The backward of `Y[q p] = max q2 X0[q q2 p]` (#P = #Q = 17): general kernels compute Th1[q p] and Th2[q p]
+    on the box the check demands, then a 3-D map kernel computes dX0[q q2 p] over whole blocks of 256 flat elements,
+    whose elements outside its box read Th1 where no kernel wrote ("reads %h1[2, 0], which no earlier kernel
+    wrote": the plan refused as computing something else). The map's check runs the elements of its box, as a
+    general kernel's does (found by a fuzz of random models' backward)."""
+    compiled = _compile_text("17 EXTENT: #P 17 EXTENT: #Q\nbf16 TENSOR: X0 ( #Q #Q #P )\nf32 TENSOR: Y ( #Q #P )\n"
+                             "MODEL: FZ  Y[q p] = max q2 X0[q q2 p] ;\n")
+    (plan,), (proof,) = compiled.plans, compiled.proofs
+    assert proof.ok and proof.certificate.passed
+    assert isinstance(lower_plan(compiled.model, plan)[-1], MapLowering)

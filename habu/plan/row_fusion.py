@@ -63,6 +63,11 @@ def merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
             return
         outputs = {t.name for t in model.outputs}
         same_shape = [v.extent for v in prev_eq.lhs] == [v.extent for v in new_eq.lhs]
+        # two row nodes share a kernel only along the same columns: a statistic over #Q (Th1[q] = ... max q2 ...)
+        # and one over #P (dX0[q] = Σ p ...) have the same shape, and the row kernel ran the first's reduction
+        # along the second's columns (a load of X0 past its end, refused by the bounds rule; found by a fuzz)
+        if prev.kind == new.kind == "rows" and row_local(prev_eq) != row_local(new_eq):
+            same_shape = False
         only_reader = consumers(model, prev.output) == [new_eq] and prev.output not in outputs
         if prev.kind in ("rows", "map") and same_shape and only_reader:
             kind = "rows" if "rows" in (prev.kind, new.kind) else "map"

@@ -334,6 +334,21 @@ def _map_final(lw: MapLowering, sizes: Mapping[str, int]) -> tuple[object, tuple
     return blocks, box, f"blocks {blocks.tolist()[:8]} of {nblocks}"
 
 
+def _map_keep(lw: MapLowering, sizes: Mapping[str, int]) -> np.ndarray:
+    """The elements the check runs of the final selection's blocks: those of its box, and every lane past the last
+    element (their guard must stop them). A block's other elements read an earlier kernel's output outside the
+    box the check demanded of it (a 3-D map over dX0[q q2 p] reading a general kernel's %h1[q p]: "reads %h1[2, 0],
+    which no earlier kernel wrote", found by a fuzz of backward models); as a general kernel's, they compute what
+    the box's elements do."""
+    dims = [sizes[e] for e in lw.extents]
+    numel = int(np.prod(dims)) if dims else 1
+    _, box, _ = _map_final(lw, sizes)
+    flat = np.ravel_multi_index(tuple(g.ravel() for g in np.meshgrid(*box, indexing="ij")), dims) if dims else \
+        np.zeros(1, np.int64)
+    tail = np.arange(numel, -(-numel // lw.per_block) * lw.per_block, dtype=np.int64)
+    return np.union1d(flat, tail)
+
+
 register_kind(RowLowering, KindProof(run=run_rows, final_selection=_rows_final, box_selection=_rows_for_box,
                                      tiled_axes=_rows_axes))
 def _map_axes(name: str, lw: MapLowering) -> list[TileAxis]:
@@ -344,5 +359,5 @@ def _map_axes(name: str, lw: MapLowering) -> list[TileAxis]:
 # a map kernel's lanes run over the flattened shape: the witness keeps the extents of an N-D one; a 1-D
 # one's blocks are tiles of its extent (the first, interior ones, the ragged last: `_map_axes`)
 register_kind(MapLowering, KindProof(run=run_map, final_selection=_map_final, box_selection=flat_blocks,
-                                     tiled_axes=_map_axes,
+                                     final_keep=_map_keep, tiled_axes=_map_axes,
                                      frozen_extents=lambda lw: lw.extents if len(lw.extents) != 1 else ()))
