@@ -241,3 +241,20 @@ def test_regression_a_3d_map_after_a_general_kernel_is_checked_on_its_box():
     (plan,), (proof,) = compiled.plans, compiled.proofs
     assert proof.ok and proof.certificate.passed
     assert isinstance(lower_plan(compiled.model, plan)[-1], MapLowering)
+
+
+def test_regression_a_scalar_value_stays_0_d_in_the_evaluators():
+    """`habu grad` on `Y = Σ s2 X0[s2]·X1[s2]·(Σ s3 X2[s3])` ended in "zip() argument 2 is longer than argument 1":
+    the evaluators stored a node's value with np.ascontiguousarray, which gives a scalar one axis, and a later
+    contraction took that axis for one of its subscripts (found by a fuzz of random models' backward)."""
+    import numpy as np
+
+    from habu.spec.parser import parse_text
+    from habu.spec.reference import evaluate
+
+    text = ("5 EXTENT: #P 64 EXTENT: #S\nf32 TENSOR: X0 ( #S )\nf32 TENSOR: X1 ( #S )\nf32 TENSOR: X2 ( #S )\n"
+            "bf16 TENSOR: Y ( )\nMODEL: FZ  Y = Σ s2 X0[s2] · X1[s2] · (Σ s3 X2[s3]) ;\n")
+    model = parse_text(text, "fuzz.habu").models["FZ"]
+    assert np.shape(evaluate(model, {t.name: np.ones(64) for t in model.inputs})["Y"]) == ()
+    compiled = _compile_text(text)
+    assert all(p.ok for p in compiled.proofs)

@@ -190,7 +190,7 @@ def run_online(model: Model, target: str, inputs: dict[str, np.ndarray], domain,
         out = domain.op("where", [full(parts.row_guard, Fraction(1)), out, zero])
     out = np.squeeze(out, axis=axis)
     full_shape = tuple(bound[x.extent] for x in eq.lhs)
-    return np.ascontiguousarray(np.broadcast_to(out, full_shape))
+    return np.broadcast_to(out, full_shape).copy()  # (a scalar stays 0-d: np.ascontiguousarray gives it one axis)
 
 
 # ----------------------------------------------------------------------------- the check

@@ -161,9 +161,11 @@ class Evaluator:
         data = _align(val, eq.lhs)
         full = tuple(self.sizes[v.extent] for v in eq.lhs)
         if box is None:
-            return np.ascontiguousarray(np.broadcast_to(data, full))
+            # (a copy, not np.ascontiguousarray: that makes a scalar's 0-d value an array of one element, which
+            # a contraction reading the scalar then took for an axis; found by a fuzz of backward models)
+            return np.broadcast_to(data, full).copy()
         shape = tuple(len(c) for c in box)
-        return BoxTensor(np.ascontiguousarray(np.broadcast_to(data, shape)), box, full)
+        return BoxTensor(np.broadcast_to(data, shape).copy(), box, full)
 
     def scatter(self, eq: Equation):
         """`T[IX[r] n] += rhs`: the target's prior contents plus, at every point of the domain, `rhs`
@@ -278,16 +280,30 @@ class Evaluator:
             if len(factors) > 1:
                 return self.contraction(e, factors)
         body = self.expr(e.body)
-        axes = tuple(body.labels.index(v) for v in e.vars if v in body.labels)
         keep = tuple(v for v in body.labels if v not in e.vars)
-        data = self.domain.reduce(e.op, body.data, axes) if axes else body.data
-        # a body constant along a reduced variable: sum multiplies by the count, max is unchanged
+        # a body constant along a reduced variable: a sum multiplies by the count; a max reduces its copies, as a
+        # kernel looping over them does (in GF(p) a max is the product Π (r − x) over every point: r − x for one
+        # point, (Π (r − x))^count for copies; in float64 copies change nothing). The evaluators skipped a max
+        # over one point and took a reduced max for its values (found by a fuzz: max q X0[p] at #Q = 1 and
+        # max q s X1[p q], each a plan refused as computing something else)
         missing = [v for v in e.vars if v not in body.labels]
         count = 1
         for v in missing:
             count *= self.sizes[v.extent]
-        if count > 1:
-            data = self.domain.repeat_sum(data, count) if e.op == "sum" else self.domain.repeat_max(data, count)
+        data = body.data
+        if e.op == "max" and missing and len(missing) < len(e.vars):
+            data = np.broadcast_to(np.expand_dims(data, tuple(range(len(missing)))),
+                                   tuple(self.sizes[v.extent] for v in missing) + np.shape(data))
+            labels = (*missing, *body.labels)
+            axes = tuple(labels.index(v) for v in e.vars)
+            return Labelled(self.domain.reduce("max", data, axes), keep)
+        axes = tuple(body.labels.index(v) for v in e.vars if v in body.labels)
+        if axes:
+            data = self.domain.reduce(e.op, data, axes)
+        if e.op == "sum" and count > 1:
+            data = self.domain.repeat_sum(data, count)
+        elif e.op == "max" and missing:  # no variable in the body: `count` copies of each value
+            data = self.domain.repeat_max(data, count)
         return Labelled(data, keep)
 
     def contraction(self, e: Reduce, factors: list[Expr]) -> Labelled:

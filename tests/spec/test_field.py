@@ -121,3 +121,41 @@ def test_inverse_agrees_with_galois():
     rng = np.random.default_rng(11)
     b = rng.integers(1, P, 200)
     assert (PrimeField().inverse(b) == np.asarray(np.reciprocal(gf(b)), dtype=np.int64)).all()
+
+
+@pytest.mark.parametrize(("sizes", "equation"), [
+    ((64, 1, 1), "Y[p] = max q X0[p]"),  # a max over one point
+    ((64, 3, 3), "Y[p] = max q X0[p]"),
+    ((64, 3, 3), "Y[p] = max q s X1[p q]"),  # the body constant along one of two variables
+    ((64, 1, 1), "Y[p] = max q s X1[p q]"),
+])
+def test_regression_a_max_whose_body_is_constant_along_a_variable_reduces_every_copy(sizes, equation):
+    """In GF(p) a max is Π (r − x) over every point of its domain, as the kernels compute it: the evaluators skipped
+    a max over one point (x, where a kernel gives r − x) and took the reduced value of `max q s X1[p q]` for an
+    element to reduce again over s; the default plans of both were refused as computing something else (found by
+    a fuzz of random models). The field value is the product over every copy; float64 is unchanged."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+    from habu.spec.reference import evaluate
+    from habu.target import target_named
+
+    p, q, s = sizes
+    text = (f"{p} EXTENT: #P {q} EXTENT: #Q {s} EXTENT: #S\nf32 TENSOR: X0 ( #P )\nf32 TENSOR: X1 ( #P #Q )\n"
+            f"f32 TENSOR: Y ( #P )\nMODEL: FZ  {equation} ;\n")
+    model = parse_text(text, "max.habu").models["FZ"]
+    f = PrimeField(DEFAULT_PRIME, seed=5)
+    rng = np.random.default_rng(5)
+    x0, x1 = f.random(rng, (p,)), f.random(rng, (p, q))
+    got = np.asarray(evaluate_field(model, {"X0": x0, "X1": x1}, f)["Y"]) % f.p
+    # every point's factor r − x: X0[p] repeated over q; X1[p q] repeated over s
+    values, copies = (x0[:, None], q) if "X0" in equation else (x1, s)
+    want = [1] * p
+    for row in range(p):
+        for v in values[row]:
+            want[row] = want[row] * pow(int(f.max_point - v) % f.p, copies, f.p) % f.p
+    assert [int(v) for v in got] == want
+    floats = evaluate(model, {"X0": np.arange(p, dtype=float), "X1": np.arange(p * q, dtype=float).reshape(p, q)})
+    assert np.array_equal(floats["Y"], np.arange(p, dtype=float) if "X0" in equation else
+                          np.arange(p * q, dtype=float).reshape(p, q).max(axis=1))
+    assert all(pr.ok for pr in compile_model(parse_text(text, "max.habu"), "FZ", {}, target_named("sm_90a"), {},
+                                              1).proofs)
