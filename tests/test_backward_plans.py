@@ -258,3 +258,17 @@ def test_regression_a_scalar_value_stays_0_d_in_the_evaluators():
     assert np.shape(evaluate(model, {t.name: np.ones(64) for t in model.inputs})["Y"]) == ()
     compiled = _compile_text(text)
     assert all(p.ok for p in compiled.proofs)
+
+
+@pytest.mark.parametrize("equation", ["Y[p q] = Σ q2 X[p q]", "Y[p q] = X[p q] · Σ q2 X[p q]",
+                                      "Z[b p q] = Σ q2 W[b p q]"])
+def test_regression_a_reduction_reading_the_output_s_column_is_no_row_kernel(equation):
+    """`Y[p q] = Σ q2 X[p q]` (#Q·X[p q]: the body is constant along q2) was planned as a row kernel, which reduces
+    along the row's columns and computed Σ q X[p q]: the field check refused the default plan (found by a fuzz of
+    random models, in the backward of a sum over an unused variable). Such a node is no row's: a general kernel."""
+    text = ("6 EXTENT: #B 64 EXTENT: #P 13 EXTENT: #Q\nf32 TENSOR: X ( #P #Q )\nf32 TENSOR: Y ( #P #Q )\n"
+            "f32 TENSOR: W ( #B #P #Q )\nf32 TENSOR: Z ( #B #P #Q )\n"
+            f"MODEL: FZ  {equation} ;\n")
+    compiled = _compile_text(text, backward=False)
+    (plan,), (proof,) = compiled.plans, compiled.proofs
+    assert proof.ok and not isinstance(lower_plan(compiled.model, plan)[0], RowLowering)
