@@ -261,13 +261,16 @@ def test_regression_a_scalar_value_stays_0_d_in_the_evaluators():
 
 
 @pytest.mark.parametrize("equation", ["Y[p q] = Σ q2 X[p q]", "Y[p q] = X[p q] · Σ q2 X[p q]",
-                                      "Z[b p q] = Σ q2 W[b p q]"])
-def test_regression_a_reduction_reading_the_output_s_column_is_no_row_kernel(equation):
+                                      "Z[b p q] = Σ q2 W[b p q]",
+                                      # a row statistic over two variables (`dX0[p] = Σ s s2 dY[p s]`, the backward
+                                      # of a sum over an unused variable): the row kernel reduced once, #Q too little
+                                      "V[p] = Σ q q2 X[p q]", "V[p] = max q q2 X[p q]"])
+def test_regression_a_reduction_a_row_kernel_cannot_run_is_no_row_kernel(equation):
     """`Y[p q] = Σ q2 X[p q]` (#Q·X[p q]: the body is constant along q2) was planned as a row kernel, which reduces
     along the row's columns and computed Σ q X[p q]: the field check refused the default plan (found by a fuzz of
     random models, in the backward of a sum over an unused variable). Such a node is no row's: a general kernel."""
     text = ("6 EXTENT: #B 64 EXTENT: #P 13 EXTENT: #Q\nf32 TENSOR: X ( #P #Q )\nf32 TENSOR: Y ( #P #Q )\n"
-            "f32 TENSOR: W ( #B #P #Q )\nf32 TENSOR: Z ( #B #P #Q )\n"
+            "f32 TENSOR: W ( #B #P #Q )\nf32 TENSOR: Z ( #B #P #Q )\nf32 TENSOR: V ( #P )\n"
             f"MODEL: FZ  {equation} ;\n")
     compiled = _compile_text(text, backward=False)
     (plan,), (proof,) = compiled.plans, compiled.proofs
