@@ -264,7 +264,9 @@ def test_regression_a_scalar_value_stays_0_d_in_the_evaluators():
                                       "Z[b p q] = Σ q2 W[b p q]",
                                       # a row statistic over two variables (`dX0[p] = Σ s s2 dY[p s]`, the backward
                                       # of a sum over an unused variable): the row kernel reduced once, #Q too little
-                                      "V[p] = Σ q q2 X[p q]", "V[p] = max q q2 X[p q]"])
+                                      "V[p] = Σ q q2 X[p q]", "V[p] = max q q2 X[p q]",
+                                      # an inner reduction reading the outer one's variable (a max's backward)
+                                      "V[p] = Σ q X[p q] · (max q2 X[p q] · X[p q2])"])
 def test_regression_a_reduction_a_row_kernel_cannot_run_is_no_row_kernel(equation):
     """`Y[p q] = Σ q2 X[p q]` (#Q·X[p q]: the body is constant along q2) was planned as a row kernel, which reduces
     along the row's columns and computed Σ q X[p q]: the field check refused the default plan (found by a fuzz of

@@ -27,6 +27,7 @@ from typing import Any
 
 from habu.errors import HabuError
 from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
+from habu.plan.row_reductions import reductions_no_row_runs
 from habu.plan.storage import dtype_of
 from habu.spec.equation import format_index
 from habu.spec.ir import (
@@ -243,7 +244,7 @@ def _row_local_2d(eq: Equation) -> tuple[str, str] | None:
     else:
         return None
     c = IndexVar("c", c_ext)
-    if (len(eq.lhs) == 2 and _column_inside_reduction(eq.rhs, eq.lhs[1])) or _several_variables(eq.rhs):
+    if reductions_no_row_runs(eq.rhs, eq.lhs[1] if len(eq.lhs) == 2 else None):
         return None
     for x in walk(eq.rhs):
         if isinstance(x, Reduce) and any(v.extent != c_ext for v in x.vars):
@@ -267,7 +268,7 @@ def row_axes(eq: Equation) -> tuple[tuple[IndexVar, ...], str] | None:
     (`S[b h i j]`: a batched product such as `Σ d Q[b i d] · K[b j d]` is no row's). None for anything
     else (2-D nodes are `row_local`'s)."""
     reduced = {v.extent for x in walk(eq.rhs) if isinstance(x, Reduce) for v in x.vars}
-    if _several_variables(eq.rhs):
+    if reductions_no_row_runs(eq.rhs, None):
         return None
     forms = []
     if len(eq.lhs) >= 3 and not reduced - {eq.lhs[-1].extent}:  # a row out: Y[b s d]
@@ -277,7 +278,7 @@ def row_axes(eq: Equation) -> tuple[tuple[IndexVar, ...], str] | None:
             for x in walk(eq.rhs)):
         forms.append((eq.lhs, next(iter(reduced))))
     for leading, c_ext in forms:
-        if len(leading) < len(eq.lhs) and _column_inside_reduction(eq.rhs, eq.lhs[-1]):
+        if len(leading) < len(eq.lhs) and reductions_no_row_runs(eq.rhs, eq.lhs[-1]):
             continue
         if len(set(eq.lhs)) == len(eq.lhs) and all(
                 _reads_row(x.indices, leading, c_ext) for x in walk(eq.rhs) if isinstance(x, Load)):
@@ -296,21 +297,6 @@ def _reads_row(indices: tuple[IndexExpr, ...], leading: tuple[IndexVar, ...], c_
             return False
         at = leading.index(ix)
     return True
-
-
-def _column_inside_reduction(rhs: Expr, column: IndexVar) -> bool:
-    """Whether a reduction's body reads the output's own column variable (`Y[p q] = Σ q2 X[p q]`: the body is
-    constant along the reduction and varies with the column). A row kernel reduces along the row's columns, and
-    ran that sum over the row instead (Σ q X[p q] where the model has #Q·X[p q]; the field check refused the
-    plan; found by a fuzz of random models): such a node is not a row's."""
-    return any(isinstance(x, Reduce) and any(column in ld.indices for ld in loads(x.body)) for x in walk(rhs))
-
-
-def _several_variables(rhs: Expr) -> bool:
-    """Whether a reduction runs over several variables (`dX0[p] = Σ s s2 dY[p s]`, the backward of a sum over an
-    unused variable): a row kernel reduces along the row once, and computed Σ s dY[p s], #S times too little (found
-    by a fuzz of random models)."""
-    return any(isinstance(x, Reduce) and len(x.vars) > 1 for x in walk(rhs))
 
 
 def _is_col_var(ix: IndexExpr, c: IndexVar) -> bool:
