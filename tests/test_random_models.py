@@ -1,7 +1,7 @@
 """The equation is the program: a random well-typed model (tests/random_models.py) and its derived backward either
 compile to a proven plan (the rules, a finite-field trial, NVRTC) or are refused in one line naming why (a
 HabuError that is not a plan the proof found wrong). A default plan the field check refuses is a bug in the
-planner, a lowering or an evaluator: session 45's fuzz found nine, each now a regression test."""
+planner, a lowering or an evaluator: session 45's fuzz found eight, each now a regression test."""
 
 from __future__ import annotations
 
