@@ -55,3 +55,20 @@ def test_the_generator_draws_varied_models():
     texts = [random_model(s) for s in SEEDS]
     assert sum("max" in t for t in texts) >= 4 and sum("Σ" in t for t in texts) >= 10
     assert sum("ITENSOR" in t for t in texts) >= 5 and len({t.splitlines()[0] for t in texts}) >= 20
+
+
+def test_regression_a_row_kernel_reads_its_inputs_along_every_column_of_a_checked_row():
+    """`SQW DUP COLSUM MULCOL DUP TANHW ADDW TANHW EXPW COLSUM` (a composition from a fuzz of random word chains):
+    the row kernel of X²·COLSUM(X²) computes whole rows, but the check demanded COLSUM's values only at the columns
+    the last column kernel samples, so the row kernel read where no kernel had written ("kernel 2 (%3) reads %2[64],
+    which no earlier kernel wrote"): a correct plan refused. The demand now covers every column of a row kernel's
+    rows."""
+    words = ("WORD: COLSUM ( x[r c] -- s[c] )  s[c] = Σ r x[r c] ;\n"
+             "WORD: MULCOL ( x[r c] g[c] -- y[r c] )  y[r c] = x[r c] · g[c] ;\n"
+             "WORD: EXPW ( x[r c] -- y[r c] )  y[r c] = exp(x[r c]) ;\n"
+             "WORD: TANHW ( x[r c] -- y[r c] )  y[r c] = tanh(x[r c]) ;\n"
+             "WORD: SQW ( x[r c] -- y[r c] )  y[r c] = x[r c] · x[r c] ;\n"
+             "WORD: ADDW ( x[r c] z[r c] -- y[r c] )  y[r c] = x[r c] + z[r c] ;\n")
+    text = ("3 EXTENT: #R 129 EXTENT: #C\nf32 TENSOR: X ( #R #C )\nf32 TENSOR: Y ( #C )\n" + words +
+            "MODEL: FZ ( x -- y )  SQW DUP COLSUM MULCOL DUP TANHW ADDW TANHW EXPW COLSUM ;\n")
+    assert _compile(text, backward=False) == "ok"

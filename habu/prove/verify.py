@@ -128,14 +128,21 @@ def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
     return np.union1d(a, b)
 
 
-def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int]
-           ) -> dict[str, tuple[np.ndarray, ...]]:
-    """The elements of every intermediate that the given output elements depend on (a box per tensor)."""
+def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int],
+           whole_rows: Mapping[str, int] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
+    """The elements of every intermediate that the given output elements depend on (a box per tensor).
+    `whole_rows`: the nodes a row kernel computes, with their leading (row) axes: the kernel computes the whole row
+    of each demanded row, so it reads its inputs along every column (`Y = COLSUM(TANH(X·COLSUM(X)) + ...)`: the row
+    kernel of X·COLSUM(X) read COLSUM's values at columns the column kernel's box left out; found by a fuzz)."""
     boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
     produced = {eq.target for eq in model.nodes}  # intermediates, and outputs a later node reads
     for eq in reversed(model.nodes):
         if eq.target not in boxes:
             continue
+        lead = (whole_rows or {}).get(eq.target)
+        if lead is not None and eq.scatter is None:
+            box = boxes[eq.target]
+            boxes[eq.target] = (*box[:lead], *(np.arange(sizes[v.extent]) for v in eq.lhs[lead:]))
         # the target's box along each position its store indexes by a plain variable; a scatter's
         # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box
         var_sets = {ix: boxes[eq.target][i] for i, ix in enumerate(eq.store_indices) if isinstance(ix, IndexVar)}
@@ -351,7 +358,9 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 out_boxes.update({t: b for t, b in stored_boxes(graph, lw, plan.kernels[i].nodes, box).items()
                                   if t in outputs})
                 blocks_text[names[i]] = text
-        boxes = demand(graph, out_boxes, s)
+        rows = {t: len(lw.leading) for k, lw in zip(plan.kernels, lowerings, strict=True)
+                if isinstance(lw, RowLowering) for t in k.nodes}
+        boxes = demand(graph, out_boxes, s, rows)
         widened = False
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too
