@@ -213,19 +213,17 @@ def search(
 
     results = output_console()  # the results; progress and notes go to stderr
     m = load_program(file).pick(model)
+    sizes = parse_shape(shape, [e.name for e in m.extents])  # the forward model's extents
     if backward and save == "all":
-        _search_save_policies(file, m, shape, target, budget, db, top_k, seed, no_gpu, jobs, ray, out, results)
+        _search_save_policies(file, m, sizes, target, budget, db, top_k, seed, no_gpu, jobs, ray, out, results)
         return
     if backward:
         from habu.cli_grad import save_policy
         from habu.spec.grad_program import backward_name
 
         name = backward_name(m.name, save_policy(save).mode.value)
-        sizes = parse_shape(shape, [e.name for e in m.extents])  # the forward model's extents
         m = with_backward_model(file, name)
         sizes = extents_of(m, sizes)
-    else:
-        sizes = parse_shape(shape, [e.name for e in m.extents])
     tuned = tune(file, m.name, shape=sizes, target=target, budget=budget,
                  db=db, top_k=top_k, seed=seed, no_gpu=no_gpu, jobs=jobs, ray=ray, out=out,
                  log=output_console(stderr=True), on_tuned=lambda t: _print_tuned(results, t))
@@ -235,7 +233,7 @@ def search(
         raise typer.Exit(130)
 
 
-def _search_save_policies(file: Path, m, shape, target, budget, db, top_k, seed, no_gpu, jobs, ray, out,
+def _search_save_policies(file: Path, m, sizes, target, budget, db, top_k, seed, no_gpu, jobs, ray, out,
                           results) -> None:
     """`habu search --backward` over every save policy: one search each, the fastest proven one named."""
     from habu.errors import HabuError
@@ -243,8 +241,7 @@ def _search_save_policies(file: Path, m, shape, target, budget, db, top_k, seed,
     from habu.tuning import tune_backward
 
     bw = with_backward_model(file, backward_name(m.name))
-    choice = tune_backward(file, m.name, shape=extents_of(bw, parse_shape(shape, [e.name for e in m.extents])),
-                           target=target,
+    choice = tune_backward(file, m.name, shape=extents_of(bw, sizes), target=target,
                            budget=budget, db=db, top_k=top_k, seed=seed, no_gpu=no_gpu, jobs=jobs, ray=ray,
                            out=out, log=output_console(stderr=True), on_tuned=lambda t: _print_tuned(results, t))
     if choice.interrupted:

@@ -47,7 +47,7 @@ def check_constant_indices(model: Model, shape: dict[str, int]) -> None:
     """A constant index stays inside its extent at the given sizes (`habu check` proves it at the declared ones):
     S = X[3]·2 with --shape N=1 was refused as a plan breaking the bounds rule, with a hint to pin another data
     movement, where no plan can help."""
-    from habu.spec.equation import format_index
+    from habu.spec.equation import format_expr
     from habu.spec.ir import IndexConst, loads
 
     tensors = {t.name: t for t in (*model.inputs, *model.outputs, *model.intermediates)}
@@ -58,8 +58,7 @@ def check_constant_indices(model: Model, shape: dict[str, int]) -> None:
                 continue
             for ix, ext in zip(ld.indices, decl.extents, strict=False):
                 if isinstance(ix, IndexConst) and ext in shape and ix.value >= shape[ext]:
-                    read = f"{ld.tensor}[{' '.join(format_index(i) for i in ld.indices)}]"
-                    raise UsageError(f"--shape {ext}={shape[ext]}: {model.name} reads {read}, index {ix.value} of "
+                    raise UsageError(f"--shape {ext}={shape[ext]}: {model.name} reads {format_expr(ld)}, index {ix.value} of "
                                      f"#{ext}, which then has {shape[ext]} element(s)")
 
 

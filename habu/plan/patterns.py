@@ -29,7 +29,7 @@ from habu.errors import HabuError
 from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
 from habu.plan.row_reductions import reductions_no_row_runs
 from habu.plan.storage import dtype_of
-from habu.spec.equation import format_index
+from habu.spec.equation import format_expr, format_index
 from habu.spec.ir import (
     Compare,
     Const,
@@ -562,8 +562,7 @@ def check_gathers(eq: Equation) -> None:
         for ix in ld.indices:
             if isinstance(ix, Gather) and (len(ix.indices) != 1 or not isinstance(ix.indices[0], IndexVar)):
                 raise HabuError(f"no kernel family computes {eq.target}: the gather {format_index(ix)} (in "
-                                f"{ld.tensor}[{' '.join(format_index(i) for i in ld.indices)}]) is not indexed by "
-                                "one index variable")
+                                f"{format_expr(ld)}) is not indexed by one index variable")
 
 
 def stored_nodes(model: Model, nodes: tuple[str, ...]) -> tuple[str, ...]:

@@ -340,11 +340,8 @@ def _map_keep(lw: MapLowering, sizes: Mapping[str, int]) -> np.ndarray:
     box the check demanded of it (a 3-D map over dX0[q q2 p] reading a general kernel's %h1[q p]: "reads %h1[2, 0],
     which no earlier kernel wrote", found by a fuzz of backward models); as a general kernel's, they compute what
     the box's elements do."""
-    dims = [sizes[e] for e in lw.extents]
-    numel = int(np.prod(dims)) if dims else 1
-    _, box, _ = _map_final(lw, sizes)
-    flat = np.ravel_multi_index(tuple(g.ravel() for g in np.meshgrid(*box, indexing="ij")), dims) if dims else \
-        np.zeros(1, np.int64)
+    numel = int(np.prod([sizes[e] for e in lw.extents]))
+    _, flat, _ = flat_blocks(lw, _map_final(lw, sizes)[1], sizes)  # the box's flat indices
     tail = np.arange(numel, -(-numel // lw.per_block) * lw.per_block, dtype=np.int64)
     return np.union1d(flat, tail)
 

@@ -313,7 +313,7 @@ class _Deriver:
                 elif isinstance(ix, IndexConst) and self.fwd.extent(extents[pos]).size == 1:
                     continue
                 else:
-                    read = f"{tensor}[{' '.join(format_index(i) for i in c.indices)}]"
+                    read = format_expr(Load(tensor, c.indices))
                     why = "a repeated index" if isinstance(ix, IndexVar) else "a fixed or computed index"
                     raise HabuError(f"cannot differentiate {self.fwd.name}: {tensor} is read as {read}, at "
                                     f"{why} ({format_index(ix)}), which has no gradient rule yet")
@@ -425,7 +425,7 @@ class _Deriver:
                 store.append(v)
                 domain.append(v)
             else:
-                read = f"{name}[{' '.join(format_index(i) for i in c.indices)}]"
+                read = format_expr(Load(name, c.indices))
                 raise HabuError(f"cannot differentiate {self.fwd.name} by {name}: its read {read} has an index a "
                                 f"scatter cannot store through ({format_index(ix)}: a gather of a gather, a constant "
                                 "or a repeated index)")
