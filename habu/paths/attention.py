@@ -50,6 +50,10 @@ WGMMA_TILES = ((128, 128, 2, False, False), (128, 128, 2, True, False), (128, 64
                (192, 128, 4, False, True), (192, 128, 3, False, True), (192, 128, 4, False, False))
 # a decode's splits on the wgmma loop (`region_variants`; 0: one block a query tile)
 WGMMA_DECODE_SPLITS = (0, 256, 512, 1024, 2048)
+# a wgmma decode's KV tile and stages where its splits are 1024 keys or fewer: 16 tiles of 64 keys a block, not 8 of
+# 128 (the first tile lands sooner and the last drains sooner; H200, 2026-12-04, KV 4096 × batch 16, split 1024,
+# cuDNN SDPA in the same run: 26.2 µs, 1.01×, against 27.3, 0.97×, for 128 × 3; at splits of 2048 no change)
+WGMMA_DECODE_SHORT_SPLIT_TILE = ("64", "4")
 # query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
 WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 1.5-10x the unfused plan)
 # a full prefill's tile at head width 64 (`three_consumer_tile`): three consumer warpgroups of 64 query rows
@@ -164,7 +168,8 @@ class AttentionPath(KernelPath):
                 blocks *= n  # type: ignore[operator]
             wide = wgmma_decode_split(blocks, keys, target.sm_count)
             if wide is not None:  # its sequences (split or not) fill the GPU: the wgmma loop, K and V by TMA
-                return {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": "128", "stages": "3",
+                bn, stages = WGMMA_DECODE_SHORT_SPLIT_TILE if 0 < wide <= 1024 else ("128", "3")
+                return {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": bn, "stages": stages,
                         "kv_warps": "1", "kv_split": str(wide)}
         return {"family": "attention"}
 
