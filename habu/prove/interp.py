@@ -46,8 +46,8 @@ def wrap(x: np.ndarray, width: int) -> np.ndarray:
     """Two's-complement wrap-around of int64 values to `width` bits."""
     if width >= 64:
         return x
-    half = np.int64(1) << np.int64(width - 1)
-    return ((x + half) % (2 * half)) - half
+    shift = np.int64(64 - width)  # the low `width` bits, sign-extended (numpy's shifts on int64 wrap)
+    return (np.asarray(x, dtype=np.int64) << shift) >> shift
 
 
 POISON = np.uint64(0x5EED_BAD_F00D)
@@ -111,7 +111,8 @@ class Memory:
             vals = self.poison(safe)
         else:
             raise PlanFault(f"{kernel} reads {access.tensor}, which is neither an input nor written before it")
-        vals = np.where(bad & mask, self.poison(offsets), vals)
+        if np.any(bad & mask):
+            vals = np.where(bad & mask, self.poison(offsets), vals)
         return np.where(mask, vals, 0)
 
     def table(self, name: str) -> VirtualTensor:

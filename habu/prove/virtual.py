@@ -14,6 +14,12 @@ import numpy as np
 
 from habu.spec.field import _mix
 
+# a virtual tensor read past its size is drawn whole if it holds at most this many elements (int32: 1 GB), in chunks
+CACHE_ELEMENTS = 1 << 28
+CACHE_CHUNK = 1 << 22
+# a written tensor read at many offsets keeps a dense copy of its writes if it holds at most this many elements
+DENSE_ELEMENTS = 1 << 26
+
 
 def key_for(seed: int, name: str) -> np.uint64:
     digest = hashlib.sha256(f"input:{seed}:{name}".encode()).digest()
@@ -44,9 +50,33 @@ class VirtualTensor:
         self.index = index
         self.numel = int(np.prod(shape, dtype=object)) if shape else 1
         self.strides = tuple(int(np.prod(shape[i + 1:], dtype=object)) for i in range(len(shape)))
+        self._drawn = 0  # elements the reads have drawn so far (`at`)
+        self._cache: np.ndarray | None = None
 
     def at(self, offsets: np.ndarray) -> np.ndarray:
-        """Values at flat offsets (int64, already bounds-checked)."""
+        """Values at flat offsets (int64, already bounds-checked). Once the reads have drawn more elements than
+        the tensor holds (a gathered weight read by every routed row, a loop's operand read by every lane), the
+        tensor is drawn once whole (`CACHE_ELEMENTS` at most) and later reads index it: the same values."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        cache = self._cache
+        if cache is None:
+            self._drawn += offsets.size
+            if self._drawn <= self.numel or self.numel > CACHE_ELEMENTS:
+                return self.draw(offsets)
+            cache = self._cache = self._draw_whole()
+        return cache[offsets].astype(np.int64)
+
+    def _draw_whole(self) -> np.ndarray:
+        """Every element, drawn in chunks (int32 where every value fits: residues below a prime under 2^31)."""
+        small = not self.index and self.modulus < 2**31 and type(self).draw is VirtualTensor.draw
+        out = np.empty(self.numel, dtype=np.int32 if small else np.int64)
+        for lo in range(0, self.numel, CACHE_CHUNK):
+            hi = min(self.numel, lo + CACHE_CHUNK)
+            out[lo:hi] = self.draw(np.arange(lo, hi, dtype=np.int64))
+        return out
+
+    def draw(self, offsets: np.ndarray) -> np.ndarray:
+        """Values at flat offsets, each drawn from its hash."""
         h = _mix(np.asarray(offsets, dtype=np.int64).astype(np.uint64) ^ self.key)
         values = (h % np.uint64(self.modulus)).astype(np.int64)
         if not self.index:
@@ -99,7 +129,7 @@ class PairVirtualTensor(VirtualTensor):
         super().__init__(name, shape, p, key)
         self.q = q
 
-    def at(self, offsets: np.ndarray) -> np.ndarray:
+    def draw(self, offsets: np.ndarray) -> np.ndarray:
         h = _mix(np.asarray(offsets, dtype=np.int64).astype(np.uint64) ^ self.key)
         xq = (h % np.uint64(self.q)).astype(np.int64)
         xp = (_mix(h ^ np.uint64(0x2545F4914F6CDD1D)) % np.uint64(self.modulus)).astype(np.int64)
@@ -123,11 +153,13 @@ class WrittenTensor:
         self.offsets: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._dense: tuple[np.ndarray, np.ndarray] | None = None  # (values, written?) of every element (`read`)
 
     def write(self, offsets: np.ndarray, values: np.ndarray) -> None:
         self.offsets.append(np.asarray(offsets, dtype=np.int64).ravel())
         self.values.append(np.asarray(values, dtype=np.int64).ravel())
         self._index = None
+        self._dense = None
 
     def _build(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._index is None:
@@ -152,13 +184,23 @@ class WrittenTensor:
         return self._index
 
     def read(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(values, written?) at flat offsets."""
+        """(values, written?) at flat offsets (in bounds). A read of at least a quarter as many offsets as the
+        tensor holds (`DENSE_ELEMENTS` at most) indexes a dense copy of the writes, made once until the next
+        write, where the others search the written offsets."""
         uniq, sums, _ = self._build()
         off = np.asarray(offsets, dtype=np.int64)
-        pos = np.searchsorted(uniq, off)
-        pos_c = np.minimum(pos, max(len(uniq) - 1, 0))
-        found = (len(uniq) > 0) & (uniq[pos_c] == off) if len(uniq) else np.zeros(off.shape, bool)
-        vals = np.where(found, sums[pos_c] if len(uniq) else 0, 0)
+        if self._dense is None and self.numel <= min(DENSE_ELEMENTS, 4 * off.size):
+            values, written = np.zeros(self.numel, dtype=np.int64), np.zeros(self.numel, dtype=bool)
+            values[uniq], written[uniq] = sums, True
+            self._dense = (values, written)
+        if self._dense is not None:
+            found = self._dense[1][off]
+            vals = self._dense[0][off]
+        else:
+            pos = np.searchsorted(uniq, off)
+            pos_c = np.minimum(pos, max(len(uniq) - 1, 0))
+            found = (len(uniq) > 0) & (uniq[pos_c] == off) if len(uniq) else np.zeros(off.shape, bool)
+            vals = np.where(found, sums[pos_c] if len(uniq) else 0, 0)
         if self.base is not None:
             return (vals + self.base.at(off)) % self.p, np.ones(off.shape, bool)
         return vals, found

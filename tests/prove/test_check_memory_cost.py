@@ -1,0 +1,115 @@
+"""What the finite-field check spends on inputs, intermediates and offsets (the Mixtral MoE backward at 16
+tokens took 345 s to prove: each trial drew its gathered weights element by element for every routed row's
+loop, searched the written intermediates for every read, hashed poison for reads that had none, and the
+out-of-range index run repeated a whole trial). Each shortcut gives the same values as the long way."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import habu.prove.verify as verify
+from habu.prove.interp import wrap
+from habu.prove.virtual import VirtualTensor, WrittenTensor, key_for
+from habu.search.space import default_plan
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+
+def test_a_virtual_tensor_read_past_its_size_is_drawn_once_and_gives_the_same_values():
+    for index, modulus in ((False, 2**31 - 1), (True, 37)):
+        lazy = VirtualTensor("W", (7, 9, 11), modulus, key_for(3, "W"), index=index)
+        cached = VirtualTensor("W", (7, 9, 11), modulus, key_for(3, "W"), index=index)
+        rng = np.random.default_rng(1)
+        reads = [rng.integers(0, lazy.numel, size=n) for n in (500, 400, 300)]  # 1200 > 693 elements
+        for offsets in reads:
+            assert np.array_equal(cached.at(offsets), lazy.draw(offsets))
+        assert cached._cache is not None and cached.at(reads[0]).dtype == np.int64
+        assert np.array_equal(cached.materialize(), lazy.draw(np.arange(lazy.numel)).reshape(lazy.shape))
+
+
+def test_a_virtual_tensor_over_the_cache_limit_is_never_drawn_whole(monkeypatch):
+    import habu.prove.virtual as virtual
+
+    monkeypatch.setattr(virtual, "CACHE_ELEMENTS", 100)
+    t = VirtualTensor("W", (20, 20), 2**31 - 1, key_for(3, "W"))
+    offsets = np.arange(400)
+    for _ in range(3):
+        assert np.array_equal(t.at(offsets), t.draw(offsets))
+    assert t._cache is None
+
+
+def test_a_written_tensor_read_densely_gives_what_the_search_gives():
+    p = 2**31 - 1
+    rng = np.random.default_rng(2)
+    for accumulate in (False, True):
+        dense, sparse = (WrittenTensor("T", 1000, p, accumulate) for _ in range(2))
+        offsets = rng.integers(0, 1000, size=300)
+        values = rng.integers(0, p, size=300)
+        for t in (dense, sparse):
+            t.write(offsets, values)
+        big = rng.integers(0, 1000, size=800)  # ≥ a quarter of the elements: the dense copy
+        small = rng.integers(0, 1000, size=20)  # the search
+        got_vals, got_found = dense.read(big)
+        assert dense._dense is not None
+        want_vals, want_found = sparse.read(small)
+        assert sparse._dense is None
+        for off, vals, found in ((big, got_vals, got_found), (small, want_vals, want_found)):
+            ref, ref_found = WrittenTensor("R", 1000, p, accumulate), None
+            ref.write(offsets, values)
+            uniq, sums, _ = ref._build()
+            ref_found = np.isin(off, uniq)
+            assert np.array_equal(found, ref_found)
+            assert np.array_equal(vals[found], sums[np.searchsorted(uniq, off[found])])
+            assert not vals[~found].any()
+        dense.write(np.array([0]), np.array([5]))  # a later write drops the dense copy
+        assert dense._dense is None
+
+
+def test_the_offsets_wrap_to_their_width_as_the_modulus_did():
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.integers(-(2**63), 2**63 - 1, size=2000, dtype=np.int64),
+                        np.array([0, -1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, -(2**63)], np.int64)])
+    for width in (16, 32, 48):
+        half = 1 << (width - 1)
+        want = [((int(v) + half) % (2 * half)) - half for v in x]
+        assert wrap(x, width).tolist() == want
+    assert wrap(x, 64) is x
+
+
+SMALL_UNPERMUTE = {"R": 64, "T": 16, "N": 8}
+
+
+def test_regression_the_thinned_out_of_range_run_still_catches_a_scatter_without_its_index_check(monkeypatch):
+    """The out-of-range run computes a costly general kernel's block ends only (`MASKING_WORK`); forced on a
+    small scatter, it still finds the store that lost its index check, and passes the right one."""
+    from tests.prove.test_index_masks import _masking
+
+    monkeypatch.setattr(verify, "MASKING_WORK", 0)
+    model = load_program(ROOT / "examples" / "scatter_add.habu").models["UNPERMUTE"].with_sizes(SMALL_UNPERMUTE)
+    plan = default_plan(model, TARGETS["sm_90a"], SMALL_UNPERMUTE, {})
+    failure, _ = _masking(model, plan, SMALL_UNPERMUTE, drop_checks=True)
+    assert failure is not None and "out of bounds" in failure and "Y" in failure
+    failure, note = _masking(model, plan, SMALL_UNPERMUTE)
+    assert failure is None and "masked" in note
+
+
+def test_the_block_ends_of_a_general_kernel_are_each_checked_blocks_first_and_last_elements():
+    from habu.lower import lower_plan
+    from habu.prove.kinds import kind_proof
+
+    model = load_program(ROOT / "examples" / "scatter_add.habu").models["UNPERMUTE"].with_sizes(SMALL_UNPERMUTE)
+    (lw,) = lower_plan(model, default_plan(model, TARGETS["sm_90a"], SMALL_UNPERMUTE, {}))
+    sel, _, _ = kind_proof(lw).final_selection(lw, SMALL_UNPERMUTE)
+    keep = kind_proof(lw).final_keep(lw, SMALL_UNPERMUTE)
+    assert verify._block_ends(lw, sel, keep, SMALL_UNPERMUTE) is keep  # cheap: every checked element
+    per, numel = lw.per_block, int(lw.numel(SMALL_UNPERMUTE))
+    last = (numel - 1) // per
+    verify.MASKING_WORK, saved = 0, verify.MASKING_WORK
+    try:
+        ends = verify._block_ends(lw, np.array([0, last]), None, SMALL_UNPERMUTE)
+        thinned = verify._block_ends(lw, sel, np.arange(numel), SMALL_UNPERMUTE)
+    finally:
+        verify.MASKING_WORK = saved
+    want = sorted({0, min(per, numel) - 1, last * per, numel - 1})
+    assert ends.tolist() == want and thinned.tolist() == want, (per, numel, ends, thinned)
