@@ -54,6 +54,7 @@ WGMMA_DECODE_SPLITS = (0, 256, 512, 1024, 2048)
 # 128 (the first tile lands sooner and the last drains sooner; H200, 2026-12-04, KV 4096 × batch 16, split 1024,
 # cuDNN SDPA in the same run: 26.2 µs, 1.01×, against 27.3, 0.97×, for 128 × 3; at splits of 2048 no change)
 WGMMA_DECODE_SHORT_SPLIT_TILE = ("64", "4")
+SHORT_SPLITS = 8  # the most 512-key splits a sequence takes on the wgmma decode (`wgmma_decode_split`)
 # query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
 WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 1.5-10x the unfused plan)
 # a full prefill's tile at head width 64 (`three_consumer_tile`): three consumer warpgroups of 64 query rows
@@ -86,7 +87,8 @@ def kv_split_for(blocks: int, keys: int, sms: int) -> int:
 def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
     """Split-KV for a decode of `blocks` query tiles on the wgmma loop (K and V by TMA, one block an SM: 208 KB of
     shared memory at KV tiles of 128 × 3 stages), or None where the mma.sync decode stays faster: 0 where the
-    query tiles nearly fill the GPU, else the fewest splits of a power of two keys (1024 to 4096) that fill it.
+    query tiles nearly fill the GPU, else the fewest splits of a power of two keys (1024 to 4096) that fill it, or
+    of 512 keys where at most `SHORT_SPLITS` do.
     H200, 2026-12-03 (2 KV heads × 2 query heads, d128; against cuDNN SDPA in the same run): unsplit at batch 64
     1.00× at KV 4096 and 32768 (4.60 TB/s; the mma.sync default 0.80-0.88×), splits of 1024 at 4096 × 16
     0.92× (0.83×), of 2048 at 32768 × 16 0.95× (0.85×); splits under 1024 keys ran slower than the mma.sync
@@ -98,7 +100,13 @@ def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
     while split < 4096 and -(-keys // split) > want:
         split *= 2
     splits = -(-keys // split)
-    return split if splits > 1 and 10 * blocks * splits >= 9 * sms else None
+    if splits > 1 and 10 * blocks * splits >= 9 * sms:
+        return split
+    # a few sequences of a short cache: splits of 512 keys where at most `SHORT_SPLITS` of them fill the GPU
+    # (2026-12-04, KV 4096 × 8: 19.3 µs, 0.92× SDPA, against the mma.sync decode's 23.4, 0.76×; at 4096 × 4 and
+    # at batch 1, where 512-key splits fill it only by the dozens, the mma.sync decode stays faster)
+    splits = -(-keys // 512)
+    return 512 if 1 < splits <= SHORT_SPLITS and 10 * blocks * splits >= 9 * sms else None
 
 
 class AttentionPath(KernelPath):

@@ -152,10 +152,12 @@ def test_wgmma_decode_golden_at_odd_sizes(n_j, pins):
     assert np.all(got[1] == 0)
 
 
-@pytest.mark.parametrize(("batch", "n_j", "split"), [(16, 4096, 1024), (64, 2048, 0)], ids=["b16-kv4096", "b64-kv2048"])
+@pytest.mark.parametrize(("batch", "n_j", "split"), [(16, 4096, 1024), (64, 2048, 0), (8, 4096, 512)],
+                         ids=["b16-kv4096", "b64-kv2048", "b8-kv4096"])
 def test_the_decode_default_on_the_wgmma_loop(batch, n_j, split):
     """Where a decode's query tiles with splits of 1024+ keys fill the GPU, its default (unpinned) is the wgmma
-    loop (`wgmma_decode_split`): split over 1024 keys at 16 sequences, whole at 64. Lengths from empty to full."""
+    loop (`wgmma_decode_split`): split over 1024 keys at 16 sequences, whole at 64, over 512 keys at 8 sequences of
+    4096 (64-key tiles, 4 stages). Lengths from empty to full."""
     sizes = {"B": batch, **HEADS, "J": n_j, "L": n_j + 1}
     built = build(DECODE, "DECODE-ATTENTION", sizes, {})
     (kernel,) = built.plan.kernels
