@@ -26,6 +26,7 @@ from habu.plan.plan import ContractionKernel
 from habu.prove.block_products import block_products
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
+from habu.prove.index_arith import _computing, _NumpyIndex
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.lane_arithmetic import LaneArithmetic
 from habu.prove.pipeline import delivered
@@ -40,14 +41,6 @@ from habu.spec.ir import Const, Expr, Load, Op, Size
 
 class PlanFault(Exception):
     """The plan's kernels do something no correct kernel does (out-of-bounds access, a race...)."""
-
-
-def wrap(x: np.ndarray, width: int) -> np.ndarray:
-    """Two's-complement wrap-around of int64 values to `width` bits."""
-    if width >= 64:
-        return x
-    shift = np.int64(64 - width)  # the low `width` bits, sign-extended (numpy's shifts on int64 wrap)
-    return (np.asarray(x, dtype=np.int64) << shift) >> shift
 
 
 POISON = np.uint64(0x5EED_BAD_F00D)
@@ -133,64 +126,6 @@ def _coords(access: Access, offset: int, sizes: Mapping[str, int]) -> str:
 Where = "Callable[[np.ndarray], str] | None"
 
 
-class _NumpyIndex:
-    """Index arithmetic on int64 arrays that wrap at the kernel's index width, as the GPU's do, for
-    `Access.offset` and `Access.mask` (the definitions the emitter prints). A gather reads the index
-    tensor only where the access's mask holds, and faults when an index lies outside it."""
-
-    def __init__(self, width: int, mem: Memory, kernel: str, mask: np.ndarray | None = None, where=None):
-        self.width, self.mem, self.kernel, self.mask, self.where = width, mem, kernel, mask, where
-
-    def cast(self, x: Any) -> np.ndarray:
-        return wrap(np.asarray(x, dtype=np.int64), self.width)
-
-    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return wrap(a * b, self.width)
-
-    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return wrap(a + b, self.width)
-
-    def zero(self) -> np.ndarray:
-        return np.zeros((), dtype=np.int64)
-
-    def table(self, name: str, coordinate: Any) -> np.ndarray:
-        t = np.asarray(coordinate, dtype=np.int64)
-        mask = self.mask if self.mask is not None else np.ones((), bool)
-        t_mask = np.broadcast_to(mask, np.broadcast_shapes(t.shape, mask.shape))
-        table = self.mem.table(name)
-        safe = np.where(t_mask, np.broadcast_to(t, t_mask.shape), 0)
-        outside = t_mask & ((safe < 0) | (safe >= table.numel))
-        if np.any(outside):
-            o = int(safe[outside].flat[0])
-            self.mem.fault(f"{_computing(self.where, outside)}{self.kernel} reads index tensor {name} out of "
-                           f"bounds (at {o}, outside 0..{table.numel - 1})")
-        return np.where(outside, 0, table.at(np.where(outside, 0, safe)))
-
-    def index_ok(self, name: str, coordinate: Any, size: Any, guard: Any) -> np.ndarray:
-        """The kernel's `habu::index_ok`: the table is read where `guard` holds; a value outside
-        0..size-1 is masked and recorded in the memory's index errors (the kernel's error words)."""
-        t = np.asarray(coordinate, dtype=np.int64)
-        g = np.broadcast_to(np.asarray(guard, dtype=bool), np.broadcast_shapes(t.shape, np.shape(guard)))
-        values = _NumpyIndex(self.width, self.mem, self.kernel, g, self.where).table(name, t)
-        ok = (values >= 0) & (values < size)
-        bad = g & ~ok
-        if np.any(bad):
-            self.mem.index_error(self.kernel, name, np.broadcast_to(t, bad.shape)[bad], values[bad])
-        return g & ok
-
-    def lt(self, a: Any, b: Any) -> np.ndarray:
-        return np.asarray(a) < b
-
-    def le(self, a: Any, b: Any) -> np.ndarray:
-        return np.asarray(a) <= b
-
-    def all(self, parts: list[np.ndarray]) -> np.ndarray:
-        out = np.ones((), dtype=bool)
-        for p in parts:
-            out = out & p
-        return out
-
-
 def _offsets(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: Mapping[str, int],
              mem: Memory, width: int, what: str, where=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(offsets, mask, out-of-bounds lanes) of an access at the given axis coordinates, as the kernel
@@ -208,10 +143,6 @@ def _offsets(kernel: str, access: Access, coords: Mapping[str, np.ndarray], size
         mem.fault(f"{_computing(where, bad)}{kernel} {what} {access.tensor} out of bounds: offset {o} is "
                   f"outside 0..{numel - 1}")
     return offset, mask, bad
-
-
-def _computing(where, bad: np.ndarray) -> str:
-    return f"while computing {where(bad)}, " if where is not None else ""
 
 
 def read(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: Mapping[str, int],

@@ -13,7 +13,8 @@ from fractions import Fraction
 import numpy as np
 
 from habu.lower.general import GeneralLowering, Store
-from habu.prove.interp import Memory, PlanFault, _NumpyIndex, read, write
+from habu.prove.index_arith import _NumpyIndex
+from habu.prove.interp import Memory, PlanFault, read, write
 from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind
 from habu.prove.virtual import WrittenTensor
 from habu.spec.ir import Compare, Const, Expr, Gather, IndexVar, Load, NegInf, Op, Reduce, Size

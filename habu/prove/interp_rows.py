@@ -12,7 +12,8 @@ import numpy as np
 
 from habu.lower import MapLowering, RowLowering
 from habu.lower.rows import RowLoads, canonical_reduction
-from habu.prove.interp import Memory, PlanFault, _NumpyIndex, eval_pointwise, read, wrap, write
+from habu.prove.index_arith import _NumpyIndex, wrap
+from habu.prove.interp import Memory, PlanFault, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind, sample_tiles
 from habu.spec.ir import Expr, Load, Op, Reduce
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import habu.prove.verify as verify
-from habu.prove.interp import wrap
+from habu.prove.index_arith import wrap
 from habu.prove.virtual import VirtualTensor, WrittenTensor, key_for
 from habu.search.space import default_plan
 from habu.spec.parser import load_program
@@ -113,3 +113,32 @@ def test_the_block_ends_of_a_general_kernel_are_each_checked_blocks_first_and_la
         verify.MASKING_WORK = saved
     want = sorted({0, min(per, numel) - 1, last * per, numel - 1})
     assert ends.tolist() == want and thinned.tolist() == want, (per, numel, ends, thinned)
+
+
+def test_an_index_table_is_read_once_a_coordinate_where_the_mask_is_wider():
+    """A gathered row's index beside a loop over its columns: `_NumpyIndex.table` reads IX once a row (where any
+    of the row's lanes is unmasked) and broadcasts; the values where the mask holds, the out-of-bounds fault and
+    `index_ok`'s masked lanes and error count are those of a read at every lane."""
+    from habu.prove.index_arith import _NumpyIndex
+    from habu.prove.interp import Memory
+    from habu.spec.field import PrimeField
+
+    f = PrimeField(2**31 - 1, 1)
+    ix = VirtualTensor("IX", (40,), 30, key_for(1, "IX"), index=True, out_of_range=True)
+    rng = np.random.default_rng(4)
+    for rows in (np.arange(40)[:, None], np.arange(44)[:, None]):  # rows 40..43 leave the table: a fault
+        mask = rng.random((len(rows), 16)) < 0.7
+        mask[3] = False  # a row no lane reads
+        mem = Memory({"IX": ix}, f, {})
+        got = _NumpyIndex(32, mem, "k", mask).table("IX", rows)
+        assert got.shape == mask.shape
+        full = np.broadcast_to(rows, mask.shape)
+        inside = mask & (full < 40)
+        assert np.array_equal(got[inside], ix.draw(full[inside]))
+        assert bool(mem.faults) == bool((mask & (full >= 40)).any())
+        if len(rows) == 40:
+            mem = Memory({"IX": ix}, f, {})
+            ok = _NumpyIndex(32, mem, "k").index_ok("IX", rows, 30, mask)
+            values = ix.draw(full.ravel()).reshape(full.shape)
+            assert np.array_equal(ok, mask & (values >= 0) & (values < 30))
+            assert mem.index_error_count == int((mask & ~((values >= 0) & (values < 30))).sum())

@@ -12,7 +12,8 @@ import numpy as np
 from habu.lower import lower_plan
 from habu.lower.access import IndexCheck
 from habu.paths.emit import emit_plan
-from habu.prove.interp import Memory, _NumpyIndex
+from habu.prove.index_arith import _NumpyIndex
+from habu.prove.interp import Memory
 from habu.prove.kinds import kind_proof
 from habu.prove.verify import check_index_masking, verify_plan, virtual_inputs
 from habu.prove.virtual import VirtualTensor, key_for
