@@ -1,5 +1,5 @@
 """Index arithmetic as a kernel does it: int64 arrays that wrap at the kernel's index width, index tables read
-where a mask holds (`_NumpyIndex`, the arithmetic `Access.offset` and `Access.mask` run on in the finite-field
+where a mask holds (`NumpyIndex`, the arithmetic `Access.offset` and `Access.mask` run on in the finite-field
 interpreter, habu/prove/interp.py)."""
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ def wrap(x: np.ndarray, width: int) -> np.ndarray:
     return (np.asarray(x, dtype=np.int64) << shift) >> shift
 
 
-def _computing(where, bad: np.ndarray) -> str:
+def computing(where, bad: np.ndarray) -> str:
+    """A fault message's prefix naming the element the faulty lanes `bad` compute (`where`: the kernel's namer)."""
     return f"while computing {where(bad)}, " if where is not None else ""
 
 
-class _NumpyIndex:
+class NumpyIndex:
     """Index arithmetic on int64 arrays that wrap at the kernel's index width, as the GPU's do, for
     `Access.offset` and `Access.mask` (the definitions the emitter prints). A gather reads the index
     tensor only where the access's mask holds, and faults when an index lies outside it."""
@@ -58,7 +59,7 @@ class _NumpyIndex:
         outside = t_mask & ((safe < 0) | (safe >= table.numel))
         if np.any(outside):
             o = int(safe[outside].flat[0])
-            self.mem.fault(f"{_computing(self.where, np.broadcast_to(outside, shape))}{self.kernel} reads index "
+            self.mem.fault(f"{computing(self.where, np.broadcast_to(outside, shape))}{self.kernel} reads index "
                            f"tensor {name} out of bounds (at {o}, outside 0..{table.numel - 1})")
         return np.broadcast_to(np.where(outside, 0, table.at(np.where(outside, 0, safe))), shape)
 
@@ -67,7 +68,7 @@ class _NumpyIndex:
         0..size-1 is masked and recorded in the memory's index errors (the kernel's error words)."""
         t = np.asarray(coordinate, dtype=np.int64)
         g = np.broadcast_to(np.asarray(guard, dtype=bool), np.broadcast_shapes(t.shape, np.shape(guard)))
-        values = _NumpyIndex(self.width, self.mem, self.kernel, g, self.where).table(name, t)
+        values = NumpyIndex(self.width, self.mem, self.kernel, g, self.where).table(name, t)
         ok = (values >= 0) & (values < size)
         bad = g & ~ok
         if np.any(bad):

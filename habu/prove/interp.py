@@ -26,7 +26,7 @@ from habu.plan.plan import ContractionKernel
 from habu.prove.block_products import block_products
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
-from habu.prove.index_arith import _computing, _NumpyIndex
+from habu.prove.index_arith import NumpyIndex, computing
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.lane_arithmetic import LaneArithmetic
 from habu.prove.pipeline import delivered
@@ -133,14 +133,14 @@ def _offsets(kernel: str, access: Access, coords: Mapping[str, np.ndarray], size
     arrays = [np.asarray(coords[b.axis]) for b in access.masks] + \
              [np.asarray(coords[p.axis]) for p in access.positions if p.kind != "const"]
     shape = np.broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
-    mask = np.broadcast_to(access.mask(coords, sizes, _NumpyIndex(width, mem, kernel)), shape)
-    arith = _NumpyIndex(width, mem, kernel, mask, where)
+    mask = np.broadcast_to(access.mask(coords, sizes, NumpyIndex(width, mem, kernel)), shape)
+    arith = NumpyIndex(width, mem, kernel, mask, where)
     offset = np.broadcast_to(access.offset(coords, sizes, arith), shape).astype(np.int64)
     numel = access.numel(sizes)
     bad = mask & ((offset < 0) | (offset >= numel))
     if np.any(bad):
         o = int(offset[bad].flat[0])
-        mem.fault(f"{_computing(where, bad)}{kernel} {what} {access.tensor} out of bounds: offset {o} is "
+        mem.fault(f"{computing(where, bad)}{kernel} {what} {access.tensor} out of bounds: offset {o} is "
                   f"outside 0..{numel - 1}")
     return offset, mask, bad
 
@@ -172,7 +172,7 @@ def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values:
         strays = mask & ((offsets != true_off) | ~np.broadcast_to(owned, mask.shape))
         if np.any(strays):
             o = int(offsets[strays].flat[0])
-            mem.fault(f"{_computing(where, strays)}{kernel} writes {_coords(access, o, sizes)}, outside the "
+            mem.fault(f"{computing(where, strays)}{kernel} writes {_coords(access, o, sizes)}, outside the "
                       "elements its block computes (a store past the tile's edge or through a wrong stride)")
     mem.written[access.tensor].write(offsets[mask], values[mask])
 
@@ -294,7 +294,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         for q in sorted(set(ranks.tolist())):
             reads[q], fault = delivered(lw.pipeline, steps, q)
             if fault is not None:
-                mem.fault(f"{_computing(where, np.ones((len(mn), 1), bool))}{name}'s k pipeline: {fault}")
+                mem.fault(f"{computing(where, np.ones((len(mn), 1), bool))}{name}'s k pipeline: {fault}")
         # the k tile each block's stage holds at step j (-1: none of this output tile's, poison)
         tile_at = [np.array([-1 if reads[q][j] is None else reads[q][j] for q in ranks.tolist()], dtype=np.int64)
                    for j in range(steps)]

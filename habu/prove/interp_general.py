@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 
 from habu.lower.general import GeneralLowering, Store
-from habu.prove.index_arith import _NumpyIndex
+from habu.prove.index_arith import NumpyIndex
 from habu.prove.interp import Memory, PlanFault, read, write
 from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind
 from habu.prove.virtual import WrittenTensor
@@ -23,7 +23,8 @@ from habu.spec.ir import Compare, Const, Expr, Gather, IndexVar, Load, NegInf, O
 CHUNK_ELEMENTS = 1 << 21
 
 
-def _loop_volume(lw: GeneralLowering, sizes: Mapping[str, int]) -> int:
+def loop_volume(lw: GeneralLowering, sizes: Mapping[str, int]) -> int:
+    """The iterations of a thread's reduction loops, all nested (1 without loops)."""
     n = 1
     for axis, _ in lw.loops:
         n *= max(1, int(lw.loop_end(axis, sizes)))
@@ -46,14 +47,14 @@ def run_general(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: M
     if keep is not None:
         lanes = lanes[np.isin(lanes[:, None] + np.arange(lw.vector), keep).any(axis=1)]
     coords = lw.coordinates(lanes, sizes)
-    arith = _NumpyIndex(lw.index_width, mem, name)
+    arith = NumpyIndex(lw.index_width, mem, name)
     # the guard is printed once, at the vector's first element
     active = np.broadcast_to(lw.lane_guard(coords, lanes, sizes, arith), lanes.shape)
     lanes = lanes[active]
     if not len(lanes):
         return
     first = {a: np.asarray(c, dtype=np.int64) for a, c in lw.coordinates(lanes, sizes).items()}
-    chunk = max(1, CHUNK_ELEMENTS // _loop_volume(lw, sizes))
+    chunk = max(1, CHUNK_ELEMENTS // loop_volume(lw, sizes))
     # every thread computes its values before any stores (an in-place update reads its own element)
     stores = []
     for j in range(lw.vector):

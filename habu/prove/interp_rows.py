@@ -12,7 +12,7 @@ import numpy as np
 
 from habu.lower import MapLowering, RowLowering
 from habu.lower.rows import RowLoads, canonical_reduction
-from habu.prove.index_arith import _NumpyIndex, wrap
+from habu.prove.index_arith import NumpyIndex, wrap
 from habu.prove.interp import Memory, PlanFault, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind, sample_tiles
 from habu.spec.ir import Expr, Load, Op, Reduce
@@ -247,7 +247,7 @@ def run_map(name: str, lw: MapLowering, sizes: Mapping[str, int], mem: Memory, b
     every = lw.coordinates(elems.ravel(), sizes)  # the lowering's decode: what the kernel prints
     guard = np.ones(elems.size, bool)
     for acc in (lw.out, *(a for _, a in lw.loads)):
-        guard = guard & np.broadcast_to(acc.mask(every, sizes, _NumpyIndex(lw.index_width, mem, name)), guard.shape)
+        guard = guard & np.broadcast_to(acc.mask(every, sizes, NumpyIndex(lw.index_width, mem, name)), guard.shape)
     live = np.cumprod(guard.reshape(elems.shape), axis=1).astype(bool)
     lanes = elems[live]
     if keep is not None:

@@ -35,6 +35,7 @@ from habu.prove.interp import (
     FIELD_CHECK_FIELDS as FIELD_CHECK_FIELDS,  # what the check reads of a contraction
 )
 from habu.prove.interp import Memory, PlanFault, run_kernel
+from habu.prove.interp_general import loop_volume
 from habu.prove.kinds import kind_proof
 from habu.prove.virtual import GroupedVirtualTensor, PairVirtualTensor, VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
@@ -499,10 +500,7 @@ def _block_ends(lw: GeneralLowering, blocks: object, keep: np.ndarray | None, si
     numel = int(lw.numel(sizes))
     lanes = np.asarray(keep, dtype=np.int64) if keep is not None else None
     count = len(lanes) if lanes is not None else len(chosen) * lw.per_block
-    volume = 1
-    for axis, _ in lw.loops:
-        volume *= max(1, int(lw.loop_end(axis, sizes)))
-    if count * volume <= MASKING_WORK:
+    if count * loop_volume(lw, sizes) <= MASKING_WORK:
         return keep
     if lanes is None:
         firsts = chosen * lw.per_block

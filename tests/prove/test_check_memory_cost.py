@@ -43,27 +43,20 @@ def test_a_written_tensor_read_densely_gives_what_the_search_gives():
     p = 2**31 - 1
     rng = np.random.default_rng(2)
     for accumulate in (False, True):
-        dense, sparse = (WrittenTensor("T", 1000, p, accumulate) for _ in range(2))
+        t = WrittenTensor("T", 1000, p, accumulate)
         offsets = rng.integers(0, 1000, size=300)
-        values = rng.integers(0, p, size=300)
-        for t in (dense, sparse):
-            t.write(offsets, values)
-        big = rng.integers(0, 1000, size=800)  # ≥ a quarter of the elements: the dense copy
-        small = rng.integers(0, 1000, size=20)  # the search
-        got_vals, got_found = dense.read(big)
-        assert dense._dense is not None
-        want_vals, want_found = sparse.read(small)
-        assert sparse._dense is None
-        for off, vals, found in ((big, got_vals, got_found), (small, want_vals, want_found)):
-            ref, ref_found = WrittenTensor("R", 1000, p, accumulate), None
-            ref.write(offsets, values)
-            uniq, sums, _ = ref._build()
-            ref_found = np.isin(off, uniq)
-            assert np.array_equal(found, ref_found)
-            assert np.array_equal(vals[found], sums[np.searchsorted(uniq, off[found])])
-            assert not vals[~found].any()
-        dense.write(np.array([0]), np.array([5]))  # a later write drops the dense copy
-        assert dense._dense is None
+        t.write(offsets, rng.integers(0, p, size=300))
+        uniq, sums, _ = t._build()  # what each written offset holds
+        off = rng.integers(0, 1000, size=800)
+        small_vals, small_found = t.read(off[:20])  # under a quarter of the elements: the search
+        assert t._dense is None
+        vals, found = t.read(off)  # at least a quarter: the dense copy
+        assert t._dense is not None
+        assert np.array_equal(vals[:20], small_vals) and np.array_equal(found[:20], small_found)
+        assert np.array_equal(found, np.isin(off, uniq))
+        assert np.array_equal(vals[found], sums[np.searchsorted(uniq, off[found])]) and not vals[~found].any()
+        t.write(np.array([0]), np.array([5]))  # a later write drops the dense copy
+        assert t._dense is None
 
 
 def test_the_offsets_wrap_to_their_width_as_the_modulus_did():
@@ -116,10 +109,10 @@ def test_the_block_ends_of_a_general_kernel_are_each_checked_blocks_first_and_la
 
 
 def test_an_index_table_is_read_once_a_coordinate_where_the_mask_is_wider():
-    """A gathered row's index beside a loop over its columns: `_NumpyIndex.table` reads IX once a row (where any
+    """A gathered row's index beside a loop over its columns: `NumpyIndex.table` reads IX once a row (where any
     of the row's lanes is unmasked) and broadcasts; the values where the mask holds, the out-of-bounds fault and
     `index_ok`'s masked lanes and error count are those of a read at every lane."""
-    from habu.prove.index_arith import _NumpyIndex
+    from habu.prove.index_arith import NumpyIndex
     from habu.prove.interp import Memory
     from habu.spec.field import PrimeField
 
@@ -130,7 +123,7 @@ def test_an_index_table_is_read_once_a_coordinate_where_the_mask_is_wider():
         mask = rng.random((len(rows), 16)) < 0.7
         mask[3] = False  # a row no lane reads
         mem = Memory({"IX": ix}, f, {})
-        got = _NumpyIndex(32, mem, "k", mask).table("IX", rows)
+        got = NumpyIndex(32, mem, "k", mask).table("IX", rows)
         assert got.shape == mask.shape
         full = np.broadcast_to(rows, mask.shape)
         inside = mask & (full < 40)
@@ -138,7 +131,7 @@ def test_an_index_table_is_read_once_a_coordinate_where_the_mask_is_wider():
         assert bool(mem.faults) == bool((mask & (full >= 40)).any())
         if len(rows) == 40:
             mem = Memory({"IX": ix}, f, {})
-            ok = _NumpyIndex(32, mem, "k").index_ok("IX", rows, 30, mask)
+            ok = NumpyIndex(32, mem, "k").index_ok("IX", rows, 30, mask)
             values = ix.draw(full.ravel()).reshape(full.shape)
             assert np.array_equal(ok, mask & (values >= 0) & (values < 30))
             assert mem.index_error_count == int((mask & ~((values >= 0) & (values < 30))).sum())

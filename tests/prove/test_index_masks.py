@@ -12,7 +12,7 @@ import numpy as np
 from habu.lower import lower_plan
 from habu.lower.access import IndexCheck
 from habu.paths.emit import emit_plan
-from habu.prove.index_arith import _NumpyIndex
+from habu.prove.index_arith import NumpyIndex
 from habu.prove.interp import Memory
 from habu.prove.kinds import kind_proof
 from habu.prove.verify import check_index_masking, verify_plan, virtual_inputs
@@ -54,7 +54,7 @@ def test_the_mask_reads_the_table_only_where_the_bounds_hold_and_records_bad_val
     mem = Memory(inputs, f, SMALL_UNPERMUTE)
     axis = lw.out.checks[0].axis
     coords = {a: np.zeros(70, np.int64) for a in lw.out.axes} | {axis: np.arange(70, dtype=np.int64)}
-    mask = lw.out.mask(coords, SMALL_UNPERMUTE, _NumpyIndex(lw.index_width, mem, "k"))
+    mask = lw.out.mask(coords, SMALL_UNPERMUTE, NumpyIndex(lw.index_width, mem, "k"))
     values = inputs["IX"].at(np.arange(64))
     expected = np.concatenate([(values >= 0) & (values < 16), np.zeros(6, bool)])  # rows 64..69: no table read
     assert np.array_equal(mask, expected)
