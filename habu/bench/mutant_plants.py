@@ -123,8 +123,9 @@ def grouped(f: Callable[[GroupedLowering], GroupedLowering]) -> Callable[[Loweri
 def box_group_shifted(lw: GroupedLowering) -> GroupedLowering:
     """The wgmma loop's TMA box of W one group past the tile's: W[g + 1]'s rows (zeros past the last group)."""
     assert lw.wgmma is not None
-    cls = type("Planted_w_box_origin", (type(lw.wgmma),),
-         {"w_box_origin": lambda self, g, n0, k0: {"g": g + 1, "n": n0, "k": k0}})
+    base = type(lw.wgmma)
+    cls = type("Planted_w_box_origin", (base,),
+               {"w_box_origin": lambda self, g, n0, k0, box=0: {**base.w_box_origin(self, g, n0, k0, box), "g": g + 1}})
     return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from habu.bench import mutants_attention as att
 from habu.bench import mutants_attention_wgmma as atw
 from habu.bench import mutants_epilogue as epilogue
+from habu.bench import mutants_grouped as grouped_n_major
 from habu.bench import mutants_ktile as ktile
 from habu.bench import mutants_multiout as multiout
 from habu.bench import mutants_persist as persist
@@ -523,6 +524,7 @@ MUTANTS: tuple[Mutant, ...] = (
     *(Mutant(*entry) for entry in ktile.MUTANT_ENTRIES),  # k tiles of several spans (mutants_ktile.py)
     *(Mutant(*entry) for entry in swap.MUTANT_ENTRIES),  # transposed products, swap_ab (mutants_swap.py)
     *(Mutant(*entry) for entry in multiout.MUTANT_ENTRIES),  # an epilogue's extra outputs (mutants_multiout.py)
+    *(Mutant(*entry) for entry in grouped_n_major.MUTANT_ENTRIES),  # n-major grouped weights (mutants_grouped.py)
     *(Mutant(*entry) for entry in rows_saved.MUTANT_ENTRIES),  # a row kernel's saved statistic (mutants_rows_saved.py)
     *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)
     *(Mutant(*entry) for entry in persist.MUTANT_ENTRIES),  # the persistent wgmma attention kernel's (mutants_persist.py)

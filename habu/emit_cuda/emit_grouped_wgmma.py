@@ -188,7 +188,7 @@ def _vector_epilogue(lw: GroupedLowering, sizes, table, it: str, row, inside: st
 
 def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
     k, loop = lw.kernel, lw.wgmma
-    refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None)
+    refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None, lw.w_n_major)
     if refused or loop is None:
         raise ValueError(f"{name}: {refused or 'the wgmma main loop has no stage maps for this tile'}")
     ops, ring = loop.operands, loop.ring
@@ -224,8 +224,14 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     kmask = access_mask(lw.a.along("k"), {"k": "kk"}, sizes, table)
     dst = c(ops.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32){k_at}")))
     k0 = c(lw.k_index(CExpr("kt"), 0))
-    box = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(lw.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
-    tma = f"habu::tma_load_{len(lw.w.positions)}d(b_stage, &{w_map}, full, {box});  // W[g]'s box: zero past #{lw.k}, #{lw.n}"
+    def w_box(j: int) -> str:
+        """W[g]'s box j of the k tile (one for a k-major W; an n-major W's 64-column boxes), where it lands."""
+        at = loop.w_box_landing(j)
+        coords = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(lw.w, CExpr("g"), CExpr("n0"), CExpr("k0"), j))
+        return (f"habu::tma_load_{len(lw.w.positions)}d(b_stage{f' + {at}u' if at else ''}, &{w_map}, full, {coords});"
+                f"  // W[g]'s box{f' {j}' if loop.w_boxes > 1 else ''}: zero past #{lw.k}, #{lw.n}")
+
+    tma = "\n          ".join(w_box(j) for j in range(loop.w_boxes))
     if pair is not None:  # the second weights' box, the same origin, after the first in the stage's B tile
         box2 = ", ".join(f"(int)({c(x)})" for x in loop.w_box_coordinates(pair.w, CExpr("g"), CExpr("n0"), CExpr("k0")))
         tma += (f"\n          habu::tma_load_{len(pair.w.positions)}d(b_stage + {loop.b2_offset}u, &{w2_map}, full, "
@@ -237,14 +243,16 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
         (("a_stage", ""), (f"a_stage + {loop.lo_offset}u", "  // A's low parts, times the same W"))
     mn = loop.mma_columns  # n of each instruction (a pair by one instruction: both boxes, 2·bn)
     both = "  // both weights' boxes: the first's columns, then the second's" if loop.one_pair_instruction else ""
-    mma = "\n".join(f"          {wgmma_name(mn, 'bf16')}(acc[{s}], "
+    # the instruction's transpose bits: the lowering's descriptors' (an n-major W's 64-column blocks, MN-major)
+    trans = (ops.b_desc.mn_major, ops.a_desc.mn_major)
+    mma = "\n".join(f"          {wgmma_name(mn, 'bf16', *trans)}(acc[{s}], "
                     f"{_desc(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}{both}"
                     for s in range(slabs) for base, note in parts)
     acc2 = ""
     if pair is not None and not loop.one_pair_instruction:  # the same A slabs times the second weights
         b2_desc = _desc(ops.b_desc, f"b_stage + {loop.second_b_start()}u", ops.b_start(CExpr("kk")))
         mma += "\n" + "\n".join(
-            f"          {wgmma_name(bn, 'bf16')}(acc2[{s}], "
+            f"          {wgmma_name(bn, 'bf16', *trans)}(acc2[{s}], "
             f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b2_desc}, 1);  // {pair.second}"
             for s in range(slabs))
         acc2 = f"""      float acc2[{{slabs}}][{{regs}}];  // {pair.second}
@@ -362,7 +370,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     first, bound, step = loop.walk(CExpr("blockIdx.x"), CExpr("gridDim.x"), CExpr("gx") * CExpr("gy"))
     walk = (f"    for (long long lin = {c(first)}; lin < {c(bound)}; lin += {c(step)}) {{  // persistent: every tile "
             "once\n")
-    body = f"""{wgmma_function(loop.mma_columns, "bf16")}
+    body = f"""{wgmma_function(loop.mma_columns, "bf16", *trans)}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const habu::u32 raw_base = habu::smem_addr(smem_raw);

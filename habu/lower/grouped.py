@@ -96,6 +96,11 @@ class GroupedLowering:
         return 64 if self.uses_wgmma else self.index_width
 
     @property
+    def w_n_major(self) -> bool:
+        """W stored [g k n] (its rows along n contiguous): the wgmma loop reads it in 64-column boxes."""
+        return self.w.positions[-1].axis == "n"
+
+    @property
     def a_parts(self) -> int:
         """bf16 parts each element of A is staged as: 1 (A is bf16), 2 (f32 A: hi and lo)."""
         return 1 if self.a.dtype == "bf16" else 2

@@ -27,7 +27,7 @@ from habu.lower.access import Access, floordiv, minimum
 from habu.lower.contraction import tma_box, tma_coordinates
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
-from habu.lower.pipeline import MbarrierRing, pipeline_for
+from habu.lower.pipeline import MN_BLOCK, MbarrierRing, TmaOperandLoad, pipeline_for
 from habu.lower.registers import WARPGROUP, RegisterSplit, warp_specialized_split
 from habu.lower.smem import SmemLayout, tensor_core_smem
 from habu.plan.plan import ContractionKernel, GroupedKernel
@@ -41,13 +41,19 @@ def wgmma_consumers(kernel: GroupedKernel) -> int:
     return max(1, kernel.warps_m * kernel.warps_n // 4)
 
 
-def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool) -> str | None:
+def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool, w_n_major: bool = False
+                  ) -> str | None:
     """Why the wgmma main loop cannot run this kernel, or None."""
     consumers = wgmma_consumers(kernel)
     if a_dtype not in ("bf16", "f32") or w_dtype != "bf16":
         return "the wgmma main loop multiplies a bf16 W with a bf16 A (or an f32 A's two bf16 parts)"
     if pair and (a_dtype != "bf16" or kernel.bn > 128):
         return "a fused pair on the wgmma main loop has a bf16 A and at most 128 columns (two accumulators)"
+    if pair and w_n_major:
+        return "a fused pair on the wgmma main loop reads its weights stored k-major ([g n k])"
+    if w_n_major and kernel.bn % MN_BLOCK:
+        return (f"an n-major W ([g k n]) is loaded in boxes of {MN_BLOCK} columns: the tile's {kernel.bn} columns "
+                "are not whole boxes")
     if kernel.bk != WGMMA_BK:
         return f"the wgmma main loop's k tile is {WGMMA_BK} (one 128-byte swizzle span), not {kernel.bk}"
     if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * consumers):
@@ -202,14 +208,40 @@ class WgmmaMainLoop:
         half = own * self.quad_kept_half(lane) + (1 - own) * self.quad_kept_half(self.quad_partner(partner) % 32)
         return src, half, q, own | got
 
-    def w_box_origin(self, g: Any, n0: Any, k0: Any) -> dict[str, Any]:
-        """The origin of W[g]'s box of the k tile at k0 and the column tile at n0, by W's axes: the tile's
-        group along #G (box 1), its first column along #N, k0 along #K."""
-        return {"g": g, "n": n0, "k": k0}
+    @property
+    def w_load(self) -> TmaOperandLoad:
+        """The ring's load of W's tile (B's): one box of bn rows by bk (k-major W), or bn/64 boxes of 64
+        columns by bk rows of k (n-major W, read with the transpose bit); a pair's two boxes, one of each
+        weights."""
+        load = self.ring.load("B")
+        assert load is not None, "the wgmma loop's ring loads W by TMA"
+        return load
 
-    def w_box_coordinates(self, w: Access, g: Any, n0: Any, k0: Any) -> tuple[Any, ...]:
-        """The box's coordinates in W's tensor map, innermost first."""
-        return tma_coordinates(w, self.w_box_origin(g, n0, k0))
+    @property
+    def w_boxes(self) -> int:
+        """W's boxes a k tile issues for one weights (a pair's second weights: the same again, from its own map)."""
+        return 1 if self.b2_offset else self.w_load.boxes
+
+    def w_box_origin(self, g: Any, n0: Any, k0: Any, box: Any = 0) -> dict[str, Any]:
+        """The origin of W[g]'s box `box` of the k tile at k0 and the column tile at n0, by W's axes: the
+        tile's group along #G (box 1), the box's first column along #N (n0 + box·64 for an n-major W's
+        boxes: `TmaOperandLoad.origin`), k0 along #K."""
+        first = self.w_load.origin(n0, k0, box)
+        n, k = first if self.w_load.mn_major else (first[1], first[0])
+        return {"g": g, "n": n, "k": k}
+
+    def w_box_landing(self, box: Any) -> Any:
+        """The byte of the stage's B tile where W's box `box` lands (`TmaOperandLoad.landing`)."""
+        return self.w_load.landing(box)
+
+    def w_box_rows(self, box: Any) -> Any:
+        """The first row (column of the output tile) of W's box `box` within the tile: the tile rows it
+        fills."""
+        return self.w_load.row_box(box) * self.w_load.box_rows
+
+    def w_box_coordinates(self, w: Access, g: Any, n0: Any, k0: Any, box: Any = 0) -> tuple[Any, ...]:
+        """Box `box`'s coordinates in W's tensor map, innermost first."""
+        return tma_coordinates(w, self.w_box_origin(g, n0, k0, box))
 
     @property
     def bn(self) -> int:
@@ -217,8 +249,10 @@ class WgmmaMainLoop:
         return self.shadow.tile_n // (2 if self.b2_offset else 1)
 
     def w_box(self, w: Access) -> tuple[int, ...]:
-        """W's TMA box, innermost first: bk along #K, bn along #N, 1 along #G."""
-        return tma_box(w, "n", self.bn, self.shadow.tile_k)
+        """W's TMA box, innermost first: bk along #K, bn along #N (64 where W is n-major: its boxes), 1
+        along #G."""
+        load = self.w_load
+        return tma_box(w, "n", self.bn if self.b2_offset else load.box_rows, load.box_k)
 
     def second_b_start(self) -> int:
         """Where the pair's second weights start in the stage's B tile (the descriptor start of its reads):
@@ -237,13 +271,13 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = Fa
                                split_k=1, raster="row", group_m=1, persistent=False, warp_specialized=True,
                                swizzle=128, index_width=kernel.index_width, store="direct")
     # an f32 A's stage buffer is laid out for 4-byte elements: room for its two bf16 parts' tiles
-    layout = tensor_core_smem(shadow, a.dtype, w.dtype, True)
+    layout = tensor_core_smem(shadow, a.dtype, w.dtype, w.positions[-1].axis == "k")
     staged = replace(a, dtype="bf16") if split else a  # the tiles the consumers read hold bf16
     ops = wgmma_operands(shadow, staged, w, {b.name: b for b in layout.buffers}, consumers) \
         if staged.dtype == w.dtype == "bf16" else None
     if ops is not None and split:  # the producer stores an f32 A's parts 16 bytes (8 bf16) at a time
         ops = replace(ops, a_copy=replace(ops.a_copy, vector=8))
-    ring = pipeline_for(shadow, staged.dtype, "k", "k", w.dtype)
+    ring = pipeline_for(shadow, staged.dtype, w.positions[-1].axis, "k", w.dtype)  # W n-major: its 64-column boxes
     if ops is None or not isinstance(ring, MbarrierRing):
         return None
     b2 = 0

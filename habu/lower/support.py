@@ -442,8 +442,11 @@ class GroupedSupport(PathSupport):
         k = lw.kernel
         reasons = []
         if lw.uses_wgmma:  # the wgmma main loop's own limits (habu/lower/grouped_wgmma.py)
-            refusal = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None)
+            refusal = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None, lw.w_n_major)
             return [refusal] if refusal else []
+        if lw.w_n_major:
+            reasons.append(f"the mma.sync loop stages 16-byte chunks of W's rows along #{lw.k}: {lw.w.tensor} is stored "
+                           f"with #{lw.n} last (n-major), which only the wgmma loop reads (--pin main_loop=wgmma)")
         if lw.warp_rows % 16 or lw.warp_cols % 8:
             reasons.append(f"a warp's tile ({lw.warp_rows} × {lw.warp_cols}) is whole 16 × 8 mma tiles")
         if (k.bm * k.bk // 8) % lw.threads or (k.bn * k.bk // 8) % lw.threads:

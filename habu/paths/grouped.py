@@ -4,6 +4,10 @@ it (the offsets and the tile scheduler), habu/emit_cuda/emit_grouped.py prints i
 its search space and its cost term are here. A region the path cannot build (a runtime number of groups,
 #K not whole 16-byte chunks) gets no default from it: the general family builds it instead.
 
+W stored n-major (`W[E[r] k n]`, a backward's product through the transposed weights) is read only by the wgmma
+loop, in 64-column TMA boxes with the transpose bit: its default is the wgmma kernel, and where the target has
+no wgmma and TMA the general family builds the region.
+
 The forms beyond the plain GEMM (`GroupedGemm.by_default` false: a row factor P[r], the scatter-add
 combine `Y[IX[r] d] += P[r] · Σ h act[r h] · W2[E[r] d h]`, an f32 A) stay in general regions;
 `habu.paths.family_kernel` builds them here for the search (`region_space`) and for `--pin family=grouped`.
@@ -63,7 +67,10 @@ class GroupedPath(KernelPath):
         width = index_width(model, sizes)
         if sizes.get(gg.r.extent, 0) + 64 > INT31_MAX:
             width = 64
-        return GroupedKernel(nodes=region.nodes, bm=64, bn=64, bk=32, warps_m=2, warps_n=2, index_width=width)
+        kernel = GroupedKernel(nodes=region.nodes, bm=64, bn=64, bk=32, warps_m=2, warps_n=2, index_width=width)
+        if gg.w_n_major:  # only the wgmma loop reads an n-major W (64-column TMA boxes, the transpose bit)
+            return self.wgmma_kernel(model, kernel, target, sizes)
+        return kernel
 
     def pair_default(self, model: Model, nodes: tuple[str, str, str], target: Target,
                      sizes: dict[str, int]) -> GroupedKernel | None:
@@ -158,6 +165,8 @@ class GroupedPath(KernelPath):
         if gg is None or a_dtype not in ("bf16", "f32") or dtype_of(model, gg.w.tensor) != "bf16":
             return None
         n = model.sizes.get(gg.n.extent) or 0
+        if gg.w_n_major and n % 8:
+            return None  # W's rows along n: TMA's strides are whole 16-byte chunks
         # an f32 A (two bf16 parts, a producer of more registers): 128 columns, the consumers' registers
         bm, bn, stages = WGMMA_TILES[0] if n >= 1024 and a_dtype == "bf16" else WGMMA_TILES[1]
         if a_dtype == "f32":

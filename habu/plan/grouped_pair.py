@@ -44,7 +44,7 @@ def as_grouped_pair(model: Model, nodes: tuple[str, ...]) -> GroupedPair | None:
     if g1 is None or g2 is None:
         return None
     for g in (g1, g2):
-        if g.row_scale is not None or g.scatter is not None or g.a_dtype != "bf16":
+        if g.row_scale is not None or g.scatter is not None or g.a_dtype != "bf16" or g.w_n_major:
             return None
     same = (g1.a.tensor == g2.a.tensor and _rows_read(g1) == _rows_read(g2) and g1.groups == g2.groups
             and (g1.r.extent, g1.n.extent, g1.k.extent) == (g2.r.extent, g2.n.extent, g2.k.extent))

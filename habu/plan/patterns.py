@@ -387,7 +387,9 @@ def epilogue_chain(model: Model, nodes: list[Equation], i: int) -> tuple[str, ..
 @dataclass(frozen=True)
 class GroupedGemm:
     """`T[r n] = scale · Σ k A[IX[r] k] · W[E[r] n k]`: the rows r of A (gathered through `gather`, or
-    not), each row's weights the slab W[E[r]] of its group (E a grouping: rows of a group contiguous).
+    not), each row's weights the slab W[E[r]] of its group (E a grouping: rows of a group contiguous),
+    stored [g n k] or, n-major, [g k n] (`W[E[r] k n]`: a backward's product through the transposed weights,
+    `dTact[r h] = Σ d dY[IX[r] d] · W2[E[r] d h]`; only the wgmma loop reads it, in 64-column TMA boxes).
     The forms beyond it (`by_default` false) are built by the grouped family only through the search or
     `--pin family=grouped`: a row factor `P[r]`, a scatter-add store `T[IX[r] n] += …` (an f32 target), an
     f32 A (split into bf16 parts for mma.sync)."""
@@ -407,6 +409,7 @@ class GroupedGemm:
     # the form the default plan computes with the grouped family: `T[r n] = Σ k …` with constant factors
     # inside the sum, A and W declared bf16 (the others keep the general kernel unless searched or pinned)
     by_default: bool = True
+    w_n_major: bool = False  # W stored [g k n]: its rows along n contiguous
 
 
 def as_grouped_gemm(model: Model, eq: Equation) -> GroupedGemm | None:
@@ -436,7 +439,7 @@ def as_grouped_gemm(model: Model, eq: Equation) -> GroupedGemm | None:
         gathered = isinstance(row, Gather) and row.indices == (r,)
         if a.indices[1:] != (k,) or not (row == r or gathered):
             continue
-        if len(w.indices) != 3 or w.indices[1:] != (n, k) or not isinstance(w.indices[0], Gather):
+        if len(w.indices) != 3 or w.indices[1:] not in ((n, k), (k, n)) or not isinstance(w.indices[0], Gather):
             continue
         g = w.indices[0]
         decl = model.tensor(g.tensor)
@@ -452,7 +455,7 @@ def as_grouped_gemm(model: Model, eq: Equation) -> GroupedGemm | None:
             scale = c if scale is None else Op("mul", (scale, c))
         plain = len(outer) == 1 and not row_loads and eq.scatter is None and str(model.tensor(a.tensor).dtype) == "bf16"
         return GroupedGemm(eq, r, n, k, a, w, g.tensor, decl.range, scale, row_loads[0] if row_loads else None,
-                           eq.scatter, a_dtype, plain)
+                           eq.scatter, a_dtype, plain, w.indices[1:] == (k, n))
     return None
 
 

@@ -25,6 +25,9 @@ only when the finite-field check of the rewritten plan against the original mode
 - `epilogue:P` substitutes an elementwise node into the one contraction epilogue node that reads it (a
   derived backward's recomputed GELU input `T2 = S1 + B1`, read by the GELU derivative in the epilogue of
   `Σ d dT6·W2`: habu/plan/epilogue_inline.py); P is never written. Default plans take it.
+- `terms:T` makes each grouped GEMM among the terms of T's sum a node of its own, T.t0, T.t1, … in f32, and T
+  their sum with the rest (a derived MoE backward's `dX[IX[r] d] += Σ h dTup·W3[E[r] h d] + Σ h dTgate·W1[…]`:
+  habu/plan/term_split.py). Default plans take it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from habu.plan.gather_split import apply_gather, gather_part
 from habu.plan.patterns import _factors, as_contraction, consumers
 from habu.plan.scatter_split import apply_scatter, scatter_part
 from habu.plan.split import apply_split, split_part
+from habu.plan.term_split import apply_terms, terms_part
 from habu.spec.ir import (
     Equation,
     Expr,
@@ -201,15 +205,16 @@ KINDS = {"inline": (_inline_ok, _apply_inline),
          "attention": (lambda m, t: attention_parts(m, t) is not None, apply_attention),
          "scatter": (lambda m, t: scatter_part(m, t) is not None, apply_scatter),
          "gather": (lambda m, t: gather_part(m, t) is not None, apply_gather),
-         "epilogue": (lambda m, t: epilogue_part(m, t) is not None, apply_epilogue)}
+         "epilogue": (lambda m, t: epilogue_part(m, t) is not None, apply_epilogue),
+         "terms": (lambda m, t: terms_part(m, t) is not None, apply_terms)}
 
 
 def default_rewrites(model: Model) -> tuple[str, ...]:
     """The rewrites a default plan takes without being asked: `attention:T` for every softmax-weighted
-    sum (the unfused attention plan), then `split:T` for every contraction written inside a larger
+    sum (the unfused attention plan) and `terms:T` for every sum of grouped GEMMs, then `split:T` for every contraction written inside a larger
     expression (without it no contraction family takes the node), then `epilogue:P` for every
     elementwise node that one contraction epilogue reads (one at a time: each may enable the next)."""
-    first = tuple(name for name in applicable(model) if name.startswith("attention:"))
+    first = tuple(name for name in applicable(model) if name.startswith(("attention:", "terms:")))
     after = apply_rewrites(model, first) if first else model
     names = first + tuple(name for name in applicable(after) if name.startswith("split:"))
     while True:

@@ -39,6 +39,7 @@ from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, register_kind
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import Route, wgmma_route
+from habu.prove.tma_landing import tma_landing_faults
 from habu.prove.virtual import WrittenTensor
 from habu.spec.field import PrimeField
 from habu.spec.ir import Expr
@@ -154,7 +155,7 @@ def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
         if loop.b2_offset != lands or loop.second_b_start() != lands:
             mem.fault(f"{name}: the second weights' box lands at byte {loop.b2_offset} of the stage's B tile, its "
                       f"reads start at byte {loop.second_b_start()} (the second of the ring's two boxes: {lands})")
-    for fault in wgmma_thread_faults(loop):
+    for fault in wgmma_thread_faults(loop) + tma_landing_faults(loop.ring, loop.operands):
         mem.fault(f"{name}: {fault}")
     route = wgmma_route(loop.operands)
     for fault in route.faults:
@@ -221,16 +222,27 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
         if lw.wgmma is None:
             return read(name, w_accesses[0], {"g": np.int64(group), "n": cols[:, None], "k": ks[None, :]}, sizes,
                         mem, lw.index_width, where)
+        loop = lw.wgmma
+        box_rows = np.arange(loop.bn if loop.b2_offset else loop.w_load.box_rows, dtype=np.int64)
         parts = []
         for nt in nts:
             n0 = np.int64(lw.column(nt, 0))
             for w_access in w_accesses:
                 steps_w = []
                 for t in tiles:
-                    o = lw.wgmma.w_box_origin(np.int64(group), n0, np.int64(lw.k_index(max(t or 0, 0), 0)))
-                    steps_w.append(read(name, w_access, {"g": o["g"], "n": o["n"] + j[:, None],
-                                                         "k": o["k"] + kk[None, :]},
-                                        sizes, mem, lw.weights_width, where))  # TMA: the copy engine's addresses
+                    k0 = np.int64(lw.k_index(max(t or 0, 0), 0))
+                    # each box of the k tile (an n-major W: 64 columns each) at its origin, into the tile rows
+                    # it fills; a row no box fills holds poison (stale shared memory)
+                    tile = mem.poison(np.arange(k.bn * k.bk, dtype=np.int64) * 31 + 17).reshape(k.bn, k.bk)
+                    for box in range(loop.w_boxes):
+                        o = loop.w_box_origin(np.int64(group), n0, k0, box)
+                        got = read(name, w_access, {"g": o["g"], "n": o["n"] + box_rows[:, None],
+                                                    "k": o["k"] + kk[None, :]},
+                                   sizes, mem, lw.weights_width, where)  # TMA: the copy engine's addresses
+                        at = int(loop.w_box_rows(box)) + box_rows
+                        keep = (at >= 0) & (at < k.bn)
+                        tile[at[keep]] = np.broadcast_to(got, (len(box_rows), k.bk))[keep]
+                    steps_w.append(tile)
                 parts.append(np.concatenate(steps_w, axis=1))
         return np.concatenate(parts, axis=0)
 

@@ -39,7 +39,7 @@ def _wgmma_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator
     from habu.prove.rules import R
 
     t = ctx.target
-    refusal = wgmma_refusal(lw.kernel, lw.a.dtype, lw.w.dtype, lw.pair is not None)
+    refusal = wgmma_refusal(lw.kernel, lw.a.dtype, lw.w.dtype, lw.pair is not None, lw.w_n_major)
     if refusal is None and not (t.wgmma and t.tma):
         refusal = f"{t.name} has no wgmma and TMA"
     if refusal is None and lw.wgmma is None:
@@ -80,14 +80,26 @@ def _tma_coordinates(name: str, lw: GroupedLowering, ctx: Context) -> Iterator[O
     g, nt, kt = z3.Ints("tma_group tma_column_tile tma_k_tile")
     cons = [g >= 0, g < s[lw.g], nt >= 0, nt < gy, kt >= 0, kt < lw.k_steps(s)]
     for w in (lw.w,) if lw.pair is None else (lw.w, lw.pair.w):
-        coords = loop.w_box_coordinates(w, g, lw.column(nt, 0), lw.k_index(kt, 0))
+        coords = [x for j in range(loop.w_boxes) for x in loop.w_box_coordinates(w, g, lw.column(nt, 0), lw.k_index(kt, 0), j)]
         yield Obligation(INT32_OFFSETS, name, w.tensor, f"{w.tensor}'s TMA box coordinates fit in 32-bit ints",
                          z3.Implies(z3.And(*cons), z3.And(*(z3.And(x >= 0, x <= INT31) for x in coords))),
                          detail=f"a coordinate of {w.tensor}'s box exceeds 2^31 − 1")
+        e = ctx.dtype_bytes(w)
+        strides = [w.stride(i, s) * e for i in range(len(w.positions) - 1)]  # every dimension's but the innermost
+        yield Obligation(R["tma-stride-16B"], name, w.tensor, f"{w.tensor}'s TMA strides are multiples of 16 bytes, "
+                         "below 2^40", z3.And(*(z3.And(x % 16 == 0, x < 2**40) for x in strides)),
+                         detail=f"{w.tensor}'s strides are {' and '.join(_stride_text(w, i, ctx) for i in range(len(w.positions) - 1))} "
+                         "bytes: not all multiples of 16")
         dims = [s[e] for e in w.bounded_extents()]
         yield Obligation(R["tma-dims"], name, w.tensor, f"{w.tensor}'s TMA global dims are 1..2^32",
                          z3.And(*(z3.And(d >= 1, d <= 2**32) for d in dims)),
                          detail=f"a global dim of {w.tensor} is outside 1..2^32")
+
+
+def _stride_text(w, i: int, ctx: Context) -> str:
+    """Dimension i's stride in bytes: a number where the sizes are known, else its product of extents."""
+    stride = w.stride(i, ctx.ext) * ctx.dtype_bytes(w)
+    return str(stride) if isinstance(stride, int) else " × ".join(f"#{e}" for e in w.strides[i]) + f" × {ctx.dtype_bytes(w)}"
 
 
 def _mma_obligations(name: str, lw: GroupedLowering) -> Iterator[Obligation]:

@@ -94,7 +94,7 @@ def test_regression_a_box_one_group_off_multiplies_the_next_groups_weights():
     base = lower(_gg(), KERNEL)
     assert isinstance(base, GroupedLowering) and base.wgmma is not None
     shifted = type("Shifted", (WgmmaMainLoop,), {
-        "w_box_origin": lambda self, g, n0, k0: {"g": g + 1, "n": n0, "k": k0}})
+        "w_box_origin": lambda self, g, n0, k0, box=0: {"g": g + 1, "n": n0, "k": k0}})
     loop = shifted(**{f: getattr(base.wgmma, f) for f in base.wgmma.__dataclass_fields__})
     _, got, _, ref, _ = _run(GROUPINGS["inner-empty-ragged"], replace(base, wgmma=loop))
     assert (got != ref).any()
