@@ -342,10 +342,17 @@ def _json_float(x: float) -> float | str:
 
 def first_mismatch(output: str, got_bits: np.ndarray, want_bits: np.ndarray, dtype: str,
                    poison_bits: int | None = None) -> Mismatch | None:
-    """Compare every element's bits; the first difference, or None."""
+    """Compare every element's bits; the first difference, or None. The equation's values are real numbers,
+    which have one zero: +0 and −0 are the same value (IEEE equality: a row factor P[r] < 0 applied after its
+    sum is −0 where the reference, with P inside the sum, adds +0 and −0 terms to +0); every other pair of
+    bit patterns must be equal."""
     if got_bits.shape != want_bits.shape:
         raise ValueError(f"{output}: shape {got_bits.shape} != {want_bits.shape}")
     differ = got_bits != want_bits
+    sign = SIGN_BITS.get(dtype)
+    if sign is not None and differ.any():
+        magnitude = ~np.asarray(sign, dtype=got_bits.dtype)
+        differ &= ~(((got_bits & magnitude) == 0) & ((want_bits & magnitude) == 0))
     if not differ.any():
         return None
     flat = int(np.flatnonzero(differ)[0])
@@ -356,6 +363,7 @@ def first_mismatch(output: str, got_bits: np.ndarray, want_bits: np.ndarray, dty
     return Mismatch(output, index, float(got), float(want), int(differ.sum()), unwritten)
 
 
+SIGN_BITS = {"bf16": 0x8000, "f16": 0x8000, "f32": 0x80000000, "f64": 0x8000000000000000}  # a float's sign bit
 POISON_BITS = {"bf16": 0xFFFF, "f16": 0xFFFF, "f32": 0xFFFFFFFF, "f64": 0xFFFFFFFFFFFFFFFF}  # all-ones: a NaN
 
 

@@ -442,3 +442,19 @@ def test_a_scatter_through_a_two_axis_gather_counts_equal_target_elements():
     eq.scatter = (Gather("IX", (IndexVar("r", "R"), IndexVar("s", "S"))),)
     ix2 = np.array([[0, 1], [1, 1], [2, 1]])
     assert scatter_multiplicity(eq, {"R": 3, "S": 2}, {"IX": ix2}) == 4  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "f64"])
+def test_regression_a_zero_whose_sign_differs_is_the_same_value(dtype):
+    """A row factor P[r] < 0 applied after its sum (the grouped wgmma epilogue) stores −0 where the float64
+    reference, P inside the sum, adds to +0: the equation's values are reals, with one zero. Any other
+    difference, a sign included, is still one."""
+    want = to_bits(np.array([0.0, 0.0, 1.5, -2.0]), dtype)
+    got = to_bits(np.array([-0.0, 0.0, 1.5, -2.0]), dtype)
+    assert first_mismatch("Y", got, want, dtype, POISON_BITS[dtype]) is None
+    wrong = to_bits(np.array([-0.0, 0.0, 1.5, 2.0]), dtype)
+    found = first_mismatch("Y", wrong, want, dtype, POISON_BITS[dtype])
+    assert found is not None and found.index == (3,) and found.differing == 1
+    tiny = to_bits(np.array([0.0, 0.0, 1.5, -2.0]), dtype)
+    tiny[0] = 1  # the smallest subnormal is not a zero
+    assert first_mismatch("Y", tiny, want, dtype, POISON_BITS[dtype]) is not None
