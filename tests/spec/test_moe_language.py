@@ -156,3 +156,26 @@ def test_regression_a_scatter_of_an_intermediate_is_not_folded_into_a_copy():
                    "f32 TENSOR: X ( #R #N )  f32 TENSOR: Y ( #T #N )  ITENSOR: IX ( #R #T )\n"
                    "MODEL: S  act[r n] = X[r n] · X[r n]\n  Y[IX[r] n] += act[r n] ;\n", "s.habu").models["S"]
     assert [eq.target for eq in m.nodes] == ["act", "Y"] and m.nodes[1].scatter is not None
+
+
+@pytest.mark.parametrize("limit", [1, 7, 1 << 24])
+def test_regression_a_gathered_weight_is_contracted_in_slices_of_its_rows_with_the_same_values(limit, monkeypatch):
+    """The Mixtral backward's reference held #R · #D · #H gathered weights at once (5 · 3072 · 14336 at its witness,
+    and the exact product's limbs four times that: the check ran out of 24 GB). A contraction whose gathered factor
+    is larger than `SLICE_ELEMENTS` runs over slices of the gathering variable's values: the same values, in the
+    field and in float64, with a row box (a later kernel's demand) kept."""
+    import habu.spec.evaluate as ev
+
+    f = PrimeField()
+    rng = np.random.default_rng(3)
+    sizes = {"T": 20, "R": 40, "E": 4, "D": 8, "H": 6}
+    inputs = {n: rng.integers(0, f.p, s) for n, s in
+              {"X": (20, 8), "W1": (4, 6, 8), "W3": (4, 6, 8), "W2": (4, 8, 6), "P": (40,), "Y": (20, 8)}.items()}
+    inputs["IX"] = rng.integers(0, 20, 40)
+    inputs["E"] = np.sort(rng.integers(0, 4, 40))
+    want = Evaluator(moe(), sizes, f).run(inputs)["Y"]
+    floats = {k: (v % 7).astype(np.float64) if k not in ("IX", "E") else v for k, v in inputs.items()}
+    want64 = evaluate(moe(), floats)["Y"]
+    monkeypatch.setattr(ev, "SLICE_ELEMENTS", limit)
+    np.testing.assert_array_equal(Evaluator(moe(), sizes, f).run(inputs)["Y"], want)
+    np.testing.assert_array_equal(evaluate(moe(), floats)["Y"], want64)
