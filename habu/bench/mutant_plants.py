@@ -118,8 +118,6 @@ def grouped(f: Callable[[GroupedLowering], GroupedLowering]) -> Callable[[Loweri
     return g
 
 
-
-
 def box_group_shifted(lw: GroupedLowering) -> GroupedLowering:
     """The wgmma loop's TMA box of W one group past the tile's: W[g + 1]'s rows (zeros past the last group)."""
     assert lw.wgmma is not None

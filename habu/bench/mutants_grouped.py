@@ -1,17 +1,45 @@
-"""Planted bugs in the grouped wgmma loop over n-major weights (`W[E[r] k n]`, a derived MoE backward's products
-through the transposed expert weights: habu/lower/grouped_wgmma.py reads them in 64-column TMA boxes). The box
-origins are the lowering's (`WgmmaMainLoop.w_box_origin`), which the emitter prints and the finite-field check
-runs, so a plan whose boxes land at the wrong columns must be killed (habu.bench.mutants lists them)."""
+"""Planted bugs in the grouped family's backward forms: the wgmma loop over n-major weights (`W[E[r] k n]`, a
+derived MoE backward's products through the transposed expert weights: habu/lower/grouped_wgmma.py reads them in
+64-column TMA boxes) and the grouped weight gradient (`O[E[r] m n] += A[r m] · B[IX[r] n]`:
+habu/lower/grouped_wgrad.py). The maps are the lowering's, which the emitter prints and the finite-field check
+runs, so a plan whose boxes land at the wrong columns, whose f32 parts are read twice or whose group's end is
+unmasked must be killed (habu.bench.mutants lists them)."""
 
 from __future__ import annotations
 
 from dataclasses import fields, replace
 
 from habu.bench.mutant_plants import grouped
-from habu.lower import GroupedLowering
+from habu.lower import GroupedLowering, GroupedWgradLowering, Lowering
+from habu.lower.grouped_wgrad import WgradLoop
 
 GROUPED_N_MAJOR = "../tests/data/grouped_n_major.habu"
+GROUPED_WGRAD = "../tests/data/grouped_wgrad.habu"
 SHAPE = {"T": 30, "R": 200}
+
+
+def wgrad(f):
+    """A plant in a grouped weight gradient's lowering."""
+    def g(lw: Lowering) -> Lowering:
+        assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+        return f(lw)
+    return g
+
+
+def _loop(lw: GroupedWgradLowering, **methods) -> GroupedWgradLowering:
+    cls = type("Planted_wgrad_loop", (WgradLoop,), methods)
+    return replace(lw, loop=cls(**{f.name: getattr(lw.loop, f.name) for f in fields(lw.loop)}))
+
+
+def parts_read_from_the_hi_block(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """Both of an f32 A's instructions read the hi part's block: every product counted twice, the lo part never."""
+    return _loop(lw, part_slab=lambda self, q, part: q * self.parts)
+
+
+def group_end_unmasked(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """The k tile's rows past the group's end kept: the next group's rows added into this group's slab."""
+    cls = type("Planted_wgrad", (GroupedWgradLowering,), {"row_inside": lambda self, row, end: row < row + 1})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
 def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
@@ -30,4 +58,9 @@ MUTANT_ENTRIES = (
      "backward's product through the transposed experts) issues every 64-column box of W at the tile's first "
      "column: columns 64.. multiply the first 64 columns' weights", GROUPED_N_MAJOR, "DACT", SHAPE,
      grouped(boxes_at_first_column)),
+    ("grouped-wgrad-parts-read-twice", "the grouped weight gradient's consumers read an f32 A's hi block for both "
+     "parts' instructions: every product added twice, the low parts never", GROUPED_WGRAD, "WGRAD", SHAPE,
+     wgrad(parts_read_from_the_hi_block)),
+    ("grouped-wgrad-group-end-unmasked", "the grouped weight gradient keeps a k tile's rows past its group's end: the "
+     "next group's rows added into this group's weights", GROUPED_WGRAD, "WGRAD", SHAPE, wgrad(group_end_unmasked)),
 )

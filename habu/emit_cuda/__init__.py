@@ -10,6 +10,7 @@ from habu.emit_cuda import (  # noqa: F401
     emit_fma,
     emit_general,
     emit_grouped,
+    emit_grouped_wgrad,
     emit_map,
     emit_rows,
     emit_stage,

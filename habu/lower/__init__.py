@@ -16,7 +16,9 @@ from habu.lower.columns import ColumnLowering, lower_columns
 from habu.lower.contraction import ContractionLowering, lower_contraction
 from habu.lower.general import GeneralLowering, lower_general
 from habu.lower.grouped import GroupedLowering, lower_grouped
+from habu.lower.grouped_wgrad import GroupedWgradLowering, lower_grouped_wgrad
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
+from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.plan import (
     AttentionKernel,
     ColumnKernel,
@@ -31,6 +33,7 @@ from habu.plan.plan import (
 from habu.spec.ir import Model
 
 Lowering = (ContractionLowering | RowLowering | MapLowering | GeneralLowering | ColumnLowering | GroupedLowering
+            | GroupedWgradLowering
             | AttentionLowering)
 
 
@@ -47,6 +50,9 @@ def lower(model: Model, kernel: Kernel, storage: Mapping[str, str] | None = None
     if isinstance(kernel, ColumnKernel):
         return lower_columns(model, kernel, storage)
     if isinstance(kernel, GroupedKernel):
+        eq = next((e for e in model.nodes if e.target == kernel.nodes[0]), None)
+        if len(kernel.nodes) == 1 and eq is not None and as_grouped_wgrad(model, eq) is not None:
+            return lower_grouped_wgrad(model, kernel, eq, storage)  # the family's weight-gradient form
         return lower_grouped(model, kernel, storage)
     if isinstance(kernel, AttentionKernel):
         fa2 = lower_attention(model, kernel, storage)
@@ -83,5 +89,5 @@ def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
     return LoweredPlan(model, graph, plan, tuple(lower(graph, k, storage) for k in plan.kernels))
 
 
-__all__ = ["AttentionLowering", "ColumnLowering", "ContractionLowering", "GeneralLowering", "GroupedLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
+__all__ = ["AttentionLowering", "ColumnLowering", "ContractionLowering", "GeneralLowering", "GroupedLowering", "GroupedWgradLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",
            "lower_whole"]

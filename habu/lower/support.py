@@ -18,6 +18,7 @@ from habu.lower.access import Access
 from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
 from habu.lower.general import Store
 from habu.lower.grouped_wgmma import wgmma_refusal
+from habu.lower.grouped_wgrad import GroupedWgradLowering, wgrad_refusal
 from habu.lower.layouts import WGMMA_K_SPANS
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
@@ -441,6 +442,9 @@ class GroupedSupport(PathSupport):
     def refusals(self, lw) -> list[str]:
         k = lw.kernel
         reasons = []
+        if isinstance(lw, GroupedWgradLowering):  # the weight-gradient form (habu/lower/grouped_wgrad.py)
+            refusal = wgrad_refusal(k, lw.a.dtype, lw.b.dtype)
+            return [refusal] if refusal else []
         if lw.uses_wgmma:  # the wgmma main loop's own limits (habu/lower/grouped_wgmma.py)
             refusal = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None, lw.w_n_major)
             return [refusal] if refusal else []

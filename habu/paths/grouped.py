@@ -23,13 +23,16 @@ from dataclasses import replace
 
 from habu.emit_cuda.emit_grouped import emit_grouped
 from habu.emit_cuda.emit_grouped_wgmma import emit_grouped_wgmma
+from habu.emit_cuda.emit_grouped_wgrad import emit_grouped_wgrad
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.grouped import GroupedLowering
 from habu.lower.grouped_wgmma import WGMMA_BK
+from habu.lower.grouped_wgrad import WGRAD_BK, GroupedWgradLowering
 from habu.lower.support import GROUPED
 from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
 from habu.plan.grouped_pair import as_grouped_pair, pair_positions
+from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.patterns import Region, as_grouped_gemm
 from habu.plan.plan import GroupedKernel, Kernel
 from habu.plan.storage import dtype_of
@@ -56,6 +59,8 @@ class GroupedPath(KernelPath):
         the region (the general family then does)."""
         eq = next(e for e in model.nodes if e.target == region.nodes[0])
         gg = as_grouped_gemm(model, eq)
+        if gg is None and len(region.nodes) == 1:
+            return self.wgrad_default(model, eq, target, sizes)
         if gg is None or len(region.nodes) != 1 or not target.mma_sync:
             return None
         static = model.sizes
@@ -71,6 +76,21 @@ class GroupedPath(KernelPath):
         if gg.w_n_major:  # only the wgmma loop reads an n-major W (64-column TMA boxes, the transpose bit)
             return self.wgmma_kernel(model, kernel, target, sizes)
         return kernel
+
+    def wgrad_default(self, model: Model, eq, target: Target, sizes: dict[str, int]) -> GroupedKernel | None:
+        """A grouped weight gradient (`O[E[r] m n] += A[r m] · B[IX[r] n]`, habu/lower/grouped_wgrad.py) on the
+        wgmma loop: 128 × 128 tiles of m and n, two consumer warpgroups, as many 64-row k tiles in flight as fit
+        (an f32 A's two parts: 48 KiB a stage, 4 stages; a bf16 A: 32 KiB, 6); None where it cannot run (no
+        wgmma, a runtime number of groups, rows not whole 16-byte chunks)."""
+        gw = as_grouped_wgrad(model, eq)
+        if gw is None or not (target.wgmma and target.setmaxnreg) or model.sizes.get(gw.group_extent) is None:
+            return None
+        m, n = (model.sizes.get(v.extent) or sizes.get(v.extent) for v in (gw.m, gw.n))
+        if m is None or n is None or m % 8 or n % 8:
+            return None
+        stages = 4 if gw.a_dtype == "f32" else 6
+        return GroupedKernel(nodes=(eq.target,), bm=128, bn=128, bk=WGRAD_BK, warps_m=2, warps_n=4,
+                             index_width=index_width(model, sizes), main_loop="wgmma", stages=stages)
 
     def pair_default(self, model: Model, nodes: tuple[str, str, str], target: Target,
                      sizes: dict[str, int]) -> GroupedKernel | None:
@@ -178,8 +198,15 @@ class GroupedPath(KernelPath):
 
     def seconds(self, lw: GroupedLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the row tiles of an even grouping (#R/#G rows a group), each
-        reading its A rows once per column tile and the groups' weights once, at MMA_SHARE of mma.sync."""
+        reading its A rows once per column tile and the groups' weights once, at MMA_SHARE of mma.sync.
+        A weight gradient: every group's rows read once per output tile, O read and written once."""
         c = target.ceilings
+        if isinstance(lw, GroupedWgradLowering):
+            R, M, N, G = (sizes[x] for x in (lw.r, lw.m, lw.n, lw.g))
+            tiles_m, tiles_n = -(-M // lw.kernel.bm), -(-N // lw.kernel.bn)
+            flops = 2.0 * R * tiles_m * lw.kernel.bm * tiles_n * lw.kernel.bn * lw.a_parts
+            moved = R * (M * tiles_n * 2.0 * lw.a_parts + N * tiles_m * 2.0) + 8.0 * G * M * N
+            return flops, moved, max(flops / (c.wgmma_flops * WGMMA_SHARE), moved / c.bandwidth) + c.launch_s
         R, N, K, G = (sizes[x] for x in (lw.r, lw.n, lw.k, lw.g))
         k = lw.kernel
         tiles_m = G * -(-max(1, R // max(G, 1)) // k.bm)
@@ -198,6 +225,8 @@ class GroupedPath(KernelPath):
 
     def emit(self, name: str, model: Model, lowering: GroupedLowering, static: dict[str, int],  # type: ignore[override]
              target: Target, early_main_loop: bool = False) -> CudaKernel:
+        if isinstance(lowering, GroupedWgradLowering):
+            return emit_grouped_wgrad(name, model, lowering, static)
         if lowering.uses_wgmma:
             return emit_grouped_wgmma(name, model, lowering, static)
         return emit_grouped(name, model, lowering, static)

@@ -28,6 +28,8 @@ only when the finite-field check of the rewritten plan against the original mode
 - `terms:T` makes each grouped GEMM among the terms of T's sum a node of its own, T.t0, T.t1, … in f32, and T
   their sum with the rest (a derived MoE backward's `dX[IX[r] d] += Σ h dTup·W3[E[r] h d] + Σ h dTgate·W1[…]`:
   habu/plan/term_split.py). Default plans take it.
+- `inner:T` makes a grouped GEMM nested in T's reduction a node of its own, T.in in f32 (the MoE backward's
+  `dP[r] = Σ d dY[IX[r] d] · (Σ h Sact[r h] · W2[E[r] d h])`: habu/plan/inner_split.py). Default plans take it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from habu.errors import HabuError
 from habu.plan.attention_split import apply_attention, attention_parts
 from habu.plan.epilogue_inline import apply_epilogue, epilogue_part
 from habu.plan.gather_split import apply_gather, gather_part
+from habu.plan.inner_split import apply_inner, inner_part
 from habu.plan.patterns import _factors, as_contraction, consumers
 from habu.plan.scatter_split import apply_scatter, scatter_part
 from habu.plan.split import apply_split, split_part
@@ -206,15 +209,17 @@ KINDS = {"inline": (_inline_ok, _apply_inline),
          "scatter": (lambda m, t: scatter_part(m, t) is not None, apply_scatter),
          "gather": (lambda m, t: gather_part(m, t) is not None, apply_gather),
          "epilogue": (lambda m, t: epilogue_part(m, t) is not None, apply_epilogue),
-         "terms": (lambda m, t: terms_part(m, t) is not None, apply_terms)}
+         "terms": (lambda m, t: terms_part(m, t) is not None, apply_terms),
+         "inner": (lambda m, t: inner_part(m, t) is not None, apply_inner)}
 
 
 def default_rewrites(model: Model) -> tuple[str, ...]:
     """The rewrites a default plan takes without being asked: `attention:T` for every softmax-weighted
-    sum (the unfused attention plan) and `terms:T` for every sum of grouped GEMMs, then `split:T` for every contraction written inside a larger
+    sum (the unfused attention plan), `terms:T` for every sum of grouped GEMMs and `inner:T` for every grouped
+    GEMM nested in a reduction, then `split:T` for every contraction written inside a larger
     expression (without it no contraction family takes the node), then `epilogue:P` for every
     elementwise node that one contraction epilogue reads (one at a time: each may enable the next)."""
-    first = tuple(name for name in applicable(model) if name.startswith(("attention:", "terms:")))
+    first = tuple(name for name in applicable(model) if name.startswith(("attention:", "terms:", "inner:")))
     after = apply_rewrites(model, first) if first else model
     names = first + tuple(name for name in applicable(after) if name.startswith("split:"))
     while True:

@@ -16,6 +16,7 @@ from habu.prove import (  # noqa: F401
     interp_columns,
     interp_general,
     interp_grouped,
+    interp_grouped_wgrad,
     interp_rows,
 )
 from habu.prove.rules import Obligation, failures, guards, obligations

@@ -14,9 +14,11 @@ import z3
 from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering
 from habu.lower.grouped_wgmma import wgmma_refusal
+from habu.lower.grouped_wgrad import GroupedWgradLowering
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
 from habu.prove.pipeline import pipeline_problem
 from habu.prove.rules_fields import FIELD_RULES, _grid
+from habu.prove.rules_grouped_wgrad import grouped_wgrad_obligations
 
 GROUPED_RULES = {r.name: r for r in (
     Rule("grouped-schedule", "the grid of a grouped GEMM has a block for every row tile of every grouping of "
@@ -147,6 +149,10 @@ def _mma_obligations(name: str, lw: GroupedLowering) -> Iterator[Obligation]:
 
 def grouped_obligations(name: str, lw: GroupedLowering, ctx: Context) -> Iterator[Obligation]:
     from habu.prove.rules import R, _access_obligations, supported  # rules.py imports this module
+
+    if isinstance(lw, GroupedWgradLowering):  # the family's second form (habu/lower/grouped_wgrad.py)
+        yield from grouped_wgrad_obligations(name, lw, ctx)
+        return
 
     k, s, t = lw.kernel, ctx.ext, ctx.target
     axes = {"r": (s[lw.r], 1), "n": (s[lw.n], 1), "k": (s[lw.k], 1), "g": (s[lw.g], 1)}

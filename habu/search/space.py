@@ -97,8 +97,11 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     graph = apply_rewrites(model, rewrites)
     regions = default_partition(graph, target, s)
     kernels = default_kernels(graph, target, s, regions)
-    if not any(key in GROUPED_PINS for key in (pins or {})):  # an MoE model: the grouped family (its choices pinned)
-        pins = {**grouped.PATH.default_pins(graph, regions, target, s), **(pins or {})}
+    if "family" not in (pins or {}):  # an MoE model: the grouped family (its choices pinned)
+        chosen = grouped.PATH.default_pins(graph, regions, target, s)
+        if any(key in GROUPED_PINS for key in (pins or {})):  # the user's grouped choices: the family, not the loop
+            chosen = {k: v for k, v in chosen.items() if k == "family"}
+        pins = {**chosen, **(pins or {})}
     if pins:
         if "mma" in pins:
             if pins["mma"] not in MMAS:

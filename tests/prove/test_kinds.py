@@ -15,7 +15,7 @@ from habu.prove.kinds import kind_proof
 
 def test_every_lowering_kind_has_a_finite_field_check_and_a_launch_geometry() -> None:
     kinds = typing.get_args(Lowering)
-    assert len(kinds) == 7
+    assert len(kinds) == 8  # contraction, rows, map, general, columns, grouped, grouped weight gradient, attention
     for kind in kinds:
         lw = object.__new__(kind)  # the lookup reads only the type
         assert kind_proof(lw).run is not None

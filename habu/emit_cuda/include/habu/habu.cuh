@@ -14,6 +14,7 @@
 #include "mma/sync.cuh"
 #include "grouped/schedule.cuh"
 #include "grouped/split.cuh"
+#include "grouped/wgrad.cuh"
 #include "attention/online.cuh"
 #include "attention/wgmma.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

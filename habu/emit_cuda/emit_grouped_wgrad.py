@@ -1,0 +1,230 @@
+"""The grouped weight gradient on wgmma (habu/lower/grouped_wgrad.py): `O[E[r] m n] += scale · P[r] · A[r m] · B[r n]`,
+one block per (output tile, group), the group's rows its k axis.
+
+Printed from the `GroupedWgradLowering` and its `WgradLoop`: the group offsets (`habu::group_offsets`, as the
+grouped GEMM finds them), the block's tile (`block_tile`), its group's k tiles (`k_tiles`, `row`, masked by
+`row_inside`), the producer's chunks (`chunk`, `a_source`, `b_source`) and where it stores them
+(`a_store_offset`, `b_store_offset`: an f32 A's hi and lo parts at `a_stored_column`), the ring (the
+contraction path's `MbarrierRing`: the producer's 128 arrivals a stage), the consumers' descriptors (the
+lowering's `WgmmaOperands`, both operands MN-major: the instruction's transpose bits) for each real slab's
+parts (`part_slab`) into one accumulator (`acc_row`), and the epilogue's read-add-store of each accumulator
+pair into O[g, m, n]."""
+
+from __future__ import annotations
+
+from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.common import (
+    GRID_LAUNCH,
+    GRID_WAIT,
+    Signature,
+    access_mask,
+    access_offset,
+    float_expr,
+    header,
+    index_code,
+    index_type,
+    load_value,
+)
+from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.emit_wgmma import ring_advance_line, ring_barrier
+from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.kernel import CudaKernel
+from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
+from habu.lower.grouped_wgrad import GroupedWgradLowering, wgrad_refusal
+from habu.spec.ir import Model
+
+
+def _no_load(ld) -> str:
+    raise ValueError("the scale of a grouped weight gradient reads no tensor")
+
+
+def _desc(d, base: str, start) -> str:
+    row, k_part = start
+    at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
+    return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
+
+
+def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static: dict[str, int]) -> CudaKernel:
+    k, loop = lw.kernel, lw.loop
+    refused = wgrad_refusal(k, lw.a.dtype, lw.b.dtype)
+    if refused or loop is None:
+        raise ValueError(f"{name}: {refused or 'the grouped weight gradient has no stage maps for this tile'}")
+    ops, ring = loop.operands, loop.ring
+    sig = Signature(model, static=static)
+    sizes = sig.sizes()
+    it = index_type(lw.index_width)
+    table = table_reader(sig, model, it)
+    groups = sizes[lw.g]
+    if not isinstance(groups, int):
+        raise ValueError(f"{name}: the number of groups #{lw.g} must be known when the kernel is compiled")
+    e_ptr = sig.pointer(lw.groups, model.tensor(lw.groups).dtype.name)  # type: ignore[union-attr]
+    pa = sig.pointer(lw.a.tensor, lw.a.dtype)
+    pb = sig.pointer(lw.b.tensor, lw.b.dtype)
+    p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
+    rows = c(sizes[lw.r])
+    mt_x, nt_x = lw.block_tile(CExpr("blockIdx.x"), CExpr("n_tiles"))
+
+    # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column
+    def chunk_lines(side: str, count: int) -> str:
+        source = loop.a_source if side == "A" else loop.b_source
+        ki, col = source(loop.chunk(CExpr("ptid"), CExpr("j")))
+        acc, p, axis = (lw.a, pa, "m") if side == "A" else (lw.b, pb, "n")
+        tile_col = lw.column_m(CExpr("mt"), col) if side == "A" else lw.column_n(CExpr("nt"), col)
+        coord = {"k": "r", axis: "col"}
+        mask = access_mask(acc, coord, sizes, table)
+        off = access_offset(acc, coord, sizes, lw.index_width, table)
+        low = side.lower()
+        if side == "A" and acc.dtype == "f32":
+            factor = ""
+            if lw.row_scale is not None:
+                rs = lw.row_scale
+                p_rs = sig.pointer(rs.tensor, rs.dtype)
+                rs_off = access_offset(rs, {"k": "r"}, sizes, lw.index_width, table)
+                factor = (f"          if (ok) habu::scale_chunk({low}x[j], {low}y[j], "
+                          f"{load_value(rs.dtype, p_rs, rs_off)});  // the row's factor {rs.tensor}[r]\n")
+            load = (f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}x[j], {low}y[j]);\n{factor}")
+        elif acc.dtype == "f32":
+            raise ValueError(f"{name}: B is bf16 on this loop")
+        else:
+            load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}v[j]);\n"
+        return f"""#pragma unroll
+        for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of this k tile: row {c(ki)}, 8 columns from {c(col)}
+          const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr("kt"), ki))});
+          const {it} col = ({it})({c(tile_col)});
+          const bool ok = {c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({mask});
+{load}        }}
+"""
+
+    a_per, b_per = loop.a_chunks() // loop.warpgroup_size, loop.b_chunks() // loop.warpgroup_size
+    a_regs = (f"float4 ax[{a_per}], ay[{a_per}];  // A's chunks (f32: its parts are stored)" if loop.parts == 2
+              else f"uint4 av[{a_per}];  // A's chunks")
+    a_ki, a_col = loop.a_source(loop.chunk(CExpr("ptid"), CExpr("j")))
+    b_ki, b_col = loop.b_source(loop.chunk(CExpr("ptid"), CExpr("j")))
+    if loop.parts == 2:
+        a_store = (f"habu::store_split_bf16x8(a_stage + (habu::u32)({c(loop.a_store_offset(a_col, a_ki, 0))}), "
+                   f"a_stage + (habu::u32)({c(loop.a_store_offset(a_col, a_ki, 1))}), ax[j], ay[j]);  // hi, lo")
+    else:
+        a_store = f"habu::store_shared16(a_stage + (habu::u32)({c(loop.a_store_offset(a_col, a_ki, 0))}), av[j]);"
+    b_store = f"habu::store_shared16(b_stage + (habu::u32)({c(loop.b_store_offset(b_col, b_ki))}), bv[j]);"
+
+    # the consumers: each real slab q, each part, one wgmma into acc[q] (both operands MN-major)
+    trans = (ops.b_desc.mn_major, ops.a_desc.mn_major)
+    b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+    mma = "\n".join(
+        f"          {wgmma_name(k.bn, 'bf16', *trans)}(acc[{q}], "
+        f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), loop.part_slab(q, part), CExpr('kk')))}, {b_desc}, 1);"
+        f"{'  // the low parts' if part else ''}"
+        for q in range(loop.slabs) for part in range(loop.parts))
+    frag = loop.fragment
+    regs = frag.registers(k.bn // frag.col_step)
+    v_reg = [c(frag.register_index(CExpr("j"), CExpr("h"), q)) for q in range(frag.pair)]
+    scale = "" if lw.scale is None else f"{float_expr(lw.scale, _no_load, sizes)} * "
+    at = {q: {"g": "g", "m": "m", "n": col} for q, col in ((0, "col"), (1, "col1"))}
+    masks = {q: access_mask(lw.out, at[q], sizes, table) for q in (0, 1)}
+    offs = {0: access_offset(lw.out, at[0], sizes, lw.index_width, table)}
+    split = loop.registers
+    body = f"""{wgmma_function(k.bn, "bf16", *trans)}
+extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 raw_base = habu::smem_addr(smem_raw);
+  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
+  const habu::u32 bars = smem_base + {ring.base};
+  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
+{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
+  const int wg = {c(loop.warpgroup(CExpr("tid")))};
+  // full[s] (+0): the producer's 128 threads stored the stage; empty[s] (+8): every consumer is done with it
+  if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
+  habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
+  __syncthreads();
+  if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
+  if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
+  const int g = blockIdx.y;  // the block's group
+  const {it} n_tiles = ({it})({c(lw.n_tiles(sizes))});
+  const {it} mt = ({it})({c(mt_x)});  // the block's tile of #{lw.m}
+  const {it} nt = ({it})({c(nt_x)});  // and of #{lw.n}
+  const {it} lo = offs[g], end = offs[{c(lw.group_end(CExpr("g")))}];  // the group's rows: its k axis
+  const long long k_tiles = {c(lw.k_tiles(CExpr("lo"), CExpr("end")))};
+  if (k_tiles <= 0) return;  // an empty group: nothing to add (every thread of the block returns)
+  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
+  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
+    if (blockIdx.x == 0)  // E sorted (GROUPS:): each row of the group holds it (checked once a group)
+      for ({it} r = lo + ptid; r < end; r += {loop.warpgroup_size}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
+    {a_regs}
+    uint4 bv[{b_per}];  // B's chunks
+    for (long long kt = 0; kt < k_tiles; ++kt) {{
+{chunk_lines("A", a_per)}{chunk_lines("B", b_per)}        const habu::u32 full = {ring_barrier(ring, "stage")};
+        habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
+        const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+        const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
+#pragma unroll
+        for (int j = 0; j < {a_per}; ++j) {a_store}
+#pragma unroll
+        for (int j = 0; j < {b_per}; ++j) {b_store}
+        habu::fence_proxy_async(); habu::mbar_arrive(full);  // the stage's chunks, visible to wgmma
+        {ring_advance_line(ring)}
+      }}
+  }} else {{  // --------------------------------------------------------------------- consumers
+    // {split.describe()}: no setmaxnreg
+    const int cw = {c(loop.consumer(CExpr("wg")))};
+    const int lane = {frag.lane_of()};
+    const int warp = {frag.warp_of()};
+    float acc[{loop.slabs}][{regs}];
+#pragma unroll
+    for (int s = 0; s < {loop.slabs}; ++s)
+#pragma unroll
+      for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
+    int held = -1;  // the stage whose wgmma may still be reading it
+    for (long long kt = 0; kt < k_tiles; ++kt) {{
+      habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+      const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+      const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
+      habu::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
+{mma}
+      }}
+      habu::wgmma_commit();
+      habu::wgmma_wait<1>();
+      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
+      held = {c(ring.read_slot(CExpr("stage")))};
+      {ring_advance_line(ring)}
+    }}
+    habu::wgmma_wait<0>();
+    if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
+#pragma unroll
+    for (int q = 0; q < {loop.slabs}; ++q)
+#pragma unroll
+      for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
+        const {it} m = ({it})({c(lw.column_m(CExpr("mt"), loop.acc_row(CExpr("cw"), CExpr("q")) + CExpr(frag.row_in_warpgroup())))});
+#pragma unroll
+        for (int j = 0; j < {k.bn // frag.col_step}; ++j) {{  // each thread holds pairs of adjacent columns
+          const {it} col = ({it})({c(lw.column_n(CExpr("nt"), CExpr(frag.col())))});
+          const {it} col1 = col + {frag.pair - 1};
+          const bool in0 = {masks[0]}, in1 = {masks[1]};  // (col1 inside: col is too)
+          if (in0) {{
+            const {it} at = {offs[0]};  // O[g, m, col]; O[g, m, col1] after it (n is O's last axis)
+            habu::add_owned({p_out} + at, {scale}acc[q][{v_reg[0]}], {scale}acc[q][{v_reg[1]}], in1 && (at & 1) == 0, in0, in1);
+          }}
+        }}
+      }}
+  }}
+}}
+"""
+    gathered = [acc.tensor for acc in (lw.a, lw.b) if any(p.kind == "gather" for p in acc.positions)]
+    src = header(f"{name}: grouped weight gradient over #{lw.g} = {groups} groups, wgmma {k.bm}×{k.bn}×{ops.bk} "
+                 f"(both operands MN-major), {ring.stages} stages, {loop.consumers} consumer warpgroup(s)",
+                 [f"computes {lw.out.tensor}[g, m, n] += Σ over group g's rows of {lw.a.tensor} · {lw.b.tensor}",
+                  f"{lw.a.tensor} ({lw.a.dtype}{', two bf16 parts' if loop.parts == 2 else ''}) and {lw.b.tensor} by "
+                  f"the producer's loads{' (gathered: ' + ', '.join(gathered) + ')' if gathered else ''}, "
+                  "rows masked at the group's end; offsets found on the device",
+                  *([f"each row times {lw.row_scale.tensor}[r]"] if lw.row_scale is not None else []),
+                  f"adds into {lw.out.tensor} (each element by the one block that owns it)"])
+    src += body.replace("SIGNATURE", sig.declaration())
+    return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw)
+
+
+register_geometry(GroupedWgradLowering, GRID_2D)  # (output tiles of a group, groups)
+
+__all__ = ["emit_grouped_wgrad"]

@@ -1,0 +1,58 @@
+/** @brief The grouped weight gradient's producer and epilogue (habu/lower/grouped_wgrad.py): chunks of eight
+ *  elements of a row loaded from global memory (zeros where masked), stored into the MN-major stage tiles, and
+ *  a block's tile added into the output it alone owns. */
+#pragma once
+#include "../types.cuh"
+#include "split.cuh"
+
+namespace habu {
+
+/** @brief Eight consecutive floats at `p` as two float4 (x: the first four), or zeros where `ok` is false (no
+ *  load is issued: a masked row past the group or the tensor). `p` is 16-byte aligned where `ok`. */
+__device__ __forceinline__ void load_chunk(const float* p, bool ok, float4& x, float4& y) {
+  x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  y = x;
+  if (ok) {
+    x = __ldg(reinterpret_cast<const float4*>(p));
+    y = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  }
+}
+
+/** @brief Eight consecutive bf16 at `p` as one 16-byte word, or zeros where `ok` is false. */
+__device__ __forceinline__ void load_chunk(const bf16* p, bool ok, uint4& v) {
+  v = make_uint4(0u, 0u, 0u, 0u);
+  if (ok) v = __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+/** @brief The eight floats of a chunk times the row's factor (the row factor P[r], applied before the split). */
+__device__ __forceinline__ void scale_chunk(float4& x, float4& y, float s) {
+  x.x *= s; x.y *= s; x.z *= s; x.w *= s;
+  y.x *= s; y.y *= s; y.z *= s; y.w *= s;
+}
+
+/** @brief Sixteen bytes into shared memory at `at` (a stage tile's chunk, 16-byte aligned). */
+__device__ __forceinline__ void store_shared16(u32 at, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" :: "r"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+/** @brief Eight bf16 (packed, one 16-byte word) from eight floats: the stage tile's chunk of a bf16 copy. */
+__device__ __forceinline__ uint4 pack_bf16x8(float4 x, float4 y) {
+  return make_uint4(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w), pack_bf16x2(y.x, y.y), pack_bf16x2(y.z, y.w));
+}
+
+/** @brief o[0] += a, o[1] += b for a block that alone owns both elements (a read, an add, a store: no atomic);
+ *  one 8-byte access where `pair` (both inside and 8-byte aligned), else each element where its flag holds. */
+__device__ __forceinline__ void add_owned(float* o, float a, float b, bool pair, bool in0, bool in1) {
+  if (pair) {
+    float2 v = *reinterpret_cast<float2*>(o);
+    v.x += a;
+    v.y += b;
+    *reinterpret_cast<float2*>(o) = v;
+  } else {
+    if (in0) o[0] += a;
+    if (in1) o[1] += b;
+  }
+}
+
+}  // namespace habu

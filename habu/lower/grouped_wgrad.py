@@ -1,0 +1,260 @@
+"""Lowering the grouped weight gradient (habu/plan/grouped_wgrad.py): `O[E[r] m n] += scale · P[r] · A[r m] · B[r n]`
+with E a grouping, every group's product `O[g] += A[rows of g]ᵀ · B[rows of g]` in one launch, on wgmma.
+
+    block (bx, by) -> group g = by, tile (mt, nt) = (bx / n_tiles, bx mod n_tiles) of the group's output
+    the group's rows offs[g] .. offs[g + 1] − 1 (the offsets: the grouped family's binary search over E)
+        are its k axis: k tile kt holds rows `row(offs[g], kt, i)` = offs[g] + kt·bk + i, i < bk, masked
+        at offs[g + 1] (`row_inside`: zeros past the group, never the next group's rows); an empty
+        group's blocks do nothing
+    warpgroup 0 (producer): per k tile, each thread loads its chunks of 8 elements of A's and B's rows
+        (`chunk`, `a_source`, `b_source`: a row's chunks on consecutive threads; gathered rows through
+        IX, masked rows and columns zero; an f32 A times P[r] then split into two bf16 parts hi and lo),
+        waits until the stage is free, stores them into the stage's MN-major tiles (`a_stored_column`: an
+        f32 A's parts side by side, block by block of 64 columns) and arrives on the stage's barrier
+    warpgroups 1..C (consumers): wgmma with both transpose bits, each real slab q of 64 rows of m once a
+        part (`part_slab`: the descriptor slab of its hi and lo blocks) into one accumulator; then the
+        epilogue adds each accumulator pair into O[g, m, n] (a block owns its tile: a plain read, add and
+        store, no atomics), where m < #M and n < #N.
+
+The stage tiles, descriptors and the ring are the contraction path's (`wgmma_operands` on a shadow whose A
+tile is `parts`·bm columns wide, `wgmma_ring` with the producer threads' arrivals), so the finite-field check
+routes every element through the same maps (habu.prove.interp_grouped_wgrad) and the emitter prints them
+(habu.emit_cuda.emit_grouped_wgrad)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from habu.lower.access import Access, access_for, cdiv
+from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
+from habu.lower.grouped import GroupedLowering
+from habu.lower.layouts import WgmmaOperands, wgmma_operands
+from habu.lower.pipeline import MbarrierRing, wgmma_ring
+from habu.lower.registers import WARPGROUP, RegisterSplit, warp_specialized_split
+from habu.lower.smem import SmemLayout, tensor_core_smem
+from habu.plan.grouped_wgrad import as_grouped_wgrad
+from habu.plan.plan import ContractionKernel, GroupedKernel
+from habu.spec.ir import Equation, Expr, IndexVar, Model
+
+WGRAD_BK = 64  # rows a k tile: 64 rows of 128 bytes, one MN-major block's swizzle pattern
+VECTOR = 8  # elements a producer chunk moves (16 bytes of bf16)
+
+
+def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str) -> str | None:
+    """Why the grouped weight-gradient loop cannot run this kernel, or None."""
+    consumers = max(1, kernel.warps_m * kernel.warps_n // 4)
+    if kernel.main_loop != "wgmma":
+        return "the grouped weight gradient runs on the wgmma loop only (--pin main_loop=wgmma)"
+    if a_dtype not in ("bf16", "f32") or b_dtype != "bf16":
+        return "the grouped weight gradient multiplies a bf16 B with a bf16 A (or an f32 A's two bf16 parts)"
+    if kernel.bk != WGRAD_BK:
+        return f"the grouped weight gradient's k tile is {WGRAD_BK} rows, not {kernel.bk}"
+    if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * consumers) or kernel.bm < 64:
+        return (f"{kernel.warps_m} × {kernel.warps_n} warps do not split a {kernel.bm}-row tile into 64-row "
+                "wgmma slabs of whole warpgroups")
+    if kernel.bn % 64:
+        return f"B's MN-major tile is whole blocks of 64 columns: {kernel.bn} is not"
+    if kernel.stages < 2:
+        return "the wgmma ring needs at least 2 stages"
+    return None
+
+
+@dataclass(frozen=True)
+class WgradLoop:
+    """The main loop's stage tiles, descriptors, ring and thread maps."""
+
+    shadow: ContractionKernel  # the contraction schedule the tiles come from: A's tile parts·bm wide
+    operands: WgmmaOperands
+    ring: MbarrierRing
+    layout: SmemLayout
+    consumers: int
+    parts: int  # bf16 parts of each A element: 1 (bf16 A) or 2 (f32 A: hi, lo)
+    bm: int
+    bn: int
+    registers: RegisterSplit
+    fragment: AccumulatorFragment = ACCUMULATOR
+    warpgroup_size: int = WARPGROUP
+
+    @property
+    def threads(self) -> int:
+        return self.warpgroup_size * (self.consumers + 1)
+
+    def warpgroup(self, tid: Any) -> Any:
+        return tid // self.warpgroup_size
+
+    def consumer(self, wg: Any) -> Any:
+        return wg - 1
+
+    def producer_thread(self, tid: Any) -> Any:
+        return tid
+
+    # -- the producer's chunks: chunk c of a k tile is its row c / (cols/8), columns 8·(c mod (cols/8))..
+    def a_chunks(self) -> int:
+        return self.bm * WGRAD_BK // VECTOR
+
+    def b_chunks(self) -> int:
+        return self.bn * WGRAD_BK // VECTOR
+
+    def chunk(self, ptid: Any, j: Any) -> Any:
+        """Producer thread ptid's j-th chunk (of A's, then separately of B's): consecutive threads, consecutive chunks."""
+        return ptid + self.warpgroup_size * j
+
+    def a_source(self, c: Any) -> tuple[Any, Any]:
+        """(row within the k tile, first column of m) of A's chunk c."""
+        per = self.bm // VECTOR
+        return c // per, (c % per) * VECTOR
+
+    def b_source(self, c: Any) -> tuple[Any, Any]:
+        per = self.bn // VECTOR
+        return c // per, (c % per) * VECTOR
+
+    def a_stored_column(self, m: Any, part: Any) -> Any:
+        """The stage tile's column (of its parts·bm) where part `part` of A's column m is kept: each 64-column
+        block of m with its parts' blocks side by side (hi, lo), so a consumer's slab reads both from
+        neighbouring blocks."""
+        return (m // 64) * 64 * self.parts + part * 64 + m % 64
+
+    def a_store_offset(self, m: Any, k: Any, part: Any) -> Any:
+        """The byte of the stage's A tile where part `part` of A's (m, k) is kept (the tile's swizzle)."""
+        return self.operands.a_copy.byte_offset(self.a_stored_column(m, part), k)
+
+    def b_store_offset(self, n: Any, k: Any) -> Any:
+        return self.operands.b_copy.byte_offset(n, k)
+
+    # -- the consumers
+    @property
+    def slabs(self) -> int:
+        """Real slabs of 64 rows of m a consumer accumulates."""
+        return self.bm // (64 * self.consumers)
+
+    def part_slab(self, q: Any, part: Any) -> Any:
+        """The descriptor slab (of the shadow's parts·slabs a consumer) holding part `part` of real slab q."""
+        return q * self.parts + part
+
+    def acc_row(self, cw: Any, q: Any) -> Any:
+        """The first row of m of consumer cw's accumulator q."""
+        return (cw * self.slabs + q) * 64
+
+
+@dataclass(frozen=True)
+class GroupedWgradLowering:
+    kernel: GroupedKernel
+    r: str  # the rows' extent: the reduced axis
+    m: str
+    n: str
+    g: str
+    node: Equation
+    a: Access  # A at axes (k: the rows, m)
+    b: Access  # B at axes (k, n)
+    out: Access  # O at axes (g, m, n)
+    groups: str
+    scale: Expr | None
+    index_width: int
+    row_scale: Access | None = None  # P at axis k (the row)
+    loop: WgradLoop | None = None
+
+    # the grouped family's offsets (the same binary search over E): `GroupedLowering`'s
+    search_steps = GroupedLowering.search_steps
+    lower_bound = GroupedLowering.lower_bound
+
+    uses_wgmma = True
+    pair = None
+
+    @property
+    def nodes(self) -> tuple[Equation, ...]:
+        return (self.node,)
+
+    @property
+    def extents(self) -> tuple[str, ...]:
+        return (self.g, self.m, self.n)
+
+    @property
+    def threads(self) -> int:
+        return self.loop.threads if self.loop is not None else WARPGROUP * 2
+
+    def n_tiles(self, sizes: Mapping[str, Any]) -> Any:
+        return cdiv(sizes[self.n], self.kernel.bn)
+
+    def grid(self, sizes: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(tiles of one group's output, groups)."""
+        return cdiv(sizes[self.m], self.kernel.bm) * self.n_tiles(sizes), sizes[self.g]
+
+    def block_tile(self, bx: Any, n_tiles: Any) -> tuple[Any, Any]:
+        """(m tile, n tile) of block x: the n tiles of one m tile on consecutive blocks (A's slice shared)."""
+        return bx // n_tiles, bx % n_tiles
+
+    def group_end(self, g: Any) -> Any:
+        return g + 1
+
+    def k_tiles(self, lo: Any, hi: Any) -> Any:
+        """The group's k tiles: its rows lo .. hi − 1 in tiles of bk (none for an empty group)."""
+        return cdiv(hi - lo, self.kernel.bk)
+
+    def row(self, begin: Any, kt: Any, i: Any) -> Any:
+        return begin + kt * self.kernel.bk + i
+
+    def row_inside(self, row: Any, end: Any) -> Any:
+        return row < end
+
+    def column_m(self, mt: Any, i: Any) -> Any:
+        return mt * self.kernel.bm + i
+
+    def column_n(self, nt: Any, j: Any) -> Any:
+        return nt * self.kernel.bn + j
+
+    @property
+    def a_parts(self) -> int:
+        return 1 if self.a.dtype == "bf16" else 2
+
+    def smem_bytes(self) -> int:
+        return self.loop.layout.total if self.loop is not None else 0
+
+    def dynamic_smem_bytes(self) -> int:
+        return self.smem_bytes()
+
+
+def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access) -> WgradLoop | None:
+    """The main loop's maps, or None where they do not exist (the rules then refuse the plan)."""
+    if wgrad_refusal(kernel, a.dtype, b.dtype) is not None:
+        return None
+    consumers = max(1, kernel.warps_m * kernel.warps_n // 4)
+    parts = 1 if a.dtype == "bf16" else 2
+    shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm * parts, tile_n=kernel.bn, tile_k=WGRAD_BK,
+                               warps=4 * (consumers + 1), stages=kernel.stages, mma="wgmma", a_move="tma",
+                               b_move="tma", a_vector=VECTOR, b_vector=VECTOR, split_k=1, raster="row", group_m=1,
+                               persistent=False, warp_specialized=True, swizzle=128, index_width=kernel.index_width,
+                               store="direct")
+    layout = tensor_core_smem(shadow, "bf16", "bf16", b_kmajor=False, a_kmajor=False)
+    staged_a, staged_b = replace(a, dtype="bf16"), replace(b, dtype="bf16")  # the tiles hold bf16 (an f32 A's parts)
+    ops = wgmma_operands(shadow, staged_a, staged_b, {x.name: x for x in layout.buffers}, consumers)
+    if ops is None:
+        return None
+    ring = wgmma_ring(kernel.stages, consumers, 1, shadow.tile_m, shadow.tile_n, WGRAD_BK, WGRAD_BK,
+                      {"A": "ldg", "B": "ldg"}, True, 2, True)
+    bars = next((x.offset for x in layout.buffers if x.name == "bar"), 0)
+    # the producer keeps the registers it starts with (a k tile of loads in flight: up to 24 vectors a thread)
+    split = warp_specialized_split(shadow.warps)
+    split = replace(split, producer=split.at_launch, consumer=split.at_launch)
+    return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn, split)
+
+
+def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,
+                        storage: Mapping[str, str] | None = None) -> GroupedWgradLowering:
+    gw = as_grouped_wgrad(model, eq)
+    if gw is None:
+        raise ValueError(f"{eq.target} is not a grouped weight gradient")
+    gv = IndexVar("g", gw.group_extent)
+    axis_of = {gw.r: "k", gw.m: "m", gw.n: "n", gv: "g"}
+    extent_of_axis = {"k": gw.r.extent, "m": gw.m.extent, "n": gw.n.extent, "g": gw.group_extent}
+    a = access_for(model.tensor(gw.a.tensor), gw.a.indices, axis_of, extent_of_axis, storage)
+    b = access_for(model.tensor(gw.b.tensor), gw.b.indices, axis_of, extent_of_axis, storage)
+    out = access_for(model.tensor(eq.target), (gv, gw.m, gw.n), axis_of, extent_of_axis, storage)
+    row_scale = None if gw.row_scale is None else \
+        access_for(model.tensor(gw.row_scale.tensor), gw.row_scale.indices, axis_of, extent_of_axis, storage)
+    return GroupedWgradLowering(kernel, gw.r.extent, gw.m.extent, gw.n.extent, gw.group_extent, eq, a, b, out,
+                                gw.groups, gw.scale, kernel.index_width, row_scale, wgrad_loop(kernel, a, b))
+
+
+__all__ = ["WGRAD_BK", "GroupedWgradLowering", "WgradLoop", "lower_grouped_wgrad", "wgrad_refusal"]

@@ -1,0 +1,200 @@
+"""The finite-field interpreter of the grouped weight gradient (habu/lower/grouped_wgrad.py): every block of
+the grid as the kernel decodes it (its group, its output tile), the group's rows found by the lowering's
+binary search over E's values, its k tiles as the ring delivers them (habu.prove.pipeline), masked at the
+group's end, each stage tile filled through the producer's chunk maps and read back through the consumers'
+descriptors (habu.prove.smem_route on the contraction path's maps), and the tile added into O[g].
+
+An f32 A is two bf16 parts on the GPU (hi = bf16(a·P[r]), lo = bf16(a·P[r] − hi)); over the field the hi part
+holds the exact value and the lo part zero, so a consumer that reads a part's block twice, or another row's,
+changes the result (the GPU tests check the split itself with values bf16 cannot hold)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from habu.lower.grouped_wgrad import VECTOR, WGRAD_BK, GroupedWgradLowering, WgradLoop
+from habu.prove.fragments import fragment_mismatch
+from habu.prove.interp import Memory, eval_pointwise, read, write
+from habu.prove.interp_grouped import group_offsets
+from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
+from habu.prove.pipeline import delivered
+from habu.prove.smem_route import Route, wgmma_route
+from habu.prove.virtual import WrittenTensor
+
+
+def loop_faults(loop: WgradLoop) -> list[str]:
+    """The thread maps over every thread: each producer chunk of A's and B's k tiles made once (`chunk`,
+    `a_source`, `b_source` cover the tile), A's parts' columns a permutation of the stage tile's
+    (`a_stored_column`), every store 16-byte aligned inside its tile, the consumers' accumulator map against
+    the PTX ISA's wgmma layout."""
+    faults = []
+    ptid = np.arange(loop.warpgroup_size, dtype=np.int64)[:, None]
+    for side, chunks, source, cols in (("A", loop.a_chunks(), loop.a_source, loop.bm),
+                                       ("B", loop.b_chunks(), loop.b_source, loop.bn)):
+        j = np.arange(-(-chunks // loop.warpgroup_size), dtype=np.int64)[None, :]
+        made = np.asarray(loop.chunk(ptid, j), dtype=np.int64).ravel()
+        made = made[made < chunks]
+        if sorted(made.tolist()) != list(range(chunks)):
+            faults.append(f"the producer's chunks of {side}'s k tile are not its {chunks} chunks once each")
+        k, c = (np.asarray(x, dtype=np.int64) for x in source(np.arange(chunks, dtype=np.int64)))
+        cells = sorted(zip(k.tolist(), c.tolist(), strict=True))
+        want = sorted((kk, cc) for kk in range(WGRAD_BK) for cc in range(0, cols, VECTOR))
+        if cells != want:
+            faults.append(f"{side}'s chunks do not cover its {WGRAD_BK} × {cols} k tile in chunks of {VECTOR}")
+    m = np.arange(loop.bm, dtype=np.int64)
+    stored = np.concatenate([np.asarray(loop.a_stored_column(m, p), dtype=np.int64) for p in range(loop.parts)])
+    if sorted(stored.tolist()) != list(range(loop.parts * loop.bm)):
+        faults.append("A's parts are not kept at distinct columns of the stage tile (a part overwrites another)")
+    ops = loop.operands
+    k = np.arange(WGRAD_BK, dtype=np.int64)[:, None]
+    a_cols, b_cols = m[None, ::VECTOR], np.arange(0, loop.bn, VECTOR, dtype=np.int64)[None, :]
+    # where the producer stores each chunk (as the emitter prints it) against where the route's fill keeps the
+    # chunk's first element (the stage tile's layout: `StageCopy.byte_offset` of its stored column)
+    for side, printed, kept, tile in (
+            ("A", [np.asarray(loop.a_store_offset(a_cols, k, p)) for p in range(loop.parts)],
+             [np.asarray(ops.a_copy.byte_offset(loop.a_stored_column(a_cols, p), k)) for p in range(loop.parts)],
+             ops.a_tile),
+            ("B", [np.asarray(loop.b_store_offset(b_cols, k))], [np.asarray(ops.b_copy.byte_offset(b_cols, k))],
+             ops.b_tile)):
+        at = np.concatenate([np.broadcast_to(o, np.broadcast_shapes(o.shape, (WGRAD_BK, 1))).ravel() for o in printed])
+        want = np.concatenate([np.broadcast_to(o, np.broadcast_shapes(o.shape, (WGRAD_BK, 1))).ravel() for o in kept])
+        if ((at % 16) != 0).any() or (at < 0).any() or (at + 16 > tile.bytes).any():
+            faults.append(f"a producer store of {side}'s chunk leaves its stage tile or is not 16-byte aligned")
+        elif not np.array_equal(at, want):
+            i = int(np.nonzero(at != want)[0][0])
+            faults.append(f"the producer stores a chunk of {side} at byte {int(at[i])} of its stage tile, which keeps "
+                          f"that chunk at byte {int(want[i])}")
+    moved = fragment_mismatch("wgmma", loop.fragment, loop.bn // loop.fragment.col_step)
+    if moved is not None:
+        faults.append(moved)
+    return faults
+
+
+def _parts_values(loop: WgradLoop, a: np.ndarray) -> np.ndarray:
+    """The stage tile's rows (parts·bm of them, shadow order) from A's values at (m, k): part 0 the value, part 1
+    zero, each at the column `a_stored_column` keeps it."""
+    out = np.zeros((loop.parts * loop.bm, a.shape[1]), dtype=np.int64)
+    m = np.arange(loop.bm, dtype=np.int64)
+    out[np.asarray(loop.a_stored_column(m, 0), dtype=np.int64)] = a
+    return out
+
+
+def _block(name: str, lw: GroupedWgradLowering, sizes: Mapping[str, int], mem: Memory, offs: list[int], route: Route,
+           g: int, mt: int, nt: int) -> None:
+    f, k, loop = mem.field, lw.kernel, lw.loop
+    assert loop is not None
+    lo, hi = offs[g], offs[min(int(lw.group_end(g)), len(offs) - 1)]
+    steps = int(lw.k_tiles(lo, hi))
+    if steps <= 0:
+        return
+    tiles, fault = delivered(loop.ring, steps)
+
+    def where(bad: np.ndarray) -> str:
+        return f"group {g}, tile ({mt}, {nt})"
+
+    if fault is not None:
+        mem.fault(f"while computing {lw.out.tensor}[{g}, {mt * k.bm}, {nt * k.bn}] and the rest of its tile: "
+                  f"{name}'s k pipeline: {fault}")
+    ms = np.asarray(lw.column_m(mt, np.arange(k.bm, dtype=np.int64)), dtype=np.int64)
+    ns = np.asarray(lw.column_n(nt, np.arange(k.bn, dtype=np.int64)), dtype=np.int64)
+    m_ok, n_ok = ms < sizes[lw.m], ns < sizes[lw.n]
+    acc = np.zeros((k.bm, k.bn), dtype=np.int64)
+    i = np.arange(WGRAD_BK, dtype=np.int64)
+    for t in tiles:
+        if t is None:  # a stage read before its tile landed: stale shared memory
+            acc = (acc + mem.poison(np.arange(acc.size, dtype=np.int64) * 7919 + g).reshape(acc.shape)) % f.p
+            continue
+        rows = np.asarray(lw.row(lo, t, i), dtype=np.int64)
+        inside = np.asarray(lw.row_inside(rows, hi), dtype=bool)
+        a = np.zeros((k.bm, WGRAD_BK), dtype=np.int64)
+        b = np.zeros((k.bn, WGRAD_BK), dtype=np.int64)
+        live = rows[inside]
+        if len(live):
+            av = read(name, lw.a, {"k": live[None, :], "m": np.where(m_ok, ms, 0)[:, None]}, sizes, mem,
+                      lw.index_width, where)
+            if lw.row_scale is not None:
+                p = read(name, lw.row_scale, {"k": live[None, :]}, sizes, mem, lw.index_width, where)
+                av = f.op("mul", [np.broadcast_to(av, (k.bm, len(live))), np.broadcast_to(p, (k.bm, len(live)))])
+            a[:, inside] = np.where(m_ok[:, None], np.broadcast_to(av, (k.bm, len(live))), 0)
+            bv = read(name, lw.b, {"k": live[None, :], "n": np.where(n_ok, ns, 0)[:, None]}, sizes, mem,
+                      lw.index_width, where)
+            b[:, inside] = np.where(n_ok[:, None], np.broadcast_to(bv, (k.bn, len(live))), 0)
+        tile_a = _parts_values(loop, a)
+        for cw in range(loop.consumers):
+            for q in range(loop.slabs):
+                r0 = int(loop.acc_row(cw, q))
+                for part in range(loop.parts):
+                    warp = route.warps[cw * loop.operands.slabs + int(loop.part_slab(q, part))]
+                    x = tile_a[np.clip(warp.a_mn, 0, len(tile_a) - 1), warp.a_k]
+                    y = b[np.clip(warp.b_mn, 0, k.bn - 1), warp.b_k]
+                    part_sum = f.contract2(np.ascontiguousarray(x), np.ascontiguousarray(y), "ik", "jk", "ij")
+                    acc[r0:r0 + 64] = (acc[r0:r0 + 64] + part_sum) % f.p
+    if lw.scale is not None:
+        acc = (acc * np.asarray(eval_pointwise(lw.scale, lambda ld: None, f, sizes), dtype=np.int64)) % f.p
+    keep = m_ok[:, None] & n_ok[None, :]
+    coords = {"g": np.int64(g), "m": np.broadcast_to(ms[:, None], acc.shape)[keep],
+              "n": np.broadcast_to(ns[None, :], acc.shape)[keep]}
+    write(name, lw.out, coords, acc[keep], sizes, mem, lw.index_width, True, None, where)
+
+
+def run_grouped_wgrad(name: str, lw: GroupedWgradLowering, sizes: Mapping[str, int], mem: Memory, blocks,
+                      keep: np.ndarray | None = None) -> None:
+    """Run the blocks `blocks`, (block x, group) pairs, adding into O's prior contents."""
+    if lw.loop is None:
+        mem.fault(f"{name}: the grouped weight gradient has no stage maps for this tile")
+        return
+    for fault in loop_faults(lw.loop):
+        mem.fault(f"{name}: {fault}")
+    route = wgmma_route(lw.loop.operands)
+    for fault in route.faults:
+        mem.fault(f"{name}: {fault}")
+    target = lw.out.tensor
+    if target not in mem.written:  # O += …: the kernel adds into what O holds (an input of the model)
+        mem.written[target] = WrittenTensor(target, int(lw.out.numel(sizes)), mem.field.p, True, mem.inputs.get(target))
+    offs = group_offsets(lw, sizes, mem)  # type: ignore[arg-type]
+    n_tiles = int(lw.n_tiles(sizes))
+    for bx, g in blocks:
+        mt, nt = (int(x) for x in lw.block_tile(bx, n_tiles))
+        _block(name, lw, sizes, mem, offs, route, int(g), mt, nt)
+
+
+def _blocks_of(lw: GroupedWgradLowering, sizes: Mapping[str, int], tms, tns) -> list[tuple[int, int]]:
+    n_tiles = int(lw.n_tiles(sizes))
+    return [(mt * n_tiles + nt, g) for g in range(sizes[lw.g]) for mt in tms for nt in tns]
+
+
+def _span(tiles, tile: int, size: int) -> np.ndarray:
+    return np.unique(np.concatenate([np.arange(t * tile, min((t + 1) * tile, size)) for t in tiles]))
+
+
+def _sampled(lw: GroupedWgradLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
+    """The first, second and last tile of #M and of #N (`sample_tiles`: the classes the witness keeps), in every
+    group (each group's rows are its own), and the output elements they cover."""
+    k = lw.kernel
+    tms = sample_tiles(-(-sizes[lw.m] // k.bm))
+    tns = sample_tiles(int(lw.n_tiles(sizes)))
+    box = (np.arange(sizes[lw.g]), _span(tms, k.bm, sizes[lw.m]), _span(tns, k.bn, sizes[lw.n]))
+    return _blocks_of(lw, sizes, tms, tns), box, f"tiles m {tms} × n {tns} of every group"
+
+
+def _box(lw: GroupedWgradLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]) -> tuple[object, object, str]:
+    """The blocks whose tiles hold a demanded box of O (every element of each, so no lane to drop)."""
+    k = lw.kernel
+    tms = sorted({int(m) // k.bm for m in np.asarray(box[1]).ravel()})
+    tns = sorted({int(n) // k.bn for n in np.asarray(box[2]).ravel()})
+    return _blocks_of(lw, sizes, tms, tns), None, f"tiles m {tms} × n {tns} of every group"
+
+
+def _tiled_axes(name: str, lw: GroupedWgradLowering) -> list[TileAxis]:
+    """The output's m and n tiles. Not the rows: a group's k tiles depend on the drawn grouping (groups longer
+    than a tile, empty ones and one holding every row are tests/prove/test_grouped_wgrad.py's)."""
+    k = lw.kernel
+    return [TileAxis(name, "m", lw.m, k.bm), TileAxis(name, "n", lw.n, k.bn)]
+
+
+register_kind(GroupedWgradLowering, KindProof(run=run_grouped_wgrad, final_selection=_sampled,
+                                              box_selection=_box, tiled_axes=_tiled_axes))
+
+__all__ = ["loop_faults", "run_grouped_wgrad"]

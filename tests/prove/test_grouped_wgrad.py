@@ -1,0 +1,174 @@
+"""The grouped weight gradient (habu/lower/grouped_wgrad.py): `O[E[r] m n] += A[r m] · B[IX[r] n]`, each group's
+product over its own rows on wgmma, executed over GF(p) for hand-made groupings (empty groups, a group of
+several k tiles, one group holding every row), planted bugs the check kills, its rules, the default plans of
+the derived MoE backward, and NVRTC where it is available."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from habu.lower import lower
+from habu.lower.grouped_wgrad import GroupedWgradLowering, WgradLoop
+from habu.plan.plan import GroupedKernel
+from habu.prove.interp import Memory
+from habu.prove.interp_grouped_wgrad import run_grouped_wgrad
+from habu.prove.rules import failures, obligations
+from habu.prove.verify import virtual_inputs
+from habu.search.space import default_plan
+from habu.spec.field import PrimeField
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+from tests.prove.test_grouped import FixedGrouping
+
+TARGET = TARGETS["sm_90a"]
+FILE = ROOT / "tests" / "data" / "grouped_wgrad.habu"
+SIZES = {"R": 200, "T": 30, "G": 8, "M": 136, "N": 200}
+KERNEL = GroupedKernel(nodes=("O",), bm=128, bn=128, bk=64, warps_m=2, warps_n=4, main_loop="wgmma", stages=3)
+GROUPINGS = {  # 200 rows into 8 groups; k tiles of 64 rows
+    "empty-first-inner-last-one-of-three-k-tiles": [1] * 10 + [2] * 150 + [4] * 1 + [6] * 39,
+    "one-group-holds-every-row": [5] * 200,
+}
+
+
+def _model(name: str = "WGRAD"):
+    return load_program(FILE).models[name].with_sizes({"T": SIZES["T"], "R": SIZES["R"]})
+
+
+def _run(values: list[int], name: str = "WGRAD", lw: GroupedWgradLowering | None = None):
+    """Every block over GF(p): (faults, got, reference) of O after the kernel adds into its prior contents."""
+    model = _model(name)
+    lw = lw or lower(model, replace(KERNEL, stages=3))
+    assert isinstance(lw, GroupedWgradLowering)
+    field = PrimeField(seed=7)
+    inputs = virtual_inputs(model, SIZES, field, 7)
+    inputs["E"] = FixedGrouping(values, SIZES["G"])
+    mem = Memory(inputs, field, SIZES)
+    gx, gy = (int(x) for x in lw.grid(SIZES))
+    run_grouped_wgrad("k0", lw, SIZES, mem, [(bx, g) for g in range(gy) for bx in range(gx)])
+    R, G, M, N = (SIZES[x] for x in "RGMN")
+    ix = inputs["IX"].at(np.arange(R))
+    b = inputs["X"][ix[:, None], np.arange(N)[None, :]].astype(object)
+    if name == "WGRAD-P":
+        a = inputs["DY"][ix[:, None], np.arange(M)[None, :]].astype(object) * \
+            inputs["P"].at(np.arange(R)).astype(object)[:, None]
+    else:
+        a = inputs["A" if name == "WGRAD" else "AB"][np.arange(R)[:, None], np.arange(M)[None, :]].astype(object)
+    prior = inputs["O"][np.arange(G)[:, None, None], np.arange(M)[None, :, None], np.arange(N)[None, None, :]]
+    ref = prior.astype(object)
+    e = np.asarray(values)
+    for g in range(G):
+        rows = e == g
+        ref[g] = (ref[g] + a[rows].T.dot(b[rows])) % field.p
+    got, _ = mem.written["O"].read(np.arange(G * M * N))
+    return mem.faults, got.reshape(G, M, N), ref.astype(np.int64)
+
+
+def _loop_with(base: GroupedWgradLowering, **methods) -> GroupedWgradLowering:
+    assert base.loop is not None
+    cls = type("Planted", (WgradLoop,), methods)
+    return replace(base, loop=cls(**{f: getattr(base.loop, f) for f in base.loop.__dataclass_fields__}))
+
+
+@pytest.mark.parametrize("name", ["WGRAD", "WGRAD-BF16", "WGRAD-P"])
+@pytest.mark.parametrize("grouping", list(GROUPINGS))
+def test_every_groups_product_is_added_into_its_slab(name, grouping):
+    faults, got, ref = _run(GROUPINGS[grouping], name)
+    assert not faults, faults
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_the_f32_operand_is_two_parts_read_by_two_slabs_into_one_accumulator():
+    lw = lower(_model(), KERNEL)
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+    loop = lw.loop
+    assert loop.parts == 2 and loop.operands.a_desc.mn_major and loop.operands.b_desc.mn_major
+    assert [loop.a_stored_column(m, p) for m, p in ((0, 0), (0, 1), (64, 0), (64, 1))] == [0, 64, 128, 192]
+    assert [loop.part_slab(0, p) for p in (0, 1)] == [0, 1]
+
+
+@pytest.mark.parametrize("planted", [
+    # both parts' instructions read the hi block: every product counted twice
+    {"part_slab": lambda self, q, part: q * self.parts},
+    # the lo part kept over the hi part's columns: a part overwrites another
+    {"a_stored_column": lambda self, m, part: m},
+    # a chunk stored one k row below where it was loaded from
+    {"a_store_offset": lambda self, m, k, part: self.operands.a_copy.byte_offset(self.a_stored_column(m, part),
+                                                                                 (k + 1) % 64)},
+    # B's chunks stored over the next 64-column block
+    {"b_store_offset": lambda self, n, k: self.operands.b_copy.byte_offset((n + 64) % self.bn, k)},
+])
+def test_regression_a_planted_map_is_killed(planted):
+    """(A chunk's row as the producer numbers it, `a_source`, is not among them: it loads and stores the same row,
+    so a permutation of the chunks is the same kernel.)"""
+    base = lower(_model(), KERNEL)
+    assert isinstance(base, GroupedWgradLowering)
+    faults, got, ref = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=_loop_with(base, **planted))
+    assert faults or (got != ref).any()
+
+
+def test_regression_the_groups_end_unmasked_adds_the_next_groups_rows():
+    base = lower(_model(), KERNEL)
+    cls = type("Planted", (GroupedWgradLowering,), {"row_inside": lambda self, row, end: row < row + 1})
+    planted = cls(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+    faults, got, ref = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=planted)
+    assert faults or (got != ref).any()
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"bk": 32}, "k tile is 64"),
+    ({"bn": 32}, "whole blocks of 64"),
+    ({"main_loop": "mma.sync", "stages": 1}, "wgmma loop only"),
+    ({"stages": 6}, "bytes of shared memory"),  # 6 × 48 KiB with an f32 A
+])
+def test_the_rules_refuse_what_the_loop_cannot_run(change, why):
+    m = _model()
+    plan = replace(default_plan(m, TARGET, SIZES, {}), kernels=(replace(KERNEL, **change),))
+    bad = failures(obligations(m, plan, SIZES))
+    assert any(why in o.detail for o in bad), [o.detail for o in bad]
+
+
+def test_the_default_takes_the_wgrad_loop_and_sm_80_the_general_family():
+    m = _model()
+    (k,) = default_plan(m, TARGET, SIZES, {}).kernels
+    assert (k.kind, k.main_loop, k.bm, k.bn, k.stages) == ("grouped", "wgmma", 128, 128, 4)
+    assert [k.kind for k in default_plan(m, TARGETS["sm_80"], SIZES, {}).kernels] == ["general"]
+
+
+def test_the_kernel_compiles_with_nvrtc_without_spills():
+    from habu.paths.emit import emit_plan
+    from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
+
+    for name in ("WGRAD", "WGRAD-BF16", "WGRAD-P"):
+        m = _model(name)
+        (kernel,) = emit_plan(m, default_plan(m, TARGET, SIZES, {}), TARGET).kernels
+        assert "_bf16_at_bt(" in kernel.source and "habu::add_owned(" in kernel.source
+        assert_compiles_without_spills(kernel)
+
+
+def test_the_moe_backwards_weight_gradients_take_the_wgrad_loop_and_are_proven():
+    from habu.lower import lower_plan
+    from habu.prove.verify import verify_plan
+    from habu.spec.grad_program import derive_model
+
+    bw = derive_model(load_program(ROOT / "tests" / "data" / "moe_small.habu"), "MOE-FFN")
+    shape = {"T": 13, "R": 26}
+    model = bw.model.with_sizes(shape)
+    plan = default_plan(model, TARGET, shape, {})
+    kinds = {" ".join(k.nodes): k.kind for k in plan.kernels}
+    assert kinds["dW1"] == kinds["dW3"] == kinds["dW2"] == "grouped"
+    lowered = lower_plan(model, plan)
+    assert sum(isinstance(lw, GroupedWgradLowering) for lw in lowered) == 3
+    assert verify_plan(model, plan, shape, trials=1, lowerings=lowered).passed
+
+
+def test_regression_the_wgrad_kernel_has_a_launch_geometry():
+    """Its first GPU run raised "no launch geometry is registered for GroupedWgradLowering": one block per output
+    tile of a group (x) and group (y)."""
+    from habu.emit_cuda.geometry import geometry_for
+
+    lw = lower(_model(), KERNEL)
+    assert geometry_for(lw).blocks(lw, SIZES, 132) == (2 * 2, SIZES["G"], 1)
