@@ -194,15 +194,22 @@ class Evaluator:
             if not isinstance(prior, np.ndarray):  # a lazily drawn input (the field check's virtual tensors)
                 prior = self.domain.from_input(eq.target, prior.materialize())
             return self.domain.scatter_add(np.array(prior, copy=True), tuple(index), values)
-        local, inside = [], np.ones(domain, dtype=bool)
-        for coords, idx in zip(box, index, strict=True):  # global indices to places in the box
+        local, inside = [], np.ones((1,) * len(domain), dtype=bool)
+        for ix, coords in zip(eq.scatter, box, strict=True):  # global indices to places in the box
+            if isinstance(ix, IndexVar) and list(eq.scatter).count(ix) == 1:
+                # the variable runs over the box's own coordinates (var_values above): place i is the i-th
+                local.append(_align(Labelled(np.arange(len(coords)), (ix,)), eq.lhs))
+                continue
             keys = np.asarray(coords, dtype=np.int64)
             order = np.argsort(keys, kind="stable")
-            at = np.minimum(np.searchsorted(keys[order], idx), len(keys) - 1)
-            inside &= keys[order][at] == idx
-            local.append(order[at])
+            idx = self.index(ix)  # found on the index's own variables, then broadcast
+            at = np.minimum(np.searchsorted(keys[order], idx.data), len(keys) - 1)
+            inside = inside & _align(Labelled(keys[order][at] == idx.data, idx.labels), eq.lhs)
+            local.append(_align(Labelled(order[at], idx.labels), eq.lhs))
         start = self.domain.from_input(eq.target, np.asarray(prior[np.ix_(*box)]))
-        data = self.domain.scatter_add(np.array(start, copy=True), tuple(i[inside] for i in local), values[inside])
+        keep = np.broadcast_to(inside, domain)
+        places = tuple(np.broadcast_to(i, domain)[keep] for i in local)
+        data = self.domain.scatter_add(np.array(start, copy=True), places, values[keep])
         return BoxTensor(data, box, full)
 
     # -- index expressions: integer arrays labelled by the variables they depend on
