@@ -48,6 +48,9 @@ WGMMA_SHARE = 0.7
 # the wgmma main loop's tiles (bm, bn, stages): a stage is bm·128 + bn·128 bytes; 4 × 48 KiB and 6 × 32 KiB
 # fit beside the barriers and offsets in the 227 KiB a block may have
 WGMMA_TILES = ((128, 256, 4), (128, 128, 6), (64, 256, 4))
+# the weight gradient's tiles (bm, bn, stages): a stage is bm·128 bytes of A a part and bn·128 of B (an f32 A's
+# two parts: 128 × 128 is 48 KiB; the rules refuse the rings that do not fit)
+WGRAD_TILES = ((128, 128, 4), (128, 128, 3), (128, 256, 3), (64, 128, 4), (64, 256, 3), (128, 128, 6))
 
 
 class GroupedPath(KernelPath):
@@ -154,6 +157,22 @@ class GroupedPath(KernelPath):
             for (bm, bn, stages), vector in itertools.product(WGMMA_TILES, (2, 4)):
                 yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,
                               stages=stages, store_vector=vector)
+
+    def region_variants(self, model: Model, region: Region, base: Kernel, target: Target,
+                        sizes: dict[str, int]) -> Iterator[Kernel]:
+        """`variants`, except where the region's node is a weight gradient (its loop's tiles and rings: `WGRAD_TILES`)
+        or a GEMM over n-major weights (the wgmma loop's tiles only: the mma.sync loop cannot read them)."""
+        assert isinstance(base, GroupedKernel)
+        eq = next((e for e in model.nodes if e.target == base.nodes[0]), None)
+        if eq is not None and len(base.nodes) == 1 and as_grouped_wgrad(model, eq) is not None:
+            for bm, bn, stages in WGRAD_TILES:
+                yield replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGRAD_BK, warps_m=bm // 64, warps_n=4,
+                              stages=stages)
+            return
+        gg = as_grouped_gemm(model, eq) if eq is not None and len(base.nodes) == 1 else None
+        for k in self.variants(base, target):
+            if gg is None or not gg.w_n_major or (k.main_loop == "wgmma" and k.bn % 64 == 0):
+                yield k
 
     def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target,
                      sizes: Mapping[str, int] | None = None) -> GroupedKernel | None:

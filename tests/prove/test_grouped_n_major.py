@@ -157,3 +157,13 @@ def test_the_moe_backwards_first_product_takes_the_grouped_wgmma_loop():
     first = next(k for k in plan.kernels if "dact" in " ".join(k.nodes))
     assert first.kind == "grouped" and first.main_loop == "wgmma"
     assert verify_plan(model, plan, shape, trials=1, lowerings=lower_plan(model, plan)).passed
+
+
+def test_the_search_space_of_an_n_major_gemm_holds_only_the_wgmma_loops_whole_boxes():
+    from habu.paths import grouped
+    from habu.plan.patterns import Region
+
+    m = _gg()
+    base = default_plan(m, TARGET, {}, {}).kernels[0]
+    ks = list(grouped.PATH.region_variants(m, Region("general", ("Y",)), base, TARGET, SIZES))
+    assert ks and all(k.main_loop == "wgmma" and k.bn % 64 == 0 for k in ks)

@@ -172,3 +172,14 @@ def test_regression_the_wgrad_kernel_has_a_launch_geometry():
 
     lw = lower(_model(), KERNEL)
     assert geometry_for(lw).blocks(lw, SIZES, 132) == (2 * 2, SIZES["G"], 1)
+
+
+def test_the_search_space_of_a_weight_gradient_is_its_loops_tiles():
+    from habu.paths import grouped
+    from habu.plan.patterns import Region
+
+    m = _model()
+    base = default_plan(m, TARGET, SIZES, {}).kernels[0]
+    ks = list(grouped.PATH.region_variants(m, Region("general", ("O",)), base, TARGET, SIZES))
+    assert {(k.bm, k.bn, k.stages) for k in ks} == set(grouped.WGRAD_TILES)
+    assert all(k.main_loop == "wgmma" and k.bk == 64 for k in ks)
