@@ -39,11 +39,13 @@ from habu.lower.grouped_wgmma import wgmma_refusal
 from habu.spec.ir import Model
 
 
-def _no_load(ld) -> str:
-    raise ValueError("the scale of a grouped GEMM reads no tensor")
+def no_load(ld) -> str:
+    raise ValueError("the scale of a grouped kernel reads no tensor")
 
 
-def _desc(d, base: str, start) -> str:
+def desc_text(d, base: str, start) -> str:
+    """A wgmma descriptor of the lowering's (`WgmmaDescriptor`) at stage tile `base` plus the start `(row part,
+    k part)` the lowering gives, as C."""
     row, k_part = start
     at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
     return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
@@ -238,7 +240,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
                 f"{box2});  // {pair.w.tensor}[g]'s box, for {pair.second}")
     # the consumers' descriptors (the lowering's: WgmmaOperands.a_start / b_start)
     slabs = ops.slabs
-    b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+    b_desc = desc_text(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
     parts = (("a_stage", ""),) if loop.a_parts == 1 else \
         (("a_stage", ""), (f"a_stage + {loop.lo_offset}u", "  // A's low parts, times the same W"))
     mn = loop.mma_columns  # n of each instruction (a pair by one instruction: both boxes, 2·bn)
@@ -246,14 +248,14 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     # the instruction's transpose bits: the lowering's descriptors' (an n-major W's 64-column blocks, MN-major)
     trans = (ops.b_desc.mn_major, ops.a_desc.mn_major)
     mma = "\n".join(f"          {wgmma_name(mn, 'bf16', *trans)}(acc[{s}], "
-                    f"{_desc(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}{both}"
+                    f"{desc_text(ops.a_desc, base, ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b_desc}, 1);{note}{both}"
                     for s in range(slabs) for base, note in parts)
     acc2 = ""
     if pair is not None and not loop.one_pair_instruction:  # the same A slabs times the second weights
-        b2_desc = _desc(ops.b_desc, f"b_stage + {loop.second_b_start()}u", ops.b_start(CExpr("kk")))
+        b2_desc = desc_text(ops.b_desc, f"b_stage + {loop.second_b_start()}u", ops.b_start(CExpr("kk")))
         mma += "\n" + "\n".join(
             f"          {wgmma_name(bn, 'bf16', *trans)}(acc2[{s}], "
-            f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b2_desc}, 1);  // {pair.second}"
+            f"{desc_text(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), s, CExpr('kk')))}, {b2_desc}, 1);  // {pair.second}"
             for s in range(slabs))
         acc2 = f"""      float acc2[{{slabs}}][{{regs}}];  // {pair.second}
 #pragma unroll
@@ -283,11 +285,11 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     def value(v: str, u: str | None = None) -> str:
         """The stored value from accumulator register `v` (and, for a pair, the second's `u`: by default the
         variable beside it)."""
-        x = v if lw.scale is None else f"({float_expr(lw.scale, _no_load, sizes)} * {v})"
+        x = v if lw.scale is None else f"({float_expr(lw.scale, no_load, sizes)} * {v})"
         if pair is not None:  # the node of both (SwiGLU) from the two accumulators
             u = u or v.replace("v", "u")
             scaled = {pair.first: x, pair.second: u if pair.scale is None else
-                      f"({float_expr(pair.scale, _no_load, sizes)} * {u})"}
+                      f"({float_expr(pair.scale, no_load, sizes)} * {u})"}
             x = float_expr(pair.node.rhs, lambda ld: scaled[ld.tensor], sizes)
         return x if lw.row_scale is None else f"(p_row * {x})"
 

@@ -26,22 +26,13 @@ from habu.emit_cuda.common import (
     load_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.emit_grouped_wgmma import desc_text, no_load
 from habu.emit_cuda.emit_wgmma import ring_advance_line, ring_barrier
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.grouped_wgrad import GroupedWgradLowering, wgrad_refusal
 from habu.spec.ir import Model
-
-
-def _no_load(ld) -> str:
-    raise ValueError("the scale of a grouped weight gradient reads no tensor")
-
-
-def _desc(d, base: str, start) -> str:
-    row, k_part = start
-    at = base + (f" + (habu::u32)({c(row)})" if not (isinstance(row, int) and row == 0) else "")
-    return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
 
 
 def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static: dict[str, int]) -> CudaKernel:
@@ -109,16 +100,16 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
 
     # the consumers: each real slab q, each part, one wgmma into acc[q] (both operands MN-major)
     trans = (ops.b_desc.mn_major, ops.a_desc.mn_major)
-    b_desc = _desc(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
+    b_desc = desc_text(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
     mma = "\n".join(
         f"          {wgmma_name(k.bn, 'bf16', *trans)}(acc[{q}], "
-        f"{_desc(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), loop.part_slab(q, part), CExpr('kk')))}, {b_desc}, 1);"
+        f"{desc_text(ops.a_desc, 'a_stage', ops.a_start(CExpr('cw'), loop.part_slab(q, part), CExpr('kk')))}, {b_desc}, 1);"
         f"{'  // the low parts' if part else ''}"
         for q in range(loop.slabs) for part in range(loop.parts))
     frag = loop.fragment
     regs = frag.registers(k.bn // frag.col_step)
     v_reg = [c(frag.register_index(CExpr("j"), CExpr("h"), q)) for q in range(frag.pair)]
-    scale = "" if lw.scale is None else f"{float_expr(lw.scale, _no_load, sizes)} * "
+    scale = "" if lw.scale is None else f"{float_expr(lw.scale, no_load, sizes)} * "
     at = {q: {"g": "g", "m": "m", "n": col} for q, col in ((0, "col"), (1, "col1"))}
     masks = {q: access_mask(lw.out, at[q], sizes, table) for q in (0, 1)}
     offs = {0: access_offset(lw.out, at[0], sizes, lw.index_width, table)}

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.plan.patterns import as_contraction
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, TensorDecl
+from habu.plan.split import replaced
+from habu.spec.ir import Equation, IndexVar, Load, Model, TensorDecl
 
 
 def gather_part(model: Model, target: str) -> tuple[Equation, Load, Equation] | None:
@@ -37,16 +38,6 @@ def gather_part(model: Model, target: str) -> tuple[Equation, Load, Equation] | 
     return eq, op.load, Equation(f"{target}.g", tuple(variables), op.load)
 
 
-def _replaced(e: Expr, old: Load, new: Load) -> Expr:
-    if e == old:
-        return new
-    if isinstance(e, Op):
-        return Op(e.fn, tuple(_replaced(a, old, new) for a in e.args))
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.vars, _replaced(e.body, old, new))
-    return e
-
-
 def apply_gather(model: Model, target: str) -> Model:
     found = gather_part(model, target)
     assert found is not None
@@ -54,7 +45,7 @@ def apply_gather(model: Model, target: str) -> Model:
     new = Load(copy.target, copy.lhs)
     nodes: list[Equation] = []
     for e in model.nodes:
-        nodes += [copy, replace(eq, rhs=_replaced(eq.rhs, load, new))] if e is eq else [e]
+        nodes += [copy, replace(eq, rhs=replaced(eq.rhs, load, new))] if e is eq else [e]
     decl = TensorDecl(copy.target, tuple(v.extent for v in copy.lhs), model.tensor(load.tensor).dtype)
     return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, decl))
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.plan.patterns import as_grouped_gemm
+from habu.plan.split import replaced
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Expr, Load, Model, Op, Reduce, TensorDecl, free_vars, walk
+from habu.spec.ir import Equation, Load, Model, Reduce, TensorDecl, free_vars, walk
 
 
 def inner_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] | None:
@@ -43,21 +44,11 @@ def inner_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] |
     return None
 
 
-def _replaced(e: Expr, old: Reduce, new: Load) -> Expr:
-    if e == old:
-        return new
-    if isinstance(e, Op):
-        return Op(e.fn, tuple(_replaced(a, old, new) for a in e.args))
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.vars, _replaced(e.body, old, new))
-    return e
-
-
 def apply_inner(model: Model, target: str) -> Model:
     found = inner_part(model, target)
     assert found is not None
     eq, inner, part = found
-    rhs = _replaced(eq.rhs, inner, Load(part.target, part.lhs))
+    rhs = replaced(eq.rhs, inner, Load(part.target, part.lhs))
     nodes: list[Equation] = []
     for e in model.nodes:
         nodes += [part, replace(eq, rhs=rhs)] if e is eq else [e]

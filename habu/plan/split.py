@@ -24,7 +24,7 @@ def split_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] |
     for x in walk(eq.rhs):
         if isinstance(x, Reduce) and free_vars(x) <= lhs:
             part = Equation(f"{target}.mm", tuple(v for v in eq.lhs if v in free_vars(x)), x)
-            rest = _replaced(eq.rhs, x, Load(part.target, part.lhs))
+            rest = replaced(eq.rhs, x, Load(part.target, part.lhs))
             # the rest becomes the contraction's epilogue: one that reads through a gather is not split
             # (the wgmma epilogues print no index check for it)
             c = as_contraction(part)  # (one the default builds: not a gather on its reduction axis)
@@ -34,11 +34,14 @@ def split_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] |
     return None
 
 
-def _replaced(e: Expr, old: Reduce, new: Load) -> Expr:
+def replaced(e: Expr, old: Expr, new: Expr) -> Expr:
+    """`e` with every occurrence of the subexpression `old` replaced by `new` (inside operators and reductions)."""
     if e == old:
         return new
     if isinstance(e, Op):
-        return Op(e.fn, tuple(_replaced(a, old, new) for a in e.args))
+        return Op(e.fn, tuple(replaced(a, old, new) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.vars, replaced(e.body, old, new))
     return e
 
 
@@ -50,11 +53,11 @@ def apply_split(model: Model, target: str) -> Model:
     nodes: list[Equation] = []
     for e in model.nodes:
         if e is eq:
-            nodes += [part, replace(eq, rhs=_replaced(eq.rhs, reduce_, load))]
+            nodes += [part, replace(eq, rhs=replaced(eq.rhs, reduce_, load))]
         else:
             nodes.append(e)
     decl = TensorDecl(part.target, tuple(v.extent for v in part.lhs), None)
     return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, decl))
 
 
-__all__ = ["apply_split", "split_part"]
+__all__ = ["apply_split", "replaced", "split_part"]

@@ -73,7 +73,7 @@ def test_a_split_that_changes_the_values_is_caught_by_the_finite_field_check(mon
         return new if isinstance(new, Load) else e
 
     rewrite._apply_rewrites.cache_clear()
-    monkeypatch.setattr(split, "_replaced", dropped_rest)
+    monkeypatch.setattr(split, "replaced", dropped_rest)
     try:
         (model,) = parse_text(SCALED, "scaled.habu").models.values()
         plan = default_plan(model, TARGET)
