@@ -188,6 +188,36 @@ def _vector_epilogue(lw: GroupedLowering, sizes, table, it: str, row, inside: st
 """
 
 
+def consumer_k_loop(ring, ops, mma: str, ind: str) -> str:
+    """A consumer warpgroup's k loop over `k_tiles` stages of the ring (the lowering's `MbarrierRing` and
+    `WgmmaOperands`): wait for the stage's `full` phase, issue `mma` (the wgmma lines of a k step `kk`), keep one
+    group in flight, release the stage read before; then drain and release the last. Each line indented by `ind`."""
+    slot = c(ring.read_slot(CExpr("stage")))
+    release = f"if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, 'held', empty=True)});"
+    lines = f"""int held = -1;  // the stage whose wgmma may still be reading it
+for (long long kt = 0; kt < k_tiles; ++kt) {{
+  habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+  const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({slot}) * {ops.stage_stride}u;
+  const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({slot}) * {ops.stage_stride}u;
+  habu::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
+MMA
+  }}
+  habu::wgmma_commit();
+  habu::wgmma_wait<1>();
+  {release}
+  held = {slot};
+  {ring_advance_line(ring)}
+}}
+habu::wgmma_wait<0>();
+{release}
+"""
+    out = "".join(line if line.startswith("#") or line == "MMA" else ind + line
+                  for line in lines.splitlines(keepends=True))
+    return out.replace("MMA", mma)
+
+
 def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
     k, loop = lw.kernel, lw.wgmma
     refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None, lw.w_n_major)
@@ -430,25 +460,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
         for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
-{acc2.format(slabs=slabs, regs=regs)}      int held = -1;  // the stage whose wgmma may still be reading it
-      for (long long kt = 0; kt < k_tiles; ++kt) {{
-        habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
-        const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
-        const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
-        habu::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
-{mma}
-        }}
-        habu::wgmma_commit();
-        habu::wgmma_wait<1>();
-        if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
-        held = {c(ring.read_slot(CExpr("stage")))};
-        {ring_advance_line(ring)}
-      }}
-      habu::wgmma_wait<0>();
-      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
-{epilogue_loops}    }}
+{acc2.format(slabs=slabs, regs=regs)}{consumer_k_loop(ring, ops, mma, "      ")}{epilogue_loops}    }}
   }}
 }}
 """

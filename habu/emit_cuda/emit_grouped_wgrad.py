@@ -26,7 +26,7 @@ from habu.emit_cuda.common import (
     load_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
-from habu.emit_cuda.emit_grouped_wgmma import desc_text, no_load
+from habu.emit_cuda.emit_grouped_wgmma import consumer_k_loop, desc_text, no_load
 from habu.emit_cuda.emit_wgmma import ring_advance_line, ring_barrier
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
@@ -166,25 +166,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     for (int s = 0; s < {loop.slabs}; ++s)
 #pragma unroll
       for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
-    int held = -1;  // the stage whose wgmma may still be reading it
-    for (long long kt = 0; kt < k_tiles; ++kt) {{
-      habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
-      const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
-      const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({c(ring.read_slot(CExpr("stage")))}) * {ops.stage_stride}u;
-      habu::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
-{mma}
-      }}
-      habu::wgmma_commit();
-      habu::wgmma_wait<1>();
-      if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
-      held = {c(ring.read_slot(CExpr("stage")))};
-      {ring_advance_line(ring)}
-    }}
-    habu::wgmma_wait<0>();
-    if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, "held", empty=True)});
-#pragma unroll
+{consumer_k_loop(ring, ops, mma, "    ")}#pragma unroll
     for (int q = 0; q < {loop.slabs}; ++q)
 #pragma unroll
       for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
