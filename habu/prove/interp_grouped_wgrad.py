@@ -1,8 +1,10 @@
-"""The finite-field interpreter of the grouped weight gradient (habu/lower/grouped_wgrad.py): every block of
-the grid as the kernel decodes it (its group, its output tile), the group's rows found by the lowering's
-binary search over E's values, its k tiles as the ring delivers them (habu.prove.pipeline), masked at the
-group's end, each stage tile filled through the producer's chunk maps and read back through the consumers'
-descriptors (habu.prove.smem_route on the contraction path's maps), and the tile added into O[g].
+"""The finite-field interpreter of the grouped weight gradient (habu/lower/grouped_wgrad.py): the blocks of the
+first, second and last output tile along #M and #N of every group (`_sampled`: the classes the witness keeps; a
+group's rows are its own, so no group stands for another), each as the kernel decodes its block index, the
+group's rows found by the lowering's binary search over E's values, its k tiles as the ring delivers them
+(habu.prove.pipeline), masked at the group's end, the producer's stores checked against the stage tile's layout
+and the tiles read back through the consumers' descriptors (habu.prove.smem_route on the contraction path's
+maps), and the tile added into O[g].
 
 An f32 A is two bf16 parts on the GPU (hi = bf16(a·P[r]), lo = bf16(a·P[r] − hi)); over the field the hi part
 holds the exact value and the lo part zero, so a consumer that reads a part's block twice, or another row's,
