@@ -156,19 +156,20 @@ def test_row_backward_keeps_dy_and_x_on_chip(path, name, extent, width):
 
 
 def test_regression_qwen3_moe_backward_picks_64_bit_indices_where_32_cannot_hold():
-    # the weight gradients dW1[E[r] h d] += dTgate[r h]·X[IX[r] d] are general kernels over R·H·D = 262144·768·2048
+    # the weight gradients dW1[E[r] h d] += dTgate[r h]·X[IX[r] d] were general kernels over R·H·D = 262144·768·2048
     # elements (each tensor is below 2^31): their 32-bit thread index passed 2^31 − 1, and the backward was refused
-    # ("no plan ... is valid for every size of its runtime extents"); the default now takes 64-bit indices there
-    from habu.lower import GeneralLowering
+    # ("no plan ... is valid for every size of its runtime extents"); the default took 64-bit indices there. They are
+    # grouped weight gradients now (a block per output tile and group: no index over R·H·D), proven in 32 bits
+    from habu.lower import GeneralLowering, GroupedWgradLowering
     from habu.prove.rules import failures, guards, obligations
 
     program, name = backward_program(load_program(EXAMPLES[0].parent / "moe_qwen3_30b_a3b.habu"), "MOE-FFN", None,
                                      "auto")
     model = bind_shape(program.model(name), {})
     plan = default_plan(model, target_named("sm_90a"), {}, {})
-    wide = {k.nodes[0]: k.index_width for k, lw in zip(plan.kernels, lower_plan(model, plan), strict=True)
-            if isinstance(lw, GeneralLowering)}
-    assert wide["dW1"] == wide["dW3"] == wide["dW2"] == 64 and wide["dX"] == 32, wide
+    lowered = dict(zip((k.nodes[0] for k in plan.kernels), lower_plan(model, plan), strict=True))
+    assert all(isinstance(lowered[w], GroupedWgradLowering) for w in ("dW1", "dW3", "dW2")), lowered.keys()
+    assert isinstance(lowered["dX"], GeneralLowering) and lowered["dX"].index_width == 32
     obs = obligations(model, plan)
     assert not failures(obs) and not guards(obs), [o.detail for o in failures(obs) + guards(obs)]
 
