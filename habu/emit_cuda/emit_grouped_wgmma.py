@@ -213,7 +213,7 @@ MMA
 habu::wgmma_wait<0>();
 {release}
 """
-    out = "".join(line if line.startswith("#") or line == "MMA" else ind + line
+    out = "".join(line if line.startswith("#") or line.rstrip("\n") == "MMA" else ind + line
                   for line in lines.splitlines(keepends=True))
     return out.replace("MMA", mma)
 
