@@ -224,26 +224,34 @@ def _run_row_tile(name: str, lw: GroupedLowering, sizes: Mapping[str, int], mem:
                         mem, lw.index_width, where)
         loop = lw.wgmma
         box_rows = np.arange(loop.bn if loop.b2_offset else loop.w_load.box_rows, dtype=np.int64)
+        k0s = np.array([lw.k_index(max(t or 0, 0), 0) for t in tiles], dtype=np.int64)  # each k tile's first k
+        width = len(tiles) * k.bk
+        # the tile rows the boxes fill; a row none fills holds poison (stale shared memory)
+        filled = np.zeros(k.bn, dtype=bool)
+        for box in range(loop.w_boxes):
+            at = int(loop.w_box_rows(box)) + box_rows
+            filled[at[(at >= 0) & (at < k.bn)]] = True
+        stale = None if filled.all() else \
+            mem.poison(np.arange(k.bn * width, dtype=np.int64) * 31 + 17).reshape(k.bn, width)
         parts = []
         for nt in nts:
             n0 = np.int64(lw.column(nt, 0))
             for w_access in w_accesses:
-                steps_w = []
-                for t in tiles:
-                    k0 = np.int64(lw.k_index(max(t or 0, 0), 0))
-                    # each box of the k tile (an n-major W: 64 columns each) at its origin, into the tile rows
-                    # it fills; a row no box fills holds poison (stale shared memory)
-                    tile = mem.poison(np.arange(k.bn * k.bk, dtype=np.int64) * 31 + 17).reshape(k.bn, k.bk)
-                    for box in range(loop.w_boxes):
-                        o = loop.w_box_origin(np.int64(group), n0, k0, box)
-                        got = read(name, w_access, {"g": o["g"], "n": o["n"] + box_rows[:, None],
-                                                    "k": o["k"] + kk[None, :]},
-                                   sizes, mem, lw.weights_width, where)  # TMA: the copy engine's addresses
-                        at = int(loop.w_box_rows(box)) + box_rows
-                        keep = (at >= 0) & (at < k.bn)
-                        tile[at[keep]] = np.broadcast_to(got, (len(box_rows), k.bk))[keep]
-                    steps_w.append(tile)
-                parts.append(np.concatenate(steps_w, axis=1))
+                tile = np.zeros((k.bn, width), dtype=np.int64) if stale is None else stale.copy()
+                for box in range(loop.w_boxes):
+                    # box `box` of every k tile (an n-major W: 64 columns each) at its origin, into the tile rows
+                    # it fills: one read over the k tiles, (box rows, k tiles, bk)
+                    o = loop.w_box_origin(np.int64(group), n0, k0s, box)
+                    along = {a: np.broadcast_to(np.asarray(o[a], dtype=np.int64), k0s.shape)[None, :, None]
+                             for a in ("g", "n", "k")}
+                    got = read(name, w_access, {"g": along["g"], "n": along["n"] + box_rows[:, None, None],
+                                                "k": along["k"] + kk[None, None, :]},
+                               sizes, mem, lw.weights_width, where)  # TMA: the copy engine's addresses
+                    at = int(loop.w_box_rows(box)) + box_rows
+                    keep = (at >= 0) & (at < k.bn)
+                    got = np.broadcast_to(got, (len(box_rows), len(k0s), k.bk)).reshape(len(box_rows), width)
+                    tile[at[keep]] = got[keep]
+                parts.append(tile)
         return np.concatenate(parts, axis=0)
 
     route = _route(lw)
