@@ -74,9 +74,7 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
                 factor = (f"          if (ok) habu::scale_chunk({low}x[j], {low}y[j], "
                           f"{load_value(rs.dtype, p_rs, rs_off)});  // the row's factor {rs.tensor}[r]\n")
             load = (f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}x[j], {low}y[j]);\n{factor}")
-        elif acc.dtype == "f32":
-            raise ValueError(f"{name}: B is bf16 on this loop")
-        else:
+        else:  # bf16 (B always: `wgrad_refusal`)
             load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}v[j]);\n"
         return f"""#pragma unroll
         for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of this k tile: row {c(ki)}, 8 columns from {c(col)}

@@ -30,9 +30,10 @@ from typing import Any
 from habu.lower.access import Access, access_for, cdiv
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.grouped import GroupedLowering
+from habu.lower.grouped_wgmma import register_split, wgmma_consumers
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
 from habu.lower.pipeline import MbarrierRing, wgmma_ring
-from habu.lower.registers import WARPGROUP, RegisterSplit, warp_specialized_split
+from habu.lower.registers import WARPGROUP, RegisterSplit
 from habu.lower.smem import SmemLayout, tensor_core_smem
 from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.plan import ContractionKernel, GroupedKernel
@@ -44,7 +45,7 @@ VECTOR = 8  # elements a producer chunk moves (16 bytes of bf16)
 
 def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str) -> str | None:
     """Why the grouped weight-gradient loop cannot run this kernel, or None."""
-    consumers = max(1, kernel.warps_m * kernel.warps_n // 4)
+    consumers = wgmma_consumers(kernel)
     if kernel.main_loop != "wgmma":
         return "the grouped weight gradient runs on the wgmma loop only (--pin main_loop=wgmma)"
     if a_dtype not in ("bf16", "f32") or b_dtype != "bf16":
@@ -219,7 +220,7 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access) -> WgradLoop | None:
     """The main loop's maps, or None where they do not exist (the rules then refuse the plan)."""
     if wgrad_refusal(kernel, a.dtype, b.dtype) is not None:
         return None
-    consumers = max(1, kernel.warps_m * kernel.warps_n // 4)
+    consumers = wgmma_consumers(kernel)
     parts = 1 if a.dtype == "bf16" else 2
     shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm * parts, tile_n=kernel.bn, tile_k=WGRAD_BK,
                                warps=4 * (consumers + 1), stages=kernel.stages, mma="wgmma", a_move="tma",
@@ -234,10 +235,10 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access) -> WgradLoop | None:
     ring = wgmma_ring(kernel.stages, consumers, 1, shadow.tile_m, shadow.tile_n, WGRAD_BK, WGRAD_BK,
                       {"A": "ldg", "B": "ldg"}, True, 2, True)
     bars = next((x.offset for x in layout.buffers if x.name == "bar"), 0)
-    # the producer keeps the registers it starts with (a k tile of loads in flight: up to 24 vectors a thread)
-    split = warp_specialized_split(shadow.warps)
-    split = replace(split, producer=split.at_launch, consumer=split.at_launch)
-    return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn, split)
+    # the producer keeps the registers it starts with (a k tile of loads in flight: up to 24 vectors a thread), as
+    # the grouped GEMM's f32-A producer does
+    return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
+                     register_split(shadow.warps, True))
 
 
 def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,

@@ -102,19 +102,26 @@ def _mma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
                   "mma.sync put there")
 
 
+def warpgroup_decode_faults(loop) -> list[str]:
+    """A warp-specialised loop's thread decode over every thread (`warpgroup`, `consumer`; `threads`, 128 a
+    warpgroup): warpgroup 0 the producer, 1..C the consumers 0..C-1."""
+    tid = np.arange(loop.threads, dtype=np.int64)
+    wg = np.asarray(loop.warpgroup(tid))
+    cw = np.asarray(loop.consumer(wg))
+    if np.array_equal(wg, tid // 128) and np.array_equal(cw[128:], tid[128:] // 128 - 1):
+        return []
+    bad = int(np.nonzero((wg != tid // 128) | (cw != tid // 128 - 1))[0][0])
+    return [f"thread {bad} decodes as warpgroup {int(wg[bad])}, consumer {int(cw[bad])} (its warpgroup is "
+            f"{bad // 128}: {'the producer' if bad < 128 else f'consumer {bad // 128 - 1}'})"]
+
+
 def wgmma_thread_faults(loop: WgmmaMainLoop) -> list[str]:
     """The wgmma loop's thread maps, run over every thread: the warpgroup decode (warpgroup 0 the producer,
     1..C the consumers 0..C-1, 128 threads each), the producer's copies of A's k tile (each 16-byte chunk
     `a_copy_row`, `a_copy_k` once, the chunks the route fills by `StageCopy.along`), and the consumers'
     accumulator map against the PTX ISA's wgmma layout (`fragment_mismatch`)."""
-    faults = []
+    faults = warpgroup_decode_faults(loop)
     tid = np.arange(loop.threads, dtype=np.int64)
-    wg = np.asarray(loop.warpgroup(tid))
-    cw = np.asarray(loop.consumer(wg))
-    if not (np.array_equal(wg, tid // 128) and np.array_equal(cw[128:], tid[128:] // 128 - 1)):
-        bad = int(np.nonzero((wg != tid // 128) | (cw != tid // 128 - 1))[0][0])
-        faults.append(f"thread {bad} decodes as warpgroup {int(wg[bad])}, consumer {int(cw[bad])} (its warpgroup is "
-                      f"{bad // 128}: {'the producer' if bad < 128 else f'consumer {bad // 128 - 1}'})")
     copy = loop.operands.a_copy
     ptid = np.asarray(loop.producer_thread(tid[:128]))[:, None]
     j = np.arange(loop.producer_copies(), dtype=np.int64)[None, :]

@@ -19,7 +19,7 @@ import numpy as np
 from habu.lower.grouped_wgrad import VECTOR, WGRAD_BK, GroupedWgradLowering, WgradLoop
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.interp import Memory, eval_pointwise, read, write
-from habu.prove.interp_grouped import group_offsets
+from habu.prove.interp_grouped import group_offsets, warpgroup_decode_faults
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import Route, wgmma_route
@@ -27,12 +27,13 @@ from habu.prove.virtual import WrittenTensor
 
 
 def loop_faults(loop: WgradLoop) -> list[str]:
-    """The thread maps over every thread: each producer chunk of A's and B's k tiles made once (`chunk`,
+    """The thread maps over every thread: the warpgroup decode, each producer chunk of A's and B's k tiles made
+    once (`producer_thread`, `chunk`,
     `a_source`, `b_source` cover the tile), A's parts' columns a permutation of the stage tile's
     (`a_stored_column`), every store 16-byte aligned inside its tile, the consumers' accumulator map against
     the PTX ISA's wgmma layout."""
-    faults = []
-    ptid = np.arange(loop.warpgroup_size, dtype=np.int64)[:, None]
+    faults = warpgroup_decode_faults(loop)
+    ptid = np.asarray(loop.producer_thread(np.arange(loop.warpgroup_size, dtype=np.int64)))[:, None]
     for side, chunks, source, cols in (("A", loop.a_chunks(), loop.a_source, loop.bm),
                                        ("B", loop.b_chunks(), loop.b_source, loop.bn)):
         j = np.arange(-(-chunks // loop.warpgroup_size), dtype=np.int64)[None, :]
@@ -68,10 +69,22 @@ def loop_faults(loop: WgradLoop) -> list[str]:
             i = int(np.nonzero(at != want)[0][0])
             faults.append(f"the producer stores a chunk of {side} at byte {int(at[i])} of its stage tile, which keeps "
                           f"that chunk at byte {int(want[i])}")
+    rows = sorted(int(loop.acc_row(cw, q)) + i for cw in range(loop.consumers) for q in range(loop.slabs)
+                  for i in range(64))
+    if rows != list(range(loop.bm)):
+        faults.append(f"the consumers' accumulators (`acc_row`) do not hold the tile's {loop.bm} rows once each")
     moved = fragment_mismatch("wgmma", loop.fragment, loop.bn // loop.fragment.col_step)
     if moved is not None:
         faults.append(moved)
     return faults
+
+
+def _rows_leave_tile(lw: GroupedWgradLowering) -> bool:
+    """Whether some accumulator's rows (`acc_row`) leave the tile: the kernel would store another block's rows."""
+    loop = lw.loop
+    assert loop is not None
+    return any(not 0 <= int(loop.acc_row(cw, q)) <= loop.bm - 64
+               for cw in range(loop.consumers) for q in range(loop.slabs))
 
 
 def _parts_values(loop: WgradLoop, a: np.ndarray) -> np.ndarray:
@@ -157,6 +170,13 @@ def run_grouped_wgrad(name: str, lw: GroupedWgradLowering, sizes: Mapping[str, i
         mem.written[target] = WrittenTensor(target, int(lw.out.numel(sizes)), mem.field.p, True, mem.inputs.get(target))
     offs = group_offsets(lw, sizes, mem)  # type: ignore[arg-type]
     n_tiles = int(lw.n_tiles(sizes))
+    gx = int(lw.grid(sizes)[0])
+    tiles = sorted(tuple(int(t) for t in lw.block_tile(bx, n_tiles)) for bx in range(gx))
+    if tiles != [(mt, nt) for mt in range(gx // n_tiles) for nt in range(n_tiles)]:
+        mem.fault(f"{name}: the blocks of a group (`block_tile` over grid.x = {gx}) do not take its output tiles once "
+                  "each")
+    if _rows_leave_tile(lw):  # an accumulator outside the tile: its blocks are not run (the fault names it)
+        return
     for bx, g in blocks:
         mt, nt = (int(x) for x in lw.block_tile(bx, n_tiles))
         _block(name, lw, sizes, mem, offs, route, int(g), mt, nt)

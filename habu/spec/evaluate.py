@@ -374,9 +374,7 @@ class Evaluator:
                         self.var_values[v] = values
                     else:
                         del self.var_values[v]
-                labels = parts[0].labels
-                if v not in labels:
-                    return None  # (a kept variable is in the result's labels; defensive)
+                labels = parts[0].labels  # (v is kept: one of the result's labels)
                 return Labelled(np.concatenate([p.data for p in parts], axis=labels.index(v)), labels)
         return None
 

@@ -100,6 +100,16 @@ def test_the_f32_operand_is_two_parts_read_by_two_slabs_into_one_accumulator():
                                                                                  (k + 1) % 64)},
     # B's chunks stored over the next 64-column block
     {"b_store_offset": lambda self, n, k: self.operands.b_copy.byte_offset((n + 64) % self.bn, k)},
+    # the second consumer warpgroup decoded as a third
+    {"consumer": lambda self, wg: wg - 1 + (wg == 2)},
+    # two producer threads on one thread's chunks
+    {"producer_thread": lambda self, tid: tid // 2},
+    # the accumulators' rows 8 below their slab
+    {"acc_row": lambda self, cw, q: (cw * self.slabs + q) * 64 + 8},
+    # chunks strided by half a warpgroup: some twice, some never
+    {"chunk": lambda self, ptid, j: ptid + 64 * j},
+    # B's fourth row's chunks one chunk to the right
+    {"b_source": lambda self, c: (c // (self.bn // 8), (c % (self.bn // 8)) * 8 + 8 * ((c // (self.bn // 8)) == 3))},
 ])
 def test_regression_a_planted_map_is_killed(planted):
     """(A chunk's row as the producer numbers it, `a_source`, is not among them: it loads and stores the same row,
@@ -107,6 +117,23 @@ def test_regression_a_planted_map_is_killed(planted):
     base = lower(_model(), KERNEL)
     assert isinstance(base, GroupedWgradLowering)
     faults, got, ref = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=_loop_with(base, **planted))
+    assert faults or (got != ref).any()
+
+
+@pytest.mark.parametrize("planted", [
+    # the block's tiles decoded m for n (4 n tiles of 64 against 2 m tiles: not a permutation of the tiles)
+    {"block_tile": lambda self, bx, n: (bx % n, bx // n)},
+    {"column_m": lambda self, mt, i: mt * self.kernel.bm + i + 1},
+    {"column_n": lambda self, nt, j: nt * (self.kernel.bn - 8) + j},
+    {"k_tiles": lambda self, lo, hi: (hi - lo) // self.kernel.bk},  # the group's ragged last k tile dropped
+    {"row": lambda self, begin, kt, i: begin + kt * (self.kernel.bk - 1) + i},
+])
+def test_regression_a_planted_decode_is_killed(planted):
+    """Each map the emitter prints the block's tile, columns, rows and k tiles from, one off."""
+    base = lower(_model(), replace(KERNEL, bn=64))
+    cls = type("Planted", (GroupedWgradLowering,), planted)
+    lw = cls(**{f: getattr(base, f) for f in base.__dataclass_fields__})
+    faults, got, ref = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=lw)
     assert faults or (got != ref).any()
 
 
