@@ -26,10 +26,10 @@ from typing import Any
 from habu.lower.access import Access, VectorAccess, access_for, cdiv
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap, column_maps
 from habu.lower.flatten import FlattenedRows, row_axis_names, row_count
-from habu.plan.patterns import as_column_reduction, column_parts, inline_nodes
+from habu.plan.patterns import as_column_reduction, column_parts, epilogue_column, inline_nodes
 from habu.plan.plan import ColumnKernel
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Reduce, rename_vars, walk
+from habu.spec.ir import Equation, Expr, IndexConst, IndexVar, Load, Model, Reduce, rename_vars, walk
 
 # element types a row's columns are loaded as packed vectors of (4, 8 or 16 bytes)
 VECTOR_DTYPES = ("bf16", "f16", "f32")
@@ -76,6 +76,12 @@ class ColumnLowering(FlattenedRows):
         rhs = self.node.rhs
         assert isinstance(rhs, Reduce)
         return rhs.body
+
+    @property
+    def column_position(self) -> int:
+        """The stored tensor's position that holds the column: 0, or its place among a broadcast shape's row-0
+        positions (`dB[0 n]`: 1)."""
+        return next((i for i, p in enumerate(self.out.positions) if p.kind == "axis"), 0)
 
     @property
     def row_groups(self) -> int:
@@ -254,12 +260,18 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
     if epilogue_nodes:
         last = epilogue_nodes[-1]
         inlined = inline_nodes(last.rhs, {e.target: e for e in epilogue_nodes[:-1]})
-        epilogue = rename_vars(inlined, {last.lhs[0]: cv})
+        column = epilogue_column(model, last)
+        assert column is not None
+        epilogue = rename_vars(inlined, {column: cv})
         for x in walk(epilogue):
             if isinstance(x, Load) and x.tensor != eq.target and not any(x == ld for ld, _ in epi_loads):
                 epi_loads.append((x, access_for(model.tensor(x.tensor), x.indices, axis_of, extent_of_axis, storage)))
     stored = epilogue_nodes[-1].target if epilogue_nodes else eq.target
-    out = access_for(model.tensor(stored), out_index, axis_of, extent_of_axis, storage)
+    # the stored node's index: the column, and row 0 of the size-1 extents an epilogue's node adds around it
+    # (`dB[one h] = G[h]`: the bias gradient in its broadcast shape)
+    stored_index = out_index if not epilogue_nodes or len(epilogue_nodes[-1].lhs) == 1 else tuple(
+        cv if v == epilogue_column(model, epilogue_nodes[-1]) else IndexConst(0) for v in epilogue_nodes[-1].lhs)
+    out = access_for(model.tensor(stored), stored_index, axis_of, extent_of_axis, storage)
     sizes = {e.name: e.size for e in model.extents}
     r_size = None if any(sizes[e] is None for e in leading) else row_count(leading, sizes)
     one_split = r_size is not None and -(-r_size // kernel.rows_per_split) <= 1

@@ -44,6 +44,7 @@ from habu.spec.ir import (
     Op,
     Reduce,
     Size,
+    index_subexprs,
     loads,
     rename_vars,
     walk,
@@ -509,16 +510,32 @@ def column_region(model: Model, nodes: tuple[str, ...]) -> ColumnReduction | Non
     inside = {node.target}
     outputs = {t.name for t in model.outputs}
     for e in epilogue:
-        if len(e.lhs) != 1 or e.lhs[0].extent != col.n.extent or e.scatter is not None:
+        column = epilogue_column(model, e)
+        if column is None or column.extent != col.n.extent or e.scatter is not None:
             return None
         for x in walk(e.rhs):
-            if isinstance(x, Reduce) or (isinstance(x, Load) and x.indices not in ((), e.lhs)):
+            if isinstance(x, Reduce) or (isinstance(x, Load) and x.indices not in ((), (column,), e.lhs)):
                 return None
         for t in inside:  # an inner value read outside the region would need storing
             if t in outputs or any(c.target not in nodes for c in consumers(model, t)):
                 return None
         inside.add(e.target)
     return col
+
+
+def epilogue_column(model: Model, eq: Equation) -> IndexVar | None:
+    """The column variable of a column epilogue's node `eq`: its one left-side variable, or the one not over
+    a size-1 extent where the others are and its right side never reads them (a bias's gradient stored
+    into its broadcast shape, `dB[one h] = G[h]`: the column h at row 0); None for any other left side."""
+    wide = [v for v in eq.lhs if model.extent(v.extent).size != 1]
+    if len(eq.lhs) == 1:
+        return eq.lhs[0]
+    if len(wide) != 1:
+        return None
+    unit = {v for v in eq.lhs if v != wide[0]}
+    read = {v for x in walk(eq.rhs) if isinstance(x, Load) for i in x.indices for v in index_subexprs(i)
+            if isinstance(v, IndexVar)}
+    return None if unit & read else wide[0]
 
 
 def column_prologue(model: Model, regions: list[Region], eq: Equation) -> Region | None:

@@ -230,13 +230,15 @@ def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, i
     splits = int(lw.splits(sizes))
     blocks = [(t, s) for t in tiles for s in range(splits)]
     cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, lw.columns(sizes))) for t in tiles]))
-    return blocks, (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
+    # the box over the stored tensor's positions: the columns, and row 0 of a broadcast shape (`dB[0 n]`)
+    box = tuple(cols if p.kind == "axis" else np.array([p.value]) for p in lw.out.positions) if lw.c else ()
+    return blocks, box or (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
 
 
 def _columns_for_box(lw: ColumnLowering, box: tuple[np.ndarray, ...], sizes: Mapping[str, int]
                      ) -> tuple[object, object, str]:
     # a scalar's box has no axis (a reduction over every axis: max r c abs(X[r c])): its one column tile
-    tiles = np.unique(box[0] // lw.tile).tolist() if box else list(range(int(lw.tiles(sizes))))
+    tiles = np.unique(box[lw.column_position] // lw.tile).tolist() if box else list(range(int(lw.tiles(sizes))))
     blocks, _, text = column_selection(lw, tiles, sizes)
     return blocks, None, text
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from habu.lower import ContractionLowering, RowLowering, lower_plan
+from habu.lower import ColumnLowering, ContractionLowering, RowLowering, lower_plan
 from habu.lower.general import GeneralLowering, Store
 from habu.lower.stores import stored_accesses
 from habu.plan.plan import Plan
@@ -172,7 +172,10 @@ def stored_boxes(model: Model, lw: object, nodes: tuple[str, ...], box: tuple[np
     out: dict[str, tuple[np.ndarray, ...]] = {}
     for t in dict.fromkeys((*nodes, *(a.tensor for a in stored_accesses(lw)))):
         per_row = isinstance(lw, RowLowering) and len(model.tensor(t).extents) == len(lw.leading)
-        out[t] = box[:len(lw.leading)] if per_row and t != lw.out.tensor else box  # type: ignore[attr-defined]
+        # a column kernel's sum before the epilogue stores it in a broadcast shape (`G[n]`, then `dB[0 n]`)
+        unbroadcast = isinstance(lw, ColumnLowering) and len(model.tensor(t).extents) < len(box)
+        out[t] = (box[:len(lw.leading)] if per_row and t != lw.out.tensor  # type: ignore[attr-defined]
+                  else (box[lw.column_position],) if unbroadcast else box)
     return out
 
 

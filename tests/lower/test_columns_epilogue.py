@@ -91,3 +91,43 @@ def test_a_reduction_another_node_reads_keeps_its_own_kernel_output():
     m = model("KEPT")
     assert [r.kind for r in default_regions(m)] == ["columns", "map"]
     assert verify_plan(m, default_plan(m, TARGET, {}, {}), trials=1).passed
+
+
+BIAS_TEXT = """3000 EXTENT: #R  300 EXTENT: #N  1 EXTENT: #ONE
+bf16 TENSOR: X ( #R #N )  bf16 TENSOR: B ( #ONE #N )  bf16 TENSOR: Y ( #R #N )
+MODEL: BIAS-ADD  Y[r n] = X[r n] · X[r n] + B[0 n] ;
+"""
+
+
+def bias_backward():
+    from habu.spec.grad_program import derive_model
+
+    return derive_model(parse_text(BIAS_TEXT, "bias.habu"), "BIAS-ADD").model
+
+
+def test_regression_a_bias_gradient_stored_in_its_broadcast_shape_is_one_column_kernel():
+    """The derived backward stores a bias's gradient `dB[one n] = Σ r dY[r n]` as a column sum and a copy into
+    the (1, N) shape; the copy was a kernel of its own (a row kernel: a launch and a read of the sum, two a
+    layer's step). It is now the column kernel's epilogue, storing at row 0."""
+    m = bias_backward()
+    plan = default_plan(m, TARGET, {}, {})
+    (kernel,) = [k for k in plan.kernels if "dB" in k.nodes]
+    assert kernel.kind == "columns" and kernel.nodes[-1] == "dB", plan.kernels
+    lw = next(lw for k, lw in zip(plan.kernels, lower_plan(m, plan), strict=True) if k is kernel)
+    assert lw.out.tensor == "dB" and lw.combine == "store"
+    assert [p.kind for p in lw.out.positions] == ["const", "axis"]
+    assert verify_plan(m, plan, trials=2).passed
+
+
+def test_a_broadcast_epilogue_reading_its_unit_variable_is_not_fused():
+    """An epilogue node over (one, n) that reads `one` is not elementwise over the columns alone."""
+    from habu.plan.patterns import epilogue_column
+    from habu.spec.ir import Equation, IndexVar, Load, Op
+
+    m = bias_backward()
+    one, n = IndexVar("one", "ONE"), IndexVar("n", "N")
+    plain = Equation("dB", (one, n), Load("G", (n,)))
+    assert epilogue_column(m, plain) == n
+    reads_one = Equation("dB", (one, n), Op("mul", (Load("G", (n,)), Load("V", (one,)))))
+    assert epilogue_column(m, reads_one) is None
+    assert epilogue_column(m, Equation("dB", (n, n), Load("G", (n,)))) is None
