@@ -47,6 +47,23 @@ def extra_store_chain_end_value(lw: Lowering) -> Lowering:
     return replace(lw, extra_outs=((lw.epilogue, access), *rest))
 
 
+def staged_extra_round_too_short(lw: Lowering) -> Lowering:
+    """The TMA-store epilogue that stages S1 beside S3 takes its two buffers as two rounds of one output: a round
+    waits for one store fewer than it should, and the second output of a round is filled over a buffer whose
+    store may still read it (or past the epilogue's buffers)."""
+    from habu.lower.tma_store import TmaStoreEpilogue
+
+    assert isinstance(lw, ContractionLowering) and lw.staged_extras and lw.tma_store is not None
+
+    class TwoRounds(TmaStoreEpilogue):
+        @property
+        def rounds(self) -> int:
+            return self.buffers
+
+    fields = {f: getattr(lw.tma_store, f) for f in lw.tma_store.__dataclass_fields__}
+    return replace(lw, tma_store=TwoRounds(**fields))
+
+
 MUTANT_ENTRIES = (
     ("extra-store-skipped", "a contraction's epilogue that should also store its chain's product S1 stores only "
      "GELU(S1 + B1)", EXAMPLE, MODEL, SHAPE, extra_store_skipped),
@@ -56,7 +73,9 @@ MUTANT_ENTRIES = (
      SHAPE, extra_store_row_stride_of_d),
     ("extra-store-chain-end-value", "the extra output S1 is stored with the chain end's value", EXAMPLE, MODEL,
      SHAPE, extra_store_chain_end_value),
+    ("staged-extra-round", "the TMA-store epilogue staging S1 beside S3 takes a round's two buffers for two rounds",
+     EXAMPLE, MODEL, SHAPE, staged_extra_round_too_short),
 )
 
 __all__ = ["MUTANT_ENTRIES", "extra_store_chain_end_value", "extra_store_row_stride_of_d", "extra_store_skipped",
-           "extra_store_wrong_column"]
+           "extra_store_wrong_column", "staged_extra_round_too_short"]

@@ -41,6 +41,9 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "wgmma-tma-store-f32": ("ggemm.habu", "GGEMM", GG, {"store": "tma"}),  # 32-column boxes of f32
     "wgmma-staged": ("ggemm.habu", "GGEMM", GG, {"A": "staged", "B": "staged"}),
     "wgmma-ragged-k": ("ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}),
+    # the saved product staged beside the chain's end, both by TMA (session 48): buffers shared per round
+    "wgmma-tma-two-outputs": ("../tests/data/two_outputs.habu", "LINEAR-RELU-SAVED", {"B": 200, "D": 256, "H": 520},
+                              {}),
     "rows-sum": ("<rows>", "ROW-SUM", {}, {}),
     "rows-max": ("<rows>", "ROW-MAX", {}, {}),
     "rows-softmax": ("softmax.habu", "SOFTMAX-ROWS", {"R": 16, "C": 1000}, {}),

@@ -32,7 +32,7 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
         pack = "habu::pack_bf16x2" if out.dtype == "bf16" else "habu::pack_f16x2"
         put = f"*reinterpret_cast<habu::u32*>(dst) = {pack}(v0, v1);"
     slab_row = f"(cw * {st.slabs} + s) * {box.rows}"
-    n = st.buffers  # the buffer of box number boxes_stored, in turn
+    n = st.rounds  # the buffers of box round boxes_stored, in turn
     turn = f"boxes_stored & {n - 1}" if n & (n - 1) == 0 else f"boxes_stored % {n}"
     # the box's coordinates, innermost first, in the order of the output's positions (the rules
     # require [m, n]: the box holds rows of m, each a run of contiguous n); a batched output's map has
@@ -48,15 +48,21 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
     # the chain's other outputs (`extra_outs`: the saved S1 beside GELU(S1 + B1)) leave directly from the
     # registers, each pair under its own masks: no staging buffer of their own, so the shared memory
     # (and the stages it holds) is the single-output kernel's
+    staged_extras = lw.staged_extras
     extras = "".join(f"              {extra_pair_store(lw, sig, model, sizes, it, 'm', 'n', f'acc[s][{frag.register(0)}]', f'acc[s][{frag.register(1)}]', expr, access, (names0, names1))}\n"
-                     for expr, access in lw.extra_outs)
+                     for expr, access in lw.extra_outs if not staged_extras)
+    staged_values = "".join(epilogue_value(lw, sig, model, sizes, it, "m", "n", "acc", names0, expr)
+                            for expr, _ in staged_extras)
     coordinates = "".join(  # the element's coordinates, where its epilogue reads them (a bias, a mask)
         f"              const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
-        if references(operands + v0 + v1 + extras, x))
+        if references(operands + v0 + v1 + extras + staged_values, x))
     if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
         staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
+    if staged_extras:
+        return _staged_rounds(lw, sig, model, sizes, it, out_map, box_origin, axis_origin, put, staged, operands,
+                              coordinates, (names0, names1), v0, v1)
     return f"""#pragma unroll
       for (int s = 0; s < {st.slabs}; ++s)
 #pragma unroll
@@ -81,6 +87,65 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
           if (threadIdx.x % 128 == 0) {{
             habu::tma_store_{len(out.positions)}d(&{out_map}, buf, {box_origin});
             habu::bulk_commit_group();
+          }}
+          ++boxes_stored;
+        }}
+"""
+
+
+def _staged_rounds(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, out_map: str, box_origin: str,
+                   axis_origin: dict[str, str], put: str, staged: str, operands: str, coordinates: str,
+                   names: tuple[dict, dict], v0: str, v1: str) -> str:
+    """The epilogue where each box's round stages the chain's extra outputs beside its end (`staged_extras`: the
+    saved S1 beside GELU(S1 + B1)), output o in buffer o of the round (`TmaStoreEpilogue.buffer`), then stores
+    them all by TMA, each at the same origin through its own tensor map, as one bulk group."""
+    st, frag, e = lw.tma_store, lw.fragment, lw.tma_store.box.elem_bytes  # type: ignore[union-attr]
+    assert st is not None
+    rounds = st.rounds
+    turn = "" if rounds == 1 else (f" + (habu::u32)(boxes_stored & {rounds - 1}) * {st.outputs * st.buffer_stride}u"
+                                   if rounds & (rounds - 1) == 0 else
+                                   f" + (habu::u32)(boxes_stored % {rounds}) * {st.outputs * st.buffer_stride}u")
+    bufs = "".join(f"          const habu::u32 buf{o} = smem_base + {st.base + o * st.buffer_stride}u + (habu::u32)cw * "
+                   f"{st.warpgroup_stride}u{turn};  // output {o}'s buffer of this round\n" for o in range(st.outputs))
+    width = st.box_cols
+    stages, stores = [], []
+    for o, (expr, access) in enumerate((*lw.staged_extras, (None, lw.out))):
+        if expr is None:
+            x0, x1 = v0, v1
+            the_map = out_map
+        else:
+            x0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names[0], expr)
+            x1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names[1],
+                                expr)
+            the_map = sig.tensormap(TmaSpec(access.tensor, access.dtype, tuple(reversed(access.bounded_extents())),
+                                            tma_box(access, "m", st.box.rows, 0, width), st.box.swizzle))
+        stages.append(f"""              {{  // {access.tensor}{", an extra output of the chain" if expr is not None else ""}
+                const float v0 = {x0};
+                const float v1 = {x1};
+                unsigned char* dst = smem + (buf{o} - smem_base) + {staged};
+                {put}
+              }}
+""")
+        origin = box_origin if expr is None else ", ".join(f"(int)({x})" for x in tma_coordinates(access, axis_origin))
+        stores.append(f"            habu::tma_store_{len(access.positions)}d(&{the_map}, buf{o}, {origin});\n")
+    return f"""#pragma unroll
+      for (int s = 0; s < {st.slabs}; ++s)
+#pragma unroll
+        for (int b = 0; b < {st.boxes}; ++b) {{  // boxes of {width} columns, {st.outputs} outputs each
+{bufs}          if (boxes_stored >= {rounds} && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<{rounds - 1}>();  // the buffers' last stores have read them
+          habu::named_barrier_sync(1 + cw, 128);
+#pragma unroll
+          for (int jj = 0; jj < {st.groups}; ++jj)
+#pragma unroll
+            for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
+              const int j = b * {st.groups} + jj;
+              const int row = {frag.row_in_warpgroup()};
+{coordinates}{operands}              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
+{"".join(stages)}            }}
+          habu::fence_proxy_async();  // the threads' writes, visible to the TMA stores
+          habu::named_barrier_sync(1 + cw, 128);
+          if (threadIdx.x % 128 == 0) {{
+{"".join(stores)}            habu::bulk_commit_group();
           }}
           ++boxes_stored;
         }}

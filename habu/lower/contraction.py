@@ -37,7 +37,7 @@ from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, oper
 from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.lower.registers import consumer_warpgroups
 from habu.lower.split_cluster import ClusterSplitReduction, cluster_reduction_for
-from habu.lower.tma_store import TmaStoreEpilogue, tma_store_for
+from habu.lower.tma_store import TmaStoreEpilogue, staged_outputs, tma_store_for
 from habu.plan.patterns import Contraction, kernel_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -130,6 +130,15 @@ class ContractionLowering:
     def stores(self) -> tuple[tuple[Expr, Access], ...]:
         """Every output the epilogue stores, with its value: the extra outputs, then the chain's end."""
         return (*self.extra_outs, (self.epilogue, self.out))
+
+    @property
+    def staged_extras(self) -> tuple[tuple[Expr, Access], ...]:
+        """The extra outputs the TMA-store epilogue stages beside the chain's end (each box's round, a buffer
+        each; `TmaStoreEpilogue.outputs`); the others leave directly from the registers."""
+        st = self.tma_store
+        if st is None or st.outputs != 1 + len(self.extra_outs) or st.outputs == 1:
+            return ()
+        return self.extra_outs if all(_twin_layout(x, self.out) for _, x in self.extra_outs) else ()
 
     @property
     def cluster_split(self) -> bool:
@@ -448,7 +457,21 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
                                                                  b.dtype),
                    operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)),
                    tma_store=None if costing else tma_store_for(kernel, a.dtype, b.dtype, lw.out.dtype,
-                                                                 b.positions[-1].axis == "k"))
+                                                                 b.positions[-1].axis == "k", _staged_count(lw)))
+
+
+def _twin_layout(extra: Access, out: Access) -> bool:
+    """An extra output stored as the chain's end is: its type, positions, extents and strides (one box shape, one
+    origin, a tensor map of the same layout)."""
+    return (extra.dtype, extra.positions, extra.extents, extra.strides) == (out.dtype, out.positions, out.extents,
+                                                                            out.strides)
+
+
+def _staged_count(lw: ContractionLowering) -> int:
+    """Outputs the TMA-store epilogue stages a box: the extra outputs too where each has the chain end's layout
+    (`_twin_layout`) and the buffers hold them all."""
+    twins = all(_twin_layout(x, lw.out) for _, x in lw.extra_outs)
+    return staged_outputs(len(lw.extra_outs)) if twins and lw.extra_outs else 1
 
 
 @cache

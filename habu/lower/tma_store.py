@@ -20,7 +20,7 @@ part of shared memory and apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from habu.lower.layouts import SmemTile
@@ -44,14 +44,24 @@ class TmaStoreEpilogue:
     warpgroup_stride: int  # bytes from one consumer's buffers to the next one's
     region: tuple[int, int]  # [start, end) bytes of shared memory the layout gives the epilogue's buffers
     buffers: int = 2  # buffers per warpgroup, used in turn; a box waits until at most buffers - 1 stores still read
+    # outputs staged per box, each in a buffer of its own (the chain's extra outputs first, `extra_outs`, then
+    # its end): a box's round fills `outputs` buffers, and `rounds` = buffers / outputs rounds take them in turn
+    outputs: int = 1
 
     @property
     def box_cols(self) -> int:
         return self.box.row_elems
 
-    def buffer(self, cw: Any, stored: Any) -> Any:
-        """Bytes from smem_base to the buffer warpgroup cw fills for its box number `stored`."""
-        return self.base + cw * self.warpgroup_stride + (stored % self.buffers) * self.buffer_stride
+    @property
+    def rounds(self) -> int:
+        """Rounds of boxes whose buffers a warpgroup takes in turn: a round waits until at most rounds - 1
+        rounds' stores still read."""
+        return self.buffers // self.outputs
+
+    def buffer(self, cw: Any, stored: Any, output: Any = 0) -> Any:
+        """Bytes from smem_base to the buffer warpgroup cw fills for output `output` of its box round `stored`."""
+        return (self.base + cw * self.warpgroup_stride
+                + ((stored % self.rounds) * self.outputs + output) * self.buffer_stride)
 
     def column_group(self, b: Any, jj: Any) -> Any:
         """The accumulator's 8-column group j of group jj of box b."""
@@ -66,17 +76,26 @@ class TmaStoreEpilogue:
 
 
 def tma_store_for(kernel: ContractionKernel, a_dtype: str, b_dtype: str, out_dtype: str,
-                  b_kmajor: bool) -> TmaStoreEpilogue | None:
+                  b_kmajor: bool, outputs: int = 1) -> TmaStoreEpilogue | None:
     """The TMA-store epilogue of a wgmma kernel that stores through TMA (None otherwise, or where its
-    buffers are not evenly spaced: the emitter refuses such a layout)."""
+    buffers are not evenly spaced: the emitter refuses such a layout), staging `outputs` outputs a box
+    (at most its buffers: `staged_outputs`)."""
     if kernel.mma != "wgmma" or kernel.store != "tma":
         return None
     key = (kernel.warps, kernel.warp_specialized, kernel.stages, kernel.tile_m, kernel.tile_n, kernel.tile_k,
            kernel.swizzle, kernel.a_move, kernel.b_move, kernel.mma, kernel.store, a_dtype, b_dtype, out_dtype,
-           b_kmajor)
+           b_kmajor, outputs)
     if key not in _CACHE:
-        _CACHE[key] = _build(kernel, a_dtype, b_dtype, out_dtype, b_kmajor)
+        built = _build(kernel, a_dtype, b_dtype, out_dtype, b_kmajor)
+        _CACHE[key] = None if built is None else replace(built, outputs=outputs)
     return _CACHE[key]
+
+
+def staged_outputs(extras: int, buffers: int = 2) -> int:
+    """Outputs the TMA-store epilogue stages a box: the chain's end and its extra outputs where a round's
+    buffers hold them all (the forward that saves S1 beside GELU(S1 + B1): two, each box's round taking
+    both buffers), else the end alone (the extras then leave directly from the registers)."""
+    return 1 + extras if 1 + extras <= buffers else 1
 
 
 def _build(kernel: ContractionKernel, a_dtype: str, b_dtype: str, out_dtype: str,
@@ -100,4 +119,4 @@ def _build(kernel: ContractionKernel, a_dtype: str, b_dtype: str, out_dtype: str
 
 _CACHE: dict[tuple, TmaStoreEpilogue | None] = {}
 
-__all__ = ["SLAB_ROWS", "TmaStoreEpilogue", "tma_store_for"]
+__all__ = ["SLAB_ROWS", "TmaStoreEpilogue", "staged_outputs", "tma_store_for"]

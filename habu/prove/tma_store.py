@@ -92,15 +92,22 @@ def _buffer_faults(st: TmaStoreEpilogue) -> list[str]:
     size = st.box.bytes
     live: list[tuple[str, int]] = []  # buffers that may be in use at once: every warpgroup's two
     for cw in range(st.consumers):
-        for stored in range(st.buffers):  # consecutive boxes: the earlier stores may read while the last is filled
-            buf = int(st.buffer(cw, stored))
-            s, b = divmod(stored, st.boxes)
-            live.append((f"consumer {cw}'s box {stored} (tile[{st.slab_row(cw, s) if s < st.slabs else '?'}, "
-                         f"{b * st.box_cols}] onwards)", buf))
-            if buf < st.region[0] or buf + size > st.region[1] or buf % period:
-                faults.append(f"consumer {cw}'s box buffer {stored} lies at bytes {buf}..{buf + size - 1} of shared "
-                              f"memory, outside the epilogue's {st.region[0]}..{st.region[1] - 1} or not "
-                              f"{period}-byte aligned")
+        # consecutive rounds: the earlier rounds' stores may read while the last is filled; each round's outputs
+        # (the chain's extra outputs beside its end) are filled and stored together
+        for stored in range(st.rounds):
+            for o in range(st.outputs):
+                buf = int(st.buffer(cw, stored, o))
+                s, b = divmod(stored, st.boxes)
+                what = f"output {o}'s " if st.outputs > 1 else ""
+                where = (f"{'' if s < st.slabs else 'the next tile, '}tile[{st.slab_row(cw, s % st.slabs)}, "
+                         f"{b * st.box_cols}] onwards")
+                live.append((f"consumer {cw}'s {what}box {stored} ({where})", buf))
+                if buf < st.region[0] or buf + size > st.region[1] or buf % period:
+                    faults.append(f"consumer {cw}'s {what}box buffer {stored} ({where}) lies at bytes {buf}..{buf + size - 1}"
+                                  f" of shared memory, outside the epilogue's {st.region[0]}..{st.region[1] - 1} or not "
+                                  f"{period}-byte aligned")
+    if st.rounds < 1:
+        faults.append(f"a box's round stages {st.outputs} outputs in {st.buffers} buffers")
     for i, (name, a) in enumerate(live):
         for other, b in live[i + 1:]:
             if a < b + size and b < a + size:

@@ -62,7 +62,7 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     out_bytes = M * N * DTYPES[lw.out.dtype].bytes * nb
     moved = _bytes(lw.a, sizes) + _bytes(lw.b, sizes) + out_bytes
     moved += sum(_bytes(a, sizes) for _, a in lw.epi_loads)
-    # the chain's other outputs (`extra_outs`), stored directly from the registers beside the output
+    # the chain's other outputs (`extra_outs`), stored beside the output
     extra_bytes = sum(_bytes(a, sizes) for _, a in lw.extra_outs)
     moved += extra_bytes
     # staging copies: a row copy (gathered) moves 2-byte elements one per thread, measured ~1.4 TB/s
@@ -114,8 +114,10 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     epilogue_s = out_bytes / c.bandwidth * (0.5 if k.store == "tma" else max(1.0, 8 / (2 * out_e)))
     if lw.store is Store.ATOMIC_ADD:
         epilogue_s = scatter_epilogue_seconds(out_bytes, c)
-    for _, extra in lw.extra_outs:  # direct stores, whatever the output's store
-        epilogue_s += _bytes(extra, sizes) / c.bandwidth * max(1.0, 8 / (2 * DTYPES[extra.dtype].bytes))
+    staged = {a.tensor for _, a in lw.staged_extras}  # staged beside the output and stored by TMA as it is
+    for _, extra in lw.extra_outs:  # the others: direct stores, whatever the output's store
+        epilogue_s += _bytes(extra, sizes) / c.bandwidth * (
+            0.5 if extra.tensor in staged else max(1.0, 8 / (2 * DTYPES[extra.dtype].bytes)))
     epilogue_s += epilogue_arithmetic_seconds(lw, M * N * nb, c)
     seconds = max(compute, memory) + epilogue_s + staging_s + reduction / c.bandwidth \
         + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1 and not cluster_split))

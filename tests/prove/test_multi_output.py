@@ -80,7 +80,7 @@ def test_a_chain_with_one_output_still_ends_at_it():
 
 
 PATHS = [  # (model, target, pins): every contraction path and epilogue
-    ("LINEAR-GELU-SAVED", "sm_90a", {}),  # wgmma, TMA-store epilogue (the extra output stored directly)
+    ("LINEAR-GELU-SAVED", "sm_90a", {}),  # wgmma, TMA-store epilogue (the extra output staged beside the end)
     ("LINEAR-GELU-SAVED", "sm_90a", {"store": "direct"}),
     ("LINEAR-GELU-SAVED", "sm_90a", {"mma": "mma.sync"}),
     ("LINEAR-GELU-SAVED", "sm_90a", {"mma": "fma"}),
@@ -147,3 +147,30 @@ def test_regression_a_searched_partition_whose_kernel_stores_an_output_and_an_in
     proof = prove(model, plan)
     assert proof.ok, (proof.violations, proof.certificate and proof.certificate.failure)
     assert {"S1", "S3"} <= set(proof.certificate.checked)
+
+
+def test_regression_the_saved_product_is_staged_and_stored_by_tma_beside_the_chain_end():
+    """The saved S1 left the TMA-store epilogue directly from the registers, a 4-byte store per pair: FFN-SKIP's
+    forward product at 128 tokens ran 43.2 µs where the same kernel without S1 runs 36.0 (H200, 2026-12-04). Each
+    box's round now stages S1 and S3 in the warpgroup's two buffers and stores both by TMA."""
+    model, target = two_outputs("LINEAR-GELU-SAVED"), TARGETS["sm_90a"]
+    plan = default_plan(model, target)
+    (lw,) = lower_plan(model, plan)
+    assert lw.tma_store is not None and lw.tma_store.outputs == 2 and lw.tma_store.rounds == 1
+    assert [a.tensor for _, a in lw.staged_extras] == ["S1"]
+    proof = prove(model, plan)
+    assert proof.ok, (proof.violations, proof.certificate and proof.certificate.failure)
+    (cuda,) = emit(proof, target).kernels
+    assert "habu::tma_store_2d(&tm_S1, buf0," in cuda.source and "habu::tma_store_2d(&tm_S3, buf1," in cuda.source
+    assert "p_S1" not in cuda.source and "bulk_wait_group_read<0>" in cuda.source
+    # a product saved in another type than the end's (f32 beside bf16) still leaves directly from the registers
+    kmajor = two_outputs("LINEAR-GELU-SAVED-KMAJOR")
+    (lw,) = lower_plan(kmajor, default_plan(kmajor, target))
+    assert lw.extra_outs and not lw.staged_extras and lw.tma_store is not None and lw.tma_store.outputs == 1
+
+
+def test_a_staging_round_that_waits_for_too_few_stores_is_killed():
+    (mutant,) = [m for m in MUTANTS if m.name == "staged-extra-round"]
+    outcome = run_mutant(mutant, trials=1)
+    assert outcome.killed, outcome.message
+    assert "box buffer" in outcome.message or "staged over" in outcome.message, outcome.message
