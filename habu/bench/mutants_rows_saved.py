@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from habu.lower import Lowering, RowLowering
 from habu.lower.access import Position
+from habu.lower.rows import with_kept_rows
 
 MODEL = "RMSNORM-ROWS:forward"
 SHAPE = {"R": 8, "D": 1000}  # a warp per row, four rows a block, a ragged last chunk
@@ -41,6 +42,18 @@ def statistic_dropped(lw: Lowering) -> Lowering:
     return replace(lw, stats=())
 
 
+GATHER_EXAMPLE = "../tests/data/row_gather.habu"  # relative to examples/, as habu.bench.mutants reads them
+
+
+def gathered_row_read_plainly(lw: Lowering) -> Lowering:
+    """The row read through IX (`A[IX[r] d]`) read at row r itself: the gather dropped from its position."""
+    assert isinstance(lw, RowLowering)
+    loads = tuple((ld, replace(acc, positions=tuple(Position("axis", p.axis) if p.kind == "gather" else p
+                                                    for p in acc.positions), checks=()))
+                  for ld, acc in lw.loads)
+    return with_kept_rows(replace(lw, loads=loads))
+
+
 MUTANT_ENTRIES = (
     ("rows-saved-statistic-at-first-row", "a row kernel saving RMSNorm's rstd stores every row's at R1[0] (the "
      "statistic's row index dropped)", "rmsnorm.habu", MODEL, SHAPE, statistic_at_first_row),
@@ -50,6 +63,8 @@ MUTANT_ENTRIES = (
      "threads: no thread stores R1", "rmsnorm.habu", MODEL, SHAPE, statistic_never_stored),
     ("rows-saved-statistic-dropped", "a row kernel computing RMSNorm's R1 and Y stores only Y", "rmsnorm.habu",
      MODEL, SHAPE, statistic_dropped),
+    ("rows-gathered-row-read-plainly", "a row kernel reading row IX[r] of A reads row r", GATHER_EXAMPLE, "ROW-DOT",
+     {}, gathered_row_read_plainly),
 )
 
-__all__ = ["MUTANT_ENTRIES", "statistic_at_first_row", "statistic_dropped", "statistic_never_stored", "statistic_with_row_stride"]
+__all__ = ["MUTANT_ENTRIES", "gathered_row_read_plainly", "statistic_at_first_row", "statistic_dropped", "statistic_never_stored", "statistic_with_row_stride"]

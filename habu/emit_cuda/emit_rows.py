@@ -28,6 +28,7 @@ from habu.emit_cuda.common import (
     CIndex,
     Signature,
     SizeView,
+    TableReader,
     access_mask,
     access_offset,
     float_expr,
@@ -115,8 +116,15 @@ class _Row:
         assert layout is not None
         return layout.slot(k, chunk, layout.chunks_per_row(self.lw, self.sizes))
 
+    @property
+    def table(self) -> TableReader:  # a row read through an index tensor (`dY[IX[r] d]`)
+        return TableReader(self.sig, self.sig.model, self.it)
+
     def offset(self, acc: Access, coord: dict[str, str]) -> str:
-        return access_offset(acc, coord, self.sizes, self.lw.index_width, lambda t, x: "0")
+        return access_offset(acc, coord, self.sizes, self.lw.index_width, self.table)
+
+    def mask(self, acc: Access, coord: dict[str, str]) -> str:  # index checks included (`habu::index_ok`)
+        return access_mask(acc, coord, self.sizes, self.table)
 
     def at(self, r: str, col: str | None = None) -> dict[str, str]:
         """The axis coordinates (C) of column `col` of row `r`: the lowering's row index → leading
@@ -193,7 +201,7 @@ def _leaf(row: _Row):
             return {"bf16": f"habu::bf16_to_float({raw})", "f16": f"habu::f16_to_float({raw})"}.get(acc.dtype, raw)
         coord = row.at("r", "col")
         p = row.sig.pointer(acc.tensor, acc.dtype)
-        return f"(({access_mask(acc, coord, row.sizes)}) ? {load_value(acc.dtype, p, row.offset(acc, coord))} : 0.0f)"
+        return f"(({row.mask(acc, coord)}) ? {load_value(acc.dtype, p, row.offset(acc, coord))} : 0.0f)"
     return leaf
 
 
@@ -237,7 +245,7 @@ def _load_row(row: _Row, which: tuple[int, ...] = (0,)) -> str:
         acc = row.kept_rows[j]
         p = row.sig.pointer(acc.tensor, acc.dtype)
         at = row.at("r", row.column("g", 0))
-        return f"habu::load16_or_zero({p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)})"
+        return f"habu::load16_or_zero({p} + ({row.offset(acc, at)}), {row.mask(acc, at)})"
 
     several = len(row.kept_rows) > 1
     if n:
@@ -265,7 +273,7 @@ def _load_row(row: _Row, which: tuple[int, ...] = (0,)) -> str:
     def element(j: int) -> str:
         acc = row.kept_rows[j]
         p = row.sig.pointer(acc.tensor, acc.dtype)
-        return (f"    row_cache[{row.slot('g', 0, j)}] = ({access_mask(acc, at, row.sizes)}) ? "
+        return (f"    row_cache[{row.slot('g', 0, j)}] = ({row.mask(acc, at)}) ? "
                 f"{p}[{row.offset(acc, at)}] : ({row.word})0;")
     body = "\n".join(element(j) for j in which)
     col = _declared_if_read("col", body, f"\n    const {it} col = {row.column('g', 0)};")
@@ -290,7 +298,7 @@ def _copy_row(row: _Row, r: str) -> str:
         acc = row.kept_rows[k]
         p = row.sig.pointer(acc.tensor, acc.dtype)
         return (f"      habu::cp_async<16>(habu::smem_addr(&next_row[{c(row.next_slot(k, CExpr('g')))}]), "
-                f"{p} + ({row.offset(acc, at)}), {access_mask(acc, at, row.sizes)});")
+                f"{p} + ({row.offset(acc, at)}), {row.mask(acc, at)});")
     copies = "\n".join(copy(k) for k in range(len(row.kept_rows)))
     return f"""{_chunk_head(row).replace(chr(10), chr(10) + '  ')}
 {copies}
@@ -423,7 +431,7 @@ def _store(row: _Row, value: Expr) -> str:
     if lw.vector_store():
         return _store_chunks(row, p_out, text)
     at = row.at("r", "col")
-    return _column_loop(row, f"if ({access_mask(out, at, row.sizes)}) "
+    return _column_loop(row, f"if ({row.mask(out, at)}) "
                              f"{store_value(out.dtype, p_out, row.offset(out, at), text)}")
 
 
@@ -434,7 +442,7 @@ def _store_stats(row: _Row, values: list[Expr]) -> str:
         p = row.sig.pointer(st.out.tensor, st.out.dtype, writes=True)
         who = f"tid == {st.lane}" + (f" && habu::cluster_ctarank() == {st.rank}" if row.share > 1 else "")
         at = row.at("r")
-        out.append(f"""  if ({who} && {access_mask(st.out, at, row.sizes)}) {{  // the row's {st.target}, stored once
+        out.append(f"""  if ({who} && {row.mask(st.out, at)}) {{  // the row's {st.target}, stored once
     {store_value(st.out.dtype, p, row.offset(st.out, at), _render(row, value))}
   }}
 """)
@@ -454,7 +462,7 @@ def _store_chunks(row: _Row, p_out: str, value: str) -> str:
     for (int q = 0; q < {vec}; ++q) {{{col}{slot}
       y[q] = {value};
     }}
-    habu::store16_if({p_out} + ({row.offset(out, at)}), {pack}(y), {access_mask(out, at, row.sizes)});
+    habu::store16_if({p_out} + ({row.offset(out, at)}), {pack}(y), {row.mask(out, at)});
   }}"""
 
 

@@ -456,12 +456,17 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     for st in stats:  # a statistic is stored after the passes: it reads only reductions the output reads
         if any(canonical_reduction(p) not in passes for p in reduction_passes(st.value)):
             raise ValueError(f"{st.target} reduces the row in a way {out.tensor} does not read")
-    kept = lw.kept_rows()
-    cache = RowCache(permuted=lw.vector_row(), rows=len(kept)) if kept else None
     width = model.extent(c_ext)
     span = None if width.is_static else (width.lo, width.hi)
-    lw = replace(lw, cache=cache, passes=passes, width_range=span,
-                 prefetch_layout=PrefetchLayout() if kernel.prefetch and kept else None)
+    return with_kept_rows(replace(lw, passes=passes, width_range=span))
+
+
+def with_kept_rows(lw: RowLowering) -> RowLowering:
+    """`lw` with what its kept rows decide: their cache on chip, a prefetching block's next-row layout, and the
+    pass before which each is loaded (after its loads are lowered, or replaced)."""
+    kept = lw.kept_rows()
+    cache = RowCache(permuted=lw.vector_row(), rows=len(kept)) if kept else None
+    lw = replace(lw, cache=cache, prefetch_layout=PrefetchLayout() if lw.kernel.prefetch and kept else None)
     return replace(lw, loaded_before=tuple(_first_pass_reading(lw, acc) for acc in kept))
 
 

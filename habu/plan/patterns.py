@@ -245,15 +245,20 @@ def _row_local_2d(eq: Equation) -> tuple[str, str] | None:
     else:
         return None
     c = IndexVar("c", c_ext)
+    reduces = any(isinstance(x, Reduce) for x in walk(eq.rhs))
     if reductions_no_row_runs(eq.rhs, eq.lhs[1] if len(eq.lhs) == 2 else None):
         return None
     for x in walk(eq.rhs):
         if isinstance(x, Reduce) and any(v.extent != c_ext for v in x.vars):
             return None
         if isinstance(x, Load):
-            if any(isinstance(ix, Gather) for ix in x.indices) or len(x.indices) > 2:
-                return None  # a gather, or a tensor of three or more dimensions, is no row's
-            if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)):
+            # a reduction over a row read through an index tensor (`Σ d dY[IX[r] d]·T[r d]`: row IX[r] of dY) is
+            # the row's (a gathered copy stays a vector copy); any other gather, or 3+ dimensions, is no row's
+            first = x.indices[0] if len(x.indices) == 2 else None
+            gathered = reduces and isinstance(first, Gather) and first.indices == (r,)
+            if any(isinstance(ix, Gather) for ix in x.indices[gathered:]) or len(x.indices) > 2:
+                return None
+            if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)) and not gathered:
                 return None
             if len(x.indices) == 1 and x.indices[0] != r and not _is_col_var(x.indices[0], c):
                 return None

@@ -39,7 +39,8 @@ def test_the_moe_backward_takes_both_rewrites_by_default(backward):
     kinds = {" ".join(k.nodes): (k.kind, getattr(k, "main_loop", None)) for k in plan.kernels}
     for node in ("%dact", "dX.t0", "dX.t1", "dP.in"):
         assert kinds[node] == ("grouped", "wgmma"), kinds
-    assert kinds["dX"][0] == kinds["dP"][0] == "general"
+    # dX's scatter-add of the two terms is general; dP's row reduction reads dY's rows through IX: a row kernel
+    assert kinds["dX"][0] == "general" and kinds["dP"][0] == "rows"
     assert dict(plan.storage)["dX.t0"] == dict(plan.storage)["dP.in"] == "f32"
     assert verify_plan(backward, plan, SHAPE, trials=1, lowerings=lower_plan(backward, plan)).passed
 
