@@ -23,10 +23,11 @@ HEADER = ("64 EXTENT: #B  512 EXTENT: #D  1 EXTENT: #ONE\nbf16 TENSOR: S ( #B #D
 @pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_the_saved_forward_of_ffn_skip_computes_its_residual_in_the_rmsnorm_kernel():
     forward = derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP").forward
-    sizes = {"B": 300}
+    sizes = {"B": 512}
     model = forward.with_sizes(sizes)
     plan = default_plan(model, TARGET, sizes)
-    # (GELU leaves S1's product for a kernel of its own at 300 tokens: habu/search/cuts.py)
+    # (GELU leaves S1's product for a kernel of its own at 512 tokens: habu/search/cuts.py; at 300 it stays in the
+    # product's epilogue since S1 is staged and stored by TMA beside S3, session 48)
     assert [(k.kind, k.nodes) for k in plan.kernels] == [
         ("contraction", ("S1",)), ("general", ("%2", "S3")), ("contraction", ("S4",)),
         ("rows", ("%5", "%6", "R1", "Y"))]
