@@ -241,10 +241,12 @@ class PrimeField:
         terms = 1
         for c in summed:
             terms *= sizes[c]
-        if terms > _EXACT_TERMS:
+        thin = _thin_side(a, b, ia, ib, out)
+        limit = _THIN_TERMS if thin is not None else _EXACT_TERMS
+        if terms > limit:
             # split the longest summed axis so that each partial contraction stays exact
             c = max(summed, key=lambda s: sizes[s])
-            step = max(1, _EXACT_TERMS // (terms // sizes[c]))
+            step = max(1, limit // (terms // sizes[c]))
             total = None
             for lo in range(0, sizes[c], step):
                 sa = _slice_axis(a, ia, c, lo, lo + step)
@@ -253,6 +255,8 @@ class PrimeField:
                 total = part if total is None else (total + part) % self.p
             assert total is not None
             return total
+        if thin is not None:
+            return self._thin_contract2(a, b, ia, ib, out, thin)
         mask = (1 << _LIMB) - 1
         a_lo, a_hi = (a & mask).astype(np.float64), (a >> _LIMB).astype(np.float64)
         b_lo, b_hi = (b & mask).astype(np.float64), (b >> _LIMB).astype(np.float64)
@@ -273,6 +277,42 @@ class PrimeField:
         s16 = (1 << _LIMB) % p
         s32 = (1 << (2 * _LIMB)) % p
         return (ll % p + (mid % p) * s16 % p + (hh % p) * s32 % p) % p
+
+
+    def _thin_contract2(self, a: np.ndarray, b: np.ndarray, ia: str, ib: str, out: str, thin: int) -> np.ndarray:
+        """The contraction where one operand is thin (a few routed rows against a whole weight matrix): the thin
+        one in its four bytes, stacked as one more axis, against the other converted to float64 once; each
+        byte's products stay below 2^8 · 2^31 and a sum of at most `_THIN_TERMS` of them below 2^53, so one
+        float64 product is exact. The Karatsuba path converts the wide operand into three limb arrays."""
+        small, wide, i_small, i_wide = (a, b, ia, ib) if thin == 0 else (b, a, ib, ia)
+        small = np.asarray(small, dtype=np.int64)
+        limbs = np.stack([((small >> (8 * i)) & 0xFF) for i in range(4)]).astype(np.float64)
+        z = next(ch for ch in "zyxwvutsrq" if ch not in ia + ib + out)
+        subs = f"{z}{i_small},{i_wide}->{z}{out}"
+        r = np.rint(np.einsum(subs, limbs, np.asarray(wide, dtype=np.float64), optimize=True)).astype(np.int64)
+        p = self.p
+        total = r[0] % p
+        for i in range(1, 4):
+            total = (total + (r[i] % p) * ((1 << (8 * i)) % p)) % p
+        return total
+
+
+_THIN_TERMS = 2**14  # sums of this many (8-bit × 31-bit) products stay below 2^53
+_THIN_ROWS = 64  # an operand is thin where its free elements (those not summed) are at most this many
+
+
+def _thin_side(a: np.ndarray, b: np.ndarray, ia: str, ib: str, out: str) -> int | None:
+    """0 or 1: the operand whose free elements (its axes kept in `out`) number at most `_THIN_ROWS` while the
+    other's are many more; None where neither is."""
+    def free(x: np.ndarray, labels: str) -> int:
+        return int(np.prod([n for c, n in zip(labels, x.shape, strict=True) if c in out], dtype=np.int64))
+
+    fa, fb = free(a, ia), free(b, ib)
+    if fa <= _THIN_ROWS and fb >= 16 * fa:
+        return 0
+    if fb <= _THIN_ROWS and fa >= 16 * fb:
+        return 1
+    return None
 
 
 def _slice_axis(x: np.ndarray, labels: str, c: str, lo: int, hi: int) -> np.ndarray:

@@ -159,3 +159,21 @@ def test_regression_a_max_whose_body_is_constant_along_a_variable_reduces_every_
                           np.arange(p * q, dtype=float).reshape(p, q).max(axis=1))
     assert all(pr.ok for pr in compile_model(parse_text(text, "max.habu"), "FZ", {}, target_named("sm_90a"), {},
                                               1).proofs)
+
+
+@pytest.mark.parametrize("rows,cols,k", [(1, 300, 5000), (5, 2000, 14336), (64, 1024, 20000), (3, 70, 16384)])
+def test_regression_a_thin_contraction_is_exact_against_python_integers(rows, cols, k):
+    """A few routed rows against a whole weight matrix take the thin path (the thin operand's four bytes against
+    the other in float64 once: the Mixtral backward's grouped checks spent 41 s converting limbs); it must agree
+    with Python's integers, and with the Karatsuba path, including at residues near p and K past 2^14."""
+    f = PrimeField(2**31 - 1, seed=1)
+    rng = np.random.default_rng(rows * 7 + k)
+    a = rng.integers(f.p - 1000, f.p, size=(rows, k), dtype=np.int64)  # the largest residues
+    a[:, ::3] = rng.integers(0, f.p, size=a[:, ::3].shape, dtype=np.int64)
+    b = rng.integers(0, f.p, size=(cols, k), dtype=np.int64)
+    got = f.contract2(a, b, "ik", "jk", "ij")
+    want = np.array([[sum(int(x) * int(y) for x, y in zip(a[i], b[j], strict=True)) % f.p for j in (0, cols - 1)]
+                     for i in range(rows)], dtype=np.int64)
+    assert (got[:, [0, cols - 1]] == want).all()
+    swapped = f.contract2(b, a, "jk", "ik", "ji")  # the thin operand second
+    assert (got == swapped.T).all()
