@@ -297,8 +297,8 @@ class RowLowering(FlattenedRows):
         row = [*self.row_axes, "c"]  # an N-D row: the leading axes in order, then the column
 
         def whole_row(acc: Access) -> bool:
-            if len(self.leading) == 1:
-                return [p.kind for p in acc.positions] == ["axis", "axis"]
+            if len(self.leading) == 1:  # X[r c], or a row read through an index tensor, X[IX[r] c]
+                return [p.kind for p in acc.positions] in (["axis", "axis"], ["gather", "axis"])
             return [p.kind for p in acc.positions] == ["axis"] * len(row) and [p.axis for p in acc.positions] == row
 
         def row_loads(e: Expr) -> list[Access]:

@@ -20,9 +20,12 @@ DATA = str(ROOT / "tests" / "data" / "row_gather.habu")
 
 
 @pytest.mark.parametrize("name", ["ROW-DOT", "GATHERED-RMSNORM"])
-@pytest.mark.parametrize("sizes", [{}, {"D": 4096, "R": 1000}])
-def test_a_gathered_row_kernel_matches_the_float64_reference(name, sizes):
-    built = build(DATA, name, sizes)
+@pytest.mark.parametrize("sizes,pins", [({}, {}), ({"D": 4096, "R": 1000}, {}),
+                                        ({"D": 4096, "R": 1000}, {"row_prefetch": "true"}),
+                                        ({"D": 4096, "R": 1000}, {"row_cluster": "2", "threads": "256"})],
+                         ids=["small", "d4096", "d4096-prefetch", "d4096-cluster"])
+def test_a_gathered_row_kernel_matches_the_float64_reference(name, sizes, pins):
+    built = build(DATA, name, sizes, pins)
     assert [k.kind for k in built.plan.kernels] == ["rows"]
     inputs = make_inputs(built.model, built.sizes, 11, "random")
     got = built.compiled(**inputs, **poisoned_outputs(built.model, built.sizes))

@@ -43,6 +43,24 @@ def test_regression_a_row_read_through_an_index_tensor_is_a_proven_row_kernel(na
     assert not out.resources.spills, out.resources.describe()
 
 
+@pytest.mark.parametrize("name", ["ROW-DOT", "GATHERED-RMSNORM"])
+@pytest.mark.parametrize("pins", [{}, {"row_prefetch": "true"}, {"row_cluster": "2", "threads": "256"}],
+                         ids=["registers", "prefetch", "cluster"])
+def test_a_gathered_row_is_kept_on_chip_like_a_plain_one(name, pins):
+    """The row read through IX is the row a pass keeps (in registers, the next row's copy of a prefetching block,
+    a cluster's shared row): read once a row, not once a pass."""
+    m = model(name, D=4096, R=400)
+    plan = default_plan(m, TARGET, {}, pins)
+    (lw,) = lower_plan(m, plan)
+    gathered = [acc.tensor for _, acc in lw.loads if acc.positions[0].kind == "gather"]
+    assert set(gathered) <= {a.tensor for a in lw.kept_rows()}
+    proof = prove(m, plan, {}, trials=2)
+    assert proof.ok, ([o.detail for o in proof.violations], proof.certificate and proof.certificate.failure)
+    (cuda,) = emit(proof, TARGET).kernels
+    out = compile_cuda(cuda.source, cuda.name, "sm_90a")
+    assert not out.resources.spills, out.resources.describe()
+
+
 def test_a_gather_of_another_variable_is_no_row():
     """`A[IX[c] d]`-like reads (a gather of anything but the row variable) stay in the general family."""
     from habu.plan.patterns import row_local
