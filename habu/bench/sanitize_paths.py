@@ -45,6 +45,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "wgmma-tma-two-outputs": ("../tests/data/two_outputs.habu", "LINEAR-RELU-SAVED", {"B": 200, "D": 256, "H": 520},
                               {}),
     "rows-sum": ("<rows>", "ROW-SUM", {}, {}),
+    # a row read through an index tensor, kept in registers (session 48)
+    "rows-gathered": ("../tests/data/row_gather.habu", "GATHERED-RMSNORM", {"D": 4096, "R": 40}, {}),
     "rows-max": ("<rows>", "ROW-MAX", {}, {}),
     "rows-softmax": ("softmax.habu", "SOFTMAX-ROWS", {"R": 16, "C": 1000}, {}),
     "map": ("fused.habu", "AXPY-RELU", {"N": 4100}, {}),
