@@ -1,7 +1,7 @@
 """The MoE FFN layer's derived backward (issue 21: the backward of a gather is a scatter-add; examples/
 moe_mixtral.habu) against torch autograd of the same layer in the same run:
 
-    python -m habu.bench.moe_backward_speed [--tokens 512,4096] [--reps 5] [--json OUT.json]
+    python -m habu.bench.moe_backward_speed [--tokens 512,4096] [--reps 5] [--json OUT.json] [--pins storage=bf16]
 
 For each token count (uniform top-2 routing over Mixtral's 8 experts, rows sorted by expert): Habu's forward
 with the values its backward saves (gate, up, act: `habu grad`'s auto policy) and its backward, both the
@@ -10,7 +10,8 @@ proven default plans (rules + a finite-field trial at the witness); torch's laye
 checked against torch autograd of the layer in float32 on the same inputs (relative Frobenius error ≤ 2e-2:
 the saved values are bf16) before anything is timed; then CUDA-event medians: Habu's backward call (its
 accumulated gradients zeroed in the call, as autograd allocates them) against `torch.autograd.grad` of the
-loop's output (the forward's graph kept). `--profile` lists each of Habu's backward kernels (torch.profiler).
+loop's output (the forward's graph kept). `--profile` lists each of Habu's backward kernels (torch.profiler);
+`--pins` pins the backward's plan (`storage=bf16`: its cotangents stored in bf16, as torch keeps them).
 Self-checking: exits 1 if a check fails.
 """
 
@@ -46,13 +47,13 @@ def torch_layer(x, w1, w3, w2, p, ix, offsets, y0):
     return out
 
 
-def measure(tokens: int, reps: int, profile: bool, seed: int = 0) -> dict[str, Any]:
+def measure(tokens: int, reps: int, profile: bool, seed: int = 0, pins: dict[str, str] | None = None) -> dict[str, Any]:
     from habu.bench.backward_speed import build
 
     t = torch()
     shape = SHAPES["mixtral"]
     rows = tokens * shape.topk
-    _, fwd, back = build(shape.file, "MOE-FFN", {"T": tokens, "R": rows}, "sm_90a")
+    _, fwd, back = build(shape.file, "MOE-FFN", {"T": tokens, "R": rows}, "sm_90a", pins)
     ix, e, p, offsets = routing(tokens, shape.topk, shape.experts, "uniform", seed)
     w = weights(shape, seed)
     g = t.Generator(device="cuda").manual_seed(seed + 1)
@@ -103,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--pins", default="", help="the backward plan's pins, KEY=VALUE joined by commas")
     args = ap.parse_args(argv)
+    pins = dict(p.split("=", 1) for p in args.pins.split(",") if p.strip())
     rows, failed = [], False
     print("Mixtral MoE FFN backward (D 4096, H 14336, 8 experts, top-2), µs a call, medians of CUDA events")
     for tokens in (int(x) for x in args.tokens.split(",")):
-        row = measure(tokens, args.reps, args.profile)
+        row = measure(tokens, args.reps, args.profile, pins=pins)
         rows.append(row)
         errs = " ".join(f"{k} {v:.1e}" for k, v in row["errors"].items())
         if not row["ok"]:

@@ -30,6 +30,8 @@ only when the finite-field check of the rewritten plan against the original mode
   habu/plan/term_split.py). Default plans take it.
 - `inner:T` makes a grouped GEMM nested in T's reduction a node of its own, T.in in f32 (the MoE backward's
   `dP[r] = Σ d dY[IX[r] d] · (Σ h Sact[r h] · W2[E[r] d h])`: habu/plan/inner_split.py). Default plans take it.
+- `storage:bf16` stores every matrix between kernels in bf16 (habu/plan/storage_pin.py): only by `--pin
+  storage=bf16`, applied after the others; no node names it, so the search never offers it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from habu.plan.inner_split import apply_inner, inner_part
 from habu.plan.patterns import _factors, as_contraction, consumers
 from habu.plan.scatter_split import apply_scatter, scatter_part
 from habu.plan.split import apply_split, split_part
+from habu.plan.storage_pin import apply_storage, storage_part
 from habu.plan.term_split import apply_terms, terms_part
 from habu.spec.ir import (
     Equation,
@@ -210,7 +213,9 @@ KINDS = {"inline": (_inline_ok, _apply_inline),
          "gather": (lambda m, t: gather_part(m, t) is not None, apply_gather),
          "epilogue": (lambda m, t: epilogue_part(m, t) is not None, apply_epilogue),
          "terms": (lambda m, t: terms_part(m, t) is not None, apply_terms),
-         "inner": (lambda m, t: inner_part(m, t) is not None, apply_inner)}
+         "inner": (lambda m, t: inner_part(m, t) is not None, apply_inner),
+         # a plan's storage type (habu/plan/storage_pin.py): never applicable by node, only pinned (`--pin storage=`)
+         "storage": (lambda m, t: storage_part(m, t) is not None, apply_storage)}
 
 
 def default_rewrites(model: Model) -> tuple[str, ...]:

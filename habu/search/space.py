@@ -92,6 +92,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     rewrites = _pinned_rewrites(model, (pins or {}).get("rewrite"), (pins or {}).get("family"))
     if not {"rewrite", "family"} & set(pins or {}):
         rewrites = _cheaper_scatters(model, target, s, rewrites)
+    if "storage" in (pins or {}):  # the plan's storage type, after every other rewrite (habu/plan/storage_pin.py)
+        rewrites = (*rewrites, _pinned_storage(model, rewrites, pins["storage"]))  # type: ignore[index]
     from habu.plan.rewrite import apply_rewrites
 
     graph = apply_rewrites(model, rewrites)
@@ -253,6 +255,19 @@ def _pinned_rewrites(model: Model, value: str | None, family: str | None = None)
     return names
 
 
+def _pinned_storage(model: Model, rewrites: tuple[str, ...], value: str) -> str:
+    """`--pin storage=bf16`: the rewrite `storage:bf16` after `rewrites`, or a UsageError saying why not."""
+    from habu.plan.rewrite import apply_rewrites
+    from habu.plan.storage_pin import TYPES, storage_part
+
+    if value not in TYPES:
+        raise UsageError(f"--pin storage={value}: expected one of {', '.join(TYPES)} (the type every matrix the plan "
+                         "stores between kernels takes)")
+    if storage_part(apply_rewrites(model, rewrites), value) is None:
+        raise UsageError(f"--pin storage={value}: the plan of {model.name} stores no matrix in another type")
+    return f"storage:{value}"
+
+
 def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
     e = model.extent(extent)
     return e.is_static or bool(sizes and extent in sizes)
@@ -261,7 +276,7 @@ def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
 # ----------------------------------------------------------------------------- pins
 
 
-PIN_KEYS = (*PIN_FIELDS, "rewrite", "family", "pair")
+PIN_KEYS = (*PIN_FIELDS, "rewrite", "family", "pair", "storage")
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
@@ -348,7 +363,7 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             for name in PIN_FIELDS[k]:
                 if name in names:
                     changes[name] = _pin_value(kernel, name, key, value)
-        elif k not in ("rewrite", "family", "pair"):
+        elif k not in ("rewrite", "family", "pair", "storage"):
             raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
     # a block of more than a warp works on one row: a pinned thread count brings one row per block
     if "rows_per_block" in names and changes.get("threads", 32) != 32 \
