@@ -64,6 +64,21 @@ def staged_extra_round_too_short(lw: Lowering) -> Lowering:
     return replace(lw, tma_store=TwoRounds(**fields))
 
 
+def staged_extra_shares_the_buffer(lw: Lowering) -> Lowering:
+    """Each box's round stages S1 and S3 in one buffer (the output's term dropped from the buffer map): S3's
+    values overwrite S1's before either store reads them."""
+    from habu.lower.tma_store import TmaStoreEpilogue
+
+    assert isinstance(lw, ContractionLowering) and lw.staged_extras and lw.tma_store is not None
+
+    class OneBuffer(TmaStoreEpilogue):
+        def buffer(self, cw, stored, output=0):  # type: ignore[override]
+            return super().buffer(cw, stored, 0)
+
+    fields = {f: getattr(lw.tma_store, f) for f in lw.tma_store.__dataclass_fields__}
+    return replace(lw, tma_store=OneBuffer(**fields))
+
+
 MUTANT_ENTRIES = (
     ("extra-store-skipped", "a contraction's epilogue that should also store its chain's product S1 stores only "
      "GELU(S1 + B1)", EXAMPLE, MODEL, SHAPE, extra_store_skipped),
@@ -73,9 +88,11 @@ MUTANT_ENTRIES = (
      SHAPE, extra_store_row_stride_of_d),
     ("extra-store-chain-end-value", "the extra output S1 is stored with the chain end's value", EXAMPLE, MODEL,
      SHAPE, extra_store_chain_end_value),
+    ("staged-extra-one-buffer", "the TMA-store epilogue stages S1 and S3 of a round in one buffer", EXAMPLE, MODEL,
+     SHAPE, staged_extra_shares_the_buffer),
     ("staged-extra-round", "the TMA-store epilogue staging S1 beside S3 takes a round's two buffers for two rounds",
      EXAMPLE, MODEL, SHAPE, staged_extra_round_too_short),
 )
 
 __all__ = ["MUTANT_ENTRIES", "extra_store_chain_end_value", "extra_store_row_stride_of_d", "extra_store_skipped",
-           "extra_store_wrong_column", "staged_extra_round_too_short"]
+           "extra_store_wrong_column", "staged_extra_round_too_short", "staged_extra_shares_the_buffer"]

@@ -45,9 +45,9 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names0)
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names1)
     operands = "".join(f"              {d}\n" for d in decls0 + decls1)  # each epilogue load read once
-    # the chain's other outputs (`extra_outs`: the saved S1 beside GELU(S1 + B1)) leave directly from the
-    # registers, each pair under its own masks: no staging buffer of their own, so the shared memory
-    # (and the stages it holds) is the single-output kernel's
+    # the chain's other outputs (`extra_outs`: the saved S1 beside GELU(S1 + B1)) are staged beside it where they
+    # have its layout (`staged_extras`, `_staged_rounds`); the others leave directly from the registers, each pair
+    # under its own masks, with no staging buffer of their own
     staged_extras = lw.staged_extras
     extras = "".join(f"              {extra_pair_store(lw, sig, model, sizes, it, 'm', 'n', f'acc[s][{frag.register(0)}]', f'acc[s][{frag.register(1)}]', expr, access, (names0, names1))}\n"
                      for expr, access in lw.extra_outs if not staged_extras)
@@ -102,11 +102,10 @@ def _staged_rounds(lw: ContractionLowering, sig: Signature, model: Model, sizes,
     st, frag, e = lw.tma_store, lw.fragment, lw.tma_store.box.elem_bytes  # type: ignore[union-attr]
     assert st is not None
     rounds = st.rounds
-    turn = "" if rounds == 1 else (f" + (habu::u32)(boxes_stored & {rounds - 1}) * {st.outputs * st.buffer_stride}u"
-                                   if rounds & (rounds - 1) == 0 else
-                                   f" + (habu::u32)(boxes_stored % {rounds}) * {st.outputs * st.buffer_stride}u")
-    bufs = "".join(f"          const habu::u32 buf{o} = smem_base + {st.base + o * st.buffer_stride}u + (habu::u32)cw * "
-                   f"{st.warpgroup_stride}u{turn};  // output {o}'s buffer of this round\n" for o in range(st.outputs))
+    # each output's buffer of this round, printed from the lowering's map (`TmaStoreEpilogue.buffer`)
+    bufs = "".join(f"          const habu::u32 buf{o} = smem_base + (habu::u32)"
+                   f"({c(st.buffer(CExpr('cw'), CExpr('boxes_stored'), o))});  // output {o}'s buffer of this round\n"
+                   for o in range(st.outputs))
     width = st.box_cols
     stages, stores = [], []
     for o, (expr, access) in enumerate((*lw.staged_extras, (None, lw.out))):

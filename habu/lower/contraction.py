@@ -135,10 +135,10 @@ class ContractionLowering:
     def staged_extras(self) -> tuple[tuple[Expr, Access], ...]:
         """The extra outputs the TMA-store epilogue stages beside the chain's end (each box's round, a buffer
         each; `TmaStoreEpilogue.outputs`); the others leave directly from the registers."""
-        st = self.tma_store
-        if st is None or st.outputs != 1 + len(self.extra_outs) or st.outputs == 1:
-            return ()
-        return self.extra_outs if all(_twin_layout(x, self.out) for _, x in self.extra_outs) else ()
+        k = self.kernel
+        if k.mma != "wgmma" or k.store != "tma" or _staged_count(self) == 1:
+            return ()  # (a costing lowering has no `tma_store`: the cost model reads the same answer)
+        return self.extra_outs if self.tma_store is None or self.tma_store.outputs > 1 else ()
 
     @property
     def cluster_split(self) -> bool:

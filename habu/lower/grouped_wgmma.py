@@ -41,10 +41,17 @@ def wgmma_consumers(kernel: GroupedKernel) -> int:
     return max(1, kernel.warps_m * kernel.warps_n // 4)
 
 
+def slab_refusal(kernel: GroupedKernel) -> str | None:
+    """Why the block's warps do not split its rows into 64-row wgmma slabs of whole warpgroups, or None."""
+    if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * wgmma_consumers(kernel)) or kernel.bm < 64:
+        return (f"{kernel.warps_m} × {kernel.warps_n} warps do not split a {kernel.bm}-row tile into 64-row "
+                "wgmma slabs of whole warpgroups")
+    return None
+
+
 def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool, w_n_major: bool = False
                   ) -> str | None:
     """Why the wgmma main loop cannot run this kernel, or None."""
-    consumers = wgmma_consumers(kernel)
     if a_dtype not in ("bf16", "f32") or w_dtype != "bf16":
         return "the wgmma main loop multiplies a bf16 W with a bf16 A (or an f32 A's two bf16 parts)"
     if pair and (a_dtype != "bf16" or kernel.bn > 128):
@@ -56,9 +63,8 @@ def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool,
                 "are not whole boxes")
     if kernel.bk != WGMMA_BK:
         return f"the wgmma main loop's k tile is {WGMMA_BK} (one 128-byte swizzle span), not {kernel.bk}"
-    if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * consumers):
-        return (f"{kernel.warps_m} × {kernel.warps_n} warps do not split a {kernel.bm}-row tile into 64-row "
-                "wgmma slabs of whole warpgroups")
+    if (slabs := slab_refusal(kernel)) is not None:
+        return slabs
     if kernel.bn % 8 or kernel.bn > 256:
         return f"wgmma multiplies 8 to 256 columns in steps of 8, not {kernel.bn}"
     if kernel.stages < 2:

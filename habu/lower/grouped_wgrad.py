@@ -30,7 +30,7 @@ from typing import Any
 from habu.lower.access import Access, access_for, cdiv
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.grouped import GroupedLowering
-from habu.lower.grouped_wgmma import register_split, wgmma_consumers
+from habu.lower.grouped_wgmma import register_split, slab_refusal, wgmma_consumers
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
 from habu.lower.pipeline import MbarrierRing, wgmma_ring
 from habu.lower.registers import WARPGROUP, RegisterSplit
@@ -45,16 +45,14 @@ VECTOR = 8  # elements a producer chunk moves (16 bytes of bf16)
 
 def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str) -> str | None:
     """Why the grouped weight-gradient loop cannot run this kernel, or None."""
-    consumers = wgmma_consumers(kernel)
     if kernel.main_loop != "wgmma":
         return "the grouped weight gradient runs on the wgmma loop only (--pin main_loop=wgmma)"
     if a_dtype not in ("bf16", "f32") or b_dtype != "bf16":
         return "the grouped weight gradient multiplies a bf16 B with a bf16 A (or an f32 A's two bf16 parts)"
     if kernel.bk != WGRAD_BK:
         return f"the grouped weight gradient's k tile is {WGRAD_BK} rows, not {kernel.bk}"
-    if kernel.warps_m * kernel.warps_n % 4 or kernel.bm % (64 * consumers) or kernel.bm < 64:
-        return (f"{kernel.warps_m} × {kernel.warps_n} warps do not split a {kernel.bm}-row tile into 64-row "
-                "wgmma slabs of whole warpgroups")
+    if (slabs := slab_refusal(kernel)) is not None:
+        return slabs
     if kernel.bn % 64:
         return f"B's MN-major tile is whole blocks of 64 columns: {kernel.bn} is not"
     if kernel.stages < 2:

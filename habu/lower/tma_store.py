@@ -60,8 +60,8 @@ class TmaStoreEpilogue:
 
     def buffer(self, cw: Any, stored: Any, output: Any = 0) -> Any:
         """Bytes from smem_base to the buffer warpgroup cw fills for output `output` of its box round `stored`."""
-        return (self.base + cw * self.warpgroup_stride
-                + ((stored % self.rounds) * self.outputs + output) * self.buffer_stride)
+        turn = stored % self.rounds if self.rounds > 1 else 0  # one round: the same buffers every box
+        return self.base + cw * self.warpgroup_stride + (turn * self.outputs + output) * self.buffer_stride
 
     def column_group(self, b: Any, jj: Any) -> Any:
         """The accumulator's 8-column group j of group jj of box b."""

@@ -256,7 +256,7 @@ def _row_local_2d(eq: Equation) -> tuple[str, str] | None:
             # the row's (a gathered copy stays a vector copy); any other gather, or 3+ dimensions, is no row's
             first = x.indices[0] if len(x.indices) == 2 else None
             gathered = reduces and isinstance(first, Gather) and first.indices == (r,)
-            if any(isinstance(ix, Gather) for ix in x.indices[gathered:]) or len(x.indices) > 2:
+            if any(isinstance(ix, Gather) for ix in (x.indices[1:] if gathered else x.indices)) or len(x.indices) > 2:
                 return None
             if x.indices and len(x.indices) == 2 and x.indices[0] not in (r, IndexConst(0)) and not gathered:
                 return None

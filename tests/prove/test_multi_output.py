@@ -169,8 +169,9 @@ def test_regression_the_saved_product_is_staged_and_stored_by_tma_beside_the_cha
     assert lw.extra_outs and not lw.staged_extras and lw.tma_store is not None and lw.tma_store.outputs == 1
 
 
-def test_a_staging_round_that_waits_for_too_few_stores_is_killed():
-    (mutant,) = [m for m in MUTANTS if m.name == "staged-extra-round"]
+@pytest.mark.parametrize("name", ["staged-extra-round", "staged-extra-one-buffer"])
+def test_a_staging_round_whose_buffers_overlap_or_wait_too_little_is_killed(name):
+    (mutant,) = [m for m in MUTANTS if m.name == name]
     outcome = run_mutant(mutant, trials=1)
     assert outcome.killed, outcome.message
     assert "box buffer" in outcome.message or "staged over" in outcome.message, outcome.message
