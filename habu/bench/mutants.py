@@ -12,6 +12,7 @@ from pathlib import Path
 
 from habu.bench import mutants_attention as att
 from habu.bench import mutants_attention_wgmma as atw
+from habu.bench import mutants_columns as columns
 from habu.bench import mutants_epilogue as epilogue
 from habu.bench import mutants_grouped as grouped_n_major
 from habu.bench import mutants_ktile as ktile
@@ -97,11 +98,11 @@ class Mutant:
     index_width: int | None = None  # force the plan's index width (the int32 wrap mutant)
 
     def load_model(self) -> Model:
-        """The mutant's model at its shape: `NAME` of its example, or `NAME:forward`, the forward with the
-        values its backward saves (`habu.spec.grad_program.derive_model`: RMSNorm's R1 beside Y)."""
+        """The mutant's model at its shape: `NAME` of its example, `NAME:forward`, the forward with the values
+        its backward saves (`habu.spec.grad_program.derive_model`: RMSNorm's R1 beside Y), or `NAME:backward`."""
         program = load_program(EXAMPLES / self.example)
         name, _, form = self.model.partition(":")
-        model = derive_model(program, name, None).forward if form == "forward" else program.models[name]
+        model = getattr(derive_model(program, name, None), form.replace("backward", "model")) if form else program.models[name]
         return model.with_sizes(self.shape)
 
 
@@ -430,6 +431,7 @@ MUTANTS: tuple[Mutant, ...] = (
            col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
            "bias_grad.habu", "BIAS-GRAD", COLS, col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
+    *(Mutant(*entry) for entry in columns.MUTANT_ENTRIES),  # a bias gradient's broadcast store (mutants_columns.py)
     Mutant("batch-stride-wrong", "K's batch stride is #I·#D (Q's) instead of #J·#D: every batch after the first "
            "reads the wrong keys (a batched GEMM given the first operand's batch stride for both)", "bmm.habu",
            "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),

@@ -230,8 +230,10 @@ def column_selection(lw: ColumnLowering, tiles: list[int], sizes: Mapping[str, i
     splits = int(lw.splits(sizes))
     blocks = [(t, s) for t in tiles for s in range(splits)]
     cols = np.unique(np.concatenate([np.arange(t * lw.tile, min((t + 1) * lw.tile, lw.columns(sizes))) for t in tiles]))
-    # the box over the stored tensor's positions: the columns, and row 0 of a broadcast shape (`dB[0 n]`)
-    box = tuple(cols if p.kind == "axis" else np.array([p.value]) for p in lw.out.positions) if lw.c else ()
+    # the box over the stored tensor's positions: the columns, and every row of a broadcast shape's size-1 extents
+    # (`dB[0 n]`: row 0), from the tensor's extents, not from the row the lowering stores at
+    box = tuple(cols if p.kind == "axis" else np.arange(sizes[e]) for p, e in zip(lw.out.positions, lw.out.extents,
+                                                                                 strict=True)) if lw.c else ()
     return blocks, box or (cols,), f"column tiles {tiles} of {int(lw.tiles(sizes))}, all {splits} row split(s)"
 
 

@@ -131,3 +131,14 @@ def test_a_broadcast_epilogue_reading_its_unit_variable_is_not_fused():
     reads_one = Equation("dB", (one, n), Op("mul", (Load("G", (n,)), Load("V", (one,)))))
     assert epilogue_column(m, reads_one) is None
     assert epilogue_column(m, Equation("dB", (n, n), Load("G", (n,)))) is None
+
+
+def test_regression_a_bias_gradient_stored_at_the_wrong_row_is_killed_not_a_crash():
+    """The field check's box of a broadcast-shaped output came from the row the lowering stores at: a lowering
+    storing dB at row 1 of its (1, N) shape crashed the comparison (an index past #ONE) instead of failing it.
+    The box now comes from the tensor's extents."""
+    from habu.bench.mutants import MUTANTS, run_mutant
+
+    (mutant,) = [m for m in MUTANTS if m.name == "columns-broadcast-row-one"]
+    outcome = run_mutant(mutant, trials=1)
+    assert outcome.killed and "dB[0, 0] was never written" in outcome.message, outcome.message
