@@ -431,7 +431,7 @@ MUTANTS: tuple[Mutant, ...] = (
            col(lambda lw: replace(lw, loads=tuple((ld, _drop_mask(acc, "c")) for ld, acc in lw.loads)))),
     Mutant("columns-store-unmasked", "the combined values of the tail tile's columns past #N are stored",
            "bias_grad.habu", "BIAS-GRAD", COLS, col(lambda lw: replace(lw, out=_drop_mask(lw.out, "c")))),
-    *(Mutant(*entry) for entry in columns.MUTANT_ENTRIES),  # a bias gradient's broadcast store (mutants_columns.py)
+    *(Mutant(*entry) for entry in columns.MUTANT_ENTRIES),  # a bias gradient's broadcast store, a column sum in an epilogue
     Mutant("batch-stride-wrong", "K's batch stride is #I·#D (Q's) instead of #J·#D: every batch after the first "
            "reads the wrong keys (a batched GEMM given the first operand's batch stride for both)", "bmm.habu",
            "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),

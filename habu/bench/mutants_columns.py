@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from habu.bench.mutants_column_epilogue import MUTANT_ENTRIES as COLUMN_SUM_ENTRIES
 from habu.lower import ColumnLowering, Lowering
 
 EXAMPLE = "../tests/data/bias_add.habu"  # relative to examples/, as habu.bench.mutants reads them
@@ -22,6 +23,7 @@ def broadcast_row_one(lw: Lowering) -> Lowering:
 MUTANT_ENTRIES = (
     ("columns-broadcast-row-one", "a bias gradient stored in its (1, N) shape at row 1, not 0", EXAMPLE, MODEL, {},
      broadcast_row_one, None, 1),
+    *COLUMN_SUM_ENTRIES,  # a column sum in a contraction's epilogue (mutants_column_epilogue.py)
 )
 
 __all__ = ["MUTANT_ENTRIES", "broadcast_row_one"]

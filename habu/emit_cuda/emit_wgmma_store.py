@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import Signature, references
+from habu.emit_cuda.emit_column_epilogue import (
+    column_sum_accumulate,
+    column_sum_declaration,
+    column_sum_finish,
+)
 from habu.emit_cuda.emit_fma import epilogue_operands, epilogue_value, extra_pair_store
 from habu.emit_cuda.kernel import TmaSpec
 from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
@@ -53,17 +58,19 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
                      for expr, access in lw.extra_outs if not staged_extras)
     staged_values = "".join(epilogue_value(lw, sig, model, sizes, it, "m", "n", "acc", names0, expr)
                             for expr, _ in staged_extras)
+    colsum = column_sum_accumulate(lw, sizes, "v0", "v1", "              ")  # a column sum of the chain's end
     coordinates = "".join(  # the element's coordinates, where its epilogue reads them (a bias, a mask)
         f"              const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
-        if references(operands + v0 + v1 + extras + staged_values, x))
+        if references(operands + v0 + v1 + extras + staged_values + colsum, x))
+    before, after = column_sum_declaration(lw), column_sum_finish(lw, sig, model, sizes, it)
     if box.swizzle == 128 and width * e == 128:  # the device header's spelling of the same XOR
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
         staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
     if staged_extras:
-        return _staged_rounds(lw, sig, model, sizes, it, out_map, box_origin, axis_origin, put, staged, operands,
-                              coordinates, (names0, names1), v0, v1)
-    return f"""#pragma unroll
+        return before + _staged_rounds(lw, sig, model, sizes, it, out_map, box_origin, axis_origin, put, staged,
+                                       operands, coordinates, (names0, names1), v0, v1, colsum) + after
+    return before + f"""#pragma unroll
       for (int s = 0; s < {st.slabs}; ++s)
 #pragma unroll
         for (int b = 0; b < {st.boxes}; ++b) {{  // boxes of {width} columns
@@ -78,7 +85,7 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
               const int row = {frag.row_in_warpgroup()};
 {coordinates}{operands}{extras}              const float v0 = {v0};
               const float v1 = {v1};
-              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
+{colsum}              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
               unsigned char* dst = smem + (buf - smem_base) + {staged};
               {put}
             }}
@@ -90,12 +97,12 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
           }}
           ++boxes_stored;
         }}
-"""
+""" + after
 
 
 def _staged_rounds(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, out_map: str, box_origin: str,
                    axis_origin: dict[str, str], put: str, staged: str, operands: str, coordinates: str,
-                   names: tuple[dict, dict], v0: str, v1: str) -> str:
+                   names: tuple[dict, dict], v0: str, v1: str, colsum: str = "") -> str:
     """The epilogue where each box's round stages the chain's extra outputs beside its end (`staged_extras`: the
     saved S1 beside GELU(S1 + B1)), output o in buffer o of the round (`TmaStoreEpilogue.buffer`), then stores
     them all by TMA, each at the same origin through its own tensor map, as one bulk group."""
@@ -112,7 +119,9 @@ def _staged_rounds(lw: ContractionLowering, sig: Signature, model: Model, sizes,
         if expr is None:
             x0, x1 = v0, v1
             the_map = out_map
+            add = colsum.replace("              ", "                ", 1)  # the end's column sum
         else:
+            add = ""
             x0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names[0], expr)
             x1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names[1],
                                 expr)
@@ -121,7 +130,7 @@ def _staged_rounds(lw: ContractionLowering, sig: Signature, model: Model, sizes,
         stages.append(f"""              {{  // {access.tensor}{", an extra output of the chain" if expr is not None else ""}
                 const float v0 = {x0};
                 const float v1 = {x1};
-                unsigned char* dst = smem + (buf{o} - smem_base) + {staged};
+{add}                unsigned char* dst = smem + (buf{o} - smem_base) + {staged};
                 {put}
               }}
 """)

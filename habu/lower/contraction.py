@@ -31,6 +31,7 @@ from functools import cache
 from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
+from habu.lower.column_epilogue import EpilogueColumnSum, column_sum_for, placed
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.general import Store
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
@@ -38,6 +39,7 @@ from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.lower.registers import consumer_warpgroups
 from habu.lower.split_cluster import ClusterSplitReduction, cluster_reduction_for
 from habu.lower.tma_store import TmaStoreEpilogue, staged_outputs, tma_store_for
+from habu.plan.column_epilogue import kernel_chain
 from habu.plan.patterns import Contraction, kernel_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -125,6 +127,9 @@ class ContractionLowering:
     # and the loads of `epi_loads`, and where it is stored (positions over "m", "n" and the batch axes, its
     # masks); `out` and `epilogue` stay the chain's end. Written, never added (no split-K's atomic adds)
     extra_outs: tuple[tuple[Expr, Access], ...] = ()
+    # a column sum of the chain's end over m, finished and stored by the epilogue where one tile row holds every
+    # row (habu/lower/column_epilogue.py: the shuffles, the partials' slots, the finishing threads); None otherwise
+    column_sum: EpilogueColumnSum | None = None
 
     @property
     def stores(self) -> tuple[tuple[Expr, Access], ...]:
@@ -358,7 +363,8 @@ def _substitute_acc(expr: Expr, target: str, replacement: Expr) -> Expr:
 
 def lower_contraction(model: Model, kernel: ContractionKernel,
                       storage: Mapping[str, str] | None = None) -> ContractionLowering:
-    nodes = [next(eq for eq in model.nodes if eq.target == t) for t in kernel.nodes]
+    chain, columns = kernel_chain(model, kernel.nodes)  # (the column nodes summing the chain's end: its epilogue's)
+    nodes = [next(eq for eq in model.nodes if eq.target == t) for t in chain]
     c: Contraction | None = kernel_contraction(nodes[0], kernel)  # (swap_ab: m runs along the output's columns)
     if c is None:
         raise ValueError(f"{kernel.nodes[0]} is not a contraction")
@@ -422,6 +428,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
         epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k, split_mode="none",
         index_width=kernel.index_width, tables=tables, a_src=a, b_src=b, batch=tuple(v.extent for v in c.batch),
         store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD, extra_outs=extra_outs,
+        column_sum=column_sum_for(model, columns, storage) if columns else None,
     )
     return with_kernel(unscheduled, kernel)
 
@@ -449,6 +456,8 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
                                        consumer_warpgroups(kernel.warps, kernel.warp_specialized),
                                        "m" if last.kind == "axis" and last.axis == "m" else "n")
                  if cluster and kernel.mma == "wgmma" else None)
+    tma_store = None if costing else tma_store_for(kernel, a.dtype, b.dtype, lw.out.dtype, b.positions[-1].axis == "k",
+                                                   _staged_count(lw))
     return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
                    split_mode="cluster" if cluster else "atomic" if kernel.split_k > 1 else "none",
                    reduction=reduction, index_width=kernel.index_width,
@@ -456,8 +465,7 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
                    pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis,
                                                                  b.dtype),
                    operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)),
-                   tma_store=None if costing else tma_store_for(kernel, a.dtype, b.dtype, lw.out.dtype,
-                                                                 b.positions[-1].axis == "k", _staged_count(lw)))
+                   tma_store=tma_store, column_sum=placed(lw.column_sum, tma_store, kernel.tile_n))
 
 
 def _twin_layout(extra: Access, out: Access) -> bool:

@@ -12,7 +12,9 @@ def stored_accesses(lw: object) -> tuple:
     the outputs of its epilogue chain before the end, FFN-SKIP's saved S1 beside S3)."""
     if isinstance(lw, RowLowering):
         return lw.stores()
-    return (*(a for _, a in getattr(lw, "extra_outs", ())), lw.out)  # type: ignore[attr-defined]
+    column = getattr(lw, "column_sum", None)  # a column sum in a contraction's epilogue (its bias gradient)
+    return (*(a for _, a in getattr(lw, "extra_outs", ())), lw.out,  # type: ignore[attr-defined]
+            *((column.out,) if column is not None else ()))
 
 
 __all__ = ["stored_accesses"]

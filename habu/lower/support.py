@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from habu.lower.access import Access
+from habu.lower.column_epilogue import column_sum_refusal
 from habu.lower.contraction import ContractionLowering, fma_thread_grid, is_batch_axis
 from habu.lower.general import Store
 from habu.lower.grouped_wgmma import wgmma_refusal
@@ -102,7 +103,7 @@ class ContractionSupport(PathSupport):
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
                 *_split_cluster_refusals(lw, self.emits_clusters),
                 *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw),
-                *_k_gather_refusals(lw), *_b_ahead_refusals(lw, self.mma)]
+                *_k_gather_refusals(lw), *_b_ahead_refusals(lw, self.mma), *_column_sum_refusals(lw)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         """The refusals about the instruction's own layout (what its emitter checks before printing;
@@ -211,6 +212,13 @@ def _batch_refusals(lw: ContractionLowering) -> list[str]:
     if k.cluster_m > 1:
         reasons.append("a batched contraction runs without clusters")
     return reasons
+
+
+def _column_sum_refusals(lw: ContractionLowering) -> list[str]:
+    """A column sum in the epilogue (habu/lower/column_epilogue.py): the wgmma path's TMA-store epilogue prints it."""
+    cs = lw.column_sum
+    refusal = None if cs is None else column_sum_refusal(cs, lw.kernel)
+    return [refusal] if refusal else []
 
 
 def _tma_store_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:

@@ -24,6 +24,7 @@ from habu.lower.pipeline import MbarrierRing
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel
 from habu.prove.block_products import block_products
+from habu.prove.column_epilogue import run_column_sum
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.index_arith import NumpyIndex, computing
@@ -222,6 +223,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     """Execute the given blocks, each (tm, tn, split, batch z); `rows`/`cols` restrict them to the lanes
     a later check needs (a block's output rows and columns do not depend on one another)."""
     f = mem.field
+    if lw.column_sum is not None:  # a column sum in the epilogue adds every row and column of its tiles
+        rows = cols = None
     # the epilogue reads each register where the instruction put it: the lowering's fragment map is run
     # against both tensor-core layouts whatever the plan's instruction (the check reads no emission
     # field, so plans that differ only in `mma` may share it; the fma path does not print the map)
@@ -263,6 +266,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
         # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
+        if lw.column_sum is not None:  # the chain's end summed over the tile's rows (habu.prove.column_epilogue)
+            run_column_sum(name, lw, np.broadcast_to(value, acc.shape), mc, nc, sizes, mem)
     route = route_of(lw)
     for fault in (*route.faults, *tma_landing_faults(lw.pipeline, lw.operands)):
         mem.fault(f"{name}: {fault}")

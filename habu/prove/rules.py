@@ -41,7 +41,7 @@ from habu.prove.obligation import (
 )
 from habu.prove.rules_attention import ATTENTION_RULES
 from habu.prove.rules_attention_wgmma import attention_family_obligations
-from habu.prove.rules_columns import COLUMN_RULES, column_obligations
+from habu.prove.rules_columns import COLUMN_RULES, column_obligations, column_sum_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
 from habu.prove.rules_grouped import GROUPED_RULES, grouped_obligations
@@ -268,6 +268,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
         yield from _movement(name, side, acc, move, vec, lw, ctx, layout)
     if k.store == "tma":
         yield from _tma_store(name, lw, ctx, layout)
+    yield from column_sum_obligations(name, lw, ctx)  # a column sum in the epilogue (habu/lower/column_epilogue.py)
     if k.cluster_m > 1:
         yield from _cluster(name, lw, ctx)
 

@@ -25,6 +25,10 @@ COLUMN_RULES = {r.name: r for r in (
          "inside its ⌈#C / tile⌉ slots",
          "the runtime allocates the workspace per launch in the stream's order and zero-fills it first; "
          "atomicAdd returns each block a distinct count"),
+    Rule("column-epilogue-one-tile-row", "a column sum in a contraction's epilogue (habu/lower/column_epilogue.py) "
+         "is finished by the one block of its column tile: the tiles of m are one (#M ≤ tile_m) at every size of m",
+         "a block's sum covers its own rows only: with two tiles of m, each would store a partial sum (the last "
+         "write wins)"),
     Rule("scalar-one-column", "a column reduction into a scalar (`da = Σ n …`) has one column: its tile is one "
          "column (column_threads · vector = 1), so exactly one lane stores it",
          "a scalar's store has no column to mask: every column lane of a wider tile stores it (a race)"),
@@ -32,6 +36,21 @@ COLUMN_RULES = {r.name: r for r in (
 
 # static shared memory a block may declare (`__shared__` arrays; more needs a dynamic opt-in)
 STATIC_SMEM = 48 * 1024
+
+
+def column_sum_obligations(name: str, lw, ctx: Context) -> Iterator[Obligation]:
+    """A contraction kernel's column sum in its epilogue (`ContractionLowering.column_sum`): one tile of m at every
+    size of m, and its store's bounds and offsets (along n, its size-1 positions at 0)."""
+    from habu.prove.rules import _access_obligations  # (rules.py imports this module)
+
+    cs = lw.column_sum
+    if cs is None:
+        return
+    s = ctx.ext
+    yield Obligation(COLUMN_RULES["column-epilogue-one-tile-row"], name, cs.out.tensor,
+                     f"{cs.out.tensor} sums every row of #{lw.m} in one tile of {lw.bm} rows", lw.tiles_m(s) == 1,
+                     detail=f"#{lw.m} may exceed the tile's {lw.bm} rows: each tile of m would store a partial sum")
+    yield from _access_obligations(name, cs.out, {"n": (s[lw.n], lw.bn)}, ctx, lw.index_width, "every store")
 
 
 def column_obligations(name: str, lw: ColumnLowering, ctx: Context) -> Iterator[Obligation]:

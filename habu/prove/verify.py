@@ -30,6 +30,7 @@ from habu.lower import ColumnLowering, ContractionLowering, RowLowering, lower_p
 from habu.lower.general import GeneralLowering, Store
 from habu.lower.stores import stored_accesses
 from habu.plan.plan import Plan
+from habu.prove.column_epilogue import column_boxes
 from habu.prove.deadline import check_deadline
 from habu.prove.interp import (
     FIELD_CHECK_FIELDS as FIELD_CHECK_FIELDS,  # what the check reads of a contraction
@@ -176,7 +177,7 @@ def stored_boxes(model: Model, lw: object, nodes: tuple[str, ...], box: tuple[np
         unbroadcast = isinstance(lw, ColumnLowering) and len(model.tensor(t).extents) < len(box)
         out[t] = (box[:len(lw.leading)] if per_row and t != lw.out.tensor  # type: ignore[attr-defined]
                   else (box[lw.column_position],) if unbroadcast else box)
-    return out
+    return {**out, **column_boxes(model, lw, box)}  # a contraction's column sum: its columns (row 0 of a bias)
 
 
 def demanded_box(model: Model, lw: object, nodes: tuple[str, ...], boxes: dict[str, tuple[np.ndarray, ...]],

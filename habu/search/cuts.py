@@ -10,10 +10,15 @@ The cut's intermediate (the product) is stored in its storage type, as any store
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from habu.lower import lower
+from habu.lower.support import support_for
 from habu.paths import default_kernel
+from habu.plan.column_epilogue import fusable_columns, kernel_chain
 from habu.plan.partitions import piece_kind
-from habu.plan.patterns import Region, default_regions
+from habu.plan.patterns import Region, consumers, default_regions
+from habu.plan.plan import ColumnKernel, ContractionKernel, Kernel
 from habu.plan.storage import storage_dtypes
 from habu.search.cost import kernel_cost
 from habu.spec.ir import Model
@@ -52,4 +57,38 @@ def cheaper_cut(model: Model, region: Region, target: Target, sizes: dict[str, i
     return (head, tail) if cut < seconds((region,)) else (region,)
 
 
-__all__ = ["cheaper_cut", "default_partition"]
+def fuse_column_epilogues(model: Model, kernels: tuple[Kernel, ...], sizes: dict[str, int]) -> tuple[Kernel, ...]:
+    """`kernels` with each column kernel that sums an earlier contraction kernel's result over its rows
+    (`dB1[one h] = Σ b dT2[b h]`) computed in that kernel's epilogue instead (habu/plan/column_epilogue.py),
+    where the contraction's tiles of m are one at every size of m (`sizes`: a runtime extent's upper bound),
+    the result is stored anyway (a later kernel reads it, or the model outputs it) and the contraction's
+    path prints the sum (`supported-path`). Not costed: the fused kernel drops a launch and a pass over the
+    result for a few shuffles a tile."""
+    out = list(kernels)
+    storage = storage_dtypes(model)
+    outputs = {t.name for t in model.outputs}
+    for j, col in enumerate(kernels):
+        if not isinstance(col, ColumnKernel):
+            continue
+        for i in range(j):
+            k = out[i]
+            if not isinstance(k, ContractionKernel) or kernel_chain(model, k.nodes)[1]:
+                continue
+            end = k.nodes[-1]
+            if not fusable_columns(model, k.nodes, col.nodes):
+                continue
+            if end not in outputs and all(c.target in col.nodes for c in consumers(model, end)):
+                continue  # the result is not stored otherwise: the fused kernel would store it for nothing
+            fused = replace(k, nodes=(*k.nodes, *col.nodes))
+            try:
+                lw = lower(model, fused, storage)
+            except ValueError:
+                continue
+            if lw.tiles_m(sizes) != 1 or support_for(fused).refusals(lw):  # type: ignore[attr-defined]
+                continue
+            out[i], out[j] = fused, None  # type: ignore[call-overload]
+            break
+    return tuple(k for k in out if k is not None)
+
+
+__all__ = ["cheaper_cut", "default_partition", "fuse_column_epilogues"]

@@ -40,7 +40,7 @@ from habu.plan.plan import (
     Plan,
 )
 from habu.plan.storage import storage_dtypes
-from habu.search.cuts import default_partition
+from habu.search.cuts import default_partition, fuse_column_epilogues
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -125,6 +125,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
             kernels = tuple(replace(k, store="direct") if getattr(k, "store", None) == "tma"
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
+    kernels = fuse_column_epilogues(graph, kernels, s)  # a column sum of a product's whole tiles, in its epilogue
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
 
 

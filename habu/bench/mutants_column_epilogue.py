@@ -1,0 +1,89 @@
+"""Planted bugs in a column sum computed in a contraction's epilogue (habu/lower/column_epilogue.py: the
+product's chain end summed over the tile's rows, `G[n] = Σ m V[m n]`, a bias gradient beside its product).
+The emitter prints the shuffles, the writers, the partials' slots, the finishing threads and the row mask from
+the lowering's `EpilogueColumnSum`, and the finite-field check runs the same ones
+(habu.prove.column_epilogue), so each must be killed (habu.bench.mutants lists them;
+tests/prove/test_column_epilogue.py runs them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from habu.lower import ContractionLowering, Lowering
+from habu.lower.column_epilogue import EpilogueColumnSum
+
+EXAMPLE = "../tests/data/column_epilogue.habu"  # relative to examples/, as habu.bench.mutants reads them
+MODEL = "BIASED-COLSUM"
+FFN = "ffn_skip.habu"
+FFN_SHAPE = {"B": 128, "D": 512, "H": 1024}  # the backward's dT2 product sums dB1 in its epilogue (kernel 1),
+FFN_PINS = {"tile": "128x128x64"}  # its 128 × 128 tiles holding every token, as at the layer's own widths
+
+
+def _sum(lw: Lowering, **changes: Any) -> Lowering:
+    assert isinstance(lw, ContractionLowering) and lw.column_sum is not None
+    return replace(lw, column_sum=replace(lw.column_sum, **changes))
+
+
+def shuffle_short(lw: Lowering) -> Lowering:
+    """The lanes combine by xor 4 and 8 only: the lanes 16 apart (rows 4 apart) never meet."""
+    return _sum(lw, shuffles=(4, 8))
+
+
+def shuffle_across_pairs(lw: Lowering) -> Lowering:
+    """The first shuffle is xor 2, not 4: lanes holding other columns are added in (lane % 4 is the column pair)."""
+    return _sum(lw, shuffles=(2, 8, 16))
+
+
+def padding_rows_added(lw: Lowering) -> Lowering:
+    """The rows past #M in the last tile are summed too (their value is the bias, not zero)."""
+    return _sum(lw, mask_rows=False)
+
+
+def writers_too_many(lw: Lowering) -> Lowering:
+    """Lanes 0..7 store their sums: lanes 4..7 hold the same columns and write the same slots."""
+    return _sum(lw, writers=8)
+
+
+@dataclass(frozen=True)
+class _WarpsOverlap(EpilogueColumnSum):
+    def slot(self, cw: Any, warp: Any, column: Any) -> Any:  # warps half a row of slots apart
+        return self.base + cw * self.warpgroup_stride + (warp * (self.bn // 2) + column) * 4
+
+
+def warp_slots_overlap(lw: Lowering) -> Lowering:
+    """Each warp's partials start half a tile row after the previous warp's: two warps write one slot."""
+    assert isinstance(lw, ContractionLowering) and lw.column_sum is not None
+    return replace(lw, column_sum=_WarpsOverlap(**vars(lw.column_sum)))
+
+
+@dataclass(frozen=True)
+class _EvenColumns(EpilogueColumnSum):
+    def finisher_column(self, t: Any) -> Any:  # thread t finishes column 2·t
+        return 2 * t
+
+
+def finisher_every_other(lw: Lowering) -> Lowering:
+    """The finishing thread t sums column 2t: the odd columns are never stored."""
+    assert isinstance(lw, ContractionLowering) and lw.column_sum is not None
+    return replace(lw, column_sum=_EvenColumns(**vars(lw.column_sum)))
+
+
+MUTANT_ENTRIES = (
+    ("column-sum-shuffle-short", "a column sum in the epilogue whose lanes 16 apart never combine", EXAMPLE, MODEL,
+     {}, shuffle_short),
+    ("column-sum-shuffle-across-pairs", "a column sum's shuffle adding lanes of other columns (xor 2)", EXAMPLE,
+     MODEL, {}, shuffle_across_pairs),
+    ("column-sum-padding-rows", "a column sum adding the tile's rows past #M", EXAMPLE, MODEL, {},
+     padding_rows_added),
+    ("column-sum-writers-too-many", "a column sum whose lanes 4..7 store their warp's sums too", EXAMPLE, MODEL, {},
+     writers_too_many),
+    ("column-sum-warp-slots-overlap", "a column sum's warps writing overlapping shared slots", EXAMPLE, MODEL, {},
+     warp_slots_overlap),
+    ("column-sum-odd-columns-unstored", "a column sum whose finishing threads skip the odd columns", EXAMPLE, MODEL,
+     {}, finisher_every_other),
+    ("column-sum-ffn-bias-gradient", "the FFN backward's dB1, summed beside dT2, shuffling across column pairs",
+     FFN, "FFN-SKIP:backward", FFN_SHAPE, shuffle_across_pairs, FFN_PINS, 1),
+)
+
+__all__ = ["MUTANT_ENTRIES"]

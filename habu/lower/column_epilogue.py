@@ -1,0 +1,118 @@
+"""A column sum in a contraction's epilogue, as data: `G[n] = Σ m V[m n]` of the chain's end V, computed by
+the kernel that computes V when one tile row holds every row of m (a bias gradient `dB1[one h] = Σ b dT2[b h]`
+beside the 128-token FFN backward's `dT2`, whose 128 × 128 tiles hold all 128 tokens).
+
+Per tile, each consumer thread adds up the values it holds of each of its columns (the accumulator fragment's
+rows, `habu.lower.fragments`, over its slabs and row halves; rows past #M masked), then
+
+    v += shfl_xor(v, x)                  for x in `shuffles`: the lanes holding one column combine
+    lanes < `writers` store v at slot(cw, warp, column)      (bytes from smem_base, in the TMA-store buffers)
+    every consumer thread t < BN: G = Σ over warpgroups cw', warps w' of slot(cw', w', t);
+        out[n0 + t] = finish(G)          (masked n0 + t < #N)
+
+    slot(cw, warp, column) = base + cw·warpgroup_stride + (warp·BN + column)·4
+
+The emitter prints these numbers; the finite-field check (`habu.prove.column_epilogue`) runs the same map
+thread by thread, so a shuffle that misses a lane, a writer too many, slots that overlap or a padding row
+summed fails on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from habu.lower.access import Access, access_for
+from habu.lower.tma_store import TmaStoreEpilogue
+from habu.plan.patterns import column_parts, epilogue_column, inline_nodes
+from habu.spec.ir import Expr, IndexConst, IndexVar, Load, Model, Op, Reduce, rename_vars
+
+COLUMN_SUM = "%colsum"  # the column's sum, as the finish expression names it
+SLOT_BYTES = 4  # an f32 partial
+
+
+@dataclass(frozen=True)
+class EpilogueColumnSum:
+    nodes: tuple[str, ...]  # the model's column nodes the kernel computes (the sum, then its column epilogue)
+    finish: Expr  # the stored value, over Load(COLUMN_SUM, ())
+    out: Access  # where it is stored: positions over "n", size-1 positions at 0 (a bias's broadcast shape)
+    bn: int = 0  # columns of the tile (the kernel's tile_n)
+    consumers: int = 0  # consumer warpgroups
+    warps: int = 4  # warps of a warpgroup
+    base: int = 0  # bytes from smem_base to warpgroup 0's partials (its TMA-store buffers, after its last box)
+    warpgroup_stride: int = 0  # bytes from one warpgroup's partials to the next one's
+    region: int = 0  # bytes a warpgroup's partials may take (its TMA-store buffers)
+    shuffles: tuple[int, ...] = (4, 8, 16)  # the xor masks combining the lanes of one column (lane / 4 varies)
+    writers: int = 4  # lanes below it store their warp's sums (one lane per column pair)
+    mask_rows: bool = True  # rows past #M add nothing (False only in planted bugs)
+
+    def slot(self, cw: Any, warp: Any, column: Any) -> Any:
+        """Bytes from smem_base to warp `warp` of warpgroup cw's partial of the tile's column `column`."""
+        return self.base + cw * self.warpgroup_stride + (warp * self.bn + column) * SLOT_BYTES
+
+    def finisher_column(self, t: Any) -> Any:
+        """The tile's column consumer thread t (0 .. 128·consumers − 1) sums and stores, when below `bn`."""
+        return t
+
+    @property
+    def partial_bytes(self) -> int:
+        """Bytes of one warpgroup's partials."""
+        return self.warps * self.bn * SLOT_BYTES
+
+
+def column_sum_for(model: Model, nodes: tuple[str, ...], storage: Mapping[str, str] | None = None
+                   ) -> EpilogueColumnSum:
+    """The column nodes' sum and finish (`habu.plan.column_epilogue.sums_chain_end` holds): the finish is the
+    column epilogue inlined over the sum, stored at the column along n and at 0 along size-1 extents."""
+    red, epilogue = column_parts(model, nodes)
+    last = epilogue[-1] if epilogue else red
+    column = epilogue_column(model, last) if epilogue else red.lhs[0]
+    if not isinstance(column, IndexVar):
+        raise ValueError(f"{last.target} is not stored one value a column")
+    n = IndexVar("n", column.extent)
+    finish: Expr = Load(red.target, (column,))
+    if epilogue:
+        finish = inline_nodes(last.rhs, {e.target: e for e in epilogue[:-1]})
+    finish = _sum_named(rename_vars(finish, {column: n}), red.target)
+    index = tuple(n if v == column else IndexConst(0) for v in last.lhs)
+    out = access_for(model.tensor(last.target), index, {n: "n"}, {"n": column.extent}, storage)
+    return EpilogueColumnSum(tuple(nodes), finish, out)
+
+
+def _sum_named(expr: Expr, target: str) -> Expr:
+    """`expr` with each load of the sum node replaced by the column's sum (`COLUMN_SUM`)."""
+    if isinstance(expr, Load):
+        return Load(COLUMN_SUM, ()) if expr.tensor == target else expr
+    if isinstance(expr, Op):
+        return Op(expr.fn, tuple(_sum_named(a, target) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return Reduce(expr.op, expr.vars, _sum_named(expr.body, target))
+    return expr
+
+
+def placed(cs: EpilogueColumnSum | None, st: TmaStoreEpilogue | None, bn: int) -> EpilogueColumnSum | None:
+    """The column sum at a schedule: its partials in the TMA-store buffers of each warpgroup (None where the
+    kernel has none: such a plan is refused, `supported-path`)."""
+    if cs is None:
+        return None
+    if st is None:
+        return replace(cs, bn=bn, consumers=0, base=0, warpgroup_stride=0, region=0)
+    return replace(cs, bn=bn, consumers=st.consumers, base=st.base, warpgroup_stride=st.warpgroup_stride,
+                   region=st.warpgroup_stride if st.consumers > 1 else st.buffers * st.buffer_stride)
+
+
+def column_sum_refusal(cs: EpilogueColumnSum, kernel: Any, tiles_m_one: bool = True) -> str | None:
+    """Why the wgmma path's epilogue cannot compute the column sum at this schedule, or None."""
+    if kernel.mma != "wgmma" or kernel.store != "tma" or not kernel.warp_specialized:
+        return "a column sum in the epilogue needs the warp-specialised wgmma path's TMA-store buffers"
+    if kernel.split_k > 1 or kernel.swap_ab or kernel.cluster_m > 1:
+        return "a column sum in the epilogue needs whole, untransposed tiles (no split-K, swap_ab or cluster)"
+    if cs.consumers < 1 or cs.partial_bytes > cs.region:
+        return f"the column sum's partials ({cs.partial_bytes} bytes a warpgroup) exceed its TMA-store buffers"
+    if cs.consumers * 128 < cs.bn:
+        return f"{cs.consumers * 128} consumer threads cannot finish {cs.bn} columns"
+    return None
+
+
+__all__ = ["COLUMN_SUM", "EpilogueColumnSum", "column_sum_for", "column_sum_refusal", "placed"]
