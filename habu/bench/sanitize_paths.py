@@ -44,6 +44,11 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     # the saved product staged beside the chain's end, both by TMA (session 48): buffers shared per round
     "wgmma-tma-two-outputs": ("../tests/data/two_outputs.habu", "LINEAR-RELU-SAVED", {"B": 200, "D": 256, "H": 520},
                               {}),
+    # a column sum in the epilogue (session 49): partials in the TMA-store buffers, a barrier of the consumers;
+    # persistent, each block's next tile refills those buffers after the finishing threads read them
+    "wgmma-column-sum": ("../tests/data/column_epilogue.habu", "BIASED-COLSUM", {}, {}),
+    "wgmma-column-sum-persistent": ("../tests/data/column_epilogue.habu", "BIASED-COLSUM", {"N": 4000},
+                                    {"persistent": "true", "tile": "64x128x64"}),
     "rows-sum": ("<rows>", "ROW-SUM", {}, {}),
     # a row read through an index tensor, kept in registers (session 48)
     "rows-gathered": ("../tests/data/row_gather.habu", "GATHERED-RMSNORM", {"D": 4096, "R": 40}, {}),

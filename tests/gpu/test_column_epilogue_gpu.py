@@ -1,0 +1,57 @@
+"""A column sum in a product's epilogue on the GPU (habu/lower/column_epilogue.py): tests/data/column_epilogue.habu
+bit for bit (exact check: small-integer inputs, red zones) with its padding rows and ragged last column tile, and
+FFN-SKIP's backward at 128 tokens, whose dB1 is summed beside dT2, against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="GPU tests use torch to make device arrays")
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
+
+from habu.bench.run import build  # noqa: E402
+from habu.compile import compile_model, kernel_set  # noqa: E402
+from habu.emit_cuda.runtime import CompiledModel  # noqa: E402
+from habu.gpu_info import current_arch  # noqa: E402
+from habu.paths.emit import emit  # noqa: E402
+from habu.spec.grad_program import with_backward  # noqa: E402
+from habu.spec.parser import load_program  # noqa: E402
+from habu.target import target_named  # noqa: E402
+from habu.timing.exact import kept_types  # noqa: E402
+from habu.timing.exact_gpu import ExactChecker  # noqa: E402
+from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+DATA = str(ROOT / "tests" / "data" / "column_epilogue.habu")
+
+
+@pytest.mark.parametrize("sizes,pins", [({}, {}), ({"M": 128, "N": 1000, "K": 520}, {"tile": "128x128x64"}),
+                                        ({"M": 190, "N": 256, "K": 64}, {"tile": "192x128x64", "warps": "16"})],
+                         ids=["one-consumer", "two-consumers", "three-consumers"])
+def test_a_column_sum_in_the_epilogue_passes_the_exact_check(sizes, pins):
+    built = build(DATA, "BIASED-COLSUM", sizes, pins)
+    assert [k.nodes for k in built.plan.kernels] == [("V.mm", "V", "G")]
+    result = ExactChecker(built.model, built.sizes, seed=3).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
+def test_the_128_token_ffn_backward_with_db1_in_the_dt2_epilogue_matches_the_float64_reference():
+    shape = {"B": 128, "D": 512, "H": 1024}
+    tgt = target_named(current_arch())
+    program = with_backward(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP")
+    compiled = compile_model(program, "FFN-SKIP-GRAD", shape, tgt, {"tile": "128x128x64"}, trials=1)
+    plan = compiled.plans[0]
+    assert ("%d3", "%d2", "%rdB1", "dB1") in [k.nodes for k in plan.kernels]
+    built = CompiledModel(compiled.model, kernel_set(compiled, [emit(p, tgt) for p in compiled.proofs]), arch=tgt.name)
+    model = compiled.model.with_sizes(shape)
+    sizes = {e.name: e.size for e in model.extents}
+    inputs = make_inputs(model, sizes, seed=9)
+    want = reference(model, inputs, sizes)
+    got = built(**inputs, **poisoned_outputs(model, sizes))
+    torch.cuda.synchronize()
+    for name in ("dX", "dW1", "dB1", "dW2", "dB2"):
+        g = compare(got[name], want[name], tolerance(model, dict(plan.storage)))
+        assert g.unwritten == 0 and g.ok, (name, g)

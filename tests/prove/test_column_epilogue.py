@@ -1,0 +1,96 @@
+"""A column sum of a product's result computed in the product's epilogue (habu/plan/column_epilogue.py,
+habu/lower/column_epilogue.py, habu/prove/column_epilogue.py): where the default takes it, that the plan is
+proven and its CUDA prints the lowering's numbers, and where it is refused."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from habu.bench.mutants_column_epilogue import shuffle_across_pairs, writers_too_many
+from habu.emit_cuda.nvrtc import _nvrtc, compile_cuda
+from habu.lower import lower_plan
+from habu.paths.emit import emit_plan
+from habu.prove import prove
+from habu.prove.verify import verify_plan
+from habu.search.space import default_plan
+from habu.spec.grad_program import derive_model
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+DATA = ROOT / "tests" / "data" / "column_epilogue.habu"
+
+
+def _model(sizes=None):
+    model = load_program(DATA).models["BIASED-COLSUM"]
+    return model.with_sizes(sizes) if sizes else model
+
+
+def _ffn_backward():
+    return derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP").model
+
+
+def test_the_128_token_ffn_backward_sums_its_bias_gradient_in_the_dt2_product():
+    model = _ffn_backward()
+    short = [k.nodes for k in default_plan(model, T, {"B": 128}).kernels]
+    assert ("%d3", "%d2", "%rdB1", "dB1") in short and len(short) == 6
+    wide = [k.nodes for k in default_plan(model, T, {"B": 4096}).kernels]  # 32 tiles of m: a column kernel of its own
+    assert ("%rdB1", "dB1") in wide and len(wide) == 8
+
+
+def test_a_product_whose_tile_holds_every_row_stores_its_column_sum_proven():
+    model = _model()
+    plan = default_plan(model, T, {})
+    assert [k.nodes for k in plan.kernels] == [("V.mm", "V", "G")]
+    proof = prove(model, plan, {}, trials=2)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    assert proof.certificate.checked["G"] == 3 * 64  # the sampled column tiles (first, second, last) of G
+    assert any(o.rule.name == "column-epilogue-one-tile-row" for o in proof.obligations)
+
+
+def test_the_cuda_prints_the_lowerings_shuffles_writers_and_slots():
+    model = _model()
+    plan = default_plan(model, T, {})
+    (lw,) = lower_plan(model, plan)
+    cs = lw.column_sum
+    assert cs is not None and cs.consumers == 1 and cs.bn == lw.bn
+    (kernel,) = emit_plan(model, plan, T).kernels
+    src = kernel.source
+    assert "__shfl_xor_sync(0xffffffffu, v, 4); v += __shfl_xor_sync(0xffffffffu, v, 8); v += " in src
+    assert "if (lane < 4)" in src and "if (m < 40)" in src and "p_G" in src
+    # a planted lowering changes what is printed: the emitter reads its numbers from it
+    for planted in (shuffle_across_pairs(lw), writers_too_many(lw)):
+        assert planted.column_sum != cs
+    if _nvrtc() is not None:
+        res = compile_cuda(src, kernel.name, "sm_90a").resources
+        assert not res.spills, res.describe()
+
+
+def test_regression_a_planted_shuffle_is_caught_and_the_planted_cuda_differs():
+    """The field check runs the lowering's shuffles: xor 2 adds another column pair's lanes."""
+    model = _model()
+    plan = default_plan(model, T, {})
+    (lw,) = lower_plan(model, plan)
+    cert = verify_plan(model, plan, {}, trials=1, seeds=[5], lowerings=[shuffle_across_pairs(lw)])
+    assert not cert.passed and "G[" in (cert.failure or "")
+
+
+def test_other_paths_keep_the_column_kernel():
+    """mma.sync has no TMA-store buffers for the partials: the default leaves the sum to the column family."""
+    model = _model()
+    plan = default_plan(model, T, {}, {"mma": "mma.sync"})
+    assert [k.kind for k in plan.kernels] == ["contraction", "columns"]
+
+
+@pytest.mark.parametrize("pins,rule", [({"mma": "mma.sync"}, "supported-path"),
+                                       ({"tile": "64x64x64"}, "column-epilogue-one-tile-row")])
+def test_a_hand_fused_plan_the_path_cannot_run_is_refused_naming_the_rule(pins, rule):
+    model = _model({"M": 100}) if rule.startswith("column") else _model()
+    plan = default_plan(model, T, {}, pins)
+    head, col = plan.kernels
+    fused = replace(plan, kernels=(replace(head, nodes=(*head.nodes, *col.nodes)),))
+    proof = prove(model, fused, {}, trials=1)
+    assert not proof.ok and rule in {o.rule.name for o in proof.violations}
