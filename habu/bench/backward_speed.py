@@ -24,10 +24,10 @@ EX = Path(__file__).resolve().parents[2] / "examples"
 CASES = [("rmsnorm.habu", "RMSNORM-ROWS", "D"), ("softmax.habu", "SOFTMAX-ROWS", "C")]
 
 
-def build(path: str, name: str, sizes: dict[str, int], target: str, pins: dict[str, str] | None = None
-          ) -> tuple[Any, Any, Any]:
+def build(path: str, name: str, sizes: dict[str, int], target: str, pins: dict[str, str] | None = None,
+          forward_pins: dict[str, str] | None = None) -> tuple[Any, Any, Any]:
     """The backward (auto policy) of `name` and the compiled kernels of its forward-with-saved-values
-    and of its backward model (under `pins`), at `sizes`."""
+    (under `forward_pins`) and of its backward model (under `pins`), at `sizes`."""
     from habu.compile import compile_model
     from habu.emit_cuda.guards import KernelSet
     from habu.emit_cuda.runtime import CompiledModel
@@ -44,7 +44,8 @@ def build(path: str, name: str, sizes: dict[str, int], target: str, pins: dict[s
         key = f"{derived.name}-{tag}"
         program.models[key] = derived
         program.model_spans[key] = program.model_spans[name]
-        compiled = compile_model(program, key, sizes, tgt, (pins or {}) if tag == "BWD" else {}, trials=1)
+        compiled = compile_model(program, key, sizes, tgt, (pins or {}) if tag == "BWD" else (forward_pins or {}),
+                                 trials=1)
         members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
         kernels.append(CompiledModel(compiled.model, KernelSet(members), arch=tgt.name))
     return bw, kernels[0], kernels[1]

@@ -49,6 +49,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "wgmma-column-sum": ("../tests/data/column_epilogue.habu", "BIASED-COLSUM", {}, {}),
     "wgmma-column-sum-persistent": ("../tests/data/column_epilogue.habu", "BIASED-COLSUM", {"N": 4000},
                                     {"persistent": "true", "tile": "64x128x64"}),
+    # the second consumer warpgroup a named barrier behind the first (`consumer_lag`, session 49)
+    "wgmma-consumer-lag": ("gemm.habu", "GEMM", {"M": 256, "N": 384, "K": 512}, {"tile": "128x128x64", "lag": "2"}),
     "rows-sum": ("<rows>", "ROW-SUM", {}, {}),
     # a row read through an index tensor, kept in registers (session 48)
     "rows-gathered": ("../tests/data/row_gather.habu", "GATHERED-RMSNORM", {"D": 4096, "R": 40}, {}),

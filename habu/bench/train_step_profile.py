@@ -20,7 +20,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--target", default="sm_90a")
+    ap.add_argument("--pins", default="", help="both plans' pins, KEY=VALUE joined by commas (lag=2)")
     args = ap.parse_args()
+    pins = dict(p.split("=", 1) for p in args.pins.split(",") if p.strip())
     import torch
 
     from habu.bench.kernel_times import device_timeline, kernel_device_times, serial_launches
@@ -29,13 +31,14 @@ def main() -> int:
     from habu.target import target_named
     from habu.timing.harness import time_cuda
 
-    bw, fwd, back = built = backward_speed.build("ffn_skip.habu", "FFN-SKIP", {"B": args.tokens}, args.target)
+    bw, fwd, back = built = backward_speed.build("ffn_skip.habu", "FFN-SKIP", {"B": args.tokens}, args.target, pins,
+                                                 pins)
     print(ts.HEADER, flush=True)
     row = ts.measure(args.tokens, args.target, built)
     print(ts.table_line(row), flush=True)
     sizes = {"B": args.tokens, **ts.SIZES}
     for label, model in (("forward", bw.forward), ("backward", bw.model)):
-        plan = default_plan(bind_shape(model, sizes), target_named(args.target), sizes, {})
+        plan = default_plan(bind_shape(model, sizes), target_named(args.target), sizes, pins)
         print(f"{label} default plan: rewrites {plan.rewrites}", flush=True)
         for i, k in enumerate(plan.kernels):
             print(f"  k{i}: {k.kind} {' '.join(k.nodes)}", flush=True)

@@ -404,8 +404,9 @@ def _consumer_loop(kc: _Kernel) -> str:
         f"""          {wgmma_name(lw.bn, dtype, b_mn, a_mn)}(acc[{s}], {a_descs[s]}, {b_desc}, 1);"""
         for s in range(kc.slabs))
     slot = c(ring.read_slot(CExpr("stage")))
+    lag_wait, lag_arrive, lag_none = _lag(kc)
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
-      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+{lag_wait}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
         habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", slot)};
         const habu::u32 b_stage = {kc.stage_base("B", slot)};
@@ -418,11 +419,29 @@ def _consumer_loop(kc: _Kernel) -> str:
         habu::wgmma_wait<1>();
         {_release(ring)}
         held = {slot};
-        {ring_advance_line(ring)}
-      }}
+        {ring_advance_line(ring)}{lag_arrive}
+      }}{lag_none}
       habu::wgmma_wait<0>();
       {_release(ring)}
 """
+
+
+def _lag(kc: _Kernel) -> tuple[str, str, str]:
+    """The consumer lag (`MbarrierRing.lag`): consumer cw ≥ 1 waits on its named barrier before the tile's k loop;
+    consumer cw − 1 arrives there once it has multiplied `lag_tiles` of the tile's k tiles (at once when the tile
+    has none). Empty strings without a lag."""
+    ring = kc.ring
+    if not ring.lag:
+        return "", "", ""
+    n = c(ring.lag_tiles(CExpr("(kt_end - kt_begin)")))
+    last = kc.consumers - 1
+    wait = (f"      const long long lag_tiles = {n};  // k tiles the previous warpgroup multiplies before this one starts\n"
+            f"      if (cw > 0) habu::named_barrier_sync({c(ring.lag_barrier(CExpr('cw')))}, 256);  // the consumer lag\n")
+    arrive = (f"\n        if (cw < {last} && kt - kt_begin + 1 == lag_tiles) "
+              f"habu::named_barrier_arrive({c(ring.lag_barrier(CExpr('(cw + 1)')))}, 256);  // the next warpgroup may start")
+    none = (f"\n      if (cw < {last} && lag_tiles == 0) "
+            f"habu::named_barrier_arrive({c(ring.lag_barrier(CExpr('(cw + 1)')))}, 256);  // a tile without k tiles")
+    return wait, arrive, none
 
 
 def _direct_epilogue(kc: _Kernel) -> str:

@@ -131,6 +131,21 @@ class MbarrierRing:
     # the whole fill. 0: every fill whole.
     ahead: int = 0
     ahead_side: str = "B"
+    # consumer lag (the plan's `consumer_lag`): consumer c ≥ 1 starts an output tile's k loop once consumer c − 1
+    # has multiplied min(lag, k tiles of the tile) of its k tiles (a named barrier, `lag_barrier`), so the
+    # warpgroups' epilogues do not coincide. 0: the consumers run in step
+    lag: int = 0
+    lag_barrier_base: int = 8  # consumer c waits on named barrier base + c − 1 (above the epilogues' 1..5)
+
+    def lag_barrier(self, c: Any) -> Any:
+        """The named barrier consumer c waits on (and consumer c − 1 arrives at)."""
+        return self.lag_barrier_base + c - 1
+
+    def lag_tiles(self, n: Any) -> Any:
+        """The k tiles consumer c − 1 multiplies of an output tile of `n` k tiles before consumer c starts it."""
+        from habu.lower.access import minimum
+
+        return minimum(n, self.lag)
 
     def stage(self, t: Any) -> Any:
         """The stage of the block's k tile t."""
@@ -264,4 +279,4 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str =
     bars = next((b.offset for b in layout.buffers if b.name == "bar"), 0)
     side = "A" if getattr(kernel, "a_ahead", False) else "B" if getattr(kernel, "b_ahead", False) else ""
     ahead = kernel.stages if side and ring.load(side) is not None and ring.cluster == 1 else 0
-    return replace(ring, base=bars, ahead=ahead, ahead_side=side or "B")
+    return replace(ring, base=bars, ahead=ahead, ahead_side=side or "B", lag=getattr(kernel, "consumer_lag", 0))

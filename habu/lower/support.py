@@ -103,7 +103,8 @@ class ContractionSupport(PathSupport):
         return [*self.own_refusals(lw), *_cluster_refusals(lw, self.emits_clusters),
                 *_split_cluster_refusals(lw, self.emits_clusters),
                 *_tma_store_refusals(lw, self.emits_tma_stores), *self.movement_refusals(lw), *_batch_refusals(lw),
-                *_k_gather_refusals(lw), *_b_ahead_refusals(lw, self.mma), *_column_sum_refusals(lw)]
+                *_k_gather_refusals(lw), *_b_ahead_refusals(lw, self.mma), *_column_sum_refusals(lw),
+                *_lag_refusals(lw)]
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         """The refusals about the instruction's own layout (what its emitter checks before printing;
@@ -212,6 +213,22 @@ def _batch_refusals(lw: ContractionLowering) -> list[str]:
     if k.cluster_m > 1:
         reasons.append("a batched contraction runs without clusters")
     return reasons
+
+
+def _lag_refusals(lw: ContractionLowering) -> list[str]:
+    """A consumer lag (`consumer_lag`): the wgmma ring's consumers of one output tile a block, unsplit, unclustered
+    (a block's next tile would meet the named barrier's arrivals of this one), at most `stages` k tiles behind."""
+    k = lw.kernel
+    if not getattr(k, "consumer_lag", 0):
+        return []
+    consumers = consumer_warpgroups(k.warps, k.warp_specialized)
+    if k.mma != "wgmma" or consumers < 2 or k.persistent or k.split_k > 1 or k.cluster_m > 1:
+        return ["consumer_lag: two or more wgmma consumer warpgroups, one output tile a block (not persistent), no "
+                "split-K or cluster"]
+    if k.consumer_lag > k.stages:
+        return [f"consumer_lag={k.consumer_lag}: at most the ring's {k.stages} stages (the first warpgroup would wait "
+                "for stages the second has not released)"]
+    return []
 
 
 def _column_sum_refusals(lw: ContractionLowering) -> list[str]:

@@ -29,6 +29,9 @@ from habu.targets import Ceilings
 Shape = tuple[int, int, int, int, int]  # tile_m, tile_n, tile_k, warps, stages
 # split-K factors the search tries (8 for skinny contractions' 64-row tiles only: wide tiles to one wave)
 SPLITS = (1, 2, 4, 8)
+# the consumer lag the search tries (`consumer_lag`): k tiles one warpgroup runs ahead of the next, so the first's
+# epilogue overlaps the second's last k tiles (about an epilogue's time of a skinny product's k tiles)
+LAG_TILES = 2
 Schedule = tuple[tuple[int, int, int], int, int]  # (tile_m, tile_n, tile_k), warps, stages
 
 # a contraction of at most this many output rows is skinny (decode: 1 to 128 tokens through a layer's
@@ -357,6 +360,10 @@ class ContractionPath(KernelPath):
         """Whether the search also tries `kernel` with B's first boxes ahead (`b_ahead`)."""
         return False
 
+    def lag_offered(self, kernel: ContractionKernel) -> bool:
+        """Whether the search also tries `kernel` with its consumer warpgroups staggered (`consumer_lag`)."""
+        return False
+
     def fixed_fields(self, target: Target) -> dict[str, object]:
         """Kernel fields the path fixes (warp specialisation, swizzle)."""
         return {"warp_specialized": False, "swizzle": 0}
@@ -390,6 +397,8 @@ class ContractionPath(KernelPath):
                     and cluster == 1:  # a skinny contraction's splits with any epilogue: the partials meet in a cluster
                 clustered = replace(kernel, split_reduce="cluster")
                 yield clustered
+            if skinny and self.lag_offered(kernel):  # one consumer's epilogue beside the other's last k tiles
+                yield replace(kernel, consumer_lag=LAG_TILES)
             if skinny and self.b_ahead_offered(kernel):  # B's first boxes before everything else
                 yield replace(kernel, b_ahead=True)
                 if clustered is not None:

@@ -9,6 +9,7 @@ from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.support import WGMMA
 from habu.paths.contraction import (
+    LAG_TILES,
     SKINNY_FILL,
     SKINNY_MIN_K_TILES,
     ContractionFacts,
@@ -183,6 +184,11 @@ class WgmmaPath(ContractionPath):
 
     def b_ahead_offered(self, kernel: ContractionKernel) -> bool:
         return kernel.b_move == "tma" and kernel.cluster_m == 1
+
+    def lag_offered(self, kernel: ContractionKernel) -> bool:
+        # two consumer warpgroups or more, one output tile a block (habu/lower/support.py `_lag_refusals`)
+        return kernel.warps >= 12 and not kernel.persistent and kernel.split_k == 1 and kernel.cluster_m == 1 \
+            and kernel.stages >= LAG_TILES
 
     def fixed_fields(self, target: Target) -> dict[str, object]:
         return {"warp_specialized": target.setmaxnreg, "swizzle": 128}

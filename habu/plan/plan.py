@@ -118,6 +118,10 @@ class ContractionKernel:
         "carries them (a skinny product's weights fill wgmma's 64-row side and its few tokens the narrow n side, "
         "so no shared memory holds rows of padding)", L, default=False, pins=("swap_ab", "swap"),
         json_optional=True, unguarded=KEEP)
+    consumer_lag: int = choice(
+        "wgmma: consumer warpgroup c starts a tile's k loop once warpgroup c − 1 has multiplied this many of its k "
+        "tiles, so their epilogues do not run at once: one's beside the other's last k tiles (0: in step)", L,
+        default=0, lo=0, hi=8, pins=("consumer_lag", "lag"), json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

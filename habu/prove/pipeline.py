@@ -187,6 +187,10 @@ class _Ring:
     # -- consumer c of block b
     def consumer_ready(self, key: tuple[int, int]) -> bool:
         t, stage, phase, _ = self.cons[key]
+        if t < self.total and self.ring.lag and key[1] > 0:  # the lag: the previous consumer is far enough into the tile
+            t0, n = self.first[t]
+            if self.cons[(key[0], key[1] - 1)][0] < t0 + self.ring.lag_tiles(n):
+                return False
         return t < self.total and self.full[key[0]][stage].completed(self.ring.consumer_wait(phase))
 
     def consumer_act(self, key: tuple[int, int]) -> None:

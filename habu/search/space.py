@@ -390,6 +390,13 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
         if brought is not None:
             changes.setdefault("warps", brought[0])
             changes.setdefault("stages", brought[1])
+    # a consumer lag is for kernels with warpgroups to stagger (two consumers or more, one tile a block): the others
+    # keep theirs in step, as a skinny product of one consumer warpgroup has nothing to stagger
+    if changes.get("consumer_lag") and isinstance(kernel, ContractionKernel):
+        staged = replace(kernel, **changes)
+        if staged.warps < 12 or staged.persistent or staged.split_k > 1 or staged.cluster_m > 1 \
+                or staged.mma != "wgmma":
+            changes["consumer_lag"] = 0
     return replace(kernel, **changes) if changes else kernel
 
 

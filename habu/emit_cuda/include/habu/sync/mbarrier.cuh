@@ -30,6 +30,11 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
 __device__ __forceinline__ void named_barrier_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory");
 }
+/** @brief Arrive at hardware barrier `id` of `count` threads without waiting: the threads that `named_barrier_sync`
+ *  on it go on once `count` threads, these among them, have arrived (a warpgroup telling the next one to start). */
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory");
+}
 /** @brief Make this thread's ordinary shared-memory stores visible to the async proxy (TMA, wgmma). */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
