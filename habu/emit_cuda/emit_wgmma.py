@@ -330,7 +330,7 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: 
     habu::setmaxnreg_dec<{producer_regs}>();
     const int ptid = threadIdx.x;
 {rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, kc.sizes, kc.it, "      ")}{ahead}{rows_setup}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+{tile_setup(lw, kc.sizes, kc.it, "      ")}{ahead}{rows_setup}{_prefetch(kc)}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
 {k0}        const habu::u32 full = {ring_barrier(ring, "stage")};
         habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
@@ -339,6 +339,23 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: 
       }}
     }}
 {end}"""
+
+
+def _prefetch(kc: _Kernel) -> str:
+    """The epilogue's matrix tiles into the L2 (`ContractionLowering.prefetches`): each producer thread its lines,
+    inside the access's masks, at the access's offsets (a hint: no value depends on it)."""
+    out = []
+    table = table_reader(kc.sig, kc.model, kc.it)
+    for pf in kc.lw.prefetches:
+        coord = {"m": "m", "n": "n"}
+        p = kc.sig.pointer(pf.access.tensor, pf.access.dtype)
+        out.append(f"""      for (int i = ptid; i < {pf.lines}; i += {pf.threads}) {{  // {pf.access.tensor}'s tile into the L2 for the epilogue
+        const {kc.it} m = m0 + ({kc.it})({c(pf.row(CExpr("i")))});
+        const {kc.it} n = n0 + ({kc.it})({c(pf.column(CExpr("i")))});
+        if ({access_mask(pf.access, coord, kc.sizes, table)}) habu::prefetch_l2({p} + ({access_offset(pf.access, coord, kc.sizes, kc.lw.index_width, table)}));
+      }}
+""")
+    return "".join(out)
 
 
 def ring_advance_line(ring: MbarrierRing) -> str:

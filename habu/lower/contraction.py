@@ -32,6 +32,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.column_epilogue import EpilogueColumnSum, column_sum_for, placed
+from habu.lower.epilogue_prefetch import EpiloguePrefetch, epilogue_prefetches
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.general import Store
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
@@ -144,6 +145,14 @@ class ContractionLowering:
         if k.mma != "wgmma" or k.store != "tma" or _staged_count(self) == 1:
             return ()  # (a costing lowering has no `tma_store`: the cost model reads the same answer)
         return self.extra_outs if self.tma_store is None or self.tma_store.outputs > 1 else ()
+
+    @property
+    def prefetches(self) -> tuple[EpiloguePrefetch, ...]:
+        """The epilogue's matrix tiles the producer prefetches into the L2 at each tile's start (the plan's
+        `epilogue_prefetch`; habu/lower/epilogue_prefetch.py)."""
+        if not getattr(self.kernel, "epilogue_prefetch", False):
+            return ()
+        return epilogue_prefetches(self.epi_loads, self.bm, self.bn)
 
     @property
     def cluster_split(self) -> bool:

@@ -122,6 +122,11 @@ class ContractionKernel:
         "wgmma: consumer warpgroup c starts a tile's k loop once warpgroup c − 1 has multiplied this many of its k "
         "tiles, so their epilogues do not run at once: one's beside the other's last k tiles (0: in step)", L,
         default=0, lo=0, hi=8, pins=("consumer_lag", "lag"), json_optional=True, unguarded=KEEP)
+    epilogue_prefetch: bool = choice(
+        "wgmma: at each tile's start the producer warpgroup prefetches into the L2 the lines of the tile that the "
+        "epilogue reads of each matrix it loads (GELU's derivative reads the saved S1), so those loads hit the L2 "
+        "(a hint: no value depends on it)", E, default=False, pins=("epilogue_prefetch",), json_optional=True,
+        unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

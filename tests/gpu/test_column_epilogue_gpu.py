@@ -38,11 +38,14 @@ def test_a_column_sum_in_the_epilogue_passes_the_exact_check(sizes, pins):
     assert result.ok and result.applicable, result.reason()
 
 
-def test_the_128_token_ffn_backward_with_db1_in_the_dt2_epilogue_matches_the_float64_reference():
+@pytest.mark.parametrize("more", [{}, {"lag": "2", "epilogue_prefetch": "true"}], ids=["default", "lag-prefetch"])
+def test_the_128_token_ffn_backward_with_db1_in_the_dt2_epilogue_matches_the_float64_reference(more):
+    """(`lag-prefetch`: its products' consumers staggered, `consumer_lag`, and the saved S1's tile prefetched
+    into the L2 for the GELU derivative, `epilogue_prefetch`.)"""
     shape = {"B": 128, "D": 512, "H": 1024}
     tgt = target_named(current_arch())
     program = with_backward(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP")
-    compiled = compile_model(program, "FFN-SKIP-GRAD", shape, tgt, {"tile": "128x128x64"}, trials=1)
+    compiled = compile_model(program, "FFN-SKIP-GRAD", shape, tgt, {"tile": "128x128x64", **more}, trials=1)
     plan = compiled.plans[0]
     assert ("%d3", "%d2", "%rdB1", "dB1") in [k.nodes for k in plan.kernels]
     built = CompiledModel(compiled.model, kernel_set(compiled, [emit(p, tgt) for p in compiled.proofs]), arch=tgt.name)

@@ -24,6 +24,10 @@ __device__ __forceinline__ void atomic_add_f2(float* p, float v0, float v1) {
 #endif
 }
 
+/** @brief Bring the 128-byte line holding `p` into the L2 (`prefetch.global.L2`): a hint, no value depends on it.
+ *  A wgmma producer warms the lines its tile's epilogue will read (`epilogue_prefetch`). */
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 /** @brief 16 bytes from global memory, or zeros when `pred` is false (no access is made then). */
 __device__ __forceinline__ uint4 load16_or_zero(const void* p, bool pred) {
   uint4 r = make_uint4(0u, 0u, 0u, 0u);
