@@ -74,8 +74,14 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
                 factor = (f"          if (ok) habu::scale_chunk({low}x[j], {low}y[j], "
                           f"{load_value(rs.dtype, p_rs, rs_off)});  // the row's factor {rs.tensor}[r]\n")
             load = (f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}x[j], {low}y[j]);\n{factor}")
-        else:  # bf16 (B always: `wgrad_refusal`)
-            load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}v[j]);\n"
+        else:  # bf16 (B always: `wgrad_refusal`); a bf16 A's row factor rounds each product to bf16
+            factor = ""
+            if side == "A" and lw.row_scale is not None:
+                rs = lw.row_scale
+                rs_off = access_offset(rs, {"k": "r"}, sizes, lw.index_width, table)
+                factor = (f"          if (ok) habu::scale_chunk({low}v[j], "
+                          f"{load_value(rs.dtype, sig.pointer(rs.tensor, rs.dtype), rs_off)});  // the row's factor\n")
+            load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}v[j]);\n{factor}"
         return f"""#pragma unroll
         for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of this k tile: row {c(ki)}, 8 columns from {c(col)}
           const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr("kt"), ki))});

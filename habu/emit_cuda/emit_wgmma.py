@@ -39,6 +39,7 @@ from habu.emit_cuda.emit_fma import (
     tile_setup,
 )
 from habu.emit_cuda.emit_split_cluster import cluster_split_epilogue
+from habu.emit_cuda.emit_wgmma_extras import consumer_lag, epilogue_prefetch
 from habu.emit_cuda.emit_wgmma_store import tma_store_epilogue
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
@@ -330,7 +331,7 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: 
     habu::setmaxnreg_dec<{producer_regs}>();
     const int ptid = threadIdx.x;
 {rank}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, kc.sizes, kc.it, "      ")}{ahead}{rows_setup}{_prefetch(kc)}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
+{tile_setup(lw, kc.sizes, kc.it, "      ")}{ahead}{rows_setup}{epilogue_prefetch(kc)}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
 {k0}        const habu::u32 full = {ring_barrier(ring, "stage")};
         habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr('phase')))});
         const habu::u32 a_stage = {kc.stage_base("A", "stage")};
@@ -339,23 +340,6 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: 
       }}
     }}
 {end}"""
-
-
-def _prefetch(kc: _Kernel) -> str:
-    """The epilogue's matrix tiles into the L2 (`ContractionLowering.prefetches`): each producer thread its lines,
-    inside the access's masks, at the access's offsets (a hint: no value depends on it)."""
-    out = []
-    table = table_reader(kc.sig, kc.model, kc.it)
-    for pf in kc.lw.prefetches:
-        coord = {"m": "m", "n": "n"}
-        p = kc.sig.pointer(pf.access.tensor, pf.access.dtype)
-        out.append(f"""      for (int i = ptid; i < {pf.lines}; i += {pf.threads}) {{  // {pf.access.tensor}'s tile into the L2 for the epilogue
-        const {kc.it} m = m0 + ({kc.it})({c(pf.row(CExpr("i")))});
-        const {kc.it} n = n0 + ({kc.it})({c(pf.column(CExpr("i")))});
-        if ({access_mask(pf.access, coord, kc.sizes, table)}) habu::prefetch_l2({p} + ({access_offset(pf.access, coord, kc.sizes, kc.lw.index_width, table)}));
-      }}
-""")
-    return "".join(out)
 
 
 def ring_advance_line(ring: MbarrierRing) -> str:
@@ -421,7 +405,7 @@ def _consumer_loop(kc: _Kernel) -> str:
         f"""          {wgmma_name(lw.bn, dtype, b_mn, a_mn)}(acc[{s}], {a_descs[s]}, {b_desc}, 1);"""
         for s in range(kc.slabs))
     slot = c(ring.read_slot(CExpr("stage")))
-    lag_wait, lag_arrive, lag_none = _lag(kc)
+    lag_wait, lag_arrive, lag_none = consumer_lag(kc)
     return f"""      int held = -1;  // the stage whose wgmma may still be reading it
 {lag_wait}      for (long long kt = kt_begin; kt < kt_end; ++kt) {{
         habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr('phase')))});
@@ -441,24 +425,6 @@ def _consumer_loop(kc: _Kernel) -> str:
       habu::wgmma_wait<0>();
       {_release(ring)}
 """
-
-
-def _lag(kc: _Kernel) -> tuple[str, str, str]:
-    """The consumer lag (`MbarrierRing.lag`): consumer cw ≥ 1 waits on its named barrier before the tile's k loop;
-    consumer cw − 1 arrives there once it has multiplied `lag_tiles` of the tile's k tiles (at once when the tile
-    has none). Empty strings without a lag."""
-    ring = kc.ring
-    if not ring.lag:
-        return "", "", ""
-    n = c(ring.lag_tiles(CExpr("(kt_end - kt_begin)")))
-    last = kc.consumers - 1
-    wait = (f"      const long long lag_tiles = {n};  // k tiles the previous warpgroup multiplies before this one starts\n"
-            f"      if (cw > 0) habu::named_barrier_sync({c(ring.lag_barrier(CExpr('cw')))}, 256);  // the consumer lag\n")
-    arrive = (f"\n        if (cw < {last} && kt - kt_begin + 1 == lag_tiles) "
-              f"habu::named_barrier_arrive({c(ring.lag_barrier(CExpr('(cw + 1)')))}, 256);  // the next warpgroup may start")
-    none = (f"\n      if (cw < {last} && lag_tiles == 0) "
-            f"habu::named_barrier_arrive({c(ring.lag_barrier(CExpr('(cw + 1)')))}, 256);  // a tile without k tiles")
-    return wait, arrive, none
 
 
 def _direct_epilogue(kc: _Kernel) -> str:

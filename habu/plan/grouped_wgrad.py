@@ -87,8 +87,8 @@ def as_grouped_wgrad(model: Model, eq: Equation) -> GroupedWgrad | None:
     a_dtype = dtype_of(model, a.tensor)
     if a_dtype not in ("bf16", "f32") or dtype_of(model, b.tensor) != "bf16":
         return None  # wgmma on bf16 operands (an f32 A in two bf16 parts)
-    if rows and a_dtype != "f32":
-        return None  # the row factor multiplies A before its split: a bf16 A times P[r] would round
+    # (a row factor multiplies A before the tile is stored: an f32 A's product is split into two bf16 parts, a bf16
+    # A's is rounded to bf16 once, as torch's bf16 autograd rounds P·dY: `--pin storage=bf16`'s dY.bf16)
     scale = None
     for c in consts:
         scale = c if scale is None else Op("mul", (scale, c))

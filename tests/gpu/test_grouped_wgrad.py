@@ -1,7 +1,7 @@
 """The grouped weight gradient on the GPU (habu/lower/grouped_wgrad.py: `O[E[r] m n] += A[r m] · B[IX[r] n]`, each
 group's product over its own rows on wgmma): the exact differential check (integer inputs, red-zoned buffers, a
-sorted grouping) of the three forms (an f32 A in two bf16 parts, a bf16 A, a gathered f32 A times the row's
-factor), and hand-made groupings with an f32 A bf16 cannot hold, bit for bit against the float64 product."""
+sorted grouping) of the four forms (an f32 A in two bf16 parts, a bf16 A, a gathered f32 A times the row's
+factor, a gathered bf16 A times it, rounded to bf16), and hand-made groupings with an f32 A bf16 cannot hold, bit for bit against the float64 product."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _is_wgrad(built) -> None:
     assert [(k.kind, k.main_loop) for k in built.plan.kernels] == [("grouped", "wgmma")]
 
 
-@pytest.mark.parametrize("model", ["WGRAD", "WGRAD-BF16", "WGRAD-P"])
+@pytest.mark.parametrize("model", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
 def test_the_wgrad_loop_passes_the_exact_check(model):
     rows = 1000
     built = build(str(GW), model, {"T": T, "R": rows}, {})

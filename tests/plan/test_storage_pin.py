@@ -34,7 +34,10 @@ def test_the_pinned_storage_stores_the_cotangents_in_bf16_and_is_proven(backward
     a_types = {k.nodes[0]: lw.a.dtype for k, lw in zip(plan.kernels, lower_plan(backward, plan), strict=True)
                if k.kind == "grouped"}
     assert a_types["dX.t0"] == a_types["dW1"] == "bf16"  # the products read bf16 cotangents
-    assert a_types["dW2"] == "f32"  # dY is the model's input: its type is the interface's
+    # the f32 input dY reaches the products through its bf16 copy, the first kernel; dY_in (its copy) keeps f32
+    assert plan.kernels[0].nodes == ("dY.bf16",) and a_types["dW2"] == a_types["%dact"] == "bf16"
+    lowered = dict(zip((k.nodes[0] for k in plan.kernels), lower_plan(backward, plan), strict=True))
+    assert lowered["dW2"].a.tensor == "dY.bf16" and "dY" in {a.tensor for _, a in lowered["dY_in"].loads}
     proof = prove(backward, plan, SHAPE, trials=1)
     assert proof.ok, ([o.detail for o in proof.violations], proof.certificate and proof.certificate.failure)
 

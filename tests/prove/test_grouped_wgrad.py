@@ -52,8 +52,8 @@ def _run(values: list[int], name: str = "WGRAD", lw: GroupedWgradLowering | None
     R, G, M, N = (SIZES[x] for x in "RGMN")
     ix = inputs["IX"].at(np.arange(R))
     b = inputs["X"][ix[:, None], np.arange(N)[None, :]].astype(object)
-    if name == "WGRAD-P":
-        a = inputs["DY"][ix[:, None], np.arange(M)[None, :]].astype(object) * \
+    if name in ("WGRAD-P", "WGRAD-P-BF16"):
+        a = inputs["DY" if name == "WGRAD-P" else "DYB"][ix[:, None], np.arange(M)[None, :]].astype(object) * \
             inputs["P"].at(np.arange(R)).astype(object)[:, None]
     else:
         a = inputs["A" if name == "WGRAD" else "AB"][np.arange(R)[:, None], np.arange(M)[None, :]].astype(object)
@@ -73,7 +73,7 @@ def _loop_with(base: GroupedWgradLowering, **methods) -> GroupedWgradLowering:
     return replace(base, loop=cls(**{f: getattr(base.loop, f) for f in base.loop.__dataclass_fields__}))
 
 
-@pytest.mark.parametrize("name", ["WGRAD", "WGRAD-BF16", "WGRAD-P"])
+@pytest.mark.parametrize("name", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
 @pytest.mark.parametrize("grouping", list(GROUPINGS))
 def test_every_groups_product_is_added_into_its_slab(name, grouping):
     faults, got, ref = _run(GROUPINGS[grouping], name)
@@ -169,10 +169,12 @@ def test_the_kernel_compiles_with_nvrtc_without_spills():
     from habu.paths.emit import emit_plan
     from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
 
-    for name in ("WGRAD", "WGRAD-BF16", "WGRAD-P"):
+    for name in ("WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"):
         m = _model(name)
         (kernel,) = emit_plan(m, default_plan(m, TARGET, SIZES, {}), TARGET).kernels
         assert "_bf16_at_bt(" in kernel.source and "habu::add_owned(" in kernel.source
+        # a bf16 A's row factor: each product rounded to bf16 in the chunk (one part)
+        assert ("habu::scale_chunk(av[j], " in kernel.source) == (name == "WGRAD-P-BF16")
         assert_compiles_without_spills(kernel)
 
 

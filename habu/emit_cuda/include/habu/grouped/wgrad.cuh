@@ -24,6 +24,15 @@ __device__ __forceinline__ void load_chunk(const bf16* p, bool ok, uint4& v) {
   if (ok) v = __ldg(reinterpret_cast<const uint4*>(p));
 }
 
+/** @brief The eight bf16 of a chunk times the row's factor, each product rounded to bf16 (nearest even): a bf16 A's
+ *  row factor P[r], applied before the tile is stored (one bf16 rounding, as torch's bf16 autograd makes). */
+__device__ __forceinline__ void scale_chunk(uint4& v, float s) {
+  u32* w = reinterpret_cast<u32*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = pack_bf16x2(bf16_to_float((bf16)(w[i] & 0xffffu)) * s, bf16_to_float((bf16)(w[i] >> 16)) * s);
+}
+
 /** @brief The eight floats of a chunk times the row's factor (the row factor P[r], applied before the split). */
 __device__ __forceinline__ void scale_chunk(float4& x, float4& y, float s) {
   x.x *= s; x.y *= s; x.z *= s; x.w *= s;
