@@ -21,6 +21,7 @@ from habu.paths import attention, columns, fma, general, grouped, map, mma_sync,
 from habu.paths.analytic import node_of
 from habu.paths.base import KernelPath
 from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
+from habu.plan.column_epilogue import kernel_chain
 from habu.plan.fields import Mma
 from habu.plan.patterns import Region, as_column_reduction, as_contraction, transposed_rows
 from habu.plan.plan import MMAS, ContractionKernel, GeneralKernel, Kernel
@@ -133,11 +134,17 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     if region.kind == "general":  # the general kernel stays a candidate beside the contraction default
         yield general.PATH.default(model, region, target, sizes)
     tensor_cores = base.mma != Mma.FMA  # the default took a tensor-core instruction
-    skinny = ContractionFacts.of(model, region, target, sizes).m <= SKINNY_ROWS
+    facts = ContractionFacts.of(model, region, target, sizes)
+    skinny = facts.m <= SKINNY_ROWS
+    # a column sum in the epilogue (habu/plan/column_epilogue.py) takes the wgmma TMA-store epilogue's whole,
+    # unsplit tiles holding every row: the rest would be refused by its rules (`column-epilogue-one-tile-row`)
+    summed = bool(kernel_chain(model, region.nodes)[1])
     for mma in MMAS:
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
-            yield from path.variants(base, target, skinny=skinny)
+            yield from (k for k in path.variants(base, target, skinny=skinny) if not summed or (
+                k.mma == Mma.WGMMA and k.store == "tma" and k.split_k == 1 and not k.swap_ab and k.cluster_m == 1
+                and k.tile_m >= facts.m))
 
 
 FAMILY_PINS = ("grouped", "general", "contraction", "columns", "attention")  # `--pin family=…`

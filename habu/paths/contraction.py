@@ -19,6 +19,7 @@ from habu.lower.support import (
 )
 from habu.paths.analytic import index_width, max_vector, node_of
 from habu.paths.base import KernelPath
+from habu.plan.column_epilogue import chain_end
 from habu.plan.patterns import Contraction, Operand, Region, as_contraction, kernel_contraction
 from habu.plan.plan import MOVEMENTS, RASTERS, ContractionKernel, Kernel
 from habu.plan.storage import dtype_bytes, dtype_of
@@ -162,14 +163,14 @@ class ContractionPath(KernelPath):
         if not forced and not self.takes(facts, target):
             return None
         c = facts.c
-        out_dt = model.tensor(region.output).dtype
+        out_dt = model.tensor(chain_end(model, region.nodes)).dtype  # (a column sum after it: its chain's end)
         # split-K adds partials atomically: a lone contraction into f32 (the `split-k-linear` rule)
         splittable = len(region.nodes) == 1 and out_dt is not None and out_dt.name == "f32"
         # a batched contraction's products fill the GPU together: its rows count once per batch
         rows = facts.m * facts.batches
         skinny = self.skinny_schedule(facts, target, splittable) if rows <= SKINNY_ROWS else None
         reduce = "atomic"
-        plain = facts.batches == 1 and node_of(model, region.output).scatter is None and c.by_default
+        plain = facts.batches == 1 and node_of(model, chain_end(model, region.nodes)).scatter is None and c.by_default
         swap = plain and self.swaps(facts, target)
         if swap:  # the weights along the tile's rows, the few tokens along its columns
             facts = ContractionFacts.of(model, region, target, sizes, swap=True)
@@ -456,9 +457,10 @@ def weights_ahead(model: Model, c: Contraction) -> bool:
 def plain_output(model: Model, region: Region, c: Contraction, target: Target, sizes: dict[str, int]) -> bool:
     """TMA stores where the output is a plain row-major (m, n) matrix with 16-byte rows (H200,
     4096³: bf16 GEMM 0.90 -> 0.99x cuBLAS, f32 GGEMM 184.5 -> 181.1 µs)."""
-    first, last = node_of(model, region.nodes[0]), node_of(model, region.output)
-    out_decl = model.tensor(region.output)
-    out_e = dtype_bytes(model, region.output)
+    end = chain_end(model, region.nodes)  # the stored product (a column sum in its epilogue stores apart)
+    first, last = node_of(model, region.nodes[0]), node_of(model, end)
+    out_decl = model.tensor(end)
+    out_e = dtype_bytes(model, end)
     free = tuple(v for v in first.lhs if v not in c.batch)  # (m, n) after any batch indices
     return (target.tma and last.scatter is None and free[:1] == (c.m,) and first.lhs[-1] == c.n
             and len(last.lhs) == 2 + len(c.batch)
@@ -486,7 +488,7 @@ def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
     along n, and the two epilogue buffers per consumer within shared memory."""
     c = kernel_contraction(node_of(model, k.nodes[0]), k)
     assert c is not None
-    out_e = dtype_bytes(model, k.nodes[-1])
+    out_e = dtype_bytes(model, chain_end(model, k.nodes))
     layout = contraction_smem(replace(k, store="tma"), dtype_of(model, c.a.load.tensor), dtype_of(model, c.b.load.tensor))
     support = support_for(k)
     return (isinstance(support, ContractionSupport) and support.emits_tma_stores and k.split_k == 1

@@ -81,7 +81,10 @@ def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np
         mem.fault(f"{name}: a column-sum partial lands outside its warpgroup's TMA-store buffers or misaligned")
     slots, counts = np.unique(placed, return_counts=True)
     if np.any(counts > 1):
-        mem.fault(f"{name}: two lanes write the column-sum partial at shared byte {int(slots[counts > 1][0])}")
+        twice = int(slots[counts > 1][0])
+        at = int(nc[0, int(column[writer][placed == twice][0])])  # the column whose partial is written twice
+        where = ", ".join(str(p.value) if p.kind == "const" else str(at) for p in cs.out.positions)
+        mem.fault(f"{name}: two lanes write the column-sum partial of {cs.out.tensor}[{where}] at shared byte {twice}")
     smem = dict(zip(placed.tolist(), range(len(placed)), strict=True))
     stored = partial[:, writer]  # (blocks, writers' values), in `placed`'s order
     # the finishing threads: thread t sums its column's slots over every warpgroup and warp

@@ -18,7 +18,7 @@ from habu.paths import default_kernel
 from habu.plan.column_epilogue import fusable_columns, kernel_chain
 from habu.plan.partitions import piece_kind
 from habu.plan.patterns import Region, consumers, default_regions
-from habu.plan.plan import ColumnKernel, ContractionKernel, Kernel
+from habu.plan.plan import ContractionKernel, Kernel
 from habu.plan.storage import storage_dtypes
 from habu.search.cost import kernel_cost
 from habu.spec.ir import Model
@@ -28,8 +28,8 @@ from habu.target import Target
 def default_partition(model: Model, target: Target, sizes: dict[str, int]) -> tuple[Region, ...]:
     """The default plan's regions: the greedy partition with each contraction region cut where cheaper."""
     storage = storage_dtypes(model)
-    return tuple(piece for region in default_regions(model)
-                 for piece in cheaper_cut(model, region, target, sizes, storage))
+    cut = tuple(piece for region in default_regions(model) for piece in cheaper_cut(model, region, target, sizes, storage))
+    return fuse_column_regions(model, cut, target, sizes, storage)
 
 
 def cheaper_cut(model: Model, region: Region, target: Target, sizes: dict[str, int],
@@ -57,38 +57,88 @@ def cheaper_cut(model: Model, region: Region, target: Target, sizes: dict[str, i
     return (head, tail) if cut < seconds((region,)) else (region,)
 
 
-def fuse_column_epilogues(model: Model, kernels: tuple[Kernel, ...], sizes: dict[str, int]) -> tuple[Kernel, ...]:
-    """`kernels` with each column kernel that sums an earlier contraction kernel's result over its rows
-    (`dB1[one h] = Σ b dT2[b h]`) computed in that kernel's epilogue instead (habu/plan/column_epilogue.py),
-    where the contraction's tiles of m are one at every size of m (`sizes`: a runtime extent's upper bound),
-    the result is stored anyway (a later kernel reads it, or the model outputs it) and the contraction's
-    path prints the sum (`supported-path`). Not costed: the fused kernel drops a launch and a pass over the
-    result for a few shuffles a tile."""
-    out = list(kernels)
+def fuse_column_regions(model: Model, regions: tuple[Region, ...], target: Target, sizes: dict[str, int],
+                        storage: dict[str, str] | None = None) -> tuple[Region, ...]:
+    """`regions` with each column region that sums an earlier contraction region's result over its rows
+    (`dB1[one h] = Σ b dT2[b h]`) joined to that region, its sum computed in the product's epilogue
+    (habu/plan/column_epilogue.py), where the joined region's default kernel prints it (`supported-path`: the
+    wgmma TMA-store epilogue) with one tile of m at every size of m (`sizes`: a runtime extent's upper bound)
+    and the result is stored anyway (a later kernel reads it, or the model outputs it). Not costed: the joined
+    kernel drops a launch and a pass over the result for a few shuffles a tile."""
+    out: list[Region | None] = list(regions)
+    outputs = {t.name for t in model.outputs}
+    storage = storage if storage is not None else storage_dtypes(model)
+    for j, col in enumerate(regions):
+        if col.kind != "columns":
+            continue
+        for i in range(j):
+            head = out[i]
+            if head is None or head.kind != "contraction" or kernel_chain(model, head.nodes)[1]:
+                continue
+            end = head.nodes[-1]
+            if not fusable_columns(model, head.nodes, col.nodes) or (
+                    end not in outputs and all(c.target in col.nodes for c in consumers(model, end))):
+                continue  # (a result nothing else reads would be stored for the sum alone)
+            joined = Region("contraction", (*head.nodes, *col.nodes))
+            if column_sum_refused(model, default_kernel(model, joined, target, sizes), sizes, storage) is None:
+                out[i], out[j] = joined, None
+                break
+    return tuple(r for r in out if r is not None)
+
+
+def column_sum_refused(model: Model, kernel: Kernel, sizes: dict[str, int], storage: dict[str, str]) -> str | None:
+    """Why a contraction kernel cannot compute its column nodes in its epilogue at `sizes`, or None (also None for
+    a kernel without them)."""
+    if not isinstance(kernel, ContractionKernel) or not kernel_chain(model, kernel.nodes)[1]:
+        return None
+    try:
+        lw = lower(model, kernel, storage)
+    except ValueError as err:
+        return str(err)
+    if lw.tiles_m(sizes) != 1:  # type: ignore[attr-defined]
+        return "more than one tile of m"
+    refused = support_for(kernel).refusals(lw)  # type: ignore[arg-type]
+    return "; ".join(refused) if refused else None
+
+
+def fuse_column_kernels(model: Model, kernels: tuple[Kernel, ...], sizes: dict[str, int]) -> tuple[Kernel, ...]:
+    """`kernels` with each column kernel that a pinned schedule now lets an earlier contraction kernel sum in its
+    epilogue joined to it (`fuse_column_regions` decides at the default schedules; a pinned tile may hold every
+    row where the default's did not)."""
     storage = storage_dtypes(model)
     outputs = {t.name for t in model.outputs}
+    out: list[Kernel | None] = list(kernels)
     for j, col in enumerate(kernels):
-        if not isinstance(col, ColumnKernel):
+        if col.kind != "columns":
             continue
         for i in range(j):
             k = out[i]
-            if not isinstance(k, ContractionKernel) or kernel_chain(model, k.nodes)[1]:
+            if not isinstance(k, ContractionKernel) or kernel_chain(model, k.nodes)[1] \
+                    or not fusable_columns(model, k.nodes, col.nodes):
                 continue
             end = k.nodes[-1]
-            if not fusable_columns(model, k.nodes, col.nodes):
-                continue
             if end not in outputs and all(c.target in col.nodes for c in consumers(model, end)):
-                continue  # the result is not stored otherwise: the fused kernel would store it for nothing
-            fused = replace(k, nodes=(*k.nodes, *col.nodes))
-            try:
-                lw = lower(model, fused, storage)
-            except ValueError:
                 continue
-            if lw.tiles_m(sizes) != 1 or support_for(fused).refusals(lw):  # type: ignore[attr-defined]
-                continue
-            out[i], out[j] = fused, None  # type: ignore[call-overload]
-            break
+            joined = replace(k, nodes=(*k.nodes, *col.nodes))
+            if column_sum_refused(model, joined, sizes, storage) is None:
+                out[i], out[j] = joined, None
+                break
     return tuple(k for k in out if k is not None)
 
 
-__all__ = ["cheaper_cut", "default_partition", "fuse_column_epilogues"]
+def split_refused_columns(model: Model, kernels: tuple[Kernel, ...], target: Target, sizes: dict[str, int]
+                          ) -> tuple[Kernel, ...]:
+    """`kernels` with each contraction kernel whose column sum its schedule cannot print (a pinned instruction or
+    tile) split back into the product and the column family's kernel after it."""
+    storage = storage_dtypes(model)
+    out: list[Kernel] = []
+    for k in kernels:
+        if column_sum_refused(model, k, sizes, storage) is None:
+            out.append(k)
+            continue
+        chain, columns = kernel_chain(model, k.nodes)
+        out += [replace(k, nodes=chain), default_kernel(model, Region("columns", columns), target, sizes)]
+    return tuple(out)
+
+
+__all__ = ["cheaper_cut", "default_partition", "fuse_column_kernels", "fuse_column_regions", "split_refused_columns"]

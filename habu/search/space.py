@@ -40,7 +40,7 @@ from habu.plan.plan import (
     Plan,
 )
 from habu.plan.storage import storage_dtypes
-from habu.search.cuts import default_partition, fuse_column_epilogues
+from habu.search.cuts import default_partition, fuse_column_kernels, split_refused_columns
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -125,7 +125,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
             kernels = tuple(replace(k, store="direct") if getattr(k, "store", None) == "tma"
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
-    kernels = fuse_column_epilogues(graph, kernels, s)  # a column sum of a product's whole tiles, in its epilogue
+    if pins:  # a column sum a pinned schedule cannot print goes back to its kernel; one a pinned tile allows joins
+        kernels = fuse_column_kernels(graph, split_refused_columns(graph, kernels, target, s), s)
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
 
 

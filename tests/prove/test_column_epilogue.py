@@ -94,3 +94,22 @@ def test_a_hand_fused_plan_the_path_cannot_run_is_refused_naming_the_rule(pins, 
     fused = replace(plan, kernels=(replace(head, nodes=(*head.nodes, *col.nodes)),))
     proof = prove(model, fused, {}, trials=1)
     assert not proof.ok and rule in {o.rule.name for o in proof.violations}
+
+
+def test_the_search_tunes_the_joined_region_the_default_takes():
+    """The join is a region of the default partition (habu/search/cuts.py `fuse_column_regions`), which the search
+    tunes too: its candidates are the schedules that can print the sum (whole wgmma tiles holding every row)."""
+    from habu.paths import region_space
+    from habu.plan.rewrite import apply_rewrites
+    from habu.search.cuts import default_partition
+
+    model = _ffn_backward()
+    plan = default_plan(model, T, {"B": 128})
+    sizes = dict(plan.shape)
+    graph = apply_rewrites(model.with_sizes({"B": 128}), plan.rewrites)
+    regions = default_partition(graph, T, sizes)
+    assert [r.nodes for r in regions] == [k.nodes for k in plan.kernels]
+    joined = next(r for r in regions if "dB1" in r.nodes)
+    candidates = list(region_space(graph, joined, T, sizes))
+    assert candidates and all(k.mma == "wgmma" and k.store == "tma" and k.tile_m >= 128 and k.split_k == 1
+                              for k in candidates)
