@@ -26,7 +26,7 @@ from typing import Any
 from habu.lower.access import Access, access_for
 from habu.lower.tma_store import TmaStoreEpilogue
 from habu.plan.patterns import column_parts, epilogue_column, inline_nodes
-from habu.spec.ir import Expr, IndexConst, IndexVar, Load, Model, Op, Reduce, rename_vars
+from habu.spec.ir import Expr, IndexConst, IndexVar, Load, Model, map_ops, rename_vars
 
 COLUMN_SUM = "%colsum"  # the column's sum, as the finish expression names it
 SLOT_BYTES = 4  # an f32 partial
@@ -82,13 +82,7 @@ def column_sum_for(model: Model, nodes: tuple[str, ...], storage: Mapping[str, s
 
 def _sum_named(expr: Expr, target: str) -> Expr:
     """`expr` with each load of the sum node replaced by the column's sum (`COLUMN_SUM`)."""
-    if isinstance(expr, Load):
-        return Load(COLUMN_SUM, ()) if expr.tensor == target else expr
-    if isinstance(expr, Op):
-        return Op(expr.fn, tuple(_sum_named(a, target) for a in expr.args))
-    if isinstance(expr, Reduce):
-        return Reduce(expr.op, expr.vars, _sum_named(expr.body, target))
-    return expr
+    return map_ops(expr, lambda e: Load(COLUMN_SUM, ()) if isinstance(e, Load) and e.tensor == target else e)
 
 
 def placed(cs: EpilogueColumnSum | None, st: TmaStoreEpilogue | None, bn: int) -> EpilogueColumnSum | None:
@@ -102,7 +96,7 @@ def placed(cs: EpilogueColumnSum | None, st: TmaStoreEpilogue | None, bn: int) -
                    region=st.warpgroup_stride if st.consumers > 1 else st.buffers * st.buffer_stride)
 
 
-def column_sum_refusal(cs: EpilogueColumnSum, kernel: Any, tiles_m_one: bool = True) -> str | None:
+def column_sum_refusal(cs: EpilogueColumnSum, kernel: Any) -> str | None:
     """Why the wgmma path's epilogue cannot compute the column sum at this schedule, or None."""
     if kernel.mma != "wgmma" or kernel.store != "tma" or not kernel.warp_specialized:
         return "a column sum in the epilogue needs the warp-specialised wgmma path's TMA-store buffers"

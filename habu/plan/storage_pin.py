@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, TensorDecl, loads, walk
+from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Reduce, TensorDecl, loads, map_ops, walk
 
 TYPES = ("bf16", "f16")
 
@@ -66,14 +66,13 @@ def apply_storage(model: Model, dtype: str) -> Model:
 
 
 def _through(e: Expr, copies: dict[str, TensorDecl]) -> Expr:
-    """`e` with each load of a copied input reading its copy."""
-    if isinstance(e, Load):
-        return Load(copies[e.tensor].name, e.indices) if e.tensor in copies else e
-    if isinstance(e, Op):
-        return Op(e.fn, tuple(_through(a, copies) for a in e.args))
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.vars, _through(e.body, copies))
-    return e
+    """`e` with each load of a copied input reading its copy (inside reductions too)."""
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, Load) and x.tensor in copies:
+            return Load(copies[x.tensor].name, x.indices)
+        return Reduce(x.op, x.vars, _through(x.body, copies)) if isinstance(x, Reduce) else x
+
+    return map_ops(e, leaf)
 
 
 __all__ = ["TYPES", "apply_storage", "storage_part"]

@@ -22,8 +22,8 @@ from habu.spec.parser import load_program  # noqa: E402
 from habu.target import target_named  # noqa: E402
 from habu.timing.exact import kept_types  # noqa: E402
 from habu.timing.exact_gpu import ExactChecker  # noqa: E402
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
+from tests.gpu.test_backward_gpu import assert_ffn_gradients_match  # noqa: E402
 
 DATA = str(ROOT / "tests" / "data" / "column_epilogue.habu")
 
@@ -49,12 +49,4 @@ def test_the_128_token_ffn_backward_with_db1_in_the_dt2_epilogue_matches_the_flo
     plan = compiled.plans[0]
     assert ("%d3", "%d2", "%rdB1", "dB1") in [k.nodes for k in plan.kernels]
     built = CompiledModel(compiled.model, kernel_set(compiled, [emit(p, tgt) for p in compiled.proofs]), arch=tgt.name)
-    model = compiled.model.with_sizes(shape)
-    sizes = {e.name: e.size for e in model.extents}
-    inputs = make_inputs(model, sizes, seed=9)
-    want = reference(model, inputs, sizes)
-    got = built(**inputs, **poisoned_outputs(model, sizes))
-    torch.cuda.synchronize()
-    for name in ("dX", "dW1", "dB1", "dW2", "dB2"):
-        g = compare(got[name], want[name], tolerance(model, dict(plan.storage)))
-        assert g.unwritten == 0 and g.ok, (name, g)
+    assert_ffn_gradients_match(compiled, built, shape, seed=9)
