@@ -51,6 +51,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                                     {"persistent": "true", "tile": "64x128x64"}),
     # the second consumer warpgroup a named barrier behind the first (`consumer_lag`, session 49)
     "wgmma-consumer-lag": ("gemm.habu", "GEMM", {"M": 256, "N": 384, "K": 512}, {"tile": "128x128x64", "lag": "2"}),
+    "wgmma-consumer-lag-persistent": ("gemm.habu", "GEMM", {"M": 1000, "N": 1300, "K": 1024},
+                                      {"tile": "128x128x64", "lag": "2", "persistent": "true"}),
     "rows-sum": ("<rows>", "ROW-SUM", {}, {}),
     # a row read through an index tensor, kept in registers (session 48)
     "rows-gathered": ("../tests/data/row_gather.habu", "GATHERED-RMSNORM", {"D": 4096, "R": 40}, {}),

@@ -216,15 +216,15 @@ def _batch_refusals(lw: ContractionLowering) -> list[str]:
 
 
 def _lag_refusals(lw: ContractionLowering) -> list[str]:
-    """A consumer lag (`consumer_lag`): the wgmma ring's consumers of one output tile a block, unsplit, unclustered
-    (a block's next tile would meet the named barrier's arrivals of this one), at most `stages` k tiles behind."""
+    """A consumer lag (`consumer_lag`): the wgmma ring's consumer warpgroups, unsplit, unclustered, at most `stages`
+    k tiles behind (a persistent block's tiles long enough that the named barrier's phases never mix: the
+    `pipeline-schedule` rule, at every size of k)."""
     k = lw.kernel
     if not getattr(k, "consumer_lag", 0):
         return []
     consumers = consumer_warpgroups(k.warps, k.warp_specialized)
-    if k.mma != "wgmma" or consumers < 2 or k.persistent or k.split_k > 1 or k.cluster_m > 1:
-        return ["consumer_lag: two or more wgmma consumer warpgroups, one output tile a block (not persistent), no "
-                "split-K or cluster"]
+    if k.mma != "wgmma" or consumers < 2 or k.split_k > 1 or k.cluster_m > 1:
+        return ["consumer_lag: two or more wgmma consumer warpgroups, no split-K or cluster"]
     if k.consumer_lag > k.stages:
         return [f"consumer_lag={k.consumer_lag}: at most the ring's {k.stages} stages (the first warpgroup would wait "
                 "for stages the second has not released)"]

@@ -398,7 +398,7 @@ class ContractionPath(KernelPath):
                     and cluster == 1:  # a skinny contraction's splits with any epilogue: the partials meet in a cluster
                 clustered = replace(kernel, split_reduce="cluster")
                 yield clustered
-            if skinny and self.lag_offered(kernel):  # one consumer's epilogue beside the other's last k tiles
+            if self.lag_offered(kernel):  # one consumer's epilogue beside the other's last k tiles (or MMAs)
                 yield replace(kernel, consumer_lag=LAG_TILES)
             if skinny and self.b_ahead_offered(kernel):  # B's first boxes before everything else
                 yield replace(kernel, b_ahead=True)

@@ -186,9 +186,8 @@ class WgmmaPath(ContractionPath):
         return kernel.b_move == "tma" and kernel.cluster_m == 1
 
     def lag_offered(self, kernel: ContractionKernel) -> bool:
-        # two consumer warpgroups or more, one output tile a block (habu/lower/support.py `_lag_refusals`)
-        return kernel.warps >= 12 and not kernel.persistent and kernel.split_k == 1 and kernel.cluster_m == 1 \
-            and kernel.stages >= LAG_TILES
+        # two consumer warpgroups or more, unsplit (habu/lower/support.py `_lag_refusals`)
+        return kernel.warps >= 12 and kernel.split_k == 1 and kernel.cluster_m == 1 and kernel.stages >= LAG_TILES
 
     def fixed_fields(self, target: Target) -> dict[str, object]:
         return {"warp_specialized": target.setmaxnreg, "swizzle": 128}

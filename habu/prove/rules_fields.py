@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
+from habu.lower.access import minimum
 from habu.lower.contraction import StageLowering
 from habu.plan.fields import Mma, field_problems
 from habu.plan.plan import ContractionKernel, Kernel
@@ -78,11 +79,28 @@ def _contraction_launch(name: str, lw: ContractionLowering, ctx: Context) -> Ite
         yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
                          f"the k loop's {type(lw.pipeline).__name__} of {lw.pipeline.stages} stage(s) delivers "
                          "every k tile to its step", problem is None, detail=problem or "")
+    ring = lw.pipeline
+    if getattr(ring, "lag", 0) and lw.kernel.persistent:  # (one tile a block: one barrier phase, nothing to mix up)
+        yield _lag_phases(name, lw, ring, s)
     if not lw.kernel.persistent:  # a persistent grid is the blocks resident at once
         yield _grid(name, "x", "one block per tile (and split)", lw.tiles(s), ctx.target.max_grid_x)
     for stage in lw.pre:
         yield from _stage(f"{name} staging", stage, lw.index_width, ctx)
     yield from contraction_smem_obligations(name, lw)
+
+
+def _lag_phases(name: str, lw: ContractionLowering, ring, s) -> Obligation:
+    """A persistent block's lagged consumers (`MbarrierRing.lag`) meet at their named barrier once a tile, the
+    first arriving, the next waiting; the first could arrive for a tile's successor before the next has waited for
+    the tile (two arrivals completing the barrier without it) only by running n + min(n, lag) k tiles ahead of it,
+    and the ring lets it run at most `stages` ahead (a stage is refilled once every consumer has released it)."""
+    n = lw.k_tiles_per_split(s)
+    return Obligation(FIELD_RULES["pipeline-schedule"], name, None,
+                      f"a persistent block's lagged warpgroups meet once a tile at their named barrier: "
+                      f"⌈#{lw.k}/{lw.bk}⌉ + min(that, {ring.lag}) k tiles exceed the ring's {ring.stages} stages",
+                      n + minimum(n, ring.lag) > ring.stages,
+                      detail=f"#{lw.k} may take {ring.stages - ring.lag} k tiles or fewer: the first warpgroup could "
+                             "arrive for the next tile before the second has waited for this one")
 
 
 def _row_launch(name: str, lw: RowLowering, ctx: Context) -> Iterator[Obligation]:

@@ -127,7 +127,21 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
     if pins:  # a column sum a pinned schedule cannot print goes back to its kernel; one a pinned tile allows joins
         kernels = fuse_column_kernels(graph, split_refused_columns(graph, kernels, target, s), s)
+        kernels = tuple(_lag_where_it_holds(graph, k) for k in kernels)
     return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
+
+
+def _lag_where_it_holds(model: Model, kernel: Kernel) -> Kernel:
+    """A pinned consumer lag kept on a persistent kernel only where its tiles are long enough at every size of k
+    (their fewest k tiles n: n + min(n, lag) > stages, the `pipeline-schedule` rule); in step elsewhere, as on the
+    kernels the pin cannot stagger."""
+    if not isinstance(kernel, ContractionKernel) or not kernel.consumer_lag or not kernel.persistent:
+        return kernel
+    c = kernel_contraction(node_of(model, kernel.nodes[0]), kernel)
+    assert c is not None
+    fewest = -(-model.extent(c.k.extent).lo // kernel.tile_k) if model.extent(c.k.extent).size is None else \
+        -(-model.extent(c.k.extent).size // kernel.tile_k)  # type: ignore[operator]
+    return kernel if fewest + min(fewest, kernel.consumer_lag) > kernel.stages else replace(kernel, consumer_lag=0)
 
 
 SPLITS = ("scatter:", "gather:")  # the rewrites that take a scatter or a gather out of a wgmma contraction
@@ -391,12 +405,11 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
         if brought is not None:
             changes.setdefault("warps", brought[0])
             changes.setdefault("stages", brought[1])
-    # a consumer lag is for kernels with warpgroups to stagger (two consumers or more, one tile a block): the others
+    # a consumer lag is for kernels with warpgroups to stagger (two consumers or more, unsplit): the others
     # keep theirs in step, as a skinny product of one consumer warpgroup has nothing to stagger
     if changes.get("consumer_lag") and isinstance(kernel, ContractionKernel):
         staged = replace(kernel, **changes)
-        if staged.warps < 12 or staged.persistent or staged.split_k > 1 or staged.cluster_m > 1 \
-                or staged.mma != "wgmma":
+        if staged.warps < 12 or staged.split_k > 1 or staged.cluster_m > 1 or staged.mma != "wgmma":
             changes["consumer_lag"] = 0
     return replace(kernel, **changes) if changes else kernel
 

@@ -1,6 +1,7 @@
 """The consumer lag on the GPU (`consumer_lag`: the second consumer warpgroup starts a tile's k loop once the first
 has multiplied `lag` k tiles): bit for bit (exact check, small-integer inputs, red zones) with more k tiles than
-the lag, fewer, and beside a column sum in the epilogue; FFN-SKIP's 128-token backward lagged, against float64."""
+the lag, fewer, beside a column sum in the epilogue, with three consumers, and persistent (the barrier once a
+tile)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ CASES = {
                    {"tile": "128x128x64"}),
     "three-consumers": ("examples/gemm.habu", "GEMM", {"M": 192, "N": 256, "K": 1024},
                         {"tile": "192x128x64", "warps": "16"}),
+    # a persistent block's tiles, each one phase of the named barrier (more k tiles than the ring's stages)
+    "persistent": ("examples/gemm.habu", "GEMM", {"M": 1000, "N": 1300, "K": 1024},
+                   {"tile": "128x128x64", "persistent": "true"}),
 }
 
 

@@ -58,15 +58,21 @@ def test_a_lag_past_the_rings_stages_deadlocks_in_the_simulator():
     assert all(run.faults and "deadlocks" in run.faults[0] for run in runs)
 
 
-def test_a_lag_is_refused_where_a_block_runs_several_tiles_and_ignored_with_one_consumer():
-    model = _backward()
-    plan = default_plan(model, T, {}, {**PINS, "persistent": "true"})
-    assert not any(getattr(k, "consumer_lag", 0) for k in plan.kernels)  # the pin skips what it cannot stagger
-    head = next(k for k in plan.kernels if getattr(k, "warps", 0) >= 12)
-    forced = replace(plan, kernels=tuple(replace(k, consumer_lag=2) if k is head else k for k in plan.kernels))
-    proof = prove(model, forced, {}, trials=1)
-    assert not proof.ok and "consumer_lag" in " ".join(o.detail for o in proof.violations)
-    one = default_plan(model, T, {}, {"tile": "64x64x64", "lag": "2"})  # one consumer warpgroup each
+def test_a_persistent_lag_needs_tiles_longer_than_the_ring_and_one_consumer_has_none():
+    """A persistent block meets its named barrier once a tile: the first warpgroup must not reach the next tile's
+    arrival before the second has waited (n + min(n, lag) > stages k tiles, at every size of k)."""
+    gemm = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    pins = {"lag": "2", "persistent": "true"}
+    for k, ok in ((4096, True), (192, True), (64, False)):
+        model = gemm.with_sizes({"M": 4096, "N": 4096, "K": k})
+        plan = default_plan(model, T, {}, pins)
+        assert plan.kernels[0].consumer_lag == (2 if ok else 0)  # the pin staggers only where it holds
+        forced = replace(plan, kernels=(replace(plan.kernels[0], consumer_lag=2),))
+        proof = prove(model, forced, {}, trials=1)
+        assert proof.ok == ok, [o.detail for o in proof.violations]
+        if not ok:
+            assert {o.rule.name for o in proof.violations} == {"pipeline-schedule"}
+    one = default_plan(_backward(), T, {}, {"tile": "64x64x64", "lag": "2"})  # one consumer warpgroup each
     assert not any(getattr(k, "consumer_lag", 0) for k in one.kernels)
 
 
@@ -74,4 +80,4 @@ def test_the_search_offers_a_lag_to_skinny_products_of_two_consumers():
     model = _backward()
     base = default_plan(model, T, {}, {"tile": "128x128x64"}).kernels[1]
     offered = [v for v in path_for(base).variants(base, T, skinny=True) if v.consumer_lag]
-    assert offered and all(v.warps >= 12 and not v.persistent and v.split_k == 1 for v in offered)
+    assert offered and all(v.warps >= 12 and v.split_k == 1 and v.cluster_m == 1 for v in offered)
