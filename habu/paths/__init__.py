@@ -139,12 +139,24 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     # a column sum in the epilogue (habu/plan/column_epilogue.py) takes the wgmma TMA-store epilogue's whole,
     # unsplit tiles holding every row: the rest would be refused by its rules (`column-epilogue-one-tile-row`)
     summed = bool(kernel_chain(model, region.nodes)[1])
+    if base.mma == Mma.WGMMA and _prefetches(model, replace(base, epilogue_prefetch=True)):
+        yield replace(base, epilogue_prefetch=True)  # the epilogue's matrix tiles into the L2 first (a hint)
     for mma in MMAS:
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
             yield from (k for k in path.variants(base, target, skinny=skinny) if not summed or (
                 k.mma == Mma.WGMMA and k.store == "tma" and k.split_k == 1 and not k.swap_ab and k.cluster_m == 1
                 and k.tile_m >= facts.m))
+
+
+def _prefetches(model: Model, kernel: ContractionKernel) -> bool:
+    """Whether the kernel's epilogue loads a matrix tile the producer would prefetch (`epilogue_prefetch`)."""
+    from habu.lower import lower
+
+    try:
+        return bool(lower(model, kernel).prefetches)  # type: ignore[attr-defined]
+    except ValueError:
+        return False
 
 
 FAMILY_PINS = ("grouped", "general", "contraction", "columns", "attention")  # `--pin family=…`

@@ -37,3 +37,17 @@ def test_the_gelu_derivatives_saved_s1_is_prefetched_line_by_line_under_its_mask
     if _nvrtc() is not None:
         res = compile_cuda(kernel.source, kernel.name, "sm_90a").resources
         assert not res.spills, res.describe()
+
+
+def test_the_search_offers_the_prefetch_where_an_epilogue_loads_a_matrix():
+    from habu.paths import region_space
+    from habu.plan.rewrite import apply_rewrites
+    from habu.search.cuts import default_partition
+
+    model = derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP").model.with_sizes({"B": 128})
+    plan = default_plan(model, T, {})
+    graph, sizes = apply_rewrites(model, plan.rewrites), dict(plan.shape)
+    offered = {r.nodes[0]: [k for k in region_space(graph, r, T, sizes) if getattr(k, "epilogue_prefetch", False)]
+               for r in default_partition(graph, T, sizes) if r.kind == "contraction"}
+    assert len(offered["%d3"]) == 1 and len(offered["%rdX"]) == 1  # S1 for GELU's derivative, dT6 for dX
+    assert offered["dW1"] == offered["dW2"] == []  # no epilogue loads
