@@ -66,24 +66,28 @@ def fuse_column_regions(model: Model, regions: tuple[Region, ...], target: Targe
     and the result is stored anyway (a later kernel reads it, or the model outputs it). Not costed: the joined
     kernel drops a launch and a pass over the result for a few shuffles a tile."""
     out: list[Region | None] = list(regions)
-    outputs = {t.name for t in model.outputs}
     storage = storage if storage is not None else storage_dtypes(model)
     for j, col in enumerate(regions):
         if col.kind != "columns":
             continue
         for i in range(j):
             head = out[i]
-            if head is None or head.kind != "contraction" or kernel_chain(model, head.nodes)[1]:
+            if head is None or head.kind != "contraction" or not _joinable(model, head.nodes, col.nodes):
                 continue
-            end = head.nodes[-1]
-            if not fusable_columns(model, head.nodes, col.nodes) or (
-                    end not in outputs and all(c.target in col.nodes for c in consumers(model, end))):
-                continue  # (a result nothing else reads would be stored for the sum alone)
             joined = Region("contraction", (*head.nodes, *col.nodes))
             if column_sum_refused(model, default_kernel(model, joined, target, sizes), sizes, storage) is None:
                 out[i], out[j] = joined, None
                 break
     return tuple(r for r in out if r is not None)
+
+
+def _joinable(model: Model, chain: tuple[str, ...], columns: tuple[str, ...]) -> bool:
+    """The column nodes sum the chain's end (`fusable_columns`), the chain sums nothing yet, and its end is stored
+    anyway (a later kernel reads it, or the model outputs it: it would not be stored for the sum alone)."""
+    if kernel_chain(model, chain)[1] or not fusable_columns(model, chain, columns):
+        return False
+    end = chain[-1]
+    return end in {t.name for t in model.outputs} or any(c.target not in columns for c in consumers(model, end))
 
 
 def column_sum_refused(model: Model, kernel: Kernel, sizes: dict[str, int], storage: dict[str, str]) -> str | None:
@@ -106,18 +110,13 @@ def fuse_column_kernels(model: Model, kernels: tuple[Kernel, ...], sizes: dict[s
     epilogue joined to it (`fuse_column_regions` decides at the default schedules; a pinned tile may hold every
     row where the default's did not)."""
     storage = storage_dtypes(model)
-    outputs = {t.name for t in model.outputs}
     out: list[Kernel | None] = list(kernels)
     for j, col in enumerate(kernels):
         if col.kind != "columns":
             continue
         for i in range(j):
             k = out[i]
-            if not isinstance(k, ContractionKernel) or kernel_chain(model, k.nodes)[1] \
-                    or not fusable_columns(model, k.nodes, col.nodes):
-                continue
-            end = k.nodes[-1]
-            if end not in outputs and all(c.target in col.nodes for c in consumers(model, end)):
+            if not isinstance(k, ContractionKernel) or not _joinable(model, k.nodes, col.nodes):
                 continue
             joined = replace(k, nodes=(*k.nodes, *col.nodes))
             if column_sum_refused(model, joined, sizes, storage) is None:

@@ -139,8 +139,8 @@ def _lag_where_it_holds(model: Model, kernel: Kernel) -> Kernel:
         return kernel
     c = kernel_contraction(node_of(model, kernel.nodes[0]), kernel)
     assert c is not None
-    fewest = -(-model.extent(c.k.extent).lo // kernel.tile_k) if model.extent(c.k.extent).size is None else \
-        -(-model.extent(c.k.extent).size // kernel.tile_k)  # type: ignore[operator]
+    k = model.extent(c.k.extent)
+    fewest = -(-(k.size if k.size is not None else k.lo) // kernel.tile_k)  # k tiles of the smallest k
     return kernel if fewest + min(fewest, kernel.consumer_lag) > kernel.stages else replace(kernel, consumer_lag=0)
 
 
