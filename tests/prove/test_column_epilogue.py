@@ -113,3 +113,15 @@ def test_the_search_tunes_the_joined_region_the_default_takes():
     candidates = list(region_space(graph, joined, T, sizes))
     assert candidates and all(k.mma == "wgmma" and k.store == "tma" and k.tile_m >= 128 and k.split_k == 1
                               for k in candidates)
+
+
+def test_a_column_epilogue_node_after_the_sum_is_the_finish():
+    """`GH[n] = G[n] · 0.5` after `G[n] = Σ m V[m n]`: the finishing threads store the scaled sum in bf16."""
+    model = load_program(DATA).models["BIASED-COLHALF"]
+    plan = default_plan(model, T, {})
+    (kernel,) = plan.kernels
+    assert kernel.nodes[-1] == "GH"
+    proof = prove(model, plan, {}, trials=2)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    src = emit_plan(model, plan, T).kernels[0].source
+    assert "habu::store_bf16(p_GH + (off), ((sum * 0.5f)));" in src
