@@ -69,6 +69,39 @@ def finisher_every_other(lw: Lowering) -> Lowering:
     return replace(lw, column_sum=_EvenColumns(**vars(lw.column_sum)))
 
 
+@dataclass(frozen=True)
+class _OneShort(EpilogueColumnSum):
+    def arrivals(self, sizes: Any) -> Any:  # the count one short: a block before the last finishes
+        return super().arrivals(sizes) - 1
+
+
+@dataclass(frozen=True)
+class _CounterKept(EpilogueColumnSum):
+    def counter_after(self) -> int:  # the finishing block leaves its count: the next launch starts from it
+        return 1
+
+
+@dataclass(frozen=True)
+class _RowsOverlap(EpilogueColumnSum):
+    def partial_offset(self, tm: Any, n: Any, sizes: Any) -> Any:  # tile rows #N − 1 apart: they overlap
+        return tm * (sizes[self.n] - 1) + n
+
+
+@dataclass(frozen=True)
+class _OneCounter(EpilogueColumnSum):
+    def counter_slot(self, tn: Any) -> Any:  # every column tile on counter 0
+        return 0 * tn
+
+
+def _as(cls: type) -> Any:
+    def planted(lw: Lowering) -> Lowering:
+        assert isinstance(lw, ContractionLowering) and lw.column_sum is not None and lw.column_sum.combine
+        return replace(lw, column_sum=cls(**vars(lw.column_sum)))
+    return planted
+
+
+COMBINED = {"M": 300}  # five tiles of 64 rows: the tile rows' sums meet in the launch's workspace
+
 MUTANT_ENTRIES = (
     ("column-sum-shuffle-short", "a column sum in the epilogue whose lanes 16 apart never combine", EXAMPLE, MODEL,
      {}, shuffle_short),
@@ -84,6 +117,14 @@ MUTANT_ENTRIES = (
      {}, finisher_every_other),
     ("column-sum-ffn-bias-gradient", "the FFN backward's dB1, summed beside dT2, shuffling across column pairs",
      FFN, "FFN-SKIP:backward", FFN_SHAPE, shuffle_across_pairs, FFN_PINS, 1),
+    ("column-sum-combine-one-short", "a column sum over tile rows finished by the next-to-last block to count",
+     EXAMPLE, MODEL, COMBINED, _as(_OneShort)),
+    ("column-sum-combine-counter-kept", "a column sum whose finishing block leaves its counter at 1", EXAMPLE,
+     MODEL, COMBINED, _as(_CounterKept)),
+    ("column-sum-combine-rows-overlap", "a column sum's tile rows kept #N − 1 sums apart (overlapping)", EXAMPLE,
+     MODEL, COMBINED, _as(_RowsOverlap)),
+    ("column-sum-combine-one-counter", "a column sum counting every column tile on one counter", EXAMPLE, MODEL,
+     COMBINED, _as(_OneCounter)),
 )
 
 __all__ = ["MUTANT_ENTRIES"]

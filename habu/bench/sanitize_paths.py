@@ -49,6 +49,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "wgmma-column-sum": ("../tests/data/column_epilogue.habu", "BIASED-COLSUM", {}, {}),
     "wgmma-column-sum-persistent": ("../tests/data/column_epilogue.habu", "BIASED-COLSUM", {"N": 4000},
                                     {"persistent": "true", "tile": "64x128x64"}),
+    # several tiles of m: the tile rows' sums in a workspace, the column tile's last block finishing
+    "wgmma-column-sum-tile-rows": ("../tests/data/column_epilogue.habu", "BIASED-COLSUM", {"M": 300}, {}),
     # the second consumer warpgroup a named barrier behind the first (`consumer_lag`, session 49)
     "wgmma-consumer-lag": ("gemm.habu", "GEMM", {"M": 256, "N": 384, "K": 512}, {"tile": "128x128x64", "lag": "2"}),
     "wgmma-consumer-lag-persistent": ("gemm.habu", "GEMM", {"M": 1000, "N": 1300, "K": 1024},

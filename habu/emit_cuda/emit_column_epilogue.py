@@ -56,6 +56,25 @@ def column_sum_finish(lw: ContractionLowering, sig: Signature, model: Model, siz
     value = float_expr(cs.finish, lambda ld: "sum" if ld == Load(COLUMN_SUM, ()) else _unread(ld), sizes)
     together = _BARRIER_BASE + cs.consumers  # after the warpgroups' own barriers
     threads = 128 * cs.consumers
+    store = f"if ({mask}) {{ const {it} off = {offset}; {store_value(cs.out.dtype, p, 'off', f'({value})')} }}"
+    if cs.combine:  # the tile rows' sums meet in the launch's workspace; the column tile's last block finishes
+        parts = sig.pointer(cs.partials_tensor, "f32", writes=True)
+        counters = sig.pointer(cs.counters_tensor, "i32", writes=True)
+        at = c(cs.partial_offset(CExpr("tm"), CExpr("n"), sizes))
+        every = c(cs.partial_offset(CExpr("r"), CExpr("n"), sizes))
+        arrivals = c(cs.arrivals(sizes))
+        store = f"""if ({mask}) {parts}[{at}] = sum;  // this tile row's sums of its columns
+        }}
+        if (habu::last_block_done_among({counters} + ({c(cs.counter_slot(CExpr("tn")))}), (int)({arrivals}), {together}, {threads}, 128)) {{
+          if (col < {lw.bn}) {{  // every tile row is in: their sums, finished
+            const {it} n = n0 + ({it})col;
+            float sum = 0.0f;
+            if ({mask}) {{
+              for (long long r = 0; r < {arrivals}; ++r) sum += *(volatile const float*)({parts} + ({every}));
+              const {it} off = {offset}; {store_value(cs.out.dtype, p, "off", f"({value})")}
+            }}
+          }}
+          if (t == 0) {counters}[{c(cs.counter_slot(CExpr("tn")))}] = {cs.counter_after()};  // left for the next launch"""
     return f"""      {{  // {cs.out.tensor}: the column sum over the tile's rows, lanes by shuffles, warps through the buffers
         if (threadIdx.x % 128 == 0) habu::bulk_wait_group_read<0>();  // this warpgroup's boxes have left its buffers
         habu::named_barrier_sync(1 + cw, 128);
@@ -74,7 +93,7 @@ def column_sum_finish(lw: ContractionLowering, sig: Signature, model: Model, siz
         if (col < {lw.bn}) {{
           float sum = 0.0f;{reads}
           const {it} n = n0 + ({it})col;
-          if ({mask}) {{ const {it} off = {offset}; {store_value(cs.out.dtype, p, "off", f"({value})")} }}
+          {store}
         }}
         habu::named_barrier_sync({together}, {threads});  // the partials are read before the buffers fill again
       }}
@@ -85,4 +104,15 @@ def _unread(ld: Load) -> str:
     raise ValueError(f"a column sum's finish reads {ld.tensor}: only the sum and constants")
 
 
-__all__ = ["column_sum_accumulate", "column_sum_declaration", "column_sum_finish"]
+def column_sum_workspaces(lw: ContractionLowering) -> dict:
+    """The `CudaKernel` fields of a combining column sum's workspaces: the tile rows' sums, and the counters the
+    runtime zero-fills once (each finishing block leaves its counter at 0)."""
+    cs = lw.column_sum
+    if cs is None or not cs.combine:
+        return {}
+    counters = cs.counters_tensor
+    return {"workspace": ((cs.partials_tensor, "f32", (cs.m_tile, cs.n)), (counters, "i32", (f"{cs.n}/{lw.bn}",))),
+            "zero": (counters,), "zero_once": (counters,)}
+
+
+__all__ = ["column_sum_accumulate", "column_sum_declaration", "column_sum_finish", "column_sum_workspaces"]

@@ -33,6 +33,7 @@ from habu.emit_cuda.common import (
     index_type,
     references,
 )
+from habu.emit_cuda.emit_column_epilogue import column_sum_workspaces
 from habu.emit_cuda.emit_fma import (
     epilogue_pair_code,
     table_reader,
@@ -575,5 +576,7 @@ extern "C" __global__ void {attrs}__launch_bounds__({threads}, {k.blocks_per_sm}
     src += body.replace("SIGNATURE", kc.sig.declaration())
     zero = (lw.out.tensor,) if lw.zeroed_output else ()  # a scatter-add keeps its prior contents
     layout = lowering_smem(lw)
-    return CudaKernel(name, src, tuple(kc.sig.params), threads, layout.total, lw, zero,
-                      register_demand=split.demand, cluster=cluster)
+    spaces = column_sum_workspaces(lw)  # a column sum over several tile rows: its sums and counters
+    return CudaKernel(name, src, tuple(kc.sig.params), threads, layout.total, lw, zero + spaces.get("zero", ()),
+                      register_demand=split.demand, cluster=cluster, workspace=spaces.get("workspace", ()),
+                      zero_once=spaces.get("zero_once", ()))

@@ -12,6 +12,13 @@ rows, `habu.lower.fragments`, over its slabs and row halves; rows past #M masked
 
     slot(cw, warp, column) = base + cw·warpgroup_stride + (warp·BN + column)·4
 
+Where the tiles of m may be several (`combine`), the finishing threads store their block's sums instead, at
+`partial_offset(tm, n)` of a workspace of the launch (tm·#N + n: plain stores, each slot once), and the block
+counts itself on its column tile's counter (`counter_slot(tn)`, a second workspace, zero-filled once when the
+runtime allocates it); the block that brings the count to `arrivals` (the tiles of m) adds every tile row's
+sums of its columns, finishes and stores them, and leaves the counter at `counter_after` (0) for the next
+launch, as the split-KV decode's combining block does.
+
 The emitter prints these numbers; the finite-field check (`habu.prove.column_epilogue`) runs the same map
 thread by thread, so a shuffle that misses a lane, a writer too many, slots that overlap or a padding row
 summed fails on the CPU.
@@ -23,10 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from habu.lower.access import Access, access_for
+from habu.lower.access import Access, access_for, size_of
 from habu.lower.tma_store import TmaStoreEpilogue
 from habu.plan.patterns import column_parts, epilogue_column, inline_nodes
-from habu.spec.ir import Expr, IndexConst, IndexVar, Load, Model, map_ops, rename_vars
+from habu.spec.ir import Expr, Extent, IndexConst, IndexVar, Load, Model, Reduce, map_ops, rename_vars
 
 COLUMN_SUM = "%colsum"  # the column's sum, as the finish expression names it
 SLOT_BYTES = 4  # an f32 partial
@@ -46,6 +53,37 @@ class EpilogueColumnSum:
     shuffles: tuple[int, ...] = (4, 8, 16)  # the xor masks combining the lanes of one column (lane / 4 varies)
     writers: int = 4  # lanes below it store their warp's sums (one lane per column pair)
     mask_rows: bool = True  # rows past #M add nothing (False only in planted bugs)
+    m: Extent | None = None  # the extent summed over (its size, or its runtime range)
+    n: str = ""  # the extent of n (the workspace's row length)
+    combine: bool = False  # the tiles of m may be several: each block's sums meet in the launch's workspace
+    m_tile: str = ""  # the workspace's tile rows as an extent token ("M/64": ⌈#M / BM⌉)
+
+    @property
+    def partials_tensor(self) -> str:
+        """The workspace of the tile rows' sums (named after the output, which no other kernel writes)."""
+        return f"${self.out.tensor}.sums"
+
+    @property
+    def counters_tensor(self) -> str:
+        return f"${self.out.tensor}.count"
+
+    def partial_offset(self, tm: Any, n: Any, sizes: Mapping[str, Any]) -> Any:
+        """Where tile row tm keeps its sum of column n (elements from the workspace's start)."""
+        return tm * sizes[self.n] + n
+
+    def counter_slot(self, tn: Any) -> Any:
+        """The counter column tile tn's blocks count themselves on."""
+        return tn
+
+    def arrivals(self, sizes: Mapping[str, Any]) -> Any:
+        """Blocks that count themselves on a column tile's counter: its tiles of m; the one bringing the count to
+        this finishes the tile's columns."""
+        return size_of(self.m_tile, sizes)
+
+    def counter_after(self) -> int:
+        """What the finishing block leaves in its counter: 0, so that the next launch finds it zero (the runtime
+        zero-fills the counters once, when it allocates them: `CudaKernel.zero_once`)."""
+        return 0
 
     def slot(self, cw: Any, warp: Any, column: Any) -> Any:
         """Bytes from smem_base to warp `warp` of warpgroup cw's partial of the tile's column `column`."""
@@ -77,7 +115,8 @@ def column_sum_for(model: Model, nodes: tuple[str, ...], storage: Mapping[str, s
     finish = _sum_named(rename_vars(finish, {column: n}), red.target)
     index = tuple(n if v == column else IndexConst(0) for v in last.lhs)
     out = access_for(model.tensor(last.target), index, {n: "n"}, {"n": column.extent}, storage)
-    return EpilogueColumnSum(tuple(nodes), finish, out)
+    assert isinstance(red.rhs, Reduce)
+    return EpilogueColumnSum(tuple(nodes), finish, out, m=model.extent(red.rhs.vars[0].extent), n=column.extent)
 
 
 def _sum_named(expr: Expr, target: str) -> Expr:
@@ -85,11 +124,16 @@ def _sum_named(expr: Expr, target: str) -> Expr:
     return map_ops(expr, lambda e: Load(COLUMN_SUM, ()) if isinstance(e, Load) and e.tensor == target else e)
 
 
-def placed(cs: EpilogueColumnSum | None, st: TmaStoreEpilogue | None, bn: int) -> EpilogueColumnSum | None:
-    """The column sum at a schedule: its partials in the TMA-store buffers of each warpgroup (None where the
-    kernel has none: such a plan is refused, `supported-path`)."""
+def placed(cs: EpilogueColumnSum | None, st: TmaStoreEpilogue | None, bn: int, bm: int) -> EpilogueColumnSum | None:
+    """The column sum at a schedule: its partials in the TMA-store buffers of each warpgroup (none where the
+    kernel has none: such a plan is refused, `supported-path`), and the tile rows' sums in the launch's workspace
+    unless every size of m fits one tile."""
     if cs is None:
         return None
+    m = cs.m
+    assert m is not None
+    one_row = (m.size if m.size is not None else m.hi) <= bm
+    cs = replace(cs, combine=not one_row, m_tile=f"{m.name}/{bm}")
     if st is None:
         return replace(cs, bn=bn, consumers=0, base=0, warpgroup_stride=0, region=0)
     return replace(cs, bn=bn, consumers=st.consumers, base=st.base, warpgroup_stride=st.warpgroup_stride,

@@ -474,7 +474,7 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
                    pipeline=None if costing else pipeline_for(kernel, a.dtype, b.positions[-1].axis, a.positions[-1].axis,
                                                                  b.dtype),
                    operands=None if costing else operands_for(kernel, a, b, fma_thread_grid(kernel)),
-                   tma_store=tma_store, column_sum=placed(lw.column_sum, tma_store, kernel.tile_n))
+                   tma_store=tma_store, column_sum=placed(lw.column_sum, tma_store, kernel.tile_n, kernel.tile_m))
 
 
 def _twin_layout(extra: Access, out: Access) -> bool:

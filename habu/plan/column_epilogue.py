@@ -3,11 +3,11 @@
 row axis. The kernel's nodes are then its chain, then the column nodes (`kernel_chain`); the lowering keeps
 the column part apart (`ContractionLowering.column_sum`, habu/lower/column_epilogue.py).
 
-It pays where one tile row holds every row of m (the 128-token FFN backward: `dB1 = Σ b dT2[b h]` beside
-`dT2`, each 128 × 128 tile all 128 tokens): the column kernel, a launch and a pass over V (7.3 MB of f32
-at 128 × 14336) are gone, for a few shuffles per tile. Wider m would need the tiles' partials added across
-blocks; the default fuses only where the tiles of m are one for every size of m (`fuse_column_epilogues`,
-habu/search/cuts.py), and the rules require it (`column-epilogue-one-tile-row`).
+The 128-token FFN backward's `dB1 = Σ b dT2[b h]` beside `dT2`, each 128 × 128 tile holding all 128 tokens:
+the column kernel, a launch and a pass over V (7.3 MB of f32 at 128 × 14336) are gone, for a few shuffles per
+tile. Where the tiles of m may be several, each block's sums meet in a workspace of the launch and the column
+tile's last block finishes (`EpilogueColumnSum.combine`). The default partition joins the regions
+(`fuse_column_regions`, habu/search/cuts.py).
 """
 
 from __future__ import annotations

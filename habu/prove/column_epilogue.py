@@ -83,8 +83,7 @@ def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np
     if np.any(counts > 1):
         twice = int(slots[counts > 1][0])
         at = int(nc[0, int(column[writer][placed == twice][0])])  # the column whose partial is written twice
-        where = ", ".join(str(p.value) if p.kind == "const" else str(at) for p in cs.out.positions)
-        mem.fault(f"{name}: two lanes write the column-sum partial of {cs.out.tensor}[{where}] at shared byte {twice}")
+        mem.fault(f"{name}: two lanes write the column-sum partial of {_element(cs, at)} at shared byte {twice}")
     smem = dict(zip(placed.tolist(), range(len(placed)), strict=True))
     stored = partial[:, writer]  # (blocks, writers' values), in `placed`'s order
     # the finishing threads: thread t sums its column's slots over every warpgroup and warp
@@ -99,9 +98,70 @@ def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np
             got = np.where(idx[None, :] >= 0, stored[:, np.maximum(idx, 0)],
                            mem.poison(np.broadcast_to(at, (blocks, len(col_t))).astype(np.int64)))
             total = (total + got) % f.p
-    finished = eval_pointwise(cs.finish, lambda ld: total if ld == Load(COLUMN_SUM, ()) else _unread(ld), f, sizes)
     n = nc[:, col_t]
+    if cs.combine:  # the tile rows' sums meet in the launch's workspace; each column tile's last block finishes
+        total, n = _combined(name, lw, total, mc, n, sizes, mem)
+        if not len(n):
+            return
+    finished = eval_pointwise(cs.finish, lambda ld: total if ld == Load(COLUMN_SUM, ()) else _unread(ld), f, sizes)
     write(name, cs.out, {"n": n}, finished, sizes, mem, lw.index_width, False, n < sizes[lw.n])
+
+
+def _combined(name: str, lw: ContractionLowering, total: np.ndarray, mc: np.ndarray, n: np.ndarray,
+              sizes: Mapping[str, int], mem: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks (tile rows tm, column tiles tn) in turn: each stores its sums at `partial_offset(tm, n)` of the
+    workspace (poison where no block wrote), counts itself on `counter_slot(tn)`, and the block that brings the
+    count to `arrivals` adds every tile row's sums of its columns; the counters must be back at `counter_after`.
+    (The finishing blocks' totals and columns, for the finish and the store.)"""
+    cs, f = lw.column_sum, mem.field
+    assert cs is not None
+    tms, rows = int(cs.arrivals(sizes)), sizes[lw.m]
+    tiles_n = -(-sizes[lw.n] // lw.bn)
+    slots = tms * sizes[lw.n]
+    parts = mem.poison(np.arange(slots, dtype=np.int64) * 7907 + 3)
+    counters = np.zeros(tiles_n, dtype=np.int64)
+    every_slot = np.asarray(cs.partial_offset(np.arange(tms, dtype=np.int64)[:, None],
+                                              np.arange(sizes[lw.n], dtype=np.int64)[None, :], sizes))
+    if len(np.unique(every_slot)) != every_slot.size:
+        mem.fault(f"{name}: two tile rows' column sums share a slot of the workspace (a race between blocks)")
+    tm_of, tn_of = mc[:, 0] // lw.bm, n[:, 0] // lw.bn
+    out_t, out_n = [], []
+    # tile row by tile row, across the column tiles (the blocks of a column tile interleaved with the others', as
+    # the GPU may run them): a counter two column tiles share counts the one's blocks for the other
+    for b in np.lexsort((tn_of, tm_of)):
+        inside = n[b] < sizes[lw.n]
+        at = np.asarray(cs.partial_offset(tm_of[b], n[b], sizes), dtype=np.int64)
+        if np.any(inside & ((at < 0) | (at >= slots))):  # (the columns past #N are masked: no store)
+            mem.fault(f"{name}: a tile row's column sums land outside the workspace of {tms} × #{lw.n} sums")
+        ok = inside & (at >= 0) & (at < slots)
+        parts[at[ok]] = total[b][ok]
+        slot = int(cs.counter_slot(tn_of[b]))
+        if not 0 <= slot < tiles_n:
+            mem.fault(f"{name}: column tile {int(tn_of[b])} counts itself outside the {tiles_n} counters")
+            continue
+        counters[slot] += 1
+        if counters[slot] == cs.arrivals(sizes):  # the last block of the column tile finishes its columns
+            every = np.stack([np.asarray(cs.partial_offset(np.int64(t), n[b], sizes), dtype=np.int64)
+                              for t in range(tms)])
+            ok = (every >= 0) & (every < slots)
+            if np.any(inside[None, :] & ~ok):
+                mem.fault(f"{name}: the finishing block reads column sums outside the workspace")
+            got = np.where(ok, parts[np.clip(every, 0, slots - 1)], mem.poison(every * 31 + 7))
+            out_t.append(got.sum(axis=0) % f.p)
+            out_n.append(n[b])
+            counters[slot] = cs.counter_after()
+    if np.any(counters != 0):
+        tn = int(np.nonzero(counters != 0)[0][0])
+        mem.fault(f"{name}: the counter of the column tile from {_element(cs, tn * lw.bn)} is left at "
+                  f"{int(counters[tn])}, not 0, for the next launch (#{lw.m} = {rows} in tiles of {lw.bm})")
+    if not out_t:
+        return total[:0], n[:0]
+    return np.stack(out_t), np.stack(out_n)
+
+
+def _element(cs: Any, n: int) -> str:
+    """The output element of column n, named (row 0 of a bias's broadcast shape)."""
+    return f"{cs.out.tensor}[{', '.join(str(p.value) if p.kind == 'const' else str(n) for p in cs.out.positions)}]"
 
 
 def _unread(ld: Load) -> np.ndarray:

@@ -482,6 +482,8 @@ def _run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int
 
 def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
     tms, tns = sample_tiles(int(lw.tiles_m(sizes))), sample_tiles(int(lw.tiles_n(sizes)))
+    if lw.column_sum is not None:  # a column sum adds every tile row of its column tiles
+        tms = list(range(int(lw.tiles_m(sizes))))
     # a batched kernel: the first, second and last coordinate of each batch index
     samples = [np.array(sample_tiles(sizes[e]), dtype=np.int64) for e in lw.batch]
     zs = sorted({int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
@@ -513,7 +515,7 @@ def _contraction_for_box(lw: ContractionLowering, box: tuple[np.ndarray, ...], s
     if lw.store is Store.ATOMIC_ADD:  # a scatter's target rows come from any row: every row of m
         by_axis = {**by_axis, **{p.axis: np.arange(sizes[lw.m] if p.axis == "m" else sizes[lw.n])
                                  for p in lw.out.positions if p.kind == "gather"}}
-    tms = np.unique(by_axis["m"] // lw.bm).tolist()
+    tms = np.unique(by_axis["m"] // lw.bm).tolist() if lw.column_sum is None else list(range(int(lw.tiles_m(sizes))))
     tns = np.unique(by_axis["n"] // lw.bn).tolist()
     zs = {int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
           for combo in itertools.product(*(np.unique(by_axis[a]).tolist() for a in lw.batch_axes))}

@@ -26,7 +26,9 @@ COLUMN_RULES = {r.name: r for r in (
          "the runtime allocates the workspace per launch in the stream's order and zero-fills it first; "
          "atomicAdd returns each block a distinct count"),
     Rule("column-epilogue-one-tile-row", "a column sum in a contraction's epilogue (habu/lower/column_epilogue.py) "
-         "is finished by the one block of its column tile: the tiles of m are one (#M ≤ tile_m) at every size of m",
+         "is finished by the one block of its column tile where the tiles of m are one (#M ≤ tile_m) at every size "
+         "of m; elsewhere the tile rows' sums meet in the launch's workspace (`combine`), whose offsets stay in "
+         "32 bits",
          "a block's sum covers its own rows only: with two tiles of m, each would store a partial sum (the last "
          "write wins)"),
     Rule("scalar-one-column", "a column reduction into a scalar (`da = Σ n …`) has one column: its tile is one "
@@ -47,9 +49,16 @@ def column_sum_obligations(name: str, lw, ctx: Context) -> Iterator[Obligation]:
     if cs is None:
         return
     s = ctx.ext
-    yield Obligation(COLUMN_RULES["column-epilogue-one-tile-row"], name, cs.out.tensor,
-                     f"{cs.out.tensor} sums every row of #{lw.m} in one tile of {lw.bm} rows", lw.tiles_m(s) == 1,
-                     detail=f"#{lw.m} may exceed the tile's {lw.bm} rows: each tile of m would store a partial sum")
+    rule = COLUMN_RULES["column-epilogue-one-tile-row"]
+    if cs.combine:  # the tile rows' sums at tm·#N + n of the workspace: its last slot within 32 bits
+        last = cs.partial_offset(cs.arrivals(s) - 1, s[lw.n] - 1, s)
+        yield Obligation(rule, name, cs.out.tensor, f"{cs.out.tensor}'s tile rows meet in a workspace of "
+                         f"⌈#{lw.m}/{lw.bm}⌉ × #{lw.n} sums, its last offset below 2^31", last < 2**31,
+                         detail=f"the workspace's last offset ⌈#{lw.m}/{lw.bm}⌉·#{lw.n} − 1 may reach 2^31")
+    else:
+        yield Obligation(rule, name, cs.out.tensor,
+                         f"{cs.out.tensor} sums every row of #{lw.m} in one tile of {lw.bm} rows", lw.tiles_m(s) == 1,
+                         detail=f"#{lw.m} may exceed the tile's {lw.bm} rows: each tile of m would store a partial sum")
     yield from _access_obligations(name, cs.out, {"n": (s[lw.n], lw.bn)}, ctx, lw.index_width, "every store")
 
 

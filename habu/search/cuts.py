@@ -62,9 +62,9 @@ def fuse_column_regions(model: Model, regions: tuple[Region, ...], target: Targe
     """`regions` with each column region that sums an earlier contraction region's result over its rows
     (`dB1[one h] = Σ b dT2[b h]`) joined to that region, its sum computed in the product's epilogue
     (habu/plan/column_epilogue.py), where the joined region's default kernel prints it (`supported-path`: the
-    wgmma TMA-store epilogue) with one tile of m at every size of m (`sizes`: a runtime extent's upper bound)
-    and the result is stored anyway (a later kernel reads it, or the model outputs it). Not costed: the joined
-    kernel drops a launch and a pass over the result for a few shuffles a tile."""
+    wgmma TMA-store epilogue; several tiles of m meet in the launch's workspace) and the result is stored anyway
+    (a later kernel reads it, or the model outputs it). Not costed: the joined kernel drops a launch and a pass
+    over the result for a few shuffles a tile (and, over several tiles of m, a store of its sums and a count)."""
     out: list[Region | None] = list(regions)
     storage = storage if storage is not None else storage_dtypes(model)
     for j, col in enumerate(regions):
@@ -99,8 +99,6 @@ def column_sum_refused(model: Model, kernel: Kernel, sizes: dict[str, int], stor
         lw = lower(model, kernel, storage)
     except ValueError as err:
         return str(err)
-    if lw.tiles_m(sizes) != 1:  # type: ignore[attr-defined]
-        return "more than one tile of m"
     refused = support_for(kernel).refusals(lw)  # type: ignore[arg-type]
     return "; ".join(refused) if refused else None
 

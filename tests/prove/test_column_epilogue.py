@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from habu.bench.mutants_column_epilogue import shuffle_across_pairs, writers_too_many
 from habu.emit_cuda.nvrtc import _nvrtc, compile_cuda
 from habu.lower import lower_plan
@@ -85,15 +83,34 @@ def test_other_paths_keep_the_column_kernel():
     assert [k.kind for k in plan.kernels] == ["contraction", "columns"]
 
 
-@pytest.mark.parametrize("pins,rule", [({"mma": "mma.sync"}, "supported-path"),
-                                       ({"tile": "64x64x64"}, "column-epilogue-one-tile-row")])
-def test_a_hand_fused_plan_the_path_cannot_run_is_refused_naming_the_rule(pins, rule):
-    model = _model({"M": 100}) if rule.startswith("column") else _model()
-    plan = default_plan(model, T, {}, pins)
+def test_a_hand_fused_plan_the_path_cannot_run_is_refused_naming_the_rule():
+    model = _model()
+    plan = default_plan(model, T, {}, {"mma": "mma.sync"})
     head, col = plan.kernels
     fused = replace(plan, kernels=(replace(head, nodes=(*head.nodes, *col.nodes)),))
     proof = prove(model, fused, {}, trials=1)
-    assert not proof.ok and rule in {o.rule.name for o in proof.violations}
+    assert not proof.ok and "supported-path" in {o.rule.name for o in proof.violations}
+
+
+def test_several_tiles_of_m_meet_in_the_launchs_workspace():
+    """#M = 300 in tiles of 64: each block stores its tile row's sums at tm·#N + n of a workspace and counts itself
+    on its column tile's counter; the last to count finishes, and leaves the counter at 0 (zero-filled once)."""
+    model = _model({"M": 300})
+    plan = default_plan(model, T, {})
+    (lw,) = lower_plan(model, plan)
+    cs = lw.column_sum
+    assert cs is not None and cs.combine and cs.arrivals({"M": 300}) == 5 and cs.m_tile == "M/64"
+    proof = prove(model, plan, {}, trials=2)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    (kernel,) = emit_plan(model, plan, T).kernels
+    assert kernel.workspace == (("$G.sums", "f32", ("M/64", "N")), ("$G.count", "i32", ("N/64",)))
+    assert kernel.zero_once == ("$G.count",)
+    assert "habu::last_block_done_among(" in kernel.source and "= 0;  // left for the next launch" in kernel.source
+    if _nvrtc() is not None:
+        res = compile_cuda(kernel.source, kernel.name, "sm_90a").resources
+        assert not res.spills, res.describe()
+    one = lower_plan(_model(), default_plan(_model(), T, {}))[0].column_sum  # #M = 40: one tile, no workspace
+    assert one is not None and not one.combine
 
 
 def test_the_search_tunes_the_joined_region_the_default_takes():
