@@ -35,6 +35,11 @@ def shuffle_across_pairs(lw: Lowering) -> Lowering:
     return _sum(lw, shuffles=(2, 8, 16))
 
 
+def load_summed_as_end(lw: Lowering) -> Lowering:
+    """The epilogue's value summed where the column sum reads one of its loads (dX summed for dB2, not dT6)."""
+    return _sum(lw, summand=None)
+
+
 def padding_rows_added(lw: Lowering) -> Lowering:
     """The rows past #M in the last tile are summed too (their value is the bias, not zero)."""
     return _sum(lw, mask_rows=False)
@@ -117,6 +122,8 @@ MUTANT_ENTRIES = (
      {}, finisher_every_other),
     ("column-sum-ffn-bias-gradient", "the FFN backward's dB1, summed beside dT2, shuffling across column pairs",
      FFN, "FFN-SKIP:backward", FFN_SHAPE, shuffle_across_pairs, FFN_PINS, 1),
+    ("column-sum-load-summed-as-end", "the FFN backward's dB2 beside dX summing dX, not the dT6 it reads", FFN,
+     "FFN-SKIP:backward", FFN_SHAPE, load_summed_as_end, FFN_PINS, 2),
     ("column-sum-combine-one-short", "a column sum over tile rows finished by the next-to-last block to count",
      EXAMPLE, MODEL, COMBINED, _as(_OneShort)),
     ("column-sum-combine-counter-kept", "a column sum whose finishing block leaves its counter at 1", EXAMPLE,

@@ -58,7 +58,9 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
                      for expr, access in lw.extra_outs if not staged_extras)
     staged_values = "".join(epilogue_value(lw, sig, model, sizes, it, "m", "n", "acc", names0, expr)
                             for expr, _ in staged_extras)
-    colsum = column_sum_accumulate(lw, sizes, "v0", "v1", "              ")  # a column sum of the chain's end
+    summand = lw.column_sum.summand if lw.column_sum is not None else None  # the chain's end, or one of its loads
+    colsum = column_sum_accumulate(lw, sizes, *(("v0", "v1") if summand is None else (names0[summand], names1[summand])),
+                                   "              ")
     coordinates = "".join(  # the element's coordinates, where its epilogue reads them (a bias, a mask)
         f"              const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
         if references(operands + v0 + v1 + extras + staged_values + colsum, x))

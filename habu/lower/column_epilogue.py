@@ -53,6 +53,9 @@ class EpilogueColumnSum:
     shuffles: tuple[int, ...] = (4, 8, 16)  # the xor masks combining the lanes of one column (lane / 4 varies)
     writers: int = 4  # lanes below it store their warp's sums (one lane per column pair)
     mask_rows: bool = True  # rows past #M add nothing (False only in planted bugs)
+    # what is summed: None, the chain's end (the epilogue's value); else one of the epilogue's loads at the element
+    # (Load over the axes m and n: `dB2 = Σ b dT6[b d]` beside `dX = dT6 + …`)
+    summand: Load | None = None
     m: Extent | None = None  # the extent summed over (its size, or its runtime range)
     n: str = ""  # the extent of n (the workspace's row length)
     combine: bool = False  # the tiles of m may be several: each block's sums meet in the launch's workspace
@@ -101,7 +104,7 @@ class EpilogueColumnSum:
 
 def column_sum_for(model: Model, nodes: tuple[str, ...], storage: Mapping[str, str] | None = None
                    ) -> EpilogueColumnSum:
-    """The column nodes' sum and finish (`habu.plan.column_epilogue.sums_chain_end` holds): the finish is the
+    """The column nodes' sum and finish (`habu.plan.column_epilogue.summed_tensor` holds): the finish is the
     column epilogue inlined over the sum, stored at the column along n and at 0 along size-1 extents."""
     red, epilogue = column_parts(model, nodes)
     last = epilogue[-1] if epilogue else red

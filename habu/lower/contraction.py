@@ -40,7 +40,7 @@ from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.lower.registers import consumer_warpgroups
 from habu.lower.split_cluster import ClusterSplitReduction, cluster_reduction_for
 from habu.lower.tma_store import TmaStoreEpilogue, staged_outputs, tma_store_for
-from habu.plan.column_epilogue import kernel_chain
+from habu.plan.column_epilogue import kernel_chain, summed_tensor
 from habu.plan.patterns import Contraction, kernel_contraction
 from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
@@ -437,9 +437,25 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
         epilogue=epilogue, epi_loads=tuple(epi_loads), k_step=kernel.tile_k, split_mode="none",
         index_width=kernel.index_width, tables=tables, a_src=a, b_src=b, batch=tuple(v.extent for v in c.batch),
         store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD, extra_outs=extra_outs,
-        column_sum=column_sum_for(model, columns, storage) if columns else None,
+        column_sum=_summing(model, chain, columns, storage, axis_m, axis_n, epi_loads) if columns else None,
     )
     return with_kernel(unscheduled, kernel)
+
+
+def _summing(model: Model, chain: tuple[str, ...], columns: tuple[str, ...], storage: Mapping[str, str] | None,
+             axis_m: IndexVar, axis_n: IndexVar, epi_loads: list[tuple[Load, Access]]) -> EpilogueColumnSum:
+    """The column nodes' sum (habu/lower/column_epilogue.py), of the chain's end or of one of the epilogue's loads
+    at the element (`summed_tensor`)."""
+    cs = column_sum_for(model, columns, storage)
+    summed = summed_tensor(model, chain, columns)
+    if summed is None:
+        raise ValueError(f"{columns[0]} does not sum what the kernel of {chain[0]} holds at each element")
+    if summed == chain[-1]:
+        return cs
+    load = Load(summed, (axis_m, axis_n))
+    if not any(ld == load for ld, _ in epi_loads):
+        raise ValueError(f"the epilogue of {chain[0]} does not read {summed} at its element")
+    return replace(cs, summand=load)
 
 
 def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: bool = False) -> ContractionLowering:

@@ -34,41 +34,41 @@ def chain_end(model: Model, nodes: tuple[str, ...]) -> str:
     return kernel_chain(model, nodes)[0][-1]
 
 
-def sums_chain_end(model: Model, chain: tuple[str, ...], columns: tuple[str, ...]) -> bool:
-    """Whether the column nodes `columns` are a column sum of the chain's end over the contraction's m axis
-    (`G[n] = Σ m V[m n]`, nothing inlined before it), then a column epilogue that reads only the sum and
-    constants (a cast, a scale, a store into the broadcast shape)."""
+def summed_tensor(model: Model, chain: tuple[str, ...], columns: tuple[str, ...]) -> str | None:
+    """The tensor the column nodes `columns` sum over the contraction's m axis, where the kernel of `chain` has it
+    at every element of its tiles: the chain's end (`G[n] = Σ m V[m n]`), or a tensor a node of the chain's epilogue
+    reads at its own element (`dB2 = Σ b dT6[b d]` where the epilogue computes `dX = dT6 + Σ h …`); nothing inlined
+    before the sum, and a column epilogue that reads only the sum and constants (a cast, a scale, a store into the
+    broadcast shape). None otherwise."""
     if not columns or column_region(model, columns) is None:
-        return False
+        return None
     red, epilogue = column_parts(model, columns)
     if red.target != columns[0] or not isinstance(red.rhs, Reduce) or red.rhs.op != "sum":
-        return False
+        return None
     first, end = _node(model, chain[0]), _node(model, chain[-1])
     c = as_contraction(first)
     body = red.rhs.body
     if c is None or c.batch or len(end.lhs) != 2 or len(red.lhs) != 1 or not isinstance(body, Load):
-        return False
-    if body.tensor != end.target or len(red.rhs.vars) != 1 or end.scatter is not None:
-        return False
+        return None
+    if len(red.rhs.vars) != 1 or end.scatter is not None or first.lhs[0] != c.m or first.lhs[1] != c.n:
+        return None  # (each node of the chain is over the contraction's own (m, n), position by position)
     r, col = red.rhs.vars[0], red.lhs[0]
-    if body.indices != (r, col) or first.lhs[0] != c.m or first.lhs[1] != c.n:
-        return False  # V read at [m n] in the contraction's own (m, n) order
+    at_element = {ld.tensor for t in chain[1:] for ld in loads(_node(model, t).rhs) if ld.indices == _node(model, t).lhs}
+    if body.indices != (r, col) or (body.tensor != end.target and body.tensor not in at_element):
+        return None
     inside = {red.target, *(e.target for e in epilogue)}
     for e in epilogue:
-        if any(ld.tensor not in inside for ld in loads(e.rhs)):
-            return False
-        column = epilogue_column(model, e)
-        if not isinstance(column, IndexVar):
-            return False
-    return True
+        if any(ld.tensor not in inside for ld in loads(e.rhs)) or not isinstance(epilogue_column(model, e), IndexVar):
+            return None
+    return body.tensor
 
 
 def fusable_columns(model: Model, chain: tuple[str, ...], columns: tuple[str, ...]) -> bool:
-    """`sums_chain_end`, and nothing else reads the column nodes but the region itself (the last is stored)."""
-    if not sums_chain_end(model, chain, columns):
+    """`summed_tensor`, and nothing else reads the column nodes but the region itself (the last is stored)."""
+    if summed_tensor(model, chain, columns) is None:
         return False
     outputs = {t.name for t in model.outputs}
     return all(t not in outputs and all(c.target in columns for c in consumers(model, t)) for t in columns[:-1])
 
 
-__all__ = ["chain_end", "fusable_columns", "kernel_chain", "sums_chain_end"]
+__all__ = ["chain_end", "fusable_columns", "kernel_chain", "summed_tensor"]

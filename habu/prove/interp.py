@@ -266,8 +266,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
         # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
-        if lw.column_sum is not None:  # the chain's end summed over the tile's rows (habu.prove.column_epilogue)
-            run_column_sum(name, lw, np.broadcast_to(value, acc.shape), mc, nc, sizes, mem)
+        if lw.column_sum is not None:  # the chain's end, or a load, summed over the tile's rows (habu.prove.column_epilogue)
+            summed = value if lw.column_sum.summand is None else loads[lw.column_sum.summand]
+            run_column_sum(name, lw, np.broadcast_to(summed, acc.shape), mc, nc, sizes, mem)
     route = route_of(lw)
     for fault in (*route.faults, *tma_landing_faults(lw.pipeline, lw.operands)):
         mem.fault(f"{name}: {fault}")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from habu.lower import lower
 from habu.lower.support import support_for
 from habu.paths import default_kernel
-from habu.plan.column_epilogue import fusable_columns, kernel_chain
+from habu.plan.column_epilogue import fusable_columns, kernel_chain, summed_tensor
 from habu.plan.partitions import piece_kind
 from habu.plan.patterns import Region, consumers, default_regions
 from habu.plan.plan import ContractionKernel, Kernel
@@ -87,6 +87,8 @@ def _joinable(model: Model, chain: tuple[str, ...], columns: tuple[str, ...]) ->
     if kernel_chain(model, chain)[1] or not fusable_columns(model, chain, columns):
         return False
     end = chain[-1]
+    if summed_tensor(model, chain, columns) != end:  # a tensor the epilogue reads: stored by its own kernel
+        return True
     return end in {t.name for t in model.outputs} or any(c.target not in columns for c in consumers(model, end))
 
 

@@ -31,12 +31,28 @@ def _ffn_backward():
     return derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP").model
 
 
-def test_the_128_token_ffn_backward_sums_its_bias_gradient_in_the_dt2_product():
+def test_the_ffn_backward_sums_its_bias_gradients_in_the_products_epilogues():
+    """dB1 beside dT2 (the chain's end) and dB2 beside dX (whose epilogue reads dT6 at each element): 5 kernels at
+    128 tokens. At 4096 GELU's derivative is a kernel of its own, so dB1 keeps its column kernel; dB2 still joins
+    dX, its 64 tile rows meeting in the launch's workspace."""
     model = _ffn_backward()
     short = [k.nodes for k in default_plan(model, T, {"B": 128}).kernels]
-    assert ("%d3", "%d2", "%rdB1", "dB1") in short and len(short) == 6
-    wide = [k.nodes for k in default_plan(model, T, {"B": 4096}).kernels]  # 32 tiles of m: a column kernel of its own
-    assert ("%rdB1", "dB1") in wide and len(wide) == 8
+    assert ("%d3", "%d2", "%rdB1", "dB1") in short and ("%rdX", "dX", "%rdB2", "dB2") in short and len(short) == 5
+    wide = [k.nodes for k in default_plan(model, T, {"B": 4096}).kernels]
+    assert ("%rdB1", "dB1") in wide and ("%rdX", "dX", "%rdB2", "dB2") in wide and len(wide) == 7
+
+
+def test_a_load_of_the_epilogue_is_summed_where_the_epilogue_reads_it():
+    model = _ffn_backward().with_sizes({"B": 128})
+    plan = default_plan(model, T, {})
+    i = next(j for j, k in enumerate(plan.kernels) if "dB2" in k.nodes)
+    lw = lower_plan(model, plan)[i]
+    cs = lw.column_sum
+    assert cs is not None and cs.summand is not None and cs.summand.tensor == "%d6" and cs.combine
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    src = emit_plan(model, plan, T).kernels[i].source
+    assert "if (m < 128) { colsum[2 * j] += e0_0; colsum[2 * j + 1] += e1_0; }" in src  # dT6's pair, not dX's
 
 
 def test_a_product_whose_tile_holds_every_row_stores_its_column_sum_proven():
