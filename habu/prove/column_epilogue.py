@@ -36,6 +36,24 @@ def column_boxes(model: Model, lw: Any, box: tuple[np.ndarray, ...]) -> dict[str
     return out
 
 
+def column_demand(lw: Any, boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int],
+                  own: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ...] | None:
+    """The box of a contraction kernel's output whose blocks compute what later kernels demand of it: `own` (its
+    output's), widened by the columns they demand of its column nodes (`%rdB2[d]` read by another kernel), every
+    row (a column sum adds them all); `own` for a kernel without a column sum."""
+    cs = getattr(lw, "column_sum", None)
+    if not isinstance(lw, ContractionLowering) or cs is None:
+        return own
+    wanted = [b[next(i for i, p in enumerate(cs.out.positions) if p.kind == "axis")] if len(b) > 1 else b[0]
+              for t in cs.nodes if (b := boxes.get(t)) is not None]
+    if not wanted:
+        return own
+    axes = [p.axis for p in lw.out.positions]
+    cols = np.unique(np.concatenate([*wanted, *([own[axes.index("n")]] if own is not None else [])]))
+    rows = np.arange(sizes[lw.m])
+    return tuple(rows if a == "m" else cols for a in axes)
+
+
 def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np.ndarray, nc: np.ndarray,
                    sizes: Mapping[str, int], mem: Any) -> None:
     """The epilogue's column sum of `value` (blocks, BM, BN: the chain's end over each block's whole tile, rows

@@ -30,7 +30,7 @@ from habu.lower import ColumnLowering, ContractionLowering, RowLowering, lower_p
 from habu.lower.general import GeneralLowering, Store
 from habu.lower.stores import stored_accesses
 from habu.plan.plan import Plan
-from habu.prove.column_epilogue import column_boxes
+from habu.prove.column_epilogue import column_boxes, column_demand
 from habu.prove.deadline import check_deadline
 from habu.prove.interp import (
     FIELD_CHECK_FIELDS as FIELD_CHECK_FIELDS,  # what the check reads of a contraction
@@ -184,8 +184,8 @@ def demanded_box(model: Model, lw: object, nodes: tuple[str, ...], boxes: dict[s
                  sizes: Mapping[str, int]) -> tuple[np.ndarray, ...] | None:
     """The box of the kernel's output whose blocks compute every demanded element of what it computes (a
     row kernel's statistics demand their rows), or None where nothing of it is demanded."""
-    if not isinstance(lw, RowLowering):
-        return boxes.get(lw.out.tensor)  # type: ignore[attr-defined]
+    if not isinstance(lw, RowLowering):  # (a column sum's nodes demand their columns: habu.prove.column_epilogue)
+        return column_demand(lw, boxes, sizes, boxes.get(lw.out.tensor))  # type: ignore[attr-defined]
     n = len(lw.leading)
     parts = [boxes[t] for t in stored_boxes(model, lw, nodes, ()) if t in boxes]
     if not parts:

@@ -158,3 +158,15 @@ def test_a_column_epilogue_node_after_the_sum_is_the_finish():
     assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
     src = emit_plan(model, plan, T).kernels[0].source
     assert "habu::store_bf16(p_GH + (off), ((sum * 0.5f)));" in src
+
+
+def test_regression_a_column_node_a_later_kernel_reads_widens_the_products_selection():
+    """With #ONE = 17, dB[one h] = %rdB[h] broadcasts to 17 rows: a row kernel of its own reads %rdB, which the
+    product's column sum stores. The product's blocks ran only the columns its own output's box held, and the check
+    failed a correct plan ("dB2 reads %rdB2[128], which no earlier kernel wrote"): the columns later kernels
+    demand of its column nodes widen its selection now (`column_demand`)."""
+    model = _ffn_backward().with_sizes({"ONE": 17})
+    plan = default_plan(model, T, {})
+    assert ("%rdX", "dX", "%rdB2") in [k.nodes for k in plan.kernels] and ("dB2",) in [k.nodes for k in plan.kernels]
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
