@@ -64,8 +64,8 @@ def warp_slots_overlap(lw: Lowering) -> Lowering:
 
 @dataclass(frozen=True)
 class _EvenColumns(EpilogueColumnSum):
-    def finisher_column(self, t: Any) -> Any:  # thread t finishes column 2·t
-        return 2 * t
+    def finisher_column(self, t: Any, i: Any = 0) -> Any:  # thread t finishes column 2·t (round by round)
+        return 2 * t + i * 2 * self.finishers
 
 
 def finisher_every_other(lw: Lowering) -> Lowering:

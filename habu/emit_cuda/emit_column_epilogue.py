@@ -46,7 +46,8 @@ def column_sum_finish(lw: ContractionLowering, sig: Signature, model: Model, siz
     count = lw.bn // frag.col_step * frag.pair
     shuffles = "".join(f" v += __shfl_xor_sync(0xffffffffu, v, {x});" for x in cs.shuffles)
     slot = c(cs.slot(CExpr("cw"), CExpr("warp"), CExpr(f"({frag.col('j')} + q)")))
-    column = c(cs.finisher_column(CExpr("t")))
+    column = c(cs.finisher_column(CExpr("t"), CExpr("i")))
+    rounds = cs.finisher_rounds
     reads = "".join(f" sum += *reinterpret_cast<const float*>(smem + {c(cs.slot(w_cw, w, CExpr('col')))});"
                     for w_cw in range(cs.consumers) for w in range(cs.warps))
     table = table_reader(sig, model, it)
@@ -57,24 +58,28 @@ def column_sum_finish(lw: ContractionLowering, sig: Signature, model: Model, siz
     together = _BARRIER_BASE + cs.consumers  # after the warpgroups' own barriers
     threads = 128 * cs.consumers
     store = f"if ({mask}) {{ const {it} off = {offset}; {store_value(cs.out.dtype, p, 'off', f'({value})')} }}"
+    last = ""
     if cs.combine:  # the tile rows' sums meet in the launch's workspace; the column tile's last block finishes
         parts = sig.pointer(cs.partials_tensor, "f32", writes=True)
         counters = sig.pointer(cs.counters_tensor, "i32", writes=True)
         at = c(cs.partial_offset(CExpr("tm"), CExpr("n"), sizes))
         every = c(cs.partial_offset(CExpr("r"), CExpr("n"), sizes))
         arrivals = c(cs.arrivals(sizes))
-        store = f"""if ({mask}) {parts}[{at}] = sum;  // this tile row's sums of its columns
-        }}
-        if (habu::last_block_done_among({counters} + ({c(cs.counter_slot(CExpr("tn")))}), (int)({arrivals}), {together}, {threads}, 128)) {{
-          if (col < {lw.bn}) {{  // every tile row is in: their sums, finished
+        counter = c(cs.counter_slot(CExpr("tn")))
+        store = f"if ({mask}) {parts}[{at}] = sum;  // this tile row's sums of its columns"
+        last = f"""        if (habu::last_block_done_among({counters} + ({counter}), (int)({arrivals}), {together}, {threads}, 128)) {{
+          for (int i = 0; i < {rounds}; ++i) {{  // every tile row is in: their sums, finished
+            const int col = {column};
             const {it} n = n0 + ({it})col;
-            float sum = 0.0f;
-            if ({mask}) {{
+            if (col < {lw.bn} && ({mask})) {{
+              float sum = 0.0f;
               for (long long r = 0; r < {arrivals}; ++r) sum += *(volatile const float*)({parts} + ({every}));
               const {it} off = {offset}; {store_value(cs.out.dtype, p, "off", f"({value})")}
             }}
           }}
-          if (t == 0) {counters}[{c(cs.counter_slot(CExpr("tn")))}] = {cs.counter_after()};  // left for the next launch"""
+          if (t == 0) {counters}[{counter}] = {cs.counter_after()};  // left for the next launch
+        }}
+"""
     return f"""      {{  // {cs.out.tensor}: the column sum over the tile's rows, lanes by shuffles, warps through the buffers
         if (threadIdx.x % 128 == 0) habu::bulk_wait_group_read<0>();  // this warpgroup's boxes have left its buffers
         habu::named_barrier_sync(1 + cw, 128);
@@ -89,13 +94,15 @@ def column_sum_finish(lw: ContractionLowering, sig: Signature, model: Model, siz
         }}
         habu::named_barrier_sync({together}, {threads});  // every consumer warp's partials are in
         const int t = cw * 128 + (int)(threadIdx.x % 128);
-        const int col = {column};
-        if (col < {lw.bn}) {{
-          float sum = 0.0f;{reads}
-          const {it} n = n0 + ({it})col;
-          {store}
+        for (int i = 0; i < {rounds}; ++i) {{  // thread t's columns
+          const int col = {column};
+          if (col < {lw.bn}) {{
+            float sum = 0.0f;{reads}
+            const {it} n = n0 + ({it})col;
+            {store}
+          }}
         }}
-        habu::named_barrier_sync({together}, {threads});  // the partials are read before the buffers fill again
+{last}        habu::named_barrier_sync({together}, {threads});  // the partials are read before the buffers fill again
       }}
 """
 

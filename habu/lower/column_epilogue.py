@@ -92,9 +92,19 @@ class EpilogueColumnSum:
         """Bytes from smem_base to warp `warp` of warpgroup cw's partial of the tile's column `column`."""
         return self.base + cw * self.warpgroup_stride + (warp * self.bn + column) * SLOT_BYTES
 
-    def finisher_column(self, t: Any) -> Any:
-        """The tile's column consumer thread t (0 .. 128·consumers − 1) sums and stores, when below `bn`."""
-        return t
+    @property
+    def finishers(self) -> int:
+        """The consumer threads that finish columns: every one (128 a warpgroup)."""
+        return 128 * self.consumers
+
+    @property
+    def finisher_rounds(self) -> int:
+        """Columns each finishing thread takes in turn (a tile wider than the consumer threads takes two)."""
+        return -(-self.bn // max(1, self.finishers))
+
+    def finisher_column(self, t: Any, i: Any = 0) -> Any:
+        """The tile's column consumer thread t (0 .. finishers − 1) sums and stores in round i, when below `bn`."""
+        return t + i * self.finishers
 
     @property
     def partial_bytes(self) -> int:
@@ -151,8 +161,6 @@ def column_sum_refusal(cs: EpilogueColumnSum, kernel: Any) -> str | None:
         return "a column sum in the epilogue needs whole, untransposed tiles (no split-K, swap_ab or cluster)"
     if cs.consumers < 1 or cs.partial_bytes > cs.region:
         return f"the column sum's partials ({cs.partial_bytes} bytes a warpgroup) exceed its TMA-store buffers"
-    if cs.consumers * 128 < cs.bn:
-        return f"{cs.consumers * 128} consumer threads cannot finish {cs.bn} columns"
     return None
 
 

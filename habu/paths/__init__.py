@@ -137,7 +137,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     facts = ContractionFacts.of(model, region, target, sizes)
     skinny = facts.m <= SKINNY_ROWS
     # a column sum in the epilogue (habu/plan/column_epilogue.py) takes the wgmma TMA-store epilogue's whole,
-    # unsplit tiles, a consumer thread for each column: the rest would be refused (`supported-path`)
+    # unsplit tiles: the rest would be refused (`supported-path`)
     summed = bool(kernel_chain(model, region.nodes)[1])
     if base.mma == Mma.WGMMA and _prefetches(model, replace(base, epilogue_prefetch=True)):
         yield replace(base, epilogue_prefetch=True)  # the epilogue's matrix tiles into the L2 first (a hint)
@@ -145,8 +145,7 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
             yield from (k for k in path.variants(base, target, skinny=skinny) if not summed or (
-                k.mma == Mma.WGMMA and k.store == "tma" and k.split_k == 1 and not k.swap_ab and k.cluster_m == 1
-                and 32 * (k.warps - 4) >= k.tile_n))
+                k.mma == Mma.WGMMA and k.store == "tma" and k.split_k == 1 and not k.swap_ab and k.cluster_m == 1))
 
 
 def _prefetches(model: Model, kernel: ContractionKernel) -> bool:

@@ -104,9 +104,9 @@ def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np
         mem.fault(f"{name}: two lanes write the column-sum partial of {_element(cs, at)} at shared byte {twice}")
     smem = dict(zip(placed.tolist(), range(len(placed)), strict=True))
     stored = partial[:, writer]  # (blocks, writers' values), in `placed`'s order
-    # the finishing threads: thread t sums its column's slots over every warpgroup and warp
-    t = np.arange(cs.consumers * 128)
-    col_t = cs.finisher_column(t)
+    # the finishing threads: thread t sums its columns' slots (round by round) over every warpgroup and warp
+    t = np.arange(cs.finishers)
+    col_t = np.concatenate([np.asarray(cs.finisher_column(t, i)) for i in range(cs.finisher_rounds)])
     col_t = col_t[col_t < lw.bn]
     total = np.zeros((blocks, len(col_t)), dtype=np.int64)
     for w_cw in range(cs.consumers):

@@ -34,8 +34,11 @@ DATA = str(ROOT / "tests" / "data" / "column_epilogue.habu")
     ("BIASED-COLHALF", {}, {}),
     # several tiles of m: each block's sums in the launch's workspace, the column tile's last block finishing (twice:
     # the counters the first call leaves must be zero for the second)
-    ("BIASED-COLSUM", {"M": 300}, {}), ("BIASED-COLSUM", {"M": 1000, "N": 1000, "K": 256}, {"persistent": "true"})],
-    ids=["one-consumer", "two-consumers", "three-consumers", "scaled-bf16", "tile-rows", "tile-rows-persistent"])
+    ("BIASED-COLSUM", {"M": 300}, {}), ("BIASED-COLSUM", {"M": 1000, "N": 1000, "K": 256}, {"persistent": "true"}),
+    # one consumer warpgroup finishing a 256-column tile: two columns a thread, in turn
+    ("BIASED-COLSUM", {"M": 300, "N": 1000}, {"tile": "64x256x64"})],
+    ids=["one-consumer", "two-consumers", "three-consumers", "scaled-bf16", "tile-rows", "tile-rows-persistent",
+         "two-rounds"])
 def test_a_column_sum_in_the_epilogue_passes_the_exact_check(model, sizes, pins):
     built = build(DATA, model, sizes, pins)
     assert len(built.plan.kernels) == 1 and built.plan.kernels[0].nodes[-1] in ("G", "GH")
