@@ -231,11 +231,12 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
             f" — for {describe_ranges(plan.ranges)}" if plan.ranges else "") + (
             f" — valid where {' and '.join(plan.guards)}" if plan.guards else "")]
         out += ["", f"target {plan.target}", ""]
+        from habu.plan.rewrite import apply_rewrites
+
+        graph = apply_rewrites(model, plan.rewrites)
         if plan.rewrites:
-            from habu.plan.rewrite import apply_rewrites
             from habu.spec.equation import format_equation
 
-            graph = apply_rewrites(model, plan.rewrites)
             out += [f"rewrites {', '.join(plan.rewrites)}: the kernels compute the model as", ""]
             out += [f"    {format_equation(eq)}" for eq in graph.nodes] + [""]
         for j, k in enumerate(plan.kernels):
@@ -243,7 +244,7 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
                     "| --- | --- | --- |"]
             for name, value, doc in field_docs(k):
                 out.append(f"| {name} | {value if not isinstance(value, tuple) else ' '.join(value)} | {doc} |")
-            out.append("")
+            out += ["", *_column_sum_note(graph, k, dict(plan.storage))]
         out += ["### obligations", "", "| rule | kernel | tensor | statement | status | how |", "| --- | --- | --- | --- | --- | --- |"]
         for ob in proof.obligations:
             out.append(f"| {ob.rule.name} | {ob.kernel} | {ob.tensor or ''} | {ob.statement} | {ob.status} | {ob.how} |")
@@ -341,3 +342,19 @@ def write_outputs(out_dir: Path, model: Model, compiled: Compiled, target: Targe
                                indent=2) + "\n")
     written.append(cert)
     return written
+def _column_sum_note(graph: Model, kernel, storage: dict[str, str]) -> list[str]:
+    """A line on a contraction kernel's column sum (habu/lower/column_epilogue.py), for the report; none elsewhere."""
+    from habu.lower import lower
+    from habu.plan.column_epilogue import kernel_chain
+
+    if kernel.kind != "contraction" or not kernel_chain(graph, kernel.nodes)[1]:
+        return []
+    cs = lower(graph, kernel, storage).column_sum  # type: ignore[attr-defined]
+    summed = cs.summand.tensor if cs.summand is not None else kernel_chain(graph, kernel.nodes)[0][-1]
+    how = (f"each block stores its tile row's sums in a workspace of ⌈#{cs.m.name}/{kernel.tile_m}⌉ × #{cs.n}, and "
+           "the last block of each column tile to count itself adds them and stores"
+           if cs.combine else "one tile row holds every row: the block stores its sums")
+    return [f"Its epilogue also sums {summed} over #{cs.m.name} into {cs.out.tensor} ({', '.join(cs.nodes)}): {how}.",
+            ""]
+
+

@@ -182,3 +182,14 @@ def test_one_consumer_warpgroup_finishes_a_wider_tile_in_rounds():
     proof = prove(model, plan, {}, trials=1)
     assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
     assert "for (int i = 0; i < 2; ++i) {  // thread t's columns" in emit_plan(model, plan, T).kernels[0].source
+
+
+def test_the_report_says_what_a_products_epilogue_sums_and_how():
+    from habu.compile import report
+
+    model = _model({"M": 300})
+    plan = default_plan(model, T, {})
+    proof = prove(model, plan, {}, trials=1)
+    text = report(model, [plan], [proof])
+    assert ("Its epilogue also sums V over #M into G (G): each block stores its tile row's sums in a workspace of "
+            "⌈#M/64⌉ × #N") in text
