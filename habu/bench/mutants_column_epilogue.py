@@ -75,6 +75,18 @@ def finisher_every_other(lw: Lowering) -> Lowering:
 
 
 @dataclass(frozen=True)
+class _PairOnOneRegister(EpilogueColumnSum):
+    def register(self, j: Any, q: Any) -> Any:  # a pair's two columns kept in one running sum
+        return 2 * j + 0 * q
+
+
+def pair_on_one_register(lw: Lowering) -> Lowering:
+    """Each thread keeps both columns of a pair in one running sum (`colsum[2j]`): the two columns' sums mix."""
+    assert isinstance(lw, ContractionLowering) and lw.column_sum is not None
+    return replace(lw, column_sum=_PairOnOneRegister(**vars(lw.column_sum)))
+
+
+@dataclass(frozen=True)
 class _OneShort(EpilogueColumnSum):
     def arrivals(self, sizes: Any) -> Any:  # the count one short: a block before the last finishes
         return super().arrivals(sizes) - 1
@@ -114,6 +126,8 @@ MUTANT_ENTRIES = (
      MODEL, {}, shuffle_across_pairs),
     ("column-sum-padding-rows", "a column sum adding the tile's rows past #M", EXAMPLE, MODEL, {},
      padding_rows_added),
+    ("column-sum-pair-on-one-register", "a column sum keeping a pair's two columns in one running sum", EXAMPLE,
+     MODEL, {}, pair_on_one_register),
     ("column-sum-writers-too-many", "a column sum whose lanes 4..7 store their warp's sums too", EXAMPLE, MODEL, {},
      writers_too_many),
     ("column-sum-warp-slots-overlap", "a column sum's warps writing overlapping shared slots", EXAMPLE, MODEL, {},
@@ -134,4 +148,4 @@ MUTANT_ENTRIES = (
      COMBINED, _as(_OneCounter)),
 )
 
-__all__ = ["MUTANT_ENTRIES"]
+__all__ = ["MUTANT_ENTRIES", "pair_on_one_register", "shuffle_across_pairs", "writers_too_many"]

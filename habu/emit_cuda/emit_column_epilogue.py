@@ -17,11 +17,11 @@ _BARRIER_BASE = 1
 
 
 def column_sum_declaration(lw: ContractionLowering) -> str:
-    """The thread's running sums of its columns for this tile (register j·pair + q: column group j, pair q)."""
+    """The thread's running sums of its columns for this tile (`EpilogueColumnSum.register`)."""
     cs = lw.column_sum
     if cs is None:
         return ""
-    count = lw.bn // lw.fragment.col_step * lw.fragment.pair
+    count = cs.registers(lw.bn // lw.fragment.col_step)
     return (f"      float colsum[{count}];  // this thread's sums of its columns of {cs.nodes[0]} over the tile's rows\n"
             f"#pragma unroll\n      for (int i = 0; i < {count}; ++i) colsum[i] = 0.0f;\n")
 
@@ -31,9 +31,9 @@ def column_sum_accumulate(lw: ContractionLowering, sizes, v0: str, v1: str, inde
     cs = lw.column_sum
     if cs is None:
         return ""
-    pair = lw.fragment.pair
     mask = f"m < {sizes[lw.m]}" if cs.mask_rows else "true"
-    return (f"{indent}if ({mask}) {{ colsum[{pair} * j] += {v0}; colsum[{pair} * j + 1] += {v1}; }}"
+    r0, r1 = (c(cs.register(CExpr("j"), q)) for q in (0, 1))  # the pair's two columns
+    return (f"{indent}if ({mask}) {{ colsum[{r0}] += {v0}; colsum[{r1}] += {v1}; }}"
             "  // the column sum (rows past the edge add nothing)\n")
 
 
@@ -43,7 +43,7 @@ def column_sum_finish(lw: ContractionLowering, sig: Signature, model: Model, siz
     cs, frag = lw.column_sum, lw.fragment
     if cs is None:
         return ""
-    count = lw.bn // frag.col_step * frag.pair
+    count = cs.registers(lw.bn // frag.col_step)
     shuffles = "".join(f" v += __shfl_xor_sync(0xffffffffu, v, {x});" for x in cs.shuffles)
     slot = c(cs.slot(CExpr("cw"), CExpr("warp"), CExpr(f"({frag.col('j')} + q)")))
     column = c(cs.finisher_column(CExpr("t"), CExpr("i")))
@@ -90,7 +90,7 @@ def column_sum_finish(lw: ContractionLowering, sig: Signature, model: Model, siz
           for (int j = 0; j < {lw.bn // frag.col_step}; ++j)
 #pragma unroll
             for (int q = 0; q < {frag.pair}; ++q)
-              *reinterpret_cast<float*>(smem + {slot}) = colsum[{frag.pair} * j + q];
+              *reinterpret_cast<float*>(smem + {slot}) = colsum[{c(cs.register(CExpr("j"), CExpr("q")))}];
         }}
         habu::named_barrier_sync({together}, {threads});  // every consumer warp's partials are in
         const int t = cw * 128 + (int)(threadIdx.x % 128);

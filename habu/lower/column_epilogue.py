@@ -102,6 +102,14 @@ class EpilogueColumnSum:
         """Columns each finishing thread takes in turn (a tile wider than the consumer threads takes two)."""
         return -(-self.bn // max(1, self.finishers))
 
+    def register(self, j: Any, q: Any) -> Any:
+        """The element of the thread's running sums (`colsum[]`) that keeps its column q of 8-column group j."""
+        return 2 * j + q
+
+    def registers(self, groups: int) -> int:
+        """The running sums a thread declares for a tile of `groups` 8-column groups (one past the last register)."""
+        return int(self.register(groups - 1, 1)) + 1
+
     def finisher_column(self, t: Any, i: Any = 0) -> Any:
         """The tile's column consumer thread t (0 .. finishers − 1) sums and stores in round i, when below `bn`."""
         return t + i * self.finishers
@@ -153,15 +161,23 @@ def placed(cs: EpilogueColumnSum | None, st: TmaStoreEpilogue | None, bn: int, b
                    region=st.warpgroup_stride if st.consumers > 1 else st.buffers * st.buffer_stride)
 
 
-def column_sum_refusal(cs: EpilogueColumnSum, kernel: Any) -> str | None:
-    """Why the wgmma path's epilogue cannot compute the column sum at this schedule, or None."""
+def schedule_refusal(kernel: Any) -> str | None:
+    """Why a schedule cannot compute a column sum in its epilogue whatever the sum (the search's region space skips
+    such schedules), or None."""
     if kernel.mma != "wgmma" or kernel.store != "tma" or not kernel.warp_specialized:
         return "a column sum in the epilogue needs the warp-specialised wgmma path's TMA-store buffers"
     if kernel.split_k > 1 or kernel.swap_ab or kernel.cluster_m > 1:
         return "a column sum in the epilogue needs whole, untransposed tiles (no split-K, swap_ab or cluster)"
+    return None
+
+
+def column_sum_refusal(cs: EpilogueColumnSum, kernel: Any) -> str | None:
+    """Why the wgmma path's epilogue cannot compute the column sum at this schedule, or None."""
+    if (refused := schedule_refusal(kernel)) is not None:
+        return refused
     if cs.consumers < 1 or cs.partial_bytes > cs.region:
         return f"the column sum's partials ({cs.partial_bytes} bytes a warpgroup) exceed its TMA-store buffers"
     return None
 
 
-__all__ = ["COLUMN_SUM", "EpilogueColumnSum", "column_sum_for", "column_sum_refusal", "placed"]
+__all__ = ["COLUMN_SUM", "EpilogueColumnSum", "column_sum_for", "column_sum_refusal", "placed", "schedule_refusal"]

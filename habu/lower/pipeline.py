@@ -255,6 +255,29 @@ def cp_async_ring(stages: int) -> CpAsyncRing:
 __all__ = ["MN_BLOCK", "CpAsyncRing", "MbarrierRing", "Pipeline", "TmaOperandLoad", "cp_async_ring", "wgmma_ring"]
 
 
+def lag_refusal(kernel: Any, lag: int) -> str | None:
+    """Why a consumer lag of `lag` k tiles cannot stagger `kernel`'s consumers, or None: the wgmma ring's consumer
+    warpgroups (two or more), unsplit, unclustered, at most `stages` k tiles behind. The supported-path rule, the
+    pins and the search read this one answer."""
+    from habu.lower.registers import consumer_warpgroups
+
+    if str(kernel.mma) != "wgmma" or consumer_warpgroups(kernel.warps, kernel.warp_specialized) < 2 \
+            or kernel.split_k > 1 or kernel.cluster_m > 1:
+        return "consumer_lag: two or more wgmma consumer warpgroups, no split-K or cluster"
+    if lag > kernel.stages:
+        return (f"consumer_lag={lag}: at most the ring's {kernel.stages} stages (the first warpgroup would wait for "
+                "stages the second has not released)")
+    return None
+
+
+def lag_phases_apart(k_tiles: Any, lag: int, stages: int) -> Any:
+    """Whether a persistent block's lagged consumers never mix two tiles' phases of their named barrier: a tile's k
+    tiles n and the lag's min(n, lag) exceed the stages the ring lets the first warpgroup run ahead (ints or z3)."""
+    from habu.lower.access import minimum
+
+    return k_tiles + minimum(k_tiles, lag) > stages
+
+
 def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str = "k",
                  b_dtype: str | None = None) -> Pipeline | None:
     """The pipeline a contraction kernel's k loop runs: the mbarrier ring (wgmma, its barriers where the

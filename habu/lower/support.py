@@ -21,6 +21,7 @@ from habu.lower.general import Store
 from habu.lower.grouped_wgmma import wgmma_refusal
 from habu.lower.grouped_wgrad import GroupedWgradLowering, wgrad_refusal
 from habu.lower.layouts import WGMMA_K_SPANS
+from habu.lower.pipeline import MbarrierRing, lag_refusal
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
 from habu.plan.plan import (
@@ -216,19 +217,19 @@ def _batch_refusals(lw: ContractionLowering) -> list[str]:
 
 
 def _lag_refusals(lw: ContractionLowering) -> list[str]:
-    """A consumer lag (`consumer_lag`): the wgmma ring's consumer warpgroups, unsplit, unclustered, at most `stages`
-    k tiles behind (a persistent block's tiles long enough that the named barrier's phases never mix: the
-    `pipeline-schedule` rule, at every size of k)."""
-    k = lw.kernel
-    if not getattr(k, "consumer_lag", 0):
-        return []
-    consumers = consumer_warpgroups(k.warps, k.warp_specialized)
-    if k.mma != "wgmma" or consumers < 2 or k.split_k > 1 or k.cluster_m > 1:
-        return ["consumer_lag: two or more wgmma consumer warpgroups, no split-K or cluster"]
-    if k.consumer_lag > k.stages:
-        return [f"consumer_lag={k.consumer_lag}: at most the ring's {k.stages} stages (the first warpgroup would wait "
-                "for stages the second has not released)"]
-    return []
+    """A consumer lag (`consumer_lag`, `lag_refusal`; a persistent block's tiles long enough that the named barrier's
+    phases never mix: the `pipeline-schedule` rule, at every size of k)."""
+    lag = getattr(lw.kernel, "consumer_lag", 0)
+    refusal = lag_refusal(lw.kernel, lag) if lag else None
+    ring = lw.pipeline
+    if refusal is None and lag and isinstance(ring, MbarrierRing):
+        # the epilogue's named barriers are 1 + cw (each warpgroup's) and 1 + consumers (a column sum's), a
+        # cluster split's 15: the lag's must be none of them, or two barriers' arrivals would mix (a hang)
+        taken = {*range(1, ring.consumers + 2), 15}
+        ids = {int(ring.lag_barrier(c)) for c in range(1, ring.consumers)}
+        if ids & taken or not all(0 < i < 16 for i in ids):
+            refusal = f"consumer_lag: its named barriers {sorted(ids)} meet the epilogue's {sorted(taken)} or leave 1..15"
+    return [refusal] if refusal else []
 
 
 def _column_sum_refusals(lw: ContractionLowering) -> list[str]:

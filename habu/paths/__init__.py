@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from habu.lower import support as _support
+from habu.lower.column_epilogue import schedule_refusal
 from habu.lower.general import chain_refusal
 from habu.paths import attention, columns, fma, general, grouped, map, mma_sync, rows, wgmma
 from habu.paths.analytic import node_of
@@ -144,8 +145,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     for mma in MMAS:
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
-            yield from (k for k in path.variants(base, target, skinny=skinny) if not summed or (
-                k.mma == Mma.WGMMA and k.store == "tma" and k.split_k == 1 and not k.swap_ab and k.cluster_m == 1))
+            yield from (k for k in path.variants(base, target, skinny=skinny)
+                        if not summed or schedule_refusal(k) is None)
 
 
 def _prefetches(model: Model, kernel: ContractionKernel) -> bool:

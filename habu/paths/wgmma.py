@@ -7,6 +7,7 @@ from __future__ import annotations
 from habu.emit_cuda.emit_wgmma import emit_wgmma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
+from habu.lower.pipeline import lag_refusal
 from habu.lower.support import WGMMA
 from habu.paths.contraction import (
     LAG_TILES,
@@ -186,8 +187,7 @@ class WgmmaPath(ContractionPath):
         return kernel.b_move == "tma" and kernel.cluster_m == 1
 
     def lag_offered(self, kernel: ContractionKernel) -> bool:
-        # two consumer warpgroups or more, unsplit (habu/lower/support.py `_lag_refusals`)
-        return kernel.warps >= 12 and kernel.split_k == 1 and kernel.cluster_m == 1 and kernel.stages >= LAG_TILES
+        return lag_refusal(kernel, LAG_TILES) is None
 
     def fixed_fields(self, target: Target) -> dict[str, object]:
         return {"warp_specialized": target.setmaxnreg, "swizzle": 128}

@@ -83,6 +83,7 @@ def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np
             if cs.mask_rows:  # rows past #M (the tile's padding) add nothing
                 v = np.where(mc[:, r] < sizes[lw.m], v, 0)
             partial = (partial + v) % f.p
+    partial = _through_registers(name, cs, partial, lw.bn // frag.col_step, frag.pair, mem)
     lanes = np.arange(frag.warp_size)
     for x in cs.shuffles:
         if not 0 < x < frag.warp_size:
@@ -123,6 +124,26 @@ def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np
             return
     finished = eval_pointwise(cs.finish, lambda ld: total if ld == Load(COLUMN_SUM, ()) else _unread(ld), f, sizes)
     write(name, cs.out, {"n": n}, finished, sizes, mem, lw.index_width, False, n < sizes[lw.n])
+
+
+def _through_registers(name: str, cs: Any, partial: np.ndarray, groups: int, pair: int, mem: Any) -> np.ndarray:
+    """The thread's sums kept in its registers `register(j, q)` (`colsum[]`): the value each (group j, pair q) reads
+    back is the sum of every (j', q') added into its register, so two columns on one register mix; a register past
+    the array faults."""
+    count = cs.registers(groups)
+    regs = np.zeros((*partial.shape[:-2], count), dtype=np.int64)
+    at = {}
+    for j in range(groups):
+        for q in range(pair):
+            at[j, q] = r = int(cs.register(j, q))
+            if not 0 <= r < count:
+                mem.fault(f"{name}: the column sum keeps group {j}'s column {q} in register {r} of {count}")
+                continue
+            regs[..., r] = (regs[..., r] + partial[..., j, q]) % mem.field.p
+    out = np.zeros_like(partial)
+    for (j, q), r in at.items():
+        out[..., j, q] = regs[..., r] if 0 <= r < count else mem.poison(np.full(partial.shape[:-2], r, np.int64))
+    return out
 
 
 def _combined(name: str, lw: ContractionLowering, total: np.ndarray, mc: np.ndarray, n: np.ndarray,

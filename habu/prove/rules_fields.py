@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
-from habu.lower.access import minimum
 from habu.lower.contraction import StageLowering
+from habu.lower.pipeline import lag_phases_apart
 from habu.plan.fields import Mma, field_problems
 from habu.plan.plan import ContractionKernel, Kernel
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
@@ -98,7 +98,7 @@ def _lag_phases(name: str, lw: ContractionLowering, ring, s) -> Obligation:
     return Obligation(FIELD_RULES["pipeline-schedule"], name, None,
                       f"a persistent block's lagged warpgroups meet once a tile at their named barrier: "
                       f"⌈#{lw.k}/{lw.bk}⌉ + min(that, {ring.lag}) k tiles exceed the ring's {ring.stages} stages",
-                      n + minimum(n, ring.lag) > ring.stages,
+                      lag_phases_apart(n, ring.lag, ring.stages),
                       detail=f"#{lw.k} may take {ring.stages - ring.lag} k tiles or fewer: the first warpgroup could "
                              "arrive for the next tile before the second has waited for this one")
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
+from habu.lower.pipeline import lag_phases_apart, lag_refusal
 from habu.paths import (
     FAMILY_PINS,
     ContractionPath,
@@ -133,7 +134,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
 
 def _lag_where_it_holds(model: Model, kernel: Kernel) -> Kernel:
     """A pinned consumer lag kept on a persistent kernel only where its tiles are long enough at every size of k
-    (their fewest k tiles n: n + min(n, lag) > stages, the `pipeline-schedule` rule); in step elsewhere, as on the
+    (`lag_phases_apart` at their fewest k tiles, the `pipeline-schedule` rule); in step elsewhere, as on the
     kernels the pin cannot stagger."""
     if not isinstance(kernel, ContractionKernel) or not kernel.consumer_lag or not kernel.persistent:
         return kernel
@@ -141,7 +142,7 @@ def _lag_where_it_holds(model: Model, kernel: Kernel) -> Kernel:
     assert c is not None
     k = model.extent(c.k.extent)
     fewest = -(-(k.size if k.size is not None else k.lo) // kernel.tile_k)  # k tiles of the smallest k
-    return kernel if fewest + min(fewest, kernel.consumer_lag) > kernel.stages else replace(kernel, consumer_lag=0)
+    return kernel if lag_phases_apart(fewest, kernel.consumer_lag, kernel.stages) else replace(kernel, consumer_lag=0)
 
 
 SPLITS = ("scatter:", "gather:")  # the rewrites that take a scatter or a gather out of a wgmma contraction
@@ -405,12 +406,11 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
         if brought is not None:
             changes.setdefault("warps", brought[0])
             changes.setdefault("stages", brought[1])
-    # a consumer lag is for kernels with warpgroups to stagger (two consumers or more, unsplit): the others
-    # keep theirs in step, as a skinny product of one consumer warpgroup has nothing to stagger
-    if changes.get("consumer_lag") and isinstance(kernel, ContractionKernel):
-        staged = replace(kernel, **changes)
-        if staged.warps < 12 or staged.split_k > 1 or staged.cluster_m > 1 or staged.mma != "wgmma":
-            changes["consumer_lag"] = 0
+    # a consumer lag is for kernels with warpgroups to stagger (`lag_refusal`): the others keep theirs in step, as a
+    # skinny product of one consumer warpgroup has nothing to stagger
+    lag = changes.get("consumer_lag")
+    if lag and isinstance(kernel, ContractionKernel) and lag_refusal(replace(kernel, **changes), lag) is not None:  # type: ignore[arg-type]
+        changes["consumer_lag"] = 0
     return replace(kernel, **changes) if changes else kernel
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from habu.bench.mutants_column_epilogue import shuffle_across_pairs, writers_too_many
+from habu.bench.mutants_column_epilogue import pair_on_one_register, shuffle_across_pairs, writers_too_many
 from habu.emit_cuda.nvrtc import _nvrtc, compile_cuda
-from habu.lower import lower_plan
-from habu.paths.emit import emit_plan
+from habu.lower import lower_plan, lower_whole
+from habu.paths.emit import emit_lowered, emit_plan
 from habu.prove import prove
 from habu.prove.verify import verify_plan
 from habu.search.space import default_plan
@@ -52,7 +52,7 @@ def test_a_load_of_the_epilogue_is_summed_where_the_epilogue_reads_it():
     proof = prove(model, plan, {}, trials=1)
     assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
     src = emit_plan(model, plan, T).kernels[i].source
-    assert "if (m < 128) { colsum[2 * j] += e0_0; colsum[2 * j + 1] += e1_0; }" in src  # dT6's pair, not dX's
+    assert "if (m < 128) { colsum[(2 * j)] += e0_0; colsum[((2 * j) + 1)] += e1_0; }" in src  # dT6's pair, not dX's
 
 
 def test_a_product_whose_tile_holds_every_row_stores_its_column_sum_proven():
@@ -75,9 +75,13 @@ def test_the_cuda_prints_the_lowerings_shuffles_writers_and_slots():
     src = kernel.source
     assert "__shfl_xor_sync(0xffffffffu, v, 4); v += __shfl_xor_sync(0xffffffffu, v, 8); v += " in src
     assert "if (lane < 4)" in src and "if (m < 40)" in src and "p_G" in src
-    # a planted lowering changes what is printed: the emitter reads its numbers from it
-    for planted in (shuffle_across_pairs(lw), writers_too_many(lw)):
-        assert planted.column_sum != cs
+    assert "colsum[(2 * j)] += v0; colsum[((2 * j) + 1)] += v1;" in src  # `register(j, q)`
+    # a planted lowering is what is printed: the emitter reads its numbers from it
+    lowered = lower_whole(model, plan)
+    for plant, text in ((shuffle_across_pairs, "__shfl_xor_sync(0xffffffffu, v, 2)"), (writers_too_many, "lane < 8"),
+                        (pair_on_one_register, "colsum[(2 * j)] += v1")):
+        planted = emit_lowered(replace(lowered, kernels=(plant(lw),)), plan, T).kernels[0].source
+        assert text in planted and text not in src, text
     if _nvrtc() is not None:
         res = compile_cuda(src, kernel.name, "sm_90a").resources
         assert not res.spills, res.describe()

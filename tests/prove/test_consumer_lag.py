@@ -81,3 +81,16 @@ def test_the_search_offers_a_lag_to_skinny_products_of_two_consumers():
     base = default_plan(model, T, {}, {"tile": "128x128x64"}).kernels[1]
     offered = [v for v in path_for(base).variants(base, T, skinny=True) if v.consumer_lag]
     assert offered and all(v.warps >= 12 and v.split_k == 1 and v.cluster_m == 1 for v in offered)
+
+
+def test_regression_a_lag_barrier_on_an_epilogue_barrier_is_refused():
+    """A planted ring whose lag waits on named barrier 1 (warpgroup 0's epilogue barrier): the two barriers' arrivals
+    would mix and hang the block. supported-path refuses it, naming the barriers."""
+    from habu.lower.support import support_for
+
+    model = _backward()
+    plan = default_plan(model, T, {}, PINS)
+    i, lw = next((i, lw) for i, lw in enumerate(lower_plan(model, plan)) if getattr(getattr(lw, "pipeline", None), "lag", 0))
+    assert not support_for(plan.kernels[i]).refusals(lw)
+    planted = replace(lw, pipeline=replace(lw.pipeline, lag_barrier_base=1))
+    assert any("named barriers [1]" in r for r in support_for(plan.kernels[i]).refusals(planted))
