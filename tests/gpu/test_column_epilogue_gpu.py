@@ -31,7 +31,7 @@ DATA = str(ROOT / "tests" / "data" / "column_epilogue.habu")
 @pytest.mark.parametrize("model,sizes,pins", [
     ("BIASED-COLSUM", {}, {}), ("BIASED-COLSUM", {"M": 128, "N": 1000, "K": 520}, {"tile": "128x128x64"}),
     ("BIASED-COLSUM", {"M": 190, "N": 256, "K": 64}, {"tile": "192x128x64", "warps": "16"}),
-    ("BIASED-COLHALF", {}, {}),
+    ("BIASED-COLTWICE", {}, {}),
     # several tiles of m: each block's sums in the launch's workspace, the column tile's last block finishing (twice:
     # the counters the first call leaves must be zero for the second)
     ("BIASED-COLSUM", {"M": 300}, {}), ("BIASED-COLSUM", {"M": 1000, "N": 1000, "K": 256}, {"persistent": "true"}),

@@ -154,15 +154,15 @@ def test_the_search_tunes_the_joined_region_the_default_takes():
 
 
 def test_a_column_epilogue_node_after_the_sum_is_the_finish():
-    """`GH[n] = G[n] · 0.5` after `G[n] = Σ m V[m n]`: the finishing threads store the scaled sum in bf16."""
-    model = load_program(DATA).models["BIASED-COLHALF"]
+    """`GH[n] = G[n] · 2` after `G[n] = Σ m V[m n]`: the finishing threads store the doubled sum in bf16."""
+    model = load_program(DATA).models["BIASED-COLTWICE"]
     plan = default_plan(model, T, {})
     (kernel,) = plan.kernels
     assert kernel.nodes[-1] == "GH"
     proof = prove(model, plan, {}, trials=2)
     assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
     src = emit_plan(model, plan, T).kernels[0].source
-    assert "habu::store_bf16(p_GH + (off), ((sum * 0.5f)));" in src
+    assert "habu::store_bf16(p_GH + (off), ((sum * 2.0f)));" in src
 
 
 def test_regression_a_column_node_a_later_kernel_reads_widens_the_products_selection():
