@@ -78,6 +78,14 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "rows-cluster": ("softmax.habu", "SOFTMAX-ROWS", {"R": 4, "C": 16384}, {"row_cluster": "2", "threads": "512"}),
     "scatter": ("scatter_add.habu", "UNPERMUTE", {"R": 300, "T": 100, "N": 200}, {}),
     "grouped": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300}, {}),
+    # the grouped weight gradient's producer copying its bf16 operands by cp.async (session 50): a stage's copies
+    # still landing while the producer runs ahead; an f32 A beside them through registers
+    "grouped-wgrad-async": ("../tests/data/grouped_wgrad.habu", "WGRAD-BF16", {"T": 300, "R": 1000},
+                            {"wgrad_copy": "cp.async"}),
+    "grouped-wgrad-async-f32": ("../tests/data/grouped_wgrad.habu", "WGRAD-P", {"T": 300, "R": 1000},
+                                {"wgrad_copy": "cp.async"}),
+    "grouped-wgrad-registers": ("../tests/data/grouped_wgrad.habu", "WGRAD-BF16", {"T": 300, "R": 1000},
+                                {"wgrad_copy": "registers"}),
     "grouped-combine": ("../tests/data/grouped_scatter.habu", "COMBINE-BF16", {"T": 50, "R": 300},
                         {"family": "grouped"}),
     "attention": ("attention.habu", "ATTENTION-GQA", {}, {}),

@@ -4,7 +4,8 @@ one block per (output tile, group), the group's rows its k axis.
 Printed from the `GroupedWgradLowering` and its `WgradLoop`: the group offsets (`habu::group_offsets`, as the
 grouped GEMM finds them), the block's tile (`block_tile`), its group's k tiles (`k_tiles`, `row`, masked by
 `row_inside`), the producer's chunks (`chunk`, `a_source`, `b_source`) and where it stores them
-(`a_store_offset`, `b_store_offset`: an f32 A's hi and lo parts at `a_stored_column`), the ring (the
+(`a_store_offset`, `b_store_offset`: an f32 A's hi and lo parts at `a_stored_column`), through its registers or
+copied there by cp.async (`copied_async`: after the stage's empty wait, the thread's noinc arrival), the ring (the
 contraction path's `MbarrierRing`: the producer's 128 arrivals a stage), the consumers' descriptors (the
 lowering's `WgmmaOperands`, both operands MN-major: the instruction's transpose bits) for each real slab's
 parts (`part_slab`) into one accumulator (`acc_row`), and the epilogue's read-add-store of each accumulator
@@ -82,8 +83,13 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
                 factor = (f"          if (ok) habu::scale_chunk({low}v[j], "
                           f"{load_value(rs.dtype, sig.pointer(rs.tensor, rs.dtype), rs_off)});  // the row's factor\n")
             load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}v[j]);\n{factor}"
+        if loop.copied_async(side):  # straight into the stage (its slot as the register store's), zeros where masked
+            at = loop.a_store_offset(col, ki, 0) if side == "A" else loop.b_store_offset(col, ki)
+            load = (f"          habu::cp_async<16>({low}_stage + (habu::u32)({c(at)}), {p} + (ok ? ({off}) : 0), "
+                    "ok);\n")
+        how = "copied into the stage" if loop.copied_async(side) else "loaded"
         return f"""#pragma unroll
-        for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of this k tile: row {c(ki)}, 8 columns from {c(col)}
+        for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of this k tile, {how}: row {c(ki)}, 8 columns from {c(col)}
           const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr("kt"), ki))});
           const {it} col = ({it})({c(tile_col)});
           const bool ok = {c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({mask});
@@ -91,8 +97,12 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
 """
 
     a_per, b_per = loop.a_chunks() // loop.warpgroup_size, loop.b_chunks() // loop.warpgroup_size
-    a_regs = (f"float4 ax[{a_per}], ay[{a_per}];  // A's chunks (f32: its parts are stored)" if loop.parts == 2
-              else f"uint4 av[{a_per}];  // A's chunks")
+    a_regs = ("" if loop.a_async else f"float4 ax[{a_per}], ay[{a_per}];  // A's chunks (f32: its parts are stored)"
+              if loop.parts == 2 else f"uint4 av[{a_per}];  // A's chunks")
+    b_regs = "" if loop.b_async else f"uint4 bv[{b_per}];  // B's chunks"
+    counts = {"A": a_per, "B": b_per}
+    loads = "".join(chunk_lines(side, counts[side]) for side in "AB" if not loop.copied_async(side))
+    copies = "".join(chunk_lines(side, counts[side]) for side in "AB" if loop.copied_async(side))
     a_ki, a_col = loop.a_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     b_ki, b_col = loop.b_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     if loop.parts == 2:
@@ -101,6 +111,14 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     else:
         a_store = f"habu::store_shared16(a_stage + (habu::u32)({c(loop.a_store_offset(a_col, a_ki, 0))}), av[j]);"
     b_store = f"habu::store_shared16(b_stage + (habu::u32)({c(loop.b_store_offset(b_col, b_ki))}), bv[j]);"
+    stores = "".join(f"#pragma unroll\n        for (int j = 0; j < {counts[side]}; ++j) {store}\n"
+                     for side, store in (("A", a_store), ("B", b_store)) if not loop.copied_async(side))
+    # the stage's arrival: a thread's register stores made visible to wgmma (the async proxy), then its arrival
+    # once its copies have landed (cp.async's noinc arrival counts as the thread's own), as the wgmma path's
+    arrive = ("habu::fence_proxy_async(); habu::mbar_arrive(full);  // the stage's chunks, visible to wgmma"
+              if not loop.any_async else "habu::cp_async_arrive(full);  // as the thread's copies land"
+              if not loop.any_registers else
+              "habu::fence_proxy_async(); habu::cp_async_arrive(full);  // the stores visible, then as the copies land")
 
     # the consumers: each real slab q, each part, one wgmma into acc[q] (both operands MN-major)
     trans = (ops.b_desc.mn_major, ops.a_desc.mn_major)
@@ -147,17 +165,13 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     if (blockIdx.x == 0)  // E sorted (GROUPS:): each row of the group holds it (checked once a group)
       for ({it} r = lo + ptid; r < end; r += {loop.warpgroup_size}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
     {a_regs}
-    uint4 bv[{b_per}];  // B's chunks
+    {b_regs}
     for (long long kt = 0; kt < k_tiles; ++kt) {{
-{chunk_lines("A", a_per)}{chunk_lines("B", b_per)}        const habu::u32 full = {ring_barrier(ring, "stage")};
+{loads}        const habu::u32 full = {ring_barrier(ring, "stage")};
         habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
         const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
         const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
-#pragma unroll
-        for (int j = 0; j < {a_per}; ++j) {a_store}
-#pragma unroll
-        for (int j = 0; j < {b_per}; ++j) {b_store}
-        habu::fence_proxy_async(); habu::mbar_arrive(full);  // the stage's chunks, visible to wgmma
+{copies}{stores}        {arrive}
         {ring_advance_line(ring)}
       }}
   }} else {{  // --------------------------------------------------------------------- consumers
@@ -190,11 +204,15 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
 }}
 """
     gathered = [acc.tensor for acc in (lw.a, lw.b) if any(p.kind == "gather" for p in acc.positions)]
+
+    def moved(side: str) -> str:
+        return "cp.async" if loop.copied_async(side) else "through registers"
+
     src = header(f"{name}: grouped weight gradient over #{lw.g} = {groups} groups, wgmma {k.bm}×{k.bn}×{ops.bk} "
                  f"(both operands MN-major), {ring.stages} stages, {loop.consumers} consumer warpgroup(s)",
                  [f"computes {lw.out.tensor}[g, m, n] += Σ over group g's rows of {lw.a.tensor} · {lw.b.tensor}",
-                  f"{lw.a.tensor} ({lw.a.dtype}{', two bf16 parts' if loop.parts == 2 else ''}) and {lw.b.tensor} by "
-                  f"the producer's loads{' (gathered: ' + ', '.join(gathered) + ')' if gathered else ''}, "
+                  f"{lw.a.tensor} ({lw.a.dtype}{', two bf16 parts' if loop.parts == 2 else ''}, {moved('A')}) and "
+                  f"{lw.b.tensor} ({moved('B')}) by the producer{' (gathered: ' + ', '.join(gathered) + ')' if gathered else ''}, "
                   "rows masked at the group's end; offsets found on the device",
                   *([f"each row times {lw.row_scale.tensor}[r]"] if lw.row_scale is not None else []),
                   f"adds into {lw.out.tensor} (each element by the one block that owns it)"])

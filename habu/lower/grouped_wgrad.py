@@ -10,7 +10,9 @@ with E a grouping, every group's product `O[g] += A[rows of g]ᵀ · B[rows of g
         (`chunk`, `a_source`, `b_source`: a row's chunks on consecutive threads; gathered rows through
         IX, masked rows and columns zero; an f32 A times P[r] then split into two bf16 parts hi and lo),
         waits until the stage is free, stores them into the stage's MN-major tiles (`a_stored_column`: an
-        f32 A's parts side by side, block by block of 64 columns) and arrives on the stage's barrier
+        f32 A's parts side by side, block by block of 64 columns) and arrives on the stage's barrier; under
+        `wgrad_copy` cp.async, a bf16 operand it does not scale is copied into the same places by cp.async
+        after the wait (zero-filled where masked), the thread's arrival made as its copies land
     warpgroups 1..C (consumers): wgmma with both transpose bits, each real slab q of 64 rows of m once a
         part (`part_slab`: the descriptor slab of its hi and lo blocks) into one accumulator; then the
         epilogue adds each accumulator pair into O[g, m, n] (a block owns its tile: a plain read, add and
@@ -75,6 +77,21 @@ class WgradLoop:
     registers: RegisterSplit
     fragment: AccumulatorFragment = ACCUMULATOR
     warpgroup_size: int = WARPGROUP
+    a_async: bool = False  # A's chunks copied by cp.async straight into the stage (else loaded, then stored)
+    b_async: bool = False
+
+    def copied_async(self, side: str) -> bool:
+        """Whether `side`'s chunks go by cp.async (16 bytes each, zero-filled where masked; the stage's barrier
+        arrives as the thread's copies land) rather than through the thread's registers."""
+        return self.a_async if side == "A" else self.b_async
+
+    @property
+    def any_async(self) -> bool:
+        return self.a_async or self.b_async
+
+    @property
+    def any_registers(self) -> bool:
+        return not (self.a_async and self.b_async)
 
     @property
     def threads(self) -> int:
@@ -214,8 +231,10 @@ class GroupedWgradLowering:
         return self.smem_bytes()
 
 
-def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access) -> WgradLoop | None:
-    """The main loop's maps, or None where they do not exist (the rules then refuse the plan)."""
+def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = False) -> WgradLoop | None:
+    """The main loop's maps, or None where they do not exist (the rules then refuse the plan). Under
+    `wgrad_copy` cp.async, each bf16 operand the producer does not scale (B; A unless a row factor scales it)
+    is copied asynchronously; an f32 A (split into parts) and a scaled one pass through registers."""
     if wgrad_refusal(kernel, a.dtype, b.dtype) is not None:
         return None
     consumers = wgmma_consumers(kernel)
@@ -235,8 +254,10 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access) -> WgradLoop | None:
     bars = next((x.offset for x in layout.buffers if x.name == "bar"), 0)
     # the producer keeps the registers it starts with (a k tile of loads in flight: up to 24 vectors a thread), as
     # the grouped GEMM's f32-A producer does
+    copies = kernel.wgrad_copy == "cp.async"
     return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
-                     register_split(shadow.warps, True))
+                     register_split(shadow.warps, True), a_async=copies and a.dtype == "bf16" and not a_scaled,
+                     b_async=copies and b.dtype == "bf16")
 
 
 def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,
@@ -253,7 +274,8 @@ def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,
     row_scale = None if gw.row_scale is None else \
         access_for(model.tensor(gw.row_scale.tensor), gw.row_scale.indices, axis_of, extent_of_axis, storage)
     return GroupedWgradLowering(kernel, gw.r.extent, gw.m.extent, gw.n.extent, gw.group_extent, eq, a, b, out,
-                                gw.groups, gw.scale, kernel.index_width, row_scale, wgrad_loop(kernel, a, b))
+                                gw.groups, gw.scale, kernel.index_width, row_scale,
+                                wgrad_loop(kernel, a, b, row_scale is not None))
 
 
 __all__ = ["WGRAD_BK", "GroupedWgradLowering", "WgradLoop", "lower_grouped_wgrad", "wgrad_refusal"]

@@ -259,6 +259,13 @@ class GroupedKernel:
                               "n = 2·bn over both boxes, A read from shared memory once: the first weights' "
                               "columns in the accumulator's first half)", P, default=2, allowed=(1, 2),
                               pins=("pair_wgmmas",), json_optional=True, unguarded=KEEP)
+    wgrad_copy: str = choice("how a grouped weight gradient's producer moves each bf16 operand it does not scale into "
+                             "the stage: registers (a k tile's chunks loaded, then stored: one k tile in flight a "
+                             "thread) or cp.async (16-byte asynchronous copies, zero-filled where masked, the stage's "
+                             "barrier arriving as they land: up to `stages` k tiles in flight); an f32 A or a scaled "
+                             "one goes through registers either way", P, default="registers",
+                             allowed=("registers", "cp.async"), pins=("wgrad_copy",), json_optional=True,
+                             unguarded=KEEP)
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,12 @@ def _is_wgrad(built) -> None:
     assert [(k.kind, k.main_loop) for k in built.plan.kernels] == [("grouped", "wgmma")]
 
 
+@pytest.mark.parametrize("copy", ["cp.async", "registers"])
 @pytest.mark.parametrize("model", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
-def test_the_wgrad_loop_passes_the_exact_check(model):
+def test_the_wgrad_loop_passes_the_exact_check(model, copy):
+    """(`copy`: the producer's route for the bf16 operands it does not scale, `wgrad_copy`.)"""
     rows = 1000
-    built = build(str(GW), model, {"T": T, "R": rows}, {})
+    built = build(str(GW), model, {"T": T, "R": rows}, {"wgrad_copy": copy})
     _is_wgrad(built)
     result = ExactChecker(built.model, built.sizes, seed=rows).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()

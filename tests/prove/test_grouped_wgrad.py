@@ -178,6 +178,35 @@ def test_the_kernel_compiles_with_nvrtc_without_spills():
         assert_compiles_without_spills(kernel)
 
 
+@pytest.mark.parametrize("name,async_sides", [("WGRAD", "B"), ("WGRAD-BF16", "AB"), ("WGRAD-P", "B"),
+                                               ("WGRAD-P-BF16", "B")])
+def test_the_default_producer_copies_the_bf16_operands_it_does_not_scale_by_cp_async(name, async_sides):
+    """`wgrad_copy` cp.async (the default): B, and a bf16 A without a row factor, go by cp.async into the slots the
+    register stores take; an f32 A (two parts) and a scaled one through registers. The emitter prints each
+    side's route from the lowering's `copied_async`, and the stage's arrival follows: a plain arrival after
+    register stores, a noinc cp.async arrival after copies, the proxy fence first where both."""
+    from habu.paths.emit import emit_plan
+    from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
+
+    m = _model(name)
+    plan = default_plan(m, TARGET, SIZES, {})
+    assert plan.kernels[0].wgrad_copy == "cp.async"
+    lw = lower(m, plan.kernels[0])
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+    assert "".join(side for side in "AB" if lw.loop.copied_async(side)) == async_sides
+    src = emit_plan(m, plan, TARGET).kernels[0].source
+    for side in "AB":
+        assert (f"habu::cp_async<16>({side.lower()}_stage" in src) == (side in async_sides)
+        assert (f"habu::store_shared16({side.lower()}_stage" in src or "store_split_bf16x8(a_stage" in src
+                and side == "A") == (side not in async_sides)
+    arrival = "habu::cp_async_arrive(full);" if async_sides == "AB" else \
+        "habu::fence_proxy_async(); habu::cp_async_arrive(full);"
+    assert arrival in src and "mbar_arrive(full)" not in src
+    assert_compiles_without_spills(emit_plan(m, plan, TARGET).kernels[0])
+    registers = lower(m, replace(plan.kernels[0], wgrad_copy="registers"))
+    assert registers.loop is not None and not registers.loop.any_async
+
+
 def test_the_moe_backwards_weight_gradients_take_the_wgrad_loop_and_are_proven():
     from habu.lower import lower_plan
     from habu.prove.verify import verify_plan
@@ -210,5 +239,6 @@ def test_the_search_space_of_a_weight_gradient_is_its_loops_tiles():
     m = _model()
     base = default_plan(m, TARGET, SIZES, {}).kernels[0]
     ks = list(grouped.PATH.region_variants(m, Region("general", ("O",)), base, TARGET, SIZES))
-    assert {(k.bm, k.bn, k.stages) for k in ks} == set(grouped.WGRAD_TILES)
+    assert {(k.bm, k.bn, k.stages, k.wgrad_copy) for k in ks} == \
+        {(*tile, copy) for tile in grouped.WGRAD_TILES for copy in grouped.WGRAD_COPIES}
     assert all(k.main_loop == "wgmma" and k.bk == 64 for k in ks)
