@@ -53,7 +53,7 @@ def test_the_128_token_ffn_backward_with_db1_in_the_dt2_epilogue_matches_the_flo
     into the L2 for the GELU derivative, `epilogue_prefetch`.)"""
     shape = {"B": 128, "D": 512, "H": 1024}
     tgt = target_named(current_arch())
-    program = with_backward(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP")
+    program = with_backward(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP-GRAD")
     compiled = compile_model(program, "FFN-SKIP-GRAD", shape, tgt, {"tile": "128x128x64", **more}, trials=1)
     plan = compiled.plans[0]
     assert ("%d3", "%d2", "%rdB1", "dB1") in [k.nodes for k in plan.kernels]
