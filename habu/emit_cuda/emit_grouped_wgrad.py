@@ -136,6 +136,14 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     masks = {q: access_mask(lw.out, at[q], sizes, table) for q in (0, 1)}
     offs = {0: access_offset(lw.out, at[0], sizes, lw.index_width, table)}
     split = loop.registers
+    groups, batch = k.bn // frag.col_step, loop.epilogue_batch
+    # a column group j = j0 + b's pair: O[g, m, col] and O[g, m, col1] after it (n is O's last axis)
+    pair_lines = f"""            const int j = j0 + b;
+            const {it} col = ({it})({c(lw.column_n(CExpr("nt"), CExpr(frag.col())))});
+            const {it} col1 = col + {frag.pair - 1};
+            const bool in0 = {masks[0]}, in1 = {masks[1]};  // (col1 inside: col is too)
+            const {it} at = in0 ? ({offs[0]}) : 0;
+"""
     body = f"""{wgmma_function(k.bn, "bf16", *trans)}
 extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -190,13 +198,15 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
         const {it} m = ({it})({c(lw.column_m(CExpr("mt"), loop.acc_row(CExpr("cw"), CExpr("q")) + CExpr(frag.row_in_warpgroup())))});
 #pragma unroll
-        for (int j = 0; j < {k.bn // frag.col_step}; ++j) {{  // each thread holds pairs of adjacent columns
-          const {it} col = ({it})({c(lw.column_n(CExpr("nt"), CExpr(frag.col())))});
-          const {it} col1 = col + {frag.pair - 1};
-          const bool in0 = {masks[0]}, in1 = {masks[1]};  // (col1 inside: col is too)
-          if (in0) {{
-            const {it} at = {offs[0]};  // O[g, m, col]; O[g, m, col1] after it (n is O's last axis)
-            habu::add_owned({p_out} + at, {scale}acc[q][{v_reg[0]}], {scale}acc[q][{v_reg[1]}], in1 && (at & 1) == 0, in0, in1);
+        for (int j0 = 0; j0 < {groups}; j0 += {batch}) {{  // {batch} column groups' prior values read at once, then added
+          float2 prior[{batch}];
+#pragma unroll
+          for (int b = 0; b < {batch}; ++b) {{
+{pair_lines}            if (in0) prior[b] = habu::read_owned({p_out} + at, in1 && (at & 1) == 0, in0, in1);
+          }}
+#pragma unroll
+          for (int b = 0; b < {batch}; ++b) {{
+{pair_lines}            if (in0) habu::write_owned({p_out} + at, make_float2(prior[b].x + {scale}acc[q][{v_reg[0]}], prior[b].y + {scale}acc[q][{v_reg[1]}]), in1 && (at & 1) == 0, in0, in1);
           }}
         }}
       }}

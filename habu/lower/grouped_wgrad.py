@@ -16,7 +16,8 @@ with E a grouping, every group's product `O[g] += A[rows of g]ᵀ · B[rows of g
     warpgroups 1..C (consumers): wgmma with both transpose bits, each real slab q of 64 rows of m once a
         part (`part_slab`: the descriptor slab of its hi and lo blocks) into one accumulator; then the
         epilogue adds each accumulator pair into O[g, m, n] (a block owns its tile: a plain read, add and
-        store, no atomics), where m < #M and n < #N.
+        store, no atomics), where m < #M and n < #N; a thread reads `epilogue_batch` column groups' prior
+        values before it adds and stores any of them (their loads in flight together: O is past the L2)
 
 The stage tiles, descriptors and the ring are the contraction path's (`wgmma_operands` on a shadow whose A
 tile is `parts`·bm columns wide, `wgmma_ring` with the producer threads' arrivals), so the finite-field check
@@ -77,6 +78,7 @@ class WgradLoop:
     registers: RegisterSplit
     fragment: AccumulatorFragment = ACCUMULATOR
     warpgroup_size: int = WARPGROUP
+    epilogue_batch: int = 16  # column groups whose prior O values a thread reads (all in flight) before adding any
     a_async: bool = False  # A's chunks copied by cp.async straight into the stage (else loaded, then stored)
     b_async: bool = False
 

@@ -172,7 +172,7 @@ def test_the_kernel_compiles_with_nvrtc_without_spills():
     for name in ("WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"):
         m = _model(name)
         (kernel,) = emit_plan(m, default_plan(m, TARGET, SIZES, {}), TARGET).kernels
-        assert "_bf16_at_bt(" in kernel.source and "habu::add_owned(" in kernel.source
+        assert "_bf16_at_bt(" in kernel.source and "habu::read_owned(" in kernel.source
         # a bf16 A's row factor: each product rounded to bf16 in the chunk (one part)
         assert ("habu::scale_chunk(av[j], " in kernel.source) == (name == "WGRAD-P-BF16")
         assert_compiles_without_spills(kernel)
@@ -197,8 +197,8 @@ def test_the_default_producer_copies_the_bf16_operands_it_does_not_scale_by_cp_a
     src = emit_plan(m, plan, TARGET).kernels[0].source
     for side in "AB":
         assert (f"habu::cp_async<16>({side.lower()}_stage" in src) == (side in async_sides)
-        assert (f"habu::store_shared16({side.lower()}_stage" in src or "store_split_bf16x8(a_stage" in src
-                and side == "A") == (side not in async_sides)
+        assert (f"habu::store_shared16({side.lower()}_stage" in src or ("store_split_bf16x8(a_stage" in src
+                and side == "A")) == (side not in async_sides)
     arrival = "habu::cp_async_arrive(full);" if async_sides == "AB" else \
         "habu::fence_proxy_async(); habu::cp_async_arrive(full);"
     assert arrival in src and "mbar_arrive(full)" not in src

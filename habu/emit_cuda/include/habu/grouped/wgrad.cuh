@@ -50,17 +50,27 @@ __device__ __forceinline__ uint4 pack_bf16x8(float4 x, float4 y) {
   return make_uint4(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w), pack_bf16x2(y.x, y.y), pack_bf16x2(y.z, y.w));
 }
 
-/** @brief o[0] += a, o[1] += b for a block that alone owns both elements (a read, an add, a store: no atomic);
- *  one 8-byte access where `pair` (both inside and 8-byte aligned), else each element where its flag holds. */
-__device__ __forceinline__ void add_owned(float* o, float a, float b, bool pair, bool in0, bool in1) {
+/** @brief O[at], O[at + 1] of elements a block alone owns, for the epilogue's read-add-store: a batch of pairs is
+ *  read first, every load in flight at once, then each is added and written (`write_owned`); one 8-byte access
+ *  where `pair` (both inside and 8-byte aligned), else each element where its flag holds (zero where it does not). */
+__device__ __forceinline__ float2 read_owned(const float* o, bool pair, bool in0, bool in1) {
+  float2 v = make_float2(0.0f, 0.0f);
   if (pair) {
-    float2 v = *reinterpret_cast<float2*>(o);
-    v.x += a;
-    v.y += b;
+    v = *reinterpret_cast<const float2*>(o);
+  } else {
+    if (in0) v.x = o[0];
+    if (in1) v.y = o[1];
+  }
+  return v;
+}
+
+/** @brief O[at], O[at + 1] = v where inside: the write half of the epilogue's read-add-store (see `read_owned`). */
+__device__ __forceinline__ void write_owned(float* o, float2 v, bool pair, bool in0, bool in1) {
+  if (pair) {
     *reinterpret_cast<float2*>(o) = v;
   } else {
-    if (in0) o[0] += a;
-    if (in1) o[1] += b;
+    if (in0) o[0] = v.x;
+    if (in1) o[1] = v.y;
   }
 }
 
