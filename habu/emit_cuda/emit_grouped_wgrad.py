@@ -56,8 +56,10 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     rows = c(sizes[lw.r])
     mt_x, nt_x = lw.block_tile(CExpr("blockIdx.x"), CExpr("n_tiles"))
 
-    # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column
-    def chunk_lines(side: str, count: int) -> str:
+    # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column;
+    # into the registers `{side}v`/`{side}x, {side}y` + `suffix` (the next k tile's: "_n"), the row factor applied
+    # at once, or (`deferred`) its value kept beside them (`{side}f_n`) and applied by `settle_lines`
+    def chunk_lines(side: str, count: int, kt: str = "kt", suffix: str = "", deferred: bool = False) -> str:
         source = loop.a_source if side == "A" else loop.b_source
         ki, col = source(loop.chunk(CExpr("ptid"), CExpr("j")))
         acc, p, axis = (lw.a, pa, "m") if side == "A" else (lw.b, pb, "n")
@@ -66,42 +68,63 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
         mask = access_mask(acc, coord, sizes, table)
         off = access_offset(acc, coord, sizes, lw.index_width, table)
         low = side.lower()
-        if side == "A" and acc.dtype == "f32":
-            factor = ""
-            if lw.row_scale is not None:
-                rs = lw.row_scale
-                p_rs = sig.pointer(rs.tensor, rs.dtype)
-                rs_off = access_offset(rs, {"k": "r"}, sizes, lw.index_width, table)
-                factor = (f"          if (ok) habu::scale_chunk({low}x[j], {low}y[j], "
-                          f"{load_value(rs.dtype, p_rs, rs_off)});  // the row's factor {rs.tensor}[r]\n")
-            load = (f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}x[j], {low}y[j]);\n{factor}")
-        else:  # bf16 (B always: `wgrad_refusal`); a bf16 A's row factor rounds each product to bf16
-            factor = ""
-            if side == "A" and lw.row_scale is not None:
-                rs = lw.row_scale
-                rs_off = access_offset(rs, {"k": "r"}, sizes, lw.index_width, table)
-                factor = (f"          if (ok) habu::scale_chunk({low}v[j], "
-                          f"{load_value(rs.dtype, sig.pointer(rs.tensor, rs.dtype), rs_off)});  // the row's factor\n")
-            load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {low}v[j]);\n{factor}"
+        chunk = f"{low}x{suffix}[j], {low}y{suffix}[j]" if side == "A" and acc.dtype == "f32" else f"{low}v{suffix}[j]"
+        factor = ""
+        if side == "A" and lw.row_scale is not None:  # an f32 A's factor before its split; a bf16 A's rounds each product
+            rs = lw.row_scale
+            value = load_value(rs.dtype, sig.pointer(rs.tensor, rs.dtype),
+                               access_offset(rs, {"k": "r"}, sizes, lw.index_width, table))
+            factor = (f"          {low}f{suffix}[j] = ok ? {value} : 0.0f;  // the row's factor {rs.tensor}[r], applied later\n"
+                      if deferred else
+                      f"          if (ok) habu::scale_chunk({chunk}, {value});  // the row's factor {rs.tensor}[r]\n")
+        load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {chunk});\n{factor}"
         if loop.copied_async(side):  # straight into the stage (its slot as the register store's), zeros where masked
             at = loop.a_store_offset(col, ki, 0) if side == "A" else loop.b_store_offset(col, ki)
             load = (f"          habu::cp_async<16>({low}_stage + (habu::u32)({c(at)}), {p} + (ok ? ({off}) : 0), "
                     "ok);\n")
         how = "copied into the stage" if loop.copied_async(side) else "loaded"
         return f"""#pragma unroll
-        for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of this k tile, {how}: row {c(ki)}, 8 columns from {c(col)}
-          const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr("kt"), ki))});
+        for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of k tile {kt}, {how}: row {c(ki)}, 8 columns from {c(col)}
+          const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr(kt), ki))});
           const {it} col = ({it})({c(tile_col)});
           const bool ok = {c(lw.row_inside(CExpr("r"), CExpr("end")))} && ({mask});
 {load}        }}
 """
 
+    def settle_lines(side: str, count: int) -> str:
+        """The next k tile's registers (their loads in flight under this tile's stores) scaled by their row's factor
+        and made the current ones."""
+        low = side.lower()
+        f32 = side == "A" and lw.a.dtype == "f32"
+        names = (f"{low}x", f"{low}y") if f32 else (f"{low}v",)
+        scale = (f"habu::scale_chunk({', '.join(f'{n}_n[j]' for n in names)}, {low}f_n[j]); "
+                 if side == "A" and lw.row_scale is not None else "")
+        moves = " ".join(f"{n}[j] = {n}_n[j];" for n in names)
+        return f"""#pragma unroll
+          for (int j = 0; j < {count}; ++j) {{ {scale}{moves} }}
+"""
+
     a_per, b_per = loop.a_chunks() // loop.warpgroup_size, loop.b_chunks() // loop.warpgroup_size
-    a_regs = ("" if loop.a_async else f"float4 ax[{a_per}], ay[{a_per}];  // A's chunks (f32: its parts are stored)"
-              if loop.parts == 2 else f"uint4 av[{a_per}];  // A's chunks")
-    b_regs = "" if loop.b_async else f"uint4 bv[{b_per}];  // B's chunks"
     counts = {"A": a_per, "B": b_per}
-    loads = "".join(chunk_lines(side, counts[side]) for side in "AB" if not loop.copied_async(side))
+    held = [side for side in "AB" if not loop.copied_async(side)]  # the sides through registers
+    two = loop.register_depth == 2
+
+    def declare(suffix: str) -> str:
+        decls = {"A": f"float4 ax{suffix}[{a_per}], ay{suffix}[{a_per}];" if loop.parts == 2 else
+                 f"uint4 av{suffix}[{a_per}];", "B": f"uint4 bv{suffix}[{b_per}];"}
+        factor = f" float af{suffix}[{a_per}];" if suffix and "A" in held and lw.row_scale is not None else ""
+        return " ".join(decls[side] for side in held) + factor
+
+    held_regs = f"{declare('')}  // the chunks of the k tile being stored" if held else ""
+    if two:  # the next k tile's loads in flight under this one's wait and stores
+        held_regs += f"\n    {declare('_n')}  // the next k tile's, loading\n" + "".join(
+            chunk_lines(side, counts[side], "0") for side in held)
+        loads = "        if (kt + 1 < k_tiles) {  // the next k tile's loads, issued before this one's stores\n" + "".join(
+            chunk_lines(side, counts[side], "(kt + 1)", "_n", True) for side in held) + "        }\n"
+        settle = "        if (kt + 1 < k_tiles) {\n" + "".join(settle_lines(side, counts[side]) for side in held) + \
+            "        }\n"
+    else:
+        loads, settle = "".join(chunk_lines(side, counts[side]) for side in held), ""
     copies = "".join(chunk_lines(side, counts[side]) for side in "AB" if loop.copied_async(side))
     a_ki, a_col = loop.a_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     b_ki, b_col = loop.b_source(loop.chunk(CExpr("ptid"), CExpr("j")))
@@ -172,8 +195,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     const int ptid = {c(loop.producer_thread(CExpr("tid")))};
     if (blockIdx.x == 0)  // E sorted (GROUPS:): each row of the group holds it (checked once a group)
       for ({it} r = lo + ptid; r < end; r += {loop.warpgroup_size}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
-    {a_regs}
-    {b_regs}
+    {held_regs}
     for (long long kt = 0; kt < k_tiles; ++kt) {{
 {loads}        const habu::u32 full = {ring_barrier(ring, "stage")};
         habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
@@ -181,7 +203,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
         const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
 {copies}{stores}        {arrive}
         {ring_advance_line(ring)}
-      }}
+{settle}      }}
   }} else {{  // --------------------------------------------------------------------- consumers
     // {split.describe()}: no setmaxnreg
     const int cw = {c(loop.consumer(CExpr("wg")))};

@@ -78,6 +78,7 @@ class WgradLoop:
     registers: RegisterSplit
     fragment: AccumulatorFragment = ACCUMULATOR
     warpgroup_size: int = WARPGROUP
+    register_depth: int = 1  # k tiles of chunks a thread holds in registers: at 2, the next tile's loads in flight
     epilogue_batch: int = 16  # column groups whose prior O values a thread reads (all in flight) before adding any
     a_async: bool = False  # A's chunks copied by cp.async straight into the stage (else loaded, then stored)
     b_async: bool = False
@@ -257,9 +258,12 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = Fal
     # the producer keeps the registers it starts with (a k tile of loads in flight: up to 24 vectors a thread), as
     # the grouped GEMM's f32-A producer does
     copies = kernel.wgrad_copy == "cp.async"
+    # the next k tile's chunks held beside the current one's where the registers hold both (a bf16 A's 8 chunks, 32
+    # registers a tile, up to 128-column tiles: NVRTC, sm_90a, no spills; an f32 A's two parts spill at 2)
+    depth_fits = parts == 1 and kernel.bn <= 128
     return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
-                     register_split(shadow.warps, True), a_async=copies and a.dtype == "bf16" and not a_scaled,
-                     b_async=copies and b.dtype == "bf16")
+                     register_split(shadow.warps, True), register_depth=2 if copies and depth_fits else 1,
+                     a_async=copies and a.dtype == "bf16" and not a_scaled, b_async=copies and b.dtype == "bf16")
 
 
 def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,

@@ -207,6 +207,26 @@ def test_the_default_producer_copies_the_bf16_operands_it_does_not_scale_by_cp_a
     assert registers.loop is not None and not registers.loop.any_async
 
 
+@pytest.mark.parametrize("name,depth", [("WGRAD", 1), ("WGRAD-P", 1), ("WGRAD-P-BF16", 2)])
+def test_a_scaled_bf16_a_is_held_two_k_tiles_deep(name, depth):
+    """Under cp.async, a bf16 A the producer scales keeps the next k tile's chunks (and their row factors) loading in
+    registers while it stores this one's (`register_depth` 2), then scales them; an f32 A's two parts would spill
+    there, and keep one k tile. Both compile without spills."""
+    from habu.paths.emit import emit_plan
+    from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
+
+    m = _model(name)
+    plan = default_plan(m, TARGET, SIZES, {})
+    lw = lower(m, plan.kernels[0])
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None and lw.loop.register_depth == depth
+    (kernel,) = emit_plan(m, plan, TARGET).kernels
+    assert ("habu::scale_chunk(av_n[j], af_n[j]); av[j] = av_n[j];" in kernel.source) == (depth == 2)
+    assert ("if (kt + 1 < k_tiles) {  // the next k tile's loads" in kernel.source) == (depth == 2)
+    assert_compiles_without_spills(kernel)
+    wide = lower(m, replace(plan.kernels[0], bn=256, stages=3))
+    assert wide.loop is not None and wide.loop.register_depth == 1  # 256 columns: one k tile held
+
+
 def test_the_moe_backwards_weight_gradients_take_the_wgrad_loop_and_are_proven():
     from habu.lower import lower_plan
     from habu.prove.verify import verify_plan
