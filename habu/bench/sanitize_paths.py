@@ -84,6 +84,8 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                             {"wgrad_copy": "cp.async"}),
     "grouped-wgrad-async-f32": ("../tests/data/grouped_wgrad.habu", "WGRAD-P", {"T": 300, "R": 1000},
                                 {"wgrad_copy": "cp.async"}),
+    "grouped-wgrad-async-scaled": ("../tests/data/grouped_wgrad.habu", "WGRAD-P-BF16", {"T": 300, "R": 1000},
+                                   {"wgrad_copy": "cp.async"}),  # the scaled bf16 A two k tiles deep in registers
     "grouped-wgrad-registers": ("../tests/data/grouped_wgrad.habu", "WGRAD-BF16", {"T": 300, "R": 1000},
                                 {"wgrad_copy": "registers"}),
     "grouped-combine": ("../tests/data/grouped_scatter.habu", "COMBINE-BF16", {"T": 50, "R": 300},
