@@ -255,8 +255,7 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = Fal
     ring = wgmma_ring(kernel.stages, consumers, 1, shadow.tile_m, shadow.tile_n, WGRAD_BK, WGRAD_BK,
                       {"A": "ldg", "B": "ldg"}, True, 2, True)
     bars = next((x.offset for x in layout.buffers if x.name == "bar"), 0)
-    # the producer keeps the registers it starts with (a k tile of loads in flight: up to 24 vectors a thread), as
-    # the grouped GEMM's f32-A producer does
+    # the producer keeps the registers it starts with (no setmaxnreg), as the grouped GEMM's f32-A producer does
     copies = kernel.wgrad_copy == "cp.async"
     # the next k tile's chunks held beside the current one's where the registers hold both (a bf16 A's 8 chunks, 32
     # registers a tile, up to 128-column tiles: NVRTC, sm_90a, no spills; an f32 A's two parts spill at 2)
