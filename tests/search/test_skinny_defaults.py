@@ -227,3 +227,21 @@ def test_regression_a_swap_pin_on_a_tma_store_default_kept_the_tma_store():
     assert not failures(obligations(model, plan, sizes))
     kept = default_plan(model, H100, sizes, {"swap_ab": "true", "tile": "128x128x64", "store": "tma"})
     assert failures(obligations(model, kept, sizes))  # the store pinned: refused, as pinned
+
+
+def test_the_search_space_of_a_14336_wide_product_holds_112_wide_tiles_where_b_is_k_major():
+    """`O[b h] = Σ d A[b d]·W[h d]` at 128 tokens and #H 14336 (FFN-SKIP's dT3): 128 × 112 tiles make 128 blocks,
+    not 112 (cuBLAS's choice for it); the tile is proven. An n-major B (`x @ W`) is read by TMA in 64-column
+    boxes: the rules refuse that tile there."""
+    sizes = {"M": 128, "N": 14336, "K": 4096}
+    bound = _model("gemm").with_sizes(sizes)
+    (region,) = default_regions(bound)
+    assert any(v.mma == "wgmma" and (v.tile_m, v.tile_n, v.b_move) == (128, 112, "tma")
+               for v in region_space(bound, region, H100, concrete_sizes(bound, sizes)))
+    plan = default_plan(bound, H100, sizes, {"tile": "128x112x64"})
+    assert _contraction(plan).tile_n == 112
+    proof = prove(bound, plan, sizes, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate
+    kn = _model("kn").with_sizes(sizes)
+    refused = default_plan(kn, H100, sizes, {"tile": "128x112x64"})
+    assert "supported-path" in {o.rule.name for o in failures(obligations(kn, refused))}
