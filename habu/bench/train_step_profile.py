@@ -78,6 +78,9 @@ def main() -> int:
         for name, us in list(times.items())[:12]:
             print(f"  {us:9.1f}  {name[:100]}", flush=True)
         row[f"{label} kernels us"] = times
+    # the step's figures again, last, where a log's tail keeps them (session 50's profiles lost them to `| tail`)
+    print(ts.HEADER, flush=True)
+    print(ts.table_line(row), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(row, indent=1))
