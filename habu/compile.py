@@ -342,19 +342,22 @@ def write_outputs(out_dir: Path, model: Model, compiled: Compiled, target: Targe
                                indent=2) + "\n")
     written.append(cert)
     return written
+
+
 def _column_sum_note(graph: Model, kernel, storage: dict[str, str]) -> list[str]:
     """A line on a contraction kernel's column sum (habu/lower/column_epilogue.py), for the report; none elsewhere."""
     from habu.lower import lower
     from habu.plan.column_epilogue import kernel_chain
 
-    if kernel.kind != "contraction" or not kernel_chain(graph, kernel.nodes)[1]:
+    if kernel.kind != "contraction":
+        return []
+    chain, columns = kernel_chain(graph, kernel.nodes)
+    if not columns:
         return []
     cs = lower(graph, kernel, storage).column_sum  # type: ignore[attr-defined]
-    summed = cs.summand.tensor if cs.summand is not None else kernel_chain(graph, kernel.nodes)[0][-1]
+    summed = cs.summand.tensor if cs.summand is not None else chain[-1]
     how = (f"each block stores its tile row's sums in a workspace of ⌈#{cs.m.name}/{kernel.tile_m}⌉ × #{cs.n}, and "
            "the last block of each column tile to count itself adds them and stores"
            if cs.combine else "one tile row holds every row: the block stores its sums")
     return [f"Its epilogue also sums {summed} over #{cs.m.name} into {cs.out.tensor} ({', '.join(cs.nodes)}): {how}.",
             ""]
-
-

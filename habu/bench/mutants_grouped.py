@@ -42,6 +42,12 @@ def group_end_unmasked(lw: GroupedWgradLowering) -> GroupedWgradLowering:
     return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
+def held_tile_one_behind(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """A scaled A held two k tiles deep stores the registers it loaded at this step (`load_tile` without the step
+    between): each stage holds A's rows of the k tile before B's."""
+    return _loop(lw, load_tile=lambda self, step: step)
+
+
 def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
     """An n-major W's 64-column boxes all at the tile's first column (the box's offset n0 + box·64 dropped):
     the tile's later columns multiply its first 64 columns' weights."""
@@ -63,4 +69,7 @@ MUTANT_ENTRIES = (
      wgrad(parts_read_from_the_hi_block)),
     ("grouped-wgrad-group-end-unmasked", "the grouped weight gradient keeps a k tile's rows past its group's end: the "
      "next group's rows added into this group's weights", GROUPED_WGRAD, "WGRAD", SHAPE, wgrad(group_end_unmasked)),
+    ("grouped-wgrad-held-tile-one-behind", "the grouped weight gradient's producer, a scaled bf16 A two k tiles deep "
+     "in its registers, stores the tile it has just loaded: A's rows one k tile behind B's", GROUPED_WGRAD,
+     "WGRAD-P-BF16", SHAPE, wgrad(held_tile_one_behind)),
 )

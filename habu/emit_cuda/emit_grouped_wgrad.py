@@ -116,15 +116,18 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
         return " ".join(decls[side] for side in held) + factor
 
     held_regs = f"{declare('')}  // the chunks of the k tile being stored" if held else ""
+    ahead = c(loop.load_tile(CExpr("kt")))  # the k tile the held registers load at step kt (`load_tile`)
     if two:  # the next k tile's loads in flight under this one's wait and stores
         held_regs += f"\n    {declare('_n')}  // the next k tile's, loading\n" + "".join(
-            chunk_lines(side, counts[side], "0") for side in held)
-        loads = "        if (kt + 1 < k_tiles) {  // the next k tile's loads, issued before this one's stores\n" + "".join(
-            chunk_lines(side, counts[side], "(kt + 1)", "_n", True) for side in held) + "        }\n"
-        settle = "        if (kt + 1 < k_tiles) {\n" + "".join(settle_lines(side, counts[side]) for side in held) + \
+            chunk_lines(side, counts[side], c(loop.load_tile(-1))) for side in held)
+        loads = f"        if ({ahead} < k_tiles) {{  // the next k tile's loads, issued before this one's stores\n" + \
+            "".join(chunk_lines(side, counts[side], ahead, "_n", True) for side in held) + "        }\n"
+        settle = f"        if ({ahead} < k_tiles) {{\n" + "".join(settle_lines(side, counts[side]) for side in held) + \
             "        }\n"
+    elif loop.register_depth == 1:
+        loads, settle = "".join(chunk_lines(side, counts[side], ahead) for side in held), ""
     else:
-        loads, settle = "".join(chunk_lines(side, counts[side]) for side in held), ""
+        raise ValueError(f"{name}: the producer holds one or two k tiles in registers, not {loop.register_depth}")
     copies = "".join(chunk_lines(side, counts[side]) for side in "AB" if loop.copied_async(side))
     a_ki, a_col = loop.a_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     b_ki, b_col = loop.b_source(loop.chunk(CExpr("ptid"), CExpr("j")))
@@ -159,9 +162,10 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     masks = {q: access_mask(lw.out, at[q], sizes, table) for q in (0, 1)}
     offs = {0: access_offset(lw.out, at[0], sizes, lw.index_width, table)}
     split = loop.registers
-    groups, batch = k.bn // frag.col_step, loop.epilogue_batch
-    # a column group j = j0 + b's pair: O[g, m, col] and O[g, m, col1] after it (n is O's last axis)
-    pair_lines = f"""            const int j = j0 + b;
+    batch = loop.epilogue_batch
+    # the b-th column group of round `rnd` (`epilogue_group`): O[g, m, col] and O[g, m, col1] after it (n is O's
+    # last axis)
+    pair_lines = f"""            const int j = {c(loop.epilogue_group(CExpr("rnd"), CExpr("b")))};
             const {it} col = ({it})({c(lw.column_n(CExpr("nt"), CExpr(frag.col())))});
             const {it} col1 = col + {frag.pair - 1};
             const bool in0 = {masks[0]}, in1 = {masks[1]};  // (col1 inside: col is too)
@@ -220,7 +224,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
         const {it} m = ({it})({c(lw.column_m(CExpr("mt"), loop.acc_row(CExpr("cw"), CExpr("q")) + CExpr(frag.row_in_warpgroup())))});
 #pragma unroll
-        for (int j0 = 0; j0 < {groups}; j0 += {batch}) {{  // {batch} column groups' prior values read at once, then added
+        for (int rnd = 0; rnd < {loop.epilogue_rounds()}; ++rnd) {{  // {batch} column groups' prior values read at once, then added
           float2 prior[{batch}];
 #pragma unroll
           for (int b = 0; b < {batch}; ++b) {{

@@ -44,6 +44,7 @@ from habu.spec.ir import Equation, Expr, IndexVar, Model
 
 WGRAD_BK = 64  # rows a k tile: 64 rows of 128 bytes, one MN-major block's swizzle pattern
 VECTOR = 8  # elements a producer chunk moves (16 bytes of bf16)
+EPILOGUE_READS = 16  # the epilogue's reads of O in flight a thread at most (16 column groups: 32 registers)
 
 
 def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str) -> str | None:
@@ -99,6 +100,20 @@ class WgradLoop:
     @property
     def threads(self) -> int:
         return self.warpgroup_size * (self.consumers + 1)
+
+    def load_tile(self, step: Any) -> Any:
+        """The k tile whose chunks a thread loads into its registers (the sides not `copied_async`) at loop step
+        `step`, to store them at step `step + register_depth − 1`: the next tile's under this one's stores at depth
+        2 (steps −(depth − 1) .. −1: the loads before the loop)."""
+        return step + self.register_depth - 1
+
+    def epilogue_rounds(self) -> int:
+        """The epilogue's rounds over a thread's 8-column groups, `epilogue_batch` of them read at once each."""
+        return -(-(self.bn // self.fragment.col_step) // self.epilogue_batch)
+
+    def epilogue_group(self, rnd: Any, b: Any) -> Any:
+        """The 8-column group a thread reads (then adds and stores) b-th in epilogue round `rnd`."""
+        return rnd * self.epilogue_batch + b
 
     def warpgroup(self, tid: Any) -> Any:
         return tid // self.warpgroup_size
@@ -262,6 +277,7 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = Fal
     depth_fits = parts == 1 and kernel.bn <= 128
     return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
                      register_split(shadow.warps, True), register_depth=2 if copies and depth_fits else 1,
+                     epilogue_batch=min(EPILOGUE_READS, kernel.bn // ACCUMULATOR.col_step),
                      a_async=copies and a.dtype == "bf16" and not a_scaled, b_async=copies and b.dtype == "bf16")
 
 

@@ -76,6 +76,12 @@ def loop_faults(loop: WgradLoop) -> list[str]:
     moved = fragment_mismatch("wgmma", loop.fragment, loop.bn // loop.fragment.col_step)
     if moved is not None:
         faults.append(moved)
+    groups = loop.bn // loop.fragment.col_step  # the epilogue's rounds take each 8-column group once
+    taken = sorted(int(loop.epilogue_group(r, b)) for r in range(loop.epilogue_rounds())
+                   for b in range(loop.epilogue_batch))
+    if taken != list(range(groups)):
+        faults.append(f"the epilogue's rounds (`epilogue_group`) do not take a thread's {groups} column groups once "
+                      "each")
     return faults
 
 
@@ -121,21 +127,32 @@ def _block(name: str, lw: GroupedWgradLowering, sizes: Mapping[str, int], mem: M
         if t is None:  # a stage read before its tile landed: stale shared memory
             acc = (acc + mem.poison(np.arange(acc.size, dtype=np.int64) * 7919 + g).reshape(acc.shape)) % f.p
             continue
-        rows = np.asarray(lw.row(lo, t, i), dtype=np.int64)
-        inside = np.asarray(lw.row_inside(rows, hi), dtype=bool)
         a = np.zeros((k.bm, WGRAD_BK), dtype=np.int64)
         b = np.zeros((k.bn, WGRAD_BK), dtype=np.int64)
-        live = rows[inside]
-        if len(live):
-            av = read(name, lw.a, {"k": live[None, :], "m": np.where(m_ok, ms, 0)[:, None]}, sizes, mem,
-                      lw.index_width, where)
-            if lw.row_scale is not None:
-                p = read(name, lw.row_scale, {"k": live[None, :]}, sizes, mem, lw.index_width, where)
-                av = f.op("mul", [np.broadcast_to(av, (k.bm, len(live))), np.broadcast_to(p, (k.bm, len(live)))])
-            a[:, inside] = np.where(m_ok[:, None], np.broadcast_to(av, (k.bm, len(live))), 0)
-            bv = read(name, lw.b, {"k": live[None, :], "n": np.where(n_ok, ns, 0)[:, None]}, sizes, mem,
-                      lw.index_width, where)
-            b[:, inside] = np.where(n_ok[:, None], np.broadcast_to(bv, (k.bn, len(live))), 0)
+        for side in "AB":
+            # the k tile whose chunks the producer puts in this stage: a copied side its step's, a side through
+            # registers the one its registers loaded `register_depth − 1` steps before (`load_tile`)
+            held = t if loop.copied_async(side) else int(loop.load_tile(t - loop.register_depth + 1))
+            if not 0 <= held < steps:
+                mem.fault(f"while computing {lw.out.tensor}[{g}, {mt * k.bm}, {nt * k.bn}]: the producer stores k "
+                          f"tile {held} of {side} at step {t} of {steps} (`load_tile`), a tile it never loaded")
+                continue
+            rows = np.asarray(lw.row(lo, held, i), dtype=np.int64)
+            inside = np.asarray(lw.row_inside(rows, hi), dtype=bool)
+            live = rows[inside]
+            if not len(live):
+                continue
+            if side == "A":
+                av = read(name, lw.a, {"k": live[None, :], "m": np.where(m_ok, ms, 0)[:, None]}, sizes, mem,
+                          lw.index_width, where)
+                if lw.row_scale is not None:
+                    p = read(name, lw.row_scale, {"k": live[None, :]}, sizes, mem, lw.index_width, where)
+                    av = f.op("mul", [np.broadcast_to(av, (k.bm, len(live))), np.broadcast_to(p, (k.bm, len(live)))])
+                a[:, inside] = np.where(m_ok[:, None], np.broadcast_to(av, (k.bm, len(live))), 0)
+            else:
+                bv = read(name, lw.b, {"k": live[None, :], "n": np.where(n_ok, ns, 0)[:, None]}, sizes, mem,
+                          lw.index_width, where)
+                b[:, inside] = np.where(n_ok[:, None], np.broadcast_to(bv, (k.bn, len(live))), 0)
         tile_a = _parts_values(loop, a)
         for cw in range(loop.consumers):
             for q in range(loop.slabs):

@@ -121,6 +121,54 @@ def test_regression_a_planted_map_is_killed(planted):
 
 
 @pytest.mark.parametrize("planted", [
+    # the held registers load the tile after the next: each stage gets A's rows of the wrong k tile
+    {"load_tile": lambda self, step: step + self.register_depth},
+    # the registers stored as they were loaded at depth 2, without the step between: A's tile one behind B's
+    {"load_tile": lambda self, step: step},
+    # every epilogue round's reads start over at group 0: groups 16 .. 31 never added, 0 .. 15 twice
+    {"epilogue_group": lambda self, rnd, b: b},
+])
+def test_regression_a_planted_producer_step_or_epilogue_round_is_killed(planted):
+    """The two-deep producer's tile (`load_tile`) and the epilogue's rounds (`epilogue_group`), which the emitter prints
+    and the check runs, one off: a scaled bf16 A two k tiles deep, 256-column tiles (two epilogue rounds)."""
+    base = lower(_model("WGRAD-P-BF16"), replace(KERNEL, bn=128 if "load_tile" in planted else 256,
+                                                   wgrad_copy="cp.async"))
+    assert isinstance(base, GroupedWgradLowering) and base.loop is not None
+    assert base.loop.register_depth == (2 if "load_tile" in planted else 1) and base.loop.epilogue_rounds() >= 1
+    faults, got, ref = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], "WGRAD-P-BF16",
+                            lw=_loop_with(base, **planted))
+    assert faults or (got != ref).any()
+
+
+def test_regression_64_column_tiles_read_their_8_column_groups_in_one_round():
+    """A 64-column tile has 8 column groups: the epilogue read 16 a round (`epilogue_batch` fixed at 16), groups 8 ..
+    15 past the tile's accumulators and into the next tile's columns of O. The batch is the tile's groups at most."""
+    lw = lower(_model(), replace(KERNEL, bn=64, wgrad_copy="cp.async"))
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+    assert (lw.loop.epilogue_batch, lw.loop.epilogue_rounds()) == (8, 1)
+    faults, got, ref = _run(GROUPINGS["one-group-holds-every-row"], lw=lw)
+    assert not faults and (got == ref).all()
+    from habu.paths.emit import emit_plan
+
+    m = _model()
+    plan = replace(default_plan(m, TARGET, SIZES, {}), kernels=(replace(KERNEL, bn=64, wgrad_copy="cp.async"),))
+    src = emit_plan(m, plan, TARGET).kernels[0].source
+    assert "float2 prior[8];" in src and "for (int rnd = 0; rnd < 1; ++rnd)" in src
+
+
+def test_regression_the_group_offsets_are_the_models_groups_not_the_tiles_column_groups():
+    """The epilogue's column-group count was named `groups` in the emitter and shadowed #G below it: the kernel found
+    offsets for bn / 8 groups (16), so with more experts than that the blocks of groups past 16 read offsets no
+    thread wrote. The offsets are #G + 1, for any #G."""
+    from habu.paths.emit import emit_plan
+
+    m = _model().with_sizes({"G": 40})
+    sizes = {**SIZES, "G": 40}
+    src = emit_plan(m, default_plan(m, TARGET, sizes, {}), TARGET).kernels[0].source
+    assert "__shared__ int offs[41];" in src and ", 40, offs);" in src and "over #G = 40 groups" in src
+
+
+@pytest.mark.parametrize("planted", [
     # the block's tiles decoded m for n (4 n tiles of 64 against 2 m tiles: not a permutation of the tiles)
     {"block_tile": lambda self, bx, n: (bx % n, bx // n)},
     {"column_m": lambda self, mt, i: mt * self.kernel.bm + i + 1},
@@ -221,7 +269,7 @@ def test_a_scaled_bf16_a_is_held_two_k_tiles_deep(name, depth):
     assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None and lw.loop.register_depth == depth
     (kernel,) = emit_plan(m, plan, TARGET).kernels
     assert ("habu::scale_chunk(av_n[j], af_n[j]); av[j] = av_n[j];" in kernel.source) == (depth == 2)
-    assert ("if (kt + 1 < k_tiles) {  // the next k tile's loads" in kernel.source) == (depth == 2)
+    assert ("< k_tiles) {  // the next k tile's loads, issued before this one's stores" in kernel.source) == (depth == 2)
     assert_compiles_without_spills(kernel)
     wide = lower(m, replace(plan.kernels[0], bn=256, stages=3))
     assert wide.loop is not None and wide.loop.register_depth == 1  # 256 columns: one k tile held
