@@ -41,6 +41,15 @@ def test_the_wgrad_loop_passes_the_exact_check(model, copy):
     assert result.ok and result.applicable, result.reason()
 
 
+def test_regression_more_groups_than_a_tiles_column_groups_pass_the_exact_check():
+    """40 groups, more than a 128-column tile's 16 column groups: the emitter's shadowed `groups` made the kernel find
+    only 16 offsets (tests/prove/test_grouped_wgrad.py has the CPU side)."""
+    built = build(str(GW), "WGRAD-BF16", {"T": T, "R": 1000, "G": 40}, {})
+    _is_wgrad(built)
+    result = ExactChecker(built.model, built.sizes, seed=40).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
 @pytest.mark.parametrize("name", list(COUNTS))
 @pytest.mark.parametrize("tile", [{}, {"bn": "256", "stages": "3"}, {"bm": "64", "warps_m": "1"}])
 def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts(name, tile):
