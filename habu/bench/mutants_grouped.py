@@ -15,6 +15,7 @@ from habu.lower.grouped_wgrad import WgradLoop
 
 GROUPED_N_MAJOR = "../tests/data/grouped_n_major.habu"
 GROUPED_WGRAD = "../tests/data/grouped_wgrad.habu"
+GROUPED_SCATTER = "../tests/data/grouped_scatter.habu"
 SHAPE = {"T": 30, "R": 200}
 
 
@@ -48,6 +49,22 @@ def held_tile_one_behind(lw: GroupedWgradLowering) -> GroupedWgradLowering:
     return _loop(lw, load_tile=lambda self, step: step)
 
 
+def staged_halves_swapped(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """A staged f32 A (`wgrad_copy` staged): the producer copies each chunk's two halves into each other's units,
+    so the consumers split columns 4..7 of each chunk as 0..3 and the reverse."""
+    return _loop(lw, a_landed_offset=lambda self, m, k, half=0: WgradLoop.a_landed_offset(self, m, k, 1 - half))
+
+
+def split_halves_swapped(lw: GroupedLowering) -> GroupedLowering:
+    """An f32 A split by the consumers (`a_split` consumers): the producer copies each chunk's two raw halves into
+    each other's places, so the consumers split k + 4..7 of each chunk as k..k + 3."""
+    assert lw.wgmma is not None
+    base = type(lw.wgmma)
+    cls = type("Planted_landing", (base,),
+               {"a_landed_offset": lambda self, i, k, half=0: base.a_landed_offset(self, i, k, 1 - half)})
+    return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
+
+
 def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
     """An n-major W's 64-column boxes all at the tile's first column (the box's offset n0 + box·64 dropped):
     the tile's later columns multiply its first 64 columns' weights."""
@@ -58,12 +75,15 @@ def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
     return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
 
 
-# (name, bug, example, model, shape, mutate): habu.bench.mutants.Mutant's fields
+# (name, bug, example, model, shape, mutate[, pins]): habu.bench.mutants.Mutant's fields
 MUTANT_ENTRIES = (
     ("grouped-wgmma-n-major-boxes-at-first-column", "the grouped wgmma loop over n-major weights (W[E[r] k n], a MoE "
      "backward's product through the transposed experts) issues every 64-column box of W at the tile's first "
      "column: columns 64.. multiply the first 64 columns' weights", GROUPED_N_MAJOR, "DACT", SHAPE,
      grouped(boxes_at_first_column)),
+    ("grouped-wgmma-f32-split-halves-swapped", "the grouped wgmma loop's producer copies a raw f32 A chunk's two "
+     "halves into each other's places: the consumers split k + 4..7 as k..k + 3", GROUPED_SCATTER, "COMBINE-F32",
+     SHAPE, grouped(split_halves_swapped), {"family": "grouped", "main_loop": "wgmma", "a_split": "consumers"}),
     ("grouped-wgrad-parts-read-twice", "the grouped weight gradient's consumers read an f32 A's hi block for both "
      "parts' instructions: every product added twice, the low parts never", GROUPED_WGRAD, "WGRAD", SHAPE,
      wgrad(parts_read_from_the_hi_block)),
@@ -71,5 +91,8 @@ MUTANT_ENTRIES = (
      "next group's rows added into this group's weights", GROUPED_WGRAD, "WGRAD", SHAPE, wgrad(group_end_unmasked)),
     ("grouped-wgrad-held-tile-one-behind", "the grouped weight gradient's producer, a scaled bf16 A two k tiles deep "
      "in its registers, stores the tile it has just loaded: A's rows one k tile behind B's", GROUPED_WGRAD,
-     "WGRAD-P-BF16", SHAPE, wgrad(held_tile_one_behind)),
+     "WGRAD-P-BF16", SHAPE, wgrad(held_tile_one_behind), {"wgrad_copy": "cp.async"}),
+    ("grouped-wgrad-staged-halves-swapped", "the grouped weight gradient's producer copies a raw f32 A chunk's two "
+     "halves into each other's places: the consumers split columns 4..7 as 0..3", GROUPED_WGRAD, "WGRAD", SHAPE,
+     wgrad(staged_halves_swapped), {"wgrad_copy": "staged"}),
 )

@@ -88,6 +88,14 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                                    {"wgrad_copy": "cp.async"}),  # the scaled bf16 A two k tiles deep in registers
     "grouped-wgrad-registers": ("../tests/data/grouped_wgrad.habu", "WGRAD-BF16", {"T": 300, "R": 1000},
                                 {"wgrad_copy": "registers"}),
+    # session 51's staged A: every operand by cp.async, the consumers' in-place pass over their slab (an f32 A split
+    # where it landed raw, a row factor applied there): the warpgroup's reads before its writes (racecheck)
+    "grouped-wgrad-staged": ("../tests/data/grouped_wgrad.habu", "WGRAD", {"T": 300, "R": 1000},
+                             {"wgrad_copy": "staged"}),
+    "grouped-wgrad-staged-scaled": ("../tests/data/grouped_wgrad.habu", "WGRAD-P", {"T": 300, "R": 1000},
+                                    {"wgrad_copy": "staged"}),
+    "grouped-wgrad-staged-bf16-scaled": ("../tests/data/grouped_wgrad.habu", "WGRAD-P-BF16", {"T": 300, "R": 1000},
+                                         {"wgrad_copy": "staged"}),
     "grouped-combine": ("../tests/data/grouped_scatter.habu", "COMBINE-BF16", {"T": 50, "R": 300},
                         {"family": "grouped"}),
     "attention": ("attention.habu", "ATTENTION-GQA", {}, {}),
@@ -129,6 +137,9 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                                       "stages": "3", "kv_split": "256", "kv_warps": "1"}),
     "grouped-wgmma": ("../tests/data/grouped_gemm.habu", "GROUPED-GATHER", {"T": 50, "R": 300},
                       {"family": "grouped", "main_loop": "wgmma"}),
+    # session 51: an f32 A copied raw and split by the consumers in place (`a_split` consumers)
+    "grouped-wgmma-f32-split": ("../tests/data/grouped_scatter.habu", "COMBINE-F32", {"T": 50, "R": 300},
+                                {"family": "grouped", "main_loop": "wgmma", "a_split": "consumers"}),
     "wgmma-scatter-add": ("../tests/data/ggemm_backward.habu", "GGEMM-DA", {"M": 300, "N": 200, "K": 136}, {}),
     "wgmma-k-gathered": ("../tests/data/ggemm_backward.habu", "GGEMM-DB", {"M": 300, "N": 200, "K": 136}, {}),
     # the scatter taken out of the epilogue (an f32 product, then the general scatter, 4 elements a thread)

@@ -68,6 +68,56 @@ def _cp_async_fill(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: s
 """
 
 
+def _cp_async_halves(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: str, koff: str, loop) -> str:
+    """An f32 A split by the consumers (`a_convert`): each producer thread cp.asyncs its rows' chunk of 8 floats
+    raw, two 16-byte halves, where the lowering stages them (`a_landed_offset`), zeros where masked."""
+    lines = "\n".join(
+        f"          habu::cp_async<16>(a_stage + (habu::u32)({c(loop.a_landed_offset(CExpr('i'), CExpr(k_at), half))}), "
+        f"ok ? src + {4 * half} : {pa}, ok);" for half in (0, 1))
+    return f"""      {{
+        const {it} kk = k0 + {k_at};
+        const bool k_ok = {kmask};
+#pragma unroll
+        for (int j = 0; j < {copies}; ++j) {{
+          const int i = {i_at};
+          const bool ok = a_row_off[j] >= 0 && k_ok;
+          const float* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
+{lines}
+        }}
+      }}
+"""
+
+
+def split_pass(loop, ind: str = "  ") -> str:
+    """The consumers' in-place split of their slabs of a raw f32 A (`WgmmaMainLoop.a_convert`), as k-loop lines
+    after the stage's wait: each thread reads its chunks' raw halves (`convert_source`, `a_staged_offset`), the
+    warpgroup meets, each writes its chunks' bf16 parts (hi at the stage tile's slot, lo `lo_offset` after it),
+    then fences them for wgmma and meets again (`habu::slab_pass_sync`, the warpgroup's named barrier)."""
+    ops = loop.operands
+    n = loop.convert_chunks()
+    ri, ki = loop.convert_source(CExpr("ctid"), CExpr("j"))
+    i = ops.slab_row(CExpr("cw"), CExpr("q")) + ri
+    dst = ops.a_copy.byte_offset(i, ki)
+    return f"""#pragma unroll
+{ind}for (int q = 0; q < {ops.slabs}; ++q) {{  // A's slab q of this warpgroup, split in place: row {c(ri)} of the slab, 8 k from {c(ki)}
+{ind}  float4 cx[{n}], cy[{n}];
+#pragma unroll
+{ind}  for (int j = 0; j < {n}; ++j) {{
+{ind}    cx[j] = habu::load_shared_f32x4(a_stage + (habu::u32)({c(loop.a_staged_offset(i, ki, 0))}));
+{ind}    cy[j] = habu::load_shared_f32x4(a_stage + (habu::u32)({c(loop.a_staged_offset(i, ki, 1))}));
+{ind}  }}
+{ind}  habu::slab_pass_sync(1 + cw);  // every raw chunk read before a part lands on it
+#pragma unroll
+{ind}  for (int j = 0; j < {n}; ++j) {{
+{ind}    const habu::u32 at = a_stage + (habu::u32)({c(dst)});
+{ind}    habu::store_split_bf16x8(at, at + {loop.lo_offset}u, cx[j], cy[j]);
+{ind}  }}
+{ind}}}
+{ind}habu::fence_proxy_async();
+{ind}habu::slab_pass_sync(1 + cw);  // the warpgroup's parts written and visible to its wgmmas
+"""
+
+
 def _f32_load(it: str, k_at: str, copies: int, kmask: str, pa: str, koff: str, k_tile: str, into: str) -> str:
     """An f32 A: each producer thread loads the same 8 k of its rows of k tile `k_tile` (two float4 each, zero
     where masked) into registers `into`x, `into`y."""
@@ -188,18 +238,20 @@ def _vector_epilogue(lw: GroupedLowering, sizes, table, it: str, row, inside: st
 """
 
 
-def consumer_k_loop(ring, ops, mma: str, ind: str) -> str:
+def consumer_k_loop(ring, ops, mma: str, ind: str, before_wait: str = "", after_wait: str = "") -> str:
     """A consumer warpgroup's k loop over `k_tiles` stages of the ring (the lowering's `MbarrierRing` and
     `WgmmaOperands`): wait for the stage's `full` phase, issue `mma` (the wgmma lines of a k step `kk`), keep one
-    group in flight, release the stage read before; then drain and release the last. Each line indented by `ind`."""
+    group in flight, release the stage read before; then drain and release the last. Each line indented by `ind`;
+    `before_wait` and `after_wait` (lines at the loop body's indent) go before the stage's wait and after it,
+    before the wgmmas (the weight gradient's in-place pass over its staged A)."""
     slot = c(ring.read_slot(CExpr("stage")))
     release = f"if (held >= 0 && tid % 128 == 0) habu::mbar_arrive({ring_barrier(ring, 'held', empty=True)});"
     lines = f"""int held = -1;  // the stage whose wgmma may still be reading it
 for (long long kt = 0; kt < k_tiles; ++kt) {{
-  habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
+{before_wait}  habu::mbar_wait({ring_barrier(ring, "stage")}, {c(ring.consumer_wait(CExpr("phase")))});
   const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)({slot}) * {ops.stage_stride}u;
   const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)({slot}) * {ops.stage_stride}u;
-  habu::wgmma_fence();
+{after_wait}  habu::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < {ops.k_steps}; ++kk) {{
 MMA
@@ -299,6 +351,9 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     assert split is not None
     if loop.a_parts == 1:
         a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, i_at, k_at, copies, kmask, pa, koff, dst), \
+            "habu::cp_async_arrive(full);"
+    elif loop.a_convert:  # an f32 A copied raw, every stage of the ring in flight; the consumers split it
+        a_pre, a_load, a_fill, arrive = "", "", _cp_async_halves(it, i_at, k_at, copies, kmask, pa, koff, loop), \
             "habu::cp_async_arrive(full);"
     else:  # an f32 A: the k tile's rows loaded before the stage is free, split into bf16 parts, stored
         # the next k tile's loads are in flight while this one's parts are stored (two tiles of registers)
@@ -453,6 +508,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
 {inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
+    const int ctid = tid % {loop.warpgroup_size};  // the thread within its warpgroup
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
 {walk}{tile_head}      float acc[{slabs}][{regs}];
@@ -460,7 +516,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       for (int s = 0; s < {slabs}; ++s)
 #pragma unroll
         for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
-{acc2.format(slabs=slabs, regs=regs)}{consumer_k_loop(ring, ops, mma, "      ")}{epilogue_loops}    }}
+{acc2.format(slabs=slabs, regs=regs)}{consumer_k_loop(ring, ops, mma, "      ", after_wait=split_pass(loop) if loop.a_convert else "")}{epilogue_loops}    }}
   }}
 }}
 """

@@ -38,7 +38,7 @@ from habu.spec.ir import Model
 
 def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static: dict[str, int]) -> CudaKernel:
     k, loop = lw.kernel, lw.loop
-    refused = wgrad_refusal(k, lw.a.dtype, lw.b.dtype)
+    refused = wgrad_refusal(k, lw.a.dtype, lw.b.dtype, lw.row_scale is not None)
     if refused or loop is None:
         raise ValueError(f"{name}: {refused or 'the grouped weight gradient has no stage maps for this tile'}")
     ops, ring = loop.operands, loop.ring
@@ -79,9 +79,14 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
                       f"          if (ok) habu::scale_chunk({chunk}, {value});  // the row's factor {rs.tensor}[r]\n")
         load = f"          habu::load_chunk({p} + (ok ? ({off}) : 0), ok, {chunk});\n{factor}"
         if loop.copied_async(side):  # straight into the stage (its slot as the register store's), zeros where masked
-            at = loop.a_store_offset(col, ki, 0) if side == "A" else loop.b_store_offset(col, ki)
-            load = (f"          habu::cp_async<16>({low}_stage + (habu::u32)({c(at)}), {p} + (ok ? ({off}) : 0), "
-                    "ok);\n")
+            if side == "A" and loop.parts == 2:  # an f32 chunk raw, two halves, where the consumers split it
+                load = "".join(
+                    f"          habu::cp_async<16>(a_stage + (habu::u32)({c(loop.a_landed_offset(col, ki, half))}), "
+                    f"{p} + (ok ? ({off}) + {4 * half} : 0), ok);\n" for half in (0, 1))
+            else:
+                at = loop.a_landed_offset(col, ki) if side == "A" else loop.b_store_offset(col, ki)
+                load = (f"          habu::cp_async<16>({low}_stage + (habu::u32)({c(at)}), {p} + (ok ? ({off}) : 0), "
+                        "ok);\n")
         how = "copied into the stage" if loop.copied_async(side) else "loaded"
         return f"""#pragma unroll
         for (int j = 0; j < {count}; ++j) {{  // {side}'s chunks of k tile {kt}, {how}: row {c(ki)}, 8 columns from {c(col)}
@@ -146,6 +151,8 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
               if not loop.any_registers else
               "habu::fence_proxy_async(); habu::cp_async_arrive(full);  // the stores visible, then as the copies land")
 
+    before_wait, after_wait = convert_lines(lw, sig, sizes, table, it) if loop.a_convert else ("", "")
+
     # the consumers: each real slab q, each part, one wgmma into acc[q] (both operands MN-major)
     trans = (ops.b_desc.mn_major, ops.a_desc.mn_major)
     b_desc = desc_text(ops.b_desc, "b_stage", ops.b_start(CExpr("kk")))
@@ -162,6 +169,11 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     masks = {q: access_mask(lw.out, at[q], sizes, table) for q in (0, 1)}
     offs = {0: access_offset(lw.out, at[0], sizes, lw.index_width, table)}
     split = loop.registers
+    # the register split (setmaxnreg only where a warpgroup's count changes from the launch's)
+    resized = split.producer != split.at_launch or split.consumer != split.at_launch
+    dec = f"    habu::setmaxnreg_dec<{split.producer}>();\n" if split.producer != split.at_launch else ""
+    inc = (f"    habu::setmaxnreg_inc<{split.consumer}>();  // {split.describe()}\n" if split.consumer != split.at_launch
+           else f"    // {split.describe()}: no setmaxnreg\n")
     batch = loop.epilogue_batch
     # the b-th column group of round `rnd` (`epilogue_group`): O[g, m, col] and O[g, m, col1] after it (n is O's
     # last axis)
@@ -196,7 +208,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   int stage = {ring.start_stage};
   habu::u32 phase = {ring.start_phase};
   if (wg == 0) {{  // ---------------------------------------------------------------- producer
-    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
+{dec}    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
     if (blockIdx.x == 0)  // E sorted (GROUPS:): each row of the group holds it (checked once a group)
       for ({it} r = lo + ptid; r < end; r += {loop.warpgroup_size}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
     {held_regs}
@@ -209,8 +221,8 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
         {ring_advance_line(ring)}
 {settle}      }}
   }} else {{  // --------------------------------------------------------------------- consumers
-    // {split.describe()}: no setmaxnreg
-    const int cw = {c(loop.consumer(CExpr("wg")))};
+{inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
+    const int ctid = tid % {loop.warpgroup_size};  // the thread within its warpgroup
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
     float acc[{loop.slabs}][{regs}];
@@ -218,7 +230,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     for (int s = 0; s < {loop.slabs}; ++s)
 #pragma unroll
       for (int i = 0; i < {regs}; ++i) acc[s][i] = 0.0f;
-{consumer_k_loop(ring, ops, mma, "    ")}#pragma unroll
+{consumer_k_loop(ring, ops, mma, "    ", before_wait, after_wait)}#pragma unroll
     for (int q = 0; q < {loop.slabs}; ++q)
 #pragma unroll
       for (int h = 0; h < {frag.halves}; ++h) {{  // the rows lane/4 and lane/4 + 8 of each warp's 16
@@ -253,7 +265,61 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
                   *([f"each row times {lw.row_scale.tensor}[r]"] if lw.row_scale is not None else []),
                   f"adds into {lw.out.tensor} (each element by the one block that owns it)"])
     src += body.replace("SIGNATURE", sig.declaration())
-    return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw)
+    return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw,
+                      register_demand=split.demand if resized else None)  # no setmaxnreg: nothing to wait for
+
+
+def convert_lines(lw: GroupedWgradLowering, sig: Signature, sizes: dict, table, it: str) -> tuple[str, str]:
+    """The consumers' in-place pass over their slabs of a staged A (`WgradLoop.a_convert`), as the k loop's lines
+    before the stage's wait (each chunk's row factor, loaded while the stage fills) and after it: each thread reads
+    its chunks (`convert_source`) of each of its slabs (an f32 A's raw halves at `a_staged_offset`, a bf16 A at
+    its slot), the warpgroup meets, each writes its chunks' bf16 parts (`a_store_offset`, times the row factor
+    first), then fences them for wgmma and meets again."""
+    loop = lw.loop
+    assert loop is not None
+    n = loop.convert_chunks()
+    ki, mi = loop.convert_source(CExpr("ctid"), CExpr("j"))
+    m = loop.acc_row(CExpr("cw"), CExpr("q")) + mi
+    bar = "1 + cw"  # the warpgroup's named barrier (0 is __syncthreads)
+    before = ""
+    factor = ""
+    if lw.row_scale is not None:
+        rs = lw.row_scale
+        value = load_value(rs.dtype, sig.pointer(rs.tensor, rs.dtype),
+                           access_offset(rs, {"k": "r"}, sizes, lw.index_width, table))
+        before = f"""  float cf[{n}];  // the row factor {rs.tensor}[r] of each chunk's row, loaded before the stage's wait
+#pragma unroll
+  for (int j = 0; j < {n}; ++j) {{
+    const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr("kt"), ki))});
+    cf[j] = {c(lw.row_inside(CExpr("r"), CExpr("end")))} ? {value} : 0.0f;
+  }}
+"""
+    if loop.parts == 2:
+        if lw.row_scale is not None:
+            factor = "habu::scale_chunk(cx[j], cy[j], cf[j]); "
+        reads = (f"      cx[j] = habu::load_shared_f32x4(a_stage + (habu::u32)({c(loop.a_staged_offset(m, ki, 0))}));\n"
+                 f"      cy[j] = habu::load_shared_f32x4(a_stage + (habu::u32)({c(loop.a_staged_offset(m, ki, 1))}));\n")
+        writes = (f"{factor}habu::store_split_bf16x8(a_stage + (habu::u32)({c(loop.a_store_offset(m, ki, 0))}), "
+                  f"a_stage + (habu::u32)({c(loop.a_store_offset(m, ki, 1))}), cx[j], cy[j]);")
+        regs, meet = f"float4 cx[{n}], cy[{n}];", f"    habu::slab_pass_sync({bar});  // every raw chunk read before a part lands on it\n"
+    else:
+        reads = f"      cv[j] = habu::load_shared16(a_stage + (habu::u32)({c(loop.a_store_offset(m, ki, 0))}));\n"
+        writes = (f"habu::scale_chunk(cv[j], cf[j]); "
+                  f"habu::store_shared16(a_stage + (habu::u32)({c(loop.a_store_offset(m, ki, 0))}), cv[j]);")
+        regs, meet = f"uint4 cv[{n}];", ""  # each thread rewrites the chunks it read
+    after = f"""#pragma unroll
+  for (int q = 0; q < {loop.slabs}; ++q) {{  // A's slab q of this warpgroup, rewritten in place: row {c(ki)} of k, 8 columns from {c(mi)}
+    {regs}
+#pragma unroll
+    for (int j = 0; j < {n}; ++j) {{
+{reads}    }}
+{meet}#pragma unroll
+    for (int j = 0; j < {n}; ++j) {{ {writes} }}
+  }}
+  habu::fence_proxy_async();
+  habu::slab_pass_sync({bar});  // the warpgroup's parts written and visible to its wgmmas
+"""
+    return before, after
 
 
 register_geometry(GroupedWgradLowering, GRID_2D)  # (output tiles of a group, groups)

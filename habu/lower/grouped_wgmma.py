@@ -69,6 +69,10 @@ def wgmma_refusal(kernel: GroupedKernel, a_dtype: str, w_dtype: str, pair: bool,
         return f"wgmma multiplies 8 to 256 columns in steps of 8, not {kernel.bn}"
     if kernel.stages < 2:
         return "the wgmma main loop's ring needs at least 2 stages"
+    if a_dtype == "f32" and kernel.a_split == "consumers" and kernel.bn > 128:
+        # NVRTC, sm_90a: 256 columns' accumulators beside a slab's four f32 chunks spill
+        return (f"a_split=consumers splits an f32 A in the consumers, whose registers hold a slab's chunks beside the "
+                f"accumulators: at most 128 columns a tile, not {kernel.bn}")
     return None
 
 
@@ -99,6 +103,9 @@ class WgmmaMainLoop:
     # a fused pair's instructions a slab and k step: 2 (each box times A, n = bn, into its own accumulator) or
     # 1 (one instruction of n = 2·bn over the stage's whole B tile: both boxes, one accumulator; `pair_group`)
     pair_wgmmas: int = 2
+    # an f32 A copied raw by cp.async (`a_split` consumers): each chunk's two 16-byte halves land in the bytes its
+    # parts take (`a_staged_offset`), and each consumer warpgroup splits its own slab there before its wgmmas
+    a_convert: bool = False
 
     @property
     def threads(self) -> int:
@@ -137,6 +144,30 @@ class WgmmaMainLoop:
     def a_copy_k(self, ptid: Any) -> Any:
         """The k (within the k tile) of producer thread ptid's copies: the same 16-byte column of each row."""
         return (ptid % self._per_row()) * self.operands.a_copy.vector
+
+    # -- an f32 A split by the consumers in place (`a_convert`)
+    def a_staged_offset(self, i: Any, k: Any, half: Any) -> Any:
+        """The byte of the stage's A buffer where half `half` (4 floats) of the f32 chunk at tile row i, k (8 floats
+        from k) lands raw: row i's 64 floats fill row i of the hi tile (k < 32) and of the lo tile (`lo_offset` on),
+        each row's 16-byte units XOR-swizzled by i mod 8 (a quarter warp's reads, 8 rows, in 8 bank groups)."""
+        unit = k // 4 + half
+        row_bytes = self.operands.a_tile.row_elems * self.operands.a_tile.elem_bytes
+        return (unit // 8) * self.lo_offset + i * row_bytes + ((unit % 8) ^ (i % 8)) * 16
+
+    def a_landed_offset(self, i: Any, k: Any, half: Any = 0) -> Any:
+        """Where the producer's copy of A's chunk (i, k) lands: raw (`a_staged_offset`) for an f32 A the consumers
+        split, else its bf16 slot in the stage tile."""
+        return self.a_staged_offset(i, k, half) if self.a_convert else self.operands.a_copy.byte_offset(i, k)
+
+    def convert_chunks(self) -> int:
+        """Chunks of one slab (64 rows × 64 k, 8 k a chunk) each consumer thread splits."""
+        return 64 * WGMMA_BK // 8 // self.warpgroup_size
+
+    def convert_source(self, ctid: Any, j: Any) -> tuple[Any, Any]:
+        """(row within the slab, first k) of consumer thread ctid's j-th chunk: consecutive threads take
+        consecutive rows (a quarter warp's 8 reads and 8 writes in distinct bank groups)."""
+        chunk = ctid + self.warpgroup_size * j
+        return chunk % 64, (chunk // 64) * 8
 
     def column_groups(self) -> int:
         """The accumulator's 8-column groups over the tile's columns (a thread's pairs j)."""
@@ -270,10 +301,11 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = Fa
     """The wgmma main loop of `kernel` (None where its maps do not exist: the rules refuse the plan)."""
     consumers = wgmma_consumers(kernel)
     split = a.dtype == "f32"  # the producer loads f32 rows and stores their bf16 parts (plain loads)
+    convert = split and kernel.a_split == "consumers"  # or copies them raw, split by the consumers
     b_rows = kernel.bn * (2 if pair else 1)  # a pair: both weights' boxes in one stage tile
     shadow = ContractionKernel(nodes=kernel.nodes[:1], tile_m=kernel.bm, tile_n=b_rows, tile_k=WGMMA_BK,
                                warps=4 * (consumers + 1), stages=max(2, kernel.stages), mma="wgmma",
-                               a_move="ldg" if split else "cp.async", b_move="tma", a_vector=8, b_vector=8,
+                               a_move="ldg" if split and not convert else "cp.async", b_move="tma", a_vector=8, b_vector=8,
                                split_k=1, raster="row", group_m=1, persistent=False, warp_specialized=True,
                                swizzle=128, index_width=kernel.index_width, store="direct")
     # an f32 A's stage buffer is laid out for 4-byte elements: room for its two bf16 parts' tiles
@@ -295,7 +327,8 @@ def wgmma_main_loop(kernel: GroupedKernel, a: Access, w: Access, pair: bool = Fa
         b2 = load.box_bytes // 2
     return WgmmaMainLoop(shadow, ops, ring, layout, consumers, lo_offset=ops.a_tile.bytes if split else 0,
                          registers=register_split(shadow.warps, split), b2_offset=b2,
-                         store_vector=kernel.store_vector, pair_wgmmas=kernel.pair_wgmmas if pair else 2)
+                         store_vector=kernel.store_vector, pair_wgmmas=kernel.pair_wgmmas if pair else 2,
+                         a_convert=convert)
 
 
 def register_split(warps: int, f32_a: bool) -> RegisterSplit:

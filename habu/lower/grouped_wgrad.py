@@ -47,7 +47,7 @@ VECTOR = 8  # elements a producer chunk moves (16 bytes of bf16)
 EPILOGUE_READS = 16  # the epilogue's reads of O in flight a thread at most (16 column groups: 32 registers)
 
 
-def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str) -> str | None:
+def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str, scaled: bool = False) -> str | None:
     """Why the grouped weight-gradient loop cannot run this kernel, or None."""
     if kernel.main_loop != "wgmma":
         return "the grouped weight gradient runs on the wgmma loop only (--pin main_loop=wgmma)"
@@ -61,6 +61,10 @@ def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str) -> str | No
         return f"B's MN-major tile is whole blocks of 64 columns: {kernel.bn} is not"
     if kernel.stages < 2:
         return "the wgmma ring needs at least 2 stages"
+    if kernel.wgrad_copy == "staged" and (a_dtype == "f32" or scaled) and kernel.bn > 128:
+        # NVRTC, sm_90a: 256 columns' accumulators beside a slab's four chunks spill (300–800 bytes a thread)
+        return (f"wgrad_copy=staged converts A in the consumers, whose registers hold a slab's chunks beside the "
+                f"accumulators: at most 128 columns a tile, not {kernel.bn}")
     return None
 
 
@@ -83,6 +87,10 @@ class WgradLoop:
     epilogue_batch: int = 16  # column groups whose prior O values a thread reads (all in flight) before adding any
     a_async: bool = False  # A's chunks copied by cp.async straight into the stage (else loaded, then stored)
     b_async: bool = False
+    # the consumers rewrite their slabs of A in place before their wgmmas (`wgrad_copy` staged): an f32 A copied raw
+    # (`a_staged_offset`) into the bytes its parts take, split there; a row factor applied there (a bf16 A copied to
+    # its own slots, `a_store_offset`, each product rounded to bf16 in place)
+    a_convert: bool = False
 
     def copied_async(self, side: str) -> bool:
         """Whether `side`'s chunks go by cp.async (16 bytes each, zero-filled where masked; the stage's barrier
@@ -156,6 +164,37 @@ class WgradLoop:
 
     def b_store_offset(self, n: Any, k: Any) -> Any:
         return self.operands.b_copy.byte_offset(n, k)
+
+    # -- A rewritten in place by the consumers (`a_convert`)
+    def slab_base(self, s: Any) -> Any:
+        """The first byte of slab s's parts in the stage's A tile (its hi block's, the lo block beside it)."""
+        return self.operands.a_copy.byte_offset(self.a_stored_column(s * 64, 0), 0)
+
+    def slab_bytes(self) -> int:
+        """The bytes one slab of 64 columns of m takes in the stage: its parts' blocks of 64 k rows."""
+        return self.parts * 64 * WGRAD_BK * 2
+
+    def a_staged_offset(self, m: Any, k: Any, half: Any) -> Any:
+        """The byte of the stage's A tile where half `half` (4 floats) of an f32 A's chunk at (m, k) lands raw: its
+        slab's bytes as 64 rows of k of 64 floats, the row's 16-byte units XOR-swizzled by k mod 8 (the consumers'
+        reads of a quarter warp, 8 rows of k, fall in 8 distinct bank groups)."""
+        unit = (2 * ((m % 64) // VECTOR) + half) ^ (k % 8)
+        return self.slab_base(m // 64) + k * 64 * 4 + unit * 16
+
+    def a_landed_offset(self, m: Any, k: Any, half: Any = 0) -> Any:
+        """Where the producer's copy of A's chunk (m, k) lands: raw (`a_staged_offset`) for an f32 A the consumers
+        split, else its bf16 slot (`a_store_offset`)."""
+        return self.a_staged_offset(m, k, half) if self.a_convert and self.parts == 2 else self.a_store_offset(m, k, 0)
+
+    def convert_chunks(self) -> int:
+        """Chunks of one slab (64 rows of k × 64 columns of m, 8 columns a chunk) each consumer thread rewrites."""
+        return 64 * WGRAD_BK // VECTOR // self.warpgroup_size
+
+    def convert_source(self, ctid: Any, j: Any) -> tuple[Any, Any]:
+        """(row of k, first column within the slab) of consumer thread ctid's j-th chunk: consecutive threads take
+        consecutive rows of k (a quarter warp's 8 reads and 8 writes in distinct bank groups)."""
+        chunk = ctid + self.warpgroup_size * j
+        return chunk % WGRAD_BK, (chunk // WGRAD_BK) * VECTOR
 
     # -- the consumers
     @property
@@ -252,8 +291,9 @@ class GroupedWgradLowering:
 def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = False) -> WgradLoop | None:
     """The main loop's maps, or None where they do not exist (the rules then refuse the plan). Under
     `wgrad_copy` cp.async, each bf16 operand the producer does not scale (B; A unless a row factor scales it)
-    is copied asynchronously; an f32 A (split into parts) and a scaled one pass through registers."""
-    if wgrad_refusal(kernel, a.dtype, b.dtype) is not None:
+    is copied asynchronously; an f32 A (split into parts) and a scaled one pass through registers. Under staged,
+    every operand is copied and the consumers split an f32 A and apply A's row factor in place (`a_convert`)."""
+    if wgrad_refusal(kernel, a.dtype, b.dtype, a_scaled) is not None:
         return None
     consumers = wgmma_consumers(kernel)
     parts = 1 if a.dtype == "bf16" else 2
@@ -270,15 +310,19 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = Fal
     ring = wgmma_ring(kernel.stages, consumers, 1, shadow.tile_m, shadow.tile_n, WGRAD_BK, WGRAD_BK,
                       {"A": "ldg", "B": "ldg"}, True, 2, True)
     bars = next((x.offset for x in layout.buffers if x.name == "bar"), 0)
-    # the producer keeps the registers it starts with (no setmaxnreg), as the grouped GEMM's f32-A producer does
-    copies = kernel.wgrad_copy == "cp.async"
+    # the producer keeps the registers it starts with (no setmaxnreg), as the grouped GEMM's f32-A producer does (a
+    # 40 / 232 split for the staged loop spilled in NVRTC, sm_90a: the producer's unrolled copies need more than 40)
+    copies = kernel.wgrad_copy in ("cp.async", "staged")
+    staged = kernel.wgrad_copy == "staged"  # A by cp.async whatever it is; the consumers convert what needs it
+    a_async = copies and (staged or (a.dtype == "bf16" and not a_scaled))
+    b_async = copies and b.dtype == "bf16"
     # the next k tile's chunks held beside the current one's where the registers hold both (a bf16 A's 8 chunks, 32
     # registers a tile, up to 128-column tiles: NVRTC, sm_90a, no spills; an f32 A's two parts spill at 2)
-    depth_fits = parts == 1 and kernel.bn <= 128
+    depth_fits = parts == 1 and kernel.bn <= 128 and not staged  # (staged: no register holds a chunk)
     return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
                      register_split(shadow.warps, True), register_depth=2 if copies and depth_fits else 1,
                      epilogue_batch=min(EPILOGUE_READS, kernel.bn // ACCUMULATOR.col_step),
-                     a_async=copies and a.dtype == "bf16" and not a_scaled, b_async=copies and b.dtype == "bf16")
+                     a_async=a_async, b_async=b_async, a_convert=staged and (parts == 2 or a_scaled))
 
 
 def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,

@@ -469,7 +469,7 @@ class GroupedSupport(PathSupport):
         k = lw.kernel
         reasons = []
         if isinstance(lw, GroupedWgradLowering):  # the weight-gradient form (habu/lower/grouped_wgrad.py)
-            refusal = wgrad_refusal(k, lw.a.dtype, lw.b.dtype)
+            refusal = wgrad_refusal(k, lw.a.dtype, lw.b.dtype, lw.row_scale is not None)
             return [refusal] if refusal else []
         if lw.uses_wgmma:  # the wgmma main loop's own limits (habu/lower/grouped_wgmma.py)
             refusal = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None, lw.w_n_major)

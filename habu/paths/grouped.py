@@ -51,7 +51,8 @@ WGMMA_TILES = ((128, 256, 4), (128, 128, 6), (64, 256, 4))
 # the weight gradient's tiles (bm, bn, stages): a stage is bm·128 bytes of A a part and bn·128 of B (an f32 A's
 # two parts: 128 × 128 is 48 KiB; the rules refuse the rings that do not fit)
 WGRAD_TILES = ((128, 128, 4), (128, 128, 3), (128, 256, 3), (64, 128, 4), (64, 256, 3), (128, 128, 6))
-WGRAD_COPIES = ("cp.async", "registers")  # how the producer moves the bf16 operands it does not scale
+A_SPLITS = ("consumers", "producer")  # where the wgmma loop splits an f32 A into bf16 parts (`a_split`)
+WGRAD_COPIES = ("staged", "cp.async", "registers")  # how the producer moves the operands (`wgrad_copy`)
 
 
 class GroupedPath(KernelPath):
@@ -84,11 +85,13 @@ class GroupedPath(KernelPath):
     def wgrad_default(self, model: Model, eq, target: Target, sizes: dict[str, int]) -> GroupedKernel | None:
         """A grouped weight gradient (`O[E[r] m n] += A[r m] · B[IX[r] n]`, habu/lower/grouped_wgrad.py) on the
         wgmma loop: 128 × 128 tiles of m and n, two consumer warpgroups, as many 64-row k tiles in flight as fit
-        (an f32 A's two parts: 48 KiB a stage, 4 stages; a bf16 A: 32 KiB, 6), the bf16 operands it does not scale
-        copied by cp.async (`wgrad_copy`: the register route holds one k tile in flight a thread and the loop waits
-        on it; H200, 2026-12-05, Mixtral's backward at 4096 tokens: dW1 12.8 → 11.6 ms with an f32 A, 8.35 with a
-        bf16 one, `--pin storage=bf16`; cuBLAS 4.3 over the same experts); None where it cannot run (no wgmma, a
-        runtime number of groups, rows not whole 16-byte chunks)."""
+        (an f32 A's two parts: 48 KiB a stage, 4 stages; a bf16 A: 32 KiB, 6), every operand copied by cp.async
+        and an f32 or scaled A converted in place by the consumers (`wgrad_copy` staged: the register route holds one
+        k tile in flight a thread and the loop waits on it; H200, 2026-12-05, Mixtral's backward at 4096 tokens:
+        dW1 12.8 → 11.6 ms with the bf16 operands copied and an f32 A through registers, 8.35 with a bf16 one,
+        `--pin storage=bf16`; cuBLAS 4.3 over the same experts; ncu of the f32 one: 6% of DRAM, 21% of issue
+        slots, 68% of the stalls on its loads); None where it cannot run (no wgmma, a runtime number of groups,
+        rows not whole 16-byte chunks)."""
         gw = as_grouped_wgrad(model, eq)
         if gw is None or not (target.wgmma and target.setmaxnreg) or model.sizes.get(gw.group_extent) is None:
             return None
@@ -98,7 +101,7 @@ class GroupedPath(KernelPath):
         stages = 4 if gw.a_dtype == "f32" else 6
         return GroupedKernel(nodes=(eq.target,), bm=128, bn=128, bk=WGRAD_BK, warps_m=2, warps_n=4,
                              index_width=index_width(model, sizes), main_loop="wgmma", stages=stages,
-                             wgrad_copy="cp.async")
+                             wgrad_copy="staged")
 
     def pair_default(self, model: Model, nodes: tuple[str, str, str], target: Target,
                      sizes: dict[str, int]) -> GroupedKernel | None:
@@ -175,9 +178,13 @@ class GroupedPath(KernelPath):
                               stages=stages, wgrad_copy=copy)
             return
         gg = as_grouped_gemm(model, eq) if eq is not None and len(base.nodes) == 1 else None
+        f32_a = gg is not None and dtype_of(model, gg.a.tensor) == "f32"
         for k in self.variants(base, target):
             if gg is None or not gg.w_n_major or (k.main_loop == "wgmma" and k.bn % 64 == 0):
-                yield k
+                if f32_a and k.main_loop == "wgmma":  # an f32 A's split by the producer or the consumers
+                    yield from (replace(k, a_split=split) for split in A_SPLITS)
+                else:
+                    yield k
 
     def wgmma_kernel(self, model: Model, kernel: GroupedKernel, target: Target,
                      sizes: Mapping[str, int] | None = None) -> GroupedKernel | None:
@@ -214,7 +221,11 @@ class GroupedPath(KernelPath):
         # an f32 A (two bf16 parts, a producer of more registers): 128 columns, the consumers' registers
         bm, bn, stages = WGMMA_TILES[0] if n >= 1024 and a_dtype == "bf16" else WGMMA_TILES[1]
         if a_dtype == "f32":
-            stages = 4  # a stage holds A's two parts: 48 KiB
+            # a stage holds A's two parts: 48 KiB; A copied raw by cp.async and split by the consumers in place
+            # (`a_split`: the producer's registers held two k tiles in flight, and its loads' latency stalled the
+            # loop: ncu, H200, 2026-12-05, the Mixtral backward's f32-A products at 163 TFLOP/s of useful work)
+            return replace(kernel, main_loop="wgmma", bm=64 if small else bm, bn=bn, bk=WGMMA_BK,
+                           warps_m=(64 if small else bm) // 64, warps_n=4, stages=4, a_split="consumers")
         if small:
             bm = 64
         return replace(kernel, main_loop="wgmma", bm=bm, bn=bn, bk=WGMMA_BK, warps_m=bm // 64, warps_n=4,

@@ -259,12 +259,19 @@ class GroupedKernel:
                               "n = 2·bn over both boxes, A read from shared memory once: the first weights' "
                               "columns in the accumulator's first half)", P, default=2, allowed=(1, 2),
                               pins=("pair_wgmmas",), json_optional=True, unguarded=KEEP)
-    wgrad_copy: str = choice("how a grouped weight gradient's producer moves each bf16 operand it does not scale into "
-                             "the stage: registers (a k tile's chunks loaded, then stored: one k tile in flight a "
-                             "thread) or cp.async (16-byte asynchronous copies, zero-filled where masked, the stage's "
-                             "barrier arriving as they land: up to `stages` k tiles in flight); an f32 A or a scaled "
-                             "one goes through registers either way", P, default="registers",
-                             allowed=("registers", "cp.async"), pins=("wgrad_copy",), json_optional=True,
+    a_split: str = choice("an f32 A on the grouped wgmma loop (two bf16 parts): producer (loaded into the producer's "
+                          "registers, two k tiles of them, split and stored there) or consumers (copied raw by "
+                          "cp.async into the bytes its parts take, every stage of the ring in flight; each consumer "
+                          "warpgroup splits its own slab in place before its wgmmas)", P, default="producer",
+                          allowed=("producer", "consumers"), pins=("a_split",), json_optional=True, unguarded=KEEP)
+    wgrad_copy: str = choice("how a grouped weight gradient's producer moves its operands into the stage: registers "
+                             "(a k tile's chunks loaded, then stored: one k tile in flight a thread), cp.async (each "
+                             "bf16 operand it does not scale by 16-byte asynchronous copies, zero-filled where "
+                             "masked, the stage's barrier arriving as they land: up to `stages` k tiles in flight; "
+                             "an f32 A or a scaled one through registers) or staged (every operand by cp.async: an "
+                             "f32 A lands raw and each consumer splits its slab into bf16 parts in place, a row "
+                             "factor applied there too)", P, default="registers",
+                             allowed=("registers", "cp.async", "staged"), pins=("wgrad_copy",), json_optional=True,
                              unguarded=KEEP)
 
 

@@ -140,6 +140,57 @@ def wgmma_thread_faults(loop: WgmmaMainLoop) -> list[str]:
     return faults
 
 
+def split_pass_faults(loop: WgmmaMainLoop) -> list[str]:
+    """An f32 A split by the consumers in place (`a_convert`), on the 16-byte units of the stage's A buffer: the
+    producer's copies (`a_landed_offset` of each chunk `a_copy_row`, `a_copy_k` make) put each half-chunk in its own
+    unit; each consumer thread's chunks (`convert_source`) cover a slab once and it reads each chunk's halves where
+    the producer's copies put them; each warpgroup writes its parts (the stage tile's slot, lo `lo_offset` after it)
+    only into units it alone reads (another warpgroup's reads are not ordered against its writes)."""
+    ops = loop.operands
+    landed: dict[int, tuple[int, int, int]] = {}
+    ptid = np.arange(loop.warpgroup_size, dtype=np.int64)
+    for j in range(loop.producer_copies()):
+        rows = np.broadcast_to(np.asarray(loop.a_copy_row(loop.producer_thread(ptid), j)), ptid.shape)
+        ks = np.broadcast_to(np.asarray(loop.a_copy_k(loop.producer_thread(ptid))), ptid.shape)
+        for i, k in zip(rows.tolist(), ks.tolist(), strict=True):
+            for half in (0, 1):
+                at = int(loop.a_landed_offset(i, k, half))
+                if at % 16 or not 0 <= at <= 2 * ops.a_tile.bytes - 16:
+                    return [f"the producer copies A's chunk (row {i}, k {k}) to byte {at}, outside its stage buffer "
+                            "or unaligned"]
+                if at // 16 in landed:
+                    return [f"the producer copies A's chunks {landed[at // 16][:2]} and ({i}, {k}) to one 16-byte unit"]
+                landed[at // 16] = (i, k, half)
+    n = loop.convert_chunks()
+    ctid = np.arange(loop.warpgroup_size, dtype=np.int64)[:, None]
+    ri, ki = (np.broadcast_to(np.asarray(x, dtype=np.int64), (loop.warpgroup_size, n)).ravel()
+              for x in loop.convert_source(ctid, np.arange(n, dtype=np.int64)[None, :]))
+    faults = []
+    if sorted(zip(ri.tolist(), ki.tolist(), strict=True)) != sorted((r, k) for r in range(64) for k in range(0, 64, 8)):
+        faults.append("the consumers' chunks (`convert_source`) do not cover a slab's 64 rows × 64 k once each")
+    readers: dict[int, int] = {}
+    writes: dict[int, list[int]] = {}
+    for cw in range(loop.consumers):
+        for q in range(ops.slabs):
+            for r, k in zip(ri.tolist(), ki.tolist(), strict=True):
+                i = int(ops.slab_row(cw, q)) + r
+                for half in (0, 1):
+                    at = int(loop.a_staged_offset(i, k, half))
+                    if landed.get(at // 16) != (i, k, half):
+                        return [*faults, f"consumer {cw} reads A's chunk (row {i}, k {k}) at byte {at}, where the "
+                                         f"producer copied {landed.get(at // 16, 'nothing')}"]
+                    readers[at // 16] = cw
+                hi = int(ops.a_copy.byte_offset(i, k))
+                writes.setdefault(cw, []).extend((hi // 16, (hi + loop.lo_offset) // 16))
+    for cw, units in writes.items():
+        foreign = [u for u in units if readers.get(u) != cw]
+        if foreign:
+            faults.append(f"consumer {cw} writes A's parts into byte {foreign[0] * 16}, which it does not read itself "
+                          "(another warpgroup's chunk: its barrier does not order that)")
+            break
+    return faults
+
+
 def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
     """The wgmma loop's shared-memory operands, routed through the contraction path's maps
     (habu.prove.smem_route: the producer's cp.async stores, TMA's swizzle, the descriptors' reads): the
@@ -162,7 +213,8 @@ def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:
         if loop.b2_offset != lands or loop.second_b_start() != lands:
             mem.fault(f"{name}: the second weights' box lands at byte {loop.b2_offset} of the stage's B tile, its "
                       f"reads start at byte {loop.second_b_start()} (the second of the ring's two boxes: {lands})")
-    for fault in wgmma_thread_faults(loop) + tma_landing_faults(loop.ring, loop.operands):
+    for fault in wgmma_thread_faults(loop) + tma_landing_faults(loop.ring, loop.operands) + \
+            (split_pass_faults(loop) if loop.a_convert else []):
         mem.fault(f"{name}: {fault}")
     route = wgmma_route(loop.operands)
     for fault in route.faults:

@@ -69,6 +69,8 @@ def loop_faults(loop: WgradLoop) -> list[str]:
             i = int(np.nonzero(at != want)[0][0])
             faults.append(f"the producer stores a chunk of {side} at byte {int(at[i])} of its stage tile, which keeps "
                           f"that chunk at byte {int(want[i])}")
+    if loop.a_convert:
+        faults += convert_faults(loop)
     rows = sorted(int(loop.acc_row(cw, q)) + i for cw in range(loop.consumers) for q in range(loop.slabs)
                   for i in range(64))
     if rows != list(range(loop.bm)):
@@ -82,6 +84,54 @@ def loop_faults(loop: WgradLoop) -> list[str]:
     if taken != list(range(groups)):
         faults.append(f"the epilogue's rounds (`epilogue_group`) do not take a thread's {groups} column groups once "
                       "each")
+    return faults
+
+
+def convert_faults(loop: WgradLoop) -> list[str]:
+    """The consumers' in-place pass over a staged A (`a_convert`), on the 16-byte units of the stage's A tile: the
+    producer's copies (`a_landed_offset` of each chunk it makes, `a_source`) put each half-chunk in its own unit;
+    each consumer thread's chunks (`convert_source`) cover its slabs once, and it reads each chunk's halves where the
+    producer's copies put them; each warpgroup writes its parts (`a_store_offset`) only into units it alone reads
+    (another warpgroup's reads or B's tile are not ordered against its writes: its barrier is its own)."""
+    faults: list[str] = []
+    halves = 2 if loop.parts == 2 else 1
+    landed: dict[int, tuple[int, int, int]] = {}  # unit -> (m, k, half) the producer's copy puts there
+    for ch in range(loop.a_chunks()):
+        k, m = (int(x) for x in loop.a_source(ch))
+        for half in range(halves):
+            at = int(loop.a_landed_offset(m, k, half))
+            if at % 16 or not 0 <= at <= loop.operands.a_tile.bytes - 16:
+                return [f"the producer copies A's chunk ({m}, {k}) to byte {at}, outside its stage tile or unaligned"]
+            if at // 16 in landed:
+                return [f"the producer copies A's chunks {landed[at // 16][:2]} and ({m}, {k}) to one 16-byte unit"]
+            landed[at // 16] = (m, k, half)
+    n = loop.convert_chunks()
+    ctid = np.arange(loop.warpgroup_size, dtype=np.int64)[:, None]
+    j = np.arange(n, dtype=np.int64)[None, :]
+    ki, mi = (np.broadcast_to(np.asarray(x, dtype=np.int64), (loop.warpgroup_size, n)).ravel()
+              for x in loop.convert_source(ctid, j))
+    if sorted(zip(ki.tolist(), mi.tolist(), strict=True)) != \
+            sorted((k, m) for k in range(WGRAD_BK) for m in range(0, 64, VECTOR)):
+        faults.append("the consumers' chunks (`convert_source`) do not cover a slab's 64 × 64 in chunks of 8 once each")
+    readers: dict[int, int] = {}  # unit -> the consumer warpgroup that reads it
+    writes: dict[int, list[int]] = {}
+    for cw in range(loop.consumers):
+        for q in range(loop.slabs):
+            for k, mm in zip(ki.tolist(), mi.tolist(), strict=True):
+                m = int(loop.acc_row(cw, q)) + mm
+                for half in range(halves):
+                    at = int(loop.a_staged_offset(m, k, half) if loop.parts == 2 else loop.a_store_offset(m, k, 0))
+                    if landed.get(at // 16) != (m, k, half):
+                        return [*faults, f"consumer {cw} reads A's chunk ({m}, {k}) at byte {at}, where the producer "
+                                         f"copied {landed.get(at // 16, 'nothing')}"]
+                    readers[at // 16] = cw
+                writes.setdefault(cw, []).extend(int(loop.a_store_offset(m, k, p)) // 16 for p in range(loop.parts))
+    for cw, units in writes.items():
+        foreign = [u for u in units if readers.get(u) != cw]
+        if foreign:
+            faults.append(f"consumer {cw} writes A's parts into byte {foreign[0] * 16}, which it does not read itself "
+                          "(another warpgroup's chunk, or not A's: its barrier does not order that)")
+            break
     return faults
 
 

@@ -29,7 +29,7 @@ def grouped_wgrad_obligations(name: str, lw: GroupedWgradLowering, ctx: Context)
         yield Obligation(R["scatter-accumulates"], name, lw.out.tensor,
                          f"each block adds its tile into {lw.out.tensor} (f32), the only block with that tile", ok,
                          detail=f"{lw.out.tensor} is {lw.out.dtype}")
-    refusal = wgrad_refusal(k, lw.a.dtype, lw.b.dtype)
+    refusal = wgrad_refusal(k, lw.a.dtype, lw.b.dtype, lw.row_scale is not None)
     if refusal is None and not (t.wgmma and t.setmaxnreg):
         refusal = f"{t.name} has no wgmma"
     if refusal is None and lw.loop is None:

@@ -86,14 +86,19 @@ def test_the_combine_epilogue_on_the_wgmma_loop_passes_the_exact_check_and_adds_
     assert torch.equal(out, ref), f"{int((out != ref).sum())} of {ref.numel()} elements differ"
 
 
-def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts_on_the_wgmma_loop():
+@pytest.mark.parametrize("split,tile", [("consumers", {}), ("producer", {}), ("consumers", {"bm": "64", "warps_m": "1"}),
+                                        ("consumers", {"stages": "2"})])
+def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts_on_the_wgmma_loop(split, tile):
     """The combine of tests/data/grouped_scatter.habu with an f32 A of values m/256 (hi = bf16(a) loses them,
     hi + lo holds them; every product and partial sum exact in f32): only a kernel that drops or misplaces
-    the low parts' tile differs."""
+    the low parts' tile differs; `split` (`a_split`): the producer splits A, or the consumers split it where it
+    landed raw (session 51's default)."""
     gs, t, n, k, counts = ROOT / "tests" / "data" / "grouped_scatter.habu", 50, 200, 72, [64, 0, 0, 100, 1, 0, 70, 65]
     rows = sum(counts)
-    built = build(str(gs), "COMBINE-F32", {"T": t, "R": rows}, {"family": "grouped", **WGMMA})
+    built = build(str(gs), "COMBINE-F32", {"T": t, "R": rows}, {"family": "grouped", **WGMMA, "a_split": split, **tile})
     _is_wgmma(built)
+    result = ExactChecker(built.model, built.sizes, seed=9).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
     g = torch.Generator().manual_seed(4)
     a = (torch.randint(-3, 4, (rows, k), generator=g) + torch.randint(-127, 128, (rows, k), generator=g) / 256.0).float()
     w = torch.randint(-3, 4, (G, n, k), generator=g).bfloat16().cuda()

@@ -30,10 +30,11 @@ def _is_wgrad(built) -> None:
     assert [(k.kind, k.main_loop) for k in built.plan.kernels] == [("grouped", "wgmma")]
 
 
-@pytest.mark.parametrize("copy", ["cp.async", "registers"])
+@pytest.mark.parametrize("copy", ["staged", "cp.async", "registers"])
 @pytest.mark.parametrize("model", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
 def test_the_wgrad_loop_passes_the_exact_check(model, copy):
-    """(`copy`: the producer's route for the bf16 operands it does not scale, `wgrad_copy`.)"""
+    """(`copy`: the producer's route for the operands, `wgrad_copy`: staged, the default, converts an f32 or a scaled A
+    in the consumers.)"""
     rows = 1000
     built = build(str(GW), model, {"T": T, "R": rows}, {"wgrad_copy": copy})
     _is_wgrad(built)
@@ -51,7 +52,8 @@ def test_regression_more_groups_than_a_tiles_column_groups_pass_the_exact_check(
 
 
 @pytest.mark.parametrize("name", list(COUNTS))
-@pytest.mark.parametrize("tile", [{}, {"bn": "256", "stages": "3"}, {"bm": "64", "warps_m": "1"}])
+@pytest.mark.parametrize("tile", [{}, {"bn": "256", "stages": "3", "wgrad_copy": "cp.async"}, {"bm": "64", "warps_m": "1"},
+                                  {"wgrad_copy": "registers"}])
 def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts(name, tile):
     """A of values i + j/256 (hi = bf16(a) loses them, hi + lo holds them; every product and partial sum exact in
     f32) times the row's factor: only a kernel that drops or misplaces a part, a row or a group differs."""

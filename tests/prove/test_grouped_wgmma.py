@@ -193,6 +193,85 @@ def test_regression_a_pairs_second_box_read_where_the_first_landed_is_a_fault():
     assert not cert.passed and "second weights" in (cert.failure or "")
 
 
+GGF = GG.replace("bf16 TENSOR: X", "f32 TENSOR: X")  # an f32 A, gathered: two bf16 parts on the tensor cores
+
+
+def _run_f32(values: list[int], lw: GroupedLowering):
+    model = parse_text(GGF).models["GG"]
+    field = PrimeField(seed=5)
+    inputs = virtual_inputs(model, SIZES, field, 5)
+    inputs["E"] = FixedGrouping(values, SIZES["G"])
+    mem = Memory(inputs, field, SIZES)
+    run_grouped("k0", lw, SIZES, mem, grid_blocks(lw, SIZES))
+    R, N, K = SIZES["R"], SIZES["N"], SIZES["K"]
+    ix = inputs["IX"].at(np.arange(R))
+    x = inputs["X"][ix[:, None], np.arange(K)[None, :]]
+    w = inputs["W"][np.asarray(values)[:, None, None], np.arange(N)[None, :, None], np.arange(K)[None, None, :]]
+    ref = np.einsum("rk,rnk->rn", x.astype(object), w.astype(object)) % field.p
+    got, found = mem.written["Y"].read(np.arange(R * N)) if "Y" in mem.written else (None, None)
+    return mem.faults, got, found, ref.astype(np.int64).ravel()
+
+
+@pytest.mark.parametrize("tile", [{}, {"bm": 128, "bn": 128, "warps_m": 2, "stages": 3}])
+@pytest.mark.parametrize("name", list(GROUPINGS))
+def test_an_f32_a_split_by_the_consumers_in_place_is_the_product(name, tile):
+    """`a_split` consumers: the producer copies A's f32 chunks raw (two 16-byte halves, `a_landed_offset`) into the
+    bytes its parts take, each consumer warpgroup splits its slab there before its wgmmas; the check runs the
+    copies' and the split's maps (`split_pass_faults`) and the product."""
+    lw = lower(parse_text(GGF).models["GG"], replace(KERNEL, a_split="consumers", **tile))
+    assert isinstance(lw, GroupedLowering) and lw.wgmma is not None and lw.wgmma.a_convert
+    faults, got, found, ref = _run_f32(GROUPINGS[name], lw)
+    assert not faults, faults
+    assert found.all() and (got == ref).all()
+
+
+@pytest.mark.parametrize("planted", [
+    # the producer copies a chunk's halves into each other's units
+    {"a_landed_offset": lambda self, i, k, half=0: WgmmaMainLoop.a_landed_offset(self, i, k, 1 - half)},
+    # consumer threads on rows strided by 32: half a slab's rows split twice, half never
+    {"convert_source": lambda self, t, j: ((t + 128 * j) % 32, ((t + 128 * j) // 64) * 8)},
+    # the raw units not swizzled by the row: the consumers read other chunks
+    {"a_staged_offset": lambda self, i, k, half: (((k // 4 + half) // 8) * self.lo_offset + i * 128
+                                                  + ((k // 4 + half) % 8) * 16) if half < 2 else 0,
+     "a_landed_offset": lambda self, i, k, half=0: WgmmaMainLoop.a_staged_offset(self, i, k, half)},
+    # each row's raw floats staged one row down: a warpgroup's last row lands in the other's slab
+    {"a_landed_offset": lambda self, i, k, half=0: WgmmaMainLoop.a_staged_offset(self, (i + 1) % 128, k, half),
+     "a_staged_offset": lambda self, i, k, half: WgmmaMainLoop.a_staged_offset(self, (i + 1) % 128, k, half)},
+])
+def test_regression_a_planted_split_pass_is_killed(planted):
+    base = lower(parse_text(GGF).models["GG"], replace(KERNEL, bm=128, bn=64, warps_m=2, a_split="consumers"))
+    assert isinstance(base, GroupedLowering) and base.wgmma is not None
+    loop = base.wgmma
+    cls = type("Planted", (WgmmaMainLoop,), planted)
+    faults, got, found, ref = _run_f32(GROUPINGS["inner-empty-ragged"],
+                                       replace(base, wgmma=cls(**{f: getattr(loop, f) for f in loop.__dataclass_fields__})))
+    assert faults or not (got == ref).all()
+
+
+def test_the_default_splits_an_f32_a_in_the_consumers_and_the_search_tries_both():
+    from habu.emit_cuda.nvrtc import CompilerUnavailable
+    from habu.paths.emit import emit_plan
+
+    f32 = load_program(ROOT / "tests" / "data" / "grouped_scatter.habu").models["COMBINE-F32"]
+    plan = default_plan(f32, TARGET, {}, {"family": "grouped", "main_loop": "wgmma"})
+    assert plan.kernels[0].a_split == "consumers"
+    src = emit_plan(f32, plan, TARGET).kernels[0].source
+    assert "habu::slab_pass_sync(1 + cw);" in src and "habu::store_split_bf16x8(at, at + " in src
+    assert "__ldg" not in src and "const float4* src" not in src  # no register loads of A
+    try:
+        assert_compiles_without_spills(emit_plan(f32, plan, TARGET).kernels[0])
+    except CompilerUnavailable:  # pragma: no cover
+        pass
+    from habu.paths import grouped
+    from habu.plan.patterns import Region
+
+    f32_gg = parse_text(GGF).models["GG"]
+    base = lower(f32_gg, KERNEL).kernel
+    splits = {k.a_split for k in grouped.PATH.region_variants(f32_gg, Region("grouped", ("Y",)), base, TARGET, SIZES)
+              if k.main_loop == "wgmma"}
+    assert splits == {"consumers", "producer"}
+
+
 def test_regression_an_f32_a_kernel_without_setmaxnreg_asks_no_register_demand():
     """The f32-A producer keeps its launch registers (no setmaxnreg): a register demand equal to the full
     pool would refuse the kernel whenever ptxas gives it a few registers less (166 of 168)."""

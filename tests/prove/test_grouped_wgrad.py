@@ -198,6 +198,8 @@ def test_regression_the_groups_end_unmasked_adds_the_next_groups_rows():
     ({"bn": 32}, "whole blocks of 64"),
     ({"main_loop": "mma.sync", "stages": 1}, "wgmma loop only"),
     ({"stages": 6}, "bytes of shared memory"),  # 6 × 48 KiB with an f32 A
+    # the consumers' in-place pass beside 256 columns' accumulators spilled in NVRTC
+    ({"bn": 256, "stages": 3, "wgrad_copy": "staged"}, "at most 128 columns a tile"),
 ])
 def test_the_rules_refuse_what_the_loop_cannot_run(change, why):
     m = _model()
@@ -221,15 +223,15 @@ def test_the_kernel_compiles_with_nvrtc_without_spills():
         m = _model(name)
         (kernel,) = emit_plan(m, default_plan(m, TARGET, SIZES, {}), TARGET).kernels
         assert "_bf16_at_bt(" in kernel.source and "habu::read_owned(" in kernel.source
-        # a bf16 A's row factor: each product rounded to bf16 in the chunk (one part)
-        assert ("habu::scale_chunk(av[j], " in kernel.source) == (name == "WGRAD-P-BF16")
+        # a bf16 A's row factor: each product rounded to bf16 in the chunk (one part), by the consumers in place
+        assert ("habu::scale_chunk(cv[j], cf[j]); " in kernel.source) == (name == "WGRAD-P-BF16")
         assert_compiles_without_spills(kernel)
 
 
 @pytest.mark.parametrize("name,async_sides", [("WGRAD", "B"), ("WGRAD-BF16", "AB"), ("WGRAD-P", "B"),
                                                ("WGRAD-P-BF16", "B")])
-def test_the_default_producer_copies_the_bf16_operands_it_does_not_scale_by_cp_async(name, async_sides):
-    """`wgrad_copy` cp.async (the default): B, and a bf16 A without a row factor, go by cp.async into the slots the
+def test_the_cp_async_producer_copies_the_bf16_operands_it_does_not_scale(name, async_sides):
+    """`wgrad_copy` cp.async: B, and a bf16 A without a row factor, go by cp.async into the slots the
     register stores take; an f32 A (two parts) and a scaled one through registers. The emitter prints each
     side's route from the lowering's `copied_async`, and the stage's arrival follows: a plain arrival after
     register stores, a noinc cp.async arrival after copies, the proxy fence first where both."""
@@ -237,7 +239,7 @@ def test_the_default_producer_copies_the_bf16_operands_it_does_not_scale_by_cp_a
     from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
 
     m = _model(name)
-    plan = default_plan(m, TARGET, SIZES, {})
+    plan = default_plan(m, TARGET, SIZES, {"wgrad_copy": "cp.async"})
     assert plan.kernels[0].wgrad_copy == "cp.async"
     lw = lower(m, plan.kernels[0])
     assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
@@ -264,7 +266,7 @@ def test_a_scaled_bf16_a_is_held_two_k_tiles_deep(name, depth):
     from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
 
     m = _model(name)
-    plan = default_plan(m, TARGET, SIZES, {})
+    plan = default_plan(m, TARGET, SIZES, {"wgrad_copy": "cp.async"})
     lw = lower(m, plan.kernels[0])
     assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None and lw.loop.register_depth == depth
     (kernel,) = emit_plan(m, plan, TARGET).kernels
@@ -273,6 +275,53 @@ def test_a_scaled_bf16_a_is_held_two_k_tiles_deep(name, depth):
     assert_compiles_without_spills(kernel)
     wide = lower(m, replace(plan.kernels[0], bn=256, stages=3))
     assert wide.loop is not None and wide.loop.register_depth == 1  # 256 columns: one k tile held
+
+
+@pytest.mark.parametrize("name", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
+def test_the_default_copies_every_operand_and_the_consumers_convert_a_in_place(name):
+    """`wgrad_copy` staged (the default): both operands by cp.async, every k tile of the ring in flight; an f32 A
+    lands raw in the bytes its parts take and each consumer warpgroup splits its slab there (`a_convert`,
+    `a_staged_offset`), a row factor applied in the same pass (a bf16 A's products rounded to bf16 in place).
+    Nothing goes through the producer's registers, and the kernel compiles without spills."""
+    from habu.paths.emit import emit_plan
+    from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
+
+    m = _model(name)
+    plan = default_plan(m, TARGET, SIZES, {})
+    assert plan.kernels[0].wgrad_copy == "staged"
+    lw = lower(m, plan.kernels[0])
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+    loop = lw.loop
+    assert loop.a_async and loop.b_async and not loop.any_registers
+    assert loop.a_convert == (name != "WGRAD-BF16")
+    (kernel,) = emit_plan(m, plan, TARGET).kernels
+    src = kernel.source
+    assert "habu::cp_async_arrive(full);  // as the thread's copies land" in src and "ldg" not in src
+    assert ("habu::slab_pass_sync(1 + cw);" in src) == loop.a_convert
+    assert ("habu::store_split_bf16x8(a_stage" in src) == (loop.parts == 2)
+    assert ("cf[j] = " in src) == ("-P" in name)
+    assert src.count("habu::cp_async<16>(a_stage") == loop.parts  # an f32 chunk's two halves
+    assert_compiles_without_spills(kernel)
+
+
+@pytest.mark.parametrize("planted", [
+    # the producer copies an f32 chunk's halves into each other's units: the consumers split them swapped
+    {"a_landed_offset": lambda self, m, k, half=0: WgradLoop.a_landed_offset(self, m, k, 1 - half)},
+    # consumer threads on rows of k strided by 32: half the slab's rows converted twice, half never
+    {"convert_source": lambda self, t, j: ((t + 128 * j) % 32, ((t + 128 * j) // 64) * 8)},
+    # each slab's raw floats staged in the other slab's bytes: a warpgroup writes parts where the other reads
+    {"a_staged_offset": lambda self, m, k, half: WgradLoop.a_staged_offset(self, (m + 64) % self.bm, k, half)},
+    # the raw halves' units not swizzled by the row of k, but the consumers' reads still are
+    {"a_landed_offset": lambda self, m, k, half=0: self.slab_base(m // 64) + k * 256 + (2 * ((m % 64) // 8) + half) * 16},
+])
+def test_regression_a_planted_in_place_pass_is_killed(planted):
+    """The staged A's maps (`a_landed_offset` the producer prints, `a_staged_offset` and `convert_source` the
+    consumers print), each planted wrong, are faults of the check: every one would feed wgmma other values than
+    the chunks the producer copied."""
+    base = lower(_model(), replace(KERNEL, stages=3, wgrad_copy="staged"))
+    assert isinstance(base, GroupedWgradLowering) and base.loop is not None and base.loop.a_convert
+    faults, _, _ = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=_loop_with(base, **planted))
+    assert faults
 
 
 def test_the_moe_backwards_weight_gradients_take_the_wgrad_loop_and_are_proven():

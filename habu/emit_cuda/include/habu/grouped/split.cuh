@@ -35,4 +35,21 @@ __device__ __forceinline__ void store_split_bf16x8(u32 hi_at, u32 lo_at, float4 
                : "memory");
 }
 
+/** @brief Sixteen bytes from shared memory at `at` (16-byte aligned) as four floats. */
+__device__ __forceinline__ float4 load_shared_f32x4(u32 at) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(at)
+               : "memory");
+  return v;
+}
+
+/** @brief The consumers' in-place pass over their slab of a staged A (the weight gradient's `wgrad_copy` staged,
+ *  the grouped GEMM's `a_split` consumers): every thread of the warpgroup `id − 1` has read its chunks before any
+ *  writes (an f32 chunk's parts land where other threads' raw floats were), and, after the writes and the
+ *  generic-to-async proxy fence, every write is done before any of the warpgroup's wgmma reads the slab. `id` is a
+ *  named barrier of the warpgroup's 128 threads. */
+__device__ __forceinline__ void slab_pass_sync(int id) {
+  asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory");
+}
+
 }  // namespace habu

@@ -50,6 +50,14 @@ __device__ __forceinline__ uint4 pack_bf16x8(float4 x, float4 y) {
   return make_uint4(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w), pack_bf16x2(y.x, y.y), pack_bf16x2(y.z, y.w));
 }
 
+/** @brief Sixteen bytes from shared memory at `at` (16-byte aligned) as one word of eight bf16. */
+__device__ __forceinline__ uint4 load_shared16(u32 at) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at)
+               : "memory");
+  return v;
+}
+
 /** @brief O[at], O[at + 1] of elements a block alone owns, for the epilogue's read-add-store: a batch of pairs is
  *  read first, every load in flight at once, then each is added and written (`write_owned`); one 8-byte access
  *  where `pair` (both inside and 8-byte aligned), else each element where its flag holds (zero where it does not). */
