@@ -10,6 +10,9 @@ machinery (habu/lower/layouts.py, pipeline.py, smem.py) driven by the grouped ti
             at `w_box_origin(g, n0, k0)` = (k0, n0, g): zero past #K and #N, never another group's rows;
         A's rows: 128 threads cp.async 16-byte chunks of rows offs[g] + m·bm + i (gathered through IX,
             masked at offs[g + 1] by `row_inside` and by the access's own masks) into the 128-byte swizzle;
+            an f32 A's chunks either loaded and split into bf16 parts by the producer (`a_split` producer) or
+            copied raw into the bytes its parts take (`a_staged_offset`) and split there by each consumer
+            warpgroup for its own slab before its wgmmas (`a_split` consumers, `convert_source`);
     warpgroups 1..C (consumers): wgmma m64nBNk16 on their 64-row slabs, the ring's mbarriers
         (`MbarrierRing`, proven by the `pipeline-schedule` rule and executed by the interpreter), then
         the epilogue stores rows below offs[g + 1] (the next group's rows are another tile's).

@@ -12,8 +12,12 @@ with E a grouping, every group's product `O[g] += A[rows of g]ᵀ · B[rows of g
         waits until the stage is free, stores them into the stage's MN-major tiles (`a_stored_column`: an
         f32 A's parts side by side, block by block of 64 columns) and arrives on the stage's barrier; under
         `wgrad_copy` cp.async, a bf16 operand it does not scale is copied into the same places by cp.async
-        after the wait (zero-filled where masked), the thread's arrival made as its copies land
-    warpgroups 1..C (consumers): wgmma with both transpose bits, each real slab q of 64 rows of m once a
+        after the wait (zero-filled where masked), the thread's arrival made as its copies land; under staged
+        (the default) every operand is copied: an f32 A raw, two 16-byte halves a chunk, into the bytes its
+        slab's parts take (`a_staged_offset`), a scaled bf16 A into its own slots
+    warpgroups 1..C (consumers): under staged, first each splits its slabs of an f32 A in place (reads its
+        chunks `convert_source`, meets its warpgroup, writes the parts, times P[r] first, fences, meets
+        again) or rounds a bf16 A times P[r] in place; then wgmma with both transpose bits, each real slab q of 64 rows of m once a
         part (`part_slab`: the descriptor slab of its hi and lo blocks) into one accumulator; then the
         epilogue adds each accumulator pair into O[g, m, n] (a block owns its tile: a plain read, add and
         store, no atomics), where m < #M and n < #N; a thread reads `epilogue_batch` column groups' prior
