@@ -508,8 +508,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     }}
   }} else {{  // --------------------------------------------------------------------- consumers
 {inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
-    const int ctid = tid % {loop.warpgroup_size};  // the thread within its warpgroup
-    const int lane = {frag.lane_of()};
+{"    const int ctid = tid % " + str(loop.warpgroup_size) + ";  // the thread within its warpgroup" + chr(10) if loop.a_convert else ""}    const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
 {walk}{tile_head}      float acc[{slabs}][{regs}];
 #pragma unroll

@@ -152,6 +152,7 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
               "habu::fence_proxy_async(); habu::cp_async_arrive(full);  // the stores visible, then as the copies land")
 
     before_wait, after_wait = convert_lines(lw, sig, sizes, table, it) if loop.a_convert else ("", "")
+    ctid = f"    const int ctid = tid % {loop.warpgroup_size};  // the thread within its warpgroup\n" if loop.a_convert else ""
 
     # the consumers: each real slab q, each part, one wgmma into acc[q] (both operands MN-major)
     trans = (ops.b_desc.mn_major, ops.a_desc.mn_major)
@@ -222,7 +223,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
 {settle}      }}
   }} else {{  // --------------------------------------------------------------------- consumers
 {inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
-    const int ctid = tid % {loop.warpgroup_size};  // the thread within its warpgroup
+{ctid}
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
     float acc[{loop.slabs}][{regs}];

@@ -177,8 +177,8 @@ def split_pass_faults(loop: WgmmaMainLoop) -> list[str]:
                 for half in (0, 1):
                     at = int(loop.a_staged_offset(i, k, half))
                     if landed.get(at // 16) != (i, k, half):
-                        return [*faults, f"consumer {cw} reads A's chunk (row {i}, k {k}) at byte {at}, where the "
-                                         f"producer copied {landed.get(at // 16, 'nothing')}"]
+                        return [*faults, f"consumer {cw} reads the A tile's chunk tile[{i}, {k}] (row, k) at byte "
+                                         f"{at}, where the producer copied {landed.get(at // 16, 'nothing')} (row, k, half)"]
                     readers[at // 16] = cw
                 hi = int(ops.a_copy.byte_offset(i, k))
                 writes.setdefault(cw, []).extend((hi // 16, (hi + loop.lo_offset) // 16))

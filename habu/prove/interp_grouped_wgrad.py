@@ -122,8 +122,8 @@ def convert_faults(loop: WgradLoop) -> list[str]:
                 for half in range(halves):
                     at = int(loop.a_staged_offset(m, k, half) if loop.parts == 2 else loop.a_store_offset(m, k, 0))
                     if landed.get(at // 16) != (m, k, half):
-                        return [*faults, f"consumer {cw} reads A's chunk ({m}, {k}) at byte {at}, where the producer "
-                                         f"copied {landed.get(at // 16, 'nothing')}"]
+                        return [*faults, f"consumer {cw} reads the A tile's chunk tile[{k}, {m}] (k, m) at byte {at}, "
+                                         f"where the producer copied {landed.get(at // 16, 'nothing')} (m, k, half)"]
                     readers[at // 16] = cw
                 writes.setdefault(cw, []).extend(int(loop.a_store_offset(m, k, p)) // 16 for p in range(loop.parts))
     for cw, units in writes.items():
