@@ -18,6 +18,7 @@ from habu.emit_cuda.common import (
     GRID_LAUNCH,
     GRID_WAIT,
     Signature,
+    TableReader,
     access_mask,
     access_offset,
     float_expr,
@@ -59,14 +60,32 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column;
     # into the registers `{side}v`/`{side}x, {side}y` + `suffix` (the next k tile's: "_n"), the row factor applied
     # at once, or (`deferred`) its value kept beside them (`{side}f_n`) and applied by `settle_lines`
+    # the index a copied side's chunk rows gather through (one table at the row), loaded a k tile ahead into
+    # registers (`{side}ix`, the next tile's `{side}ixn` issued before the stage's wait), so no cp.async waits on it;
+    # where no side goes through the producer's registers (beside an f32 A's chunks they spilled)
+    held_index = {side: HeldRowIndex(table, f"{side.lower()}ix") for side, acc in (("A", lw.a), ("B", lw.b))
+            if loop.copied_async(side) and not loop.any_registers and len(row_tables(acc)) == 1}
+
+    def index_lines(side: str, count: int, kt: str, into: str) -> str:
+        source = loop.a_source if side == "A" else loop.b_source
+        ki, _ = source(loop.chunk(CExpr("ptid"), CExpr("j")))
+        (name,) = row_tables(lw.a if side == "A" else lw.b)
+        return f"""#pragma unroll
+        for (int j = 0; j < {count}; ++j) {{  // {name}[r] of {side}'s chunk rows of k tile {kt} (checked where used)
+          const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr(kt), ki))});
+          {into}[j] = {c(lw.row_inside(CExpr("r"), CExpr("end")))} ? {table(name, "r")} : 0;
+        }}
+"""
+
     def chunk_lines(side: str, count: int, kt: str = "kt", suffix: str = "", deferred: bool = False) -> str:
         source = loop.a_source if side == "A" else loop.b_source
         ki, col = source(loop.chunk(CExpr("ptid"), CExpr("j")))
         acc, p, axis = (lw.a, pa, "m") if side == "A" else (lw.b, pb, "n")
         tile_col = lw.column_m(CExpr("mt"), col) if side == "A" else lw.column_n(CExpr("nt"), col)
         coord = {"k": "r", axis: "col"}
-        mask = access_mask(acc, coord, sizes, table)
-        off = access_offset(acc, coord, sizes, lw.index_width, table)
+        reader = held_index.get(side, table) if loop.copied_async(side) else table  # a copy's index held a k tile ahead
+        mask = access_mask(acc, coord, sizes, reader)
+        off = access_offset(acc, coord, sizes, lw.index_width, reader)
         low = side.lower()
         chunk = f"{low}x{suffix}[j], {low}y{suffix}[j]" if side == "A" and acc.dtype == "f32" else f"{low}v{suffix}[j]"
         factor = ""
@@ -134,6 +153,14 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     else:
         raise ValueError(f"{name}: the producer holds one or two k tiles in registers, not {loop.register_depth}")
     copies = "".join(chunk_lines(side, counts[side]) for side in "AB" if loop.copied_async(side))
+    index_regs = "".join(f"{it} {side.lower()}ix[{counts[side]}], {side.lower()}ixn[{counts[side]}];  // the chunk "
+                         f"rows' {row_tables(lw.a if side == 'A' else lw.b)[0]}[r]: this k tile's, the next's\n    "
+                         f"{{\n{index_lines(side, counts[side], '0', side.lower() + 'ix')}    }}\n    "
+                         for side in held_index)
+    index_next = "".join(f"        if (kt + 1 < k_tiles) {{\n{index_lines(side, counts[side], '(kt + 1)', side.lower() + 'ixn')}"
+                         "        }\n" for side in held_index)
+    index_move = "".join(f"#pragma unroll\n        for (int j = 0; j < {counts[side]}; ++j) {side.lower()}ix[j] = "
+                         f"{side.lower()}ixn[j];\n" for side in held_index)
     a_ki, a_col = loop.a_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     b_ki, b_col = loop.b_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     if loop.parts == 2:
@@ -213,14 +240,14 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     if (blockIdx.x == 0)  // E sorted (GROUPS:): each row of the group holds it (checked once a group)
       for ({it} r = lo + ptid; r < end; r += {loop.warpgroup_size}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
     {held_regs}
-    for (long long kt = 0; kt < k_tiles; ++kt) {{
-{loads}        const habu::u32 full = {ring_barrier(ring, "stage")};
+    {index_regs}for (long long kt = 0; kt < k_tiles; ++kt) {{
+{loads}{index_next}        const habu::u32 full = {ring_barrier(ring, "stage")};
         habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
         const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
         const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
 {copies}{stores}        {arrive}
         {ring_advance_line(ring)}
-{settle}      }}
+{settle}{index_move}      }}
   }} else {{  // --------------------------------------------------------------------- consumers
 {inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
 {ctid}
@@ -268,6 +295,29 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     src += body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw,
                       register_demand=split.demand if resized else None)  # no setmaxnreg: nothing to wait for
+
+
+def row_tables(acc) -> list[str]:
+    """The index tensors an access gathers through at the rows' axis (k): IX of `X[IX[r] n]`."""
+    return [p.table for p in acc.positions if p.kind == "gather" and p.axis == "k"]
+
+
+class HeldRowIndex(TableReader):
+    """An index tensor read at the chunk's row `r` from the register the producer loaded it into a k tile ahead
+    (`held[j]`, the chunk loop's j); its check (`habu::index_ok`) on that value, reported at row r."""
+
+    def __init__(self, base: TableReader, held: str):
+        super().__init__(base.sig, base.model, base.it)
+        self.held = held
+
+    def __call__(self, name: str, coordinate: str) -> str:
+        return f"({self.it}){self.held}[j]" if coordinate == "r" else super().__call__(name, coordinate)
+
+    def check(self, name: str, coordinate, size) -> str:
+        if coordinate != "r":
+            return super().check(name, coordinate, size)
+        return (f"habu::index_ok((long long){self.held}[j], (long long)({c(size)}), {index_code(self.model, name)}u, "
+                "(long long)(r))")
 
 
 def convert_lines(lw: GroupedWgradLowering, sig: Signature, sizes: dict, table, it: str) -> tuple[str, str]:

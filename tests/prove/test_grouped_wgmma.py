@@ -243,13 +243,12 @@ def test_regression_a_planted_split_pass_is_killed(planted):
     assert isinstance(base, GroupedLowering) and base.wgmma is not None
     loop = base.wgmma
     cls = type("Planted", (WgmmaMainLoop,), planted)
-    faults, got, found, ref = _run_f32(GROUPINGS["inner-empty-ragged"],
+    faults, got, _, ref = _run_f32(GROUPINGS["inner-empty-ragged"],
                                        replace(base, wgmma=cls(**{f: getattr(loop, f) for f in loop.__dataclass_fields__})))
     assert faults or not (got == ref).all()
 
 
 def test_the_default_splits_an_f32_a_in_the_consumers_and_the_search_tries_both():
-    from habu.emit_cuda.nvrtc import CompilerUnavailable
     from habu.paths.emit import emit_plan
 
     f32 = load_program(ROOT / "tests" / "data" / "grouped_scatter.habu").models["COMBINE-F32"]
@@ -258,10 +257,7 @@ def test_the_default_splits_an_f32_a_in_the_consumers_and_the_search_tries_both(
     src = emit_plan(f32, plan, TARGET).kernels[0].source
     assert "habu::slab_pass_sync(1 + cw);" in src and "habu::store_split_bf16x8(at, at + " in src
     assert "__ldg" not in src and "const float4* src" not in src  # no register loads of A
-    try:
-        assert_compiles_without_spills(emit_plan(f32, plan, TARGET).kernels[0])
-    except CompilerUnavailable:  # pragma: no cover
-        pass
+    assert_compiles_without_spills(emit_plan(f32, plan, TARGET).kernels[0])
     from habu.paths import grouped
     from habu.plan.patterns import Region
 

@@ -304,6 +304,25 @@ def test_the_default_copies_every_operand_and_the_consumers_convert_a_in_place(n
     assert_compiles_without_spills(kernel)
 
 
+@pytest.mark.parametrize("name", ["WGRAD", "WGRAD-P"])
+def test_the_staged_producer_holds_the_gathers_indices_a_k_tile_ahead(name):
+    """ncu of the staged dW3 on the H200 (session 51): 15% of the stall samples at the producer's chunk checks, each
+    waiting on its own load of IX[r] before its cp.async. The staged producer loads the next k tile's IX[r] of its
+    chunk rows before the stage's wait and checks and copies from those registers."""
+    from habu.paths.emit import emit_plan
+
+    m = _model(name)
+    src = emit_plan(m, default_plan(m, TARGET, SIZES, {}), TARGET).kernels[0].source
+    gathered = "ab" if name == "WGRAD-P" else "b"  # WGRAD-P gathers dY's rows too
+    for side in gathered:
+        assert f"int {side}ix[8], {side}ixn[8];" in src
+        assert f"habu::index_ok((long long){side}ix[j], (long long)(30), 0u, (long long)(r))" in src
+        assert f"{side}ix[j] = {side}ixn[j];" in src
+    assert "p_IX[r]" not in src.split("for (long long kt = 0; kt < k_tiles; ++kt)")[1].split("habu::mbar_wait(")[1]
+    # regression: the next tile's rows were printed as lo + (kt + 1 * 64), the tile after the first's 64 rows
+    assert "((lo + ((kt + 1) * 64))" in src and "kt + 1 * 64" not in src
+
+
 @pytest.mark.parametrize("planted", [
     # the producer copies an f32 chunk's halves into each other's units: the consumers split them swapped
     {"a_landed_offset": lambda self, m, k, half=0: WgradLoop.a_landed_offset(self, m, k, 1 - half)},
