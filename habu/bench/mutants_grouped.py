@@ -65,6 +65,13 @@ def split_halves_swapped(lw: GroupedLowering) -> GroupedLowering:
     return replace(lw, wgmma=cls(**{f.name: getattr(lw.wgmma, f.name) for f in fields(lw.wgmma)}))
 
 
+def search_one_round(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """The grouped weight gradient's offsets found by one round of the warp's search where the rows take two: a
+    group's first row is the first of a part of rows, not of the group."""
+    cls = type("Planted_wgrad_search", (GroupedWgradLowering,), {"search_rounds": lambda self, rows: 1})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
 def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
     """An n-major W's 64-column boxes all at the tile's first column (the box's offset n0 + box·64 dropped):
     the tile's later columns multiply its first 64 columns' weights."""
@@ -92,6 +99,9 @@ MUTANT_ENTRIES = (
     ("grouped-wgrad-held-tile-one-behind", "the grouped weight gradient's producer, a scaled bf16 A two k tiles deep "
      "in its registers, stores the tile it has just loaded: A's rows one k tile behind B's", GROUPED_WGRAD,
      "WGRAD-P-BF16", SHAPE, wgrad(held_tile_one_behind), {"wgrad_copy": "cp.async"}),
+    ("grouped-wgrad-search-one-round", "the grouped weight gradient's warp search of the group offsets stops after "
+     "one round of 32 reads where 200 rows take two: groups start at the first row of a part", GROUPED_WGRAD, "WGRAD",
+     SHAPE, wgrad(search_one_round)),
     ("grouped-wgrad-staged-halves-swapped", "the grouped weight gradient's producer copies a raw f32 A chunk's two "
      "halves into each other's places: the consumers split columns 4..7 as 0..3", GROUPED_WGRAD, "WGRAD", SHAPE,
      wgrad(staged_halves_swapped), {"wgrad_copy": "staged"}),

@@ -1,9 +1,9 @@
 """The grouped weight gradient on wgmma (habu/lower/grouped_wgrad.py): `O[E[r] m n] += scale · P[r] · A[r m] · B[r n]`,
 one block per (output tile, group), the group's rows its k axis.
 
-Printed from the `GroupedWgradLowering` and its `WgradLoop`: the group offsets (`habu::group_offsets`, as the
-grouped GEMM finds them), the block's tile (`block_tile`), its group's k tiles (`k_tiles`, `row`, masked by
-`row_inside`), the producer's chunks (`chunk`, `a_source`, `b_source`) and where it stores them
+Printed from the `GroupedWgradLowering` and its `WgradLoop`: the group offsets (the block's group's, the next's,
+the first's and the last's, a warp each: `habu::group_offsets_warp`, the lowering's `lower_bound`), the block's
+tile (`block_tile`), its group's k tiles (`k_tiles`, `row`, masked by `row_inside`), the producer's chunks (`chunk`, `a_source`, `b_source`) and where it stores them
 (`a_store_offset`, `b_store_offset`: an f32 A's hi and lo parts at `a_stored_column`), through its registers or
 copied there by cp.async (`copied_async`: after the stage's empty wait, the thread's noinc arrival), the ring (the
 contraction path's `MbarrierRing`: the producer's 128 arrivals a stage), the consumers' descriptors (the
@@ -222,11 +222,14 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   const int wg = {c(loop.warpgroup(CExpr("tid")))};
   // full[s] (+0): the producer's 128 threads stored the stage; empty[s] (+8): every consumer is done with it
   if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
-  habu::group_offsets<{it}>({e_ptr}, ({it})({rows}), {groups}, offs);
+  const int g = blockIdx.y;  // the block's group
+  {{
+    const int targets[4] = {{{", ".join(c(x) for x in lw.search_targets(CExpr("g"), groups))}}};  // its group's offsets, the next's, the first's, the last's
+    habu::group_offsets_warp<{it}>({e_ptr}, ({it})({rows}), targets, offs);  // {groups} groups, a warp each of these
+  }}
   __syncthreads();
   if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
   if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
-  const int g = blockIdx.y;  // the block's group
   const {it} n_tiles = ({it})({c(lw.n_tiles(sizes))});
   const {it} mt = ({it})({c(mt_x)});  // the block's tile of #{lw.m}
   const {it} nt = ({it})({c(nt_x)});  // and of #{lw.n}

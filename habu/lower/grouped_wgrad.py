@@ -2,7 +2,8 @@
 with E a grouping, every group's product `O[g] += A[rows of g]ᵀ · B[rows of g]` in one launch, on wgmma.
 
     block (bx, by) -> group g = by, tile (mt, nt) = (bx / n_tiles, bx mod n_tiles) of the group's output
-    the group's rows offs[g] .. offs[g + 1] − 1 (the offsets: the grouped family's binary search over E)
+    the group's rows offs[g] .. offs[g + 1] − 1 (the offsets: a warp's search over E each, 32 reads a round,
+        `lower_bound`; offs[0] and offs[#G] too, for the error flag on E's values)
         are its k axis: k tile kt holds rows `row(offs[g], kt, i)` = offs[g] + kt·bk + i, i < bk, masked
         at offs[g + 1] (`row_inside`: zeros past the group, never the next group's rows); an empty
         group's blocks do nothing
@@ -30,13 +31,12 @@ routes every element through the same maps (habu.prove.interp_grouped_wgrad) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from habu.lower.access import Access, access_for, cdiv
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
-from habu.lower.grouped import GroupedLowering
 from habu.lower.grouped_wgmma import register_split, slab_refusal, wgmma_consumers
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
 from habu.lower.pipeline import MbarrierRing, wgmma_ring
@@ -49,6 +49,7 @@ from habu.spec.ir import Equation, Expr, IndexVar, Model
 WGRAD_BK = 64  # rows a k tile: 64 rows of 128 bytes, one MN-major block's swizzle pattern
 VECTOR = 8  # elements a producer chunk moves (16 bytes of bf16)
 EPILOGUE_READS = 16  # the epilogue's reads of O in flight a thread at most (16 column groups: 32 registers)
+SEARCH_LANES = 32  # a warp's reads of E a round of the offsets' search (`lower_bound`)
 
 
 def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str, scaled: bool = False) -> str | None:
@@ -232,9 +233,40 @@ class GroupedWgradLowering:
     row_scale: Access | None = None  # P at axis k (the row)
     loop: WgradLoop | None = None
 
-    # the grouped family's offsets (the same binary search over E): `GroupedLowering`'s
-    search_steps = GroupedLowering.search_steps
-    lower_bound = GroupedLowering.lower_bound
+    search_lanes: int = SEARCH_LANES
+
+    def search_rounds(self, rows: int) -> int:
+        """Rounds of the warp's search (`lower_bound`) over `rows` rows until its range is empty: each leaves at
+        most ⌈size / lanes⌉ − 1 rows."""
+        rounds, size = 0, int(rows)
+        while size > 0:
+            size, rounds = -(-size // self.search_lanes) - 1, rounds + 1
+        return max(1, rounds)
+
+    def search_targets(self, g: Any, groups: Any) -> tuple[Any, Any, Any, Any]:
+        """The offsets a block finds (`habu::group_offsets_warp`, one warp each): its group's first row and the
+        next group's (its k axis), and group 0's and #G's (E's values below 0 or past #G raise the error flag)."""
+        return g, self.group_end(g), 0, groups
+
+    def lower_bound(self, value_at: Callable[[Any], Any], g: Any, rows: int, where: Callable[[Any, Any, Any], Any]
+                    ) -> Any:
+        """The first row whose group is ≥ g (#R when none), as a warp finds it (`habu::group_offsets_warp`): in
+        each of `search_rounds` rounds lane l reads E at p = lo + (l + 1)·part − 1 (part = ⌈(hi − lo)/lanes⌉) where
+        p < hi, n counts the lanes reading a group below g, lo += n·part and hi = min(hi, lo + (n + 1)·part − 1);
+        `value_at(p)` reads E, `where(c, x, y)` selects."""
+        lo: Any = g * 0
+        hi: Any = g * 0 + rows
+        for _ in range(self.search_rounds(rows)):
+            active = lo < hi
+            part = where(active, (hi - lo + self.search_lanes - 1) // self.search_lanes, 1)
+            n = g * 0
+            for lane in range(self.search_lanes):
+                probe = lo + (lane + 1) * part - 1
+                inside = active & (probe < hi)
+                n = n + where(inside & (value_at(where(inside, probe, 0)) < g), 1, 0)
+            top = lo + (n + 1) * part - 1
+            lo, hi = where(active, lo + n * part, lo), where(active & (top < hi), top, hi)
+        return lo
 
     uses_wgmma = True
     pair = None

@@ -165,7 +165,27 @@ def test_regression_the_group_offsets_are_the_models_groups_not_the_tiles_column
     m = _model().with_sizes({"G": 40})
     sizes = {**SIZES, "G": 40}
     src = emit_plan(m, default_plan(m, TARGET, sizes, {}), TARGET).kernels[0].source
-    assert "__shared__ int offs[41];" in src and ", 40, offs);" in src and "over #G = 40 groups" in src
+    assert "__shared__ int offs[41];" in src and "const int targets[4] = {g, (g + 1), 0, 40};" in src
+    assert "if (tid == 0 && offs[40] < (int)(" in src and "over #G = 40 groups" in src
+
+
+@pytest.mark.parametrize("rows", [0, 1, 32, 33, 200, 1025, 8192, 100000])
+def test_the_warps_search_of_the_offsets_is_the_first_row_of_each_group(rows):
+    """Each block finds its group's offsets, the next group's, the first's and the last's by one warp each
+    (`habu::group_offsets_warp`: 32 reads of E a round, three rounds for 8192 rows where a binary search makes 14
+    dependent reads). The lowering's model of it (`lower_bound`, which the field check runs) against numpy's
+    searchsorted on sorted groupings with runs and empty groups."""
+    lw = lower(_model(), replace(KERNEL, stages=3))
+    assert isinstance(lw, GroupedWgradLowering)
+    rng = np.random.default_rng(rows)
+    for groups in (1, 8, 40, 256):
+        e = np.sort(rng.integers(0, groups, rows))
+        e[: rows // 3] = e[rows // 3] if rows else 0
+        e = np.sort(e)
+        got = lw.lower_bound(lambda p, e=e: e[np.clip(p, 0, max(rows - 1, 0))] if rows else np.zeros_like(p),
+                             np.arange(groups + 1), rows, np.where)
+        np.testing.assert_array_equal(got, np.searchsorted(e, np.arange(groups + 1), side="left"))
+    assert lw.search_rounds(8192) == 3 and lw.search_rounds(100000) == 4
 
 
 @pytest.mark.parametrize("planted", [
@@ -175,6 +195,8 @@ def test_regression_the_group_offsets_are_the_models_groups_not_the_tiles_column
     {"column_n": lambda self, nt, j: nt * (self.kernel.bn - 8) + j},
     {"k_tiles": lambda self, lo, hi: (hi - lo) // self.kernel.bk},  # the group's ragged last k tile dropped
     {"row": lambda self, begin, kt, i: begin + kt * (self.kernel.bk - 1) + i},
+    # the offsets' warp search stopped after one round (200 rows take two): a group's rows start mid-part
+    {"search_rounds": lambda self, rows: 1},
 ])
 def test_regression_a_planted_decode_is_killed(planted):
     """Each map the emitter prints the block's tile, columns, rows and k tiles from, one off."""

@@ -20,6 +20,31 @@ __device__ __forceinline__ void group_offsets(const E* __restrict__ groups_of_ro
   }
 }
 
+/** @brief offs[t] for the four groups t of `targets` (the block's group, the next, the first and the last; repeats
+ *  allowed): the first row whose group is >= t (rows when none), each by one warp of the block (warps 0..3) in
+ *  rounds: the warp's 32 lanes read E at the last row of each of 32 equal parts of [lo, hi) (parts of
+ *  ⌈(hi − lo)/32⌉ rows), and the count n of lanes reading a group below t (a ballot) gives lo += n·part, hi =
+ *  min(hi, old lo + (n + 1)·part − 1): three dependent reads of E for 8192 rows where a binary search makes 14.
+ *  The lowering's `GroupedWgradLowering.lower_bound` is this search. Needs 128 threads; the caller synchronises. */
+template <typename I, typename E>
+__device__ __forceinline__ void group_offsets_warp(const E* __restrict__ groups_of_rows, I rows, const int (&targets)[4],
+                                                   I* offs) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp >= 4) return;
+  const int t = targets[warp];
+  I lo = 0, hi = rows;
+  while (lo < hi) {
+    const I part = (hi - lo + 31) / 32;
+    const I probe = lo + (I)(lane + 1) * part - 1;
+    const bool below = probe < hi && (long long)groups_of_rows[probe] < (long long)t;
+    const I n = (I)__popc(__ballot_sync(0xffffffffu, below));
+    const I top = lo + (n + 1) * part - 1;
+    lo += n * part;
+    hi = top < hi ? top : hi;
+  }
+  if (lane == 0) offs[t] = lo;
+}
+
 /** @brief starts[g] = the row tiles of groups 0..g-1 (`tiles_of(offs, h)` those of group h: the lowering's
  *  m_tiles, an empty group none), g in 0..groups, by the first warp (a shuffle scan 32 groups at a time);
  *  the caller synchronises. */
