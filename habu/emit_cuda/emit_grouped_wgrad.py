@@ -223,10 +223,8 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   // full[s] (+0): the producer's 128 threads stored the stage; empty[s] (+8): every consumer is done with it
   if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
   const int g = blockIdx.y;  // the block's group
-  {{
-    const int targets[4] = {{{", ".join(c(x) for x in lw.search_targets(CExpr("g"), groups))}}};  // its group's offsets, the next's, the first's, the last's
-    habu::group_offsets_warp<{it}>({e_ptr}, ({it})({rows}), targets, offs);  // {groups} groups, a warp each of these
-  }}
+  // offs[] of its group, the next, the first and the last ({groups} groups), a warp each
+  habu::group_offsets_warp<{it}>({e_ptr}, ({it})({rows}), {", ".join(c(x) for x in lw.search_targets(CExpr("g"), groups))}, offs);
   __syncthreads();
   if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
   if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
