@@ -55,6 +55,9 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     pb = sig.pointer(lw.b.tensor, lw.b.dtype)
     p_out = sig.pointer(lw.out.tensor, lw.out.dtype, writes=True)
     rows = c(sizes[lw.r])
+    # the search's rounds: for #R where it is known when the kernel is compiled, else for the most rows the index
+    # width addresses (the rounds past an empty range do nothing)
+    search_rows = sizes[lw.r] if isinstance(sizes[lw.r], int) else 2 ** (lw.index_width - 1) - 1
     mt_x, nt_x = lw.block_tile(CExpr("blockIdx.x"), CExpr("n_tiles"))
 
     # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column;
@@ -224,7 +227,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
   if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
   const int g = blockIdx.y;  // the block's group
   // offs[] of its group, the next, the first and the last ({groups} groups), a warp each
-  habu::group_offsets_warp<{it}>({e_ptr}, ({it})({rows}), {", ".join(c(x) for x in lw.search_targets(CExpr("g"), groups))}, offs);
+  habu::group_offsets_warp<{it}, {lw.search_rounds(search_rows)}>({e_ptr}, ({it})({rows}), {", ".join(c(x) for x in lw.search_targets(CExpr("g"), groups))}, offs);
   __syncthreads();
   if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
   if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}

@@ -25,15 +25,17 @@ __device__ __forceinline__ void group_offsets(const E* __restrict__ groups_of_ro
  *  rounds: the warp's 32 lanes read E at the last row of each of 32 equal parts of [lo, hi) (parts of
  *  ⌈(hi − lo)/32⌉ rows), and the count n of lanes reading a group below t (a ballot) gives lo += n·part, hi =
  *  min(hi, old lo + (n + 1)·part − 1): three dependent reads of E for 8192 rows where a binary search makes 14.
- *  The lowering's `GroupedWgradLowering.lower_bound` is this search. Needs 128 threads; the caller synchronises. */
-template <typename I, typename E>
+ *  `Rounds` (the lowering's `search_rounds` for the rows) bounds the rounds; the lowering's
+ *  `GroupedWgradLowering.lower_bound` is this search. Needs 128 threads; the caller synchronises. */
+template <typename I, int Rounds, typename E>
 __device__ __forceinline__ void group_offsets_warp(const E* __restrict__ groups_of_rows, I rows, int t0, int t1, int t2,
                                                    int t3, I* offs) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp >= 4) return;
   const int t = warp == 0 ? t0 : warp == 1 ? t1 : warp == 2 ? t2 : t3;  // (no local array indexed by the warp)
   I lo = 0, hi = rows;
-  while (lo < hi) {
+#pragma unroll 1
+  for (int round = 0; round < Rounds && lo < hi; ++round) {  // (lo, hi: the same in every lane)
     const I part = (hi - lo + 31) / 32;
     const I probe = lo + (I)(lane + 1) * part - 1;
     const bool below = probe < hi && (long long)groups_of_rows[probe] < (long long)t;
