@@ -51,9 +51,19 @@ def desc_text(d, base: str, start) -> str:
     return f"habu::wgmma_desc<{d.lbo}u, {d.sbo}u, {d.mode}u>({at} + {c(k_part)})"
 
 
-def _cp_async_fill(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: str, koff: str, dst: str) -> str:
-    """A bf16 A: each producer thread cp.asyncs one 16-byte column of its rows into the stage's A tile (its
-    j-th row `i_at`, its k `k_at` within the k tile)."""
+def _cp_async_fill(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: str, koff: str, loop,
+                   raw_f32: bool = False) -> str:
+    """Each producer thread cp.asyncs one column of its rows (its j-th row `i_at`, its k `k_at` within the k tile),
+    zeros where masked: a bf16 A's 16 bytes into the stage's A tile, or (`raw_f32`, an f32 A the consumers split:
+    `a_convert`) its 8 floats raw, two 16-byte halves, where the lowering stages them (`a_landed_offset`)."""
+    if raw_f32:
+        ctype, halves = "float", (0, 1)
+        dst = {h: c(loop.a_landed_offset(CExpr("i"), CExpr(k_at), h)) for h in halves}
+    else:
+        ctype, halves = "habu::bf16", (0,)
+        dst = {0: c(loop.operands.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32){k_at}")))}
+    lines = "\n".join(f"          habu::cp_async<16>(a_stage + (habu::u32)({dst[h]}), "
+                       f"{'src' if h == 0 else f'ok ? src + {4 * h} : {pa}'}, ok);" for h in halves)
     return f"""      {{
         const {it} kk = k0 + {k_at};
         const bool k_ok = {kmask};
@@ -61,27 +71,7 @@ def _cp_async_fill(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: s
         for (int j = 0; j < {copies}; ++j) {{
           const int i = {i_at};
           const bool ok = a_row_off[j] >= 0 && k_ok;
-          const habu::bf16* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
-          habu::cp_async<16>(a_stage + (habu::u32)({dst}), src, ok);
-        }}
-      }}
-"""
-
-
-def _cp_async_halves(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: str, koff: str, loop) -> str:
-    """An f32 A split by the consumers (`a_convert`): each producer thread cp.asyncs its rows' chunk of 8 floats
-    raw, two 16-byte halves, where the lowering stages them (`a_landed_offset`), zeros where masked."""
-    lines = "\n".join(
-        f"          habu::cp_async<16>(a_stage + (habu::u32)({c(loop.a_landed_offset(CExpr('i'), CExpr(k_at), half))}), "
-        f"ok ? src + {4 * half} : {pa}, ok);" for half in (0, 1))
-    return f"""      {{
-        const {it} kk = k0 + {k_at};
-        const bool k_ok = {kmask};
-#pragma unroll
-        for (int j = 0; j < {copies}; ++j) {{
-          const int i = {i_at};
-          const bool ok = a_row_off[j] >= 0 && k_ok;
-          const float* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
+          const {ctype}* src = ok ? {pa} + a_row_off[j] + ({koff}) : {pa};
 {lines}
         }}
       }}
@@ -350,10 +340,10 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     split = loop.registers
     assert split is not None
     if loop.a_parts == 1:
-        a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, i_at, k_at, copies, kmask, pa, koff, dst), \
+        a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, i_at, k_at, copies, kmask, pa, koff, loop), \
             "habu::cp_async_arrive(full);"
     elif loop.a_convert:  # an f32 A copied raw, every stage of the ring in flight; the consumers split it
-        a_pre, a_load, a_fill, arrive = "", "", _cp_async_halves(it, i_at, k_at, copies, kmask, pa, koff, loop), \
+        a_pre, a_load, a_fill, arrive = "", "", _cp_async_fill(it, i_at, k_at, copies, kmask, pa, koff, loop, True), \
             "habu::cp_async_arrive(full);"
     else:  # an f32 A: the k tile's rows loaded before the stage is free, split into bf16 parts, stored
         # the next k tile's loads are in flight while this one's parts are stored (two tiles of registers)

@@ -182,13 +182,18 @@ def split_pass_faults(loop: WgmmaMainLoop) -> list[str]:
                     readers[at // 16] = cw
                 hi = int(ops.a_copy.byte_offset(i, k))
                 writes.setdefault(cw, []).extend((hi // 16, (hi + loop.lo_offset) // 16))
+    return faults + foreign_writes(writes, readers)
+
+
+def foreign_writes(writes: dict[int, list[int]], readers: dict[int, int]) -> list[str]:
+    """An in-place pass's writes (16-byte units, by consumer warpgroup) into a unit the writer does not read itself:
+    another warpgroup's chunk, or bytes that are not the pass's (its barrier orders the writer's own reads only)."""
     for cw, units in writes.items():
         foreign = [u for u in units if readers.get(u) != cw]
         if foreign:
-            faults.append(f"consumer {cw} writes A's parts into byte {foreign[0] * 16}, which it does not read itself "
-                          "(another warpgroup's chunk: its barrier does not order that)")
-            break
-    return faults
+            return [f"consumer {cw} writes A's parts into byte {foreign[0] * 16}, which it does not read itself "
+                    "(another warpgroup's chunk, or not A's: its barrier does not order that)"]
+    return []
 
 
 def _wgmma_faults(name: str, lw: GroupedLowering, mem: Memory) -> None:

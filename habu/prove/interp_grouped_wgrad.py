@@ -19,7 +19,7 @@ import numpy as np
 from habu.lower.grouped_wgrad import VECTOR, WGRAD_BK, GroupedWgradLowering, WgradLoop
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.interp import Memory, eval_pointwise, read, write
-from habu.prove.interp_grouped import group_offsets, warpgroup_decode_faults
+from habu.prove.interp_grouped import foreign_writes, group_offsets, warpgroup_decode_faults
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import Route, wgmma_route
@@ -126,13 +126,7 @@ def convert_faults(loop: WgradLoop) -> list[str]:
                                          f"where the producer copied {landed.get(at // 16, 'nothing')} (m, k, half)"]
                     readers[at // 16] = cw
                 writes.setdefault(cw, []).extend(int(loop.a_store_offset(m, k, p)) // 16 for p in range(loop.parts))
-    for cw, units in writes.items():
-        foreign = [u for u in units if readers.get(u) != cw]
-        if foreign:
-            faults.append(f"consumer {cw} writes A's parts into byte {foreign[0] * 16}, which it does not read itself "
-                          "(another warpgroup's chunk, or not A's: its barrier does not order that)")
-            break
-    return faults
+    return faults + foreign_writes(writes, readers)
 
 
 def _rows_leave_tile(lw: GroupedWgradLowering) -> bool:

@@ -32,6 +32,7 @@ ITENSOR: IX ( #R #T )  GROUPS: E ( #R #G )
 MODEL: GG
    Y[r n] = Σ k X[IX[r] k] · W[E[r] n k] ;
 """
+GGF = GG.replace("bf16 TENSOR: X", "f32 TENSOR: X")  # an f32 A, gathered: two bf16 parts on the tensor cores
 SIZES = {"R": 200, "T": 30, "G": 4, "N": 40, "K": 136}
 # one consumer warpgroup of 64 rows, 3 k tiles (the last ragged) through a ring of 2 stages
 KERNEL = GroupedKernel(nodes=("Y",), bm=64, bn=64, bk=64, warps_m=1, warps_n=4, main_loop="wgmma", stages=2)
@@ -46,9 +47,10 @@ def _gg():
     return parse_text(GG).models["GG"]
 
 
-def _run(values: list[int], lw: GroupedLowering | None = None):
-    """Every block of the grid over GF(p) with the grouping `values`: (faults, got, written, reference, twice)."""
-    model = _gg()
+def _run(values: list[int], lw: GroupedLowering | None = None, source: str = GG):
+    """Every block of the grid over GF(p) with the grouping `values`: (faults, got, written, reference, twice).
+    `source`: the model's text (GGF: its A in f32)."""
+    model = parse_text(source).models["GG"]
     lw = lw or lower(model, KERNEL)
     assert isinstance(lw, GroupedLowering) and lw.wgmma is not None
     field = PrimeField(seed=5)
@@ -193,25 +195,6 @@ def test_regression_a_pairs_second_box_read_where_the_first_landed_is_a_fault():
     assert not cert.passed and "second weights" in (cert.failure or "")
 
 
-GGF = GG.replace("bf16 TENSOR: X", "f32 TENSOR: X")  # an f32 A, gathered: two bf16 parts on the tensor cores
-
-
-def _run_f32(values: list[int], lw: GroupedLowering):
-    model = parse_text(GGF).models["GG"]
-    field = PrimeField(seed=5)
-    inputs = virtual_inputs(model, SIZES, field, 5)
-    inputs["E"] = FixedGrouping(values, SIZES["G"])
-    mem = Memory(inputs, field, SIZES)
-    run_grouped("k0", lw, SIZES, mem, grid_blocks(lw, SIZES))
-    R, N, K = SIZES["R"], SIZES["N"], SIZES["K"]
-    ix = inputs["IX"].at(np.arange(R))
-    x = inputs["X"][ix[:, None], np.arange(K)[None, :]]
-    w = inputs["W"][np.asarray(values)[:, None, None], np.arange(N)[None, :, None], np.arange(K)[None, None, :]]
-    ref = np.einsum("rk,rnk->rn", x.astype(object), w.astype(object)) % field.p
-    got, found = mem.written["Y"].read(np.arange(R * N)) if "Y" in mem.written else (None, None)
-    return mem.faults, got, found, ref.astype(np.int64).ravel()
-
-
 @pytest.mark.parametrize("tile", [{}, {"bm": 128, "bn": 128, "warps_m": 2, "stages": 3}])
 @pytest.mark.parametrize("name", list(GROUPINGS))
 def test_an_f32_a_split_by_the_consumers_in_place_is_the_product(name, tile):
@@ -220,9 +203,9 @@ def test_an_f32_a_split_by_the_consumers_in_place_is_the_product(name, tile):
     copies' and the split's maps (`split_pass_faults`) and the product."""
     lw = lower(parse_text(GGF).models["GG"], replace(KERNEL, a_split="consumers", **tile))
     assert isinstance(lw, GroupedLowering) and lw.wgmma is not None and lw.wgmma.a_convert
-    faults, got, found, ref = _run_f32(GROUPINGS[name], lw)
+    faults, got, found, ref, twice = _run(GROUPINGS[name], lw, GGF)
     assert not faults, faults
-    assert found.all() and (got == ref).all()
+    assert found.all() and twice == 0 and (got == ref).all()
 
 
 @pytest.mark.parametrize("planted", [
@@ -243,8 +226,8 @@ def test_regression_a_planted_split_pass_is_killed(planted):
     assert isinstance(base, GroupedLowering) and base.wgmma is not None
     loop = base.wgmma
     cls = type("Planted", (WgmmaMainLoop,), planted)
-    faults, got, _, ref = _run_f32(GROUPINGS["inner-empty-ragged"],
-                                       replace(base, wgmma=cls(**{f: getattr(loop, f) for f in loop.__dataclass_fields__})))
+    faults, got, _, ref, _ = _run(GROUPINGS["inner-empty-ragged"],
+                                  replace(base, wgmma=cls(**{f: getattr(loop, f) for f in loop.__dataclass_fields__})), GGF)
     assert faults or not (got == ref).all()
 
 
