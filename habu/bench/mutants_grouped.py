@@ -72,6 +72,12 @@ def search_one_round(lw: GroupedWgradLowering) -> GroupedWgradLowering:
     return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
+def indices_two_tiles_ahead(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """The staged producer loads its gather's indices two k tiles ahead where it copies the next: each k tile's rows
+    gathered through the indices of the tile after it."""
+    return _loop(lw, index_tile=lambda self, step: step + 2)
+
+
 def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
     """An n-major W's 64-column boxes all at the tile's first column (the box's offset n0 + box·64 dropped):
     the tile's later columns multiply its first 64 columns' weights."""
@@ -102,6 +108,9 @@ MUTANT_ENTRIES = (
     ("grouped-wgrad-search-one-round", "the grouped weight gradient's warp search of the group offsets stops after "
      "one round of 32 reads where 200 rows take two: groups start at the first row of a part", GROUPED_WGRAD, "WGRAD",
      SHAPE, wgrad(search_one_round)),
+    ("grouped-wgrad-indices-two-tiles-ahead", "the grouped weight gradient's staged producer loads the gather's "
+     "indices two k tiles ahead of the copies that use them: rows gathered through another tile's IX", GROUPED_WGRAD,
+     "WGRAD", SHAPE, wgrad(indices_two_tiles_ahead), {"wgrad_copy": "staged"}),
     ("grouped-wgrad-staged-halves-swapped", "the grouped weight gradient's producer copies a raw f32 A chunk's two "
      "halves into each other's places: the consumers split columns 4..7 as 0..3", GROUPED_WGRAD, "WGRAD", SHAPE,
      wgrad(staged_halves_swapped), {"wgrad_copy": "staged"}),

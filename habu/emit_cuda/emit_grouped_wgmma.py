@@ -63,7 +63,8 @@ def _cp_async_fill(it: str, i_at: str, k_at: str, copies: int, kmask: str, pa: s
         ctype, halves = "habu::bf16", (0,)
         dst = {0: c(loop.operands.a_copy.byte_offset(CExpr("(habu::u32)i"), CExpr(f"(habu::u32){k_at}")))}
     lines = "\n".join(f"          habu::cp_async<16>(a_stage + (habu::u32)({dst[h]}), "
-                       f"{'src' if h == 0 else f'ok ? src + {4 * h} : {pa}'}, ok);" for h in halves)
+                       f"{'src' if h == 0 and not raw_f32 else f'ok ? src + {c(loop.half_source(h))} : {pa}'}, ok);"
+                       for h in halves)
     return f"""      {{
         const {it} kk = k0 + {k_at};
         const bool k_ok = {kmask};

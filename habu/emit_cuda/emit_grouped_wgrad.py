@@ -3,7 +3,8 @@ one block per (output tile, group), the group's rows its k axis.
 
 Printed from the `GroupedWgradLowering` and its `WgradLoop`: the group offsets (the block's group's, the next's,
 the first's and the last's, a warp each: `habu::group_offsets_warp`, the lowering's `lower_bound`), the block's
-tile (`block_tile`), its group's k tiles (`k_tiles`, `row`, masked by `row_inside`), the producer's chunks (`chunk`, `a_source`, `b_source`) and where it stores them
+tile (`block_tile`), its group's k tiles (`k_tiles`, `row`, masked by `row_inside`), the producer's chunks
+(`chunk`, `a_source`, `b_source`; a gather's indices a k tile ahead, `index_tile`) and where it stores them
 (`a_store_offset`, `b_store_offset`: an f32 A's hi and lo parts at `a_stored_column`), through its registers or
 copied there by cp.async (`copied_async`: after the stage's empty wait, the thread's noinc arrival), the ring (the
 contraction path's `MbarrierRing`: the producer's 128 arrivals a stage), the consumers' descriptors (the
@@ -60,26 +61,24 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     search_rows = sizes[lw.r] if isinstance(sizes[lw.r], int) else 2 ** (lw.index_width - 1) - 1
     mt_x, nt_x = lw.block_tile(CExpr("blockIdx.x"), CExpr("n_tiles"))
 
-    # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column;
-    # into the registers `{side}v`/`{side}x, {side}y` + `suffix` (the next k tile's: "_n"), the row factor applied
-    # at once, or (`deferred`) its value kept beside them (`{side}f_n`) and applied by `settle_lines`
-    # the index a copied side's chunk rows gather through (one table at the row), loaded a k tile ahead into
-    # registers (`{side}ix`, the next tile's `{side}ixn` issued before the stage's wait), so no cp.async waits on it;
-    # where no side goes through the producer's registers (beside an f32 A's chunks they spilled)
-    held_index = {side: HeldRowIndex(table, f"{side.lower()}ix") for side, acc in (("A", lw.a), ("B", lw.b))
-            if loop.copied_async(side) and not loop.any_registers and len(row_tables(acc)) == 1}
+    # the index a copied side's chunk rows gather through, held in registers (`{side}ix`; the next k tile's,
+    # `{side}ixn`, loaded before the stage's wait: `lw.held_index`, `loop.index_tile`), so no cp.async waits on it
+    held_index = {side: HeldRowIndex(table, f"{side.lower()}ix") for side in "AB" if lw.held_index(side)}
 
-    def index_lines(side: str, count: int, kt: str, into: str) -> str:
+    def index_lines(side: str, count: int, kt, into: str) -> str:
         source = loop.a_source if side == "A" else loop.b_source
         ki, _ = source(loop.chunk(CExpr("ptid"), CExpr("j")))
-        (name,) = row_tables(lw.a if side == "A" else lw.b)
+        (name,) = lw.row_tables(side)
         return f"""#pragma unroll
-        for (int j = 0; j < {count}; ++j) {{  // {name}[r] of {side}'s chunk rows of k tile {kt} (checked where used)
-          const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr(kt), ki))});
+        for (int j = 0; j < {count}; ++j) {{  // {name}[r] of {side}'s chunk rows of k tile {c(kt)} (checked where used)
+          const {it} r = ({it})({c(lw.row(CExpr("lo"), kt, ki))});
           {into}[j] = {c(lw.row_inside(CExpr("r"), CExpr("end")))} ? {table(name, "r")} : 0;
         }}
 """
 
+    # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column;
+    # into the registers `{side}v`/`{side}x, {side}y` + `suffix` (the next k tile's: "_n"), the row factor applied
+    # at once, or (`deferred`) its value kept beside them (`{side}f_n`) and applied by `settle_lines`
     def chunk_lines(side: str, count: int, kt: str = "kt", suffix: str = "", deferred: bool = False) -> str:
         source = loop.a_source if side == "A" else loop.b_source
         ki, col = source(loop.chunk(CExpr("ptid"), CExpr("j")))
@@ -104,7 +103,7 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
             if side == "A" and loop.parts == 2:  # an f32 chunk raw, two halves, where the consumers split it
                 load = "".join(
                     f"          habu::cp_async<16>(a_stage + (habu::u32)({c(loop.a_landed_offset(col, ki, half))}), "
-                    f"{p} + (ok ? ({off}) + {4 * half} : 0), ok);\n" for half in (0, 1))
+                    f"{p} + (ok ? ({off}) + {c(loop.half_source(half))} : 0), ok);\n" for half in (0, 1))
             else:
                 at = loop.a_landed_offset(col, ki) if side == "A" else loop.b_store_offset(col, ki)
                 load = (f"          habu::cp_async<16>({low}_stage + (habu::u32)({c(at)}), {p} + (ok ? ({off}) : 0), "
@@ -156,12 +155,14 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     else:
         raise ValueError(f"{name}: the producer holds one or two k tiles in registers, not {loop.register_depth}")
     copies = "".join(chunk_lines(side, counts[side]) for side in "AB" if loop.copied_async(side))
+    first_index, next_index = loop.index_tile(-1), loop.index_tile(CExpr("kt"))
     index_regs = "".join(f"{it} {side.lower()}ix[{counts[side]}], {side.lower()}ixn[{counts[side]}];  // the chunk "
-                         f"rows' {row_tables(lw.a if side == 'A' else lw.b)[0]}[r]: this k tile's, the next's\n    "
-                         f"{{\n{index_lines(side, counts[side], '0', side.lower() + 'ix')}    }}\n    "
+                         f"rows' {lw.row_tables(side)[0]}[r]: this k tile's, the next's\n    "
+                         f"{{\n{index_lines(side, counts[side], first_index, side.lower() + 'ix')}    }}\n    "
                          for side in held_index)
-    index_next = "".join(f"        if (kt + 1 < k_tiles) {{\n{index_lines(side, counts[side], '(kt + 1)', side.lower() + 'ixn')}"
-                         "        }\n" for side in held_index)
+    index_next = "".join(f"        if ({c(next_index)} < k_tiles) {{\n"
+                         f"{index_lines(side, counts[side], next_index, side.lower() + 'ixn')}        }}\n"
+                         for side in held_index)
     index_move = "".join(f"#pragma unroll\n        for (int j = 0; j < {counts[side]}; ++j) {side.lower()}ix[j] = "
                          f"{side.lower()}ixn[j];\n" for side in held_index)
     a_ki, a_col = loop.a_source(loop.chunk(CExpr("ptid"), CExpr("j")))
@@ -299,11 +300,6 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
     src += body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw,
                       register_demand=split.demand if resized else None)  # no setmaxnreg: nothing to wait for
-
-
-def row_tables(acc) -> list[str]:
-    """The index tensors an access gathers through at the rows' axis (k): IX of `X[IX[r] n]`."""
-    return [p.table for p in acc.positions if p.kind == "gather" and p.axis == "k"]
 
 
 class HeldRowIndex(TableReader):

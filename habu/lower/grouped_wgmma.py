@@ -157,6 +157,10 @@ class WgmmaMainLoop:
         row_bytes = self.operands.a_tile.row_elems * self.operands.a_tile.elem_bytes
         return (unit // 8) * self.lo_offset + i * row_bytes + ((unit % 8) ^ (i % 8)) * 16
 
+    def half_source(self, half: Any) -> Any:
+        """The first of the 4 floats of an f32 chunk that half `half` (a 16-byte copy) takes from A's row."""
+        return half * 4
+
     def a_landed_offset(self, i: Any, k: Any, half: Any = 0) -> Any:
         """Where the producer's copy of A's chunk (i, k) lands: raw (`a_staged_offset`) for an f32 A the consumers
         split, else its bf16 slot in the stage tile."""

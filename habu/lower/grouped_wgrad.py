@@ -175,16 +175,21 @@ class WgradLoop:
         """The first byte of slab s's parts in the stage's A tile (its hi block's, the lo block beside it)."""
         return self.operands.a_copy.byte_offset(self.a_stored_column(s * 64, 0), 0)
 
-    def slab_bytes(self) -> int:
-        """The bytes one slab of 64 columns of m takes in the stage: its parts' blocks of 64 k rows."""
-        return self.parts * 64 * WGRAD_BK * 2
-
     def a_staged_offset(self, m: Any, k: Any, half: Any) -> Any:
         """The byte of the stage's A tile where half `half` (4 floats) of an f32 A's chunk at (m, k) lands raw: its
         slab's bytes as 64 rows of k of 64 floats, the row's 16-byte units XOR-swizzled by k mod 8 (the consumers'
         reads of a quarter warp, 8 rows of k, fall in 8 distinct bank groups)."""
         unit = (2 * ((m % 64) // VECTOR) + half) ^ (k % 8)
         return self.slab_base(m // 64) + k * 64 * 4 + unit * 16
+
+    def half_source(self, half: Any) -> Any:
+        """The first of the 4 floats of an f32 chunk that half `half` (a 16-byte copy) takes from A's row."""
+        return half * 4
+
+    def index_tile(self, step: Any) -> Any:
+        """The k tile whose rows' gather indices (IX[r]) the producer loads at loop step `step`, before the stage's
+        wait, into the registers it copies k tile `step + 1` through (step −1: before the loop, the first tile)."""
+        return step + 1
 
     def a_landed_offset(self, m: Any, k: Any, half: Any = 0) -> Any:
         """Where the producer's copy of A's chunk (m, k) lands: raw (`a_staged_offset`) for an f32 A the consumers
@@ -233,7 +238,7 @@ class GroupedWgradLowering:
     row_scale: Access | None = None  # P at axis k (the row)
     loop: WgradLoop | None = None
 
-    search_lanes: int = SEARCH_LANES
+    search_lanes = SEARCH_LANES  # (not a field) a warp's lanes: `habu::group_offsets_warp`'s ballot
 
     def search_rounds(self, rows: int) -> int:
         """Rounds of the warp's search (`lower_bound`) over `rows` rows until its range is empty: each leaves at
@@ -242,6 +247,19 @@ class GroupedWgradLowering:
         while size > 0:
             size, rounds = -(-size // self.search_lanes) - 1, rounds + 1
         return max(1, rounds)
+
+    def row_tables(self, side: str) -> list[str]:
+        """The index tensors A's (`side` "A") or B's access gathers through at the rows' axis: IX of `X[IX[r] n]`."""
+        acc = self.a if side == "A" else self.b
+        return [p.table for p in acc.positions if p.kind == "gather" and p.axis == "k"]
+
+    def held_index(self, side: str) -> bool:
+        """Whether the producer holds `side`'s gather indices in registers a k tile ahead (`WgradLoop.index_tile`):
+        a side copied by cp.async, gathered through one table, where no side goes through its registers (beside an f32
+        A's chunks they spilled)."""
+        loop = self.loop
+        return (loop is not None and loop.copied_async(side) and not loop.any_registers
+                and len(self.row_tables(side)) == 1)
 
     def search_targets(self, g: Any, groups: Any) -> tuple[Any, Any, Any, Any]:
         """The offsets a block finds (`habu::group_offsets_warp`, one warp each): its group's first row and the

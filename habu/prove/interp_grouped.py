@@ -161,11 +161,11 @@ def split_pass_faults(loop: WgmmaMainLoop) -> list[str]:
                 if at // 16 in landed:
                     return [f"the producer copies A's chunks {landed[at // 16][:2]} and ({i}, {k}) to one 16-byte unit"]
                 landed[at // 16] = (i, k, half)
+    faults = half_faults(loop)
     n = loop.convert_chunks()
     ctid = np.arange(loop.warpgroup_size, dtype=np.int64)[:, None]
     ri, ki = (np.broadcast_to(np.asarray(x, dtype=np.int64), (loop.warpgroup_size, n)).ravel()
               for x in loop.convert_source(ctid, np.arange(n, dtype=np.int64)[None, :]))
-    faults = []
     if sorted(zip(ri.tolist(), ki.tolist(), strict=True)) != sorted((r, k) for r in range(64) for k in range(0, 64, 8)):
         faults.append("the consumers' chunks (`convert_source`) do not cover a slab's 64 rows × 64 k once each")
     readers: dict[int, int] = {}
@@ -183,6 +183,15 @@ def split_pass_faults(loop: WgmmaMainLoop) -> list[str]:
                 hi = int(ops.a_copy.byte_offset(i, k))
                 writes.setdefault(cw, []).extend((hi // 16, (hi + loop.lo_offset) // 16))
     return faults + foreign_writes(writes, readers)
+
+
+def half_faults(loop) -> list[str]:
+    """An f32 chunk copied raw as two 16-byte halves: the halves' first floats (`half_source`) take the chunk's 8
+    floats once each, half 0 the first 4 (the consumers split half 0's floats as the chunk's first)."""
+    taken = [int(loop.half_source(h)) + i for h in (0, 1) for i in range(4)]
+    if taken != list(range(8)):
+        return [f"the two halves of an f32 chunk copy its floats {taken}, not 0..7 once each in order"]
+    return []
 
 
 def foreign_writes(writes: dict[int, list[int]], readers: dict[int, int]) -> list[str]:

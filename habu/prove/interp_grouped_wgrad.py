@@ -19,7 +19,7 @@ import numpy as np
 from habu.lower.grouped_wgrad import VECTOR, WGRAD_BK, GroupedWgradLowering, WgradLoop
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.interp import Memory, eval_pointwise, read, write
-from habu.prove.interp_grouped import foreign_writes, group_offsets, warpgroup_decode_faults
+from habu.prove.interp_grouped import foreign_writes, group_offsets, half_faults, warpgroup_decode_faults
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import Route, wgmma_route
@@ -93,7 +93,7 @@ def convert_faults(loop: WgradLoop) -> list[str]:
     each consumer thread's chunks (`convert_source`) cover its slabs once, and it reads each chunk's halves where the
     producer's copies put them; each warpgroup writes its parts (`a_store_offset`) only into units it alone reads
     (another warpgroup's reads or B's tile are not ordered against its writes: its barrier is its own)."""
-    faults: list[str] = []
+    faults: list[str] = half_faults(loop) if loop.parts == 2 else []
     halves = 2 if loop.parts == 2 else 1
     landed: dict[int, tuple[int, int, int]] = {}  # unit -> (m, k, half) the producer's copy puts there
     for ch in range(loop.a_chunks()):
@@ -127,6 +127,21 @@ def convert_faults(loop: WgradLoop) -> list[str]:
                     readers[at // 16] = cw
                 writes.setdefault(cw, []).extend(int(loop.a_store_offset(m, k, p)) // 16 for p in range(loop.parts))
     return faults + foreign_writes(writes, readers)
+
+
+def index_faults(lw: GroupedWgradLowering, steps: int = 4) -> list[str]:
+    """A gather's indices held a k tile ahead (`held_index`): the indices loaded before the loop and at each step
+    (`index_tile`) are those of the k tile the next step copies, so each copy gathers through its own rows'."""
+    loop = lw.loop
+    assert loop is not None
+    if not any(lw.held_index(side) for side in "AB"):
+        return []
+    held = [int(loop.index_tile(step - 1)) for step in range(steps)]
+    bad = [t for t in range(steps) if held[t] != t]
+    if bad:
+        return [f"the producer copies the rows of k tile[{bad[0]}] through the gather indices of k tile[{held[bad[0]]}] "
+                "(`index_tile`)"]
+    return []
 
 
 def _rows_leave_tile(lw: GroupedWgradLowering) -> bool:
@@ -221,7 +236,7 @@ def run_grouped_wgrad(name: str, lw: GroupedWgradLowering, sizes: Mapping[str, i
     if lw.loop is None:
         mem.fault(f"{name}: the grouped weight gradient has no stage maps for this tile")
         return
-    for fault in loop_faults(lw.loop):
+    for fault in loop_faults(lw.loop) + index_faults(lw):
         mem.fault(f"{name}: {fault}")
     route = wgmma_route(lw.loop.operands)
     for fault in route.faults:

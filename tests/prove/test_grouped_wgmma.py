@@ -217,6 +217,8 @@ def test_an_f32_a_split_by_the_consumers_in_place_is_the_product(name, tile):
     {"a_staged_offset": lambda self, i, k, half: (((k // 4 + half) // 8) * self.lo_offset + i * 128
                                                   + ((k // 4 + half) % 8) * 16) if half < 2 else 0,
      "a_landed_offset": lambda self, i, k, half=0: WgmmaMainLoop.a_staged_offset(self, i, k, half)},
+    # the halves' floats swapped in the row: the consumers split k + 4..7 as k..k + 3
+    {"half_source": lambda self, half: 4 * (1 - half)},
     # each row's raw floats staged one row down: a warpgroup's last row lands in the other's slab
     {"a_landed_offset": lambda self, i, k, half=0: WgmmaMainLoop.a_staged_offset(self, (i + 1) % 128, k, half),
      "a_staged_offset": lambda self, i, k, half: WgmmaMainLoop.a_staged_offset(self, (i + 1) % 128, k, half)},

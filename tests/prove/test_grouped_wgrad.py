@@ -354,6 +354,10 @@ def test_the_staged_producer_holds_the_gathers_indices_a_k_tile_ahead(name):
     {"a_staged_offset": lambda self, m, k, half: WgradLoop.a_staged_offset(self, (m + 64) % self.bm, k, half)},
     # the raw halves' units not swizzled by the row of k, but the consumers' reads still are
     {"a_landed_offset": lambda self, m, k, half=0: self.slab_base(m // 64) + k * 256 + (2 * ((m % 64) // 8) + half) * 16},
+    # both halves copy the chunk's first 4 floats
+    {"half_source": lambda self, half: 0},
+    # the gather's indices held two k tiles ahead: each copy gathers through the rows of the tile after it
+    {"index_tile": lambda self, step: step + 2},
 ])
 def test_regression_a_planted_in_place_pass_is_killed(planted):
     """The staged A's maps (`a_landed_offset` the producer prints, `a_staged_offset` and `convert_source` the
