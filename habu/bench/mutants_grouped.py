@@ -72,10 +72,16 @@ def search_one_round(lw: GroupedWgradLowering) -> GroupedWgradLowering:
     return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
 
 
-def indices_two_tiles_ahead(lw: GroupedWgradLowering) -> GroupedWgradLowering:
-    """The staged producer loads its gather's indices two k tiles ahead where it copies the next: each k tile's rows
-    gathered through the indices of the tile after it."""
-    return _loop(lw, index_tile=lambda self, step: step + 2)
+def indices_a_tile_too_far(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """The staged producer copies its gather's indices one k tile further ahead than its index ring is deep: each k
+    tile's rows gathered through the indices of another tile (the first through a slot never filled)."""
+    return _loop(lw, index_tile=lambda self, step: step + self.index_depth + 1)
+
+
+def index_wait_one_short(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """The staged producer's wait for its copies of a k tile's indices leaves one group more in flight: it reads the
+    tile's indices before their copies surely landed."""
+    return _loop(lw, index_wait=lambda self: self.index_depth)
 
 
 def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
@@ -108,9 +114,12 @@ MUTANT_ENTRIES = (
     ("grouped-wgrad-search-one-round", "the grouped weight gradient's warp search of the group offsets stops after "
      "one round of 32 reads where 200 rows take two: groups start at the first row of a part", GROUPED_WGRAD, "WGRAD",
      SHAPE, wgrad(search_one_round)),
-    ("grouped-wgrad-indices-two-tiles-ahead", "the grouped weight gradient's staged producer loads the gather's "
-     "indices two k tiles ahead of the copies that use them: rows gathered through another tile's IX", GROUPED_WGRAD,
-     "WGRAD", SHAPE, wgrad(indices_two_tiles_ahead), {"wgrad_copy": "staged"}),
+    ("grouped-wgrad-indices-a-tile-too-far", "the grouped weight gradient's staged producer copies the gather's "
+     "indices one k tile further ahead than its index ring is deep: rows gathered through another tile's IX",
+     GROUPED_WGRAD, "WGRAD", SHAPE, wgrad(indices_a_tile_too_far), {"wgrad_copy": "staged"}),
+    ("grouped-wgrad-index-wait-one-short", "the grouped weight gradient's staged producer reads a k tile's gather "
+     "indices while their copies may be in flight (its cp.async wait leaves one group too many)", GROUPED_WGRAD,
+     "WGRAD", SHAPE, wgrad(index_wait_one_short), {"wgrad_copy": "staged"}),
     ("grouped-wgrad-staged-halves-swapped", "the grouped weight gradient's producer copies a raw f32 A chunk's two "
      "halves into each other's places: the consumers split columns 4..7 as 0..3", GROUPED_WGRAD, "WGRAD", SHAPE,
      wgrad(staged_halves_swapped), {"wgrad_copy": "staged"}),

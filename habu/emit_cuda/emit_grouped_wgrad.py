@@ -4,7 +4,8 @@ one block per (output tile, group), the group's rows its k axis.
 Printed from the `GroupedWgradLowering` and its `WgradLoop`: the group offsets (the block's group's, the next's,
 the first's and the last's, a warp each: `habu::group_offsets_warp`, the lowering's `lower_bound`), the block's
 tile (`block_tile`), its group's k tiles (`k_tiles`, `row`, masked by `row_inside`), the producer's chunks
-(`chunk`, `a_source`, `b_source`; a gather's indices a k tile ahead, `index_tile`) and where it stores them
+(`chunk`, `a_source`, `b_source`; a gather's indices staged ahead in the index ring: `index_tile`, `index_slot`,
+`index_entry`, `index_wait`) and where it stores them
 (`a_store_offset`, `b_store_offset`: an f32 A's hi and lo parts at `a_stored_column`), through its registers or
 copied there by cp.async (`copied_async`: after the stage's empty wait, the thread's noinc arrival), the ring (the
 contraction path's `MbarrierRing`: the producer's 128 arrivals a stage), the consumers' descriptors (the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
+    CTYPE,
     GRID_LAUNCH,
     GRID_WAIT,
     Signature,
@@ -61,19 +63,34 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     search_rows = sizes[lw.r] if isinstance(sizes[lw.r], int) else 2 ** (lw.index_width - 1) - 1
     mt_x, nt_x = lw.block_tile(CExpr("blockIdx.x"), CExpr("n_tiles"))
 
-    # the index a copied side's chunk rows gather through, held in registers (`{side}ix`; the next k tile's,
-    # `{side}ixn`, loaded before the stage's wait: `lw.held_index`, `loop.index_tile`), so no cp.async waits on it
-    held_index = {side: HeldRowIndex(table, f"{side.lower()}ix") for side in "AB" if lw.held_index(side)}
+    # the index a copied side's chunk rows gather through, read into registers (`{side}ix`) from the index ring,
+    # where the producer staged it `index_depth` k tiles ahead (`lw.staged_index`, `loop.index_tile`), so no copy
+    # waits on a load of it
+    held_index = {side: HeldRowIndex(table, f"{side.lower()}ix") for side in "AB" if lw.staged_index(side)}
 
-    def index_lines(side: str, count: int, kt, into: str) -> str:
+    def stage_index_lines(side: str, count: int, tile: str, pad: str = "      ") -> str:
+        """The producer thread's cp.async copies of IX[r] of its chunks' rows of k tile `tile` into their entries of
+        the tile's slot (zero where the row is past the group's end: never read)."""
         source = loop.a_source if side == "A" else loop.b_source
         ki, _ = source(loop.chunk(CExpr("ptid"), CExpr("j")))
         (name,) = lw.row_tables(side)
+        dtype = model.tensor(name).dtype  # type: ignore[union-attr]
+        at = loop.index_entry(side, loop.index_slot(CExpr(tile)), CExpr("ptid"), CExpr("j"))
         return f"""#pragma unroll
-        for (int j = 0; j < {count}; ++j) {{  // {name}[r] of {side}'s chunk rows of k tile {c(kt)} (checked where used)
-          const {it} r = ({it})({c(lw.row(CExpr("lo"), kt, ki))});
-          {into}[j] = {c(lw.row_inside(CExpr("r"), CExpr("end")))} ? {table(name, "r")} : 0;
-        }}
+{pad}for (int j = 0; j < {count}; ++j) {{  // {name}[r] of {side}'s chunk rows of that k tile, into its slot
+{pad}  const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr(tile), ki))});
+{pad}  const bool ok = {c(lw.row_inside(CExpr("r"), CExpr("end")))};
+{pad}  habu::cp_async<{dtype.bytes}>(smem_base + (habu::u32)({c(at)}), {sig.pointer(name, dtype.name)} + (ok ? r : 0), ok);
+{pad}}}
+"""
+
+    def read_index_lines(side: str, count: int) -> str:
+        (name,) = lw.row_tables(side)
+        dtype = model.tensor(name).dtype  # type: ignore[union-attr]
+        at = loop.index_entry(side, loop.index_slot(CExpr("kt")), CExpr("ptid"), CExpr("j"))
+        return f"""#pragma unroll
+        for (int j = 0; j < {count}; ++j)  // {name}[r] of {side}'s chunk rows of k tile kt, from its slot
+          {side.lower()}ix[j] = ({it})habu::load_shared_index<{CTYPE[dtype.name]}>(smem_base + (habu::u32)({c(at)}));
 """
 
     # the producer's chunks: thread ptid's j-th of A's (then of B's), its row in the k tile and first column;
@@ -85,7 +102,7 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
         acc, p, axis = (lw.a, pa, "m") if side == "A" else (lw.b, pb, "n")
         tile_col = lw.column_m(CExpr("mt"), col) if side == "A" else lw.column_n(CExpr("nt"), col)
         coord = {"k": "r", axis: "col"}
-        reader = held_index.get(side, table) if loop.copied_async(side) else table  # a copy's index held a k tile ahead
+        reader = held_index.get(side, table) if loop.copied_async(side) else table  # a copy's index from the ring
         mask = access_mask(acc, coord, sizes, reader)
         off = access_offset(acc, coord, sizes, lw.index_width, reader)
         low = side.lower()
@@ -155,16 +172,24 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     else:
         raise ValueError(f"{name}: the producer holds one or two k tiles in registers, not {loop.register_depth}")
     copies = "".join(chunk_lines(side, counts[side]) for side in "AB" if loop.copied_async(side))
-    first_index, next_index = loop.index_tile(-1), loop.index_tile(CExpr("kt"))
-    index_regs = "".join(f"{it} {side.lower()}ix[{counts[side]}], {side.lower()}ixn[{counts[side]}];  // the chunk "
-                         f"rows' {lw.row_tables(side)[0]}[r]: this k tile's, the next's\n    "
-                         f"{{\n{index_lines(side, counts[side], first_index, side.lower() + 'ix')}    }}\n    "
-                         for side in held_index)
-    index_next = "".join(f"        if ({c(next_index)} < k_tiles) {{\n"
-                         f"{index_lines(side, counts[side], next_index, side.lower() + 'ixn')}        }}\n"
-                         for side in held_index)
-    index_move = "".join(f"#pragma unroll\n        for (int j = 0; j < {counts[side]}; ++j) {side.lower()}ix[j] = "
-                         f"{side.lower()}ixn[j];\n" for side in held_index)
+    index_regs = index_read = index_stage = ""
+    if held_index:  # the first index_depth k tiles' indices staged before the loop, a cp.async group each
+        depth = loop.index_depth
+        index_regs = "".join(f"{it} {side.lower()}ix[{counts[side]}];  // the chunk rows' {lw.row_tables(side)[0]}[r] "
+                             "of the k tile being copied\n    " for side in held_index) + f"""#pragma unroll
+    for (int t = 0; t < {depth}; ++t) {{  // the first {depth} k tiles' indices (steps t − {depth}), a cp.async group each
+      const long long tile = {c(loop.index_tile(CExpr("t") - depth))};
+{"".join(stage_index_lines(side, counts[side], "tile") for side in held_index)}      habu::cp_async_commit();
+    }}
+    """
+        index_read = (f"        habu::cp_async_wait<{loop.index_wait()}>();  // k tile kt's indices landed (its group: "
+                      f"the later {loop.index_wait()} may be in flight)\n"
+                      + "".join(read_index_lines(side, counts[side]) for side in held_index))
+        index_stage = (f"        {{  // the indices of k tile {c(loop.index_tile(CExpr('kt')))}, {depth} ahead, into "
+                       f"their slot (past the group's end: zeros), then the step's group closed\n"
+                       f"          const long long tile = {c(loop.index_tile(CExpr('kt')))};\n"
+                       + "".join(stage_index_lines(side, counts[side], "tile", "          ") for side in held_index)
+                       + "        }\n        habu::cp_async_commit();\n")
     a_ki, a_col = loop.a_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     b_ki, b_col = loop.b_source(loop.chunk(CExpr("ptid"), CExpr("j")))
     if loop.parts == 2:
@@ -246,13 +271,13 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
       for ({it} r = lo + ptid; r < end; r += {loop.warpgroup_size}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
     {held_regs}
     {index_regs}for (long long kt = 0; kt < k_tiles; ++kt) {{
-{loads}{index_next}        const habu::u32 full = {ring_barrier(ring, "stage")};
+{loads}{index_read}        const habu::u32 full = {ring_barrier(ring, "stage")};
         habu::mbar_wait({ring_barrier(ring, "stage", empty=True)}, {c(ring.producer_wait(CExpr("phase")))});
         const habu::u32 a_stage = smem_base + {ops.stage_tile("A", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
         const habu::u32 b_stage = smem_base + {ops.stage_tile("B", 0)}u + (habu::u32)stage * {ops.stage_stride}u;
 {copies}{stores}        {arrive}
-        {ring_advance_line(ring)}
-{settle}{index_move}      }}
+{index_stage}        {ring_advance_line(ring)}
+{settle}      }}
   }} else {{  // --------------------------------------------------------------------- consumers
 {inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
 {ctid}
@@ -298,7 +323,7 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
                   *([f"each row times {lw.row_scale.tensor}[r]"] if lw.row_scale is not None else []),
                   f"adds into {lw.out.tensor} (each element by the one block that owns it)"])
     src += body.replace("SIGNATURE", sig.declaration())
-    return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.layout.total, lw,
+    return CudaKernel(name, src, tuple(sig.params), loop.threads, loop.smem_total, lw,
                       register_demand=split.demand if resized else None)  # no setmaxnreg: nothing to wait for
 
 

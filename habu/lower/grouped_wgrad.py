@@ -15,7 +15,10 @@ with E a grouping, every group's product `O[g] += A[rows of g]ᵀ · B[rows of g
         `wgrad_copy` cp.async, a bf16 operand it does not scale is copied into the same places by cp.async
         after the wait (zero-filled where masked), the thread's arrival made as its copies land; under staged
         (the default) every operand is copied: an f32 A raw, two 16-byte halves a chunk, into the bytes its
-        slab's parts take (`a_staged_offset`), a scaled bf16 A into its own slots
+        slab's parts take (`a_staged_offset`), a scaled bf16 A into its own slots; a side gathered through
+        one index tensor has its rows' indices copied by cp.async `index_depth` k tiles ahead into the thread's
+        own entries of the index ring (`index_tile`, `index_slot`, `index_entry`, `index_wait`), so no copy
+        waits on a load of IX[r]
     warpgroups 1..C (consumers): under staged, first each splits its slabs of an f32 A in place (reads its
         chunks `convert_source`, meets its warpgroup, writes the parts, times P[r] first, fences, meets
         again) or rounds a bf16 A times P[r] in place; then wgmma with both transpose bits, each real slab q of 64 rows of m once a
@@ -50,6 +53,10 @@ WGRAD_BK = 64  # rows a k tile: 64 rows of 128 bytes, one MN-major block's swizz
 VECTOR = 8  # elements a producer chunk moves (16 bytes of bf16)
 EPILOGUE_READS = 16  # the epilogue's reads of O in flight a thread at most (16 column groups: 32 registers)
 SEARCH_LANES = 32  # a warp's reads of E a round of the offsets' search (`lower_bound`)
+# shared memory a block of the wgmma targets (sm_90a, sm_100a) may opt in to: the index ring's depth is chosen to
+# fit it (beside the static offs[] of 8 bytes a group at most: `OFFSET_BYTES`); the rules check the same sum
+WGMMA_SMEM = 227 * 1024
+OFFSET_BYTES = 8
 
 
 def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str, scaled: bool = False) -> str | None:
@@ -96,6 +103,14 @@ class WgradLoop:
     # (`a_staged_offset`) into the bytes its parts take, split there; a row factor applied there (a bf16 A copied to
     # its own slots, `a_store_offset`, each product rounded to bf16 in place)
     a_convert: bool = False
+    # the sides whose gather's indices the producer stages `index_depth` k tiles ahead in the index ring (at
+    # `index_base`, after the stage tiles and barriers), each index `index_widths` bytes, `index_counts` chunks a
+    # thread a k tile
+    index_sides: tuple[str, ...] = ()
+    index_widths: tuple[int, ...] = ()
+    index_counts: tuple[int, ...] = ()
+    index_depth: int = 0
+    index_base: int = 0
 
     def copied_async(self, side: str) -> bool:
         """Whether `side`'s chunks go by cp.async (16 bytes each, zero-filled where masked; the stage's barrier
@@ -186,10 +201,54 @@ class WgradLoop:
         """The first of the 4 floats of an f32 chunk that half `half` (a 16-byte copy) takes from A's row."""
         return half * 4
 
+    # -- a gather's indices staged ahead (`index_depth` > 0): each producer thread copies IX[r] of its chunks' rows
+    # by 4- or 8-byte cp.async into its own entries of a ring of `index_slots` slots, `index_depth` k tiles ahead of
+    # the copies that gather through them; one cp.async group a k tile
     def index_tile(self, step: Any) -> Any:
-        """The k tile whose rows' gather indices (IX[r]) the producer loads at loop step `step`, before the stage's
-        wait, into the registers it copies k tile `step + 1` through (step −1: before the loop, the first tile)."""
-        return step + 1
+        """The k tile whose rows' gather indices (IX[r]) the producer copies into the index ring at loop step `step`,
+        after the stage's copies (steps −index_depth .. −1: before the loop, the first index_depth tiles, a group
+        each)."""
+        return step + self.index_depth
+
+    @property
+    def index_slots(self) -> int:
+        """The index ring's slots: the k tiles whose indices are staged at once (the one read, those in flight)."""
+        return self.index_depth + 1
+
+    def index_slot(self, tile: Any) -> Any:
+        """The slot of the index ring holding k tile `tile`'s indices."""
+        return tile % self.index_slots
+
+    def index_wait(self) -> int:
+        """The cp.async groups a producer thread leaves in flight (`cp.async.wait_group`) before it reads k tile kt's
+        indices at step kt: the groups are the index_depth before the loop, then one a step (the step's copies and
+        the indices it stages), so tile kt's are in group kt and the later index_depth − 1 may be pending."""
+        return self.index_depth - 1
+
+    def index_entry(self, side: str, slot: Any, ptid: Any, j: Any) -> Any:
+        """The byte (from the stage tiles' base) of producer thread ptid's j-th chunk's index of `side` in `slot`:
+        each side's slots one after another, in a slot entry j of consecutive threads side by side (a warp's 32
+        copies and reads in distinct banks)."""
+        at = self.index_base
+        for s, width, count in zip(self.index_sides, self.index_widths, self.index_counts, strict=True):
+            if s == side:
+                return at + ((slot * count + j) * self.warpgroup_size + ptid) * width
+            at += self.index_slots * count * self.warpgroup_size * width
+        raise ValueError(f"{side}'s indices are not staged")
+
+    def index_bytes(self) -> int:
+        """The index ring's bytes: every staged side's slots."""
+        return sum(self.index_slots * count * self.warpgroup_size * width
+                   for width, count in zip(self.index_widths, self.index_counts, strict=True))
+
+    @property
+    def smem_total(self) -> int:
+        """Dynamic shared memory: the stage tiles and barriers, the index ring after them, the base's alignment
+        slack."""
+        if not self.index_sides:
+            return self.layout.total
+        end = max(x.offset + x.size for x in self.layout.buffers)
+        return self.index_base + self.index_bytes() + (self.layout.total - end)
 
     def a_landed_offset(self, m: Any, k: Any, half: Any = 0) -> Any:
         """Where the producer's copy of A's chunk (m, k) lands: raw (`a_staged_offset`) for an f32 A the consumers
@@ -253,13 +312,10 @@ class GroupedWgradLowering:
         acc = self.a if side == "A" else self.b
         return [p.table for p in acc.positions if p.kind == "gather" and p.axis == "k"]
 
-    def held_index(self, side: str) -> bool:
-        """Whether the producer holds `side`'s gather indices in registers a k tile ahead (`WgradLoop.index_tile`):
-        a side copied by cp.async, gathered through one table, where no side goes through its registers (beside an f32
-        A's chunks they spilled)."""
-        loop = self.loop
-        return (loop is not None and loop.copied_async(side) and not loop.any_registers
-                and len(self.row_tables(side)) == 1)
+    def staged_index(self, side: str) -> bool:
+        """Whether the producer copies `side`'s gather indices into the index ring `index_depth` k tiles ahead
+        (`WgradLoop.index_tile`) and gathers through the ring's entries (`wgrad_loop` decides which sides)."""
+        return self.loop is not None and side in self.loop.index_sides
 
     def search_targets(self, g: Any, groups: Any) -> tuple[Any, Any, Any, Any]:
         """The offsets a block finds (`habu::group_offsets_warp`, one warp each): its group's first row and the
@@ -336,17 +392,21 @@ class GroupedWgradLowering:
         return 1 if self.a.dtype == "bf16" else 2
 
     def smem_bytes(self) -> int:
-        return self.loop.layout.total if self.loop is not None else 0
+        return self.loop.smem_total if self.loop is not None else 0
 
     def dynamic_smem_bytes(self) -> int:
         return self.smem_bytes()
 
 
-def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = False) -> WgradLoop | None:
+def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = False,
+               index_widths: Mapping[str, int] | None = None, smem_budget: int = WGMMA_SMEM) -> WgradLoop | None:
     """The main loop's maps, or None where they do not exist (the rules then refuse the plan). Under
     `wgrad_copy` cp.async, each bf16 operand the producer does not scale (B; A unless a row factor scales it)
     is copied asynchronously; an f32 A (split into parts) and a scaled one pass through registers. Under staged,
-    every operand is copied and the consumers split an f32 A and apply A's row factor in place (`a_convert`)."""
+    every operand is copied and the consumers split an f32 A and apply A's row factor in place (`a_convert`), and
+    each side gathered through one index tensor (`index_widths`: its entry's bytes, 4 or 8) has its indices staged
+    ahead in the index ring, as many k tiles as the ring has stages where that fits in `smem_budget` bytes (fewer
+    where it does not; none where not one does)."""
     if wgrad_refusal(kernel, a.dtype, b.dtype, a_scaled) is not None:
         return None
     consumers = wgmma_consumers(kernel)
@@ -373,10 +433,30 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = Fal
     # the next k tile's chunks held beside the current one's where the registers hold both (a bf16 A's 8 chunks, 32
     # registers a tile, up to 128-column tiles: NVRTC, sm_90a, no spills; an f32 A's two parts spill at 2)
     depth_fits = parts == 1 and kernel.bn <= 128 and not staged  # (staged: no register holds a chunk)
-    return WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
+    loop = WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
                      register_split(shadow.warps, True), register_depth=2 if copies and depth_fits else 1,
                      epilogue_batch=min(EPILOGUE_READS, kernel.bn // ACCUMULATOR.col_step),
                      a_async=a_async, b_async=b_async, a_convert=staged and (parts == 2 or a_scaled))
+    return index_ring(loop, index_widths or {}, smem_budget)
+
+
+def index_ring(loop: WgradLoop, widths: Mapping[str, int], smem_budget: int) -> WgradLoop:
+    """`loop` with its gathered sides' indices staged ahead (`index_depth`): under staged copies (no side through
+    the producer's registers), each side copied by cp.async whose rows gather through one index tensor of 4- or
+    8-byte entries (cp.async's sizes), as deep as the ring (its stages) where the shared memory allows. ncu of the
+    staged dW3 (H200, session 51): 15% of the stall samples at the producer's per-chunk checks, each waiting on its
+    own load of IX[r] before the copy it addresses, and 31% at the consumers' wait for a full stage."""
+    sides = tuple(s for s in "AB" if s in widths and widths[s] in (4, 8) and loop.copied_async(s))
+    if not sides or loop.any_registers:
+        return loop
+    end = max(x.offset + x.size for x in loop.layout.buffers)
+    per = {"A": loop.a_chunks() // loop.warpgroup_size, "B": loop.b_chunks() // loop.warpgroup_size}
+    for depth in range(loop.ring.stages, 0, -1):
+        staged = replace(loop, index_sides=sides, index_widths=tuple(widths[s] for s in sides),
+                         index_counts=tuple(per[s] for s in sides), index_depth=depth, index_base=-(-end // 16) * 16)
+        if staged.smem_total <= smem_budget:
+            return staged
+    return loop
 
 
 def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,
@@ -392,9 +472,16 @@ def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,
     out = access_for(model.tensor(eq.target), (gv, gw.m, gw.n), axis_of, extent_of_axis, storage)
     row_scale = None if gw.row_scale is None else \
         access_for(model.tensor(gw.row_scale.tensor), gw.row_scale.indices, axis_of, extent_of_axis, storage)
+    widths = {}
+    for side, acc in (("A", a), ("B", b)):
+        tables = [p.table for p in acc.positions if p.kind == "gather" and p.axis == "k"]
+        if len(tables) == 1:
+            widths[side] = model.tensor(tables[0]).dtype.bytes  # type: ignore[union-attr]
+    groups = model.sizes.get(gw.group_extent)
+    offsets = OFFSET_BYTES * ((groups or 0) + 1)  # the block's offs[] beside the dynamic shared memory
     return GroupedWgradLowering(kernel, gw.r.extent, gw.m.extent, gw.n.extent, gw.group_extent, eq, a, b, out,
                                 gw.groups, gw.scale, kernel.index_width, row_scale,
-                                wgrad_loop(kernel, a, b, row_scale is not None))
+                                wgrad_loop(kernel, a, b, row_scale is not None, widths, WGMMA_SMEM - offsets))
 
 
 __all__ = ["WGRAD_BK", "GroupedWgradLowering", "WgradLoop", "lower_grouped_wgrad", "wgrad_refusal"]

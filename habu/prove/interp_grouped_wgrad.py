@@ -129,19 +129,64 @@ def convert_faults(loop: WgradLoop) -> list[str]:
     return faults + foreign_writes(writes, readers)
 
 
-def index_faults(lw: GroupedWgradLowering, steps: int = 4) -> list[str]:
-    """A gather's indices held a k tile ahead (`held_index`): the indices loaded before the loop and at each step
-    (`index_tile`) are those of the k tile the next step copies, so each copy gathers through its own rows'."""
+def index_faults(lw: GroupedWgradLowering, steps: tuple[int, ...] = (1, 2, 9)) -> list[str]:
+    """A gather's indices staged ahead (`staged_index`), run over blocks of `steps` k tiles as the emitter orders the
+    producer's work: before the loop the copies of `index_tile(s)` for s = −index_depth .. −1, a cp.async group each;
+    at step kt the wait leaving `index_wait()` groups in flight, the read of `index_slot(kt)`, then the copies of
+    `index_tile(kt)` into its slot and the step's group. Each step must read its own k tile's indices from a copy
+    already landed, and no copy may land where a later step's read awaits another tile's, or in the slot its own
+    step read (a masked row's index is read and never used, so nothing orders that read before the copy); each
+    thread's entries
+    (`index_entry`) are distinct, aligned, and in the ring past the stage tiles and barriers."""
     loop = lw.loop
     assert loop is not None
-    if not any(lw.held_index(side) for side in "AB"):
+    sides = [side for side in "AB" if lw.staged_index(side)]
+    if not sides:
         return []
-    held = [int(loop.index_tile(step - 1)) for step in range(steps)]
-    bad = [t for t in range(steps) if held[t] != t]
-    if bad:
-        return [f"the producer copies the rows of k tile[{bad[0]}] through the gather indices of k tile[{held[bad[0]]}] "
-                "(`index_tile`)"]
-    return []
+    faults: list[str] = []
+    if loop.index_wait() < 0:
+        return [f"the producer waits for {loop.index_wait()} cp.async groups in flight (`index_wait`)"]
+    for n in steps:
+        slot: dict[int, tuple[int, int]] = {}  # slot -> (k tile, group) its last copy holds
+        groups = 0
+        for s in range(-loop.index_depth, 0):
+            t = int(loop.index_tile(s))
+            slot[int(loop.index_slot(t))] = (t, groups)
+            groups += 1
+        for kt in range(n):
+            landed = groups - loop.index_wait()  # groups below this are complete after the wait
+            held = slot.get(int(loop.index_slot(kt)))
+            if held is None or held[0] != kt:
+                return [f"the producer copies the rows of k tile[{kt}] through the gather indices of k tile"
+                        f"[{None if held is None else held[0]}] (`index_tile`, `index_slot`; {n} k tiles)"]
+            if held[1] >= landed:
+                return [f"the producer reads k tile[{kt}]'s gather indices before their copy lands (`index_wait` "
+                        f"{loop.index_wait()} leaves group {held[1]} in flight; {n} k tiles)"]
+            t = int(loop.index_tile(kt))
+            if t <= kt:
+                return [f"the producer stages the indices of k tile[{t}] at step {kt}, not a tile ahead (`index_tile`)"]
+            if int(loop.index_slot(t)) == int(loop.index_slot(kt)):  # (its reads not surely done: a masked row's unused)
+                return [f"the producer copies k tile[{t}]'s indices into the slot it reads k tile[{kt}]'s from at the "
+                        f"same step (`index_slot`: {loop.index_slots} slots)"]
+            slot[int(loop.index_slot(t))] = (t, groups)
+            groups += 1
+    end = max(x.offset + x.size for x in loop.layout.buffers)
+    usable = loop.smem_total - (loop.layout.total - end)  # past the aligned base: the request less its slack
+    seen: set[int] = set()
+    for side, width, count in zip(loop.index_sides, loop.index_widths, loop.index_counts, strict=True):
+        sl = np.arange(loop.index_slots, dtype=np.int64)[:, None, None]
+        pt = np.arange(loop.warpgroup_size, dtype=np.int64)[None, :, None]
+        j = np.arange(count, dtype=np.int64)[None, None, :]
+        at = np.broadcast_to(np.asarray(loop.index_entry(side, sl, pt, j), dtype=np.int64),
+                             (loop.index_slots, loop.warpgroup_size, count)).ravel()
+        if (at % width).any() or (at < end).any() or (at + width > usable).any():
+            faults.append(f"an entry of {side}'s staged indices is unaligned, overlaps the stage tiles or barriers "
+                          f"(which end at byte {end}), or leaves the shared memory")
+        cells = {int(x) // width * width + b for x in at.tolist() for b in range(width)}
+        if len(cells) != len(at) * width or cells & seen:
+            faults.append(f"two of {side}'s staged indices' entries (`index_entry`) share bytes")
+        seen |= cells
+    return faults
 
 
 def _rows_leave_tile(lw: GroupedWgradLowering) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from habu.lower.grouped_wgrad import GroupedWgradLowering, wgrad_refusal
+from habu.lower.grouped_wgrad import OFFSET_BYTES, GroupedWgradLowering, wgrad_refusal
 from habu.prove.obligation import Context, Obligation
 from habu.prove.pipeline import pipeline_problem
 from habu.prove.rules_fields import FIELD_RULES, _grid
@@ -46,8 +46,9 @@ def grouped_wgrad_obligations(name: str, lw: GroupedWgradLowering, ctx: Context)
     yield Obligation(R["vector-align"], name, None, f"B's rows are whole 16-byte chunks (#{lw.n} a multiple of 8)",
                      s[lw.n] % 8 == 0, detail=f"#{lw.n} is not a multiple of 8")
     if lw.loop is not None:
-        smem, most = lw.dynamic_smem_bytes() + 8 * (groups + 1 if isinstance(groups, int) else 1), t.smem_per_block
-        yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of stage tiles, barriers and offsets ≤ {most}",
+        smem = lw.dynamic_smem_bytes() + OFFSET_BYTES * (groups + 1 if isinstance(groups, int) else 1)
+        most = t.smem_per_block
+        yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of stage tiles, barriers, staged indices and offsets ≤ {most}",
                          smem <= most, detail=f"{smem} bytes of shared memory; a block may have {most}")
         problem = pipeline_problem(lw.loop.ring)
         yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,

@@ -326,23 +326,76 @@ def test_the_default_copies_every_operand_and_the_consumers_convert_a_in_place(n
     assert_compiles_without_spills(kernel)
 
 
-@pytest.mark.parametrize("name", ["WGRAD", "WGRAD-P"])
-def test_the_staged_producer_holds_the_gathers_indices_a_k_tile_ahead(name):
+@pytest.mark.parametrize("name,sides,depth", [("WGRAD", "b", 4), ("WGRAD-P", "ab", 3)])
+def test_the_staged_producer_copies_the_gathers_indices_ahead_into_the_index_ring(name, sides, depth):
     """ncu of the staged dW3 on the H200 (session 51): 15% of the stall samples at the producer's chunk checks, each
-    waiting on its own load of IX[r] before its cp.async. The staged producer loads the next k tile's IX[r] of its
-    chunk rows before the stage's wait and checks and copies from those registers."""
+    waiting on its own load of IX[r] before its cp.async, and 31% at the consumers' wait for a full stage. The staged
+    producer copies IX[r] of its chunks' rows by cp.async into its own entries of the index ring, as many k tiles
+    ahead as the ring has stages where the shared memory allows (WGRAD-P gathers both sides: one fewer), and reads a
+    tile's indices from there after a wait that leaves the later tiles' groups in flight."""
     from habu.paths.emit import emit_plan
+    from tests.prove.test_grouped_wgmma import assert_compiles_without_spills
 
     m = _model(name)
-    src = emit_plan(m, default_plan(m, TARGET, SIZES, {}), TARGET).kernels[0].source
-    gathered = "ab" if name == "WGRAD-P" else "b"  # WGRAD-P gathers dY's rows too
-    for side in gathered:
-        assert f"int {side}ix[8], {side}ixn[8];" in src
+    plan = default_plan(m, TARGET, SIZES, {})
+    lw = lower(m, plan.kernels[0])
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+    loop = lw.loop
+    assert "".join(loop.index_sides).lower() == sides and loop.index_depth == depth
+    assert loop.index_slots == depth + 1 and loop.index_wait() == depth - 1
+    assert lw.smem_bytes() + 8 * 9 <= TARGET.smem_per_block  # (the rule's sum: 8 bytes an offset)
+    assert depth == plan.kernels[0].stages or TARGET.smem_per_block < lw.smem_bytes() + 8 * 9 + 4096 * len(sides)
+    (kernel,) = emit_plan(m, plan, TARGET).kernels
+    src = kernel.source
+    loop_body = src.split("for (long long kt = 0; kt < k_tiles; ++kt)")[1].split("habu::ring_advance")[0]
+    for side in sides:
+        assert f"int {side}ix[8];" in src
         assert f"habu::index_ok((long long){side}ix[j], (long long)(30), 0u, (long long)(r))" in src
-        assert f"{side}ix[j] = {side}ixn[j];" in src
-    assert "p_IX[r]" not in src.split("for (long long kt = 0; kt < k_tiles; ++kt)")[1].split("habu::mbar_wait(")[1]
-    # regression: the next tile's rows were printed as lo + (kt + 1 * 64), the tile after the first's 64 rows
-    assert "((lo + ((kt + 1) * 64))" in src and "kt + 1 * 64" not in src
+        assert f"{side}ix[j] = (int)habu::load_shared_index<int>(smem_base" in loop_body
+    assert f"habu::cp_async_wait<{depth - 1}>();" in loop_body and "p_IX[r]" not in loop_body
+    assert src.count("habu::cp_async<4>(smem_base") == 2 * len(sides)  # before the loop and a step's
+    assert src.count("habu::cp_async_commit();") == 2
+    assert f"const long long tile = (kt + {depth});" in loop_body
+    assert kernel.smem == lw.smem_bytes()
+    assert_compiles_without_spills(kernel)
+
+
+def test_regression_the_index_ring_fits_the_shared_memory_or_is_shallower_or_absent():
+    """The ring's depth is the deepest that fits beside the stage tiles (`WGMMA_SMEM`, less the offsets): 8-byte
+    indices stage fewer tiles, 2-byte ones (cp.async copies 4, 8 or 16 bytes) none, gathering through loads as the
+    copies need them; a producer that holds a side in registers stages none either."""
+    from habu.lower.grouped_wgrad import WGMMA_SMEM, index_ring
+
+    assert WGMMA_SMEM == TARGET.smem_per_block
+    lw = lower(_model("WGRAD-BF16"), replace(KERNEL, stages=6, wgrad_copy="staged"))  # 6 stages of 32 KiB
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+    bare = replace(lw.loop, index_sides=(), index_widths=(), index_counts=(), index_depth=0, index_base=0)
+    wide, narrow = index_ring(bare, {"B": 8}, WGMMA_SMEM - 72), index_ring(bare, {"B": 2}, WGMMA_SMEM - 72)
+    assert lw.loop.index_depth == 6 and 0 < wide.index_depth < 6 and wide.smem_total <= WGMMA_SMEM - 72
+    assert narrow.index_depth == 0 and narrow.smem_total == bare.layout.total
+    assert index_ring(bare, {"B": 4}, bare.layout.total + 16).index_depth == 0  # no room for one slot
+    registers = lower(_model(), replace(KERNEL, stages=3, wgrad_copy="cp.async"))
+    assert registers.loop is not None and registers.loop.index_depth == 0  # A's f32 chunks through registers
+
+
+@pytest.mark.parametrize("planted", [
+    # the indices staged one k tile further than the ring's depth: tile 0's slot is never filled
+    {"index_tile": lambda self, step: step + self.index_depth + 1},
+    # one group more left in flight: each tile's indices read before their copy surely landed
+    {"index_wait": lambda self: self.index_depth},
+    # as many slots as tiles ahead: a tile's copy lands in the slot the step reads
+    {"index_slot": lambda self, tile: tile % self.index_depth},
+    # the entries of slot s and s + 1 overlap (a slot's stride is one thread's count, not the warpgroup's)
+    {"index_entry": lambda self, side, slot, ptid, j: self.index_base + ((slot * 8 + j) * 8 + ptid % 8) * 4},
+])
+def test_regression_a_planted_index_ring_is_killed(planted):
+    """The index ring's maps (`index_tile`, `index_wait`, `index_slot`, `index_entry`: what the emitter prints),
+    each planted wrong, are faults of the check: a copy would gather through another k tile's indices, or through
+    indices not yet landed."""
+    base = lower(_model(), replace(KERNEL, stages=3, wgrad_copy="staged"))
+    assert isinstance(base, GroupedWgradLowering) and base.loop is not None and base.loop.index_depth == 3
+    faults, _, _ = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=_loop_with(base, **planted))
+    assert any("indices" in f for f in faults), faults
 
 
 @pytest.mark.parametrize("planted", [
@@ -356,8 +409,6 @@ def test_the_staged_producer_holds_the_gathers_indices_a_k_tile_ahead(name):
     {"a_landed_offset": lambda self, m, k, half=0: self.slab_base(m // 64) + k * 256 + (2 * ((m % 64) // 8) + half) * 16},
     # both halves copy the chunk's first 4 floats
     {"half_source": lambda self, half: 0},
-    # the gather's indices held two k tiles ahead: each copy gathers through the rows of the tile after it
-    {"index_tile": lambda self, step: step + 2},
 ])
 def test_regression_a_planted_in_place_pass_is_killed(planted):
     """The staged A's maps (`a_landed_offset` the producer prints, `a_staged_offset` and `convert_source` the

@@ -58,6 +58,22 @@ __device__ __forceinline__ uint4 load_shared16(u32 at) {
   return v;
 }
 
+/** @brief A gather's index (4 or 8 bytes at `at`): the entry of the index ring the thread itself staged by cp.async
+ *  (`cp_async<sizeof(T)>`, then `cp_async_wait` for its group), so no other thread's write is involved. */
+template <typename T>
+__device__ __forceinline__ T load_shared_index(u32 at) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async stages indices of 4 or 8 bytes");
+  if constexpr (sizeof(T) == 4) {
+    u32 v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(at) : "memory");
+    return (T)v;
+  } else {
+    unsigned long long v;
+    asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(v) : "r"(at) : "memory");
+    return (T)v;
+  }
+}
+
 /** @brief O[at], O[at + 1] of elements a block alone owns, for the epilogue's read-add-store: a batch of pairs is
  *  read first, every load in flight at once, then each is added and written (`write_owned`); one 8-byte access
  *  where `pair` (both inside and 8-byte aligned), else each element where its flag holds (zero where it does not). */
