@@ -366,7 +366,7 @@ def test_regression_the_index_ring_fits_the_shared_memory_or_is_shallower_or_abs
     copies need them; a producer that holds a side in registers stages none either."""
     from habu.lower.grouped_wgrad import WGMMA_SMEM, index_ring
 
-    assert WGMMA_SMEM == TARGET.smem_per_block
+    assert TARGET.smem_per_block == WGMMA_SMEM
     lw = lower(_model("WGRAD-BF16"), replace(KERNEL, stages=6, wgrad_copy="staged"))  # 6 stages of 32 KiB
     assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
     bare = replace(lw.loop, index_sides=(), index_widths=(), index_counts=(), index_depth=0, index_base=0)
