@@ -84,6 +84,21 @@ def index_wait_one_short(lw: GroupedWgradLowering) -> GroupedWgradLowering:
     return _loop(lw, index_wait=lambda self: self.index_depth)
 
 
+def walk_from_the_next_item(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """The persistent blocks each start one work item further (`walk`): item 0 (group 0's first tile) is never added,
+    and the block after the last adds one past the work."""
+    cls = type("Planted_wgrad_walk", (GroupedWgradLowering,),
+               {"walk": lambda self, block, blocks, items: (block + 1, items + 1, blocks)})
+    return cls(**{f.name: getattr(lw, f.name) for f in fields(lw)})
+
+
+def index_copied_past_the_item(lw: GroupedWgradLowering) -> GroupedWgradLowering:
+    """The persistent producer copies the indices of the k tiles past a work item's last (`index_staged` always
+    true): those copies, still in flight, take the slots of the next item's first tiles, and either copy may land
+    last."""
+    return _loop(lw, index_staged=lambda self, tile, k_tiles: tile < tile + 1)
+
+
 def boxes_at_first_column(lw: GroupedLowering) -> GroupedLowering:
     """An n-major W's 64-column boxes all at the tile's first column (the box's offset n0 + box·64 dropped):
     the tile's later columns multiply its first 64 columns' weights."""
@@ -120,6 +135,13 @@ MUTANT_ENTRIES = (
     ("grouped-wgrad-index-wait-one-short", "the grouped weight gradient's staged producer reads a k tile's gather "
      "indices while their copies may be in flight (its cp.async wait leaves one group too many)", GROUPED_WGRAD,
      "WGRAD", SHAPE, wgrad(index_wait_one_short), {"wgrad_copy": "staged"}),
+    ("grouped-wgrad-walk-from-the-next-item", "the grouped weight gradient's persistent blocks each start one work "
+     "item further: group 0's first output tile is never added", GROUPED_WGRAD, "WGRAD", SHAPE,
+     wgrad(walk_from_the_next_item), {"wgrad_copy": "staged", "wgrad_persistent": "true"}),
+    ("grouped-wgrad-index-copied-past-the-item", "the grouped weight gradient's persistent producer copies the "
+     "gather's indices of the k tiles past a work item's last into the slots the next item's first tiles take: the "
+     "two copies of a slot land in either order", GROUPED_WGRAD, "WGRAD", SHAPE, wgrad(index_copied_past_the_item),
+     {"wgrad_copy": "staged", "wgrad_persistent": "true"}),
     ("grouped-wgrad-staged-halves-swapped", "the grouped weight gradient's producer copies a raw f32 A chunk's two "
      "halves into each other's places: the consumers split columns 4..7 as 0..3", GROUPED_WGRAD, "WGRAD", SHAPE,
      wgrad(staged_halves_swapped), {"wgrad_copy": "staged"}),

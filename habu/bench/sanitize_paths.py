@@ -96,6 +96,13 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                                     {"wgrad_copy": "staged"}),
     "grouped-wgrad-staged-bf16-scaled": ("../tests/data/grouped_wgrad.habu", "WGRAD-P-BF16", {"T": 300, "R": 1000},
                                          {"wgrad_copy": "staged"}),
+    # session 52's persistent walk: the ring and the index ring running on across work items (an item's last
+    # stages still in flight while the next item's indices and tiles land): 80 groups' 320 items over 132 blocks
+    "grouped-wgrad-persistent": ("../tests/data/grouped_wgrad.habu", "WGRAD", {"T": 300, "R": 2000, "G": 80},
+                                 {"wgrad_copy": "staged", "wgrad_persistent": "true"}),
+    "grouped-wgrad-persistent-bf16-scaled": ("../tests/data/grouped_wgrad.habu", "WGRAD-P-BF16",
+                                             {"T": 300, "R": 2000, "G": 80},
+                                             {"wgrad_copy": "staged", "wgrad_persistent": "true"}),
     "grouped-combine": ("../tests/data/grouped_scatter.habu", "COMBINE-BF16", {"T": 50, "R": 300},
                         {"family": "grouped"}),
     "attention": ("attention.habu", "ATTENTION-GQA", {}, {}),

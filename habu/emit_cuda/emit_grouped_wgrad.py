@@ -11,11 +11,12 @@ copied there by cp.async (`copied_async`: after the stage's empty wait, the thre
 contraction path's `MbarrierRing`: the producer's 128 arrivals a stage), the consumers' descriptors (the
 lowering's `WgmmaOperands`, both operands MN-major: the instruction's transpose bits) for each real slab's
 parts (`part_slab`) into one accumulator (`acc_row`), and the epilogue's read-add-store of each accumulator
-pair into O[g, m, n]."""
+pair into O[g, m, n]. Persistent blocks (`WgradLoop.persistent`) walk the work items (`walk`, `work_item`) around
+both roles' loops, every group's offsets found once (`habu::group_offsets_warps`)."""
 
 from __future__ import annotations
 
-from habu.emit_cuda.cexpr import CExpr, c
+from habu.emit_cuda.cexpr import CExpr, c, cmin
 from habu.emit_cuda.common import (
     CTYPE,
     GRID_LAUNCH,
@@ -33,7 +34,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.emit_grouped_wgmma import consumer_k_loop, desc_text, no_load
 from habu.emit_cuda.emit_wgmma import ring_advance_line, ring_barrier
-from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.geometry import GRID_2D, LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.grouped_wgrad import GroupedWgradLowering, wgrad_refusal
@@ -61,7 +62,10 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
     # the search's rounds: for #R where it is known when the kernel is compiled, else for the most rows the index
     # width addresses (the rounds past an empty range do nothing)
     search_rows = sizes[lw.r] if isinstance(sizes[lw.r], int) else 2 ** (lw.index_width - 1) - 1
-    mt_x, nt_x = lw.block_tile(CExpr("blockIdx.x"), CExpr("n_tiles"))
+    mt_x, nt_x = lw.block_tile(CExpr("bx"), CExpr("n_tiles"))
+    persistent = loop.persistent
+    # a work item: a persistent block's w-th (`walk`, `work_item`), else the block's own (blockIdx.x, blockIdx.y)
+    bx_x, g_x = lw.work_item(CExpr("w"), CExpr("tiles")) if persistent else (CExpr("blockIdx.x"), CExpr("blockIdx.y"))
 
     # the index a copied side's chunk rows gather through, read into registers (`{side}ix`) from the index ring,
     # where the producer staged it `index_depth` k tiles ahead (`lw.staged_index`, `loop.index_tile`), so no copy
@@ -76,11 +80,13 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
         (name,) = lw.row_tables(side)
         dtype = model.tensor(name).dtype  # type: ignore[union-attr]
         at = loop.index_entry(side, loop.index_slot(CExpr(tile)), CExpr("ptid"), CExpr("j"))
-        return f"""#pragma unroll
-{pad}for (int j = 0; j < {count}; ++j) {{  // {name}[r] of {side}'s chunk rows of that k tile, into its slot
-{pad}  const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr(tile), ki))});
-{pad}  const bool ok = {c(lw.row_inside(CExpr("r"), CExpr("end")))};
-{pad}  habu::cp_async<{dtype.bytes}>(smem_base + (habu::u32)({c(at)}), {sig.pointer(name, dtype.name)} + (ok ? r : 0), ok);
+        return f"""{pad}if ({c(loop.index_staged(CExpr(tile), CExpr("k_tiles")))}) {{  // (none past the item's k tiles)
+#pragma unroll
+{pad}  for (int j = 0; j < {count}; ++j) {{  // {name}[r] of {side}'s chunk rows of that k tile, into its slot
+{pad}    const {it} r = ({it})({c(lw.row(CExpr("lo"), CExpr(tile), ki))});
+{pad}    const bool ok = {c(lw.row_inside(CExpr("r"), CExpr("end")))};
+{pad}    habu::cp_async<{dtype.bytes}>(smem_base + (habu::u32)({c(at)}), {sig.pointer(name, dtype.name)} + (ok ? r : 0), ok);
+{pad}  }}
 {pad}}}
 """
 
@@ -240,34 +246,20 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
             const bool in0 = {masks[0]}, in1 = {masks[1]};  // (col1 inside: col is too)
             const {it} at = in0 ? ({offs[0]}) : 0;
 """
-    body = f"""{wgmma_function(k.bn, "bf16", *trans)}
-extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const habu::u32 raw_base = habu::smem_addr(smem_raw);
-  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
-  const habu::u32 bars = smem_base + {ring.base};
-  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
-{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
-  const int wg = {c(loop.warpgroup(CExpr("tid")))};
-  // full[s] (+0): the producer's 128 threads stored the stage; empty[s] (+8): every consumer is done with it
-  if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
-  const int g = blockIdx.y;  // the block's group
-  // offs[] of its group, the next, the first and the last ({groups} groups), a warp each
-  habu::group_offsets_warp<{it}, {lw.search_rounds(search_rows)}>({e_ptr}, ({it})({rows}), {", ".join(c(x) for x in lw.search_targets(CExpr("g"), groups))}, offs);
-  __syncthreads();
-  if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
-  if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
-  const {it} n_tiles = ({it})({c(lw.n_tiles(sizes))});
-  const {it} mt = ({it})({c(mt_x)});  // the block's tile of #{lw.m}
-  const {it} nt = ({it})({c(nt_x)});  // and of #{lw.n}
-  const {it} lo = offs[g], end = offs[{c(lw.group_end(CExpr("g")))}];  // the group's rows: its k axis
-  const long long k_tiles = {c(lw.k_tiles(CExpr("lo"), CExpr("end")))};
-  if (k_tiles <= 0) return;  // an empty group: nothing to add (every thread of the block returns)
-  int stage = {ring.start_stage};
-  habu::u32 phase = {ring.start_phase};
-  if (wg == 0) {{  // ---------------------------------------------------------------- producer
-{dec}    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
-    if (blockIdx.x == 0)  // E sorted (GROUPS:): each row of the group holds it (checked once a group)
+    skip = "continue" if persistent else "return"  # an empty group's item: nothing to add (a block's: every thread)
+    def item_lines(pad: str) -> str:
+        """The work item's decode: its group and tile, the group's rows and k tiles, an empty group skipped."""
+        return "".join(f"{pad}{line}\n" for line in (
+            f"const int g = (int)({c(g_x)});  // the item's group",
+            f"const {it} bx = ({it})({c(bx_x)});  // and its output tile among the group's",
+            f"const {it} mt = ({it})({c(mt_x)});  // the tile of #{lw.m}",
+            f"const {it} nt = ({it})({c(nt_x)});  // and of #{lw.n}",
+            f"const {it} lo = offs[g], end = offs[{c(lw.group_end(CExpr('g')))}];  // the group's rows: its k axis",
+            f"const long long k_tiles = {c(lw.k_tiles(CExpr('lo'), CExpr('end')))};",
+            f"if (k_tiles <= 0) {skip};  // an empty group: nothing to add"))
+
+    in_walk = item_lines("    ") if persistent else ""  # (a block's one item: decoded once, before the roles split)
+    producer_item = f"""{in_walk}    if (bx == 0)  // E sorted (GROUPS:): each row of the group holds it (checked once a group)
       for ({it} r = lo + ptid; r < end; r += {loop.warpgroup_size}) habu::grouping_ok((long long){e_ptr}[r], (long long)g, {index_code(model, lw.groups)}u, (long long)r);
     {held_regs}
     {index_regs}for (long long kt = 0; kt < k_tiles; ++kt) {{
@@ -278,12 +270,8 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
 {copies}{stores}        {arrive}
 {index_stage}        {ring_advance_line(ring)}
 {settle}      }}
-  }} else {{  // --------------------------------------------------------------------- consumers
-{inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
-{ctid}
-    const int lane = {frag.lane_of()};
-    const int warp = {frag.warp_of()};
-    float acc[{loop.slabs}][{regs}];
+"""
+    consumer_item = f"""{in_walk}    float acc[{loop.slabs}][{regs}];
 #pragma unroll
     for (int s = 0; s < {loop.slabs}; ++s)
 #pragma unroll
@@ -306,7 +294,54 @@ extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE
           }}
         }}
       }}
-  }}
+"""
+    rounds = lw.search_rounds(search_rows)
+    if persistent:
+        first, bound, step = lw.walk(CExpr("blockIdx.x"), CExpr("gridDim.x"), CExpr("items"))
+        offsets = (f"  // every group's offs[] once ({groups} groups and #{lw.r}), a warp each in turn\n"
+                   f"  habu::group_offsets_warps<{it}, {rounds}>({e_ptr}, ({it})({rows}), {groups}, offs);\n")
+        tiles_line = (f"  const long long tiles = {c(lw.tiles(sizes))};  // a group's output tiles\n"
+                      f"  const long long items = tiles * {groups};  // the work: every group's tiles\n")
+
+        def walk(item: str) -> str:
+            """The item's lines inside the persistent walk, two spaces deeper."""
+            inner = "".join(line if line.startswith("#") or not line.strip() else "  " + line
+                            for line in item.splitlines(keepends=True))
+            return (f"    for (long long w = {c(first)}; w < {c(bound)}; w += {c(step)}) {{  // persistent: every item "
+                    f"once, the ring running on\n{inner}    }}\n")
+    else:
+        targets = ", ".join(c(x) for x in lw.search_targets(CExpr("blockIdx.y"), groups))
+        offsets = (f"  // offs[] of the block's group, the next, the first and the last ({groups} groups), a warp each\n"
+                   f"  habu::group_offsets_warp<{it}, {rounds}>({e_ptr}, ({it})({rows}), {targets}, offs);\n")
+        tiles_line = ""
+
+        def walk(item: str) -> str:
+            return item
+    body = f"""{wgmma_function(k.bn, "bf16", *trans)}
+extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 raw_base = habu::smem_addr(smem_raw);
+  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
+  const habu::u32 bars = smem_base + {ring.base};
+  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
+{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
+  const int wg = {c(loop.warpgroup(CExpr("tid")))};
+  // full[s] (+0): the producer's 128 threads stored the stage; empty[s] (+8): every consumer is done with it
+  if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
+{offsets}  __syncthreads();
+  if (tid == 0 && offs[0] > 0) {table.check(lw.groups, "0", groups)};  // a group below 0: raise the error flag
+  if (tid == 0 && offs[{groups}] < ({it})({rows})) {table.check(lw.groups, f"offs[{groups}]", groups)};  // a group past #{lw.g}
+  const {it} n_tiles = ({it})({c(lw.n_tiles(sizes))});
+{tiles_line}{"" if persistent else item_lines("  ")}  int stage = {ring.start_stage};
+  habu::u32 phase = {ring.start_phase};
+  if (wg == 0) {{  // ---------------------------------------------------------------- producer
+{dec}    const int ptid = {c(loop.producer_thread(CExpr("tid")))};
+{walk(producer_item)}  }} else {{  // --------------------------------------------------------------------- consumers
+{inc}    const int cw = {c(loop.consumer(CExpr("wg")))};
+{ctid}
+    const int lane = {frag.lane_of()};
+    const int warp = {frag.warp_of()};
+{walk(consumer_item)}  }}
 }}
 """
     gathered = [acc.tensor for acc in (lw.a, lw.b) if any(p.kind == "gather" for p in acc.positions)]
@@ -398,6 +433,24 @@ def convert_lines(lw: GroupedWgradLowering, sig: Signature, sizes: dict, table, 
     return before, after
 
 
-register_geometry(GroupedWgradLowering, GRID_2D)  # (output tiles of a group, groups)
+def _persistent(lw: GroupedWgradLowering) -> bool:
+    return lw.loop is not None and lw.loop.persistent
+
+
+def _blocks(lw: GroupedWgradLowering, sizes, slots: int) -> tuple[int, int, int]:
+    """(output tiles of a group, groups), or, persistent, the blocks resident at once (at most one a work item)."""
+    if _persistent(lw):
+        return (max(1, min(int(lw.work_items(sizes)), slots)), 1, 1)
+    return GRID_2D.blocks(lw, sizes, slots)
+
+
+def _formula(lw: GroupedWgradLowering, s, slots):
+    if _persistent(lw):
+        return (cmax(1, cmin(lw.work_items(s), slots)), "1", "1")
+    return GRID_2D.formula(lw, s, slots)
+
+
+register_geometry(GroupedWgradLowering, LaunchGeometry(
+    blocks=_blocks, formula=_formula, slots=lambda lw, cluster: "sm_count" if _persistent(lw) else None))
 
 __all__ = ["emit_grouped_wgrad"]

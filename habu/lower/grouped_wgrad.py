@@ -27,6 +27,12 @@ with E a grouping, every group's product `O[g] += A[rows of g]ᵀ · B[rows of g
         store, no atomics), where m < #M and n < #N; a thread reads `epilogue_batch` column groups' prior
         values before it adds and stores any of them (their loads in flight together: O is past the L2)
 
+Persistent (`wgrad_persistent`): a block a resident slot, each walking the work items w = blockIdx.x, + gridDim.x, ...
+(`walk`), item w group g's output tile (`work_item`: a group's tiles on consecutive items); every group's offsets
+found once a block; the ring (and the index ring) run on from one item to the next, so the producer fills the
+stages with the next item's k tiles while the consumers add this one's tile into O; no index copy past an item's k
+tiles (`index_staged`), so none is in flight when the next item's land in the same slots.
+
 The stage tiles, descriptors and the ring are the contraction path's (`wgmma_operands` on a shadow whose A
 tile is `parts`·bm columns wide, `wgmma_ring` with the producer threads' arrivals), so the finite-field check
 routes every element through the same maps (habu.prove.interp_grouped_wgrad) and the emitter prints them
@@ -43,7 +49,7 @@ from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.grouped_wgmma import register_split, slab_refusal, wgmma_consumers
 from habu.lower.layouts import WgmmaOperands, wgmma_operands
 from habu.lower.pipeline import MbarrierRing, wgmma_ring
-from habu.lower.registers import WARPGROUP, RegisterSplit
+from habu.lower.registers import WARPGROUP, RegisterSplit, warp_specialized_split
 from habu.lower.smem import SmemLayout, tensor_core_smem
 from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.plan import ContractionKernel, GroupedKernel
@@ -57,6 +63,7 @@ SEARCH_LANES = 32  # a warp's reads of E a round of the offsets' search (`lower_
 # fit it (beside the static offs[] of 8 bytes a group at most: `OFFSET_BYTES`); the rules check the same sum
 WGMMA_SMEM = 227 * 1024
 OFFSET_BYTES = 8
+PERSISTENT_PRODUCER_REGS = 112  # the persistent loop's producer registers (`warp_specialized_split`)
 
 
 def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str, scaled: bool = False) -> str | None:
@@ -77,6 +84,13 @@ def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str, scaled: boo
         # NVRTC, sm_90a: 256 columns' accumulators beside a slab's four chunks spill (300–800 bytes a thread)
         return (f"wgrad_copy=staged converts A in the consumers, whose registers hold a slab's chunks beside the "
                 f"accumulators: at most 128 columns a tile, not {kernel.bn}")
+    if kernel.wgrad_persistent and kernel.wgrad_copy != "staged":
+        return "persistent blocks copy every operand by cp.async (--pin wgrad_copy=staged)"
+    if kernel.wgrad_persistent and kernel.bn > 128 and kernel.bm > 64:
+        # NVRTC, sm_90a: two consumer warpgroups' 256-column accumulators beside the walk spilled (92 bytes a thread
+        # at the launch's 168 registers, 360 under the persistent 112 / 192 split)
+        return (f"persistent blocks of two consumer warpgroups hold at most 128 columns' accumulators beside the walk, "
+                f"not {kernel.bn}")
     return None
 
 
@@ -111,6 +125,9 @@ class WgradLoop:
     index_counts: tuple[int, ...] = ()
     index_depth: int = 0
     index_base: int = 0
+    # the blocks persist (`wgrad_persistent`): one a resident slot, each walking the work items (`walk`, `work_item`),
+    # the ring's stage and phase running on from one item to the next
+    persistent: bool = False
 
     def copied_async(self, side: str) -> bool:
         """Whether `side`'s chunks go by cp.async (16 bytes each, zero-filled where masked; the stage's barrier
@@ -204,6 +221,11 @@ class WgradLoop:
     # -- a gather's indices staged ahead (`index_depth` > 0): each producer thread copies IX[r] of its chunks' rows
     # by 4- or 8-byte cp.async into its own entries of a ring of `index_slots` slots, `index_depth` k tiles ahead of
     # the copies that gather through them; one cp.async group a k tile
+    def index_staged(self, tile: Any, k_tiles: Any) -> Any:
+        """Whether the producer copies k tile `tile`'s indices at all: only a tile of the block's work item (a copy
+        past its k tiles, still in flight when the next item's land in the same slot, could land after them)."""
+        return tile < k_tiles
+
     def index_tile(self, step: Any) -> Any:
         """The k tile whose rows' gather indices (IX[r]) the producer copies into the index ring at loop step `step`,
         after the stage's copies (steps −index_depth .. −1: before the loop, the first index_depth tiles, a group
@@ -318,9 +340,30 @@ class GroupedWgradLowering:
         return self.loop is not None and side in self.loop.index_sides
 
     def search_targets(self, g: Any, groups: Any) -> tuple[Any, Any, Any, Any]:
-        """The offsets a block finds (`habu::group_offsets_warp`, one warp each): its group's first row and the
-        next group's (its k axis), and group 0's and #G's (E's values below 0 or past #G raise the error flag)."""
+        """The offsets a block of one work item finds (`habu::group_offsets_warp`, one warp each): its group's first
+        row and the next group's (its k axis), and group 0's and #G's (E's values below 0 or past #G raise the error
+        flag). A persistent block finds every group's, 0 .. #G (`habu::group_offsets_warps`: warp w those w, w +
+        the block's warps, ...)."""
         return g, self.group_end(g), 0, groups
+
+    # -- the persistent walk (`WgradLoop.persistent`)
+    def tiles(self, sizes: Mapping[str, Any]) -> Any:
+        """A group's output tiles: (m tiles) × (n tiles)."""
+        return cdiv(sizes[self.m], self.kernel.bm) * self.n_tiles(sizes)
+
+    def work_items(self, sizes: Mapping[str, Any]) -> Any:
+        """The persistent blocks' work: every group's output tiles."""
+        return self.tiles(sizes) * sizes[self.g]
+
+    def walk(self, block: Any, blocks: Any, items: Any) -> tuple[Any, Any, Any]:
+        """The persistent walk of block `block` of `blocks` over `items` work items: (first, the bound it runs below,
+        its step): items block, block + blocks, ... (every item once over the blocks)."""
+        return block, items, blocks
+
+    def work_item(self, w: Any, tiles: Any) -> tuple[Any, Any]:
+        """(tile, group) of work item w: a group's tiles on consecutive items, so the blocks running at once share
+        the group's rows of A and B in the L2 (the tile decoded as a block's x: `block_tile`)."""
+        return w % tiles, w // tiles
 
     def lower_bound(self, value_at: Callable[[Any], Any], g: Any, rows: int, where: Callable[[Any, Any, Any], Any]
                     ) -> Any:
@@ -433,10 +476,16 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = Fal
     # the next k tile's chunks held beside the current one's where the registers hold both (a bf16 A's 8 chunks, 32
     # registers a tile, up to 128-column tiles: NVRTC, sm_90a, no spills; an f32 A's two parts spill at 2)
     depth_fits = parts == 1 and kernel.bn <= 128 and not staged  # (staged: no register holds a chunk)
+    # persistent: the walk's state beside an f32 A's chunks and the accumulators spilled the consumers at the launch's
+    # 168 registers (NVRTC, sm_90a: 56-144 bytes); a producer of 112 leaves them 192 and spills nowhere (at 88 and
+    # 56 the producer's unrolled copies spilled)
+    split = (warp_specialized_split(shadow.warps, producer=PERSISTENT_PRODUCER_REGS) if kernel.wgrad_persistent
+             else register_split(shadow.warps, True))
     loop = WgradLoop(shadow, ops, replace(ring, base=bars), layout, consumers, parts, kernel.bm, kernel.bn,
-                     register_split(shadow.warps, True), register_depth=2 if copies and depth_fits else 1,
+                     split, register_depth=2 if copies and depth_fits else 1,
                      epilogue_batch=min(EPILOGUE_READS, kernel.bn // ACCUMULATOR.col_step),
-                     a_async=a_async, b_async=b_async, a_convert=staged and (parts == 2 or a_scaled))
+                     a_async=a_async, b_async=b_async, a_convert=staged and (parts == 2 or a_scaled),
+                     persistent=kernel.wgrad_persistent)
     return index_ring(loop, index_widths or {}, smem_budget)
 
 

@@ -273,6 +273,12 @@ class GroupedKernel:
                              "factor applied there too)", P, default="registers",
                              allowed=("registers", "cp.async", "staged"), pins=("wgrad_copy",), json_optional=True,
                              unguarded=KEEP)
+    wgrad_persistent: bool = choice("a grouped weight gradient's blocks persist: one a resident slot (an SM), each "
+                                    "walking the work items (a group's output tile) w = blockIdx.x + t·gridDim.x, its "
+                                    "producer filling the ring with the next item's k tiles while the consumers add "
+                                    "this one's tile into O (the ring runs on across items; every group's offsets "
+                                    "found once a block)", P, default=False, pins=("wgrad_persistent",),
+                                    json_optional=True, unguarded=KEEP)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ changes the result (the GPU tests check the split itself with values bf16 cannot
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 import numpy as np
@@ -19,7 +20,13 @@ import numpy as np
 from habu.lower.grouped_wgrad import VECTOR, WGRAD_BK, GroupedWgradLowering, WgradLoop
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.interp import Memory, eval_pointwise, read, write
-from habu.prove.interp_grouped import foreign_writes, group_offsets, half_faults, warpgroup_decode_faults
+from habu.prove.interp_grouped import (
+    WALK_BLOCKS,
+    foreign_writes,
+    group_offsets,
+    half_faults,
+    warpgroup_decode_faults,
+)
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.prove.pipeline import delivered
 from habu.prove.smem_route import Route, wgmma_route
@@ -129,15 +136,23 @@ def convert_faults(loop: WgradLoop) -> list[str]:
     return faults + foreign_writes(writes, readers)
 
 
-def index_faults(lw: GroupedWgradLowering, steps: tuple[int, ...] = (1, 2, 9)) -> list[str]:
-    """A gather's indices staged ahead (`staged_index`), run over blocks of `steps` k tiles as the emitter orders the
-    producer's work: before the loop the copies of `index_tile(s)` for s = −index_depth .. −1, a cp.async group each;
-    at step kt the wait leaving `index_wait()` groups in flight, the read of `index_slot(kt)`, then the copies of
-    `index_tile(kt)` into its slot and the step's group. Each step must read its own k tile's indices from a copy
-    already landed, and no copy may land where a later step's read awaits another tile's, or in the slot its own
-    step read (a masked row's index is read and never used, so nothing orders that read before the copy); each
-    thread's entries
-    (`index_entry`) are distinct, aligned, and in the ring past the stage tiles and barriers."""
+# the k-tile counts of the work items a producer's index ring runs through: blocks of one item (one k tile, two,
+# more than two passes of the ring) and a persistent block's walk (an empty group's item among them)
+INDEX_WALKS = ((1,), (2,), (9,))
+PERSISTENT_WALKS = ((3, 0, 9, 1, 2), (1, 1, 4))
+
+
+def index_faults(lw: GroupedWgradLowering) -> list[str]:
+    """A gather's indices staged ahead (`staged_index`), run over walks of work items (`INDEX_WALKS`, and
+    `PERSISTENT_WALKS` where the blocks persist) as the emitter orders the producer's work. Each item: the copies of
+    `index_tile(s)` for s = −index_depth .. −1, a cp.async group each; at step kt the wait leaving `index_wait()`
+    groups in flight, the read of `index_slot(kt)`, then the copies of `index_tile(kt)` into its slot and the step's
+    group; a tile's copies only where `index_staged` (a group is closed regardless). Each step must read its own k
+    tile's indices from a copy the wait has completed; no copy may be issued into a slot whose earlier copy may still
+    be in flight (the two land in either order: a copy past one item's k tiles could land over the next item's) or
+    into the slot its own step read (a masked row's index is read and never used, so nothing orders that read before
+    the copy); each thread's entries (`index_entry`) are distinct, aligned, and in the ring past the stage tiles and
+    barriers."""
     loop = lw.loop
     assert loop is not None
     sides = [side for side in "AB" if lw.staged_index(side)]
@@ -146,30 +161,10 @@ def index_faults(lw: GroupedWgradLowering, steps: tuple[int, ...] = (1, 2, 9)) -
     faults: list[str] = []
     if loop.index_wait() < 0:
         return [f"the producer waits for {loop.index_wait()} cp.async groups in flight (`index_wait`)"]
-    for n in steps:
-        slot: dict[int, tuple[int, int]] = {}  # slot -> (k tile, group) its last copy holds
-        groups = 0
-        for s in range(-loop.index_depth, 0):
-            t = int(loop.index_tile(s))
-            slot[int(loop.index_slot(t))] = (t, groups)
-            groups += 1
-        for kt in range(n):
-            landed = groups - loop.index_wait()  # groups below this are complete after the wait
-            held = slot.get(int(loop.index_slot(kt)))
-            if held is None or held[0] != kt:
-                return [f"the producer copies the rows of k tile[{kt}] through the gather indices of k tile"
-                        f"[{None if held is None else held[0]}] (`index_tile`, `index_slot`; {n} k tiles)"]
-            if held[1] >= landed:
-                return [f"the producer reads k tile[{kt}]'s gather indices before their copy lands (`index_wait` "
-                        f"{loop.index_wait()} leaves group {held[1]} in flight; {n} k tiles)"]
-            t = int(loop.index_tile(kt))
-            if t <= kt:
-                return [f"the producer stages the indices of k tile[{t}] at step {kt}, not a tile ahead (`index_tile`)"]
-            if int(loop.index_slot(t)) == int(loop.index_slot(kt)):  # (its reads not surely done: a masked row's unused)
-                return [f"the producer copies k tile[{t}]'s indices into the slot it reads k tile[{kt}]'s from at the "
-                        f"same step (`index_slot`: {loop.index_slots} slots)"]
-            slot[int(loop.index_slot(t))] = (t, groups)
-            groups += 1
+    for items in INDEX_WALKS + (PERSISTENT_WALKS if loop.persistent else ()):
+        fault = _IndexRingRun(loop, items).fault()
+        if fault is not None:
+            return [fault]
     end = max(x.offset + x.size for x in loop.layout.buffers)
     usable = loop.smem_total - (loop.layout.total - end)  # past the aligned base: the request less its slack
     seen: set[int] = set()
@@ -187,6 +182,80 @@ def index_faults(lw: GroupedWgradLowering, steps: tuple[int, ...] = (1, 2, 9)) -
             faults.append(f"two of {side}'s staged indices' entries (`index_entry`) share bytes")
         seen |= cells
     return faults
+
+
+class _IndexRingRun:
+    """One producer thread's index ring over a walk of work items (`items`: their k-tile counts), in the emitter's
+    order (`index_faults`): each slot's last copy (item, k tile, group), the groups closed and those a wait has
+    completed."""
+
+    def __init__(self, loop: WgradLoop, items: tuple[int, ...]):
+        self.loop, self.items = loop, items
+        self.slot: dict[int, tuple[int, int, int]] = {}
+        self.groups = self.done = 0
+
+    def copy(self, item: int, t: int, k_tiles: int, step: str) -> str | None:
+        """The copies of k tile t's indices (where `index_staged`), or the fault of an earlier copy of the slot that
+        may still be in flight."""
+        if not self.loop.index_staged(t, k_tiles):
+            return None
+        at = int(self.loop.index_slot(t))
+        if at in self.slot and self.slot[at][2] >= self.done:
+            before = self.slot[at]
+            return (f"the producer copies k tile[{t}]'s indices ({step} of item {item} of {self.items}) into slot "
+                    f"{at}, where its copy of item {before[0]}'s k tile[{before[1]}] may still be in flight")
+        self.slot[at] = (item, t, self.groups)
+        return None
+
+    def fault(self) -> str | None:
+        loop = self.loop
+        for item, k_tiles in enumerate(self.items):
+            for s in range(-loop.index_depth, 0):
+                if (fault := self.copy(item, int(loop.index_tile(s)), k_tiles, "before the loop")) is not None:
+                    return fault
+                self.groups += 1
+            for kt in range(k_tiles):
+                self.done = max(self.done, self.groups - loop.index_wait())
+                held = self.slot.get(int(loop.index_slot(kt)))
+                if held is None or held[:2] != (item, kt):
+                    return (f"the producer copies the rows of k tile[{kt}] through the gather indices of k tile"
+                            f"[{None if held is None else held[1]}] (`index_tile`, `index_slot`; item {item} of "
+                            f"{self.items})")
+                if held[2] >= self.done:
+                    return (f"the producer reads k tile[{kt}]'s gather indices before their copy lands (`index_wait` "
+                            f"{loop.index_wait()} leaves group {held[2]} in flight; item {item} of {self.items})")
+                t = int(loop.index_tile(kt))
+                if t <= kt:
+                    return f"the producer stages the indices of k tile[{t}] at step {kt}, not a tile ahead (`index_tile`)"
+                if loop.index_staged(t, k_tiles) and int(loop.index_slot(t)) == int(loop.index_slot(kt)):
+                    return (f"the producer copies k tile[{t}]'s indices into the slot it reads k tile[{kt}]'s from at "
+                            f"the same step (`index_slot`: {loop.index_slots} slots)")
+                if (fault := self.copy(item, t, k_tiles, f"at step {kt}")) is not None:
+                    return fault
+                self.groups += 1
+        return None
+
+
+def walk_faults(lw: GroupedWgradLowering, sizes: Mapping[str, int]) -> list[str]:
+    """The persistent blocks' walk (`walk`) over grids of `WALK_BLOCKS` blocks (at most one a work item) visits every
+    work item once, and `work_item` decodes the items onto every group's output tiles once each."""
+    if lw.loop is None or not lw.loop.persistent:
+        return []
+    tiles, groups = int(lw.tiles(sizes)), int(sizes[lw.g])
+    items = tiles * groups
+    for blocks in WALK_BLOCKS:
+        nb = max(1, min(blocks, items))
+        seen = Counter(w for b in range(nb) for w in range(*(int(x) for x in lw.walk(b, nb, items))))
+        bad = next((w for w in range(items) if seen[w] != 1), None)
+        if bad is not None or len(seen) != items:
+            return [f"the walk of {nb} persistent blocks (`walk`) visits work item[{bad}] {seen.get(bad, 0)} times "
+                    f"(of {items} items)"]
+    decoded = Counter((int(bx), int(g)) for bx, g in (lw.work_item(w, tiles) for w in range(items)))
+    wrong = next(((bx, g) for g in range(groups) for bx in range(tiles) if decoded[(bx, g)] != 1), None)
+    if wrong is not None or len(decoded) != items:
+        return [f"the work items (`work_item`) decode onto group {wrong and wrong[1]}'s output tile[{wrong and wrong[0]}] "
+                f"{decoded.get(wrong, 0)} times"]
+    return []
 
 
 def _rows_leave_tile(lw: GroupedWgradLowering) -> bool:
@@ -281,7 +350,7 @@ def run_grouped_wgrad(name: str, lw: GroupedWgradLowering, sizes: Mapping[str, i
     if lw.loop is None:
         mem.fault(f"{name}: the grouped weight gradient has no stage maps for this tile")
         return
-    for fault in loop_faults(lw.loop) + index_faults(lw):
+    for fault in loop_faults(lw.loop) + index_faults(lw) + walk_faults(lw, sizes):
         mem.fault(f"{name}: {fault}")
     route = wgmma_route(lw.loop.operands)
     for fault in route.faults:

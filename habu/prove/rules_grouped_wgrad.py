@@ -50,6 +50,9 @@ def grouped_wgrad_obligations(name: str, lw: GroupedWgradLowering, ctx: Context)
         most = t.smem_per_block
         yield Obligation(R["smem-budget"], name, None, f"{smem} bytes of stage tiles, barriers, staged indices and offsets ≤ {most}",
                          smem <= most, detail=f"{smem} bytes of shared memory; a block may have {most}")
+        split = lw.loop.registers
+        yield Obligation(R["setmaxnreg-pool"], name, None, split.describe(), split.fits,
+                         detail=f"{split.describe()}: setmaxnreg.inc would wait for registers the CTA does not have")
         problem = pipeline_problem(lw.loop.ring)
         yield Obligation(FIELD_RULES["pipeline-schedule"], name, None,
                          f"the ring of {lw.loop.ring.stages} stages delivers every k tile to its step",

@@ -51,9 +51,22 @@ def test_regression_more_groups_than_a_tiles_column_groups_pass_the_exact_check(
     assert result.ok and result.applicable, result.reason()
 
 
+@pytest.mark.parametrize("model", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
+@pytest.mark.parametrize("tile", [{}, {"bm": "64", "warps_m": "1"}])
+def test_the_persistent_walk_passes_the_exact_check(model, tile):
+    """`wgrad_persistent`: the resident blocks walk every group's tiles, the ring and the index ring running on from
+    one item to the next (session 52, written without a GPU). 80 groups of 4 tiles (2 × 2 at 128 columns): 320 work
+    items, more than an H200's 132 blocks, so each block walks two or three, some of them empty."""
+    built = build(str(GW), model, {"T": T, "R": 4000, "G": 80}, {"wgrad_persistent": "true", **tile})
+    _is_wgrad(built)
+    assert built.plan.kernels[0].wgrad_persistent
+    result = ExactChecker(built.model, built.sizes, seed=7).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
 @pytest.mark.parametrize("name", list(COUNTS))
 @pytest.mark.parametrize("tile", [{}, {"bn": "256", "stages": "3", "wgrad_copy": "cp.async"}, {"bm": "64", "warps_m": "1"},
-                                  {"wgrad_copy": "registers"}])
+                                  {"wgrad_copy": "registers"}, {"wgrad_persistent": "true"}])
 def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts(name, tile):
     """A of values i + j/256 (hi = bf16(a) loses them, hi + lo holds them; every product and partial sum exact in
     f32) times the row's factor: only a kernel that drops or misplaces a part, a row or a group differs."""

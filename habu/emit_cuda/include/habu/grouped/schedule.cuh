@@ -20,19 +20,15 @@ __device__ __forceinline__ void group_offsets(const E* __restrict__ groups_of_ro
   }
 }
 
-/** @brief offs[t] for the four groups t0..t3 (the block's group, the next, the first and the last; repeats
- *  allowed): the first row whose group is >= t (rows when none), each by one warp of the block (warps 0..3) in
+/** @brief The first row whose group is >= t (rows when none), found by the calling warp (every lane gets it) in
  *  rounds: the warp's 32 lanes read E at the last row of each of 32 equal parts of [lo, hi) (parts of
  *  ⌈(hi − lo)/32⌉ rows), and the count n of lanes reading a group below t (a ballot) gives lo += n·part, hi =
  *  min(hi, old lo + (n + 1)·part − 1): three dependent reads of E for 8192 rows where a binary search makes 14.
  *  `Rounds` (the lowering's `search_rounds` for the rows) bounds the rounds; the lowering's
- *  `GroupedWgradLowering.lower_bound` is this search. Needs 128 threads; the caller synchronises. */
+ *  `GroupedWgradLowering.lower_bound` is this search. */
 template <typename I, int Rounds, typename E>
-__device__ __forceinline__ void group_offsets_warp(const E* __restrict__ groups_of_rows, I rows, int t0, int t1, int t2,
-                                                   int t3, I* offs) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp >= 4) return;
-  const int t = warp == 0 ? t0 : warp == 1 ? t1 : warp == 2 ? t2 : t3;  // (no local array indexed by the warp)
+__device__ __forceinline__ I warp_lower_bound(const E* __restrict__ groups_of_rows, I rows, int t) {
+  const int lane = threadIdx.x % 32;
   I lo = 0, hi = rows;
 #pragma unroll 1
   for (int round = 0; round < Rounds && lo < hi; ++round) {  // (lo, hi: the same in every lane)
@@ -44,7 +40,33 @@ __device__ __forceinline__ void group_offsets_warp(const E* __restrict__ groups_
     lo += n * part;
     hi = top < hi ? top : hi;
   }
-  if (lane == 0) offs[t] = lo;
+  return lo;
+}
+
+/** @brief offs[t] for the four groups t0..t3 (the block's group, the next, the first and the last; repeats
+ *  allowed), each by one warp of the block (warps 0..3, `warp_lower_bound`). Needs 128 threads; the caller
+ *  synchronises. */
+template <typename I, int Rounds, typename E>
+__device__ __forceinline__ void group_offsets_warp(const E* __restrict__ groups_of_rows, I rows, int t0, int t1, int t2,
+                                                   int t3, I* offs) {
+  const int warp = threadIdx.x / 32;
+  if (warp >= 4) return;
+  const int t = warp == 0 ? t0 : warp == 1 ? t1 : warp == 2 ? t2 : t3;  // (no local array indexed by the warp)
+  const I lo = warp_lower_bound<I, Rounds>(groups_of_rows, rows, t);
+  if (threadIdx.x % 32 == 0) offs[t] = lo;
+}
+
+/** @brief offs[t] for every group t in 0..groups (a persistent block's offsets, found once), warp w of the block
+ *  taking t = w, w + the block's warps, ... (`warp_lower_bound`). The caller synchronises. */
+template <typename I, int Rounds, typename E>
+__device__ __forceinline__ void group_offsets_warps(const E* __restrict__ groups_of_rows, I rows, int groups,
+                                                    I* offs) {
+  const int warps = blockDim.x / 32;
+#pragma unroll 1
+  for (int t = threadIdx.x / 32; t <= groups; t += warps) {
+    const I lo = warp_lower_bound<I, Rounds>(groups_of_rows, rows, t);
+    if (threadIdx.x % 32 == 0) offs[t] = lo;
+  }
 }
 
 /** @brief starts[g] = the row tiles of groups 0..g-1 (`tiles_of(offs, h)` those of group h: the lowering's
