@@ -261,6 +261,18 @@ habu::wgmma_wait<0>();
     return out.replace("MMA", mma)
 
 
+def kernel_opening(name: str, threads: int, ops, ring, it: str, groups: int, rows: str) -> str:
+    """A grouped wgmma kernel's first lines (both forms): the entry point, the stage tiles' aligned base, the ring's
+    barriers and the block's offs[] of the groups' first rows."""
+    return f"""extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(SIGNATURE) {{
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const habu::u32 raw_base = habu::smem_addr(smem_raw);
+  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
+  const habu::u32 bars = smem_base + {ring.base};
+  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{rows})
+"""
+
+
 def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dict[str, int]) -> CudaKernel:
     k, loop = lw.kernel, lw.wgmma
     refused = wgmma_refusal(k, lw.a.dtype, lw.w.dtype, lw.pair is not None, lw.w_n_major)
@@ -449,13 +461,7 @@ def emit_grouped_wgmma(name: str, model: Model, lw: GroupedLowering, static: dic
     walk = (f"    for (long long lin = {c(first)}; lin < {c(bound)}; lin += {c(step)}) {{  // persistent: every tile "
             "once\n")
     body = f"""{wgmma_function(loop.mma_columns, "bf16", *trans)}
-extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const habu::u32 raw_base = habu::smem_addr(smem_raw);
-  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
-  const habu::u32 bars = smem_base + {ring.base};
-  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
-  __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
+{kernel_opening(name, loop.threads, ops, ring, it, groups, lw.r)}  __shared__ {it} starts[{groups + 1}];  // starts[g]: the row tiles of the groups before g
 {GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
   const int wg = {c(loop.warpgroup(CExpr("tid")))};
   // full[s] (+0): the stage holds a k tile; empty[s] (+8): every consumer is done with it

@@ -32,7 +32,7 @@ from habu.emit_cuda.common import (
     load_value,
 )
 from habu.emit_cuda.emit_fma import table_reader
-from habu.emit_cuda.emit_grouped_wgmma import consumer_k_loop, desc_text, no_load
+from habu.emit_cuda.emit_grouped_wgmma import consumer_k_loop, desc_text, kernel_opening, no_load
 from habu.emit_cuda.emit_wgmma import ring_advance_line, ring_barrier
 from habu.emit_cuda.geometry import GRID_2D, LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
@@ -318,13 +318,7 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
         def walk(item: str) -> str:
             return item
     body = f"""{wgmma_function(k.bn, "bf16", *trans)}
-extern "C" __global__ void __launch_bounds__({loop.threads}, 1) {name}(SIGNATURE) {{
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const habu::u32 raw_base = habu::smem_addr(smem_raw);
-  const habu::u32 smem_base = (raw_base + {ops.base_align - 1}u) & ~{ops.base_align - 1}u;  // 128-byte swizzled tiles need 1024-byte alignment
-  const habu::u32 bars = smem_base + {ring.base};
-  __shared__ {it} offs[{groups + 1}];  // offs[g]: the first row of group g (offs[{groups}] = #{lw.r})
-{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
+{kernel_opening(name, loop.threads, ops, ring, it, groups, lw.r)}{GRID_LAUNCH}{GRID_WAIT}  const int tid = threadIdx.x;
   const int wg = {c(loop.warpgroup(CExpr("tid")))};
   // full[s] (+0): the producer's 128 threads stored the stage; empty[s] (+8): every consumer is done with it
   if (tid == 0) habu::ring_init(bars, {ring.stages}, {ring.full_arrivals}, {ring.empty_arrivals});
