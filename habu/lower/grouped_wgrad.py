@@ -486,7 +486,7 @@ def wgrad_loop(kernel: GroupedKernel, a: Access, b: Access, a_scaled: bool = Fal
                      epilogue_batch=min(EPILOGUE_READS, kernel.bn // ACCUMULATOR.col_step),
                      a_async=a_async, b_async=b_async, a_convert=staged and (parts == 2 or a_scaled),
                      persistent=kernel.wgrad_persistent)
-    return index_ring(loop, index_widths or {}, smem_budget)
+    return index_ring(loop, index_widths or {}, smem_budget) if kernel.wgrad_index_ring else loop
 
 
 def index_ring(loop: WgradLoop, widths: Mapping[str, int], smem_budget: int) -> WgradLoop:

@@ -175,10 +175,12 @@ class GroupedPath(KernelPath):
         if eq is not None and len(base.nodes) == 1 and as_grouped_wgrad(model, eq) is not None:
             for (bm, bn, stages), copy in itertools.product(WGRAD_TILES, WGRAD_COPIES):
                 k = replace(base, main_loop="wgmma", bm=bm, bn=bn, bk=WGRAD_BK, warps_m=bm // 64, warps_n=4,
-                            stages=stages, wgrad_copy=copy, wgrad_persistent=False)
+                            stages=stages, wgrad_copy=copy, wgrad_persistent=False, wgrad_index_ring=True)
                 yield k
-                if copy == "staged" and (bn <= 128 or bm == 64):  # the walk's tiles (`wgrad_refusal`)
-                    yield replace(k, wgrad_persistent=True)
+                if copy == "staged":  # gathers through loads, not the index ring; the walk where it has the tiles
+                    yield replace(k, wgrad_index_ring=False)
+                    if bn <= 128 or bm == 64:
+                        yield replace(k, wgrad_persistent=True)
             return
         gg = as_grouped_gemm(model, eq) if eq is not None and len(base.nodes) == 1 else None
         f32_a = gg is not None and dtype_of(model, gg.a.tensor) == "f32"

@@ -273,6 +273,11 @@ class GroupedKernel:
                              "factor applied there too)", P, default="registers",
                              allowed=("registers", "cp.async", "staged"), pins=("wgrad_copy",), json_optional=True,
                              unguarded=KEEP)
+    wgrad_index_ring: bool = choice("a grouped weight gradient's staged producer copies a gathered side's row indices "
+                                    "(IX[r]) by cp.async into a ring in shared memory, as many k tiles ahead as the "
+                                    "ring has stages where it fits, and gathers through them (false: it loads each "
+                                    "chunk's index as it copies the chunk, and waits for it)", P, default=True,
+                                    pins=("wgrad_index_ring",), json_optional=True, unguarded=KEEP)
     wgrad_persistent: bool = choice("a grouped weight gradient's blocks persist: one a resident slot (an SM), each "
                                     "walking the work items (a group's output tile) w = blockIdx.x + t·gridDim.x, its "
                                     "producer filling the ring with the next item's k tiles while the consumers add "

@@ -51,6 +51,16 @@ def test_regression_more_groups_than_a_tiles_column_groups_pass_the_exact_check(
     assert result.ok and result.applicable, result.reason()
 
 
+@pytest.mark.parametrize("model", ["WGRAD", "WGRAD-P"])
+def test_the_staged_producer_without_the_index_ring_passes_the_exact_check(model):
+    """`wgrad_index_ring=false`: each chunk's IX[r] loaded as its copy needs it (session 51's producer before the
+    index ring)."""
+    built = build(str(GW), model, {"T": T, "R": 1000}, {"wgrad_index_ring": "false"})
+    _is_wgrad(built)
+    result = ExactChecker(built.model, built.sizes, seed=5).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
 @pytest.mark.parametrize("model", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
 @pytest.mark.parametrize("tile", [{}, {"bm": "64", "warps_m": "1"}])
 def test_the_persistent_walk_passes_the_exact_check(model, tile):

@@ -112,3 +112,19 @@ def test_regression_an_index_copy_past_an_items_k_tiles_could_land_over_the_next
     assert faults and "may still be in flight" in faults[0], faults
     one = replace(planted, loop=replace(planted.loop, persistent=False))
     assert isinstance(one.loop, WgradLoop) and not index_faults(one)
+
+
+def test_the_index_ring_is_a_choice_and_without_it_the_copies_load_their_indices():
+    """`wgrad_index_ring=false` (searched beside the ring, and the pin that turns it off): the staged producer loads
+    each chunk's IX[r] as it copies the chunk, with no ring in shared memory and no cp.async group of its own."""
+    from habu.paths.emit import emit_plan
+
+    m = _model()
+    plan = default_plan(m, TARGET, SIZES, {"wgrad_index_ring": "false"})
+    lw = lower(m, plan.kernels[0])
+    assert isinstance(lw, GroupedWgradLowering) and lw.loop is not None
+    assert not plan.kernels[0].wgrad_index_ring and lw.loop.index_depth == 0 and lw.smem_bytes() == lw.loop.layout.total
+    src = emit_plan(m, plan, TARGET).kernels[0].source
+    assert "p_IX[r]" in src and "load_shared_index" not in src and "cp_async_commit" not in src
+    faults, got, ref = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=lw)
+    assert not faults and (got == ref).all()
