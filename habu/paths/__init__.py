@@ -61,6 +61,9 @@ def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str
         return k
     if (k := elementwise_vectors(model, region, target, sizes)) is not None:
         return k
+    if region.kind == "grouped" and len(region.nodes) == 3 \
+            and (k := grouped.PATH.pair_default(model, region.nodes, target, sizes)) is not None:
+        return k  # gate, up and the node of both in one grouped kernel (`--pin pair=fused`)
     for p in by_preference(region.kind):
         kernel = p.default(model, region, target, sizes)
         if kernel is not None:
@@ -107,7 +110,8 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     base = default_kernel(model, region, target, sizes)
     if not isinstance(base, ContractionKernel):
         yield from path_for(base).region_variants(model, region, base, target, sizes)
-        if region.kind == "grouped" and not isinstance(base, GeneralKernel):  # the fallback stays a candidate
+        if region.kind == "grouped" and not isinstance(base, GeneralKernel) and len(base.nodes) == 1:
+            # the fallback stays a candidate (a fused pair's three nodes are no general kernel's)
             yield general.PATH.default(model, Region("general", region.nodes), target, sizes)
         elif region.kind == "general" and (g := family_kernel(model, region, "grouped", target, sizes)) is not None:
             yield from grouped.PATH.region_variants(model, region, g, target, sizes)  # P[r], scatter, f32 A

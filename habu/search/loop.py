@@ -27,10 +27,10 @@ from habu.plan.plan import ContractionKernel, Kernel, Plan
 from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats, predicted_better
 from habu.search.cost import KernelCost, kernel_cost, roofline_seconds, tie_break
-from habu.search.cuts import default_partition
 from habu.search.interrupt import latched_interrupts, raise_if_interrupted
 from habu.search.pool import Executor, ExecutorLostInterrupt, InlineExecutor, Pending, lost_cause
 from habu.search.prune import QuickPruner
+from habu.search.seed import search_seed
 from habu.search.space import concrete_sizes, default_kernels, make_plan, region_space, relower
 from habu.search.tasks import Job, compiles_here
 from habu.spec.ir import Model
@@ -247,8 +247,8 @@ class Search:
 
     # -- the whole search
     def run(self) -> SearchResult:
-        regions = default_partition(self.model, self.target, self.sizes)
-        best: list[Kernel] = list(default_kernels(self.model, self.target, self.sizes, regions))
+        seed = search_seed(self.model, self.target, self.sizes)  # habu compile's plan: never start below it
+        self.rewrites, self.graph, regions, best = seed.rewrites, seed.graph, seed.regions, list(seed.kernels)
         base_costs = self._costs(best)
         self.stats.roofline_us = roofline_seconds(base_costs, self.target) * 1e6
         self.stats.best_predicted_us = sum(c.seconds for c in base_costs) * 1e6
@@ -260,7 +260,7 @@ class Search:
             try:
                 self._time_baseline()
                 # the default plan first: a verified answer as early as possible
-                first = Scored(best[0], sum(c.seconds for c in base_costs))
+                first = Scored(best[0], sum(c.seconds for c in base_costs), rewrites=self.rewrites)
                 kept = self._try(tuple(best), -1, first)
                 self.trying_default = False
                 if kept:
