@@ -30,6 +30,7 @@ from habu.paths.analytic import node_of
 from habu.paths.contraction import tma_store_fits
 from habu.plan.fields import FieldError, Mma, Move, Store, kernel_fields, pin_table
 from habu.plan.grouped_pair import pair_positions
+from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.patterns import Region, default_regions, kernel_contraction, stored_nodes
 from habu.plan.plan import (
     KERNEL_KINDS,
@@ -123,6 +124,10 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
             rest = {key: v for key, v in pins.items() if key != "main_loop"}
         kernels = tuple(apply_pins(graph, k, rest, target) for k in kernels)
         _check_pins_apply(pins, kernels)
+        if any(key.lower() in WGRAD_FIELDS for key in pins) and not any(weight_gradient(graph, k) for k in kernels):
+            key = next(key for key in pins if key.lower() in WGRAD_FIELDS)
+            raise UsageError(f"--pin {key}: no kernel of this plan is a grouped weight gradient "
+                             "(O[E[r] m n] += A[r m] · B[r n], E a grouping): it is their choice")
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
             kernels = tuple(replace(k, store="direct") if getattr(k, "store", None) == "tma"
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
@@ -411,7 +416,19 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     lag = changes.get("consumer_lag")
     if lag and isinstance(kernel, ContractionKernel) and lag_refusal(replace(kernel, **changes), lag) is not None:  # type: ignore[arg-type]
         changes["consumer_lag"] = 0
+    if isinstance(kernel, GroupedKernel) and not weight_gradient(model, kernel):  # (its product ignores them)
+        changes = {name: v for name, v in changes.items() if name not in WGRAD_FIELDS}
     return replace(kernel, **changes) if changes else kernel
+
+
+WGRAD_FIELDS = ("wgrad_copy", "wgrad_index_ring", "wgrad_persistent")  # a grouped weight gradient's own choices
+
+
+def weight_gradient(model: Model, kernel: Kernel) -> bool:
+    """Whether `kernel` computes a grouped weight gradient (`O[E[r] m n] += A[r m]·B[r n]`, habu/plan/grouped_wgrad.py)."""
+    eq = next((e for e in model.nodes if e.target == kernel.nodes[0]), None)
+    return isinstance(kernel, GroupedKernel) and len(kernel.nodes) == 1 and eq is not None \
+        and as_grouped_wgrad(model, eq) is not None
 
 
 def model_tensors(model: Model) -> set[str]:

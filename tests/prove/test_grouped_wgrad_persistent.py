@@ -128,3 +128,25 @@ def test_the_index_ring_is_a_choice_and_without_it_the_copies_load_their_indices
     assert "p_IX[r]" in src and "load_shared_index" not in src and "cp_async_commit" not in src
     faults, got, ref = _run(GROUPINGS["empty-first-inner-last-one-of-three-k-tiles"], lw=lw)
     assert not faults and (got == ref).all()
+
+
+def test_regression_a_weight_gradients_pins_leave_other_grouped_kernels_alone():
+    """`--pin wgrad_persistent=true` (and wgrad_copy, wgrad_index_ring) set the field on every grouped kernel of a
+    plan, the grouped GEMMs too, which ignore it (their plan JSON and key changed); on a plan with no weight gradient
+    it changed nothing and said nothing. The pin now reaches the weight gradients only, and where there is none it
+    is an error."""
+    from habu.errors import UsageError
+    from habu.spec.grad_program import derive_model
+    from habu.spec.parser import load_program
+    from tests.conftest import ROOT
+
+    moe = ROOT / "examples" / "moe_mixtral.habu"
+    sizes = {"T": 64, "R": 128}
+    backward = derive_model(load_program(moe), "MOE-FFN").model.with_sizes(sizes)
+    plan = default_plan(backward, TARGET, sizes, {"wgrad_persistent": "true"})
+    grouped = [k for k in plan.kernels if k.kind == "grouped"]
+    walking = {k.nodes[0] for k in grouped if k.wgrad_persistent}
+    assert walking == {"dW1", "dW3", "dW2"} and len(grouped) > len(walking)
+    forward = load_program(moe).models["MOE-FFN"].with_sizes(sizes)
+    with pytest.raises(UsageError, match="wgrad_persistent: no kernel of this plan is a grouped weight gradient"):
+        default_plan(forward, TARGET, sizes, {"wgrad_persistent": "true"})
