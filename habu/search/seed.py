@@ -5,9 +5,8 @@ rewrites and the fused attention kernel where it is the default), with the fusio
 The search used to start from each region's analytic default alone (`default_kernels` over the greedy partition),
 which is not what `habu compile` builds: on the derived Mixtral backward that was every expert product as a general
 kernel, predicted 2.5·10^9 µs, and a 90-second search on the CPU stored a plan predicted at 792 ms where compile's
-is predicted at 6.8 ms. Now a
-search is never seeded below the default a user gets without it; the other partitions and each region's variants
-are tried from there as before."""
+is predicted at 6.8 ms. Now a search is never seeded below the default a user gets without it; the other partitions
+and each region's variants are tried from there as before."""
 
 from __future__ import annotations
 
