@@ -301,7 +301,7 @@ def emit_grouped_wgrad(name: str, model: Model, lw: GroupedWgradLowering, static
         offsets = (f"  // every group's offs[] once ({groups} groups and #{lw.r}), a warp each in turn\n"
                    f"  habu::group_offsets_warps<{it}, {rounds}>({e_ptr}, ({it})({rows}), {groups}, offs);\n")
         tiles_line = (f"  const long long tiles = {c(lw.tiles(sizes))};  // a group's output tiles\n"
-                      f"  const long long items = tiles * {groups};  // the work: every group's tiles\n")
+                      f"  const long long items = {c(lw.work_items(sizes))};  // the work: every group's tiles\n")
 
         def walk(item: str) -> str:
             """The item's lines inside the persistent walk, two spaces deeper."""

@@ -26,6 +26,7 @@ import numpy as np
 from habu.lower.general import Store
 from habu.lower.grouped import GroupedLowering, tile_starts
 from habu.lower.grouped_wgmma import WgmmaMainLoop
+from habu.lower.grouped_wgrad import GroupedWgradLowering
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.grouped_route import (
     epilogue_moves,
@@ -449,9 +450,9 @@ def _routed_product(f: PrimeField, route: Route, moves, a: np.ndarray, w: np.nda
 WALK_BLOCKS = (1, 3, 132)  # persistent grids the walk is run over (one block, a few, an H200's SMs)
 
 
-def walked(loop: WgmmaMainLoop, tiles: int) -> list[int]:
-    """The tiles the persistent blocks visit, each block walking from `loop.walk`'s first tile below its bound
-    by its step, over grids of `WALK_BLOCKS` blocks (at most one per tile): the tiles of the largest grid, in
+def walked(loop: WgmmaMainLoop | GroupedWgradLowering, tiles: int) -> list[int]:
+    """The tiles (a weight gradient's work items) the persistent blocks visit, each block walking from `loop.walk`'s
+    first tile below its bound by its step, over grids of `WALK_BLOCKS` blocks (at most one per tile): the tiles of the largest grid, in
     order; a tile two blocks visit appears twice, one none visits not at all (the checks then name it)."""
     for blocks in WALK_BLOCKS:
         nb = max(1, min(blocks, tiles))

@@ -21,10 +21,10 @@ from habu.lower.grouped_wgrad import VECTOR, WGRAD_BK, GroupedWgradLowering, Wgr
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.interp_grouped import (
-    WALK_BLOCKS,
     foreign_writes,
     group_offsets,
     half_faults,
+    walked,
     warpgroup_decode_faults,
 )
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
@@ -237,19 +237,16 @@ class _IndexRingRun:
 
 
 def walk_faults(lw: GroupedWgradLowering, sizes: Mapping[str, int]) -> list[str]:
-    """The persistent blocks' walk (`walk`) over grids of `WALK_BLOCKS` blocks (at most one a work item) visits every
+    """The persistent blocks' walk (`walk`, run by `walked` over its grids of blocks, at most one a work item) visits every
     work item once, and `work_item` decodes the items onto every group's output tiles once each."""
     if lw.loop is None or not lw.loop.persistent:
         return []
-    tiles, groups = int(lw.tiles(sizes)), int(sizes[lw.g])
-    items = tiles * groups
-    for blocks in WALK_BLOCKS:
-        nb = max(1, min(blocks, items))
-        seen = Counter(w for b in range(nb) for w in range(*(int(x) for x in lw.walk(b, nb, items))))
-        bad = next((w for w in range(items) if seen[w] != 1), None)
-        if bad is not None or len(seen) != items:
-            return [f"the walk of {nb} persistent blocks (`walk`) visits work item[{bad}] {seen.get(bad, 0)} times "
-                    f"(of {items} items)"]
+    tiles, groups, items = int(lw.tiles(sizes)), int(sizes[lw.g]), int(lw.work_items(sizes))
+    seen = Counter(walked(lw, items))
+    bad = next((w for w in range(items) if seen[w] != 1), next(iter(set(seen) - set(range(items))), None))
+    if bad is not None:
+        return [f"the persistent blocks' walk (`walk`) visits work item[{bad}] {seen.get(bad, 0)} times (of {items} "
+                "items)"]
     decoded = Counter((int(bx), int(g)) for bx, g in (lw.work_item(w, tiles) for w in range(items)))
     wrong = next(((bx, g) for g in range(groups) for bx in range(tiles) if decoded[(bx, g)] != 1), None)
     if wrong is not None or len(decoded) != items:
