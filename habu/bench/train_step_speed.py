@@ -72,10 +72,10 @@ def habu_step(bw: Any, fwd: Any, back: Any, tensors: list[Any], dy: Any) -> list
 
 
 def measure(tokens: int, target: str, built: tuple[Any, Any, Any] | None = None,
-            pins: dict[str, str] | None = None) -> dict[str, Any]:
+            pins: dict[str, str] | None = None, backward_pins: dict[str, str] | None = None) -> dict[str, Any]:
     """The step's row; `built`: the (backward, forward kernels, backward kernels) of
     `habu.bench.backward_speed.build` when the caller has them (built here otherwise, the forward's and the
-    backward's plans under `pins`)."""
+    backward's plans under `pins`, the backward's also under `backward_pins`)."""
     import torch
 
     from habu.bench.backward_speed import build
@@ -83,8 +83,8 @@ def measure(tokens: int, target: str, built: tuple[Any, Any, Any] | None = None,
 
     row: dict[str, Any] = {"tokens": tokens, **SIZES}
     t0 = time.time()
-    bw, fwd, back = built if built is not None else build("ffn_skip.habu", "FFN-SKIP", {"B": tokens}, target, pins,
-                                                            pins)
+    bw, fwd, back = built if built is not None else build("ffn_skip.habu", "FFN-SKIP", {"B": tokens}, target,
+                                                            {**(pins or {}), **(backward_pins or {})}, pins)
     row["build_s"] = round(time.time() - t0, 1)
 
     sets = [inputs_for(tokens, 100 + i) for i in range(2)]
@@ -112,13 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--target", default="sm_90a")
     ap.add_argument("--pins", default="", help="both plans' pins, KEY=VALUE joined by commas (lag=2)")
+    ap.add_argument("--backward-pins", default="", help="the backward plan's besides (lanes=2)")
     args = ap.parse_args(argv)
     pins = dict(p.split("=", 1) for p in args.pins.split(",") if p.strip())
+    backward_pins = dict(p.split("=", 1) for p in args.backward_pins.split(",") if p.strip())
     print("FFN-SKIP forward + backward, D 4096, H 14336, bf16 (µs, median of CUDA events)", flush=True)
     print(HEADER, flush=True)
     rows = []
     for t in args.tokens.split(","):
-        rows.append(measure(int(t), args.target, pins=pins))
+        rows.append(measure(int(t), args.target, pins=pins, backward_pins=backward_pins))
         print(table_line(rows[-1]), flush=True)  # each row as it is measured (a later one may run out of time)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

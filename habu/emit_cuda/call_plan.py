@@ -29,11 +29,13 @@ from habu.emit_cuda.kernel import CudaKernel
 from habu.emit_cuda.narrow import NarrowLaunch, can_narrow
 from habu.emit_cuda.raw_launch import arguments as raw_arguments
 from habu.emit_cuda.raw_launch import raw_launcher
+from habu.plan.lanes import LaneStep, lane_schedule, schedule_faults, uses_side_lane
 
 _TORCH_NAMES = {habu: torch for torch, habu in TORCH_DTYPES.items()}
 _INT_LIMITS = {"i16": (-(1 << 15), (1 << 15) - 1), "i32": (-(1 << 31), (1 << 31) - 1)}
 _TENSORMAP_CACHE = 64  # encoded tensor maps kept per parameter (one per pointer seen)
 _RAW_STREAMS_KEPT = 64  # streams whose ctypes launch arguments a launch keeps
+_SIDE_STREAMS: dict[tuple[int, int], int] = {}  # (device, caller's stream) -> its side stream (`Plan.lanes` 2)
 
 
 def layout_key(tensors: Mapping[str, Any]) -> tuple | None:
@@ -144,15 +146,27 @@ class CallPlan:
         self.current_stream = partial(current_stream, dev.ordinal)  # torch's current stream on the device
         self._empty: Any = None  # torch.empty_strided
         self._get_device: Any = None  # torch's current device (torch._C._cuda_getDevice), with torch tensors
+        # `Plan.lanes` 2: the launches' two-lane order (habu.plan.lanes), the events between the lanes (made at
+        # the first call: the fork, the join, and one after each launch the other lane waits for)
+        self.schedule: tuple[LaneStep, ...] | None = None
+        self._events: dict[Any, Any] = {}
 
     # -- built once
     @classmethod
     def build(cls, contract: Contract, sizes: Mapping[str, int], dev: driver.Device, arrays: Mapping[str, ArrayInfo],
               kernels: list[tuple[CudaKernel, Any, tuple[int, int, int]]], torch_like: bool,
-              all_torch: bool = False) -> CallPlan:
+              all_torch: bool = False, lanes: int = 1) -> CallPlan:
         """`arrays`: the checked arguments; `kernels`: (kernel, loaded function, grid) in launch order;
-        `all_torch`: every argument is a torch tensor (their pointers are read with `data_ptr`)."""
+        `all_torch`: every argument is a torch tensor (their pointers are read with `data_ptr`); `lanes`: the
+        plan's (2: kernels that share no tensor run side by side, `lane_schedule`)."""
         plan = cls(contract, sizes, dev, torch_like)
+        if lanes == 2:
+            accesses = [(k.reading, k.writing) for k, _, _ in kernels]
+            schedule = lane_schedule(accesses)
+            faults = schedule_faults(accesses, schedule)
+            if faults:  # never: the schedule keeps every conflicting pair's order (tests/plan/test_lanes.py)
+                raise AssertionError(f"the two-lane schedule of {[k.name for k, _, _ in kernels]}: {faults[0]}")
+            plan.schedule = schedule if uses_side_lane(schedule) else None
         plan._given = tuple(n for n in plan.outputs if n in arrays)
         infos = dict(arrays)
         for t in contract.tensors:
@@ -345,36 +359,86 @@ class CallPlan:
         return handle
 
     def _launch_all(self, d: Any, ptrs: Mapping[str, int], handle: Any, stream: int) -> None:
+        if self.schedule is not None:
+            self._launch_lanes(d, ptrs, handle, stream)
+            return
         after_kernel = False
-        success, raw = self._success, self._raw
         for ln in self.launches:
-            for value, tensor in ln.pointers:  # this call's pointers into the packed arguments
-                value.value = ptrs[tensor]
-            if ln.tensor_maps:
-                self._fill_maps(ln, ptrs)
-            for tensor, nbytes in ln.zeros:
-                if nbytes:
-                    self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[tensor]), 0, nbytes, handle), "cuMemsetD8Async", ln)
-                after_kernel = False
-            if ln.empty:
-                continue
-            if after_kernel and ln.waits and self.overlap and not driver.serialised:
-                driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
-                                       ln.kernel.name, True)
-            elif raw is not None:
-                args = ln.raw.get(stream)
-                if args is None:
-                    if len(ln.raw) >= _RAW_STREAMS_KEPT:
-                        ln.raw.clear()
-                    args = ln.raw[stream] = raw_arguments(ln.head, stream, ln.address)
-                err = raw(*args)
-                if err:
-                    _ok((d.CUresult(err),), "cuLaunchKernel", ln)
-            else:
-                result = d.cuLaunchKernel(*ln.head, handle, ln.address, 0)
-                if result[0] != success:
-                    _ok(result, "cuLaunchKernel", ln)
-            after_kernel = True
+            after_kernel = self._launch_one(d, ln, ptrs, handle, stream, after_kernel)
+
+    def _launch_one(self, d: Any, ln: _Launch, ptrs: Mapping[str, int], handle: Any, stream: int,
+                    after_kernel: bool) -> bool:
+        """One launch on `stream` (its zero fills first), early where it waits for the previous one and that was
+        a kernel of this call (`after_kernel`); whether the stream's last operation is now a kernel."""
+        for value, tensor in ln.pointers:  # this call's pointers into the packed arguments
+            value.value = ptrs[tensor]
+        if ln.tensor_maps:
+            self._fill_maps(ln, ptrs)
+        for tensor, nbytes in ln.zeros:
+            if nbytes:
+                self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[tensor]), 0, nbytes, handle), "cuMemsetD8Async", ln)
+            after_kernel = False
+        if ln.empty:
+            return after_kernel
+        if after_kernel and ln.waits and self.overlap and not driver.serialised:
+            driver.launch_function(ln.function, ln.grid, ln.kernel.threads, ln.smem, stream, ln.args,
+                                   ln.kernel.name, True)
+        elif self._raw is not None:
+            args = ln.raw.get(stream)
+            if args is None:
+                if len(ln.raw) >= _RAW_STREAMS_KEPT:
+                    ln.raw.clear()
+                args = ln.raw[stream] = raw_arguments(ln.head, stream, ln.address)
+            err = self._raw(*args)
+            if err:
+                _ok((d.CUresult(err),), "cuLaunchKernel", ln)
+        else:
+            result = d.cuLaunchKernel(*ln.head, handle, ln.address, 0)
+            if result[0] != self._success:
+                _ok(result, "cuLaunchKernel", ln)
+        return True
+
+    def _launch_lanes(self, d: Any, ptrs: Mapping[str, int], handle: Any, stream: int) -> None:
+        """The launches by `schedule`: lane 1 on the side stream after what the caller queued before the call (the
+        fork), a launch after the other lane's launches it waits for (their events), and the caller's stream after
+        lane 1's last launch (the join). A launch that waits for an event launches in order, not early."""
+        assert self.schedule is not None
+        side = self._side_stream(d, stream)
+        side_handle = self._stream(side)
+        lanes = ((handle, stream), (side_handle, side))
+        after_kernel = [False, False]
+        self._ok(d.cuEventRecord(self._event(d, "fork"), handle), "cuEventRecord", None)
+        self._ok(d.cuStreamWaitEvent(side_handle, self._event(d, "fork"), 0), "cuStreamWaitEvent", None)
+        waited = {w for step in self.schedule for w in step.waits}
+        for step in self.schedule:
+            h, s = lanes[step.lane]
+            for w in step.waits:
+                self._ok(d.cuStreamWaitEvent(h, self._event(d, w), 0), "cuStreamWaitEvent", None)
+            ln = self.launches[step.launch]
+            after_kernel[step.lane] = self._launch_one(d, ln, ptrs, h, s, after_kernel[step.lane] and not step.waits)
+            if step.launch in waited:
+                self._ok(d.cuEventRecord(self._event(d, step.launch), h), "cuEventRecord", None)
+        self._ok(d.cuEventRecord(self._event(d, "join"), side_handle), "cuEventRecord", None)
+        self._ok(d.cuStreamWaitEvent(handle, self._event(d, "join"), 0), "cuStreamWaitEvent", None)
+
+    def _event(self, d: Any, key: Any) -> Any:
+        """The call plan's event `key` (made once, without timing: it only orders the two lanes)."""
+        event = self._events.get(key)
+        if event is None:
+            flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
+            event = self._events[key] = driver.check(d.cuEventCreate(flags), "cuEventCreate")
+        return event
+
+    def _side_stream(self, d: Any, stream: int) -> int:
+        """The side stream of the caller's `stream` on this device (made once a pair, non-blocking, kept for the
+        process: every call forks onto it and joins back, so calls that share it stay in their streams' order)."""
+        key = (self.dev.ordinal, stream)
+        side = _SIDE_STREAMS.get(key)
+        if side is None:
+            flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING
+            created = driver.check(d.cuStreamCreateWithPriority(flags, 0), "cuStreamCreateWithPriority")
+            side = _SIDE_STREAMS[key] = int(created)
+        return side
 
     def _ok(self, result: Any, what: str, ln: _Launch | None) -> None:
         err = result[0] if isinstance(result, tuple) else result

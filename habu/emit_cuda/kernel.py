@@ -63,6 +63,21 @@ class CudaKernel:
     # combines): a launch whose workspaces are kept from call to call zero-fills them once, when they are
     # allocated, and not before each launch (a memset and its gap: ~3 µs of a 11 µs decode on the H200)
     zero_once: tuple[str, ...] = ()
+    # the tensors the kernel stores into, as its lowering says (`stored_accesses`: outputs a TMA store writes
+    # have no pointer parameter that says so); with `writing` below, what a launch's order depends on
+    stores: tuple[str, ...] = ()
+
+    @cached_property
+    def writing(self) -> frozenset[str]:
+        """Every tensor a launch of this kernel writes: its stores, its written pointers, its zero fills and
+        workspaces."""
+        return frozenset((*self.stores, *(p.tensor for p in self.params if p.kind == "ptr" and p.writes and p.tensor),
+                          *self.zero, *(w[0] for w in self.workspace)))
+
+    @cached_property
+    def reading(self) -> frozenset[str]:
+        """The tensors a launch of this kernel reads and does not write (its pointers and tensor maps)."""
+        return frozenset(p.tensor for p in self.params if p.kind in ("ptr", "tensormap") and p.tensor) - self.writing
 
     @cached_property
     def waits_for_previous(self) -> bool:
@@ -97,3 +112,4 @@ class EmittedPlan:
 
     kernels: tuple[CudaKernel, ...]
     intermediates: tuple[tuple[str, str, tuple[str, ...]], ...]  # (name, dtype, extents) allocated by the runtime
+    lanes: int = 1  # streams the launches take (`Plan.lanes`; habu.emit_cuda.lanes): 2, independent kernels side by side

@@ -9,7 +9,8 @@ raises ArgumentError and launches nothing. Index values are checked inside the k
 include the index checks of the lowering): a value out of range is masked, never read through or
 written through, and reported by `habu.check_errors()` (`device_errors`). Index tensors may come as
 i16, i32 or i64 (torch's int64): one not of the kernel's type is narrowed on the way in. Kernels run
-in order on the caller's stream; a call with torch tensors of a layout seen before only launches
+in order on the caller's stream (under `Plan.lanes` 2 the independent ones beside them on a side stream, forked
+and joined by events: habu.plan.lanes); a call with torch tensors of a layout seen before only launches
 (`call_plan`): no copy from the device, no synchronisation, capturable in a CUDA graph.
 """
 
@@ -248,7 +249,7 @@ class CompiledModel:
                        for k, fn in zip(plan.kernels, functions, strict=True)]
             all_torch = all(is_torch_tensor(t) for t in tensors.values())
             try:
-                return CallPlan.build(contract, sizes, dev, arrays, kernels, torch_like, all_torch)
+                return CallPlan.build(contract, sizes, dev, arrays, kernels, torch_like, all_torch, plan.lanes)
             except NeedsHost:
                 return None
 

@@ -8,6 +8,7 @@ lowers and emits a plan that was not proven: for tests and tools that only look 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from habu.emit_cuda.emit_stage import emit_stage
 from habu.emit_cuda.kernel import CudaKernel, EmittedPlan
@@ -75,12 +76,13 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
                 staged.append((stage.dst.tensor, stage.dst.dtype, stage.dst.extents))
                 written.add(stage.dst.tensor)
             early = not (main_loop_reads(lw) & written)
-        kernels.append(path_for(lw.kernel).emit(name, model, lw, static, target, early))
-        written.update(a.tensor for a in stored_accesses(lw))  # R1 beside Y, S1 beside S3 too
+        stores = tuple(dict.fromkeys(a.tensor for a in stored_accesses(lw)))  # R1 beside Y, S1 beside S3 too
+        kernels.append(replace(path_for(lw.kernel).emit(name, model, lw, static, target, early), stores=stores))
+        written.update(stores)
     storage = dict(plan.storage)
     inter = tuple((t.name, storage.get(t.name, "f32"), t.extents) for t in model.intermediates
                   if t.name in storage) + tuple(staged) + tuple(w for k in kernels for w in k.workspace)
-    return EmittedPlan(tuple(kernels), inter)
+    return EmittedPlan(tuple(kernels), inter, plan.lanes)
 
 
 def main_loop_reads(lw: ContractionLowering) -> set[str]:

@@ -380,6 +380,8 @@ class Plan:
     ranges: tuple[tuple[str, int, int], ...] = doc("the sizes lo..hi of runtime extents this plan is made and "
                                                    "proven for (one size bucket, habu/plan/buckets.py; none: the "
                                                    "declared ranges)", ())
+    lanes: int = doc("streams the kernels are launched on: 1, in order on the caller's stream; 2, kernels that share "
+                     "no tensor side by side on a side stream (habu/emit_cuda/lanes.py)", 1)
 
     # -- JSON
     def to_json(self) -> dict:
@@ -397,6 +399,8 @@ class Plan:
             out["rewrites"] = list(self.rewrites)
         if self.ranges:  # likewise: absent for a plan of the declared ranges
             out["ranges"] = [list(r) for r in self.ranges]
+        if self.lanes != 1:  # likewise: absent for one stream
+            out["lanes"] = self.lanes
         return out
 
     def dumps(self) -> str:
@@ -431,6 +435,7 @@ class Plan:
                 guards=tuple(str(g) for g in data.get("guards", [])),
                 rewrites=_strings(data.get("rewrites", []), "rewrites"),
                 ranges=_ranges(data.get("ranges", [])),
+                lanes=_lanes(data.get("lanes", 1)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
@@ -465,6 +470,12 @@ def _kernel_dict(k: Kernel) -> dict:
         else:
             d[kf.name] = value.value if isinstance(value, enum.Enum) else value
     return d
+
+
+def _lanes(v: Any) -> int:
+    if _int(v, "lanes") not in (1, 2):
+        raise ValueError(f"lanes must be 1 or 2, got {v}")
+    return v
 
 
 def _int(v: Any, what: str) -> int:

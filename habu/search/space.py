@@ -134,7 +134,21 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     if pins:  # a column sum a pinned schedule cannot print goes back to its kernel; one a pinned tile allows joins
         kernels = fuse_column_kernels(graph, split_refused_columns(graph, kernels, target, s), s)
         kernels = tuple(_lag_where_it_holds(graph, k) for k in kernels)
-    return make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
+    plan = make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
+    return replace(plan, lanes=_pinned_lanes(graph, kernels, pins["lanes"])) if "lanes" in (pins or {}) else plan
+
+
+def _pinned_lanes(model: Model, kernels: tuple[Kernel, ...], value: str) -> int:
+    """`--pin lanes=2`: the kernels that share no tensor side by side on a second stream (habu/plan/lanes.py), or a
+    UsageError saying why not."""
+    from habu.plan.lanes import plan_accesses, side_by_side
+
+    if value not in ("1", "2"):
+        raise UsageError(f"--pin lanes={value}: expected 1 or 2 (the streams the plan's kernels launch on)")
+    if value == "2" and not side_by_side(plan_accesses(model, kernels)):
+        raise UsageError(f"--pin lanes=2: every kernel of the plan of {model.name} reads what the one before it "
+                         "writes: nothing can run beside another")
+    return int(value)
 
 
 def _lag_where_it_holds(model: Model, kernel: Kernel) -> Kernel:
@@ -298,7 +312,8 @@ def _fixed(model: Model, extent: str, sizes: dict[str, int] | None) -> bool:
 # ----------------------------------------------------------------------------- pins
 
 
-PIN_KEYS = (*PIN_FIELDS, "rewrite", "family", "pair", "storage")
+PLAN_PINS = ("rewrite", "family", "pair", "storage", "lanes")  # keys that choose for the whole plan, not a kernel
+PIN_KEYS = (*PIN_FIELDS, *PLAN_PINS)
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
@@ -385,7 +400,7 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             for name in PIN_FIELDS[k]:
                 if name in names:
                     changes[name] = _pin_value(kernel, name, key, value)
-        elif k not in ("rewrite", "family", "pair", "storage"):
+        elif k not in PLAN_PINS:
             raise UsageError(f"--pin {key}: unknown key (keys: {', '.join(PIN_KEYS)}, or an operand's name)")
     # a block of more than a warp works on one row: a pinned thread count brings one row per block
     if "rows_per_block" in names and changes.get("threads", 32) != 32 \

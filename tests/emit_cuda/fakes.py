@@ -86,6 +86,28 @@ class FakeCuda:
         self.calls.append(("memset", ptr, nbytes, stream))
         return (0,)
 
+    class CUevent_flags:
+        CU_EVENT_DISABLE_TIMING = 2
+
+    class CUstream_flags:
+        CU_STREAM_NON_BLOCKING = 1
+
+    def cuEventCreate(self, flags):
+        self.calls.append(("event", flags))
+        return (0, f"event{len(self.calls)}")
+
+    def cuEventRecord(self, event, stream):
+        self.calls.append(("record", event, stream))
+        return (0,)
+
+    def cuStreamWaitEvent(self, stream, event, flags):
+        self.calls.append(("wait", stream, event))
+        return (0,)
+
+    def cuStreamCreateWithPriority(self, flags, priority):
+        self.calls.append(("stream", flags, priority))
+        return (0, 0x5EED)
+
 
 class FakeTensorMap:
     """An encoded tensor map stand-in: remembers the address it was encoded for."""
