@@ -28,6 +28,7 @@ from habu.plan.rewrite import apply_rewrites, rewrite_sets
 from habu.search.budget import Budget, Scored, SearchResult, Stats, predicted_better
 from habu.search.cost import KernelCost, kernel_cost, roofline_seconds, tie_break
 from habu.search.interrupt import latched_interrupts, raise_if_interrupted
+from habu.search.lanes import lane_certificate, lane_twins
 from habu.search.pool import Executor, ExecutorLostInterrupt, InlineExecutor, Pending, lost_cause
 from habu.search.prune import QuickPruner
 from habu.search.seed import search_seed
@@ -544,22 +545,23 @@ class Search:
         return self._store(finalists)
 
     def _finalists(self, best: list[Kernel], ranked: list[list[Scored]]) -> list[Plan]:
-        """The plans to store: the best plan and the runners-up of each region (combined with the
-        other regions' best), best first, at most top_k; only plans verified in this run, each with
-        its own certificate (a runner-up combined with another region's later best was never proven
-        whole)."""
+        """The plans to store: the best plan and the runners-up of each region (combined with the other regions'
+        best), best first, at most top_k; only plans verified in this run, each with its own certificate (a runner-up
+        combined with another region's later best was never proven whole); with a GPU, each on two lanes too."""
         plans: list[Plan] = [self._plan(tuple(best), self.rewrites)]
         key = (lambda s: s.measured_us or 1e30) if self.timer is not None else (lambda s: (s.predicted_s, s.tie_break))
         for i, pool in enumerate(ranked):
             for s in sorted(pool, key=key)[1: self.top_k]:
                 kernels = (*tuple(best[:i]), s.kernel, *tuple(best[i + 1:]))
                 plans.append(self._plan(kernels, self.rewrites))
-        return [p for p in plans if p.key in self.certificates][: self.top_k]
+        plans = [p for p in plans if p.key in self.certificates][: self.top_k]
+        twins = lane_twins(apply_rewrites(self.model, self.rewrites), plans) if self.timer is not None else []
+        self.certificates.update({twin.key: lane_certificate(self.certificates[base.key], twin) for twin, base in twins})
+        return plans + [twin for twin, _ in twins]  # (the same kernels: the same proof; only a GPU tells them apart)
 
     def _time_finalists(self, plans: list[Plan]) -> None:
-        """Time the finalists that have no measurement yet (one whose timing failed, or was dropped at
-        the end of the budget), so that what is stored is measured where it can be. Nothing is sent
-        to a timer whose machines are lost."""
+        """Time the finalists that have no measurement yet (one whose timing failed, or was dropped at the end of the
+        budget), so that what is stored is measured where it can be. Nothing goes to a timer whose machines are lost."""
         if self.timer is None or self.lost is not None:
             return
         for plan in plans:
