@@ -41,8 +41,8 @@ IN_FLIGHT = 3  # batches being proven at once under a time budget (the one being
 
 @dataclass
 class _Sent:
-    """A batch whose proofs are running: the candidates, their plans, which were sent (the rest
-    failed the cheap rules here) and the executor's handle."""
+    """A batch whose proofs are running: the candidates, their plans, which were sent (the rest failed the cheap
+    rules here) and the executor's handle."""
 
     batch: list
     plans: list[Plan]
@@ -556,7 +556,7 @@ class Search:
                 plans.append(self._plan(kernels, self.rewrites))
         plans = [p for p in plans if p.key in self.certificates][: self.top_k]
         twins = lane_twins(apply_rewrites(self.model, self.rewrites), plans) if self.timer is not None else []
-        self.certificates.update({twin.key: lane_certificate(self.certificates[base.key], twin) for twin, base in twins})
+        self.certificates |= {twin.key: lane_certificate(self.certificates[base.key], twin) for twin, base in twins}
         return plans + [twin for twin, _ in twins]  # (the same kernels: the same proof; only a GPU tells them apart)
 
     def _time_finalists(self, plans: list[Plan]) -> None:
@@ -573,9 +573,8 @@ class Search:
                                            "samples_us": m.samples_us or [], "golden": m.golden}
 
     def _store(self, plans: list[Plan]) -> list[Record]:
-        """Write `plans` (the finalists, best first) to the database as records: their predicted
-        time, their measurement when they have one, their certificate and provenance. No plans:
-        nothing written, []."""
+        """Write `plans` (the finalists, best first) to the database as records: their predicted time, their
+        measurement when they have one, their certificate and provenance. No plans: nothing written, []."""
         if not plans:
             return []
         self.stored_best = plans[0]
