@@ -114,8 +114,7 @@ class Search:
         the trials budget has left (so every executor checks exactly the same candidates)."""
         n = max(1, self.executor.parallelism)
         if self.timer is not None and self.executor.concurrent and self.budget.trials is None:
-            # most candidates fail the rules in the workers: send enough that about four proven
-            # plans per GPU come back from each batch, so the GPUs are never idle
+            # most fail the rules in the workers: enough that ~4 proven plans a GPU come back a batch (GPUs never idle)
             gpus = max(1, int(getattr(self.timer, "width", 1)))
             survive = (self.survived + 1) / (self.taken + 1)
             n = max(n, min(16 * n, math.ceil(4 * gpus / survive)))
