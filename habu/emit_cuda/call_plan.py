@@ -150,6 +150,7 @@ class CallPlan:
         # the first call: the fork, the join, and one after each launch the other lane waits for)
         self.schedule: tuple[LaneStep, ...] | None = None
         self._events: dict[Any, Any] = {}
+        self._waited: frozenset[int] = frozenset()  # the launches the other lane waits for (an event after each)
 
     # -- built once
     @classmethod
@@ -167,6 +168,7 @@ class CallPlan:
             if faults:  # never: the schedule keeps every conflicting pair's order (tests/plan/test_lanes.py)
                 raise AssertionError(f"the two-lane schedule of {[k.name for k, _, _ in kernels]}: {faults[0]}")
             plan.schedule = schedule if uses_side_lane(schedule) else None
+            plan._waited = frozenset(w for step in schedule for w in step.waits)
         plan._given = tuple(n for n in plan.outputs if n in arrays)
         infos = dict(arrays)
         for t in contract.tensors:
@@ -401,7 +403,8 @@ class CallPlan:
     def _launch_lanes(self, d: Any, ptrs: Mapping[str, int], handle: Any, stream: int) -> None:
         """The launches by `schedule`: lane 1 on the side stream after what the caller queued before the call (the
         fork), a launch after the other lane's launches it waits for (their events), and the caller's stream after
-        lane 1's last launch (the join). A launch that waits for an event launches in order, not early."""
+        lane 1's last launch (the join). A launch that waits for an event, or follows one
+        recorded on its lane, launches in order, not early."""
         assert self.schedule is not None
         side = self._side_stream(d, stream)
         side_handle = self._stream(side)
@@ -409,15 +412,15 @@ class CallPlan:
         after_kernel = [False, False]
         self._ok(d.cuEventRecord(self._event(d, "fork"), handle), "cuEventRecord", None)
         self._ok(d.cuStreamWaitEvent(side_handle, self._event(d, "fork"), 0), "cuStreamWaitEvent", None)
-        waited = {w for step in self.schedule for w in step.waits}
         for step in self.schedule:
             h, s = lanes[step.lane]
             for w in step.waits:
                 self._ok(d.cuStreamWaitEvent(h, self._event(d, w), 0), "cuStreamWaitEvent", None)
             ln = self.launches[step.launch]
             after_kernel[step.lane] = self._launch_one(d, ln, ptrs, h, s, after_kernel[step.lane] and not step.waits)
-            if step.launch in waited:
+            if step.launch in self._waited:  # (the lane's next launch not early past the record: not tried on a GPU)
                 self._ok(d.cuEventRecord(self._event(d, step.launch), h), "cuEventRecord", None)
+                after_kernel[step.lane] = False
         self._ok(d.cuEventRecord(self._event(d, "join"), side_handle), "cuEventRecord", None)
         self._ok(d.cuStreamWaitEvent(handle, self._event(d, "join"), 0), "cuStreamWaitEvent", None)
 

@@ -87,3 +87,33 @@ def test_a_chain_has_no_side_lane(monkeypatch):
     model(**arrays())
     (call,) = model._calls.values()
     assert call.schedule is None and not any(c[0] in ("record", "wait") for c in cuda.calls)
+
+
+def waiting(name: str, *params: Param) -> CudaKernel:
+    """A kernel whose source waits for the previous one (griddepcontrol.wait): it may launch early."""
+    return CudaKernel(name, "habu::grid_dependency_wait();", params, 128, 0, None)
+
+
+def early_launches(monkeypatch, plan: EmittedPlan) -> dict[str, bool]:
+    fake_gpu(monkeypatch, runtime, driver)
+    monkeypatch.setattr(driver, "overlaps_launches", lambda d: True)
+    early: dict[str, bool] = {}
+    monkeypatch.setattr(driver, "launch_function", lambda fn, grid, threads, smem, stream, args, name, e=False:
+                        early.__setitem__(name, e))
+    CompiledModel(two_output_model(), plan)(**arrays())
+    return early
+
+
+def test_a_launch_after_an_event_recorded_on_its_lane_is_not_early(monkeypatch):
+    # k1 follows k0 on lane 0, but k0's event (which k2 on lane 1 waits for) is recorded between them
+    plan = EmittedPlan((CudaKernel("k0", "", (ptr("A"), ptr("T", True)), 128, 0, None),
+                        waiting("k1", ptr("T"), ptr("C", True)), waiting("k2", ptr("T"), ptr("D", True))),
+                       (("T", "f32", ("M", "N")),), 2)
+    assert early_launches(monkeypatch, plan) == {}  # k1 and k2 (after an event wait) by the plain launch
+
+
+def test_a_launch_right_after_its_lanes_kernel_is_early(monkeypatch):
+    plan = EmittedPlan((CudaKernel("k0", "", (ptr("A"), ptr("T", True)), 128, 0, None),
+                        waiting("k1", ptr("T"), ptr("C", True)), waiting("k2", ptr("B"), ptr("D", True))),
+                       (("T", "f32", ("M", "N")),), 2)
+    assert early_launches(monkeypatch, plan) == {"k1": True}
