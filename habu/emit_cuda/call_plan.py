@@ -410,8 +410,9 @@ class CallPlan:
         side_handle = self._stream(side)
         lanes = ((handle, stream), (side_handle, side))
         after_kernel = [False, False]
-        self._ok(d.cuEventRecord(self._event(d, "fork"), handle), "cuEventRecord", None)
-        self._ok(d.cuStreamWaitEvent(side_handle, self._event(d, "fork"), 0), "cuStreamWaitEvent", None)
+        fork, join = self._event(d, "fork"), self._event(d, "join")
+        self._ok(d.cuEventRecord(fork, handle), "cuEventRecord", None)
+        self._ok(d.cuStreamWaitEvent(side_handle, fork, 0), "cuStreamWaitEvent", None)
         for step in self.schedule:
             h, s = lanes[step.lane]
             for w in step.waits:
@@ -421,8 +422,8 @@ class CallPlan:
             if step.launch in self._waited:  # (the lane's next launch not early past the record: not tried on a GPU)
                 self._ok(d.cuEventRecord(self._event(d, step.launch), h), "cuEventRecord", None)
                 after_kernel[step.lane] = False
-        self._ok(d.cuEventRecord(self._event(d, "join"), side_handle), "cuEventRecord", None)
-        self._ok(d.cuStreamWaitEvent(handle, self._event(d, "join"), 0), "cuStreamWaitEvent", None)
+        self._ok(d.cuEventRecord(join, side_handle), "cuEventRecord", None)
+        self._ok(d.cuStreamWaitEvent(handle, join, 0), "cuStreamWaitEvent", None)
 
     def _event(self, d: Any, key: Any) -> Any:
         """The call plan's event `key` (made once, without timing: it only orders the two lanes)."""

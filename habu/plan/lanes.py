@@ -57,7 +57,6 @@ def lane_schedule(accesses: Sequence[Access]) -> tuple[LaneStep, ...]:
     for j in range(n):
         level.append(1 + max((level[i] for i in before[j]), default=-1))
     steps: list[LaneStep] = []
-    lane_of: dict[int, int] = {}
     issued: list[list[int]] = [[], []]  # each lane's launches so far, in order
     for lv in range(max(level, default=-1) + 1):
         members = [j for j in range(n) if level[j] == lv]
@@ -70,7 +69,6 @@ def lane_schedule(accesses: Sequence[Access]) -> tuple[LaneStep, ...]:
             # before it on that lane too
             waits = tuple(i for i in reversed(other) if i in before[j])[:1]
             steps.append(LaneStep(j, lane, waits))
-            lane_of[j] = lane
             issued[lane].append(j)
     return tuple(steps)
 
@@ -102,12 +100,11 @@ def schedule_faults(accesses: Sequence[Access], schedule: Sequence[LaneStep]) ->
     whose earlier launch may not have completed when the later one starts."""
     n = len(accesses)
     order = [s.launch for s in schedule]
-    if sorted(order) == list(range(n)) and len(order) == n:
-        faults: list[str] = []
-    else:
+    if sorted(order) != list(range(n)):
         return [f"the schedule issues launches {order}, not each of 0..{n - 1} once"]
+    faults: list[str] = []
     position = {s.launch: p for p, s in enumerate(schedule)}
-    # done[p]: the launches known complete when schedule[p] starts (its lane's earlier launches, its waits'
+    # known[p]: the launches known complete when schedule[p] starts (its lane's earlier launches, its waits'
     # and what they knew, transitively; lane 1's first launch knows what the fork saw: nothing of the call)
     known: list[set[int]] = []
     last_on: dict[int, int] = {}

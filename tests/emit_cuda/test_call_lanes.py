@@ -117,3 +117,20 @@ def test_a_launch_right_after_its_lanes_kernel_is_early(monkeypatch):
                         waiting("k1", ptr("T"), ptr("C", True)), waiting("k2", ptr("B"), ptr("D", True))),
                        (("T", "f32", ("M", "N")),), 2)
     assert early_launches(monkeypatch, plan) == {"k1": True}
+
+
+def test_a_side_launch_waits_for_the_event_recorded_after_the_launch_it_reads(monkeypatch):
+    # k1 (lane 0) follows k0; k2 reads k0's T on lane 1: the side stream waits for the event recorded after k0
+    cuda = fake_gpu(monkeypatch, runtime, driver)
+    plan = EmittedPlan((CudaKernel("k0", "", (ptr("A"), ptr("T", True)), 128, 0, None),
+                        CudaKernel("k1", "", (ptr("T"), ptr("C", True)), 128, 0, None),
+                        CudaKernel("k2", "", (ptr("T"), ptr("D", True)), 128, 0, None)),
+                       (("T", "f32", ("M", "N")),), 2)
+    CompiledModel(two_output_model(), plan)(**arrays())
+    calls = [c for c in cuda.calls if c[0] in ("launch", "record", "wait")]
+    k0 = next(i for i, c in enumerate(calls) if c[0] == "launch" and c[1] == "k0")
+    k2 = next(i for i, c in enumerate(calls) if c[0] == "launch" and c[1] == "k2")
+    after_k0 = calls[k0 + 1]
+    assert after_k0[0] == "record" and after_k0[2] == ("stream", 0)
+    waits = [c for c in calls[k0 + 1:k2] if c[0] == "wait" and c[1] == ("stream", 0x5EED)]
+    assert [w[2] for w in waits] == [after_k0[1]]
