@@ -84,9 +84,15 @@ def wgrad_refusal(kernel: GroupedKernel, a_dtype: str, b_dtype: str, scaled: boo
         # NVRTC, sm_90a: 256 columns' accumulators beside a slab's four chunks spill (300–800 bytes a thread)
         return (f"wgrad_copy=staged converts A in the consumers, whose registers hold a slab's chunks beside the "
                 f"accumulators: at most 128 columns a tile, not {kernel.bn}")
-    if kernel.wgrad_persistent and kernel.wgrad_copy != "staged":
+    return walk_refusal(kernel) if kernel.wgrad_persistent else None
+
+
+def walk_refusal(kernel: GroupedKernel) -> str | None:
+    """Why the grouped weight gradient's blocks cannot persist (`wgrad_persistent`) with this kernel's copies and
+    tile, or None."""
+    if kernel.wgrad_copy != "staged":
         return "persistent blocks copy every operand by cp.async (--pin wgrad_copy=staged)"
-    if kernel.wgrad_persistent and kernel.bn > 128 and kernel.bm > 64:
+    if kernel.bn > 128 and kernel.bm > 64:
         # NVRTC, sm_90a: two consumer warpgroups' 256-column accumulators beside the walk spilled (92 bytes a thread
         # at the launch's 168 registers, 360 under the persistent 112 / 192 split)
         return (f"persistent blocks of two consumer warpgroups hold at most 128 columns' accumulators beside the walk, "
@@ -533,4 +539,4 @@ def lower_grouped_wgrad(model: Model, kernel: GroupedKernel, eq: Equation,
                                 wgrad_loop(kernel, a, b, row_scale is not None, widths, WGMMA_SMEM - offsets))
 
 
-__all__ = ["WGRAD_BK", "GroupedWgradLowering", "WgradLoop", "lower_grouped_wgrad", "wgrad_refusal"]
+__all__ = ["WGRAD_BK", "GroupedWgradLowering", "WgradLoop", "lower_grouped_wgrad", "walk_refusal", "wgrad_refusal"]

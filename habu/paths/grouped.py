@@ -90,8 +90,12 @@ class GroupedPath(KernelPath):
         k tile in flight a thread and the loop waits on it; H200, 2026-12-05, Mixtral's backward at 4096 tokens:
         dW1 12.8 → 11.6 ms with the bf16 operands copied and an f32 A through registers, 8.35 with a bf16 one,
         `--pin storage=bf16`; cuBLAS 4.3 over the same experts; ncu of the f32 one: 6% of DRAM, 21% of issue
-        slots, 68% of the stalls on its loads); None where it cannot run (no wgmma, a runtime number of groups,
-        rows not whole 16-byte chunks)."""
+        slots, 68% of the stalls on its loads). The blocks persist (`wgrad_persistent`: one a resident slot, each
+        walking the groups' tiles, its producer filling the ring with the next tile's rows while the consumers add
+        this one's into O; H100, 2026-12-05, 4096 tokens against torch's expert loop in the same run: dW1 7.11 →
+        6.50 ms (torch 4.99), with a bf16 A 4.76 → 4.12 (torch 4.70), dW2 8.06 → 7.79 (4.95); the index ring
+        9.15 → 7.11 before it; docs/PERF.md, session 54). None where it cannot run (no wgmma, a runtime number of
+        groups, rows not whole 16-byte chunks)."""
         gw = as_grouped_wgrad(model, eq)
         if gw is None or not (target.wgmma and target.setmaxnreg) or model.sizes.get(gw.group_extent) is None:
             return None
@@ -101,7 +105,7 @@ class GroupedPath(KernelPath):
         stages = 4 if gw.a_dtype == "f32" else 6
         return GroupedKernel(nodes=(eq.target,), bm=128, bn=128, bk=WGRAD_BK, warps_m=2, warps_n=4,
                              index_width=index_width(model, sizes), main_loop="wgmma", stages=stages,
-                             wgrad_copy="staged")
+                             wgrad_copy="staged", wgrad_persistent=True)
 
     def pair_default(self, model: Model, nodes: tuple[str, str, str], target: Target,
                      sizes: dict[str, int]) -> GroupedKernel | None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import fields, replace
 
 from habu.errors import UsageError
+from habu.lower.grouped_wgrad import walk_refusal
 from habu.lower.pipeline import lag_phases_apart, lag_refusal
 from habu.paths import (
     FAMILY_PINS,
@@ -433,6 +434,9 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
         changes["consumer_lag"] = 0
     if isinstance(kernel, GroupedKernel) and not weight_gradient(model, kernel):  # (its product ignores them)
         changes = {name: v for name, v in changes.items() if name not in WGRAD_FIELDS}
+    elif isinstance(kernel, GroupedKernel) and kernel.wgrad_persistent and "wgrad_persistent" not in changes \
+            and walk_refusal(replace(kernel, **changes)) is not None:  # type: ignore[arg-type]
+        changes["wgrad_persistent"] = False  # the default's walk gives way to pinned copies or a tile it cannot hold
     return replace(kernel, **changes) if changes else kernel
 
 

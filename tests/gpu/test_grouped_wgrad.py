@@ -30,22 +30,24 @@ def _is_wgrad(built) -> None:
     assert [(k.kind, k.main_loop) for k in built.plan.kernels] == [("grouped", "wgmma")]
 
 
-@pytest.mark.parametrize("copy", ["staged", "cp.async", "registers"])
+@pytest.mark.parametrize("copy", ["staged", "staged-tile", "cp.async", "registers"])
 @pytest.mark.parametrize("model", ["WGRAD", "WGRAD-BF16", "WGRAD-P", "WGRAD-P-BF16"])
 def test_the_wgrad_loop_passes_the_exact_check(model, copy):
     """(`copy`: the producer's route for the operands, `wgrad_copy`: staged, the default, converts an f32 or a scaled A
-    in the consumers.)"""
+    in the consumers; the default's blocks walk the tiles, `staged-tile` is a block a tile.)"""
     rows = 1000
-    built = build(str(GW), model, {"T": T, "R": rows}, {"wgrad_copy": copy})
+    pins = {"wgrad_copy": "staged", "wgrad_persistent": "false"} if copy == "staged-tile" else {"wgrad_copy": copy}
+    built = build(str(GW), model, {"T": T, "R": rows}, pins)
     _is_wgrad(built)
     result = ExactChecker(built.model, built.sizes, seed=rows).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
 
 
-def test_regression_more_groups_than_a_tiles_column_groups_pass_the_exact_check():
+@pytest.mark.parametrize("walk", ["true", "false"])
+def test_regression_more_groups_than_a_tiles_column_groups_pass_the_exact_check(walk):
     """40 groups, more than a 128-column tile's 16 column groups: the emitter's shadowed `groups` made the kernel find
     only 16 offsets (tests/prove/test_grouped_wgrad.py has the CPU side)."""
-    built = build(str(GW), "WGRAD-BF16", {"T": T, "R": 1000, "G": 40}, {})
+    built = build(str(GW), "WGRAD-BF16", {"T": T, "R": 1000, "G": 40}, {"wgrad_persistent": walk})
     _is_wgrad(built)
     result = ExactChecker(built.model, built.sizes, seed=40).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
@@ -76,7 +78,7 @@ def test_the_persistent_walk_passes_the_exact_check(model, tile):
 
 @pytest.mark.parametrize("name", list(COUNTS))
 @pytest.mark.parametrize("tile", [{}, {"bn": "256", "stages": "3", "wgrad_copy": "cp.async"}, {"bm": "64", "warps_m": "1"},
-                                  {"wgrad_copy": "registers"}, {"wgrad_persistent": "true"}])
+                                  {"wgrad_copy": "registers"}, {"wgrad_persistent": "false"}])
 def test_an_f32_a_bf16_cannot_hold_is_carried_exactly_by_its_two_parts(name, tile):
     """A of values i + j/256 (hi = bf16(a) loses them, hi + lo holds them; every product and partial sum exact in
     f32) times the row's factor: only a kernel that drops or misplaces a part, a row or a group differs."""

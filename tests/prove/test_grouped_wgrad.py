@@ -164,9 +164,14 @@ def test_regression_the_group_offsets_are_the_models_groups_not_the_tiles_column
 
     m = _model().with_sizes({"G": 40})
     sizes = {**SIZES, "G": 40}
-    src = emit_plan(m, default_plan(m, TARGET, sizes, {}), TARGET).kernels[0].source
-    assert "__shared__ int offs[41];" in src and "habu::group_offsets_warp<int, 2>(p_E, (int)(200), blockIdx.y, (blockIdx.y + 1), 0, 40, offs);" in src
-    assert "if (tid == 0 && offs[40] < (int)(" in src and "over #G = 40 groups" in src
+    plan = default_plan(m, TARGET, sizes, {})
+    (walk,) = plan.kernels
+    for persistent, search in ((False, "habu::group_offsets_warp<int, 2>(p_E, (int)(200), blockIdx.y, (blockIdx.y + 1), 0, 40, offs);"),
+                               (True, "habu::group_offsets_warps<int, 2>(p_E, (int)(200), 40, offs);")):
+        one = replace(plan, kernels=(replace(walk, wgrad_persistent=persistent),))
+        src = emit_plan(m, one, TARGET).kernels[0].source
+        assert "__shared__ int offs[41];" in src and search in src
+        assert "if (tid == 0 && offs[40] < (int)(" in src and "over #G = 40 groups" in src
 
 
 @pytest.mark.parametrize("rows", [0, 1, 32, 33, 200, 1025, 8192, 100000])

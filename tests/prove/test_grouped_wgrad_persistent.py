@@ -60,16 +60,19 @@ def test_the_persistent_kernel_walks_its_items_and_compiles_without_spills(name)
     assert_compiles_without_spills(kernel)
 
 
-def test_the_default_is_a_block_per_tile_and_the_search_tries_the_walk():
+def test_the_default_walks_and_the_search_tries_a_block_per_tile_too():
+    """The walk became the default after its GPU run (H100, session 54: dW1 7.11 → 6.50 ms, with a bf16 A 4.76 →
+    4.12, dW2 8.06 → 7.79); the search still times the block-per-tile kernels beside it."""
     from habu.paths.grouped import GroupedPath
     from habu.plan.patterns import Region
 
     m = _model()
     (k,) = default_plan(m, TARGET, SIZES, {}).kernels
-    assert not k.wgrad_persistent and not lower(m, k).loop.persistent
+    assert k.wgrad_persistent and k.wgrad_copy == "staged" and lower(m, k).loop.persistent
     variants = list(GroupedPath().region_variants(m, Region("grouped", ("O",)), k, TARGET, SIZES))
     walking = [v for v in variants if v.wgrad_persistent]
     assert walking and all(v.wgrad_copy == "staged" for v in walking)
+    assert any(not v.wgrad_persistent for v in variants)
     assert all(not v.wgrad_persistent or v.bn <= 128 or v.bm == 64 for v in variants)
 
 
