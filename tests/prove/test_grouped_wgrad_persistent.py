@@ -76,6 +76,20 @@ def test_the_default_walks_and_the_search_tries_a_block_per_tile_too():
     assert all(not v.wgrad_persistent or v.bn <= 128 or v.bm == 64 for v in variants)
 
 
+@pytest.mark.parametrize("pins", [{"wgrad_copy": "cp.async"}, {"wgrad_copy": "registers"},
+                                  {"bn": "256", "stages": "3", "wgrad_copy": "staged"}])
+def test_regression_a_pin_the_walk_cannot_run_takes_the_block_per_tile_back(pins):
+    """With the walk the default, `--pin wgrad_copy=cp.async` (or a 256-column tile) left a kernel the rules refuse
+    (persistent blocks copy every operand by cp.async; two warpgroups' 256 columns beside the walk spill): the pin
+    now brings the block-per-tile with it, unless the walk is pinned too, which the rules then refuse by name."""
+    m = _model("WGRAD-BF16")
+    plan = default_plan(m, TARGET, SIZES, pins)
+    (k,) = plan.kernels
+    assert not k.wgrad_persistent and not failures(obligations(m, plan, SIZES))
+    both = default_plan(m, TARGET, SIZES, {**pins, "wgrad_persistent": "true"})
+    assert both.kernels[0].wgrad_persistent and failures(obligations(m, both, SIZES))
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"wgrad_copy": "registers"}, "wgrad_copy=staged"),
     ({"wgrad_copy": "cp.async"}, "wgrad_copy=staged"),
