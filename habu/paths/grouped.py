@@ -36,8 +36,10 @@ from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.patterns import Region, as_grouped_gemm
 from habu.plan.plan import GroupedKernel, Kernel
 from habu.plan.storage import dtype_of
+from habu.spec.dtypes import DTYPES
 from habu.spec.ir import INT31_MAX, Model, node_reads
 from habu.target import Target
+from habu.targets import Ceilings
 
 # the share of the mma.sync peak this kernel's one-stage, register-staged main loop reaches (a guess for
 # the cost model until it is measured: no cp.async pipeline, fragments read from shared memory by word)
@@ -243,14 +245,10 @@ class GroupedPath(KernelPath):
     def seconds(self, lw: GroupedLowering, sizes: Mapping[str, int], target: Target) -> tuple[float, float, float]:
         """(FLOPs, bytes moved, seconds): the row tiles of an even grouping (#R/#G rows a group), each
         reading its A rows once per column tile and the groups' weights once, at MMA_SHARE of mma.sync.
-        A weight gradient: every group's rows read once per output tile, O read and written once."""
+        A weight gradient: `wgrad_seconds`."""
         c = target.ceilings
         if isinstance(lw, GroupedWgradLowering):
-            R, M, N, G = (sizes[x] for x in (lw.r, lw.m, lw.n, lw.g))
-            tiles_m, tiles_n = -(-M // lw.kernel.bm), -(-N // lw.kernel.bn)
-            flops = 2.0 * R * tiles_m * lw.kernel.bm * tiles_n * lw.kernel.bn * lw.a_parts
-            moved = R * (M * tiles_n * 2.0 * lw.a_parts + N * tiles_m * 2.0) + 8.0 * G * M * N
-            return flops, moved, max(flops / (c.wgmma_flops * WGMMA_SHARE), moved / c.bandwidth) + c.launch_s
+            return wgrad_seconds(lw, sizes, c)
         R, N, K, G = (sizes[x] for x in (lw.r, lw.n, lw.k, lw.g))
         k = lw.kernel
         tiles_m = G * -(-max(1, R // max(G, 1)) // k.bm)
@@ -274,6 +272,48 @@ class GroupedPath(KernelPath):
         if lowering.uses_wgmma:
             return emit_grouped_wgmma(name, model, lowering, static)
         return emit_grouped(name, model, lowering, static)
+
+
+# The grouped weight gradient's variants against its default (a block a tile, staged copies, the index ring; 128 × 128):
+# H100, 2026-12-05, Mixtral's dW1 (f32 and bf16 A) and dW2 at 4096 tokens, timed in one run (docs/PERF.md, session
+# 54): the walk 1.04–1.16× (`WALK_GAIN`); without the index ring, a gathered side's copies waiting on their loads of
+# IX[r], 0.61–0.78× (`NO_RING`); 64-row tiles under the walk 0.75–0.88× of the walk (`NARROW`). H200, session 51:
+# the producer's registers for an f32 A 0.88× staged copies (`UNSTAGED`).
+WALK_GAIN, NO_RING, NARROW, UNSTAGED = 1.1, 0.7, 0.8, 0.88
+
+
+def wgrad_seconds(lw: GroupedWgradLowering, sizes: Mapping[str, int], c: Ceilings) -> tuple[float, float, float]:
+    """(FLOPs, DRAM bytes, seconds) of a weight gradient: every group's rows copied from the L2 once per output tile
+    (A's once per column tile, B's once per row tile: at the cp.async rate), A, B and the row factor read from DRAM
+    once, O read and written once; at the variant's share of that (`wgrad_efficiency`). With sm_90a's ceilings (the
+    H200's) this gives Mixtral's dW1 at 4096 tokens under the walk 3.37 ms with a bf16 A and 4.66 with an f32 A,
+    where an H100 (less bandwidth) measured 4.12 and 6.50 (2026-12-05): the copies from the L2 bound it, not the
+    tensor cores (233 TFLOP/s measured; the FLOPs alone at the wgmma rate would be 1.6 ms)."""
+    R, M, N, G = (sizes[x] for x in (lw.r, lw.m, lw.n, lw.g))
+    k = lw.kernel
+    tiles_m, tiles_n = -(-M // k.bm), -(-N // k.bn)
+    a_bytes = DTYPES[lw.a.dtype].bytes
+    flops = 2.0 * R * tiles_m * k.bm * tiles_n * k.bn * lw.a_parts
+    from_l2 = R * (M * tiles_n * a_bytes + N * tiles_m * 2.0)
+    dram = R * (M * a_bytes + N * 2.0) + 8.0 * G * M * N
+    streams = from_l2 / c.cp_async_bandwidth + dram / c.bandwidth
+    return flops, dram, max(flops / (c.wgmma_flops * WGMMA_SHARE), streams) / wgrad_efficiency(lw) + c.launch_s
+
+
+def wgrad_efficiency(lw: GroupedWgradLowering) -> float:
+    """The share of the weight gradient's wgmma rate this kernel's variant reaches, against the default's (1.0):
+    what lets the cost model rank the walk, the index ring, the tile and the copy route, which it would otherwise
+    price alike (their FLOPs and bytes are the same)."""
+    k, loop = lw.kernel, lw.loop
+    share = WALK_GAIN if k.wgrad_persistent else 1.0
+    gathered = any(lw.row_tables(side) for side in ("A", "B"))
+    if gathered and (loop is None or not loop.index_sides):
+        share *= NO_RING
+    if k.bm < 128:
+        share *= NARROW
+    if k.wgrad_copy != "staged":
+        share *= UNSTAGED
+    return share
 
 
 def small_batch(model: Model, kernel: GroupedKernel, sizes: Mapping[str, int]) -> bool:
