@@ -145,6 +145,23 @@ def test_regression_an_elementwise_node_reading_through_a_gather_is_a_general_ke
     assert any("p_IX" in k.source for k in emit(compiled.proofs[0], target).kernels)
 
 
+def test_regression_a_scalar_column_reduction_takes_no_broadcasting_epilogue():
+    """A fuzz model (seed 9015, `Y = Σ p Σ s X0[s]·X1[p]` with #P = 1): its backward `TrdX1 = Σ s dY·X0[s]` (a scalar,
+    the column family's reduction of one column) then `dX1[p] = TrdX1`. The column epilogue compared dX1's column
+    with the reduction's, which a scalar has not: `habu compile --backward` ended in an internal error
+    (AttributeError at patterns.py). A scalar's epilogue would broadcast it: it is a kernel of its own now."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+
+    text = ("1 EXTENT: #P 7 EXTENT: #Q 2 EXTENT: #S 7 EXTENT: #U\nf32 TENSOR: X0 ( #S )\nbf16 TENSOR: X1 ( #P )\n"
+            "f32 TENSOR: Y (  )\nMODEL: FZ  Y = (Σ p2 (Σ s3 (X0[s3] · X1[p2]))) ;\n")
+    program, name = backward_program(parse_text(text, "fuzz.habu"), "FZ", None, "auto")
+    compiled = compile_model(program, name, {}, target_named("sm_90a"), {}, 1)
+    assert all(p.ok for p in compiled.proofs)
+    kernels = [k for p in compiled.plans for k in p.kernels]
+    assert [k.nodes for k in kernels] == [("dX0",), ("%rdX1",), ("dX1",)]  # the scalar, then its broadcast
+
+
 @pytest.mark.parametrize("path,name,extent,width", [("rmsnorm.habu", "RMSNORM-ROWS", "D", 4096),
                                                     ("softmax.habu", "SOFTMAX-ROWS", "C", 16384)])
 def test_row_backward_keeps_dy_and_x_on_chip(path, name, extent, width):

@@ -516,8 +516,8 @@ def column_region(model: Model, nodes: tuple[str, ...]) -> ColumnReduction | Non
     outputs = {t.name for t in model.outputs}
     for e in epilogue:
         column = epilogue_column(model, e)
-        if column is None or column.extent != col.n.extent or e.scatter is not None:
-            return None
+        if column is None or col.n is None or column.extent != col.n.extent or e.scatter is not None:
+            return None  # (a scalar's epilogue would broadcast it, not run along its one column)
         for x in walk(e.rhs):
             if isinstance(x, Reduce) or (isinstance(x, Load) and x.indices not in ((), (column,), e.lhs)):
                 return None
