@@ -49,7 +49,8 @@ def random_model(seed: int) -> str:
         if depth <= 0 or r < 0.3:
             return load(scope)
         if r < 0.45:
-            return f"{rng.choice(UNARY)}({expr(scope, depth - 1)})"
+            fn = rng.choice(UNARY)  # (negation is the prefix minus: the language has no function `neg`)
+            return f"{'-' if fn == 'neg' else fn}({expr(scope, depth - 1)})"
         if r < 0.75:
             return f"({expr(scope, depth - 1)} {rng.choice(['+', '-', '·', '·'])} {expr(scope, depth - 1)})"
         extent = rng.choice(extents)
