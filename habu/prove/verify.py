@@ -131,20 +131,22 @@ def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
 
 
 def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int],
-           whole_rows: Mapping[str, int] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
+           whole_rows: Mapping[str, tuple[int, int]] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
     """The elements of every intermediate that the given output elements depend on (a box per tensor).
-    `whole_rows`: the nodes a row kernel computes, with their leading (row) axes: the kernel computes the whole row
-    of each demanded row, so it reads its inputs along every column (`Y = COLSUM(TANH(X·COLSUM(X)) + ...)`: the row
-    kernel of X·COLSUM(X) read COLSUM's values at columns the column kernel's box left out; found by a fuzz)."""
+    `whole_rows`: the nodes a row kernel computes, with their leading (row) axes and the rows a block computes: the
+    kernel computes the whole row of each demanded row, so it reads its inputs along every column (`Y =
+    COLSUM(TANH(X·COLSUM(X)) + ...)`: the row kernel of X·COLSUM(X) read COLSUM's values at columns the column
+    kernel's box left out; found by a fuzz), and every row of each block that holds one (`row_blocks_box`)."""
     boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
     produced = {eq.target for eq in model.nodes}  # intermediates, and outputs a later node reads
     for eq in reversed(model.nodes):
         if eq.target not in boxes:
             continue
-        lead = (whole_rows or {}).get(eq.target)
-        if lead is not None and eq.scatter is None:
-            box = boxes[eq.target]
-            boxes[eq.target] = (*box[:lead], *(np.arange(sizes[v.extent]) for v in eq.lhs[lead:]))
+        rows = (whole_rows or {}).get(eq.target)
+        if rows is not None and eq.scatter is None:
+            lead, per_block = rows
+            box = row_blocks_box(boxes[eq.target][:lead], tuple(sizes[v.extent] for v in eq.lhs[:lead]), per_block)
+            boxes[eq.target] = (*box, *(np.arange(sizes[v.extent]) for v in eq.lhs[lead:]))
         # the target's box along each position its store indexes by a plain variable; a scatter's
         # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box
         var_sets = {ix: boxes[eq.target][i] for i, ix in enumerate(eq.store_indices) if isinstance(ix, IndexVar)}
@@ -163,6 +165,25 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
             old = boxes.get(ld.tensor)
             boxes[ld.tensor] = tuple(_union(old[i] if old else None, d) for i, d in enumerate(dims))
     return boxes
+
+
+def row_blocks_box(leading: tuple[np.ndarray, ...], dims: tuple[int, ...], per_block: int) -> tuple[np.ndarray, ...]:
+    """The smallest box over the leading axes `dims` that holds `leading` and every row of each block of `per_block`
+    rows (row-major) that holds one of its rows: a row kernel's block computes all its rows, reading their inputs.
+    (Fuzz seed 9140: rows (p, q) of 13 × 13 in blocks of 4; the sampled box p ∈ {0, 12} put row (0, 12) in block 3,
+    which also computes (1, 0)..(1, 2) and read the per-row values %h1[1] no earlier kernel had computed.)"""
+    box = tuple(np.unique(b) for b in leading)
+    if len(dims) < 2 or per_block <= 1 or any(len(b) == 0 for b in box):
+        return box  # (one leading axis: the block's rows are consecutive values of it, which the kinds select)
+    total = int(np.prod(dims))
+    while True:
+        flat = np.ravel_multi_index(tuple(g.ravel() for g in np.meshgrid(*box, indexing="ij")), dims)
+        held = (np.unique(flat // per_block)[:, None] * per_block + np.arange(per_block)).ravel()
+        coords = np.unravel_index(held[held < total], dims)
+        grown = tuple(np.union1d(b, c) for b, c in zip(box, coords, strict=True))
+        if all(len(g) == len(b) for g, b in zip(grown, box, strict=True)):
+            return box
+        box = grown
 
 
 def stored_boxes(model: Model, lw: object, nodes: tuple[str, ...], box: tuple[np.ndarray, ...]
@@ -363,7 +384,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 out_boxes.update({t: b for t, b in stored_boxes(graph, lw, plan.kernels[i].nodes, box).items()
                                   if t in outputs})
                 blocks_text[names[i]] = text
-        rows = {t: len(lw.leading) for k, lw in zip(plan.kernels, lowerings, strict=True)
+        rows = {t: (len(lw.leading), lw.kernel.rows_per_block) for k, lw in zip(plan.kernels, lowerings, strict=True)
                 if isinstance(lw, RowLowering) for t in k.nodes}
         boxes = demand(graph, out_boxes, s, rows)
         widened = False
@@ -376,7 +397,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 # compared where the reference evaluates them
                 out_boxes.update({t: b for t, b in stored_boxes(graph, lw, plan.kernels[i].nodes, need).items()
                                   if t in outputs})
-                blocks_text[names[i]] = f"{text} (a later kernel reads {lw.out.tensor})"
+                blocks_text[names[i]] = f"{text} (widened: the rows its blocks compute, what later kernels read)"
                 widened = True
         # an output compared over a box widened above: the reference evaluates that box too (RMSNorm's recompute
         # backward at 70 rows compared dX over every row, which a later kernel's Σ over rows needs of %s1, where

@@ -298,3 +298,51 @@ def test_regression_an_output_compared_over_a_widened_box_read_outside_the_refer
              "rows_per_split": 70, "unroll": 8, "index_width": 32}]})
     proof = prove(model, plan, sizes, trials=1)
     assert proof.ok, proof.certificate.failure if proof.certificate else [v.describe() for v in proof.violations]
+
+
+def _fuzz_backward(text: str):
+    from habu.cli_grad import backward_program
+    from habu.spec.parser import parse_text
+
+    program, name = backward_program(parse_text(text, "fuzz.habu"), "FZ", None, "auto")
+    model = program.model(name)
+    return model, default_plan(model, TARGETS["sm_90a"], {}, {})
+
+
+def test_regression_a_row_blocks_rows_outside_the_checked_box_read_per_row_values_the_check_had_not_computed():
+    """Fuzz seed 9140: the backward of `Y[p] = max p3 max q4 Σ p5 X0[p3 q4 p5]` ends in a row kernel over rows (p, q),
+    13 × 13 in blocks of 4, reading per-row values %h1[p]..%h3[p] of earlier kernels. The sampled box p ∈ {0, 12}
+    put row (0, 12) in block 3, which also computes rows (1, 0)..(1, 2): they read %h1[1], which the check had not
+    computed ("reads %h1[1], which no earlier kernel wrote"), and `habu compile --backward` refused a correct plan.
+    The demand now covers every row of each block that holds a demanded row (`row_blocks_box`)."""
+    from habu.prove.verify import row_blocks_box
+
+    model, plan = _fuzz_backward("13 EXTENT: #P 13 EXTENT: #Q\nbf16 TENSOR: X0 ( #P #Q #P )\nf32 TENSOR: Y ( #P )\n"
+                                 "MODEL: FZ  Y[p2] = (max p3 (max q4 (Σ p5 X0[p3 q4 p5]))) ;\n")
+    assert plan.kernels[-1].kind == "rows" and plan.kernels[-1].rows_per_block == 4
+    cert = verify_plan(model, plan, trials=1)
+    assert cert.passed, cert.failure
+    box = row_blocks_box((np.array([0, 12]), np.array([0, 12])), (13, 13), 4)
+    assert {0, 1, 12} <= set(box[0].tolist()) and {0, 1, 2, 12} <= set(box[1].tolist())  # (0, 12)'s block: (1, 0)..
+    flat = {p * 13 + q for p in box[0].tolist() for q in box[1].tolist()}
+    assert all(r in flat for f in flat for r in range(f // 4 * 4, min(f // 4 * 4 + 4, 169)))  # closed under blocks
+    assert [b.tolist() for b in row_blocks_box((np.array([2]),), (13,), 4)] == [[2]]  # one axis: the kinds select
+
+
+def test_regression_the_witness_keeps_a_general_kernels_vectors_inside_rows():
+    """Fuzz seed 9088: the backward's scatter `dX0[IX0[q] u q2] += dY[q2]·Th1[q2]` at #Q 100 moves vectors of 4
+    along q2 (100 a multiple of 4: the `vector-align` size fact). The check ran it at a witness #Q of 33, where
+    vectors crossed rows, and found the correct plan wrong. The witness now keeps the last extent's class modulo
+    the vector."""
+    model, plan = _fuzz_backward(
+        "1 EXTENT: #P 100 EXTENT: #Q 100 EXTENT: #S 130 EXTENT: #U\nf32 TENSOR: X0 ( #U #U #Q )\n"
+        "f32 TENSOR: X1 ( #Q #Q )\nf32 TENSOR: Y ( #Q )\nITENSOR: IX0 ( #Q #U )\nITENSOR: IX1 ( #Q #Q )\n"
+        "MODEL: FZ  Y[q2] = tanh((Σ q3 ((Σ u4 X0[IX0[q3] u4 q2]) + (Σ u5 X1[q3 IX1[q2]])))) ;\n")
+    vectored = [k for k in plan.kernels if k.kind == "general" and k.vector > 1]
+    assert vectored
+    lowerings = lower_plan(model, plan)
+    names = [f"kernel {i}" for i in range(len(plan.kernels))]
+    w = witness_sizes(model, names, lowerings, dict(plan.shape))
+    assert w["Q"] < 100 and w["Q"] % vectored[0].vector == 0, w
+    cert = verify_plan(model, plan, trials=1)
+    assert cert.passed, cert.failure
