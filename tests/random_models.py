@@ -75,3 +75,59 @@ def random_model(seed: int) -> str:
     lines += [f"ITENSOR: {name} ( #{e} #{target} )" for name, (e, target) in maps.items()]
     lines.append(f"MODEL: FZ  {lhs} {store} {body} ;")
     return "\n".join(lines) + "\n"
+
+
+PRODUCT_SIZES = (16, 17, 64, 100, 128, 192, 256, 511)
+EPILOGUES = ("", "tanh", "sigmoid", "exp", "erf", "abs", "-")
+
+
+def random_product(seed: int) -> str:
+    """The text of model FZ: a product `Y[(b) m n] = f(scale · Σ k A·B + C[n]) · P[m]` at sizes where the tensor-core
+    paths run (16 to 511: whole, ragged and odd tiles), each operand k-major or transposed, A's rows gathered or not,
+    a batch axis or not, each epilogue term present or not, the output f32 or bf16 or a scatter-add of its rows."""
+    rng = random.Random(seed)
+    batched = rng.random() < 0.25
+    sizes = {e: rng.choice(PRODUCT_SIZES) for e in ("M", "N", "K")}
+    sizes["B"] = rng.choice((2, 3, 5))
+    pre = ["b"] if batched else []
+    a_idx = [*pre, *(["m", "k"] if rng.random() < 0.7 else ["k", "m"])]
+    b_idx = [*pre, *(["n", "k"] if rng.random() < 0.6 else ["k", "n"])]
+    gathered = not batched and rng.random() < 0.2
+    if gathered:  # A's rows through an index map (a GGEMM)
+        sizes["T"] = rng.choice(PRODUCT_SIZES)
+        a_idx = ["IX[m]" if v == "m" else v for v in a_idx]
+    extent = {"b": "B", "m": "M", "n": "N", "k": "K", "IX[m]": "T"}
+    a_dtype = rng.choice(["bf16", "bf16", "bf16", "f32"])
+    term = f"Σ k A[{' '.join(a_idx)}] · W[{' '.join(b_idx)}]"
+    if rng.random() < 0.3:
+        term = f"{rng.choice(['0.5', '2', '0.125'])} · ({term})"
+    extra: list[str] = []
+    if rng.random() < 0.4:
+        term = f"({term}) + C[n]"
+        extra.append(f"{rng.choice(['f32', 'bf16'])} TENSOR: C ( #N )")
+    fn = rng.choice(EPILOGUES)
+    if fn:
+        term = f"{fn}({term})"
+    if rng.random() < 0.2:
+        term = f"({term}) · P[m]"
+        extra.append("f32 TENSOR: P ( #M )")
+    scatter = not batched and not gathered and rng.random() < 0.15
+    out = [*pre, "m", "n"]
+    if scatter:  # its rows added into Y's rows through IS
+        sizes["S"] = rng.choice(PRODUCT_SIZES)
+        lhs, store, y_over, y_dtype = "Y[IS[m] n]", "+=", ["S", "N"], "f32"
+    else:
+        lhs, store = f"Y[{' '.join(out)}]", "="
+        y_over, y_dtype = [extent[v] for v in out], rng.choice(["f32", "bf16"])
+    used = {"M", "N", "K"} | ({"B"} if batched else set()) | ({"T"} if gathered else set()) | ({"S"} if scatter else set())
+    lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e in ("B", "M", "N", "K", "T", "S") if e in used)]
+    lines.append(f"{a_dtype} TENSOR: A ( {' '.join('#' + extent[v] for v in a_idx)} )")
+    lines.append(f"bf16 TENSOR: W ( {' '.join('#' + extent[v] for v in b_idx)} )")
+    lines += extra
+    lines.append(f"{y_dtype} TENSOR: Y ( {' '.join('#' + e for e in y_over)} )")
+    if gathered:
+        lines.append("ITENSOR: IX ( #M #T )")
+    if scatter:
+        lines.append("ITENSOR: IS ( #M #S )")
+    lines.append(f"MODEL: FZ  {lhs} {store} {term} ;")
+    return "\n".join(lines) + "\n"
