@@ -173,8 +173,8 @@ def row_blocks_box(leading: tuple[np.ndarray, ...], dims: tuple[int, ...], per_b
     (Fuzz seed 9140: rows (p, q) of 13 × 13 in blocks of 4; the sampled box p ∈ {0, 12} put row (0, 12) in block 3,
     which also computes (1, 0)..(1, 2) and read the per-row values %h1[1] no earlier kernel had computed.)"""
     box = tuple(np.unique(b) for b in leading)
-    if len(dims) < 2 or per_block <= 1 or any(len(b) == 0 for b in box):
-        return box  # (one leading axis: the block's rows are consecutive values of it, which the kinds select)
+    if per_block <= 1 or any(len(b) == 0 for b in box):
+        return box
     total = int(np.prod(dims))
     while True:
         flat = np.ravel_multi_index(tuple(g.ravel() for g in np.meshgrid(*box, indexing="ij")), dims)

@@ -326,7 +326,7 @@ def test_regression_a_row_blocks_rows_outside_the_checked_box_read_per_row_value
     assert {0, 1, 12} <= set(box[0].tolist()) and {0, 1, 2, 12} <= set(box[1].tolist())  # (0, 12)'s block: (1, 0)..
     flat = {p * 13 + q for p in box[0].tolist() for q in box[1].tolist()}
     assert all(r in flat for f in flat for r in range(f // 4 * 4, min(f // 4 * 4 + 4, 169)))  # closed under blocks
-    assert [b.tolist() for b in row_blocks_box((np.array([2]),), (13,), 4)] == [[2]]  # one axis: the kinds select
+    assert [b.tolist() for b in row_blocks_box((np.array([2, 12]),), (13,), 4)] == [[0, 1, 2, 3, 12]]  # one axis too
 
 
 def test_regression_the_witness_keeps_a_general_kernels_vectors_inside_rows():
