@@ -82,8 +82,8 @@ EPILOGUES = ("", "tanh", "sigmoid", "exp", "erf", "abs", "-")
 
 
 def random_product(seed: int) -> str:
-    """The text of model FZ: a product `Y[(b) m n] = f(scale · Σ k A·B + C[n]) · P[m]` at sizes where the tensor-core
-    paths run (16 to 511: whole, ragged and odd tiles), each operand k-major or transposed, A's rows gathered or not,
+    """The text of model FZ: a product `Y[(b) m n] = f(scale · Σ k A·B + C[n]) · P[m]` at sizes where the
+    tensor-core paths run (16 to 511: whole, ragged and odd tiles), each operand k-major or transposed, A's rows gathered or not,
     a batch axis or not, each epilogue term present or not, the output f32 or bf16 or a scatter-add of its rows."""
     rng = random.Random(seed)
     batched = rng.random() < 0.25
@@ -119,8 +119,8 @@ def random_product(seed: int) -> str:
     else:
         lhs, store = f"Y[{' '.join(out)}]", "="
         y_over, y_dtype = [extent[v] for v in out], rng.choice(["f32", "bf16"])
-    used = {"M", "N", "K"} | ({"B"} if batched else set()) | ({"T"} if gathered else set()) | ({"S"} if scatter else set())
-    lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e in ("B", "M", "N", "K", "T", "S") if e in used)]
+    used = {"B": batched, "M": True, "N": True, "K": True, "T": gathered, "S": scatter}
+    lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e, drawn in used.items() if drawn)]
     lines.append(f"{a_dtype} TENSOR: A ( {' '.join('#' + extent[v] for v in a_idx)} )")
     lines.append(f"bf16 TENSOR: W ( {' '.join('#' + extent[v] for v in b_idx)} )")
     lines += extra

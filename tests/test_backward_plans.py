@@ -146,8 +146,8 @@ def test_regression_an_elementwise_node_reading_through_a_gather_is_a_general_ke
 
 
 def test_regression_a_scalar_column_reduction_takes_no_broadcasting_epilogue():
-    """A fuzz model (seed 9015, `Y = Σ p Σ s X0[s]·X1[p]` with #P = 1): its backward `TrdX1 = Σ s dY·X0[s]` (a scalar,
-    the column family's reduction of one column) then `dX1[p] = TrdX1`. The column epilogue compared dX1's column
+    """A fuzz model (seed 9015, `Y = Σ p Σ s X0[s]·X1[p]` with #P = 1): its backward `TrdX1 = Σ s dY·X0[s]` (a
+    scalar, the column family's reduction of one column) then `dX1[p] = TrdX1`. The column epilogue compared dX1's column
     with the reduction's, which a scalar has not: `habu compile --backward` ended in an internal error
     (AttributeError at patterns.py). A scalar's epilogue would broadcast it: it is a kernel of its own now."""
     from habu.compile import compile_model

@@ -88,8 +88,9 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
                                    {"wgrad_copy": "cp.async"}),  # the scaled bf16 A two k tiles deep in registers
     "grouped-wgrad-registers": ("../tests/data/grouped_wgrad.habu", "WGRAD-BF16", {"T": 300, "R": 1000},
                                 {"wgrad_copy": "registers"}),
-    # session 51's staged A (a block a tile, not the walk): every operand by cp.async, the consumers' in-place pass over their slab (an f32 A split
-    # where it landed raw, a row factor applied there): the warpgroup's reads before its writes (racecheck)
+    # session 51's staged A (a block a tile, not the walk): every operand by cp.async, the consumers' in-place pass
+    # over their slab (an f32 A split where it landed raw, a row factor applied there): the warpgroup's reads before
+    # its writes (racecheck)
     "grouped-wgrad-staged": ("../tests/data/grouped_wgrad.habu", "WGRAD", {"T": 300, "R": 1000},
                              {"wgrad_copy": "staged", "wgrad_persistent": "false"}),
     "grouped-wgrad-staged-scaled": ("../tests/data/grouped_wgrad.habu", "WGRAD-P", {"T": 300, "R": 1000},

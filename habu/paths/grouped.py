@@ -274,9 +274,9 @@ class GroupedPath(KernelPath):
         return emit_grouped(name, model, lowering, static)
 
 
-# The grouped weight gradient's variants against its default (a block a tile, staged copies, the index ring; 128 × 128):
-# H100, 2026-12-05, Mixtral's dW1 (f32 and bf16 A) and dW2 at 4096 tokens, timed in one run (docs/PERF.md, session
-# 54): the walk 1.04–1.16× (`WALK_GAIN`); without the index ring, a gathered side's copies waiting on their loads of
+# The grouped weight gradient's variants against a block a tile (staged copies, the index ring; 128 × 128). H100,
+# 2026-12-05, Mixtral's dW1 (f32 and bf16 A) and dW2 at 4096 tokens, timed in one run (docs/PERF.md, session 54):
+# the walk 1.04–1.16× (`WALK_GAIN`); without the index ring, a gathered side's copies waiting on their loads of
 # IX[r], 0.61–0.78× (`NO_RING`); 64-row tiles under the walk 0.75–0.88× of the walk (`NARROW`). H200, session 51:
 # the producer's registers for an f32 A 0.88× staged copies (`UNSTAGED`).
 WALK_GAIN, NO_RING, NARROW, UNSTAGED = 1.1, 0.7, 0.8, 0.88

@@ -166,8 +166,9 @@ def test_regression_the_group_offsets_are_the_models_groups_not_the_tiles_column
     sizes = {**SIZES, "G": 40}
     plan = default_plan(m, TARGET, sizes, {})
     (walk,) = plan.kernels
-    for persistent, search in ((False, "habu::group_offsets_warp<int, 2>(p_E, (int)(200), blockIdx.y, (blockIdx.y + 1), 0, 40, offs);"),
-                               (True, "habu::group_offsets_warps<int, 2>(p_E, (int)(200), 40, offs);")):
+    searches = {False: "habu::group_offsets_warp<int, 2>(p_E, (int)(200), blockIdx.y, (blockIdx.y + 1), 0, 40, offs);",
+                True: "habu::group_offsets_warps<int, 2>(p_E, (int)(200), 40, offs);"}
+    for persistent, search in searches.items():
         one = replace(plan, kernels=(replace(walk, wgrad_persistent=persistent),))
         src = emit_plan(m, one, TARGET).kernels[0].source
         assert "__shared__ int offs[41];" in src and search in src
