@@ -113,6 +113,10 @@ CASES: dict[str, tuple[str, str, dict[str, int], dict[str, str]]] = {
     "attention-sliced-kv": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 300, "L": 301},  # kv_warps (s31)
                             {"family": "attention", "bm": "16", "bn": "64", "kv_split": "128", "kv_warps": "4",
                              "stages": "3"}),
+    # the decode's default since session 55: 8 warps over 128-key tiles, 3 buffers, a ragged last split
+    "attention-wide-decode": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 700, "L": 701},
+                              {"family": "attention", "bm": "16", "bn": "128", "kv_split": "256", "kv_warps": "8",
+                               "stages": "3"}),
     # the first K/V tiles copied before LEN is read (kv_ahead, s45): masked splits' copies still in flight at the merge
     "attention-kv-ahead": ("decode_attention.habu", "DECODE-ATTENTION", {"J": 300, "L": 301},
                            {"family": "attention", "bm": "16", "bn": "64", "kv_split": "128", "kv_warps": "4",

@@ -33,8 +33,13 @@ from habu.target import Target
 
 # the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
 MMA_SHARE = 0.5
-# a decode's default block (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V buffers
+# a decode's block before session 55 (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V
+# buffers; still the default where the wide block's buffers do not fit (head widths past 128)
 DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
+# a decode's default block since session 55 (`decode_split_one_wave`): 8 warps, each 16 keys of a 128-key KV tile,
+# 3 K/V buffers (192 KB at head width 128: one block an SM), splits that give at most one block an SM
+DECODE_WIDE_WARPS, DECODE_WIDE_BN, DECODE_WIDE_STAGES = 8, 128, 3
+DECODE_WIDE_KEYS = 256  # ... from caches of this many keys (shorter ones were not timed with it)
 MAX_SPLITS = 64  # a query tile's splits: the one block that combines them reads all their partials
 HEAD_MAJOR_SLACK = 0.03  # head-major's schedule may be this much longer (`head_major_pays`)
 HEAD_MAJOR_TRAFFIC = 1.5  # ... where the heaviest-first order reads this many times its K and V bytes from DRAM
@@ -54,7 +59,6 @@ WGMMA_DECODE_SPLITS = (0, 256, 512, 1024, 2048)
 # 128 (the first tile lands sooner and the last drains sooner; H200, 2026-12-04, KV 4096 × batch 16, split 1024,
 # cuDNN SDPA in the same run: 26.2 µs, 1.01×, against 27.3, 0.97×, for 128 × 3; at splits of 2048 no change)
 WGMMA_DECODE_SHORT_SPLIT_TILE = ("64", "4")
-SHORT_SPLITS = 8  # the most 512-key splits a sequence takes on the wgmma decode (`wgmma_decode_split`)
 # query rows from which a softmax-weighted sum's default is the fused kernel on the wgmma loop (`default_pins`)
 WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 1.5-10x the unfused plan)
 # a full prefill's tile at head width 64 (`three_consumer_tile`): three consumer warpgroups of 64 query rows
@@ -84,15 +88,28 @@ def kv_split_for(blocks: int, keys: int, sms: int) -> int:
     return split if keys > split else 0  # one split would only add the combine
 
 
+def decode_split_one_wave(blocks: int, keys: int, sms: int) -> int:
+    """Split-KV for the wide decode block (`DECODE_WIDE_WARPS` warps over 128-key tiles, one block an SM): the
+    smallest split of 256 keys or more, a power of two, whose blocks (query tiles × splits) all run at once, one
+    an SM, with at most `MAX_SPLITS` splits; 0 where the keys are one split. H100, session 55 (2 KV heads × 2
+    query heads, d128, cuDNN SDPA in the same run): KV 4096 × batch 1, 2, 4 at splits of 256 1.07×, 1.01×, 1.05×
+    (the 4-warp 64-key tiles over 128-key splits: 1.03×, 0.96×, 0.95×), 4096 × 8 at 512 1.01× (the wgmma loop's
+    512-key splits 0.92×), 32768 × 1 at 512 1.03× (0.99×); splits that take two waves ran 0.72-0.85×."""
+    split = 256
+    while split < 4096 and (blocks * -(-keys // split) > sms or -(-keys // split) > MAX_SPLITS):
+        split *= 2
+    return split if keys > split else 0
+
+
 def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
     """Split-KV for a decode of `blocks` query tiles on the wgmma loop (K and V by TMA, one block an SM: 208 KB of
     shared memory at KV tiles of 128 × 3 stages), or None where the mma.sync decode stays faster: 0 where the
-    query tiles nearly fill the GPU, else the fewest splits of a power of two keys (1024 to 4096) that fill it, or
-    of 512 keys where at most `SHORT_SPLITS` do.
+    query tiles nearly fill the GPU, else the fewest splits of a power of two keys (1024 to 4096) that fill it.
     H200, 2026-12-03 (2 KV heads × 2 query heads, d128; against cuDNN SDPA in the same run): unsplit at batch 64
     1.00× at KV 4096 and 32768 (4.60 TB/s; the mma.sync default 0.80-0.88×), splits of 1024 at 4096 × 16
     0.92× (0.83×), of 2048 at 32768 × 16 0.95× (0.85×); splits under 1024 keys ran slower than the mma.sync
-    decode (batch 1: 0.75-0.79× against 0.86-0.95×)."""
+    decode (batch 1: 0.75-0.79× against 0.86-0.95×). Splits of 512 keys where at most 8 filled the GPU (sessions
+    46-54: KV 4096 × 8, 0.92-0.97×) lost to the wide mma.sync block in session 55 (`decode_split_one_wave`)."""
     if 10 * blocks >= 9 * sms:
         return 0
     want = -(-sms // max(1, blocks))
@@ -100,13 +117,7 @@ def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
     while split < 4096 and -(-keys // split) > want:
         split *= 2
     splits = -(-keys // split)
-    if splits > 1 and 10 * blocks * splits >= 9 * sms:
-        return split
-    # a few sequences of a short cache: splits of 512 keys where at most `SHORT_SPLITS` of them fill the GPU
-    # (2026-12-04, KV 4096 × 8: 19.3 µs, 0.92× SDPA, against the mma.sync decode's 23.4, 0.76×; at 4096 × 4 and
-    # at batch 1, where 512-key splits fill it only by the dozens, the mma.sync decode stays faster)
-    splits = -(-keys // 512)
-    return 512 if 1 < splits <= SHORT_SPLITS and 10 * blocks * splits >= 9 * sms else None
+    return split if splits > 1 and 10 * blocks * splits >= 9 * sms else None
 
 
 class AttentionPath(KernelPath):
@@ -131,18 +142,26 @@ class AttentionPath(KernelPath):
         bm = 16 if rows <= 16 else 32 if rows <= 32 else 64  # a decode's few query heads: one warp, not four
         kernel = AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
         if bm == 16:  # a decode: its KV tiles sliced over warps, split-KV where its query tiles leave the GPU idle
-            kernel = replace(kernel, bn=DECODE_BN, kv_warps=DECODE_WARPS, stages=DECODE_STAGES)
-            size = lambda e: static.get(e) or sizes.get(e)  # noqa: E731
-            batch = [size(v.extent) for v in form.batch]
-            keys = size(form.key.extent)
-            if keys and all(batch):
-                blocks = -(-rows // bm)
-                for n in batch:
-                    blocks *= n  # type: ignore[operator]
-                split = kv_split_for(blocks, keys, target.sm_count)
-                if split:
-                    kernel = replace(kernel, kv_split=split)
+            return self.decode_kernel(model, kernel, form, target, sizes)
         return kernel
+
+    def decode_kernel(self, model: Model, kernel: AttentionKernel, form: AttentionForm, target: Target,
+                      sizes: Mapping[str, int]) -> AttentionKernel:
+        """A decode's block (query tiles of 16 rows): 8 warps over 128-key tiles, split so that its blocks run in one
+        wave (`decode_split_one_wave`), where the cache has at least `DECODE_WIDE_KEYS` keys and the block's 3 K/V
+        buffers fit its shared memory; else 4 warps over 64-key tiles, split for about two blocks an SM
+        (`kv_split_for`)."""
+        size = lambda e: model.sizes.get(e) or sizes.get(e)  # noqa: E731
+        batch, keys, rows = [size(v.extent) for v in form.batch], size(form.key.extent), size(form.row.extent) or 16
+        blocks = -(-rows // kernel.bm)
+        for n in batch:
+            blocks *= n or 0
+        wide = replace(kernel, bn=DECODE_WIDE_BN, kv_warps=DECODE_WIDE_WARPS, stages=DECODE_WIDE_STAGES)
+        if keys and keys >= DECODE_WIDE_KEYS and lower_attention(model, wide).smem_bytes() <= target.smem_per_block:
+            return replace(wide, kv_split=decode_split_one_wave(blocks, keys, target.sm_count)) if keys and blocks \
+                else wide
+        narrow = replace(kernel, bn=DECODE_BN, kv_warps=DECODE_WARPS, stages=DECODE_STAGES)
+        return replace(narrow, kv_split=kv_split_for(blocks, keys, target.sm_count)) if keys and blocks else narrow
 
     def default_pins(self, model: Model, target: Target, sizes: Mapping[str, int]) -> dict[str, str]:
         """The plan choices that make the fused kernel a model's default: a decode's (`decode_pins`) or a long
@@ -154,8 +173,10 @@ class AttentionPath(KernelPath):
         sequence that the fused kernel computes (its sliced split-KV plan measured faster than the unfused one
         and than cuDNN's SDPA, and its golden GPU runs passed: session 31, docs/PERF.md), with the wgmma loop's
         pins where its sequences, whole or split over 1024-4096 keys, fill the GPU (`wgmma_decode_split`;
-        session 35: 0.94-1.00× cuDNN at 16-64 sequences against the mma.sync decode's 0.81-0.86×); {}
-        otherwise."""
+        session 35: 0.94-1.00× cuDNN at 16-64 sequences against the mma.sync decode's 0.81-0.86×) and, split,
+        the wide mma.sync block cannot run in one wave (H100, session 55, cuDNN SDPA in the same run: KV 4096 ×
+        16, 32768 × 2 and 32768 × 4 on the wide block 1.03×, 1.02×, 1.01× against the wgmma loop's 0.99×, 0.96×,
+        0.98×); {} otherwise."""
         if len(model.nodes) != 1 or not target.mma_sync:
             return {}
         node = model.nodes[0].target
@@ -175,7 +196,10 @@ class AttentionPath(KernelPath):
             for n in batch:
                 blocks *= n  # type: ignore[operator]
             wide = wgmma_decode_split(blocks, keys, target.sm_count)
-            if wide is not None:  # its sequences (split or not) fill the GPU: the wgmma loop, K and V by TMA
+            # the wide mma.sync block whose splits run in one wave beat the wgmma loop's splits (session 55)
+            one_wave = kernel.kv_warps == DECODE_WIDE_WARPS and \
+                blocks * -(-keys // (kernel.kv_split or keys)) <= target.sm_count
+            if wide == 0 or (wide is not None and not one_wave):  # the wgmma loop, K and V by TMA
                 bn, stages = WGMMA_DECODE_SHORT_SPLIT_TILE if 0 < wide <= 1024 else ("128", "3")
                 return {"family": "attention", "main_loop": "wgmma", "bm": "64", "bn": bn, "stages": stages,
                         "kv_warps": "1", "kv_split": str(wide)}
@@ -198,6 +222,10 @@ class AttentionPath(KernelPath):
             # the KV tiles sliced over several warps a block (16 keys each; merged in shared memory)
             for split, (bn, warps) in itertools.product((0, 128, 256, 512), ((64, 4), (128, 8), (32, 2))):
                 yield replace(base, bn=bn, kv_split=split, kv_warps=warps)
+            # the wide block over long splits (`decode_split_one_wave`: one wave of a few sequences' long caches)
+            for split in (1024, 2048, 4096):
+                yield replace(base, bn=DECODE_WIDE_BN, kv_split=split, kv_warps=DECODE_WIDE_WARPS,
+                              stages=DECODE_WIDE_STAGES)
             # the first K/V tiles copied before the length is read (`kv_ahead`): a round trip off a block's start
             for split in (0, 128, 512):
                 yield replace(base, bn=64, kv_split=split, kv_warps=4, stages=3, kv_ahead=True)

@@ -124,7 +124,7 @@ def test_a_second_and_third_call_reuse_the_counters_the_first_left_zero(pins):
     sizes = {"B": 4, **HEADS, "J": 1000, "L": 1001}
     built = build(DECODE, "DECODE-ATTENTION", sizes, pins)
     (kernel,) = built.plan.kernels
-    assert isinstance(kernel, AttentionKernel) and kernel.kv_split and kernel.kv_warps == (1 if pins else 4)
+    assert isinstance(kernel, AttentionKernel) and kernel.kv_split and kernel.kv_warps == (1 if pins else 8)
     tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
     for seed, lens in ((1, [1000, 0, 513, 7]), (2, [999, 1000, 1, 128]), (3, [0, 0, 640, 1000])):
         inputs = make_inputs(built.model, built.sizes, seed)
@@ -152,19 +152,26 @@ def test_wgmma_decode_golden_at_odd_sizes(n_j, pins):
     assert np.all(got[1] == 0)
 
 
-@pytest.mark.parametrize(("batch", "n_j", "split"), [(16, 4096, 1024), (64, 2048, 0), (8, 4096, 512)],
-                         ids=["b16-kv4096", "b64-kv2048", "b8-kv4096"])
-def test_the_decode_default_on_the_wgmma_loop(batch, n_j, split):
-    """Where a decode's query tiles with splits of 1024+ keys fill the GPU, its default (unpinned) is the wgmma
-    loop (`wgmma_decode_split`): split over 1024 keys at 16 sequences, whole at 64, over 512 keys at 8 sequences of
-    4096 (64-key tiles, 4 stages). Lengths from empty to full."""
+@pytest.mark.parametrize(("batch", "n_j", "loop", "split"),
+                         [(16, 32768, "wgmma", 4096), (64, 2048, "wgmma", 0), (8, 4096, "mma.sync", 512),
+                          (2, 4096, "mma.sync", 256), (1, 32768, "mma.sync", 512), (3, 1000, "mma.sync", 256),
+                          (16, 4096, "mma.sync", 1024), (4, 32768, "mma.sync", 2048)],
+                         ids=["b16-kv32768", "b64-kv2048", "b8-kv4096", "b2-kv4096", "b1-kv32768", "b3-kv1000",
+                              "b16-kv4096", "b4-kv32768"])
+def test_the_decode_default(batch, n_j, loop, split):
+    """A decode's default (unpinned): the wide mma.sync block (8 warps over 128-key tiles, `decode_split_one_wave`)
+    where its splits run in one wave: splits of 512 keys at 8 sequences of 4096 and at one of 32768, of 256 at 2
+    sequences of 4096 and at 3 of 1000 (the last split ragged), of 1024 at 16 of 4096, of 2048 at 4 of 32768;
+    else the wgmma loop (`wgmma_decode_split`): split over 4096 keys at 16 sequences of 32768, whole at 64. Lengths from empty to full;
+    each plan called twice (the combine's counters reset)."""
     sizes = {"B": batch, **HEADS, "J": n_j, "L": n_j + 1}
     built = build(DECODE, "DECODE-ATTENTION", sizes, {})
     (kernel,) = built.plan.kernels
-    assert isinstance(kernel, AttentionKernel) and kernel.main_loop == "wgmma" and kernel.kv_split == split
+    assert isinstance(kernel, AttentionKernel) and kernel.main_loop == loop and kernel.kv_split == split
+    assert loop == "wgmma" or (kernel.kv_warps, kernel.bn, kernel.stages) == (8, 128, 3)
     tol = tolerance(built.model, dict(built.plan.storage), built.plan.kernels)
     lens = [(7919 * b) % (n_j + 1) for b in range(batch)]
-    lens[:3] = [0, n_j, 1]
+    lens[:3] = [0, n_j, 1] if batch >= 3 else [n_j - 3, n_j][:batch]
     inputs = make_inputs(built.model, built.sizes, batch)
     inputs["LEN"].copy_(torch.tensor(lens, dtype=inputs["LEN"].dtype))
     for _ in range(2):  # a second call combines again (the counters reset)

@@ -48,14 +48,16 @@ def test_split_kv_is_pinned_searched_and_the_fused_decodes_default_on_a_long_cac
     """A decode's default (unpinned, and under `--pin family=attention`) is the fused kernel, its KV tiles
     sliced over 4 warps, 3 K/V buffers, split over its keys where its query tiles leave the GPU idle (its
     golden GPU runs passed and it ran 1.8x the one-warp split and 16x the unfused plan, session 31); 100 keys
-    are one split of 128: not split. A pinned KV tile brings its warps (16 keys each); the one-warp kernel is
+    are one split of 128: not split. From 256 keys its tiles are 128 keys over 8 warps, its splits one wave
+    (session 55). A pinned KV tile brings its warps (16 keys each); the one-warp kernel is
     `kv_warps=1`."""
     sliced = dict(nodes=("O",), bm=16, bn=64, stages=3, kv_warps=4)
     assert default_plan(decode, T, DECODE_SHAPE).kernels == (AttentionKernel(**sliced),)
     long = {**DECODE_SHAPE, "B": 1, "J": 4096, "L": 4097}
+    wide = dict(nodes=("O",), bm=16, bn=128, stages=3, kv_warps=8)  # from 256 keys (session 55)
     for pins in ({}, {"family": "attention"}):
         assert default_plan(decode.with_sizes(long), T, long, pins).kernels == (
-            AttentionKernel(**sliced, kv_split=128),), pins
+            AttentionKernel(**wide, kv_split=256),), pins
     assert default_plan(decode.with_sizes(long), T, long, {"family": "attention", "kv_split": "0"}).kernels[0] \
         .kv_split == 0
     assert default_plan(decode.with_sizes(long), T, long, {"bn": "32"}).kernels[0].kv_warps == 2

@@ -6,6 +6,8 @@ Z_q × GF(p) with the splits' workspaces poisoned."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from habu.lower import lower_plan
@@ -135,16 +137,19 @@ def test_a_decode_that_fills_the_gpu_with_long_splits_defaults_to_the_wgmma_loop
     assert [wgmma_decode_split(b, k, 132) for b, k in ((128, 4096), (128, 32768), (32, 4096), (32, 32768),
                                                       (64, 4096), (2, 32768), (2, 4096), (8, 1000))] == \
         [0, 0, 1024, 4096, 2048, None, None, None]
-    # splits of 512 keys where at most 8 of them fill the GPU (8 sequences × 2 KV heads of 4096 keys: 0.92× SDPA
-    # against the mma.sync decode's 0.76×, 2026-12-04), not where it takes dozens (batch 1 of 32768) or more
-    # than 8 (4 sequences of 4096: the mma.sync decode stays faster)
+    # no 512-key splits on the wgmma loop since session 55: where 1024-key splits do not fill the GPU, the wide
+    # mma.sync block takes it (`decode_split_one_wave`: 8 sequences × 2 KV heads of 4096 keys 1.01× SDPA against the
+    # wgmma loop's 512-key splits 0.92×, H100)
     assert [wgmma_decode_split(b, k, 132) for b, k in ((16, 4096), (8, 4096), (2, 32768), (8, 32768))] == \
-        [512, None, None, 2048]
+        [None, None, None, 2048]
     model = load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"]
-    # splits of 1024 keys take 64-key tiles and 4 stages (H200, 2026-12-04: 1.01× SDPA against 0.97× for 128 × 3)
-    for batch, keys, want in ((16, 4096, ("wgmma", 64, 1024, 64, 4)), (16, 32768, ("wgmma", 64, 4096, 128, 3)),
-                              (8, 4096, ("wgmma", 64, 512, 64, 4)), (4, 4096, ("mma.sync", 16, 128, 64, 3)),
-                              (64, 32768, ("wgmma", 64, 0, 128, 3)), (1, 4096, ("mma.sync", 16, 128, 64, 3))):
+    # the mma.sync decode's 128-key tiles over 8 warps, 3 stages, where its splits run in one wave (session 55); the
+    # wgmma loop where they cannot (32 query tiles of 32768 keys) or where the query tiles fill the GPU
+    for batch, keys, want in ((16, 4096, ("mma.sync", 16, 1024, 128, 3)), (16, 32768, ("wgmma", 64, 4096, 128, 3)),
+                              (2, 32768, ("mma.sync", 16, 1024, 128, 3)), (4, 32768, ("mma.sync", 16, 2048, 128, 3)),
+                              (8, 4096, ("mma.sync", 16, 512, 128, 3)), (4, 4096, ("mma.sync", 16, 256, 128, 3)),
+                              (64, 32768, ("wgmma", 64, 0, 128, 3)), (1, 4096, ("mma.sync", 16, 256, 128, 3)),
+                              (1, 32768, ("mma.sync", 16, 512, 128, 3))):
         sizes = {"B": batch, "J": keys, "L": keys + 1}
         (kernel,) = default_plan(model.with_sizes(sizes), T, sizes).kernels
         assert isinstance(kernel, AttentionKernel)
@@ -161,12 +166,13 @@ def test_regression_a_pin_of_the_mma_sync_decodes_tile_brings_its_loop():
     from habu.plan.plan import AttentionKernel
 
     model = load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"]
-    sizes = {"B": 16, "J": 4096, "L": 4097}
+    sizes = {"B": 16, "J": 32768, "L": 32769}
     m = model.with_sizes(sizes)
     assert default_plan(m, T, sizes).kernels[0].main_loop == "wgmma"
-    sliced = AttentionKernel(nodes=("O",), bm=16, bn=64, stages=3, kv_warps=4, kv_split=256, index_width=32)
+    # the mma.sync decode's default since session 55: 8 warps over 128-key tiles, splits of 4096 keys
+    sliced = AttentionKernel(nodes=("O",), bm=16, bn=128, stages=3, kv_warps=8, kv_split=4096, index_width=32)
     for pins in ({"bm": "16"}, {"kv_warps": "4"}, {"main_loop": "mma.sync"}):
         plan = default_plan(m, T, sizes, pins)
-        assert plan.kernels == (sliced,), pins
+        assert plan.kernels == (replace(sliced, kv_warps=int(pins.get("kv_warps", 8))),), pins
         assert not failures(obligations(m, plan, sizes)), pins
     assert default_plan(m, T, sizes, {"kv_split": "2048"}).kernels[0].main_loop == "wgmma"
