@@ -13,10 +13,11 @@ them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; S
 the kernels it launches) on input sets rotated past the L2 (`sets_for` up to 64 sets: a 4 MB cache is not
 evicted by 8; a decode step reads each layer's cache once, cold: before 2026-12-04 the bench timed one set,
 the whole cache L2-resident for KV ≤ 32768 at batch 1). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
-TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). The split
-size is the plan's default (`habu.paths.attention.kv_split_for`: about two blocks per SM), with KV tiles
-of 64 and of 32 keys; "fused" is the whole-cache kernel (`kv_split=0`). `--plans` adds plans by their pins
-(`kv_split=auto`: the default split for that plan's blocks; `unpinned`: the plan without pins; `unfused`: the
+TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). Without
+`--no-default` it also times the 4-warp block's split (`habu.paths.attention.kv_split_for`: about two blocks per
+SM; the default before session 55, which is now `decode_split_one_wave`'s 8-warp block: `--plans unpinned`), with
+KV tiles of 64 and of 32 keys, and "fused", the whole-cache kernel (`kv_split=0`). `--plans` adds plans by their pins
+(`kv_split=auto`: the 4-warp block's split, `kv_split_for`; `unpinned`: the plan without pins; `unfused`: the
 unfused attention plan, scores, softmax rows and value contraction), `--no-default` leaves out the whole-cache
 kernel and the default splits (timing only the `--plans`).
 """

@@ -12,6 +12,7 @@ the saved values are bf16) before anything is timed; then CUDA-event medians: Ha
 accumulated gradients zeroed in the call, as autograd allocates them) against `torch.autograd.grad` of the
 loop's output (the forward's graph kept). `--profile` lists each of Habu's backward kernels (torch.profiler);
 `--pins` pins the backward's plan (`storage=bf16`: its cotangents stored in bf16, as torch keeps them).
+torch's own bf16 autograd is checked against the same float32 reference and its errors printed beside Habu's.
 Self-checking: exits 1 if a check fails.
 """
 
@@ -90,6 +91,9 @@ def measure(tokens: int, reps: int, profile: bool, seed: int = 0, pins: dict[str
     def torch_backward(_: int) -> Any:
         return t.autograd.grad(graph, [*bf, pf], dy, retain_graph=True)
 
+    # torch's own bf16 autograd against the same float32 reference: the error a user of torch accepts today
+    mine = dict(zip(GRADS, torch_backward(0), strict=True))
+    row["torch errors"] = {k: rel_error(mine[k], want[k].double()) for k in GRADS}
     row["habu us"] = time_cuda(habu_backward, 1, warmup=1, reps=reps)["median_us"]
     row["torch autograd us"] = time_cuda(torch_backward, 1, warmup=1, reps=reps)["median_us"]
     row["x torch"] = row["torch autograd us"] / row["habu us"]
@@ -117,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             print(f"{tokens} tokens: check FAILED ({errs})", flush=True)
             continue
+        theirs = " ".join(f"{k} {v:.1e}" for k, v in row["torch errors"].items())
         print(f"{tokens} tokens: habu {row['habu us']:.1f}  torch autograd {row['torch autograd us']:.1f}  "
-              f"{row['x torch']:.2f}x torch  (errors: {errs})", flush=True)
+              f"{row['x torch']:.2f}x torch  (errors: {errs}; torch bf16 autograd's: {theirs})", flush=True)
         for name, us in row.get("habu kernels", [])[:12]:
             print(f"    {us:10.1f}  {name[:110]}", flush=True)
     if args.json:
