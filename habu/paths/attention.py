@@ -223,7 +223,7 @@ class AttentionPath(KernelPath):
             for split, (bn, warps) in itertools.product((0, 128, 256, 512), ((64, 4), (128, 8), (32, 2))):
                 yield replace(base, bn=bn, kv_split=split, kv_warps=warps)
             # the wide block over long splits (`decode_split_one_wave`: one wave of a few sequences' long caches)
-            for split in (1024, 2048, 4096):
+            for split in (1024, 2048, 4096, 8192):
                 yield replace(base, bn=DECODE_WIDE_BN, kv_split=split, kv_warps=DECODE_WIDE_WARPS,
                               stages=DECODE_WIDE_STAGES)
             # the first K/V tiles copied before the length is read (`kv_ahead`): a round trip off a block's start

@@ -331,7 +331,7 @@ class AttentionKernel:
     kv_split: int = choice("keys one block reads (split-KV, flash-decoding: the blocks of a query tile each take "
                            "kv_split keys, write a partial — running max, sum, unnormalised O — to a workspace, "
                            "and the last of them to finish combines them); 0: one block reads every key", P,
-                           default=0, allowed=(0, 32, 64, 128, 256, 512, 1024, 2048, 4096), pins=("kv_split",),
+                           default=0, allowed=(0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192), pins=("kv_split",),
                            json_optional=True, unguarded=KEEP)
     kv_warps: int = choice("warps sharing one query tile's KV tiles (a decode: query tiles of 16 rows): warp w takes "
                            "keys w·bn/kv_warps.. of each tile (a slice of 16 or more keys) with its own running max, sum "
