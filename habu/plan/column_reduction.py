@@ -52,9 +52,10 @@ def as_column_reduction(eq: Equation) -> ColumnReduction | None:
     result (an in-place update) is not one: row splits add into the output while others read it. A
     scalar output (`da = Σ n dT[n] · x[n]`, every load reading the rows `[n]` or a scalar) is a column
     reduction of one column: its rows split over the grid, the splits added atomically, where the
-    general family would reduce them all in one thread (a scalar load, `a[]`, is then its column's)."""
+    general family would reduce them all in one thread (a scalar load, `a[]`, is then its column's). A
+    scatter-add (`dX[IX[p]] += Σ q …`) is not one: the column family stores each column at its own index."""
     rhs = eq.rhs
-    if len(eq.lhs) > 1 or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max"):
+    if len(eq.lhs) > 1 or eq.scatter is not None or not isinstance(rhs, Reduce) or rhs.op not in ("sum", "max"):
         return None
     op, vs, body = _reduced_vars(rhs)
     n = eq.lhs[0] if eq.lhs else None

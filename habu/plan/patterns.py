@@ -495,7 +495,9 @@ def column_parts(model: Model, nodes: tuple[str, ...]) -> tuple[Equation, tuple[
     eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
     at = next((i for i, e in enumerate(eqs) if any(isinstance(x, Reduce) for x in walk(e.rhs))), len(eqs) - 1)
     red = eqs[at]
-    return Equation(red.target, red.lhs, inline_nodes(red.rhs, {e.target: e for e in eqs[:at]})), tuple(eqs[at + 1:])
+    # (its scatter kept: a scatter-add is no column reduction, `as_column_reduction`)
+    return Equation(red.target, red.lhs, inline_nodes(red.rhs, {e.target: e for e in eqs[:at]}), red.scatter), \
+        tuple(eqs[at + 1:])
 
 
 def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:

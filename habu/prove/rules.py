@@ -563,7 +563,12 @@ def _kernel_obligations(ctx: Context, plan: Plan, only: set[int] | None,
         yield from fields
         if not fields_allowed(fields):
             continue
-        lw = lowered.kernels[i] if lowered is not None else lower(ctx.model, k, storage)
+        try:
+            lw = lowered.kernels[i] if lowered is not None else lower(ctx.model, k, storage)
+        except ValueError as err:  # the kernel's family does not compute its node (a lowering's refusal)
+            yield Obligation(R["supported-path"], name, None, f"the {support_for(k).family} family computes "
+                             f"{'+'.join(k.nodes)}", False, detail=str(err))
+            continue
         yield from FAMILY[support_for(k).family](name, lw, ctx)
         yield from launch_obligations(name, lw, ctx)
 

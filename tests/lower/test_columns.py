@@ -393,3 +393,35 @@ def test_int32_rule_covers_the_rows_a_thread_computes_past_its_split():
     assert any(o.rule.name == "int32-offsets" and "row·#N" in o.statement for o in bad), [o.statement for o in bad]
     assert not any(o.rule.name == "bounds" for o in bad)
     assert not any(o.rule.name == "int32-offsets" and o.tensor == "dY" for o in bad)
+
+
+# the derived backward of fuzz seed 9668's model (`Y[p] = Σ q X0[IX0[p]]·X1[p q] − …`): X0's gradient is a row
+# reduction scatter-added through IX0
+SCATTERED_ROW_SUM = ("7 EXTENT: #P 130 EXTENT: #Q\nf32 TENSOR: dY ( #P )  f32 TENSOR: X1 ( #P #Q )\n"
+                     "f32 TENSOR: dX0 ( #P )\nITENSOR: IX0 ( #P #P )\n"
+                     "MODEL: FZ  dX0[IX0[p]] += Σ q dY[p] · X1[p q] ;\n")
+
+
+def test_regression_a_scatter_added_reduction_is_no_column_reduction():
+    """Fuzz (session 55, seeds 9668 and 9628, the search's variants of each default kernel): the search offered a
+    general region's scatter-add `dX0[IX0[p]] += Σ q …` the column family's kernels, as the transposed column
+    reduction of its trailing axis. Those kernels drop the scatter: each stores its column at p, not at IX0[p].
+    The finite-field check refused them (`dX0[0] differs`; seed 9628's, where IX1 maps onto another extent, ended in
+    an IndexError inside the check). The column family now takes no scatter-add, the search offers it none, and a
+    plan that gives one a column kernel is refused by the rules, naming the node."""
+    model = parse_text(SCATTERED_ROW_SUM, "fz.habu").models["FZ"]
+    eq = model.nodes[0]
+    assert eq.scatter is not None and as_column_reduction(eq) is None
+    plan = plan_of(model)
+    (region,) = default_regions(model)
+    from habu.paths import region_space
+    from habu.search.space import concrete_sizes
+
+    sizes = concrete_sizes(model, {})
+    assert not any(isinstance(k, ColumnKernel) for k in region_space(model, region, TARGET, sizes))
+    column = ColumnKernel(nodes=("dX0",), threads=256, column_threads=16, vector=1, rows_per_split=64, unroll=8,
+                          index_width=32)
+    bad = replace(plan, kernels=(column,))
+    (refusal,) = failures(obligations(model, bad, {}))
+    assert refusal.rule.name == "supported-path" and "scatter-add" in refusal.detail and "dX0" in refusal.describe()
+    assert not failures(obligations(model, plan, {}))
