@@ -14,12 +14,13 @@ the kernels it launches) on input sets rotated past the L2 (`sets_for` up to 64 
 evicted by 8; a decode step reads each layer's cache once, cold: before 2026-12-04 the bench timed one set,
 the whole cache L2-resident for KV ≤ 32768 at batch 1). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
 TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). Without
-`--no-default` it also times the 4-warp block's split (`habu.paths.attention.kv_split_for`: about two blocks per
-SM; the default before session 55, which is now `decode_split_one_wave`'s 8-warp block: `--plans unpinned`), with
-KV tiles of 64 and of 32 keys, and "fused", the whole-cache kernel (`kv_split=0`). `--plans` adds plans by their pins
+`--no-default` it times the default plan ("default": since session 55 the 8-warp block of
+`habu.paths.attention.decode_split_one_wave`), "fused", the whole-cache kernel (`kv_split=0`), and the 4-warp
+block's split (`kv_split_for`: about two blocks per SM; the default before session 55) with KV tiles of 64 and of
+32 keys. `--plans` adds plans by their pins
 (`kv_split=auto`: the 4-warp block's split, `kv_split_for`; `unpinned`: the plan without pins; `unfused`: the
-unfused attention plan, scores, softmax rows and value contraction), `--no-default` leaves out the whole-cache
-kernel and the default splits (timing only the `--plans`).
+unfused attention plan, scores, softmax rows and value contraction), `--no-default` leaves those out (timing only the
+`--plans`).
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
     sizes = {"B": batch, "G": KV_HEADS, "R": GROUP, "J": kv, "L": kv + 1, "E": WIDTH, "D": WIDTH}
     from habu.paths.attention import kv_split_for
 
-    split = kv_split_for(batch * KV_HEADS, kv, SMS)  # the plan's default under --pin family=attention
-    variants = [("fused", {"family": "attention", "bm": "16", "kv_split": "0"})] if defaults else []
-    # the split of about two blocks per SM, with KV tiles of 64 and of 32 keys (half the shared memory: more
-    # blocks resident, each warp's copies and products of a tile shorter)
+    split = kv_split_for(batch * KV_HEADS, kv, SMS)  # the 4-warp block's split (the default before session 55)
+    # the default plan (unpinned), the whole-cache kernel
+    variants = [("default", {}), ("fused", {"family": "attention", "bm": "16", "kv_split": "0"})] if defaults else []
+    # the 4-warp block's split of about two blocks per SM, with KV tiles of 64 and of 32 keys (half the shared memory:
+    # more blocks resident, each warp's copies and products of a tile shorter)
     if split and defaults:
         for bn in ("64", "32"):
             variants.append((f"split {split}/{bn}", {"family": "attention", "bm": "16", "bn": bn, "kv_split": str(split)}))
