@@ -176,3 +176,18 @@ def test_regression_a_pin_of_the_mma_sync_decodes_tile_brings_its_loop():
         assert plan.kernels == (replace(sliced, kv_warps=int(pins.get("kv_warps", 8))),), pins
         assert not failures(obligations(m, plan, sizes)), pins
     assert default_plan(m, T, sizes, {"kv_split": "2048"}).kernels[0].main_loop == "wgmma"
+
+
+def test_the_wide_decode_blocks_splits_run_in_one_wave():
+    """`decode_split_one_wave` (session 55, H100 against cuDNN SDPA in the same runs: one wave 1.00-1.08×, two waves
+    0.72-0.85×): the smallest power-of-two split from 256 keys whose blocks (query tiles × splits) fit the SMs once,
+    at most `MAX_SPLITS` splits a tile, at most 4096 keys; 0 where the keys are one split."""
+    from habu.paths.attention import MAX_SPLITS, decode_split_one_wave
+
+    cases = {(2, 4096): 256, (8, 4096): 256, (16, 4096): 512, (32, 4096): 1024, (2, 32768): 512, (4, 32768): 1024,
+             (8, 32768): 2048, (32, 32768): 4096, (2, 1000): 256, (2, 256): 0, (128, 4096): 0, (1, 65536): 1024}
+    assert {key: decode_split_one_wave(*key, 132) for key in cases} == cases
+    for (blocks, keys), split in cases.items():
+        if split and split < 4096:
+            assert blocks * -(-keys // split) <= 132 and -(-keys // split) <= MAX_SPLITS
+            assert split == 256 or blocks * -(-keys // (split // 2)) > 132 or -(-keys // (split // 2)) > MAX_SPLITS
