@@ -34,7 +34,7 @@ from habu.target import Target
 # the share of the mma.sync peak the kernel reaches (a guess for the cost model until it is measured)
 MMA_SHARE = 0.5
 # a decode's block before session 55 (session 31, docs/PERF.md): 4 warps, each 16 keys of a 64-key KV tile, 3 K/V
-# buffers; still the default where the wide block's buffers do not fit (head widths past 128)
+# buffers; still the default of a cache under `DECODE_WIDE_KEYS` or where the wide block's buffers do not fit
 DECODE_WARPS, DECODE_BN, DECODE_STAGES = 4, 64, 3
 # a decode's default block since session 55 (`decode_split_one_wave`): 8 warps, each 16 keys of a 128-key KV tile,
 # 3 K/V buffers (192 KB at head width 128: one block an SM), splits that give at most one block an SM
@@ -158,8 +158,7 @@ class AttentionPath(KernelPath):
             blocks *= n or 0
         wide = replace(kernel, bn=DECODE_WIDE_BN, kv_warps=DECODE_WIDE_WARPS, stages=DECODE_WIDE_STAGES)
         if keys and keys >= DECODE_WIDE_KEYS and lower_attention(model, wide).smem_bytes() <= target.smem_per_block:
-            return replace(wide, kv_split=decode_split_one_wave(blocks, keys, target.sm_count)) if keys and blocks \
-                else wide
+            return replace(wide, kv_split=decode_split_one_wave(blocks, keys, target.sm_count)) if blocks else wide
         narrow = replace(kernel, bn=DECODE_BN, kv_warps=DECODE_WARPS, stages=DECODE_STAGES)
         return replace(narrow, kv_split=kv_split_for(blocks, keys, target.sm_count)) if keys and blocks else narrow
 
