@@ -99,6 +99,29 @@ def test_verify_refuses_a_map_lane_index_that_wraps_by_rule(tmp_path, monkeypatc
     assert "breaks rule int32-offsets" in err and "(blockIdx.x·96 + threadIdx.x)·4" in err
 
 
+@pytest.mark.parametrize(("kernel", "message"), [
+    ({"kind": "map", "threads": 256, "vector": 1, "index_width": 32},
+     "O is not elementwise (a reduction or a scatter-add): the map family computes one element a lane"),
+    ({"kind": "columns", "threads": 256, "column_threads": 16, "vector": 1, "rows_per_split": 64, "unroll": 8,
+      "index_width": 32}, "O is not a reduction over the leading axis of its inputs"),
+    ({"kind": "rows", "rows_per_block": 4, "threads": 32, "vector": 1, "cache_row": True, "index_width": 32},
+     "O is not row-local"),
+], ids=["map", "columns", "rows"])
+def test_regression_a_hand_edited_plan_giving_a_product_another_familys_kernel_is_refused_in_one_line(
+        tmp_path, monkeypatch, capsys, kernel, message):
+    """Session 55: a map kernel on GGEMM's product ended in `the plan does not fit GGEMM: 'k'` (a KeyError's text:
+    the map lowering looked up the reduction's axis as one of its own). Each family's lowering now names why the
+    node is not its."""
+    m = bind_shape(load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"], GGEMM)
+    data = default_plan(m, TARGETS["sm_90a"], GGEMM).to_json()
+    data["kernels"] = [{"nodes": data["kernels"][0]["nodes"], **kernel}]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    code, err = verify_in_process(monkeypatch, capsys, "ggemm.habu", path)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"the plan does not fit GGEMM: {message}" in err
+
+
 def test_regression_fused_n2147483644_threads96_is_refused_by_habu_compile(tmp_path):
     """The reproduction as a user types it: certified before, refused now (before the finite-field
     check, which at this size also needed 16 GiB per box lookup table then)."""

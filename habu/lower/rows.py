@@ -499,6 +499,9 @@ def lower_map(model: Model, kernel: MapKernel, storage: Mapping[str, str] | None
     for eq in nodes:
         if tuple(v.extent for v in eq.lhs) != extents:
             raise ValueError(f"map kernel nodes must share one shape; {eq.target} differs")
+        if eq.scatter is not None or any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+            raise ValueError(f"{eq.target} is not elementwise (a reduction or a scatter-add): the map family computes "
+                             "one element a lane")
         mapping = dict(zip(eq.lhs, axes, strict=True))
         renamed.append(Equation(eq.target, tuple(axes), rename_vars(eq.rhs, mapping)))
     defined: set[str] = set()
