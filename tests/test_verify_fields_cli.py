@@ -122,6 +122,20 @@ def test_regression_a_hand_edited_plan_giving_a_product_another_familys_kernel_i
     assert f"the plan does not fit GGEMM: {message}" in err
 
 
+def test_regression_a_column_kernel_over_a_softmaxs_nodes_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """Session 55: a column kernel given SOFTMAX-NODES' first kernel (a row max, then nodes that are not along its
+    columns) ended in an AssertionError's traceback inside the column lowering."""
+    m = load_program(ROOT / "examples" / "families.habu").models["SOFTMAX-NODES"]
+    data = default_plan(m, TARGETS["sm_90a"], {}).to_json()
+    data["kernels"][0] = {"nodes": data["kernels"][0]["nodes"], "kind": "columns", "threads": 256,
+                          "column_threads": 16, "vector": 1, "rows_per_split": 64, "unroll": 8, "index_width": 32}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    code, err = verify_in_process(monkeypatch, capsys, "families.habu", path, "SOFTMAX-NODES")
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "the plan does not fit SOFTMAX-NODES" in err and "is no epilogue the column family runs" in err
+
+
 def test_regression_fused_n2147483644_threads96_is_refused_by_habu_compile(tmp_path):
     """The reproduction as a user types it: certified before, refused now (before the finite-field
     check, which at this size also needed 16 GiB per box lookup table then)."""

@@ -26,7 +26,7 @@ from typing import Any
 from habu.lower.access import Access, VectorAccess, access_for, cdiv
 from habu.lower.column_maps import ColumnPartials, ColumnThreadMap, column_maps
 from habu.lower.flatten import FlattenedRows, row_axis_names, row_count
-from habu.plan.patterns import as_column_reduction, column_parts, epilogue_column, inline_nodes
+from habu.plan.patterns import as_column_reduction, column_parts, column_region, epilogue_column, inline_nodes
 from habu.plan.plan import ColumnKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, IndexConst, IndexVar, Load, Model, Reduce, rename_vars, walk
@@ -243,6 +243,9 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
                          "its own index")
     if col is None:
         raise ValueError(f"{eq.target} is not a reduction over the leading axis of its inputs")
+    if epilogue_nodes and column_region(model, kernel.nodes) is None:
+        raise ValueError(f"{', '.join(e.target for e in epilogue_nodes)} after {eq.target} is no epilogue the column "
+                         f"family runs along {eq.target}'s columns")
     leading = tuple(v.extent for v in col.rs)
     rvs = tuple(IndexVar(a, e) for a, e in zip(row_axis_names(len(leading)), leading, strict=True))
     c_extent = col.n.extent if col.n is not None else ""  # "": a scalar output, one column
