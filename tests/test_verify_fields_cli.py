@@ -136,6 +136,17 @@ def test_regression_a_column_kernel_over_a_softmaxs_nodes_is_refused_in_one_line
     assert "the plan does not fit SOFTMAX-NODES" in err and "is no epilogue the column family runs" in err
 
 
+def test_regression_a_column_kernel_of_fewer_threads_than_its_column_threads_breaks_a_rule(
+        tmp_path, monkeypatch, capsys):
+    """Session 55 (a probe of hand-edited fields): `threads: 2` on BIAS-GRAD's column kernel (32 column threads)
+    ended in a ZeroDivisionError inside the lowering (no row group); the supported-path rule refuses it now, as it
+    refused 48."""
+    path = plan_file(tmp_path, "bias_grad.habu", "BIAS-GRAD", {}, threads=2)
+    code, err = verify_in_process(monkeypatch, capsys, "bias_grad.habu", path)
+    assert code == 1 and "Traceback" not in err
+    assert "breaks rule supported-path" in err and "the block's 2 threads are whole row groups of 32 column" in err
+
+
 def test_regression_fused_n2147483644_threads96_is_refused_by_habu_compile(tmp_path):
     """The reproduction as a user types it: certified before, refused now (before the finite-field
     check, which at this size also needed 16 GiB per box lookup table then)."""

@@ -110,7 +110,8 @@ def column_maps(kernel: ColumnKernel) -> tuple[ColumnThreadMap, ColumnPartials]:
     """The maps of a column kernel's schedule."""
     groups = kernel.threads // kernel.column_threads
     tile = kernel.column_threads * kernel.vector
-    steps = -(-kernel.rows_per_split // (groups * kernel.unroll))
+    # (no row group: a block of fewer threads than its column threads, which the supported-path rule refuses)
+    steps = -(-kernel.rows_per_split // (max(1, groups) * kernel.unroll))
     threads = ColumnThreadMap(kernel.threads, kernel.column_threads, kernel.vector, kernel.unroll, groups, tile,
                               kernel.vector, kernel.rows_per_split, groups * kernel.unroll, groups, steps,
                               kernel.threads, 1)
