@@ -239,8 +239,8 @@ def lower_columns(model: Model, kernel: ColumnKernel, storage: Mapping[str, str]
     eq, epilogue_nodes = column_parts(model, kernel.nodes)  # the elementwise prologue nodes inlined
     col = as_column_reduction(eq)
     if col is None and eq.scatter is not None:
-        raise ValueError(f"{eq.target} is a scatter-add (`{eq.target}[…] +=`): the column family stores each column at "
-                         "its own index")
+        raise ValueError(f"{eq.target} is a scatter-add (`{eq.target}[…] +=`): the column family stores "
+                         "each column at its own index")
     if col is None:
         raise ValueError(f"{eq.target} is not a reduction over the leading axis of its inputs")
     if epilogue_nodes and column_region(model, kernel.nodes) is None:

@@ -490,14 +490,12 @@ def inline_nodes(expr: Expr, defs: dict[str, Equation]) -> Expr:
 
 
 def column_parts(model: Model, nodes: tuple[str, ...]) -> tuple[Equation, tuple[Equation, ...]]:
-    """A column region's reduction node, with the elementwise prologue nodes before it inlined, and its
-    epilogue: the elementwise nodes after it, one value per column (`H[n] = G[n] · 0.5`)."""
+    """A column region's reduction node (its scatter kept: a scatter-add is no column reduction), the elementwise
+    prologue nodes before it inlined, and its epilogue: the elementwise nodes after it, one value per column."""
     eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
     at = next((i for i, e in enumerate(eqs) if any(isinstance(x, Reduce) for x in walk(e.rhs))), len(eqs) - 1)
-    red = eqs[at]
-    # (its scatter kept: a scatter-add is no column reduction, `as_column_reduction`)
-    return Equation(red.target, red.lhs, inline_nodes(red.rhs, {e.target: e for e in eqs[:at]}), red.scatter), \
-        tuple(eqs[at + 1:])
+    red, body = eqs[at], inline_nodes(eqs[at].rhs, {e.target: e for e in eqs[:at]})
+    return Equation(red.target, red.lhs, body, red.scatter), tuple(eqs[at + 1:])
 
 
 def column_node(model: Model, nodes: tuple[str, ...]) -> Equation:

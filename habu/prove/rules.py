@@ -22,6 +22,7 @@ from habu.lower import (
     Lowering,
     MapLowering,
     RowLowering,
+    lower,
 )
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.contraction import epilogue_is_linear, is_batch_axis
@@ -171,8 +172,7 @@ def _access_obligations(name: str, access: Access, axes: Mapping[str, tuple[Any,
 
 
 def scatter_accumulates(name: str, store: Store, out: Access, overwrite: str) -> Obligation:
-    """The `scatter-accumulates` obligation of a kernel storing a scatter node (`T[IX[r] n] += …`): it
-    adds each value with f32 atomicAdd (`overwrite`: what a plain store would do wrong)."""
+    """`scatter-accumulates` of a scatter node's store (`T[IX[r] n] += …`): f32 atomicAdd (`overwrite`: why not)."""
     return Obligation(R["scatter-accumulates"], name, out.tensor,
                       f"the scatter into {out.tensor} adds each value with f32 atomicAdd",
                       store is Store.ATOMIC_ADD and out.dtype == "f32",
@@ -323,8 +323,8 @@ def _tma_store(name: str, lw: ContractionLowering, ctx: Context, layout) -> Iter
 
 
 def supported(name: str, lw: Lowering, ctx: Context) -> Iterator[Obligation]:
-    """What Habu's emitter can generate (not a hardware rule: a plan outside it cannot be built), as
-    the kernel's path says (`refusals`, habu/lower/support.py)."""
+    """What Habu's emitter can generate (no hardware rule: a plan outside it cannot be built), as the kernel's path
+    says (`refusals`, habu/lower/support.py)."""
     support = support_for(lw.kernel)
     reasons = support.refusals(lw)
     yield Obligation(R["supported-path"], name, None, f"the {support.name} path supports this plan", not reasons,
@@ -548,13 +548,10 @@ FAMILY: dict[str, Callable[[str, Any, Context], Iterator[Obligation]]] = {
 
 def _kernel_obligations(ctx: Context, plan: Plan, only: set[int] | None,
                         lowered: LoweredPlan | None = None) -> Iterator[Obligation]:
-    """Every obligation of the plan's kernels (those in `only`, else all), undischarged: first the
-    kernel's fields (a kernel with a field outside its values is not lowered), then its family's
-    rules and its launches, lowered over the context's model (the model after the plan's rewrites);
-    `lowered`: the plan already lowered (by `prove`), ruled on as is."""
+    """Every obligation of the plan's kernels (those in `only`, else all), undischarged: the fields (a kernel
+    with one outside its values is not lowered), its family's rules and launches over the context's model
+    (`lowered`: as `prove` lowered it); a kernel its family cannot lower breaks supported-path."""
     storage = dict(plan.storage)
-    from habu.lower import lower
-
     for i, k in enumerate(plan.kernels):
         if only is not None and i not in only:
             continue
@@ -566,8 +563,7 @@ def _kernel_obligations(ctx: Context, plan: Plan, only: set[int] | None,
         try:
             lw = lowered.kernels[i] if lowered is not None else lower(ctx.model, k, storage)
         except ValueError as err:  # the kernel's family does not compute its node (a lowering's refusal)
-            yield Obligation(R["supported-path"], name, None, f"the {support_for(k).family} family computes "
-                             f"{'+'.join(k.nodes)}", False, detail=str(err))
+            yield Obligation(R["supported-path"], name, None, f"its family computes {name}", False, detail=str(err))
             continue
         yield from FAMILY[support_for(k).family](name, lw, ctx)
         yield from launch_obligations(name, lw, ctx)
@@ -575,8 +571,8 @@ def _kernel_obligations(ctx: Context, plan: Plan, only: set[int] | None,
 
 def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
                  only: set[int] | None = None) -> Obligation | None:
-    """The first structural rule the plan breaks (those that need no solver), or None: a cheap
-    filter the search runs before the z3 obligations. `only`: check these kernels alone."""
+    """The first structural rule the plan breaks (those that need no solver), or None: the search's cheap filter
+    before the z3 obligations. `only`: check these kernels alone."""
     ctx = replace(context(model, plan, sizes), quick=True)
     table = checked_rules(ctx.target)
     for ob in _kernel_obligations(ctx, plan, only):
@@ -588,9 +584,8 @@ def quick_reject(model: Model, plan: Plan, sizes: Mapping[str, int] | None = Non
 
 def obligations(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
                 only: set[int] | None = None, lowered: LoweredPlan | None = None) -> list[Obligation]:
-    """Every obligation of every kernel of the plan (or of the kernels in `only`), discharged.
-    `lowered`: the plan's lowering when the caller has it (the proof then rules on the very objects
-    the emitter prints)."""
+    """Every obligation of every kernel of the plan (or of the kernels in `only`), discharged. `lowered`: the plan's
+    lowering when the caller has it (the proof then rules on the very objects the emitter prints)."""
     ctx = context(model, plan, sizes)
     table = checked_rules(ctx.target)
     return [discharge(ob, ctx) for ob in _kernel_obligations(ctx, plan, only, lowered) if ob.rule.name in table]
