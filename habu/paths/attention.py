@@ -101,6 +101,15 @@ def decode_split_one_wave(blocks: int, keys: int, sms: int) -> int:
     return split if keys > split else 0
 
 
+def decode_shape(model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> tuple[int, int]:
+    """A decode's (query tiles of 16 rows, keys) at `sizes`; 0 for a count not known yet (a runtime extent)."""
+    size = lambda e: model.sizes.get(e) or sizes.get(e) or 0  # noqa: E731
+    blocks = -(-(size(form.row.extent) or 16) // 16)
+    for v in form.batch:
+        blocks *= size(v.extent)
+    return blocks, size(form.key.extent)
+
+
 def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
     """Split-KV for a decode of `blocks` query tiles on the wgmma loop (K and V by TMA, one block an SM: 208 KB of
     shared memory at KV tiles of 128 × 3 stages), or None where the mma.sync decode stays faster: 0 where the
@@ -151,13 +160,9 @@ class AttentionPath(KernelPath):
         wave (`decode_split_one_wave`), where the cache has at least `DECODE_WIDE_KEYS` keys and the block's 3 K/V
         buffers fit its shared memory; else 4 warps over 64-key tiles, split for about two blocks an SM
         (`kv_split_for`)."""
-        size = lambda e: model.sizes.get(e) or sizes.get(e)  # noqa: E731
-        batch, keys, rows = [size(v.extent) for v in form.batch], size(form.key.extent), size(form.row.extent) or 16
-        blocks = -(-rows // kernel.bm)
-        for n in batch:
-            blocks *= n or 0
+        blocks, keys = decode_shape(model, form, sizes)
         wide = replace(kernel, bn=DECODE_WIDE_BN, kv_warps=DECODE_WIDE_WARPS, stages=DECODE_WIDE_STAGES)
-        if keys and keys >= DECODE_WIDE_KEYS and lower_attention(model, wide).smem_bytes() <= target.smem_per_block:
+        if keys >= DECODE_WIDE_KEYS and lower_attention(model, wide).smem_bytes() <= target.smem_per_block:
             return replace(wide, kv_split=decode_split_one_wave(blocks, keys, target.sm_count)) if blocks else wide
         narrow = replace(kernel, bn=DECODE_BN, kv_warps=DECODE_WARPS, stages=DECODE_STAGES)
         return replace(narrow, kv_split=kv_split_for(blocks, keys, target.sm_count)) if keys and blocks else narrow
@@ -188,12 +193,8 @@ class AttentionPath(KernelPath):
         kernel = self.default(model, Region("general", (node,)), target, sizes)
         if kernel is None:
             return {}
-        size = lambda e: model.sizes.get(e) or sizes.get(e)  # noqa: E731
-        batch, keys = [size(v.extent) for v in form.batch], size(form.key.extent)
-        if keys and all(batch) and self.wgmma_kernel(model, kernel, target) is not None:
-            blocks = 1
-            for n in batch:
-                blocks *= n  # type: ignore[operator]
+        blocks, keys = decode_shape(model, form, sizes)
+        if keys and blocks and self.wgmma_kernel(model, kernel, target) is not None:
             wide = wgmma_decode_split(blocks, keys, target.sm_count)
             # the wide mma.sync block whose splits run in one wave beat the wgmma loop's splits (session 55)
             one_wave = kernel.kv_warps == DECODE_WIDE_WARPS and \
