@@ -147,6 +147,20 @@ def test_regression_a_column_kernel_of_fewer_threads_than_its_column_threads_bre
     assert "breaks rule supported-path" in err and "the block's 2 threads are whole row groups of 32 column" in err
 
 
+def test_regression_a_split_k_beyond_the_k_tiles_is_refused_before_the_field_check(tmp_path, monkeypatch, capsys):
+    """Session 55 (a probe of hand-edited fields): `split_k: 4096` on MOE-UP's sm_80 kernel (128 k tiles of 32)
+    passed every rule, and the field check, holding every split's partials, went past 4.5 GiB. Rule
+    split-k-tiles refuses it now; a split of exactly the k tiles stays a plan (checked at 1.6 GB)."""
+    m = load_program(ROOT / "examples" / "moe_gather.habu").models["MOE-UP"]
+    data = default_plan(m, TARGETS["sm_80"], {}, {}).to_json()
+    data["kernels"][0]["split_k"] = 4096
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    code, err = verify_in_process(monkeypatch, capsys, "moe_gather.habu", path, model="MOE-UP")
+    assert code == 1 and "Traceback" not in err
+    assert "breaks rule split-k-tiles" in err and "split_k 4096 but #K = 4096 holds 128 k tiles of 32" in err
+
+
 def test_regression_fused_n2147483644_threads96_is_refused_by_habu_compile(tmp_path):
     """The reproduction as a user types it: certified before, refused now (before the finite-field
     check, which at this size also needed 16 GiB per box lookup table then)."""
@@ -160,3 +174,16 @@ def test_verify_by_subprocess_prints_error_and_exits_1_for_a_bad_field(tmp_path)
     r = habu("verify", "examples/ggemm.habu", "--plan", str(path))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("habu: error: ") and "tile_k must be a whole number ≥ 1, got 0" in r.stderr
+
+
+@pytest.mark.parametrize("split, broken", [(128, False), (129, True), (2, False)])
+def test_split_k_tiles_holds_up_to_the_k_tiles_and_no_further(split, broken):
+    """MOE-UP on sm_80 has 128 k tiles of 32: a split of 128 (one k tile each) keeps to the rule, 129 breaks it."""
+    from habu.plan.plan import Plan
+    from habu.prove.rules import failures, obligations
+
+    m = load_program(ROOT / "examples" / "moe_gather.habu").models["MOE-UP"]
+    data = default_plan(m, TARGETS["sm_80"], {}, {}).to_json()
+    data["kernels"][0]["split_k"] = split
+    obs = [o for o in obligations(m, Plan.from_json(data)) if o.rule.name == "split-k-tiles"]
+    assert len(obs) == 1 and (obs[0] in failures(obs)) == broken

@@ -25,7 +25,7 @@ from habu.lower import (
     lower,
 )
 from habu.lower.access import Access, cdiv, size_of
-from habu.lower.contraction import epilogue_is_linear, is_batch_axis
+from habu.lower.contraction import is_batch_axis
 from habu.lower.general import Store
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.support import ROWS, accumulator_registers, lowering_smem, support_for
@@ -47,7 +47,7 @@ from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allow
 from habu.prove.rules_general import general_obligations
 from habu.prove.rules_grouped import GROUPED_RULES, grouped_obligations
 from habu.prove.rules_occupancy import OCCUPANCY_RULES, occupancy_obligations
-from habu.prove.rules_split import SPLIT_RULES, cluster_split_obligations
+from habu.prove.rules_split import SPLIT_RULES, split_obligations
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -254,14 +254,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
                      layout.total <= t.smem_per_block,
                      detail=f"{layout.total} bytes of shared memory; the target has {t.smem_per_block}")
     yield from occupancy_obligations(name, k, split, layout.total, t)
-    if k.split_k > 1 and lw.cluster_split:
-        yield from cluster_split_obligations(name, lw, ctx, R["target-feature"])
-    elif k.split_k > 1:
-        also = f", and it stores {', '.join(a.tensor for _, a in lw.extra_outs)} too" if lw.extra_outs else ""
-        yield Obligation(R["split-k-linear"], name, lw.out.tensor, "split-K adds partials atomically: the epilogue "
-                         "is linear and the output f32, the only one", epilogue_is_linear(lw) and lw.out.dtype == "f32"
-                         and not lw.extra_outs, detail=f"output {lw.out.dtype}, epilogue "
-                         f"{'linear' if epilogue_is_linear(lw) else 'nonlinear'}{also}")
+    if k.split_k > 1:
+        yield from split_obligations(name, lw, ctx, R["target-feature"], R["split-k-linear"])
 
     # data movement per operand
     for side, acc, move, vec in (("A", lw.a, k.a_move, k.a_vector), ("B", lw.b, k.b_move, k.b_vector)):

@@ -1,5 +1,6 @@
-"""The rules of a cluster split-K (habu/lower/split_cluster.py): its blocks are a hardware cluster whose
-rank is the split the kernel reads, on a target with clusters."""
+"""The rules of a split-K contraction: no more splits than k tiles; an atomic split's epilogue linear into one f32
+output; a cluster split's (habu/lower/split_cluster.py) blocks a hardware cluster whose rank is the split the
+kernel reads, on a target with clusters."""
 
 from __future__ import annotations
 
@@ -7,13 +8,36 @@ from collections.abc import Iterator
 
 import z3
 
-from habu.lower.contraction import ContractionLowering
+from habu.lower.contraction import ContractionLowering, epilogue_is_linear
 from habu.prove.obligation import Context, Obligation, Rule
 
 SPLIT_RULES = {r.name: r for r in (
     Rule("cluster-split-rank", "a cluster split's blocks share one tile, the split being the block's cluster rank",
          "CUDA guide: thread-block clusters (1-D clusters of consecutive blocks); PTX mapa"),
+    Rule("split-k-tiles", "split-K divides the k tiles among at most as many splits as there are k tiles",
+         "a split beyond the k tiles sums nothing: its blocks, partials and the field check's per-split work are "
+         "waste (a hand-edited split_k of 4096 took the check over 4.5 GiB)"),
 )}
+
+
+def split_obligations(name: str, lw: ContractionLowering, ctx: Context, feature: Rule,
+                      linear: Rule) -> Iterator[Obligation]:
+    """A split-K kernel (split_k > 1): at most one split a k tile; then the cluster split's rules, or the atomic
+    split's (`linear`: partials added atomically need a linear epilogue into one f32 output)."""
+    k, s = lw.kernel, ctx.ext
+    k_tiles = lw.k_tiles(s)
+    yield Obligation(SPLIT_RULES["split-k-tiles"], name, lw.out.tensor,
+                     f"{k.split_k} splits ≤ the ⌈#{lw.k}/{lw.bk}⌉ k tiles", k_tiles >= k.split_k,
+                     detail=f"split_k {k.split_k} but #{lw.k} = {s[lw.k]} holds {k_tiles} k tiles of {lw.bk}: "
+                            "choose a split_k of at most the k tiles")
+    if lw.cluster_split:
+        yield from cluster_split_obligations(name, lw, ctx, feature)
+        return
+    also = f", and it stores {', '.join(a.tensor for _, a in lw.extra_outs)} too" if lw.extra_outs else ""
+    yield Obligation(linear, name, lw.out.tensor, "split-K adds partials atomically: the epilogue "
+                     "is linear and the output f32, the only one", epilogue_is_linear(lw) and lw.out.dtype == "f32"
+                     and not lw.extra_outs, detail=f"output {lw.out.dtype}, epilogue "
+                     f"{'linear' if epilogue_is_linear(lw) else 'nonlinear'}{also}")
 
 
 def cluster_split_obligations(name: str, lw: ContractionLowering, ctx: Context, feature: Rule) -> Iterator[Obligation]:
