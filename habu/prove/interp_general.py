@@ -13,6 +13,7 @@ from fractions import Fraction
 import numpy as np
 
 from habu.lower.general import GeneralLowering, Store
+from habu.prove.deadline import check_deadline
 from habu.prove.index_arith import NumpyIndex
 from habu.prove.interp import Memory, PlanFault, read, write
 from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind
@@ -113,17 +114,37 @@ def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memor
             args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
             return f.op(e.fn, [np.asarray(a) for a in args])
         if isinstance(e, Reduce):
-            inner, new_shape = dict(at), shape
-            for axis in lw.loop_axes(e):
-                n = int(lw.loop_end(axis, sizes))
-                inner[axis] = np.arange(n, dtype=np.int64).reshape((1,) * len(new_shape) + (n,))
-                new_shape = (*new_shape, n)
-            inner = {a: v.reshape(v.shape + (1,) * (len(new_shape) - v.ndim)) for a, v in inner.items()}
-            body = np.broadcast_to(ev(e.body, inner, new_shape), new_shape)
-            if body.size == 0:
+            loops = [(axis, int(lw.loop_end(axis, sizes))) for axis in lw.loop_axes(e)]
+            if any(n <= 0 for _, n in loops):
                 raise PlanFault(f"{name}: a reduction loop of {lw.out.tensor} runs no iteration")
-            return f.reduce(e.op, body, tuple(range(len(shape), len(new_shape))))
+            whole = int(np.prod(shape, dtype=np.int64)) * int(np.prod([n for _, n in loops], dtype=np.int64))
+            cut = max(range(len(loops)), key=lambda i: loops[i][1], default=0)
+            if whole <= CHUNK_ELEMENTS or not loops or loops[cut][1] == 1:
+                return reduce_part(e, at, shape, loops, cut, 0, loops[cut][1] if loops else 0)
+            # the loops' iterations over the lanes are more than a chunk: the longest loop's iterations in slices,
+            # each reduced, then merged (memory bounded by a chunk, whatever the loops' volume: a derived backward's
+            # general kernel of seed 9978 wanted 798 GiB at once)
+            n = loops[cut][1]
+            step = max(1, CHUNK_ELEMENTS // (whole // n))
+            total = reduce_part(e, at, shape, loops, cut, 0, step)
+            for lo in range(step, n, step):  # merged as they come: one partial held at a time
+                check_deadline("in a general kernel's reduction loop")
+                part = reduce_part(e, at, shape, loops, cut, lo, min(n, lo + step))
+                total = f.merge(e.op, np.stack(np.broadcast_arrays(total, part), axis=-1), -1)
+            return total
         raise PlanFault(f"{name}: cannot evaluate {e}")
+
+    def reduce_part(e: Reduce, at: dict[str, np.ndarray], shape: tuple[int, ...], loops: list[tuple[str, int]],
+                    cut: int, lo: int, hi: int) -> np.ndarray:
+        """The reduction over the loops' iterations, loop `cut`'s from `lo` to `hi` only."""
+        inner, new_shape = dict(at), shape
+        for i, (axis, n) in enumerate(loops):
+            first, end = (lo, hi) if i == cut else (0, n)
+            inner[axis] = np.arange(first, end, dtype=np.int64).reshape((1,) * len(new_shape) + (end - first,))
+            new_shape = (*new_shape, end - first)
+        inner = {a: v.reshape(v.shape + (1,) * (len(new_shape) - v.ndim)) for a, v in inner.items()}
+        body = np.broadcast_to(ev(e.body, inner, new_shape), new_shape)
+        return f.reduce(e.op, body, tuple(range(len(shape), len(new_shape))))
 
     shape = (len(lanes),)
     return np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)

@@ -201,6 +201,14 @@ class PrimeField:
     def repeat_sum(self, data: np.ndarray, count: int) -> np.ndarray:
         return (data * (count % self.p)) % self.p
 
+    def merge(self, op: str, partials: np.ndarray, axis: int) -> np.ndarray:
+        """The reduction `op` over every point, from the reductions of disjoint parts of the points stacked
+        along `axis`: partial sums add; a max's partial products Π (r − x) multiply (a max of maxes would
+        not be the max: the model of max is the product over all its points)."""
+        if op == "sum":
+            return self.sum_axis(partials, axis)
+        return self.product_last(np.moveaxis(partials, axis, -1))
+
     def repeat_max(self, data: np.ndarray, count: int) -> np.ndarray:
         # prod(r − x) over `count` copies of x: (r − x)^count
         out = np.ones_like(data)

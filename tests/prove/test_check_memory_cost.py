@@ -135,3 +135,65 @@ def test_an_index_table_is_read_once_a_coordinate_where_the_mask_is_wider():
             values = ix.draw(full.ravel()).reshape(full.shape)
             assert np.array_equal(ok, mask & (values >= 0) & (values < 30))
             assert mem.index_error_count == int((mask & ~((values >= 0) & (values < 30))).sum())
+
+
+def _seed_9978_backward():
+    from habu.cli_grad import backward_program
+    from habu.search.space import enumerate_plans
+    from habu.spec.parser import parse_text
+    from tests.random_models import random_model
+
+    program, name = backward_program(parse_text(random_model(9978), "fuzz.habu"), "FZ", None, "auto")
+    model = program.models[name]
+    return model, list(enumerate_plans(model, TARGETS["sm_90a"], {}))
+
+
+def _general_64(plans):
+    return next(p for p in plans if any(getattr(k, "kind", "") == "general" and k.threads == 64
+                                          and k.nodes == ("dX1",) for k in p.kernels))
+
+
+def test_a_field_merges_partial_reductions_into_the_whole_one():
+    from habu.spec.field import PrimeField
+
+    f = PrimeField(2**31 - 1, seed=5)
+    x = np.random.default_rng(0).integers(0, f.p, size=(3, 10))
+    for op in ("sum", "max"):
+        parts = np.stack([f.reduce(op, x[:, :4], (1,)), f.reduce(op, x[:, 4:], (1,))], axis=-1)
+        assert np.array_equal(f.merge(op, parts, -1), f.reduce(op, x, (1,)))
+    # a max of the partial maxes is not the model's max (the product Π (r − x) over every point)
+    assert not np.array_equal(f.reduce("max", parts, (1,)), f.reduce("max", x, (1,)))
+
+
+def test_a_general_kernels_reduction_in_slices_gives_the_whole_ones_values(monkeypatch):
+    """A reduction over more iterations than a chunk runs its longest loop in slices, merged: the plan that
+    passes whole passes sliced (nested max and sums of seed 9978's derived backward, a chunk of 8 elements)."""
+    import habu.prove.interp_general as interp_general
+
+    model, plans = _seed_9978_backward()
+    whole = verify.verify_plan(model, plans[0], None, 1)
+    monkeypatch.setattr(interp_general, "CHUNK_ELEMENTS", 8)
+    sliced = verify.verify_plan(model, plans[0], None, 1)
+    assert whole.passed and sliced.passed
+
+
+def test_regression_seed_9978_a_general_kernels_field_check_holds_a_chunk_not_its_loops_volume():
+    """Session 55's fuzz: the derived backward of seed 9978 (a max of sums) has a general kernel of 64 threads whose
+    witness keeps #Q = 130 whole; one lane's nested loops are 10^11 iterations, and the check asked for 798 GiB at
+    once (an 11 GB run before it). It now holds a chunk at a time and gives up at the search's deadline."""
+    import time
+    import tracemalloc
+
+    import pytest
+
+    from habu.prove.deadline import DeadlinePassed, proof_deadline
+
+    model, plans = _seed_9978_backward()
+    tracemalloc.start()
+    try:
+        with proof_deadline(time.time() + 3), pytest.raises(DeadlinePassed):
+            verify.verify_plan(model, _general_64(plans), None, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 30, peak
