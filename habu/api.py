@@ -24,7 +24,8 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     """Prove the default (or pinned) plan for `model`, emit it and return a `CompiledModel`.
 
     `grad`: instead, the model and its derived backward (habu.spec.grad) compiled as a callable that
-    torch.autograd differentiates (`habu.torch_grad.GradModel`; the float64 reference on the CPU).
+    torch.autograd differentiates (`habu.torch_grad.GradModel`; the float64 reference on the CPU); `pins` then
+    pin the backward's plan.
 
     `check`: when this machine has a GPU of the target's kind, first run every member of the set
     once on small-integer inputs and compare each output element bit for bit with the exact
@@ -42,7 +43,7 @@ def build(path: str | Path, model: str | None = None, *, target: str | None = No
     if grad:
         from habu.torch_grad import build_grad
 
-        return build_grad(path, model, target=target, trials=trials, **shape)
+        return build_grad(path, model, target=target, trials=trials, backward_pins=pins, **shape)
     program = load_program(path)
     m = program.pick(model)
     tgt = target_named(target or current_arch())

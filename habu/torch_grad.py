@@ -127,9 +127,11 @@ def _function() -> Any:
 
 
 def build_grad(path: str | Path, model: str | None = None, *, target: str | None = None, trials: int = 3,
-               wrt: list[str] | None = None, save: str = "auto", kernels: bool = True, **shape: int) -> GradModel:
+               wrt: list[str] | None = None, save: str = "auto", kernels: bool = True,
+               backward_pins: dict[str, str] | None = None, **shape: int) -> GradModel:
     """The model of `path` and its derived backward; with `kernels` (and a GPU target) both compiled
-    from proven plans, else the float64 reference on the CPU only."""
+    from proven plans, else the float64 reference on the CPU only. `backward_pins` pin the backward's plan
+    (e.g. {"storage": "bf16"}: its cotangents stored in bf16, habu/plan/storage_pin.py)."""
     from habu.spec.grad_program import derive_model
     from habu.spec.grad_save import SaveMode, SavePolicy
     from habu.spec.parser import load_program
@@ -152,7 +154,8 @@ def build_grad(path: str | Path, model: str | None = None, *, target: str | None
             name = f"{derived.name}-{'FWD' if derived is bw.forward else 'BWD'}"
             program.models[name] = derived
             program.model_spans[name] = program.model_spans[m.name]
-            compiled = compile_model(program, name, dict(shape), tgt, {}, trials)
+            pins = dict(backward_pins or {}) if derived is bw.model else {}
+            compiled = compile_model(program, name, dict(shape), tgt, pins, trials)
             members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
             built.append(CompiledModel(compiled.model, KernelSet(members), arch=tgt.name))
         gm.forward_kernels, gm.backward_kernels = built
