@@ -113,17 +113,19 @@ def decode_shape(model: Model, form: AttentionForm, sizes: Mapping[str, int]) ->
 def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
     """Split-KV for a decode of `blocks` query tiles on the wgmma loop (K and V by TMA, one block an SM: 208 KB of
     shared memory at KV tiles of 128 × 3 stages), or None where the mma.sync decode stays faster: 0 where the
-    query tiles nearly fill the GPU, else the fewest splits of a power of two keys (1024 to 4096) that fill it.
+    query tiles nearly fill the GPU, else the fewest splits of a power of two keys (1024 to 8192) that fill it.
     H200, 2026-12-03 (2 KV heads × 2 query heads, d128; against cuDNN SDPA in the same run): unsplit at batch 64
     1.00× at KV 4096 and 32768 (4.60 TB/s; the mma.sync default 0.80-0.88×), splits of 1024 at 4096 × 16
     0.92× (0.83×), of 2048 at 32768 × 16 0.95× (0.85×); splits under 1024 keys ran slower than the mma.sync
     decode (batch 1: 0.75-0.79× against 0.86-0.95×). Splits of 512 keys where at most 8 filled the GPU (sessions
-    46-54: KV 4096 × 8, 0.92-0.97×) lost to the wide mma.sync block in session 55 (`decode_split_one_wave`)."""
+    46-54: KV 4096 × 8, 0.92-0.97×) lost to the wide mma.sync block in session 55 (`decode_split_one_wave`).
+    Splits of 8192 (H100, session 56): 32768 × 16 in 128 blocks, one wave, 179.5 µs (0.99× SDPA) against 182.9
+    (0.97×) for splits of 4096 in two waves."""
     if 10 * blocks >= 9 * sms:
         return 0
     want = -(-sms // max(1, blocks))
     split = 1024
-    while split < 4096 and -(-keys // split) > want:
+    while split < 8192 and -(-keys // split) > want:
         split *= 2
     splits = -(-keys // split)
     return split if splits > 1 and 10 * blocks * splits >= 9 * sms else None

@@ -153,7 +153,7 @@ def test_wgmma_decode_golden_at_odd_sizes(n_j, pins):
 
 
 @pytest.mark.parametrize(("batch", "n_j", "loop", "split"),
-                         [(16, 32768, "wgmma", 4096), (64, 2048, "wgmma", 0), (8, 4096, "mma.sync", 512),
+                         [(16, 32768, "wgmma", 8192), (64, 2048, "wgmma", 0), (8, 4096, "mma.sync", 512),
                           (2, 4096, "mma.sync", 256), (1, 32768, "mma.sync", 512), (3, 1000, "mma.sync", 256),
                           (16, 4096, "mma.sync", 1024), (4, 32768, "mma.sync", 2048)],
                          ids=["b16-kv32768", "b64-kv2048", "b8-kv4096", "b2-kv4096", "b1-kv32768", "b3-kv1000",
@@ -162,7 +162,7 @@ def test_the_decode_default(batch, n_j, loop, split):
     """A decode's default (unpinned): the wide mma.sync block (8 warps over 128-key tiles, `decode_split_one_wave`)
     where its splits run in one wave: splits of 512 keys at 8 sequences of 4096 and at one of 32768, of 256 at 2
     sequences of 4096 and at 3 of 1000 (the last split ragged), of 1024 at 16 of 4096, of 2048 at 4 of 32768;
-    else the wgmma loop (`wgmma_decode_split`): split over 4096 keys at 16 sequences of 32768, whole at 64.
+    else the wgmma loop (`wgmma_decode_split`): split over 8192 keys at 16 sequences of 32768, whole at 64.
     Lengths from empty to full; each plan called twice (the combine's counters reset)."""
     sizes = {"B": batch, **HEADS, "J": n_j, "L": n_j + 1}
     built = build(DECODE, "DECODE-ATTENTION", sizes, {})

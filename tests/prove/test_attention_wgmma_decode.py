@@ -129,14 +129,15 @@ def test_regression_a_split_past_a_short_sequence_waits_for_a_tile_never_loaded(
 
 def test_a_decode_that_fills_the_gpu_with_long_splits_defaults_to_the_wgmma_loop():
     """`wgmma_decode_split` (H200, 2026-12-03: 0.94-1.00× cuDNN SDPA where the mma.sync decode ran 0.81-0.86×):
-    unsplit where the query tiles nearly fill the 132 SMs, else the fewest splits of 1024-4096 keys that fill them;
+    unsplit where the query tiles nearly fill the 132 SMs, else the fewest splits of 1024-8192 keys that fill them
+    (8192 since session 56: 32 query tiles of 32768 keys in one wave, 0.99× SDPA against 0.97× in two);
     None (the mma.sync decode) where even 1024-key splits leave the GPU idle (batch 1, short caches)."""
     from habu.paths.attention import wgmma_decode_split
     from habu.plan.plan import AttentionKernel
 
     assert [wgmma_decode_split(b, k, 132) for b, k in ((128, 4096), (128, 32768), (32, 4096), (32, 32768),
                                                       (64, 4096), (2, 32768), (2, 4096), (8, 1000))] == \
-        [0, 0, 1024, 4096, 2048, None, None, None]
+        [0, 0, 1024, 8192, 2048, None, None, None]
     # no 512-key splits on the wgmma loop since session 55: where 1024-key splits do not fill the GPU, the wide
     # mma.sync block takes it (`decode_split_one_wave`: 8 sequences × 2 KV heads of 4096 keys 1.01× SDPA against the
     # wgmma loop's 512-key splits 0.92×, H100)
@@ -145,7 +146,7 @@ def test_a_decode_that_fills_the_gpu_with_long_splits_defaults_to_the_wgmma_loop
     model = load_program(ROOT / "examples" / "decode_attention.habu").models["DECODE-ATTENTION"]
     # the mma.sync decode's 128-key tiles over 8 warps, 3 stages, where its splits run in one wave (session 55); the
     # wgmma loop where they cannot (32 query tiles of 32768 keys) or where the query tiles fill the GPU
-    for batch, keys, want in ((16, 4096, ("mma.sync", 16, 1024, 128, 3)), (16, 32768, ("wgmma", 64, 4096, 128, 3)),
+    for batch, keys, want in ((16, 4096, ("mma.sync", 16, 1024, 128, 3)), (16, 32768, ("wgmma", 64, 8192, 128, 3)),
                               (2, 32768, ("mma.sync", 16, 1024, 128, 3)), (4, 32768, ("mma.sync", 16, 2048, 128, 3)),
                               (8, 4096, ("mma.sync", 16, 512, 128, 3)), (4, 4096, ("mma.sync", 16, 256, 128, 3)),
                               (64, 32768, ("wgmma", 64, 0, 128, 3)), (1, 4096, ("mma.sync", 16, 256, 128, 3)),
