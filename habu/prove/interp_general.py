@@ -22,6 +22,9 @@ from habu.spec.ir import Compare, Const, Expr, Gather, IndexVar, Load, NegInf, O
 
 # elements of the largest array a chunk of threads evaluates (threads × the loops' iterations)
 CHUNK_ELEMENTS = 1 << 21
+# a reduction whose threads × iterations pass this runs its longest loop in slices of at most this many (an
+# array of int64 residues: 128 MiB)
+SLICE_ELEMENTS = 1 << 24
 
 
 def loop_volume(lw: GeneralLowering, sizes: Mapping[str, int]) -> int:
@@ -119,13 +122,13 @@ def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memor
                 raise PlanFault(f"{name}: a reduction loop of {lw.out.tensor} runs no iteration")
             whole = int(np.prod(shape, dtype=np.int64)) * int(np.prod([n for _, n in loops], dtype=np.int64))
             cut = max(range(len(loops)), key=lambda i: loops[i][1], default=0)
-            if whole <= CHUNK_ELEMENTS or not loops or loops[cut][1] == 1:
+            if whole <= SLICE_ELEMENTS or not loops or loops[cut][1] == 1:
                 return reduce_part(e, at, shape, loops, cut, 0, loops[cut][1] if loops else 0)
-            # the loops' iterations over the lanes are more than a chunk: the longest loop's iterations in slices,
-            # each reduced, then merged (memory bounded by a chunk, whatever the loops' volume: a derived backward's
+            # the loops' iterations over the lanes are more than a slice: the longest loop's iterations in slices,
+            # each reduced, then merged (memory bounded by a slice, whatever the loops' volume: a derived backward's
             # general kernel of seed 9978 wanted 798 GiB at once)
             n = loops[cut][1]
-            step = max(1, CHUNK_ELEMENTS // (whole // n))
+            step = max(1, SLICE_ELEMENTS // (whole // n))
             total = reduce_part(e, at, shape, loops, cut, 0, step)
             for lo in range(step, n, step):  # merged as they come: one partial held at a time
                 check_deadline("in a general kernel's reduction loop")

@@ -167,12 +167,13 @@ def test_a_field_merges_partial_reductions_into_the_whole_one():
 
 def test_a_general_kernels_reduction_in_slices_gives_the_whole_ones_values(monkeypatch):
     """A reduction over more iterations than a chunk runs its longest loop in slices, merged: the plan that
-    passes whole passes sliced (nested max and sums of seed 9978's derived backward, a chunk of 8 elements)."""
+    passes whole passes sliced (nested max and sums of seed 9978's derived backward, slices of 8 elements)."""
     import habu.prove.interp_general as interp_general
 
     model, plans = _seed_9978_backward()
     whole = verify.verify_plan(model, plans[0], None, 1)
     monkeypatch.setattr(interp_general, "CHUNK_ELEMENTS", 8)
+    monkeypatch.setattr(interp_general, "SLICE_ELEMENTS", 8)
     sliced = verify.verify_plan(model, plans[0], None, 1)
     assert whole.passed and sliced.passed
 
