@@ -425,3 +425,27 @@ def test_regression_a_scatter_added_reduction_is_no_column_reduction():
     (refusal,) = failures(obligations(model, bad, {}))
     assert refusal.rule.name == "supported-path" and "scatter-add" in refusal.detail and "dX0" in refusal.describe()
     assert not failures(obligations(model, plan, {}))
+
+
+NESTED_MAX = ("130 EXTENT: #P\nf32 TENSOR: X0 ( #P #P #P )\nf32 TENSOR: Y ( #P )\n"
+              "MODEL: FZ  Y[p2] = (max p3 (max p4 X0[p2 p4 p3])) ;\n")
+
+
+def test_regression_a_max_of_maxes_is_no_column_reduction():
+    """Fuzz (session 56, seed 11629, the default plan): the column family merged `max p3 (max p4 …)` into one max
+    over (p3, p4), as it merges nested sums. Over GF(p) a max is the product Π (r − x) over its points, so the max of
+    maxes the model states is another value, and `habu compile` refused the default plan as computing something
+    else. Nested maxes are no column reduction now (nested sums still are); a hand-edited column kernel for one is
+    refused by the rules, and the default compiles."""
+    model = parse_text(NESTED_MAX, "fz.habu").models["FZ"]
+    assert as_column_reduction(model.nodes[0]) is None
+    plan = default_plan(model, TARGET, {}, {})
+    assert not any(isinstance(k, ColumnKernel) for k in plan.kernels)
+    assert verify_plan(model, plan, None, 1).passed
+    column = ColumnKernel(nodes=("Y",), threads=256, column_threads=32, vector=2, rows_per_split=128, unroll=8,
+                          index_width=32)
+    (refusal,) = failures(obligations(model, replace(plan, kernels=(column,)), {}))
+    assert refusal.rule.name == "supported-path"
+    summed = parse_text(NESTED_MAX.replace("max", "Σ"), "fz.habu").models["FZ"]
+    merged = as_column_reduction(summed.nodes[0])
+    assert merged is not None and len(merged.node.rhs.vars) == 2
