@@ -13,7 +13,8 @@ them and SDPA (habu.timing.harness.time_cuda: CUDA events, median of 30 calls; S
 the kernels it launches) on input sets rotated past the L2 (`sets_for` up to 64 sets: a 4 MB cache is not
 evicted by 8; a decode step reads each layer's cache once, cold: before 2026-12-04 the bench timed one set,
 the whole cache L2-resident for KV ≤ 32768 at batch 1). The measure is the KV cache read: 2 · B · G · KV · D bf16 elements per call, as
-TB/s and as a share of the H200's copy bandwidth (4.22 TB/s, its device-to-device copy, docs/PERF.md). Without
+TB/s and as a share of the GPU's device-to-device copy bandwidth, measured at the start of the run
+(`habu.timing.harness.copy_bandwidth`; the H200's 4.22 TB/s before session 56, which read low on an H100). Without
 `--no-default` it times the default plan ("default": since session 55 the 8-warp block of
 `habu.paths.attention.decode_split_one_wave`), "fused", the whole-cache kernel (`kv_split=0`), and the 4-warp
 block's split (`kv_split_for`: about two blocks per SM; the default before session 55) with KV tiles of 64 and of
@@ -32,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 EX = Path(__file__).resolve().parents[2] / "examples"
-COPY_TBPS = 4.22  # H200 device-to-device copy, measured (docs/PERF.md)
 SMS = 132
 KV_HEADS, GROUP, WIDTH = 2, 2, 128  # examples/decode_attention.habu
 SHAPES = tuple((kv, batch) for kv in (4096, 32768) for batch in (1, 16, 64))
@@ -58,7 +58,9 @@ def kernel_times(fn, calls: int = 5) -> str:
 
 
 def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: bool = True,  # type: ignore[assignment]
-              profile: bool = False) -> list[dict[str, Any]]:
+              profile: bool = False, copy_tbps: float = 4.22) -> list[dict[str, Any]]:
+    """Each plan of the shape timed against SDPA; `copy_tbps`: the device-to-device copy bandwidth the shares are
+    of (measured by `main`; 4.22, the H200's, when called alone)."""
     import torch
 
     from habu.bench.attention_speed import sdpa_backend
@@ -125,9 +127,9 @@ def run_shape(kv: int, batch: int, extra: list[dict[str, str]] = (), defaults: b
                           len(sets))
             row["median_us"] = t["median_us"]
             row["cache_tbps"] = cache / (t["median_us"] * 1e-6) / 1e12
-            row["copy_share"] = row["cache_tbps"] / COPY_TBPS
+            row["copy_share"] = row["cache_tbps"] / copy_tbps
             row["sdpa_backend"], row["sdpa_us"] = sdpa_row["backend"], sdpa_row["median_us"]
-            row["sdpa_copy_share"] = cache / (sdpa_row["median_us"] * 1e-6) / 1e12 / COPY_TBPS
+            row["sdpa_copy_share"] = cache / (sdpa_row["median_us"] * 1e-6) / 1e12 / copy_tbps
             row["speedup_vs_sdpa"] = sdpa_row["median_us"] / t["median_us"]
             if profile:
                 try:
@@ -161,7 +163,13 @@ def main() -> None:
     shapes = [tuple(int(x) for x in one.split(",")) for one in args.only.split(";")] if args.only else list(SHAPES)
     if args.quick:
         shapes = shapes[:1]
-    rows = [r for kv, batch in shapes for r in run_shape(kv, batch, extra, not args.no_default, args.profile)]
+    from habu.timing.harness import copy_bandwidth
+
+    copy_tbps = copy_bandwidth() / 1e12
+    print(f"device-to-device copy: {copy_tbps:.2f} TB/s (the shares below are of it)", flush=True)
+    rows = [r for kv, batch in shapes for r in run_shape(kv, batch, extra, not args.no_default, args.profile, copy_tbps)]
+    for r in rows:
+        r["copy_tbps"] = copy_tbps
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     raise SystemExit(1 if any("error" in r for r in rows) else 0)
