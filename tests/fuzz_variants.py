@@ -1,0 +1,84 @@
+"""The variant fuzz, by hand (too long for CI): random models or products (tests/random_models.py), forward and
+derived backward; the default plan and `--per` sampled variants of it (`enumerate_plans`) through the rules and
+one finite-field trial, each under a deadline. One line per finding: WRONG (a plan that keeps to every rule and
+computes something else), CRASH (an exception that is not a user-facing HabuError), MEMORY, SLOW (past the
+deadline: abandoned, as the search would). Sessions 55 and 56 ran it over models 9560–12999 and products 200–791;
+each finding is a regression test.
+
+    PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+import traceback
+
+from habu.cli_grad import backward_program
+from habu.errors import HabuError
+from habu.prove.deadline import DeadlinePassed, proof_deadline
+from habu.prove.rules import failures, obligations
+from habu.prove.verify import verify_plan
+from habu.search.space import enumerate_plans
+from habu.spec.parser import parse_text
+from habu.target import target_named
+from tests.random_models import random_model, random_product
+
+
+def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target) -> None:
+    try:
+        program = parse_text(text, "fuzz.habu")
+    except HabuError:
+        return
+    for backward in (False, True):
+        where = f"{tag} {'bwd' if backward else 'fwd'}"
+        try:
+            prog, name = backward_program(program, "FZ", None, "auto") if backward else (program, "FZ")
+            model = prog.models[name]
+            plans = list(enumerate_plans(model, target, {}))
+        except HabuError:
+            continue
+        except Exception as err:
+            print(f"CRASH-ENUM {where}: {type(err).__name__}: {err}", flush=True)
+            continue
+        rng = random.Random(seed * 2 + backward)
+        for i in [0, *rng.sample(range(1, len(plans)), min(per, len(plans) - 1))]:
+            plan = plans[i]
+            try:
+                if failures(obligations(model, plan)):
+                    continue
+                with proof_deadline(time.time() + deadline_s):
+                    cert = verify_plan(model, plan, None, 1)
+                if not cert.passed:
+                    print(f"WRONG {where} plan {i}: {cert.failure} :: {plan.kernels}", flush=True)
+            except DeadlinePassed:
+                print(f"SLOW {where} plan {i}: {plan.kernels}", flush=True)
+            except HabuError as err:
+                first = str(err).splitlines()[0]
+                if "computes something else" in first or "breaks rule" in first:
+                    print(f"WRONG-ERR {where} plan {i}: {first}", flush=True)
+            except MemoryError as err:
+                print(f"MEMORY {where} plan {i}: {err}", flush=True)
+            except Exception as err:
+                print(f"CRASH {where} plan {i}: {type(err).__name__}: {err} :: {plan.kernels}", flush=True)
+                traceback.print_exc(limit=3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=("model", "product"))
+    ap.add_argument("first", type=int)
+    ap.add_argument("end", type=int)
+    ap.add_argument("--per", type=int, default=6, help="sampled variants a model, besides the default")
+    ap.add_argument("--deadline", type=float, default=30.0, help="seconds a plan's field check may take")
+    args = ap.parse_args()
+    generate = random_model if args.kind == "model" else random_product
+    target = target_named("sm_90a")
+    for seed in range(args.first, args.end):
+        fuzz_one(generate(seed), f"{args.kind} {seed}", args.per, seed, args.deadline, target)
+        print(f"done {args.kind} {seed}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
