@@ -187,3 +187,19 @@ def test_split_k_tiles_holds_up_to_the_k_tiles_and_no_further(split, broken):
     data["kernels"][0]["split_k"] = split
     obs = [o for o in obligations(m, Plan.from_json(data)) if o.rule.name == "split-k-tiles"]
     assert len(obs) == 1 and (obs[0] in failures(obs)) == broken
+
+
+def test_split_k_tiles_leaves_a_runtime_k_unguarded():
+    """A runtime #K (1..65536: a weight gradient's tokens) may hold fewer k tiles than the splits at some sizes; its
+    empty splits add zeros, so the rule neither refuses the plan nor guards it off at those sizes."""
+    from dataclasses import replace
+
+    from habu.prove.rules import guards, obligations
+    from habu.spec.parser import parse_text
+
+    src = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
+    model = parse_text(src).models["GGEMM"]
+    plan = default_plan(model, TARGETS["sm_80"], None, {})
+    plan = replace(plan, kernels=(replace(plan.kernels[0], split_k=8),))
+    obs = [o for o in obligations(model, plan) if o.rule.name == "split-k-tiles"]
+    assert len(obs) == 1 and obs[0].status == "proved" and obs[0] not in guards(obs)
