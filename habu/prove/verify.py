@@ -131,12 +131,16 @@ def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
 
 
 def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int],
-           whole_rows: Mapping[str, tuple[int, int]] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
+           whole_rows: Mapping[str, tuple[int, int]] | None = None,
+           whole_columns: Mapping[str, tuple[int, int]] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
     """The elements of every intermediate that the given output elements depend on (a box per tensor).
     `whole_rows`: the nodes a row kernel computes, with their leading (row) axes and the rows a block computes: the
     kernel computes the whole row of each demanded row, so it reads its inputs along every column (`Y =
     COLSUM(TANH(X·COLSUM(X)) + ...)`: the row kernel of X·COLSUM(X) read COLSUM's values at columns the column
-    kernel's box left out; found by a fuzz), and every row of each block that holds one (`row_blocks_box`)."""
+    kernel's box left out; found by a fuzz), and every row of each block that holds one (`row_blocks_box`).
+    `whole_columns`: the nodes a column kernel computes, with the extent of their column and a tile's columns:
+    the kernel computes every column of each tile that holds a demanded one, reading its inputs there (fuzz seed
+    13843: %h2's 64-column tile read %h1 at columns %h1's sampled 16-column tiles left out)."""
     boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
     produced = {eq.target for eq in model.nodes}  # intermediates, and outputs a later node reads
     for eq in reversed(model.nodes):
@@ -147,6 +151,14 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
             lead, per_block = rows
             box = row_blocks_box(boxes[eq.target][:lead], tuple(sizes[v.extent] for v in eq.lhs[:lead]), per_block)
             boxes[eq.target] = (*box, *(np.arange(sizes[v.extent]) for v in eq.lhs[lead:]))
+        column, tile = (whole_columns or {}).get(eq.target, ("", 1))
+        at = [i for i, v in enumerate(eq.lhs) if v.extent == column]
+        pos = at[0] if len(at) == 1 else -1
+        if pos >= 0 and tile > 1 and eq.scatter is None:
+            held = (np.unique(boxes[eq.target][pos] // tile)[:, None] * tile + np.arange(tile)).ravel()
+            box = list(boxes[eq.target])
+            box[pos] = held[held < sizes[eq.lhs[pos].extent]]
+            boxes[eq.target] = tuple(box)
         # the target's box along each position its store indexes by a plain variable; a scatter's
         # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box
         var_sets = {ix: boxes[eq.target][i] for i, ix in enumerate(eq.store_indices) if isinstance(ix, IndexVar)}
@@ -386,7 +398,9 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 blocks_text[names[i]] = text
         rows = {t: (len(lw.leading), lw.kernel.rows_per_block) for k, lw in zip(plan.kernels, lowerings, strict=True)
                 if isinstance(lw, RowLowering) for t in k.nodes}
-        boxes = demand(graph, out_boxes, s, rows)
+        columns = {t: (lw.c, lw.tile) for k, lw in zip(plan.kernels, lowerings, strict=True)
+                   if isinstance(lw, ColumnLowering) for t in k.nodes}
+        boxes = demand(graph, out_boxes, s, rows, columns)
         widened = False
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too

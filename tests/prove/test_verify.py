@@ -346,3 +346,32 @@ def test_regression_the_witness_keeps_a_general_kernels_vectors_inside_rows():
     assert w["Q"] < 100 and w["Q"] % vectored[0].vector == 0, w
     cert = verify_plan(model, plan, trials=1)
     assert cert.passed, cert.failure
+
+
+def test_regression_a_column_kernels_whole_tiles_read_columns_a_sampled_earlier_column_kernel_left_out():
+    """Fuzz (session 56, seed 13843's derived backward, a sampled variant): %h1 = max u X1[u p] on a column kernel
+    of 16-column tiles, then %h2 = Σ u (1 − step(%h1[p] − X1[u p])) on one of a single 64-column tile. The check
+    sampled %h1's tiles 0, 2 and 3, and %h2's tile read %h1 at columns 16..31: "kernel 2 (%h2) reads %h1[16],
+    which no earlier kernel wrote", a correct plan refused. The demand now covers every column of each column tile
+    that holds a demanded column."""
+    from dataclasses import replace
+
+    from habu.cli_grad import backward_program
+    from habu.plan.plan import ColumnKernel
+    from habu.spec.parser import parse_text
+    from tests.random_models import random_model
+
+    program, name = backward_program(parse_text(random_model(13843), "fuzz.habu"), "FZ", None, "auto")
+    model = program.models[name]
+    plan = default_plan(model, TARGETS["sm_90a"], {}, {})
+    narrow = ColumnKernel(nodes=("%h1",), threads=256, column_threads=16, vector=1, rows_per_split=32, unroll=2,
+                          index_width=32)
+    wide = ColumnKernel(nodes=("%h2",), threads=256, column_threads=8, vector=8, rows_per_split=256, unroll=8,
+                        index_width=32)
+    kernels = tuple(narrow if k.nodes == ("%h1",) else wide if k.nodes == ("%h2",) else k for k in plan.kernels)
+    assert narrow in kernels and wide in kernels
+    variant = replace(plan, kernels=kernels)
+    assert not failures(obligations(model, variant))
+    cert = verify_plan(model, variant, None, 1)
+    assert cert.passed, cert.failure
+    assert cert.blocks["kernel 1 (%h1)"].startswith("column tiles [0, 1, 2, 3] of 4")
