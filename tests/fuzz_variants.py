@@ -2,7 +2,7 @@
 derived backward; the default plan and `--per` sampled variants of it (`enumerate_plans`) through the rules and
 one finite-field trial, each under a deadline. One line per finding: WRONG (a plan that keeps to every rule and
 computes something else), CRASH (an exception that is not a user-facing HabuError), MEMORY, SLOW (past the
-deadline: abandoned, as the search would). Sessions 55 and 56 ran it over models 9560–12999 and products 200–791;
+deadline: abandoned, as the search would). Sessions 55 and 56 ran it over models 9560–14036 and products 200–899;
 each finding is a regression test.
 
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
