@@ -133,7 +133,7 @@ def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memor
             for lo in range(step, n, step):  # merged as they come: one partial held at a time
                 check_deadline("in a general kernel's reduction loop")
                 part = reduce_part(e, at, shape, loops, cut, lo, min(n, lo + step))
-                total = f.merge(e.op, np.stack(np.broadcast_arrays(total, part), axis=-1), -1)
+                total = f.merge(e.op, total, part)
             return total
         raise PlanFault(f"{name}: cannot evaluate {e}")
 

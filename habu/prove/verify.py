@@ -154,10 +154,9 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
         column, tile = (whole_columns or {}).get(eq.target, ("", 1))
         at = [i for i, v in enumerate(eq.lhs) if v.extent == column]
         pos = at[0] if len(at) == 1 else -1
-        if pos >= 0 and tile > 1 and eq.scatter is None:
-            held = (np.unique(boxes[eq.target][pos] // tile)[:, None] * tile + np.arange(tile)).ravel()
+        if pos >= 0 and eq.scatter is None:  # the tiles of one axis: blocks of `tile` columns
             box = list(boxes[eq.target])
-            box[pos] = held[held < sizes[eq.lhs[pos].extent]]
+            (box[pos],) = row_blocks_box((box[pos],), (sizes[eq.lhs[pos].extent],), tile)
             boxes[eq.target] = tuple(box)
         # the target's box along each position its store indexes by a plain variable; a scatter's
         # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box

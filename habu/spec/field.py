@@ -201,13 +201,11 @@ class PrimeField:
     def repeat_sum(self, data: np.ndarray, count: int) -> np.ndarray:
         return (data * (count % self.p)) % self.p
 
-    def merge(self, op: str, partials: np.ndarray, axis: int) -> np.ndarray:
-        """The reduction `op` over every point, from the reductions of disjoint parts of the points stacked
-        along `axis`: partial sums add; a max's partial products Π (r − x) multiply (a max of maxes would
-        not be the max: the model of max is the product over all its points)."""
-        if op == "sum":
-            return self.sum_axis(partials, axis)
-        return self.product_last(np.moveaxis(partials, axis, -1))
+    def merge(self, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The reduction `op` over the points of two disjoint parts, from each part's reduction: partial sums add;
+        a max's partial products Π (r − x) multiply (a max of maxes would not be the max: the model of max is the
+        product over all its points)."""
+        return (a + b) % self.p if op == "sum" else (a * b) % self.p
 
     def repeat_max(self, data: np.ndarray, count: int) -> np.ndarray:
         # prod(r − x) over `count` copies of x: (r − x)^count

@@ -102,8 +102,8 @@ class ExpField(PairPacked):  # x_q · 2^31 + x_p
     def repeat_max(self, data: np.ndarray, count: int) -> np.ndarray:
         return self._both(lambda f, a: f.repeat_max(a[0], count), data)
 
-    def merge(self, op: str, partials: np.ndarray, axis: int) -> np.ndarray:
-        return self._both(lambda f, a: f.merge(op, a[0], axis), partials)
+    def merge(self, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self._both(lambda f, x: f.merge(op, x[0], x[1]), a, b)
 
     def contract(self, operands: list[np.ndarray], subscripts: str) -> np.ndarray:
         return self._both(lambda f, a: f.contract(a, subscripts), *operands)

@@ -159,10 +159,10 @@ def test_a_field_merges_partial_reductions_into_the_whole_one():
     f = PrimeField(2**31 - 1, seed=5)
     x = np.random.default_rng(0).integers(0, f.p, size=(3, 10))
     for op in ("sum", "max"):
-        parts = np.stack([f.reduce(op, x[:, :4], (1,)), f.reduce(op, x[:, 4:], (1,))], axis=-1)
-        assert np.array_equal(f.merge(op, parts, -1), f.reduce(op, x, (1,)))
+        left, right = f.reduce(op, x[:, :4], (1,)), f.reduce(op, x[:, 4:], (1,))
+        assert np.array_equal(f.merge(op, left, right), f.reduce(op, x, (1,)))
     # a max of the partial maxes is not the model's max (the product Π (r − x) over every point)
-    assert not np.array_equal(f.reduce("max", parts, (1,)), f.reduce("max", x, (1,)))
+    assert not np.array_equal(f.reduce("max", np.stack([left, right], axis=-1), (1,)), f.reduce("max", x, (1,)))
 
 
 def test_a_general_kernels_reduction_in_slices_gives_the_whole_ones_values(monkeypatch):
