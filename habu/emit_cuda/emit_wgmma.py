@@ -34,6 +34,7 @@ from habu.emit_cuda.common import (
     references,
 )
 from habu.emit_cuda.emit_column_epilogue import column_sum_workspaces
+from habu.emit_cuda.emit_epilogue_early import early_declarations
 from habu.emit_cuda.emit_fma import (
     epilogue_pair_code,
     table_reader,
@@ -469,7 +470,7 @@ def _consumers(kc: _Kernel, split, early_main_loop: bool, grid_wait: bool = Fals
     const int lane = {frag.lane_of()};
     const int warp = {frag.warp_of()};
 {store_state}    for (long long lin = blockIdx.x; lin < tiles; lin += gridDim.x) {{
-{tile_setup(lw, kc.sizes, kc.it, "      ")}      float acc[{kc.slabs}][{regs}];
+{tile_setup(lw, kc.sizes, kc.it, "      ")}{early_declarations(lw, kc.sig, kc.model, kc.sizes, kc.it)}      float acc[{kc.slabs}][{regs}];
 #pragma unroll
       for (int s = 0; s < {kc.slabs}; ++s)
 #pragma unroll

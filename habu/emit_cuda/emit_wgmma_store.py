@@ -11,6 +11,7 @@ from habu.emit_cuda.emit_column_epilogue import (
     column_sum_declaration,
     column_sum_finish,
 )
+from habu.emit_cuda.emit_epilogue_early import early_values
 from habu.emit_cuda.emit_fma import epilogue_operands, epilogue_value, extra_pair_store
 from habu.emit_cuda.kernel import TmaSpec
 from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
@@ -45,8 +46,9 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
     axis_origin = {"n": f"n0 + b * {width}", "m": f"m0 + {slab_row}", **{a: a for a in lw.batch_axes}}
     box_origin = ", ".join(f"(int)({x})" for x in tma_coordinates(out, axis_origin))
     frag = lw.fragment
-    decls0, names0 = epilogue_operands(lw, sig, model, sizes, it, "m", "n", "e0_")
-    decls1, names1 = epilogue_operands(lw, sig, model, sizes, it, "m", "(n + 1)", "e1_")
+    # (the loads read at the tile's start, `epilogue_early`, from their registers)
+    decls0, names0 = epilogue_operands(lw, sig, model, sizes, it, "m", "n", "e0_", early_values(lw, False))
+    decls1, names1 = epilogue_operands(lw, sig, model, sizes, it, "m", "(n + 1)", "e1_", early_values(lw, True))
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names0)
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names1)
     operands = "".join(f"              {d}\n" for d in decls0 + decls1)  # each epilogue load read once

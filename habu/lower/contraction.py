@@ -32,6 +32,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.column_epilogue import EpilogueColumnSum, column_sum_for, placed
+from habu.lower.epilogue_early import EarlyLoad, early_candidates, early_loads
 from habu.lower.epilogue_prefetch import EpiloguePrefetch, epilogue_prefetches
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.general import Store
@@ -131,6 +132,9 @@ class ContractionLowering:
     # a column sum of the chain's end over m, finished and stored by the epilogue where one tile row holds every
     # row (habu/lower/column_epilogue.py: the shuffles, the partials' slots, the finishing threads); None otherwise
     column_sum: EpilogueColumnSum | None = None
+    # the tensors of `epi_loads` that are the model's inputs (no kernel of the plan writes them): those the plan's
+    # `epilogue_early` may read at each tile's start (habu/lower/epilogue_early.py; the `early-epilogue-loads` rule)
+    epi_inputs: tuple[str, ...] = ()
 
     @property
     def stores(self) -> tuple[tuple[Expr, Access], ...]:
@@ -153,6 +157,22 @@ class ContractionLowering:
         if not getattr(self.kernel, "epilogue_prefetch", False):
             return ()
         return epilogue_prefetches(self.epi_loads, self.bm, self.bn)
+
+    @property
+    def early_loads(self) -> tuple[EarlyLoad, ...]:
+        """The epilogue loads each consumer thread reads into registers at each tile's start (the plan's
+        `epilogue_early`; habu/lower/epilogue_early.py): the wgmma TMA-store epilogue of unsplit tiles, whose
+        pairs run along n."""
+        k = self.kernel
+        if (not getattr(k, "epilogue_early", False) or k.mma != "wgmma" or k.store != "tma" or self.tma_store is None
+                or self.split_mode != "none" or self.store != Store.WRITE or k.swap_ab):
+            return ()
+        consumers = consumer_warpgroups(k.warps, k.warp_specialized)
+        slabs = max(1, k.tile_m // (64 * consumers))
+        groups = k.tile_n // 8
+        accumulators = slabs * self.fragment.registers(groups)
+        return early_loads(early_candidates(self.epi_loads, frozenset(self.epi_inputs)), slabs, groups,
+                           self.fragment.halves, accumulators)
 
     @property
     def cluster_split(self) -> bool:
@@ -412,6 +432,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     from habu.spec.ir import loads as all_loads
 
     outputs = {t.name for t in model.outputs}
+    inputs = {t.name for t in model.inputs}
     stored = [j for j, eq in enumerate(nodes[:-1]) if eq.target in outputs]  # the chain's other outputs
     for value in (*(values[j] for j in stored), epilogue):
         for ld in all_loads(value):
@@ -438,6 +459,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
         index_width=kernel.index_width, tables=tables, a_src=a, b_src=b, batch=tuple(v.extent for v in c.batch),
         store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD, extra_outs=extra_outs,
         column_sum=_summing(model, chain, columns, storage, axis_m, axis_n, epi_loads) if columns else None,
+        epi_inputs=tuple(dict.fromkeys(a.tensor for _, a in epi_loads if a.tensor in inputs)),
     )
     return with_kernel(unscheduled, kernel)
 

@@ -127,6 +127,11 @@ class ContractionKernel:
         "epilogue reads of each matrix it loads (GELU's derivative reads the saved S1), so those loads hit the L2 "
         "(a hint: no value depends on it)", E, default=False, pins=("epilogue_prefetch",), json_optional=True,
         unguarded=KEEP)
+    epilogue_early: bool = choice(
+        "wgmma, TMA-store epilogue: each consumer thread reads the epilogue's loads of model inputs (a bias, the "
+        "saved S1 of GELU's derivative) into registers at each tile's start, so their latency runs under the k "
+        "loop (habu/lower/epilogue_early.py)", L, default=False, pins=("epilogue_early", "early"),
+        json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

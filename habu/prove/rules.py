@@ -43,6 +43,7 @@ from habu.prove.obligation import (
 from habu.prove.rules_attention import ATTENTION_RULES
 from habu.prove.rules_attention_wgmma import attention_family_obligations
 from habu.prove.rules_columns import COLUMN_RULES, column_obligations, column_sum_obligations
+from habu.prove.rules_early import EARLY_RULES, early_obligations
 from habu.prove.rules_fields import FIELD_RULES, field_obligations, fields_allowed, launch_obligations
 from habu.prove.rules_general import general_obligations
 from habu.prove.rules_grouped import GROUPED_RULES, grouped_obligations
@@ -87,14 +88,14 @@ R = {r.name: r for r in (
     *FIELD_RULES.values(),
     *COLUMN_RULES.values(),
     *GROUPED_RULES.values(),
-    *SPLIT_RULES.values(), *OCCUPANCY_RULES.values(),
+    *SPLIT_RULES.values(), *OCCUPANCY_RULES.values(), *EARLY_RULES.values(),
     *ATTENTION_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
           "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *SPLIT_RULES, *FIELD_RULES, *COLUMN_RULES,
-          *GROUPED_RULES, *ATTENTION_RULES, *OCCUPANCY_RULES)
+          *GROUPED_RULES, *ATTENTION_RULES, *OCCUPANCY_RULES, *EARLY_RULES)
 
 
 def checked_rules(target: Target) -> frozenset[str]:
@@ -263,6 +264,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     if k.store == "tma":
         yield from _tma_store(name, lw, ctx, layout)
     yield from column_sum_obligations(name, lw, ctx)  # a column sum in the epilogue (habu/lower/column_epilogue.py)
+    yield from early_obligations(name, lw, ctx)  # loads read at the tile's start (`epilogue_early`)
     if k.cluster_m > 1:
         yield from _cluster(name, lw, ctx)
 

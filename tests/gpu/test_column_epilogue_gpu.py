@@ -47,10 +47,12 @@ def test_a_column_sum_in_the_epilogue_passes_the_exact_check(model, sizes, pins)
         assert result.ok and result.applicable, result.reason()
 
 
-@pytest.mark.parametrize("more", [{}, {"lag": "2", "epilogue_prefetch": "true"}], ids=["default", "lag-prefetch"])
+@pytest.mark.parametrize("more", [{}, {"lag": "2", "epilogue_prefetch": "true"}, {"epilogue_early": "true"}],
+                         ids=["default", "lag-prefetch", "early"])
 def test_the_128_token_ffn_backward_with_db1_in_the_dt2_epilogue_matches_the_float64_reference(more):
     """(`lag-prefetch`: its products' consumers staggered, `consumer_lag`, and the saved S1's tile prefetched
-    into the L2 for the GELU derivative, `epilogue_prefetch`.)"""
+    into the L2 for the GELU derivative, `epilogue_prefetch`; `early`: S1 and B1 read into registers at each
+    tile's start, `epilogue_early`.)"""
     shape = {"B": 128, "D": 512, "H": 1024}
     tgt = target_named(current_arch())
     program = with_backward(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP-GRAD")

@@ -22,6 +22,7 @@ from tests.conftest import ROOT  # noqa: E402
 DATA = str(ROOT / "tests" / "data" / "two_outputs.habu")
 PATHS = {  # every contraction epilogue that stores the extra output
     "wgmma-tma": {},  # the TMA-store epilogue, S1 staged beside S3 and stored by TMA too
+    "wgmma-tma-early": {"epilogue_early": "true"},  # b1 read into registers at each tile's start
     "wgmma-direct": {"store": "direct"},
     "wgmma-cluster-split": {"split_k": "2", "reduce": "cluster"},
     "mma.sync": {"mma": "mma.sync"},

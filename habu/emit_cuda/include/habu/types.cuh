@@ -30,5 +30,11 @@ __device__ __forceinline__ u32 pack_bf16x2(float a, float b) {
 __device__ __forceinline__ u32 pack_f16x2(float a, float b) {
   u32 r; asm("cvt.rn.f16x2.f32 %0, %2, %1;" : "=r"(r) : "f"(a), "f"(b)); return r;
 }
+/** @brief The first (low half) and second (high half) element of a packed pair, as floats: the inverse of
+ *  pack_bf16x2 / pack_f16x2 for values of the type (exact). */
+__device__ __forceinline__ float bf16x2_lo(u32 p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float bf16x2_hi(u32 p) { return __uint_as_float(p & 0xffff0000u); }
+__device__ __forceinline__ float f16x2_lo(u32 p) { return f16_to_float((f16)(p & 0xffffu)); }
+__device__ __forceinline__ float f16x2_hi(u32 p) { return f16_to_float((f16)(p >> 16)); }
 
 }  // namespace habu

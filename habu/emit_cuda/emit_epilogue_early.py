@@ -1,0 +1,83 @@
+"""The epilogue loads a consumer thread reads at each tile's start (`epilogue_early`; the lowering's
+`ContractionLowering.early_loads`, habu/lower/epilogue_early.py): the registers' declarations and loads before the
+k loop, and the expression of each value where the epilogue reads it (the element of the fragment's slab s,
+column group j and row half h, the first or the second of its pair)."""
+
+from __future__ import annotations
+
+from habu.emit_cuda.common import Signature
+from habu.emit_cuda.emit_fma import epilogue_load, table_reader
+from habu.lower.contraction import ContractionLowering
+from habu.lower.epilogue_early import EarlyLoad
+from habu.spec.ir import Load, Model
+
+PACK = {"bf16": "habu::pack_bf16x2", "f16": "habu::pack_f16x2"}
+UNPACK = {"bf16": ("habu::bf16x2_lo", "habu::bf16x2_hi"), "f16": ("habu::f16x2_lo", "habu::f16x2_hi")}
+
+
+def _index(e: EarlyLoad) -> str:
+    return ("[s]" if e.rows else "") + ("[j]" if e.columns else "") + ("[h]" if e.rows else "")
+
+
+def _storage(e: EarlyLoad) -> str:
+    """The C type of one entry: a packed 16-bit pair, an f32 pair, or one float (no column dependence)."""
+    if not e.columns:
+        return "float"
+    return "float2" if e.access.dtype == "f32" else "habu::u32"
+
+
+def early_declarations(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str) -> str:
+    """C at a consumer's tile start (m0, n0 set, before the k loop): each early load's registers, filled with the
+    values of the thread's fragment elements, zero outside the tensor as the epilogue reads them."""
+    early, st = lw.early_loads, lw.tma_store
+    if not early:
+        return ""
+    assert st is not None
+    frag, groups = lw.fragment, lw.bn // 8
+    table = table_reader(sig, model, it)
+    dims = (st.slabs, groups, frag.halves)
+    decls = "".join(f"      {_storage(e)} pre{e.index}{''.join(f'[{d}]' for d in e.dims(*dims))};  // "
+                    f"{e.access.tensor} at the tile's start (`epilogue_early`)\n" for e in early)
+    fills = []
+    for e in early:
+        coord = {"m": "m", "n": "n"}
+        first = epilogue_load(lw, sig, sizes, table, coord, e.access)
+        if not e.columns:
+            value = first
+        else:
+            second = epilogue_load(lw, sig, sizes, table, {"m": "m", "n": "(n + 1)"}, e.access)
+            value = (f"make_float2({first}, {second})" if e.access.dtype == "f32"
+                     else f"{PACK[e.access.dtype]}({first}, {second})")
+        unused = [x for x, used in (("s == 0", e.rows), ("j == 0", e.columns), ("h == 0", e.rows)) if not used]
+        guard = f"if ({' && '.join(unused)}) " if unused else ""
+        fills.append(f"            {guard}pre{e.index}{_index(e)} = {value};\n")
+    slab_row = f"(cw * {st.slabs} + s) * {st.box.rows}"
+    return decls + f"""#pragma unroll
+      for (int s = 0; s < {st.slabs}; ++s)
+#pragma unroll
+        for (int j = 0; j < {groups}; ++j)
+#pragma unroll
+          for (int h = 0; h < {frag.halves}; ++h) {{  // the elements this thread's epilogue will read
+            const int row = {frag.row_in_warpgroup()};
+            const {it} m = m0 + ({it})({slab_row} + row);
+            const {it} n = n0 + ({it})({frag.col()});
+{"".join(fills)}          }}
+"""
+
+
+def early_values(lw: ContractionLowering, second: bool) -> dict[Load, str]:
+    """Each early load's value for the epilogue at its (s, j, h): the pair's first element (n) or `second` (n + 1),
+    for `epilogue_operands`."""
+    out = {}
+    for e in lw.early_loads:
+        at = f"pre{e.index}{_index(e)}"
+        if not e.columns:
+            out[e.load] = at
+        elif e.access.dtype == "f32":
+            out[e.load] = f"{at}.{'y' if second else 'x'}"
+        else:
+            out[e.load] = f"{UNPACK[e.access.dtype][int(second)]}({at})"
+    return out
+
+
+__all__ = ["early_declarations", "early_values"]

@@ -1,0 +1,96 @@
+"""The epilogue's loads read at each tile's start (the plan's `epilogue_early`), as data.
+
+A one-wave product (FFN-SKIP's at 128 tokens: 112 tiles, one a block) streams its weights from the first instant
+to the k loop's end, and only then do the epilogue's own loads go out: the bias B1 of GELU(S1 + B1), the saved S1
+and B1 of GELU's derivative. Each round of the epilogue waited for them from DRAM behind the other blocks' last
+weights, and the L2 prefetch (`epilogue_prefetch`) was evicted by the same weights before the epilogue read it.
+With `epilogue_early` each consumer thread loads, before the k loop, every value its fragment's epilogue will
+read of such a load, into registers:
+
+    pre<i>[s][j][h]   the pair (m, n), (m, n + 1) of the element the accumulator's registers of slab s,
+                      column group j and row half h hold (`AccumulatorFragment`: m = m0 + (cw·slabs + s)·64 +
+                      row_in_warpgroup, n = n0 + col(j)); a 16-bit pair packed in one 32-bit register, an f32
+                      pair in a float2
+
+with the dimensions the access does not depend on left out (a bias over n: `pre<i>[j]`; a per-row value:
+`pre<i>[s][h]`, one value). The epilogue reads the register instead of memory: the same element, read earlier.
+
+The value is the same only where nothing writes the tensor between the tile's start and its epilogue, and before
+the plan's previous kernel is waited for (the consumers wait after their k loop): so only the model's inputs are
+read early, which no kernel of the plan writes (the `early-epilogue-loads` rule checks each against the model).
+An input is complete before the plan's first kernel starts: that one is launched without programmatic
+serialisation, and each later kernel's blocks start after every block of the one before has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from habu.lower.access import Access
+from habu.spec.ir import Load
+
+EARLY_DTYPES = ("bf16", "f16", "f32")
+# registers a consumer thread may give the early values, beside its accumulators: GELU's derivative over a
+# 128 × 128 tile of two consumer warpgroups holds S1's 32 packed pairs and B1's 16
+EARLY_REGISTERS = 64
+# the accumulators plus the early values stay under this (of setmaxnreg's 232 a consumer thread): the rest is the
+# epilogue's addressing and, with a column sum, its partial sums
+EARLY_BUDGET = 144
+
+
+@dataclass(frozen=True)
+class EarlyLoad:
+    """One epilogue load read at the tile's start: its index in `ContractionLowering.epi_loads`, its access, and
+    which of the fragment's coordinates its value depends on."""
+
+    index: int
+    load: Load
+    access: Access
+    rows: bool  # on m: one value (pair) per slab s and row half h
+    columns: bool  # on n: one pair (n, n + 1) per column group j
+
+    def dims(self, slabs: int, groups: int, halves: int) -> tuple[int, ...]:
+        """The register array's dimensions: [slabs][groups][halves], less those the value does not depend on."""
+        return ((slabs,) if self.rows else ()) + ((groups,) if self.columns else ()) + ((halves,) if self.rows else ())
+
+    def registers(self, slabs: int, groups: int, halves: int) -> int:
+        """32-bit registers a thread holds: a packed 16-bit pair or one float per entry where the pair shares one
+        value (no column dependence), two floats per f32 pair."""
+        count = 1
+        for d in self.dims(slabs, groups, halves):
+            count *= d
+        return count * (2 if self.columns and self.access.dtype == "f32" else 1)
+
+
+def _axes(access: Access) -> set[str]:
+    return {p.axis for p in access.positions if p.kind == "axis"}
+
+
+def early_candidates(epi_loads: tuple[tuple[Load, Access], ...], inputs: frozenset[str]) -> tuple[EarlyLoad, ...]:
+    """The epilogue loads that may be read at the tile's start: a model input (`inputs`: no kernel of the plan
+    writes it), of a type the registers hold as pairs, read at positions of the output's axes or constants (no
+    gather: its index would be one more early read)."""
+    out = []
+    for i, (ld, access) in enumerate(epi_loads):
+        if access.tensor not in inputs or access.dtype not in EARLY_DTYPES:
+            continue
+        if any(p.kind not in ("axis", "const") for p in access.positions):
+            continue
+        axes = _axes(access)
+        out.append(EarlyLoad(i, ld, access, "m" in axes, "n" in axes))
+    return tuple(out)
+
+
+def early_loads(candidates: tuple[EarlyLoad, ...], slabs: int, groups: int, halves: int,
+                accumulators: int) -> tuple[EarlyLoad, ...]:
+    """The candidates a thread's registers hold (in order, while the total stays within `EARLY_REGISTERS` and,
+    with the `accumulators`, within `EARLY_BUDGET`)."""
+    chosen, used = [], 0
+    for e in candidates:
+        r = e.registers(slabs, groups, halves)
+        if used + r <= EARLY_REGISTERS and accumulators + used + r <= EARLY_BUDGET:
+            chosen.append(e)
+            used += r
+    return tuple(chosen)
+
+
+__all__ = ["EARLY_BUDGET", "EARLY_REGISTERS", "EarlyLoad", "early_candidates", "early_loads"]

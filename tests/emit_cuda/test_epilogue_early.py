@@ -1,0 +1,108 @@
+"""`epilogue_early`: each consumer thread of a wgmma TMA-store epilogue reads the epilogue's loads of model inputs
+into registers at each tile's start (habu/lower/epilogue_early.py), and the epilogue reads the registers. Only a
+model input, which no kernel of the plan writes, is read early (`early-epilogue-loads`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from habu.emit_cuda.nvrtc import _nvrtc, compile_cuda
+from habu.lower import lower_plan
+from habu.paths.emit import emit_plan
+from habu.prove import prove
+from habu.prove.obligation import context
+from habu.prove.rules import failures, obligations
+from habu.prove.rules_early import early_obligations
+from habu.search.space import default_plan
+from habu.spec.grad_program import derive_model
+from habu.spec.parser import load_program
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+T = TARGETS["sm_90a"]
+EARLY = {"epilogue_early": "true"}
+
+
+def ffn(which: str, tokens: int = 100):
+    derived = derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP")
+    return (derived.model if which == "backward" else derived.forward).with_sizes({"B": tokens})
+
+
+def kernel_of(plan, node: str) -> int:
+    return next(i for i, k in enumerate(plan.kernels) if node in k.nodes)
+
+
+def test_the_gelu_derivatives_s1_and_b1_are_read_at_the_tile_start_and_the_plan_is_proven():
+    model = ffn("backward")
+    plan = default_plan(model, T, {}, EARLY)
+    i = kernel_of(plan, "%d2")
+    lw = lower_plan(model, plan)[i]
+    early = {e.access.tensor: e for e in lw.early_loads}
+    assert set(early) == {"S1", "B1"}
+    assert early["S1"].rows and early["S1"].columns and early["S1"].dims(1, 16, 2) == (1, 16, 2)
+    assert not early["B1"].rows and early["B1"].dims(1, 16, 2) == (16,)  # a bias: one pair per column group
+    source = emit_plan(model, plan, T).kernels[i].source
+    start, loop = source.index("habu::u32 pre"), source.index("for (long long kt = kt_begin; kt < kt_end; ++kt)",
+                                                               source.index("consumers"))
+    assert start < loop  # in the registers before the k loop
+    assert "habu::bf16x2_lo(pre" in source and "habu::bf16x2_hi(pre" in source
+    epilogue = source[source.index("habu::wgmma_wait<0>();", loop):]
+    assert "p_S1" not in epilogue and "p_B1" not in epilogue  # the epilogue reads registers only
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations] or proof.certificate.failure  # type: ignore[union-attr]
+    if _nvrtc() is not None:
+        res = compile_cuda(source, emit_plan(model, plan, T).kernels[i].name, "sm_90a").resources
+        assert not res.spills, res.describe()
+
+
+def test_the_forwards_bias_is_read_early_and_its_saved_product_is_not_an_early_load():
+    model = ffn("forward")
+    plan = default_plan(model, T, {}, EARLY)
+    i = kernel_of(plan, "S3")
+    (bias,) = lower_plan(model, plan)[i].early_loads
+    assert bias.access.tensor == "B1"
+    assert not any(lw.early_loads for j, lw in enumerate(lower_plan(model, plan)) if j != i and hasattr(lw, "early_loads")
+                   and "S4" in plan.kernels[j].nodes)  # S4's product has no epilogue load
+    assert prove(model, plan, {}, trials=1).ok
+
+
+def test_an_epilogue_load_of_a_tensor_the_plan_writes_is_never_read_early():
+    model = ffn("backward")
+    plan = default_plan(model, T, {}, EARLY)
+    i = kernel_of(plan, "dX")
+    lw = lower_plan(model, plan)[i]
+    written = {n for k in plan.kernels for n in k.nodes}
+    assert any(a.tensor in written for _, a in lw.epi_loads)  # dX's epilogue reads the row kernel's output
+    assert not any(e.access.tensor in written for e in lw.early_loads)
+
+
+def test_regression_a_lowering_that_reads_an_intermediate_early_is_refused():
+    """A lowering whose list of model inputs is wrong (hand-edited, or a bug in the lowering) would read early a
+    tensor an earlier kernel of the plan writes: the rule checks each early load against the model itself."""
+    model = ffn("backward")
+    plan = default_plan(model, T, {}, EARLY)
+    i = kernel_of(plan, "dX")
+    lw = lower_plan(model, plan)[i]
+    tampered = replace(lw, epi_inputs=tuple(a.tensor for _, a in lw.epi_loads))
+    assert tampered.early_loads
+    found = [o for o in early_obligations(f"k{i}", tampered, context(model, plan)) if o.formula is not True]
+    assert found and "not a model input" in found[0].detail
+
+
+def test_the_pin_is_refused_nowhere_and_changes_nothing_without_a_tma_store_epilogue():
+    model = ffn("backward")
+    plan = default_plan(model, T, {}, {**EARLY, "store": "direct"})
+    assert not any(getattr(lw, "early_loads", ()) for lw in lower_plan(model, plan))
+    assert not failures(obligations(model, plan))
+
+
+@pytest.mark.parametrize("tokens", [64, 200])
+def test_partial_tiles_read_early_under_the_accesses_masks(tokens):
+    model = ffn("backward", tokens)
+    plan = default_plan(model, T, {}, EARLY)
+    i = kernel_of(plan, "%d2")
+    source = emit_plan(model, plan, T).kernels[i].source
+    assert f"((m) < {tokens} && (n) < 14336) ? habu::load_bf16(p_S1" in source
+    assert prove(model, plan, {}, trials=1).ok
