@@ -106,3 +106,17 @@ def test_partial_tiles_read_early_under_the_accesses_masks(tokens):
     source = emit_plan(model, plan, T).kernels[i].source
     assert f"((m) < {tokens} && (n) < 14336) ? habu::load_bf16(p_S1" in source
     assert prove(model, plan, {}, trials=1).ok
+
+
+def test_the_search_offers_early_loads_where_an_epilogue_reads_a_model_input():
+    from habu.paths import region_space
+    from habu.plan.rewrite import apply_rewrites
+    from habu.search.cuts import default_partition
+
+    model = ffn("backward", 128)
+    plan = default_plan(model, T, {})
+    graph, sizes = apply_rewrites(model, plan.rewrites), dict(plan.shape)
+    offered = {r.nodes[0]: [k for k in region_space(graph, r, T, sizes) if getattr(k, "epilogue_early", False)]
+               for r in default_partition(graph, T, sizes) if r.kind == "contraction"}
+    assert len(offered["%d3"]) == 1  # S1 and B1 for GELU's derivative
+    assert offered["dW1"] == offered["dW2"] == []  # no epilogue loads
