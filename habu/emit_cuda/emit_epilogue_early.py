@@ -5,7 +5,7 @@ column group j and row half h, the first or the second of its pair)."""
 
 from __future__ import annotations
 
-from habu.emit_cuda.common import Signature
+from habu.emit_cuda.common import Signature, references
 from habu.emit_cuda.emit_fma import epilogue_load, table_reader
 from habu.lower.contraction import ContractionLowering
 from habu.lower.epilogue_early import EarlyLoad
@@ -52,16 +52,18 @@ def early_declarations(lw: ContractionLowering, sig: Signature, model: Model, si
         guard = f"if ({' && '.join(unused)}) " if unused else ""
         fills.append(f"            {guard}pre{e.index}{_index(e)} = {value};\n")
     slab_row = f"(cw * {st.slabs} + s) * {st.box.rows}"
+    body = "".join(fills)
+    coordinates = "".join(  # the coordinates the loads read
+        f"            const {it} {x} = {x}0 + ({it})({at});\n" for x, at in (("m", f"{slab_row} + row"), ("n", frag.col()))
+        if references(body, x))
+    row = f"            const int row = {frag.row_in_warpgroup()};\n" if references(coordinates, "row") else ""
     return decls + f"""#pragma unroll
       for (int s = 0; s < {st.slabs}; ++s)
 #pragma unroll
         for (int j = 0; j < {groups}; ++j)
 #pragma unroll
           for (int h = 0; h < {frag.halves}; ++h) {{  // the elements this thread's epilogue will read
-            const int row = {frag.row_in_warpgroup()};
-            const {it} m = m0 + ({it})({slab_row} + row);
-            const {it} n = n0 + ({it})({frag.col()});
-{"".join(fills)}          }}
+{row}{coordinates}{body}          }}
 """
 
 

@@ -433,6 +433,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
 
     outputs = {t.name for t in model.outputs}
     inputs = {t.name for t in model.inputs}
+    written = {eq.target for eq in model.nodes}  # (an input a node writes in place, C of C += A·B, is not read early)
     stored = [j for j, eq in enumerate(nodes[:-1]) if eq.target in outputs]  # the chain's other outputs
     for value in (*(values[j] for j in stored), epilogue):
         for ld in all_loads(value):
@@ -459,7 +460,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
         index_width=kernel.index_width, tables=tables, a_src=a, b_src=b, batch=tuple(v.extent for v in c.batch),
         store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD, extra_outs=extra_outs,
         column_sum=_summing(model, chain, columns, storage, axis_m, axis_n, epi_loads) if columns else None,
-        epi_inputs=tuple(dict.fromkeys(a.tensor for _, a in epi_loads if a.tensor in inputs)),
+        epi_inputs=tuple(dict.fromkeys(a.tensor for _, a in epi_loads if a.tensor in inputs and a.tensor not in written)),
     )
     return with_kernel(unscheduled, kernel)
 

@@ -21,7 +21,7 @@ from habu.lower.general import chain_refusal
 from habu.paths import attention, columns, fma, general, grouped, map, mma_sync, rows, wgmma
 from habu.paths.analytic import node_of
 from habu.paths.base import KernelPath
-from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath
+from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath, reads_early
 from habu.plan.column_epilogue import kernel_chain
 from habu.plan.fields import Mma
 from habu.plan.patterns import Region, as_column_reduction, as_contraction, transposed_rows
@@ -146,23 +146,15 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
     summed = bool(kernel_chain(model, region.nodes)[1])
     if base.mma == Mma.WGMMA and _prefetches(model, replace(base, epilogue_prefetch=True)):
         yield replace(base, epilogue_prefetch=True)  # the epilogue's matrix tiles into the L2 first (a hint)
-    if base.mma == Mma.WGMMA and _reads_early(model, replace(base, epilogue_early=True)):
+    if base.mma == Mma.WGMMA and not base.epilogue_early and reads_early(model, replace(base, epilogue_early=True)):
         yield replace(base, epilogue_early=True)  # the epilogue's loads of model inputs at each tile's start
+    if getattr(base, "epilogue_early", False):
+        yield replace(base, epilogue_early=False)  # the default's early loads, left in the epilogue
     for mma in MMAS:
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):
             yield from (k for k in path.variants(base, target, skinny=skinny)
                         if not summed or schedule_refusal(k) is None)
-
-
-def _reads_early(model: Model, kernel: ContractionKernel) -> bool:
-    """Whether the kernel's epilogue reads a model input it would load at each tile's start (`epilogue_early`)."""
-    from habu.lower import lower
-
-    try:
-        return bool(lower(model, kernel).early_loads)  # type: ignore[attr-defined]
-    except ValueError:
-        return False
 
 
 def _prefetches(model: Model, kernel: ContractionKernel) -> bool:

@@ -223,6 +223,10 @@ class ContractionPath(KernelPath):
         )
         if plain_output(model, region, c, target, sizes) and (skinny or tma_store_fits(model, kernel, target)):
             kernel = replace(kernel, store="tma")
+        if kernel.store == "tma" and reads_early(model, replace(kernel, epilogue_early=True)):
+            # the epilogue's loads of model inputs at each tile's start (H100, 2026-12-05: FFN-SKIP's 128-token
+            # step 336.5 → 332.7 µs, dT2's product 57.7 → 54.4, outputs bitwise the same; docs/PERF.md, session 57)
+            kernel = replace(kernel, epilogue_early=True)
         if skinny:  # as deep as shared memory holds (TMA stores kept where they fit)
             kernel = fit_stages(model, kernel, target)
         return kernel
@@ -493,3 +497,14 @@ def tma_store_fits(model: Model, k: ContractionKernel, target: Target) -> bool:
     support = support_for(k)
     return (isinstance(support, ContractionSupport) and support.emits_tma_stores and k.split_k == 1
             and k.tile_n % (128 // out_e) == 0 and layout.total <= target.smem_per_block)
+
+
+def reads_early(model: Model, kernel: ContractionKernel) -> bool:
+    """Whether the kernel's epilogue reads a model input it loads at each tile's start (`epilogue_early`;
+    habu/lower/epilogue_early.py)."""
+    from habu.lower import lower
+
+    try:
+        return bool(lower(model, kernel).early_loads)  # type: ignore[attr-defined]
+    except ValueError:
+        return False

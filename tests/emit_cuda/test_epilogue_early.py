@@ -108,7 +108,7 @@ def test_partial_tiles_read_early_under_the_accesses_masks(tokens):
     assert prove(model, plan, {}, trials=1).ok
 
 
-def test_the_search_offers_early_loads_where_an_epilogue_reads_a_model_input():
+def test_the_default_reads_early_and_the_search_offers_both_where_an_epilogue_reads_a_model_input():
     from habu.paths import region_space
     from habu.plan.rewrite import apply_rewrites
     from habu.search.cuts import default_partition
@@ -116,7 +116,20 @@ def test_the_search_offers_early_loads_where_an_epilogue_reads_a_model_input():
     model = ffn("backward", 128)
     plan = default_plan(model, T, {})
     graph, sizes = apply_rewrites(model, plan.rewrites), dict(plan.shape)
-    offered = {r.nodes[0]: [k for k in region_space(graph, r, T, sizes) if getattr(k, "epilogue_early", False)]
+    early = {k.nodes[0]: k.epilogue_early for k in plan.kernels if k.kind == "contraction"}
+    assert early["%d3"] and not early["dW1"]  # the default reads S1 and B1 early; dW1's epilogue loads nothing
+    offered = {r.nodes[0]: {getattr(k, "epilogue_early", False) for k in region_space(graph, r, T, sizes)}
                for r in default_partition(graph, T, sizes) if r.kind == "contraction"}
-    assert len(offered["%d3"]) == 1  # S1 and B1 for GELU's derivative
-    assert offered["dW1"] == offered["dW2"] == []  # no epilogue loads
+    assert offered["%d3"] == {True, False}  # the default, and its loads left in the epilogue
+    assert offered["dW1"] == offered["dW2"] == {False}  # no epilogue loads
+
+
+def test_regression_an_in_place_accumulators_input_is_not_read_early():
+    """`C[m n] += Σ k A·B` (examples/accumulate.habu): C is a model input the plan's kernel also writes. The
+    lowering read it at the tile's start (its list of inputs took the model's inputs whole), and the
+    `early-epilogue-loads` rule refused the default plan; an input a node writes is read in the epilogue."""
+    model = load_program(ROOT / "examples" / "accumulate.habu").models["GEMM-ACC"]
+    plan = default_plan(model, T)
+    (lw,) = lower_plan(model, plan)
+    assert any(a.tensor == "C" for _, a in lw.epi_loads) and not lw.early_loads
+    assert not failures(obligations(model, plan))
