@@ -1,0 +1,128 @@
+"""Session 57 (docs/PERF.md): FFN-SKIP's 128-token epilogues taken apart. An experiment, not a bench: the emitted
+kernels of the default plans edited by hand (each variant named by what it leaves out), timed alone and in the
+step, their outputs compared with the unedited kernels' bit for bit. Run on the device machine:
+
+    TOK=128 OUT=/tmp python docs/experiments/epilogue_parts.py
+"""
+import dataclasses, json, os, re, sys
+import torch
+import habu.bench.train_step_speed as ts
+from habu.bench.backward_speed import build
+from habu.bench.kernel_times import kernel_device_times, serial_launches
+from habu.emit_cuda.guards import KernelSet
+from habu.emit_cuda.runtime import CompiledModel
+from habu.timing.harness import time_cuda
+
+TOK = int(os.environ.get("TOK", "128"))
+OLD = {"epilogue_early": "false"}  # the plans as they were before session 57 made the early loads the default
+bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": TOK}, "sm_90a", OLD, OLD)
+
+def kernels_of(cm):
+    return cm.kernel_set.members  # [(guards, EmittedPlan)]
+
+def variant(cm, idx, edit, tag):
+    members = []
+    for guards, ep in cm.kernel_set.members:
+        ks = list(ep.kernels)
+        k = ks[idx]
+        src = edit(k.source)
+        assert src != k.source or tag == "base", tag
+        new_name = k.name + "_" + tag
+        src = src.replace(k.name, new_name)
+        ks[idx] = dataclasses.replace(k, source=src, name=new_name)
+        members.append((guards, dataclasses.replace(ep, kernels=tuple(ks))))
+    return CompiledModel(cm.model, KernelSet(members), arch="sm_90a")
+
+def sub(old, new, count=1):
+    def f(s):
+        assert s.count(old) >= count, (old[:60], s.count(old))
+        return s.replace(old, new)
+    return f
+
+def chain(*fs):
+    def f(s):
+        for g in fs: s = g(s)
+        return s
+    return f
+
+# --- fwd1 variants
+BIAS_HOIST = """      float biasv[16][2];  // experiment: the tile's bias, loaded before the mainloop
+#pragma unroll
+      for (int j = 0; j < 16; ++j) { const int nb = n0 + 8 * j + 2 * (lane % 4); biasv[j][0] = nb < 14336 ? habu::load_bf16(p_B1 + nb) : 0.0f; biasv[j][1] = nb + 1 < 14336 ? habu::load_bf16(p_B1 + nb + 1) : 0.0f; }
+"""
+def hoist_bias(s):
+    head, tail = s.split("// --------------------------------------------------------------------- consumers", 1)
+    marker = "const int n0 = (int)(tn * 128);\n"
+    tail = tail.replace(marker, marker + BIAS_HOIST, 1)
+    tail = tail.replace("const float e0_0 = (((n) < 14336) ? habu::load_bf16(p_B1 + ((int)(n))) : 0.0f);", "const float e0_0 = biasv[j][0];")
+    tail = tail.replace("const float e1_0 = ((((n + 1)) < 14336) ? habu::load_bf16(p_B1 + ((int)((n + 1)))) : 0.0f);", "const float e1_0 = biasv[j][1];")
+    assert "biasv[j][1]" in tail
+    return head + "// --------------------------------------------------------------------- consumers" + tail
+
+NOINLINE = """#include "habu/habu.cuh"
+__device__ __noinline__ float habu_erf_call(float x) { return erff(x); }
+__device__ __noinline__ float habu_exp_call(float x) { return __expf(x); }
+"""
+def noinline(s, exp=False):
+    s = s.replace('#include "habu/habu.cuh"\n', NOINLINE, 1).replace("habu::f_erf(", "habu_erf_call(")
+    return s.replace("habu::f_exp(", "habu_exp_call(") if exp else s
+
+F_VARIANTS = {
+    "base": lambda s: s,
+    "bias_hoist": hoist_bias,
+    "no_erf": sub("habu::f_erf(", "(", 2),
+    "erf_noinline": noinline,
+    "plain_epi": chain(sub("habu::tma_store_2d(&tm_S1, buf0,", "if (0) habu::tma_store_2d(&tm_S1, buf0,"),
+                       lambda s: re.sub(r"const float v(\d) = \(\(0\.5f \* \(acc\[s\]\[([^\]]*)\] \+ e\d_0\)\).*?;\n", lambda m: f"const float v{m.group(1)} = acc[s][{m.group(2)}];\n", s),
+                       lambda s: s.replace("habu::load_bf16(p_B1 + ((int)(n)))", "0.0f").replace("habu::load_bf16(p_B1 + ((int)((n + 1))))", "0.0f")),
+    "no_round_wait": sub("if (boxes_stored >= 1 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<0>();", ""),
+}
+B_VARIANTS = {
+    "base": lambda s: s,
+    "erf_noinline": noinline,
+    "s1_const": lambda s: re.sub(r"habu::load_bf16\(p_S1 \+ [^;]*?\) : 0\.0f\);", "0.5f : 0.0f);", s),
+    "no_gelu_grad": lambda s: re.sub(r"const float v(\d) = \(\(\(\(acc\[s\]\[([^\]]*)\] \* .*?;\n", lambda m: f"const float v{m.group(1)} = acc[s][{m.group(2)}] * (e{m.group(1)}_0 + e{m.group(1)}_1);\n", s),
+}
+
+def main():
+    names = [t.name for t in bw.forward.inputs]
+    tensors = ts.inputs_for(TOK, 100)
+    named = dict(zip(names, (t.detach() for t in tensors)))
+    dy = torch.randn((TOK, ts.SIZES["D"]), device="cuda").to(torch.bfloat16)
+    rows = {}
+    ref = fwd(**named)
+    fwd_idx = 0
+    for tag, edit in F_VARIANTS.items():
+        v = variant(fwd, fwd_idx, edit, tag)
+        out = v(**named)
+        exact = all(torch.equal(out[k], ref[k]) for k in ref) if isinstance(ref, dict) else torch.equal(out, ref)
+        with serial_launches():
+            t = kernel_device_times(lambda: v(**named))
+        k = [us for n, us in t.items() if n.endswith(tag)]
+        step = time_cuda(lambda i: ts.habu_step(bw, v, back, tensors, dy), 1)["median_us"]
+        rows["fwd " + tag] = dict(kernel_us=k[0] if k else None, exact=exact, step_us=step)
+        print("fwd", tag, rows["fwd " + tag], flush=True)
+    out = fwd(**named)
+    out = out if isinstance(out, dict) else {bw.forward.outputs[0].name: out}
+    cot = dict(bw.cotangents)["Y"]
+    avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
+    bargs = {t.name: avail[t.name] for t in back.model.inputs}
+    bref = back(**bargs)
+    bidx = 1 if TOK == 128 else int(os.environ.get("BIDX", "1"))
+    for tag, edit in B_VARIANTS.items():
+        v = variant(back, bidx, edit, tag)
+        o = v(**bargs)
+        exact = all(torch.equal(o[k], bref[k]) for k in bref)
+        with serial_launches():
+            t = kernel_device_times(lambda: v(**bargs))
+        k = [us for n, us in t.items() if n.endswith(tag)]
+        step = time_cuda(lambda i: ts.habu_step(bw, fwd, v, tensors, dy), 1)["median_us"]
+        rows["bwd " + tag] = dict(kernel_us=k[0] if k else None, exact=exact, step_us=step)
+        print("bwd", tag, rows["bwd " + tag], flush=True)
+    eager = time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"]
+    print("eager step", eager)
+    rows["eager_step_us"] = eager
+    out_dir = os.environ.get("OUT", "out/dev")
+    json.dump(rows, open(f"{out_dir}/epi_exp_{TOK}.json", "w"), indent=1)
+
+main()
