@@ -4,8 +4,13 @@ step, their outputs compared with the unedited kernels' bit for bit. Run on the 
 
     TOK=128 OUT=/tmp python docs/experiments/epilogue_parts.py
 """
-import dataclasses, json, os, re, sys
+import dataclasses
+import json
+import os
+import re
+
 import torch
+
 import habu.bench.train_step_speed as ts
 from habu.bench.backward_speed import build
 from habu.bench.kernel_times import kernel_device_times, serial_launches
@@ -41,7 +46,8 @@ def sub(old, new, count=1):
 
 def chain(*fs):
     def f(s):
-        for g in fs: s = g(s)
+        for g in fs:
+            s = g(s)
         return s
     return f
 
@@ -84,45 +90,39 @@ B_VARIANTS = {
     "no_gelu_grad": lambda s: re.sub(r"const float v(\d) = \(\(\(\(acc\[s\]\[([^\]]*)\] \* .*?;\n", lambda m: f"const float v{m.group(1)} = acc[s][{m.group(2)}] * (e{m.group(1)}_0 + e{m.group(1)}_1);\n", s),
 }
 
+def measure(label, plan, index, variants, args, step_of):
+    """Each variant of kernel `index` of `plan`: its outputs against the unedited kernel's (bit for bit), its time
+    alone (launches serialised) and the step's with it (`step_of`: the step given the edited plan)."""
+    rows, ref = {}, plan(**args)
+    for tag, edit in variants.items():
+        v = variant(plan, index, edit, tag)
+        out = v(**args)
+        exact = all(torch.equal(out[k], ref[k]) for k in ref)
+        with serial_launches():
+            t = kernel_device_times(lambda v=v: v(**args))
+        alone = [us for n, us in t.items() if n.endswith(tag)]
+        step = time_cuda(lambda i, v=v: step_of(v), 1)["median_us"]
+        rows[f"{label} {tag}"] = dict(kernel_us=alone[0] if alone else None, exact=exact, step_us=step)
+        print(label, tag, rows[f"{label} {tag}"], flush=True)
+    return rows
+
+
 def main():
     names = [t.name for t in bw.forward.inputs]
     tensors = ts.inputs_for(TOK, 100)
-    named = dict(zip(names, (t.detach() for t in tensors)))
+    named = dict(zip(names, (t.detach() for t in tensors), strict=True))
     dy = torch.randn((TOK, ts.SIZES["D"]), device="cuda").to(torch.bfloat16)
-    rows = {}
-    ref = fwd(**named)
-    fwd_idx = 0
-    for tag, edit in F_VARIANTS.items():
-        v = variant(fwd, fwd_idx, edit, tag)
-        out = v(**named)
-        exact = all(torch.equal(out[k], ref[k]) for k in ref) if isinstance(ref, dict) else torch.equal(out, ref)
-        with serial_launches():
-            t = kernel_device_times(lambda: v(**named))
-        k = [us for n, us in t.items() if n.endswith(tag)]
-        step = time_cuda(lambda i: ts.habu_step(bw, v, back, tensors, dy), 1)["median_us"]
-        rows["fwd " + tag] = dict(kernel_us=k[0] if k else None, exact=exact, step_us=step)
-        print("fwd", tag, rows["fwd " + tag], flush=True)
+    rows = measure("fwd", fwd, 0, F_VARIANTS, named, lambda v: ts.habu_step(bw, v, back, tensors, dy))
     out = fwd(**named)
-    out = out if isinstance(out, dict) else {bw.forward.outputs[0].name: out}
     cot = dict(bw.cotangents)["Y"]
     avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
     bargs = {t.name: avail[t.name] for t in back.model.inputs}
-    bref = back(**bargs)
-    bidx = 1 if TOK == 128 else int(os.environ.get("BIDX", "1"))
-    for tag, edit in B_VARIANTS.items():
-        v = variant(back, bidx, edit, tag)
-        o = v(**bargs)
-        exact = all(torch.equal(o[k], bref[k]) for k in bref)
-        with serial_launches():
-            t = kernel_device_times(lambda: v(**bargs))
-        k = [us for n, us in t.items() if n.endswith(tag)]
-        step = time_cuda(lambda i: ts.habu_step(bw, fwd, v, tensors, dy), 1)["median_us"]
-        rows["bwd " + tag] = dict(kernel_us=k[0] if k else None, exact=exact, step_us=step)
-        print("bwd", tag, rows["bwd " + tag], flush=True)
+    rows |= measure("bwd", back, 1, B_VARIANTS, bargs, lambda v: ts.habu_step(bw, fwd, v, tensors, dy))
     eager = time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"]
     print("eager step", eager)
     rows["eager_step_us"] = eager
-    out_dir = os.environ.get("OUT", "out/dev")
-    json.dump(rows, open(f"{out_dir}/epi_exp_{TOK}.json", "w"), indent=1)
+    with open(os.path.join(os.environ.get("OUT", "."), f"epilogue_parts_{TOK}.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
 
 main()
