@@ -133,3 +133,25 @@ def test_regression_an_in_place_accumulators_input_is_not_read_early():
     (lw,) = lower_plan(model, plan)
     assert any(a.tensor == "C" for _, a in lw.epi_loads) and not lw.early_loads
     assert not failures(obligations(model, plan))
+
+
+def test_a_per_row_scale_and_an_f32_bias_are_read_early_one_value_a_row_and_a_float2_a_column_pair():
+    from habu.spec.parser import parse_text
+
+    text = """256 EXTENT: #M  384 EXTENT: #N  128 EXTENT: #K
+bf16 TENSOR: A ( #M #K )  bf16 TENSOR: B ( #N #K )  f32 TENSOR: R ( #M )  f32 TENSOR: C ( #N )
+bf16 TENSOR: Y ( #M #N )
+MODEL: SCALED  Y[m n] = (Σ k A[m k] · B[n k]) · R[m] + C[n] ;
+"""
+    model = parse_text(text, "scaled.habu").models["SCALED"]
+    plan = default_plan(model, T, {})
+    (lw,) = lower_plan(model, plan)
+    early = {e.access.tensor: e for e in lw.early_loads}
+    assert (early["R"].rows, early["R"].columns, early["C"].rows, early["C"].columns) == (True, False, False, True)
+    kernel = emit_plan(model, plan, T).kernels[0]
+    assert "float pre0[1][2];" in kernel.source and "float2 pre1[8];" in kernel.source
+    assert "if (j == 0) pre0[s][h] = " in kernel.source and "pre1[j].y" in kernel.source
+    assert prove(model, plan, {}, trials=1).ok
+    if _nvrtc() is not None:
+        cubin = compile_cuda(kernel.source, kernel.name, "sm_90a")
+        assert not cubin.resources.spills and "warning" not in cubin.log, cubin.log
