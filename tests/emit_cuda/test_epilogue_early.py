@@ -155,3 +155,22 @@ MODEL: SCALED  Y[m n] = (Σ k A[m k] · B[n k]) · R[m] + C[n] ;
     if _nvrtc() is not None:
         cubin = compile_cuda(kernel.source, kernel.name, "sm_90a")
         assert not cubin.resources.spills and "warning" not in cubin.log, cubin.log
+
+
+def test_a_batched_products_matrix_and_bias_are_read_early_at_the_blocks_batch():
+    from habu.spec.parser import parse_text
+
+    text = """4 EXTENT: #B  256 EXTENT: #I  256 EXTENT: #J  64 EXTENT: #D
+bf16 TENSOR: Q ( #B #I #D )  bf16 TENSOR: K ( #B #J #D )  bf16 TENSOR: M ( #B #I #J )  bf16 TENSOR: C ( #B #J )
+f32 TENSOR: S ( #B #I #J )
+MODEL: SCORES-BIAS  S[b i j] = Σ d Q[b i d] · K[b j d] + M[b i j] + C[b j] ;
+"""
+    model = parse_text(text, "scores.habu").models["SCORES-BIAS"]
+    plan = default_plan(model, T, {})
+    (lw,) = lower_plan(model, plan)
+    assert {e.access.tensor for e in lw.early_loads} == {"M", "C"}
+    kernel = emit_plan(model, plan, T).kernels[0]
+    assert prove(model, plan, {}, trials=1).ok
+    if _nvrtc() is not None:
+        cubin = compile_cuda(kernel.source, kernel.name, "sm_90a")
+        assert not cubin.resources.spills and "warning" not in cubin.log, cubin.log
