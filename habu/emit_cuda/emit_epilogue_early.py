@@ -16,7 +16,8 @@ UNPACK = {"bf16": ("habu::bf16x2_lo", "habu::bf16x2_hi"), "f16": ("habu::f16x2_l
 
 
 def _index(e: EarlyLoad) -> str:
-    return ("[s]" if e.rows else "") + ("[j]" if e.columns else "") + ("[h]" if e.rows else "")
+    """The entry of the fragment's (s, j, h), from the lowering's coordinates (`EarlyLoad.kept`)."""
+    return "".join(f"[{a}]" for a in e.kept())
 
 
 def _storage(e: EarlyLoad) -> str:
@@ -40,16 +41,15 @@ def early_declarations(lw: ContractionLowering, sig: Signature, model: Model, si
                     f"{e.access.tensor} at the tile's start (`epilogue_early`)\n" for e in early)
     fills = []
     for e in early:
-        coord = {"m": "m", "n": "n"}
-        first = epilogue_load(lw, sig, sizes, table, coord, e.access)
+        # each half's value, at the column the lowering says it holds (`EarlyLoad.held_column`)
+        values = [epilogue_load(lw, sig, sizes, table, {"m": "m", "n": f"(n + {e.held_column(x)})" if e.held_column(x)
+                                                        else "n"}, e.access) for x in range(e.halves())]
         if not e.columns:
-            value = first
+            (value,) = values
         else:
-            second = epilogue_load(lw, sig, sizes, table, {"m": "m", "n": "(n + 1)"}, e.access)
-            value = (f"make_float2({first}, {second})" if e.access.dtype == "f32"
-                     else f"{PACK[e.access.dtype]}({first}, {second})")
-        unused = [x for x, used in (("s == 0", e.rows), ("j == 0", e.columns), ("h == 0", e.rows)) if not used]
-        guard = f"if ({' && '.join(unused)}) " if unused else ""
+            value = (f"make_float2({', '.join(values)})" if e.access.dtype == "f32"
+                     else f"{PACK[e.access.dtype]}({', '.join(values)})")
+        guard = f"if ({' && '.join(f'{a} == 0' for a in e.dropped())}) " if e.dropped() else ""
         fills.append(f"            {guard}pre{e.index}{_index(e)} = {value};\n")
     slab_row = f"(cw * {st.slabs} + s) * {st.box.rows}"
     body = "".join(fills)
@@ -73,12 +73,13 @@ def early_values(lw: ContractionLowering, second: bool) -> dict[Load, str]:
     out = {}
     for e in lw.early_loads:
         at = f"pre{e.index}{_index(e)}"
+        half = e.half_of(int(second))  # the half that holds the pair's element (`EarlyLoad.half_of`)
         if not e.columns:
             out[e.load] = at
         elif e.access.dtype == "f32":
-            out[e.load] = f"{at}.{'y' if second else 'x'}"
+            out[e.load] = f"{at}.{'xy'[half]}"
         else:
-            out[e.load] = f"{UNPACK[e.access.dtype][int(second)]}({at})"
+            out[e.load] = f"{UNPACK[e.access.dtype][half]}({at})"
     return out
 
 

@@ -167,12 +167,17 @@ class ContractionLowering:
         if (not getattr(k, "epilogue_early", False) or k.mma != "wgmma" or k.store != "tma" or self.tma_store is None
                 or self.split_mode != "none" or self.store != Store.WRITE or k.swap_ab):
             return ()
-        consumers = consumer_warpgroups(k.warps, k.warp_specialized)
-        slabs = max(1, k.tile_m // (64 * consumers))
-        groups = k.tile_n // 8
-        accumulators = slabs * self.fragment.registers(groups)
+        slabs, groups, accumulators = self.fragment_shape
         return early_loads(early_candidates(self.epi_loads, frozenset(self.epi_inputs)), slabs, groups,
                            self.fragment.halves, accumulators)
+
+    @property
+    def fragment_shape(self) -> tuple[int, int, int]:
+        """A wgmma consumer thread's accumulator fragment: (64-row slabs, 8-column groups, registers)."""
+        k = self.kernel
+        slabs = max(1, k.tile_m // (64 * consumer_warpgroups(k.warps, k.warp_specialized)))
+        groups = k.tile_n // 8
+        return slabs, groups, slabs * self.fragment.registers(groups)
 
     @property
     def cluster_split(self) -> bool:

@@ -24,8 +24,10 @@ serialisation, and each later kernel's blocks start after every block of the one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 
 from habu.lower.access import Access
+from habu.lower.fragments import AccumulatorFragment
 from habu.spec.ir import Load
 
 EARLY_DTYPES = ("bf16", "f16", "f32")
@@ -48,9 +50,35 @@ class EarlyLoad:
     rows: bool  # on m: one value (pair) per slab s and row half h
     columns: bool  # on n: one pair (n, n + 1) per column group j
 
+    def kept(self) -> tuple[str, ...]:
+        """The fragment coordinates (s, j, h) that index the registers: those the value depends on."""
+        return tuple(a for a, used in (("s", self.rows), ("j", self.columns), ("h", self.rows)) if used)
+
     def dims(self, slabs: int, groups: int, halves: int) -> tuple[int, ...]:
         """The register array's dimensions: [slabs][groups][halves], less those the value does not depend on."""
-        return ((slabs,) if self.rows else ()) + ((groups,) if self.columns else ()) + ((halves,) if self.rows else ())
+        size = {"s": slabs, "j": groups, "h": halves}
+        return tuple(size[a] for a in self.kept())
+
+    def slot(self, s: int, j: int, h: int) -> tuple[int, ...]:
+        """The register entry of the fragment's slab s, column group j and row half h."""
+        at = {"s": s, "j": j, "h": h}
+        return tuple(at[a] for a in self.kept())
+
+    def dropped(self) -> tuple[str, ...]:
+        """The coordinates the registers leave out: an entry is filled once, where each of them is 0."""
+        return tuple(a for a in ("s", "j", "h") if a not in self.kept())
+
+    def halves(self) -> int:
+        """Values an entry holds: the pair (n, n + 1) where the value depends on n, else one."""
+        return 2 if self.columns else 1
+
+    def half_of(self, q: int) -> int:
+        """The entry's half that holds the pair's element q (n + q)."""
+        return q if self.columns else 0
+
+    def held_column(self, half: int) -> int:
+        """The column, past the pair's first, whose value the entry's `half` holds (what the fill loads there)."""
+        return half
 
     def registers(self, slabs: int, groups: int, halves: int) -> int:
         """32-bit registers a thread holds: a packed 16-bit pair or one float per entry where the pair shares one
@@ -59,6 +87,36 @@ class EarlyLoad:
         for d in self.dims(slabs, groups, halves):
             count *= d
         return count * (2 if self.columns and self.access.dtype == "f32" else 1)
+
+
+def registers_mismatch(e: EarlyLoad, fragment: AccumulatorFragment, slabs: int, groups: int) -> str | None:
+    """Run one warpgroup's fill and reads of `e`'s registers over the accumulator fragment: each entry filled where
+    its dropped coordinates are 0, with the element (slab row, column) of each half (`held_column`), keeping only
+    the coordinates the value depends on (a bias: the column; a row scale: the row); then each epilogue read, at
+    (s, j, h) and pair element q, must find its own element's value there. The first read that does not, in words;
+    None where every one does."""
+    warps = fragment.group_warps
+    for warp in range(warps):
+        for lane in range(fragment.warp_size):
+            held: dict[tuple[int, ...], list[tuple]] = {}
+            for s, j, h in product(range(slabs), range(groups), range(fragment.halves)):
+                if all({"s": s, "j": j, "h": h}[a] == 0 for a in e.dropped()):
+                    held[e.slot(s, j, h)] = [_seen(e, fragment, s, warp, lane, j, h, e.held_column(x))
+                                             for x in range(e.halves())]
+            for s, j, h, q in product(range(slabs), range(groups), range(fragment.halves), range(fragment.pair)):
+                got = held.get(e.slot(s, j, h))
+                want = _seen(e, fragment, s, warp, lane, j, h, q)
+                if got is None or got[e.half_of(q)] != want:
+                    return (f"{e.access.tensor}: warp {warp} lane {lane} reads (s {s}, j {j}, h {h}, q {q}) = element "
+                            f"{want} from entry {e.slot(s, j, h)}, which holds {got and got[e.half_of(q)]}")
+    return None
+
+
+def _seen(e: EarlyLoad, fragment: AccumulatorFragment, s: int, warp: int, lane: int, j: int, h: int,
+          q: int) -> tuple:
+    """The coordinates of the fragment's element that the value of `e` depends on: (slab row, column)."""
+    row, col = fragment.element(warp, lane, j, h, q)
+    return (s * fragment.group_warps * fragment.warp_rows + row if e.rows else None, col if e.columns else None)
 
 
 def _axes(access: Access) -> set[str]:
@@ -93,4 +151,4 @@ def early_loads(candidates: tuple[EarlyLoad, ...], slabs: int, groups: int, halv
     return tuple(chosen)
 
 
-__all__ = ["EARLY_BUDGET", "EARLY_REGISTERS", "EarlyLoad", "early_candidates", "early_loads"]
+__all__ = ["EARLY_BUDGET", "EARLY_REGISTERS", "EarlyLoad", "early_candidates", "early_loads", "registers_mismatch"]

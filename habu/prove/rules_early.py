@@ -1,20 +1,22 @@
 """The rule of an epilogue that reads some of its loads at each tile's start (`epilogue_early`,
 habu/lower/epilogue_early.py): each such load reads one of the model's inputs, which no kernel of the plan writes,
 so the value read before the k loop (and before the wait for the plan's previous kernel) is the one the epilogue
-would read after it; and the registers that hold them stay within the lowering's budget."""
+would read after it; each read of the epilogue, at its fragment's (s, j, h) and pair element, finds its own
+element in the entry the fill wrote (`registers_mismatch` runs one warpgroup's fill and reads, from the lowering's
+`EarlyLoad` maps the emitter prints); and the registers that hold them stay within the lowering's budget."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from habu.lower.contraction import ContractionLowering
-from habu.lower.epilogue_early import EARLY_BUDGET, EARLY_REGISTERS
-from habu.lower.registers import consumer_warpgroups
+from habu.lower.epilogue_early import EARLY_BUDGET, EARLY_REGISTERS, registers_mismatch
 from habu.prove.obligation import Context, Obligation, Rule
 
 EARLY_RULES = {r.name: r for r in (
     Rule("early-epilogue-loads", "an epilogue load read at the tile's start reads a model input, which no kernel "
-         "of the plan writes, within the registers the lowering gives such loads",
+         "of the plan writes; each epilogue read finds its own element in the registers filled there; and those "
+         "registers stay within the lowering's budget",
          "CUDA programming guide: programmatic dependent launch (griddepcontrol.wait makes the previous kernel's "
          "writes visible; a read before it may see older values)"),
 )}
@@ -36,12 +38,13 @@ def early_obligations(name: str, lw: ContractionLowering, ctx: Context) -> Itera
                          and lw.epi_loads[e.index][0] == e.load,
                          detail=f"{tensor} is {'an input' if tensor in inputs else 'not a model input'}"
                                 f"{', written by the plan' if tensor in written else ''}: read it in the epilogue")
-    k = lw.kernel
-    consumers = consumer_warpgroups(k.warps, k.warp_specialized)
-    slabs = max(1, k.tile_m // (64 * consumers))
-    groups = k.tile_n // 8
+    slabs, groups, accumulators = lw.fragment_shape
+    for e in early:  # the fill and the epilogue's reads, run over one warpgroup's fragment
+        mismatch = registers_mismatch(e, lw.fragment, slabs, groups)
+        yield Obligation(EARLY_RULES["early-epilogue-loads"], name, e.access.tensor,
+                         f"each epilogue read of {e.access.tensor} finds its element in the registers filled at the "
+                         "tile's start", mismatch is None, detail=mismatch or "")
     held = sum(e.registers(slabs, groups, lw.fragment.halves) for e in early)
-    accumulators = slabs * lw.fragment.registers(groups)
     yield Obligation(EARLY_RULES["early-epilogue-loads"], name, lw.out.tensor,
                      f"{held} registers of early loads ≤ {EARLY_REGISTERS}, with {accumulators} accumulators "
                      f"≤ {EARLY_BUDGET}", held <= EARLY_REGISTERS and held + accumulators <= EARLY_BUDGET,

@@ -174,3 +174,24 @@ MODEL: SCORES-BIAS  S[b i j] = Σ d Q[b i d] · K[b j d] + M[b i j] + C[b j] ;
     if _nvrtc() is not None:
         cubin = compile_cuda(kernel.source, kernel.name, "sm_90a")
         assert not cubin.resources.spills and "warning" not in cubin.log, cubin.log
+
+
+@pytest.mark.parametrize("mutant", ["second-column-as-first", "rows-without-their-half", "pair-halves-swapped"])
+def test_a_planted_error_in_the_early_registers_map_is_refused(monkeypatch, mutant):
+    """The emitter prints the registers' entries, fills and reads from the lowering's `EarlyLoad` maps, and the
+    `early-epilogue-loads` rule runs the same maps over a warpgroup's fragment: a planted error in them (each
+    half loading the pair's first column; a row-dependent value stored once per slab, not per row half; the
+    epilogue reading the other half) is a refusal, not a kernel that reads another element."""
+    from habu.lower.epilogue_early import EarlyLoad
+
+    if mutant == "second-column-as-first":
+        monkeypatch.setattr(EarlyLoad, "held_column", lambda self, half: 0)
+    elif mutant == "rows-without-their-half":
+        monkeypatch.setattr(EarlyLoad, "kept", lambda self: tuple(
+            a for a, used in (("s", self.rows), ("j", self.columns)) if used))
+    else:
+        monkeypatch.setattr(EarlyLoad, "half_of", lambda self, q: 1 - q if self.columns else 0)
+    model = ffn("backward")
+    plan = default_plan(model, T, {})
+    broken = [o for o in failures(obligations(model, plan)) if o.rule.name == "early-epilogue-loads"]
+    assert broken and "S1" in broken[0].detail, [o.describe() for o in broken]
