@@ -156,7 +156,8 @@ class ContractionLowering:
         `epilogue_prefetch`; habu/lower/epilogue_prefetch.py)."""
         if not getattr(self.kernel, "epilogue_prefetch", False):
             return ()
-        return epilogue_prefetches(self.epi_loads, self.bm, self.bn)
+        early = {e.index for e in self.early_loads}  # already in registers from the tile's start
+        return epilogue_prefetches(tuple(x for i, x in enumerate(self.epi_loads) if i not in early), self.bm, self.bn)
 
     @property
     def early_loads(self) -> tuple[EarlyLoad, ...]:

@@ -20,8 +20,8 @@ T = TARGETS["sm_90a"]
 
 def test_the_gelu_derivatives_saved_s1_is_prefetched_line_by_line_under_its_masks():
     model = derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP").model.with_sizes({"B": 100})
-    plan = default_plan(model, T, {}, {"epilogue_prefetch": "true"})
-    base = default_plan(model, T, {})
+    plan = default_plan(model, T, {}, {"epilogue_prefetch": "true", "epilogue_early": "false"})
+    base = default_plan(model, T, {}, {"epilogue_early": "false"})
     i = next(j for j, k in enumerate(plan.kernels) if "%d2" in k.nodes)
     lw = lower_plan(model, plan)[i]
     (pf,) = lw.prefetches  # S1 (its tile of 128 × 128 bf16: two 128-byte lines a row); B1 is one row, not prefetched
@@ -49,5 +49,18 @@ def test_the_search_offers_the_prefetch_where_an_epilogue_loads_a_matrix():
     graph, sizes = apply_rewrites(model, plan.rewrites), dict(plan.shape)
     offered = {r.nodes[0]: [k for k in region_space(graph, r, T, sizes) if getattr(k, "epilogue_prefetch", False)]
                for r in default_partition(graph, T, sizes) if r.kind == "contraction"}
-    assert len(offered["%d3"]) == 1 and len(offered["%rdX"]) == 1  # S1 for GELU's derivative, dT6 for dX
+    # dT6 for dX; GELU's derivative reads S1 into registers at the tile's start (the default's early loads)
+    assert offered["%d3"] == [] and len(offered["%rdX"]) == 1
     assert offered["dW1"] == offered["dW2"] == []  # no epilogue loads
+
+
+def test_prefetch_skips_what_the_early_loads_read():
+    """Regression (session 58): under the early-loads default, `epilogue_prefetch` also warmed the S1 lines the
+    consumers had read into registers at the tile's start: L2 traffic for nothing."""
+    model = derive_model(load_program(ROOT / "examples" / "ffn_skip.habu"), "FFN-SKIP").model.with_sizes({"B": 100})
+    plan = default_plan(model, T, {}, {"epilogue_prefetch": "true"})
+    i = next(j for j, k in enumerate(plan.kernels) if "%d2" in k.nodes)
+    lw = lower_plan(model, plan)[i]
+    assert {e.access.tensor for e in lw.early_loads} >= {"S1"}
+    assert lw.prefetches == ()
+    assert "prefetch_l2" not in emit_plan(model, plan, T).kernels[i].source
