@@ -96,9 +96,14 @@ class Signature:
         return SizeView(self)
 
     def tensormap(self, spec: TmaSpec) -> str:
-        name = f"tm_{_ident(spec.tensor)}"
-        if not any(p.kind == "tensormap" and p.tensor == spec.tensor for p in self.params):
-            self.params.append(Param(name, "tensormap", spec.tensor, spec.dtype, tma=spec))
+        """The parameter of a tensor map of `spec`: one per tensor and box (a kernel that warms the next kernel's
+        boxes of a tensor it loads itself in other boxes has two maps of it)."""
+        maps = [p for p in self.params if p.kind == "tensormap" and p.tensor == spec.tensor]
+        same = next((p for p in maps if p.tma == spec), None)
+        if same is not None:
+            return same.name
+        name = f"tm_{_ident(spec.tensor)}" + (f"_{len(maps)}" if maps else "")
+        self.params.append(Param(name, "tensormap", spec.tensor, spec.dtype, tma=spec))
         return name
 
     def declaration(self) -> str:

@@ -41,7 +41,7 @@ from habu.emit_cuda.emit_fma import (
     tile_setup,
 )
 from habu.emit_cuda.emit_split_cluster import cluster_split_epilogue
-from habu.emit_cuda.emit_wgmma_extras import consumer_lag, epilogue_prefetch
+from habu.emit_cuda.emit_wgmma_extras import consumer_lag, epilogue_prefetch, warm_next
 from habu.emit_cuda.emit_wgmma_store import tma_store_epilogue
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
@@ -341,7 +341,7 @@ def _producer(kc: _Kernel, vecs: dict[str, int], producer_regs: int, grid_wait: 
 {fill}        {ring_advance_line(ring)}
       }}
     }}
-{end}"""
+{warm_next(kc)}{end}"""
 
 
 def ring_advance_line(ring: MbarrierRing) -> str:

@@ -28,6 +28,24 @@ def epilogue_prefetch(kc: Any) -> str:
     return "".join(out)
 
 
+def warm_next(kc: Any) -> str:
+    """The plan's next kernel's first boxes into the L2 after the producer's last load (`ContractionLowering.warm`,
+    habu/lower/warm_next.py): each producer thread its share of them, through the next kernel's own tensor map
+    of that operand (a hint: no value depends on it)."""
+    warm = kc.lw.warm
+    if warm is None:
+        return ""
+    from habu.emit_cuda.kernel import TmaSpec
+
+    dims = tuple(reversed(warm.access.bounded_extents()))
+    tmap = kc.sig.tensormap(TmaSpec(warm.access.tensor, warm.access.dtype, dims, warm.box, warm.swizzle))
+    c0, c1 = (c(x) for x in warm.origin(CExpr("i"), kc.sizes))
+    return f"""    // the plan's next kernel's first {warm.tiles} k tiles of {warm.access.tensor} into the L2 while this kernel's epilogues run
+    for (int i = blockIdx.x * {warm.threads} + ptid; i < {c(warm.count(kc.sizes))}; i += gridDim.x * {warm.threads})
+      habu::tma_prefetch_2d(&{tmap}, (int)({c0}), (int)({c1}));
+"""
+
+
 def consumer_lag(kc: Any) -> tuple[str, str, str]:
     """The consumer lag (`MbarrierRing.lag`): consumer cw ≥ 1 waits on its named barrier before the tile's k loop;
     consumer cw − 1 arrives there once it has multiplied `lag_tiles` of the tile's k tiles (at once when the tile
@@ -46,4 +64,4 @@ def consumer_lag(kc: Any) -> tuple[str, str, str]:
     return wait, arrive, none
 
 
-__all__ = ["consumer_lag", "epilogue_prefetch"]
+__all__ = ["consumer_lag", "epilogue_prefetch", "warm_next"]

@@ -18,6 +18,7 @@ from habu.lower.general import GeneralLowering, lower_general
 from habu.lower.grouped import GroupedLowering, lower_grouped
 from habu.lower.grouped_wgrad import GroupedWgradLowering, lower_grouped_wgrad
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
+from habu.lower.warm_next import with_warm_next
 from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.plan import (
     AttentionKernel,
@@ -66,7 +67,7 @@ def lower_plan(model: Model, plan: Plan) -> list[Lowering]:
 
     model = planned_model(model, plan)
     storage = dict(plan.storage)
-    return [lower(model, k, storage) for k in plan.kernels]
+    return list(with_warm_next(tuple(lower(model, k, storage) for k in plan.kernels), _inputs(model)))
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,12 @@ def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
 
     graph = planned_model(model, plan)
     storage = dict(plan.storage)
-    return LoweredPlan(model, graph, plan, tuple(lower(graph, k, storage) for k in plan.kernels))
+    kernels = with_warm_next(tuple(lower(graph, k, storage) for k in plan.kernels), _inputs(graph))
+    return LoweredPlan(model, graph, plan, kernels)
+
+
+def _inputs(model: Model) -> frozenset[str]:
+    return frozenset(t.name for t in model.inputs)
 
 
 __all__ = ["AttentionLowering", "ColumnLowering", "ContractionLowering", "GeneralLowering", "GroupedLowering", "GroupedWgradLowering", "LoweredPlan", "Lowering", "MapLowering", "RowLowering", "lower", "lower_plan",

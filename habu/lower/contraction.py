@@ -135,6 +135,7 @@ class ContractionLowering:
     # the tensors of `epi_loads` that are the model's inputs (no kernel of the plan writes them): those the plan's
     # `epilogue_early` may read at each tile's start (habu/lower/epilogue_early.py; the `early-epilogue-loads` rule)
     epi_inputs: tuple[str, ...] = ()
+    warm: Any = None  # the plan's next kernel's first boxes this one warms into the L2 (habu/lower/warm_next.py)
 
     @property
     def stores(self) -> tuple[tuple[Expr, Access], ...]:

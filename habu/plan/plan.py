@@ -132,6 +132,12 @@ class ContractionKernel:
         "saved S1 of GELU's derivative) into registers at each tile's start, so their latency runs under the k "
         "loop (habu/lower/epilogue_early.py)", L, default=False, pins=("epilogue_early", "early"),
         json_optional=True, unguarded=KEEP)
+    warm_next: int = choice(
+        "wgmma: after its last TMA load the producer warpgroup prefetches into the L2 the boxes of the plan's next "
+        "kernel's first this-many k tiles (each of its tiles and splits) of the operand it streams from a model "
+        "input, so the next product's weights load while this kernel's epilogues run (a hint: no value depends "
+        "on it; habu/lower/warm_next.py; 0: none)", L, default=0, lo=0, hi=64, pins=("warm_next",),
+        json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

@@ -470,9 +470,9 @@ def _contraction_field_key(lw: ContractionLowering) -> object:
     # interpreter's tiles), so plans differing only in it compute the same elements; the
     # shared-memory operand maps enter through what they route (habu.prove.smem_route): maps
     # that multiply the plain tile product share the check, others are keyed by themselves; so does
-    # the TMA-store epilogue (habu.prove.tma_store)
+    # the TMA-store epilogue (habu.prove.tma_store); the next kernel's boxes warmed into the L2 change no value
     return (tuple(getattr(lw.kernel, f) for f in FIELD_CHECK_FIELDS),
-            repr(replace(lw, kernel=None, pipeline=None, operands=None, tma_store=None)), route_key(lw),
+            repr(replace(lw, kernel=None, pipeline=None, operands=None, tma_store=None, warm=None)), route_key(lw),
             tma_store_key(lw))
 
 

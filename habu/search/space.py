@@ -135,7 +135,8 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
     if pins:  # a column sum a pinned schedule cannot print goes back to its kernel; one a pinned tile allows joins
         kernels = fuse_column_kernels(graph, split_refused_columns(graph, kernels, target, s), s)
         kernels = tuple(_lag_where_it_holds(graph, k) for k in kernels)
-    plan = make_plan(model, target, kernels, {k: v for k, v in s.items() if _fixed(model, k, sizes)}, rewrites)
+    plan = _warm_where_it_holds(model, make_plan(model, target, kernels, {k: v for k, v in s.items()
+                                                                          if _fixed(model, k, sizes)}, rewrites))
     return replace(plan, lanes=_pinned_lanes(graph, kernels, pins["lanes"])) if "lanes" in (pins or {}) else plan
 
 
@@ -163,6 +164,18 @@ def _lag_where_it_holds(model: Model, kernel: Kernel) -> Kernel:
     k = model.extent(c.k.extent)
     fewest = -(-(k.size if k.size is not None else k.lo) // kernel.tile_k)  # k tiles of the smallest k
     return kernel if lag_phases_apart(fewest, kernel.consumer_lag, kernel.stages) else replace(kernel, consumer_lag=0)
+
+
+def _warm_where_it_holds(model: Model, plan: Plan) -> Plan:
+    """A pinned `warm_next` kept on the kernels whose next kernel streams a model input by TMA (`warm_refusal`);
+    0 on the others (the plan's last kernel, one followed by a row kernel), where it would warm nothing."""
+    if not any(getattr(k, "warm_next", 0) for k in plan.kernels):
+        return plan
+    from habu.lower import lower_whole
+
+    lowered = lower_whole(model, plan).kernels
+    return replace(plan, kernels=tuple(replace(k, warm_next=0) if getattr(k, "warm_next", 0) and lw.warm is None
+                                       else k for k, lw in zip(plan.kernels, lowered, strict=True)))
 
 
 SPLITS = ("scatter:", "gather:")  # the rewrites that take a scatter or a gather out of a wgmma contraction

@@ -7,6 +7,13 @@ namespace habu {
 __device__ __forceinline__ void tma_prefetch_desc(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" :: "l"((u64)map) : "memory");
 }
+/** @brief Bring the box at (c0 innermost, c1) of a 2-D tensor map into the L2 (a hint: no value depends on it;
+ *  the map's bounds clip the box as a load's do). A producer warms the plan's next kernel's first boxes
+ *  (`warm_next`). */
+__device__ __forceinline__ void tma_prefetch_2d(const TensorMap* map, int c0, int c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" :: "l"((u64)map), "r"(c0), "r"(c1)
+               : "memory");
+}
 /** @brief Load the box at (c0 innermost, c1) of a 2-D tensor map; out-of-bounds elements read as zero. */
 __device__ __forceinline__ void tma_load_2d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1) {
   asm volatile(
