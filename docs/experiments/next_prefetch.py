@@ -89,7 +89,7 @@ def main():
     ref_f, ref_b = fwd(**named), back(**bargs)
     # W2 is [H][D] (fwd2 reads its k rows in order: contiguous); W1 is [D][H] (dX reads each row's first bytes)
     fvars = {f"fwd W2 {mb} MB": with_prefetch(fwd, 0, "W2", mb * 2**20 // (2 * D), 2 * D, 2 * D, f"f{mb}")
-             for mb in (0, 4, 8, 16, 24)}
+             for mb in (0, 8, 16, 24)}
     # every other k tile (64 rows of W2; 128 bytes of a W1 row): the next kernel's misses keep the DRAM busy
     # while its hits come from the L2
     fvars["fwd W2 16 MB odd k tiles"] = with_prefetch(fwd, 0, "W2", 16 * 2**20 // (2 * D), 2 * D, 2 * D, "fo16",
@@ -97,7 +97,7 @@ def main():
                                                                 step=4096, chunk=4096))
     fvars["fwd pairs of 4 bytes"] = with_prefetch(fwd, 0, "W2", 0, 0, 0, "fp4", pairs=True)
     bvars = {f"bwd W1 {kb} KB a row": with_prefetch(back, 1, "W1", D if kb else 0, 2 * H, kb * 1024, f"b{kb}")
-             for kb in (0, 1, 2, 4, 6)}
+             for kb in (0, 2, 4)}
     bvars["bwd W1 4 KB odd k tiles"] = with_prefetch(back, 1, "W1", D, 2 * H, 8192, "bo4",
                                                      walk=dict(row="r", start=128, step=256, chunk=128))
     bvars["bwd pairs of 4 bytes"] = with_prefetch(back, 1, "W1", 0, 0, 0, "bp4", pairs=True)
