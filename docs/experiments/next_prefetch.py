@@ -24,6 +24,7 @@ from habu.timing.harness import time_cuda
 
 TOK = int(os.environ.get("TOK", "128"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+MIN = os.environ.get("MIN") == "1"  # the fewest variants: none, the largest prefetch, every other k tile
 bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": TOK}, "sm_90a", {}, {})
 D, H = ts.SIZES["D"], ts.SIZES["H"]
 CONSUMERS = "  } else {  // --------------------------------------------------------------------- consumers"
@@ -89,19 +90,21 @@ def main():
     ref_f, ref_b = fwd(**named), back(**bargs)
     # W2 is [H][D] (fwd2 reads its k rows in order: contiguous); W1 is [D][H] (dX reads each row's first bytes)
     fvars = {f"fwd W2 {mb} MB": with_prefetch(fwd, 0, "W2", mb * 2**20 // (2 * D), 2 * D, 2 * D, f"f{mb}")
-             for mb in (0, 8, 16, 24)}
+             for mb in ((0, 16) if MIN else (0, 8, 16, 24))}
     # every other k tile (64 rows of W2; 128 bytes of a W1 row): the next kernel's misses keep the DRAM busy
     # while its hits come from the L2
     fvars["fwd W2 16 MB odd k tiles"] = with_prefetch(fwd, 0, "W2", 16 * 2**20 // (2 * D), 2 * D, 2 * D, "fo16",
                                                       walk=dict(row="(r / 64) * 128 + 64 + r % 64", start=0,
                                                                 step=4096, chunk=4096))
-    fvars["fwd pairs of 4 bytes"] = with_prefetch(fwd, 0, "W2", 0, 0, 0, "fp4", pairs=True)
+    if not MIN:
+        fvars["fwd pairs of 4 bytes"] = with_prefetch(fwd, 0, "W2", 0, 0, 0, "fp4", pairs=True)
     bvars = {f"bwd W1 {kb} KB a row": with_prefetch(back, 1, "W1", D if kb else 0, 2 * H, kb * 1024, f"b{kb}")
-             for kb in (0, 2, 4)}
+             for kb in ((0, 4) if MIN else (0, 2, 4))}
     bvars["bwd W1 4 KB odd k tiles"] = with_prefetch(back, 1, "W1", D, 2 * H, 8192, "bo4",
                                                      walk=dict(row="r", start=128, step=256, chunk=128))
-    bvars["bwd pairs of 4 bytes"] = with_prefetch(back, 1, "W1", 0, 0, 0, "bp4", pairs=True)
-    bvars["bwd pairs, W1 4 KB"] = with_prefetch(back, 1, "W1", D, 2 * H, 4096, "bp4w", pairs=True)
+    if not MIN:
+        bvars["bwd pairs of 4 bytes"] = with_prefetch(back, 1, "W1", 0, 0, 0, "bp4", pairs=True)
+        bvars["bwd pairs, W1 4 KB"] = with_prefetch(back, 1, "W1", D, 2 * H, 4096, "bp4w", pairs=True)
     # the plan's own `warm_next` (habu/lower/warm_next.py: the next kernel's first k tiles by its tensor map),
     # pinned on both plans
     for t in (int(x) for x in os.environ.get("WARM", "16,32").split(",") if x):
