@@ -127,9 +127,11 @@ def main():
         for label, v in fvars.items():
             rows[label]["plan"].append(time_cuda(lambda i, v=v: v(**named), 1)["median_us"])
             rows[label]["step"].append(time_cuda(lambda i, v=v: ts.habu_step(bw, v, base_b, tensors, dy), 1)["median_us"])
+            print(f"  {label}: plan {rows[label]['plan'][-1]:.1f} step {rows[label]['step'][-1]:.1f}", flush=True)
         for label, v in bvars.items():
             rows[label]["plan"].append(time_cuda(lambda i, v=v: v(**bargs), 1)["median_us"])
             rows[label]["step"].append(time_cuda(lambda i, v=v: ts.habu_step(bw, base_f, v, tensors, dy), 1)["median_us"])
+            print(f"  {label}: plan {rows[label]['plan'][-1]:.1f} step {rows[label]['step'][-1]:.1f}", flush=True)
         eager.append(time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"])
     for label, r in rows.items():
         print(f"{label:22s} exact {r['exact']}  plan {statistics.median(r['plan']):7.1f} µs "
