@@ -133,6 +133,7 @@ def main():
             rows[label]["step"].append(time_cuda(lambda i, v=v: ts.habu_step(bw, base_f, v, tensors, dy), 1)["median_us"])
             print(f"  {label}: plan {rows[label]['plan'][-1]:.1f} step {rows[label]['step'][-1]:.1f}", flush=True)
         eager.append(time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"])
+        print(f"  eager step {eager[-1]:.1f}", flush=True)
     for label, r in rows.items():
         print(f"{label:22s} exact {r['exact']}  plan {statistics.median(r['plan']):7.1f} µs "
               f"({' '.join(f'{x:.1f}' for x in r['plan'])})  step {statistics.median(r['step']):7.1f} "
