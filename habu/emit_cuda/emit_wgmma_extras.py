@@ -30,8 +30,9 @@ def epilogue_prefetch(kc: Any) -> str:
 
 def warm_next(kc: Any) -> str:
     """The plan's next kernel's first boxes into the L2 after the producer's last load (`ContractionLowering.warm`,
-    habu/lower/warm_next.py): each producer thread its share of them, through the next kernel's own tensor map
-    of that operand (a hint: no value depends on it)."""
+    habu/lower/warm_next.py): each producer thread its share of them, the grid's last blocks first (in a grid of
+    several waves those run last), through the next kernel's own tensor map of that operand (a hint: no value
+    depends on it)."""
     warm = kc.lw.warm
     if warm is None:
         return ""
@@ -41,7 +42,7 @@ def warm_next(kc: Any) -> str:
     tmap = kc.sig.tensormap(TmaSpec(warm.access.tensor, warm.access.dtype, dims, warm.box, warm.swizzle))
     c0, c1 = (c(x) for x in warm.origin(CExpr("i"), kc.sizes))
     return f"""    // the plan's next kernel's first {warm.tiles} k tiles of {warm.access.tensor} into the L2 while this kernel's epilogues run
-    for (int i = blockIdx.x * {warm.threads} + ptid; i < {c(warm.count(kc.sizes))}; i += gridDim.x * {warm.threads})
+    for (int i = (gridDim.x - 1 - blockIdx.x) * {warm.threads} + ptid; i < {c(warm.count(kc.sizes))}; i += gridDim.x * {warm.threads})
       habu::tma_prefetch_2d(&{tmap}, (int)({c0}), (int)({c1}));
 """
 

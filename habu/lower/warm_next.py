@@ -7,11 +7,12 @@ little to do, and the plan's next product starts its own weight stream only once
 the boxes the next kernel loads first: for each of that kernel's tiles along the streamed operand's rows, each of
 its k splits, the split's first t k tiles, every box of each,
 
-    box i (i = blockIdx.x · 128 + ptid, stepping by gridDim.x · 128) of `count`:
+    box i (i = (gridDim.x − 1 − blockIdx.x) · 128 + ptid, stepping by gridDim.x · 128) of `count`:
         row tile r = i / (splits · t · boxes), split q, k tile j, box b (the rest, in that order)
         coordinates = load.origin(r · rows_per_tile, load.k_coordinate(q · k_tiles_per_split, j), b)
 
-through the next kernel's own tensor map of that operand (`cp.async.bulk.prefetch.tensor`: a box past the tensor
+(the grid's last blocks first: in a grid of several waves they run last, nearest the next kernel) through the next
+kernel's own tensor map of that operand (`cp.async.bulk.prefetch.tensor`: a box past the tensor
 is clipped by the TMA unit, as its loads are). A prefetch changes no value: the field check has nothing to run.
 The `warm-next` rule checks the decode above against the next kernel's boxes (each warmed box is one it loads,
 each of its first t k tiles' boxes is warmed once) at the witness sizes.

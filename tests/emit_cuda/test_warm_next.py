@@ -40,7 +40,7 @@ def test_the_forward_product_warms_w2s_first_k_rows_through_the_down_projections
     assert warm.side == "B" and warm.access.tensor == "W2" and warm.count(SIZES) == 64 * 8  # 64 tiles of 64 columns
     emitted = emit_plan(model, plan, T).kernels
     src = emitted[0].source
-    assert ("for (int i = blockIdx.x * 128 + ptid; i < 512; i += gridDim.x * 128)\n"
+    assert ("for (int i = (gridDim.x - 1 - blockIdx.x) * 128 + ptid; i < 512; i += gridDim.x * 128)\n"
             "      habu::tma_prefetch_2d(&tm_W2, (int)(((i / 8) * 64)), (int)(((i % 8) * 64)));") in src
     # the map is the down projection's own: same tensor, box and swizzle
     (mine,) = [p for p in emitted[0].params if p.tensor == "W2"]
