@@ -504,6 +504,8 @@ def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tup
     for e, p in zip(extents, lw.out.positions, strict=True):
         if scatter and p.kind == "gather":  # the target's rows (the gather's range), whatever their extent
             box.append(np.arange(sizes[e]))
+        elif e == lw.m == lw.n and p.kind == "axis":  # m and n over one extent (A·Aᵀ): the dim's own axis
+            box.append(rows if p.axis == "m" else cols)
         else:
             box.append(rows if e == lw.m else cols if e == lw.n else next(batch_dims))
     batches = f", batches {[s.tolist() for s in samples]}" if lw.batch else ""
