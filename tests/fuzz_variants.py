@@ -2,11 +2,13 @@
 derived backward; the default plan and `--per` sampled variants of it (`enumerate_plans`) through the rules and
 one finite-field trial, each under a deadline. One line per finding: WRONG (a plan that keeps to every rule and
 computes something else), CRASH (an exception that is not a user-facing HabuError), MEMORY, SLOW (past the
-deadline: abandoned, as the search would). Sessions 55–58 ran it over models 9560–15299 and products 200–1299;
+deadline: abandoned, as the search would). Sessions 55–58 ran it over models 9560–15299, products 200–1299 and
+shared products (one tensor as both operands) 0–119;
 each WRONG, CRASH or MEMORY finding is a regression test. SLOW ones so far are derived backwards of a max (the
 max recomputed inside its sums: models 14672, 14893 and 14935).
 
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
+    PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from habu.prove.verify import verify_plan
 from habu.search.space import enumerate_plans
 from habu.spec.parser import parse_text
 from habu.target import target_named
-from tests.random_models import random_model, random_product
+from tests.random_models import random_model, random_product, random_shared_product
 
 
 def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target) -> None:
@@ -68,13 +70,13 @@ def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("model", "product"))
+    ap.add_argument("kind", choices=("model", "product", "shared"))
     ap.add_argument("first", type=int)
     ap.add_argument("end", type=int)
     ap.add_argument("--per", type=int, default=6, help="sampled variants a model, besides the default")
     ap.add_argument("--deadline", type=float, default=30.0, help="seconds a plan's field check may take")
     args = ap.parse_args()
-    generate = random_model if args.kind == "model" else random_product
+    generate = {"model": random_model, "product": random_product, "shared": random_shared_product}[args.kind]
     target = target_named("sm_90a")
     for seed in range(args.first, args.end):
         fuzz_one(generate(seed), f"{args.kind} {seed}", args.per, seed, args.deadline, target)

@@ -131,3 +131,27 @@ def random_product(seed: int) -> str:
         lines.append("ITENSOR: IS ( #M #S )")
     lines.append(f"MODEL: FZ  {lhs} {store} {term} ;")
     return "\n".join(lines) + "\n"
+
+
+def random_shared_product(seed: int) -> str:
+    """The text of model FZ: a product that reads one tensor as both operands, m and n over one extent (session
+    58's find: the Gram matrix's field check, S·S's tensor maps): `Y[m m2] = f(Σ k A[m k] · A[m2 k])` with A
+    k-major or transposed on either side, or `Y[m m2] = f(Σ m3 S[m m3] · S[m3 m2])`, at tensor-core sizes."""
+    rng = random.Random(seed)
+    sizes = {e: rng.choice(PRODUCT_SIZES) for e in ("M", "K")}
+    dtype = rng.choice(["bf16", "bf16", "f32"])
+    if rng.random() < 0.5:
+        a = "A[m k]" if rng.random() < 0.6 else "A[k m]"
+        b = "A[m2 k]" if rng.random() < 0.6 else "A[k m2]"
+        over = "#M #K" if a == "A[m k]" else "#K #M"
+        if (a == "A[m k]") != (b == "A[m2 k]"):  # one tensor has one layout: both sides read it so
+            b = "A[m2 k]" if a == "A[m k]" else "A[k m2]"
+        term, decl = f"Σ k {a} · {b}", f"{dtype} TENSOR: A ( {over} )"
+    else:
+        term, decl = "Σ m3 S[m m3] · S[m3 m2]", f"{dtype} TENSOR: S ( #M #M )"
+    fn = rng.choice(EPILOGUES)
+    if fn:
+        term = f"{fn}({term})"
+    lines = [f"{sizes['M']} EXTENT: #M {sizes['K']} EXTENT: #K", decl,
+             f"{rng.choice(['f32', 'bf16'])} TENSOR: Y ( #M #M )", f"MODEL: FZ  Y[m m2] = {term} ;"]
+    return "\n".join(lines) + "\n"
