@@ -46,11 +46,12 @@ from habu.emit_cuda.emit_wgmma_store import tma_store_epilogue
 from habu.emit_cuda.kernel import CudaKernel, TmaSpec
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 from habu.lower.access import Access
-from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
+from habu.lower.contraction import ContractionLowering, tma_coordinates
 from habu.lower.layouts import SmemTile, StageCopy, WgmmaOperands
 from habu.lower.pipeline import MN_BLOCK, MbarrierRing
 from habu.lower.registers import consumer_warpgroups, warp_specialized_split
 from habu.lower.support import WGMMA, lowering_smem
+from habu.lower.tma_maps import operand_map
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
@@ -532,12 +533,7 @@ def _prepare(name: str, model: Model, lw: ContractionLowering, static: dict[str,
             raise ValueError(f"the wgmma emitter has no {moves[side]} producer")
     maps = {}
     for ld in lw.pipeline.loads:
-        acc = lw.a if ld.side == "A" else lw.b
-        dims = tuple(reversed(acc.bounded_extents()))  # TMA's zero fill past them is the access's mask
-        box = tma_box(acc, "m" if ld.side == "A" else "n", ld.box_rows, ld.box_k)  # innermost first
-        ops = lw.operands  # a K-major tile: the tensor map writes the stage tile's swizzle
-        tile = (ops.a_tile if ld.side == "A" else ops.b_tile) if isinstance(ops, WgmmaOperands) else None
-        maps[ld.side] = sig.tensormap(TmaSpec(acc.tensor, acc.dtype, dims, box, tile.swizzle if tile else 128))
+        maps[ld.side] = sig.tensormap(TmaSpec.of(operand_map(lw, ld)))
     return _Kernel(name, model, lw, lw.pipeline, sig, sig.sizes(), index_type(lw.index_width), off, stride, moves,
                    consumers, slabs, maps)
 

@@ -9,6 +9,7 @@ from typing import Any
 from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import access_mask, access_offset
 from habu.emit_cuda.emit_fma import table_reader
+from habu.emit_cuda.kernel import TmaSpec
 
 
 def epilogue_prefetch(kc: Any) -> str:
@@ -30,19 +31,17 @@ def epilogue_prefetch(kc: Any) -> str:
 
 def warm_next(kc: Any) -> str:
     """The plan's next kernel's first boxes into the L2 after the producer's last load (`ContractionLowering.warm`,
-    habu/lower/warm_next.py): each producer thread its share of them, the grid's last blocks first (in a grid of
-    several waves those run last), through the next kernel's own tensor map of that operand (a hint: no value
-    depends on it)."""
+    habu/lower/warm_next.py): each producer thread its box indices (`WarmNext.first`, `stride`), each decoded to
+    the next kernel's coordinates (`WarmNext.origin`), through that kernel's own tensor map of the operand (a hint:
+    no value depends on it)."""
     warm = kc.lw.warm
     if warm is None:
         return ""
-    from habu.emit_cuda.kernel import TmaSpec
-
-    dims = tuple(reversed(warm.access.bounded_extents()))
-    tmap = kc.sig.tensormap(TmaSpec(warm.access.tensor, warm.access.dtype, dims, warm.box, warm.swizzle))
+    tmap = kc.sig.tensormap(TmaSpec.of(warm.map))
     c0, c1 = (c(x) for x in warm.origin(CExpr("i"), kc.sizes))
-    return f"""    // the plan's next kernel's first {warm.tiles} k tiles of {warm.access.tensor} into the L2 while this kernel's epilogues run
-    for (int i = (gridDim.x - 1 - blockIdx.x) * {warm.threads} + ptid; i < {c(warm.count(kc.sizes))}; i += gridDim.x * {warm.threads})
+    first = c(warm.first(CExpr("blockIdx.x"), CExpr("gridDim.x"), CExpr("ptid")))
+    return f"""    // the plan's next kernel's first {warm.tiles} k tiles of {warm.map.tensor} into the L2 while this kernel's epilogues run
+    for (int i = {first}; i < {c(warm.count(kc.sizes))}; i += {c(warm.stride(CExpr("gridDim.x")))})
       habu::tma_prefetch_2d(&{tmap}, (int)({c0}), (int)({c1}));
 """
 

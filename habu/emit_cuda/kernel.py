@@ -26,6 +26,11 @@ class TmaSpec:
     box: tuple[int, ...]  # box size per dim, innermost first
     swizzle: int  # 0, 32, 64, 128 bytes
 
+    @staticmethod
+    def of(m: Any) -> TmaSpec:
+        """The spec of a lowering's operand map (`habu.lower.tma_maps.OperandMap`)."""
+        return TmaSpec(m.tensor, m.dtype, m.dims, m.box, m.swizzle)
+
 
 @dataclass(frozen=True)
 class Param:

@@ -7,15 +7,16 @@ little to do, and the plan's next product starts its own weight stream only once
 the boxes the next kernel loads first: for each of that kernel's tiles along the streamed operand's rows, each of
 its k splits, the split's first t k tiles, every box of each,
 
-    box i (i = (gridDim.x − 1 − blockIdx.x) · 128 + ptid, stepping by gridDim.x · 128) of `count`:
+    box i (i = `first(blockIdx.x, gridDim.x, ptid)`, stepping by `stride(gridDim.x)`) of `count`:
         row tile r = i / (splits · t · boxes), split q, k tile j, box b (the rest, in that order)
         coordinates = load.origin(r · rows_per_tile, load.k_coordinate(q · k_tiles_per_split, j), b)
 
 (the grid's last blocks first: in a grid of several waves they run last, nearest the next kernel) through the next
 kernel's own tensor map of that operand (`cp.async.bulk.prefetch.tensor`: a box past the tensor
 is clipped by the TMA unit, as its loads are). A prefetch changes no value: the field check has nothing to run.
-The `warm-next` rule checks the decode above against the next kernel's boxes (each warmed box is one it loads,
-each of its first t k tiles' boxes is warmed once) at the witness sizes.
+The `warm-next` rule runs both maps the emitter prints: the blocks' and threads' indices cover each box index once,
+and the decode gives each box the next kernel loads in its first t k tiles once and no other (a box past the
+tensor along k, where a split is shorter than t, is clipped whole: nothing is fetched).
 
 Only an operand the next kernel reads by TMA from a model input is warmed (the weights): a tensor an earlier
 kernel of the plan writes could be warmed before it is written, which costs traffic and helps nothing."""
@@ -23,11 +24,14 @@ kernel of the plan writes could be warmed before it is written, which costs traf
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from habu.lower.access import Access, cdiv, floordiv, minimum
-from habu.lower.pipeline import TmaOperandLoad
+from habu.lower.access import cdiv, floordiv, minimum
+from habu.lower.contraction import ContractionLowering
+from habu.lower.pipeline import MbarrierRing, TmaOperandLoad
+from habu.lower.stores import stored_accesses
+from habu.lower.tma_maps import OperandMap, operand_map
 
 WARM_THREADS = 128  # the producer warpgroup
 
@@ -35,23 +39,51 @@ WARM_THREADS = 128  # the producer warpgroup
 @dataclass(frozen=True)
 class WarmNext:
     side: str  # the next kernel's operand: "A" or "B"
-    access: Access  # its access (the tensor map's tensor and dimensions)
-    load: TmaOperandLoad  # the next kernel's boxes of that operand, per k tile
-    rows: str  # the extent the operand's rows run along in the next kernel (its m or n)
-    rows_per_tile: int  # the next kernel's tile along those rows (bm or bn)
-    k: str  # the next kernel's contraction extent
-    bk: int
-    splits: int
+    next_kernel: ContractionLowering  # the plan's next kernel
     tiles: int  # k tiles warmed per row tile and split (the plan's `warm_next`)
-    box: tuple[int, ...]  # the next kernel's tensor map box, innermost first
-    swizzle: int
     threads: int = WARM_THREADS
+
+    @property
+    def load(self) -> TmaOperandLoad:
+        """The next kernel's boxes of the operand, per k tile."""
+        return next(ld for ld in self.next_kernel.pipeline.loads if ld.side == self.side)
+
+    @property
+    def map(self) -> OperandMap:
+        """The next kernel's tensor map of the operand, as its emitter encodes it."""
+        return operand_map(self.next_kernel, self.load)
+
+    @property
+    def rows(self) -> str:
+        """The extent the operand's rows run along in the next kernel (its m or n)."""
+        return self.next_kernel.m if self.side == "A" else self.next_kernel.n
+
+    @property
+    def rows_per_tile(self) -> int:
+        return self.next_kernel.bm if self.side == "A" else self.next_kernel.bn
+
+    @property
+    def k(self) -> str:
+        return self.next_kernel.k
+
+    @property
+    def splits(self) -> int:
+        return self.next_kernel.kernel.split_k
+
+    def first(self, block: Any, grid: Any, thread: Any) -> Any:
+        """The first box index of a producer thread: the grid's last blocks take the first indices (in a grid of
+        several waves they run last, nearest the next kernel)."""
+        return (grid - 1 - block) * self.threads + thread
+
+    def stride(self, grid: Any) -> Any:
+        """How far a thread's box index steps."""
+        return grid * self.threads
 
     def row_tiles(self, s: Mapping[str, Any]) -> Any:
         return cdiv(s[self.rows], self.rows_per_tile)
 
     def k_tiles_per_split(self, s: Mapping[str, Any]) -> Any:
-        return cdiv(cdiv(s[self.k], self.bk), self.splits)
+        return self.next_kernel.k_tiles_per_split(s)
 
     def warmed_per_split(self, s: Mapping[str, Any]) -> Any:
         """The k tiles warmed of each split: `tiles`, or fewer where a split has fewer."""
@@ -77,77 +109,50 @@ class WarmNext:
         k = self.load.k_coordinate(q * self.k_tiles_per_split(s), j)
         return self.load.origin(r * self.rows_per_tile, k, b)
 
-    def loaded(self, s: Mapping[str, int]) -> set[tuple[int, int]]:
-        """Every box the next kernel loads in each split's first `tiles` k tiles (a static shape), as its
-        producer computes them."""
-        per = self.k_tiles_per_split(s)
-        return {self.load.origin(r * self.rows_per_tile, self.load.k_coordinate(q * per, j), b)
-                for r in range(self.row_tiles(s)) for q in range(self.splits)
-                for j in range(min(self.tiles, per)) for b in range(self.load.boxes)
-                if q * per + j < cdiv(s[self.k], self.bk)}
+    def past_k(self, coordinates: tuple[int, int], s: Mapping[str, int]) -> bool:
+        """Whether a box starts past the tensor along k (the TMA unit clips it whole)."""
+        return coordinates[1 if self.load.mn_major else 0] >= s[self.k]
 
 
-def warm_refusal(lw: Any, nxt: Any, model_inputs: frozenset[str], written: frozenset[str]) -> str | None:
-    """Why kernel `lw` cannot warm the plan's next kernel `nxt` (None: it can)."""
-    from habu.lower.contraction import ContractionLowering
-    from habu.lower.pipeline import MbarrierRing
+def _wgmma_ring(lw: Any) -> bool:
+    return isinstance(lw, ContractionLowering) and lw.kernel.mma == "wgmma" and isinstance(lw.pipeline, MbarrierRing)
 
-    if not isinstance(lw, ContractionLowering) or lw.kernel.mma != "wgmma" or not isinstance(lw.pipeline, MbarrierRing):
-        return "only a warp-specialised wgmma kernel's producer warms the next kernel"
+
+def warm_target(lw: Any, nxt: Any, model_inputs: frozenset[str], written: frozenset[str]) -> tuple[str | None, str]:
+    """The operand of the plan's next kernel `nxt` that kernel `lw` can warm (None and why not): one the next kernel
+    loads by TMA from a model input no kernel of the plan writes (of two, B: a product's weights; A where the product
+    is transposed)."""
+    if not _wgmma_ring(lw):
+        return None, "only a warp-specialised wgmma kernel's producer warms the next kernel"
     if nxt is None:
-        return "it is the plan's last kernel"
-    side = warmed_side(nxt, model_inputs, written)
-    if side is None:
-        return "the plan's next kernel streams no model input by TMA (a wgmma kernel's weights)"
+        return None, "it is the plan's last kernel"
+    why = "the plan's next kernel streams no model input by TMA (a wgmma kernel's weights)"
+    if not _wgmma_ring(nxt):
+        return None, why
     if nxt.batch:
-        return "the plan's next kernel is batched"
-    return None
-
-
-def warmed_side(nxt: Any, model_inputs: frozenset[str], written: frozenset[str]) -> str | None:
-    """The operand of the next kernel to warm: one it loads by TMA from a model input no kernel of the plan writes
-    (of two, B: a product's weights; A where the product is transposed)."""
-    from habu.lower.contraction import ContractionLowering
-    from habu.lower.pipeline import MbarrierRing
-
-    if (not isinstance(nxt, ContractionLowering) or nxt.kernel.mma != "wgmma"
-            or not isinstance(nxt.pipeline, MbarrierRing)):
-        return None
+        return None, "the plan's next kernel is batched"
     moves = {"A": nxt.kernel.a_move, "B": nxt.kernel.b_move}
+    accesses = {"A": nxt.a, "B": nxt.b}
     sides = [ld.side for ld in nxt.pipeline.loads
-             if moves[ld.side] == "tma" and ld.mask == 0
-             and (nxt.a if ld.side == "A" else nxt.b).tensor in model_inputs - written
-             and not any(p.kind == "gather" for p in (nxt.a if ld.side == "A" else nxt.b).positions)]
+             if moves[ld.side] == "tma" and ld.mask == 0 and accesses[ld.side].tensor in model_inputs - written
+             and not any(p.kind == "gather" for p in accesses[ld.side].positions)]
     if not sides:
-        return None
+        return None, why
     weights = "A" if nxt.kernel.swap_ab else "B"
-    return weights if weights in sides else sides[0]
+    return (weights if weights in sides else sides[0]), ""
 
 
 def warm_next_for(lw: Any, nxt: Any, model_inputs: frozenset[str], written: frozenset[str]) -> WarmNext | None:
     """The boxes kernel `lw` warms of the plan's next kernel `nxt` (its plan's `warm_next` k tiles), or None."""
     tiles = getattr(lw.kernel, "warm_next", 0)
-    if not tiles or warm_refusal(lw, nxt, model_inputs, written) is not None:
+    side, _ = warm_target(lw, nxt, model_inputs, written) if tiles else (None, "")
+    if side is None:
         return None
-    from habu.lower.contraction import tma_box
-
-    side = warmed_side(nxt, model_inputs, written)
-    load = next(ld for ld in nxt.pipeline.loads if ld.side == side)
-    acc = nxt.a if side == "A" else nxt.b
-    rows, per_tile = (nxt.m, nxt.bm) if side == "A" else (nxt.n, nxt.bn)
-    ops = nxt.operands
-    tile = getattr(ops, "a_tile" if side == "A" else "b_tile", None)
-    box = tma_box(acc, "m" if side == "A" else "n", load.box_rows, load.box_k)
-    return WarmNext(side, acc, load, rows, per_tile, nxt.k, nxt.bk, nxt.kernel.split_k, tiles, box,
-                    tile.swizzle if tile is not None else 128)
+    return WarmNext(side, nxt, tiles)
 
 
 def with_warm_next(lowerings: tuple[Any, ...], model_inputs: frozenset[str]) -> tuple[Any, ...]:
     """The plan's lowerings, each wgmma kernel with `warm_next` given the boxes it warms of the one after it."""
-    from dataclasses import replace
-
-    from habu.lower.stores import stored_accesses
-
     written = frozenset(a.tensor for lw in lowerings for a in stored_accesses(lw))
     out = list(lowerings)
     for i, lw in enumerate(lowerings):
@@ -157,4 +162,4 @@ def with_warm_next(lowerings: tuple[Any, ...], model_inputs: frozenset[str]) -> 
     return tuple(out)
 
 
-__all__ = ["WarmNext", "warm_next_for", "warm_refusal", "warmed_side", "with_warm_next"]
+__all__ = ["WarmNext", "warm_next_for", "warm_target", "with_warm_next"]

@@ -167,7 +167,7 @@ def _lag_where_it_holds(model: Model, kernel: Kernel) -> Kernel:
 
 
 def _warm_where_it_holds(model: Model, plan: Plan) -> Plan:
-    """A pinned `warm_next` kept on the kernels whose next kernel streams a model input by TMA (`warm_refusal`);
+    """A pinned `warm_next` kept on the kernels whose next kernel streams a model input by TMA (`warm_target`);
     0 on the others (the plan's last kernel, one followed by a row kernel), where it would warm nothing."""
     if not any(getattr(k, "warm_next", 0) for k in plan.kernels):
         return plan
