@@ -2,21 +2,29 @@
 each a 117 MB bf16 write) spend their time. An experiment, not a bench: the emitted dW kernels of the default
 backward plan edited by hand (no wgmma: the store stream alone; no TMA store: loads and products alone), each timed
 alone (profiler, launches serialised), beside the write and copy floors of the same bytes and cuBLAS's product
-(torch.mm into bf16). Run on the device machine:
+(torch.mm into bf16); then the default backward plan with its two dW kernels changed (clusters of two sharing the
+dT tile by TMA multicast; 128 × 128 tiles), each proven and emitted, its outputs compared with the default's bit
+for bit, timed alone and in the step. Run on the device machine:
 
     TOK=128 OUT=/tmp python docs/experiments/wgrad_write.py
 """
 import dataclasses
 import json
 import os
+from dataclasses import replace
 
 import torch
 
 import habu.bench.train_step_speed as ts
 from habu.bench.backward_speed import build
 from habu.bench.kernel_times import kernel_device_times, serial_launches
+from habu.compile import bind_shape
 from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.runtime import CompiledModel
+from habu.paths.emit import emit
+from habu.prove import prove
+from habu.search.space import default_plan
+from habu.target import target_named
 from habu.timing.harness import time_cuda
 
 TOK = int(os.environ.get("TOK", "128"))
@@ -60,6 +68,22 @@ def floors(rows: int, cols: int) -> dict:
     return {"fill_us": fill, "copy_us": copy, "bytes": rows * cols * 2}
 
 
+PLAN_VARIANTS = {"cluster2": dict(cluster_m=2), "t128": dict(tile_n=128, stages=5),
+                 "cluster2_t128": dict(cluster_m=2, tile_n=128, stages=5), "not_persistent": dict(persistent=False)}
+
+
+def plan_variant(changes: dict) -> CompiledModel:
+    """The default backward plan with its dW kernels changed, proven and emitted."""
+    tgt = target_named("sm_90a")
+    model = bind_shape(bw.model, {"B": TOK})
+    base = default_plan(model, tgt, {"B": TOK}, {})
+    plan = replace(base, kernels=tuple(replace(k, **changes) if {"dW1", "dW2"} & set(k.nodes) else k
+                                       for k in base.kernels))
+    proof = prove(model, plan, {"B": TOK}, trials=1)
+    assert proof.ok and not proof.violations, proof.violations[:1]
+    return CompiledModel(back.model, KernelSet([(plan.guards, emit(proof, tgt))]), arch="sm_90a")
+
+
 def main():
     names = [t.name for t in bw.forward.inputs]
     tensors = ts.inputs_for(TOK, 100)
@@ -85,12 +109,30 @@ def main():
             alone = [us for n, us in t.items() if n.endswith(tag)]
             rows[f"{k.stores[0]} {tag}"] = dict(kernel_us=alone[0] if alone else None, exact=exact)
             print(k.stores[0], tag, rows[f"{k.stores[0]} {tag}"], flush=True)
+    rows["step_default_us"] = time_cuda(lambda i: ts.habu_step(bw, fwd, back, tensors, dy), 1)["median_us"]
+    with serial_launches():
+        rows["default_kernels"] = kernel_device_times(lambda: back(**args))
+    for tag, changes in PLAN_VARIANTS.items():
+        try:
+            v = plan_variant(changes)
+        except Exception as err:
+            rows[tag] = {"error": repr(err)[:300]}
+            print(tag, rows[tag], flush=True)
+            continue
+        got = v(**args)
+        with serial_launches():
+            t = kernel_device_times(lambda v=v: v(**args))
+        step = time_cuda(lambda i, v=v: ts.habu_step(bw, fwd, v, tensors, dy), 1)["median_us"]
+        rows[tag] = dict(exact=all(torch.equal(got[n], ref[n]) for n in ref), kernels=t, step_us=step)
+        print(tag, rows[tag], flush=True)
+    print("default step", rows["step_default_us"], "kernels", rows["default_kernels"], flush=True)
     h, d = ts.SIZES["H"], ts.SIZES["D"]
     rows["floors"] = floors(h, d)
     s3 = [torch.randn((TOK, h), device="cuda").to(torch.bfloat16) for _ in range(4)]
     g = [torch.randn((TOK, d), device="cuda").to(torch.bfloat16) for _ in range(4)]
     rows["cublas_dW2_us"] = time_cuda(lambda i: torch.mm(s3[i].t(), g[i]), 4)["median_us"]
-    print("floors", rows["floors"], "cublas dW2", rows["cublas_dW2_us"], flush=True)
+    rows["eager_step_us"] = time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"]
+    print("floors", rows["floors"], "cublas dW2", rows["cublas_dW2_us"], "eager step", rows["eager_step_us"], flush=True)
     with open(os.path.join(os.environ.get("OUT", "."), f"wgrad_write_{TOK}.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
