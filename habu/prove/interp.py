@@ -504,8 +504,9 @@ def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tup
     for e, p in zip(extents, lw.out.positions, strict=True):
         if scatter and p.kind == "gather":  # the target's rows (the gather's range), whatever their extent
             box.append(np.arange(sizes[e]))
-        elif e == lw.m == lw.n and p.kind == "axis":  # m and n over one extent (A·Aᵀ): the dim's own axis
-            box.append(rows if p.axis == "m" else cols)
+        elif p.kind == "axis" and [lw.m, lw.n, *lw.batch].count(e) > 1:
+            # an extent of several of the kernel's axes (A·Aᵀ: m and n; a batch over n's extent): the dim's own axis
+            box.append(rows if p.axis == "m" else cols if p.axis == "n" else next(batch_dims))
         else:
             box.append(rows if e == lw.m else cols if e == lw.n else next(batch_dims))
     batches = f", batches {[s.tolist() for s in samples]}" if lw.batch else ""

@@ -87,6 +87,14 @@ def test_one_tensor_as_both_operands_passes_the_exact_check(model, pins):
     assert result.ok and result.applicable, result.reason()
 
 
+@pytest.mark.parametrize("model, pins", [("BATCH-N", {}), ("BATCH-M", {}), ("BATCH-N", {"mma": "mma.sync"})])
+def test_a_batch_over_a_tile_extent_passes_the_exact_check(model, pins):
+    """Regression (session 59): the field check refused these right plans (its box took the batch dim for n's)."""
+    built = build(str(ROOT / "tests" / "data" / "batch_over_a_tile_extent.habu"), model, {}, pins)
+    result = ExactChecker(built.model, built.sizes, seed=6).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_sanitizer_cases_pass_outside_the_sanitizer(case):
     assert run_case(case).startswith(case)
