@@ -22,6 +22,7 @@ from habu.compile import bind_shape
 from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.runtime import CompiledModel
 from habu.paths.emit import emit
+from habu.plan.fields import Raster, Store
 from habu.prove import prove
 from habu.search.space import default_plan
 from habu.target import target_named
@@ -70,6 +71,17 @@ def floors(rows: int, cols: int) -> dict:
 
 PLAN_VARIANTS = {"cluster2": dict(cluster_m=2), "t128": dict(tile_n=128, stages=5),
                  "cluster2_t128": dict(cluster_m=2, tile_n=128, stages=5), "not_persistent": dict(persistent=False)}
+if os.environ.get("WALK") == "1":  # the walk's order: which tiles the blocks store at once
+    PLAN_VARIANTS = {f"group_m={g}": dict(group_m=g) for g in (1, 2, 4, 8, 32, 112)} | {
+        "column": dict(raster=Raster.COLUMN), "column_group_m=1": dict(raster=Raster.COLUMN, group_m=1),
+        "t128_group_m=1": dict(tile_n=128, stages=5, group_m=1)}
+if os.environ.get("WALK") == "1":
+    main_variants = {"base": lambda s: s}
+if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
+    PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
+    WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
+    main_variants = {"base": lambda s: s, "no_wait": sub(WAIT, ""),
+                     "no_wait_no_mma": lambda s: sub(WAIT, "")(variants("")["no_mma"](s))}
 
 
 def plan_variant(changes: dict) -> CompiledModel:
@@ -100,7 +112,7 @@ def main():
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in variants(tm).items():
+        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2") else variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)
@@ -128,6 +140,8 @@ def main():
     print("default step", rows["step_default_us"], "kernels", rows["default_kernels"], flush=True)
     h, d = ts.SIZES["H"], ts.SIZES["D"]
     rows["floors"] = floors(h, d)
+    if os.environ.get("WALK") == "1":
+        rows["floors_f32"] = floors(h, 2 * d)  # twice the bytes: the fill's rate at another size
     s3 = [torch.randn((TOK, h), device="cuda").to(torch.bfloat16) for _ in range(4)]
     g = [torch.randn((TOK, d), device="cuda").to(torch.bfloat16) for _ in range(4)]
     rows["cublas_dW2_us"] = time_cuda(lambda i: torch.mm(s3[i].t(), g[i]), 4)["median_us"]
