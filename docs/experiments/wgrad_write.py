@@ -11,6 +11,7 @@ for bit, timed alone and in the step. Run on the device machine:
 import dataclasses
 import json
 import os
+import re
 from dataclasses import replace
 
 import torch
@@ -77,6 +78,17 @@ if os.environ.get("WALK") == "1":  # the walk's order: which tiles the blocks st
         "t128_group_m=1": dict(tile_n=128, stages=5, group_m=1)}
 if os.environ.get("WALK") == "1":
     main_variants = {"base": lambda s: s}
+def no_loads(s: str) -> str:
+    """The producer completes each full stage without loading it: the consumers read whatever the stage holds."""
+    out = re.sub(r"habu::mbar_arrive_expect_tx\(full, \d+\);\n[^\n]*\n", "habu::mbar_arrive(full);\n", s)
+    assert out != s
+    return out
+
+
+if os.environ.get("WALK") == "3":  # the store stream without the L2 reads of the operands
+    PLAN_VARIANTS = {}
+    main_variants = {"base": lambda s: s, "no_loads": no_loads,
+                     "no_loads_no_mma": lambda s: no_loads(variants("")["no_mma"](s))}
 if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
     PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
     WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
@@ -112,7 +124,7 @@ def main():
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2") else variants(tm)).items():
+        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3") else variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)
