@@ -89,6 +89,10 @@ if os.environ.get("WALK") == "3":  # the store stream without the L2 reads of th
     PLAN_VARIANTS = {}
     main_variants = {"base": lambda s: s, "no_loads": no_loads,
                      "no_loads_no_mma": lambda s: no_loads(variants("")["no_mma"](s))}
+if os.environ.get("WALK") == "4":  # a deeper ring: the next tile's k tiles loaded during this tile's epilogue
+    PLAN_VARIANTS = {"stages=4": dict(stages=4), "t128_stages=6": dict(tile_n=128, stages=6),
+                     "t128_stages=7": dict(tile_n=128, stages=7), "t128_stages=4": dict(tile_n=128, stages=4)}
+    main_variants = {"base": lambda s: s}
 if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
     PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
     WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
@@ -124,7 +128,7 @@ def main():
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3") else variants(tm)).items():
+        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4") else variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)
