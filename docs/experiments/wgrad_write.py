@@ -23,7 +23,7 @@ from habu.compile import bind_shape
 from habu.emit_cuda.guards import KernelSet
 from habu.emit_cuda.runtime import CompiledModel
 from habu.paths.emit import emit
-from habu.plan.fields import Raster, Store
+from habu.plan.fields import Move, Raster, Store
 from habu.prove import prove
 from habu.search.space import default_plan
 from habu.target import target_named
@@ -93,6 +93,11 @@ if os.environ.get("WALK") == "4":  # a deeper ring: the next tile's k tiles load
     PLAN_VARIANTS = {"stages=4": dict(stages=4), "t128_stages=6": dict(tile_n=128, stages=6),
                      "t128_stages=7": dict(tile_n=128, stages=7), "t128_stages=4": dict(tile_n=128, stages=4)}
     main_variants = {"base": lambda s: s}
+if os.environ.get("WALK") == "5":  # the operands by cp.async: the TMA unit left to the stores
+    PLAN_VARIANTS = {"cp.async": dict(a_move=Move.CP_ASYNC, b_move=Move.CP_ASYNC),
+                     "B cp.async": dict(b_move=Move.CP_ASYNC), "A cp.async": dict(a_move=Move.CP_ASYNC),
+                     "cp.async stages=4": dict(a_move=Move.CP_ASYNC, b_move=Move.CP_ASYNC, stages=4)}
+    main_variants = {"base": lambda s: s}
 if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
     PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
     WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
@@ -128,7 +133,7 @@ def main():
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4") else variants(tm)).items():
+        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5") else variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)
