@@ -21,6 +21,7 @@ from habu.bench.backward_speed import build
 from habu.bench.kernel_times import kernel_device_times, serial_launches
 from habu.compile import bind_shape
 from habu.emit_cuda.guards import KernelSet
+from habu.emit_cuda.kernel import Param
 from habu.emit_cuda.runtime import CompiledModel
 from habu.paths.emit import emit
 from habu.plan.fields import Move, Raster, Store
@@ -41,7 +42,11 @@ def variant(cm, idx, edit, tag):
         src = edit(k.source)
         assert src != k.source or tag == "base", tag
         new_name = k.name + "_" + tag
-        ks[idx] = dataclasses.replace(k, source=src.replace(k.name, new_name), name=new_name)
+        params = k.params
+        if "p_out_threads" in src:  # thread stores: the output's pointer as a last parameter
+            out = k.stores[0]
+            params = (*params, Param(name="p_out_threads", kind="ptr", tensor=out, dtype="bf16", writes=True))
+        ks[idx] = dataclasses.replace(k, source=src.replace(k.name, new_name), name=new_name, params=params)
         members.append((guards, dataclasses.replace(ep, kernels=tuple(ks))))
     return CompiledModel(cm.model, KernelSet(members), arch="sm_90a")
 
@@ -98,6 +103,28 @@ if os.environ.get("WALK") == "5":  # the operands by cp.async: the TMA unit left
                      "B cp.async": dict(b_move=Move.CP_ASYNC), "A cp.async": dict(a_move=Move.CP_ASYNC),
                      "cp.async stages=4": dict(a_move=Move.CP_ASYNC, b_move=Move.CP_ASYNC, stages=4)}
     main_variants = {"base": lambda s: s}
+def thread_stores(s: str) -> str:
+    """Each staged box written by the warpgroup's threads (16-byte loads of the swizzled box, 16-byte global stores,
+    8 threads a 128-byte row) instead of a TMA store: the TMA unit left to the operands' loads."""
+    m = re.search(r"if \(threadIdx.x % 128 == 0\) \{\n\s*habu::tma_store_2d\(&(tm_\w+), buf, (\(int\)\(n0 \+ b \* 64\)), "
+                  r"(\(int\)\(m0 \+ \(cw \* 1 \+ s\) \* 64\))\);\n\s*habu::bulk_commit_group\(\);\n\s*\}", s)
+    assert m, "no TMA store"
+    stride = {"tm_dW2": 4096, "tm_dW1": 14336}[m.group(1)]
+    body = (f"{{ const int t = threadIdx.x % 128; const int x0 = {m.group(2)}; const int y0 = {m.group(3)};\n"
+            "#pragma unroll\n"
+            "            for (int i = 0; i < 4; ++i) { const int row = t / 8 + 16 * i; const int ch = t % 8;\n"
+            "              const uint4 v = *reinterpret_cast<const uint4*>(smem + (buf - smem_base) + "
+            "habu::swizzle128((habu::u32)row, (habu::u32)ch));\n"
+            f"              *reinterpret_cast<uint4*>(p_out_threads + (long long)(y0 + row) * {stride} + x0 + ch * 8) = v; }} }}")
+    s = s[:m.start()] + body + s[m.end():]
+    sig = f"const __grid_constant__ habu::TensorMap {m.group(1)})"
+    assert sig in s
+    return s.replace(sig, sig[:-1] + ", habu::bf16* __restrict__ p_out_threads)", 1)
+
+
+if os.environ.get("WALK") == "6":  # the stores by the threads: the TMA unit left to the loads
+    PLAN_VARIANTS = {}
+    main_variants = {"base": lambda s: s, "thread_stores": thread_stores}
 if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
     PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
     WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
@@ -133,7 +160,7 @@ def main():
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5") else variants(tm)).items():
+        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5", "6") else variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)
