@@ -125,6 +125,40 @@ def thread_stores(s: str) -> str:
 if os.environ.get("WALK") == "6":  # the stores by the threads: the TMA unit left to the loads
     PLAN_VARIANTS = {}
     main_variants = {"base": lambda s: s, "thread_stores": thread_stores}
+HINTS = """#include "habu/habu.cuh"
+__device__ __forceinline__ void xp_store_2d_first(const habu::TensorMap* map, habu::u32 src, int c0, int c1) {
+  habu::u64 pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;"
+               :: "l"((habu::u64)map), "r"(src), "r"(c0), "r"(c1), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void xp_load_2d_last(habu::u32 dst, const habu::TensorMap* map, habu::u32 bar, int c0,
+                                                int c1) {
+  habu::u64 pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1, {%3, %4}], [%2], %5;"
+               :: "r"(dst), "l"((habu::u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(pol) : "memory");
+}
+"""
+
+
+def hinted(stores: bool, loads: bool):
+    """L2 eviction hints: the output's boxes evict first (written once, never read here), the operands' last."""
+    def edit(s: str) -> str:
+        s = s.replace('#include "habu/habu.cuh"\n', HINTS, 1)
+        if stores:
+            s = sub("habu::tma_store_2d(&tm_dW", "xp_store_2d_first(&tm_dW")(s)
+        if loads:
+            s = sub("habu::tma_load_2d(", "xp_load_2d_last(")(s)
+        return s
+    return edit
+
+
+if os.environ.get("WALK") == "7":  # L2 eviction hints
+    PLAN_VARIANTS = {}
+    main_variants = {"base": lambda s: s, "store_evict_first": hinted(True, False),
+                     "load_evict_last": hinted(False, True), "both_hints": hinted(True, True)}
 if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
     PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
     WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
@@ -154,13 +188,18 @@ def main():
     avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
     args = {t.name: avail[t.name] for t in back.model.inputs}
     ref = back(**args)
+    if os.environ.get("NCU_ONLY") == "1":  # under ncu: dW2 as emitted, then without its operands' loads
+        idx = next(i for i, k in enumerate(back.kernel_set.members[0][1].kernels) if "dW2" in k.stores)
+        variant(back, idx, no_loads, "no_loads")(**args)
+        torch.cuda.synchronize()
+        return
     rows = {"gpu": torch.cuda.get_device_name()}
     kernels = back.kernel_set.members[0][1].kernels
     for idx, k in enumerate(kernels):
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5", "6") else variants(tm)).items():
+        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5", "6", "7") else variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)
