@@ -159,6 +159,9 @@ if os.environ.get("WALK") == "7":  # L2 eviction hints
     PLAN_VARIANTS = {}
     main_variants = {"base": lambda s: s, "store_evict_first": hinted(True, False),
                      "load_evict_last": hinted(False, True), "both_hints": hinted(True, True)}
+if os.environ.get("WALK") == "8":  # the default (`keep_operands` on the dW kernels) against the plain loads
+    PLAN_VARIANTS = {"keep_operands=false": dict(keep_operands=False)}
+    main_variants = {"base": lambda s: s}
 if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
     PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
     WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
@@ -199,7 +202,7 @@ def main():
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5", "6", "7") else variants(tm)).items():
+        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5", "6", "7", "8") else variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)

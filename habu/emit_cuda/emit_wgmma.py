@@ -226,8 +226,9 @@ def _tma_issue(kc: _Kernel, sides: str = "AB") -> list[str]:
                        f"habu::{load}_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('j'))}, {ld.mask});  // {ld.boxes // ld.cluster} box(es) per block")
         else:
-            out += [f"habu::{load}({dst}{f' + {ld.landing(j)}u' if ld.landing(j) else ''}, &{tmap}, full, {coords(j)});"
-                    for j in range(ld.boxes)]
+            hint = "_evict_last" if ld.evict_last else ""  # (`keep_operands`: the L2 keeps these lines longest)
+            out += [f"habu::{load}{hint}({dst}{f' + {ld.landing(j)}u' if ld.landing(j) else ''}, &{tmap}, full, "
+                    f"{coords(j)});" for j in range(ld.boxes)]
     return out
 
 

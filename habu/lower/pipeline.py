@@ -48,6 +48,7 @@ class TmaOperandLoad:
     k_step: int = 0  # how far the box's k coordinate advances per k tile (the lowering's k_step)
     bk: int = 0  # the k tile (k coordinate of the split's first tile: begin·bk)
     k_boxes: int = 1  # boxes along k per k tile (of the `boxes` in all)
+    evict_last: bool = False  # the loads ask the L2 to evict these lines last (`keep_operands`; no multicast)
 
     @property
     def box_bytes(self) -> int:
@@ -302,4 +303,6 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str =
     bars = next((b.offset for b in layout.buffers if b.name == "bar"), 0)
     side = "A" if getattr(kernel, "a_ahead", False) else "B" if getattr(kernel, "b_ahead", False) else ""
     ahead = kernel.stages if side and ring.load(side) is not None and ring.cluster == 1 else 0
+    if getattr(kernel, "keep_operands", False):  # a hint on each block's own loads (a multicast's stay plain)
+        ring = replace(ring, loads=tuple(replace(ld, evict_last=not ld.mask) for ld in ring.loads))
     return replace(ring, base=bars, ahead=ahead, ahead_side=side or "B", lag=getattr(kernel, "consumer_lag", 0))

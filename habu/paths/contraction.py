@@ -19,6 +19,7 @@ from habu.lower.support import (
 )
 from habu.paths.analytic import index_width, max_vector, node_of
 from habu.paths.base import KernelPath
+from habu.paths.l2_keep import keeps_operands
 from habu.plan.column_epilogue import chain_end
 from habu.plan.patterns import Contraction, Operand, Region, as_contraction, kernel_contraction
 from habu.plan.plan import MOVEMENTS, RASTERS, ContractionKernel, Kernel
@@ -229,6 +230,8 @@ class ContractionPath(KernelPath):
             kernel = replace(kernel, epilogue_early=True)
         if skinny:  # as deep as shared memory holds (TMA stores kept where they fit)
             kernel = fit_stages(model, kernel, target)
+        if keeps_operands(model, kernel, (c.a.load.tensor, c.b.load.tensor), target, sizes):
+            kernel = replace(kernel, keep_operands=True)  # small operands, an output past the L2 (habu/paths/l2_keep.py)
         return kernel
 
     # ------------------------------------------------------------------ skinny contractions

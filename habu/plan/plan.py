@@ -138,6 +138,10 @@ class ContractionKernel:
         "input, so the next product's weights load while this kernel's epilogues run (a hint: no value depends "
         "on it; habu/lower/warm_next.py; 0: none)", L, default=0, lo=0, hi=64, pins=("warm_next",),
         json_optional=True, unguarded=KEEP)
+    keep_operands: bool = choice(
+        "wgmma: the operands' TMA loads ask the L2 to evict their lines last, so operands that many tiles re-read "
+        "stay in the L2 while an output larger than it streams through (a hint: no value depends on it; "
+        "habu/paths/l2_keep.py)", L, default=False, pins=("keep_operands",), json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)
