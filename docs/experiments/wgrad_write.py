@@ -143,6 +143,24 @@ __device__ __forceinline__ void xp_load_2d_last(habu::u32 dst, const habu::Tenso
 """
 
 
+FIRST = """__device__ __forceinline__ void xp_load_2d_first(habu::u32 dst, const habu::TensorMap* map, habu::u32 bar, int c0,
+                                                 int c1) {
+  habu::u64 pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1, {%3, %4}], [%2], %5;"
+               :: "r"(dst), "l"((habu::u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(pol) : "memory");
+}
+"""
+
+
+def streamed(s: str) -> str:
+    """A weight-streaming product: A's (the activations') loads evict-last, B's (the weights') evict-first."""
+    s = s.replace('#include "habu/habu.cuh"\n', HINTS + FIRST, 1)
+    s = sub("habu::tma_load_2d(a_stage", "xp_load_2d_last(a_stage")(s)
+    return sub("habu::tma_load_2d(b_stage", "xp_load_2d_first(b_stage")(s)
+
+
 def hinted(stores: bool, loads: bool):
     """L2 eviction hints: the output's boxes evict first (written once, never read here), the operands' last."""
     def edit(s: str) -> str:
@@ -181,6 +199,30 @@ def plan_variant(changes: dict) -> CompiledModel:
     return CompiledModel(back.model, KernelSet([(plan.guards, emit(proof, tgt))]), arch="sm_90a")
 
 
+def streaming(named, args, tensors, dy) -> None:
+    rows = {"step_default_us": time_cuda(lambda i: ts.habu_step(bw, fwd, back, tensors, dy), 1)["median_us"]}
+    f_all, b_all = fwd, back
+    for label, plan, idx in (("fwd1", fwd, 0), ("fwd2", fwd, 1), ("dT2", back, 1), ("dX", back, 2)):
+        v = variant(plan, idx, streamed, "streamed")
+        plan_args = named if plan is fwd else args
+        got, ref = v(**plan_args), plan(**plan_args)
+        exact = all(torch.equal(got[n], ref[n]) for n in ref)
+        with serial_launches():
+            t = kernel_device_times(lambda v=v, a=plan_args: v(**a))
+            t0 = kernel_device_times(lambda p=plan, a=plan_args: p(**a))
+        name = plan.kernel_set.members[0][1].kernels[idx].name
+        rows[label] = dict(exact=exact, alone=t.get(name + "_streamed"), before=t0.get(name))
+        print(label, rows[label], flush=True)
+        if plan is fwd:
+            f_all = variant(f_all, idx, streamed, "streamed")
+        else:
+            b_all = variant(b_all, idx, streamed, "streamed")
+    rows["step_all_streamed_us"] = time_cuda(lambda i: ts.habu_step(bw, f_all, b_all, tensors, dy), 1)["median_us"]
+    rows["step_default_again_us"] = time_cuda(lambda i: ts.habu_step(bw, fwd, back, tensors, dy), 1)["median_us"]
+    rows["eager_step_us"] = time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"]
+    print(rows, flush=True)
+
+
 def main():
     names = [t.name for t in bw.forward.inputs]
     tensors = ts.inputs_for(TOK, 100)
@@ -191,6 +233,9 @@ def main():
     avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
     args = {t.name: avail[t.name] for t in back.model.inputs}
     ref = back(**args)
+    if os.environ.get("WALK") == "9":  # the weight-streaming products: activations kept, weights streamed
+        streaming(named, args, tensors, dy)
+        return
     if os.environ.get("NCU_ONLY") == "1":  # under ncu: dW2 as emitted, then without its operands' loads
         idx = next(i for i, k in enumerate(back.kernel_set.members[0][1].kernels) if "dW2" in k.stores)
         variant(back, idx, no_loads, "no_loads")(**args)
