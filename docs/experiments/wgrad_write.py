@@ -161,6 +161,34 @@ def streamed(s: str) -> str:
     return sub("habu::tma_load_2d(b_stage", "xp_load_2d_first(b_stage")(s)
 
 
+def no_colsum(s: str) -> str:
+    """dT2's product without its dB1 column sum's reduction (the shuffles, the partials through the staging buffers,
+    the wait for the boxes to leave them, the sums' stores): the per-element accumulation stays."""
+    start = s.index("      {  // dB1: the column sum")
+    end = s.index("    if (threadIdx.x % 128 == 0) habu::bulk_wait_group<0>();  // the last boxes leave")
+    body = s[start:end]
+    close = body.rindex("      }\n")  # the block's closing brace (the tile loop's follows it)
+    return s[:start] + body[close + len("      }\n"):] + s[end:]
+
+
+def dt2_parts(named, args, tensors, dy) -> None:
+    """dT2's product (GELU's derivative and dB1 in its epilogue) taken apart, alone and in the step."""
+    idx = next(i for i, k in enumerate(back.kernel_set.members[0][1].kernels) if "dB1" in k.stores)
+    rows = {}
+    for tag, edit in {"base": lambda s: s, "no_colsum": no_colsum, "streamed": streamed,
+                      "no_colsum_streamed": lambda s: streamed(no_colsum(s))}.items():
+        v = variant(back, idx, edit, tag)
+        got, ref = v(**args), back(**args)
+        with serial_launches():
+            t = kernel_device_times(lambda v=v: v(**args))
+        alone = [us for n, us in t.items() if n.endswith(tag)]
+        step = time_cuda(lambda i, v=v: ts.habu_step(bw, fwd, v, tensors, dy), 1)["median_us"]
+        rows[tag] = dict(alone=alone[0] if alone else None, step=step,
+                         exact={n: torch.equal(got[n], ref[n]) for n in ref})
+        print("dT2", tag, rows[tag], flush=True)
+    print("eager step", time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"], flush=True)
+
+
 def hinted(stores: bool, loads: bool):
     """L2 eviction hints: the output's boxes evict first (written once, never read here), the operands' last."""
     def edit(s: str) -> str:
@@ -235,6 +263,9 @@ def main():
     ref = back(**args)
     if os.environ.get("WALK") == "9":  # the weight-streaming products: activations kept, weights streamed
         streaming(named, args, tensors, dy)
+        return
+    if os.environ.get("WALK") == "10":  # dT2's epilogue: its column sum, and the L2 hints
+        dt2_parts(named, args, tensors, dy)
         return
     if os.environ.get("NCU_ONLY") == "1":  # under ncu: dW2 as emitted, then without its operands' loads
         idx = next(i for i, k in enumerate(back.kernel_set.members[0][1].kernels) if "dW2" in k.stores)
