@@ -12,8 +12,7 @@ torch = pytest.importorskip("torch", reason="GPU tests use torch to make device 
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
 
-from habu.timing.harness import make_inputs, poisoned_outputs  # noqa: E402
-from tests.gpu.test_warm_next_gpu import _built  # noqa: E402
+from tests.gpu.test_warm_next_gpu import _built, assert_same_outputs  # noqa: E402
 
 
 @pytest.mark.parametrize("sizes, kept", [({"B": 128, "D": 1024, "H": 2048}, {"keep_operands": "true"}),
@@ -25,13 +24,4 @@ def test_keeping_the_operands_in_the_l2_changes_no_output_bit(sizes, kept):
     assert any(getattr(k, "keep_operands", False) for k in compiled.plans[0].kernels)
     assert any("tma_load_2d_evict_last" in k.source for k in keep.kernel_set.members[0][1].kernels)
     _, plain = _built(True, sizes, {"keep_operands": "false"})
-    model = compiled.model.with_sizes(sizes)
-    full = {e.name: e.size for e in model.extents}
-    inputs = make_inputs(model, full, seed=sizes["B"])
-    got = keep(**inputs, **poisoned_outputs(model, full))
-    want = plain(**inputs, **poisoned_outputs(model, full))
-    torch.cuda.synchronize()
-    got, want = (g if isinstance(g, dict) else {"out": g} for g in (got, want))
-    for name in want:
-        assert not torch.isnan(want[name].float()).any(), name
-        assert torch.equal(got[name], want[name]), name
+    assert_same_outputs(compiled.model.with_sizes(sizes), keep, plain, seed=sizes["B"])
