@@ -9,6 +9,7 @@ max recomputed inside its sums: models 14672, 14893, 14935 and 15548).
 
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
     PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands
+    PYTHONPATH=. python tests/fuzz_variants.py batched 0 200 --per 8  # a batch over m's or n's extent
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from habu.prove.verify import verify_plan
 from habu.search.space import enumerate_plans
 from habu.spec.parser import parse_text
 from habu.target import target_named
-from tests.random_models import random_model, random_product, random_shared_product
+from tests.random_models import random_batched_product, random_model, random_product, random_shared_product
 
 
 def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target) -> None:
@@ -70,13 +71,14 @@ def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("model", "product", "shared"))
+    ap.add_argument("kind", choices=("model", "product", "shared", "batched"))
     ap.add_argument("first", type=int)
     ap.add_argument("end", type=int)
     ap.add_argument("--per", type=int, default=6, help="sampled variants a model, besides the default")
     ap.add_argument("--deadline", type=float, default=30.0, help="seconds a plan's field check may take")
     args = ap.parse_args()
-    generate = {"model": random_model, "product": random_product, "shared": random_shared_product}[args.kind]
+    generate = {"model": random_model, "product": random_product, "shared": random_shared_product,
+                "batched": random_batched_product}[args.kind]
     target = target_named("sm_90a")
     for seed in range(args.first, args.end):
         fuzz_one(generate(seed), f"{args.kind} {seed}", args.per, seed, args.deadline, target)

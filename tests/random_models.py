@@ -155,3 +155,38 @@ def random_shared_product(seed: int) -> str:
     lines = [f"{sizes['M']} EXTENT: #M {sizes['K']} EXTENT: #K", decl,
              f"{rng.choice(['f32', 'bf16'])} TENSOR: Y ( #M #M )", f"MODEL: FZ  Y[m m2] = {term} ;"]
     return "\n".join(lines) + "\n"
+
+
+def random_batched_product(seed: int) -> str:
+    """The text of model FZ: a batched product whose batch index runs over the extent of its m axis, its n axis or
+    both (session 59's find: the field check's sample box took the batch dim for n's, model 15488), each operand's
+    and the output's dims in a random order: `Y[.. b m n ..] = f(Σ k A[.. b m k ..] · B[.. b n k ..])`."""
+    rng = random.Random(seed)
+    sizes = {"S": rng.choice((2, 3, 16, 17, 64)), "K": rng.choice(PRODUCT_SIZES), "M": rng.choice(PRODUCT_SIZES),
+             "N": rng.choice(PRODUCT_SIZES)}
+    m_over, n_over = rng.choice((("S", "N"), ("M", "S"), ("S", "S")))
+    names = {"b": "s", "m": "s2" if m_over == "S" else "m", "n": ("s3" if m_over == "S" else "s2") if n_over == "S"
+             else "n", "k": "k"}
+    over = {"b": "S", "m": m_over, "n": n_over, "k": "K"}
+
+    def dims(axes: list[str]) -> list[str]:
+        rng.shuffle(axes)
+        return axes
+
+    a, b, y = dims(["b", "m", "k"]), dims(["b", "n", "k"]), dims(["b", "m", "n"])
+
+    def decl(name: str, axes: list[str], dtype: str) -> str:
+        return f"{dtype} TENSOR: {name} ( {' '.join('#' + over[x] for x in axes)} )"
+
+    def read(name: str, axes: list[str]) -> str:
+        return f"{name}[{' '.join(names[x] for x in axes)}]"
+
+    dtype = rng.choice(["bf16", "bf16", "f32"])
+    term = f"Σ k {read('A', a)} · {read('B', b)}"
+    fn = rng.choice(EPILOGUES)
+    if fn:
+        term = f"{fn}({term})"
+    used = sorted({over[x] for x in "bmnk"})
+    lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e in used), decl("A", a, dtype), decl("B", b, dtype),
+             decl("Y", y, rng.choice(["f32", "bf16"])), f"MODEL: FZ  {read('Y', y)} = {term} ;"]
+    return "\n".join(lines) + "\n"
