@@ -77,3 +77,19 @@ def test_the_pin_sets_it_and_the_plan_is_proven_with_the_same_field_check(value)
     assert field_key(model, plan, {}) == field_key(model, default_plan(model, T, {}), {})  # no value depends on it
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again == plan
+
+
+@pytest.mark.parametrize("path, name", [("bmm.habu", "SCORES"), ("ggemm.habu", "GGEMM"), ("accumulate.habu", "GEMM-ACC")])
+def test_pinned_on_batched_gathered_and_accumulating_products_it_proves_and_compiles(path, name):
+    """The hint on each kind of TMA operand load the wgmma path prints (a batched operand's 3-D map, a gathered
+    operand's staged or plain rows, C += A·B): proven, printed in the `_evict_last` form, compiled."""
+    model = load_program(ROOT / "examples" / path).models[name]
+    plan = default_plan(model, T, {}, {"keep_operands": "true"})
+    assert any(getattr(k, "keep_operands", False) for k in plan.kernels)
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [o.describe() for o in proof.violations]
+    hinted = [k for k in emit_plan(model, plan, T).kernels if "_evict_last(" in k.source]
+    assert hinted
+    if _nvrtc() is not None:
+        for k in hinted:
+            assert not compile_cuda(k.source, k.name, "sm_90a").resources.spills
