@@ -2,8 +2,8 @@
 derived backward; the default plan and `--per` sampled variants of it (`enumerate_plans`) through the rules and
 one finite-field trial, each under a deadline. One line per finding: WRONG (a plan that keeps to every rule and
 computes something else), CRASH (an exception that is not a user-facing HabuError), MEMORY, SLOW (past the
-deadline: abandoned, as the search would). Sessions 55–59 ran it over models 9560–16055, products 200–1319 and
-shared products (one tensor as both operands) 0–219;
+deadline: abandoned, as the search would). Sessions 55–59 ran it over models 9560–16299, products 200–1319 and
+shared products (one tensor as both operands) 0–319 and batched products 0–434;
 each WRONG, CRASH or MEMORY finding is a regression test. SLOW ones so far are derived backwards of a max (the
 max recomputed inside its sums: models 14672, 14893, 14935 and 15548).
 
