@@ -4,52 +4,21 @@ step, their outputs compared with the unedited kernels' bit for bit. Run on the 
 
     TOK=128 OUT=/tmp python docs/experiments/epilogue_parts.py
 """
-import dataclasses
 import json
 import os
 import re
 
 import torch
+from hand_edits import chain, sub, variant
 
 import habu.bench.train_step_speed as ts
 from habu.bench.backward_speed import build
 from habu.bench.kernel_times import kernel_device_times, serial_launches
-from habu.emit_cuda.guards import KernelSet
-from habu.emit_cuda.runtime import CompiledModel
 from habu.timing.harness import time_cuda
 
 TOK = int(os.environ.get("TOK", "128"))
 OLD = {"epilogue_early": "false"}  # the plans as they were before session 57 made the early loads the default
 bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": TOK}, "sm_90a", OLD, OLD)
-
-def kernels_of(cm):
-    return cm.kernel_set.members  # [(guards, EmittedPlan)]
-
-def variant(cm, idx, edit, tag):
-    members = []
-    for guards, ep in cm.kernel_set.members:
-        ks = list(ep.kernels)
-        k = ks[idx]
-        src = edit(k.source)
-        assert src != k.source or tag == "base", tag
-        new_name = k.name + "_" + tag
-        src = src.replace(k.name, new_name)
-        ks[idx] = dataclasses.replace(k, source=src, name=new_name)
-        members.append((guards, dataclasses.replace(ep, kernels=tuple(ks))))
-    return CompiledModel(cm.model, KernelSet(members), arch="sm_90a")
-
-def sub(old, new, count=1):
-    def f(s):
-        assert s.count(old) >= count, (old[:60], s.count(old))
-        return s.replace(old, new)
-    return f
-
-def chain(*fs):
-    def f(s):
-        for g in fs:
-            s = g(s)
-        return s
-    return f
 
 # --- fwd1 variants
 BIAS_HOIST = """      float biasv[16][2];  // experiment: the tile's bias, loaded before the mainloop

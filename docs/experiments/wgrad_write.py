@@ -8,13 +8,14 @@ for bit, timed alone and in the step. Run on the device machine:
 
     TOK=128 OUT=/tmp python docs/experiments/wgrad_write.py
 """
-import dataclasses
 import json
 import os
 import re
 from dataclasses import replace
 
+import hand_edits
 import torch
+from hand_edits import sub
 
 import habu.bench.train_step_speed as ts
 from habu.bench.backward_speed import build
@@ -31,31 +32,19 @@ from habu.target import target_named
 from habu.timing.harness import time_cuda
 
 TOK = int(os.environ.get("TOK", "128"))
-bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": TOK}, "sm_90a", {}, {})
+# walks 1-7 took the plain-load dW kernels apart (before `keep_operands` became their default); 8-10 the default
+PLAIN = {} if os.environ.get("WALK") in ("8", "9", "10") else {"keep_operands": "false"}
+bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": TOK}, "sm_90a", PLAIN, {})
 
 
-def variant(cm, idx, edit, tag):
-    members = []
-    for guards, ep in cm.kernel_set.members:
-        ks = list(ep.kernels)
-        k = ks[idx]
-        src = edit(k.source)
-        assert src != k.source or tag == "base", tag
-        new_name = k.name + "_" + tag
-        params = k.params
-        if "p_out_threads" in src:  # thread stores: the output's pointer as a last parameter
-            out = k.stores[0]
-            params = (*params, Param(name="p_out_threads", kind="ptr", tensor=out, dtype="bf16", writes=True))
-        ks[idx] = dataclasses.replace(k, source=src.replace(k.name, new_name), name=new_name, params=params)
-        members.append((guards, dataclasses.replace(ep, kernels=tuple(ks))))
-    return CompiledModel(cm.model, KernelSet(members), arch="sm_90a")
+def out_pointer(k, src: str) -> tuple:
+    """The output's pointer, for an edit whose threads store it (`thread_stores`)."""
+    return (Param(name="p_out_threads", kind="ptr", tensor=k.stores[0], dtype="bf16", writes=True),) \
+        if "p_out_threads" in src else ()
 
 
-def sub(old, new):
-    def f(s):
-        assert old in s, old[:60]
-        return s.replace(old, new)
-    return f
+def variant(cm, idx: int, edit, tag: str):
+    return hand_edits.variant(cm, idx, edit, tag, out_pointer)
 
 
 def variants(store_map: str) -> dict:
@@ -75,14 +64,6 @@ def floors(rows: int, cols: int) -> dict:
     return {"fill_us": fill, "copy_us": copy, "bytes": rows * cols * 2}
 
 
-PLAN_VARIANTS = {"cluster2": dict(cluster_m=2), "t128": dict(tile_n=128, stages=5),
-                 "cluster2_t128": dict(cluster_m=2, tile_n=128, stages=5), "not_persistent": dict(persistent=False)}
-if os.environ.get("WALK") == "1":  # the walk's order: which tiles the blocks store at once
-    PLAN_VARIANTS = {f"group_m={g}": dict(group_m=g) for g in (1, 2, 4, 8, 32, 112)} | {
-        "column": dict(raster=Raster.COLUMN), "column_group_m=1": dict(raster=Raster.COLUMN, group_m=1),
-        "t128_group_m=1": dict(tile_n=128, stages=5, group_m=1)}
-if os.environ.get("WALK") == "1":
-    main_variants = {"base": lambda s: s}
 def no_loads(s: str) -> str:
     """The producer completes each full stage without loading it: the consumers read whatever the stage holds."""
     out = re.sub(r"habu::mbar_arrive_expect_tx\(full, \d+\);\n[^\n]*\n", "habu::mbar_arrive(full);\n", s)
@@ -90,19 +71,6 @@ def no_loads(s: str) -> str:
     return out
 
 
-if os.environ.get("WALK") == "3":  # the store stream without the L2 reads of the operands
-    PLAN_VARIANTS = {}
-    main_variants = {"base": lambda s: s, "no_loads": no_loads,
-                     "no_loads_no_mma": lambda s: no_loads(variants("")["no_mma"](s))}
-if os.environ.get("WALK") == "4":  # a deeper ring: the next tile's k tiles loaded during this tile's epilogue
-    PLAN_VARIANTS = {"stages=4": dict(stages=4), "t128_stages=6": dict(tile_n=128, stages=6),
-                     "t128_stages=7": dict(tile_n=128, stages=7), "t128_stages=4": dict(tile_n=128, stages=4)}
-    main_variants = {"base": lambda s: s}
-if os.environ.get("WALK") == "5":  # the operands by cp.async: the TMA unit left to the stores
-    PLAN_VARIANTS = {"cp.async": dict(a_move=Move.CP_ASYNC, b_move=Move.CP_ASYNC),
-                     "B cp.async": dict(b_move=Move.CP_ASYNC), "A cp.async": dict(a_move=Move.CP_ASYNC),
-                     "cp.async stages=4": dict(a_move=Move.CP_ASYNC, b_move=Move.CP_ASYNC, stages=4)}
-    main_variants = {"base": lambda s: s}
 def thread_stores(s: str) -> str:
     """Each staged box written by the warpgroup's threads (16-byte loads of the swizzled box, 16-byte global stores,
     8 threads a 128-byte row) instead of a TMA store: the TMA unit left to the operands' loads."""
@@ -122,42 +90,30 @@ def thread_stores(s: str) -> str:
     return s.replace(sig, sig[:-1] + ", habu::bf16* __restrict__ p_out_threads)", 1)
 
 
-if os.environ.get("WALK") == "6":  # the stores by the threads: the TMA unit left to the loads
-    PLAN_VARIANTS = {}
-    main_variants = {"base": lambda s: s, "thread_stores": thread_stores}
-HINTS = """#include "habu/habu.cuh"
+EVICT_FIRST = """#include "habu/habu.cuh"
+__device__ __forceinline__ habu::u64 xp_policy_evict_first() {
+  habu::u64 pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 __device__ __forceinline__ void xp_store_2d_first(const habu::TensorMap* map, habu::u32 src, int c0, int c1) {
-  habu::u64 pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;"
-               :: "l"((habu::u64)map), "r"(src), "r"(c0), "r"(c1), "l"(pol) : "memory");
+               :: "l"((habu::u64)map), "r"(src), "r"(c0), "r"(c1), "l"(xp_policy_evict_first()) : "memory");
 }
-__device__ __forceinline__ void xp_load_2d_last(habu::u32 dst, const habu::TensorMap* map, habu::u32 bar, int c0,
-                                                int c1) {
-  habu::u64 pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-               " [%0], [%1, {%3, %4}], [%2], %5;"
-               :: "r"(dst), "l"((habu::u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(pol) : "memory");
-}
-"""
-
-
-FIRST = """__device__ __forceinline__ void xp_load_2d_first(habu::u32 dst, const habu::TensorMap* map, habu::u32 bar, int c0,
+__device__ __forceinline__ void xp_load_2d_first(habu::u32 dst, const habu::TensorMap* map, habu::u32 bar, int c0,
                                                  int c1) {
-  habu::u64 pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
                " [%0], [%1, {%3, %4}], [%2], %5;"
-               :: "r"(dst), "l"((habu::u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(pol) : "memory");
+               :: "r"(dst), "l"((habu::u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(xp_policy_evict_first()) : "memory");
 }
 """
+LAST = "habu::tma_load_2d_evict_last("  # the project's (include/habu/memory/tma.cuh: `keep_operands`)
 
 
 def streamed(s: str) -> str:
     """A weight-streaming product: A's (the activations') loads evict-last, B's (the weights') evict-first."""
-    s = s.replace('#include "habu/habu.cuh"\n', HINTS + FIRST, 1)
-    s = sub("habu::tma_load_2d(a_stage", "xp_load_2d_last(a_stage")(s)
+    s = s.replace('#include "habu/habu.cuh"\n', EVICT_FIRST, 1)
+    s = sub("habu::tma_load_2d(a_stage", LAST + "a_stage")(s)
     return sub("habu::tma_load_2d(b_stage", "xp_load_2d_first(b_stage")(s)
 
 
@@ -192,34 +148,60 @@ def dt2_parts(named, args, tensors, dy) -> None:
 def hinted(stores: bool, loads: bool):
     """L2 eviction hints: the output's boxes evict first (written once, never read here), the operands' last."""
     def edit(s: str) -> str:
-        s = s.replace('#include "habu/habu.cuh"\n', HINTS, 1)
+        s = s.replace('#include "habu/habu.cuh"\n', EVICT_FIRST, 1)
         if stores:
             s = sub("habu::tma_store_2d(&tm_dW", "xp_store_2d_first(&tm_dW")(s)
         if loads:
-            s = sub("habu::tma_load_2d(", "xp_load_2d_last(")(s)
+            s = sub("habu::tma_load_2d(", LAST)(s)
         return s
     return edit
 
 
-if os.environ.get("WALK") == "7":  # L2 eviction hints
-    PLAN_VARIANTS = {}
-    main_variants = {"base": lambda s: s, "store_evict_first": hinted(True, False),
-                     "load_evict_last": hinted(False, True), "both_hints": hinted(True, True)}
-if os.environ.get("WALK") == "8":  # the default (`keep_operands` on the dW kernels) against the plain loads
-    PLAN_VARIANTS = {"keep_operands=false": dict(keep_operands=False)}
-    main_variants = {"base": lambda s: s}
-if os.environ.get("WALK") == "2":  # the store round's own costs: its wait for the staging buffer, a direct store
-    PLAN_VARIANTS = {"store=direct": dict(store=Store.DIRECT)}
-    WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
-    main_variants = {"base": lambda s: s, "no_wait": sub(WAIT, ""),
-                     "no_wait_no_mma": lambda s: sub(WAIT, "")(variants("")["no_mma"](s))}
+
+
+BASE = {"base": lambda s: s}
+WAIT = "if (boxes_stored >= 2 && threadIdx.x % 128 == 0) habu::bulk_wait_group_read<1>();"
+
+
+def no_mma(s: str) -> str:
+    return variants("")["no_mma"](s)
+
+
+# WALK: (the dW kernels' hand edits, or None for `variants`; the backward plan's dW kernels changed)
+WALKS = {
+    "": (None, {"cluster2": dict(cluster_m=2), "t128": dict(tile_n=128, stages=5),
+                "cluster2_t128": dict(cluster_m=2, tile_n=128, stages=5), "not_persistent": dict(persistent=False)}),
+    # the walk's order: which tiles the blocks store at once
+    "1": (BASE, {f"group_m={g}": dict(group_m=g) for g in (1, 2, 4, 8, 32, 112)} | {
+        "column": dict(raster=Raster.COLUMN), "column_group_m=1": dict(raster=Raster.COLUMN, group_m=1),
+        "t128_group_m=1": dict(tile_n=128, stages=5, group_m=1)}),
+    # the store round's own costs: its wait for the staging buffer, a direct store
+    "2": (BASE | {"no_wait": sub(WAIT, ""), "no_wait_no_mma": lambda s: sub(WAIT, "")(no_mma(s))},
+          {"store=direct": dict(store=Store.DIRECT)}),
+    # the store stream without the L2 reads of the operands
+    "3": (BASE | {"no_loads": no_loads, "no_loads_no_mma": lambda s: no_loads(no_mma(s))}, {}),
+    # a deeper ring: the next tile's k tiles loaded during this tile's epilogue
+    "4": (BASE, {"stages=4": dict(stages=4), "t128_stages=6": dict(tile_n=128, stages=6),
+                 "t128_stages=7": dict(tile_n=128, stages=7), "t128_stages=4": dict(tile_n=128, stages=4)}),
+    # the operands by cp.async: the TMA unit left to the stores
+    "5": (BASE, {"cp.async": dict(a_move=Move.CP_ASYNC, b_move=Move.CP_ASYNC), "B cp.async": dict(b_move=Move.CP_ASYNC),
+                 "A cp.async": dict(a_move=Move.CP_ASYNC),
+                 "cp.async stages=4": dict(a_move=Move.CP_ASYNC, b_move=Move.CP_ASYNC, stages=4)}),
+    # the stores by the threads: the TMA unit left to the loads
+    "6": (BASE | {"thread_stores": thread_stores}, {}),
+    # L2 eviction hints
+    "7": (BASE | {"store_evict_first": hinted(True, False), "load_evict_last": hinted(False, True),
+                  "both_hints": hinted(True, True)}, {}),
+    # the default (`keep_operands` on the dW kernels) against the plain loads
+    "8": (BASE, {"keep_operands=false": dict(keep_operands=False)}),
+}
 
 
 def plan_variant(changes: dict) -> CompiledModel:
     """The default backward plan with its dW kernels changed, proven and emitted."""
     tgt = target_named("sm_90a")
     model = bind_shape(bw.model, {"B": TOK})
-    base = default_plan(model, tgt, {"B": TOK}, {})
+    base = default_plan(model, tgt, {"B": TOK}, PLAIN)
     plan = replace(base, kernels=tuple(replace(k, **changes) if {"dW1", "dW2"} & set(k.nodes) else k
                                        for k in base.kernels))
     proof = prove(model, plan, {"B": TOK}, trials=1)
@@ -272,13 +254,14 @@ def main():
         variant(back, idx, no_loads, "no_loads")(**args)
         torch.cuda.synchronize()
         return
+    edits, plan_variants = WALKS[os.environ.get("WALK", "")]
     rows = {"gpu": torch.cuda.get_device_name()}
     kernels = back.kernel_set.members[0][1].kernels
     for idx, k in enumerate(kernels):
         if not ("dW1" in k.stores or "dW2" in k.stores):
             continue
         tm = "tm_" + k.stores[0]
-        for tag, edit in (main_variants if os.environ.get("WALK") in ("1", "2", "3", "4", "5", "6", "7", "8") else variants(tm)).items():
+        for tag, edit in (edits or variants(tm)).items():
             v = variant(back, idx, edit, tag)
             got = v(**args)
             exact = all(torch.equal(got[n], ref[n]) for n in ref)
@@ -290,7 +273,7 @@ def main():
     rows["step_default_us"] = time_cuda(lambda i: ts.habu_step(bw, fwd, back, tensors, dy), 1)["median_us"]
     with serial_launches():
         rows["default_kernels"] = kernel_device_times(lambda: back(**args))
-    for tag, changes in PLAN_VARIANTS.items():
+    for tag, changes in plan_variants.items():
         try:
             v = plan_variant(changes)
         except Exception as err:

@@ -97,10 +97,9 @@ CASES = (
            default=True, out_dtype="bf16")
       for seq in (1024, 4096, 16384) for width in (64, 128) for causal in (True, False)),
     Case("m16k-gqa-causal-4k-d128", 4, 8, 4, 4096, True, default=True, out_dtype="bf16"),
-    # the 16 × 1k d64 full prefill's tail (`--only wave-`): 2048 tiles of 128 queries are 15.5 waves of 132 blocks;
-    # 22 sequences × 12 heads are 2112 tiles, 16 whole waves: the same kernel at a whole number of waves
+    # the 16 × 1k d64 full prefill's tail (`--only wave-,m16k-full-1k-d64`): its 2048 tiles of 128 queries are 15.5
+    # waves of 132 blocks; 22 sequences × 12 heads are 2112 tiles, 16 whole waves
     Case("wave-full-1k-d64-22x12", 22, 12, 1, 1024, False, 64, default=True, out_dtype="bf16"),
-    Case("wave-full-1k-d64-16x16", 16, 16, 1, 1024, False, 64, default=True, out_dtype="bf16"),
     # short prefills (`--only short-`): the default (the persistent wgmma kernel from `WGMMA_PREFILL_ROWS` = 128
     # queries, session 37) against the unfused plan (the scores' product, mask and softmax kernels, P·V)
     *(Case(f"short-{'causal' if causal else 'full'}-{seq}{'-unfused' if unfused else ''}", 8192 // seq, 16, 1, seq,

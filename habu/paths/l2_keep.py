@@ -5,8 +5,9 @@ and the loads of small operands that every tile re-reads compete with that strea
 gradients (dW = Xᵀ·dT: a 117 MB bf16 output from 1–4 MB operands, K = 128) ran 8–9 µs slower than their store
 stream alone on an H100, though 93% of their operand reads hit the L2 (ncu: what exactly they waited on is not
 settled). With the operands' TMA loads marked evict-last they went from 47.8 to 41.7 and from 49.1 to 42.6 µs,
-outputs bitwise the same (2026-12-06, docs/PERF.md, session 59). The hint changes no value: the lowering marks the loads (`TmaOperandLoad.evict_last`), and the emitter
-prints the `_evict_last` form of each (include/habu/memory/tma.cuh).
+outputs bitwise the same (2026-12-06, docs/PERF.md, session 59). The hint changes no value: the lowering marks
+the loads (`TmaOperandLoad.evict_last`), and the emitter prints the `_evict_last` form of each
+(include/habu/memory/tma.cuh).
 
 The default takes it where the output holds at least the L2's bytes and the operands the loads bring by TMA
 hold at most a quarter of them together, so a hint cannot make an operand crowd out another's lines. A product

@@ -1,0 +1,40 @@
+"""The experiments' hand edits of emitted kernels (never plans): a compiled model with one kernel's source edited
+and renamed (so the profiler tells it apart), and the string edits they are made of. Imported by the scripts beside
+it (`python docs/experiments/NAME.py` puts this folder on the path)."""
+import dataclasses
+from collections.abc import Callable
+
+from habu.emit_cuda.guards import KernelSet
+from habu.emit_cuda.runtime import CompiledModel
+
+
+def variant(cm, idx: int, edit: Callable[[str], str], tag: str, extra_params: Callable = lambda k, src: ()):
+    """`cm` with kernel `idx` of each member edited by `edit` and named `<name>_<tag>`; `extra_params(kernel,
+    source)` gives parameters the edit added to the kernel's signature (after its own)."""
+    members = []
+    for guards, ep in cm.kernel_set.members:
+        ks = list(ep.kernels)
+        k = ks[idx]
+        src = edit(k.source)
+        assert src != k.source or tag == "base", tag
+        new_name = k.name + "_" + tag
+        ks[idx] = dataclasses.replace(k, source=src.replace(k.name, new_name), name=new_name,
+                                      params=(*k.params, *extra_params(k, src)))
+        members.append((guards, dataclasses.replace(ep, kernels=tuple(ks))))
+    return CompiledModel(cm.model, KernelSet(members), arch="sm_90a")
+
+
+def sub(old: str, new: str, count: int = 1) -> Callable[[str], str]:
+    """Replace every `old` by `new`, which must occur at least `count` times."""
+    def f(s: str) -> str:
+        assert s.count(old) >= count, (old[:60], s.count(old))
+        return s.replace(old, new)
+    return f
+
+
+def chain(*fs: Callable[[str], str]) -> Callable[[str], str]:
+    def f(s: str) -> str:
+        for g in fs:
+            s = g(s)
+        return s
+    return f
