@@ -32,8 +32,10 @@ from habu.target import target_named
 from habu.timing.harness import time_cuda
 
 TOK = int(os.environ.get("TOK", "128"))
-# walks 1-7 took the plain-load dW kernels apart (before `keep_operands` became their default); 8-10 the default
-PLAIN = {} if os.environ.get("WALK") in ("8", "9", "10") else {"keep_operands": "false"}
+# walks 1-7 took the plain-load dW kernels apart (before `keep_operands` became their default); 8 the default; 9-11
+# hand-edit the products that stream their weights (before `stream_b` became the backward's default there)
+WALK = os.environ.get("WALK", "")
+PLAIN = {} if WALK == "8" else {"stream_b": "false"} if WALK in ("9", "10", "11") else {"keep_operands": "false"}
 bw, fwd, back = build("ffn_skip.habu", "FFN-SKIP", {"B": TOK}, "sm_90a", PLAIN, {})
 
 
@@ -106,8 +108,12 @@ __device__ __forceinline__ void xp_load_2d_first(habu::u32 dst, const habu::Tens
                " [%0], [%1, {%3, %4}], [%2], %5;"
                :: "r"(dst), "l"((habu::u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(xp_policy_evict_first()) : "memory");
 }
+__device__ __forceinline__ void xp_load_2d_last(habu::u32 dst, const habu::TensorMap* map, habu::u32 bar, int c0,
+                                                int c1) {
+  habu::tma_load_2d_hinted(dst, map, bar, c0, c1, habu::l2_policy_evict_last());
+}
 """
-LAST = "habu::tma_load_2d_evict_last("  # the project's (include/habu/memory/tma.cuh: `keep_operands`)
+LAST = "xp_load_2d_last("  # the project's form since session 60: habu::tma_load_2d_hinted(..., l2_policy_evict_last())
 
 
 def streamed(s: str) -> str:
@@ -233,6 +239,29 @@ def streaming(named, args, tensors, dy) -> None:
     print(rows, flush=True)
 
 
+def streaming_alone(tensors, dy) -> None:
+    """The step with one of the four weight-streaming products (or a pair) hinted, in two interleaved rounds."""
+    one = {"fwd1": [(fwd, 0)], "fwd2": [(fwd, 1)], "dT2": [(back, 1)], "dX": [(back, 2)],
+           "dT2+dX": [(back, 1), (back, 2)], "fwd1+fwd2": [(fwd, 0), (fwd, 1)],
+           "all four": [(fwd, 0), (fwd, 1), (back, 1), (back, 2)], "fwd2+dT2+dX": [(fwd, 1), (back, 1), (back, 2)]}
+    steps = {"default": (fwd, back)}
+    for label, where in one.items():
+        f, b = fwd, back
+        for plan, idx in where:
+            if plan is fwd:
+                f = variant(f, idx, streamed, "streamed")
+            else:
+                b = variant(b, idx, streamed, "streamed")
+        steps[label] = (f, b)
+    rows = {k: [] for k in steps} | {"eager": []}
+    for _ in range(int(os.environ.get("ROUNDS", "3"))):
+        for label, (f, b) in steps.items():
+            rows[label].append(time_cuda(lambda i, f=f, b=b: ts.habu_step(bw, f, b, tensors, dy), 1)["median_us"])
+        rows["eager"].append(time_cuda(lambda i: ts.grads(ts.torch_block, tensors, dy), 1)["median_us"])
+    for label, ts_ in rows.items():
+        print(f"{label:10s}", " ".join(f"{t:7.1f}" for t in ts_), flush=True)
+
+
 def main():
     names = [t.name for t in bw.forward.inputs]
     tensors = ts.inputs_for(TOK, 100)
@@ -245,6 +274,9 @@ def main():
     ref = back(**args)
     if os.environ.get("WALK") == "9":  # the weight-streaming products: activations kept, weights streamed
         streaming(named, args, tensors, dy)
+        return
+    if os.environ.get("WALK") == "11":  # the step with each weight-streaming product hinted alone, twice
+        streaming_alone(tensors, dy)
         return
     if os.environ.get("WALK") == "10":  # dT2's epilogue: its column sum, and the L2 hints
         dt2_parts(named, args, tensors, dy)

@@ -226,9 +226,9 @@ def _tma_issue(kc: _Kernel, sides: str = "AB") -> list[str]:
                        f"habu::{load}_multicast({dst} + (habu::u32)j * {ld.box_bytes}u, &{tmap}, full, "
                        f"{coords(CExpr('j'))}, {ld.mask});  // {ld.boxes // ld.cluster} box(es) per block")
         else:
-            hint = "_evict_last" if ld.evict_last else ""  # (`keep_operands`: the L2 keeps these lines longest)
-            out += [f"habu::{load}{hint}({dst}{f' + {ld.landing(j)}u' if ld.landing(j) else ''}, &{tmap}, full, "
-                    f"{coords(j)});" for j in range(ld.boxes)]
+            hinted, policy = ("_hinted", f", habu::l2_policy_{ld.l2_hint}()") if ld.l2_hint else ("", "")
+            out += [f"habu::{load}{hinted}({dst}{f' + {ld.landing(j)}u' if ld.landing(j) else ''}, &{tmap}, full, "
+                    f"{coords(j)}{policy});" for j in range(ld.boxes)]  # (the L2 policy: `keep_operands`, `stream_b`)
     return out
 
 

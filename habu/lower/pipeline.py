@@ -26,6 +26,18 @@ MN_BLOCK = 64  # columns of an MN-major box: one 128-byte swizzle span of 16-bit
 SPAN_BYTES = 128  # the swizzle span: the inner extent of every box (TMA's 128-byte swizzle holds no more)
 
 
+L2_HINTS = ("", "evict_last", "evict_first")
+
+
+def l2_hints(kernel: Any) -> dict[str, str]:
+    """Each operand side's L2 policy (`TmaOperandLoad.l2_hint`): both evict-last under `keep_operands`; A
+    evict-last and B evict-first under `stream_b` (a product that streams B once, past the L2; habu/paths/l2_keep.py)."""
+    if getattr(kernel, "stream_b", False):
+        return {"A": "evict_last", "B": "evict_first"}
+    keep = "evict_last" if getattr(kernel, "keep_operands", False) else ""
+    return {"A": keep, "B": keep}
+
+
 @dataclass(frozen=True)
 class TmaOperandLoad:
     """An operand's TMA loads per k tile: `boxes` boxes of `box_rows` rows (of m or n) by `box_k`
@@ -48,7 +60,12 @@ class TmaOperandLoad:
     k_step: int = 0  # how far the box's k coordinate advances per k tile (the lowering's k_step)
     bk: int = 0  # the k tile (k coordinate of the split's first tile: begin·bk)
     k_boxes: int = 1  # boxes along k per k tile (of the `boxes` in all)
-    evict_last: bool = False  # the loads ask the L2 to evict these lines last (`keep_operands`; no multicast)
+    # the L2 policy the block's own loads carry ("": none; "evict_last": `keep_operands`, or A under `stream_b`;
+    # "evict_first": B under `stream_b`); a multicast's loads stay plain. A hint: the bytes that land are the same
+    l2_hint: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.l2_hint in L2_HINTS, self.l2_hint
 
     @property
     def box_bytes(self) -> int:
@@ -303,6 +320,6 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str =
     bars = next((b.offset for b in layout.buffers if b.name == "bar"), 0)
     side = "A" if getattr(kernel, "a_ahead", False) else "B" if getattr(kernel, "b_ahead", False) else ""
     ahead = kernel.stages if side and ring.load(side) is not None and ring.cluster == 1 else 0
-    if getattr(kernel, "keep_operands", False):  # a hint on each block's own loads (a multicast's stay plain)
-        ring = replace(ring, loads=tuple(replace(ld, evict_last=not ld.mask) for ld in ring.loads))
+    hints = l2_hints(kernel)
+    ring = replace(ring, loads=tuple(replace(ld, l2_hint="" if ld.mask else hints[ld.side]) for ld in ring.loads))
     return replace(ring, base=bars, ahead=ahead, ahead_side=side or "B", lag=getattr(kernel, "consumer_lag", 0))

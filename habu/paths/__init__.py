@@ -150,8 +150,9 @@ def region_space(model: Model, region: Region, target: Target, sizes: dict[str, 
         yield replace(base, epilogue_early=True)  # the epilogue's loads of model inputs at each tile's start
     if getattr(base, "epilogue_early", False):
         yield replace(base, epilogue_early=False)  # the default's early loads, left in the epilogue
-    if base.mma == Mma.WGMMA and base.warp_specialized:  # the operands' loads evict-last or plain (a hint)
+    if base.mma == Mma.WGMMA and base.warp_specialized:  # the operands' L2 policies (hints)
         yield replace(base, keep_operands=not base.keep_operands)
+        yield replace(base, stream_b=not base.stream_b)  # A's loads evict-last and B's evict-first, or plain
     for mma in MMAS:
         path = path_for(replace(base, mma=mma))
         if isinstance(path, ContractionPath) and path.offered(target, tensor_cores):

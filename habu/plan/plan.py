@@ -142,6 +142,11 @@ class ContractionKernel:
         "wgmma: the operands' TMA loads ask the L2 to evict their lines last, so operands that many tiles re-read "
         "stay in the L2 while an output larger than it streams through (a hint: no value depends on it; "
         "habu/paths/l2_keep.py)", L, default=False, pins=("keep_operands",), json_optional=True, unguarded=KEEP)
+    stream_b: bool = choice(
+        "wgmma: A's TMA loads ask the L2 to evict their lines last and B's first: a product that streams B (larger "
+        "than the L2) once, whose A a later kernel of the plan reads again, leaves the L2 to A and the tiles it "
+        "writes (a hint: no value depends on it; habu/paths/l2_keep.py)", L, default=False, pins=("stream_b",),
+        json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

@@ -29,6 +29,7 @@ from habu.paths import (
 )
 from habu.paths.analytic import node_of
 from habu.paths.contraction import tma_store_fits
+from habu.paths.l2_keep import stream_weights
 from habu.plan.fields import FieldError, Mma, Move, Store, kernel_fields, pin_table
 from habu.plan.grouped_pair import pair_positions
 from habu.plan.grouped_wgrad import as_grouped_wgrad
@@ -101,7 +102,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
 
     graph = apply_rewrites(model, rewrites)
     regions = default_partition(graph, target, s)
-    kernels = default_kernels(graph, target, s, regions)
+    kernels = stream_weights(graph, default_kernels(graph, target, s, regions), target, s)  # habu/paths/l2_keep.py
     if "family" not in (pins or {}):  # an MoE model: the grouped family (its choices pinned)
         chosen = grouped.PATH.default_pins(graph, regions, target, s)
         if any(key in GROUPED_PINS for key in (pins or {})):  # the user's grouped choices: the family, not the loop

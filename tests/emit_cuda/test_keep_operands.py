@@ -1,7 +1,7 @@
 """`keep_operands`: a wgmma product's operand loads marked evict-last in the L2 (habu/paths/l2_keep.py), so a
 stream of output larger than the L2 does not evict the small operands that every tile re-reads. A hint: the
-lowering marks the loads (`TmaOperandLoad.evict_last`), the emitter prints their `_evict_last` form, and the
-field check is the same with or without it."""
+lowering marks the loads (`TmaOperandLoad.l2_hint`), the emitter prints their `_hinted` form with the policy, and
+the field check is the same with or without it."""
 
 from __future__ import annotations
 
@@ -46,10 +46,11 @@ def test_the_lowering_marks_each_blocks_own_loads_and_the_emitter_prints_them():
     plan = default_plan(model, T, {})
     i = next(j for j, k in enumerate(plan.kernels) if k.nodes == ("dW2",))
     ring = lower_whole(model, plan).kernels[i].pipeline
-    assert [(ld.side, ld.evict_last) for ld in ring.loads] == [("A", True), ("B", True)]
+    assert [(ld.side, ld.l2_hint) for ld in ring.loads] == [("A", "evict_last"), ("B", "evict_last")]
     src = emit_plan(model, plan, T).kernels[i].source
     boxes = sum(ld.boxes for ld in ring.loads)
-    assert src.count("habu::tma_load_2d_evict_last(") == boxes and "habu::tma_load_2d(" not in src
+    assert src.count("habu::tma_load_2d_hinted(") == boxes and "habu::tma_load_2d(" not in src
+    assert src.count("habu::l2_policy_evict_last())") == boxes
     if _nvrtc() is not None:
         res = compile_cuda(src, emit_plan(model, plan, T).kernels[i].name, "sm_90a").resources
         assert not res.spills, res.describe()
@@ -62,9 +63,10 @@ def test_a_multicast_operand_keeps_plain_loads():
     i = next(j for j, k in enumerate(plan.kernels) if k.nodes == ("dW2",))
     assert plan.kernels[i].keep_operands and plan.kernels[i].cluster_m == 2
     ring = lower_whole(model, plan).kernels[i].pipeline
-    assert [(ld.side, bool(ld.mask), ld.evict_last) for ld in ring.loads] == [("A", False, True), ("B", True, False)]
+    assert [(ld.side, bool(ld.mask), ld.l2_hint) for ld in ring.loads] == [("A", False, "evict_last"),
+                                                                           ("B", True, "")]
     src = emit_plan(model, plan, T).kernels[i].source
-    assert "habu::tma_load_2d_evict_last(a_stage" in src and "tma_load_2d_multicast(" in src
+    assert "habu::tma_load_2d_hinted(a_stage" in src and "tma_load_2d_multicast(" in src
 
 
 @pytest.mark.parametrize("value", ["true", "false"])
@@ -82,13 +84,13 @@ def test_the_pin_sets_it_and_the_plan_is_proven_with_the_same_field_check(value)
 @pytest.mark.parametrize("path, name", [("bmm.habu", "SCORES"), ("ggemm.habu", "GGEMM"), ("accumulate.habu", "GEMM-ACC")])
 def test_pinned_on_batched_gathered_and_accumulating_products_it_proves_and_compiles(path, name):
     """The hint on each kind of TMA operand load the wgmma path prints (a batched operand's 3-D map, a gathered
-    operand's staged or plain rows, C += A·B): proven, printed in the `_evict_last` form, compiled."""
+    operand's staged or plain rows, C += A·B): proven, printed in the `_hinted` form, compiled."""
     model = load_program(ROOT / "examples" / path).models[name]
     plan = default_plan(model, T, {}, {"keep_operands": "true"})
     assert any(getattr(k, "keep_operands", False) for k in plan.kernels)
     proof = prove(model, plan, {}, trials=1)
     assert proof.ok, [o.describe() for o in proof.violations]
-    hinted = [k for k in emit_plan(model, plan, T).kernels if "_evict_last(" in k.source]
+    hinted = [k for k in emit_plan(model, plan, T).kernels if "l2_policy_evict_last()" in k.source]
     assert hinted
     if _nvrtc() is not None:
         for k in hinted:

@@ -47,40 +47,47 @@ __device__ __forceinline__ u64 l2_policy_evict_last() {
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-/** @brief tma_load_2d whose lines the L2 evicts last (`keep_operands`): an operand that many tiles re-read stays
- *  in the L2 while an output larger than it streams through. A hint: the bytes that land are the same.
- *  (H100, 2026-12-06: FFN-SKIP's 128-token weight gradients 47.8 → 41.7 and 49.1 → 42.6 µs; docs/PERF.md.) */
-__device__ __forceinline__ void tma_load_2d_evict_last(u32 dst, const TensorMap* map, u32 bar, int c0, int c1) {
+/** @brief An L2 cache policy that evicts the lines it covers first: bytes read once (a streamed weight). */
+__device__ __forceinline__ u64 l2_policy_evict_first() {
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+/** @brief tma_load_2d with an L2 cache policy (l2_policy_evict_last, l2_policy_evict_first). A hint: the bytes
+ *  that land are the same. `keep_operands` marks the loads of operands that many tiles re-read evict-last, so
+ *  they stay in the L2 while an output larger than it streams through (H100, 2026-12-06: FFN-SKIP's 128-token
+ *  weight gradients 47.8 → 41.7 and 49.1 → 42.6 µs); `stream_b` marks a streamed weight's loads evict-first and
+ *  the other operand's evict-last (the same step 330 → 318 µs; docs/PERF.md, sessions 59 and 60). */
+__device__ __forceinline__ void tma_load_2d_hinted(u32 dst, const TensorMap* map, u32 bar, int c0, int c1,
+                                                   u64 policy) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%3, %4}], [%2], %5;\n"
-      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(l2_policy_evict_last()) : "memory");
+      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "l"(policy) : "memory");
 }
-/** @brief tma_load_3d whose lines the L2 evicts last (a batched operand; see tma_load_2d_evict_last). */
-__device__ __forceinline__ void tma_load_3d_evict_last(u32 dst, const TensorMap* map, u32 bar, int c0, int c1,
-                                                       int c2) {
+/** @brief tma_load_3d with an L2 cache policy (a batched operand; see tma_load_2d_hinted). */
+__device__ __forceinline__ void tma_load_3d_hinted(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2,
+                                                   u64 policy) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
-      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(l2_policy_evict_last()) : "memory");
+      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy) : "memory");
 }
-/** @brief tma_load_4d whose lines the L2 evicts last (see tma_load_2d_evict_last). */
-__device__ __forceinline__ void tma_load_4d_evict_last(u32 dst, const TensorMap* map, u32 bar, int c0, int c1,
-                                                       int c2, int c3) {
+/** @brief tma_load_4d with an L2 cache policy (see tma_load_2d_hinted). */
+__device__ __forceinline__ void tma_load_4d_hinted(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2,
+                                                   int c3, u64 policy) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n"
-      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(l2_policy_evict_last())
-      : "memory");
+      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy) : "memory");
 }
-/** @brief tma_load_5d whose lines the L2 evicts last (see tma_load_2d_evict_last). */
-__device__ __forceinline__ void tma_load_5d_evict_last(u32 dst, const TensorMap* map, u32 bar, int c0, int c1,
-                                                       int c2, int c3, int c4) {
+/** @brief tma_load_5d with an L2 cache policy (see tma_load_2d_hinted). */
+__device__ __forceinline__ void tma_load_5d_hinted(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2,
+                                                   int c3, int c4, u64 policy) {
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8;\n"
-      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
-         "l"(l2_policy_evict_last()) : "memory");
+      :: "r"(dst), "l"((u64)map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "l"(policy) : "memory");
 }
 /** @brief Store the shared-memory box at src to (c0 innermost, c1) of a 2-D tensor map; the map's bounds clip
  *  what falls outside the tensor. Asynchronous: commit it to a bulk group and wait on the group before src is
