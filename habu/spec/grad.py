@@ -465,7 +465,7 @@ class _Deriver:
                           [g for _, g in grads])
         # a statistic the backward recomputes that is no row's (a column's maximum and its ties, for the
         # arg-max indicator of COL-MAX's `max r`) is computed once, in a node of its own, not per element
-        model = hoist_statistics(model, _unique("%h", self.taken), keep_row_statistics=True)
+        model = hoist_statistics(model, _unique("%h", self.taken), keep_row_statistics=True, invariant=True)
         forward = _with_saved_outputs(self.fwd, saved)
         return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
                         tuple(sorted(choices)), self.policy)

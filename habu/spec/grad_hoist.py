@@ -9,6 +9,7 @@ from dataclasses import replace
 from habu.errors import HabuError
 from habu.spec.equation import format_expr
 from habu.spec.ir import (
+    Compare,
     Const,
     Equation,
     Expr,
@@ -20,6 +21,7 @@ from habu.spec.ir import (
     Size,
     TensorDecl,
     free_vars,
+    index_subexprs,
     rename_vars,
     walk,
 )
@@ -39,43 +41,61 @@ def _shape_key(e: Expr) -> str:
     return format_expr(rename_vars(e, names))  # type: ignore[arg-type]
 
 
-def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool = False) -> Model:
+INVARIANT_ELEMENTS = 1 << 26  # the most elements a node hoisted out of an enclosing sum may hold (at its extents' hi)
+
+
+def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool = False,
+                     invariant: bool = False) -> Model:
     """The model with every maximal subexpression that holds a reduction and depends on fewer indices
     than its node made a node of its own (equal ones within a node once): `y[r d] = x[r d] · rsqrt(Σ
     d' x[r d']² / #d + ε)` becomes `%s1[r] = rsqrt(...)`, `y[r d] = x[r d] · %s1[r]`. Same values.
     `keep_row_statistics`: leave those that depend on all but the node's last index (a row kernel
-    computes them in place); the others (a column's maximum) are still hoisted. New nodes are named
-    `prefix` and a number."""
+    computes them in place); the others (a column's maximum) are still hoisted. `invariant`: also hoist
+    such a subexpression that depends on variables of enclosing reductions but not on all of them (a loop
+    invariant: `Σ q s p2 … max p3 (…)[q s p]` inside `dX0[p]` is computed once an element of a node over
+    (p, q, s), not once a p2), where it depends on no variable its reductions do not (the node is no larger
+    than the reductions' values: attention's scores and their exp, not the scores times dO) and holds at most
+    `INVARIANT_ELEMENTS`. New nodes are named `prefix` and a number."""
     nodes: list[Equation] = []
     inter = list(model.intermediates)
     count = [0]
 
-    def hoist(eq: Equation, cache: dict[str, Load]) -> Equation:
+    def hoist(eq: Equation, cache: dict[str, tuple[str, tuple[int, ...]]]) -> Equation:
         lhs_set = set(eq.lhs)
 
-        def visit(e: Expr, scope: frozenset[IndexVar], root: bool) -> Expr:
+        def visit(e: Expr, scope: tuple[IndexVar, ...], root: bool) -> Expr:
             if isinstance(e, Load | Const | Size) or not _has_reduce(e):
                 return e
             if not root:
                 fv = free_vars(e)
+                # the key names `e`'s free variables by where they first appear: equal computations over
+                # other variables (a max's `p3` and another's `p5`, a node's `p2`) are one node, read at each
+                # one's own variables
+                order = [v for v in _appearance(e) if v in fv]
+                key = _shape_key(rename_vars(e, {v: IndexVar(f"_f{i}_{v.extent}", v.extent)
+                                                 for i, v in enumerate(order)}))  # type: ignore[arg-type]
                 row = keep_row_statistics and tuple(v for v in eq.lhs if v in fv) == eq.lhs[:-1]
-                if fv <= lhs_set and fv != scope and not row:
-                    key = _shape_key(e)
-                    if key not in cache:
-                        vars_ = tuple(v for v in eq.lhs if v in fv)
-                        count[0] += 1
-                        name = f"{prefix}{count[0]}"
-                        nodes.append(hoist(Equation(name, vars_, e), cache))
-                        inter.append(TensorDecl(name, tuple(v.extent for v in vars_), None))
-                        cache[key] = Load(name, vars_)
-                    return cache[key]
+                statistic = fv <= lhs_set and fv != set(scope) and not row
+                inner = (invariant and not fv <= lhs_set and fv < set(scope) and fv == _reductions_vars(e)
+                         and _elements(model, fv) <= INVARIANT_ELEMENTS)
+                if key not in cache and (statistic or inner):
+                    # the node's lhs: the node's own variables, then the enclosing reductions' as they appear
+                    vars_ = tuple(v for v in eq.lhs if v in fv) + tuple(v for v in order if v not in lhs_set)
+                    count[0] += 1
+                    name = f"{prefix}{count[0]}"
+                    nodes.append(hoist(Equation(name, vars_, e), cache))
+                    inter.append(TensorDecl(name, tuple(v.extent for v in vars_), None))
+                    cache[key] = (name, tuple(order.index(v) for v in vars_))
+                if key in cache:  # made here, or a computation an earlier node of this one made
+                    name, positions = cache[key]
+                    return Load(name, tuple(order[i] for i in positions))
             if isinstance(e, Reduce):
-                return Reduce(e.op, e.vars, visit(e.body, scope | frozenset(e.vars), False))
+                return Reduce(e.op, e.vars, visit(e.body, scope + tuple(e.vars), False))
             assert isinstance(e, Op)
             return Op(e.fn, tuple(visit(a, scope, False) for a in e.args))
 
         try:
-            return replace(eq, rhs=visit(eq.rhs, frozenset(lhs_set), True))
+            return replace(eq, rhs=visit(eq.rhs, tuple(eq.lhs), True))
         except RecursionError:
             raise HabuError(f"cannot differentiate {model.name}: the expression defining {eq.target} nests "
                             "too deeply") from None
@@ -83,3 +103,36 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
     for eq in model.nodes:
         nodes.append(hoist(eq, {}))
     return replace(model, nodes=tuple(nodes), intermediates=tuple(inter))
+
+
+def _elements(model: Model, vars_: frozenset[IndexVar]) -> int:
+    """The elements of a node over `vars_`, each extent at its largest size."""
+    n = 1
+    for v in vars_:
+        n *= model.extent(v.extent).hi
+    return n
+
+
+def _appearance(e: Expr) -> list[IndexVar]:
+    """The index variables of `e`'s loads and index conditions, in the order they first appear."""
+    seen: dict[IndexVar, None] = {}
+    for x in walk(e):
+        exprs = x.indices if isinstance(x, Load) else x.index_exprs() if isinstance(x, Compare) else ()
+        for ix in exprs:
+            for sub in index_subexprs(ix):
+                if isinstance(sub, IndexVar):
+                    seen.setdefault(sub)
+    return list(seen)
+
+
+def _reductions_vars(e: Expr) -> set[IndexVar]:
+    """The free variables of the outermost reductions in `e`, together."""
+    out: set[IndexVar] = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Reduce):
+            out |= free_vars(x)
+        elif isinstance(x, Op):
+            stack.extend(x.args)
+    return out
