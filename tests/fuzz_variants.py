@@ -2,10 +2,12 @@
 derived backward; the default plan and `--per` sampled variants of it (`enumerate_plans`) through the rules and
 one finite-field trial, each under a deadline. One line per finding: WRONG (a plan that keeps to every rule and
 computes something else), CRASH (an exception that is not a user-facing HabuError), MEMORY, SLOW (past the
-deadline: abandoned, as the search would). Sessions 55–59 ran it over models 9560–16299, products 200–1319 and
-shared products (one tensor as both operands) 0–319 and batched products 0–434;
-each WRONG, CRASH or MEMORY finding is a regression test. SLOW ones so far are derived backwards of a max (the
-max recomputed inside its sums: models 14672, 14893, 14935 and 15548).
+deadline: abandoned, as the search would). Sessions 55–60 ran it over models 9560–17099, products 200–1319 and
+shared products (one tensor as both operands) 0–319 and batched products 0–543;
+each WRONG, CRASH or MEMORY finding is a regression test. The SLOW ones, derived backwards of a max that
+recomputed the max inside their sums (models 14672, 14893, 14935, 15548, 16307), run in seconds since session 60
+hoisted loop invariants (tests/spec/test_grad_hoist_invariants.py); that change's new plans gave model 16771's
+CRASH (tests/plan/test_rows_in_other_rows.py).
 
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
     PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands

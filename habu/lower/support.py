@@ -35,6 +35,7 @@ from habu.plan.plan import (
     MapKernel,
     RowKernel,
 )
+from habu.plan.row_fusion import reads_own_rows
 from habu.spec.dtypes import DTYPES
 from habu.target import Target
 
@@ -395,6 +396,9 @@ class RowsSupport(PathSupport):
                            "per block")
         if k.prefetch and k.rows_per_block != 1:
             reasons.append("prefetching the next row needs one row per block")
+        for i, eq in enumerate(lw.nodes):  # a row at a time: what this kernel computes is read in its own row
+            reasons += [f"{eq.target} reads {before.target} (computed by this kernel a row at a time) in other rows"
+                        for before in lw.nodes[:i] if not reads_own_rows(eq, before.target)]
         if k.prefetch and len(set(lw.loaded_before)) > 1:
             # the next row's copy overwrites the buffer once the first pass has read it: every kept row must
             # be in registers by then

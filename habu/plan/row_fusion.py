@@ -21,7 +21,19 @@ def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
     at, new_at = row_local(stat), row_local(new_eq)
     if at is None or at != new_at or len(stat.lhs) != len(at[0]) or new_eq.scatter is not None:
         return False
-    return any(ld.tensor == stat.target for ld in loads(new_eq.rhs))
+    # each read of the statistic at the new node's own row: one read along the columns (`max q2 S[q2]`, every
+    # row's statistic) needs the other rows' values, which this row kernel has not computed (a fuzz's model)
+    return any(ld.tensor == stat.target for ld in loads(new_eq.rhs)) and reads_own_rows(new_eq, stat.target)
+
+
+def reads_own_rows(eq: Equation, tensor: str) -> bool:
+    """Every read of `tensor` in `eq` is in the row `eq` writes: its leading indices are `eq`'s row variables
+    (`row_local`'s leading axes; a row statistic `S[q]` read as `S[q]`, not `S[q2]` under a reduction over q2)."""
+    at = row_local(eq)
+    if at is None:
+        return True  # not a row node: elementwise fusion checks its own shapes
+    rows = tuple(eq.lhs[:len(at[0])])
+    return all(tuple(ld.indices[:len(rows)]) == rows for ld in loads(eq.rhs) if ld.tensor == tensor)
 
 
 def row_then_statistic(model: Model, prev: Region, new_eq: Equation) -> bool:
@@ -69,6 +81,8 @@ def merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
         if prev.kind == new.kind == "rows" and row_local(prev_eq) != row_local(new_eq):
             same_shape = False
         only_reader = consumers(model, prev.output) == [new_eq] and prev.output not in outputs
+        if "rows" in (prev.kind, new.kind) and not reads_own_rows(new_eq, prev.output):
+            same_shape = False  # the node reads the previous one's result in other rows (`Σ q3 S[q3]`)
         if prev.kind in ("rows", "map") and same_shape and only_reader:
             kind = "rows" if "rows" in (prev.kind, new.kind) else "map"
             regions[-1] = Region(kind, prev.nodes + new.nodes)
