@@ -15,26 +15,17 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from tests.gpu.test_warm_next_gpu import _built, assert_same_outputs  # noqa: E402
 
-
-@pytest.mark.parametrize("sizes, kept", [({"B": 128, "D": 1024, "H": 2048}, {"keep_operands": "true"}),
-                                         ({"B": 200, "D": 1024, "H": 2048}, {"keep_operands": "true"}),
-                                         ({"B": 128, "D": 4096, "H": 14336}, {})],
-                         ids=["128-pinned", "200-pinned", "128-default"])
-def test_keeping_the_operands_in_the_l2_changes_no_output_bit(sizes, kept):
-    compiled, keep = _built(True, sizes, kept)
-    assert any(getattr(k, "keep_operands", False) for k in compiled.plans[0].kernels)
-    assert any("l2_policy_evict_last()" in k.source for k in keep.kernel_set.members[0][1].kernels)
-    _, plain = _built(True, sizes, {"keep_operands": "false"})
-    assert_same_outputs(compiled.model.with_sizes(sizes), keep, plain, seed=sizes["B"])
+SIZES = {"128-pinned": {"B": 128, "D": 1024, "H": 2048}, "200-pinned": {"B": 200, "D": 1024, "H": 2048},
+         "128-default": {"B": 128, "D": 4096, "H": 14336}}  # the pin at ragged sizes; the layer the default hints
 
 
-@pytest.mark.parametrize("sizes, streamed", [({"B": 128, "D": 1024, "H": 2048}, {"stream_b": "true"}),
-                                             ({"B": 200, "D": 1024, "H": 2048}, {"stream_b": "true"}),
-                                             ({"B": 128, "D": 4096, "H": 14336}, {})],
-                         ids=["128-pinned", "200-pinned", "128-default"])
-def test_streaming_the_weights_past_the_l2_changes_no_output_bit(sizes, streamed):
-    compiled, hinted = _built(True, sizes, streamed)
-    assert any(getattr(k, "stream_b", False) for k in compiled.plans[0].kernels)
-    assert any("l2_policy_evict_first()" in k.source for k in hinted.kernel_set.members[0][1].kernels)
-    _, plain = _built(True, sizes, {"stream_b": "false"})
-    assert_same_outputs(compiled.model.with_sizes(sizes), hinted, plain, seed=sizes["B"] + 1)
+@pytest.mark.parametrize("case", list(SIZES))
+@pytest.mark.parametrize("field, policy", [("keep_operands", "l2_policy_evict_last()"),
+                                           ("stream_b", "l2_policy_evict_first()")])
+def test_an_l2_hint_changes_no_output_bit(field, policy, case):
+    sizes = SIZES[case]
+    compiled, hinted = _built(True, sizes, {} if case.endswith("default") else {field: "true"})
+    assert any(getattr(k, field, False) for k in compiled.plans[0].kernels)
+    assert any(policy in k.source for k in hinted.kernel_set.members[0][1].kernels)
+    _, plain = _built(True, sizes, {field: "false"})
+    assert_same_outputs(compiled.model.with_sizes(sizes), hinted, plain, seed=sizes["B"] + len(field))
