@@ -60,6 +60,10 @@ from habu.spec.ir import (
     walk,
 )
 
+# hoist the reductions an enclosing sum does not move out of the backward's sums, one node a computation across its
+# gradients (`hoist_statistics(invariant=True)`, session 60); False derives the earlier form (tests that need it)
+HOIST_INVARIANTS = True
+
 
 class NotDifferentiable(HabuError):
     """A gradient flows through a function with no derivative rule (`function` names it)."""
@@ -465,7 +469,8 @@ class _Deriver:
                           [g for _, g in grads])
         # a statistic the backward recomputes that is no row's (a column's maximum and its ties, for the
         # arg-max indicator of COL-MAX's `max r`) is computed once, in a node of its own, not per element
-        model = hoist_statistics(model, _unique("%h", self.taken), keep_row_statistics=True, invariant=True)
+        model = hoist_statistics(model, _unique("%h", self.taken), keep_row_statistics=True,
+                                 invariant=HOIST_INVARIANTS)
         forward = _with_saved_outputs(self.fwd, saved)
         return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
                         tuple(sorted(choices)), self.policy)

@@ -23,6 +23,7 @@ from habu.spec.ir import (
     free_vars,
     index_subexprs,
     rename_vars,
+    tensors_read,
     walk,
 )
 
@@ -60,7 +61,7 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
     inter = list(model.intermediates)
     count = [0]
 
-    def hoist(eq: Equation, cache: dict[str, tuple[str, tuple[int, ...]]]) -> Equation:
+    def hoist(eq: Equation, cache: dict[str, tuple[str, tuple[int, ...], frozenset[str]]]) -> Equation:
         lhs_set = set(eq.lhs)
 
         def visit(e: Expr, scope: tuple[IndexVar, ...], root: bool) -> Expr:
@@ -85,9 +86,9 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
                     name = f"{prefix}{count[0]}"
                     nodes.append(hoist(Equation(name, vars_, e), cache))
                     inter.append(TensorDecl(name, tuple(v.extent for v in vars_), None))
-                    cache[key] = (name, tuple(order.index(v) for v in vars_))
+                    cache[key] = (name, tuple(order.index(v) for v in vars_), frozenset(tensors_read(e)))
                 if key in cache:  # made here, or a computation an earlier node of this one made
-                    name, positions = cache[key]
+                    name, positions, _ = cache[key]
                     return Load(name, tuple(order[i] for i in positions))
             if isinstance(e, Reduce):
                 return Reduce(e.op, e.vars, visit(e.body, scope + tuple(e.vars), False))
@@ -100,8 +101,12 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
             raise HabuError(f"cannot differentiate {model.name}: the expression defining {eq.target} nests "
                             "too deeply") from None
 
+    # with `invariant`: one node for a computation any node makes, until a node writes a tensor it reads (a
+    # gradient accumulated by several scatters reads otherwise after each)
+    shared: dict[str, tuple[str, tuple[int, ...], frozenset[str]]] = {}
     for eq in model.nodes:
-        nodes.append(hoist(eq, {}))
+        nodes.append(hoist(eq, shared if invariant else {}))
+        shared = {k: v for k, v in shared.items() if eq.target not in v[2]}
     return replace(model, nodes=tuple(nodes), intermediates=tuple(inter))
 
 

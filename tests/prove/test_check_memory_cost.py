@@ -143,13 +143,13 @@ def _seed_9978_backward():
     check is quick: tests/spec/test_grad_hoist_invariants.py)."""
     from unittest import mock
 
-    import habu.spec.grad_hoist as grad_hoist
+    import habu.spec.grad as grad
     from habu.cli_grad import backward_program
     from habu.search.space import enumerate_plans
     from habu.spec.parser import parse_text
     from tests.random_models import random_model
 
-    with mock.patch.object(grad_hoist, "INVARIANT_ELEMENTS", 0):
+    with mock.patch.object(grad, "HOIST_INVARIANTS", False):
         program, name = backward_program(parse_text(random_model(9978), "fuzz.habu"), "FZ", None, "auto")
     model = program.models[name]
     return model, list(enumerate_plans(model, TARGETS["sm_90a"], {}))

@@ -74,11 +74,11 @@ def test_regression_an_axis_grown_later_keeps_an_earlier_axis_last_block_whole()
     to 65 and dK's last block went ragged. The axes are now gone over until none lacks a class."""
     from unittest import mock
 
-    import habu.spec.grad_hoist as grad_hoist
+    import habu.spec.grad as grad
     from habu.cli_grad import backward_program
     from habu.prove import prove
 
-    with mock.patch.object(grad_hoist, "INVARIANT_ELEMENTS", 0):  # the backward as derived then (no loop invariant
+    with mock.patch.object(grad, "HOIST_INVARIANTS", False):  # the backward as derived then (no loop invariant
         # hoisted: since session 60 the scores are a node over (b g r i j), and the witness is the full shape)
         program, name = backward_program(load_program(ROOT / "examples" / "attention.habu"), "ATTENTION-GQA",
                                           None, "auto")

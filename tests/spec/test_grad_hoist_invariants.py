@@ -84,3 +84,54 @@ def test_equal_computations_over_other_bound_variables_are_one_node():
                    if isinstance(r, Reduce) and r.op == "max" and r is not eq.rhs]
     assert inner_maxes
     assert all(isinstance(r.body, Load) for _, r in inner_maxes), [t for t, r in inner_maxes]
+
+
+def test_one_node_serves_every_gradient_that_computes_it():
+    """16307's four gradients all need the inner sum `Σ s2 (X0[p] − X1[q] − X2[IX0[s2] p] · X3[p2 s])` and the
+    arg-max weight built on it: one node each, which dX1, dX2 and dX3 read (dX1's body is dX0's, negated)."""
+    bw = derive(_model(16307))
+    inner = [eq for eq in bw.model.nodes if isinstance(eq.rhs, Reduce) and eq.rhs.op == "sum"
+             and {"X2", "X3"} <= {x.tensor for x in walk(eq.rhs) if hasattr(x, "tensor")}]
+    assert len(inner) == 1, [eq.target for eq in inner]
+    assert adjoint_check(bw, _model(16307)).passed
+
+
+def test_attentions_dk_and_dv_read_the_scores_dq_made():
+    """The scores' exp is a node dQ's equation makes; dK and dV read it (before sharing across the gradients each
+    computed its own). dQ2's factor still holds a copy: the outer node is hoisted before the inner one."""
+    model = load_program(ROOT / "examples" / "attention.habu").models["ATTENTION-GQA"]
+    bw = derive(model)
+
+    def scores(eq) -> bool:
+        return any(isinstance(x, Reduce) and {"Q", "K"} <= {y.tensor for y in walk(x) if hasattr(y, "tensor")}
+                   for x in walk(eq.rhs))
+
+    assert len([eq for eq in bw.model.nodes if scores(eq)]) == 2
+    assert not any(scores(eq) for eq in bw.model.nodes if eq.target in ("dK", "dV"))
+
+
+def test_a_computation_is_not_shared_past_a_node_that_writes_what_it_reads():
+    """Two gradients accumulated into one tensor (`dA += …` twice) and a node between them reading it: the second
+    read is after more was added, so it is not the first's node."""
+    from habu.spec.grad_hoist import hoist_statistics
+
+    text = """
+4 EXTENT: #M 3 EXTENT: #N
+f32 TENSOR: A ( #M #N )
+f32 TENSOR: B ( #M #N )
+f32 TENSOR: Y ( #M #N )
+MODEL: T  Y[m n] = (Σ m2 A[m2 n]) · B[m n] ;
+"""
+    model = parse_text(text, "t.habu").models["T"]
+    from dataclasses import replace
+
+    from habu.spec.ir import Equation, Load
+
+    a = model.nodes[0]
+    # A second node writes A (as a scatter would), then a third reads the same Σ m2 A[m2 n]
+    write = Equation("A", a.lhs, Load("B", a.lhs))
+    again = Equation("Y2", a.lhs, a.rhs)
+    model = replace(model, nodes=(a, write, again))
+    hoisted = hoist_statistics(model, "%t", invariant=True)
+    reads = [eq for eq in hoisted.nodes if eq.target.startswith("%t")]
+    assert len(reads) == 2, [eq.target for eq in hoisted.nodes]  # one node before A is written, one after
