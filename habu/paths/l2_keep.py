@@ -5,22 +5,21 @@ and the loads of small operands that every tile re-reads compete with that strea
 gradients (dW = Xᵀ·dT: a 117 MB bf16 output from 1–4 MB operands, K = 128) ran 8–9 µs slower than their store
 stream alone on an H100, though 93% of their operand reads hit the L2 (ncu: what exactly they waited on is not
 settled). With the operands' TMA loads marked evict-last they went from 47.8 to 41.7 and from 49.1 to 42.6 µs,
-outputs bitwise the same (2026-12-06, docs/PERF.md, session 59). The hint changes no value: the lowering marks
-the loads (`TmaOperandLoad.evict_last`), and the emitter prints the `_evict_last` form of each
-(include/habu/memory/tma.cuh).
-
-The default takes it where the output holds at least the L2's bytes and the operands the loads bring by TMA
-hold at most a quarter of them together, so a hint cannot make an operand crowd out another's lines.
+outputs bitwise the same (2026-12-06, docs/PERF.md, session 59). The hint changes no value: the lowering sets
+each load's policy (`TmaOperandLoad.l2_hint`, `l2_hints`), and the emitter prints the load's `_hinted` form with
+it (include/habu/memory/tma.cuh). The default (`keep_operands`) takes it where the output holds at least the
+L2's bytes and the operands the loads bring by TMA hold at most a quarter of them together, so a hint cannot
+make an operand crowd out another's lines.
 
 A product that streams its weights (B larger than the L2, read once) takes `stream_b` instead where its A (at
-most a quarter of the L2) is multiplied again by a later product of the plan: A's loads evict-last, B's evict-first,
-so the stream leaves the L2 to A and the tiles the product writes. Why the step gains more than the product
-alone (dT2 63.3 → 59.6 µs alone, about 10 µs in the step) is not settled; the rule keeps to what was measured. FFN-SKIP's 128-token backward has two (dT2 =
-dT6·W2, whose dT6 the weight gradient dW2 reads, and dX = dT2·W1, whose dT2 dW1 reads): with the hints its step
-took 317–319 µs against 329–333 (H100, 2026-12-06, docs/PERF.md, session 60: four interleaved rounds, outputs
-bitwise the same). The forward's two products, whose activations no later product of the forward plan multiplies
-(the residual's row kernel or the second product's epilogue reads X), gained nothing in the step (328–330 µs with both), and the first of them
-hinted beside the backward's two cost 7 µs; they keep plain loads.
+most a quarter of the L2) is multiplied again by a later product of the plan: A's loads evict-last, B's
+evict-first. FFN-SKIP's 128-token backward has two such products: dT2 = dT6·W2 (dW2 multiplies dT6) and dX =
+dT2·W1 (dW1 multiplies dT2). With the hints its step took 317–319 µs against 329–333 (H100, 2026-12-06,
+docs/PERF.md, session 60: four interleaved rounds, outputs bitwise the same); the products alone gained less
+(dT2 63.3 → 59.6 µs), and why the step gains more is not settled: the rule keeps to what was measured. The
+forward's two products, whose activations no later product of the forward plan multiplies (the residual's row
+kernel or the second product's epilogue reads X), gained nothing in the step (328–330 µs with both), and the
+first of them hinted beside the backward's two cost 7 µs: they keep plain loads.
 """
 
 from __future__ import annotations
