@@ -19,6 +19,7 @@ schedule delivers (`habu.prove.pipeline.delivered`), so a wrong stage index chan
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +27,20 @@ MN_BLOCK = 64  # columns of an MN-major box: one 128-byte swizzle span of 16-bit
 SPAN_BYTES = 128  # the swizzle span: the inner extent of every box (TMA's 128-byte swizzle holds no more)
 
 
-L2_HINTS = ("", "evict_last", "evict_first")
+class L2Hint(enum.StrEnum):
+    """The L2 cache policy a TMA load carries (`habu::l2_policy_<value>()`; NONE: a plain load)."""
+
+    NONE = ""
+    EVICT_LAST = "evict_last"
+    EVICT_FIRST = "evict_first"
 
 
-def l2_hints(kernel: Any) -> dict[str, str]:
+def l2_hints(kernel: Any) -> dict[str, L2Hint]:
     """Each operand side's L2 policy (`TmaOperandLoad.l2_hint`): both evict-last under `keep_operands`; A
     evict-last and B evict-first under `stream_b` (a product that streams B once, past the L2; habu/paths/l2_keep.py)."""
     if getattr(kernel, "stream_b", False):
-        return {"A": "evict_last", "B": "evict_first"}
-    keep = "evict_last" if getattr(kernel, "keep_operands", False) else ""
+        return {"A": L2Hint.EVICT_LAST, "B": L2Hint.EVICT_FIRST}
+    keep = L2Hint.EVICT_LAST if getattr(kernel, "keep_operands", False) else L2Hint.NONE
     return {"A": keep, "B": keep}
 
 
@@ -62,10 +68,7 @@ class TmaOperandLoad:
     k_boxes: int = 1  # boxes along k per k tile (of the `boxes` in all)
     # the L2 policy the block's own loads carry ("": none; "evict_last": `keep_operands`, or A under `stream_b`;
     # "evict_first": B under `stream_b`); a multicast's loads stay plain. A hint: the bytes that land are the same
-    l2_hint: str = ""
-
-    def __post_init__(self) -> None:
-        assert self.l2_hint in L2_HINTS, self.l2_hint
+    l2_hint: L2Hint = L2Hint.NONE
 
     @property
     def box_bytes(self) -> int:
@@ -321,5 +324,6 @@ def pipeline_for(kernel: Any, a_dtype: str, b_last_axis: str, a_last_axis: str =
     side = "A" if getattr(kernel, "a_ahead", False) else "B" if getattr(kernel, "b_ahead", False) else ""
     ahead = kernel.stages if side and ring.load(side) is not None and ring.cluster == 1 else 0
     hints = l2_hints(kernel)
-    ring = replace(ring, loads=tuple(replace(ld, l2_hint="" if ld.mask else hints[ld.side]) for ld in ring.loads))
+    ring = replace(ring, loads=tuple(replace(ld, l2_hint=L2Hint.NONE if ld.mask else hints[ld.side])
+                                     for ld in ring.loads))
     return replace(ring, base=bars, ahead=ahead, ahead_side=side or "B", lag=getattr(kernel, "consumer_lag", 0))
