@@ -75,7 +75,10 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
                 order = [v for v in _appearance(e) if v in fv]
                 key = _shape_key(rename_vars(e, {v: IndexVar(f"_f{i}_{v.extent}", v.extent)
                                                  for i, v in enumerate(order)}))  # type: ignore[arg-type]
-                row = keep_row_statistics and tuple(v for v in eq.lhs if v in fv) == eq.lhs[:-1]
+                # a row statistic a row kernel computes in place: at the node's own level (inside a sum over other
+                # variables it is that sum's invariant, computed once an iteration: hoisted with `invariant`)
+                row = (keep_row_statistics and tuple(v for v in eq.lhs if v in fv) == eq.lhs[:-1]
+                       and not (invariant and set(scope) != lhs_set))
                 statistic = fv <= lhs_set and fv != set(scope) and not row
                 inner = (invariant and not fv <= lhs_set and fv < set(scope) and fv == _reductions_vars(e)
                          and _elements(model, fv) <= INVARIANT_ELEMENTS)

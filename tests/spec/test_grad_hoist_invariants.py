@@ -15,7 +15,7 @@ from habu.spec.parser import load_program, parse_text
 from tests.conftest import ROOT
 from tests.random_models import random_model
 
-MAX_OF_SUMS = [9978, 14672, 14893, 14935, 15548, 16307]
+MAX_OF_SUMS = [9978, 14672, 14893, 14935, 15548, 16307, 18029]
 
 
 def _invariants(model) -> list[str]:
@@ -135,3 +135,14 @@ MODEL: T  Y[m n] = (Σ m2 A[m2 n]) · B[m n] ;
     hoisted = hoist_statistics(model, "%t", invariant=True)
     reads = [eq for eq in hoisted.nodes if eq.target.startswith("%t")]
     assert len(reads) == 2, [eq.target for eq in hoisted.nodes]  # one node before A is written, one after
+
+
+def test_regression_fuzz_18029_a_row_statistic_inside_another_sum_is_that_sums_invariant():
+    """`Y[p s q] = max q5 (Σ p6 erf(X0[p6]))`: dX0[p]'s arg-max weight depends on no index, which for a 1-D node is a
+    row statistic a row kernel computes in place; but it sat inside dX0's sum over (p2 s q q2), recomputed (with its
+    own max and count over #Q) once an iteration, and the field check passed the deadline. Inside a sum over other
+    variables it is hoisted."""
+    bw = derive(_model(18029))
+    dx0 = next(eq for eq in bw.model.nodes if eq.target == "dX0")
+    inner = [r for r in walk(dx0.rhs) if isinstance(r, Reduce) and r is not dx0.rhs]
+    assert all(r.op == "sum" and not any(isinstance(x, Reduce) for x in walk(r.body)) for r in inner), dx0
