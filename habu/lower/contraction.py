@@ -502,8 +502,9 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     if kernel.a_move == "staged":
         a, stage = _staged(a, "m", lw.m, lw.k)
         pre.append(stage)
-    if kernel.b_move == "staged":
-        b, stage = _staged(b, "n", lw.n, lw.k)
+    if kernel.b_move == "staged":  # one tensor as both operands, both staged: B's copy a buffer of its own
+        twin = kernel.a_move == "staged" and lw.a_src.tensor == lw.b_src.tensor
+        b, stage = _staged(b, "n", lw.n, lw.k, "_b" if twin else "")
         pre.append(stage)
     cluster = kernel.split_k > 1 and kernel.split_reduce == "cluster"
     last = lw.out.positions[-1]  # pairs along the output's contiguous axis (m where the product is transposed)
@@ -538,13 +539,14 @@ def _staged_count(lw: ContractionLowering) -> int:
 
 
 @cache
-def _staged(src: Access, axis: str, rows: str, k: str) -> tuple[Access, StageLowering]:
+def _staged(src: Access, axis: str, rows: str, k: str, suffix: str = "") -> tuple[Access, StageLowering]:
     """Stage an operand: the pass reads it as the contraction did (gather included) and writes
-    @name[row, k] with rows STAGE_ALIGN elements apart; the contraction then reads @name plainly."""
+    @name[row, k] with rows STAGE_ALIGN elements apart; the contraction then reads @name plainly. `suffix`
+    names a second copy of the same tensor (S·S with both operands staged: `@S` and `@S_b`)."""
     from habu.lower.access import Position
 
     padded = f"{k}^{STAGE_ALIGN}"
-    dst = Access(f"@{src.tensor}", src.dtype, (rows, padded), (Position("axis", axis), Position("axis", "k")),
+    dst = Access(f"@{src.tensor}{suffix}", src.dtype, (rows, padded), (Position("axis", axis), Position("axis", "k")),
                  ((padded,), ()), (Bound(axis, rows), Bound("k", k)))
     last = src.positions[-1]
     transposing = last.kind == "axis" and last.axis == axis  # src's rows are its contiguous dimension

@@ -79,9 +79,10 @@ def test_pinned_paths_pass_the_exact_check(path, k):
 
 
 @pytest.mark.parametrize("model, pins", [("GRAM", {}), ("GRAM", {"tile": "64x256x64"}), ("SQUARE", {}),
-                                         ("SQUARE", {"tile": "128x64x64"})])
+                                         ("SQUARE", {"tile": "128x64x64"}), ("SQUARE", {"A": "staged", "B": "staged"})])
 def test_one_tensor_as_both_operands_passes_the_exact_check(model, pins):
-    """Regression (session 58): S·S was proven and printed with B's loads through A's tensor map."""
+    """Regression (session 58): S·S was proven and printed with B's loads through A's tensor map; (session 60, the
+    fuzz's shared product 412) both operands staged into one buffer `@S`."""
     built = build(str(ROOT / "tests" / "data" / "one_operand_twice.habu"), model, {"M": 1000, "K": 520}, pins)
     result = ExactChecker(built.model, built.sizes, seed=5).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()

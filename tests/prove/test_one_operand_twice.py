@@ -60,3 +60,18 @@ def test_a_square_matrix_times_itself_loads_b_through_its_own_map():
     assert "tma_load_2d(a_stage, &tm_S, full," in kernel.source
     b_maps = re.findall(r"tma_load_2d\(b_stage[^,]*, &(\w+),", kernel.source)
     assert b_maps == ["tm_S_1", "tm_S_1"], b_maps  # two 64-column boxes a k tile, each through B's map
+
+
+def test_regression_shared_412_both_operands_staged_from_one_tensor_get_a_buffer_each():
+    """The fuzz's shared product 412 (S·S, both operands `staged`): both pre-passes wrote `@S`, so B's transposed
+    copy overwrote A's and the plan kept every rule and computed something else (the field check: WRONG). B's copy
+    is `@S_b` now: two passes, two buffers, the plan proven and printed with both."""
+    model = load_program(DATA).models["SQUARE"]
+    plan = default_plan(model, T, {}, {"A": "staged", "B": "staged"})
+    k = plan.kernels[0]
+    assert (str(k.a_move), str(k.b_move)) == ("staged", "staged"), k
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, ([v.describe() for v in proof.violations], proof.certificate and proof.certificate.failure)
+    emitted = emit_plan(model, plan, T)
+    text = "\n".join(x.source for x in emitted.kernels)
+    assert "staged_S_b" in text and re.search(r"staged_S\b", text), text[:2000]
