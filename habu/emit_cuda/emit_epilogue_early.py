@@ -6,13 +6,14 @@ column group j and row half h, the first or the second of its pair)."""
 from __future__ import annotations
 
 from habu.emit_cuda.common import Signature, references
+from habu.emit_cuda.emit_epilogue_pairs import UNPACK, pair_load
 from habu.emit_cuda.emit_fma import epilogue_load, table_reader
 from habu.lower.contraction import ContractionLowering
 from habu.lower.epilogue_early import EarlyLoad
+from habu.lower.epilogue_pairs import paired_loads
 from habu.spec.ir import Load, Model
 
 PACK = {"bf16": "habu::pack_bf16x2", "f16": "habu::pack_f16x2"}
-UNPACK = {"bf16": ("habu::bf16x2_lo", "habu::bf16x2_hi"), "f16": ("habu::f16x2_lo", "habu::f16x2_hi")}
 
 
 def _index(e: EarlyLoad) -> str:
@@ -37,6 +38,7 @@ def early_declarations(lw: ContractionLowering, sig: Signature, model: Model, si
     frag, groups = lw.fragment, lw.bn // 8
     table = table_reader(sig, model, it)
     dims = (st.slabs, groups, frag.halves)
+    paired = set(paired_loads(lw))
     decls = "".join(f"      {_storage(e)} pre{e.index}{''.join(f'[{d}]' for d in e.dims(*dims))};  // "
                     f"{e.access.tensor} at the tile's start (`epilogue_early`)\n" for e in early)
     fills = []
@@ -46,6 +48,8 @@ def early_declarations(lw: ContractionLowering, sig: Signature, model: Model, si
                                                         else "n"}, e.access) for x in range(e.halves())]
         if not e.columns:
             (value,) = values
+        elif e.index in paired:  # the pair (n, n + 1) in one load (habu/lower/epilogue_pairs.py)
+            value = pair_load(lw, sig, sizes, table, e.access)
         else:
             value = (f"make_float2({', '.join(values)})" if e.access.dtype == "f32"
                      else f"{PACK[e.access.dtype]}({', '.join(values)})")

@@ -12,7 +12,8 @@ from habu.emit_cuda.emit_column_epilogue import (
     column_sum_finish,
 )
 from habu.emit_cuda.emit_epilogue_early import early_values
-from habu.emit_cuda.emit_fma import epilogue_operands, epilogue_value, extra_pair_store
+from habu.emit_cuda.emit_epilogue_pairs import pair_operands
+from habu.emit_cuda.emit_fma import epilogue_value, extra_pair_store
 from habu.emit_cuda.kernel import TmaSpec
 from habu.lower.contraction import ContractionLowering, tma_box, tma_coordinates
 from habu.spec.ir import Model
@@ -47,11 +48,11 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
     box_origin = ", ".join(f"(int)({x})" for x in tma_coordinates(out, axis_origin))
     frag = lw.fragment
     # (the loads read at the tile's start, `epilogue_early`, from their registers)
-    decls0, names0 = epilogue_operands(lw, sig, model, sizes, it, "m", "n", "e0_", early_values(lw, False))
-    decls1, names1 = epilogue_operands(lw, sig, model, sizes, it, "m", "(n + 1)", "e1_", early_values(lw, True))
+    # each epilogue load read once a pair, as one load of both where the lowering pairs it (`paired_loads`)
+    decls, names0, names1 = pair_operands(lw, sig, model, sizes, it, (early_values(lw, False), early_values(lw, True)))
     v0 = epilogue_value(lw, sig, model, sizes, it, "m", "n", f"acc[s][{frag.register(0)}]", names0)
     v1 = epilogue_value(lw, sig, model, sizes, it, "m", "(n + 1)", f"acc[s][{frag.register(1)}]", names1)
-    operands = "".join(f"              {d}\n" for d in decls0 + decls1)  # each epilogue load read once
+    operands = "".join(f"              {d}\n" for d in decls)
     # the chain's other outputs (`extra_outs`: the saved S1 beside GELU(S1 + B1)) are staged beside it where they
     # have its layout (`staged_extras`, `_staged_rounds`); the others leave directly from the registers, each pair
     # under its own masks, with no staging buffer of their own

@@ -33,6 +33,7 @@ from typing import Any
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.column_epilogue import EpilogueColumnSum, column_sum_for, placed
 from habu.lower.epilogue_early import EarlyLoad, early_candidates, early_loads
+from habu.lower.epilogue_pairs import pair_vector_accesses, pairable
 from habu.lower.epilogue_prefetch import EpiloguePrefetch, epilogue_prefetches
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.general import Store
@@ -135,6 +136,7 @@ class ContractionLowering:
     # the tensors of `epi_loads` that are the model's inputs (no kernel of the plan writes them): those the plan's
     # `epilogue_early` may read at each tile's start (habu/lower/epilogue_early.py; the `early-epilogue-loads` rule)
     epi_inputs: tuple[str, ...] = ()
+    epi_pairable: tuple[int, ...] = ()  # the `epi_loads` one load a column pair may read (habu/lower/epilogue_pairs.py)
     warm: Any = None  # the plan's next kernel's first boxes this one warms into the L2 (habu/lower/warm_next.py)
 
     @property
@@ -353,20 +355,17 @@ class ContractionLowering:
 
     def vector_accesses(self) -> tuple[VectorAccess, ...]:
         """Every vector access the kernel makes of global memory (not TMA's, which the emitted tensor
-        maps declare): the operands' ldg/cp.async vectors and the epilogue's pair stores. The launch
+        maps declare): the operands' ldg/cp.async vectors and the epilogue's pairs. The launch
         checks each tensor's base alignment from this list."""
         out: list[VectorAccess] = []
         k = self.kernel
         for access, vec, move in ((self.a, k.a_vector, k.a_move), (self.b, k.b_vector, k.b_move)):
             if vec > 1 and move in ("ldg", "cp.async"):
                 out.append(VectorAccess(access.tensor, vec, f"the plan loads {access.tensor} with {vec}-element vectors"))
-        if self.epilogue_pairs:
-            out.append(VectorAccess(self.out.tensor, 2,
-                                    f"the epilogue stores pairs of adjacent {self.out.tensor} elements as one vector"))
-        for _, extra in self.extra_outs:
-            if self.pair_store(extra):
-                out.append(VectorAccess(extra.tensor, 2,
-                                        f"the epilogue stores pairs of adjacent {extra.tensor} elements as one vector"))
+        stored = ([self.out] if self.epilogue_pairs else []) + [x for _, x in self.extra_outs if self.pair_store(x)]
+        out += [VectorAccess(x.tensor, 2, f"the epilogue stores pairs of adjacent {x.tensor} elements as one vector")
+                for x in stored]
+        out += pair_vector_accesses(self)  # and the epilogue's pair loads (habu/lower/epilogue_pairs.py)
         return tuple(out)
 
     def tile_origin(self, tm: Any, tn: Any) -> tuple[Any, Any]:
@@ -468,7 +467,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
         store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD, extra_outs=extra_outs,
         column_sum=_summing(model, chain, columns, storage, axis_m, axis_n, epi_loads) if columns else None,
         epi_inputs=tuple(dict.fromkeys(a.tensor for _, a in epi_loads if a.tensor in inputs and a.tensor not in written)),
-    )
+        epi_pairable=tuple(i for i, (_, a) in enumerate(epi_loads) if pairable(a, model.sizes)))
     return with_kernel(unscheduled, kernel)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access
 from habu.lower.contraction import ACC
+from habu.lower.epilogue_pairs import pair_first, paired_loads
 from habu.lower.general import Store
 from habu.lower.pipeline import MbarrierRing
 from habu.plan.fields import Reader, fields_read_by
@@ -152,6 +153,22 @@ def read(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: M
     return mem.value(kernel, access, offsets, mask, bad)
 
 
+def read_pair(kernel: str, access: Access, coords: Mapping[str, np.ndarray], pair: int, sizes: Mapping[str, int],
+              mem: Memory, width: int, where=None) -> np.ndarray:
+    """An epilogue load read as pairs along n (habu/lower/epilogue_pairs.py), as the kernel reads it: element q of
+    a pair at the pair's first offset plus q, under the element's own mask."""
+    n = np.asarray(coords["n"])
+    first = pair_first(n, pair)
+    start, _, _ = _offsets(kernel, access, {**coords, "n": first}, sizes, mem, width, "reads", where)
+    _, mask, _ = _offsets(kernel, access, coords, sizes, mem, width, "reads", where)
+    offsets = start + np.broadcast_to(n - first, start.shape)
+    bad = mask & ((offsets < 0) | (offsets >= access.numel(sizes)))
+    if np.any(bad):
+        mem.fault(f"{computing(where, bad)}{kernel} reads {access.tensor} out of bounds: offset "
+                  f"{int(offsets[bad].flat[0])} (a pair's second element) is outside 0..{access.numel(sizes) - 1}")
+    return mem.value(kernel, access, offsets, mask, bad)
+
+
 def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values: np.ndarray,
           sizes: Mapping[str, int], mem: Memory, width: int, accumulate: bool | str,
           owned: np.ndarray | None = None, where=None) -> None:
@@ -256,9 +273,12 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
+    paired = set(paired_loads(lw))  # loads read a pair at once: the second at the first's offset + 1
     def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where) -> None:
         coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
-        loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) for ld, a in lw.epi_loads}
+        loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) if i not in paired
+                 else read_pair(name, a, coords, lw.fragment.pair, sizes, mem, lw.index_width, where)
+                 for i, (ld, a) in enumerate(lw.epi_loads)}
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
         for expr, access in lw.extra_outs:  # the chain's other outputs: written with their own accesses
             value = eval_pointwise(expr, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)

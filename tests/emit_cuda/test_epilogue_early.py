@@ -104,7 +104,8 @@ def test_partial_tiles_read_early_under_the_accesses_masks(tokens):
     plan = default_plan(model, T, {}, EARLY)
     i = kernel_of(plan, "%d2")
     source = emit_plan(model, plan, T).kernels[i].source
-    assert f"((m) < {tokens} && (n) < 14336) ? habu::load_bf16(p_S1" in source
+    fill = next(line for line in source.splitlines() if "= habu::load_pair16(p_S1" in line)  # the pair's masks
+    assert f"(m) < {tokens} && (n) < 14336, (m) < {tokens} && ((n + 1)) < 14336)" in fill
     assert prove(model, plan, {}, trials=1).ok
 
 

@@ -50,4 +50,20 @@ __device__ __forceinline__ unsigned short load2_or_zero(const void* p, bool pred
   return r;
 }
 
+/** @brief Two adjacent 16-bit elements p[0] and p[1] packed in one word (p[0] in the low half, `bf16x2_lo`): one
+ *  4-byte load where `first` holds, zero where it does not; the second element kept where `second` holds, zero
+ *  where it does not. p is 4-byte aligned, and p[1] is inside the tensor wherever p[0] is: an epilogue load of a
+ *  tensor whose rows have an even static length (habu/lower/epilogue_pairs.py; the launch checks the base). */
+__device__ __forceinline__ u32 load_pair16(const void* p, bool first, bool second) {
+  const u32 r = first ? __ldg(reinterpret_cast<const u32*>(p)) : 0u;
+  return second ? r : (r & 0xffffu);
+}
+/** @brief p[0] and p[1] (f32), as `load_pair16`: one 8-byte load where `first` holds (p 8-byte aligned), the
+ *  second element zero where `second` does not hold. */
+__device__ __forceinline__ float2 load_pair32(const float* p, bool first, bool second) {
+  float2 r = first ? __ldg(reinterpret_cast<const float2*>(p)) : make_float2(0.0f, 0.0f);
+  if (!second) r.y = 0.0f;
+  return r;
+}
+
 }  // namespace habu
