@@ -130,6 +130,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
             key = next(key for key in pins if key.lower() in WGRAD_FIELDS)
             raise UsageError(f"--pin {key}: no kernel of this plan is a grouped weight gradient "
                              "(O[E[r] m n] += A[r m] · B[r n], E a grouping): it is their choice")
+        _check_wgmma_hints(pins, kernels, target)
         if "store" not in pins:  # the default's TMA stores, unless a pin left no room for them
             kernels = tuple(replace(k, store="direct") if getattr(k, "store", None) == "tma"
                             and not tma_store_fits(graph, k, target) else k for k in kernels)
@@ -270,6 +271,21 @@ def _pinned_wgmma(model: Model, kernels: tuple[Kernel, ...], target: Target,
                          f"main loop on {target.name} (it needs wgmma and TMA; a grouped GEMM bf16 A and W, one GEMM "
                          "a kernel; fused attention (--pin family=attention) bf16 Q, K, V of head widths in 64s)")
     return out
+
+
+WGMMA_HINTS = ("consumer_lag", "lag", "epilogue_prefetch", "epilogue_early", "early", "warm_next", "keep_operands",
+               "stream_b")  # the wgmma loop's choices: no other loop prints them
+
+
+def _check_wgmma_hints(pins: dict[str, str], kernels: tuple[Kernel, ...], target: Target) -> None:
+    """A wgmma choice pinned on (not false, not 0) where no contraction of the plan runs the wgmma loop is a choice
+    no kernel makes (`--pin stream_b=true` on sm_80): refused, not recorded in a plan that ignores it."""
+    for key, value in pins.items():
+        if key.lower() in WGMMA_HINTS and value.strip().lower() not in ("false", "0") \
+                and not any(getattr(k, "mma", None) == "wgmma" for k in kernels):
+            loops = ", ".join(sorted({str(getattr(k, "mma", "")) for k in kernels if getattr(k, "mma", None)}))
+            raise UsageError(f"--pin {key}={value}: a choice of the wgmma loop, which no contraction of this plan runs "
+                             f"(on {target.name}: {loops or 'no contraction'})")
 
 
 def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
