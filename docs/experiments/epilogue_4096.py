@@ -230,15 +230,7 @@ def main():
         got = built[key]
         return got if isinstance(got, str) else CompiledModel(member_model, KernelSet([got]), arch="sm_90a")
 
-    names = [t.name for t in bw.forward.inputs]
-    tensors = ts.inputs_for(TOK, 100)
-    named = dict(zip(names, (t.detach() for t in tensors), strict=True))
-    dy = torch.randn((TOK, ts.SIZES["D"]), device="cuda").to(torch.bfloat16)
-    out = fwd(**named)
-    cot = dict(bw.cotangents)["Y"]
-    avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
-    args = {t.name: avail[t.name] for t in back.model.inputs}
-    ref = back(**args)
+    tensors, named, dy, args, ref = hand_edits.step_inputs(bw, fwd, back, TOK)
     rows = {"gpu": torch.cuda.get_device_name(), "tokens": TOK}
     if PART == "pairs":
         pairs_walk(back, args, ref)

@@ -24,6 +24,23 @@ def variant(cm, idx: int, edit: Callable[[str], str], tag: str, extra_params: Ca
     return CompiledModel(cm.model, KernelSet(members), arch="sm_90a")
 
 
+def step_inputs(bw, fwd, back, tokens: int):
+    """FFN-SKIP's step inputs at `tokens` (habu.bench.train_step_speed's, seed 100) and a cotangent dY; the forward's
+    inputs by name; the backward's arguments (the inputs, dY, the saved values of one forward run); and the
+    backward's outputs on them: (tensors, named, dy, args, ref)."""
+    import torch
+
+    import habu.bench.train_step_speed as ts
+
+    tensors = ts.inputs_for(tokens, 100)
+    named = dict(zip([t.name for t in bw.forward.inputs], (t.detach() for t in tensors), strict=True))
+    dy = torch.randn((tokens, ts.SIZES["D"]), device="cuda").to(torch.bfloat16)
+    out = fwd(**named)
+    avail = named | {dict(bw.cotangents)["Y"]: dy} | {s: out[s] for _, s in bw.saved}
+    args = {t.name: avail[t.name] for t in back.model.inputs}
+    return tensors, named, dy, args, back(**args)
+
+
 def sub(old: str, new: str, count: int = 1) -> Callable[[str], str]:
     """Replace every `old` by `new`, which must occur at least `count` times."""
     def f(s: str) -> str:

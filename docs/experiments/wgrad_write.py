@@ -263,15 +263,7 @@ def streaming_alone(tensors, dy) -> None:
 
 
 def main():
-    names = [t.name for t in bw.forward.inputs]
-    tensors = ts.inputs_for(TOK, 100)
-    named = dict(zip(names, (t.detach() for t in tensors), strict=True))
-    dy = torch.randn((TOK, ts.SIZES["D"]), device="cuda").to(torch.bfloat16)
-    out = fwd(**named)
-    cot = dict(bw.cotangents)["Y"]
-    avail = named | {cot: dy} | {s: out[s] for _, s in bw.saved}
-    args = {t.name: avail[t.name] for t in back.model.inputs}
-    ref = back(**args)
+    tensors, named, dy, args, ref = hand_edits.step_inputs(bw, fwd, back, TOK)
     if os.environ.get("WALK") == "9":  # the weight-streaming products: activations kept, weights streamed
         streaming(named, args, tensors, dy)
         return
