@@ -19,7 +19,7 @@ UNPACK = {"bf16": ("habu::bf16x2_lo", "habu::bf16x2_hi"), "f16": ("habu::f16x2_l
 
 def pair_load(lw: ContractionLowering, sig: Signature, sizes, table: TableReader, access: Access) -> str:
     """The C expression of `access`'s pair at (m, n), (m, n + 1): a packed `u32` of two 16-bit elements, or a
-    `float2`; each element zero outside the tensor (its own mask), one load where both are inside and aligned."""
+    `float2`: one load under the first element's mask, the second element kept under its own (zero outside)."""
     p = sig.pointer(access.tensor, access.dtype)
     offset = access_offset(access, {"m": "m", "n": "n"}, sizes, lw.index_width, table)
     first = access_mask(access, {"m": "m", "n": "n"}, sizes, table)
