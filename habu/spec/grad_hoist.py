@@ -110,7 +110,55 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
     for eq in model.nodes:
         nodes.append(hoist(eq, shared if invariant else {}))
         shared = {k: v for k, v in shared.items() if eq.target not in v[2]}
-    return replace(model, nodes=tuple(nodes), intermediates=tuple(inter))
+    made = {f"{prefix}{i}" for i in range(1, count[0] + 1)}
+    return replace(model, nodes=reuse_later_nodes(nodes, made) if invariant else tuple(nodes),
+                   intermediates=tuple(inter))
+
+
+def _keyed(e: Expr) -> tuple[str, list[IndexVar]]:
+    """`e`'s computation with its free variables named by where they first appear, and those variables."""
+    fv = free_vars(e)
+    order = [v for v in _appearance(e) if v in fv]
+    return _shape_key(rename_vars(e, {v: IndexVar(f"_f{i}_{v.extent}", v.extent)
+                                      for i, v in enumerate(order)})), order  # type: ignore[arg-type]
+
+
+def reuse_later_nodes(nodes: list[Equation], made: set[str]) -> tuple[Equation, ...]:
+    """The hoisted nodes with a computation a later hoisted node makes read from that node: attention's dQ2 factor
+    `Th1 = −div0(where(…, exp(S − R1), 0), R2²)` was hoisted whole before dQ's equation made `Th2 = exp(S − R1)`,
+    and computed the scores a second time. Each such later node moves to just before the first node that reads
+    it, where nothing between writes what it reads (else it stays, and so does the copy). No node is made."""
+    out = list(nodes)
+    for later in [n for n in nodes if n.target in made]:
+        j = out.index(later)
+        if not _has_reduce(later.rhs):
+            continue
+        key, order = _keyed(later.rhs)
+        positions = tuple(order.index(v) for v in later.lhs)
+        reads = set(tensors_read(later.rhs))
+        for i in range(j):
+            if out[i].target not in made or any(n.target in reads for n in out[i:j]):
+                continue
+            rhs = _read_from(out[i].rhs, key, later.target, positions)
+            if rhs != out[i].rhs and rhs != Load(later.target, tuple(out[i].lhs)):
+                out[i] = replace(out[i], rhs=rhs)
+                out.insert(i, out.pop(j))
+                j = i
+    return tuple(out)
+
+
+def _read_from(e: Expr, key: str, node: str, positions: tuple[int, ...]) -> Expr:
+    """`e` with each maximal subexpression computing `key` read from `node` (its lhs: `positions` into the
+    subexpression's free variables by first appearance)."""
+    if isinstance(e, Reduce | Op) and _has_reduce(e):
+        got, at = _keyed(e)
+        if got == key:
+            return Load(node, tuple(at[p] for p in positions))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.vars, _read_from(e.body, key, node, positions))
+    if isinstance(e, Op):
+        return Op(e.fn, tuple(_read_from(a, key, node, positions) for a in e.args))
+    return e
 
 
 def _elements(model: Model, vars_: frozenset[IndexVar]) -> int:
