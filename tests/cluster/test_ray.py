@@ -161,12 +161,13 @@ def test_the_stream_keeps_every_gpu_busy_and_keeps_the_fastest_plan(cluster, tmp
     model, sizes = model_of(GGEMM, SHAPE)
     t0 = time.monotonic()
     with PlanDB(tmp_path / "db.sqlite") as db:
-        # 30 s: the region's 115,120 candidates take 6-7 s to enumerate and cost on a 2-core machine, and
-        # CI runs another test process beside this one (20 s timed 3 plans there)
-        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=30.0), timer=pool,
+        # 40 s: the region's 158,162 candidates (115,120 before the L2 hints' fields) take 9-10 s to enumerate and
+        # cost on a 2-core machine, and CI runs another test process beside this one (20 s timed 3 plans there; 30 s
+        # timed 2 on a fresh clone's full run beside other work, session 61)
+        result = Search(str(GGEMM), model, TARGETS["sm_90a"], sizes, db, Budget(seconds=40.0), timer=pool,
                         executor=RayExecutor()).run()
         stored = db.get(result.key).records
-    assert time.monotonic() - t0 < 30.0 + 20.0
+    assert time.monotonic() - t0 < 40.0 + 20.0
     st = result.stats
     # at least 3 timed (2 actors): the full suite on the 2-core CI machine once timed 3 where it asked 5
     assert submitted and st.timed >= 3 and st.failed == 0, st
