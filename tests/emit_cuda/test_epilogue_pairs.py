@@ -4,6 +4,8 @@ element at the first's offset plus one, and the `epilogue-load-pairs` rule."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import habu.lower.epilogue_pairs as epilogue_pairs
@@ -109,3 +111,21 @@ def test_planted_a_transposed_load_read_as_pairs_fails_the_rule_and_the_check(mo
     monkeypatch.setattr(rules_early, "pair_fault", lambda access, sizes: None)
     proof = prove(mdl, plan, {}, trials=1)
     assert not proof.violations and proof.certificate is not None and not proof.certificate.passed
+
+
+def test_the_emitter_prints_each_pairs_first_element_from_the_low_half_at_the_first_offset():
+    """What the field check reads (element q at the pair's first offset plus q, each under its own mask) is what
+    is printed, in the epilogue and in the early fill: the load at column n under n's mask then n + 1's, the
+    first element the low half (f32: .x)."""
+    for name, pins in itertools.product(("ROWS", "F32"), ({}, {"epilogue_early": "false"})):
+        mdl = model(name, 199, 264)
+        source = emit_plan(mdl, default_plan(mdl, T, {}, pins), T).kernels[0].source
+        tensor = "R" if name == "ROWS" else "F"
+        load = next(x for x in source.splitlines() if "= habu::load_pair" in x)
+        held = load.split("=")[0].split()[-1]  # pr0, or the early fill's pre0[s][j][h]
+        assert ("pre0" in held) == (pins == {}), held
+        assert (f"(p_{tensor} + ((int)(m) * (int)(264) + (int)(n)), (m) < 199 && (n) < 264, (m) < 199 && "
+                "((n + 1)) < 264)") in load, load
+        lo, hi = (f"habu::bf16x2_lo({held})", f"habu::bf16x2_hi({held})") if name == "ROWS" else (f"{held}.x",
+                                                                                                   f"{held}.y")
+        assert f"const float e0_0 = {lo};" in source and f"const float e1_0 = {hi};" in source, (lo, hi)
