@@ -164,3 +164,23 @@ def test_regression_fuzz_18029_a_row_statistic_inside_another_sum_is_that_sums_i
     dx0 = next(eq for eq in bw.model.nodes if eq.target == "dX0")
     inner = [r for r in walk(dx0.rhs) if isinstance(r, Reduce) and r is not dx0.rhs]
     assert all(r.op == "sum" and not any(isinstance(x, Reduce) for x in walk(r.body)) for r in inner), dx0
+
+
+def test_a_hoisted_node_reads_a_later_node_only_where_nothing_between_writes_what_it_reads():
+    """`reuse_later_nodes` on hand-made nodes: %s1 holds exp(Σ c2 T[r c2]) inside it and %s3 is exactly that.
+    With nothing between them writing T, %s1 reads %s3, which moves before it; with a node between that writes T,
+    %s3 computes the sum on T's new values and %s1 keeps its own copy (planted without that condition, the first
+    rewrites it)."""
+    from habu.spec.ir import Const, Equation, IndexVar, Op
+
+    r, c, c2 = IndexVar("r", "R"), IndexVar("c", "C"), IndexVar("c2", "C")
+    inner = Op("exp", (Reduce("sum", (c2,), Load("T", (r, c2))),))
+    first = Equation("%s1", (r, c), Op("mul", (inner, Load("X", (r, c)))))
+    writes_t = Equation("T", (r, c), Op("add", (Load("X", (r, c)), Const(1.0))))
+    other = Equation("Y", (r, c), Load("X", (r, c)))
+    later = Equation("%s3", (r,), inner)
+    out = grad_hoist.reuse_later_nodes([first, other, later], {"%s1", "%s3"})
+    assert [n.target for n in out] == ["%s3", "%s1", "Y"]
+    assert out[1].rhs == Op("mul", (Load("%s3", (r,)), Load("X", (r, c))))
+    kept = grad_hoist.reuse_later_nodes([first, writes_t, later], {"%s1", "%s3"})
+    assert list(kept) == [first, writes_t, later]
