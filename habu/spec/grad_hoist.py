@@ -136,14 +136,17 @@ def reuse_later_nodes(nodes: list[Equation], made: set[str]) -> tuple[Equation, 
         key, order = _keyed(later.rhs)
         positions = tuple(order.index(v) for v in later.lhs)
         reads = set(tensors_read(later.rhs))
+        rewritten = {}  # the earlier nodes that make it, each read from the later node instead
         for i in range(j):
             if out[i].target not in made or any(n.target in reads for n in out[i:j]):
                 continue
             rhs = _read_from(out[i].rhs, key, later.target, positions)
             if rhs != out[i].rhs and rhs != Load(later.target, tuple(out[i].lhs)):
-                out[i] = replace(out[i], rhs=rhs)
-                out.insert(i, out.pop(j))
-                j = i
+                rewritten[i] = rhs
+        for i, rhs in rewritten.items():
+            out[i] = replace(out[i], rhs=rhs)
+        if rewritten:  # before the first that reads it (fuzz model 18703: moved before each in turn, it ended after one)
+            out.insert(min(rewritten), out.pop(j))
     return tuple(out)
 
 
