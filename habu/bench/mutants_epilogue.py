@@ -1,5 +1,5 @@
-"""Planted bugs in the wgmma TMA-store epilogue's own loads (habu/emit_cuda/emit_fma.py
-`epilogue_operands`: each load declared once per element, its offset and mask printed from the lowering's
+"""Planted bugs in the wgmma TMA-store epilogue's own loads (habu/emit_cuda/emit_epilogue_pairs.py
+`pair_operands`: each load declared once per element, its offset and mask printed from the lowering's
 `Access`). The finite-field check reads the same accesses, so each must be killed (habu.bench.mutants lists
 them)."""
 

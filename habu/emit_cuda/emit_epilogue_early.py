@@ -44,14 +44,13 @@ def early_declarations(lw: ContractionLowering, sig: Signature, model: Model, si
     fills = []
     for e in early:
         # each half's value, at the column the lowering says it holds (`EarlyLoad.held_column`)
-        values = [epilogue_load(lw, sig, sizes, table, {"m": "m", "n": f"(n + {e.held_column(x)})" if e.held_column(x)
-                                                        else "n"}, e.access) for x in range(e.halves())]
-        if not e.columns:
-            (value,) = values
-        elif e.index in paired:  # the pair (n, n + 1) in one load (habu/lower/epilogue_pairs.py)
+        if e.columns and e.index in paired:  # the pair (n, n + 1) in one load (habu/lower/epilogue_pairs.py)
             value = pair_load(lw, sig, sizes, table, e.access)
         else:
-            value = (f"make_float2({', '.join(values)})" if e.access.dtype == "f32"
+            values = [epilogue_load(lw, sig, sizes, table, {"m": "m", "n": f"(n + {e.held_column(x)})"
+                                                            if e.held_column(x) else "n"}, e.access)
+                      for x in range(e.halves())]
+            value = (values[0] if not e.columns else f"make_float2({', '.join(values)})" if e.access.dtype == "f32"
                      else f"{PACK[e.access.dtype]}({', '.join(values)})")
         guard = f"if ({' && '.join(f'{a} == 0' for a in e.dropped())}) " if e.dropped() else ""
         fills.append(f"            {guard}pre{e.index}{_index(e)} = {value};\n")
@@ -73,7 +72,7 @@ def early_declarations(lw: ContractionLowering, sig: Signature, model: Model, si
 
 def early_values(lw: ContractionLowering, second: bool) -> dict[Load, str]:
     """Each early load's value for the epilogue at its (s, j, h): the pair's first element (n) or `second` (n + 1),
-    for `epilogue_operands`."""
+    for `pair_operands` (habu.emit_cuda.emit_epilogue_pairs)."""
     out = {}
     for e in lw.early_loads:
         at = f"pre{e.index}{_index(e)}"

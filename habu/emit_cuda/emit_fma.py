@@ -7,8 +7,6 @@ memory transposed to [k][row], then every thread accumulates its TM × TN output
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from habu.emit_cuda.cexpr import CExpr, c, cmin
 from habu.emit_cuda.common import (
     CTYPE,
@@ -109,7 +107,7 @@ def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes,
                    acc: str, names: dict[Load, str] | None = None, expr: Expr | None = None) -> str:
     """The C float expression of the epilogue (or of `expr`, an extra output's value) at output (m, n),
     the accumulator being `acc`; the epilogue's own loads read zero outside their tensors, or are the
-    variables `names` gives them (`epilogue_operands` declares those)."""
+    variables `names` gives them (`habu.emit_cuda.emit_epilogue_pairs.pair_operands` declares those)."""
     table = table_reader(sig, model, it)
     coord = {"m": m, "n": n}
 
@@ -121,26 +119,6 @@ def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes,
         return epilogue_load(lw, sig, sizes, table, coord, next(a for x, a in lw.epi_loads if x == ld))
 
     return float_expr(lw.epilogue if expr is None else expr, leaf, sizes)
-
-
-def epilogue_operands(lw: ContractionLowering, sig: Signature, model: Model, sizes, it: str, m: str, n: str,
-                      prefix: str, early: Mapping[Load, str] | None = None) -> tuple[list[str], dict[Load, str]]:
-    """Declarations that read each of the epilogue's own loads once at output (m, n) (`prefix`0,
-    `prefix`1, ...; zero outside their tensors, as the finite-field check reads each once), and the
-    variable of each load for `epilogue_value`. GELU's derivative names its input four times: printed
-    inline, each name was a load of its own (four 2-byte loads an element, not merged by the compiler),
-    and a 4096-token FFN's backward spent 1466 µs in a contraction the same GEMM runs in 620 (H200,
-    2026-12-02). `early`: the loads read at the tile's start (`epilogue_early`), each the C expression of its
-    value from the registers that hold it (habu.emit_cuda.emit_epilogue_early)."""
-    table = table_reader(sig, model, it)
-    coord = {"m": m, "n": n}
-    decls, names = [], {}
-    for ld, access in lw.epi_loads:
-        if ld not in names:
-            names[ld] = f"{prefix}{len(names)}"
-            value = early[ld] if early and ld in early else epilogue_load(lw, sig, sizes, table, coord, access)
-            decls.append(f"const float {names[ld]} = {value};")
-    return decls, names
 
 
 def second_of(lw: ContractionLowering, m: str, n: str) -> tuple[str, str]:

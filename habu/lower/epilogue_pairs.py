@@ -34,8 +34,8 @@ def pairable(access: Access, sizes: Mapping[str, int | None]) -> bool:
     last = len(access.positions) - 1
     even = access.extents[-1]
     return (access.dtype in PAIR_DTYPES and contiguous_along(access, "n") and static.get(even, 1) % 2 == 0
-            and even in static and all(even in access.strides[i] for i in range(last))
-            and all(b.extent in static and static[b.extent] % 2 == 0 for b in access.masks if b.axis == "n"))
+            and all(even in access.strides[i] for i in range(last))
+            and all(static.get(b.extent, 1) % 2 == 0 for b in access.masks if b.axis == "n"))
 
 
 def contiguous_along(access: Access, axis: str) -> bool:

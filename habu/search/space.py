@@ -273,8 +273,9 @@ def _pinned_wgmma(model: Model, kernels: tuple[Kernel, ...], target: Target,
     return out
 
 
-WGMMA_HINTS = ("consumer_lag", "lag", "epilogue_prefetch", "epilogue_early", "early", "warm_next", "keep_operands",
-               "stream_b")  # the wgmma loop's choices: no other loop prints them
+# the wgmma loop's choices (no other loop prints them), and the pin keys that set them
+WGMMA_FIELDS = ("consumer_lag", "epilogue_prefetch", "epilogue_early", "warm_next", "keep_operands", "stream_b")
+WGMMA_HINTS = tuple(key for key, names in PIN_FIELDS.items() if set(names) <= set(WGMMA_FIELDS))
 
 
 def _check_wgmma_hints(pins: dict[str, str], kernels: tuple[Kernel, ...], target: Target) -> None:

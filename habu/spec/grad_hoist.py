@@ -68,13 +68,11 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
             if isinstance(e, Load | Const | Size) or not _has_reduce(e):
                 return e
             if not root:
-                fv = free_vars(e)
                 # the key names `e`'s free variables by where they first appear: equal computations over
                 # other variables (a max's `p3` and another's `p5`, a node's `p2`) are one node, read at each
                 # one's own variables
-                order = [v for v in _appearance(e) if v in fv]
-                key = _shape_key(rename_vars(e, {v: IndexVar(f"_f{i}_{v.extent}", v.extent)
-                                                 for i, v in enumerate(order)}))  # type: ignore[arg-type]
+                key, order = _keyed(e)
+                fv = free_vars(e)
                 # a row statistic a row kernel computes in place: at the node's own level (inside a sum over other
                 # variables it is that sum's invariant, computed once an iteration: hoisted with `invariant`)
                 row = (keep_row_statistics and tuple(v for v in eq.lhs if v in fv) == eq.lhs[:-1]
@@ -131,8 +129,6 @@ def reuse_later_nodes(nodes: list[Equation], made: set[str]) -> tuple[Equation, 
     out = list(nodes)
     for later in [n for n in nodes if n.target in made]:
         j = out.index(later)
-        if not _has_reduce(later.rhs):
-            continue
         key, order = _keyed(later.rhs)
         positions = tuple(order.index(v) for v in later.lhs)
         reads = set(tensors_read(later.rhs))
