@@ -30,7 +30,7 @@ from habu.paths.columns import ColumnsPath
 from habu.plan.plan import Plan
 from habu.search.arithmetic import element_instructions
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Model
+from habu.spec.ir import Expr, Model, Op, Reduce
 from habu.target import Target
 from habu.targets import Ceilings
 
@@ -229,13 +229,26 @@ def map_cost(lw: MapLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCo
     return KernelCost(4.0 * n, moved, moved / (c.bandwidth * 0.8) + c.launch_s, "memory")
 
 
+def loop_iterations(e: Expr, sizes: Mapping[str, int]) -> int:
+    """The iterations a thread of a general kernel runs for `e`: a reduction's extents times its body's (at least
+    one), sibling reductions added, as the emitted loops run them (attention's derived dK before session 62 had
+    a sum over (r, i, d) beside one over (r, i): R·I·D + R·I iterations, which the product of every loop's extent
+    counted as R·I·D·R·I, 80 times too many at the example's sizes)."""
+    if isinstance(e, Reduce):
+        n = 1
+        for v in e.vars:
+            n *= sizes[v.extent]
+        return n * max(1, loop_iterations(e.body, sizes))
+    if isinstance(e, Op):
+        return sum(loop_iterations(a, sizes) for a in e.args)
+    return 0
+
+
 def general_cost(lw: GeneralLowering, sizes: Mapping[str, int], c: Ceilings) -> KernelCost:
     """Every thread reads its loads once per loop iteration (from L2 at best: counted at bandwidth) and
     does 2 FLOPs per iteration, at the SIMT (fma) rate."""
     n = lw.numel(sizes)
-    iterations = 1
-    for _, e in lw.loops:
-        iterations *= sizes[e]
+    iterations = loop_iterations(lw.node.rhs, sizes) if lw.loops else 1
     per = sum(DTYPES[a.dtype].bytes for _, a in lw.loads)
     # a scatter's atomicAdd reads the target's lines and writes them back (counted 1.5 times its bytes)
     moved = n * iterations * per + _bytes(lw.out, sizes) * (1.5 if lw.store is Store.ATOMIC_ADD else 1)

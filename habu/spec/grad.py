@@ -35,6 +35,7 @@ from habu.spec.dtypes import WRITABLE_DTYPES, activation_dtype, dtype_named
 from habu.spec.equation import format_expr, format_index
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
+from habu.spec.grad_factor import factor_sum, merge_terms
 from habu.spec.grad_hoist import hoist_statistics
 from habu.spec.grad_save import SavePolicy, contraction_operands
 from habu.spec.ir import (
@@ -325,8 +326,11 @@ class _Deriver:
             bound = tuple(self.fresh(v.extent) for v in rest)
             mapping |= dict(zip(rest, bound, strict=True))
             body = substitute(c.adjoint, mapping, self.fresh)
-            terms.append(Reduce("sum", bound, body) if bound else body)
-        return terms
+            terms.append(factor_sum(Reduce("sum", bound, body), self._hi) if bound else body)
+        return merge_terms(terms)
+
+    def _hi(self, v: IndexVar) -> int:
+        return self.fwd.extent(v.extent).hi
 
     def _own_reductions(self, target: str, extents: tuple[str, ...], lhs: tuple[IndexVar, ...],
                         terms: list[Expr]) -> list[Expr]:

@@ -108,9 +108,13 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
     for eq in model.nodes:
         nodes.append(hoist(eq, shared if invariant else {}))
         shared = {k: v for k, v in shared.items() if eq.target not in v[2]}
+    if not invariant:
+        return replace(model, nodes=tuple(nodes), intermediates=tuple(inter))
     made = {f"{prefix}{i}" for i in range(1, count[0] + 1)}
-    return replace(model, nodes=reuse_later_nodes(nodes, made) if invariant else tuple(nodes),
-                   intermediates=tuple(inter))
+    shared_nodes = share_computations(model, list(reuse_later_nodes(nodes, made)), prefix, count[0] + 1)
+    inter += [TensorDecl(eq.target, tuple(v.extent for v in eq.lhs), None) for eq in shared_nodes
+              if eq.target not in {n.target for n in nodes}]
+    return replace(model, nodes=tuple(shared_nodes), intermediates=tuple(inter))
 
 
 def _keyed(e: Expr) -> tuple[str, list[IndexVar]]:
@@ -144,6 +148,57 @@ def reuse_later_nodes(nodes: list[Equation], made: set[str]) -> tuple[Equation, 
         if rewritten:  # before the first that reads it (fuzz model 18703: moved before each in turn, it ended after one)
             out.insert(min(rewritten), out.pop(j))
     return tuple(out)
+
+
+def _inner_computations(e: Expr) -> list[Expr]:
+    """Every subexpression of `e` but `e` itself that holds a reduction, outermost first."""
+    out: list[Expr] = []
+    stack = list(e.args) if isinstance(e, Op) else [e.body] if isinstance(e, Reduce) else []
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Op | Reduce) and _has_reduce(x):
+            out.append(x)
+            stack.extend(x.args if isinstance(x, Op) else (x.body,))
+    return out
+
+
+def share_computations(model: Model, nodes: list[Equation], prefix: str, first_number: int) -> tuple[Equation, ...]:
+    """The nodes with a computation holding a reduction that two or more places make (in several nodes, or twice
+    in one) made once, by a node of its own just before the first that reads it: attention's scores' exp, which
+    the merged dS (habu.spec.grad_factor) computes twice, and the two nodes before and after it each once. The
+    computation made most often goes first (then the largest): the scores' exp before the masked one that holds
+    it. A place after a node that writes what the computation reads keeps its own copy; a node over more than
+    `INVARIANT_ELEMENTS` is not made. New nodes are `prefix` and numbers from `first_number`."""
+    out = list(nodes)
+    number = first_number
+    tried: set[str] = set()
+    while True:
+        places: dict[str, list[tuple[int, Expr, list[IndexVar]]]] = {}
+        for i, eq in enumerate(out):
+            for sub in _inner_computations(eq.rhs):
+                key, order = _keyed(sub)
+                if key not in tried:
+                    places.setdefault(key, []).append((i, sub, order))
+        ranked = sorted(((len(v), sum(1 for _ in walk(v[0][1])), k) for k, v in places.items() if len(v) > 1),
+                        reverse=True)
+        for _, _, key in ranked:
+            tried.add(key)
+            at = places[key]
+            first, sub, order = at[0]
+            reads = set(tensors_read(sub))
+            readers = sorted({i for i, _, _ in at if not any(out[j].target in reads for j in range(first, i))})
+            if sum(1 for i, _, _ in at if i in readers) < 2 or _elements(model, frozenset(order)) > INVARIANT_ELEMENTS:
+                continue
+            lhs = tuple(v for v in out[first].lhs if v in order) + tuple(v for v in order if v not in out[first].lhs)
+            name = f"{prefix}{number}"
+            number += 1
+            positions = tuple(order.index(v) for v in lhs)
+            for i in readers:
+                out[i] = replace(out[i], rhs=_read_from(out[i].rhs, key, name, positions))
+            out.insert(first, Equation(name, lhs, sub))
+            break
+        else:
+            return tuple(out)
 
 
 def _read_from(e: Expr, key: str, node: str, positions: tuple[int, ...]) -> Expr:

@@ -77,6 +77,22 @@ def test_decode_attention_backward_with_its_length_mask_matches_the_float64_refe
     assert not got["dK"][1, :, 1:].float().abs().sum() and not got["dV"][0].float().abs().sum()
 
 
+def test_attentions_factored_backward_matches_the_float64_reference():
+    """Attention's backward in FlashAttention-2's form (session 62, habu.spec.grad_factor): one dS node that dQ and
+    dK contract, the scores made once; causal GQA at the example's sizes."""
+    compiled, built = _built(ROOT / "examples" / "attention.habu", "ATTENTION-GQA-GRAD", {})
+    model = compiled.model
+    sizes = {e.name: e.size for e in model.extents}
+    inputs = make_inputs(model, sizes, seed=7)
+    inputs["R2"] = inputs["R2"].abs() + 1  # a softmax's sum (the saved forward value) is positive
+    want = reference(model, inputs, sizes)
+    got = built(**{k: v.clone() for k, v in inputs.items()}, **poisoned_outputs(model, sizes))
+    torch.cuda.synchronize()
+    for name in ("dQ", "dK", "dV"):
+        g = compare(got[name], want[name], tolerance(model, dict(compiled.plans[0].storage)))
+        assert g.unwritten == 0 and g.ok, (name, g)
+
+
 @pytest.mark.parametrize("path,name,shape,pins", [
     ("rmsnorm.habu", "RMSNORM-ROWS-GRAD", {"R": 64, "D": 4096}, {}),  # dY and X in registers
     # the default at 16384 columns: 256 threads, launch bounds for two blocks an SM (128 registers a thread)
