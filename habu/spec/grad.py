@@ -62,7 +62,8 @@ from habu.spec.ir import (
 )
 
 # hoist the reductions an enclosing sum does not move out of the backward's sums, one node a computation across its
-# gradients (`hoist_statistics(invariant=True)`, session 60); False derives the earlier form (tests that need it)
+# gradients (`hoist_statistics(invariant=True)`, session 60), after factoring each gradient's terms (`factor_sum`,
+# `merge_terms`, session 62); False derives the earlier form, neither done (tests that need it)
 HOIST_INVARIANTS = True
 
 
@@ -326,8 +327,9 @@ class _Deriver:
             bound = tuple(self.fresh(v.extent) for v in rest)
             mapping |= dict(zip(rest, bound, strict=True))
             body = substitute(c.adjoint, mapping, self.fresh)
-            terms.append(factor_sum(Reduce("sum", bound, body), self._hi) if bound else body)
-        return merge_terms(terms)
+            term = Reduce("sum", bound, body) if bound else body
+            terms.append(factor_sum(term, self._hi) if HOIST_INVARIANTS else term)
+        return merge_terms(terms) if HOIST_INVARIANTS else terms
 
     def _hi(self, v: IndexVar) -> int:
         return self.fwd.extent(v.extent).hi
