@@ -1,0 +1,62 @@
+"""Attention's derived backward (session 62: FlashAttention-2's form, habu/spec/grad_factor.py) at a real size,
+against torch autograd through scaled_dot_product_attention in the same run: not a target yet (issue 22 leaves
+attention's backward for later), the gap measured.
+
+    SEQ=1024 HEADS=16 KV=8 python docs/experiments/attention_backward.py
+
+Causal GQA of examples/attention.habu (batch 1, head width 128). Habu's forward-with-saved-values gives the
+row maximum and sum the backward reads; both sides get the same Q, K, V and dO; dQ, dK and dV are compared with
+torch's in float32 (relative Frobenius error). CUDA events, medians (habu.timing.harness.time_cuda).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from habu.bench.backward_speed import build
+from habu.timing.harness import time_cuda
+
+SEQ, HEADS, KV = int(os.environ.get("SEQ", 1024)), int(os.environ.get("HEADS", 16)), int(os.environ.get("KV", 8))
+R = HEADS // KV
+sizes = {"B": 1, "G": KV, "R": R, "I": SEQ, "J": SEQ}
+bw, fwd, back = build("attention.habu", "ATTENTION-GQA", sizes, "sm_90a")
+g = torch.Generator(device="cuda").manual_seed(0)
+q = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
+k = torch.randn((1, KV, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
+v = torch.randn((1, KV, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
+do = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda").to(torch.float32)
+out = fwd(Q=q, K=k, V=v)
+out = out if isinstance(out, dict) else {bw.forward.outputs[0].name: out}
+cot = dict(bw.cotangents)
+named = {"Q": q, "K": k, "V": v, cot["O"]: do} | {s: out[s] for _, s in bw.saved}
+TORCH = {"f32": torch.float32, "bf16": torch.bfloat16}
+inputs = {t.name: named[t.name].to(TORCH[t.dtype.name]) for t in back.model.inputs}
+grads = dict(bw.gradients)
+
+
+def ours(_: int):
+    return back(**inputs)
+
+
+# torch's layout: (batch, heads, seq, width), query head h = g·R + r
+qt = q.reshape(1, HEADS, SEQ, 128).clone().requires_grad_()
+kt, vt = k.clone().requires_grad_(), v.clone().requires_grad_()
+ot = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+dot = do.reshape(1, HEADS, SEQ, 128).to(torch.bfloat16)
+
+
+def theirs(_: int):
+    return torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
+
+
+want = [x.float() for x in theirs(0)]
+got = ours(0)
+for name, w in zip(("Q", "K", "V"), want, strict=True):
+    x = got[grads[name]].float().reshape(w.shape)
+    print(f"d{name} rel error {float((x - w).norm() / w.norm()):.2e}")
+h = time_cuda(ours, 1, reps=10)["median_us"]
+t = time_cuda(theirs, 1, reps=30)["median_us"]
+print(f"seq {SEQ} heads {HEADS}/{KV}: habu {h:.1f} us, torch SDPA backward {t:.1f} us, x{t / h:.3f}")
