@@ -111,8 +111,9 @@ def _factors(e: Expr) -> list[Expr]:
 
 
 def _is_constant(e: Expr) -> bool:
-    return all(isinstance(x, Const | Size) or (isinstance(x, Op) and x.fn in ("mul", "div", "add", "sub", "neg"))
-               for x in walk(e))
+    """A factor of sizes and constants alone (`0.125`, `rsqrt(#E)`: attention's scale in its derived backward's
+    scores): the contraction's epilogue multiplies the accumulator by it."""
+    return all(isinstance(x, Const | Size | Op) for x in walk(e))
 
 
 def _operand(ld: Load, axis: IndexVar, k: IndexVar, batch: tuple[IndexVar, ...] = ()) -> Operand | None:

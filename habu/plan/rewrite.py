@@ -30,6 +30,9 @@ only when the finite-field check of the rewritten plan against the original mode
   habu/plan/term_split.py). Default plans take it.
 - `inner:T` makes a grouped GEMM nested in T's reduction a node of its own, T.in in f32 (the MoE backward's
   `dP[r] = Σ d dY[IX[r] d] · (Σ h Sact[r h] · W2[E[r] d h])`: habu/plan/inner_split.py). Default plans take it.
+- `nest:T` makes a product summed over several variables a batched contraction over one of them, T.in in f32 over
+  the others and T's, and T their sum (attention's derived `dK[b g j e] = Σ r i dS·Q` with grouped queries:
+  habu/plan/nest_split.py). Default plans take it.
 - `storage:bf16` stores every matrix between kernels in bf16 (habu/plan/storage_pin.py): only by `--pin
   storage=bf16`, applied after the others; no node names it, so the search never offers it.
 """
@@ -45,6 +48,7 @@ from habu.plan.attention_split import apply_attention, attention_parts
 from habu.plan.epilogue_inline import apply_epilogue, epilogue_part
 from habu.plan.gather_split import apply_gather, gather_part
 from habu.plan.inner_split import apply_inner, inner_part
+from habu.plan.nest_split import apply_nest, nest_part
 from habu.plan.patterns import _factors, as_contraction, consumers
 from habu.plan.scatter_split import apply_scatter, scatter_part
 from habu.plan.split import apply_split, split_part
@@ -214,17 +218,18 @@ KINDS = {"inline": (_inline_ok, _apply_inline),
          "epilogue": (lambda m, t: epilogue_part(m, t) is not None, apply_epilogue),
          "terms": (lambda m, t: terms_part(m, t) is not None, apply_terms),
          "inner": (lambda m, t: inner_part(m, t) is not None, apply_inner),
+         "nest": (lambda m, t: nest_part(m, t) is not None, apply_nest),
          # a plan's storage type (habu/plan/storage_pin.py): never applicable by node, only pinned (`--pin storage=`)
          "storage": (lambda m, t: storage_part(m, t) is not None, apply_storage)}
 
 
 def default_rewrites(model: Model) -> tuple[str, ...]:
     """The rewrites a default plan takes without being asked: `attention:T` for every softmax-weighted
-    sum (the unfused attention plan), `terms:T` for every sum of grouped GEMMs and `inner:T` for every grouped
-    GEMM nested in a reduction, then `split:T` for every contraction written inside a larger
+    sum (the unfused attention plan), `terms:T` for every sum of grouped GEMMs, `inner:T` for every grouped
+    GEMM nested in a reduction and `nest:T` for every product summed over several variables, then `split:T` for every contraction written inside a larger
     expression (without it no contraction family takes the node), then `epilogue:P` for every
     elementwise node that one contraction epilogue reads (one at a time: each may enable the next)."""
-    first = tuple(name for name in applicable(model) if name.startswith(("attention:", "terms:", "inner:")))
+    first = tuple(name for name in applicable(model) if name.startswith(("attention:", "terms:", "inner:", "nest:")))
     after = apply_rewrites(model, first) if first else model
     names = first + tuple(name for name in applicable(after) if name.startswith("split:"))
     while True:

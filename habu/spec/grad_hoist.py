@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from habu.errors import HabuError
 from habu.spec.equation import format_expr
+from habu.spec.grad_factor import factors, product
 from habu.spec.ir import (
     Compare,
     Const,
@@ -111,7 +112,8 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
     if not invariant:
         return replace(model, nodes=tuple(nodes), intermediates=tuple(inter))
     made = {f"{prefix}{i}" for i in range(1, count[0] + 1)}
-    shared_nodes = share_computations(model, list(reuse_later_nodes(nodes, made)), prefix, count[0] + 1)
+    exposed = expose_known_sums(list(reuse_later_nodes(nodes, made)))
+    shared_nodes = share_computations(model, exposed, prefix, count[0] + 1)
     inter += [TensorDecl(eq.target, tuple(v.extent for v in eq.lhs), None) for eq in shared_nodes
               if eq.target not in {n.target for n in nodes}]
     return replace(model, nodes=tuple(shared_nodes), intermediates=tuple(inter))
@@ -160,6 +162,39 @@ def _inner_computations(e: Expr) -> list[Expr]:
             out.append(x)
             stack.extend(x.args if isinstance(x, Op) else (x.body,))
     return out
+
+
+def expose_known_sums(nodes: list[Equation]) -> list[Equation]:
+    """The nodes with each sum `Σ V Π F` whose factors F_v and the bound variables W only they read form a sum `Σ W
+    Π F_v` another place computes written as `Σ V−W Π(F − F_v) · (Σ W Π F_v)`, so that `share_computations` makes
+    that sum once: attention's `%ds2 = Σ d j dO·V·P′` holds dP = `Σ d dO·V`, which dS computes (`factor_sum` leaves
+    it whole: alone, the inner sum would be computed at every point of the outer one)."""
+    known = {_keyed(x)[0] for eq in nodes for x in _inner_computations(eq.rhs) if isinstance(x, Reduce)}
+
+    def expose(e: Expr) -> Expr:
+        if isinstance(e, Op):
+            return Op(e.fn, tuple(expose(a) for a in e.args))
+        if not isinstance(e, Reduce):
+            return e
+        e = Reduce(e.op, e.vars, expose(e.body))
+        fs = factors(e.body)
+        if e.op != "sum" or len(fs) < 2:
+            return e
+        reads = [free_vars(f) for f in fs]
+        for v in e.vars:
+            holding = [i for i, r in enumerate(reads) if v in r]
+            if not holding or len(holding) == len(fs):
+                continue
+            inner_bound = tuple(w for w in e.vars if all(i in holding for i, r in enumerate(reads) if w in r))
+            if len(inner_bound) == len(e.vars):
+                continue
+            inner = Reduce("sum", inner_bound, product([fs[i] for i in holding]))
+            if _keyed(inner)[0] in known:
+                rest = [f for i, f in enumerate(fs) if i not in holding]
+                return Reduce("sum", tuple(w for w in e.vars if w not in inner_bound), product([*rest, inner]))
+        return e
+
+    return [replace(eq, rhs=expose(eq.rhs)) for eq in nodes]
 
 
 def share_computations(model: Model, nodes: list[Equation], prefix: str, first_number: int) -> tuple[Equation, ...]:
