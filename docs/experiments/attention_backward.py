@@ -2,11 +2,12 @@
 against torch autograd through scaled_dot_product_attention in the same run: not a target yet (issue 22 leaves
 attention's backward for later), the gap measured.
 
-    SEQ=1024 HEADS=16 KV=8 python docs/experiments/attention_backward.py
+    SEQ=1024 HEADS=16 KV=8 [PINS=storage=bf16] [OBF16=1] [PROFILE=1] python docs/experiments/attention_backward.py
 
 Causal GQA of examples/attention.habu (batch 1, head width 128). Habu's forward-with-saved-values gives the
 row maximum and sum the backward reads; both sides get the same Q, K, V and dO; dQ, dK and dV are compared with
-torch's in float32 (relative Frobenius error). CUDA events, medians (habu.timing.harness.time_cuda).
+torch's in float32 (relative Frobenius error). CUDA events, medians (habu.timing.harness.time_cuda). `PINS`:
+the backward plan's pins (KEY=VALUE joined by commas); `OBF16=1`: O declared bf16 (so dO is bf16, as SDPA's).
 """
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ import os
 import torch
 import torch.nn.functional as F
 
+import habu.bench.backward_speed as backward_speed
 from habu.bench.backward_speed import build
 from habu.timing.harness import time_cuda
 
 SEQ, HEADS, KV = int(os.environ.get("SEQ", 1024)), int(os.environ.get("HEADS", 16)), int(os.environ.get("KV", 8))
 R = HEADS // KV
 sizes = {"B": 1, "G": KV, "R": R, "I": SEQ, "J": SEQ}
-bw, fwd, back = build("attention.habu", "ATTENTION-GQA", sizes, "sm_90a")
+pins = dict(p.split("=", 1) for p in os.environ.get("PINS", "").split(",") if p)
+path = "attention.habu"
+if os.environ.get("OBF16"):  # the example with O declared bf16, beside it (the build reads examples/)
+    text = (backward_speed.EX / path).read_text().replace("f32  TENSOR: O", "bf16 TENSOR: O")
+    path = "attention_bf16o.habu"
+    (backward_speed.EX / path).write_text(text)
+bw, fwd, back = build(path, "ATTENTION-GQA", sizes, "sm_90a", pins)
 g = torch.Generator(device="cuda").manual_seed(0)
 q = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
 k = torch.randn((1, KV, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
 v = torch.randn((1, KV, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
-do = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda").to(torch.float32)
+do = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda")
 out = fwd(Q=q, K=k, V=v)
 out = out if isinstance(out, dict) else {bw.forward.outputs[0].name: out}
 cot = dict(bw.cotangents)
@@ -60,3 +68,11 @@ for name, w in zip(("Q", "K", "V"), want, strict=True):
 h = time_cuda(ours, 1, reps=10)["median_us"]
 t = time_cuda(theirs, 1, reps=30)["median_us"]
 print(f"seq {SEQ} heads {HEADS}/{KV}: habu {h:.1f} us, torch SDPA backward {t:.1f} us, x{t / h:.3f}")
+if os.environ.get("PROFILE"):  # each of Habu's kernels' time (the profiler serialises the launches)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            ours(0)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=60))

@@ -82,8 +82,10 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
                 inner = (invariant and not fv <= lhs_set and fv < set(scope) and fv == _reductions_vars(e)
                          and _elements(model, fv) <= INVARIANT_ELEMENTS)
                 if key not in cache and (statistic or inner):
-                    # the node's lhs: the node's own variables, then the enclosing reductions' as they appear
-                    vars_ = tuple(v for v in eq.lhs if v in fv) + tuple(v for v in order if v not in lhs_set)
+                    # the node's lhs: the node's own variables, then the enclosing reductions'
+                    # (those in the order the enclosing sums bind them: dV's `%h3[b g j r i]` under `Σ r i`, i
+                    # the contraction's k and innermost, so that the contraction's loads are TMA boxes)
+                    vars_ = tuple(v for v in eq.lhs if v in fv) + tuple(v for v in scope if v in fv and v not in lhs_set)
                     count[0] += 1
                     name = f"{prefix}{count[0]}"
                     nodes.append(hoist(Equation(name, vars_, e), cache))
