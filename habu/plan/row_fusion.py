@@ -83,8 +83,13 @@ def merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
         only_reader = consumers(model, prev.output) == [new_eq] and prev.output not in outputs
         if "rows" in (prev.kind, new.kind) and not reads_own_rows(new_eq, prev.output):
             same_shape = False  # the node reads the previous one's result in other rows (`Σ q3 S[q3]`)
+        kind = "rows" if "rows" in (prev.kind, new.kind) else "map"
+        # a row kernel ends in a row-local node: an elementwise node over a row statistic's own shape (`%h1[p] =
+        # dY[p] · step(%h2[p])` after `%h2[p] = Σ p3 …`) is no row of it (the fuzz's model 520: a crash in the
+        # row lowering, once session 62's backward made the statistic a node of its own)
+        if kind == "rows" and row_local(new_eq) is None:
+            same_shape = False
         if prev.kind in ("rows", "map") and same_shape and only_reader:
-            kind = "rows" if "rows" in (prev.kind, new.kind) else "map"
             regions[-1] = Region(kind, prev.nodes + new.nodes)
             return
     regions.append(new)

@@ -71,3 +71,21 @@ def test_a_row_reading_the_statistic_of_its_own_row_still_fuses():
     model = load_program(ROOT / "examples" / "rmsnorm.habu").models["RMSNORM-ROWS"]
     plan = default_plan(model, T, {})
     assert len(plan.kernels) == 1 and isinstance(plan.kernels[0], RowKernel)
+
+
+def test_regression_fuzz_520_an_elementwise_node_after_a_row_statistic_is_no_row_of_it():
+    """The fuzz's model 520 (`Y[p2] = abs(Σ p3 erf(exp(X0[p2])))`): session 62's backward makes the sum a node of
+    its own (`%h2[p] = Σ p3 …`), and the elementwise node after it (`%h1[p] = dY[p] · step(%h2[p]) …`, same
+    shape, its only reader) was fused into its row kernel, whose lowering then raised "not row-local" from the
+    plan enumeration. The two stay apart; every plan enumerates and the default is proven."""
+    from habu.cli_grad import backward_program
+    from habu.plan.patterns import default_regions, row_local
+    from habu.search.space import enumerate_plans
+    from tests.random_models import random_model
+
+    program, name = backward_program(parse_text(random_model(520), "fuzz.habu"), "FZ", None, "auto")
+    model = program.models[name]
+    nodes = {eq.target: eq for eq in model.nodes}
+    assert all(row_local(nodes[r.output]) is not None for r in default_regions(model) if r.kind == "rows")
+    assert list(enumerate_plans(model, T, {}))
+    assert prove(model, default_plan(model, T, None, {}), trials=1).ok
