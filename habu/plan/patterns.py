@@ -111,8 +111,7 @@ def _factors(e: Expr) -> list[Expr]:
 
 
 def _is_constant(e: Expr) -> bool:
-    """A factor of sizes and constants alone (`0.125`, `rsqrt(#E)`: attention's scale in its derived backward's
-    scores): the contraction's epilogue multiplies the accumulator by it."""
+    """A factor of sizes and constants alone (`0.125`, `rsqrt(#E)`): the epilogue multiplies the accumulator by it."""
     return all(isinstance(x, Const | Size | Op) for x in walk(e))
 
 
