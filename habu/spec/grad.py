@@ -465,9 +465,8 @@ class _Deriver:
         renames = dict(saved)
         recompute_nodes = [_rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
         nodes = recompute_nodes + [_rename_tensors(eq, renames) for eq in self.nodes]
-        for name, s in saved.items():  # a saved matrix in the forward's activation type (as its storage), a vector f32
-            extents = self.fwd.tensor(name).extents
-            self.decls[s] = TensorDecl(s, extents, dtype_named(_saved_dtype(self.fwd, extents)))
+        for name, s in saved.items():  # a saved matrix in the forward's activation type (as its storage), a statistic f32
+            self.decls[s] = TensorDecl(s, self.fwd.tensor(name).extents, dtype_named(_saved_dtype(self.fwd, name)))
         for t in self.fwd.inputs:
             self.decls.setdefault(t.name, t)
         model = _assemble(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
@@ -563,10 +562,14 @@ def _reads_in_order(eq: Equation) -> list[str]:
     return list(out)
 
 
-def _saved_dtype(fwd: Model, extents: tuple[str, ...]) -> str:
-    """A saved forward value's type: a matrix in the forward's activation type (what its plan stores it
-    in), a vector (a row statistic) f32."""
-    return activation_dtype(fwd.inputs, frozenset(t.name for t in fwd.outputs)) if len(extents) > 1 else "f32"
+def _saved_dtype(fwd: Model, name: str) -> str:
+    """A saved forward value's type: a row statistic (`hoist_statistics`' `%s` nodes: RMSNorm's rstd, softmax's
+    maximum and sum, over a row's leading axes however many: `R1[b s]`, attention's `R2[b g r i]`, which were bf16
+    until session 62) and any vector f32, any other matrix in the forward's activation type (what its plan
+    stores it in)."""
+    if name.startswith("%s") or len(fwd.tensor(name).extents) <= 1:
+        return "f32"
+    return activation_dtype(fwd.inputs, frozenset(t.name for t in fwd.outputs))
 
 
 def _with_saved_outputs(fwd: Model, saved: dict[str, str]) -> Model:
@@ -574,7 +577,7 @@ def _with_saved_outputs(fwd: Model, saved: dict[str, str]) -> Model:
     if not saved:
         return fwd
     nodes = tuple(_rename_tensors(eq, saved) for eq in fwd.nodes)
-    outs = fwd.outputs + tuple(TensorDecl(s, fwd.tensor(t).extents, dtype_named(_saved_dtype(fwd, fwd.tensor(t).extents)))
+    outs = fwd.outputs + tuple(TensorDecl(s, fwd.tensor(t).extents, dtype_named(_saved_dtype(fwd, t)))
                                for t, s in saved.items())
     inter = tuple(t for t in fwd.intermediates if t.name not in saved)
     return replace(fwd, nodes=nodes, outputs=outs, intermediates=inter)

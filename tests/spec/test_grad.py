@@ -233,6 +233,20 @@ def test_auto_saves_a_contraction_operand_in_the_forwards_element_type():
     assert "%1" in dict(rl.saved)
 
 
+@pytest.mark.parametrize(("path", "name"), [("rows_nd.habu", "RMSNORM-BSD"), ("rows_nd.habu", "SOFTMAX-ZHIJ"),
+                                            ("attention.habu", "ATTENTION-GQA"), ("rmsnorm.habu", "RMSNORM-EQ")])
+def test_regression_a_row_statistic_over_several_leading_axes_was_saved_in_bf16(path, name):
+    """A saved row statistic was f32 only as a vector: RMSNorm's rstd over [b s] rows, softmax's maximum and sum
+    over [z h i] and attention's over [b g r i] were saved in the activations' bf16 (8 bits of mantissa in every
+    gradient that reads them; Liger and FlashAttention keep them f32). Both the backward's input and the forward's
+    extra output are f32 now."""
+    bw = derive(load_program(EXAMPLES[0].parent / path).models[name])
+    assert bw.saved
+    for _, s in bw.saved:
+        assert bw.model.tensor(s).dtype.name == "f32", s
+        assert bw.forward.tensor(s).dtype.name == "f32", s
+
+
 @pytest.mark.slow  # over 3 s: the full suite runs it, the inner loop does not
 def test_regression_saved_values_keep_the_forwards_order_whatever_the_hash_seed():
     """The saved values were collected from sets of tensor names (node_reads), so their order, and the
