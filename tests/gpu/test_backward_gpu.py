@@ -77,6 +77,27 @@ def test_decode_attention_backward_with_its_length_mask_matches_the_float64_refe
     assert not got["dK"][1, :, 1:].float().abs().sum() and not got["dV"][0].float().abs().sum()
 
 
+@pytest.mark.parametrize(("name", "shape", "grads"), [("RMSNORM-BSD-GRAD", {"B": 2, "S": 100, "D": 4096}, ("dX", "dW")),
+                                                     ("SOFTMAX-ZHIJ-GRAD", {"Z": 2, "H": 3, "I": 50, "J": 512}, ("dS",))])
+def test_rows_nd_backward_with_f32_statistics_matches_the_float64_reference(name, shape, grads):
+    """N-D rows' backwards (rows_nd.habu) read their saved statistics in f32 since session 62 (bf16 before)."""
+    compiled, built = _built(ROOT / "examples" / "rows_nd.habu", name, shape)
+    model = compiled.model.with_sizes(shape)
+    sizes = {e.name: e.size for e in model.extents} | shape
+    inputs = make_inputs(model, sizes, seed=11)
+    for t in model.inputs:
+        if t.name.startswith("R"):
+            assert t.dtype.name == "f32"
+            inputs[t.name] = inputs[t.name].abs() + 1  # an rstd, a maximum's exp sum: positive
+    want = reference(model, inputs, sizes)
+    got = built(**{k: v.clone() for k, v in inputs.items()}, **poisoned_outputs(model, sizes))
+    torch.cuda.synchronize()
+    got = got if isinstance(got, dict) else {grads[0]: got}
+    for g_name in grads:
+        g = compare(got[g_name], want[g_name], tolerance(model, dict(compiled.plans[0].storage)))
+        assert g.unwritten == 0 and g.ok, (g_name, g)
+
+
 def test_attentions_factored_backward_matches_the_float64_reference():
     """Attention's backward in FlashAttention-2's form (session 62, habu.spec.grad_factor): one dS node that dQ and
     dK contract, the scores made once; causal GQA at the example's sizes."""
