@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.plan.patterns import as_grouped_gemm
-from habu.plan.split import replaced
-from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Load, Model, Reduce, TensorDecl, free_vars, walk
+from habu.plan.split import replaced, with_f32_part
+from habu.spec.ir import Equation, Load, Model, Reduce, free_vars, walk
 
 
 def inner_part(model: Model, target: str) -> tuple[Equation, Reduce, Equation] | None:
@@ -48,12 +47,7 @@ def apply_inner(model: Model, target: str) -> Model:
     found = inner_part(model, target)
     assert found is not None
     eq, inner, part = found
-    rhs = replaced(eq.rhs, inner, Load(part.target, part.lhs))
-    nodes: list[Equation] = []
-    for e in model.nodes:
-        nodes += [part, replace(eq, rhs=rhs)] if e is eq else [e]
-    decl = TensorDecl(part.target, tuple(v.extent for v in part.lhs), DTYPES["f32"])
-    return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, decl))
+    return with_f32_part(model, eq, part, replace(eq, rhs=replaced(eq.rhs, inner, Load(part.target, part.lhs))))
 
 
 __all__ = ["apply_inner", "inner_part"]

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.plan.patterns import as_contraction
-from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Load, Model, Reduce, TensorDecl
+from habu.plan.split import with_f32_part
+from habu.spec.ir import Equation, Load, Model, Reduce
 
 
 def nest_part(model: Model, target: str) -> tuple[Equation, Equation] | None:
@@ -52,12 +52,7 @@ def apply_nest(model: Model, target: str) -> Model:
     assert found is not None
     eq, part = found
     rest = part.lhs[: len(part.lhs) - len(eq.lhs)]
-    outer = replace(eq, rhs=Reduce("sum", rest, Load(part.target, part.lhs)))
-    nodes: list[Equation] = []
-    for e in model.nodes:
-        nodes += [part, outer] if e is eq else [e]
-    decl = TensorDecl(part.target, tuple(v.extent for v in part.lhs), DTYPES["f32"])
-    return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, decl))
+    return with_f32_part(model, eq, part, replace(eq, rhs=Reduce("sum", rest, Load(part.target, part.lhs))))
 
 
 __all__ = ["apply_nest", "nest_part"]

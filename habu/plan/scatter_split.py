@@ -20,11 +20,9 @@ the model as written (T.mm is a kernel boundary, an intermediate the check alrea
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from habu.plan.patterns import as_contraction
-from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Load, Model, TensorDecl
+from habu.plan.split import with_f32_part
+from habu.spec.ir import Equation, Load, Model
 
 
 def scatter_part(model: Model, target: str) -> tuple[Equation, Equation, Equation] | None:
@@ -48,11 +46,7 @@ def apply_scatter(model: Model, target: str) -> Model:
     found = scatter_part(model, target)
     assert found is not None
     eq, product, scatter = found
-    nodes: list[Equation] = []
-    for e in model.nodes:
-        nodes += [product, scatter] if e is eq else [e]
-    decl = TensorDecl(product.target, tuple(v.extent for v in product.lhs), DTYPES["f32"])
-    return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, decl))
+    return with_f32_part(model, eq, product, scatter)
 
 
 __all__ = ["apply_scatter", "scatter_part"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.plan.patterns import as_contraction
+from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, Gather, Load, Model, Op, Reduce, TensorDecl, free_vars, walk
 
 
@@ -60,4 +61,14 @@ def apply_split(model: Model, target: str) -> Model:
     return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, decl))
 
 
-__all__ = ["apply_split", "replaced", "split_part"]
+def with_f32_part(model: Model, eq: Equation, part: Equation, rest: Equation) -> Model:
+    """The model with node `eq` replaced by `part`, a new f32 intermediate (the accumulator's precision: `inner:T`,
+    `nest:T`, `scatter:T`), and then `rest`, which reads it."""
+    nodes: list[Equation] = []
+    for e in model.nodes:
+        nodes += [part, rest] if e is eq else [e]
+    decl = TensorDecl(part.target, tuple(v.extent for v in part.lhs), DTYPES["f32"])
+    return replace(model, nodes=tuple(nodes), intermediates=(*model.intermediates, decl))
+
+
+__all__ = ["apply_split", "replaced", "split_part", "with_f32_part"]
