@@ -132,7 +132,8 @@ def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
 
 def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int],
            whole_rows: Mapping[str, tuple[int, int]] | None = None,
-           whole_columns: Mapping[str, tuple[int, int]] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
+           whole_columns: Mapping[str, tuple[int, int]] | None = None,
+           whole_vectors: Mapping[str, int] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
     """The elements of every intermediate that the given output elements depend on (a box per tensor).
     `whole_rows`: the nodes a row kernel computes, with their leading (row) axes and the rows a block computes: the
     kernel computes the whole row of each demanded row, so it reads its inputs along every column (`Y =
@@ -140,7 +141,10 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
     kernel's box left out; found by a fuzz), and every row of each block that holds one (`row_blocks_box`).
     `whole_columns`: the nodes a column kernel computes, with the extent of their column and a tile's columns:
     the kernel computes every column of each tile that holds a demanded one, reading its inputs there (fuzz seed
-    13843: %h2's 64-column tile read %h1 at columns %h1's sampled 16-column tiles left out)."""
+    13843: %h2's 64-column tile read %h1 at columns %h1's sampled 16-column tiles left out). `whole_vectors`: the
+    nodes a general kernel computes in vectors of that many elements along the last axis: a lane computes its
+    whole vector, reading its inputs there (fuzz model 8322: %h1's lanes of 2 read %h6 at columns %h6's box left
+    out, and the check refused the right plan)."""
     boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
     produced = {eq.target for eq in model.nodes}  # intermediates, and outputs a later node reads
     for eq in reversed(model.nodes):
@@ -157,6 +161,12 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
         if pos >= 0 and eq.scatter is None:  # the tiles of one axis: blocks of `tile` columns
             box = list(boxes[eq.target])
             (box[pos],) = row_blocks_box((box[pos],), (sizes[eq.lhs[pos].extent],), tile)
+            boxes[eq.target] = tuple(box)
+        vector = (whole_vectors or {}).get(eq.target, 1)
+        if vector > 1 and eq.lhs and eq.scatter is None:  # whole vectors along the last axis
+            box, last = list(boxes[eq.target]), sizes[eq.lhs[-1].extent]
+            starts = box[-1] - box[-1] % vector
+            box[-1] = np.unique(np.minimum((starts[:, None] + np.arange(vector)).ravel(), last - 1))
             boxes[eq.target] = tuple(box)
         # the target's box along each position its store indexes by a plain variable; a scatter's
         # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box
@@ -399,7 +409,9 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                 if isinstance(lw, RowLowering) for t in k.nodes}
         columns = {t: (lw.c, lw.tile) for k, lw in zip(plan.kernels, lowerings, strict=True)
                    if isinstance(lw, ColumnLowering) for t in k.nodes}
-        boxes = demand(graph, out_boxes, s, rows, columns)
+        vectors = {t: lw.vector for k, lw in zip(plan.kernels, lowerings, strict=True)
+                   if isinstance(lw, GeneralLowering) and lw.vector > 1 for t in k.nodes}
+        boxes = demand(graph, out_boxes, s, rows, columns, vectors)
         widened = False
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too
