@@ -8,7 +8,7 @@ the gradients 16300–16699 and 17500–18199; session 61's `reuse_later_nodes` 
 where 18703 and 18891 were WRONG, tests/spec/test_grad_hoist_invariants.py), products 200–1322, shared products
 (one tensor as both operands) 0–699 and batched products 0–583; session 62's factored backwards (habu/spec/
 grad_factor.py: 357 of models 0–2999 derive another backward, every one of 0–5999 passes the adjoint check)
-over models 0–9559, where 520 was a CRASH (tests/plan/test_rows_in_other_rows.py) and 8322 WRONG: right plans
+over models 0–14499 (4 variants a model; 9750's forward SLOW at a 20 s deadline), where 520 was a CRASH (tests/plan/test_rows_in_other_rows.py) and 8322 WRONG: right plans
 refused by the field check, also at 595bc51 (tests/prove/test_witness_blocks.py);
 each WRONG, CRASH or MEMORY finding is a regression test. The SLOW ones, derived backwards of a max that
 recomputed the max inside their sums (models 14672, 14893, 14935, 15548, 16307), run in seconds since session 60
