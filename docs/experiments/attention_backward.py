@@ -13,6 +13,8 @@ the backward plan's pins (KEY=VALUE joined by commas); `OBF16=1`: O declared bf1
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +28,10 @@ R = HEADS // KV
 sizes = {"B": 1, "G": KV, "R": R, "I": SEQ, "J": SEQ}
 pins = dict(p.split("=", 1) for p in os.environ.get("PINS", "").split(",") if p)
 path = "attention.habu"
-if os.environ.get("OBF16"):  # the example with O declared bf16, beside it (the build reads examples/)
+if os.environ.get("OBF16"):  # the example with O declared bf16, in a temporary file (an absolute path to the build)
     text = (backward_speed.EX / path).read_text().replace("f32  TENSOR: O", "bf16 TENSOR: O")
-    path = "attention_bf16o.habu"
-    (backward_speed.EX / path).write_text(text)
+    path = str(Path(tempfile.mkdtemp()) / "attention_bf16o.habu")
+    Path(path).write_text(text)
 bw, fwd, back = build(path, "ATTENTION-GQA", sizes, "sm_90a", pins)
 g = torch.Generator(device="cuda").manual_seed(0)
 q = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)

@@ -206,10 +206,14 @@ def general_thread_box(lw: GeneralLowering, sizes: Mapping[str, int]) -> tuple[n
     box = [np.arange(sizes[e], dtype=np.int64) if v in gathered else np.array(_spread(sizes[e]), dtype=np.int64)
            for v, e in zip(lw.node.lhs, lw.extents, strict=True)]
     if lw.vector > 1 and box:  # whole vectors along the last axis: a thread computes (and reads) all of its vector
-        n, last = lw.vector, sizes[lw.extents[-1]]
-        starts = box[-1] - box[-1] % n
-        box[-1] = np.unique(np.minimum((starts[:, None] + np.arange(n)).ravel(), last - 1))
+        box[-1] = vector_span(box[-1], lw.vector, sizes[lw.extents[-1]])
     return tuple(box)
+
+
+def vector_span(coords: np.ndarray, vector: int, size: int) -> np.ndarray:
+    """The coordinates along an axis of `size` of every element of the `vector`-element vectors holding `coords`."""
+    starts = coords - coords % vector
+    return np.unique(np.minimum((starts[:, None] + np.arange(vector)).ravel(), size - 1))
 
 
 def general_out_box(lw: GeneralLowering, threads: tuple[np.ndarray, ...], sizes: Mapping[str, int]

@@ -36,7 +36,7 @@ from habu.prove.interp import (
     FIELD_CHECK_FIELDS as FIELD_CHECK_FIELDS,  # what the check reads of a contraction
 )
 from habu.prove.interp import Memory, PlanFault, run_kernel
-from habu.prove.interp_general import loop_volume
+from habu.prove.interp_general import loop_volume, vector_span
 from habu.prove.kinds import kind_proof
 from habu.prove.virtual import GroupedVirtualTensor, PairVirtualTensor, VirtualTensor, key_for
 from habu.spec.evaluate import BoxTensor, EvalError, Evaluator
@@ -164,9 +164,8 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
             boxes[eq.target] = tuple(box)
         vector = (whole_vectors or {}).get(eq.target, 1)
         if vector > 1 and eq.lhs and eq.scatter is None:  # whole vectors along the last axis
-            box, last = list(boxes[eq.target]), sizes[eq.lhs[-1].extent]
-            starts = box[-1] - box[-1] % vector
-            box[-1] = np.unique(np.minimum((starts[:, None] + np.arange(vector)).ravel(), last - 1))
+            box = list(boxes[eq.target])
+            box[-1] = vector_span(box[-1], vector, sizes[eq.lhs[-1].extent])
             boxes[eq.target] = tuple(box)
         # the target's box along each position its store indexes by a plain variable; a scatter's
         # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box

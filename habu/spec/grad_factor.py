@@ -10,6 +10,7 @@ work: a factored sum is at worst recomputed per outer iteration, as the flat one
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from habu.spec.ir import Expr, IndexVar, Load, Op, Reduce, free_vars, rename_vars, walk
 
@@ -35,41 +36,54 @@ def _elements(vars_: frozenset[IndexVar] | set[IndexVar], size: Callable[[IndexV
     return n
 
 
-def factor_sum(term: Expr, size: Callable[[IndexVar], int]) -> Expr:
-    """`Σ V Π F` with the factors that mention some bound variables only summed over those: `Σ V−W Π(F −
-    F_v) · (Σ W Π F_v)`, F_v the factors that mention a bound variable v and W the bound variables no other
-    factor mentions (v among them), repeated on the outer sum. Of the candidates v, the one whose inner sum
-    has the fewest elements (its free variables at `size`). A candidate is skipped where its inner sum
-    would take every bound variable (a factor of the term's own variables is not pulled out of it) or where
-    its factors mention every variable the body does (the inner sum would be computed at every point the
-    outer one is: nothing saved). Anything but a sum of a product comes back as it is."""
-    if not isinstance(term, Reduce) or term.op != "sum":
-        return term
+@dataclass(frozen=True)
+class SumSplit:
+    """`Σ V Π F` as `Σ outer Π rest · inner`, inner = `Σ W Π F_v`: F_v the factors that mention a bound variable v,
+    W the bound variables no other factor mentions (v among them)."""
+
+    inner: Reduce
+    outer: tuple[IndexVar, ...]
+    rest: tuple[Expr, ...]
+
+    def expr(self) -> Reduce:
+        return Reduce("sum", self.outer, product([*self.rest, self.inner]))
+
+
+def sum_splits(term: Reduce) -> list[SumSplit]:
+    """Every way to sum some of a sum's factors apart (one per bound variable that some but not all factors
+    mention), leaving at least one bound variable outside: a factor of the term's own variables is not pulled out
+    of it."""
     fs = factors(term.body)
     fvs = [free_vars(f) for f in fs]
-    body_vars = frozenset().union(*fvs)
-    best: tuple[int, frozenset[int], tuple[IndexVar, ...]] | None = None
+    out = []
     for v in term.vars:
-        holding = frozenset(i for i, s in enumerate(fvs) if v in s)
+        holding = [i for i, s in enumerate(fvs) if v in s]
         if not holding or len(holding) == len(fs):
             continue
-        inner_bound = tuple(w for w in term.vars if {i for i, s in enumerate(fvs) if w in s} <= holding)
-        inner_vars = frozenset().union(*(fvs[i] for i in holding))
-        if len(inner_bound) == len(term.vars) or inner_vars >= body_vars:
-            continue
-        elements = _elements(inner_vars - set(inner_bound), size)
-        if best is None or elements < best[0]:
-            best = (elements, holding, inner_bound)
-    if best is None:
+        inner_bound = tuple(w for w in term.vars if all(i in holding for i, s in enumerate(fvs) if w in s))
+        if len(inner_bound) < len(term.vars):
+            out.append(SumSplit(Reduce("sum", inner_bound, product([fs[i] for i in holding])),
+                                tuple(w for w in term.vars if w not in inner_bound),
+                                tuple(f for i, f in enumerate(fs) if i not in holding)))
+    return out
+
+
+def factor_sum(term: Expr, size: Callable[[IndexVar], int]) -> Expr:
+    """`Σ V Π F` with the factors that mention some bound variables only summed over those (`sum_splits`),
+    repeated on the outer sum. Of the candidates, the one whose inner sum has the fewest elements (its free
+    variables at `size`); one whose factors mention every variable the body does is skipped (the inner sum would be
+    computed at every point the outer one is: nothing saved). Anything but a sum of a product comes back as it is."""
+    if not isinstance(term, Reduce) or term.op != "sum":
         return term
-    _, holding, inner_bound = best
-    inner = Reduce("sum", inner_bound, product([fs[i] for i in sorted(holding)]))
-    outer = tuple(w for w in term.vars if w not in inner_bound)
-    rest = [fs[i] for i in range(len(fs)) if i not in holding]
-    return factor_sum(Reduce("sum", outer, product([*rest, inner])), size)
+    body_vars = free_vars(term.body)
+    useful = [sp for sp in sum_splits(term) if not free_vars(sp.inner.body) >= body_vars]
+    if not useful:
+        return term
+    best = min(useful, key=lambda sp: _elements(free_vars(sp.inner), size))
+    return factor_sum(best.expr(), size)
 
 
-def _has_reduce(e: Expr) -> bool:
+def has_reduce(e: Expr) -> bool:
     return any(isinstance(x, Reduce) for x in walk(e))
 
 
@@ -125,11 +139,11 @@ def merge_terms(terms: list[Expr]) -> list[Expr]:
         merged = False
         for a in range(len(out)):
             pa = _partner(out[a])
-            if pa is None or not any(_has_reduce(f) for f in pa[2]):
+            if pa is None or not any(has_reduce(f) for f in pa[2]):
                 continue
             for b in range(a + 1, len(out)):
                 pb = _partner(out[b])
-                if pb is None or not any(_has_reduce(f) for f in pb[2]):
+                if pb is None or not any(has_reduce(f) for f in pb[2]):
                     continue
                 mapping = _correspondence((pa[0], pa[1]), (pb[0], pb[1]))
                 if mapping is None or _mentions(product(pb[2])) & set(pa[0]):

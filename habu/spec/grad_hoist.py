@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from habu.errors import HabuError
 from habu.spec.equation import format_expr
-from habu.spec.grad_factor import factors, product
+from habu.spec.grad_factor import has_reduce, sum_splits
 from habu.spec.ir import (
     Compare,
     Const,
@@ -27,10 +27,6 @@ from habu.spec.ir import (
     tensors_read,
     walk,
 )
-
-
-def _has_reduce(e: Expr) -> bool:
-    return any(isinstance(x, Reduce) for x in walk(e))
 
 
 def _shape_key(e: Expr) -> str:
@@ -66,7 +62,7 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
         lhs_set = set(eq.lhs)
 
         def visit(e: Expr, scope: tuple[IndexVar, ...], root: bool) -> Expr:
-            if isinstance(e, Load | Const | Size) or not _has_reduce(e):
+            if isinstance(e, Load | Const | Size) or not has_reduce(e):
                 return e
             if not root:
                 # the key names `e`'s free variables by where they first appear: equal computations over
@@ -116,8 +112,9 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
     made = {f"{prefix}{i}" for i in range(1, count[0] + 1)}
     exposed = expose_known_sums(list(reuse_later_nodes(nodes, made)))
     shared_nodes = share_computations(model, exposed, prefix, count[0] + 1)
+    before = {n.target for n in nodes}
     inter += [TensorDecl(eq.target, tuple(v.extent for v in eq.lhs), None) for eq in shared_nodes
-              if eq.target not in {n.target for n in nodes}]
+              if eq.target not in before]
     return replace(model, nodes=tuple(shared_nodes), intermediates=tuple(inter))
 
 
@@ -160,7 +157,7 @@ def _inner_computations(e: Expr) -> list[Expr]:
     stack = list(e.args) if isinstance(e, Op) else [e.body] if isinstance(e, Reduce) else []
     while stack:
         x = stack.pop()
-        if isinstance(x, Op | Reduce) and _has_reduce(x):
+        if isinstance(x, Op | Reduce) and has_reduce(x):
             out.append(x)
             stack.extend(x.args if isinstance(x, Op) else (x.body,))
     return out
@@ -179,22 +176,9 @@ def expose_known_sums(nodes: list[Equation]) -> list[Equation]:
         if not isinstance(e, Reduce):
             return e
         e = Reduce(e.op, e.vars, expose(e.body))
-        fs = factors(e.body)
-        if e.op != "sum" or len(fs) < 2:
+        if e.op != "sum":
             return e
-        reads = [free_vars(f) for f in fs]
-        for v in e.vars:
-            holding = [i for i, r in enumerate(reads) if v in r]
-            if not holding or len(holding) == len(fs):
-                continue
-            inner_bound = tuple(w for w in e.vars if all(i in holding for i, r in enumerate(reads) if w in r))
-            if len(inner_bound) == len(e.vars):
-                continue
-            inner = Reduce("sum", inner_bound, product([fs[i] for i in holding]))
-            if _keyed(inner)[0] in known:
-                rest = [f for i, f in enumerate(fs) if i not in holding]
-                return Reduce("sum", tuple(w for w in e.vars if w not in inner_bound), product([*rest, inner]))
-        return e
+        return next((sp.expr() for sp in sum_splits(e) if _keyed(sp.inner)[0] in known), e)
 
     return [replace(eq, rhs=expose(eq.rhs)) for eq in nodes]
 
@@ -241,7 +225,7 @@ def share_computations(model: Model, nodes: list[Equation], prefix: str, first_n
 def _read_from(e: Expr, key: str, node: str, positions: tuple[int, ...]) -> Expr:
     """`e` with each maximal subexpression computing `key` read from `node` (its lhs: `positions` into the
     subexpression's free variables by first appearance)."""
-    if isinstance(e, Reduce | Op) and _has_reduce(e):
+    if isinstance(e, Reduce | Op) and has_reduce(e):
         got, at = _keyed(e)
         if got == key:
             return Load(node, tuple(at[p] for p in positions))
