@@ -196,3 +196,27 @@ def test_a_planted_error_in_the_early_registers_map_is_refused(monkeypatch, muta
     plan = default_plan(model, T, {})
     broken = [o for o in failures(obligations(model, plan)) if o.rule.name == "early-epilogue-loads"]
     assert broken and "S1" in broken[0].detail, [o.describe() for o in broken]
+
+
+@pytest.mark.parametrize("held", [1, 3])
+def test_an_unpaired_column_loads_fill_reads_each_half_where_the_lowering_says(monkeypatch, held):
+    """A column-dependent early load that is not read one pair at a time (a transposed M[n m]: not contiguous
+    along n) fills its second half at the column `EarlyLoad.held_column` names, printed from it: with the
+    lowering's own map (1) and with a planted one (3), the fill's second load is at that column (an emitter that
+    printed another column would pass the rule that checks the map, and read another element)."""
+    from habu.lower.epilogue_early import EarlyLoad
+    from habu.spec.parser import parse_text
+
+    text = """256 EXTENT: #M  384 EXTENT: #N  128 EXTENT: #K
+bf16 TENSOR: A ( #M #K )  bf16 TENSOR: B ( #N #K )  bf16 TENSOR: M ( #N #M )  f32 TENSOR: Y ( #M #N )
+MODEL: TRANSPOSED  Y[m n] = (Σ k A[m k] · B[n k]) + M[n m] ;
+"""
+    model = parse_text(text, "transposed.habu").models["TRANSPOSED"]
+    monkeypatch.setattr(EarlyLoad, "held_column", lambda self, half: half * held)
+    plan = default_plan(model, T, {})
+    (lw,) = lower_plan(model, plan)
+    assert [(e.access.tensor, e.columns) for e in lw.early_loads] == [("M", True)]
+    source = emit_plan(model, plan, T).kernels[0].source
+    (fill,) = [line for line in source.splitlines() if line.strip().startswith("pre0[s][j][h] = ")]
+    assert "p_M + ((int)(n) * (int)(256) + (int)(m))" in fill
+    assert f"p_M + ((int)((n + {held})) * (int)(256) + (int)(m))" in fill
