@@ -29,13 +29,32 @@ import traceback
 
 from habu.cli_grad import backward_program
 from habu.errors import HabuError
+from habu.plan.rewrite import apply_rewrites, default_rewrites
 from habu.prove.deadline import DeadlinePassed, proof_deadline
 from habu.prove.rules import failures, obligations
 from habu.prove.verify import verify_plan
-from habu.search.space import enumerate_plans
+from habu.search.space import enumerate_plans, make_plan
 from habu.spec.parser import parse_text
 from habu.target import target_named
-from tests.random_models import random_batched_product, random_model, random_product, random_shared_product
+from tests.random_models import (
+    random_batched_product,
+    random_masked_product,
+    random_model,
+    random_product,
+    random_shared_product,
+)
+
+
+def candidates(model, target) -> list:
+    """The variants of the model as written, then (since session 63) those of the model after the rewrites a
+    default plan takes (`split:T`, `epilogue:P`, `nest:T`, ...): before, the fuzz never reached a rewritten
+    plan."""
+    plans = list(enumerate_plans(model, target, {}))
+    rewrites = default_rewrites(model)
+    if rewrites:
+        graph = apply_rewrites(model, rewrites)
+        plans += [make_plan(model, target, p.kernels, dict(p.shape), rewrites) for p in enumerate_plans(graph, target, {})]
+    return plans
 
 
 def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target) -> None:
@@ -48,14 +67,15 @@ def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target
         try:
             prog, name = backward_program(program, "FZ", None, "auto") if backward else (program, "FZ")
             model = prog.models[name]
-            plans = list(enumerate_plans(model, target, {}))
+            plans = candidates(model, target)
         except HabuError:
             continue
         except Exception as err:
             print(f"CRASH-ENUM {where}: {type(err).__name__}: {err}", flush=True)
             continue
         rng = random.Random(seed * 2 + backward)
-        for i in [0, *rng.sample(range(1, len(plans)), min(per, len(plans) - 1))]:
+        first_rewritten = next((i for i, p in enumerate(plans) if p.rewrites), 0)
+        for i in dict.fromkeys([0, first_rewritten, *rng.sample(range(1, len(plans)), min(per, len(plans) - 1))]):
             plan = plans[i]
             try:
                 if failures(obligations(model, plan)):
@@ -79,14 +99,14 @@ def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("model", "product", "shared", "batched"))
+    ap.add_argument("kind", choices=("model", "product", "shared", "batched", "masked"))
     ap.add_argument("first", type=int)
     ap.add_argument("end", type=int)
     ap.add_argument("--per", type=int, default=6, help="sampled variants a model, besides the default")
     ap.add_argument("--deadline", type=float, default=30.0, help="seconds a plan's field check may take")
     args = ap.parse_args()
     generate = {"model": random_model, "product": random_product, "shared": random_shared_product,
-                "batched": random_batched_product}[args.kind]
+                "batched": random_batched_product, "masked": random_masked_product}[args.kind]
     target = target_named("sm_90a")
     for seed in range(args.first, args.end):
         fuzz_one(generate(seed), f"{args.kind} {seed}", args.per, seed, args.deadline, target)

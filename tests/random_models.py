@@ -6,6 +6,7 @@ Session 45's fuzz with this generator found eight bugs in planning, the evaluato
 from __future__ import annotations
 
 import random
+import re
 
 SIZES = (1, 2, 3, 5, 7, 13, 17, 33, 64, 100, 130)
 UNARY = ("exp", "tanh", "sigmoid", "abs", "erf", "neg")
@@ -131,6 +132,28 @@ def random_product(seed: int) -> str:
         lines.append("ITENSOR: IS ( #M #S )")
     lines.append(f"MODEL: FZ  {lhs} {store} {term} ;")
     return "\n".join(lines) + "\n"
+
+
+MASKS = ("n ≤ m + {c}", "m < n", "n ≤ m + #N − #M", "m + n ≥ {c}", "n ≠ m", "m ≥ {c}")
+
+
+def random_masked_product(seed: int) -> str:
+    """`random_product(seed)` with a condition on its output's indices around its right side or beside it
+    (session 63: a contraction's epilogue computes a causal-style mask, habu/lower/conditions.py):
+    `where(n ≤ m + c, f(…), fill)`, `f(…) · where(m < n, 1, 0)`, a batch index in the condition too."""
+    rng = random.Random(seed + 7_000_003)
+    *head, line = random_product(seed).rstrip("\n").split("\n")
+    lhs, store, term = re.fullmatch(r"MODEL: FZ  (.*?) (\+?=) (.*) ;", line).groups()
+    cond = rng.choice(MASKS + (("b ≤ n",) if lhs.startswith("Y[b ") else ())).format(c=rng.choice((0, 3, 17, 40)))
+    fill = rng.choice(("0", "−∞", "1.5"))
+    form = rng.random()
+    if form < 0.5:
+        term = f"where({cond}, {term}, {fill})"
+    elif form < 0.8:
+        term = f"({term}) · where({cond}, 1, 0)"
+    else:
+        term = f"where({cond}, {term}, {fill}) + 1"
+    return "\n".join([*head, f"MODEL: FZ  {lhs} {store} {term} ;"]) + "\n"
 
 
 def random_shared_product(seed: int) -> str:

@@ -25,6 +25,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.access import Access
+from habu.lower.conditions import condition_names
 from habu.lower.contraction import ACC, ContractionLowering, fma_thread_grid
 from habu.lower.layouts import FmaOperands
 from habu.lower.support import lowering_smem
@@ -67,6 +68,7 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
     """`value = epilogue(acc)` for output element (m, n), then the masked store (or atomic add)."""
     coord = {"m": m, "n": n}
     table = table_reader(sig, model, it)
+    at = condition_names(m, n, lw.batch_axes)  # a mask's coordinates (habu/lower/conditions.py)
 
     def leaf(ld: Load) -> str:
         if ld.tensor == ACC:
@@ -82,9 +84,9 @@ def epilogue_code(lw: ContractionLowering, sig: Signature, model: Model, sizes, 
     for expr, access in lw.extra_outs:  # the chain's other outputs, each written with its own access
         p = sig.pointer(access.tensor, access.dtype, writes=True)
         store = store_value(access.dtype, p, access_offset(access, coord, sizes, lw.index_width, table),
-                            float_expr(expr, leaf, sizes))
+                            float_expr(expr, leaf, sizes, names=at))
         extras += f"\nif ({access_mask(access, coord, sizes, table)}) {{ {store} }}"
-    value = float_expr(lw.epilogue, leaf, sizes)
+    value = float_expr(lw.epilogue, leaf, sizes, names=at)
     out = lw.out
     p = sig.pointer(out.tensor, out.dtype, writes=True)
     off = access_offset(out, coord, sizes, lw.index_width, table)
@@ -118,7 +120,7 @@ def epilogue_value(lw: ContractionLowering, sig: Signature, model: Model, sizes,
             return names[ld]
         return epilogue_load(lw, sig, sizes, table, coord, next(a for x, a in lw.epi_loads if x == ld))
 
-    return float_expr(lw.epilogue if expr is None else expr, leaf, sizes)
+    return float_expr(lw.epilogue if expr is None else expr, leaf, sizes, names=condition_names(m, n, lw.batch_axes))
 
 
 def second_of(lw: ContractionLowering, m: str, n: str) -> tuple[str, str]:

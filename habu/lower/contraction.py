@@ -32,6 +32,7 @@ from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
 from habu.lower.column_epilogue import EpilogueColumnSum, column_sum_for, placed
+from habu.lower.conditions import conditions_on_axes
 from habu.lower.epilogue_early import EarlyLoad, early_candidates, early_loads
 from habu.lower.epilogue_pairs import pair_vector_accesses, pairable
 from habu.lower.epilogue_prefetch import EpiloguePrefetch, epilogue_prefetches
@@ -429,7 +430,7 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
     values = [epilogue]  # each node's value, over the accumulator and the epilogue's loads
     for eq in nodes[1:]:
         mapping = {v: pos_axes[i] for i, v in enumerate(eq.lhs)}
-        body = rename_vars(eq.rhs, mapping)
+        body = conditions_on_axes(rename_vars(eq.rhs, mapping))  # (a causal mask compares the axes)
         epilogue = _substitute_acc(body, prev.target, epilogue)
         values.append(epilogue)
         prev = eq

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from habu.plan.patterns import as_contraction, consumers, default_regions, has_condition, is_elementwise_on
+from habu.plan.conditions import has_condition
+from habu.plan.patterns import as_contraction, consumers, default_regions, is_elementwise_on
 from habu.spec.ir import Equation, Expr, IndexConst, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
 
 

@@ -27,11 +27,11 @@ from typing import Any
 
 from habu.errors import HabuError
 from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
+from habu.plan.conditions import epilogue_conditions, has_condition
 from habu.plan.row_reductions import reductions_no_row_runs
 from habu.plan.storage import dtype_of
 from habu.spec.equation import format_expr, format_index
 from habu.spec.ir import (
-    Compare,
     Const,
     Equation,
     Expr,
@@ -198,8 +198,8 @@ def kernel_contraction(eq: Equation, kernel: Any) -> Contraction | None:
 
 def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
     """`eq` reads `producer`'s result only at the element it writes, reduces nothing and holds no
-    condition on indices (a contraction's epilogue computes none yet: the attention mask)."""
-    if any(isinstance(x, Reduce) for x in walk(eq.rhs)) or has_condition(eq):
+    condition on indices but comparisons of its own coordinates (`epilogue_conditions`: the causal mask)."""
+    if any(isinstance(x, Reduce) for x in walk(eq.rhs)) or not epilogue_conditions(eq):
         return False
     if len(eq.lhs) != len(producer.lhs):
         return False
@@ -213,11 +213,6 @@ def is_elementwise_on(eq: Equation, producer: Equation) -> bool:
             if isinstance(ix, Gather):
                 return False
     return True
-
-
-def has_condition(eq: Equation) -> bool:
-    """Whether the node holds a condition on indices (`where(j ≤ i, ...)`, `[j < LEN[b]]`)."""
-    return any(isinstance(x, Compare) for x in walk(eq.rhs))
 
 
 def row_local(eq: Equation) -> tuple[tuple[str, ...], str] | None:

@@ -10,14 +10,16 @@ without accumulating is a fault, reported with the element.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access
+from habu.lower.conditions import condition_coordinates
 from habu.lower.contraction import ACC
 from habu.lower.epilogue_pairs import pair_first, paired_loads
 from habu.lower.general import Store
@@ -26,6 +28,7 @@ from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel
 from habu.prove.block_products import block_products
 from habu.prove.column_epilogue import run_column_sum
+from habu.prove.conditions import condition_holds
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.index_arith import NumpyIndex, computing
@@ -38,7 +41,7 @@ from habu.prove.tma_landing import tma_landing_faults
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
 from habu.spec.field import PrimeField
-from habu.spec.ir import Const, Expr, Load, Op, Size
+from habu.spec.ir import Compare, Const, Expr, Load, NegInf, Op, Size
 
 
 class PlanFault(Exception):
@@ -198,18 +201,22 @@ def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values:
 # ----------------------------------------------------------------------------- pointwise expressions
 
 
-def eval_pointwise(expr: Expr, leaf, field: PrimeField, sizes: Mapping[str, int]) -> np.ndarray:
-    """Evaluate an expression without reductions; `leaf(load)` gives each load's values."""
+def eval_pointwise(expr: Expr, leaf, field: PrimeField, sizes: Mapping[str, int],
+                   condition: Callable[[Compare], np.ndarray] | None = None) -> np.ndarray:
+    """Evaluate an expression without reductions; `leaf(load)` gives each load's values, `condition(c)`
+    where a condition on indices holds (a contraction epilogue's mask: exactly 0 or 1)."""
+    if isinstance(expr, Compare) and condition is not None:
+        return np.where(condition(expr), field.const(Fraction(1)), field.const(Fraction(0)))
+    if isinstance(expr, NegInf):
+        return field.neg_inf()
     if isinstance(expr, Const):
         return field.const(expr.value)
     if isinstance(expr, Size):
-        from fractions import Fraction
-
         return field.const(Fraction(sizes[expr.extent]))
     if isinstance(expr, Load):
         return leaf(expr)
     if isinstance(expr, Op):
-        args = [eval_pointwise(a, leaf, field, sizes) for a in expr.args]
+        args = [eval_pointwise(a, leaf, field, sizes, condition) for a in expr.args]
         args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
         return field.op(expr.fn, [np.asarray(a) for a in args])
     raise PlanFault(f"a reduction inside a pointwise expression: {expr}")
@@ -280,10 +287,14 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                  else read_pair(name, a, coords, lw.fragment.pair, sizes, mem, lw.index_width, where)
                  for i, (ld, a) in enumerate(lw.epi_loads)}
         owned = (mc[:, :, None] < sizes[lw.m]) & (nc[:, None, :] < sizes[lw.n])
+        at = condition_coordinates(coords)  # a mask compares the element's coordinates (habu/lower/conditions.py)
+
+        def holds(e: Compare) -> np.ndarray:
+            return condition_holds(e, at, sizes, mem)
         for expr, access in lw.extra_outs:  # the chain's other outputs: written with their own accesses
-            value = eval_pointwise(expr, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
+            value = eval_pointwise(expr, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes, holds)
             write(name, access, coords, value, sizes, mem, lw.index_width, False, owned, where)
-        value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes)
+        value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes, holds)
         # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
         if lw.column_sum is not None:  # the chain's end, or a load, summed over the tile's rows (habu.prove.column_epilogue)

@@ -26,11 +26,11 @@ from fractions import Fraction
 import numpy as np
 
 from habu.lower.attention import MMA_K, MMA_M, MMA_N, AttentionLowering
+from habu.prove.conditions import condition_holds
 from habu.prove.fragments import instruction_element
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.interp_attention_merge import MergeEnd, merge_slices
 from habu.prove.interp_attention_split import SplitRun
-from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, TileAxis, register_kind, sample_tiles
 from habu.spec.ir import Gather, IndexVar
 

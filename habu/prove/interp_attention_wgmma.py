@@ -27,6 +27,7 @@ import numpy as np
 
 from habu.lower.access import size_of
 from habu.lower.attention_wgmma import K_STEP, SLAB, SPAN, AttentionWgmmaLowering
+from habu.prove.conditions import condition_holds
 from habu.prove.fragments import (
     instruction_element,
     tma_box_bytes,
@@ -36,7 +37,6 @@ from habu.prove.fragments import (
 from habu.prove.interp import Memory, eval_pointwise, read, write
 from habu.prove.interp_attention import _final, _frozen, _key_limit, _open_limit, _tiled_axes
 from habu.prove.interp_attention_split import SplitRun
-from habu.prove.interp_general import condition_holds
 from habu.prove.kinds import KindProof, register_kind
 from habu.prove.pipeline import Barrier
 

@@ -13,12 +13,13 @@ from fractions import Fraction
 import numpy as np
 
 from habu.lower.general import GeneralLowering, Store
+from habu.prove.conditions import condition_holds
 from habu.prove.deadline import check_deadline
 from habu.prove.index_arith import NumpyIndex
 from habu.prove.interp import Memory, PlanFault, read, write
 from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind
 from habu.prove.virtual import WrittenTensor
-from habu.spec.ir import Compare, Const, Expr, Gather, IndexVar, Load, NegInf, Op, Reduce, Size
+from habu.spec.ir import Compare, Const, Expr, Gather, Load, NegInf, Op, Reduce, Size
 
 # elements of the largest array a chunk of threads evaluates (threads × the loops' iterations)
 CHUNK_ELEMENTS = 1 << 21
@@ -151,29 +152,6 @@ def _values(name: str, lw: GeneralLowering, sizes: Mapping[str, int], mem: Memor
 
     shape = (len(lanes),)
     return np.broadcast_to(ev(lw.node.rhs, coords, shape), shape)
-
-
-def condition_holds(e: Compare, at: Mapping[str, np.ndarray], sizes: Mapping[str, int], mem: Memory) -> np.ndarray:
-    """Where a condition on indices holds, with its variables at the coordinates `at` (by name); a
-    gather `LEN[b]` reads the index tensor at b (as the kernel does: `condition_code`)."""
-
-    def term(ix) -> np.ndarray:
-        if isinstance(ix, IndexVar):
-            return np.asarray(at[ix.name], dtype=np.int64)
-        if isinstance(ix, Gather):
-            return np.asarray(mem.table(ix.tensor).at(np.asarray(at[ix.indices[0].name], dtype=np.int64)),
-                              dtype=np.int64)
-        return np.asarray(ix.value, dtype=np.int64)
-
-    def side(a) -> np.ndarray:
-        total = np.asarray(a.const + sum(k * sizes[x] for k, x in a.sizes), dtype=np.int64)
-        for k, ix in a.terms:
-            total = total + k * term(ix)
-        return total
-
-    ops = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "eq": np.equal,
-           "ne": np.not_equal}
-    return ops[e.op](side(e.left), side(e.right))
 
 
 # ----------------------------------------------------------------------------- the general kind (which threads run)
