@@ -26,6 +26,8 @@ import argparse
 import random
 import time
 import traceback
+from dataclasses import replace
+from itertools import islice
 
 from habu.cli_grad import backward_program
 from habu.errors import HabuError
@@ -44,6 +46,8 @@ from tests.random_models import (
     random_shared_product,
 )
 
+CANDIDATES = 20_000  # the first variants of the rewritten model (a product's region alone has 10^5 or more)
+
 
 def candidates(model, target) -> list:
     """The variants of the model as written, then (since session 63) those of the model after the rewrites a
@@ -53,7 +57,9 @@ def candidates(model, target) -> list:
     rewrites = default_rewrites(model)
     if rewrites:
         graph = apply_rewrites(model, rewrites)
-        plans += [make_plan(model, target, p.kernels, dict(p.shape), rewrites) for p in enumerate_plans(graph, target, {})]
+        first = make_plan(model, target, (), {}, rewrites)  # (the model's name and hash, made once)
+        plans += [replace(p, model=first.model, model_hash=first.model_hash, rewrites=rewrites)
+                  for p in islice(enumerate_plans(graph, target, {}), CANDIDATES)]
     return plans
 
 

@@ -11,9 +11,15 @@ def storage_dtypes(model: Model) -> dict[str, str]:
     """Intermediates are stored in the 16-bit float type the model's matrices share (`activation_dtype`:
     a vector input such as a saved f32 row statistic or a router weight does not decide it), else f32."""
     dt = activation_dtype(model.inputs, frozenset(t.name for t in model.outputs))
-    # a vector (a row statistic such as a normalisation's scale) is small: it keeps f32
+    # a vector, or a statistic over some of another tensor's axes (a row statistic such as a normalisation's
+    # scale, attention's D[b g r i]) is small: it keeps f32
     # an intermediate a rewrite declared with its type keeps it (`scatter:T`'s f32 product)
-    return {t.name: t.dtype.name if t.dtype is not None else dt if len(t.extents) > 1 else "f32"
+    axes = [set(t.extents) for t in (*model.inputs, *model.intermediates)]
+
+    def statistic(extents: tuple[str, ...]) -> bool:
+        return len(extents) <= 1 or any(set(extents) < other for other in axes)
+
+    return {t.name: t.dtype.name if t.dtype is not None else "f32" if statistic(t.extents) else dt
             for t in model.intermediates}
 
 

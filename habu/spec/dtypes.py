@@ -75,9 +75,17 @@ def dtype_named(name: str) -> DType | None:
 def activation_dtype(inputs, written: frozenset[str] = frozenset()) -> str:
     """The float type a model's matrices share: the 16-bit type of every float input of rank ≥ 2 (the
     activations and weights) when they share one, else f32. Vectors (a bias, a row statistic, a router
-    weight, a saved f32 normaliser) and inputs the model also writes (`written`: an f32 residual stream
+    weight, a saved f32 normaliser), f32 statistics over some of another input's axes (attention's saved row
+    maximum R1[b g r i] of Q[b g r i e]: `_statistic`) and inputs the model also writes (`written`: an f32 residual stream
     added into, `Y[IX[r] d] += …`) do not decide it; a model of vectors only looks at all of them."""
     floats = [t for t in inputs if t.dtype is not None and not t.is_index and t.name not in written]
-    deciding = [t for t in floats if len(t.extents) > 1] or floats
+    deciding = [t for t in floats if len(t.extents) > 1 and not _statistic(t, floats)] or floats
     names = {t.dtype.name for t in deciding}
     return next(iter(names)) if len(names) == 1 and names <= {"bf16", "f16"} else "f32"
+
+
+def _statistic(t, floats) -> bool:
+    """An f32 input over a proper subset of another float input's axes: a saved statistic (a row maximum or
+    sum over the last axis of the scores), not one of the model's matrices (session 63: attention's f32
+    R1/R2, rank 4, made a bf16 backward keep f32 intermediates, whose products then ran on the FMA pipes)."""
+    return t.dtype.name == "f32" and any(set(t.extents) < set(u.extents) for u in floats)

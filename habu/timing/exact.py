@@ -28,7 +28,7 @@ import numpy as np
 from habu.errors import HabuError
 from habu.plan.rewrite import RewriteError, apply_rewrites
 from habu.spec.evaluate import Evaluator
-from habu.spec.ir import Const, Expr, Load, Model, Op, Reduce, Size, walk
+from habu.spec.ir import Compare, Const, Expr, Load, Model, NegInf, Op, Reduce, Size, walk
 from habu.spec.reference import Float64
 from habu.timing.multiplicity import scatter_multiplicity
 
@@ -73,7 +73,13 @@ class Applicability:
         return text
 
 
-def _expr_bound(e: Expr, bounds: Mapping[str, int], sizes: Mapping[str, int], peaks: list[int]) -> int:
+def selects(e: Op) -> bool:
+    """`where(c, x, y)` with c a condition on indices: an exact selection of x or y."""
+    return e.fn == "where" and isinstance(e.args[0], Compare)
+
+
+def _expr_bound(e: Expr, bounds: Mapping[str, int], sizes: Mapping[str, int], peaks: list[int],
+                infinite: frozenset[str] = frozenset()) -> int:
     """A bound on |e| when every input is an integer within its bound; NotExact when e need not be
     an integer."""
     if isinstance(e, Const):
@@ -83,13 +89,21 @@ def _expr_bound(e: Expr, bounds: Mapping[str, int], sizes: Mapping[str, int], pe
     elif isinstance(e, Size):
         b = sizes[e.extent]
     elif isinstance(e, Load):
+        if e.tensor in infinite:
+            raise NotExact(f"computes with the −∞ values of {e.tensor}")
         b = bounds[e.tensor]
+    elif isinstance(e, Compare):  # a condition on indices: exactly 0 or 1
+        b = 1
+    elif isinstance(e, NegInf):
+        raise NotExact("computes with −∞")
+    elif isinstance(e, Op) and selects(e):  # where(c, x, y) selects one of two exact values
+        b = max(_expr_bound(a, bounds, sizes, peaks, infinite) for a in e.args[1:])
     elif isinstance(e, Op):
         if e.fn == "div":
             raise NotExact("uses division")
         if e.fn not in _EXACT_FUNCTIONS:
             raise NotExact(f"uses {e.fn}")
-        args = [_expr_bound(a, bounds, sizes, peaks) for a in e.args]
+        args = [_expr_bound(a, bounds, sizes, peaks, infinite) for a in e.args]
         if e.fn in ("add", "sub"):
             b = args[0] + args[1]
         elif e.fn == "mul":
@@ -98,7 +112,7 @@ def _expr_bound(e: Expr, bounds: Mapping[str, int], sizes: Mapping[str, int], pe
             b = max(args)
     else:
         assert isinstance(e, Reduce)
-        body = _expr_bound(e.body, bounds, sizes, peaks)
+        body = _expr_bound(e.body, bounds, sizes, peaks, infinite)
         b = body * prod(sizes[v.extent] for v in e.vars) if e.op == "sum" else body
     peaks.append(b)
     return b
@@ -111,9 +125,14 @@ def tensor_bounds(model: Model, sizes: Mapping[str, int], value_range: int,
     duplicates are then counted, habu.timing.multiplicity; without them every store may land on one
     element)."""
     bounds: dict[str, int] = {t.name: value_range for t in model.inputs if not t.is_index}
+    infinite: set[str] = set()  # tensors that hold −∞ (a masked score): no later node may compute with them
     peaks: list[int] = []
     for eq in model.nodes:
-        value = _expr_bound(eq.rhs, bounds, sizes, peaks)
+        rhs = eq.rhs
+        if isinstance(rhs, Op) and selects(rhs) and any(isinstance(a, NegInf) for a in rhs.args[1:]):
+            infinite.add(eq.target)  # where(c, x, −∞): −∞ is stored, exactly
+            rhs = next(a for a in rhs.args[1:] if not isinstance(a, NegInf))
+        value = _expr_bound(rhs, bounds, sizes, peaks, frozenset(infinite))
         if eq.scatter is not None:
             # the most points of the domain that store to one element, on top of the target's prior
             # contents; every partial sum of the atomics is within this
@@ -132,7 +151,7 @@ def not_exact_reason(model: Model) -> str | None:
         for e in walk(eq.rhs):
             if isinstance(e, Op) and e.fn == "div":
                 divides = True
-            elif isinstance(e, Op) and e.fn not in _EXACT_FUNCTIONS and e.fn not in funcs:
+            elif isinstance(e, Op) and e.fn not in _EXACT_FUNCTIONS and not selects(e) and e.fn not in funcs:
                 funcs.append(e.fn)
             elif isinstance(e, Const) and e.value.denominator != 1:
                 consts.append(e.value)
@@ -217,7 +236,10 @@ def applicability(model: Model, sizes: Mapping[str, int], storage: Mapping[str, 
     if why is not None:
         return Applicability(False, why)
     for r in VALUE_RANGES:
-        bounds = plan_bounds(model, sizes, r, rewrites, indices)
+        try:
+            bounds = plan_bounds(model, sizes, r, rewrites, indices)
+        except NotExact as err:  # −∞ in arithmetic (a masked score read by a later node)
+            return Applicability(False, str(err))
         if _overflow(bounds, storage) is not None:
             continue
         rounded = tuple(t.name for t in model.outputs
@@ -274,7 +296,8 @@ def exact_reference(model: Model, sizes: Mapping[str, int], inputs: Mapping[str,
     # The evaluator holds a scalar as one element of shape (1,); compare it in its declared shape ().
     ref = {name: data.reshape(shapes[name]) if name in shapes else data for name, data in ref.items()}
     for name, data in ref.items():
-        if not np.all(np.isfinite(data)) or not np.array_equal(data, np.round(data)):
+        finite = data[~np.isneginf(data)]  # (a masked score stored as −∞: exact, `selects`)
+        if not np.all(np.isfinite(finite)) or not np.array_equal(finite, np.round(finite)):
             raise AssertionError(f"the exact reference of {name} is not all integers")
     return ref
 

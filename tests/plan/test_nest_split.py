@@ -103,3 +103,18 @@ def _loads(e):
     from habu.spec.ir import walk
 
     return [x for x in walk(e) if isinstance(x, Load)]
+
+
+def test_regression_a_bf16_attentions_backward_kept_f32_intermediates_and_multiplied_on_the_fma_pipes():
+    """Session 63 (H100, 16/8 heads × 1k): with O declared bf16, the backward took 1367 µs, its dQ, dK and dV on
+    the FMA pipes: session 62's f32 saved statistics R1[b g r i], R2 (rank 4) counted as matrices of another type,
+    so every intermediate was f32 (`storage=bf16` pinned: 285 µs). An f32 statistic over some of another input's
+    axes no longer decides the intermediates' type; D (`%ds2`, a statistic) stays f32."""
+    text = (ROOT / "examples" / "attention.habu").read_text().replace("f32  TENSOR: O", "bf16 TENSOR: O")
+    name = backward_name("ATTENTION-GQA")
+    model = with_backward(parse_text(text, "attention_bf16o.habu"), name).model(name)
+    plan = default_plan(model, TARGET, None, {})
+    storage = dict(plan.storage)
+    assert storage["%ds2"] == "f32" and storage["%h2"] == storage["%h3"] == "bf16", storage
+    products = [k for k in plan.kernels if k.kind == "contraction"]
+    assert len(products) == 5 and all(k.mma != "fma" for k in products), [(k.nodes, k.mma) for k in products]

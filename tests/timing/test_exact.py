@@ -100,11 +100,11 @@ def test_index_tensors_are_in_range_with_duplicates():
 
 EXPECTED = {
     ("accumulate.habu", "GEMM-ACC"): None,
-    ("attention.habu", "ATTENTION-GQA"): "uses div0, where, exp, rsqrt",
+    ("attention.habu", "ATTENTION-GQA"): "uses div0, exp, rsqrt",
     ("bias_grad.habu", "BIAS-GRAD"): None,
     ("bmm.habu", "SCORES"): None,
     ("column_reductions.habu", "BIAS-GRAD-3D"): None,
-    ("decode_attention.habu", "DECODE-ATTENTION"): "uses div0, where, exp, rsqrt",
+    ("decode_attention.habu", "DECODE-ATTENTION"): "uses div0, exp, rsqrt",
     ("column_reductions.habu", "COL-MAX"): None,
     ("column_reductions.habu", "BIAS-GRAD-UNSCALED"): "uses the constant 0.000976562",
     ("families.habu", "GGEMM"): None,
@@ -458,3 +458,21 @@ def test_regression_a_zero_whose_sign_differs_is_the_same_value(dtype):
     tiny = to_bits(np.array([0.0, 0.0, 1.5, -2.0]), dtype)
     tiny[0] = 1  # the smallest subnormal is not a zero
     assert first_mismatch("Y", tiny, want, dtype, POISON_BITS[dtype]) is not None
+
+
+def test_a_selection_by_an_index_condition_is_exact_and_minus_infinity_only_where_stored():
+    """Session 63: the masked products (a contraction epilogue's condition) are checked exactly: `where(c, x, y)`
+    with c on indices selects an exact value, and −∞ may be stored (a masked score) but not computed with."""
+    program = parse("""4 EXTENT: #M 5 EXTENT: #N 8 EXTENT: #K
+bf16 TENSOR: A ( #M #K ) bf16 TENSOR: B ( #N #K ) f32 TENSOR: C ( #M #N ) f32 TENSOR: D ( #M #N )
+MODEL: MASK     C[m n] = where(n ≤ m + 1, Σ k A[m k] · B[n k], 0) · 3 ;
+MODEL: STORED   C[m n] = where(n ≤ m, Σ k A[m k] · B[n k], −∞) ;
+MODEL: INSIDE   C[m n] = where(n ≤ m, Σ k A[m k] · B[n k], −∞) + 1 ;
+""")
+    sizes = {"M": 4, "N": 5, "K": 8}
+    mask = applicability(program.models["MASK"], sizes)
+    assert mask.exact and mask.peak == 3 * 8 * 9
+    assert applicability(program.models["STORED"], sizes).exact
+    assert applicability(program.models["INSIDE"], sizes).describe() == "exact: not applicable (computes with −∞)"
+    reference = exact_reference(program.models["STORED"], sizes, integer_inputs(program.models["STORED"], sizes, 3))
+    assert np.isneginf(reference["C"][0, 1]) and np.isfinite(reference["C"][1, 0])
