@@ -15,9 +15,14 @@ recomputed the max inside their sums (models 14672, 14893, 14935, 15548, 16307),
 hoisted loop invariants (tests/spec/test_grad_hoist_invariants.py); that change's new plans gave model 16771's
 CRASH (tests/plan/test_rows_in_other_rows.py).
 
+Session 63 added the plans of the model after a default's rewrites (`candidates`: the fuzz had never reached a
+`split:`, `epilogue:` or `nest:` plan) and masked products (a condition on the output's indices in a contraction's
+epilogue, `random_masked_product`); it ran masked products 0–? and models 0–? that way.
+
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
     PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands
     PYTHONPATH=. python tests/fuzz_variants.py batched 0 200 --per 8  # a batch over m's or n's extent
+    PYTHONPATH=. python tests/fuzz_variants.py masked 0 200 --per 6   # a mask in the product's epilogue
 """
 
 from __future__ import annotations
