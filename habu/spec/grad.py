@@ -37,6 +37,7 @@ from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
 from habu.spec.grad_factor import factor_sum, merge_terms
 from habu.spec.grad_hoist import hoist_statistics
+from habu.spec.grad_indicators import drop_repeated_indicators
 from habu.spec.grad_save import SavePolicy, contraction_operands
 from habu.spec.ir import (
     Compare,
@@ -464,7 +465,8 @@ class _Deriver:
         saved = dict(sorted(saved.items(), key=lambda kv: order[kv[0]]))  # order the reads were met in
         renames = dict(saved)
         recompute_nodes = [_rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
-        nodes = recompute_nodes + [_rename_tensors(eq, renames) for eq in self.nodes]
+        nodes = recompute_nodes + [_rename_tensors(replace(eq, rhs=drop_repeated_indicators(eq.rhs)), renames)
+                                   for eq in self.nodes]  # (attention's dS: its mask's indicator twice)
         for name, s in saved.items():  # a saved matrix in the forward's activation type (as its storage), a statistic f32
             self.decls[s] = TensorDecl(s, self.fwd.tensor(name).extents, dtype_named(_saved_dtype(self.fwd, name)))
         for t in self.fwd.inputs:
