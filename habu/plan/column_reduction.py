@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Reduce, walk
+from habu.spec.ir import Compare, Equation, Expr, IndexVar, Load, Model, Reduce, walk
 
 # a row statistic of at most this many rows (`O[b] = Σ i X[b i]`, #B static), each of at least
 # TINY_ROWS_MIN_COLUMNS columns, into f32, is a column reduction (its rows as the columns, split over the
@@ -61,8 +61,8 @@ def as_column_reduction(eq: Equation) -> ColumnReduction | None:
         return None
     op, vs, body = _reduced_vars(rhs)
     n = eq.lhs[0] if eq.lhs else None
-    if n in vs or len(set(vs)) != len(vs) or any(isinstance(x, Reduce) for x in walk(body)):
-        return None
+    if n in vs or len(set(vs)) != len(vs) or any(isinstance(x, Reduce | Compare) for x in walk(body)):
+        return None  # (a condition on indices: the column family computes none; fuzz masked product 30)
     loads = [x for x in walk(body) if isinstance(x, Load)]
     cols = (n,) if n is not None else ()
     for transposed in (False, True) if cols else (False,):

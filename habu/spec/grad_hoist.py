@@ -9,6 +9,7 @@ from dataclasses import replace
 from habu.errors import HabuError
 from habu.spec.equation import format_expr
 from habu.spec.grad_factor import has_reduce, sum_splits
+from habu.spec.grad_layout import follow_producer_layout
 from habu.spec.ir import (
     Compare,
     Const,
@@ -115,6 +116,8 @@ def hoist_statistics(model: Model, prefix: str = "%s", keep_row_statistics: bool
     before = {n.target for n in nodes}
     inter += [TensorDecl(eq.target, tuple(v.extent for v in eq.lhs), None) for eq in shared_nodes
               if eq.target not in before]
+    shared_nodes, moved = follow_producer_layout(shared_nodes, {n.target for n in shared_nodes if n.target.startswith(prefix)})
+    inter = [replace(d, extents=moved[d.name]) if d.name in moved else d for d in inter]
     return replace(model, nodes=tuple(shared_nodes), intermediates=tuple(inter))
 
 
