@@ -248,3 +248,20 @@ def test_unregistering_the_toy_path_gives_the_toy_target_mma_syncs_default(toy_p
     (k,) = default_plan(model, toy_path_and_target).kernels
     assert path_for(k).name == "mma.sync" and (k.tile_m, k.tile_n) == (128, 128)
     register(ToyMmaPath())  # the fixture removes it again
+
+
+def test_regression_a_batch_shared_mn_major_operand_takes_wgmma_through_tma_boxes():
+    """Session 63: attention's dQ = Σ j dS·K, K[b g j e] shared by the query heads r and MN-major, ran on mma.sync:
+    the wgmma path's facts asked an MN-major operand for every batch axis of the product (`_batch_read`). The
+    default is now wgmma with B moved by TMA, and proven (the exact GPU check: tests/gpu/test_epilogue_conditions_gpu.py)."""
+    from habu.prove import prove
+    from habu.search.space import default_plan
+    from habu.spec.parser import load_program
+    from habu.target import TARGETS
+
+    model = load_program(ROOT / "tests" / "data" / "shared_batch_operand.habu").models["SHARED-MN"]
+    plan = default_plan(model, TARGETS["sm_90a"], {}, {})
+    (kernel,) = plan.kernels
+    assert kernel.mma == "wgmma" and kernel.b_move == "tma", kernel
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [v.describe() for v in proof.violations] or proof.certificate.failure

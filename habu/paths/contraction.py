@@ -63,6 +63,11 @@ def target_moves(target: Target) -> list[str]:
             or (m == "tma" and target.tma) or (m == "tma-gather4" and target.tma_gather4)]
 
 
+def _batch_read(c: Contraction, operand: Operand) -> int:
+    """How many of the product's batch axes the operand reads (a weight shared by every batch reads none)."""
+    return sum(1 for v in c.batch if v in operand.load.indices)
+
+
 @dataclass(frozen=True)
 class ContractionFacts:
     """What the analytic defaults read of one contraction region at a shape."""
@@ -91,14 +96,15 @@ class ContractionFacts:
         # an operand gathered on k is staged k-major (`_staged`'s transposing pass) before the main loop reads it
         b_kmajor = c.b.k_pos == len(c.b.load.indices) - 1 or c.b.k_gather is not None
         b_decl = model.tensor(b_t)
-        b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 + len(c.batch)
+        # (an operand shared by some batch axes, K[b g j e] of dQ[b g r i e], has a box of 1 on the axes it reads)
+        b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 + _batch_read(c, c.b)
                          and target.tma and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
         batches = 1
         for v in c.batch:
             batches *= sizes[v.extent]
         a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1 or c.a.k_gather is not None
         a_decl = model.tensor(a_t)
-        a_m_major_tma = (not a_kmajor and c.a.gather is None and len(c.a.load.indices) == 2 + len(c.batch)
+        a_m_major_tma = (not a_kmajor and c.a.gather is None and len(c.a.load.indices) == 2 + _batch_read(c, c.a)
                          and target.tma and dtype_bytes(model, a_t) == 2 and (sizes[a_decl.extents[-1]] * 2) % 16 == 0)
         return ContractionFacts(c, a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt, sizes[c.m.extent],
                                 sizes[c.n.extent], sizes[c.k.extent], a_kmajor, b_kmajor, b_n_major_tma, batches, a_m_major_tma)

@@ -30,3 +30,12 @@ def test_a_masked_products_epilogue_is_exact_on_the_gpu(name, path):
     assert [k.kind for k in built.plan.kernels] == ["contraction"]
     result = ExactChecker(built.model, built.sizes, seed=11).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
+
+
+def test_a_batch_shared_mn_major_operand_on_wgmma_is_exact_on_the_gpu():
+    """Session 63: attention's dQ form, K[b j e] shared by the heads r and MN-major, now read by wgmma through TMA
+    boxes (tests/test_paths.py's regression): bit for bit on small integers."""
+    built = build(str(ROOT / "tests" / "data" / "shared_batch_operand.habu"), "SHARED-MN", {}, {})
+    assert built.plan.kernels[0].mma == "wgmma"
+    result = ExactChecker(built.model, built.sizes, seed=12).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
