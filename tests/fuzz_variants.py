@@ -17,8 +17,8 @@ CRASH (tests/plan/test_rows_in_other_rows.py).
 
 Session 63 added the plans of the model after a default's rewrites (`candidates`: the fuzz had never reached a
 `split:`, `epilogue:` or `nest:` plan) and masked products (a condition on the output's indices in a contraction's
-epilogue, `random_masked_product`); it ran masked products 0–49 and models 0–9061 that way (4 variants a model and
-the first rewritten plan), where masked 30 was WRONG: a right plan refused, the column family offered a sum under a
+epilogue, `random_masked_product`); it ran masked products 0–78 and models 0–14999 that way (4 variants a model and
+the first rewritten plan; 9750 SLOW as before), where masked 30 was WRONG: a right plan refused, the column family offered a sum under a
 condition (tests/plan/test_column_reduction.py).
 
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
