@@ -3,7 +3,7 @@ every tensor a kernel reads or writes (the search, the lowering's callers and th
 
 from __future__ import annotations
 
-from habu.spec.dtypes import activation_dtype
+from habu.spec.dtypes import activation_dtype, over_fewer_axes
 from habu.spec.ir import Model
 
 
@@ -14,12 +14,9 @@ def storage_dtypes(model: Model) -> dict[str, str]:
     # a vector, or a statistic over some of another tensor's axes (a row statistic such as a normalisation's
     # scale, attention's D[b g r i]) is small: it keeps f32
     # an intermediate a rewrite declared with its type keeps it (`scatter:T`'s f32 product)
-    axes = [set(t.extents) for t in (*model.inputs, *model.intermediates)]
-
-    def statistic(extents: tuple[str, ...]) -> bool:
-        return len(extents) <= 1 or any(set(extents) < other for other in axes)
-
-    return {t.name: t.dtype.name if t.dtype is not None else "f32" if statistic(t.extents) else dt
+    axes = [t.extents for t in (*model.inputs, *model.intermediates)]
+    return {t.name: t.dtype.name if t.dtype is not None
+            else "f32" if len(t.extents) <= 1 or over_fewer_axes(t.extents, axes) else dt
             for t in model.intermediates}
 
 

@@ -88,4 +88,10 @@ def _statistic(t, floats) -> bool:
     """An f32 input over a proper subset of another float input's axes: a saved statistic (a row maximum or
     sum over the last axis of the scores), not one of the model's matrices (session 63: attention's f32
     R1/R2, rank 4, made a bf16 backward keep f32 intermediates, whose products then ran on the FMA pipes)."""
-    return t.dtype.name == "f32" and any(set(t.extents) < set(u.extents) for u in floats)
+    return t.dtype.name == "f32" and over_fewer_axes(t.extents, [u.extents for u in floats])
+
+
+def over_fewer_axes(extents: tuple[str, ...], others) -> bool:
+    """Whether a tensor over `extents` runs over a proper subset of the axes of one of `others` (extent tuples):
+    a statistic of it (a row's maximum R1[b g r i] of the scores [b g r i j]), not a matrix of its own."""
+    return any(set(extents) < set(o) for o in others)

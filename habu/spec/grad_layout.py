@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from habu.spec.ir import Equation, Expr, IndexVar, Load, Op, Reduce, map_ops, walk
+from habu.spec.grad_factor import has_reduce
+from habu.spec.ir import Equation, Expr, IndexVar, Load, Op, Reduce, map_ops, tensors_read, walk
 
 
 def _transposed_load(eq: Equation, names: set[str]) -> tuple[IndexVar, ...] | None:
     """The variables of the load of another node (of `names`) that reads all of eq's, in another order, where eq
     is elementwise; None otherwise."""
-    if any(isinstance(x, Reduce) for x in walk(eq.rhs)):
+    if has_reduce(eq.rhs):
         return None
     for x in walk(eq.rhs):
         if isinstance(x, Load) and x.tensor in names and all(isinstance(i, IndexVar) for i in x.indices) \
@@ -39,13 +40,14 @@ def follow_producer_layout(nodes: tuple[Equation, ...], made: set[str]) -> tuple
     """The nodes with each hoisted node of `made` that transposes another one laid out as that one (see the
     module's docstring), and the new extents of each node moved."""
     out = list(nodes)
+    names = {n.target for n in out}
     moved: dict[str, tuple[str, ...]] = {}
     for i, eq in enumerate(out):
-        if eq.target not in made:
+        layout = _transposed_load(eq, names) if eq.target in made else None
+        if layout is None:
             continue
-        layout = _transposed_load(eq, made | {n.target for n in out})
-        readers = [j for j, n in enumerate(out) if any(isinstance(x, Load) and x.tensor == eq.target for x in walk(n.rhs))]
-        if layout is None or not readers or not all(_product_of_loads(out[j].rhs) for j in readers):
+        readers = [j for j, n in enumerate(out) if eq.target in tensors_read(n.rhs)]
+        if not readers or not all(_product_of_loads(out[j].rhs) for j in readers):
             continue
         old = eq.lhs
         to_old = [old.index(v) for v in layout]  # new position p holds old position to_old[p]

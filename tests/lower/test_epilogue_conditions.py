@@ -4,6 +4,8 @@ element's coordinates, and printed with those coordinates' C (never a bare "@m")
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import habu.lower.contraction as contraction
@@ -103,3 +105,29 @@ def test_a_planted_emitter_that_prints_a_condition_without_its_coordinates_does_
     if _nvrtc() is not None:
         with pytest.raises(CompileError):
             compile_cuda(kernel.source, kernel.name, "sm_90a")
+
+
+CONDITION = re.compile(r"\(\(1 \* \(long long\)(n|m|\(n \+ 1\)|\(m \+ 1\)) \+ 0LL\) <= \(1 \* \(long long\)(n|m|\(n \+ 1\)|\(m \+ 1\)) \+")
+
+
+def printed_conditions(path: str) -> set[tuple[str, str]]:
+    """TRIANGLE's printed `n ≤ m + #N − #M` conditions on `path`, as (C of n, C of m) pairs."""
+    model = PROGRAM.models["TRIANGLE"]
+    return set(CONDITION.findall(emit_plan(model, default_plan(model, T, {}, PINS[path]), T).kernels[0].source))
+
+
+@pytest.mark.parametrize("path", list(PINS))
+def test_each_elements_condition_is_printed_at_that_elements_coordinates(path):
+    """n's side reads the element's column and m's its row; a pair's second element (the fragments' column pair)
+    its own column `n + 1`, as its store does. Planted emitter mutants (the axes exchanged, the second element's
+    condition at the first's column) are caught here on the CPU."""
+    want = {("n", "m")} if path == "fma" else {("n", "m"), ("(n + 1)", "m")}
+    assert printed_conditions(path) == want
+
+
+def test_a_planted_emitter_that_exchanges_a_conditions_axes_is_caught(monkeypatch):
+    import habu.emit_cuda.emit_fma as emit_fma
+
+    monkeypatch.setattr(emit_fma, "condition_names", lambda m, n, batch=(): {condition_axis("m"): n,
+                                                                               condition_axis("n"): m})
+    assert printed_conditions("wgmma") != {("n", "m"), ("(n + 1)", "m")}
