@@ -35,11 +35,12 @@ def as_autograd_op(gm: GradModel, name: str | None = None) -> Callable[..., Any]
     bw = gm.backward
     model = gm.model
     outs = [o.name for o in model.outputs]
-    saved = [s for _, s in bw.saved]
+    extra = [s for _, s in bw.saved if s not in outs]  # the forward's added outputs (its saved intermediates)
+    saved = extra + [s for _, s in bw.saved if s in outs]  # and the outputs the backward reads (grad_reuse)
     wrt = [x for x, _ in bw.gradients]
     cot = dict(bw.cotangents)
     ins = [sanitise(t) for t in gm.inputs]
-    fwd_schema = "(" + ", ".join(f"Tensor {n}" for n in ins) + ") -> " + _returns(len(outs) + len(saved))
+    fwd_schema = "(" + ", ".join(f"Tensor {n}" for n in ins) + ") -> " + _returns(len(outs) + len(extra))
     bwd_args = [*ins, *(f"s_{sanitise(s)}" for s in saved), *(f"g_{sanitise(o)}" for o in outs)]
     bwd_schema = "(" + ", ".join(f"Tensor {n}" for n in bwd_args) + ") -> " + _returns(len(wrt))
     floating = [k for k, t in enumerate(model.inputs) if not t.is_index]
@@ -48,7 +49,7 @@ def as_autograd_op(gm: GradModel, name: str | None = None) -> Callable[..., Any]
         out = gm.run_forward(tensors)
         like = tensors[floating[0]]
         keep = gm.on_kernels(tensors)
-        return _one(tuple(out[n] if keep else out[n].to(like.dtype) for n in [*outs, *saved]))
+        return _one(tuple(out[n] if keep else out[n].to(like.dtype) for n in [*outs, *extra]))
 
     def fwd_fake(*tensors: Any) -> tuple:
         shapes = output_shapes(bw.forward, [tuple(t.shape) for t in tensors])
@@ -78,7 +79,7 @@ def as_autograd_op(gm: GradModel, name: str | None = None) -> Callable[..., Any]
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         output = _many(output)
-        ctx.save_for_backward(*inputs, *output[len(outs):])
+        ctx.save_for_backward(*inputs, *output[len(outs):], *(output[outs.index(s)] for s in saved[len(extra):]))
         ctx.shapes = [o.shape for o in output[:len(outs)]]
 
     def backward(ctx: Any, *grads: Any) -> tuple:

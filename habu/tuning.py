@@ -268,7 +268,9 @@ def tune_backward(path: str | Path, model: str | None = None, *, modes: list[str
         for t in run.result.tuned:
             sizes = {e.name: e.size for e in bound.extents if e.is_static} | dict(shape or {}) \
                 | {n: hi for n, _, hi in t.ranges}
-            for _, s in saved:
+            for t_name, s in saved:
+                if t_name == s:
+                    continue  # a forward output the backward reads: stored whatever the policy
                 n = 4  # saved values are f32
                 for e in bw_model.tensor(s).extents:
                     n *= sizes.get(e, 0)

@@ -85,11 +85,13 @@ FUNCTIONS: dict[str, Function] = {
         ),
         # the softmax of a masked row divides by the sum of its weights, which is 0 when every element
         # is masked: that row is 0 (a choice: torch's SDPA gives NaN), in float64, over GF(p) and in
-        # the kernels alike
+        # the kernels alike. By b: −div0(a, b)·div0(1, b) (= −div0(a, b²), b = 0 included), the function's
+        # own value a factor, so that a term summing it against a forward output's other factors reads that
+        # output (habu.spec.grad_reuse: attention's D = Σ d dO·O)
         Function(
             "div0", 2, _div0, "div0", None,
             lambda a, i: Op("div0", (_c(1), a[1])) if i == 0
-            else Op("neg", (Op("div0", (a[0], _mul(a[1], a[1]))),)),
+            else Op("neg", (_mul(Op("div0", a), Op("div0", (_c(1), a[1]))),)),
             "a / b, and 0 where b = 0 (a fully masked softmax row is 0)",
         ),
         Function("neg", 1, np.negative, "neg", "−", lambda a, i: _c(-1), "−a"),

@@ -38,6 +38,7 @@ from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitut
 from habu.spec.grad_factor import factor_sum, merge_terms
 from habu.spec.grad_hoist import hoist_statistics
 from habu.spec.grad_indicators import drop_repeated_indicators
+from habu.spec.grad_reuse import read_outputs
 from habu.spec.grad_save import SavePolicy, contraction_operands
 from habu.spec.ir import (
     Compare,
@@ -152,6 +153,9 @@ class _Deriver:
         self.decls: dict[str, TensorDecl] = {}  # the backward model's declared tensors, by name
         self.accumulated: list[str] = []
         self.active = self._active()
+        inputs = {t.name for t in fwd.inputs}  # outputs a term may read (an in-place one's value is not its own)
+        self.output_nodes = [eq for eq in fwd.nodes if eq.target in self.out_names and eq.scatter is None
+                             and eq.target not in inputs]
 
     def _active(self) -> set[str]:
         """The tensors whose value depends on an input in `wrt` (their gradients are needed)."""
@@ -328,7 +332,7 @@ class _Deriver:
             bound = tuple(self.fresh(v.extent) for v in rest)
             mapping |= dict(zip(rest, bound, strict=True))
             body = substitute(c.adjoint, mapping, self.fresh)
-            term = Reduce("sum", bound, body) if bound else body
+            term = read_outputs(Reduce("sum", bound, body) if bound else body, self.output_nodes)
             terms.append(factor_sum(term, self._hi) if HOIST_INVARIANTS else term)
         return merge_terms(terms) if HOIST_INVARIANTS else terms
 
@@ -461,6 +465,8 @@ class _Deriver:
             else:
                 recomputed.add(t)
                 pending.extend(r for r in reversed(_reads_in_order(producers[t])) if r in fwd_inter)
+        read = {t for eq in self.nodes for t in tensors_read(eq.rhs)}
+        saved |= {eq.target: eq.target for eq in self.output_nodes if eq.target in read}  # (habu.spec.grad_reuse)
         order = {eq.target: i for i, eq in enumerate(self.fwd.nodes)}  # in the forward's order, whatever the
         saved = dict(sorted(saved.items(), key=lambda kv: order[kv[0]]))  # order the reads were met in
         renames = dict(saved)
@@ -468,7 +474,8 @@ class _Deriver:
         nodes = recompute_nodes + [_rename_tensors(replace(eq, rhs=drop_repeated_indicators(eq.rhs)), renames)
                                    for eq in self.nodes]  # (attention's dS: its mask's indicator twice)
         for name, s in saved.items():  # a saved matrix in the forward's activation type (as its storage), a statistic f32
-            self.decls[s] = TensorDecl(s, self.fwd.tensor(name).extents, dtype_named(_saved_dtype(self.fwd, name)))
+            self.decls[s] = self.fwd.tensor(name) if name in self.out_names else \
+                TensorDecl(s, self.fwd.tensor(name).extents, dtype_named(_saved_dtype(self.fwd, name)))
         for t in self.fwd.inputs:
             self.decls.setdefault(t.name, t)
         model = _assemble(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
@@ -575,7 +582,9 @@ def _saved_dtype(fwd: Model, name: str) -> str:
 
 
 def _with_saved_outputs(fwd: Model, saved: dict[str, str]) -> Model:
-    """The forward model, its saved intermediates renamed and made outputs (`_saved_dtype`)."""
+    """The forward model, its saved intermediates renamed and made outputs (`_saved_dtype`); a saved output (one
+    the backward reads: habu.spec.grad_reuse) is one already."""
+    saved = {t: s for t, s in saved.items() if t not in {o.name for o in fwd.outputs}}
     if not saved:
         return fwd
     nodes = tuple(_rename_tensors(eq, saved) for eq in fwd.nodes)

@@ -141,7 +141,7 @@ def backward_text(bw: Backward, source: str = "") -> str:
              "\\ " + "; ".join(f"{c} is the gradient of the loss by {o}" for o, c in bw.cotangents)]
     if bw.saved:
         lines.append("\\ saved by the forward (habu.spec.grad: Backward.forward): " +
-                     ", ".join(f"{s} (its {t})" for t, s in bw.saved))
+                     ", ".join(f"{s} (its output)" if t == s else f"{s} (its {t})" for t, s in bw.saved))
     if bw.choices:
         saved = dict(bw.saved)
         lines.append("\\ the forward values it reads (each saved or recomputed: habu grad --save, SavePolicy): " +
