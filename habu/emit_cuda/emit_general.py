@@ -27,8 +27,9 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import FLAT_GRID, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
+from habu.lower.access import Access
 from habu.lower.general import GeneralLowering, Store
-from habu.spec.ir import Load, Model, Reduce
+from habu.spec.ir import Load, Model, Reduce, walk
 
 MAX_INIT = "(-__int_as_float(0x7f800000))"  # -infinity: the identity of max
 
@@ -121,34 +122,68 @@ def emit_general(name: str, model: Model, lw: GeneralLowering, static: dict[str,
 
 def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, sizes: dict, it: str, table,
                  coord: dict[str, str], coord_lines: list[str], guard: str) -> CudaKernel:
-    """`vector` consecutive elements a thread each sweep (no reduction loops: `vector_refusal`): each
-    contiguous access one vector load or store at the offset and under the mask of the vector's first
-    element (the `vector-align` rule: the vector stays in its row, so element j's is the first's + j);
-    an access independent of the last axis read once; the node's value for each element j; a scatter's
-    adds one vector reduction (`habu::red_add_vec`)."""
+    """`vector` consecutive elements a thread each sweep (`vector_refusal`): each contiguous access one vector
+    load or store at the offset and under the mask of the vector's first element (the `vector-align` rule: the
+    vector stays in its row, so element j's is the first's + j); an access independent of the last axis read
+    once; each reduction one loop for the whole vector into `vector` f32 accumulators, the accesses that read
+    its loop axes inside it; the node's value for each element j; a scatter's adds one vector reduction
+    (`habu::red_add_vec`)."""
     k, n = lw.kernel, lw.vector
     assert lw.vector_refusal() is None, lw.vector_refusal()
     lines: list[str] = []
     names: dict[Load, str] = {}
-    for i, (ld, acc) in enumerate(lw.loads):
-        p = sig.pointer(acc.tensor, acc.dtype)
-        off = access_offset(acc, coord, sizes, lw.index_width, table)
-        inside = access_mask(acc, coord, sizes, table)
-        if lw.contiguous(acc):
+    loop_axes = {a for a, _ in lw.loops}
+
+    def load_lines(picked: list[tuple[int, Load, Access]], pad: str) -> list[str]:
+        out = []
+        for i, ld, acc in picked:
+            p = sig.pointer(acc.tensor, acc.dtype)
+            off = access_offset(acc, coord, sizes, lw.index_width, table)
+            inside = access_mask(acc, coord, sizes, table)
             names[ld] = f"x{i}"
-            lines.append(f"    float x{i}[{n}];")
-            lines.append(f"    habu::load_vec<{n}>({p} + ({off}), x{i}, {inside});")
-        else:
-            value = load_value(acc.dtype, p, off)
-            names[ld] = f"x{i}"
-            lines.append(f"    const float x{i} = {value if inside == 'true' else f'(({inside}) ? {value} : 0.0f)'};")
+            if lw.contiguous(acc):
+                out.append(f"{pad}float x{i}[{n}];")
+                out.append(f"{pad}habu::load_vec<{n}>({p} + ({off}), x{i}, {inside});")
+            else:
+                value = load_value(acc.dtype, p, off)
+                out.append(f"{pad}const float x{i} = {value if inside == 'true' else f'(({inside}) ? {value} : 0.0f)'};")
+        return out
+
+    def looped(acc: Access) -> bool:
+        return any(p.kind != "const" and p.axis in loop_axes for p in acc.positions)
+
+    def leaf_at(j: int):
+        def leaf(ld: Load) -> str:
+            return f"{names[ld]}[{j}]" if lw.contiguous(lw.access(ld)) else names[ld]
+        return leaf
+
+    def lane(j: int) -> dict[str, str]:
+        # element j's coordinates (the lowering's `lane_coordinates`): what a condition on the indices reads
+        return {a: c(x) for a, x in lw.lane_coordinates({a: CExpr(a) for a in coord}, j).items()}
+
+    indexed = [(i, ld, acc) for i, (ld, acc) in enumerate(lw.loads)]
+    lines += load_lines([t for t in indexed if not looped(t[2])], "    ")
+    accumulators: dict[Reduce, str] = {}
+    for r_i, r in enumerate(lw.reductions()):
+        accumulators[r] = acc = f"acc{r_i}"
+        lines.append(f"    float {acc}[{n}];")
+        lines.append(f"    for (int j = 0; j < {n}; ++j) {acc}[j] = {'0.0f' if r.op == 'sum' else MAX_INIT};")
+        axes = lw.loop_axes(r)
+        for d, axis in enumerate(axes):
+            lines.append(f"    {'  ' * d}for ({it} {axis} = 0; {axis} < {c(lw.loop_end(axis, sizes))}; ++{axis}) {{")
+        pad = "    " + "  " * len(axes)
+        inner = {x for x in walk(r.body) if isinstance(x, Load)}
+        lines += load_lines([t for t in indexed if looped(t[2]) and t[1] in inner], pad)
+        for j in range(n):
+            value = float_expr(r.body, leaf_at(j), sizes, _no_reduction, table, lane(j))
+            lines.append(f"{pad}{acc}[{j}] += {value};" if r.op == "sum" else f"{pad}{acc}[{j}] = fmaxf({acc}[{j}], {value});")
+        for d in reversed(range(len(axes))):
+            lines.append(f"    {'  ' * d}}}")
     lines.append(f"    float y[{n}];")
     for j in range(n):
-        def leaf(ld: Load, j: int = j) -> str:
-            return f"{names[ld]}[{j}]" if lw.contiguous(lw.access(ld)) else names[ld]
-        # element j's coordinates (the lowering's `lane_coordinates`): what a condition on the indices reads
-        at = {a: c(x) for a, x in lw.lane_coordinates({a: CExpr(a) for a in coord}, j).items()}
-        lines.append(f"    y[{j}] = {float_expr(lw.node.rhs, leaf, sizes, _no_reduction, table, at)};")
+        def reduced(r: Reduce, j: int = j) -> str:
+            return f"{accumulators[r]}[{j}]"
+        lines.append(f"    y[{j}] = {float_expr(lw.node.rhs, leaf_at(j), sizes, reduced, table, lane(j))};")
     out = lw.out
     p_out = sig.pointer(out.tensor, out.dtype, writes=True)
     out_off = access_offset(out, coord, sizes, lw.index_width, table)
@@ -171,8 +206,9 @@ def _emit_vector(name: str, model: Model, lw: GeneralLowering, sig: Signature, s
   }}
 }}
 """
+    loops = ", ".join(f"{a} < #{e}" for a, e in lw.loops) or "none"
     src = header(f"{name}: general, {k.threads} threads, {sweeps} sweep(s) of {n} consecutive output elements each",
-                 [f"computes {', '.join(k.nodes)}", "reduction loops: none"] +
+                 [f"computes {', '.join(k.nodes)}", f"reduction loops: {loops}"] +
                  ([f"scatter: adds into {out.tensor} with vector reductions (its prior contents are kept)"]
                   if lw.store is Store.ATOMIC_ADD else []))
     src += src_body.replace("SIGNATURE", sig.declaration())
@@ -185,7 +221,7 @@ def _piece(lw: GeneralLowering, it: str) -> CExpr:
 
 
 def _no_reduction(r: Reduce) -> str:
-    raise AssertionError("a general kernel moving vectors has no reduction loops (vector_refusal)")
+    raise AssertionError("a general kernel moving vectors has no reduction inside another (vector_refusal)")
 
 
 def _sum_of_product(x: CExpr) -> str:

@@ -100,15 +100,18 @@ class GeneralLowering(FlatGrid):
 
     def vector_refusal(self) -> str | None:
         """Why this kernel cannot move `vector` elements at once (None when it can, or moves one): it needs
-        no reduction loop, an output with extents, and each access either contiguous along the last axis
-        or independent of it (a gathered row index, a broadcast), at most 16 bytes a vector. That the last
+        an output with extents, no reduction inside another's body (each reduction's loop runs once for the
+        whole vector, `vector` accumulators), and each access either contiguous along the last axis or
+        independent of it (a gathered row index, a broadcast), at most 16 bytes a vector. That the last
         extent is a multiple of the vector (so a vector never crosses a row and every vector access is
         aligned) is a size fact: the `vector-align` rule (habu/prove/rules_general.py)."""
         n = self.vector
         if n == 1:
             return None
-        if self.loops or not self.extents:
-            return "a general kernel with reduction loops or a scalar output moves one element a thread"
+        if not self.extents:
+            return "a general kernel with a scalar output moves one element a thread"
+        if any(isinstance(x, Reduce) for r in self.reductions() for x in walk(r.body)):
+            return "a general kernel with a reduction inside another moves one element a thread"
         for acc in (*(a for _, a in self.loads), self.out):
             if self.reads_last_axis(acc) and not self.contiguous(acc):
                 return f"{acc.tensor} is not read contiguously along the output's last axis"
@@ -160,6 +163,18 @@ class GeneralLowering(FlatGrid):
     def loop_end(self, axis: str, sizes: Mapping[str, Any]) -> Any:
         """The end (exclusive) of a reduction loop: its extent's size."""
         return sizes[dict(self.loops)[axis]]
+
+    def reductions(self) -> tuple[Reduce, ...]:
+        """The node's outermost reductions, in the order they appear."""
+        out: list[Reduce] = []
+        stack: list[Expr] = [self.node.rhs]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, Reduce):
+                out.append(x)
+            elif isinstance(x, Op):
+                stack.extend(reversed(x.args))
+        return tuple(out)
 
     def loop_axes(self, r: Reduce) -> tuple[str, ...]:
         return tuple(v.name for v in r.vars)

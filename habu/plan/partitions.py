@@ -5,14 +5,20 @@ from __future__ import annotations
 
 from itertools import combinations, pairwise
 
+from habu.plan.conditions import has_condition
 from habu.plan.patterns import Region, as_contraction, column_region, default_regions, row_local
 from habu.spec.ir import Model, Reduce, walk
 
 
 def piece_kind(model: Model, nodes: tuple[str, ...]) -> str:
+    """The family of a piece cut from a region: a contraction's, the general family's where a node computes a
+    condition on indices (the row and map families compute none: attention's dS cut from dP's epilogue went to
+    the map family at 16 × 1k, whose field check refused the condition), else the row or the map family's."""
     eqs = [next(e for e in model.nodes if e.target == t) for t in nodes]
     if as_contraction(eqs[0]) is not None:
         return "contraction"
+    if any(has_condition(e) for e in eqs):
+        return "general"
     if any(any(isinstance(x, Reduce) for x in walk(e.rhs)) for e in eqs):
         return "rows"
     return "rows" if all(len(e.lhs) == 2 and row_local(e) for e in eqs) else "map"

@@ -128,3 +128,23 @@ def test_regression_a_scalar_operand_no_longer_breaks_a_vector_general_kernel():
     model = parse_text(text, Path("scaled.habu")).models["SCALED"]
     (kernel,) = default_plan(model, TARGET, {}, {}).kernels
     assert isinstance(kernel, GeneralKernel) and kernel.vector == 8
+
+
+def test_regression_a_cut_epilogue_with_a_condition_went_to_the_map_family():
+    """Attention's derived backward at 16 × 1k (session 64): the default cut dS (`where(j ≤ i + #J − #I, …)` in
+    dP's epilogue) from its product into a piece of the map family, which computes no conditions: `habu compile`
+    failed its finite-field check ("a reduction inside a pointwise expression: Compare(…)"). A cut piece with a
+    condition is the general family's."""
+    from habu.plan.partitions import piece_kind
+    from habu.plan.rewrite import apply_rewrites
+
+    bw = derive_model(load_program(ROOT / "examples" / "attention.habu"), "ATTENTION-GQA").model
+    sizes = {"B": 1, "G": 8, "I": 1024, "J": 1024}
+    model = bind_shape(bw, sizes)
+    plan = default_plan(model, TARGET, sizes, {})
+    graph = apply_rewrites(model, plan.rewrites)
+    ds = next(e for e in graph.nodes if e.target.endswith(".mm") and {"dO", "V"} <= {x.tensor for x in walk(e.rhs)
+                                                                                    if isinstance(x, Load)})
+    tail = ds.target.removesuffix(".mm")
+    assert piece_kind(graph, (tail,)) == "general"
+    assert all(k.kind != "map" or not any(n == tail for n in k.nodes) for k in plan.kernels)
