@@ -81,3 +81,34 @@ def test_the_custom_ops_differentiate_a_gathered_gemm_by_scatter_add():
     a, ix, b = _inputs(gm, sizes, seed=3)
     ix = torch.tensor([2, 2, 0, 3])  # a repeated row: its gradients accumulate
     assert torch.autograd.gradcheck(ggemm, (a, ix, b), eps=1e-6, atol=1e-6)
+
+
+ATTENTION = {"B": 1, "G": 2, "R": 2, "I": 3, "J": 4, "E": 2, "D": 3}
+
+
+def test_gradcheck_through_attentions_backward_that_reads_its_output():
+    """Attention's backward reads the forward's output O (habu/spec/grad_reuse.py: D = Σ d dO·O): the autograd
+    Function saves it with the statistics, and the gradients pass gradcheck."""
+    gm = build_grad(EX / "attention.habu", "ATTENTION-GQA", kernels=False, **ATTENTION)
+    assert ("O", "O") in gm.backward.saved
+    xs = _inputs(gm, ATTENTION, seed=4)
+    assert torch.autograd.gradcheck(lambda *a: gm(*a), tuple(xs), eps=1e-6, atol=1e-6)
+
+
+def test_the_custom_ops_save_an_output_the_backward_reads_once():
+    """The forward op returns O once (a custom op's outputs may not alias), and the backward op gets it from the
+    saved outputs; gradcheck and torch.compile(fullgraph=True) through both."""
+    from habu.torch_grad_ops import as_autograd_op
+
+    gm = build_grad(EX / "attention.habu", "ATTENTION-GQA", kernels=False, **ATTENTION)
+    attention = as_autograd_op(gm, "attention_gqa_test")
+    xs = _inputs(gm, ATTENTION, seed=5)
+    assert torch.autograd.gradcheck(attention, tuple(xs), eps=1e-6, atol=1e-6)
+    step = torch.compile(lambda *a: attention(*a).square().sum(), fullgraph=True, backend="aot_eager")
+    step(*xs).backward()
+    got = [x.grad.clone() for x in xs]
+    for x in xs:
+        x.grad = None
+    gm(*xs).square().sum().backward()
+    for mine, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(mine, x.grad)

@@ -35,6 +35,7 @@ from habu.spec.dtypes import WRITABLE_DTYPES, activation_dtype, dtype_named
 from habu.spec.equation import format_expr, format_index
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
+from habu.spec.grad_cover import read_elementwise_products
 from habu.spec.grad_factor import factor_sum, merge_terms
 from habu.spec.grad_hoist import hoist_statistics
 from habu.spec.grad_indicators import drop_repeated_indicators
@@ -485,6 +486,8 @@ class _Deriver:
         # arg-max indicator of COL-MAX's `max r`) is computed once, in a node of its own, not per element
         model = hoist_statistics(model, _unique("%h", self.taken), keep_row_statistics=True,
                                  invariant=HOIST_INVARIANTS)
+        if HOIST_INVARIANTS:  # attention's dS = P ⊙ (dP − D) reads P (habu/spec/grad_cover.py)
+            model = read_elementwise_products(model)
         forward = _with_saved_outputs(self.fwd, saved)
         return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
                         tuple(sorted(choices)), self.policy)

@@ -96,7 +96,7 @@ def unify(p: Expr, t: Expr, phi: Renaming, used: set[IndexVar]) -> bool:
     return False
 
 
-def _cover(pattern: list[Expr], factors: list[Expr], phi: Renaming, used: set[IndexVar], taken: tuple[int, ...] = ()
+def cover_factors(pattern: list[Expr], factors: list[Expr], phi: Renaming, used: set[IndexVar], taken: tuple[int, ...] = ()
            ) -> tuple[Renaming, tuple[int, ...]] | None:
     """A renaming under which each of `pattern` is a distinct one of `factors` (backtracking), and which ones."""
     if not pattern:
@@ -105,7 +105,7 @@ def _cover(pattern: list[Expr], factors: list[Expr], phi: Renaming, used: set[In
         trial, trial_used = dict(phi), set(used)
         if k in taken or not unify(pattern[0], f, trial, trial_used):
             continue
-        found = _cover(pattern[1:], factors, trial, trial_used, (*taken, k))
+        found = cover_factors(pattern[1:], factors, trial, trial_used, (*taken, k))
         if found is not None:
             return found
     return None
@@ -124,7 +124,7 @@ def _read_one(term: Expr, node: Equation) -> Expr | None:
     if not set(sum_vars) | set(node.lhs) <= pattern_vars or len(set(node.lhs)) < len(node.lhs):
         return None  # each variable fixed by the factors (else the sum counts, or the target broadcasts)
     factors = signed_factors(term_body)
-    found = _cover(pattern, factors, {}, set())
+    found = cover_factors(pattern, factors, {}, set())
     if found is None:
         return None
     phi, taken = found

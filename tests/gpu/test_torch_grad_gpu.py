@@ -13,7 +13,9 @@ torch = pytest.importorskip("torch")
 
 @pytest.mark.parametrize("stem,model,sizes", [("ffn_skip", "FFN-SKIP", {"B": 64, "D": 128, "H": 256}),
                                         ("rmsnorm", "RMSNORM-ROWS", {"R": 64, "D": 256}),
-                                        ("softmax", "SOFTMAX-ROWS", {"R": 64, "C": 256})])
+                                        ("softmax", "SOFTMAX-ROWS", {"R": 64, "C": 256}),
+                                        # its backward reads the forward's output O (habu/spec/grad_reuse.py)
+                                        ("attention", "ATTENTION-GQA", {"B": 1, "G": 2, "R": 2, "I": 40, "J": 72})])
 def test_habu_kernels_forward_and_backward_match_the_reference(stem, model, sizes):
     import habu
     from habu.torch_grad import build_grad

@@ -131,11 +131,14 @@ def test_regression_a_scalar_operand_no_longer_breaks_a_vector_general_kernel():
 
 
 def test_regression_a_cut_epilogue_with_a_condition_went_to_the_map_family():
-    """Attention's derived backward at 16 × 1k (session 64): the default cut dS (`where(j ≤ i + #J − #I, …)` in
-    dP's epilogue) from its product into a piece of the map family, which computes no conditions: `habu compile`
-    failed its finite-field check ("a reduction inside a pointwise expression: Compare(…)"). A cut piece with a
-    condition is the general family's."""
+    """Attention's derived backward at 16 × 1k (session 64): the default cut dS (then `where(j ≤ i + #J − #I, …)`
+    in dP's epilogue) from its product into a piece of the map family, which computes no conditions: `habu
+    compile` failed its finite-field check ("a reduction inside a pointwise expression: Compare(…)"). A cut piece
+    with a condition is the general family's: each contraction region's epilogue with one (P's mask, since dS
+    reads P) cut off goes there, and the default plan puts no such node in a map or row kernel."""
+    from habu.plan.conditions import has_condition
     from habu.plan.partitions import piece_kind
+    from habu.plan.patterns import default_regions
     from habu.plan.rewrite import apply_rewrites
 
     bw = derive_model(load_program(ROOT / "examples" / "attention.habu"), "ATTENTION-GQA").model
@@ -143,8 +146,9 @@ def test_regression_a_cut_epilogue_with_a_condition_went_to_the_map_family():
     model = bind_shape(bw, sizes)
     plan = default_plan(model, TARGET, sizes, {})
     graph = apply_rewrites(model, plan.rewrites)
-    ds = next(e for e in graph.nodes if e.target.endswith(".mm") and {"dO", "V"} <= {x.tensor for x in walk(e.rhs)
-                                                                                    if isinstance(x, Load)})
-    tail = ds.target.removesuffix(".mm")
-    assert piece_kind(graph, (tail,)) == "general"
-    assert all(k.kind != "map" or not any(n == tail for n in k.nodes) for k in plan.kernels)
+    by_name = {e.target: e for e in graph.nodes}
+    tails = [r.nodes[1:] for r in default_regions(graph) if r.kind == "contraction"
+             and any(has_condition(by_name[t]) for t in r.nodes[1:])]
+    assert tails
+    assert all(piece_kind(graph, tail) == "general" for tail in tails)
+    assert not any(has_condition(by_name[t]) for k in plan.kernels if k.kind in ("map", "rows") for t in k.nodes)
