@@ -303,8 +303,8 @@ def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None
 
 
 def _pinned_rewrites(model: Model, value: str | None, family: str | None = None) -> tuple[str, ...]:
-    """`--pin rewrite=factor:Y` (several joined with +), checked against what applies to the model;
-    without the pin, the rewrites a default takes (`split:T`, habu.plan.rewrite.default_rewrites), but not
+    """`--pin rewrite=factor:Y` (several joined with +), checked against what applies to the model, and then the
+    `split:` rewrites that apply after them; without the pin, the rewrites a default takes (`split:T`, habu.plan.rewrite.default_rewrites), but not
     `attention:T` under `--pin family=attention` (the fused kernel computes the softmax-weighted sum whole)."""
     from habu.plan.rewrite import RewriteError, applicable, apply_rewrites, default_rewrites
 
@@ -315,12 +315,15 @@ def _pinned_rewrites(model: Model, value: str | None, family: str | None = None)
 
     names = tuple(v.strip() for v in value.split("+") if v.strip())
     try:
-        apply_rewrites(model, names)
+        after = apply_rewrites(model, names)
     except RewriteError as err:
         offered = ", ".join(applicable(model)) or "none"
         raise UsageError(f"--pin rewrite={value}: {err.message} (rewrites that apply to {model.name}: {offered})"
                          ) from None
-    return names
+    # then the splits of the contractions the pinned rewrites leave inside larger expressions (no contraction
+    # family takes such a node: `rewrite=attention:O` left the scores `where(…, Σ e Q·K·s, −∞)` a scalar general
+    # kernel, session 64), as a default takes them
+    return names + tuple(n for n in applicable(after) if n.startswith("split:") and n not in names)
 
 
 def _pinned_storage(model: Model, rewrites: tuple[str, ...], value: str) -> str:

@@ -150,3 +150,14 @@ def test_div0_is_callable_and_zero_where_the_divisor_is_zero():
     f = PrimeField(2147483647, 1)
     y = evaluate_field(m, {"A": np.array([1, 2, 3]), "B": np.array([2, 0, 3])}, f)["Y"]
     assert y[1] == 0 and y[2] == 1 and y[0] * 2 % f.p == 1
+
+
+def test_regression_a_pinned_attention_rewrite_left_the_scores_a_scalar_general_kernel():
+    """`--pin rewrite=attention:O` (the unfused plan, `attention_speed`'s `short-…-unfused` cases) took that
+    rewrite alone: the scores `where(…, Σ e Q·K·s, −∞)` stayed one node no contraction family takes, a general
+    kernel with a loop over e for each score (session 64). The pinned rewrites are followed by the splits that
+    apply after them, as a default's are."""
+    model = prefill()
+    plan = default_plan(model, SM90, PREFILL, {"rewrite": "attention:O"})
+    assert plan.rewrites == ("attention:O", "split:O.s")
+    assert plan.kernels[0].kind == "contraction" and plan.kernels[0].nodes[0] == "O.s.mm"
