@@ -4,6 +4,8 @@ attention's backward for later), the gap measured.
 
     SEQ=1024 HEADS=16 KV=8 [PINS=storage=bf16] [OBF16=1] [PROFILE=1] python docs/experiments/attention_backward.py
 
+`PROFILE=1`: each kernel's own time, its launches serialised (habu.bench.kernel_times.serial_launches).
+
 Causal GQA of examples/attention.habu (batch 1, head width 128). Habu's forward-with-saved-values gives the
 row maximum and sum the backward reads; both sides get the same Q, K, V and dO; dQ, dK and dV are compared with
 torch's in float32 (relative Frobenius error). CUDA events, medians (habu.timing.harness.time_cuda). `PINS`:
@@ -70,11 +72,9 @@ for name, w in zip(("Q", "K", "V"), want, strict=True):
 h = time_cuda(ours, 1, reps=10)["median_us"]
 t = time_cuda(theirs, 1, reps=30)["median_us"]
 print(f"seq {SEQ} heads {HEADS}/{KV}: habu {h:.1f} us, torch SDPA backward {t:.1f} us, x{t / h:.3f}")
-if os.environ.get("PROFILE"):  # each of Habu's kernels' time (the profiler serialises the launches)
-    from torch.profiler import ProfilerActivity, profile
+if os.environ.get("PROFILE"):  # each kernel's own time, launches serialised (an early one counts its wait too)
+    from habu.bench.kernel_times import kernel_device_times, serial_launches
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            ours(0)
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=60))
+    with serial_launches():
+        for name, us in kernel_device_times(lambda: ours(0), reps=10).items():
+            print(f"kernel {name} {us:.1f} us")
