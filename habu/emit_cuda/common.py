@@ -253,6 +253,9 @@ def float_expr(e: Expr, leaf: Callable[[Load], str], sizes: Mapping[str, Any],
     if e.fn == "neg":
         return f"(-{args[0]})"
     assert e.fn in FUNCTIONS
+    if e.fn == "div0":  # a · (1/b): a divisor shared by many elements is one reciprocal (math.cuh `f_rcp0`)
+        one = isinstance(e.args[0], Const) and e.args[0].value == 1
+        return f"habu::f_rcp0({args[1]})" if one else f"({args[0]} * habu::f_rcp0({args[1]}))"
     return f"habu::f_{e.fn}({', '.join(args)})"
 
 

@@ -489,6 +489,8 @@ class _Deriver:
         if HOIST_INVARIANTS:  # attention's dS = P ⊙ (dP − D) reads P (habu/spec/grad_cover.py)
             model = read_elementwise_products(model)
         forward = _with_saved_outputs(self.fwd, saved)
+        if HOIST_INVARIANTS:  # a computation the saved statistics and the output share, one node (attention's scores)
+            forward = hoist_statistics(forward, _unique("%f", self.taken), keep_row_statistics=True, invariant=True)
         return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
                         tuple(sorted(choices)), self.policy)
 

@@ -53,7 +53,7 @@ def test_the_prefill_example_takes_the_unfused_plan_and_it_is_proven_with_fully_
     proof = prove(model, plan, PREFILL, trials=1)
     assert proof.ok, [o.describe() for o in proof.violations] or proof.certificate.failure
     src = "\n".join(k.source for k in emit_plan(model, plan, SM90).kernels)
-    assert "habu::f_div0(" in src  # a fully masked row's weights are 0, not 0/0
+    assert "habu::f_rcp0(" in src  # a fully masked row's weights are 0, not 0/0 (div0 as a · rcp0(b))
 
 
 def test_regression_three_batch_indices_load_through_5d_tensor_maps():
