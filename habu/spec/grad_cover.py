@@ -15,8 +15,10 @@ that one; a node that still read every tensor it did would read one more)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from fractions import Fraction
+from functools import reduce
 
+from habu.spec.grad_algebra import ONE, ZERO
+from habu.spec.grad_factor import product as factor_product
 from habu.spec.grad_reuse import MINUS_ONE, Renaming, cover_factors, signed_factors
 from habu.spec.ir import (
     Const,
@@ -33,9 +35,6 @@ from habu.spec.ir import (
     tensors_read,
     walk,
 )
-
-ONE = Const(Fraction(1))
-ZERO = Const(Fraction(0))
 
 
 def normal_factors(e: Expr) -> list[Expr]:
@@ -54,12 +53,9 @@ def normal_factors(e: Expr) -> list[Expr]:
 
 def product(fs: list[Expr]) -> Expr:
     """The product of factors, a factor −1 as a negation."""
-    sign = sum(1 for f in fs if f == MINUS_ONE) % 2
     rest = [f for f in fs if f != MINUS_ONE]
-    out: Expr = rest[0] if rest else ONE
-    for f in rest[1:]:
-        out = Op("mul", (out, f))
-    return Op("neg", (out,)) if sign else out
+    out = factor_product(rest) if rest else ONE
+    return Op("neg", (out,)) if (len(fs) - len(rest)) % 2 else out
 
 
 def _terms(e: Expr) -> list[Expr]:
@@ -69,10 +65,7 @@ def _terms(e: Expr) -> list[Expr]:
 
 
 def _sum(ts: list[Expr]) -> Expr:
-    out = ts[0]
-    for t in ts[1:]:
-        out = Op("add", (out, t))
-    return out
+    return reduce(lambda a, b: Op("add", (a, b)), ts)
 
 
 @dataclass
