@@ -205,8 +205,8 @@ def _leaf(row: _Row):
     return leaf
 
 
-def _render(row: _Row, e: Expr) -> str:
-    return float_expr(e, _leaf(row), row.sizes, lambda r: row.red_names[canonical_reduction(r)])
+def _render(row: _Row, e: Expr) -> str:  # a condition on indices reads the row's coordinates and `col`
+    return float_expr(e, _leaf(row), row.sizes, lambda r: row.red_names[canonical_reduction(r)], names=row.at("r", "col"))
 
 
 # ----------------------------------------------------------------------------- the row's load

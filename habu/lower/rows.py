@@ -25,7 +25,20 @@ from habu.lower.lanes import ChunkLoop, MapLanes, RowCache, RowThreads
 from habu.plan.patterns import row_local, stored_nodes
 from habu.plan.plan import MapKernel, RowKernel
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Expr, Gather, IndexVar, Load, Model, Op, Reduce, rename_vars, walk
+from habu.spec.ir import (
+    Compare,
+    Equation,
+    Expr,
+    Gather,
+    IndexVar,
+    Load,
+    Model,
+    Op,
+    Reduce,
+    map_ops,
+    rename_vars,
+    walk,
+)
 
 # a thread keeps at most this many 16-byte chunks of its row in registers (all loads in flight at once)
 MAX_REGISTER_CHUNKS = 16
@@ -430,7 +443,8 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
         mapping: dict[IndexVar, IndexVar] = dict(zip(eq.lhs, rvs, strict=False))
         if len(eq.lhs) == len(leading) + 1:
             mapping[eq.lhs[-1]] = cv
-        renamed.append(Equation(eq.target, tuple(mapping.values()), rename_vars(eq.rhs, mapping)))
+        rhs = conditions_on_columns(rename_vars(eq.rhs, mapping), set(rvs), cv)
+        renamed.append(Equation(eq.target, tuple(mapping.values()), rhs))
     defined: set[str] = set()
     loads: list[tuple[Load, Access]] = []
     extent_of_axis = {**dict(zip(names, leading, strict=True)), "c": c_ext}
@@ -459,6 +473,20 @@ def lower_rows(model: Model, kernel: RowKernel, storage: Mapping[str, str] | Non
     width = model.extent(c_ext)
     span = None if width.is_static else (width.lo, width.hi)
     return with_kept_rows(replace(lw, passes=passes, width_range=span))
+
+
+def conditions_on_columns(e: Expr, rows: set[IndexVar], column: IndexVar) -> Expr:
+    """`e` with each condition on indices over the kernel's axes: its row variables are the row axes already, and
+    any other variable is the column `c` (a reduction's bound variable, as the loads read it: `axis_of`). The
+    finite-field check evaluates the condition at each element's coordinates and the emitter prints it there."""
+    def leaf(x: Expr) -> Expr:
+        if isinstance(x, Compare):
+            return x.map_indices(lambda ix: ix if not isinstance(ix, IndexVar) or ix in rows else column)
+        if isinstance(x, Reduce):
+            return Reduce(x.op, x.vars, conditions_on_columns(x.body, rows, column))
+        return x
+
+    return map_ops(e, leaf)
 
 
 def with_kept_rows(lw: RowLowering) -> RowLowering:

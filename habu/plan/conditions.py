@@ -5,7 +5,12 @@ A contraction kernel knows each stored element's coordinates (its tile's rows an
 a condition over the node's own index variables, with sizes and constants, is a comparison of those
 coordinates (habu/lower/contraction.py renames its variables to the kernel's axes, `condition_axis`; the
 finite-field check and the printed C evaluate it there). A condition that reads an index tensor
-(`LEN[b]`, a padded batch's lengths) or a variable the node does not write stays with the general family."""
+(`LEN[b]`, a padded batch's lengths) or a variable the node does not write stays with the general family.
+
+A row kernel knows each element's row coordinates and its column: a row reduction's conditions over those (any
+variable that is not a row axis is the column, as its loads read it) are computed there too (`row_conditions`,
+habu/lower/rows.py `conditions_on_columns`: attention's masked row sum `Σ j where(j ≤ i + #J − #I, exp(S − M), 0)`).
+A condition that reads an index tensor stays with the general family."""
 
 from __future__ import annotations
 
@@ -25,4 +30,9 @@ def epilogue_conditions(eq: Equation) -> bool:
                for x in walk(eq.rhs) if isinstance(x, Compare) for ix in x.index_exprs())
 
 
-__all__ = ["epilogue_conditions", "has_condition"]
+def row_conditions(eq: Equation) -> bool:
+    """Whether a row kernel computes every condition of the node: none reads an index tensor."""
+    return all(isinstance(ix, IndexVar) for x in walk(eq.rhs) if isinstance(x, Compare) for ix in x.index_exprs())
+
+
+__all__ = ["epilogue_conditions", "has_condition", "row_conditions"]

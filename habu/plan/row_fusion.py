@@ -26,6 +26,13 @@ def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
     return any(ld.tensor == stat.target for ld in loads(new_eq.rhs)) and reads_own_rows(new_eq, stat.target)
 
 
+def joins_row_statistics(model: Model, regions: list[Region], eq: Equation) -> bool:
+    """Whether the elementwise `eq` joins the row region before it (`statistic_then_row`): a masked softmax's
+    weights `div0(where(c, exp(S − M), 0), L)` after the row kernel of M and L, which computes their condition at
+    each element (a map kernel would compute none)."""
+    return bool(regions) and statistic_then_row(model, regions[-1], eq)
+
+
 def reads_own_rows(eq: Equation, tensor: str) -> bool:
     """Every read of `tensor` in `eq` is in the row `eq` writes: its leading indices are `eq`'s row variables
     (`row_local`'s leading axes; a row statistic `S[q]` read as `S[q]`, not `S[q2]` under a reduction over q2)."""
@@ -95,4 +102,4 @@ def merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
     regions.append(new)
 
 
-__all__ = ["merge_or_add", "row_then_statistic", "statistic_then_row"]
+__all__ = ["joins_row_statistics", "merge_or_add", "row_then_statistic", "statistic_then_row"]

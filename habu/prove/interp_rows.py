@@ -6,16 +6,18 @@ of a map kernel through its lane map (`MapLowering.lanes`), reading and writing 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from habu.lower import MapLowering, RowLowering
 from habu.lower.rows import RowLoads, canonical_reduction
+from habu.prove.conditions import condition_holds
 from habu.prove.index_arith import NumpyIndex, wrap
 from habu.prove.interp import Memory, PlanFault, eval_pointwise, read, write
 from habu.prove.kinds import KindProof, TileAxis, flat_blocks, register_kind, sample_tiles
-from habu.spec.ir import Expr, Load, Op, Reduce
+from habu.spec.ir import Compare, Expr, Load, Op, Reduce
 
 
 class _Visits:
@@ -186,6 +188,8 @@ def run_rows(name: str, lw: RowLowering, sizes: Mapping[str, int], mem: Memory, 
             args = [ev(a) for a in e.args]
             args = list(np.broadcast_arrays(*args)) if len(args) > 1 else args
             return f.op(e.fn, [np.asarray(a) for a in args])
+        if isinstance(e, Compare):  # over the row axes and the column (habu/lower/rows.py `conditions_on_columns`)
+            return np.where(condition_holds(e, coords, sizes, mem), f.const(Fraction(1)), f.const(Fraction(0)))
         return eval_pointwise(e, None, f, sizes)
 
     on_chip = _KeptRows(name, lw, cache, v, len(rows), sizes, mem)
