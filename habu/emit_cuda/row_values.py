@@ -8,7 +8,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from habu.lower.flatten import is_row_axis
-from habu.spec.ir import Const, Expr, IndexVar, Load, Op, Reduce, Size
+from habu.spec.ir import Compare, Const, Expr, IndexVar, Load, Op, Reduce, Size, walk
 
 ROW_CONSTANT = "@row:"  # a marker load: a hoisted row constant
 HELD = "@held:"  # a marker load: a value an earlier pass kept in registers for this column
@@ -67,3 +67,12 @@ def reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: in
         used.add(i)
         return Load(f"{HELD}{i}", ())
     return Op(e.fn, tuple(reuse_held(a, render, bodies, used, room) for a in e.args))
+
+
+def max_init(r: Reduce) -> str:
+    """A row maximum's start: −∞ under a condition on indices (a fully masked row's maximum is the model's empty
+    maximum, −∞, as the general family stores it), else −FLT_MAX (the row family's, an unmasked row's −∞ elements
+    then giving weights of 0 rather than exp(−∞ − (−∞)))."""
+    masked = any(isinstance(x, Compare) for x in walk(r.body))
+    return "(-__int_as_float(0x7f800000))" if masked else "-3.402823466e38f"
+

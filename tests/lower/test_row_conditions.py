@@ -88,3 +88,16 @@ def test_attentions_saved_statistics_and_weights_are_one_row_kernel():
         assert [k.kind for k in plan.kernels] == ["contraction", "rows", "contraction"], plan.kernels
         assert len(plan.kernels[1].nodes) == 3
         assert prove(m, plan, sizes, trials=1).ok
+
+
+def test_a_masked_maximum_starts_at_minus_infinity():
+    """A fully masked row's maximum is the model's empty maximum, −∞ (as the general family stored it before
+    session 64); an unmasked row maximum keeps the row family's −FLT_MAX start."""
+    model = PROGRAM.models["MASKED-MAX"]
+    plan = default_plan(model, TARGET, None, {})
+    (k,) = emit(prove(model, plan, trials=1), TARGET).kernels
+    assert "float part = (-__int_as_float(0x7f800000));" in k.source
+    softmax = load_program(ROOT / "examples" / "softmax.habu").models["SOFTMAX-ROWS"]
+    sources = [k.source for k in emit(prove(softmax, default_plan(softmax, TARGET, None, {}), trials=1),
+                                      TARGET).kernels]
+    assert any("float part = -3.402823466e38f;" in s for s in sources)
