@@ -21,10 +21,14 @@ epilogue, `random_masked_product`); it ran masked products 0–78 and models 0�
 the first rewritten plan; 9750 SLOW as before), where masked 30 was WRONG: a right plan refused, the column family offered a sum under a
 condition (tests/plan/test_column_reduction.py).
 
+Session 64 added masked row reductions and softmaxes (`random_masked_rows`: row kernels compute conditions since
+then) and ran rows 0–399 and models 0–5015 (0–1202 before habu/spec/grad_cover.py, the rest after), no finding.
+
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
     PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands
     PYTHONPATH=. python tests/fuzz_variants.py batched 0 200 --per 8  # a batch over m's or n's extent
     PYTHONPATH=. python tests/fuzz_variants.py masked 0 200 --per 6   # a mask in the product's epilogue
+    PYTHONPATH=. python tests/fuzz_variants.py rows 0 200 --per 6     # a mask in a row reduction or softmax
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from habu.target import target_named
 from tests.random_models import (
     random_batched_product,
     random_masked_product,
+    random_masked_rows,
     random_model,
     random_product,
     random_shared_product,
@@ -112,14 +117,15 @@ def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("model", "product", "shared", "batched", "masked"))
+    ap.add_argument("kind", choices=("model", "product", "shared", "batched", "masked", "rows"))
     ap.add_argument("first", type=int)
     ap.add_argument("end", type=int)
     ap.add_argument("--per", type=int, default=6, help="sampled variants a model, besides the default")
     ap.add_argument("--deadline", type=float, default=30.0, help="seconds a plan's field check may take")
     args = ap.parse_args()
     generate = {"model": random_model, "product": random_product, "shared": random_shared_product,
-                "batched": random_batched_product, "masked": random_masked_product}[args.kind]
+                "batched": random_batched_product, "masked": random_masked_product,
+                "rows": random_masked_rows}[args.kind]
     target = target_named("sm_90a")
     for seed in range(args.first, args.end):
         fuzz_one(generate(seed), f"{args.kind} {seed}", args.per, seed, args.deadline, target)

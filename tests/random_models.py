@@ -156,6 +156,38 @@ def random_masked_product(seed: int) -> str:
     return "\n".join([*head, f"MODEL: FZ  {lhs} {store} {term} ;"]) + "\n"
 
 
+ROW_MASKS = ("j ≤ i + {c}", "i < j", "j ≤ i + #J − #I", "i + j ≥ {c}", "j ≠ i", "j ≥ {c}", "i ≥ {c}")
+
+
+def random_masked_rows(seed: int) -> str:
+    """The text of model FZ: a row reduction or a softmax under a condition on the row's and the column's indices
+    (session 64: row kernels compute conditions, habu/lower/rows.py `conditions_on_columns`), over 2-D rows or
+    rows with a leading batch axis, with a saved-statistic form: `Y[(b) i] = max/Σ j where(c, f(X…), fill)`,
+    `Y[(b) i j] = softmax_j(where(c, X…, −∞))`, `Y[(b) i j] = div0(where(c, exp(X − M), 0), L)`."""
+    rng = random.Random(seed + 9_000_011)
+    sizes = {"I": rng.choice((1, 3, 17, 40, 128, 130)), "J": rng.choice((1, 5, 33, 64, 200, 256)),
+             "B": rng.choice((1, 2, 3))}
+    batch = rng.random() < 0.4
+    b, bx = ("b ", "#B ") if batch else ("", "")
+    dtype = rng.choice(("f32", "bf16"))
+    cond = rng.choice(ROW_MASKS).format(c=rng.choice((0, 3, 17)))
+    x = f"X[{b}i j]"
+    form = rng.choice(("max", "sum", "softmax", "weights"))
+    lines = [f"{n} EXTENT: #{e}" for e, n in sizes.items()]
+    lines += [f"{dtype} TENSOR: X ( {bx}#I #J )", f"f32 TENSOR: M ( {bx}#I )", f"f32 TENSOR: L ( {bx}#I )"]
+    if form in ("max", "sum"):
+        f = rng.choice((x, f"exp({x} − M[{b}i])", f"{x} · {x}", f"tanh({x})"))
+        fill = "−∞" if form == "max" and rng.random() < 0.7 else "0"
+        op = "max" if form == "max" else "Σ"
+        lines += [f"f32 TENSOR: Y ( {bx}#I )", f"MODEL: FZ  Y[{b}i] = {op} j where({cond}, {f}, {fill}) ;"]
+    elif form == "softmax":
+        lines += [f"{dtype} TENSOR: Y ( {bx}#I #J )", f"MODEL: FZ  Y[{b}i j] = softmax_j(where({cond}, {x}, −∞)) ;"]
+    else:
+        lines += [f"{dtype} TENSOR: Y ( {bx}#I #J )",
+                  f"MODEL: FZ  Y[{b}i j] = div0(where({cond}, exp({x} − M[{b}i]), 0), L[{b}i]) ;"]
+    return "\n".join(lines) + "\n"
+
+
 def random_shared_product(seed: int) -> str:
     """The text of model FZ: a product that reads one tensor as both operands, m and n over one extent (session
     58's find: the Gram matrix's field check, S·S's tensor maps): `Y[m m2] = f(Σ k A[m k] · A[m2 k])` with A
