@@ -15,7 +15,7 @@ from habu.compile import compile_model, write_outputs
 from habu.errors import HabuError
 from habu.spec.parser import parse_text
 from habu.target import target_named
-from tests.random_models import random_masked_product, random_model, random_product
+from tests.random_models import random_masked_product, random_masked_rows, random_model, random_product
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +66,15 @@ def test_a_random_masked_product_and_its_backward_compile_or_are_refused_in_one_
     """Products with a condition on their output's indices (session 63: a contraction's epilogue computes it):
     compiled with the default's rewrites (`split:Y` puts the mask in the product's epilogue) and proven."""
     text = random_masked_product(seed)
+    assert _compile(text, backward=False) == "ok", text
+    _compile(text, backward=True)
+
+
+@pytest.mark.parametrize("seed", range(0, 12))
+def test_a_random_masked_row_reduction_and_its_backward_compile_or_are_refused_in_one_line(seed):
+    """Masked row reductions and softmaxes (session 64: row kernels compute conditions on indices): compiled
+    (NVRTC included), proven, and their backward too where one is derived."""
+    text = random_masked_rows(seed)
     assert _compile(text, backward=False) == "ok", text
     _compile(text, backward=True)
 
