@@ -109,10 +109,22 @@ class Golden:
 
 def compare(out: Any, ref: np.ndarray, tol: float) -> Golden:
     got = out.detach().to("cpu").double().numpy()
-    unwritten = int(np.isnan(got).sum())
-    diff = np.linalg.norm((np.nan_to_num(got) - ref).ravel())
-    norm = np.linalg.norm(ref.ravel()) or 1.0
-    return Golden(float(diff / norm), tol, unwritten)
+    return Golden(relative_error(got, ref), tol, int(np.isnan(got).sum()))
+
+
+def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """‖got − ref‖ / ‖ref‖ over the finite elements of ref (NaN in got: unwritten, counted apart, as 0 here); an
+    infinity of ref matched by the same one in got (a fully masked row's maximum, −∞) is equal and left out, and
+    one that is not (−FLT_MAX where the model says −∞) makes the error infinite."""
+    ref = np.asarray(ref, dtype=np.float64)
+    got = np.broadcast_to(np.asarray(got, dtype=np.float64), ref.shape)
+    infinite = np.isinf(ref) | np.isinf(got)
+    if np.any(infinite & (got != ref)):
+        return float("inf")
+    kept = ~infinite
+    diff = np.linalg.norm((np.nan_to_num(got[kept]) - ref[kept]).ravel())
+    norm = np.linalg.norm(ref[kept].ravel()) or 1.0
+    return float(diff / norm)
 
 
 def golden_run(model: Model, sizes: Mapping[str, int], compiled: Callable[..., Any], storage: Mapping[str, str],

@@ -277,6 +277,7 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
 def _golden(result: dict, ref: dict, boxes: dict, tol: float) -> dict:
     """Each output's sampled elements against the float64 reference: relative error, NaNs left."""
     from habu.spec.evaluate import BoxTensor
+    from habu.timing.harness import relative_error
 
     golden = {}
     for name, out in result.items():
@@ -286,7 +287,7 @@ def _golden(result: dict, ref: dict, boxes: dict, tol: float) -> dict:
         got = picked.double().cpu().numpy()
         expect = ref[name].data if isinstance(ref[name], BoxTensor) else ref[name][np.ix_(*boxes[name])]
         unwritten = int(np.isnan(got).sum())
-        err = float(np.linalg.norm((np.nan_to_num(got) - expect).ravel()) / (np.linalg.norm(expect.ravel()) or 1.0))
+        err = relative_error(got, expect)
         golden[name] = {"rel_error": err, "tol": tol, "unwritten": unwritten, "ok": unwritten == 0 and err <= tol}
     return golden
 
