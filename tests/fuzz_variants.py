@@ -22,7 +22,8 @@ the first rewritten plan; 9750 SLOW as before), where masked 30 was WRONG: a rig
 condition (tests/plan/test_column_reduction.py).
 
 Session 64 added masked row reductions and softmaxes (`random_masked_rows`: row kernels compute conditions since
-then) and ran rows 0–399 and models 0–5015 (0–1202 before habu/spec/grad_cover.py, the rest after), no finding.
+then) and ran rows 0–399, masked products 79–96 and models 0–9699 (0–1202 before habu/spec/grad_cover.py, the rest
+after), no finding.
 
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
     PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands
