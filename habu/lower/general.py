@@ -165,7 +165,8 @@ class GeneralLowering(FlatGrid):
         return sizes[dict(self.loops)[axis]]
 
     def reductions(self) -> tuple[Reduce, ...]:
-        """The node's outermost reductions, in the order they appear."""
+        """The node's outermost reductions, in the order they appear, each once (a vector kernel runs each loop
+        once)."""
         out: list[Reduce] = []
         stack: list[Expr] = [self.node.rhs]
         while stack:
@@ -174,7 +175,7 @@ class GeneralLowering(FlatGrid):
                 out.append(x)
             elif isinstance(x, Op):
                 stack.extend(reversed(x.args))
-        return tuple(out)
+        return tuple(dict.fromkeys(out))
 
     def loop_axes(self, r: Reduce) -> tuple[str, ...]:
         return tuple(v.name for v in r.vars)

@@ -27,7 +27,7 @@ from typing import Any
 
 from habu.errors import HabuError
 from habu.plan.column_reduction import ColumnReduction, as_column_reduction, tiny_rows
-from habu.plan.conditions import epilogue_conditions, has_condition, row_conditions
+from habu.plan.conditions import epilogue_conditions, has_condition
 from habu.plan.row_reductions import reductions_no_row_runs
 from habu.plan.storage import dtype_of
 from habu.spec.equation import format_expr, format_index
@@ -311,7 +311,7 @@ def consumers(model: Model, target: str) -> list[Equation]:
 def default_regions(model: Model) -> tuple[Region, ...]:
     """Greedy fusion: a contraction takes the elementwise chain after it; row-local and elementwise
     nodes group with their neighbours of the same shape."""
-    from habu.plan.row_fusion import joins_row_statistics, merge_or_add  # (they read Region and row_local)
+    from habu.plan.row_fusion import merge_or_add, row_kernel_conditions  # (they read Region and row_local)
 
     regions: list[Region] = []
     nodes = list(model.nodes)
@@ -323,9 +323,7 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         # a scatter store and a contraction gathered on its reduction axis: a general region (whose default
         # kernel may be the wgmma contraction: habu.paths.default_contraction); and only the general family
         # computes conditions on indices but a contraction's epilogue and a row reduction (habu/plan/conditions.py)
-        rows_cond = row_conditions(eq) and row_local(eq) and (any(isinstance(x, Reduce) for x in walk(eq.rhs))
-                                                            or joins_row_statistics(model, regions, eq))
-        if eq.scatter is not None or (c is None and has_condition(eq) and not rows_cond) \
+        if eq.scatter is not None or (c is None and has_condition(eq) and not row_kernel_conditions(model, regions, eq)) \
                 or (c is not None and not c.by_default):
             regions.append(general_region(model, eq))
         elif c is not None:

@@ -6,8 +6,9 @@ that is the only reader of its result; a row that reads the statistic the previo
 
 from __future__ import annotations
 
+from habu.plan.conditions import row_conditions
 from habu.plan.patterns import Region, consumers, row_local
-from habu.spec.ir import Equation, Model, loads
+from habu.spec.ir import Equation, Model, Reduce, loads, walk
 
 
 def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
@@ -26,11 +27,14 @@ def statistic_then_row(model: Model, prev: Region, new_eq: Equation) -> bool:
     return any(ld.tensor == stat.target for ld in loads(new_eq.rhs)) and reads_own_rows(new_eq, stat.target)
 
 
-def joins_row_statistics(model: Model, regions: list[Region], eq: Equation) -> bool:
-    """Whether the elementwise `eq` joins the row region before it (`statistic_then_row`): a masked softmax's
-    weights `div0(where(c, exp(S − M), 0), L)` after the row kernel of M and L, which computes their condition at
-    each element (a map kernel would compute none)."""
-    return bool(regions) and statistic_then_row(model, regions[-1], eq)
+def row_kernel_conditions(model: Model, regions: list[Region], eq: Equation) -> bool:
+    """Whether a row kernel computes `eq` with its conditions on indices (habu/plan/conditions.py
+    `row_conditions`): a row reduction (attention's masked row sum), or an elementwise node that joins the row
+    region before it (`statistic_then_row`: a masked softmax's weights `div0(where(c, exp(S − M), 0), L)` after the
+    row kernel of M and L; a map kernel would compute no condition)."""
+    if not row_conditions(eq) or row_local(eq) is None:
+        return False
+    return any(isinstance(x, Reduce) for x in walk(eq.rhs)) or (bool(regions) and statistic_then_row(model, regions[-1], eq))
 
 
 def reads_own_rows(eq: Equation, tensor: str) -> bool:
@@ -102,4 +106,4 @@ def merge_or_add(regions: list[Region], new: Region, model: Model) -> None:
     regions.append(new)
 
 
-__all__ = ["joins_row_statistics", "merge_or_add", "row_then_statistic", "statistic_then_row"]
+__all__ = ["merge_or_add", "row_kernel_conditions", "row_then_statistic", "statistic_then_row"]

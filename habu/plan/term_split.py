@@ -25,14 +25,8 @@ from dataclasses import replace
 
 from habu.plan.patterns import as_grouped_gemm
 from habu.spec.dtypes import DTYPES
-from habu.spec.ir import Equation, Expr, Load, Model, Op, Reduce, TensorDecl, free_vars, walk
-
-
-def terms(e: Expr) -> list[Expr]:
-    """The terms of a sum (its top-level additions flattened, in order)."""
-    if isinstance(e, Op) and e.fn == "add":
-        return terms(e.args[0]) + terms(e.args[1])
-    return [e]
+from habu.spec.grad_factor import terms
+from habu.spec.ir import Equation, Load, Model, Op, Reduce, TensorDecl, free_vars, walk
 
 
 def terms_part(model: Model, target: str) -> tuple[Equation, tuple[tuple[int, Equation], ...]] | None:

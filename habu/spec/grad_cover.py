@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from functools import reduce
 
 from habu.spec.grad_algebra import ONE, ZERO
-from habu.spec.grad_factor import product as factor_product
-from habu.spec.grad_reuse import MINUS_ONE, Renaming, cover_factors, signed_factors
+from habu.spec.grad_factor import terms
+from habu.spec.grad_reuse import Renaming, cover_factors, signed_factors, signed_product
 from habu.spec.ir import (
     Const,
     Equation,
@@ -51,19 +51,6 @@ def normal_factors(e: Expr) -> list[Expr]:
     return out
 
 
-def product(fs: list[Expr]) -> Expr:
-    """The product of factors, a factor −1 as a negation."""
-    rest = [f for f in fs if f != MINUS_ONE]
-    out = factor_product(rest) if rest else ONE
-    return Op("neg", (out,)) if (len(fs) - len(rest)) % 2 else out
-
-
-def _terms(e: Expr) -> list[Expr]:
-    if isinstance(e, Op) and e.fn == "add":
-        return [t for a in e.args for t in _terms(a)]
-    return [e]
-
-
 def _sum(ts: list[Expr]) -> Expr:
     return reduce(lambda a, b: Op("add", (a, b)), ts)
 
@@ -86,7 +73,12 @@ def _split(eq: Equation) -> _Split | None:
     inner = [f for f in fs if free_vars(f) & bound]
     if not outer or not inner or any(isinstance(x, Reduce) for f in outer for x in walk(f)):
         return None
-    return _Split(outer, Reduce("sum", r.vars, product(inner)))
+    return _Split(outer, Reduce("sum", r.vars, signed_product(inner)))
+
+
+def _inner_name(split: str) -> str:
+    """The node a split row sum's summed factors make: `%ds2_sum` of `%ds2`."""
+    return f"{split}_sum"
 
 
 class _Cover:
@@ -94,8 +86,7 @@ class _Cover:
         self.nodes = nodes
         self.intermediates = intermediates
         self.decls = decls
-        self.made: dict[str, str] = {}  # a split row sum -> its inner node
-        self.new: list[tuple[str, Equation]] = []  # (after which node, the inner node)
+        self.split: set[str] = set()  # the row sums split (each `_inner_name`'s node made from it)
 
     def rank(self, tensor: str) -> int:
         return len(self.decls[tensor].extents) if tensor in self.decls else 0
@@ -111,9 +102,8 @@ class _Cover:
             if sp is None or not all(isinstance(i, IndexVar) for i in f.indices):
                 continue
             mapping = dict(zip(by_name[f.tensor].lhs, f.indices, strict=True))
-            inner_name = self.made.get(f.tensor, f"{f.tensor}_sum")
             outer = [rename_vars(g, mapping) for g in sp.outer]  # type: ignore[arg-type]
-            out.append(([*fs[:k], *outer, Load(inner_name, f.indices), *fs[k + 1:]], f.tensor))
+            out.append(([*fs[:k], *outer, Load(_inner_name(f.tensor), f.indices), *fs[k + 1:]], f.tensor))
         return out
 
     def cover(self, node: Equation, pattern: list[Expr], term: Expr, splits: set[str]) -> Expr | None:
@@ -128,13 +118,13 @@ class _Cover:
             left = [f for k, f in enumerate(fs) if k not in found[1]]
             if split is not None:
                 splits.add(split)
-            return product([Load(node.target, tuple(phi[v] for v in node.lhs)), *left])
+            return signed_product([Load(node.target, tuple(phi[v] for v in node.lhs)), *left])
         return None
 
     def rewrite(self, node: Equation, pattern: list[Expr], e: Expr, splits: set[str]) -> Expr:
         if isinstance(e, Reduce):
             return Reduce(e.op, e.vars, self.rewrite(node, pattern, e.body, splits))
-        ts = _terms(e)
+        ts = terms(e)
         if len(ts) > 1:
             return _sum([self.rewrite(node, pattern, t, splits) for t in ts])
         got = self.cover(node, pattern, e, splits)
@@ -162,30 +152,28 @@ def read_elementwise_products(model: Model) -> Model:
         if len(pattern) < 2 or any(isinstance(f, Const) for f in pattern) or len(set(eq.lhs)) < len(eq.lhs) \
                 or not set(eq.lhs) <= set().union(*(free_vars(f) for f in pattern)):
             continue
-        producers = {n.target for n in nodes if n.target in tensors_read(eq.rhs)}
-        for m in list(nodes):
-            i = nodes.index(m)
-            if m is eq or eq.target in tensors_read(m.rhs) or m.target in producers \
-                    or any(nodes.index(p) >= i for p in (n for n in nodes if n.target in producers)):
+        reads = tensors_read(eq.rhs)  # a node after eq's last producer may read eq instead
+        after = max((k for k, n in enumerate(nodes) if n.target in reads), default=-1) + 1
+        for i in range(after, len(nodes)):
+            m = nodes[i]
+            if m is eq or eq.target in tensors_read(m.rhs):
                 continue
             splits: set[str] = set()
             rhs = cover.rewrite(eq, pattern, m.rhs, splits)
             if rhs != m.rhs and cover.pays(eq, m.rhs, rhs):
-                nodes[i] = replace(m, rhs=rhs)
-                cover.nodes = nodes
-                for split in splits:
-                    cover.made.setdefault(split, f"{split}_sum")
+                nodes[i] = replace(m, rhs=rhs)  # (the list `cover` reads)
+                cover.split |= splits
         readers = [k for k, n in enumerate(nodes) if eq.target in tensors_read(n.rhs)]
         at = nodes.index(next(n for n in nodes if n.target == eq.target))
         if readers and readers[0] < at:
             nodes.insert(readers[0], nodes.pop(at))
     new_inter = list(model.intermediates)
-    for split, inner in cover.made.items():
+    for split in sorted(cover.split):
         k = next(j for j, n in enumerate(nodes) if n.target == split)
         sp = _split(nodes[k])
         assert sp is not None
-        nodes.insert(k, Equation(inner, nodes[k].lhs, sp.inner))
-        new_inter.append(TensorDecl(inner, decls[split].extents, None))
+        nodes.insert(k, Equation(_inner_name(split), nodes[k].lhs, sp.inner))
+        new_inter.append(TensorDecl(_inner_name(split), decls[split].extents, None))
         if not any(split in tensors_read(n.rhs) for n in nodes):
             nodes.pop(k + 1)
             new_inter = [t for t in new_inter if t.name != split]

@@ -22,6 +22,13 @@ def factors(e: Expr) -> list[Expr]:
     return [e]
 
 
+def terms(e: Expr) -> list[Expr]:
+    """The terms of a sum (its top-level additions flattened, in order)."""
+    if isinstance(e, Op) and e.fn == "add":
+        return [t for a in e.args for t in terms(a)]
+    return [e]
+
+
 def product(fs: list[Expr]) -> Expr:
     out = fs[0]
     for f in fs[1:]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from habu.spec.grad_algebra import ONE
+from habu.spec.grad_factor import product
 from habu.spec.ir import (
     Compare,
     Const,
@@ -47,6 +49,13 @@ def signed_factors(e: Expr) -> list[Expr]:
     if isinstance(e, Op) and e.fn == "neg":
         return [MINUS_ONE, *signed_factors(e.args[0])]
     return [e]
+
+
+def signed_product(fs: list[Expr]) -> Expr:
+    """The product of factors (`signed_factors`' inverse), a factor −1 as a negation."""
+    rest = [f for f in fs if f != MINUS_ONE]
+    out = product(rest) if rest else ONE
+    return Op("neg", (out,)) if (len(fs) - len(rest)) % 2 else out
 
 
 def _bind(v: IndexVar, w: IndexVar, phi: Renaming, used: set[IndexVar]) -> bool:
@@ -96,8 +105,8 @@ def unify(p: Expr, t: Expr, phi: Renaming, used: set[IndexVar]) -> bool:
     return False
 
 
-def cover_factors(pattern: list[Expr], factors: list[Expr], phi: Renaming, used: set[IndexVar], taken: tuple[int, ...] = ()
-           ) -> tuple[Renaming, tuple[int, ...]] | None:
+def cover_factors(pattern: list[Expr], factors: list[Expr], phi: Renaming, used: set[IndexVar],
+                  taken: tuple[int, ...] = ()) -> tuple[Renaming, tuple[int, ...]] | None:
     """A renaming under which each of `pattern` is a distinct one of `factors` (backtracking), and which ones."""
     if not pattern:
         return phi, taken
@@ -133,9 +142,7 @@ def _read_one(term: Expr, node: Equation) -> Expr | None:
     if not summed <= set(bound) or any(free_vars(f) & summed for f in left) \
             or summed & {phi[v] for v in node.lhs}:
         return None
-    read: Expr = Load(node.target, tuple(phi[v] for v in node.lhs))
-    for f in reversed(left):
-        read = Op("neg", (read,)) if f == MINUS_ONE else Op("mul", (f, read))
+    read = signed_product([*left, Load(node.target, tuple(phi[v] for v in node.lhs))])
     outer = tuple(v for v in bound if v not in summed)
     return Reduce("sum", outer, read) if outer else read
 

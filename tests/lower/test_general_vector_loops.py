@@ -66,3 +66,17 @@ def test_a_reduction_inside_another_moves_one_element():
     assert isinstance(kernel, GeneralKernel)
     (lw,) = lower_plan(model, replace(plan, kernels=(replace(kernel, vector=4),)))
     assert isinstance(lw, GeneralLowering) and "a reduction inside another" in (lw.vector_refusal() or "")
+
+
+def test_each_elements_condition_inside_the_loop_reads_its_own_column():
+    """The masked sum `Σ r where(e ≤ j, X·W, 0)` accumulates element q of the vector under the condition at that
+    element's coordinates (the lowering's `lane_coordinates`: the last axis + q), inside the loop as after it; an
+    emitter that printed the first element's condition for all (planted, session 64) is caught here, where the
+    field check, which runs the lowering, cannot see it."""
+    model = PROGRAM.models["MASKED-SUM"]
+    (k,) = emit(prove(model, default_plan(model, TARGET, None, {}), trials=1), TARGET).kernels
+    lines = [ln for ln in k.source.splitlines() if re.search(r"acc0\[\d\] \+=", ln)]
+    assert len(lines) == 4
+    assert "(long long)e2 + 0LL" in lines[0]
+    for q in range(1, 4):
+        assert f"(long long)(e2 + {q})" in lines[q] and f"x0[{q}]" in lines[q], lines[q]

@@ -63,12 +63,12 @@ def test_the_moe_backwards_gate_gradient_is_left_as_it_was():
 def test_mutant_a_rebuilt_term_that_loses_its_sign_fails_the_adjoint_check(monkeypatch: pytest.MonkeyPatch):
     """The adjoint check over GF(p) is what makes the rewrite safe: a rebuilt term that drops its factor −1 (the
     row sum's `−div0(1, R2)` taken out of it) gives dS = P·s·(dP + D), and the check fails."""
-    real = grad_cover.product
+    real = grad_cover.signed_product
 
     def unsigned(fs):
         return real([f for f in fs if f != MINUS_ONE])
 
-    monkeypatch.setattr(grad_cover, "product", unsigned)
+    monkeypatch.setattr(grad_cover, "signed_product", unsigned)
     bw = derive(ATTENTION)
     _, ds, _ = _ds_and_p(bw)
     assert "−" not in format_expr(ds.rhs)
