@@ -17,6 +17,7 @@ loaded. At the end l is summed over the row's lanes and O / l stored (div0: a ro
 from __future__ import annotations
 
 from habu.emit_cuda.attention_exp import exp2_call
+from habu.emit_cuda.attention_stats import statistics_store
 from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
 from habu.emit_cuda.cexpr import CExpr, bare, c
 from habu.emit_cuda.common import (
@@ -132,6 +133,11 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     v_ok = f"{c(lw.key_inside(CExpr('j'), sizes))} && ({access_mask(lw.v, v_coord, sizes, table)})"
     row_of = lambda t: c(lw.row(CExpr("qt"), CExpr(t)))  # noqa: E731
     key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
+    # each row's sum over its lanes, then (a training forward) the row statistics, before O / l is stored
+    stats = statistics_store(lw, sig, sizes, it, table, fr.element(cx("rt"), cx("lane"), 0, cx("h"), 0)[0],
+                             "m[mi][h]", "l[mi][h]", "      ")
+    sums = f"l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);"
+    sums = f"{{\n      {sums}\n{stats}    }}" if stats else sums
     if lw.kv_warps > 1:
         epilogue = merge_epilogue(lw, sig, sizes, it, table, rt, o_elem, o_coord)
     elif split_on:
@@ -141,7 +147,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
   for (int mi = 0; mi < {mi_n}; ++mi) {{
     const int rt = {rt};
 #pragma unroll
-    for (int h = 0; h < {halves}; ++h) l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);
+    for (int h = 0; h < {halves}; ++h) {sums}
 #pragma unroll
     for (int dn = 0; dn < {nd8}; ++dn)
 #pragma unroll

@@ -16,6 +16,7 @@ the tile's last S is done (the producer waits it before the next tile's Q).
 from __future__ import annotations
 
 from habu.emit_cuda.attention_exp import exp2_call
+from habu.emit_cuda.attention_stats import statistics_store
 from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
 from habu.emit_cuda.cexpr import CExpr, bare, c, cmin
 from habu.emit_cuda.common import (
@@ -331,10 +332,13 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
     }}
 """
     qv = lw.out_vectors
+    # a training forward's row statistics (habu/emit_cuda/attention_stats.py), before l becomes 1 / l
+    stats = statistics_store(lw, sig, sizes, it, table, lw.o_element(cx("cw"), cx("warp"), cx("lane"), 0, cx("h"), 0)[0],
+                             "m[h]", "l[h]", "      ")
     inverse_l = f"""#pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)
       l[h] = habu::row_sum_lanes<{shuffles}>(l[h]);
-      l[h] = habu::f_div0(1.0f, l[h]);
+{stats}      l[h] = habu::f_div0(1.0f, l[h]);
     }}
 """
     if split_on:

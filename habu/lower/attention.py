@@ -65,6 +65,9 @@ class AttentionLowering:
     fragment: AccumulatorFragment = ACCUMULATOR
     quad_offsets: tuple[int, ...] = (1, 2)  # xor shuffles joining the 4 lanes of one accumulator row
     mask_ranges: tuple[str, ...] = ()  # the value ranges of the index tensors the mask reads (sequence lengths)
+    # the row statistics the model keeps (habu/plan/attention_fused.py: a training forward), at axes (batch.., "i"):
+    # the softmax's maximum (the running max at the end, in the model's units) and its sum (the running l)
+    stats: tuple[Access, Access] | None = None
 
     @property
     def node(self):
@@ -157,6 +160,12 @@ class AttentionLowering:
     def merge_exponent(self, m_slice: Any, m_all: Any, ops: Any) -> Any:
         """The exponent of the factor a slice's l and O are multiplied by in the merge: exp(m_s − M)."""
         return ops.sub(m_slice, m_all)
+
+    def stat_writer(self, lane: Any) -> Any:
+        """Whether a lane stores its rows' statistics (`stats`): the first of the row's lanes, lane % 4 < 1 (the
+        accumulator fragment spreads a row over a quad; after the xor shuffles each lane of the quad holds its row's
+        maximum and sum)."""
+        return lane % 4 < 1
 
     def row_writer(self, d: Any) -> Any:
         """Whether the merged element of column d writes its row's m and l (one element a row): d < 1 (an order

@@ -9,6 +9,7 @@ from dataclasses import replace
 from habu.lower.access import access_for
 from habu.lower.attention import MMA_M, AttentionLowering
 from habu.lower.fragments import ACCUMULATOR
+from habu.plan.attention_fused import attention_statistics
 from habu.plan.attention_split import attention_form
 from habu.plan.plan import AttentionKernel
 from habu.spec.ir import Gather, IndexConst, IndexVar, Model
@@ -20,11 +21,12 @@ def _axis_var(name: str, extent: str) -> IndexVar:
 
 def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str, str] | None = None
                     ) -> AttentionLowering:
-    if len(kernel.nodes) != 1:
-        raise ValueError("an attention kernel computes one node")
-    form = attention_form(model, kernel.nodes[0])
+    statistics = attention_statistics(model, kernel.nodes) if len(kernel.nodes) == 3 else None
+    if len(kernel.nodes) != 1 and statistics is None:
+        raise ValueError("an attention kernel computes one node, or one and its softmax's maximum and sum")
+    form = attention_form(model, kernel.nodes[-1])
     if form is None:
-        raise ValueError(f"{kernel.nodes[0]} is not a softmax-weighted sum the attention kernel computes")
+        raise ValueError(f"{kernel.nodes[-1]} is not a softmax-weighted sum the attention kernel computes")
     names = {form.row: "i", form.key: "j", form.red: "e", form.col: "d"}
     batch_axes = tuple(f"x{n}" for n in range(len(form.batch)))
     names.update(zip(form.batch, batch_axes, strict=True))
@@ -42,6 +44,11 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
         assert isinstance(ix, IndexConst)
         return ix
 
+    stats = None
+    if statistics is not None:  # M[rows] and L[rows], rows = T's indices but the last (d)
+        rows = form.node.lhs[:-1]
+        stats = tuple(access_for(model.tensor(t), rows, names, extent_of_axis, storage)
+                      for t in (statistics.maximum, statistics.total))
     mask = form.mask.map_indices(rename) if form.mask is not None else None
     ranges: list[str] = []
     if mask is not None:
@@ -54,4 +61,4 @@ def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str,
                              form.row.extent, form.key.extent, form.red.extent, form.col.extent, form.scale, mask,
                              kernel.index_width, model.sizes.get(form.red.extent), model.sizes.get(form.col.extent),
                              replace(ACCUMULATOR, group_warps=max(1, kernel.bm // (MMA_M * kernel.warp_m)) * kernel.kv_warps),
-                             mask_ranges=tuple(ranges))
+                             mask_ranges=tuple(ranges), stats=stats)  # type: ignore[arg-type]

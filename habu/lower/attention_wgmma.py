@@ -324,7 +324,12 @@ class AttentionWgmmaLowering(AttentionLowering):
         """Whether the scale c (the model's, times log2 e in the kernel) is folded into the exponent, as FA3: the
         running max m is taken over the raw scores, P = 2^(s·c − m·c) (one FFMA a score instead of a multiply
         and a subtraction), l and O rescaled by 2^(m_old·c − m_new·c). Only where c is a positive constant:
-        with a negative one the raw scores' max would be the scaled scores' min (the exponents would overflow)."""
+        with a negative one the raw scores' max would be the scaled scores' min (the exponents would overflow).
+        Not where the kernel stores the row statistics (`stats`): the stored maximum is the scaled scores' (the
+        model's), which the field check compares with the model's max reduction (over the field the max of the
+        raw scores times c is another value)."""
+        if self.stats is not None:
+            return False
         if self.scale is None:
             return True
         value = constant_value(self.scale, sizes)

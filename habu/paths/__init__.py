@@ -59,6 +59,9 @@ def default_kernel(model: Model, region: Region, target: Target, sizes: dict[str
     reduction axis (GGEMM's backward) takes the contraction where a GPU-tested path builds one (`default_contraction`)."""
     if region.kind == "general" and (k := default_contraction(model, region, target, sizes)) is not None:
         return k
+    if region.kind == "general" and len(region.nodes) == 3 \
+            and (k := attention.PATH.default(model, region, target, sizes)) is not None:
+        return k  # a softmax-weighted sum with its row statistics (habu/plan/attention_fused.py): no other family
     if (k := elementwise_vectors(model, region, target, sizes)) is not None:
         return k
     if region.kind == "grouped" and len(region.nodes) == 3 \

@@ -6,7 +6,9 @@ rewrite), through `--pin family=attention` and the search (`region_space`). It i
 decode (`default_pins`: at most 16 query rows a sequence; its sliced split-KV plan passed its golden GPU runs
 and ran 16x the unfused plan, session 31) and of a prefill of at least `WGMMA_PREFILL_ROWS` query rows (the wgmma
 main loop, two consumers in ping-pong, persistent blocks: `prefill_pins`); a shorter prefill's stays the unfused
-plan. The cost of the wgmma loop: habu/paths/attention_schedule.py."""
+plan. A region of the sum and its softmax's row maximum and sum (a training forward after `fused:T`,
+habu/plan/attention_fused.py) takes the kernel too, which then stores them. The cost of the wgmma loop:
+habu/paths/attention_schedule.py."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from habu.lower.support import ATTENTION
 from habu.paths.analytic import index_width
 from habu.paths.attention_schedule import kv_dram_bytes, wgmma_attention_seconds
 from habu.paths.base import KernelPath
+from habu.plan.attention_fused import attention_statistics, fused_view
 from habu.plan.attention_split import AttentionForm, attention_form
 from habu.plan.patterns import Region
 from habu.plan.plan import AttentionKernel, Kernel
@@ -140,9 +143,10 @@ class AttentionPath(KernelPath):
         its keys where its query tiles leave the GPU idle (`kv_split_for`; golden GPU runs passed, session 31).
         None where the region is not one softmax-weighted sum the kernel computes, or the head widths are not
         static multiples of 16."""
-        if len(region.nodes) != 1 or not target.mma_sync:
+        stats = attention_statistics(model, region.nodes)  # (M, L, T): a training forward's row statistics too
+        if (len(region.nodes) != 1 and stats is None) or not target.mma_sync:
             return None
-        form = attention_form(model, region.nodes[0])
+        form = attention_form(model, region.nodes[-1])
         if form is None:
             return None
         static = model.sizes
@@ -152,7 +156,7 @@ class AttentionPath(KernelPath):
         rows = static.get(form.row.extent) or sizes.get(form.row.extent) or 64
         bm = 16 if rows <= 16 else 32 if rows <= 32 else 64  # a decode's few query heads: one warp, not four
         kernel = AttentionKernel(nodes=region.nodes, bm=bm, bn=64, index_width=index_width(model, sizes))
-        if bm == 16:  # a decode: its KV tiles sliced over warps, split-KV where its query tiles leave the GPU idle
+        if bm == 16 and stats is None:  # a decode: KV tiles sliced over warps, split-KV where the GPU would idle
             return self.decode_kernel(model, kernel, form, target, sizes)
         return kernel
 
@@ -258,7 +262,8 @@ class AttentionPath(KernelPath):
         and TMA or a head width is not a static multiple of 64. H200, 16 heads × 4096, d128 (session 31):
         2 stages 184.2 / 341.2 µs (causal / full), 3 stages 140.0 / 247.4, 3 stages with ping-pong (`--pin
         pingpong=1`, the default plan's: `default_pins`) 141.6 / 229.8 (cuDNN SDPA 151.5 / 206.7)."""
-        form = attention_form(model, kernel.nodes[0]) if len(kernel.nodes) == 1 else None
+        whole = len(kernel.nodes) == 1 or attention_statistics(model, kernel.nodes) is not None
+        form = attention_form(model, kernel.nodes[-1]) if whole else None
         if form is None or not (target.wgmma and target.tma):
             return None
         e, d = model.sizes.get(form.red.extent), model.sizes.get(form.col.extent)
@@ -282,6 +287,7 @@ class AttentionPath(KernelPath):
         three consumer warpgroups instead (`three_consumer_tile`)."""
         if not (target.wgmma and target.tma and target.mma_sync):
             return {}
+        model = fused_view(model)  # a training forward's unfused nodes, one sum again (`fused:T`)
         nodes = [eq.target for eq in model.nodes]
         forms = [(n, attention_form(model, n)) for n in nodes]
         forms = [(n, f) for n, f in forms if f is not None]

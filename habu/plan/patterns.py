@@ -311,7 +311,8 @@ def consumers(model: Model, target: str) -> list[Equation]:
 def default_regions(model: Model) -> tuple[Region, ...]:
     """Greedy fusion: a contraction takes the elementwise chain after it; row-local and elementwise
     nodes group with their neighbours of the same shape."""
-    from habu.plan.row_fusion import merge_or_add, row_kernel_conditions  # (they read Region and row_local)
+    from habu.plan.attention_fused import join_statistics  # (they read Region, row_local, consumers)
+    from habu.plan.row_fusion import merge_or_add, row_kernel_conditions
 
     regions: list[Region] = []
     nodes = list(model.nodes)
@@ -356,9 +357,10 @@ def default_regions(model: Model) -> tuple[Region, ...]:
         i += 1
     # a row statistic of a few long rows, alone in its region: the column family splits its rows over
     # the grid (the row family would run one block per row)
-    return tuple(Region("columns", r.nodes) if r.kind == "rows" and len(r.nodes) == 1
-                 and transposed_rows(model, next(e for e in nodes if e.target == r.nodes[0])) is not None else r
-                 for r in regions)
+    # and a softmax-weighted sum's row statistics joined to it (habu/plan/attention_fused.py)
+    return join_statistics(model, tuple(Region("columns", r.nodes) if r.kind == "rows" and len(r.nodes) == 1 and
+                           transposed_rows(model, next(e for e in nodes if e.target == r.nodes[0])) is not None else r
+                           for r in regions))
 
 
 def epilogue_chain(model: Model, nodes: list[Equation], i: int) -> tuple[str, ...]:

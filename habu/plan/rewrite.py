@@ -13,6 +13,10 @@ only when the finite-field check of the rewritten plan against the original mode
 - `attention:T` makes a softmax-weighted sum (attention) three nodes: the scores T.s, each row's
   softmax T.p and the value contraction T (habu/plan/attention_split.py: the unfused plan); default
   plans take it (then `split:T.s`).
+- `fused:T` is the inverse where the model keeps the softmax's row maximum and sum as nodes (a training forward):
+  the scores and the weights inlined, T one softmax-weighted sum again, which the fused attention kernel computes
+  and stores the statistics beside (habu/plan/attention_fused.py). Only under `--pin family=attention` and the
+  default's fused prefill.
 - `factor:T` moves a row scale out of a contraction (Mirage's RMSNorm + Linear rewrite): with
   `P[r k] = X[r k] · s(r)` and `T[m n] = Σ k P[m k]·B[k n]`, since s does not depend on k,
   `T[m n] = s(m) · Σ k X[m k]·B[k n]`: a row statistic `T.scale[m] = s(m)` (one read of X, one
@@ -44,6 +48,7 @@ from functools import lru_cache
 from itertools import combinations
 
 from habu.errors import HabuError
+from habu.plan.attention_fused import apply_fused, chain_parts
 from habu.plan.attention_split import apply_attention, attention_parts
 from habu.plan.epilogue_inline import apply_epilogue, epilogue_part
 from habu.plan.gather_split import apply_gather, gather_part
@@ -213,6 +218,8 @@ KINDS = {"inline": (_inline_ok, _apply_inline),
          "factor": (lambda m, t: _factor_parts(m, t) is not None, _apply_factor),
          "split": (lambda m, t: split_part(m, t) is not None, apply_split),
          "attention": (lambda m, t: attention_parts(m, t) is not None, apply_attention),
+         # the inverse, for the fused kernel storing the row statistics: only under --pin family=attention
+         "fused": (lambda m, t: chain_parts(m, t) is not None, apply_fused),
          "scatter": (lambda m, t: scatter_part(m, t) is not None, apply_scatter),
          "gather": (lambda m, t: gather_part(m, t) is not None, apply_gather),
          "epilogue": (lambda m, t: epilogue_part(m, t) is not None, apply_epilogue),

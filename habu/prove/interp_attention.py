@@ -293,6 +293,27 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     out = f.op("div0", [o, np.broadcast_to(l_run[:, :, r_h][:, :, None, :], o.shape)])
     at = {**coords, "i": np.broadcast_to(lw.row(qt, o_row), o.shape), "d": np.broadcast_to(o_col, o.shape)}
     write(name, lw.out, at, out, sizes, mem, lw.index_width, False, None, where)
+    m_row = fr.element(w4[..., 0], l4[..., 0], 0, np.arange(halves)[None, None, :], 0)[0]
+    store_statistics(name, lw, sizes, mem, coords, lw.row(qt, m_row), l4[..., 0], m, l_run, where)
+
+
+def store_statistics(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory,
+                     coords: Mapping[str, object], rows: np.ndarray, lanes: np.ndarray, m: np.ndarray,
+                     l_run: np.ndarray, where) -> None:
+    """The row statistics a training forward keeps (`lw.stats`), as the kernel stores them after the KV loop:
+    each row's running maximum m (over the field a max is the product of partial maxima: m is the model's max
+    reduction of the visible scores, −∞ its identity) and sum l (joined over the row's lanes), from the lane
+    `stat_writer` names, for the rows inside #I. m, l_run: (warp, lane, row half); rows, lanes broadcast to them.
+    The kernel's maximum is kept in base 2 (the scores times log2 e) and stored times ln 2: a float-only step,
+    as the base-2 exponentials are (docs/VERIFY.md)."""
+    if lw.stats is None:
+        return
+    keep = np.asarray(lw.stat_writer(lanes)) & np.asarray(lw.row_inside(rows, sizes))
+    keep = np.broadcast_to(keep, np.broadcast_shapes(keep.shape, np.shape(m)))
+    at = {**coords, "i": np.broadcast_to(rows, keep.shape)[keep]}
+    for access, values in zip(lw.stats, (m, l_run), strict=True):
+        write(name, access, at, np.broadcast_to(values, keep.shape)[keep], sizes, mem, lw.index_width, False, None,
+              where)
 
 
 # ----------------------------------------------------------------------------- the attention kind

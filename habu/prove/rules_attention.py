@@ -80,9 +80,16 @@ def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Ite
     k, s, t = lw.kernel, ctx.ext, ctx.target
     axes = {"i": (s[lw.row_extent], 1), "j": (s[lw.key_extent], 1), "e": (s[lw.red_extent], 1),
             "d": (s[lw.col_extent], 1), **{a: (s[e], 1) for a, e in zip(lw.batch_axes, lw.batch_extents, strict=True)}}
-    for access, what in ((lw.q, "every load"), (lw.k, "every load"), (lw.v, "every load"), (lw.out, "every store")):
+    stats = tuple((a, "every store") for a in lw.stats or ())  # the row statistics (a training forward)
+    for access, what in ((lw.q, "every load"), (lw.k, "every load"), (lw.v, "every load"), (lw.out, "every store"),
+                         *stats):
         yield from _access_obligations(name, access, axes, ctx, lw.index_width, what)
     yield from supported(name, lw, ctx)
+    if lw.stats is not None:
+        yield Obligation(R["supported-path"], name, None, "a kernel storing the row statistics runs each query tile's "
+                         "KV tiles in one warp's loop (no split-KV, no slices merged)", not k.kv_split and k.kv_warps == 1,
+                         detail=f"kv_split = {k.kv_split}, kv_warps = {k.kv_warps}: the combine and the merge keep no "
+                         "statistics")
     yield Obligation(R["threads"], name, None, f"{lw.threads} threads per block ≤ {t.max_threads_per_block}",
                      lw.threads <= t.max_threads_per_block, detail=f"{lw.threads} threads")
     n_e, n_d = s[lw.red_extent], s[lw.col_extent]

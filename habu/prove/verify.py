@@ -28,7 +28,7 @@ import numpy as np
 
 from habu.lower import ColumnLowering, ContractionLowering, RowLowering, lower_plan
 from habu.lower.general import GeneralLowering, Store
-from habu.lower.stores import stored_accesses
+from habu.lower.stores import statistic_box, stored_accesses
 from habu.plan.plan import Plan
 from habu.prove.column_epilogue import column_boxes, column_demand
 from habu.prove.deadline import check_deadline
@@ -217,7 +217,7 @@ def stored_boxes(model: Model, lw: object, nodes: tuple[str, ...], box: tuple[np
         # a column kernel's sum before the epilogue stores it in a broadcast shape (`G[n]`, then `dB[0 n]`)
         unbroadcast = isinstance(lw, ColumnLowering) and len(model.tensor(t).extents) < len(box)
         out[t] = (box[:len(lw.leading)] if per_row and t != lw.out.tensor  # type: ignore[attr-defined]
-                  else (box[lw.column_position],) if unbroadcast else box)
+                  else (box[lw.column_position],) if unbroadcast else statistic_box(lw, t, box))
     return {**out, **column_boxes(model, lw, box)}  # a contraction's column sum: its columns (row 0 of a bias)
 
 

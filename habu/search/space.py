@@ -308,8 +308,10 @@ def _pinned_rewrites(model: Model, value: str | None, family: str | None = None)
     `attention:T` under `--pin family=attention` (the fused kernel computes the softmax-weighted sum whole)."""
     from habu.plan.rewrite import RewriteError, applicable, apply_rewrites, default_rewrites
 
-    if not value and family == "attention":
-        return tuple(n for n in applicable(model) if n.startswith("split:"))
+    if not value and family == "attention":  # a training forward's statistics join the sum (`fused:T`) first
+        fused = tuple(n for n in applicable(model) if n.startswith("fused:"))
+        after = apply_rewrites(model, fused) if fused else model
+        return fused + tuple(n for n in applicable(after) if n.startswith("split:"))
     if not value:
         return default_rewrites(model)
 

@@ -27,6 +27,10 @@ __device__ __forceinline__ float row_sum_lanes(float x) {
  * one ex2 instruction, 2^(x·log2 e). */
 constexpr float LOG2E = 1.4426950408889634f;
 
+/** @brief ln 2 = 1 / log2(e): a base-2 maximum times LN2 is the maximum in the model's units (the row statistic a
+ * training forward stores, habu/emit_cuda/attention_stats.py). */
+constexpr float LN2 = 0.6931471805599453f;
+
 /** @brief 2^x by the SFU (ex2.approx.ftz: 2^−∞ = 0). */
 __device__ __forceinline__ float exp2_fast(float x) {
   float y;
