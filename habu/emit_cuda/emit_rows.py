@@ -39,7 +39,7 @@ from habu.emit_cuda.common import (
 )
 from habu.emit_cuda.geometry import LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
-from habu.emit_cuda.row_values import HELD, ROW_CONSTANT, RowConstants, max_init, reuse_held
+from habu.emit_cuda.row_values import HELD, MAX_INIT, ROW_CONSTANT, RowConstants, reuse_held
 from habu.lower import RowLowering
 from habu.lower.access import Access
 from habu.lower.lanes import ChunkLoop, RowCache
@@ -325,7 +325,7 @@ def _reduction_pass(row: _Row, index: int, body: Expr, held: bool, after_loop: s
     that runs once the loop has read every chunk of the row, before the reduction's barriers)."""
     r = row.lw.passes[index]
     red = row.red_names[r]
-    init = "0.0f" if r.op == "sum" else max_init(r)
+    init = "0.0f" if r.op == "sum" else MAX_INIT
     update = "part += v;" if r.op == "sum" else "part = fmaxf(part, v);"
     keep = f" held{index}[i][q] = v;" if held else ""
     guard = f"col < {c(row.sizes[row.lw.c])}" if row.lw.reduce_mask else "true"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from habu.lower.flatten import is_row_axis
-from habu.spec.ir import Compare, Const, Expr, IndexVar, Load, Op, Reduce, Size, walk
+from habu.spec.ir import Const, Expr, IndexVar, Load, Op, Reduce, Size
 
 ROW_CONSTANT = "@row:"  # a marker load: a hoisted row constant
 HELD = "@held:"  # a marker load: a value an earlier pass kept in registers for this column
@@ -69,10 +69,10 @@ def reuse_held(e: Expr, render, bodies: dict[str, int], used: set[int], room: in
     return Op(e.fn, tuple(reuse_held(a, render, bodies, used, room) for a in e.args))
 
 
-def max_init(r: Reduce) -> str:
-    """A row maximum's start: −∞ under a condition on indices (a fully masked row's maximum is the model's empty
-    maximum, −∞, as the general family stores it), else −FLT_MAX (the row family's, an unmasked row's −∞ elements
-    then giving weights of 0 rather than exp(−∞ − (−∞)))."""
-    masked = any(isinstance(x, Compare) for x in walk(r.body))
-    return "(-__int_as_float(0x7f800000))" if masked else "-3.402823466e38f"
+# A row maximum's start: −∞, the identity of max, as every other family starts it; a row whose elements are all −∞
+# (masked or not) then has the model's maximum, −∞. Before session 65 an unmasked row started at −FLT_MAX (its
+# weights exp(x − max) were then 0 where the model's are exp(−∞ − (−∞)) = NaN), and the saved R1 of attention's
+# unfused training forward (max j of the masked scores, a tensor: no condition in the row kernel) read −3.4e38 for
+# a row with no visible key where the model says −∞.
+MAX_INIT = "(-__int_as_float(0x7f800000))"
 
