@@ -2,14 +2,16 @@
 against torch autograd through scaled_dot_product_attention in the same run: not a target yet (issue 22 leaves
 attention's backward for later), the gap measured.
 
-    SEQ=1024 HEADS=16 KV=8 [PINS=storage=bf16] [OBF16=1] [PROFILE=1] python docs/experiments/attention_backward.py
+    SEQ=1024 HEADS=16 KV=8 [PINS=storage=bf16] [FWD_PINS=rewrite=split:%f2] [OBF16=1] [PROFILE=1] \
+        python docs/experiments/attention_backward.py
 
 `PROFILE=1`: each kernel's own time, its launches serialised (habu.bench.kernel_times.serial_launches).
 
 Causal GQA of examples/attention.habu (batch 1, head width 128). Habu's forward-with-saved-values gives the
 row maximum and sum the backward reads; both sides get the same Q, K, V and dO; dQ, dK and dV are compared with
 torch's in float32 (relative Frobenius error). CUDA events, medians (habu.timing.harness.time_cuda). `PINS`:
-the backward plan's pins (KEY=VALUE joined by commas); `OBF16=1`: O declared bf16 (so dO is bf16, as SDPA's).
+the backward plan's pins (KEY=VALUE joined by commas), `FWD_PINS` the forward's (`rewrite=split:%f2`: the unfused
+forward, the default before session 65's fused kernel storing R1 and R2); `OBF16=1`: O declared bf16 (so dO is bf16, as SDPA's).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ SEQ, HEADS, KV = int(os.environ.get("SEQ", 1024)), int(os.environ.get("HEADS", 1
 R = HEADS // KV
 sizes = {"B": 1, "G": KV, "R": R, "I": SEQ, "J": SEQ}
 pins = dict(p.split("=", 1) for p in os.environ.get("PINS", "").split(",") if p)
+forward_pins = dict(p.split("=", 1) for p in os.environ.get("FWD_PINS", "").split(",") if p)
 path = "attention.habu"
 if os.environ.get("OBF16"):  # the example with O declared bf16, in a temporary file (an absolute path to the build)
     text = (backward_speed.EX / path).read_text().replace("f32  TENSOR: O", "bf16 TENSOR: O")
     path = str(Path(tempfile.mkdtemp()) / "attention_bf16o.habu")
     Path(path).write_text(text)
-bw, fwd, back = build(path, "ATTENTION-GQA", sizes, "sm_90a", pins)
+bw, fwd, back = build(path, "ATTENTION-GQA", sizes, "sm_90a", pins, forward_pins)
 g = torch.Generator(device="cuda").manual_seed(0)
 q = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
 k = torch.randn((1, KV, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
@@ -75,6 +78,8 @@ print(f"forward with saved statistics: habu {hf:.1f} us, torch SDPA forward {tf:
 h = time_cuda(ours, 1, reps=10)["median_us"]
 t = time_cuda(theirs, 1, reps=30)["median_us"]
 print(f"seq {SEQ} heads {HEADS}/{KV}: habu {h:.1f} us, torch SDPA backward {t:.1f} us, x{t / h:.3f}")
+print(f"training step (forward with saved statistics + backward): habu {hf + h:.1f} us, SDPA {tf + t:.1f} us, "
+      f"x{(tf + t) / (hf + h):.3f}")
 if os.environ.get("PROFILE"):  # each kernel's own time, launches serialised (an early one counts its wait too)
     from habu.bench.kernel_times import kernel_device_times, serial_launches
 
