@@ -20,7 +20,14 @@ from habu.paths.emit import emit  # noqa: E402
 from habu.spec.grad_program import derive_model  # noqa: E402
 from habu.spec.parser import load_program  # noqa: E402
 from habu.target import target_named  # noqa: E402
-from habu.timing.harness import compare, make_inputs, poisoned_outputs, reference, tolerance  # noqa: E402
+from habu.timing.harness import (  # noqa: E402
+    compare,
+    make_inputs,
+    plan_tolerance,
+    poisoned_outputs,
+    reference,
+    tolerance,
+)
 from tests.conftest import ROOT  # noqa: E402
 
 GQA = ("examples/attention.habu", "ATTENTION-GQA")
@@ -57,8 +64,12 @@ def test_the_fused_forward_stores_the_statistics_the_backward_reads(source, stat
         got = fwd(**inputs, **poisoned_outputs(model, sizes))
         torch.cuda.synchronize()
         want = reference(model, inputs, sizes)
+        # R1 and R2 are f32 values of f32 arithmetic (tolerance's 1e-4); O's P is rounded to bf16 inside the kernel
+        # (`internal_stage`: plan_tolerance's 2e-2; session 65's H100 run: O 1.1e-3 to 1.4e-3 from the reference)
+        plan = compiled.plans[0]
         for name in ("R1", "R2", "O"):
-            g = compare(got[name], want[name], tolerance(model, dict(compiled.plans[0].storage)))
+            tol = plan_tolerance(model, plan) if name == "O" else tolerance(model, dict(plan.storage))
+            g = compare(got[name], want[name], tol)
             assert g.unwritten == 0 and g.ok, (name, static, g)
     if static.get("J", 1) < static.get("I", 0):  # the first #I − #J rows see no key: −∞, 0, zeros
         r1, r2 = got["R1"][..., :static["I"] - static["J"]], got["R2"][..., :static["I"] - static["J"]]
@@ -78,6 +89,6 @@ def test_regression_the_unfused_forwards_maximum_of_a_row_with_no_visible_key_is
     torch.cuda.synchronize()
     want = reference(model, inputs, sizes)
     for name in ("R1", "R2", "O"):
-        g = compare(got[name], want[name], tolerance(model, dict(compiled.plans[0].storage)))
+        g = compare(got[name], want[name], plan_tolerance(model, compiled.plans[0]))
         assert g.unwritten == 0 and g.ok, (name, g)
     assert bool(torch.all(got["R1"][..., :32] == float("-inf")))
