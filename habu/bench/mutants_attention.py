@@ -250,6 +250,18 @@ def counter_not_reset(lw: Any) -> AttentionLowering:
     return _planted(lw, "counter_after", lambda self, sizes: self.arrivals(sizes))
 
 
+def statistics_two_writers(lw: Any) -> AttentionLowering:
+    """A training forward's row statistics stored by two lanes of each row's quad: the same element written twice
+    (a race between the lanes: the check flags it)."""
+    return _planted(lw, "stat_writer", lambda self, lane: lane % 4 < 2)
+
+
+def statistics_swapped(lw: Any) -> AttentionLowering:
+    """A training forward's row maximum stored into the sum's tensor and the sum into the maximum's."""
+    assert isinstance(lw, AttentionLowering) and lw.stats is not None
+    return replace(lw, stats=(lw.stats[1], lw.stats[0]))
+
+
 # the mutation suite's entries (habu/bench/mutants.py's `Mutant` fields: name, the bug, example, model, shape,
 # the planted lowering, pins)
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
@@ -328,4 +340,9 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
     ("attention-partial-slot-ignores-split", "every KV split keeps its m and l in split 0's slots",
      "decode_attention.habu", "DECODE-ATTENTION", DECODE_SHAPE, partial_slot_ignores_split,
      DECODE_PINS),
+    # the fused kernel of a training forward (`fused:O`), storing the row maximum R1 and sum R2 beside O
+    ("attention-statistics-two-writers", "a training forward's row statistics stored by two lanes of each row's "
+     "quad", "attention.habu", "ATTENTION-GQA:forward", SHAPE, statistics_two_writers, PINS),
+    ("attention-statistics-swapped", "a training forward's row maximum and sum stored into each other's tensor",
+     "attention.habu", "ATTENTION-GQA:forward", SHAPE, statistics_swapped, PINS),
 )

@@ -98,13 +98,13 @@ class Memory:
             missing = ok & ~found
             if np.any(missing):
                 o = int(safe[missing].flat[0])
-                self.fault(f"{kernel} reads {_coords(access, o, self.sizes)}, which no earlier kernel wrote")
+                self.fault(f"{kernel} reads {element_at(access, o, self.sizes)}, which no earlier kernel wrote")
                 vals = np.where(missing, self.poison(safe), vals)
         elif access.tensor in self.inputs:
             vals = self.inputs[access.tensor].at(safe)
         elif access.tensor in self.allocated:
             if np.any(ok):
-                self.fault(f"{kernel} reads {_coords(access, int(safe[ok].flat[0]), self.sizes)}, which no earlier "
+                self.fault(f"{kernel} reads {element_at(access, int(safe[ok].flat[0]), self.sizes)}, which no earlier "
                            "kernel wrote")
             vals = self.poison(safe)
         else:
@@ -117,7 +117,8 @@ class Memory:
         return self.inputs[name]
 
 
-def _coords(access: Access, offset: int, sizes: Mapping[str, int]) -> str:
+def element_at(access: Access, offset: int, sizes: Mapping[str, int]) -> str:
+    """The element `T[i, j, ...]` at a flat `offset` of the access's tensor (row-major over its extents)."""
     from habu.lower.access import size_of
 
     dims = [size_of(e, sizes) for e in access.extents]
@@ -193,7 +194,7 @@ def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values:
         strays = mask & ((offsets != true_off) | ~np.broadcast_to(owned, mask.shape))
         if np.any(strays):
             o = int(offsets[strays].flat[0])
-            mem.fault(f"{computing(where, strays)}{kernel} writes {_coords(access, o, sizes)}, outside the "
+            mem.fault(f"{computing(where, strays)}{kernel} writes {element_at(access, o, sizes)}, outside the "
                       "elements its block computes (a store past the tile's edge or through a wrong stride)")
     mem.written[access.tensor].write(offsets[mask], values[mask])
 

@@ -35,7 +35,7 @@ from habu.prove.deadline import check_deadline
 from habu.prove.interp import (
     FIELD_CHECK_FIELDS as FIELD_CHECK_FIELDS,  # what the check reads of a contraction
 )
-from habu.prove.interp import Memory, PlanFault, run_kernel
+from habu.prove.interp import Memory, PlanFault, element_at, run_kernel
 from habu.prove.interp_general import loop_volume, vector_span
 from habu.prove.kinds import kind_proof
 from habu.prove.virtual import GroupedVirtualTensor, PairVirtualTensor, VirtualTensor, key_for
@@ -464,7 +464,7 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                     if wt is not None and not wt.accumulate:
                         dup, counts = wt.multiply_written()
                         if len(dup):
-                            mem.fault(f"{names[i]} writes {stored.tensor} at offset {int(dup[0])} "
+                            mem.fault(f"{names[i]} writes {element_at(stored, int(dup[0]), s)} (offset {int(dup[0])}) "
                                       f"{int(counts[0])} times (a race between blocks: the last write wins)")
             check_deadline("before the reference evaluation")
             ref = Evaluator(model, s, field_, ref_boxes).run(inputs)
