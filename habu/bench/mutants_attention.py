@@ -256,6 +256,11 @@ def statistics_two_writers(lw: Any) -> AttentionLowering:
     return _planted(lw, "stat_writer", lambda self, lane: lane % 4 < 2)
 
 
+def statistics_row_half_swapped(lw: Any) -> AttentionLowering:
+    """A training forward's row statistics stored at the lane's other row half (rows g and g + 8 swapped)."""
+    return _planted(lw, "stat_row", lambda self, rt, lane, h: AttentionLowering.stat_row(self, rt, lane, 1 - h))
+
+
 def statistics_swapped(lw: Any) -> AttentionLowering:
     """A training forward's row maximum stored into the sum's tensor and the sum into the maximum's."""
     assert isinstance(lw, AttentionLowering) and lw.stats is not None
@@ -345,4 +350,6 @@ MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
      "quad", "attention.habu", "ATTENTION-GQA:forward", SHAPE, statistics_two_writers, PINS),
     ("attention-statistics-swapped", "a training forward's row maximum and sum stored into each other's tensor",
      "attention.habu", "ATTENTION-GQA:forward", SHAPE, statistics_swapped, PINS),
+    ("attention-statistics-row-half-swapped", "a training forward's row statistics stored at the lane's other row "
+     "half", "attention.habu", "ATTENTION-GQA:forward", SHAPE, statistics_row_half_swapped, PINS),
 )

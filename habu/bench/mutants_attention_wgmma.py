@@ -30,6 +30,12 @@ def rescale_inverted(lw: Any) -> AttentionWgmmaLowering:
     return _planted(lw, "rescale", lambda self, m_old, m_new, ops: ops.sub(m_new, m_old))
 
 
+def statistics_row_half_swapped(lw: Any) -> AttentionWgmmaLowering:
+    """A training forward's row statistics stored at the lane's other row half (rows g and g + 8 swapped)."""
+    return _planted(lw, "consumer_stat_row", lambda self, cw, warp, lane, h:
+                    AttentionWgmmaLowering.consumer_stat_row(self, cw, warp, lane, 1 - h))
+
+
 def p_row_swapped(lw: Any) -> AttentionWgmmaLowering:
     """P's A registers take the S accumulators of the other row half (rows g and g + 8 swapped)."""
     def p_registers(self, kk, reg):
@@ -145,6 +151,9 @@ def third_slab_reads_the_first_q(lw: Any) -> AttentionWgmmaLowering:
 
 
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
+    ("attention-wgmma-statistics-row-half-swapped", "the wgmma attention loop stores a training forward's row "
+     "statistics at the lane's other row half", "attention.habu", "ATTENTION-GQA:forward", SHAPE,
+     statistics_row_half_swapped, PINS),
     ("attention-wgmma-third-slab-reads-the-first-q", "the wgmma attention loop's third consumer warpgroup (bm 192) "
      "multiplies the first one's Q rows", "attention.habu", "ATTENTION-GQA", THREE_SHAPE, third_slab_reads_the_first_q,
      THREE_PINS),

@@ -134,7 +134,7 @@ def emit_attention(name: str, model: Model, lw: AttentionLowering, static: dict[
     row_of = lambda t: c(lw.row(CExpr("qt"), CExpr(t)))  # noqa: E731
     key_of = lambda t: c(lw.key(CExpr("kt"), CExpr(t)))  # noqa: E731
     # each row's sum over its lanes, then (a training forward) the row statistics, before O / l is stored
-    stats = statistics_store(lw, sig, sizes, it, table, fr.element(cx("rt"), cx("lane"), 0, cx("h"), 0)[0],
+    stats = statistics_store(lw, sig, sizes, it, table, lw.stat_row(cx("rt"), cx("lane"), cx("h")),
                              "m[mi][h]", "l[mi][h]", "      ")
     sums = f"l[mi][h] = habu::row_sum_lanes<{shuffles}>(l[mi][h]);"
     sums = f"{{\n      {sums}\n{stats}    }}" if stats else sums

@@ -333,7 +333,7 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
 """
     qv = lw.out_vectors
     # a training forward's row statistics (habu/emit_cuda/attention_stats.py), before l becomes 1 / l
-    stats = statistics_store(lw, sig, sizes, it, table, lw.o_element(cx("cw"), cx("warp"), cx("lane"), 0, cx("h"), 0)[0],
+    stats = statistics_store(lw, sig, sizes, it, table, lw.consumer_stat_row(cx("cw"), cx("warp"), cx("lane"), cx("h")),
                              "m[h]", "l[h]", "      ")
     inverse_l = f"""#pragma unroll
     for (int h = 0; h < {lw.fragment.halves}; ++h) {{  // 1 / l once a row (0 for a row with no visible key)

@@ -65,8 +65,7 @@ class AttentionLowering:
     fragment: AccumulatorFragment = ACCUMULATOR
     quad_offsets: tuple[int, ...] = (1, 2)  # xor shuffles joining the 4 lanes of one accumulator row
     mask_ranges: tuple[str, ...] = ()  # the value ranges of the index tensors the mask reads (sequence lengths)
-    # the row statistics the model keeps (habu/plan/attention_fused.py: a training forward), at axes (batch.., "i"):
-    # the softmax's maximum (the running max at the end, in the model's units) and its sum (the running l)
+    # a training forward's row statistics at axes (batch.., "i"): the softmax's maximum and sum (attention_fused.py)
     stats: tuple[Access, Access] | None = None
 
     @property
@@ -162,10 +161,13 @@ class AttentionLowering:
         return ops.sub(m_slice, m_all)
 
     def stat_writer(self, lane: Any) -> Any:
-        """Whether a lane stores its rows' statistics (`stats`): the first of the row's lanes, lane % 4 < 1 (the
-        accumulator fragment spreads a row over a quad; after the xor shuffles each lane of the quad holds its row's
-        maximum and sum)."""
+        """Whether a lane stores its rows' statistics (`stats`): the first of the row's quad (after the xor shuffles
+        each lane of it holds its row's maximum and sum)."""
         return lane % 4 < 1
+
+    def stat_row(self, rt: Any, lane: Any, h: Any) -> Any:
+        """The query tile's row whose statistics a lane holds in its row half h of row tile rt."""
+        return self.fragment.element(rt, lane, 0, h, 0)[0]
 
     def row_writer(self, d: Any) -> Any:
         """Whether the merged element of column d writes its row's m and l (one element a row): d < 1 (an order

@@ -21,7 +21,7 @@ def _axis_var(name: str, extent: str) -> IndexVar:
 
 def lower_attention(model: Model, kernel: AttentionKernel, storage: Mapping[str, str] | None = None
                     ) -> AttentionLowering:
-    statistics = attention_statistics(model, kernel.nodes) if len(kernel.nodes) == 3 else None
+    statistics = attention_statistics(model, kernel.nodes)
     if len(kernel.nodes) != 1 and statistics is None:
         raise ValueError("an attention kernel computes one node, or one and its softmax's maximum and sum")
     form = attention_form(model, kernel.nodes[-1])

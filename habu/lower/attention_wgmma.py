@@ -284,6 +284,11 @@ class AttentionWgmmaLowering(AttentionLowering):
         row, col = self.fragment.element(warp, lane, dn, h, q)
         return cw * SLAB + row, col
 
+    def consumer_stat_row(self, cw: Any, warp: Any, lane: Any, h: Any) -> Any:
+        """`stat_row` on this loop: the query tile's row whose statistics a lane of consumer cw's warp holds in its
+        row half h."""
+        return self.o_element(cw, warp, lane, 0, h, 0)[0]
+
     @property
     def out_vectors(self) -> QuadVectors | None:
         """O's stores as 16-byte vectors (habu/lower/quad_vectors.py: the lanes of a row trade column pairs first),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from itertools import permutations
 
 from habu.plan.online_softmax import match_softmax_sum
 from habu.plan.patterns import Region, consumers, inline_nodes
@@ -184,25 +185,14 @@ def attention_statistics(model: Model, nodes: tuple[str, ...]) -> Statistics | N
 
 def join_statistics(model: Model, regions: tuple[Region, ...]) -> tuple[Region, ...]:
     """`regions` with the general regions of a softmax-weighted sum's statistics (`attention_statistics`) joined to
-    its own: one region (M, L, T) that the fused attention kernel computes whole."""
-    out = list(regions)
-    for r in regions:
-        if r.kind != "general" or len(r.nodes) != 1:
-            continue
-        eq = _node(model, r.nodes[0])
-        parts = match_softmax_sum(eq) if eq is not None else None
-        if parts is None:
-            continue
-        for m in regions:
-            for tot in regions:
-                names = (m.nodes[0], tot.nodes[0], r.nodes[0])
-                if m.kind == tot.kind == "general" and len(m.nodes) == len(tot.nodes) == 1 \
-                        and attention_statistics(model, names) is not None and m in out and tot in out:
-                    at = out.index(r)
-                    out[at] = Region("general", names)
-                    out.remove(m)
-                    out.remove(tot)
-    return tuple(out)
+    its own: one region (M, L, T) that the fused attention kernel computes whole, where T's was."""
+    singles = [r.nodes[0] for r in regions if r.kind == "general" and len(r.nodes) == 1]
+    sums = [t for t in singles if match_softmax_sum(_node(model, t)) is not None]  # type: ignore[arg-type]
+    joined = {t: (mx, total, t) for t in sums for mx, total in permutations(singles, 2)
+              if attention_statistics(model, (mx, total, t)) is not None}
+    gone = {n for names in joined.values() for n in names[:-1]}
+    return tuple(Region("general", joined[r.nodes[-1]]) if r.kind == "general" and r.nodes[-1] in joined else r
+                 for r in regions if not (r.kind == "general" and r.nodes[0] in gone))
 
 
 __all__ = ["AttentionChain", "Statistics", "apply_fused", "attention_statistics", "chain_parts", "fused_view",

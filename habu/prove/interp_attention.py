@@ -293,8 +293,8 @@ def _run_block(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: 
     out = f.op("div0", [o, np.broadcast_to(l_run[:, :, r_h][:, :, None, :], o.shape)])
     at = {**coords, "i": np.broadcast_to(lw.row(qt, o_row), o.shape), "d": np.broadcast_to(o_col, o.shape)}
     write(name, lw.out, at, out, sizes, mem, lw.index_width, False, None, where)
-    m_row = fr.element(w4[..., 0], l4[..., 0], 0, np.arange(halves)[None, None, :], 0)[0]
-    store_statistics(name, lw, sizes, mem, coords, lw.row(qt, m_row), l4[..., 0], m, l_run, where)
+    stat_rows = lw.stat_row(w4[..., 0], l4[..., 0], np.arange(halves)[None, None, :])
+    store_statistics(name, lw, sizes, mem, coords, lw.row(qt, stat_rows), l4[..., 0], m, l_run, where)
 
 
 def store_statistics(name: str, lw: AttentionLowering, sizes: Mapping[str, int], mem: Memory,

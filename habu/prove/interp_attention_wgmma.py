@@ -319,9 +319,9 @@ class _Block:
             at = {**{a: np.int64(v) for a, v in info["coords"].items()},
                   "i": np.broadcast_to(lw.row(info["qt"], rows), out.shape), "d": np.broadcast_to(cols, out.shape)}
             write(self.name, lw.out, at, out, self.sizes, self.mem, lw.index_width, False, None, self.where(info))
-            m_row = lw.o_element(cw, w5[..., 0, 0], l5[..., 0, 0], 0, np.arange(2)[None, None, :], 0)[0]
+            stat_rows = lw.consumer_stat_row(cw, w5[..., 0, 0], l5[..., 0, 0], np.arange(2)[None, None, :])
             store_statistics(self.name, lw, self.sizes, self.mem, {a: np.int64(v) for a, v in info["coords"].items()},
-                             lw.row(info["qt"], m_row), l5[..., 0, 0], st["m"], l_run, self.where(info))
+                             lw.row(info["qt"], stat_rows), l5[..., 0, 0], st["m"], l_run, self.where(info))
         if self.split is not None:  # the consumers count the block; the query tile's last split combines
             coords = {a: np.int64(v) for a, v in info["coords"].items()}
             self.split.arrive(self.name, info["flat"], info["qt"], coords, self.ops, self.where(info)(None))

@@ -13,13 +13,6 @@ torch = pytest.importorskip("torch", reason="GPU tests use torch to make device 
 if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("no CUDA device: GPU tests run on the device machine", allow_module_level=True)
 
-from habu.compile import compile_model, kernel_set  # noqa: E402
-from habu.emit_cuda.runtime import CompiledModel  # noqa: E402
-from habu.gpu_info import current_arch  # noqa: E402
-from habu.paths.emit import emit  # noqa: E402
-from habu.spec.grad_program import derive_model  # noqa: E402
-from habu.spec.parser import load_program  # noqa: E402
-from habu.target import target_named  # noqa: E402
 from habu.timing.harness import (  # noqa: E402
     compare,
     make_inputs,
@@ -28,21 +21,10 @@ from habu.timing.harness import (  # noqa: E402
     reference,
     tolerance,
 )
-from tests.conftest import ROOT  # noqa: E402
+from tests.gpu.test_forward_saved_gpu import derived_forward  # noqa: E402
 
 GQA = ("examples/attention.habu", "ATTENTION-GQA")
 FULL = ("tests/data/full_attention.habu", "FULL-ATTENTION")
-
-
-def _forward(source: tuple[str, str], static: dict[str, int], pins: dict[str, str] | None = None):
-    tgt = target_named(current_arch())
-    program = load_program(ROOT / source[0])
-    key = f"{source[1]}-FWD"
-    program.models[key] = derive_model(program, source[1], None).forward.with_sizes(static)
-    program.model_spans[key] = program.model_spans[source[1]]
-    compiled = compile_model(program, key, {}, tgt, pins or {}, trials=1)
-    members = [emit(p, tgt) for p in compiled.proofs]
-    return compiled, CompiledModel(compiled.model, kernel_set(compiled, members), arch=tgt.name)
 
 
 @pytest.mark.parametrize("source, static, pins, loop", [
@@ -54,7 +36,7 @@ def _forward(source: tuple[str, str], static: dict[str, int], pins: dict[str, st
     (FULL, {"I": 40, "J": 40}, {"family": "attention"}, "mma.sync"),
 ], ids=["gqa-300", "gqa-1000", "gqa-masked-rows", "full-d64", "gqa-mma-sync", "full-mma-sync"])
 def test_the_fused_forward_stores_the_statistics_the_backward_reads(source, static, pins, loop):
-    compiled, fwd = _forward(source, static, pins)
+    compiled, fwd = derived_forward(*source, {}, static, pins)
     [kernel] = compiled.plans[0].kernels
     assert (kernel.kind, kernel.nodes, kernel.main_loop) == ("attention", ("R1", "R2", "O"), loop)
     model = compiled.model
@@ -81,7 +63,7 @@ def test_regression_the_unfused_forwards_maximum_of_a_row_with_no_visible_key_is
     """The unfused training forward (pinned: its row kernel's maximum reads the masked scores, a tensor, with no
     condition of its own) stored −FLT_MAX as R1 of a row that sees no key until session 65; the model's is −∞."""
     static = {"B": 1, "G": 2, "R": 2, "I": 72, "J": 40}  # rows 0..31 see no key
-    compiled, fwd = _forward(GQA, static, {"rewrite": "split:%f2"})
+    compiled, fwd = derived_forward(*GQA, {}, static, {"rewrite": "split:%f2"})
     assert [k.kind for k in compiled.plans[0].kernels] == ["contraction", "rows", "contraction"]
     model = compiled.model
     sizes = {e.name: e.size for e in model.extents if e.size is not None}

@@ -28,15 +28,17 @@ from tests.conftest import ROOT  # noqa: E402
 from tests.gpu.test_golden import golden  # noqa: E402
 
 
-def _forward(example: str, name: str, shape: dict[str, int], static: dict[str, int] | None = None):
-    """The derived forward (with its saved values) compiled as `habu.build(..., grad=True)` compiles it."""
+def derived_forward(example: str, name: str, shape: dict[str, int], static: dict[str, int] | None = None,
+                    pins: dict[str, str] | None = None):
+    """The derived forward (with its saved values) compiled as `habu.build(..., grad=True)` compiles it (under
+    `pins`); `example` is a file of examples/, or a path from the repository's root."""
     tgt = target_named(current_arch())
-    program = load_program(ROOT / "examples" / example)
+    program = load_program(ROOT / example if "/" in example else ROOT / "examples" / example)
     fwd = derive_model(program, name, None).forward
     key = f"{name}-FWD"
     program.models[key] = fwd.with_sizes(static) if static else fwd
     program.model_spans[key] = program.model_spans[name]
-    compiled = compile_model(program, key, shape, tgt, {}, trials=1)
+    compiled = compile_model(program, key, shape, tgt, pins or {}, trials=1)
     members = [emit(p, tgt) for p in compiled.proofs]
     return compiled, CompiledModel(compiled.model, kernel_set(compiled, members), arch=tgt.name)
 
@@ -57,20 +59,20 @@ def _check(compiled, built_model, sizes, seed, names):
 
 @pytest.mark.parametrize("model", ["RMSNORM-ROWS", "RMSNORM-EQ"])
 def test_rmsnorm_forward_with_rstd_matches_the_float64_reference_in_every_bucket(model):
-    compiled, fwd = _forward("rmsnorm.habu", model, {"R": 67})
+    compiled, fwd = derived_forward("rmsnorm.habu", model, {"R": 67})
     for d in (256, 512, 768, 1024, 4096, 4352, 16384, 33024, 65536):  # bucket edges, odd row count
         _check(compiled, fwd, {"R": 67, "D": d}, seed=d, names=("Y", "R1"))
 
 
 def test_a_cluster_shared_row_stores_its_rstd_once():
     """131072 columns: a cluster of blocks shares each row; only block 0 of the cluster stores R1."""
-    compiled, fwd = _forward("rmsnorm.habu", "RMSNORM-ROWS", {"R": 33}, static={"D": 131072})
+    compiled, fwd = derived_forward("rmsnorm.habu", "RMSNORM-ROWS", {"R": 33}, static={"D": 131072})
     assert compiled.plans[0].kernels[0].cluster > 1, compiled.plans[0].kernels
     _check(compiled, fwd, {"R": 33}, seed=7, names=("Y", "R1"))
 
 
 def test_rmsnorm_linear_forward_saves_rstd_and_the_normalised_row():
-    compiled, fwd = _forward("rmsnorm_linear.habu", "RMSNORM-LINEAR", {})
+    compiled, fwd = derived_forward("rmsnorm_linear.habu", "RMSNORM-LINEAR", {})
     _check(compiled, fwd, {}, seed=11, names=("Y", "R1", "S1"))
 
 
