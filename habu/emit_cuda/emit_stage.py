@@ -16,7 +16,7 @@ from habu.emit_cuda.common import (
 from habu.emit_cuda.emit_fma import table_reader
 from habu.emit_cuda.geometry import GRID_2D, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
-from habu.lower.contraction import StageLowering
+from habu.lower.staging import StageLowering
 from habu.spec.ir import Model
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import cache
 from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
@@ -42,6 +41,7 @@ from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, oper
 from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.lower.registers import consumer_warpgroups
 from habu.lower.split_cluster import ClusterSplitReduction, cluster_reduction_for
+from habu.lower.staging import StageLowering, staged
 from habu.lower.tma_store import TmaStoreEpilogue, staged_outputs, tma_store_for
 from habu.plan.column_epilogue import kernel_chain, summed_tensor
 from habu.plan.patterns import Contraction, kernel_contraction
@@ -58,32 +58,6 @@ def batch_axis(i: int) -> str:
 
 def is_batch_axis(axis: str) -> bool:
     return axis.startswith("batch")
-
-
-STAGE_ALIGN = 8  # elements: staged rows start at multiples of 16 bytes for 2-byte types
-
-
-@dataclass(frozen=True)
-class StageLowering:
-    """A pre-pass: dst[row, k] = src at (row, k) for row < rows, k < K (the gather happens here).
-
-    dst's rows are STAGE_ALIGN-rounded, so the contraction can load it with TMA at any #K."""
-
-    src: Access  # over axes "row" and "k"
-    dst: Access
-    rows: str  # extent of the rows
-    k: str
-    threads: int = 256
-    # 0: a block copies `threads` columns of one row; T: a block copies a T x T tile through shared
-    # memory, reading along the rows and writing along k (src is contiguous along its rows: a
-    # transposing copy, such as a (K, N) weight staged K-major)
-    tile: int = 0
-
-    def grid(self, s: Mapping[str, Any], sm_count: int = 0) -> tuple[Any, Any]:
-        """(blocks along k, blocks along the rows)."""
-        if self.tile:
-            return cdiv(s[self.k], self.tile), cdiv(s[self.rows], self.tile)
-        return cdiv(s[self.k], self.threads), s[self.rows]
 
 
 @dataclass(frozen=True)
@@ -500,11 +474,11 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     a, b = lw.a_src, lw.b_src
     pre: list[StageLowering] = []
     if kernel.a_move == "staged":
-        a, stage = _staged(a, "m", lw.m, lw.k)
+        a, stage = staged(a, "m", lw.m, lw.k)
         pre.append(stage)
     if kernel.b_move == "staged":  # one tensor as both operands, both staged: B's copy a buffer of its own
         twin = kernel.a_move == "staged" and lw.a_src.tensor == lw.b_src.tensor
-        b, stage = _staged(b, "n", lw.n, lw.k, "_b" if twin else "")
+        b, stage = staged(b, "n", lw.n, lw.k, "_b" if twin else "")
         pre.append(stage)
     cluster = kernel.split_k > 1 and kernel.split_reduce == "cluster"
     last = lw.out.positions[-1]  # pairs along the output's contiguous axis (m where the product is transposed)
@@ -536,24 +510,6 @@ def _staged_count(lw: ContractionLowering) -> int:
     (`_twin_layout`) and the buffers hold them all."""
     twins = all(_twin_layout(x, lw.out) for _, x in lw.extra_outs)
     return staged_outputs(len(lw.extra_outs)) if twins and lw.extra_outs else 1
-
-
-@cache
-def _staged(src: Access, axis: str, rows: str, k: str, suffix: str = "") -> tuple[Access, StageLowering]:
-    """Stage an operand: the pass reads it as the contraction did (gather included) and writes
-    @name[row, k] with rows STAGE_ALIGN elements apart; the contraction then reads @name plainly. `suffix`
-    names a second copy of the same tensor (S·S with both operands staged: `@S` and `@S_b`)."""
-    from habu.lower.access import Position
-
-    padded = f"{k}^{STAGE_ALIGN}"
-    dst = Access(f"@{src.tensor}{suffix}", src.dtype, (rows, padded), (Position("axis", axis), Position("axis", "k")),
-                 ((padded,), ()), (Bound(axis, rows), Bound("k", k)))
-    last = src.positions[-1]
-    transposing = last.kind == "axis" and last.axis == axis  # src's rows are its contiguous dimension
-    return dst, StageLowering(src, dst, rows, k, tile=TRANSPOSE_TILE if transposing else 0)
-
-
-TRANSPOSE_TILE = 32  # a transposing staging pass moves 32 x 32 tiles (256 threads, 4 elements each)
 
 
 def fma_thread_grid(kernel: ContractionKernel) -> tuple[int, int, int, int] | None:

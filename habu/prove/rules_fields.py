@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from habu.lower import ContractionLowering, GeneralLowering, Lowering, MapLowering, RowLowering
-from habu.lower.contraction import StageLowering
 from habu.lower.pipeline import lag_phases_apart
+from habu.lower.staging import StageLowering
 from habu.plan.fields import Mma, field_problems
 from habu.plan.plan import ContractionKernel, Kernel
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule

@@ -9,7 +9,7 @@ import pytest
 
 from habu.emit_cuda.geometry import FLAT_GRID, GRID_2D, geometry_for
 from habu.lower import ColumnLowering, GeneralLowering, Lowering, MapLowering
-from habu.lower.contraction import StageLowering
+from habu.lower.staging import StageLowering
 from habu.prove.kinds import kind_proof
 
 
