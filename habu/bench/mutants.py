@@ -21,6 +21,7 @@ from habu.bench import mutants_persist as persist
 from habu.bench import mutants_rows_saved as rows_saved
 from habu.bench import mutants_split as split
 from habu.bench import mutants_swap as swap
+from habu.bench import mutants_window as window
 from habu.bench.mutant_plants import (
     GROUPED_LOOP_MUTANTS,
     batch_decode_unreduced,
@@ -529,6 +530,7 @@ MUTANTS: tuple[Mutant, ...] = (
     *(Mutant(*entry) for entry in grouped_n_major.MUTANT_ENTRIES),  # n-major grouped weights (mutants_grouped.py)
     *(Mutant(*entry) for entry in rows_saved.MUTANT_ENTRIES),  # a row kernel's saved statistic (mutants_rows_saved.py)
     *(Mutant(*entry) for entry in att.MUTANT_ENTRIES),  # the fused attention kernel's (mutants_attention.py)
+    *(Mutant(*entry) for entry in window.MUTANT_ENTRIES),  # k tiles skipped by a window (mutants_window.py)
     *(Mutant(*entry) for entry in persist.MUTANT_ENTRIES),  # the persistent wgmma attention kernel's (mutants_persist.py)
     Mutant("attention-wgmma-rescale-inverted", "the wgmma attention loop rescales l and O by exp(m_new − m_old)",
            "attention.habu", "ATTENTION-GQA", atw.SHAPE, atw.rescale_inverted, atw.PINS),
@@ -548,12 +550,11 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 
 
-# Bugs that the row kernels' loops make harmless: planted in the lowering they change the printed CUDA,
-# yet the kernel stays correct, because each thread's column loop ends at its part of the row (the
-# loop's tail predicate, `RowThreads`) and a row kept in registers splits into whole chunks, so no
-# thread reaches a column past the row. The check must pass them (tests/bench/test_mutants.py): it
-# executes the loops the kernel runs, not a padded picture of them. (Until the thread map was part of
-# the lowering, the interpreter ran padded chunks the emitted loops never visit, and killed these.)
+# Bugs that the row kernels' loops make harmless: planted in the lowering they change the printed CUDA, yet the
+# kernel stays correct, because each thread's column loop ends at its part of the row (the loop's tail predicate,
+# `RowThreads`) and a row kept in registers splits into whole chunks, so no thread reaches a column past the row.
+# The check must pass them (tests/bench/test_mutants.py): it executes the loops the kernel runs, not a padded
+# picture of them (until the thread map was in the lowering, the check ran padded chunks, and killed these).
 EQUIVALENT: tuple[Mutant, ...] = (
     Mutant("reduce-mask-missing", "the reductions' column guard `col < #C` dropped", "softmax.habu",
            "SOFTMAX-ROWS", {"R": 8, "C": 1000}, _r(lambda lw: replace(lw, reduce_mask=False))),
@@ -569,7 +570,6 @@ class Outcome:
     killed: bool
     message: str
     seconds: float
-
 
 def run_mutant(m: Mutant, trials: int = 2, seeds: list[int] | None = None, witness: bool = False) -> Outcome:
     """`witness`: check on the reduced shape the search checks candidates at (habu.prove.witness)."""

@@ -115,6 +115,9 @@ class CExpr:
     def __habu_min__(self, o: Any) -> CExpr:
         return CExpr(f"min((long long)({self.text}), (long long)({c(o)}))")
 
+    def __habu_max__(self, o: Any) -> CExpr:
+        return CExpr(f"max((long long)({self.text}), (long long)({c(o)}))")
+
 
 def _is_int(x: Any, value: int) -> bool:
     """x is the Python int `value` (never a C expression's comparison)."""

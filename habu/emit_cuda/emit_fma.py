@@ -43,7 +43,7 @@ def tile_setup(lw: ContractionLowering, sizes, it: str, indent: str = "    ") ->
         return CExpr(name)
 
     batch, tm, tn, split = lw.decode(CExpr("lin"), sizes, let)
-    begin, end = lw.k_range(CExpr("split"), sizes)
+    begin, end = lw.tile_k_range(CExpr("split"), sizes, CExpr("tm"), CExpr("tn"))  # (narrowed by the lowering's window)
     # a batched kernel's batch coordinates, named by their axes (the accesses read them by name)
     lines += [f"const {it} {axis} = ({it})({c(value)});" for axis, value in batch.items()]
     m0, n0 = lw.tile_origin(CExpr("tm"), CExpr("tn"))

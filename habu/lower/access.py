@@ -293,3 +293,20 @@ def minimum(a: Any, b: Any) -> Any:
     import z3
 
     return z3.If(a < b, a, b)
+
+
+def maximum(a: Any, b: Any) -> Any:
+    """The larger of two ints, numpy arrays, z3 integers or C expressions (`CExpr.__habu_max__`)."""
+    import numpy as np
+
+    if hasattr(a, "__habu_max__"):
+        return a.__habu_max__(b)
+    if hasattr(b, "__habu_max__"):
+        return b.__habu_max__(a)
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    if _concrete(a) and _concrete(b):
+        return np.maximum(a, b)
+    import z3
+
+    return z3.If(a < b, b, a)

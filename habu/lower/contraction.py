@@ -37,6 +37,7 @@ from habu.lower.epilogue_pairs import pair_vector_accesses, pairable
 from habu.lower.epilogue_prefetch import EpiloguePrefetch, epilogue_prefetches
 from habu.lower.fragments import ACCUMULATOR, AccumulatorFragment
 from habu.lower.general import Store
+from habu.lower.k_bounds import NO_WINDOW, KWindow, k_window, scheduled_window
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands, operands_for
 from habu.lower.pipeline import Pipeline, pipeline_for
 from habu.lower.registers import consumer_warpgroups
@@ -113,6 +114,10 @@ class ContractionLowering:
     epi_inputs: tuple[str, ...] = ()
     epi_pairable: tuple[int, ...] = ()  # the `epi_loads` one load a column pair may read (habu/lower/epilogue_pairs.py)
     warm: Any = None  # the plan's next kernel's first boxes this one warms into the L2 (habu/lower/warm_next.py)
+    # the k tiles each output tile needs, where an operand is zero outside a condition tying k to the tile's rows
+    # or the outputs are zero on the whole tile (habu/lower/k_bounds.py; `tile_k_range`)
+    window: KWindow = NO_WINDOW
+    zero_window: KWindow = NO_WINDOW  # the model's, whatever the schedule (`with_kernel` keeps what the plan asks)
 
     @property
     def stores(self) -> tuple[tuple[Expr, Access], ...]:
@@ -360,6 +365,16 @@ class ContractionLowering:
         end = minimum(begin + kps, self.k_tiles(s))
         return begin, end
 
+    def tile_k_range(self, split: Any, s: Mapping[str, Any], tm: Any, tn: Any) -> tuple[Any, Any]:
+        """The k tiles [begin, end) output tile (tm, tn) of a split sums: the split's (`k_range`), narrowed by the
+        lowering's `window` to those whose terms the model does not make zero. The producer and consumers loop
+        over it, the interpreter runs it."""
+        begin, end = self.k_range(split, s)
+        if not self.window:
+            return begin, end
+        m0, n0 = self.tile_origin(tm, tn)
+        return self.window.tiles(begin, end, m0, n0, self.bm, self.bn, self.bk, s)
+
 
 def _substitute_acc(expr: Expr, target: str, replacement: Expr) -> Expr:
     if isinstance(expr, Load):
@@ -442,7 +457,8 @@ def lower_contraction(model: Model, kernel: ContractionKernel,
         store=Store.WRITE if last.scatter is None else Store.ATOMIC_ADD, extra_outs=extra_outs,
         column_sum=_summing(model, chain, columns, storage, axis_m, axis_n, epi_loads) if columns else None,
         epi_inputs=tuple(dict.fromkeys(a.tensor for _, a in epi_loads if a.tensor in inputs and a.tensor not in written)),
-        epi_pairable=tuple(i for i, (_, a) in enumerate(epi_loads) if pairable(a, model.sizes)))
+        epi_pairable=tuple(i for i, (_, a) in enumerate(epi_loads) if pairable(a, model.sizes)),
+        zero_window=k_window(model, c, axis_of, (*(v for v, _ in extra_outs), epilogue), last.target))
     return with_kernel(unscheduled, kernel)
 
 
@@ -488,7 +504,7 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
                  if cluster and kernel.mma == "wgmma" else None)
     tma_store = None if costing else tma_store_for(kernel, a.dtype, b.dtype, lw.out.dtype, b.positions[-1].axis == "k",
                                                    _staged_count(lw))
-    return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k,
+    return replace(lw, kernel=kernel, a=a, b=b, k_step=kernel.tile_k, window=scheduled_window(lw.zero_window, kernel),
                    split_mode="cluster" if cluster else "atomic" if kernel.split_k > 1 else "none",
                    reduction=reduction, index_width=kernel.index_width,
                    pre=tuple(pre),

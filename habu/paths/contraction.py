@@ -238,6 +238,8 @@ class ContractionPath(KernelPath):
             kernel = fit_stages(model, kernel, target)
         if keeps_operands(model, kernel, (c.a.load.tensor, c.b.load.tensor), target, sizes):
             kernel = replace(kernel, keep_operands=True)  # small operands, an output past the L2 (habu/paths/l2_keep.py)
+        if skips_zero(model, kernel):
+            kernel = replace(kernel, skip_zero=True)  # k tiles the model makes zero skipped (habu/lower/k_bounds.py)
         return kernel
 
     # ------------------------------------------------------------------ skinny contractions
@@ -515,5 +517,16 @@ def reads_early(model: Model, kernel: ContractionKernel) -> bool:
 
     try:
         return bool(lower(model, kernel).early_loads)  # type: ignore[attr-defined]
+    except ValueError:
+        return False
+
+
+def skips_zero(model: Model, kernel: ContractionKernel) -> bool:
+    """Whether the model makes some of the kernel's k tiles zero for some output tiles, so that its default skips
+    them (`skip_zero`: habu/lower/k_bounds.py), under the kernel's schedule."""
+    from habu.lower import lower
+
+    try:
+        return bool(lower(model, replace(kernel, skip_zero=True)).window)  # type: ignore[attr-defined]
     except ValueError:
         return False

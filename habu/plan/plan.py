@@ -147,6 +147,11 @@ class ContractionKernel:
         "than the L2) once, whose A a later kernel of the plan reads again, leaves the L2 to A and the tiles it "
         "writes (a hint: no value depends on it; habu/paths/l2_keep.py)", L, default=False, pins=("stream_b",),
         json_optional=True, unguarded=KEEP)
+    skip_zero: bool = choice(
+        "each tile's k loop skips the k tiles whose terms the model makes zero: an operand zero past a causal mask's "
+        "diagonal (attention's backward: dQ = Σ j dS·K), or a tile whose outputs are zero whatever the product "
+        "(habu/lower/k_bounds.py; the `k-window` rule)", P, default=False, pins=("skip_zero", "skip"),
+        json_optional=True, unguarded=KEEP)
 
     def __post_init__(self) -> None:
         coerce_enums(self)

@@ -40,6 +40,7 @@ from habu.prove.split_cluster import finish_cluster_split
 from habu.prove.tma_landing import tma_landing_faults
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
+from habu.prove.window_terms import element_name, skipped_ranges, skipped_terms, window_mismatch
 from habu.spec.field import PrimeField
 from habu.spec.ir import Compare, Const, Expr, Load, NegInf, Op, Size
 
@@ -248,8 +249,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     """Execute the given blocks, each (tm, tn, split, batch z); `rows`/`cols` restrict them to the lanes
     a later check needs (a block's output rows and columns do not depend on one another)."""
     f = mem.field
-    if lw.column_sum is not None:  # a column sum in the epilogue adds every row and column of its tiles
-        rows = cols = None
+    if lw.column_sum is not None or lw.window:  # a column sum adds every row and column of its tiles; a window's
+        rows = cols = None  # edges against the diagonal run whole (habu.prove.window_terms)
     # the epilogue reads each register where the instruction put it: the lowering's fragment map is run
     # against both tensor-core layouts whatever the plan's instruction (the check reads no emission
     # field, so plans that differ only in `mma` may share it; the fma path does not print the map)
@@ -262,8 +263,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         for fault in tma_store_faults(lw.tma_store, lw.fragment, bm, bn):
             mem.fault(f"{name}: {fault}")
     groups: dict[tuple, list[tuple[int, int]]] = {}
-    for tm, tn, s, z in tiles:
-        key = (s, z, _local(tm, bm, rows), _local(tn, bn, cols))
+    for tm, tn, s, z in tiles:  # (blocks grouped by their k range too: a window gives each tile its own)
+        key = (s, z, _local(tm, bm, rows), _local(tn, bn, cols), *(int(x) for x in lw.tile_k_range(s, sizes, tm, tn)))
         if key[2] and key[3]:
             groups.setdefault(key, []).append((tm, tn))
     accumulate = lw.atomic_store
@@ -282,7 +283,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
     paired = set(paired_loads(lw))  # loads read a pair at once: the second at the first's offset + 1
-    def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where) -> None:
+    def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where,
+                 skipped: np.ndarray | None = None) -> None:
         coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) if i not in paired
                  else read_pair(name, a, coords, lw.fragment.pair, sizes, mem, lw.index_width, where)
@@ -292,6 +294,14 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
 
         def holds(e: Compare) -> np.ndarray:
             return condition_holds(e, at, sizes, mem)
+        if skipped is not None:  # the window's k tiles change no stored value (habu.prove.window_terms)
+            stored = [eval_pointwise(e, lambda ld, a=a: a if ld.tensor == ACC else loads[ld], f, sizes, holds)
+                      for a in (acc, (acc + skipped) % f.p) for e, _ in lw.stores]
+            if (bad := window_mismatch(stored[:len(lw.stores)], stored[len(lw.stores):], owned)) is not None:
+                x, r, col = (int(v[0]) for v in np.nonzero(bad[1]))
+                at_axes = {**{a: int(v) for a, v in batch_at.items()}, "m": int(mc[x, r]), "n": int(nc[x, col])}
+                mem.fault(f"{name}: the k tiles its window skips change {element_name(lw.stores[bad[0]][1], at_axes)}"
+                          " (their terms are not zero there)")
         for expr, access in lw.extra_outs:  # the chain's other outputs: written with their own accesses
             value = eval_pointwise(expr, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes, holds)
             write(name, access, coords, value, sizes, mem, lw.index_width, False, owned, where)
@@ -304,7 +314,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     route = route_of(lw)
     for fault in (*route.faults, *tma_landing_faults(lw.pipeline, lw.operands)):
         mem.fault(f"{name}: {fault}")
-    for (split, z, lrows, lcols), mn in sorted(groups.items()):
+    for (split, z, lrows, lcols, begin, end), mn in sorted(groups.items()):
         # the blocks of one batch: every access reads the batch positions at the decoded coordinates
         batch = {axis: np.int64(v) for axis, v in lw.batch_coordinates(np.int64(z), sizes).items()}
         tms = np.array([t[0] for t in mn], dtype=np.int64)
@@ -313,7 +323,6 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         mc = m0[:, None] + np.array(lrows)[None, :]  # (blocks, rows computed)
         nc = n0[:, None] + np.array(lcols)[None, :]
         acc = np.zeros((len(mn), len(lrows), len(lcols)), dtype=np.int64)
-        begin, end = lw.k_range(split, sizes)
 
         def where(bad: np.ndarray, mc=mc, nc=nc, batch=batch) -> str:
             b = int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0]) if bad.ndim else 0
@@ -370,7 +379,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
             for x, tile in enumerate(mn):
                 partials.setdefault((z, lrows, lcols), {}).setdefault(tile, {})[split] = (acc[x], mc[x], nc[x])
             continue
-        epilogue(acc, mc, nc, batch_at, where)
+        gap = skipped_ranges(lw, split, begin, end, sizes) if lw.window else []
+        epilogue(acc, mc, nc, batch_at, where,
+                 skipped_terms(name, lw, gap, mc, nc, batch_at, sizes, mem, read) if gap else None)
     if lw.reduction is not None:
         finish_cluster_split(name, lw, sizes, mem, partials, epilogue)
 
@@ -515,8 +526,10 @@ def _run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int
 
 def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:
     tms, tns = sample_tiles(int(lw.tiles_m(sizes))), sample_tiles(int(lw.tiles_n(sizes)))
-    if lw.column_sum is not None:  # a column sum adds every tile row of its column tiles
-        tms = list(range(int(lw.tiles_m(sizes))))
+    if lw.column_sum is not None or lw.window:  # a column sum adds every tile row of its column tiles; a window
+        tms = list(range(int(lw.tiles_m(sizes))))  # is run on every tile (habu.prove.window_terms)
+    if lw.window:
+        tns = list(range(int(lw.tiles_n(sizes))))
     # a batched kernel: the first, second and last coordinate of each batch index
     samples = [np.array(sample_tiles(sizes[e]), dtype=np.int64) for e in lw.batch]
     zs = sorted({int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
@@ -551,8 +564,9 @@ def _contraction_for_box(lw: ContractionLowering, box: tuple[np.ndarray, ...], s
     if lw.store is Store.ATOMIC_ADD:  # a scatter's target rows come from any row: every row of m
         by_axis = {**by_axis, **{p.axis: np.arange(sizes[lw.m] if p.axis == "m" else sizes[lw.n])
                                  for p in lw.out.positions if p.kind == "gather"}}
-    tms = np.unique(by_axis["m"] // lw.bm).tolist() if lw.column_sum is None else list(range(int(lw.tiles_m(sizes))))
-    tns = np.unique(by_axis["n"] // lw.bn).tolist()
+    whole = lw.column_sum is not None or bool(lw.window)  # every tile row (a window: every tile)
+    tms = list(range(int(lw.tiles_m(sizes)))) if whole else np.unique(by_axis["m"] // lw.bm).tolist()
+    tns = list(range(int(lw.tiles_n(sizes)))) if lw.window else np.unique(by_axis["n"] // lw.bn).tolist()
     zs = {int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
           for combo in itertools.product(*(np.unique(by_axis[a]).tolist() for a in lw.batch_axes))}
     tiles = {(z, a, b) for z in zs for a in tms for b in tns}

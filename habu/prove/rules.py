@@ -50,6 +50,7 @@ from habu.prove.rules_grouped import GROUPED_RULES, grouped_obligations
 from habu.prove.rules_occupancy import OCCUPANCY_RULES, occupancy_obligations
 from habu.prove.rules_split import SPLIT_RULES, split_obligations
 from habu.prove.rules_warm import WARM_RULES, warm_obligations
+from habu.prove.rules_window import WINDOW_RULES, window_obligations
 from habu.spec.ir import Model
 from habu.target import Target
 
@@ -89,14 +90,14 @@ R = {r.name: r for r in (
     *FIELD_RULES.values(),
     *COLUMN_RULES.values(),
     *GROUPED_RULES.values(),
-    *SPLIT_RULES.values(), *OCCUPANCY_RULES.values(), *EARLY_RULES.values(), *WARM_RULES.values(),
+    *SPLIT_RULES.values(), *OCCUPANCY_RULES.values(), *EARLY_RULES.values(), *WARM_RULES.values(), *WINDOW_RULES.values(),
     *ATTENTION_RULES.values(),
 )}
 
 COMMON = ("bounds", "index-range", "int32-offsets", "k-tail-masked", "k-advance", "smem-budget",
           "register-budget", "threads", "mma-shape", "cp.async-size", "vector-align", "target-feature",
           "split-k-linear", "scatter-accumulates", "supported-path", "cluster-tiles", *SPLIT_RULES, *FIELD_RULES, *COLUMN_RULES,
-          *GROUPED_RULES, *ATTENTION_RULES, *OCCUPANCY_RULES, *EARLY_RULES, *WARM_RULES)
+          *GROUPED_RULES, *ATTENTION_RULES, *OCCUPANCY_RULES, *EARLY_RULES, *WARM_RULES, *WINDOW_RULES)
 
 
 def checked_rules(target: Target) -> frozenset[str]:
@@ -267,6 +268,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     yield from column_sum_obligations(name, lw, ctx)  # a column sum in the epilogue (habu/lower/column_epilogue.py)
     yield from early_obligations(name, lw, ctx)  # loads read at the tile's start (`epilogue_early`)
     yield from warm_obligations(name, lw, ctx)  # the next kernel's first boxes into the L2 (`warm_next`)
+    yield from window_obligations(name, lw, ctx)  # k tiles skipped where the model makes the terms zero
     if k.cluster_m > 1:
         yield from _cluster(name, lw, ctx)
 
