@@ -2,7 +2,8 @@
 against torch autograd through scaled_dot_product_attention in the same run: not a target yet (issue 22 leaves
 attention's backward for later), the gap measured.
 
-    SEQ=1024 HEADS=16 KV=8 [PINS=storage=bf16] [FWD_PINS=rewrite=split:%f2] [OBF16=1] [PROFILE=1] \
+    SEQ=1024 HEADS=16 KV=8 [PINS=storage=bf16] [FWD_PINS=rewrite=split:%f2] [KPINS=dQ:tile=64x128x64] [OBF16=1] \
+        [PROFILE=1] \
         python docs/experiments/attention_backward.py
 
 `PROFILE=1`: each kernel's own time, its launches serialised (habu.bench.kernel_times.serial_launches).
@@ -32,12 +33,15 @@ R = HEADS // KV
 sizes = {"B": 1, "G": KV, "R": R, "I": SEQ, "J": SEQ}
 pins = dict(p.split("=", 1) for p in os.environ.get("PINS", "").split(",") if p)
 forward_pins = dict(p.split("=", 1) for p in os.environ.get("FWD_PINS", "").split(",") if p)
+# KPINS="dQ:tile=64x128x64;dK.in:tile=64x128x64,stages=4": more pins for the kernel computing each node
+kernel_pins = {node: dict(p.split("=", 1) for p in rest.split(",") if p)
+               for node, _, rest in (part.partition(":") for part in os.environ.get("KPINS", "").split(";") if part)}
 path = "attention.habu"
 if os.environ.get("OBF16"):  # the example with O declared bf16, in a temporary file (an absolute path to the build)
     text = (backward_speed.EX / path).read_text().replace("f32  TENSOR: O", "bf16 TENSOR: O")
     path = str(Path(tempfile.mkdtemp()) / "attention_bf16o.habu")
     Path(path).write_text(text)
-bw, fwd, back = build(path, "ATTENTION-GQA", sizes, "sm_90a", pins, forward_pins)
+bw, fwd, back = build(path, "ATTENTION-GQA", sizes, "sm_90a", pins, forward_pins, kernel_pins)
 g = torch.Generator(device="cuda").manual_seed(0)
 q = torch.randn((1, KV, R, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)
 k = torch.randn((1, KV, SEQ, 128), generator=g, device="cuda").to(torch.bfloat16)

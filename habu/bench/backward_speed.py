@@ -25,9 +25,11 @@ CASES = [("rmsnorm.habu", "RMSNORM-ROWS", "D"), ("softmax.habu", "SOFTMAX-ROWS",
 
 
 def build(path: str, name: str, sizes: dict[str, int], target: str, pins: dict[str, str] | None = None,
-          forward_pins: dict[str, str] | None = None) -> tuple[Any, Any, Any]:
+          forward_pins: dict[str, str] | None = None, kernel_pins: dict[str, dict[str, str]] | None = None
+          ) -> tuple[Any, Any, Any]:
     """The backward (auto policy) of `name` and the compiled kernels of its forward-with-saved-values
-    (under `forward_pins`) and of its backward model (under `pins`), at `sizes`."""
+    (under `forward_pins`) and of its backward model (under `pins`; `kernel_pins`: more pins for the backward's
+    kernel that computes a node, by the node's name, the plan proven again), at `sizes`."""
     from habu.compile import compile_model
     from habu.emit_cuda.guards import KernelSet
     from habu.emit_cuda.runtime import CompiledModel
@@ -46,9 +48,29 @@ def build(path: str, name: str, sizes: dict[str, int], target: str, pins: dict[s
         program.model_spans[key] = program.model_spans[name]
         compiled = compile_model(program, key, sizes, tgt, (pins or {}) if tag == "BWD" else (forward_pins or {}),
                                  trials=1)
-        members = [(proof.plan.guards, emit(proof, tgt)) for proof in compiled.proofs]
+        proofs = compiled.proofs
+        if tag == "BWD" and kernel_pins:
+            proofs = [_repinned(compiled.model, p.plan, kernel_pins, tgt) for p in proofs]
+        members = [(proof.plan.guards, emit(proof, tgt)) for proof in proofs]
         kernels.append(CompiledModel(compiled.model, KernelSet(members), arch=tgt.name))
     return bw, kernels[0], kernels[1]
+
+
+def _repinned(model: Any, plan: Any, kernel_pins: dict[str, dict[str, str]], target: Any) -> Any:
+    """`plan` with each kernel computing a node of `kernel_pins` pinned further, proven (one trial)."""
+    from dataclasses import replace
+
+    from habu.plan.rewrite import planned_model
+    from habu.prove import prove
+    from habu.search.space import apply_pins
+
+    graph = planned_model(model, plan)  # (the plan's own nodes: dK.in of the rewrite nest:dK)
+    kernels = tuple(next((apply_pins(graph, k, kernel_pins[n], target) for n in k.nodes if n in kernel_pins), k)
+                    for k in plan.kernels)
+    proof = prove(model, replace(plan, kernels=kernels), dict(plan.shape), trials=1)
+    if not proof.ok:
+        raise SystemExit(f"the repinned plan fails: {proof.violations[:1] or proof.certificate.failure}")
+    return proof
 
 
 def measure(path: str, name: str, width_extent: str, rows: int, width: int, target: str,

@@ -29,6 +29,7 @@ from habu.paths import ContractionPath, path_for
 from habu.paths.columns import ColumnsPath
 from habu.plan.plan import Plan
 from habu.search.arithmetic import element_instructions
+from habu.search.window_cost import window_share
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Expr, Model, Op, Reduce
 from habu.target import Target
@@ -58,9 +59,10 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
     nb = int(lw.batches(sizes))  # a batched contraction: nb products of M x N x K
+    share, windowed = window_share(lw, sizes, target.sm_count)  # k tiles the model makes zero, skipped
     flops = 2.0 * M * N * K * nb
     out_bytes = M * N * DTYPES[lw.out.dtype].bytes * nb
-    moved = _bytes(lw.a, sizes) + _bytes(lw.b, sizes) + out_bytes
+    moved = (_bytes(lw.a, sizes) + _bytes(lw.b, sizes)) * share + out_bytes
     moved += sum(_bytes(a, sizes) for _, a in lw.epi_loads)
     # the chain's other outputs (`extra_outs`), stored beside the output
     extra_bytes = sum(_bytes(a, sizes) for _, a in lw.extra_outs)
@@ -95,7 +97,7 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k * nb
     waves = tiles / target.sm_count
     wave_eff = waves / max(1.0, -(-tiles // target.sm_count)) if waves >= 1 else waves
-    compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed
+    compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed * windowed
     memory = moved / c.bandwidth
     # operand tiles copied by cp.async (a gathered A) refill shared memory from L2 at about 5.5 TB/s
     # in all, once per tile of the other operand (same runs: 256x64 tiles copy 2.1 GB of A, 409 µs;
@@ -121,7 +123,8 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     epilogue_s += epilogue_arithmetic_seconds(lw, M * N * nb, c)
     seconds = max(compute, memory) + epilogue_s + staging_s + reduction / c.bandwidth \
         + c.launch_s * (1 + len(lw.pre) + (k.split_k > 1 and not cluster_split))
-    return KernelCost(flops, moved + sum(copied) + reduction, seconds, "compute" if compute >= memory else "memory")
+    return KernelCost(flops * share, moved + sum(copied) + reduction, seconds,
+                      "compute" if compute >= memory else "memory")
 
 
 # The consumer warps of a tile (two or three a scheduler) issue a fused epilogue's arithmetic at about half
