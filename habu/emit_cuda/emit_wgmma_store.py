@@ -72,6 +72,20 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
         staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
+    if lw.window.outputs and not lw.extra_outs:  # a tile the window makes zero stores zeros, no arithmetic
+        before += (f"      const bool zero_tile = {c(lw.zero_tile(sizes, CExpr('tm'), CExpr('tn')))} != 0;"
+                   "  // (its stored values are zero whatever the product: habu/lower/k_bounds.py)\n")
+        operands = operands.replace("\n              ", "\n                ")
+        computed = f"""              float v0 = 0.0f, v1 = 0.0f;
+              if (!zero_tile) {{
+{operands.replace("              ", "                ", 1)}                v0 = {v0};
+                v1 = {v1};
+              }}
+"""
+    else:
+        computed = f"""{operands}{extras}              const float v0 = {v0};
+              const float v1 = {v1};
+"""
     if staged_extras:
         return before + _staged_rounds(lw, sig, model, sizes, it, out_map, box_origin, axis_origin, put, staged,
                                        operands, coordinates, (names0, names1), v0, v1, colsum) + after
@@ -88,9 +102,7 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
             for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
               const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
-{coordinates}{operands}{extras}              const float v0 = {v0};
-              const float v1 = {v1};
-{colsum}              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
+{coordinates}{computed}{colsum}              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
               unsigned char* dst = smem + (buf - smem_base) + {staged};
               {put}
             }}

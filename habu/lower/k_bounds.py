@@ -126,14 +126,22 @@ class KWindow:
                 end = minimum(end, cdiv(maximum(0, 1 - reach), bk))
             else:  # k ≥ reach
                 begin = maximum(begin, floordiv(maximum(0, reach), bk))
+        if self.outputs:  # a tile whose stored values are all zero runs no k tile
+            end = end - self.zero_tile(m0, n0, bm, bn, s) * maximum(0, end - begin)
+        return begin, end
+
+    def zero_tile(self, m0: Any, n0: Any, bm: int, bn: int, s: Mapping[str, Any]) -> Any:
+        """1 where output tile (m0, n0) is zero whatever the product (some `outputs` condition fails on every
+        element: its least value over the tile > 0), else 0: such a tile runs no k tile and stores zeros without
+        its epilogue's arithmetic."""
+        origin, rows = {"m": m0, "n": n0}, {"m": bm, "n": bn}
+        zero: Any = 0
         for z in self.outputs:
             least = z.condition.offset(s)
             for axis in TILE_AXES:
                 least = least + _smallest(z.condition.coefficient(axis), origin[axis], rows[axis])
-            # 1 where the condition fails on every element of the tile (its least value > 0): no k tile
-            zero = minimum(1, maximum(0, least))
-            end = end - zero * maximum(0, end - begin)
-        return begin, end
+            zero = maximum(zero, minimum(1, maximum(0, least)))
+        return zero
 
 
 def operand_bound(tensor: str, conditions: Iterable[Compare], rename: Mapping[str, str], axis: str) -> list[KBound]:

@@ -40,7 +40,7 @@ from habu.prove.split_cluster import finish_cluster_split
 from habu.prove.tma_landing import tma_landing_faults
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
-from habu.prove.window_terms import element_name, skipped_ranges, skipped_terms, window_mismatch
+from habu.prove.window_terms import skipped_ranges, skipped_terms, window_values
 from habu.spec.field import PrimeField
 from habu.spec.ir import Compare, Const, Expr, Load, NegInf, Op, Size
 
@@ -284,7 +284,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
     paired = set(paired_loads(lw))  # loads read a pair at once: the second at the first's offset + 1
     def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where,
-                 skipped: np.ndarray | None = None) -> None:
+                 skipped: np.ndarray | None = None, zero: np.ndarray | None = None) -> None:
         coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) if i not in paired
                  else read_pair(name, a, coords, lw.fragment.pair, sizes, mem, lw.index_width, where)
@@ -294,18 +294,15 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
 
         def holds(e: Compare) -> np.ndarray:
             return condition_holds(e, at, sizes, mem)
-        if skipped is not None:  # the window's k tiles change no stored value (habu.prove.window_terms)
-            stored = [eval_pointwise(e, lambda ld, a=a: a if ld.tensor == ACC else loads[ld], f, sizes, holds)
-                      for a in (acc, (acc + skipped) % f.p) for e, _ in lw.stores]
-            if (bad := window_mismatch(stored[:len(lw.stores)], stored[len(lw.stores):], owned)) is not None:
-                x, r, col = (int(v[0]) for v in np.nonzero(bad[1]))
-                at_axes = {**{a: int(v) for a, v in batch_at.items()}, "m": int(mc[x, r]), "n": int(nc[x, col])}
-                mem.fault(f"{name}: the k tiles its window skips change {element_name(lw.stores[bad[0]][1], at_axes)}"
-                          " (their terms are not zero there)")
-        for expr, access in lw.extra_outs:  # the chain's other outputs: written with their own accesses
-            value = eval_pointwise(expr, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes, holds)
+        values = [eval_pointwise(e, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes, holds) for e, _ in lw.stores]
+        if skipped is not None or zero is not None:  # a window: what it skips changes no stored value (window_terms)
+            full = values if skipped is None else \
+                [eval_pointwise(e, lambda ld: (acc + skipped) % f.p if ld.tensor == ACC else loads[ld], f, sizes, holds)
+                 for e, _ in lw.stores]
+            values = window_values(name, lw, values, full, zero, owned, (mc, nc, batch_at), mem)
+        for (_, access), value in zip(lw.extra_outs, values, strict=False):  # the chain's other outputs
             write(name, access, coords, value, sizes, mem, lw.index_width, False, owned, where)
-        value = eval_pointwise(lw.epilogue, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes, holds)
+        value = values[-1]
         # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
         if lw.column_sum is not None:  # the chain's end, or a load, summed over the tile's rows (habu.prove.column_epilogue)
@@ -380,8 +377,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                 partials.setdefault((z, lrows, lcols), {}).setdefault(tile, {})[split] = (acc[x], mc[x], nc[x])
             continue
         gap = skipped_ranges(lw, split, begin, end, sizes) if lw.window else []
-        epilogue(acc, mc, nc, batch_at, where,
-                 skipped_terms(name, lw, gap, mc, nc, batch_at, sizes, mem, read) if gap else None)
+        epilogue(acc, mc, nc, batch_at, where, skipped_terms(name, lw, gap, mc, nc, batch_at, sizes, mem, read) if gap
+                 else None, np.broadcast_to(lw.zero_tile(sizes, tms, tns), tms.shape) if lw.window.outputs else None)
     if lw.reduction is not None:
         finish_cluster_split(name, lw, sizes, mem, partials, epilogue)
 
