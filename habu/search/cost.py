@@ -25,11 +25,11 @@ from habu.lower.access import Access, size_of
 from habu.lower.contraction import ACC
 from habu.lower.general import Store
 from habu.lower.rows import reduction_passes
+from habu.lower.window_share import window_share
 from habu.paths import ContractionPath, path_for
 from habu.paths.columns import ColumnsPath
 from habu.plan.plan import Plan
 from habu.search.arithmetic import element_instructions
-from habu.search.window_cost import window_share
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Expr, Model, Op, Reduce
 from habu.target import Target

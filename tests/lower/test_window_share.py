@@ -1,12 +1,12 @@
-"""The cost model's view of a k window (habu/search/window_cost.py): the share of the k steps a windowed grid
+"""The cost model's view of a k window (habu/lower/window_share.py): the share of the k steps a windowed grid
 runs, and its time against the unwindowed grid's, bounded by its longest tile."""
 
 from __future__ import annotations
 
 from habu.lower import lower_plan
 from habu.lower.contraction import ContractionLowering
+from habu.lower.window_share import window_share
 from habu.search.space import default_plan
-from habu.search.window_cost import window_share
 from habu.spec.parser import load_program
 from habu.target import TARGETS
 from tests.conftest import ROOT

@@ -1,5 +1,5 @@
-"""What a contraction's k window (habu/lower/k_bounds.py) saves, for the cost model: the share of the k steps its
-tiles still run, and how long the grid then takes against the same grid without the window.
+"""What a contraction's k window (habu/lower/k_bounds.py) saves, for the cost model and the paths' defaults: the
+share of the k steps its tiles still run, and how long the grid then takes against the same grid without it.
 
 Each tile runs its own window; the GPU runs them `sm_count` at a time, the next tile where one finishes. The grid
 takes at least its total steps spread over the SMs and at least its longest tile: a causal dQ of 128 tiles (one
@@ -36,7 +36,22 @@ def window_share(lw: ContractionLowering, sizes: Mapping[str, int], sm_count: in
         return 1.0, 1.0
     total = float(ran.sum()) * batches
     unwindowed = -(-tiles // max(1, sm_count)) * most
-    return total / (tiles * most), max(total / max(1, sm_count), float(ran.max())) / unwindowed
+    return total / (tiles * most), window_steps(lw, sizes, sm_count) / unwindowed
 
 
-__all__ = ["window_share"]
+def window_steps(lw: ContractionLowering, sizes: Mapping[str, int], sm_count: int) -> float:
+    """The k steps the busiest SM runs, at least: the grid's windowed steps spread over the SMs, and its longest
+    tile's (every k tile of the split where there is no window, waves rounded up)."""
+    tm = np.arange(int(lw.tiles_m(sizes)), dtype=np.int64)[:, None]
+    tn = np.arange(int(lw.tiles_n(sizes)), dtype=np.int64)[None, :]
+    ran = np.stack([np.broadcast_to(np.maximum(0, np.asarray(end) - np.asarray(begin)), (tm.size, tn.size))
+                    for begin, end in (lw.tile_k_range(split, sizes, tm, tn) for split in range(lw.kernel.split_k))])
+    if not ran.size:
+        return 0.0
+    total = float(ran.sum()) * int(lw.batches(sizes))
+    if not lw.window:
+        return -(-ran.size * int(lw.batches(sizes)) // max(1, sm_count)) * float(ran.max())
+    return max(total / max(1, sm_count), float(ran.max()))
+
+
+__all__ = ["window_share", "window_steps"]
