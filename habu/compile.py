@@ -244,7 +244,7 @@ def report(model: Model, plans: list[Plan], proofs: list[Proof]) -> str:
                     "| --- | --- | --- |"]
             for name, value, doc in field_docs(k):
                 out.append(f"| {name} | {value if not isinstance(value, tuple) else ' '.join(value)} | {doc} |")
-            out += ["", *_column_sum_note(graph, k, dict(plan.storage))]
+            out += ["", *_column_sum_note(graph, k, dict(plan.storage)), *_window_note(graph, k, dict(plan.shape))]
         out += ["### obligations", "", "| rule | kernel | tensor | statement | status | how |", "| --- | --- | --- | --- | --- | --- |"]
         for ob in proof.obligations:
             out.append(f"| {ob.rule.name} | {ob.kernel} | {ob.tensor or ''} | {ob.statement} | {ob.status} | {ob.how} |")
@@ -361,3 +361,23 @@ def _column_sum_note(graph: Model, kernel, storage: dict[str, str]) -> list[str]
            if cs.combine else "one tile row holds every row: the block stores its sums")
     return [f"Its epilogue also sums {summed} over #{cs.m.name} into {cs.out.tensor} ({', '.join(cs.nodes)}): {how}.",
             ""]
+
+
+def _window_note(graph: Model, kernel, shape: dict[str, int]) -> list[str]:
+    """A line on the k tiles a contraction kernel skips where the model makes them zero (habu/lower/k_bounds.py),
+    for the report; none elsewhere."""
+    from habu.lower import lower
+    from habu.lower.window_share import window_share
+    from habu.target import TARGETS
+
+    if kernel.kind != "contraction" or not kernel.skip_zero:
+        return []
+    lw = lower(graph, kernel)
+    window = lw.window  # type: ignore[attr-defined]
+    if not window:
+        return []
+    said = [f"{b.tensor} is zero outside {b.condition.describe()}" for b in window.operands]
+    said += [f"its stored values are zero outside {t.condition.describe()}, whatever the product" for t in window.outputs]
+    share, _ = window_share(lw, {**graph.sizes, **shape}, TARGETS["sm_90a"].sm_count)  # type: ignore[arg-type]
+    return [f"Its k loop skips the k tiles the model makes zero ({'; '.join(said)}): its tiles run "
+            f"{100 * share:.0f}% of the k steps at this shape.", ""]

@@ -39,6 +39,15 @@ class Linear:
     sizes: tuple[tuple[int, str], ...]
     const: int
 
+    def describe(self) -> str:
+        """`k − m + #J − #I ≤ 0`: the condition as it reads (kernel axes, extents with #)."""
+        parts = [(c, v) for v, c in self.terms] + [(c, f"#{e}") for c, e in self.sizes]
+        text = " ".join(f"{'−' if c < 0 else '+'} {'' if abs(c) == 1 else f'{abs(c)}·'}{x}" for c, x in parts)
+        text = text[2:] if text.startswith("+ ") else "−" + text[2:] if text else "0"
+        if self.const:
+            text += f" {'−' if self.const < 0 else '+'} {abs(self.const)}"
+        return f"{text} ≤ 0"
+
     def coefficient(self, var: str) -> int:
         return dict(self.terms).get(var, 0)
 

@@ -51,8 +51,8 @@ def window_obligations(name: str, lw: ContractionLowering, ctx: Context) -> Iter
     if all(v is None or v for v in values):  # each stored value zero outside its conditions, whatever the product:
         named = {**at, **{condition_axis(a): at[a] for a in ("m", "n")}}  # a term is dropped where all of them are
         zero.append(z3.And(*(z3.Not(z3.And(*(_holds(cond, named, s) for cond in v))) for v in values if v is not None)))
-    said = "; ".join([f"{b.tensor} is zero outside {b.condition}" for b in window.operands]
-                     + [f"the stored values are zero outside {t.condition} (of m, n)" for t in window.outputs])
+    said = "; ".join([f"{b.tensor} is zero outside {b.condition.describe()}" for b in window.operands]
+                     + [f"the stored values are zero outside {t.condition.describe()}" for t in window.outputs])
     yield Obligation(WINDOW_RULES["k-window"], name, lw.out.tensor,
                      f"every k tile a tile of {lw.out.tensor} skips adds only zeros ({said})",
                      z3.Implies(z3.And(inside, skipped), z3.Or(*zero)),

@@ -120,3 +120,17 @@ def replace_kernels(model, plan, lws):
 
     lowered = lower_whole(model, plan)
     return replace(lowered, kernels=tuple(lws))
+
+
+def test_the_report_says_what_each_window_skips(tmp_path):
+    from typer.testing import CliRunner
+
+    from habu.cli import app
+
+    result = CliRunner().invoke(app, ["compile", str(ROOT / "tests" / "data" / "causal_chain.habu"), "--model",
+                                      "CAUSAL-CHAIN", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "report.md").read_text()
+    assert "its stored values are zero outside −m + n ≤ 0, whatever the product" in report
+    assert "%1 is zero outside k − m ≤ 0" in report
+    assert "| k-window | kernel 1 (Y) | Y |" in report
