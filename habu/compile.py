@@ -368,7 +368,6 @@ def _window_note(graph: Model, kernel, shape: dict[str, int]) -> list[str]:
     for the report; none elsewhere."""
     from habu.lower import lower
     from habu.lower.window_share import window_share
-    from habu.target import TARGETS
 
     if kernel.kind != "contraction" or not kernel.skip_zero:
         return []
@@ -378,6 +377,6 @@ def _window_note(graph: Model, kernel, shape: dict[str, int]) -> list[str]:
         return []
     said = [f"{b.tensor} is zero outside {b.condition.describe()}" for b in window.operands]
     said += [f"its stored values are zero outside {t.condition.describe()}, whatever the product" for t in window.outputs]
-    share, _ = window_share(lw, {**graph.sizes, **shape}, TARGETS["sm_90a"].sm_count)  # type: ignore[arg-type]
+    share = window_share(lw, {**graph.sizes, **shape})  # type: ignore[arg-type]
     return [f"Its k loop skips the k tiles the model makes zero ({'; '.join(said)}): its tiles run "
             f"{100 * share:.0f}% of the k steps at this shape.", ""]

@@ -4,7 +4,7 @@ refuses them before it (habu/prove/rules_window.py) — the suite runs the check
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from habu.lower import ContractionLowering, Lowering
 from habu.lower.k_bounds import KBound, KWindow, Linear
@@ -52,15 +52,6 @@ def bound_on_the_other_operand(lw: Lowering) -> Lowering:
     return _window(lw, KWindow((KBound(lw.b.tensor, "n", lin),)))
 
 
-def zero_tile_on_the_diagonal(lw: Lowering) -> Lowering:
-    """The tiles stored as zeros one tile row early (`zero_tile` of the tile above): the diagonal's tiles stored as
-    zeros while their k loops still run."""
-    assert isinstance(lw, ContractionLowering) and lw.window.outputs
-    planted = type("Planted_zero_tile", (type(lw),), {"zero_tile": lambda self, s, tm, tn: super(
-        planted, self).zero_tile(s, tm - 1, tn)})
-    return planted(**{f.name: getattr(lw, f.name) for f in fields(lw)})
-
-
 MUTANT_ENTRIES = (
     ("window-dq-bound-one-tile-in", "dQ's k window ends one tile before the causal diagonal", EXAMPLE, MODEL, SHAPE,
      operand_bound_one_tile_in, PINS, DQ),
@@ -70,8 +61,6 @@ MUTANT_ENTRIES = (
      MODEL, SHAPE, zero_tile_one_tile_early, PINS, SCORES),
     ("window-ds-zero-tile-early", "dP's product skips the tiles the causal diagonal crosses", EXAMPLE, MODEL, SHAPE,
      zero_tile_one_tile_early, PINS, DS),
-    ("window-zero-tile-on-the-diagonal", "the scores' product stores its diagonal tiles as zeros", EXAMPLE, MODEL,
-     SHAPE, zero_tile_on_the_diagonal, PINS, SCORES),
     ("window-bound-on-the-other-operand", "dQ's k window said of K, which is not zero past the diagonal", EXAMPLE,
      MODEL, SHAPE, bound_on_the_other_operand, PINS, DQ),
 )

@@ -72,18 +72,7 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
         staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
-    if lw.window.outputs and not lw.extra_outs:  # a tile the window makes zero stores zeros, no arithmetic
-        before += (f"      const bool zero_tile = {c(lw.zero_tile(sizes, CExpr('tm'), CExpr('tn')))} != 0;"
-                   "  // (its stored values are zero whatever the product: habu/lower/k_bounds.py)\n")
-        operands = operands.replace("\n              ", "\n                ")
-        computed = f"""              float v0 = 0.0f, v1 = 0.0f;
-              if (!zero_tile) {{
-{operands.replace("              ", "                ", 1)}                v0 = {v0};
-                v1 = {v1};
-              }}
-"""
-    else:
-        computed = f"""{operands}{extras}              const float v0 = {v0};
+    computed = f"""{operands}{extras}              const float v0 = {v0};
               const float v1 = {v1};
 """
     if staged_extras:

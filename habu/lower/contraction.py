@@ -375,14 +375,6 @@ class ContractionLowering:
         m0, n0 = self.tile_origin(tm, tn)
         return self.window.tiles(begin, end, m0, n0, self.bm, self.bn, self.bk, s)
 
-    def zero_tile(self, s: Mapping[str, Any], tm: Any, tn: Any) -> Any:
-        """1 where the window makes output tile (tm, tn) zero whatever the product (`KWindow.zero_tile`): it stores
-        zeros without its epilogue's arithmetic; 0 elsewhere, and 0 without such a window."""
-        if not self.window.outputs:
-            return 0
-        m0, n0 = self.tile_origin(tm, tn)
-        return self.window.zero_tile(m0, n0, self.bm, self.bn, s)
-
 
 def _substitute_acc(expr: Expr, target: str, replacement: Expr) -> Expr:
     if isinstance(expr, Load):

@@ -238,27 +238,9 @@ class ContractionPath(KernelPath):
             kernel = fit_stages(model, kernel, target)
         if keeps_operands(model, kernel, (c.a.load.tensor, c.b.load.tensor), target, sizes):
             kernel = replace(kernel, keep_operands=True)  # small operands, an output past the L2 (habu/paths/l2_keep.py)
-        if skips_zero(model, kernel):  # k tiles the model makes zero skipped (habu/lower/k_bounds.py)
-            kernel = self.windowed_tile(model, replace(kernel, skip_zero=True), target, sizes)
+        if skips_zero(model, kernel):
+            kernel = replace(kernel, skip_zero=True)  # k tiles the model makes zero skipped (habu/lower/k_bounds.py)
         return kernel
-
-    def windowed_tile(self, model: Model, kernel: ContractionKernel, target: Target, sizes: dict[str, int]
-                      ) -> ContractionKernel:
-        """The tile of a product that skips k tiles (`skip_zero`): half as tall or as wide where its window leaves
-        the grid waiting on its longest tile (a causal dQ of 128 tiles in one wave: its last tile row runs every
-        k tile while the first runs two), by the window's steps over the SMs and the smaller tile's lower
-        rate (`window_time`)."""
-        if kernel.persistent or kernel.split_k > 1 or kernel.cluster_m > 1:
-            return kernel
-        best, best_time = kernel, window_time(model, kernel, target, sizes)
-        for tile_m, tile_n in ((kernel.tile_m // 2, kernel.tile_n), (kernel.tile_m, kernel.tile_n // 2)):
-            brought = self.tile_schedule(tile_m, tile_n) if min(tile_m, tile_n) >= 64 else None
-            if brought is None:
-                continue
-            smaller = replace(kernel, tile_m=tile_m, tile_n=tile_n, warps=brought[0], stages=brought[1])
-            if (time := window_time(model, smaller, target, sizes)) < WINDOW_GAIN * best_time:
-                best, best_time = smaller, time
-        return best
 
     # ------------------------------------------------------------------ skinny contractions
 
@@ -549,17 +531,3 @@ def skips_zero(model: Model, kernel: ContractionKernel) -> bool:
     except ValueError:
         return False
 
-
-WINDOW_GAIN = 0.8  # a smaller tile for a windowed product where it takes at most this share of the time
-
-
-def window_time(model: Model, kernel: ContractionKernel, target: Target, sizes: dict[str, int]) -> float:
-    """A windowed product's time, in a 128 × 256 tile's k steps: the k steps its busiest SM runs
-    (`habu.lower.window_share.window_steps`), each the tile's area, at the tile's rate (128 × 256 tiles run about
-    15% faster than 128 × 128, H200, 2026-11-30: the fourth root of the area, as the cost model's `tile_eff`)."""
-    from habu.lower import lower
-    from habu.lower.window_share import window_steps
-
-    lw = lower(model, kernel)
-    area = kernel.tile_m * kernel.tile_n / (128 * 256)
-    return window_steps(lw, {**model.sizes, **sizes}, target.sm_count) * area / min(1.0, area ** 0.25)

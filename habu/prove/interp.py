@@ -284,7 +284,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
     paired = set(paired_loads(lw))  # loads read a pair at once: the second at the first's offset + 1
     def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where,
-                 skipped: np.ndarray | None = None, zero: np.ndarray | None = None) -> None:
+                 skipped: np.ndarray | None = None) -> None:
         coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
         loads = {ld: read(name, a, coords, sizes, mem, lw.index_width, where) if i not in paired
                  else read_pair(name, a, coords, lw.fragment.pair, sizes, mem, lw.index_width, where)
@@ -295,11 +295,10 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         def holds(e: Compare) -> np.ndarray:
             return condition_holds(e, at, sizes, mem)
         values = [eval_pointwise(e, lambda ld: acc if ld.tensor == ACC else loads[ld], f, sizes, holds) for e, _ in lw.stores]
-        if skipped is not None or zero is not None:  # a window: what it skips changes no stored value (window_terms)
-            full = values if skipped is None else \
-                [eval_pointwise(e, lambda ld: (acc + skipped) % f.p if ld.tensor == ACC else loads[ld], f, sizes, holds)
-                 for e, _ in lw.stores]
-            values = window_values(name, lw, values, full, zero, owned, (mc, nc, batch_at), mem)
+        if skipped is not None:  # a window: the k tiles it skips change no stored value (habu.prove.window_terms)
+            full = [eval_pointwise(e, lambda ld: (acc + skipped) % f.p if ld.tensor == ACC else loads[ld], f, sizes,
+                                   holds) for e, _ in lw.stores]
+            window_values(name, lw, values, full, owned, (mc, nc, batch_at), mem)
         for (_, access), value in zip(lw.extra_outs, values, strict=False):  # the chain's other outputs
             write(name, access, coords, value, sizes, mem, lw.index_width, False, owned, where)
         value = values[-1]
@@ -377,8 +376,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                 partials.setdefault((z, lrows, lcols), {}).setdefault(tile, {})[split] = (acc[x], mc[x], nc[x])
             continue
         gap = skipped_ranges(lw, split, begin, end, sizes) if lw.window else []
-        epilogue(acc, mc, nc, batch_at, where, skipped_terms(name, lw, gap, mc, nc, batch_at, sizes, mem, read) if gap
-                 else None, np.broadcast_to(lw.zero_tile(sizes, tms, tns), tms.shape) if lw.window.outputs else None)
+        epilogue(acc, mc, nc, batch_at, where,
+                 skipped_terms(name, lw, gap, mc, nc, batch_at, sizes, mem, read) if gap else None)
     if lw.reduction is not None:
         finish_cluster_split(name, lw, sizes, mem, partials, epilogue)
 

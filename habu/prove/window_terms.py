@@ -57,23 +57,16 @@ def window_mismatch(values: list[np.ndarray], full: list[np.ndarray], owned: np.
 
 
 def window_values(name: str, lw: ContractionLowering, computed: list[np.ndarray], full: list[np.ndarray],
-                  zero: np.ndarray | None, owned: np.ndarray, at: tuple[np.ndarray, np.ndarray, Mapping[str, Any]],
-                  mem: Any) -> list[np.ndarray]:
-    """The values the kernel stores (each of `lw.stores`): `computed`, the epilogue on its window's accumulator, or
-    zeros on the blocks whose tile the window makes zero (`zero`, 1 a block: the emitter prints the same
-    `zero_tile`). Faults where either differs from `full`, the epilogue with the skipped terms added back, naming
-    the element (`at`: the blocks' rows, columns and batch coordinates)."""
-    stored = computed if zero is None else \
-        [np.where(zero[:, None, None] != 0, 0, np.broadcast_to(v, owned.shape)) for v in computed]
-    for got, what in ((computed, "the k tiles its window skips change {} (their terms are not zero there)"),
-                      (stored, "a tile its window makes zero stores 0 at {}, where the model's value is not 0")):
-        if (bad := window_mismatch(got, full, owned)) is not None:
-            mc, nc, batch = at
-            x, r, col = (int(v[0]) for v in np.nonzero(bad[1]))
-            axes = {**{a: int(v) for a, v in batch.items()}, "m": int(mc[x, r]), "n": int(nc[x, col])}
-            mem.fault(f"{name}: " + what.format(element_name(lw.stores[bad[0]][1], axes)))
-            break
-    return stored
+                  owned: np.ndarray, at: tuple[np.ndarray, np.ndarray, Mapping[str, Any]], mem: Any) -> None:
+    """Faults where a stored value (each of `lw.stores`) computed on the window's accumulator, `computed`, differs
+    from `full`, the epilogue with the skipped terms added back, naming the element (`at`: the blocks' rows,
+    columns and batch coordinates)."""
+    if (bad := window_mismatch(computed, full, owned)) is not None:
+        mc, nc, batch = at
+        x, r, col = (int(v[0]) for v in np.nonzero(bad[1]))
+        axes = {**{a: int(v) for a, v in batch.items()}, "m": int(mc[x, r]), "n": int(nc[x, col])}
+        mem.fault(f"{name}: the k tiles its window skips change {element_name(lw.stores[bad[0]][1], axes)} (their "
+                  "terms are not zero there)")
 
 
 def element_name(access: Any, by_axis: Mapping[str, int]) -> str:

@@ -59,7 +59,7 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     k = lw.kernel
     M, N, K = sizes[lw.m], sizes[lw.n], sizes[lw.k]
     nb = int(lw.batches(sizes))  # a batched contraction: nb products of M x N x K
-    share, windowed = window_share(lw, sizes, target.sm_count)  # k tiles the model makes zero, skipped
+    share = window_share(lw, sizes)  # the k steps a window leaves (the k tiles the model makes zero, skipped)
     flops = 2.0 * M * N * K * nb
     out_bytes = M * N * DTYPES[lw.out.dtype].bytes * nb
     moved = (_bytes(lw.a, sizes) + _bytes(lw.b, sizes)) * share + out_bytes
@@ -97,7 +97,7 @@ def contraction_cost(lw: ContractionLowering, sizes: Mapping[str, int], target: 
     tiles = -(-M // k.tile_m) * -(-N // k.tile_n) * k.split_k * nb
     waves = tiles / target.sm_count
     wave_eff = waves / max(1.0, -(-tiles // target.sm_count)) if waves >= 1 else waves
-    compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed * windowed
+    compute = flops / (peak * tile_eff * stage_eff * max(wave_eff, 1e-3)) * feed * share
     memory = moved / c.bandwidth
     # operand tiles copied by cp.async (a gathered A) refill shared memory from L2 at about 5.5 TB/s
     # in all, once per tile of the other operand (same runs: 256x64 tiles copy 2.1 GB of A, 409 µs;
