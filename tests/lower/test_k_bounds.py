@@ -134,3 +134,14 @@ def test_the_report_says_what_each_window_skips(tmp_path):
     assert "its stored values are zero outside −m + n ≤ 0, whatever the product" in report
     assert "%1 is zero outside k − m ≤ 0" in report
     assert "| k-window | kernel 1 (Y) | Y |" in report
+
+
+def test_regression_a_window_wrong_only_outside_the_sampled_rows_is_caught():
+    """Session 66: the first field check of a window compared the sampled output elements only, and a dK window one
+    tile late passed (its wrong rows, keys 896–955 of 1000, were in no sampled element of dK). A windowed kernel now
+    runs whole tiles and compares each stored value with the skipped terms added back."""
+    from habu.bench.mutants import MUTANTS, run_mutant
+
+    mutant = next(m for m in MUTANTS if m.name == "window-dk-bound-one-tile-in")
+    outcome = run_mutant(mutant, trials=1)
+    assert outcome.killed and "the k tiles its window skips change dK.in[" in outcome.message, outcome.message
