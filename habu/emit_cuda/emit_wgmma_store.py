@@ -72,9 +72,6 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
         staged = "habu::swizzle128((habu::u32)row, byte >> 4) + (byte & 15u)"
     else:
         staged = f"(habu::u32)({c(box.byte_offset(CExpr('row'), CExpr(f'(byte / {e})')))})"
-    computed = f"""{operands}{extras}              const float v0 = {v0};
-              const float v1 = {v1};
-"""
     if staged_extras:
         return before + _staged_rounds(lw, sig, model, sizes, it, out_map, box_origin, axis_origin, put, staged,
                                        operands, coordinates, (names0, names1), v0, v1, colsum) + after
@@ -91,7 +88,9 @@ def tma_store_epilogue(lw: ContractionLowering, sig: Signature, model: Model, si
             for (int h = 0; h < {frag.halves}; ++h) {{  // each thread holds pairs of adjacent columns
               const int j = b * {st.groups} + jj;
               const int row = {frag.row_in_warpgroup()};
-{coordinates}{computed}{colsum}              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
+{coordinates}{operands}{extras}              const float v0 = {v0};
+              const float v1 = {v1};
+{colsum}              const habu::u32 byte = (habu::u32)(({frag.col("jj")}) * {e});
               unsigned char* dst = smem + (buf - smem_base) + {staged};
               {put}
             }}

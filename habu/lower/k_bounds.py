@@ -58,12 +58,6 @@ class Linear:
             total = total + c * s[e]
         return total
 
-    def value(self, at: Mapping[str, Any], s: Mapping[str, Any]) -> Any:
-        total = self.offset(s)
-        for v, c in self.terms:
-            total = total + c * at[v]
-        return total
-
 
 def linear(cond: Compare, rename: Mapping[str, str]) -> Linear | None:
     """`cond` as a `Linear` over its variables renamed by `rename` (a variable not there: None), or None for
@@ -201,9 +195,9 @@ def k_window(model: Model, product: Any, axis_of: Mapping[IndexVar, str], stored
 
 
 def scheduled_window(window: KWindow, kernel: Any) -> KWindow:
-    """The window a schedule keeps: none unless the plan skips zero terms (`skip_zero`), none under a cluster split (its blocks meet in one cluster); under B's
-    multicast to a cluster of tiles along m, only the bounds by n (the cluster's blocks load the same k tiles
-    of B)."""
+    """The window a schedule keeps: none unless the plan skips zero terms (`skip_zero`), none under a cluster split
+    (its blocks meet in one cluster); under B's multicast to a cluster of tiles along m, only the bounds by n (the
+    cluster's blocks load the same k tiles of B)."""
     if not window or not kernel.skip_zero:
         return NO_WINDOW
     if kernel.split_k > 1 and kernel.split_reduce == "cluster":
@@ -215,5 +209,5 @@ def scheduled_window(window: KWindow, kernel: Any) -> KWindow:
 
 NO_WINDOW = KWindow()
 
-__all__ = ["NO_WINDOW", "KBound", "KWindow", "Linear", "ZeroTile", "k_window", "linear", "operand_bound", "scheduled_window",
-           "zero_tiles"]
+__all__ = ["NO_WINDOW", "KBound", "KWindow", "Linear", "ZeroTile", "k_window", "linear", "operand_bound",
+           "scheduled_window", "zero_tiles"]

@@ -530,4 +530,3 @@ def skips_zero(model: Model, kernel: ContractionKernel) -> bool:
         return bool(lower(model, replace(kernel, skip_zero=True)).window)  # type: ignore[attr-defined]
     except ValueError:
         return False
-

@@ -35,4 +35,28 @@ def condition_holds(e: Compare, at: Mapping[str, np.ndarray], sizes: Mapping[str
     return ops[e.op](side(e.left), side(e.right))
 
 
-__all__ = ["condition_holds"]
+def condition_formula(e: Compare, var: Mapping[str, Any], ext: Mapping[str, Any], tables: dict[str, Any]) -> Any:
+    """The condition as a z3 formula: its variables at `var` (by name), extents at `ext` (ints or z3 terms), a gather
+    `LEN[b]` one z3 integer per index tensor (`tables`, filled on first use: any value it may hold)."""
+    import z3
+
+    def side(a) -> Any:
+        total: Any = a.const
+        for k, x in a.sizes:
+            total = total + k * ext[x]
+        for k, ix in a.terms:
+            if isinstance(ix, IndexVar):
+                value = var[ix.name]
+            elif isinstance(ix, Gather):
+                value = tables.setdefault(ix.tensor, z3.Int(f"value_{ix.tensor}"))
+            else:
+                value = ix.value
+            total = total + k * value
+        return total
+
+    left, right = side(e.left), side(e.right)
+    return {"lt": left < right, "le": left <= right, "gt": left > right, "ge": left >= right, "eq": left == right,
+            "ne": left != right}[e.op]
+
+
+__all__ = ["condition_formula", "condition_holds"]

@@ -40,7 +40,7 @@ from habu.prove.split_cluster import finish_cluster_split
 from habu.prove.tma_landing import tma_landing_faults
 from habu.prove.tma_store import tma_store_faults, tma_store_key
 from habu.prove.virtual import VirtualTensor, WrittenTensor
-from habu.prove.window_terms import skipped_ranges, skipped_terms, window_values
+from habu.prove.window_terms import check_window, skipped_ranges, skipped_terms
 from habu.spec.field import PrimeField
 from habu.spec.ir import Compare, Const, Expr, Load, NegInf, Op, Size
 
@@ -298,8 +298,8 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         if skipped is not None:  # a window: the k tiles it skips change no stored value (habu.prove.window_terms)
             full = [eval_pointwise(e, lambda ld: (acc + skipped) % f.p if ld.tensor == ACC else loads[ld], f, sizes,
                                    holds) for e, _ in lw.stores]
-            window_values(name, lw, values, full, owned, (mc, nc, batch_at), mem)
-        for (_, access), value in zip(lw.extra_outs, values, strict=False):  # the chain's other outputs
+            check_window(name, lw, values, full, owned, (mc, nc, batch_at), mem)
+        for (_, access), value in zip(lw.extra_outs, values[:-1], strict=True):  # the chain's other outputs
             write(name, access, coords, value, sizes, mem, lw.index_width, False, owned, where)
         value = values[-1]
         # a scatter's element is the gathered row's, not the coordinates' (its masks and index check still hold)

@@ -15,9 +15,10 @@ import z3
 
 from habu.lower.access import cdiv
 from habu.lower.attention import AttentionLowering
+from habu.prove.conditions import condition_formula
 from habu.prove.obligation import INT31, INT32_OFFSETS, Context, Obligation, Rule
 from habu.prove.rules_fields import _grid
-from habu.spec.ir import Gather, IndexAffine, IndexConst, IndexVar
+from habu.spec.ir import Gather, IndexVar
 
 ATTENTION_RULES = {r.name: r for r in (
     Rule("attention-skip", "the KV tiles a query tile skips hold no key one of its rows may see (the causal "
@@ -49,29 +50,8 @@ ATTENTION_RULES = {r.name: r for r in (
 )}
 
 
-def _affine(a: IndexAffine, ctx: Context, var: dict[str, Any], tables: dict[str, Any]) -> Any:
-    total: Any = a.const
-    for k, e in a.sizes:
-        total = total + k * ctx.ext[e]
-    for k, ix in a.terms:
-        if isinstance(ix, IndexVar):
-            value = var[ix.name]
-        elif isinstance(ix, Gather):
-            value = tables.setdefault(ix.tensor, z3.Int(f"value_{ix.tensor}"))
-        else:
-            assert isinstance(ix, IndexConst)
-            value = ix.value
-        total = total + k * value
-    return total
-
-
 def _holds(lw: AttentionLowering, ctx: Context, var: dict[str, Any], tables: dict[str, Any]) -> Any:
-    m = lw.mask
-    if m is None:
-        return z3.BoolVal(True)
-    left, right = _affine(m.left, ctx, var, tables), _affine(m.right, ctx, var, tables)
-    return {"lt": left < right, "le": left <= right, "gt": left > right, "ge": left >= right,
-            "eq": left == right, "ne": left != right}[m.op]
+    return z3.BoolVal(True) if lw.mask is None else condition_formula(lw.mask, var, ctx.ext, tables)
 
 
 def attention_obligations(name: str, lw: AttentionLowering, ctx: Context) -> Iterator[Obligation]:

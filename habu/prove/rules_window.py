@@ -5,22 +5,21 @@ For every block's split and tile, every output element (m, n) of the tile inside
 split's range outside the tile's window, the dropped term A[m k]·B[n k] is zero by the model: one operand's
 condition fails at (m, k) or (n, k), or a condition every stored value is zero outside fails at (m, n). z3
 proves it over all tiles and elements, at symbolic runtime extents within their domain, through the very
-formulas the emitter prints (`tile_k_range`). The conditions are the model's (habu/spec/support.py), evaluated here as it writes them, at the operand's or the
-stored values' coordinates; the window's own normal form (`KBound.condition`) is not read, so a window whose bound
-is planted wrong, or said of the wrong operand, is refused. The finite-field check then runs each tile over its
-window (habu/prove/window_terms.py)."""
+formulas the emitter prints (`tile_k_range`). The conditions are the model's (habu/spec/support.py), evaluated
+as it writes them (`condition_formula`) at the operand's or the stored values' coordinates; the window's own normal
+form (`KBound.condition`) is not read, so a window whose bound is planted wrong, or said of the wrong operand, is
+refused. The finite-field check then runs each tile over its window (habu/prove/window_terms.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
 import z3
 
 from habu.lower.conditions import condition_axis
 from habu.lower.contraction import ContractionLowering
+from habu.prove.conditions import condition_formula
 from habu.prove.obligation import Context, Obligation, Rule
-from habu.spec.ir import Compare
 from habu.spec.support import POSITION, expression_support, supports
 
 WINDOW_RULES = {r.name: r for r in (
@@ -44,34 +43,22 @@ def window_obligations(name: str, lw: ContractionLowering, ctx: Context) -> Iter
     skipped = z3.Or(k < begin * lw.bk, k >= end * lw.bk)
     at = {"m": m, "n": n, "k": k, **{a: z3.Int(f"{name}.{a}") for a in lw.batch_axes}}
     found = supports(ctx.model)
-    zero = [z3.Not(z3.And(*(_holds(cond, {f"{POSITION}{p}": at[pos.axis] for p, pos in enumerate(acc.positions)
-                                          if pos.kind == "axis"}, s) for cond in found.get(acc.tensor, ()))))
+
+    def zero_outside(conds, named) -> z3.BoolRef:  # some condition fails at the coordinates `named`
+        return z3.Not(z3.And(*(condition_formula(cond, named, s, {}) for cond in conds)))
+
+    zero = [zero_outside(found[acc.tensor], {f"{POSITION}{p}": at[pos.axis] for p, pos in enumerate(acc.positions)})
             for acc in (lw.a, lw.b) if found.get(acc.tensor) and all(p.kind == "axis" for p in acc.positions)]
     values = [expression_support(v, found) for v, _ in lw.stores]
     if all(v is None or v for v in values):  # each stored value zero outside its conditions, whatever the product:
         named = {**at, **{condition_axis(a): at[a] for a in ("m", "n")}}  # a term is dropped where all of them are
-        zero.append(z3.And(*(z3.Not(z3.And(*(_holds(cond, named, s) for cond in v))) for v in values if v is not None)))
+        zero.append(z3.And(*(zero_outside(v, named) for v in values if v is not None)))
     said = "; ".join([f"{b.tensor} is zero outside {b.condition.describe()}" for b in window.operands]
                      + [f"the stored values are zero outside {t.condition.describe()}" for t in window.outputs])
     yield Obligation(WINDOW_RULES["k-window"], name, lw.out.tensor,
                      f"every k tile a tile of {lw.out.tensor} skips adds only zeros ({said})",
                      z3.Implies(z3.And(inside, skipped), z3.Or(*zero)),
                      detail="a skipped k tile holds a term the model does not make zero")
-
-
-def _holds(cond: Compare, at: dict[str, Any], s: Mapping[str, Any]) -> Any:
-    """The model's condition as a z3 formula, its variables at `at` (by name)."""
-    def side(a) -> Any:
-        total: Any = a.const
-        for c, e in a.sizes:
-            total = total + c * s[e]
-        for c, ix in a.terms:
-            total = total + c * at[ix.name]
-        return total
-
-    left, right = side(cond.left), side(cond.right)
-    return {"lt": left < right, "le": left <= right, "gt": left > right, "ge": left >= right, "eq": left == right,
-            "ne": left != right}[cond.op]
 
 
 __all__ = ["WINDOW_RULES", "window_obligations"]

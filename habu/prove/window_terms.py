@@ -56,7 +56,7 @@ def window_mismatch(values: list[np.ndarray], full: list[np.ndarray], owned: np.
     return None
 
 
-def window_values(name: str, lw: ContractionLowering, computed: list[np.ndarray], full: list[np.ndarray],
+def check_window(name: str, lw: ContractionLowering, computed: list[np.ndarray], full: list[np.ndarray],
                   owned: np.ndarray, at: tuple[np.ndarray, np.ndarray, Mapping[str, Any]], mem: Any) -> None:
     """Faults where a stored value (each of `lw.stores`) computed on the window's accumulator, `computed`, differs
     from `full`, the epilogue with the skipped terms added back, naming the element (`at`: the blocks' rows,
@@ -74,4 +74,4 @@ def element_name(access: Any, by_axis: Mapping[str, int]) -> str:
     return f"{access.tensor}[{', '.join(str(by_axis.get(p.axis, p.value)) for p in access.positions)}]"
 
 
-__all__ = ["element_name", "skipped_ranges", "skipped_terms", "window_mismatch", "window_values"]
+__all__ = ["check_window", "element_name", "skipped_ranges", "skipped_terms", "window_mismatch"]
