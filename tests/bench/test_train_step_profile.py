@@ -26,3 +26,14 @@ def test_regression_the_timeline_counted_the_gpu_sleep_the_calls_were_queued_beh
     assert line["gaps"][0] == {"us": 1.5, "after": "k1", "before": "k0"}
     assert line["gaps"][1] == {"us": 1.0, "after": "k0", "before": "k1"}
     assert timeline(spans[1:], reps=2, behind_a_sleep=False) == line
+
+
+def test_the_ceiling_is_the_baselines_kernel_time_over_its_products():
+    """Session 61's 4096-token eager profile in round figures: six products of 625 µs and 750 µs of the rest
+    give 4500 / 3750 = 1.2; no product, no ceiling."""
+    from habu.bench.train_step_profile import ceiling_ratio
+
+    times = {f"nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNT#{i}": 625.0 for i in range(6)}
+    times["void at::native::vectorized_elementwise_kernel<4, GeluBackward>"] = 750.0
+    assert ceiling_ratio(times) == 1.2
+    assert ceiling_ratio({"triton_poi_fused_add_0": 3.0}) == float("inf")
