@@ -47,8 +47,10 @@ def window_obligations(name: str, lw: ContractionLowering, ctx: Context) -> Iter
     def zero_outside(conds, named) -> z3.BoolRef:  # some condition fails at the coordinates `named`
         return z3.Not(z3.And(*(condition_formula(cond, named, s, {}) for cond in conds)))
 
+    # the operands as the model reads them: a staged copy (`@T`, habu/lower/staging.py) holds T's values
+    operands = (lw.a_src or lw.a, lw.b_src or lw.b)
     zero = [zero_outside(found[acc.tensor], {f"{POSITION}{p}": at[pos.axis] for p, pos in enumerate(acc.positions)})
-            for acc in (lw.a, lw.b) if found.get(acc.tensor) and all(p.kind == "axis" for p in acc.positions)]
+            for acc in operands if found.get(acc.tensor) and all(p.kind == "axis" for p in acc.positions)]
     values = [expression_support(v, found) for v, _ in lw.stores]
     if all(v is None or v for v in values):  # each stored value zero outside its conditions, whatever the product:
         named = {**at, **{condition_axis(a): at[a] for a in ("m", "n")}}  # a term is dropped where all of them are

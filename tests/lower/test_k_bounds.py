@@ -145,3 +145,24 @@ def test_regression_a_window_wrong_only_outside_the_sampled_rows_is_caught():
     mutant = next(m for m in MUTANTS if m.name == "window-dk-bound-one-tile-in")
     outcome = run_mutant(mutant, trials=1)
     assert outcome.killed and "the k tiles its window skips change dK.in[" in outcome.message, outcome.message
+
+
+def test_regression_a_window_on_a_staged_operand_is_proven():
+    """Session 67's fuzz (tests/random_models.py `random_masked_product`, seed 313, backward): dA = Σ n Th1·W reads
+    the masked Th1 through a staged copy (`@%h1`, habu/lower/staging.py); the window bounded its k loop by Th1's
+    condition, but the k-window rule looked the copy's name up among the model's supports, found none, and refused
+    a right window: `habu compile --backward` failed with "breaks rule k-window"."""
+    from habu.cli_grad import backward_program
+    from habu.compile import bind_shape
+    from habu.spec.parser import parse_text
+
+    text = ("256 EXTENT: #M 511 EXTENT: #N 16 EXTENT: #K\nbf16 TENSOR: A ( #K #M )\nbf16 TENSOR: W ( #N #K )\n"
+            "bf16 TENSOR: Y ( #M #N )\nMODEL: FZ  Y[m n] = where(n ≤ m + #N − #M, erf(Σ k A[k m] · W[n k]), −∞) + 1 ;\n")
+    program, name = backward_program(parse_text(text, "fuzz.habu"), "FZ", None, "auto")
+    model = bind_shape(program.models[name], {})
+    plan = default_plan(model, T, {}, {})
+    staged = [lw for lw in _products(model, plan) if lw.window and lw.b.tensor.startswith("@")]
+    assert staged and staged[0].b_src.tensor == "%h1", [(lw.out.tensor, lw.b.tensor) for lw in _products(model, plan)]
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, [o.detail for o in proof.violations]
+    assert any(o.rule.name == "k-window" and o.status == "proved" for o in proof.obligations)
