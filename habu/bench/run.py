@@ -33,8 +33,14 @@ def build(path: str, model_name: str, sizes: Mapping[str, int] | None = None, pi
           trials: int = 1, plan: Plan | None = None, check_indices: bool | str = True, witness: bool | None = None) -> Built:
     """Prove (rules + a finite-field trial), emit and load a plan; raises if the plan is not proven. `witness`:
     as `habu.prove.prove` takes it (True: check on the reduced witness shape even for a one-kernel plan)."""
+    return build_model(load_program(path).models[model_name], sizes, pins, trials, plan, check_indices, witness)
+
+
+def build_model(base: Model, sizes: Mapping[str, int] | None = None, pins: Mapping[str, str] | None = None,
+                trials: int = 1, plan: Plan | None = None, check_indices: bool | str = True,
+                witness: bool | None = None) -> Built:
+    """`build` of a model in hand (a derived backward, a generated model)."""
     target = TARGETS[device_target()]
-    base = load_program(path).models[model_name]
     sizes = dict(sizes or {})
     for e in base.extents:
         if not e.is_static and e.name not in sizes:

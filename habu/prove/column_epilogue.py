@@ -57,14 +57,22 @@ def column_demand(lw: Any, boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapp
 def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np.ndarray, nc: np.ndarray,
                    sizes: Mapping[str, int], mem: Any) -> None:
     """The epilogue's column sum of `value` (blocks, BM, BN: the chain's end over each block's whole tile, rows
-    `mc` and columns `nc`), finished and stored as the kernel does."""
-    from habu.prove.interp import eval_pointwise, write  # (interp runs this module's check)
+    `mc` and columns `nc`), finished and stored as the kernel does. Every block of the launch at once: the tile rows'
+    sums meet in one workspace (`finish_column_sums`)."""
+    sums = column_tile_sums(name, lw, value, mc, nc, sizes, mem)
+    if sums is not None:
+        finish_column_sums(name, lw, *sums, sizes, mem)
 
+
+def column_tile_sums(name: str, lw: ContractionLowering, value: np.ndarray, mc: np.ndarray, nc: np.ndarray,
+                     sizes: Mapping[str, int], mem: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Each block's sums of its tile's columns, as its threads add them up (blocks, columns), with the blocks' rows
+    `mc` and the columns' coordinates (blocks, columns); None where the plan cannot run the sum."""
     cs, frag, st, f = lw.column_sum, lw.fragment, lw.tma_store, mem.field
     assert cs is not None
     if st is None or value.shape[1:] != (lw.bm, lw.bn):
         mem.fault(f"{name}: the column sum of {cs.out.tensor} runs without its TMA-store epilogue's whole tiles")
-        return
+        return None
     blocks = value.shape[0]
     cw, warp, lane, j, q = np.ix_(np.arange(cs.consumers), np.arange(cs.warps), np.arange(frag.warp_size),
                                   np.arange(lw.bn // frag.col_step), np.arange(frag.pair))
@@ -117,7 +125,17 @@ def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np
             got = np.where(idx[None, :] >= 0, stored[:, np.maximum(idx, 0)],
                            mem.poison(np.broadcast_to(at, (blocks, len(col_t))).astype(np.int64)))
             total = (total + got) % f.p
-    n = nc[:, col_t]
+    return total, mc, nc[:, col_t]
+
+
+def finish_column_sums(name: str, lw: ContractionLowering, total: np.ndarray, mc: np.ndarray, n: np.ndarray,
+                       sizes: Mapping[str, int], mem: Any) -> None:
+    """The blocks' column sums (`column_tile_sums` of every block the launch runs) combined over the tile rows where
+    the plan combines them, finished and stored."""
+    from habu.prove.interp import eval_pointwise, write  # (interp runs this module's check)
+
+    cs, f = lw.column_sum, mem.field
+    assert cs is not None
     if cs.combine:  # the tile rows' sums meet in the launch's workspace; each column tile's last block finishes
         total, n = _combined(name, lw, total, mc, n, sizes, mem)
         if not len(n):
@@ -207,4 +225,4 @@ def _unread(ld: Load) -> np.ndarray:
     raise ValueError(f"a column sum's finish reads {ld.tensor}: only the sum and constants")
 
 
-__all__ = ["column_boxes", "run_column_sum"]
+__all__ = ["column_boxes", "column_tile_sums", "finish_column_sums", "run_column_sum"]

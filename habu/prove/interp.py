@@ -27,7 +27,7 @@ from habu.lower.pipeline import MbarrierRing
 from habu.plan.fields import Reader, fields_read_by
 from habu.plan.plan import ContractionKernel
 from habu.prove.block_products import block_products
-from habu.prove.column_epilogue import run_column_sum
+from habu.prove.column_epilogue import column_tile_sums, finish_column_sums
 from habu.prove.conditions import condition_holds
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
@@ -283,6 +283,10 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
     paired = set(paired_loads(lw))  # loads read a pair at once: the second at the first's offset + 1
+    # each block's column sums (a column sum in the epilogue): finished once every block has run, since the tile
+    # rows' sums meet in one workspace whatever groups the blocks are run in (a window groups them by k range)
+    column_sums: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = []
+
     def epilogue(acc: np.ndarray, mc: np.ndarray, nc: np.ndarray, batch_at: Mapping[str, Any], where,
                  skipped: np.ndarray | None = None) -> None:
         coords = {**batch_at, "m": mc[:, :, None], "n": nc[:, None, :]}
@@ -306,7 +310,7 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         write(name, lw.out, coords, value, sizes, mem, lw.index_width, accumulate, None if scatter else owned, where)
         if lw.column_sum is not None:  # the chain's end, or a load, summed over the tile's rows (habu.prove.column_epilogue)
             summed = value if lw.column_sum.summand is None else loads[lw.column_sum.summand]
-            run_column_sum(name, lw, np.broadcast_to(summed, acc.shape), mc, nc, sizes, mem)
+            column_sums.append(column_tile_sums(name, lw, np.broadcast_to(summed, acc.shape), mc, nc, sizes, mem))
     route = route_of(lw)
     for fault in (*route.faults, *tma_landing_faults(lw.pipeline, lw.operands)):
         mem.fault(f"{name}: {fault}")
@@ -380,6 +384,9 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
                  skipped_terms(name, lw, gap, mc, nc, batch_at, sizes, mem, read) if gap else None)
     if lw.reduction is not None:
         finish_cluster_split(name, lw, sizes, mem, partials, epilogue)
+    if column_sums and all(part is not None for part in column_sums):
+        total, mc, n = (np.concatenate(x) for x in zip(*column_sums, strict=True))
+        finish_column_sums(name, lw, total, mc, n, sizes, mem)
 
 
 def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk: np.ndarray, tile: np.ndarray,

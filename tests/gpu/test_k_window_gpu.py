@@ -38,3 +38,28 @@ def test_a_causal_chain_skipping_zero_k_tiles_is_exact_on_the_gpu(name, path):
     assert all(k.skip_zero == (path != "unskipped") for k in built.plan.kernels)
     result = ExactChecker(built.model, built.sizes, seed=13).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
+
+
+# session 67's fuzz: the derived backward of a masked product (tests/lower/test_k_bounds.py's regression tests):
+# Th1 stored with its zero tiles skipped and dC summed over its columns in the same epilogue (the counters of
+# the column tiles reached by every block, a zero tile's too), dA reading Th1 through a staged copy with a window
+FUZZ = {
+    "column-sum": "256 EXTENT: #M 128 EXTENT: #N 256 EXTENT: #K\nbf16 TENSOR: A ( #M #K )\nbf16 TENSOR: W ( #N #K )\n"
+                  "f32 TENSOR: C ( #N )\nbf16 TENSOR: Y ( #M #N )\n"
+                  "MODEL: FZ  Y[m n] = (exp((Σ k A[m k] · W[n k]) + C[n])) · where(n ≤ m + #N − #M, 1, 0) ;\n",
+    "staged": "256 EXTENT: #M 511 EXTENT: #N 16 EXTENT: #K\nbf16 TENSOR: A ( #K #M )\nbf16 TENSOR: W ( #N #K )\n"
+              "bf16 TENSOR: Y ( #M #N )\nMODEL: FZ  Y[m n] = where(n ≤ m + #N − #M, erf(Σ k A[k m] · W[n k]), −∞) + 1 ;\n",
+}
+
+
+@pytest.mark.parametrize("case", list(FUZZ))
+def test_a_derived_backward_skipping_zero_k_tiles_is_exact_on_the_gpu(case):
+    from habu.bench.run import build_model
+    from habu.cli_grad import backward_program
+    from habu.spec.parser import parse_text
+
+    program, name = backward_program(parse_text(FUZZ[case], "fuzz.habu"), "FZ", None, "auto")
+    built = build_model(program.models[name])
+    assert any(getattr(k, "skip_zero", False) for k in built.plan.kernels)
+    result = ExactChecker(built.model, built.sizes, seed=13).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()

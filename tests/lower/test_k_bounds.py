@@ -166,3 +166,25 @@ def test_regression_a_window_on_a_staged_operand_is_proven():
     proof = prove(model, plan, {}, trials=1)
     assert proof.ok, [o.detail for o in proof.violations]
     assert any(o.rule.name == "k-window" and o.status == "proved" for o in proof.obligations)
+
+
+def test_regression_a_column_sum_beside_zero_tiles_is_finished_over_every_block():
+    """Session 67's fuzz (`random_masked_product` seed 349, backward): Th1 = dY · mask · exp(A·Wᵀ + C) is stored
+    with its zero tiles' k loops skipped, and dC = Σ m Th1 summed in the same epilogue. The field check ran each
+    group of blocks (a window groups them by k range) through the column sum's combine on its own, so no group
+    brought a column tile's counter to its arrivals: "dC[0] was never written", the plan refused. The blocks'
+    sums are now combined once every block has run, as the GPU's counters see them."""
+    from habu.cli_grad import backward_program
+    from habu.compile import bind_shape
+    from habu.spec.parser import parse_text
+
+    text = ("256 EXTENT: #M 128 EXTENT: #N 256 EXTENT: #K\nbf16 TENSOR: A ( #M #K )\nbf16 TENSOR: W ( #N #K )\n"
+            "f32 TENSOR: C ( #N )\nbf16 TENSOR: Y ( #M #N )\n"
+            "MODEL: FZ  Y[m n] = (exp((Σ k A[m k] · W[n k]) + C[n])) · where(n ≤ m + #N − #M, 1, 0) ;\n")
+    program, name = backward_program(parse_text(text, "fuzz.habu"), "FZ", None, "auto")
+    model = bind_shape(program.models[name], {})
+    plan = default_plan(model, T, {}, {})
+    first = _products(model, plan)[0]
+    assert first.window.outputs and first.column_sum is not None
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, proof.certificate.failure if proof.certificate else [o.detail for o in proof.violations]
