@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from habu.emit_cuda.attention_exp import exp2_call
 from habu.emit_cuda.attention_stats import statistics_store
-from habu.emit_cuda.attention_text import FloatOps, batch_lines, mask_term, no_load
+from habu.emit_cuda.attention_text import FloatOps, batch_lines, chain_join, chain_slot, mask_term, no_load
 from habu.emit_cuda.cexpr import CExpr, bare, c, cmin
 from habu.emit_cuda.common import (
     GRID_LAUNCH,
@@ -177,10 +177,17 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
         i_of = c(lw.row(CExpr("qt"), s_row_))
         j_of = c(lw.key(CExpr("ks"), s_key_))
         scaled = "" if fold else "\n        s[{s_reg}] *= scale;"
+        mc, sc = k.max_chains, k.sum_chains
+        max_slot = chain_slot(mc, "jn", "h")
+        sum_into = f"ls[{chain_slot(sc, 'jn', 'h')}]" if sc > 1 else "l[h]"
+        sum_decl = (f"\nfloat ls[{2 * sc}] = {{{', '.join(['0.0f'] * 2 * sc)}}};  // row half h's sums of the tile: "
+                    f"8-key group jn's chain jn % {sc} at {chain_slot(sc, 'jn', 'h')}" if sc > 1 else "")
+        sum_join = (f"\n#pragma unroll\nfor (int h = 0; h < {lw.fragment.halves}; ++h) "
+                    f"l[h] += {chain_join(sc, 'ls', 'h', lambda a, b: f'({a} + {b})')};" if sc > 1 else "")
         text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
-float mx[4];  // row half h's max over the even 8-key groups at h, the odd ones at 2 + h (two chains)
+float mx[{2 * mc}];  // row half h's max: 8-key group jn's chain jn % {mc} at {max_slot}
 #pragma unroll
-for (int x = 0; x < 4; ++x) mx[x] = habu::neg_inf_f();
+for (int x = 0; x < {2 * mc}; ++x) mx[x] = habu::neg_inf_f();{sum_decl}
 if (open_tile) {{
 #pragma unroll
   for (int jn = 0; jn < {lw.score_groups}; ++jn)
@@ -188,7 +195,7 @@ if (open_tile) {{
     for (int h = 0; h < {lw.fragment.halves}; ++h)
 #pragma unroll
       for (int q = 0; q < {lw.fragment.pair}; ++q) {{{scaled.format(s_reg=s_reg)}
-        mx[2 * (jn % 2) + h] = fmaxf(mx[2 * (jn % 2) + h], s[{s_reg}]);
+        mx[{max_slot}] = fmaxf(mx[{max_slot}], s[{s_reg}]);
       }}
 }} else {{
 #pragma unroll
@@ -202,12 +209,12 @@ if (open_tile) {{
         const bool visible = {c(lw.key_inside(CExpr('j'), sizes))} && {mask};
         (void)i;
         s[{s_reg}] = visible ? s[{s_reg}]{"" if fold else " * scale"} : habu::neg_inf_f();
-        mx[2 * (jn % 2) + h] = fmaxf(mx[2 * (jn % 2) + h], s[{s_reg}]);
+        mx[{max_slot}] = fmaxf(mx[{max_slot}], s[{s_reg}]);
       }}
 }}
 #pragma unroll
 for (int h = 0; h < {lw.fragment.halves}; ++h) {{
-  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>(fmaxf(mx[h], mx[2 + h]))')};
+  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>({chain_join(mc, "mx", "h", ops.max)})')};
 {alpha_lines}
   m[h] = {lw.kept_max('m[h]', 'm_new')};
   l[h] *= alpha[h];
@@ -219,8 +226,8 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
 #pragma unroll
     for (int q = 0; q < {lw.fragment.pair}; ++q) {{
       s[{s_reg}] = {exp2(exponent, 'jn')};  // a masked score: 2^−∞ = 0
-      l[h] += s[{s_reg}];
-    }}
+      {sum_into} += s[{s_reg}];
+    }}{sum_join}
 """
         return "".join(ind + line + "\n" if line else "\n" for line in text.splitlines())
 

@@ -382,6 +382,14 @@ class AttentionKernel:
                           "(16 results a cycle an SM); 0: all on the SFU. Slower at every share on the H200 (session 40, "
                           "head width 64 and 128: +1-10%; the SFU is not what bounds these kernels): a pin, not searched",
                           E, default=0, allowed=(0, 1, 2, 3, 4), pins=("exp_fma",), json_optional=True, unguarded=KEEP)
+    max_chains: int = choice("independent running maxima a row half of the wgmma main loop's softmax keeps over a KV "
+                             "tile's score groups (group jn in chain jn mod max_chains, the chains then joined by "
+                             "a tree): shorter dependent chains of FMNMX (a max is exact: the same result)", E,
+                             default=2, allowed=(1, 2, 4), pins=("max_chains",), json_optional=True, unguarded=KEEP)
+    sum_chains: int = choice("independent partial sums a row half of the wgmma main loop's softmax adds a KV tile's "
+                             "exponentials into (group jn in chain jn mod sum_chains), added to the running sum l "
+                             "after the tile: shorter dependent chains of FADD (another rounding of l)", E,
+                             default=1, allowed=(1, 2, 4), pins=("sum_chains",), json_optional=True, unguarded=KEEP)
 
 
 Kernel = ContractionKernel | RowKernel | MapKernel | GeneralKernel | ColumnKernel | GroupedKernel | AttentionKernel

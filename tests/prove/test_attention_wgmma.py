@@ -213,6 +213,32 @@ def test_the_epilogue_stores_o_in_16_byte_vectors_proven_and_built(prefill, tmp_
     assert "store_words" not in emit_plan(model, scalar, T).kernels[0].source
 
 
+def test_softmax_chains_print_their_accumulators_proven_and_built(prefill, tmp_path):
+    """`max_chains` = 4 and `sum_chains` = 2: the tile's row maxima in four chains joined by a tree, its sums in two
+    added to l after the tile; proven like the default (max and field sums do not depend on the order), built with no
+    spill and no serialized wgmma; the default keeps two max chains and l itself; 3 is not a value either takes."""
+    from habu.emit_cuda.runtime import CompiledModel
+
+    sizes = {**WIDE, "E": 64, "D": 64}
+    model = prefill.with_sizes(sizes)
+    pins = {"family": "attention", "main_loop": "wgmma"}
+    plan = default_plan(model, T, sizes, {**pins, "max_chains": "4", "sum_chains": "2"})
+    (kernel,) = plan.kernels
+    assert isinstance(kernel, AttentionKernel) and (kernel.max_chains, kernel.sum_chains) == (4, 2)
+    assert verify_plan(model, plan, sizes, trials=1, seeds=[4]).passed
+    source = emit_plan(model, plan, T).kernels[0].source
+    assert "mx[2 * (jn % 4) + h] = fmaxf(mx[2 * (jn % 4) + h]" in source
+    assert "fmaxf(fmaxf(mx[h], mx[2 + h]), fmaxf(mx[4 + h], mx[6 + h]))" in source
+    assert "ls[2 * (jn % 2) + h] += s[" in source and "l[h] += (ls[h] + ls[2 + h]);" in source
+    ((cubin,),) = CompiledModel(model, emit_plan(model, plan, T), cache_dir=tmp_path).compile("sm_90a")
+    assert not cubin.resources.spills and not cubin.resources.wgmma_serialized, cubin.resources.describe()
+    default = emit_plan(model, default_plan(model, T, sizes, pins), T).kernels[0].source
+    assert "fmaxf(mx[h], mx[2 + h])" in default and "l[h] += s[" in default and "ls[" not in default
+    for field in ("max_chains", "sum_chains"):
+        with pytest.raises(UsageError, match=field):
+            default_plan(model, T, sizes, {**pins, field: "3"})
+
+
 def test_exp_fma_prints_the_split_exponential_proven_and_built(prefill, tmp_path):
     """`exp_fma` = 2: two score groups of every 8 take their exponentials on the FMA pipes (habu::exp2_fma); the
     plan is proven like the default (the field check's exp is exp: the choice is the float code's) and builds with
