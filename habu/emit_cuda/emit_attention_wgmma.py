@@ -236,8 +236,11 @@ for (int jn = 0; jn < {lw.score_groups}; ++jn)
 
     def rescale_o(ind: str) -> str:
         """O times alpha (the rescale of the tile whose P·V is issued next; no wgmma reads or writes O now),
-        skipped by a warp whose every alpha is 1 (its rows' maxima unchanged: x · 1.0f is x)."""
-        text = f"""if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {{  // a row's max moved
+        skipped by a warp whose every alpha is 1 (its rows' maxima unchanged: x · 1.0f is x) unless the plan rescales
+        on every tile (`rescale_always`)."""
+        vote = ("{  // every tile (`rescale_always`)" if k.rescale_always else
+                "if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // a row's max moved")
+        text = f"""{vote}
 #pragma unroll
   for (int dn = 0; dn < {lw.out_groups}; ++dn)
 #pragma unroll

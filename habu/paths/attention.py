@@ -246,6 +246,10 @@ class AttentionPath(KernelPath):
                 tile = replace(base, main_loop="wgmma", bm=bm, bn=bn, stages=stages, warp_m=1, pingpong=pingpong,
                                kv_warps=1, kv_split=0, persistent=persistent)
                 yield tile
+                # the softmax's float code (the same elements): H100, 16 × 1k d64 (session 67), each faster without a
+                # mask and slower with the causal one, so the search times them
+                yield replace(tile, rescale_always=True)
+                yield replace(tile, sum_chains=2)
                 if persistent:  # a batch element's query tiles together: K and V shared in the L2 (`kv_dram_bytes`)
                     yield replace(tile, head_major=True)
             if base.bm == 16:  # a decode: its query heads in one 64-row tile, K and V by TMA, split-KV

@@ -384,11 +384,19 @@ class AttentionKernel:
                           E, default=0, allowed=(0, 1, 2, 3, 4), pins=("exp_fma",), json_optional=True, unguarded=KEEP)
     max_chains: int = choice("independent running maxima a row half of the wgmma main loop's softmax keeps over a KV "
                              "tile's score groups (group jn in chain jn mod max_chains, the chains then joined by "
-                             "a tree): shorter dependent chains of FMNMX (a max is exact: the same result)", E,
+                             "a tree): shorter dependent chains of FMNMX (a max is exact: the same result). 4: "
+                             "slower at 16 × 1k d64, full and causal (H100, session 67)", E,
                              default=2, allowed=(1, 2, 4), pins=("max_chains",), json_optional=True, unguarded=KEEP)
+    rescale_always: bool = choice("the wgmma main loop's O rescaled by alpha before every tile's P·V (else only where a "
+                                  "warp's vote finds a row maximum that moved; x · 1.0f is x: the same result). H100, 16 × "
+                                  "1k d64 (session 67): full 162.5 → 159.0 µs, causal 109.2 → 110.8: searched, not the "
+                                  "default", E, default=False, pins=("rescale_always",), json_optional=True,
+                                  unguarded=KEEP)
     sum_chains: int = choice("independent partial sums a row half of the wgmma main loop's softmax adds a KV tile's "
                              "exponentials into (group jn in chain jn mod sum_chains), added to the running sum l "
-                             "after the tile: shorter dependent chains of FADD (another rounding of l)", E,
+                             "after the tile: shorter dependent chains of FADD (another rounding of l). 2, H100, 16 × "
+                             "1k d64 (session 67): full 162.5 → 160.7 µs, causal 109.2 → 112.0: searched, not the "
+                             "default", E,
                              default=1, allowed=(1, 2, 4), pins=("sum_chains",), json_optional=True, unguarded=KEEP)
 
 

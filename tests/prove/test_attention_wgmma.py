@@ -213,7 +213,7 @@ def test_the_epilogue_stores_o_in_16_byte_vectors_proven_and_built(prefill, tmp_
     assert "store_words" not in emit_plan(model, scalar, T).kernels[0].source
 
 
-def test_softmax_chains_print_their_accumulators_proven_and_built(prefill, tmp_path):
+def test_softmax_chains_and_the_unconditional_rescale_print_proven_and_built(prefill, tmp_path):
     """`max_chains` = 4 and `sum_chains` = 2: the tile's row maxima in four chains joined by a tree, its sums in two
     added to l after the tile; proven like the default (max and field sums do not depend on the order), built with no
     spill and no serialized wgmma; the default keeps two max chains and l itself; 3 is not a value either takes."""
@@ -237,6 +237,11 @@ def test_softmax_chains_print_their_accumulators_proven_and_built(prefill, tmp_p
     for field in ("max_chains", "sum_chains"):
         with pytest.raises(UsageError, match=field):
             default_plan(model, T, sizes, {**pins, field: "3"})
+    # O rescaled on every tile (`rescale_always`): no vote, the same field check
+    always = default_plan(model, T, sizes, {**pins, "rescale_always": "true"})
+    assert verify_plan(model, always, sizes, trials=1, seeds=[4]).passed
+    text = emit_plan(model, always, T).kernels[0].source
+    assert "__any_sync" not in text and "every tile (`rescale_always`)" in text and "__any_sync" in default
 
 
 def test_exp_fma_prints_the_split_exponential_proven_and_built(prefill, tmp_path):
