@@ -178,12 +178,12 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
         j_of = c(lw.key(CExpr("ks"), s_key_))
         scaled = "" if fold else "\n        s[{s_reg}] *= scale;"
         mc, sc = k.max_chains, k.sum_chains
-        max_slot = chain_slot(mc, "jn", "h")
-        sum_into = f"ls[{chain_slot(sc, 'jn', 'h')}]" if sc > 1 else "l[h]"
+        max_slot = chain_slot(lw, mc, "jn", "h")
+        sum_into = f"ls[{chain_slot(lw, sc, 'jn', 'h')}]" if sc > 1 else "l[h]"
         sum_decl = (f"\nfloat ls[{2 * sc}] = {{{', '.join(['0.0f'] * 2 * sc)}}};  // row half h's sums of the tile: "
-                    f"8-key group jn's chain jn % {sc} at {chain_slot(sc, 'jn', 'h')}" if sc > 1 else "")
+                    f"8-key group jn's chain jn % {sc} at {chain_slot(lw, sc, 'jn', 'h')}" if sc > 1 else "")
         sum_join = (f"\n#pragma unroll\nfor (int h = 0; h < {lw.fragment.halves}; ++h) "
-                    f"l[h] += {chain_join(sc, 'ls', 'h', lambda a, b: f'({a} + {b})')};" if sc > 1 else "")
+                    f"l[h] += {chain_join(lw, sc, 'ls', 'h', lambda a, b: f'({a} + {b})')};" if sc > 1 else "")
         text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
 float mx[{2 * mc}];  // row half h's max: 8-key group jn's chain jn % {mc} at {max_slot}
 #pragma unroll
@@ -214,7 +214,7 @@ if (open_tile) {{
 }}
 #pragma unroll
 for (int h = 0; h < {lw.fragment.halves}; ++h) {{
-  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>({chain_join(mc, "mx", "h", ops.max)})')};
+  const float m_new = {ops.max('m[h]', f'habu::row_max_lanes<{shuffles}>({chain_join(lw, mc, "mx", "h", ops.max)})')};
 {alpha_lines}
   m[h] = {lw.kept_max('m[h]', 'm_new')};
   l[h] *= alpha[h];

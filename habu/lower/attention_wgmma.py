@@ -154,6 +154,17 @@ class AttentionWgmmaLowering(AttentionLowering):
         """The consumer warpgroup of thread tid (warpgroup 0 is the producer)."""
         return tid // 128 - 1
 
+    # -- a row half's reductions over a tile's score groups in independent chains (`max_chains`, `sum_chains`)
+    def chain_of(self, group: Any, chains: int) -> Any:
+        """The chain 8-key score group `group` adds into: group mod chains."""
+        return group % chains
+
+    def chains_joined(self, chains: int) -> tuple[int, ...]:
+        """The chains a row half's reduction joins, pairwise in this order (a tree): every one. The field check
+        adds the sum's chains as listed (a chain left out leaves l short); a max's chains are numerics (the
+        softmax does not depend on its shift)."""
+        return tuple(range(chains))
+
     # -- the persistent walk (`kernel.persistent`): block b of a grid of G blocks takes the work tiles (the
     # non-persistent grid's block indices: `query_tile`, `batch_flat`) w = work_of(b, n, G) for n = 0, 1, ...
     # below `work_tiles`, in the heaviest-first order (a static snake: about LPT)

@@ -416,7 +416,11 @@ def _accumulate(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray,
     o[wo5, lo5, o_reg5] = f.op("mul", [o_g, np.broadcast_to(alpha[:, :, None, :, None], o_g.shape)])
     shifted = f.op("sub", [s_exp, np.broadcast_to(shift[:, :, None, :, None], s.shape)])
     p = np.where(visible, f.op("exp", [shifted]), zero)
-    st["l"] = f.op("add", [l_run, f.reduce("sum", np.moveaxis(p, 2, 3), (3, 4))])
+    chain = np.asarray(lw.chain_of(j5, k.sum_chains))  # the tile's sums in the plan's chains, joined as listed
+    tile_sum = f.op("sub", [l_run, l_run])
+    for c in lw.chains_joined(k.sum_chains):
+        tile_sum = f.op("add", [tile_sum, f.reduce("sum", np.moveaxis(np.where(chain == c, p, zero), 2, 3), (3, 4))])
+    st["l"] = f.op("add", [l_run, tile_sum])
     p_flat = np.broadcast_to(zero, (W, L, k.bn // 2)).copy()
     p_flat[wb5, lb5, s_reg5] = p  # P in S's registers
     # P's A operand: register reg of k step kk packs the S registers `p_registers` names
