@@ -1,7 +1,7 @@
 """Planted mistakes in the fused attention kernel's wgmma main loop (habu/lower/attention_wgmma.py): the online
 softmax's rescale, the row half of P's register A operand, the stage a KV tile's boxes land in, V's
-descriptor, the split decode's partials, O's vector exchange (habu/lower/quad_vectors.py) and the join of
-the softmax's sum chains. Each changes the CUDA the emitter prints (the same methods print it); the finite-field check over
+descriptor, the split decode's partials, O's vector exchange (habu/lower/quad_vectors.py) and the slots and
+join of the softmax's sum chains. Each changes the CUDA the emitter prints (the same methods print it); the finite-field check over
 Z_q × GF(p) must reject every one on the CPU. They are entries of the mutation suite (`MUTANTS` in
 habu/bench/mutants.py)."""
 
@@ -157,12 +157,20 @@ def sum_chain_left_out(lw: Any) -> AttentionWgmmaLowering:
     return _planted(lw, "chains_joined", lambda self, chains: tuple(range(chains))[:-1] or (0,))
 
 
+def sum_chain_slots_shared(lw: Any) -> AttentionWgmmaLowering:
+    """The chains' slots not interleaved by row half (chain + half): chain 1 of the first row half and chain 0 of
+    the second add into one slot, so each half's l takes some of the other's weights."""
+    return _planted(lw, "chain_slot", lambda self, chain, half: chain + half)
+
+
 CHAIN_PINS = {**PINS, "sum_chains": "2"}
 
 
 MUTANT_ENTRIES: tuple[tuple[Any, ...], ...] = (
     ("attention-wgmma-sum-chain-left-out", "the wgmma attention loop's softmax joins one of its two sum chains into "
      "l", "attention.habu", "ATTENTION-GQA", SHAPE, sum_chain_left_out, CHAIN_PINS),
+    ("attention-wgmma-sum-chain-slots-shared", "the wgmma attention loop's softmax keeps two row halves' sum chains "
+     "in one slot", "attention.habu", "ATTENTION-GQA", SHAPE, sum_chain_slots_shared, CHAIN_PINS),
     ("attention-wgmma-statistics-row-half-swapped", "the wgmma attention loop stores a training forward's row "
      "statistics at the lane's other row half", "attention.habu", "ATTENTION-GQA:forward", SHAPE,
      statistics_row_half_swapped, PINS),

@@ -52,14 +52,14 @@ def mask_term(table: Callable[[str, str], str]) -> Callable[[Any, Any], object]:
 
 
 def chain_slot(lw: Any, chains: int, group: str, half: str) -> str:
-    """The accumulator of score group `group`'s chain (`lw.chain_of`) in row half `half`, halves interleaved
-    (`2 * (jn % 2) + h`)."""
-    return f"2 * {c(lw.chain_of(CExpr(group), chains))} + {half}" if chains > 1 else half
+    """The slot (`lw.chain_slot`) of score group `group`'s chain (`lw.chain_of`) in row half `half`."""
+    return c(lw.chain_slot(lw.chain_of(CExpr(group), chains), CExpr(half)))
 
 
 def chain_join(lw: Any, chains: int, array: str, half: str, join: Callable[[str, str], str]) -> str:
-    """Row half `half`'s chains of `array` (`lw.chains_joined`) joined pairwise, a tree: `join(a, b)` prints one."""
-    terms = [f"{array}[{f'{2 * ch} + ' if ch else ''}{half}]" for ch in lw.chains_joined(chains)]
+    """Row half `half`'s chains of `array` (`lw.chains_joined`, at `lw.chain_slot`) joined pairwise, a tree:
+    `join(a, b)` prints one."""
+    terms = [f"{array}[{c(lw.chain_slot(ch, CExpr(half)))}]" for ch in lw.chains_joined(chains)]
     while len(terms) > 1:
         terms = [join(terms[i], terms[i + 1]) if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
     return terms[0]

@@ -180,14 +180,14 @@ def emit_attention_wgmma(name: str, model: Model, lw: AttentionWgmmaLowering, st
         mc, sc = k.max_chains, k.sum_chains
         max_slot = chain_slot(lw, mc, "jn", "h")
         sum_into = f"ls[{chain_slot(lw, sc, 'jn', 'h')}]" if sc > 1 else "l[h]"
-        sum_decl = (f"\nfloat ls[{2 * sc}] = {{{', '.join(['0.0f'] * 2 * sc)}}};  // row half h's sums of the tile: "
+        sum_decl = (f"\nfloat ls[{lw.chain_slots(sc)}] = {{{', '.join(['0.0f'] * lw.chain_slots(sc))}}};  // row half h's sums of the tile: "
                     f"8-key group jn's chain jn % {sc} at {chain_slot(lw, sc, 'jn', 'h')}" if sc > 1 else "")
         sum_join = (f"\n#pragma unroll\nfor (int h = 0; h < {lw.fragment.halves}; ++h) "
                     f"l[h] += {chain_join(lw, sc, 'ls', 'h', lambda a, b: f'({a} + {b})')};" if sc > 1 else "")
         text = f"""const bool open_tile = {open_tile};  // every key of tile ks visible to every row: no mask
-float mx[{2 * mc}];  // row half h's max: 8-key group jn's chain jn % {mc} at {max_slot}
+float mx[{lw.chain_slots(mc)}];  // row half h's max: 8-key group jn's chain jn % {mc} at {max_slot}
 #pragma unroll
-for (int x = 0; x < {2 * mc}; ++x) mx[x] = habu::neg_inf_f();{sum_decl}
+for (int x = 0; x < {lw.chain_slots(mc)}; ++x) mx[x] = habu::neg_inf_f();{sum_decl}
 if (open_tile) {{
 #pragma unroll
   for (int jn = 0; jn < {lw.score_groups}; ++jn)

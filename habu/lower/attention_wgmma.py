@@ -159,10 +159,19 @@ class AttentionWgmmaLowering(AttentionLowering):
         """The chain 8-key score group `group` adds into: group mod chains."""
         return group % chains
 
+    def chain_slot(self, chain: Any, half: Any) -> Any:
+        """Where a row half's chain keeps its value in the thread's array of them (`mx[]`, `ls[]`): the halves
+        interleaved, chain·halves + half."""
+        return chain * self.fragment.halves + half
+
+    def chain_slots(self, chains: int) -> int:
+        """The array's length: every chain of every row half."""
+        return chains * self.fragment.halves
+
     def chains_joined(self, chains: int) -> tuple[int, ...]:
         """The chains a row half's reduction joins, pairwise in this order (a tree): every one. The field check
-        adds the sum's chains as listed (a chain left out leaves l short); a max's chains are numerics (the
-        softmax does not depend on its shift)."""
+        adds the sum's chains into their slots and joins them as listed (a chain left out, or two sharing a slot,
+        leaves l wrong); a max's chains are numerics (the softmax does not depend on its shift)."""
         return tuple(range(chains))
 
     # -- the persistent walk (`kernel.persistent`): block b of a grid of G blocks takes the work tiles (the

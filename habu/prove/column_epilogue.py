@@ -54,20 +54,12 @@ def column_demand(lw: Any, boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapp
     return tuple(rows if a == "m" else cols for a in axes)
 
 
-def run_column_sum(name: str, lw: ContractionLowering, value: np.ndarray, mc: np.ndarray, nc: np.ndarray,
-                   sizes: Mapping[str, int], mem: Any) -> None:
-    """The epilogue's column sum of `value` (blocks, BM, BN: the chain's end over each block's whole tile, rows
-    `mc` and columns `nc`), finished and stored as the kernel does. Every block of the launch at once: the tile rows'
-    sums meet in one workspace (`finish_column_sums`)."""
-    sums = column_tile_sums(name, lw, value, mc, nc, sizes, mem)
-    if sums is not None:
-        finish_column_sums(name, lw, *sums, sizes, mem)
-
-
 def column_tile_sums(name: str, lw: ContractionLowering, value: np.ndarray, mc: np.ndarray, nc: np.ndarray,
                      sizes: Mapping[str, int], mem: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Each block's sums of its tile's columns, as its threads add them up (blocks, columns), with the blocks' rows
-    `mc` and the columns' coordinates (blocks, columns); None where the plan cannot run the sum."""
+    """The epilogue's column sum of `value` (blocks, BM, BN: the chain's end over each block's whole tile, rows `mc`
+    and columns `nc`) as each block's threads add it up: (its sums (blocks, columns), `mc`, the columns' coordinates
+    (blocks, columns)); None where the plan cannot run the sum. `finish_column_sums` of every block the launch runs,
+    at once, finishes and stores them (the tile rows' sums meet in one workspace)."""
     cs, frag, st, f = lw.column_sum, lw.fragment, lw.tma_store, mem.field
     assert cs is not None
     if st is None or value.shape[1:] != (lw.bm, lw.bn):
@@ -225,4 +217,4 @@ def _unread(ld: Load) -> np.ndarray:
     raise ValueError(f"a column sum's finish reads {ld.tensor}: only the sum and constants")
 
 
-__all__ = ["column_boxes", "column_tile_sums", "finish_column_sums", "run_column_sum"]
+__all__ = ["column_boxes", "column_tile_sums", "finish_column_sums"]

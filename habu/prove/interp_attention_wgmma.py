@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -416,11 +417,7 @@ def _accumulate(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray,
     o[wo5, lo5, o_reg5] = f.op("mul", [o_g, np.broadcast_to(alpha[:, :, None, :, None], o_g.shape)])
     shifted = f.op("sub", [s_exp, np.broadcast_to(shift[:, :, None, :, None], s.shape)])
     p = np.where(visible, f.op("exp", [shifted]), zero)
-    chain = np.asarray(lw.chain_of(j5, k.sum_chains))  # the tile's sums in the plan's chains, joined as listed
-    tile_sum = f.op("sub", [l_run, l_run])
-    for c in lw.chains_joined(k.sum_chains):
-        tile_sum = f.op("add", [tile_sum, f.reduce("sum", np.moveaxis(np.where(chain == c, p, zero), 2, 3), (3, 4))])
-    st["l"] = f.op("add", [l_run, tile_sum])
+    st["l"] = f.op("add", [l_run, _chained_sums(lw, k.sum_chains, p, zero, f, mem)])
     p_flat = np.broadcast_to(zero, (W, L, k.bn // 2)).copy()
     p_flat[wb5, lb5, s_reg5] = p  # P in S's registers
     # P's A operand: register reg of k step kk packs the S registers `p_registers` names
@@ -435,6 +432,32 @@ def _accumulate(lw: AttentionWgmmaLowering, f, ops: _FieldOps, smem: np.ndarray,
     pv = f.contract([a_p, b_v], "ij,dj->id")
     st["o"] = f.op("add", [o, pv[o_row, o_col]])
     st["ring"] = ring.advance(*st["ring"])
+
+
+def _chained_sums(lw: AttentionWgmmaLowering, chains: int, p: np.ndarray, zero: Any, f: Any, mem: Memory) -> np.ndarray:
+    """Each row half's sum of the tile's weights `p` (W, L, j, h, q) as the kernel takes it: group j of half h
+    added into slot `chain_slot(chain_of(j), h)` of the thread's array, then the slots of the chains `chains_joined`
+    lists added (W, L, h). (One chain: l itself, slot h.)"""
+    halves = lw.fragment.halves
+    groups = np.arange(p.shape[2], dtype=np.int64)[:, None]
+    slot = np.broadcast_to(np.asarray(lw.chain_slot(lw.chain_of(groups, chains), np.arange(halves)[None, :])),
+                           (p.shape[2], halves))
+    count = lw.chain_slots(chains)
+    if slot.min() < 0 or slot.max() >= count:
+        mem.fault(f"a softmax sum chain's slot {int(slot.min())}..{int(slot.max())} lies outside its {count}")
+    by_group = f.reduce("sum", p, (4,))  # (W, L, j, h)
+    slots = [f.reduce("sum", np.where((slot == x)[None, None], by_group, zero), (2, 3)) for x in range(count)]
+    out = []
+    for h in range(halves):
+        total = f.op("sub", [slots[0], slots[0]])
+        for ch in lw.chains_joined(chains):
+            x = int(lw.chain_slot(ch, h))
+            if not 0 <= x < count:
+                mem.fault(f"the softmax's sum joins slot {x} of its {count}")
+                continue
+            total = f.op("add", [total, slots[x]])
+        out.append(total)
+    return np.stack(out, axis=-1)
 
 
 def _final_wgmma(lw: AttentionWgmmaLowering, sizes: Mapping[str, int]) -> tuple[object, tuple[np.ndarray, ...], str]:

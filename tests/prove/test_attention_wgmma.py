@@ -227,13 +227,13 @@ def test_softmax_chains_and_the_unconditional_rescale_print_proven_and_built(pre
     assert isinstance(kernel, AttentionKernel) and (kernel.max_chains, kernel.sum_chains) == (4, 2)
     assert verify_plan(model, plan, sizes, trials=1, seeds=[4]).passed
     source = emit_plan(model, plan, T).kernels[0].source
-    assert "mx[2 * (jn % 4) + h] = fmaxf(mx[2 * (jn % 4) + h]" in source
-    assert "fmaxf(fmaxf(mx[h], mx[2 + h]), fmaxf(mx[4 + h], mx[6 + h]))" in source
-    assert "ls[2 * (jn % 2) + h] += s[" in source and "l[h] += (ls[h] + ls[2 + h]);" in source
+    assert "mx[(((jn % 4) * 2) + h)] = fmaxf(mx[(((jn % 4) * 2) + h)]" in source
+    assert "fmaxf(fmaxf(mx[h], mx[(2 + h)]), fmaxf(mx[(4 + h)], mx[(6 + h)]))" in source
+    assert "ls[(((jn % 2) * 2) + h)] += s[" in source and "l[h] += (ls[h] + ls[(2 + h)]);" in source
     ((cubin,),) = CompiledModel(model, emit_plan(model, plan, T), cache_dir=tmp_path).compile("sm_90a")
     assert not cubin.resources.spills and not cubin.resources.wgmma_serialized, cubin.resources.describe()
     default = emit_plan(model, default_plan(model, T, sizes, pins), T).kernels[0].source
-    assert "fmaxf(mx[h], mx[2 + h])" in default and "l[h] += s[" in default and "ls[" not in default
+    assert "fmaxf(mx[h], mx[(2 + h)])" in default and "l[h] += s[" in default and "ls[" not in default
     for field in ("max_chains", "sum_chains"):
         with pytest.raises(UsageError, match=field):
             default_plan(model, T, sizes, {**pins, field: "3"})
