@@ -67,6 +67,9 @@ WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 1.
 # a full prefill's tile at head width 64 (`three_consumer_tile`): three consumer warpgroups of 64 query rows
 THREE_CONSUMER_TILE = {"bm": "192", "bn": "128", "pingpong": "0", "stages": "4"}
 THREE_CONSUMER_WASTE = 0.05  # ... where 192-row tiles add at most this share of padding rows
+# O rescaled on every KV tile, no warp vote (`rescale_always`), for a full prefill at head width 64 of at most this
+# many keys (`rescale_always_pays`)
+RESCALE_ALWAYS_KEYS = 1024
 # the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
 WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
@@ -111,6 +114,18 @@ def decode_shape(model: Model, form: AttentionForm, sizes: Mapping[str, int]) ->
     for v in form.batch:
         blocks *= size(v.extent)
     return blocks, size(form.key.extent)
+
+
+def rescale_always_pays(model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> bool:
+    """Whether the wgmma loop should rescale O on every KV tile (`rescale_always`, no warp vote): a full (unmasked)
+    prefill at head width 64 over at most `RESCALE_ALWAYS_KEYS` keys, where the vote's shuffles and branch sit in the
+    short softmax's dependent chain. H100, cuDNN SDPA in the same runs (16 heads, bf16): 16 × 1k d64 full 164.9 →
+    161.0 µs (session 67), 165.9 → 159.2 and 165.9 → 160.2 (session 68: 0.97× → 0.99×); not taken at 1k d128 (224.8
+    → 225.9), 4 × 4k d64 (528.5 → 534.8), 4 × 4k d128 (807.7 → 821.3) nor causal 1k d64 (109.2 → 110.8)."""
+    size = lambda e: model.sizes.get(e) or sizes.get(e) or 0  # noqa: E731
+    keys = size(form.key.extent)
+    return (form.mask is None and size(form.red.extent) == 64 and size(form.col.extent) == 64
+            and 0 < keys <= RESCALE_ALWAYS_KEYS)
 
 
 def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
@@ -308,6 +323,8 @@ class AttentionPath(KernelPath):
             pins.update(tile)
         if len(forms) == 1 and self.head_major_pays(model, forms[0][0], target, sizes, tile):
             pins["head_major"] = "1"
+        if len(forms) == 1 and rescale_always_pays(model, forms[0][1], sizes):
+            pins["rescale_always"] = "1"
         return pins
 
     def three_consumer_tile(self, model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> dict[str, str] | None:

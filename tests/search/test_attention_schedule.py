@@ -209,3 +209,32 @@ def test_a_full_prefill_at_head_width_64_takes_three_consumer_warpgroups(prefill
         small = {**sizes, "B": 1, "G": 1, "I": 400, "J": 300}
         plan = default_plan(model.with_sizes(small), T, small, {"bm": "192", "bn": "128", "pingpong": "0"})
         assert prove(model.with_sizes(small), plan, small, trials=1).ok
+
+
+# (batch, rows, head width, full attention?, O rescaled on every tile the default?): H100, sessions 67-68 (cuDNN SDPA
+# in the same runs), 16 × 1024 d64 full 165.9 → 159.2-161.0 µs; 4 × 4096 d64 full 528.5 → 534.8, 16 × 1024 d128 full
+# 224.8 → 225.9, 16 × 1024 d64 causal 109.2 → 110.8
+RESCALE_ALWAYS = [
+    (16, 1024, 64, True, True), (4, 4096, 64, True, False), (16, 1024, 128, True, False), (16, 1024, 64, False, False),
+]
+
+
+@pytest.mark.parametrize(("batch", "rows", "width", "full", "always"), RESCALE_ALWAYS)
+def test_a_short_full_prefill_at_head_width_64_rescales_o_on_every_tile(prefill, batch, rows, width, full, always):
+    """`rescale_always_pays`: no warp vote before P·V where the softmax runs over at most 1024 keys without a mask at
+    head width 64; the vote stays elsewhere, and the default's plan with it is proven."""
+    from habu.prove import prove
+
+    model = prefill
+    if full:
+        from habu.bench.attention_speed import full_attention_source
+        from habu.spec.parser import parse_text
+
+        model = parse_text(full_attention_source()).models["ATTENTION-FULL"]
+    sizes = {"B": batch, "G": 16, "R": 1, "I": rows, "J": rows, "E": width, "D": width}
+    assert _lowering(model, sizes, {}).kernel.rescale_always is always
+    if always:
+        small = {**sizes, "B": 1, "G": 1, "I": 300, "J": 200}
+        plan = default_plan(model.with_sizes(small), T, small, {})
+        assert plan.kernels[0].rescale_always
+        assert prove(model.with_sizes(small), plan, small, trials=1).ok
