@@ -98,6 +98,7 @@ class ContractionFacts:
         b_decl = model.tensor(b_t)
         # (an operand shared by some batch axes, K[b g j e] of dQ[b g r i e], has a box of 1 on the axes it reads)
         b_n_major_tma = (not b_kmajor and c.b.gather is None and len(c.b.load.indices) == 2 + _batch_read(c, c.b)
+                         and c.b.load.indices[-1] == c.n  # its innermost index n (not a batch axis)
                          and target.tma and dtype_bytes(model, b_t) == 2 and (sizes[b_decl.extents[-1]] * 2) % 16 == 0)
         batches = 1
         for v in c.batch:
@@ -105,6 +106,7 @@ class ContractionFacts:
         a_kmajor = c.a.k_pos == len(c.a.load.indices) - 1 or c.a.k_gather is not None
         a_decl = model.tensor(a_t)
         a_m_major_tma = (not a_kmajor and c.a.gather is None and len(c.a.load.indices) == 2 + _batch_read(c, c.a)
+                         and c.a.load.indices[-1] == c.m  # its innermost index m (not a batch axis)
                          and target.tma and dtype_bytes(model, a_t) == 2 and (sizes[a_decl.extents[-1]] * 2) % 16 == 0)
         return ContractionFacts(c, a_dt in TENSOR_CORE_DTYPES and a_dt == b_dt, sizes[c.m.extent],
                                 sizes[c.n.extent], sizes[c.k.extent], a_kmajor, b_kmajor, b_n_major_tma, batches, a_m_major_tma)
@@ -192,7 +194,10 @@ class ContractionPath(KernelPath):
             decl = model.tensor(op.load.tensor)
             eb = dtype_bytes(model, op.load.tensor)
             inner = sizes[decl.extents[-1]]
-            vec = max_vector(inner, eb)
+            # vectors run along the innermost index where it is k or the operand's row axis; one whose innermost
+            # index is a batch axis (`A[m k s]`, s batched) is read an element at a time
+            along = (op.load.indices[-1] in (c.k, op.axis_var) and op.gather is None) or op.k_pos == len(op.load.indices) - 1
+            vec = max_vector(inner, eb) if along else 1
             while tile_along_inner % vec:
                 vec //= 2
             facts_op = OperandFacts(op is c.b, op.gather is not None, op.k_pos == len(op.load.indices) - 1, inner,

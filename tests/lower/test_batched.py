@@ -240,3 +240,32 @@ def test_regression_a_pinned_staged_operand_of_a_batched_contraction_is_refused_
     plan = default_plan(model, TARGET, {}, {"B": "staged"})
     bad = failures(obligations(model, plan, {}))
     assert any(o.rule.name == "supported-path" and "no staging pass" in o.detail for o in bad), bad
+
+
+# session 68's fuzz of `random_batched_product` (46 of seeds 0-299 refused by their own default plan): an operand
+# whose innermost index is the batch axis
+BATCH_INNERMOST = """128 EXTENT: #K  192 EXTENT: #M  64 EXTENT: #S
+bf16 TENSOR: A ( #M #K #S )  bf16 TENSOR: B ( #S #K #S )  f32 TENSOR: Y ( #S #S #M )
+MODEL: FZ  Y[s s2 m] = exp(Σ k A[m k s] · B[s2 k s]) ;
+"""
+VECTORS_ALONG_BATCH = """16 EXTENT: #K  64 EXTENT: #S
+bf16 TENSOR: A ( #S #K #S )  bf16 TENSOR: B ( #S #K #S )  bf16 TENSOR: Y ( #S #S #S )
+MODEL: FZ  Y[s3 s s2] = erf(Σ k A[s2 k s] · B[s k s3]) ;
+"""
+
+
+def test_regression_an_operand_whose_innermost_index_is_a_batch_axis_is_not_read_transposed_by_tma():
+    """A[m k s] with s batched: its innermost index is neither k nor m, so no TMA box reads it m-major (the facts
+    counted its indices only and the wgmma default broke `supported-path`); the default is proven."""
+    (model,) = parse_text(BATCH_INNERMOST, "fuzz.habu").models.values()
+    plan, _ = proven(model)
+    assert plan.kernels[0].mma != "wgmma"
+
+
+def test_regression_vectors_do_not_run_along_an_operands_batch_axis():
+    """A[s2 k s] (B of the product, n = s2) with s batched: the default read it in 8-element cp.async vectors along
+    s (breaking `cp.async-size`); an operand whose innermost index is a batch axis is read an element at a time."""
+    (model,) = parse_text(VECTORS_ALONG_BATCH, "fuzz.habu").models.values()
+    plan, _ = proven(model)
+    (k,) = plan.kernels
+    assert (k.a_vector, k.b_vector) in ((8, 1), (1, 8)), k
