@@ -70,6 +70,10 @@ ONE = {"B": 1, "G": 1, "R": 2}  # the long sequences: the float64 reference and 
     # three consumer warpgroups (192 query rows), KV tiles of 96 and 64 keys
     pytest.param(GQA, 100, 333, 64, {"bm": "192", "bn": "96"}, id="bm192bn96"),
     pytest.param(ONE, 700, 1000, 64, {"bm": "192", "bn": "64", "persistent": "1"}, id="bm192persistent"),
+    # the softmax's float code (session 67): O rescaled on every tile, the sums and maxima in chains
+    pytest.param(GQA, 100, 333, 64, {"rescale_always": "1"}, id="rescalealways"),
+    pytest.param(GQA, 100, 333, 64, {"sum_chains": "2", "max_chains": "4"}, id="chains"),
+    pytest.param(ONE, 700, 1000, 128, {"sum_chains": "4", "max_chains": "1", "persistent": "1"}, id="chains4"),
 ])
 def test_wgmma_causal_gqa_prefill_at_odd_sizes(heads, n_i, n_j, width, pins):
     """Queries at the end of the KV sequence (query i at position i + #J − #I), tiles past the diagonal skipped,
@@ -88,6 +92,16 @@ def test_wgmma_without_mask(tmp_path, width, n_i, pins):
     path = tmp_path / "full.habu"
     path.write_text(full_attention_source())
     run_golden(str(path), "ATTENTION-FULL", {**ONE, "E": width, "D": width, "I": n_i, "J": 1000}, pins, seed=7)
+
+
+def test_the_default_of_a_short_full_prefill_at_head_width_64_rescales_every_tile(tmp_path):
+    """No pin, no mask, head width 64, 1000 keys: the default rescales O on every KV tile (`rescale_always_pays`,
+    session 68) and matches the float64 model."""
+    path = tmp_path / "full.habu"
+    path.write_text(full_attention_source())
+    sizes = {**ONE, "E": 64, "D": 64, "I": 700, "J": 1000}
+    assert build(str(path), "ATTENTION-FULL", sizes, {}).plan.kernels[0].rescale_always
+    run_golden(str(path), "ATTENTION-FULL", sizes, None, seed=8)
 
 
 @pytest.mark.parametrize("pins", [{}, {"exp_fma": "4"}], ids=["sfu", "expfma4"])

@@ -96,6 +96,15 @@ def test_a_batch_over_a_tile_extent_passes_the_exact_check(model, pins):
     assert result.ok and result.applicable, result.reason()
 
 
+@pytest.mark.parametrize("model", ["INNER-A", "INNER-B"])
+def test_a_batch_axis_innermost_in_an_operand_passes_the_exact_check(model):
+    """Regression (session 68's fuzz): these defaults broke their own rules (an operand read by TMA or in vectors
+    along its innermost batch axis); now the SIMT and mma.sync paths, each element read alone."""
+    built = build(str(ROOT / "tests" / "data" / "batch_innermost.habu"), model, {}, {})
+    result = ExactChecker(built.model, built.sizes, seed=7).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_sanitizer_cases_pass_outside_the_sanitizer(case):
     assert run_case(case).startswith(case)
