@@ -67,9 +67,9 @@ WGMMA_PREFILL_ROWS = 128  # one query tile (H200, session 37: 128-512 queries 1.
 # a full prefill's tile at head width 64 (`three_consumer_tile`): three consumer warpgroups of 64 query rows
 THREE_CONSUMER_TILE = {"bm": "192", "bn": "128", "pingpong": "0", "stages": "4"}
 THREE_CONSUMER_WASTE = 0.05  # ... where 192-row tiles add at most this share of padding rows
-# O rescaled on every KV tile, no warp vote (`rescale_always`), for a full prefill at head width 64 of at most this
-# many keys (`rescale_always_pays`)
-RESCALE_ALWAYS_KEYS = 1024
+# a prefill at head width 64 of at most this many keys: O rescaled on every KV tile without a mask, the consumers
+# not in ping-pong with one (`short_d64_pins`)
+SHORT_D64_KEYS = 1024
 # the wgmma main loop's default (keys, stages), the first whose shared memory fits (`wgmma_kernel`)
 WGMMA_DEFAULT_TILES = ((128, 3), (128, 2), (64, 3), (64, 2))
 
@@ -116,16 +116,22 @@ def decode_shape(model: Model, form: AttentionForm, sizes: Mapping[str, int]) ->
     return blocks, size(form.key.extent)
 
 
-def rescale_always_pays(model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> bool:
-    """Whether the wgmma loop should rescale O on every KV tile (`rescale_always`, no warp vote): a full (unmasked)
-    prefill at head width 64 over at most `RESCALE_ALWAYS_KEYS` keys, where the vote's shuffles and branch sit in the
-    short softmax's dependent chain. H100, cuDNN SDPA in the same runs (16 heads, bf16): 16 × 1k d64 full 164.9 →
-    161.0 µs (session 67), 165.9 → 159.2 and 165.9 → 160.2 (session 68: 0.97× → 0.99×); not taken at 1k d128 (224.8
-    → 225.9), 4 × 4k d64 (528.5 → 534.8), 4 × 4k d128 (807.7 → 821.3) nor causal 1k d64 (109.2 → 110.8)."""
+def short_d64_pins(model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> dict[str, str]:
+    """The wgmma loop's float code for a prefill at head width 64 over at most `SHORT_D64_KEYS` keys, where a
+    tile's softmax is about as long as its two products and a query tile has few KV tiles. Without a mask O is
+    rescaled on every KV tile (`rescale_always`: the warp's vote and branch sit in the short softmax's dependent
+    chain); with one the two consumers do not take turns (`pingpong` off). H100, cuDNN SDPA in the same runs (16
+    heads, bf16): 16 × 1k d64 full 164.9 → 161.0 µs (session 67), 165.9 → 159.2 and 165.9 → 160.2 (session 68:
+    0.97× → 0.99×); 16 × 1k d64 causal without ping-pong 110.2 → 106.3, then 109.0/110.2/109.2 → 106.9/106.8/107.4
+    (0.98× → 1.00×, session 68). Not taken at 1k d128 (full 224.8 → 225.9 rescaling every tile; causal 152.8 →
+    158.7 without ping-pong), 4 × 4k d64 (full 528.5 → 534.8; causal 314.0 → 310.8, within the runs' spread), 4 ×
+    4k d128 (full 807.7 → 821.3), 1 × 16k d64 causal (1114.2 → 1126.1), nor causal 1k d64 rescaling every tile (109.2
+    → 110.8); {} there."""
     size = lambda e: model.sizes.get(e) or sizes.get(e) or 0  # noqa: E731
     keys = size(form.key.extent)
-    return (form.mask is None and size(form.red.extent) == 64 and size(form.col.extent) == 64
-            and 0 < keys <= RESCALE_ALWAYS_KEYS)
+    if size(form.red.extent) != 64 or size(form.col.extent) != 64 or not 0 < keys <= SHORT_D64_KEYS:
+        return {}
+    return {"rescale_always": "1"} if form.mask is None else {"pingpong": "0"}
 
 
 def wgmma_decode_split(blocks: int, keys: int, sms: int) -> int | None:
@@ -323,8 +329,8 @@ class AttentionPath(KernelPath):
             pins.update(tile)
         if len(forms) == 1 and self.head_major_pays(model, forms[0][0], target, sizes, tile):
             pins["head_major"] = "1"
-        if len(forms) == 1 and rescale_always_pays(model, forms[0][1], sizes):
-            pins["rescale_always"] = "1"
+        if len(forms) == 1 and tile is None:
+            pins.update(short_d64_pins(model, forms[0][1], sizes))
         return pins
 
     def three_consumer_tile(self, model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> dict[str, str] | None:

@@ -95,13 +95,22 @@ def test_wgmma_without_mask(tmp_path, width, n_i, pins):
 
 
 def test_the_default_of_a_short_full_prefill_at_head_width_64_rescales_every_tile(tmp_path):
-    """No pin, no mask, head width 64, 1000 keys: the default rescales O on every KV tile (`rescale_always_pays`,
+    """No pin, no mask, head width 64, 1000 keys: the default rescales O on every KV tile (`short_d64_pins`,
     session 68) and matches the float64 model."""
     path = tmp_path / "full.habu"
     path.write_text(full_attention_source())
     sizes = {**ONE, "E": 64, "D": 64, "I": 700, "J": 1000}
     assert build(str(path), "ATTENTION-FULL", sizes, {}).plan.kernels[0].rescale_always
     run_golden(str(path), "ATTENTION-FULL", sizes, None, seed=8)
+
+
+@pytest.mark.parametrize(("heads", "n_i"), [(ONE, 700), (GQA, 300)], ids=["one700", "gqa300"])
+def test_the_default_of_a_short_causal_prefill_at_head_width_64_does_not_ping_pong(heads, n_i):
+    """No pin, the causal mask, head width 64, 1000 keys: the default's two consumers do not take turns
+    (`short_d64_pins`, session 68) and match the float64 model."""
+    sizes = {**heads, "E": 64, "D": 64, "I": n_i, "J": 1000}
+    assert not build(str(EX / "attention.habu"), "ATTENTION-GQA", sizes, {}).plan.kernels[0].pingpong
+    run_golden(str(EX / "attention.habu"), "ATTENTION-GQA", sizes, None, seed=9)
 
 
 @pytest.mark.parametrize("pins", [{}, {"exp_fma": "4"}], ids=["sfu", "expfma4"])
