@@ -245,3 +245,49 @@ def random_batched_product(seed: int) -> str:
     lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e in used), decl("A", a, dtype), decl("B", b, dtype),
              decl("Y", y, rng.choice(["f32", "bf16"])), f"MODEL: FZ  {read('Y', y)} = {term} ;"]
     return "\n".join(lines) + "\n"
+
+
+ATTENTION_MASKS = ("", "j ≤ i", "j ≤ i + #J − #I", "j < i", "j ≥ i", "j ≤ i + 17")
+
+
+def random_attention(seed: int) -> str:
+    """The text of model FZ: a softmax-weighted sum in attention's form (issue 22), each tensor's dims in a random
+    order (BHSD, BSHD, heads last), one head axis or grouped query heads (g, r), a mask from `ATTENTION_MASKS`,
+    the scale rsqrt(#E), a constant or none, head widths 16-128, bf16 or f32 operands and outputs:
+    `O[.. i d] = Σ j softmax_j(where(mask, Σ e Q[.. i e]·K[.. j e]·scale, −∞))·V[.. j d]`."""
+    rng = random.Random(seed + 11_000_027)
+    gqa = rng.random() < 0.4
+    heads = ["g", "r"] if gqa else ["h"]
+    sizes = {"B": rng.choice((1, 2)), "I": rng.choice((1, 17, 64, 130, 200)), "J": rng.choice((1, 17, 64, 200, 333)),
+             "E": rng.choice((16, 64, 64, 128, 32)), "D": rng.choice((16, 64, 64, 128))}
+    sizes.update({"G": 2, "R": rng.choice((1, 2))} if gqa else {"H": rng.choice((1, 2, 3))})
+    kv_heads = ["g"] if gqa else ["h"]
+
+    def order(axes: list[str]) -> list[str]:
+        if rng.random() < 0.6:  # the usual orders: batch first, the head width last
+            mid = axes[1:-1]
+            rng.shuffle(mid)
+            return [axes[0], *mid, axes[-1]]
+        rng.shuffle(axes)
+        return axes
+
+    q, k, v = order(["b", *heads, "i", "e"]), order(["b", *kv_heads, "j", "e"]), order(["b", *kv_heads, "j", "d"])
+    o = order(["b", *heads, "i", "d"])
+    extent = {"b": "B", "h": "H", "g": "G", "r": "R", "i": "I", "j": "J", "e": "E", "d": "D"}
+
+    def decl(name: str, axes: list[str], dtype: str) -> str:
+        return f"{dtype} TENSOR: {name} ( {' '.join('#' + extent[a] for a in axes)} )"
+
+    def read(name: str, axes: list[str]) -> str:
+        return f"{name}[{' '.join(axes)}]"
+
+    dtype = rng.choice(("bf16", "bf16", "bf16", "f32"))
+    scale = rng.choice((" · rsqrt(#E)", " · rsqrt(#E)", " · 0.125", ""))
+    scores = f"Σ e {read('Q', q)} · {read('K', k)}{scale}"
+    mask = rng.choice(ATTENTION_MASKS)
+    body = f"where({mask}, {scores}, −∞)" if mask else scores
+    used = sorted({extent[a] for a in [*q, *k, *v, *o]})
+    lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e in used), decl("Q", q, dtype), decl("K", k, dtype),
+             decl("V", v, dtype), decl("O", o, rng.choice(("f32", "bf16"))),
+             f"MODEL: FZ  {read('O', o)} = Σ j softmax_j({body}) · {read('V', v)} ;"]
+    return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ from habu.errors import HabuError
 from habu.spec.parser import parse_text
 from habu.target import target_named
 from tests.random_models import (
+    random_attention,
     random_batched_product,
     random_masked_product,
     random_masked_rows,
@@ -90,6 +91,15 @@ def test_a_random_batched_product_and_its_backward_compile_or_are_refused_in_one
     """Products over a batch of m's or n's extent in any index order (session 68: 46 of seeds 0-299 were refused by
     their own default plan, an operand's innermost index a batch axis; seeds 5 and 10 among them)."""
     text = random_batched_product(seed)
+    assert _compile(text, backward=False) == "ok", text
+    _compile(text, backward=True)
+
+
+@pytest.mark.parametrize("seed", [*range(0, 8), 12])
+def test_a_random_attention_and_its_backward_compile_or_are_refused_in_one_line(seed):
+    """Attention in any dims' order, grouped or not, masked or not (tests/random_models.py, `random_attention`;
+    session 68: seeds 12 and 52 were refused by their own default plan, a batch axis of extent 1 staged)."""
+    text = random_attention(seed)
     assert _compile(text, backward=False) == "ok", text
     _compile(text, backward=True)
 

@@ -179,7 +179,7 @@ class ContractionPath(KernelPath):
         rows = facts.m * facts.batches
         skinny = self.skinny_schedule(facts, target, splittable) if rows <= SKINNY_ROWS else None
         reduce = "atomic"
-        plain = facts.batches == 1 and node_of(model, chain_end(model, region.nodes)).scatter is None and c.by_default
+        plain = not c.batch and node_of(model, chain_end(model, region.nodes)).scatter is None and c.by_default
         swap = plain and self.swaps(facts, target)
         if swap:  # the weights along the tile's rows, the few tokens along its columns
             facts = ContractionFacts.of(model, region, target, sizes, swap=True)

@@ -77,7 +77,7 @@ class WgmmaPath(ContractionPath):
         if (op.is_b and facts.b_n_major_tma) or (not op.is_b and facts.a_m_major_tma):
             return "tma", vector  # read MN-major in 64-column boxes, with wgmma's transpose bit
         if (target.tma and op.contiguous_k and not op.aligned_rows and op.rows <= target.max_grid_yz
-                and facts.batches == 1):  # (a batched contraction reads its operands in place)
+                and not facts.c.batch):  # (a batched contraction reads its operands in place, batches of 1 too)
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
             # (the staging pass launches a block row per row: grid.y, at most 65535)
             return "staged", vector

@@ -269,3 +269,22 @@ def test_regression_vectors_do_not_run_along_an_operands_batch_axis():
     plan, _ = proven(model)
     (k,) = plan.kernels
     assert (k.a_vector, k.b_vector) in ((8, 1), (1, 8)), k
+
+
+def test_regression_a_batch_of_one_reads_its_unaligned_rows_in_place():
+    """A batch axis of extent 1 and k rows of 333 bf16 (666 bytes, not 16-byte aligned): the default staged them to
+    aligned rows (its test was the batches' product, 1) and `supported-path` refused the plan (a batched contraction
+    reads its operands in place); session 68's fuzz of `random_attention` found it in an unfused attention's P·V."""
+    model = model_of(SCORES, B=1, I=128, J=128, D=333, out="f32")
+    plan, _ = proven(model)
+    assert "staged" not in (plan.kernels[0].a_move, plan.kernels[0].b_move)
+
+
+def test_regression_a_skinny_product_over_a_batch_of_one_is_proven():
+    """16 rows over a batch axis of extent 1: the default took the product as unbatched (the batches' product, 1)
+    and transposed and split it (`swap_ab`, split-K), a plan its proof refused; it is batched, and proven."""
+    text = ("1 EXTENT: #B 16 EXTENT: #M 4096 EXTENT: #N 4096 EXTENT: #K  bf16 TENSOR: X ( #B #M #K )  "
+            "bf16 TENSOR: W ( #B #N #K )  f32 TENSOR: Y ( #B #M #N )  MODEL: S  Y[b m n] = Σ k X[b m k] · W[b n k] ;")
+    (model,) = parse_text(text, "skinny.habu").models.values()
+    plan, _ = proven(model)
+    assert not plan.kernels[0].swap_ab
