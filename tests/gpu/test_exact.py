@@ -96,10 +96,11 @@ def test_a_batch_over_a_tile_extent_passes_the_exact_check(model, pins):
     assert result.ok and result.applicable, result.reason()
 
 
-@pytest.mark.parametrize("model", ["INNER-A", "INNER-B"])
-def test_a_batch_axis_innermost_in_an_operand_passes_the_exact_check(model):
-    """Regression (session 68's fuzz): these defaults broke their own rules (an operand read by TMA or in vectors
-    along its innermost batch axis); now the SIMT and mma.sync paths, each element read alone."""
+@pytest.mark.parametrize("model", ["INNER-A", "INNER-B", "ONE-UNALIGNED", "ONE-SKINNY"])
+def test_the_batch_axes_fuzz_findings_pass_the_exact_check(model):
+    """Regression (session 68's fuzz): these defaults broke their own rules or proof (an operand read by TMA or in
+    vectors along its innermost batch axis; a batch axis of extent 1 staged, or its skinny product transposed and
+    split); now read in place, each such operand an element at a time."""
     built = build(str(ROOT / "tests" / "data" / "batch_innermost.habu"), model, {}, {})
     result = ExactChecker(built.model, built.sizes, seed=7).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
