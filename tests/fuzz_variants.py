@@ -33,6 +33,14 @@ column sum beside zero tiles combined per group of blocks), both right plans: te
 tool's enumeration of a masked backward's plans (10^6 and more since `skip_zero` doubled each product's) is now cut
 at CANDIDATES; it then ran masked products 0–299 with 6 variants each, no finding.
 
+Session 68 ran the default plans (`habu compile`'s path, forward and backward) of batched products 0–1199, shared
+products 300–699, products 900–1299, masked rows 1000–1399, models 10000– and a new generator, attention in any dims'
+order (`random_attention`), and this tool over batched products 0–150 (6 variants each). The defaults of 46 batched
+seeds in 0–299 broke their own rules (an operand's innermost index a batch axis: read by TMA as m-major, or in
+vectors along it), and attention 12 and 52's (a batch axis of extent 1 staged; a skinny product over one was
+transposed and split, refused by its proof): this tool does not look for a default refused by its own rules (only
+tests/test_random_models.py's `_compile` does). Fixed, tests/lower/test_batched.py.
+
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
     PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands
     PYTHONPATH=. python tests/fuzz_variants.py batched 0 200 --per 8  # a batch over m's or n's extent
