@@ -252,8 +252,9 @@ ATTENTION_MASKS = ("", "j ≤ i", "j ≤ i + #J − #I", "j < i", "j ≥ i", "j 
 
 def random_attention(seed: int) -> str:
     """The text of model FZ: a softmax-weighted sum in attention's form (issue 22), each tensor's dims in a random
-    order (BHSD, BSHD, heads last), one head axis or grouped query heads (g, r), a mask from `ATTENTION_MASKS`,
-    the scale rsqrt(#E), a constant or none, head widths 16-128, bf16 or f32 operands and outputs:
+    order (BHSD, BSHD, heads last), one head axis or grouped query heads (g, r), a mask from `ATTENTION_MASKS`
+    and a padded batch's lengths (`j < LEN[b]`), the scale rsqrt(#E), a constant or none, head widths 16-128, bf16
+    or f32 operands and outputs:
     `O[.. i d] = Σ j softmax_j(where(mask, Σ e Q[.. i e]·K[.. j e]·scale, −∞))·V[.. j d]`."""
     rng = random.Random(seed + 11_000_027)
     gqa = rng.random() < 0.4
@@ -287,7 +288,63 @@ def random_attention(seed: int) -> str:
     mask = rng.choice(ATTENTION_MASKS)
     body = f"where({mask}, {scores}, −∞)" if mask else scores
     used = sorted({extent[a] for a in [*q, *k, *v, *o]})
-    lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e in used), decl("Q", q, dtype), decl("K", k, dtype),
-             decl("V", v, dtype), decl("O", o, rng.choice(("f32", "bf16"))),
+    out_dtype = rng.choice(("f32", "bf16"))
+    lengths = rng.random() < 0.25  # a padded batch: sequence b's keys below LEN[b] (drawn last: seeds kept)
+    if lengths:
+        body = f"where(j < LEN[b], {body}, −∞)"
+    lines = [" ".join(f"{sizes[e]} EXTENT: #{e}" for e in used) + (f" {sizes['J'] + 1} EXTENT: #L" if lengths else ""),
+             decl("Q", q, dtype), decl("K", k, dtype), decl("V", v, dtype), decl("O", o, out_dtype),
+             *(["ITENSOR: LEN ( #B #L )"] if lengths else []),
              f"MODEL: FZ  {read('O', o)} = Σ j softmax_j({body}) · {read('V', v)} ;"]
+    return "\n".join(lines) + "\n"
+
+
+LAYER_TOKENS = (1, 16, 17, 128, 300)
+LAYER_WIDTHS = (64, 100, 128, 192, 256, 511)
+
+
+def random_layer(seed: int) -> str:
+    """The text of model FZ: a small layer of several equations at tensor-core sizes, each weight in either layout,
+    drawn from: a product with a bias and an activation (GELU by erf, SiLU, tanh or none), a gated product
+    (SwiGLU), an RMS norm of the hidden row scaling the down projection, a residual add:
+    `H[t h] = act(Σ d X[t d]·W1[h d] + B1[h])`, `A[t h] = H·sigmoid(H)·G` with `G = Σ d X·W3`,
+    `R[t] = rsqrt(Σ h A·A / #H + ε)`, `Y[t d] = (Σ h A[t h]·W2[d h])·R[t] + X[t d]`."""
+    rng = random.Random(seed + 13_000_049)
+    sizes = {"T": rng.choice(LAYER_TOKENS), "D": rng.choice(LAYER_WIDTHS), "H": rng.choice(LAYER_WIDTHS)}
+    dtype = rng.choice(("bf16", "bf16", "f32"))
+
+    def weight(name: str, out: str, inp: str) -> tuple[str, str]:
+        axes = [out, inp] if rng.random() < 0.6 else [inp, out]
+        return (f"{dtype} TENSOR: {name} ( {' '.join('#' + a.upper() for a in axes)} )",
+                f"{name}[{' '.join(axes)}]")
+
+    decls = [f"{dtype} TENSOR: X ( #T #D )"]
+    d1, w1 = weight("W1", "h", "d")
+    decls.append(d1)
+    pre = f"Σ d X[t d] · {w1}"
+    if rng.random() < 0.5:
+        decls.append(f"{dtype} TENSOR: B1 ( #H )")
+        pre += " + B1[h]"
+    act = rng.choice(("gelu", "silu", "tanh", ""))
+    h = {"gelu": "0.5 · S[t h] · (1 + erf(S[t h] · 0.70710678))", "silu": "S[t h] · sigmoid(S[t h])",
+         "tanh": "tanh(S[t h])", "": "S[t h]"}[act]
+    eqs = [f"S[t h] = {pre}", f"A[t h] = {h}"]
+    if rng.random() < 0.3:  # gated: A · (Σ d X·W3)
+        d3, w3 = weight("W3", "h", "d")
+        decls.append(d3)
+        eqs += [f"G[t h] = Σ d X[t d] · {w3}", "Z[t h] = A[t h] · G[t h]"]
+        last = "Z"
+    else:
+        last = "A"
+    d2, w2 = weight("W2", "d", "h")
+    decls.append(d2)
+    down = f"Σ h {last}[t h] · {w2}"
+    if rng.random() < 0.3:  # the hidden row's RMS scales the down projection
+        eqs.append(f"R[t] = rsqrt(Σ h {last}[t h] · {last}[t h] / #H + 0.000001)")
+        down = f"({down}) · R[t]"
+    if rng.random() < 0.5:
+        down += " + X[t d]"
+    eqs.append(f"Y[t d] = {down}")
+    lines = [" ".join(f"{n} EXTENT: #{e}" for e, n in sizes.items()), *decls,
+             f"{rng.choice(('f32', 'bf16'))} TENSOR: Y ( #T #D )", "MODEL: FZ  " + "\n  ".join(eqs) + " ;"]
     return "\n".join(lines) + "\n"
