@@ -188,7 +188,7 @@ def _worker_main(conn: Any, source: str, path: str, model_name: str, sizes: dict
         from habu.gpu_info import current_arch as device_target
         from habu.paths.emit import emit_plan
         from habu.plan.plan import Plan
-        from habu.prove.verify import demand
+        from habu.prove.demand import demand
         from habu.spec.evaluate import Evaluator
         from habu.spec.parser import parse_text
         from habu.spec.reference import Float64

@@ -315,7 +315,7 @@ def test_regression_a_row_blocks_rows_outside_the_checked_box_read_per_row_value
     put row (0, 12) in block 3, which also computes rows (1, 0)..(1, 2): they read %h1[1], which the check had not
     computed ("reads %h1[1], which no earlier kernel wrote"), and `habu compile --backward` refused a correct plan.
     The demand now covers every row of each block that holds a demanded row (`row_blocks_box`)."""
-    from habu.prove.verify import row_blocks_box
+    from habu.prove.demand import row_blocks_box
 
     model, plan = _fuzz_backward("13 EXTENT: #P 13 EXTENT: #Q\nbf16 TENSOR: X0 ( #P #Q #P )\nf32 TENSOR: Y ( #P )\n"
                                  "MODEL: FZ  Y[p2] = (max p3 (max q4 (Σ p5 X0[p3 q4 p5]))) ;\n")
