@@ -10,7 +10,7 @@ import pytest
 
 from habu.lower import GeneralLowering, GroupedLowering, lower_plan
 from habu.prove import prove
-from habu.prove.verify import demand
+from habu.prove.demand import demand
 from habu.search.space import default_plan
 from habu.spec.parser import load_program, parse_text
 from habu.target import TARGETS
