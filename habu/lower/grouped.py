@@ -41,7 +41,7 @@ from habu.lower.grouped_mma import GroupedMmaLoop, grouped_mma_loop
 from habu.lower.grouped_wgmma import WgmmaMainLoop, wgmma_consumers, wgmma_main_loop
 from habu.lower.quad_vectors import QuadVectors, quad_vectors
 from habu.plan.grouped_pair import as_grouped_pair
-from habu.plan.patterns import as_grouped_gemm
+from habu.plan.grouped_pattern import as_grouped_gemm
 from habu.plan.plan import GroupedKernel
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Equation, Expr, IndexVar, Model

@@ -32,8 +32,9 @@ from habu.lower.support import GROUPED
 from habu.paths.analytic import index_width
 from habu.paths.base import KernelPath
 from habu.plan.grouped_pair import as_grouped_pair, pair_positions
+from habu.plan.grouped_pattern import as_grouped_gemm
 from habu.plan.grouped_wgrad import as_grouped_wgrad
-from habu.plan.patterns import Region, as_grouped_gemm
+from habu.plan.patterns import Region
 from habu.plan.plan import GroupedKernel, Kernel
 from habu.plan.storage import dtype_of
 from habu.spec.dtypes import DTYPES

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from habu.plan.patterns import GroupedGemm, Region, as_grouped_gemm, consumers
+from habu.plan.grouped_pattern import GroupedGemm, as_grouped_gemm
+from habu.plan.patterns import Region, consumers
 from habu.spec.ir import Equation, Gather, Load, Model, Reduce, walk
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from habu.plan.patterns import as_grouped_gemm
+from habu.plan.grouped_pattern import as_grouped_gemm
 from habu.plan.split import replaced, with_f32_part
 from habu.spec.ir import Equation, Load, Model, Reduce, free_vars, walk
 

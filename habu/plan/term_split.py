@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from habu.plan.patterns import as_grouped_gemm
+from habu.plan.grouped_pattern import as_grouped_gemm
 from habu.spec.dtypes import DTYPES
 from habu.spec.grad_factor import terms
 from habu.spec.ir import Equation, Load, Model, Op, Reduce, TensorDecl, free_vars, walk

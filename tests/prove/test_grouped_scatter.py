@@ -13,7 +13,8 @@ import pytest
 from habu.errors import UsageError
 from habu.lower import GroupedLowering, lower, lower_plan
 from habu.lower.general import Store
-from habu.plan.patterns import as_grouped_gemm, default_regions
+from habu.plan.grouped_pattern import as_grouped_gemm
+from habu.plan.patterns import default_regions
 from habu.plan.plan import GroupedKernel
 from habu.prove import prove
 from habu.prove.interp import Memory
