@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from habu.errors import HabuError
-from habu.spec.dtypes import WRITABLE_DTYPES, activation_dtype, dtype_named
+from habu.spec.dtypes import WRITABLE_DTYPES, dtype_named
 from habu.spec.equation import format_expr, format_index
 from habu.spec.functions import FUNCTIONS
 from habu.spec.grad_algebra import ONE, Fresh, add_all, is_const, mul, substitute
@@ -39,10 +39,16 @@ from habu.spec.grad_cover import read_elementwise_products
 from habu.spec.grad_factor import factor_sum, merge_terms
 from habu.spec.grad_hoist import hoist_statistics
 from habu.spec.grad_indicators import drop_repeated_indicators
+from habu.spec.grad_model import (
+    assemble_model,
+    reads_in_order,
+    rename_tensors,
+    saved_dtype,
+    with_saved_outputs,
+)
 from habu.spec.grad_reuse import read_outputs
 from habu.spec.grad_save import SavePolicy, contraction_operands
 from habu.spec.ir import (
-    Compare,
     Equation,
     Expr,
     Gather,
@@ -53,13 +59,11 @@ from habu.spec.ir import (
     Model,
     Op,
     Reduce,
-    Size,
     TensorDecl,
     fold_ops,
     index_subexprs,
     map_ops,
     node_reads,
-    scatter_gathers,
     tensors_read,
     walk,
 )
@@ -455,7 +459,7 @@ class _Deriver:
         saved: dict[str, str] = {}
         recomputed: set[str] = set()
         stored = contraction_operands(self.fwd)
-        pending = [t for eq in reversed(self.nodes) for t in reversed(_reads_in_order(eq)) if t in fwd_inter]
+        pending = [t for eq in reversed(self.nodes) for t in reversed(reads_in_order(eq)) if t in fwd_inter]
         while pending:
             t = pending.pop()
             if t in saved or t in recomputed:
@@ -465,21 +469,21 @@ class _Deriver:
                 saved[t] = _unique(("R" + t[2:]) if t.startswith("%s") else f"S{t.lstrip('%')}", self.taken)
             else:
                 recomputed.add(t)
-                pending.extend(r for r in reversed(_reads_in_order(producers[t])) if r in fwd_inter)
+                pending.extend(r for r in reversed(reads_in_order(producers[t])) if r in fwd_inter)
         read = {t for eq in self.nodes for t in tensors_read(eq.rhs)}
         saved |= {eq.target: eq.target for eq in self.output_nodes if eq.target in read}  # (habu.spec.grad_reuse)
         order = {eq.target: i for i, eq in enumerate(self.fwd.nodes)}  # in the forward's order, whatever the
         saved = dict(sorted(saved.items(), key=lambda kv: order[kv[0]]))  # order the reads were met in
         renames = dict(saved)
-        recompute_nodes = [_rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
-        nodes = recompute_nodes + [_rename_tensors(replace(eq, rhs=drop_repeated_indicators(eq.rhs)), renames)
+        recompute_nodes = [rename_tensors(eq, renames) for eq in self.fwd.nodes if eq.target in recomputed]
+        nodes = recompute_nodes + [rename_tensors(replace(eq, rhs=drop_repeated_indicators(eq.rhs)), renames)
                                    for eq in self.nodes]  # (attention's dS: its mask's indicator twice)
         for name, s in saved.items():  # a saved matrix in the forward's activation type (as its storage), a statistic f32
             self.decls[s] = self.fwd.tensor(name) if name in self.out_names else \
-                TensorDecl(s, self.fwd.tensor(name).extents, dtype_named(_saved_dtype(self.fwd, name)))
+                TensorDecl(s, self.fwd.tensor(name).extents, dtype_named(saved_dtype(self.fwd, name)))
         for t in self.fwd.inputs:
             self.decls.setdefault(t.name, t)
-        model = _assemble(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
+        model = assemble_model(self.fwd, f"{self.fwd.name}-GRAD", nodes, self.decls,
                           {t for t in self.fwd.intermediates if t.name in recomputed} | set(self.inter.values()),
                           [g for _, g in grads])
         # a statistic the backward recomputes that is no row's (a column's maximum and its ties, for the
@@ -488,7 +492,7 @@ class _Deriver:
                                  invariant=HOIST_INVARIANTS)
         if HOIST_INVARIANTS:  # attention's dS = P ⊙ (dP − D) reads P (habu/spec/grad_cover.py)
             model = read_elementwise_products(model)
-        forward = _with_saved_outputs(self.fwd, saved)
+        forward = with_saved_outputs(self.fwd, saved)
         if HOIST_INVARIANTS:  # a computation the saved statistics and the output share, one node (attention's scores)
             forward = hoist_statistics(forward, _unique("%f", self.taken), keep_row_statistics=True, invariant=True)
         return Backward(forward, model, grads, cot, tuple(saved.items()), tuple(self.accumulated),
@@ -505,95 +509,3 @@ def _store_pattern(c: Contribution) -> tuple[tuple[str, str], ...]:
 
 def _read_text(tensor: str, c: Contribution) -> str:
     return format_expr(Load(tensor, c.indices))
-
-
-def _rename_tensors(eq: Equation, renames: dict[str, str]) -> Equation:
-    if not renames:
-        return eq
-
-    def ix(i: IndexExpr) -> IndexExpr:
-        if isinstance(i, Gather):
-            return Gather(renames.get(i.tensor, i.tensor), tuple(ix(j) for j in i.indices))
-        return i
-
-    def go(e: Expr) -> Expr:
-        def leaf(x: Expr) -> Expr:
-            if isinstance(x, Load):
-                return Load(renames.get(x.tensor, x.tensor), tuple(ix(i) for i in x.indices))
-            if isinstance(x, Reduce):
-                return Reduce(x.op, x.vars, go(x.body))
-            if isinstance(x, Compare):
-                return x.map_indices(ix)
-            return x
-
-        return map_ops(e, leaf)
-
-    return replace(eq, target=renames.get(eq.target, eq.target), rhs=go(eq.rhs))
-
-
-def _assemble(fwd: Model, name: str, nodes: list[Equation], decls: dict[str, TensorDecl],
-              intermediates: set[TensorDecl], outputs: list[str]) -> Model:
-    """A model from nodes: its inputs are the declared tensors it reads (in order of first read)."""
-    read: dict[str, None] = {}
-    for eq in nodes:
-        for t in _reads_in_order(eq):
-            read.setdefault(t)
-    inter_names = {t.name for t in intermediates}
-    inputs = tuple(decls[t] for t in read if t in decls and t not in inter_names)
-    outs = tuple(decls[o] for o in outputs)
-    used = {e for t in (*inputs, *outs, *intermediates) for e in (*t.extents, *((t.range,) if t.range else ()))}
-    for eq in nodes:
-        used |= {v.extent for v in eq.lhs}
-        for x in walk(eq.rhs):
-            if isinstance(x, Size):
-                used.add(x.extent)
-            if isinstance(x, Compare):
-                used |= set(x.extents())
-            if isinstance(x, Reduce):
-                used |= {v.extent for v in x.vars}
-    extents = tuple(e for e in fwd.extents if e.name in used)
-    by_name = {t.name: t for t in intermediates}
-    inter = tuple(by_name[eq.target] for eq in nodes if eq.target in by_name)
-    obligations = tuple(o for o in fwd.obligations if o.tensor in read or (o.tensor is None and o.extent in used))
-    return Model(name, "composition", extents, inputs, outs, inter, tuple(nodes), obligations)
-
-
-def _reads_in_order(eq: Equation) -> list[str]:
-    """The tensors a node reads, in order of first appearance (a scatter's target and gathers last)."""
-    out: dict[str, None] = {}
-    for x in walk(eq.rhs):
-        if isinstance(x, Load):
-            out.setdefault(x.tensor)
-        if isinstance(x, Load | Compare):  # a condition's indices read index tensors too (j < LEN[b])
-            for ix in (x.indices if isinstance(x, Load) else x.index_exprs()):
-                for sub in index_subexprs(ix):
-                    if isinstance(sub, Gather):
-                        out.setdefault(sub.tensor)
-    if eq.scatter is not None:
-        out.setdefault(eq.target)
-        for g in scatter_gathers(eq):
-            out.setdefault(g.tensor)
-    return list(out)
-
-
-def _saved_dtype(fwd: Model, name: str) -> str:
-    """A saved forward value's type: a row statistic (`hoist_statistics`' `%s` nodes: RMSNorm's rstd, softmax's
-    maximum and sum, over a row's leading axes however many: `R1[b s]`, attention's `R2[b g r i]`, which were bf16
-    until session 62) and any vector f32, any other matrix in the forward's activation type (what its plan
-    stores it in)."""
-    if name.startswith("%s") or len(fwd.tensor(name).extents) <= 1:
-        return "f32"
-    return activation_dtype(fwd.inputs, frozenset(t.name for t in fwd.outputs))
-
-
-def _with_saved_outputs(fwd: Model, saved: dict[str, str]) -> Model:
-    """The forward model, its saved intermediates renamed and made outputs (`_saved_dtype`); a saved output (one
-    the backward reads: habu.spec.grad_reuse) is one already."""
-    saved = {t: s for t, s in saved.items() if t not in {o.name for o in fwd.outputs}}
-    if not saved:
-        return fwd
-    nodes = tuple(_rename_tensors(eq, saved) for eq in fwd.nodes)
-    outs = fwd.outputs + tuple(TensorDecl(s, fwd.tensor(t).extents, dtype_named(_saved_dtype(fwd, t)))
-                               for t, s in saved.items())
-    inter = tuple(t for t in fwd.intermediates if t.name not in saved)
-    return replace(fwd, nodes=nodes, outputs=outs, intermediates=inter)
