@@ -11,13 +11,11 @@ prefill, 0.98× SDPA on the H100 in sessions 67-68)?
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
-from hand_edits import variant
+from hand_edits import against_sdpa, run_cases, variant
 
 from habu.emit_cuda.wgmma import wgmma_function, wgmma_name
 
@@ -55,55 +53,21 @@ def diagonal_pv_half(src: str) -> str:
 
 
 def run(case, workdir: Path, rounds: int) -> None:
-    import torch
-
     from habu.bench.attention_speed import case_source, prove_case
     from habu.bench.run import device_target
     from habu.emit_cuda.runtime import CompiledModel
     from habu.spec.parser import load_program
-    from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
 
     path, name, sizes = case_source(case, workdir)
     model = load_program(path).models[name].with_sizes(sizes)
     _plan, emitted = prove_case(case, str(workdir), device_target())
     built = {"base": CompiledModel(model, emitted, arch="sm_90a", check_indices=False)}
     built["pv"] = variant(built["base"], 0, diagonal_pv_half, "pv")
-    ins = make_inputs(model, sizes, 1)
-    heads = case.kv_heads * case.group
-    q = ins["Q"].view(case.batch, heads, case.seq, case.width)
-
-    def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(q, ins["K"], ins["V"], is_causal=case.causal)
-
-    want = sdpa().float()
-    outputs, ref = {}, None
-    for tag, cm in built.items():
-        outs = poisoned_outputs(model, sizes)
-        cm(**ins, **outs)
-        torch.cuda.synchronize()
-        got = outs["O"].view(case.batch, heads, case.seq, case.width).float()
-        ref = got if ref is None else ref
-        print(f"{case.name} {tag}: max |Δ|/max|O| against SDPA {((got - want).abs().max() / want.abs().max()).item():.2e}, "
-              f"the same bits as base: {torch.equal(got, ref)}", flush=True)
-        outputs[tag] = outs
-    times: dict[str, list[float]] = {tag: [] for tag in [*built, "sdpa"]}
-    for _ in range(rounds):
-        for tag, cm in built.items():
-            times[tag].append(time_cuda(lambda i, cm=cm, outs=outputs[tag]: cm(**ins, **outs), 1)["median_us"])
-        times["sdpa"].append(time_cuda(lambda i: sdpa(), 1)["median_us"])
-    for tag, ts in times.items():
-        print(f"{case.name} {tag:6s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   min {min(ts):7.1f} us", flush=True)
+    against_sdpa(case, model, sizes, built, rounds)
 
 
 def main() -> None:
-    from habu.bench.attention_speed import CASES
-
-    names = os.environ.get("CASES", "m16k-causal-1k-d64").split(",")
-    rounds = int(os.environ.get("ROUNDS", 3))
-    by_name = {c.name: c for c in CASES}
-    for n in names:
-        with tempfile.TemporaryDirectory() as tmp:
-            run(by_name[n], Path(tmp), rounds)
+    run_cases(run, "m16k-causal-1k-d64")
 
 
 if __name__ == "__main__":

@@ -55,3 +55,53 @@ def chain(*fs: Callable[[str], str]) -> Callable[[str], str]:
             s = g(s)
         return s
     return f
+
+
+def against_sdpa(case, model, sizes, built: dict, rounds: int) -> None:
+    """Each compiled variant of attention case `case` (habu.bench.attention_speed's) against torch's SDPA: its error
+    against SDPA's output and whether it gives the first variant's bits, then `rounds` interleaved rounds of CUDA-event
+    medians, SDPA's among them."""
+    import torch
+
+    from habu.timing.harness import make_inputs, poisoned_outputs, time_cuda
+
+    ins = make_inputs(model, sizes, 1)
+    heads = case.kv_heads * case.group
+    q = ins["Q"].view(case.batch, heads, case.seq, case.width)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, ins["K"], ins["V"], is_causal=case.causal)
+
+    want = sdpa().float()
+    outputs, ref = {}, None
+    for tag, cm in built.items():
+        outs = poisoned_outputs(model, sizes)
+        cm(**ins, **outs)
+        torch.cuda.synchronize()
+        got = outs["O"].view(case.batch, heads, case.seq, case.width).float()
+        ref = got if ref is None else ref
+        print(f"{case.name} {tag}: max |Δ|/max|O| against SDPA {((got - want).abs().max() / want.abs().max()).item():.2e}, "
+              f"the same bits as the first: {torch.equal(got, ref)}", flush=True)
+        outputs[tag] = outs
+    times: dict[str, list[float]] = {tag: [] for tag in [*built, "sdpa"]}
+    for _ in range(rounds):
+        for tag, cm in built.items():
+            times[tag].append(time_cuda(lambda i, cm=cm, outs=outputs[tag]: cm(**ins, **outs), 1)["median_us"])
+        times["sdpa"].append(time_cuda(lambda i: sdpa(), 1)["median_us"])
+    for tag, ts in times.items():
+        print(f"{case.name} {tag:6s} " + " ".join(f"{t:7.1f}" for t in ts) + f"   min {min(ts):7.1f} us", flush=True)
+
+
+def run_cases(run: Callable, default: str) -> None:
+    """`run(case, workdir, rounds)` for each attention case named in $CASES (else `default`), $ROUNDS rounds (3),
+    each in a fresh temporary folder."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from habu.bench.attention_speed import CASES
+
+    by_name = {c.name: c for c in CASES}
+    for n in os.environ.get("CASES", default).split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            run(by_name[n], Path(tmp), int(os.environ.get("ROUNDS", 3)))
