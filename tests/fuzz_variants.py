@@ -46,6 +46,8 @@ tests/test_random_models.py's `_compile` does). Fixed, tests/lower/test_batched.
     PYTHONPATH=. python tests/fuzz_variants.py batched 0 200 --per 8  # a batch over m's or n's extent
     PYTHONPATH=. python tests/fuzz_variants.py masked 0 200 --per 6   # a mask in the product's epilogue
     PYTHONPATH=. python tests/fuzz_variants.py rows 0 200 --per 6     # a mask in a row reduction or softmax
+    PYTHONPATH=. python tests/fuzz_variants.py attention 0 100 --per 6  # attention in any dims' order, masks, GQA
+    PYTHONPATH=. python tests/fuzz_variants.py layer 0 100 --per 6    # a small layer of several equations
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ from habu.search.space import enumerate_plans, make_plan
 from habu.spec.parser import parse_text
 from habu.target import target_named
 from tests.random_models import (
+    random_attention,
     random_batched_product,
+    random_layer,
     random_masked_product,
     random_masked_rows,
     random_model,
@@ -134,7 +138,7 @@ def fuzz_one(text: str, tag: str, per: int, seed: int, deadline_s: float, target
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("model", "product", "shared", "batched", "masked", "rows"))
+    ap.add_argument("kind", choices=("model", "product", "shared", "batched", "masked", "rows", "attention", "layer"))
     ap.add_argument("first", type=int)
     ap.add_argument("end", type=int)
     ap.add_argument("--per", type=int, default=6, help="sampled variants a model, besides the default")
@@ -142,7 +146,7 @@ def main() -> None:
     args = ap.parse_args()
     generate = {"model": random_model, "product": random_product, "shared": random_shared_product,
                 "batched": random_batched_product, "masked": random_masked_product,
-                "rows": random_masked_rows}[args.kind]
+                "rows": random_masked_rows, "attention": random_attention, "layer": random_layer}[args.kind]
     target = target_named("sm_90a")
     for seed in range(args.first, args.end):
         fuzz_one(generate(seed), f"{args.kind} {seed}", args.per, seed, args.deadline, target)
