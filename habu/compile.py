@@ -377,6 +377,9 @@ def _window_note(graph: Model, kernel, shape: dict[str, int]) -> list[str]:
         return []
     said = [f"{b.tensor} is zero outside {b.condition.describe()}" for b in window.operands]
     said += [f"its stored values are zero outside {t.condition.describe()}, whatever the product" for t in window.outputs]
+    head = f"Its k loop skips the k tiles the model makes zero ({'; '.join(said)})"
+    unfixed = [f"#{e.name}" for e in graph.runtime_extents if e.name not in shape]
+    if unfixed:  # no size to count the tiles at (the share depends on the runtime extents)
+        return [f"{head}: the share of the k steps its tiles run depends on {', '.join(unfixed)}.", ""]
     share = window_share(lw, {**graph.sizes, **shape})  # type: ignore[arg-type]
-    return [f"Its k loop skips the k tiles the model makes zero ({'; '.join(said)}): its tiles run "
-            f"{100 * share:.0f}% of the k steps at this shape.", ""]
+    return [f"{head}: its tiles run {100 * share:.0f}% of the k steps at this shape.", ""]

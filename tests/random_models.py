@@ -348,3 +348,10 @@ def random_layer(seed: int) -> str:
     lines = [" ".join(f"{n} EXTENT: #{e}" for e, n in sizes.items()), *decls,
              f"{rng.choice(('f32', 'bf16'))} TENSOR: Y ( #T #D )", "MODEL: FZ  " + "\n  ".join(eqs) + " ;"]
     return "\n".join(lines) + "\n"
+
+
+def with_runtime_extent(text: str, extent: str) -> str:
+    """`text` with static extent `extent` (`N EXTENT: #X`) made a runtime one of the range 1..N (at least 2): the
+    plan is then made for every size up to N (guards, buckets)."""
+    return re.sub(rf"(?<![.\d])(\d+) EXTENT: #{extent}\b", lambda m: f"1..{max(int(m.group(1)), 2)} EXTENT: #{extent}",
+                  text, count=1)

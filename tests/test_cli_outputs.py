@@ -181,3 +181,20 @@ def test_regression_a_repeated_shape_option_keeps_every_size(tmp_path):
     assert {k: shape[k] for k in ("M", "N", "K")} == {"M": 300, "N": 200, "K": 511}, shape
     r = habu("compile", "examples/gemm.habu", "--shape", "K=512", "--shape", "K=256", "-o", str(tmp_path))
     assert r.returncode == 1 and "gives #K twice" in r.stderr, r.stderr
+
+
+def test_regression_the_report_of_a_window_over_a_runtime_extent_names_it(tmp_path):
+    """A causal attention over a runtime query count (`1..64 EXTENT: #I`): its unfused plan's value product skips
+    the zero k tiles, and the report counted the share of k steps at the sizes it had, #I's None among them (a
+    TypeError after the proof; session 68's fuzz, most of `random_attention`'s seeds with #I a runtime extent). The
+    report now says the share depends on #I."""
+    src = tmp_path / "attn.habu"
+    src.write_text("2 EXTENT: #B 64 EXTENT: #D 128 EXTENT: #E 1 EXTENT: #H 1..64 EXTENT: #I 17 EXTENT: #J\n"
+                   "bf16 TENSOR: Q ( #H #I #E #B )  bf16 TENSOR: K ( #B #H #J #E )  bf16 TENSOR: V ( #B #J #H #D )\n"
+                   "f32 TENSOR: O ( #D #I #H #B )\n"
+                   "MODEL: FZ  O[d i h b] = Σ j softmax_j(where(j < i, Σ e Q[h i e b] · K[b h j e] · 0.125, −∞))"
+                   " · V[b j h d] ;\n")
+    r = habu("compile", str(src), "-o", str(tmp_path / "out"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "the share of the k steps its tiles run depends on #I" in report

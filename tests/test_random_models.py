@@ -18,10 +18,12 @@ from habu.target import target_named
 from tests.random_models import (
     random_attention,
     random_batched_product,
+    random_layer,
     random_masked_product,
     random_masked_rows,
     random_model,
     random_product,
+    with_runtime_extent,
 )
 
 pytestmark = pytest.mark.slow
@@ -100,6 +102,17 @@ def test_a_random_attention_and_its_backward_compile_or_are_refused_in_one_line(
     """Attention in any dims' order, grouped or not, masked or not (tests/random_models.py, `random_attention`;
     session 68: seeds 12 and 52 were refused by their own default plan, a batch axis of extent 1 staged)."""
     text = random_attention(seed)
+    assert _compile(text, backward=False) == "ok", text
+    _compile(text, backward=True)
+
+
+@pytest.mark.parametrize(("kind", "seed"), [("attention", 0), ("attention", 4), ("layer", 1), ("layer", 2)])
+def test_a_random_model_over_a_runtime_extent_compiles_with_its_report(kind, seed):
+    """Attention over a runtime query count and a layer over a runtime token count (session 68: the report of
+    most such attention plans crashed after their proof, counting a k window's share at an unknown #I)."""
+    text = random_attention(seed) if kind == "attention" else random_layer(seed)
+    text = with_runtime_extent(text, "I" if kind == "attention" else "T")
+    assert "1.." in text
     assert _compile(text, backward=False) == "ok", text
     _compile(text, backward=True)
 
