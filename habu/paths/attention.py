@@ -361,8 +361,9 @@ class AttentionPath(KernelPath):
         where the schedules are about equal. H200, session 36, 16k tokens a batch (d128): full 16 × 1024
         294.9 → 213.8 µs, causal 182.4 → 149.2, full 4 × 4096 862.3 → 756.6; causal 1 × 16384 1635.6 → 2229.7 (the
         heaviest tiles no longer spread over the blocks; its schedule 50% longer: not taken)."""
-        full = {**sizes, **model.sizes}
-        if any(e.name not in full for e in model.extents):
+        # the model's static sizes over the shape's (a runtime extent's None in `model.sizes` is not a size)
+        full = {**sizes, **{e: n for e, n in model.sizes.items() if n is not None}}
+        if any(full.get(e.name) is None for e in model.extents):
             return False
         kernel = self.wgmma_kernel(model, AttentionKernel(nodes=(node,), bm=64, bn=64), target)
         if kernel is None:

@@ -242,3 +242,17 @@ def test_a_short_prefill_at_head_width_64_takes_its_float_code(prefill, batch, r
         plan = default_plan(model.with_sizes(small), T, small, {})
         assert (plan.kernels[0].rescale_always, plan.kernels[0].pingpong) == (always, pingpong)
         assert prove(model.with_sizes(small), plan, small, trials=1).ok
+
+
+def test_regression_a_prefill_over_a_runtime_query_count_gets_a_default():
+    """`1..130 EXTENT: #I`: `head_major_pays` merged the model's sizes over the shape's, #I's None over its bucket's
+    size, and crashed (a TypeError; session 68's fuzz, `random_attention` 42 and 54 with #I a runtime extent)."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+
+    text = ("1 EXTENT: #B 64 EXTENT: #D 64 EXTENT: #E 1 EXTENT: #H 1..130 EXTENT: #I 64 EXTENT: #J\n"
+            "bf16 TENSOR: Q ( #B #H #I #E )  bf16 TENSOR: K ( #B #H #J #E )  bf16 TENSOR: V ( #B #J #H #D )\n"
+            "f32 TENSOR: O ( #B #H #I #D )\n"
+            "MODEL: FZ  O[b h i d] = Σ j softmax_j(where(j < i, Σ e Q[b h i e] · K[b h j e] · 0.125, −∞)) · V[b j h d] ;\n")
+    compiled = compile_model(parse_text(text, "fz.habu"), "FZ", {}, T, {}, 1)
+    assert compiled.plans and all(p.ok for p in compiled.proofs)
