@@ -141,8 +141,7 @@ def compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str,
         # the same kernels, valid only where the guards hold: the check is the guarded plan's
         cert = proof.certificate.bound_to(plans[0]) if proof.certificate is not None else None
         proofs[0] = replace(proof, plan=plans[0], certificate=cert)
-        fb = fallback(plan, proof)
-        fb_proof = prove(model, fb, shape, trials=trials)
+        fb, fb_proof = unguarded_member(model, plan, proof, ranges, shape, target, pins, trials)
         if fb_proof.violations or fb_proof.guards or not fb_proof.ok:
             bad = (fb_proof.violations or fb_proof.guards)[0] if (fb_proof.violations or fb_proof.guards) else None
             raise HabuError(f"no plan for {model.name} is valid for every size of its runtime extents{bucket}"
@@ -150,6 +149,35 @@ def compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str,
         plans.append(fb)
         proofs.append(fb_proof)
     return plans, proofs
+
+
+def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, shape: dict[str, int], target: Target,
+                     pins: dict[str, str], trials: int) -> tuple[Plan, Proof]:
+    """The member of a guarded plan's kernel set that holds for every size: its kernels with every guarded field
+    at its unguarded value (`fallback`); where that plan breaks a rule (an A read m-major by wgmma needs TMA's
+    16-byte rows), the default plan on the mma.sync, then the SIMT contraction path (unless the user pinned
+    `mma`), unguarded the same way. The first whose proof holds unguarded, else the first tried."""
+    fb = fallback(plan, proof)
+    first = (fb, prove(model, fb, shape, trials=trials))
+    if not _needs_guard(first[1]) or "mma" in pins or not any(k.kind == "contraction" for k in plan.kernels):
+        return first
+    for mma in ("mma.sync", "fma"):
+        try:
+            alt = replace(default_plan(restricted(model, ranges), target, shape, {**pins, "mma": mma}), ranges=ranges)
+        except HabuError:
+            continue
+        alt_proof = prove(model, alt, shape, trials=trials)
+        if alt_proof.guards and not alt_proof.violations:
+            alt = fallback(alt, alt_proof)
+            alt_proof = prove(model, alt, shape, trials=trials)
+        if not _needs_guard(alt_proof):
+            return alt, alt_proof
+    return first
+
+
+def _needs_guard(proof: Proof) -> bool:
+    """Whether a plan does not hold unguarded for every size: a rule broken or guarded, or its check failed."""
+    return bool(proof.violations or proof.guards or not proof.ok)
 
 
 def kernel_set(compiled: Compiled, members: list):

@@ -134,3 +134,21 @@ def test_export_guards_each_bucket_member_by_its_range(compiled):
     members = _members(compiled, target_named("sm_90a"))
     assert [m[0] for m in members] == [(f"{lo} <= D", f"D <= {hi}") for (_, lo, hi), in (p.ranges for p in compiled.plans)]
     assert guard_c(members[5][0][0], {}) == "((4352 <= D))"
+
+
+def test_regression_an_m_major_a_over_a_runtime_m_falls_back_to_mma_sync():
+    """`A[k m]` with `1..192 EXTENT: #M`: the default reads A m-major by TMA on wgmma, valid where M·2 bytes is a
+    multiple of 16 (a guard); its unguarded member (TMA off) broke `supported-path` (wgmma reads an m-major A only by
+    TMA), and compile refused the model ("no plan ... is valid for every size"; session 68's fuzz of products with a
+    runtime M, a seventh of them). The unguarded member is now the mma.sync default (ldmatrix.trans), proven."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+    from habu.target import target_named
+
+    text = ("1..192 EXTENT: #M 128 EXTENT: #N 64 EXTENT: #K\nbf16 TENSOR: A ( #K #M )  bf16 TENSOR: W ( #N #K )\n"
+            "f32 TENSOR: P ( #M )  bf16 TENSOR: Y ( #M #N )\nMODEL: FZ  Y[m n] = (abs(Σ k A[k m] · W[n k])) · P[m] ;\n")
+    compiled = compile_model(parse_text(text, "fz.habu"), "FZ", {}, target_named("sm_90a"), {}, 1)
+    guarded, unguarded = compiled.plans
+    assert guarded.guards and guarded.kernels[0].mma == "wgmma"
+    assert not unguarded.guards and unguarded.kernels[0].mma == "mma.sync"
+    assert all(p.ok for p in compiled.proofs)
