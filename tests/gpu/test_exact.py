@@ -257,3 +257,24 @@ def test_regression_the_search_worker_golden_checks_every_plan_of_an_in_place_mo
             assert m.ok, m.reason
     finally:
         timer.close()
+
+
+def test_an_m_major_a_over_a_runtime_m_runs_both_members_exactly():
+    """Regression (session 68's fuzz): the guarded wgmma member (M a multiple of 8) and the unguarded mma.sync member
+    that replaced a refused fallback; `habu.build` checks each member exactly, then each runs where its guard sends
+    it, against float64."""
+    import numpy as np
+
+    from habu.timing.harness import make_inputs, poisoned_outputs, reference
+
+    cm = habu.build(str(ROOT / "tests" / "data" / "m_major_runtime.habu"), "M-MAJOR-RUNTIME")
+    for m in (104, 100, 1):
+        sizes = {"M": m, "N": 128, "K": 64}
+        model = cm.model.with_sizes(sizes)
+        inputs = make_inputs(model, sizes, m)
+        outs = poisoned_outputs(model, sizes)
+        cm(**inputs, **outs)
+        torch.cuda.synchronize()
+        ref = reference(model, inputs, sizes)["Y"]
+        got = outs["Y"].detach().to("cpu").double().numpy()
+        assert np.allclose(got, ref, rtol=1e-3, atol=1e-3), m
