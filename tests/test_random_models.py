@@ -108,13 +108,13 @@ def test_a_random_attention_and_its_backward_compile_or_are_refused_in_one_line(
 
 
 @pytest.mark.parametrize(("kind", "seed"), [("attention", 0), ("attention", 4), ("layer", 1), ("layer", 2),
-                                            ("product", 9), ("product", 32)])
+                                            ("product", 9), ("product", 32), ("attention-keys", 13)])
 def test_a_random_model_over_a_runtime_extent_compiles_with_its_report(kind, seed):
     """Attention over a runtime query count, a layer over a runtime token count, a product over a runtime M (session
     68: the report of most such attention plans crashed after their proof, counting a k window's share at an unknown
     #I; a seventh of the products had no unguarded member, an m-major A read by TMA on wgmma)."""
     generate, extent = {"attention": (random_attention, "I"), "layer": (random_layer, "T"),
-                        "product": (random_product, "M")}[kind]
+                        "product": (random_product, "M"), "attention-keys": (random_attention, "J")}[kind]
     text = with_runtime_extent(generate(seed), extent)
     assert "1.." in text
     assert _compile(text, backward=False) == "ok", text
