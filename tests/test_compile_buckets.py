@@ -152,3 +152,20 @@ def test_regression_an_m_major_a_over_a_runtime_m_falls_back_to_mma_sync():
     assert guarded.guards and guarded.kernels[0].mma == "wgmma"
     assert not unguarded.guards and unguarded.kernels[0].mma == "mma.sync"
     assert all(p.ok for p in compiled.proofs)
+
+
+def test_regression_a_scatter_product_over_a_runtime_n_has_an_unguarded_member():
+    """`Y[IS[m] n] += Σ k A[m k] · W[k n]` with `1..256 EXTENT: #N` (session 68's fuzz, product 147): the wgmma plan
+    reads W n-major by TMA under a guard; the alternative that `--pin mma=mma.sync` gave kept the wgmma kernel's
+    swizzle and movement (a scatter's region is not a "contraction" region, so the pin only renamed the
+    instruction), a plan `supported-path` refused. The pin now makes the path's own default kernel there."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+    from habu.target import target_named
+
+    text = ("64 EXTENT: #M 1..256 EXTENT: #N 511 EXTENT: #K 256 EXTENT: #S\nbf16 TENSOR: A ( #M #K )\n"
+            "bf16 TENSOR: W ( #K #N )  f32 TENSOR: Y ( #S #N )  ITENSOR: IS ( #M #S )\n"
+            "MODEL: FZ  Y[IS[m] n] += Σ k A[m k] · W[k n] ;\n")
+    compiled = compile_model(parse_text(text, "fz.habu"), "FZ", {}, target_named("sm_90a"), {}, 1)
+    assert len(compiled.plans) == 2 and not compiled.plans[1].guards and all(p.ok for p in compiled.proofs)
+    assert compiled.plans[1].kernels[0].mma != "wgmma"

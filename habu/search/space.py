@@ -114,7 +114,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
                 raise UsageError(f"--pin mma={pins['mma']}: expected one of {', '.join(MMAS)} "
                                  "(contraction kernel field mma)")
             forced = contraction_path(pins["mma"])
-            kernels = tuple(forced.default(graph, r, target, s, forced=True) or k if r.kind == "contraction" else k
+            kernels = tuple(forced.default(graph, r, target, s, forced=True) or k if "contraction" in (r.kind, k.kind) else k
                             for r, k in zip(regions, kernels, strict=True))  # forced: never None
         if "family" in pins:
             kernels = _pinned_family(graph, regions, kernels, pins["family"], target, s)
