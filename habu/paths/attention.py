@@ -107,9 +107,14 @@ def decode_split_one_wave(blocks: int, keys: int, sms: int) -> int:
     return split if keys > split else 0
 
 
+def extent_size(model: Model, sizes: Mapping[str, int], extent: str) -> int:
+    """An extent's size: the model's static one, else the shape's, else 0 (a runtime extent not known yet)."""
+    return model.sizes.get(extent) or sizes.get(extent) or 0
+
+
 def decode_shape(model: Model, form: AttentionForm, sizes: Mapping[str, int]) -> tuple[int, int]:
     """A decode's (query tiles of 16 rows, keys) at `sizes`; 0 for a count not known yet (a runtime extent)."""
-    size = lambda e: model.sizes.get(e) or sizes.get(e) or 0  # noqa: E731
+    size = lambda e: extent_size(model, sizes, e)  # noqa: E731
     blocks = -(-(size(form.row.extent) or 16) // 16)
     for v in form.batch:
         blocks *= size(v.extent)
@@ -127,7 +132,7 @@ def short_d64_pins(model: Model, form: AttentionForm, sizes: Mapping[str, int]) 
     158.7 without ping-pong), 4 × 4k d64 (full 528.5 → 534.8; causal 314.0 → 310.8, within the runs' spread), 4 ×
     4k d128 (full 807.7 → 821.3), 1 × 16k d64 causal (1114.2 → 1126.1), nor causal 1k d64 rescaling every tile (109.2
     → 110.8); {} there."""
-    size = lambda e: model.sizes.get(e) or sizes.get(e) or 0  # noqa: E731
+    size = lambda e: extent_size(model, sizes, e)  # noqa: E731
     keys = size(form.key.extent)
     if size(form.red.extent) != 64 or size(form.col.extent) != 64 or not 0 < keys <= SHORT_D64_KEYS:
         return {}

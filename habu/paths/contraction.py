@@ -196,7 +196,7 @@ class ContractionPath(KernelPath):
             inner = sizes[decl.extents[-1]]
             # vectors run along the innermost index where it is k or the operand's row axis; one whose innermost
             # index is a batch axis (`A[m k s]`, s batched) is read an element at a time
-            along = (op.load.indices[-1] in (c.k, op.axis_var) and op.gather is None) or op.k_pos == len(op.load.indices) - 1
+            along = op.load.indices[-1] in (c.k, op.axis_var) or op.k_pos == len(op.load.indices) - 1
             vec = max_vector(inner, eb) if along else 1
             while tile_along_inner % vec:
                 vec //= 2
