@@ -83,11 +83,20 @@ def plan_error(program: Program, model: Model, ob: Obligation, hint: str | None 
 def fallback(plan: Plan, proof: Proof) -> Plan:
     """A member with no guard: each kernel a guard names takes every field's unguarded value (the
     field table's `unguarded`, habu/plan/fields.py: scalar ldg loads, vector 1);
-    the other kernels hold for every size already and are kept."""
+    the other kernels hold for every size already and are kept. A staged operand stays staged: its pass
+    copies the rows into a buffer of aligned rows at every size (only its vector falls back)."""
     guarded = {i for i in range(len(plan.kernels)) for o in proof.guards if o.kernel.startswith(f"kernel {i} ")}
-    kernels = tuple(replace(k, **unguarded_changes(type(k))) if i in guarded else k
-                    for i, k in enumerate(plan.kernels))
+    kernels = tuple(replace(k, **_unguarded(k)) if i in guarded else k for i, k in enumerate(plan.kernels))
     return replace(plan, kernels=kernels, guards=())
+
+
+def _unguarded(kernel) -> dict:
+    """The fields `kernel` changes in the unguarded member (`fallback`)."""
+    changes = unguarded_changes(type(kernel))
+    for side in ("a", "b"):
+        if getattr(kernel, f"{side}_move", None) == "staged":
+            changes.pop(f"{side}_move", None)
+    return changes
 
 
 def compile_model(program: Program, model_name: str, shape: dict[str, int], target: Target,
@@ -156,23 +165,61 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
     """The member of a guarded plan's kernel set that holds for every size: its kernels with every guarded field
     at its unguarded value (`fallback`); where that plan breaks a rule (an A read m-major by wgmma needs TMA's
     16-byte rows), the default plan on the mma.sync, then the SIMT contraction path (unless the user pinned
-    `mma`), unguarded the same way. The first whose proof holds unguarded, else the first tried."""
+    `mma`), unguarded the same way; where neither holds whole, the first plan with each kernel that needs a guard
+    taken from the first of those two that has it hold (the same nodes, no rule broken or guarded). The first whose
+    proof holds unguarded, else the first tried."""
     fb = fallback(plan, proof)
     first = (fb, prove(model, fb, shape, trials=trials))
     if not _needs_guard(first[1]) or "mma" in pins or not any(k.kind == "contraction" for k in plan.kernels):
         return first
+    tried = []
     for mma in ("mma.sync", "fma"):
         try:
             alt = replace(default_plan(restricted(model, ranges), target, shape, {**pins, "mma": mma}), ranges=ranges)
         except HabuError:
             continue
         alt_proof = prove(model, alt, shape, trials=trials)
-        if alt_proof.guards and not alt_proof.violations:
+        if alt_proof.guards:  # (a kernel of it that breaks a rule may still be `_per_kernel`'s)
             alt = fallback(alt, alt_proof)
             alt_proof = prove(model, alt, shape, trials=trials)
         if not _needs_guard(alt_proof):
             return alt, alt_proof
+        tried.append((alt, alt_proof))
+    mixed = _per_kernel(first, tried)
+    if mixed is not None:
+        mixed_proof = prove(model, mixed, shape, trials=trials)
+        if not _needs_guard(mixed_proof):
+            return mixed, mixed_proof
     return first
+
+
+def _failing_kernels(proof: Proof) -> set[int]:
+    """The kernels (by index) a proof found a rule broken or guarded in."""
+    return {int(o.kernel.split()[1]) for o in (*proof.violations, *proof.guards)
+            if o.kernel.startswith("kernel ") and o.kernel.split()[1].isdigit()}
+
+
+def _per_kernel(first: tuple[Plan, Proof], tried: list[tuple[Plan, Proof]]) -> Plan | None:
+    """`first`'s plan with each kernel that breaks a rule or needs a guard replaced by the kernel of the same nodes
+    in the first of `tried` where that kernel holds; None where a kernel has no such replacement, or the plans
+    differ in more than their kernels (rewrites, storage: the kernels would compute different models)."""
+    plan, proof = first
+    if proof.certificate is not None and not proof.certificate.passed:
+        return None  # the check failed: no one kernel to blame
+    kernels = list(plan.kernels)
+    for i in sorted(_failing_kernels(proof)):
+        found = None
+        for alt, alt_proof in tried:
+            if (alt.rewrites, alt.storage) != (plan.rewrites, plan.storage):
+                continue
+            bad = _failing_kernels(alt_proof)
+            found = next((k for j, k in enumerate(alt.kernels) if k.nodes == kernels[i].nodes and j not in bad), None)
+            if found is not None:
+                break
+        if found is None:
+            return None
+        kernels[i] = found
+    return replace(plan, kernels=tuple(kernels))
 
 
 def _needs_guard(proof: Proof) -> bool:

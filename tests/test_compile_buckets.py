@@ -169,3 +169,48 @@ def test_regression_a_scatter_product_over_a_runtime_n_has_an_unguarded_member()
     compiled = compile_model(parse_text(text, "fz.habu"), "FZ", {}, target_named("sm_90a"), {}, 1)
     assert len(compiled.plans) == 2 and not compiled.plans[1].guards and all(p.ok for p in compiled.proofs)
     assert compiled.plans[1].kernels[0].mma != "wgmma"
+
+
+def test_regression_a_product_gathered_on_its_reduction_over_a_runtime_n_has_an_unguarded_member():
+    """`DW[k n] = Σ m A[IX[m] k] · DY[m n]` over `1..64 EXTENT: #N` (session 68's fuzz: the derived backwards of
+    random products 5, 47, 50, 93 over a runtime N): the default stages A (a pass gathers its rows) and reads DY by
+    TMA where N·2 bytes is a multiple of 16. Neither the fallback (wgmma reads an n-major B only by TMA) nor the
+    mma.sync default (which read no staged operand) held for every N: compile refused the model. The mma.sync path
+    now reads a staged operand's buffer (cp.async, or ldg at vector 1), and the fallback keeps the staging."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+    from habu.target import target_named
+
+    path = ROOT / "tests" / "data" / "k_gathered_runtime.habu"
+    compiled = compile_model(parse_text(path.read_text(), str(path)), "K-GATHERED-RUNTIME", {},
+                             target_named("sm_90a"), {}, 1)
+    guarded, unguarded = compiled.plans
+    assert guarded.guards and guarded.kernels[0].mma == "wgmma" and guarded.kernels[0].a_move == "staged"
+    (k,) = unguarded.kernels
+    assert not unguarded.guards and (k.mma, k.a_move, k.b_move, k.a_vector) == ("mma.sync", "staged", "ldg", 1)
+    assert all(p.ok for p in compiled.proofs)
+
+
+def test_regression_an_unguarded_member_takes_each_failing_kernel_from_another_path():
+    """Random product 106's derived backward over a runtime N (session 68's fuzz): dW's wgmma kernel needs a guard
+    (DY's TMA rows) and its fallback breaks `supported-path`; the whole mma.sync plan breaks it in another kernel
+    (an A gathered along its contiguous axis), the SIMT plan in dW (no staged operand). The unguarded member is the
+    default plan with dW's kernel from the mma.sync plan (`_per_kernel`), proven whole."""
+    from habu.cli_grad import backward_program
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+    from habu.target import target_named
+
+    text = ("511 EXTENT: #M 1..16 EXTENT: #N 511 EXTENT: #K 511 EXTENT: #T\nbf16 TENSOR: A ( #K #T )\n"
+            "bf16 TENSOR: W ( #N #K )  bf16 TENSOR: Y ( #M #N )  ITENSOR: IX ( #M #T )\n"
+            "MODEL: FZ  Y[m n] = sigmoid(Σ k A[k IX[m]] · W[n k]) ;\n")
+    program, name = backward_program(parse_text(text, "fz.habu"), "FZ", None, "auto")
+    compiled = compile_model(program, name, {}, target_named("sm_90a"), {}, 1)
+    guarded, unguarded = compiled.plans
+    assert all(p.ok for p in compiled.proofs) and not unguarded.guards
+    assert [k.nodes for k in unguarded.kernels] == [k.nodes for k in guarded.kernels]
+    for g, u in zip(guarded.kernels, unguarded.kernels, strict=True):
+        if u.nodes == ("dW",):
+            assert (g.mma, u.mma) == ("wgmma", "mma.sync") and "staged" in (u.a_move, u.b_move)
+        else:
+            assert u == g  # (the first, a SIMT kernel, the mma.sync plan could not have given)

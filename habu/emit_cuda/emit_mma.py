@@ -29,6 +29,7 @@ from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.pipeline import CpAsyncRing
 from habu.lower.support import MMA_SYNC, lowering_smem
+from habu.lower.staging import main_loop_move
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 
@@ -63,7 +64,8 @@ def _stage_load(side: str, lw: ContractionLowering, sig: Signature, sizes, it: s
     k = lw.kernel
     access = lw.a if side == "A" else lw.b
     e = DTYPES[access.dtype].bytes
-    move = k.a_move if side == "A" else k.b_move
+    move = main_loop_move(str(k.mma), str(k.a_move if side == "A" else k.b_move),
+                          k.a_vector if side == "A" else k.b_vector, e)  # (a staged operand: its buffer's)
     if move == "tma-gather4":
         return _gather4_load(lw, sig, sizes, it, model, stage_bytes)
     ops = lw.operands

@@ -26,6 +26,7 @@ from habu.lower.access import Access
 from habu.lower.fragments import A_OPERAND, B_OPERAND, OperandFragment
 from habu.lower.registers import consumer_warpgroups
 from habu.lower.smem import Buffer, simt_smem, tensor_core_smem
+from habu.lower.staging import main_loop_move
 from habu.plan.plan import ContractionKernel
 from habu.spec.dtypes import DTYPES
 
@@ -470,8 +471,10 @@ def mma_sync_operands(kernel: ContractionKernel, a_dtype: str, b_dtype: str, b_k
         return None
     grid = WarpGrid(wm, kernel.tile_m // wm, kernel.tile_n // wn)
     gather4 = kernel.a_move == "tma-gather4"
-    a_vec = kernel.a_vector if kernel.a_move == "cp.async" else (kernel.tile_k if gather4 else 1)
-    b_vec = kernel.b_vector if kernel.b_move == "cp.async" else 1
+    # (a staged operand's buffer is read by cp.async, or by ldg: `main_loop_move`)
+    a_move = main_loop_move(str(kernel.mma), str(kernel.a_move), kernel.a_vector, e)
+    a_vec = kernel.a_vector if a_move == "cp.async" else (kernel.tile_k if gather4 else 1)
+    b_vec = kernel.b_vector if main_loop_move(str(kernel.mma), str(kernel.b_move), kernel.b_vector, e) == "cp.async" else 1
     if gather4 and not a_kmajor:
         return None  # gather4 brings whole k rows of A
     a_tile = tile_of_buffer(buffers["A0"], e, kernel.swizzle, not a_kmajor)

@@ -52,5 +52,17 @@ def staged(src: Access, axis: str, rows: str, k: str, suffix: str = "") -> tuple
 TRANSPOSE_TILE = 32  # a transposing staging pass moves 32 x 32 tiles (256 threads, 4 elements each)
 
 
+def main_loop_move(mma: str, move: str, vector: int, elem_bytes: int) -> str:
+    """How a contraction's main loop moves an operand's tiles into shared memory: its movement (`a_move`,
+    `b_move`), except a staged operand, whose pass copies its rows into a buffer of 16-byte-aligned rows: wgmma
+    reads that buffer by TMA, mma.sync by cp.async of `vector` elements, or by ldg where a vector is under the
+    4 bytes cp.async copies at least (the unguarded member of a kernel set reads it one element at a time)."""
+    if move != "staged":
+        return move
+    if mma == "wgmma":
+        return "tma"
+    return "cp.async" if vector * elem_bytes >= 4 else "ldg"
 
-__all__ = ["STAGE_ALIGN", "TRANSPOSE_TILE", "StageLowering", "staged"]
+
+
+__all__ = ["STAGE_ALIGN", "TRANSPOSE_TILE", "StageLowering", "main_loop_move", "staged"]

@@ -7,6 +7,7 @@ from habu.emit_cuda.emit_mma import emit_mma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.support import MMA_SYNC
+from habu.paths.analytic import max_vector
 from habu.paths.contraction import ContractionFacts, ContractionPath, OperandFacts, Shape
 from habu.spec.ir import Model
 from habu.target import Target
@@ -31,6 +32,8 @@ class MmaSyncPath(ContractionPath):
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
+        if op.k_gathered:  # a pass gathers its rows into a buffer of aligned rows along k, read by cp.async
+            return "staged", max_vector(facts.k, op.elem_bytes)
         if target.cp_async and vector * op.elem_bytes >= 4:
             return "cp.async", vector
         return "ldg", vector

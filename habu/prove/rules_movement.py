@@ -11,6 +11,7 @@ import z3
 from habu.lower import ContractionLowering
 from habu.lower.access import Access, cdiv, size_of
 from habu.lower.contraction import is_batch_axis
+from habu.lower.staging import main_loop_move
 from habu.prove.obligation import Context, Obligation
 
 
@@ -86,14 +87,14 @@ def movement_obligations(name: str, side: str, acc: Access, move: str, vec: int,
     t = ctx.target
     s = ctx.ext
     e = ctx.dtype_bytes(acc)
+    move = main_loop_move(str(k.mma), move, vec, e)  # a staged operand: how its buffer is read
     k_pos = next((i for i, p in enumerate(acc.positions) if p.kind == "axis" and p.axis == "k"), None)
     if k_pos is None:  # gathered on k and not staged: refused by `supported-path` (`_k_gather_refusals`)
         return
     k_contiguous = k_pos == len(acc.positions) - 1
     _row_stride_bytes(acc, ctx, k_pos if k_contiguous else len(acc.positions) - 1)
     gathered = any(p.kind == "gather" for p in acc.positions)
-    feature = {"ldg": True, "cp.async": t.cp_async, "tma": t.tma, "tma-gather4": t.tma_gather4,
-               "staged": t.tma}[move]
+    feature = {"ldg": True, "cp.async": t.cp_async, "tma": t.tma, "tma-gather4": t.tma_gather4}[move]
     yield Obligation(R["target-feature"], name, acc.tensor, f"{move} exists on {t.name}", feature,
                      detail=f"{t.name} has no {move}")
     if move in ("ldg", "cp.async"):
@@ -116,6 +117,12 @@ def movement_obligations(name: str, side: str, acc: Access, move: str, vec: int,
                              detail=f"row stride of {acc.tensor} is {_fmt(acc, len(acc.positions) - 1, ctx)} bytes, "
                                     f"not a multiple of {size}" if contiguous else
                                     f"{acc.tensor}'s innermost index is not a plain axis")
+            if contiguous:  # a vector's mask is its first element's: none reaches past the access's bound
+                bound = acc.bounded_extents()[-1]  # (a staged buffer's rows are padded past it)
+                yield Obligation(rule, name, acc.tensor,
+                                 f"{vec}-element vectors of {acc.tensor} end at its bound #{bound}",
+                                 size_of(bound, s) % vec == 0,
+                                 detail=f"#{bound} is not a multiple of the {vec}-element vectors of {acc.tensor}")
         return
     # TMA
     yield Obligation(R["tma-rank"], name, acc.tensor, f"rank {len(acc.extents)} descriptor",

@@ -60,6 +60,7 @@ PINNED = {  # the emitter paths, pinned, on ggemm at ragged and aligned shapes
     "wgmma-two-blocks-persistent": {"tile": "128x128x64", "warps": "8", "stages": "2", "store": "tma",
                                     "blocks_per_sm": "2", "persistent": "true"},
     "mma.sync": {"mma": "mma.sync"},
+    "mma.sync-staged": {"mma": "mma.sync", "A": "staged"},  # its buffer by ldg at K = 511, cp.async at 512
     "fma": {"mma": "fma"},
     "fma-split3": {"mma": "fma", "split_k": "3"},
 }
@@ -278,3 +279,24 @@ def test_an_m_major_a_over_a_runtime_m_runs_both_members_exactly():
         ref = reference(model, inputs, sizes)["Y"]
         got = outs["Y"].detach().to("cpu").double().numpy()
         assert np.allclose(got, ref, rtol=1e-3, atol=1e-3), m
+
+
+def test_a_product_gathered_on_its_reduction_over_a_runtime_n_runs_both_members_exactly():
+    """Regression (session 68's fuzz, fixed in session 69): the guarded wgmma member (A staged, DY by TMA where N is a
+    multiple of 8) and the unguarded mma.sync member reading the staged A's buffer; `habu.build` checks each member
+    exactly, then each runs where its guard sends it, against float64."""
+    import numpy as np
+
+    from habu.timing.harness import make_inputs, poisoned_outputs, reference
+
+    cm = habu.build(str(ROOT / "tests" / "data" / "k_gathered_runtime.habu"), "K-GATHERED-RUNTIME")
+    for n in (64, 13, 1):
+        sizes = {"M": 190, "N": n, "K": 72, "T": 300}
+        model = cm.model.with_sizes(sizes)
+        inputs = make_inputs(model, sizes, n)
+        outs = poisoned_outputs(model, sizes)
+        cm(**inputs, **outs)
+        torch.cuda.synchronize()
+        ref = reference(model, inputs, sizes)["DW"]
+        got = outs["DW"].detach().to("cpu").double().numpy()
+        assert np.allclose(got, ref, rtol=1e-3, atol=1e-3), n

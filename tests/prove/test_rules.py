@@ -475,3 +475,14 @@ def test_regression_a_scalar_column_reduction_with_a_wide_tile_raced_past_the_ru
     assert prove(m, default_plan(m, TARGETS["sm_90a"], sizes, {}), sizes, trials=1).ok  # one column: fine
     wide = prove(m, default_plan(m, TARGETS["sm_90a"], sizes, {"column_threads": "16"}), sizes, trials=1)
     assert [o.rule.name for o in wide.violations] == ["scalar-one-column"] and wide.certificate is None
+
+
+def test_regression_a_staged_operand_read_in_vectors_past_its_bound_breaks_cp_async_size():
+    """A staged buffer's rows are padded to 16 bytes past #K: at K = 511 its row stride is aligned, so the
+    alignment obligation held, yet an 8-element vector whose first element is the last k reads 7 elements of
+    padding the staging pass never wrote (a vector's mask is its first element's). Session 69 (the mma.sync path
+    reads staged buffers by cp.async): the vectors must end at the access's bound."""
+    bad, _ = failed(ggemm(K=511), sizes={"K": 511}, pins={"mma": "mma.sync", "A": "staged", "vector": "2"})
+    assert any(o.rule.name == "cp.async-size" and o.tensor == "@A" for o in bad), [o.describe() for o in bad]
+    ok, _ = failed(ggemm(K=512), sizes={"K": 512}, pins={"mma": "mma.sync", "A": "staged"})
+    assert not ok, [o.describe() for o in ok]
