@@ -28,8 +28,8 @@ from habu.emit_cuda.emit_fma import epilogue_pair_code, table_reader, tile_setup
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.pipeline import CpAsyncRing
-from habu.lower.support import MMA_SYNC, lowering_smem
 from habu.lower.staging import main_loop_move
+from habu.lower.support import MMA_SYNC, lowering_smem
 from habu.spec.dtypes import DTYPES
 from habu.spec.ir import Model
 

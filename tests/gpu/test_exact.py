@@ -264,39 +264,31 @@ def test_an_m_major_a_over_a_runtime_m_runs_both_members_exactly():
     """Regression (session 68's fuzz): the guarded wgmma member (M a multiple of 8) and the unguarded mma.sync member
     that replaced a refused fallback; `habu.build` checks each member exactly, then each runs where its guard sends
     it, against float64."""
+    cm = habu.build(str(ROOT / "tests" / "data" / "m_major_runtime.habu"), "M-MAJOR-RUNTIME")
+    for m in (104, 100, 1):
+        _against_float64(cm, {"M": m, "N": 128, "K": 64}, "Y", seed=m)
+
+
+def _against_float64(cm, sizes: dict[str, int], out: str, seed: int) -> None:
+    """Run a built kernel set at `sizes` (its guards pick the member) on fresh inputs into poisoned outputs, and
+    compare `out` with the float64 model."""
     import numpy as np
 
     from habu.timing.harness import make_inputs, poisoned_outputs, reference
 
-    cm = habu.build(str(ROOT / "tests" / "data" / "m_major_runtime.habu"), "M-MAJOR-RUNTIME")
-    for m in (104, 100, 1):
-        sizes = {"M": m, "N": 128, "K": 64}
-        model = cm.model.with_sizes(sizes)
-        inputs = make_inputs(model, sizes, m)
-        outs = poisoned_outputs(model, sizes)
-        cm(**inputs, **outs)
-        torch.cuda.synchronize()
-        ref = reference(model, inputs, sizes)["Y"]
-        got = outs["Y"].detach().to("cpu").double().numpy()
-        assert np.allclose(got, ref, rtol=1e-3, atol=1e-3), m
+    model = cm.model.with_sizes(sizes)
+    inputs = make_inputs(model, sizes, seed)
+    outs = poisoned_outputs(model, sizes)
+    cm(**inputs, **outs)
+    torch.cuda.synchronize()
+    got = outs[out].detach().to("cpu").double().numpy()
+    assert np.allclose(got, reference(model, inputs, sizes)[out], rtol=1e-3, atol=1e-3), sizes
 
 
 def test_a_product_gathered_on_its_reduction_over_a_runtime_n_runs_both_members_exactly():
     """Regression (session 68's fuzz, fixed in session 69): the guarded wgmma member (A staged, DY by TMA where N is a
     multiple of 8) and the unguarded mma.sync member reading the staged A's buffer; `habu.build` checks each member
     exactly, then each runs where its guard sends it, against float64."""
-    import numpy as np
-
-    from habu.timing.harness import make_inputs, poisoned_outputs, reference
-
     cm = habu.build(str(ROOT / "tests" / "data" / "k_gathered_runtime.habu"), "K-GATHERED-RUNTIME")
     for n in (64, 13, 1):
-        sizes = {"M": 190, "N": n, "K": 72, "T": 300}
-        model = cm.model.with_sizes(sizes)
-        inputs = make_inputs(model, sizes, n)
-        outs = poisoned_outputs(model, sizes)
-        cm(**inputs, **outs)
-        torch.cuda.synchronize()
-        ref = reference(model, inputs, sizes)["DW"]
-        got = outs["DW"].detach().to("cpu").double().numpy()
-        assert np.allclose(got, ref, rtol=1e-3, atol=1e-3), n
+        _against_float64(cm, {"M": 190, "N": n, "K": 72, "T": 300}, "DW", seed=n)
