@@ -62,7 +62,8 @@ class MmaSyncPath(ContractionPath):
         return SKINNY_SHAPES
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
-        return [(a, b) for a in ("ldg", "cp.async") for b in ("ldg", "cp.async")]
+        # (staged: a pass copies the rows, gathered, into aligned rows the main loop reads by cp.async or ldg)
+        return [(a, b) for a in ("ldg", "cp.async", "staged") for b in ("ldg", "cp.async", "staged")]
 
     def peak_flops(self, c: Ceilings) -> float:
         return c.mma_sync_flops
