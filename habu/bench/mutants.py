@@ -20,6 +20,7 @@ from habu.bench import mutants_multiout as multiout
 from habu.bench import mutants_persist as persist
 from habu.bench import mutants_rows_saved as rows_saved
 from habu.bench import mutants_split as split
+from habu.bench import mutants_staged as staged
 from habu.bench import mutants_swap as swap
 from habu.bench import mutants_window as window
 from habu.bench.mutant_plants import (
@@ -45,6 +46,7 @@ from habu.bench.mutant_plants import (
     vector_slot_one_off,
 )
 from habu.bench.mutants_softmax import SOFTMAX_MUTANTS, run_softmax_mutant
+from habu.bench.mutants_staged import strided, ungathered
 from habu.lower import (
     ContractionLowering,
     GeneralLowering,
@@ -74,16 +76,6 @@ def _drop_mask(acc: Access, axis: str) -> Access:
 
 def _inclusive(acc: Access, axis: str) -> Access:
     return replace(acc, masks=tuple(Bound(b.axis, b.extent, True) if b.axis == axis else b for b in acc.masks))
-
-
-def _stride(acc: Access, pos: int, extents: tuple[str, ...]) -> Access:
-    strides = list(acc.strides)
-    strides[pos] = extents
-    return replace(acc, strides=tuple(strides))
-
-
-def _ungather(acc: Access) -> Access:
-    return replace(acc, positions=tuple(Position("axis", p.axis) if p.kind == "gather" else p for p in acc.positions))
 
 
 @dataclass(frozen=True)
@@ -215,7 +207,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("m-mask-off-by-one", "m <= M on A's rows: the gather reads IX[M]", "ggemm.habu", "GGEMM", GG,
            _c(lambda lw: replace(lw, a=_inclusive(lw.a, "m"))), DIRECT),
     Mutant("wrong-stride", "B's row stride taken from #N instead of #K", "ggemm.habu", "GGEMM", GG,
-           _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("N",)))), DIRECT),
+           _c(lambda lw: replace(lw, b=strided(lw.b, 0, ("N",)))), DIRECT),
     Mutant("k-offset-never-advances", "the k tile offset is not advanced (pytorch #186241)", "ggemm.habu", "GGEMM",
            GG, _c(lambda lw: replace(lw, k_step=0)), DIRECT),
     Mutant("k-offset-advances-twice", "the k tile offset advances by 2·BK", "ggemm.habu", "GGEMM", GG,
@@ -255,7 +247,7 @@ MUTANTS: tuple[Mutant, ...] = (
            _c(lambda lw: replace(lw, pipeline=replace(lw.pipeline, wait_groups=lw.pipeline.wait_groups + 1))),
            {**DIRECT, "mma": "mma.sync"}),
     Mutant("gather-wrong-index", "A's rows read at m instead of IX[m]", "ggemm.habu", "GGEMM", GG,
-           _c(lambda lw: replace(lw, a=_ungather(lw.a))), DIRECT),
+           _c(lambda lw: replace(lw, a=ungathered(lw.a))), DIRECT),
     Mutant("store-overruns-n", "the store is not masked on n: the last tile writes past N", "ggemm.habu", "GGEMM",
            GG, _c(lambda lw: replace(lw, out=_drop_mask(lw.out, "n"))), DIRECT_STORE),
     Mutant("store-overruns-m", "the store is not masked on m", "ggemm.habu", "GGEMM", GG,
@@ -349,13 +341,7 @@ MUTANTS: tuple[Mutant, ...] = (
                (ld, replace(acc, positions=tuple(Position("axis", "m") if p.axis == "n" else p for p in acc.positions),
                             masks=tuple(Bound("m", lw.m) if b.axis == "n" else b for b in acc.masks)))
                if ld.tensor.startswith("B") else (ld, acc) for ld, acc in lw.epi_loads)))),
-    Mutant("stage-gather-skipped", "the staging pass copies A[m] instead of A[IX[m]]", "ggemm.habu", "GGEMM", GG,
-           _c(lambda lw: replace(lw, pre=(replace(lw.pre[0], src=_ungather(lw.pre[0].src)), *lw.pre[1:]))),
-           {"A": "staged", "B": "staged"}),
-    Mutant("stage-rows-unpadded", "the staging pass writes rows #K apart; the GEMM reads them #K^8 apart",
-           "ggemm.habu", "GGEMM", GG,
-           _c(lambda lw: replace(lw, pre=(replace(lw.pre[0], dst=_stride(lw.pre[0].dst, 0, ("K",))),
-                                          *lw.pre[1:]))), {"A": "staged", "B": "staged"}),
+    *(Mutant(*entry) for entry in staged.MUTANT_ENTRIES),  # staged operands, wgmma and mma.sync (mutants_staged.py)
     Mutant("reduction-drops-last-warp", "the block reduction combines one warp's partial too few (the emitter "
            "read `lane < threads/32` partials: a partial last warp was lost, audit of 402788a)", "softmax.habu",
            "SOFTMAX-ROWS", {"R": 8, "C": 1000}, _r(lambda lw: replace(lw, combined_warps=lw.combined_warps - 1)),
@@ -389,14 +375,14 @@ MUTANTS: tuple[Mutant, ...] = (
            _r(lambda lw: replace(lw, passes=tuple(reversed(lw.passes))))),
     Mutant("row-stride-wrong", "rows strided by #R instead of #D", "rmsnorm.habu", "RMSNORM-ROWS",
            {"R": 8, "D": 768},
-           _r(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 0, ("R",))) for ld, acc in lw.loads)))),
+           _r(lambda lw: replace(lw, loads=tuple((ld, strided(acc, 0, ("R",))) for ld, acc in lw.loads)))),
     Mutant("row-flattening-divisor-wrong", "a 3-D row kernel decodes row r as b = r / #B (the outer extent, not "
            "#S), s = r % #S: rows collide and some (b, s) are never computed", "rows_nd.habu", "RMSNORM-BSD",
            {"B": 3, "S": 5, "D": 256}, _r(lambda lw: _decoded(lw, lambda r, B, S: (r // B, r % S)))),
     Mutant("row-flattening-stride-wrong", "a 3-D row kernel strides its batch axis by #D instead of #S·#D (the "
            "leading axes flattened as if the tensor were 2-D)", "rows_nd.habu", "RMSNORM-BSD",
            {"B": 3, "S": 5, "D": 256}, _r(lambda lw: replace(lw, loads=tuple(
-               (ld, _stride(acc, 0, ("D",)) if len(acc.positions) == 3 else acc) for ld, acc in lw.loads)))),
+               (ld, strided(acc, 0, ("D",)) if len(acc.positions) == 3 else acc) for ld, acc in lw.loads)))),
     Mutant("map-lane-without-vector", "the map kernel's lane index is blockIdx·threads + threadIdx without the "
            "vector factor: lanes overlap and most of each block's elements are never computed", "fused.habu",
            "AXPY-RELU", {"N": 1000}, _m(lambda lw: replace(lw, lanes=replace(lw.lanes, lane_stride=1)))),
@@ -406,7 +392,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("general-store-unmasked", "the general kernel's threads past the last element store (its guard, the "
            "output's mask, dropped)", "weighted_scores.habu", "SCORES", BMM, _g(lambda lw: replace(lw, out=_drop_mask(lw.out, "e0")))),
     Mutant("general-wrong-stride", "Q's rows strided by #J instead of #D in the general kernel", "weighted_scores.habu", "SCORES",
-           BMM, _g(lambda lw: replace(lw, loads=tuple((ld, _stride(acc, 1, ("J",)) if acc.tensor == "Q" else acc)
+           BMM, _g(lambda lw: replace(lw, loads=tuple((ld, strided(acc, 1, ("J",)) if acc.tensor == "Q" else acc)
                                                       for ld, acc in lw.loads)))),
     Mutant("scatter-plain-store", "the scatter kernel stores its value instead of adding it with atomicAdd "
            "(duplicate indices overwrite each other, the target's prior contents are lost)", "scatter_add.habu",
@@ -435,7 +421,7 @@ MUTANTS: tuple[Mutant, ...] = (
     *(Mutant(*entry) for entry in columns.MUTANT_ENTRIES),  # a bias gradient's broadcast store, a column sum in an epilogue
     Mutant("batch-stride-wrong", "K's batch stride is #I·#D (Q's) instead of #J·#D: every batch after the first "
            "reads the wrong keys (a batched GEMM given the first operand's batch stride for both)", "bmm.habu",
-           "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=_stride(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),
+           "SCORES", BMM_SHAPE, _c(lambda lw: replace(lw, b=strided(lw.b, 0, ("I", "D")))), {"mma": "mma.sync"}),
     Mutant("batch-decode-unreduced", "a batched decode takes the tile from the block index, not from the index "
            "within its batch: the blocks of batches 1.. compute tiles past the grid", "bmm.habu", "SCORES",
            BMM_SHAPE, _c(batch_decode_unreduced)),
@@ -474,7 +460,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "token's rows overwrite each other and Y's prior contents", MOE_SMALL, "MOE-FFN", COMBINE,
            grouped(lambda lw: replace(lw, store=Store.WRITE)), GROUPED_FAMILY, kernel=3),
     Mutant("combine-scatter-row-wrong", "the grouped MoE combine adds routed row r into Y[r d], not into its "
-           "token's row Y[IX[r] d]", MOE_SMALL, "MOE-FFN", COMBINE, grouped(lambda lw: replace(lw, out=_ungather(lw.out))),
+           "token's row Y[IX[r] d]", MOE_SMALL, "MOE-FFN", COMBINE, grouped(lambda lw: replace(lw, out=ungathered(lw.out))),
            GROUPED_FAMILY, kernel=3),
     Mutant("grouped-wgmma-box-group-off-by-one", "the grouped wgmma loop's TMA box of W starts one group past the "
            "tile's (box origin (k0, n0, g + 1)): every row multiplies the next expert's weights", MOE_SMALL,
