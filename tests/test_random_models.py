@@ -108,13 +108,16 @@ def test_a_random_attention_and_its_backward_compile_or_are_refused_in_one_line(
 
 
 @pytest.mark.parametrize(("kind", "seed"), [("attention", 0), ("attention", 4), ("layer", 1), ("layer", 2),
-                                            ("product", 9), ("product", 32), ("attention-keys", 13)])
+                                            ("product", 9), ("product", 32), ("attention-keys", 13),
+                                            ("product-n", 5), ("product-n", 106), ("masked-n", 50)])
 def test_a_random_model_over_a_runtime_extent_compiles_with_its_report(kind, seed):
     """Attention over a runtime query count, a layer over a runtime token count, a product over a runtime M (session
     68: the report of most such attention plans crashed after their proof, counting a k window's share at an unknown
-    #I; a seventh of the products had no unguarded member, an m-major A read by TMA on wgmma)."""
+    #I; a seventh of the products had no unguarded member, an m-major A read by TMA on wgmma; session 69: the derived
+    backwards of products over a runtime N had none, an operand gathered on the reduction axis staged)."""
     generate, extent = {"attention": (random_attention, "I"), "layer": (random_layer, "T"),
-                        "product": (random_product, "M"), "attention-keys": (random_attention, "J")}[kind]
+                        "product": (random_product, "M"), "attention-keys": (random_attention, "J"),
+                        "product-n": (random_product, "N"), "masked-n": (random_masked_product, "N")}[kind]
     text = with_runtime_extent(generate(seed), extent)
     assert "1.." in text
     assert _compile(text, backward=False) == "ok", text
