@@ -292,9 +292,11 @@ class MmaSyncSupport(ContractionSupport):
 
     def own_refusals(self, lw: ContractionLowering) -> list[str]:
         reasons = []
-        # A stored [k m] is staged [BK][BM+8] and read by ldmatrix.x4.trans (habu/lower/layouts.py)
-        if not contiguous_along(lw.a, "k") and not contiguous_along(lw.a, "m"):
-            reasons.append("the mma.sync path reads A contiguous along k, or along m (ldmatrix.trans)")
+        # A stored [k m] is staged [BK][BM+8] and read by ldmatrix.x4.trans (habu/lower/layouts.py); an A whose
+        # innermost index is neither (a batch axis: `A[m k s]`) is staged so too, copied an element at a time
+        if not contiguous_along(lw.a, "k") and not contiguous_along(lw.a, "m") and lw.kernel.a_move != "ldg":
+            reasons.append("the mma.sync path reads A contiguous along k, or along m (ldmatrix.trans), or an "
+                           "element at a time (ldg)")
         if not contiguous_along(lw.a, "k") and lw.kernel.a_move == "tma-gather4":
             reasons.append("gather4 brings whole k rows of A: an A contiguous along m is copied by cp.async or ldg")
         if lw.kernel.swizzle:

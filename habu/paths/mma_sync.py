@@ -26,9 +26,10 @@ class MmaSyncPath(ContractionPath):
 
     def takes(self, facts: ContractionFacts, target: Target) -> bool:
         # its ldmatrix reads A contiguous along k, or along m with .trans (an A stored [k m], staged as
-        # stored: habu/lower/layouts.py); an A gathered along its contiguous axis goes to the SIMT path
+        # stored: habu/lower/layouts.py), or an A whose innermost index is a batch axis, copied an element at a
+        # time (`A[m k s]`, s batched); an A gathered along its contiguous axis goes to the SIMT path
         a = facts.c.a.load.indices
-        return facts.tensor_cores and target.mma_sync and (facts.a_kmajor or a[-1] == facts.c.m)
+        return facts.tensor_cores and target.mma_sync and (facts.a_kmajor or a[-1] == facts.c.m or a[-1] in facts.c.batch)
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:

@@ -288,3 +288,17 @@ def test_regression_a_skinny_product_over_a_batch_of_one_is_proven():
     (model,) = parse_text(text, "skinny.habu").models.values()
     plan, _ = proven(model)
     assert not plan.kernels[0].swap_ab
+
+
+def test_an_operand_whose_innermost_index_is_a_batch_axis_is_multiplied_on_the_tensor_cores():
+    """A[m k s] with s batched (session 68's fuzz sent it to the SIMT path: the mma.sync path read A only along k or
+    m): the mma.sync path stages such an A as if m-major, copied an element at a time (ldg), and the default takes
+    it there; proven (docs/PERF.md, session 69, for its time against the SIMT plan)."""
+    from habu.prove.rules import failures, obligations
+
+    (model,) = parse_text(BATCH_INNERMOST, "fuzz.habu").models.values()
+    plan, _ = proven(model)
+    (k,) = plan.kernels
+    assert (k.mma, k.a_move, k.a_vector) == ("mma.sync", "ldg", 1), k
+    bad = failures(obligations(model, default_plan(model, TARGET, {}, {"mma": "mma.sync", "A": "cp.async"}), {}))
+    assert any(o.rule.name in ("supported-path", "cp.async-size") for o in bad), bad  # not in vectors along s
