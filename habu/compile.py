@@ -163,11 +163,11 @@ def compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str,
 def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, shape: dict[str, int], target: Target,
                      pins: dict[str, str], trials: int) -> tuple[Plan, Proof]:
     """The member of a guarded plan's kernel set that holds for every size: its kernels with every guarded field
-    at its unguarded value (`fallback`); where that plan breaks a rule (an A read m-major by wgmma needs TMA's
-    16-byte rows), the default plan on the mma.sync, then the SIMT contraction path (unless the user pinned
-    `mma`), unguarded the same way; where neither holds whole, the first plan with each kernel that needs a guard
-    taken from the first of those two that has it hold (the same nodes, no rule broken or guarded). The first whose
-    proof holds unguarded, else the first tried."""
+    at its unguarded value (`fallback`). Where that plan breaks a rule (an A read m-major by wgmma needs TMA's
+    16-byte rows), the default plans on the mma.sync and the SIMT contraction paths (unless the user pinned `mma`),
+    unguarded the same way, give the kernels that do not hold: each from the first of them where the kernel of the
+    same nodes holds (`_per_kernel`; the other kernels stay as they were), else one of those plans whole. The first
+    whose proof holds unguarded, else the first tried."""
     fb = fallback(plan, proof)
     first = (fb, prove(model, fb, shape, trials=trials))
     if not _needs_guard(first[1]) or "mma" in pins or not any(k.kind == "contraction" for k in plan.kernels):
@@ -182,15 +182,13 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
         if alt_proof.guards:  # (a kernel of it that breaks a rule may still be `_per_kernel`'s)
             alt = fallback(alt, alt_proof)
             alt_proof = prove(model, alt, shape, trials=trials)
-        if not _needs_guard(alt_proof):
-            return alt, alt_proof
         tried.append((alt, alt_proof))
     mixed = _per_kernel(first, tried)
     if mixed is not None:
         mixed_proof = prove(model, mixed, shape, trials=trials)
         if not _needs_guard(mixed_proof):
             return mixed, mixed_proof
-    return first
+    return next(((alt, alt_proof) for alt, alt_proof in tried if not _needs_guard(alt_proof)), first)
 
 
 def _failing_kernels(proof: Proof) -> set[int]:

@@ -194,8 +194,9 @@ def test_regression_a_product_gathered_on_its_reduction_over_a_runtime_n_has_an_
 def test_regression_an_unguarded_member_takes_each_failing_kernel_from_another_path():
     """Random product 106's derived backward over a runtime N (session 68's fuzz): dW's wgmma kernel needs a guard
     (DY's TMA rows) and its fallback breaks `supported-path`; the whole mma.sync plan breaks it in another kernel
-    (an A gathered along its contiguous axis), the SIMT plan in dW (no staged operand). The unguarded member is the
-    default plan with dW's kernel from the mma.sync plan (`_per_kernel`), proven whole."""
+    (an A gathered along its contiguous axis), and the SIMT plan then broke it in dW (no staged operand: it reads one
+    now, and holds whole, every product on the SIMT path). The unguarded member is the default plan with dW's
+    kernel from the mma.sync plan (`_per_kernel`), the other kernels as they were, proven whole."""
     from habu.cli_grad import backward_program
     from habu.compile import compile_model
     from habu.spec.parser import parse_text

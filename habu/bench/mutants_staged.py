@@ -1,5 +1,5 @@
 """Planted bugs in a staged operand (`a_move`/`b_move` = staged: a pass copies the rows, gathered, into a buffer
-of 16-byte-aligned rows, which wgmma's main loop reads by TMA and mma.sync's by cp.async or ldg). The pass and
+of 16-byte-aligned rows, which wgmma's main loop reads by TMA and mma.sync's by cp.async or ldg, the SIMT path's by ldg). The pass and
 the main loop's read of its buffer live in the lowering (habu/lower/staging.py), which the emitter prints and the
 finite-field check runs, so each must be killed (habu.bench.mutants lists them)."""
 
@@ -14,6 +14,7 @@ from habu.lower.access import Access, Position
 SHAPE = {"M": 300, "N": 200, "K": 511}
 BOTH = {"A": "staged", "B": "staged"}  # wgmma, both operands staged
 MMA_SYNC = {"mma": "mma.sync", "A": "staged"}  # A's buffer read by the mma.sync main loop (ldg at K = 511)
+SIMT = {"mma": "fma", "A": "staged"}  # A's buffer read by the SIMT main loop, an element at a time
 
 
 def strided(acc: Access, pos: int, extents: tuple[str, ...]) -> Access:
@@ -55,6 +56,8 @@ MUTANT_ENTRIES = (
      "GGEMM", SHAPE, rows_unpadded, BOTH),
     ("mma-sync-staged-rows-unpadded", "the mma.sync main loop reads the staged A's rows #K apart; its pass writes "
      "them #K^8 apart", "ggemm.habu", "GGEMM", SHAPE, main_loop_rows_unpadded, MMA_SYNC),
+    ("simt-staged-rows-unpadded", "the SIMT main loop reads the staged A's rows #K apart; its pass writes them #K^8 "
+     "apart", "ggemm.habu", "GGEMM", SHAPE, main_loop_rows_unpadded, SIMT),
 )
 
 __all__ = ["MUTANT_ENTRIES", "SHAPE", "gather_skipped", "main_loop_rows_unpadded", "rows_unpadded", "strided",

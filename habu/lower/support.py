@@ -24,6 +24,7 @@ from habu.lower.layouts import WGMMA_K_SPANS
 from habu.lower.pipeline import MbarrierRing, lag_refusal
 from habu.lower.registers import RegisterSplit, consumer_warpgroups, warp_specialized_split
 from habu.lower.smem import SmemLayout, simt_smem, tensor_core_smem
+from habu.lower.staging import main_loop_move
 from habu.plan.plan import (
     SPLIT_CLUSTERS,
     AttentionKernel,
@@ -258,7 +259,6 @@ def _tma_store_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
     return reasons
 
 
-_STAGED = "staged operands feed the wgmma and mma.sync paths"
 
 
 class FmaSupport(ContractionSupport):
@@ -267,8 +267,11 @@ class FmaSupport(ContractionSupport):
 
     def movement_refusals(self, lw: ContractionLowering) -> list[str]:
         k = lw.kernel
-        return ([_STAGED] if "staged" in (k.a_move, k.b_move) else []) + (
-            ["the SIMT path loads with ldg"] if any(m != "ldg" for m in (k.a_move, k.b_move)) else [])
+        # (a staged operand's buffer is read by ldg at vector 1: `main_loop_move`)
+        moves = [main_loop_move("fma", str(m), v, DTYPES[acc.dtype].bytes)
+                 for m, v, acc in ((k.a_move, k.a_vector, lw.a), (k.b_move, k.b_vector, lw.b))]
+        return ["the SIMT path loads with ldg (a staged operand's buffer at vector 1)"] if any(
+            m != "ldg" for m in moves) else []
 
     def shape(self, lw: ContractionLowering, target: Target) -> ShapeCheck:
         k = lw.kernel

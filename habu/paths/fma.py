@@ -21,6 +21,8 @@ class FmaPath(ContractionPath):
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
+        if op.k_gathered:  # a pass gathers its rows into a buffer along k, read an element at a time
+            return "staged", 1
         return "ldg", 1
 
     def offered(self, target: Target, tensor_cores: bool) -> bool:
@@ -34,7 +36,7 @@ class FmaPath(ContractionPath):
                 for w in (4, 8)]
 
     def movements(self, moves: list[str]) -> list[tuple[str, str]]:
-        return [("ldg", "ldg")]
+        return [(a, b) for a in ("ldg", "staged") for b in ("ldg", "staged")]  # (staged: read by ldg)
 
     def vector(self, move: str, vector: int) -> int:
         return vector if move != "ldg" else 1

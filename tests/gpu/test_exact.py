@@ -62,6 +62,7 @@ PINNED = {  # the emitter paths, pinned, on ggemm at ragged and aligned shapes
     "mma.sync": {"mma": "mma.sync"},
     "mma.sync-staged": {"mma": "mma.sync", "A": "staged"},  # its buffer by ldg at K = 511, cp.async at 512
     "fma": {"mma": "fma"},
+    "fma-staged": {"mma": "fma", "A": "staged"},  # its buffer read an element at a time
     "fma-split3": {"mma": "fma", "split_k": "3"},
 }
 
