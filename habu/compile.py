@@ -170,7 +170,14 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
     whose proof holds unguarded, else the first tried."""
     fb = fallback(plan, proof)
     first = (fb, prove(model, fb, shape, trials=trials))
-    if not _needs_guard(first[1]) or "mma" in pins or not any(k.kind == "contraction" for k in plan.kernels):
+    if not _needs_guard(first[1]):
+        return first
+    direct = _direct_stores(fb, proof)  # a TMA store's rows need 16-byte strides: the guarded kernels' stored
+    if direct is not None:              # from their registers instead
+        direct_proof = prove(model, direct, shape, trials=trials)
+        if not _needs_guard(direct_proof):
+            return direct, direct_proof
+    if "mma" in pins or not any(k.kind == "contraction" for k in plan.kernels):
         return first
     tried = []
     for mma in ("mma.sync", "fma"):
@@ -189,6 +196,14 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
         if not _needs_guard(mixed_proof):
             return mixed, mixed_proof
     return next(((alt, alt_proof) for alt, alt_proof in tried if not _needs_guard(alt_proof)), first)
+
+
+def _direct_stores(fb: Plan, proof: Proof) -> Plan | None:
+    """`fb` with each kernel a guard names that stores by TMA storing directly instead, or None where none does."""
+    guarded = _failing_kernels(proof)
+    kernels = tuple(replace(k, store="direct") if i in guarded and getattr(k, "store", None) == "tma" else k
+                    for i, k in enumerate(fb.kernels))
+    return replace(fb, kernels=kernels) if kernels != fb.kernels else None
 
 
 def _failing_kernels(proof: Proof) -> set[int]:

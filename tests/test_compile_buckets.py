@@ -215,3 +215,17 @@ def test_regression_an_unguarded_member_takes_each_failing_kernel_from_another_p
             assert (g.mma, u.mma) == ("wgmma", "mma.sync") and "staged" in (u.a_move, u.b_move)
         else:
             assert u == g  # (the first, a SIMT kernel, the mma.sync plan could not have given)
+
+
+def test_regression_a_staged_product_over_a_runtime_n_keeps_its_wgmma_kernel_unguarded():
+    """GGEMM at K = 511 over `1..200 EXTENT: #N`: the default stages both operands and stores by TMA where N·4 bytes
+    is a multiple of 16. Its fallback kept the TMA store (still guarded) and dropped the staging, so the unguarded
+    member was the mma.sync plan loading one element at a time; it is now the same wgmma kernel, still staged,
+    storing from its registers (`_direct_stores`, session 69)."""
+    path = ROOT / "tests" / "data" / "staged_runtime_n.habu"
+    compiled = compile_model(load_program(path), "STAGED-RUNTIME-N", {}, target_named("sm_90a"), {}, 1)
+    guarded, unguarded = compiled.plans
+    (g,), (u,) = guarded.kernels, unguarded.kernels
+    assert guarded.guards and (g.mma, g.a_move, g.b_move, g.store) == ("wgmma", "staged", "staged", "tma")
+    assert not unguarded.guards and (u.mma, u.a_move, u.b_move, u.store) == ("wgmma", "staged", "staged", "direct")
+    assert all(p.ok for p in compiled.proofs)

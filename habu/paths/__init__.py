@@ -193,7 +193,7 @@ def family_kernel(model: Model, region: Region, family: str, target: Target, siz
     c = as_contraction(node_of(model, region.nodes[0])) if region.kind == "general" and len(region.nodes) == 1 else None
     if family == "contraction" and c is not None:
         # a contraction the default leaves to the general family: an operand gathered on the reduction
-        # axis (staged: only the wgmma path reads a staging pass's buffer, bf16/f16 operands), a scatter-add
+        # axis (staged: the wgmma, mma.sync and SIMT paths read a staging pass's buffer), a scatter-add
         # store (`dA[IX[m] k] += Σ n …`, f32 atomicAdd epilogue)
         kernel = default_kernel(model, Region("contraction", region.nodes), target, sizes)
         staged = isinstance(kernel, ContractionKernel) and "staged" in (kernel.a_move, kernel.b_move)

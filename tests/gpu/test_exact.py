@@ -293,3 +293,12 @@ def test_a_product_gathered_on_its_reduction_over_a_runtime_n_runs_both_members_
     cm = habu.build(str(ROOT / "tests" / "data" / "k_gathered_runtime.habu"), "K-GATHERED-RUNTIME")
     for n in (64, 13, 1):
         _against_float64(cm, {"M": 190, "N": n, "K": 72, "T": 300}, "DW", seed=n)
+
+
+def test_a_staged_product_over_a_runtime_n_runs_both_members_exactly():
+    """Regression (session 69): the guarded member (both operands staged, the output stored by TMA where N·4 bytes is
+    a multiple of 16) and the unguarded one, the same wgmma kernel storing from its registers; each exact through
+    `habu.build`, then N = 200, 13 and 1 against float64."""
+    cm = habu.build(str(ROOT / "tests" / "data" / "staged_runtime_n.habu"), "STAGED-RUNTIME-N")
+    for n in (200, 13, 1):
+        _against_float64(cm, {"M": 300, "N": n, "K": 511, "T": 500}, "O", seed=n)
