@@ -8,7 +8,6 @@ from pathlib import Path
 
 from habu.errors import HabuError, Span, UsageError
 from habu.plan.buckets import BucketGrid, Ranges, cell_ranges, describe_ranges, restricted
-from habu.plan.fields import unguarded_changes
 from habu.plan.limits import check_nesting
 from habu.plan.plan import Plan, field_docs
 from habu.prove import Proof, prove
@@ -18,6 +17,7 @@ from habu.search.space import default_plan
 from habu.spec.ir import Model
 from habu.spec.program import Program
 from habu.target import Target
+from habu.unguarded import unguarded_member
 
 
 @dataclass
@@ -80,25 +80,6 @@ def plan_error(program: Program, model: Model, ob: Obligation, hint: str | None 
                             *([hint] if hint else [])))
 
 
-def fallback(plan: Plan, proof: Proof) -> Plan:
-    """A member with no guard: each kernel a guard names takes every field's unguarded value (the
-    field table's `unguarded`, habu/plan/fields.py: scalar ldg loads, vector 1);
-    the other kernels hold for every size already and are kept. A staged operand stays staged: its pass
-    copies the rows into a buffer of aligned rows at every size (only its vector falls back)."""
-    guarded = {i for i in range(len(plan.kernels)) for o in proof.guards if o.kernel.startswith(f"kernel {i} ")}
-    kernels = tuple(replace(k, **_unguarded(k)) if i in guarded else k for i, k in enumerate(plan.kernels))
-    return replace(plan, kernels=kernels, guards=())
-
-
-def _unguarded(kernel) -> dict:
-    """The fields `kernel` changes in the unguarded member (`fallback`)."""
-    changes = unguarded_changes(type(kernel))
-    for side in ("a", "b"):
-        if getattr(kernel, f"{side}_move", None) == "staged":
-            changes.pop(f"{side}_move", None)
-    return changes
-
-
 def compile_model(program: Program, model_name: str, shape: dict[str, int], target: Target,
                   pins: dict[str, str], trials: int = 3, hint: str | None = PIN_HINT) -> Compiled:
     """The default (or pinned) plan, proven; `hint` is what a refusal suggests (see `plan_error`).
@@ -158,86 +139,6 @@ def compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str,
         plans.append(fb)
         proofs.append(fb_proof)
     return plans, proofs
-
-
-def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, shape: dict[str, int], target: Target,
-                     pins: dict[str, str], trials: int) -> tuple[Plan, Proof]:
-    """The member of a guarded plan's kernel set that holds for every size: its kernels with every guarded field
-    at its unguarded value (`fallback`). Where that plan breaks a rule (an A read m-major by wgmma needs TMA's
-    16-byte rows), the default plans on the mma.sync and the SIMT contraction paths (unless the user pinned `mma`),
-    unguarded the same way, give the kernels that do not hold: each from the first of them where the kernel of the
-    same nodes holds (`_per_kernel`; the other kernels stay as they were), else one of those plans whole. The first
-    whose proof holds unguarded, else the first tried."""
-    fb = fallback(plan, proof)
-    first = (fb, prove(model, fb, shape, trials=trials))
-    if not _needs_guard(first[1]):
-        return first
-    direct = _direct_stores(fb, proof)  # a TMA store's rows need 16-byte strides: the guarded kernels' stored
-    if direct is not None:              # from their registers instead
-        direct_proof = prove(model, direct, shape, trials=trials)
-        if not _needs_guard(direct_proof):
-            return direct, direct_proof
-    if "mma" in pins or not any(k.kind == "contraction" for k in plan.kernels):
-        return first
-    tried = []
-    for mma in ("mma.sync", "fma"):
-        try:
-            alt = replace(default_plan(restricted(model, ranges), target, shape, {**pins, "mma": mma}), ranges=ranges)
-        except HabuError:
-            continue
-        alt_proof = prove(model, alt, shape, trials=trials)
-        if alt_proof.guards:  # (a kernel of it that breaks a rule may still be `_per_kernel`'s)
-            alt = fallback(alt, alt_proof)
-            alt_proof = prove(model, alt, shape, trials=trials)
-        tried.append((alt, alt_proof))
-    mixed = _per_kernel(first, tried)
-    if mixed is not None:
-        mixed_proof = prove(model, mixed, shape, trials=trials)
-        if not _needs_guard(mixed_proof):
-            return mixed, mixed_proof
-    return next(((alt, alt_proof) for alt, alt_proof in tried if not _needs_guard(alt_proof)), first)
-
-
-def _direct_stores(fb: Plan, proof: Proof) -> Plan | None:
-    """`fb` with each kernel a guard names that stores by TMA storing directly instead, or None where none does."""
-    guarded = _failing_kernels(proof)
-    kernels = tuple(replace(k, store="direct") if i in guarded and getattr(k, "store", None) == "tma" else k
-                    for i, k in enumerate(fb.kernels))
-    return replace(fb, kernels=kernels) if kernels != fb.kernels else None
-
-
-def _failing_kernels(proof: Proof) -> set[int]:
-    """The kernels (by index) a proof found a rule broken or guarded in."""
-    return {int(o.kernel.split()[1]) for o in (*proof.violations, *proof.guards)
-            if o.kernel.startswith("kernel ") and o.kernel.split()[1].isdigit()}
-
-
-def _per_kernel(first: tuple[Plan, Proof], tried: list[tuple[Plan, Proof]]) -> Plan | None:
-    """`first`'s plan with each kernel that breaks a rule or needs a guard replaced by the kernel of the same nodes
-    in the first of `tried` where that kernel holds; None where a kernel has no such replacement, or the plans
-    differ in more than their kernels (rewrites, storage: the kernels would compute different models)."""
-    plan, proof = first
-    if proof.certificate is not None and not proof.certificate.passed:
-        return None  # the check failed: no one kernel to blame
-    kernels = list(plan.kernels)
-    for i in sorted(_failing_kernels(proof)):
-        found = None
-        for alt, alt_proof in tried:
-            if (alt.rewrites, alt.storage) != (plan.rewrites, plan.storage):
-                continue
-            bad = _failing_kernels(alt_proof)
-            found = next((k for j, k in enumerate(alt.kernels) if k.nodes == kernels[i].nodes and j not in bad), None)
-            if found is not None:
-                break
-        if found is None:
-            return None
-        kernels[i] = found
-    return replace(plan, kernels=tuple(kernels))
-
-
-def _needs_guard(proof: Proof) -> bool:
-    """Whether a plan does not hold unguarded for every size: a rule broken or guarded, or its check failed."""
-    return bool(proof.violations or proof.guards or not proof.ok)
 
 
 def kernel_set(compiled: Compiled, members: list):

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from habu.compile import fallback
 from habu.plan.fields import KEEP, FieldError, Reader, choice, kernel_fields, unguarded_changes
 from habu.plan.plan import (
     KERNEL_KINDS,
@@ -22,6 +21,7 @@ from habu.plan.plan import (
     Plan,
     RowKernel,
 )
+from habu.unguarded import fallback
 
 KERNELS = {
     "contraction": ContractionKernel(nodes=("Y",), tile_m=128, tile_n=128, tile_k=64, warps=12, stages=4, mma="wgmma",
