@@ -64,5 +64,4 @@ def main_loop_move(mma: str, move: str, vector: int, elem_bytes: int) -> str:
     return "cp.async" if vector * elem_bytes >= 4 else "ldg"
 
 
-
 __all__ = ["STAGE_ALIGN", "TRANSPOSE_TILE", "StageLowering", "main_loop_move", "staged"]

@@ -259,8 +259,6 @@ def _tma_store_refusals(lw: ContractionLowering, emitted: bool) -> list[str]:
     return reasons
 
 
-
-
 class FmaSupport(ContractionSupport):
     name = mma = "fma"
     smem_layout = staticmethod(simt_smem)
