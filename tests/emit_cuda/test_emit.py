@@ -206,3 +206,22 @@ def test_the_emitter_refuses_a_proof_that_failed_and_prints_from_the_proven_lowe
     other = replace(plan, kernels=(replace(plan.kernels[0], tile_k=plan.kernels[0].tile_k * 2),))
     with pytest.raises(HabuError, match="not the ones proven"):
         emit(replace(proof, plan=other), target)
+
+
+@pytest.mark.parametrize(("k", "mma", "copy"), [
+    (512, "mma.sync", "habu::cp_async<16>(s_a"),  # 8-element vectors of the staged rows (K a multiple of 8)
+    (510, "mma.sync", "habu::cp_async<4>(s_a"),  # pairs: the vectors end at K (`cp.async-size`)
+    (511, "mma.sync", "habu::load2_or_zero"),  # an element at a time
+    (511, "fma", "p_staged_A + "),
+])
+def test_a_staged_operand_is_read_from_its_buffer_as_its_lowering_moves_it(k, mma, copy):
+    """The mma.sync and SIMT main loops read a staged A's buffer (`@A`, rows 16 bytes apart) by cp.async of the
+    lowering's vector, or an element at a time (`habu.lower.staging.main_loop_move`, session 69): the emitter prints
+    the movement the lowering's copy map has, so a vector of 8 is one 16-byte cp.async, never 2-byte loads."""
+    ggemm = EXAMPLES[[p.name for p in EXAMPLES].index("ggemm.habu")]
+    model = load_program(ggemm).models["GGEMM"].with_sizes({"M": 300, "N": 200, "K": k})
+    plan = default_plan(model, TARGETS["sm_90a"], {}, {"mma": mma, "A": "staged"})
+    assert not failures(obligations(model, plan))
+    main = emit_plan(model, plan, TARGETS["sm_90a"]).kernels[-1].source  # after the staging pass
+    loads = [line for line in main.splitlines() if "(p_staged_A +" in line or "p_staged_A[" in line]
+    assert loads and all(copy in line for line in loads), loads[:2]
