@@ -9,7 +9,7 @@ from dataclasses import replace
 from habu.errors import HabuError
 from habu.plan.buckets import Ranges, restricted
 from habu.plan.fields import unguarded_changes
-from habu.plan.plan import Plan
+from habu.plan.plan import ContractionKernel, Plan
 from habu.prove import Proof, prove
 from habu.search.space import default_plan
 from habu.spec.ir import Model
@@ -35,6 +35,34 @@ def _unguarded(kernel) -> dict:
     return changes
 
 
+def operand_fallback(model: Model, plan: Plan, proof: Proof) -> Plan | None:
+    """`fallback` that resets a guarded contraction's movement and vector only on the operands its guards name (a
+    guard on B's TMA rows leaves A's 16-byte cp.async as it was); a guard on another tensor (the output, an index
+    tensor) resets both, and other kernels as `fallback` does. None where a guarded kernel's product is not found."""
+    from habu.paths.analytic import node_of
+    from habu.plan.patterns import as_contraction
+    from habu.plan.rewrite import planned_model
+
+    graph = planned_model(model, plan)
+    kernels = list(plan.kernels)
+    for i in _kernels_named(proof.guards):
+        k = kernels[i]
+        changes = _unguarded(k)
+        if isinstance(k, ContractionKernel):
+            c = as_contraction(node_of(graph, k.nodes[0]))
+            if c is None:
+                return None
+            c = c.swapped() if k.swap_ab else c
+            named = {o.tensor.lstrip("@") for o in proof.guards if o.kernel.startswith(f"kernel {i} ")}
+            sides = {side for t in named for side, op in (("a", c.a), ("b", c.b))
+                     if t == op.load.tensor or t == f"{op.load.tensor}_b"}
+            if len(sides) < len(named):  # a guard on neither operand: both fall back
+                sides = {"a", "b"}
+            changes = {f: v for f, v in changes.items() if f[0] in sides}
+        kernels[i] = replace(k, **changes)
+    return replace(plan, kernels=tuple(kernels), guards=())
+
+
 def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, shape: dict[str, int], target: Target,
                      pins: dict[str, str], trials: int) -> tuple[Plan, Proof]:
     """The member of a guarded plan's kernel set that holds for every size: its kernels with every guarded field
@@ -43,8 +71,7 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
     unguarded the same way, give the kernels that do not hold: each from the first of them where the kernel of the
     same nodes holds (`_per_kernel`; the other kernels stay as they were), else one of those plans whole. The first
     whose proof holds unguarded, else the first tried."""
-    fb = fallback(plan, proof)
-    first = (fb, prove(model, fb, shape, trials=trials))
+    first = _unguarded_plan(model, plan, proof, shape, trials)
     if not _needs_guard(first[1]):
         return first
     direct = _direct_stores(first)  # a TMA store's rows need 16-byte strides: the failing kernels' stored from
@@ -62,8 +89,7 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
             continue
         alt_proof = prove(model, alt, shape, trials=trials)
         if alt_proof.guards:  # (a kernel of it that breaks a rule may still be `_per_kernel`'s)
-            alt = fallback(alt, alt_proof)
-            alt_proof = prove(model, alt, shape, trials=trials)
+            alt, alt_proof = _unguarded_plan(model, alt, alt_proof, shape, trials)
         tried.append((alt, alt_proof))
     mixed = _per_kernel(first, tried)
     if mixed is not None:
@@ -71,6 +97,17 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
         if not _needs_guard(mixed_proof):
             return mixed, mixed_proof
     return next(((alt, alt_proof) for alt, alt_proof in tried if not _needs_guard(alt_proof)), first)
+
+
+def _unguarded_plan(model: Model, plan: Plan, proof: Proof, shape: dict[str, int], trials: int) -> tuple[Plan, Proof]:
+    """`operand_fallback` of a guarded plan where it holds for every size, else `fallback`; each proven."""
+    fb = fallback(plan, proof)
+    finer = operand_fallback(model, plan, proof)
+    if finer is not None and finer != fb:
+        finer_proof = prove(model, finer, shape, trials=trials)
+        if not _needs_guard(finer_proof):
+            return finer, finer_proof
+    return fb, prove(model, fb, shape, trials=trials)
 
 
 def _direct_stores(first: tuple[Plan, Proof]) -> Plan | None:
@@ -122,4 +159,4 @@ def _needs_guard(proof: Proof) -> bool:
     return bool(proof.violations or proof.guards or not proof.ok)
 
 
-__all__ = ["fallback", "unguarded_member"]
+__all__ = ["fallback", "operand_fallback", "unguarded_member"]

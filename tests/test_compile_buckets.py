@@ -187,8 +187,27 @@ def test_regression_a_product_gathered_on_its_reduction_over_a_runtime_n_has_an_
     guarded, unguarded = compiled.plans
     assert guarded.guards and guarded.kernels[0].mma == "wgmma" and guarded.kernels[0].a_move == "staged"
     (k,) = unguarded.kernels
-    assert not unguarded.guards and (k.mma, k.a_move, k.b_move, k.a_vector) == ("mma.sync", "staged", "ldg", 1)
+    # (only DY's movement falls back, the guards naming DY alone: the staged A keeps its cp.async pairs, M = 190)
+    assert not unguarded.guards and (k.mma, k.a_move, k.b_move, k.a_vector) == ("mma.sync", "staged", "ldg", 2)
     assert all(p.ok for p in compiled.proofs)
+
+
+def test_the_operand_fallback_resets_only_the_operands_its_guards_name():
+    """`operand_fallback` (session 69): the mma.sync plan of tests/data/k_gathered_runtime.habu is guarded on DY's
+    rows alone (cp.async of 16 bytes where N is a multiple of 8), so only B falls back to scalar loads; `fallback`
+    resets both operands."""
+    from habu.search.space import default_plan
+    from habu.unguarded import fallback, operand_fallback
+
+    path = ROOT / "tests" / "data" / "k_gathered_runtime.habu"
+    model = load_program(path).models["K-GATHERED-RUNTIME"]
+    plan = default_plan(model, target_named("sm_90a"), {}, {"mma": "mma.sync"})
+    proof = prove(model, plan, {}, trials=1)
+    assert {o.tensor for o in proof.guards} == {"DY"}, [o.detail for o in proof.guards]
+    (k,) = plan.kernels
+    (finer,), (coarse,) = operand_fallback(model, plan, proof).kernels, fallback(plan, proof).kernels
+    assert (finer.a_move, finer.a_vector, finer.b_move, finer.b_vector) == (k.a_move, k.a_vector, "ldg", 1)
+    assert (coarse.a_vector, coarse.b_move, coarse.b_vector) == (1, "ldg", 1)
 
 
 def test_regression_an_unguarded_member_takes_each_failing_kernel_from_another_path():
