@@ -17,7 +17,7 @@ from habu.search.space import default_plan
 from habu.spec.ir import Model
 from habu.spec.program import Program
 from habu.target import Target
-from habu.unguarded import unguarded_member
+from habu.unguarded import needs_guard, unguarded_member
 
 
 @dataclass
@@ -132,7 +132,7 @@ def compile_set(program: Program, model: Model, ranges: Ranges, shape: dict[str,
         cert = proof.certificate.bound_to(plans[0]) if proof.certificate is not None else None
         proofs[0] = replace(proof, plan=plans[0], certificate=cert)
         fb, fb_proof = unguarded_member(model, plan, proof, ranges, shape, target, pins, trials)
-        if fb_proof.violations or fb_proof.guards or not fb_proof.ok:
+        if needs_guard(fb_proof):
             bad = (fb_proof.violations or fb_proof.guards)[0] if (fb_proof.violations or fb_proof.guards) else None
             raise HabuError(f"no plan for {model.name} is valid for every size of its runtime extents{bucket}"
                             + (f": {bad.detail}" if bad else ""), program.model_spans.get(model.name))

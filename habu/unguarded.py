@@ -72,12 +72,12 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
     same nodes holds (`_per_kernel`; the other kernels stay as they were), else one of those plans whole. The first
     whose proof holds unguarded, else the first tried."""
     first = _unguarded_plan(model, plan, proof, shape, trials)
-    if not _needs_guard(first[1]):
+    if not needs_guard(first[1]):
         return first
     direct = _direct_stores(first)  # a TMA store's rows need 16-byte strides: the failing kernels' stored from
     if direct is not None:          # their registers instead
         direct_proof = prove(model, direct, shape, trials=trials)
-        if not _needs_guard(direct_proof):
+        if not needs_guard(direct_proof):
             return direct, direct_proof
     if "mma" in pins or not any(k.kind == "contraction" for k in plan.kernels):
         return first
@@ -94,9 +94,9 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
     mixed = _per_kernel(first, tried)
     if mixed is not None:
         mixed_proof = prove(model, mixed, shape, trials=trials)
-        if not _needs_guard(mixed_proof):
+        if not needs_guard(mixed_proof):
             return mixed, mixed_proof
-    return next(((alt, alt_proof) for alt, alt_proof in tried if not _needs_guard(alt_proof)), first)
+    return next(((alt, alt_proof) for alt, alt_proof in tried if not needs_guard(alt_proof)), first)
 
 
 def _unguarded_plan(model: Model, plan: Plan, proof: Proof, shape: dict[str, int], trials: int) -> tuple[Plan, Proof]:
@@ -105,7 +105,7 @@ def _unguarded_plan(model: Model, plan: Plan, proof: Proof, shape: dict[str, int
     finer = operand_fallback(model, plan, proof)
     if finer is not None and finer != fb:
         finer_proof = prove(model, finer, shape, trials=trials)
-        if not _needs_guard(finer_proof):
+        if not needs_guard(finer_proof):
             return finer, finer_proof
     return fb, prove(model, fb, shape, trials=trials)
 
@@ -154,9 +154,9 @@ def _per_kernel(first: tuple[Plan, Proof], tried: list[tuple[Plan, Proof]]) -> P
     return replace(plan, kernels=tuple(kernels))
 
 
-def _needs_guard(proof: Proof) -> bool:
+def needs_guard(proof: Proof) -> bool:
     """Whether a plan does not hold unguarded for every size: a rule broken or guarded, or its check failed."""
     return bool(proof.violations or proof.guards or not proof.ok)
 
 
-__all__ = ["fallback", "operand_fallback", "unguarded_member"]
+__all__ = ["fallback", "needs_guard", "operand_fallback", "unguarded_member"]
