@@ -15,6 +15,9 @@ SHAPE = {"M": 300, "N": 200, "K": 511}
 BOTH = {"A": "staged", "B": "staged"}  # wgmma, both operands staged
 MMA_SYNC = {"mma": "mma.sync", "A": "staged"}  # A's buffer read by the mma.sync main loop (ldg at K = 511)
 SIMT = {"mma": "fma", "A": "staged"}  # A's buffer read by the SIMT main loop, an element at a time
+# batched products staged by default (session 70): K = 511 over two batch axes, the second a runtime extent
+BATCHED = "../tests/data/batched_staged.habu"
+BATCHED_SHAPE = {"H": 3}
 
 
 def strided(acc: Access, pos: int, extents: tuple[str, ...]) -> Access:
@@ -49,6 +52,20 @@ def main_loop_rows_unpadded(lw: Lowering) -> Lowering:
     return replace(lw, a=strided(lw.a, 0, ("K",)))
 
 
+def batch_stride_lost(lw: Lowering) -> Lowering:
+    lw = _staged(lw)
+    return replace(lw, pre=(replace(lw.pre[0], dst=strided(lw.pre[0].dst, 0, ())), *lw.pre[1:]))
+
+
+def batch_extents_swapped(lw: Lowering) -> Lowering:
+    """The pass's grid.z decoded as if its two batch extents were each other's (#G = 2 and #H = 3: some batches
+    never copied, others out of bounds)."""
+    lw = _staged(lw)
+    stage = lw.pre[0]
+    (a0, e0), (a1, e1) = stage.batch
+    return replace(lw, pre=(replace(stage, batch=((a0, e1), (a1, e0))), *lw.pre[1:]))
+
+
 MUTANT_ENTRIES = (
     ("stage-gather-skipped", "the staging pass copies A[m] instead of A[IX[m]]", "ggemm.habu", "GGEMM", SHAPE,
      gather_skipped, BOTH),
@@ -58,7 +75,11 @@ MUTANT_ENTRIES = (
      "them #K^8 apart", "ggemm.habu", "GGEMM", SHAPE, main_loop_rows_unpadded, MMA_SYNC),
     ("simt-staged-rows-unpadded", "the SIMT main loop reads the staged A's rows #K apart; its pass writes them #K^8 "
      "apart", "ggemm.habu", "GGEMM", SHAPE, main_loop_rows_unpadded, SIMT),
+    ("stage-batch-stride-lost", "a batched staging pass writes every batch's rows over the first batch's (its "
+     "buffer's outer stride 1)", BATCHED, "TWO-BATCHES-RUNTIME", BATCHED_SHAPE, batch_stride_lost, None),
+    ("stage-batch-extents-swapped", "a batched staging pass decodes its grid.z with the two batch extents swapped",
+     BATCHED, "TWO-BATCHES-RUNTIME", BATCHED_SHAPE, batch_extents_swapped, None),
 )
 
-__all__ = ["MUTANT_ENTRIES", "SHAPE", "gather_skipped", "main_loop_rows_unpadded", "rows_unpadded", "strided",
+__all__ = ["MUTANT_ENTRIES", "SHAPE", "batch_extents_swapped", "batch_stride_lost", "gather_skipped", "main_loop_rows_unpadded", "rows_unpadded", "strided",
            "ungathered"]

@@ -3,6 +3,7 @@ whose rows start 16 bytes apart, so the contraction can load it with TMA whateve
 
 from __future__ import annotations
 
+from habu.emit_cuda.cexpr import CExpr, c
 from habu.emit_cuda.common import (
     CTYPE,
     GRID_LAUNCH,
@@ -14,7 +15,7 @@ from habu.emit_cuda.common import (
     index_type,
 )
 from habu.emit_cuda.emit_fma import table_reader
-from habu.emit_cuda.geometry import GRID_2D, register_geometry
+from habu.emit_cuda.geometry import Grid, LaunchGeometry, cmax, register_geometry
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.staging import StageLowering
 from habu.spec.ir import Model
@@ -24,7 +25,7 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
     sig = Signature(model, static=static)
     sizes = sig.sizes()
     it = index_type(width)
-    axis = stage.dst.positions[0].axis
+    axis = stage.row_axis
     coord = {axis: "row", "k": "kk"}
     table = table_reader(sig, model, it)
     src = sig.pointer(stage.src.tensor, stage.src.dtype)
@@ -33,8 +34,10 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
         body = _tiled(name, stage, sizes, it, width, table, src, dst, coord)
     else:
         body = _rows(name, stage, sizes, it, width, table, src, dst, coord)
+    body = body.replace("BATCH\n", _batch_setup(stage, sizes, it))
+    rows = "batch..., row, k" if stage.batch else "row, k"
     src_text = header(f"{name}: staging pass for {stage.src.tensor}",
-                      [f"{stage.dst.tensor}[row, k] = {stage.src.tensor} as the contraction reads it, rows padded "
+                      [f"{stage.dst.tensor}[{rows}] = {stage.src.tensor} as the contraction reads it, rows padded "
                        "to 16 bytes"])
     src_text += body.replace("SIGNATURE", sig.declaration())
     return CudaKernel(name, src_text, tuple(sig.params), stage.threads, 0, stage)
@@ -48,6 +51,7 @@ def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, s
     ok = f"{access_mask(stage.src, coord, sizes, table)} && {access_mask(stage.dst, coord, sizes, table)}"
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts
+BATCH
   __shared__ {CTYPE[stage.src.dtype]} tile[{t}][{t + 1}];
   const int tx = threadIdx.x % {t}, ty = threadIdx.x / {t};
   const {it} k0 = ({it})blockIdx.x * {t}, r0 = ({it})blockIdx.y * {t};
@@ -69,6 +73,7 @@ def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, s
 def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in blocks of {stage.threads}, y over rows
+BATCH
   const {it} row = ({it})blockIdx.y;
   const {it} kk = ({it})blockIdx.x * {stage.threads} + threadIdx.x;
   if ({access_mask(stage.src, coord, sizes, table)} && {access_mask(stage.dst, coord, sizes, table)}) {{
@@ -78,4 +83,33 @@ def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, sr
 """
 
 
-register_geometry(StageLowering, GRID_2D)  # blocks along k × along the rows
+def _batch_setup(stage: StageLowering, sizes, it: str) -> str:
+    """A batched pass's batch coordinates from blockIdx.z, named by their axes (the accesses read them by name):
+    the lowering's `batch_coordinates`."""
+    if not stage.batch:
+        return ""
+    lines: list[str] = []
+
+    def let(name: str, value):
+        lines.append(f"const long long {name} = {c(value)};")
+        return CExpr(name)
+
+    coords = stage.batch_coordinates(let("batch", CExpr("(long long)blockIdx.z")), sizes, let)
+    lines += [f"const {it} {axis} = ({it})({c(value)});" for axis, value in coords.items()]
+    head = f"  // grid.z over the batches ({', '.join(a for a, _ in stage.batch)})\n"
+    return head + "".join(f"  {ln}\n" for ln in lines)
+
+
+def _blocks(stage: StageLowering, sizes, slots: int) -> tuple[int, int, int]:
+    x, y = stage.grid(sizes)
+    return max(1, int(x)), max(1, int(y)), max(1, int(stage.batches(sizes)))
+
+
+def _formula(stage: StageLowering, s, slots: CExpr) -> Grid:
+    x, y = stage.grid(s)
+    return cmax(1, x), cmax(1, y), cmax(1, stage.batches(s))
+
+
+# blocks along k × along the rows × the batches (habu/lower/staging.py)
+STAGE_GRID = LaunchGeometry(blocks=_blocks, formula=_formula)
+register_geometry(StageLowering, STAGE_GRID)

@@ -62,7 +62,7 @@ def _formula_2d(lw: Any, s: Mapping[str, Any], slots: CExpr) -> Grid:
     return (cmax(1, x), cmax(1, y), "1")
 
 
-# a 2-D grid, `lw.grid(sizes)` = (x, y) (staging passes: k × rows; column kernels: tiles × row splits)
+# a 2-D grid, `lw.grid(sizes)` = (x, y) (column kernels: tiles × row splits)
 GRID_2D = LaunchGeometry(blocks=_blocks_2d, formula=_formula_2d)
 
 _GEOMETRY: dict[type, LaunchGeometry] = {}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from habu.lower.access import Access, Bound, VectorAccess, access_for, cdiv, floordiv, minimum
+from habu.lower.batch_axes import batch_axis, batch_coordinates, is_batch_axis
 from habu.lower.column_epilogue import EpilogueColumnSum, column_sum_for, placed
 from habu.lower.conditions import conditions_on_axes
 from habu.lower.epilogue_early import EarlyLoad, early_candidates, early_loads
@@ -50,15 +51,6 @@ from habu.plan.plan import ContractionKernel
 from habu.spec.ir import Equation, Expr, IndexVar, Load, Model, Op, Reduce, rename_vars
 
 ACC = "%acc"  # the accumulator, as the epilogue expression names it
-
-
-def batch_axis(i: int) -> str:
-    """The kernel axis of a batched contraction's i-th batch index (outermost first)."""
-    return f"batch{i}"
-
-
-def is_batch_axis(axis: str) -> bool:
-    return axis.startswith("batch")
 
 
 @dataclass(frozen=True)
@@ -243,18 +235,7 @@ class ContractionLowering:
 
     def batch_coordinates(self, z: Any, s: Mapping[str, Any], let: Any = None) -> dict[str, Any]:
         """The batch axes' coordinates of linear batch z (the last batch index varies fastest)."""
-        let = let or (lambda _name, value: value)
-        out: dict[str, Any] = {}
-        rest = z
-        for i in reversed(range(len(self.batch))):
-            axis, size = batch_axis(i), s[self.batch[i]]
-            if i == 0:
-                out[axis] = rest
-            else:
-                q = let(f"{axis}_rest", floordiv(rest, size))
-                out[axis] = let(f"{axis}_of_batch", rest - q * size)  # not the axis's own name: the emitter declares that
-                rest = q
-        return dict(sorted(out.items()))
+        return batch_coordinates(self.batch, z, s, let)
 
     def grid(self, s: Mapping[str, Any], sm_count: int) -> Any:
         """Blocks launched: one per tile, or, when persistent, one per block the GPU holds at once
@@ -489,12 +470,13 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
         raise ValueError("with_kernel keeps the product's orientation: lower a swap_ab schedule from the model")
     a, b = lw.a_src, lw.b_src
     pre: list[StageLowering] = []
+    batch = tuple(zip(lw.batch_axes, lw.batch, strict=True))  # a batched operand's buffer keeps its batch axes
     if kernel.a_move == "staged":
-        a, stage = staged(a, "m", lw.m, lw.k)
+        a, stage = staged(a, "m", lw.m, lw.k, batch=batch)
         pre.append(stage)
     if kernel.b_move == "staged":  # one tensor as both operands, both staged: B's copy a buffer of its own
         twin = kernel.a_move == "staged" and lw.a_src.tensor == lw.b_src.tensor
-        b, stage = staged(b, "n", lw.n, lw.k, "_b" if twin else "")
+        b, stage = staged(b, "n", lw.n, lw.k, "_b" if twin else "", batch)
         pre.append(stage)
     cluster = kernel.split_k > 1 and kernel.split_reduce == "cluster"
     last = lw.out.positions[-1]  # pairs along the output's contiguous axis (m where the product is transposed)

@@ -8,14 +8,18 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from habu.lower.access import Access, Bound, Position, cdiv
+from habu.lower.access import Access, Bound, Position, cdiv, row_major_strides
+from habu.lower.batch_axes import batch_coordinates, is_batch_axis
 
 STAGE_ALIGN = 8  # elements: staged rows start at multiples of 16 bytes for 2-byte types
 
 
 @dataclass(frozen=True)
 class StageLowering:
-    """A pre-pass: dst[row, k] = src at (row, k) for row < rows, k < K (the gather happens here).
+    """A pre-pass: dst[batch..., row, k] = src at (batch..., row, k) for row < rows, k < K (the gather happens
+    here), for every batch of a batched contraction the operand reads (`batch`: those batch axes of
+    `habu.lower.batch_axes` and their extents, outermost first: the pass's grid.z, as the batches are the
+    contraction's).
 
     dst's rows are STAGE_ALIGN-rounded, so the contraction can load it with TMA at any #K."""
 
@@ -28,6 +32,7 @@ class StageLowering:
     # memory, reading along the rows and writing along k (src is contiguous along its rows: a
     # transposing copy, such as a (K, N) weight staged K-major)
     tile: int = 0
+    batch: tuple[tuple[str, str], ...] = ()  # (batch axis, its extent) the operand reads, outermost first
 
     def grid(self, s: Mapping[str, Any], sm_count: int = 0) -> tuple[Any, Any]:
         """(blocks along k, blocks along the rows)."""
@@ -35,18 +40,41 @@ class StageLowering:
             return cdiv(s[self.k], self.tile), cdiv(s[self.rows], self.tile)
         return cdiv(s[self.k], self.threads), s[self.rows]
 
+    @property
+    def row_axis(self) -> str:
+        """The axis of the buffer's rows (m for A, n for B)."""
+        return self.dst.positions[-2].axis
+
+    def batches(self, s: Mapping[str, Any]) -> Any:
+        """The grid's z: one slab of blocks per batch (1 when not batched)."""
+        n: Any = 1
+        for _axis, e in self.batch:
+            n = n * s[e]
+        return n
+
+    def batch_coordinates(self, z: Any, s: Mapping[str, Any], let: Any = None) -> dict[str, Any]:
+        """The batch axes' coordinates of the pass's block slab z (blockIdx.z; the last axis varies fastest)."""
+        return batch_coordinates(tuple(e for _a, e in self.batch), z, s, let, tuple(a for a, _e in self.batch))
+
 
 @cache
-def staged(src: Access, axis: str, rows: str, k: str, suffix: str = "") -> tuple[Access, StageLowering]:
+def staged(src: Access, axis: str, rows: str, k: str, suffix: str = "", batch: tuple[tuple[str, str], ...] = ()
+           ) -> tuple[Access, StageLowering]:
     """Stage an operand: the pass reads it as the contraction did (gather included) and writes
-    @name[row, k] with rows STAGE_ALIGN elements apart; the contraction then reads @name plainly. `suffix`
-    names a second copy of the same tensor (S·S with both operands staged: `@S` and `@S_b`)."""
+    @name[batch..., row, k] with rows STAGE_ALIGN elements apart; the contraction then reads @name plainly.
+    `suffix` names a second copy of the same tensor (S·S with both operands staged: `@S` and `@S_b`). `batch`:
+    a batched contraction's (batch axis, extent) pairs, outermost first; the buffer keeps those the operand
+    reads as its outer dimensions (an operand shared by every batch is copied once)."""
+    read = {p.axis for p in src.positions if p.kind == "axis" and is_batch_axis(p.axis)}
+    kept = tuple((a, e) for a, e in batch if a in read)
     padded = f"{k}^{STAGE_ALIGN}"
-    dst = Access(f"@{src.tensor}{suffix}", src.dtype, (rows, padded), (Position("axis", axis), Position("axis", "k")),
-                 ((padded,), ()), (Bound(axis, rows), Bound("k", k)))
+    extents = (*(e for _a, e in kept), rows, padded)
+    positions = (*(Position("axis", a) for a, _e in kept), Position("axis", axis), Position("axis", "k"))
+    dst = Access(f"@{src.tensor}{suffix}", src.dtype, extents, positions, row_major_strides(extents),
+                 (Bound(axis, rows), Bound("k", k)))
     last = src.positions[-1]
     transposing = last.kind == "axis" and last.axis == axis  # src's rows are its contiguous dimension
-    return dst, StageLowering(src, dst, rows, k, tile=TRANSPOSE_TILE if transposing else 0)
+    return dst, StageLowering(src, dst, rows, k, tile=TRANSPOSE_TILE if transposing else 0, batch=kept)
 
 
 TRANSPOSE_TILE = 32  # a transposing staging pass moves 32 x 32 tiles (256 threads, 4 elements each)

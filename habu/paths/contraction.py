@@ -123,6 +123,11 @@ class OperandFacts:
     elem_bytes: int
     rows: int  # the rows of the output it feeds (#M for A, #N for B)
     k_gathered: bool = False  # gathered on the reduction axis (`A[IX[m] k]`, m summed): read through a staging pass
+    batch_innermost: bool = False  # its innermost index is a batch axis (`A[m k s]`, s batched)
+
+    def stageable(self, batches: int, target: Target) -> bool:
+        """Whether a staging pass can copy it: a block row per row (grid.y) and a slab per batch (grid.z)."""
+        return self.rows <= target.max_grid_yz and batches <= target.max_grid_yz
 
     @property
     def aligned_rows(self) -> bool:
@@ -201,7 +206,8 @@ class ContractionPath(KernelPath):
             while tile_along_inner % vec:
                 vec //= 2
             facts_op = OperandFacts(op is c.b, op.gather is not None, op.k_pos == len(op.load.indices) - 1, inner,
-                                    eb, sizes[(c.m if op is c.a else c.n).extent], op.k_gather is not None)
+                                    eb, sizes[(c.m if op is c.a else c.n).extent], op.k_gather is not None,
+                                    op.load.indices[-1] in c.batch)
             return self.default_movement(facts_op, vec, facts, target)
 
         a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == len(c.a.load.indices) - 1 else tile[0])

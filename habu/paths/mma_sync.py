@@ -33,8 +33,8 @@ class MmaSyncPath(ContractionPath):
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
-        if op.k_gathered:  # a pass gathers its rows into a buffer of aligned rows along k, read by cp.async
-            return "staged", max_vector(facts.k, op.elem_bytes)
+        if op.k_gathered or (op.batch_innermost and op.stageable(facts.batches, target)):  # a pass gathers (or
+            return "staged", max_vector(facts.k, op.elem_bytes)  # transposes) its rows into aligned rows along k
         if target.cp_async and vector * op.elem_bytes >= 4:
             return "cp.async", vector
         return "ldg", vector

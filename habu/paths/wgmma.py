@@ -65,21 +65,22 @@ class WgmmaPath(ContractionPath):
     swizzled = True
 
     def takes(self, facts: ContractionFacts, target: Target) -> bool:
-        return (facts.tensor_cores and target.wgmma and (facts.a_kmajor or facts.a_m_major_tma)
-                and (facts.b_kmajor or facts.b_n_major_tma) and facts.k >= 64)
+        # (an operand whose innermost index is a batch axis, `A[m k s]`, is staged k-major: `default_movement`)
+        staged = target.tma and max(facts.m, facts.n, facts.batches) <= target.max_grid_yz
+        a, b = (staged and op.load.indices[-1] in facts.c.batch for op in (facts.c.a, facts.c.b))
+        return (facts.tensor_cores and target.wgmma and (facts.a_kmajor or facts.a_m_major_tma or a)
+                and (facts.b_kmajor or facts.b_n_major_tma or b) and facts.k >= 64)
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
-        if op.k_gathered:  # a pass gathers its rows into a k-major buffer that TMA reads
-            return "staged", vector
+        if op.k_gathered or op.batch_innermost:  # a pass gathers (or transposes) its rows into a k-major buffer
+            return "staged", vector  # that TMA reads (a batched one's keeps the batch axes outermost)
         if not op.gathered and target.tma and op.aligned_rows and op.contiguous_k:
             return "tma", vector
         if (op.is_b and facts.b_n_major_tma) or (not op.is_b and facts.a_m_major_tma):
             return "tma", vector  # read MN-major in 64-column boxes, with wgmma's transpose bit
-        if (target.tma and op.contiguous_k and not op.aligned_rows and op.rows <= target.max_grid_yz
-                and not facts.c.batch):  # (a batched contraction reads its operands in place, batches of 1 too)
+        if target.tma and op.contiguous_k and not op.aligned_rows and op.stageable(facts.batches, target):
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
-            # (the staging pass launches a block row per row: grid.y, at most 65535)
             return "staged", vector
         if target.cp_async and vector * op.elem_bytes >= 4 and op.contiguous_k:
             return "cp.async", vector

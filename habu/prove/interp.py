@@ -275,12 +275,17 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         mem.written[lw.out.tensor] = WrittenTensor(lw.out.tensor, int(lw.out.numel(sizes)), f.p, True,
                                                    mem.inputs.get(lw.out.tensor))
     for stage in lw.pre:  # staging passes: every row the chosen tiles read, all of k
-        tile = bm if stage.dst.positions[0].axis == "m" else bn
-        picked = {t[0] if stage.dst.positions[0].axis == "m" else t[1] for t in tiles}
-        keep = rows if stage.dst.positions[0].axis == "m" else cols
+        tile = bm if stage.row_axis == "m" else bn
+        picked = {t[0] if stage.row_axis == "m" else t[1] for t in tiles}
+        keep = rows if stage.row_axis == "m" else cols
         need = np.unique(np.concatenate([t * tile + np.array(_local(t, tile, keep), dtype=np.int64)
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
-        run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width)
+        # the pass's block slabs (grid.z) whose batch coordinates, as the pass finds them, those tiles read
+        wanted = {tuple(int(lw.batch_coordinates(np.int64(t[3]), sizes)[a]) for a, _e in stage.batch) for t in tiles}
+        for z in range(int(stage.batches(sizes))):
+            batch = {a: int(v) for a, v in stage.batch_coordinates(np.int64(z), sizes).items()}
+            if tuple(batch[a] for a, _e in stage.batch) in wanted:
+                run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width, batch)
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
     paired = set(paired_loads(lw))  # loads read a pair at once: the second at the first's offset + 1
     # each block's column sums (a column sum in the epilogue): finished once every block has run, since the tile
@@ -430,11 +435,13 @@ def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk:
     return values
 
 
-def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.ndarray, width: int) -> None:
-    """A staging pass: copy the given rows (all of k) from the operand to its aligned buffer."""
-    axis = stage.dst.positions[0].axis
+def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.ndarray, width: int,
+              batch: Mapping[str, int] | None = None) -> None:
+    """A staging pass: copy the given rows (all of k) from the operand to its aligned buffer, at one batch's
+    coordinates (`batch`, by axis: those the pass's blocks of that grid.z hold) where the pass is batched."""
+    axis = stage.row_axis
     ks = np.arange(sizes[stage.k], dtype=np.int64)
-    coords = {axis: rows[:, None], "k": ks[None, :]}
+    coords = {**{a: np.int64(v) for a, v in (batch or {}).items()}, axis: rows[:, None], "k": ks[None, :]}
     values = read(name, stage.src, coords, sizes, mem, width)
     owned = (rows[:, None] < sizes[stage.rows]) & (ks[None, :] < sizes[stage.k])
     write(name, stage.dst, coords, values, sizes, mem, width, False, owned)

@@ -201,8 +201,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     if any(eq.target == lw.kernel.nodes[-1] and eq.scatter is not None for eq in ctx.model.nodes):
         yield scatter_accumulates(name, lw.store, lw.out, "rows whose indices repeat would overwrite each other")
     for stage in lw.pre:
-        row_axis = stage.dst.positions[0].axis
-        # (a batched operand's source reads its batch positions too; staging one is refused, `supported-path`)
+        row_axis = stage.row_axis
+        # (a batched operand's source and buffer read their batch positions at the batch axes: always inside)
         stage_axes = {row_axis: (s[stage.rows], 1), "k": (s[stage.k], 1),
                       **{a: (s[e], 1) for a, e in zip(lw.batch_axes, lw.batch, strict=True)}}
         yield from _access_obligations(f"{name} staging", stage.src, stage_axes, ctx, lw.index_width, "every load")

@@ -173,6 +173,9 @@ def _stage(name: str, stage: StageLowering, width: int, ctx: Context) -> Iterato
     along_k, rows = stage.grid(s)
     yield _grid(name, "x", f"blocks along #{stage.k}", along_k, ctx.target.max_grid_x)
     yield _grid(name, "y", f"blocks along the rows (#{stage.rows})", rows, ctx.target.max_grid_yz)
+    if stage.batch:
+        yield _grid(name, "z", f"the batches ({' · '.join('#' + e for _a, e in stage.batch)})", stage.batches(s),
+                    ctx.target.max_grid_yz)
     if width == 32:
         step = stage.tile or stage.threads
         yield _lanes(name, f"the column kk = blockIdx.x·{step} + threadIdx.x, up to ⌈#{stage.k}/{step}⌉·{step} − 1",

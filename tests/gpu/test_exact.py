@@ -102,7 +102,8 @@ def test_a_batch_over_a_tile_extent_passes_the_exact_check(model, pins):
 def test_the_batch_axes_fuzz_findings_pass_the_exact_check(model):
     """Regression (session 68's fuzz): these defaults broke their own rules or proof (an operand read by TMA or in
     vectors along its innermost batch axis; a batch axis of extent 1 staged, or its skinny product transposed and
-    split); now read in place, each such operand an element at a time."""
+    split); session 69 read each such operand in place, an element at a time; session 70 stages it (a pass copies it
+    k-major, the batch axes outermost)."""
     built = build(str(ROOT / "tests" / "data" / "batch_innermost.habu"), model, {}, {})
     result = ExactChecker(built.model, built.sizes, seed=7).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
@@ -302,3 +303,24 @@ def test_a_staged_product_over_a_runtime_n_runs_both_members_exactly():
     cm = habu.build(str(ROOT / "tests" / "data" / "staged_runtime_n.habu"), "STAGED-RUNTIME-N")
     for n in (200, 13, 1):
         _against_float64(cm, {"M": 300, "N": n, "K": 511, "T": 500}, "O", seed=n)
+
+
+@pytest.mark.parametrize(("model", "pins"), [("BATCHED-K511", {}), ("SHARED-K511", {}), ("BATCH-INNERMOST", {}),
+                                             ("BATCH-INNERMOST", {"mma": "mma.sync"}),
+                                             ("BATCH-INNERMOST", {"mma": "fma", "A": "staged", "B": "staged"}),
+                                             ("BATCHED-K511", {"mma": "mma.sync", "A": "staged", "B": "staged"})])
+def test_a_batched_products_staging_passes_are_exact(model, pins):
+    """Session 70: a batched contraction's staging passes (grid.z over the batches, the buffer's batch axes outermost;
+    a weight shared by every batch copied once), read by TMA on wgmma, by cp.async or ldg on mma.sync and SIMT."""
+    built = build(str(ROOT / "tests" / "data" / "batched_staged.habu"), model, {}, pins)
+    assert "staged" in (built.plan.kernels[0].a_move, built.plan.kernels[0].b_move)
+    result = ExactChecker(built.model, built.sizes, seed=8).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
+
+
+def test_a_batched_staging_pass_over_a_runtime_batch_extent_runs_exactly():
+    """Two batch axes, #H a runtime extent: the pass decodes grid.z = #G·#H at each size; `habu.build` checks the
+    kernel set exactly, then #H = 1, 3 and 8 against float64."""
+    cm = habu.build(str(ROOT / "tests" / "data" / "batched_staged.habu"), "TWO-BATCHES-RUNTIME")
+    for h in (1, 3, 8):
+        _against_float64(cm, {"G": 2, "H": h, "M": 200, "N": 136, "K": 511}, "R", seed=h)

@@ -232,14 +232,15 @@ def test_regression_a_weight_shared_by_every_batch_fell_to_the_general_family(bo
 
 
 def test_regression_a_pinned_staged_operand_of_a_batched_contraction_is_refused_not_a_traceback():
-    """`habu compile examples/bmm.habu --pin B=staged` raised KeyError 'batch0' in the rules (the
-    staging pass's obligations had no batch axes): the plan is refused by `supported-path`, naming why."""
-    from habu.prove.rules import failures, obligations
-
+    """`habu compile examples/bmm.habu --pin B=staged` raised KeyError 'batch0' in the rules (the staging pass's
+    obligations had no batch axes); then `supported-path` refused it. Since session 70 the pass keeps the batch
+    axes as its buffer's outer dimensions (grid.z over the batches), and the plan is proven."""
     model = model_of(SCORES, B=3, I=72, J=80, D=64, out="f32")
-    plan = default_plan(model, TARGET, {}, {"B": "staged"})
-    bad = failures(obligations(model, plan, {}))
-    assert any(o.rule.name == "supported-path" and "no staging pass" in o.detail for o in bad), bad
+    plan, _proof = proven(model, {"B": "staged"})
+    lw = lower_plan(model, plan)[0]
+    assert isinstance(lw, ContractionLowering) and plan.kernels[0].b_move == "staged"
+    (stage,) = lw.pre
+    assert stage.batch == (("batch0", "B"),) and stage.dst.extents == ("B", "J", "D^8")
 
 
 # session 68's fuzz of `random_batched_product` (46 of seeds 0-299 refused by their own default plan): an operand
@@ -259,25 +260,28 @@ def test_regression_an_operand_whose_innermost_index_is_a_batch_axis_is_not_read
     counted its indices only and the wgmma default broke `supported-path`); the default is proven."""
     (model,) = parse_text(BATCH_INNERMOST, "fuzz.habu").models.values()
     plan, _ = proven(model)
-    assert plan.kernels[0].mma != "wgmma"
+    (k,) = plan.kernels
+    assert k.a_move == "staged", k  # (session 70: copied k-major by a staging pass, then read by TMA)
 
 
 def test_regression_vectors_do_not_run_along_an_operands_batch_axis():
     """A[s2 k s] (B of the product, n = s2) with s batched: the default read it in 8-element cp.async vectors along
-    s (breaking `cp.async-size`); an operand whose innermost index is a batch axis is read an element at a time."""
+    s (breaking `cp.async-size`); an operand whose innermost index is a batch axis is staged k-major (session 70:
+    before, read an element at a time), its buffer read in vectors along k."""
     (model,) = parse_text(VECTORS_ALONG_BATCH, "fuzz.habu").models.values()
     plan, _ = proven(model)
     (k,) = plan.kernels
-    assert (k.a_vector, k.b_vector) in ((8, 1), (1, 8)), k
+    assert (k.mma, k.a_move, k.b_move, k.a_vector, k.b_vector) == ("mma.sync", "cp.async", "staged", 8, 8), k
 
 
 def test_regression_a_batch_of_one_reads_its_unaligned_rows_in_place():
     """A batch axis of extent 1 and k rows of 333 bf16 (666 bytes, not 16-byte aligned): the default staged them to
     aligned rows (its test was the batches' product, 1) and `supported-path` refused the plan (a batched contraction
-    reads its operands in place); session 68's fuzz of `random_attention` found it in an unfused attention's P·V."""
+    read its operands in place); session 68's fuzz of `random_attention` found it in an unfused attention's P·V.
+    Since session 70 a batched contraction's staging pass keeps its batch axes: both operands staged, proven."""
     model = model_of(SCORES, B=1, I=128, J=128, D=333, out="f32")
     plan, _ = proven(model)
-    assert "staged" not in (plan.kernels[0].a_move, plan.kernels[0].b_move)
+    assert (plan.kernels[0].a_move, plan.kernels[0].b_move) == ("staged", "staged")
 
 
 def test_regression_a_skinny_product_over_a_batch_of_one_is_proven():
@@ -292,13 +296,20 @@ def test_regression_a_skinny_product_over_a_batch_of_one_is_proven():
 
 def test_an_operand_whose_innermost_index_is_a_batch_axis_is_multiplied_on_the_tensor_cores():
     """A[m k s] with s batched (session 68's fuzz sent it to the SIMT path: the mma.sync path read A only along k or
-    m): the mma.sync path stages such an A as if m-major, copied an element at a time (ldg), and the default takes
-    it there; proven (docs/PERF.md, session 69, for its time against the SIMT plan)."""
+    m). Session 69: the mma.sync path copied such an A an element at a time (ldg). Session 70: a staging pass copies
+    it k-major first (its buffer keeps the batch axis outermost), and the default takes the wgmma path, reading the
+    buffer by TMA; with mma.sync pinned the buffer is read in 8-element cp.async vectors. An unstaged A is still read
+    an element at a time (not in vectors along s)."""
     from habu.prove.rules import failures, obligations
 
     (model,) = parse_text(BATCH_INNERMOST, "fuzz.habu").models.values()
     plan, _ = proven(model)
     (k,) = plan.kernels
-    assert (k.mma, k.a_move, k.a_vector) == ("mma.sync", "ldg", 1), k
+    assert (k.mma, k.a_move) == ("wgmma", "staged"), k
+    plan, _ = proven(model, {"mma": "mma.sync"})
+    (k,) = plan.kernels
+    assert (k.mma, k.a_move, k.a_vector) == ("mma.sync", "staged", 8), k
+    plan, _ = proven(model, {"mma": "mma.sync", "A": "ldg", "vector": "1"})  # (A is the kernel's B: m is Y's last)
+    assert plan.kernels[0].b_move == "ldg"
     bad = failures(obligations(model, default_plan(model, TARGET, {}, {"mma": "mma.sync", "A": "cp.async"}), {}))
     assert any(o.rule.name in ("supported-path", "cp.async-size") for o in bad), bad  # not in vectors along s

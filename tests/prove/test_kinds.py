@@ -7,6 +7,7 @@ import typing
 
 import pytest
 
+from habu.emit_cuda.emit_stage import STAGE_GRID
 from habu.emit_cuda.geometry import FLAT_GRID, GRID_2D, geometry_for
 from habu.lower import ColumnLowering, GeneralLowering, Lowering, MapLowering
 from habu.lower.staging import StageLowering
@@ -20,7 +21,7 @@ def test_every_lowering_kind_has_a_finite_field_check_and_a_launch_geometry() ->
         lw = object.__new__(kind)  # the lookup reads only the type
         assert kind_proof(lw).run is not None
         assert geometry_for(lw).blocks is not None
-    assert geometry_for(object.__new__(StageLowering)) is GRID_2D
+    assert geometry_for(object.__new__(StageLowering)) is STAGE_GRID
     assert geometry_for(object.__new__(ColumnLowering)) is GRID_2D
     assert geometry_for(object.__new__(MapLowering)) is FLAT_GRID
     assert geometry_for(object.__new__(GeneralLowering)) is FLAT_GRID

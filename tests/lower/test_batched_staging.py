@@ -1,0 +1,83 @@
+"""A batched contraction's staging passes (session 70): an operand TMA cannot read in place (rows not 16-byte
+aligned, or its innermost index a batch axis) is copied k-major into a buffer of aligned rows whose outer dimensions
+are the batch axes the operand reads, one slab of blocks per batch (grid.z); the product reads it by TMA."""
+
+from __future__ import annotations
+
+import pytest
+
+from habu.emit_cuda.geometry import geometry_for
+from habu.lower import lower_plan
+from habu.lower.contraction import ContractionLowering
+from habu.paths.emit import emit_plan
+from habu.prove import prove
+from habu.prove.rules import failures, obligations
+from habu.search.space import default_plan
+from habu.spec.parser import load_program, parse_text
+from habu.target import TARGETS
+from tests.conftest import ROOT
+
+TARGET = TARGETS["sm_90a"]
+PROGRAM = load_program(ROOT / "tests" / "data" / "batched_staged.habu")
+
+
+def _lowered(name: str, sizes: dict[str, int] | None = None, pins: dict[str, str] | None = None):
+    model = PROGRAM.models[name].with_sizes(sizes or {})
+    plan = default_plan(model, TARGET, sizes or {}, pins or {})
+    (lw,) = lower_plan(model, plan)
+    assert isinstance(lw, ContractionLowering)
+    return model, plan, lw
+
+
+@pytest.mark.parametrize("name", ["BATCHED-K511", "SHARED-K511", "BATCH-INNERMOST", "TWO-BATCHES-RUNTIME"])
+def test_each_default_stages_its_operands_and_is_proven(name):
+    sizes = {"H": 3} if name == "TWO-BATCHES-RUNTIME" else {}
+    model, plan, _lw = _lowered(name, sizes)
+    (k,) = plan.kernels
+    assert (k.mma, k.a_move, k.b_move) == ("wgmma", "staged", "staged"), k
+    proof = prove(model, plan, sizes, trials=1)
+    assert proof.ok and proof.certificate is not None and proof.certificate.passed, proof.certificate
+
+
+def test_regression_a_batched_product_at_k_511_was_read_an_element_at_a_time():
+    """Triton #10927's K = 511, batched: rows of 1022 bytes are no TMA descriptor's, and a batched contraction had no
+    staging pass, so the default read both operands on wgmma by ldg one element at a time (vector 1). Now both are
+    staged into [#B #M #K^8] buffers and read by 3-D tensor maps."""
+    _model, _plan, lw = _lowered("BATCHED-K511")
+    assert [(st.batch, st.dst.extents) for st in lw.pre] == [((("batch0", "B"),), ("B", "M", "K^8")),
+                                                             ((("batch0", "B"),), ("B", "N", "K^8"))]
+    assert lw.a.tensor == "@A" and lw.b.tensor == "@W"
+
+
+def test_a_weight_shared_by_every_batch_is_copied_once():
+    """V[n k] beside A[b m k]: V's buffer has no batch axis, its pass no grid.z beyond 1."""
+    _model, _plan, lw = _lowered("SHARED-K511")
+    a_stage, v_stage = lw.pre
+    assert a_stage.batch == (("batch0", "B"),) and v_stage.batch == () and v_stage.dst.extents == ("N", "K^8")
+    sizes = PROGRAM.models["SHARED-K511"].sizes
+    assert geometry_for(a_stage).blocks(a_stage, sizes, 0) == (2, 200, 3)
+    assert geometry_for(v_stage).blocks(v_stage, sizes, 0) == (2, 136, 1)
+
+
+def test_two_batch_axes_over_a_runtime_extent_decode_grid_z_in_the_pass():
+    """#G static, #H a runtime extent (planned at #H = 5): the pass's grid.z is #G·#H, decoded as the contraction
+    decodes its batch index (the last axis fastest), printed from the lowering."""
+    model = PROGRAM.models["TWO-BATCHES-RUNTIME"]
+    plan = default_plan(model, TARGET, {"H": 5}, {})
+    (lw,) = lower_plan(model.with_sizes({"H": 5}), plan)
+    stage = lw.pre[0]
+    assert stage.batch == (("batch0", "G"), ("batch1", "H"))
+    assert stage.batch_coordinates(7, {"G": 2, "H": 5}) == {"batch0": 1, "batch1": 2}
+    emitted = emit_plan(model, plan, TARGET)
+    text = emitted.kernels[0].source
+    assert "const long long batch = (long long)blockIdx.z;" in text and "batch1_rest = (batch / 5)" in text
+
+
+def test_the_rules_refuse_a_pass_of_more_batches_than_grid_z_holds():
+    text = ("70000 EXTENT: #B  16 EXTENT: #M  16 EXTENT: #N  72 EXTENT: #K  bf16 TENSOR: A ( #B #M #K )  "
+            "bf16 TENSOR: W ( #B #N #K )  f32 TENSOR: Y ( #B #M #N )  MODEL: MANY  Y[b m n] = Σ k A[b m k] · W[b n k] ;")
+    (model,) = parse_text(text, "many.habu").models.values()
+    plan = default_plan(model, TARGET, {}, {"A": "staged"})
+    bad = failures(obligations(model, plan, {}))
+    assert any(o.rule.name == "grid-dims" and "grid.z" in o.detail for o in bad), bad
+    assert default_plan(model, TARGET, {}, {}).kernels[0].a_move != "staged"  # the default reads it in place
