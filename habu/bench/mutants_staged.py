@@ -13,7 +13,7 @@ from habu.lower.access import Access, Position
 # GGEMM at Triton #10927's K = 511: the staged rows are padded (512 elements apart), the operands' rows are not
 SHAPE = {"M": 300, "N": 200, "K": 511}
 BOTH = {"A": "staged", "B": "staged"}  # wgmma, both operands staged
-MMA_SYNC = {"mma": "mma.sync", "A": "staged"}  # A's buffer read by the mma.sync main loop (ldg at K = 511)
+MMA_SYNC = {"mma": "mma.sync", "A": "staged"}  # A's buffer read by the mma.sync main loop (16-byte cp.async vectors)
 SIMT = {"mma": "fma", "A": "staged"}  # A's buffer read by the SIMT main loop, an element at a time
 # batched products staged by default (session 70): K = 511 over two batch axes, the second a runtime extent
 BATCHED = "../tests/data/batched_staged.habu"
@@ -52,6 +52,14 @@ def main_loop_rows_unpadded(lw: Lowering) -> Lowering:
     return replace(lw, a=strided(lw.a, 0, ("K",)))
 
 
+def padding_unwritten(lw: Lowering) -> Lowering:
+    """The pass writes k < #K only: at K = 511 the main loop's 8-element vector from k = 504 reads an element of
+    padding no kernel wrote (a vector's mask is its first element's)."""
+    lw = _staged(lw)
+    stage = lw.pre[0]
+    return replace(lw, pre=(replace(stage, dst=replace(stage.dst, masks=lw.a.masks)), *lw.pre[1:]))
+
+
 def batch_stride_lost(lw: Lowering) -> Lowering:
     lw = _staged(lw)
     return replace(lw, pre=(replace(lw.pre[0], dst=strided(lw.pre[0].dst, 0, ())), *lw.pre[1:]))
@@ -75,11 +83,23 @@ MUTANT_ENTRIES = (
      "them #K^8 apart", "ggemm.habu", "GGEMM", SHAPE, main_loop_rows_unpadded, MMA_SYNC),
     ("simt-staged-rows-unpadded", "the SIMT main loop reads the staged A's rows #K apart; its pass writes them #K^8 "
      "apart", "ggemm.habu", "GGEMM", SHAPE, main_loop_rows_unpadded, SIMT),
+    ("stage-padding-unwritten", "the staging pass leaves its rows' padding past #K unwritten; the mma.sync main loop's "
+     "16-byte cp.async vectors read into it at K = 511", "ggemm.habu", "GGEMM", SHAPE, padding_unwritten, MMA_SYNC),
     ("stage-batch-stride-lost", "a batched staging pass writes every batch's rows over the first batch's (its "
      "buffer's outer stride 1)", BATCHED, "TWO-BATCHES-RUNTIME", BATCHED_SHAPE, batch_stride_lost, None),
     ("stage-batch-extents-swapped", "a batched staging pass decodes its grid.z with the two batch extents swapped",
      BATCHED, "TWO-BATCHES-RUNTIME", BATCHED_SHAPE, batch_extents_swapped, None),
 )
 
-__all__ = ["MUTANT_ENTRIES", "SHAPE", "batch_extents_swapped", "batch_stride_lost", "gather_skipped", "main_loop_rows_unpadded", "rows_unpadded", "strided",
-           "ungathered"]
+__all__ = [
+    "MUTANT_ENTRIES",
+    "SHAPE",
+    "batch_extents_swapped",
+    "batch_stride_lost",
+    "gather_skipped",
+    "main_loop_rows_unpadded",
+    "padding_unwritten",
+    "rows_unpadded",
+    "strided",
+    "ungathered",
+]

@@ -45,10 +45,12 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
 
 def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
     """A T x T tile through shared memory: the loads run along the rows (src's contiguous
-    dimension), the stores along k; each element's mask and offsets are the lowering's."""
+    dimension), the stores along k; each element's mask and offsets are the lowering's (a padding
+    element, k ≥ #K, is a zero)."""
     t = stage.tile
     step = stage.threads // t
-    ok = f"{access_mask(stage.src, coord, sizes, table)} && {access_mask(stage.dst, coord, sizes, table)}"
+    stored = access_mask(stage.dst, coord, sizes, table)
+    zero = f"({CTYPE[stage.src.dtype]})0.0f"
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
 {GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts
 BATCH
@@ -58,26 +60,27 @@ BATCH
   #pragma unroll
   for (int j = 0; j < {t}; j += {step}) {{
     const {it} row = r0 + tx, kk = k0 + ty + j;
-    if ({ok}) tile[ty + j][tx] = {src}[{access_offset(stage.src, coord, sizes, width, table)}];
+    if ({stored}) tile[ty + j][tx] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
   }}
   __syncthreads();
   #pragma unroll
   for (int j = 0; j < {t}; j += {step}) {{
     const {it} row = r0 + ty + j, kk = k0 + tx;
-    if ({ok}) {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = tile[tx][ty + j];
+    if ({stored}) {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = tile[tx][ty + j];
   }}
 }}
 """
 
 
 def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
+    zero = f"({CTYPE[stage.src.dtype]})0.0f"
     return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in blocks of {stage.threads}, y over rows
+{GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in blocks of {stage.threads} (the padded row), y over rows
 BATCH
   const {it} row = ({it})blockIdx.y;
   const {it} kk = ({it})blockIdx.x * {stage.threads} + threadIdx.x;
-  if ({access_mask(stage.src, coord, sizes, table)} && {access_mask(stage.dst, coord, sizes, table)}) {{
-    {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = {src}[{access_offset(stage.src, coord, sizes, width, table)}];
+  if ({access_mask(stage.dst, coord, sizes, table)}) {{  // the padding past #K: zeros
+    {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
   }}
 }}
 """

@@ -155,8 +155,8 @@ class Access:
         planted bugs), then every index check `0 <= table[axis] < size` (the table is read only where
         the bounds hold: C's `&&`, the interpreter's `guard`), conjoined. Printed by the emitter and run
         by the interpreter, from this one place."""
-        parts = [arith.le(coord[b.axis], sizes[b.extent]) if b.inclusive else arith.lt(coord[b.axis], sizes[b.extent])
-                 for b in self.masks]
+        parts = [arith.le(coord[b.axis], size_of(b.extent, sizes)) if b.inclusive
+                 else arith.lt(coord[b.axis], size_of(b.extent, sizes)) for b in self.masks]  # (a staged row's "K^8")
         if not self.checks:
             return arith.all(parts)
         inside = arith.all(parts)

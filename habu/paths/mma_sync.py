@@ -6,8 +6,8 @@ from __future__ import annotations
 from habu.emit_cuda.emit_mma import emit_mma
 from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
+from habu.lower.staging import STAGED_VECTOR_BYTES
 from habu.lower.support import MMA_SYNC
-from habu.paths.analytic import max_vector
 from habu.paths.contraction import ContractionFacts, ContractionPath, OperandFacts, Shape
 from habu.spec.ir import Model
 from habu.target import Target
@@ -33,10 +33,15 @@ class MmaSyncPath(ContractionPath):
 
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
+        staged = "staged", STAGED_VECTOR_BYTES // op.elem_bytes  # read in 16-byte cp.async vectors (zero padding)
         if op.k_gathered or (op.batch_innermost and op.stageable(facts.batches, target)):  # a pass gathers (or
-            return "staged", max_vector(facts.k, op.elem_bytes)  # transposes) its rows into aligned rows along k
+            return staged  # transposes) its rows into aligned rows along k
         if target.cp_async and vector * op.elem_bytes >= 4:
             return "cp.async", vector
+        if target.cp_async and op.contiguous_k and op.stageable(facts.batches, target):
+            # rows along k that no 4-byte vector divides (Triton #10927's K = 511 on sm_80): staged (gathered) to aligned rows,
+            # then cp.async, rather than a 2-byte load per element
+            return staged
         return "ldg", vector
 
     def offered(self, target: Target, tensor_cores: bool) -> bool:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import z3
 
 from habu.lower import LoweredPlan, lower_whole
 from habu.plan.plan import Plan
@@ -55,22 +58,49 @@ def prove(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None, tria
     obs = obligations(model, plan, sizes, lowered=lowered)
     if failures(obs):
         return Proof(plan, obs, None, lowered)
-    check_sizes = field_check_sizes(model, plan, sizes)
+    check_sizes = field_check_sizes(model, plan, sizes, guards(obs))
     cert = verify_plan(model, plan, check_sizes, trials=trials, seeds=seeds, witness=witness,
                        lowerings=list(lowered.kernels))
     return Proof(plan, obs, cert, lowered)
 
 
-def field_check_sizes(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+def field_check_sizes(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None,
+                      guarded: list[Obligation] | None = None) -> dict[str, int]:
     """The sizes the finite-field check runs at: `sizes`, the plan's shape, and for each runtime extent
-    left a witness size within its range (the plan's `ranges` where it has them: a size bucket)."""
+    left a witness size within its range (the plan's `ranges` where it has them: a size bucket). A plan whose
+    rules hold only under guards (`guarded`: `K % 8 = 0` for 16-byte vectors along a runtime K) is checked where
+    they hold: the nearest such sizes to the witnesses (a kernel set sends other sizes to another member)."""
     from habu.plan.buckets import restricted
 
     out = dict(sizes or {})
-    for e in restricted(model, plan.ranges).extents:
-        if e.name not in out and e.name not in dict(plan.shape):
-            out[e.name] = witness_size_for_runtime(e)
+    left = [e for e in restricted(model, plan.ranges).extents
+            if e.name not in out and e.name not in dict(plan.shape)]
+    for e in left:
+        out[e.name] = witness_size_for_runtime(e)
+    formulas = [o.formula for o in guarded or () if isinstance(o.formula, z3.BoolRef)]
+    if left and formulas:
+        out.update(_guarded_witness(left, out, formulas, {**dict(plan.shape), **(sizes or {})}))
     return out
+
+
+def _guarded_witness(left: list, wanted: Mapping[str, int], formulas: list[Any], given: Mapping[str, int]
+                     ) -> dict[str, int]:
+    """The runtime extents' sizes nearest `wanted` (within their ranges) where every guard formula holds; {} where
+    none does (the check then runs at the witnesses, and says what fails there)."""
+    opt = z3.Optimize()
+    for name, size in given.items():
+        opt.add(z3.Int(name) == size)
+    distance = []
+    for e in left:
+        v = z3.Int(e.name)
+        opt.add(v >= e.lo, v <= e.hi, *([v % e.multiple == 0] if e.multiple > 1 else []))
+        distance.append(z3.If(v >= wanted[e.name], v - wanted[e.name], wanted[e.name] - v))
+    opt.add(*formulas)
+    opt.minimize(z3.Sum(distance))
+    if opt.check() != z3.sat:
+        return {}
+    found = opt.model()
+    return {e.name: found.eval(z3.Int(e.name), model_completion=True).as_long() for e in left}
 
 
 def witness_size_for_runtime(extent) -> int:

@@ -21,7 +21,7 @@ from habu.lower import ContractionLowering, Lowering
 from habu.lower.access import Access
 from habu.lower.conditions import condition_coordinates
 from habu.lower.contraction import ACC
-from habu.lower.epilogue_pairs import pair_first, paired_loads
+from habu.lower.epilogue_pairs import paired_loads
 from habu.lower.general import Store
 from habu.lower.pipeline import MbarrierRing
 from habu.plan.fields import Reader, fields_read_by
@@ -31,7 +31,8 @@ from habu.prove.column_epilogue import column_tile_sums, finish_column_sums
 from habu.prove.conditions import condition_holds
 from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
-from habu.prove.index_arith import NumpyIndex, computing
+from habu.prove.index_arith import computing
+from habu.prove.interp_access import element_at, read, read_pair, read_vector, write
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.lane_arithmetic import LaneArithmetic
 from habu.prove.pipeline import delivered
@@ -116,91 +117,6 @@ class Memory:
 
     def table(self, name: str) -> VirtualTensor:
         return self.inputs[name]
-
-
-def element_at(access: Access, offset: int, sizes: Mapping[str, int]) -> str:
-    """The element `T[i, j, ...]` at a flat `offset` of the access's tensor (row-major over its extents)."""
-    from habu.lower.access import size_of
-
-    dims = [size_of(e, sizes) for e in access.extents]
-    out = []
-    for d in reversed(dims):
-        out.append(offset % d if d else 0)
-        offset //= d if d else 1
-    return f"{access.tensor}[{', '.join(str(x) for x in reversed(out))}]"
-
-
-Where = "Callable[[np.ndarray], str] | None"
-
-
-def _offsets(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: Mapping[str, int],
-             mem: Memory, width: int, what: str, where=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(offsets, mask, out-of-bounds lanes) of an access at the given axis coordinates, as the kernel
-    computes them: the lowering's `Access.mask` and `Access.offset`, run on wrapping integer arrays."""
-    arrays = [np.asarray(coords[b.axis]) for b in access.masks] + \
-             [np.asarray(coords[p.axis]) for p in access.positions if p.kind != "const"]
-    shape = np.broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
-    mask = np.broadcast_to(access.mask(coords, sizes, NumpyIndex(width, mem, kernel)), shape)
-    arith = NumpyIndex(width, mem, kernel, mask, where)
-    offset = np.broadcast_to(access.offset(coords, sizes, arith), shape).astype(np.int64)
-    numel = access.numel(sizes)
-    bad = mask & ((offset < 0) | (offset >= numel))
-    if np.any(bad):
-        o = int(offset[bad].flat[0])
-        mem.fault(f"{computing(where, bad)}{kernel} {what} {access.tensor} out of bounds: offset {o} is "
-                  f"outside 0..{numel - 1}")
-    return offset, mask, bad
-
-
-def read(kernel: str, access: Access, coords: Mapping[str, np.ndarray], sizes: Mapping[str, int],
-         mem: Memory, width: int, where=None) -> np.ndarray:
-    offsets, mask, bad = _offsets(kernel, access, coords, sizes, mem, width, "reads", where)
-    return mem.value(kernel, access, offsets, mask, bad)
-
-
-def read_pair(kernel: str, access: Access, coords: Mapping[str, np.ndarray], pair: int, sizes: Mapping[str, int],
-              mem: Memory, width: int, where=None) -> np.ndarray:
-    """An epilogue load read as pairs along n (habu/lower/epilogue_pairs.py), as the kernel reads it: element q of
-    a pair at the pair's first offset plus q, under the element's own mask."""
-    n = np.asarray(coords["n"])
-    first = pair_first(n, pair)
-    start, _, _ = _offsets(kernel, access, {**coords, "n": first}, sizes, mem, width, "reads", where)
-    _, mask, _ = _offsets(kernel, access, coords, sizes, mem, width, "reads", where)
-    offsets = start + np.broadcast_to(n - first, start.shape)
-    bad = mask & ((offsets < 0) | (offsets >= access.numel(sizes)))
-    if np.any(bad):
-        mem.fault(f"{computing(where, bad)}{kernel} reads {access.tensor} out of bounds: offset "
-                  f"{int(offsets[bad].flat[0])} (a pair's second element) is outside 0..{access.numel(sizes) - 1}")
-    return mem.value(kernel, access, offsets, mask, bad)
-
-
-def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values: np.ndarray,
-          sizes: Mapping[str, int], mem: Memory, width: int, accumulate: bool | str,
-          owned: np.ndarray | None = None, where=None) -> None:
-    offsets, mask, bad = _offsets(kernel, access, coords, sizes, mem, width, "writes", where)
-    mask = mask & ~bad  # a store outside the tensor never lands in it
-    # the lanes: the coordinates' shape, or the values' where the access reads no coordinate (a scalar
-    # output stored by each of the lanes that computed it)
-    shape = np.broadcast_shapes(mask.shape, np.shape(values), np.shape(owned) if owned is not None else ())
-    mask, offsets = np.broadcast_to(mask, shape), np.broadcast_to(offsets, shape)
-    values = np.broadcast_to(values, shape)
-    if access.tensor not in mem.written:
-        mem.written[access.tensor] = WrittenTensor(access.tensor, int(access.numel(sizes)), mem.field.p, accumulate)
-    if owned is not None:
-        # the element each lane writes must be the one its coordinates name (no overrun into a neighbour)
-        true_off = np.zeros(mask.shape, dtype=np.int64)
-        for pos, p in enumerate(access.positions):
-            v = np.int64(p.value) if p.kind == "const" else np.asarray(coords[p.axis], dtype=np.int64)
-            true_off = true_off + v * np.int64(access.stride(pos, sizes))
-        strays = mask & ((offsets != true_off) | ~np.broadcast_to(owned, mask.shape))
-        if np.any(strays):
-            o = int(offsets[strays].flat[0])
-            mem.fault(f"{computing(where, strays)}{kernel} writes {element_at(access, o, sizes)}, outside the "
-                      "elements its block computes (a store past the tile's edge or through a wrong stride)")
-    mem.written[access.tensor].write(offsets[mask], values[mask])
-
-
-# ----------------------------------------------------------------------------- pointwise expressions
 
 
 def eval_pointwise(expr: Expr, leaf, field: PrimeField, sizes: Mapping[str, int],
@@ -428,7 +344,14 @@ def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk:
         table = np.array([[any(load.lands_in(j, q, i) for i in range(ring.cluster)) for j in range(load.boxes)]
                           + [False] for q in range(ring.cluster)], dtype=bool)
         landed = table[ranks[:, None, None] % ring.cluster, np.minimum(box, load.boxes)]
-    values = read(name, access, coords, sizes, mem, lw.index_width, where)
+    copy = getattr(lw.operands, "a_copy" if side == "A" else "b_copy", None) if load is None else None
+    if copy is not None and copy.vector > 1:  # the lanes' vectors: each read under its first element's mask
+        along = "k" if copy.k_inner else axis
+        lane = kk if along == "k" else local  # the element's place in the tile (vectors start at multiples of theirs)
+        values = read_vector(name, access, coords, along, coords[along] - lane % copy.vector, sizes, mem,
+                             lw.index_width, where)
+    else:
+        values = read(name, access, coords, sizes, mem, lw.index_width, where)
     stale = (tile < 0)[:, None, None] | ~landed
     if np.any(stale):
         values = np.where(stale, mem.poison(np.broadcast_to(rows * 7919 + kk, values.shape)), values)
@@ -437,13 +360,14 @@ def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk:
 
 def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.ndarray, width: int,
               batch: Mapping[str, int] | None = None) -> None:
-    """A staging pass: copy the given rows (all of k) from the operand to its aligned buffer, at one batch's
-    coordinates (`batch`, by axis: those the pass's blocks of that grid.z hold) where the pass is batched."""
+    """A staging pass: copy the given rows (all of k, and zeros into the padding past #K: the source's mask reads
+    0 there) from the operand to its aligned buffer, at one batch's coordinates (`batch`, by axis: those the pass's
+    blocks of that grid.z hold) where the pass is batched."""
     axis = stage.row_axis
-    ks = np.arange(sizes[stage.k], dtype=np.int64)
+    ks = np.arange(int(stage.row_length(sizes)), dtype=np.int64)
     coords = {**{a: np.int64(v) for a, v in (batch or {}).items()}, axis: rows[:, None], "k": ks[None, :]}
     values = read(name, stage.src, coords, sizes, mem, width)
-    owned = (rows[:, None] < sizes[stage.rows]) & (ks[None, :] < sizes[stage.k])
+    owned = np.broadcast_to(rows[:, None] < sizes[stage.rows], (len(rows), len(ks)))
     write(name, stage.dst, coords, values, sizes, mem, width, False, owned)
 
 

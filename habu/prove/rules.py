@@ -24,7 +24,7 @@ from habu.lower import (
     RowLowering,
     lower,
 )
-from habu.lower.access import Access, cdiv
+from habu.lower.access import Access, cdiv, size_of
 from habu.lower.general import Store
 from habu.lower.rows import MAX_REGISTER_CHUNKS, MAX_REGISTER_CHUNKS_REREAD
 from habu.lower.support import ROWS, accumulator_registers, lowering_smem, support_for
@@ -148,8 +148,8 @@ def _access_obligations(name: str, access: Access, axes: Mapping[str, tuple[Any,
             assert decl.range is not None
             cons += [v >= 0, v < ctx.ext[decl.range]]
             tables[p.table] = v
-    mask = [coord[b.axis] < ctx.ext[b.extent] if not b.inclusive else coord[b.axis] <= ctx.ext[b.extent]
-            for b in access.masks]
+    mask = [coord[b.axis] < size_of(b.extent, ctx.ext) if not b.inclusive else coord[b.axis] <= size_of(b.extent, ctx.ext)
+            for b in access.masks]  # (a staged buffer's writes run to its padded row, "K^8")
     terms = _offset_terms(access, coord, ctx, tables)
     offset = sum(terms) if terms else 0
     numel = access.numel(ctx.ext)
@@ -203,7 +203,7 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     for stage in lw.pre:
         row_axis = stage.row_axis
         # (a batched operand's source and buffer read their batch positions at the batch axes: always inside)
-        stage_axes = {row_axis: (s[stage.rows], 1), "k": (s[stage.k], 1),
+        stage_axes = {row_axis: (s[stage.rows], 1), "k": (stage.row_length(s), 1),  # (k to the padded row)
                       **{a: (s[e], 1) for a, e in zip(lw.batch_axes, lw.batch, strict=True)}}
         yield from _access_obligations(f"{name} staging", stage.src, stage_axes, ctx, lw.index_width, "every load")
         yield from _access_obligations(f"{name} staging", stage.dst, stage_axes, ctx, lw.index_width, "every store")

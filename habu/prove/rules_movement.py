@@ -117,8 +117,10 @@ def movement_obligations(name: str, side: str, acc: Access, move: str, vec: int,
                              detail=f"row stride of {acc.tensor} is {_fmt(acc, len(acc.positions) - 1, ctx)} bytes, "
                                     f"not a multiple of {size}" if contiguous else
                                     f"{acc.tensor}'s innermost index is not a plain axis")
-            if contiguous:  # a vector's mask is its first element's: none reaches past the access's bound
-                bound = acc.bounded_extents()[-1]  # (a staged buffer's rows are padded past it)
+            if contiguous:  # a vector's mask is its first element's: none reaches past what memory holds there,
+                # the access's bound, or for a staged buffer the padded row its pass writes (zeros past #K)
+                stage = next((st for st in lw.pre if st.dst.tensor == acc.tensor and last.axis == "k"), None)
+                bound = stage.padded if stage is not None else acc.bounded_extents()[-1]
                 yield Obligation(rule, name, acc.tensor,
                                  f"{vec}-element vectors of {acc.tensor} end at its bound #{bound}",
                                  size_of(bound, s) % vec == 0,

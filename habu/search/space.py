@@ -16,6 +16,7 @@ from dataclasses import fields, replace
 from habu.errors import UsageError
 from habu.lower.grouped_wgrad import walk_refusal
 from habu.lower.pipeline import lag_phases_apart, lag_refusal
+from habu.lower.staging import STAGED_VECTOR_BYTES
 from habu.paths import (
     FAMILY_PINS,
     ContractionPath,
@@ -43,7 +44,7 @@ from habu.plan.plan import (
     Kernel,
     Plan,
 )
-from habu.plan.storage import storage_dtypes
+from habu.plan.storage import dtype_bytes, storage_dtypes
 from habu.search.cuts import default_partition, fuse_column_kernels, split_refused_columns
 from habu.spec.ir import Model
 from habu.target import Target
@@ -468,6 +469,11 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     lag = changes.get("consumer_lag")
     if lag and isinstance(kernel, ContractionKernel) and lag_refusal(replace(kernel, **changes), lag) is not None:  # type: ignore[arg-type]
         changes["consumer_lag"] = 0
+    if moves_operands:  # a pinned staged operand on mma.sync: its buffer's padded rows, 16 bytes at a time
+        after = replace(kernel, **changes)  # type: ignore[arg-type]
+        for side in ("a", "b") if after.mma == "mma.sync" and not any(k.lower() == "vector" for k in pins) else ():
+            if f"{side}_move" in changes and getattr(after, f"{side}_move") == "staged":
+                changes[f"{side}_vector"] = STAGED_VECTOR_BYTES // dtype_bytes(model, {v: t for t, v in operands.items()}[side])
     if isinstance(kernel, GroupedKernel) and not weight_gradient(model, kernel):  # (its product ignores them)
         changes = {name: v for name, v in changes.items() if name not in WGRAD_FIELDS}
     elif isinstance(kernel, GroupedKernel) and kernel.wgrad_persistent and "wgrad_persistent" not in changes \

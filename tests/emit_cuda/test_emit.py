@@ -208,19 +208,22 @@ def test_the_emitter_refuses_a_proof_that_failed_and_prints_from_the_proven_lowe
         emit(replace(proof, plan=other), target)
 
 
-@pytest.mark.parametrize(("k", "mma", "copy"), [
-    (512, "mma.sync", "habu::cp_async<16>(s_a"),  # 8-element vectors of the staged rows (K a multiple of 8)
-    (510, "mma.sync", "habu::cp_async<4>(s_a"),  # pairs: the vectors end at K (`cp.async-size`)
-    (511, "mma.sync", "habu::load2_or_zero"),  # an element at a time
-    (511, "fma", "p_staged_A + "),
+@pytest.mark.parametrize(("k", "mma", "vector", "copy"), [
+    (512, "mma.sync", None, "habu::cp_async<16>(s_a"),  # 8-element vectors of the staged rows
+    (511, "mma.sync", None, "habu::cp_async<16>(s_a"),  # ... at any K: the pass writes zeros into the padding
+    (510, "mma.sync", "2", "habu::cp_async<4>(s_a"),  # pairs, pinned
+    (511, "mma.sync", "1", "habu::load2_or_zero"),  # an element at a time, pinned
+    (511, "fma", None, "p_staged_A + "),
 ])
-def test_a_staged_operand_is_read_from_its_buffer_as_its_lowering_moves_it(k, mma, copy):
+def test_a_staged_operand_is_read_from_its_buffer_as_its_lowering_moves_it(k, mma, vector, copy):
     """The mma.sync and SIMT main loops read a staged A's buffer (`@A`, rows 16 bytes apart) by cp.async of the
     lowering's vector, or an element at a time (`habu.lower.staging.main_loop_move`, session 69): the emitter prints
-    the movement the lowering's copy map has, so a vector of 8 is one 16-byte cp.async, never 2-byte loads."""
+    the movement the lowering's copy map has, so a vector of 8 is one 16-byte cp.async, never 2-byte loads. A pinned
+    staged operand on mma.sync takes 16-byte vectors unless a vector is pinned too (session 70)."""
     ggemm = EXAMPLES[[p.name for p in EXAMPLES].index("ggemm.habu")]
     model = load_program(ggemm).models["GGEMM"].with_sizes({"M": 300, "N": 200, "K": k})
-    plan = default_plan(model, TARGETS["sm_90a"], {}, {"mma": mma, "A": "staged"})
+    pins = {"mma": mma, "A": "staged", **({"vector": vector} if vector else {})}
+    plan = default_plan(model, TARGETS["sm_90a"], {}, pins)
     assert not failures(obligations(model, plan))
     main = emit_plan(model, plan, TARGETS["sm_90a"]).kernels[-1].source  # after the staging pass
     loads = [line for line in main.splitlines() if "(p_staged_A +" in line or "p_staged_A[" in line]

@@ -381,3 +381,24 @@ def test_regression_a_column_kernels_whole_tiles_read_columns_a_sampled_earlier_
     cert = verify_plan(model, variant, None, 1)
     assert cert.passed, cert.failure
     assert cert.blocks["kernel 1 (%h1)"].startswith("column tiles [0, 1, 2, 3] of 4")
+
+
+def test_regression_a_guarded_plan_was_field_checked_at_sizes_its_guards_exclude():
+    """GGEMM over a runtime K with A by 16-byte cp.async vectors along k holds only where K is a multiple of 8 (a
+    guard: the kernel set sends other sizes to its unguarded member). The field check ran it at the witness K = 401,
+    where it never runs; its per-element masks hid what the kernel does there (the vector from k = 400 reads past
+    A's end). Session 70: the interpreter reads vectors under their first element's mask, as the kernels do, and a
+    guarded plan is checked at the nearest sizes its guards allow (K = 400)."""
+    from habu.prove import field_check_sizes, prove
+    from habu.search.space import default_plan
+    from habu.spec.parser import parse_text
+    from habu.target import TARGETS
+
+    text = (ROOT / "examples" / "ggemm.habu").read_text().replace("4096 EXTENT: #K", "1..65536 EXTENT: #K")
+    model = parse_text(text, "runtime_k.habu").models["GGEMM"]
+    plan = default_plan(model, TARGETS["sm_90a"], {}, {"B": "tma"})
+    assert (plan.kernels[0].a_move, plan.kernels[0].a_vector) == ("cp.async", 8)
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.guards and proof.ok, proof.certificate
+    assert field_check_sizes(model, plan, {})["K"] == 401
+    assert field_check_sizes(model, plan, {}, proof.guards)["K"] == 400
