@@ -104,8 +104,8 @@ def test_odd_sizes_have_tails_in_every_dimension(pins, batch):
 
 
 def test_unaligned_rows_of_a_batched_operand_fall_back_from_tma_without_staging():
-    """#D = 33: rows of 66 bytes are no TMA descriptor's; the unbatched default stages them, a batched
-    one reads them in place (the staging pass's buffer is 2-D)."""
+    """#D = 33: rows of 66 bytes are no TMA descriptor's, and a k of 33 no wgmma loop's: the mma.sync default reads
+    so small a product's rows in place (`STAGE_MIN_PRODUCTS`: its one launch; larger ones are staged)."""
     model = model_of(SCORES, B=3, I=17, J=19, D=33, out="f32")
     plan, _ = proven(model)
     assert "staged" not in (plan.kernels[0].a_move, plan.kernels[0].b_move)

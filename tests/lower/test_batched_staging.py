@@ -81,3 +81,20 @@ def test_the_rules_refuse_a_pass_of_more_batches_than_grid_z_holds():
     bad = failures(obligations(model, plan, {}))
     assert any(o.rule.name == "grid-dims" and "grid.z" in o.detail for o in bad), bad
     assert default_plan(model, TARGET, {}, {}).kernels[0].a_move != "staged"  # the default reads it in place
+
+
+def test_regression_the_sm_80_default_at_k_511_read_its_operands_two_bytes_at_a_time():
+    """Triton #10927's GGEMM at K = 511 on sm_80 (the mma.sync path): rows of 1022 bytes take no 4-byte vector, so
+    the default loaded A and B one bf16 at a time (H100, session 70: 333.4 µs at 4096² × 511 against 113.4 staged).
+    Large products now stage both (the pass gathers A's rows) and read the buffers in 16-byte cp.async vectors, the
+    last one reaching into the zero padding; a small one keeps its single launch."""
+    ggemm = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"]
+    sm80 = TARGETS["sm_80"]
+    (k,) = default_plan(ggemm.with_sizes({"K": 511}), sm80, {}, {}).kernels
+    assert (k.mma, k.a_move, k.b_move, k.a_vector, k.b_vector) == ("mma.sync", "staged", "staged", 8, 8), k
+    small = ggemm.with_sizes({"K": 511, "M": 64, "N": 64, "T": 64})
+    (k,) = default_plan(small, sm80, {}, {}).kernels
+    assert (k.a_move, k.b_move) == ("ldg", "ldg"), k
+    proof = prove(ggemm.with_sizes({"K": 511, "M": 300, "N": 200}), default_plan(
+        ggemm.with_sizes({"K": 511, "M": 300, "N": 200}), sm80, {}, {"A": "staged", "B": "staged"}), {}, trials=1)
+    assert proof.ok, proof.certificate
