@@ -63,16 +63,8 @@ def read_pair(kernel: str, access: Access, coords: Mapping[str, np.ndarray], pai
               mem: Memory, width: int, where=None) -> np.ndarray:
     """An epilogue load read as pairs along n (habu/lower/epilogue_pairs.py), as the kernel reads it: element q of
     a pair at the pair's first offset plus q, under the element's own mask."""
-    n = np.asarray(coords["n"])
-    first = pair_first(n, pair)
-    start, _, _ = _offsets(kernel, access, {**coords, "n": first}, sizes, mem, width, "reads", where)
-    _, mask, _ = _offsets(kernel, access, coords, sizes, mem, width, "reads", where)
-    offsets = start + np.broadcast_to(n - first, start.shape)
-    bad = mask & ((offsets < 0) | (offsets >= access.numel(sizes)))
-    if np.any(bad):
-        mem.fault(f"{computing(where, bad)}{kernel} reads {access.tensor} out of bounds: offset "
-                  f"{int(offsets[bad].flat[0])} (a pair's second element) is outside 0..{access.numel(sizes) - 1}")
-    return mem.value(kernel, access, offsets, mask, bad)
+    first = pair_first(np.asarray(coords["n"]), pair)
+    return _from_first(kernel, access, coords, "n", first, False, sizes, mem, width, where, "a pair's second element")
 
 
 def read_vector(kernel: str, access: Access, coords: Mapping[str, np.ndarray], along: str, first: np.ndarray,
@@ -80,13 +72,22 @@ def read_vector(kernel: str, access: Access, coords: Mapping[str, np.ndarray], a
     """A main loop's vector loads (cp.async, ldg) as the kernel makes them: element q of a vector along `along` (the
     access's contiguous axis) at the vector's first element's offset plus q, under the first element's mask (a
     vector past the access's bound reads what memory holds there: a staged buffer's zero padding)."""
+    return _from_first(kernel, access, coords, along, first, True, sizes, mem, width, where, "inside a vector")
+
+
+def _from_first(kernel: str, access: Access, coords: Mapping[str, np.ndarray], along: str, first: np.ndarray,
+                first_mask: bool, sizes: Mapping[str, int], mem: Memory, width: int, where, what: str) -> np.ndarray:
+    """Elements read at their group's first element's offset plus their place along `along`, under the first
+    element's mask (`first_mask`) or their own."""
     at = np.asarray(coords[along])
     start, mask, _ = _offsets(kernel, access, {**coords, along: first}, sizes, mem, width, "reads", where)
+    if not first_mask:
+        _, mask, _ = _offsets(kernel, access, coords, sizes, mem, width, "reads", where)
     offsets = start + np.broadcast_to(at - first, start.shape)
     bad = mask & ((offsets < 0) | (offsets >= access.numel(sizes)))
     if np.any(bad):
         mem.fault(f"{computing(where, bad)}{kernel} reads {access.tensor} out of bounds: offset "
-                  f"{int(offsets[bad].flat[0])} (inside a vector) is outside 0..{access.numel(sizes) - 1}")
+                  f"{int(offsets[bad].flat[0])} ({what}) is outside 0..{access.numel(sizes) - 1}")
     return mem.value(kernel, access, offsets, mask, bad)
 
 
