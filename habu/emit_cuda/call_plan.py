@@ -15,15 +15,17 @@ the call can be captured in a CUDA graph (`torch.cuda.graph`) once it has run ea
 
 from __future__ import annotations
 
+import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from threading import get_ident
 from typing import Any
 
 from habu.emit_cuda import driver
-from habu.emit_cuda.arrays import TORCH_DTYPES, ArgumentError, ArrayInfo, row_major
+from habu.emit_cuda.arrays import ELEMENT_BYTES, TORCH_DTYPES, ArgumentError, ArrayInfo, row_major
 from habu.emit_cuda.checks import Contract, converts_index
 from habu.emit_cuda.kernel import CudaKernel
 from habu.emit_cuda.narrow import NarrowLaunch, can_narrow
@@ -36,6 +38,20 @@ _INT_LIMITS = {"i16": (-(1 << 15), (1 << 15) - 1), "i32": (-(1 << 31), (1 << 31)
 _TENSORMAP_CACHE = 64  # encoded tensor maps kept per parameter (one per pointer seen)
 _RAW_STREAMS_KEPT = 64  # streams whose ctypes launch arguments a launch keeps
 _SIDE_STREAMS: dict[tuple[int, int], int] = {}  # (device, caller's stream) -> its side stream (`Plan.lanes` 2)
+# byte the intermediates a call allocates are filled with before its launches, while `poisoned_intermediates` holds
+# (the exact check: an element a kernel reads and no earlier kernel wrote is then a NaN, not a stale zero)
+_POISON: list[int | None] = [None]
+
+
+@contextmanager
+def poisoned_intermediates(byte: int = 0xFF) -> Iterator[None]:
+    """Within it, every call fills the intermediates it allocates (staged buffers, stored stages; not the outputs,
+    not the workspaces the plan zero-fills) with `byte` on its stream before the plan's launches."""
+    before, _POISON[0] = _POISON[0], byte
+    try:
+        yield
+    finally:
+        _POISON[0] = before
 
 
 def layout_key(tensors: Mapping[str, Any]) -> tuple | None:
@@ -288,6 +304,12 @@ class CallPlan:
                     if nbytes:
                         self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[a.name]), 0, nbytes, handle), "cuMemsetD8Async",
                                  None)
+            if _POISON[0] is not None:  # (before the launches, which zero-fill their own workspaces)
+                for a in self.allocs:
+                    nbytes = math.prod(a.shape) * ELEMENT_BYTES[a.dtype]
+                    if nbytes and not a.output:
+                        self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[a.name]), _POISON[0], nbytes, handle),
+                                 "cuMemsetD8Async", None)
             for nl, source, target in narrowing:
                 self._ok(nl.launch(d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)
             self._launch_all(d, ptrs, handle, stream)
@@ -480,4 +502,4 @@ def _ok(result: Any, what: str, ln: _Launch | None) -> None:
         driver.check(result, what + where)
 
 
-__all__ = ["CallPlan", "NeedsHost", "current_stream", "layout_key", "pointer_of"]
+__all__ = ["CallPlan", "NeedsHost", "current_stream", "layout_key", "pointer_of", "poisoned_intermediates"]

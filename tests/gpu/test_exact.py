@@ -324,3 +324,30 @@ def test_a_batched_staging_pass_over_a_runtime_batch_extent_runs_exactly():
     cm = habu.build(str(ROOT / "tests" / "data" / "batched_staged.habu"), "TWO-BATCHES-RUNTIME")
     for h in (1, 3, 8):
         _against_float64(cm, {"G": 2, "H": h, "M": 200, "N": 136, "K": 511}, "R", seed=h)
+
+
+def test_a_planted_staging_pass_that_leaves_its_padding_unwritten_fails_the_exact_check(monkeypatch):
+    """An emitter plant (session 70): the staging pass printed with the source's bound (k < #K) instead of its own
+    (the padded row, zeros past #K), the lowering and its proof unchanged. The mma.sync main loop's 16-byte vectors
+    from k = 504 read the padding; the exact check fills the intermediates a call allocates with 0xFF first
+    (`poisoned_intermediates`), so those elements are NaNs, not a stale zero, and the outputs differ."""
+    from dataclasses import replace
+
+    import habu.emit_cuda.emit_stage as emit_stage
+
+    real = emit_stage._rows
+
+    def unpadded(name, stage, *args):
+        k_bound = tuple(b for b in stage.src.masks if b.axis == "k")  # k < #K: the padding left unwritten
+        masks = tuple(b for b in stage.dst.masks if b.axis != "k") + k_bound
+        return real(name, replace(stage, dst=replace(stage.dst, masks=masks)), *args)
+
+    pins = {"mma": "mma.sync", "A": "staged", "B": "staged"}
+    shape = {"M": 300, "N": 200, "K": 511}
+    built = build(str(ROOT / "examples" / "ggemm.habu"), "GGEMM", shape, pins)
+    assert ExactChecker(built.model, built.sizes, seed=9).check(built.compiled, kept_types(built.plan)).ok
+    monkeypatch.setattr(emit_stage, "_rows", unpadded)
+    planted = build(str(ROOT / "examples" / "ggemm.habu"), "GGEMM", shape, pins)
+    assert "(kk) < 511) {" in planted.compiled.kernel_set.members[0][1].kernels[0].source
+    result = ExactChecker(planted.model, planted.sizes, seed=9).check(planted.compiled, kept_types(planted.plan))
+    assert not result.ok, "the unwritten padding went unseen"
