@@ -52,6 +52,10 @@ class MmaSyncPath(ContractionPath):
     def offered(self, target: Target, tensor_cores: bool) -> bool:
         return tensor_cores and target.mma_sync
 
+    def vector(self, move: str, vector: int) -> int:
+        # a staged buffer (16-byte rows, zeros past #K) is read in 16-byte cp.async vectors of its 2-byte elements
+        return STAGED_VECTOR_BYTES // 2 if move == "staged" else vector
+
     def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
         return (128, 128, 32), 8, 3
 
