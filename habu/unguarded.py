@@ -37,8 +37,9 @@ def _unguarded(kernel) -> dict:
 
 def operand_fallback(model: Model, plan: Plan, proof: Proof) -> Plan | None:
     """`fallback` that resets a guarded contraction's movement and vector only on the operands its guards name (a
-    guard on B's TMA rows leaves A's 16-byte cp.async as it was); a guard on another tensor (the output, an index
-    tensor) resets both, and other kernels as `fallback` does. None where a guarded kernel's product is not found."""
+    guard on B's TMA rows leaves A's 16-byte cp.async as it was; one on what the kernel stores, neither: its store
+    is `_direct_stores`'); a guard on another tensor (an index tensor) resets both, and other kernels as `fallback`
+    does. None where a guarded kernel's product is not found."""
     from habu.paths.analytic import node_of
     from habu.plan.patterns import as_contraction
     from habu.plan.rewrite import planned_model
@@ -54,9 +55,10 @@ def operand_fallback(model: Model, plan: Plan, proof: Proof) -> Plan | None:
                 return None
             c = c.swapped() if k.swap_ab else c
             named = {o.tensor.lstrip("@") for o in proof.guards if o.kernel.startswith(f"kernel {i} ")}
+            named -= set(k.nodes)  # a guard on what the kernel stores (a TMA store's rows): `_direct_stores`'
             sides = {side for t in named for side, op in (("a", c.a), ("b", c.b))
                      if t == op.load.tensor or t == f"{op.load.tensor}_b"}
-            if len(sides) < len(named):  # a guard on neither operand: both fall back
+            if len(sides) < len(named):  # a guard on neither operand (an index tensor): both fall back
                 sides = {"a", "b"}
             changes = {f: v for f, v in changes.items() if f[0] in sides}
         kernels[i] = replace(k, **changes)
@@ -100,13 +102,19 @@ def unguarded_member(model: Model, plan: Plan, proof: Proof, ranges: Ranges, sha
 
 
 def _unguarded_plan(model: Model, plan: Plan, proof: Proof, shape: dict[str, int], trials: int) -> tuple[Plan, Proof]:
-    """`operand_fallback` of a guarded plan where it holds for every size, else `fallback`; each proven."""
+    """`operand_fallback` of a guarded plan where it holds for every size (or does with its failing kernels storing
+    from registers), else `fallback`; each proven."""
     fb = fallback(plan, proof)
     finer = operand_fallback(model, plan, proof)
     if finer is not None and finer != fb:
-        finer_proof = prove(model, finer, shape, trials=trials)
+        finer_proof = prove(model, finer, shape, trials=trials) if finer != plan else proof
         if not needs_guard(finer_proof):
             return finer, finer_proof
+        direct = _direct_stores((finer, finer_proof))  # its operands as they were, stored from registers
+        if direct is not None:
+            direct_proof = prove(model, direct, shape, trials=trials)
+            if not needs_guard(direct_proof):
+                return direct, direct_proof
     return fb, prove(model, fb, shape, trials=trials)
 
 

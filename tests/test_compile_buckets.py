@@ -249,3 +249,22 @@ def test_regression_a_staged_product_over_a_runtime_n_keeps_its_wgmma_kernel_ung
     assert guarded.guards and (g.mma, g.a_move, g.b_move, g.store) == ("wgmma", "staged", "staged", "tma")
     assert not unguarded.guards and (u.mma, u.a_move, u.b_move, u.store) == ("wgmma", "staged", "staged", "direct")
     assert all(p.ok for p in compiled.proofs)
+
+
+def test_regression_a_guard_on_the_output_alone_reset_both_operands_to_element_loads():
+    """tests/data/output_guard_runtime_n.habu: the default's one guard is on Y (a TMA store's rows, N·4 bytes a
+    multiple of 16). `operand_fallback` took a guard on neither operand for one on both, and the unguarded member
+    read A and B by ldg one element at a time (session 70: 4096² × 4096 at a ragged N would have run ~10x slower).
+    Now its operands keep their TMA loads and Y is stored from the registers; proven for every N."""
+    from habu.compile import compile_model
+    from habu.spec.parser import parse_text
+    from habu.target import target_named
+
+    path = ROOT / "tests" / "data" / "output_guard_runtime_n.habu"
+    compiled = compile_model(parse_text(path.read_text(), str(path)), "OUTPUT-GUARD", {}, target_named("sm_90a"),
+                             {}, 1)
+    guarded, unguarded = compiled.plans
+    assert guarded.guards and guarded.kernels[0].store == "tma"
+    (k,) = unguarded.kernels
+    assert not unguarded.guards and (k.mma, k.a_move, k.b_move, k.store) == ("wgmma", "tma", "tma", "direct"), k
+    assert all(p.ok for p in compiled.proofs)

@@ -351,3 +351,12 @@ def test_a_planted_staging_pass_that_leaves_its_padding_unwritten_fails_the_exac
     assert "(kk) < 511) {" in planted.compiled.kernel_set.members[0][1].kernels[0].source
     result = ExactChecker(planted.model, planted.sizes, seed=9).check(planted.compiled, kept_types(planted.plan))
     assert not result.ok, "the unwritten padding went unseen"
+
+
+def test_an_unguarded_member_that_keeps_its_tma_operands_runs_exactly():
+    """Session 70: tests/data/output_guard_runtime_n.habu's unguarded member keeps A and B by TMA and stores Y from
+    its registers (its guarded member stores by TMA where N·4 bytes is a multiple of 16); each exact through
+    `habu.build`, then N = 1001, 64 and 7 against float64."""
+    cm = habu.build(str(ROOT / "tests" / "data" / "output_guard_runtime_n.habu"), "OUTPUT-GUARD")
+    for n in (1001, 64, 7):
+        _against_float64(cm, {"M": 300, "N": n, "K": 512}, "Y", seed=n)
