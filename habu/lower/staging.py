@@ -13,7 +13,7 @@ from habu.lower.batch_axes import batch_coordinates, is_batch_axis
 
 STAGE_ALIGN = 8  # elements: staged rows start at multiples of 16 bytes for 2-byte types
 # a main loop's vectors over a staged buffer (cp.async on mma.sync): its rows start 16 bytes apart and its padding
-# holds zeros, so 16-byte vectors along k fit at any #K (`StageLowering.store`)
+# holds zeros, so 16-byte vectors along k fit at any #K (`StageLowering.dst` runs to the padded row)
 STAGED_VECTOR_BYTES = 16
 
 
