@@ -469,17 +469,34 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     lag = changes.get("consumer_lag")
     if lag and isinstance(kernel, ContractionKernel) and lag_refusal(replace(kernel, **changes), lag) is not None:  # type: ignore[arg-type]
         changes["consumer_lag"] = 0
-    if moves_operands:  # a pinned staged operand on mma.sync: its buffer's padded rows, 16 bytes at a time
-        after = replace(kernel, **changes)  # type: ignore[arg-type]
-        for side in ("a", "b") if after.mma == "mma.sync" and not any(k.lower() == "vector" for k in pins) else ():
-            if f"{side}_move" in changes and getattr(after, f"{side}_move") == "staged":
-                changes[f"{side}_vector"] = STAGED_VECTOR_BYTES // dtype_bytes(model, {v: t for t, v in operands.items()}[side])
+    if moves_operands and not any(k.lower() == "vector" for k in pins):
+        changes.update(_pinned_move_vectors(model, replace(kernel, **changes), changes, operands))  # type: ignore[arg-type]
     if isinstance(kernel, GroupedKernel) and not weight_gradient(model, kernel):  # (its product ignores them)
         changes = {name: v for name, v in changes.items() if name not in WGRAD_FIELDS}
     elif isinstance(kernel, GroupedKernel) and kernel.wgrad_persistent and "wgrad_persistent" not in changes \
             and walk_refusal(replace(kernel, **changes)) is not None:  # type: ignore[arg-type]
         changes["wgrad_persistent"] = False  # the default's walk gives way to pinned copies or a tile it cannot hold
     return replace(kernel, **changes) if changes else kernel
+
+
+def _pinned_move_vectors(model: Model, after: ContractionKernel, changes: dict[str, object],
+                         operands: dict[str, str]) -> dict[str, int]:
+    """The vectors of operands whose movement a pin set (and no pin their vector): a staged one on mma.sync reads its
+    buffer's padded rows 16 bytes at a time; one read in place whose innermost index is a batch axis (`A[m k s]`)
+    an element at a time (no vector runs along a batch axis)."""
+    c = kernel_contraction(node_of(model, after.nodes[0]), after)
+    assert c is not None
+    tensors = {side: tensor for tensor, side in operands.items()}
+    out: dict[str, int] = {}
+    for side, op in (("a", c.a), ("b", c.b)):
+        move = getattr(after, f"{side}_move")
+        if f"{side}_move" not in changes:
+            continue
+        if move == "staged" and after.mma == "mma.sync":
+            out[f"{side}_vector"] = STAGED_VECTOR_BYTES // dtype_bytes(model, tensors[side])
+        elif move in ("ldg", "cp.async") and op.load.indices[-1] in c.batch:
+            out[f"{side}_vector"] = 1
+    return out
 
 
 WGRAD_FIELDS = ("wgrad_copy", "wgrad_index_ring", "wgrad_persistent")  # a grouped weight gradient's own choices

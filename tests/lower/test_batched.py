@@ -309,7 +309,17 @@ def test_an_operand_whose_innermost_index_is_a_batch_axis_is_multiplied_on_the_t
     plan, _ = proven(model, {"mma": "mma.sync"})
     (k,) = plan.kernels
     assert (k.mma, k.a_move, k.a_vector) == ("mma.sync", "staged", 8), k
-    plan, _ = proven(model, {"mma": "mma.sync", "A": "ldg", "vector": "1"})  # (A is the kernel's B: m is Y's last)
-    assert plan.kernels[0].b_move == "ldg"
+    plan, _ = proven(model, {"mma": "mma.sync", "A": "ldg"})  # (A is the kernel's B: m is Y's last)
+    assert (plan.kernels[0].b_move, plan.kernels[0].b_vector) == ("ldg", 1)  # (no vector along s: session 70)
     bad = failures(obligations(model, default_plan(model, TARGET, {}, {"mma": "mma.sync", "A": "cp.async"}), {}))
     assert any(o.rule.name in ("supported-path", "cp.async-size") for o in bad), bad  # not in vectors along s
+
+
+def test_regression_a_pinned_in_place_move_of_a_batch_innermost_operand_kept_the_staged_vector():
+    """`--pin A=ldg` on `A[m k s]` (s batched) kept the default's 8-element vector of its staged buffer, and
+    `vector-align` refused the plan (vectors along s) unless `vector=1` was pinned too; a pinned in-place move of
+    such an operand now reads it an element at a time, and a pinned staged one on mma.sync 16 bytes at a time."""
+    (model,) = parse_text(BATCH_INNERMOST, "fuzz.habu").models.values()
+    plan, _ = proven(model, {"mma": "mma.sync", "A": "ldg", "B": "staged"})
+    (k,) = plan.kernels
+    assert (k.a_move, k.a_vector, k.b_move, k.b_vector) == ("staged", 8, "ldg", 1), k  # (A is the kernel's B)
