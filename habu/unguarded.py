@@ -107,7 +107,7 @@ def _unguarded_plan(model: Model, plan: Plan, proof: Proof, shape: dict[str, int
     fb = fallback(plan, proof)
     finer = operand_fallback(model, plan, proof)
     if finer is not None and finer != fb:
-        finer_proof = prove(model, finer, shape, trials=trials) if finer != plan else proof
+        finer_proof = proof if finer.kernels == plan.kernels else prove(model, finer, shape, trials=trials)
         if not needs_guard(finer_proof):
             return finer, finer_proof
         direct = _direct_stores((finer, finer_proof))  # its operands as they were, stored from registers

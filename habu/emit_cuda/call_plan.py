@@ -19,6 +19,7 @@ import math
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from functools import partial
 from threading import get_ident
@@ -40,18 +41,19 @@ _RAW_STREAMS_KEPT = 64  # streams whose ctypes launch arguments a launch keeps
 _SIDE_STREAMS: dict[tuple[int, int], int] = {}  # (device, caller's stream) -> its side stream (`Plan.lanes` 2)
 # byte the intermediates a call allocates are filled with before its launches, while `poisoned_intermediates` holds
 # (the exact check: an element a kernel reads and no earlier kernel wrote is then a NaN, not a stale zero)
-_POISON: list[int | None] = [None]
+_POISON: ContextVar[int | None] = ContextVar("habu_poisoned_intermediates", default=None)
 
 
 @contextmanager
 def poisoned_intermediates(byte: int = 0xFF) -> Iterator[None]:
-    """Within it, every call fills the intermediates it allocates (staged buffers, stored stages; not the outputs,
-    not the workspaces the plan zero-fills) with `byte` on its stream before the plan's launches."""
-    before, _POISON[0] = _POISON[0], byte
+    """Within it (this thread or task only), every call fills the intermediates it allocates (staged buffers,
+    stored stages; not the outputs, not the workspaces the plan zero-fills) with `byte` on its stream before the
+    plan's launches."""
+    token = _POISON.set(byte)
     try:
         yield
     finally:
-        _POISON[0] = before
+        _POISON.reset(token)
 
 
 def layout_key(tensors: Mapping[str, Any]) -> tuple | None:
@@ -304,11 +306,12 @@ class CallPlan:
                     if nbytes:
                         self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[a.name]), 0, nbytes, handle), "cuMemsetD8Async",
                                  None)
-            if _POISON[0] is not None:  # (before the launches, which zero-fill their own workspaces)
+            poison = _POISON.get()
+            if poison is not None:  # (before the launches, which zero-fill their own workspaces)
                 for a in self.allocs:
                     nbytes = math.prod(a.shape) * ELEMENT_BYTES[a.dtype]
                     if nbytes and not a.output:
-                        self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[a.name]), _POISON[0], nbytes, handle),
+                        self._ok(d.cuMemsetD8Async(d.CUdeviceptr(ptrs[a.name]), poison, nbytes, handle),
                                  "cuMemsetD8Async", None)
             for nl, source, target in narrowing:
                 self._ok(nl.launch(d, source, target, handle), f"cuLaunchKernel(narrowing {nl.tensor})", None)

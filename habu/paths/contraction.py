@@ -63,6 +63,12 @@ def target_moves(target: Target) -> list[str]:
             or (m == "tma" and target.tma) or (m == "tma-gather4" and target.tma_gather4)]
 
 
+def batch_innermost(c: Contraction, operand: Operand) -> bool:
+    """Whether the operand's innermost index is one of the product's batch axes (`A[m k s]`, s batched): no vector
+    runs along it, and TMA reads it only once a staging pass has copied it k-major."""
+    return operand.load.indices[-1] in c.batch
+
+
 def _batch_read(c: Contraction, operand: Operand) -> int:
     """How many of the product's batch axes the operand reads (a weight shared by every batch reads none)."""
     return sum(1 for v in c.batch if v in operand.load.indices)
@@ -82,6 +88,11 @@ class ContractionFacts:
     b_n_major_tma: bool  # a B contiguous along n (a (K, N) weight) that TMA boxes can read transposed
     batches: int = 1  # a batched contraction's products (the grid holds this many output grids)
     a_m_major_tma: bool = False  # an A contiguous along m (stored [k m]) that TMA boxes can read transposed
+
+    def stageable(self, rows: int, target: Target) -> bool:
+        """Whether a staging pass can copy an operand of `rows` rows: a block row per row (grid.y) and a slab of
+        blocks per batch (grid.z)."""
+        return rows <= target.max_grid_yz and self.batches <= target.max_grid_yz
 
     @staticmethod
     def of(model: Model, region: Region, target: Target, sizes: dict[str, int], swap: bool = False
@@ -124,10 +135,6 @@ class OperandFacts:
     rows: int  # the rows of the output it feeds (#M for A, #N for B)
     k_gathered: bool = False  # gathered on the reduction axis (`A[IX[m] k]`, m summed): read through a staging pass
     batch_innermost: bool = False  # its innermost index is a batch axis (`A[m k s]`, s batched)
-
-    def stageable(self, batches: int, target: Target) -> bool:
-        """Whether a staging pass can copy it: a block row per row (grid.y) and a slab per batch (grid.z)."""
-        return self.rows <= target.max_grid_yz and batches <= target.max_grid_yz
 
     @property
     def aligned_rows(self) -> bool:
@@ -207,7 +214,7 @@ class ContractionPath(KernelPath):
                 vec //= 2
             facts_op = OperandFacts(op is c.b, op.gather is not None, op.k_pos == len(op.load.indices) - 1, inner,
                                     eb, sizes[(c.m if op is c.a else c.n).extent], op.k_gather is not None,
-                                    op.load.indices[-1] in c.batch)
+                                    batch_innermost(c, op))
             return self.default_movement(facts_op, vec, facts, target)
 
         a_move, a_vec = movement(c.a, tile[2] if c.a.k_pos == len(c.a.load.indices) - 1 else tile[0])

@@ -37,11 +37,11 @@ class MmaSyncPath(ContractionPath):
     def default_movement(self, op: OperandFacts, vector: int, facts: ContractionFacts, target: Target
                          ) -> tuple[str, int]:
         staged = "staged", STAGED_VECTOR_BYTES // op.elem_bytes  # read in 16-byte cp.async vectors (zero padding)
-        if op.k_gathered or (op.batch_innermost and op.stageable(facts.batches, target)):  # a pass gathers (or
+        if op.k_gathered or (op.batch_innermost and facts.stageable(op.rows, target)):  # a pass gathers (or
             return staged  # transposes) its rows into aligned rows along k
         if target.cp_async and vector * op.elem_bytes >= 4:
             return "cp.async", vector
-        if (target.cp_async and op.contiguous_k and op.stageable(facts.batches, target)
+        if (target.cp_async and op.contiguous_k and facts.stageable(op.rows, target)
                 and facts.m * facts.n * facts.k * facts.batches >= STAGE_MIN_PRODUCTS):
             # rows along k that no 4-byte vector divides (Triton #10927's K = 511 on sm_80): staged (gathered) to
             # aligned rows, then 16-byte cp.async, rather than a 2-byte load per element. H100, session 70, 4096² ×

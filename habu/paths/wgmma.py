@@ -18,6 +18,7 @@ from habu.paths.contraction import (
     OperandFacts,
     Schedule,
     Shape,
+    batch_innermost,
 )
 from habu.plan.plan import CLUSTERS, STORES, ContractionKernel
 from habu.spec.ir import Model
@@ -66,8 +67,8 @@ class WgmmaPath(ContractionPath):
 
     def takes(self, facts: ContractionFacts, target: Target) -> bool:
         # (an operand whose innermost index is a batch axis, `A[m k s]`, is staged k-major: `default_movement`)
-        staged = target.tma and max(facts.m, facts.n, facts.batches) <= target.max_grid_yz
-        a, b = (staged and op.load.indices[-1] in facts.c.batch for op in (facts.c.a, facts.c.b))
+        a, b = (target.tma and batch_innermost(facts.c, op) and facts.stageable(rows, target)
+                for op, rows in ((facts.c.a, facts.m), (facts.c.b, facts.n)))
         return (facts.tensor_cores and target.wgmma and (facts.a_kmajor or facts.a_m_major_tma or a)
                 and (facts.b_kmajor or facts.b_n_major_tma or b) and facts.k >= 64)
 
@@ -79,7 +80,7 @@ class WgmmaPath(ContractionPath):
             return "tma", vector
         if (op.is_b and facts.b_n_major_tma) or (not op.is_b and facts.a_m_major_tma):
             return "tma", vector  # read MN-major in 64-column boxes, with wgmma's transpose bit
-        if target.tma and op.contiguous_k and not op.aligned_rows and op.stageable(facts.batches, target):
+        if target.tma and op.contiguous_k and not op.aligned_rows and facts.stageable(op.rows, target):
             # rows not 16-byte aligned (Triton #10927's K = 511): stage them to aligned rows, then TMA
             return "staged", vector
         if target.cp_async and vector * op.elem_bytes >= 4 and op.contiguous_k:

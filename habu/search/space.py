@@ -16,7 +16,6 @@ from dataclasses import fields, replace
 from habu.errors import UsageError
 from habu.lower.grouped_wgrad import walk_refusal
 from habu.lower.pipeline import lag_phases_apart, lag_refusal
-from habu.lower.staging import STAGED_VECTOR_BYTES
 from habu.paths import (
     FAMILY_PINS,
     ContractionPath,
@@ -29,7 +28,7 @@ from habu.paths import (
     region_space,
 )
 from habu.paths.analytic import node_of
-from habu.paths.contraction import tma_store_fits
+from habu.paths.contraction import batch_innermost, tma_store_fits
 from habu.paths.l2_keep import stream_weights
 from habu.plan.fields import FieldError, Mma, Move, Store, kernel_fields, pin_table
 from habu.plan.grouped_pair import pair_positions
@@ -44,7 +43,7 @@ from habu.plan.plan import (
     Kernel,
     Plan,
 )
-from habu.plan.storage import dtype_bytes, storage_dtypes
+from habu.plan.storage import storage_dtypes
 from habu.search.cuts import default_partition, fuse_column_kernels, split_refused_columns
 from habu.spec.ir import Model
 from habu.target import Target
@@ -470,7 +469,7 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     if lag and isinstance(kernel, ContractionKernel) and lag_refusal(replace(kernel, **changes), lag) is not None:  # type: ignore[arg-type]
         changes["consumer_lag"] = 0
     if moves_operands and not any(k.lower() == "vector" for k in pins):
-        changes.update(_pinned_move_vectors(model, replace(kernel, **changes), changes, operands))  # type: ignore[arg-type]
+        changes.update(_pinned_move_vectors(model, replace(kernel, **changes), changes))  # type: ignore[arg-type]
     if isinstance(kernel, GroupedKernel) and not weight_gradient(model, kernel):  # (its product ignores them)
         changes = {name: v for name, v in changes.items() if name not in WGRAD_FIELDS}
     elif isinstance(kernel, GroupedKernel) and kernel.wgrad_persistent and "wgrad_persistent" not in changes \
@@ -479,23 +478,19 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     return replace(kernel, **changes) if changes else kernel
 
 
-def _pinned_move_vectors(model: Model, after: ContractionKernel, changes: dict[str, object],
-                         operands: dict[str, str]) -> dict[str, int]:
-    """The vectors of operands whose movement a pin set (and no pin their vector): a staged one on mma.sync reads its
-    buffer's padded rows 16 bytes at a time; one read in place whose innermost index is a batch axis (`A[m k s]`)
-    an element at a time (no vector runs along a batch axis)."""
+def _pinned_move_vectors(model: Model, after: ContractionKernel, changes: dict[str, object]) -> dict[str, int]:
+    """The vectors of operands whose movement a pin set (and no pin their vector): the path's (`vector`: a staged
+    one on mma.sync reads its buffer's padded rows 16 bytes at a time), except one read in place whose innermost
+    index is a batch axis (`A[m k s]`): an element at a time (no vector runs along a batch axis)."""
     c = kernel_contraction(node_of(model, after.nodes[0]), after)
-    assert c is not None
-    tensors = {side: tensor for tensor, side in operands.items()}
+    path = path_for(after)
+    assert c is not None and isinstance(path, ContractionPath)
     out: dict[str, int] = {}
     for side, op in (("a", c.a), ("b", c.b)):
-        move = getattr(after, f"{side}_move")
-        if f"{side}_move" not in changes:
-            continue
-        if move == "staged" and after.mma == "mma.sync":
-            out[f"{side}_vector"] = STAGED_VECTOR_BYTES // dtype_bytes(model, tensors[side])
-        elif move in ("ldg", "cp.async") and op.load.indices[-1] in c.batch:
-            out[f"{side}_vector"] = 1
+        if f"{side}_move" in changes:
+            move, vector = str(getattr(after, f"{side}_move")), getattr(after, f"{side}_vector")
+            in_place = move in ("ldg", "cp.async") and batch_innermost(c, op)
+            out[f"{side}_vector"] = 1 if in_place else path.vector(move, vector)
     return out
 
 

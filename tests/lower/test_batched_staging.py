@@ -98,3 +98,17 @@ def test_regression_the_sm_80_default_at_k_511_read_its_operands_two_bytes_at_a_
     proof = prove(ggemm.with_sizes({"K": 511, "M": 300, "N": 200}), default_plan(
         ggemm.with_sizes({"K": 511, "M": 300, "N": 200}), sm80, {}, {"A": "staged", "B": "staged"}), {}, trials=1)
     assert proof.ok, proof.certificate
+
+
+def test_the_staging_pass_prints_its_padding_from_the_lowering():
+    """The pass writes the padded row (k < #K^8) and reads the source under its own bound (zeros past #K), both
+    printed from the lowering's accesses (`StageLowering.dst`, `src`): at K = 511 the store's condition is k < 512
+    and the source's k < 511; a pass printed with the source's bound would leave the padding unwritten (the GPU
+    test `test_a_planted_staging_pass_that_leaves_its_padding_unwritten_fails_the_exact_check`)."""
+    ggemm = load_program(ROOT / "examples" / "ggemm.habu").models["GGEMM"].with_sizes({"K": 511, "M": 300, "N": 200})
+    plan = default_plan(ggemm, TARGET, {}, {"mma": "mma.sync", "A": "staged", "B": "staged"})
+    stage = emit_plan(ggemm, plan, TARGET).kernels[1].source  # B's pass (A's gathers)
+    (store,) = [line for line in stage.splitlines() if "padding past #K" in line]
+    assert "(kk) < 512" in store and "(kk) < 511" not in store, store
+    (copy,) = [line for line in stage.splitlines() if "p_staged_B[" in line]
+    assert "(kk) < 511) ? p_B[" in copy and copy.endswith(": (habu::bf16)0.0f;"), copy
