@@ -25,82 +25,88 @@ def emit_stage(name: str, model: Model, stage: StageLowering, width: int, static
     sig = Signature(model, static=static)
     sizes = sig.sizes()
     it = index_type(width)
-    axis = stage.row_axis
-    coord = {axis: "row", "k": "kk"}
     table = table_reader(sig, model, it)
     src = sig.pointer(stage.src.tensor, stage.src.dtype)
     dst = sig.pointer(stage.dst.tensor, stage.dst.dtype, writes=True)
-    if stage.tile:
-        body = _tiled(name, stage, sizes, it, width, table, src, dst, coord)
-    else:
-        body = _rows(name, stage, sizes, it, width, table, src, dst, coord)
-    body = body.replace("BATCH\n", _batch_setup(stage, sizes, it))
+    setup = _origin(stage, sizes, it)
+    body = _tiled(stage, sizes, it, width, table, src, dst) if stage.tile else _rows(stage, sizes, it, width, table,
+                                                                                        src, dst)
     rows = "batch..., row, k" if stage.batch else "row, k"
     src_text = header(f"{name}: staging pass for {stage.src.tensor}",
                       [f"{stage.dst.tensor}[{rows}] = {stage.src.tensor} as the contraction reads it, rows padded "
                        "to 16 bytes"])
-    src_text += body.replace("SIGNATURE", sig.declaration())
+    src_text += f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}({sig.declaration()}) {{
+{GRID_LAUNCH}{GRID_WAIT}{setup}{body}}}
+"""
     return CudaKernel(name, src_text, tuple(sig.params), stage.threads, 0, stage)
 
 
-def _tiled(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
-    """A T x T tile through shared memory: the loads run along the rows (src's contiguous
-    dimension), the stores along k; each element's mask and offsets are the lowering's (a padding
-    element, k ≥ #K, is a zero)."""
-    t = stage.tile
-    step = stage.threads // t
-    stored = access_mask(stage.dst, coord, sizes, table)
-    zero = f"({CTYPE[stage.src.dtype]})0.0f"
-    return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in tiles of {t}, y over rows in tiles of {t}; a padded tile avoids bank conflicts
-BATCH
-  __shared__ {CTYPE[stage.src.dtype]} tile[{t}][{t + 1}];
-  const int tx = threadIdx.x % {t}, ty = threadIdx.x / {t};
-  const {it} k0 = ({it})blockIdx.x * {t}, r0 = ({it})blockIdx.y * {t};
-  #pragma unroll
-  for (int j = 0; j < {t}; j += {step}) {{
-    const {it} row = r0 + tx, kk = k0 + ty + j;
-    if ({stored}) tile[ty + j][tx] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
-  }}
-  __syncthreads();
-  #pragma unroll
-  for (int j = 0; j < {t}; j += {step}) {{
-    const {it} row = r0 + ty + j, kk = k0 + tx;
-    if ({stored}) {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = tile[tx][ty + j];
-  }}
-}}
-"""
+# the C names of the pass's coordinates: the buffer's row axis and k (the batch axes are read at their own names)
+def _names(stage: StageLowering) -> dict[str, str]:
+    return {stage.row_axis: "row", "k": "kk", **{a: a for a, _e in stage.batch}}
 
 
-def _rows(name: str, stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str, coord) -> str:
-    zero = f"({CTYPE[stage.src.dtype]})0.0f"
-    return f"""extern "C" __global__ void __launch_bounds__({stage.threads}) {name}(SIGNATURE) {{
-{GRID_LAUNCH}{GRID_WAIT}  // grid: x over k in blocks of {stage.threads} (the padded row), y over rows
-BATCH
-  const {it} row = ({it})blockIdx.y;
-  const {it} kk = ({it})blockIdx.x * {stage.threads} + threadIdx.x;
-  if ({access_mask(stage.dst, coord, sizes, table)}) {{  // the padding past #K: zeros
-    {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
-  }}
-}}
-"""
-
-
-def _batch_setup(stage: StageLowering, sizes, it: str) -> str:
-    """A batched pass's batch coordinates from blockIdx.z, named by their axes (the accesses read them by name):
-    the lowering's `batch_coordinates`."""
-    if not stage.batch:
-        return ""
+def _origin(stage: StageLowering, sizes, it: str) -> str:
+    """The block's first element (`StageLowering.origin`): `row_0`, `kk_0` and each batch axis's `<axis>_0`,
+    grid.z decoded into the batch axes (the lowering's `batch_coordinates`)."""
     lines: list[str] = []
 
     def let(name: str, value):
         lines.append(f"const long long {name} = {c(value)};")
         return CExpr(name)
 
-    coords = stage.batch_coordinates(let("batch", CExpr("(long long)blockIdx.z")), sizes, let)
-    lines += [f"const {it} {axis} = ({it})({c(value)});" for axis, value in coords.items()]
-    head = f"  // grid.z over the batches ({', '.join(a for a, _ in stage.batch)})\n"
+    z = let("batch", CExpr("(long long)blockIdx.z")) if stage.batch else CExpr("0")
+    origin = stage.origin(CExpr(f"({it})blockIdx.x"), CExpr(f"({it})blockIdx.y"), z, sizes, let)
+    lines += [f"const {it} {_names(stage)[axis]}_0 = ({it})({c(value)});" for axis, value in origin.items()]
+    slabs = f", z over the batches ({', '.join(stage.batch_slabs())})" if stage.batch else ""
+    head = f"  // grid: x over k in blocks of {stage.step_k}, y over the rows in blocks of {stage.step_rows}{slabs}\n"
     return head + "".join(f"  {ln}\n" for ln in lines)
+
+
+def _element(stage: StageLowering, it: str, c_off, k_off) -> str:
+    """The declarations of an element's coordinates (`StageLowering.element`) from the block's origin."""
+    names = _names(stage)
+    at = stage.element({axis: CExpr(f"{n}_0") for axis, n in names.items()}, c_off, k_off)
+    return " ".join(f"const {it} {names[axis]} = {c(value)};" for axis, value in at.items())
+
+
+def _tiled(stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str) -> str:
+    """A tile through shared memory (`StageTile`): the loads run along the tile's axis (src's contiguous
+    dimension), the stores along k; each element's mask and offsets are the lowering's (a padding element, k ≥ #K,
+    is a zero)."""
+    tile = stage.tile
+    assert tile is not None and tile.elements % stage.threads == 0, (tile, stage.threads)
+    coord = _names(stage)
+    stored = access_mask(stage.dst, coord, sizes, table)
+    zero = f"({CTYPE[stage.src.dtype]})0.0f"
+    e = CExpr("e")
+    lc, lk = tile.load_lane(e)
+    sc, sk = tile.store_lane(e)
+    return f"""  __shared__ {CTYPE[stage.src.dtype]} tile[{tile.slots}];  // [{tile.along_k}][{tile.across} + 1] along k, then {tile.axis}
+  #pragma unroll
+  for (int j = 0; j < {tile.elements}; j += {stage.threads}) {{  // loads: along {tile.axis}
+    const int e = j + (int)threadIdx.x;
+    {_element(stage, it, lc, lk)}
+    if ({stored}) tile[{c(tile.slot(lc, lk))}] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
+  }}
+  __syncthreads();
+  #pragma unroll
+  for (int j = 0; j < {tile.elements}; j += {stage.threads}) {{  // stores: along k
+    const int e = j + (int)threadIdx.x;
+    {_element(stage, it, sc, sk)}
+    if ({stored}) {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = tile[{c(tile.slot(sc, sk))}];
+  }}
+"""
+
+
+def _rows(stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str) -> str:
+    coord = _names(stage)
+    zero = f"({CTYPE[stage.src.dtype]})0.0f"
+    return f"""  {_element(stage, it, 0, CExpr("(int)threadIdx.x"))}
+  if ({access_mask(stage.dst, coord, sizes, table)}) {{  // the padding past #K: zeros
+    {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
+  }}
+"""
 
 
 def _blocks(stage: StageLowering, sizes, slots: int) -> tuple[int, int, int]:

@@ -33,6 +33,7 @@ from habu.prove.deadline import check_deadline
 from habu.prove.fragments import fragment_mismatch
 from habu.prove.index_arith import computing
 from habu.prove.interp_access import element_at, read, read_pair, read_vector, write
+from habu.prove.interp_stage import run_stage, stage_blocks
 from habu.prove.kinds import KindProof, TileAxis, kind_proof, register_kind, sample_tiles
 from habu.prove.lane_arithmetic import LaneArithmetic
 from habu.prove.pipeline import delivered
@@ -190,18 +191,16 @@ def run_contraction(name: str, lw: ContractionLowering, sizes: Mapping[str, int]
         # value lands, duplicates included, in any order (as the grouped family's scatter-add)
         mem.written[lw.out.tensor] = WrittenTensor(lw.out.tensor, int(lw.out.numel(sizes)), f.p, True,
                                                    mem.inputs.get(lw.out.tensor))
-    for stage in lw.pre:  # staging passes: every row the chosen tiles read, all of k
+    for stage in lw.pre:  # staging passes: the blocks that copy every row the chosen tiles read, all of k
         tile = bm if stage.row_axis == "m" else bn
         picked = {t[0] if stage.row_axis == "m" else t[1] for t in tiles}
         keep = rows if stage.row_axis == "m" else cols
         need = np.unique(np.concatenate([t * tile + np.array(_local(t, tile, keep), dtype=np.int64)
                                          for t in sorted(picked)] or [np.zeros(0, np.int64)]))
-        # the pass's block slabs (grid.z) whose batch coordinates, as the pass finds them, those tiles read
+        # the batches those tiles read, as the contraction decodes its grid.z
         wanted = {tuple(int(lw.batch_coordinates(np.int64(t[3]), sizes)[a]) for a, _e in stage.batch) for t in tiles}
-        for z in range(int(stage.batches(sizes))):
-            batch = {a: int(v) for a, v in stage.batch_coordinates(np.int64(z), sizes).items()}
-            if tuple(batch[a] for a, _e in stage.batch) in wanted:
-                run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, need, lw.index_width, batch)
+        run_stage(f"{name} staging {stage.src.tensor}", stage, sizes, mem, lw.index_width,
+                  stage_blocks(stage, sizes, need, wanted))
     partials: dict[tuple, dict[tuple[int, int], dict[int, tuple]]] = {}  # a cluster split's, by tile and split
     paired = set(paired_loads(lw))  # loads read a pair at once: the second at the first's offset + 1
     # each block's column sums (a column sum in the epilogue): finished once every block has run, since the tile
@@ -356,19 +355,6 @@ def _k_tile(name: str, lw: ContractionLowering, side: str, rows: np.ndarray, kk:
     if np.any(stale):
         values = np.where(stale, mem.poison(np.broadcast_to(rows * 7919 + kk, values.shape)), values)
     return values
-
-
-def run_stage(name: str, stage, sizes: Mapping[str, int], mem: Memory, rows: np.ndarray, width: int,
-              batch: Mapping[str, int] | None = None) -> None:
-    """A staging pass: copy the given rows (all of k, and zeros into the padding past #K: the source's mask reads
-    0 there) from the operand to its aligned buffer, at one batch's coordinates (`batch`, by axis: those the pass's
-    blocks of that grid.z hold) where the pass is batched."""
-    axis = stage.row_axis
-    ks = np.arange(int(stage.row_length(sizes)), dtype=np.int64)
-    coords = {**{a: np.int64(v) for a, v in (batch or {}).items()}, axis: rows[:, None], "k": ks[None, :]}
-    values = read(name, stage.src, coords, sizes, mem, width)
-    owned = np.broadcast_to(rows[:, None] < sizes[stage.rows], (len(rows), len(ks)))
-    write(name, stage.dst, coords, values, sizes, mem, width, False, owned)
 
 
 def _batch_index(lw: ContractionLowering, batch: Mapping[str, Any], sizes: Mapping[str, int]) -> Any:

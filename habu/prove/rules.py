@@ -203,8 +203,10 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
     for stage in lw.pre:
         row_axis = stage.row_axis
         # (a batched operand's source and buffer read their batch positions at the batch axes: always inside)
-        stage_axes = {row_axis: (s[stage.rows], 1), "k": (stage.row_length(s), 1),  # (k to the padded row)
-                      **{a: (s[e], 1) for a, e in zip(lw.batch_axes, lw.batch, strict=True)}}
+        # every coordinate a block computes (k to the padded row; masked or not), in the pass's blocks and tiles
+        stage_axes = {row_axis: (s[stage.rows], stage.step_rows), "k": (stage.row_length(s), stage.step_k),
+                      **{a: (s[e], stage.tile.across if stage.tile and stage.tile.axis == a else 1)
+                         for a, e in zip(lw.batch_axes, lw.batch, strict=True)}}
         yield from _access_obligations(f"{name} staging", stage.src, stage_axes, ctx, lw.index_width, "every load")
         yield from _access_obligations(f"{name} staging", stage.dst, stage_axes, ctx, lw.index_width, "every store")
 

@@ -174,15 +174,15 @@ def _stage(name: str, stage: StageLowering, width: int, ctx: Context) -> Iterato
     yield _grid(name, "x", f"blocks along #{stage.k}", along_k, ctx.target.max_grid_x)
     yield _grid(name, "y", f"blocks along the rows (#{stage.rows})", rows, ctx.target.max_grid_yz)
     if stage.batch:
-        yield _grid(name, "z", f"the batches ({' · '.join('#' + e for _a, e in stage.batch)})", stage.batches(s),
+        yield _grid(name, "z", f"the batches ({' · '.join('#' + e for e in stage.batch_slabs())})", stage.batches(s),
                     ctx.target.max_grid_yz)
     if width == 32:
-        step = stage.tile or stage.threads
-        yield _lanes(name, f"the column kk = blockIdx.x·{step} + threadIdx.x, up to ⌈#{stage.k}/{step}⌉·{step} − 1",
+        step = stage.step_k
+        yield _lanes(name, f"the column kk = k0 + the thread's offset, up to ⌈#{stage.k}/{step}⌉·{step} − 1",
                      along_k * step - 1)
-        if stage.tile:
-            yield _lanes(name, f"the row r0 + tx, up to ⌈#{stage.rows}/{stage.tile}⌉·{stage.tile} − 1",
-                         rows * stage.tile - 1)
+        if stage.step_rows > 1:
+            yield _lanes(name, f"the row r0 + the thread's offset, up to ⌈#{stage.rows}/{stage.step_rows}⌉·"
+                               f"{stage.step_rows} − 1", rows * stage.step_rows - 1)
 
 
 def _grid(name: str, dim: str, what: str, blocks: Any, most: int) -> Obligation:
