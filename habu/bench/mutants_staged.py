@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from habu.lower import ContractionLowering, Lowering
-from habu.lower.access import Access, Position
+from habu.lower.access import Access, Position, floordiv
+from habu.lower.staging import StageLowering, StageTile
 
 # GGEMM at Triton #10927's K = 511: the staged rows are padded (512 elements apart), the operands' rows are not
 SHAPE = {"M": 300, "N": 200, "K": 511}
@@ -18,6 +19,8 @@ SIMT = {"mma": "fma", "A": "staged"}  # A's buffer read by the SIMT main loop, a
 # batched products staged by default (session 70): K = 511 over two batch axes, the second a runtime extent
 BATCHED = "../tests/data/batched_staged.habu"
 BATCHED_SHAPE = {"H": 3}
+# an operand whose innermost index is the batch axis, #S = 13: two (batch, k) tiles of 8 batches, the second ragged
+INNERMOST_SHAPE = {"S": 13}
 
 
 def strided(acc: Access, pos: int, extents: tuple[str, ...]) -> Access:
@@ -74,6 +77,50 @@ def batch_extents_swapped(lw: Lowering) -> Lowering:
     return replace(lw, pre=(replace(stage, batch=((a0, e1), (a1, e0))), *lw.pre[1:]))
 
 
+class _StoresTransposed(StageTile):
+    """A tile whose stores take the element at (offset e % along_k along the tile's axis, e / along_k along k): the
+    roles of the two offsets swapped against the loads'."""
+
+    def store_lane(self, e):
+        return e % self.along_k, floordiv(e, self.along_k)
+
+
+def tile_stores_transposed(lw: Lowering) -> Lowering:
+    lw = _staged(lw)
+    stage = lw.pre[0]
+    assert stage.tile is not None
+    tile = _StoresTransposed(stage.tile.axis, stage.tile.across, stage.tile.along_k)
+    return replace(lw, pre=(replace(stage, tile=tile), *lw.pre[1:]))
+
+
+def batch_tile_unmasked(lw: Lowering) -> Lowering:
+    """The (batch, k) tile pass without its bound on the batch axis: the last tile's batches past #S are read
+    and written."""
+    lw = _staged(lw)
+    stage = lw.pre[0]
+    assert stage.tile is not None
+    unmasked = {"src": stage.src, "dst": stage.dst}
+    for side, acc in unmasked.items():
+        unmasked[side] = replace(acc, masks=tuple(b for b in acc.masks if b.axis != stage.tile.axis))
+    return replace(lw, pre=(replace(stage, **unmasked), *lw.pre[1:]))
+
+
+class _SlabsUnscaled(StageLowering):
+    """grid.z's tiles of the batch axis read as batches: slab z starts at batch z, not z · across."""
+
+    def origin(self, bx, by, bz, s, let=None):
+        o = super().origin(bx, by, bz, s, let)
+        o[self.tile.axis] = floordiv(o[self.tile.axis], self.tile.across)
+        return o
+
+
+def batch_slabs_unscaled(lw: Lowering) -> Lowering:
+    lw = _staged(lw)
+    stage = lw.pre[0]
+    fields = {f: getattr(stage, f) for f in stage.__dataclass_fields__}
+    return replace(lw, pre=(_SlabsUnscaled(**fields), *lw.pre[1:]))
+
+
 MUTANT_ENTRIES = (
     ("stage-gather-skipped", "the staging pass copies A[m] instead of A[IX[m]]", "ggemm.habu", "GGEMM", SHAPE,
      gather_skipped, BOTH),
@@ -89,17 +136,27 @@ MUTANT_ENTRIES = (
      "buffer's outer stride 1)", BATCHED, "TWO-BATCHES-RUNTIME", BATCHED_SHAPE, batch_stride_lost, None),
     ("stage-batch-extents-swapped", "a batched staging pass decodes its grid.z with the two batch extents swapped",
      BATCHED, "TWO-BATCHES-RUNTIME", BATCHED_SHAPE, batch_extents_swapped, None),
+    ("stage-tile-stores-transposed", "the (batch, k) tile pass stores each element from the shared slot of the "
+     "element with its two offsets swapped", BATCHED, "BATCH-INNERMOST", INNERMOST_SHAPE, tile_stores_transposed,
+     None),
+    ("stage-batch-tile-unmasked", "the (batch, k) tile pass has no bound on the batch axis: at #S = 13 the second "
+     "tile reads and writes batches 13..15", BATCHED, "BATCH-INNERMOST", INNERMOST_SHAPE, batch_tile_unmasked, None),
+    ("stage-batch-slabs-unscaled", "the (batch, k) tile pass starts grid.z's slab z at batch z instead of 8z: "
+     "batches 9..12 are never copied", BATCHED, "BATCH-INNERMOST", INNERMOST_SHAPE, batch_slabs_unscaled, None),
 )
 
 __all__ = [
     "MUTANT_ENTRIES",
     "SHAPE",
     "batch_extents_swapped",
+    "batch_slabs_unscaled",
     "batch_stride_lost",
+    "batch_tile_unmasked",
     "gather_skipped",
     "main_loop_rows_unpadded",
     "padding_unwritten",
     "rows_unpadded",
     "strided",
+    "tile_stores_transposed",
     "ungathered",
 ]

@@ -500,6 +500,13 @@ def _contraction_axes(name: str, lw: ContractionLowering) -> list[TileAxis]:
         # a cluster's blocks take c tiles of m together: the witness keeps ⌈M/BM⌉ a multiple
         # of c (its size is ≡ M modulo BM·c) and every class of the clusters' row groups
         out.append(TileAxis(name, "m (clusters)", lw.m, lw.bm * lw.kernel.cluster_m))
+    for stage in lw.pre:  # a staging pass's blocks: along k (to the padded row), its rows, a tiled batch axis
+        out.append(TileAxis(f"{name} staging", "k", stage.k, stage.step_k))
+        if stage.step_rows > 1:
+            out.append(TileAxis(f"{name} staging", stage.row_axis, stage.rows, stage.step_rows))
+        if stage.tile and stage.tile.axis != stage.row_axis:
+            out.append(TileAxis(f"{name} staging", stage.tile.axis, dict(stage.batch)[stage.tile.axis],
+                                stage.tile.across))
     return out
 
 

@@ -45,13 +45,13 @@ def run_stage(name: str, stage: StageLowering, sizes: Mapping[str, int], mem: Me
     origin = stage.origin(bx, by, bz, sizes)
     if stage.tile is None:  # thread t copies the element at k0 + t
         at = stage.element(origin, 0, np.arange(stage.threads, dtype=np.int64)[None, :])
-        _store(name, stage, sizes, mem, width, at, read(name, stage.src, at, sizes, mem, width))
+        _store(name, stage, sizes, mem, width, at, read(name, stage.src, at, sizes, mem, width, _copying(stage, at)))
         return
     tile = stage.tile
     e = np.arange(tile.elements, dtype=np.int64)[None, :]
     c, kk = tile.load_lane(e)
     at = stage.element(origin, c, kk)
-    values = read(name, stage.src, at, sizes, mem, width)
+    values = read(name, stage.src, at, sizes, mem, width, _copying(stage, at))
     loaded = np.broadcast_to(stage.dst.mask(at, sizes, NumpyIndex(width, mem, name)), values.shape)  # the kernel loads what it will store
     shared = np.zeros((len(blocks), tile.slots), dtype=np.int64)
     held = np.zeros((len(blocks), tile.slots), dtype=bool)
@@ -74,7 +74,19 @@ def run_stage(name: str, stage: StageLowering, sizes: Mapping[str, int], mem: Me
 
 def _store(name: str, stage: StageLowering, sizes: Mapping[str, int], mem: Memory, width: int,
            at: Mapping[str, np.ndarray], values: np.ndarray) -> None:
-    write(name, stage.dst, at, values, sizes, mem, width, False, np.ones(np.shape(values), dtype=bool))
+    write(name, stage.dst, at, values, sizes, mem, width, False, np.ones(np.shape(values), dtype=bool),
+          _copying(stage, at))
+
+
+def _copying(stage: StageLowering, at: Mapping[str, np.ndarray]):
+    """A fault's namer: the source element the first faulty lane copies (`computing`'s `where`)."""
+    def name(bad: np.ndarray) -> str:
+        lane = tuple(int(i[0]) for i in np.nonzero(bad))
+        coords = [str(p.value) if p.kind == "const" else
+                  f"{p.table}[{int(np.broadcast_to(at[p.axis], bad.shape)[lane])}]" if p.kind == "gather" else
+                  str(int(np.broadcast_to(at[p.axis], bad.shape)[lane])) for p in stage.src.positions]
+        return f"the copy of {stage.src.tensor}[{', '.join(coords)}]"
+    return name
 
 
 __all__ = ["run_stage", "stage_blocks"]
