@@ -12,6 +12,9 @@ CASES: tuple[tuple[str, str, str, dict[str, int], dict[str, str], str], ...] = (
     ("wgmma gather cp.async + tma", "ggemm.habu", "GGEMM", {}, {}, "sm_90a"),
     ("wgmma ldg, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {"A": "ldg", "B": "ldg"}, "sm_90a"),
     ("wgmma staged, K=511", "ggemm.habu", "GGEMM", {"M": 300, "N": 200, "K": 511}, {}, "sm_90a"),
+    # session 71: operands whose innermost index is the batch axis, staged by (batch, k) tiles through shared memory
+    ("wgmma staged by batch tiles (batch-innermost operands, #S = 13)", "../tests/data/batched_staged.habu",
+     "BATCH-INNERMOST", {"S": 13}, {}, "sm_90a"),
     ("wgmma tma, n-contiguous B (FFN-SKIP: 2 GEMMs + rows)", "ffn_skip.habu", "FFN-SKIP", {}, {}, "sm_90a"),
     ("wgmma tma batched (bmm: TMA-store box 1 per batch)", "bmm.habu", "SCORES", {"B": 3, "I": 72, "J": 80, "D": 64},
      {}, "sm_90a"),

@@ -12,7 +12,8 @@ wgmma TMA-store epilogue (boxes, column groups, slabs, buffer offsets and stride
 kernel's thread map and partial slots (each stride and count one more), the block decode (a tile row
 too many), each tile's origin, the k range's first tile, the accumulator's thread decode, the ring's
 barrier addresses, the general kernel's thread map, a map lane's elements, a flat grid's extents
-order and its decode's last step, the batch decode one batch on. (Not the index width: it changes the type of nearly every line, not the arithmetic in it.)
+order and its decode's last step, the batch decode one batch on, a staging pass's block origin, threads,
+lanes and shared slots. (Not the index width: it changes the type of nearly every line, not the arithmetic in it.)
 Such a line is computed from objects the proof executed; a line that moves under none is fixed text of the emitter (instructions, barriers, declarations) or
 arithmetic the lowering does not hold yet. Blank lines, comments, braces and `#pragma`s are not
 counted.
@@ -54,6 +55,7 @@ from habu.lower.grouped_mma import GroupedMmaLoop
 from habu.lower.grouped_wgmma import WgmmaMainLoop
 from habu.lower.layouts import FmaOperands, MmaSyncOperands, WgmmaOperands
 from habu.lower.pipeline import CpAsyncRing, MbarrierRing, TmaOperandLoad
+from habu.lower.staging import StageLowering, StageTile
 from habu.lower.tma_store import TmaStoreEpilogue
 
 _NOT_CODE = re.compile(r"^\s*($|//|#pragma|[{}]\s*$|}}\s*$)")
@@ -179,6 +181,14 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield from _grouped_variants(obj)
     if isinstance(obj, AttentionLowering):
         yield from _attention_variants(obj)
+    if isinstance(obj, StageLowering):  # a staging pass's block origin: each block one block on every way
+        yield _with_override(obj, "origin", lambda sup, bx, by, bz, *rest: sup(bx + 1, by + 1, bz + 1, *rest))
+        yield replace(obj, threads=2 * obj.threads)
+    if isinstance(obj, StageTile):  # a tile pass's shape, lanes and shared slots, each one element on
+        yield replace(obj, across=2 * obj.across)
+        yield _with_override(obj, "load_lane", lambda sup, e: sup(e + 1))
+        yield _with_override(obj, "store_lane", lambda sup, e: sup(e + 1))
+        yield _with_override(obj, "slot", lambda sup, c, kk: sup(c, kk) + 1)
     if isinstance(obj, FlatGrid) and len(obj.extents) > 1:  # the flat index's decode: its divisors' order
         yield replace(obj, extents=tuple(reversed(obj.extents)))
     if isinstance(obj, FlatGrid) and obj.extents:  # the decode's last step reduced too (e0 = rest % #E0)

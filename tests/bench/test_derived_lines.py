@@ -61,6 +61,10 @@ def test_every_path_prints_some_of_its_index_arithmetic_from_the_lowering():
                   "grouped wgmma (MoE: gate, up on the wgmma loop, act rows, combine scatter-add)",
                   "grouped wgmma, pair fused (gate + up + SwiGLU; combine scatter-add)"):
         assert rows[label].index_share >= 0.75, rows[label]
+    # session 71: the staging passes' block origins, lanes and shared slots come from the lowering (77 of 94 index
+    # lines of the batch-tile plan; the K = 511 plan's 59 of 74 before, 61 since)
+    assert rows["wgmma staged by batch tiles (batch-innermost operands, #S = 13)"].index_share >= 0.8
+    assert rows["wgmma staged, K=511"].index_derived >= 61
 
 
 def test_the_session_30_paths_print_most_of_their_index_arithmetic_from_the_lowering():
