@@ -202,7 +202,8 @@ def contraction_obligations(name: str, lw: ContractionLowering, ctx: Context) ->
         yield scatter_accumulates(name, lw.store, lw.out, "rows whose indices repeat would overwrite each other")
     for stage in lw.pre:
         row_axis = stage.row_axis
-        # (a batched operand's source and buffer read their batch positions at the batch axes: always inside)
+        # (a batched operand's source and buffer read their batch positions at the batch axes: inside, but for a
+        # batch axis the pass tiles, whose last tile is masked at its extent)
         # every coordinate a block computes (k to the padded row; masked or not), in the pass's blocks and tiles
         stage_axes = {row_axis: (s[stage.rows], stage.step_rows), "k": (stage.row_length(s), stage.step_k),
                       **{a: (s[e], stage.tile.across if stage.tile and stage.tile.axis == a else 1)
