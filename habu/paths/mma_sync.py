@@ -8,15 +8,21 @@ from habu.emit_cuda.kernel import CudaKernel
 from habu.lower.contraction import ContractionLowering
 from habu.lower.staging import STAGED_VECTOR_BYTES
 from habu.lower.support import MMA_SYNC
-from habu.paths.contraction import ContractionFacts, ContractionPath, OperandFacts, Shape
+from habu.paths.contraction import SKINNY_ROWS, ContractionFacts, ContractionPath, OperandFacts, Shape
 from habu.spec.ir import Model
 from habu.target import Target
 from habu.targets import Ceilings
 
 SKINNY_IN_FLIGHT_BYTES = 32768
 # multiply-adds (m·n·k·batches) from which the default stages rows along k that no 4-byte vector divides: the two
-# passes' launches and copies (a few µs) against 2-byte loads' time (about 3x the staged main loop's at 4096² × 511)
-STAGE_MIN_PRODUCTS = 1 << 28
+# passes' launches and copies (a few µs) against 2-byte loads'. H100, session 71 (docs/experiments/stage_threshold.py,
+# both plans on mma.sync, same tile): staged faster at every square size measured, 64² × 511 (≈ 2^21: 13.2 µs
+# against 42.5) to 2048² × 511 (37.5 against 111.1), and 4096² × 511 (113.4 against 333.4, session 70); below
+# 2^20, unmeasured, a product keeps its one launch
+STAGE_MIN_PRODUCTS = 1 << 20
+# a skinny product (at most SKINNY_ROWS rows) whose other operand holds this many elements streams a weight: staging
+# copies it every call (three times its bytes moved, against once read in place); unmeasured, it stays in place
+STAGE_MAX_STREAMED = 1 << 20
 # narrow tiles for skinny (decode) contractions: 32 or 64 rows, 32 or 64 columns, deeper rings
 SKINNY_SHAPES: list[Shape] = [(bm, bn, 64, 4, st) for bm in (32, 64) for bn in (32, 64) for st in (4, 6, 8)
                               if (bm, bn) != (64, 64)] + [(64, 64, 64, 4, 8)]
@@ -41,11 +47,11 @@ class MmaSyncPath(ContractionPath):
             return staged  # transposes) its rows into aligned rows along k
         if target.cp_async and vector * op.elem_bytes >= 4:
             return "cp.async", vector
-        if (target.cp_async and op.contiguous_k and facts.stageable(op.rows, target)
+        streamed = facts.m <= SKINNY_ROWS and facts.n * facts.k >= STAGE_MAX_STREAMED
+        if (target.cp_async and op.contiguous_k and facts.stageable(op.rows, target) and not streamed
                 and facts.m * facts.n * facts.k * facts.batches >= STAGE_MIN_PRODUCTS):
             # rows along k that no 4-byte vector divides (Triton #10927's K = 511 on sm_80): staged (gathered) to
-            # aligned rows, then 16-byte cp.async, rather than a 2-byte load per element. H100, session 70, 4096² ×
-            # 511: 113.4 µs against 333.4 (torch 148.5); a small product keeps its one launch
+            # aligned rows, then 16-byte cp.async, rather than a 2-byte load per element (`STAGE_MIN_PRODUCTS`)
             return staged
         return "ldg", vector
 

@@ -92,12 +92,31 @@ def test_regression_the_sm_80_default_at_k_511_read_its_operands_two_bytes_at_a_
     sm80 = TARGETS["sm_80"]
     (k,) = default_plan(ggemm.with_sizes({"K": 511}), sm80, {}, {}).kernels
     assert (k.mma, k.a_move, k.b_move, k.a_vector, k.b_vector) == ("mma.sync", "staged", "staged", 8, 8), k
-    small = ggemm.with_sizes({"K": 511, "M": 64, "N": 64, "T": 64})
+    small = ggemm.with_sizes({"K": 511, "M": 32, "N": 32, "T": 32})
     (k,) = default_plan(small, sm80, {}, {}).kernels
     assert (k.a_move, k.b_move) == ("ldg", "ldg"), k
     proof = prove(ggemm.with_sizes({"K": 511, "M": 300, "N": 200}), default_plan(
         ggemm.with_sizes({"K": 511, "M": 300, "N": 200}), sm80, {}, {"A": "staged", "B": "staged"}), {}, trials=1)
     assert proof.ok, proof.certificate
+
+
+def test_regression_the_mma_sync_default_read_products_under_2_28_two_bytes_at_a_time():
+    """Session 70 staged unaligned rows on mma.sync only from 2^28 multiply-adds. Session 71 measured both plans from
+    64² × 511 up (H100, docs/experiments/stage_threshold.py): staged was faster at every size, 13.2 µs against 42.5
+    at 64², 37.5 against 111.1 at 2048². Products from 2^20 now stage; a smaller one keeps its one launch, and a
+    skinny product streaming a large weight (decode: 16 × 4096 × 511) stays in place (unmeasured: staging copies the
+    weight every call)."""
+    gemm = load_program(ROOT / "examples" / "gemm.habu").models["GEMM"]
+    sm80 = TARGETS["sm_80"]
+
+    def moves(m: int, n: int) -> tuple[str, str]:
+        (k,) = default_plan(gemm.with_sizes({"M": m, "N": n, "K": 511}), sm80, {}, {}).kernels
+        return str(k.a_move), str(k.b_move)
+
+    assert moves(64, 64) == moves(512, 512) == ("staged", "staged")
+    assert moves(32, 32) == ("ldg", "ldg")  # 2^19 multiply-adds
+    assert moves(16, 4096) == ("ldg", "ldg")  # a weight of 2^21 elements streamed by 16 rows
+    assert moves(16, 1024) == ("staged", "staged")  # the weight of 2^19 elements
 
 
 def test_the_staging_pass_prints_its_padding_from_the_lowering():
