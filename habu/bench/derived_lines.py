@@ -189,6 +189,8 @@ def _variants(obj: Any) -> Iterator[Any]:
         yield _with_override(obj, "load_lane", lambda sup, e: sup(e + 1))
         yield _with_override(obj, "store_lane", lambda sup, e: sup(e + 1))
         yield _with_override(obj, "slot", lambda sup, c, kk: sup(c, kk) + 1)
+        yield _with_override(obj, "element_index", lambda sup, j, t, n: sup(j, t + 1, n))
+        yield _with_override(obj, "steps", lambda sup, n: sup(n) - 1)
     if isinstance(obj, FlatGrid) and len(obj.extents) > 1:  # the flat index's decode: its divisors' order
         yield replace(obj, extents=tuple(reversed(obj.extents)))
     if isinstance(obj, FlatGrid) and obj.extents:  # the decode's last step reduced too (e0 = rest % #E0)

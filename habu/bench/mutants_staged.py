@@ -85,6 +85,22 @@ class _StoresTransposed(StageTile):
         return e % self.along_k, floordiv(e, self.along_k)
 
 
+class _StepsOverlap(StageTile):
+    """A tile whose threads step over it half a block at a time: step j + 1 retakes half of step j's elements, and
+    the tile's last half-block is never taken."""
+
+    def element_index(self, j, thread, threads):
+        return j * (threads // 2) + thread
+
+
+def tile_steps_overlap(lw: Lowering) -> Lowering:
+    lw = _staged(lw)
+    stage = lw.pre[0]
+    assert stage.tile is not None
+    tile = _StepsOverlap(stage.tile.axis, stage.tile.across, stage.tile.along_k)
+    return replace(lw, pre=(replace(stage, tile=tile), *lw.pre[1:]))
+
+
 def tile_stores_transposed(lw: Lowering) -> Lowering:
     lw = _staged(lw)
     stage = lw.pre[0]
@@ -139,6 +155,8 @@ MUTANT_ENTRIES = (
     ("stage-tile-stores-transposed", "the (batch, k) tile pass stores each element from the shared slot of the "
      "element with its two offsets swapped", BATCHED, "BATCH-INNERMOST", INNERMOST_SHAPE, tile_stores_transposed,
      None),
+    ("stage-tile-steps-overlap", "the (batch, k) tile pass's threads step half a block at a time: the tile's last "
+     "128 elements are never copied", BATCHED, "BATCH-INNERMOST", INNERMOST_SHAPE, tile_steps_overlap, None),
     ("stage-batch-tile-unmasked", "the (batch, k) tile pass has no bound on the batch axis: at #S = 13 the second "
      "tile reads and writes batches 13..15", BATCHED, "BATCH-INNERMOST", INNERMOST_SHAPE, batch_tile_unmasked, None),
     ("stage-batch-slabs-unscaled", "the (batch, k) tile pass starts grid.z's slab z at batch z instead of 8z: "
@@ -157,6 +175,7 @@ __all__ = [
     "padding_unwritten",
     "rows_unpadded",
     "strided",
+    "tile_steps_overlap",
     "tile_stores_transposed",
     "ungathered",
 ]

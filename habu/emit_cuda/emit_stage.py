@@ -75,24 +75,25 @@ def _tiled(stage: StageLowering, sizes, it: str, width: int, table, src: str, ds
     dimension), the stores along k; each element's mask and offsets are the lowering's (a padding element, k ≥ #K,
     is a zero)."""
     tile = stage.tile
-    assert tile is not None and tile.elements % stage.threads == 0, (tile, stage.threads)
+    assert tile is not None and tile.steps(stage.threads) * stage.threads == tile.elements, (tile, stage.threads)
     coord = _names(stage)
     stored = access_mask(stage.dst, coord, sizes, table)
     zero = f"({CTYPE[stage.src.dtype]})0.0f"
     e = CExpr("e")
+    index = tile.element_index(CExpr("j"), CExpr("(int)threadIdx.x"), stage.threads)
     lc, lk = tile.load_lane(e)
     sc, sk = tile.store_lane(e)
     return f"""  __shared__ {CTYPE[stage.src.dtype]} tile[{tile.slots}];  // [{tile.along_k}][{tile.across} + 1] along k, then {tile.axis}
   #pragma unroll
-  for (int j = 0; j < {tile.elements}; j += {stage.threads}) {{  // loads: along {tile.axis}
-    const int e = j + (int)threadIdx.x;
+  for (int j = 0; j < {tile.steps(stage.threads)}; ++j) {{  // loads: along {tile.axis}
+    const int e = {c(index)};
     {_element(stage, it, lc, lk)}
     if ({stored}) tile[{c(tile.slot(lc, lk))}] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
   }}
   __syncthreads();
   #pragma unroll
-  for (int j = 0; j < {tile.elements}; j += {stage.threads}) {{  // stores: along k
-    const int e = j + (int)threadIdx.x;
+  for (int j = 0; j < {tile.steps(stage.threads)}; ++j) {{  // stores: along k
+    const int e = {c(index)};
     {_element(stage, it, sc, sk)}
     if ({stored}) {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = tile[{c(tile.slot(sc, sk))}];
   }}

@@ -28,7 +28,7 @@ class StageTile:
     source's contiguous dimension: the buffer's row axis, a transposing copy such as a (K, N) weight staged
     K-major, or a batch axis, an operand whose innermost index is a batch axis) and storing along k (the buffer's).
 
-    Its threads take the tile's elements e = threadIdx.x + threads·j in turn, in two orders: `load_lane` runs
+    Its threads take the tile's elements e = threadIdx.x + threads·j in turn (`element_index`), in two orders: `load_lane` runs
     along `axis` fastest (consecutive threads read consecutive source elements), `store_lane` along k fastest
     (consecutive threads write consecutive buffer elements). The shared tile is [along_k][across + 1] (the padding
     word keeps the stores' column reads off one bank)."""
@@ -40,6 +40,14 @@ class StageTile:
     @property
     def elements(self) -> int:
         return self.across * self.along_k
+
+    def element_index(self, j: Any, thread: Any, threads: int) -> Any:
+        """The tile element e that `thread` of `threads` takes at step j (j = 0, 1, … elements / threads − 1)."""
+        return j * threads + thread
+
+    def steps(self, threads: int) -> int:
+        """The steps each thread takes over the tile."""
+        return self.elements // threads
 
     def load_lane(self, e: Any) -> tuple[Any, Any]:
         """(offset along `axis`, offset along k) within the tile of element e in the load order."""

@@ -450,8 +450,12 @@ def _contraction_final(lw: ContractionLowering, sizes: Mapping[str, int]) -> tup
         tms = list(range(int(lw.tiles_m(sizes))))  # is run on every tile (habu.prove.window_terms)
     if lw.window:
         tns = list(range(int(lw.tiles_n(sizes))))
-    # a batched kernel: the first, second and last coordinate of each batch index
-    samples = [np.array(sample_tiles(sizes[e]), dtype=np.int64) for e in lw.batch]
+    # a batched kernel: the first, second and last coordinate of each batch index, or, along a batch axis a staging
+    # pass tiles, every coordinate of its first, second and last tile (each offset within a tile is a lane of it)
+    tiled = {st.tile.axis: st.tile.across for st in lw.pre if st.tile is not None and st.tile.axis in lw.batch_axes}
+    samples = [np.array([b for t in sample_tiles(-(-sizes[e] // tiled.get(a, 1)))
+                         for b in range(t * tiled.get(a, 1), min((t + 1) * tiled.get(a, 1), sizes[e]))],
+                        dtype=np.int64) for a, e in zip(lw.batch_axes, lw.batch, strict=True)]
     zs = sorted({int(_batch_index(lw, dict(zip(lw.batch_axes, combo, strict=True)), sizes))
                  for combo in itertools.product(*samples)})
     scatter = lw.store is Store.ATOMIC_ADD

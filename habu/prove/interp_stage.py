@@ -48,7 +48,9 @@ def run_stage(name: str, stage: StageLowering, sizes: Mapping[str, int], mem: Me
         _store(name, stage, sizes, mem, width, at, read(name, stage.src, at, sizes, mem, width, _copying(stage, at)))
         return
     tile = stage.tile
-    e = np.arange(tile.elements, dtype=np.int64)[None, :]
+    # every thread's elements at every step, as the kernel's loops take them (`StageTile.element_index`)
+    steps, threads = np.meshgrid(np.arange(tile.steps(stage.threads)), np.arange(stage.threads), indexing="ij")
+    e = tile.element_index(steps, threads, stage.threads).astype(np.int64).reshape(1, -1)
     c, kk = tile.load_lane(e)
     at = stage.element(origin, c, kk)
     values = read(name, stage.src, at, sizes, mem, width, _copying(stage, at))
