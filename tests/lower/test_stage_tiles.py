@@ -85,3 +85,16 @@ def test_the_tile_pass_prints_its_lanes_and_slots_from_the_lowering():
     assert "const int batch0 = (batch0_0 + (e % 8));" in source and "tile[(((e / 8) * 9) + (e % 8))]" in source
     assert "const int batch0 = (batch0_0 + (e / 128));" in source and "tile[(((e % 128) * 9) + (e / 128))]" in source
     assert "(batch0) < 13" in source  # the last slab's batches past #S
+
+
+def test_regression_the_field_check_sampled_three_batches_of_a_tiled_batch_axis():
+    """The check ran the contraction's first, second and last batch only; along a batch axis a staging pass tiles by
+    8, batches 2..6 of a slab are lanes of the pass no sampled tile read, so a pass leaving batches 5..7 uncopied
+    (mutant `stage-tile-steps-overlap`) passed. Now every batch of the first, second and last slab is sampled."""
+    from dataclasses import replace
+
+    from habu.bench.mutants import MUTANTS, run_mutant
+
+    (mutant,) = [m for m in MUTANTS if m.name == "stage-tile-steps-overlap"]
+    assert run_mutant(mutant).killed and run_mutant(mutant, trials=1, witness=True).killed
+    assert not run_mutant(replace(mutant, mutate=lambda lw: lw)).killed
