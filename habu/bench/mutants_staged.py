@@ -93,20 +93,21 @@ class _StepsOverlap(StageTile):
         return j * (threads // 2) + thread
 
 
-def tile_steps_overlap(lw: Lowering) -> Lowering:
+def _planted_tile(lw: Lowering, planted: type[StageTile]) -> Lowering:
+    """The first staging pass's tile, of the same shape, with the planted class's maps."""
     lw = _staged(lw)
     stage = lw.pre[0]
     assert stage.tile is not None
-    tile = _StepsOverlap(stage.tile.axis, stage.tile.across, stage.tile.along_k)
+    tile = planted(stage.tile.axis, stage.tile.across, stage.tile.along_k)
     return replace(lw, pre=(replace(stage, tile=tile), *lw.pre[1:]))
+
+
+def tile_steps_overlap(lw: Lowering) -> Lowering:
+    return _planted_tile(lw, _StepsOverlap)
 
 
 def tile_stores_transposed(lw: Lowering) -> Lowering:
-    lw = _staged(lw)
-    stage = lw.pre[0]
-    assert stage.tile is not None
-    tile = _StoresTransposed(stage.tile.axis, stage.tile.across, stage.tile.along_k)
-    return replace(lw, pre=(replace(stage, tile=tile), *lw.pre[1:]))
+    return _planted_tile(lw, _StoresTransposed)
 
 
 def batch_tile_unmasked(lw: Lowering) -> Lowering:
