@@ -18,6 +18,7 @@ from habu.lower.general import GeneralLowering, lower_general
 from habu.lower.grouped import GroupedLowering, lower_grouped
 from habu.lower.grouped_wgrad import GroupedWgradLowering, lower_grouped_wgrad
 from habu.lower.rows import MapLowering, RowLowering, lower_map, lower_rows
+from habu.lower.stage_names import with_stage_buffers_apart
 from habu.lower.warm_next import with_warm_next
 from habu.plan.grouped_wgrad import as_grouped_wgrad
 from habu.plan.plan import (
@@ -65,9 +66,7 @@ def lower_plan(model: Model, plan: Plan) -> list[Lowering]:
     """Lower every kernel of a plan of `model` (as written: the plan's rewrites are applied here)."""
     from habu.plan.rewrite import planned_model
 
-    model = planned_model(model, plan)
-    storage = dict(plan.storage)
-    return list(with_warm_next(tuple(lower(model, k, storage) for k in plan.kernels), _inputs(model)))
+    return list(_lower_kernels(planned_model(model, plan), plan))
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,15 @@ def lower_whole(model: Model, plan: Plan) -> LoweredPlan:
     from habu.plan.rewrite import planned_model
 
     graph = planned_model(model, plan)
+    return LoweredPlan(model, graph, plan, _lower_kernels(graph, plan))
+
+
+def _lower_kernels(model: Model, plan: Plan) -> tuple[Lowering, ...]:
+    """The kernels of `plan` over `model` (its rewrites applied), staged layouts in buffers apart, each warming
+    the next one's first boxes where it does."""
     storage = dict(plan.storage)
-    kernels = with_warm_next(tuple(lower(graph, k, storage) for k in plan.kernels), _inputs(graph))
-    return LoweredPlan(model, graph, plan, kernels)
+    kernels = with_stage_buffers_apart(tuple(lower(model, k, storage) for k in plan.kernels))
+    return with_warm_next(kernels, _inputs(model))
 
 
 def _inputs(model: Model) -> frozenset[str]:

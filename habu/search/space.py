@@ -124,6 +124,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
         if pins.get("main_loop") == "wgmma":  # on the grouped kernels the wgmma loop can run, with its tile
             kernels = _pinned_wgmma(graph, kernels, target, s)
             rest = {key: v for key, v in pins.items() if key != "main_loop"}
+        _check_operand_pins(graph, pins, kernels)
         kernels = tuple(apply_pins(graph, k, rest, target) for k in kernels)
         _check_pins_apply(pins, kernels)
         if any(key.lower() in WGRAD_FIELDS for key in pins) and not any(weight_gradient(graph, k) for k in kernels):
@@ -289,6 +290,19 @@ def _check_wgmma_hints(pins: dict[str, str], kernels: tuple[Kernel, ...], target
                              f"(on {target.name}: {loops or 'no contraction'})")
 
 
+def _check_operand_pins(model: Model, pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
+    """A movement pin names a tensor some contraction of the plan reads as an operand (each contraction takes the
+    pins of its own operands: `--pin K=staged` stages K wherever a product reads it)."""
+    read: set[str] = set()
+    for k in kernels:
+        if "a_move" in {f.name for f in fields(k)}:
+            c = kernel_contraction(node_of(model, k.nodes[0]), k)  # type: ignore[arg-type]
+            read |= {c.a.load.tensor, c.b.load.tensor} if c is not None else set()
+    for key in pins:
+        if key in model_tensors(model) and key not in read:
+            raise UsageError(f"--pin {key}=...: {key} is not an operand of a contraction in this model")
+
+
 def _check_pins_apply(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
     """A pin no kernel of the plan has a field for is a mistake, not something to ignore silently
     (`--pin threads=64` on a GEMM: threads are a row or map kernel's choice)."""
@@ -426,7 +440,7 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
             changes[f"{side}_move"] = move
             continue
         if key in model_tensors(model):
-            raise UsageError(f"--pin {key}=...: {key} is not an operand of a contraction in this model")
+            continue  # another contraction's operand (`_check_operand_pins`: some contraction of the plan reads it)
         if k == "tile" and "tile_m" in names:
             parts = value.lower().split("x")
             if len(parts) != 3:

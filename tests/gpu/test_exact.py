@@ -373,3 +373,19 @@ def test_an_unguarded_member_that_keeps_its_tma_operands_runs_exactly():
     cm = habu.build(str(ROOT / "tests" / "data" / "output_guard_runtime_n.habu"), "OUTPUT-GUARD")
     for n in (1001, 64, 7):
         _against_float64(cm, {"M": 300, "N": n, "K": 512}, "Y", seed=n)
+
+
+def test_one_tensor_staged_in_two_layouts_by_two_kernels_is_exact():
+    """Session 72: the chain's backward with K pinned staged copies K in two layouts (rows along e for h1, along j
+    for h3) into two buffers, `@K` and `@K_k<i>` (habu/lower/stage_names.py); they shared one buffer before."""
+    from habu.bench.run import build_model
+    from habu.cli_grad import backward_program
+    from habu.spec.parser import load_program
+
+    program, name = backward_program(load_program(ROOT / "tests" / "data" / "staged_twice.habu"), "CHAIN", None,
+                                     "auto")
+    built = build_model(program.models[name], pins={"K": "staged", "storage": "bf16"})
+    buffers = {n for n, _d, _e in built.compiled.kernel_set.members[0][1].intermediates if n.startswith("@K")}
+    assert len(buffers) == 2, buffers
+    result = ExactChecker(built.model, built.sizes, seed=72).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()

@@ -1,0 +1,41 @@
+"""One buffer per staged layout: a staging pass writes `@T`, the copy of tensor T its contraction reads. Two kernels
+of a plan may stage the same tensor in two layouts (attention's backward stages K with its rows along j for the
+scores and along e for dQ = Σ j dS·K): each layout needs a buffer of its own, or the later pass overwrites the
+earlier copy with other extents (the runtime allocated one of the two sizes for both, the field check's memory one).
+A later kernel whose layout differs takes the suffix `_k<i>` (its place in the plan), `@K_k3`; the same layout
+again keeps the same buffer (written twice with the same values, in the plan's order)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from habu.lower.contraction import ContractionLowering, with_kernel
+
+
+def _layout(stage: Any) -> tuple:
+    dst = stage.dst
+    return dst.dtype, dst.extents, dst.positions
+
+
+def with_stage_buffers_apart(kernels: Sequence[Any]) -> tuple[Any, ...]:
+    """`kernels` (a plan's lowerings, in order) with each staged layout in a buffer of its own."""
+    layouts: dict[str, tuple] = {}  # buffer -> the layout of the first pass writing it
+    out: list[Any] = []
+    for i, lw in enumerate(kernels):
+        if isinstance(lw, ContractionLowering):
+            suffix = f"_k{i}"
+            while _clashes(lw, layouts):  # (a tensor of the model named like a suffixed copy: one more "_")
+                lw, suffix = with_kernel(replace(lw, stage_suffix=suffix), lw.kernel), suffix + "_"
+            for s in lw.pre:
+                layouts.setdefault(s.dst.tensor, _layout(s))
+        out.append(lw)
+    return tuple(out)
+
+
+def _clashes(lw: ContractionLowering, layouts: dict[str, tuple]) -> bool:
+    return any(layouts.get(s.dst.tensor, _layout(s)) != _layout(s) for s in lw.pre)
+
+
+__all__ = ["with_stage_buffers_apart"]
