@@ -390,6 +390,10 @@ class ContractionPath(KernelPath):
         """The vector width an operand moved by `move` gets, `vector` being the widest aligned one."""
         return vector
 
+    def reads_boxes(self, move: str) -> bool:
+        """Whether an operand moved by `move` is read by TMA in whole boxes (no vector width of its own)."""
+        return move in ("tma", "tma_gather4")
+
     def b_ahead_offered(self, kernel: ContractionKernel) -> bool:
         """Whether the search also tries `kernel` with B's first boxes ahead (`b_ahead`)."""
         return False

@@ -109,6 +109,9 @@ class WgmmaPath(ContractionPath):
     def offered(self, target: Target, tensor_cores: bool) -> bool:
         return tensor_cores and target.wgmma
 
+    def reads_boxes(self, move: str) -> bool:
+        return move in ("tma", "tma_gather4", "staged")  # a staged buffer is read by TMA
+
     def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
         wide = 256 if n >= 2048 and m >= 1024 else 128
         tile, warps, stages = (128, wide, 64), 12, 4 if wide == 256 else 5

@@ -127,6 +127,7 @@ def default_plan(model: Model, target: Target, sizes: dict[str, int] | None = No
         _check_operand_pins(graph, pins, kernels)
         kernels = tuple(apply_pins(graph, k, rest, target) for k in kernels)
         _check_pins_apply(pins, kernels)
+        _check_vector_pin(pins, kernels)
         if any(key.lower() in WGRAD_FIELDS for key in pins) and not any(weight_gradient(graph, k) for k in kernels):
             key = next(key for key in pins if key.lower() in WGRAD_FIELDS)
             raise UsageError(f"--pin {key}: no kernel of this plan is a grouped weight gradient "
@@ -482,8 +483,11 @@ def apply_pins(model: Model, kernel: Kernel, pins: dict[str, str], target: Targe
     lag = changes.get("consumer_lag")
     if lag and isinstance(kernel, ContractionKernel) and lag_refusal(replace(kernel, **changes), lag) is not None:  # type: ignore[arg-type]
         changes["consumer_lag"] = 0
-    if moves_operands and not any(k.lower() == "vector" for k in pins):
+    vector_key = next((k for k in pins if k.lower() == "vector"), None)
+    if moves_operands and vector_key is None:
         changes.update(_pinned_move_vectors(model, replace(kernel, **changes), changes))  # type: ignore[arg-type]
+    elif moves_operands:
+        changes.update(_boxed_vectors(kernel, replace(kernel, **changes)))  # type: ignore[arg-type]
     if isinstance(kernel, GroupedKernel) and not weight_gradient(model, kernel):  # (its product ignores them)
         changes = {name: v for name, v in changes.items() if name not in WGRAD_FIELDS}
     elif isinstance(kernel, GroupedKernel) and kernel.wgrad_persistent and "wgrad_persistent" not in changes \
@@ -506,6 +510,32 @@ def _pinned_move_vectors(model: Model, after: ContractionKernel, changes: dict[s
             in_place = move in ("ldg", "cp.async") and batch_innermost(c, op)
             out[f"{side}_vector"] = 1 if in_place else path.vector(move, vector)
     return out
+
+
+def _boxed_vectors(before: ContractionKernel, after: ContractionKernel) -> dict[str, int]:
+    """A pinned vector is the width of an operand's ldg or cp.async reads: an operand read by TMA in whole boxes
+    keeps the vector it had (`_check_vector_pin`: some kernel of the plan must read by vectors)."""
+    return {f"{side}_vector": getattr(before, f"{side}_vector") for side in _boxed_sides(after)}
+
+
+def _boxed_sides(kernel: ContractionKernel) -> tuple[str, ...]:
+    path = path_for(kernel)
+    assert isinstance(path, ContractionPath)
+    return tuple(side for side in ("a", "b") if path.reads_boxes(str(getattr(kernel, f"{side}_move"))))
+
+
+def _check_vector_pin(pins: dict[str, str], kernels: tuple[Kernel, ...]) -> None:
+    """`--pin vector=...` where every kernel with a vector is a contraction reading both operands by TMA: nothing
+    would read by it (it was recorded in the plan and never used)."""
+    key = next((k for k in pins if k.lower() == "vector"), None)
+    if key is None:
+        return
+    takers = [k for k in kernels if any(f.name in ("vector", "a_vector") for f in fields(k))]
+    if takers and all(isinstance(k, ContractionKernel) and len(_boxed_sides(k)) == 2 for k in takers):
+        k = takers[0]
+        raise UsageError(f"--pin {key}={pins[key]}: the contraction reads both operands by TMA in whole boxes "
+                         f"(A {k.a_move}, B {k.b_move}); a vector is the width of an ldg or cp.async read (pin "
+                         "A=... or B=... to one of those too)")
 
 
 WGRAD_FIELDS = ("wgrad_copy", "wgrad_index_ring", "wgrad_persistent")  # a grouped weight gradient's own choices
