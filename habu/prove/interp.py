@@ -97,6 +97,10 @@ class Memory:
         ok = mask & ~bad
         safe = np.where(ok, offsets, 0)
         if access.tensor in self.written:
+            held = self.written[access.tensor].numel
+            if np.any(ok & (offsets >= held)):  # a reader of a layout larger than the writer's (one buffer, two)
+                self.fault(f"{kernel} reads {access.tensor} past the {held} elements an earlier kernel wrote it as")
+                safe = np.where(offsets < held, safe, 0)
             vals, found = self.written[access.tensor].read(safe)
             missing = ok & ~found
             if np.any(missing):

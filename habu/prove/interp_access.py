@@ -101,8 +101,13 @@ def write(kernel: str, access: Access, coords: Mapping[str, np.ndarray], values:
     shape = np.broadcast_shapes(mask.shape, np.shape(values), np.shape(owned) if owned is not None else ())
     mask, offsets = np.broadcast_to(mask, shape), np.broadcast_to(offsets, shape)
     values = np.broadcast_to(values, shape)
+    numel = int(access.numel(sizes))
     if access.tensor not in mem.written:
-        mem.written[access.tensor] = WrittenTensor(access.tensor, int(access.numel(sizes)), mem.field.p, accumulate)
+        mem.written[access.tensor] = WrittenTensor(access.tensor, numel, mem.field.p, accumulate)
+    elif mem.written[access.tensor].numel != numel:  # one buffer, two layouts: the runtime allocates one of them
+        mem.fault(f"{kernel} writes {access.tensor} as {numel} elements over ({', '.join(access.extents)}), where an "
+                  f"earlier kernel wrote it as {mem.written[access.tensor].numel}: one buffer in two layouts")
+        mask = mask & (offsets < mem.written[access.tensor].numel)
     if owned is not None:
         # the element each lane writes must be the one its coordinates name (no overrun into a neighbour)
         true_off = np.zeros(mask.shape, dtype=np.int64)

@@ -79,3 +79,16 @@ def test_regression_a_movement_pin_failed_on_a_plan_whose_other_contraction_does
     assert any(getattr(k, "a_move", None) == "staged" or getattr(k, "b_move", None) == "staged" for k in plan.kernels)
     with pytest.raises(UsageError, match="dQ is not an operand of a contraction"):
         default_plan(model, TARGET, {}, {"dQ": "staged"})
+
+
+def test_regression_the_field_check_crashed_on_one_buffer_in_two_layouts(monkeypatch):
+    """With the two layouts in one buffer (the lowering before `with_stage_buffers_apart`), the field check raised
+    an IndexError; it now refuses the plan, naming the buffer and both layouts' sizes."""
+    import habu.lower
+
+    monkeypatch.setattr(habu.lower, "with_stage_buffers_apart", tuple)
+    model, plan = _backward()
+    proof = prove(model, plan, {}, trials=1)
+    assert not proof.ok and proof.certificate is not None
+    assert "writes @K as 6144 elements" in proof.certificate.failure
+    assert "one buffer in two layouts" in proof.certificate.failure
