@@ -73,7 +73,11 @@ def emit_lowered(lowered: LoweredPlan, plan: Plan, target: Target) -> EmittedPla
         if isinstance(lw, ContractionLowering):
             for j, stage in enumerate(lw.pre):
                 kernels.append(emit_stage(f"{name}_stage{j}", model, stage, lw.index_width, static))
-                staged.append((stage.dst.tensor, stage.dst.dtype, stage.dst.extents))
+                buffer = (stage.dst.tensor, stage.dst.dtype, stage.dst.extents)
+                if any(b[0] == buffer[0] and b != buffer for b in staged):  # (habu/lower/stage_names.py)
+                    raise ValueError(f"{name} stages {buffer[0]} as {buffer[1:]}, an earlier pass as another layout")
+                if buffer not in staged:  # the same layout again: the same buffer, allocated once
+                    staged.append(buffer)
                 written.add(stage.dst.tensor)
             early = not (main_loop_reads(lw) & written)
         stores = tuple(dict.fromkeys(a.tensor for a in stored_accesses(lw)))  # R1 beside Y, S1 beside S3 too
