@@ -37,7 +37,8 @@ def _union(a: np.ndarray | None, b: np.ndarray) -> np.ndarray:
 def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Mapping[str, int],
            whole_rows: Mapping[str, tuple[int, int]] | None = None,
            whole_columns: Mapping[str, tuple[int, int]] | None = None,
-           whole_vectors: Mapping[str, int] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
+           whole_vectors: Mapping[str, int] | None = None,
+           whole_tiles: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
     """The elements of every intermediate that the given output elements depend on (a box per tensor).
     `whole_rows`: the nodes a row kernel computes, with their leading (row) axes and the rows a block computes: the
     kernel computes the whole row of each demanded row, so it reads its inputs along every column (`Y =
@@ -48,7 +49,9 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
     13843: %h2's 64-column tile read %h1 at columns %h1's sampled 16-column tiles left out). `whole_vectors`: the
     nodes a general kernel computes in vectors of that many elements along the last axis: a lane computes its
     whole vector, reading its inputs there (fuzz model 8322: %h1's lanes of 2 read %h6 at columns %h6's box left
-    out, and the check refused the right plan)."""
+    out, and the check refused the right plan). `whole_tiles`: what a contraction with a k window stores, with the
+    positions of its m and n axes: the check runs every row and column of its tiles (habu.prove.window_terms),
+    reading its operands there (fuzz attention 7311: dV.in's rows read %h3 at rows %h3's box left out)."""
     boxes: dict[str, tuple[np.ndarray, ...]] = dict(out_boxes)
     produced = {eq.target for eq in model.nodes}  # intermediates, and outputs a later node reads
     for eq in reversed(model.nodes):
@@ -71,6 +74,10 @@ def demand(model: Model, out_boxes: dict[str, tuple[np.ndarray, ...]], sizes: Ma
             box = list(boxes[eq.target])
             box[-1] = vector_span(box[-1], vector, sizes[eq.lhs[-1].extent])
             boxes[eq.target] = tuple(box)
+        whole = (whole_tiles or {}).get(eq.target, ())
+        if whole and eq.scatter is None:  # every row and column of a windowed contraction's tiles
+            boxes[eq.target] = tuple(np.arange(sizes[v.extent]) if i in whole else b
+                                     for i, (v, b) in enumerate(zip(eq.lhs, boxes[eq.target], strict=True)))
         # the target's box along each position its store indexes by a plain variable; a scatter's
         # gathered positions (Y[IX[r] n]) leave their variable unrestricted: any r may land in the box
         var_sets = {ix: boxes[eq.target][i] for i, ix in enumerate(eq.store_indices) if isinstance(ix, IndexVar)}

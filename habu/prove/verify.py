@@ -274,7 +274,9 @@ def verify_plan(model: Model, plan: Plan, sizes: Mapping[str, int] | None = None
                    if isinstance(lw, ColumnLowering) for t in k.nodes}
         vectors = {t: lw.vector for k, lw in zip(plan.kernels, lowerings, strict=True)
                    if isinstance(lw, GeneralLowering) and lw.vector > 1 for t in k.nodes}
-        boxes = demand(graph, out_boxes, s, rows, columns, vectors)
+        tiles = {a.tensor: tuple(j for j, q in enumerate(a.positions) if q.kind == "axis" and q.axis in ("m", "n"))
+                 for lw in lowerings if isinstance(lw, ContractionLowering) and lw.window for a in stored_accesses(lw)}
+        boxes = demand(graph, out_boxes, s, rows, columns, vectors, tiles)
         widened = False
         for i, lw in enumerate(lowerings):
             # an output a later kernel reads: its kernel runs every block that later kernel needs too

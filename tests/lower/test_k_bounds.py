@@ -188,3 +188,30 @@ def test_regression_a_column_sum_beside_zero_tiles_is_finished_over_every_block(
     assert first.window.outputs and first.column_sum is not None
     proof = prove(model, plan, {}, trials=1)
     assert proof.ok, proof.certificate.failure if proof.certificate else [o.detail for o in proof.violations]
+
+
+# the fuzz's attention seed 7311 (tests/random_models.py, `random_attention`): one query, 17 keys, causal `j < i`
+ONE_QUERY = """1 EXTENT: #B 128 EXTENT: #D 64 EXTENT: #E 2 EXTENT: #G 1 EXTENT: #I 17 EXTENT: #J 1 EXTENT: #R
+bf16 TENSOR: Q ( #B #G #R #I #E )
+bf16 TENSOR: K ( #B #G #J #E )
+bf16 TENSOR: V ( #B #G #J #D )
+f32 TENSOR: O ( #I #G #D #R #B )
+MODEL: FZ  O[i g d r b] = Σ j softmax_j(where(j < i, Σ e Q[b g r i e] · K[b g j e], −∞)) · V[b g j d] ;
+"""
+
+
+def test_regression_the_field_check_read_what_a_windowed_product_skips_where_no_earlier_kernel_had_computed_it():
+    """The backward's dV.in = Σ i dO·%h3 skips the k tiles where %h3 (P, copied by a map kernel) is zero. The check
+    runs every row and column of a windowed product's tiles and sums the skipped terms to show they are zero, but it
+    had asked the map kernel only for %h3's rows dV's sampled rows read: it refused the right plan ("dV.in reads
+    %h3[0, 0, 0, 0, 9], which no earlier kernel wrote"). The rows of a windowed product's tiles are demanded whole
+    (habu.prove.demand: `whole_tiles`)."""
+    from habu.cli_grad import backward_program
+    from habu.spec.parser import parse_text
+
+    program, name = backward_program(parse_text(ONE_QUERY, "fuzz.habu"), "FZ", None, "auto")
+    model = program.models[name]
+    plan = default_plan(model, T, {}, {})
+    assert any(lw.window for lw in _products(model, plan))
+    proof = prove(model, plan, {}, trials=1)
+    assert proof.ok, proof.certificate.failure if proof.certificate else proof
