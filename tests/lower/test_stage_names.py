@@ -3,6 +3,8 @@ its own, `@K` and `@K_k<i>`; the same layout again shares its buffer."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from habu.cli_grad import backward_program
@@ -92,3 +94,22 @@ def test_regression_the_field_check_crashed_on_one_buffer_in_two_layouts(monkeyp
     assert not proof.ok and proof.certificate is not None
     assert "writes @K as 6144 elements" in proof.certificate.failure
     assert "one buffer in two layouts" in proof.certificate.failure
+
+
+def test_a_layout_staged_again_is_one_buffer_and_one_name_in_two_layouts_is_refused_before_the_runtime(monkeypatch):
+    """`emit_lowered` lists each staged buffer once (a pass staging the same layout again writes the same buffer:
+    the runtime allocated it once per pass), and refuses one name in two layouts (the runtime would allocate one of
+    the two sizes for both passes)."""
+    import habu.lower
+
+    model = load_program(ROOT / "tests" / "data" / "batched_staged.habu").models["BATCHED-K511"]
+    plan = default_plan(model, TARGET, {}, {})
+    lowered = lower_whole(model, plan)
+    twice = replace(lowered, plan=replace(plan, kernels=plan.kernels * 2), kernels=lowered.kernels * 2)
+    names = [n for n, _d, _e in emit_lowered(twice, twice.plan, TARGET).intermediates if n.startswith("@")]
+    assert sorted(names) == ["@A", "@W"], names
+
+    monkeypatch.setattr(habu.lower, "with_stage_buffers_apart", tuple)
+    model, plan = _backward()
+    with pytest.raises(ValueError, match="stages @K as"):
+        emit_lowered(lower_whole(model, plan), plan, TARGET)
