@@ -71,9 +71,9 @@ class ContractionLowering:
     pre: tuple[StageLowering, ...] = ()  # staging passes run before the contraction
     a_src: Access | None = None  # the operands as the model reads them (before any staging)
     b_src: Access | None = None
-    # the staged buffers' name suffix where an earlier kernel of the plan stages the same tensor in another layout
-    # (`habu.lower.stage_names`): `@K` there, `@K_k3` here
-    stage_suffix: str = ""
+    # A's and B's staged buffers' name suffixes where an earlier kernel of the plan stages the same tensor in another
+    # layout (`habu.lower.stage_names`): `@K` there, `@K_k3` here
+    stage_suffix: tuple[str, str] = ("", "")
     # which output element each accumulator register holds, as the mma.sync and wgmma epilogues read
     # them (printed by the emitters; run against the instruction's layout by the finite-field check)
     fragment: AccumulatorFragment = ACCUMULATOR
@@ -475,11 +475,11 @@ def with_kernel(lw: ContractionLowering, kernel: ContractionKernel, costing: boo
     pre: list[StageLowering] = []
     batch = tuple(zip(lw.batch_axes, lw.batch, strict=True))  # a batched operand's buffer keeps its batch axes
     if kernel.a_move == "staged":
-        a, stage = staged(a, "m", lw.m, lw.k, lw.stage_suffix, batch)
+        a, stage = staged(a, "m", lw.m, lw.k, lw.stage_suffix[0], batch)
         pre.append(stage)
     if kernel.b_move == "staged":  # one tensor as both operands, both staged: B's copy a buffer of its own
         twin = kernel.a_move == "staged" and lw.a_src.tensor == lw.b_src.tensor
-        b, stage = staged(b, "n", lw.n, lw.k, lw.stage_suffix + ("_b" if twin else ""), batch)
+        b, stage = staged(b, "n", lw.n, lw.k, lw.stage_suffix[1] + ("_b" if twin else ""), batch)
         pre.append(stage)
     cluster = kernel.split_k > 1 and kernel.split_reduce == "cluster"
     last = lw.out.positions[-1]  # pairs along the output's contiguous axis (m where the product is transposed)

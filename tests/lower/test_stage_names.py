@@ -69,6 +69,9 @@ def test_the_same_tensor_staged_in_two_layouts_by_pins_takes_two_buffers():
               if isinstance(lw, ContractionLowering) for s in lw.pre if s.src.tensor == "K"]
     (k1, e1), (k2, e2) = stages
     assert (k1, e1) == ("@K", ("E", "J^8")) and k2.startswith("@K_k") and e2 == ("J", "E^8"), stages
+    # the kernel's other staged operand, Q, staged once, keeps its name
+    assert [s.dst.tensor for lw in lower_whole(model, plan).kernels if isinstance(lw, ContractionLowering)
+            for s in lw.pre if s.src.tensor == "Q"] == ["@Q"]
     assert prove(model, plan, {}, trials=1).ok
 
 
