@@ -41,7 +41,7 @@ vectors along it), and attention 12 and 52's (a batch axis of extent 1 staged; a
 transposed and split, refused by its proof): this tool does not look for a default refused by its own rules (only
 tests/test_random_models.py's `_compile` does). Fixed, tests/lower/test_batched.py.
 
-Session 72 ran the default plans (`_compile`'s path, forward and backward) of attention 7200–8300 (and 8400–8500
+Session 72 ran the default plans (`_compile`'s path, forward and backward) of attention 7200–8290 (and 8400–8460
 over a runtime #I and #J), masked products 7300–7700, layers 7140–7400, models, masked rows, batched and plain
 products 7200–7280, batched products 7300–7500 over a runtime #S, #K, #M or #N and products 7300–7500 over a
 runtime #M, #N or #K. Attention 7220, 7221 and 7227's backwards crashed the field check (an IndexError: two kernels
