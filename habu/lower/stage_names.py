@@ -12,11 +12,11 @@ from dataclasses import replace
 from typing import Any
 
 from habu.lower.contraction import ContractionLowering, with_kernel
+from habu.lower.staging import StageLowering
 
 
-def _layout(stage: Any) -> tuple:
-    dst = stage.dst
-    return dst.dtype, dst.extents, dst.positions
+def _layout(stage: StageLowering) -> tuple:
+    return stage.dst.dtype, stage.dst.extents, stage.dst.positions
 
 
 def with_stage_buffers_apart(kernels: Sequence[Any]) -> tuple[Any, ...]:
