@@ -78,7 +78,6 @@ def _tiled(stage: StageLowering, sizes, it: str, width: int, table, src: str, ds
     assert tile is not None and tile.steps(stage.threads) * stage.threads == tile.elements, (tile, stage.threads)
     coord = _names(stage)
     stored = access_mask(stage.dst, coord, sizes, table)
-    zero = f"({CTYPE[stage.src.dtype]})0.0f"
     e = CExpr("e")
     index = tile.element_index(CExpr("j"), CExpr("(int)threadIdx.x"), stage.threads)
     lc, lk = tile.load_lane(e)
@@ -88,7 +87,7 @@ def _tiled(stage: StageLowering, sizes, it: str, width: int, table, src: str, ds
   for (int j = 0; j < {tile.steps(stage.threads)}; ++j) {{  // loads: along {tile.axis}
     const int e = {c(index)};
     {_element(stage, it, lc, lk)}
-    if ({stored}) tile[{c(tile.slot(lc, lk))}] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
+    if ({stored}) tile[{c(tile.slot(lc, lk))}] = {_masked_read(stage, coord, sizes, width, table, src, stored)};
   }}
   __syncthreads();
   #pragma unroll
@@ -100,12 +99,20 @@ def _tiled(stage: StageLowering, sizes, it: str, width: int, table, src: str, ds
 """
 
 
+def _masked_read(stage: StageLowering, coord: dict[str, str], sizes, width: int, table, src: str, stored: str) -> str:
+    """The source element the pass copies, a zero where the source's mask is false (the padding past #K); the
+    bare read where that mask is the store's own, which the read already sits under."""
+    mask = access_mask(stage.src, coord, sizes, table)
+    value = f"{src}[{access_offset(stage.src, coord, sizes, width, table)}]"
+    return value if mask == stored else f"({mask}) ? {value} : ({CTYPE[stage.src.dtype]})0.0f"
+
+
 def _rows(stage: StageLowering, sizes, it: str, width: int, table, src: str, dst: str) -> str:
     coord = _names(stage)
-    zero = f"({CTYPE[stage.src.dtype]})0.0f"
+    stored = access_mask(stage.dst, coord, sizes, table)
     return f"""  {_element(stage, it, 0, CExpr("(int)threadIdx.x"))}
-  if ({access_mask(stage.dst, coord, sizes, table)}) {{  // the padding past #K: zeros
-    {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = ({access_mask(stage.src, coord, sizes, table)}) ? {src}[{access_offset(stage.src, coord, sizes, width, table)}] : {zero};
+  if ({stored}) {{  // the padding past #K: zeros
+    {dst}[{access_offset(stage.dst, coord, sizes, width, table)}] = {_masked_read(stage, coord, sizes, width, table, src, stored)};
   }}
 """
 

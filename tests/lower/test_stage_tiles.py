@@ -85,6 +85,19 @@ def test_the_tile_pass_prints_its_lanes_and_slots_from_the_lowering():
     assert "const int batch0 = (batch0_0 + (e % 8));" in source and "tile[(((e / 8) * 9) + (e % 8))]" in source
     assert "const int batch0 = (batch0_0 + (e / 128));" in source and "tile[(((e % 128) * 9) + (e / 128))]" in source
     assert "(batch0) < 13" in source  # the last slab's batches past #S
+    loads = next(line for line in source.splitlines() if "] = p_AI[" in line)
+    assert loads.count("(batch0) < 13") == 1, loads  # the source's mask is the store's: printed once, as the `if`
+
+
+def test_the_tile_pass_prints_the_element_each_thread_takes_from_the_lowering(monkeypatch):
+    """A pass printing its own element index (say `j * 128 + threadIdx.x`) instead of `StageTile.element_index`
+    would run other elements than the field check ran; with the lowering's map changed (thread-major: each
+    thread's elements consecutive), the printed loops change with it."""
+    model, plan, _lw = _innermost(13)
+    monkeypatch.setattr(StageTile, "element_index", lambda self, j, thread, threads: thread * self.steps(threads) + j)
+    source = emit_plan(model, plan, TARGET).kernels[0].source
+    assert source.count("const int e = (((int)threadIdx.x * 4) + j);") == 2, source
+    assert "(j * 256)" not in source
 
 
 def test_regression_the_field_check_sampled_three_batches_of_a_tiled_batch_axis():
