@@ -31,7 +31,7 @@ from fractions import Fraction
 import numpy as np
 
 from habu.spec.evaluate import EvalError, Evaluator, bind_inputs
-from habu.spec.field import PairPacked, PrimeField, power_mod
+from habu.spec.field import PairPacked, PrimeField
 from habu.spec.ir import Model, Op, walk
 
 PRIME_Q = 1073741789
@@ -53,6 +53,7 @@ class ExpField(PairPacked):  # x_q · 2^31 + x_p
         self.p, self.q, self.g = p, q, g
         self.seed = seed
         self.name = f"Z_{q} × GF({p})"
+        self._tables: list[np.ndarray] | None = None  # `_exp_tables`, made at the first exp
 
     def _both(self, fn, *arrays: np.ndarray) -> np.ndarray:
         parts = [self.split(a) for a in arrays]
@@ -83,15 +84,28 @@ class ExpField(PairPacked):  # x_q · 2^31 + x_p
         return self.pack(np.ones_like(xq), self.exp_part(xq))
 
     def exp_part(self, xq: np.ndarray) -> np.ndarray:
-        """g^(x_q) mod p, elementwise: a table of g^(2^k) and a product over the set bits of x_q."""
+        """g^(x_q) mod p, elementwise: x_q's bytes looked up in tables of g^(b·256^i) (`_exp_tables`), their
+        products mod p. (The set bits one at a time, 30 passes over the array, were a quarter of a softmax's
+        proof.)"""
         xq = np.asarray(xq, dtype=np.int64)
-        out = np.ones(xq.shape, dtype=np.int64)
-        base = np.asarray(self.g, dtype=np.int64)
-        for k in range(self.q.bit_length()):
-            bit = (xq >> k) & 1
-            out = np.where(bit == 1, (out * base) % self.p, out)
-            base = power_mod(base, 2, self.p)
+        tables = self._exp_tables()
+        out = tables[0][xq & 0xFF]
+        for i in range(1, len(tables)):
+            out = (out * tables[i][(xq >> (8 * i)) & 0xFF]) % self.p
         return out
+
+    def _exp_tables(self) -> list[np.ndarray]:
+        """For each byte i of an exponent below q: g^(b·256^i) mod p for b = 0..255."""
+        if self._tables is None:
+            tables = []
+            for i in range(-(-self.q.bit_length() // 8)):
+                step = pow(self.g, 256 ** i, self.p)
+                row = [1]
+                for _b in range(255):
+                    row.append(row[-1] * step % self.p)
+                tables.append(np.asarray(row, dtype=np.int64))
+            self._tables = tables
+        return self._tables
 
     def reduce(self, op: str, data: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         return self._both(lambda f, a: f.reduce(op, a[0], axes), data)

@@ -41,6 +41,8 @@ def test_exp_part_is_g_to_the_exponent_and_g_has_order_q(seed):
     assert pow(f.g, PRIME_Q, PRIME_P) == 1 and f.g != 1
     xs = np.array([0, 1, 2, 12345, PRIME_Q - 1])
     assert list(f.exp_part(xs)) == [pow(f.g, int(x), PRIME_P) for x in xs]
+    xs = np.random.default_rng(seed).integers(0, PRIME_Q, (3, 100))  # every byte of the exponent, any shape
+    assert f.exp_part(xs).tolist() == [[pow(f.g, int(x), PRIME_P) for x in row] for row in xs]
     assert ExpField(seed=seed, g=GENERATOR).g == GENERATOR
 
 
