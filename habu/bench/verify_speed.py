@@ -1,6 +1,6 @@
 """How fast the finite-field check is: the GGEMM at 4096³ with its default plan, and every example.
 
-    python -m habu.bench.verify_speed [--trials 3] [--repeat 3]
+    python -m habu.bench.verify_speed [--trials 3] [--repeat 3] [--only attention]
 
 Prints one line per case (median of the repeats) for docs/PERF.md. A script, not a timed test.
 """
@@ -27,13 +27,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", default="", help="Only the cases whose example file name holds this.")
     args = ap.parse_args()
     print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} ({os.cpu_count()} cores), {args.trials} trials, "
           f"median of {args.repeat}")
     cases = [("ggemm.habu", "GGEMM", None)] + [(p.name, m, None) for p in sorted(EXAMPLES.glob("*.habu"))
                                                for m in load_program(p).models if p.name != "ggemm.habu"]
     cases.insert(1, ("ggemm.habu", "GGEMM", {"K": 511}))
-    for path, name, sizes in cases:
+    cases.append(("attention.habu", "ATTENTION-GQA", {"I": 1000, "J": 4096}))  # the example's comment's shape
+    for path, name, sizes in (c for c in cases if args.only in c[0]):
         model = load_program(EXAMPLES / path).models[name]
         runtime = {e.name: 4096 for e in model.extents if not e.is_static}  # a size for runtime extents
         sizes = (sizes or {}) | runtime or None
