@@ -199,7 +199,7 @@ class ToyMmaPath(MmaSyncPath):
     def takes(self, facts: ContractionFacts, target: Target) -> bool:
         return target.name == "sm_toy" and super().takes(facts, target)
 
-    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
+    def default_schedule(self, m: int, n: int, target: Target, k: int = 0) -> tuple[tuple[int, int, int], int, int]:
         return (64, 64, 32), 4, 2
 
     def shapes(self) -> list[Shape]:

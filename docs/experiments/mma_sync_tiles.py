@@ -1,7 +1,9 @@
 """Which tile the mma.sync path's default should take for small products (session 71 noticed: at K = 511 below
 2048², its 128 × 128 default left most SMs idle, 1.3–2× slower than torch). For square products from 128² to 2048²
 at K = 511 (staged) and K = 4096 (16-byte cp.async), the default against narrower tiles, each with the split-K the
-default's rule gives its tile count (`SPLIT_RULE`), and torch in the same run.
+default's rule gives its tile count (`split_rule`), and torch in the same run. Session 73 ran it (H100): the
+default now takes 64 × 64 tiles for short small products (habu/paths/mma_sync.py), and the 128 × 128 tile it took
+before is a pinned row.
 
     python docs/experiments/mma_sync_tiles.py
 
@@ -20,7 +22,7 @@ from habu.timing.exact_gpu import ExactChecker
 SIDES = (128, 256, 512, 1024, 2048)
 KS = (511, 4096)
 SMS = 132
-TILES = {"64x64 w4": ("64x64x32", 4, 4), "64x128 w4": ("64x128x32", 4, 3), "128x64 w4": ("128x64x32", 4, 3),
+TILES = {"128x128 w8": ("128x128x32", 8, 3), "64x64 w4": ("64x64x32", 4, 4), "64x128 w4": ("64x128x32", 4, 3), "128x64 w4": ("128x64x32", 4, 3),
          "64x64x64 w4": ("64x64x64", 4, 3)}
 
 

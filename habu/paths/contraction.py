@@ -200,7 +200,7 @@ class ContractionPath(KernelPath):
         # (a batched contraction and a scatter-add run without cluster splits: `_split_cluster_refusals`)
         elif skinny is not None and plain:
             skinny, reduce = self.skinny_cluster_split(facts, target, splittable, skinny)
-        tile, warps, stages = skinny[0] if skinny else self.default_schedule(rows, facts.n, target)
+        tile, warps, stages = skinny[0] if skinny else self.default_schedule(rows, facts.n, target, facts.k)
 
         def movement(op: Operand, tile_along_inner: int) -> tuple[str, int]:
             decl = model.tensor(op.load.tensor)
@@ -355,8 +355,8 @@ class ContractionPath(KernelPath):
         """Whether the search tries this path for a contraction (`tensor_cores`: bf16/f16 operands)."""
         raise NotImplementedError
 
-    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
-        """The analytic default's (tile, warps, stages) for an M x N output."""
+    def default_schedule(self, m: int, n: int, target: Target, k: int = 0) -> tuple[tuple[int, int, int], int, int]:
+        """The analytic default's (tile, warps, stages) for an M x N output summing K terms (0: not known)."""
         raise NotImplementedError
 
     def shapes(self) -> list[Shape]:

@@ -28,7 +28,7 @@ class FmaPath(ContractionPath):
     def offered(self, target: Target, tensor_cores: bool) -> bool:
         return True
 
-    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
+    def default_schedule(self, m: int, n: int, target: Target, k: int = 0) -> tuple[tuple[int, int, int], int, int]:
         return (64, 64, 16), 4, 1
 
     def shapes(self) -> list[Shape]:

@@ -14,6 +14,7 @@ from habu.target import Target
 from habu.targets import Ceilings
 
 SKINNY_IN_FLIGHT_BYTES = 32768
+SHORT_K = 1024  # the longest K whose small products the default tiles 64 × 64 (`MmaSyncPath.default_schedule`)
 # multiply-adds (m·n·k·batches) from which the default stages rows along k that no 4-byte vector divides: the two
 # passes' launches and copies (a few µs) against 2-byte loads'. H100, session 71 (docs/experiments/stage_threshold.py,
 # both plans on mma.sync, same tile): staged faster at every square size measured, 64² × 511 (≈ 2^21: 13.2 µs
@@ -62,7 +63,13 @@ class MmaSyncPath(ContractionPath):
         # a staged buffer (16-byte rows, zeros past #K) is read in 16-byte cp.async vectors of its 2-byte elements
         return STAGED_VECTOR_BYTES // 2 if move == "staged" else vector
 
-    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
+    def default_schedule(self, m: int, n: int, target: Target, k: int = 0) -> tuple[tuple[int, int, int], int, int]:
+        # a short product (K ≤ 1024: 32 k tiles, too few to split far) whose 128 × 128 tiles fill under half the
+        # SMs takes 64 × 64 tiles, 4 times the blocks (H100, session 73, docs/experiments/mma_sync_tiles.py, × 511:
+        # 256² 15.6 µs against 20.4, 512² 17.7 against 22.3, 1024² 20.1 against 30.9; at 2048² 53.9 against
+        # 37.7. At × 4096 the wide tile split 8 ways stayed ahead at 512², 27.7 against 40.6)
+        if 0 < k <= SHORT_K and -(-m // 128) * -(-n // 128) < target.sm_count // 2:
+            return (64, 64, 32), 4, 4
         return (128, 128, 32), 8, 3
 
     def skinny_tile_ms(self, m: int) -> tuple[int, ...]:

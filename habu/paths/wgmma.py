@@ -112,7 +112,7 @@ class WgmmaPath(ContractionPath):
     def reads_boxes(self, move: str) -> bool:
         return move in ("tma", "tma_gather4", "staged")  # a staged buffer is read by TMA
 
-    def default_schedule(self, m: int, n: int, target: Target) -> tuple[tuple[int, int, int], int, int]:
+    def default_schedule(self, m: int, n: int, target: Target, k: int = 0) -> tuple[tuple[int, int, int], int, int]:
         wide = 256 if n >= 2048 and m >= 1024 else 128
         tile, warps, stages = (128, wide, 64), 12, 4 if wide == 256 else 5
         # a skinny problem (128 tokens through a 4096-wide layer) leaves most SMs idle with 128-wide

@@ -389,3 +389,14 @@ def test_one_tensor_staged_in_two_layouts_by_two_kernels_is_exact():
     assert len(buffers) == 2, buffers
     result = ExactChecker(built.model, built.sizes, seed=72).check(built.compiled, kept_types(built.plan))
     assert result.ok and result.applicable, result.reason()
+
+
+@pytest.mark.parametrize("sizes", [{"M": 300, "N": 260, "K": 511}, {"M": 1000, "N": 776, "K": 1000}])
+def test_the_mma_sync_default_of_a_short_small_product_takes_64_by_64_tiles_and_is_exact(sizes):
+    """Session 73: a short product (K ≤ 1024) whose 128 × 128 tiles fill under half the SMs takes 64 × 64 tiles on
+    mma.sync (split in two at 300 × 260 × 511)."""
+    built = build(str(EX / "ggemm.habu"), "GGEMM", sizes, {"mma": "mma.sync"})
+    (kern,) = [k for k in built.plan.kernels if getattr(k, "mma", None) == "mma.sync"]
+    assert (kern.tile_m, kern.tile_n) == (64, 64)
+    result = ExactChecker(built.model, built.sizes, seed=73).check(built.compiled, kept_types(built.plan))
+    assert result.ok and result.applicable, result.reason()
