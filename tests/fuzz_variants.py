@@ -52,7 +52,7 @@ tests/lower/test_k_bounds.py).
 Session 73 ran the default plans of attention 8500–9599, layers 7400–7699, masked rows 1400–1799, batched products
 7500–7699 over a runtime #S, #K, #M or #N and products 7500–7750 over a runtime #M, #N or #K, and this tool over
 attention 100–121 (4 variants each): no finding but SLOW general kernels for O (attention 100, 103, 105, …: one
-general kernel recomputing the softmax's statistics for every key, O(J²·E) a element).
+general kernel recomputing the softmax's statistics for every key, O(J²·E) an element).
 
     PYTHONPATH=. python tests/fuzz_variants.py model 13000 13400 --per 8
     PYTHONPATH=. python tests/fuzz_variants.py shared 0 200 --per 8   # one tensor as both operands
