@@ -68,9 +68,10 @@ class MmaSyncPath(ContractionPath):
         # SMs takes 64 × 64 tiles, 4 times the blocks (H100, session 73, docs/experiments/mma_sync_tiles.py, × 511:
         # 256² 15.6 µs against 20.4, 512² 17.7 against 22.3, 1024² 20.1 against 30.9; at 2048² 53.9 against
         # 37.7. At × 4096 the wide tile split 8 ways stayed ahead at 512², 27.7 against 40.6)
-        if 0 < k <= SHORT_K and -(-m // 128) * -(-n // 128) < target.sm_count // 2:
+        wide = (128, 128, 32)
+        if 0 < k <= SHORT_K and -(-m // wide[0]) * -(-n // wide[1]) < target.sm_count // 2:
             return (64, 64, 32), 4, 4
-        return (128, 128, 32), 8, 3
+        return wide, 8, 3
 
     def skinny_tile_ms(self, m: int) -> tuple[int, ...]:
         return (32,) if m <= 32 else (64,)  # 4 warps as 2 x 2: 16 rows each (m16n8k16)

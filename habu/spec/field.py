@@ -311,7 +311,7 @@ def _next_pair(ops: list[np.ndarray], ins: list[str], out: str) -> tuple[int, in
     """The two operands of a contraction of several to contract first, and the labels their product keeps (those
     of the output or of another operand; the rest are summed there): the pair whose product has the fewest
     elements. (The product of every operand at once, before any sum, held #B·#H·#I·#J·#E elements for attention's
-    scores `Σ e Q·K·scale`: 47 of a 57-second proof at I = 500, J = 384.)"""
+    scores `Σ e Q·K·scale`: 47 of a 57-second proof at `--shape I=500,J=1024`.)"""
     sizes = {c: n for x, labels in zip(ops, ins, strict=True) for c, n in zip(labels, x.shape, strict=True)}
     best: tuple[int, int, int, str] | None = None
     for i in range(len(ops)):

@@ -54,7 +54,6 @@ def test_three_factor_contraction():
 
 @pytest.mark.parametrize("subscripts, shapes", [
     ("abe,afe,->abf", [(2, 7, 9), (2, 5, 9), ()]),  # attention's scores: Σ e Q·K·scale
-    ("ak,k,ck->ac", [(4, 5), (5,), (6, 5)]),
     ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 6)]),
     ("ij,jk,kl,l->i", [(3, 4), (4, 5), (5, 6), (6,)]),
     ("ab,b,c->ac", [(3, 4), (4,), (5,)]),  # c kept, b summed
